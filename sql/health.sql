@@ -1,0 +1,82 @@
+-- Counts and consistency checks behind `aokun stats` and `aokun doctor`.
+-- Every query runs as-is in the sqlite3 shell (the *_vector_* ones need vec0 loaded).
+
+-- name: stats_counts
+-- One row of counts across the three layers, their FTS indexes and the journal.
+select
+    (select count(*) from documents)                               as documents,
+    (select count(*) from documents where archived = 1)            as archived,
+    (select count(*) from documents where pinned = 1)              as pinned,
+    (select count(*) from documents_fts)                           as documents_fts,
+    (select count(*) from documents where embedding_state = 'pending') as documents_awaiting_vectors,
+    (select count(*) from memory_atoms)                            as atoms,
+    (select count(*) from memory_atoms_fts)                        as atoms_fts,
+    (select count(*) from graph_nodes)                             as graph_nodes,
+    (select count(*) from graph_edges)                             as graph_edges,
+    (select count(*) from graph_entries)                           as graph_entries,
+    (select count(*) from graph_entries_fts)                       as graph_entries_fts,
+    (select count(*) from graph_entries where embedding_state = 'pending') as graph_entries_awaiting_vectors,
+    (select count(*) from tombstones)                              as tombstones;
+
+-- name: stats_vector_counts
+select
+    (select count(*) from doc_vec)   as doc_vectors,
+    (select count(*) from graph_vec) as graph_vectors;
+
+-- name: stats_atoms_by_state
+select state, count(*) as n from memory_atoms group by state order by state;
+
+-- name: stats_atoms_by_type
+select atom_type, count(*) as n from memory_atoms where state = 'active' group by atom_type order by atom_type;
+
+-- name: stats_journal
+select status, count(*) as n from memory_write_ops group by status order by status;
+
+-- name: doctor_checks
+-- One row per kind of inconsistency; n > 0 is a problem.
+select 'documents without an FTS row' as problem,
+       count(*) as n from documents where id not in (select rowid from documents_fts)
+union all
+select 'FTS rows without a document',
+       count(*) from documents_fts where rowid not in (select id from documents)
+union all
+select 'atoms (not forgotten) without an FTS row',
+       count(*) from memory_atoms where state != 'forgotten' and id not in (select rowid from memory_atoms_fts)
+union all
+select 'atom FTS rows without a live atom',
+       count(*) from memory_atoms_fts where rowid not in (select id from memory_atoms where state != 'forgotten')
+union all
+select 'atoms without a source document',
+       count(*) from memory_atoms where id not in (select atom_id from atom_sources)
+union all
+select 'graph entries without an FTS row',
+       count(*) from graph_entries where id not in (select rowid from graph_entries_fts)
+union all
+select 'graph entry FTS rows without an entry',
+       count(*) from graph_entries_fts where rowid not in (select id from graph_entries)
+union all
+select 'graph nodes used by no entry or edge',
+       count(*) from graph_nodes n where not exists (select 1 from graph_entries e where e.node_id = n.id)
+                                   and not exists (select 1 from graph_edges g where n.id in (g.source_id, g.target_id))
+union all
+select 'unfinished writes in the journal (finished at next start)',
+       count(*) from memory_write_ops where status not in ('done', 'failed')
+union all
+select 'failed writes in the journal (see memory_write_ops.error)',
+       count(*) from memory_write_ops where status = 'failed'
+union all
+select 'documents awaiting vectors (run `aokun rebuild --vectors` or restart with the embedder available)',
+       count(*) from documents where embedding_state = 'pending';
+
+-- name: doctor_vector_checks
+select 'documents marked embedded without a vector' as problem,
+       count(*) as n from documents where embedding_state = 'done' and id not in (select doc_id from doc_vec)
+union all
+select 'document vectors without a document',
+       count(*) from doc_vec where doc_id not in (select id from documents)
+union all
+select 'graph entries marked embedded without a vector',
+       count(*) from graph_entries where embedding_state = 'done' and id not in (select entry_id from graph_vec)
+union all
+select 'graph vectors without an entry',
+       count(*) from graph_vec where entry_id not in (select id from graph_entries);
