@@ -1604,3 +1604,301 @@ class Memory:
         with self.lock:
             self.conn.execute("vacuum into ?", (str(dest),))
         return {"backup": str(dest), "bytes": dest.stat().st_size}
+
+
+# CLI #############################################################################################
+
+import click  # noqa: E402  (kept beside its only user)
+
+
+class _State:
+    def __init__(self, db: str | None, config: str | None):
+        self.db_arg, self.config_arg, self._mem = db, config, None
+
+    @property
+    def cfg(self) -> Config:
+        return load_config(self.config_arg)
+
+    def memory(self, recover: bool = True) -> "Memory":
+        if self._mem is None:
+            cfg = self.cfg
+            self._mem = Memory(database_path(cfg, self.db_arg), cfg, recover=recover)
+        return self._mem
+
+
+def _echo_json(obj) -> None:
+    click.echo(json.dumps(obj, ensure_ascii=False, indent=2, default=str))
+
+
+def _run(fn):
+    """Turn AokunError into one actionable line and a non-zero exit."""
+    try:
+        return fn()
+    except AokunError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag=(), pinned=None):
+    meta = {"summary": summary, "topics": list(topic) or None, "key_facts": list(fact) or None,
+            "participants": list(participant) or None, "importance": importance, "session_id": session,
+            "persona_id": persona, "source": source, "timestamp": timestamp, "tags": list(tag) or None,
+            "pinned": pinned}
+    return {k: v for k, v in meta.items() if v is not None}
+
+
+def metadata_options(fn):
+    """The metadata options shared by `memorize` and `edit`."""
+    for opt in reversed([
+        click.option("--summary", help="One-line summary of the memory."),
+        click.option("--topic", multiple=True, help="A topic (repeatable)."),
+        click.option("--fact", multiple=True, help="A key fact; becomes an atom (repeatable)."),
+        click.option("--participant", multiple=True, help="A person involved (repeatable)."),
+        click.option("--tag", multiple=True, help="A tag (repeatable)."),
+        click.option("--importance", type=click.FloatRange(0, 1), help="0..1, default 0.5."),
+        click.option("--session", help="Session id."),
+        click.option("--persona", help="Persona id: memories of different personas never mix."),
+        click.option("--source", help="Where it came from, e.g. chat or import."),
+        click.option("--timestamp", help="When it happened, ISO-8601 (default now)."),
+    ]):
+        fn = opt(fn)
+    return fn
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="aokun")
+@click.option("--db", envvar="AOKUN_DB", help="Database file (default: [storage] db of the config, data/aokun.db).")
+@click.option("--config", "config_path", help="Config file (default: $AOKUN_CONFIG, else aokun.ini beside aokun.py).")
+@click.pass_context
+def cli(ctx, db, config_path):
+    """Aokun: long-term memory for AI assistants in one SQLite file.
+
+    Example:
+
+        python aokun.py memorize "Alice 喜欢冰美式" --participant Alice
+
+        python aokun.py recall "what does Alice drink"
+    """
+    ctx.obj = _State(db, config_path)
+    ctx.call_on_close(lambda: ctx.obj._mem and ctx.obj._mem.close())
+
+
+@cli.command()
+@click.argument("text")
+@metadata_options
+@click.option("--json", "as_json", is_flag=True, help="Print the whole write result as JSON.")
+@click.pass_obj
+def memorize(state, text, summary, topic, fact, participant, tag, importance, session, persona, source,
+             timestamp, as_json):
+    """Store a memory and print its id.
+
+    Example:
+
+        python aokun.py memorize "Alice 喜欢冰美式" --participant Alice --topic coffee
+    """
+    meta = _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag)
+    result = _run(lambda: state.memory().memorize(text, meta))
+    for w in result["warnings"]:
+        click.echo(f"warning: {w}", err=True)
+    _echo_json(result) if as_json else click.echo(result["id"])
+
+
+@cli.command()
+@click.argument("memory_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def show(state, memory_id, as_json):
+    """Show one memory with its atoms and graph entries.
+
+    Example:
+
+        python aokun.py show 12
+    """
+    d = _run(lambda: state.memory().get(memory_id))
+    if as_json:
+        return _echo_json(d)
+    for k in ("id", "persona_id", "session_id", "created_at", "updated_at", "importance", "pinned", "archived",
+              "source", "summary", "topics", "participants", "key_facts", "tags", "embedding_state"):
+        if d[k] not in ("", [], None):
+            click.echo(f"{k:>15}: {d[k]}")
+    click.echo(f"{'content':>15}: {d['content']}")
+    for a in d["atoms"]:
+        click.echo(f"{'atom':>15}: [{a['atom_type']}, {a['state']}, x{a['reinforcement_count']}] {a['content']}")
+    for e in d["graph_entries"]:
+        click.echo(f"{'graph':>15}: {e}")
+
+
+@cli.command("list")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--offset", default=0, type=click.IntRange(0))
+@click.option("--persona", help="Only this persona.")
+@click.option("--session", help="Only this session.")
+@click.option("--include-archived", is_flag=True, help="Show archived memories too.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def list_cmd(state, limit, offset, persona, session, include_archived, as_json):
+    """List memories, newest first.
+
+    Example:
+
+        python aokun.py list --limit 5
+    """
+    rows = _run(lambda: state.memory().list_memories(limit, offset, persona, session, include_archived))
+    if as_json:
+        return _echo_json(rows)
+    for r in rows:
+        flags = ("P" if r["pinned"] else " ") + ("A" if r["archived"] else " ")
+        text = r["content"].replace("\n", " ")
+        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:10]} {text[:100]}")
+
+
+@cli.command()
+@click.argument("memory_id", type=int)
+@click.option("--text", help="New content.")
+@metadata_options
+@click.option("--json", "as_json", is_flag=True, help="Print the write result as JSON.")
+@click.pass_obj
+def edit(state, memory_id, text, summary, topic, fact, participant, tag, importance, session, persona, source,
+         timestamp, as_json):
+    """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt.
+
+    Example:
+
+        python aokun.py edit 12 --text "Alice 现在喜欢拿铁" --importance 0.8
+    """
+    meta = _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag)
+    if text is None and not meta:
+        raise click.UsageError("give --text and/or a metadata option to change")
+    result = _run(lambda: state.memory().edit(memory_id, text, meta))
+    _echo_json(result) if as_json else click.echo(result["id"])
+
+
+def _flag_command(name: str, flag: str, value: bool, doc: str):
+    @cli.command(name, help=doc)
+    @click.argument("memory_id", type=int)
+    @click.pass_obj
+    def command(state, memory_id):
+        _run(lambda: state.memory().set_flag(memory_id, flag, value))
+        click.echo(f"{name}ned {memory_id}" if name.endswith("pin") else f"{name}d {memory_id}")
+    return command
+
+
+_flag_command("pin", "pinned", True, "Pin a memory: immune to decay, kept in context.\n\nExample:\n\n    python aokun.py pin 12")
+_flag_command("unpin", "pinned", False, "Unpin a memory.\n\nExample:\n\n    python aokun.py unpin 12")
+_flag_command("archive", "archived", True,
+              "Archive a memory: kept, but out of recall unless archived ones are asked for.\n\n"
+              "Example:\n\n    python aokun.py archive 12")
+_flag_command("unarchive", "archived", False, "Bring an archived memory back into recall.\n\n"
+              "Example:\n\n    python aokun.py unarchive 12")
+
+
+@cli.command()
+@click.argument("memory_id", type=int)
+@click.pass_obj
+def delete(state, memory_id):
+    """Delete a memory from every table and index (a tombstone is kept).
+
+    Example:
+
+        python aokun.py delete 12
+    """
+    _run(lambda: state.memory().delete(memory_id))
+    click.echo(f"deleted {memory_id}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def stats(state, as_json):
+    """Counts for every layer and index, and the embedder's state.
+
+    Example:
+
+        python aokun.py stats --json
+    """
+    s = _run(lambda: state.memory().stats())
+    if as_json:
+        return _echo_json(s)
+    click.echo(f"database: {s['database']} ({s['size_bytes']:,} bytes, schema {s['schema_version']})")
+    for k, v in s["counts"].items():
+        click.echo(f"{k:>32}: {v}")
+    click.echo(f"{'atoms by state':>32}: {s['atoms_by_state']}")
+    click.echo(f"{'journal':>32}: {s['journal']}")
+    e = s["embedding"]
+    click.echo(f"{'embedding':>32}: {e['provider']} {e['model']} {e['dim']}-d" + (f" PROBLEM: {e['problem']}" if e["problem"] else ""))
+
+
+@cli.command()
+@click.pass_obj
+def doctor(state):
+    """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and graph.
+    Exits 1 when anything is wrong.
+
+    Example:
+
+        python aokun.py doctor
+    """
+    mem = _run(lambda: state.memory())
+    problems = mem.doctor()
+    if mem.last_recovery.get("resumed") or mem.last_recovery.get("fts_backfilled"):
+        click.echo(f"repaired at open: {mem.last_recovery}")
+    for p in problems:
+        click.echo(f"problem: {p}")
+    if problems:
+        sys.exit(1)
+    click.echo("ok")
+
+
+@cli.command()
+@click.option("--vectors", is_flag=True, help="Drop and re-embed every vector with the configured embedder.")
+@click.option("--fts", is_flag=True, help="Re-segment every full-text row.")
+@click.option("--graph", is_flag=True, help="Re-derive atoms and graph for every memory.")
+@click.pass_obj
+def rebuild(state, vectors, fts, graph):
+    """Rebuild derived indexes from the stored memories.
+
+    Example:
+
+        python aokun.py rebuild --vectors
+    """
+    if not (vectors or fts or graph):
+        raise click.UsageError("say what to rebuild: --vectors, --fts and/or --graph")
+    click.echo(json.dumps(_run(lambda: state.memory().rebuild(vectors=vectors, fts=fts, graph=graph))))
+
+
+@cli.command()
+@click.pass_obj
+def vacuum(state):
+    """Optimise the FTS indexes, checkpoint the WAL and VACUUM the file.
+
+    Example:
+
+        python aokun.py vacuum
+    """
+    r = _run(lambda: state.memory().vacuum())
+    click.echo(f"{r['before_bytes']:,} -> {r['after_bytes']:,} bytes")
+
+
+@cli.command()
+@click.argument("dest", type=click.Path(dir_okay=False))
+@click.pass_obj
+def backup(state, dest):
+    """Write a consistent copy of the database to DEST (safe while servers are writing).
+
+    Example:
+
+        python aokun.py backup ~/aokun-2026-11-30.db
+    """
+    r = _run(lambda: state.memory().backup(dest))
+    click.echo(f"{r['backup']} ({r['bytes']:,} bytes)")
+
+
+# Main ############################################################################################
+
+def main(argv=None):
+    logging.basicConfig(level=os.environ.get("AOKUN_LOG_LEVEL", "WARNING").upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cli.main(args=argv, prog_name="aokun")
+
+
+if __name__ == "__main__":
+    main()
