@@ -870,6 +870,7 @@ class Memory:
     # connection helpers --------------------------------------------------------------------------
 
     def close(self):
+        self.wait_background()
         with self.lock:
             with contextlib.suppress(apsw.Error):
                 self.conn.pragma("optimize")
@@ -1604,6 +1605,298 @@ class Memory:
         with self.lock:
             self.conn.execute("vacuum into ?", (str(dest),))
         return {"backup": str(dest), "bytes": dest.stat().st_size}
+
+    # recall --------------------------------------------------------------------------------------
+
+    CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
+
+    def recall(self, query, k: int = 5, persona_id: str | None = None, session_id: str | None = None,
+               include_archived: bool = False, explain: bool = False, channels=None, as_of=None) -> dict:
+        """Hybrid recall (seed: Retrieval Pipeline). Returns
+        {results: [{id, score, text, summary, importance, created_at, ...}], degraded: [{channel,
+        reason}], intent, took_ms, warnings}. With explain=true each hit also carries `explain`:
+        its rank in every channel, RRF scores, importance, recency, route scores, intent, final.
+
+        Document route: BM25 ∥ vector → RRF (k=rrf_k, Cormack et al. 2009) → α·rrf + β·importance
+        + γ·recency. Graph route: graph keyword ∥ graph vector → RRF → 0.55·rrf + 0.20·importance +
+        0.15·recency + 0.10·confidence, × the atom temporal factor. Routes: 0.65/0.35 (or the
+        query intent's weights), +0.08 when both routes hit, then MMR (λ=0.7, token Jaccard).
+        recency = exp(−age_days/30), age from max(created_at, last_access_at).
+        Raises InputError for an empty query or a bad k."""
+        started = time.perf_counter()
+        r = self.cfg.recall
+        query = normalize_text(query, "query")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
+        warnings = []
+        if k > r.max_k:
+            warnings.append(f"k={k} is above the limit {r.max_k} ([recall] max_k); returning at most {r.max_k}")
+            k = r.max_k
+        chosen = self._channels(channels)
+        persona = _short_text(persona_id, "persona_id", 200)
+        session = _short_text(session_id, "session_id", 200)
+        as_of_iso = iso(parse_time(as_of, "as_of")) if as_of else ""
+        key = (query, k, persona, session, bool(include_archived), chosen, bool(explain), as_of_iso)
+        cached = self._cache_get(key)
+        if cached is not None:
+            return dict(cached, took_ms=round((time.perf_counter() - started) * 1000, 2), cached=True)
+
+        tokens = self.seg.tokens(query)
+        params = {"match": fts_query(tokens), "persona_id": persona, "session_id": session,
+                  "max_archived": int(bool(include_archived)), "as_of": as_of_iso,
+                  "k": min(4096, max(r.channel_k, 2 * k)), "expansion": r.graph_expansion_limit,
+                  "extra": r.graph_extra_entry_boost, "hop": 0.5}
+        degraded, ranked = [], {}
+        if not tokens:  # punctuation or stop words only
+            return self._answer(key, {"results": [], "degraded": degraded, "intent": None,
+                                      "warnings": warnings + ["the query has no searchable words"]}, started)
+        embedding = None
+        if {"vector", "graph_vector"} & set(chosen):
+            if not self.vectors_usable:
+                for ch in ("vector", "graph_vector"):
+                    if ch in chosen:
+                        degraded.append({"channel": ch, "reason": self.vector_problem})
+            else:
+                try:
+                    embedding = self.embedder.embed_query(self.embedder.prepare(query)[0]).astype(np.float32).tobytes()
+                except EmbeddingError as e:
+                    for ch in ("vector", "graph_vector"):
+                        if ch in chosen:
+                            degraded.append({"channel": ch, "reason": f"query embedding failed: {e}"})
+        for ch in chosen:
+            if ch in ("vector", "graph_vector") and embedding is None:
+                continue
+            if ch in ("bm25", "graph_keyword") and not tokens:
+                continue
+            name = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "graph_vector": "recall_graph_vector",
+                    "vector": "recall_vector_session" if session else "recall_vector"}[ch]
+            try:
+                ranked[ch] = self.rows(self.queries[name], dict(params, embedding=embedding))
+            except apsw.Error as e:
+                log.error("channel %s failed: %s", ch, e)
+                degraded.append({"channel": ch, "reason": f"SQL error: {e}"})
+        intent, spec = self.rules.intent(query) if r.dynamic_route_weighting else (None, {})
+        results = self._fuse(ranked, k, intent, spec, explain, [c for c in chosen if c in ranked or
+                                                                  c not in {d["channel"] for d in degraded}])
+        out = {"results": results, "degraded": degraded, "intent": intent, "warnings": warnings}
+        if results:
+            self._touch([h["id"] for h in results])
+        return self._answer(key, out, started)
+
+    def _channels(self, channels) -> tuple:
+        if channels is None:
+            return self.CHANNELS
+        if isinstance(channels, str):
+            channels = [c.strip() for c in channels.split(",") if c.strip()]
+        out = []
+        for c in channels:
+            expanded = {"graph": ["graph_keyword", "graph_vector"], "keyword": ["bm25"]}.get(c, [c])
+            for e in expanded:
+                if e not in self.CHANNELS:
+                    raise InputError("channels", f"unknown channel {c!r}; choose from bm25, vector, graph, "
+                                                 "graph_keyword, graph_vector")
+                if e not in out:
+                    out.append(e)
+        if not out:
+            raise InputError("channels", "name at least one channel")
+        return tuple(out)
+
+    def _fuse(self, ranked: dict[str, list[dict]], k: int, intent, spec: dict, explain: bool, chosen) -> list[dict]:
+        """RRF per route, weighting, dual-route fusion, MMR. Pure Python over the channel rows."""
+        r = self.cfg.recall
+        doc_channels = [c for c in ("bm25", "vector") if c in chosen]
+        graph_channels = [c for c in ("graph_keyword", "graph_vector") if c in chosen]
+        ids = {row["id"] for rows in ranked.values() for row in rows}
+        if not ids:
+            return []
+        docs = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(sorted(ids))})}
+        ref = now()
+        ranks = {i: {} for i in ids}
+        confidence = {}
+        for ch, rows in ranked.items():
+            for row in rows:
+                ranks[row["id"]][ch] = row["rank"]
+                if ch in graph_channels:
+                    confidence[row["id"]] = max(confidence.get(row["id"], 0.0), row["confidence"] or 0.0)
+        factors = self._temporal_factors(ids, ref) if graph_channels else {}
+        doc_rrf = {i: rrf(ranks[i], doc_channels, r.rrf_k) for i in ids}
+        graph_rrf = {i: rrf(ranks[i], graph_channels, r.rrf_k) for i in ids}
+        w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
+        gamma = r.score_gamma + spec.get("recency_boost", 0.0)
+        parts = {}
+        for i in ids:
+            d = docs.get(i)
+            if d is None:  # deleted between the channel queries and now
+                continue
+            last = max(d["created_at"], d["last_access_at"] or "")
+            recency = math.exp(-age_days(last, ref) / r.recency_days)
+            in_doc = any(c in ranks[i] for c in doc_channels)
+            in_graph = any(c in ranks[i] for c in graph_channels)
+            doc_score = (r.score_alpha * doc_rrf[i] + r.score_beta * d["importance"] + gamma * recency) if in_doc else 0.0
+            graph_score = (r.graph_rrf_weight * graph_rrf[i] + r.graph_importance_weight * d["importance"]
+                           + r.graph_recency_weight * recency + r.graph_confidence_weight * confidence.get(i, 0.0)
+                           ) * factors.get(i, 1.0) if in_graph else 0.0
+            parts[i] = dict(ranks=ranks[i], doc_rrf=doc_rrf[i], graph_rrf=graph_rrf[i], importance=d["importance"],
+                            recency=recency, doc_route=doc_score, graph_route=graph_score,
+                            temporal_factor=factors.get(i, 1.0), confidence=confidence.get(i), in_doc=in_doc,
+                            in_graph=in_graph)
+        doc_max = max((p["doc_route"] for p in parts.values()), default=0) or 1.0
+        graph_max = max((p["graph_route"] for p in parts.values()), default=0) or 1.0
+        any_doc = any(p["in_doc"] for p in parts.values())
+        any_graph = any(p["in_graph"] for p in parts.values())
+        wd, wg = (w_doc, w_graph) if any_doc and any_graph else ((1.0, 0.0) if any_doc else (0.0, 1.0))
+        for p in parts.values():
+            score = wd * p["doc_route"] / doc_max + wg * p["graph_route"] / graph_max
+            bonus = r.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
+            p["cross_route_bonus"] = bonus
+            p["fused"] = score + bonus  # not capped at 1.0 as in the seed: the cap made the top hits tie
+        order = sorted(parts, key=lambda i: (-parts[i]["fused"], i))
+        tokens = {i: set(docs[i]["segmented"].split()) for i in order[: max(3 * k, 30)]}
+        picked = mmr(order[: max(3 * k, 30)], {i: parts[i]["fused"] for i in parts}, tokens, k, r.mmr_lambda)
+        out = []
+        for i, mmr_score in picked:
+            d, p = docs[i], parts[i]
+            hit = {"id": i, "score": round(p["fused"], 6), "text": d["content"], "summary": d["summary"],
+                   "importance": d["importance"], "created_at": d["created_at"], "session_id": d["session_id"],
+                   "persona_id": d["persona_id"], "participants": json.loads(d["participants"]),
+                   "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
+                   "archived": bool(d["archived"]), "channels": sorted(p["ranks"])}
+            if explain:
+                hit["explain"] = {"ranks": {c: p["ranks"].get(c) for c in chosen}, "doc_rrf": p["doc_rrf"],
+                                  "graph_rrf": p["graph_rrf"], "importance": p["importance"], "recency": p["recency"],
+                                  "confidence": p["confidence"], "temporal_factor": p["temporal_factor"],
+                                  "doc_route": p["doc_route"], "graph_route": p["graph_route"],
+                                  "route_weights": [wd, wg], "cross_route_bonus": p["cross_route_bonus"],
+                                  "intent": intent, "fused": p["fused"], "mmr": mmr_score}
+            out.append(hit)
+        return out
+
+    def _temporal_factors(self, ids, ref: dt.datetime) -> dict[int, float]:
+        """Per document, the best TTL factor of its atoms (see ttl_factor); 1.0 when it has none."""
+        out: dict[int, float] = {}
+        for a in self.rows(self.queries["recall_atom_factors"], {"ids": json.dumps(sorted(ids))}):
+            f = ttl_factor(a, self.rules.types[a["atom_type"]]["decay"], ref)
+            out[a["id"]] = max(out.get(a["id"], 0.0), f)
+        return out
+
+    def search_atoms(self, query, k: int = 10, persona_id: str | None = None) -> dict:
+        """Atom BM25 × TTL factor (seed: Retrieval IV): only active atoms; exp(−age/ttl) while
+        unexpired (age from last reinforcement), planned atoms 1 until their deadline, 0 after.
+        Returns {results: [{id, document_id, atom_type, content, score, bm25, ttl_factor, expires_at}]}."""
+        started = time.perf_counter()
+        query = normalize_text(query, "query")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
+        k = min(k, self.cfg.recall.max_k)
+        tokens = self.seg.tokens(query)
+        if not tokens:
+            return {"results": [], "took_ms": 0.0}
+        persona = _short_text(persona_id, "persona_id", 200)
+        ref = now()
+        rows = self.rows(self.queries["search_atoms"], {"match": fts_query(tokens), "persona_id": persona,
+                                                        "k": min(4096, 4 * k)})
+        out = []
+        for a in rows:
+            factor = ttl_factor(a | {"state": "active"}, self.rules.types[a["atom_type"]]["decay"], ref)
+            if factor <= 0:
+                continue
+            norm = 1.0 / (1.0 + math.exp(a["raw"] / 8.0))  # seed: 1/(1+exp(−raw/8)) with raw = −bm25()
+            out.append({"id": a["id"], "document_id": a["document_id"], "atom_type": a["atom_type"],
+                        "content": a["content"], "confidence": a["confidence"],
+                        "reinforcement_count": a["reinforcement_count"], "expires_at": a["expires_at"],
+                        "bm25": a["raw"], "ttl_factor": factor, "score": round(norm * factor, 6)})
+        out.sort(key=lambda x: -x["score"])
+        return {"results": out[:k], "took_ms": round((time.perf_counter() - started) * 1000, 2)}
+
+    # cache and reinforcement ---------------------------------------------------------------------
+
+    def _cache_state(self):
+        return (self.epoch, self.conn.data_version() if hasattr(self.conn, "data_version")
+                else self.value("pragma data_version"))
+
+    def _cache_get(self, key):
+        with self.lock:
+            hit = self._recall_cache.get(key)
+            if not hit:
+                return None
+            stamp, state, value = hit
+            if time.monotonic() - stamp > self.cfg.recall.cache_ttl_seconds or state != self._cache_state():
+                del self._recall_cache[key]
+                return None
+            self._recall_cache[key] = self._recall_cache.pop(key)  # most recently used last
+            return value
+
+    def _answer(self, key, out: dict, started: float) -> dict:
+        with self.lock:
+            self._recall_cache[key] = (time.monotonic(), self._cache_state(), out)
+            while len(self._recall_cache) > self.cfg.recall.cache_size:
+                self._recall_cache.pop(next(iter(self._recall_cache)))
+        return dict(out, took_ms=round((time.perf_counter() - started) * 1000, 2), cached=False)
+
+    def _touch(self, ids: list[int]) -> None:
+        """Refresh last_access_at/access_count of recalled memories in a background thread, so the
+        answer is not delayed (seed: post-recall reinforcement). Does not empty the cache."""
+        def work():
+            try:
+                with self.lock:
+                    epoch = self.epoch
+                    with self.tx() as c:
+                        c.execute(self.queries["touch_documents"], {"ids": json.dumps(ids), "at": now_iso()})
+                    self.epoch = epoch
+                    self._recall_cache = {k: (s, self._cache_state(), v) for k, (s, _, v) in self._recall_cache.items()}
+            except apsw.Error as e:  # closed connection at exit, busy beyond the timeout
+                log.warning("could not record access to %s: %s", ids, e)
+        t = threading.Thread(target=work, name="aokun-touch", daemon=True)
+        self._touch_threads = [x for x in getattr(self, "_touch_threads", []) if x.is_alive()] + [t]
+        t.start()
+
+    def wait_background(self) -> None:
+        """Wait for background access bookkeeping (called by close())."""
+        for t in getattr(self, "_touch_threads", []):
+            t.join()
+
+
+# Retrieval helpers ###############################################################################
+
+def rrf(ranks: dict[str, int], channels, k: int) -> float:
+    """Reciprocal Rank Fusion (Cormack, Clarke & Büttcher 2009): Σ 1/(k + rank + 1) over the
+    channels (0-based ranks), divided by its maximum len(channels)/(k+1) so it lies in 0..1."""
+    if not channels:
+        return 0.0
+    total = sum(1.0 / (k + ranks[c] + 1) for c in channels if c in ranks)
+    return total / (len(channels) / (k + 1))
+
+
+def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, lam: float) -> list[tuple]:
+    """Maximal Marginal Relevance (Carbonell & Goldstein 1998): repeatedly pick
+    argmax λ·relevance(d) − (1−λ)·max_{s∈picked} Jaccard(d, s). Returns [(id, mmr_score)]."""
+    picked: list[tuple] = []
+    pool = list(candidates)
+    while pool and len(picked) < k:
+        best, best_score = None, -math.inf
+        for c in pool:
+            sim = max((jaccard(tokens[c], tokens[p]) for p, _ in picked), default=0.0)
+            score = lam * relevance[c] - (1 - lam) * sim
+            if score > best_score:
+                best, best_score = c, score
+        picked.append((best, best_score))
+        pool.remove(best)
+    return picked
+
+
+def ttl_factor(atom: dict, decay: str, ref: dt.datetime) -> float:
+    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
+    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
+    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV)."""
+    if atom["state"] != "active":
+        return 0.0
+    start, end = parse_time(atom["last_reinforced_at"]), parse_time(atom["expires_at"])
+    if ref >= end:
+        return 0.0
+    if decay == "step":
+        return 1.0
+    ttl = max(1e-9, (end - start).total_seconds())
+    return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
 
 
 # CLI #############################################################################################

@@ -1,0 +1,151 @@
+-- Retrieval channels. Every channel returns the same columns so fusion code is generic:
+--   id (documents.id), channel, rank (0-based, best first), raw (the channel's own score:
+--   bm25() is negative, more negative = better; distance is cosine distance, lower = better;
+--   graph_keyword raw is an aggregated positive score, higher = better), confidence (0..1).
+-- Parameters (all named): :match (FTS5 expression, built by aokun.fts_query from quoted tokens),
+--   :embedding (float32 blob), :k, :persona_id ('' = default persona), :session_id ('' = any),
+--   :max_archived (0 = live only, 1 = include archived), :as_of ('' = now; ISO-8601 UTC),
+--   :expansion (graph_expansion_limit), :extra (boost for each extra entry point, 0.35),
+--   :hop (discount for a one-hop graph neighbour).
+-- Try one in the shell:  .param set :match '"coffee"'  then paste the query.
+
+-- name: recall_bm25
+-- Document BM25 over the jieba-segmented FTS5 column, filtered by persona/session/archived in SQL.
+with hits as (
+    select d.id, bm25(documents_fts) as raw
+    from documents_fts
+    join documents d on d.id = documents_fts.rowid
+    where documents_fts match :match
+      and d.persona_id = :persona_id
+      and (:session_id = '' or d.session_id = :session_id)
+      and d.archived <= :max_archived
+      and (:as_of = '' or d.created_at <= :as_of)
+    order by raw
+    limit :k
+)
+select id, 'bm25' as channel, row_number() over (order by raw) - 1 as rank, raw, 1.0 as confidence
+from hits order by raw;
+
+-- name: recall_vector
+-- Document KNN in vec0 with the filters as metadata constraints (no over-fetching).
+with knn as (
+    select doc_id, distance from doc_vec
+    where embedding match :embedding and k = :k
+      and persona_id = :persona_id and archived <= :max_archived
+)
+select d.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank,
+       knn.distance as raw, 1.0 as confidence
+from knn join documents d on d.id = knn.doc_id
+where (:as_of = '' or d.created_at <= :as_of)
+order by knn.distance;
+
+-- name: recall_vector_session
+-- As recall_vector, restricted to one session (vec0 metadata filters cannot be OR-ed away).
+with knn as (
+    select doc_id, distance from doc_vec
+    where embedding match :embedding and k = :k
+      and persona_id = :persona_id and session_id = :session_id and archived <= :max_archived
+)
+select d.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank,
+       knn.distance as raw, 1.0 as confidence
+from knn join documents d on d.id = knn.doc_id
+where (:as_of = '' or d.created_at <= :as_of)
+order by knn.distance;
+
+-- name: recall_graph_keyword
+-- Graph entries hit by the query (FTS5), then one hop: other memories sharing a hit node, and
+-- memories whose edges touch a hit node (each hop capped by :expansion). Per memory the best
+-- contribution counts in full and each extra entry point adds :extra times its score.
+with entry_hits as (
+    select e.id as entry_id, e.document_id, e.node_id, e.confidence,
+           -bm25(graph_entries_fts) as s
+    from graph_entries_fts
+    join graph_entries e on e.id = graph_entries_fts.rowid
+    where graph_entries_fts match :match
+      and e.persona_id = :persona_id
+      and (:session_id = '' or e.session_id = :session_id)
+      and e.archived <= :max_archived
+    order by bm25(graph_entries_fts)
+    limit :k
+),
+hits as (select * from entry_hits),
+via_node as (
+    select e2.document_id, h.s * :hop as s, e2.confidence
+    from hits h join graph_entries e2 on e2.node_id = h.node_id and e2.document_id != h.document_id
+    where h.node_id is not null
+    limit :expansion
+),
+via_edge as (
+    select g.document_id, h.s * :hop as s, g.confidence
+    from hits h join graph_edges g on h.node_id in (g.source_id, g.target_id) and g.document_id != h.document_id
+    where h.node_id is not null
+    limit :expansion
+),
+points as (
+    select document_id, s, confidence from hits
+    union all select document_id, s, confidence from via_node
+    union all select document_id, s, confidence from via_edge
+),
+per_doc as (
+    select document_id as id, max(s) + :extra * (sum(s) - max(s)) as raw, max(confidence) as confidence
+    from points group by document_id
+)
+select p.id, 'graph_keyword' as channel, row_number() over (order by p.raw desc) - 1 as rank,
+       p.raw, p.confidence
+from per_doc p join documents d on d.id = p.id
+where d.persona_id = :persona_id
+  and (:session_id = '' or d.session_id = :session_id)
+  and d.archived <= :max_archived
+  and (:as_of = '' or d.created_at <= :as_of)
+order by p.raw desc
+limit :k;
+
+-- name: recall_graph_vector
+-- KNN over graph-entry vectors (their own vec0 table), folded back to source memories.
+with knn as (
+    select entry_id, distance from graph_vec
+    where embedding match :embedding and k = :k
+      and persona_id = :persona_id and archived <= :max_archived
+),
+per_doc as (
+    select e.document_id as id, min(knn.distance) as raw, max(e.confidence) as confidence
+    from knn join graph_entries e on e.id = knn.entry_id
+    where (:session_id = '' or e.session_id = :session_id)
+    group by e.document_id
+)
+select p.id, 'graph_vector' as channel, row_number() over (order by p.raw) - 1 as rank, p.raw, p.confidence
+from per_doc p join documents d on d.id = p.id
+where (:as_of = '' or d.created_at <= :as_of)
+order by p.raw;
+
+-- name: recall_documents
+-- The fields fusion and the answer need, for a set of ids given as a JSON array in :ids.
+select d.id, d.uid, d.persona_id, d.session_id, d.content, d.summary, d.topics, d.participants, d.tags,
+       d.sentiment, d.source, d.importance, d.pinned, d.archived, d.created_at, d.updated_at,
+       d.last_access_at, d.access_count, f.segmented
+from documents d join documents_fts f on f.rowid = d.id
+where d.id in (select value from json_each(:ids));
+
+-- name: recall_atom_factors
+-- The atoms behind each document, for the graph route's temporal factor.
+select s.document_id as id, a.atom_type, a.state, a.last_reinforced_at, a.expires_at
+from atom_sources s join memory_atoms a on a.id = s.atom_id
+where s.document_id in (select value from json_each(:ids));
+
+-- name: search_atoms
+-- Atom BM25 over active atoms of one persona; the TTL factor is applied in Python.
+select a.id, a.document_id, a.atom_type, a.content, a.confidence, a.importance, a.reinforcement_count,
+       a.created_at, a.last_reinforced_at, a.expires_at, a.base_ttl_days,
+       bm25(memory_atoms_fts) as raw
+from memory_atoms_fts
+join memory_atoms a on a.id = memory_atoms_fts.rowid
+where memory_atoms_fts match :match
+  and a.persona_id = :persona_id
+  and a.state = 'active'
+order by raw
+limit :k;
+
+-- name: touch_documents
+-- Reinforcement after a recall: refresh last_access_at and count the access.
+update documents set last_access_at = :at, access_count = access_count + 1
+where id in (select value from json_each(:ids));
