@@ -18,6 +18,7 @@ import contextlib
 import configparser
 import datetime as dt
 import hashlib
+import inspect
 import io
 import json
 import logging
@@ -1899,6 +1900,348 @@ def ttl_factor(atom: dict, decay: str, ref: dt.datetime) -> float:
     return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
 
 
+# MCP server ######################################################################################
+
+#: Tools listed by default: the frequent ones. [server] exposed_tools lists more, or `all`.
+DEFAULT_TOOLS = ("memorize", "recall", "search_atoms", "edit_memory", "delete_memory")
+
+SERVER_INSTRUCTIONS = """Aokun is your long-term memory about the user and your shared work.
+Call `recall` before answering when earlier conversations might matter (preferences, people,
+projects, decisions, dates). Call `memorize` when the user tells you something worth keeping for
+weeks or months: one self-contained memory per fact or event, written so it makes sense alone,
+with participants, topics and key_facts in metadata when you know them. Use `search_atoms` for one
+precise fact. Use `edit_memory` to correct a memory and `delete_memory` when the user asks you to
+forget something."""
+
+
+def build_server(memory_factory, cfg: Config):
+    """The MCP server (SDK v2 MCPServer) over a Memory made by `memory_factory()` in the lifespan.
+
+    Tools are sync functions: the SDK runs them in worker threads and the Memory serialises them
+    on its connection lock. Bad arguments become tool errors naming the field."""
+    from collections.abc import AsyncIterator
+    from typing import Annotated, Any
+
+    from mcp.server.mcpserver import Context, MCPServer
+    from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+    from mcp.types import ToolAnnotations
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class Metadata(BaseModel):
+        """Optional facts about a memory. Unknown keys are refused."""
+        model_config = ConfigDict(extra="forbid")
+        summary: str | None = Field(None, description="One-sentence summary.")
+        topics: list[str] | None = Field(None, description="Topics, e.g. ['coffee', 'work'].")
+        key_facts: list[str] | None = Field(None, description="Self-contained facts; each becomes a memory atom.")
+        participants: list[str] | None = Field(None, description="People involved, by name.")
+        sentiment: str | None = Field(None, description="e.g. positive, negative, neutral.")
+        importance: float | None = Field(None, ge=0, le=1, description="0..1 (default 0.5); higher decays slower.")
+        session_id: str | None = Field(None, description="Conversation/session id.")
+        persona_id: str | None = Field(None, description="Separates memories completely (one per assistant persona).")
+        source: str | None = Field(None, description="Where it came from: chat (ranked up), import (ranked down), ...")
+        timestamp: str | None = Field(None, description="When it happened, ISO-8601 (default: now).")
+        tags: list[str] | None = Field(None, description="Free-form tags.")
+        pinned: bool | None = Field(None, description="Pinned memories never decay.")
+
+    class WriteResult(BaseModel):
+        id: int = Field(description="Memory id.")
+        uid: str | None = None
+        status: str = Field(description="Journal stage reached; 'done' when every layer is written.")
+        deduplicated: bool = Field(description="True when identical content was already stored (same id returned).")
+        atoms: int = Field(description="Memory atoms this memory stated or reinforced.")
+        graph_entries: int
+        embedding: str | None = Field(description="done, pending (back-filled later) or none.")
+        embedding_truncated: bool = Field(description="True when only the start of the text was embedded.")
+        warnings: list[str] = []
+
+    class Hit(BaseModel):
+        id: int
+        score: float = Field(description="Fused score, higher is better.")
+        text: str
+        summary: str
+        importance: float
+        created_at: str = Field(description="ISO-8601 UTC.")
+        session_id: str
+        persona_id: str
+        participants: list[str]
+        topics: list[str]
+        source: str
+        pinned: bool
+        archived: bool
+        channels: list[str] = Field(description="Channels that found it: bm25, vector, graph_keyword, graph_vector.")
+        explain: dict[str, Any] | None = None
+
+    class Degraded(BaseModel):
+        channel: str
+        reason: str | None
+
+    class RecallResult(BaseModel):
+        results: list[Hit]
+        degraded: list[Degraded] = Field(description="Channels that could not run; the answer came from the rest.")
+        intent: str | None = Field(description="Detected query intent: relational, temporal, factual or null.")
+        warnings: list[str] = []
+        took_ms: float
+        cached: bool = False
+
+    class Atom(BaseModel):
+        id: int
+        document_id: int = Field(description="The memory that first stated it.")
+        atom_type: str
+        content: str
+        confidence: float
+        reinforcement_count: int
+        expires_at: str
+        bm25: float
+        ttl_factor: float
+        score: float
+
+    class AtomsResult(BaseModel):
+        results: list[Atom]
+        took_ms: float
+
+    class MemoryRow(BaseModel):
+        id: int
+        uid: str
+        persona_id: str
+        session_id: str
+        content: str = Field(description="First 500 characters.")
+        summary: str
+        importance: float
+        pinned: bool
+        archived: bool
+        source: str
+        created_at: str
+        updated_at: str
+
+    class MemoryList(BaseModel):
+        memories: list[MemoryRow]
+
+    class MemoryDetail(BaseModel):
+        id: int
+        uid: str
+        persona_id: str
+        session_id: str
+        content: str
+        summary: str
+        topics: list[str]
+        key_facts: list[str]
+        participants: list[str]
+        tags: list[str]
+        sentiment: str
+        source: str
+        importance: float
+        pinned: bool
+        archived: bool
+        created_at: str
+        updated_at: str
+        last_access_at: str | None
+        access_count: float
+        embedding_state: str
+        atoms: list[dict[str, Any]]
+        graph_entries: list[str]
+
+    class Deleted(BaseModel):
+        id: int
+        uid: str
+        deleted: bool
+
+    class Flagged(BaseModel):
+        id: int
+        uid: str
+        pinned: bool | None = None
+        archived: bool | None = None
+
+    class Stats(BaseModel):
+        database: str
+        size_bytes: int
+        schema_version: int
+        server_version: str
+        counts: dict[str, int]
+        atoms_by_state: dict[str, int]
+        atoms_by_type: dict[str, int]
+        journal: dict[str, int]
+        embedding: dict[str, Any]
+
+    state: dict[str, Memory] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_server) -> AsyncIterator[dict]:
+        mem = memory_factory()
+        state["memory"] = mem
+        warm = threading.Thread(target=_warm_up, args=(mem,), name="aokun-warm-up", daemon=True)
+        warm.start()
+        try:
+            yield state
+        finally:
+            state.pop("memory", None)
+            mem.close()
+
+    server = MCPServer("aokun", instructions=SERVER_INSTRUCTIONS, version=__version__, lifespan=lifespan,
+                       log_level=cfg.server.log_level.upper())
+
+    def call(fn):
+        try:
+            return fn(state["memory"])
+        except AokunError as e:
+            raise ToolError(str(e)) from None
+
+    def meta(m: Metadata | None) -> dict:
+        return {} if m is None else m.model_dump(exclude_none=True)
+
+    RO = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+    Id = Annotated[int, Field(ge=1, description="Memory id, from memorize/recall/list_memories.")]
+    Persona = Annotated[str | None, Field(description="Persona to search (default: the default persona).")]
+
+    def memorize(content: Annotated[str, Field(description="The memory: self-contained text, any language.")],
+                 metadata: Metadata | None = None) -> WriteResult:
+        """Store something worth remembering for weeks or months: a fact about the user, a preference,
+        a decision, an event, a plan. Write it so it makes sense on its own later (names, not pronouns).
+        Identical content returns the existing id. Returns the new memory's id."""
+        return WriteResult(**call(lambda m: m.memorize(content, meta(metadata))))
+
+    def recall(query: Annotated[str, Field(description="What you want to remember, as a question or keywords.")],
+               k: Annotated[int, Field(ge=1, description="How many memories to return (default 5, at most [recall] max_k).")] = 5,
+               session_id: Annotated[str | None, Field(description="Only this session.")] = None,
+               persona_id: Persona = None,
+               include_archived: Annotated[bool, Field(description="Also search archived memories.")] = False,
+               explain: Annotated[bool, Field(description="Add per-channel ranks and score parts to each hit.")] = False
+               ) -> RecallResult:
+        """Search long-term memory by meaning, keywords and relations (Chinese and English). Call it
+        before answering whenever earlier conversations could matter. Returns the best memories first,
+        with a fused score, and names any search channel that could not run."""
+        return RecallResult(**call(lambda m: m.recall(query, k, persona_id, session_id, include_archived, explain)))
+
+    def search_atoms(query: Annotated[str, Field(description="Keywords of the fact you look for.")],
+                     k: Annotated[int, Field(ge=1, description="How many atoms (default 10).")] = 10,
+                     persona_id: Persona = None) -> AtomsResult:
+        """Find single precise facts (memory atoms) rather than whole memories, e.g. a preference or a
+        date. Only facts still valid (within their shelf life) are returned, best first."""
+        return AtomsResult(**call(lambda m: m.search_atoms(query, k, persona_id)))
+
+    def list_memories(limit: Annotated[int, Field(ge=1, le=1000, description="How many (default 20).")] = 20,
+                      offset: Annotated[int, Field(ge=0, description="Skip this many.")] = 0,
+                      persona_id: Persona = None,
+                      session_id: Annotated[str | None, Field(description="Only this session.")] = None,
+                      include_archived: bool = False) -> MemoryList:
+        """List stored memories, newest first (browse, not search: use recall to search)."""
+        rows = call(lambda m: m.list_memories(limit, offset, persona_id or "", session_id, include_archived))
+        return MemoryList(memories=[MemoryRow(**r) for r in rows])
+
+    def get_memory(id: Id) -> MemoryDetail:
+        """One memory in full, with its atoms and knowledge-graph entries."""
+        return MemoryDetail(**call(lambda m: m.get(id)))
+
+    def edit_memory(id: Id,
+                    content: Annotated[str | None, Field(description="New text (omit to keep).")] = None,
+                    metadata: Metadata | None = None) -> WriteResult:
+        """Correct or update a memory. Its keyword index, vector, atoms and graph are rebuilt, so the
+        old wording is no longer found. Metadata fields given replace the stored ones."""
+        if content is None and metadata is None:
+            raise ToolError("content: give new content and/or metadata to change")
+        return WriteResult(**call(lambda m: m.edit(id, content, meta(metadata))))
+
+    def delete_memory(id: Id) -> Deleted:
+        """Forget a memory completely (every index, atom and graph entry). Use when the user asks you
+        to forget something or a memory is wrong and cannot be edited."""
+        return Deleted(**call(lambda m: m.delete(id)))
+
+    def pin_memory(id: Id) -> Flagged:
+        """Pin a memory: it never decays and is kept in context."""
+        return Flagged(**call(lambda m: m.set_flag(id, "pinned", True)))
+
+    def unpin_memory(id: Id) -> Flagged:
+        """Unpin a memory."""
+        return Flagged(**call(lambda m: m.set_flag(id, "pinned", False)))
+
+    def archive_memory(id: Id) -> Flagged:
+        """Archive a memory: kept, but left out of recall unless include_archived is true."""
+        return Flagged(**call(lambda m: m.set_flag(id, "archived", True)))
+
+    def memory_stats() -> Stats:
+        """Counts of memories, atoms, graph and vectors, and the embedder's state."""
+        return Stats(**call(lambda m: m.stats()))
+
+    W = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+    D = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False)
+    tools = {"memorize": (memorize, W), "recall": (recall, RO), "search_atoms": (search_atoms, RO),
+             "list_memories": (list_memories, RO), "get_memory": (get_memory, RO), "edit_memory": (edit_memory, D),
+             "delete_memory": (delete_memory, D), "pin_memory": (pin_memory, W), "unpin_memory": (unpin_memory, W),
+             "archive_memory": (archive_memory, W), "memory_stats": (memory_stats, RO)}
+    for name in exposed_tools(cfg, tools):
+        fn, annotations = tools[name]
+        server.add_tool(fn, name=name, description=inspect.cleandoc(fn.__doc__), annotations=annotations)
+
+    @server.resource("memory://stats", mime_type="application/json")
+    def stats_resource() -> str:
+        """Counts of memories, atoms, graph and vectors, and the embedder's state."""
+        return json.dumps(state["memory"].stats(), ensure_ascii=False)
+
+    @server.resource("memory://memories/{id}", mime_type="application/json")
+    def memory_resource(id: int) -> str:
+        """One memory in full, as JSON."""
+        try:
+            return json.dumps(state["memory"].get(id), ensure_ascii=False)
+        except NotFound as e:
+            raise ResourceNotFoundError(str(e)) from None
+
+    return server
+
+
+def exposed_tools(cfg: Config, tools: dict) -> list[str]:
+    """The tool names [server] exposed_tools asks for (`all`, or a comma list; default: frequent)."""
+    wanted = [t.strip() for t in cfg.server.exposed_tools.split(",") if t.strip()]
+    if wanted == ["all"]:
+        return list(tools)
+    unknown = [t for t in wanted if t not in tools]
+    if unknown:
+        raise AokunError(f"[server] exposed_tools names unknown tools {unknown}; known: {', '.join(tools)} or all")
+    return wanted
+
+
+def _warm_up(mem: "Memory") -> None:
+    """Load jieba and the embedding model, then back-fill missing vectors, off the request path."""
+    try:
+        mem.seg.tokens("warm up 预热")
+        if mem.vectors_usable:
+            mem.embedder.embed_query("warm up")
+        mem.backfill_vectors()
+    except Exception as e:  # the server keeps serving; stats/doctor show what is missing
+        log.warning("warm-up did not finish: %s", e)
+
+
+class BearerToken:
+    """ASGI wrapper: every HTTP request needs `Authorization: Bearer <token>` (401 otherwise)."""
+
+    def __init__(self, app, token: str):
+        self.app, self.expected = app, f"Bearer {token}".encode()
+
+    async def __call__(self, scope, receive, send):
+        import hmac
+        if scope["type"] == "http":
+            got = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(got, self.expected):
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"text/plain"), (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": b"missing or wrong bearer token"})
+                return
+        await self.app(scope, receive, send)
+
+
+def http_app(server, cfg: Config, host: str, port: int):
+    """The streamable-HTTP ASGI app at /mcp: DNS-rebinding protection on (loopback plus
+    [server] allowed_hosts), bearer token required when [server] token / token_env is set."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"] + \
+            [h.strip() for h in cfg.server.allowed_hosts.split(",") if h.strip()]
+    origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                         allowed_origins=origins)
+    app = server.streamable_http_app(transport_security=security, host=host)
+    token = cfg.secret("server", "token", "token_env")
+    return BearerToken(app, token) if token else app
+
+
 # CLI #############################################################################################
 
 import click  # noqa: E402  (kept beside its only user)
@@ -2183,6 +2526,91 @@ def backup(state, dest):
     """
     r = _run(lambda: state.memory().backup(dest))
     click.echo(f"{r['backup']} ({r['bytes']:,} bytes)")
+
+
+@cli.command()
+@click.argument("query")
+@click.option("-k", "k", default=5, show_default=True, type=click.IntRange(1), help="How many memories.")
+@click.option("--session", help="Only this session.")
+@click.option("--persona", help="Persona to search.")
+@click.option("--include-archived", is_flag=True, help="Search archived memories too.")
+@click.option("--explain", is_flag=True, help="Show each hit's channel ranks and score parts.")
+@click.option("--channels", help="Comma list for ablation: bm25, vector, graph (or graph_keyword, graph_vector).")
+@click.option("--as-of", help="Answer as the memory stood at this ISO-8601 time.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
+@click.pass_obj
+def recall(state, query, k, session, persona, include_archived, explain, channels, as_of, as_json):
+    """Search memories by meaning, keywords and relations.
+
+    Example:
+
+        python aokun.py recall "what does Alice drink" -k 3 --explain
+    """
+    out = _run(lambda: state.memory().recall(query, k, persona, session, include_archived, explain,
+                                             channels, as_of))
+    if as_json:
+        return _echo_json(out)
+    for w in out["warnings"]:
+        click.echo(f"warning: {w}", err=True)
+    for d in out["degraded"]:
+        click.echo(f"degraded: {d['channel']}: {d['reason']}", err=True)
+    for h in out["results"]:
+        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:10]}  {h['text'][:200]}")
+        if explain:
+            e = h["explain"]
+            ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
+            click.echo(f"        ranks {ranks} | doc {e['doc_route']:.3f} graph {e['graph_route']:.3f} "
+                       f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}")
+    if not out["results"]:
+        click.echo("no memories found", err=True)
+
+
+@cli.command()
+@click.argument("query")
+@click.option("-k", "k", default=10, show_default=True, type=click.IntRange(1), help="How many atoms.")
+@click.option("--persona", help="Persona to search.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def atoms(state, query, k, persona, as_json):
+    """Search single facts (memory atoms) that are still within their shelf life.
+
+    Example:
+
+        python aokun.py atoms "冰美式"
+    """
+    out = _run(lambda: state.memory().search_atoms(query, k, persona))
+    if as_json:
+        return _echo_json(out)
+    for a in out["results"]:
+        click.echo(f"{a['id']:>6}  {a['score']:.3f}  {a['atom_type']:<10} {a['content'][:200]}  (memory {a['document_id']})")
+
+
+@cli.command()
+@click.option("--http", "use_http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
+@click.option("--host", help="HTTP host (default [server] host, 127.0.0.1).")
+@click.option("--port", type=int, help="HTTP port (default [server] port, 5123).")
+@click.pass_obj
+def serve(state, use_http, host, port):
+    """Run the MCP server: stdio (what MCP clients launch) or --http.
+
+    Example:
+
+        python aokun.py serve
+
+        python aokun.py serve --http --port 5123
+    """
+    cfg = state.cfg
+    logging.getLogger().setLevel(cfg.server.log_level.upper())
+    path = database_path(cfg, state.db_arg)
+    server = _run(lambda: build_server(lambda: Memory(path, cfg), cfg))
+    if not use_http:
+        server.run()
+        return
+    import uvicorn
+    host, port = host or cfg.server.host, port or cfg.server.port
+    app = http_app(server, cfg, host, port)
+    log.warning("Aokun MCP over HTTP at http://%s:%s/mcp (database %s)", host, port, path)
+    uvicorn.run(app, host=host, port=port, log_level=cfg.server.log_level.lower())
 
 
 # Main ############################################################################################
