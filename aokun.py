@@ -180,6 +180,28 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "cache_size": 256,
         "max_k": 100,
     },
+    "forgetting": {
+        "decay_rate": 0.01,
+        "decay_hour": 0,
+        "decay_minute": 5,
+        "timezone": "",
+        "access_decay_window_days": 30,
+        "access_count_decay_multiplier": 0.5,
+        "auto_cleanup_enabled": False,
+        "cleanup_days_threshold": 180,
+        "cleanup_importance_threshold": 0.1,
+        "atom_maintenance_interval_hours": 24.0,
+        "atom_forget_delay_days": 7.0,
+        "atom_purge_delay_days": 30.0,
+        "predicates": "rules/predicates.toml",
+        "scheduler_interval_seconds": 60.0,
+    },
+    "backup": {
+        "dir": "data/backups",
+        "daily": True,
+        "on_version_change": True,
+        "keep_days": 7,
+    },
     "server": {
         "exposed_tools": "memorize, recall, search_atoms, edit_memory, delete_memory",
         "log_level": "INFO",
@@ -240,6 +262,14 @@ class Config:
         p = Path(os.path.expanduser(value))
         return p if p.is_absolute() else (self.base / p)
 
+    def rule_file(self, value: str) -> Path:
+        """A rules/ file: relative to the config file's folder when it exists there, else the one
+        shipped beside aokun.py. Raises AokunError when neither exists."""
+        for p in (self.resolve(value), HERE / value):
+            if p.exists():
+                return p
+        raise AokunError(f"rules file {value!r} not found beside {self.path or HERE} nor in {HERE}")
+
     def secret(self, section: str, key: str, env_key: str) -> str:
         """A secret given directly in the ini, or read from the environment variable it names."""
         sec = getattr(self, section)
@@ -275,7 +305,8 @@ def database_path(cfg: Config, db: str | None = None) -> Path:
 
 # Connection and schema ###########################################################################
 
-def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full") -> apsw.Connection:
+def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
+            backup_dir: Path | None = None) -> apsw.Connection:
     """Open (creating if needed) the database with sqlite-vec loaded and the APSW best practice:
     WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest schema.
 
@@ -294,7 +325,7 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full")
     if conn.pragma("journal_mode") != "wal":
         conn.pragma("journal_mode", "wal")
     conn.pragma("synchronous", {"full": 2, "normal": 1}.get(synchronous, 2))
-    migrate(conn)
+    migrate(conn, backup_dir)
     return conn
 
 
@@ -309,8 +340,10 @@ def schema_version_known() -> int:
     return max((n for n, _ in migrations()), default=0)
 
 
-def migrate(conn: apsw.Connection) -> int:
-    """Apply schema/NNNN_*.sql above PRAGMA user_version, each in one IMMEDIATE transaction.
+def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
+    """Apply schema/NNNN_*.sql above PRAGMA user_version, each in one IMMEDIATE transaction. A file
+    that already holds data is first copied (VACUUM INTO) to `backup_dir` as
+    <name>-schema<N>-<time>.db, so an upgrade can always be undone.
 
     Returns the schema version. Raises SchemaError when the file is newer than this code."""
     known = schema_version_known()
@@ -319,6 +352,13 @@ def migrate(conn: apsw.Connection) -> int:
         raise SchemaError(
             f"this database has schema version {current} but this Aokun ({__version__}) knows only "
             f"up to {known}; upgrade Aokun instead of opening the file with an older version")
+    if 0 < current < known and backup_dir is not None:
+        name = Path(conn.filename).stem
+        backup_dir.mkdir(parents=True, exist_ok=True)
+        dest = backup_dir / f"{name}-schema{current}-{now().strftime('%Y%m%dT%H%M%SZ')}.db"
+        if not dest.exists():
+            conn.execute("vacuum into ?", (str(dest),))
+            log.warning("schema %s -> %s: the previous file is saved as %s", current, known, dest)
     for number, path in migrations():
         if number <= current:
             continue
@@ -716,7 +756,7 @@ class Rules:
     """The data in rules/: atom types and classification regexes, entity aliases, query intents."""
 
     def __init__(self, cfg: Config):
-        atoms = tomllib.loads(cfg.resolve(cfg.write.atom_rules).read_text(encoding="utf-8"))
+        atoms = tomllib.loads(cfg.rule_file(cfg.write.atom_rules).read_text(encoding="utf-8"))
         self.types: dict[str, dict] = atoms["types"]
         unknown = set(self.types) - set(ATOM_TYPES)
         if unknown:
@@ -725,18 +765,22 @@ class Rules:
         self.default_confidence = float(atoms.get("default_confidence", 0.5))
         self.atom_rules = [(re.compile(r["pattern"]), r["type"], float(r.get("confidence", 0.7)))
                            for r in atoms.get("rules", [])]
-        aliases_path = cfg.resolve(cfg.write.aliases)
-        aliases = tomllib.loads(aliases_path.read_text(encoding="utf-8")).get("aliases", {}) \
-            if aliases_path.exists() else {}
+        aliases = tomllib.loads(cfg.rule_file(cfg.write.aliases).read_text(encoding="utf-8")).get("aliases", {})
         self.alias_of: dict[str, str] = {}
         for canonical, names in aliases.items():
             for name in [canonical, *names]:
                 self.alias_of[self._key(name)] = canonical
-        intents_path = cfg.resolve(cfg.recall.intents)
-        intents = tomllib.loads(intents_path.read_text(encoding="utf-8")).get("intents", {}) \
-            if intents_path.exists() else {}
+        intents = tomllib.loads(cfg.rule_file(cfg.recall.intents).read_text(encoding="utf-8")).get("intents", {})
         self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
                         for name, spec in intents.items()]
+
+        predicates = tomllib.loads(cfg.rule_file(cfg.forgetting.predicates).read_text(encoding="utf-8")
+                                   ).get("predicates", [])
+        self.slot_patterns = [(p["name"], re.compile(rx)) for p in predicates for rx in p.get("patterns", [])]
+        self.predicate_of: dict[str, str] = {}
+        for p in predicates:
+            for name in [p["name"], *p.get("aliases", [])]:
+                self.predicate_of[self._key(name)] = p["name"]
 
     @staticmethod
     def _key(name: str) -> str:
@@ -748,6 +792,16 @@ class Rules:
             if pattern.search(fact):
                 return atom_type, confidence
         return self.default_type, self.default_confidence
+
+    def slot(self, fact: str) -> tuple[str, str, str]:
+        """(predicate, value, subject) of the first single-valued predicate pattern that matches the
+        fact (rules/predicates.toml), else ('', '', ''). value is canonicalised like an entity."""
+        for name, pattern in self.slot_patterns:
+            m = pattern.search(fact)
+            if m and m.group("value").strip():
+                subject = (m.groupdict().get("subject") or "").strip()
+                return name, self.canonical(m.group("value").strip()), self.canonical(subject) if subject else ""
+        return "", "", ""
 
     def canonical(self, name: str) -> str:
         """Entity resolution: case and whitespace folded, aliases from rules/aliases.toml mapped to
@@ -795,6 +849,7 @@ class Prepared:
     deduplicated: bool = False
     warnings: list = field(default_factory=list)
     embedding_truncated: bool = False
+    recovering: bool = False  # resumed from the journal at open: a failure is recorded, never raised
 
     PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts", "participants",
                "tags", "sentiment", "source", "importance", "pinned", "created_at", "content_hash", "facts")
@@ -853,10 +908,11 @@ class Memory:
         self.cfg = cfg or load_config()
         self.path = Path(path)
         self.lock = threading.RLock()
-        self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous)
+        self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
+                            self.cfg.resolve(self.cfg.backup.dir))
         self.queries = load_queries()
         t = self.cfg.text
-        self.seg = Segmenter(self.cfg.resolve(t.stopwords), self.cfg.resolve(t.userdict),
+        self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
                              self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)
         self.rules = Rules(self.cfg)
         self.embedder = embedder if embedder is not None else make_embedder(self.cfg)
@@ -1120,7 +1176,7 @@ class Memory:
     def _record_failure(self, p: Prepared, error: Exception) -> None:
         log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
         p.warnings.append(f"stage after {p.status} failed ({error}); it is retried at next start")
-        if p.status == "pending" and p.op == "insert":
+        if p.status == "pending" and p.op == "insert" and not p.recovering:
             raise error if isinstance(error, AokunError) else AokunError(f"could not store the memory: {error}")
         with self.tx():
             self.conn.execute("update memory_write_ops set error = ?, updated_at = ? where id = ?",
@@ -1209,16 +1265,35 @@ class Memory:
             base = float(self.rules.types[atom_type]["base_ttl_days"])
             ttl = effective_ttl_days(base, p.importance, 0)
             stamp = now_iso()
+            slot, slot_value, slot_subject = self.rules.slot(fact)
+            subject = slot_subject or (self.rules.canonical(p.participants[0]) if p.participants else "")
+            if slot and not subject:
+                subject = "user"
             c.execute("insert into memory_atoms(uid, persona_id, document_id, atom_type, content, subject, confidence, "
-                      "importance, base_ttl_days, created_at, updated_at, last_reinforced_at, expires_at, state_changed_at) "
-                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (str(uuid.uuid4()), p.persona_id, p.document_id, atom_type, fact,
-                       self.rules.canonical(p.participants[0]) if p.participants else "", confidence, p.importance,
-                       base, p.created_at, stamp, p.created_at,
-                       iso(parse_time(p.created_at) + dt.timedelta(days=ttl)), stamp))
+                      "importance, base_ttl_days, created_at, updated_at, last_reinforced_at, expires_at, state_changed_at, "
+                      "slot, slot_value) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (str(uuid.uuid4()), p.persona_id, p.document_id, atom_type, fact, subject, confidence,
+                       p.importance, base, p.created_at, stamp, p.created_at,
+                       iso(parse_time(p.created_at) + dt.timedelta(days=ttl)), stamp, slot, slot_value))
             atom_id = c.last_insert_rowid()
             c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (atom_id, p.document_id))
             c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)", (atom_id, " ".join(tokens)))
+            if slot:
+                self._supersede(atom_id, p.persona_id, subject, slot, slot_value, p.created_at)
+
+    def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str, created_at: str) -> None:
+        """Rule-based supersession: of the active atoms with this persona, subject and single-valued
+        slot, the newest (by created_at) stays active and every one with another value becomes
+        'superseded' by it. An older fact arriving late is itself superseded."""
+        c, stamp = self.conn, now_iso()
+        rivals = self.rows("select id, slot_value, created_at from memory_atoms where persona_id = ? and subject = ? "
+                           "and slot = ? and state = 'active' and id != ?", (persona_id, subject, slot, atom_id))
+        for r in rivals:
+            if r["slot_value"] == value:
+                continue
+            old, new = (r["id"], atom_id) if r["created_at"] <= created_at else (atom_id, r["id"])
+            c.execute("update memory_atoms set state = 'superseded', superseded_by = ?, state_changed_at = ?, "
+                      "updated_at = ? where id = ? and state = 'active'", (new, stamp, stamp, old))
 
     def _clear_atoms(self, doc_id: int) -> None:
         """Undo what a document contributed to the atom layer: atoms it alone stated are deleted
@@ -1230,6 +1305,10 @@ class Memory:
             other = self.value("select document_id from atom_sources where atom_id = ? order by document_id limit 1",
                                (r["atom_id"],))
             if other is None:
+                # what this atom superseded is current again
+                c.execute("update memory_atoms set state = 'active', superseded_by = null, state_changed_at = ?, "
+                          "updated_at = ? where superseded_by = ? and state = 'superseded' and expires_at > ?",
+                          (now_iso(), now_iso(), r["atom_id"], now_iso()))
                 c.execute("delete from memory_atoms_fts where rowid = ?", (r["atom_id"],))
                 c.execute("delete from memory_atoms where id = ?", (r["atom_id"],))
             else:
@@ -1276,12 +1355,16 @@ class Memory:
 
         subjects = [(node("person", v), "Person") for v in p.participants[:8]] + \
                    [(node("topic", v), "Topic") for v in p.topics[:8]]
+        seen_nodes: set = set()  # two spellings of one entity ("Alice", "alice", "NYC"/"New York") = one subject
+        subjects = [s for s in subjects if s[0][0] not in seen_nodes and not seen_nodes.add(s[0][0])]
         for (nid, shown), label in subjects:
             entry(f"{label}: {shown}. Summary: {summary}", 0.9, node_id=nid)
         facts = []
         for fact in list(dict.fromkeys(p.facts))[:8]:
             confidence = self.rules.classify(fact)[1]
             n = node("fact", fact)
+            if any(n[0] == f[0][0] for f in facts):  # same fact up to case/whitespace
+                continue
             text = f"Fact: {fact}" + (f". Summary: {summary}" if summary not in fact else "")
             entry(text, confidence, node_id=n[0])
             facts.append((n, confidence))
@@ -1352,6 +1435,7 @@ class Memory:
                 payload = json.loads(r["payload"])
                 p = Prepared(**{k: payload[k] for k in Prepared.PAYLOAD if k in payload})
                 p.op, p.op_id, p.status, p.document_id = r["op"], r["id"], r["status"], r["document_id"]
+                p.recovering = True
                 preps.append(p)
             for table, source, text_sql in (
                     ("documents_fts", "documents", None),
@@ -1488,15 +1572,19 @@ class Memory:
         if flag not in ("pinned", "archived"):
             raise ValueError(flag)
         d = self._doc(doc_id)
-        with self.tx() as c:
-            c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
-            if flag == "archived":
-                c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
-                if self.has_table("doc_vec"):
-                    c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
-                    c.execute("update graph_vec set archived = ? where entry_id in "
-                              "(select id from graph_entries where document_id = ?)", (int(value), doc_id))
+        with self.tx():
+            self._set_flag_in_tx(doc_id, flag, value)
         return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
+
+    def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
+        c = self.conn
+        c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
+        if flag == "archived":
+            c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
+            if self.has_table("doc_vec"):
+                c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
+                c.execute("update graph_vec set archived = ? where entry_id in "
+                          "(select id from graph_entries where document_id = ?)", (int(value), doc_id))
 
     # health --------------------------------------------------------------------------------------
 
@@ -1517,6 +1605,8 @@ class Memory:
             "atoms_by_state": {r["state"]: r["n"] for r in self.rows(q["stats_atoms_by_state"])},
             "atoms_by_type": {r["atom_type"]: r["n"] for r in self.rows(q["stats_atoms_by_type"])},
             "journal": {r["status"]: r["n"] for r in self.rows(q["stats_journal"])},
+            "maintenance": {k: self.meta_get(k) for k in ("decay_last_run", "lifecycle_last_run", "backup_last",
+                                                          "backup_last_file")},
             "embedding": {"provider": self.embedder.provider, "model": self.embedder.model, "dim": self.embedder.dim,
                           "loaded": self.embedder.loaded, "stored_model": self.meta_get("embedding_model"),
                           "stored_dim": int(self.meta_get("embedding_dim") or 0) or None,
@@ -1606,6 +1696,290 @@ class Memory:
         with self.lock:
             self.conn.execute("vacuum into ?", (str(dest),))
         return {"backup": str(dest), "bytes": dest.stat().st_size}
+
+    # forgetting and lifecycle --------------------------------------------------------------------
+
+    def _tz(self):
+        name = self.cfg.forgetting.timezone
+        if name:
+            import zoneinfo
+            try:
+                return zoneinfo.ZoneInfo(name)
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+                raise AokunError(f"[forgetting] timezone = {name!r} is not a known time zone (e.g. Asia/Shanghai)") from None
+        return dt.datetime.now().astimezone().tzinfo
+
+    def _decay_due(self, ref: dt.datetime) -> dt.date:
+        """The last calendar day (local time) whose decay_hour:decay_minute has passed at `ref`."""
+        f, local = self.cfg.forgetting, ref.astimezone(self._tz())
+        due = local.date()
+        if (local.hour, local.minute) < (f.decay_hour, f.decay_minute):
+            due -= dt.timedelta(days=1)
+        return due
+
+    def _decay_day(self, day: dt.date) -> None:
+        """One day of importance decay (sql/decay.sql) inside the caller's transaction, at that
+        day's decay time; records meta('decay_last_run') in the same transaction."""
+        f = self.cfg.forgetting
+        at = dt.datetime.combine(day, dt.time(f.decay_hour, f.decay_minute), self._tz())
+        params = {"decay_rate": f.decay_rate, "access_multiplier": f.access_count_decay_multiplier,
+                  "window_start": iso(at - dt.timedelta(days=f.access_decay_window_days))}
+        self.conn.execute(self.queries["decay_day"], params)
+        self.conn.execute(self.queries["decay_day_access_only"], {"access_multiplier": params["access_multiplier"]})
+        self._meta_set("decay_last_run", day.isoformat())
+
+    def _lifecycle_sweep(self, ref: dt.datetime) -> None:
+        """One atom state-machine sweep at `ref` (sql/lifecycle.sql) inside the caller's transaction."""
+        f, at = self.cfg.forgetting, iso(ref)
+        q, c = self.queries, self.conn
+        c.execute(q["lifecycle_expire"], {"now": at})
+        c.execute(q["lifecycle_dormant"], {"now": at})
+        c.execute(q["lifecycle_wake"], {"now": at})
+        for r in self.rows(q["lifecycle_forget_ids"], {"now": at, "forget_delay_days": f.atom_forget_delay_days}):
+            c.execute("delete from memory_atoms_fts where rowid = ?", (r["id"],))
+            c.execute("update memory_atoms set state = 'forgotten', state_changed_at = ?, updated_at = ? where id = ?",
+                      (at, at, r["id"]))
+        for r in self.rows(q["lifecycle_purge_ids"], {"now": at, "purge_delay_days": f.atom_purge_delay_days}):
+            c.execute("update memory_atoms set superseded_by = null where superseded_by = ?", (r["id"],))
+            c.execute("delete from memory_atoms where id = ?", (r["id"],))
+        self._meta_set("lifecycle_last_run", at)
+
+    def _auto_archive(self, ref: dt.datetime) -> None:
+        f = self.cfg.forgetting
+        cutoff = iso(ref - dt.timedelta(days=f.cleanup_days_threshold))
+        for r in self.rows(self.queries["auto_archive_candidates"],
+                           {"cutoff": cutoff, "importance_threshold": f.cleanup_importance_threshold}):
+            self._set_flag_in_tx(r["id"], "archived", True)
+
+    def _snapshot(self) -> tuple[dict, dict]:
+        docs = {r["id"]: (r["importance"], r["archived"]) for r in self.rows("select id, importance, archived from documents")}
+        atoms = {r["id"]: r["state"] for r in self.rows(self.queries["atom_states"])}
+        return docs, atoms
+
+    @staticmethod
+    def _changes(before, after) -> dict:
+        (d0, a0), (d1, a1) = before, after
+        importance = [{"id": i, "old": d0[i][0], "new": d1[i][0]} for i in sorted(d1) if d1[i][0] != d0[i][0]]
+        archived = [i for i in sorted(d1) if d1[i][1] and not d0[i][1]]
+        atoms = [{"id": i, "old": a0[i], "new": a1.get(i, "purged")} for i in sorted(a0) if a1.get(i, "purged") != a0[i]]
+        return {"importance": importance, "archived": archived, "atoms": atoms}
+
+    def decay(self, dry_run: bool = False, days: int | None = None, ref: dt.datetime | None = None) -> dict:
+        """Daily importance decay (seed: Forgetting & Lifecycle): run every day whose decay time has
+        passed since meta('decay_last_run'), one day per transaction, then auto-archival when
+        [forgetting] auto_cleanup_enabled. `days` runs that many days now instead of the schedule.
+        A new file starts its schedule today without decaying. dry_run computes the same changes in
+        a transaction that is rolled back. Returns {days: [...], importance: [{id, old, new}],
+        archived: [ids], dry_run}."""
+        ref = ref or now()
+        if days is not None and (isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= 3650):
+            raise InputError("days", f"expected a whole number of days from 0 to 3650, got {days!r}")
+        last = self.meta_get("decay_last_run")
+        due = self._decay_due(ref)
+        if days is not None:
+            start = dt.date.fromisoformat(last) if last else due
+            todo = [start + dt.timedelta(days=i + 1) for i in range(days)]
+        elif last is None:
+            todo = []
+            if not dry_run:
+                with self.tx():
+                    self._meta_set("decay_last_run", due.isoformat())
+        else:
+            first = dt.date.fromisoformat(last) + dt.timedelta(days=1)
+            todo = [first + dt.timedelta(days=i) for i in range((due - first).days + 1)]
+        with self.lock:
+            before = self._snapshot()
+            if dry_run:
+                self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for day in todo:
+                        self._decay_day(day)
+                    if self.cfg.forgetting.auto_cleanup_enabled:
+                        self._auto_archive(ref)
+                    after = self._snapshot()
+                finally:
+                    self.conn.execute("ROLLBACK")
+            else:
+                for day in todo:
+                    with self.tx():
+                        self._decay_day(day)
+                if self.cfg.forgetting.auto_cleanup_enabled:
+                    with self.tx():
+                        self._auto_archive(ref)
+                after = self._snapshot()
+        changes = self._changes(before, after)
+        return {"days": [d.isoformat() for d in todo], "importance": changes["importance"],
+                "archived": changes["archived"], "dry_run": dry_run}
+
+    def lifecycle(self, dry_run: bool = False, ref: dt.datetime | None = None) -> dict:
+        """One atom lifecycle sweep now: active → expired → forgotten (+7 d) → purged (+30 d), and
+        dormant while every source memory is archived. Returns {atoms: [{id, old, new}], dry_run}."""
+        ref = ref or now()
+        with self.lock:
+            before = self._snapshot()
+            if dry_run:
+                self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self._lifecycle_sweep(ref)
+                    after = self._snapshot()
+                finally:
+                    self.conn.execute("ROLLBACK")
+            else:
+                with self.tx():
+                    self._lifecycle_sweep(ref)
+                after = self._snapshot()
+        return {"atoms": self._changes(before, after)["atoms"], "dry_run": dry_run}
+
+    def forget_preview(self, days: int = 7) -> dict:
+        """What decay, auto-archival and the atom lifecycle would do by `days` days from now, computed
+        in a transaction that is rolled back (nothing changes). Returns {as_of, days, importance,
+        archived, atoms}."""
+        if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= 3650:
+            raise InputError("days", f"expected a whole number of days from 0 to 3650, got {days!r}")
+        ref = now() + dt.timedelta(days=days)
+        last = self.meta_get("decay_last_run")
+        first = dt.date.fromisoformat(last) + dt.timedelta(days=1) if last else self._decay_due(now()) + dt.timedelta(days=1)
+        todo = [first + dt.timedelta(days=i) for i in range((self._decay_due(ref) - first).days + 1)]
+        with self.lock:
+            before = self._snapshot()
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                for day in todo:
+                    self._decay_day(day)
+                if self.cfg.forgetting.auto_cleanup_enabled:
+                    self._auto_archive(ref)
+                self._lifecycle_sweep(ref)
+                after = self._snapshot()
+            finally:
+                self.conn.execute("ROLLBACK")
+        return {"as_of": iso(ref), "days": [d.isoformat() for d in todo], **self._changes(before, after)}
+
+    def set_importance(self, doc_id: int, importance) -> dict:
+        """Set a memory's importance (0..1). Returns {id, uid, old, new}."""
+        d = self._doc(doc_id)
+        value = _importance(importance)
+        with self.tx() as c:
+            c.execute("update documents set importance = ?, updated_at = ? where id = ?", (value, now_iso(), doc_id))
+        return {"id": doc_id, "uid": d["uid"], "old": d["importance"], "new": value}
+
+    def maintenance_due(self, ref: dt.datetime | None = None) -> dict:
+        """Run whatever is due at `ref`: decay catch-up, an atom sweep every
+        atom_maintenance_interval_hours, the daily backup. What the server's scheduler calls."""
+        ref = ref or now()
+        done = {"decay": self.decay(ref=ref)["days"]}
+        last = self.meta_get("lifecycle_last_run")
+        hours = self.cfg.forgetting.atom_maintenance_interval_hours
+        if last is None or (ref - parse_time(last)).total_seconds() >= hours * 3600:
+            done["lifecycle"] = len(self.lifecycle(ref=ref)["atoms"])
+        if self.cfg.backup.daily:
+            done["backup"] = self.daily_backup(ref)
+        return done
+
+    # backups -------------------------------------------------------------------------------------
+
+    def backup_dir(self) -> Path:
+        return self.cfg.resolve(self.cfg.backup.dir)
+
+    def online_backup(self, dest: Path) -> dict:
+        """Copy the database to `dest` with the SQLite backup API, 256 pages per step, holding the
+        connection only per step (other processes keep writing; the copy restarts if they do and is
+        finished under the lock after 20 restarts). The copy must pass integrity_check."""
+        dest = Path(dest)
+        if dest.exists():
+            raise AokunError(f"{dest} already exists; choose a new file name for the backup")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".part")
+        tmp.unlink(missing_ok=True)
+        target = apsw.Connection(str(tmp))
+        try:
+            with self.lock:
+                b = target.backup("main", self.conn, "main")
+            try:
+                steps = 0
+                while True:
+                    with self.lock:
+                        done = b.step(256 if steps < 20000 else -1)
+                    if done:
+                        break
+                    steps += 1
+                    time.sleep(0.001)
+            finally:
+                b.finish()
+            ok = [r[0] for r in target.execute("pragma integrity_check")]
+            if ok != ["ok"]:
+                raise AokunError(f"backup {dest} failed integrity_check: {ok[:3]}")
+            target.pragma("journal_mode", "delete")
+        finally:
+            target.close()
+        tmp.rename(dest)
+        with self.tx():
+            self._meta_set("backup_last", now_iso())
+            self._meta_set("backup_last_file", str(dest))
+        return {"backup": str(dest), "bytes": dest.stat().st_size}
+
+    def daily_backup(self, ref: dt.datetime | None = None) -> str | None:
+        """Today's online backup into [backup] dir (once per local day), pruning daily backups older
+        than keep_days. Returns the new file or None when today's exists."""
+        ref = ref or now()
+        day = ref.astimezone(self._tz()).date()
+        folder = self.backup_dir()
+        dest = folder / f"{self.path.stem}-daily-{day.isoformat()}.db"
+        made = None
+        if not dest.exists():
+            made = self.online_backup(dest)["backup"]
+        keep = day - dt.timedelta(days=self.cfg.backup.keep_days)
+        for old in folder.glob(f"{self.path.stem}-daily-*.db"):
+            with contextlib.suppress(ValueError):
+                if dt.date.fromisoformat(old.stem.rsplit("-daily-", 1)[1]) < keep:
+                    old.unlink()
+        return made
+
+    def version_backup(self) -> str | None:
+        """A full backup when the recorded server version differs from this one (before anything
+        of the new version writes); records the new version. Returns the file or None."""
+        recorded = self.meta_get("server_version")
+        made = None
+        if recorded is not None and recorded != __version__ and self.cfg.backup.on_version_change \
+                and self.value("select count(*) from documents"):
+            stamp = now().strftime("%Y%m%dT%H%M%SZ")
+            made = self.online_backup(self.backup_dir() / f"{self.path.stem}-v{recorded}-{stamp}.db")["backup"]
+        if recorded != __version__:
+            with self.tx():
+                self._meta_set("server_version", __version__)
+        return made
+
+    def restore_from(self, src: Path | str) -> dict:
+        """Replace this database's content with the backup `src`, through the backup API (safe with
+        WAL and with other processes that have the file open). `src` must pass integrity_check and
+        have a schema this version knows; the current content is first saved beside the database
+        as <name>.before-restore-<time>.db. Returns {restored, saved_previous}."""
+        src = Path(src).expanduser().resolve()
+        if not src.exists():
+            raise AokunError(f"{src} does not exist")
+        source = apsw.Connection(str(src), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            try:
+                version = source.pragma("user_version")
+                ok = [r[0] for r in source.execute("pragma integrity_check")]
+            except apsw.Error as e:
+                raise AokunError(f"{src} is not a readable SQLite database ({e})") from None
+            if ok != ["ok"]:
+                raise AokunError(f"{src} fails integrity_check ({'; '.join(ok[:3])}); not restoring it")
+            if version > schema_version_known():
+                raise SchemaError(f"{src} has schema version {version}, newer than this Aokun knows "
+                                  f"({schema_version_known()}); upgrade Aokun before restoring it")
+            saved = self.path.with_name(f"{self.path.stem}.before-restore-{now().strftime('%Y%m%dT%H%M%SZ')}.db")
+            self.online_backup(saved)
+            with self.lock:
+                with self.conn.backup("main", source, "main") as b:
+                    b.step(-1)
+        finally:
+            source.close()
+        migrate(self.conn)
+        self.epoch += 1
+        self.vector_problem = None
+        self._check_embedding_meta()
+        return {"restored": str(src), "saved_previous": str(saved)}
 
     # recall --------------------------------------------------------------------------------------
 
@@ -2060,6 +2434,7 @@ def build_server(memory_factory, cfg: Config):
         atoms_by_state: dict[str, int]
         atoms_by_type: dict[str, int]
         journal: dict[str, int]
+        maintenance: dict[str, str | None] = Field(description="Last decay day, atom sweep and backup.")
         embedding: dict[str, Any]
 
     state: dict[str, Memory] = {}
@@ -2068,11 +2443,14 @@ def build_server(memory_factory, cfg: Config):
     async def lifespan(_server) -> AsyncIterator[dict]:
         mem = memory_factory()
         state["memory"] = mem
-        warm = threading.Thread(target=_warm_up, args=(mem,), name="aokun-warm-up", daemon=True)
-        warm.start()
+        stop = threading.Event()
+        worker = threading.Thread(target=_background, args=(mem, stop), name="aokun-background", daemon=True)
+        worker.start()
         try:
             yield state
         finally:
+            stop.set()
+            worker.join(timeout=30)
             state.pop("memory", None)
             mem.close()
 
@@ -2157,6 +2535,39 @@ def build_server(memory_factory, cfg: Config):
         """Archive a memory: kept, but left out of recall unless include_archived is true."""
         return Flagged(**call(lambda m: m.set_flag(id, "archived", True)))
 
+    class Change(BaseModel):
+        id: int
+        old: float | str
+        new: float | str
+
+    class ForgetPreview(BaseModel):
+        as_of: str = Field(description="The moment previewed (now + days), ISO-8601 UTC.")
+        days: list[str] = Field(description="Decay days that would run.")
+        importance: list[Change] = Field(description="Memories whose importance would drop (old -> new).")
+        archived: list[int] = Field(description="Memories that would be auto-archived.")
+        atoms: list[Change] = Field(description="Atoms whose state would change (active/expired/forgotten/purged).")
+
+    class ImportanceSet(BaseModel):
+        id: int
+        uid: str
+        old: float
+        new: float
+
+    def forget_preview(days: Annotated[int, Field(ge=0, le=3650, description="How far ahead to look, in days.")] = 7
+                       ) -> ForgetPreview:
+        """Preview what forgetting would do within `days` days: importance decay, auto-archival and
+        atom expiry. Read-only: nothing changes. Use it before pinning or raising the importance of
+        memories the user wants to keep."""
+        return ForgetPreview(**call(lambda m: m.forget_preview(days)))
+
+    def set_importance(id: Id, importance: Annotated[float, Field(ge=0, le=1, description="0..1")]) -> ImportanceSet:
+        """Set how important a memory is (0..1). Important memories rank higher and fade slower."""
+        return ImportanceSet(**call(lambda m: m.set_importance(id, importance)))
+
+    def restore_memory(id: Id) -> Flagged:
+        """Bring an archived memory back into recall (undo archive_memory or auto-archival)."""
+        return Flagged(**call(lambda m: m.set_flag(id, "archived", False)))
+
     def memory_stats() -> Stats:
         """Counts of memories, atoms, graph and vectors, and the embedder's state."""
         return Stats(**call(lambda m: m.stats()))
@@ -2166,7 +2577,9 @@ def build_server(memory_factory, cfg: Config):
     tools = {"memorize": (memorize, W), "recall": (recall, RO), "search_atoms": (search_atoms, RO),
              "list_memories": (list_memories, RO), "get_memory": (get_memory, RO), "edit_memory": (edit_memory, D),
              "delete_memory": (delete_memory, D), "pin_memory": (pin_memory, W), "unpin_memory": (unpin_memory, W),
-             "archive_memory": (archive_memory, W), "memory_stats": (memory_stats, RO)}
+             "archive_memory": (archive_memory, W), "restore_memory": (restore_memory, W),
+             "set_importance": (set_importance, W), "forget_preview": (forget_preview, RO),
+             "memory_stats": (memory_stats, RO)}
     for name in exposed_tools(cfg, tools):
         fn, annotations = tools[name]
         server.add_tool(fn, name=name, description=inspect.cleandoc(fn.__doc__), annotations=annotations)
@@ -2198,15 +2611,27 @@ def exposed_tools(cfg: Config, tools: dict) -> list[str]:
     return wanted
 
 
-def _warm_up(mem: "Memory") -> None:
-    """Load jieba and the embedding model, then back-fill missing vectors, off the request path."""
+def _background(mem: "Memory", stop: threading.Event) -> None:
+    """The server's background thread, off the request path: load jieba and the embedding model,
+    take the version-change backup, back-fill missing vectors, then every
+    scheduler_interval_seconds run the maintenance that is due (decay, atom sweep, daily backup).
+    Tool calls wait only for the short transactions, never for the whole job."""
     try:
         mem.seg.tokens("warm up 预热")
         if mem.vectors_usable:
             mem.embedder.embed_query("warm up")
+        mem.version_backup()
         mem.backfill_vectors()
     except Exception as e:  # the server keeps serving; stats/doctor show what is missing
         log.warning("warm-up did not finish: %s", e)
+    while not stop.is_set():
+        try:
+            done = mem.maintenance_due()
+            if any(done.values()):
+                log.info("maintenance: %s", done)
+        except Exception as e:
+            log.error("maintenance failed (retried in %ss): %s", mem.cfg.forgetting.scheduler_interval_seconds, e)
+        stop.wait(mem.cfg.forgetting.scheduler_interval_seconds)
 
 
 class BearerToken:
@@ -2460,7 +2885,13 @@ def stats(state, as_json):
     click.echo(f"{'atoms by state':>32}: {s['atoms_by_state']}")
     click.echo(f"{'journal':>32}: {s['journal']}")
     e = s["embedding"]
-    click.echo(f"{'embedding':>32}: {e['provider']} {e['model']} {e['dim']}-d" + (f" PROBLEM: {e['problem']}" if e["problem"] else ""))
+    if e["provider"] == "none":
+        click.echo(f"{'embedding':>32}: none (keyword and graph channels only)")
+    else:
+        click.echo(f"{'embedding':>32}: {e['provider']} {e['model']} {e['dim']}-d"
+                   + (f" PROBLEM: {e['problem']}" if e["problem"] else ""))
+    for k, v in s["maintenance"].items():
+        click.echo(f"{k:>32}: {v or '-'}")
 
 
 @cli.command()
@@ -2515,17 +2946,87 @@ def vacuum(state):
 
 
 @cli.command()
-@click.argument("dest", type=click.Path(dir_okay=False))
+@click.argument("dest", required=False, type=click.Path(dir_okay=False))
 @click.pass_obj
 def backup(state, dest):
-    """Write a consistent copy of the database to DEST (safe while servers are writing).
+    """Write a consistent copy of the database (online backup API: servers keep writing).
+    Without DEST it goes to [backup] dir as <name>-manual-<time>.db.
 
     Example:
 
         python aokun.py backup ~/aokun-2026-11-30.db
     """
-    r = _run(lambda: state.memory().backup(dest))
+    mem = _run(lambda: state.memory())
+    if dest is None:
+        dest = mem.backup_dir() / f"{mem.path.stem}-manual-{now().strftime('%Y%m%dT%H%M%SZ')}.db"
+    r = _run(lambda: mem.online_backup(Path(dest).expanduser().resolve()))
     click.echo(f"{r['backup']} ({r['bytes']:,} bytes)")
+
+
+@cli.command()
+@click.argument("src", type=click.Path(exists=True, dir_okay=False))
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_obj
+def restore(state, src, yes):
+    """Replace the database's content with backup SRC. SRC must pass integrity_check and not come
+    from a newer Aokun; the current content is saved beside the database first.
+
+    Example:
+
+        python aokun.py restore data/backups/aokun-daily-2026-11-29.db
+    """
+    mem = _run(lambda: state.memory())
+    if not yes:
+        click.confirm(f"Replace every memory in {mem.path} with the content of {src}?", abort=True)
+    r = _run(lambda: mem.restore_from(src))
+    click.echo(f"restored {r['restored']}; the previous content is in {r['saved_previous']}")
+
+
+def _print_changes(out: dict) -> None:
+    for c in out.get("importance", []):
+        click.echo(f"importance {c['id']:>6}: {c['old']:.4f} -> {c['new']:.4f}")
+    for i in out.get("archived", []):
+        click.echo(f"archive    {i:>6}")
+    for c in out.get("atoms", []):
+        click.echo(f"atom       {c['id']:>6}: {c['old']} -> {c['new']}")
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="List what would change; change nothing.")
+@click.option("--days", type=click.IntRange(0, 3650), help="Run this many days of decay now (default: the days due).")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def decay(state, dry_run, days, as_json):
+    """Daily importance decay (and auto-archival when enabled), catching up missed days.
+
+    Example:
+
+        python aokun.py decay --dry-run --days 30
+    """
+    out = _run(lambda: state.memory().decay(dry_run=dry_run, days=days))
+    if as_json:
+        return _echo_json(out)
+    _print_changes(out)
+    click.echo(f"{'would decay' if dry_run else 'decayed'} {len(out['days'])} day(s): "
+               f"{len(out['importance'])} importance change(s), {len(out['archived'])} archived")
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="List what would change; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def lifecycle(state, dry_run, as_json):
+    """Atom lifecycle sweep: expired, forgotten (+7 d), purged (+30 d), dormant.
+
+    Example:
+
+        python aokun.py lifecycle --dry-run
+    """
+    out = _run(lambda: state.memory().lifecycle(dry_run=dry_run))
+    if as_json:
+        return _echo_json(out)
+    _print_changes(out)
+    click.echo(f"{len(out['atoms'])} atom state change(s){' (dry run)' if dry_run else ''}")
 
 
 @cli.command()

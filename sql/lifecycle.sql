@@ -1,0 +1,34 @@
+-- The atom TTL state machine (seed: Forgetting & Lifecycle, atom level), one sweep at :now:
+--   active → expired (past expires_at) → forgotten (:forget_delay_days later; row kept, FTS row
+--   removed, never retrieved) → purged (:purge_delay_days later; row deleted).
+--   superseded atoms follow the same forget/purge clock; active ↔ dormant when every source memory
+--   is archived / when one is live again.
+
+-- name: lifecycle_expire
+update memory_atoms set state = 'expired', state_changed_at = :now, updated_at = :now
+where state in ('active', 'dormant') and expires_at <= :now;
+
+-- name: lifecycle_dormant
+update memory_atoms set state = 'dormant', state_changed_at = :now, updated_at = :now
+where state = 'active' and not exists (
+    select 1 from atom_sources s join documents d on d.id = s.document_id
+    where s.atom_id = memory_atoms.id and d.archived = 0);
+
+-- name: lifecycle_wake
+update memory_atoms set state = 'active', state_changed_at = :now, updated_at = :now
+where state = 'dormant' and expires_at > :now and exists (
+    select 1 from atom_sources s join documents d on d.id = s.document_id
+    where s.atom_id = memory_atoms.id and d.archived = 0);
+
+-- name: lifecycle_forget_ids
+select id from memory_atoms
+where state in ('expired', 'superseded')
+  and julianday(:now) - julianday(state_changed_at) >= :forget_delay_days;
+
+-- name: lifecycle_purge_ids
+select id from memory_atoms
+where state = 'forgotten'
+  and julianday(:now) - julianday(state_changed_at) >= :purge_delay_days;
+
+-- name: atom_states
+select id, state from memory_atoms;
