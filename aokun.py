@@ -179,6 +179,30 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "cache_ttl_seconds": 45.0,
         "cache_size": 256,
         "max_k": 100,
+        "score_delta": 0.10,
+        "source_boost_chat": 1.10,
+        "source_boost_import": 0.90,
+        "source_boost_default": 1.0,
+        "pin_similarity_threshold": 0.4,
+        "reinforce_on_recall": True,
+    },
+    "context": {
+        "quick_tokens": 400,
+        "chat_tokens": 1500,
+        "coding_tokens": 2000,
+        "project_tokens": 3000,
+        "briefing_regen_interval_minutes": 5.0,
+        "briefing_recent_days": 7,
+        "briefing_max_recent": 20,
+        "briefing_importance": 0.8,
+    },
+    "llm": {
+        "base_url": "",
+        "model": "",
+        "api_key": "",
+        "api_key_env": "OPENAI_API_KEY",
+        "timeout_seconds": 60.0,
+        "max_retries": 3,
     },
     "forgetting": {
         "decay_rate": 0.01,
@@ -197,7 +221,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "scheduler_interval_seconds": 60.0,
     },
     "backup": {
-        "dir": "data/backups",
+        "dir": "",
         "daily": True,
         "on_version_change": True,
         "keep_days": 7,
@@ -624,7 +648,6 @@ class OpenAIEmbedder(Embedder):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/") + "/", headers=headers,
                                   timeout=httpx.Timeout(timeout), transport=httpx.HTTPTransport(retries=2))
-        self._httpx = httpx
 
     def prepare(self, text: str) -> tuple[str, bool]:
         return text[: self.max_chars], len(text) > self.max_chars
@@ -633,35 +656,19 @@ class OpenAIEmbedder(Embedder):
         body = {"model": self.model, "input": inputs}
         if self.dim:
             body["dimensions"] = self.dim
-        for attempt in range(self.max_retries + 1):
-            try:
-                r = self._http.post("embeddings", json=body)
-            except self._httpx.HTTPError as e:
-                raise EmbeddingError(f"embedding endpoint {self._http.base_url} unreachable: {e}") from None
-            if r.status_code in (401, 402, 403):
-                raise EmbeddingError(f"embedding endpoint refused the request ({r.status_code}): check "
-                                     "[embedding] api_key / api_key_env and the account's balance")
-            if r.status_code == 429 or r.status_code >= 500:
-                if attempt == self.max_retries:
-                    raise EmbeddingError(f"embedding endpoint still answers {r.status_code} after "
-                                         f"{self.max_retries} retries")
-                time.sleep(_retry_after(r.headers.get("retry-after"), attempt))
-                continue
-            if r.status_code != 200:
-                raise EmbeddingError(f"embedding endpoint answered {r.status_code}: {r.text[:200]}")
-            try:
-                data = sorted(r.json()["data"], key=lambda d: d["index"])
-                m = np.array([d["embedding"] for d in data], dtype=np.float32)
-            except (ValueError, KeyError, TypeError) as e:
-                raise EmbeddingError(f"embedding endpoint sent an unexpected body ({e})") from None
-            if m.shape[0] != len(inputs):
-                raise EmbeddingError(f"embedding endpoint returned {m.shape[0]} vectors for {len(inputs)} inputs")
-            if not self.dim:
-                self.dim = m.shape[1]
-            elif m.shape[1] != self.dim:
-                raise EmbeddingError(f"embedding endpoint returned {m.shape[1]}-d vectors, expected {self.dim}")
-            return _l2(m)
-        raise AssertionError("unreachable")
+        reply = post_json(self._http, "embeddings", body, self.max_retries, "embedding", "[embedding]", EmbeddingError)
+        try:
+            data = sorted(reply["data"], key=lambda d: d["index"])
+            m = np.array([d["embedding"] for d in data], dtype=np.float32)
+        except (KeyError, TypeError, ValueError) as e:
+            raise EmbeddingError(f"embedding endpoint sent an unexpected body ({e})") from None
+        if m.ndim != 2 or m.shape[0] != len(inputs):
+            raise EmbeddingError(f"embedding endpoint returned {m.shape[0]} vectors for {len(inputs)} inputs")
+        if not self.dim:
+            self.dim = m.shape[1]
+        elif m.shape[1] != self.dim:
+            raise EmbeddingError(f"embedding endpoint returned {m.shape[1]}-d vectors, expected {self.dim}")
+        return _l2(m)
 
     def embed_documents(self, texts: list[str]) -> np.ndarray:
         parts = [self._post([self.prepare(t)[0] for t in texts[i:i + self.batch_size]])
@@ -670,6 +677,34 @@ class OpenAIEmbedder(Embedder):
 
     def embed_query(self, text: str) -> np.ndarray:
         return self._post([self.prepare(text)[0]])[0]
+
+
+def post_json(http, path: str, body: dict, max_retries: int, what: str, section: str, error=AokunError) -> dict:
+    """POST JSON to an OpenAI-compatible endpoint and return the decoded reply. 429 and 5xx are
+    retried up to `max_retries` times, waiting what Retry-After says or 0.5·2^attempt s; 401, 402
+    and 403 fail at once (a key or billing problem does not fix itself). Raises `error`."""
+    import httpx
+
+    for attempt in range(max_retries + 1):
+        try:
+            r = http.post(path, json=body)
+        except httpx.HTTPError as e:
+            raise error(f"{what} endpoint {http.base_url} unreachable: {e}") from None
+        if r.status_code in (401, 402, 403):
+            raise error(f"{what} endpoint refused the request ({r.status_code}): check {section} api_key / "
+                        "api_key_env and the account's balance")
+        if r.status_code == 429 or r.status_code >= 500:
+            if attempt == max_retries:
+                raise error(f"{what} endpoint still answers {r.status_code} after {max_retries} retries")
+            time.sleep(_retry_after(r.headers.get("retry-after"), attempt))
+            continue
+        if r.status_code != 200:
+            raise error(f"{what} endpoint answered {r.status_code}: {r.text[:200]}")
+        try:
+            return r.json()
+        except ValueError:
+            raise error(f"{what} endpoint sent a body that is not JSON: {r.text[:200]}") from None
+    raise AssertionError("unreachable")
 
 
 def _retry_after(header: str | None, attempt: int) -> float:
@@ -909,7 +944,7 @@ class Memory:
         self.path = Path(path)
         self.lock = threading.RLock()
         self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
-                            self.cfg.resolve(self.cfg.backup.dir))
+                            self.backup_dir())
         self.queries = load_queries()
         t = self.cfg.text
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
@@ -1214,6 +1249,7 @@ class Memory:
                 c.execute("delete from doc_vec where doc_id = ?", (p.document_id,))
         c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
                   (p.document_id, self.seg.segmented(self._doc_index_text(p))))
+        self._briefing_stale(p.persona_id)
         if vec is not None:
             self._put_doc_vector(p.document_id, vec)
 
@@ -1564,6 +1600,7 @@ class Memory:
             c.execute("delete from documents where id = ?", (doc_id,))
             c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'documents', ?)",
                       (d["uid"], now_iso()))
+            self._briefing_stale(d["persona_id"])
         return {"id": doc_id, "uid": d["uid"], "deleted": True}
 
     def set_flag(self, doc_id: int, flag: str, value: bool) -> dict:
@@ -1574,6 +1611,7 @@ class Memory:
         d = self._doc(doc_id)
         with self.tx():
             self._set_flag_in_tx(doc_id, flag, value)
+            self._briefing_stale(d["persona_id"])
         return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
 
     def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
@@ -1860,6 +1898,7 @@ class Memory:
         value = _importance(importance)
         with self.tx() as c:
             c.execute("update documents set importance = ?, updated_at = ? where id = ?", (value, now_iso(), doc_id))
+            self._briefing_stale(d["persona_id"])
         return {"id": doc_id, "uid": d["uid"], "old": d["importance"], "new": value}
 
     def maintenance_due(self, ref: dt.datetime | None = None) -> dict:
@@ -1873,12 +1912,14 @@ class Memory:
             done["lifecycle"] = len(self.lifecycle(ref=ref)["atoms"])
         if self.cfg.backup.daily:
             done["backup"] = self.daily_backup(ref)
+        done["briefings"] = self.refresh_stale_briefings()
         return done
 
     # backups -------------------------------------------------------------------------------------
 
     def backup_dir(self) -> Path:
-        return self.cfg.resolve(self.cfg.backup.dir)
+        """[backup] dir, or a `backups` folder beside the database file when it is empty."""
+        return self.cfg.resolve(self.cfg.backup.dir) if self.cfg.backup.dir else self.path.parent / "backups"
 
     def online_backup(self, dest: Path) -> dict:
         """Copy the database to `dest` with the SQLite backup API, 256 pages per step, holding the
@@ -1981,6 +2022,350 @@ class Memory:
         self._check_embedding_meta()
         return {"restored": str(src), "saved_previous": str(saved)}
 
+    # knowledge-graph triples ---------------------------------------------------------------------
+
+    def _predicate(self, predicate) -> str:
+        p = normalize_text(predicate, "predicate")
+        known = self.rules.predicate_of.get(Rules._key(p))
+        return known or re.sub(r"\s+", "_", p.strip().casefold())[:100]
+
+    def _entity_id(self, persona: str, name, field_name: str, create: bool) -> int | None:
+        name = normalize_text(name, field_name)[:300]
+        canonical = self.rules.canonical(name)
+        eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?", (persona, canonical))
+        if eid is None and create:
+            stamp = now_iso()
+            self.conn.execute("insert into kg_entities(uid, persona_id, name, canonical, created_at, updated_at) "
+                              "values (?, ?, ?, ?, ?, ?)",
+                              (str(uuid.uuid4()), persona, self.rules.display(name), canonical, stamp, stamp))
+            eid = self.conn.last_insert_rowid()
+        return eid
+
+    def single_valued(self, predicate: str) -> bool:
+        return predicate in {name for name, _ in self.rules.slot_patterns}
+
+    def kg_add(self, subject, predicate, object, valid_from=None, valid_to=None, confidence=1.0,
+               source_memory_id: int | None = None, persona_id=None) -> dict:
+        """Record the fact subject —predicate→ object, true from valid_from (default now) until
+        valid_to (default open). Entities are created when missing and resolved like graph nodes.
+        For a single-valued predicate (rules/predicates.toml: lives_in, works_at, 住在…) a new object
+        closes the open fact's valid_to at this valid_from (fact versioning without an LLM); the same
+        object again returns the open fact. Returns {id, subject, predicate, object, valid_from,
+        valid_to, closed: [ids], existing}."""
+        persona = _short_text(persona_id, "persona_id", 200)
+        pred = self._predicate(predicate)
+        start = iso(parse_time(valid_from, "valid_from")) if valid_from else now_iso()
+        end = iso(parse_time(valid_to, "valid_to")) if valid_to else None
+        if end is not None and end < start:
+            raise InputError("valid_to", f"{end} is before valid_from {start}")
+        conf = _importance(confidence, "confidence", 1.0)
+        if source_memory_id is not None:
+            self._doc(source_memory_id)
+        closed, stamp = [], now_iso()
+        with self.tx() as c:
+            sid = self._entity_id(persona, subject, "subject", True)
+            oid = self._entity_id(persona, object, "object", True)
+            same = self.value("select id from kg_triples where persona_id = ? and subject_id = ? and predicate = ? and "
+                              "object_id = ? and valid_to is null and valid_from <= ?", (persona, sid, pred, oid, start))
+            if same is not None and end is None:
+                return dict(self._triple(same), closed=[], existing=True)
+            if self.single_valued(pred):
+                for r in self.rows("select id, valid_from from kg_triples where persona_id = ? and subject_id = ? and "
+                                   "predicate = ? and object_id != ? and (valid_to is null or valid_to > ?)",
+                                   (persona, sid, pred, oid, start)):
+                    if r["valid_from"] <= start:
+                        c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?", (start, stamp, r["id"]))
+                        closed.append(r["id"])
+                    elif end is None or end > r["valid_from"]:
+                        end = r["valid_from"]  # a later fact is already known: this one ends there
+            c.execute("insert into kg_triples(uid, persona_id, subject_id, predicate, object_id, valid_from, valid_to, "
+                      "confidence, source_memory_id, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (str(uuid.uuid4()), persona, sid, pred, oid, start, end, conf, source_memory_id, stamp, stamp))
+            tid = c.last_insert_rowid()
+            self._briefing_stale(persona)
+        return dict(self._triple(tid), closed=closed, existing=False)
+
+    def _triple(self, tid: int) -> dict:
+        rows = self.rows("select t.id, t.uid, s.name subject, t.predicate, o.name object, t.valid_from, t.valid_to, "
+                         "t.confidence, t.source_memory_id from kg_triples t join kg_entities s on s.id = t.subject_id "
+                         "join kg_entities o on o.id = t.object_id where t.id = ?", (tid,))
+        if not rows:
+            raise NotFound(f"no fact with id {tid}")
+        return rows[0]
+
+    def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
+        """Facts about `entity` (as subject or object) valid at `as_of` (default now), optionally
+        of one predicate. Returns {entity, as_of, facts: [{id, subject, predicate, object,
+        valid_from, valid_to, confidence, source_memory_id}]}; unknown entity → no facts."""
+        persona = _short_text(persona_id, "persona_id", 200)
+        at = iso(parse_time(as_of, "as_of")) if as_of else now_iso()
+        eid = self._entity_id(persona, entity, "entity", False)
+        facts = [] if eid is None else self.rows(self.queries["kg_facts_at"], {
+            "persona_id": persona, "entity_id": eid, "as_of": at,
+            "predicate": self._predicate(predicate) if predicate else ""})
+        return {"entity": normalize_text(entity, "entity"), "as_of": at, "facts": facts}
+
+    def kg_invalidate(self, triple_id: int, valid_to=None) -> dict:
+        """End a fact: valid_to = the given time (default now). History is kept. Returns the fact."""
+        if isinstance(triple_id, bool) or not isinstance(triple_id, int):
+            raise InputError("id", f"expected an integer fact id, got {triple_id!r}")
+        t = self._triple(triple_id)
+        end = iso(parse_time(valid_to, "valid_to")) if valid_to else now_iso()
+        if end < t["valid_from"]:
+            raise InputError("valid_to", f"{end} is before the fact's valid_from {t['valid_from']}")
+        with self.tx() as c:
+            c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?", (end, now_iso(), triple_id))
+            self._briefing_stale(self.value("select persona_id from kg_triples where id = ?", (triple_id,)))
+        return self._triple(triple_id)
+
+    def kg_timeline(self, entity, persona_id=None) -> dict:
+        """Every fact ever recorded about `entity`, oldest first, with validity windows."""
+        persona = _short_text(persona_id, "persona_id", 200)
+        eid = self._entity_id(persona, entity, "entity", False)
+        facts = [] if eid is None else self.rows(self.queries["kg_timeline"], {"persona_id": persona, "entity_id": eid})
+        return {"entity": normalize_text(entity, "entity"), "facts": facts}
+
+    def kg_stats(self, persona_id=None) -> dict:
+        """{entities, triples, active, expired, predicates} for one persona."""
+        persona = _short_text(persona_id, "persona_id", 200)
+        return self.rows(self.queries["kg_stats"], {"persona_id": persona, "now": now_iso()})[0]
+
+    def _facts_for_text(self, text: str, persona: str, at: str, limit: int = 20) -> list[dict]:
+        """Facts valid at `at` about entities whose name occurs in `text` (case-folded)."""
+        folded = " ".join(text.split()).casefold()
+        out = []
+        for e in self.rows("select id from kg_entities where persona_id = ? and length(canonical) >= 2 "
+                           "and instr(?, canonical) > 0 limit 20", (persona, folded)):
+            for f in self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": e["id"],
+                                                              "as_of": at, "predicate": ""}):
+                if f["id"] not in {x["id"] for x in out}:
+                    out.append(f)
+        return out[:limit]
+
+    # context injection and briefing --------------------------------------------------------------
+
+    def _briefing_stale(self, persona: str | None) -> None:
+        self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
+
+    def build_briefing(self, persona_id=None) -> dict:
+        """Build and store the session briefing for a persona: pinned and important memories,
+        recent memories, current KG facts, all from SQL (no embedding). Returns the stored row."""
+        persona = _short_text(persona_id, "persona_id", 200)
+        cx, ref = self.cfg.context, now()
+        since = iso(ref - dt.timedelta(days=cx.briefing_recent_days))
+        key = self.rows("select id, content, created_at from documents where persona_id = ? and archived = 0 and "
+                        "(pinned = 1 or importance >= ?) order by pinned desc, importance desc, created_at desc limit 30",
+                        (persona, cx.briefing_importance))
+        recent = self.rows("select id, content, created_at from documents where persona_id = ? and archived = 0 and "
+                           "created_at >= ? order by created_at desc limit ?", (persona, since, cx.briefing_max_recent))
+        facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": 0, "as_of": iso(ref),
+                                                        "predicate": ""})
+        lines = [f"# Memory briefing ({iso(ref)})"]
+        if key:
+            lines.append("## Pinned and important")
+            lines += [f"- [{d['id']}] {_one_line(d['content'])}" for d in key]
+        shown = {d["id"] for d in key}
+        recent = [d for d in recent if d["id"] not in shown]
+        if recent:
+            lines.append(f"## Recent ({cx.briefing_recent_days} days)")
+            lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}" for d in recent]
+        if facts:
+            lines.append("## Current facts")
+            lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts[:50]]
+        text = "\n".join(lines)
+        with self.tx() as c:
+            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) values (?, ?, ?, ?, 0) "
+                      "on conflict(persona_id) do update set text = excluded.text, tokens = excluded.tokens, "
+                      "generated_at = excluded.generated_at, stale = 0", (persona, text, estimate_tokens(text), iso(ref)))
+        return self.rows("select * from briefings where persona_id = ?", (persona,))[0]
+
+    def refresh_stale_briefings(self) -> int:
+        """Regenerate briefings that are stale and older than briefing_regen_interval_minutes."""
+        cutoff = iso(now() - dt.timedelta(minutes=self.cfg.context.briefing_regen_interval_minutes))
+        stale = self.rows("select persona_id from briefings where stale = 1 and generated_at <= ?", (cutoff,))
+        for r in stale:
+            self.build_briefing(r["persona_id"])
+        return len(stale)
+
+    def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None, persona_id=None) -> dict:
+        """One text blob of memory for a prompt, within a token budget (estimate_tokens).
+        Without a topic: the stored session briefing (no embedding work; built on first use).
+        With a topic: pinned memories first, then recall(topic) results, then current KG facts
+        about entities named in the topic. Modes set the budget and how many results:
+        quick 400, chat 1500, coding 2000, project 3000 tokens ([context] *_tokens).
+        Returns {text, tokens, budget, mode, source: briefing|dynamic, stale}."""
+        budgets = {"quick": self.cfg.context.quick_tokens, "chat": self.cfg.context.chat_tokens,
+                   "coding": self.cfg.context.coding_tokens, "project": self.cfg.context.project_tokens}
+        if mode not in budgets:
+            raise InputError("mode", f"expected one of {', '.join(budgets)}, got {mode!r}")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 50):
+            raise InputError("max_tokens", f"expected a whole number ≥ 50, got {max_tokens!r}")
+        budget = max_tokens or budgets[mode]
+        persona = _short_text(persona_id, "persona_id", 200)
+        if topic is None or not str(topic).strip():
+            row = self.rows("select * from briefings where persona_id = ?", (persona,))
+            brief = row[0] if row else self.build_briefing(persona)
+            text = fit_tokens(brief["text"].split("\n"), budget)
+            return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
+                    "source": "briefing", "stale": bool(brief["stale"]), "generated_at": brief["generated_at"]}
+        topic = normalize_text(topic, "topic")
+        k = {"quick": 3, "chat": 8, "coding": 10, "project": 15}[mode]
+        lines = ["# Relevant memories"]
+        pinned = self.rows("select id, content from documents where persona_id = ? and archived = 0 and (pinned = 1 "
+                           "or exists (select 1 from json_each(tags) where value = 'directive')) "
+                           "order by pinned desc, importance desc limit 20", (persona,))
+        lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pinned]
+        seen = {d["id"] for d in pinned}
+        for h in self.recall(topic, k=k, persona_id=persona)["results"]:
+            if h["id"] not in seen:
+                lines.append(f"- {h['created_at'][:10]} [{h['id']}] {_one_line(h['text'])}")
+        facts = self._facts_for_text(topic, persona, now_iso())
+        if facts:
+            lines.append("# Current facts")
+            lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts]
+        text = fit_tokens(lines, budget)
+        return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
+                "source": "dynamic", "stale": False, "generated_at": now_iso()}
+
+    # consolidation -------------------------------------------------------------------------------
+
+    def consolidate(self, dry_run: bool = True, persona_id=None, similarity: float = 0.92,
+                    min_jaccard: float = 0.5) -> dict:
+        """Find clusters of near-duplicate live memories (cosine similarity ≥ `similarity` between
+        their vectors and token Jaccard ≥ `min_jaccard`; Jaccard ≥ 0.8 alone when there are no
+        vectors). A real run merges each cluster into its longest memory (union of topics, key facts
+        and participants, max importance, earliest created_at) and archives the others with
+        merged_into = survivor; restore_memory(survivor) undoes it.
+        Returns {clusters: [{survivor, members: [ids], texts}], dry_run}."""
+        persona = _short_text(persona_id, "persona_id", 200)
+        docs = {d["id"]: d for d in self.rows(
+            "select d.id, d.content, d.created_at, f.segmented from documents d join documents_fts f on f.rowid = d.id "
+            "where d.persona_id = ? and d.archived = 0 order by d.id", (persona,))}
+        tokens = {i: set(d["segmented"].split()) for i, d in docs.items()}
+        parent = {i: i for i in docs}
+
+        def find(i):
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        use_vectors = self.vectors_usable and self.has_table("doc_vec")
+        for i in docs:
+            if use_vectors:
+                vec = self.value("select embedding from doc_vec where doc_id = ?", (i,))
+                if vec is None:
+                    continue
+                cands = [(r["doc_id"], 1 - r["distance"]) for r in self.rows(
+                    "select doc_id, distance from doc_vec where embedding match ? and k = 8 and persona_id = ? "
+                    "and archived = 0", (vec, persona)) if r["doc_id"] != i]
+                pairs = [j for j, sim in cands if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
+            else:
+                q = fts_query(sorted(tokens[i])[:64])
+                cands = [r["rowid"] for r in self.rows("select rowid from documents_fts where documents_fts match ? "
+                                                       "order by rank limit 8", (q,))] if q else []
+                pairs = [j for j in cands if j != i and j in docs and jaccard(tokens[i], tokens[j]) >= 0.8]
+            for j in pairs:
+                parent[find(i)] = find(j)
+        groups: dict[int, list[int]] = {}
+        for i in docs:
+            groups.setdefault(find(i), []).append(i)
+        clusters = []
+        for members in (sorted(g) for g in groups.values() if len(g) > 1):
+            survivor = max(members, key=lambda i: (len(docs[i]["content"]), -i))
+            clusters.append({"survivor": survivor, "members": [m for m in members if m != survivor],
+                             "texts": {m: _one_line(docs[m]["content"]) for m in members}})
+        if not dry_run:
+            for cl in clusters:
+                self._merge(cl["survivor"], cl["members"])
+        return {"clusters": clusters, "dry_run": dry_run}
+
+    def _merge(self, survivor: int, members: list[int]) -> None:
+        s = self._doc(survivor)
+        others = [self._doc(m) for m in members]
+        fields = ("topics", "key_facts", "participants", "tags")
+        previous = {k: s[k] for k in fields + ("importance", "created_at")}
+        merged = {k: list(dict.fromkeys(s[k] + [x for o in others for x in o[k]])) for k in fields}
+        merged["importance"] = max([s["importance"]] + [o["importance"] for o in others])
+        earliest = min([s["created_at"]] + [o["created_at"] for o in others])
+        self.edit(survivor, None, merged)
+        with self.tx() as c:
+            c.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) values (?, ?, ?, ?)",
+                      (survivor, json.dumps(previous, ensure_ascii=False), json.dumps(members), now_iso()))
+            c.execute("update documents set created_at = ? where id = ?", (earliest, survivor))
+            for m in members:
+                self._set_flag_in_tx(m, "archived", True)
+                c.execute("update documents set merged_into = ? where id = ?", (survivor, m))
+            self._briefing_stale(s["persona_id"])
+
+    def restore_memory(self, doc_id: int) -> dict:
+        """Undo archival: an archived memory comes back into recall; a consolidation survivor gets
+        its previous metadata back and the memories merged into it are restored.
+        Returns {id, uid, archived: false, restored: [ids]}."""
+        d = self._doc(doc_id)
+        cons = self.rows("select * from consolidations where survivor_id = ?", (doc_id,))
+        restored = []
+        if cons:
+            prev = json.loads(cons[0]["previous"])
+            self.edit(doc_id, None, {k: prev[k] for k in ("topics", "key_facts", "participants", "tags", "importance")})
+            with self.tx() as c:
+                c.execute("update documents set created_at = ? where id = ?", (prev["created_at"], doc_id))
+                for m in json.loads(cons[0]["members"]):
+                    if self.value("select 1 from documents where id = ?", (m,)):
+                        self._set_flag_in_tx(m, "archived", False)
+                        c.execute("update documents set merged_into = null where id = ?", (m,))
+                        restored.append(m)
+                c.execute("delete from consolidations where survivor_id = ?", (doc_id,))
+        if d["archived"]:
+            with self.tx() as c:
+                self._set_flag_in_tx(doc_id, "archived", False)
+                c.execute("update documents set merged_into = null where id = ?", (doc_id,))
+            restored.append(doc_id)
+        return {"id": doc_id, "uid": d["uid"], "archived": False, "restored": restored}
+
+    # conversation summarisation (the only LLM use) -----------------------------------------------
+
+    def summarize_memory(self, conversation, metadata: dict | None = None) -> dict:
+        """Turn a conversation (a list of {role, content} or plain text) into one structured memory
+        through an OpenAI-compatible chat endpoint ([llm] base_url, model, api_key / api_key_env)
+        and store it. Returns {memory: write result, summary: {summary, topics, key_facts,
+        participants, sentiment, importance}}. Raises AokunError when no endpoint is configured."""
+        import httpx
+
+        llm = self.cfg.llm
+        if not llm.base_url or not llm.model:
+            raise AokunError("summarize_memory needs a chat endpoint: set [llm] base_url and model (and api_key_env) "
+                             "in aokun.ini, e.g. base_url = https://api.deepseek.com/v1, model = deepseek-chat")
+        transcript = conversation_text(conversation)
+        key = self.cfg.secret("llm", "api_key", "api_key_env")
+        prompt = ("Distil this conversation into one long-term memory. Reply with JSON only: "
+                  '{"summary": str, "topics": [str], "key_facts": [str], "participants": [str], '
+                  '"sentiment": "positive"|"neutral"|"negative", "importance": number 0..1}. '
+                  "key_facts are short self-contained sentences worth remembering for months; use the "
+                  "conversation's language.")
+        with httpx.Client(base_url=llm.base_url.rstrip("/") + "/", timeout=llm.timeout_seconds,
+                          headers={"Authorization": f"Bearer {key}"} if key else {}) as http:
+            reply = post_json(http, "chat/completions", {
+                "model": llm.model, "temperature": 0,
+                "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": transcript}]},
+                llm.max_retries, "chat", "[llm]")
+        try:
+            raw = reply["choices"][0]["message"]["content"]
+            data = json.loads(re.sub(r"^```(?:json)?\s*|\s*```$", "", raw.strip()))
+            summary = {"summary": str(data["summary"]).strip(),
+                       "topics": [str(x) for x in data.get("topics") or []],
+                       "key_facts": [str(x) for x in data.get("key_facts") or []],
+                       "participants": [str(x) for x in data.get("participants") or []],
+                       "sentiment": str(data.get("sentiment") or ""),
+                       "importance": min(1.0, max(0.0, float(data.get("importance", 0.5))))}
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise AokunError(f"the chat endpoint's reply is not the JSON asked for ({e}); try another [llm] model") from None
+        meta = dict(metadata or {})
+        meta.setdefault("source", "chat")
+        for k in ("topics", "key_facts", "participants", "sentiment", "importance"):
+            meta.setdefault(k, summary[k])
+        return {"memory": self.memorize(summary["summary"], meta), "summary": summary}
+
     # recall --------------------------------------------------------------------------------------
 
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
@@ -2050,11 +2435,19 @@ class Memory:
             except apsw.Error as e:
                 log.error("channel %s failed: %s", ch, e)
                 degraded.append({"channel": ch, "reason": f"SQL error: {e}"})
+        pins = {}
+        if embedding is not None:
+            pins = {row["id"]: 1.0 - row["distance"] for row in self.rows(self.queries["recall_pinned"], dict(
+                params, embedding=embedding)) if 1.0 - row["distance"] >= r.pin_similarity_threshold}
         intent, spec = self.rules.intent(query) if r.dynamic_route_weighting else (None, {})
+        ref = parse_time(as_of_iso) if as_of_iso else now()
         results = self._fuse(ranked, k, intent, spec, explain, [c for c in chosen if c in ranked or
-                                                                  c not in {d["channel"] for d in degraded}])
-        out = {"results": results, "degraded": degraded, "intent": intent, "warnings": warnings}
-        if results:
+                                                                  c not in {d["channel"] for d in degraded}],
+                             ref, bool(as_of_iso), pins)
+        facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
+            if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
+        out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings}
+        if results and r.reinforce_on_recall and not as_of_iso:
             self._touch([h["id"] for h in results])
         return self._answer(key, out, started)
 
@@ -2076,16 +2469,17 @@ class Memory:
             raise InputError("channels", "name at least one channel")
         return tuple(out)
 
-    def _fuse(self, ranked: dict[str, list[dict]], k: int, intent, spec: dict, explain: bool, chosen) -> list[dict]:
-        """RRF per route, weighting, dual-route fusion, MMR. Pure Python over the channel rows."""
+    def _fuse(self, ranked: dict[str, list[dict]], k: int, intent, spec: dict, explain: bool, chosen,
+              ref: dt.datetime, historical: bool, pins: dict[int, float]) -> list[dict]:
+        """RRF per route, weighting, dual-route fusion, source boost, MMR, pinned memories. Pure
+        Python over the channel rows; `ref` is now or the as_of time (historical=True)."""
         r = self.cfg.recall
         doc_channels = [c for c in ("bm25", "vector") if c in chosen]
         graph_channels = [c for c in ("graph_keyword", "graph_vector") if c in chosen]
-        ids = {row["id"] for rows in ranked.values() for row in rows}
+        ids = {row["id"] for rows in ranked.values() for row in rows} | set(pins)
         if not ids:
             return []
         docs = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(sorted(ids))})}
-        ref = now()
         ranks = {i: {} for i in ids}
         confidence = {}
         for ch, rows in ranked.items():
@@ -2093,7 +2487,7 @@ class Memory:
                 ranks[row["id"]][ch] = row["rank"]
                 if ch in graph_channels:
                     confidence[row["id"]] = max(confidence.get(row["id"], 0.0), row["confidence"] or 0.0)
-        factors = self._temporal_factors(ids, ref) if graph_channels else {}
+        factors = self._temporal_factors(ids, ref, historical) if graph_channels else {}
         doc_rrf = {i: rrf(ranks[i], doc_channels, r.rrf_k) for i in ids}
         graph_rrf = {i: rrf(ranks[i], graph_channels, r.rrf_k) for i in ids}
         w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
@@ -2103,16 +2497,20 @@ class Memory:
             d = docs.get(i)
             if d is None:  # deleted between the channel queries and now
                 continue
-            last = max(d["created_at"], d["last_access_at"] or "")
+            last = d["created_at"] if historical else max(d["created_at"], d["last_access_at"] or "")
             recency = math.exp(-age_days(last, ref) / r.recency_days)
+            frequency = 0.0 if historical or not d["last_access_at"] else min(1.0, math.log1p(
+                d["access_count"] * math.exp(-age_days(d["last_access_at"], ref) / r.recency_days)) / math.log1p(10))
             in_doc = any(c in ranks[i] for c in doc_channels)
             in_graph = any(c in ranks[i] for c in graph_channels)
-            doc_score = (r.score_alpha * doc_rrf[i] + r.score_beta * d["importance"] + gamma * recency) if in_doc else 0.0
+            doc_score = (r.score_alpha * doc_rrf[i] + r.score_beta * d["importance"] + gamma * recency
+                         + r.score_delta * frequency) if in_doc else 0.0
             graph_score = (r.graph_rrf_weight * graph_rrf[i] + r.graph_importance_weight * d["importance"]
                            + r.graph_recency_weight * recency + r.graph_confidence_weight * confidence.get(i, 0.0)
                            ) * factors.get(i, 1.0) if in_graph else 0.0
             parts[i] = dict(ranks=ranks[i], doc_rrf=doc_rrf[i], graph_rrf=graph_rrf[i], importance=d["importance"],
-                            recency=recency, doc_route=doc_score, graph_route=graph_score,
+                            recency=recency, frequency=frequency, doc_route=doc_score, graph_route=graph_score,
+                            source_boost=self._source_boost(d["source"]), pin_similarity=pins.get(i),
                             temporal_factor=factors.get(i, 1.0), confidence=confidence.get(i), in_doc=in_doc,
                             in_graph=in_graph)
         doc_max = max((p["doc_route"] for p in parts.values()), default=0) or 1.0
@@ -2124,10 +2522,20 @@ class Memory:
             score = wd * p["doc_route"] / doc_max + wg * p["graph_route"] / graph_max
             bonus = r.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
             p["cross_route_bonus"] = bonus
-            p["fused"] = score + bonus  # not capped at 1.0 as in the seed: the cap made the top hits tie
+            # not capped at 1.0 as in the seed (the cap made the top hits tie); × source boost (second seed)
+            p["fused"] = (score + bonus) * p["source_boost"]
         order = sorted(parts, key=lambda i: (-parts[i]["fused"], i))
-        tokens = {i: set(docs[i]["segmented"].split()) for i in order[: max(3 * k, 30)]}
-        picked = mmr(order[: max(3 * k, 30)], {i: parts[i]["fused"] for i in parts}, tokens, k, r.mmr_lambda)
+        pool = order[: max(3 * k, 30)]
+        tokens = {i: set(docs[i]["segmented"].split()) for i in pool}
+        picked = mmr(pool, {i: parts[i]["fused"] for i in parts}, tokens, k, r.mmr_lambda)
+        missing = [i for i in sorted(pins, key=lambda i: -pins[i]) if i in parts and i not in {x for x, _ in picked}]
+        for i in missing:  # pinned and similar enough: always included, in place of the weakest unpinned hit
+            unpinned = [n for n, (x, _) in enumerate(picked) if x not in pins]
+            if len(picked) < k:
+                picked.append((i, None))
+            elif unpinned:
+                picked[unpinned[-1]] = (i, None)
+        picked.sort(key=lambda x: -parts[x[0]]["fused"])
         out = []
         for i, mmr_score in picked:
             d, p = docs[i], parts[i]
@@ -2140,17 +2548,25 @@ class Memory:
                 hit["explain"] = {"ranks": {c: p["ranks"].get(c) for c in chosen}, "doc_rrf": p["doc_rrf"],
                                   "graph_rrf": p["graph_rrf"], "importance": p["importance"], "recency": p["recency"],
                                   "confidence": p["confidence"], "temporal_factor": p["temporal_factor"],
+                                  "frequency": p["frequency"], "source_boost": p["source_boost"],
+                                  "pin_similarity": p["pin_similarity"],
                                   "doc_route": p["doc_route"], "graph_route": p["graph_route"],
                                   "route_weights": [wd, wg], "cross_route_bonus": p["cross_route_bonus"],
                                   "intent": intent, "fused": p["fused"], "mmr": mmr_score}
             out.append(hit)
         return out
 
-    def _temporal_factors(self, ids, ref: dt.datetime) -> dict[int, float]:
-        """Per document, the best TTL factor of its atoms (see ttl_factor); 1.0 when it has none."""
+    def _source_boost(self, source: str) -> float:
+        """Source-aware ranking (second seed): chat 1.10, import 0.90, anything else 1.0."""
+        r = self.cfg.recall
+        return {"chat": r.source_boost_chat, "import": r.source_boost_import}.get(source, r.source_boost_default)
+
+    def _temporal_factors(self, ids, ref: dt.datetime, historical: bool = False) -> dict[int, float]:
+        """Per document, the best TTL factor of its atoms at `ref` (see ttl_factor; with
+        historical=True each atom is judged by the state it had at `ref`); 1.0 when it has none."""
         out: dict[int, float] = {}
         for a in self.rows(self.queries["recall_atom_factors"], {"ids": json.dumps(sorted(ids))}):
-            f = ttl_factor(a, self.rules.types[a["atom_type"]]["decay"], ref)
+            f = ttl_factor(a, self.rules.types[a["atom_type"]]["decay"], ref, historical)
             out[a["id"]] = max(out.get(a["id"], 0.0), f)
         return out
 
@@ -2259,13 +2675,70 @@ def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, la
     return picked
 
 
-def ttl_factor(atom: dict, decay: str, ref: dt.datetime) -> float:
+_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
+    for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
+    for English), rounded up."""
+    cjk = len(_CJK.findall(text))
+    return cjk + math.ceil((len(text) - cjk) / 4)
+
+
+def fit_tokens(lines: list[str], budget: int) -> str:
+    """Whole lines, in order, while the estimate stays within `budget`; a line that does not fit is
+    cut to what fits (with …) and nothing follows it."""
+    out, used = [], 0
+    for line in lines:
+        cost = estimate_tokens(line) + 1
+        if used + cost <= budget:
+            out.append(line)
+            used += cost
+            continue
+        room = budget - used - 2
+        while line and estimate_tokens(line) > room:
+            line = line[: max(0, int(len(line) * 0.8) - 1)]
+        if line:
+            out.append(line + "…")
+        break
+    return "\n".join(out)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def conversation_text(conversation) -> str:
+    """A transcript from plain text or a list of {role, content}. Raises InputError."""
+    if isinstance(conversation, str):
+        return normalize_text(conversation, "conversation")
+    if not isinstance(conversation, list) or not conversation:
+        raise InputError("conversation", "expected text or a non-empty list of {role, content}")
+    lines = []
+    for i, turn in enumerate(conversation):
+        if not isinstance(turn, dict) or "content" not in turn:
+            raise InputError(f"conversation[{i}]", "expected {role, content}")
+        role = normalize_text(str(turn.get("role") or "user"), f"conversation[{i}].role")
+        lines.append(f"{role}: {normalize_text(turn['content'], f'conversation[{i}].content')}")
+    return "\n".join(lines)
+
+
+def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
     """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
     expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
-    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV)."""
-    if atom["state"] != "active":
-        return 0.0
+    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
+    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
+    then and had not yet expired or been superseded (needs created_at and state_changed_at)."""
     start, end = parse_time(atom["last_reinforced_at"]), parse_time(atom["expires_at"])
+    if historical:
+        if atom["state"] == "superseded":
+            end = min(end, parse_time(atom["state_changed_at"]))
+        if ref < parse_time(atom["created_at"]):
+            return 0.0
+    elif atom["state"] != "active":
+        return 0.0
     if ref >= end:
         return 0.0
     if decay == "step":
@@ -2299,7 +2772,7 @@ def build_server(memory_factory, cfg: Config):
     from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
     from mcp.types import ToolAnnotations
-    from pydantic import BaseModel, ConfigDict, Field
+    from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
     class Metadata(BaseModel):
         """Optional facts about a memory. Unknown keys are refused."""
@@ -2349,8 +2822,19 @@ def build_server(memory_factory, cfg: Config):
         channel: str
         reason: str | None
 
+    class Fact(BaseModel):
+        id: int
+        subject: str
+        predicate: str
+        object: str
+        valid_from: str
+        valid_to: str | None
+        confidence: float
+        source_memory_id: int | None
+
     class RecallResult(BaseModel):
         results: list[Hit]
+        facts: list[Fact] = Field([], description="Knowledge-graph facts valid now (or at as_of) about named entities.")
         degraded: list[Degraded] = Field(description="Channels that could not run; the answer came from the rest.")
         intent: str | None = Field(description="Detected query intent: relational, temporal, factual or null.")
         warnings: list[str] = []
@@ -2470,6 +2954,9 @@ def build_server(memory_factory, cfg: Config):
     Id = Annotated[int, Field(ge=1, description="Memory id, from memorize/recall/list_memories.")]
     Persona = Annotated[str | None, Field(description="Persona to search (default: the default persona).")]
 
+    def nullable(default):  # a null optional argument means its default, as omitting it does
+        return BeforeValidator(lambda v: default if v is None else v)
+
     def memorize(content: Annotated[str, Field(description="The memory: self-contained text, any language.")],
                  metadata: Metadata | None = None) -> WriteResult:
         """Store something worth remembering for weeks or months: a fact about the user, a preference,
@@ -2478,29 +2965,33 @@ def build_server(memory_factory, cfg: Config):
         return WriteResult(**call(lambda m: m.memorize(content, meta(metadata))))
 
     def recall(query: Annotated[str, Field(description="What you want to remember, as a question or keywords.")],
-               k: Annotated[int, Field(ge=1, description="How many memories to return (default 5, at most [recall] max_k).")] = 5,
+               k: Annotated[int, Field(ge=1, description="How many memories to return (default 5, at most [recall] max_k)."), nullable(5)] = 5,
                session_id: Annotated[str | None, Field(description="Only this session.")] = None,
                persona_id: Persona = None,
-               include_archived: Annotated[bool, Field(description="Also search archived memories.")] = False,
-               explain: Annotated[bool, Field(description="Add per-channel ranks and score parts to each hit.")] = False
+               include_archived: Annotated[bool, Field(description="Also search archived memories."), nullable(False)] = False,
+               explain: Annotated[bool, Field(description="Add per-channel ranks and score parts to each hit."), nullable(False)] = False,
+               as_of: Annotated[str | None, Field(description="ISO-8601 time: answer as the memory stood then "
+                                                              "(later memories, atoms and facts left out).")] = None
                ) -> RecallResult:
         """Search long-term memory by meaning, keywords and relations (Chinese and English). Call it
         before answering whenever earlier conversations could matter. Returns the best memories first,
-        with a fused score, and names any search channel that could not run."""
-        return RecallResult(**call(lambda m: m.recall(query, k, persona_id, session_id, include_archived, explain)))
+        with a fused score, knowledge-graph facts about entities the query names, and any search
+        channel that could not run."""
+        return RecallResult(**call(lambda m: m.recall(query, k, persona_id, session_id, include_archived, explain,
+                                                      None, as_of)))
 
     def search_atoms(query: Annotated[str, Field(description="Keywords of the fact you look for.")],
-                     k: Annotated[int, Field(ge=1, description="How many atoms (default 10).")] = 10,
+                     k: Annotated[int, Field(ge=1, description="How many atoms (default 10)."), nullable(10)] = 10,
                      persona_id: Persona = None) -> AtomsResult:
         """Find single precise facts (memory atoms) rather than whole memories, e.g. a preference or a
         date. Only facts still valid (within their shelf life) are returned, best first."""
         return AtomsResult(**call(lambda m: m.search_atoms(query, k, persona_id)))
 
-    def list_memories(limit: Annotated[int, Field(ge=1, le=1000, description="How many (default 20).")] = 20,
-                      offset: Annotated[int, Field(ge=0, description="Skip this many.")] = 0,
+    def list_memories(limit: Annotated[int, Field(ge=1, le=1000, description="How many (default 20)."), nullable(20)] = 20,
+                      offset: Annotated[int, Field(ge=0, description="Skip this many."), nullable(0)] = 0,
                       persona_id: Persona = None,
                       session_id: Annotated[str | None, Field(description="Only this session.")] = None,
-                      include_archived: bool = False) -> MemoryList:
+                      include_archived: Annotated[bool, nullable(False)] = False) -> MemoryList:
         """List stored memories, newest first (browse, not search: use recall to search)."""
         rows = call(lambda m: m.list_memories(limit, offset, persona_id or "", session_id, include_archived))
         return MemoryList(memories=[MemoryRow(**r) for r in rows])
@@ -2553,7 +3044,7 @@ def build_server(memory_factory, cfg: Config):
         old: float
         new: float
 
-    def forget_preview(days: Annotated[int, Field(ge=0, le=3650, description="How far ahead to look, in days.")] = 7
+    def forget_preview(days: Annotated[int, Field(ge=0, le=3650, description="How far ahead to look, in days."), nullable(7)] = 7
                        ) -> ForgetPreview:
         """Preview what forgetting would do within `days` days: importance decay, auto-archival and
         atom expiry. Read-only: nothing changes. Use it before pinning or raising the importance of
@@ -2564,9 +3055,118 @@ def build_server(memory_factory, cfg: Config):
         """Set how important a memory is (0..1). Important memories rank higher and fade slower."""
         return ImportanceSet(**call(lambda m: m.set_importance(id, importance)))
 
-    def restore_memory(id: Id) -> Flagged:
-        """Bring an archived memory back into recall (undo archive_memory or auto-archival)."""
-        return Flagged(**call(lambda m: m.set_flag(id, "archived", False)))
+    class Restored(BaseModel):
+        id: int
+        uid: str
+        archived: bool
+        restored: list[int] = Field(description="Memories brought back (the merged ones, for a consolidation survivor).")
+
+    def restore_memory(id: Id) -> Restored:
+        """Bring an archived memory back into recall (undo archive_memory or auto-archival); for the
+        survivor of a consolidation, undo the merge."""
+        return Restored(**call(lambda m: m.restore_memory(id)))
+
+    class FactAdded(Fact):
+        closed: list[int] = Field(description="Facts this one closed (single-valued predicate, new object).")
+        existing: bool = Field(description="True when the same open fact was already recorded.")
+
+    class Facts(BaseModel):
+        entity: str
+        as_of: str | None = None
+        facts: list[Fact]
+
+    class KGStats(BaseModel):
+        entities: int
+        triples: int
+        active: int
+        expired: int
+        predicates: int
+
+    class ContextBlob(BaseModel):
+        text: str = Field(description="Ready to put in a prompt.")
+        tokens: int = Field(description="Estimated tokens (1 per CJK character, 1 per 4 other characters).")
+        budget: int
+        mode: str
+        source: str = Field(description="briefing (pre-built, no search) or dynamic (searched for the topic).")
+        stale: bool
+        generated_at: str
+
+    class Cluster(BaseModel):
+        survivor: int
+        members: list[int]
+        texts: dict[int, str]
+
+    class Consolidation(BaseModel):
+        clusters: list[Cluster]
+        dry_run: bool
+
+    class Summarized(BaseModel):
+        memory: WriteResult
+        summary: dict[str, Any]
+
+    Entity = Annotated[str, Field(description="A person, place, project… (aliases and case are resolved).")]
+    When = Annotated[str | None, Field(description="ISO-8601 time (default now).")]
+
+    def kg_add(subject: Entity, predicate: Annotated[str, Field(description="e.g. lives_in, works_at, likes, 住在.")],
+               object: Entity, valid_from: When = None, valid_to: When = None,
+               confidence: Annotated[float, Field(ge=0, le=1), nullable(1.0)] = 1.0,
+               source_memory_id: Annotated[int | None, Field(description="The memory this fact came from.")] = None,
+               persona_id: Persona = None) -> FactAdded:
+        """Record a fact as a triple with a validity window, e.g. (Alice, lives_in, Paris). For
+        single-valued predicates (lives_in, works_at, name_is, age_is, 住在…) a new value closes the old
+        fact automatically, so history is kept and queries at any time are right."""
+        return FactAdded(**call(lambda m: m.kg_add(subject, predicate, object, valid_from, valid_to, confidence,
+                                                   source_memory_id, persona_id)))
+
+    def kg_query(entity: Entity, as_of: When = None,
+                 predicate: Annotated[str | None, Field(description="Only this predicate.")] = None,
+                 persona_id: Persona = None) -> Facts:
+        """Facts about an entity that hold now, or at `as_of` (point-in-time)."""
+        return Facts(**call(lambda m: m.kg_query(entity, as_of, predicate, persona_id)))
+
+    def kg_invalidate(id: Annotated[int, Field(ge=1, description="Fact id from kg_add/kg_query.")],
+                      valid_to: When = None) -> Fact:
+        """Mark a fact as no longer true from `valid_to` (default now); its history is kept."""
+        return Fact(**call(lambda m: m.kg_invalidate(id, valid_to)))
+
+    def kg_timeline(entity: Entity, persona_id: Persona = None) -> Facts:
+        """Every fact ever recorded about an entity, oldest first, with when each held."""
+        return Facts(**call(lambda m: m.kg_timeline(entity, persona_id)))
+
+    def kg_stats(persona_id: Persona = None) -> KGStats:
+        """Counts of entities and facts (active and expired)."""
+        return KGStats(**call(lambda m: m.kg_stats(persona_id)))
+
+    def memory_context(topic: Annotated[str | None, Field(description="What the conversation is about; omit at "
+                                                                       "session start for the briefing.")] = None,
+                       mode: Annotated[str, Field(description="quick, chat, coding or project: sets the token "
+                                                              "budget and how much is searched."), nullable("chat")] = "chat",
+                       max_tokens: Annotated[int | None, Field(ge=50, description="Token budget override.")] = None,
+                       persona_id: Persona = None) -> ContextBlob:
+        """Memory for the start of a session or a new topic, as one text within a token budget:
+        pinned/directive memories first, then memories about the topic, then current facts. Without a
+        topic it returns the pre-built session briefing instantly."""
+        return ContextBlob(**call(lambda m: m.memory_context(topic, mode, max_tokens, persona_id)))
+
+    def refresh_briefing(persona_id: Persona = None) -> ContextBlob:
+        """Rebuild the session briefing now (it is also rebuilt in the background after changes)."""
+        def run(m):
+            m.build_briefing(persona_id)
+            return m.memory_context(None, "project", None, persona_id)
+        return ContextBlob(**call(run))
+
+    def consolidate(dry_run: Annotated[bool, Field(description="Only list the clusters (default)."), nullable(True)] = True,
+                    persona_id: Persona = None) -> Consolidation:
+        """Find near-duplicate memories and (with dry_run=false) merge each cluster into one memory,
+        archiving the others; restore_memory on the survivor undoes a merge."""
+        return Consolidation(**call(lambda m: m.consolidate(dry_run, persona_id)))
+
+    def summarize_memory(conversation: Annotated[str | list[dict[str, Any]], Field(
+                             description="Plain text, or a list of {role, content} turns.")],
+                         metadata: Metadata | None = None) -> Summarized:
+        """Distil a conversation into one structured memory (summary, topics, key facts, people,
+        sentiment, importance) with the configured chat model, and store it."""
+        return Summarized(**call(lambda m: m.summarize_memory(conversation, meta(metadata))))
 
     def memory_stats() -> Stats:
         """Counts of memories, atoms, graph and vectors, and the embedder's state."""
@@ -2579,7 +3179,12 @@ def build_server(memory_factory, cfg: Config):
              "delete_memory": (delete_memory, D), "pin_memory": (pin_memory, W), "unpin_memory": (unpin_memory, W),
              "archive_memory": (archive_memory, W), "restore_memory": (restore_memory, W),
              "set_importance": (set_importance, W), "forget_preview": (forget_preview, RO),
-             "memory_stats": (memory_stats, RO)}
+             "memory_stats": (memory_stats, RO), "memory_context": (memory_context, RO),
+             "refresh_briefing": (refresh_briefing, W), "consolidate": (consolidate, D),
+             "summarize_memory": (summarize_memory, ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                                                                    idempotent_hint=False, open_world_hint=True)),
+             "kg_add": (kg_add, W), "kg_query": (kg_query, RO), "kg_invalidate": (kg_invalidate, D),
+             "kg_timeline": (kg_timeline, RO), "kg_stats": (kg_stats, RO)}
     for name in exposed_tools(cfg, tools):
         fn, annotations = tools[name]
         server.add_tool(fn, name=name, description=inspect.cleandoc(fn.__doc__), annotations=annotations)
@@ -2588,6 +3193,11 @@ def build_server(memory_factory, cfg: Config):
     def stats_resource() -> str:
         """Counts of memories, atoms, graph and vectors, and the embedder's state."""
         return json.dumps(state["memory"].stats(), ensure_ascii=False)
+
+    @server.resource("memory://briefing", mime_type="text/markdown")
+    def briefing_resource() -> str:
+        """The pre-built session briefing of the default persona."""
+        return state["memory"].memory_context(None, "project")["text"]
 
     @server.resource("memory://memories/{id}", mime_type="application/json")
     def memory_resource(id: int) -> str:
@@ -3112,6 +3722,187 @@ def serve(state, use_http, host, port):
     app = http_app(server, cfg, host, port)
     log.warning("Aokun MCP over HTTP at http://%s:%s/mcp (database %s)", host, port, path)
     uvicorn.run(app, host=host, port=port, log_level=cfg.server.log_level.lower())
+
+
+@cli.group()
+def kg():
+    """Temporal knowledge-graph facts: subject —predicate→ object with validity windows.
+
+    Example:
+
+        python aokun.py kg add Alice lives_in Paris --valid-from 2024-03-01
+    """
+
+
+def _print_facts(facts: list[dict]) -> None:
+    for f in facts:
+        until = f["valid_to"][:10] if f["valid_to"] else "now"
+        click.echo(f"{f['id']:>6}  {f['subject']} {f['predicate']} {f['object']}  [{f['valid_from'][:10]} .. {until}]")
+
+
+@kg.command("add")
+@click.argument("subject")
+@click.argument("predicate")
+@click.argument("object_")
+@click.option("--valid-from", help="ISO-8601 (default now).")
+@click.option("--valid-to", help="ISO-8601 (default open).")
+@click.option("--confidence", type=click.FloatRange(0, 1), default=1.0, show_default=True)
+@click.option("--source-memory", type=int, help="Id of the memory this fact came from.")
+@click.option("--persona", help="Persona.")
+@click.pass_obj
+def kg_add_cmd(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona):
+    """Record a fact; a single-valued predicate closes the previous value.
+
+    Example:
+
+        python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01
+    """
+    f = _run(lambda: state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence,
+                                           source_memory, persona))
+    _print_facts([f])
+    if f["closed"]:
+        click.echo(f"closed: {', '.join(map(str, f['closed']))}")
+
+
+@kg.command("query")
+@click.argument("entity")
+@click.option("--as-of", help="ISO-8601 instant (default now).")
+@click.option("--predicate", help="Only this predicate.")
+@click.option("--persona", help="Persona.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def kg_query_cmd(state, entity, as_of, predicate, persona, as_json):
+    """Facts about ENTITY valid now or at --as-of.
+
+    Example:
+
+        python aokun.py kg query Alice --as-of 2024-06-01
+    """
+    out = _run(lambda: state.memory().kg_query(entity, as_of, predicate, persona))
+    _echo_json(out) if as_json else _print_facts(out["facts"])
+
+
+@kg.command("invalidate")
+@click.argument("fact_id", type=int)
+@click.option("--valid-to", help="ISO-8601 (default now).")
+@click.pass_obj
+def kg_invalidate_cmd(state, fact_id, valid_to):
+    """End a fact (history is kept).
+
+    Example:
+
+        python aokun.py kg invalidate 7
+    """
+    _print_facts([_run(lambda: state.memory().kg_invalidate(fact_id, valid_to))])
+
+
+@kg.command("timeline")
+@click.argument("entity")
+@click.option("--persona", help="Persona.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def kg_timeline_cmd(state, entity, persona, as_json):
+    """Every fact ever recorded about ENTITY, oldest first.
+
+    Example:
+
+        python aokun.py kg timeline Alice
+    """
+    out = _run(lambda: state.memory().kg_timeline(entity, persona))
+    _echo_json(out) if as_json else _print_facts(out["facts"])
+
+
+@kg.command("stats")
+@click.option("--persona", help="Persona.")
+@click.pass_obj
+def kg_stats_cmd(state, persona):
+    """Entity and fact counts.
+
+    Example:
+
+        python aokun.py kg stats
+    """
+    _echo_json(_run(lambda: state.memory().kg_stats(persona)))
+
+
+@cli.command()
+@click.argument("topic", required=False)
+@click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat", show_default=True)
+@click.option("--max-tokens", type=click.IntRange(50), help="Token budget override.")
+@click.option("--persona", help="Persona.")
+@click.option("--refresh", is_flag=True, help="Rebuild the briefing first.")
+@click.pass_obj
+def context(state, topic, mode, max_tokens, persona, refresh):
+    """Print memory for a prompt within a token budget: the session briefing, or memories and facts
+    about TOPIC.
+
+    Example:
+
+        python aokun.py context "Alice's trip" --mode quick
+    """
+    mem = _run(lambda: state.memory())
+    if refresh:
+        _run(lambda: mem.build_briefing(persona))
+    out = _run(lambda: mem.memory_context(topic, mode, max_tokens, persona))
+    click.echo(out["text"])
+    click.echo(f"({out['tokens']} of {out['budget']} tokens, {out['source']})", err=True)
+
+
+@cli.command()
+@click.option("--apply", is_flag=True, help="Merge the clusters (default: only list them).")
+@click.option("--persona", help="Persona.")
+@click.pass_obj
+def consolidate(state, apply, persona):
+    """Find near-duplicate memories; --apply merges each cluster (undo: restore-memory SURVIVOR).
+
+    Example:
+
+        python aokun.py consolidate
+    """
+    out = _run(lambda: state.memory().consolidate(dry_run=not apply, persona_id=persona))
+    for cl in out["clusters"]:
+        click.echo(f"survivor {cl['survivor']}: {cl['texts'][cl['survivor']][:100]}")
+        for m in cl["members"]:
+            click.echo(f"   {'merged' if apply else 'would merge'} {m}: {cl['texts'][m][:100]}")
+    click.echo(f"{len(out['clusters'])} cluster(s)")
+
+
+@cli.command("restore-memory")
+@click.argument("memory_id", type=int)
+@click.pass_obj
+def restore_memory_cmd(state, memory_id):
+    """Unarchive a memory, or undo the consolidation whose survivor it is.
+
+    Example:
+
+        python aokun.py restore-memory 12
+    """
+    out = _run(lambda: state.memory().restore_memory(memory_id))
+    click.echo(f"restored {', '.join(map(str, out['restored'])) or 'nothing (it was not archived)'}")
+
+
+@cli.command()
+@click.argument("file", type=click.File("r", encoding="utf-8"), default="-")
+@click.option("--persona", help="Persona.")
+@click.option("--session", help="Session id.")
+@click.pass_obj
+def summarize(state, file, persona, session):
+    """Distil a conversation (text, or a JSON list of {role, content}) into one memory with the
+    [llm] chat model, and store it.
+
+    Example:
+
+        python aokun.py summarize chat.json
+    """
+    text = file.read()
+    try:
+        conversation = json.loads(text)
+    except ValueError:
+        conversation = text
+    meta = {k: v for k, v in {"persona_id": persona, "session_id": session}.items() if v}
+    out = _run(lambda: state.memory().summarize_memory(conversation, meta))
+    click.echo(out["memory"]["id"])
+    click.echo(out["summary"]["summary"], err=True)
 
 
 # Main ############################################################################################

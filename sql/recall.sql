@@ -128,9 +128,18 @@ where d.id in (select value from json_each(:ids));
 
 -- name: recall_atom_factors
 -- The atoms behind each document, for the graph route's temporal factor.
-select s.document_id as id, a.atom_type, a.state, a.last_reinforced_at, a.expires_at
+select s.document_id as id, a.atom_type, a.state, a.created_at, a.state_changed_at, a.last_reinforced_at,
+       a.expires_at
 from atom_sources s join memory_atoms a on a.id = s.atom_id
 where s.document_id in (select value from json_each(:ids));
+
+-- name: recall_pinned
+-- Pinned memories and their cosine distance to the query: included whenever similar enough.
+select d.id, vec_distance_cosine(v.embedding, :embedding) as distance
+from documents d join doc_vec v on v.doc_id = d.id
+where d.pinned = 1 and d.persona_id = :persona_id and d.archived <= :max_archived
+  and (:session_id = '' or d.session_id = :session_id)
+  and (:as_of = '' or d.created_at <= :as_of);
 
 -- name: search_atoms
 -- Atom BM25 over active atoms of one persona; the TTL factor is applied in Python.
