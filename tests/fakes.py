@@ -1,0 +1,88 @@
+"""Test doubles shared by the test process and the child processes the crash and concurrency
+tests start. Importable on its own: it puts the repository folder on sys.path first."""
+
+import hashlib
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+import aokun  # noqa: E402
+
+
+class FakeEmbedder(aokun.Embedder):
+    """Deterministic, dependency-free embedder: each character trigram of the lower-cased text adds
+    ±1 to one of `dim` buckets chosen by a hash; rows are L2-normalised float32. Texts sharing
+    trigrams get similar vectors. Like the real providers it cuts input to `max_chars` and says so
+    (`prepare`). `calls` counts embed_* calls, `texts` counts embedded texts."""
+
+    provider = "fake"
+
+    def __init__(self, dim: int = 16, model: str | None = None, max_chars: int = 8000):
+        self.dim = dim
+        self.model = model or f"fake-{dim}"
+        self.max_chars = max_chars
+        self.calls = 0
+        self.texts = 0
+
+    def prepare(self, text: str) -> tuple[str, bool]:
+        return text[: self.max_chars], len(text) > self.max_chars
+
+    def vector(self, text: str) -> np.ndarray:
+        v = np.zeros(self.dim, np.float32)
+        s = f"  {self.prepare(text)[0].lower()}  "
+        for i in range(len(s) - 2):
+            h = int.from_bytes(hashlib.blake2b(s[i:i + 3].encode("utf-8"), digest_size=8).digest(), "little")
+            v[h % self.dim] += 1.0 if (h >> 32) & 1 else -1.0
+        if not v.any():
+            v[0] = 1.0
+        return (v / np.linalg.norm(v)).astype(np.float32)
+
+    def embed_documents(self, texts):
+        self.calls += 1
+        self.texts += len(texts)
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        return np.stack([self.vector(t) for t in texts]).astype(np.float32)
+
+    def embed_query(self, text):
+        self.calls += 1
+        self.texts += 1
+        return self.vector(text)
+
+
+def open_memory(path, dim: int = 16, **kw) -> "aokun.Memory":
+    """A Memory on `path` with default settings and a FakeEmbedder (what child processes use)."""
+    return aokun.Memory(Path(path), aokun.Config(None), embedder=FakeEmbedder(dim), **kw)
+
+
+# helpers shared by the test files --------------------------------------------------------------
+
+#: Every table a memory leaves rows in (the two vec0 tables included).
+ALL_TABLES = ("documents", "documents_fts", "doc_vec", "memory_atoms", "atom_sources", "memory_atoms_fts",
+              "graph_nodes", "graph_edges", "graph_entries", "graph_entries_fts", "graph_vec", "memory_write_ops")
+
+
+def count(mem, table: str, where: str = "", params=()) -> int:
+    return mem.value(f"select count(*) from {table}" + (f" where {where}" if where else ""), params)
+
+
+def table_counts(mem) -> dict:
+    return {t: (count(mem, t) if mem.has_table(t) else 0) for t in ALL_TABLES}
+
+
+def fts_ids(mem, table: str, query: str) -> list[int]:
+    """Rowids of `table` (an FTS5 table) matching the user query segmented the way recall does."""
+    match = aokun.fts_query(mem.seg.tokens(query))
+    assert match, f"query {query!r} has no tokens"
+    return [r["rowid"] for r in mem.rows(f"select rowid from {table} where {table} match ? order by rowid", (match,))]
+
+
+def doc_vector(mem, doc_id: int):
+    blob = mem.value("select embedding from doc_vec where doc_id = ?", (doc_id,))
+    return None if blob is None else np.frombuffer(blob, dtype=np.float32)
+

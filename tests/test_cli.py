@@ -1,0 +1,190 @@
+"""The click CLI, in-process via CliRunner, on a temp database with provider = none."""
+
+import json
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+import aokun
+
+RULES = aokun.HERE / "rules"
+
+
+@pytest.fixture
+def ini(tmp_path):
+    """provider = none keeps the CLI fast. The rule paths are spelled out because of the bug pinned
+    by test_config_outside_the_repo_uses_the_bundled_rules (defaults resolve against the ini's
+    folder); drop them once that is fixed."""
+    p = tmp_path / "aokun.ini"
+    p.write_text("[embedding]\nprovider = none\n\n"
+                 f"[text]\nstopwords = {RULES / 'stopwords.txt'}\nuserdict = {RULES / 'userdict.txt'}\n\n"
+                 f"[write]\natom_rules = {RULES / 'atoms.toml'}\naliases = {RULES / 'aliases.toml'}\n\n"
+                 f"[recall]\nintents = {RULES / 'intents.toml'}\n", encoding="utf-8")
+    return p
+
+
+@pytest.fixture
+def run(tmp_path, ini, monkeypatch, segmenter):
+    """run(*args) -> click Result, with --db/--config pointing into tmp_path."""
+    monkeypatch.setattr(aokun, "Segmenter", lambda *a, **k: segmenter)  # share one loaded jieba
+    db = tmp_path / "cli.db"
+    runner = CliRunner()
+
+    def invoke(*args, ok=True):
+        result = runner.invoke(aokun.cli, ["--db", str(db), "--config", str(ini), *map(str, args)],
+                               catch_exceptions=False)
+        if ok:
+            assert result.exit_code == 0, result.output
+        return result
+
+    invoke.db = db
+    return invoke
+
+
+def _db(path):
+    return sqlite3.connect(path)
+
+
+def test_memorize_prints_an_id_and_show_list_work(run):
+    r = run("memorize", "Alice 喜欢冰美式", "--participant", "Alice", "--topic", "coffee", "--importance", "0.8")
+    assert r.output.strip() == "1"
+    r = run("memorize", "Bob fixed the 8090 port clash", "--json")
+    out = json.loads(r.output)
+    assert out["id"] == 2 and out["status"] == "done" and out["embedding"] == "none"
+    assert run("memorize", "Alice 喜欢冰美式").output.strip() == "1"  # dedup
+
+    show = run("show", "1").output
+    assert "Alice 喜欢冰美式" in show and "coffee" in show and "0.8" in show
+    assert "[preference, active, x0]" in show  # its atom
+    js = json.loads(run("show", "1", "--json").output)
+    assert js["content"] == "Alice 喜欢冰美式" and js["participants"] == ["Alice"] and js["graph_entries"]
+
+    lines = run("list").output.strip().splitlines()
+    assert len(lines) == 2 and "Bob fixed the 8090 port clash" in lines[0] + lines[1]
+    rows = json.loads(run("list", "--json", "--limit", "1").output)
+    assert len(rows) == 1
+
+
+def test_stats_json_and_doctor(run):
+    run("memorize", "one memory", "--participant", "Eve")
+    run("memorize", "another memory")
+    s = json.loads(run("stats", "--json").output)
+    assert s["counts"]["documents"] == 2 and s["counts"]["documents_fts"] == 2
+    assert s["counts"]["doc_vectors"] == 0 and s["embedding"]["provider"] == "none"
+    assert s["journal"] == {"done": 2} and s["schema_version"] == aokun.schema_version_known()
+    assert "documents" in run("stats").output
+    assert run("doctor").output.strip().splitlines()[-1] == "ok"
+
+    with _db(run.db) as c:  # break an index behind the engine's back: repaired when the file opens
+        c.execute("delete from documents_fts where rowid = 1")
+    out = run("doctor").output
+    assert "repaired at open" in out and "'fts_backfilled': 1" in out and out.strip().endswith("ok")
+    with _db(run.db) as c:  # something recovery does not repair
+        c.execute("insert into memory_write_ops(op, payload, status, error, created_at, updated_at) "
+                  "values ('insert', '{}', 'failed', 'boom', 'x', 'x')")
+    r = run("doctor", ok=False)
+    assert r.exit_code == 1
+    assert "problem: 1 failed writes in the journal" in r.output and "ok" not in r.output.split()
+
+
+def test_pin_unpin_archive_unarchive_delete(run):
+    run("memorize", "flag me")
+    flags = lambda: _db(run.db).execute("select pinned, archived from documents where id = 1").fetchone()  # noqa: E731
+    assert run("pin", "1").output.strip() == "pinned 1" and flags() == (1, 0)
+    assert run("unpin", "1").output.strip() == "unpinned 1" and flags() == (0, 0)
+    assert run("archive", "1").output.strip() == "archived 1" and flags() == (0, 1)
+    assert run("list").output.strip() == ""  # archived ones are hidden
+    assert "flag me" in run("list", "--include-archived").output
+    assert run("unarchive", "1").output.strip() == "unarchived 1" and flags() == (0, 0)
+    assert run("delete", "1").output.strip() == "deleted 1"
+    with _db(run.db) as c:
+        assert c.execute("select count(*) from documents").fetchone() == (0,)
+        assert c.execute("select count(*) from tombstones").fetchone() == (1,)
+    r = run("delete", "1", ok=False)
+    assert r.exit_code != 0 and "no memory with id 1" in r.output
+
+
+def test_edit(run):
+    run("memorize", "old words here")
+    assert run("edit", "1", "--text", "new words there", "--importance", "0.9").output.strip() == "1"
+    js = json.loads(run("show", "1", "--json").output)
+    assert js["content"] == "new words there" and js["importance"] == 0.9
+    r = run("edit", "1", ok=False)
+    assert r.exit_code == 2 and "give --text" in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("show", "999"), "no memory with id 999"),
+    (("pin", "999"), "no memory with id 999"),
+    (("memorize", "x", "--timestamp", "yesterday"), "metadata.timestamp"),
+    (("memorize", "   "), "content: is empty"),
+])
+def test_errors_are_one_line_and_non_zero(run, args, needle):
+    run("memorize", "something")
+    r = run(*args, ok=False)
+    assert r.exit_code == 1
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("Error:")
+    assert "Traceback" not in r.output
+
+
+def test_backup_and_vacuum(run, tmp_path):
+    for i in range(5):
+        run("memorize", f"memory {i} for the backup")
+    dest = tmp_path / "copies" / "backup.db"
+    r = run("backup", dest)
+    assert str(dest) in r.output and dest.exists()
+    with _db(dest) as c:
+        assert c.execute("select count(*) from documents").fetchone() == (5,)
+        assert c.execute("pragma integrity_check").fetchone() == ("ok",)
+    again = run("backup", dest, ok=False)
+    assert again.exit_code == 1 and "already exists" in again.output
+    r = run("vacuum")
+    assert "->" in r.output and "bytes" in r.output
+    assert run("doctor").output.strip().splitlines()[-1] == "ok"
+
+
+def test_rebuild(run):
+    run("memorize", "rebuild me please", "--participant", "Zed")
+    with _db(run.db) as c:
+        rows = sum(c.execute(f"select count(*) from {t}").fetchone()[0]
+                   for t in ("documents", "memory_atoms", "graph_entries"))
+    out = json.loads(run("rebuild", "--fts", "--graph").output)
+    assert out == {"fts": rows, "graph": 1} and rows >= 1 + 1 + 2
+    assert run("doctor").output.strip().splitlines()[-1] == "ok"
+    r = run("rebuild", "--vectors", ok=False)
+    assert r.exit_code == 1 and "provider is none" in r.output
+    assert run("rebuild", ok=False).exit_code == 2
+
+
+def test_every_command_has_an_example():
+    runner = CliRunner()
+    assert "Example" in runner.invoke(aokun.cli, ["--help"]).output
+    assert len(aokun.cli.commands) >= 14
+    missing = []
+    for name in sorted(aokun.cli.commands):
+        r = runner.invoke(aokun.cli, [name, "--help"])
+        assert r.exit_code == 0, (name, r.output)
+        if "Example" not in r.output:
+            missing.append(name)
+    assert missing == []
+
+
+def test_version():
+    r = CliRunner().invoke(aokun.cli, ["--version"])
+    assert r.exit_code == 0 and aokun.__version__ in r.output
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: with a config file outside the repo folder, the default rule paths "
+                   "(rules/atoms.toml, stopwords, userdict, aliases, intents) resolve against the ini's folder "
+                   "instead of aokun.py's, so Memory() fails with FileNotFoundError (stop words/aliases are "
+                   "silently lost when only those are missing). Config docstring: relative paths *in the file* "
+                   "resolve against its folder.")
+def test_config_outside_the_repo_uses_the_bundled_rules(tmp_path):
+    p = tmp_path / "only-provider.ini"
+    p.write_text("[embedding]\nprovider = none\n", encoding="utf-8")
+    cfg = aokun.Config(p)
+    assert cfg.resolve(cfg.write.atom_rules) == RULES / "atoms.toml"
+    r = CliRunner().invoke(aokun.cli, ["--db", str(tmp_path / "x.db"), "--config", str(p), "memorize", "hello"])
+    assert r.exit_code == 0 and r.output.strip() == "1"

@@ -1,0 +1,309 @@
+"""Embedding providers: an OpenAI-compatible endpoint served by a real local HTTP server, outages
+and back-fill, dimension/model mismatch and `rebuild --vectors`, and the real local model."""
+
+import http.server
+import json
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import aokun
+from fakes import FakeEmbedder, count, fts_ids
+
+
+class FakeOpenAI:
+    """POST /v1/embeddings in the OpenAI format. `script` holds (status, headers) answers given
+    before the normal 200s; `requests` records every request (path, headers, body)."""
+
+    def __init__(self, port: int = 0, dim: int = 8):
+        self.dim, self.script, self.requests = dim, [], []
+        self.vectors = FakeEmbedder(dim)
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status, body, headers=()):
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in headers:
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                if self.path != "/v1/embeddings":
+                    return self._send(404, {"error": {"message": "not found"}})
+                if outer.script:
+                    status, headers = outer.script.pop(0)
+                    return self._send(status, {"error": {"message": f"scripted {status}"}}, headers)
+                inputs = body["input"]
+                data = [{"object": "embedding", "index": i, "embedding": [float(x) * 3 for x in outer.vectors.vector(t)]}
+                        for i, t in enumerate(inputs)]
+                self._send(200, {"object": "list", "data": data[::-1], "model": body["model"],
+                                 "usage": {"prompt_tokens": 1, "total_tokens": 1}})
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.httpd.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = FakeOpenAI()
+    yield s
+    s.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def openai(url, **kw):
+    kw.setdefault("max_retries", 4)
+    kw.setdefault("timeout", 5.0)
+    return aokun.OpenAIEmbedder(url, "remote-embed", api_key="sk-test", **kw)
+
+
+def test_openai_happy_path(server):
+    e = openai(server.url)
+    m = e.embed_documents(["first text", "second text", "third"])
+    assert m.shape == (3, 8) and m.dtype == np.float32 and e.dim == 8
+    np.testing.assert_allclose(np.linalg.norm(m, axis=1), 1.0, atol=1e-6)
+    # rows come back in input order even though the server sent them reversed
+    np.testing.assert_allclose(m[0], server.vectors.vector("first text"), atol=1e-6)
+    np.testing.assert_allclose(m[2], server.vectors.vector("third"), atol=1e-6)
+    req = server.requests[0]
+    assert req["auth"] == "Bearer sk-test" and req["body"]["model"] == "remote-embed"
+    assert req["body"]["input"] == ["first text", "second text", "third"]
+    assert "dimensions" not in req["body"]
+
+
+def test_openai_batches_and_sends_dimensions(server):
+    e = openai(server.url, batch_size=2, dimensions=8)
+    assert e.embed_documents([f"t{i}" for i in range(5)]).shape == (5, 8)
+    assert [len(r["body"]["input"]) for r in server.requests] == [2, 2, 1]
+    assert all(r["body"]["dimensions"] == 8 for r in server.requests)
+
+
+def test_429_with_retry_after_is_retried(server):
+    server.script = [(429, [("Retry-After", "0")])]
+    e = openai(server.url)
+    t = time.monotonic()
+    m = e.embed_documents(["hello"])
+    elapsed = time.monotonic() - t
+    assert len(server.requests) == 2
+    np.testing.assert_allclose(m[0], server.vectors.vector("hello"), atol=1e-6)
+    assert elapsed < 0.45, "Retry-After: 0 must be honoured instead of the 0.5 s backoff"
+
+
+def test_5xx_retried_then_gives_up(server):
+    server.script = [(503, [("Retry-After", "0")])] * 2
+    assert openai(server.url).embed_query("x").shape == (8,)
+    assert len(server.requests) == 3
+    server.requests.clear()
+    server.script = [(500, [("Retry-After", "0")])] * 10
+    with pytest.raises(aokun.EmbeddingError, match="after 2 retries"):
+        openai(server.url, max_retries=2).embed_query("x")
+    assert len(server.requests) == 3
+
+
+@pytest.mark.parametrize("status", [401, 402, 403])
+def test_auth_errors_fail_at_once(server, status):
+    server.script = [(status, [])] * 5
+    with pytest.raises(aokun.EmbeddingError, match="api_key"):
+        openai(server.url).embed_documents(["hello"])
+    assert len(server.requests) == 1
+
+
+def test_wrong_dimension_from_endpoint_is_an_error(server):
+    with pytest.raises(aokun.EmbeddingError, match="8-d vectors, expected 16"):
+        openai(server.url, dimensions=16).embed_query("x")
+
+
+def _openai_config(url):
+    return aokun.Config(None, overrides={("embedding", "provider"): "openai", ("embedding", "base_url"): url,
+                                          ("embedding", "model"): "remote-embed", ("embedding", "api_key"): "sk-test",
+                                          ("embedding", "max_retries"): 1, ("embedding", "timeout_seconds"): 5.0})
+
+
+def test_endpoint_down_still_stores_then_backfills(db_path, segmenter):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    cfg = _openai_config(url)
+    mem = aokun.Memory(db_path, cfg)  # the configured provider, as the server builds it
+    mem.seg = segmenter
+    try:
+        assert isinstance(mem.embedder, aokun.CachedEmbedder) and mem.embedder.provider == "openai"
+        r = mem.memorize("The deploy key lives in the team vault", {"participants": ["Lena"]})
+        assert r["status"] == "done" and r["embedding"] == "pending"
+        assert r["warnings"] and "embedding failed" in r["warnings"][0] and "back-filled" in r["warnings"][0]
+        assert fts_ids(mem, "documents_fts", "vault") == [r["id"]]  # keyword search works meanwhile
+        assert count(mem, "memory_atoms") == 1 and count(mem, "graph_entries") > 0
+        assert any("awaiting vectors" in p for p in mem.doctor())
+        assert mem.backfill_vectors() == 0  # still down: quietly nothing
+
+        srv = FakeOpenAI(port=port)
+        try:
+            n = mem.backfill_vectors()
+            entries = count(mem, "graph_entries", "node_id is not null")
+            assert n == 1 + entries
+            assert mem.value("select embedding_state from documents where id = ?", (r["id"],)) == "done"
+            assert count(mem, "doc_vec") == 1 and count(mem, "graph_vec") == entries
+            assert mem.meta_get("embedding_dim") == "8" and mem.meta_get("embedding_model") == "remote-embed"
+            assert mem.doctor() == []
+            r2 = mem.memorize("A second memory while the endpoint is up")
+            assert r2["embedding"] == "done" and r2["warnings"] == []
+        finally:
+            srv.close()
+    finally:
+        mem.close()
+
+
+def _snapshot(mem):
+    return (mem.rows("select id, content, embedding_state, updated_at from documents order by id"),
+            mem.rows("select doc_id, embedding from doc_vec order by doc_id"),
+            mem.rows("select entry_id, embedding from graph_vec order by entry_id"))
+
+
+@pytest.mark.parametrize("new", [FakeEmbedder(8), FakeEmbedder(16, model="other-16")], ids=["dim", "model"])
+def test_dimension_or_model_mismatch_then_rebuild(db_path, open_mem, new):
+    m16 = open_mem(db_path, FakeEmbedder(16))
+    for text in ("Mira plays the cello", "Nate fixes old radios", "Oslo trip in June"):
+        m16.memorize(text, {"participants": [text.split()[0]]})
+    before = _snapshot(m16)
+    m16.close()
+
+    m = open_mem(db_path, new)
+    problem = m.vector_problem
+    assert problem and "rebuild --vectors" in problem
+    assert "16" in problem and str(new.dim) in problem and new.model in problem and "fake-16" in problem
+    assert not m.vectors_usable
+    assert _snapshot(m) == before  # stored rows untouched
+    assert m.meta_get("embedding_dim") == "16" and m.meta_get("embedding_model") == "fake-16"
+    assert problem in m.doctor()
+    assert new.calls == 0  # nothing was embedded with the wrong model
+    r = m.memorize("Written while the vectors are unusable")
+    assert r["status"] == "done" and r["embedding"] == "pending" and new.calls == 0
+    assert count(m, "doc_vec") == 3
+
+    out = m.rebuild(vectors=True)
+    entries = count(m, "graph_entries", "node_id is not null")
+    assert out == {"vectors": 4 + entries}
+    assert m.vector_problem is None and m.vectors_usable
+    assert m.meta_get("embedding_dim") == str(new.dim) and m.meta_get("embedding_model") == new.model
+    blobs = m.rows("select doc_id, embedding from doc_vec order by doc_id")
+    assert len(blobs) == 4 and all(len(b["embedding"]) == 4 * new.dim for b in blobs)
+    for b in blobs:
+        text = m.value("select content from documents where id = ?", (b["doc_id"],))
+        np.testing.assert_allclose(np.frombuffer(b["embedding"], np.float32), new.vector(text), atol=1e-6)
+    assert count(m, "graph_vec") == entries
+    assert [d["content"] for d in _snapshot(m)[0][:3]] == [d["content"] for d in before[0]]
+    assert m.doctor() == []
+    m.close()
+
+    again = open_mem(db_path, type(new)(new.dim, model=new.model))
+    assert again.vector_problem is None and again.doctor() == []
+
+
+def test_reopen_with_same_embedder_has_no_problem(db_path, open_mem):
+    open_mem(db_path).memorize("hello vectors")
+    m = open_mem(db_path)
+    assert m.vector_problem is None and m.doctor() == []
+
+
+def test_local_model_vectors_carry_meaning(local_mem):
+    mem = local_mem
+    texts = {
+        "coffee": "Alice drinks an iced americano every morning before work",
+        "port": "The staging server listens on port 8090 behind nginx",
+        "tokyo": "我下周要去东京出差，住在新宿附近",
+        "cat": "Bob adopted a small grey kitten from the shelter",
+    }
+    ids = {k: mem.memorize(v)["id"] for k, v in texts.items()}
+    assert mem.meta_get("embedding_dim") == "384" and mem.embedder.provider == "local"
+    assert all(mem.get(i)["embedding_state"] == "done" for i in ids.values())
+
+    def nearest(query):
+        q = np.asarray(mem.embedder.embed_query(query), np.float32).tobytes()
+        rows = mem.rows("select doc_id from doc_vec where embedding match ? and k = 20 order by distance", (q,))
+        return [r["doc_id"] for r in rows if r["doc_id"] in ids.values()][0]
+
+    # no shared keywords between query and memory: only the meaning connects them
+    assert nearest("what coffee does she like?") == ids["coffee"]
+    assert nearest("日本旅行计划") == ids["tokyo"]
+    assert nearest("which pet did he get") == ids["cat"]
+    assert nearest("web proxy configuration") == ids["port"]
+
+
+def test_local_model_truncates_long_text(db_path, open_mem):
+    # the real tokenizer decides the cut; a 64-token window keeps the test fast (512 costs seconds)
+    mem = open_mem(db_path, aokun.LocalEmbedder(max_tokens=64))
+    long_text = "这是一个很长的句子，用来测试向量截断。" * 300 + "结尾的鹦鹉螺"
+    r = mem.memorize(long_text)
+    assert r["embedding_truncated"] is True and r["embedding"] == "done"
+    assert mem.value("select length(content) from documents where id = ?", (r["id"],)) == len(
+        aokun.normalize_text(long_text))
+    assert fts_ids(mem, "documents_fts", "鹦鹉螺") == [r["id"]]
+    cut, truncated = mem.embedder.prepare(long_text)
+    assert truncated and 0 < len(cut) < 100
+    short = mem.memorize("a short one")
+    assert short["embedding_truncated"] is False
+    assert mem.doctor() == []
+
+
+def test_switch_to_endpoint_with_other_native_dim_then_rebuild(db_path, open_mem, server, segmenter):
+    """16-d fake vectors stored; the new OpenAI-compatible endpoint (no `dimensions` set) makes
+    8-d vectors. The stored dim must not be forced onto the new model, and rebuild must work."""
+    open_mem(db_path, FakeEmbedder(16)).memorize("Quinn collects vinyl records", {"participants": ["Quinn"]})
+    mem = aokun.Memory(db_path, _openai_config(server.url))
+    mem.seg = segmenter
+    try:
+        assert mem.vector_problem and "fake-16" in mem.vector_problem and "remote-embed" in mem.vector_problem
+        assert "makes 16-d" not in mem.vector_problem  # the new model's dim is not known yet
+        out = mem.rebuild(vectors=True)
+        entries = count(mem, "graph_entries", "node_id is not null")
+        assert out == {"vectors": 1 + entries}
+        assert mem.meta_get("embedding_dim") == "8" and mem.meta_get("embedding_model") == "remote-embed"
+        assert all(len(r["embedding"]) == 4 * 8 for r in mem.rows("select embedding from doc_vec"))
+        assert mem.doctor() == []
+    finally:
+        mem.close()
+    # reopening with the same dimension-less endpoint adopts the stored 8-d without a problem
+    again = aokun.Memory(db_path, _openai_config(server.url))
+    try:
+        assert again.vector_problem is None and again.embedder.dim == 8 and again.doctor() == []
+    finally:
+        again.close()
+
+
+def test_rebuild_vectors_probes_the_dimension(db_path, open_mem, server, segmenter):
+    """A file written with provider none, then `rebuild --vectors` with a dimension-less endpoint."""
+    open_mem(db_path, aokun.Embedder()).memorize("Rita studies Portuguese on the train")
+    mem = aokun.Memory(db_path, _openai_config(server.url))
+    mem.seg = segmenter
+    try:
+        assert mem.embedder.dim == 0 and not mem.has_table("doc_vec")
+        out = mem.rebuild(vectors=True)
+        assert out["vectors"] == 1 + count(mem, "graph_entries", "node_id is not null")
+        assert mem.embedder.dim == 8 and mem.meta_get("embedding_dim") == "8"
+        assert count(mem, "documents", "embedding_state = 'done'") == 1
+        assert mem.doctor() == []
+    finally:
+        mem.close()

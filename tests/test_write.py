@@ -1,0 +1,333 @@
+"""The write pipeline: every stage's output, dedup, normalisation, big inputs, atoms, entities,
+validation."""
+
+import datetime as dt
+import json
+import unicodedata
+
+import numpy as np
+import pytest
+
+import aokun
+from fakes import count, doc_vector, fts_ids, table_counts
+
+ALICE = "Alice loves iced americano. She will visit Tokyo next week."
+
+
+def test_memorize_fills_every_layer(mem, fake_embedder):
+    r = mem.memorize(ALICE, {"participants": ["Alice"], "topics": ["coffee"], "importance": 0.7,
+                             "session_id": "s1", "timestamp": "2026-03-01T10:00:00+08:00"})
+    doc_id = r["id"]
+    assert isinstance(doc_id, int)
+    assert (r["status"], r["deduplicated"], r["embedding"], r["warnings"]) == ("done", False, "done", [])
+    assert r["atoms"] == 2
+
+    # layer 1: the document, its FTS row and its vector
+    d = mem.rows("select * from documents where id = ?", (doc_id,))[0]
+    assert d["content"] == ALICE
+    assert json.loads(d["participants"]) == ["Alice"] and json.loads(d["topics"]) == ["coffee"]
+    assert (d["importance"], d["session_id"], d["persona_id"]) == (0.7, "s1", "")
+    assert d["created_at"] == "2026-03-01T02:00:00Z"  # converted to UTC
+    assert d["embedding_state"] == "done" and d["uid"] == r["uid"]
+    seg = mem.value("select segmented from documents_fts where rowid = ?", (doc_id,))
+    assert "americano" in seg.split() and "tokyo" in seg.split() and "coffee" in seg.split()
+    assert fts_ids(mem, "documents_fts", "americano") == [doc_id]
+    np.testing.assert_allclose(doc_vector(mem, doc_id), fake_embedder.vector(ALICE), atol=1e-6)
+    assert mem.rows("select persona_id, session_id, archived from doc_vec where doc_id = ?", (doc_id,)) == \
+        [{"persona_id": "", "session_id": "s1", "archived": 0}]
+
+    # layer 2: one atom per sentence, each with its source and FTS row
+    atoms = mem.rows("select * from memory_atoms order by id")
+    assert [a["content"] for a in atoms] == ["Alice loves iced americano.", "She will visit Tokyo next week."]
+    assert [a["atom_type"] for a in atoms] == ["preference", "planned"]
+    assert all(a["document_id"] == doc_id and a["state"] == "active" and a["subject"] == "alice" for a in atoms)
+    assert mem.rows("select atom_id, document_id from atom_sources order by atom_id") == \
+        [{"atom_id": a["id"], "document_id": doc_id} for a in atoms]
+    assert [r["rowid"] for r in mem.rows("select rowid from memory_atoms_fts order by rowid")] == [a["id"] for a in atoms]
+    assert fts_ids(mem, "memory_atoms_fts", "americano") == [atoms[0]["id"]]
+
+    # layer 3: nodes, edges, entries (+FTS, +vectors for node entries)
+    nodes = {(n["node_type"], n["canonical"]) for n in mem.rows("select * from graph_nodes")}
+    assert nodes == {("person", "alice"), ("topic", "coffee"), ("fact", "alice loves iced americano."),
+                     ("fact", "she will visit tokyo next week.")}
+    edges = mem.rows("select relation, count(*) n from graph_edges where document_id = ? group by relation "
+                     "order by relation", (doc_id,))
+    # 2 subjects x 2 facts describe, 1 fact chain, 1 subject pair
+    assert edges == [{"relation": "co_occurs_with", "n": 1}, {"relation": "describes", "n": 4},
+                     {"relation": "mentioned_in", "n": 1}]
+    entries = mem.rows("select * from graph_entries where document_id = ? order by id", (doc_id,))
+    assert len(entries) == 4 + 6 == r["graph_entries"]
+    node_entries = [e for e in entries if e["node_id"] is not None]
+    assert len(node_entries) == 4 and all(e["embedding_state"] == "done" for e in node_entries)
+    assert all(e["embedding_state"] == "skip" for e in entries if e["edge_id"] is not None)
+    assert any(e["text"].startswith("Person: Alice. Summary: ") for e in node_entries)
+    assert [r["rowid"] for r in mem.rows("select rowid from graph_entries_fts order by rowid")] == [e["id"] for e in entries]
+    assert [r["entry_id"] for r in mem.rows("select entry_id from graph_vec order by entry_id")] == \
+        [e["id"] for e in node_entries]
+    for e in node_entries:
+        blob = mem.value("select embedding from graph_vec where entry_id = ?", (e["id"],))
+        np.testing.assert_allclose(np.frombuffer(blob, np.float32), fake_embedder.vector(e["text"]), atol=1e-6)
+
+    # the journal
+    assert mem.rows("select op, status, document_id, retries, error from memory_write_ops") == \
+        [{"op": "insert", "status": "done", "document_id": doc_id, "retries": 0, "error": ""}]
+    assert mem.meta_get("embedding_dim") == "16" and mem.meta_get("embedding_model") == "fake-16"
+    assert mem.doctor() == []
+
+
+def test_dedup_returns_same_id_without_new_work(mem, fake_embedder):
+    first = mem.memorize("Carol's flight lands at 9pm")
+    calls = fake_embedder.calls
+    before = table_counts(mem)
+    again = mem.memorize("  Carol's flight lands at 9pm \n")  # same after normalisation
+    assert again["id"] == first["id"] and again["uid"] == first["uid"]
+    assert again["deduplicated"] is True and first["deduplicated"] is False
+    assert fake_embedder.calls == calls  # nothing re-embedded
+    assert table_counts(mem) == before  # not even a journal row
+    assert count(mem, "documents") == 1
+
+
+def test_dedup_is_per_persona(mem):
+    a = mem.memorize("the wifi password is hunter2", {"persona_id": "work"})
+    b = mem.memorize("the wifi password is hunter2", {"persona_id": "home"})
+    c = mem.memorize("the wifi password is hunter2")
+    assert len({a["id"], b["id"], c["id"]}) == 3
+    assert mem.memorize("the wifi password is hunter2", {"persona_id": "work"})["id"] == a["id"]
+    assert mem.memorize("the wifi password is hunter2", {"persona_id": "home"})["id"] == b["id"]
+    assert count(mem, "documents") == 3
+    # atoms never reinforce across personas
+    assert [r["persona_id"] for r in mem.rows("select persona_id from memory_atoms order by id")] == ["work", "home", ""]
+    assert mem.value("select max(reinforcement_count) from memory_atoms") == 0
+
+
+def test_memorize_many_dedups_within_the_batch(mem):
+    res = mem.memorize_many([("batch one", None), ("batch two", None), ("batch one", None)])
+    assert res[0]["id"] == res[2]["id"] != res[1]["id"]
+    assert [r["deduplicated"] for r in res] == [False, False, True]
+    assert count(mem, "documents") == 2 and mem.doctor() == []
+
+
+def test_nfkc_full_width_digits(mem):
+    r = mem.memorize("服务跑在端口８０９０上，ＡＰＩ　ｋｅｙ 在 vault 里")
+    content = mem.value("select content from documents where id = ?", (r["id"],))
+    assert "8090" in content and "８" not in content
+    assert "API key" in content
+    hits = mem.rows("select rowid from documents_fts where documents_fts match ?", ('"8090"',))
+    assert [h["rowid"] for h in hits] == [r["id"]]
+    assert fts_ids(mem, "documents_fts", aokun.normalize_text("８０９０")) == [r["id"]]
+    # the full-width and half-width spellings are the same memory
+    assert mem.memorize("服务跑在端口8090上，API key 在 vault 里")["deduplicated"] is True
+
+
+def test_nul_bytes_stripped(mem):
+    r = mem.memorize("null\x00byte in the\x00 middle", {"summary": "sum\x00mary", "topics": ["to\x00pic"]})
+    d = mem.get(r["id"])
+    assert d["content"] == "nullbyte in the middle"
+    assert d["summary"] == "summary" and d["topics"] == ["topic"]
+    assert "\x00" not in mem.value("select segmented from documents_fts where rowid = ?", (r["id"],))
+    assert fts_ids(mem, "documents_fts", "nullbyte") == [r["id"]]
+
+
+@pytest.mark.parametrize("content, metadata, field", [
+    ("bad \ud800 surrogate", None, "content"),
+    ("fine text", {"summary": "bad \udfff"}, "metadata.summary"),
+    ("fine text", {"topics": ["ok", "bad \ud800"]}, "metadata.topics[1]"),
+])
+def test_lone_surrogate_rejected_and_nothing_written(mem, fake_embedder, content, metadata, field):
+    with pytest.raises(aokun.InputError) as e:
+        mem.memorize(content, metadata)
+    assert e.value.field == field
+    assert "surrogate" in str(e.value)
+    assert set(table_counts(mem).values()) == {0}
+    assert count(mem, "tombstones") == 0 and fake_embedder.calls == 0
+
+
+def _big_chinese() -> str:
+    base = "我们今天讨论了项目的进度和下一步的安排。大家都觉得需要更多的测试。"
+    tail = "最后提到了鹦鹉螺号潜艇。"
+    text = (base * 2000)[: 40_000 - len(tail)] + tail
+    assert len(text) == 40_000 and unicodedata.normalize("NFKC", text) == text
+    return text
+
+
+def _big_english() -> str:
+    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
+    rnd = np.random.default_rng(7)
+    body = " ".join(words[i] for i in rnd.integers(0, len(words), 40_000)) + ". "
+    tail = "The final word is zanzibarquokka."
+    text = (body * 2)[: 200_000 - len(tail)] + tail
+    assert len(text.encode("utf-8")) == 200_000 and unicodedata.normalize("NFKC", text) == text
+    return text
+
+
+@pytest.mark.parametrize("make, end_word", [(_big_chinese, "潜艇"), (_big_english, "zanzibarquokka")],
+                         ids=["40k-chinese", "200KB-english"])
+def test_big_text_stored_fully(mem, fake_embedder, make, end_word):
+    text = make()
+    other = mem.memorize("a small unrelated memory")
+    r = mem.memorize(text)
+    assert r["status"] == "done" and r["embedding_truncated"] is True and r["embedding"] == "done"
+    row = mem.rows("select content, length(content) n, embedding_truncated from documents where id = ?", (r["id"],))[0]
+    assert row["n"] == len(text) and row["content"] == text
+    assert row["embedding_truncated"] == 1
+    assert fts_ids(mem, "documents_fts", end_word) == [r["id"]]  # indexed to the very end
+    assert other["id"] not in fts_ids(mem, "documents_fts", end_word)
+    # the vector sees only what the embedder takes (the first max_chars)
+    np.testing.assert_allclose(doc_vector(mem, r["id"]), fake_embedder.vector(text[:8000]), atol=1e-6)
+    assert mem.doctor() == []
+
+
+def test_content_over_the_limit_is_refused(mem):
+    text = "x" * (mem.cfg.write.max_content_chars + 1)
+    with pytest.raises(aokun.InputError) as e:
+        mem.memorize(text)
+    assert e.value.field == "content" and "max_content_chars" in str(e.value)
+    assert count(mem, "documents") == 0
+
+
+def test_mixed_chinese_english_token_found_by_each_part(mem):
+    target = mem.memorize("重跑gen-itgc后 报表数据恢复正常")
+    mem.memorize("今天的 gen 报告还没出来")
+    mem.memorize("跑步之后去吃饭")
+    for q in ("itgc", "gen-itgc", "重跑", "重跑gen-itgc"):
+        hits = fts_ids(mem, "documents_fts", q)
+        assert target["id"] in hits, q
+    assert fts_ids(mem, "documents_fts", "itgc") == [target["id"]]
+    assert fts_ids(mem, "documents_fts", "重跑") == [target["id"]]
+
+
+def test_atom_reinforcement_recomputes_ttl(mem):
+    fact1 = "Bob lives in the Pudong district of Shanghai near the river"
+    fact2 = "Bob lives in the Pudong district of Shanghai near the big river"
+    s1, s2 = set(mem.seg.tokens(fact1)), set(mem.seg.tokens(fact2))
+    assert 0.6 <= aokun.jaccard(s1, s2) < 1.0, "precondition: the facts are near-identical, not equal"
+    a = mem.memorize("first note about Bob", {"key_facts": [fact1], "importance": 0.8,
+                                              "timestamp": "2026-01-01T00:00:00Z"})
+    atom0 = mem.rows("select * from memory_atoms")[0]
+    assert atom0["atom_type"] == "factual" and atom0["base_ttl_days"] == 180
+    assert atom0["expires_at"] == aokun.iso(dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+                                            + dt.timedelta(days=180 * (0.5 + 0.8) * 1))
+    b = mem.memorize("second note about Bob", {"key_facts": [fact2], "importance": 0.3,
+                                               "timestamp": "2026-01-10T00:00:00Z"})
+    atoms = mem.rows("select * from memory_atoms")
+    assert len(atoms) == 1, "a near-identical fact must reinforce, not add an atom"
+    atom = atoms[0]
+    assert atom["id"] == atom0["id"] and atom["content"] == fact1 and atom["document_id"] == a["id"]
+    assert atom["reinforcement_count"] == 1
+    assert atom["last_reinforced_at"] == "2026-01-10T00:00:00Z"
+    ttl = 180 * (0.5 + 0.8) * (1 + 0.5 * 1)  # the atom keeps its own importance
+    assert ttl == aokun.effective_ttl_days(180, 0.8, 1)
+    assert atom["expires_at"] == aokun.iso(dt.datetime(2026, 1, 10, tzinfo=dt.timezone.utc) + dt.timedelta(days=ttl))
+    assert b["atoms"] == 1
+    assert {r["document_id"] for r in mem.rows("select document_id from atom_sources where atom_id = ?",
+                                               (atom["id"],))} == {a["id"], b["id"]}
+    # a different fact about Bob is a new atom
+    mem.memorize("third note", {"key_facts": ["Bob bought a red bicycle yesterday"]})
+    assert count(mem, "memory_atoms") == 2
+    assert mem.doctor() == []
+
+
+def test_reinforcement_is_by_type_and_threshold(mem):
+    mem.memorize("n1", {"key_facts": ["Dana works at the Hangzhou office of Acme"]})
+    mem.memorize("n2", {"key_facts": ["Dana visited the Hangzhou zoo with friends on Sunday"]})  # low overlap
+    assert count(mem, "memory_atoms") == 2
+    assert mem.value("select max(reinforcement_count) from memory_atoms") == 0
+
+
+@pytest.mark.parametrize("fact, atom_type", [
+    ("I will fly to Tokyo next week", "planned"),
+    ("明天下午三点和客户开会", "planned"),
+    ("Alice loves iced americano", "preference"),
+    ("我特别喜欢喝冰美式", "preference"),
+    ("I feel really anxious about the exam results", "emotional"),
+    ("最近压力很大，心情很差", "emotional"),
+    ("My sister married a dentist", "relational"),
+    ("The office printer model is HP 4200", "factual"),
+])
+def test_atom_types_classify(mem, fact, atom_type):
+    mem.memorize(f"note: {fact}", {"key_facts": [fact], "importance": 0.5, "timestamp": "2026-05-01T00:00:00Z"})
+    atom = mem.rows("select * from memory_atoms")[0]
+    assert atom["content"] == aokun.normalize_text(fact) and atom["atom_type"] == atom_type
+    base = mem.rules.types[atom_type]["base_ttl_days"]
+    assert atom["base_ttl_days"] == base
+    assert atom["expires_at"] == aokun.iso(dt.datetime(2026, 5, 1, tzinfo=dt.timezone.utc) + dt.timedelta(days=base))
+
+
+def test_entity_resolution_one_node(mem):
+    assert mem.rules.canonical("NYC") == mem.rules.canonical("纽约") == "new york"  # rules/aliases.toml
+    m1 = mem.memorize("lunch with Alice in NYC", {"participants": ["Alice", " alice "], "topics": ["NYC"]})
+    m2 = mem.memorize("Alice flew back to New York", {"participants": ["ALICE"], "topics": ["New  York", "纽约"]})
+    persons = mem.rows("select * from graph_nodes where node_type = 'person'")
+    assert [(p["canonical"], p["value"]) for p in persons] == [("alice", "Alice")]
+    topics = mem.rows("select * from graph_nodes where node_type = 'topic'")
+    assert [(t["canonical"], t["value"]) for t in topics] == [("new york", "New York")]
+    for doc in (m1["id"], m2["id"]):
+        used = {r["n"] for r in mem.rows("select node_id n from graph_entries where document_id = ? and node_id "
+                                         "is not null", (doc,))}
+        assert persons[0]["id"] in used and topics[0]["id"] in used
+    # two spellings of one entity in one memory are one subject: no self-loop edge, one entry per node
+    assert count(mem, "graph_edges", "source_id = target_id") == 0
+    per_node = mem.rows("select document_id, node_id, count(*) n from graph_entries where node_id is not null "
+                        "group by document_id, node_id having n > 1")
+    assert per_node == []
+    assert mem.doctor() == []
+
+
+def test_personas_do_not_share_nodes(mem):
+    mem.memorize("met Alice", {"participants": ["Alice"], "persona_id": "a"})
+    mem.memorize("met Alice too", {"participants": ["Alice"], "persona_id": "b"})
+    assert count(mem, "graph_nodes", "node_type = 'person'") == 2
+
+
+@pytest.mark.parametrize("metadata, field", [
+    ({"importance": 2}, "metadata.importance"),
+    ({"importance": "x"}, "metadata.importance"),
+    ({"importance": float("nan")}, "metadata.importance"),
+    ({"importance": True}, "metadata.importance"),
+    ({"topics": 5}, "metadata.topics"),
+    ({"participants": [1]}, "metadata.participants[0]"),
+    ({"colour": "red"}, "metadata"),
+    ({"timestamp": "yesterday"}, "metadata.timestamp"),
+    ({"pinned": "yes"}, "metadata.pinned"),
+    ("not a dict", "metadata"),
+])
+def test_bad_metadata_names_the_field_and_writes_nothing(mem, fake_embedder, metadata, field):
+    with pytest.raises(aokun.InputError) as e:
+        mem.memorize("a perfectly fine memory", metadata)
+    assert e.value.field == field
+    assert str(e.value).startswith(field + ":")
+    assert set(table_counts(mem).values()) == {0}
+    assert fake_embedder.calls == 0
+
+
+def test_bad_item_in_a_batch_writes_nothing(mem):
+    with pytest.raises(aokun.InputError) as e:
+        mem.memorize_many([("good one", None), ("bad one", {"importance": 7})])
+    assert e.value.field == "items[1].metadata.importance"
+    assert count(mem, "documents") == 0 and count(mem, "memory_write_ops") == 0
+
+
+@pytest.mark.parametrize("content", ["", "   \n\t", "\x00\x00", None, 42])
+def test_empty_or_non_text_content_rejected(mem, content):
+    with pytest.raises(aokun.InputError) as e:
+        mem.memorize(content)
+    assert e.value.field == "content"
+    assert count(mem, "documents") == 0
+
+
+def test_provider_none_stores_without_vectors(db_path, open_mem):
+    m = open_mem(db_path, aokun.Embedder())
+    r = m.memorize("no vectors here", {"participants": ["Eve"]})
+    assert r["embedding"] == "none" and r["status"] == "done"
+    assert not m.has_table("doc_vec")
+    assert {e["embedding_state"] for e in m.rows("select embedding_state from graph_entries where node_id is not null")} == {"none"}
+    assert fts_ids(m, "documents_fts", "vectors") == [r["id"]]
+    assert m.doctor() == []
+
+
+def test_facts_equal_up_to_case_are_one_fact(mem):
+    r = mem.memorize("dup facts", {"key_facts": ["Frank owns a boat.", "frank owns a  BOAT."]})
+    assert count(mem, "graph_nodes", "node_type = 'fact'") == 1
+    assert count(mem, "graph_edges", "source_id = target_id") == 0
+    assert count(mem, "memory_atoms") == 1 and r["atoms"] == 1
+    assert mem.doctor() == []
