@@ -1029,8 +1029,8 @@ class Memory:
             return
         stored_dim = self.meta_get("embedding_dim")
         stored_model = self.meta_get("embedding_model")
-        if not e.dim and stored_dim:
-            e.inner.dim = int(stored_dim) if isinstance(e, CachedEmbedder) else int(stored_dim)
+        if not e.dim and stored_dim and stored_model == e.model:  # only the model that made them has that dim
+            (e.inner if isinstance(e, CachedEmbedder) else e).dim = int(stored_dim)
         if stored_dim is None:
             if e.dim:
                 self._start_vectors()
@@ -1038,7 +1038,7 @@ class Memory:
         if int(stored_dim) != e.dim or stored_model != e.model:
             self.vector_problem = (
                 f"the database holds {stored_dim}-d vectors from {stored_model!r} but the configured "
-                f"embedder {e.model!r} makes {e.dim}-d vectors; run `aokun rebuild --vectors` to re-embed "
+                f"embedder {e.model!r} makes {e.dim or '?'}-d vectors; run `aokun rebuild --vectors` to re-embed "
                 "every memory (stored memories are untouched; recall uses keyword channels until then)")
             log.error("%s", self.vector_problem)
 
@@ -1701,8 +1701,9 @@ class Memory:
         if vectors:
             if self.embedder.provider == "none":
                 raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
-            if not self.embedder.dim:
-                self.embedder.dim = len(self.embedder.embed_query("dimension probe"))
+            if not self.embedder.dim:  # CachedEmbedder.dim is read-only: set it on the inner embedder
+                e = self.embedder.inner if isinstance(self.embedder, CachedEmbedder) else self.embedder
+                e.dim = len(self.embedder.embed_query("dimension probe"))
             with self.tx() as c:
                 c.execute("drop table if exists doc_vec")
                 c.execute("drop table if exists graph_vec")
@@ -1968,7 +1969,7 @@ class Memory:
         made = None
         if not dest.exists():
             made = self.online_backup(dest)["backup"]
-        keep = day - dt.timedelta(days=self.cfg.backup.keep_days)
+        keep = day - dt.timedelta(days=max(1, self.cfg.backup.keep_days) - 1)  # keep_days files, today included
         for old in folder.glob(f"{self.path.stem}-daily-*.db"):
             with contextlib.suppress(ValueError):
                 if dt.date.fromisoformat(old.stem.rsplit("-daily-", 1)[1]) < keep:
