@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import re
+import socket
 import sys
 import tempfile
 import threading
@@ -46,6 +47,7 @@ APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
 ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
 
+OWNER = f"{socket.gethostname()}:{os.getpid()}"  #: this process, as recorded on the journal rows it writes
 log = logging.getLogger("aokun")
 
 
@@ -325,6 +327,24 @@ def database_path(cfg: Config, db: str | None = None) -> Path:
     if os.environ.get("AOKUN_DB"):
         return Path(os.environ["AOKUN_DB"]).expanduser().resolve()
     return cfg.resolve(cfg.storage.db)
+
+
+def owner_alive(owner: str, updated_at: str | None = None) -> bool:
+    """True when `owner` (host:pid of a journal row) is a live process on this host other than us.
+    A row of another host (a file on a network share) counts as alive for 10 minutes after its
+    last update, then as abandoned (e.g. a file copied from a machine that crashed)."""
+    if not owner or owner == OWNER:
+        return False
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname():
+        return bool(updated_at) and age_days(updated_at, now()) * 86400 < 600
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # Connection and schema ###########################################################################
@@ -1132,8 +1152,8 @@ class Memory:
                         p.document_id = seen[key]  # resolved after the first copy is written
                     continue
                 seen[key] = p
-                c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at) "
-                          "values ('insert', ?, ?, 'pending', ?, ?)", (p.persona_id, p.payload(), stamp, stamp))
+                c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at, owner) "
+                          "values ('insert', ?, ?, 'pending', ?, ?, ?)", (p.persona_id, p.payload(), stamp, stamp, OWNER))
                 p.op_id = self.conn.last_insert_rowid()
         self.run_pipeline([p for p in preps if p.op_id])
         for p in preps:
@@ -1212,6 +1232,9 @@ class Memory:
         log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
         p.warnings.append(f"stage after {p.status} failed ({error}); it is retried at next start")
         if p.status == "pending" and p.op == "insert" and not p.recovering:
+            with self.tx():  # the caller is told it failed: it must not be stored by a later recovery
+                self.conn.execute("update memory_write_ops set status = 'failed', error = ?, updated_at = ? where id = ?",
+                                  (str(error)[:1000], now_iso(), p.op_id))
             raise error if isinstance(error, AokunError) else AokunError(f"could not store the memory: {error}")
         with self.tx():
             self.conn.execute("update memory_write_ops set error = ?, updated_at = ? where id = ?",
@@ -1235,8 +1258,12 @@ class Memory:
                 p.document_id, p.deduplicated = existing, True
                 return "done"
             cols["uid"] = str(uuid.uuid4())
+            # ids are never reused, even after deleting the newest memory (a client may still hold it)
+            cols["id"] = max(int(self.meta_get("last_document_id", 0)),
+                             self.value("select coalesce(max(id), 0) from documents")) + 1
             c.execute(f"insert into documents({', '.join(cols)}) values ({', '.join(':' + k for k in cols)})", cols)
-            p.document_id = c.last_insert_rowid()
+            p.document_id = cols["id"]
+            self._meta_set("last_document_id", p.document_id)
         else:
             archived = self.value("select archived from documents where id = ?", (p.document_id,))
             if archived is None:
@@ -1461,13 +1488,15 @@ class Memory:
             rows = self.rows("select * from memory_write_ops where status not in ('done', 'failed') order by id")
             preps = []
             for r in rows:
+                if owner_alive(r["owner"], r["updated_at"]):  # another live process is writing it right now
+                    continue
                 if r["retries"] >= limit:
                     c.execute("update memory_write_ops set status = 'failed', updated_at = ? where id = ?", (now_iso(), r["id"]))
                     report["failed"].append(r["id"])
                     log.error("write op %s failed %s times at stage %s and is marked failed: %s",
                               r["id"], r["retries"], r["status"], r["error"])
                     continue
-                c.execute("update memory_write_ops set retries = retries + 1 where id = ?", (r["id"],))
+                c.execute("update memory_write_ops set retries = retries + 1, owner = ? where id = ?", (OWNER, r["id"]))
                 payload = json.loads(r["payload"])
                 p = Prepared(**{k: payload[k] for k in Prepared.PAYLOAD if k in payload})
                 p.op, p.op_id, p.status, p.document_id = r["op"], r["id"], r["status"], r["document_id"]
@@ -1580,8 +1609,9 @@ class Memory:
         p.op, p.document_id = "edit", doc_id
         stamp = now_iso()
         with self.tx() as c:
-            c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, updated_at) "
-                      "values ('edit', ?, ?, ?, 'pending', ?, ?)", (doc_id, p.persona_id, p.payload(), stamp, stamp))
+            c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, updated_at, "
+                      "owner) values ('edit', ?, ?, ?, 'pending', ?, ?, ?)", (doc_id, p.persona_id, p.payload(), stamp,
+                                                                            stamp, OWNER))
             p.op_id = c.last_insert_rowid()
         self.run_pipeline([p])
         return self._write_result(p)
@@ -1692,8 +1722,8 @@ class Memory:
                                      | {"timestamp": doc["created_at"]})
                     p.op, p.document_id, p.status = "edit", d["id"], "docs_done"
                     c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
-                              "updated_at) values ('edit', ?, ?, ?, 'docs_done', ?, ?)",
-                              (d["id"], p.persona_id, p.payload(), stamp, stamp))
+                              "updated_at, owner) values ('edit', ?, ?, ?, 'docs_done', ?, ?, ?)",
+                              (d["id"], p.persona_id, p.payload(), stamp, stamp, OWNER))
                     p.op_id = c.last_insert_rowid()
                     preps.append(p)
             self.run_pipeline(preps)
@@ -1906,7 +1936,7 @@ class Memory:
         """Run whatever is due at `ref`: decay catch-up, an atom sweep every
         atom_maintenance_interval_hours, the daily backup. What the server's scheduler calls."""
         ref = ref or now()
-        done = {"decay": self.decay(ref=ref)["days"]}
+        done = {"recovered": self.recover()["resumed"], "decay": self.decay(ref=ref)["days"]}
         last = self.meta_get("lifecycle_last_run")
         hours = self.cfg.forgetting.atom_maintenance_interval_hours
         if last is None or (ref - parse_time(last)).total_seconds() >= hours * 3600:
@@ -1937,16 +1967,19 @@ class Memory:
             with self.lock:
                 b = target.backup("main", self.conn, "main")
             try:
-                steps = 0
+                restarts, left = 0, None
                 while True:
                     with self.lock:
-                        done = b.step(256 if steps < 20000 else -1)
+                        done = b.step(256 if restarts < 20 else -1)
                     if done:
                         break
-                    steps += 1
+                    if left is not None and b.remaining >= left:  # a write elsewhere restarted the copy
+                        restarts += 1
+                    left = b.remaining
                     time.sleep(0.001)
             finally:
-                b.finish()
+                with self.lock:  # finish() touches the source connection too
+                    b.finish()
             ok = [r[0] for r in target.execute("pragma integrity_check")]
             if ok != ["ok"]:
                 raise AokunError(f"backup {dest} failed integrity_check: {ok[:3]}")
@@ -2603,8 +2636,9 @@ class Memory:
     # cache and reinforcement ---------------------------------------------------------------------
 
     def _cache_state(self):
-        return (self.epoch, self.conn.data_version() if hasattr(self.conn, "data_version")
-                else self.value("pragma data_version"))
+        # PRAGMA data_version (a statement) sees other connections' commits; the file-control
+        # variant only does after this connection has run a statement.
+        return (self.epoch, self.value("pragma data_version"))
 
     def _cache_get(self, key):
         with self.lock:

@@ -13,14 +13,9 @@ RULES = aokun.HERE / "rules"
 
 @pytest.fixture
 def ini(tmp_path):
-    """provider = none keeps the CLI fast. The rule paths are spelled out because of the bug pinned
-    by test_config_outside_the_repo_uses_the_bundled_rules (defaults resolve against the ini's
-    folder); drop them once that is fixed."""
+    """provider = none keeps the CLI fast; the rules come from beside aokun.py."""
     p = tmp_path / "aokun.ini"
-    p.write_text("[embedding]\nprovider = none\n\n"
-                 f"[text]\nstopwords = {RULES / 'stopwords.txt'}\nuserdict = {RULES / 'userdict.txt'}\n\n"
-                 f"[write]\natom_rules = {RULES / 'atoms.toml'}\naliases = {RULES / 'aliases.toml'}\n\n"
-                 f"[recall]\nintents = {RULES / 'intents.toml'}\n", encoding="utf-8")
+    p.write_text("[embedding]\nprovider = none\n", encoding="utf-8")
     return p
 
 
@@ -176,15 +171,11 @@ def test_version():
     assert r.exit_code == 0 and aokun.__version__ in r.output
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: with a config file outside the repo folder, the default rule paths "
-                   "(rules/atoms.toml, stopwords, userdict, aliases, intents) resolve against the ini's folder "
-                   "instead of aokun.py's, so Memory() fails with FileNotFoundError (stop words/aliases are "
-                   "silently lost when only those are missing). Config docstring: relative paths *in the file* "
-                   "resolve against its folder.")
 def test_config_outside_the_repo_uses_the_bundled_rules(tmp_path):
     p = tmp_path / "only-provider.ini"
     p.write_text("[embedding]\nprovider = none\n", encoding="utf-8")
     cfg = aokun.Config(p)
-    assert cfg.resolve(cfg.write.atom_rules) == RULES / "atoms.toml"
+    assert cfg.rule_file(cfg.write.atom_rules) == RULES / "atoms.toml"
+    assert cfg.rule_file(cfg.text.stopwords) == RULES / "stopwords.txt"
     r = CliRunner().invoke(aokun.cli, ["--db", str(tmp_path / "x.db"), "--config", str(p), "memorize", "hello"])
     assert r.exit_code == 0 and r.output.strip() == "1"

@@ -275,9 +275,6 @@ def test_edit_of_reinforcer_moves_its_reinforcement(mem):
     assert mem.doctor() == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: documents.id is INTEGER PRIMARY KEY without AUTOINCREMENT, so after "
-                   "the newest memory is deleted the next memorize reuses its id; a client still holding the old "
-                   "id (show/edit/delete 2) silently hits a different memory. Needs a schema migration.")
 def test_deleted_memory_id_is_never_reused(mem):
     mem.memorize("one")
     b = mem.memorize("two")
