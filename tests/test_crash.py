@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 
 import aokun
+
+FACT_ENTRIES = "node_id in (select id from graph_nodes where node_type = 'fact')"
 from fakes import FakeEmbedder, count, fts_ids
 
 TESTS = Path(__file__).resolve().parent
 STAGES = ("pending", "docs_done", "atoms_done", "graph_done")
 BACKGROUND = "Background: Alice met Bob at the Shanghai office"
 TARGET = "Target memory: Carol will present the zephyrine roadmap next Friday. She feels nervous about it."
-EDITED = "Target memory, edited: Carol presented the quillback roadmap on Friday. It went well."
+EDITED = "Target memory, edited: Carol presented the quillback roadmap on Friday. The launch review went smoothly."
 
 CHILD = textwrap.dedent(r'''
     import os, signal, sys
@@ -110,15 +112,16 @@ def test_kill_at_stage_then_recover(tmp_path, op, stage, when):
         # every layer of the recovered memory is complete
         d = mem.get(doc_id)
         assert d["embedding_state"] == "done" and count(mem, "doc_vec", "doc_id = ?", (doc_id,)) == 1
-        expected_atoms = aokun.split_sentences(final, 8)
+        expected_atoms = mem._auto_facts(final)  # sentences with at least two search tokens
         assert sorted(a["content"] for a in d["atoms"]) == sorted(expected_atoms)
         assert count(mem, "memory_atoms_fts") == count(mem, "memory_atoms")
-        entries = mem.rows("select node_id, embedding_state from graph_entries where document_id = ?", (doc_id,))
+        entries = mem.rows("select e.node_id, e.embedding_state, n.node_type from graph_entries e left join graph_nodes n "
+                           "on n.id = e.node_id where e.document_id = ?", (doc_id,))
         # nodes Carol, roadmap and 2 facts; edges 2x2 describes + 1 fact chain + 1 subject pair
         assert count(mem, "graph_edges", "document_id = ?", (doc_id,)) == 6
         assert len(entries) == 4 + 6
-        assert all(e["embedding_state"] == ("done" if e["node_id"] else "skip") for e in entries)
-        assert count(mem, "graph_vec") == count(mem, "graph_entries", "node_id is not null")
+        assert all(e["embedding_state"] == ("done" if e["node_type"] == "fact" else "skip") for e in entries)
+        assert count(mem, "graph_vec") == count(mem, "graph_entries", FACT_ENTRIES)
         assert count(mem, "graph_nodes", "canonical = 'carol'") == 1
 
         # the write is not repeated: writing it again is a duplicate

@@ -56,7 +56,7 @@ def test_edit_replaces_fts_vector_atoms_and_graph(mem, fake_embedder):
     new_entries = mem.rows("select id, uid, text from graph_entries where document_id = ?", (doc_id,))
     assert {e["uid"] for e in new_entries}.isdisjoint(e["uid"] for e in old_entries)
     assert count(mem, "graph_entries_fts") == count(mem, "graph_entries")
-    assert count(mem, "graph_vec") == count(mem, "graph_entries", "node_id is not null")
+    assert count(mem, "graph_vec") == count(mem, "graph_entries", "node_id in (select id from graph_nodes where node_type = 'fact')")
     for e in new_entries:  # every FTS row and vector belongs to the new text (row ids may be reused)
         seg = mem.value("select segmented from graph_entries_fts where rowid = ?", (e["id"],))
         assert seg == mem.seg.segmented(e["text"])

@@ -162,7 +162,7 @@ def test_endpoint_down_still_stores_then_backfills(db_path, segmenter):
         srv = FakeOpenAI(port=port)
         try:
             n = mem.backfill_vectors()
-            entries = count(mem, "graph_entries", "node_id is not null")
+            entries = count(mem, "graph_entries", "node_id in (select id from graph_nodes where node_type = 'fact')")
             assert n == 1 + entries
             assert mem.value("select embedding_state from documents where id = ?", (r["id"],)) == "done"
             assert count(mem, "doc_vec") == 1 and count(mem, "graph_vec") == entries
@@ -204,7 +204,7 @@ def test_dimension_or_model_mismatch_then_rebuild(db_path, open_mem, new):
     assert count(m, "doc_vec") == 3
 
     out = m.rebuild(vectors=True)
-    entries = count(m, "graph_entries", "node_id is not null")
+    entries = count(m, "graph_entries", "node_id in (select id from graph_nodes where node_type = 'fact')")
     assert out == {"vectors": 4 + entries}
     assert m.vector_problem is None and m.vectors_usable
     assert m.meta_get("embedding_dim") == str(new.dim) and m.meta_get("embedding_model") == new.model
@@ -278,7 +278,7 @@ def test_switch_to_endpoint_with_other_native_dim_then_rebuild(db_path, open_mem
         assert mem.vector_problem and "fake-16" in mem.vector_problem and "remote-embed" in mem.vector_problem
         assert "makes 16-d" not in mem.vector_problem  # the new model's dim is not known yet
         out = mem.rebuild(vectors=True)
-        entries = count(mem, "graph_entries", "node_id is not null")
+        entries = count(mem, "graph_entries", "node_id in (select id from graph_nodes where node_type = 'fact')")
         assert out == {"vectors": 1 + entries}
         assert mem.meta_get("embedding_dim") == "8" and mem.meta_get("embedding_model") == "remote-embed"
         assert all(len(r["embedding"]) == 4 * 8 for r in mem.rows("select embedding from doc_vec"))
@@ -301,7 +301,7 @@ def test_rebuild_vectors_probes_the_dimension(db_path, open_mem, server, segment
     try:
         assert mem.embedder.dim == 0 and not mem.has_table("doc_vec")
         out = mem.rebuild(vectors=True)
-        assert out["vectors"] == 1 + count(mem, "graph_entries", "node_id is not null")
+        assert out["vectors"] == 1 + count(mem, "graph_entries", "node_id in (select id from graph_nodes where node_type = 'fact')")
         assert mem.embedder.dim == 8 and mem.meta_get("embedding_dim") == "8"
         assert count(mem, "documents", "embedding_state = 'done'") == 1
         assert mem.doctor() == []

@@ -678,11 +678,6 @@ async def test_tool_calls_use_the_connection_only_under_the_lock(checked_server)
     assert unlocked == []
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: Memory.stats() reads `self.conn.pragma('user_version')` without self.lock, so memory_stats "
-    "(tool or memory://stats) can fail with apsw.ThreadingViolationError while another thread (a "
-    "concurrent tool call, the background backup/maintenance) uses the connection, or make that "
-    "thread fail. Fix: `self.value('pragma user_version')`."))
 async def test_memory_stats_uses_the_connection_only_under_the_lock(checked_server):
     server, unlocked = checked_server
     async with Client(server) as c:

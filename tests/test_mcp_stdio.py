@@ -226,10 +226,6 @@ def test_raw_lone_surrogate_does_not_break_the_session(tmp_path):
         assert ("error" in m) or (m["result"]["isError"] is True and "content" in m["result"]["content"][0]["text"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: `serve` reads the config outside _run(), so a config error (missing file, unknown key) "
-    "ends in a Python traceback instead of the one-line 'Error: ...' every other command prints. "
-    "Fix: `cfg = _run(lambda: state.cfg)` in serve()."))
 def test_serve_with_a_bad_config_fails_cleanly(tmp_path):
     bad = tmp_path / "bad.ini"
     bad.write_text("[server]\nbogus = 1\n", encoding="utf-8")

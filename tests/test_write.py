@@ -46,7 +46,7 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
     assert [r["rowid"] for r in mem.rows("select rowid from memory_atoms_fts order by rowid")] == [a["id"] for a in atoms]
     assert fts_ids(mem, "memory_atoms_fts", "americano") == [atoms[0]["id"]]
 
-    # layer 3: nodes, edges, entries (+FTS, +vectors for node entries)
+    # layer 3: nodes, edges, entries (+FTS; vectors for fact entries: the fact sentence embedded)
     nodes = {(n["node_type"], n["canonical"]) for n in mem.rows("select * from graph_nodes")}
     assert nodes == {("person", "alice"), ("topic", "coffee"), ("fact", "alice loves iced americano."),
                      ("fact", "she will visit tokyo next week.")}
@@ -58,15 +58,18 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
     entries = mem.rows("select * from graph_entries where document_id = ? order by id", (doc_id,))
     assert len(entries) == 4 + 6 == r["graph_entries"]
     node_entries = [e for e in entries if e["node_id"] is not None]
-    assert len(node_entries) == 4 and all(e["embedding_state"] == "done" for e in node_entries)
-    assert all(e["embedding_state"] == "skip" for e in entries if e["edge_id"] is not None)
+    fact_entries = [e for e in node_entries if e["text"].startswith("Fact: ")]
+    assert len(node_entries) == 4 and len(fact_entries) == 2
+    assert all(e["embedding_state"] == "done" for e in fact_entries)
+    # person/topic entries and edge entries are keyword entry points only
+    assert all(e["embedding_state"] == "skip" for e in entries if e not in fact_entries)
     assert any(e["text"].startswith("Person: Alice. Summary: ") for e in node_entries)
     assert [r["rowid"] for r in mem.rows("select rowid from graph_entries_fts order by rowid")] == [e["id"] for e in entries]
     assert [r["entry_id"] for r in mem.rows("select entry_id from graph_vec order by entry_id")] == \
-        [e["id"] for e in node_entries]
-    for e in node_entries:
+        [e["id"] for e in fact_entries]
+    for e, fact in zip(fact_entries, ["Alice loves iced americano.", "She will visit Tokyo next week."]):
         blob = mem.value("select embedding from graph_vec where entry_id = ?", (e["id"],))
-        np.testing.assert_allclose(np.frombuffer(blob, np.float32), fake_embedder.vector(e["text"]), atol=1e-6)
+        np.testing.assert_allclose(np.frombuffer(blob, np.float32), fake_embedder.vector(fact), atol=1e-6)
 
     # the journal
     assert mem.rows("select op, status, document_id, retries, error from memory_write_ops") == \
@@ -320,7 +323,7 @@ def test_provider_none_stores_without_vectors(db_path, open_mem):
     r = m.memorize("no vectors here", {"participants": ["Eve"]})
     assert r["embedding"] == "none" and r["status"] == "done"
     assert not m.has_table("doc_vec")
-    assert {e["embedding_state"] for e in m.rows("select embedding_state from graph_entries where node_id is not null")} == {"none"}
+    assert {e["embedding_state"] for e in m.rows("select embedding_state from graph_entries where node_id in (select id from graph_nodes where node_type = 'fact')")} == {"none"}
     assert fts_ids(m, "documents_fts", "vectors") == [r["id"]]
     assert m.doctor() == []
 
