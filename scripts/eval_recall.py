@@ -1,0 +1,442 @@
+#!/usr/bin/env python3
+"""Retrieval quality of Aokun's recall on real conversational-memory data (LoCoMo, MADial-Bench zh).
+
+Follows the protocol in ../shared/data/README.md exactly; the data is read from there and never
+copied into the repository. Prints recall@k per channel setting (each single channel, then the full
+hybrid), the hybrid per question category, and ingest/query timings.
+
+Example:
+
+    python scripts/eval_recall.py --dataset locomo --limit-questions 50
+    python scripts/eval_recall.py --db-dir /tmp/aokun-eval --json   # second run skips ingest
+
+The system under test is a small object with `memorize_many(items)` and
+`recall(query, k, persona_id, channels)` (see `EngineSUT`), so an MCP-backed client can replace the
+in-process engine without touching the evaluation code.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  #: ../shared/data beside the repo
+DEFAULT_CHANNELS = "bm25,vector,graph_keyword,graph_vector,all"  #: single channels, then the hybrid
+LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+LOCOMO_DEFAULT_CATEGORIES = (1, 2, 3, 4)  #: the protocol; 5 (adversarial) has no answer in the conversation
+LOCOMO_KS = (1, 5, 10)
+MADIAL_KS = (1, 3, 5, 10)
+RECALL_K = 10  #: one recall per question and channel setting; every smaller k is cut from it
+BATCH = 64  #: memorize_many batch size
+
+
+# Datasets ########################################################################################
+
+@dataclass
+class Question:
+    qid: str
+    persona_id: str
+    query: str
+    gold: set  #: local gold keys (LoCoMo dia_ids, MADial memory ids)
+    category: str = ""
+    answer: str = ""
+
+
+@dataclass
+class Dataset:
+    name: str
+    ks: tuple
+    #: (persona_id, local key, content, metadata) per memory, in ingest order
+    items: list = field(default_factory=list)
+    questions: list = field(default_factory=list)
+    categories: list = field(default_factory=list)  #: category names in report order
+    notes: list = field(default_factory=list)
+
+
+def locomo_time(text: str) -> str:
+    """'1:47 pm on 8 May, 2023' → '2023-05-08T13:47:00Z' (the data has no zone; read as UTC)."""
+    t = dt.datetime.strptime(" ".join(text.split()), "%I:%M %p on %d %B, %Y")
+    return t.replace(tzinfo=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def gold_ids(evidence) -> list[str]:
+    """Evidence entries split on ';', ',' and whitespace; 'D:11:26' read as 'D11:26'."""
+    out = []
+    for entry in evidence or []:
+        for piece in re.split(r"[;,\s]+", str(entry)):
+            piece = piece.strip()
+            if piece:
+                out.append(re.sub(r"^D:(\d)", r"D\1", piece))
+    return out
+
+
+def load_locomo(data_dir: Path, categories=LOCOMO_DEFAULT_CATEGORIES) -> Dataset:
+    """One memory per turn, one persona per conversation; questions of `categories` (1-4)."""
+    ds = Dataset("locomo", LOCOMO_KS, categories=[f"{c} {LOCOMO_CATEGORIES[c]}" for c in sorted(categories)])
+    conversations = json.loads((data_dir / "locomo-dev.json").read_text(encoding="utf-8"))
+    dropped_gold = skipped = total = in_categories = 0
+    for conv in conversations:
+        sid, c = conv["sample_id"], conv["conversation"]
+        sessions = sorted((int(m.group(1)) for key in c if (m := re.fullmatch(r"session_(\d+)", key))))
+        known = set()
+        for n in sessions:
+            stamp = locomo_time(c[f"session_{n}_date_time"])
+            for turn in c[f"session_{n}"]:
+                content = f"{turn['speaker']}: {turn['text']}"
+                if turn.get("blip_caption"):
+                    content += f" [shares a photo: {turn['blip_caption']}]"
+                meta = {"participants": [turn["speaker"]], "session_id": f"{sid}:session_{n}",
+                        "timestamp": stamp, "source": "import", "persona_id": sid}
+                ds.items.append((sid, turn["dia_id"], content, meta))
+                known.add(turn["dia_id"])
+        for i, qa in enumerate(conv["qa"]):
+            total += 1
+            if qa.get("category") not in categories:
+                continue
+            in_categories += 1
+            ids = gold_ids(qa.get("evidence"))
+            gold = {g for g in ids if g in known}
+            dropped_gold += len(set(ids) - gold)
+            if not gold:
+                skipped += 1
+                continue
+            ds.questions.append(Question(f"{sid}#{i}", sid, qa["question"], gold,
+                                         f"{qa['category']} {LOCOMO_CATEGORIES[qa['category']]}",
+                                         str(qa.get("answer", ""))))
+    cats = ",".join(map(str, sorted(categories)))
+    ds.notes.append(f"{len(conversations)} conversations, {len(ds.items)} turns; {total} QA pairs in the file, "
+                    f"{in_categories} in categories {cats}, {skipped} skipped with no gold in the conversation "
+                    f"({dropped_gold} gold ids not in the conversation dropped) -> {len(ds.questions)} questions")
+    return ds
+
+
+def madial_time(value) -> str | None:
+    """An ISO date/time string when `value` parses as one, else None."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        t = dt.datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=dt.timezone.utc)
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def load_madial(data_dir: Path) -> Dataset:
+    """memory.jsonl: one `{"<id>": {time, scene, emotion, event, user-id, id}}` per line;
+    dialogue.jsonl: `dialogue` lines (first `<BOD>`), `test-turn` (indexes into `dialogue`, counting
+    the `<BOD>` line), `relevant-id`, `user-id`. The query is every line before the first test turn."""
+    folder = data_dir / "madial-zh-dev"
+    ds = Dataset("madial", MADIAL_KS)
+    unparseable = 0
+    for line in (folder / "memory.jsonl").read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        for key, m in json.loads(line).items():
+            persona = f"madial-{m['user-id']}"
+            meta = {"topics": [m["scene"]] if m.get("scene") else [], "persona_id": persona}
+            if m.get("emotion"):
+                meta["sentiment"] = m["emotion"]
+            stamp = madial_time(m.get("time"))
+            if stamp:
+                meta["timestamp"] = stamp
+            else:
+                unparseable += 1
+            ds.items.append((persona, str(m.get("id", key)), m["event"], meta))
+    known = {(p, key) for p, key, _, _ in ds.items}
+    missing = skipped = 0
+    for line in (folder / "dialogue.jsonl").read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        d = json.loads(line)
+        persona = f"madial-{d['user-id']}"
+        cut = min(d["test-turn"])
+        lines = [x.strip() for x in d["dialogue"][:cut]]
+        query = "\n".join(x for x in lines if x and x not in ("<BOD>", "<EOD>"))
+        ids = {str(x) for x in d["relevant-id"]}
+        gold = {x for x in ids if (persona, x) in known}
+        missing += len(ids - gold)
+        if not gold or not query:
+            skipped += 1
+            continue
+        ds.questions.append(Question(f"dialogue {d['id']}", persona, query, gold))
+    ds.notes.append(f"{len(ds.items)} memories ({unparseable} with an unparseable time, stored without a "
+                    f"timestamp), {len(ds.questions)} dialogues ({skipped} skipped, {missing} gold ids not in the pool)")
+    return ds
+
+
+
+
+# System under test ###############################################################################
+
+class EngineSUT:
+    """Aokun's engine in-process. The evaluation calls only `memorize_many`, `recall` and `close`.
+
+    Recall normally refreshes last_access_at of what it returns (post-recall reinforcement); that
+    raises the recency of everything an earlier question retrieved, so results would depend on the
+    question order. Unless `touch` is true the instance skips it and clears earlier access
+    bookkeeping, so every question sees the same database."""
+
+    name = "engine"
+
+    def __init__(self, db_path: Path, provider: str = "local", touch: bool = False):
+        import aokun
+
+        overrides = {("recall", "cache_ttl_seconds"): 0.0}
+        if provider != "local":
+            overrides[("embedding", "provider")] = provider
+        if not touch and "reinforce_on_recall" in aokun.DEFAULTS["recall"]:
+            overrides[("recall", "reinforce_on_recall")] = False
+        self.mem = aokun.Memory(db_path, aokun.Config(None, overrides=overrides))
+        if not touch:
+            if "reinforce_on_recall" not in aokun.DEFAULTS["recall"]:
+                self.mem._touch = lambda ids: None
+            with self.mem.tx() as c:
+                c.execute("update documents set last_access_at = null, access_count = 0 "
+                          "where last_access_at is not null or access_count != 0")
+
+    def memorize_many(self, items: list[tuple[str, dict]]) -> list[dict]:
+        """[(content, metadata)] → [{"id", "deduplicated", ...}] in order."""
+        return self.mem.memorize_many(items)
+
+    def recall(self, query: str, k: int, persona_id: str, channels) -> dict:
+        """→ {"results": [{"id", "text", ...}], "degraded": [...], "took_ms"}; channels None = all."""
+        return self.mem.recall(query, k=k, persona_id=persona_id, channels=channels)
+
+    def close(self) -> None:
+        self.mem.close()
+
+
+# Evaluation ######################################################################################
+
+def channel_spec(setting: str):
+    """'all' → None (every channel); 'bm25+vector' → 'bm25,vector'; else the channel name."""
+    return None if setting == "all" else setting.replace("+", ",")
+
+
+def ingest(sut, ds: Dataset) -> tuple[dict, dict]:
+    """Store every memory in batches; returns ({memory id: {local keys}}, timing info).
+
+    Identical texts within a persona become one memory: its id maps to every key that produced it."""
+    id_map: dict[int, set] = {}
+    started, new = time.perf_counter(), 0
+    for i in range(0, len(ds.items), BATCH):
+        chunk = ds.items[i:i + BATCH]
+        results = sut.memorize_many([(content, meta) for _, _, content, meta in chunk])
+        for (_, key, _, _), r in zip(chunk, results):
+            id_map.setdefault(r["id"], set()).add(key)
+            new += not r.get("deduplicated")
+        done = min(i + BATCH, len(ds.items))
+        rate = done / max(1e-9, time.perf_counter() - started)
+        print(f"\r  [{ds.name}] ingested {done}/{len(ds.items)} ({rate:.1f}/s)", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    seconds = time.perf_counter() - started
+    return id_map, {"seconds": round(seconds, 2), "memories": len(ds.items), "new": new,
+                    "distinct_ids": len(id_map), "per_second": round(len(ds.items) / max(seconds, 1e-9), 1)}
+
+
+def fractional_recall(gold: set, retrieved_keys: list[set], k: int) -> float:
+    found = set().union(*retrieved_keys[:k]) if retrieved_keys[:k] else set()
+    return len(gold & found) / len(gold)
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def evaluate(sut, ds: Dataset, id_map: dict, settings: list[str]) -> dict:
+    """Recall k=10 once per question per setting; fractional recall@k for every k in ds.ks."""
+    out = {}
+    for setting in settings:
+        per_q, took, wall, degraded, empty = [], [], [], {}, 0
+        if ds.questions:  # untimed warm-up: loads the embedding model and jieba before the clock runs
+            q = ds.questions[0]
+            sut.recall(q.query + " warm-up", RECALL_K, q.persona_id, channel_spec(setting))
+        started = time.perf_counter()
+        for n, q in enumerate(ds.questions, 1):
+            t0 = time.perf_counter()
+            ans = sut.recall(q.query, RECALL_K, q.persona_id, channel_spec(setting))
+            wall.append((time.perf_counter() - t0) * 1000)
+            took.append(float(ans.get("took_ms") or 0.0))
+            for d in ans.get("degraded") or []:
+                degraded[d["channel"]] = d.get("reason", "")
+            hits = ans.get("results") or []
+            empty += not hits
+            keys = [id_map.get(h["id"], set()) for h in hits]
+            per_q.append({"q": q, "recall": {k: fractional_recall(q.gold, keys, k) for k in ds.ks},
+                          "hits": hits})
+            if n % 25 == 0 or n == len(ds.questions):
+                print(f"\r  [{ds.name}] {setting}: {n}/{len(ds.questions)} questions", end="", file=sys.stderr,
+                      flush=True)
+        print(file=sys.stderr)
+        result = {"n": len(per_q), "recall": mean_recall(per_q, ds.ks), "by_category": {},
+                  "empty_results": empty, "degraded": degraded,
+                  "query_seconds": round(time.perf_counter() - started, 2),
+                  "took_ms_p50": round(pct(took, 0.5), 2), "took_ms_p95": round(pct(took, 0.95), 2),
+                  "wall_ms_mean": round(statistics.fmean(wall), 2) if wall else 0.0}
+        for cat in ds.categories:
+            rows = [r for r in per_q if r["q"].category == cat]
+            result["by_category"][cat] = {"n": len(rows), "recall": mean_recall(rows, ds.ks)}
+        result["_rows"] = per_q
+        out[setting] = result
+    return out
+
+
+def mean_recall(rows: list[dict], ks) -> dict:
+    return {k: (statistics.fmean(r["recall"][k] for r in rows) if rows else 0.0) for k in ks}
+
+
+# Report ##########################################################################################
+
+def table(headers: list[str], rows: list[list]) -> str:
+    cells = [[str(c) for c in headers]] + [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+
+
+def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: dict) -> None:
+    print(f"\n== {ds.name} ==")
+    for note in ds.notes:
+        print(note)
+    print(f"questions evaluated: {len(ds.questions)}")
+    info = ingest_info
+    print(f"ingest: {info['memories']} memories in {info['seconds']:.1f} s ({info['per_second']:.1f}/s; "
+          f"{info['new']} newly stored, {info['distinct_ids']} distinct ids)")
+    ks = ds.ks
+    print()
+    print(table(["channels"] + [f"R@{k}" for k in ks] + ["empty", "p50 ms", "p95 ms", "total s"],
+                [[s] + [r["recall"][k] for k in ks] + [r["empty_results"], r["took_ms_p50"], r["took_ms_p95"],
+                                                       r["query_seconds"]] for s, r in results.items()]))
+    for s, r in results.items():
+        for ch, reason in r["degraded"].items():
+            print(f"  degraded in {s!r}: {ch}: {reason}")
+    if ds.categories:
+        hybrid = "all" if "all" in results else list(results)[-1]
+        print(f"\nper category ({hybrid}):")
+        r = results[hybrid]
+        print(table(["category", "n"] + [f"R@{k}" for k in ks],
+                    [[c, v["n"]] + [v["recall"][k] for k in ks] for c, v in r["by_category"].items() if v["n"]]))
+        kmax = ks[-1]
+        print(f"\nR@{kmax} per category and channel setting:")
+        print(table(["channels"] + ds.categories,
+                    [[s] + [r["by_category"][c]["recall"][kmax] for c in ds.categories] for s, r in results.items()]))
+    if misses:
+        hybrid = "all" if "all" in results else list(results)[-1]
+        print(f"\nfirst {misses} questions with R@{ks[-1]} = 0 ({hybrid}):")
+        shown = 0
+        for row in results[hybrid]["_rows"]:
+            if row["recall"][ks[-1]] > 0:
+                continue
+            q = row["q"]
+            label = " ".join(x for x in (q.qid, q.category) if x)
+            print(f"- [{label}] {q.query!r}" + (f"  answer={q.answer!r}" if q.answer else ""))
+            for g in sorted(q.gold):
+                print(f"    gold {g}: {texts.get((q.persona_id, g), '?')[:160]!r}")
+            for h in row["hits"][:3]:
+                print(f"    got  #{h['id']} {h.get('channels', '')}: {h['text'][:160]!r}")
+            shown += 1
+            if shown >= misses:
+                break
+
+
+def summary_json(ds: Dataset, ingest_info: dict, results: dict) -> dict:
+    return {"dataset": ds.name, "questions": len(ds.questions), "ingest": ingest_info,
+            "settings": {s: {k: v for k, v in r.items() if k != "_rows"} for s, r in results.items()}}
+
+
+# CLI #############################################################################################
+
+@click.command()
+@click.option("--dataset", type=click.Choice(["locomo", "madial", "all"]), default="all", show_default=True)
+@click.option("--channels", default=DEFAULT_CHANNELS, show_default=True,
+              help="Comma-separated channel settings to evaluate: bm25, vector, graph_keyword, graph_vector, "
+                   "graph, all (full hybrid); join channels with '+' for a combination, e.g. bm25+vector.")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DATA,
+              show_default=True, help="Folder with locomo-dev.json and madial-zh-dev/.")
+@click.option("--db-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep one database per dataset here and reuse it (ingest then only re-checks; "
+                   "identical content is deduplicated). Default: a temporary folder, deleted afterwards.")
+@click.option("--limit-questions", type=int, default=None, help="Evaluate only the first N questions per dataset.")
+@click.option("--provider", type=click.Choice(["local", "none"]), default="local", show_default=True,
+              help="Embedding provider for the engine (none disables the vector channels).")
+@click.option("--now", "now_iso", default=None, help="Fix the engine's clock (sets AOKUN_NOW), e.g. 2023-11-01T00:00:00Z.")
+@click.option("--touch/--no-touch", default=False, show_default=True,
+              help="Let recall record access (raises recency of retrieved memories; makes results order-dependent).")
+@click.option("--misses", type=int, default=0, help="Print N hybrid questions with nothing found in the top 10.")
+@click.option("--categories", default="1,2,3,4", show_default=True,
+              help="LoCoMo question categories (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial).")
+@click.option("--json", "as_json", is_flag=True, help="Also print a machine-readable summary at the end.")
+def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso, touch, misses, categories, as_json):
+    """Recall@k of Aokun on LoCoMo and MADial-Bench zh (protocol: ../shared/data/README.md).
+
+    Example: python scripts/eval_recall.py --dataset locomo --limit-questions 50
+    """
+    if now_iso:
+        import aokun
+        aokun.parse_time(now_iso, "--now")
+        os.environ["AOKUN_NOW"] = now_iso
+    if not (data_dir / "locomo-dev.json").exists() or not (data_dir / "madial-zh-dev").is_dir():
+        raise click.ClickException(f"no evaluation data in {data_dir}; pass --data pointing at shared/data")
+    settings = [s.strip() for s in channels.split(",") if s.strip()]
+    known = {"bm25", "vector", "graph_keyword", "graph_vector", "graph", "keyword"}
+    for s in settings:
+        if s != "all" and not set(s.split("+")) <= known:
+            raise click.ClickException(f"--channels: unknown setting {s!r}; use {', '.join(sorted(known))}, "
+                                       "all, or channels joined with '+'")
+    try:
+        cats = tuple(sorted({int(c) for c in categories.split(",") if c.strip()}))
+    except ValueError:
+        cats = ()
+    if not cats or not set(cats) <= set(LOCOMO_CATEGORIES):
+        raise click.ClickException(f"--categories {categories!r}: give numbers from 1 to 5, e.g. 1,2,3,4")
+    names = ["locomo", "madial"] if dataset == "all" else [dataset]
+    tmp = None
+    if db_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="aokun-eval-")
+        db_dir = Path(tmp.name)
+    db_dir.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    try:
+        for name in names:
+            ds = load_locomo(data_dir, cats) if name == "locomo" else load_madial(data_dir)
+            if limit_questions is not None:
+                ds.questions = ds.questions[:limit_questions]
+            db_path = db_dir / f"{name}.db"
+            print(f"[{name}] database {db_path}{' (reused)' if db_path.exists() else ''}", file=sys.stderr)
+            sut = EngineSUT(db_path, provider=provider, touch=touch)
+            try:
+                id_map, info = ingest(sut, ds)
+                results = evaluate(sut, ds, id_map, settings)
+            finally:
+                sut.close()
+            texts = {(p, key): content for p, key, content, _ in ds.items}
+            report(ds, info, results, misses, texts)
+            summaries.append(summary_json(ds, info, results))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    if as_json:
+        print(json.dumps({"system": EngineSUT.name, "provider": provider, "now": now_iso, "touch": touch,
+                          "datasets": summaries}, ensure_ascii=False, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
