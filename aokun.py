@@ -161,7 +161,14 @@ DEFAULTS: dict[str, dict[str, object]] = {
     },
     "recall": {
         "rrf_k": 60,
-        "channel_k": 50,
+        "channel_k": 100,
+        "fusion": "score",
+        "weight_bm25": 1.0,
+        "weight_vector": 0.5,
+        "weight_graph_keyword": 0.5,
+        "weight_graph_vector": 0.3,
+        "session_neighbour_weight": 0.3,
+        "temporal_floor": 0.5,
         "score_alpha": 0.5,
         "score_beta": 0.25,
         "score_gamma": 0.25,
@@ -2518,11 +2525,12 @@ class Memory:
         if embedding is not None:
             pins = {row["id"]: 1.0 - row["distance"] for row in self.rows(self.queries["recall_pinned"], dict(
                 params, embedding=embedding)) if 1.0 - row["distance"] >= r.pin_similarity_threshold}
-        intent, spec = self.rules.intent(query) if r.dynamic_route_weighting else (None, {})
+        # the intent of the question itself: the last line of a multi-line query (a conversation)
+        intent, spec = self.rules.intent(query.rsplit("\n", 1)[-1]) if r.dynamic_route_weighting else (None, {})
         ref = parse_time(as_of_iso) if as_of_iso else now()
         results = self._fuse(ranked, k, intent, spec, explain, [c for c in chosen if c in ranked or
                                                                   c not in {d["channel"] for d in degraded}],
-                             ref, bool(as_of_iso), pins)
+                             ref, bool(as_of_iso), pins, params)
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
             if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings}
@@ -2549,26 +2557,40 @@ class Memory:
         return tuple(out)
 
     def _fuse(self, ranked: dict[str, list[dict]], k: int, intent, spec: dict, explain: bool, chosen,
-              ref: dt.datetime, historical: bool, pins: dict[int, float]) -> list[dict]:
-        """RRF per route, weighting, dual-route fusion, source boost, MMR, pinned memories. Pure
-        Python over the channel rows; `ref` is now or the as_of time (historical=True)."""
+              ref: dt.datetime, historical: bool, pins: dict[int, float], params: dict) -> list[dict]:
+        """Channel fusion per route, weighting, dual-route fusion, session neighbours, source boost,
+        MMR, pinned memories. Pure Python over the channel rows (plus one neighbour query); `ref` is
+        now or the as_of time (historical=True). See README "How recall ranks"."""
         r = self.cfg.recall
         doc_channels = [c for c in ("bm25", "vector") if c in chosen]
         graph_channels = [c for c in ("graph_keyword", "graph_vector") if c in chosen]
+        weights = {"bm25": r.weight_bm25, "vector": r.weight_vector, "graph_keyword": r.weight_graph_keyword,
+                   "graph_vector": r.weight_graph_vector}
         ids = {row["id"] for rows in ranked.values() for row in rows} | set(pins)
         if not ids:
             return []
-        docs = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(sorted(ids))})}
-        ranks = {i: {} for i in ids}
-        confidence = {}
+        ranks: dict[int, dict] = {i: {} for i in ids}
+        norm = {ch: normalized_scores(ch, rows) for ch, rows in ranked.items()}
+        confidence: dict[int, float] = {}
         for ch, rows in ranked.items():
             for row in rows:
                 ranks[row["id"]][ch] = row["rank"]
                 if ch in graph_channels:
                     confidence[row["id"]] = max(confidence.get(row["id"], 0.0), row["confidence"] or 0.0)
+
+        def relevance(i, channels):
+            """The route's relevance in 0..1: weighted RRF, or weighted mean of min-max scores."""
+            total = sum(weights[c] for c in channels)
+            if not total:
+                return 0.0
+            if r.fusion == "rrf":
+                return rrf(ranks[i], channels, r.rrf_k, weights)
+            return sum(weights[c] * norm.get(c, {}).get(i, 0.0) for c in channels) / total
+
+        neighbours = self._session_neighbours(ids, params) if r.session_neighbour_weight else {}
+        ids |= {n for ns in neighbours.values() for n in ns}
+        docs = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(sorted(ids))})}
         factors = self._temporal_factors(ids, ref, historical) if graph_channels else {}
-        doc_rrf = {i: rrf(ranks[i], doc_channels, r.rrf_k) for i in ids}
-        graph_rrf = {i: rrf(ranks[i], graph_channels, r.rrf_k) for i in ids}
         w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
         gamma = r.score_gamma + spec.get("recency_boost", 0.0)
         parts = {}
@@ -2576,33 +2598,39 @@ class Memory:
             d = docs.get(i)
             if d is None:  # deleted between the channel queries and now
                 continue
+            ranks.setdefault(i, {})
             last = d["created_at"] if historical else max(d["created_at"], d["last_access_at"] or "")
             recency = math.exp(-age_days(last, ref) / r.recency_days)
             frequency = 0.0 if historical or not d["last_access_at"] else min(1.0, math.log1p(
                 d["access_count"] * math.exp(-age_days(d["last_access_at"], ref) / r.recency_days)) / math.log1p(10))
-            in_doc = any(c in ranks[i] for c in doc_channels)
-            in_graph = any(c in ranks[i] for c in graph_channels)
-            doc_score = (r.score_alpha * doc_rrf[i] + r.score_beta * d["importance"] + gamma * recency
-                         + r.score_delta * frequency) if in_doc else 0.0
-            graph_score = (r.graph_rrf_weight * graph_rrf[i] + r.graph_importance_weight * d["importance"]
-                           + r.graph_recency_weight * recency + r.graph_confidence_weight * confidence.get(i, 0.0)
-                           ) * factors.get(i, 1.0) if in_graph else 0.0
-            parts[i] = dict(ranks=ranks[i], doc_rrf=doc_rrf[i], graph_rrf=graph_rrf[i], importance=d["importance"],
+            rel_doc, rel_graph = relevance(i, doc_channels), relevance(i, graph_channels)
+            doc_score = (r.score_alpha * rel_doc + r.score_beta * d["importance"] + gamma * recency
+                         + r.score_delta * frequency)
+            graph_score = (r.graph_rrf_weight * rel_graph + r.graph_importance_weight * d["importance"]
+                           + r.graph_recency_weight * recency + r.graph_confidence_weight * confidence.get(i, 0.0))
+            parts[i] = dict(ranks=ranks[i], doc_rrf=rrf(ranks[i], doc_channels, r.rrf_k, weights),
+                            graph_rrf=rrf(ranks[i], graph_channels, r.rrf_k, weights),
+                            scores={c: norm[c][i] for c in norm if i in norm[c]},
+                            doc_relevance=rel_doc, graph_relevance=rel_graph, importance=d["importance"],
                             recency=recency, frequency=frequency, doc_route=doc_score, graph_route=graph_score,
                             source_boost=self._source_boost(d["source"]), pin_similarity=pins.get(i),
-                            temporal_factor=factors.get(i, 1.0), confidence=confidence.get(i), in_doc=in_doc,
-                            in_graph=in_graph)
+                            temporal_factor=factors.get(i, 1.0), confidence=confidence.get(i),
+                            in_doc=any(c in ranks[i] for c in doc_channels),
+                            in_graph=any(c in ranks[i] for c in graph_channels))
         doc_max = max((p["doc_route"] for p in parts.values()), default=0) or 1.0
         graph_max = max((p["graph_route"] for p in parts.values()), default=0) or 1.0
-        any_doc = any(p["in_doc"] for p in parts.values())
-        any_graph = any(p["in_graph"] for p in parts.values())
-        wd, wg = (w_doc, w_graph) if any_doc and any_graph else ((1.0, 0.0) if any_doc else (0.0, 1.0))
+        wd, wg = (w_doc, w_graph) if doc_channels and graph_channels else ((1.0, 0.0) if doc_channels else (0.0, 1.0))
         for p in parts.values():
-            score = wd * p["doc_route"] / doc_max + wg * p["graph_route"] / graph_max
-            bonus = r.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
-            p["cross_route_bonus"] = bonus
+            # × the atoms' temporal factor after scaling, so a route whose facts all expired fades out
+            # instead of being stretched back to 1 (floor: stale graph evidence keeps that share)
+            p["graph_route"] *= r.temporal_floor + (1 - r.temporal_floor) * p["temporal_factor"]
+            p["cross_route_bonus"] = r.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
+            p["routes"] = wd * p["doc_route"] / doc_max + wg * p["graph_route"] / graph_max + p["cross_route_bonus"]
+        for i, p in parts.items():  # a turn next to a strong hit of the same session shares its score
+            near = [parts[n]["routes"] for n in neighbours.get(i, ()) if n in parts]
+            p["neighbour"] = r.session_neighbour_weight * max(near) if near else 0.0
             # not capped at 1.0 as in the seed (the cap made the top hits tie); × source boost (second seed)
-            p["fused"] = (score + bonus) * p["source_boost"]
+            p["fused"] = (p["routes"] + p["neighbour"]) * p["source_boost"]
         order = sorted(parts, key=lambda i: (-parts[i]["fused"], i))
         pool = order[: max(3 * k, 30)]
         tokens = {i: set(docs[i]["segmented"].split()) for i in pool}
@@ -2614,7 +2642,6 @@ class Memory:
                 picked.append((i, None))
             elif unpinned:
                 picked[unpinned[-1]] = (i, None)
-        picked.sort(key=lambda x: -parts[x[0]]["fused"])
         out = []
         for i, mmr_score in picked:
             d, p = docs[i], parts[i]
@@ -2624,8 +2651,10 @@ class Memory:
                    "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
                    "archived": bool(d["archived"]), "channels": sorted(p["ranks"])}
             if explain:
-                hit["explain"] = {"ranks": {c: p["ranks"].get(c) for c in chosen}, "doc_rrf": p["doc_rrf"],
-                                  "graph_rrf": p["graph_rrf"], "importance": p["importance"], "recency": p["recency"],
+                hit["explain"] = {"ranks": {c: p["ranks"].get(c) for c in chosen}, "scores": p["scores"],
+                                  "fusion": r.fusion, "doc_rrf": p["doc_rrf"], "graph_rrf": p["graph_rrf"],
+                                  "doc_relevance": p["doc_relevance"], "graph_relevance": p["graph_relevance"],
+                                  "neighbour": p["neighbour"], "importance": p["importance"], "recency": p["recency"],
                                   "confidence": p["confidence"], "temporal_factor": p["temporal_factor"],
                                   "frequency": p["frequency"], "source_boost": p["source_boost"],
                                   "pin_similarity": p["pin_similarity"],
@@ -2633,6 +2662,17 @@ class Memory:
                                   "route_weights": [wd, wg], "cross_route_bonus": p["cross_route_bonus"],
                                   "intent": intent, "fused": p["fused"], "mmr": mmr_score}
             out.append(hit)
+        return out
+
+    def _session_neighbours(self, ids, params: dict) -> dict[int, set]:
+        """{memory id: ids of the memories right before/after it in its session} for the candidates
+        and, symmetrically, for those neighbours (sql recall_session_neighbours)."""
+        out: dict[int, set] = {}
+        for row in self.rows(self.queries["recall_session_neighbours"], dict(params, ids=json.dumps(sorted(ids)))):
+            for n in (row["prev_id"], row["next_id"]):
+                if n is not None:
+                    out.setdefault(row["id"], set()).add(n)
+                    out.setdefault(n, set()).add(row["id"])
         return out
 
     def _source_boost(self, source: str) -> float:
@@ -2647,6 +2687,15 @@ class Memory:
         for a in self.rows(self.queries["recall_atom_factors"], {"ids": json.dumps(sorted(ids))}):
             f = ttl_factor(a, self.rules.types[a["atom_type"]]["decay"], ref, historical)
             out[a["id"]] = max(out.get(a["id"], 0.0), f)
+        default = self.rules.types[self.rules.default_type]
+        for d in self.rows("select id, created_at, importance from documents where id in (select value from json_each(?))",
+                           (json.dumps(sorted(set(ids) - set(out))),)):
+            # a memory without atoms ages like one atom of the default type (not forever fresh)
+            ttl = effective_ttl_days(float(default["base_ttl_days"]), d["importance"], 0)
+            expires = iso(parse_time(d["created_at"]) + dt.timedelta(days=ttl))
+            out[d["id"]] = ttl_factor({"state": "active", "last_reinforced_at": d["created_at"], "expires_at": expires,
+                                       "created_at": d["created_at"], "state_changed_at": d["created_at"]},
+                                      default["decay"], ref, historical)
         return out
 
     def search_atoms(self, query, k: int = 10, persona_id: str | None = None) -> dict:
@@ -2729,13 +2778,30 @@ class Memory:
 
 # Retrieval helpers ###############################################################################
 
-def rrf(ranks: dict[str, int], channels, k: int) -> float:
-    """Reciprocal Rank Fusion (Cormack, Clarke & Büttcher 2009): Σ 1/(k + rank + 1) over the
-    channels (0-based ranks), divided by its maximum len(channels)/(k+1) so it lies in 0..1."""
-    if not channels:
+def rrf(ranks: dict[str, int], channels, k: int, weights: dict[str, float] | None = None) -> float:
+    """Weighted Reciprocal Rank Fusion (Cormack, Clarke & Büttcher 2009): Σ w_c/(k + rank_c + 1)
+    over the channels (0-based ranks), divided by its maximum Σ w_c/(k+1) so it lies in 0..1."""
+    w = weights or {}
+    total = sum(w.get(c, 1.0) for c in channels)
+    if not total:
         return 0.0
-    total = sum(1.0 / (k + ranks[c] + 1) for c in channels if c in ranks)
-    return total / (len(channels) / (k + 1))
+    return sum(w.get(c, 1.0) / (k + ranks[c] + 1) for c in channels if c in ranks) / (total / (k + 1))
+
+
+def normalized_scores(channel: str, rows: list[dict]) -> dict[int, float]:
+    """A channel's scores scaled to 0..1 within this answer, 1 = its best hit. Keyword channels
+    (−bm25(), the graph-keyword aggregate; 0 = no match) are divided by their maximum, so a weak
+    match keeps its share; KNN similarities (1 − cosine distance, always k hits bunched together)
+    are min-max scaled over the k neighbours."""
+    if not rows:
+        return {}
+    if channel in ("vector", "graph_vector"):
+        vals = {row["id"]: 1.0 - row["raw"] for row in rows}
+        lo, hi = min(vals.values()), max(vals.values())
+        return {i: (v - lo) / (hi - lo) if hi > lo else 1.0 for i, v in vals.items()}
+    vals = {row["id"]: -row["raw"] if channel == "bm25" else row["raw"] for row in rows}
+    hi = max(vals.values())
+    return {i: max(0.0, v) / hi if hi > 0 else 1.0 for i, v in vals.items()}
 
 
 def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, lam: float) -> list[tuple]:

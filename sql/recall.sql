@@ -158,3 +158,20 @@ limit :k;
 -- Reinforcement after a recall: refresh last_access_at and count the access.
 update documents set last_access_at = :at, access_count = access_count + 1
 where id in (select value from json_each(:ids));
+
+-- name: recall_session_neighbours
+-- For each candidate memory that belongs to a session, the memories right before and after it in
+-- that session (ordered by created_at, then id), under the same filters as the channels.
+with cand as (select value as id from json_each(:ids)),
+ordered as (
+    select d.id, lag(d.id) over w as prev_id, lead(d.id) over w as next_id
+    from documents d
+    where d.session_id != ''
+      and d.session_id in (select session_id from documents where id in (select id from cand))
+      and d.persona_id = :persona_id
+      and (:session_id = '' or d.session_id = :session_id)
+      and d.archived <= :max_archived
+      and (:as_of = '' or d.created_at <= :as_of)
+    window w as (partition by d.session_id order by d.created_at, d.id)
+)
+select id, prev_id, next_id from ordered where id in (select id from cand);
