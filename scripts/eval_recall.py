@@ -221,6 +221,51 @@ class EngineSUT:
         self.mem.close()
 
 
+class MCPSUT:
+    """Aokun as an MCP client sees it: `python aokun.py serve` spawned over stdio with the SDK's
+    client; every turn is one `memorize` tool call and every question one `recall` tool call, so
+    the figures come through the same code path as a real assistant's. Only the full hybrid can be
+    evaluated this way (the tool has no channel switch)."""
+
+    name = "mcp-stdio"
+
+    def __init__(self, db_path: Path, provider: str = "local", touch: bool = False):
+        from anyio.from_thread import start_blocking_portal
+        from mcp import Client, StdioServerParameters
+
+        self._dir = tempfile.TemporaryDirectory(prefix="aokun-eval-mcp-")
+        ini = Path(self._dir.name) / "aokun.ini"
+        ini.write_text("[embedding]\nprovider = %s\n[recall]\ncache_ttl_seconds = 0\nreinforce_on_recall = %s\n"
+                       "[server]\nexposed_tools = memorize, recall\nlog_level = WARNING\n[backup]\ndaily = false\n"
+                       % (provider, "true" if touch else "false"), encoding="utf-8")
+        params = StdioServerParameters(command=sys.executable, cwd=str(REPO),
+                                       args=[str(REPO / "aokun.py"), "--db", str(db_path), "--config", str(ini), "serve"])
+        self._portal_cm = start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+        self._client_cm = self._portal.wrap_async_context_manager(Client(params))
+        self._client = self._client_cm.__enter__()
+
+    def _call(self, tool: str, args: dict) -> dict:
+        r = self._portal.call(self._client.call_tool, tool, args)
+        if r.is_error:
+            raise RuntimeError(f"{tool} failed: {r.content[0].text if r.content else r}")
+        return r.structured_content
+
+    def memorize_many(self, items: list[tuple[str, dict]]) -> list[dict]:
+        """One memorize tool call per item (what an assistant does), in order."""
+        return [self._call("memorize", {"content": c, "metadata": m}) for c, m in items]
+
+    def recall(self, query: str, k: int, persona_id: str, channels) -> dict:
+        if channels is not None:
+            raise click.ClickException("--via-mcp evaluates the full hybrid only (--channels all)")
+        return self._call("recall", {"query": query, "k": k, "persona_id": persona_id})
+
+    def close(self) -> None:
+        self._client_cm.__exit__(None, None, None)
+        self._portal_cm.__exit__(None, None, None)
+        self._dir.cleanup()
+
+
 # Evaluation ######################################################################################
 
 def channel_spec(setting: str):
@@ -384,7 +429,10 @@ def summary_json(ds: Dataset, ingest_info: dict, results: dict) -> dict:
 @click.option("--categories", default="1,2,3,4", show_default=True,
               help="LoCoMo question categories (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial).")
 @click.option("--json", "as_json", is_flag=True, help="Also print a machine-readable summary at the end.")
-def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso, touch, misses, categories, as_json):
+@click.option("--via-mcp", is_flag=True,
+              help="Go through a real stdio MCP session (memorize every turn, recall every question); hybrid only.")
+def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso, touch, misses, categories, as_json,
+         via_mcp):
     """Recall@k of Aokun on LoCoMo and MADial-Bench zh (protocol: ../shared/data/README.md).
 
     Example: python scripts/eval_recall.py --dataset locomo --limit-questions 50
@@ -396,6 +444,8 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
     if not (data_dir / "locomo-dev.json").exists() or not (data_dir / "madial-zh-dev").is_dir():
         raise click.ClickException(f"no evaluation data in {data_dir}; pass --data pointing at shared/data")
     settings = [s.strip() for s in channels.split(",") if s.strip()]
+    if via_mcp:
+        settings = ["all"]
     known = {"bm25", "vector", "graph_keyword", "graph_vector", "graph", "keyword"}
     for s in settings:
         if s != "all" and not set(s.split("+")) <= known:
@@ -421,7 +471,7 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
                 ds.questions = ds.questions[:limit_questions]
             db_path = db_dir / f"{name}.db"
             print(f"[{name}] database {db_path}{' (reused)' if db_path.exists() else ''}", file=sys.stderr)
-            sut = EngineSUT(db_path, provider=provider, touch=touch)
+            sut = (MCPSUT if via_mcp else EngineSUT)(db_path, provider=provider, touch=touch)
             try:
                 id_map, info = ingest(sut, ds)
                 results = evaluate(sut, ds, id_map, settings)
@@ -434,7 +484,7 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
         if tmp is not None:
             tmp.cleanup()
     if as_json:
-        print(json.dumps({"system": EngineSUT.name, "provider": provider, "now": now_iso, "touch": touch,
+        print(json.dumps({"system": MCPSUT.name if via_mcp else EngineSUT.name, "provider": provider, "now": now_iso, "touch": touch,
                           "datasets": summaries}, ensure_ascii=False, indent=2, default=str))
 
 
