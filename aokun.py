@@ -979,6 +979,8 @@ class Memory:
         t = self.cfg.text
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
                              self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)
+        if self.cfg.recall.fusion not in ("score", "rrf"):
+            raise AokunError(f"[recall] fusion = {self.cfg.recall.fusion!r} is not one of score, rrf")
         self.rules = Rules(self.cfg)
         self.embedder = embedder if embedder is not None else make_embedder(self.cfg)
         self.epoch = 0
