@@ -1881,6 +1881,32 @@ class Memory:
         atoms = [{"id": i, "old": a0[i], "new": a1.get(i, "purged")} for i in sorted(a0) if a1.get(i, "purged") != a0[i]]
         return {"importance": importance, "archived": archived, "atoms": atoms}
 
+    def _decay_steps(self, days: list, ref: dt.datetime) -> list:
+        """One step per decay day, then auto-archival when enabled."""
+        steps = [lambda day=day: self._decay_day(day) for day in days]
+        if self.cfg.forgetting.auto_cleanup_enabled:
+            steps.append(lambda: self._auto_archive(ref))
+        return steps
+
+    def _run_steps(self, steps, dry_run: bool) -> tuple:
+        """Run maintenance steps, each in its own transaction (a crash mid-way loses no finished
+        step), or for a dry run all in one transaction that is rolled back, so a preview computes
+        exactly the changes a real run makes and keeps none. Returns (snapshot before, after)."""
+        with self.lock:
+            before = self._snapshot()
+            if dry_run:
+                self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for step in steps:
+                        step()
+                    return before, self._snapshot()
+                finally:
+                    self.conn.execute("ROLLBACK")
+            for step in steps:
+                with self.tx():
+                    step()
+            return before, self._snapshot()
+
     def decay(self, dry_run: bool = False, days: int | None = None, ref: dt.datetime | None = None) -> dict:
         """Daily importance decay (seed: Forgetting & Lifecycle): run every day whose decay time has
         passed since meta('decay_last_run'), one day per transaction, then auto-archival when
@@ -1904,26 +1930,7 @@ class Memory:
         else:
             first = dt.date.fromisoformat(last) + dt.timedelta(days=1)
             todo = [first + dt.timedelta(days=i) for i in range((due - first).days + 1)]
-        with self.lock:
-            before = self._snapshot()
-            if dry_run:
-                self.conn.execute("BEGIN IMMEDIATE")
-                try:
-                    for day in todo:
-                        self._decay_day(day)
-                    if self.cfg.forgetting.auto_cleanup_enabled:
-                        self._auto_archive(ref)
-                    after = self._snapshot()
-                finally:
-                    self.conn.execute("ROLLBACK")
-            else:
-                for day in todo:
-                    with self.tx():
-                        self._decay_day(day)
-                if self.cfg.forgetting.auto_cleanup_enabled:
-                    with self.tx():
-                        self._auto_archive(ref)
-                after = self._snapshot()
+        before, after = self._run_steps(self._decay_steps(todo, ref), dry_run)
         changes = self._changes(before, after)
         return {"days": [d.isoformat() for d in todo], "importance": changes["importance"],
                 "archived": changes["archived"], "dry_run": dry_run}
@@ -1932,19 +1939,7 @@ class Memory:
         """One atom lifecycle sweep now: active → expired → forgotten (+7 d) → purged (+30 d), and
         dormant while every source memory is archived. Returns {atoms: [{id, old, new}], dry_run}."""
         ref = ref or now()
-        with self.lock:
-            before = self._snapshot()
-            if dry_run:
-                self.conn.execute("BEGIN IMMEDIATE")
-                try:
-                    self._lifecycle_sweep(ref)
-                    after = self._snapshot()
-                finally:
-                    self.conn.execute("ROLLBACK")
-            else:
-                with self.tx():
-                    self._lifecycle_sweep(ref)
-                after = self._snapshot()
+        before, after = self._run_steps([lambda: self._lifecycle_sweep(ref)], dry_run)
         return {"atoms": self._changes(before, after)["atoms"], "dry_run": dry_run}
 
     def forget_preview(self, days: int = 7) -> dict:
@@ -1957,18 +1952,8 @@ class Memory:
         last = self.meta_get("decay_last_run")
         first = dt.date.fromisoformat(last) + dt.timedelta(days=1) if last else self._decay_due(now()) + dt.timedelta(days=1)
         todo = [first + dt.timedelta(days=i) for i in range((self._decay_due(ref) - first).days + 1)]
-        with self.lock:
-            before = self._snapshot()
-            self.conn.execute("BEGIN IMMEDIATE")
-            try:
-                for day in todo:
-                    self._decay_day(day)
-                if self.cfg.forgetting.auto_cleanup_enabled:
-                    self._auto_archive(ref)
-                self._lifecycle_sweep(ref)
-                after = self._snapshot()
-            finally:
-                self.conn.execute("ROLLBACK")
+        steps = self._decay_steps(todo, ref) + [lambda: self._lifecycle_sweep(ref)]
+        before, after = self._run_steps(steps, dry_run=True)
         return {"as_of": iso(ref), "days": [d.isoformat() for d in todo], **self._changes(before, after)}
 
     def set_importance(self, doc_id: int, importance) -> dict:
