@@ -389,5 +389,50 @@ def recall_one(db, queries, k, channels):
                       "embed_p95_ms": round(pctl(embed_ms, 0.95), 2), "peak_rss_mb": peak_rss_mb()}))
 
 
+@cli.command()
+@click.option("--spawns", type=int, default=5, show_default=True, help="Server processes started (median reported).")
+@click.option("--provider", default="local", show_default=True, help="Embedding provider of the spawned servers.")
+def startup(spawns, provider):
+    """Time from spawning `python aokun.py serve` (stdio) to the answer to `initialize`, and to the
+    answer of a first memorize sent right after (the model and jieba load in the background).
+    Median and max over fresh processes on a fresh database each."""
+    import json as _json
+    import subprocess
+    import tempfile as _tempfile
+
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                       "clientInfo": {"name": "bench", "version": "0"}}}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "memorize", "arguments": {"content": "Alice 喜欢冰美式 and oat milk"}}}
+    t_init, t_first = [], []
+    for _ in range(spawns):
+        with _tempfile.TemporaryDirectory(prefix="aokun-bench-start-") as tmp:
+            ini = Path(tmp) / "aokun.ini"
+            ini.write_text(f"[embedding]\nprovider = {provider}\n[backup]\ndaily = false\n", encoding="utf-8")
+            started = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, str(REPO / "aokun.py"), "--db", str(Path(tmp) / "s.db"),
+                                     "--config", str(ini), "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, cwd=str(REPO))
+            try:
+                proc.stdin.write((_json.dumps(init) + "\n").encode())
+                proc.stdin.flush()
+                _json.loads(proc.stdout.readline())
+                t_init.append((time.perf_counter() - started) * 1000)
+                proc.stdin.write((_json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n"
+                                  + _json.dumps(call) + "\n").encode())
+                proc.stdin.flush()
+                reply = _json.loads(proc.stdout.readline())
+                assert "result" in reply and not reply["result"].get("isError"), reply
+                t_first.append((time.perf_counter() - started) * 1000)
+            finally:
+                proc.kill()
+                proc.wait()
+    print(machine())
+    print(table(["stdio server, fresh db", "median ms", "max ms"],
+                [["spawn -> initialize answered", f"{statistics.median(t_init):.0f}", f"{max(t_init):.0f}"],
+                 ["spawn -> first memorize answered", f"{statistics.median(t_first):.0f}", f"{max(t_first):.0f}"]]))
+
+
 if __name__ == "__main__":
     cli()
