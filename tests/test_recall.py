@@ -1,0 +1,636 @@
+"""Recall end to end on real temp databases: hostile keyword queries, the channels' shared columns,
+MMR, persona/session/archive filters, the k cap, degradation when embeddings are unavailable, the
+answer cache, explain, session neighbours, RRF fusion, search_atoms, the recall CLI and the example
+config. The fake embedder or provider = none keeps it fast."""
+
+import configparser
+import datetime as dt
+import json
+import math
+import socket
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import aokun
+from fakes import FakeEmbedder
+
+KEYWORD = ("bm25", "graph_keyword")  #: the channels that run without an embedder
+CHANNEL_QUERY = {"bm25": "recall_bm25", "vector": "recall_vector", "graph_keyword": "recall_graph_keyword",
+                 "graph_vector": "recall_graph_vector"}
+COLUMNS = ["id", "channel", "rank", "raw", "confidence"]
+T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
+FROM_CONFIG = object()  #: make(embedder=FROM_CONFIG): let Memory build the embedder from the config
+
+
+@pytest.fixture
+def make(tmp_path, segmenter):
+    """make(path=None, embedder=None, **{"section.key": value}) -> Memory with those config
+    overrides; a FakeEmbedder(16) unless `embedder` is given (aokun.Embedder() = provider none,
+    FROM_CONFIG = whatever [embedding] says). Shares the session's loaded jieba; closed after."""
+    opened = []
+
+    def factory(path=None, embedder=None, **overrides):
+        cfg = aokun.Config(None, overrides={tuple(k.split(".")): v for k, v in overrides.items()})
+        emb = None if embedder is FROM_CONFIG else (embedder if embedder is not None else FakeEmbedder(16))
+        m = aokun.Memory(Path(path or tmp_path / "r.db"), cfg, embedder=emb)
+        m.seg = segmenter
+        opened.append(m)
+        return m
+
+    yield factory
+    for m in opened:
+        try:
+            m.close()
+        except Exception:
+            pass
+
+
+def ids(out) -> list[int]:
+    return [h["id"] for h in out["results"]]
+
+
+def channel_params(m, query: str, k: int = 5, persona: str = "", session: str = "", archived: bool = False) -> dict:
+    """The parameters recall() binds to the channel queries, built independently here."""
+    r = m.cfg.recall
+    emb = m.embedder.embed_query(m.embedder.prepare(query)[0]).astype("float32").tobytes() \
+        if m.embedder.provider != "none" else None
+    return {"match": aokun.fts_query(m.seg.tokens(query)), "persona_id": persona, "session_id": session,
+            "max_archived": int(archived), "as_of": "", "k": min(4096, max(r.channel_k, 2 * k)),
+            "expansion": r.graph_expansion_limit, "extra": r.graph_extra_entry_boost, "hop": 0.5, "embedding": emb}
+
+
+# 1. hostile keyword queries ----------------------------------------------------------------------
+
+CORPUS = {
+    "order": "Ticket ORDER-7731 was refunded",
+    "agent": "We built a multi-agent planner",
+    "secret": "the 口令 is 闪电阻尼器",
+    "mail": "mail ops@example.org for access",
+    "temp": r"the files in C:\temp are logs",
+    "sale": "50% off the winter coats",
+    "rain": "it's raining in Hamburg",
+    "not": "Do NOT reboot the router",
+}
+WORD_QUERIES = [("ORDER-7731", "order"), ("multi-agent", "agent"), ("order:7731", "order"), ("NOT", "not"),
+                ("50%", "sale"), (r"C:\temp", "temp"), ("ops@example.org", "mail"), ("口令", "secret"),
+                ("闪电阻尼器", "secret")]
+NO_WORD_QUERIES = ["(", "*", '"', "...", "!!!",
+                   "AND", "it's"]  # stop words only: not indexed either, so nothing can match them
+
+
+@pytest.fixture(scope="module")
+def keyword_mem(tmp_path_factory, segmenter):
+    """The CORPUS under provider none (keyword channels only), no access bookkeeping."""
+    cfg = aokun.Config(None, overrides={("recall", "reinforce_on_recall"): False})
+    m = aokun.Memory(tmp_path_factory.mktemp("kw") / "kw.db", cfg, embedder=aokun.Embedder())
+    m.seg = segmenter
+    m.doc = {name: m.memorize(text)["id"] for name, text in CORPUS.items()}
+    yield m
+    m.close()
+
+
+@pytest.mark.parametrize("query,expected", WORD_QUERIES + [(q, None) for q in NO_WORD_QUERIES],
+                         ids=[q for q, _ in WORD_QUERIES] + NO_WORD_QUERIES)
+def test_hostile_queries_never_raise_and_find_their_memory(keyword_mem, query, expected):
+    m = keyword_mem
+    out = m.recall(query, k=5, channels=list(KEYWORD))
+    assert isinstance(out["results"], list)
+    assert out["degraded"] == [], out["degraded"]  # no SQL error passed off as "no results"
+    if expected is None:
+        assert out["results"] == []
+        assert any("no searchable words" in w for w in out["warnings"]), out["warnings"]
+    else:
+        assert out["results"], f"{query!r} found nothing"
+        assert out["results"][0]["id"] == m.doc[expected], [h["text"] for h in out["results"]]
+        assert out["warnings"] == []
+    # all four channels: only the two vector channels may degrade, and only for the missing provider
+    full = m.recall(query, k=5)
+    assert ids(full) == ids(out)
+    if expected is not None:
+        assert {d["channel"] for d in full["degraded"]} == {"vector", "graph_vector"}
+        assert all("provider" in d["reason"] and "SQL" not in d["reason"] for d in full["degraded"])
+
+
+# 2. every channel returns the same columns -------------------------------------------------------
+
+def test_channels_return_the_same_columns(make):
+    m = make()
+    for i, text in enumerate(["Alice reviewed the Falcon deploy checklist.", "The Falcon deploy failed on Friday.",
+                              "Bob fixed the Falcon deploy script."]):
+        m.memorize(text, {"session_id": "s1", "participants": ["Alice"], "topics": ["Falcon deploy"],
+                          "timestamp": aokun.iso(T0 + dt.timedelta(minutes=i))})
+    params = channel_params(m, "Falcon deploy", session="s1")
+    names = dict(CHANNEL_QUERY, vector_session="recall_vector_session")
+    for label, name in names.items():
+        for p in (params, dict(params, session_id="")):
+            if name == "recall_vector_session" and not p["session_id"]:
+                continue
+            rows = m.rows(m.queries[name], p)
+            assert rows, f"{name} found nothing"
+            channel = "vector" if label == "vector_session" else label
+            for row in rows:
+                assert list(row) == COLUMNS, (name, list(row))
+                assert row["channel"] == channel
+                assert 0.0 <= row["confidence"] <= 1.0
+                assert m.value("select 1 from documents where id = ?", (row["id"],)) == 1
+            assert [r["rank"] for r in rows] == list(range(len(rows))), name
+            raws = [r["raw"] for r in rows]  # rank 0 = best: bm25/distance ascending, graph keyword descending
+            assert raws == sorted(raws, reverse=(channel == "graph_keyword")), (name, raws)
+            assert len({r["id"] for r in rows}) == len(rows), f"{name} repeats a memory"
+
+
+# 3. MMR ------------------------------------------------------------------------------------------
+
+DUPS = [f"The Falcon deploy pipeline failed at the lint step on {d}" for d in ("Monday", "Tuesday", "Wednesday", "Thursday")]
+DISTINCT = ["Falcon deploy rollback uses a blue green switch", "Ask Priya before any Falcon deploy to production"]
+
+
+@pytest.mark.parametrize("lam", [0.7, 1.0])
+def test_mmr_removes_near_duplicates(make, lam, monkeypatch):
+    monkeypatch.setenv("AOKUN_NOW", aokun.iso(T0))  # equal ages: relevance alone orders the duplicates
+    m = make(**{"recall.mmr_lambda": lam, "recall.reinforce_on_recall": False})
+    dup_ids = {m.memorize(t)["id"] for t in DUPS}
+    distinct_ids = {m.memorize(t)["id"] for t in DISTINCT}
+    out = m.recall("Falcon deploy pipeline lint", k=3, explain=True)
+    top = ids(out)
+    assert len(top) == 3
+    fused = {h["id"]: h["explain"]["fused"] for h in m.recall("Falcon deploy pipeline lint", k=6, explain=True)["results"]}
+    assert set(fused) == dup_ids | distinct_ids
+    # the near-duplicates are the most relevant, so only diversity can push one out of the top 3
+    assert min(fused[i] for i in dup_ids) > max(fused[i] for i in distinct_ids), fused
+    if lam == 1.0:
+        assert set(top) <= dup_ids
+        assert top == sorted(dup_ids, key=lambda i: -fused[i])[:3]  # pure relevance order
+        assert [h["explain"]["mmr"] for h in out["results"]] == [h["explain"]["fused"] for h in out["results"]]
+    else:
+        assert len(set(top) & dup_ids) <= 2, [h["text"] for h in out["results"]]
+        assert set(top) & distinct_ids
+        assert top[0] in dup_ids and fused[top[0]] == max(fused.values())
+        mmrs = [h["explain"]["mmr"] for h in out["results"]]
+        assert mmrs == sorted(mmrs, reverse=True)
+        assert mmrs[0] == pytest.approx(lam * fused[top[0]])
+
+
+# 4. filters --------------------------------------------------------------------------------------
+
+def test_persona_filter_never_leaks_even_for_small_k(make):
+    m = make(**{"recall.reinforce_on_recall": False})
+    m.memorize_many([(f"Falcon deploy status note {i}: the pipeline is green again", {"persona_id": "A"})
+                     for i in range(60)])
+    b_ids = {r["id"] for r in m.memorize_many([("Falcon deploy status note: the pipeline is green", {"persona_id": "B"}),
+                                               ("Falcon deploy status: pipeline green", {"persona_id": "B"})])}
+    for k in range(1, 6):
+        out = m.recall("Falcon deploy status pipeline green", k=k, persona_id="B", explain=True)
+        got = set(ids(out))
+        assert got <= b_ids, f"k={k}: persona A leaked into B: {got - b_ids}"
+        assert got == (b_ids if k >= 2 else got) and len(got) == min(k, 2), (k, got)
+        assert all(h["persona_id"] == "B" for h in out["results"])
+        for ch in aokun.Memory.CHANNELS:  # each channel on its own, the vector ones included
+            only = m.recall("Falcon deploy status pipeline green", k=k, persona_id="B", channels=[ch])
+            assert set(ids(only)) <= b_ids, (ch, k)
+        a = m.recall("Falcon deploy status pipeline green", k=k, persona_id="A")
+        assert len(a["results"]) == k and not set(ids(a)) & b_ids
+    assert not set(ids(m.recall("Falcon deploy status pipeline green", k=100, persona_id="A"))) & b_ids
+    assert m.recall("Falcon deploy status pipeline green", k=5)["results"] == []  # the default persona has none
+
+
+def test_session_filter_and_neighbours_stay_in_persona_and_session(make):
+    m = make(**{"recall.reinforce_on_recall": False})
+    s1 = [m.memorize(f"Heron survey {i} at the quarry lake", {"session_id": "s1",
+                                                             "timestamp": aokun.iso(T0 + dt.timedelta(minutes=i))})["id"]
+          for i in range(3)]
+    s2 = [m.memorize(f"Heron count {i} by the quarry", {"session_id": "s2",
+                                                       "timestamp": aokun.iso(T0 + dt.timedelta(minutes=10 + i))})["id"]
+          for i in range(30)]
+    # another persona's turn in the same session id, right after a hit: no neighbour across personas
+    other = m.memorize("Thanks, noted.", {"session_id": "s1", "persona_id": "X",
+                                          "timestamp": aokun.iso(T0 + dt.timedelta(minutes=1, seconds=30))})["id"]
+    for k in (1, 2, 3, 5):
+        out = m.recall("heron quarry", k=k, session_id="s1", explain=True)
+        assert set(ids(out)) <= set(s1) and len(out["results"]) == min(k, 3), (k, ids(out))
+        assert all(h["session_id"] == "s1" for h in out["results"])
+        for ch in aokun.Memory.CHANNELS:
+            assert set(ids(m.recall("heron quarry", k=k, session_id="s1", channels=[ch]))) <= set(s1), ch
+    assert set(ids(m.recall("heron quarry", k=40, session_id="s2"))) == set(s2)
+    assert other not in ids(m.recall("heron quarry noted thanks", k=40))
+
+
+def test_graph_expansion_respects_session_and_archive_filters(make):
+    """The graph keyword channel reaches memories one hop from a hit node (a shared person): that
+    hop must not carry a memory of another session, or an archived one, into the answer."""
+    m = make(embedder=aokun.Embedder(), **{"recall.reinforce_on_recall": False})
+    hit = m.memorize("Marta keeps the spare quokka keys", {"participants": ["Marta"], "session_id": "s1"})["id"]
+    other_session = m.memorize("Lunch was pasta again", {"participants": ["Marta"], "session_id": "s2"})["id"]
+    archived = m.memorize("The weather turned cold", {"participants": ["Marta"], "session_id": "s1"})["id"]
+    query, gk = "spare quokka keys", ["graph_keyword"]
+    assert set(ids(m.recall(query, k=10, channels=gk))) == {hit, other_session, archived}  # the hop works
+    assert set(ids(m.recall(query, k=10, channels=gk, session_id="s1"))) == {hit, archived}
+    m.set_flag(archived, "archived", True)
+    assert set(ids(m.recall(query, k=10, channels=gk))) == {hit, other_session}
+    assert set(ids(m.recall(query, k=10, channels=gk, session_id="s1"))) == {hit}
+    assert set(ids(m.recall(query, k=10, channels=gk, include_archived=True))) == {hit, other_session, archived}
+
+
+def test_archived_excluded_unless_include_archived_in_every_channel(make):
+    m = make(**{"recall.reinforce_on_recall": False})
+    target = m.memorize("Marta keeps the spare quokka keys in the blue drawer",
+                        {"participants": ["Marta"], "topics": ["keys"]})["id"]
+    m.memorize("The quokka enclosure opens at nine")
+    query = "Marta spare quokka keys blue drawer"
+    for ch in aokun.Memory.CHANNELS:
+        assert target in ids(m.recall(query, k=5, channels=[ch])), f"{ch} does not find it before archiving"
+    m.set_flag(target, "pinned", True)  # pinned memories join by similarity: not when archived
+    m.set_flag(target, "archived", True)
+    for ch in aokun.Memory.CHANNELS:
+        assert target not in ids(m.recall(query, k=5, channels=[ch])), f"{ch} returned an archived memory"
+        back = m.recall(query, k=5, channels=[ch], include_archived=True)
+        assert target in ids(back), f"{ch} ignores include_archived"
+        assert next(h for h in back["results"] if h["id"] == target)["archived"] is True
+    assert target not in ids(m.recall(query, k=5))
+
+
+# 5. k ---------------------------------------------------------------------------------------------
+
+def test_k_above_the_cap_is_capped_with_a_warning(make):
+    m = make(**{"recall.max_k": 3})
+    for i in range(6):
+        m.memorize(f"Osprey sighting number {i} over the marsh")
+    assert m.recall("osprey marsh", k=3)["warnings"] == []
+    for _ in range(2):  # the capped answer is cached under the k asked for: each says what it was asked
+        out = m.recall("osprey marsh", k=5000)
+        assert len(out["results"]) == 3
+        assert any("5000" in w and "max_k" in w and "3" in w for w in out["warnings"]), out["warnings"]
+        assert m.recall("osprey marsh", k=3)["warnings"] == []
+
+
+def test_k_default_cap_is_named(mem):
+    mem.memorize("Osprey sighting over the marsh")
+    out = mem.recall("osprey", k=5000)
+    assert len(out["results"]) <= aokun.DEFAULTS["recall"]["max_k"]
+    assert any("k=5000" in w and "max_k" in w and "100" in w for w in out["warnings"]), out["warnings"]
+
+
+@pytest.mark.parametrize("k", [0, -1, "3", True, 2.5, None])
+def test_bad_k_is_an_input_error_naming_k(mem, k):
+    with pytest.raises(aokun.InputError) as e:
+        mem.recall("osprey", k=k)
+    assert e.value.field == "k" and "k" in str(e.value)
+    with pytest.raises(aokun.InputError) as e:
+        mem.search_atoms("osprey", k=k)
+    assert e.value.field == "k"
+
+
+# 6. degradation -----------------------------------------------------------------------------------
+
+def closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_embedding_endpoint_down_degrades_to_keyword_channels(make):
+    m = make(embedder=FROM_CONFIG, **{"embedding.provider": "openai", "embedding.model": "x",
+                                      "embedding.base_url": f"http://127.0.0.1:{closed_port()}/v1",
+                                      "embedding.max_retries": 0, "embedding.timeout_seconds": 2.0})
+    assert m.embedder.provider == "openai"
+    w = m.memorize("The lighthouse keeper logs the storm at midnight", {"participants": ["Ines"]})
+    assert w["id"] and w["status"] == "done"
+    assert any("embedding failed" in x for x in w["warnings"]), w["warnings"]
+    assert m.get(w["id"])["content"].startswith("The lighthouse")
+    out = m.recall("lighthouse storm", k=5)
+    assert ids(out)[0] == w["id"]
+    assert {d["channel"] for d in out["degraded"]} == {"vector", "graph_vector"}
+    for d in out["degraded"]:
+        assert "embedding failed" in d["reason"] and "unreachable" in d["reason"], d["reason"]
+    assert set(out["results"][0]["channels"]) <= set(KEYWORD)
+
+
+def test_dimension_mismatch_degrades_with_the_vector_problem(make, tmp_path):
+    path = tmp_path / "dim.db"
+    first = make(path, FakeEmbedder(16))
+    wid = first.memorize("The lighthouse keeper logs the storm at midnight")["id"]
+    first.close()
+    m = make(path, FakeEmbedder(8))
+    assert m.vector_problem and "16-d" in m.vector_problem
+    out = m.recall("lighthouse storm", k=5)
+    assert ids(out) == [wid]
+    assert out["degraded"] == [{"channel": "vector", "reason": m.vector_problem},
+                               {"channel": "graph_vector", "reason": m.vector_problem}]
+    assert m.memorize("A second storm reached the lighthouse")["id"]  # writes still work
+    assert len(m.recall("lighthouse storm", k=5)["results"]) == 2
+
+
+# 7. cache -----------------------------------------------------------------------------------------
+
+def test_cache_hit_and_invalidation_by_every_write(mem):
+    q = "zeppelin"
+    first = mem.memorize("Dana flew in a zeppelin over Lake Constance")["id"]
+    assert mem.recall(q)["cached"] is False
+    assert mem.recall(q)["cached"] is True
+    mem.wait_background()  # the access bookkeeping of a recall does not empty the cache
+    assert mem.recall(q)["cached"] is True
+
+    new = mem.memorize("A second zeppelin ride is booked")["id"]
+    out = mem.recall(q)
+    assert out["cached"] is False and new in ids(out)
+    assert mem.recall(q)["cached"] is True
+
+    mem.edit(new, "A second airship ride is booked")
+    out = mem.recall(q)
+    hits = {h["id"]: h for h in out["results"]}
+    assert out["cached"] is False and ids(out)[0] == first
+    assert hits[new]["text"] == "A second airship ride is booked" and "bm25" not in hits[new]["channels"]
+    assert mem.recall(q)["cached"] is True
+
+    mem.set_flag(first, "pinned", True)
+    out = mem.recall(q)
+    assert out["cached"] is False and out["results"][0]["pinned"] is True
+    assert mem.recall(q)["cached"] is True
+
+    mem.delete(first)
+    out = mem.recall(q)
+    assert out["cached"] is False and first not in ids(out)
+
+
+def test_cache_sees_a_write_by_another_memory_object(make, tmp_path):
+    path = tmp_path / "shared.db"
+    a, b = make(path), make(path)
+    a.memorize("The heron nests by the quarry lake")
+    assert a.recall("heron")["cached"] is False
+    assert a.recall("heron")["cached"] is True
+    wid = b.memorize("A second heron was seen at the quarry")["id"]
+    out = a.recall("heron")
+    assert out["cached"] is False and wid in ids(out)
+
+
+def test_cache_sees_a_write_that_lands_before_the_access_bookkeeping(make, tmp_path):
+    """The other writer commits after a recall answered but before that recall's background
+    access update ran (e.g. the update waited for the other writer's lock): the cached answer is
+    stale and must not be served."""
+    path = tmp_path / "shared.db"
+    a, b = make(path), make(path)
+    a.memorize("The heron nests by the quarry lake")
+    with a.lock:  # holds the background touch back until b has committed
+        assert a.recall("quarry lake")["cached"] is False
+        wid = b.memorize("A second heron was seen at the quarry lake")["id"]
+    a.wait_background()
+    out = a.recall("quarry lake")
+    assert out["cached"] is False and wid in ids(out), "a stale cached answer hid another connection's write"
+
+
+def test_cache_ttl_expires(make):
+    m = make(**{"recall.cache_ttl_seconds": 0.0})
+    m.memorize("Dana flew in a zeppelin")
+    assert m.recall("zeppelin")["cached"] is False
+    assert m.recall("zeppelin")["cached"] is False
+    other = make(Path(m.path).with_name("ttl2.db"))  # the same steps with the default TTL do hit
+    other.memorize("Dana flew in a zeppelin")
+    other.recall("zeppelin")
+    assert other.recall("zeppelin")["cached"] is True
+
+
+# 8. explain ---------------------------------------------------------------------------------------
+
+EXPLAIN_CORPUS = [
+    ("Alice loves iced americano and drinks it every morning", {"participants": ["Alice"], "topics": ["coffee"]}),
+    ("Alice also likes espresso after lunch", {"participants": ["Alice"], "topics": ["coffee"]}),
+    ("Bob is learning the cello and practises on Sundays", {"participants": ["Bob"]}),
+    ("The coffee machine in the office is broken", {"topics": ["office"]}),
+    ("Alice and Bob met at a coffee shop in Lisbon", {"participants": ["Alice", "Bob"]}),
+    ("Iced tea is Carol's favourite drink", {"participants": ["Carol"]}),
+    ("Alice drinks americano, Alice drinks americano daily", {}),
+]
+
+
+@pytest.mark.parametrize("fusion", ["score", "rrf"])
+def test_explain_is_consistent_with_the_ranking(make, fusion, monkeypatch):
+    monkeypatch.setenv("AOKUN_NOW", aokun.iso(T0))
+    m = make(**{"recall.reinforce_on_recall": False, "recall.fusion": fusion})
+    for text, meta in EXPLAIN_CORPUS:
+        m.memorize(text, meta)
+    query, k = "Alice iced americano coffee", 5
+    out = m.recall(query, k=k, explain=True)
+    hits = out["results"]
+    assert len(hits) == k
+    r = m.cfg.recall
+    weights = {"bm25": r.weight_bm25, "vector": r.weight_vector, "graph_keyword": r.weight_graph_keyword,
+               "graph_vector": r.weight_graph_vector}
+    params = channel_params(m, query, k=k)
+    direct = {ch: {row["id"]: row["rank"] for row in m.rows(m.queries[name], params)}
+              for ch, name in CHANNEL_QUERY.items()}
+    for h in hits:
+        ex = h["explain"]
+        assert ex["fusion"] == fusion
+        assert list(ex["ranks"]) == list(aokun.Memory.CHANNELS)
+        for ch in aokun.Memory.CHANNELS:  # the rank explain shows is the channel query's own rank
+            assert ex["ranks"][ch] == direct[ch].get(h["id"]), (h["id"], ch)
+        assert h["channels"] == sorted(c for c, v in ex["ranks"].items() if v is not None)
+        assert h["score"] == round(ex["fused"], 6)
+        ranks = {c: v for c, v in ex["ranks"].items() if v is not None}
+        assert ex["doc_rrf"] == pytest.approx(aokun.rrf(ranks, ["bm25", "vector"], r.rrf_k, weights))
+        assert ex["graph_rrf"] == pytest.approx(aokun.rrf(ranks, ["graph_keyword", "graph_vector"], r.rrf_k, weights))
+        if fusion == "rrf":
+            assert ex["doc_relevance"] == pytest.approx(ex["doc_rrf"])
+        else:
+            doc = ("bm25", "vector")
+            expect = sum(weights[c] * ex["scores"].get(c, 0.0) for c in doc) / sum(weights[c] for c in doc)
+            assert ex["doc_relevance"] == pytest.approx(expect)
+        assert set(ex["scores"]) == set(ranks)
+    # MMR order: each hit is the best λ·fused − (1−λ)·max Jaccard to the hits before it
+    seg = {row["rowid"]: set(row["segmented"].split()) for row in m.rows(
+        "select rowid, segmented from documents_fts where rowid in (select value from json_each(?))",
+        (json.dumps(ids(out)),))}
+    lam = r.mmr_lambda
+    for i, h in enumerate(hits):
+        def mmr_at(j, i=i):
+            sim = max((aokun.jaccard(seg[hits[j]["id"]], seg[hits[p]["id"]]) for p in range(i)), default=0.0)
+            return lam * hits[j]["explain"]["fused"] - (1 - lam) * sim
+        assert h["explain"]["mmr"] == pytest.approx(mmr_at(i))
+        for j in range(i + 1, len(hits)):
+            assert mmr_at(j) <= h["explain"]["mmr"] + 1e-12, f"hit {j} should have been picked before hit {i}"
+    # the answer without explain ranks the same
+    assert ids(m.recall(query, k=k)) == ids(out)
+
+
+# 9. session neighbours ----------------------------------------------------------------------------
+
+def _conversation(m):
+    turns = ["Let us plan the Falcon release checklist for Dana",
+             "Sounds good, I will book the room",  # no query word; right after the strong hit
+             "Lunch was pasta again",
+             "The weather turned cold"]
+    return [m.memorize(t, {"session_id": "chat-1", "timestamp": aokun.iso(T0 + dt.timedelta(minutes=i))})["id"]
+            for i, t in enumerate(turns)]
+
+
+@pytest.mark.parametrize("weight", [0.3, 0.0])
+def test_session_neighbour_joins_with_a_share_of_the_hit(make, weight):
+    m = make(embedder=aokun.Embedder(), **{"recall.session_neighbour_weight": weight,
+                                          "recall.reinforce_on_recall": False})
+    a, b, c, d = _conversation(m)
+    out = m.recall("Falcon release checklist", k=5, explain=True)
+    got = {h["id"]: h for h in out["results"]}
+    assert a in got and c not in got and d not in got
+    if weight:
+        assert b in got, [h["text"] for h in out["results"]]
+        nb, ha = got[b]["explain"], got[a]["explain"]
+        assert got[b]["channels"] == [] and all(v is None for v in nb["ranks"].values())
+        assert nb["neighbour"] > 0
+        routes_a = ha["fused"] / ha["source_boost"] - ha["neighbour"]
+        assert nb["neighbour"] == pytest.approx(weight * routes_a)
+        assert ids(out).index(a) < ids(out).index(b)
+    else:
+        assert b not in got
+        assert all(h["explain"]["neighbour"] == 0 for h in out["results"])
+
+
+# 10. fusion and its helpers -----------------------------------------------------------------------
+
+def test_rrf_fusion_gives_results(make):
+    m = make(**{"recall.fusion": "rrf"})
+    wid = m.memorize("Alice loves iced americano", {"participants": ["Alice"]})["id"]
+    m.memorize("Bob plays the cello")
+    out = m.recall("Alice americano", k=3, explain=True)
+    assert ids(out)[0] == wid and out["results"][0]["explain"]["fusion"] == "rrf"
+    with pytest.raises(aokun.AokunError, match="fusion"):
+        make(Path(m.path).with_name("bad.db"), **{"recall.fusion": "borda"})
+
+
+def test_rrf_unit():
+    chans = ["bm25", "vector"]
+    assert aokun.rrf({"bm25": 0, "vector": 0}, chans, 60) == pytest.approx(1.0)
+    assert aokun.rrf({"bm25": 0, "vector": 0}, chans, 60, {"bm25": 1.0, "vector": 0.5}) == pytest.approx(1.0)
+    assert aokun.rrf({"bm25": 0}, chans, 60) == pytest.approx(0.5)
+    assert aokun.rrf({"bm25": 0}, chans, 60, {"bm25": 1.0, "vector": 0.5}) == pytest.approx(1 / 1.5)
+    assert aokun.rrf({"bm25": 9}, ["bm25"], 60) == pytest.approx(61 / 70)
+    assert aokun.rrf({}, chans, 60) == 0.0
+    assert aokun.rrf({"bm25": 0}, chans, 60, {"bm25": 0.0, "vector": 0.0}) == 0.0
+    assert aokun.rrf({"bm25": 0, "vector": 3}, chans, 60) > aokun.rrf({"bm25": 1, "vector": 3}, chans, 60)
+
+
+def test_normalized_scores_unit():
+    bm25 = [{"id": 1, "raw": -4.0}, {"id": 2, "raw": -2.0}, {"id": 3, "raw": -1.0}]
+    assert aokun.normalized_scores("bm25", bm25) == pytest.approx({1: 1.0, 2: 0.5, 3: 0.25})  # ÷ max, not min-max
+    gk = [{"id": 5, "raw": 8.0}, {"id": 6, "raw": 2.0}]
+    assert aokun.normalized_scores("graph_keyword", gk) == pytest.approx({5: 1.0, 6: 0.25})
+    vec = [{"id": 1, "raw": 0.1}, {"id": 2, "raw": 0.3}, {"id": 3, "raw": 0.5}]  # cosine distances
+    for ch in ("vector", "graph_vector"):
+        assert aokun.normalized_scores(ch, vec) == pytest.approx({1: 1.0, 2: 0.5, 3: 0.0})
+        assert aokun.normalized_scores(ch, [{"id": 7, "raw": 0.4}]) == {7: 1.0}
+    assert aokun.normalized_scores("bm25", []) == {}
+    assert aokun.normalized_scores("bm25", [{"id": 1, "raw": -3.0}]) == {1: 1.0}
+
+
+def test_mmr_unit():
+    tokens = {1: {"a", "b"}, 2: {"a", "b"}, 3: {"c"}}
+    rel = {1: 1.0, 2: 0.95, 3: 0.5}
+    assert [i for i, _ in aokun.mmr([1, 2, 3], rel, tokens, 3, 1.0)] == [1, 2, 3]
+    picked = aokun.mmr([1, 2, 3], rel, tokens, 2, 0.5)
+    assert [i for i, _ in picked] == [1, 3] and picked[0][1] == pytest.approx(0.5)
+
+
+# 11. search_atoms ---------------------------------------------------------------------------------
+
+def test_search_atoms_bm25_times_ttl_and_planned_deadline(make, monkeypatch):
+    def at(t):
+        monkeypatch.setenv("AOKUN_NOW", aokun.iso(t))
+    at(T0)
+    m = make()
+    plan = m.memorize("I will call the dentist tomorrow.")["id"]
+    fact = m.memorize("The dentist office is on Harbour Street.")["id"]
+    atoms = {r["document_id"]: r for r in m.rows("select * from memory_atoms")}
+    assert atoms[plan]["atom_type"] == "planned" and atoms[fact]["atom_type"] != "planned"
+    deadline = aokun.parse_time(atoms[plan]["expires_at"])
+    assert T0 < deadline
+
+    at(T0 + dt.timedelta(hours=12))
+    res = {a["document_id"]: a for a in m.search_atoms("dentist")["results"]}
+    assert set(res) == {plan, fact}
+    assert res[plan]["ttl_factor"] == 1.0  # step decay: full weight until the deadline
+    f = atoms[fact]
+    ttl = (aokun.parse_time(f["expires_at"]) - aokun.parse_time(f["last_reinforced_at"])).total_seconds()
+    assert res[fact]["ttl_factor"] == pytest.approx(math.exp(-12 * 3600 / ttl))
+    assert res[fact]["ttl_factor"] < 1.0
+    for a in res.values():
+        assert a["bm25"] < 0
+        assert a["score"] == pytest.approx(a["ttl_factor"] / (1 + math.exp(a["bm25"] / 8)), abs=1e-6)
+    scores = [a["score"] for a in m.search_atoms("dentist")["results"]]
+    assert scores == sorted(scores, reverse=True)
+
+    at(deadline + dt.timedelta(minutes=1))  # past the deadline, still 'active' (no sweep ran)
+    assert m.value("select state from memory_atoms where id = ?", (atoms[plan]["id"],)) == "active"
+    assert [a["document_id"] for a in m.search_atoms("dentist")["results"]] == [fact]
+
+    at(T0 + dt.timedelta(hours=12))
+    with m.tx() as c:  # only active atoms
+        c.execute("update memory_atoms set state = 'forgotten' where id = ?", (f["id"],))
+    assert [a["document_id"] for a in m.search_atoms("dentist")["results"]] == [plan]
+    assert m.search_atoms("!!!")["results"] == []
+    assert m.search_atoms("dentist", persona_id="other")["results"] == []
+
+
+# 12. CLI -------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, segmenter):
+    monkeypatch.setattr(aokun, "Segmenter", lambda *a, **k: segmenter)
+    ini = tmp_path / "aokun.ini"
+    ini.write_text("[embedding]\nprovider = none\n", encoding="utf-8")
+    db = tmp_path / "cli.db"
+    runner = CliRunner()
+
+    def invoke(*args):
+        return runner.invoke(aokun.cli, ["--db", str(db), "--config", str(ini), *map(str, args)],
+                             catch_exceptions=False)
+    return invoke
+
+
+def test_recall_cli_json_explain_and_channel_errors(cli):
+    assert cli("memorize", "Ticket ORDER-7731 was refunded").exit_code == 0
+    assert cli("memorize", "Bob plays the cello").exit_code == 0
+    r = cli("recall", "ORDER-7731", "--channels", "bm25", "--explain", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert [h["text"] for h in out["results"]] == ["Ticket ORDER-7731 was refunded"]
+    assert out["results"][0]["explain"]["ranks"] == {"bm25": 0}
+    assert out["results"][0]["channels"] == ["bm25"]
+    assert out["degraded"] == []
+    bad = cli("recall", "ORDER-7731", "--channels", "bm25,telepathy")
+    assert bad.exit_code != 0
+    lines = bad.output.strip().splitlines()
+    assert len(lines) == 1 and "channels" in lines[0] and "telepathy" in lines[0], bad.output
+    assert "Traceback" not in bad.output
+
+
+# 13. the example config -----------------------------------------------------------------------------
+
+EXAMPLE = aokun.HERE / "aokun.example.ini"
+
+
+def test_example_config_documents_every_setting_with_its_default():
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(EXAMPLE, encoding="utf-8")
+    assert set(parser.sections()) == set(aokun.DEFAULTS)
+    for section, kv in aokun.DEFAULTS.items():
+        assert set(parser[section]) == set(kv), (section, set(kv) ^ set(parser[section]))
+    cfg = aokun.Config(Path(EXAMPLE))
+    for section, kv in aokun.DEFAULTS.items():
+        for key, default in kv.items():
+            value = getattr(cfg, section)[key]
+            assert value == default and type(value) is type(default), f"[{section}] {key} = {value!r}, default {default!r}"
+
+
+@pytest.mark.parametrize("text,key", [("[recall]\nrrf_kk = 60\n", "rrf_kk"), ("[recall]\nrrf_k = abc\n", "rrf_k"),
+                                      ("[recall]\nmax_k = 1.5\n", "max_k"),
+                                      ("[recall]\nreinforce_on_recall = maybe\n", "reinforce_on_recall"),
+                                      ("[recal]\nrrf_k = 60\n", "recal")])
+def test_config_rejects_unknown_keys_and_wrong_types(tmp_path, text, key):
+    p = tmp_path / "bad.ini"
+    p.write_text(text, encoding="utf-8")
+    with pytest.raises(aokun.AokunError) as e:
+        aokun.Config(p)
+    assert key in str(e.value)
