@@ -2462,6 +2462,7 @@ class Memory:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
         warnings = []
+        asked = k  # the cache key keeps the k asked for, so the cap warning stays with the answers it belongs to
         if k > r.max_k:
             warnings.append(f"k={k} is above the limit {r.max_k} ([recall] max_k); returning at most {r.max_k}")
             k = r.max_k
@@ -2469,7 +2470,7 @@ class Memory:
         persona = _short_text(persona_id, "persona_id", 200)
         session = _short_text(session_id, "session_id", 200)
         as_of_iso = iso(parse_time(as_of, "as_of")) if as_of else ""
-        key = (query, k, persona, session, bool(include_archived), chosen, bool(explain), as_of_iso)
+        key = (query, asked, persona, session, bool(include_archived), chosen, bool(explain), as_of_iso)
         cached = self._cache_get(key)
         if cached is not None:
             return dict(cached, took_ms=round((time.perf_counter() - started) * 1000, 2), cached=True)
@@ -2749,8 +2750,7 @@ class Memory:
                     epoch = self.epoch
                     with self.tx() as c:
                         c.execute(self.queries["touch_documents"], {"ids": json.dumps(ids), "at": now_iso()})
-                    self.epoch = epoch
-                    self._recall_cache = {k: (s, self._cache_state(), v) for k, (s, _, v) in self._recall_cache.items()}
+                    self.epoch = epoch  # own commits leave pragma data_version alone: the cache stays valid
             except apsw.Error as e:  # closed connection at exit, busy beyond the timeout
                 log.warning("could not record access to %s: %s", ids, e)
         t = threading.Thread(target=work, name="aokun-touch", daemon=True)
