@@ -76,9 +76,12 @@ via_node as (
     limit :expansion
 ),
 via_edge as (
-    select g.document_id, h.s * :hop as s, g.confidence
-    from hits h join graph_edges g on h.node_id in (g.source_id, g.target_id) and g.document_id != h.document_id
-    where h.node_id is not null
+    select * from (
+        select g.document_id, h.s * :hop as s, g.confidence
+        from hits h join graph_edges g on g.source_id = h.node_id and g.document_id != h.document_id
+        union all
+        select g.document_id, h.s * :hop as s, g.confidence
+        from hits h join graph_edges g on g.target_id = h.node_id and g.document_id != h.document_id)
     limit :expansion
 ),
 points as (
@@ -135,11 +138,13 @@ where s.document_id in (select value from json_each(:ids));
 
 -- name: recall_pinned
 -- Pinned memories and their cosine distance to the query: included whenever similar enough.
-select d.id, vec_distance_cosine(v.embedding, :embedding) as distance
-from documents d join doc_vec v on v.doc_id = d.id
-where d.pinned = 1 and d.persona_id = :persona_id and d.archived <= :max_archived
-  and (:session_id = '' or d.session_id = :session_id)
-  and (:as_of = '' or d.created_at <= :as_of);
+select id, vec_distance_cosine(embedding, :embedding) as distance
+from (select d.id, (select v.embedding from doc_vec v where v.doc_id = d.id) as embedding
+      from documents d
+      where d.pinned = 1 and d.persona_id = :persona_id and d.archived <= :max_archived
+        and (:session_id = '' or d.session_id = :session_id)
+        and (:as_of = '' or d.created_at <= :as_of))
+where embedding is not null;
 
 -- name: search_atoms
 -- Atom BM25 over active atoms of one persona; the TTL factor is applied in Python.
@@ -161,17 +166,19 @@ where id in (select value from json_each(:ids));
 
 -- name: recall_session_neighbours
 -- For each candidate memory that belongs to a session, the memories right before and after it in
--- that session (ordered by created_at, then id), under the same filters as the channels.
-with cand as (select value as id from json_each(:ids)),
-ordered as (
-    select d.id, lag(d.id) over w as prev_id, lead(d.id) over w as next_id
-    from documents d
-    where d.session_id != ''
-      and d.session_id in (select session_id from documents where id in (select id from cand))
-      and d.persona_id = :persona_id
-      and (:session_id = '' or d.session_id = :session_id)
-      and d.archived <= :max_archived
-      and (:as_of = '' or d.created_at <= :as_of)
-    window w as (partition by d.session_id order by d.created_at, d.id)
-)
-select id, prev_id, next_id from ordered where id in (select id from cand);
+-- that session (ordered by created_at, then id), under the same filters as the channels; each is
+-- one seek in documents_session_order.
+select c.id,
+       (select d.id from documents d
+        where d.session_id = c.session_id and d.persona_id = c.persona_id and d.archived <= :max_archived
+          and (:as_of = '' or d.created_at <= :as_of)
+          and (d.created_at < c.created_at or (d.created_at = c.created_at and d.id < c.id))
+        order by d.created_at desc, d.id desc limit 1) as prev_id,
+       (select d.id from documents d
+        where d.session_id = c.session_id and d.persona_id = c.persona_id and d.archived <= :max_archived
+          and (:as_of = '' or d.created_at <= :as_of)
+          and (d.created_at > c.created_at or (d.created_at = c.created_at and d.id > c.id))
+        order by d.created_at, d.id limit 1) as next_id
+from documents c
+where c.id in (select value from json_each(:ids)) and c.session_id != '' and c.persona_id = :persona_id
+  and (:session_id = '' or c.session_id = :session_id);
