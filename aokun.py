@@ -2902,7 +2902,7 @@ def build_server(memory_factory, cfg: Config):
     from collections.abc import AsyncIterator
     from typing import Annotated, Any
 
-    from mcp.server.mcpserver import Context, MCPServer
+    from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
     from mcp.types import ToolAnnotations
     from pydantic import BaseModel, BeforeValidator, ConfigDict, Field

@@ -42,12 +42,13 @@ def db_path(tmp_path) -> Path:
 
 @pytest.fixture
 def open_mem(segmenter):
-    """Factory: open_mem(path, embedder=None, **kw) -> Memory (defaults config, fake 16-d embedder
-    unless given), sharing the session segmenter; every Memory opened is closed after the test."""
+    """Factory: open_mem(path, embedder=None, cfg=None, **kw) -> Memory (default config, fake 16-d
+    embedder unless given), sharing the session segmenter; every Memory opened is closed after the
+    test (closing twice is harmless)."""
     opened = []
 
-    def factory(path, embedder=None, **kw):
-        m = aokun.Memory(Path(path), aokun.Config(None),
+    def factory(path, embedder=None, cfg=None, **kw):
+        m = aokun.Memory(Path(path), cfg or aokun.Config(None),
                          embedder=embedder if embedder is not None else FakeEmbedder(16), **kw)
         m.seg = segmenter
         opened.append(m)

@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 import aokun
-from fakes import FakeEmbedder, count, table_counts
+from fakes import count, table_counts
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
 MUSEUM = "Yesterday I visited the science museum with Tom."  # an episodic fact (base TTL 7 days)
@@ -59,23 +59,10 @@ def cfg_of(tmp_path):
 
 
 @pytest.fixture
-def make(tmp_path, cfg_of, segmenter):
+def make(tmp_path, cfg_of, open_mem):
     """make(path=None, cfg=None, **settings) -> Memory with the fake 16-d embedder and the session's
-    jieba; every Memory opened is closed after the test (closing twice is harmless here)."""
-    opened = []
-
-    def factory(path=None, cfg=None, **more):
-        m = aokun.Memory(Path(path or tmp_path / "f.db"), cfg or cfg_of(**more), embedder=FakeEmbedder(16))
-        m.seg = segmenter
-        opened.append(m)
-        return m
-
-    yield factory
-    for m in opened:
-        try:
-            m.close()
-        except Exception:
-            pass
+    jieba; every Memory opened is closed after the test."""
+    return lambda path=None, cfg=None, **more: open_mem(path or tmp_path / "f.db", cfg=cfg or cfg_of(**more))
 
 
 def sha256(path: Path) -> str:

@@ -45,24 +45,10 @@ def cfg_of(tmp_path):
 
 
 @pytest.fixture
-def make(tmp_path, cfg_of, segmenter):
+def make(tmp_path, cfg_of, open_mem):
     """make(path=None, embedder=None, **settings) -> Memory (fake 16-d embedder, shared jieba);
     closed after the test."""
-    opened = []
-
-    def factory(path=None, embedder=None, **more):
-        m = aokun.Memory(Path(path or tmp_path / "k.db"), cfg_of(**more),
-                         embedder=embedder if embedder is not None else FakeEmbedder(16))
-        m.seg = segmenter
-        opened.append(m)
-        return m
-
-    yield factory
-    for m in opened:
-        try:
-            m.close()
-        except Exception:
-            pass
+    return lambda path=None, embedder=None, **more: open_mem(path or tmp_path / "k.db", embedder, cfg=cfg_of(**more))
 
 
 def sha256(path) -> str:

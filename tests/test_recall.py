@@ -25,26 +25,15 @@ FROM_CONFIG = object()  #: make(embedder=FROM_CONFIG): let Memory build the embe
 
 
 @pytest.fixture
-def make(tmp_path, segmenter):
+def make(tmp_path, open_mem):
     """make(path=None, embedder=None, **{"section.key": value}) -> Memory with those config
     overrides; a FakeEmbedder(16) unless `embedder` is given (aokun.Embedder() = provider none,
     FROM_CONFIG = whatever [embedding] says). Shares the session's loaded jieba; closed after."""
-    opened = []
-
     def factory(path=None, embedder=None, **overrides):
         cfg = aokun.Config(None, overrides={tuple(k.split(".")): v for k, v in overrides.items()})
-        emb = None if embedder is FROM_CONFIG else (embedder if embedder is not None else FakeEmbedder(16))
-        m = aokun.Memory(Path(path or tmp_path / "r.db"), cfg, embedder=emb)
-        m.seg = segmenter
-        opened.append(m)
-        return m
-
-    yield factory
-    for m in opened:
-        try:
-            m.close()
-        except Exception:
-            pass
+        return open_mem(path or tmp_path / "r.db", aokun.make_embedder(cfg) if embedder is FROM_CONFIG else embedder,
+                        cfg=cfg)
+    return factory
 
 
 def ids(out) -> list[int]:
