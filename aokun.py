@@ -46,6 +46,8 @@ RULES_DIR = HERE / "rules"  #: stop words, user dictionary, atom rules, aliases,
 APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
 ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
+#: Tools listed by default: the frequent ones. [server] exposed_tools lists more, or `all`.
+DEFAULT_TOOLS = ("memorize", "recall", "search_atoms", "edit_memory", "delete_memory")
 
 OWNER = f"{socket.gethostname()}:{os.getpid()}"  #: this process, as recorded on the journal rows it writes
 log = logging.getLogger("aokun")
@@ -236,7 +238,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "keep_days": 7,
     },
     "server": {
-        "exposed_tools": "memorize, recall, search_atoms, edit_memory, delete_memory",
+        "exposed_tools": ", ".join(DEFAULT_TOOLS),
         "log_level": "INFO",
         "host": "127.0.0.1",
         "port": 5123,
@@ -2881,9 +2883,6 @@ def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = Fals
 
 
 # MCP server ######################################################################################
-
-#: Tools listed by default: the frequent ones. [server] exposed_tools lists more, or `all`.
-DEFAULT_TOOLS = ("memorize", "recall", "search_atoms", "edit_memory", "delete_memory")
 
 SERVER_INSTRUCTIONS = """Aokun is your long-term memory about the user and your shared work.
 Call `recall` before answering when earlier conversations might matter (preferences, people,
