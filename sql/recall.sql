@@ -73,6 +73,7 @@ via_node as (
     select e2.document_id, h.s * :hop as s, e2.confidence
     from hits h join graph_entries e2 on e2.node_id = h.node_id and e2.document_id != h.document_id
     where h.node_id is not null
+    order by h.s desc
     limit :expansion
 ),
 via_edge as (
@@ -82,6 +83,7 @@ via_edge as (
         union all
         select g.document_id, h.s * :hop as s, g.confidence
         from hits h join graph_edges g on g.target_id = h.node_id and g.document_id != h.document_id)
+    order by s desc
     limit :expansion
 ),
 points as (
