@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 import contextlib
 import configparser
 import datetime as dt
+import functools
 import hashlib
 import inspect
 import io
@@ -103,17 +104,20 @@ def parse_time(value, field_name: str = "timestamp") -> dt.datetime:
 
     Raises InputError naming `field_name` when it is not a valid time."""
     if isinstance(value, dt.datetime):
-        t = value
-    else:
-        if not isinstance(value, str) or not value.strip():
-            raise InputError(field_name, f"expected an ISO-8601 time like 2026-11-30T08:15:00Z, got {value!r}")
-        try:
-            t = dt.datetime.fromisoformat(value.strip().replace("z", "Z"))
-        except ValueError:
-            raise InputError(field_name, f"expected an ISO-8601 time like 2026-11-30T08:15:00Z, got {value!r}") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
-    return t.astimezone(dt.timezone.utc)
+        return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+    if not isinstance(value, str) or not value.strip():
+        raise InputError(field_name, f"expected an ISO-8601 time like 2026-11-30T08:15:00Z, got {value!r}")
+    try:
+        return _parse_iso(value)
+    except ValueError:
+        raise InputError(field_name, f"expected an ISO-8601 time like 2026-11-30T08:15:00Z, got {value!r}") from None
+
+
+@functools.lru_cache(maxsize=65536)
+def _parse_iso(value: str) -> dt.datetime:
+    """ISO text → aware UTC datetime; cached because recall parses the same stored stamps often."""
+    t = dt.datetime.fromisoformat(value.strip().replace("z", "Z"))
+    return t.replace(tzinfo=dt.timezone.utc) if t.tzinfo is None else t.astimezone(dt.timezone.utc)
 
 
 def age_days(then: str | None, ref: dt.datetime) -> float:
@@ -164,6 +168,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "recall": {
         "rrf_k": 60,
         "channel_k": 100,
+        "vector_candidates": 100,
         "fusion": "score",
         "weight_bm25": 1.0,
         "weight_vector": 0.5,
@@ -186,6 +191,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "recency_days": 30.0,
         "mmr_lambda": 0.7,
         "graph_expansion_limit": 24,
+        "graph_hub_limit": 64,
         "graph_extra_entry_boost": 0.35,
         "cache_ttl_seconds": 45.0,
         "cache_size": 256,
@@ -988,6 +994,7 @@ class Memory:
         self.epoch = 0
         self.vector_problem: str | None = None
         self._recall_cache: dict = {}
+        self._upgrade_vector_index()
         self._check_embedding_meta()
         self.last_recovery: dict = {}
         if recover:
@@ -1076,9 +1083,39 @@ class Memory:
                 "every memory (stored memories are untouched; recall uses keyword channels until then)")
             log.error("%s", self.vector_problem)
 
-    def _start_vectors(self) -> None:
-        """Create the vec0 tables for the embedder's dimension and record it in meta."""
+    def _upgrade_vector_index(self) -> None:
+        """Files made before schema 6 keep float vectors inside vec0 (doc_vec/graph_vec float[dim]):
+        copy them into doc_vectors/graph_vectors and rebuild doc_vec/graph_vec as the binary index,
+        in one transaction (migrate() saved a copy of the file first)."""
+        ddl = self.value("select sql from sqlite_master where name = 'doc_vec'") or ""
+        if "float[" not in ddl:
+            return
+        dim = int(self.meta_get("embedding_dim"))
+        with self.tx() as c:
+            c.execute("insert or replace into doc_vectors(doc_id, embedding) select doc_id, embedding from doc_vec")
+            c.execute("insert or replace into graph_vectors(entry_id, embedding) select entry_id, embedding from graph_vec")
+            c.execute("drop table doc_vec")
+            c.execute("drop table if exists graph_vec")
+            c.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
+            c.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
+            c.execute("delete from meta where key = 'vector_center'")
+            if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
+                self._recenter()
+            else:
+                c.execute(self.queries["reindex_vectors"])
+        log.warning("vector storage upgraded: %s document and %s entry vectors re-indexed",
+                    self.value("select count(*) from doc_vectors"), self.value("select count(*) from graph_vectors"))
+
+    def _start_vectors(self) -> bool:
+        """Create the vec0 tables for the embedder's dimension and record it in meta. False (and
+        `vector_problem` set: recall degrades to the keyword channels) when the dimension cannot
+        be indexed."""
         dim = int(self.embedder.dim)
+        if dim % 8:
+            self.vector_problem = (f"the embedder {self.embedder.model!r} makes {dim}-d vectors; the binary KNN index "
+                                   "needs a dimension divisible by 8 (every common embedding model has one)")
+            log.error("%s", self.vector_problem)
+            return False
         with self.tx() as c:
             self._meta_set("embedding_provider", self.embedder.provider)
             self._meta_set("embedding_model", self.embedder.model)
@@ -1087,6 +1124,7 @@ class Memory:
             c.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
             c.execute("update documents set embedding_state = 'pending' where embedding_state = 'none'")
             c.execute("update graph_entries set embedding_state = 'pending' where embedding_state = 'none'")
+        return True
 
     def _embed(self, texts: list[str], warnings: list | None = None) -> np.ndarray | None:
         """Embed passages, or None (with a warning) when the provider fails: never fails a write."""
@@ -1099,8 +1137,10 @@ class Memory:
             if warnings is not None:
                 warnings.append(f"embedding failed ({e}); the memory is stored and its vector will be back-filled")
             return None
-        if not self.has_table("doc_vec"):
-            self._start_vectors()
+        if not self.has_table("doc_vec") and not self._start_vectors():
+            if warnings is not None:
+                warnings.append(self.vector_problem)
+            return None
         return m
 
     # validation ----------------------------------------------------------------------------------
@@ -1246,7 +1286,7 @@ class Memory:
         out, todo = [], []
         for r in rows:
             if r["t"] == r["content"] and r["embedding_state"] == "done":
-                blob = self.value("select embedding from doc_vec where doc_id = ?", (r["doc_id"],))
+                blob = self.value("select embedding from doc_vectors where doc_id = ?", (r["doc_id"],))
                 if blob is not None:
                     out.append((r["id"], np.frombuffer(blob, dtype=np.float32)))
                     continue
@@ -1312,6 +1352,7 @@ class Memory:
             cols["id"] = p.document_id
             c.execute(f"update documents set {', '.join(f'{k} = :{k}' for k in cols if k != 'id')} where id = :id", cols)
             c.execute("delete from documents_fts where rowid = ?", (p.document_id,))
+            c.execute("delete from doc_vectors where doc_id = ?", (p.document_id,))
             if self.has_table("doc_vec"):
                 c.execute("delete from doc_vec where doc_id = ?", (p.document_id,))
         c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
@@ -1328,11 +1369,31 @@ class Memory:
         return "\n".join([get("content"), *[x for x in extra if x]])
 
     def _put_doc_vector(self, doc_id: int, vec: np.ndarray) -> None:
-        d = self.rows("select persona_id, session_id, archived from documents where id = ?", (doc_id,))[0]
-        self.conn.execute("delete from doc_vec where doc_id = ?", (doc_id,))
-        self.conn.execute("insert into doc_vec(doc_id, embedding, persona_id, session_id, archived) values (?, ?, ?, ?, ?)",
-                          (doc_id, np.asarray(vec, np.float32).tobytes(), d["persona_id"], d["session_id"], d["archived"]))
+        """Store a document's float vector and its binary index row (inside the caller's transaction)."""
+        self.conn.execute(self.queries["put_doc_vector"], {"id": doc_id, "embedding": np.asarray(vec, np.float32).tobytes()})
         self.conn.execute("update documents set embedding_state = 'done' where id = ?", (doc_id,))
+        self._maybe_center()
+
+    def _maybe_center(self) -> None:
+        """Fix the quantisation centre once CENTER_AFTER document vectors exist (see sql/vectors.sql)."""
+        if self.value("select 1 from meta where key = 'vector_center'") is None and \
+                self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
+            self._recenter()
+
+    CENTER_AFTER = 256  #: document vectors needed before the binary index is centred on their mean
+
+    def _recenter(self) -> None:
+        """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
+        binary KNN indexes with it (inside the caller's transaction); no vectors, no centre."""
+        total, n = None, 0
+        for (blob,) in self.conn.execute("select embedding from doc_vectors"):
+            v = np.frombuffer(blob, np.float32).astype(np.float64)
+            total, n = (v if total is None else total + v), n + 1
+        if n:
+            self._meta_set("vector_center", (total / n).astype(np.float32).tobytes().hex())
+        else:
+            self.conn.execute("delete from meta where key = 'vector_center'")
+        self.conn.execute(self.queries["reindex_vectors"])
 
     def _stage_atoms(self, p: Prepared, _vectors) -> None:
         """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
@@ -1487,6 +1548,7 @@ class Memory:
         has_vec = self.has_table("graph_vec")
         for eid in ids:
             c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
+            c.execute("delete from graph_vectors where entry_id = ?", (eid,))
             if has_vec:
                 c.execute("delete from graph_vec where entry_id = ?", (eid,))
         node_ids = {r["n"] for r in self.rows(
@@ -1508,10 +1570,8 @@ class Memory:
                 self._put_entry_vector(entry_id, vec)
 
     def _put_entry_vector(self, entry_id: int, vec: np.ndarray) -> None:
-        e = self.rows("select persona_id, session_id, archived from graph_entries where id = ?", (entry_id,))[0]
-        self.conn.execute("delete from graph_vec where entry_id = ?", (entry_id,))
-        self.conn.execute("insert into graph_vec(entry_id, embedding, persona_id, session_id, archived) values (?, ?, ?, ?, ?)",
-                          (entry_id, np.asarray(vec, np.float32).tobytes(), e["persona_id"], e["session_id"], e["archived"]))
+        """Store a graph entry's float vector and its binary index row."""
+        self.conn.execute(self.queries["put_entry_vector"], {"id": entry_id, "embedding": np.asarray(vec, np.float32).tobytes()})
         self.conn.execute("update graph_entries set embedding_state = 'done' where id = ?", (entry_id,))
 
     # recovery ------------------------------------------------------------------------------------
@@ -1673,6 +1733,7 @@ class Memory:
             self._clear_atoms(doc_id)
             self._clear_graph(doc_id)
             c.execute("delete from documents_fts where rowid = ?", (doc_id,))
+            c.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
             if self.has_table("doc_vec"):
                 c.execute("delete from doc_vec where doc_id = ?", (doc_id,))
             c.execute("delete from memory_write_ops where document_id = ?", (doc_id,))
@@ -1700,8 +1761,10 @@ class Memory:
             c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
             if self.has_table("doc_vec"):
                 c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
-                c.execute("update graph_vec set archived = ? where entry_id in "
-                          "(select id from graph_entries where document_id = ?)", (int(value), doc_id))
+                # one row at a time: sqlite-vec 0.1.9 rejects a bit[] table's multi-row UPDATE
+                # ("invalid float32 vector BLOB length") though the vector is not being changed
+                for (eid,) in c.execute("select id from graph_entries where document_id = ?", (doc_id,)).fetchall():
+                    c.execute("update graph_vec set archived = ? where entry_id = ?", (int(value), eid))
 
     # health --------------------------------------------------------------------------------------
 
@@ -1712,7 +1775,7 @@ class Memory:
         if self.has_table("doc_vec"):
             counts.update(self.rows(q["stats_vector_counts"])[0])
         else:
-            counts.update(doc_vectors=0, graph_vectors=0)
+            counts.update(doc_vectors=0, graph_vectors=0, doc_index_rows=0, graph_index_rows=0)
         return {
             "database": str(self.path),
             "size_bytes": self.path.stat().st_size if self.path.exists() else 0,
@@ -1786,7 +1849,10 @@ class Memory:
             with self.tx() as c:
                 c.execute("drop table if exists doc_vec")
                 c.execute("drop table if exists graph_vec")
-                c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', 'embedding_dim')")
+                c.execute("delete from doc_vectors")
+                c.execute("delete from graph_vectors")
+                c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', 'embedding_dim', "
+                          "'vector_center')")
                 c.execute("update documents set embedding_state = 'pending'")
                 c.execute("update graph_entries set embedding_state = 'pending' where node_id in "
                           "(select id from graph_nodes where node_type = 'fact')")
@@ -2327,12 +2393,12 @@ class Memory:
         use_vectors = self.vectors_usable and self.has_table("doc_vec")
         for i in docs:
             if use_vectors:
-                vec = self.value("select embedding from doc_vec where doc_id = ?", (i,))
+                vec = self.value("select embedding from doc_vectors where doc_id = ?", (i,))
                 if vec is None:
                     continue
-                cands = [(r["doc_id"], 1 - r["distance"]) for r in self.rows(
-                    "select doc_id, distance from doc_vec where embedding match ? and k = 8 and persona_id = ? "
-                    "and archived = 0", (vec, persona)) if r["doc_id"] != i]
+                cands = [(r["id"], 1 - r["raw"]) for r in self.rows(self.queries["recall_vector"], {
+                    "embedding": vec, "k": 8, "candidates": 64, "persona_id": persona, "max_archived": 0,
+                    "as_of": ""}) if r["id"] != i]
                 pairs = [j for j, sim in cands if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
             else:
                 q = fts_query(sorted(tokens[i])[:64])
@@ -2481,6 +2547,8 @@ class Memory:
         params = {"match": fts_query(tokens), "persona_id": persona, "session_id": session,
                   "max_archived": int(bool(include_archived)), "as_of": as_of_iso,
                   "k": min(4096, max(r.channel_k, 2 * k)), "expansion": r.graph_expansion_limit,
+                  "candidates": min(4096, max(r.vector_candidates, r.channel_k, 2 * k)),
+                  "hub_limit": r.graph_hub_limit,
                   "extra": r.graph_extra_entry_boost, "hop": 0.5}
         degraded, ranked = [], {}
         if not tokens:  # punctuation or stop words only
@@ -2577,55 +2645,69 @@ class Memory:
                 return rrf(ranks[i], channels, r.rrf_k, weights)
             return sum(weights[c] * norm.get(c, {}).get(i, 0.0) for c in channels) / total
 
-        neighbours = self._session_neighbours(ids, params) if r.session_neighbour_weight else {}
-        ids |= {n for ns in neighbours.values() for n in ns}
-        docs = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(sorted(ids))})}
-        factors = self._temporal_factors(ids, ref, historical) if graph_channels else {}
         w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
-        gamma = r.score_gamma + spec.get("recency_boost", 0.0)
-        parts = {}
-        for i in ids:
-            d = docs.get(i)
-            if d is None:  # deleted between the channel queries and now
-                continue
-            ranks.setdefault(i, {})
-            last = d["created_at"] if historical else max(d["created_at"], d["last_access_at"] or "")
-            recency = math.exp(-age_days(last, ref) / r.recency_days)
-            frequency = 0.0 if historical or not d["last_access_at"] else min(1.0, math.log1p(
-                d["access_count"] * math.exp(-age_days(d["last_access_at"], ref) / r.recency_days)) / math.log1p(10))
-            rel_doc, rel_graph = relevance(i, doc_channels), relevance(i, graph_channels)
-            doc_score = (r.score_alpha * rel_doc + r.score_beta * d["importance"] + gamma * recency
-                         + r.score_delta * frequency)
-            graph_score = (r.graph_rrf_weight * rel_graph + r.graph_importance_weight * d["importance"]
-                           + r.graph_recency_weight * recency + r.graph_confidence_weight * confidence.get(i, 0.0))
-            parts[i] = dict(ranks=ranks[i], doc_rrf=rrf(ranks[i], doc_channels, r.rrf_k, weights),
-                            graph_rrf=rrf(ranks[i], graph_channels, r.rrf_k, weights),
-                            scores={c: norm[c][i] for c in norm if i in norm[c]},
-                            doc_relevance=rel_doc, graph_relevance=rel_graph, importance=d["importance"],
-                            recency=recency, frequency=frequency, doc_route=doc_score, graph_route=graph_score,
-                            source_boost=self._source_boost(d["source"]), pin_similarity=pins.get(i),
-                            temporal_factor=factors.get(i, 1.0), confidence=confidence.get(i),
-                            in_doc=any(c in ranks[i] for c in doc_channels),
-                            in_graph=any(c in ranks[i] for c in graph_channels))
-        doc_max = max((p["doc_route"] for p in parts.values()), default=0) or 1.0
-        graph_max = max((p["graph_route"] for p in parts.values()), default=0) or 1.0
         wd, wg = (w_doc, w_graph) if doc_channels and graph_channels else ((1.0, 0.0) if doc_channels else (0.0, 1.0))
-        for p in parts.values():
-            # × the atoms' temporal factor after scaling, so a route whose facts all expired fades out
-            # instead of being stretched back to 1 (floor: stale graph evidence keeps that share)
-            p["graph_route"] *= r.temporal_floor + (1 - r.temporal_floor) * p["temporal_factor"]
-            p["cross_route_bonus"] = r.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
-            p["routes"] = wd * p["doc_route"] / doc_max + wg * p["graph_route"] / graph_max + p["cross_route_bonus"]
-        for i, p in parts.items():  # a turn next to a strong hit of the same session shares its score
+        gamma = r.score_gamma + spec.get("recency_boost", 0.0)
+        parts: dict[int, dict] = {}
+
+        def score(batch) -> None:
+            """The route scores of `batch` (ids) into parts; deleted ids are skipped."""
+            batch = sorted(set(batch) - set(parts))
+            docs = {d["id"]: d for d in self.rows(self.queries["recall_candidates"], {"ids": json.dumps(batch)})}
+            factors = self._temporal_factors(docs, ref, historical) if graph_channels else {}
+            for i, d in docs.items():
+                ranks.setdefault(i, {})
+                last = d["created_at"] if historical else max(d["created_at"], d["last_access_at"] or "")
+                recency = math.exp(-age_days(last, ref) / r.recency_days)
+                frequency = 0.0 if historical or not d["last_access_at"] else min(1.0, math.log1p(
+                    d["access_count"] * math.exp(-age_days(d["last_access_at"], ref) / r.recency_days)) / math.log1p(10))
+                rel_doc, rel_graph = relevance(i, doc_channels), relevance(i, graph_channels)
+                doc_score = (r.score_alpha * rel_doc + r.score_beta * d["importance"] + gamma * recency
+                             + r.score_delta * frequency)
+                graph_score = (r.graph_rrf_weight * rel_graph + r.graph_importance_weight * d["importance"]
+                               + r.graph_recency_weight * recency + r.graph_confidence_weight * confidence.get(i, 0.0))
+                parts[i] = dict(ranks=ranks[i], doc_relevance=rel_doc, graph_relevance=rel_graph, importance=d["importance"],
+                                recency=recency, frequency=frequency, doc_route=doc_score,
+                                # × the atoms' temporal factor after scaling (see routes()), floor: stale
+                                # graph evidence keeps that share instead of being stretched back to 1
+                                graph_route=graph_score * (r.temporal_floor + (1 - r.temporal_floor) * factors.get(i, 1.0)),
+                                source_boost=self._source_boost(d["source"]), pin_similarity=pins.get(i),
+                                temporal_factor=factors.get(i, 1.0), confidence=confidence.get(i),
+                                in_doc=any(c in ranks[i] for c in doc_channels),
+                                in_graph=any(c in ranks[i] for c in graph_channels))
+
+        def routes() -> None:
+            doc_max = max((p["doc_route"] for p in parts.values()), default=0) or 1.0
+            graph_max = max((p["graph_route"] for p in parts.values()), default=0) or 1.0
+            for p in parts.values():
+                p["cross_route_bonus"] = r.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
+                p["routes"] = wd * p["doc_route"] / doc_max + wg * p["graph_route"] / graph_max + p["cross_route_bonus"]
+
+        score(ids)
+        routes()
+        pool_size = max(3 * k, 30)
+        neighbours = {}
+        if r.session_neighbour_weight and parts:
+            # the turns right before/after the strongest candidates share their score; weaker
+            # candidates' neighbours could not reach the pool with 0.3 of a weak score
+            strong = sorted(parts, key=lambda i: (-parts[i]["routes"], i))[:pool_size]
+            neighbours = self._session_neighbours(strong, params)
+            score({n for ns in neighbours.values() for n in ns})
+            routes()
+        for i, p in parts.items():
             near = [parts[n]["routes"] for n in neighbours.get(i, ()) if n in parts]
             p["neighbour"] = r.session_neighbour_weight * max(near) if near else 0.0
             # not capped at 1.0 as in the seed (the cap made the top hits tie); × source boost (second seed)
             p["fused"] = (p["routes"] + p["neighbour"]) * p["source_boost"]
         order = sorted(parts, key=lambda i: (-parts[i]["fused"], i))
-        pool = order[: max(3 * k, 30)]
+        pool = order[:pool_size]
+        pool += [i for i in pins if i in parts and i not in pool]
+        docs = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(pool)})}
+        pool = [i for i in pool if i in docs]  # deleted meanwhile
         tokens = {i: set(docs[i]["segmented"].split()) for i in pool}
-        picked = mmr(pool, {i: parts[i]["fused"] for i in parts}, tokens, k, r.mmr_lambda)
-        missing = [i for i in sorted(pins, key=lambda i: -pins[i]) if i in parts and i not in {x for x, _ in picked}]
+        best = set(order[:pool_size])
+        picked = mmr([i for i in pool if i in best], {i: parts[i]["fused"] for i in parts}, tokens, k, r.mmr_lambda)
+        missing = [i for i in sorted(pins, key=lambda i: -pins[i]) if i in docs and i not in {x for x, _ in picked}]
         for i in missing:  # pinned and similar enough: always included, in place of the weakest unpinned hit
             unpinned = [n for n, (x, _) in enumerate(picked) if x not in pins]
             if len(picked) < k:
@@ -2641,8 +2723,10 @@ class Memory:
                    "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
                    "archived": bool(d["archived"]), "channels": sorted(p["ranks"])}
             if explain:
-                hit["explain"] = {"ranks": {c: p["ranks"].get(c) for c in chosen}, "scores": p["scores"],
-                                  "fusion": r.fusion, "doc_rrf": p["doc_rrf"], "graph_rrf": p["graph_rrf"],
+                hit["explain"] = {"ranks": {c: p["ranks"].get(c) for c in chosen},
+                                  "scores": {c: norm[c][i] for c in norm if i in norm[c]}, "fusion": r.fusion,
+                                  "doc_rrf": rrf(p["ranks"], doc_channels, r.rrf_k, weights),
+                                  "graph_rrf": rrf(p["ranks"], graph_channels, r.rrf_k, weights),
                                   "doc_relevance": p["doc_relevance"], "graph_relevance": p["graph_relevance"],
                                   "neighbour": p["neighbour"], "importance": p["importance"], "recency": p["recency"],
                                   "confidence": p["confidence"], "temporal_factor": p["temporal_factor"],
@@ -2670,22 +2754,22 @@ class Memory:
         r = self.cfg.recall
         return {"chat": r.source_boost_chat, "import": r.source_boost_import}.get(source, r.source_boost_default)
 
-    def _temporal_factors(self, ids, ref: dt.datetime, historical: bool = False) -> dict[int, float]:
-        """Per document, the best TTL factor of its atoms at `ref` (see ttl_factor; with
-        historical=True each atom is judged by the state it had at `ref`); 1.0 when it has none."""
+    def _temporal_factors(self, docs: dict[int, dict], ref: dt.datetime, historical: bool = False) -> dict[int, float]:
+        """Per document (docs: id → row with created_at and importance), the best TTL factor of its
+        atoms at `ref` (see ttl_factor; with historical=True each atom is judged by the state it had
+        at `ref`); a memory without atoms ages like one atom of the default type."""
         out: dict[int, float] = {}
-        for a in self.rows(self.queries["recall_atom_factors"], {"ids": json.dumps(sorted(ids))}):
+        for a in self.rows(self.queries["recall_atom_factors"], {"ids": json.dumps(sorted(docs))}):
             f = ttl_factor(a, self.rules.types[a["atom_type"]]["decay"], ref, historical)
             out[a["id"]] = max(out.get(a["id"], 0.0), f)
         default = self.rules.types[self.rules.default_type]
-        for d in self.rows("select id, created_at, importance from documents where id in (select value from json_each(?))",
-                           (json.dumps(sorted(set(ids) - set(out))),)):
-            # a memory without atoms ages like one atom of the default type (not forever fresh)
+        for i in set(docs) - set(out):
+            d = docs[i]  # not forever fresh: as if it had one atom of the default type
             ttl = effective_ttl_days(float(default["base_ttl_days"]), d["importance"], 0)
             expires = iso(parse_time(d["created_at"]) + dt.timedelta(days=ttl))
-            out[d["id"]] = ttl_factor({"state": "active", "last_reinforced_at": d["created_at"], "expires_at": expires,
-                                       "created_at": d["created_at"], "state_changed_at": d["created_at"]},
-                                      default["decay"], ref, historical)
+            out[i] = ttl_factor({"state": "active", "last_reinforced_at": d["created_at"], "expires_at": expires,
+                                 "created_at": d["created_at"], "state_changed_at": d["created_at"]},
+                                default["decay"], ref, historical)
         return out
 
     def search_atoms(self, query, k: int = 10, persona_id: str | None = None) -> dict:

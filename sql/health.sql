@@ -20,8 +20,10 @@ select
 
 -- name: stats_vector_counts
 select
-    (select count(*) from doc_vec)   as doc_vectors,
-    (select count(*) from graph_vec) as graph_vectors;
+    (select count(*) from doc_vectors)   as doc_vectors,
+    (select count(*) from graph_vectors) as graph_vectors,
+    (select count(*) from doc_vec)       as doc_index_rows,
+    (select count(*) from graph_vec)     as graph_index_rows;
 
 -- name: stats_atoms_by_state
 select state, count(*) as n from memory_atoms group by state order by state;
@@ -70,13 +72,19 @@ select 'documents awaiting vectors (run `aokun rebuild --vectors` or restart wit
 
 -- name: doctor_vector_checks
 select 'documents marked embedded without a vector' as problem,
-       count(*) as n from documents where embedding_state = 'done' and id not in (select doc_id from doc_vec)
+       count(*) as n from documents where embedding_state = 'done' and id not in (select doc_id from doc_vectors)
 union all
-select 'document vectors without a document',
-       count(*) from doc_vec where doc_id not in (select id from documents)
+select 'document vectors missing from the KNN index (run `aokun rebuild --vectors`)',
+       count(*) from doc_vectors where doc_id not in (select doc_id from doc_vec)
+union all
+select 'KNN index rows without a document vector',
+       count(*) from doc_vec where doc_id not in (select doc_id from doc_vectors)
 union all
 select 'graph entries marked embedded without a vector',
-       count(*) from graph_entries where embedding_state = 'done' and id not in (select entry_id from graph_vec)
+       count(*) from graph_entries where embedding_state = 'done' and id not in (select entry_id from graph_vectors)
 union all
-select 'graph vectors without an entry',
-       count(*) from graph_vec where entry_id not in (select id from graph_entries);
+select 'graph vectors missing from the KNN index (run `aokun rebuild --vectors`)',
+       count(*) from graph_vectors where entry_id not in (select entry_id from graph_vec)
+union all
+select 'graph KNN index rows without an entry vector',
+       count(*) from graph_vec where entry_id not in (select entry_id from graph_vectors);

@@ -3,10 +3,10 @@
 --   bm25() is negative, more negative = better; distance is cosine distance, lower = better;
 --   graph_keyword raw is an aggregated positive score, higher = better), confidence (0..1).
 -- Parameters (all named): :match (FTS5 expression, built by aokun.fts_query from quoted tokens),
---   :embedding (float32 blob), :k, :persona_id ('' = default persona), :session_id ('' = any),
+--   :embedding (float32 blob), :k, :candidates (KNN candidates taken from the binary index), :persona_id ('' = default persona), :session_id ('' = any),
 --   :max_archived (0 = live only, 1 = include archived), :as_of ('' = now; ISO-8601 UTC),
 --   :expansion (graph_expansion_limit), :extra (boost for each extra entry point, 0.35),
---   :hop (discount for a one-hop graph neighbour).
+--   :hop (discount for a one-hop graph neighbour), :hub_limit (nodes in more entries are not hopped from).
 -- Try one in the shell:  .param set :match '"coffee"'  then paste the query.
 
 -- name: recall_bm25
@@ -27,30 +27,47 @@ select id, 'bm25' as channel, row_number() over (order by raw) - 1 as rank, raw,
 from hits order by raw;
 
 -- name: recall_vector
--- Document KNN in vec0 with the filters as metadata constraints (no over-fetching).
-with knn as (
-    select doc_id, distance from doc_vec
-    where embedding match :embedding and k = :k
+-- Document KNN: the :candidates nearest by Hamming distance in the binary vec0 index, filtered by
+-- persona/archived as vec0 metadata constraints (no over-fetching in Python), re-scored by exact
+-- cosine distance from the float vectors; the best :k. The query's bits use the same centre as
+-- the stored ones (meta vector_center, see sql/vectors.sql).
+with coarse as (
+    select doc_id from doc_vec
+    where embedding match vec_quantize_binary(vec_sub(:embedding, coalesce(
+              (select unhex(value) from meta where key = 'vector_center'), zeroblob(length(:embedding)))))
+      and k = :candidates
       and persona_id = :persona_id and archived <= :max_archived
+),
+knn as (
+    select v.doc_id, vec_distance_cosine(v.embedding, :embedding) as distance
+    from coarse c join doc_vectors v on v.doc_id = c.doc_id
 )
 select d.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank,
        knn.distance as raw, 1.0 as confidence
 from knn join documents d on d.id = knn.doc_id
 where (:as_of = '' or d.created_at <= :as_of)
-order by knn.distance;
+order by knn.distance
+limit :k;
 
 -- name: recall_vector_session
 -- As recall_vector, restricted to one session (vec0 metadata filters cannot be OR-ed away).
-with knn as (
-    select doc_id, distance from doc_vec
-    where embedding match :embedding and k = :k
+with coarse as (
+    select doc_id from doc_vec
+    where embedding match vec_quantize_binary(vec_sub(:embedding, coalesce(
+              (select unhex(value) from meta where key = 'vector_center'), zeroblob(length(:embedding)))))
+      and k = :candidates
       and persona_id = :persona_id and session_id = :session_id and archived <= :max_archived
+),
+knn as (
+    select v.doc_id, vec_distance_cosine(v.embedding, :embedding) as distance
+    from coarse c join doc_vectors v on v.doc_id = c.doc_id
 )
 select d.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank,
        knn.distance as raw, 1.0 as confidence
 from knn join documents d on d.id = knn.doc_id
 where (:as_of = '' or d.created_at <= :as_of)
-order by knn.distance;
+order by knn.distance
+limit :k;
 
 -- name: recall_graph_keyword
 -- Graph entries hit by the query (FTS5), then one hop: other memories sharing a hit node, and
@@ -69,20 +86,27 @@ with entry_hits as (
     limit :k
 ),
 hits as (select * from entry_hits),
+hop_from as (
+    -- the hit nodes that are no hub: a node in more than :hub_limit entries (a speaker in every
+    -- turn) says nothing about which memory is meant, and hopping from it would scan them all
+    select h.document_id, h.node_id, h.s from hits h
+    where h.node_id is not null
+      and (select count(*) from (select 1 from graph_entries x where x.node_id = h.node_id
+                                 limit :hub_limit + 1)) <= :hub_limit
+),
 via_node as (
     select e2.document_id, h.s * :hop as s, e2.confidence
-    from hits h join graph_entries e2 on e2.node_id = h.node_id and e2.document_id != h.document_id
-    where h.node_id is not null
+    from hop_from h join graph_entries e2 on e2.node_id = h.node_id and e2.document_id != h.document_id
     order by h.s desc
     limit :expansion
 ),
 via_edge as (
     select * from (
         select g.document_id, h.s * :hop as s, g.confidence
-        from hits h join graph_edges g on g.source_id = h.node_id and g.document_id != h.document_id
+        from hop_from h join graph_edges g on g.source_id = h.node_id and g.document_id != h.document_id
         union all
         select g.document_id, h.s * :hop as s, g.confidence
-        from hits h join graph_edges g on g.target_id = h.node_id and g.document_id != h.document_id)
+        from hop_from h join graph_edges g on g.target_id = h.node_id and g.document_id != h.document_id)
     order by s desc
     limit :expansion
 ),
@@ -106,28 +130,38 @@ order by p.raw desc
 limit :k;
 
 -- name: recall_graph_vector
--- KNN over graph-entry vectors (their own vec0 table), folded back to source memories.
-with knn as (
-    select entry_id, distance from graph_vec
-    where embedding match :embedding and k = :k
+-- KNN over graph-entry vectors (their own index, searched and re-scored as in recall_vector),
+-- folded back to source memories: a memory's distance is its nearest entry's.
+with coarse as (
+    select entry_id from graph_vec
+    where embedding match vec_quantize_binary(vec_sub(:embedding, coalesce(
+              (select unhex(value) from meta where key = 'vector_center'), zeroblob(length(:embedding)))))
+      and k = :candidates
       and persona_id = :persona_id and archived <= :max_archived
 ),
 per_doc as (
-    select e.document_id as id, min(knn.distance) as raw, max(e.confidence) as confidence
-    from knn join graph_entries e on e.id = knn.entry_id
+    select e.document_id as id, min(vec_distance_cosine(v.embedding, :embedding)) as raw,
+           max(e.confidence) as confidence
+    from coarse c join graph_vectors v on v.entry_id = c.entry_id join graph_entries e on e.id = c.entry_id
     where (:session_id = '' or e.session_id = :session_id)
     group by e.document_id
 )
 select p.id, 'graph_vector' as channel, row_number() over (order by p.raw) - 1 as rank, p.raw, p.confidence
 from per_doc p join documents d on d.id = p.id
 where (:as_of = '' or d.created_at <= :as_of)
-order by p.raw;
+order by p.raw
+limit :k;
+
+-- name: recall_candidates
+-- The fields the scores need, for every candidate (ids given as a JSON array in :ids).
+select d.id, d.source, d.importance, d.created_at, d.last_access_at, d.access_count
+from documents d
+where d.id in (select value from json_each(:ids));
 
 -- name: recall_documents
--- The fields fusion and the answer need, for a set of ids given as a JSON array in :ids.
-select d.id, d.uid, d.persona_id, d.session_id, d.content, d.summary, d.topics, d.participants, d.tags,
-       d.sentiment, d.source, d.importance, d.pinned, d.archived, d.created_at, d.updated_at,
-       d.last_access_at, d.access_count, f.segmented
+-- The fields MMR and the answer need, for the best candidates only.
+select d.id, d.persona_id, d.session_id, d.content, d.summary, d.topics, d.participants, d.source,
+       d.importance, d.created_at, d.pinned, d.archived, f.segmented
 from documents d join documents_fts f on f.rowid = d.id
 where d.id in (select value from json_each(:ids));
 
@@ -140,13 +174,11 @@ where s.document_id in (select value from json_each(:ids));
 
 -- name: recall_pinned
 -- Pinned memories and their cosine distance to the query: included whenever similar enough.
-select id, vec_distance_cosine(embedding, :embedding) as distance
-from (select d.id, (select v.embedding from doc_vec v where v.doc_id = d.id) as embedding
-      from documents d
-      where d.pinned = 1 and d.persona_id = :persona_id and d.archived <= :max_archived
-        and (:session_id = '' or d.session_id = :session_id)
-        and (:as_of = '' or d.created_at <= :as_of))
-where embedding is not null;
+select d.id, vec_distance_cosine(v.embedding, :embedding) as distance
+from documents d join doc_vectors v on v.doc_id = d.id
+where d.pinned = 1 and d.persona_id = :persona_id and d.archived <= :max_archived
+  and (:session_id = '' or d.session_id = :session_id)
+  and (:as_of = '' or d.created_at <= :as_of);
 
 -- name: search_atoms
 -- Atom BM25 over active atoms of one persona; the TTL factor is applied in Python.

@@ -1,13 +1,22 @@
--- Vector tables (sqlite-vec 0.1.9 vec0). aokun.py substitutes {dim} with the embedding dimension
--- recorded in meta('embedding_dim') before running these; everything else runs as-is in the shell
--- after `.load <path to vec0>` (python -c "import sqlite_vec; print(sqlite_vec.loadable_path())").
--- Filter columns are vec0 metadata columns so filtered KNN happens inside SQL. vec0 metadata
--- filters accept = != < <= > >= only, so "no session" is stored as ''.
+-- Vector storage (sqlite-vec 0.1.9). The float vectors live in plain tables doc_vectors and
+-- graph_vectors (schema/0006). doc_vec and graph_vec are vec0 tables holding a binary-quantised
+-- copy (one bit per dimension) with the filter columns as vec0 metadata columns, so filtered KNN
+-- happens inside SQL; recall takes the nearest by Hamming distance there and re-scores them by
+-- exact cosine distance from the float vectors (sql/recall.sql).
+--
+-- Bits are taken after subtracting meta('vector_center'), the mean of the stored document vectors
+-- (hex of float32; set once 256 exist, recomputed by `aokun rebuild --vectors`): e5-style
+-- embeddings share a large common component, so plain sign bits barely separate them (LoCoMo
+-- top-10 overlap with exact KNN 0.69 uncentred vs 0.97 centred at 100 candidates).
+--
+-- aokun.py substitutes {dim} with meta('embedding_dim'); in the shell first run
+-- `.load <path to vec0>` (python -c "import sqlite_vec; print(sqlite_vec.loadable_path())").
+-- vec0 metadata filters accept = != < <= > >= only, so "no session" is stored as ''.
 
 -- name: create_doc_vec
 create virtual table if not exists doc_vec using vec0(
     doc_id integer primary key,
-    embedding float[{dim}] distance_metric=cosine,
+    embedding bit[{dim}],
     persona_id text,
     session_id text,
     archived integer
@@ -16,8 +25,43 @@ create virtual table if not exists doc_vec using vec0(
 -- name: create_graph_vec
 create virtual table if not exists graph_vec using vec0(
     entry_id integer primary key,
-    embedding float[{dim}] distance_metric=cosine,
+    embedding bit[{dim}],
     persona_id text,
     session_id text,
     archived integer
 );
+
+-- name: put_doc_vector
+-- Store one document vector (:id, :embedding) and its index row with the document's filters.
+insert or replace into doc_vectors(doc_id, embedding) values (:id, :embedding);
+delete from doc_vec where doc_id = :id;
+insert into doc_vec(doc_id, embedding, persona_id, session_id, archived)
+select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value) from meta where key = 'vector_center'),
+                                                            zeroblob(length(:embedding))))),
+       persona_id, session_id, archived
+from documents where id = :id;
+
+-- name: put_entry_vector
+-- Store one graph-entry vector (:id, :embedding) and its index row.
+insert or replace into graph_vectors(entry_id, embedding) values (:id, :embedding);
+delete from graph_vec where entry_id = :id;
+insert into graph_vec(entry_id, embedding, persona_id, session_id, archived)
+select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value) from meta where key = 'vector_center'),
+                                                            zeroblob(length(:embedding))))),
+       persona_id, session_id, archived
+from graph_entries where id = :id;
+
+-- name: reindex_vectors
+-- Rebuild both vec0 indexes from the float vectors (after the centre changes).
+delete from doc_vec;
+insert into doc_vec(doc_id, embedding, persona_id, session_id, archived)
+select d.id, vec_quantize_binary(vec_sub(v.embedding, coalesce((select unhex(value) from meta where key = 'vector_center'),
+                                                               zeroblob(length(v.embedding))))),
+       d.persona_id, d.session_id, d.archived
+from doc_vectors v join documents d on d.id = v.doc_id;
+delete from graph_vec;
+insert into graph_vec(entry_id, embedding, persona_id, session_id, archived)
+select e.id, vec_quantize_binary(vec_sub(v.embedding, coalesce((select unhex(value) from meta where key = 'vector_center'),
+                                                               zeroblob(length(v.embedding))))),
+       e.persona_id, e.session_id, e.archived
+from graph_vectors v join graph_entries e on e.id = v.entry_id;

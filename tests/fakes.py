@@ -63,8 +63,8 @@ def open_memory(path, dim: int = 16, **kw) -> "aokun.Memory":
 # helpers shared by the test files --------------------------------------------------------------
 
 #: Every table a memory leaves rows in (the two vec0 tables included).
-ALL_TABLES = ("documents", "documents_fts", "doc_vec", "memory_atoms", "atom_sources", "memory_atoms_fts",
-              "graph_nodes", "graph_edges", "graph_entries", "graph_entries_fts", "graph_vec", "memory_write_ops")
+ALL_TABLES = ("documents", "documents_fts", "doc_vec", "doc_vectors", "memory_atoms", "atom_sources", "memory_atoms_fts",
+              "graph_nodes", "graph_edges", "graph_entries", "graph_entries_fts", "graph_vec", "graph_vectors", "memory_write_ops")
 
 
 def count(mem, table: str, where: str = "", params=()) -> int:
@@ -83,6 +83,6 @@ def fts_ids(mem, table: str, query: str) -> list[int]:
 
 
 def doc_vector(mem, doc_id: int):
-    blob = mem.value("select embedding from doc_vec where doc_id = ?", (doc_id,))
+    blob = mem.value("select embedding from doc_vectors where doc_id = ?", (doc_id,))
     return None if blob is None else np.frombuffer(blob, dtype=np.float32)
 

@@ -122,6 +122,7 @@ def test_delete_leaves_no_orphans_in_any_table(mem):
         "documents": count(mem, "documents", "id = ?", (d,)),
         "documents_fts": count(mem, "documents_fts", "rowid = ?", (d,)),
         "doc_vec": count(mem, "doc_vec", "doc_id = ?", (d,)),
+        "doc_vectors": count(mem, "doc_vectors", "doc_id = ?", (d,)),
         "memory_atoms": count(mem, "memory_atoms", f"id in {_in(a_atoms)} or document_id = ?", (d,)),
         "atom_sources": count(mem, "atom_sources", "document_id = ?", (d,)),
         "memory_atoms_fts": count(mem, "memory_atoms_fts", f"rowid in {_in(a_atoms)}"),
@@ -130,6 +131,7 @@ def test_delete_leaves_no_orphans_in_any_table(mem):
         "graph_entries": count(mem, "graph_entries", "document_id = ?", (d,)),
         "graph_entries_fts": count(mem, "graph_entries_fts", f"rowid in {_in(a_entries)}"),
         "graph_vec": count(mem, "graph_vec", f"entry_id in {_in(a_entries)}"),
+        "graph_vectors": count(mem, "graph_vectors", f"entry_id in {_in(a_entries)}"),
         "memory_write_ops": count(mem, "memory_write_ops", "document_id = ?", (d,)),
     }
     assert set(checks) == set(ALL_TABLES)
@@ -137,10 +139,12 @@ def test_delete_leaves_no_orphans_in_any_table(mem):
     # global orphan checks: every derived row points at something that exists
     assert count(mem, "documents_fts", "rowid not in (select id from documents)") == 0
     assert count(mem, "doc_vec", "doc_id not in (select id from documents)") == 0
+    assert count(mem, "doc_vectors", "doc_id not in (select id from documents)") == 0
     assert count(mem, "memory_atoms_fts", "rowid not in (select id from memory_atoms)") == 0
     assert count(mem, "atom_sources", "document_id not in (select id from documents)") == 0
     assert count(mem, "graph_entries_fts", "rowid not in (select id from graph_entries)") == 0
     assert count(mem, "graph_vec", "entry_id not in (select id from graph_entries)") == 0
+    assert count(mem, "graph_vectors", "entry_id not in (select id from graph_entries)") == 0
     assert count(mem, "graph_edges", "source_id not in (select id from graph_nodes) "
                                      "or target_id not in (select id from graph_nodes)") == 0
     assert count(mem, "graph_nodes", "id not in (select node_id from graph_entries where node_id is not null) "
@@ -206,8 +210,8 @@ def test_pin_and_archive_flip_every_copy_of_the_flag(mem):
     assert _flags(mem, d) == {"pinned": 0, "archived": 1, "doc_vec": 1, "graph_entries": {1}, "graph_vec": {1}}
     # vec0 filters on the metadata column inside SQL
     q = np.asarray(mem.embedder.embed_query("Ivan's birthday is on 3 March"), np.float32).tobytes()
-    live = [x["doc_id"] for x in mem.rows("select doc_id from doc_vec where embedding match ? and k = 10 "
-                                          "and archived = 0", (q,))]
+    live = [x["doc_id"] for x in mem.rows("select doc_id from doc_vec where embedding match vec_quantize_binary(?) "
+                                          "and k = 10 and archived = 0", (q,))]
     assert live == [other["id"]]
     assert d not in [x["id"] for x in mem.list_memories()]
     assert d in [x["id"] for x in mem.list_memories(include_archived=True)]

@@ -166,6 +166,7 @@ def test_endpoint_down_still_stores_then_backfills(db_path, segmenter):
             assert n == 1 + entries
             assert mem.value("select embedding_state from documents where id = ?", (r["id"],)) == "done"
             assert count(mem, "doc_vec") == 1 and count(mem, "graph_vec") == entries
+            assert count(mem, "doc_vectors") == 1 and count(mem, "graph_vectors") == entries
             assert mem.meta_get("embedding_dim") == "8" and mem.meta_get("embedding_model") == "remote-embed"
             assert mem.doctor() == []
             r2 = mem.memorize("A second memory while the endpoint is up")
@@ -178,8 +179,8 @@ def test_endpoint_down_still_stores_then_backfills(db_path, segmenter):
 
 def _snapshot(mem):
     return (mem.rows("select id, content, embedding_state, updated_at from documents order by id"),
-            mem.rows("select doc_id, embedding from doc_vec order by doc_id"),
-            mem.rows("select entry_id, embedding from graph_vec order by entry_id"))
+            mem.rows("select doc_id, embedding from doc_vectors order by doc_id"),
+            mem.rows("select entry_id, embedding from graph_vectors order by entry_id"))
 
 
 @pytest.mark.parametrize("new", [FakeEmbedder(8), FakeEmbedder(16, model="other-16")], ids=["dim", "model"])
@@ -208,12 +209,12 @@ def test_dimension_or_model_mismatch_then_rebuild(db_path, open_mem, new):
     assert out == {"vectors": 4 + entries}
     assert m.vector_problem is None and m.vectors_usable
     assert m.meta_get("embedding_dim") == str(new.dim) and m.meta_get("embedding_model") == new.model
-    blobs = m.rows("select doc_id, embedding from doc_vec order by doc_id")
+    blobs = m.rows("select doc_id, embedding from doc_vectors order by doc_id")
     assert len(blobs) == 4 and all(len(b["embedding"]) == 4 * new.dim for b in blobs)
     for b in blobs:
         text = m.value("select content from documents where id = ?", (b["doc_id"],))
         np.testing.assert_allclose(np.frombuffer(b["embedding"], np.float32), new.vector(text), atol=1e-6)
-    assert count(m, "graph_vec") == entries
+    assert count(m, "graph_vec") == entries == count(m, "graph_vectors") and count(m, "doc_vec") == 4
     assert [d["content"] for d in _snapshot(m)[0][:3]] == [d["content"] for d in before[0]]
     assert m.doctor() == []
     m.close()
@@ -242,8 +243,9 @@ def test_local_model_vectors_carry_meaning(local_mem):
 
     def nearest(query):
         q = np.asarray(mem.embedder.embed_query(query), np.float32).tobytes()
-        rows = mem.rows("select doc_id from doc_vec where embedding match ? and k = 20 order by distance", (q,))
-        return [r["doc_id"] for r in rows if r["doc_id"] in ids.values()][0]
+        rows = mem.rows(mem.queries["recall_vector"], {"embedding": q, "k": 20, "candidates": 20, "persona_id": "",
+                                                      "max_archived": 0, "as_of": ""})
+        return [r["id"] for r in rows if r["id"] in ids.values()][0]
 
     # no shared keywords between query and memory: only the meaning connects them
     assert nearest("what coffee does she like?") == ids["coffee"]
@@ -281,7 +283,7 @@ def test_switch_to_endpoint_with_other_native_dim_then_rebuild(db_path, open_mem
         entries = count(mem, "graph_entries", "node_id in (select id from graph_nodes where node_type = 'fact')")
         assert out == {"vectors": 1 + entries}
         assert mem.meta_get("embedding_dim") == "8" and mem.meta_get("embedding_model") == "remote-embed"
-        assert all(len(r["embedding"]) == 4 * 8 for r in mem.rows("select embedding from doc_vec"))
+        assert all(len(r["embedding"]) == 4 * 8 for r in mem.rows("select embedding from doc_vectors"))
         assert mem.doctor() == []
     finally:
         mem.close()

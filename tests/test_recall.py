@@ -47,7 +47,8 @@ def channel_params(m, query: str, k: int = 5, persona: str = "", session: str = 
         if m.embedder.provider != "none" else None
     return {"match": aokun.fts_query(m.seg.tokens(query)), "persona_id": persona, "session_id": session,
             "max_archived": int(archived), "as_of": "", "k": min(4096, max(r.channel_k, 2 * k)),
-            "expansion": r.graph_expansion_limit, "extra": r.graph_extra_entry_boost, "hop": 0.5, "embedding": emb}
+            "expansion": r.graph_expansion_limit, "extra": r.graph_extra_entry_boost, "hop": 0.5, "embedding": emb,
+            "candidates": r.vector_candidates, "hub_limit": r.graph_hub_limit}
 
 
 # 1. hostile keyword queries ----------------------------------------------------------------------
@@ -220,6 +221,21 @@ def test_graph_expansion_respects_session_and_archive_filters(make):
     assert set(ids(m.recall(query, k=10, channels=gk))) == {hit, other_session}
     assert set(ids(m.recall(query, k=10, channels=gk, session_id="s1"))) == {hit}
     assert set(ids(m.recall(query, k=10, channels=gk, include_archived=True))) == {hit, other_session, archived}
+
+
+def test_graph_hop_skips_hub_nodes(make):
+    """A node in more than graph_hub_limit entries (a speaker of every turn) is no hop start: it
+    would pull in arbitrary memories of that person."""
+    m = make(embedder=aokun.Embedder(), **{"recall.reinforce_on_recall": False, "recall.graph_hub_limit": 3})
+    hit = m.memorize("Marta keeps the spare quokka keys", {"participants": ["Marta"], "topics": ["keys"]})["id"]
+    same_topic = m.memorize("Lost and found opens at nine", {"topics": ["keys"]})["id"]
+    chatter = [m.memorize(t, {"participants": ["Marta"]})["id"] for t in ("Lunch was pasta again", "It rained")]
+    gk = ["graph_keyword"]
+    # Marta is in 3 person entries (not above the limit): both hops work
+    assert set(ids(m.recall("spare quokka keys", k=10, channels=gk))) == {hit, same_topic, *chatter}
+    chatter.append(m.memorize("The bus was late", {"participants": ["Marta"]})["id"])
+    # now Marta is a hub: her other memories are not reached (the topic entry matches by its own words)
+    assert set(ids(m.recall("spare quokka keys", k=10, channels=gk))) == {hit, same_topic}
 
 
 def test_archived_excluded_unless_include_archived_in_every_channel(make):

@@ -68,7 +68,7 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
     assert [r["entry_id"] for r in mem.rows("select entry_id from graph_vec order by entry_id")] == \
         [e["id"] for e in fact_entries]
     for e, fact in zip(fact_entries, ["Alice loves iced americano.", "She will visit Tokyo next week."]):
-        blob = mem.value("select embedding from graph_vec where entry_id = ?", (e["id"],))
+        blob = mem.value("select embedding from graph_vectors where entry_id = ?", (e["id"],))
         np.testing.assert_allclose(np.frombuffer(blob, np.float32), fake_embedder.vector(fact), atol=1e-6)
 
     # the journal

@@ -1,0 +1,136 @@
+"""The vector store: float vectors in plain tables, a centred binary vec0 index searched first and
+re-scored exactly; the upgrade of files that kept float vectors inside vec0 (schema < 6)."""
+
+import apsw
+import numpy as np
+import pytest
+import sqlite_vec
+
+import aokun
+from fakes import FakeEmbedder, count
+
+TEXTS = [f"{name} {verb} {thing} in {place}" for name in ("Alice", "Bob", "Carmen", "Deepak")
+         for verb in ("likes", "sold", "painted") for thing in ("tea", "a bike", "the fence")
+         for place in ("Oslo", "Kyoto")]  # 72 distinct memories
+
+
+def _floats(mem, table="doc_vectors", key="doc_id"):
+    return {r[key]: np.frombuffer(r["embedding"], np.float32) for r in mem.rows(f"select {key}, embedding from {table}")}
+
+
+def _bits(v: np.ndarray) -> bytes:
+    """vec_quantize_binary: bit i of byte i//8 (least significant first) is v[i] > 0."""
+    return np.packbits(v > 0, bitorder="little").tobytes()
+
+
+def _params(mem, query: str, k: int, candidates: int) -> dict:
+    emb = np.asarray(mem.embedder.embed_query(query), np.float32).tobytes()
+    return {"embedding": emb, "k": k, "candidates": candidates, "persona_id": "", "max_archived": 0, "as_of": ""}
+
+
+def test_index_is_centred_once_enough_vectors_exist(db_path, open_mem):
+    mem = open_mem(db_path)
+    mem.CENTER_AFTER = 10
+    for t in TEXTS[:9]:
+        mem.memorize(t)
+    assert mem.meta_get("vector_center") is None
+    for doc_id, v in _floats(mem).items():  # before the centre: plain sign bits
+        assert mem.value("select embedding from doc_vec where doc_id = ?", (doc_id,)) == _bits(v)
+    mem.memorize(TEXTS[9])
+    center = np.frombuffer(bytes.fromhex(mem.meta_get("vector_center")), np.float32)
+    floats = _floats(mem)
+    np.testing.assert_allclose(center, np.mean(list(floats.values()), axis=0), atol=1e-6)
+    for doc_id, v in floats.items():  # every row re-quantised around the centre, old and new
+        assert mem.value("select embedding from doc_vec where doc_id = ?", (doc_id,)) == _bits(v - center)
+    for entry_id, v in _floats(mem, "graph_vectors", "entry_id").items():
+        assert mem.value("select embedding from graph_vec where entry_id = ?", (entry_id,)) == _bits(v - center)
+    later = mem.memorize(TEXTS[10])["id"]  # later vectors use the same centre
+    assert mem.value("select embedding from doc_vec where doc_id = ?", (later,)) == _bits(_floats(mem)[later] - center)
+    assert mem.doctor() == []
+
+
+def test_vector_channel_is_exact_knn_when_candidates_cover_the_file(db_path, open_mem):
+    mem = open_mem(db_path)
+    mem.CENTER_AFTER = 20
+    for t in TEXTS:
+        mem.memorize(t)
+    floats = _floats(mem)
+    for query in ("Who painted the fence in Kyoto?", "bike sales", "Carmen tea"):
+        q = np.asarray(mem.embedder.embed_query(query), np.float32)
+        exact = sorted(floats, key=lambda i: (1 - float(floats[i] @ q), i))[:10]
+        rows = mem.rows(mem.queries["recall_vector"], _params(mem, query, 10, len(TEXTS)))
+        assert [r["id"] for r in rows] == exact
+        np.testing.assert_allclose([r["raw"] for r in rows], [1 - float(floats[i] @ q) for i in exact], atol=1e-5)
+        # with fewer candidates the answer is still exact distances, best first, from the nearest bits
+        few = mem.rows(mem.queries["recall_vector"], _params(mem, query, 5, 12))
+        assert len(few) == 5 and [r["raw"] for r in few] == sorted(r["raw"] for r in few)
+        assert [r["rank"] for r in few] == list(range(5))
+
+
+def _make_schema5_file(path, dim=16):
+    """A file as Aokun ≤ schema 5 wrote it: float vectors inside vec0, no plain vector tables."""
+    m = aokun.Memory(path, aokun.Config(None), embedder=FakeEmbedder(dim))
+    ids = [m.memorize(t)["id"] for t in TEXTS[:6]]
+    docs, entries = _floats(m), _floats(m, "graph_vectors", "entry_id")
+    m.close()
+    c = apsw.Connection(str(path))
+    c.enable_load_extension(True)
+    c.load_extension(sqlite_vec.loadable_path())
+    c.execute("begin")
+    c.execute("drop table doc_vec")
+    c.execute("drop table graph_vec")
+    for table, key in (("doc_vec", "doc_id"), ("graph_vec", "entry_id")):
+        c.execute(f"create virtual table {table} using vec0({key} integer primary key, embedding float[{dim}] "
+                  "distance_metric=cosine, persona_id text, session_id text, archived integer)")
+    for i, v in docs.items():
+        c.execute("insert into doc_vec select id, ?, persona_id, session_id, archived from documents where id = ?",
+                  (v.tobytes(), i))
+    for i, v in entries.items():
+        c.execute("insert into graph_vec select id, ?, persona_id, session_id, archived from graph_entries where id = ?",
+                  (v.tobytes(), i))
+    c.execute("drop table doc_vectors")
+    c.execute("drop table graph_vectors")
+    c.execute("delete from meta where key = 'vector_center'")
+    c.execute("pragma user_version = 5")
+    c.execute("commit")
+    c.close()
+    return ids, docs, entries
+
+
+def test_schema5_file_is_upgraded_without_losing_a_vector(tmp_path):
+    path = tmp_path / "old.db"
+    ids, docs, entries = _make_schema5_file(path)
+    mem = aokun.Memory(path, aokun.Config(None), embedder=FakeEmbedder(16))
+    try:
+        assert mem.value("pragma user_version") == aokun.schema_version_known()
+        assert "bit[16]" in mem.value("select sql from sqlite_master where name = 'doc_vec'")
+        assert _floats(mem).keys() == docs.keys()
+        for i, v in _floats(mem).items():
+            np.testing.assert_array_equal(v, docs[i])
+        for i, v in _floats(mem, "graph_vectors", "entry_id").items():
+            np.testing.assert_array_equal(v, entries[i])
+        assert count(mem, "doc_vec") == len(docs) and count(mem, "graph_vec") == len(entries)
+        assert mem.doctor() == []
+        assert list((tmp_path / "backups").glob("old-schema5-*.db"))  # the pre-upgrade file is kept
+        hit = mem.recall(TEXTS[3], k=1, channels="vector")["results"]
+        assert [h["id"] for h in hit] == [ids[3]]
+        new = mem.memorize("Elena fixed the boiler in Lisbon")
+        assert new["embedding"] == "done" and count(mem, "doc_vectors") == len(docs) + 1
+    finally:
+        mem.close()
+    reopened = aokun.Memory(path, aokun.Config(None), embedder=FakeEmbedder(16))  # upgrading twice is a no-op
+    try:
+        assert count(reopened, "doc_vectors") == len(docs) + 1 and reopened.doctor() == []
+    finally:
+        reopened.close()
+
+
+def test_dimension_not_divisible_by_8_degrades_to_keywords_and_keeps_the_memory(db_path, open_mem):
+    mem = open_mem(db_path, FakeEmbedder(12))
+    assert "divisible by 8" in mem.vector_problem and not mem.has_table("doc_vec")
+    r = mem.memorize("Twelve dimensions cannot be packed into bytes")
+    assert mem.get(r["id"])["content"] == "Twelve dimensions cannot be packed into bytes"
+    out = mem.recall("twelve dimensions")
+    assert [h["id"] for h in out["results"]] == [r["id"]]
+    assert {d["channel"] for d in out["degraded"]} == {"vector", "graph_vector"}
+    assert all("divisible by 8" in d["reason"] for d in out["degraded"])
