@@ -85,8 +85,8 @@ with entry_hits as (
     order by bm25(graph_entries_fts)
     limit :k
 ),
-hits as (select * from entry_hits),
-hop_from as (
+hits as materialized (select * from entry_hits),
+hop_from as materialized (
     -- the hit nodes that are no hub: a node in more than :hub_limit entries (a speaker in every
     -- turn) says nothing about which memory is meant, and hopping from it would scan them all
     select h.document_id, h.node_id, h.s from hits h
@@ -96,17 +96,17 @@ hop_from as (
 ),
 via_node as (
     select e2.document_id, h.s * :hop as s, e2.confidence
-    from hop_from h join graph_entries e2 on e2.node_id = h.node_id and e2.document_id != h.document_id
+    from hop_from h cross join graph_entries e2 on e2.node_id = h.node_id and e2.document_id != h.document_id
     order by h.s desc
     limit :expansion
 ),
 via_edge as (
     select * from (
         select g.document_id, h.s * :hop as s, g.confidence
-        from hop_from h join graph_edges g on g.source_id = h.node_id and g.document_id != h.document_id
+        from hop_from h cross join graph_edges g on g.source_id = h.node_id and g.document_id != h.document_id
         union all
         select g.document_id, h.s * :hop as s, g.confidence
-        from hop_from h join graph_edges g on g.target_id = h.node_id and g.document_id != h.document_id)
+        from hop_from h cross join graph_edges g on g.target_id = h.node_id and g.document_id != h.document_id)
     order by s desc
     limit :expansion
 ),

@@ -1,5 +1,7 @@
 """Edit, delete, pin/archive: nothing stale stays searchable, nothing is orphaned."""
 
+import datetime as dt
+
 import numpy as np
 import pytest
 
@@ -258,6 +260,10 @@ def test_delete_reinforcing_memory_decrements_and_keeps_atom(mem, delete_first):
     after = mem.rows("select * from memory_atoms")
     assert len(after) == 1 and after[0]["id"] == atom[0]["id"]
     assert after[0]["reinforcement_count"] == 0
+    # the TTL the reinforcement added is taken back: base × (0.5 + importance) from the last reinforcement
+    ttl = aokun.effective_ttl_days(after[0]["base_ttl_days"], after[0]["importance"], 0)
+    assert after[0]["expires_at"] < atom[0]["expires_at"]
+    assert after[0]["expires_at"] == aokun.iso(aokun.parse_time(after[0]["last_reinforced_at"]) + dt.timedelta(days=ttl))
     assert after[0]["document_id"] == kept["id"]  # the first source moves to a living document
     assert after[0]["content"] == FACT1
     assert mem.rows("select document_id from atom_sources") == [{"document_id": kept["id"]}]

@@ -237,6 +237,18 @@ def test_reinforcement_is_by_type_and_threshold(mem):
     assert mem.value("select max(reinforcement_count) from memory_atoms") == 0
 
 
+def test_small_talk_never_reinforces(mem):
+    """Short repeated phrases are separate atoms that expire on their own; a real fact said again
+    (enough tokens) still reinforces."""
+    for i, text in enumerate(["Thanks, Melanie!", "thanks melanie :)", "Thanks Melanie.", "THANKS, MELANIE"]):
+        mem.memorize(text, {"session_id": f"s{i}"})
+    assert mem.value("select max(reinforcement_count) from memory_atoms") == 0
+    assert count(mem, "memory_atoms") == 4
+    mem.memorize("Melanie paints sunsets over the lake", {"session_id": "a"})
+    mem.memorize("Melanie paints sunsets over the lake again", {"session_id": "b"})
+    assert mem.value("select max(reinforcement_count) from memory_atoms") == 1
+
+
 @pytest.mark.parametrize("fact, atom_type", [
     ("I will fly to Tokyo next week", "planned"),
     ("明天下午三点和客户开会", "planned"),
