@@ -34,6 +34,7 @@ import time
 import tomllib
 import unicodedata
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,7 +125,7 @@ def age_days(then: str | None, ref: dt.datetime) -> float:
     """Days from ISO text `then` to `ref` (never negative)."""
     if not then:
         return 0.0
-    return max(0.0, (ref - parse_time(then)).total_seconds() / 86400.0)
+    return max(0.0, (ref - _parse_iso(then)).total_seconds() / 86400.0)
 
 
 # Config ##########################################################################################
@@ -995,6 +996,7 @@ class Memory:
         self.epoch = 0
         self.vector_problem: str | None = None
         self._recall_cache: dict = {}
+        self._toucher: ThreadPoolExecutor | None = None
         self._upgrade_vector_index()
         self._check_embedding_meta()
         self.last_recovery: dict = {}
@@ -1005,6 +1007,9 @@ class Memory:
 
     def close(self):
         self.wait_background()
+        if self._toucher is not None:
+            self._toucher.shutdown()
+            self._toucher = None
         with self.lock:
             with contextlib.suppress(apsw.Error):
                 self.conn.pragma("optimize")
@@ -2601,9 +2606,10 @@ class Memory:
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
             if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings}
-        if results and r.reinforce_on_recall and not as_of_iso:
+        answer = self._answer(key, out, started)
+        if results and r.reinforce_on_recall and not as_of_iso:  # after caching: the touch takes the lock
             self._touch([h["id"] for h in results])
-        return self._answer(key, out, started)
+        return answer
 
     def _channels(self, channels) -> tuple:
         if channels is None:
@@ -2645,25 +2651,31 @@ class Memory:
                 if ch in graph_channels:
                     confidence[row["id"]] = max(confidence.get(row["id"], 0.0), row["confidence"] or 0.0)
 
+        totals = {id(chs): sum(weights[c] for c in chs) for chs in (doc_channels, graph_channels)}
+
         def relevance(i, channels):
             """The route's relevance in 0..1: weighted RRF, or weighted mean of min-max scores."""
-            total = sum(weights[c] for c in channels)
+            total = totals[id(channels)]
             if not total:
                 return 0.0
             if r.fusion == "rrf":
                 return rrf(ranks[i], channels, r.rrf_k, weights)
-            return sum(weights[c] * norm.get(c, {}).get(i, 0.0) for c in channels) / total
+            return sum(weights[c] * norm[c].get(i, 0.0) for c in channels if c in norm) / total
 
         w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
         wd, wg = (w_doc, w_graph) if doc_channels and graph_channels else ((1.0, 0.0) if doc_channels else (0.0, 1.0))
         gamma = r.score_gamma + spec.get("recency_boost", 0.0)
         parts: dict[int, dict] = {}
+        default = self.rules.types[self.rules.default_type]
+        factor_params = {"ref": iso(ref), "historical": int(historical), "default_ttl": float(default["base_ttl_days"]),
+                         "default_step": int(default["decay"] == "step"),
+                         "step_types": json.dumps([t for t, v in self.rules.types.items() if v["decay"] == "step"])}
 
         def score(batch) -> None:
             """The route scores of `batch` (ids) into parts; deleted ids are skipped."""
             batch = sorted(set(batch) - set(parts))
-            docs = {d["id"]: d for d in self.rows(self.queries["recall_candidates"], {"ids": json.dumps(batch)})}
-            factors = self._temporal_factors(docs, ref, historical) if graph_channels else {}
+            docs = {d["id"]: d for d in self.rows(self.queries["recall_candidates"], dict(factor_params, ids=json.dumps(batch)))}
+            factors = {i: d["temporal_factor"] for i, d in docs.items()} if graph_channels else {}
             for i, d in docs.items():
                 ranks.setdefault(i, {})
                 last = d["created_at"] if historical else max(d["created_at"], d["last_access_at"] or "")
@@ -2763,24 +2775,6 @@ class Memory:
         r = self.cfg.recall
         return {"chat": r.source_boost_chat, "import": r.source_boost_import}.get(source, r.source_boost_default)
 
-    def _temporal_factors(self, docs: dict[int, dict], ref: dt.datetime, historical: bool = False) -> dict[int, float]:
-        """Per document (docs: id → row with created_at and importance), the best TTL factor of its
-        atoms at `ref` (see ttl_factor; with historical=True each atom is judged by the state it had
-        at `ref`); a memory without atoms ages like one atom of the default type."""
-        out: dict[int, float] = {}
-        for a in self.rows(self.queries["recall_atom_factors"], {"ids": json.dumps(sorted(docs))}):
-            f = ttl_factor(a, self.rules.types[a["atom_type"]]["decay"], ref, historical)
-            out[a["id"]] = max(out.get(a["id"], 0.0), f)
-        default = self.rules.types[self.rules.default_type]
-        for i in set(docs) - set(out):
-            d = docs[i]  # not forever fresh: as if it had one atom of the default type
-            ttl = effective_ttl_days(float(default["base_ttl_days"]), d["importance"], 0)
-            expires = iso(parse_time(d["created_at"]) + dt.timedelta(days=ttl))
-            out[i] = ttl_factor({"state": "active", "last_reinforced_at": d["created_at"], "expires_at": expires,
-                                 "created_at": d["created_at"], "state_changed_at": d["created_at"]},
-                                default["decay"], ref, historical)
-        return out
-
     def search_atoms(self, query, k: int = 10, persona_id: str | None = None) -> dict:
         """Atom BM25 × TTL factor (seed: Retrieval IV): only active atoms; exp(−age/ttl) while
         unexpired (age from last reinforcement), planned atoms 1 until their deadline, 0 after.
@@ -2848,14 +2842,15 @@ class Memory:
                     self.epoch = epoch  # own commits leave pragma data_version alone: the cache stays valid
             except apsw.Error as e:  # closed connection at exit, busy beyond the timeout
                 log.warning("could not record access to %s: %s", ids, e)
-        t = threading.Thread(target=work, name="aokun-touch", daemon=True)
-        self._touch_threads = [x for x in getattr(self, "_touch_threads", []) if x.is_alive()] + [t]
-        t.start()
+        with self.lock:
+            if self._toucher is None:  # one worker thread, started on first use, kept for the next recalls
+                self._toucher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-touch")
+            self._toucher.submit(work)
 
     def wait_background(self) -> None:
         """Wait for background access bookkeeping (called by close())."""
-        for t in getattr(self, "_touch_threads", []):
-            t.join()
+        if self._toucher is not None:
+            self._toucher.submit(lambda: None).result()  # one FIFO worker: everything before it is done
 
 
 # Retrieval helpers ###############################################################################
@@ -2891,15 +2886,17 @@ def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, la
     argmax λ·relevance(d) − (1−λ)·max_{s∈picked} Jaccard(d, s). Returns [(id, mmr_score)]."""
     picked: list[tuple] = []
     pool = list(candidates)
+    sim = dict.fromkeys(pool, 0.0)  # max similarity to the picked set, updated with each pick
     while pool and len(picked) < k:
         best, best_score = None, -math.inf
         for c in pool:
-            sim = max((jaccard(tokens[c], tokens[p]) for p, _ in picked), default=0.0)
-            score = lam * relevance[c] - (1 - lam) * sim
+            score = lam * relevance[c] - (1 - lam) * sim[c]
             if score > best_score:
                 best, best_score = c, score
         picked.append((best, best_score))
         pool.remove(best)
+        for c in pool:
+            sim[c] = max(sim[c], jaccard(tokens[c], tokens[best]))
     return picked
 
 
@@ -2959,11 +2956,11 @@ def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = Fals
     last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
     historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
     then and had not yet expired or been superseded (needs created_at and state_changed_at)."""
-    start, end = parse_time(atom["last_reinforced_at"]), parse_time(atom["expires_at"])
+    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])  # stored: valid
     if historical:
         if atom["state"] == "superseded":
-            end = min(end, parse_time(atom["state_changed_at"]))
-        if ref < parse_time(atom["created_at"]):
+            end = min(end, _parse_iso(atom["state_changed_at"]))
+        if ref < _parse_iso(atom["created_at"]):
             return 0.0
     elif atom["state"] != "active":
         return 0.0

@@ -193,7 +193,7 @@ class EngineSUT:
 
     name = "engine"
 
-    def __init__(self, db_path: Path, provider: str = "local", touch: bool = False):
+    def __init__(self, db_path: Path, provider: str = "local", touch: bool = False, config: Path | None = None):
         import aokun
 
         overrides = {("recall", "cache_ttl_seconds"): 0.0}
@@ -201,7 +201,7 @@ class EngineSUT:
             overrides[("embedding", "provider")] = provider
         if not touch and "reinforce_on_recall" in aokun.DEFAULTS["recall"]:
             overrides[("recall", "reinforce_on_recall")] = False
-        self.mem = aokun.Memory(db_path, aokun.Config(None, overrides=overrides))
+        self.mem = aokun.Memory(db_path, aokun.Config(config, overrides=overrides))
         if not touch:
             if "reinforce_on_recall" not in aokun.DEFAULTS["recall"]:
                 self.mem._touch = lambda ids: None
@@ -428,15 +428,19 @@ def summary_json(ds: Dataset, ingest_info: dict, results: dict) -> dict:
 @click.option("--misses", type=int, default=0, help="Print N hybrid questions with nothing found in the top 10.")
 @click.option("--categories", default="1,2,3,4", show_default=True,
               help="LoCoMo question categories (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial).")
+@click.option("--config", "config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="An aokun.ini whose [recall] etc. settings the engine uses (to compare settings; not with --via-mcp).")
 @click.option("--json", "as_json", is_flag=True, help="Also print a machine-readable summary at the end.")
 @click.option("--via-mcp", is_flag=True,
               help="Go through a real stdio MCP session (memorize every turn, recall every question); hybrid only.")
-def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso, touch, misses, categories, as_json,
-         via_mcp):
+def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso, touch, misses, categories, config,
+         as_json, via_mcp):
     """Recall@k of Aokun on LoCoMo and MADial-Bench zh (protocol: ../shared/data/README.md).
 
     Example: python scripts/eval_recall.py --dataset locomo --limit-questions 50
     """
+    if config and via_mcp:
+        raise click.UsageError("--config applies to the in-process engine; drop --via-mcp to use it")
     if now_iso:
         import aokun
         aokun.parse_time(now_iso, "--now")
@@ -471,7 +475,8 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
                 ds.questions = ds.questions[:limit_questions]
             db_path = db_dir / f"{name}.db"
             print(f"[{name}] database {db_path}{' (reused)' if db_path.exists() else ''}", file=sys.stderr)
-            sut = (MCPSUT if via_mcp else EngineSUT)(db_path, provider=provider, touch=touch)
+            sut = MCPSUT(db_path, provider=provider, touch=touch) if via_mcp else \
+                EngineSUT(db_path, provider=provider, touch=touch, config=config)
             try:
                 id_map, info = ingest(sut, ds)
                 results = evaluate(sut, ds, id_map, settings)

@@ -153,9 +153,37 @@ order by p.raw
 limit :k;
 
 -- name: recall_candidates
--- The fields the scores need, for every candidate (ids given as a JSON array in :ids).
-select d.id, d.source, d.importance, d.created_at, d.last_access_at, d.access_count
-from documents d
+-- The fields the scores need, for every candidate (ids given as a JSON array in :ids), with the
+-- graph route's temporal factor at :ref (ISO time; :historical = 1 for as_of recall): the best
+-- TTL factor of the memory's atoms, as aokun.ttl_factor computes it (seed: Retrieval IV):
+--   0 unless active (historical: unless it existed at :ref; superseded ones end when superseded),
+--   0 from expires_at on; 'step' decay (:step_types) 1 until then; else exp(-age/ttl), age from
+--   last_reinforced_at, ttl = expires_at - last_reinforced_at.
+-- A memory without atoms ages like one atom of the default type (:default_ttl days × (0.5 +
+-- importance) from created_at; :default_step = 1 when that type decays by step).
+with factors as (
+    select s.document_id as id, max(
+        case
+            when :historical = 0 and a.state != 'active' then 0.0
+            when :historical = 1 and julianday(:ref) < julianday(a.created_at) then 0.0
+            when julianday(:ref) >= julianday(case when :historical = 1 and a.state = 'superseded'
+                                              then min(a.expires_at, a.state_changed_at) else a.expires_at end) then 0.0
+            when a.atom_type in (select value from json_each(:step_types)) then 1.0
+            else exp(-max(0.0, julianday(:ref) - julianday(a.last_reinforced_at))
+                     / max(1e-9, julianday(a.expires_at) - julianday(a.last_reinforced_at)))
+        end) as factor
+    from atom_sources s join memory_atoms a on a.id = s.atom_id
+    where s.document_id in (select value from json_each(:ids))
+    group by s.document_id
+)
+select d.id, d.source, d.importance, d.created_at, d.last_access_at, d.access_count,
+       coalesce(f.factor, case
+           when :historical = 1 and julianday(:ref) < julianday(d.created_at) then 0.0
+           when julianday(:ref) - julianday(d.created_at) >= :default_ttl * (0.5 + d.importance) then 0.0
+           when :default_step = 1 then 1.0
+           else exp(-max(0.0, julianday(:ref) - julianday(d.created_at)) / (:default_ttl * (0.5 + d.importance)))
+       end) as temporal_factor
+from documents d left join factors f on f.id = d.id
 where d.id in (select value from json_each(:ids));
 
 -- name: recall_documents
@@ -164,13 +192,6 @@ select d.id, d.persona_id, d.session_id, d.content, d.summary, d.topics, d.parti
        d.importance, d.created_at, d.pinned, d.archived, f.segmented
 from documents d join documents_fts f on f.rowid = d.id
 where d.id in (select value from json_each(:ids));
-
--- name: recall_atom_factors
--- The atoms behind each document, for the graph route's temporal factor.
-select s.document_id as id, a.atom_type, a.state, a.created_at, a.state_changed_at, a.last_reinforced_at,
-       a.expires_at
-from atom_sources s join memory_atoms a on a.id = s.atom_id
-where s.document_id in (select value from json_each(:ids));
 
 -- name: recall_pinned
 -- Pinned memories and their cosine distance to the query: included whenever similar enough.

@@ -639,3 +639,45 @@ def test_config_rejects_unknown_keys_and_wrong_types(tmp_path, text, key):
     with pytest.raises(aokun.AokunError) as e:
         aokun.Config(p)
     assert key in str(e.value)
+
+
+@pytest.mark.parametrize("historical", [False, True])
+def test_temporal_factor_in_sql_matches_ttl_factor(make, historical):
+    """recall_candidates computes the graph route's temporal factor in SQL; it must equal the best
+    aokun.ttl_factor of the memory's atoms (planned = step, others exponential; expired,
+    superseded, not-yet-existing atoms count 0), and the default-type ageing without atoms."""
+    m = make(embedder=aokun.Embedder(), **{"recall.reinforce_on_recall": False})
+    base = aokun.now()
+    at = lambda days: aokun.iso(base + dt.timedelta(days=days))  # noqa: E731
+    texts = {
+        "old": ("Marta fixed the quokka gate", -400, {}),
+        "recent": ("Marta painted the quokka gate blue", -20, {}),
+        "plan": ("Marta will paint the quokka fence tomorrow", -1, {}),
+        "pref": ("Marta loves the quokka enclosure", -50, {"importance": 0.9}),
+        "recent2": ("Marta counted the quokka family", -30, {}),
+        "later": ("Marta opened the quokka café", -5, {}),
+    }
+    got = {name: m.memorize(t, {"timestamp": at(days), **extra})["id"] for name, (t, days, extra) in texts.items()}
+    with m.tx() as c:  # one atom superseded, one forgotten, one memory without atoms
+        c.execute("update memory_atoms set state = 'superseded', state_changed_at = ? where document_id = ?",
+                  (at(-12), got["pref"]))
+        c.execute("update memory_atoms set state = 'forgotten' where document_id = ?", (got["recent2"],))
+        c.execute("delete from atom_sources where document_id = ?", (got["recent"],))
+    as_of = at(-10) if historical else None
+    out = m.recall("quokka", k=20, explain=True, as_of=as_of)
+    ref = aokun.parse_time(as_of) if as_of else aokun.now()
+    seen = set()
+    for h in out["results"]:
+        atoms = m.rows("select a.* from atom_sources s join memory_atoms a on a.id = s.atom_id where s.document_id = ?",
+                       (h["id"],))
+        if atoms:
+            want = max(aokun.ttl_factor(a, m.rules.types[a["atom_type"]]["decay"], ref, historical) for a in atoms)
+        else:
+            d = m.get(h["id"])
+            default = m.rules.types[m.rules.default_type]
+            ttl = aokun.effective_ttl_days(default["base_ttl_days"], d["importance"], 0)
+            age = (ref - aokun.parse_time(d["created_at"])).total_seconds() / 86400
+            want = 0.0 if age >= ttl or (historical and age < 0) else math.exp(-max(0.0, age) / ttl)
+        assert h["explain"]["temporal_factor"] == pytest.approx(want, abs=1e-6), h["text"]
+        seen.add(round(want, 6))
+    assert len(seen) >= 3 and 0.0 in seen  # gone (expired/forgotten/superseded), fresh and decayed all occur
