@@ -171,6 +171,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "rrf_k": 60,
         "channel_k": 100,
         "vector_candidates": 100,
+        "parallel_channels": 4,
         "fusion": "score",
         "weight_bm25": 1.0,
         "weight_vector": 0.5,
@@ -367,9 +368,10 @@ def owner_alive(owner: str, updated_at: str | None = None) -> bool:
 # Connection and schema ###########################################################################
 
 def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
-            backup_dir: Path | None = None) -> apsw.Connection:
+            backup_dir: Path | None = None, reader: bool = False) -> apsw.Connection:
     """Open (creating if needed) the database with sqlite-vec loaded and the APSW best practice:
-    WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest schema.
+    WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest schema,
+    unless `reader` (a query-only connection for recall channels, opened after the main one).
 
     Raises SchemaError when the file comes from a newer Aokun."""
     import sqlite_vec
@@ -386,8 +388,21 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
     if conn.pragma("journal_mode") != "wal":
         conn.pragma("journal_mode", "wal")
     conn.pragma("synchronous", {"full": 2, "normal": 1}.get(synchronous, 2))
-    migrate(conn, backup_dir)
+    if reader:
+        conn.pragma("query_only", True)
+    else:
+        migrate(conn, backup_dir)
     return conn
+
+
+def fetch_dicts(conn: apsw.Connection, sql: str, params=()) -> list[dict]:
+    """Run `sql` and return its rows as {column: value} dicts ([] for statements without rows)."""
+    cur = conn.execute(sql, params)
+    try:
+        names = [d[0] for d in cur.get_description()]
+    except apsw.ExecutionCompleteError:
+        return []
+    return [dict(zip(names, r)) for r in cur]
 
 
 def migrations() -> list[tuple[int, Path]]:
@@ -997,6 +1012,10 @@ class Memory:
         self.vector_problem: str | None = None
         self._recall_cache: dict = {}
         self._toucher: ThreadPoolExecutor | None = None
+        self._channel_pool: ThreadPoolExecutor | None = None
+        self._readers: list[apsw.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._local = threading.local()
         self._upgrade_vector_index()
         self._check_embedding_meta()
         self.last_recovery: dict = {}
@@ -1010,6 +1029,12 @@ class Memory:
         if self._toucher is not None:
             self._toucher.shutdown()
             self._toucher = None
+        if self._channel_pool is not None:
+            self._channel_pool.shutdown()
+            self._channel_pool = None
+        for reader in self._readers:
+            reader.close()
+        self._readers.clear()
         with self.lock:
             with contextlib.suppress(apsw.Error):
                 self.conn.pragma("optimize")
@@ -1036,12 +1061,7 @@ class Memory:
 
     def rows(self, sql: str, params=()) -> list[dict]:
         with self.lock:
-            cur = self.conn.execute(sql, params)
-            try:
-                names = [d[0] for d in cur.get_description()]
-            except apsw.ExecutionCompleteError:
-                return []
-            return [dict(zip(names, r)) for r in cur]
+            return fetch_dicts(self.conn, sql, params)
 
     def value(self, sql: str, params=()):
         with self.lock:
@@ -2171,6 +2191,7 @@ class Memory:
             source.close()
         with self.lock:
             migrate(self.conn)
+        self._upgrade_vector_index()
         self.epoch += 1
         self.vector_problem = None
         self._check_embedding_meta()
@@ -2581,18 +2602,16 @@ class Memory:
                     for ch in ("vector", "graph_vector"):
                         if ch in chosen:
                             degraded.append({"channel": ch, "reason": f"query embedding failed: {e}"})
-        for ch in chosen:
-            if ch in ("vector", "graph_vector") and embedding is None:
-                continue
-            if ch in ("bm25", "graph_keyword") and not tokens:
-                continue
-            name = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "graph_vector": "recall_graph_vector",
-                    "vector": "recall_vector_session" if session else "recall_vector"}[ch]
-            try:
-                ranked[ch] = self.rows(self.queries[name], dict(params, embedding=embedding))
-            except apsw.Error as e:
-                log.error("channel %s failed: %s", ch, e)
-                degraded.append({"channel": ch, "reason": f"SQL error: {e}"})
+        names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "graph_vector": "recall_graph_vector",
+                 "vector": "recall_vector_session" if session else "recall_vector"}
+        run = [ch for ch in chosen if embedding is not None or ch not in ("vector", "graph_vector")]
+        for ch, out in zip(run, self._run_channels([self.queries[names[ch]] for ch in run],
+                                                   dict(params, embedding=embedding))):
+            if isinstance(out, apsw.Error):
+                log.error("channel %s failed: %s", ch, out)
+                degraded.append({"channel": ch, "reason": f"SQL error: {out}"})
+            else:
+                ranked[ch] = out
         pins = {}
         if embedding is not None:
             pins = {row["id"]: 1.0 - row["distance"] for row in self.rows(self.queries["recall_pinned"], dict(
@@ -2610,6 +2629,34 @@ class Memory:
         if results and r.reinforce_on_recall and not as_of_iso:  # after caching: the touch takes the lock
             self._touch([h["id"] for h in results])
         return answer
+
+    def _run_channels(self, queries: list[str], params: dict) -> list:
+        """Run the channel queries, each on its own query-only connection in a worker thread when
+        [recall] parallel_channels > 1 (SQLite runs them side by side; APSW releases the GIL), else
+        one after another on the main connection. Returns rows or the apsw.Error per query."""
+        def one(sql, rows):
+            try:
+                return rows(sql, params)
+            except apsw.Error as e:
+                return e
+        workers = self.cfg.recall.parallel_channels
+        if workers <= 1 or len(queries) <= 1:
+            return [one(sql, self.rows) for sql in queries]
+        if self._channel_pool is None:
+            with self._readers_lock:
+                if self._channel_pool is None:
+                    self._channel_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aokun-recall")
+        futures = [self._channel_pool.submit(one, sql, self._reader_rows) for sql in queries]
+        return [f.result() for f in futures]
+
+    def _reader_rows(self, sql: str, params) -> list[dict]:
+        """rows() on this worker thread's own query-only connection (opened on first use)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, reader=True)
+            with self._readers_lock:  # not self.lock: a caller may hold it while waiting for this thread
+                self._readers.append(conn)
+        return fetch_dicts(conn, sql, params)
 
     def _channels(self, channels) -> tuple:
         if channels is None:

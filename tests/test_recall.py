@@ -681,3 +681,23 @@ def test_temporal_factor_in_sql_matches_ttl_factor(make, historical):
         assert h["explain"]["temporal_factor"] == pytest.approx(want, abs=1e-6), h["text"]
         seen.add(round(want, 6))
     assert len(seen) >= 3 and 0.0 in seen  # gone (expired/forgotten/superseded), fresh and decayed all occur
+
+
+def test_parallel_channels_answer_as_serial_ones_and_a_failing_channel_degrades(make, tmp_path):
+    """Channels on worker connections (parallel_channels > 1) give exactly the serial answer; a
+    channel whose SQL fails is named in `degraded` while the others still answer."""
+    serial = make(tmp_path / "s.db", **{"recall.parallel_channels": 1, "recall.reinforce_on_recall": False})
+    parallel = make(tmp_path / "p.db", **{"recall.parallel_channels": 4, "recall.reinforce_on_recall": False})
+    for m in (serial, parallel):
+        for text, meta in EXPLAIN_CORPUS:
+            m.memorize(text, meta)
+    for q in ("Alice coffee", "who likes espresso after lunch", "Bob"):
+        a, b = serial.recall(q, k=5, explain=True), parallel.recall(q, k=5, explain=True)
+        assert [(h["id"], h["score"], h["explain"]["ranks"]) for h in a["results"]] == \
+               [(h["id"], h["score"], h["explain"]["ranks"]) for h in b["results"]]
+    assert parallel._readers  # the parallel answer really came from worker connections
+    for m in (serial, parallel):
+        m.queries = dict(m.queries, recall_graph_vector="select * from no_such_table")
+        out = m.recall("Alice espresso", k=3)
+        assert [d["channel"] for d in out["degraded"]] == ["graph_vector"]
+        assert "no_such_table" in out["degraded"][0]["reason"] and out["results"]
