@@ -150,6 +150,8 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "max_chars": 8000,
         "max_tokens": 512,
         "cache_size": 1024,
+        "context_turns": 1,
+        "context_chars": 400,
     },
     "text": {
         "stopwords": "rules/stopwords.txt",
@@ -940,6 +942,7 @@ class Prepared:
     warnings: list = field(default_factory=list)
     embedding_truncated: bool = False
     recovering: bool = False  # resumed from the journal at open: a failure is recorded, never raised
+    stale: list = field(default_factory=list)  # memories whose vector context this write changed
 
     PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts", "participants",
                "tags", "sentiment", "source", "importance", "pinned", "created_at", "content_hash", "facts")
@@ -1169,6 +1172,59 @@ class Memory:
             return None
         return m
 
+    def _session_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int | None) -> list[tuple]:
+        """(created_at, content) of the `[embedding] context_turns` memories right before a memory in
+        its session (session order: created_at, then id), oldest first; [] outside a session.
+        doc_id None: a memory not stored yet (it comes after every stored one of the same time)."""
+        n = self.cfg.embedding.context_turns
+        if n <= 0 or not session_id:
+            return []
+        rows = self.rows("select created_at, content from documents where session_id = :s and persona_id = :p "
+                         "and (created_at < :t or (created_at = :t and id < :i)) order by created_at desc, id desc "
+                         "limit :n", {"s": session_id, "p": persona_id, "t": created_at,
+                                      "i": doc_id if doc_id is not None else 2 ** 62, "n": n})
+        return [(r["created_at"], r["content"]) for r in reversed(rows)]
+
+    def _vector_text(self, content: str, context: list[str]) -> tuple[str, bool]:
+        """What a document vector is computed from: the end (context_chars) of the preceding turns
+        of its session, a newline, then the memory itself, so a reply like "Yes, last May" is found
+        by what it answers. Only the embedded text changes, never the stored content. The memory
+        alone when the context would push part of it out of the model's window. Returns (text,
+        whether the memory itself was cut)."""
+        cut, truncated = self.embedder.prepare(content)
+        ctx = "\n".join(context)[-self.cfg.embedding.context_chars:].lstrip() if context else ""
+        if ctx and not truncated:
+            joined, over = self.embedder.prepare(ctx + "\n" + content)
+            if not over:
+                return joined, False
+        return cut, truncated
+
+    def _stale_successors(self, doc_id: int) -> list[int]:
+        """The memories whose vector context contains memory `doc_id` (the context_turns memories
+        right after it in its session), marked 'pending' so they are re-embedded (their old vector
+        stays searchable until then). Called inside the write transaction. Returns their ids."""
+        n = self.cfg.embedding.context_turns
+        if n <= 0 or self.embedder.provider == "none":
+            return []
+        d = self.rows("select persona_id, session_id, created_at from documents where id = ?", (doc_id,))
+        if not d or not d[0]["session_id"]:
+            return []
+        ids = [r["id"] for r in self.rows(
+            "select id from documents where session_id = :s and persona_id = :p and (created_at > :t or "
+            "(created_at = :t and id > :i)) order by created_at, id limit :n",
+            {"s": d[0]["session_id"], "p": d[0]["persona_id"], "t": d[0]["created_at"], "i": doc_id, "n": n})]
+        for i in ids:
+            self.conn.execute("update documents set embedding_state = 'pending' where id = ? and embedding_state = 'done'",
+                              (i,))
+        return ids
+
+    def _refresh_stale(self, ids) -> None:
+        """Re-embed memories whose context changed, right away; when the provider fails they stay
+        'pending' for the next back-fill."""
+        ids = sorted({i for i in ids if i is not None})
+        if ids and self.vectors_usable:
+            self.backfill_vectors(ids=ids)
+
     # validation ----------------------------------------------------------------------------------
 
     def prepare(self, content, metadata: dict | None = None, field_prefix: str = "") -> Prepared:
@@ -1245,6 +1301,7 @@ class Memory:
         for p in preps:
             if isinstance(p.document_id, Prepared):
                 p.document_id = p.document_id.document_id
+        self._refresh_stale([i for p in preps for i in p.stale])
         return [self._write_result(p) for p in preps]
 
     def _write_result(self, p: Prepared) -> dict:
@@ -1287,10 +1344,18 @@ class Memory:
     def _stage_inputs(self, fn, todo: list[Prepared]) -> dict:
         """Embeddings computed outside the write transaction (so the write lock is held briefly)."""
         if fn == self._stage_docs:
-            texts = []
+            texts, batch = [], {}  # batch: earlier inserts of this batch per session, (created_at, content)
             for p in todo:
                 if self.vectors_usable:
-                    cut, truncated = self.embedder.prepare(p.content)
+                    key = (p.persona_id, p.session_id)
+                    context = self._session_context(p.persona_id, p.session_id, p.created_at,
+                                                     None if p.op == "insert" else p.document_id)
+                    if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
+                        # stable sort: at one time, stored memories (lower ids) come before this batch's
+                        context = sorted(context + [x for x in batch.get(key, []) if x[0] <= p.created_at],
+                                         key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
+                        batch.setdefault(key, []).append((p.created_at, p.content))
+                    cut, truncated = self._vector_text(p.content, [c for _, c in context])
                     p.embedding_truncated = truncated
                     texts.append(cut)
             m = self._embed(texts, todo[0].warnings) if texts else None
@@ -1305,13 +1370,16 @@ class Memory:
     def _entry_vectors(self, where: str, params, warnings: list | None = None) -> list[tuple[int, np.ndarray]] | None:
         """(entry id, vector) for the pending graph entries matching `where`: the entry's node text
         is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
-        reuses the memory's own vector instead of a second embedding. None when embedding fails."""
-        rows = self.rows("select e.id, n.value t, d.content, d.embedding_state, d.id doc_id from graph_entries e "
+        reuses the memory's own vector instead of a second embedding, unless that vector also saw
+        its session context (the graph vector stays the fact's own). None when embedding fails."""
+        rows = self.rows("select e.id, n.value t, d.content, d.embedding_state, d.id doc_id, d.persona_id, "
+                         "d.session_id, d.created_at from graph_entries e "
                          "join graph_nodes n on n.id = e.node_id join documents d on d.id = e.document_id "
                          f"where e.embedding_state = 'pending' and {where} order by e.id", params)
         out, todo = [], []
         for r in rows:
-            if r["t"] == r["content"] and r["embedding_state"] == "done":
+            if r["t"] == r["content"] and r["embedding_state"] == "done" and not self._session_context(
+                    r["persona_id"], r["session_id"], r["created_at"], r["doc_id"]):
                 blob = self.value("select embedding from doc_vectors where doc_id = ?", (r["doc_id"],))
                 if blob is not None:
                     out.append((r["id"], np.frombuffer(blob, dtype=np.float32)))
@@ -1374,6 +1442,7 @@ class Memory:
             archived = self.value("select archived from documents where id = ?", (p.document_id,))
             if archived is None:
                 raise NotFound(f"memory {p.document_id} was deleted before its edit finished")
+            p.stale += self._stale_successors(p.document_id)  # its old place in the session
             del cols["created_at"], cols["persona_id"]
             cols["id"] = p.document_id
             c.execute(f"update documents set {', '.join(f'{k} = :{k}' for k in cols if k != 'id')} where id = :id", cols)
@@ -1383,6 +1452,7 @@ class Memory:
                 c.execute("delete from doc_vec where doc_id = ?", (p.document_id,))
         c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
                   (p.document_id, self.seg.segmented(self._doc_index_text(p))))
+        p.stale += [i for i in self._stale_successors(p.document_id) if i not in p.stale]
         self._briefing_stale(p.persona_id)
         if vec is not None:
             self._put_doc_vector(p.document_id, vec)
@@ -1654,33 +1724,39 @@ class Memory:
             report["resumed"] = len(preps)
         return report
 
-    def backfill_vectors(self, batch: int = 64, limit: int | None = None) -> int:
-        """Embed documents and graph entries still marked 'pending'. Returns how many vectors were
-        written; stops quietly (leaving rows pending) when the provider fails."""
+    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None) -> int:
+        """Embed documents and graph entries still marked 'pending' (only documents `ids` when
+        given). Returns how many vectors were written; stops quietly (leaving rows pending) when the
+        provider fails."""
         if not self.vectors_usable:
             return 0
-        done = 0
+        done, after = 0, 0
         while limit is None or done < limit:
-            rows = self.rows("select id, content t from documents where embedding_state = 'pending' order by id limit ?",
-                             (batch,))
+            rows = self.rows("select id, content, persona_id, session_id, created_at from documents "
+                             "where embedding_state = 'pending' and id > :after "
+                             "and (:ids is null or id in (select value from json_each(:ids))) order by id limit :n",
+                             {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
             if not rows:
                 break
-            m = self._embed([r["t"] for r in rows])
+            after = rows[-1]["id"]
+            prepared = [self._vector_text(r["content"], [c for _, c in self._session_context(
+                r["persona_id"], r["session_id"], r["created_at"], r["id"])]) for r in rows]
+            m = self._embed([t for t, _ in prepared])
             if m is None:
                 return done
             with self.tx():
-                for r, vec in zip(rows, m):
+                for r, vec, (_, truncated) in zip(rows, m, prepared):
                     if self.value("select embedding_state from documents where id = ?", (r["id"],)) == "pending":
                         self._put_doc_vector(r["id"], vec)
                         self.conn.execute("update documents set embedding_truncated = ? where id = ?",
-                                          (int(self.embedder.prepare(r["t"])[1]), r["id"]))
+                                          (int(truncated), r["id"]))
                         done += 1
-        while limit is None or done < limit:
-            ids = [r["id"] for r in self.rows("select id from graph_entries where embedding_state = 'pending' "
-                                              "order by id limit ?", (batch,))]
-            if not ids:
+        while ids is None and (limit is None or done < limit):
+            entry_ids = [r["id"] for r in self.rows("select id from graph_entries where embedding_state = 'pending' "
+                                                    "order by id limit ?", (batch,))]
+            if not entry_ids:
                 break
-            pairs = self._entry_vectors(f"e.id in ({','.join('?' * len(ids))})", ids)
+            pairs = self._entry_vectors(f"e.id in ({','.join('?' * len(entry_ids))})", entry_ids)
             if pairs is None:
                 return done
             with self.tx():
@@ -1757,6 +1833,7 @@ class Memory:
                                                                             stamp, OWNER))
             p.op_id = c.last_insert_rowid()
         self.run_pipeline([p])
+        self._refresh_stale(p.stale)
         return self._write_result(p)
 
     def delete(self, doc_id: int) -> dict:
@@ -1764,6 +1841,7 @@ class Memory:
         transaction and leave a tombstone. Returns {id, uid, deleted: true}. Raises NotFound."""
         d = self._doc(doc_id)
         with self.tx() as c:
+            stale = self._stale_successors(doc_id)
             self._clear_atoms(doc_id)
             self._clear_graph(doc_id)
             c.execute("delete from documents_fts where rowid = ?", (doc_id,))
@@ -1775,6 +1853,7 @@ class Memory:
             c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'documents', ?)",
                       (d["uid"], now_iso()))
             self._briefing_stale(d["persona_id"])
+        self._refresh_stale(stale)
         return {"id": doc_id, "uid": d["uid"], "deleted": True}
 
     def set_flag(self, doc_id: int, flag: str, value: bool) -> dict:

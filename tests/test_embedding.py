@@ -309,3 +309,48 @@ def test_rebuild_vectors_probes_the_dimension(db_path, open_mem, server, segment
         assert mem.doctor() == []
     finally:
         mem.close()
+
+
+def test_contextual_vectors_follow_the_session(db_path, open_mem):
+    """A memory's vector is computed from the memory right before it in its session and the memory
+    (stored text unchanged); inserts, edits, deletes and `rebuild --vectors` keep that true."""
+    fake = FakeEmbedder(16)
+    mem = open_mem(db_path, fake)
+
+    def vec(doc_id):
+        return np.frombuffer(mem.value("select embedding from doc_vectors where doc_id = ?", (doc_id,)), np.float32)
+
+    def meta(i):
+        return {"session_id": "s1", "timestamp": f"2024-01-01T00:00:0{i}Z"}
+
+    a, b = (r["id"] for r in mem.memorize_many([("Where did you go last May?", meta(1)),
+                                                 ("We went hiking in the Alps.", meta(2))]))
+    c = mem.memorize("It rained every single day.", meta(3))["id"]
+    alone = mem.memorize("No session: embedded alone.")["id"]
+    assert mem.get(b)["content"] == "We went hiking in the Alps."
+    assert np.allclose(vec(a), fake.vector("Where did you go last May?"))
+    assert np.allclose(vec(b), fake.vector("Where did you go last May?\nWe went hiking in the Alps."))
+    assert np.allclose(vec(c), fake.vector("We went hiking in the Alps.\nIt rained every single day."))
+    assert np.allclose(vec(alone), fake.vector("No session: embedded alone."))
+    # an out-of-order insert becomes the context of the memory after it
+    d = mem.memorize("Then we took the train home.", meta(2) | {"timestamp": "2024-01-01T00:00:02.5Z"})["id"]
+    assert np.allclose(vec(d), fake.vector("We went hiking in the Alps.\nThen we took the train home."))
+    assert np.allclose(vec(c), fake.vector("Then we took the train home.\nIt rained every single day."))
+    mem.edit(a, content="Where did you go last June?")
+    assert np.allclose(vec(b), fake.vector("Where did you go last June?\nWe went hiking in the Alps."))
+    mem.delete(d)
+    assert np.allclose(vec(c), fake.vector("We went hiking in the Alps.\nIt rained every single day."))
+    assert mem.value("select count(*) from documents where embedding_state != 'done'") == 0
+    before = {i: vec(i) for i in (a, b, c, alone)}
+    mem.rebuild(vectors=True)
+    assert all(np.allclose(vec(i), v) for i, v in before.items())
+    assert mem.doctor() == []
+
+
+def test_contextual_vectors_off(db_path, open_mem):
+    fake = FakeEmbedder(16)
+    mem = open_mem(db_path, fake, cfg=aokun.Config(None, overrides={("embedding", "context_turns"): 0}))
+    ids = [r["id"] for r in mem.memorize_many([("first turn here", {"session_id": "s"}),
+                                               ("second turn here", {"session_id": "s"})])]
+    blob = mem.value("select embedding from doc_vectors where doc_id = ?", (ids[1],))
+    assert np.allclose(np.frombuffer(blob, np.float32), fake.vector("second turn here"))
