@@ -1185,13 +1185,19 @@ class Memory:
                                       "i": doc_id if doc_id is not None else 2 ** 62, "n": n})
         return [(r["created_at"], r["content"]) for r in reversed(rows)]
 
-    def _vector_text(self, content: str, context: list[str]) -> tuple[str, bool]:
+    def _vector_text(self, content: str, context: list[str], labels=()) -> tuple[str, bool]:
         """What a document vector is computed from: the end (context_chars) of the preceding turns
         of its session, a newline, then the memory itself, so a reply like "Yes, last May" is found
-        by what it answers. Only the embedded text changes, never the stored content. The memory
-        alone when the context would push part of it out of the model's window. Returns (text,
-        whether the memory itself was cut)."""
-        cut, truncated = self.embedder.prepare(content)
+        by what it answers, followed by its labels (topics, tags and sentiment: short words that say
+        what kind of memory it is). Only the embedded text changes, never the stored content. The memory alone
+        when the context would push part of it out of the model's window. Returns (text, whether
+        the memory itself was cut)."""
+        labels = " ".join(x for x in labels if x)
+        cut, truncated = self.embedder.prepare(content + "\n" + labels if labels else content)
+        if truncated and labels:  # no room for the labels
+            cut, truncated = self.embedder.prepare(content)
+        elif labels:
+            content = cut
         ctx = "\n".join(context)[-self.cfg.embedding.context_chars:].lstrip() if context else ""
         if ctx and not truncated:
             joined, over = self.embedder.prepare(ctx + "\n" + content)
@@ -1355,7 +1361,8 @@ class Memory:
                         context = sorted(context + [x for x in batch.get(key, []) if x[0] <= p.created_at],
                                          key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
                         batch.setdefault(key, []).append((p.created_at, p.content))
-                    cut, truncated = self._vector_text(p.content, [c for _, c in context])
+                    cut, truncated = self._vector_text(p.content, [c for _, c in context],
+                                                       [*p.topics, *p.tags, p.sentiment])
                     p.embedding_truncated = truncated
                     texts.append(cut)
             m = self._embed(texts, todo[0].warnings) if texts else None
@@ -1732,15 +1739,16 @@ class Memory:
             return 0
         done, after = 0, 0
         while limit is None or done < limit:
-            rows = self.rows("select id, content, persona_id, session_id, created_at from documents "
-                             "where embedding_state = 'pending' and id > :after "
+            rows = self.rows("select id, content, persona_id, session_id, created_at, topics, tags, sentiment "
+                             "from documents where embedding_state = 'pending' and id > :after "
                              "and (:ids is null or id in (select value from json_each(:ids))) order by id limit :n",
                              {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
             if not rows:
                 break
             after = rows[-1]["id"]
             prepared = [self._vector_text(r["content"], [c for _, c in self._session_context(
-                r["persona_id"], r["session_id"], r["created_at"], r["id"])]) for r in rows]
+                r["persona_id"], r["session_id"], r["created_at"], r["id"])],
+                [*json.loads(r["topics"]), *json.loads(r["tags"]), r["sentiment"]]) for r in rows]
             m = self._embed([t for t, _ in prepared])
             if m is None:
                 return done
@@ -2486,8 +2494,9 @@ class Memory:
     def consolidate(self, dry_run: bool = True, persona_id=None, similarity: float = 0.92,
                     min_jaccard: float = 0.5) -> dict:
         """Find clusters of near-duplicate live memories (cosine similarity ≥ `similarity` between
-        their vectors and token Jaccard ≥ `min_jaccard`; Jaccard ≥ 0.8 alone when there are no
-        vectors). A real run merges each cluster into its longest memory (union of topics, key facts
+        their vectors and Jaccard ≥ `min_jaccard` of their content's tokens, or that Jaccard ≥ 0.8
+        alone: vectors also see a memory's session context and labels, so the same words in another
+        conversation or with other topics may differ). A real run merges each cluster into its longest memory (union of topics, key facts
         and participants, max importance, earliest created_at) and archives the others with
         merged_into = survivor; restore_memory(survivor) undoes it.
         Returns {clusters: [{survivor, members: [ids], texts}], dry_run}."""
@@ -2495,7 +2504,7 @@ class Memory:
         docs = {d["id"]: d for d in self.rows(
             "select d.id, d.content, d.created_at, f.segmented from documents d join documents_fts f on f.rowid = d.id "
             "where d.persona_id = ? and d.archived = 0 order by d.id", (persona,))}
-        tokens = {i: set(d["segmented"].split()) for i, d in docs.items()}
+        tokens = {i: set(self.seg.tokens(d["content"])) for i, d in docs.items()}  # the words, not the labels
         parent = {i: i for i in docs}
 
         def find(i):
@@ -2506,19 +2515,17 @@ class Memory:
 
         use_vectors = self.vectors_usable and self.has_table("doc_vec")
         for i in docs:
-            if use_vectors:
-                vec = self.value("select embedding from doc_vectors where doc_id = ?", (i,))
-                if vec is None:
-                    continue
+            pairs = []
+            vec = self.value("select embedding from doc_vectors where doc_id = ?", (i,)) if use_vectors else None
+            if vec is not None:
                 cands = [(r["id"], 1 - r["raw"]) for r in self.rows(self.queries["recall_vector"], {
                     "embedding": vec, "k": 8, "candidates": 64, "persona_id": persona, "max_archived": 0,
                     "as_of": ""}) if r["id"] != i]
                 pairs = [j for j, sim in cands if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
-            else:
-                q = fts_query(sorted(tokens[i])[:64])
-                cands = [r["rowid"] for r in self.rows("select rowid from documents_fts where documents_fts match ? "
-                                                       "order by rank limit 8", (q,))] if q else []
-                pairs = [j for j in cands if j != i and j in docs and jaccard(tokens[i], tokens[j]) >= 0.8]
+            q = fts_query(sorted(tokens[i])[:64])
+            cands = [r["rowid"] for r in self.rows("select rowid from documents_fts where documents_fts match ? "
+                                                   "order by rank limit 8", (q,))] if q else []
+            pairs += [j for j in cands if j != i and j in docs and jaccard(tokens[i], tokens[j]) >= 0.8]
             for j in pairs:
                 parent[find(i)] = find(j)
         groups: dict[int, list[int]] = {}

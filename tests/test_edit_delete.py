@@ -47,7 +47,8 @@ def test_edit_replaces_fts_vector_atoms_and_graph(mem, fake_embedder):
     assert fts_ids(mem, "documents_fts", "coffee") == [doc_id]
     assert fts_ids(mem, "documents_fts", "tea") == [other["id"]]
     # vector
-    np.testing.assert_allclose(doc_vector(mem, doc_id), fake_embedder.vector(NEW), atol=1e-6)
+    # (the vector text is the memory followed by its labels: topics, tags, sentiment)
+    np.testing.assert_allclose(doc_vector(mem, doc_id), fake_embedder.vector(NEW + "\ncoffee"), atol=1e-6)
     assert not np.allclose(doc_vector(mem, doc_id), fake_embedder.vector(OLD), atol=1e-3)
     # atoms: re-derived from the new sentences, the old ones deleted
     atoms = mem.rows(f"select id, content from memory_atoms where id in {_in(_atom_ids(mem, doc_id))} order by id")

@@ -354,3 +354,16 @@ def test_contextual_vectors_off(db_path, open_mem):
                                                ("second turn here", {"session_id": "s"})])]
     blob = mem.value("select embedding from doc_vectors where doc_id = ?", (ids[1],))
     assert np.allclose(np.frombuffer(blob, np.float32), fake.vector("second turn here"))
+
+
+def test_vector_text_carries_labels(db_path, open_mem):
+    """Topics, tags and sentiment follow the memory in its vector text (not in its stored text)."""
+    fake = FakeEmbedder(16)
+    mem = open_mem(db_path, fake)
+    i = mem.memorize("Went skating with Tom.", {"topics": ["sport"], "tags": ["winter"], "sentiment": "happy"})["id"]
+    blob = mem.value("select embedding from doc_vectors where doc_id = ?", (i,))
+    assert np.allclose(np.frombuffer(blob, np.float32), fake.vector("Went skating with Tom.\nsport winter happy"))
+    assert mem.get(i)["content"] == "Went skating with Tom."
+    mem.rebuild(vectors=True)
+    assert np.allclose(np.frombuffer(mem.value("select embedding from doc_vectors where doc_id = ?", (i,)), np.float32),
+                       fake.vector("Went skating with Tom.\nsport winter happy"))

@@ -32,7 +32,8 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
     seg = mem.value("select segmented from documents_fts where rowid = ?", (doc_id,))
     assert "americano" in seg.split() and "tokyo" in seg.split() and "coffee" in seg.split()
     assert fts_ids(mem, "documents_fts", "americano") == [doc_id]
-    np.testing.assert_allclose(doc_vector(mem, doc_id), fake_embedder.vector(ALICE), atol=1e-6)
+    # the vector text is the memory followed by its labels (topics, tags, sentiment)
+    np.testing.assert_allclose(doc_vector(mem, doc_id), fake_embedder.vector(ALICE + "\ncoffee"), atol=1e-6)
     assert mem.rows("select persona_id, session_id, archived from doc_vec where doc_id = ?", (doc_id,)) == \
         [{"persona_id": "", "session_id": "s1", "archived": 0}]
 
