@@ -206,6 +206,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "source_boost_import": 0.90,
         "source_boost_default": 1.0,
         "pin_similarity_threshold": 0.4,
+        "query_last_line_weight": 1.0,
         "reinforce_on_recall": True,
     },
     "context": {
@@ -2683,7 +2684,7 @@ class Memory:
                         degraded.append({"channel": ch, "reason": self.vector_problem})
             else:
                 try:
-                    embedding = self.embedder.embed_query(self.embedder.prepare(query)[0]).astype(np.float32).tobytes()
+                    embedding = self._query_vector(query).astype(np.float32).tobytes()
                 except EmbeddingError as e:
                     for ch in ("vector", "graph_vector"):
                         if ch in chosen:
@@ -2743,6 +2744,17 @@ class Memory:
             with self._readers_lock:  # not self.lock: a caller may hold it while waiting for this thread
                 self._readers.append(conn)
         return fetch_dicts(conn, sql, params)
+
+    def _query_vector(self, query: str) -> np.ndarray:
+        """The query's vector. A multi-line query (a conversation so far) is embedded whole, plus its
+        last line again × query_last_line_weight: the latest turn is what the recall is for, the
+        earlier ones its context."""
+        v = self.embedder.embed_query(self.embedder.prepare(query)[0])
+        lines = [x for x in query.splitlines() if x.strip()]
+        w = self.cfg.recall.query_last_line_weight
+        if len(lines) > 1 and w:
+            v = _l2(v + w * self.embedder.embed_query(self.embedder.prepare(lines[-1])[0]))
+        return v
 
     def _channels(self, channels) -> tuple:
         if channels is None:

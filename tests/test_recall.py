@@ -10,6 +10,7 @@ import math
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -701,3 +702,14 @@ def test_parallel_channels_answer_as_serial_ones_and_a_failing_channel_degrades(
         out = m.recall("Alice espresso", k=3)
         assert [d["channel"] for d in out["degraded"]] == ["graph_vector"]
         assert "no_such_table" in out["degraded"][0]["reason"] and out["results"]
+
+
+def test_multi_line_query_vector_weights_its_last_line(mem, fake_embedder):
+    """A conversation as the query: embedded whole plus its last line (query_last_line_weight)."""
+    v = mem._query_vector("we talked about the trip\nwhere did we go skiing?")
+    want = aokun._l2(fake_embedder.vector("we talked about the trip\nwhere did we go skiing?")
+                     + fake_embedder.vector("where did we go skiing?"))
+    assert np.allclose(v, want)
+    assert np.allclose(mem._query_vector("one line only"), fake_embedder.vector("one line only"))
+    mem.cfg.recall["query_last_line_weight"] = 0.0
+    assert np.allclose(mem._query_vector("a\nb"), fake_embedder.vector("a\nb"))
