@@ -176,7 +176,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "parallel_channels": 4,
         "fusion": "score",
         "weight_bm25": 1.0,
-        "weight_vector": 0.5,
+        "weight_vector": 1.0,
         "weight_graph_keyword": 0.5,
         "weight_graph_vector": 0.3,
         "session_neighbour_weight": 0.3,
