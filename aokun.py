@@ -1207,11 +1207,12 @@ class Memory:
         return cut, truncated
 
     def _stale_successors(self, doc_id: int) -> list[int]:
-        """The memories whose vector context contains memory `doc_id` (the context_turns memories
-        right after it in its session), marked 'pending' so they are re-embedded (their old vector
-        stays searchable until then). Called inside the write transaction. Returns their ids."""
+        """The memories whose context contains memory `doc_id` (the context_turns memories right
+        after it in its session); their vectors are marked 'pending' so they are re-embedded (the old
+        vector stays searchable until then). Called inside the write transaction, before the change
+        (pass the ids to _refresh_graph_context after it). Returns their ids."""
         n = self.cfg.embedding.context_turns
-        if n <= 0 or self.embedder.provider == "none":
+        if n <= 0:
             return []
         d = self.rows("select persona_id, session_id, created_at from documents where id = ?", (doc_id,))
         if not d or not d[0]["session_id"]:
@@ -1220,10 +1221,40 @@ class Memory:
             "select id from documents where session_id = :s and persona_id = :p and (created_at > :t or "
             "(created_at = :t and id > :i)) order by created_at, id limit :n",
             {"s": d[0]["session_id"], "p": d[0]["persona_id"], "t": d[0]["created_at"], "i": doc_id, "n": n})]
-        for i in ids:
+        for i in ids if self.embedder.provider != "none" else ():
             self.conn.execute("update documents set embedding_state = 'pending' where id = ? and embedding_state = 'done'",
                               (i,))
         return ids
+
+    def _graph_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int) -> str:
+        """The end (context_chars) of the memories before a stored memory in its session: what its
+        fact entries carry for keyword search, in place of the memory's own text (BM25 has that)."""
+        context = "\n".join(c for _, c in self._session_context(persona_id, session_id, created_at, doc_id))
+        return context[-self.cfg.embedding.context_chars:].lstrip()
+
+    @staticmethod
+    def _fact_entry_text(fact: str, summary: str, context: str) -> str:
+        if context:
+            return f"Fact: {fact}\nContext: {context}"
+        return f"Fact: {fact}" + (f". Summary: {summary}" if summary not in fact else "")
+
+    def _refresh_graph_context(self, ids) -> None:
+        """Inside the write transaction, after a change: the fact entries of memories `ids` get the
+        keyword text of their new session context (no embedding involved: fact vectors are the fact's)."""
+        c, stamp = self.conn, now_iso()
+        for i in dict.fromkeys(ids):
+            d = self.rows("select persona_id, session_id, created_at, summary, content from documents where id = ?", (i,))
+            if not d:
+                continue
+            d = d[0]
+            summary = (d["summary"] or d["content"])[: self.cfg.write.graph_summary_chars]
+            context = self._graph_context(d["persona_id"], d["session_id"], d["created_at"], i)
+            for e in self.rows("select e.id, n.value from graph_entries e join graph_nodes n on n.id = e.node_id "
+                               "where e.document_id = ? and n.node_type = 'fact'", (i,)):
+                text = self._fact_entry_text(e["value"], summary, context)
+                c.execute("update graph_entries set text = ?, updated_at = ? where id = ?", (text, stamp, e["id"]))
+                c.execute("delete from graph_entries_fts where rowid = ?", (e["id"],))
+                c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)", (e["id"], self.seg.segmented(text)))
 
     def _refresh_stale(self, ids) -> None:
         """Re-embed memories whose context changed, right away; when the provider fails they stay
@@ -1461,6 +1492,7 @@ class Memory:
         c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
                   (p.document_id, self.seg.segmented(self._doc_index_text(p))))
         p.stale += [i for i in self._stale_successors(p.document_id) if i not in p.stale]
+        self._refresh_graph_context(p.stale)
         self._briefing_stale(p.persona_id)
         if vec is not None:
             self._put_doc_vector(p.document_id, vec)
@@ -1599,6 +1631,7 @@ class Memory:
         self._clear_graph(p.document_id)
         doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
         summary = (p.summary or p.content)[: self.cfg.write.graph_summary_chars]
+        context = self._graph_context(p.persona_id, p.session_id, p.created_at, p.document_id)
         entry_state = "pending" if self.embedder.provider != "none" else "none"
 
         def node(node_type: str, value: str) -> tuple[int, str]:
@@ -1641,7 +1674,7 @@ class Memory:
             n = node("fact", fact)
             if any(n[0] == f[0][0] for f in facts):  # same fact up to case/whitespace
                 continue
-            text = f"Fact: {fact}" + (f". Summary: {summary}" if summary not in fact else "")
+            text = self._fact_entry_text(fact, summary, context)
             entry(text, confidence, node_id=n[0])
             facts.append((n, confidence))
         for (s, _label) in subjects:
@@ -1859,6 +1892,7 @@ class Memory:
                 c.execute("delete from doc_vec where doc_id = ?", (doc_id,))
             c.execute("delete from memory_write_ops where document_id = ?", (doc_id,))
             c.execute("delete from documents where id = ?", (doc_id,))
+            self._refresh_graph_context(stale)
             c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'documents', ?)",
                       (d["uid"], now_iso()))
             self._briefing_stale(d["persona_id"])

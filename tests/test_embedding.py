@@ -336,10 +336,14 @@ def test_contextual_vectors_follow_the_session(db_path, open_mem):
     d = mem.memorize("Then we took the train home.", meta(2) | {"timestamp": "2024-01-01T00:00:02.5Z"})["id"]
     assert np.allclose(vec(d), fake.vector("We went hiking in the Alps.\nThen we took the train home."))
     assert np.allclose(vec(c), fake.vector("Then we took the train home.\nIt rained every single day."))
+    assert "Fact: It rained every single day.\nContext: Then we took the train home." in mem.get(c)["graph_entries"]
     mem.edit(a, content="Where did you go last June?")
     assert np.allclose(vec(b), fake.vector("Where did you go last June?\nWe went hiking in the Alps."))
+    assert "Fact: We went hiking in the Alps.\nContext: Where did you go last June?" in mem.get(b)["graph_entries"]
     mem.delete(d)
     assert np.allclose(vec(c), fake.vector("We went hiking in the Alps.\nIt rained every single day."))
+    assert "Fact: It rained every single day.\nContext: We went hiking in the Alps." in mem.get(c)["graph_entries"]
+    assert [i for i in mem.recall("train", k=5, channels="graph_keyword")["results"]] == []
     assert mem.value("select count(*) from documents where embedding_state != 'done'") == 0
     before = {i: vec(i) for i in (a, b, c, alone)}
     mem.rebuild(vectors=True)

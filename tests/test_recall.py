@@ -475,8 +475,9 @@ def _conversation(m):
 
 @pytest.mark.parametrize("weight", [0.3, 0.0])
 def test_session_neighbour_joins_with_a_share_of_the_hit(make, weight):
+    # without turn context in the index, so `b` can only join through the neighbour step
     m = make(embedder=aokun.Embedder(), **{"recall.session_neighbour_weight": weight,
-                                          "recall.reinforce_on_recall": False})
+                                          "recall.reinforce_on_recall": False, "embedding.context_turns": 0})
     a, b, c, d = _conversation(m)
     out = m.recall("Falcon release checklist", k=5, explain=True)
     got = {h["id"]: h for h in out["results"]}
