@@ -371,3 +371,18 @@ def test_vector_text_carries_labels(db_path, open_mem):
     mem.rebuild(vectors=True)
     assert np.allclose(np.frombuffer(mem.value("select embedding from doc_vectors where doc_id = ?", (i,)), np.float32),
                        fake.vector("Went skating with Tom.\nsport winter happy"))
+
+
+def test_backfill_goes_through_every_batch(db_path, open_mem):
+    """Documents and graph entries pending in more than one batch are all embedded."""
+    mem = open_mem(db_path, FakeEmbedder(16))
+    for i in range(3):
+        mem.memorize(f"Fact number {i} is here. Another sentence {i} follows.", {"session_id": "s"})
+    with mem.tx() as c:
+        c.execute("update documents set embedding_state = 'pending'")
+        c.execute("update graph_entries set embedding_state = 'pending' where embedding_state = 'done'")
+    pending = mem.value("select count(*) from documents where embedding_state = 'pending'") + \
+        mem.value("select count(*) from graph_entries where embedding_state = 'pending'")
+    assert mem.backfill_vectors(batch=2) == pending > 4
+    assert mem.value("select count(*) from graph_entries where embedding_state = 'pending'") == 0
+    assert mem.doctor() == []
