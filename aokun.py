@@ -1117,11 +1117,14 @@ class Memory:
         """Files made before schema 6 keep float vectors inside vec0 (doc_vec/graph_vec float[dim]):
         copy them into doc_vectors/graph_vectors and rebuild doc_vec/graph_vec as the binary index,
         in one transaction (migrate() saved a copy of the file first)."""
-        ddl = self.value("select sql from sqlite_master where name = 'doc_vec'") or ""
-        if "float[" not in ddl:
+        def old_layout() -> bool:
+            return "float[" in (self.value("select sql from sqlite_master where name = 'doc_vec'") or "")
+        if not old_layout():
             return
         dim = int(self.meta_get("embedding_dim"))
         with self.tx() as c:
+            if not old_layout():  # another process upgraded it between the check and this transaction
+                return
             c.execute("insert or replace into doc_vectors(doc_id, embedding) select doc_id, embedding from doc_vec")
             c.execute("insert or replace into graph_vectors(entry_id, embedding) select entry_id, embedding from graph_vec")
             c.execute("drop table doc_vec")

@@ -134,3 +134,32 @@ def test_dimension_not_divisible_by_8_degrades_to_keywords_and_keeps_the_memory(
     assert [h["id"] for h in out["results"]] == [r["id"]]
     assert {d["channel"] for d in out["degraded"]} == {"vector", "graph_vector"}
     assert all("divisible by 8" in d["reason"] for d in out["degraded"])
+
+
+def test_schema5_upgrade_raced_by_another_process_opens_cleanly(tmp_path):
+    """Two servers started on a schema-5 file: the second may read the old layout just before the
+    first one's upgrade commits; it must then find the work done, not copy the binary index rows
+    into doc_vectors as if they were float vectors (the transaction failed and the open raised)."""
+    path = tmp_path / "old.db"
+    ids, docs, entries = _make_schema5_file(path)
+
+    class Raced(aokun.Memory):
+        raced = False
+
+        def value(self, sql, params=()):
+            v = super().value(sql, params)
+            if "name = 'doc_vec'" in sql and not Raced.raced:
+                Raced.raced = True  # the other process upgrades right after this one looked
+                aokun.Memory(path, aokun.Config(None), embedder=FakeEmbedder(16)).close()
+            return v
+
+    mem = Raced(path, aokun.Config(None), embedder=FakeEmbedder(16))
+    try:
+        assert Raced.raced
+        for i, v in _floats(mem).items():
+            np.testing.assert_array_equal(v, docs[i])
+        assert _floats(mem).keys() == docs.keys() and count(mem, "graph_vec") == len(entries)
+        assert mem.doctor() == []
+        assert [h["id"] for h in mem.recall(TEXTS[3], k=1, channels="vector")["results"]] == [ids[3]]
+    finally:
+        mem.close()
