@@ -1768,14 +1768,15 @@ class Memory:
             report["resumed"] = len(preps)
         return report
 
-    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None) -> int:
+    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
+                         stop: threading.Event | None = None) -> int:
         """Embed documents and graph entries still marked 'pending' (only documents `ids` when
         given). Returns how many vectors were written; stops quietly (leaving rows pending) when the
-        provider fails."""
+        provider fails or `stop` is set (checked before each batch: a server shutting down)."""
         if not self.vectors_usable:
             return 0
         done, after = 0, 0
-        while limit is None or done < limit:
+        while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
             rows = self.rows("select id, content, persona_id, session_id, created_at, topics, tags, sentiment "
                              "from documents where embedding_state = 'pending' and id > :after "
                              "and (:ids is null or id in (select value from json_each(:ids))) order by id limit :n",
@@ -1796,7 +1797,7 @@ class Memory:
                         self.conn.execute("update documents set embedding_truncated = ? where id = ?",
                                           (int(truncated), r["id"]))
                         done += 1
-        while ids is None and (limit is None or done < limit):
+        while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
             entry_ids = [r["id"] for r in self.rows("select id from graph_entries where embedding_state = 'pending' "
                                                     "order by id limit ?", (batch,))]
             if not entry_ids:
@@ -3635,7 +3636,7 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
         if mem.vectors_usable:
             mem.embedder.embed_query("warm up")
         mem.version_backup()
-        mem.backfill_vectors()
+        mem.backfill_vectors(stop=stop)
     except Exception as e:  # the server keeps serving; stats/doctor show what is missing
         log.warning("warm-up did not finish: %s", e)
     while not stop.is_set():

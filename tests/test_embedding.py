@@ -386,3 +386,32 @@ def test_backfill_goes_through_every_batch(db_path, open_mem):
     assert mem.backfill_vectors(batch=2) == pending > 4
     assert mem.value("select count(*) from graph_entries where embedding_state = 'pending'") == 0
     assert mem.doctor() == []
+
+
+def test_server_background_backfill_stops_when_the_server_stops(db_path, open_mem):
+    """A server shutting down must not first embed every pending memory: the background thread's
+    back-fill checks the stop event between batches (the lifespan waits for it up to 30 s and a
+    stdio client kills the server after 2 s)."""
+    class Slow(FakeEmbedder):
+        def embed_documents(self, texts):
+            time.sleep(0.2)
+            return super().embed_documents(texts)
+
+    mem = open_mem(db_path, Slow(16))
+    mem.memorize_many([(f"Pending memory number {i} about topic {i}.", None) for i in range(640)])
+    with mem.tx() as c:
+        c.execute("update documents set embedding_state = 'pending'")
+    mem.cfg.backup.on_version_change = False
+    stop = threading.Event()
+    worker = threading.Thread(target=aokun._background, args=(mem, stop), daemon=True)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while mem.value("select count(*) from documents where embedding_state = 'done'") == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    started = time.monotonic()
+    worker.join(timeout=10)
+    assert not worker.is_alive() and time.monotonic() - started < 1.0
+    assert mem.value("select count(*) from documents where embedding_state = 'pending'") > 0  # left for later
+    mem.backfill_vectors()  # the next start finishes it
+    assert mem.doctor() == []
