@@ -1485,7 +1485,7 @@ class Memory:
             if archived is None:
                 raise NotFound(f"memory {p.document_id} was deleted before its edit finished")
             p.stale += self._stale_successors(p.document_id)  # its old place in the session
-            del cols["created_at"], cols["persona_id"]
+            del cols["persona_id"]  # created_at stays: a new timestamp moves the memory (vector and graph context follow)
             cols["id"] = p.document_id
             c.execute(f"update documents set {', '.join(f'{k} = :{k}' for k in cols if k != 'id')} where id = :id", cols)
             c.execute("delete from documents_fts where rowid = ?", (p.document_id,))

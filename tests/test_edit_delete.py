@@ -292,3 +292,23 @@ def test_deleted_memory_id_is_never_reused(mem):
     mem.delete(b["id"])
     c = mem.memorize("three")
     assert c["id"] != b["id"]
+
+
+def test_edit_timestamp_moves_the_memory_and_its_context_follows(db_path, open_mem):
+    """edit(metadata.timestamp) was accepted and reported done, but documents.created_at kept the
+    old time while the atoms, the fact entries' "Context:" and the document vector were computed at
+    the new one: the vector differed from what `rebuild --vectors` makes."""
+    import numpy as np
+    mem = open_mem(db_path)
+    a = mem.memorize("We planned the trip to Lisbon", {"session_id": "t", "timestamp": "2025-05-01T10:00:00Z"})["id"]
+    b = mem.memorize("Yes, last May we booked the hotel", {"session_id": "t", "timestamp": "2025-05-01T10:05:00Z"})["id"]
+    mem.edit(b, metadata={"timestamp": "2025-04-01T09:00:00Z"})  # now before a: a's context is b
+    assert mem.get(b)["created_at"] == "2025-04-01T09:00:00Z"
+    assert mem.value("select created_at from memory_atoms where document_id = ?", (b,)) == "2025-04-01T09:00:00Z"
+    assert "Context: Yes, last May we booked the hotel" in mem.value(
+        "select text from graph_entries where document_id = ? and text like 'Fact:%'", (a,))
+    vec = {r["doc_id"]: bytes(r["embedding"]) for r in mem.rows("select doc_id, embedding from doc_vectors")}
+    mem.rebuild(vectors=True)
+    again = {r["doc_id"]: bytes(r["embedding"]) for r in mem.rows("select doc_id, embedding from doc_vectors")}
+    assert all(np.allclose(np.frombuffer(vec[i], np.float32), np.frombuffer(again[i], np.float32)) for i in (a, b))
+    assert mem.doctor() == []
