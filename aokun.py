@@ -531,6 +531,9 @@ class Segmenter:
         self._tk = None
         self._lock = threading.Lock()
         self.stopwords: frozenset[str] = frozenset()
+        # a write segments the same sentence several times (FTS of the memory, its atoms, its graph
+        # entries, the next turn's context): jieba is most of a write's CPU without a model
+        self._cut = functools.lru_cache(maxsize=4096)(self._cut_uncached)
 
     @property
     def loaded(self) -> bool:
@@ -561,6 +564,9 @@ class Segmenter:
     def tokens(self, text: str, keep_stopwords: bool = False) -> list[str]:
         """Lower-cased search tokens: jieba's search-mode cut (words and their sub-words), with
         punctuation-only pieces and stop words dropped. Order kept, duplicates kept."""
+        return list(self._cut(text, keep_stopwords))
+
+    def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
         tk = self._tokenizer()
         out = []
         for tok in tk.cut_for_search(text):
@@ -570,7 +576,7 @@ class Segmenter:
             if not keep_stopwords and tok in self.stopwords:
                 continue
             out.append(tok)
-        return out
+        return tuple(out)
 
     def segmented(self, text: str) -> str:
         """Tokens joined by spaces: what goes into the FTS5 column."""
@@ -1712,9 +1718,10 @@ class Memory:
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
         if vectors.get("entries") is None:
             return  # entries stay 'pending' and are back-filled later
-        for entry_id, vec in vectors["entries"]:
-            if self.value("select document_id from graph_entries where id = ? and embedding_state = 'pending'",
-                          (entry_id,)) == p.document_id:
+        mine = {r["id"] for r in self.rows("select id from graph_entries where document_id = ? "
+                                          "and embedding_state = 'pending'", (p.document_id,))}
+        for entry_id, vec in vectors["entries"]:  # the whole batch's entries: one query per memory, not per entry
+            if entry_id in mine:
                 self._put_entry_vector(entry_id, vec)
 
     def _put_entry_vector(self, entry_id: int, vec: np.ndarray) -> None:
