@@ -579,8 +579,10 @@ class Segmenter:
         return tuple(out)
 
     def segmented(self, text: str) -> str:
-        """Tokens joined by spaces: what goes into the FTS5 column."""
-        return " ".join(self.tokens(text))
+        """Tokens joined by spaces: what goes into the FTS5 column. Cut line by line (jieba splits
+        at newlines anyway), so a line repeated across texts, like the session context that every
+        fact entry of a memory carries, is segmented once."""
+        return " ".join(t for line in text.split("\n") for t in self._cut(line, False))
 
 
 def fts_query(tokens: list[str]) -> str:
