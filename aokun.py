@@ -2596,12 +2596,11 @@ class Memory:
         previous = {k: s[k] for k in fields + ("importance", "created_at")}
         merged = {k: list(dict.fromkeys(s[k] + [x for o in others for x in o[k]])) for k in fields}
         merged["importance"] = max([s["importance"]] + [o["importance"] for o in others])
-        earliest = min([s["created_at"]] + [o["created_at"] for o in others])
-        self.edit(survivor, None, merged)
+        merged["timestamp"] = min([s["created_at"]] + [o["created_at"] for o in others])
+        self.edit(survivor, None, merged)  # moves it to the earliest time: atoms, context and successors follow
         with self.tx() as c:
             c.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) values (?, ?, ?, ?)",
                       (survivor, json.dumps(previous, ensure_ascii=False), json.dumps(members), now_iso()))
-            c.execute("update documents set created_at = ? where id = ?", (earliest, survivor))
             for m in members:
                 self._set_flag_in_tx(m, "archived", True)
                 c.execute("update documents set merged_into = ? where id = ?", (survivor, m))
@@ -2617,9 +2616,8 @@ class Memory:
         if cons:
             prev = json.loads(cons[0]["previous"])
             self.edit(doc_id, None, {k: prev[k] for k in ("topics", "key_facts", "participants", "tags", "importance")}
-                      | {"timestamp": prev["created_at"]})  # its atoms are dated as before the merge
+                      | {"timestamp": prev["created_at"]})  # back to its time, atoms and context included
             with self.tx() as c:
-                c.execute("update documents set created_at = ? where id = ?", (prev["created_at"], doc_id))
                 for m in json.loads(cons[0]["members"]):
                     if self.value("select 1 from documents where id = ?", (m,)):
                         self._set_flag_in_tx(m, "archived", False)
