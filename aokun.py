@@ -922,7 +922,7 @@ class Rules:
         return None, {}
 
 
-# Write path and journal ##########################################################################
+# Write validation: one memory, checked before anything is stored #################################
 
 @dataclass
 class Prepared:
@@ -998,43 +998,11 @@ def _importance(value, name: str = "importance", default: float = 0.5) -> float:
     return float(value)
 
 
-class Memory:
-    """The memory engine on one SQLite file: write pipeline, recall, maintenance.
+# Store: the connection, transactions and reading #################################################
 
-    Thread-safe: every use of the one APSW connection holds `self.lock`. Several processes may open
-    the same file; write transactions are BEGIN IMMEDIATE with a long busy timeout, so callers never
-    see "database is locked" under ordinary contention."""
-
-    def __init__(self, path: Path | str, cfg: Config | None = None, embedder: Embedder | None = None,
-                 recover: bool = True):
-        self.cfg = cfg or load_config()
-        self.path = Path(path)
-        self.lock = threading.RLock()
-        self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
-                            self.backup_dir())
-        self.queries = load_queries()
-        t = self.cfg.text
-        self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
-                             self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)
-        if self.cfg.recall.fusion not in ("score", "rrf"):
-            raise AokunError(f"[recall] fusion = {self.cfg.recall.fusion!r} is not one of score, rrf")
-        self.rules = Rules(self.cfg)
-        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)
-        self.epoch = 0
-        self.vector_problem: str | None = None
-        self._recall_cache: dict = {}
-        self._toucher: ThreadPoolExecutor | None = None
-        self._channel_pool: ThreadPoolExecutor | None = None
-        self._readers: list[apsw.Connection] = []
-        self._readers_lock = threading.Lock()
-        self._local = threading.local()
-        self._upgrade_vector_index()
-        self._check_embedding_meta()
-        self.last_recovery: dict = {}
-        if recover:
-            self.last_recovery = self.recover()
-
-    # connection helpers --------------------------------------------------------------------------
+class Store:
+    """The one APSW connection and its helpers; reading memories. Every use of `self.conn` holds
+    `self.lock` (see Memory); methods documented "in tx" run inside the caller's `tx()`."""
 
     def close(self):
         self.wait_background()
@@ -1091,7 +1059,48 @@ class Memory:
     def has_table(self, name: str) -> bool:
         return bool(self.value("select 1 from sqlite_master where name = ?", (name,)))
 
-    # embeddings ----------------------------------------------------------------------------------
+    # reading -------------------------------------------------------------------------------------
+
+    def _doc(self, doc_id) -> dict:
+        if isinstance(doc_id, bool) or not isinstance(doc_id, int):
+            raise InputError("id", f"expected an integer memory id, got {doc_id!r}")
+        rows = self.rows("select * from documents where id = ?", (doc_id,))
+        if not rows:
+            raise NotFound(f"no memory with id {doc_id}; `aokun list` shows the ids")
+        d = rows[0]
+        for k in ("topics", "key_facts", "participants", "tags"):
+            d[k] = json.loads(d[k])
+        d["pinned"], d["archived"] = bool(d["pinned"]), bool(d["archived"])
+        return d
+
+    def get(self, doc_id: int) -> dict:
+        """One memory with its atoms and graph entries. Raises NotFound."""
+        d = self._doc(doc_id)
+        d["atoms"] = self.rows("select a.id, a.atom_type, a.content, a.state, a.confidence, a.reinforcement_count, "
+                               "a.expires_at from atom_sources s join memory_atoms a on a.id = s.atom_id "
+                               "where s.document_id = ? order by a.id", (doc_id,))
+        d["graph_entries"] = [r["text"] for r in self.rows(
+            "select text from graph_entries where document_id = ? order by id", (doc_id,))]
+        return d
+
+    def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
+             session_id: str | None = None, include_archived: bool = False) -> list[dict]:
+        """Memories newest first (by created_at), without atoms/graph detail."""
+        if not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InputError("limit", f"expected an integer from 1 to 1000, got {limit!r}")
+        sql = ("select id, uid, persona_id, session_id, substr(content, 1, 500) content, summary, importance, pinned, "
+               "archived, source, created_at, updated_at from documents where (:p is null or persona_id = :p) "
+               "and (:s is null or session_id = :s) and (:a or archived = 0) "
+               "order by created_at desc, id desc limit :limit offset :offset")
+        return self.rows(sql, {"p": persona_id, "s": session_id, "a": int(include_archived), "limit": limit,
+                               "offset": max(0, offset)})
+
+
+# Vectors: embedding, session context and the binary KNN index ####################################
+
+class Vectors:
+    """Document and graph-entry vectors: what is embedded (a memory with its session context), the
+    float store and its binary vec0 index, and back-fill of what is still pending."""
 
     @property
     def vectors_usable(self) -> bool:
@@ -1184,6 +1193,8 @@ class Memory:
             return None
         return m
 
+    # session context -----------------------------------------------------------------------------
+
     def _session_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int | None) -> list[tuple]:
         """(created_at, content) of the `[embedding] context_turns` memories right before a memory in
         its session (session order: created_at, then id), oldest first; [] outside a session.
@@ -1237,158 +1248,12 @@ class Memory:
                               (i,))
         return ids
 
-    def _graph_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int) -> str:
-        """The end (context_chars) of the memories before a stored memory in its session: what its
-        fact entries carry for keyword search, in place of the memory's own text (BM25 has that)."""
-        context = "\n".join(c for _, c in self._session_context(persona_id, session_id, created_at, doc_id))
-        return context[-self.cfg.embedding.context_chars:].lstrip()
-
-    @staticmethod
-    def _fact_entry_text(fact: str, summary: str, context: str) -> str:
-        if context:
-            return f"Fact: {fact}\nContext: {context}"
-        return f"Fact: {fact}" + (f". Summary: {summary}" if summary not in fact else "")
-
-    def _refresh_graph_context(self, ids) -> None:
-        """Inside the write transaction, after a change: the fact entries of memories `ids` get the
-        keyword text of their new session context (no embedding involved: fact vectors are the fact's)."""
-        c, stamp = self.conn, now_iso()
-        for i in dict.fromkeys(ids):
-            d = self.rows("select persona_id, session_id, created_at, summary, content from documents where id = ?", (i,))
-            if not d:
-                continue
-            d = d[0]
-            summary = (d["summary"] or d["content"])[: self.cfg.write.graph_summary_chars]
-            context = self._graph_context(d["persona_id"], d["session_id"], d["created_at"], i)
-            for e in self.rows("select e.id, n.value from graph_entries e join graph_nodes n on n.id = e.node_id "
-                               "where e.document_id = ? and n.node_type = 'fact'", (i,)):
-                text = self._fact_entry_text(e["value"], summary, context)
-                c.execute("update graph_entries set text = ?, updated_at = ? where id = ?", (text, stamp, e["id"]))
-                c.execute("delete from graph_entries_fts where rowid = ?", (e["id"],))
-                c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)", (e["id"], self.seg.segmented(text)))
-
     def _refresh_stale(self, ids) -> None:
         """Re-embed memories whose context changed, right away; when the provider fails they stay
         'pending' for the next back-fill."""
         ids = sorted({i for i in ids if i is not None})
         if ids and self.vectors_usable:
             self.backfill_vectors(ids=ids)
-
-    # validation ----------------------------------------------------------------------------------
-
-    def prepare(self, content, metadata: dict | None = None, field_prefix: str = "") -> Prepared:
-        """Validate and normalise one memorize() call. Raises InputError naming the bad field."""
-        meta = {} if metadata is None else metadata
-        if not isinstance(meta, dict):
-            raise InputError(field_prefix + "metadata", f"expected an object, got {type(meta).__name__}")
-        unknown = set(meta) - METADATA_FIELDS
-        if unknown:
-            raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
-                                                        f"known: {sorted(METADATA_FIELDS)}")
-        fp = field_prefix + "metadata."
-        text = normalize_text(content, field_prefix + "content")
-        limit = self.cfg.write.max_content_chars
-        if len(text) > limit:
-            raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
-                                                       "([write] max_content_chars)")
-        p = Prepared(content=text)
-        p.persona_id = _short_text(meta.get("persona_id"), fp + "persona_id", 200)
-        p.session_id = _short_text(meta.get("session_id"), fp + "session_id", 200)
-        p.summary = _short_text(meta.get("summary"), fp + "summary")
-        p.sentiment = _short_text(meta.get("sentiment"), fp + "sentiment", 200)
-        p.source = _short_text(meta.get("source"), fp + "source", 200).lower()
-        p.topics = _text_list(meta.get("topics"), fp + "topics")
-        p.key_facts = _text_list(meta.get("key_facts"), fp + "key_facts")
-        p.participants = _text_list(meta.get("participants"), fp + "participants")
-        p.tags = _text_list(meta.get("tags"), fp + "tags")
-        p.importance = _importance(meta.get("importance"), fp + "importance", self.cfg.write.default_importance)
-        pinned = meta.get("pinned", False)
-        if pinned is not None and not isinstance(pinned, bool):
-            raise InputError(fp + "pinned", f"expected true or false, got {pinned!r}")
-        p.pinned = bool(pinned)
-        p.created_at = iso(parse_time(meta["timestamp"], fp + "timestamp")) if meta.get("timestamp") else now_iso()
-        p.content_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        p.facts = p.key_facts or self._auto_facts(text)
-        return p
-
-    def _auto_facts(self, text: str) -> list[str]:
-        """Key facts when none were given: the content's sentences with at least two search tokens
-        (so "Hi!" and "OK." do not become atoms), at most max_auto_facts."""
-        return [s for s in split_sentences(text, 4 * self.cfg.write.max_auto_facts)
-                if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
-
-    # the pipeline --------------------------------------------------------------------------------
-
-    def memorize(self, content, metadata: dict | None = None) -> dict:
-        """Store one memory through the journalled pipeline (seed: Write Pipeline).
-
-        Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding, warnings}. The same
-        content for the same persona returns the existing id (deduplicated=true). Raises InputError
-        for bad input before anything is written. An embedding failure never fails the write."""
-        return self.memorize_many([(content, metadata)])[0]
-
-    def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
-        """Store many memories with batched embedding (imports). Every item is validated before any
-        is written; returns one result per item, in order."""
-        preps = [self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "") for i, (c, m) in enumerate(items)]
-        stamp = now_iso()
-        with self.tx() as c:
-            seen: dict[tuple, Prepared] = {}
-            for p in preps:
-                key = (p.persona_id, p.content_hash)
-                existing = self.value("select id from documents where persona_id = ? and content_hash = ?", key)
-                if existing is not None or key in seen:
-                    p.deduplicated, p.document_id, p.status = True, existing, "done"
-                    if existing is None:
-                        p.document_id = seen[key]  # resolved after the first copy is written
-                    continue
-                seen[key] = p
-                c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at, owner) "
-                          "values ('insert', ?, ?, 'pending', ?, ?, ?)", (p.persona_id, p.payload(), stamp, stamp, OWNER))
-                p.op_id = self.conn.last_insert_rowid()
-        self.run_pipeline([p for p in preps if p.op_id])
-        for p in preps:
-            if isinstance(p.document_id, Prepared):
-                p.document_id = p.document_id.document_id
-        self._refresh_stale([i for p in preps for i in p.stale])
-        return [self._write_result(p) for p in preps]
-
-    def _write_result(self, p: Prepared) -> dict:
-        doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
-        counts = self.rows("select (select count(*) from atom_sources where document_id = :d) atoms, "
-                           "(select count(*) from graph_entries where document_id = :d) graph_entries",
-                           {"d": p.document_id})[0]
-        return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
-                "deduplicated": p.deduplicated, "atoms": counts["atoms"], "graph_entries": counts["graph_entries"],
-                "embedding": doc[0]["embedding_state"] if doc else None,
-                "embedding_truncated": p.embedding_truncated, "warnings": p.warnings}
-
-    def run_pipeline(self, preps: list[Prepared]) -> None:
-        """Advance each write from its journal status to `done`, one transaction per stage:
-        pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item records
-        the error on its journal row (recovered at next start) and stops that item only."""
-        stages = [("pending", self._stage_docs), ("docs_done", self._stage_atoms),
-                  ("atoms_done", self._stage_graph), ("graph_done", self._stage_graph_vectors)]
-        for status, fn in stages:
-            todo = [p for p in preps if p.status == status]
-            if not todo:
-                continue
-            extra = fn.__name__ in ("_stage_docs", "_stage_graph_vectors")
-            vectors = self._stage_inputs(fn, todo) if extra else None
-            try:
-                with self.tx():
-                    for p in todo:
-                        self._advance(p, status, fn, vectors)
-            except Exception as batch_error:  # retry one by one so one bad item cannot block the rest
-                if len(todo) == 1:
-                    self._record_failure(todo[0], batch_error)
-                    continue
-                for p in todo:
-                    try:
-                        with self.tx():
-                            self._advance(p, status, fn, vectors)
-                    except Exception as e:
-                        self._record_failure(p, e)
 
     def _stage_inputs(self, fn, todo: list[Prepared]) -> dict:
         """Embeddings computed outside the write transaction (so the write lock is held briefly)."""
@@ -1442,27 +1307,91 @@ class Memory:
             out += [(r["id"], v) for r, v in zip(todo, m)]
         return out
 
-    def _advance(self, p: Prepared, status: str, fn, vectors) -> None:
-        row = self.rows("select status, document_id from memory_write_ops where id = ?", (p.op_id,))
-        if not row or row[0]["status"] != status:  # another process (recovery) already moved it
-            if row:
-                p.status, p.document_id = row[0]["status"], row[0]["document_id"]
-            return
-        p.status = fn(p, vectors) or JOURNAL_STAGES[JOURNAL_STAGES.index(status) + 1]
-        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? where id = ?",
-                          (p.status, p.document_id, now_iso(), p.op_id))
+    # the float store and its binary index --------------------------------------------------------
 
-    def _record_failure(self, p: Prepared, error: Exception) -> None:
-        log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
-        p.warnings.append(f"stage after {p.status} failed ({error}); it is retried at next start")
-        if p.status == "pending" and p.op == "insert" and not p.recovering:
-            with self.tx():  # the caller is told it failed: it must not be stored by a later recovery
-                self.conn.execute("update memory_write_ops set status = 'failed', error = ?, updated_at = ? where id = ?",
-                                  (str(error)[:1000], now_iso(), p.op_id))
-            raise error if isinstance(error, AokunError) else AokunError(f"could not store the memory: {error}")
-        with self.tx():
-            self.conn.execute("update memory_write_ops set error = ?, updated_at = ? where id = ?",
-                              (str(error)[:1000], now_iso(), p.op_id))
+    def _put_doc_vector(self, doc_id: int, vec: np.ndarray) -> None:
+        """Store a document's float vector and its binary index row (inside the caller's transaction)."""
+        self.conn.execute(self.queries["put_doc_vector"], {"id": doc_id, "embedding": np.asarray(vec, np.float32).tobytes()})
+        self.conn.execute("update documents set embedding_state = 'done' where id = ?", (doc_id,))
+        self._maybe_center()
+
+    def _maybe_center(self) -> None:
+        """Fix the quantisation centre once CENTER_AFTER document vectors exist (see sql/vectors.sql)."""
+        if self.value("select 1 from meta where key = 'vector_center'") is None and \
+                self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
+            self._recenter()
+
+    CENTER_AFTER = 256  #: document vectors needed before the binary index is centred on their mean
+
+    def _recenter(self) -> None:
+        """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
+        binary KNN indexes with it (inside the caller's transaction); no vectors, no centre."""
+        total, n = None, 0
+        for (blob,) in self.conn.execute("select embedding from doc_vectors"):
+            v = np.frombuffer(blob, np.float32).astype(np.float64)
+            total, n = (v if total is None else total + v), n + 1
+        if n:
+            self._meta_set("vector_center", (total / n).astype(np.float32).tobytes().hex())
+        else:
+            self.conn.execute("delete from meta where key = 'vector_center'")
+        self.conn.execute(self.queries["reindex_vectors"])
+
+    def _put_entry_vector(self, entry_id: int, vec: np.ndarray) -> None:
+        """Store a graph entry's float vector and its binary index row."""
+        self.conn.execute(self.queries["put_entry_vector"], {"id": entry_id, "embedding": np.asarray(vec, np.float32).tobytes()})
+        self.conn.execute("update graph_entries set embedding_state = 'done' where id = ?", (entry_id,))
+
+    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
+                         stop: threading.Event | None = None) -> int:
+        """Embed documents and graph entries still marked 'pending' (only documents `ids` when
+        given). Returns how many vectors were written; stops quietly (leaving rows pending) when the
+        provider fails or `stop` is set (checked before each batch: a server shutting down)."""
+        if not self.vectors_usable:
+            return 0
+        done, after = 0, 0
+        while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
+            rows = self.rows("select id, content, persona_id, session_id, created_at, topics, tags, sentiment "
+                             "from documents where embedding_state = 'pending' and id > :after "
+                             "and (:ids is null or id in (select value from json_each(:ids))) order by id limit :n",
+                             {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
+            if not rows:
+                break
+            after = rows[-1]["id"]
+            prepared = [self._vector_text(r["content"], [c for _, c in self._session_context(
+                r["persona_id"], r["session_id"], r["created_at"], r["id"])],
+                [*json.loads(r["topics"]), *json.loads(r["tags"]), r["sentiment"]]) for r in rows]
+            m = self._embed([t for t, _ in prepared])
+            if m is None:
+                return done
+            with self.tx():
+                for r, vec, (_, truncated) in zip(rows, m, prepared):
+                    if self.value("select embedding_state from documents where id = ?", (r["id"],)) == "pending":
+                        self._put_doc_vector(r["id"], vec)
+                        self.conn.execute("update documents set embedding_truncated = ? where id = ?",
+                                          (int(truncated), r["id"]))
+                        done += 1
+        while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
+            entry_ids = [r["id"] for r in self.rows("select id from graph_entries where embedding_state = 'pending' "
+                                                    "order by id limit ?", (batch,))]
+            if not entry_ids:
+                break
+            pairs = self._entry_vectors(f"e.id in ({','.join('?' * len(entry_ids))})", entry_ids)
+            if pairs is None:
+                return done
+            with self.tx():
+                for entry_id, vec in pairs:
+                    if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
+                        self._put_entry_vector(entry_id, vec)
+                        done += 1
+        return done
+
+
+# Derived layers: a memory's FTS row, atoms and graph #############################################
+
+class Layers:
+    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): its FTS row
+    and vector, its atoms (with reinforcement and supersession), its graph nodes, edges and
+    entries, and their removal. All run in tx."""
 
     def _stage_docs(self, p: Prepared, vectors: dict) -> None:
         c, stamp = self.conn, now_iso()
@@ -1514,33 +1443,6 @@ class Memory:
         get = (lambda k: getattr(p, k)) if isinstance(p, Prepared) else (lambda k: p[k])
         extra = [get("summary"), *get("topics"), *get("participants"), *get("tags")]
         return "\n".join([get("content"), *[x for x in extra if x]])
-
-    def _put_doc_vector(self, doc_id: int, vec: np.ndarray) -> None:
-        """Store a document's float vector and its binary index row (inside the caller's transaction)."""
-        self.conn.execute(self.queries["put_doc_vector"], {"id": doc_id, "embedding": np.asarray(vec, np.float32).tobytes()})
-        self.conn.execute("update documents set embedding_state = 'done' where id = ?", (doc_id,))
-        self._maybe_center()
-
-    def _maybe_center(self) -> None:
-        """Fix the quantisation centre once CENTER_AFTER document vectors exist (see sql/vectors.sql)."""
-        if self.value("select 1 from meta where key = 'vector_center'") is None and \
-                self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
-            self._recenter()
-
-    CENTER_AFTER = 256  #: document vectors needed before the binary index is centred on their mean
-
-    def _recenter(self) -> None:
-        """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
-        binary KNN indexes with it (inside the caller's transaction); no vectors, no centre."""
-        total, n = None, 0
-        for (blob,) in self.conn.execute("select embedding from doc_vectors"):
-            v = np.frombuffer(blob, np.float32).astype(np.float64)
-            total, n = (v if total is None else total + v), n + 1
-        if n:
-            self._meta_set("vector_center", (total / n).astype(np.float32).tobytes().hex())
-        else:
-            self.conn.execute("delete from meta where key = 'vector_center'")
-        self.conn.execute(self.queries["reindex_vectors"])
 
     def _stage_atoms(self, p: Prepared, _vectors) -> None:
         """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
@@ -1726,12 +1628,177 @@ class Memory:
             if entry_id in mine:
                 self._put_entry_vector(entry_id, vec)
 
-    def _put_entry_vector(self, entry_id: int, vec: np.ndarray) -> None:
-        """Store a graph entry's float vector and its binary index row."""
-        self.conn.execute(self.queries["put_entry_vector"], {"id": entry_id, "embedding": np.asarray(vec, np.float32).tobytes()})
-        self.conn.execute("update graph_entries set embedding_state = 'done' where id = ?", (entry_id,))
+    def _graph_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int) -> str:
+        """The end (context_chars) of the memories before a stored memory in its session: what its
+        fact entries carry for keyword search, in place of the memory's own text (BM25 has that)."""
+        context = "\n".join(c for _, c in self._session_context(persona_id, session_id, created_at, doc_id))
+        return context[-self.cfg.embedding.context_chars:].lstrip()
 
-    # recovery ------------------------------------------------------------------------------------
+    @staticmethod
+    def _fact_entry_text(fact: str, summary: str, context: str) -> str:
+        if context:
+            return f"Fact: {fact}\nContext: {context}"
+        return f"Fact: {fact}" + (f". Summary: {summary}" if summary not in fact else "")
+
+    def _refresh_graph_context(self, ids) -> None:
+        """Inside the write transaction, after a change: the fact entries of memories `ids` get the
+        keyword text of their new session context (no embedding involved: fact vectors are the fact's)."""
+        c, stamp = self.conn, now_iso()
+        for i in dict.fromkeys(ids):
+            d = self.rows("select persona_id, session_id, created_at, summary, content from documents where id = ?", (i,))
+            if not d:
+                continue
+            d = d[0]
+            summary = (d["summary"] or d["content"])[: self.cfg.write.graph_summary_chars]
+            context = self._graph_context(d["persona_id"], d["session_id"], d["created_at"], i)
+            for e in self.rows("select e.id, n.value from graph_entries e join graph_nodes n on n.id = e.node_id "
+                               "where e.document_id = ? and n.node_type = 'fact'", (i,)):
+                text = self._fact_entry_text(e["value"], summary, context)
+                c.execute("update graph_entries set text = ?, updated_at = ? where id = ?", (text, stamp, e["id"]))
+                c.execute("delete from graph_entries_fts where rowid = ?", (e["id"],))
+                c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)", (e["id"], self.seg.segmented(text)))
+
+
+# Write path and journal: memorize, edit, delete, recovery ########################################
+
+class Journal:
+    """Writes through the journal (memory_write_ops): every write is a row that moves pending →
+    docs_done → atoms_done → graph_done → done, one transaction per stage, so a crash at any
+    point is finished by recover() at the next open (seed: Reliability)."""
+
+    def prepare(self, content, metadata: dict | None = None, field_prefix: str = "") -> Prepared:
+        """Validate and normalise one memorize() call. Raises InputError naming the bad field."""
+        meta = {} if metadata is None else metadata
+        if not isinstance(meta, dict):
+            raise InputError(field_prefix + "metadata", f"expected an object, got {type(meta).__name__}")
+        unknown = set(meta) - METADATA_FIELDS
+        if unknown:
+            raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
+                                                        f"known: {sorted(METADATA_FIELDS)}")
+        fp = field_prefix + "metadata."
+        text = normalize_text(content, field_prefix + "content")
+        limit = self.cfg.write.max_content_chars
+        if len(text) > limit:
+            raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
+                                                       "([write] max_content_chars)")
+        p = Prepared(content=text)
+        p.persona_id = _short_text(meta.get("persona_id"), fp + "persona_id", 200)
+        p.session_id = _short_text(meta.get("session_id"), fp + "session_id", 200)
+        p.summary = _short_text(meta.get("summary"), fp + "summary")
+        p.sentiment = _short_text(meta.get("sentiment"), fp + "sentiment", 200)
+        p.source = _short_text(meta.get("source"), fp + "source", 200).lower()
+        p.topics = _text_list(meta.get("topics"), fp + "topics")
+        p.key_facts = _text_list(meta.get("key_facts"), fp + "key_facts")
+        p.participants = _text_list(meta.get("participants"), fp + "participants")
+        p.tags = _text_list(meta.get("tags"), fp + "tags")
+        p.importance = _importance(meta.get("importance"), fp + "importance", self.cfg.write.default_importance)
+        pinned = meta.get("pinned", False)
+        if pinned is not None and not isinstance(pinned, bool):
+            raise InputError(fp + "pinned", f"expected true or false, got {pinned!r}")
+        p.pinned = bool(pinned)
+        p.created_at = iso(parse_time(meta["timestamp"], fp + "timestamp")) if meta.get("timestamp") else now_iso()
+        p.content_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        p.facts = p.key_facts or self._auto_facts(text)
+        return p
+
+    def _auto_facts(self, text: str) -> list[str]:
+        """Key facts when none were given: the content's sentences with at least two search tokens
+        (so "Hi!" and "OK." do not become atoms), at most max_auto_facts."""
+        return [s for s in split_sentences(text, 4 * self.cfg.write.max_auto_facts)
+                if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
+
+    def memorize(self, content, metadata: dict | None = None) -> dict:
+        """Store one memory through the journalled pipeline (seed: Write Pipeline).
+
+        Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding, warnings}. The same
+        content for the same persona returns the existing id (deduplicated=true). Raises InputError
+        for bad input before anything is written. An embedding failure never fails the write."""
+        return self.memorize_many([(content, metadata)])[0]
+
+    def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
+        """Store many memories with batched embedding (imports). Every item is validated before any
+        is written; returns one result per item, in order."""
+        preps = [self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "") for i, (c, m) in enumerate(items)]
+        stamp = now_iso()
+        with self.tx() as c:
+            seen: dict[tuple, Prepared] = {}
+            for p in preps:
+                key = (p.persona_id, p.content_hash)
+                existing = self.value("select id from documents where persona_id = ? and content_hash = ?", key)
+                if existing is not None or key in seen:
+                    p.deduplicated, p.document_id, p.status = True, existing, "done"
+                    if existing is None:
+                        p.document_id = seen[key]  # resolved after the first copy is written
+                    continue
+                seen[key] = p
+                c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at, owner) "
+                          "values ('insert', ?, ?, 'pending', ?, ?, ?)", (p.persona_id, p.payload(), stamp, stamp, OWNER))
+                p.op_id = self.conn.last_insert_rowid()
+        self.run_pipeline([p for p in preps if p.op_id])
+        for p in preps:
+            if isinstance(p.document_id, Prepared):
+                p.document_id = p.document_id.document_id
+        self._refresh_stale([i for p in preps for i in p.stale])
+        return [self._write_result(p) for p in preps]
+
+    def _write_result(self, p: Prepared) -> dict:
+        doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
+        counts = self.rows("select (select count(*) from atom_sources where document_id = :d) atoms, "
+                           "(select count(*) from graph_entries where document_id = :d) graph_entries",
+                           {"d": p.document_id})[0]
+        return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
+                "deduplicated": p.deduplicated, "atoms": counts["atoms"], "graph_entries": counts["graph_entries"],
+                "embedding": doc[0]["embedding_state"] if doc else None,
+                "embedding_truncated": p.embedding_truncated, "warnings": p.warnings}
+
+    def run_pipeline(self, preps: list[Prepared]) -> None:
+        """Advance each write from its journal status to `done`, one transaction per stage:
+        pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item records
+        the error on its journal row (recovered at next start) and stops that item only."""
+        stages = [("pending", self._stage_docs), ("docs_done", self._stage_atoms),
+                  ("atoms_done", self._stage_graph), ("graph_done", self._stage_graph_vectors)]
+        for status, fn in stages:
+            todo = [p for p in preps if p.status == status]
+            if not todo:
+                continue
+            extra = fn.__name__ in ("_stage_docs", "_stage_graph_vectors")
+            vectors = self._stage_inputs(fn, todo) if extra else None
+            try:
+                with self.tx():
+                    for p in todo:
+                        self._advance(p, status, fn, vectors)
+            except Exception as batch_error:  # retry one by one so one bad item cannot block the rest
+                if len(todo) == 1:
+                    self._record_failure(todo[0], batch_error)
+                    continue
+                for p in todo:
+                    try:
+                        with self.tx():
+                            self._advance(p, status, fn, vectors)
+                    except Exception as e:
+                        self._record_failure(p, e)
+
+    def _advance(self, p: Prepared, status: str, fn, vectors) -> None:
+        row = self.rows("select status, document_id from memory_write_ops where id = ?", (p.op_id,))
+        if not row or row[0]["status"] != status:  # another process (recovery) already moved it
+            if row:
+                p.status, p.document_id = row[0]["status"], row[0]["document_id"]
+            return
+        p.status = fn(p, vectors) or JOURNAL_STAGES[JOURNAL_STAGES.index(status) + 1]
+        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? where id = ?",
+                          (p.status, p.document_id, now_iso(), p.op_id))
+
+    def _record_failure(self, p: Prepared, error: Exception) -> None:
+        log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
+        p.warnings.append(f"stage after {p.status} failed ({error}); it is retried at next start")
+        if p.status == "pending" and p.op == "insert" and not p.recovering:
+            with self.tx():  # the caller is told it failed: it must not be stored by a later recovery
+                self.conn.execute("update memory_write_ops set status = 'failed', error = ?, updated_at = ? where id = ?",
+                                  (str(error)[:1000], now_iso(), p.op_id))
+            raise error if isinstance(error, AokunError) else AokunError(f"could not store the memory: {error}")
+        with self.tx():
+            self.conn.execute("update memory_write_ops set error = ?, updated_at = ? where id = ?",
+                              (str(error)[:1000], now_iso(), p.op_id))
 
     def recover(self) -> dict:
         """Finish unfinished journal rows and repair index gaps (seed: Reliability).
@@ -1776,86 +1843,6 @@ class Memory:
             self.run_pipeline(preps)
             report["resumed"] = len(preps)
         return report
-
-    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
-                         stop: threading.Event | None = None) -> int:
-        """Embed documents and graph entries still marked 'pending' (only documents `ids` when
-        given). Returns how many vectors were written; stops quietly (leaving rows pending) when the
-        provider fails or `stop` is set (checked before each batch: a server shutting down)."""
-        if not self.vectors_usable:
-            return 0
-        done, after = 0, 0
-        while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            rows = self.rows("select id, content, persona_id, session_id, created_at, topics, tags, sentiment "
-                             "from documents where embedding_state = 'pending' and id > :after "
-                             "and (:ids is null or id in (select value from json_each(:ids))) order by id limit :n",
-                             {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
-            if not rows:
-                break
-            after = rows[-1]["id"]
-            prepared = [self._vector_text(r["content"], [c for _, c in self._session_context(
-                r["persona_id"], r["session_id"], r["created_at"], r["id"])],
-                [*json.loads(r["topics"]), *json.loads(r["tags"]), r["sentiment"]]) for r in rows]
-            m = self._embed([t for t, _ in prepared])
-            if m is None:
-                return done
-            with self.tx():
-                for r, vec, (_, truncated) in zip(rows, m, prepared):
-                    if self.value("select embedding_state from documents where id = ?", (r["id"],)) == "pending":
-                        self._put_doc_vector(r["id"], vec)
-                        self.conn.execute("update documents set embedding_truncated = ? where id = ?",
-                                          (int(truncated), r["id"]))
-                        done += 1
-        while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            entry_ids = [r["id"] for r in self.rows("select id from graph_entries where embedding_state = 'pending' "
-                                                    "order by id limit ?", (batch,))]
-            if not entry_ids:
-                break
-            pairs = self._entry_vectors(f"e.id in ({','.join('?' * len(entry_ids))})", entry_ids)
-            if pairs is None:
-                return done
-            with self.tx():
-                for entry_id, vec in pairs:
-                    if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
-                        self._put_entry_vector(entry_id, vec)
-                        done += 1
-        return done
-
-    # reading -------------------------------------------------------------------------------------
-
-    def _doc(self, doc_id) -> dict:
-        if isinstance(doc_id, bool) or not isinstance(doc_id, int):
-            raise InputError("id", f"expected an integer memory id, got {doc_id!r}")
-        rows = self.rows("select * from documents where id = ?", (doc_id,))
-        if not rows:
-            raise NotFound(f"no memory with id {doc_id}; `aokun list` shows the ids")
-        d = rows[0]
-        for k in ("topics", "key_facts", "participants", "tags"):
-            d[k] = json.loads(d[k])
-        d["pinned"], d["archived"] = bool(d["pinned"]), bool(d["archived"])
-        return d
-
-    def get(self, doc_id: int) -> dict:
-        """One memory with its atoms and graph entries. Raises NotFound."""
-        d = self._doc(doc_id)
-        d["atoms"] = self.rows("select a.id, a.atom_type, a.content, a.state, a.confidence, a.reinforcement_count, "
-                               "a.expires_at from atom_sources s join memory_atoms a on a.id = s.atom_id "
-                               "where s.document_id = ? order by a.id", (doc_id,))
-        d["graph_entries"] = [r["text"] for r in self.rows(
-            "select text from graph_entries where document_id = ? order by id", (doc_id,))]
-        return d
-
-    def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
-             session_id: str | None = None, include_archived: bool = False) -> list[dict]:
-        """Memories newest first (by created_at), without atoms/graph detail."""
-        if not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise InputError("limit", f"expected an integer from 1 to 1000, got {limit!r}")
-        sql = ("select id, uid, persona_id, session_id, substr(content, 1, 500) content, summary, importance, pinned, "
-               "archived, source, created_at, updated_at from documents where (:p is null or persona_id = :p) "
-               "and (:s is null or session_id = :s) and (:a or archived = 0) "
-               "order by created_at desc, id desc limit :limit offset :offset")
-        return self.rows(sql, {"p": persona_id, "s": session_id, "a": int(include_archived), "limit": limit,
-                               "offset": max(0, offset)})
 
     # editing -------------------------------------------------------------------------------------
 
@@ -1935,404 +1922,12 @@ class Memory:
                 for (eid,) in c.execute("select id from graph_entries where document_id = ?", (doc_id,)).fetchall():
                     c.execute("update graph_vec set archived = ? where entry_id = ?", (int(value), eid))
 
-    # health --------------------------------------------------------------------------------------
 
-    def stats(self) -> dict:
-        """Counts across every layer and index, the embedder's real state and the journal."""
-        q = self.queries
-        counts = self.rows(q["stats_counts"])[0]
-        if self.has_table("doc_vec"):
-            counts.update(self.rows(q["stats_vector_counts"])[0])
-        else:
-            counts.update(doc_vectors=0, graph_vectors=0, doc_index_rows=0, graph_index_rows=0)
-        return {
-            "database": str(self.path),
-            "size_bytes": self.path.stat().st_size if self.path.exists() else 0,
-            "schema_version": self.value("pragma user_version"),
-            "server_version": __version__,
-            "counts": counts,
-            "atoms_by_state": {r["state"]: r["n"] for r in self.rows(q["stats_atoms_by_state"])},
-            "atoms_by_type": {r["atom_type"]: r["n"] for r in self.rows(q["stats_atoms_by_type"])},
-            "journal": {r["status"]: r["n"] for r in self.rows(q["stats_journal"])},
-            "maintenance": {k: self.meta_get(k) for k in ("decay_last_run", "lifecycle_last_run", "backup_last",
-                                                          "backup_last_file")},
-            "embedding": {"provider": self.embedder.provider, "model": self.embedder.model, "dim": self.embedder.dim,
-                          "loaded": self.embedder.loaded, "stored_model": self.meta_get("embedding_model"),
-                          "stored_dim": int(self.meta_get("embedding_dim") or 0) or None,
-                          "problem": self.vector_problem},
-        }
+# Knowledge graph: temporal triples ###############################################################
 
-    def doctor(self) -> list[str]:
-        """Every inconsistency found: integrity_check, documents vs FTS vs vectors, atoms and graph
-        entries vs their FTS, orphans, unfinished or failed journal rows, embedding mismatch.
-        Empty list means healthy."""
-        problems = []
-        integrity = [r[0] for r in self.conn.execute("pragma integrity_check")]
-        if integrity != ["ok"]:
-            problems.append("integrity_check: " + "; ".join(integrity[:5]))
-        for r in self.rows(self.queries["doctor_checks"]):
-            if r["n"]:
-                problems.append(f"{r['n']} {r['problem']}")
-        if self.has_table("doc_vec"):
-            for r in self.rows(self.queries["doctor_vector_checks"]):
-                if r["n"]:
-                    problems.append(f"{r['n']} {r['problem']}")
-        if self.vector_problem and self.embedder.provider != "none":
-            problems.append(self.vector_problem)
-        return problems
-
-    # maintenance ---------------------------------------------------------------------------------
-
-    def rebuild(self, vectors: bool = False, fts: bool = False, graph: bool = False) -> dict:
-        """Rebuild derived data from the documents. fts: re-segment every FTS row. graph: re-derive
-        atoms and graph for every document through the journal. vectors: drop both vec0 tables,
-        record the configured embedder's model/dim and re-embed everything. Returns counts."""
-        out = {}
-        if fts:
-            with self.tx() as c:
-                for t in ("documents_fts", "memory_atoms_fts", "graph_entries_fts"):
-                    c.execute(f"delete from {t}")
-            out["fts"] = self.recover()["fts_backfilled"]
-        if graph:
-            stamp, preps = now_iso(), []
-            with self.tx() as c:
-                for d in self.rows("select id from documents order by id"):
-                    doc = self._doc(d["id"])
-                    p = self.prepare(doc["content"], {k: doc[k] for k in ("summary", "topics", "participants", "tags",
-                                     "sentiment", "source", "importance", "session_id", "persona_id", "key_facts")}
-                                     | {"timestamp": doc["created_at"]})
-                    p.op, p.document_id, p.status = "edit", d["id"], "docs_done"
-                    c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
-                              "updated_at, owner) values ('edit', ?, ?, ?, 'docs_done', ?, ?, ?)",
-                              (d["id"], p.persona_id, p.payload(), stamp, stamp, OWNER))
-                    p.op_id = c.last_insert_rowid()
-                    preps.append(p)
-            self.run_pipeline(preps)
-            out["graph"] = len(preps)
-        if vectors:
-            if self.embedder.provider == "none":
-                raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
-            if not self.embedder.dim:  # CachedEmbedder.dim is read-only: set it on the inner embedder
-                e = self.embedder.inner if isinstance(self.embedder, CachedEmbedder) else self.embedder
-                e.dim = len(self.embedder.embed_query("dimension probe"))
-            with self.tx() as c:
-                c.execute("drop table if exists doc_vec")
-                c.execute("drop table if exists graph_vec")
-                c.execute("delete from doc_vectors")
-                c.execute("delete from graph_vectors")
-                c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', 'embedding_dim', "
-                          "'vector_center')")
-                c.execute("update documents set embedding_state = 'pending'")
-                c.execute("update graph_entries set embedding_state = 'pending' where node_id in "
-                          "(select id from graph_nodes where node_type = 'fact')")
-            self.vector_problem = None
-            self._start_vectors()
-            out["vectors"] = self.backfill_vectors()
-        return out
-
-    def vacuum(self) -> dict:
-        """Merge FTS segments, checkpoint the WAL and VACUUM. Returns sizes before and after."""
-        before = self.path.stat().st_size
-        with self.lock:
-            for t in ("documents_fts", "memory_atoms_fts", "graph_entries_fts"):
-                self.conn.execute(f"insert into {t}({t}) values ('optimize')")
-            self.conn.execute("vacuum")
-            self.conn.pragma("wal_checkpoint(TRUNCATE)")
-        return {"before_bytes": before, "after_bytes": self.path.stat().st_size}
-
-    def backup(self, dest: Path | str) -> dict:
-        """A consistent copy of the whole database in one file (VACUUM INTO: a read transaction, so
-        other processes keep writing). Refuses to overwrite an existing file."""
-        dest = Path(dest).expanduser().resolve()
-        if dest.exists():
-            raise AokunError(f"{dest} already exists; choose a new file name for the backup")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with self.lock:
-            self.conn.execute("vacuum into ?", (str(dest),))
-        return {"backup": str(dest), "bytes": dest.stat().st_size}
-
-    # forgetting and lifecycle --------------------------------------------------------------------
-
-    def _tz(self):
-        name = self.cfg.forgetting.timezone
-        if name:
-            import zoneinfo
-            try:
-                return zoneinfo.ZoneInfo(name)
-            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-                raise AokunError(f"[forgetting] timezone = {name!r} is not a known time zone (e.g. Asia/Shanghai)") from None
-        return dt.datetime.now().astimezone().tzinfo
-
-    def _decay_due(self, ref: dt.datetime) -> dt.date:
-        """The last calendar day (local time) whose decay_hour:decay_minute has passed at `ref`."""
-        f, local = self.cfg.forgetting, ref.astimezone(self._tz())
-        due = local.date()
-        if (local.hour, local.minute) < (f.decay_hour, f.decay_minute):
-            due -= dt.timedelta(days=1)
-        return due
-
-    def _decay_day(self, day: dt.date) -> None:
-        """One day of importance decay (sql/decay.sql) inside the caller's transaction, at that
-        day's decay time; records meta('decay_last_run') in the same transaction."""
-        f = self.cfg.forgetting
-        at = dt.datetime.combine(day, dt.time(f.decay_hour, f.decay_minute), self._tz())
-        params = {"decay_rate": f.decay_rate, "access_multiplier": f.access_count_decay_multiplier,
-                  "window_start": iso(at - dt.timedelta(days=f.access_decay_window_days))}
-        self.conn.execute(self.queries["decay_day"], params)
-        self.conn.execute(self.queries["decay_day_access_only"], {"access_multiplier": params["access_multiplier"]})
-        self._meta_set("decay_last_run", day.isoformat())
-
-    def _lifecycle_sweep(self, ref: dt.datetime) -> None:
-        """One atom state-machine sweep at `ref` (sql/lifecycle.sql) inside the caller's transaction."""
-        f, at = self.cfg.forgetting, iso(ref)
-        q, c = self.queries, self.conn
-        c.execute(q["lifecycle_expire"], {"now": at})
-        c.execute(q["lifecycle_dormant"], {"now": at})
-        c.execute(q["lifecycle_wake"], {"now": at})
-        for r in self.rows(q["lifecycle_forget_ids"], {"now": at, "forget_delay_days": f.atom_forget_delay_days}):
-            c.execute("delete from memory_atoms_fts where rowid = ?", (r["id"],))
-            c.execute("update memory_atoms set state = 'forgotten', state_changed_at = ?, updated_at = ? where id = ?",
-                      (at, at, r["id"]))
-        for r in self.rows(q["lifecycle_purge_ids"], {"now": at, "purge_delay_days": f.atom_purge_delay_days}):
-            c.execute("update memory_atoms set superseded_by = null where superseded_by = ?", (r["id"],))
-            c.execute("delete from memory_atoms where id = ?", (r["id"],))
-        self._meta_set("lifecycle_last_run", at)
-
-    def _auto_archive(self, ref: dt.datetime) -> None:
-        f = self.cfg.forgetting
-        cutoff = iso(ref - dt.timedelta(days=f.cleanup_days_threshold))
-        for r in self.rows(self.queries["auto_archive_candidates"],
-                           {"cutoff": cutoff, "importance_threshold": f.cleanup_importance_threshold}):
-            self._set_flag_in_tx(r["id"], "archived", True)
-
-    def _snapshot(self) -> tuple[dict, dict]:
-        docs = {r["id"]: (r["importance"], r["archived"]) for r in self.rows("select id, importance, archived from documents")}
-        atoms = {r["id"]: r["state"] for r in self.rows(self.queries["atom_states"])}
-        return docs, atoms
-
-    @staticmethod
-    def _changes(before, after) -> dict:
-        (d0, a0), (d1, a1) = before, after
-        importance = [{"id": i, "old": d0[i][0], "new": d1[i][0]} for i in sorted(d1) if d1[i][0] != d0[i][0]]
-        archived = [i for i in sorted(d1) if d1[i][1] and not d0[i][1]]
-        atoms = [{"id": i, "old": a0[i], "new": a1.get(i, "purged")} for i in sorted(a0) if a1.get(i, "purged") != a0[i]]
-        return {"importance": importance, "archived": archived, "atoms": atoms}
-
-    def _decay_steps(self, days: list, ref: dt.datetime) -> list:
-        """One step per decay day, then auto-archival when enabled."""
-        steps = [lambda day=day: self._decay_day(day) for day in days]
-        if self.cfg.forgetting.auto_cleanup_enabled:
-            steps.append(lambda: self._auto_archive(ref))
-        return steps
-
-    def _run_steps(self, steps, dry_run: bool) -> tuple:
-        """Run maintenance steps, each in its own transaction (a crash mid-way loses no finished
-        step), or for a dry run all in one transaction that is rolled back, so a preview computes
-        exactly the changes a real run makes and keeps none. Returns (snapshot before, after)."""
-        with self.lock:
-            before = self._snapshot()
-            if dry_run:
-                self.conn.execute("BEGIN IMMEDIATE")
-                try:
-                    for step in steps:
-                        step()
-                    return before, self._snapshot()
-                finally:
-                    self.conn.execute("ROLLBACK")
-            for step in steps:
-                with self.tx():
-                    step()
-            return before, self._snapshot()
-
-    def decay(self, dry_run: bool = False, days: int | None = None, ref: dt.datetime | None = None) -> dict:
-        """Daily importance decay (seed: Forgetting & Lifecycle): run every day whose decay time has
-        passed since meta('decay_last_run'), one day per transaction, then auto-archival when
-        [forgetting] auto_cleanup_enabled. `days` runs that many days now instead of the schedule.
-        A new file starts its schedule today without decaying. dry_run computes the same changes in
-        a transaction that is rolled back. Returns {days: [...], importance: [{id, old, new}],
-        archived: [ids], dry_run}."""
-        ref = ref or now()
-        if days is not None and (isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= 3650):
-            raise InputError("days", f"expected a whole number of days from 0 to 3650, got {days!r}")
-        last = self.meta_get("decay_last_run")
-        due = self._decay_due(ref)
-        if days is not None:
-            start = dt.date.fromisoformat(last) if last else due
-            todo = [start + dt.timedelta(days=i + 1) for i in range(days)]
-        elif last is None:
-            todo = []
-            if not dry_run:
-                with self.tx():
-                    self._meta_set("decay_last_run", due.isoformat())
-        else:
-            first = dt.date.fromisoformat(last) + dt.timedelta(days=1)
-            todo = [first + dt.timedelta(days=i) for i in range((due - first).days + 1)]
-        before, after = self._run_steps(self._decay_steps(todo, ref), dry_run)
-        changes = self._changes(before, after)
-        return {"days": [d.isoformat() for d in todo], "importance": changes["importance"],
-                "archived": changes["archived"], "dry_run": dry_run}
-
-    def lifecycle(self, dry_run: bool = False, ref: dt.datetime | None = None) -> dict:
-        """One atom lifecycle sweep now: active → expired → forgotten (+7 d) → purged (+30 d), and
-        dormant while every source memory is archived. Returns {atoms: [{id, old, new}], dry_run}."""
-        ref = ref or now()
-        before, after = self._run_steps([lambda: self._lifecycle_sweep(ref)], dry_run)
-        return {"atoms": self._changes(before, after)["atoms"], "dry_run": dry_run}
-
-    def forget_preview(self, days: int = 7) -> dict:
-        """What decay, auto-archival and the atom lifecycle would do by `days` days from now, computed
-        in a transaction that is rolled back (nothing changes). Returns {as_of, days, importance,
-        archived, atoms}."""
-        if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= 3650:
-            raise InputError("days", f"expected a whole number of days from 0 to 3650, got {days!r}")
-        ref = now() + dt.timedelta(days=days)
-        last = self.meta_get("decay_last_run")
-        first = dt.date.fromisoformat(last) + dt.timedelta(days=1) if last else self._decay_due(now()) + dt.timedelta(days=1)
-        todo = [first + dt.timedelta(days=i) for i in range((self._decay_due(ref) - first).days + 1)]
-        steps = self._decay_steps(todo, ref) + [lambda: self._lifecycle_sweep(ref)]
-        before, after = self._run_steps(steps, dry_run=True)
-        return {"as_of": iso(ref), "days": [d.isoformat() for d in todo], **self._changes(before, after)}
-
-    def set_importance(self, doc_id: int, importance) -> dict:
-        """Set a memory's importance (0..1). Returns {id, uid, old, new}."""
-        d = self._doc(doc_id)
-        value = _importance(importance)
-        with self.tx() as c:
-            c.execute("update documents set importance = ?, updated_at = ? where id = ?", (value, now_iso(), doc_id))
-            self._briefing_stale(d["persona_id"])
-        return {"id": doc_id, "uid": d["uid"], "old": d["importance"], "new": value}
-
-    def maintenance_due(self, ref: dt.datetime | None = None) -> dict:
-        """Run whatever is due at `ref`: decay catch-up, an atom sweep every
-        atom_maintenance_interval_hours, the daily backup. What the server's scheduler calls."""
-        ref = ref or now()
-        done = {"recovered": self.recover()["resumed"], "decay": self.decay(ref=ref)["days"]}
-        last = self.meta_get("lifecycle_last_run")
-        hours = self.cfg.forgetting.atom_maintenance_interval_hours
-        if last is None or (ref - parse_time(last)).total_seconds() >= hours * 3600:
-            done["lifecycle"] = len(self.lifecycle(ref=ref)["atoms"])
-        if self.cfg.backup.daily:
-            done["backup"] = self.daily_backup(ref)
-        done["briefings"] = self.refresh_stale_briefings()
-        return done
-
-    # backups -------------------------------------------------------------------------------------
-
-    def backup_dir(self) -> Path:
-        """[backup] dir, or a `backups` folder beside the database file when it is empty."""
-        return self.cfg.resolve(self.cfg.backup.dir) if self.cfg.backup.dir else self.path.parent / "backups"
-
-    def online_backup(self, dest: Path) -> dict:
-        """Copy the database to `dest` with the SQLite backup API, 256 pages per step, holding the
-        connection only per step (other processes keep writing; the copy restarts if they do and is
-        finished under the lock after 20 restarts). The copy must pass integrity_check."""
-        dest = Path(dest)
-        if dest.exists():
-            raise AokunError(f"{dest} already exists; choose a new file name for the backup")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")  # one per writer
-        tmp.unlink(missing_ok=True)
-        target = apsw.Connection(str(tmp))
-        try:
-            with self.lock:
-                b = target.backup("main", self.conn, "main")
-            try:
-                restarts, left = 0, None
-                while True:
-                    with self.lock:
-                        done = b.step(256 if restarts < 20 else -1)
-                    if done:
-                        break
-                    if left is not None and b.remaining >= left:  # a write elsewhere restarted the copy
-                        restarts += 1
-                    left = b.remaining
-                    time.sleep(0.001)
-            finally:
-                with self.lock:  # finish() touches the source connection too
-                    b.finish()
-            ok = [r[0] for r in target.execute("pragma integrity_check")]
-            if ok != ["ok"]:
-                raise AokunError(f"backup {dest} failed integrity_check: {ok[:3]}")
-            target.pragma("journal_mode", "delete")
-        finally:
-            target.close()
-        if dest.exists():  # another process made the same backup meanwhile
-            tmp.unlink()
-            return {"backup": str(dest), "bytes": dest.stat().st_size}
-        tmp.rename(dest)
-        with self.tx():
-            self._meta_set("backup_last", now_iso())
-            self._meta_set("backup_last_file", str(dest))
-        return {"backup": str(dest), "bytes": dest.stat().st_size}
-
-    def daily_backup(self, ref: dt.datetime | None = None) -> str | None:
-        """Today's online backup into [backup] dir (once per local day), pruning daily backups older
-        than keep_days. Returns the new file or None when today's exists."""
-        ref = ref or now()
-        day = ref.astimezone(self._tz()).date()
-        folder = self.backup_dir()
-        dest = folder / f"{self.path.stem}-daily-{day.isoformat()}.db"
-        made = None
-        if not dest.exists():
-            made = self.online_backup(dest)["backup"]
-        keep = day - dt.timedelta(days=max(1, self.cfg.backup.keep_days) - 1)  # keep_days files, today included
-        for old in folder.glob(f"{self.path.stem}-daily-*.db"):
-            with contextlib.suppress(ValueError):
-                if dt.date.fromisoformat(old.stem.rsplit("-daily-", 1)[1]) < keep:
-                    old.unlink()
-        return made
-
-    def version_backup(self) -> str | None:
-        """A full backup when the recorded server version differs from this one (before anything
-        of the new version writes); records the new version. Returns the file or None."""
-        recorded = self.meta_get("server_version")
-        made = None
-        if recorded is not None and recorded != __version__ and self.cfg.backup.on_version_change \
-                and self.value("select count(*) from documents"):
-            stamp = now().strftime("%Y%m%dT%H%M%SZ")
-            made = self.online_backup(self.backup_dir() / f"{self.path.stem}-v{recorded}-{stamp}.db")["backup"]
-        if recorded != __version__:
-            with self.tx():
-                self._meta_set("server_version", __version__)
-        return made
-
-    def restore_from(self, src: Path | str) -> dict:
-        """Replace this database's content with the backup `src`, through the backup API (safe with
-        WAL and with other processes that have the file open). `src` must pass integrity_check and
-        have a schema this version knows; the current content is first saved beside the database
-        as <name>.before-restore-<time>.db. Returns {restored, saved_previous}."""
-        src = Path(src).expanduser().resolve()
-        if not src.exists():
-            raise AokunError(f"{src} does not exist")
-        source = apsw.Connection(str(src), flags=apsw.SQLITE_OPEN_READONLY)
-        try:
-            try:
-                version = source.pragma("user_version")
-                ok = [r[0] for r in source.execute("pragma integrity_check")]
-            except apsw.Error as e:
-                raise AokunError(f"{src} is not a readable SQLite database ({e})") from None
-            if ok != ["ok"]:
-                raise AokunError(f"{src} fails integrity_check ({'; '.join(ok[:3])}); not restoring it")
-            if version > schema_version_known():
-                raise SchemaError(f"{src} has schema version {version}, newer than this Aokun knows "
-                                  f"({schema_version_known()}); upgrade Aokun before restoring it")
-            saved = self.path.with_name(f"{self.path.stem}.before-restore-{now().strftime('%Y%m%dT%H%M%SZ')}"
-                                        f"-{uuid.uuid4().hex[:6]}.db")
-            self.online_backup(saved)
-            with self.lock:
-                with self.conn.backup("main", source, "main") as b:
-                    b.step(-1)
-        finally:
-            source.close()
-        with self.lock:
-            migrate(self.conn)
-        self._upgrade_vector_index()
-        self.epoch += 1
-        self.vector_problem = None
-        self._check_embedding_meta()
-        return {"restored": str(src), "saved_previous": str(saved)}
-
-    # knowledge-graph triples ---------------------------------------------------------------------
+class KnowledgeGraph:
+    """Facts as subject —predicate→ object triples with a validity window (valid_from, valid_to),
+    queried at any as_of time (second seed: temporal knowledge graph)."""
 
     def _predicate(self, predicate) -> str:
         p = normalize_text(predicate, "predicate")
@@ -2452,229 +2047,81 @@ class Memory:
                     out.append(f)
         return out[:limit]
 
-    # context injection and briefing --------------------------------------------------------------
 
-    def _briefing_stale(self, persona: str | None) -> None:
-        self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
+# Ranking: pure functions over channel rows #######################################################
 
-    def build_briefing(self, persona_id=None) -> dict:
-        """Build and store the session briefing for a persona: pinned and important memories,
-        recent memories, current KG facts, all from SQL (no embedding). Returns the stored row."""
-        persona = _short_text(persona_id, "persona_id", 200)
-        cx, ref = self.cfg.context, now()
-        since = iso(ref - dt.timedelta(days=cx.briefing_recent_days))
-        key = self.rows("select id, content, created_at from documents where persona_id = ? and archived = 0 and "
-                        "(pinned = 1 or importance >= ?) order by pinned desc, importance desc, created_at desc limit 30",
-                        (persona, cx.briefing_importance))
-        recent = self.rows("select id, content, created_at from documents where persona_id = ? and archived = 0 and "
-                           "created_at >= ? order by created_at desc limit ?", (persona, since, cx.briefing_max_recent))
-        facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": 0, "as_of": iso(ref),
-                                                        "predicate": ""})
-        lines = [f"# Memory briefing ({iso(ref)})"]
-        if key:
-            lines.append("## Pinned and important")
-            lines += [f"- [{d['id']}] {_one_line(d['content'])}" for d in key]
-        shown = {d["id"] for d in key}
-        recent = [d for d in recent if d["id"] not in shown]
-        if recent:
-            lines.append(f"## Recent ({cx.briefing_recent_days} days)")
-            lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}" for d in recent]
-        if facts:
-            lines.append("## Current facts")
-            lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts[:50]]
-        text = "\n".join(lines)
-        with self.tx() as c:
-            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) values (?, ?, ?, ?, 0) "
-                      "on conflict(persona_id) do update set text = excluded.text, tokens = excluded.tokens, "
-                      "generated_at = excluded.generated_at, stale = 0", (persona, text, estimate_tokens(text), iso(ref)))
-        return self.rows("select * from briefings where persona_id = ?", (persona,))[0]
+def rrf(ranks: dict[str, int], channels, k: int, weights: dict[str, float] | None = None) -> float:
+    """Weighted Reciprocal Rank Fusion (Cormack, Clarke & Büttcher 2009): Σ w_c/(k + rank_c + 1)
+    over the channels (0-based ranks), divided by its maximum Σ w_c/(k+1) so it lies in 0..1."""
+    w = weights or {}
+    total = sum(w.get(c, 1.0) for c in channels)
+    if not total:
+        return 0.0
+    return sum(w.get(c, 1.0) / (k + ranks[c] + 1) for c in channels if c in ranks) / (total / (k + 1))
 
-    def refresh_stale_briefings(self) -> int:
-        """Regenerate briefings that are stale and older than briefing_regen_interval_minutes."""
-        cutoff = iso(now() - dt.timedelta(minutes=self.cfg.context.briefing_regen_interval_minutes))
-        stale = self.rows("select persona_id from briefings where stale = 1 and generated_at <= ?", (cutoff,))
-        for r in stale:
-            self.build_briefing(r["persona_id"])
-        return len(stale)
 
-    def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None, persona_id=None) -> dict:
-        """One text blob of memory for a prompt, within a token budget (estimate_tokens).
-        Without a topic: the stored session briefing (no embedding work; built on first use).
-        With a topic: pinned memories first, then recall(topic) results, then current KG facts
-        about entities named in the topic. Modes set the budget and how many results:
-        quick 400, chat 1500, coding 2000, project 3000 tokens ([context] *_tokens).
-        Returns {text, tokens, budget, mode, source: briefing|dynamic, stale}."""
-        budgets = {"quick": self.cfg.context.quick_tokens, "chat": self.cfg.context.chat_tokens,
-                   "coding": self.cfg.context.coding_tokens, "project": self.cfg.context.project_tokens}
-        if mode not in budgets:
-            raise InputError("mode", f"expected one of {', '.join(budgets)}, got {mode!r}")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 50):
-            raise InputError("max_tokens", f"expected a whole number ≥ 50, got {max_tokens!r}")
-        budget = max_tokens or budgets[mode]
-        persona = _short_text(persona_id, "persona_id", 200)
-        if topic is None or not str(topic).strip():
-            row = self.rows("select * from briefings where persona_id = ?", (persona,))
-            brief = row[0] if row else self.build_briefing(persona)
-            text = fit_tokens(brief["text"].split("\n"), budget)
-            return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
-                    "source": "briefing", "stale": bool(brief["stale"]), "generated_at": brief["generated_at"]}
-        topic = normalize_text(topic, "topic")
-        k = {"quick": 3, "chat": 8, "coding": 10, "project": 15}[mode]
-        lines = ["# Relevant memories"]
-        pinned = self.rows("select id, content from documents where persona_id = ? and archived = 0 and (pinned = 1 "
-                           "or exists (select 1 from json_each(tags) where value = 'directive')) "
-                           "order by pinned desc, importance desc limit 20", (persona,))
-        lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pinned]
-        seen = {d["id"] for d in pinned}
-        for h in self.recall(topic, k=k, persona_id=persona)["results"]:
-            if h["id"] not in seen:
-                lines.append(f"- {h['created_at'][:10]} [{h['id']}] {_one_line(h['text'])}")
-        facts = self._facts_for_text(topic, persona, now_iso())
-        if facts:
-            lines.append("# Current facts")
-            lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts]
-        text = fit_tokens(lines, budget)
-        return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
-                "source": "dynamic", "stale": False, "generated_at": now_iso()}
+def normalized_scores(channel: str, rows: list[dict]) -> dict[int, float]:
+    """A channel's scores scaled to 0..1 within this answer, 1 = its best hit. Keyword channels
+    (−bm25(), the graph-keyword aggregate; 0 = no match) are divided by their maximum, so a weak
+    match keeps its share; KNN similarities (1 − cosine distance, always k hits bunched together)
+    are min-max scaled over the k neighbours."""
+    if not rows:
+        return {}
+    if channel in ("vector", "graph_vector"):
+        vals = {row["id"]: 1.0 - row["raw"] for row in rows}
+        lo, hi = min(vals.values()), max(vals.values())
+        return {i: (v - lo) / (hi - lo) if hi > lo else 1.0 for i, v in vals.items()}
+    vals = {row["id"]: -row["raw"] if channel == "bm25" else row["raw"] for row in rows}
+    hi = max(vals.values())
+    return {i: max(0.0, v) / hi if hi > 0 else 1.0 for i, v in vals.items()}
 
-    # consolidation -------------------------------------------------------------------------------
 
-    def consolidate(self, dry_run: bool = True, persona_id=None, similarity: float = 0.92,
-                    min_jaccard: float = 0.5) -> dict:
-        """Find clusters of near-duplicate live memories (cosine similarity ≥ `similarity` between
-        their vectors and Jaccard ≥ `min_jaccard` of their content's tokens, or that Jaccard ≥ 0.8
-        alone: vectors also see a memory's session context and labels, so the same words in another
-        conversation or with other topics may differ). A real run merges each cluster into its longest memory (union of topics, key facts
-        and participants, max importance, earliest created_at) and archives the others with
-        merged_into = survivor; restore_memory(survivor) undoes it.
-        Returns {clusters: [{survivor, members: [ids], texts}], dry_run}."""
-        persona = _short_text(persona_id, "persona_id", 200)
-        docs = {d["id"]: d for d in self.rows(
-            "select d.id, d.content, d.created_at, f.segmented from documents d join documents_fts f on f.rowid = d.id "
-            "where d.persona_id = ? and d.archived = 0 order by d.id", (persona,))}
-        tokens = {i: set(self.seg.tokens(d["content"])) for i, d in docs.items()}  # the words, not the labels
-        parent = {i: i for i in docs}
+def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, lam: float) -> list[tuple]:
+    """Maximal Marginal Relevance (Carbonell & Goldstein 1998): repeatedly pick
+    argmax λ·relevance(d) − (1−λ)·max_{s∈picked} Jaccard(d, s). Returns [(id, mmr_score)]."""
+    picked: list[tuple] = []
+    pool = list(candidates)
+    sim = dict.fromkeys(pool, 0.0)  # max similarity to the picked set, updated with each pick
+    while pool and len(picked) < k:
+        best, best_score = None, -math.inf
+        for c in pool:
+            score = lam * relevance[c] - (1 - lam) * sim[c]
+            if score > best_score:
+                best, best_score = c, score
+        picked.append((best, best_score))
+        pool.remove(best)
+        for c in pool:
+            sim[c] = max(sim[c], jaccard(tokens[c], tokens[best]))
+    return picked
 
-        def find(i):
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
 
-        use_vectors = self.vectors_usable and self.has_table("doc_vec")
-        for i in docs:
-            pairs = []
-            vec = self.value("select embedding from doc_vectors where doc_id = ?", (i,)) if use_vectors else None
-            if vec is not None:
-                cands = [(r["id"], 1 - r["raw"]) for r in self.rows(self.queries["recall_vector"], {
-                    "embedding": vec, "k": 8, "candidates": 64, "persona_id": persona, "max_archived": 0,
-                    "as_of": ""}) if r["id"] != i]
-                pairs = [j for j, sim in cands if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
-            q = fts_query(sorted(tokens[i])[:64])
-            cands = [r["rowid"] for r in self.rows("select rowid from documents_fts where documents_fts match ? "
-                                                   "order by rank limit 8", (q,))] if q else []
-            pairs += [j for j in cands if j != i and j in docs and jaccard(tokens[i], tokens[j]) >= 0.8]
-            for j in pairs:
-                parent[find(i)] = find(j)
-        groups: dict[int, list[int]] = {}
-        for i in docs:
-            groups.setdefault(find(i), []).append(i)
-        clusters = []
-        for members in (sorted(g) for g in groups.values() if len(g) > 1):
-            survivor = max(members, key=lambda i: (len(docs[i]["content"]), -i))
-            clusters.append({"survivor": survivor, "members": [m for m in members if m != survivor],
-                             "texts": {m: _one_line(docs[m]["content"]) for m in members}})
-        if not dry_run:
-            for cl in clusters:
-                self._merge(cl["survivor"], cl["members"])
-        return {"clusters": clusters, "dry_run": dry_run}
+def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
+    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
+    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
+    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
+    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
+    then and had not yet expired or been superseded (needs created_at and state_changed_at)."""
+    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])  # stored: valid
+    if historical:
+        if atom["state"] == "superseded":
+            end = min(end, _parse_iso(atom["state_changed_at"]))
+        if ref < _parse_iso(atom["created_at"]):
+            return 0.0
+    elif atom["state"] != "active":
+        return 0.0
+    if ref >= end:
+        return 0.0
+    if decay == "step":
+        return 1.0
+    ttl = max(1e-9, (end - start).total_seconds())
+    return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
 
-    def _merge(self, survivor: int, members: list[int]) -> None:
-        s = self._doc(survivor)
-        others = [self._doc(m) for m in members]
-        fields = ("topics", "key_facts", "participants", "tags")
-        previous = {k: s[k] for k in fields + ("importance", "created_at")}
-        merged = {k: list(dict.fromkeys(s[k] + [x for o in others for x in o[k]])) for k in fields}
-        merged["importance"] = max([s["importance"]] + [o["importance"] for o in others])
-        merged["timestamp"] = min([s["created_at"]] + [o["created_at"] for o in others])
-        self.edit(survivor, None, merged)  # moves it to the earliest time: atoms, context and successors follow
-        with self.tx() as c:
-            c.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) values (?, ?, ?, ?)",
-                      (survivor, json.dumps(previous, ensure_ascii=False), json.dumps(members), now_iso()))
-            for m in members:
-                self._set_flag_in_tx(m, "archived", True)
-                c.execute("update documents set merged_into = ? where id = ?", (survivor, m))
-            self._briefing_stale(s["persona_id"])
 
-    def restore_memory(self, doc_id: int) -> dict:
-        """Undo archival: an archived memory comes back into recall; a consolidation survivor gets
-        its previous metadata back and the memories merged into it are restored.
-        Returns {id, uid, archived: false, restored: [ids]}."""
-        d = self._doc(doc_id)
-        cons = self.rows("select * from consolidations where survivor_id = ?", (doc_id,))
-        restored = []
-        if cons:
-            prev = json.loads(cons[0]["previous"])
-            self.edit(doc_id, None, {k: prev[k] for k in ("topics", "key_facts", "participants", "tags", "importance")}
-                      | {"timestamp": prev["created_at"]})  # back to its time, atoms and context included
-            with self.tx() as c:
-                for m in json.loads(cons[0]["members"]):
-                    if self.value("select 1 from documents where id = ?", (m,)):
-                        self._set_flag_in_tx(m, "archived", False)
-                        c.execute("update documents set merged_into = null where id = ?", (m,))
-                        restored.append(m)
-                c.execute("delete from consolidations where survivor_id = ?", (doc_id,))
-        if d["archived"]:
-            with self.tx() as c:
-                self._set_flag_in_tx(doc_id, "archived", False)
-                c.execute("update documents set merged_into = null where id = ?", (doc_id,))
-            restored.append(doc_id)
-        return {"id": doc_id, "uid": d["uid"], "archived": False, "restored": restored}
+# Recall: channels, fusion, atoms, cache ##########################################################
 
-    # conversation summarisation (the only LLM use) -----------------------------------------------
-
-    def summarize_memory(self, conversation, metadata: dict | None = None) -> dict:
-        """Turn a conversation (a list of {role, content} or plain text) into one structured memory
-        through an OpenAI-compatible chat endpoint ([llm] base_url, model, api_key / api_key_env)
-        and store it. Returns {memory: write result, summary: {summary, topics, key_facts,
-        participants, sentiment, importance}}. Raises AokunError when no endpoint is configured."""
-        import httpx
-
-        llm = self.cfg.llm
-        if not llm.base_url or not llm.model:
-            raise AokunError("summarize_memory needs a chat endpoint: set [llm] base_url and model (and api_key_env) "
-                             "in aokun.ini, e.g. base_url = https://api.deepseek.com/v1, model = deepseek-chat")
-        transcript = conversation_text(conversation)
-        key = self.cfg.secret("llm", "api_key", "api_key_env")
-        prompt = ("Distil this conversation into one long-term memory. Reply with JSON only: "
-                  '{"summary": str, "topics": [str], "key_facts": [str], "participants": [str], '
-                  '"sentiment": "positive"|"neutral"|"negative", "importance": number 0..1}. '
-                  "key_facts are short self-contained sentences worth remembering for months; use the "
-                  "conversation's language.")
-        with httpx.Client(base_url=llm.base_url.rstrip("/") + "/", timeout=llm.timeout_seconds,
-                          headers={"Authorization": f"Bearer {key}"} if key else {}) as http:
-            reply = post_json(http, "chat/completions", {
-                "model": llm.model, "temperature": 0,
-                "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": transcript}]},
-                llm.max_retries, "chat", "[llm]")
-        try:
-            raw = reply["choices"][0]["message"]["content"]
-            data = json.loads(re.sub(r"^```(?:json)?\s*|\s*```$", "", raw.strip()))
-            summary = {"summary": str(data["summary"]).strip(),
-                       "topics": [str(x) for x in data.get("topics") or []],
-                       "key_facts": [str(x) for x in data.get("key_facts") or []],
-                       "participants": [str(x) for x in data.get("participants") or []],
-                       "sentiment": str(data.get("sentiment") or ""),
-                       "importance": min(1.0, max(0.0, float(data.get("importance", 0.5))))}
-        except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise AokunError(f"the chat endpoint's reply is not the JSON asked for ({e}); try another [llm] model") from None
-        meta = dict(metadata or {})
-        meta.setdefault("source", "chat")
-        for k in ("topics", "key_facts", "participants", "sentiment", "importance"):
-            meta.setdefault(k, summary[k])
-        return {"memory": self.memorize(summary["summary"], meta), "summary": summary}
-
-    # recall --------------------------------------------------------------------------------------
+class Recall:
+    """Hybrid recall (seed: Retrieval Pipeline): the SQL channels run side by side, the ranking
+    functions above fuse their rows; search_atoms; the answer cache and access bookkeeping."""
 
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
 
@@ -3043,52 +2490,7 @@ class Memory:
             self._toucher.submit(lambda: None).result()  # one FIFO worker: everything before it is done
 
 
-# Retrieval helpers ###############################################################################
-
-def rrf(ranks: dict[str, int], channels, k: int, weights: dict[str, float] | None = None) -> float:
-    """Weighted Reciprocal Rank Fusion (Cormack, Clarke & Büttcher 2009): Σ w_c/(k + rank_c + 1)
-    over the channels (0-based ranks), divided by its maximum Σ w_c/(k+1) so it lies in 0..1."""
-    w = weights or {}
-    total = sum(w.get(c, 1.0) for c in channels)
-    if not total:
-        return 0.0
-    return sum(w.get(c, 1.0) / (k + ranks[c] + 1) for c in channels if c in ranks) / (total / (k + 1))
-
-
-def normalized_scores(channel: str, rows: list[dict]) -> dict[int, float]:
-    """A channel's scores scaled to 0..1 within this answer, 1 = its best hit. Keyword channels
-    (−bm25(), the graph-keyword aggregate; 0 = no match) are divided by their maximum, so a weak
-    match keeps its share; KNN similarities (1 − cosine distance, always k hits bunched together)
-    are min-max scaled over the k neighbours."""
-    if not rows:
-        return {}
-    if channel in ("vector", "graph_vector"):
-        vals = {row["id"]: 1.0 - row["raw"] for row in rows}
-        lo, hi = min(vals.values()), max(vals.values())
-        return {i: (v - lo) / (hi - lo) if hi > lo else 1.0 for i, v in vals.items()}
-    vals = {row["id"]: -row["raw"] if channel == "bm25" else row["raw"] for row in rows}
-    hi = max(vals.values())
-    return {i: max(0.0, v) / hi if hi > 0 else 1.0 for i, v in vals.items()}
-
-
-def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, lam: float) -> list[tuple]:
-    """Maximal Marginal Relevance (Carbonell & Goldstein 1998): repeatedly pick
-    argmax λ·relevance(d) − (1−λ)·max_{s∈picked} Jaccard(d, s). Returns [(id, mmr_score)]."""
-    picked: list[tuple] = []
-    pool = list(candidates)
-    sim = dict.fromkeys(pool, 0.0)  # max similarity to the picked set, updated with each pick
-    while pool and len(picked) < k:
-        best, best_score = None, -math.inf
-        for c in pool:
-            score = lam * relevance[c] - (1 - lam) * sim[c]
-            if score > best_score:
-                best, best_score = c, score
-        picked.append((best, best_score))
-        pool.remove(best)
-        for c in pool:
-            sim[c] = max(sim[c], jaccard(tokens[c], tokens[best]))
-    return picked
-
+# Context and briefing: memory within a token budget ##############################################
 
 _CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
 
@@ -3125,6 +2527,595 @@ def _one_line(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+class Briefing:
+    """Memory for a prompt: the stored session briefing (built from SQL, no embedding) and
+    memory_context within a token budget (second seed: token-budget context, session briefing)."""
+
+    def _briefing_stale(self, persona: str | None) -> None:
+        self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
+
+    def build_briefing(self, persona_id=None) -> dict:
+        """Build and store the session briefing for a persona: pinned and important memories,
+        recent memories, current KG facts, all from SQL (no embedding). Returns the stored row."""
+        persona = _short_text(persona_id, "persona_id", 200)
+        cx, ref = self.cfg.context, now()
+        since = iso(ref - dt.timedelta(days=cx.briefing_recent_days))
+        key = self.rows("select id, content, created_at from documents where persona_id = ? and archived = 0 and "
+                        "(pinned = 1 or importance >= ?) order by pinned desc, importance desc, created_at desc limit 30",
+                        (persona, cx.briefing_importance))
+        recent = self.rows("select id, content, created_at from documents where persona_id = ? and archived = 0 and "
+                           "created_at >= ? order by created_at desc limit ?", (persona, since, cx.briefing_max_recent))
+        facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": 0, "as_of": iso(ref),
+                                                        "predicate": ""})
+        lines = [f"# Memory briefing ({iso(ref)})"]
+        if key:
+            lines.append("## Pinned and important")
+            lines += [f"- [{d['id']}] {_one_line(d['content'])}" for d in key]
+        shown = {d["id"] for d in key}
+        recent = [d for d in recent if d["id"] not in shown]
+        if recent:
+            lines.append(f"## Recent ({cx.briefing_recent_days} days)")
+            lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}" for d in recent]
+        if facts:
+            lines.append("## Current facts")
+            lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts[:50]]
+        text = "\n".join(lines)
+        with self.tx() as c:
+            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) values (?, ?, ?, ?, 0) "
+                      "on conflict(persona_id) do update set text = excluded.text, tokens = excluded.tokens, "
+                      "generated_at = excluded.generated_at, stale = 0", (persona, text, estimate_tokens(text), iso(ref)))
+        return self.rows("select * from briefings where persona_id = ?", (persona,))[0]
+
+    def refresh_stale_briefings(self) -> int:
+        """Regenerate briefings that are stale and older than briefing_regen_interval_minutes."""
+        cutoff = iso(now() - dt.timedelta(minutes=self.cfg.context.briefing_regen_interval_minutes))
+        stale = self.rows("select persona_id from briefings where stale = 1 and generated_at <= ?", (cutoff,))
+        for r in stale:
+            self.build_briefing(r["persona_id"])
+        return len(stale)
+
+    def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None, persona_id=None) -> dict:
+        """One text blob of memory for a prompt, within a token budget (estimate_tokens).
+        Without a topic: the stored session briefing (no embedding work; built on first use).
+        With a topic: pinned memories first, then recall(topic) results, then current KG facts
+        about entities named in the topic. Modes set the budget and how many results:
+        quick 400, chat 1500, coding 2000, project 3000 tokens ([context] *_tokens).
+        Returns {text, tokens, budget, mode, source: briefing|dynamic, stale}."""
+        budgets = {"quick": self.cfg.context.quick_tokens, "chat": self.cfg.context.chat_tokens,
+                   "coding": self.cfg.context.coding_tokens, "project": self.cfg.context.project_tokens}
+        if mode not in budgets:
+            raise InputError("mode", f"expected one of {', '.join(budgets)}, got {mode!r}")
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 50):
+            raise InputError("max_tokens", f"expected a whole number ≥ 50, got {max_tokens!r}")
+        budget = max_tokens or budgets[mode]
+        persona = _short_text(persona_id, "persona_id", 200)
+        if topic is None or not str(topic).strip():
+            row = self.rows("select * from briefings where persona_id = ?", (persona,))
+            brief = row[0] if row else self.build_briefing(persona)
+            text = fit_tokens(brief["text"].split("\n"), budget)
+            return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
+                    "source": "briefing", "stale": bool(brief["stale"]), "generated_at": brief["generated_at"]}
+        topic = normalize_text(topic, "topic")
+        k = {"quick": 3, "chat": 8, "coding": 10, "project": 15}[mode]
+        lines = ["# Relevant memories"]
+        pinned = self.rows("select id, content from documents where persona_id = ? and archived = 0 and (pinned = 1 "
+                           "or exists (select 1 from json_each(tags) where value = 'directive')) "
+                           "order by pinned desc, importance desc limit 20", (persona,))
+        lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pinned]
+        seen = {d["id"] for d in pinned}
+        for h in self.recall(topic, k=k, persona_id=persona)["results"]:
+            if h["id"] not in seen:
+                lines.append(f"- {h['created_at'][:10]} [{h['id']}] {_one_line(h['text'])}")
+        facts = self._facts_for_text(topic, persona, now_iso())
+        if facts:
+            lines.append("# Current facts")
+            lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts]
+        text = fit_tokens(lines, budget)
+        return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
+                "source": "dynamic", "stale": False, "generated_at": now_iso()}
+
+
+# Forgetting and lifecycle: decay, atom states, consolidation #####################################
+
+class Forgetting:
+    """Importance decay by calendar day, the atom state machine, auto-archival, previews, and
+    consolidation of near-duplicates with its undo (seed: Forgetting & Lifecycle)."""
+
+    def _tz(self):
+        name = self.cfg.forgetting.timezone
+        if name:
+            import zoneinfo
+            try:
+                return zoneinfo.ZoneInfo(name)
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+                raise AokunError(f"[forgetting] timezone = {name!r} is not a known time zone (e.g. Asia/Shanghai)") from None
+        return dt.datetime.now().astimezone().tzinfo
+
+    def _decay_due(self, ref: dt.datetime) -> dt.date:
+        """The last calendar day (local time) whose decay_hour:decay_minute has passed at `ref`."""
+        f, local = self.cfg.forgetting, ref.astimezone(self._tz())
+        due = local.date()
+        if (local.hour, local.minute) < (f.decay_hour, f.decay_minute):
+            due -= dt.timedelta(days=1)
+        return due
+
+    def _decay_day(self, day: dt.date) -> None:
+        """One day of importance decay (sql/decay.sql) inside the caller's transaction, at that
+        day's decay time; records meta('decay_last_run') in the same transaction."""
+        f = self.cfg.forgetting
+        at = dt.datetime.combine(day, dt.time(f.decay_hour, f.decay_minute), self._tz())
+        params = {"decay_rate": f.decay_rate, "access_multiplier": f.access_count_decay_multiplier,
+                  "window_start": iso(at - dt.timedelta(days=f.access_decay_window_days))}
+        self.conn.execute(self.queries["decay_day"], params)
+        self.conn.execute(self.queries["decay_day_access_only"], {"access_multiplier": params["access_multiplier"]})
+        self._meta_set("decay_last_run", day.isoformat())
+
+    def _lifecycle_sweep(self, ref: dt.datetime) -> None:
+        """One atom state-machine sweep at `ref` (sql/lifecycle.sql) inside the caller's transaction."""
+        f, at = self.cfg.forgetting, iso(ref)
+        q, c = self.queries, self.conn
+        c.execute(q["lifecycle_expire"], {"now": at})
+        c.execute(q["lifecycle_dormant"], {"now": at})
+        c.execute(q["lifecycle_wake"], {"now": at})
+        for r in self.rows(q["lifecycle_forget_ids"], {"now": at, "forget_delay_days": f.atom_forget_delay_days}):
+            c.execute("delete from memory_atoms_fts where rowid = ?", (r["id"],))
+            c.execute("update memory_atoms set state = 'forgotten', state_changed_at = ?, updated_at = ? where id = ?",
+                      (at, at, r["id"]))
+        for r in self.rows(q["lifecycle_purge_ids"], {"now": at, "purge_delay_days": f.atom_purge_delay_days}):
+            c.execute("update memory_atoms set superseded_by = null where superseded_by = ?", (r["id"],))
+            c.execute("delete from memory_atoms where id = ?", (r["id"],))
+        self._meta_set("lifecycle_last_run", at)
+
+    def _auto_archive(self, ref: dt.datetime) -> None:
+        f = self.cfg.forgetting
+        cutoff = iso(ref - dt.timedelta(days=f.cleanup_days_threshold))
+        for r in self.rows(self.queries["auto_archive_candidates"],
+                           {"cutoff": cutoff, "importance_threshold": f.cleanup_importance_threshold}):
+            self._set_flag_in_tx(r["id"], "archived", True)
+
+    def _snapshot(self) -> tuple[dict, dict]:
+        docs = {r["id"]: (r["importance"], r["archived"]) for r in self.rows("select id, importance, archived from documents")}
+        atoms = {r["id"]: r["state"] for r in self.rows(self.queries["atom_states"])}
+        return docs, atoms
+
+    @staticmethod
+    def _changes(before, after) -> dict:
+        (d0, a0), (d1, a1) = before, after
+        importance = [{"id": i, "old": d0[i][0], "new": d1[i][0]} for i in sorted(d1) if d1[i][0] != d0[i][0]]
+        archived = [i for i in sorted(d1) if d1[i][1] and not d0[i][1]]
+        atoms = [{"id": i, "old": a0[i], "new": a1.get(i, "purged")} for i in sorted(a0) if a1.get(i, "purged") != a0[i]]
+        return {"importance": importance, "archived": archived, "atoms": atoms}
+
+    def _decay_steps(self, days: list, ref: dt.datetime) -> list:
+        """One step per decay day, then auto-archival when enabled."""
+        steps = [lambda day=day: self._decay_day(day) for day in days]
+        if self.cfg.forgetting.auto_cleanup_enabled:
+            steps.append(lambda: self._auto_archive(ref))
+        return steps
+
+    def _run_steps(self, steps, dry_run: bool) -> tuple:
+        """Run maintenance steps, each in its own transaction (a crash mid-way loses no finished
+        step), or for a dry run all in one transaction that is rolled back, so a preview computes
+        exactly the changes a real run makes and keeps none. Returns (snapshot before, after)."""
+        with self.lock:
+            before = self._snapshot()
+            if dry_run:
+                self.conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for step in steps:
+                        step()
+                    return before, self._snapshot()
+                finally:
+                    self.conn.execute("ROLLBACK")
+            for step in steps:
+                with self.tx():
+                    step()
+            return before, self._snapshot()
+
+    def decay(self, dry_run: bool = False, days: int | None = None, ref: dt.datetime | None = None) -> dict:
+        """Daily importance decay (seed: Forgetting & Lifecycle): run every day whose decay time has
+        passed since meta('decay_last_run'), one day per transaction, then auto-archival when
+        [forgetting] auto_cleanup_enabled. `days` runs that many days now instead of the schedule.
+        A new file starts its schedule today without decaying. dry_run computes the same changes in
+        a transaction that is rolled back. Returns {days: [...], importance: [{id, old, new}],
+        archived: [ids], dry_run}."""
+        ref = ref or now()
+        if days is not None and (isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= 3650):
+            raise InputError("days", f"expected a whole number of days from 0 to 3650, got {days!r}")
+        last = self.meta_get("decay_last_run")
+        due = self._decay_due(ref)
+        if days is not None:
+            start = dt.date.fromisoformat(last) if last else due
+            todo = [start + dt.timedelta(days=i + 1) for i in range(days)]
+        elif last is None:
+            todo = []
+            if not dry_run:
+                with self.tx():
+                    self._meta_set("decay_last_run", due.isoformat())
+        else:
+            first = dt.date.fromisoformat(last) + dt.timedelta(days=1)
+            todo = [first + dt.timedelta(days=i) for i in range((due - first).days + 1)]
+        before, after = self._run_steps(self._decay_steps(todo, ref), dry_run)
+        changes = self._changes(before, after)
+        return {"days": [d.isoformat() for d in todo], "importance": changes["importance"],
+                "archived": changes["archived"], "dry_run": dry_run}
+
+    def lifecycle(self, dry_run: bool = False, ref: dt.datetime | None = None) -> dict:
+        """One atom lifecycle sweep now: active → expired → forgotten (+7 d) → purged (+30 d), and
+        dormant while every source memory is archived. Returns {atoms: [{id, old, new}], dry_run}."""
+        ref = ref or now()
+        before, after = self._run_steps([lambda: self._lifecycle_sweep(ref)], dry_run)
+        return {"atoms": self._changes(before, after)["atoms"], "dry_run": dry_run}
+
+    def forget_preview(self, days: int = 7) -> dict:
+        """What decay, auto-archival and the atom lifecycle would do by `days` days from now, computed
+        in a transaction that is rolled back (nothing changes). Returns {as_of, days, importance,
+        archived, atoms}."""
+        if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= 3650:
+            raise InputError("days", f"expected a whole number of days from 0 to 3650, got {days!r}")
+        ref = now() + dt.timedelta(days=days)
+        last = self.meta_get("decay_last_run")
+        first = dt.date.fromisoformat(last) + dt.timedelta(days=1) if last else self._decay_due(now()) + dt.timedelta(days=1)
+        todo = [first + dt.timedelta(days=i) for i in range((self._decay_due(ref) - first).days + 1)]
+        steps = self._decay_steps(todo, ref) + [lambda: self._lifecycle_sweep(ref)]
+        before, after = self._run_steps(steps, dry_run=True)
+        return {"as_of": iso(ref), "days": [d.isoformat() for d in todo], **self._changes(before, after)}
+
+    def set_importance(self, doc_id: int, importance) -> dict:
+        """Set a memory's importance (0..1). Returns {id, uid, old, new}."""
+        d = self._doc(doc_id)
+        value = _importance(importance)
+        with self.tx() as c:
+            c.execute("update documents set importance = ?, updated_at = ? where id = ?", (value, now_iso(), doc_id))
+            self._briefing_stale(d["persona_id"])
+        return {"id": doc_id, "uid": d["uid"], "old": d["importance"], "new": value}
+
+    # consolidation -------------------------------------------------------------------------------
+
+    def consolidate(self, dry_run: bool = True, persona_id=None, similarity: float = 0.92,
+                    min_jaccard: float = 0.5) -> dict:
+        """Find clusters of near-duplicate live memories (cosine similarity ≥ `similarity` between
+        their vectors and Jaccard ≥ `min_jaccard` of their content's tokens, or that Jaccard ≥ 0.8
+        alone: vectors also see a memory's session context and labels, so the same words in another
+        conversation or with other topics may differ). A real run merges each cluster into its longest memory (union of topics, key facts
+        and participants, max importance, earliest created_at) and archives the others with
+        merged_into = survivor; restore_memory(survivor) undoes it.
+        Returns {clusters: [{survivor, members: [ids], texts}], dry_run}."""
+        persona = _short_text(persona_id, "persona_id", 200)
+        docs = {d["id"]: d for d in self.rows(
+            "select d.id, d.content, d.created_at, f.segmented from documents d join documents_fts f on f.rowid = d.id "
+            "where d.persona_id = ? and d.archived = 0 order by d.id", (persona,))}
+        tokens = {i: set(self.seg.tokens(d["content"])) for i, d in docs.items()}  # the words, not the labels
+        parent = {i: i for i in docs}
+
+        def find(i):
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        use_vectors = self.vectors_usable and self.has_table("doc_vec")
+        for i in docs:
+            pairs = []
+            vec = self.value("select embedding from doc_vectors where doc_id = ?", (i,)) if use_vectors else None
+            if vec is not None:
+                cands = [(r["id"], 1 - r["raw"]) for r in self.rows(self.queries["recall_vector"], {
+                    "embedding": vec, "k": 8, "candidates": 64, "persona_id": persona, "max_archived": 0,
+                    "as_of": ""}) if r["id"] != i]
+                pairs = [j for j, sim in cands if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
+            q = fts_query(sorted(tokens[i])[:64])
+            cands = [r["rowid"] for r in self.rows("select rowid from documents_fts where documents_fts match ? "
+                                                   "order by rank limit 8", (q,))] if q else []
+            pairs += [j for j in cands if j != i and j in docs and jaccard(tokens[i], tokens[j]) >= 0.8]
+            for j in pairs:
+                parent[find(i)] = find(j)
+        groups: dict[int, list[int]] = {}
+        for i in docs:
+            groups.setdefault(find(i), []).append(i)
+        clusters = []
+        for members in (sorted(g) for g in groups.values() if len(g) > 1):
+            survivor = max(members, key=lambda i: (len(docs[i]["content"]), -i))
+            clusters.append({"survivor": survivor, "members": [m for m in members if m != survivor],
+                             "texts": {m: _one_line(docs[m]["content"]) for m in members}})
+        if not dry_run:
+            for cl in clusters:
+                self._merge(cl["survivor"], cl["members"])
+        return {"clusters": clusters, "dry_run": dry_run}
+
+    def _merge(self, survivor: int, members: list[int]) -> None:
+        s = self._doc(survivor)
+        others = [self._doc(m) for m in members]
+        fields = ("topics", "key_facts", "participants", "tags")
+        previous = {k: s[k] for k in fields + ("importance", "created_at")}
+        merged = {k: list(dict.fromkeys(s[k] + [x for o in others for x in o[k]])) for k in fields}
+        merged["importance"] = max([s["importance"]] + [o["importance"] for o in others])
+        merged["timestamp"] = min([s["created_at"]] + [o["created_at"] for o in others])
+        self.edit(survivor, None, merged)  # moves it to the earliest time: atoms, context and successors follow
+        with self.tx() as c:
+            c.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) values (?, ?, ?, ?)",
+                      (survivor, json.dumps(previous, ensure_ascii=False), json.dumps(members), now_iso()))
+            for m in members:
+                self._set_flag_in_tx(m, "archived", True)
+                c.execute("update documents set merged_into = ? where id = ?", (survivor, m))
+            self._briefing_stale(s["persona_id"])
+
+    def restore_memory(self, doc_id: int) -> dict:
+        """Undo archival: an archived memory comes back into recall; a consolidation survivor gets
+        its previous metadata back and the memories merged into it are restored.
+        Returns {id, uid, archived: false, restored: [ids]}."""
+        d = self._doc(doc_id)
+        cons = self.rows("select * from consolidations where survivor_id = ?", (doc_id,))
+        restored = []
+        if cons:
+            prev = json.loads(cons[0]["previous"])
+            self.edit(doc_id, None, {k: prev[k] for k in ("topics", "key_facts", "participants", "tags", "importance")}
+                      | {"timestamp": prev["created_at"]})  # back to its time, atoms and context included
+            with self.tx() as c:
+                for m in json.loads(cons[0]["members"]):
+                    if self.value("select 1 from documents where id = ?", (m,)):
+                        self._set_flag_in_tx(m, "archived", False)
+                        c.execute("update documents set merged_into = null where id = ?", (m,))
+                        restored.append(m)
+                c.execute("delete from consolidations where survivor_id = ?", (doc_id,))
+        if d["archived"]:
+            with self.tx() as c:
+                self._set_flag_in_tx(doc_id, "archived", False)
+                c.execute("update documents set merged_into = null where id = ?", (doc_id,))
+            restored.append(doc_id)
+        return {"id": doc_id, "uid": d["uid"], "archived": False, "restored": restored}
+
+
+# Maintenance and backups: health, rebuild, vacuum, backup, restore ###############################
+
+class Maintenance:
+    """Health (stats, doctor), rebuilding derived data, VACUUM, online backups and restore, and
+    maintenance_due(): what the server's scheduler runs."""
+
+    def stats(self) -> dict:
+        """Counts across every layer and index, the embedder's real state and the journal."""
+        q = self.queries
+        counts = self.rows(q["stats_counts"])[0]
+        if self.has_table("doc_vec"):
+            counts.update(self.rows(q["stats_vector_counts"])[0])
+        else:
+            counts.update(doc_vectors=0, graph_vectors=0, doc_index_rows=0, graph_index_rows=0)
+        return {
+            "database": str(self.path),
+            "size_bytes": self.path.stat().st_size if self.path.exists() else 0,
+            "schema_version": self.value("pragma user_version"),
+            "server_version": __version__,
+            "counts": counts,
+            "atoms_by_state": {r["state"]: r["n"] for r in self.rows(q["stats_atoms_by_state"])},
+            "atoms_by_type": {r["atom_type"]: r["n"] for r in self.rows(q["stats_atoms_by_type"])},
+            "journal": {r["status"]: r["n"] for r in self.rows(q["stats_journal"])},
+            "maintenance": {k: self.meta_get(k) for k in ("decay_last_run", "lifecycle_last_run", "backup_last",
+                                                          "backup_last_file")},
+            "embedding": {"provider": self.embedder.provider, "model": self.embedder.model, "dim": self.embedder.dim,
+                          "loaded": self.embedder.loaded, "stored_model": self.meta_get("embedding_model"),
+                          "stored_dim": int(self.meta_get("embedding_dim") or 0) or None,
+                          "problem": self.vector_problem},
+        }
+
+    def doctor(self) -> list[str]:
+        """Every inconsistency found: integrity_check, documents vs FTS vs vectors, atoms and graph
+        entries vs their FTS, orphans, unfinished or failed journal rows, embedding mismatch.
+        Empty list means healthy."""
+        problems = []
+        integrity = [r[0] for r in self.conn.execute("pragma integrity_check")]
+        if integrity != ["ok"]:
+            problems.append("integrity_check: " + "; ".join(integrity[:5]))
+        for r in self.rows(self.queries["doctor_checks"]):
+            if r["n"]:
+                problems.append(f"{r['n']} {r['problem']}")
+        if self.has_table("doc_vec"):
+            for r in self.rows(self.queries["doctor_vector_checks"]):
+                if r["n"]:
+                    problems.append(f"{r['n']} {r['problem']}")
+        if self.vector_problem and self.embedder.provider != "none":
+            problems.append(self.vector_problem)
+        return problems
+
+    def rebuild(self, vectors: bool = False, fts: bool = False, graph: bool = False) -> dict:
+        """Rebuild derived data from the documents. fts: re-segment every FTS row. graph: re-derive
+        atoms and graph for every document through the journal. vectors: drop both vec0 tables,
+        record the configured embedder's model/dim and re-embed everything. Returns counts."""
+        out = {}
+        if fts:
+            with self.tx() as c:
+                for t in ("documents_fts", "memory_atoms_fts", "graph_entries_fts"):
+                    c.execute(f"delete from {t}")
+            out["fts"] = self.recover()["fts_backfilled"]
+        if graph:
+            stamp, preps = now_iso(), []
+            with self.tx() as c:
+                for d in self.rows("select id from documents order by id"):
+                    doc = self._doc(d["id"])
+                    p = self.prepare(doc["content"], {k: doc[k] for k in ("summary", "topics", "participants", "tags",
+                                     "sentiment", "source", "importance", "session_id", "persona_id", "key_facts")}
+                                     | {"timestamp": doc["created_at"]})
+                    p.op, p.document_id, p.status = "edit", d["id"], "docs_done"
+                    c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
+                              "updated_at, owner) values ('edit', ?, ?, ?, 'docs_done', ?, ?, ?)",
+                              (d["id"], p.persona_id, p.payload(), stamp, stamp, OWNER))
+                    p.op_id = c.last_insert_rowid()
+                    preps.append(p)
+            self.run_pipeline(preps)
+            out["graph"] = len(preps)
+        if vectors:
+            if self.embedder.provider == "none":
+                raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
+            if not self.embedder.dim:  # CachedEmbedder.dim is read-only: set it on the inner embedder
+                e = self.embedder.inner if isinstance(self.embedder, CachedEmbedder) else self.embedder
+                e.dim = len(self.embedder.embed_query("dimension probe"))
+            with self.tx() as c:
+                c.execute("drop table if exists doc_vec")
+                c.execute("drop table if exists graph_vec")
+                c.execute("delete from doc_vectors")
+                c.execute("delete from graph_vectors")
+                c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', 'embedding_dim', "
+                          "'vector_center')")
+                c.execute("update documents set embedding_state = 'pending'")
+                c.execute("update graph_entries set embedding_state = 'pending' where node_id in "
+                          "(select id from graph_nodes where node_type = 'fact')")
+            self.vector_problem = None
+            self._start_vectors()
+            out["vectors"] = self.backfill_vectors()
+        return out
+
+    def vacuum(self) -> dict:
+        """Merge FTS segments, checkpoint the WAL and VACUUM. Returns sizes before and after."""
+        before = self.path.stat().st_size
+        with self.lock:
+            for t in ("documents_fts", "memory_atoms_fts", "graph_entries_fts"):
+                self.conn.execute(f"insert into {t}({t}) values ('optimize')")
+            self.conn.execute("vacuum")
+            self.conn.pragma("wal_checkpoint(TRUNCATE)")
+        return {"before_bytes": before, "after_bytes": self.path.stat().st_size}
+
+    def backup(self, dest: Path | str) -> dict:
+        """A consistent copy of the whole database in one file (VACUUM INTO: a read transaction, so
+        other processes keep writing). Refuses to overwrite an existing file."""
+        dest = Path(dest).expanduser().resolve()
+        if dest.exists():
+            raise AokunError(f"{dest} already exists; choose a new file name for the backup")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock:
+            self.conn.execute("vacuum into ?", (str(dest),))
+        return {"backup": str(dest), "bytes": dest.stat().st_size}
+
+    def maintenance_due(self, ref: dt.datetime | None = None) -> dict:
+        """Run whatever is due at `ref`: decay catch-up, an atom sweep every
+        atom_maintenance_interval_hours, the daily backup. What the server's scheduler calls."""
+        ref = ref or now()
+        done = {"recovered": self.recover()["resumed"], "decay": self.decay(ref=ref)["days"]}
+        last = self.meta_get("lifecycle_last_run")
+        hours = self.cfg.forgetting.atom_maintenance_interval_hours
+        if last is None or (ref - parse_time(last)).total_seconds() >= hours * 3600:
+            done["lifecycle"] = len(self.lifecycle(ref=ref)["atoms"])
+        if self.cfg.backup.daily:
+            done["backup"] = self.daily_backup(ref)
+        done["briefings"] = self.refresh_stale_briefings()
+        return done
+
+    # backups -------------------------------------------------------------------------------------
+
+    def backup_dir(self) -> Path:
+        """[backup] dir, or a `backups` folder beside the database file when it is empty."""
+        return self.cfg.resolve(self.cfg.backup.dir) if self.cfg.backup.dir else self.path.parent / "backups"
+
+    def online_backup(self, dest: Path) -> dict:
+        """Copy the database to `dest` with the SQLite backup API, 256 pages per step, holding the
+        connection only per step (other processes keep writing; the copy restarts if they do and is
+        finished under the lock after 20 restarts). The copy must pass integrity_check."""
+        dest = Path(dest)
+        if dest.exists():
+            raise AokunError(f"{dest} already exists; choose a new file name for the backup")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")  # one per writer
+        tmp.unlink(missing_ok=True)
+        target = apsw.Connection(str(tmp))
+        try:
+            with self.lock:
+                b = target.backup("main", self.conn, "main")
+            try:
+                restarts, left = 0, None
+                while True:
+                    with self.lock:
+                        done = b.step(256 if restarts < 20 else -1)
+                    if done:
+                        break
+                    if left is not None and b.remaining >= left:  # a write elsewhere restarted the copy
+                        restarts += 1
+                    left = b.remaining
+                    time.sleep(0.001)
+            finally:
+                with self.lock:  # finish() touches the source connection too
+                    b.finish()
+            ok = [r[0] for r in target.execute("pragma integrity_check")]
+            if ok != ["ok"]:
+                raise AokunError(f"backup {dest} failed integrity_check: {ok[:3]}")
+            target.pragma("journal_mode", "delete")
+        finally:
+            target.close()
+        if dest.exists():  # another process made the same backup meanwhile
+            tmp.unlink()
+            return {"backup": str(dest), "bytes": dest.stat().st_size}
+        tmp.rename(dest)
+        with self.tx():
+            self._meta_set("backup_last", now_iso())
+            self._meta_set("backup_last_file", str(dest))
+        return {"backup": str(dest), "bytes": dest.stat().st_size}
+
+    def daily_backup(self, ref: dt.datetime | None = None) -> str | None:
+        """Today's online backup into [backup] dir (once per local day), pruning daily backups older
+        than keep_days. Returns the new file or None when today's exists."""
+        ref = ref or now()
+        day = ref.astimezone(self._tz()).date()
+        folder = self.backup_dir()
+        dest = folder / f"{self.path.stem}-daily-{day.isoformat()}.db"
+        made = None
+        if not dest.exists():
+            made = self.online_backup(dest)["backup"]
+        keep = day - dt.timedelta(days=max(1, self.cfg.backup.keep_days) - 1)  # keep_days files, today included
+        for old in folder.glob(f"{self.path.stem}-daily-*.db"):
+            with contextlib.suppress(ValueError):
+                if dt.date.fromisoformat(old.stem.rsplit("-daily-", 1)[1]) < keep:
+                    old.unlink()
+        return made
+
+    def version_backup(self) -> str | None:
+        """A full backup when the recorded server version differs from this one (before anything
+        of the new version writes); records the new version. Returns the file or None."""
+        recorded = self.meta_get("server_version")
+        made = None
+        if recorded is not None and recorded != __version__ and self.cfg.backup.on_version_change \
+                and self.value("select count(*) from documents"):
+            stamp = now().strftime("%Y%m%dT%H%M%SZ")
+            made = self.online_backup(self.backup_dir() / f"{self.path.stem}-v{recorded}-{stamp}.db")["backup"]
+        if recorded != __version__:
+            with self.tx():
+                self._meta_set("server_version", __version__)
+        return made
+
+    def restore_from(self, src: Path | str) -> dict:
+        """Replace this database's content with the backup `src`, through the backup API (safe with
+        WAL and with other processes that have the file open). `src` must pass integrity_check and
+        have a schema this version knows; the current content is first saved beside the database
+        as <name>.before-restore-<time>.db. Returns {restored, saved_previous}."""
+        src = Path(src).expanduser().resolve()
+        if not src.exists():
+            raise AokunError(f"{src} does not exist")
+        source = apsw.Connection(str(src), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            try:
+                version = source.pragma("user_version")
+                ok = [r[0] for r in source.execute("pragma integrity_check")]
+            except apsw.Error as e:
+                raise AokunError(f"{src} is not a readable SQLite database ({e})") from None
+            if ok != ["ok"]:
+                raise AokunError(f"{src} fails integrity_check ({'; '.join(ok[:3])}); not restoring it")
+            if version > schema_version_known():
+                raise SchemaError(f"{src} has schema version {version}, newer than this Aokun knows "
+                                  f"({schema_version_known()}); upgrade Aokun before restoring it")
+            saved = self.path.with_name(f"{self.path.stem}.before-restore-{now().strftime('%Y%m%dT%H%M%SZ')}"
+                                        f"-{uuid.uuid4().hex[:6]}.db")
+            self.online_backup(saved)
+            with self.lock:
+                with self.conn.backup("main", source, "main") as b:
+                    b.step(-1)
+        finally:
+            source.close()
+        with self.lock:
+            migrate(self.conn)
+        self._upgrade_vector_index()
+        self.epoch += 1
+        self.vector_problem = None
+        self._check_embedding_meta()
+        return {"restored": str(src), "saved_previous": str(saved)}
+
+
+# Summarisation: a conversation into one memory (the only LLM use) ################################
+
 def conversation_text(conversation) -> str:
     """A transcript from plain text or a list of {role, content}. Raises InputError."""
     if isinstance(conversation, str):
@@ -3140,26 +3131,90 @@ def conversation_text(conversation) -> str:
     return "\n".join(lines)
 
 
-def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
-    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
-    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
-    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
-    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
-    then and had not yet expired or been superseded (needs created_at and state_changed_at)."""
-    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])  # stored: valid
-    if historical:
-        if atom["state"] == "superseded":
-            end = min(end, _parse_iso(atom["state_changed_at"]))
-        if ref < _parse_iso(atom["created_at"]):
-            return 0.0
-    elif atom["state"] != "active":
-        return 0.0
-    if ref >= end:
-        return 0.0
-    if decay == "step":
-        return 1.0
-    ttl = max(1e-9, (end - start).total_seconds())
-    return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
+class Summarizer:
+    """summarize_memory: one structured memory from a conversation, through an OpenAI-compatible
+    chat endpoint ([llm])."""
+
+    def summarize_memory(self, conversation, metadata: dict | None = None) -> dict:
+        """Turn a conversation (a list of {role, content} or plain text) into one structured memory
+        through an OpenAI-compatible chat endpoint ([llm] base_url, model, api_key / api_key_env)
+        and store it. Returns {memory: write result, summary: {summary, topics, key_facts,
+        participants, sentiment, importance}}. Raises AokunError when no endpoint is configured."""
+        import httpx
+
+        llm = self.cfg.llm
+        if not llm.base_url or not llm.model:
+            raise AokunError("summarize_memory needs a chat endpoint: set [llm] base_url and model (and api_key_env) "
+                             "in aokun.ini, e.g. base_url = https://api.deepseek.com/v1, model = deepseek-chat")
+        transcript = conversation_text(conversation)
+        key = self.cfg.secret("llm", "api_key", "api_key_env")
+        prompt = ("Distil this conversation into one long-term memory. Reply with JSON only: "
+                  '{"summary": str, "topics": [str], "key_facts": [str], "participants": [str], '
+                  '"sentiment": "positive"|"neutral"|"negative", "importance": number 0..1}. '
+                  "key_facts are short self-contained sentences worth remembering for months; use the "
+                  "conversation's language.")
+        with httpx.Client(base_url=llm.base_url.rstrip("/") + "/", timeout=llm.timeout_seconds,
+                          headers={"Authorization": f"Bearer {key}"} if key else {}) as http:
+            reply = post_json(http, "chat/completions", {
+                "model": llm.model, "temperature": 0,
+                "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": transcript}]},
+                llm.max_retries, "chat", "[llm]")
+        try:
+            raw = reply["choices"][0]["message"]["content"]
+            data = json.loads(re.sub(r"^```(?:json)?\s*|\s*```$", "", raw.strip()))
+            summary = {"summary": str(data["summary"]).strip(),
+                       "topics": [str(x) for x in data.get("topics") or []],
+                       "key_facts": [str(x) for x in data.get("key_facts") or []],
+                       "participants": [str(x) for x in data.get("participants") or []],
+                       "sentiment": str(data.get("sentiment") or ""),
+                       "importance": min(1.0, max(0.0, float(data.get("importance", 0.5))))}
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise AokunError(f"the chat endpoint's reply is not the JSON asked for ({e}); try another [llm] model") from None
+        meta = dict(metadata or {})
+        meta.setdefault("source", "chat")
+        for k in ("topics", "key_facts", "participants", "sentiment", "importance"):
+            meta.setdefault(k, summary[k])
+        return {"memory": self.memorize(summary["summary"], meta), "summary": summary}
+
+
+# The memory engine: the sections composed ########################################################
+
+class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting, Maintenance,
+             Summarizer):
+    """The memory engine on one SQLite file: write pipeline, recall, maintenance.
+
+    Thread-safe: every use of the one APSW connection holds `self.lock`. Several processes may open
+    the same file; write transactions are BEGIN IMMEDIATE with a long busy timeout, so callers never
+    see "database is locked" under ordinary contention."""
+
+    def __init__(self, path: Path | str, cfg: Config | None = None, embedder: Embedder | None = None,
+                 recover: bool = True):
+        self.cfg = cfg or load_config()
+        self.path = Path(path)
+        self.lock = threading.RLock()
+        self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
+                            self.backup_dir())
+        self.queries = load_queries()
+        t = self.cfg.text
+        self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
+                             self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)
+        if self.cfg.recall.fusion not in ("score", "rrf"):
+            raise AokunError(f"[recall] fusion = {self.cfg.recall.fusion!r} is not one of score, rrf")
+        self.rules = Rules(self.cfg)
+        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)
+        self.epoch = 0
+        self.vector_problem: str | None = None
+        self._recall_cache: dict = {}
+        self._toucher: ThreadPoolExecutor | None = None
+        self._channel_pool: ThreadPoolExecutor | None = None
+        self._readers: list[apsw.Connection] = []
+        self._readers_lock = threading.Lock()
+        self._local = threading.local()
+        self._upgrade_vector_index()
+        self._check_embedding_meta()
+        self.last_recovery: dict = {}
+        if recover:
+            self.last_recovery = self.recover()
 
 
 # MCP server ######################################################################################
