@@ -3694,6 +3694,16 @@ def http_app(server, cfg: Config, host: str, port: int):
 
 import click  # noqa: E402  (kept beside its only user)
 
+LIST_LIMIT_DEFAULT = 20  #: `list` rows per page
+LIST_LIMIT_MAX = 1000  #: the most Memory.list_memories returns at once
+RECALL_K_DEFAULT = 5  #: memories `recall` prints
+ATOMS_K_DEFAULT = 10  #: facts `atoms` prints
+DECAY_DAYS_MAX = 3650  #: the most days Memory.decay runs at once (ten years)
+CONTEXT_TOKENS_MIN = 50  #: the smallest `context --max-tokens` Memory.memory_context accepts
+DATE_CHARS = len("2026-11-30")  #: the date part of an ISO-8601 timestamp
+LINE_PREVIEW_CHARS = 100  #: memory text shown on one line by `list` and `consolidate`
+HIT_PREVIEW_CHARS = 200  #: text shown per hit by `recall` and `atoms`
+
 
 def _user_error(exc: BaseException) -> AokunError | None:
     """The AokunError behind `exc`: `exc` itself, or the first one in an exception group made only of
@@ -3856,7 +3866,7 @@ def show(state, memory_id, as_json):
 
 
 @cli.command("list")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
 @click.option("--offset", default=0, type=click.IntRange(0))
 @click.option("--persona", help="Only this persona.")
 @click.option("--session", help="Only this session.")
@@ -3876,7 +3886,7 @@ def list_cmd(state, limit, offset, persona, session, include_archived, as_json):
     for r in rows:
         flags = ("P" if r["pinned"] else " ") + ("A" if r["archived"] else " ")
         text = r["content"].replace("\n", " ")
-        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:10]} {text[:100]}")
+        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} {text[:LINE_PREVIEW_CHARS]}")
 
 
 @cli.command()
@@ -4060,7 +4070,8 @@ def _print_changes(out: dict) -> None:
 
 @cli.command()
 @click.option("--dry-run", is_flag=True, help="List what would change; change nothing.")
-@click.option("--days", type=click.IntRange(0, 3650), help="Run this many days of decay now (default: the days due).")
+@click.option("--days", type=click.IntRange(0, DECAY_DAYS_MAX),
+              help="Run this many days of decay now (default: the days due).")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
 def decay(state, dry_run, days, as_json):
@@ -4098,7 +4109,7 @@ def lifecycle(state, dry_run, as_json):
 
 @cli.command()
 @click.argument("query")
-@click.option("-k", "k", default=5, show_default=True, type=click.IntRange(1), help="How many memories.")
+@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many memories.")
 @click.option("--session", help="Only this session.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--include-archived", is_flag=True, help="Search archived memories too.")
@@ -4122,7 +4133,7 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
     for d in out["degraded"]:
         click.echo(f"degraded: {d['channel']}: {d['reason']}", err=True)
     for h in out["results"]:
-        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:10]}  {h['text'][:200]}")
+        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {h['text'][:HIT_PREVIEW_CHARS]}")
         if explain:
             e = h["explain"]
             ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
@@ -4134,7 +4145,7 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
 
 @cli.command()
 @click.argument("query")
-@click.option("-k", "k", default=10, show_default=True, type=click.IntRange(1), help="How many atoms.")
+@click.option("-k", "k", default=ATOMS_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many atoms.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
@@ -4149,7 +4160,8 @@ def atoms(state, query, k, persona, as_json):
     if as_json:
         return _echo_json(out)
     for a in out["results"]:
-        click.echo(f"{a['id']:>6}  {a['score']:.3f}  {a['atom_type']:<10} {a['content'][:200]}  (memory {a['document_id']})")
+        click.echo(f"{a['id']:>6}  {a['score']:.3f}  {a['atom_type']:<10} {a['content'][:HIT_PREVIEW_CHARS]}"
+                   f"  (memory {a['document_id']})")
 
 
 @cli.command()
@@ -4192,8 +4204,9 @@ def kg():
 
 def _print_facts(facts: list[dict]) -> None:
     for f in facts:
-        until = f["valid_to"][:10] if f["valid_to"] else "now"
-        click.echo(f"{f['id']:>6}  {f['subject']} {f['predicate']} {f['object']}  [{f['valid_from'][:10]} .. {until}]")
+        until = f["valid_to"][:DATE_CHARS] if f["valid_to"] else "now"
+        click.echo(f"{f['id']:>6}  {f['subject']} {f['predicate']} {f['object']}"
+                   f"  [{f['valid_from'][:DATE_CHARS]} .. {until}]")
 
 
 @kg.command("add")
@@ -4283,7 +4296,7 @@ def kg_stats_cmd(state, persona):
 @cli.command()
 @click.argument("topic", required=False)
 @click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat", show_default=True)
-@click.option("--max-tokens", type=click.IntRange(50), help="Token budget override.")
+@click.option("--max-tokens", type=click.IntRange(CONTEXT_TOKENS_MIN), help="Token budget override.")
 @click.option("--persona", help="Persona.")
 @click.option("--refresh", is_flag=True, help="Rebuild the briefing first.")
 @click.pass_obj
@@ -4316,9 +4329,9 @@ def consolidate(state, apply, persona):
     """
     out = state.memory().consolidate(dry_run=not apply, persona_id=persona)
     for cl in out["clusters"]:
-        click.echo(f"survivor {cl['survivor']}: {cl['texts'][cl['survivor']][:100]}")
+        click.echo(f"survivor {cl['survivor']}: {cl['texts'][cl['survivor']][:LINE_PREVIEW_CHARS]}")
         for m in cl["members"]:
-            click.echo(f"   {'merged' if apply else 'would merge'} {m}: {cl['texts'][m][:100]}")
+            click.echo(f"   {'merged' if apply else 'would merge'} {m}: {cl['texts'][m][:LINE_PREVIEW_CHARS]}")
     click.echo(f"{len(out['clusters'])} cluster(s)")
 
 
