@@ -3773,10 +3773,12 @@ class _State:
 
 
 def _echo_json(obj) -> None:
+    """Print `obj` as indented JSON, non-ASCII text kept as it is."""
     click.echo(json.dumps(obj, ensure_ascii=False, indent=2, default=str))
 
 
 def _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag=(), pinned=None):
+    """The metadata dict for Memory.memorize/edit from the option values, without the options not given."""
     meta = {"summary": summary, "topics": list(topic) or None, "key_facts": list(fact) or None,
             "participants": list(participant) or None, "importance": importance, "session_id": session,
             "persona_id": persona, "source": source, "timestamp": timestamp, "tags": list(tag) or None,
@@ -3911,6 +3913,7 @@ def edit(state, memory_id, text, summary, topic, fact, participant, tag, importa
 
 
 def _flag_command(name: str, flag: str, value: bool, doc: str):
+    """Register command `name` that sets memory flag `flag` (pinned or archived) to `value`; `doc` is its help."""
     @cli.command(name, help=doc)
     @click.argument("memory_id", type=int)
     @click.pass_obj
@@ -3920,7 +3923,8 @@ def _flag_command(name: str, flag: str, value: bool, doc: str):
     return command
 
 
-_flag_command("pin", "pinned", True, "Pin a memory: immune to decay, kept in context.\n\nExample:\n\n    python aokun.py pin 12")
+_flag_command("pin", "pinned", True,
+              "Pin a memory: immune to decay, kept in context.\n\nExample:\n\n    python aokun.py pin 12")
 _flag_command("unpin", "pinned", False, "Unpin a memory.\n\nExample:\n\n    python aokun.py unpin 12")
 _flag_command("archive", "archived", True,
               "Archive a memory: kept, but out of recall unless archived ones are asked for.\n\n"
@@ -4060,6 +4064,7 @@ def restore(state, src, yes):
 
 
 def _print_changes(out: dict) -> None:
+    """Print the importance, archive and atom-state changes of a decay or lifecycle result, one a line."""
     for c in out.get("importance", []):
         click.echo(f"importance {c['id']:>6}: {c['old']:.4f} -> {c['new']:.4f}")
     for i in out.get("archived", []):
@@ -4203,6 +4208,7 @@ def kg():
 
 
 def _print_facts(facts: list[dict]) -> None:
+    """Print knowledge-graph facts one a line: id, the triple and its validity window (dates)."""
     for f in facts:
         until = f["valid_to"][:DATE_CHARS] if f["valid_to"] else "now"
         click.echo(f"{f['id']:>6}  {f['subject']} {f['predicate']} {f['object']}"
@@ -4376,6 +4382,7 @@ def summarize(state, file, persona, session):
 # Main ############################################################################################
 
 def main(argv=None):
+    """The entry point: logging to stderr at $AOKUN_LOG_LEVEL (default WARNING), then the CLI on `argv`."""
     logging.basicConfig(level=os.environ.get("AOKUN_LOG_LEVEL", "WARNING").upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cli.main(args=argv, prog_name="aokun")
