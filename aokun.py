@@ -3749,35 +3749,91 @@ def http_app(server, cfg: Config, host: str, port: int):
 
 import click  # noqa: E402  (kept beside its only user)
 
+LIST_LIMIT_DEFAULT = 20  #: `list` rows per page
+LIST_LIMIT_MAX = 1000  #: the most Memory.list_memories returns at once
+RECALL_K_DEFAULT = 5  #: memories `recall` prints
+ATOMS_K_DEFAULT = 10  #: facts `atoms` prints
+DECAY_DAYS_MAX = 3650  #: the most days Memory.decay runs at once (ten years)
+CONTEXT_TOKENS_MIN = 50  #: the smallest `context --max-tokens` Memory.memory_context accepts
+DATE_CHARS = len("2026-11-30")  #: the date part of an ISO-8601 timestamp
+LINE_PREVIEW_CHARS = 100  #: memory text shown on one line by `list` and `consolidate`
+HIT_PREVIEW_CHARS = 200  #: text shown per hit by `recall` and `atoms`
+
+
+def _user_error(exc: BaseException) -> AokunError | None:
+    """The AokunError behind `exc`: `exc` itself, or the first one in an exception group made only of
+    AokunErrors (how the MCP server's task groups report a failure in its lifespan); else None."""
+    if isinstance(exc, AokunError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        matched, rest = exc.split(AokunError)
+        if rest is None:
+            while isinstance(matched, BaseExceptionGroup):
+                matched = matched.exceptions[0]
+            return matched
+    return None
+
+
+@contextlib.contextmanager
+def _one_line_errors():
+    """Turn an AokunError (or a group of them) into click's one-line `Error: <message>` and exit 1.
+    Anything else propagates as it is: click.UsageError keeps its usage text and exit 2."""
+    try:
+        yield
+    except (AokunError, BaseExceptionGroup) as e:
+        error = _user_error(e)
+        if error is None:
+            raise
+        raise click.ClickException(str(error)) from None
+
+
+class AokunGroup(click.Group):
+    """The click group of every Aokun command: an AokunError raised while it runs (its own callback,
+    a subcommand or a nested group, at any depth) reaches the user as one line, never a traceback.
+    Subgroups made with `@group.group()` are AokunGroups too."""
+
+    group_class = type  # click: `type` means "subgroups get the class of this group"
+
+    def invoke(self, ctx: click.Context):
+        """click.Group.invoke (parse the subcommand, run it) under _one_line_errors."""
+        with _one_line_errors():
+            return super().invoke(ctx)
+
 
 class _State:
+    """What the commands share (`ctx.obj`): the --db/--config arguments and the Memory, opened on first
+    use and closed when the CLI exits."""
+
     def __init__(self, db: str | None, config: str | None):
         self.db_arg, self.config_arg, self._mem = db, config, None
 
     @property
     def cfg(self) -> Config:
+        """The configuration (--config, $AOKUN_CONFIG or aokun.ini), loaded afresh."""
         return load_config(self.config_arg)
 
     def memory(self, recover: bool = True) -> "Memory":
+        """The Memory on the --db file (or the configured one), opened on first call."""
         if self._mem is None:
             cfg = self.cfg
             self._mem = Memory(database_path(cfg, self.db_arg), cfg, recover=recover)
         return self._mem
 
+    def close(self) -> None:
+        """Close the Memory if one was opened. click calls this when it leaves the root context, after
+        AokunGroup.invoke has returned, so it converts AokunError itself."""
+        if self._mem is not None:
+            with _one_line_errors():
+                self._mem.close()
+
 
 def _echo_json(obj) -> None:
+    """Print `obj` as indented JSON, non-ASCII text kept as it is."""
     click.echo(json.dumps(obj, ensure_ascii=False, indent=2, default=str))
 
 
-def _run(fn):
-    """Turn AokunError into one actionable line and a non-zero exit."""
-    try:
-        return fn()
-    except AokunError as e:
-        raise click.ClickException(str(e)) from None
-
-
 def _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag=(), pinned=None):
+    """The metadata dict for Memory.memorize/edit from the option values, without the options not given."""
     meta = {"summary": summary, "topics": list(topic) or None, "key_facts": list(fact) or None,
             "participants": list(participant) or None, "importance": importance, "session_id": session,
             "persona_id": persona, "source": source, "timestamp": timestamp, "tags": list(tag) or None,
@@ -3803,7 +3859,7 @@ def metadata_options(fn):
     return fn
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=AokunGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="aokun")
 @click.option("--db", envvar="AOKUN_DB", help="Database file (default: [storage] db of the config, data/aokun.db).")
 @click.option("--config", "config_path", help="Config file (default: $AOKUN_CONFIG, else aokun.ini beside aokun.py).")
@@ -3818,7 +3874,7 @@ def cli(ctx, db, config_path):
         python aokun.py recall "what does Alice drink"
     """
     ctx.obj = _State(db, config_path)
-    ctx.call_on_close(lambda: ctx.obj._mem and ctx.obj._mem.close())
+    ctx.call_on_close(ctx.obj.close)
 
 
 @cli.command()
@@ -3835,7 +3891,7 @@ def memorize(state, text, summary, topic, fact, participant, tag, importance, se
         python aokun.py memorize "Alice 喜欢冰美式" --participant Alice --topic coffee
     """
     meta = _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag)
-    result = _run(lambda: state.memory().memorize(text, meta))
+    result = state.memory().memorize(text, meta)
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)
     _echo_json(result) if as_json else click.echo(result["id"])
@@ -3852,7 +3908,7 @@ def show(state, memory_id, as_json):
 
         python aokun.py show 12
     """
-    d = _run(lambda: state.memory().get(memory_id))
+    d = state.memory().get(memory_id)
     if as_json:
         return _echo_json(d)
     for k in ("id", "persona_id", "session_id", "created_at", "updated_at", "importance", "pinned", "archived",
@@ -3867,7 +3923,7 @@ def show(state, memory_id, as_json):
 
 
 @cli.command("list")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
 @click.option("--offset", default=0, type=click.IntRange(0))
 @click.option("--persona", help="Only this persona.")
 @click.option("--session", help="Only this session.")
@@ -3881,13 +3937,13 @@ def list_cmd(state, limit, offset, persona, session, include_archived, as_json):
 
         python aokun.py list --limit 5
     """
-    rows = _run(lambda: state.memory().list_memories(limit, offset, persona, session, include_archived))
+    rows = state.memory().list_memories(limit, offset, persona, session, include_archived)
     if as_json:
         return _echo_json(rows)
     for r in rows:
         flags = ("P" if r["pinned"] else " ") + ("A" if r["archived"] else " ")
         text = r["content"].replace("\n", " ")
-        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:10]} {text[:100]}")
+        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} {text[:LINE_PREVIEW_CHARS]}")
 
 
 @cli.command()
@@ -3907,21 +3963,23 @@ def edit(state, memory_id, text, summary, topic, fact, participant, tag, importa
     meta = _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag)
     if text is None and not meta:
         raise click.UsageError("give --text and/or a metadata option to change")
-    result = _run(lambda: state.memory().edit(memory_id, text, meta))
+    result = state.memory().edit(memory_id, text, meta)
     _echo_json(result) if as_json else click.echo(result["id"])
 
 
 def _flag_command(name: str, flag: str, value: bool, doc: str):
+    """Register command `name` that sets memory flag `flag` (pinned or archived) to `value`; `doc` is its help."""
     @cli.command(name, help=doc)
     @click.argument("memory_id", type=int)
     @click.pass_obj
     def command(state, memory_id):
-        _run(lambda: state.memory().set_flag(memory_id, flag, value))
+        state.memory().set_flag(memory_id, flag, value)
         click.echo(f"{name}ned {memory_id}" if name.endswith("pin") else f"{name}d {memory_id}")
     return command
 
 
-_flag_command("pin", "pinned", True, "Pin a memory: immune to decay, kept in context.\n\nExample:\n\n    python aokun.py pin 12")
+_flag_command("pin", "pinned", True,
+              "Pin a memory: immune to decay, kept in context.\n\nExample:\n\n    python aokun.py pin 12")
 _flag_command("unpin", "pinned", False, "Unpin a memory.\n\nExample:\n\n    python aokun.py unpin 12")
 _flag_command("archive", "archived", True,
               "Archive a memory: kept, but out of recall unless archived ones are asked for.\n\n"
@@ -3940,7 +3998,7 @@ def delete(state, memory_id):
 
         python aokun.py delete 12
     """
-    _run(lambda: state.memory().delete(memory_id))
+    state.memory().delete(memory_id)
     click.echo(f"deleted {memory_id}")
 
 
@@ -3954,7 +4012,7 @@ def stats(state, as_json):
 
         python aokun.py stats --json
     """
-    s = _run(lambda: state.memory().stats())
+    s = state.memory().stats()
     if as_json:
         return _echo_json(s)
     click.echo(f"database: {s['database']} ({s['size_bytes']:,} bytes, schema {s['schema_version']})")
@@ -3982,7 +4040,7 @@ def doctor(state):
 
         python aokun.py doctor
     """
-    mem = _run(lambda: state.memory())
+    mem = state.memory()
     problems = mem.doctor()
     if mem.last_recovery.get("resumed") or mem.last_recovery.get("fts_backfilled"):
         click.echo(f"repaired at open: {mem.last_recovery}")
@@ -4007,7 +4065,7 @@ def rebuild(state, vectors, fts, graph):
     """
     if not (vectors or fts or graph):
         raise click.UsageError("say what to rebuild: --vectors, --fts and/or --graph")
-    click.echo(json.dumps(_run(lambda: state.memory().rebuild(vectors=vectors, fts=fts, graph=graph))))
+    click.echo(json.dumps(state.memory().rebuild(vectors=vectors, fts=fts, graph=graph)))
 
 
 @cli.command()
@@ -4019,7 +4077,7 @@ def vacuum(state):
 
         python aokun.py vacuum
     """
-    r = _run(lambda: state.memory().vacuum())
+    r = state.memory().vacuum()
     click.echo(f"{r['before_bytes']:,} -> {r['after_bytes']:,} bytes")
 
 
@@ -4034,10 +4092,10 @@ def backup(state, dest):
 
         python aokun.py backup ~/aokun-2026-11-30.db
     """
-    mem = _run(lambda: state.memory())
+    mem = state.memory()
     if dest is None:
         dest = mem.backup_dir() / f"{mem.path.stem}-manual-{now().strftime('%Y%m%dT%H%M%SZ')}.db"
-    r = _run(lambda: mem.online_backup(Path(dest).expanduser().resolve()))
+    r = mem.online_backup(Path(dest).expanduser().resolve())
     click.echo(f"{r['backup']} ({r['bytes']:,} bytes)")
 
 
@@ -4053,14 +4111,15 @@ def restore(state, src, yes):
 
         python aokun.py restore data/backups/aokun-daily-2026-11-29.db
     """
-    mem = _run(lambda: state.memory())
+    mem = state.memory()
     if not yes:
         click.confirm(f"Replace every memory in {mem.path} with the content of {src}?", abort=True)
-    r = _run(lambda: mem.restore_from(src))
+    r = mem.restore_from(src)
     click.echo(f"restored {r['restored']}; the previous content is in {r['saved_previous']}")
 
 
 def _print_changes(out: dict) -> None:
+    """Print the importance, archive and atom-state changes of a decay or lifecycle result, one a line."""
     for c in out.get("importance", []):
         click.echo(f"importance {c['id']:>6}: {c['old']:.4f} -> {c['new']:.4f}")
     for i in out.get("archived", []):
@@ -4071,7 +4130,8 @@ def _print_changes(out: dict) -> None:
 
 @cli.command()
 @click.option("--dry-run", is_flag=True, help="List what would change; change nothing.")
-@click.option("--days", type=click.IntRange(0, 3650), help="Run this many days of decay now (default: the days due).")
+@click.option("--days", type=click.IntRange(0, DECAY_DAYS_MAX),
+              help="Run this many days of decay now (default: the days due).")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
 def decay(state, dry_run, days, as_json):
@@ -4081,7 +4141,7 @@ def decay(state, dry_run, days, as_json):
 
         python aokun.py decay --dry-run --days 30
     """
-    out = _run(lambda: state.memory().decay(dry_run=dry_run, days=days))
+    out = state.memory().decay(dry_run=dry_run, days=days)
     if as_json:
         return _echo_json(out)
     _print_changes(out)
@@ -4100,7 +4160,7 @@ def lifecycle(state, dry_run, as_json):
 
         python aokun.py lifecycle --dry-run
     """
-    out = _run(lambda: state.memory().lifecycle(dry_run=dry_run))
+    out = state.memory().lifecycle(dry_run=dry_run)
     if as_json:
         return _echo_json(out)
     _print_changes(out)
@@ -4109,7 +4169,7 @@ def lifecycle(state, dry_run, as_json):
 
 @cli.command()
 @click.argument("query")
-@click.option("-k", "k", default=5, show_default=True, type=click.IntRange(1), help="How many memories.")
+@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many memories.")
 @click.option("--session", help="Only this session.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--include-archived", is_flag=True, help="Search archived memories too.")
@@ -4125,8 +4185,7 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
 
         python aokun.py recall "what does Alice drink" -k 3 --explain
     """
-    out = _run(lambda: state.memory().recall(query, k, persona, session, include_archived, explain,
-                                             channels, as_of))
+    out = state.memory().recall(query, k, persona, session, include_archived, explain, channels, as_of)
     if as_json:
         return _echo_json(out)
     for w in out["warnings"]:
@@ -4134,7 +4193,7 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
     for d in out["degraded"]:
         click.echo(f"degraded: {d['channel']}: {d['reason']}", err=True)
     for h in out["results"]:
-        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:10]}  {h['text'][:200]}")
+        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {h['text'][:HIT_PREVIEW_CHARS]}")
         if explain:
             e = h["explain"]
             ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
@@ -4146,7 +4205,7 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
 
 @cli.command()
 @click.argument("query")
-@click.option("-k", "k", default=10, show_default=True, type=click.IntRange(1), help="How many atoms.")
+@click.option("-k", "k", default=ATOMS_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many atoms.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
@@ -4157,11 +4216,12 @@ def atoms(state, query, k, persona, as_json):
 
         python aokun.py atoms "冰美式"
     """
-    out = _run(lambda: state.memory().search_atoms(query, k, persona))
+    out = state.memory().search_atoms(query, k, persona)
     if as_json:
         return _echo_json(out)
     for a in out["results"]:
-        click.echo(f"{a['id']:>6}  {a['score']:.3f}  {a['atom_type']:<10} {a['content'][:200]}  (memory {a['document_id']})")
+        click.echo(f"{a['id']:>6}  {a['score']:.3f}  {a['atom_type']:<10} {a['content'][:HIT_PREVIEW_CHARS]}"
+                   f"  (memory {a['document_id']})")
 
 
 @cli.command()
@@ -4178,10 +4238,10 @@ def serve(state, use_http, host, port):
 
         python aokun.py serve --http --port 5123
     """
-    cfg = _run(lambda: state.cfg)
+    cfg = state.cfg
     logging.getLogger().setLevel(cfg.server.log_level.upper())
     path = database_path(cfg, state.db_arg)
-    server = _run(lambda: build_server(lambda: Memory(path, cfg), cfg))
+    server = build_server(lambda: Memory(path, cfg), cfg)
     if not use_http:
         server.run()
         return
@@ -4203,9 +4263,11 @@ def kg():
 
 
 def _print_facts(facts: list[dict]) -> None:
+    """Print knowledge-graph facts one a line: id, the triple and its validity window (dates)."""
     for f in facts:
-        until = f["valid_to"][:10] if f["valid_to"] else "now"
-        click.echo(f"{f['id']:>6}  {f['subject']} {f['predicate']} {f['object']}  [{f['valid_from'][:10]} .. {until}]")
+        until = f["valid_to"][:DATE_CHARS] if f["valid_to"] else "now"
+        click.echo(f"{f['id']:>6}  {f['subject']} {f['predicate']} {f['object']}"
+                   f"  [{f['valid_from'][:DATE_CHARS]} .. {until}]")
 
 
 @kg.command("add")
@@ -4225,8 +4287,7 @@ def kg_add_cmd(state, subject, predicate, object_, valid_from, valid_to, confide
 
         python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01
     """
-    f = _run(lambda: state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence,
-                                           source_memory, persona))
+    f = state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona)
     _print_facts([f])
     if f["closed"]:
         click.echo(f"closed: {', '.join(map(str, f['closed']))}")
@@ -4246,7 +4307,7 @@ def kg_query_cmd(state, entity, as_of, predicate, persona, as_json):
 
         python aokun.py kg query Alice --as-of 2024-06-01
     """
-    out = _run(lambda: state.memory().kg_query(entity, as_of, predicate, persona))
+    out = state.memory().kg_query(entity, as_of, predicate, persona)
     _echo_json(out) if as_json else _print_facts(out["facts"])
 
 
@@ -4261,7 +4322,7 @@ def kg_invalidate_cmd(state, fact_id, valid_to):
 
         python aokun.py kg invalidate 7
     """
-    _print_facts([_run(lambda: state.memory().kg_invalidate(fact_id, valid_to))])
+    _print_facts([state.memory().kg_invalidate(fact_id, valid_to)])
 
 
 @kg.command("timeline")
@@ -4276,7 +4337,7 @@ def kg_timeline_cmd(state, entity, persona, as_json):
 
         python aokun.py kg timeline Alice
     """
-    out = _run(lambda: state.memory().kg_timeline(entity, persona))
+    out = state.memory().kg_timeline(entity, persona)
     _echo_json(out) if as_json else _print_facts(out["facts"])
 
 
@@ -4290,13 +4351,13 @@ def kg_stats_cmd(state, persona):
 
         python aokun.py kg stats
     """
-    _echo_json(_run(lambda: state.memory().kg_stats(persona)))
+    _echo_json(state.memory().kg_stats(persona))
 
 
 @cli.command()
 @click.argument("topic", required=False)
 @click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat", show_default=True)
-@click.option("--max-tokens", type=click.IntRange(50), help="Token budget override.")
+@click.option("--max-tokens", type=click.IntRange(CONTEXT_TOKENS_MIN), help="Token budget override.")
 @click.option("--persona", help="Persona.")
 @click.option("--refresh", is_flag=True, help="Rebuild the briefing first.")
 @click.pass_obj
@@ -4308,10 +4369,10 @@ def context(state, topic, mode, max_tokens, persona, refresh):
 
         python aokun.py context "Alice's trip" --mode quick
     """
-    mem = _run(lambda: state.memory())
+    mem = state.memory()
     if refresh:
-        _run(lambda: mem.build_briefing(persona))
-    out = _run(lambda: mem.memory_context(topic, mode, max_tokens, persona))
+        mem.build_briefing(persona)
+    out = mem.memory_context(topic, mode, max_tokens, persona)
     click.echo(out["text"])
     click.echo(f"({out['tokens']} of {out['budget']} tokens, {out['source']})", err=True)
 
@@ -4327,11 +4388,11 @@ def consolidate(state, apply, persona):
 
         python aokun.py consolidate
     """
-    out = _run(lambda: state.memory().consolidate(dry_run=not apply, persona_id=persona))
+    out = state.memory().consolidate(dry_run=not apply, persona_id=persona)
     for cl in out["clusters"]:
-        click.echo(f"survivor {cl['survivor']}: {cl['texts'][cl['survivor']][:100]}")
+        click.echo(f"survivor {cl['survivor']}: {cl['texts'][cl['survivor']][:LINE_PREVIEW_CHARS]}")
         for m in cl["members"]:
-            click.echo(f"   {'merged' if apply else 'would merge'} {m}: {cl['texts'][m][:100]}")
+            click.echo(f"   {'merged' if apply else 'would merge'} {m}: {cl['texts'][m][:LINE_PREVIEW_CHARS]}")
     click.echo(f"{len(out['clusters'])} cluster(s)")
 
 
@@ -4345,7 +4406,7 @@ def restore_memory_cmd(state, memory_id):
 
         python aokun.py restore-memory 12
     """
-    out = _run(lambda: state.memory().restore_memory(memory_id))
+    out = state.memory().restore_memory(memory_id)
     click.echo(f"restored {', '.join(map(str, out['restored'])) or 'nothing (it was not archived)'}")
 
 
@@ -4368,7 +4429,7 @@ def summarize(state, file, persona, session):
     except ValueError:
         conversation = text
     meta = {k: v for k, v in {"persona_id": persona, "session_id": session}.items() if v}
-    out = _run(lambda: state.memory().summarize_memory(conversation, meta))
+    out = state.memory().summarize_memory(conversation, meta)
     click.echo(out["memory"]["id"])
     click.echo(out["summary"]["summary"], err=True)
 
@@ -4376,6 +4437,7 @@ def summarize(state, file, persona, session):
 # Main ############################################################################################
 
 def main(argv=None):
+    """The entry point: logging to stderr at $AOKUN_LOG_LEVEL (default WARNING), then the CLI on `argv`."""
     logging.basicConfig(level=os.environ.get("AOKUN_LOG_LEVEL", "WARNING").upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cli.main(args=argv, prog_name="aokun")
