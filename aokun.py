@@ -3173,18 +3173,26 @@ precise fact. Use `edit_memory` to correct a memory and `delete_memory` when the
 forget something."""
 
 
-def build_server(memory_factory, cfg: Config):
-    """The MCP server (SDK v2 MCPServer) over a Memory made by `memory_factory()` in the lifespan.
+# The tools' pydantic models are built by the cached factories below on the first build_server
+# (pydantic is imported only then, so `import aokun` stays light) and shared by every server
+# after it. Each factory returns a types.SimpleNamespace of what it builds, by name.
+# The response models have no docstrings on purpose: pydantic would add them to the tools' output
+# schemas as descriptions; each factory's docstring says what its models are for.
 
-    Tools are sync functions: the SDK runs them in worker threads and the Memory serialises them
-    on its connection lock. Bad arguments become tool errors naming the field."""
-    from collections.abc import AsyncIterator
-    from typing import Annotated, Any
 
-    from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
-    from mcp.types import ToolAnnotations
-    from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+def _named(*objs):
+    """A types.SimpleNamespace of `objs` (classes or functions), each under its __name__."""
+    import types
+    return types.SimpleNamespace(**{o.__name__: o for o in objs})
+
+
+@functools.cache
+def _write_models():
+    """Models of the write tools: Metadata, the optional `metadata` argument of memorize,
+    edit_memory and summarize_memory (unknown keys refused, importance 0..1); the results
+    WriteResult (memorize, edit_memory), Deleted, Flagged (pin/unpin/archive: the flag changed, the
+    other null), ImportanceSet (old and new importance, 0..1) and Restored (restored: memory ids)."""
+    from pydantic import BaseModel, ConfigDict, Field
 
     class Metadata(BaseModel):
         """Optional facts about a memory. Unknown keys are refused."""
@@ -3212,6 +3220,43 @@ def build_server(memory_factory, cfg: Config):
         embedding: str | None = Field(description="done, pending (back-filled later) or none.")
         embedding_truncated: bool = Field(description="True when only the start of the text was embedded.")
         warnings: list[str] = []
+
+    class Deleted(BaseModel):
+        id: int
+        uid: str
+        deleted: bool
+
+    class Flagged(BaseModel):
+        id: int
+        uid: str
+        pinned: bool | None = None
+        archived: bool | None = None
+
+    class ImportanceSet(BaseModel):
+        id: int
+        uid: str
+        old: float
+        new: float
+
+    class Restored(BaseModel):
+        id: int
+        uid: str
+        archived: bool
+        restored: list[int] = Field(description="Memories brought back (the merged ones, for a consolidation "
+                                                "survivor).")
+
+    return _named(Metadata, WriteResult, Deleted, Flagged, ImportanceSet, Restored)
+
+
+@functools.cache
+def _search_models():
+    """Result models of recall and search_atoms: RecallResult {results: [Hit], facts: [Fact],
+    degraded: [Degraded], intent, warnings, took_ms, cached} and AtomsResult {results: [Atom],
+    took_ms}. A Fact is a knowledge-graph triple with its validity window (ISO-8601 times, valid_to
+    null while it holds), also returned by the kg tools; times are ISO-8601 UTC, took_ms milliseconds."""
+    from typing import Any
+
+    from pydantic import BaseModel, Field
 
     class Hit(BaseModel):
         id: int
@@ -3269,6 +3314,19 @@ def build_server(memory_factory, cfg: Config):
         results: list[Atom]
         took_ms: float
 
+    return _named(Hit, Degraded, Fact, RecallResult, Atom, AtomsResult)
+
+
+@functools.cache
+def _browse_models():
+    """Result models of list_memories (MemoryList {memories: [MemoryRow]}, each row's content cut
+    to 500 characters), get_memory (MemoryDetail: one memory in full, with its atoms as dicts and
+    graph entries as strings) and memory_stats (Stats: counts by table, atom state and type, journal
+    stage; maintenance times, ISO-8601 or null; the embedder's state)."""
+    from typing import Any
+
+    from pydantic import BaseModel, Field
+
     class MemoryRow(BaseModel):
         id: int
         uid: str
@@ -3310,17 +3368,6 @@ def build_server(memory_factory, cfg: Config):
         atoms: list[dict[str, Any]]
         graph_entries: list[str]
 
-    class Deleted(BaseModel):
-        id: int
-        uid: str
-        deleted: bool
-
-    class Flagged(BaseModel):
-        id: int
-        uid: str
-        pinned: bool | None = None
-        archived: bool | None = None
-
     class Stats(BaseModel):
         database: str
         size_bytes: int
@@ -3332,6 +3379,106 @@ def build_server(memory_factory, cfg: Config):
         journal: dict[str, int]
         maintenance: dict[str, str | None] = Field(description="Last decay day, atom sweep and backup.")
         embedding: dict[str, Any]
+
+    return _named(MemoryRow, MemoryList, MemoryDetail, Stats)
+
+
+@functools.cache
+def _kg_models():
+    """Result models of the knowledge-graph tools: FactAdded (a _search_models().Fact plus the fact
+    ids it closed), Facts {entity, as_of, facts: [Fact]} and KGStats (counts)."""
+    from pydantic import BaseModel, Field
+
+    Fact = _search_models().Fact
+
+    class FactAdded(Fact):
+        closed: list[int] = Field(description="Facts this one closed (single-valued predicate, new object).")
+        existing: bool = Field(description="True when the same open fact was already recorded.")
+
+    class Facts(BaseModel):
+        entity: str
+        as_of: str | None = None
+        facts: list[Fact]
+
+    class KGStats(BaseModel):
+        entities: int
+        triples: int
+        active: int
+        expired: int
+        predicates: int
+
+    return _named(FactAdded, Facts, KGStats)
+
+
+@functools.cache
+def _context_models():
+    """Result models of the context and upkeep tools: ContextBlob (memory_context, refresh_briefing;
+    budget and tokens in estimated tokens), Consolidation {clusters: [Cluster], dry_run}, Summarized
+    {memory: WriteResult, summary} and ForgetPreview, whose Change {id, old, new} holds an
+    importance (0..1) or an atom state name."""
+    from typing import Any
+
+    from pydantic import BaseModel, Field
+
+    WriteResult = _write_models().WriteResult
+
+    class ContextBlob(BaseModel):
+        text: str = Field(description="Ready to put in a prompt.")
+        tokens: int = Field(description="Estimated tokens (1 per CJK character, 1 per 4 other characters).")
+        budget: int
+        mode: str
+        source: str = Field(description="briefing (pre-built, no search) or dynamic (searched for the topic).")
+        stale: bool
+        generated_at: str
+
+    class Cluster(BaseModel):
+        survivor: int
+        members: list[int]
+        texts: dict[int, str]
+
+    class Consolidation(BaseModel):
+        clusters: list[Cluster]
+        dry_run: bool
+
+    class Summarized(BaseModel):
+        memory: WriteResult
+        summary: dict[str, Any]
+
+    class Change(BaseModel):
+        id: int
+        old: float | str
+        new: float | str
+
+    class ForgetPreview(BaseModel):
+        as_of: str = Field(description="The moment previewed (now + days), ISO-8601 UTC.")
+        days: list[str] = Field(description="Decay days that would run.")
+        importance: list[Change] = Field(description="Memories whose importance would drop (old -> new).")
+        archived: list[int] = Field(description="Memories that would be auto-archived.")
+        atoms: list[Change] = Field(description="Atoms whose state would change (active/expired/forgotten/purged).")
+
+    return _named(ContextBlob, Cluster, Consolidation, Summarized, Change, ForgetPreview)
+
+
+def build_server(memory_factory, cfg: Config):
+    """The MCP server (SDK v2 MCPServer) over a Memory made by `memory_factory()` in the lifespan.
+
+    Tools are sync functions: the SDK runs them in worker threads and the Memory serialises them
+    on its connection lock. Bad arguments become tool errors naming the field."""
+    from collections.abc import AsyncIterator
+    from typing import Annotated, Any
+
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+    from mcp.types import ToolAnnotations
+    from pydantic import BeforeValidator, Field
+
+    Metadata, WriteResult, Deleted, Flagged, ImportanceSet, Restored = vars(_write_models()).values()
+    Fact, RecallResult, AtomsResult = _search_models().Fact, _search_models().RecallResult, _search_models().AtomsResult
+    MemoryRow, MemoryList, MemoryDetail, Stats = vars(_browse_models()).values()
+    FactAdded, Facts, KGStats = vars(_kg_models()).values()
+    C = _context_models()
+    ContextBlob, Consolidation, Summarized = C.ContextBlob, C.Consolidation, C.Summarized
+    ForgetPreview = C.ForgetPreview
 
     state: dict[str, Memory] = {}
 
@@ -3438,24 +3585,6 @@ def build_server(memory_factory, cfg: Config):
         """Archive a memory: kept, but left out of recall unless include_archived is true."""
         return Flagged(**call(lambda m: m.set_flag(id, "archived", True)))
 
-    class Change(BaseModel):
-        id: int
-        old: float | str
-        new: float | str
-
-    class ForgetPreview(BaseModel):
-        as_of: str = Field(description="The moment previewed (now + days), ISO-8601 UTC.")
-        days: list[str] = Field(description="Decay days that would run.")
-        importance: list[Change] = Field(description="Memories whose importance would drop (old -> new).")
-        archived: list[int] = Field(description="Memories that would be auto-archived.")
-        atoms: list[Change] = Field(description="Atoms whose state would change (active/expired/forgotten/purged).")
-
-    class ImportanceSet(BaseModel):
-        id: int
-        uid: str
-        old: float
-        new: float
-
     def forget_preview(days: Annotated[int, Field(ge=0, le=3650, description="How far ahead to look, in days."), nullable(7)] = 7
                        ) -> ForgetPreview:
         """Preview what forgetting would do within `days` days: importance decay, auto-archival and
@@ -3467,54 +3596,10 @@ def build_server(memory_factory, cfg: Config):
         """Set how important a memory is (0..1). Important memories rank higher and fade slower."""
         return ImportanceSet(**call(lambda m: m.set_importance(id, importance)))
 
-    class Restored(BaseModel):
-        id: int
-        uid: str
-        archived: bool
-        restored: list[int] = Field(description="Memories brought back (the merged ones, for a consolidation survivor).")
-
     def restore_memory(id: Id) -> Restored:
         """Bring an archived memory back into recall (undo archive_memory or auto-archival); for the
         survivor of a consolidation, undo the merge."""
         return Restored(**call(lambda m: m.restore_memory(id)))
-
-    class FactAdded(Fact):
-        closed: list[int] = Field(description="Facts this one closed (single-valued predicate, new object).")
-        existing: bool = Field(description="True when the same open fact was already recorded.")
-
-    class Facts(BaseModel):
-        entity: str
-        as_of: str | None = None
-        facts: list[Fact]
-
-    class KGStats(BaseModel):
-        entities: int
-        triples: int
-        active: int
-        expired: int
-        predicates: int
-
-    class ContextBlob(BaseModel):
-        text: str = Field(description="Ready to put in a prompt.")
-        tokens: int = Field(description="Estimated tokens (1 per CJK character, 1 per 4 other characters).")
-        budget: int
-        mode: str
-        source: str = Field(description="briefing (pre-built, no search) or dynamic (searched for the topic).")
-        stale: bool
-        generated_at: str
-
-    class Cluster(BaseModel):
-        survivor: int
-        members: list[int]
-        texts: dict[int, str]
-
-    class Consolidation(BaseModel):
-        clusters: list[Cluster]
-        dry_run: bool
-
-    class Summarized(BaseModel):
-        memory: WriteResult
-        summary: dict[str, Any]
 
     Entity = Annotated[str, Field(description="A person, place, project… (aliases and case are resolved).")]
     When = Annotated[str | None, Field(description="ISO-8601 time (default now).")]
