@@ -3868,7 +3868,9 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
     """The server's background thread, off the request path: load jieba and the embedding model,
     take the version-change backup, back-fill missing vectors, then every
     scheduler_interval_seconds run the maintenance that is due (decay, atom sweep, daily backup).
-    Tool calls wait only for the short transactions, never for the whole job."""
+    Tool calls wait only for the short transactions, never for the whole job. Returns once `stop`
+    is set (the back-fill checks it between batches); never raises: a failed warm-up is logged as
+    a warning, a failed maintenance run as an error and retried at the next interval."""
     try:
         mem.seg.tokens("warm up 预热")
         if mem.vectors_usable:
@@ -3891,9 +3893,12 @@ class BearerToken:
     """ASGI wrapper: every HTTP request needs `Authorization: Bearer <token>` (401 otherwise)."""
 
     def __init__(self, app, token: str):
+        """Guard the ASGI `app` with `token` (the scheme is case-insensitive, the token is not)."""
         self.app, self.expected = app, f"bearer {token}".encode()
 
     async def __call__(self, scope, receive, send):
+        """An HTTP request with the right header (compared in constant time) and every non-HTTP scope
+        (lifespan) go on to the app; any other request gets 401 text/plain, `WWW-Authenticate: Bearer`."""
         import hmac
         if scope["type"] == "http":
             got = dict(scope["headers"]).get(b"authorization", b"")
@@ -3907,8 +3912,10 @@ class BearerToken:
 
 
 def http_app(server, cfg: Config, host: str, port: int):
-    """The streamable-HTTP ASGI app at /mcp: DNS-rebinding protection on (loopback plus
-    [server] allowed_hosts), bearer token required when [server] token / token_env is set."""
+    """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host` (`port` is not used
+    here): DNS-rebinding protection on (Host and Origin must be a loopback host, any port, or an
+    entry of the comma list [server] allowed_hosts), and a bearer token required (BearerToken)
+    when [server] token / token_env is set."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"] + \
