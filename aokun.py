@@ -3227,19 +3227,34 @@ with participants, topics and key_facts in metadata when you know them. Use `sea
 precise fact. Use `edit_memory` to correct a memory and `delete_memory` when the user asks you to
 forget something."""
 
+#: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they stand for.
+TOOL_KINDS = {
+    "read-only": dict(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+    "write": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+    "destructive": dict(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
+    "open-world": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True),
+}
 
-def build_server(memory_factory, cfg: Config):
-    """The MCP server (SDK v2 MCPServer) over a Memory made by `memory_factory()` in the lifespan.
+# The tools' pydantic models and functions are built by the cached factories below on the first
+# build_server (pydantic and mcp are imported only then, so `import aokun` stays light) and shared
+# by every server after it. Each factory returns a types.SimpleNamespace of what it builds, by name.
+# The response models have no docstrings on purpose: pydantic would add them to the tools' output
+# schemas as descriptions; each factory's docstring says what its models are for.
 
-    Tools are sync functions: the SDK runs them in worker threads and the Memory serialises them
-    on its connection lock. Bad arguments become tool errors naming the field."""
-    from collections.abc import AsyncIterator
-    from typing import Annotated, Any
 
-    from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
-    from mcp.types import ToolAnnotations
-    from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+def _named(*objs):
+    """A types.SimpleNamespace of `objs` (classes or functions), each under its __name__."""
+    import types
+    return types.SimpleNamespace(**{o.__name__: o for o in objs})
+
+
+@functools.cache
+def _write_models():
+    """Models of the write tools: Metadata, the optional `metadata` argument of memorize,
+    edit_memory and summarize_memory (unknown keys refused, importance 0..1); the results
+    WriteResult (memorize, edit_memory), Deleted, Flagged (pin/unpin/archive: the flag changed, the
+    other null), ImportanceSet (old and new importance, 0..1) and Restored (restored: memory ids)."""
+    from pydantic import BaseModel, ConfigDict, Field
 
     class Metadata(BaseModel):
         """Optional facts about a memory. Unknown keys are refused."""
@@ -3267,6 +3282,43 @@ def build_server(memory_factory, cfg: Config):
         embedding: str | None = Field(description="done, pending (back-filled later) or none.")
         embedding_truncated: bool = Field(description="True when only the start of the text was embedded.")
         warnings: list[str] = []
+
+    class Deleted(BaseModel):
+        id: int
+        uid: str
+        deleted: bool
+
+    class Flagged(BaseModel):
+        id: int
+        uid: str
+        pinned: bool | None = None
+        archived: bool | None = None
+
+    class ImportanceSet(BaseModel):
+        id: int
+        uid: str
+        old: float
+        new: float
+
+    class Restored(BaseModel):
+        id: int
+        uid: str
+        archived: bool
+        restored: list[int] = Field(description="Memories brought back (the merged ones, for a consolidation "
+                                                "survivor).")
+
+    return _named(Metadata, WriteResult, Deleted, Flagged, ImportanceSet, Restored)
+
+
+@functools.cache
+def _search_models():
+    """Result models of recall and search_atoms: RecallResult {results: [Hit], facts: [Fact],
+    degraded: [Degraded], intent, warnings, took_ms, cached} and AtomsResult {results: [Atom],
+    took_ms}. A Fact is a knowledge-graph triple with its validity window (ISO-8601 times, valid_to
+    null while it holds), also returned by the kg tools; times are ISO-8601 UTC, took_ms milliseconds."""
+    from typing import Any
+
+    from pydantic import BaseModel, Field
 
     class Hit(BaseModel):
         id: int
@@ -3324,6 +3376,19 @@ def build_server(memory_factory, cfg: Config):
         results: list[Atom]
         took_ms: float
 
+    return _named(Hit, Degraded, Fact, RecallResult, Atom, AtomsResult)
+
+
+@functools.cache
+def _browse_models():
+    """Result models of list_memories (MemoryList {memories: [MemoryRow]}, each row's content cut
+    to 500 characters), get_memory (MemoryDetail: one memory in full, with its atoms as dicts and
+    graph entries as strings) and memory_stats (Stats: counts by table, atom state and type, journal
+    stage; maintenance times, ISO-8601 or null; the embedder's state)."""
+    from typing import Any
+
+    from pydantic import BaseModel, Field
+
     class MemoryRow(BaseModel):
         id: int
         uid: str
@@ -3365,17 +3430,6 @@ def build_server(memory_factory, cfg: Config):
         atoms: list[dict[str, Any]]
         graph_entries: list[str]
 
-    class Deleted(BaseModel):
-        id: int
-        uid: str
-        deleted: bool
-
-    class Flagged(BaseModel):
-        id: int
-        uid: str
-        pinned: bool | None = None
-        archived: bool | None = None
-
     class Stats(BaseModel):
         database: str
         size_bytes: int
@@ -3388,150 +3442,16 @@ def build_server(memory_factory, cfg: Config):
         maintenance: dict[str, str | None] = Field(description="Last decay day, atom sweep and backup.")
         embedding: dict[str, Any]
 
-    state: dict[str, Memory] = {}
+    return _named(MemoryRow, MemoryList, MemoryDetail, Stats)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_server) -> AsyncIterator[dict]:
-        mem = memory_factory()
-        state["memory"] = mem
-        stop = threading.Event()
-        worker = threading.Thread(target=_background, args=(mem, stop), name="aokun-background", daemon=True)
-        worker.start()
-        try:
-            yield state
-        finally:
-            stop.set()
-            worker.join(timeout=30)
-            state.pop("memory", None)
-            mem.close()
 
-    server = MCPServer("aokun", instructions=SERVER_INSTRUCTIONS, version=__version__, lifespan=lifespan,
-                       log_level=cfg.server.log_level.upper())
+@functools.cache
+def _kg_models():
+    """Result models of the knowledge-graph tools: FactAdded (a _search_models().Fact plus the fact
+    ids it closed), Facts {entity, as_of, facts: [Fact]} and KGStats (counts)."""
+    from pydantic import BaseModel, Field
 
-    def call(fn):
-        try:
-            return fn(state["memory"])
-        except AokunError as e:
-            raise ToolError(str(e)) from None
-
-    def meta(m: Metadata | None) -> dict:
-        return {} if m is None else m.model_dump(exclude_none=True)
-
-    RO = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
-    Id = Annotated[int, Field(ge=1, description="Memory id, from memorize/recall/list_memories.")]
-    Persona = Annotated[str | None, Field(description="Persona to search (default: the default persona).")]
-
-    def nullable(default):  # a null optional argument means its default, as omitting it does
-        return BeforeValidator(lambda v: default if v is None else v)
-
-    def memorize(content: Annotated[str, Field(description="The memory: self-contained text, any language.")],
-                 metadata: Metadata | None = None) -> WriteResult:
-        """Store something worth remembering for weeks or months: a fact about the user, a preference,
-        a decision, an event, a plan. Write it so it makes sense on its own later (names, not pronouns).
-        Identical content returns the existing id. Returns the new memory's id."""
-        return WriteResult(**call(lambda m: m.memorize(content, meta(metadata))))
-
-    def recall(query: Annotated[str, Field(description="What you want to remember, as a question or keywords.")],
-               k: Annotated[int, Field(ge=1, description="How many memories to return (default 5, at most [recall] max_k)."), nullable(5)] = 5,
-               session_id: Annotated[str | None, Field(description="Only this session.")] = None,
-               persona_id: Persona = None,
-               include_archived: Annotated[bool, Field(description="Also search archived memories."), nullable(False)] = False,
-               explain: Annotated[bool, Field(description="Add per-channel ranks and score parts to each hit."), nullable(False)] = False,
-               as_of: Annotated[str | None, Field(description="ISO-8601 time: answer as the memory stood then "
-                                                              "(later memories, atoms and facts left out).")] = None
-               ) -> RecallResult:
-        """Search long-term memory by meaning, keywords and relations (Chinese and English). Call it
-        before answering whenever earlier conversations could matter. Returns the best memories first,
-        with a fused score, knowledge-graph facts about entities the query names, and any search
-        channel that could not run."""
-        return RecallResult(**call(lambda m: m.recall(query, k, persona_id, session_id, include_archived, explain,
-                                                      None, as_of)))
-
-    def search_atoms(query: Annotated[str, Field(description="Keywords of the fact you look for.")],
-                     k: Annotated[int, Field(ge=1, description="How many atoms (default 10)."), nullable(10)] = 10,
-                     persona_id: Persona = None) -> AtomsResult:
-        """Find single precise facts (memory atoms) rather than whole memories, e.g. a preference or a
-        date. Only facts still valid (within their shelf life) are returned, best first."""
-        return AtomsResult(**call(lambda m: m.search_atoms(query, k, persona_id)))
-
-    def list_memories(limit: Annotated[int, Field(ge=1, le=1000, description="How many (default 20)."), nullable(20)] = 20,
-                      offset: Annotated[int, Field(ge=0, description="Skip this many."), nullable(0)] = 0,
-                      persona_id: Persona = None,
-                      session_id: Annotated[str | None, Field(description="Only this session.")] = None,
-                      include_archived: Annotated[bool, nullable(False)] = False) -> MemoryList:
-        """List stored memories, newest first (browse, not search: use recall to search)."""
-        rows = call(lambda m: m.list_memories(limit, offset, persona_id or "", session_id, include_archived))
-        return MemoryList(memories=[MemoryRow(**r) for r in rows])
-
-    def get_memory(id: Id) -> MemoryDetail:
-        """One memory in full, with its atoms and knowledge-graph entries."""
-        return MemoryDetail(**call(lambda m: m.get(id)))
-
-    def edit_memory(id: Id,
-                    content: Annotated[str | None, Field(description="New text (omit to keep).")] = None,
-                    metadata: Metadata | None = None) -> WriteResult:
-        """Correct or update a memory. Its keyword index, vector, atoms and graph are rebuilt, so the
-        old wording is no longer found. Metadata fields given replace the stored ones."""
-        if content is None and metadata is None:
-            raise ToolError("content: give new content and/or metadata to change")
-        return WriteResult(**call(lambda m: m.edit(id, content, meta(metadata))))
-
-    def delete_memory(id: Id) -> Deleted:
-        """Forget a memory completely (every index, atom and graph entry). Use when the user asks you
-        to forget something or a memory is wrong and cannot be edited."""
-        return Deleted(**call(lambda m: m.delete(id)))
-
-    def pin_memory(id: Id) -> Flagged:
-        """Pin a memory: it never decays and is kept in context."""
-        return Flagged(**call(lambda m: m.set_flag(id, "pinned", True)))
-
-    def unpin_memory(id: Id) -> Flagged:
-        """Unpin a memory."""
-        return Flagged(**call(lambda m: m.set_flag(id, "pinned", False)))
-
-    def archive_memory(id: Id) -> Flagged:
-        """Archive a memory: kept, but left out of recall unless include_archived is true."""
-        return Flagged(**call(lambda m: m.set_flag(id, "archived", True)))
-
-    class Change(BaseModel):
-        id: int
-        old: float | str
-        new: float | str
-
-    class ForgetPreview(BaseModel):
-        as_of: str = Field(description="The moment previewed (now + days), ISO-8601 UTC.")
-        days: list[str] = Field(description="Decay days that would run.")
-        importance: list[Change] = Field(description="Memories whose importance would drop (old -> new).")
-        archived: list[int] = Field(description="Memories that would be auto-archived.")
-        atoms: list[Change] = Field(description="Atoms whose state would change (active/expired/forgotten/purged).")
-
-    class ImportanceSet(BaseModel):
-        id: int
-        uid: str
-        old: float
-        new: float
-
-    def forget_preview(days: Annotated[int, Field(ge=0, le=3650, description="How far ahead to look, in days."), nullable(7)] = 7
-                       ) -> ForgetPreview:
-        """Preview what forgetting would do within `days` days: importance decay, auto-archival and
-        atom expiry. Read-only: nothing changes. Use it before pinning or raising the importance of
-        memories the user wants to keep."""
-        return ForgetPreview(**call(lambda m: m.forget_preview(days)))
-
-    def set_importance(id: Id, importance: Annotated[float, Field(ge=0, le=1, description="0..1")]) -> ImportanceSet:
-        """Set how important a memory is (0..1). Important memories rank higher and fade slower."""
-        return ImportanceSet(**call(lambda m: m.set_importance(id, importance)))
-
-    class Restored(BaseModel):
-        id: int
-        uid: str
-        archived: bool
-        restored: list[int] = Field(description="Memories brought back (the merged ones, for a consolidation survivor).")
-
-    def restore_memory(id: Id) -> Restored:
-        """Bring an archived memory back into recall (undo archive_memory or auto-archival); for the
-        survivor of a consolidation, undo the merge."""
-        return Restored(**call(lambda m: m.restore_memory(id)))
+    Fact = _search_models().Fact
 
     class FactAdded(Fact):
         closed: list[int] = Field(description="Facts this one closed (single-valued predicate, new object).")
@@ -3548,6 +3468,21 @@ def build_server(memory_factory, cfg: Config):
         active: int
         expired: int
         predicates: int
+
+    return _named(FactAdded, Facts, KGStats)
+
+
+@functools.cache
+def _context_models():
+    """Result models of the context and upkeep tools: ContextBlob (memory_context, refresh_briefing;
+    budget and tokens in estimated tokens), Consolidation {clusters: [Cluster], dry_run}, Summarized
+    {memory: WriteResult, summary} and ForgetPreview, whose Change {id, old, new} holds an
+    importance (0..1) or an atom state name."""
+    from typing import Any
+
+    from pydantic import BaseModel, Field
+
+    WriteResult = _write_models().WriteResult
 
     class ContextBlob(BaseModel):
         text: str = Field(description="Ready to put in a prompt.")
@@ -3571,114 +3506,410 @@ def build_server(memory_factory, cfg: Config):
         memory: WriteResult
         summary: dict[str, Any]
 
-    Entity = Annotated[str, Field(description="A person, place, project… (aliases and case are resolved).")]
-    When = Annotated[str | None, Field(description="ISO-8601 time (default now).")]
+    class Change(BaseModel):
+        id: int
+        old: float | str
+        new: float | str
 
-    def kg_add(subject: Entity, predicate: Annotated[str, Field(description="e.g. lives_in, works_at, likes, 住在.")],
-               object: Entity, valid_from: When = None, valid_to: When = None,
-               confidence: Annotated[float, Field(ge=0, le=1), nullable(1.0)] = 1.0,
+    class ForgetPreview(BaseModel):
+        as_of: str = Field(description="The moment previewed (now + days), ISO-8601 UTC.")
+        days: list[str] = Field(description="Decay days that would run.")
+        importance: list[Change] = Field(description="Memories whose importance would drop (old -> new).")
+        archived: list[int] = Field(description="Memories that would be auto-archived.")
+        atoms: list[Change] = Field(description="Atoms whose state would change (active/expired/forgotten/purged).")
+
+    return _named(ContextBlob, Cluster, Consolidation, Summarized, Change, ForgetPreview)
+
+
+def _nullable(default):
+    """A pydantic BeforeValidator for an optional tool argument: a JSON null means `default`, as
+    omitting the argument does; any other value goes on to the argument's own validation."""
+    from pydantic import BeforeValidator
+    return BeforeValidator(lambda v: default if v is None else v)
+
+
+@functools.cache
+def _tool_args():
+    """Annotated argument types shared by the tool families: Id (a memory id, int >= 1), Persona
+    (optional persona id; None: the default persona), Session (optional session id filter), Entity
+    (a knowledge-graph entity name) and When (optional ISO-8601 time; None: now)."""
+    import types
+    from typing import Annotated
+
+    from pydantic import Field
+
+    return types.SimpleNamespace(
+        Id=Annotated[int, Field(ge=1, description="Memory id, from memorize/recall/list_memories.")],
+        Persona=Annotated[str | None, Field(description="Persona to search (default: the default persona).")],
+        Session=Annotated[str | None, Field(description="Only this session.")],
+        Entity=Annotated[str, Field(description="A person, place, project… (aliases and case are resolved).")],
+        When=Annotated[str | None, Field(description="ISO-8601 time (default now).")])
+
+
+def _meta(metadata) -> dict:
+    """A Metadata argument (or None) as the dict Memory takes: the fields given, None ones left out."""
+    return {} if metadata is None else metadata.model_dump(exclude_none=True)
+
+
+def _on_memory(ctx, fn):
+    """fn(memory) on the Memory of the lifespan serving this tool call. `ctx` is the SDK Context the
+    tool received; its request_context.lifespan_context is the ServerState that lifespan yielded.
+    An AokunError becomes a ToolError with the same message (an is_error result for the client)."""
+    from mcp.server.mcpserver.exceptions import ToolError
+    try:
+        return fn(ctx.request_context.lifespan_context.memory)
+    except AokunError as e:
+        raise ToolError(str(e)) from None
+
+
+# Tool families. Each tool is a sync function (the SDK runs it in a worker thread; the Memory
+# serialises calls on its connection lock) whose first parameter is the SDK Context, which the SDK
+# injects and leaves out of the input schema. Its docstring is the tool's description, its other
+# parameters the input schema, its return model the output schema.
+
+
+@functools.cache
+def _write_tools():
+    """The tools that store and change memories: memorize, edit_memory, delete_memory, pin_memory,
+    unpin_memory, archive_memory, restore_memory and set_importance (results: _write_models())."""
+    from typing import Annotated
+
+    from mcp.server.mcpserver import Context
+    from mcp.server.mcpserver.exceptions import ToolError
+    from pydantic import Field
+
+    A, M = _tool_args(), _write_models()
+
+    def memorize(ctx: Context,
+                 content: Annotated[str, Field(description="The memory: self-contained text, any language.")],
+                 metadata: M.Metadata | None = None) -> M.WriteResult:
+        """Store something worth remembering for weeks or months: a fact about the user, a preference,
+        a decision, an event, a plan. Write it so it makes sense on its own later (names, not pronouns).
+        Identical content returns the existing id. Returns the new memory's id."""
+        return M.WriteResult(**_on_memory(ctx, lambda m: m.memorize(content, _meta(metadata))))
+
+    def edit_memory(ctx: Context, id: A.Id,
+                    content: Annotated[str | None, Field(description="New text (omit to keep).")] = None,
+                    metadata: M.Metadata | None = None) -> M.WriteResult:
+        """Correct or update a memory. Its keyword index, vector, atoms and graph are rebuilt, so the
+        old wording is no longer found. Metadata fields given replace the stored ones."""
+        if content is None and metadata is None:
+            raise ToolError("content: give new content and/or metadata to change")
+        return M.WriteResult(**_on_memory(ctx, lambda m: m.edit(id, content, _meta(metadata))))
+
+    def delete_memory(ctx: Context, id: A.Id) -> M.Deleted:
+        """Forget a memory completely (every index, atom and graph entry). Use when the user asks you
+        to forget something or a memory is wrong and cannot be edited."""
+        return M.Deleted(**_on_memory(ctx, lambda m: m.delete(id)))
+
+    def pin_memory(ctx: Context, id: A.Id) -> M.Flagged:
+        """Pin a memory: it never decays and is kept in context."""
+        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "pinned", True)))
+
+    def unpin_memory(ctx: Context, id: A.Id) -> M.Flagged:
+        """Unpin a memory."""
+        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "pinned", False)))
+
+    def archive_memory(ctx: Context, id: A.Id) -> M.Flagged:
+        """Archive a memory: kept, but left out of recall unless include_archived is true."""
+        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "archived", True)))
+
+    def restore_memory(ctx: Context, id: A.Id) -> M.Restored:
+        """Bring an archived memory back into recall (undo archive_memory or auto-archival); for the
+        survivor of a consolidation, undo the merge."""
+        return M.Restored(**_on_memory(ctx, lambda m: m.restore_memory(id)))
+
+    def set_importance(ctx: Context, id: A.Id,
+                       importance: Annotated[float, Field(ge=0, le=1, description="0..1")]) -> M.ImportanceSet:
+        """Set how important a memory is (0..1). Important memories rank higher and fade slower."""
+        return M.ImportanceSet(**_on_memory(ctx, lambda m: m.set_importance(id, importance)))
+
+    return _named(memorize, edit_memory, delete_memory, pin_memory, unpin_memory, archive_memory, restore_memory,
+                  set_importance)
+
+
+@functools.cache
+def _read_tools():
+    """The tools that search and read memories: recall, search_atoms, list_memories, get_memory and
+    memory_stats (results: _search_models() and _browse_models())."""
+    from typing import Annotated
+
+    from mcp.server.mcpserver import Context
+    from pydantic import Field
+
+    A, S, B = _tool_args(), _search_models(), _browse_models()
+
+    def recall(ctx: Context,
+               query: Annotated[str, Field(description="What you want to remember, as a question or keywords.")],
+               k: Annotated[int, Field(ge=1, description="How many memories to return (default 5, at most "
+                                                         "[recall] max_k)."), _nullable(5)] = 5,
+               session_id: A.Session = None,
+               persona_id: A.Persona = None,
+               include_archived: Annotated[bool, Field(description="Also search archived memories."),
+                                           _nullable(False)] = False,
+               explain: Annotated[bool, Field(description="Add per-channel ranks and score parts to each hit."),
+                                  _nullable(False)] = False,
+               as_of: Annotated[str | None, Field(description="ISO-8601 time: answer as the memory stood then "
+                                                              "(later memories, atoms and facts left out).")] = None
+               ) -> S.RecallResult:
+        """Search long-term memory by meaning, keywords and relations (Chinese and English). Call it
+        before answering whenever earlier conversations could matter. Returns the best memories first,
+        with a fused score, knowledge-graph facts about entities the query names, and any search
+        channel that could not run."""
+        return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(query, k, persona_id, session_id, include_archived,
+                                                                   explain, None, as_of)))
+
+    def search_atoms(ctx: Context, query: Annotated[str, Field(description="Keywords of the fact you look for.")],
+                     k: Annotated[int, Field(ge=1, description="How many atoms (default 10)."), _nullable(10)] = 10,
+                     persona_id: A.Persona = None) -> S.AtomsResult:
+        """Find single precise facts (memory atoms) rather than whole memories, e.g. a preference or a
+        date. Only facts still valid (within their shelf life) are returned, best first."""
+        return S.AtomsResult(**_on_memory(ctx, lambda m: m.search_atoms(query, k, persona_id)))
+
+    def list_memories(ctx: Context,
+                      limit: Annotated[int, Field(ge=1, le=1000, description="How many (default 20)."),
+                                       _nullable(20)] = 20,
+                      offset: Annotated[int, Field(ge=0, description="Skip this many."), _nullable(0)] = 0,
+                      persona_id: A.Persona = None,
+                      session_id: A.Session = None,
+                      include_archived: Annotated[bool, _nullable(False)] = False) -> B.MemoryList:
+        """List stored memories, newest first (browse, not search: use recall to search)."""
+        rows = _on_memory(ctx, lambda m: m.list_memories(limit, offset, persona_id or "", session_id,
+                                                         include_archived))
+        return B.MemoryList(memories=[B.MemoryRow(**r) for r in rows])
+
+    def get_memory(ctx: Context, id: A.Id) -> B.MemoryDetail:
+        """One memory in full, with its atoms and knowledge-graph entries."""
+        return B.MemoryDetail(**_on_memory(ctx, lambda m: m.get(id)))
+
+    def memory_stats(ctx: Context) -> B.Stats:
+        """Counts of memories, atoms, graph and vectors, and the embedder's state."""
+        return B.Stats(**_on_memory(ctx, lambda m: m.stats()))
+
+    return _named(recall, search_atoms, list_memories, get_memory, memory_stats)
+
+
+@functools.cache
+def _kg_tools():
+    """The temporal knowledge-graph tools: kg_add, kg_query, kg_invalidate, kg_timeline and kg_stats
+    (results: _kg_models(), and a _search_models().Fact for kg_invalidate)."""
+    from typing import Annotated
+
+    from mcp.server.mcpserver import Context
+    from pydantic import Field
+
+    A, K, Fact = _tool_args(), _kg_models(), _search_models().Fact
+
+    def kg_add(ctx: Context, subject: A.Entity,
+               predicate: Annotated[str, Field(description="e.g. lives_in, works_at, likes, 住在.")],
+               object: A.Entity, valid_from: A.When = None, valid_to: A.When = None,
+               confidence: Annotated[float, Field(ge=0, le=1), _nullable(1.0)] = 1.0,
                source_memory_id: Annotated[int | None, Field(description="The memory this fact came from.")] = None,
-               persona_id: Persona = None) -> FactAdded:
+               persona_id: A.Persona = None) -> K.FactAdded:
         """Record a fact as a triple with a validity window, e.g. (Alice, lives_in, Paris). For
         single-valued predicates (lives_in, works_at, name_is, age_is, 住在…) a new value closes the old
         fact automatically, so history is kept and queries at any time are right."""
-        return FactAdded(**call(lambda m: m.kg_add(subject, predicate, object, valid_from, valid_to, confidence,
-                                                   source_memory_id, persona_id)))
+        return K.FactAdded(**_on_memory(ctx, lambda m: m.kg_add(subject, predicate, object, valid_from, valid_to,
+                                                                confidence, source_memory_id, persona_id)))
 
-    def kg_query(entity: Entity, as_of: When = None,
+    def kg_query(ctx: Context, entity: A.Entity, as_of: A.When = None,
                  predicate: Annotated[str | None, Field(description="Only this predicate.")] = None,
-                 persona_id: Persona = None) -> Facts:
+                 persona_id: A.Persona = None) -> K.Facts:
         """Facts about an entity that hold now, or at `as_of` (point-in-time)."""
-        return Facts(**call(lambda m: m.kg_query(entity, as_of, predicate, persona_id)))
+        return K.Facts(**_on_memory(ctx, lambda m: m.kg_query(entity, as_of, predicate, persona_id)))
 
-    def kg_invalidate(id: Annotated[int, Field(ge=1, description="Fact id from kg_add/kg_query.")],
-                      valid_to: When = None) -> Fact:
+    def kg_invalidate(ctx: Context, id: Annotated[int, Field(ge=1, description="Fact id from kg_add/kg_query.")],
+                      valid_to: A.When = None) -> Fact:
         """Mark a fact as no longer true from `valid_to` (default now); its history is kept."""
-        return Fact(**call(lambda m: m.kg_invalidate(id, valid_to)))
+        return Fact(**_on_memory(ctx, lambda m: m.kg_invalidate(id, valid_to)))
 
-    def kg_timeline(entity: Entity, persona_id: Persona = None) -> Facts:
+    def kg_timeline(ctx: Context, entity: A.Entity, persona_id: A.Persona = None) -> K.Facts:
         """Every fact ever recorded about an entity, oldest first, with when each held."""
-        return Facts(**call(lambda m: m.kg_timeline(entity, persona_id)))
+        return K.Facts(**_on_memory(ctx, lambda m: m.kg_timeline(entity, persona_id)))
 
-    def kg_stats(persona_id: Persona = None) -> KGStats:
+    def kg_stats(ctx: Context, persona_id: A.Persona = None) -> K.KGStats:
         """Counts of entities and facts (active and expired)."""
-        return KGStats(**call(lambda m: m.kg_stats(persona_id)))
+        return K.KGStats(**_on_memory(ctx, lambda m: m.kg_stats(persona_id)))
 
-    def memory_context(topic: Annotated[str | None, Field(description="What the conversation is about; omit at "
-                                                                       "session start for the briefing.")] = None,
+    return _named(kg_add, kg_query, kg_invalidate, kg_timeline, kg_stats)
+
+
+@functools.cache
+def _context_tools():
+    """The context and upkeep tools: memory_context, refresh_briefing, forget_preview, consolidate
+    and summarize_memory (results: _context_models())."""
+    from typing import Annotated, Any
+
+    from mcp.server.mcpserver import Context
+    from pydantic import Field
+
+    A, C, W = _tool_args(), _context_models(), _write_models()
+
+    def memory_context(ctx: Context,
+                       topic: Annotated[str | None, Field(description="What the conversation is about; omit at "
+                                                                      "session start for the briefing.")] = None,
                        mode: Annotated[str, Field(description="quick, chat, coding or project: sets the token "
-                                                              "budget and how much is searched."), nullable("chat")] = "chat",
+                                                              "budget and how much is searched."),
+                                       _nullable("chat")] = "chat",
                        max_tokens: Annotated[int | None, Field(ge=50, description="Token budget override.")] = None,
-                       persona_id: Persona = None) -> ContextBlob:
+                       persona_id: A.Persona = None) -> C.ContextBlob:
         """Memory for the start of a session or a new topic, as one text within a token budget:
         pinned/directive memories first, then memories about the topic, then current facts. Without a
         topic it returns the pre-built session briefing instantly."""
-        return ContextBlob(**call(lambda m: m.memory_context(topic, mode, max_tokens, persona_id)))
+        return C.ContextBlob(**_on_memory(ctx, lambda m: m.memory_context(topic, mode, max_tokens, persona_id)))
 
-    def refresh_briefing(persona_id: Persona = None) -> ContextBlob:
+    def refresh_briefing(ctx: Context, persona_id: A.Persona = None) -> C.ContextBlob:
         """Rebuild the session briefing now (it is also rebuilt in the background after changes)."""
         def run(m):
             m.build_briefing(persona_id)
             return m.memory_context(None, "project", None, persona_id)
-        return ContextBlob(**call(run))
+        return C.ContextBlob(**_on_memory(ctx, run))
 
-    def consolidate(dry_run: Annotated[bool, Field(description="Only list the clusters (default)."), nullable(True)] = True,
-                    persona_id: Persona = None) -> Consolidation:
+    def forget_preview(ctx: Context,
+                       days: Annotated[int, Field(ge=0, le=3650, description="How far ahead to look, in days."),
+                                       _nullable(7)] = 7) -> C.ForgetPreview:
+        """Preview what forgetting would do within `days` days: importance decay, auto-archival and
+        atom expiry. Read-only: nothing changes. Use it before pinning or raising the importance of
+        memories the user wants to keep."""
+        return C.ForgetPreview(**_on_memory(ctx, lambda m: m.forget_preview(days)))
+
+    def consolidate(ctx: Context,
+                    dry_run: Annotated[bool, Field(description="Only list the clusters (default)."),
+                                       _nullable(True)] = True,
+                    persona_id: A.Persona = None) -> C.Consolidation:
         """Find near-duplicate memories and (with dry_run=false) merge each cluster into one memory,
         archiving the others; restore_memory on the survivor undoes a merge."""
-        return Consolidation(**call(lambda m: m.consolidate(dry_run, persona_id)))
+        return C.Consolidation(**_on_memory(ctx, lambda m: m.consolidate(dry_run, persona_id)))
 
-    def summarize_memory(conversation: Annotated[str | list[dict[str, Any]], Field(
+    def summarize_memory(ctx: Context,
+                         conversation: Annotated[str | list[dict[str, Any]], Field(
                              description="Plain text, or a list of {role, content} turns.")],
-                         metadata: Metadata | None = None) -> Summarized:
+                         metadata: W.Metadata | None = None) -> C.Summarized:
         """Distil a conversation into one structured memory (summary, topics, key facts, people,
         sentiment, importance) with the configured chat model, and store it."""
-        return Summarized(**call(lambda m: m.summarize_memory(conversation, meta(metadata))))
+        return C.Summarized(**_on_memory(ctx, lambda m: m.summarize_memory(conversation, _meta(metadata))))
 
-    def memory_stats() -> Stats:
-        """Counts of memories, atoms, graph and vectors, and the embedder's state."""
-        return Stats(**call(lambda m: m.stats()))
+    return _named(memory_context, refresh_briefing, forget_preview, consolidate, summarize_memory)
 
-    W = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
-    D = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False)
-    tools = {"memorize": (memorize, W), "recall": (recall, RO), "search_atoms": (search_atoms, RO),
-             "list_memories": (list_memories, RO), "get_memory": (get_memory, RO), "edit_memory": (edit_memory, D),
-             "delete_memory": (delete_memory, D), "pin_memory": (pin_memory, W), "unpin_memory": (unpin_memory, W),
-             "archive_memory": (archive_memory, W), "restore_memory": (restore_memory, W),
-             "set_importance": (set_importance, W), "forget_preview": (forget_preview, RO),
-             "memory_stats": (memory_stats, RO), "memory_context": (memory_context, RO),
-             "refresh_briefing": (refresh_briefing, W), "consolidate": (consolidate, D),
-             "summarize_memory": (summarize_memory, ToolAnnotations(read_only_hint=False, destructive_hint=False,
-                                                                    idempotent_hint=False, open_world_hint=True)),
-             "kg_add": (kg_add, W), "kg_query": (kg_query, RO), "kg_invalidate": (kg_invalidate, D),
-             "kg_timeline": (kg_timeline, RO), "kg_stats": (kg_stats, RO)}
-    for name in exposed_tools(cfg, tools):
-        fn, annotations = tools[name]
-        server.add_tool(fn, name=name, description=inspect.cleandoc(fn.__doc__), annotations=annotations)
+
+#: Every MCP tool, in tools/list order: name -> (the cached family factory that defines its function,
+#: annotation kind from TOOL_KINDS). build_server registers those that exposed_tools picks.
+MCP_TOOLS = {
+    "memorize": (_write_tools, "write"),
+    "recall": (_read_tools, "read-only"),
+    "search_atoms": (_read_tools, "read-only"),
+    "list_memories": (_read_tools, "read-only"),
+    "get_memory": (_read_tools, "read-only"),
+    "edit_memory": (_write_tools, "destructive"),
+    "delete_memory": (_write_tools, "destructive"),
+    "pin_memory": (_write_tools, "write"),
+    "unpin_memory": (_write_tools, "write"),
+    "archive_memory": (_write_tools, "write"),
+    "restore_memory": (_write_tools, "write"),
+    "set_importance": (_write_tools, "write"),
+    "forget_preview": (_context_tools, "read-only"),
+    "memory_stats": (_read_tools, "read-only"),
+    "memory_context": (_context_tools, "read-only"),
+    "refresh_briefing": (_context_tools, "write"),
+    "consolidate": (_context_tools, "destructive"),
+    "summarize_memory": (_context_tools, "open-world"),
+    "kg_add": (_kg_tools, "write"),
+    "kg_query": (_kg_tools, "read-only"),
+    "kg_invalidate": (_kg_tools, "destructive"),
+    "kg_timeline": (_kg_tools, "read-only"),
+    "kg_stats": (_kg_tools, "read-only"),
+}
+
+
+@dataclass
+class ServerState:
+    """What one server lifespan holds, yielded as the SDK's lifespan context (a tool reads it as
+    ctx.request_context.lifespan_context): the open Memory, the background thread running
+    _background over it, and the event that stops that thread."""
+    memory: Memory
+    worker: threading.Thread
+    stop: threading.Event
+
+    @classmethod
+    def start(cls, memory: Memory) -> "ServerState":
+        """Start the background thread over `memory`; the state owns the Memory from then on."""
+        stop = threading.Event()
+        worker = threading.Thread(target=_background, args=(memory, stop), name="aokun-background", daemon=True)
+        worker.start()
+        return cls(memory, worker, stop)
+
+    def close(self) -> None:
+        """Stop the background thread (waiting up to 30 s for its current step), then close the Memory."""
+        self.stop.set()
+        self.worker.join(timeout=30)
+        self.memory.close()
+
+
+def _lifespan(memory_factory, running: list[ServerState]):
+    """The server's lifespan: opens `memory_factory()` as a ServerState, keeps it in `running` (for
+    the static resources, which get no Context) while it is open, and closes it at the end."""
+    @contextlib.asynccontextmanager
+    async def lifespan(_server):
+        state = ServerState.start(memory_factory())
+        running.append(state)
+        try:
+            yield state
+        finally:
+            running.remove(state)
+            state.close()
+    return lifespan
+
+
+def _add_resources(server, memory) -> None:
+    """Register the resources on `server`: memory://stats (JSON), memory://briefing (markdown) and
+    the template memory://memories/{id} (JSON; an unknown id is a ResourceNotFoundError). `memory()`
+    returns the Memory of the open lifespan."""
+    from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 
     @server.resource("memory://stats", mime_type="application/json")
     def stats_resource() -> str:
         """Counts of memories, atoms, graph and vectors, and the embedder's state."""
-        return json.dumps(state["memory"].stats(), ensure_ascii=False)
+        return json.dumps(memory().stats(), ensure_ascii=False)
 
     @server.resource("memory://briefing", mime_type="text/markdown")
     def briefing_resource() -> str:
         """The pre-built session briefing of the default persona."""
-        return state["memory"].memory_context(None, "project")["text"]
+        return memory().memory_context(None, "project")["text"]
 
     @server.resource("memory://memories/{id}", mime_type="application/json")
     def memory_resource(id: int) -> str:
         """One memory in full, as JSON."""
         try:
-            return json.dumps(state["memory"].get(id), ensure_ascii=False)
+            return json.dumps(memory().get(id), ensure_ascii=False)
         except NotFound as e:
             raise ResourceNotFoundError(str(e)) from None
 
+
+def build_server(memory_factory, cfg: Config):
+    """The MCP server (SDK v2 MCPServer) over a Memory made by `memory_factory()` in each lifespan
+    (and closed at its end), with the MCP_TOOLS that [server] exposed_tools names (AokunError for an
+    unknown name) and the memory:// resources.
+
+    Tools are sync functions: the SDK runs them in worker threads and the Memory serialises them
+    on its connection lock. Bad arguments become tool errors naming the field."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.types import ToolAnnotations
+
+    running: list[ServerState] = []
+    server = MCPServer("aokun", instructions=SERVER_INSTRUCTIONS, version=__version__,
+                       lifespan=_lifespan(memory_factory, running), log_level=cfg.server.log_level.upper())
+    for name in exposed_tools(cfg, MCP_TOOLS):
+        family, kind = MCP_TOOLS[name]
+        fn = getattr(family(), name)
+        server.add_tool(fn, name=name, description=inspect.cleandoc(fn.__doc__),
+                        annotations=ToolAnnotations(**TOOL_KINDS[kind]))
+    _add_resources(server, lambda: running[-1].memory)
     return server
 
 
 def exposed_tools(cfg: Config, tools: dict) -> list[str]:
-    """The tool names [server] exposed_tools asks for (`all`, or a comma list; default: frequent)."""
+    """The tool names [server] exposed_tools asks for (`all`, or a comma list; default: frequent),
+    in the order of `tools` for `all`, else as listed. AokunError names any unknown tool."""
     wanted = [t.strip() for t in cfg.server.exposed_tools.split(",") if t.strip()]
     if wanted == ["all"]:
         return list(tools)
@@ -3692,7 +3923,9 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
     """The server's background thread, off the request path: load jieba and the embedding model,
     take the version-change backup, back-fill missing vectors, then every
     scheduler_interval_seconds run the maintenance that is due (decay, atom sweep, daily backup).
-    Tool calls wait only for the short transactions, never for the whole job."""
+    Tool calls wait only for the short transactions, never for the whole job. Returns once `stop`
+    is set (the back-fill checks it between batches); never raises: a failed warm-up is logged as
+    a warning, a failed maintenance run as an error and retried at the next interval."""
     try:
         mem.seg.tokens("warm up 预热")
         if mem.vectors_usable:
@@ -3715,9 +3948,12 @@ class BearerToken:
     """ASGI wrapper: every HTTP request needs `Authorization: Bearer <token>` (401 otherwise)."""
 
     def __init__(self, app, token: str):
+        """Guard the ASGI `app` with `token` (the scheme is case-insensitive, the token is not)."""
         self.app, self.expected = app, f"bearer {token}".encode()
 
     async def __call__(self, scope, receive, send):
+        """An HTTP request with the right header (compared in constant time) and every non-HTTP scope
+        (lifespan) go on to the app; any other request gets 401 text/plain, `WWW-Authenticate: Bearer`."""
         import hmac
         if scope["type"] == "http":
             got = dict(scope["headers"]).get(b"authorization", b"")
@@ -3731,8 +3967,10 @@ class BearerToken:
 
 
 def http_app(server, cfg: Config, host: str, port: int):
-    """The streamable-HTTP ASGI app at /mcp: DNS-rebinding protection on (loopback plus
-    [server] allowed_hosts), bearer token required when [server] token / token_env is set."""
+    """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host` (`port` is not used
+    here): DNS-rebinding protection on (Host and Origin must be a loopback host, any port, or an
+    entry of the comma list [server] allowed_hosts), and a bearer token required (BearerToken)
+    when [server] token / token_env is set."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"] + \
