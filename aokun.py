@@ -960,6 +960,7 @@ class Prepared:
         return json.dumps({k: getattr(self, k) for k in self.PAYLOAD}, ensure_ascii=False)
 
 
+MAX_LABEL_CHARS = 200  #: the longest persona_id, session_id, source or sentiment
 METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment", "importance",
                    "session_id", "persona_id", "source", "timestamp", "tags", "pinned"}
 
@@ -1682,11 +1683,11 @@ class Journal:
             raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
                                                        "([write] max_content_chars)")
         p = Prepared(content=text)
-        p.persona_id = _short_text(meta.get("persona_id"), fp + "persona_id", 200)
-        p.session_id = _short_text(meta.get("session_id"), fp + "session_id", 200)
+        p.persona_id = _short_text(meta.get("persona_id"), fp + "persona_id", MAX_LABEL_CHARS)
+        p.session_id = _short_text(meta.get("session_id"), fp + "session_id", MAX_LABEL_CHARS)
         p.summary = _short_text(meta.get("summary"), fp + "summary")
-        p.sentiment = _short_text(meta.get("sentiment"), fp + "sentiment", 200)
-        p.source = _short_text(meta.get("source"), fp + "source", 200).lower()
+        p.sentiment = _short_text(meta.get("sentiment"), fp + "sentiment", MAX_LABEL_CHARS)
+        p.source = _short_text(meta.get("source"), fp + "source", MAX_LABEL_CHARS).lower()
         p.topics = _text_list(meta.get("topics"), fp + "topics")
         p.key_facts = _text_list(meta.get("key_facts"), fp + "key_facts")
         p.participants = _text_list(meta.get("participants"), fp + "participants")
@@ -1957,7 +1958,7 @@ class KnowledgeGraph:
         closes the open fact's valid_to at this valid_from (fact versioning without an LLM); the same
         object again returns the open fact. Returns {id, subject, predicate, object, valid_from,
         valid_to, closed: [ids], existing}."""
-        persona = _short_text(persona_id, "persona_id", 200)
+        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         pred = self._predicate(predicate)
         start = iso(parse_time(valid_from, "valid_from")) if valid_from else now_iso()
         end = iso(parse_time(valid_to, "valid_to")) if valid_to else None
@@ -2002,7 +2003,7 @@ class KnowledgeGraph:
         """Facts about `entity` (as subject or object) valid at `as_of` (default now), optionally
         of one predicate. Returns {entity, as_of, facts: [{id, subject, predicate, object,
         valid_from, valid_to, confidence, source_memory_id}]}; unknown entity → no facts."""
-        persona = _short_text(persona_id, "persona_id", 200)
+        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         at = iso(parse_time(as_of, "as_of")) if as_of else now_iso()
         eid = self._entity_id(persona, entity, "entity", False)
         facts = [] if eid is None else self.rows(self.queries["kg_facts_at"], {
@@ -2025,14 +2026,14 @@ class KnowledgeGraph:
 
     def kg_timeline(self, entity, persona_id=None) -> dict:
         """Every fact ever recorded about `entity`, oldest first, with validity windows."""
-        persona = _short_text(persona_id, "persona_id", 200)
+        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         eid = self._entity_id(persona, entity, "entity", False)
         facts = [] if eid is None else self.rows(self.queries["kg_timeline"], {"persona_id": persona, "entity_id": eid})
         return {"entity": normalize_text(entity, "entity"), "facts": facts}
 
     def kg_stats(self, persona_id=None) -> dict:
         """{entities, triples, active, expired, predicates} for one persona."""
-        persona = _short_text(persona_id, "persona_id", 200)
+        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         return self.rows(self.queries["kg_stats"], {"persona_id": persona, "now": now_iso()})[0]
 
     def _facts_for_text(self, text: str, persona: str, at: str, limit: int = 20) -> list[dict]:
@@ -2117,6 +2118,186 @@ def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = Fals
     return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
 
 
+DOC_CHANNELS = ("bm25", "vector")  #: the document route's channels
+GRAPH_CHANNELS = ("graph_keyword", "graph_vector")  #: the graph route's channels
+CHANNEL_MAX_K = 4096  #: cap of a channel query's k (sqlite-vec 0.1.9 refuses KNN k above 4096)
+GRAPH_HOP_DISCOUNT = 0.5  #: a memory one graph hop from a hit node scores this share of the hit
+MMR_POOL_MIN = 30  #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Every number fusion uses, from [recall] and the query intent's spec (rules/intents.toml:
+    doc_weight, graph_weight, recency_boost). `channels` are the channels asked for that ran or
+    could run; a route without channels gets route weight 0 and the other 1."""
+    channel: dict  #: {channel: weight} (weight_bm25, weight_vector, weight_graph_keyword, ...)
+    doc_channels: tuple
+    graph_channels: tuple
+    fusion: str  #: 'score' (weighted mean of normalised channel scores) or 'rrf'
+    rrf_k: int
+    alpha: float  #: doc route: relevance
+    beta: float  #: doc route: importance
+    gamma: float  #: doc route: recency (score_gamma + the intent's recency_boost)
+    delta: float  #: doc route: frequency
+    graph_relevance: float
+    graph_importance: float
+    graph_recency: float
+    graph_confidence: float
+    temporal_floor: float  #: share of the graph route kept when every atom of the memory expired
+    recency_days: float
+    doc_route: float  #: route weights after the intent, see above
+    graph_route: float
+    cross_route_bonus: float
+    neighbour: float  #: session_neighbour_weight
+    mmr_lambda: float
+
+    @classmethod
+    def of(cls, r, spec: dict, channels) -> "Weights":
+        """Weights from a [recall] section `r`, an intent spec and the channels that take part."""
+        doc = tuple(c for c in DOC_CHANNELS if c in channels)
+        graph = tuple(c for c in GRAPH_CHANNELS if c in channels)
+        w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
+        wd, wg = (w_doc, w_graph) if doc and graph else ((1.0, 0.0) if doc else (0.0, 1.0))
+        return cls(channel={"bm25": r.weight_bm25, "vector": r.weight_vector,
+                            "graph_keyword": r.weight_graph_keyword, "graph_vector": r.weight_graph_vector},
+                   doc_channels=doc, graph_channels=graph, fusion=r.fusion, rrf_k=r.rrf_k,
+                   alpha=r.score_alpha, beta=r.score_beta, gamma=r.score_gamma + spec.get("recency_boost", 0.0),
+                   delta=r.score_delta, graph_relevance=r.graph_rrf_weight,
+                   graph_importance=r.graph_importance_weight, graph_recency=r.graph_recency_weight,
+                   graph_confidence=r.graph_confidence_weight, temporal_floor=r.temporal_floor,
+                   recency_days=r.recency_days, doc_route=wd, graph_route=wg, cross_route_bonus=r.cross_route_bonus,
+                   neighbour=r.session_neighbour_weight, mmr_lambda=r.mmr_lambda)
+
+
+def channel_evidence(ranked: dict[str, list[dict]], graph_channels) -> tuple[dict, dict, dict]:
+    """What the channels say about each memory: (ranks {id: {channel: 0-based rank}}, scores
+    {channel: {id: 0..1}} (normalized_scores), confidence {id: best graph-entry confidence})."""
+    ranks: dict[int, dict] = {}
+    confidence: dict[int, float] = {}
+    for ch, rows in ranked.items():
+        for row in rows:
+            ranks.setdefault(row["id"], {})[ch] = row["rank"]
+            if ch in graph_channels:
+                confidence[row["id"]] = max(confidence.get(row["id"], 0.0), row["confidence"] or 0.0)
+    return ranks, {ch: normalized_scores(ch, rows) for ch, rows in ranked.items()}, confidence
+
+
+def route_relevance(i: int, ranks: dict, scores: dict, channels, w: Weights) -> float:
+    """A route's relevance for memory `i`, in 0..1: weighted RRF of its channel ranks (fusion =
+    rrf), or the weighted mean of its normalised channel scores (fusion = score, the default)."""
+    total = sum(w.channel[c] for c in channels)
+    if not total:
+        return 0.0
+    if w.fusion == "rrf":
+        return rrf(ranks, channels, w.rrf_k, w.channel)
+    return sum(w.channel[c] * scores[c].get(i, 0.0) for c in channels if c in scores) / total
+
+
+def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None, w: Weights,
+                    ref: dt.datetime, historical: bool, source_boost: float, pin: float | None) -> dict:
+    """The score parts of one candidate (its row `d` from sql recall_candidates: importance,
+    created_at, last_access_at, access_count, temporal_factor), before the routes are scaled:
+
+        recency     = exp(−age_days / recency_days), age from max(created_at, last_access_at)
+                      (created_at alone for as_of recall)
+        frequency   = min(1, ln(1 + access_count·exp(−days since last access / recency_days)) / ln 11)
+        doc_route   = α·doc_relevance + β·importance + γ·recency + δ·frequency
+        graph_route = (0.55·graph_relevance + 0.20·importance + 0.15·recency + 0.10·confidence)
+                      × (temporal_floor + (1 − temporal_floor)·temporal_factor)
+
+    (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours, README "How
+    recall ranks"). Returns the dict that explain shows."""
+    last = d["created_at"] if historical else max(d["created_at"], d["last_access_at"] or "")
+    recency = math.exp(-age_days(last, ref) / w.recency_days)
+    frequency = 0.0 if historical or not d["last_access_at"] else min(1.0, math.log1p(
+        d["access_count"] * math.exp(-age_days(d["last_access_at"], ref) / w.recency_days)) / math.log1p(10))
+    rel_doc = route_relevance(d["id"], ranks, scores, w.doc_channels, w)
+    rel_graph = route_relevance(d["id"], ranks, scores, w.graph_channels, w)
+    factor = d["temporal_factor"] if w.graph_channels else 1.0
+    doc_score = w.alpha * rel_doc + w.beta * d["importance"] + w.gamma * recency + w.delta * frequency
+    graph_score = (w.graph_relevance * rel_graph + w.graph_importance * d["importance"]
+                   + w.graph_recency * recency + w.graph_confidence * (confidence or 0.0))
+    return dict(ranks=ranks, doc_relevance=rel_doc, graph_relevance=rel_graph, importance=d["importance"],
+                recency=recency, frequency=frequency, doc_route=doc_score,
+                # × the atoms' temporal factor after scaling (see scale_routes), floor: stale graph
+                # evidence keeps that share instead of being stretched back to 1
+                graph_route=graph_score * (w.temporal_floor + (1 - w.temporal_floor) * factor),
+                source_boost=source_boost, pin_similarity=pin, temporal_factor=factor, confidence=confidence,
+                in_doc=any(c in ranks for c in w.doc_channels), in_graph=any(c in ranks for c in w.graph_channels))
+
+
+def scale_routes(parts: dict[int, dict], w: Weights) -> None:
+    """Dual-route fusion, in place: routes = wd·doc_route/max(doc_route) + wg·graph_route/
+    max(graph_route) over all candidates, + cross_route_bonus when both routes found it."""
+    doc_max = max((p["doc_route"] for p in parts.values()), default=0) or 1.0
+    graph_max = max((p["graph_route"] for p in parts.values()), default=0) or 1.0
+    for p in parts.values():
+        p["cross_route_bonus"] = w.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
+        p["routes"] = w.doc_route * p["doc_route"] / doc_max + w.graph_route * p["graph_route"] / graph_max \
+            + p["cross_route_bonus"]
+
+
+def fuse_scores(parts: dict[int, dict], neighbours: dict[int, set], w: Weights) -> list[int]:
+    """The final score, in place: fused = (routes + neighbour) × source_boost, where neighbour =
+    session_neighbour_weight × the best routes of the turns right before/after it in its
+    session. Not capped at 1.0 as in the seed (the cap made the top hits tie); the source boost
+    is the second seed's. Returns the ids best first (ties: lower id first)."""
+    for i, p in parts.items():
+        near = [parts[n]["routes"] for n in neighbours.get(i, ()) if n in parts]
+        p["neighbour"] = w.neighbour * max(near) if near else 0.0
+        p["fused"] = (p["routes"] + p["neighbour"]) * p["source_boost"]
+    return sorted(parts, key=lambda i: (-parts[i]["fused"], i))
+
+
+def mmr_pool(order: list[int], parts: dict, pins: dict, size: int) -> list[int]:
+    """The ids whose documents MMR needs: the best `size`, plus pinned memories that matched."""
+    pool = order[:size]
+    return pool + [i for i in pins if i in parts and i not in pool]
+
+
+def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict[int, float], k: int,
+                lam: float) -> list[tuple]:
+    """The answer: MMR (λ, token Jaccard) over the `best` candidates that still exist (those in
+    `tokens`), then each pinned memory similar enough to the query (`pins`: {id: cosine
+    similarity}, best first) that MMR left out, in place of the weakest unpinned hit.
+    Returns [(id, mmr score or None for a pin put in)]."""
+    picked = mmr([i for i in best if i in tokens], {i: p["fused"] for i, p in parts.items()}, tokens, k, lam)
+    missing = [i for i in sorted(pins, key=lambda i: -pins[i]) if i in tokens and i not in {x for x, _ in picked}]
+    for i in missing:
+        unpinned = [n for n, (x, _) in enumerate(picked) if x not in pins]
+        if len(picked) < k:
+            picked.append((i, None))
+        elif unpinned:
+            picked[unpinned[-1]] = (i, None)
+    return picked
+
+
+def recall_hit(d: dict, p: dict) -> dict:
+    """One result of recall() from its row of sql recall_documents and its score parts."""
+    return {"id": d["id"], "score": round(p["fused"], 6), "text": d["content"], "summary": d["summary"],
+            "importance": d["importance"], "created_at": d["created_at"], "session_id": d["session_id"],
+            "persona_id": d["persona_id"], "participants": json.loads(d["participants"]),
+            "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
+            "archived": bool(d["archived"]), "channels": sorted(p["ranks"])}
+
+
+def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr_score) -> dict:
+    """What recall(explain=true) shows for hit `i`: its rank and normalised score per channel and
+    every part of its score, in the order they combine."""
+    return {"ranks": {c: p["ranks"].get(c) for c in chosen},
+            "scores": {c: scores[c][i] for c in scores if i in scores[c]}, "fusion": w.fusion,
+            "doc_rrf": rrf(p["ranks"], w.doc_channels, w.rrf_k, w.channel),
+            "graph_rrf": rrf(p["ranks"], w.graph_channels, w.rrf_k, w.channel),
+            "doc_relevance": p["doc_relevance"], "graph_relevance": p["graph_relevance"],
+            "neighbour": p["neighbour"], "importance": p["importance"], "recency": p["recency"],
+            "confidence": p["confidence"], "temporal_factor": p["temporal_factor"],
+            "frequency": p["frequency"], "source_boost": p["source_boost"],
+            "pin_similarity": p["pin_similarity"],
+            "doc_route": p["doc_route"], "graph_route": p["graph_route"],
+            "route_weights": [w.doc_route, w.graph_route], "cross_route_bonus": p["cross_route_bonus"],
+            "intent": intent, "fused": p["fused"], "mmr": mmr_score}
+
+
 # Recall: channels, fusion, atoms, cache ##########################################################
 
 class Recall:
@@ -2128,16 +2309,16 @@ class Recall:
     def recall(self, query, k: int = 5, persona_id: str | None = None, session_id: str | None = None,
                include_archived: bool = False, explain: bool = False, channels=None, as_of=None) -> dict:
         """Hybrid recall (seed: Retrieval Pipeline). Returns
-        {results: [{id, score, text, summary, importance, created_at, ...}], degraded: [{channel,
-        reason}], intent, took_ms, warnings}. With explain=true each hit also carries `explain`:
-        its rank in every channel, RRF scores, importance, recency, route scores, intent, final.
+        {results: [{id, score, text, summary, importance, created_at, ...}], facts, degraded:
+        [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each hit also
+        carries `explain` (explain_parts): its rank in every channel and every part of its score.
 
-        Document route: BM25 ∥ vector → RRF (k=rrf_k, Cormack et al. 2009) → α·rrf + β·importance
-        + γ·recency. Graph route: graph keyword ∥ graph vector → RRF → 0.55·rrf + 0.20·importance +
-        0.15·recency + 0.10·confidence, × the atom temporal factor. Routes: 0.65/0.35 (or the
-        query intent's weights), +0.08 when both routes hit, then MMR (λ=0.7, token Jaccard).
-        recency = exp(−age_days/30), age from max(created_at, last_access_at).
-        Raises InputError for an empty query or a bad k."""
+        The channels (sql/recall.sql) run side by side; _fuse() ranks their rows with the Ranking
+        functions: candidate_score() per memory (document route α·relevance + β·importance +
+        γ·recency + δ·frequency; graph route 0.55/0.20/0.15/0.10 × the atoms' temporal factor),
+        scale_routes() (0.65/0.35 or the intent's weights, +0.08 when both routes hit),
+        fuse_scores() (session neighbours, source boost), select_hits() (MMR λ=0.7, pins).
+        as_of answers as the memory stood then. Raises InputError for an empty query or a bad k."""
         started = time.perf_counter()
         r = self.cfg.recall
         query = normalize_text(query, "query")
@@ -2149,8 +2330,8 @@ class Recall:
             warnings.append(f"k={k} is above the limit {r.max_k} ([recall] max_k); returning at most {r.max_k}")
             k = r.max_k
         chosen = self._channels(channels)
-        persona = _short_text(persona_id, "persona_id", 200)
-        session = _short_text(session_id, "session_id", 200)
+        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
+        session = _short_text(session_id, "session_id", MAX_LABEL_CHARS)
         as_of_iso = iso(parse_time(as_of, "as_of")) if as_of else ""
         key = (query, asked, persona, session, bool(include_archived), chosen, bool(explain), as_of_iso)
         cached = self._cache_get(key)
@@ -2158,39 +2339,17 @@ class Recall:
             return dict(cached, took_ms=round((time.perf_counter() - started) * 1000, 2), cached=True)
 
         tokens = self.seg.tokens(query)
+        if not tokens:  # punctuation or stop words only
+            return self._answer(key, {"results": [], "degraded": [], "intent": None,
+                                      "warnings": warnings + ["the query has no searchable words"]}, started)
         params = {"match": fts_query(tokens), "persona_id": persona, "session_id": session,
                   "max_archived": int(bool(include_archived)), "as_of": as_of_iso,
-                  "k": min(4096, max(r.channel_k, 2 * k)), "expansion": r.graph_expansion_limit,
-                  "candidates": min(4096, max(r.vector_candidates, r.channel_k, 2 * k)),
-                  "hub_limit": r.graph_hub_limit,
-                  "extra": r.graph_extra_entry_boost, "hop": 0.5}
-        degraded, ranked = [], {}
-        if not tokens:  # punctuation or stop words only
-            return self._answer(key, {"results": [], "degraded": degraded, "intent": None,
-                                      "warnings": warnings + ["the query has no searchable words"]}, started)
-        embedding = None
-        if {"vector", "graph_vector"} & set(chosen):
-            if not self.vectors_usable:
-                for ch in ("vector", "graph_vector"):
-                    if ch in chosen:
-                        degraded.append({"channel": ch, "reason": self.vector_problem})
-            else:
-                try:
-                    embedding = self._query_vector(query).astype(np.float32).tobytes()
-                except EmbeddingError as e:
-                    for ch in ("vector", "graph_vector"):
-                        if ch in chosen:
-                            degraded.append({"channel": ch, "reason": f"query embedding failed: {e}"})
-        names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "graph_vector": "recall_graph_vector",
-                 "vector": "recall_vector_session" if session else "recall_vector"}
-        run = [ch for ch in chosen if embedding is not None or ch not in ("vector", "graph_vector")]
-        for ch, out in zip(run, self._run_channels([self.queries[names[ch]] for ch in run],
-                                                   dict(params, embedding=embedding))):
-            if isinstance(out, apsw.Error):
-                log.error("channel %s failed: %s", ch, out)
-                degraded.append({"channel": ch, "reason": f"SQL error: {out}"})
-            else:
-                ranked[ch] = out
+                  "k": min(CHANNEL_MAX_K, max(r.channel_k, 2 * k)), "expansion": r.graph_expansion_limit,
+                  "candidates": min(CHANNEL_MAX_K, max(r.vector_candidates, r.channel_k, 2 * k)),
+                  "hub_limit": r.graph_hub_limit, "extra": r.graph_extra_entry_boost, "hop": GRAPH_HOP_DISCOUNT}
+        degraded: list[dict] = []
+        embedding = self._embedding_for(query, chosen, degraded)
+        ranked = self._channel_rows(chosen, dict(params, embedding=embedding), degraded)
         pins = {}
         if embedding is not None:
             pins = {row["id"]: 1.0 - row["distance"] for row in self.rows(self.queries["recall_pinned"], dict(
@@ -2208,6 +2367,35 @@ class Recall:
         if results and r.reinforce_on_recall and not as_of_iso:  # after caching: the touch takes the lock
             self._touch([h["id"] for h in results])
         return answer
+
+    def _embedding_for(self, query: str, chosen, degraded: list) -> bytes | None:
+        """The query vector as a float32 blob when a vector channel is asked for and can run, else
+        None with a {channel, reason} appended to `degraded` for each vector channel asked for."""
+        if not {"vector", "graph_vector"} & set(chosen):
+            return None
+        reason = self.vector_problem
+        if self.vectors_usable:
+            try:
+                return self._query_vector(query).astype(np.float32).tobytes()
+            except EmbeddingError as e:
+                reason = f"query embedding failed: {e}"
+        degraded += [{"channel": ch, "reason": reason} for ch in ("vector", "graph_vector") if ch in chosen]
+        return None
+
+    def _channel_rows(self, chosen, params: dict, degraded: list) -> dict[str, list[dict]]:
+        """{channel: rows} of the chosen channels that can run (the vector ones need
+        params['embedding']); a channel whose SQL fails is logged and appended to `degraded`."""
+        names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "graph_vector": "recall_graph_vector",
+                 "vector": "recall_vector_session" if params["session_id"] else "recall_vector"}
+        run = [ch for ch in chosen if params["embedding"] is not None or ch not in ("vector", "graph_vector")]
+        ranked = {}
+        for ch, out in zip(run, self._run_channels([self.queries[names[ch]] for ch in run], params), strict=True):
+            if isinstance(out, apsw.Error):
+                log.error("channel %s failed: %s", ch, out)
+                degraded.append({"channel": ch, "reason": f"SQL error: {out}"})
+            else:
+                ranked[ch] = out
+        return ranked
 
     def _run_channels(self, queries: list[str], params: dict) -> list:
         """Run the channel queries, each on its own query-only connection in a worker thread when
@@ -2268,133 +2456,52 @@ class Recall:
 
     def _fuse(self, ranked: dict[str, list[dict]], k: int, intent, spec: dict, explain: bool, chosen,
               ref: dt.datetime, historical: bool, pins: dict[int, float], params: dict) -> list[dict]:
-        """Channel fusion per route, weighting, dual-route fusion, session neighbours, source boost,
-        MMR, pinned memories. Pure Python over the channel rows (plus one neighbour query); `ref` is
-        now or the as_of time (historical=True). See README "How recall ranks"."""
-        r = self.cfg.recall
-        doc_channels = [c for c in ("bm25", "vector") if c in chosen]
-        graph_channels = [c for c in ("graph_keyword", "graph_vector") if c in chosen]
-        weights = {"bm25": r.weight_bm25, "vector": r.weight_vector, "graph_keyword": r.weight_graph_keyword,
-                   "graph_vector": r.weight_graph_vector}
-        ids = {row["id"] for rows in ranked.values() for row in rows} | set(pins)
-        if not ids:
+        """The channel rows `ranked` ({channel: rows}) → the k hits, best first (README "How recall
+        ranks"). The formulas are the Ranking functions above; this method only fetches what they
+        need: each candidate's row (sql recall_candidates, with the atoms' temporal factor at `ref`,
+        the as_of time when `historical`), the session neighbours of the strongest, and the
+        documents of the MMR pool. `pins`: {id: cosine similarity} of pinned memories."""
+        w = Weights.of(self.cfg.recall, spec, chosen)
+        ranks, scores, confidence = channel_evidence(ranked, w.graph_channels)
+        if not ranks and not pins:
             return []
-        ranks: dict[int, dict] = {i: {} for i in ids}
-        norm = {ch: normalized_scores(ch, rows) for ch, rows in ranked.items()}
-        confidence: dict[int, float] = {}
-        for ch, rows in ranked.items():
-            for row in rows:
-                ranks[row["id"]][ch] = row["rank"]
-                if ch in graph_channels:
-                    confidence[row["id"]] = max(confidence.get(row["id"], 0.0), row["confidence"] or 0.0)
-
-        totals = {id(chs): sum(weights[c] for c in chs) for chs in (doc_channels, graph_channels)}
-
-        def relevance(i, channels):
-            """The route's relevance in 0..1: weighted RRF, or weighted mean of min-max scores."""
-            total = totals[id(channels)]
-            if not total:
-                return 0.0
-            if r.fusion == "rrf":
-                return rrf(ranks[i], channels, r.rrf_k, weights)
-            return sum(weights[c] * norm[c].get(i, 0.0) for c in channels if c in norm) / total
-
-        w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
-        wd, wg = (w_doc, w_graph) if doc_channels and graph_channels else ((1.0, 0.0) if doc_channels else (0.0, 1.0))
-        gamma = r.score_gamma + spec.get("recency_boost", 0.0)
         parts: dict[int, dict] = {}
-        default = self.rules.types[self.rules.default_type]
-        factor_params = {"ref": iso(ref), "historical": int(historical), "default_ttl": float(default["base_ttl_days"]),
-                         "default_step": int(default["decay"] == "step"),
-                         "step_types": json.dumps([t for t, v in self.rules.types.items() if v["decay"] == "step"])}
-
-        def score(batch) -> None:
-            """The route scores of `batch` (ids) into parts; deleted ids are skipped."""
-            batch = sorted(set(batch) - set(parts))
-            docs = {d["id"]: d for d in self.rows(self.queries["recall_candidates"], dict(factor_params, ids=json.dumps(batch)))}
-            factors = {i: d["temporal_factor"] for i, d in docs.items()} if graph_channels else {}
-            for i, d in docs.items():
-                ranks.setdefault(i, {})
-                last = d["created_at"] if historical else max(d["created_at"], d["last_access_at"] or "")
-                recency = math.exp(-age_days(last, ref) / r.recency_days)
-                frequency = 0.0 if historical or not d["last_access_at"] else min(1.0, math.log1p(
-                    d["access_count"] * math.exp(-age_days(d["last_access_at"], ref) / r.recency_days)) / math.log1p(10))
-                rel_doc, rel_graph = relevance(i, doc_channels), relevance(i, graph_channels)
-                doc_score = (r.score_alpha * rel_doc + r.score_beta * d["importance"] + gamma * recency
-                             + r.score_delta * frequency)
-                graph_score = (r.graph_rrf_weight * rel_graph + r.graph_importance_weight * d["importance"]
-                               + r.graph_recency_weight * recency + r.graph_confidence_weight * confidence.get(i, 0.0))
-                parts[i] = dict(ranks=ranks[i], doc_relevance=rel_doc, graph_relevance=rel_graph, importance=d["importance"],
-                                recency=recency, frequency=frequency, doc_route=doc_score,
-                                # × the atoms' temporal factor after scaling (see routes()), floor: stale
-                                # graph evidence keeps that share instead of being stretched back to 1
-                                graph_route=graph_score * (r.temporal_floor + (1 - r.temporal_floor) * factors.get(i, 1.0)),
-                                source_boost=self._source_boost(d["source"]), pin_similarity=pins.get(i),
-                                temporal_factor=factors.get(i, 1.0), confidence=confidence.get(i),
-                                in_doc=any(c in ranks[i] for c in doc_channels),
-                                in_graph=any(c in ranks[i] for c in graph_channels))
-
-        def routes() -> None:
-            doc_max = max((p["doc_route"] for p in parts.values()), default=0) or 1.0
-            graph_max = max((p["graph_route"] for p in parts.values()), default=0) or 1.0
-            for p in parts.values():
-                p["cross_route_bonus"] = r.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
-                p["routes"] = wd * p["doc_route"] / doc_max + wg * p["graph_route"] / graph_max + p["cross_route_bonus"]
-
-        score(ids)
-        routes()
-        pool_size = max(3 * k, 30)
+        self._score_candidates(set(ranks) | set(pins), parts, ranks, scores, confidence, w, ref, historical, pins)
+        scale_routes(parts, w)
+        pool_size = max(3 * k, MMR_POOL_MIN)
         neighbours = {}
-        if r.session_neighbour_weight and parts:
+        if w.neighbour and parts:
             # the turns right before/after the strongest candidates share their score; weaker
             # candidates' neighbours could not reach the pool with 0.3 of a weak score
             strong = sorted(parts, key=lambda i: (-parts[i]["routes"], i))[:pool_size]
             neighbours = self._session_neighbours(strong, params)
-            score({n for ns in neighbours.values() for n in ns})
-            routes()
-        for i, p in parts.items():
-            near = [parts[n]["routes"] for n in neighbours.get(i, ()) if n in parts]
-            p["neighbour"] = r.session_neighbour_weight * max(near) if near else 0.0
-            # not capped at 1.0 as in the seed (the cap made the top hits tie); × source boost (second seed)
-            p["fused"] = (p["routes"] + p["neighbour"]) * p["source_boost"]
-        order = sorted(parts, key=lambda i: (-parts[i]["fused"], i))
-        pool = order[:pool_size]
-        pool += [i for i in pins if i in parts and i not in pool]
+            self._score_candidates({n for ns in neighbours.values() for n in ns}, parts, ranks, scores, confidence,
+                                   w, ref, historical, pins)
+            scale_routes(parts, w)
+        order = fuse_scores(parts, neighbours, w)
+        pool = mmr_pool(order, parts, pins, pool_size)
         docs = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(pool)})}
-        pool = [i for i in pool if i in docs]  # deleted meanwhile
-        tokens = {i: set(docs[i]["segmented"].split()) for i in pool}
-        best = set(order[:pool_size])
-        picked = mmr([i for i in pool if i in best], {i: parts[i]["fused"] for i in parts}, tokens, k, r.mmr_lambda)
-        missing = [i for i in sorted(pins, key=lambda i: -pins[i]) if i in docs and i not in {x for x, _ in picked}]
-        for i in missing:  # pinned and similar enough: always included, in place of the weakest unpinned hit
-            unpinned = [n for n, (x, _) in enumerate(picked) if x not in pins]
-            if len(picked) < k:
-                picked.append((i, None))
-            elif unpinned:
-                picked[unpinned[-1]] = (i, None)
+        tokens = {i: set(docs[i]["segmented"].split()) for i in pool if i in docs}  # deleted meanwhile: left out
         out = []
-        for i, mmr_score in picked:
-            d, p = docs[i], parts[i]
-            hit = {"id": i, "score": round(p["fused"], 6), "text": d["content"], "summary": d["summary"],
-                   "importance": d["importance"], "created_at": d["created_at"], "session_id": d["session_id"],
-                   "persona_id": d["persona_id"], "participants": json.loads(d["participants"]),
-                   "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
-                   "archived": bool(d["archived"]), "channels": sorted(p["ranks"])}
+        for i, mmr_score in select_hits(order[:pool_size], parts, tokens, pins, k, w.mmr_lambda):
+            hit = recall_hit(docs[i], parts[i])
             if explain:
-                hit["explain"] = {"ranks": {c: p["ranks"].get(c) for c in chosen},
-                                  "scores": {c: norm[c][i] for c in norm if i in norm[c]}, "fusion": r.fusion,
-                                  "doc_rrf": rrf(p["ranks"], doc_channels, r.rrf_k, weights),
-                                  "graph_rrf": rrf(p["ranks"], graph_channels, r.rrf_k, weights),
-                                  "doc_relevance": p["doc_relevance"], "graph_relevance": p["graph_relevance"],
-                                  "neighbour": p["neighbour"], "importance": p["importance"], "recency": p["recency"],
-                                  "confidence": p["confidence"], "temporal_factor": p["temporal_factor"],
-                                  "frequency": p["frequency"], "source_boost": p["source_boost"],
-                                  "pin_similarity": p["pin_similarity"],
-                                  "doc_route": p["doc_route"], "graph_route": p["graph_route"],
-                                  "route_weights": [wd, wg], "cross_route_bonus": p["cross_route_bonus"],
-                                  "intent": intent, "fused": p["fused"], "mmr": mmr_score}
+                hit["explain"] = explain_parts(i, parts[i], scores, chosen, w, intent, mmr_score)
             out.append(hit)
         return out
+
+    def _score_candidates(self, ids, parts: dict, ranks: dict, scores: dict, confidence: dict, w: Weights,
+                          ref: dt.datetime, historical: bool, pins: dict) -> None:
+        """candidate_score() of every id in `ids` not scored yet, into `parts`; deleted ids are skipped."""
+        default = self.rules.types[self.rules.default_type]
+        batch = sorted(set(ids) - set(parts))
+        for d in self.rows(self.queries["recall_candidates"], {
+                "ids": json.dumps(batch), "ref": iso(ref), "historical": int(historical),
+                "default_ttl": float(default["base_ttl_days"]), "default_step": int(default["decay"] == "step"),
+                "step_types": json.dumps([t for t, v in self.rules.types.items() if v["decay"] == "step"])}):
+            i = d["id"]
+            parts[i] = candidate_score(d, ranks.setdefault(i, {}), scores, confidence.get(i), w, ref, historical,
+                                       self._source_boost(d["source"]), pins.get(i))
 
     def _session_neighbours(self, ids, params: dict) -> dict[int, set]:
         """{memory id: ids of the memories right before/after it in its session} for the candidates
@@ -2424,10 +2531,10 @@ class Recall:
         tokens = self.seg.tokens(query)
         if not tokens:
             return {"results": [], "took_ms": 0.0}
-        persona = _short_text(persona_id, "persona_id", 200)
+        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         ref = now()
         rows = self.rows(self.queries["search_atoms"], {"match": fts_query(tokens), "persona_id": persona,
-                                                        "k": min(4096, 4 * k)})
+                                                        "k": min(CHANNEL_MAX_K, 4 * k)})
         out = []
         for a in rows:
             factor = ttl_factor(a | {"state": "active"}, self.rules.types[a["atom_type"]]["decay"], ref)
@@ -2537,7 +2644,7 @@ class Briefing:
     def build_briefing(self, persona_id=None) -> dict:
         """Build and store the session briefing for a persona: pinned and important memories,
         recent memories, current KG facts, all from SQL (no embedding). Returns the stored row."""
-        persona = _short_text(persona_id, "persona_id", 200)
+        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         cx, ref = self.cfg.context, now()
         since = iso(ref - dt.timedelta(days=cx.briefing_recent_days))
         key = self.rows("select id, content, created_at from documents where persona_id = ? and archived = 0 and "
@@ -2588,7 +2695,7 @@ class Briefing:
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 50):
             raise InputError("max_tokens", f"expected a whole number ≥ 50, got {max_tokens!r}")
         budget = max_tokens or budgets[mode]
-        persona = _short_text(persona_id, "persona_id", 200)
+        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         if topic is None or not str(topic).strip():
             row = self.rows("select * from briefings where persona_id = ?", (persona,))
             brief = row[0] if row else self.build_briefing(persona)
@@ -2781,7 +2888,7 @@ class Forgetting:
         and participants, max importance, earliest created_at) and archives the others with
         merged_into = survivor; restore_memory(survivor) undoes it.
         Returns {clusters: [{survivor, members: [ids], texts}], dry_run}."""
-        persona = _short_text(persona_id, "persona_id", 200)
+        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         docs = {d["id"]: d for d in self.rows(
             "select d.id, d.content, d.created_at, f.segmented from documents d join documents_fts f on f.rowid = d.id "
             "where d.persona_id = ? and d.archived = 0 order by d.id", (persona,))}
