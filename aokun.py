@@ -1054,6 +1054,7 @@ class Store:
         return default if v is None else v
 
     def _meta_set(self, key: str, value) -> None:
+        """Upsert meta(key) = str(value). In tx."""
         self.conn.execute("insert into meta(key, value) values (?, ?) on conflict(key) do update set value = excluded.value",
                           (key, str(value)))
 
@@ -1233,7 +1234,7 @@ class Vectors:
         """The memories whose context contains memory `doc_id` (the context_turns memories right
         after it in its session); their vectors are marked 'pending' so they are re-embedded (the old
         vector stays searchable until then). Called inside the write transaction, before the change
-        (pass the ids to _refresh_graph_context after it). Returns their ids."""
+        (pass the ids to _refresh_graph_context after it). Returns their ids. In tx."""
         n = self.cfg.embedding.context_turns
         if n <= 0:
             return []
@@ -1311,7 +1312,7 @@ class Vectors:
     # the float store and its binary index --------------------------------------------------------
 
     def _put_doc_vector(self, doc_id: int, vec: np.ndarray) -> None:
-        """Store a document's float vector and its binary index row (inside the caller's transaction)."""
+        """Store a document's float vector and its binary index row. In tx."""
         self.conn.execute(self.queries["put_doc_vector"], {"id": doc_id, "embedding": np.asarray(vec, np.float32).tobytes()})
         self.conn.execute("update documents set embedding_state = 'done' where id = ?", (doc_id,))
         self._maybe_center()
@@ -1326,7 +1327,7 @@ class Vectors:
 
     def _recenter(self) -> None:
         """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
-        binary KNN indexes with it (inside the caller's transaction); no vectors, no centre."""
+        binary KNN indexes with it; no vectors, no centre. In tx."""
         total, n = None, 0
         for (blob,) in self.conn.execute("select embedding from doc_vectors"):
             v = np.frombuffer(blob, np.float32).astype(np.float64)
@@ -1338,7 +1339,7 @@ class Vectors:
         self.conn.execute(self.queries["reindex_vectors"])
 
     def _put_entry_vector(self, entry_id: int, vec: np.ndarray) -> None:
-        """Store a graph entry's float vector and its binary index row."""
+        """Store a graph entry's float vector and its binary index row. In tx."""
         self.conn.execute(self.queries["put_entry_vector"], {"id": entry_id, "embedding": np.asarray(vec, np.float32).tobytes()})
         self.conn.execute("update graph_entries set embedding_state = 'done' where id = ?", (entry_id,))
 
@@ -1395,6 +1396,9 @@ class Layers:
     entries, and their removal. All run in tx."""
 
     def _stage_docs(self, p: Prepared, vectors: dict) -> None:
+        """Stage 1 of a write: the documents row (insert with a never-reused id, or update for an edit),
+        its FTS row, its vector when one was computed, and the session context of the memories after
+        it. Returns 'done' when another process stored the same content meanwhile. In tx."""
         c, stamp = self.conn, now_iso()
         vec = vectors.get(id(p))
         state = "done" if vec is not None else ("pending" if self.embedder.provider != "none" else "none")
@@ -1450,7 +1454,7 @@ class Layers:
         same persona reinforces it (count +1, confidence and TTL refreshed) instead of a new row.
         A fact of fewer than reinforce_min_tokens search tokens never reinforces: "Thanks, Melanie!"
         said in every conversation is small talk, not a fact that recurs, and would otherwise
-        stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo)."""
+        stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo). In tx."""
         c = self.conn
         self._clear_atoms(p.document_id)
         threshold = self.cfg.write.reinforce_jaccard
@@ -1501,7 +1505,7 @@ class Layers:
     def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str, created_at: str) -> None:
         """Rule-based supersession: of the active atoms with this persona, subject and single-valued
         slot, the newest (by created_at) stays active and every one with another value becomes
-        'superseded' by it. An older fact arriving late is itself superseded."""
+        'superseded' by it. An older fact arriving late is itself superseded. In tx."""
         c, stamp = self.conn, now_iso()
         rivals = self.rows("select id, slot_value, created_at from memory_atoms where persona_id = ? and subject = ? "
                            "and slot = ? and state = 'active' and id != ?", (persona_id, subject, slot, atom_id))
@@ -1514,7 +1518,7 @@ class Layers:
 
     def _clear_atoms(self, doc_id: int) -> None:
         """Undo what a document contributed to the atom layer: atoms it alone stated are deleted
-        (with their FTS rows); atoms it reinforced lose one reinforcement."""
+        (with their FTS rows); atoms it reinforced lose one reinforcement. In tx."""
         c = self.conn
         for r in self.rows("select s.atom_id, a.document_id, a.reinforcement_count from atom_sources s "
                            "join memory_atoms a on a.id = s.atom_id where s.document_id = ?", (doc_id,)):
@@ -1540,7 +1544,7 @@ class Layers:
 
     def _stage_graph(self, p: Prepared, _vectors) -> None:
         """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and one
-        searchable entry per node and edge, all tied to the source document (seed: Memory Model 3)."""
+        searchable entry per node and edge, all tied to the source document (seed: Memory Model 3). In tx."""
         c, stamp = self.conn, now_iso()
         self._clear_graph(p.document_id)
         doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
@@ -1601,7 +1605,7 @@ class Layers:
                 edge(a, b, "co_occurs_with", 0.9)
 
     def _clear_graph(self, doc_id: int) -> None:
-        """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes."""
+        """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes. In tx."""
         c = self.conn
         ids = [r["id"] for r in self.rows("select id from graph_entries where document_id = ?", (doc_id,))]
         has_vec = self.has_table("graph_vec")
@@ -1643,7 +1647,7 @@ class Layers:
 
     def _refresh_graph_context(self, ids) -> None:
         """Inside the write transaction, after a change: the fact entries of memories `ids` get the
-        keyword text of their new session context (no embedding involved: fact vectors are the fact's)."""
+        keyword text of their new session context (no embedding involved: fact vectors are the fact's). In tx."""
         c, stamp = self.conn, now_iso()
         for i in dict.fromkeys(ids):
             d = self.rows("select persona_id, session_id, created_at, summary, content from documents where id = ?", (i,))
@@ -1780,6 +1784,8 @@ class Journal:
                         self._record_failure(p, e)
 
     def _advance(self, p: Prepared, status: str, fn, vectors) -> None:
+        """Run stage `fn` for one write if its journal row is still at `status` (another process may
+        have moved it), then record the next status on the row. In tx."""
         row = self.rows("select status, document_id from memory_write_ops where id = ?", (p.op_id,))
         if not row or row[0]["status"] != status:  # another process (recovery) already moved it
             if row:
@@ -1912,6 +1918,8 @@ class Journal:
         return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
 
     def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
+        """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
+        graph entries and vec0 rows, so KNN filters it in SQL. In tx."""
         c = self.conn
         c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
         if flag == "archived":
@@ -1936,6 +1944,9 @@ class KnowledgeGraph:
         return known or re.sub(r"\s+", "_", p.strip().casefold())[:100]
 
     def _entity_id(self, persona: str, name, field_name: str, create: bool) -> int | None:
+        """The id of the knowledge-graph entity `name` resolves to (rules/aliases.toml), created when
+        missing and `create`; None when missing otherwise. Raises InputError naming `field_name`. In tx
+        when `create`."""
         name = normalize_text(name, field_name)[:300]
         canonical = self.rules.canonical(name)
         eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?", (persona, canonical))
@@ -2639,6 +2650,7 @@ class Briefing:
     memory_context within a token budget (second seed: token-budget context, session briefing)."""
 
     def _briefing_stale(self, persona: str | None) -> None:
+        """Mark the persona's stored briefing stale (rebuilt by refresh_stale_briefings). In tx."""
         self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
 
     def build_briefing(self, persona_id=None) -> dict:
@@ -2747,8 +2759,8 @@ class Forgetting:
         return due
 
     def _decay_day(self, day: dt.date) -> None:
-        """One day of importance decay (sql/decay.sql) inside the caller's transaction, at that
-        day's decay time; records meta('decay_last_run') in the same transaction."""
+        """One day of importance decay (sql/decay.sql) at that
+        day's decay time; records meta('decay_last_run') in the same transaction. In tx."""
         f = self.cfg.forgetting
         at = dt.datetime.combine(day, dt.time(f.decay_hour, f.decay_minute), self._tz())
         params = {"decay_rate": f.decay_rate, "access_multiplier": f.access_count_decay_multiplier,
@@ -2758,7 +2770,7 @@ class Forgetting:
         self._meta_set("decay_last_run", day.isoformat())
 
     def _lifecycle_sweep(self, ref: dt.datetime) -> None:
-        """One atom state-machine sweep at `ref` (sql/lifecycle.sql) inside the caller's transaction."""
+        """One atom state-machine sweep at `ref` (sql/lifecycle.sql). In tx."""
         f, at = self.cfg.forgetting, iso(ref)
         q, c = self.queries, self.conn
         c.execute(q["lifecycle_expire"], {"now": at})
@@ -3008,7 +3020,8 @@ class Maintenance:
         entries vs their FTS, orphans, unfinished or failed journal rows, embedding mismatch.
         Empty list means healthy."""
         problems = []
-        integrity = [r[0] for r in self.conn.execute("pragma integrity_check")]
+        with self.lock:
+            integrity = [r[0] for r in self.conn.execute("pragma integrity_check")]
         if integrity != ["ok"]:
             problems.append("integrity_check: " + "; ".join(integrity[:5]))
         for r in self.rows(self.queries["doctor_checks"]):
@@ -3288,11 +3301,29 @@ class Summarizer:
 
 class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting, Maintenance,
              Summarizer):
-    """The memory engine on one SQLite file: write pipeline, recall, maintenance.
+    """The memory engine on one SQLite file: the section classes above, composed. Open it with a
+    path (created and migrated when needed), optionally a Config and an Embedder; close() it.
 
-    Thread-safe: every use of the one APSW connection holds `self.lock`. Several processes may open
-    the same file; write transactions are BEGIN IMMEDIATE with a long busy timeout, so callers never
-    see "database is locked" under ordinary contention."""
+    Threads:
+    - callers: any thread (the MCP SDK runs each tool call in a worker thread; the CLI one thread);
+    - `aokun-touch`: one worker, started on the first recall, records access (Recall._touch);
+    - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
+      own query-only connection (Recall._reader_rows);
+    - the server's `aokun-background` thread (see _background) calls the public methods like a caller.
+
+    Locks:
+    - `self.lock` (re-entrant) guards `self.conn`, the one read-write APSW connection (not safe
+      across threads), and what changes with it: `epoch`, the recall cache, the touch worker.
+      rows()/value()/tx() take it. A method documented "In tx" uses `self.conn` directly and must be
+      called inside the caller's `with self.tx():` (which holds the lock), so its writes commit or
+      roll back with the rest of the write.
+    - `self._readers_lock` guards the list of reader connections and the channel pool. Channel
+      workers take it, never `self.lock`: the caller waiting for them may hold `self.lock`.
+    - Segmenter, LocalEmbedder and CachedEmbedder have their own locks (lazy model load, LRU cache).
+
+    Processes: several may open the same file. Write transactions are BEGIN IMMEDIATE with a long
+    busy timeout, so callers never see "database is locked" under ordinary contention; the journal
+    records which process (OWNER) runs each write."""
 
     def __init__(self, path: Path | str, cfg: Config | None = None, embedder: Embedder | None = None,
                  recover: bool = True):
