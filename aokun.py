@@ -5,9 +5,23 @@ Three layers of memory (documents, memory atoms, a knowledge graph) written by o
 pipeline; recall fuses BM25, vector KNN and graph channels with RRF, weighting and MMR.
 See README.md for the quick start and ../shared/DESIGN.md for the architecture.
 
-Sections (in dependency order): imports and constants · errors · clock · config · connection and
-schema · named queries · text · embeddings · atoms and graph rules · write path and journal ·
-retrieval · forgetting and lifecycle · MCP server · CLI · main.
+Sections, in dependency order (each under a `# Title ####` banner; grep for it):
+  imports and constants · errors · clock · config · connection and schema · named queries ·
+  text · embeddings · atoms and graph rules · write validation ·
+  the engine, one class per section, composed into `Memory` at the end:
+    Store (connection, transactions, reading) · Vectors (embedding, session context, binary KNN
+    index) · Layers (a memory's FTS row, atoms, graph) · Journal (memorize, edit, delete,
+    recovery) · KnowledgeGraph (temporal triples) · Ranking (pure functions, no database) ·
+    Recall · Briefing (context within a token budget) · Forgetting (decay, atom lifecycle,
+    consolidation) · Maintenance (health, rebuild, backups) · Summarizer (the only LLM use) ·
+  MCP server · CLI · main.
+`import aokun` loads neither the MCP SDK nor pydantic, starlette or uvicorn: only `serve` does.
+
+Where SQL lives: sql/*.sql holds every read a person could want to run or tune in the sqlite3
+shell (the recall channels, and any read with a join, an FTS5 MATCH, a KNN, a range or inequality
+filter, an aggregate across tables, a UNION or an ORDER BY/LIMIT over a list), as `-- name: x`
+blocks with named parameters. Inline here: single-statement writes, lookups of one row or value by
+key equality, count/existence checks and pragmas. Schema changes are schema/NNNN_*.sql migrations.
 """
 
 __version__ = "0.1.0"
@@ -2230,8 +2244,8 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
                    + w.graph_recency * recency + w.graph_confidence * (confidence or 0.0))
     return dict(ranks=ranks, doc_relevance=rel_doc, graph_relevance=rel_graph, importance=d["importance"],
                 recency=recency, frequency=frequency, doc_route=doc_score,
-                # × the atoms' temporal factor after scaling (see scale_routes), floor: stale graph
-                # evidence keeps that share instead of being stretched back to 1
+                # × the atoms' temporal factor, before scale_routes divides by the best graph route;
+                # the floor: graph evidence whose atoms all expired keeps that share of its weight
                 graph_route=graph_score * (w.temporal_floor + (1 - w.temporal_floor) * factor),
                 source_boost=source_boost, pin_similarity=pin, temporal_factor=factor, confidence=confidence,
                 in_doc=any(c in ranks for c in w.doc_channels), in_graph=any(c in ranks for c in w.graph_channels))

@@ -1,0 +1,399 @@
+"""The pure ranking functions (the "Ranking" section of aokun.py, README "How recall ranks") fed
+plain dicts, no database: every expected number is worked out by hand in the test from the
+default [recall] settings (bm25 1.0, vector 1.0, graph kw 0.5, graph vec 0.3; α .5 β .25 γ .25
+δ .10; graph .55/.20/.15/.10; floor .5; routes .65/.35; bonus .08; neighbour .3; λ .7; 30 days)."""
+
+import datetime as dt
+import math
+
+import pytest
+
+import aokun
+from aokun import (
+    Weights,
+    candidate_score,
+    channel_evidence,
+    explain_parts,
+    fuse_scores,
+    mmr_pool,
+    normalized_scores,
+    recall_hit,
+    route_relevance,
+    rrf,
+    scale_routes,
+    select_hits,
+    ttl_factor,
+)
+
+ALL = ("bm25", "vector", "graph_keyword", "graph_vector")
+REF = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
+LN11 = math.log(11)
+
+
+def ago(days: float) -> str:
+    """The stored ISO text of REF minus `days`."""
+    return aokun.iso(REF - dt.timedelta(days=days))
+
+
+def recall_cfg(**overrides):
+    return aokun.Config(None, overrides={("recall", k): v for k, v in overrides.items()}).recall
+
+
+def weights(channels=ALL, spec=None, **overrides) -> Weights:
+    return Weights.of(recall_cfg(**overrides), spec or {}, channels)
+
+
+def row(i, rank, raw, confidence=None):
+    """One channel row, as the recall_* queries return it."""
+    return {"id": i, "rank": rank, "raw": raw, "confidence": confidence}
+
+
+def candidate(i, importance=0.5, created=0.0, accessed=None, count=0, factor=1.0):
+    """A sql recall_candidates row; `created`/`accessed` in days before REF."""
+    return {"id": i, "importance": importance, "created_at": ago(created),
+            "last_access_at": None if accessed is None else ago(accessed), "access_count": count,
+            "temporal_factor": factor}
+
+
+# rrf, normalized_scores, ttl_factor ##############################################################
+
+def test_rrf_is_weighted_and_normalised_to_its_maximum():
+    # two channels of weight 1, ranks 0 and 2, k = 60: (1/61 + 1/63) / (2/61)
+    assert rrf({"bm25": 0, "vector": 2}, ("bm25", "vector"), 60) == pytest.approx((1 / 61 + 1 / 63) / (2 / 61))
+    # rank 0 everywhere is the maximum, 1.0; a channel that did not find it contributes nothing
+    assert rrf({"bm25": 0, "vector": 0}, ("bm25", "vector"), 60) == pytest.approx(1.0)
+    assert rrf({"bm25": 0}, ("bm25", "vector"), 60) == pytest.approx(0.5)
+    # weighted: graph kw 0.5 at rank 0, graph vec 0.3 at rank 1 → (0.5/61 + 0.3/62) / (0.8/61)
+    w = {"graph_keyword": 0.5, "graph_vector": 0.3}
+    assert rrf({"graph_keyword": 0, "graph_vector": 1}, ("graph_keyword", "graph_vector"), 60, w) \
+        == pytest.approx((0.5 / 61 + 0.3 / 62) / (0.8 / 61))
+    assert rrf({}, (), 60) == 0.0
+
+
+def test_normalized_scores_keyword_divides_by_max_knn_is_min_max():
+    # bm25 raw is bm25() (more negative = better): −4, −2, 0 → 4/4, 2/4, 0/4
+    assert normalized_scores("bm25", [row(1, 0, -4.0), row(2, 1, -2.0), row(3, 2, 0.0)]) \
+        == pytest.approx({1: 1.0, 2: 0.5, 3: 0.0})
+    # graph keyword raw is a positive aggregate: 3, 1.5 → 1, 0.5
+    assert normalized_scores("graph_keyword", [row(1, 0, 3.0), row(2, 1, 1.5)]) == pytest.approx({1: 1.0, 2: 0.5})
+    # KNN raw is a cosine distance: similarities 0.8, 0.5, 0.4 → min-max (s − 0.4) / 0.4
+    assert normalized_scores("vector", [row(1, 0, 0.2), row(2, 1, 0.5), row(3, 2, 0.6)]) \
+        == pytest.approx({1: 1.0, 2: 0.25, 3: 0.0})
+    assert normalized_scores("graph_vector", [row(7, 0, 0.3)]) == {7: 1.0}  # one neighbour: 1, not 0/0
+    assert normalized_scores("bm25", []) == {}
+
+
+def test_ttl_factor_exponential_step_expired_and_historical():
+    atom = {"last_reinforced_at": ago(10), "expires_at": aokun.iso(REF + dt.timedelta(days=20)),
+            "state": "active", "created_at": ago(10), "state_changed_at": None}
+    # ttl = expires − reinforced = 30 days, age 10 days → exp(−10/30)
+    assert ttl_factor(atom, "exponential", REF) == pytest.approx(math.exp(-1 / 3))
+    assert ttl_factor(atom, "step", REF) == 1.0
+    assert ttl_factor(atom, "exponential", REF + dt.timedelta(days=20)) == 0.0  # at expires_at: gone
+    assert ttl_factor(atom | {"state": "forgotten"}, "exponential", REF) == 0.0
+    # historical (as_of): superseded 5 days ago counts before that, not after; not before it existed
+    sup = atom | {"state": "superseded", "state_changed_at": ago(5)}
+    assert ttl_factor(sup, "step", REF - dt.timedelta(days=6), historical=True) == 1.0
+    assert ttl_factor(sup, "step", REF, historical=True) == 0.0
+    assert ttl_factor(sup, "step", REF - dt.timedelta(days=11), historical=True) == 0.0
+
+
+# Weights.of ######################################################################################
+
+def test_weights_of_defaults():
+    w = weights()
+    assert (w.doc_channels, w.graph_channels) == (("bm25", "vector"), ("graph_keyword", "graph_vector"))
+    assert w.channel == {"bm25": 1.0, "vector": 1.0, "graph_keyword": 0.5, "graph_vector": 0.3}
+    assert (w.doc_route, w.graph_route) == (0.65, 0.35)
+    assert (w.alpha, w.beta, w.gamma, w.delta) == (0.5, 0.25, 0.25, 0.10)
+    assert (w.graph_relevance, w.graph_importance, w.graph_recency, w.graph_confidence) == (0.55, 0.20, 0.15, 0.10)
+    assert (w.fusion, w.rrf_k, w.temporal_floor, w.cross_route_bonus, w.neighbour, w.mmr_lambda) \
+        == ("score", 60, 0.5, 0.08, 0.3, 0.7)
+
+
+def test_weights_of_intent_spec_overrides_route_weights_and_adds_recency_boost():
+    w = weights(spec={"doc_weight": 0.70, "graph_weight": 0.30, "recency_boost": 0.10})
+    assert (w.doc_route, w.graph_route) == (0.70, 0.30)
+    assert w.gamma == pytest.approx(0.25 + 0.10)
+
+
+@pytest.mark.parametrize("channels, routes", [
+    (("bm25",), (1.0, 0.0)),
+    (("bm25", "vector"), (1.0, 0.0)),
+    (("graph_vector",), (0.0, 1.0)),
+    (("graph_keyword", "graph_vector"), (0.0, 1.0)),
+])
+def test_weights_of_route_without_channels_gets_zero(channels, routes):
+    w = weights(channels, spec={"doc_weight": 0.45, "graph_weight": 0.55})  # the spec cannot revive a dead route
+    assert (w.doc_route, w.graph_route) == routes
+    assert w.doc_channels + w.graph_channels == channels
+
+
+# channel_evidence and route_relevance ###########################################################
+
+def test_channel_evidence_ranks_scores_and_best_graph_confidence():
+    ranked = {"bm25": [row(1, 0, -2.0, confidence=1.0), row(2, 1, -1.0, confidence=1.0)],
+              "graph_keyword": [row(2, 0, 4.0, confidence=0.9), row(3, 1, 2.0, confidence=None)],
+              "graph_vector": [row(2, 0, 0.1, confidence=0.6), row(1, 1, 0.4, confidence=0.3)]}
+    ranks, scores, confidence = channel_evidence(ranked, ("graph_keyword", "graph_vector"))
+    assert ranks == {1: {"bm25": 0, "graph_vector": 1}, 2: {"bm25": 1, "graph_keyword": 0, "graph_vector": 0},
+                     3: {"graph_keyword": 1}}
+    assert scores["bm25"] == pytest.approx({1: 1.0, 2: 0.5})
+    assert scores["graph_keyword"] == pytest.approx({2: 1.0, 3: 0.5})
+    assert scores["graph_vector"] == pytest.approx({2: 1.0, 1: 0.0})
+    # 2: max(0.9, then 0.6); 1: only its graph row counts (its bm25 "confidence" 1.0 is not graph evidence);
+    # 3: None → 0
+    assert confidence == pytest.approx({1: 0.3, 2: 0.9, 3: 0.0})
+
+
+def test_route_relevance_score_fusion_is_weighted_mean_of_normalised_scores():
+    w = weights()
+    scores = {"bm25": {1: 1.0, 2: 0.5}, "vector": {1: 0.25}, "graph_keyword": {1: 1.0}, "graph_vector": {1: 0.5}}
+    # doc route, weights 1 and 1: id 1 (1.0 + 0.25)/2; id 2 (0.5 + nothing)/2 — a missing channel counts as 0
+    assert route_relevance(1, {}, scores, w.doc_channels, w) == pytest.approx((1.0 + 0.25) / 2)
+    assert route_relevance(2, {}, scores, w.doc_channels, w) == pytest.approx(0.5 / 2)
+    # graph route, weights 0.5 and 0.3: (0.5·1.0 + 0.3·0.5) / 0.8
+    assert route_relevance(1, {}, scores, w.graph_channels, w) == pytest.approx((0.5 * 1.0 + 0.3 * 0.5) / 0.8)
+    assert route_relevance(1, {}, scores, (), w) == 0.0
+
+
+def test_route_relevance_rrf_fusion_uses_ranks():
+    w = weights(fusion="rrf")
+    assert w.fusion == "rrf"
+    ranks = {"bm25": 0, "vector": 1, "graph_keyword": 2}
+    scores = {"bm25": {1: 0.1}, "vector": {1: 0.1}}  # ignored under rrf
+    assert route_relevance(1, ranks, scores, w.doc_channels, w) == pytest.approx((1 / 61 + 1 / 62) / (2 / 61))
+    # graph kw (0.5) at rank 2, graph vec absent: (0.5/63) / (0.8/61)
+    assert route_relevance(1, ranks, scores, w.graph_channels, w) == pytest.approx((0.5 / 63) / (0.8 / 61))
+
+
+# candidate_score ################################################################################
+
+def test_candidate_score_doc_route_and_graph_route_with_temporal_floor():
+    w = weights()
+    d = candidate(1, importance=0.6, created=40, accessed=10, count=4, factor=0.5)
+    ranks = {"bm25": 0, "graph_keyword": 0}
+    scores = {"bm25": {1: 1.0}, "vector": {}, "graph_keyword": {1: 0.8}, "graph_vector": {}}
+    p = candidate_score(d, ranks, scores, 0.9, w, REF, False, 1.1, None)
+
+    recency = math.exp(-10 / 30)  # from the last access (10 d), newer than created_at (40 d)
+    frequency = math.log1p(4 * math.exp(-10 / 30)) / LN11
+    rel_doc = (1.0 * 1.0 + 1.0 * 0.0) / 2.0  # vector did not find it
+    rel_graph = (0.5 * 0.8 + 0.3 * 0.0) / 0.8
+    assert p["recency"] == pytest.approx(recency)
+    assert p["frequency"] == pytest.approx(frequency)
+    assert (p["doc_relevance"], p["graph_relevance"]) == pytest.approx((0.5, 0.5))
+    assert p["doc_route"] == pytest.approx(0.5 * rel_doc + 0.25 * 0.6 + 0.25 * recency + 0.10 * frequency)
+    # graph route × (floor + (1 − floor)·factor) = × (0.5 + 0.5·0.5)
+    assert p["graph_route"] == pytest.approx(
+        (0.55 * rel_graph + 0.20 * 0.6 + 0.15 * recency + 0.10 * 0.9) * (0.5 + 0.5 * 0.5))
+    assert p["in_doc"] and p["in_graph"]
+    assert (p["source_boost"], p["pin_similarity"], p["temporal_factor"], p["confidence"]) == (1.1, None, 0.5, 0.9)
+    assert p["ranks"] is ranks
+
+
+def test_candidate_score_historical_uses_created_at_and_no_frequency():
+    w = weights(spec={"recency_boost": 0.10})  # γ = 0.25 + 0.10, so γ ≠ β here
+    d = candidate(1, importance=0.6, created=40, accessed=10, count=4, factor=1.0)
+    scores = {"bm25": {1: 1.0}}
+    p = candidate_score(d, {"bm25": 0}, scores, None, w, REF, True, 1.0, None)
+    assert p["recency"] == pytest.approx(math.exp(-40 / 30))  # the access (after as_of) is ignored
+    assert p["frequency"] == 0.0
+    assert p["doc_route"] == pytest.approx(0.5 * 0.5 + 0.25 * 0.6 + 0.35 * math.exp(-40 / 30))
+    # no confidence, factor 1: graph route is importance + recency only, multiplier 0.5 + 0.5 = 1
+    assert p["graph_route"] == pytest.approx(0.20 * 0.6 + 0.15 * math.exp(-40 / 30))
+    assert p["in_doc"] and not p["in_graph"]
+
+
+def test_candidate_score_frequency_zero_when_never_accessed_and_capped_at_one():
+    w = weights()
+    never = candidate_score(candidate(1, created=15), {}, {}, None, w, REF, False, 1.0, None)
+    assert never["frequency"] == 0.0
+    assert never["recency"] == pytest.approx(math.exp(-15 / 30))
+    assert not never["in_doc"] and not never["in_graph"]
+    # 50 accesses today: ln(1 + 50)/ln(11) ≈ 1.64 → capped at 1
+    busy = candidate_score(candidate(1, created=15, accessed=0, count=50), {}, {}, None, w, REF, False, 1.0, None)
+    assert busy["frequency"] == 1.0
+    # 2 accesses, the last 30 days ago: ln(1 + 2·e^−1)/ln(11)
+    old = candidate_score(candidate(1, created=60, accessed=30, count=2), {}, {}, None, w, REF, False, 1.0, None)
+    assert old["frequency"] == pytest.approx(math.log1p(2 * math.exp(-1)) / LN11)
+    assert old["recency"] == pytest.approx(math.exp(-1))
+
+
+def test_candidate_score_ignores_temporal_factor_without_graph_channels():
+    w = weights(("bm25", "vector"))
+    p = candidate_score(candidate(1, importance=0.4, factor=0.0), {"bm25": 0}, {"bm25": {1: 1.0}}, None, w,
+                        REF, False, 1.0, None)
+    assert p["temporal_factor"] == 1.0
+    assert p["graph_route"] == pytest.approx(0.20 * 0.4 + 0.15 * 1.0)  # × (0.5 + 0.5·1) = × 1
+
+
+# scale_routes and fuse_scores ###################################################################
+
+def test_scale_routes_divides_by_maxima_and_adds_bonus_only_for_both_routes():
+    w = weights()
+    parts = {1: {"doc_route": 0.8, "graph_route": 0.0, "in_doc": True, "in_graph": False},
+             2: {"doc_route": 0.4, "graph_route": 0.6, "in_doc": True, "in_graph": True},
+             3: {"doc_route": 0.2, "graph_route": 0.3, "in_doc": False, "in_graph": True}}
+    scale_routes(parts, w)
+    assert parts[1]["routes"] == pytest.approx(0.65 * 0.8 / 0.8 + 0.35 * 0.0 / 0.6)
+    assert parts[2]["routes"] == pytest.approx(0.65 * 0.4 / 0.8 + 0.35 * 0.6 / 0.6 + 0.08)
+    assert parts[3]["routes"] == pytest.approx(0.65 * 0.2 / 0.8 + 0.35 * 0.3 / 0.6)
+    assert [parts[i]["cross_route_bonus"] for i in (1, 2, 3)] == [0.0, 0.08, 0.0]
+
+
+def test_scale_routes_with_an_empty_route_does_not_divide_by_zero():
+    w = weights(("bm25",))  # routes 1.0 / 0.0
+    parts = {1: {"doc_route": 0.5, "graph_route": 0.0, "in_doc": True, "in_graph": False},
+             2: {"doc_route": 0.25, "graph_route": 0.0, "in_doc": True, "in_graph": False}}
+    scale_routes(parts, w)
+    assert (parts[1]["routes"], parts[2]["routes"]) == pytest.approx((1.0, 0.5))
+
+
+def test_stale_graph_evidence_keeps_the_floor_share_of_a_fresh_one():
+    """The atoms' temporal factor multiplies the graph route before scale_routes divides by the best
+    graph route: a memory whose atoms all expired keeps temporal_floor (0.5) of the graph share a
+    fresh memory with the same evidence gets."""
+    w = weights()
+    fresh = candidate_score(candidate(1, importance=0.5, factor=1.0), {"graph_keyword": 0},
+                            {"graph_keyword": {1: 1.0, 2: 1.0}}, 1.0, w, REF, False, 1.0, None)
+    stale = candidate_score(candidate(2, importance=0.5, factor=0.0), {"graph_keyword": 0},
+                            {"graph_keyword": {1: 1.0, 2: 1.0}}, 1.0, w, REF, False, 1.0, None)
+    parts = {1: fresh, 2: stale}
+    scale_routes(parts, w)
+    graph_share = {i: p["routes"] - 0.65 * p["doc_route"] / max(fresh["doc_route"], stale["doc_route"])
+                   for i, p in parts.items()}
+    assert graph_share[1] == pytest.approx(0.35)
+    assert graph_share[2] == pytest.approx(0.35 * 0.5)
+
+
+def test_fuse_scores_neighbour_term_source_boost_and_order():
+    w = weights()
+    parts = {1: {"routes": 0.9, "source_boost": 1.0}, 2: {"routes": 0.5, "source_boost": 1.1},
+             3: {"routes": 0.2, "source_boost": 0.9}, 4: {"routes": 0.5, "source_boost": 1.0}}
+    neighbours = {1: {2}, 2: {1, 3, 99}, 3: {2}}  # 99 is no candidate: ignored
+    order = fuse_scores(parts, neighbours, w)
+    assert parts[1]["neighbour"] == pytest.approx(0.3 * 0.5)
+    assert parts[1]["fused"] == pytest.approx((0.9 + 0.15) * 1.0)  # 1.05
+    assert parts[2]["fused"] == pytest.approx((0.5 + 0.3 * max(0.9, 0.2)) * 1.1)  # 0.847
+    assert parts[3]["fused"] == pytest.approx((0.2 + 0.3 * 0.5) * 0.9)  # 0.315
+    assert parts[4]["neighbour"] == 0.0 and parts[4]["fused"] == pytest.approx(0.5)
+    assert order == [1, 2, 4, 3]
+
+
+def test_fuse_scores_ties_go_to_the_lower_id():
+    parts = {5: {"routes": 0.5, "source_boost": 1.0}, 2: {"routes": 0.5, "source_boost": 1.0},
+             9: {"routes": 0.7, "source_boost": 1.0}}
+    assert fuse_scores(parts, {}, weights()) == [9, 2, 5]
+
+
+# mmr_pool and select_hits #######################################################################
+
+def fused(**by_id):
+    return {int(k[1:]): {"fused": v} for k, v in by_id.items()}
+
+
+def test_mmr_pool_is_the_best_plus_matched_pins():
+    parts = {i: {} for i in (1, 3, 4, 5, 7)}
+    # 3 is in the pool already, 8 was not scored (deleted or filtered out): neither added
+    assert mmr_pool([5, 3, 1, 4], parts, {7: 0.5, 3: 0.6, 8: 0.9}, 2) == [5, 3, 7]
+
+
+def test_select_hits_mmr_prefers_a_distinct_hit_over_a_near_duplicate():
+    parts = fused(i1=1.0, i2=0.95, i3=0.8)
+    tokens = {1: {"a", "b", "c", "d"}, 2: {"a", "b", "c", "d"}, 3: {"x", "y"}}
+    # pick 1 (0.7·1.0); then 2: 0.7·0.95 − 0.3·Jaccard 1.0 = 0.365 < 3: 0.7·0.8 − 0 = 0.56
+    assert select_hits([1, 2, 3], parts, tokens, {}, 2, 0.7) == [(1, pytest.approx(0.7)), (3, pytest.approx(0.56))]
+    # λ = 1 is pure relevance: the duplicate comes second
+    assert [i for i, _ in select_hits([1, 2, 3], parts, tokens, {}, 2, 1.0)] == [1, 2]
+
+
+def test_select_hits_pins_replace_the_weakest_unpinned_hits_when_k_is_full():
+    parts = fused(i1=0.9, i2=0.8, i3=0.7, i7=0.1, i9=0.05)
+    tokens = {1: {"a"}, 2: {"b"}, 3: {"c"}, 7: {"g"}, 9: {"h"}}
+    # MMR picks 1, 2, 3; pins go in best similarity first: 9 (0.8) replaces 3, then 7 (0.45) replaces 2
+    hits = select_hits([1, 2, 3], parts, tokens, {7: 0.45, 9: 0.8}, 3, 0.7)
+    assert [i for i, _ in hits] == [1, 7, 9]
+    assert hits[1][1] is None and hits[2][1] is None
+    # a pin MMR picked itself stays, and is never replaced by another pin
+    hits = select_hits([1, 2], parts, tokens, {1: 0.9, 9: 0.5}, 2, 0.7)
+    assert [(i, s is None) for i, s in hits] == [(1, False), (9, True)]
+    assert [i for i, _ in select_hits([1], parts, tokens, {1: 0.9, 9: 0.5}, 1, 0.7)] == [1]
+
+
+def test_select_hits_appends_pins_when_there_is_room_and_never_returns_deleted_ids():
+    parts = fused(i1=0.9, i2=0.8, i3=0.7, i8=0.1, i9=0.1)
+    tokens = {1: {"a"}, 3: {"c"}, 9: {"h"}}  # 2 and 8 were deleted meanwhile: no document
+    hits = select_hits([1, 2, 3], parts, tokens, {8: 0.9, 9: 0.5}, 5, 0.7)
+    assert [i for i, _ in hits] == [1, 3, 9]
+    assert hits[0][1] == pytest.approx(0.7 * 0.9) and hits[2][1] is None
+
+
+# recall_hit and explain_parts ###################################################################
+
+def test_recall_hit_from_document_row_and_parts():
+    d = {"id": 4, "content": "text", "summary": "s", "importance": 0.5, "created_at": ago(1), "session_id": "s1",
+         "persona_id": "p", "participants": '["Ann"]', "topics": '["tea"]', "source": "chat", "pinned": 1,
+         "archived": 0, "segmented": "text"}
+    hit = recall_hit(d, {"fused": 0.12345678, "ranks": {"vector": 1, "bm25": 0}})
+    assert hit == {"id": 4, "score": 0.123457, "text": "text", "summary": "s", "importance": 0.5,
+                   "created_at": ago(1), "session_id": "s1", "persona_id": "p", "participants": ["Ann"],
+                   "topics": ["tea"], "source": "chat", "pinned": True, "archived": False,
+                   "channels": ["bm25", "vector"]}
+
+
+def test_explain_parts_keys_values_and_route_weights():
+    w = weights(spec={"doc_weight": 0.70, "graph_weight": 0.30})
+    ranks, scores, confidence = channel_evidence({"bm25": [row(1, 0, -2.0)],
+                                                  "graph_keyword": [row(1, 3, 1.0, confidence=0.7)]},
+                                                 w.graph_channels)
+    parts = {1: candidate_score(candidate(1), ranks[1], scores, confidence[1], w, REF, False, 1.0, 0.42)}
+    scale_routes(parts, w)
+    fuse_scores(parts, {}, w)
+    e = explain_parts(1, parts[1], scores, ALL, w, "factual", 0.61)
+    assert list(e) == ["ranks", "scores", "fusion", "doc_rrf", "graph_rrf", "doc_relevance", "graph_relevance",
+                       "neighbour", "importance", "recency", "confidence", "temporal_factor", "frequency",
+                       "source_boost", "pin_similarity", "doc_route", "graph_route", "route_weights",
+                       "cross_route_bonus", "intent", "fused", "mmr"]
+    assert e["ranks"] == {"bm25": 0, "vector": None, "graph_keyword": 3, "graph_vector": None}
+    assert e["scores"] == {"bm25": 1.0, "graph_keyword": 1.0}
+    assert e["route_weights"] == [0.70, 0.30]
+    assert e["doc_rrf"] == pytest.approx((1 / 61) / (2 / 61))
+    assert e["graph_rrf"] == pytest.approx((0.5 / 64) / (0.8 / 61))
+    # one candidate, found by both routes: 0.7·1 + 0.3·1 + 0.08
+    assert e["fused"] == pytest.approx(0.70 + 0.30 + 0.08) and e["cross_route_bonus"] == 0.08
+    assert (e["fusion"], e["intent"], e["mmr"], e["pin_similarity"], e["confidence"]) \
+        == ("score", "factual", 0.61, 0.42, 0.7)
+
+
+# the whole chain, as Recall._fuse runs it #######################################################
+
+def test_chain_two_channels_to_hits():
+    chosen = ("bm25", "vector")
+    w = Weights.of(recall_cfg(), {}, chosen)  # no graph channel: routes 1.0 / 0.0
+    ranked = {"bm25": [row(1, 0, -6.0), row(2, 1, -4.5)],  # → 1: 1.0, 2: 0.75
+              "vector": [row(3, 0, 0.1), row(2, 1, 0.3), row(1, 2, 0.5)]}  # sims .9 .7 .5 → 3: 1, 2: .5, 1: 0
+    ranks, scores, confidence = channel_evidence(ranked, w.graph_channels)
+    rows = {1: candidate(1, importance=0.5), 2: candidate(2, importance=0.5), 3: candidate(3, importance=0.9)}
+    boost = {1: 1.0, 2: 0.9, 3: 1.0}  # 2 is an import
+    parts = {i: candidate_score(d, ranks.setdefault(i, {}), scores, confidence.get(i), w, REF, False, boost[i], None)
+             for i, d in rows.items()}
+    scale_routes(parts, w)
+    order = fuse_scores(parts, {}, w)
+
+    # relevance = mean of the two normalised scores; created now, never accessed: recency 1, frequency 0
+    doc = {1: 0.5 * (1.0 + 0.0) / 2 + 0.25 * 0.5 + 0.25,  # 0.625
+           2: 0.5 * (0.75 + 0.5) / 2 + 0.25 * 0.5 + 0.25,  # 0.6875
+           3: 0.5 * (0.0 + 1.0) / 2 + 0.25 * 0.9 + 0.25}  # 0.725
+    for i in rows:
+        assert parts[i]["doc_route"] == pytest.approx(doc[i])
+        assert parts[i]["fused"] == pytest.approx(doc[i] / 0.725 * boost[i])  # 1: 0.862, 2: 0.853, 3: 1.0
+    assert order == [3, 1, 2]  # without the import discount 2 (0.948) would beat 1
+
+    pool = mmr_pool(order, parts, {}, max(3 * 2, aokun.MMR_POOL_MIN))
+    tokens = {1: {"tea", "garden"}, 2: {"coffee"}, 3: {"tea", "cup"}}
+    hits = select_hits(order, parts, tokens, {}, 2, w.mmr_lambda)
+    assert pool == [3, 1, 2]
+    # 3 first; then 1: 0.7·0.862 − 0.3·Jaccard(1,3)=1/3 → 0.503 vs 2: 0.7·0.853 − 0 = 0.597: 2 wins
+    assert [i for i, _ in hits] == [3, 2]
+    assert hits[1][1] == pytest.approx(0.7 * 0.6875 / 0.725 * 0.9)
