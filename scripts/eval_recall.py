@@ -175,7 +175,8 @@ def load_madial(data_dir: Path) -> Dataset:
             continue
         ds.questions.append(Question(f"dialogue {d['id']}", persona, query, gold))
     ds.notes.append(f"{len(ds.items)} memories ({unparseable} with an unparseable time, stored without a "
-                    f"timestamp), {len(ds.questions)} dialogues ({skipped} skipped, {missing} gold ids not in the pool)")
+                    f"timestamp), {len(ds.questions)} dialogues ({skipped} skipped, "
+                    f"{missing} gold ids not in the pool)")
     return ds
 
 
@@ -239,7 +240,8 @@ class MCPSUT:
                        "[server]\nexposed_tools = memorize, recall\nlog_level = WARNING\n[backup]\ndaily = false\n"
                        % (provider, "true" if touch else "false"), encoding="utf-8")
         params = StdioServerParameters(command=sys.executable, cwd=str(REPO),
-                                       args=[str(REPO / "aokun.py"), "--db", str(db_path), "--config", str(ini), "serve"])
+                                       args=[str(REPO / "aokun.py"), "--db", str(db_path), "--config", str(ini),
+                                             "serve"])
         self._portal_cm = start_blocking_portal()
         self._portal = self._portal_cm.__enter__()
         self._client_cm = self._portal.wrap_async_context_manager(Client(params))
@@ -282,7 +284,7 @@ def ingest(sut, ds: Dataset) -> tuple[dict, dict]:
     for i in range(0, len(ds.items), BATCH):
         chunk = ds.items[i:i + BATCH]
         results = sut.memorize_many([(content, meta) for _, _, content, meta in chunk])
-        for (_, key, _, _), r in zip(chunk, results):
+        for (_, key, _, _), r in zip(chunk, results, strict=True):
             id_map.setdefault(r["id"], set()).add(key)
             new += not r.get("deduplicated")
         done = min(i + BATCH, len(ds.items))
@@ -353,7 +355,10 @@ def mean_recall(rows: list[dict], ks) -> dict:
 def table(headers: list[str], rows: list[list]) -> str:
     cells = [[str(c) for c in headers]] + [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
     return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
 
 
@@ -422,14 +427,16 @@ def summary_json(ds: Dataset, ingest_info: dict, results: dict) -> dict:
 @click.option("--limit-questions", type=int, default=None, help="Evaluate only the first N questions per dataset.")
 @click.option("--provider", type=click.Choice(["local", "none"]), default="local", show_default=True,
               help="Embedding provider for the engine (none disables the vector channels).")
-@click.option("--now", "now_iso", default=None, help="Fix the engine's clock (sets AOKUN_NOW), e.g. 2023-11-01T00:00:00Z.")
+@click.option("--now", "now_iso", default=None,
+              help="Fix the engine's clock (sets AOKUN_NOW), e.g. 2023-11-01T00:00:00Z.")
 @click.option("--touch/--no-touch", default=False, show_default=True,
               help="Let recall record access (raises recency of retrieved memories; makes results order-dependent).")
 @click.option("--misses", type=int, default=0, help="Print N hybrid questions with nothing found in the top 10.")
 @click.option("--categories", default="1,2,3,4", show_default=True,
               help="LoCoMo question categories (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial).")
 @click.option("--config", "config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="An aokun.ini whose [recall] etc. settings the engine uses (to compare settings; not with --via-mcp).")
+              help="An aokun.ini whose [recall] etc. settings the engine uses "
+                   "(to compare settings; not with --via-mcp).")
 @click.option("--json", "as_json", is_flag=True, help="Also print a machine-readable summary at the end.")
 @click.option("--via-mcp", is_flag=True,
               help="Go through a real stdio MCP session (memorize every turn, recall every question); hybrid only.")
@@ -489,8 +496,9 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
         if tmp is not None:
             tmp.cleanup()
     if as_json:
-        print(json.dumps({"system": MCPSUT.name if via_mcp else EngineSUT.name, "provider": provider, "now": now_iso, "touch": touch,
-                          "datasets": summaries}, ensure_ascii=False, indent=2, default=str))
+        print(json.dumps({"system": MCPSUT.name if via_mcp else EngineSUT.name, "provider": provider,
+                          "now": now_iso, "touch": touch, "datasets": summaries},
+                         ensure_ascii=False, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# fakes first: importing it puts the repository folder on sys.path, which `import aokun` needs
+# when pytest is started as `pytest` rather than `python -m pytest`.
 from fakes import FakeEmbedder  # noqa: E402
 
+# isort: split
 import aokun  # noqa: E402
 
 

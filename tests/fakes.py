@@ -63,8 +63,9 @@ def open_memory(path, dim: int = 16, **kw) -> "aokun.Memory":
 # helpers shared by the test files --------------------------------------------------------------
 
 #: Every table a memory leaves rows in (the two vec0 tables included).
-ALL_TABLES = ("documents", "documents_fts", "doc_vec", "doc_vectors", "memory_atoms", "atom_sources", "memory_atoms_fts",
-              "graph_nodes", "graph_edges", "graph_entries", "graph_entries_fts", "graph_vec", "graph_vectors", "memory_write_ops")
+ALL_TABLES = ("documents", "documents_fts", "doc_vec", "doc_vectors", "memory_atoms", "atom_sources",
+              "memory_atoms_fts", "graph_nodes", "graph_edges", "graph_entries", "graph_entries_fts", "graph_vec",
+              "graph_vectors", "memory_write_ops")
 
 
 def count(mem, table: str, where: str = "", params=()) -> int:

@@ -7,9 +7,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from fakes import FakeEmbedder, count
-
 import aokun
+from fakes import FakeEmbedder, count
 
 TESTS = Path(__file__).resolve().parent
 N = 200
@@ -57,7 +56,7 @@ def test_two_processes_write_at_once(tmp_path):
         time.sleep(0.01)
     go.touch()
     outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
         assert "database is locked" not in err and "Traceback" not in err, err
     a, b = (json.loads(out) for out, _ in outs)

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 import aokun
-
-FACT_ENTRIES = "node_id in (select id from graph_nodes where node_type = 'fact')"
 from fakes import FakeEmbedder, count, fts_ids
 
+FACT_ENTRIES = "node_id in (select id from graph_nodes where node_type = 'fact')"
 TESTS = Path(__file__).resolve().parent
 STAGES = ("pending", "docs_done", "atoms_done", "graph_done")
 BACKGROUND = "Background: Alice met Bob at the Shanghai office"
@@ -115,8 +114,8 @@ def test_kill_at_stage_then_recover(tmp_path, op, stage, when):
         expected_atoms = mem._auto_facts(final)  # sentences with at least two search tokens
         assert sorted(a["content"] for a in d["atoms"]) == sorted(expected_atoms)
         assert count(mem, "memory_atoms_fts") == count(mem, "memory_atoms")
-        entries = mem.rows("select e.node_id, e.embedding_state, n.node_type from graph_entries e left join graph_nodes n "
-                           "on n.id = e.node_id where e.document_id = ?", (doc_id,))
+        entries = mem.rows("select e.node_id, e.embedding_state, n.node_type from graph_entries e "
+                           "left join graph_nodes n on n.id = e.node_id where e.document_id = ?", (doc_id,))
         # nodes Carol, roadmap and 2 facts; edges 2x2 describes + 1 fact chain + 1 subject pair
         assert count(mem, "graph_edges", "document_id = ?", (doc_id,)) == 6
         assert len(entries) == 4 + 6

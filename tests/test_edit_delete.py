@@ -52,14 +52,16 @@ def test_edit_replaces_fts_vector_atoms_and_graph(mem, fake_embedder):
     assert not np.allclose(doc_vector(mem, doc_id), fake_embedder.vector(OLD), atol=1e-3)
     # atoms: re-derived from the new sentences, the old ones deleted
     atoms = mem.rows(f"select id, content from memory_atoms where id in {_in(_atom_ids(mem, doc_id))} order by id")
-    assert [a["content"] for a in atoms] == ["Alice drinks espresso every morning now.", "She keeps a moka pot at her desk."]
+    assert [a["content"] for a in atoms] == ["Alice drinks espresso every morning now.",
+                                             "She keeps a moka pot at her desk."]
     assert count(mem, "memory_atoms", "content like '%oolong%' or content like '%tieguanyin%'") == 0
     assert count(mem, "memory_atoms") == 1 + 2 and count(mem, "memory_atoms_fts") == 1 + 2
     # graph: new entries, old ones (and their FTS rows and vectors) gone, orphaned topic node removed
     new_entries = mem.rows("select id, uid, text from graph_entries where document_id = ?", (doc_id,))
     assert {e["uid"] for e in new_entries}.isdisjoint(e["uid"] for e in old_entries)
     assert count(mem, "graph_entries_fts") == count(mem, "graph_entries")
-    assert count(mem, "graph_vec") == count(mem, "graph_entries", "node_id in (select id from graph_nodes where node_type = 'fact')")
+    assert count(mem, "graph_vec") == count(mem, "graph_entries",
+                                            "node_id in (select id from graph_nodes where node_type = 'fact')")
     for e in new_entries:  # every FTS row and vector belongs to the new text (row ids may be reused)
         seg = mem.value("select segmented from graph_entries_fts where rowid = ?", (e["id"],))
         assert seg == mem.seg.segmented(e["text"])
@@ -68,8 +70,8 @@ def test_edit_replaces_fts_vector_atoms_and_graph(mem, fake_embedder):
     topics = {r["canonical"] for r in mem.rows("select canonical from graph_nodes where node_type = 'topic'")}
     assert topics == {"tea", "coffee"}  # 'tea' still used by the other memory, 'oolong' orphaned and gone
     # journal: insert + edit, both done
-    assert [(j["op"], j["status"]) for j in mem.rows("select op, status from memory_write_ops where document_id = ? "
-                                                     "order by id", (doc_id,))] == [("insert", "done"), ("edit", "done")]
+    journal = mem.rows("select op, status from memory_write_ops where document_id = ? order by id", (doc_id,))
+    assert [(j["op"], j["status"]) for j in journal] == [("insert", "done"), ("edit", "done")]
     assert mem.doctor() == []
 
 
@@ -106,7 +108,8 @@ def test_edit_keeps_archived_state_in_every_index(mem):
     mem.edit(r["id"], "Hana archived memory, edited")
     assert mem.get(r["id"])["archived"] is True
     assert mem.value("select archived from doc_vec where doc_id = ?", (r["id"],)) == 1
-    assert {e["archived"] for e in mem.rows("select archived from graph_entries where document_id = ?", (r["id"],))} == {1}
+    assert {e["archived"]
+            for e in mem.rows("select archived from graph_entries where document_id = ?", (r["id"],))} == {1}
     assert {v["archived"] for v in mem.rows("select archived from graph_vec")} == {1}
 
 
@@ -192,8 +195,10 @@ def _flags(mem, doc_id):
         "pinned": mem.value("select pinned from documents where id = ?", (doc_id,)),
         "archived": mem.value("select archived from documents where id = ?", (doc_id,)),
         "doc_vec": mem.value("select archived from doc_vec where doc_id = ?", (doc_id,)),
-        "graph_entries": {r["archived"] for r in mem.rows(f"select archived from graph_entries where id in {_in(entries)}")},
-        "graph_vec": {r["archived"] for r in mem.rows(f"select archived from graph_vec where entry_id in {_in(entries)}")},
+        "graph_entries": {r["archived"]
+                          for r in mem.rows(f"select archived from graph_entries where id in {_in(entries)}")},
+        "graph_vec": {r["archived"]
+                      for r in mem.rows(f"select archived from graph_vec where entry_id in {_in(entries)}")},
     }
 
 
@@ -264,7 +269,8 @@ def test_delete_reinforcing_memory_decrements_and_keeps_atom(mem, delete_first):
     # the TTL the reinforcement added is taken back: base × (0.5 + importance) from the last reinforcement
     ttl = aokun.effective_ttl_days(after[0]["base_ttl_days"], after[0]["importance"], 0)
     assert after[0]["expires_at"] < atom[0]["expires_at"]
-    assert after[0]["expires_at"] == aokun.iso(aokun.parse_time(after[0]["last_reinforced_at"]) + dt.timedelta(days=ttl))
+    assert after[0]["expires_at"] == aokun.iso(aokun.parse_time(after[0]["last_reinforced_at"])
+                                               + dt.timedelta(days=ttl))
     assert after[0]["document_id"] == kept["id"]  # the first source moves to a living document
     assert after[0]["content"] == FACT1
     assert mem.rows("select document_id from atom_sources") == [{"document_id": kept["id"]}]
@@ -301,7 +307,8 @@ def test_edit_timestamp_moves_the_memory_and_its_context_follows(db_path, open_m
     import numpy as np
     mem = open_mem(db_path)
     a = mem.memorize("We planned the trip to Lisbon", {"session_id": "t", "timestamp": "2025-05-01T10:00:00Z"})["id"]
-    b = mem.memorize("Yes, last May we booked the hotel", {"session_id": "t", "timestamp": "2025-05-01T10:05:00Z"})["id"]
+    b = mem.memorize("Yes, last May we booked the hotel",
+                     {"session_id": "t", "timestamp": "2025-05-01T10:05:00Z"})["id"]
     mem.edit(b, metadata={"timestamp": "2025-04-01T09:00:00Z"})  # now before a: a's context is b
     assert mem.get(b)["created_at"] == "2025-04-01T09:00:00Z"
     assert mem.value("select created_at from memory_atoms where document_id = ?", (b,)) == "2025-04-01T09:00:00Z"

@@ -46,7 +46,8 @@ class FakeOpenAI:
                     status, headers = outer.script.pop(0)
                     return self._send(status, {"error": {"message": f"scripted {status}"}}, headers)
                 inputs = body["input"]
-                data = [{"object": "embedding", "index": i, "embedding": [float(x) * 3 for x in outer.vectors.vector(t)]}
+                data = [{"object": "embedding", "index": i,
+                         "embedding": [float(x) * 3 for x in outer.vectors.vector(t)]}
                         for i, t in enumerate(inputs)]
                 self._send(200, {"object": "list", "data": data[::-1], "model": body["model"],
                                  "usage": {"prompt_tokens": 1, "total_tokens": 1}})
@@ -303,7 +304,8 @@ def test_rebuild_vectors_probes_the_dimension(db_path, open_mem, server, segment
     try:
         assert mem.embedder.dim == 0 and not mem.has_table("doc_vec")
         out = mem.rebuild(vectors=True)
-        assert out["vectors"] == 1 + count(mem, "graph_entries", "node_id in (select id from graph_nodes where node_type = 'fact')")
+        assert out["vectors"] == 1 + count(mem, "graph_entries",
+                                           "node_id in (select id from graph_nodes where node_type = 'fact')")
         assert mem.embedder.dim == 8 and mem.meta_get("embedding_dim") == "8"
         assert count(mem, "documents", "embedding_state = 'done'") == 1
         assert mem.doctor() == []
@@ -406,7 +408,8 @@ def test_server_background_backfill_stops_when_the_server_stops(db_path, open_me
     worker = threading.Thread(target=aokun._background, args=(mem, stop), daemon=True)
     worker.start()
     deadline = time.monotonic() + 10
-    while mem.value("select count(*) from documents where embedding_state = 'done'") == 0 and time.monotonic() < deadline:
+    while (mem.value("select count(*) from documents where embedding_state = 'done'") == 0
+           and time.monotonic() < deadline):
         time.sleep(0.01)
     stop.set()
     started = time.monotonic()

@@ -188,7 +188,7 @@ def test_catching_up_five_missed_days_equals_five_daily_runs(make, clock, tmp_pa
     sql = "select content, importance, access_count from documents order by content"
     a, b = daily.rows(sql), late.rows(sql)
     assert [r["content"] for r in a] == [r["content"] for r in b]
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert y["importance"] == pytest.approx(x["importance"], abs=1e-12)
         assert y["access_count"] == pytest.approx(x["access_count"], abs=1e-12)
     assert a[0]["importance"] < 0.9  # something decayed

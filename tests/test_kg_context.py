@@ -456,7 +456,8 @@ def test_summarize_memory_through_an_openai_compatible_endpoint(make, clock, cha
     [req] = handler.requests
     assert req["path"] == "/v1/chat/completions" and req["auth"] == "Bearer sk-local-test"
     assert req["body"]["model"] == "test-chat"
-    assert req["body"]["messages"][1]["content"] == "user: 我下个月要搬去上海了\nassistant: 太好了!需要学粤语吗?"  # NFKC
+    assert req["body"]["messages"][1]["content"] == ("user: 我下个月要搬去上海了\n"
+                                                     "assistant: 太好了!需要学粤语吗?")  # NFKC
     assert out["summary"] == summary
     doc = m.get(out["memory"]["id"])
     nfkc = lambda t: unicodedata.normalize("NFKC", t)  # noqa: E731  (stored text is NFKC, "，" -> ",")

@@ -66,7 +66,7 @@ async def test_two_servers_and_the_cli_write_one_file(tmp_path):
     took = time.monotonic() - started
 
     texts = []
-    for name, rs in results.items():
+    for _name, rs in results.items():
         assert len(rs) == PER_SERVER
         for r in rs:
             texts.append(r.content[0].text)

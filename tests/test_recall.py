@@ -134,7 +134,8 @@ def test_channels_return_the_same_columns(make):
 
 # 3. MMR ------------------------------------------------------------------------------------------
 
-DUPS = [f"The Falcon deploy pipeline failed at the lint step on {d}" for d in ("Monday", "Tuesday", "Wednesday", "Thursday")]
+DUPS = [f"The Falcon deploy pipeline failed at the lint step on {d}"
+        for d in ("Monday", "Tuesday", "Wednesday", "Thursday")]
 DISTINCT = ["Falcon deploy rollback uses a blue green switch", "Ask Priya before any Falcon deploy to production"]
 
 
@@ -147,7 +148,8 @@ def test_mmr_removes_near_duplicates(make, lam, monkeypatch):
     out = m.recall("Falcon deploy pipeline lint", k=3, explain=True)
     top = ids(out)
     assert len(top) == 3
-    fused = {h["id"]: h["explain"]["fused"] for h in m.recall("Falcon deploy pipeline lint", k=6, explain=True)["results"]}
+    fused = {h["id"]: h["explain"]["fused"]
+             for h in m.recall("Falcon deploy pipeline lint", k=6, explain=True)["results"]}
     assert set(fused) == dup_ids | distinct_ids
     # the near-duplicates are the most relevant, so only diversity can push one out of the top 3
     assert min(fused[i] for i in dup_ids) > max(fused[i] for i in distinct_ids), fused
@@ -170,8 +172,9 @@ def test_persona_filter_never_leaks_even_for_small_k(make):
     m = make(**{"recall.reinforce_on_recall": False})
     m.memorize_many([(f"Falcon deploy status note {i}: the pipeline is green again", {"persona_id": "A"})
                      for i in range(60)])
-    b_ids = {r["id"] for r in m.memorize_many([("Falcon deploy status note: the pipeline is green", {"persona_id": "B"}),
-                                               ("Falcon deploy status: pipeline green", {"persona_id": "B"})])}
+    b_ids = {r["id"] for r in m.memorize_many([
+        ("Falcon deploy status note: the pipeline is green", {"persona_id": "B"}),
+        ("Falcon deploy status: pipeline green", {"persona_id": "B"})])}
     for k in range(1, 6):
         out = m.recall("Falcon deploy status pipeline green", k=k, persona_id="B", explain=True)
         got = set(ids(out))
@@ -189,8 +192,8 @@ def test_persona_filter_never_leaks_even_for_small_k(make):
 
 def test_session_filter_and_neighbours_stay_in_persona_and_session(make):
     m = make(**{"recall.reinforce_on_recall": False})
-    s1 = [m.memorize(f"Heron survey {i} at the quarry lake", {"session_id": "s1",
-                                                             "timestamp": aokun.iso(T0 + dt.timedelta(minutes=i))})["id"]
+    s1 = [m.memorize(f"Heron survey {i} at the quarry lake",
+                     {"session_id": "s1", "timestamp": aokun.iso(T0 + dt.timedelta(minutes=i))})["id"]
           for i in range(3)]
     s2 = [m.memorize(f"Heron count {i} by the quarry", {"session_id": "s2",
                                                        "timestamp": aokun.iso(T0 + dt.timedelta(minutes=10 + i))})["id"]
@@ -628,7 +631,8 @@ def test_example_config_documents_every_setting_with_its_default():
     for section, kv in aokun.DEFAULTS.items():
         for key, default in kv.items():
             value = getattr(cfg, section)[key]
-            assert value == default and type(value) is type(default), f"[{section}] {key} = {value!r}, default {default!r}"
+            assert value == default and type(value) is type(default), \
+                f"[{section}] {key} = {value!r}, default {default!r}"
 
 
 @pytest.mark.parametrize("text,key", [("[recall]\nrrf_kk = 60\n", "rrf_kk"), ("[recall]\nrrf_k = abc\n", "rrf_k"),

@@ -3,7 +3,6 @@ re-scored exactly; the upgrade of files that kept float vectors inside vec0 (sch
 
 import apsw
 import numpy as np
-import pytest
 import sqlite_vec
 
 import aokun
@@ -15,7 +14,8 @@ TEXTS = [f"{name} {verb} {thing} in {place}" for name in ("Alice", "Bob", "Carme
 
 
 def _floats(mem, table="doc_vectors", key="doc_id"):
-    return {r[key]: np.frombuffer(r["embedding"], np.float32) for r in mem.rows(f"select {key}, embedding from {table}")}
+    return {r[key]: np.frombuffer(r["embedding"], np.float32)
+            for r in mem.rows(f"select {key}, embedding from {table}")}
 
 
 def _bits(v: np.ndarray) -> bytes:
@@ -86,8 +86,8 @@ def _make_schema5_file(path, dim=16):
         c.execute("insert into doc_vec select id, ?, persona_id, session_id, archived from documents where id = ?",
                   (v.tobytes(), i))
     for i, v in entries.items():
-        c.execute("insert into graph_vec select id, ?, persona_id, session_id, archived from graph_entries where id = ?",
-                  (v.tobytes(), i))
+        c.execute("insert into graph_vec select id, ?, persona_id, session_id, archived from graph_entries "
+                  "where id = ?", (v.tobytes(), i))
     c.execute("drop table doc_vectors")
     c.execute("drop table graph_vectors")
     c.execute("delete from meta where key = 'vector_center'")

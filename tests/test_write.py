@@ -44,7 +44,8 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
     assert all(a["document_id"] == doc_id and a["state"] == "active" and a["subject"] == "alice" for a in atoms)
     assert mem.rows("select atom_id, document_id from atom_sources order by atom_id") == \
         [{"atom_id": a["id"], "document_id": doc_id} for a in atoms]
-    assert [r["rowid"] for r in mem.rows("select rowid from memory_atoms_fts order by rowid")] == [a["id"] for a in atoms]
+    assert [r["rowid"] for r in mem.rows("select rowid from memory_atoms_fts order by rowid")] == \
+        [a["id"] for a in atoms]
     assert fts_ids(mem, "memory_atoms_fts", "americano") == [atoms[0]["id"]]
 
     # layer 3: nodes, edges, entries (+FTS; vectors for fact entries: the fact sentence embedded)
@@ -65,10 +66,11 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
     # person/topic entries and edge entries are keyword entry points only
     assert all(e["embedding_state"] == "skip" for e in entries if e not in fact_entries)
     assert any(e["text"].startswith("Person: Alice. Summary: ") for e in node_entries)
-    assert [r["rowid"] for r in mem.rows("select rowid from graph_entries_fts order by rowid")] == [e["id"] for e in entries]
+    assert [r["rowid"] for r in mem.rows("select rowid from graph_entries_fts order by rowid")] == \
+        [e["id"] for e in entries]
     assert [r["entry_id"] for r in mem.rows("select entry_id from graph_vec order by entry_id")] == \
         [e["id"] for e in fact_entries]
-    for e, fact in zip(fact_entries, ["Alice loves iced americano.", "She will visit Tokyo next week."]):
+    for e, fact in zip(fact_entries, ["Alice loves iced americano.", "She will visit Tokyo next week."], strict=True):
         blob = mem.value("select embedding from graph_vectors where entry_id = ?", (e["id"],))
         np.testing.assert_allclose(np.frombuffer(blob, np.float32), fake_embedder.vector(fact), atol=1e-6)
 
@@ -100,7 +102,8 @@ def test_dedup_is_per_persona(mem):
     assert mem.memorize("the wifi password is hunter2", {"persona_id": "home"})["id"] == b["id"]
     assert count(mem, "documents") == 3
     # atoms never reinforce across personas
-    assert [r["persona_id"] for r in mem.rows("select persona_id from memory_atoms order by id")] == ["work", "home", ""]
+    assert [r["persona_id"] for r in mem.rows("select persona_id from memory_atoms order by id")] == \
+        ["work", "home", ""]
     assert mem.value("select max(reinforcement_count) from memory_atoms") == 0
 
 
@@ -336,7 +339,8 @@ def test_provider_none_stores_without_vectors(db_path, open_mem):
     r = m.memorize("no vectors here", {"participants": ["Eve"]})
     assert r["embedding"] == "none" and r["status"] == "done"
     assert not m.has_table("doc_vec")
-    assert {e["embedding_state"] for e in m.rows("select embedding_state from graph_entries where node_id in (select id from graph_nodes where node_type = 'fact')")} == {"none"}
+    assert {e["embedding_state"] for e in m.rows("select embedding_state from graph_entries where node_id in "
+                                                 "(select id from graph_nodes where node_type = 'fact')")} == {"none"}
     assert fts_ids(m, "documents_fts", "vectors") == [r["id"]]
     assert m.doctor() == []
 
