@@ -1078,11 +1078,9 @@ class Store:
     def get(self, doc_id: int) -> dict:
         """One memory with its atoms and graph entries. Raises NotFound."""
         d = self._doc(doc_id)
-        d["atoms"] = self.rows("select a.id, a.atom_type, a.content, a.state, a.confidence, a.reinforcement_count, "
-                               "a.expires_at from atom_sources s join memory_atoms a on a.id = s.atom_id "
-                               "where s.document_id = ? order by a.id", (doc_id,))
-        d["graph_entries"] = [r["text"] for r in self.rows(
-            "select text from graph_entries where document_id = ? order by id", (doc_id,))]
+        d["atoms"] = self.rows(self.queries["document_atoms"], {"document_id": doc_id})
+        d["graph_entries"] = [r["text"] for r in self.rows(self.queries["document_graph_texts"],
+                                                           {"document_id": doc_id})]
         return d
 
     def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
@@ -1090,12 +1088,9 @@ class Store:
         """Memories newest first (by created_at), without atoms/graph detail."""
         if not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise InputError("limit", f"expected an integer from 1 to 1000, got {limit!r}")
-        sql = ("select id, uid, persona_id, session_id, substr(content, 1, 500) content, summary, importance, pinned, "
-               "archived, source, created_at, updated_at from documents where (:p is null or persona_id = :p) "
-               "and (:s is null or session_id = :s) and (:a or archived = 0) "
-               "order by created_at desc, id desc limit :limit offset :offset")
-        return self.rows(sql, {"p": persona_id, "s": session_id, "a": int(include_archived), "limit": limit,
-                               "offset": max(0, offset)})
+        return self.rows(self.queries["list_memories"], {
+            "persona_id": persona_id, "session_id": session_id, "include_archived": int(include_archived),
+            "limit": limit, "offset": max(0, offset)})
 
 
 # Vectors: embedding, session context and the binary KNN index ####################################
@@ -1748,9 +1743,7 @@ class Journal:
 
     def _write_result(self, p: Prepared) -> dict:
         doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
-        counts = self.rows("select (select count(*) from atom_sources where document_id = :d) atoms, "
-                           "(select count(*) from graph_entries where document_id = :d) graph_entries",
-                           {"d": p.document_id})[0]
+        counts = self.rows(self.queries["document_layer_counts"], {"document_id": p.document_id})[0]
         return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
                 "deduplicated": p.deduplicated, "atoms": counts["atoms"], "graph_entries": counts["graph_entries"],
                 "embedding": doc[0]["embedding_state"] if doc else None,
@@ -1870,8 +1863,8 @@ class Journal:
         p = self.prepare(d["content"] if content is None else content, merged)
         if content is not None and "key_facts" not in metadata and d["key_facts"] == []:
             p.facts = self._auto_facts(p.content)
-        other = self.value("select id from documents where persona_id = ? and content_hash = ? and id != ?",
-                           (p.persona_id, p.content_hash, doc_id))
+        other = self.value(self.queries["same_content_elsewhere"],
+                           {"persona_id": p.persona_id, "content_hash": p.content_hash, "id": doc_id})
         if other is not None:
             raise InputError("content", f"memory {other} already has exactly this content; delete one of them instead")
         p.op, p.document_id = "edit", doc_id
