@@ -1199,10 +1199,9 @@ class Vectors:
         n = self.cfg.embedding.context_turns
         if n <= 0 or not session_id:
             return []
-        rows = self.rows("select created_at, content from documents where session_id = :s and persona_id = :p "
-                         "and (created_at < :t or (created_at = :t and id < :i)) order by created_at desc, id desc "
-                         "limit :n", {"s": session_id, "p": persona_id, "t": created_at,
-                                      "i": doc_id if doc_id is not None else 2 ** 62, "n": n})
+        rows = self.rows(self.queries["session_context"], {
+            "session_id": session_id, "persona_id": persona_id, "created_at": created_at,
+            "id": doc_id if doc_id is not None else 2 ** 62, "n": n})
         return [(r["created_at"], r["content"]) for r in reversed(rows)]
 
     def _vector_text(self, content: str, context: list[str], labels=()) -> tuple[str, bool]:
@@ -1236,10 +1235,9 @@ class Vectors:
         d = self.rows("select persona_id, session_id, created_at from documents where id = ?", (doc_id,))
         if not d or not d[0]["session_id"]:
             return []
-        ids = [r["id"] for r in self.rows(
-            "select id from documents where session_id = :s and persona_id = :p and (created_at > :t or "
-            "(created_at = :t and id > :i)) order by created_at, id limit :n",
-            {"s": d[0]["session_id"], "p": d[0]["persona_id"], "t": d[0]["created_at"], "i": doc_id, "n": n})]
+        ids = [r["id"] for r in self.rows(self.queries["session_successors"], {
+            "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"], "created_at": d[0]["created_at"],
+            "id": doc_id, "n": n})]
         for i in ids if self.embedder.provider != "none" else ():
             self.conn.execute("update documents set embedding_state = 'pending' where id = ? and embedding_state = 'done'",
                               (i,))
@@ -1275,19 +1273,17 @@ class Vectors:
                 for p in todo[1:]:
                     p.warnings.extend(todo[0].warnings[-1:])
             return {id(p): (m[i] if m is not None else None) for i, p in enumerate(todo)}
-        doc_ids = [p.document_id for p in todo]
-        return {"entries": self._entry_vectors(
-            f"e.document_id in ({','.join('?' * len(doc_ids))})", doc_ids, todo[0].warnings)}
+        return {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id for p in todo],
+                                               todo[0].warnings)}
 
-    def _entry_vectors(self, where: str, params, warnings: list | None = None) -> list[tuple[int, np.ndarray]] | None:
-        """(entry id, vector) for the pending graph entries matching `where`: the entry's node text
-        is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
+    def _entry_vectors(self, query: str, ids: list[int],
+                       warnings: list | None = None) -> list[tuple[int, np.ndarray]] | None:
+        """(entry id, vector) for the pending graph entries that named query `query` finds for `ids`
+        (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's node
+        text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
         reuses the memory's own vector instead of a second embedding, unless that vector also saw
         its session context (the graph vector stays the fact's own). None when embedding fails."""
-        rows = self.rows("select e.id, n.value t, d.content, d.embedding_state, d.id doc_id, d.persona_id, "
-                         "d.session_id, d.created_at from graph_entries e "
-                         "join graph_nodes n on n.id = e.node_id join documents d on d.id = e.document_id "
-                         f"where e.embedding_state = 'pending' and {where} order by e.id", params)
+        rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
         out, todo = [], []
         for r in rows:
             if r["t"] == r["content"] and r["embedding_state"] == "done" and not self._session_context(
@@ -1324,7 +1320,7 @@ class Vectors:
         """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
         binary KNN indexes with it; no vectors, no centre. In tx."""
         total, n = None, 0
-        for (blob,) in self.conn.execute("select embedding from doc_vectors"):
+        for (blob,) in self.conn.execute(self.queries["doc_vector_blobs"]):
             v = np.frombuffer(blob, np.float32).astype(np.float64)
             total, n = (v if total is None else total + v), n + 1
         if n:
@@ -1347,9 +1343,7 @@ class Vectors:
             return 0
         done, after = 0, 0
         while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            rows = self.rows("select id, content, persona_id, session_id, created_at, topics, tags, sentiment "
-                             "from documents where embedding_state = 'pending' and id > :after "
-                             "and (:ids is null or id in (select value from json_each(:ids))) order by id limit :n",
+            rows = self.rows(self.queries["pending_documents"],
                              {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
             if not rows:
                 break
@@ -1368,11 +1362,10 @@ class Vectors:
                                           (int(truncated), r["id"]))
                         done += 1
         while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            entry_ids = [r["id"] for r in self.rows("select id from graph_entries where embedding_state = 'pending' "
-                                                    "order by id limit ?", (batch,))]
+            entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"], {"n": batch})]
             if not entry_ids:
                 break
-            pairs = self._entry_vectors(f"e.id in ({','.join('?' * len(entry_ids))})", entry_ids)
+            pairs = self._entry_vectors("pending_entries_by_id", entry_ids)
             if pairs is None:
                 return done
             with self.tx():
