@@ -1452,11 +1452,8 @@ class Layers:
             token_set = set(tokens)
             best, best_score = None, 0.0
             if len(token_set) >= self.cfg.write.reinforce_min_tokens:
-                for cand in self.rows(
-                        "select a.id, a.base_ttl_days, a.importance, a.reinforcement_count, a.confidence, "
-                        "a.last_reinforced_at, f.segmented from memory_atoms_fts f join memory_atoms a on a.id = f.rowid "
-                        "where memory_atoms_fts match ? and a.persona_id = ? and a.state = 'active' "
-                        "and a.atom_type = ? order by rank limit 20", (fts_query(tokens), p.persona_id, atom_type)):
+                for cand in self.rows(self.queries["atom_reinforce_candidates"], {
+                        "match": fts_query(tokens), "persona_id": p.persona_id, "atom_type": atom_type}):
                     score = jaccard(token_set, set(cand["segmented"].split()))
                     if score > best_score:
                         best, best_score = cand, score
@@ -1495,8 +1492,8 @@ class Layers:
         slot, the newest (by created_at) stays active and every one with another value becomes
         'superseded' by it. An older fact arriving late is itself superseded. In tx."""
         c, stamp = self.conn, now_iso()
-        rivals = self.rows("select id, slot_value, created_at from memory_atoms where persona_id = ? and subject = ? "
-                           "and slot = ? and state = 'active' and id != ?", (persona_id, subject, slot, atom_id))
+        rivals = self.rows(self.queries["atom_rivals"],
+                           {"persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
         for r in rivals:
             if r["slot_value"] == value:
                 continue
@@ -1508,8 +1505,7 @@ class Layers:
         """Undo what a document contributed to the atom layer: atoms it alone stated are deleted
         (with their FTS rows); atoms it reinforced lose one reinforcement. In tx."""
         c = self.conn
-        for r in self.rows("select s.atom_id, a.document_id, a.reinforcement_count from atom_sources s "
-                           "join memory_atoms a on a.id = s.atom_id where s.document_id = ?", (doc_id,)):
+        for r in self.rows(self.queries["document_atom_sources"], {"document_id": doc_id}):
             c.execute("delete from atom_sources where atom_id = ? and document_id = ?", (r["atom_id"], doc_id))
             other = self.value("select document_id from atom_sources where atom_id = ? order by document_id limit 1",
                                (r["atom_id"],))
@@ -1595,17 +1591,14 @@ class Layers:
     def _clear_graph(self, doc_id: int) -> None:
         """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes. In tx."""
         c = self.conn
-        ids = [r["id"] for r in self.rows("select id from graph_entries where document_id = ?", (doc_id,))]
+        ids = [r["id"] for r in self.rows(self.queries["document_entry_ids"], {"document_id": doc_id})]
         has_vec = self.has_table("graph_vec")
         for eid in ids:
             c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
             c.execute("delete from graph_vectors where entry_id = ?", (eid,))
             if has_vec:
                 c.execute("delete from graph_vec where entry_id = ?", (eid,))
-        node_ids = {r["n"] for r in self.rows(
-            "select node_id n from graph_entries where document_id = :d and node_id is not null union "
-            "select source_id from graph_edges where document_id = :d union "
-            "select target_id from graph_edges where document_id = :d", {"d": doc_id})}
+        node_ids = {r["n"] for r in self.rows(self.queries["document_graph_nodes"], {"document_id": doc_id})}
         c.execute("delete from graph_entries where document_id = ?", (doc_id,))
         c.execute("delete from graph_edges where document_id = ?", (doc_id,))
         for nid in node_ids:
@@ -1615,8 +1608,7 @@ class Layers:
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
         if vectors.get("entries") is None:
             return  # entries stay 'pending' and are back-filled later
-        mine = {r["id"] for r in self.rows("select id from graph_entries where document_id = ? "
-                                          "and embedding_state = 'pending'", (p.document_id,))}
+        mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"], {"document_id": p.document_id})}
         for entry_id, vec in vectors["entries"]:  # the whole batch's entries: one query per memory, not per entry
             if entry_id in mine:
                 self._put_entry_vector(entry_id, vec)
@@ -1644,8 +1636,7 @@ class Layers:
             d = d[0]
             summary = (d["summary"] or d["content"])[: self.cfg.write.graph_summary_chars]
             context = self._graph_context(d["persona_id"], d["session_id"], d["created_at"], i)
-            for e in self.rows("select e.id, n.value from graph_entries e join graph_nodes n on n.id = e.node_id "
-                               "where e.document_id = ? and n.node_type = 'fact'", (i,)):
+            for e in self.rows(self.queries["document_fact_entries"], {"document_id": i}):
                 text = self._fact_entry_text(e["value"], summary, context)
                 c.execute("update graph_entries set text = ?, updated_at = ? where id = ?", (text, stamp, e["id"]))
                 c.execute("delete from graph_entries_fts where rowid = ?", (e["id"],))
@@ -1914,7 +1905,7 @@ class Journal:
                 c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
                 # one row at a time: sqlite-vec 0.1.9 rejects a bit[] table's multi-row UPDATE
                 # ("invalid float32 vector BLOB length") though the vector is not being changed
-                for (eid,) in c.execute("select id from graph_entries where document_id = ?", (doc_id,)).fetchall():
+                for (eid,) in c.execute(self.queries["document_entry_ids"], {"document_id": doc_id}).fetchall():
                     c.execute("update graph_vec set archived = ? where entry_id = ?", (int(value), eid))
 
 
