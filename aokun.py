@@ -1793,7 +1793,7 @@ class Journal:
         report = {"resumed": 0, "failed": [], "fts_backfilled": 0}
         limit = self.cfg.write.write_op_max_retries
         with self.tx() as c:
-            rows = self.rows("select * from memory_write_ops where status not in ('done', 'failed') order by id")
+            rows = self.rows(self.queries["journal_unfinished"])
             preps = []
             for r in rows:
                 if owner_alive(r["owner"], r["updated_at"]):  # another live process is writing it right now
@@ -1810,12 +1810,11 @@ class Journal:
                 p.op, p.op_id, p.status, p.document_id = r["op"], r["id"], r["status"], r["document_id"]
                 p.recovering = True
                 preps.append(p)
-            for table, source, text_sql in (
-                    ("documents_fts", "documents", None),
-                    ("graph_entries_fts", "graph_entries", "text"),
-                    ("memory_atoms_fts", "memory_atoms", "content")):
-                cond = "state != 'forgotten' and " if source == "memory_atoms" else ""
-                missing = self.rows(f"select * from {source} where {cond}id not in (select rowid from {table})")
+            for table, query, text_sql in (
+                    ("documents_fts", "documents_missing_fts", None),
+                    ("graph_entries_fts", "graph_entries_missing_fts", "text"),
+                    ("memory_atoms_fts", "atoms_missing_fts", "content")):
+                missing = self.rows(self.queries[query])
                 for m in missing:
                     if text_sql is None:
                         m = dict(m, **{k: json.loads(m[k]) for k in ("topics", "participants", "tags")})
@@ -3025,7 +3024,7 @@ class Maintenance:
         if graph:
             stamp, preps = now_iso(), []
             with self.tx() as c:
-                for d in self.rows("select id from documents order by id"):
+                for d in self.rows(self.queries["all_document_ids"]):
                     doc = self._doc(d["id"])
                     p = self.prepare(doc["content"], {k: doc[k] for k in ("summary", "topics", "participants", "tags",
                                      "sentiment", "source", "importance", "session_id", "persona_id", "key_facts")}
