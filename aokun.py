@@ -1958,14 +1958,12 @@ class KnowledgeGraph:
         with self.tx() as c:
             sid = self._entity_id(persona, subject, "subject", True)
             oid = self._entity_id(persona, object, "object", True)
-            same = self.value("select id from kg_triples where persona_id = ? and subject_id = ? and predicate = ? and "
-                              "object_id = ? and valid_to is null and valid_from <= ?", (persona, sid, pred, oid, start))
+            fact = {"persona_id": persona, "subject_id": sid, "predicate": pred, "object_id": oid, "valid_from": start}
+            same = self.value(self.queries["kg_same_open_fact"], fact)
             if same is not None and end is None:
                 return dict(self._triple(same), closed=[], existing=True)
             if self.single_valued(pred):
-                for r in self.rows("select id, valid_from from kg_triples where persona_id = ? and subject_id = ? and "
-                                   "predicate = ? and object_id != ? and (valid_to is null or valid_to > ?)",
-                                   (persona, sid, pred, oid, start)):
+                for r in self.rows(self.queries["kg_rival_facts"], fact):
                     if r["valid_from"] <= start:
                         c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?", (start, stamp, r["id"]))
                         closed.append(r["id"])
@@ -1979,9 +1977,7 @@ class KnowledgeGraph:
         return dict(self._triple(tid), closed=closed, existing=False)
 
     def _triple(self, tid: int) -> dict:
-        rows = self.rows("select t.id, t.uid, s.name subject, t.predicate, o.name object, t.valid_from, t.valid_to, "
-                         "t.confidence, t.source_memory_id from kg_triples t join kg_entities s on s.id = t.subject_id "
-                         "join kg_entities o on o.id = t.object_id where t.id = ?", (tid,))
+        rows = self.rows(self.queries["kg_triple"], {"id": tid})
         if not rows:
             raise NotFound(f"no fact with id {tid}")
         return rows[0]
@@ -2027,8 +2023,7 @@ class KnowledgeGraph:
         """Facts valid at `at` about entities whose name occurs in `text` (case-folded)."""
         folded = " ".join(text.split()).casefold()
         out = []
-        for e in self.rows("select id from kg_entities where persona_id = ? and length(canonical) >= 2 "
-                           "and instr(?, canonical) > 0 limit 20", (persona, folded)):
+        for e in self.rows(self.queries["kg_entities_in_text"], {"persona_id": persona, "text": folded}):
             for f in self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": e["id"],
                                                               "as_of": at, "predicate": ""}):
                 if f["id"] not in {x["id"] for x in out}:
