@@ -2630,11 +2630,10 @@ class Briefing:
         persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         cx, ref = self.cfg.context, now()
         since = iso(ref - dt.timedelta(days=cx.briefing_recent_days))
-        key = self.rows("select id, content, created_at from documents where persona_id = ? and archived = 0 and "
-                        "(pinned = 1 or importance >= ?) order by pinned desc, importance desc, created_at desc limit 30",
-                        (persona, cx.briefing_importance))
-        recent = self.rows("select id, content, created_at from documents where persona_id = ? and archived = 0 and "
-                           "created_at >= ? order by created_at desc limit ?", (persona, since, cx.briefing_max_recent))
+        key = self.rows(self.queries["briefing_key_memories"],
+                        {"persona_id": persona, "min_importance": cx.briefing_importance})
+        recent = self.rows(self.queries["briefing_recent_memories"],
+                           {"persona_id": persona, "since": since, "n": cx.briefing_max_recent})
         facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": 0, "as_of": iso(ref),
                                                         "predicate": ""})
         lines = [f"# Memory briefing ({iso(ref)})"]
@@ -2659,7 +2658,7 @@ class Briefing:
     def refresh_stale_briefings(self) -> int:
         """Regenerate briefings that are stale and older than briefing_regen_interval_minutes."""
         cutoff = iso(now() - dt.timedelta(minutes=self.cfg.context.briefing_regen_interval_minutes))
-        stale = self.rows("select persona_id from briefings where stale = 1 and generated_at <= ?", (cutoff,))
+        stale = self.rows(self.queries["stale_briefings"], {"cutoff": cutoff})
         for r in stale:
             self.build_briefing(r["persona_id"])
         return len(stale)
@@ -2688,9 +2687,7 @@ class Briefing:
         topic = normalize_text(topic, "topic")
         k = {"quick": 3, "chat": 8, "coding": 10, "project": 15}[mode]
         lines = ["# Relevant memories"]
-        pinned = self.rows("select id, content from documents where persona_id = ? and archived = 0 and (pinned = 1 "
-                           "or exists (select 1 from json_each(tags) where value = 'directive')) "
-                           "order by pinned desc, importance desc limit 20", (persona,))
+        pinned = self.rows(self.queries["context_pinned"], {"persona_id": persona})
         lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pinned]
         seen = {d["id"] for d in pinned}
         for h in self.recall(topic, k=k, persona_id=persona)["results"]:
