@@ -2761,7 +2761,7 @@ class Forgetting:
             self._set_flag_in_tx(r["id"], "archived", True)
 
     def _snapshot(self) -> tuple[dict, dict]:
-        docs = {r["id"]: (r["importance"], r["archived"]) for r in self.rows("select id, importance, archived from documents")}
+        docs = {r["id"]: (r["importance"], r["archived"]) for r in self.rows(self.queries["document_states"])}
         atoms = {r["id"]: r["state"] for r in self.rows(self.queries["atom_states"])}
         return docs, atoms
 
@@ -2869,9 +2869,7 @@ class Forgetting:
         merged_into = survivor; restore_memory(survivor) undoes it.
         Returns {clusters: [{survivor, members: [ids], texts}], dry_run}."""
         persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
-        docs = {d["id"]: d for d in self.rows(
-            "select d.id, d.content, d.created_at, f.segmented from documents d join documents_fts f on f.rowid = d.id "
-            "where d.persona_id = ? and d.archived = 0 order by d.id", (persona,))}
+        docs = {d["id"]: d for d in self.rows(self.queries["consolidate_documents"], {"persona_id": persona})}
         tokens = {i: set(self.seg.tokens(d["content"])) for i, d in docs.items()}  # the words, not the labels
         parent = {i: i for i in docs}
 
@@ -2891,8 +2889,8 @@ class Forgetting:
                     "as_of": ""}) if r["id"] != i]
                 pairs = [j for j, sim in cands if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
             q = fts_query(sorted(tokens[i])[:64])
-            cands = [r["rowid"] for r in self.rows("select rowid from documents_fts where documents_fts match ? "
-                                                   "order by rank limit 8", (q,))] if q else []
+            cands = [r["rowid"] for r in self.rows(self.queries["consolidate_fts_candidates"],
+                                                   {"match": q})] if q else []
             pairs += [j for j in cands if j != i and j in docs and jaccard(tokens[i], tokens[j]) >= 0.8]
             for j in pairs:
                 parent[find(i)] = find(j)
