@@ -1092,11 +1092,9 @@ class Store:
     def get(self, doc_id: int) -> dict:
         """One memory with its atoms and graph entries. Raises NotFound."""
         d = self._doc(doc_id)
-        d["atoms"] = self.rows("select a.id, a.atom_type, a.content, a.state, a.confidence, a.reinforcement_count, "
-                               "a.expires_at from atom_sources s join memory_atoms a on a.id = s.atom_id "
-                               "where s.document_id = ? order by a.id", (doc_id,))
-        d["graph_entries"] = [r["text"] for r in self.rows(
-            "select text from graph_entries where document_id = ? order by id", (doc_id,))]
+        d["atoms"] = self.rows(self.queries["document_atoms"], {"document_id": doc_id})
+        d["graph_entries"] = [r["text"] for r in self.rows(self.queries["document_graph_texts"],
+                                                           {"document_id": doc_id})]
         return d
 
     def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
@@ -1104,12 +1102,9 @@ class Store:
         """Memories newest first (by created_at), without atoms/graph detail."""
         if not isinstance(limit, int) or not 1 <= limit <= 1000:
             raise InputError("limit", f"expected an integer from 1 to 1000, got {limit!r}")
-        sql = ("select id, uid, persona_id, session_id, substr(content, 1, 500) content, summary, importance, pinned, "
-               "archived, source, created_at, updated_at from documents where (:p is null or persona_id = :p) "
-               "and (:s is null or session_id = :s) and (:a or archived = 0) "
-               "order by created_at desc, id desc limit :limit offset :offset")
-        return self.rows(sql, {"p": persona_id, "s": session_id, "a": int(include_archived), "limit": limit,
-                               "offset": max(0, offset)})
+        return self.rows(self.queries["list_memories"], {
+            "persona_id": persona_id, "session_id": session_id, "include_archived": int(include_archived),
+            "limit": limit, "offset": max(0, offset)})
 
 
 # Vectors: embedding, session context and the binary KNN index ####################################
@@ -1218,10 +1213,9 @@ class Vectors:
         n = self.cfg.embedding.context_turns
         if n <= 0 or not session_id:
             return []
-        rows = self.rows("select created_at, content from documents where session_id = :s and persona_id = :p "
-                         "and (created_at < :t or (created_at = :t and id < :i)) order by created_at desc, id desc "
-                         "limit :n", {"s": session_id, "p": persona_id, "t": created_at,
-                                      "i": doc_id if doc_id is not None else 2 ** 62, "n": n})
+        rows = self.rows(self.queries["session_context"], {
+            "session_id": session_id, "persona_id": persona_id, "created_at": created_at,
+            "id": doc_id if doc_id is not None else 2 ** 62, "n": n})
         return [(r["created_at"], r["content"]) for r in reversed(rows)]
 
     def _vector_text(self, content: str, context: list[str], labels=()) -> tuple[str, bool]:
@@ -1255,10 +1249,9 @@ class Vectors:
         d = self.rows("select persona_id, session_id, created_at from documents where id = ?", (doc_id,))
         if not d or not d[0]["session_id"]:
             return []
-        ids = [r["id"] for r in self.rows(
-            "select id from documents where session_id = :s and persona_id = :p and (created_at > :t or "
-            "(created_at = :t and id > :i)) order by created_at, id limit :n",
-            {"s": d[0]["session_id"], "p": d[0]["persona_id"], "t": d[0]["created_at"], "i": doc_id, "n": n})]
+        ids = [r["id"] for r in self.rows(self.queries["session_successors"], {
+            "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"], "created_at": d[0]["created_at"],
+            "id": doc_id, "n": n})]
         for i in ids if self.embedder.provider != "none" else ():
             self.conn.execute("update documents set embedding_state = 'pending' where id = ? and embedding_state = 'done'",
                               (i,))
@@ -1294,19 +1287,17 @@ class Vectors:
                 for p in todo[1:]:
                     p.warnings.extend(todo[0].warnings[-1:])
             return {id(p): (m[i] if m is not None else None) for i, p in enumerate(todo)}
-        doc_ids = [p.document_id for p in todo]
-        return {"entries": self._entry_vectors(
-            f"e.document_id in ({','.join('?' * len(doc_ids))})", doc_ids, todo[0].warnings)}
+        return {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id for p in todo],
+                                               todo[0].warnings)}
 
-    def _entry_vectors(self, where: str, params, warnings: list | None = None) -> list[tuple[int, np.ndarray]] | None:
-        """(entry id, vector) for the pending graph entries matching `where`: the entry's node text
-        is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
+    def _entry_vectors(self, query: str, ids: list[int],
+                       warnings: list | None = None) -> list[tuple[int, np.ndarray]] | None:
+        """(entry id, vector) for the pending graph entries that named query `query` finds for `ids`
+        (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's node
+        text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
         reuses the memory's own vector instead of a second embedding, unless that vector also saw
         its session context (the graph vector stays the fact's own). None when embedding fails."""
-        rows = self.rows("select e.id, n.value t, d.content, d.embedding_state, d.id doc_id, d.persona_id, "
-                         "d.session_id, d.created_at from graph_entries e "
-                         "join graph_nodes n on n.id = e.node_id join documents d on d.id = e.document_id "
-                         f"where e.embedding_state = 'pending' and {where} order by e.id", params)
+        rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
         out, todo = [], []
         for r in rows:
             if r["t"] == r["content"] and r["embedding_state"] == "done" and not self._session_context(
@@ -1343,7 +1334,7 @@ class Vectors:
         """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
         binary KNN indexes with it; no vectors, no centre. In tx."""
         total, n = None, 0
-        for (blob,) in self.conn.execute("select embedding from doc_vectors"):
+        for (blob,) in self.conn.execute(self.queries["doc_vector_blobs"]):
             v = np.frombuffer(blob, np.float32).astype(np.float64)
             total, n = (v if total is None else total + v), n + 1
         if n:
@@ -1366,9 +1357,7 @@ class Vectors:
             return 0
         done, after = 0, 0
         while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            rows = self.rows("select id, content, persona_id, session_id, created_at, topics, tags, sentiment "
-                             "from documents where embedding_state = 'pending' and id > :after "
-                             "and (:ids is null or id in (select value from json_each(:ids))) order by id limit :n",
+            rows = self.rows(self.queries["pending_documents"],
                              {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
             if not rows:
                 break
@@ -1387,11 +1376,10 @@ class Vectors:
                                           (int(truncated), r["id"]))
                         done += 1
         while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            entry_ids = [r["id"] for r in self.rows("select id from graph_entries where embedding_state = 'pending' "
-                                                    "order by id limit ?", (batch,))]
+            entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"], {"n": batch})]
             if not entry_ids:
                 break
-            pairs = self._entry_vectors(f"e.id in ({','.join('?' * len(entry_ids))})", entry_ids)
+            pairs = self._entry_vectors("pending_entries_by_id", entry_ids)
             if pairs is None:
                 return done
             with self.tx():
@@ -1478,11 +1466,8 @@ class Layers:
             token_set = set(tokens)
             best, best_score = None, 0.0
             if len(token_set) >= self.cfg.write.reinforce_min_tokens:
-                for cand in self.rows(
-                        "select a.id, a.base_ttl_days, a.importance, a.reinforcement_count, a.confidence, "
-                        "a.last_reinforced_at, f.segmented from memory_atoms_fts f join memory_atoms a on a.id = f.rowid "
-                        "where memory_atoms_fts match ? and a.persona_id = ? and a.state = 'active' "
-                        "and a.atom_type = ? order by rank limit 20", (fts_query(tokens), p.persona_id, atom_type)):
+                for cand in self.rows(self.queries["atom_reinforce_candidates"], {
+                        "match": fts_query(tokens), "persona_id": p.persona_id, "atom_type": atom_type}):
                     score = jaccard(token_set, set(cand["segmented"].split()))
                     if score > best_score:
                         best, best_score = cand, score
@@ -1521,8 +1506,8 @@ class Layers:
         slot, the newest (by created_at) stays active and every one with another value becomes
         'superseded' by it. An older fact arriving late is itself superseded. In tx."""
         c, stamp = self.conn, now_iso()
-        rivals = self.rows("select id, slot_value, created_at from memory_atoms where persona_id = ? and subject = ? "
-                           "and slot = ? and state = 'active' and id != ?", (persona_id, subject, slot, atom_id))
+        rivals = self.rows(self.queries["atom_rivals"],
+                           {"persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
         for r in rivals:
             if r["slot_value"] == value:
                 continue
@@ -1534,8 +1519,7 @@ class Layers:
         """Undo what a document contributed to the atom layer: atoms it alone stated are deleted
         (with their FTS rows); atoms it reinforced lose one reinforcement. In tx."""
         c = self.conn
-        for r in self.rows("select s.atom_id, a.document_id, a.reinforcement_count from atom_sources s "
-                           "join memory_atoms a on a.id = s.atom_id where s.document_id = ?", (doc_id,)):
+        for r in self.rows(self.queries["document_atom_sources"], {"document_id": doc_id}):
             c.execute("delete from atom_sources where atom_id = ? and document_id = ?", (r["atom_id"], doc_id))
             other = self.value("select document_id from atom_sources where atom_id = ? order by document_id limit 1",
                                (r["atom_id"],))
@@ -1621,17 +1605,14 @@ class Layers:
     def _clear_graph(self, doc_id: int) -> None:
         """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes. In tx."""
         c = self.conn
-        ids = [r["id"] for r in self.rows("select id from graph_entries where document_id = ?", (doc_id,))]
+        ids = [r["id"] for r in self.rows(self.queries["document_entry_ids"], {"document_id": doc_id})]
         has_vec = self.has_table("graph_vec")
         for eid in ids:
             c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
             c.execute("delete from graph_vectors where entry_id = ?", (eid,))
             if has_vec:
                 c.execute("delete from graph_vec where entry_id = ?", (eid,))
-        node_ids = {r["n"] for r in self.rows(
-            "select node_id n from graph_entries where document_id = :d and node_id is not null union "
-            "select source_id from graph_edges where document_id = :d union "
-            "select target_id from graph_edges where document_id = :d", {"d": doc_id})}
+        node_ids = {r["n"] for r in self.rows(self.queries["document_graph_nodes"], {"document_id": doc_id})}
         c.execute("delete from graph_entries where document_id = ?", (doc_id,))
         c.execute("delete from graph_edges where document_id = ?", (doc_id,))
         for nid in node_ids:
@@ -1641,8 +1622,7 @@ class Layers:
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
         if vectors.get("entries") is None:
             return  # entries stay 'pending' and are back-filled later
-        mine = {r["id"] for r in self.rows("select id from graph_entries where document_id = ? "
-                                          "and embedding_state = 'pending'", (p.document_id,))}
+        mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"], {"document_id": p.document_id})}
         for entry_id, vec in vectors["entries"]:  # the whole batch's entries: one query per memory, not per entry
             if entry_id in mine:
                 self._put_entry_vector(entry_id, vec)
@@ -1670,8 +1650,7 @@ class Layers:
             d = d[0]
             summary = (d["summary"] or d["content"])[: self.cfg.write.graph_summary_chars]
             context = self._graph_context(d["persona_id"], d["session_id"], d["created_at"], i)
-            for e in self.rows("select e.id, n.value from graph_entries e join graph_nodes n on n.id = e.node_id "
-                               "where e.document_id = ? and n.node_type = 'fact'", (i,)):
+            for e in self.rows(self.queries["document_fact_entries"], {"document_id": i}):
                 text = self._fact_entry_text(e["value"], summary, context)
                 c.execute("update graph_entries set text = ?, updated_at = ? where id = ?", (text, stamp, e["id"]))
                 c.execute("delete from graph_entries_fts where rowid = ?", (e["id"],))
@@ -1762,9 +1741,7 @@ class Journal:
 
     def _write_result(self, p: Prepared) -> dict:
         doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
-        counts = self.rows("select (select count(*) from atom_sources where document_id = :d) atoms, "
-                           "(select count(*) from graph_entries where document_id = :d) graph_entries",
-                           {"d": p.document_id})[0]
+        counts = self.rows(self.queries["document_layer_counts"], {"document_id": p.document_id})[0]
         return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
                 "deduplicated": p.deduplicated, "atoms": counts["atoms"], "graph_entries": counts["graph_entries"],
                 "embedding": doc[0]["embedding_state"] if doc else None,
@@ -1830,7 +1807,7 @@ class Journal:
         report = {"resumed": 0, "failed": [], "fts_backfilled": 0}
         limit = self.cfg.write.write_op_max_retries
         with self.tx() as c:
-            rows = self.rows("select * from memory_write_ops where status not in ('done', 'failed') order by id")
+            rows = self.rows(self.queries["journal_unfinished"])
             preps = []
             for r in rows:
                 if owner_alive(r["owner"], r["updated_at"]):  # another live process is writing it right now
@@ -1847,12 +1824,11 @@ class Journal:
                 p.op, p.op_id, p.status, p.document_id = r["op"], r["id"], r["status"], r["document_id"]
                 p.recovering = True
                 preps.append(p)
-            for table, source, text_sql in (
-                    ("documents_fts", "documents", None),
-                    ("graph_entries_fts", "graph_entries", "text"),
-                    ("memory_atoms_fts", "memory_atoms", "content")):
-                cond = "state != 'forgotten' and " if source == "memory_atoms" else ""
-                missing = self.rows(f"select * from {source} where {cond}id not in (select rowid from {table})")
+            for table, query, text_sql in (
+                    ("documents_fts", "documents_missing_fts", None),
+                    ("graph_entries_fts", "graph_entries_missing_fts", "text"),
+                    ("memory_atoms_fts", "atoms_missing_fts", "content")):
+                missing = self.rows(self.queries[query])
                 for m in missing:
                     if text_sql is None:
                         m = dict(m, **{k: json.loads(m[k]) for k in ("topics", "participants", "tags")})
@@ -1884,8 +1860,8 @@ class Journal:
         p = self.prepare(d["content"] if content is None else content, merged)
         if content is not None and "key_facts" not in metadata and d["key_facts"] == []:
             p.facts = self._auto_facts(p.content)
-        other = self.value("select id from documents where persona_id = ? and content_hash = ? and id != ?",
-                           (p.persona_id, p.content_hash, doc_id))
+        other = self.value(self.queries["same_content_elsewhere"],
+                           {"persona_id": p.persona_id, "content_hash": p.content_hash, "id": doc_id})
         if other is not None:
             raise InputError("content", f"memory {other} already has exactly this content; delete one of them instead")
         p.op, p.document_id = "edit", doc_id
@@ -1942,7 +1918,7 @@ class Journal:
                 c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
                 # one row at a time: sqlite-vec 0.1.9 rejects a bit[] table's multi-row UPDATE
                 # ("invalid float32 vector BLOB length") though the vector is not being changed
-                for (eid,) in c.execute("select id from graph_entries where document_id = ?", (doc_id,)).fetchall():
+                for (eid,) in c.execute(self.queries["document_entry_ids"], {"document_id": doc_id}).fetchall():
                     c.execute("update graph_vec set archived = ? where entry_id = ?", (int(value), eid))
 
 
@@ -1996,14 +1972,12 @@ class KnowledgeGraph:
         with self.tx() as c:
             sid = self._entity_id(persona, subject, "subject", True)
             oid = self._entity_id(persona, object, "object", True)
-            same = self.value("select id from kg_triples where persona_id = ? and subject_id = ? and predicate = ? and "
-                              "object_id = ? and valid_to is null and valid_from <= ?", (persona, sid, pred, oid, start))
+            fact = {"persona_id": persona, "subject_id": sid, "predicate": pred, "object_id": oid, "valid_from": start}
+            same = self.value(self.queries["kg_same_open_fact"], fact)
             if same is not None and end is None:
                 return dict(self._triple(same), closed=[], existing=True)
             if self.single_valued(pred):
-                for r in self.rows("select id, valid_from from kg_triples where persona_id = ? and subject_id = ? and "
-                                   "predicate = ? and object_id != ? and (valid_to is null or valid_to > ?)",
-                                   (persona, sid, pred, oid, start)):
+                for r in self.rows(self.queries["kg_rival_facts"], fact):
                     if r["valid_from"] <= start:
                         c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?", (start, stamp, r["id"]))
                         closed.append(r["id"])
@@ -2017,9 +1991,7 @@ class KnowledgeGraph:
         return dict(self._triple(tid), closed=closed, existing=False)
 
     def _triple(self, tid: int) -> dict:
-        rows = self.rows("select t.id, t.uid, s.name subject, t.predicate, o.name object, t.valid_from, t.valid_to, "
-                         "t.confidence, t.source_memory_id from kg_triples t join kg_entities s on s.id = t.subject_id "
-                         "join kg_entities o on o.id = t.object_id where t.id = ?", (tid,))
+        rows = self.rows(self.queries["kg_triple"], {"id": tid})
         if not rows:
             raise NotFound(f"no fact with id {tid}")
         return rows[0]
@@ -2065,8 +2037,7 @@ class KnowledgeGraph:
         """Facts valid at `at` about entities whose name occurs in `text` (case-folded)."""
         folded = " ".join(text.split()).casefold()
         out = []
-        for e in self.rows("select id from kg_entities where persona_id = ? and length(canonical) >= 2 "
-                           "and instr(?, canonical) > 0 limit 20", (persona, folded)):
+        for e in self.rows(self.queries["kg_entities_in_text"], {"persona_id": persona, "text": folded}):
             for f in self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": e["id"],
                                                               "as_of": at, "predicate": ""}):
                 if f["id"] not in {x["id"] for x in out}:
@@ -2673,11 +2644,10 @@ class Briefing:
         persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         cx, ref = self.cfg.context, now()
         since = iso(ref - dt.timedelta(days=cx.briefing_recent_days))
-        key = self.rows("select id, content, created_at from documents where persona_id = ? and archived = 0 and "
-                        "(pinned = 1 or importance >= ?) order by pinned desc, importance desc, created_at desc limit 30",
-                        (persona, cx.briefing_importance))
-        recent = self.rows("select id, content, created_at from documents where persona_id = ? and archived = 0 and "
-                           "created_at >= ? order by created_at desc limit ?", (persona, since, cx.briefing_max_recent))
+        key = self.rows(self.queries["briefing_key_memories"],
+                        {"persona_id": persona, "min_importance": cx.briefing_importance})
+        recent = self.rows(self.queries["briefing_recent_memories"],
+                           {"persona_id": persona, "since": since, "n": cx.briefing_max_recent})
         facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": 0, "as_of": iso(ref),
                                                         "predicate": ""})
         lines = [f"# Memory briefing ({iso(ref)})"]
@@ -2702,7 +2672,7 @@ class Briefing:
     def refresh_stale_briefings(self) -> int:
         """Regenerate briefings that are stale and older than briefing_regen_interval_minutes."""
         cutoff = iso(now() - dt.timedelta(minutes=self.cfg.context.briefing_regen_interval_minutes))
-        stale = self.rows("select persona_id from briefings where stale = 1 and generated_at <= ?", (cutoff,))
+        stale = self.rows(self.queries["stale_briefings"], {"cutoff": cutoff})
         for r in stale:
             self.build_briefing(r["persona_id"])
         return len(stale)
@@ -2731,9 +2701,7 @@ class Briefing:
         topic = normalize_text(topic, "topic")
         k = {"quick": 3, "chat": 8, "coding": 10, "project": 15}[mode]
         lines = ["# Relevant memories"]
-        pinned = self.rows("select id, content from documents where persona_id = ? and archived = 0 and (pinned = 1 "
-                           "or exists (select 1 from json_each(tags) where value = 'directive')) "
-                           "order by pinned desc, importance desc limit 20", (persona,))
+        pinned = self.rows(self.queries["context_pinned"], {"persona_id": persona})
         lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pinned]
         seen = {d["id"] for d in pinned}
         for h in self.recall(topic, k=k, persona_id=persona)["results"]:
@@ -2807,7 +2775,7 @@ class Forgetting:
             self._set_flag_in_tx(r["id"], "archived", True)
 
     def _snapshot(self) -> tuple[dict, dict]:
-        docs = {r["id"]: (r["importance"], r["archived"]) for r in self.rows("select id, importance, archived from documents")}
+        docs = {r["id"]: (r["importance"], r["archived"]) for r in self.rows(self.queries["document_states"])}
         atoms = {r["id"]: r["state"] for r in self.rows(self.queries["atom_states"])}
         return docs, atoms
 
@@ -2915,9 +2883,7 @@ class Forgetting:
         merged_into = survivor; restore_memory(survivor) undoes it.
         Returns {clusters: [{survivor, members: [ids], texts}], dry_run}."""
         persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
-        docs = {d["id"]: d for d in self.rows(
-            "select d.id, d.content, d.created_at, f.segmented from documents d join documents_fts f on f.rowid = d.id "
-            "where d.persona_id = ? and d.archived = 0 order by d.id", (persona,))}
+        docs = {d["id"]: d for d in self.rows(self.queries["consolidate_documents"], {"persona_id": persona})}
         tokens = {i: set(self.seg.tokens(d["content"])) for i, d in docs.items()}  # the words, not the labels
         parent = {i: i for i in docs}
 
@@ -2937,8 +2903,8 @@ class Forgetting:
                     "as_of": ""}) if r["id"] != i]
                 pairs = [j for j, sim in cands if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
             q = fts_query(sorted(tokens[i])[:64])
-            cands = [r["rowid"] for r in self.rows("select rowid from documents_fts where documents_fts match ? "
-                                                   "order by rank limit 8", (q,))] if q else []
+            cands = [r["rowid"] for r in self.rows(self.queries["consolidate_fts_candidates"],
+                                                   {"match": q})] if q else []
             pairs += [j for j in cands if j != i and j in docs and jaccard(tokens[i], tokens[j]) >= 0.8]
             for j in pairs:
                 parent[find(i)] = find(j)
@@ -3062,7 +3028,7 @@ class Maintenance:
         if graph:
             stamp, preps = now_iso(), []
             with self.tx() as c:
-                for d in self.rows("select id from documents order by id"):
+                for d in self.rows(self.queries["all_document_ids"]):
                     doc = self._doc(d["id"])
                     p = self.prepare(doc["content"], {k: doc[k] for k in ("summary", "topics", "participants", "tags",
                                      "sentiment", "source", "importance", "session_id", "persona_id", "key_facts")}

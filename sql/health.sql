@@ -1,4 +1,5 @@
--- Counts and consistency checks behind `aokun stats` and `aokun doctor`.
+-- Counts and consistency checks behind `aokun stats` and `aokun doctor`; what recovery at open
+-- and `aokun rebuild` read.
 -- Every query runs as-is in the sqlite3 shell (the *_vector_* ones need vec0 loaded).
 
 -- name: stats_counts
@@ -88,3 +89,25 @@ select 'graph vectors missing from the KNN index (run `aokun rebuild --vectors`)
 union all
 select 'graph KNN index rows without an entry vector',
        count(*) from graph_vec where entry_id not in (select entry_id from graph_vectors);
+
+-- name: journal_unfinished
+-- Recovery at open (Journal.recover, also behind `aokun rebuild --fts`) reads this and the three
+-- *_missing_fts queries. This one: the journal rows of writes not finished yet (crashed, or still
+-- running in another process), oldest first.
+select * from memory_write_ops where status not in ('done', 'failed') order by id;
+
+-- name: documents_missing_fts
+-- Documents without an FTS row (re-segmented by recovery; `rebuild --fts` empties the FTS tables).
+select * from documents where id not in (select rowid from documents_fts);
+
+-- name: graph_entries_missing_fts
+-- Graph entries without an FTS row.
+select * from graph_entries where id not in (select rowid from graph_entries_fts);
+
+-- name: atoms_missing_fts
+-- Atoms (not forgotten: those have none on purpose) without an FTS row.
+select * from memory_atoms where state != 'forgotten' and id not in (select rowid from memory_atoms_fts);
+
+-- name: all_document_ids
+-- Every document, by id (`rebuild --graph` re-derives each one's atoms and graph).
+select id from documents order by id;

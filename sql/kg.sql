@@ -33,3 +33,32 @@ select
         and (valid_to is null or valid_to > :now) and valid_from <= :now) as active,
     (select count(*) from kg_triples where persona_id = :persona_id and valid_to <= :now) as expired,
     (select count(distinct predicate) from kg_triples where persona_id = :persona_id) as predicates;
+
+-- name: kg_triple
+-- One fact by id (:id) with its entities' names.
+select t.id, t.uid, s.name subject, t.predicate, o.name object, t.valid_from, t.valid_to, t.confidence,
+       t.source_memory_id
+from kg_triples t join kg_entities s on s.id = t.subject_id join kg_entities o on o.id = t.object_id
+where t.id = :id;
+
+-- name: kg_same_open_fact
+-- The open fact (no valid_to) subject —predicate→ object that already holds at :valid_from:
+-- kg_add returns it instead of recording the fact again.
+select id from kg_triples
+where persona_id = :persona_id and subject_id = :subject_id and predicate = :predicate and object_id = :object_id
+  and valid_to is null and valid_from <= :valid_from;
+
+-- name: kg_rival_facts
+-- For a single-valued predicate: the facts of the same subject and predicate with another object
+-- not ended by :valid_from. kg_add closes those begun by then at :valid_from; one that begins later
+-- ends the new fact where it begins.
+select id, valid_from from kg_triples
+where persona_id = :persona_id and subject_id = :subject_id and predicate = :predicate and object_id != :object_id
+  and (valid_to is null or valid_to > :valid_from);
+
+-- name: kg_entities_in_text
+-- Up to 20 entities of :persona_id whose canonical name (2+ characters) occurs in :text (case-folded,
+-- whitespace collapsed): the facts recall and memory_context add are about them.
+select id from kg_entities
+where persona_id = :persona_id and length(canonical) >= 2 and instr(:text, canonical) > 0
+limit 20;

@@ -65,3 +65,59 @@ select e.id, vec_quantize_binary(vec_sub(v.embedding, coalesce((select unhex(val
                                                                zeroblob(length(v.embedding))))),
        e.persona_id, e.session_id, e.archived
 from graph_vectors v join graph_entries e on e.id = v.entry_id;
+
+-- name: doc_vector_blobs
+-- Every stored document vector (float32 blob): their mean is the quantisation centre.
+select embedding from doc_vectors;
+
+-- name: session_context
+-- The :n memories right before a memory in its session (session order: created_at, then id),
+-- nearest first: the context its vector is computed with. :id is the memory's id; 2^62 for one not
+-- stored yet (it comes after every stored memory of the same time).
+select created_at, content from documents
+where session_id = :session_id and persona_id = :persona_id
+  and (created_at < :created_at or (created_at = :created_at and id < :id))
+order by created_at desc, id desc
+limit :n;
+
+-- name: session_successors
+-- The :n memories right after memory :id (at :created_at) in its session, in session order: the
+-- memories whose vector context contains it.
+select id from documents
+where session_id = :session_id and persona_id = :persona_id
+  and (created_at > :created_at or (created_at = :created_at and id > :id))
+order by created_at, id
+limit :n;
+
+-- name: pending_documents
+-- Back-fill: the next :n documents awaiting a vector after id :after (only those in the JSON array
+-- :ids unless it is null), by id, with what their vector text is made of.
+select id, content, persona_id, session_id, created_at, topics, tags, sentiment
+from documents
+where embedding_state = 'pending' and id > :after
+  and (:ids is null or id in (select value from json_each(:ids)))
+order by id
+limit :n;
+
+-- name: pending_entry_ids
+-- Back-fill: the first :n graph entries awaiting a vector, by id.
+select id from graph_entries where embedding_state = 'pending' order by id limit :n;
+
+-- name: pending_entries_of_documents
+-- The graph entries awaiting a vector of the memories in the JSON array :ids, by id: each entry's
+-- node text (t) and what decides whether the memory's own vector can be reused for it.
+select e.id, n.value t, d.content, d.embedding_state, d.id doc_id, d.persona_id, d.session_id, d.created_at
+from graph_entries e
+join graph_nodes n on n.id = e.node_id
+join documents d on d.id = e.document_id
+where e.embedding_state = 'pending' and e.document_id in (select value from json_each(:ids))
+order by e.id;
+
+-- name: pending_entries_by_id
+-- As pending_entries_of_documents, for the graph entries in the JSON array :ids.
+select e.id, n.value t, d.content, d.embedding_state, d.id doc_id, d.persona_id, d.session_id, d.created_at
+from graph_entries e
+join graph_nodes n on n.id = e.node_id
+join documents d on d.id = e.document_id
+where e.embedding_state = 'pending' and e.id in (select value from json_each(:ids))
+order by e.id;

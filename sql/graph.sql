@@ -1,0 +1,49 @@
+-- The atom and graph layers as the write path reads them (Layers, all inside the write
+-- transaction): the atoms a new fact may reinforce or supersede, and what one memory contributed
+-- to both layers, to undo or refresh it when the memory is edited or deleted.
+-- Try one in the shell:  .param set :document_id 12  then paste the query.
+
+-- name: atom_reinforce_candidates
+-- The 20 best BM25 matches (:match, an FTS5 expression) among the active atoms of :persona_id of
+-- type :atom_type, with their segmented text: Jaccard (in Python) decides which one a new fact
+-- reinforces.
+select a.id, a.base_ttl_days, a.importance, a.reinforcement_count, a.confidence, a.last_reinforced_at, f.segmented
+from memory_atoms_fts f join memory_atoms a on a.id = f.rowid
+where memory_atoms_fts match :match and a.persona_id = :persona_id and a.state = 'active'
+  and a.atom_type = :atom_type
+order by rank
+limit 20;
+
+-- name: atom_rivals
+-- The other active atoms (not :id) of the same persona, subject and single-valued slot: the ones
+-- a new value of the slot supersedes, or is superseded by.
+select id, slot_value, created_at from memory_atoms
+where persona_id = :persona_id and subject = :subject and slot = :slot and state = 'active' and id != :id;
+
+-- name: document_atom_sources
+-- The atoms memory :document_id is a source of, with their first source and reinforcement count.
+select s.atom_id, a.document_id, a.reinforcement_count
+from atom_sources s join memory_atoms a on a.id = s.atom_id
+where s.document_id = :document_id;
+
+-- name: document_entry_ids
+-- The ids of memory :document_id's graph entries.
+select id from graph_entries where document_id = :document_id;
+
+-- name: document_pending_entry_ids
+-- The ids of memory :document_id's graph entries still awaiting a vector.
+select id from graph_entries where document_id = :document_id and embedding_state = 'pending';
+
+-- name: document_graph_nodes
+-- Every graph node memory :document_id uses, through its entries or its edges (column n).
+select node_id n from graph_entries where document_id = :document_id and node_id is not null
+union
+select source_id from graph_edges where document_id = :document_id
+union
+select target_id from graph_edges where document_id = :document_id;
+
+-- name: document_fact_entries
+-- Memory :document_id's fact entries with their fact (the node's value).
+select e.id, n.value
+from graph_entries e join graph_nodes n on n.id = e.node_id
+where e.document_id = :document_id and n.node_type = 'fact';

@@ -1,0 +1,35 @@
+-- Reading memories (Store) and the write path's reads of a memory (Journal).
+-- Try one in the shell:  .param set :document_id 12  then paste the query.
+
+-- name: document_atoms
+-- The atoms memory :document_id is a source of (stated or reinforced), by atom id.
+select a.id, a.atom_type, a.content, a.state, a.confidence, a.reinforcement_count, a.expires_at
+from atom_sources s join memory_atoms a on a.id = s.atom_id
+where s.document_id = :document_id
+order by a.id;
+
+-- name: document_graph_texts
+-- The text of memory :document_id's graph entries, in entry order.
+select text from graph_entries where document_id = :document_id order by id;
+
+-- name: list_memories
+-- Memories newest first (created_at, then id): :limit of them after skipping :offset. :persona_id
+-- and :session_id null = any; :include_archived 0 = live only. content cut to 500 characters.
+select id, uid, persona_id, session_id, substr(content, 1, 500) content, summary, importance, pinned,
+       archived, source, created_at, updated_at
+from documents
+where (:persona_id is null or persona_id = :persona_id)
+  and (:session_id is null or session_id = :session_id)
+  and (:include_archived or archived = 0)
+order by created_at desc, id desc
+limit :limit offset :offset;
+
+-- name: document_layer_counts
+-- One row: how many atoms and graph entries memory :document_id has (a write's result).
+select (select count(*) from atom_sources where document_id = :document_id) atoms,
+       (select count(*) from graph_entries where document_id = :document_id) graph_entries;
+
+-- name: same_content_elsewhere
+-- A memory of :persona_id other than :id with exactly this content (:content_hash): an edit of
+-- memory :id to that content is refused.
+select id from documents where persona_id = :persona_id and content_hash = :content_hash and id != :id;
