@@ -28,8 +28,8 @@ __version__ = "0.1.0"
 
 # Imports and constants ###########################################################################
 
-import contextlib
 import configparser
+import contextlib
 import datetime as dt
 import functools
 import hashlib
@@ -364,24 +364,6 @@ def database_path(cfg: Config, db: str | None = None) -> Path:
     return cfg.resolve(cfg.storage.db)
 
 
-def owner_alive(owner: str, updated_at: str | None = None) -> bool:
-    """True when `owner` (host:pid of a journal row) is a live process on this host other than us.
-    A row of another host (a file on a network share) counts as alive for 10 minutes after its
-    last update, then as abandoned (e.g. a file copied from a machine that crashed)."""
-    if not owner or owner == OWNER:
-        return False
-    host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname():
-        return bool(updated_at) and age_days(updated_at, now()) * 86400 < 600
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # Connection and schema ###########################################################################
 
 def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
@@ -419,7 +401,7 @@ def fetch_dicts(conn: apsw.Connection, sql: str, params=()) -> list[dict]:
         names = [d[0] for d in cur.get_description()]
     except apsw.ExecutionCompleteError:
         return []
-    return [dict(zip(names, r)) for r in cur]
+    return [dict(zip(names, r, strict=True)) for r in cur]
 
 
 def migrations() -> list[tuple[int, Path]]:
@@ -795,7 +777,8 @@ def _retry_after(header: str | None, attempt: int) -> float:
         except ValueError:
             from email.utils import parsedate_to_datetime
             with contextlib.suppress(TypeError, ValueError):
-                return min(60.0, max(0.0, (parsedate_to_datetime(header) - dt.datetime.now(dt.timezone.utc)).total_seconds()))
+                wait = parsedate_to_datetime(header) - dt.datetime.now(dt.timezone.utc)
+                return min(60.0, max(0.0, wait.total_seconds()))
     return min(30.0, 0.5 * 2 ** attempt)
 
 
@@ -829,12 +812,12 @@ class CachedEmbedder(Embedder):
 
     def embed_documents(self, texts):
         out: list = [self._get((False, t)) for t in texts]
-        todo = list(dict.fromkeys(t for t, v in zip(texts, out) if v is None))
+        todo = list(dict.fromkeys(t for t, v in zip(texts, out, strict=True) if v is None))
         if todo:
-            fresh = dict(zip(todo, self.inner.embed_documents(todo)))
+            fresh = dict(zip(todo, self.inner.embed_documents(todo), strict=True))
             for t, v in fresh.items():
                 self._put((False, t), v)
-            out = [v if v is not None else fresh[t] for t, v in zip(texts, out)]
+            out = [v if v is not None else fresh[t] for t, v in zip(texts, out, strict=True)]
         return np.stack(out).astype(np.float32) if out else np.zeros((0, self.dim), np.float32)
 
     def embed_query(self, text):
@@ -975,6 +958,8 @@ class Prepared:
 
 
 MAX_LABEL_CHARS = 200  #: the longest persona_id, session_id, source or sentiment
+MAX_ITEM_CHARS = 1000  #: the longest topic, key fact, participant or tag (longer ones are cut)
+MAX_FIELD_CHARS = 10000  #: the longest summary
 METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment", "importance",
                    "session_id", "persona_id", "source", "timestamp", "tags", "pinned"}
 
@@ -990,11 +975,11 @@ def _text_list(value, name: str) -> list[str]:
     for i, v in enumerate(value):
         t = normalize_text(v, f"{name}[{i}]", allow_empty=True)
         if t and t not in out:
-            out.append(t[:1000])
+            out.append(t[:MAX_ITEM_CHARS])
     return out
 
 
-def _short_text(value, name: str, limit: int = 10000) -> str:
+def _short_text(value, name: str, limit: int = MAX_FIELD_CHARS) -> str:
     if value is None:
         return ""
     t = normalize_text(value, name, allow_empty=True)
@@ -1014,6 +999,9 @@ def _importance(value, name: str = "importance", default: float = 0.5) -> float:
 
 
 # Store: the connection, transactions and reading #################################################
+
+LIST_LIMIT_MAX = 1000  #: the most memories list_memories returns at once
+
 
 class Store:
     """The one APSW connection and its helpers; reading memories. Every use of `self.conn` holds
@@ -1069,7 +1057,8 @@ class Store:
 
     def _meta_set(self, key: str, value) -> None:
         """Upsert meta(key) = str(value). In tx."""
-        self.conn.execute("insert into meta(key, value) values (?, ?) on conflict(key) do update set value = excluded.value",
+        self.conn.execute("insert into meta(key, value) values (?, ?) "
+                          "on conflict(key) do update set value = excluded.value",
                           (key, str(value)))
 
     def has_table(self, name: str) -> bool:
@@ -1100,14 +1089,17 @@ class Store:
     def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
              session_id: str | None = None, include_archived: bool = False) -> list[dict]:
         """Memories newest first (by created_at), without atoms/graph detail."""
-        if not isinstance(limit, int) or not 1 <= limit <= 1000:
-            raise InputError("limit", f"expected an integer from 1 to 1000, got {limit!r}")
+        if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
+            raise InputError("limit", f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
         return self.rows(self.queries["list_memories"], {
             "persona_id": persona_id, "session_id": session_id, "include_archived": int(include_archived),
             "limit": limit, "offset": max(0, offset)})
 
 
 # Vectors: embedding, session context and the binary KNN index ####################################
+
+AFTER_EVERY_ID = 2 ** 62  #: an id above every stored one: "a memory not stored yet" in session order
+
 
 class Vectors:
     """Document and graph-entry vectors: what is embedded (a memory with its session context), the
@@ -1154,7 +1146,8 @@ class Vectors:
             if not old_layout():  # another process upgraded it between the check and this transaction
                 return
             c.execute("insert or replace into doc_vectors(doc_id, embedding) select doc_id, embedding from doc_vec")
-            c.execute("insert or replace into graph_vectors(entry_id, embedding) select entry_id, embedding from graph_vec")
+            c.execute("insert or replace into graph_vectors(entry_id, embedding) "
+                      "select entry_id, embedding from graph_vec")
             c.execute("drop table doc_vec")
             c.execute("drop table if exists graph_vec")
             c.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
@@ -1215,7 +1208,7 @@ class Vectors:
             return []
         rows = self.rows(self.queries["session_context"], {
             "session_id": session_id, "persona_id": persona_id, "created_at": created_at,
-            "id": doc_id if doc_id is not None else 2 ** 62, "n": n})
+            "id": doc_id if doc_id is not None else AFTER_EVERY_ID, "n": n})
         return [(r["created_at"], r["content"]) for r in reversed(rows)]
 
     def _vector_text(self, content: str, context: list[str], labels=()) -> tuple[str, bool]:
@@ -1253,7 +1246,8 @@ class Vectors:
             "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"], "created_at": d[0]["created_at"],
             "id": doc_id, "n": n})]
         for i in ids if self.embedder.provider != "none" else ():
-            self.conn.execute("update documents set embedding_state = 'pending' where id = ? and embedding_state = 'done'",
+            self.conn.execute("update documents set embedding_state = 'pending' "
+                              "where id = ? and embedding_state = 'done'",
                               (i,))
         return ids
 
@@ -1311,14 +1305,15 @@ class Vectors:
             m = self._embed([r["t"] for r in todo], warnings)
             if m is None:
                 return None
-            out += [(r["id"], v) for r, v in zip(todo, m)]
+            out += [(r["id"], v) for r, v in zip(todo, m, strict=True)]
         return out
 
     # the float store and its binary index --------------------------------------------------------
 
     def _put_doc_vector(self, doc_id: int, vec: np.ndarray) -> None:
         """Store a document's float vector and its binary index row. In tx."""
-        self.conn.execute(self.queries["put_doc_vector"], {"id": doc_id, "embedding": np.asarray(vec, np.float32).tobytes()})
+        self.conn.execute(self.queries["put_doc_vector"],
+                          {"id": doc_id, "embedding": np.asarray(vec, np.float32).tobytes()})
         self.conn.execute("update documents set embedding_state = 'done' where id = ?", (doc_id,))
         self._maybe_center()
 
@@ -1345,7 +1340,8 @@ class Vectors:
 
     def _put_entry_vector(self, entry_id: int, vec: np.ndarray) -> None:
         """Store a graph entry's float vector and its binary index row. In tx."""
-        self.conn.execute(self.queries["put_entry_vector"], {"id": entry_id, "embedding": np.asarray(vec, np.float32).tobytes()})
+        self.conn.execute(self.queries["put_entry_vector"],
+                          {"id": entry_id, "embedding": np.asarray(vec, np.float32).tobytes()})
         self.conn.execute("update graph_entries set embedding_state = 'done' where id = ?", (entry_id,))
 
     def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
@@ -1369,7 +1365,7 @@ class Vectors:
             if m is None:
                 return done
             with self.tx():
-                for r, vec, (_, truncated) in zip(rows, m, prepared):
+                for r, vec, (_, truncated) in zip(rows, m, prepared, strict=True):
                     if self.value("select embedding_state from documents where id = ?", (r["id"],)) == "pending":
                         self._put_doc_vector(r["id"], vec)
                         self.conn.execute("update documents set embedding_truncated = ? where id = ?",
@@ -1391,6 +1387,11 @@ class Vectors:
 
 
 # Derived layers: a memory's FTS row, atoms and graph #############################################
+
+GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects of one memory (each)
+GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
+GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
+
 
 class Layers:
     """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): its FTS row
@@ -1429,9 +1430,11 @@ class Layers:
             if archived is None:
                 raise NotFound(f"memory {p.document_id} was deleted before its edit finished")
             p.stale += self._stale_successors(p.document_id)  # its old place in the session
-            del cols["persona_id"]  # created_at stays: a new timestamp moves the memory (vector and graph context follow)
+            # created_at stays: a new timestamp moves the memory (its vector and graph context follow)
+            del cols["persona_id"]
             cols["id"] = p.document_id
-            c.execute(f"update documents set {', '.join(f'{k} = :{k}' for k in cols if k != 'id')} where id = :id", cols)
+            assignments = ", ".join(f"{k} = :{k}" for k in cols if k != "id")
+            c.execute(f"update documents set {assignments} where id = :id", cols)
             c.execute("delete from documents_fts where rowid = ?", (p.document_id,))
             c.execute("delete from doc_vectors where doc_id = ?", (p.document_id,))
             if self.has_table("doc_vec"):
@@ -1472,7 +1475,8 @@ class Layers:
                     if score > best_score:
                         best, best_score = cand, score
             if best is not None and best_score >= threshold:
-                if self.value("select 1 from atom_sources where atom_id = ? and document_id = ?", (best["id"], p.document_id)):
+                if self.value("select 1 from atom_sources where atom_id = ? and document_id = ?",
+                              (best["id"], p.document_id)):
                     continue
                 count = best["reinforcement_count"] + 1
                 at = max(best["last_reinforced_at"], p.created_at)
@@ -1489,9 +1493,10 @@ class Layers:
             subject = slot_subject or (self.rules.canonical(p.participants[0]) if p.participants else "")
             if slot and not subject:
                 subject = "user"
-            c.execute("insert into memory_atoms(uid, persona_id, document_id, atom_type, content, subject, confidence, "
-                      "importance, base_ttl_days, created_at, updated_at, last_reinforced_at, expires_at, state_changed_at, "
-                      "slot, slot_value) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            c.execute("insert into memory_atoms(uid, persona_id, document_id, atom_type, content, subject, "
+                      "confidence, importance, base_ttl_days, created_at, updated_at, last_reinforced_at, "
+                      "expires_at, state_changed_at, slot, slot_value) "
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                       (str(uuid.uuid4()), p.persona_id, p.document_id, atom_type, fact, subject, confidence,
                        p.importance, base, p.created_at, stamp, p.created_at,
                        iso(parse_time(p.created_at) + dt.timedelta(days=ttl)), stamp, slot, slot_value))
@@ -1537,7 +1542,8 @@ class Layers:
                 expires = iso(parse_time(a["last_reinforced_at"]) + dt.timedelta(
                     days=effective_ttl_days(a["base_ttl_days"], a["importance"], left)))
                 c.execute("update memory_atoms set reinforcement_count = ?, expires_at = ?, "
-                          "document_id = case when document_id = ? then ? else document_id end, updated_at = ? where id = ?",
+                          "document_id = case when document_id = ? then ? else document_id end, updated_at = ? "
+                          "where id = ?",
                           (left, expires, doc_id, other, now_iso(), r["atom_id"]))
 
     def _stage_graph(self, p: Prepared, _vectors) -> None:
@@ -1558,34 +1564,37 @@ class Layers:
             nid = self.value("select id from graph_nodes where persona_id = ? and node_type = ? and canonical = ?",
                              (p.persona_id, node_type, canonical))
             if nid is None:
-                c.execute("insert into graph_nodes(uid, persona_id, node_type, value, canonical, created_at, updated_at) "
-                          "values (?, ?, ?, ?, ?, ?, ?)", (str(uuid.uuid4()), p.persona_id, node_type, shown, canonical,
-                                                          stamp, stamp))
+                c.execute("insert into graph_nodes(uid, persona_id, node_type, value, canonical, created_at, "
+                          "updated_at) values (?, ?, ?, ?, ?, ?, ?)",
+                          (str(uuid.uuid4()), p.persona_id, node_type, shown, canonical, stamp, stamp))
                 nid = c.last_insert_rowid()
             return nid, shown
 
         def entry(text: str, confidence: float, node_id=None, edge_id=None, state=entry_state) -> None:
             c.execute("insert into graph_entries(uid, persona_id, session_id, document_id, node_id, edge_id, text, "
-                      "confidence, archived, embedding_state, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      "confidence, archived, embedding_state, created_at, updated_at) "
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                       (str(uuid.uuid4()), p.persona_id, p.session_id, p.document_id, node_id, edge_id, text, confidence,
                        doc["archived"], state, p.created_at, stamp))
             c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
                       (c.last_insert_rowid(), self.seg.segmented(text)))
 
         def edge(src, dst, relation: str, confidence: float) -> None:
-            c.execute("insert into graph_edges(uid, persona_id, document_id, source_id, target_id, relation, confidence, "
-                      "created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (str(uuid.uuid4()), p.persona_id, p.document_id, src[0], dst[0], relation, confidence, stamp, stamp))
-            entry(f"{src[1]} {relation.replace('_', ' ')} {dst[1]}", confidence, edge_id=c.last_insert_rowid(), state="skip")
+            c.execute("insert into graph_edges(uid, persona_id, document_id, source_id, target_id, relation, "
+                      "confidence, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (str(uuid.uuid4()), p.persona_id, p.document_id, src[0], dst[0], relation, confidence,
+                       stamp, stamp))
+            entry(f"{src[1]} {relation.replace('_', ' ')} {dst[1]}", confidence, edge_id=c.last_insert_rowid(),
+                  state="skip")
 
-        subjects = [(node("person", v), "Person") for v in p.participants[:8]] + \
-                   [(node("topic", v), "Topic") for v in p.topics[:8]]
+        subjects = [(node("person", v), "Person") for v in p.participants[:GRAPH_MAX_SUBJECTS]] + \
+                   [(node("topic", v), "Topic") for v in p.topics[:GRAPH_MAX_SUBJECTS]]
         seen_nodes: set = set()  # two spellings of one entity ("Alice", "alice", "NYC"/"New York") = one subject
         subjects = [s for s in subjects if s[0][0] not in seen_nodes and not seen_nodes.add(s[0][0])]
         for (nid, shown), label in subjects:  # keyword entry points only: a name's vector says little
-            entry(f"{label}: {shown}. Summary: {summary}", 0.9, node_id=nid, state="skip")
+            entry(f"{label}: {shown}. Summary: {summary}", GRAPH_SUBJECT_CONFIDENCE, node_id=nid, state="skip")
         facts = []
-        for fact in list(dict.fromkeys(p.facts))[:8]:
+        for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
             confidence = self.rules.classify(fact)[1]
             n = node("fact", fact)
             if any(n[0] == f[0][0] for f in facts):  # same fact up to case/whitespace
@@ -1596,11 +1605,11 @@ class Layers:
         for (s, _label) in subjects:
             for f, confidence in facts:
                 edge(s, f, "describes", confidence)
-        for (a, ca), (b, cb) in zip(facts, facts[1:]):
+        for (a, ca), (b, cb) in zip(facts, facts[1:], strict=False):  # each fact with the next
             edge(a, b, "mentioned_in", min(ca, cb))
         for i, (a, _) in enumerate(subjects):
             for b, _ in subjects[i + 1:]:
-                edge(a, b, "co_occurs_with", 0.9)
+                edge(a, b, "co_occurs_with", GRAPH_SUBJECT_CONFIDENCE)
 
     def _clear_graph(self, doc_id: int) -> None:
         """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes. In tx."""
@@ -1616,8 +1625,10 @@ class Layers:
         c.execute("delete from graph_entries where document_id = ?", (doc_id,))
         c.execute("delete from graph_edges where document_id = ?", (doc_id,))
         for nid in node_ids:
-            c.execute("delete from graph_nodes where id = ? and not exists (select 1 from graph_entries where node_id = ?) "
-                      "and not exists (select 1 from graph_edges where source_id = ? or target_id = ?)", (nid, nid, nid, nid))
+            c.execute("delete from graph_nodes where id = ? "
+                      "and not exists (select 1 from graph_entries where node_id = ?) "
+                      "and not exists (select 1 from graph_edges where source_id = ? or target_id = ?)",
+                      (nid, nid, nid, nid))
 
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
         if vectors.get("entries") is None:
@@ -1644,7 +1655,8 @@ class Layers:
         keyword text of their new session context (no embedding involved: fact vectors are the fact's). In tx."""
         c, stamp = self.conn, now_iso()
         for i in dict.fromkeys(ids):
-            d = self.rows("select persona_id, session_id, created_at, summary, content from documents where id = ?", (i,))
+            d = self.rows("select persona_id, session_id, created_at, summary, content from documents "
+                          "where id = ?", (i,))
             if not d:
                 continue
             d = d[0]
@@ -1654,10 +1666,33 @@ class Layers:
                 text = self._fact_entry_text(e["value"], summary, context)
                 c.execute("update graph_entries set text = ?, updated_at = ? where id = ?", (text, stamp, e["id"]))
                 c.execute("delete from graph_entries_fts where rowid = ?", (e["id"],))
-                c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)", (e["id"], self.seg.segmented(text)))
+                c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
+                          (e["id"], self.seg.segmented(text)))
 
 
 # Write path and journal: memorize, edit, delete, recovery ########################################
+
+OWNER_STALE_SECONDS = 600  #: a journal row of another host counts as abandoned this long after its last update
+JOURNAL_ERROR_CHARS = 1000  #: the start of an error message kept on its journal row
+
+
+def owner_alive(owner: str, updated_at: str | None = None) -> bool:
+    """True when `owner` (host:pid of a journal row) is a live process on this host other than us.
+    A row of another host (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes)
+    after its last update, then as abandoned (e.g. a file copied from a machine that crashed)."""
+    if not owner or owner == OWNER:
+        return False
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname():
+        return bool(updated_at) and age_days(updated_at, now()) * 86400 < OWNER_STALE_SECONDS
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
 
 class Journal:
     """Writes through the journal (memory_write_ops): every write is a row that moves pending →
@@ -1729,8 +1764,9 @@ class Journal:
                         p.document_id = seen[key]  # resolved after the first copy is written
                     continue
                 seen[key] = p
-                c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at, owner) "
-                          "values ('insert', ?, ?, 'pending', ?, ?, ?)", (p.persona_id, p.payload(), stamp, stamp, OWNER))
+                c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at, "
+                          "owner) values ('insert', ?, ?, 'pending', ?, ?, ?)",
+                          (p.persona_id, p.payload(), stamp, stamp, OWNER))
                 p.op_id = self.conn.last_insert_rowid()
         self.run_pipeline([p for p in preps if p.op_id])
         for p in preps:
@@ -1791,12 +1827,13 @@ class Journal:
         p.warnings.append(f"stage after {p.status} failed ({error}); it is retried at next start")
         if p.status == "pending" and p.op == "insert" and not p.recovering:
             with self.tx():  # the caller is told it failed: it must not be stored by a later recovery
-                self.conn.execute("update memory_write_ops set status = 'failed', error = ?, updated_at = ? where id = ?",
-                                  (str(error)[:1000], now_iso(), p.op_id))
+                self.conn.execute("update memory_write_ops set status = 'failed', error = ?, updated_at = ? "
+                                  "where id = ?",
+                                  (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
             raise error if isinstance(error, AokunError) else AokunError(f"could not store the memory: {error}")
         with self.tx():
             self.conn.execute("update memory_write_ops set error = ?, updated_at = ? where id = ?",
-                              (str(error)[:1000], now_iso(), p.op_id))
+                              (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
 
     def recover(self) -> dict:
         """Finish unfinished journal rows and repair index gaps (seed: Reliability).
@@ -1813,7 +1850,8 @@ class Journal:
                 if owner_alive(r["owner"], r["updated_at"]):  # another live process is writing it right now
                     continue
                 if r["retries"] >= limit:
-                    c.execute("update memory_write_ops set status = 'failed', updated_at = ? where id = ?", (now_iso(), r["id"]))
+                    c.execute("update memory_write_ops set status = 'failed', updated_at = ? where id = ?",
+                              (now_iso(), r["id"]))
                     report["failed"].append(r["id"])
                     log.error("write op %s failed %s times at stage %s and is marked failed: %s",
                               r["id"], r["retries"], r["status"], r["error"])
@@ -1833,7 +1871,8 @@ class Journal:
                     if text_sql is None:
                         m = dict(m, **{k: json.loads(m[k]) for k in ("topics", "participants", "tags")})
                     text = self._doc_index_text(m) if text_sql is None else m[text_sql]
-                    c.execute(f"insert into {table}(rowid, segmented) values (?, ?)", (m["id"], self.seg.segmented(text)))
+                    c.execute(f"insert into {table}(rowid, segmented) values (?, ?)",
+                              (m["id"], self.seg.segmented(text)))
                 report["fts_backfilled"] += len(missing)
         if preps:
             log.info("recovering %d unfinished writes", len(preps))
@@ -1867,9 +1906,9 @@ class Journal:
         p.op, p.document_id = "edit", doc_id
         stamp = now_iso()
         with self.tx() as c:
-            c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, updated_at, "
-                      "owner) values ('edit', ?, ?, ?, 'pending', ?, ?, ?)", (doc_id, p.persona_id, p.payload(), stamp,
-                                                                            stamp, OWNER))
+            c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
+                      "updated_at, owner) values ('edit', ?, ?, ?, 'pending', ?, ?, ?)",
+                      (doc_id, p.persona_id, p.payload(), stamp, stamp, OWNER))
             p.op_id = c.last_insert_rowid()
         self.run_pipeline([p])
         self._refresh_stale(p.stale)
@@ -1924,6 +1963,9 @@ class Journal:
 
 # Knowledge graph: temporal triples ###############################################################
 
+MAX_ENTITY_CHARS = 300  #: entity names are cut to this length
+
+
 class KnowledgeGraph:
     """Facts as subject —predicate→ object triples with a validity window (valid_from, valid_to),
     queried at any as_of time (second seed: temporal knowledge graph)."""
@@ -1937,7 +1979,7 @@ class KnowledgeGraph:
         """The id of the knowledge-graph entity `name` resolves to (rules/aliases.toml), created when
         missing and `create`; None when missing otherwise. Raises InputError naming `field_name`. In tx
         when `create`."""
-        name = normalize_text(name, field_name)[:300]
+        name = normalize_text(name, field_name)[:MAX_ENTITY_CHARS]
         canonical = self.rules.canonical(name)
         eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?", (persona, canonical))
         if eid is None and create:
@@ -1979,7 +2021,8 @@ class KnowledgeGraph:
             if self.single_valued(pred):
                 for r in self.rows(self.queries["kg_rival_facts"], fact):
                     if r["valid_from"] <= start:
-                        c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?", (start, stamp, r["id"]))
+                        c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?",
+                                  (start, stamp, r["id"]))
                         closed.append(r["id"])
                     elif end is None or end > r["valid_from"]:
                         end = r["valid_from"]  # a later fact is already known: this one ends there
@@ -2118,6 +2161,7 @@ DOC_CHANNELS = ("bm25", "vector")  #: the document route's channels
 GRAPH_CHANNELS = ("graph_keyword", "graph_vector")  #: the graph route's channels
 CHANNEL_MAX_K = 4096  #: cap of a channel query's k (sqlite-vec 0.1.9 refuses KNN k above 4096)
 GRAPH_HOP_DISCOUNT = 0.5  #: a memory one graph hop from a hit node scores this share of the hit
+FREQUENCY_SATURATION = 10  #: (decayed) accesses at which the frequency term reaches 1
 MMR_POOL_MIN = 30  #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
 
 
@@ -2196,7 +2240,8 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
 
         recency     = exp(−age_days / recency_days), age from max(created_at, last_access_at)
                       (created_at alone for as_of recall)
-        frequency   = min(1, ln(1 + access_count·exp(−days since last access / recency_days)) / ln 11)
+        frequency   = min(1, ln(1 + access_count·exp(−days since last access / recency_days))
+                             / ln(1 + FREQUENCY_SATURATION))
         doc_route   = α·doc_relevance + β·importance + γ·recency + δ·frequency
         graph_route = (0.55·graph_relevance + 0.20·importance + 0.15·recency + 0.10·confidence)
                       × (temporal_floor + (1 − temporal_floor)·temporal_factor)
@@ -2206,7 +2251,8 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
     last = d["created_at"] if historical else max(d["created_at"], d["last_access_at"] or "")
     recency = math.exp(-age_days(last, ref) / w.recency_days)
     frequency = 0.0 if historical or not d["last_access_at"] else min(1.0, math.log1p(
-        d["access_count"] * math.exp(-age_days(d["last_access_at"], ref) / w.recency_days)) / math.log1p(10))
+        d["access_count"] * math.exp(-age_days(d["last_access_at"], ref) / w.recency_days))
+        / math.log1p(FREQUENCY_SATURATION))
     rel_doc = route_relevance(d["id"], ranks, scores, w.doc_channels, w)
     rel_graph = route_relevance(d["id"], ranks, scores, w.graph_channels, w)
     factor = d["temporal_factor"] if w.graph_channels else 1.0
@@ -2295,6 +2341,10 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
 
 
 # Recall: channels, fusion, atoms, cache ##########################################################
+
+ATOM_OVERFETCH = 4  #: search_atoms reads this many × k atoms before dropping expired ones
+ATOM_BM25_SCALE = 8.0  #: the seed's atom score 1/(1 + exp(−raw/8)) (seed: Retrieval IV)
+
 
 class Recall:
     """Hybrid recall (seed: Retrieval Pipeline): the SQL channels run side by side, the ranking
@@ -2530,13 +2580,13 @@ class Recall:
         persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         ref = now()
         rows = self.rows(self.queries["search_atoms"], {"match": fts_query(tokens), "persona_id": persona,
-                                                        "k": min(CHANNEL_MAX_K, 4 * k)})
+                                                        "k": min(CHANNEL_MAX_K, ATOM_OVERFETCH * k)})
         out = []
         for a in rows:
             factor = ttl_factor(a | {"state": "active"}, self.rules.types[a["atom_type"]]["decay"], ref)
             if factor <= 0:
                 continue
-            norm = 1.0 / (1.0 + math.exp(a["raw"] / 8.0))  # seed: 1/(1+exp(−raw/8)) with raw = −bm25()
+            norm = 1.0 / (1.0 + math.exp(a["raw"] / ATOM_BM25_SCALE))  # seed: 1/(1+exp(−raw/8)), raw = −bm25()
             out.append({"id": a["id"], "document_id": a["document_id"], "atom_type": a["atom_type"],
                         "content": a["content"], "confidence": a["confidence"],
                         "reinforcement_count": a["reinforcement_count"], "expires_at": a["expires_at"],
@@ -2630,6 +2680,12 @@ def _one_line(text: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+CONTEXT_TOKENS_MIN = 50  #: the smallest token budget memory_context accepts
+BRIEFING_MAX_FACTS = 50  #: current knowledge-graph facts listed in a briefing
+#: memories recall()ed for a topic per memory_context mode
+CONTEXT_RECALL_K = {"quick": 3, "chat": 8, "coding": 10, "project": 15}
+
+
 class Briefing:
     """Memory for a prompt: the stored session briefing (built from SQL, no embedding) and
     memory_context within a token budget (second seed: token-budget context, session briefing)."""
@@ -2661,12 +2717,14 @@ class Briefing:
             lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}" for d in recent]
         if facts:
             lines.append("## Current facts")
-            lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts[:50]]
+            lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})"
+                      for f in facts[:BRIEFING_MAX_FACTS]]
         text = "\n".join(lines)
         with self.tx() as c:
             c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) values (?, ?, ?, ?, 0) "
                       "on conflict(persona_id) do update set text = excluded.text, tokens = excluded.tokens, "
-                      "generated_at = excluded.generated_at, stale = 0", (persona, text, estimate_tokens(text), iso(ref)))
+                      "generated_at = excluded.generated_at, stale = 0",
+                      (persona, text, estimate_tokens(text), iso(ref)))
         return self.rows("select * from briefings where persona_id = ?", (persona,))[0]
 
     def refresh_stale_briefings(self) -> int:
@@ -2688,7 +2746,8 @@ class Briefing:
                    "coding": self.cfg.context.coding_tokens, "project": self.cfg.context.project_tokens}
         if mode not in budgets:
             raise InputError("mode", f"expected one of {', '.join(budgets)}, got {mode!r}")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 50):
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < CONTEXT_TOKENS_MIN):
             raise InputError("max_tokens", f"expected a whole number ≥ 50, got {max_tokens!r}")
         budget = max_tokens or budgets[mode]
         persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
@@ -2699,7 +2758,7 @@ class Briefing:
             return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
                     "source": "briefing", "stale": bool(brief["stale"]), "generated_at": brief["generated_at"]}
         topic = normalize_text(topic, "topic")
-        k = {"quick": 3, "chat": 8, "coding": 10, "project": 15}[mode]
+        k = CONTEXT_RECALL_K[mode]
         lines = ["# Relevant memories"]
         pinned = self.rows(self.queries["context_pinned"], {"persona_id": persona})
         lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pinned]
@@ -2718,6 +2777,12 @@ class Briefing:
 
 # Forgetting and lifecycle: decay, atom states, consolidation #####################################
 
+DECAY_DAYS_MAX = 3650  #: the most days decay() runs, or forget_preview() looks ahead, at once (ten years)
+CONSOLIDATE_NEIGHBOURS = 8  #: nearest memories (by vector, and by BM25) compared with each memory
+CONSOLIDATE_QUERY_TOKENS = 64  #: tokens of a memory used as its BM25 query
+CONSOLIDATE_JACCARD_ALONE = 0.8  #: token Jaccard that makes two memories duplicates without vectors
+
+
 class Forgetting:
     """Importance decay by calendar day, the atom state machine, auto-archival, previews, and
     consolidation of near-duplicates with its undo (seed: Forgetting & Lifecycle)."""
@@ -2729,7 +2794,8 @@ class Forgetting:
             try:
                 return zoneinfo.ZoneInfo(name)
             except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-                raise AokunError(f"[forgetting] timezone = {name!r} is not a known time zone (e.g. Asia/Shanghai)") from None
+                raise AokunError(f"[forgetting] timezone = {name!r} is not a known time zone "
+                                 "(e.g. Asia/Shanghai)") from None
         return dt.datetime.now().astimezone().tzinfo
 
     def _decay_due(self, ref: dt.datetime) -> dt.date:
@@ -2784,7 +2850,8 @@ class Forgetting:
         (d0, a0), (d1, a1) = before, after
         importance = [{"id": i, "old": d0[i][0], "new": d1[i][0]} for i in sorted(d1) if d1[i][0] != d0[i][0]]
         archived = [i for i in sorted(d1) if d1[i][1] and not d0[i][1]]
-        atoms = [{"id": i, "old": a0[i], "new": a1.get(i, "purged")} for i in sorted(a0) if a1.get(i, "purged") != a0[i]]
+        atoms = [{"id": i, "old": a0[i], "new": a1.get(i, "purged")} for i in sorted(a0)
+                 if a1.get(i, "purged") != a0[i]]
         return {"importance": importance, "archived": archived, "atoms": atoms}
 
     def _decay_steps(self, days: list, ref: dt.datetime) -> list:
@@ -2821,8 +2888,9 @@ class Forgetting:
         a transaction that is rolled back. Returns {days: [...], importance: [{id, old, new}],
         archived: [ids], dry_run}."""
         ref = ref or now()
-        if days is not None and (isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= 3650):
-            raise InputError("days", f"expected a whole number of days from 0 to 3650, got {days!r}")
+        if days is not None and (isinstance(days, bool) or not isinstance(days, int)
+                                 or not 0 <= days <= DECAY_DAYS_MAX):
+            raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, got {days!r}")
         last = self.meta_get("decay_last_run")
         due = self._decay_due(ref)
         if days is not None:
@@ -2852,11 +2920,11 @@ class Forgetting:
         """What decay, auto-archival and the atom lifecycle would do by `days` days from now, computed
         in a transaction that is rolled back (nothing changes). Returns {as_of, days, importance,
         archived, atoms}."""
-        if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= 3650:
-            raise InputError("days", f"expected a whole number of days from 0 to 3650, got {days!r}")
+        if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= DECAY_DAYS_MAX:
+            raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, got {days!r}")
         ref = now() + dt.timedelta(days=days)
         last = self.meta_get("decay_last_run")
-        first = dt.date.fromisoformat(last) + dt.timedelta(days=1) if last else self._decay_due(now()) + dt.timedelta(days=1)
+        first = (dt.date.fromisoformat(last) if last else self._decay_due(now())) + dt.timedelta(days=1)
         todo = [first + dt.timedelta(days=i) for i in range((self._decay_due(ref) - first).days + 1)]
         steps = self._decay_steps(todo, ref) + [lambda: self._lifecycle_sweep(ref)]
         before, after = self._run_steps(steps, dry_run=True)
@@ -2876,10 +2944,11 @@ class Forgetting:
     def consolidate(self, dry_run: bool = True, persona_id=None, similarity: float = 0.92,
                     min_jaccard: float = 0.5) -> dict:
         """Find clusters of near-duplicate live memories (cosine similarity ≥ `similarity` between
-        their vectors and Jaccard ≥ `min_jaccard` of their content's tokens, or that Jaccard ≥ 0.8
-        alone: vectors also see a memory's session context and labels, so the same words in another
-        conversation or with other topics may differ). A real run merges each cluster into its longest memory (union of topics, key facts
-        and participants, max importance, earliest created_at) and archives the others with
+        their vectors and Jaccard ≥ `min_jaccard` of their content's tokens, or that Jaccard ≥
+        CONSOLIDATE_JACCARD_ALONE (0.8) alone: vectors also see a memory's session context and
+        labels, so the same words in another conversation or with other topics may differ). A real
+        run merges each cluster into its longest memory (union of topics, key facts and
+        participants, max importance, earliest created_at) and archives the others with
         merged_into = survivor; restore_memory(survivor) undoes it.
         Returns {clusters: [{survivor, members: [ids], texts}], dry_run}."""
         persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
@@ -2899,13 +2968,15 @@ class Forgetting:
             vec = self.value("select embedding from doc_vectors where doc_id = ?", (i,)) if use_vectors else None
             if vec is not None:
                 cands = [(r["id"], 1 - r["raw"]) for r in self.rows(self.queries["recall_vector"], {
-                    "embedding": vec, "k": 8, "candidates": 64, "persona_id": persona, "max_archived": 0,
-                    "as_of": ""}) if r["id"] != i]
-                pairs = [j for j, sim in cands if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
-            q = fts_query(sorted(tokens[i])[:64])
+                    "embedding": vec, "k": CONSOLIDATE_NEIGHBOURS, "candidates": 8 * CONSOLIDATE_NEIGHBOURS,
+                    "persona_id": persona, "max_archived": 0, "as_of": ""}) if r["id"] != i]
+                pairs = [j for j, sim in cands
+                         if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
+            q = fts_query(sorted(tokens[i])[:CONSOLIDATE_QUERY_TOKENS])
             cands = [r["rowid"] for r in self.rows(self.queries["consolidate_fts_candidates"],
-                                                   {"match": q})] if q else []
-            pairs += [j for j in cands if j != i and j in docs and jaccard(tokens[i], tokens[j]) >= 0.8]
+                                                   {"match": q, "k": CONSOLIDATE_NEIGHBOURS})] if q else []
+            pairs += [j for j in cands
+                      if j != i and j in docs and jaccard(tokens[i], tokens[j]) >= CONSOLIDATE_JACCARD_ALONE]
             for j in pairs:
                 parent[find(i)] = find(j)
         groups: dict[int, list[int]] = {}
@@ -2931,7 +3002,8 @@ class Forgetting:
         merged["timestamp"] = min([s["created_at"]] + [o["created_at"] for o in others])
         self.edit(survivor, None, merged)  # moves it to the earliest time: atoms, context and successors follow
         with self.tx() as c:
-            c.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) values (?, ?, ?, ?)",
+            c.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) "
+                      "values (?, ?, ?, ?)",
                       (survivor, json.dumps(previous, ensure_ascii=False), json.dumps(members), now_iso()))
             for m in members:
                 self._set_flag_in_tx(m, "archived", True)
@@ -2965,6 +3037,10 @@ class Forgetting:
 
 
 # Maintenance and backups: health, rebuild, vacuum, backup, restore ###############################
+
+BACKUP_STEP_PAGES = 256  #: pages the online backup copies per step (the lock is held per step)
+BACKUP_MAX_RESTARTS = 20  #: after this many restarts (writes elsewhere) the copy finishes under the lock
+
 
 class Maintenance:
     """Health (stats, doctor), rebuilding derived data, VACUUM, online backups and restore, and
@@ -3121,7 +3197,7 @@ class Maintenance:
                 restarts, left = 0, None
                 while True:
                     with self.lock:
-                        done = b.step(256 if restarts < 20 else -1)
+                        done = b.step(BACKUP_STEP_PAGES if restarts < BACKUP_MAX_RESTARTS else -1)
                     if done:
                         break
                     if left is not None and b.remaining >= left:  # a write elsewhere restarted the copy
@@ -3269,7 +3345,8 @@ class Summarizer:
                        "sentiment": str(data.get("sentiment") or ""),
                        "importance": min(1.0, max(0.0, float(data.get("importance", 0.5))))}
         except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise AokunError(f"the chat endpoint's reply is not the JSON asked for ({e}); try another [llm] model") from None
+            raise AokunError(f"the chat endpoint's reply is not the JSON asked for ({e}); "
+                             "try another [llm] model") from None
         meta = dict(metadata or {})
         meta.setdefault("source", "chat")
         for k in ("topics", "key_facts", "participants", "sentiment", "importance"):
@@ -3785,7 +3862,7 @@ def _read_tools():
         return S.AtomsResult(**_on_memory(ctx, lambda m: m.search_atoms(query, k, persona_id)))
 
     def list_memories(ctx: Context,
-                      limit: Annotated[int, Field(ge=1, le=1000, description="How many (default 20)."),
+                      limit: Annotated[int, Field(ge=1, le=LIST_LIMIT_MAX, description="How many (default 20)."),
                                        _nullable(20)] = 20,
                       offset: Annotated[int, Field(ge=0, description="Skip this many."), _nullable(0)] = 0,
                       persona_id: A.Persona = None,
@@ -3869,7 +3946,8 @@ def _context_tools():
                        mode: Annotated[str, Field(description="quick, chat, coding or project: sets the token "
                                                               "budget and how much is searched."),
                                        _nullable("chat")] = "chat",
-                       max_tokens: Annotated[int | None, Field(ge=50, description="Token budget override.")] = None,
+                       max_tokens: Annotated[int | None, Field(ge=CONTEXT_TOKENS_MIN,
+                                                               description="Token budget override.")] = None,
                        persona_id: A.Persona = None) -> C.ContextBlob:
         """Memory for the start of a session or a new topic, as one text within a token budget:
         pinned/directive memories first, then memories about the topic, then current facts. Without a
@@ -3884,7 +3962,8 @@ def _context_tools():
         return C.ContextBlob(**_on_memory(ctx, run))
 
     def forget_preview(ctx: Context,
-                       days: Annotated[int, Field(ge=0, le=3650, description="How far ahead to look, in days."),
+                       days: Annotated[int, Field(ge=0, le=DECAY_DAYS_MAX,
+                                                  description="How far ahead to look, in days."),
                                        _nullable(7)] = 7) -> C.ForgetPreview:
         """Preview what forgetting would do within `days` days: importance decay, auto-archival and
         atom expiry. Read-only: nothing changes. Use it before pinning or raising the importance of
@@ -4106,11 +4185,8 @@ def http_app(server, cfg: Config, host: str, port: int):
 import click  # noqa: E402  (kept beside its only user)
 
 LIST_LIMIT_DEFAULT = 20  #: `list` rows per page
-LIST_LIMIT_MAX = 1000  #: the most Memory.list_memories returns at once
 RECALL_K_DEFAULT = 5  #: memories `recall` prints
 ATOMS_K_DEFAULT = 10  #: facts `atoms` prints
-DECAY_DAYS_MAX = 3650  #: the most days Memory.decay runs at once (ten years)
-CONTEXT_TOKENS_MIN = 50  #: the smallest `context --max-tokens` Memory.memory_context accepts
 DATE_CHARS = len("2026-11-30")  #: the date part of an ISO-8601 timestamp
 LINE_PREVIEW_CHARS = 100  #: memory text shown on one line by `list` and `consolidate`
 HIT_PREVIEW_CHARS = 200  #: text shown per hit by `recall` and `atoms`

@@ -40,6 +40,6 @@ where d.persona_id = :persona_id and d.archived = 0
 order by d.id;
 
 -- name: consolidate_fts_candidates
--- The 8 best BM25 matches of :match (a memory's own tokens) among all memories: near-duplicate
+-- The :k best BM25 matches of :match (a memory's own tokens) among all memories: near-duplicate
 -- candidates, checked by Jaccard in Python (which also drops other personas and archived ones).
-select rowid from documents_fts where documents_fts match :match order by rank limit 8;
+select rowid from documents_fts where documents_fts match :match order by rank limit :k;
