@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "aokun.py"
 MAX_CLASS_LINES = 700
@@ -44,18 +46,12 @@ def test_import_loads_no_server_stack():
     assert out.stdout.strip() == "[]", f"`import aokun` loaded: {out.stdout.strip()}"
 
 
-def test_no_class_longer_than_limit():
-    too_long = [d for d in _defs(_tree()) if d[1] == "class" and d[3] > MAX_CLASS_LINES]
-    name, _, line, n = _largest("class")
-    assert not too_long, (f"classes over {MAX_CLASS_LINES} lines: "
-                          + ", ".join(f"{d[0]} (line {d[2]}, {d[3]} lines)" for d in too_long)
-                          + f"; largest: {name} (line {line}, {n} lines)")
-
-
-def test_no_function_longer_than_limit():
-    too_long = [d for d in _defs(_tree()) if d[1] == "function" and d[3] > MAX_FUNCTION_LINES]
-    name, _, line, n = _largest("function")
-    assert not too_long, (f"functions over {MAX_FUNCTION_LINES} lines: "
+@pytest.mark.parametrize("kind, plural, limit", [("class", "classes", MAX_CLASS_LINES),
+                                                  ("function", "functions", MAX_FUNCTION_LINES)])
+def test_no_definition_longer_than_limit(kind, plural, limit):
+    too_long = [d for d in _defs(_tree()) if d[1] == kind and d[3] > limit]
+    name, _, line, n = _largest(kind)
+    assert not too_long, (f"{plural} over {limit} lines: "
                           + ", ".join(f"{d[0]} (line {d[2]}, {d[3]} lines)" for d in too_long)
                           + f"; largest: {name} (line {line}, {n} lines)")
 
