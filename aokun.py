@@ -5,10 +5,11 @@ Three layers of memory (documents, memory atoms, a knowledge graph) written by o
 pipeline; recall fuses BM25, vector KNN and graph channels with RRF, weighting and MMR.
 See README.md for the quick start and ../shared/DESIGN.md for the architecture.
 
-Sections, in dependency order (each under a `# Title ####` banner; grep for it):
+Sections, lower levels first (each under a `# Title ####` banner; grep for it):
   imports and constants · errors · clock · config · connection and schema · named queries ·
   text · embeddings · atoms and graph rules · write validation ·
-  the engine, one class per section, composed into `Memory` at the end:
+  the engine, one mixin class per concern, composed into `Memory` at the end (they share `self`:
+  a section calls another's methods, e.g. Journal runs the Layers stages):
     Store (connection, transactions, reading) · Vectors (embedding, session context, binary KNN
     index) · Layers (a memory's FTS row, atoms, graph) · Journal (memorize, edit, delete,
     recovery) · KnowledgeGraph (temporal triples) · Ranking (pure functions, no database) ·
@@ -111,6 +112,7 @@ def iso(t: dt.datetime) -> str:
 
 
 def now_iso() -> str:
+    """The clock's now() as column text ('2026-11-30T08:15:00Z')."""
     return iso(now())
 
 
@@ -352,6 +354,8 @@ def find_config(path: str | None = None) -> Path | None:
 
 
 def load_config(path: str | None = None, overrides: dict | None = None) -> Config:
+    """The Config from find_config(path) (or defaults only), with `overrides` {(section, key): value}
+    on top. Raises AokunError for a missing file or a bad setting."""
     return Config(find_config(path), overrides)
 
 
@@ -405,6 +409,7 @@ def fetch_dicts(conn: apsw.Connection, sql: str, params=()) -> list[dict]:
 
 
 def migrations() -> list[tuple[int, Path]]:
+    """[(number, path)] of schema/NNNN_*.sql, in order."""
     found = []
     for p in sorted(SCHEMA_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql")):
         found.append((int(p.name[:4]), p))
@@ -412,6 +417,7 @@ def migrations() -> list[tuple[int, Path]]:
 
 
 def schema_version_known() -> int:
+    """The newest schema version this code knows (the highest migration number)."""
     return max((n for n, _ in migrations()), default=0)
 
 
@@ -608,6 +614,12 @@ def jaccard(a: set, b: set) -> float:
     if not a and not b:
         return 0.0
     return len(a & b) / len(a | b)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    """`text` on one line (whitespace folded), cut to `limit` characters with … (for listings)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 # Embeddings ######################################################################################
@@ -850,6 +862,29 @@ def effective_ttl_days(base_ttl_days: float, importance: float, reinforcement_co
     return base_ttl_days * (0.5 + importance) * (1 + 0.5 * reinforcement_count)
 
 
+def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
+    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
+    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
+    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
+    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
+    then and had not yet expired or been superseded (needs created_at and state_changed_at).
+    Recall computes the same factor in SQL (sql recall_candidates); tests check the two agree."""
+    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])  # stored: valid
+    if historical:
+        if atom["state"] == "superseded":
+            end = min(end, _parse_iso(atom["state_changed_at"]))
+        if ref < _parse_iso(atom["created_at"]):
+            return 0.0
+    elif atom["state"] != "active":
+        return 0.0
+    if ref >= end:
+        return 0.0
+    if decay == "step":
+        return 1.0
+    ttl = max(1e-9, (end - start).total_seconds())
+    return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
+
+
 class Rules:
     """The data in rules/: atom types and classification regexes, entity aliases, query intents."""
 
@@ -954,6 +989,8 @@ class Prepared:
                "tags", "sentiment", "source", "importance", "pinned", "created_at", "content_hash", "facts")
 
     def payload(self) -> str:
+        """The journal payload: the PAYLOAD fields as JSON text (what recover() rebuilds the write
+        from)."""
         return json.dumps({k: getattr(self, k) for k in self.PAYLOAD}, ensure_ascii=False)
 
 
@@ -1008,6 +1045,8 @@ class Store:
     `self.lock` (see Memory); methods documented "in tx" run inside the caller's `tx()`."""
 
     def close(self):
+        """Wait for the access bookkeeping, stop the worker threads, close the reader connections, then
+        PRAGMA optimize and close the main connection."""
         self.wait_background()
         if self._toucher is not None:
             self._toucher.shutdown()
@@ -1043,15 +1082,18 @@ class Store:
             self.epoch += 1
 
     def rows(self, sql: str, params=()) -> list[dict]:
+        """Rows of `sql` as dicts, on the main connection under the lock."""
         with self.lock:
             return fetch_dicts(self.conn, sql, params)
 
     def value(self, sql: str, params=()):
+        """The first column of the first row of `sql` (None when no row), under the lock."""
         with self.lock:
             row = self.conn.execute(sql, params).fetchone()
         return row[0] if row else None
 
     def meta_get(self, key: str, default=None):
+        """meta(key) as text, or `default` when unset."""
         v = self.value("select value from meta where key = ?", (key,))
         return default if v is None else v
 
@@ -1062,6 +1104,7 @@ class Store:
                           (key, str(value)))
 
     def has_table(self, name: str) -> bool:
+        """True when a table (or virtual table) `name` exists in the file."""
         return bool(self.value("select 1 from sqlite_master where name = ?", (name,)))
 
     # reading -------------------------------------------------------------------------------------
@@ -1107,6 +1150,7 @@ class Vectors:
 
     @property
     def vectors_usable(self) -> bool:
+        """True when an embedder is configured and the stored vectors fit it (see vector_problem)."""
         return self.embedder.provider != "none" and self.vector_problem is None
 
     def _check_embedding_meta(self) -> None:
@@ -1258,29 +1302,34 @@ class Vectors:
         if ids and self.vectors_usable:
             self.backfill_vectors(ids=ids)
 
-    def _stage_inputs(self, fn, todo: list[Prepared]) -> dict:
-        """Embeddings computed outside the write transaction (so the write lock is held briefly)."""
-        if fn == self._stage_docs:
-            texts, batch = [], {}  # batch: earlier inserts of this batch per session, (created_at, content)
-            for p in todo:
-                if self.vectors_usable:
-                    key = (p.persona_id, p.session_id)
-                    context = self._session_context(p.persona_id, p.session_id, p.created_at,
-                                                     None if p.op == "insert" else p.document_id)
-                    if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
-                        # stable sort: at one time, stored memories (lower ids) come before this batch's
-                        context = sorted(context + [x for x in batch.get(key, []) if x[0] <= p.created_at],
-                                         key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
-                        batch.setdefault(key, []).append((p.created_at, p.content))
-                    cut, truncated = self._vector_text(p.content, [c for _, c in context],
-                                                       [*p.topics, *p.tags, p.sentiment])
-                    p.embedding_truncated = truncated
-                    texts.append(cut)
-            m = self._embed(texts, todo[0].warnings) if texts else None
-            if m is None and texts:
-                for p in todo[1:]:
-                    p.warnings.extend(todo[0].warnings[-1:])
-            return {id(p): (m[i] if m is not None else None) for i, p in enumerate(todo)}
+    def _doc_vectors(self, todo: list[Prepared]) -> dict:
+        """The input of _stage_docs, computed before its transaction (so the write lock is held
+        briefly): {id(p): the memory's contextual vector, or None when there is none (provider none
+        or failing: the warning goes on each write)}."""
+        texts, batch = [], {}  # batch: earlier inserts of this batch per session, (created_at, content)
+        for p in todo:
+            if self.vectors_usable:
+                key = (p.persona_id, p.session_id)
+                context = self._session_context(p.persona_id, p.session_id, p.created_at,
+                                                 None if p.op == "insert" else p.document_id)
+                if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
+                    # stable sort: at one time, stored memories (lower ids) come before this batch's
+                    context = sorted(context + [x for x in batch.get(key, []) if x[0] <= p.created_at],
+                                     key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
+                    batch.setdefault(key, []).append((p.created_at, p.content))
+                cut, truncated = self._vector_text(p.content, [c for _, c in context],
+                                                   [*p.topics, *p.tags, p.sentiment])
+                p.embedding_truncated = truncated
+                texts.append(cut)
+        m = self._embed(texts, todo[0].warnings) if texts else None
+        if m is None and texts:
+            for p in todo[1:]:
+                p.warnings.extend(todo[0].warnings[-1:])
+        return {id(p): (m[i] if m is not None else None) for i, p in enumerate(todo)}
+
+    def _fact_vectors(self, todo: list[Prepared]) -> dict:
+        """The input of _stage_graph_vectors, computed before its transaction: {"entries": [(entry
+        id, vector)] of the writes' pending graph entries, or None when embedding fails}."""
         return {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id for p in todo],
                                                todo[0].warnings)}
 
@@ -1318,7 +1367,8 @@ class Vectors:
         self._maybe_center()
 
     def _maybe_center(self) -> None:
-        """Fix the quantisation centre once CENTER_AFTER document vectors exist (see sql/vectors.sql)."""
+        """Fix the quantisation centre once CENTER_AFTER document vectors exist (see sql/vectors.sql).
+        In tx."""
         if self.value("select 1 from meta where key = 'vector_center'") is None and \
                 self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
             self._recenter()
@@ -1398,7 +1448,7 @@ class Layers:
     and vector, its atoms (with reinforcement and supersession), its graph nodes, edges and
     entries, and their removal. All run in tx."""
 
-    def _stage_docs(self, p: Prepared, vectors: dict) -> None:
+    def _stage_docs(self, p: Prepared, vectors: dict) -> str | None:
         """Stage 1 of a write: the documents row (insert with a never-reused id, or update for an edit),
         its FTS row, its vector when one was computed, and the session context of the memories after
         it. Returns 'done' when another process stored the same content meanwhile. In tx."""
@@ -1631,6 +1681,8 @@ class Layers:
                       (nid, nid, nid, nid))
 
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
+        """Stage 4 of a write: the vectors of its pending graph entries, from vectors['entries']
+        (_fact_vectors); with none (embedding failed) they stay 'pending' for the back-fill. In tx."""
         if vectors.get("entries") is None:
             return  # entries stay 'pending' and are back-filled later
         mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"], {"document_id": p.document_id})}
@@ -1787,14 +1839,15 @@ class Journal:
         """Advance each write from its journal status to `done`, one transaction per stage:
         pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item records
         the error on its journal row (recovered at next start) and stops that item only."""
-        stages = [("pending", self._stage_docs), ("docs_done", self._stage_atoms),
-                  ("atoms_done", self._stage_graph), ("graph_done", self._stage_graph_vectors)]
-        for status, fn in stages:
+        stages = [("pending", self._stage_docs, self._doc_vectors),  # (status, stage, its embeddings)
+                  ("docs_done", self._stage_atoms, None),
+                  ("atoms_done", self._stage_graph, None),
+                  ("graph_done", self._stage_graph_vectors, self._fact_vectors)]
+        for status, fn, inputs in stages:
             todo = [p for p in preps if p.status == status]
             if not todo:
                 continue
-            extra = fn.__name__ in ("_stage_docs", "_stage_graph_vectors")
-            vectors = self._stage_inputs(fn, todo) if extra else None
+            vectors = inputs(todo) if inputs else None
             try:
                 with self.tx():
                     for p in todo:
@@ -1991,6 +2044,8 @@ class KnowledgeGraph:
         return eid
 
     def single_valued(self, predicate: str) -> bool:
+        """True when rules/predicates.toml makes `predicate` single-valued (a new object closes the old
+        fact)."""
         return predicate in {name for name, _ in self.rules.slot_patterns}
 
     def kg_add(self, subject, predicate, object, valid_from=None, valid_to=None, confidence=1.0,
@@ -2135,34 +2190,9 @@ def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, la
     return picked
 
 
-def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
-    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
-    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
-    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
-    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
-    then and had not yet expired or been superseded (needs created_at and state_changed_at)."""
-    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])  # stored: valid
-    if historical:
-        if atom["state"] == "superseded":
-            end = min(end, _parse_iso(atom["state_changed_at"]))
-        if ref < _parse_iso(atom["created_at"]):
-            return 0.0
-    elif atom["state"] != "active":
-        return 0.0
-    if ref >= end:
-        return 0.0
-    if decay == "step":
-        return 1.0
-    ttl = max(1e-9, (end - start).total_seconds())
-    return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
-
-
 DOC_CHANNELS = ("bm25", "vector")  #: the document route's channels
 GRAPH_CHANNELS = ("graph_keyword", "graph_vector")  #: the graph route's channels
-CHANNEL_MAX_K = 4096  #: cap of a channel query's k (sqlite-vec 0.1.9 refuses KNN k above 4096)
-GRAPH_HOP_DISCOUNT = 0.5  #: a memory one graph hop from a hit node scores this share of the hit
 FREQUENCY_SATURATION = 10  #: (decayed) accesses at which the frequency term reaches 1
-MMR_POOL_MIN = 30  #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
 
 
 @dataclass(frozen=True)
@@ -2342,6 +2372,9 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
 
 # Recall: channels, fusion, atoms, cache ##########################################################
 
+CHANNEL_MAX_K = 4096  #: cap of a channel query's k (sqlite-vec 0.1.9 refuses KNN k above 4096)
+GRAPH_HOP_DISCOUNT = 0.5  #: a memory one graph hop from a hit node scores this share of the hit
+MMR_POOL_MIN = 30  #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
 ATOM_OVERFETCH = 4  #: search_atoms reads this many × k atoms before dropping expired ones
 ATOM_BM25_SCALE = 8.0  #: the seed's atom score 1/(1 + exp(−raw/8)) (seed: Retrieval IV)
 
@@ -2586,7 +2619,7 @@ class Recall:
             factor = ttl_factor(a | {"state": "active"}, self.rules.types[a["atom_type"]]["decay"], ref)
             if factor <= 0:
                 continue
-            norm = 1.0 / (1.0 + math.exp(a["raw"] / ATOM_BM25_SCALE))  # seed: 1/(1+exp(−raw/8)), raw = −bm25()
+            norm = 1.0 / (1.0 + math.exp(a["raw"] / ATOM_BM25_SCALE))  # seed 1/(1+exp(−s/8)), s = −bm25() = −raw
             out.append({"id": a["id"], "document_id": a["document_id"], "atom_type": a["atom_type"],
                         "content": a["content"], "confidence": a["confidence"],
                         "reinforcement_count": a["reinforcement_count"], "expires_at": a["expires_at"],
@@ -2673,11 +2706,6 @@ def fit_tokens(lines: list[str], budget: int) -> str:
             out.append(line + "…")
         break
     return "\n".join(out)
-
-
-def _one_line(text: str, limit: int = 400) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 CONTEXT_TOKENS_MIN = 50  #: the smallest token budget memory_context accepts
@@ -2834,6 +2862,8 @@ class Forgetting:
         self._meta_set("lifecycle_last_run", at)
 
     def _auto_archive(self, ref: dt.datetime) -> None:
+        """Archive the memories sql auto_archive_candidates finds at `ref` (older than
+        cleanup_days_threshold, importance below cleanup_importance_threshold, not pinned). In tx."""
         f = self.cfg.forgetting
         cutoff = iso(ref - dt.timedelta(days=f.cleanup_days_threshold))
         for r in self.rows(self.queries["auto_archive_candidates"],
@@ -2841,6 +2871,8 @@ class Forgetting:
             self._set_flag_in_tx(r["id"], "archived", True)
 
     def _snapshot(self) -> tuple[dict, dict]:
+        """({doc id: (importance, archived)}, {atom id: state}): what _changes compares around a
+        maintenance step."""
         docs = {r["id"]: (r["importance"], r["archived"]) for r in self.rows(self.queries["document_states"])}
         atoms = {r["id"]: r["state"] for r in self.rows(self.queries["atom_states"])}
         return docs, atoms
