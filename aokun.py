@@ -22,7 +22,8 @@ Where SQL lives: sql/*.sql holds every read a person could want to run or tune i
 shell (the recall channels, and any read with a join, an FTS5 MATCH, a KNN, a range or inequality
 filter, an aggregate across tables, a UNION or an ORDER BY/LIMIT over a list), as `-- name: x`
 blocks with named parameters. Inline here: single-statement writes, lookups of one row or value by
-key equality, count/existence checks and pragmas. Schema changes are schema/NNNN_*.sql migrations.
+key equality (an ORDER BY … LIMIT 1 may pick which), count/existence checks and pragmas. Schema
+changes are schema/NNNN_*.sql migrations.
 """
 
 __version__ = "0.1.0"
@@ -3444,7 +3445,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
             self.last_recovery = self.recover()
 
 
-# MCP server ######################################################################################
+# MCP server: instructions and response models ####################################################
 
 SERVER_INSTRUCTIONS = """Aokun is your long-term memory about the user and your shared work.
 Call `recall` before answering when earlier conversations might matter (preferences, people,
@@ -3453,14 +3454,6 @@ weeks or months: one self-contained memory per fact or event, written so it make
 with participants, topics and key_facts in metadata when you know them. Use `search_atoms` for one
 precise fact. Use `edit_memory` to correct a memory and `delete_memory` when the user asks you to
 forget something."""
-
-#: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they stand for.
-TOOL_KINDS = {
-    "read-only": dict(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
-    "write": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
-    "destructive": dict(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
-    "open-world": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True),
-}
 
 # The tools' pydantic models and functions are built by the cached factories below on the first
 # build_server (pydantic and mcp are imported only then, so `import aokun` stays light) and shared
@@ -3748,6 +3741,8 @@ def _context_models():
     return _named(ContextBlob, Cluster, Consolidation, Summarized, Change, ForgetPreview)
 
 
+# MCP server: tools ###############################################################################
+
 def _nullable(default):
     """A pydantic BeforeValidator for an optional tool argument: a JSON null means `default`, as
     omitting the argument does; any other value goes on to the argument's own validation."""
@@ -4021,6 +4016,14 @@ def _context_tools():
     return _named(memory_context, refresh_briefing, forget_preview, consolidate, summarize_memory)
 
 
+#: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they stand for.
+TOOL_KINDS = {
+    "read-only": dict(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+    "write": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+    "destructive": dict(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
+    "open-world": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True),
+}
+
 #: Every MCP tool, in tools/list order: name -> (the cached family factory that defines its function,
 #: annotation kind from TOOL_KINDS). build_server registers those that exposed_tools picks.
 MCP_TOOLS = {
@@ -4049,6 +4052,8 @@ MCP_TOOLS = {
     "kg_stats": (_kg_tools, "read-only"),
 }
 
+
+# MCP server: lifespan, resources and the HTTP transport ##########################################
 
 @dataclass
 class ServerState:
@@ -4212,7 +4217,7 @@ def http_app(server, cfg: Config, host: str, port: int):
     return BearerToken(app, token) if token else app
 
 
-# CLI #############################################################################################
+# CLI: the command group, one-line errors and shared options ######################################
 
 import click  # noqa: E402  (kept beside its only user)
 
@@ -4341,6 +4346,8 @@ def cli(ctx, db, config_path):
     ctx.call_on_close(ctx.obj.close)
 
 
+# CLI: memories ###################################################################################
+
 @cli.command()
 @click.argument("text")
 @metadata_options
@@ -4465,6 +4472,230 @@ def delete(state, memory_id):
     state.memory().delete(memory_id)
     click.echo(f"deleted {memory_id}")
 
+
+@cli.command("restore-memory")
+@click.argument("memory_id", type=int)
+@click.pass_obj
+def restore_memory_cmd(state, memory_id):
+    """Unarchive a memory, or undo the consolidation whose survivor it is.
+
+    Example:
+
+        python aokun.py restore-memory 12
+    """
+    out = state.memory().restore_memory(memory_id)
+    click.echo(f"restored {', '.join(map(str, out['restored'])) or 'nothing (it was not archived)'}")
+
+
+@cli.command()
+@click.argument("file", type=click.File("r", encoding="utf-8"), default="-")
+@click.option("--persona", help="Persona.")
+@click.option("--session", help="Session id.")
+@click.pass_obj
+def summarize(state, file, persona, session):
+    """Distil a conversation (text, or a JSON list of {role, content}) into one memory with the
+    [llm] chat model, and store it.
+
+    Example:
+
+        python aokun.py summarize chat.json
+    """
+    text = file.read()
+    try:
+        conversation = json.loads(text)
+    except ValueError:
+        conversation = text
+    meta = {k: v for k, v in {"persona_id": persona, "session_id": session}.items() if v}
+    out = state.memory().summarize_memory(conversation, meta)
+    click.echo(out["memory"]["id"])
+    click.echo(out["summary"]["summary"], err=True)
+
+
+# CLI: recall, atoms, context and the knowledge graph #############################################
+
+@cli.command()
+@click.argument("query")
+@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many memories.")
+@click.option("--session", help="Only this session.")
+@click.option("--persona", help="Persona to search.")
+@click.option("--include-archived", is_flag=True, help="Search archived memories too.")
+@click.option("--explain", is_flag=True, help="Show each hit's channel ranks and score parts.")
+@click.option("--channels", help="Comma list for ablation: bm25, vector, graph (or graph_keyword, graph_vector).")
+@click.option("--as-of", help="Answer as the memory stood at this ISO-8601 time.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
+@click.pass_obj
+def recall(state, query, k, session, persona, include_archived, explain, channels, as_of, as_json):
+    """Search memories by meaning, keywords and relations.
+
+    Example:
+
+        python aokun.py recall "what does Alice drink" -k 3 --explain
+    """
+    out = state.memory().recall(query, k, persona, session, include_archived, explain, channels, as_of)
+    if as_json:
+        return _echo_json(out)
+    for w in out["warnings"]:
+        click.echo(f"warning: {w}", err=True)
+    for d in out["degraded"]:
+        click.echo(f"degraded: {d['channel']}: {d['reason']}", err=True)
+    for h in out["results"]:
+        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {h['text'][:HIT_PREVIEW_CHARS]}")
+        if explain:
+            e = h["explain"]
+            ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
+            click.echo(f"        ranks {ranks} | doc {e['doc_route']:.3f} graph {e['graph_route']:.3f} "
+                       f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}")
+    if not out["results"]:
+        click.echo("no memories found", err=True)
+
+
+@cli.command()
+@click.argument("query")
+@click.option("-k", "k", default=ATOMS_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many atoms.")
+@click.option("--persona", help="Persona to search.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def atoms(state, query, k, persona, as_json):
+    """Search single facts (memory atoms) that are still within their shelf life.
+
+    Example:
+
+        python aokun.py atoms "冰美式"
+    """
+    out = state.memory().search_atoms(query, k, persona)
+    if as_json:
+        return _echo_json(out)
+    for a in out["results"]:
+        click.echo(f"{a['id']:>6}  {a['score']:.3f}  {a['atom_type']:<10} {a['content'][:HIT_PREVIEW_CHARS]}"
+                   f"  (memory {a['document_id']})")
+
+
+@cli.command()
+@click.argument("topic", required=False)
+@click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat", show_default=True)
+@click.option("--max-tokens", type=click.IntRange(CONTEXT_TOKENS_MIN), help="Token budget override.")
+@click.option("--persona", help="Persona.")
+@click.option("--refresh", is_flag=True, help="Rebuild the briefing first.")
+@click.pass_obj
+def context(state, topic, mode, max_tokens, persona, refresh):
+    """Print memory for a prompt within a token budget: the session briefing, or memories and facts
+    about TOPIC.
+
+    Example:
+
+        python aokun.py context "Alice's trip" --mode quick
+    """
+    mem = state.memory()
+    if refresh:
+        mem.build_briefing(persona)
+    out = mem.memory_context(topic, mode, max_tokens, persona)
+    click.echo(out["text"])
+    click.echo(f"({out['tokens']} of {out['budget']} tokens, {out['source']})", err=True)
+
+
+@cli.group()
+def kg():
+    """Temporal knowledge-graph facts: subject —predicate→ object with validity windows.
+
+    Example:
+
+        python aokun.py kg add Alice lives_in Paris --valid-from 2024-03-01
+    """
+
+
+def _print_facts(facts: list[dict]) -> None:
+    """Print knowledge-graph facts one a line: id, the triple and its validity window (dates)."""
+    for f in facts:
+        until = f["valid_to"][:DATE_CHARS] if f["valid_to"] else "now"
+        click.echo(f"{f['id']:>6}  {f['subject']} {f['predicate']} {f['object']}"
+                   f"  [{f['valid_from'][:DATE_CHARS]} .. {until}]")
+
+
+@kg.command("add")
+@click.argument("subject")
+@click.argument("predicate")
+@click.argument("object_")
+@click.option("--valid-from", help="ISO-8601 (default now).")
+@click.option("--valid-to", help="ISO-8601 (default open).")
+@click.option("--confidence", type=click.FloatRange(0, 1), default=1.0, show_default=True)
+@click.option("--source-memory", type=int, help="Id of the memory this fact came from.")
+@click.option("--persona", help="Persona.")
+@click.pass_obj
+def kg_add_cmd(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona):
+    """Record a fact; a single-valued predicate closes the previous value.
+
+    Example:
+
+        python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01
+    """
+    f = state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona)
+    _print_facts([f])
+    if f["closed"]:
+        click.echo(f"closed: {', '.join(map(str, f['closed']))}")
+
+
+@kg.command("query")
+@click.argument("entity")
+@click.option("--as-of", help="ISO-8601 instant (default now).")
+@click.option("--predicate", help="Only this predicate.")
+@click.option("--persona", help="Persona.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def kg_query_cmd(state, entity, as_of, predicate, persona, as_json):
+    """Facts about ENTITY valid now or at --as-of.
+
+    Example:
+
+        python aokun.py kg query Alice --as-of 2024-06-01
+    """
+    out = state.memory().kg_query(entity, as_of, predicate, persona)
+    _echo_json(out) if as_json else _print_facts(out["facts"])
+
+
+@kg.command("invalidate")
+@click.argument("fact_id", type=int)
+@click.option("--valid-to", help="ISO-8601 (default now).")
+@click.pass_obj
+def kg_invalidate_cmd(state, fact_id, valid_to):
+    """End a fact (history is kept).
+
+    Example:
+
+        python aokun.py kg invalidate 7
+    """
+    _print_facts([state.memory().kg_invalidate(fact_id, valid_to)])
+
+
+@kg.command("timeline")
+@click.argument("entity")
+@click.option("--persona", help="Persona.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def kg_timeline_cmd(state, entity, persona, as_json):
+    """Every fact ever recorded about ENTITY, oldest first.
+
+    Example:
+
+        python aokun.py kg timeline Alice
+    """
+    out = state.memory().kg_timeline(entity, persona)
+    _echo_json(out) if as_json else _print_facts(out["facts"])
+
+
+@kg.command("stats")
+@click.option("--persona", help="Persona.")
+@click.pass_obj
+def kg_stats_cmd(state, persona):
+    """Entity and fact counts.
+
+    Example:
+
+        python aokun.py kg stats
+    """
+    _echo_json(state.memory().kg_stats(persona))
+
+
+# CLI: maintenance and the server #################################################################
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
@@ -4632,60 +4863,22 @@ def lifecycle(state, dry_run, as_json):
 
 
 @cli.command()
-@click.argument("query")
-@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many memories.")
-@click.option("--session", help="Only this session.")
-@click.option("--persona", help="Persona to search.")
-@click.option("--include-archived", is_flag=True, help="Search archived memories too.")
-@click.option("--explain", is_flag=True, help="Show each hit's channel ranks and score parts.")
-@click.option("--channels", help="Comma list for ablation: bm25, vector, graph (or graph_keyword, graph_vector).")
-@click.option("--as-of", help="Answer as the memory stood at this ISO-8601 time.")
-@click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
+@click.option("--apply", is_flag=True, help="Merge the clusters (default: only list them).")
+@click.option("--persona", help="Persona.")
 @click.pass_obj
-def recall(state, query, k, session, persona, include_archived, explain, channels, as_of, as_json):
-    """Search memories by meaning, keywords and relations.
+def consolidate(state, apply, persona):
+    """Find near-duplicate memories; --apply merges each cluster (undo: restore-memory SURVIVOR).
 
     Example:
 
-        python aokun.py recall "what does Alice drink" -k 3 --explain
+        python aokun.py consolidate
     """
-    out = state.memory().recall(query, k, persona, session, include_archived, explain, channels, as_of)
-    if as_json:
-        return _echo_json(out)
-    for w in out["warnings"]:
-        click.echo(f"warning: {w}", err=True)
-    for d in out["degraded"]:
-        click.echo(f"degraded: {d['channel']}: {d['reason']}", err=True)
-    for h in out["results"]:
-        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {h['text'][:HIT_PREVIEW_CHARS]}")
-        if explain:
-            e = h["explain"]
-            ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
-            click.echo(f"        ranks {ranks} | doc {e['doc_route']:.3f} graph {e['graph_route']:.3f} "
-                       f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}")
-    if not out["results"]:
-        click.echo("no memories found", err=True)
-
-
-@cli.command()
-@click.argument("query")
-@click.option("-k", "k", default=ATOMS_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many atoms.")
-@click.option("--persona", help="Persona to search.")
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-@click.pass_obj
-def atoms(state, query, k, persona, as_json):
-    """Search single facts (memory atoms) that are still within their shelf life.
-
-    Example:
-
-        python aokun.py atoms "冰美式"
-    """
-    out = state.memory().search_atoms(query, k, persona)
-    if as_json:
-        return _echo_json(out)
-    for a in out["results"]:
-        click.echo(f"{a['id']:>6}  {a['score']:.3f}  {a['atom_type']:<10} {a['content'][:HIT_PREVIEW_CHARS]}"
-                   f"  (memory {a['document_id']})")
+    out = state.memory().consolidate(dry_run=not apply, persona_id=persona)
+    for cl in out["clusters"]:
+        click.echo(f"survivor {cl['survivor']}: {cl['texts'][cl['survivor']][:LINE_PREVIEW_CHARS]}")
+        for m in cl["members"]:
+            click.echo(f"   {'merged' if apply else 'would merge'} {m}: {cl['texts'][m][:LINE_PREVIEW_CHARS]}")
+    click.echo(f"{len(out['clusters'])} cluster(s)")
 
 
 @cli.command()
@@ -4714,188 +4907,6 @@ def serve(state, use_http, host, port):
     app = http_app(server, cfg, host, port)
     log.warning("Aokun MCP over HTTP at http://%s:%s/mcp (database %s)", host, port, path)
     uvicorn.run(app, host=host, port=port, log_level=cfg.server.log_level.lower())
-
-
-@cli.group()
-def kg():
-    """Temporal knowledge-graph facts: subject —predicate→ object with validity windows.
-
-    Example:
-
-        python aokun.py kg add Alice lives_in Paris --valid-from 2024-03-01
-    """
-
-
-def _print_facts(facts: list[dict]) -> None:
-    """Print knowledge-graph facts one a line: id, the triple and its validity window (dates)."""
-    for f in facts:
-        until = f["valid_to"][:DATE_CHARS] if f["valid_to"] else "now"
-        click.echo(f"{f['id']:>6}  {f['subject']} {f['predicate']} {f['object']}"
-                   f"  [{f['valid_from'][:DATE_CHARS]} .. {until}]")
-
-
-@kg.command("add")
-@click.argument("subject")
-@click.argument("predicate")
-@click.argument("object_")
-@click.option("--valid-from", help="ISO-8601 (default now).")
-@click.option("--valid-to", help="ISO-8601 (default open).")
-@click.option("--confidence", type=click.FloatRange(0, 1), default=1.0, show_default=True)
-@click.option("--source-memory", type=int, help="Id of the memory this fact came from.")
-@click.option("--persona", help="Persona.")
-@click.pass_obj
-def kg_add_cmd(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona):
-    """Record a fact; a single-valued predicate closes the previous value.
-
-    Example:
-
-        python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01
-    """
-    f = state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona)
-    _print_facts([f])
-    if f["closed"]:
-        click.echo(f"closed: {', '.join(map(str, f['closed']))}")
-
-
-@kg.command("query")
-@click.argument("entity")
-@click.option("--as-of", help="ISO-8601 instant (default now).")
-@click.option("--predicate", help="Only this predicate.")
-@click.option("--persona", help="Persona.")
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-@click.pass_obj
-def kg_query_cmd(state, entity, as_of, predicate, persona, as_json):
-    """Facts about ENTITY valid now or at --as-of.
-
-    Example:
-
-        python aokun.py kg query Alice --as-of 2024-06-01
-    """
-    out = state.memory().kg_query(entity, as_of, predicate, persona)
-    _echo_json(out) if as_json else _print_facts(out["facts"])
-
-
-@kg.command("invalidate")
-@click.argument("fact_id", type=int)
-@click.option("--valid-to", help="ISO-8601 (default now).")
-@click.pass_obj
-def kg_invalidate_cmd(state, fact_id, valid_to):
-    """End a fact (history is kept).
-
-    Example:
-
-        python aokun.py kg invalidate 7
-    """
-    _print_facts([state.memory().kg_invalidate(fact_id, valid_to)])
-
-
-@kg.command("timeline")
-@click.argument("entity")
-@click.option("--persona", help="Persona.")
-@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-@click.pass_obj
-def kg_timeline_cmd(state, entity, persona, as_json):
-    """Every fact ever recorded about ENTITY, oldest first.
-
-    Example:
-
-        python aokun.py kg timeline Alice
-    """
-    out = state.memory().kg_timeline(entity, persona)
-    _echo_json(out) if as_json else _print_facts(out["facts"])
-
-
-@kg.command("stats")
-@click.option("--persona", help="Persona.")
-@click.pass_obj
-def kg_stats_cmd(state, persona):
-    """Entity and fact counts.
-
-    Example:
-
-        python aokun.py kg stats
-    """
-    _echo_json(state.memory().kg_stats(persona))
-
-
-@cli.command()
-@click.argument("topic", required=False)
-@click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat", show_default=True)
-@click.option("--max-tokens", type=click.IntRange(CONTEXT_TOKENS_MIN), help="Token budget override.")
-@click.option("--persona", help="Persona.")
-@click.option("--refresh", is_flag=True, help="Rebuild the briefing first.")
-@click.pass_obj
-def context(state, topic, mode, max_tokens, persona, refresh):
-    """Print memory for a prompt within a token budget: the session briefing, or memories and facts
-    about TOPIC.
-
-    Example:
-
-        python aokun.py context "Alice's trip" --mode quick
-    """
-    mem = state.memory()
-    if refresh:
-        mem.build_briefing(persona)
-    out = mem.memory_context(topic, mode, max_tokens, persona)
-    click.echo(out["text"])
-    click.echo(f"({out['tokens']} of {out['budget']} tokens, {out['source']})", err=True)
-
-
-@cli.command()
-@click.option("--apply", is_flag=True, help="Merge the clusters (default: only list them).")
-@click.option("--persona", help="Persona.")
-@click.pass_obj
-def consolidate(state, apply, persona):
-    """Find near-duplicate memories; --apply merges each cluster (undo: restore-memory SURVIVOR).
-
-    Example:
-
-        python aokun.py consolidate
-    """
-    out = state.memory().consolidate(dry_run=not apply, persona_id=persona)
-    for cl in out["clusters"]:
-        click.echo(f"survivor {cl['survivor']}: {cl['texts'][cl['survivor']][:LINE_PREVIEW_CHARS]}")
-        for m in cl["members"]:
-            click.echo(f"   {'merged' if apply else 'would merge'} {m}: {cl['texts'][m][:LINE_PREVIEW_CHARS]}")
-    click.echo(f"{len(out['clusters'])} cluster(s)")
-
-
-@cli.command("restore-memory")
-@click.argument("memory_id", type=int)
-@click.pass_obj
-def restore_memory_cmd(state, memory_id):
-    """Unarchive a memory, or undo the consolidation whose survivor it is.
-
-    Example:
-
-        python aokun.py restore-memory 12
-    """
-    out = state.memory().restore_memory(memory_id)
-    click.echo(f"restored {', '.join(map(str, out['restored'])) or 'nothing (it was not archived)'}")
-
-
-@cli.command()
-@click.argument("file", type=click.File("r", encoding="utf-8"), default="-")
-@click.option("--persona", help="Persona.")
-@click.option("--session", help="Session id.")
-@click.pass_obj
-def summarize(state, file, persona, session):
-    """Distil a conversation (text, or a JSON list of {role, content}) into one memory with the
-    [llm] chat model, and store it.
-
-    Example:
-
-        python aokun.py summarize chat.json
-    """
-    text = file.read()
-    try:
-        conversation = json.loads(text)
-    except ValueError:
-        conversation = text
-    meta = {k: v for k, v in {"persona_id": persona, "session_id": session}.items() if v}
-    out = state.memory().summarize_memory(conversation, meta)
-    click.echo(out["memory"]["id"])
-    click.echo(out["summary"]["summary"], err=True)
 
 
 # Main ############################################################################################
