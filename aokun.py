@@ -2,7 +2,7 @@
 """Aokun: long-term memory for AI assistants, served over MCP, kept in one SQLite file.
 
 Three layers of memory (documents, memory atoms, a knowledge graph) written by one journalled
-pipeline; recall fuses BM25, vector KNN and graph channels with RRF, weighting and MMR.
+pipeline; recall fuses BM25, vector KNN and graph channels (scaled scores or RRF), weighting and MMR.
 See README.md for the quick start and ../shared/DESIGN.md for the architecture.
 
 Sections, lower levels first (each under a `# Title ####` banner; grep for it):
@@ -11,11 +11,13 @@ Sections, lower levels first (each under a `# Title ####` banner; grep for it):
   the engine, one mixin class per concern, composed into `Memory` at the end (they share `self`:
   a section calls another's methods, e.g. Journal runs the Layers stages):
     Store (connection, transactions, reading) · Vectors (embedding, session context, binary KNN
-    index) · Layers (a memory's FTS row, atoms, graph) · Journal (memorize, edit, delete,
-    recovery) · KnowledgeGraph (temporal triples) · Ranking (pure functions, no database) ·
-    Recall · Briefing (context within a token budget) · Forgetting (decay, atom lifecycle,
-    consolidation) · Maintenance (health, rebuild, backups) · Summarizer (the only LLM use) ·
-  MCP server · CLI · main.
+    index) · Layers (the write stages: a memory's row and FTS, atoms, graph) · Journal
+    (memorize, edit, delete, recovery) · KnowledgeGraph (temporal triples) · Ranking (pure
+    functions, no database) · Recall · Briefing (context within a token budget) · Forgetting
+    (decay, atom lifecycle, consolidation) · Maintenance (health, rebuild, backups) · Summarizer
+    (the only LLM use) ·
+  MCP server (models, tools, lifespan and transport) · CLI (group, memories, recall and graph,
+  maintenance) · main.
 `import aokun` loads neither the MCP SDK nor pydantic, starlette or uvicorn: only `serve` does.
 
 Where SQL lives: sql/*.sql holds every read a person could want to run or tune in the sqlite3
@@ -1437,7 +1439,7 @@ class Vectors:
         return done
 
 
-# Derived layers: a memory's FTS row, atoms and graph #############################################
+# Write stages: a memory's row and FTS, its atoms, its graph ######################################
 
 GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects of one memory (each)
 GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
