@@ -2,8 +2,11 @@
 """Retrieval quality of Aokun's recall on real conversational-memory data (LoCoMo, MADial-Bench zh).
 
 Follows the protocol in ../shared/data/README.md exactly; the data is read from there and never
-copied into the repository. Prints recall@k per channel setting (each single channel, then the full
-hybrid), the hybrid per question category, and ingest/query timings.
+copied into the repository. Runs with the shipped defaults (recall records access, as it does for a
+user) and asks every question twice (the answer cache emptied), because what a user gets after
+months is the second pass, not the first. Prints recall@k per channel setting and pass, the hybrid
+per question category, LoCoMo's session-level recall_any@k, how often a question asked against
+another conversation's persona comes back empty, and ingest/query timings.
 
 Example:
 
@@ -40,6 +43,8 @@ LOCOMO_DEFAULT_CATEGORIES = (1, 2, 3, 4)  #: the protocol; 5 (adversarial) has n
 LOCOMO_KS = (1, 5, 10)
 MADIAL_KS = (1, 3, 5, 10)
 RECALL_K = 10  #: one recall per question and channel setting; every smaller k is cut from it
+SESSION_KS = (5, 10)  #: LoCoMo session-level recall_any@k
+PASSES = 2  #: every question is asked this many times, in order
 BATCH = 64  #: memorize_many batch size
 
 
@@ -53,6 +58,7 @@ class Question:
     gold: set  #: local gold keys (LoCoMo dia_ids, MADial memory ids)
     category: str = ""
     answer: str = ""
+    gold_sessions: set = field(default_factory=set)  #: LoCoMo: the session ids of the evidence turns
 
 
 @dataclass
@@ -91,7 +97,7 @@ def load_locomo(data_dir: Path, categories=LOCOMO_DEFAULT_CATEGORIES) -> Dataset
     for conv in conversations:
         sid, c = conv["sample_id"], conv["conversation"]
         sessions = sorted((int(m.group(1)) for key in c if (m := re.fullmatch(r"session_(\d+)", key))))
-        known = set()
+        known, session_of = set(), {}
         for n in sessions:
             stamp = locomo_time(c[f"session_{n}_date_time"])
             for turn in c[f"session_{n}"]:
@@ -102,6 +108,7 @@ def load_locomo(data_dir: Path, categories=LOCOMO_DEFAULT_CATEGORIES) -> Dataset
                         "timestamp": stamp, "source": "import", "persona_id": sid}
                 ds.items.append((sid, turn["dia_id"], content, meta))
                 known.add(turn["dia_id"])
+                session_of[turn["dia_id"]] = meta["session_id"]
         for i, qa in enumerate(conv["qa"]):
             total += 1
             if qa.get("category") not in categories:
@@ -115,7 +122,7 @@ def load_locomo(data_dir: Path, categories=LOCOMO_DEFAULT_CATEGORIES) -> Dataset
                 continue
             ds.questions.append(Question(f"{sid}#{i}", sid, qa["question"], gold,
                                          f"{qa['category']} {LOCOMO_CATEGORIES[qa['category']]}",
-                                         str(qa.get("answer", ""))))
+                                         str(qa.get("answer", "")), {session_of[g] for g in gold}))
     cats = ",".join(map(str, sorted(categories)))
     ds.notes.append(f"{len(conversations)} conversations, {len(ds.items)} turns; {total} QA pairs in the file, "
                     f"{in_categories} in categories {cats}, {skipped} skipped with no gold in the conversation "
@@ -187,14 +194,13 @@ def load_madial(data_dir: Path) -> Dataset:
 class EngineSUT:
     """Aokun's engine in-process. The evaluation calls only `memorize_many`, `recall` and `close`.
 
-    Recall normally refreshes last_access_at of what it returns (post-recall reinforcement); that
-    raises the recency of everything an earlier question retrieved, so results would depend on the
-    question order. Unless `touch` is true the instance skips it and clears earlier access
-    bookkeeping, so every question sees the same database."""
+    With `touch` (the default) it runs the shipped settings: recall records access to what it returns
+    ([recall] reinforce_on_recall), as it does for a user. touch=False turns that off and clears
+    earlier access bookkeeping, for comparison."""
 
     name = "engine"
 
-    def __init__(self, db_path: Path, provider: str = "local", touch: bool = False, config: Path | None = None):
+    def __init__(self, db_path: Path, provider: str = "local", touch: bool = True, config: Path | None = None):
         import aokun
 
         overrides = {("recall", "cache_ttl_seconds"): 0.0}
@@ -230,15 +236,17 @@ class MCPSUT:
 
     name = "mcp-stdio"
 
-    def __init__(self, db_path: Path, provider: str = "local", touch: bool = False):
+    def __init__(self, db_path: Path, provider: str = "local", touch: bool = True):
         from anyio.from_thread import start_blocking_portal
         from mcp import Client, StdioServerParameters
 
         self._dir = tempfile.TemporaryDirectory(prefix="aokun-eval-mcp-")
         ini = Path(self._dir.name) / "aokun.ini"
-        ini.write_text("[embedding]\nprovider = %s\n[recall]\ncache_ttl_seconds = 0\nreinforce_on_recall = %s\n"
+        # cache_ttl_seconds = 0: a repeated question is answered afresh (the second pass measures what
+        # the first pass's access bookkeeping did, not the cache); reinforcement stays at its default
+        ini.write_text("[embedding]\nprovider = %s\n[recall]\ncache_ttl_seconds = 0\n%s"
                        "[server]\nexposed_tools = memorize, recall\nlog_level = WARNING\n[backup]\ndaily = false\n"
-                       % (provider, "true" if touch else "false"), encoding="utf-8")
+                       % (provider, "" if touch else "reinforce_on_recall = false\n"), encoding="utf-8")
         params = StdioServerParameters(command=sys.executable, cwd=str(REPO),
                                        args=[str(REPO / "aokun.py"), "--db", str(db_path), "--config", str(ini),
                                              "serve"])
@@ -308,42 +316,82 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
-def evaluate(sut, ds: Dataset, id_map: dict, settings: list[str]) -> dict:
-    """Recall k=10 once per question per setting; fractional recall@k for every k in ds.ks."""
+def session_recall_any(q: Question, hits: list[dict], k: int) -> float | None:
+    """LoCoMo's session-level recall_any@k: 1 when a session of an evidence turn is among the first k
+    distinct sessions of the ranking, else 0; None for a question without sessions (MADial)."""
+    if not q.gold_sessions:
+        return None
+    sessions = list(dict.fromkeys(h.get("session_id") for h in hits))[:k]
+    return float(bool(q.gold_sessions & set(sessions)))
+
+
+def evaluate(sut, ds: Dataset, id_map: dict, settings: list[str], passes: int = 2) -> dict:
+    """Recall k=10 once per question per setting and pass (every pass asks all questions again, in
+    order; what a pass's recalls recorded is in the database for the next); fractional recall@k for
+    every k in ds.ks. Returns {setting: [one result per pass]}."""
     out = {}
     for setting in settings:
-        per_q, took, wall, degraded, empty = [], [], [], {}, 0
         if ds.questions:  # untimed warm-up: loads the embedding model and jieba before the clock runs
             q = ds.questions[0]
             sut.recall(q.query + " warm-up", RECALL_K, q.persona_id, channel_spec(setting))
-        started = time.perf_counter()
-        for n, q in enumerate(ds.questions, 1):
-            t0 = time.perf_counter()
-            ans = sut.recall(q.query, RECALL_K, q.persona_id, channel_spec(setting))
-            wall.append((time.perf_counter() - t0) * 1000)
-            took.append(float(ans.get("took_ms") or 0.0))
-            for d in ans.get("degraded") or []:
-                degraded[d["channel"]] = d.get("reason", "")
-            hits = ans.get("results") or []
-            empty += not hits
-            keys = [id_map.get(h["id"], set()) for h in hits]
-            per_q.append({"q": q, "recall": {k: fractional_recall(q.gold, keys, k) for k in ds.ks},
-                          "hits": hits})
-            if n % 25 == 0 or n == len(ds.questions):
-                print(f"\r  [{ds.name}] {setting}: {n}/{len(ds.questions)} questions", end="", file=sys.stderr,
-                      flush=True)
-        print(file=sys.stderr)
-        result = {"n": len(per_q), "recall": mean_recall(per_q, ds.ks), "by_category": {},
-                  "empty_results": empty, "degraded": degraded,
-                  "query_seconds": round(time.perf_counter() - started, 2),
-                  "took_ms_p50": round(pct(took, 0.5), 2), "took_ms_p95": round(pct(took, 0.95), 2),
-                  "wall_ms_mean": round(statistics.fmean(wall), 2) if wall else 0.0}
-        for cat in ds.categories:
-            rows = [r for r in per_q if r["q"].category == cat]
-            result["by_category"][cat] = {"n": len(rows), "recall": mean_recall(rows, ds.ks)}
-        result["_rows"] = per_q
-        out[setting] = result
+        out[setting] = [one_pass(sut, ds, id_map, setting, n) for n in range(1, passes + 1)]
     return out
+
+
+def one_pass(sut, ds: Dataset, id_map: dict, setting: str, number: int) -> dict:
+    """Every question once with channel setting `setting`: recall@k, session recall_any, timings."""
+    per_q, took, wall, degraded, empty = [], [], [], {}, 0
+    started = time.perf_counter()
+    for n, q in enumerate(ds.questions, 1):
+        t0 = time.perf_counter()
+        ans = sut.recall(q.query, RECALL_K, q.persona_id, channel_spec(setting))
+        wall.append((time.perf_counter() - t0) * 1000)
+        took.append(float(ans.get("took_ms") or 0.0))
+        for d in ans.get("degraded") or []:
+            degraded[d["channel"]] = d.get("reason", "")
+        hits = ans.get("results") or []
+        empty += not hits
+        keys = [id_map.get(h["id"], set()) for h in hits]
+        per_q.append({"q": q, "recall": {k: fractional_recall(q.gold, keys, k) for k in ds.ks},
+                      "sessions": {k: session_recall_any(q, hits, k) for k in SESSION_KS}, "hits": hits})
+        if n % 25 == 0 or n == len(ds.questions):
+            print(f"\r  [{ds.name}] {setting} pass {number}: {n}/{len(ds.questions)} questions", end="",
+                  file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    result = {"n": len(per_q), "recall": mean_recall(per_q, ds.ks), "by_category": {},
+              "session_recall_any": {k: mean_of([r["sessions"][k] for r in per_q]) for k in SESSION_KS},
+              "empty_results": empty, "degraded": degraded,
+              "query_seconds": round(time.perf_counter() - started, 2),
+              "took_ms_p50": round(pct(took, 0.5), 2), "took_ms_p95": round(pct(took, 0.95), 2),
+              "wall_ms_mean": round(statistics.fmean(wall), 2) if wall else 0.0}
+    for cat in ds.categories:
+        rows = [r for r in per_q if r["q"].category == cat]
+        result["by_category"][cat] = {"n": len(rows), "recall": mean_recall(rows, ds.ks)}
+    result["_rows"] = per_q
+    return result
+
+
+def other_persona(sut, ds: Dataset) -> dict | None:
+    """Every question asked against the next persona's memories (another conversation, where the
+    answer is not): how often the answer is empty. None with fewer than two personas."""
+    personas = list(dict.fromkeys(q.persona_id for q in ds.questions))
+    if len(personas) < 2:
+        return None
+    other = {p: personas[(i + 1) % len(personas)] for i, p in enumerate(personas)}
+    empty = 0
+    for n, q in enumerate(ds.questions, 1):
+        empty += not (sut.recall(q.query, RECALL_K, other[q.persona_id], None).get("results") or [])
+        if n % 25 == 0 or n == len(ds.questions):
+            print(f"\r  [{ds.name}] other persona: {n}/{len(ds.questions)} questions", end="", file=sys.stderr,
+                  flush=True)
+    print(file=sys.stderr)
+    return {"n": len(ds.questions), "empty": empty, "empty_rate": empty / max(1, len(ds.questions))}
+
+
+def mean_of(values: list) -> float | None:
+    """Mean of the values that are not None (None when there are none)."""
+    kept = [v for v in values if v is not None]
+    return statistics.fmean(kept) if kept else None
 
 
 def mean_recall(rows: list[dict], ks) -> dict:
@@ -362,7 +410,9 @@ def table(headers: list[str], rows: list[list]) -> str:
     return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
 
 
-def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: dict) -> None:
+def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: dict, others: dict | None) -> None:
+    """Print the tables for one dataset: every setting and pass, the hybrid per category and pass,
+    session recall_any, the other-persona empty rate, and (with `misses`) questions found nothing for."""
     print(f"\n== {ds.name} ==")
     for note in ds.notes:
         print(note)
@@ -371,45 +421,60 @@ def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: di
     print(f"ingest: {info['memories']} memories in {info['seconds']:.1f} s ({info['per_second']:.1f}/s; "
           f"{info['new']} newly stored, {info['distinct_ids']} distinct ids)")
     ks = ds.ks
+    rows = [(f"{s} pass {n}", r) for s, passes in results.items() for n, r in enumerate(passes, 1)]
     print()
     print(table(["channels"] + [f"R@{k}" for k in ks] + ["empty", "p50 ms", "p95 ms", "total s"],
-                [[s] + [r["recall"][k] for k in ks] + [r["empty_results"], r["took_ms_p50"], r["took_ms_p95"],
-                                                       r["query_seconds"]] for s, r in results.items()]))
-    for s, r in results.items():
-        for ch, reason in r["degraded"].items():
+                [[label] + [r["recall"][k] for k in ks] + [r["empty_results"], r["took_ms_p50"], r["took_ms_p95"],
+                                                           r["query_seconds"]] for label, r in rows]))
+    for s, passes in results.items():
+        for ch, reason in passes[0]["degraded"].items():
             print(f"  degraded in {s!r}: {ch}: {reason}")
+    hybrid = "all" if "all" in results else list(results)[-1]
     if ds.categories:
-        hybrid = "all" if "all" in results else list(results)[-1]
-        print(f"\nper category ({hybrid}):")
-        r = results[hybrid]
-        print(table(["category", "n"] + [f"R@{k}" for k in ks],
-                    [[c, v["n"]] + [v["recall"][k] for k in ks] for c, v in r["by_category"].items() if v["n"]]))
+        print(f"\nper category ({hybrid}, each pass):")
+        print(table(["category", "pass", "n"] + [f"R@{k}" for k in ks],
+                    [[c, n, v["n"]] + [v["recall"][k] for k in ks] for n, r in enumerate(results[hybrid], 1)
+                     for c, v in r["by_category"].items() if v["n"]]))
         kmax = ks[-1]
         print(f"\nR@{kmax} per category and channel setting:")
         print(table(["channels"] + ds.categories,
-                    [[s] + [r["by_category"][c]["recall"][kmax] for c in ds.categories] for s, r in results.items()]))
+                    [[label] + [r["by_category"][c]["recall"][kmax] for c in ds.categories] for label, r in rows]))
+    if any(r["session_recall_any"][k] is not None for _, r in rows for k in SESSION_KS):
+        print("\nsession-level recall_any@k (an evidence turn's session among the first k distinct sessions):")
+        print(table(["channels"] + [f"any@{k}" for k in SESSION_KS],
+                    [[label] + [r["session_recall_any"][k] for k in SESSION_KS] for label, r in rows]))
+    if others is not None:
+        print(f"\nasked against another conversation's persona ({hybrid}): {others['empty']} of {others['n']} "
+              f"answers empty ({others['empty_rate']:.1%})")
     if misses:
-        hybrid = "all" if "all" in results else list(results)[-1]
-        print(f"\nfirst {misses} questions with R@{ks[-1]} = 0 ({hybrid}):")
-        shown = 0
-        for row in results[hybrid]["_rows"]:
-            if row["recall"][ks[-1]] > 0:
-                continue
-            q = row["q"]
-            label = " ".join(x for x in (q.qid, q.category) if x)
-            print(f"- [{label}] {q.query!r}" + (f"  answer={q.answer!r}" if q.answer else ""))
-            for g in sorted(q.gold):
-                print(f"    gold {g}: {texts.get((q.persona_id, g), '?')[:160]!r}")
-            for h in row["hits"][:3]:
-                print(f"    got  #{h['id']} {h.get('channels', '')}: {h['text'][:160]!r}")
-            shown += 1
-            if shown >= misses:
-                break
+        print_misses(ds, results[hybrid][-1], misses, texts)
 
 
-def summary_json(ds: Dataset, ingest_info: dict, results: dict) -> dict:
-    return {"dataset": ds.name, "questions": len(ds.questions), "ingest": ingest_info,
-            "settings": {s: {k: v for k, v in r.items() if k != "_rows"} for s, r in results.items()}}
+def print_misses(ds: Dataset, result: dict, misses: int, texts: dict) -> None:
+    """The first `misses` questions of `result` with nothing relevant in the top k, with gold and hits."""
+    kmax = ds.ks[-1]
+    print(f"\nfirst {misses} questions with R@{kmax} = 0 (last pass):")
+    shown = 0
+    for row in result["_rows"]:
+        if row["recall"][kmax] > 0:
+            continue
+        q = row["q"]
+        label = " ".join(x for x in (q.qid, q.category) if x)
+        print(f"- [{label}] {q.query!r}" + (f"  answer={q.answer!r}" if q.answer else ""))
+        for g in sorted(q.gold):
+            print(f"    gold {g}: {texts.get((q.persona_id, g), '?')[:160]!r}")
+        for h in row["hits"][:3]:
+            print(f"    got  #{h['id']} {h.get('channels', '')}: {h['text'][:160]!r}")
+        shown += 1
+        if shown >= misses:
+            break
+
+
+def summary_json(ds: Dataset, ingest_info: dict, results: dict, others: dict | None) -> dict:
+    """The figures of one dataset as JSON-ready data (no per-question rows)."""
+    return {"dataset": ds.name, "questions": len(ds.questions), "ingest": ingest_info, "other_persona": others,
+            "settings": {s: [{k: v for k, v in r.items() if k != "_rows"} for r in passes]
+                         for s, passes in results.items()}}
 
 
 # CLI #############################################################################################
@@ -429,8 +494,11 @@ def summary_json(ds: Dataset, ingest_info: dict, results: dict) -> dict:
               help="Embedding provider for the engine (none disables the vector channels).")
 @click.option("--now", "now_iso", default=None,
               help="Fix the engine's clock (sets AOKUN_NOW), e.g. 2023-11-01T00:00:00Z.")
-@click.option("--touch/--no-touch", default=False, show_default=True,
-              help="Let recall record access (raises recency of retrieved memories; makes results order-dependent).")
+@click.option("--touch/--no-touch", default=True, show_default=True,
+              help="Recall records access to what it returns, as shipped ([recall] reinforce_on_recall); "
+                   "--no-touch turns it off, for comparison.")
+@click.option("--passes", type=click.IntRange(1, 5), default=PASSES, show_default=True,
+              help="Ask every question this many times (the cache emptied): pass 2 shows what use did to recall.")
 @click.option("--misses", type=int, default=0, help="Print N hybrid questions with nothing found in the top 10.")
 @click.option("--categories", default="1,2,3,4", show_default=True,
               help="LoCoMo question categories (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial).")
@@ -440,8 +508,8 @@ def summary_json(ds: Dataset, ingest_info: dict, results: dict) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Also print a machine-readable summary at the end.")
 @click.option("--via-mcp", is_flag=True,
               help="Go through a real stdio MCP session (memorize every turn, recall every question); hybrid only.")
-def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso, touch, misses, categories, config,
-         as_json, via_mcp):
+def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso, touch, passes, misses, categories,
+         config, as_json, via_mcp):
     """Recall@k of Aokun on LoCoMo and MADial-Bench zh (protocol: ../shared/data/README.md).
 
     Example: python scripts/eval_recall.py --dataset locomo --limit-questions 50
@@ -486,18 +554,19 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
                 EngineSUT(db_path, provider=provider, touch=touch, config=config)
             try:
                 id_map, info = ingest(sut, ds)
-                results = evaluate(sut, ds, id_map, settings)
+                results = evaluate(sut, ds, id_map, settings, passes)
+                others = other_persona(sut, ds) if "all" in settings else None
             finally:
                 sut.close()
             texts = {(p, key): content for p, key, content, _ in ds.items}
-            report(ds, info, results, misses, texts)
-            summaries.append(summary_json(ds, info, results))
+            report(ds, info, results, misses, texts, others)
+            summaries.append(summary_json(ds, info, results, others))
     finally:
         if tmp is not None:
             tmp.cleanup()
     if as_json:
         print(json.dumps({"system": MCPSUT.name if via_mcp else EngineSUT.name, "provider": provider,
-                          "now": now_iso, "touch": touch, "datasets": summaries},
+                          "now": now_iso, "touch": touch, "passes": passes, "datasets": summaries},
                          ensure_ascii=False, indent=2, default=str))
 
 
