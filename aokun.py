@@ -212,6 +212,8 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "cross_route_bonus": 0.08,
         "dynamic_route_weighting": True,
         "intents": "rules/intents.toml",
+        "relevance": "rules/relevance.toml",
+        "min_relevance": 0.4,
         "recency_days": 30.0,
         "mmr_lambda": 0.7,
         "graph_expansion_limit": 24,
@@ -485,6 +487,7 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
 # Text: normalise, segment, stop words ############################################################
 
 _WORD = re.compile(r"\w", re.UNICODE)
+_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
 
 
@@ -888,6 +891,9 @@ def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = Fals
     return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
 
 
+RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")  #: rules/relevance.toml
+
+
 class Rules:
     """The data in rules/: atom types and classification regexes, entity aliases, query intents."""
 
@@ -906,6 +912,9 @@ class Rules:
         for canonical, names in aliases.items():
             for name in [canonical, *names]:
                 self.alias_of[self._key(name)] = canonical
+        relevance = tomllib.loads(cfg.rule_file(cfg.recall.relevance).read_text(encoding="utf-8"))
+        #: {embedding model: {w_cos, w_cover, bias, cos_only_w_cos, cos_only_bias}} of calibrated_relevance
+        self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS} for model, c in relevance.items()}
         intents = tomllib.loads(cfg.rule_file(cfg.recall.intents).read_text(encoding="utf-8")).get("intents", {})
         self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
                         for name, spec in intents.items()]
@@ -2347,13 +2356,37 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
     return picked
 
 
+def token_cover(query_tokens: set, doc_tokens: set) -> float | None:
+    """The share of the query's distinct search tokens found among a memory's indexed tokens, 0..1,
+    counting only query tokens of a script the memory has (CJK or not): an English question about a
+    Chinese memory shares no word with it by nature. None when no query token is comparable."""
+    scripts = {bool(_CJK.search(t)) for t in doc_tokens}
+    comparable = {t for t in query_tokens if bool(_CJK.search(t)) in scripts}
+    return len(comparable & doc_tokens) / len(comparable) if comparable else None
+
+
+def calibrated_relevance(cos: float | None, cover: float | None, coef: dict | None) -> float | None:
+    """How likely the memory is relevant to the query, 0..1, on one scale for every query: the
+    logistic 1/(1 + exp(−(w_cos·cos + w_cover·cover + bias))) with the weights fitted for the
+    embedding model (`coef`, rules/relevance.toml says how), or its cos-only weights when `cover` is
+    None (no comparable words: another language). `cos`: cosine similarity of the query and memory
+    vectors; `cover`: token_cover. None when the model is not calibrated or the memory has no vector
+    yet (such hits are never dropped)."""
+    if coef is None or cos is None:
+        return None
+    z = coef["w_cos"] * cos + coef["w_cover"] * cover + coef["bias"] if cover is not None \
+        else coef["cos_only_w_cos"] * cos + coef["cos_only_bias"]
+    return 1.0 / (1.0 + math.exp(-z))
+
+
 def recall_hit(d: dict, p: dict) -> dict:
     """One result of recall() from its row of sql recall_documents and its score parts."""
     return {"id": d["id"], "score": round(p["fused"], 6), "text": d["content"], "summary": d["summary"],
             "importance": d["importance"], "created_at": d["created_at"], "session_id": d["session_id"],
             "persona_id": d["persona_id"], "participants": json.loads(d["participants"]),
             "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
-            "archived": bool(d["archived"]), "channels": sorted(p["ranks"])}
+            "archived": bool(d["archived"]), "channels": sorted(p["ranks"]),
+            "relevance": None if p.get("relevance") is None else round(p["relevance"], 4)}
 
 
 def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr_score) -> dict:
@@ -2370,7 +2403,8 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
             "pin_similarity": p["pin_similarity"],
             "doc_route": p["doc_route"], "graph_route": p["graph_route"],
             "route_weights": [w.doc_route, w.graph_route], "cross_route_bonus": p["cross_route_bonus"],
-            "intent": intent, "fused": p["fused"], "mmr": mmr_score}
+            "intent": intent, "fused": p["fused"], "mmr": mmr_score,
+            "cosine": p.get("cosine"), "cover": p.get("cover"), "relevance": p.get("relevance")}
 
 
 # Recall: channels, fusion, atoms, cache ##########################################################
@@ -2380,6 +2414,23 @@ GRAPH_HOP_DISCOUNT = 0.5  #: a memory one graph hop from a hit node scores this 
 MMR_POOL_MIN = 30  #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
 ATOM_OVERFETCH = 4  #: search_atoms reads this many × k atoms before dropping expired ones
 ATOM_BM25_SCALE = 8.0  #: the seed's atom score 1/(1 + exp(−raw/8)) (seed: Retrieval IV)
+
+
+@dataclass
+class RecallQuery:
+    """One recall's inputs as fusion needs them (built by Recall.recall)."""
+    k: int
+    chosen: tuple  #: the channels asked for that ran or could run
+    ref: dt.datetime  #: now, or the as_of time
+    historical: bool  #: as_of recall
+    intent: str | None
+    spec: dict  #: the intent's weights (rules/intents.toml)
+    explain: bool
+    pins: dict  #: {id: cosine similarity} of the pinned memories similar enough to the query
+    params: dict  #: the channel queries' SQL parameters
+    vector: np.ndarray | None  #: the query vector (None: no vector channel ran)
+    tokens: set  #: the query's search tokens
+    warnings: list  #: the answer's warnings; fusion adds "nothing relevant"
 
 
 class Recall:
@@ -2438,10 +2489,12 @@ class Recall:
                 params, embedding=embedding)) if 1.0 - row["distance"] >= r.pin_similarity_threshold}
         # the intent of the question itself: the last line of a multi-line query (a conversation)
         intent, spec = self.rules.intent(query.rsplit("\n", 1)[-1]) if r.dynamic_route_weighting else (None, {})
-        ref = parse_time(as_of_iso) if as_of_iso else now()
-        results = self._fuse(ranked, k, intent, spec, explain, [c for c in chosen if c in ranked or
-                                                                  c not in {d["channel"] for d in degraded}],
-                             ref, bool(as_of_iso), pins, params)
+        ran = tuple(c for c in chosen if c in ranked or c not in {d["channel"] for d in degraded})
+        results = self._fuse(ranked, RecallQuery(
+            k=k, chosen=ran, ref=parse_time(as_of_iso) if as_of_iso else now(), historical=bool(as_of_iso),
+            intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
+            vector=None if embedding is None else np.frombuffer(embedding, np.float32), tokens=set(tokens),
+            warnings=warnings))
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
             if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings}
@@ -2536,54 +2589,77 @@ class Recall:
             raise InputError("channels", "name at least one channel")
         return tuple(out)
 
-    def _fuse(self, ranked: dict[str, list[dict]], k: int, intent, spec: dict, explain: bool, chosen,
-              ref: dt.datetime, historical: bool, pins: dict[int, float], params: dict) -> list[dict]:
-        """The channel rows `ranked` ({channel: rows}) → the k hits, best first (README "How recall
+    def _fuse(self, ranked: dict[str, list[dict]], q: RecallQuery) -> list[dict]:
+        """The channel rows `ranked` ({channel: rows}) → the q.k hits, best first (README "How recall
         ranks"). The formulas are the Ranking functions above; this method only fetches what they
-        need: each candidate's row (sql recall_candidates, with the atoms' temporal factor at `ref`,
-        the as_of time when `historical`), the session neighbours of the strongest, and the
-        documents of the MMR pool. `pins`: {id: cosine similarity} of pinned memories."""
-        w = Weights.of(self.cfg.recall, spec, chosen)
+        need: each candidate's row (sql recall_candidates, with the atoms' temporal factor at q.ref),
+        the session neighbours of the strongest, and the documents of the MMR pool, whose calibrated
+        relevance decides which may be answered at all ([recall] min_relevance)."""
+        w = Weights.of(self.cfg.recall, q.spec, q.chosen)
         ranks, scores, confidence = channel_evidence(ranked, w.graph_channels)
-        if not ranks and not pins:
+        if not ranks and not q.pins:
             return []
         parts: dict[int, dict] = {}
-        self._score_candidates(set(ranks) | set(pins), parts, ranks, scores, confidence, w, ref, historical, pins)
+        self._score_candidates(set(ranks) | set(q.pins), parts, ranks, scores, confidence, w, q)
         scale_routes(parts, w)
-        pool_size = max(3 * k, MMR_POOL_MIN)
+        pool_size = max(3 * q.k, MMR_POOL_MIN)
         neighbours = {}
         if w.neighbour and parts:
             # the turns right before/after the strongest candidates share their score; weaker
             # candidates' neighbours could not reach the pool with 0.3 of a weak score
             strong = sorted(parts, key=lambda i: (-parts[i]["routes"], i))[:pool_size]
-            neighbours = self._session_neighbours(strong, params)
+            neighbours = self._session_neighbours(strong, q.params)
             self._score_candidates({n for ns in neighbours.values() for n in ns}, parts, ranks, scores, confidence,
-                                   w, ref, historical, pins)
+                                   w, q)
             scale_routes(parts, w)
         order = fuse_scores(parts, neighbours, w)
-        pool = mmr_pool(order, parts, pins, pool_size)
+        pool = mmr_pool(order, parts, q.pins, pool_size)
         docs = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(pool)})}
-        tokens = {i: set(docs[i]["segmented"].split()) for i in pool if i in docs}  # deleted meanwhile: left out
+        tokens = self._relevant(pool, docs, parts, q)  # deleted meanwhile or irrelevant: left out
         out = []
-        for i, mmr_score in select_hits(order[:pool_size], parts, tokens, pins, k, w.mmr_lambda):
+        for i, mmr_score in select_hits(order[:pool_size], parts, tokens, q.pins, q.k, w.mmr_lambda):
             hit = recall_hit(docs[i], parts[i])
-            if explain:
-                hit["explain"] = explain_parts(i, parts[i], scores, chosen, w, intent, mmr_score)
+            if q.explain:
+                hit["explain"] = explain_parts(i, parts[i], scores, q.chosen, w, q.intent, mmr_score)
             out.append(hit)
         return out
 
+    def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
+        """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not less
+        relevant than [recall] min_relevance (calibrated_relevance, also put in their parts). When
+        nothing is left, a warning says so and gives the best relevance."""
+        coef = self.rules.relevance.get(self.embedder.model) if q.vector is not None else None
+        vectors = {} if coef is None else {r["doc_id"]: np.frombuffer(r["embedding"], np.float32) for r in self.rows(
+            self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})}
+        kept, best = {}, None
+        for i in pool:
+            if i not in docs:
+                continue
+            doc_tokens = set(docs[i]["segmented"].split())
+            cos = float(np.dot(vectors[i], q.vector)) if i in vectors else None
+            cover = token_cover(q.tokens, doc_tokens)
+            rel = calibrated_relevance(cos, cover, coef)
+            parts[i].update(cosine=cos, cover=cover, relevance=rel)
+            if rel is None or rel >= self.cfg.recall.min_relevance:
+                kept[i] = doc_tokens
+            best = rel if best is None or (rel is not None and rel > best) else best
+        if docs and not kept:
+            q.warnings.append(f"nothing relevant: the best memory's relevance is {best:.2f}, below "
+                              f"[recall] min_relevance = {self.cfg.recall.min_relevance}")
+        return kept
+
     def _score_candidates(self, ids, parts: dict, ranks: dict, scores: dict, confidence: dict, w: Weights,
-                          ref: dt.datetime, historical: bool, pins: dict) -> None:
+                          q: RecallQuery) -> None:
         """candidate_score() of every id in `ids` not scored yet, into `parts`; deleted ids are skipped."""
         default = self.rules.types[self.rules.default_type]
         batch = sorted(set(ids) - set(parts))
         for d in self.rows(self.queries["recall_candidates"], {
-                "ids": json.dumps(batch), "ref": iso(ref), "historical": int(historical),
+                "ids": json.dumps(batch), "ref": iso(q.ref), "historical": int(q.historical),
                 "default_ttl": float(default["base_ttl_days"]), "default_step": int(default["decay"] == "step"),
                 "step_types": json.dumps([t for t, v in self.rules.types.items() if v["decay"] == "step"])}):
             i = d["id"]
-            parts[i] = candidate_score(d, ranks.setdefault(i, {}), scores, confidence.get(i), w, ref, historical,
-                                       self._source_boost(d["source"]), pins.get(i))
+            parts[i] = candidate_score(d, ranks.setdefault(i, {}), scores, confidence.get(i), w, q.ref, q.historical,
+                                       self._source_boost(d["source"]), q.pins.get(i))
 
     def _session_neighbours(self, ids, params: dict) -> dict[int, set]:
         """{memory id: ids of the memories right before/after it in its session} for the candidates
@@ -2680,9 +2756,6 @@ class Recall:
 
 
 # Context and briefing: memory within a token budget ##############################################
-
-_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
-
 
 def estimate_tokens(text: str) -> int:
     """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
@@ -3557,6 +3630,8 @@ def _search_models():
         pinned: bool
         archived: bool
         channels: list[str] = Field(description="Channels that found it: bm25, vector, graph_keyword, graph_vector.")
+        relevance: float | None = Field(None, description="How likely it is relevant, 0..1, the same scale for every "
+                                                          "query (null when the embedding model is not calibrated).")
         explain: dict[str, Any] | None = None
 
     class Degraded(BaseModel):

@@ -237,3 +237,8 @@ select c.id,
 from documents c
 where c.id in (select value from json_each(:ids)) and c.session_id != '' and c.persona_id = :persona_id
   and (:session_id = '' or c.session_id = :session_id);
+
+-- name: recall_vectors_of
+-- The stored float vectors of the memories in the JSON array :ids (the MMR pool), for their
+-- calibrated relevance (cosine similarity to the query, computed in Python).
+select doc_id, embedding from doc_vectors where doc_id in (select value from json_each(:ids));

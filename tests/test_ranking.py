@@ -11,6 +11,7 @@ import pytest
 import aokun
 from aokun import (
     Weights,
+    calibrated_relevance,
     candidate_score,
     channel_evidence,
     explain_parts,
@@ -22,6 +23,7 @@ from aokun import (
     rrf,
     scale_routes,
     select_hits,
+    token_cover,
     ttl_factor,
 )
 
@@ -339,7 +341,8 @@ def test_recall_hit_from_document_row_and_parts():
     assert hit == {"id": 4, "score": 0.123457, "text": "text", "summary": "s", "importance": 0.5,
                    "created_at": ago(1), "session_id": "s1", "persona_id": "p", "participants": ["Ann"],
                    "topics": ["tea"], "source": "chat", "pinned": True, "archived": False,
-                   "channels": ["bm25", "vector"]}
+                   "channels": ["bm25", "vector"], "relevance": None}
+    assert recall_hit(d, {"fused": 0.1, "ranks": {}, "relevance": 0.876543})["relevance"] == 0.8765
 
 
 def test_explain_parts_keys_values_and_route_weights():
@@ -354,7 +357,7 @@ def test_explain_parts_keys_values_and_route_weights():
     assert list(e) == ["ranks", "scores", "fusion", "doc_rrf", "graph_rrf", "doc_relevance", "graph_relevance",
                        "neighbour", "importance", "recency", "confidence", "temporal_factor", "frequency",
                        "source_boost", "pin_similarity", "doc_route", "graph_route", "route_weights",
-                       "cross_route_bonus", "intent", "fused", "mmr"]
+                       "cross_route_bonus", "intent", "fused", "mmr", "cosine", "cover", "relevance"]
     assert e["ranks"] == {"bm25": 0, "vector": None, "graph_keyword": 3, "graph_vector": None}
     assert e["scores"] == {"bm25": 1.0, "graph_keyword": 1.0}
     assert e["route_weights"] == [0.70, 0.30]
@@ -364,6 +367,28 @@ def test_explain_parts_keys_values_and_route_weights():
     assert e["fused"] == pytest.approx(0.70 + 0.30 + 0.08) and e["cross_route_bonus"] == 0.08
     assert (e["fusion"], e["intent"], e["mmr"], e["pin_similarity"], e["confidence"]) \
         == ("score", "factual", 0.61, 0.42, 0.7)
+
+
+# calibrated relevance ############################################################################
+
+def test_token_cover_counts_query_tokens_of_a_script_the_memory_has():
+    assert token_cover({"alice", "tea", "drink"}, {"alice", "likes", "tea"}) == pytest.approx(2 / 3)
+    # an English question about a Chinese memory: no comparable word, no cover
+    assert token_cover({"business", "trip"}, {"杭州", "出差"}) is None
+    # a mixed memory: only the query's Chinese tokens are compared with a Chinese-only memory
+    assert token_cover({"杭州", "trip"}, {"杭州", "出差"}) == 1.0
+    assert token_cover(set(), {"a"}) is None
+
+
+def test_calibrated_relevance_is_the_fitted_logistic_and_none_when_uncalibrated():
+    coef = {"w_cos": 100.0, "w_cover": 10.0, "bias": -85.0, "cos_only_w_cos": 110.0, "cos_only_bias": -90.0}
+    # z = 100·0.8 + 10·0.5 − 85 = 0: exactly one half
+    assert calibrated_relevance(0.8, 0.5, coef) == pytest.approx(0.5)
+    assert calibrated_relevance(0.85, 0.5, coef) == pytest.approx(1 / (1 + math.exp(-5.0)))
+    # no comparable words: the cos-only weights, z = 110·0.8 − 90 = −2
+    assert calibrated_relevance(0.8, None, coef) == pytest.approx(1 / (1 + math.exp(2.0)))
+    assert calibrated_relevance(0.8, 0.5, None) is None  # the embedding model is not calibrated
+    assert calibrated_relevance(None, 0.5, coef) is None  # the memory has no vector yet
 
 
 # the whole chain, as Recall._fuse runs it #######################################################
