@@ -407,8 +407,9 @@ async def test_emoji_chinese_and_nul_round_trip(client):
     w = await ok(client, "memorize", {"content": text, "metadata": {
         "participants": ["小王"], "topics": ["旅行"], "summary": "西湖🚣 划船"}})
     d = await ok(client, "get_memory", {"id": w["id"]})
-    stored = unicodedata.normalize("NFKC", text.replace("\x00", ""))  # NFKC: the full-width comma becomes ','
-    assert d["content"] == stored and "\x00" not in d["content"] and "🚣\u200d♀" in stored
+    stored = text.replace("\x00", " ")  # as given: the full-width comma stays, the NUL is a space
+    assert d["content"] == stored and "，" in stored and "🚣\u200d♀" in stored
+    assert unicodedata.normalize("NFKC", stored) != stored
     assert d["participants"] == ["小王"] and d["topics"] == ["旅行"] and d["summary"] == "西湖🚣 划船"
     r = await ok(client, "recall", {"query": "西湖划船"})
     assert r["results"] and r["results"][0]["id"] == w["id"] and r["results"][0]["text"] == d["content"]
