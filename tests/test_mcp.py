@@ -419,6 +419,21 @@ async def test_emoji_chinese_and_nul_round_trip(client):
     assert (await ok(client, "memorize", {"content": text}))["deduplicated"] is True
 
 
+async def test_stored_text_is_byte_identical(client):
+    keep = "E = mc² ½ ① ™ ㎏，"  # NFKC would make it "E = mc2 1⁄2 1 TM kg,"
+    meta = {"summary": keep, "topics": [keep], "participants": [keep], "key_facts": [keep]}
+    w = await ok(client, "memorize", {"content": keep, "metadata": meta})
+    d = await ok(client, "get_memory", {"id": w["id"]})
+    assert d["content"].encode("utf-8") == keep.encode("utf-8")
+    assert {k: d[k] for k in meta} == meta and [a["content"] for a in d["atoms"]] == [keep]
+    hit = (await ok(client, "recall", {"query": "mc2 kg"}))["results"][0]
+    assert hit["id"] == w["id"] and hit["text"].encode("utf-8") == keep.encode("utf-8") and hit["summary"] == keep
+    assert (await ok(client, "search_atoms", {"query": "mc2"}))["results"][0]["content"] == keep
+    # the half-width spelling is the same memory (deduplication compares the folded text)
+    again = await ok(client, "memorize", {"content": "E = mc2 1⁄2 1 TM kg,"})
+    assert again["deduplicated"] is True and again["id"] == w["id"]
+
+
 async def test_300_kb_content(client):
     para = "Paragraph {i}: the quarterly report covers revenue, hiring and the roadmap. 季度报告涵盖收入与招聘。\n"
     text = "".join(para.format(i=i) for i in range(3200)) + "The secret codeword is xylophonic."

@@ -114,7 +114,28 @@ def test_memorize_many_dedups_within_the_batch(mem):
     assert count(mem, "documents") == 2 and mem.doctor() == []
 
 
+KEEP = "E = mc² ½ ① ™ ㎏，"  #: NFKC changes each of its non-ASCII characters (issue 11, item 7)
 FULL_WIDTH = "服务跑在端口８０９０上，ＡＰＩ　ｋｅｙ 在 vault 里"
+
+
+def test_stored_text_is_byte_identical(mem):
+    assert all(unicodedata.normalize("NFKC", c) != c for c in KEEP if not c.isascii())
+    meta = {"summary": KEEP, "topics": [KEEP], "participants": [KEEP], "key_facts": [KEEP], "tags": [KEEP]}
+    r = mem.memorize(KEEP, meta)
+    d = mem.get(r["id"])
+    assert d["content"].encode("utf-8") == KEEP.encode("utf-8")
+    assert {k: d[k] for k in meta} == meta
+    assert [a["content"].encode("utf-8") for a in d["atoms"]] == [KEEP.encode("utf-8")]
+    hit = mem.recall("mc2 kg")["results"][0]  # found through the folded index
+    assert hit["id"] == r["id"] and hit["text"].encode("utf-8") == KEEP.encode("utf-8")
+    assert (hit["summary"], hit["topics"], hit["participants"]) == (KEEP, [KEEP], [KEEP])
+    assert mem.search_atoms("MC2")["results"][0]["content"] == KEEP
+    assert mem.list_memories()[0]["content"] == KEEP
+    # re-deriving the FTS rows and the atoms and graph (a journal replay of the memory) keeps them
+    mem.rebuild(fts=True, graph=True)
+    assert mem.get(r["id"])["content"].encode("utf-8") == KEEP.encode("utf-8")
+    assert [a["content"] for a in mem.get(r["id"])["atoms"]] == [KEEP]
+    assert mem.recall("mc2 kg")["results"][0]["id"] == r["id"]
 
 
 def test_full_width_is_stored_as_given_and_indexed_folded(mem, fake_embedder):
