@@ -26,6 +26,11 @@ filter, an aggregate across tables, a UNION or an ORDER BY/LIMIT over a list), a
 blocks with named parameters. Inline here: single-statement writes, lookups of one row or value by
 key equality (an ORDER BY … LIMIT 1 may pick which), count/existence checks and pragmas. Schema
 changes are schema/NNNN_*.sql migrations.
+
+Text: what is stored is what was given (clean_text: NUL becomes a space, outer whitespace goes);
+fold() (NFKC) is only what indexing and matching see: the FTS text, queries, entity and node keys,
+the atom rules, the content hash and the embedded text. persona_id, session_id and source are keys
+and stored folded.
 """
 
 __version__ = "0.1.0"
@@ -484,15 +489,17 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
     return queries
 
 
-# Text: normalise, segment, stop words ############################################################
+# Text: clean and fold, segment, stop words #######################################################
 
 _WORD = re.compile(r"\w", re.UNICODE)
 _CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
 
 
-def normalize_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
-    """NFKC-normalise (full-width ８０９０ becomes 8090), strip NUL bytes and outer whitespace.
+def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
+    """What is stored of a text argument: the given characters, with NUL bytes made spaces and the
+    outer whitespace stripped. No folding: `E = mc²`, `８０９０` and `，` stay as given (fold() is
+    what matching sees).
 
     Raises InputError naming `field_name` for non-strings, lone surrogates and (unless allowed)
     empty text."""
@@ -503,10 +510,32 @@ def normalize_text(value, field_name: str = "content", allow_empty: bool = False
     except UnicodeEncodeError as e:
         raise InputError(field_name, f"contains a lone surrogate (invalid Unicode) at character {e.start}; "
                                      "send valid UTF-8 text") from None
-    text = unicodedata.normalize("NFKC", value).replace("\x00", "").strip()
+    text = value.replace("\x00", " ").strip()
     if not text and not allow_empty:
         raise InputError(field_name, "is empty")
     return text
+
+
+def fold(text: str) -> str:
+    """What indexing and matching see of a text: NFKC (full-width ８０９０ is 8090, ² is 2, ㎏ is kg,
+    ， is ,), outer whitespace stripped. Used for the FTS text (Segmenter), queries, entity and node
+    keys, the atom rules, the content hash and what is embedded; never stored in place of the text."""
+    if text.isascii():
+        return text.strip()
+    return unicodedata.normalize("NFKC", text).strip()
+
+
+def content_hash(text: str) -> str:
+    """The deduplication key of a memory's content: SHA-256 hex of fold(text), so spellings that
+    differ only in width or compatibility forms ("８０９０" / "8090") are the same memory, and the
+    hashes in files of earlier versions (which stored folded text) still match."""
+    return hashlib.sha256(fold(text).encode("utf-8")).hexdigest()
+
+
+def query_text(value, field_name: str = "query") -> str:
+    """A search argument (a query, a topic, a predicate) as matching sees it: clean_text() then
+    fold(). Raises InputError like clean_text()."""
+    return fold(clean_text(value, field_name))
 
 
 def user_cache_dir() -> Path:
@@ -570,9 +599,9 @@ class Segmenter:
         return self._tk
 
     def tokens(self, text: str, keep_stopwords: bool = False) -> list[str]:
-        """Lower-cased search tokens: jieba's search-mode cut (words and their sub-words), with
-        punctuation-only pieces and stop words dropped. Order kept, duplicates kept."""
-        return list(self._cut(text, keep_stopwords))
+        """Lower-cased search tokens of fold(text): jieba's search-mode cut (words and their
+        sub-words), with punctuation-only pieces and stop words dropped. Order kept, duplicates kept."""
+        return list(self._cut(fold(text), keep_stopwords))
 
     def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
         tk = self._tokenizer()
@@ -587,10 +616,10 @@ class Segmenter:
         return tuple(out)
 
     def segmented(self, text: str) -> str:
-        """Tokens joined by spaces: what goes into the FTS5 column. Cut line by line (jieba splits
-        at newlines anyway), so a line repeated across texts, like the session context that every
-        fact entry of a memory carries, is segmented once."""
-        return " ".join(t for line in text.split("\n") for t in self._cut(line, False))
+        """Tokens of fold(text) joined by spaces: what goes into the FTS5 column. Cut line by line
+        (jieba splits at newlines anyway), so a line repeated across texts, like the session context
+        that every fact entry of a memory carries, is segmented once."""
+        return " ".join(t for line in fold(text).split("\n") for t in self._cut(line, False))
 
 
 def fts_query(tokens: list[str]) -> str:
@@ -604,15 +633,30 @@ def fts_query(tokens: list[str]) -> str:
 
 
 def split_sentences(text: str, limit: int) -> list[str]:
-    """Up to `limit` sentences of 4..300 characters, for key facts when none were given."""
-    out = []
-    for piece in _SENTENCE_END.split(text):
-        piece = piece.strip()
-        if len(piece) >= 4:
-            out.append(piece[:300])
+    """Up to `limit` sentences of 4..300 characters of `text`, for key facts when none were given.
+    The sentence ends are found where fold() would put them (a full-width ． or an ellipsis … ends
+    a sentence as its folded . does), the sentences keep the given characters."""
+    out, at = [], 0
+    for m in _SENTENCE_END.finditer(_fold_each(text)):
+        out += _sentence(text[at:m.start()])
+        at = m.end()
         if len(out) >= limit:
-            break
-    return out
+            return out[:limit]
+    return (out + _sentence(text[at:]))[:limit]
+
+
+def _sentence(piece: str) -> list[str]:
+    """[the piece stripped and cut to 300 characters], or [] when under 4 characters."""
+    piece = piece.strip()
+    return [piece[:300]] if len(piece) >= 4 else []
+
+
+def _fold_each(text: str) -> str:
+    """`text` with each character replaced by the last character of its NFKC form: the same length,
+    so a match in it is a match at the same place in `text` (… becomes ., ！ becomes !)."""
+    if text.isascii():
+        return text
+    return "".join((unicodedata.normalize("NFKC", c) or c)[-1] for c in text)
 
 
 def jaccard(a: set, b: set) -> float:
@@ -929,18 +973,22 @@ class Rules:
 
     @staticmethod
     def _key(name: str) -> str:
-        return " ".join(name.split()).casefold()
+        """The matching key of a name: fold()ed (NFKC), whitespace runs made one space, casefolded."""
+        return " ".join(fold(name).split()).casefold()
 
     def classify(self, fact: str) -> tuple[str, float]:
-        """(atom_type, confidence) from the first matching rule, else the default type."""
+        """(atom_type, confidence) from the first rule matching fold(fact), else the default type."""
+        fact = fold(fact)
         for pattern, atom_type, confidence in self.atom_rules:
             if pattern.search(fact):
                 return atom_type, confidence
         return self.default_type, self.default_confidence
 
     def slot(self, fact: str) -> tuple[str, str, str]:
-        """(predicate, value, subject) of the first single-valued predicate pattern that matches the
-        fact (rules/predicates.toml), else ('', '', ''). value is canonicalised like an entity."""
+        """(predicate, value, subject) of the first single-valued predicate pattern that matches
+        fold(fact) (rules/predicates.toml), else ('', '', ''). value and subject are canonicalised
+        like an entity (keys, not display text)."""
+        fact = fold(fact)
         for name, pattern in self.slot_patterns:
             m = pattern.search(fact)
             if m and m.group("value").strip():
@@ -949,8 +997,8 @@ class Rules:
         return "", "", ""
 
     def canonical(self, name: str) -> str:
-        """Entity resolution: case and whitespace folded, aliases from rules/aliases.toml mapped to
-        their canonical name. Returns the key nodes are unique on."""
+        """Entity resolution: NFKC, case and whitespace folded (_key), aliases from rules/aliases.toml
+        mapped to their canonical name. Returns the key nodes are unique on."""
         key = self._key(name)
         return self._key(self.alias_of.get(key, key))
 
@@ -959,7 +1007,8 @@ class Rules:
         return self.alias_of.get(self._key(name), " ".join(name.split()))
 
     def intent(self, query: str) -> tuple[str | None, dict]:
-        """The first intent in rules/intents.toml whose pattern matches the raw query."""
+        """The first intent in rules/intents.toml whose pattern matches fold(query)."""
+        query = fold(query)
         for name, patterns, spec in self.intents:
             if any(p.search(query) for p in patterns):
                 return name, spec
@@ -1014,27 +1063,41 @@ METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment"
 
 
 def _text_list(value, name: str) -> list[str]:
+    """A list metadata field (topics, key facts, participants, tags) as stored: each item
+    clean_text()ed with its given characters and cut to MAX_ITEM_CHARS; empty items dropped, and
+    items equal once folded ("８０９０", "8090") kept once, the first spelling. A string is a list of
+    one. Raises InputError naming `name` or `name[i]`."""
     if value is None:
         return []
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)):
         raise InputError(name, f"expected a list of strings, got {type(value).__name__}")
-    out = []
+    out, seen = [], set()
     for i, v in enumerate(value):
-        t = normalize_text(v, f"{name}[{i}]", allow_empty=True)
-        if t and t not in out:
+        t = clean_text(v, f"{name}[{i}]", allow_empty=True)
+        if t and fold(t) not in seen:
+            seen.add(fold(t))
             out.append(t[:MAX_ITEM_CHARS])
     return out
 
 
 def _short_text(value, name: str, limit: int = MAX_FIELD_CHARS) -> str:
+    """A text field as stored (summary, sentiment): clean_text(), given characters kept; '' for None.
+    Raises InputError naming `name` when it is longer than `limit`."""
     if value is None:
         return ""
-    t = normalize_text(value, name, allow_empty=True)
+    t = clean_text(value, name, allow_empty=True)
     if len(t) > limit:
         raise InputError(name, f"is {len(t)} characters; the limit is {limit}")
     return t
+
+
+def _label(value, name: str, limit: int = MAX_LABEL_CHARS) -> str:
+    """An identifier (persona_id, session_id, source): clean_text() then fold(), and stored folded:
+    SQL compares it by equality, so "ａｌｉｃｅ" and "alice" stay one persona, as in the files of
+    earlier versions. '' for None. Raises InputError naming `name` when it is longer than `limit`."""
+    return "" if value is None else _short_text(fold(clean_text(value, name, allow_empty=True)), name, limit)
 
 
 def _importance(value, name: str = "importance", default: float = 0.5) -> float:
@@ -1237,11 +1300,12 @@ class Vectors:
         return True
 
     def _embed(self, texts: list[str], warnings: list | None = None) -> np.ndarray | None:
-        """Embed passages, or None (with a warning) when the provider fails: never fails a write."""
+        """Embed passages as fold() makes them (the vectors of earlier versions, made from stored
+        folded text, stay valid), or None (with a warning) when the provider fails: never fails a write."""
         if not texts or not self.vectors_usable:
             return None
         try:
-            m = self.embedder.embed_documents(texts)
+            m = self.embedder.embed_documents([fold(t) for t in texts])
         except EmbeddingError as e:
             log.warning("embedding failed, vectors will be back-filled later: %s", e)
             if warnings is not None:
@@ -1271,10 +1335,11 @@ class Vectors:
         """What a document vector is computed from: the end (context_chars) of the preceding turns
         of its session, a newline, then the memory itself, so a reply like "Yes, last May" is found
         by what it answers, followed by its labels (topics, tags and sentiment: short words that say
-        what kind of memory it is). Only the embedded text changes, never the stored content. The memory alone
-        when the context would push part of it out of the model's window. Returns (text, whether
-        the memory itself was cut)."""
-        labels = " ".join(x for x in labels if x)
+        what kind of memory it is). Only the embedded text changes, never the stored content: all of
+        it is fold()ed (as the query is). The memory alone when the context would push part of it out
+        of the model's window. Returns (text, whether the memory itself was cut)."""
+        content, context = fold(content), [fold(c) for c in context]
+        labels = " ".join(fold(x) for x in labels if x)
         cut, truncated = self.embedder.prepare(content + "\n" + labels if labels else content)
         if truncated and labels:  # no room for the labels
             cut, truncated = self.embedder.prepare(content)
@@ -1620,7 +1685,7 @@ class Layers:
 
         def node(node_type: str, value: str) -> tuple[int, str]:
             if node_type == "fact":
-                shown, canonical = value, " ".join(value.split()).casefold()
+                shown, canonical = value, Rules._key(value)
             else:
                 shown, canonical = self.rules.display(value), self.rules.canonical(value)
             nid = self.value("select id from graph_nodes where persona_id = ? and node_type = ? and canonical = ?",
@@ -1764,7 +1829,10 @@ class Journal:
     point is finished by recover() at the next open (seed: Reliability)."""
 
     def prepare(self, content, metadata: dict | None = None, field_prefix: str = "") -> Prepared:
-        """Validate and normalise one memorize() call. Raises InputError naming the bad field."""
+        """Validate one memorize() call into a Prepared write. The text fields keep the characters
+        given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and source
+        are identifiers, folded (_label); content_hash is of fold(content), so "８０９０" and "8090" are
+        one memory. Raises InputError naming the bad field."""
         meta = {} if metadata is None else metadata
         if not isinstance(meta, dict):
             raise InputError(field_prefix + "metadata", f"expected an object, got {type(meta).__name__}")
@@ -1773,17 +1841,17 @@ class Journal:
             raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
                                                         f"known: {sorted(METADATA_FIELDS)}")
         fp = field_prefix + "metadata."
-        text = normalize_text(content, field_prefix + "content")
+        text = clean_text(content, field_prefix + "content")
         limit = self.cfg.write.max_content_chars
         if len(text) > limit:
             raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
                                                        "([write] max_content_chars)")
         p = Prepared(content=text)
-        p.persona_id = _short_text(meta.get("persona_id"), fp + "persona_id", MAX_LABEL_CHARS)
-        p.session_id = _short_text(meta.get("session_id"), fp + "session_id", MAX_LABEL_CHARS)
+        p.persona_id = _label(meta.get("persona_id"), fp + "persona_id")
+        p.session_id = _label(meta.get("session_id"), fp + "session_id")
         p.summary = _short_text(meta.get("summary"), fp + "summary")
         p.sentiment = _short_text(meta.get("sentiment"), fp + "sentiment", MAX_LABEL_CHARS)
-        p.source = _short_text(meta.get("source"), fp + "source", MAX_LABEL_CHARS).lower()
+        p.source = _label(meta.get("source"), fp + "source").lower()
         p.topics = _text_list(meta.get("topics"), fp + "topics")
         p.key_facts = _text_list(meta.get("key_facts"), fp + "key_facts")
         p.participants = _text_list(meta.get("participants"), fp + "participants")
@@ -1794,7 +1862,7 @@ class Journal:
             raise InputError(fp + "pinned", f"expected true or false, got {pinned!r}")
         p.pinned = bool(pinned)
         p.created_at = iso(parse_time(meta["timestamp"], fp + "timestamp")) if meta.get("timestamp") else now_iso()
-        p.content_hash = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        p.content_hash = content_hash(text)
         p.facts = p.key_facts or self._auto_facts(text)
         return p
 
@@ -2036,7 +2104,7 @@ class KnowledgeGraph:
     queried at any as_of time (second seed: temporal knowledge graph)."""
 
     def _predicate(self, predicate) -> str:
-        p = normalize_text(predicate, "predicate")
+        p = query_text(predicate, "predicate")
         known = self.rules.predicate_of.get(Rules._key(p))
         return known or re.sub(r"\s+", "_", p.strip().casefold())[:100]
 
@@ -2044,7 +2112,7 @@ class KnowledgeGraph:
         """The id of the knowledge-graph entity `name` resolves to (rules/aliases.toml), created when
         missing and `create`; None when missing otherwise. Raises InputError naming `field_name`. In tx
         when `create`."""
-        name = normalize_text(name, field_name)[:MAX_ENTITY_CHARS]
+        name = clean_text(name, field_name)[:MAX_ENTITY_CHARS]
         canonical = self.rules.canonical(name)
         eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?", (persona, canonical))
         if eid is None and create:
@@ -2068,7 +2136,7 @@ class KnowledgeGraph:
         closes the open fact's valid_to at this valid_from (fact versioning without an LLM); the same
         object again returns the open fact. Returns {id, subject, predicate, object, valid_from,
         valid_to, closed: [ids], existing}."""
-        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
+        persona = _label(persona_id, "persona_id")
         pred = self._predicate(predicate)
         start = iso(parse_time(valid_from, "valid_from")) if valid_from else now_iso()
         end = iso(parse_time(valid_to, "valid_to")) if valid_to else None
@@ -2110,13 +2178,13 @@ class KnowledgeGraph:
         """Facts about `entity` (as subject or object) valid at `as_of` (default now), optionally
         of one predicate. Returns {entity, as_of, facts: [{id, subject, predicate, object,
         valid_from, valid_to, confidence, source_memory_id}]}; unknown entity → no facts."""
-        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
+        persona = _label(persona_id, "persona_id")
         at = iso(parse_time(as_of, "as_of")) if as_of else now_iso()
         eid = self._entity_id(persona, entity, "entity", False)
         facts = [] if eid is None else self.rows(self.queries["kg_facts_at"], {
             "persona_id": persona, "entity_id": eid, "as_of": at,
             "predicate": self._predicate(predicate) if predicate else ""})
-        return {"entity": normalize_text(entity, "entity"), "as_of": at, "facts": facts}
+        return {"entity": clean_text(entity, "entity"), "as_of": at, "facts": facts}
 
     def kg_invalidate(self, triple_id: int, valid_to=None) -> dict:
         """End a fact: valid_to = the given time (default now). History is kept. Returns the fact."""
@@ -2133,19 +2201,20 @@ class KnowledgeGraph:
 
     def kg_timeline(self, entity, persona_id=None) -> dict:
         """Every fact ever recorded about `entity`, oldest first, with validity windows."""
-        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
+        persona = _label(persona_id, "persona_id")
         eid = self._entity_id(persona, entity, "entity", False)
         facts = [] if eid is None else self.rows(self.queries["kg_timeline"], {"persona_id": persona, "entity_id": eid})
-        return {"entity": normalize_text(entity, "entity"), "facts": facts}
+        return {"entity": clean_text(entity, "entity"), "facts": facts}
 
     def kg_stats(self, persona_id=None) -> dict:
         """{entities, triples, active, expired, predicates} for one persona."""
-        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
+        persona = _label(persona_id, "persona_id")
         return self.rows(self.queries["kg_stats"], {"persona_id": persona, "now": now_iso()})[0]
 
     def _facts_for_text(self, text: str, persona: str, at: str, limit: int = 20) -> list[dict]:
-        """Facts valid at `at` about entities whose name occurs in `text` (case-folded)."""
-        folded = " ".join(text.split()).casefold()
+        """Facts valid at `at` about entities whose canonical name occurs in `text` (folded like one:
+        Rules._key)."""
+        folded = Rules._key(text)
         out = []
         for e in self.rows(self.queries["kg_entities_in_text"], {"persona_id": persona, "text": folded}):
             for f in self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": e["id"],
@@ -2454,7 +2523,7 @@ class Recall:
         as_of answers as the memory stood then. Raises InputError for an empty query or a bad k."""
         started = time.perf_counter()
         r = self.cfg.recall
-        query = normalize_text(query, "query")
+        query = query_text(query, "query")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
         warnings = []
@@ -2463,8 +2532,8 @@ class Recall:
             warnings.append(f"k={k} is above the limit {r.max_k} ([recall] max_k); returning at most {r.max_k}")
             k = r.max_k
         chosen = self._channels(channels)
-        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
-        session = _short_text(session_id, "session_id", MAX_LABEL_CHARS)
+        persona = _label(persona_id, "persona_id")
+        session = _label(session_id, "session_id")
         as_of_iso = iso(parse_time(as_of, "as_of")) if as_of else ""
         key = (query, asked, persona, session, bool(include_archived), chosen, bool(explain), as_of_iso)
         cached = self._cache_get(key)
@@ -2682,14 +2751,14 @@ class Recall:
         unexpired (age from last reinforcement), planned atoms 1 until their deadline, 0 after.
         Returns {results: [{id, document_id, atom_type, content, score, bm25, ttl_factor, expires_at}]}."""
         started = time.perf_counter()
-        query = normalize_text(query, "query")
+        query = query_text(query, "query")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
         k = min(k, self.cfg.recall.max_k)
         tokens = self.seg.tokens(query)
         if not tokens:
             return {"results": [], "took_ms": 0.0}
-        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
+        persona = _label(persona_id, "persona_id")
         ref = now()
         rows = self.rows(self.queries["search_atoms"], {"match": fts_query(tokens), "persona_id": persona,
                                                         "k": min(CHANNEL_MAX_K, ATOM_OVERFETCH * k)})
@@ -2801,7 +2870,7 @@ class Briefing:
     def build_briefing(self, persona_id=None) -> dict:
         """Build and store the session briefing for a persona: pinned and important memories,
         recent memories, current KG facts, all from SQL (no embedding). Returns the stored row."""
-        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
+        persona = _label(persona_id, "persona_id")
         cx, ref = self.cfg.context, now()
         since = iso(ref - dt.timedelta(days=cx.briefing_recent_days))
         key = self.rows(self.queries["briefing_key_memories"],
@@ -2854,14 +2923,14 @@ class Briefing:
                                        or max_tokens < CONTEXT_TOKENS_MIN):
             raise InputError("max_tokens", f"expected a whole number ≥ 50, got {max_tokens!r}")
         budget = max_tokens or budgets[mode]
-        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
+        persona = _label(persona_id, "persona_id")
         if topic is None or not str(topic).strip():
             row = self.rows("select * from briefings where persona_id = ?", (persona,))
             brief = row[0] if row else self.build_briefing(persona)
             text = fit_tokens(brief["text"].split("\n"), budget)
             return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
                     "source": "briefing", "stale": bool(brief["stale"]), "generated_at": brief["generated_at"]}
-        topic = normalize_text(topic, "topic")
+        topic = clean_text(topic, "topic")
         k = CONTEXT_RECALL_K[mode]
         lines = ["# Relevant memories"]
         pinned = self.rows(self.queries["context_pinned"], {"persona_id": persona})
@@ -3059,7 +3128,7 @@ class Forgetting:
         participants, max importance, earliest created_at) and archives the others with
         merged_into = survivor; restore_memory(survivor) undoes it.
         Returns {clusters: [{survivor, members: [ids], texts}], dry_run}."""
-        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
+        persona = _label(persona_id, "persona_id")
         docs = {d["id"]: d for d in self.rows(self.queries["consolidate_documents"], {"persona_id": persona})}
         tokens = {i: set(self.seg.tokens(d["content"])) for i, d in docs.items()}  # the words, not the labels
         parent = {i: i for i in docs}
@@ -3403,15 +3472,15 @@ class Maintenance:
 def conversation_text(conversation) -> str:
     """A transcript from plain text or a list of {role, content}. Raises InputError."""
     if isinstance(conversation, str):
-        return normalize_text(conversation, "conversation")
+        return clean_text(conversation, "conversation")
     if not isinstance(conversation, list) or not conversation:
         raise InputError("conversation", "expected text or a non-empty list of {role, content}")
     lines = []
     for i, turn in enumerate(conversation):
         if not isinstance(turn, dict) or "content" not in turn:
             raise InputError(f"conversation[{i}]", "expected {role, content}")
-        role = normalize_text(str(turn.get("role") or "user"), f"conversation[{i}].role")
-        lines.append(f"{role}: {normalize_text(turn['content'], f'conversation[{i}].content')}")
+        role = clean_text(str(turn.get("role") or "user"), f"conversation[{i}].role")
+        lines.append(f"{role}: {clean_text(turn['content'], f'conversation[{i}].content')}")
     return "\n".join(lines)
 
 

@@ -61,6 +61,21 @@ def test_memorize_prints_an_id_and_show_list_work(run):
     assert len(rows) == 1
 
 
+def test_stored_text_is_byte_identical(run):
+    keep = "E = mc² ½ ① ™ ㎏，"  # NFKC would make it "E = mc2 1⁄2 1 TM kg,"
+    out = json.loads(run("memorize", keep, "--summary", keep, "--topic", keep, "--participant", keep,
+                         "--fact", keep, "--json").output)
+    js = json.loads(run("show", str(out["id"]), "--json").output)
+    assert js["content"].encode("utf-8") == keep.encode("utf-8")
+    assert (js["summary"], js["topics"], js["participants"], js["key_facts"]) == (keep, [keep], [keep], [keep])
+    assert [a["content"] for a in js["atoms"]] == [keep]
+    assert keep in run("show", str(out["id"])).output
+    hits = json.loads(run("recall", "mc2 kg", "--json").output)["results"]
+    assert hits[0]["id"] == out["id"] and hits[0]["text"] == keep
+    with _db(run.db) as c:  # the bytes in the file
+        assert c.execute("select content from documents").fetchone()[0].encode("utf-8") == keep.encode("utf-8")
+
+
 def test_stats_json_and_doctor(run):
     run("memorize", "one memory", "--participant", "Eve")
     run("memorize", "another memory")

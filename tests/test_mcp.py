@@ -407,8 +407,9 @@ async def test_emoji_chinese_and_nul_round_trip(client):
     w = await ok(client, "memorize", {"content": text, "metadata": {
         "participants": ["小王"], "topics": ["旅行"], "summary": "西湖🚣 划船"}})
     d = await ok(client, "get_memory", {"id": w["id"]})
-    stored = unicodedata.normalize("NFKC", text.replace("\x00", ""))  # NFKC: the full-width comma becomes ','
-    assert d["content"] == stored and "\x00" not in d["content"] and "🚣\u200d♀" in stored
+    stored = text.replace("\x00", " ")  # as given: the full-width comma stays, the NUL is a space
+    assert d["content"] == stored and "，" in stored and "🚣\u200d♀" in stored
+    assert unicodedata.normalize("NFKC", stored) != stored
     assert d["participants"] == ["小王"] and d["topics"] == ["旅行"] and d["summary"] == "西湖🚣 划船"
     r = await ok(client, "recall", {"query": "西湖划船"})
     assert r["results"] and r["results"][0]["id"] == w["id"] and r["results"][0]["text"] == d["content"]
@@ -416,6 +417,21 @@ async def test_emoji_chinese_and_nul_round_trip(client):
     assert any(a["document_id"] == w["id"] for a in (await ok(client, "search_atoms", {"query": "杭州"}))["results"])
     # the same text with the NUL is the same memory
     assert (await ok(client, "memorize", {"content": text}))["deduplicated"] is True
+
+
+async def test_stored_text_is_byte_identical(client):
+    keep = "E = mc² ½ ① ™ ㎏，"  # NFKC would make it "E = mc2 1⁄2 1 TM kg,"
+    meta = {"summary": keep, "topics": [keep], "participants": [keep], "key_facts": [keep]}
+    w = await ok(client, "memorize", {"content": keep, "metadata": meta})
+    d = await ok(client, "get_memory", {"id": w["id"]})
+    assert d["content"].encode("utf-8") == keep.encode("utf-8")
+    assert {k: d[k] for k in meta} == meta and [a["content"] for a in d["atoms"]] == [keep]
+    hit = (await ok(client, "recall", {"query": "mc2 kg"}))["results"][0]
+    assert hit["id"] == w["id"] and hit["text"].encode("utf-8") == keep.encode("utf-8") and hit["summary"] == keep
+    assert (await ok(client, "search_atoms", {"query": "mc2"}))["results"][0]["content"] == keep
+    # the half-width spelling is the same memory (deduplication compares the folded text)
+    again = await ok(client, "memorize", {"content": "E = mc2 1⁄2 1 TM kg,"})
+    assert again["deduplicated"] is True and again["id"] == w["id"]
 
 
 async def test_300_kb_content(client):

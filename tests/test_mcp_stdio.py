@@ -144,8 +144,8 @@ def test_raw_jsonrpc_stdout_is_pure_utf8_jsonrpc_with_cp936_and_the_local_embedd
     cache = tmp_path / "cache"
     env = child_env(PYTHONIOENCODING="cp936", XDG_CACHE_HOME=cache, PYTHONUNBUFFERED="1")
     text = "老王说：下周三去杭州出差，记得带上普洱茶🍵和笔记本💻。"
-    stored = unicodedata.normalize("NFKC", text)  # full-width punctuation is stored half-width
-    assert stored != text
+    stored = text  # stored as given: the full-width punctuation stays (only the index folds it)
+    assert unicodedata.normalize("NFKC", stored) != stored
     started = time.monotonic()
     s = RawServer(db, ini, env)
     try:

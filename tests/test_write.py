@@ -114,25 +114,128 @@ def test_memorize_many_dedups_within_the_batch(mem):
     assert count(mem, "documents") == 2 and mem.doctor() == []
 
 
-def test_nfkc_full_width_digits(mem):
-    r = mem.memorize("服务跑在端口８０９０上，ＡＰＩ　ｋｅｙ 在 vault 里")
-    content = mem.value("select content from documents where id = ?", (r["id"],))
-    assert "8090" in content and "８" not in content
-    assert "API key" in content
+KEEP = "E = mc² ½ ① ™ ㎏，"  #: NFKC changes each of its non-ASCII characters (issue 11, item 7)
+FULL_WIDTH = "服务跑在端口８０９０上，ＡＰＩ　ｋｅｙ 在 vault 里"
+
+
+def test_stored_text_is_byte_identical(mem):
+    assert all(unicodedata.normalize("NFKC", c) != c for c in KEEP if not c.isascii())
+    meta = {"summary": KEEP, "topics": [KEEP], "participants": [KEEP], "key_facts": [KEEP], "tags": [KEEP]}
+    r = mem.memorize(KEEP, meta)
+    d = mem.get(r["id"])
+    assert d["content"].encode("utf-8") == KEEP.encode("utf-8")
+    assert {k: d[k] for k in meta} == meta
+    assert [a["content"].encode("utf-8") for a in d["atoms"]] == [KEEP.encode("utf-8")]
+    hit = mem.recall("mc2 kg")["results"][0]  # found through the folded index
+    assert hit["id"] == r["id"] and hit["text"].encode("utf-8") == KEEP.encode("utf-8")
+    assert (hit["summary"], hit["topics"], hit["participants"]) == (KEEP, [KEEP], [KEEP])
+    assert mem.search_atoms("MC2")["results"][0]["content"] == KEEP
+    assert mem.list_memories()[0]["content"] == KEEP
+    # re-deriving the FTS rows and the atoms and graph (a journal replay of the memory) keeps them
+    mem.rebuild(fts=True, graph=True)
+    assert mem.get(r["id"])["content"].encode("utf-8") == KEEP.encode("utf-8")
+    assert [a["content"] for a in mem.get(r["id"])["atoms"]] == [KEEP]
+    assert mem.recall("mc2 kg")["results"][0]["id"] == r["id"]
+
+
+def test_full_width_is_stored_as_given_and_indexed_folded(mem, fake_embedder):
+    r = mem.memorize(FULL_WIDTH)
+    assert mem.value("select content from documents where id = ?", (r["id"],)) == FULL_WIDTH
+    # the vector is of the folded text: what earlier versions embedded (they stored it folded)
+    folded = unicodedata.normalize("NFKC", FULL_WIDTH)
+    np.testing.assert_allclose(doc_vector(mem, r["id"]), fake_embedder.vector(folded), atol=1e-6)
+    assert [h["id"] for h in mem.recall("端口８０９０", channels="vector")["results"]] == [r["id"]]
     hits = mem.rows("select rowid from documents_fts where documents_fts match ?", ('"8090"',))
-    assert [h["rowid"] for h in hits] == [r["id"]]
-    assert fts_ids(mem, "documents_fts", aokun.normalize_text("８０９０")) == [r["id"]]
-    # the full-width and half-width spellings are the same memory
-    assert mem.memorize("服务跑在端口8090上，API key 在 vault 里")["deduplicated"] is True
+    assert [h["rowid"] for h in hits] == [r["id"]]  # the FTS text is folded
+    assert fts_ids(mem, "documents_fts", "８０９０") == fts_ids(mem, "documents_fts", "api key") == [r["id"]]
+    # the full-width and half-width spellings are the same memory (the hash is of the folded text)
+    again = mem.memorize("服务跑在端口8090上,API key 在 vault 里")
+    assert again["deduplicated"] is True and again["id"] == r["id"]
+    assert mem.get(r["id"])["content"] == FULL_WIDTH  # the first spelling stays
+    assert mem.memorize(folded)["id"] == r["id"]  # what an earlier version stored of it: the same hash
+    with pytest.raises(aokun.InputError, match="already has exactly this content"):
+        mem.edit(mem.memorize("another memory")["id"], "服务跑在端口8090上，API key 在 vault 里")
 
 
-def test_nul_bytes_stripped(mem):
+def test_full_and_half_width_match_both_ways(mem):
+    full = mem.memorize("端口８０９０给ＡＰＩ网关用", {"key_facts": ["ＡＰＩ网关用端口８０９０"]})["id"]
+    half = mem.memorize("port 7070 serves the admin UI", {"key_facts": ["the admin UI is on port 7070"]})["id"]
+    for query, doc in (("8090", full), ("api", full), ("７０７０", half), ("ＵＩ", half)):
+        assert [h["id"] for h in mem.recall(query)["results"]][:1] == [doc], query
+        atoms = mem.search_atoms(query)["results"]
+        assert atoms and atoms[0]["document_id"] == doc, query
+    assert mem.search_atoms("8090")["results"][0]["content"] == "ＡＰＩ网关用端口８０９０"
+
+
+def test_superscripts_and_compatibility_forms_match_folded(mem):
+    r = mem.memorize("Einstein wrote E = mc² in 1905; the parcel weighs 3 ㎏")
+    assert mem.get(r["id"])["content"] == "Einstein wrote E = mc² in 1905; the parcel weighs 3 ㎏"
+    assert [h["id"] for h in mem.recall("mc2")["results"]] == [r["id"]]
+    assert [h["id"] for h in mem.recall("kg")["results"]] == [r["id"]]
+    assert [h["id"] for h in mem.recall("mc²")["results"]] == [r["id"]]
+
+
+def test_chinese_punctuation_kept_and_found_without_it(mem):
+    text = "今天和老王去西湖划船，风景很美。下次还要带上小李一起去！"
+    r = mem.memorize(text, {"participants": ["老王"]})
+    d = mem.get(r["id"])
+    assert d["content"] == text and all(c in d["content"] for c in "，。！")
+    # the sentences (atoms, fact nodes) keep the punctuation too
+    assert [a["content"] for a in d["atoms"]] == ["今天和老王去西湖划船，风景很美。", "下次还要带上小李一起去！"]
+    for query in ("西湖划船 风景很美", "小李一起去", "和老王去西湖划船,风景很美"):
+        assert [h["id"] for h in mem.recall(query)["results"]][:1] == [r["id"]], query
+        assert mem.search_atoms(query)["results"], query
+
+
+def test_sentences_end_where_the_folded_text_ends_them(mem):
+    text = "The first thing to remember．Then a second one… and a third one ﹒ last"
+    assert aokun.split_sentences(text, 8) == ["The first thing to remember．Then a second one…", "and a third one ﹒",
+                                              "last"]
+    assert aokun.split_sentences("甲乙丙丁｡戊己庚辛？壬癸子丑", 8) == ["甲乙丙丁｡", "戊己庚辛？", "壬癸子丑"]
+
+
+def test_metadata_keeps_its_characters(mem):
+    meta = {"summary": "Ｅ = mc²，概要", "topics": ["物理，相对论", "ＡＩ"], "participants": ["Ｅｉｎｓｔｅｉｎ"],
+            "key_facts": ["E = mc² ½"], "tags": ["①"], "sentiment": "好！"}
+    r = mem.memorize("Einstein and the famous formula", meta)
+    d = mem.get(r["id"])
+    assert {k: d[k] for k in meta} == meta
+    assert [a["content"] for a in d["atoms"]] == ["E = mc² ½"]
+    # the person node shows the given name; its key is folded, so the half-width spelling is the same node
+    assert mem.rows("select value, canonical from graph_nodes where node_type = 'person'") == \
+        [{"value": "Ｅｉｎｓｔｅｉｎ", "canonical": "einstein"}]
+    mem.memorize("Einstein again", {"participants": ["einstein"]})
+    assert mem.value("select count(*) from graph_nodes where node_type = 'person'") == 1
+    assert fts_ids(mem, "documents_fts", "AI") == [r["id"]]  # labels are indexed folded
+    # items equal once folded are one item, the first spelling
+    assert mem.get(mem.memorize("x y z w", {"topics": ["ＡＩ", "AI", "ai"]})["id"])["topics"] == ["ＡＩ", "ai"]
+
+
+def test_atom_slots_match_the_folded_fact(mem):
+    mem.memorize("我现在住在ＮＹＣ。", {"timestamp": "2026-01-01T00:00:00Z"})
+    mem.memorize("我现在住在上海！", {"timestamp": "2026-02-01T00:00:00Z"})
+    atoms = mem.rows("select content, slot_value, state from memory_atoms where slot = 'lives_in' order by id")
+    assert atoms == [{"content": "我现在住在ＮＹＣ。", "slot_value": "new york", "state": "superseded"},
+                     {"content": "我现在住在上海！", "slot_value": "shanghai", "state": "active"}]
+
+
+def test_identifiers_are_folded(mem):
+    a = mem.memorize("persona note one", {"persona_id": "ａｌｉｃｅ", "session_id": "ｓ１", "source": "ＣＨＡＴ"})
+    d = mem.get(a["id"])
+    assert (d["persona_id"], d["session_id"], d["source"]) == ("alice", "s1", "chat")
+    assert [h["id"] for h in mem.recall("persona note", persona_id="alice")["results"]] == [a["id"]]
+    hits = mem.recall("persona note", persona_id="ａｌｉｃｅ", session_id="s1")["results"]
+    assert [h["id"] for h in hits] == [a["id"]]
+
+
+def test_nul_bytes_become_spaces(mem):
     r = mem.memorize("null\x00byte in the\x00 middle", {"summary": "sum\x00mary", "topics": ["to\x00pic"]})
     d = mem.get(r["id"])
-    assert d["content"] == "nullbyte in the middle"
-    assert d["summary"] == "summary" and d["topics"] == ["topic"]
+    assert d["content"] == "null byte in the  middle"
+    assert d["summary"] == "sum mary" and d["topics"] == ["to pic"]
     assert "\x00" not in mem.value("select segmented from documents_fts where rowid = ?", (r["id"],))
-    assert fts_ids(mem, "documents_fts", "nullbyte") == [r["id"]]
+    assert fts_ids(mem, "documents_fts", "byte") == [r["id"]]
+    assert mem.memorize("null byte in the  middle")["deduplicated"] is True
 
 
 @pytest.mark.parametrize("content, metadata, field", [
@@ -266,7 +369,7 @@ def test_small_talk_never_reinforces(mem):
 def test_atom_types_classify(mem, fact, atom_type):
     mem.memorize(f"note: {fact}", {"key_facts": [fact], "importance": 0.5, "timestamp": "2026-05-01T00:00:00Z"})
     atom = mem.rows("select * from memory_atoms")[0]
-    assert atom["content"] == aokun.normalize_text(fact) and atom["atom_type"] == atom_type
+    assert atom["content"] == fact and atom["atom_type"] == atom_type
     base = mem.rules.types[atom_type]["base_ttl_days"]
     assert atom["base_ttl_days"] == base
     assert atom["expires_at"] == aokun.iso(dt.datetime(2026, 5, 1, tzinfo=dt.timezone.utc) + dt.timedelta(days=base))
