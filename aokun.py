@@ -3576,12 +3576,17 @@ def _write_models():
         id: int = Field(description="Memory id.")
         uid: str | None = None
         status: str = Field(description="Journal stage reached; 'done' when every layer is written.")
-        deduplicated: bool = Field(description="True when identical content was already stored (same id returned).")
+        deduplicated: bool = Field(description="True when identical content was already stored: its id is returned "
+                                               "(or, for a memory consolidation merged into another, the survivor's).")
         atoms: int = Field(description="Memory atoms this memory stated or reinforced.")
         graph_entries: int
         embedding: str | None = Field(description="done, pending (back-filled later) or none.")
         embedding_truncated: bool = Field(description="True when only the start of the text was embedded.")
         warnings: list[str] = []
+        changed: dict[str, list] = Field(default={}, description=(
+            "What a repeat (deduplicated) changed on the stored memory, {field: [old, new]}: new topics, tags, "
+            "participants or key_facts appended, a higher importance, an empty summary/sentiment/source/session_id "
+            "filled, pinned; archived: [true, false] when it restored an archived memory. {} otherwise."))
 
     class Deleted(BaseModel):
         id: int
@@ -3887,7 +3892,8 @@ def _write_tools():
                  metadata: M.Metadata | None = None) -> M.WriteResult:
         """Store something worth remembering for weeks or months: a fact about the user, a preference,
         a decision, an event, a plan. Write it so it makes sense on its own later (names, not pronouns).
-        Identical content returns the existing id. Returns the new memory's id."""
+        Identical content returns the existing memory's id: new metadata is merged into it and an archived
+        one is restored (`changed` and `warnings` say so). Returns the new memory's id."""
         return M.WriteResult(**_on_memory(ctx, lambda m: m.memorize(content, _meta(metadata))))
 
     def edit_memory(ctx: Context, id: A.Id,
