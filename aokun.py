@@ -1045,6 +1045,8 @@ class Prepared:
     embedding_truncated: bool = False
     recovering: bool = False  # resumed from the journal at open: a failure is recorded, never raised
     stale: list = field(default_factory=list)  # memories whose vector context this write changed
+    given: frozenset = frozenset()  # the metadata keys the caller gave (a repeat merges only those it said)
+    changed: dict = field(default_factory=dict)  # a repeat's changes to the stored memory, {field: [old, new]}
 
     PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts", "participants",
                "tags", "sentiment", "source", "importance", "pinned", "created_at", "content_hash", "facts")
@@ -1823,6 +1825,30 @@ def owner_alive(owner: str, updated_at: str | None = None) -> bool:
     return True
 
 
+REPEAT_UNITED = ("topics", "tags", "participants", "key_facts")  #: a repeat appends its new items to these
+REPEAT_FILLED = ("summary", "sentiment", "source", "session_id")  #: a repeat fills these only when empty
+
+
+def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
+    """What memorizing the text of stored memory `d` (a Store._doc dict) again with metadata `p` adds,
+    as {metadata field: new value} for edit(), {} when nothing changes. REPEAT_UNITED lists are united
+    (stored order, new items appended); REPEAT_FILLED texts are taken only when the stored one is
+    empty; importance is the higher, counted when the caller gave it, or when `restoring` an archived
+    memory (then the default counts too, so auto-archival does not take it straight back); pinned:
+    true wins. The timestamp (its place in time) and the persona stay."""
+    out = {}
+    for k in REPEAT_UNITED:
+        new = [x for x in getattr(p, k) if x not in d[k]]
+        if new:
+            out[k] = d[k] + new
+    out |= {k: getattr(p, k) for k in REPEAT_FILLED if getattr(p, k) and not d[k]}
+    if ("importance" in p.given or restoring) and p.importance > d["importance"]:
+        out["importance"] = p.importance
+    if p.pinned and not d["pinned"]:
+        out["pinned"] = True
+    return out
+
+
 class Journal:
     """Writes through the journal (memory_write_ops): every write is a row that moves pending →
     docs_done → atoms_done → graph_done → done, one transaction per stage, so a crash at any
@@ -1846,7 +1872,7 @@ class Journal:
         if len(text) > limit:
             raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
                                                        "([write] max_content_chars)")
-        p = Prepared(content=text)
+        p = Prepared(content=text, given=frozenset(k for k, v in meta.items() if v is not None))
         p.persona_id = _label(meta.get("persona_id"), fp + "persona_id")
         p.session_id = _label(meta.get("session_id"), fp + "session_id")
         p.summary = _short_text(meta.get("summary"), fp + "summary")
@@ -1875,14 +1901,17 @@ class Journal:
     def memorize(self, content, metadata: dict | None = None) -> dict:
         """Store one memory through the journalled pipeline (seed: Write Pipeline).
 
-        Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding, warnings}. The same
-        content for the same persona returns the existing id (deduplicated=true). Raises InputError
-        for bad input before anything is written. An embedding failure never fails the write."""
+        Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding, embedding_truncated,
+        warnings, changed}. The same content for the same persona is a repeat (deduplicated=true): it
+        returns the memory that holds the text, restores it when archived and merges the new metadata
+        into it (see _absorb_repeat; `changed` is {field: [old, new]}, {} for a plain repeat). Raises
+        InputError for bad input before anything is written. An embedding failure never fails the write."""
         return self.memorize_many([(content, metadata)])[0]
 
     def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
         """Store many memories with batched embedding (imports). Every item is validated before any
-        is written; returns one result per item, in order."""
+        is written; returns one result per item, in order (memorize's shape). Copies of one new text
+        in a batch store one memory; the later copies are repeats of it (their metadata merged)."""
         preps = [self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "") for i, (c, m) in enumerate(items)]
         stamp = now_iso()
         with self.tx() as c:
@@ -1905,15 +1934,64 @@ class Journal:
             if isinstance(p.document_id, Prepared):
                 p.document_id = p.document_id.document_id
         self._refresh_stale([i for p in preps for i in p.stale])
+        for p in preps:
+            if p.deduplicated and p.document_id is not None:
+                self._absorb_repeat(p)
         return [self._write_result(p) for p in preps]
 
     def _write_result(self, p: Prepared) -> dict:
+        """The answer of memorize and edit: {id, uid, status, deduplicated, atoms, graph_entries,
+        embedding, embedding_truncated, warnings, changed} for the memory `p` wrote (or repeated)."""
         doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
         counts = self.rows(self.queries["document_layer_counts"], {"document_id": p.document_id})[0]
         return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
                 "deduplicated": p.deduplicated, "atoms": counts["atoms"], "graph_entries": counts["graph_entries"],
                 "embedding": doc[0]["embedding_state"] if doc else None,
-                "embedding_truncated": p.embedding_truncated, "warnings": p.warnings}
+                "embedding_truncated": p.embedding_truncated, "warnings": p.warnings, "changed": p.changed}
+
+    # repeats: memorizing a text already stored ---------------------------------------------------
+
+    def _absorb_repeat(self, p: Prepared) -> None:
+        """Memorizing the text of a stored memory again (`p` deduplicated, p.document_id that memory).
+        The memory that holds the text answers: for one consolidation merged into another
+        (merged_into set) that is the survivor, followed to the end of the chain; the duplicate stays
+        merged and a warning names both ids and the undo (restore_memory). The holder, when archived
+        (by archive_memory or auto-archival), is restored through the flag path (vectors and graph
+        entries follow), with a warning. Then the repeat's metadata is merged into it (_repeat_updates)
+        through edit(), so every index, atom and graph entry follows; a plain repeat changes nothing
+        and costs two reads. Sets p.document_id, p.status, p.changed ({field: [old, new]},
+        archived: [true, false] for a restore) and p.warnings. Raises what edit() raises."""
+        try:
+            d = self._doc(p.document_id)
+        except NotFound:  # deleted by another process meanwhile: nothing to merge into
+            return
+        if d["merged_into"] is not None:
+            member, seen = d["id"], {d["id"]}
+            while d["merged_into"] is not None and d["merged_into"] not in seen:
+                d = self._doc(d["merged_into"])  # a foreign key: deleting the survivor clears merged_into
+                seen.add(d["id"])
+            p.warnings.append(f"this text is memory {member}, which consolidation merged into memory {d['id']}: "
+                              f"memory {d['id']} holds the fact now (its id is returned); restore_memory({member}) "
+                              f"makes memory {member} a memory of its own again, restore_memory({d['id']}) undoes "
+                              "its merge")
+        p.document_id = d["id"]
+        restoring = d["archived"]
+        if restoring:
+            with self.tx() as c:
+                self._set_flag_in_tx(d["id"], "archived", False)
+                c.execute("update documents set merged_into = null where id = ?", (d["id"],))
+                self._briefing_stale(d["persona_id"])
+            p.changed["archived"] = [True, False]
+            p.warnings.append(f"memory {d['id']} was archived; memorizing it again restored it to recall "
+                              f"(archive_memory({d['id']}) archives it again)")
+        updates = _repeat_updates(d, p, restoring)
+        if not updates:
+            return
+        r = self.edit(d["id"], None, updates)
+        p.status = r["status"]
+        p.changed.update({k: [d[k], v] for k, v in updates.items()})
+        p.warnings += r["warnings"] + [f"memory {d['id']} already held this text; the repeat's metadata was "
+                                       f"merged into it ({', '.join(updates)} changed)"]
 
     def run_pipeline(self, preps: list[Prepared]) -> None:
         """Advance each write from its journal status to `done`, one transaction per stage:
@@ -3640,12 +3718,17 @@ def _write_models():
         id: int = Field(description="Memory id.")
         uid: str | None = None
         status: str = Field(description="Journal stage reached; 'done' when every layer is written.")
-        deduplicated: bool = Field(description="True when identical content was already stored (same id returned).")
+        deduplicated: bool = Field(description="True when identical content was already stored: its id is returned "
+                                               "(or, for a memory consolidation merged into another, the survivor's).")
         atoms: int = Field(description="Memory atoms this memory stated or reinforced.")
         graph_entries: int
         embedding: str | None = Field(description="done, pending (back-filled later) or none.")
         embedding_truncated: bool = Field(description="True when only the start of the text was embedded.")
         warnings: list[str] = []
+        changed: dict[str, list] = Field(default={}, description=(
+            "What a repeat (deduplicated) changed on the stored memory, {field: [old, new]}: new topics, tags, "
+            "participants or key_facts appended, a higher importance, an empty summary/sentiment/source/session_id "
+            "filled, pinned; archived: [true, false] when it restored an archived memory. {} otherwise."))
 
     class Deleted(BaseModel):
         id: int
@@ -3953,7 +4036,8 @@ def _write_tools():
                  metadata: M.Metadata | None = None) -> M.WriteResult:
         """Store something worth remembering for weeks or months: a fact about the user, a preference,
         a decision, an event, a plan. Write it so it makes sense on its own later (names, not pronouns).
-        Identical content returns the existing id. Returns the new memory's id."""
+        Identical content returns the existing memory's id: new metadata is merged into it and an archived
+        one is restored (`changed` and `warnings` say so). Returns the new memory's id."""
         return M.WriteResult(**_on_memory(ctx, lambda m: m.memorize(content, _meta(metadata))))
 
     def edit_memory(ctx: Context, id: A.Id,

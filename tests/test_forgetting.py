@@ -369,6 +369,22 @@ def test_auto_archive_old_unimportant_memories(make, clock):
     assert {h["id"] for h in m.recall("lighthouse", k=10)["results"]} == everything
 
 
+def test_repeat_of_an_auto_archived_memory_restores_it_for_good(make, clock):
+    m = make(**{"forgetting.auto_cleanup_enabled": True})
+    text = "Lighthouse keeper chat from long ago."
+    old_low = m.memorize(text, {"importance": 0.05, "timestamp": "2025-06-01T00:00:00Z"})["id"]
+    assert m.decay()["archived"] == [old_low]
+    r = m.memorize(text)
+    assert (r["id"], r["deduplicated"]) == (old_low, True)
+    # restored, and at the default importance: the next auto-archival does not take it straight back
+    assert r["changed"] == {"archived": [True, False], "importance": [0.05, 0.5]}
+    assert r["warnings"][0].startswith(f"memory {old_low} was archived; memorizing it again restored it")
+    assert [h["id"] for h in m.recall("lighthouse")["results"]] == [old_low]
+    clock.advance(days=1)
+    assert m.decay()["archived"] == []
+    assert m._doc(old_low)["created_at"] == "2025-06-01T00:00:00Z"  # still in its place in time
+
+
 def test_auto_archive_is_off_by_default(make, clock):
     m = make()
     old_low = m.memorize("Lighthouse keeper chat from long ago.", {"importance": 0.05,

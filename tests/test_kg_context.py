@@ -417,6 +417,59 @@ def test_consolidate_merges_and_restore_memory_undoes_it(make, clock):
     assert m.doctor() == []
 
 
+def test_repeat_of_a_merged_memory_answers_with_the_survivor(make, clock):
+    m = make()
+    a, b, c = _near_duplicates(m)
+    m.consolidate(dry_run=False)
+    r = m.memorize(SHORT, {"topics": ["espresso"]})
+    # the duplicate stays merged: the survivor holds the fact and gets the new topic
+    assert (r["id"], r["deduplicated"]) == (b, True)
+    assert r["changed"] == {"topics": [["office", "coffee"], ["office", "coffee", "espresso"]]}
+    assert r["warnings"][0] == (f"this text is memory {a}, which consolidation merged into memory {b}: memory {b} "
+                                f"holds the fact now (its id is returned); restore_memory({a}) makes memory {a} a "
+                                f"memory of its own again, restore_memory({b}) undoes its merge")
+    assert r["warnings"][1] == (f"memory {b} already held this text; the repeat's metadata was merged into it "
+                                "(topics changed)")
+    member = m._doc(a)
+    assert member["archived"] is True and member["merged_into"] == b
+    assert m._doc(b)["topics"] == ["office", "coffee", "espresso"]
+    assert ids(m.recall("espresso", k=5, channels="bm25")) == [b]
+    plain = m.memorize(SHORT)  # a plain repeat: the pointer, nothing changed
+    assert (plain["id"], plain["changed"], len(plain["warnings"])) == (b, {}, 1)
+    # the undo the warning names
+    m.restore_memory(a)
+    assert m._doc(a)["archived"] is False
+    assert m.memorize(SHORT)["id"] == a and m.memorize(SHORT)["warnings"] == []
+    assert m.doctor() == []
+
+
+def test_repeat_of_a_merged_memory_follows_the_chain_and_restores_an_archived_survivor(make, clock):
+    m = make()
+    a, b, c = _near_duplicates(m)
+    m.consolidate(dry_run=False)
+    with m.tx() as conn:  # b itself merged into c later (a second consolidation), and c archived since
+        m._set_flag_in_tx(b, "archived", True)
+        conn.execute("update documents set merged_into = ? where id = ?", (c, b))
+        m._set_flag_in_tx(c, "archived", True)
+    r = m.memorize(SHORT)
+    assert r["id"] == c and r["changed"]["archived"] == [True, False]
+    assert f"merged into memory {c}" in r["warnings"][0] and f"memory {c} was archived" in r["warnings"][1]
+    assert m._doc(c)["archived"] is False and m._doc(a)["merged_into"] == b
+
+
+def test_repeat_of_a_merged_memory_whose_survivor_was_deleted_restores_it(make, clock):
+    m = make()
+    a, b, c = _near_duplicates(m)
+    m.consolidate(dry_run=False)
+    m.delete(b)  # the foreign key clears merged_into: `a` is the only copy of its text now
+    assert m._doc(a)["merged_into"] is None and m._doc(a)["archived"] is True
+    r = m.memorize(SHORT)
+    assert (r["id"], r["changed"]) == (a, {"archived": [True, False]})
+    assert r["warnings"] == [f"memory {a} was archived; memorizing it again restored it to recall "
+                             f"(archive_memory({a}) archives it again)"]
+    assert a in ids(m.recall("iced americano", k=5)) and m.doctor() == []
+
+
 # summarize_memory against a real HTTP endpoint ---------------------------------------------------
 
 class _ChatHandler(BaseHTTPRequestHandler):

@@ -164,6 +164,25 @@ async def test_memorize_returns_write_result_and_deduplicates(client):
     assert (await counts(client))[0] == 1
 
 
+async def test_memorize_repeat_restores_an_archived_memory_and_merges_metadata(client):
+    a = await ok(client, "memorize", {"content": ALICE, "metadata": {"topics": ["coffee"]}})
+    assert a["changed"] == {}
+    await ok(client, "archive_memory", {"id": a["id"]})
+    r = await ok(client, "memorize", {"content": ALICE})
+    assert (r["id"], r["deduplicated"], r["changed"]) == (a["id"], True, {"archived": [True, False]})
+    assert r["warnings"] == [f"memory {a['id']} was archived; memorizing it again restored it to recall "
+                             f"(archive_memory({a['id']}) archives it again)"]
+    assert keyword_ids(await ok(client, "recall", {"query": "americano"})) == [a["id"]]
+    r = await ok(client, "memorize", {"content": ALICE, "metadata": {"topics": ["barista"], "importance": 0.9}})
+    assert r["changed"] == {"topics": [["coffee"], ["coffee", "barista"]], "importance": [0.5, 0.9]}
+    assert r["warnings"] == [f"memory {a['id']} already held this text; the repeat's metadata was merged into it "
+                             "(topics, importance changed)"]
+    assert keyword_ids(await ok(client, "recall", {"query": "barista"})) == [a["id"]]
+    plain = await ok(client, "memorize", {"content": ALICE})
+    assert (plain["deduplicated"], plain["warnings"], plain["changed"]) == (True, [], {})
+    assert (await counts(client))[0] == 1
+
+
 async def test_recall_finds_the_right_memory(client):
     ids = {}
     for text in (ALICE, BOB, CAROL):

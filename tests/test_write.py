@@ -114,6 +114,106 @@ def test_memorize_many_dedups_within_the_batch(mem):
     assert count(mem, "documents") == 2 and mem.doctor() == []
 
 
+# repeats: the text of a stored memory again --------------------------------------------------------
+
+def keyword_hits(mem, query: str, **kw) -> list[int]:
+    return [h["id"] for h in mem.recall(query, k=10, **kw)["results"] if "bm25" in h["channels"]]
+
+
+def test_plain_repeat_changes_nothing_and_embeds_nothing(mem, fake_embedder):
+    first = mem.memorize(ALICE, {"topics": ["coffee", "travel"], "tags": ["drink"], "importance": 0.7,
+                                 "summary": "Alice's coffee", "session_id": "s1"})
+    calls, before = fake_embedder.calls, table_counts(mem)
+    # the same metadata (in another order), a lower importance, another summary/session/time: all kept
+    again = mem.memorize(ALICE, {"topics": ["travel", "coffee"], "tags": ["drink"], "importance": 0.2,
+                                 "summary": "something else", "session_id": "s2",
+                                 "timestamp": "2020-01-01T00:00:00Z"})
+    assert (again["id"], again["deduplicated"], again["warnings"], again["changed"]) == (first["id"], True, [], {})
+    assert fake_embedder.calls == calls and table_counts(mem) == before
+    d = mem._doc(first["id"])
+    assert (d["summary"], d["session_id"], d["importance"]) == ("Alice's coffee", "s1", 0.7)
+    assert first["changed"] == {}
+
+
+def test_repeat_of_an_archived_memory_restores_it(mem):
+    kept = mem.memorize(ALICE, {"importance": 0.8})["id"]
+    mem.memorize("Bob plays the cello on Sundays.")
+    mem.set_flag(kept, "archived", True)
+    assert keyword_hits(mem, "americano") == []
+    r = mem.memorize(ALICE)
+    assert (r["id"], r["deduplicated"], r["changed"]) == (kept, True, {"archived": [True, False]})
+    assert r["warnings"] == [f"memory {kept} was archived; memorizing it again restored it to recall "
+                             f"(archive_memory({kept}) archives it again)"]
+    assert keyword_hits(mem, "americano") == [kept]
+    assert mem._doc(kept)["archived"] is False and mem._doc(kept)["importance"] == 0.8  # the higher stays
+    # the flag path: its vector and graph entries are live again for KNN and the graph channel
+    assert mem.value("select archived from doc_vec where doc_id = ?", (kept,)) == 0
+    assert mem.value("select max(archived) from graph_entries where document_id = ?", (kept,)) == 0
+    assert count(mem, "documents") == 2 and mem.doctor() == []
+    assert mem.memorize(ALICE)["warnings"] == []  # restored once: a further repeat is a plain one
+
+
+def test_repeat_of_an_archived_memory_with_low_importance_raises_it(mem):
+    low = mem.memorize(ALICE, {"importance": 0.05})["id"]
+    mem.set_flag(low, "archived", True)
+    r = mem.memorize(ALICE)  # no importance given: the default (0.5) counts for a restore
+    assert r["changed"] == {"archived": [True, False], "importance": [0.05, 0.5]}
+    assert mem._doc(low)["importance"] == 0.5 and mem.doctor() == []
+
+
+def test_repeat_with_new_metadata_is_merged(mem, fake_embedder):
+    first = mem.memorize(ALICE, {"topics": ["coffee"], "tags": ["drink"], "participants": ["Alice"],
+                                 "importance": 0.4, "session_id": "s1"})
+    assert keyword_hits(mem, "barista") == []
+    calls = fake_embedder.calls
+    r = mem.memorize(ALICE, {"topics": ["barista", "coffee"], "tags": ["morning"], "participants": ["Bob"],
+                             "importance": 0.9, "summary": "Alice's coffee habit", "source": "chat",
+                             "session_id": "s2", "key_facts": ["Alice loves iced americano."]})
+    assert (r["id"], r["deduplicated"]) == (first["id"], True)
+    assert r["changed"] == {"topics": [["coffee"], ["coffee", "barista"]], "tags": [["drink"], ["drink", "morning"]],
+                            "participants": [["Alice"], ["Alice", "Bob"]],
+                            "key_facts": [[], ["Alice loves iced americano."]],
+                            "summary": ["", "Alice's coffee habit"], "source": ["", "chat"],
+                            "importance": [0.4, 0.9]}
+    assert r["warnings"] == [f"memory {first['id']} already held this text; the repeat's metadata was merged into "
+                             "it (topics, tags, participants, key_facts, summary, source, importance changed)"]
+    d = mem._doc(first["id"])
+    assert d["topics"] == ["coffee", "barista"] and d["session_id"] == "s1" and d["importance"] == 0.9
+    assert fake_embedder.calls > calls  # re-derived through edit(): the vector sees the new labels
+    assert keyword_hits(mem, "barista") == [first["id"]]
+    assert [a["content"] for a in mem.rows("select content from memory_atoms")] == ["Alice loves iced americano."]
+    assert count(mem, "documents") == 1 and mem.doctor() == []
+
+
+def test_repeat_fills_an_empty_session_and_pins(mem):
+    doc = mem.memorize(ALICE)["id"]
+    r = mem.memorize(ALICE, {"session_id": "s9", "pinned": True, "sentiment": "positive"})
+    assert r["changed"] == {"sentiment": ["", "positive"], "session_id": ["", "s9"], "pinned": [False, True]}
+    d = mem._doc(doc)
+    assert (d["session_id"], d["pinned"], d["sentiment"]) == ("s9", True, "positive")
+    assert mem.memorize(ALICE, {"pinned": False})["changed"] == {}  # a repeat never unpins
+
+
+def test_copies_in_one_batch_store_one_memory_with_their_metadata_united(mem):
+    res = mem.memorize_many([("batch one", {"topics": ["a"]}), ("batch one", {"topics": ["b"]}),
+                             ("batch one", {"topics": ["a"]})])
+    assert res[0]["id"] == res[1]["id"] == res[2]["id"]
+    assert [r["deduplicated"] for r in res] == [False, True, True]
+    assert res[1]["changed"] == {"topics": [["a"], ["a", "b"]]} and res[2]["changed"] == {}
+    assert mem._doc(res[0]["id"])["topics"] == ["a", "b"]
+    assert count(mem, "documents") == 1 and mem.doctor() == []
+
+
+def test_repeat_in_another_persona_is_another_memory(mem):
+    work = mem.memorize(ALICE, {"persona_id": "work", "topics": ["coffee"]})["id"]
+    mem.set_flag(work, "archived", True)
+    home = mem.memorize(ALICE, {"persona_id": "home", "topics": ["home"]})
+    assert home["id"] != work and home["deduplicated"] is False and home["changed"] == {}
+    w = mem._doc(work)
+    assert w["archived"] is True and w["topics"] == ["coffee"]
+    assert keyword_hits(mem, "americano", persona_id="work") == []
+
+
 KEEP = "E = mc² ½ ① ™ ㎏，"  #: NFKC changes each of its non-ASCII characters (issue 11, item 7)
 FULL_WIDTH = "服务跑在端口８０９０上，ＡＰＩ　ｋｅｙ 在 vault 里"
 
