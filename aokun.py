@@ -227,6 +227,8 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "pin_similarity_threshold": 0.4,
         "query_last_line_weight": 1.0,
         "reinforce_on_recall": True,
+        "max_chars_per_hit": 1500,
+        "max_answer_tokens": 4000,
     },
     "context": {
         "quick_tokens": 400,
@@ -482,10 +484,11 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
     return queries
 
 
-# Text: normalise, segment, stop words ############################################################
+# Text: normalise, segment, stop words, cut, token estimate #######################################
 
 _WORD = re.compile(r"\w", re.UNICODE)
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
+_SPACE = re.compile(r"\s")
 
 
 def normalize_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
@@ -623,6 +626,44 @@ def _one_line(text: str, limit: int = 400) -> str:
     """`text` on one line (whitespace folded), cut to `limit` characters with … (for listings)."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def cut_text(text: str, limit: int) -> tuple[str, bool]:
+    """(`text`, False) when it has at most `limit` characters, else (its start + "…", True) in at
+    most `limit` characters: cut at the last sentence end or line break (as split_sentences sees
+    them) in the second half of the room, else at the last whitespace there, else exactly. Without
+    its "…" the result is always a prefix of `text` (trailing whitespace dropped)."""
+    if len(text) <= limit:
+        return text, False
+    room = max(0, limit - 1)  # one character for the …
+    window, floor = text[: room + 1], room // 2  # one past the room: is a '.' at its end followed by a space?
+    ends = [m.start() for m in _SENTENCE_END.finditer(window) if floor <= m.start() <= room]
+    spaces = [m.start() for m in _SPACE.finditer(window, floor)]
+    cut = ends[-1] if ends else spaces[-1] if spaces else room
+    return text[:cut].rstrip() + "…", True
+
+
+_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
+    for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
+    for English), rounded up."""
+    cjk = len(_CJK.findall(text))
+    return cjk + math.ceil((len(text) - cjk) / 4)
+
+
+def chars_within(text: str, tokens: int) -> int:
+    """The length of the longest start of `text` whose estimate_tokens is at most `tokens`."""
+    lo, hi = 0, len(text)
+    while lo < hi:  # estimate_tokens grows with the length: binary search
+        mid = (lo + hi + 1) // 2
+        if estimate_tokens(text[:mid]) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 # Embeddings ######################################################################################
@@ -2349,11 +2390,42 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
 
 def recall_hit(d: dict, p: dict) -> dict:
     """One result of recall() from its row of sql recall_documents and its score parts."""
-    return {"id": d["id"], "score": round(p["fused"], 6), "text": d["content"], "summary": d["summary"],
+    return {"id": d["id"], "score": round(p["fused"], 6), "text": d["content"], "truncated": False,
+            "summary": d["summary"],
             "importance": d["importance"], "created_at": d["created_at"], "session_id": d["session_id"],
             "persona_id": d["persona_id"], "participants": json.loads(d["participants"]),
             "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
             "archived": bool(d["archived"]), "channels": sorted(p["ranks"])}
+
+
+RECALL_HIT_MIN_TOKENS = 50  #: a hit cut to fit [recall] max_answer_tokens keeps this much text at least, or is left out
+
+
+def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[dict], list[int]]:
+    """The hits within the answer's limits (0 = no limit). Each text is cut to `max_chars`
+    characters (cut_text); then the texts together (estimate_tokens) stay within `max_tokens`: the
+    first hit keeps its capped text; each later one, in rank order, gets what is left less a short
+    share kept for every hit after it (RECALL_HIT_MIN_TOKENS, or that hit's whole text when
+    shorter), and at least RECALL_HIT_MIN_TOKENS itself. A hit for which not even that is left is
+    left out (a shorter one after it may still fit). `truncated` says a text was cut.
+    Returns (hits kept, ids left out)."""
+    capped = [cut_text(h["text"], max_chars) if max_chars > 0 else (h["text"], False) for h in hits]
+    costs = [estimate_tokens(text) for text, _ in capped]
+    after = [0] * (len(hits) + 1)  # after[i]: the shares kept for the hits after hit i - 1
+    for i in range(len(hits) - 1, -1, -1):
+        after[i] = after[i + 1] + min(costs[i], RECALL_HIT_MIN_TOKENS)
+    kept, left_out, used = [], [], 0
+    for i, (h, (text, cut)) in enumerate(zip(hits, capped, strict=True)):
+        left = max_tokens - used
+        room = min(left, max(left - after[i + 1], RECALL_HIT_MIN_TOKENS))
+        if max_tokens > 0 and kept and costs[i] > room:
+            if room < RECALL_HIT_MIN_TOKENS:
+                left_out.append(h["id"])
+                continue
+            text, cut = cut_text(text, chars_within(text, room))[0], True
+        used += estimate_tokens(text)
+        kept.append(dict(h, text=text, truncated=cut))
+    return kept, left_out
 
 
 def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr_score) -> dict:
@@ -2389,11 +2461,15 @@ class Recall:
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
 
     def recall(self, query, k: int = 5, persona_id: str | None = None, session_id: str | None = None,
-               include_archived: bool = False, explain: bool = False, channels=None, as_of=None) -> dict:
+               include_archived: bool = False, explain: bool = False, channels=None, as_of=None,
+               max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None) -> dict:
         """Hybrid recall (seed: Retrieval Pipeline). Returns
-        {results: [{id, score, text, summary, importance, created_at, ...}], facts, degraded:
-        [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each hit also
-        carries `explain` (explain_parts): its rank in every channel and every part of its score.
+        {results: [{id, score, text, truncated, summary, importance, created_at, ...}], facts,
+        degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each hit
+        also carries `explain` (explain_parts): its rank in every channel and every part of its score.
+        Texts are bounded by bound_hits: max_chars_per_hit and max_answer_tokens (None: the [recall]
+        settings, 0: no limit); `truncated` marks a cut text (get() reads it whole), a warning names
+        the hits left out. The bounds come after ranking: scores and explain are the same.
 
         The channels (sql/recall.sql) run side by side; _fuse() ranks their rows with the Ranking
         functions: candidate_score() per memory (document route α·relevance + β·importance +
@@ -2415,7 +2491,8 @@ class Recall:
         persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         session = _short_text(session_id, "session_id", MAX_LABEL_CHARS)
         as_of_iso = iso(parse_time(as_of, "as_of")) if as_of else ""
-        key = (query, asked, persona, session, bool(include_archived), chosen, bool(explain), as_of_iso)
+        bounds = self._bounds(max_chars_per_hit, max_answer_tokens)
+        key = (query, asked, persona, session, bool(include_archived), chosen, bool(explain), as_of_iso, bounds)
         cached = self._cache_get(key)
         if cached is not None:
             return dict(cached, took_ms=round((time.perf_counter() - started) * 1000, 2), cached=True)
@@ -2442,6 +2519,10 @@ class Recall:
         results = self._fuse(ranked, k, intent, spec, explain, [c for c in chosen if c in ranked or
                                                                   c not in {d["channel"] for d in degraded}],
                              ref, bool(as_of_iso), pins, params)
+        results, left_out = bound_hits(results, *bounds)
+        if left_out:
+            warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the answer's texts within "
+                            f"{bounds[1]} tokens ([recall] max_answer_tokens); get_memory reads each whole")
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
             if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings}
@@ -2449,6 +2530,17 @@ class Recall:
         if results and r.reinforce_on_recall and not as_of_iso:  # after caching: the touch takes the lock
             self._touch([h["id"] for h in results])
         return answer
+
+    def _bounds(self, max_chars_per_hit, max_answer_tokens) -> tuple[int, int]:
+        """(max characters per hit, max tokens of the answer's texts) for bound_hits: the arguments,
+        or the [recall] settings for None; 0 = no limit. Raises InputError for a bad one."""
+        r, out = self.cfg.recall, []
+        for name, value in (("max_chars_per_hit", max_chars_per_hit), ("max_answer_tokens", max_answer_tokens)):
+            value = r[name] if value is None else value
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InputError(name, f"expected a whole number ≥ 0 (0 = no limit), got {value!r}")
+            out.append(value)
+        return out[0], out[1]
 
     def _embedding_for(self, query: str, chosen, degraded: list) -> bytes | None:
         """The query vector as a float32 blob when a vector channel is asked for and can run, else
@@ -2681,17 +2773,6 @@ class Recall:
 
 # Context and briefing: memory within a token budget ##############################################
 
-_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
-
-
-def estimate_tokens(text: str) -> int:
-    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
-    for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
-    for English), rounded up."""
-    cjk = len(_CJK.findall(text))
-    return cjk + math.ceil((len(text) - cjk) / 4)
-
-
 def fit_tokens(lines: list[str], budget: int) -> str:
     """Whole lines, in order, while the estimate stays within `budget`; a line that does not fit is
     cut to what fits (with …) and nothing follows it."""
@@ -2794,7 +2875,7 @@ class Briefing:
         pinned = self.rows(self.queries["context_pinned"], {"persona_id": persona})
         lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pinned]
         seen = {d["id"] for d in pinned}
-        for h in self.recall(topic, k=k, persona_id=persona)["results"]:
+        for h in self.recall(topic, k=k, persona_id=persona, max_answer_tokens=0)["results"]:  # fit_tokens bounds
             if h["id"] not in seen:
                 lines.append(f"- {h['created_at'][:10]} [{h['id']}] {_one_line(h['text'])}")
         facts = self._facts_for_text(topic, persona, now_iso())
@@ -3545,7 +3626,10 @@ def _search_models():
     class Hit(BaseModel):
         id: int
         score: float = Field(description="Fused score, higher is better.")
-        text: str
+        text: str = Field(description="The memory's text, or its start when truncated.")
+        truncated: bool = Field(description="True when text is only the memory's start (cut at a sentence end, "
+                                            "line or word, ending in …) to keep the answer short: get_memory "
+                                            "gives the whole text.")
         summary: str
         importance: float
         created_at: str = Field(description="ISO-8601 UTC.")
@@ -3879,7 +3963,7 @@ def _read_tools():
         """Search long-term memory by meaning, keywords and relations (Chinese and English). Call it
         before answering whenever earlier conversations could matter. Returns the best memories first,
         with a fused score, knowledge-graph facts about entities the query names, and any search
-        channel that could not run."""
+        channel that could not run. A long memory comes back cut (truncated: true): get_memory reads it whole."""
         return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(query, k, persona_id, session_id, include_archived,
                                                                    explain, None, as_of)))
 
@@ -4541,7 +4625,8 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
     for d in out["degraded"]:
         click.echo(f"degraded: {d['channel']}: {d['reason']}", err=True)
     for h in out["results"]:
-        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {h['text'][:HIT_PREVIEW_CHARS]}")
+        text = h["text"] if len(h["text"]) <= HIT_PREVIEW_CHARS else h["text"][:HIT_PREVIEW_CHARS - 1] + "…"
+        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {text}")
         if explain:
             e = h["explain"]
             ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
@@ -4549,6 +4634,10 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
                        f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}")
     if not out["results"]:
         click.echo("no memories found", err=True)
+    cut = [str(h["id"]) for h in out["results"] if h["truncated"]]
+    if cut:
+        click.echo(f"cut to keep the answer short (--json: truncated): {', '.join(cut)}; "
+                   "`aokun show ID` prints one whole", err=True)
 
 
 @cli.command()
