@@ -2040,14 +2040,15 @@ class Journal:
         d = self._doc(doc_id)
         with self.tx():
             self._set_flag_in_tx(doc_id, flag, value)
-            self._briefing_stale(d["persona_id"])
         return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
 
     def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
         """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
-        graph entries and vec0 rows, so KNN filters it in SQL. In tx."""
+        graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing stale
+        (the briefing lists pinned memories and leaves archived ones out). In tx."""
         c = self.conn
         c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
+        self._briefing_stale(self.value("select persona_id from documents where id = ?", (doc_id,)))
         if flag == "archived":
             c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
             if self.has_table("doc_vec"):
@@ -2803,13 +2804,26 @@ class Briefing:
     memory_context within a token budget (second seed: token-budget context, session briefing)."""
 
     def _briefing_stale(self, persona: str | None) -> None:
-        """Mark the persona's stored briefing stale (rebuilt by refresh_stale_briefings). In tx."""
+        """Mark the persona's stored briefing stale: memory_context rebuilds it before serving it,
+        refresh_stale_briefings in the background once it is old enough. In tx."""
         self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
 
     def build_briefing(self, persona_id=None) -> dict:
         """Build and store the session briefing for a persona: pinned and important memories,
-        recent memories, current KG facts, all from SQL (no embedding). Returns the stored row."""
+        recent memories, current KG facts, all from SQL (no embedding). Returns the stored row.
+        It reads inside its write transaction, so no write can fall between what it read and the
+        stale = 0 it stores (that write's stale mark would be lost)."""
         persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
+        with self.tx() as c:
+            text, ref = self._briefing_text(persona)
+            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) values (?, ?, ?, ?, 0) "
+                      "on conflict(persona_id) do update set text = excluded.text, tokens = excluded.tokens, "
+                      "generated_at = excluded.generated_at, stale = 0",
+                      (persona, text, estimate_tokens(text), iso(ref)))
+        return self.rows("select * from briefings where persona_id = ?", (persona,))[0]
+
+    def _briefing_text(self, persona: str) -> tuple[str, dt.datetime]:
+        """(the briefing's markdown, the time it describes) from sql/context.sql and kg_facts_at."""
         cx, ref = self.cfg.context, now()
         since = iso(ref - dt.timedelta(days=cx.briefing_recent_days))
         key = self.rows(self.queries["briefing_key_memories"],
@@ -2831,16 +2845,11 @@ class Briefing:
             lines.append("## Current facts")
             lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})"
                       for f in facts[:BRIEFING_MAX_FACTS]]
-        text = "\n".join(lines)
-        with self.tx() as c:
-            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) values (?, ?, ?, ?, 0) "
-                      "on conflict(persona_id) do update set text = excluded.text, tokens = excluded.tokens, "
-                      "generated_at = excluded.generated_at, stale = 0",
-                      (persona, text, estimate_tokens(text), iso(ref)))
-        return self.rows("select * from briefings where persona_id = ?", (persona,))[0]
+        return "\n".join(lines), ref
 
     def refresh_stale_briefings(self) -> int:
-        """Regenerate briefings that are stale and older than briefing_regen_interval_minutes."""
+        """Regenerate briefings that are stale and older than briefing_regen_interval_minutes (the
+        maintenance loop's share; memory_context rebuilds a stale one itself when asked)."""
         cutoff = iso(now() - dt.timedelta(minutes=self.cfg.context.briefing_regen_interval_minutes))
         stale = self.rows(self.queries["stale_briefings"], {"cutoff": cutoff})
         for r in stale:
@@ -2849,11 +2858,12 @@ class Briefing:
 
     def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None, persona_id=None) -> dict:
         """One text blob of memory for a prompt, within a token budget (estimate_tokens).
-        Without a topic: the stored session briefing (no embedding work; built on first use).
+        Without a topic: the stored session briefing (no embedding work), rebuilt first when it is
+        missing or stale (_current_briefing); `age_seconds` says how old it is.
         With a topic: pinned memories first, then recall(topic) results, then current KG facts
         about entities named in the topic. Modes set the budget and how many results:
         quick 400, chat 1500, coding 2000, project 3000 tokens ([context] *_tokens).
-        Returns {text, tokens, budget, mode, source: briefing|dynamic, stale}."""
+        Returns {text, tokens, budget, mode, source: briefing|dynamic, stale, generated_at, age_seconds}."""
         budgets = {"quick": self.cfg.context.quick_tokens, "chat": self.cfg.context.chat_tokens,
                    "coding": self.cfg.context.coding_tokens, "project": self.cfg.context.project_tokens}
         if mode not in budgets:
@@ -2864,11 +2874,12 @@ class Briefing:
         budget = max_tokens or budgets[mode]
         persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
         if topic is None or not str(topic).strip():
-            row = self.rows("select * from briefings where persona_id = ?", (persona,))
-            brief = row[0] if row else self.build_briefing(persona)
+            brief = self._current_briefing(persona)
             text = fit_tokens(brief["text"].split("\n"), budget)
+            age = (now() - parse_time(brief["generated_at"], "generated_at")).total_seconds()
             return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
-                    "source": "briefing", "stale": bool(brief["stale"]), "generated_at": brief["generated_at"]}
+                    "source": "briefing", "stale": bool(brief["stale"]), "generated_at": brief["generated_at"],
+                    "age_seconds": max(0, int(age))}
         topic = normalize_text(topic, "topic")
         k = CONTEXT_RECALL_K[mode]
         lines = ["# Relevant memories"]
@@ -2884,7 +2895,23 @@ class Briefing:
             lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts]
         text = fit_tokens(lines, budget)
         return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
-                "source": "dynamic", "stale": False, "generated_at": now_iso()}
+                "source": "dynamic", "stale": False, "generated_at": now_iso(), "age_seconds": 0}
+
+    def _current_briefing(self, persona: str) -> dict:
+        """The stored briefing row of `persona`, rebuilt first when it is missing or stale (written
+        to since it was built; a few SQL reads, no embedding), so it never misses an earlier write.
+        When the rebuild cannot write (busy beyond busy_timeout_ms, a read-only file) the stale one
+        is served, its `stale` still 1, with a logged warning."""
+        row = self.rows("select * from briefings where persona_id = ?", (persona,))
+        if row and not row[0]["stale"]:
+            return row[0]
+        try:
+            return self.build_briefing(persona)
+        except apsw.Error as e:
+            if not row:
+                raise
+            log.warning("serving the stale briefing of persona %r: rebuilding it failed: %s", persona, e)
+            return row[0]
 
 
 # Forgetting and lifecycle: decay, atom states, consolidation #####################################
@@ -2927,6 +2954,7 @@ class Forgetting:
                   "window_start": iso(at - dt.timedelta(days=f.access_decay_window_days))}
         self.conn.execute(self.queries["decay_day"], params)
         self.conn.execute(self.queries["decay_day_access_only"], {"access_multiplier": params["access_multiplier"]})
+        self.conn.execute("update briefings set stale = 1")  # their "important" lists go by importance
         self._meta_set("decay_last_run", day.isoformat())
 
     def _lifecycle_sweep(self, ref: dt.datetime) -> None:
@@ -3796,8 +3824,10 @@ def _context_models():
         budget: int
         mode: str
         source: str = Field(description="briefing (pre-built, no search) or dynamic (searched for the topic).")
-        stale: bool
-        generated_at: str
+        stale: bool = Field(description="True only when the briefing could not be rebuilt after a change (it is "
+                                        "rebuilt before serving whenever memory changed since).")
+        generated_at: str = Field(description="When the text was built, ISO-8601 UTC.")
+        age_seconds: int = Field(description="Seconds since generated_at (0 for a dynamic context).")
 
     class Cluster(BaseModel):
         survivor: int
@@ -4064,7 +4094,7 @@ def _context_tools():
                        persona_id: A.Persona = None) -> C.ContextBlob:
         """Memory for the start of a session or a new topic, as one text within a token budget:
         pinned/directive memories first, then memories about the topic, then current facts. Without a
-        topic it returns the pre-built session briefing instantly."""
+        topic it returns the session briefing, rebuilt first when memory changed since it was built."""
         return C.ContextBlob(**_on_memory(ctx, lambda m: m.memory_context(topic, mode, max_tokens, persona_id)))
 
     def refresh_briefing(ctx: Context, persona_id: A.Persona = None) -> C.ContextBlob:
@@ -4193,7 +4223,7 @@ def _add_resources(server, memory) -> None:
 
     @server.resource("memory://briefing", mime_type="text/markdown")
     def briefing_resource() -> str:
-        """The pre-built session briefing of the default persona."""
+        """The session briefing of the default persona, rebuilt first when memory changed since."""
         return memory().memory_context(None, "project")["text"]
 
     @server.resource("memory://memories/{id}", mime_type="application/json")
@@ -4681,7 +4711,9 @@ def context(state, topic, mode, max_tokens, persona, refresh):
         mem.build_briefing(persona)
     out = mem.memory_context(topic, mode, max_tokens, persona)
     click.echo(out["text"])
-    click.echo(f"({out['tokens']} of {out['budget']} tokens, {out['source']})", err=True)
+    built = f", built {out['age_seconds']} s ago" + (", stale" if out["stale"] else "") \
+        if out["source"] == "briefing" else ""
+    click.echo(f"({out['tokens']} of {out['budget']} tokens, {out['source']}{built})", err=True)
 
 
 @cli.group()
