@@ -377,6 +377,18 @@ def test_memory_context_sees_every_kind_of_change_at_once(make, clock, tmp_path)
         assert out["stale"] is False and out["age_seconds"] == 0
 
 
+def test_a_decay_day_marks_briefings_stale_and_a_dry_run_does_not(make, clock):
+    m = make()
+    m.memorize("Alice prefers green tea.", {"importance": 0.9})
+    m.memorize("Work persona note.", {"persona_id": "work", "importance": 0.9})
+    m.build_briefing()
+    m.build_briefing("work")
+    m.decay(dry_run=True, days=3)
+    assert [r["stale"] for r in m.rows("select stale from briefings order by persona_id")] == [0, 0]
+    m.decay(days=1)
+    assert [r["stale"] for r in m.rows("select stale from briefings order by persona_id")] == [1, 1]
+
+
 def test_a_failed_rebuild_serves_the_stale_briefing_marked_stale(make, clock, monkeypatch, caplog):
     m = make()
     m.memorize("Alice prefers green tea.", {"importance": 0.9})

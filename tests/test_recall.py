@@ -7,6 +7,7 @@ import configparser
 import datetime as dt
 import json
 import math
+import re
 import socket
 from pathlib import Path
 
@@ -698,6 +699,12 @@ def test_recall_cli_marks_cut_texts(cli):
     lines = r.stdout.splitlines()
     assert len(lines) == 2 and {line[-1] for line in lines} == {"…", "e"}  # the big one cut for the screen
     assert "truncated" in r.stderr and "aokun show" in r.stderr
+
+
+def test_context_cli_says_the_briefing_age(cli):
+    assert cli("memorize", "Alice prefers green tea", "--importance", "0.9").exit_code == 0
+    r = cli("context")
+    assert "Alice prefers green tea" in r.stdout and re.search(r"briefing, built \d+ s ago\)", r.stderr), r.stderr
 
 
 # 13. the example config -----------------------------------------------------------------------------
