@@ -2412,7 +2412,7 @@ def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[
     Returns (hits kept, ids left out)."""
     capped = [cut_text(h["text"], max_chars) if max_chars > 0 else (h["text"], False) for h in hits]
     costs = [estimate_tokens(text) for text, _ in capped]
-    after = [0] * (len(hits) + 1)  # after[i]: the shares kept for the hits after hit i - 1
+    after = [0] * (len(hits) + 1)  # after[i]: the shares kept for hits i, i + 1, … (the last: 0)
     for i in range(len(hits) - 1, -1, -1):
         after[i] = after[i + 1] + min(costs[i], RECALL_HIT_MIN_TOKENS)
     kept, left_out, used = [], [], 0
