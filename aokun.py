@@ -234,6 +234,8 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "pin_similarity_threshold": 0.4,
         "query_last_line_weight": 1.0,
         "reinforce_on_recall": True,
+        "max_chars_per_hit": 1500,
+        "max_answer_tokens": 4000,
     },
     "context": {
         "quick_tokens": 400,
@@ -489,11 +491,12 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
     return queries
 
 
-# Text: clean and fold, segment, stop words #######################################################
+# Text: clean and fold, segment, stop words, cut, token estimate ##################################
 
 _WORD = re.compile(r"\w", re.UNICODE)
 _CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
+_SPACE = re.compile(r"\s")
 
 
 def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
@@ -670,6 +673,41 @@ def _one_line(text: str, limit: int = 400) -> str:
     """`text` on one line (whitespace folded), cut to `limit` characters with … (for listings)."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def cut_text(text: str, limit: int) -> tuple[str, bool]:
+    """(`text`, False) when it has at most `limit` characters, else (its start + "…", True) in at
+    most `limit` characters: cut at the last sentence end or line break (as split_sentences sees
+    them) in the second half of the room, else at the last whitespace there, else exactly. Without
+    its "…" the result is always a prefix of `text` (trailing whitespace dropped)."""
+    if len(text) <= limit:
+        return text, False
+    room = max(0, limit - 1)  # one character for the …
+    window, floor = text[: room + 1], room // 2  # one past the room: is a '.' at its end followed by a space?
+    ends = [m.start() for m in _SENTENCE_END.finditer(window) if floor <= m.start() <= room]
+    spaces = [m.start() for m in _SPACE.finditer(window, floor)]
+    cut = ends[-1] if ends else spaces[-1] if spaces else room
+    return text[:cut].rstrip() + "…", True
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
+    for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
+    for English), rounded up."""
+    cjk = len(_CJK.findall(text))
+    return cjk + math.ceil((len(text) - cjk) / 4)
+
+
+def chars_within(text: str, tokens: int) -> int:
+    """The length of the longest start of `text` whose estimate_tokens is at most `tokens`."""
+    lo, hi = 0, len(text)
+    while lo < hi:  # estimate_tokens grows with the length: binary search
+        mid = (lo + hi + 1) // 2
+        if estimate_tokens(text[:mid]) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 # Embeddings ######################################################################################
@@ -2154,14 +2192,15 @@ class Journal:
         d = self._doc(doc_id)
         with self.tx():
             self._set_flag_in_tx(doc_id, flag, value)
-            self._briefing_stale(d["persona_id"])
         return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
 
     def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
         """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
-        graph entries and vec0 rows, so KNN filters it in SQL. In tx."""
+        graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing stale
+        (the briefing lists pinned memories and leaves archived ones out). In tx."""
         c = self.conn
         c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
+        self._briefing_stale(self.value("select persona_id from documents where id = ?", (doc_id,)))
         if flag == "archived":
             c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
             if self.has_table("doc_vec"):
@@ -2528,12 +2567,43 @@ def calibrated_relevance(cos: float | None, cover: float | None, coef: dict | No
 
 def recall_hit(d: dict, p: dict) -> dict:
     """One result of recall() from its row of sql recall_documents and its score parts."""
-    return {"id": d["id"], "score": round(p["fused"], 6), "text": d["content"], "summary": d["summary"],
+    return {"id": d["id"], "score": round(p["fused"], 6), "text": d["content"], "truncated": False,
+            "summary": d["summary"],
             "importance": d["importance"], "created_at": d["created_at"], "session_id": d["session_id"],
             "persona_id": d["persona_id"], "participants": json.loads(d["participants"]),
             "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
             "archived": bool(d["archived"]), "channels": sorted(p["ranks"]),
             "relevance": None if p.get("relevance") is None else round(p["relevance"], 4)}
+
+
+RECALL_HIT_MIN_TOKENS = 50  #: a hit cut to fit [recall] max_answer_tokens keeps this much text at least, or is left out
+
+
+def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[dict], list[int]]:
+    """The hits within the answer's limits (0 = no limit). Each text is cut to `max_chars`
+    characters (cut_text); then the texts together (estimate_tokens) stay within `max_tokens`: the
+    first hit keeps its capped text; each later one, in rank order, gets what is left less a short
+    share kept for every hit after it (RECALL_HIT_MIN_TOKENS, or that hit's whole text when
+    shorter), and at least RECALL_HIT_MIN_TOKENS itself. A hit for which not even that is left is
+    left out (a shorter one after it may still fit). `truncated` says a text was cut.
+    Returns (hits kept, ids left out)."""
+    capped = [cut_text(h["text"], max_chars) if max_chars > 0 else (h["text"], False) for h in hits]
+    costs = [estimate_tokens(text) for text, _ in capped]
+    after = [0] * (len(hits) + 1)  # after[i]: the shares kept for hits i, i + 1, … (the last: 0)
+    for i in range(len(hits) - 1, -1, -1):
+        after[i] = after[i + 1] + min(costs[i], RECALL_HIT_MIN_TOKENS)
+    kept, left_out, used = [], [], 0
+    for i, (h, (text, cut)) in enumerate(zip(hits, capped, strict=True)):
+        left = max_tokens - used
+        room = min(left, max(left - after[i + 1], RECALL_HIT_MIN_TOKENS))
+        if max_tokens > 0 and kept and costs[i] > room:
+            if room < RECALL_HIT_MIN_TOKENS:
+                left_out.append(h["id"])
+                continue
+            text, cut = cut_text(text, chars_within(text, room))[0], True
+        used += estimate_tokens(text)
+        kept.append(dict(h, text=text, truncated=cut))
+    return kept, left_out
 
 
 def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr_score) -> dict:
@@ -2587,11 +2657,15 @@ class Recall:
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
 
     def recall(self, query, k: int = 5, persona_id: str | None = None, session_id: str | None = None,
-               include_archived: bool = False, explain: bool = False, channels=None, as_of=None) -> dict:
+               include_archived: bool = False, explain: bool = False, channels=None, as_of=None,
+               max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None) -> dict:
         """Hybrid recall (seed: Retrieval Pipeline). Returns
-        {results: [{id, score, text, summary, importance, created_at, ...}], facts, degraded:
-        [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each hit also
-        carries `explain` (explain_parts): its rank in every channel and every part of its score.
+        {results: [{id, score, text, truncated, summary, importance, created_at, ...}], facts,
+        degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each hit
+        also carries `explain` (explain_parts): its rank in every channel and every part of its score.
+        Texts are bounded by bound_hits: max_chars_per_hit and max_answer_tokens (None: the [recall]
+        settings, 0: no limit); `truncated` marks a cut text (get() reads it whole), a warning names
+        the hits left out. The bounds come after ranking: scores and explain are the same.
 
         The channels (sql/recall.sql) run side by side; _fuse() ranks their rows with the Ranking
         functions: candidate_score() per memory (document route α·relevance + β·importance +
@@ -2613,7 +2687,8 @@ class Recall:
         persona = _label(persona_id, "persona_id")
         session = _label(session_id, "session_id")
         as_of_iso = iso(parse_time(as_of, "as_of")) if as_of else ""
-        key = (query, asked, persona, session, bool(include_archived), chosen, bool(explain), as_of_iso)
+        bounds = self._bounds(max_chars_per_hit, max_answer_tokens)
+        key = (query, asked, persona, session, bool(include_archived), chosen, bool(explain), as_of_iso, bounds)
         cached = self._cache_get(key)
         if cached is not None:
             return dict(cached, took_ms=round((time.perf_counter() - started) * 1000, 2), cached=True)
@@ -2642,6 +2717,10 @@ class Recall:
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
             vector=None if embedding is None else np.frombuffer(embedding, np.float32), tokens=set(tokens),
             warnings=warnings))
+        results, left_out = bound_hits(results, *bounds)
+        if left_out:
+            warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the answer's texts within "
+                            f"{bounds[1]} tokens ([recall] max_answer_tokens); get_memory reads each whole")
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
             if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings}
@@ -2649,6 +2728,17 @@ class Recall:
         if results and r.reinforce_on_recall and not as_of_iso:  # after caching: the touch takes the lock
             self._touch([h["id"] for h in results])
         return answer
+
+    def _bounds(self, max_chars_per_hit, max_answer_tokens) -> tuple[int, int]:
+        """(max characters per hit, max tokens of the answer's texts) for bound_hits: the arguments,
+        or the [recall] settings for None; 0 = no limit. Raises InputError for a bad one."""
+        r, out = self.cfg.recall, []
+        for name, value in (("max_chars_per_hit", max_chars_per_hit), ("max_answer_tokens", max_answer_tokens)):
+            value = r[name] if value is None else value
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InputError(name, f"expected a whole number ≥ 0 (0 = no limit), got {value!r}")
+            out.append(value)
+        return out[0], out[1]
 
     def _embedding_for(self, query: str, chosen, degraded: list) -> bytes | None:
         """The query vector as a float32 blob when a vector channel is asked for and can run, else
@@ -2904,14 +2994,6 @@ class Recall:
 
 # Context and briefing: memory within a token budget ##############################################
 
-def estimate_tokens(text: str) -> int:
-    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
-    for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
-    for English), rounded up."""
-    cjk = len(_CJK.findall(text))
-    return cjk + math.ceil((len(text) - cjk) / 4)
-
-
 def fit_tokens(lines: list[str], budget: int) -> str:
     """Whole lines, in order, while the estimate stays within `budget`; a line that does not fit is
     cut to what fits (with …) and nothing follows it."""
@@ -2942,13 +3024,26 @@ class Briefing:
     memory_context within a token budget (second seed: token-budget context, session briefing)."""
 
     def _briefing_stale(self, persona: str | None) -> None:
-        """Mark the persona's stored briefing stale (rebuilt by refresh_stale_briefings). In tx."""
+        """Mark the persona's stored briefing stale: memory_context rebuilds it before serving it,
+        refresh_stale_briefings in the background once it is old enough. In tx."""
         self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
 
     def build_briefing(self, persona_id=None) -> dict:
         """Build and store the session briefing for a persona: pinned and important memories,
-        recent memories, current KG facts, all from SQL (no embedding). Returns the stored row."""
+        recent memories, current KG facts, all from SQL (no embedding). Returns the stored row.
+        It reads inside its write transaction, so no write can fall between what it read and the
+        stale = 0 it stores (that write's stale mark would be lost)."""
         persona = _label(persona_id, "persona_id")
+        with self.tx() as c:
+            text, ref = self._briefing_text(persona)
+            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) values (?, ?, ?, ?, 0) "
+                      "on conflict(persona_id) do update set text = excluded.text, tokens = excluded.tokens, "
+                      "generated_at = excluded.generated_at, stale = 0",
+                      (persona, text, estimate_tokens(text), iso(ref)))
+        return self.rows("select * from briefings where persona_id = ?", (persona,))[0]
+
+    def _briefing_text(self, persona: str) -> tuple[str, dt.datetime]:
+        """(the briefing's markdown, the time it describes) from sql/context.sql and kg_facts_at."""
         cx, ref = self.cfg.context, now()
         since = iso(ref - dt.timedelta(days=cx.briefing_recent_days))
         key = self.rows(self.queries["briefing_key_memories"],
@@ -2970,16 +3065,11 @@ class Briefing:
             lines.append("## Current facts")
             lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})"
                       for f in facts[:BRIEFING_MAX_FACTS]]
-        text = "\n".join(lines)
-        with self.tx() as c:
-            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) values (?, ?, ?, ?, 0) "
-                      "on conflict(persona_id) do update set text = excluded.text, tokens = excluded.tokens, "
-                      "generated_at = excluded.generated_at, stale = 0",
-                      (persona, text, estimate_tokens(text), iso(ref)))
-        return self.rows("select * from briefings where persona_id = ?", (persona,))[0]
+        return "\n".join(lines), ref
 
     def refresh_stale_briefings(self) -> int:
-        """Regenerate briefings that are stale and older than briefing_regen_interval_minutes."""
+        """Regenerate briefings that are stale and older than briefing_regen_interval_minutes (the
+        maintenance loop's share; memory_context rebuilds a stale one itself when asked)."""
         cutoff = iso(now() - dt.timedelta(minutes=self.cfg.context.briefing_regen_interval_minutes))
         stale = self.rows(self.queries["stale_briefings"], {"cutoff": cutoff})
         for r in stale:
@@ -2988,11 +3078,12 @@ class Briefing:
 
     def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None, persona_id=None) -> dict:
         """One text blob of memory for a prompt, within a token budget (estimate_tokens).
-        Without a topic: the stored session briefing (no embedding work; built on first use).
+        Without a topic: the stored session briefing (no embedding work), rebuilt first when it is
+        missing or stale (_current_briefing); `age_seconds` says how old it is.
         With a topic: pinned memories first, then recall(topic) results, then current KG facts
         about entities named in the topic. Modes set the budget and how many results:
         quick 400, chat 1500, coding 2000, project 3000 tokens ([context] *_tokens).
-        Returns {text, tokens, budget, mode, source: briefing|dynamic, stale}."""
+        Returns {text, tokens, budget, mode, source: briefing|dynamic, stale, generated_at, age_seconds}."""
         budgets = {"quick": self.cfg.context.quick_tokens, "chat": self.cfg.context.chat_tokens,
                    "coding": self.cfg.context.coding_tokens, "project": self.cfg.context.project_tokens}
         if mode not in budgets:
@@ -3003,18 +3094,19 @@ class Briefing:
         budget = max_tokens or budgets[mode]
         persona = _label(persona_id, "persona_id")
         if topic is None or not str(topic).strip():
-            row = self.rows("select * from briefings where persona_id = ?", (persona,))
-            brief = row[0] if row else self.build_briefing(persona)
+            brief = self._current_briefing(persona)
             text = fit_tokens(brief["text"].split("\n"), budget)
+            age = (now() - parse_time(brief["generated_at"], "generated_at")).total_seconds()
             return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
-                    "source": "briefing", "stale": bool(brief["stale"]), "generated_at": brief["generated_at"]}
+                    "source": "briefing", "stale": bool(brief["stale"]), "generated_at": brief["generated_at"],
+                    "age_seconds": max(0, int(age))}
         topic = clean_text(topic, "topic")
         k = CONTEXT_RECALL_K[mode]
         lines = ["# Relevant memories"]
         pinned = self.rows(self.queries["context_pinned"], {"persona_id": persona})
         lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pinned]
         seen = {d["id"] for d in pinned}
-        for h in self.recall(topic, k=k, persona_id=persona)["results"]:
+        for h in self.recall(topic, k=k, persona_id=persona, max_answer_tokens=0)["results"]:  # fit_tokens bounds
             if h["id"] not in seen:
                 lines.append(f"- {h['created_at'][:10]} [{h['id']}] {_one_line(h['text'])}")
         facts = self._facts_for_text(topic, persona, now_iso())
@@ -3023,7 +3115,23 @@ class Briefing:
             lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts]
         text = fit_tokens(lines, budget)
         return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
-                "source": "dynamic", "stale": False, "generated_at": now_iso()}
+                "source": "dynamic", "stale": False, "generated_at": now_iso(), "age_seconds": 0}
+
+    def _current_briefing(self, persona: str) -> dict:
+        """The stored briefing row of `persona`, rebuilt first when it is missing or stale (written
+        to since it was built; a few SQL reads, no embedding), so it never misses an earlier write.
+        When the rebuild cannot write (busy beyond busy_timeout_ms, a read-only file) the stale one
+        is served, its `stale` still 1, with a logged warning."""
+        row = self.rows("select * from briefings where persona_id = ?", (persona,))
+        if row and not row[0]["stale"]:
+            return row[0]
+        try:
+            return self.build_briefing(persona)
+        except apsw.Error as e:
+            if not row:
+                raise
+            log.warning("serving the stale briefing of persona %r: rebuilding it failed: %s", persona, e)
+            return row[0]
 
 
 # Forgetting and lifecycle: decay, atom states, consolidation #####################################
@@ -3066,6 +3174,7 @@ class Forgetting:
                   "window_start": iso(at - dt.timedelta(days=f.access_decay_window_days))}
         self.conn.execute(self.queries["decay_day"], params)
         self.conn.execute(self.queries["decay_day_access_only"], {"access_multiplier": params["access_multiplier"]})
+        self.conn.execute("update briefings set stale = 1")  # their "important" lists go by importance
         self._meta_set("decay_last_run", day.isoformat())
 
     def _lifecycle_sweep(self, ref: dt.datetime) -> None:
@@ -3770,7 +3879,10 @@ def _search_models():
     class Hit(BaseModel):
         id: int
         score: float = Field(description="Fused score, higher is better.")
-        text: str
+        text: str = Field(description="The memory's text, or its start when truncated.")
+        truncated: bool = Field(description="True when text is only the memory's start (cut at a sentence end, "
+                                            "line or word, ending in …) to keep the answer short: get_memory "
+                                            "gives the whole text.")
         summary: str
         importance: float
         created_at: str = Field(description="ISO-8601 UTC.")
@@ -3939,8 +4051,10 @@ def _context_models():
         budget: int
         mode: str
         source: str = Field(description="briefing (pre-built, no search) or dynamic (searched for the topic).")
-        stale: bool
-        generated_at: str
+        stale: bool = Field(description="True only when the briefing could not be rebuilt after a change (it is "
+                                        "rebuilt before serving whenever memory changed since).")
+        generated_at: str = Field(description="When the text was built, ISO-8601 UTC.")
+        age_seconds: int = Field(description="Seconds since generated_at (0 for a dynamic context).")
 
     class Cluster(BaseModel):
         survivor: int
@@ -4107,7 +4221,7 @@ def _read_tools():
         """Search long-term memory by meaning, keywords and relations (Chinese and English). Call it
         before answering whenever earlier conversations could matter. Returns the best memories first,
         with a fused score, knowledge-graph facts about entities the query names, and any search
-        channel that could not run."""
+        channel that could not run. A long memory comes back cut (truncated: true): get_memory reads it whole."""
         return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(query, k, persona_id, session_id, include_archived,
                                                                    explain, None, as_of)))
 
@@ -4208,7 +4322,7 @@ def _context_tools():
                        persona_id: A.Persona = None) -> C.ContextBlob:
         """Memory for the start of a session or a new topic, as one text within a token budget:
         pinned/directive memories first, then memories about the topic, then current facts. Without a
-        topic it returns the pre-built session briefing instantly."""
+        topic it returns the session briefing, rebuilt first when memory changed since it was built."""
         return C.ContextBlob(**_on_memory(ctx, lambda m: m.memory_context(topic, mode, max_tokens, persona_id)))
 
     def refresh_briefing(ctx: Context, persona_id: A.Persona = None) -> C.ContextBlob:
@@ -4337,7 +4451,7 @@ def _add_resources(server, memory) -> None:
 
     @server.resource("memory://briefing", mime_type="text/markdown")
     def briefing_resource() -> str:
-        """The pre-built session briefing of the default persona."""
+        """The session briefing of the default persona, rebuilt first when memory changed since."""
         return memory().memory_context(None, "project")["text"]
 
     @server.resource("memory://memories/{id}", mime_type="application/json")
@@ -4769,7 +4883,8 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
     for d in out["degraded"]:
         click.echo(f"degraded: {d['channel']}: {d['reason']}", err=True)
     for h in out["results"]:
-        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {h['text'][:HIT_PREVIEW_CHARS]}")
+        text = h["text"] if len(h["text"]) <= HIT_PREVIEW_CHARS else h["text"][:HIT_PREVIEW_CHARS - 1] + "…"
+        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {text}")
         if explain:
             e = h["explain"]
             ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
@@ -4777,6 +4892,10 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
                        f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}")
     if not out["results"]:
         click.echo("no memories found", err=True)
+    cut = [str(h["id"]) for h in out["results"] if h["truncated"]]
+    if cut:
+        click.echo(f"cut to keep the answer short (--json: truncated): {', '.join(cut)}; "
+                   "`aokun show ID` prints one whole", err=True)
 
 
 @cli.command()
@@ -4820,7 +4939,9 @@ def context(state, topic, mode, max_tokens, persona, refresh):
         mem.build_briefing(persona)
     out = mem.memory_context(topic, mode, max_tokens, persona)
     click.echo(out["text"])
-    click.echo(f"({out['tokens']} of {out['budget']} tokens, {out['source']})", err=True)
+    built = f", built {out['age_seconds']} s ago" + (", stale" if out["stale"] else "") \
+        if out["source"] == "briefing" else ""
+    click.echo(f"({out['tokens']} of {out['budget']} tokens, {out['source']}{built})", err=True)
 
 
 @cli.group()

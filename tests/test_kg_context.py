@@ -319,7 +319,7 @@ def test_briefing_goes_stale_and_is_regenerated_after_the_interval(make, clock):
     def step(change, expect_in_text):
         nonlocal t
         change()
-        assert _briefing(m)["stale"] == 1 and m.memory_context()["stale"] is True
+        assert _briefing(m)["stale"] == 1
         t = clock(t + dt.timedelta(minutes=4))
         assert m.refresh_stale_briefings() == 0  # younger than briefing_regen_interval_minutes (5)
         assert _briefing(m)["stale"] == 1
@@ -328,7 +328,7 @@ def test_briefing_goes_stale_and_is_regenerated_after_the_interval(make, clock):
         b = _briefing(m)
         assert b["stale"] == 0 and b["generated_at"] == aokun.iso(t) and expect_in_text in b["text"]
         assert m.refresh_stale_briefings() == 0  # once
-        assert m.memory_context()["stale"] is False
+        assert m.memory_context()["generated_at"] == aokun.iso(t)  # fresh: served as it is
 
     step(lambda: m.memorize("Bob moved to Berlin last spring.", {"importance": 0.9}), "Bob moved to Berlin")
     step(lambda: m.kg_add("Bob", "lives_in", "Berlin"), "Bob lives_in Berlin")
@@ -341,6 +341,77 @@ def test_briefing_goes_stale_and_is_regenerated_after_the_interval(make, clock):
     # another persona's write leaves this briefing alone
     m.memorize("Work persona note.", {"persona_id": "work"})
     assert _briefing(m)["stale"] == 0
+
+
+def test_memory_context_rebuilds_a_stale_briefing_before_serving_it_and_says_its_age(make, clock, monkeypatch):
+    m = make()
+    builds = []
+    build = m.build_briefing
+    monkeypatch.setattr(m, "build_briefing", lambda persona_id=None: builds.append(persona_id) or build(persona_id))
+    m.memorize("Alice prefers green tea.", {"importance": 0.9})
+    first = m.memory_context()  # built on first use
+    assert builds == [""] and first["age_seconds"] == 0 and first["generated_at"] == aokun.iso(NOW)
+    t = clock(NOW + dt.timedelta(minutes=1))  # younger than briefing_regen_interval_minutes: no matter
+    new = m.memorize("Bob moved to Berlin last spring.", {"importance": 0.9})["id"]
+    out = m.memory_context()
+    assert f"[{new}] Bob moved to Berlin last spring." in out["text"] and len(builds) == 2
+    assert out["stale"] is False and out["age_seconds"] == 0 and out["generated_at"] == aokun.iso(t)
+    clock(t + dt.timedelta(minutes=7, seconds=3))  # nothing written since: the stored one, older
+    for mode in ("quick", "project"):
+        again = m.memory_context(mode=mode)
+        assert again["generated_at"] == aokun.iso(t) and again["age_seconds"] == 423 and again["stale"] is False
+    assert len(builds) == 2 and _briefing(m)["stale"] == 0
+    assert m.memory_context("tea")["age_seconds"] == 0  # a dynamic context is built now
+
+
+def test_memory_context_sees_every_kind_of_change_at_once(make, clock, tmp_path):
+    m = make()
+    other = make(path=m.path)  # another connection (another process in real use) writes too
+    tea = m.memorize("Alice prefers green tea.", {"importance": 0.9})["id"]
+    note = m.memorize("A minor note about umbrellas.", {"importance": 0.1, "timestamp": "2025-01-01T00:00:00Z"})["id"]
+    m.memory_context()
+    changes = [
+        (lambda: m.memorize("Carol bought a kayak.", {"importance": 0.9}), "Carol bought a kayak.", True),
+        (lambda: other.memorize("Dan learned the oboe.", {"importance": 0.9}), "Dan learned the oboe.", True),
+        (lambda: m.edit(tea, "Alice prefers jasmine tea."), "Alice prefers jasmine tea.", True),
+        (lambda: m.set_flag(note, "pinned", True), "umbrellas", True),
+        (lambda: m.set_flag(note, "archived", True), "umbrellas", False),
+        (lambda: m.restore_memory(note), "umbrellas", True),
+        (lambda: m.kg_add("Carol", "lives_in", "Oslo"), "Carol lives_in Oslo", True),
+        (lambda: other.delete(tea), "jasmine", False),
+    ]
+    for change, needle, present in changes:
+        change()
+        out = m.memory_context(mode="project")
+        assert (needle in out["text"]) is present, needle
+        assert out["stale"] is False and out["age_seconds"] == 0
+
+
+def test_a_decay_day_marks_briefings_stale_and_a_dry_run_does_not(make, clock):
+    m = make()
+    m.memorize("Alice prefers green tea.", {"importance": 0.9})
+    m.memorize("Work persona note.", {"persona_id": "work", "importance": 0.9})
+    m.build_briefing()
+    m.build_briefing("work")
+    m.decay(dry_run=True, days=3)
+    assert [r["stale"] for r in m.rows("select stale from briefings order by persona_id")] == [0, 0]
+    m.decay(days=1)
+    assert [r["stale"] for r in m.rows("select stale from briefings order by persona_id")] == [1, 1]
+
+
+def test_a_failed_rebuild_serves_the_stale_briefing_marked_stale(make, clock, monkeypatch, caplog):
+    m = make()
+    m.memorize("Alice prefers green tea.", {"importance": 0.9})
+    m.memory_context()
+    m.memorize("Bob moved to Berlin.", {"importance": 0.9})
+    clock(NOW + dt.timedelta(seconds=90))
+
+    def busy(persona_id=None):
+        raise aokun.apsw.BusyError("database is locked")
+    monkeypatch.setattr(m, "build_briefing", busy)
+    out = m.memory_context()
+    assert out["stale"] is True and out["age_seconds"] == 90 and "Bob" not in out["text"]
+    assert "green tea" in out["text"] and "stale briefing" in caplog.text
 
 
 # consolidation -----------------------------------------------------------------------------------
@@ -594,7 +665,20 @@ async def test_mcp_kg_context_preview_consolidation_and_briefing(tmp_path, segme
         calls = fake.calls
         ctx = await _ok(client, "memory_context", {"max_tokens": 200})
         assert ctx["source"] == "briefing" and ctx["tokens"] <= 200 and "Alice lives_in Tokyo" in ctx["text"]
+        assert ctx["stale"] is False and ctx["age_seconds"] == 0 and ctx["generated_at"] == aokun.iso(NOW)
         assert fake.calls == calls
+        later = NOW + dt.timedelta(minutes=2)
+        monkeypatch.setenv("AOKUN_NOW", aokun.iso(later))
+        assert (await _ok(client, "memory_context", {"max_tokens": 200}))["age_seconds"] == 120  # nothing changed
+        kayak = (await _ok(client, "memorize", {"content": "Tom bought a red kayak.",
+                                                "metadata": {"importance": 0.9}}))["id"]
+        ctx = await _ok(client, "memory_context", {})
+        assert f"[{kayak}] Tom bought a red kayak." in ctx["text"] and ctx["age_seconds"] == 0
+        assert f"[{kayak}] Tom bought a red kayak." in (await client.read_resource("memory://briefing")).contents[0].text
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        blob = tools["memory_context"].output_schema["properties"]
+        assert "age_seconds" in blob and blob["age_seconds"]["description"] and blob["age_seconds"]["type"] == "integer"
+        monkeypatch.setenv("AOKUN_NOW", aokun.iso(NOW))
         dyn = await _ok(client, "memory_context", {"topic": "iced americano", "mode": "quick"})
         assert dyn["source"] == "dynamic" and "iced americano" in dyn["text"] and dyn["tokens"] <= 400
 

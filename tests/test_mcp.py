@@ -191,7 +191,8 @@ async def test_recall_finds_the_right_memory(client):
     r = await ok(client, "recall", {"query": "cello", "k": 3})
     assert r["results"] and r["results"][0]["id"] == ids[BOB]
     hit = r["results"][0]
-    assert hit["text"] == BOB and hit["participants"] == ["Bob"] and hit["archived"] is False
+    assert hit["text"] == BOB and hit["truncated"] is False
+    assert hit["participants"] == ["Bob"] and hit["archived"] is False
     assert "bm25" in hit["channels"] and hit["score"] > 0 and hit["explain"] is None
     assert r["degraded"] == [] and r["cached"] is False and r["took_ms"] >= 0
     assert len(r["results"]) <= 3
@@ -461,8 +462,28 @@ async def test_300_kb_content(client):
     assert w["status"] == "done" and w["embedding"] == "done" and w["embedding_truncated"] is True
     d = await ok(client, "get_memory", {"id": w["id"]})
     assert d["content"] == text.strip()
-    r = await ok(client, "recall", {"query": "xylophonic"})
-    assert [h["id"] for h in r["results"]] == [w["id"]] and r["results"][0]["text"] == text.strip()
+    r = await ok(client, "recall", {"query": "xylophonic", "k": 1})
+    [hit] = r["results"]
+    assert hit["id"] == w["id"] and hit["truncated"] is True  # capped ([recall] max_chars_per_hit), at a line end
+    assert len(hit["text"]) <= 1500 and hit["text"].endswith("招聘。…") and text.startswith(hit["text"][:-1])
+
+
+async def test_recall_caps_each_hit_and_get_memory_gives_the_whole(client):
+    big = " ".join(f"Day {i}: the ferry to the island left late because of the fog." for i in range(3000))
+    w = await ok(client, "memorize", {"content": big})
+    short = await ok(client, "memorize", {"content": "The island ferry has a new captain."})
+    r = await ok(client, "recall", {"query": "island ferry fog", "k": 2})
+    hits = {h["id"]: h for h in r["results"]}
+    assert hits[w["id"]]["truncated"] is True and hits[w["id"]]["text"].endswith("fog.…")
+    assert big.startswith(hits[w["id"]]["text"][:-1]) and len(hits[w["id"]]["text"]) <= 1500
+    assert hits[short["id"]]["truncated"] is False
+    assert hits[short["id"]]["text"] == "The island ferry has a new captain."
+    assert (await ok(client, "get_memory", {"id": w["id"]}))["content"] == big
+    tools = {t.name: t for t in (await client.list_tools()).tools}
+    hit_schema = tools["recall"].output_schema["$defs"]["Hit"]
+    assert "truncated" in hit_schema["required"] and hit_schema["properties"]["truncated"]["type"] == "boolean"
+    assert "get_memory" in hit_schema["properties"]["truncated"]["description"]
+    assert "get_memory" in tools["recall"].description
 
 
 async def test_content_over_the_limit_is_refused(make_server, cfg_for):

@@ -10,10 +10,15 @@ import pytest
 
 import aokun
 from aokun import (
+    RECALL_HIT_MIN_TOKENS,
     Weights,
+    bound_hits,
     calibrated_relevance,
     candidate_score,
     channel_evidence,
+    chars_within,
+    cut_text,
+    estimate_tokens,
     explain_parts,
     fuse_scores,
     mmr_pool,
@@ -338,11 +343,91 @@ def test_recall_hit_from_document_row_and_parts():
          "persona_id": "p", "participants": '["Ann"]', "topics": '["tea"]', "source": "chat", "pinned": 1,
          "archived": 0, "segmented": "text"}
     hit = recall_hit(d, {"fused": 0.12345678, "ranks": {"vector": 1, "bm25": 0}})
-    assert hit == {"id": 4, "score": 0.123457, "text": "text", "summary": "s", "importance": 0.5,
+    assert hit == {"id": 4, "score": 0.123457, "text": "text", "truncated": False, "summary": "s", "importance": 0.5,
                    "created_at": ago(1), "session_id": "s1", "persona_id": "p", "participants": ["Ann"],
                    "topics": ["tea"], "source": "chat", "pinned": True, "archived": False,
                    "channels": ["bm25", "vector"], "relevance": None}
     assert recall_hit(d, {"fused": 0.1, "ranks": {}, "relevance": 0.876543})["relevance"] == 0.8765
+
+
+# bounded answers: cut_text, bound_hits -------------------------------------------------------------
+
+@pytest.mark.parametrize("text, limit, want", [
+    ("One. Two three. Four five six.", 100, "One. Two three. Four five six."),  # short: untouched
+    ("The cat sat. The dog ran. The bird flew away.", 30, "The cat sat. The dog ran.…"),  # last sentence end
+    ("The cat sat! The dog ran? The bird flew away.", 26, "The cat sat! The dog ran?…"),  # the end at the room's edge
+    ("first line\nsecond line\nthird line", 25, "first line\nsecond line…"),  # a line break
+    ("Pi is 3.14159 and e is 2.71828 and more", 20, "Pi is 3.14159 and e…"),  # no sentence end: a word boundary
+    ("Hi. " + "word " * 20, 40, "Hi. word word word word word word word…"),  # an end in the first half is too early
+    ("x" * 50, 10, "x" * 9 + "…"),  # no boundary at all: the hard cap
+    ("我们讨论了迁移。决定下个季度上线，保留旧系统三个月。", 14, "我们讨论了迁移。…"),  # a CJK full stop
+    ("我们讨论了迁移，决定下个季度上线，保留旧系统三个月。", 12, "我们讨论了迁移，决定下…"),  # CJK, no end: hard cap
+])
+def test_cut_text_cuts_at_a_sentence_end_then_a_word_then_hard(text, limit, want):
+    got, cut = cut_text(text, limit)
+    assert (got, cut) == (want, text != want)
+    assert len(got) <= limit and text.startswith(got.removesuffix("…"))
+
+
+def test_cut_text_keeps_a_prefix_within_the_limit_for_any_limit():
+    text = "Alpha beta. Gamma delta epsilon!\n 中文句子。Zeta eta theta; iota kappa lambda mu. " * 5
+    for limit in range(1, len(text) + 2):
+        got, cut = cut_text(text, limit)
+        assert len(got) <= limit and cut is (len(text) > limit)
+        assert got == text if not cut else (got.endswith("…") and text.startswith(got[:-1]))
+
+
+def test_chars_within_is_the_longest_start_within_the_tokens():
+    text = "abcd" * 10 + "中文" * 5 + "efgh" * 10
+    for tokens in range(0, estimate_tokens(text) + 2):
+        n = chars_within(text, tokens)
+        assert estimate_tokens(text[:n]) <= tokens
+        assert n == len(text) or estimate_tokens(text[: n + 1]) > tokens
+
+
+def long_hit(i: int, sentences: int = 100) -> dict:
+    return {"id": i, "text": " ".join(f"Memory {i} sentence {n} is here." for n in range(sentences)),
+            "truncated": False}
+
+
+def test_bound_hits_caps_every_text_and_keeps_short_ones():
+    hits = [long_hit(1), {"id": 2, "text": "Short.", "truncated": False}]
+    kept, left_out = bound_hits(hits, 200, 0)
+    assert left_out == [] and [h["id"] for h in kept] == [1, 2]
+    assert kept[0]["truncated"] is True and len(kept[0]["text"]) <= 200 and kept[0]["text"].endswith("here.…")
+    assert kept[1] == hits[1] and hits[0]["truncated"] is False  # the input is not changed
+    assert bound_hits(hits, 0, 0) == (hits, [])  # 0 = no limits
+
+
+def test_bound_hits_fits_the_answer_budget_in_rank_order():
+    short = {"id": 9, "text": "A short memory that fits.", "truncated": False}
+    hits = [long_hit(1), long_hit(2), long_hit(3), long_hit(4), short]
+    kept, left_out = bound_hits(hits, 1500, 700)  # each capped text is ~375 tokens
+    tokens = [estimate_tokens(h["text"]) for h in kept]
+    assert left_out == [] and [h["id"] for h in kept] == [1, 2, 3, 4, 9] and sum(tokens) <= 700
+    assert kept[0]["text"] == cut_text(hits[0]["text"], 1500)[0]  # the first keeps its capped text
+    # the second gets what is left less a share for each later hit (50, 50 and the short one whole)
+    assert kept[1]["truncated"] and 700 - tokens[0] - 107 - 60 <= tokens[1] <= 700 - tokens[0] - 107
+    assert all(RECALL_HIT_MIN_TOKENS // 2 <= n <= RECALL_HIT_MIN_TOKENS + 5 for n in tokens[2:4])
+    assert kept[4] == short
+    for h, whole in zip(kept[1:4], hits[1:4], strict=True):
+        assert h["text"].endswith(".…") and whole["text"].startswith(h["text"][:-1])
+
+
+@pytest.mark.parametrize("budget, count", [(4000, 10), (2000, 10), (1400, 5), (1000, 1)])
+def test_bound_hits_stays_within_the_budget_and_leaves_out_the_tail(budget, count):
+    chinese = [{"id": i, "text": "".join(f"第{i}条记录第{n}句话。" for n in range(300)), "truncated": False}
+               for i in range(10)]
+    kept, left_out = bound_hits(chinese, 1500, budget)  # 1 token a character: each capped text ~1,500 tokens
+    tokens = [estimate_tokens(h["text"]) for h in kept]
+    assert [h["id"] for h in kept] == list(range(count)) and left_out == list(range(count, 10))
+    assert sum(tokens) <= max(budget, tokens[0]) and all(h["truncated"] for h in kept)
+    assert all(n >= RECALL_HIT_MIN_TOKENS // 2 for n in tokens)
+
+
+def test_bound_hits_first_hit_alone_may_pass_the_budget():
+    kept, left_out = bound_hits([long_hit(1), long_hit(2)], 1500, 100)
+    assert [h["id"] for h in kept] == [1] and left_out == [2] and len(kept[0]["text"]) > 1000
 
 
 def test_explain_parts_keys_values_and_route_weights():

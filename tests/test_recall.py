@@ -7,6 +7,7 @@ import configparser
 import datetime as dt
 import json
 import math
+import re
 import socket
 from pathlib import Path
 
@@ -402,6 +403,77 @@ def test_cache_ttl_expires(make):
     assert other.recall("zeppelin")["cached"] is True
 
 
+# bounded answers: each hit capped, the whole answer within a token budget --------------------------
+
+def sentences(word: str, chars: int) -> str:
+    """About `chars` characters of numbered English sentences mentioning `word`."""
+    out, n = [], 0
+    while sum(map(len, out)) + len(out) < chars:
+        out.append(f"Entry {n} of the {word} log notes the weather, the tides and the supplies.")
+        n += 1
+    return " ".join(out)
+
+
+def test_huge_memory_comes_back_capped_at_a_sentence_end_and_get_returns_it_whole(mem):
+    big = sentences("lighthouse", 200_000)
+    doc = mem.memorize(big)["id"]
+    short = mem.memorize("The lighthouse keeper waves at every ferry.")["id"]
+    out = mem.recall("lighthouse log tides supplies", k=1)
+    [hit] = out["results"]
+    cap = mem.cfg.recall.max_chars_per_hit
+    assert hit["id"] == doc and hit["truncated"] is True and out["warnings"] == []
+    assert cap - 100 < len(hit["text"]) <= cap == 1500
+    assert hit["text"].endswith("supplies.…") and big.startswith(hit["text"][:-1])
+    assert mem.get(doc)["content"] == big  # stored and read whole
+    hits = {h["id"]: h for h in mem.recall("lighthouse", k=2)["results"]}
+    assert hits[short]["truncated"] is False and hits[short]["text"] == "The lighthouse keeper waves at every ferry."
+
+
+def test_answer_budget_cuts_later_hits_and_leaves_out_what_does_not_fit(make):
+    m = make(**{"recall.max_answer_tokens": 1000, "recall.reinforce_on_recall": False})
+    docs = [m.memorize(sentences(f"harbour{i} harbour", 4000 + 500 * i))["id"] for i in range(6)]
+    full = m.recall("harbour", k=6, explain=True, max_chars_per_hit=0, max_answer_tokens=0)
+    assert [h["truncated"] for h in full["results"]] == [False] * 6 and set(ids(full)) == set(docs)
+    out = m.recall("harbour", k=6, explain=True)
+    kept = out["results"]
+    tokens = [aokun.estimate_tokens(h["text"]) for h in kept]
+    assert ids(out) == ids(full) and out["warnings"] == []  # all six, in rank order
+    assert all(h["truncated"] for h in kept) and sum(tokens) <= 1000
+    for h, whole in zip(kept[:2], full["results"], strict=False):  # the first two fit with their capped texts
+        assert h["text"] == aokun.cut_text(whole["text"], 1500)[0] and len(h["text"]) > 1400
+    assert tokens[2] < tokens[1] and min(tokens) >= aokun.RECALL_HIT_MIN_TOKENS // 2  # later ones cut further
+    for h, whole in zip(kept, full["results"], strict=True):
+        assert whole["text"].startswith(h["text"][:-1]) and h["text"].endswith(".…")
+        assert (h["score"], h["explain"]) == (whole["score"], whole["explain"])  # ranking and explain unchanged
+    tight = m.recall("harbour", k=6, max_answer_tokens=400)  # the first alone takes ~375 tokens
+    assert ids(tight) == ids(full)[:1] and tight["results"][0]["text"] == kept[0]["text"]
+    [warning] = tight["warnings"]
+    assert "max_answer_tokens" in warning and "get_memory" in warning
+    assert all(str(i) in warning for i in ids(full)[1:])
+
+
+def test_cache_never_mixes_capped_and_uncapped_answers(make):
+    m = make()
+    doc = m.memorize(sentences("glacier", 5000))["id"]
+    capped = m.recall("glacier")
+    assert capped["cached"] is False and capped["results"][0]["truncated"] is True
+    whole = m.recall("glacier", max_chars_per_hit=0)
+    assert whole["cached"] is False and whole["results"][0]["text"] == m.get(doc)["content"]
+    assert m.recall("glacier")["cached"] is True and m.recall("glacier")["results"] == capped["results"]
+    assert m.recall("glacier", max_chars_per_hit=0)["results"] == whole["results"]
+    m.cfg.recall["max_chars_per_hit"] = 300  # a changed setting is a different answer too
+    again = m.recall("glacier")
+    assert again["cached"] is False and len(again["results"][0]["text"]) <= 300
+
+
+@pytest.mark.parametrize("name, value", [("max_chars_per_hit", -1), ("max_answer_tokens", 1.5),
+                                         ("max_chars_per_hit", True)])
+def test_bad_bounds_are_input_errors_naming_them(mem, name, value):
+    with pytest.raises(aokun.InputError) as e:
+        mem.recall("anything", **{name: value})
+    assert e.value.field == name
+
+
 # 8. explain ---------------------------------------------------------------------------------------
 
 EXPLAIN_CORPUS = [
@@ -614,6 +686,25 @@ def test_recall_cli_json_explain_and_channel_errors(cli):
     lines = bad.output.strip().splitlines()
     assert len(lines) == 1 and "channels" in lines[0] and "telepathy" in lines[0], bad.output
     assert "Traceback" not in bad.output
+
+
+def test_recall_cli_marks_cut_texts(cli):
+    big = sentences("lantern", 3000)
+    assert cli("memorize", big).exit_code == 0
+    assert cli("memorize", "A short lantern note").exit_code == 0
+    out = json.loads(cli("recall", "lantern", "--json").stdout)
+    flags = {h["text"][:20]: h["truncated"] for h in out["results"]}
+    assert flags == {big[:20]: True, "A short lantern note": False}
+    r = cli("recall", "lantern")
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and {line[-1] for line in lines} == {"…", "e"}  # the big one cut for the screen
+    assert "truncated" in r.stderr and "aokun show" in r.stderr
+
+
+def test_context_cli_says_the_briefing_age(cli):
+    assert cli("memorize", "Alice prefers green tea", "--importance", "0.9").exit_code == 0
+    r = cli("context")
+    assert "Alice prefers green tea" in r.stdout and re.search(r"briefing, built \d+ s ago\)", r.stderr), r.stderr
 
 
 # 13. the example config -----------------------------------------------------------------------------
