@@ -2865,9 +2865,10 @@ class Recall:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not less
         relevant than [recall] min_relevance (calibrated_relevance, also put in their parts). When
         nothing is left, a warning says so and gives the best relevance."""
-        coef = self.rules.relevance.get(self.embedder.model) if q.vector is not None else None
-        vectors = {} if coef is None else {r["doc_id"]: np.frombuffer(r["embedding"], np.float32) for r in self.rows(
-            self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})}
+        coef = self.rules.relevance.get(self.embedder.model)
+        stored = [] if q.vector is None else self.rows(self.queries["recall_vectors_of"],
+                                                       {"ids": json.dumps([i for i in pool if i in docs])})
+        vectors = {r["doc_id"]: np.frombuffer(r["embedding"], np.float32) for r in stored}
         kept, best = {}, None
         for i in pool:
             if i not in docs:
