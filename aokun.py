@@ -67,7 +67,7 @@ APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
 ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
 #: Tools listed by default: the frequent ones. [server] exposed_tools lists more, or `all`.
-DEFAULT_TOOLS = ("memorize", "recall", "search_atoms", "edit_memory", "delete_memory")
+DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "search_atoms", "edit_memory", "delete_memory")
 
 OWNER = f"{socket.gethostname()}:{os.getpid()}"  #: this process, as recorded on the journal rows it writes
 log = logging.getLogger("aokun")
@@ -3524,7 +3524,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
 
 SERVER_INSTRUCTIONS = """Aokun is your long-term memory about the user and your shared work.
 Call `recall` before answering when earlier conversations might matter (preferences, people,
-projects, decisions, dates). Call `memorize` when the user tells you something worth keeping for
+projects, decisions, dates); after answering, call `memory_feedback` with the ids of the recalled
+memories you actually used. Call `memorize` when the user tells you something worth keeping for
 weeks or months: one self-contained memory per fact or event, written so it makes sense alone,
 with participants, topics and key_facts in metadata when you know them. Use `search_atoms` for one
 precise fact. Use `edit_memory` to correct a memory and `delete_memory` when the user asks you to
@@ -3548,7 +3549,8 @@ def _write_models():
     """Models of the write tools: Metadata, the optional `metadata` argument of memorize,
     edit_memory and summarize_memory (unknown keys refused, importance 0..1); the results
     WriteResult (memorize, edit_memory), Deleted, Flagged (pin/unpin/archive: the flag changed, the
-    other null), ImportanceSet (old and new importance, 0..1) and Restored (restored: memory ids)."""
+    other null), ImportanceSet (old and new importance, 0..1), Restored (restored: memory ids) and
+    Feedback (memory_feedback: per memory, FeedbackItem)."""
     from pydantic import BaseModel, ConfigDict, Field
 
     class Metadata(BaseModel):
@@ -3602,7 +3604,20 @@ def _write_models():
         restored: list[int] = Field(description="Memories brought back (the merged ones, for a consolidation "
                                                 "survivor).")
 
-    return _named(Metadata, WriteResult, Deleted, Flagged, ImportanceSet, Restored)
+    class FeedbackItem(BaseModel):
+        id: int
+        uid: str
+        old_importance: float
+        importance: float
+        useful_count: float = Field(description="Times marked useful.")
+        last_useful_at: str | None
+        atoms_reinforced: int
+
+    class Feedback(BaseModel):
+        useful: bool
+        results: list[FeedbackItem]
+
+    return _named(Metadata, WriteResult, Deleted, Flagged, ImportanceSet, Restored, FeedbackItem, Feedback)
 
 
 @functools.cache
@@ -3870,7 +3885,8 @@ def _on_memory(ctx, fn):
 @functools.cache
 def _write_tools():
     """The tools that store and change memories: memorize, edit_memory, delete_memory, pin_memory,
-    unpin_memory, archive_memory, restore_memory and set_importance (results: _write_models())."""
+    unpin_memory, archive_memory, restore_memory, set_importance and memory_feedback (results:
+    _write_models())."""
     from typing import Annotated
 
     from mcp.server.mcpserver import Context
@@ -3923,8 +3939,19 @@ def _write_tools():
         """Set how important a memory is (0..1). Important memories rank higher and fade slower."""
         return M.ImportanceSet(**_on_memory(ctx, lambda m: m.set_importance(id, importance)))
 
+    def memory_feedback(ctx: Context,
+                        ids: Annotated[list[Annotated[int, Field(ge=1)]], Field(
+                            min_length=1, description="Ids of recalled memories your answer actually used.")],
+                        useful: Annotated[bool, Field(description="false: they were wrong or beside the point."),
+                                          _nullable(True)] = True,
+                        persona_id: A.Persona = None) -> M.Feedback:
+        """After you answer with recalled memories, pass the ids of those you actually used (not every
+        hit): they rank higher and last longer. useful=false for memories that were wrong or beside
+        the point."""
+        return M.Feedback(**_on_memory(ctx, lambda m: m.memory_feedback(ids, useful, persona_id)))
+
     return _named(memorize, edit_memory, delete_memory, pin_memory, unpin_memory, archive_memory, restore_memory,
-                  set_importance)
+                  set_importance, memory_feedback)
 
 
 @functools.cache
@@ -4099,6 +4126,8 @@ TOOL_KINDS = {
     "write": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
     "destructive": dict(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
     "open-world": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True),
+    # a write whose every call counts again (memory_feedback): not idempotent, so no blind retries
+    "cumulative": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False),
 }
 
 #: Every MCP tool, in tools/list order: name -> (the cached family factory that defines its function,
@@ -4106,6 +4135,7 @@ TOOL_KINDS = {
 MCP_TOOLS = {
     "memorize": (_write_tools, "write"),
     "recall": (_read_tools, "read-only"),
+    "memory_feedback": (_write_tools, "cumulative"),
     "search_atoms": (_read_tools, "read-only"),
     "list_memories": (_read_tools, "read-only"),
     "get_memory": (_read_tools, "read-only"),
@@ -4624,6 +4654,28 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
                        f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}")
     if not out["results"]:
         click.echo("no memories found", err=True)
+
+
+@cli.command()
+@click.argument("memory_ids", nargs=-1, required=True, type=click.IntRange(1), metavar="ID...")
+@click.option("--not-useful", is_flag=True, help="They were wrong or beside the point: lower their importance.")
+@click.option("--persona", help="Persona the memories belong to.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def feedback(state, memory_ids, not_useful, persona, as_json):
+    """Say which recalled memories an answer used: they rank higher (frequency term, importance)
+    and their atoms last longer. Being returned by recall alone earns no rank.
+
+    Example:
+
+        python aokun.py feedback 12 40
+    """
+    out = state.memory().memory_feedback(list(memory_ids), not not_useful, persona)
+    if as_json:
+        return _echo_json(out)
+    for r in out["results"]:
+        click.echo(f"{r['id']:>6}  importance {r['old_importance']:.2f} -> {r['importance']:.2f}  "
+                   f"useful x{r['useful_count']:g}  atoms reinforced {r['atoms_reinforced']}")
 
 
 @cli.command()
