@@ -72,7 +72,7 @@ APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
 ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
 #: Tools listed by default: the frequent ones. [server] exposed_tools lists more, or `all`.
-DEFAULT_TOOLS = ("memorize", "recall", "search_atoms", "edit_memory", "delete_memory")
+DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "search_atoms", "edit_memory", "delete_memory")
 
 OWNER = f"{socket.gethostname()}:{os.getpid()}"  #: this process, as recorded on the journal rows it writes
 log = logging.getLogger("aokun")
@@ -236,6 +236,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "reinforce_on_recall": True,
         "max_chars_per_hit": 1500,
         "max_answer_tokens": 4000,
+        "feedback_importance_step": 0.05,
     },
     "context": {
         "quick_tokens": 400,
@@ -1150,6 +1151,19 @@ def _importance(value, name: str = "importance", default: float = 0.5) -> float:
     return float(value)
 
 
+def _id_list(value, name: str, limit: int) -> list[int]:
+    """A non-empty list of at most `limit` memory ids (whole numbers ≥ 1), duplicates dropped, in order."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise InputError(name, f"expected a non-empty list of memory ids, got {value!r}")
+    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if bad:
+        raise InputError(name, f"memory ids are whole numbers ≥ 1, got {bad[0]!r}")
+    ids = list(dict.fromkeys(value))
+    if len(ids) > limit:
+        raise InputError(name, f"{len(ids)} ids; at most {limit} at once ([recall] max_k)")
+    return ids
+
+
 # Store: the connection, transactions and reading #################################################
 
 LIST_LIMIT_MAX = 1000  #: the most memories list_memories returns at once
@@ -1224,11 +1238,14 @@ class Store:
 
     # reading -------------------------------------------------------------------------------------
 
-    def _doc(self, doc_id) -> dict:
+    def _doc(self, doc_id, persona: str | None = None) -> dict:
+        """The documents row of `doc_id`, JSON fields decoded. NotFound when there is none, or when
+        `persona` is given and the memory belongs to another persona (the same message: an id of
+        another persona is not there)."""
         if isinstance(doc_id, bool) or not isinstance(doc_id, int):
             raise InputError("id", f"expected an integer memory id, got {doc_id!r}")
         rows = self.rows("select * from documents where id = ?", (doc_id,))
-        if not rows:
+        if not rows or (persona is not None and rows[0]["persona_id"] != persona):
             raise NotFound(f"no memory with id {doc_id}; `aokun list` shows the ids")
         d = rows[0]
         for k in ("topics", "key_facts", "participants", "tags"):
@@ -2390,7 +2407,7 @@ def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, la
 
 DOC_CHANNELS = ("bm25", "vector")  #: the document route's channels
 GRAPH_CHANNELS = ("graph_keyword", "graph_vector")  #: the graph route's channels
-FREQUENCY_SATURATION = 10  #: (decayed) accesses at which the frequency term reaches 1
+FREQUENCY_SATURATION = 10  #: (decayed) useful marks (memory_feedback) at which the frequency term reaches 1
 
 
 @dataclass(frozen=True)
@@ -2464,22 +2481,23 @@ def route_relevance(i: int, ranks: dict, scores: dict, channels, w: Weights) -> 
 def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None, w: Weights,
                     ref: dt.datetime, historical: bool, source_boost: float, pin: float | None) -> dict:
     """The score parts of one candidate (its row `d` from sql recall_candidates: importance,
-    created_at, last_access_at, access_count, temporal_factor), before the routes are scaled:
+    created_at, useful_count, last_useful_at, temporal_factor), before the routes are scaled:
 
-        recency     = exp(−age_days / recency_days), age from max(created_at, last_access_at)
-                      (created_at alone for as_of recall)
-        frequency   = min(1, ln(1 + access_count·exp(−days since last access / recency_days))
-                             / ln(1 + FREQUENCY_SATURATION))
+        recency     = exp(−age_days / recency_days), age from created_at (when it happened; being
+                      returned by a recall does not make a memory recent)
+        frequency   = min(1, ln(1 + useful_count·exp(−days since last useful / recency_days))
+                             / ln(1 + FREQUENCY_SATURATION))   (0 for as_of recall)
         doc_route   = α·doc_relevance + β·importance + γ·recency + δ·frequency
         graph_route = (0.55·graph_relevance + 0.20·importance + 0.15·recency + 0.10·confidence)
                       × (temporal_floor + (1 − temporal_floor)·temporal_factor)
 
     (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours, README "How
     recall ranks"). Returns the dict that explain shows."""
-    last = d["created_at"] if historical else max(d["created_at"], d["last_access_at"] or "")
-    recency = math.exp(-age_days(last, ref) / w.recency_days)
-    frequency = 0.0 if historical or not d["last_access_at"] else min(1.0, math.log1p(
-        d["access_count"] * math.exp(-age_days(d["last_access_at"], ref) / w.recency_days))
+    recency = math.exp(-age_days(d["created_at"], ref) / w.recency_days)
+    # use, not retrieval: memory_feedback counts a memory the assistant said it used; recall's
+    # own touches (access_count) would let whatever was merely returned outrank the right answer
+    frequency = 0.0 if historical or not d["last_useful_at"] else min(1.0, math.log1p(
+        d["useful_count"] * math.exp(-age_days(d["last_useful_at"], ref) / w.recency_days))
         / math.log1p(FREQUENCY_SATURATION))
     rel_doc = route_relevance(d["id"], ranks, scores, w.doc_channels, w)
     rel_graph = route_relevance(d["id"], ranks, scores, w.graph_channels, w)
@@ -2488,7 +2506,7 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
     graph_score = (w.graph_relevance * rel_graph + w.graph_importance * d["importance"]
                    + w.graph_recency * recency + w.graph_confidence * (confidence or 0.0))
     return dict(ranks=ranks, doc_relevance=rel_doc, graph_relevance=rel_graph, importance=d["importance"],
-                recency=recency, frequency=frequency, doc_route=doc_score,
+                recency=recency, frequency=frequency, useful_count=d["useful_count"], doc_route=doc_score,
                 # × the atoms' temporal factor, before scale_routes divides by the best graph route;
                 # the floor: graph evidence whose atoms all expired keeps that share of its weight
                 graph_route=graph_score * (w.temporal_floor + (1 - w.temporal_floor) * factor),
@@ -2616,7 +2634,7 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
             "doc_relevance": p["doc_relevance"], "graph_relevance": p["graph_relevance"],
             "neighbour": p["neighbour"], "importance": p["importance"], "recency": p["recency"],
             "confidence": p["confidence"], "temporal_factor": p["temporal_factor"],
-            "frequency": p["frequency"], "source_boost": p["source_boost"],
+            "frequency": p["frequency"], "useful_count": p["useful_count"], "source_boost": p["source_boost"],
             "pin_similarity": p["pin_similarity"],
             "doc_route": p["doc_route"], "graph_route": p["graph_route"],
             "route_weights": [w.doc_route, w.graph_route], "cross_route_bonus": p["cross_route_bonus"],
@@ -2631,6 +2649,7 @@ GRAPH_HOP_DISCOUNT = 0.5  #: a memory one graph hop from a hit node scores this 
 MMR_POOL_MIN = 30  #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
 ATOM_OVERFETCH = 4  #: search_atoms reads this many × k atoms before dropping expired ones
 ATOM_BM25_SCALE = 8.0  #: the seed's atom score 1/(1 + exp(−raw/8)) (seed: Retrieval IV)
+FEEDBACK_ATOM_INTERVAL_DAYS = 1.0  #: memory_feedback reinforces one atom at most once in this many days
 
 
 @dataclass
@@ -2652,7 +2671,8 @@ class RecallQuery:
 
 class Recall:
     """Hybrid recall (seed: Retrieval Pipeline): the SQL channels run side by side, the ranking
-    functions above fuse their rows; search_atoms; the answer cache and access bookkeeping."""
+    functions above fuse their rows; search_atoms; the answer cache and access bookkeeping;
+    memory_feedback, the reinforcement that does move ranking."""
 
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
 
@@ -2944,7 +2964,7 @@ class Recall:
         out.sort(key=lambda x: -x["score"])
         return {"results": out[:k], "took_ms": round((time.perf_counter() - started) * 1000, 2)}
 
-    # cache and reinforcement ---------------------------------------------------------------------
+    # cache and access bookkeeping ----------------------------------------------------------------
 
     def _cache_state(self):
         # PRAGMA data_version (a statement) sees other connections' commits; the file-control
@@ -2972,7 +2992,9 @@ class Recall:
 
     def _touch(self, ids: list[int]) -> None:
         """Refresh last_access_at/access_count of recalled memories in a background thread, so the
-        answer is not delayed (seed: post-recall reinforcement). Does not empty the cache."""
+        answer is not delayed (seed: post-recall reinforcement). Only the daily decay reads them (it
+        slows for accessed memories); ranking does not: being returned earns no rank, being used does
+        (memory_feedback). Does not empty the cache."""
         def work():
             try:
                 with self.lock:
@@ -2991,6 +3013,57 @@ class Recall:
         """Wait for background access bookkeeping (called by close())."""
         if self._toucher is not None:
             self._toucher.submit(lambda: None).result()  # one FIFO worker: everything before it is done
+
+    # feedback: reinforcement for use ------------------------------------------------------------
+
+    def memory_feedback(self, ids, useful: bool = True, persona_id: str | None = None) -> dict:
+        """The assistant used these memories in its answer (useful=true), or they were wrong or
+        beside the point (useful=false). Reinforcement rewards use, not retrieval (a recall's own
+        touches leave ranking alone):
+
+        useful=true:  useful_count + 1, last_useful_at = now (candidate_score's frequency term),
+                      importance + [recall] feedback_importance_step (at most 1), and the memory's
+                      active atoms reinforced as a repeat of it would (count + 1, shelf life from
+                      now), each at most once per FEEDBACK_ATOM_INTERVAL_DAYS;
+        useful=false: importance − the same step (not below 0); nothing is counted.
+
+        All or nothing, in one transaction: an id that does not exist, or belongs to another persona
+        than `persona_id`, is NotFound. InputError for ids that are not a non-empty list of whole
+        numbers ≥ 1. Returns {useful, results: [{id, uid, old_importance, importance, useful_count,
+        last_useful_at, atoms_reinforced}]}, one per distinct id, in order."""
+        ids = _id_list(ids, "ids", self.cfg.recall.max_k)
+        if not isinstance(useful, bool):
+            raise InputError("useful", f"expected true or false, got {useful!r}")
+        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
+        step, at = self.cfg.recall.feedback_importance_step, now()
+        out = []
+        with self.tx() as c:
+            for d in [self._doc(i, persona) for i in ids]:
+                old = d["importance"]
+                new, count, last = (min(1.0, old + step), d["useful_count"] + 1, iso(at)) if useful \
+                    else (max(0.0, old - step), d["useful_count"], d["last_useful_at"])
+                c.execute("update documents set importance = ?, useful_count = ?, last_useful_at = ?, updated_at = ? "
+                          "where id = ?", (new, count, last, iso(at), d["id"]))
+                atoms = self._reinforce_atoms(d["id"], at) if useful else 0
+                out.append({"id": d["id"], "uid": d["uid"], "old_importance": old, "importance": new,
+                            "useful_count": count, "last_useful_at": last, "atoms_reinforced": atoms})
+            self._briefing_stale(persona)
+        return {"useful": useful, "results": out}
+
+    def _reinforce_atoms(self, doc_id: int, at: dt.datetime) -> int:
+        """Reinforce the active atoms of memory `doc_id` (sql feedback_atoms) as Layers._stage_atoms
+        does for a repeat: reinforcement_count + 1, last_reinforced_at = `at`, expires_at = `at` + the
+        longer effective TTL. Atoms reinforced within FEEDBACK_ATOM_INTERVAL_DAYS are skipped.
+        Returns how many were reinforced. In tx."""
+        since = iso(at - dt.timedelta(days=FEEDBACK_ATOM_INTERVAL_DAYS))
+        rows = self.rows(self.queries["feedback_atoms"], {"document_id": doc_id, "since": since})
+        for a in rows:
+            count = a["reinforcement_count"] + 1
+            ttl = effective_ttl_days(a["base_ttl_days"], a["importance"], count)
+            self.conn.execute("update memory_atoms set reinforcement_count = ?, last_reinforced_at = ?, "
+                              "expires_at = ?, updated_at = ? where id = ?",
+                              (count, iso(at), iso(at + dt.timedelta(days=ttl)), iso(at), a["id"]))
+        return len(rows)
 
 
 # Context and briefing: memory within a token budget ##############################################
@@ -3781,7 +3854,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
 
 SERVER_INSTRUCTIONS = """Aokun is your long-term memory about the user and your shared work.
 Call `recall` before answering when earlier conversations might matter (preferences, people,
-projects, decisions, dates). Call `memorize` when the user tells you something worth keeping for
+projects, decisions, dates); after answering, call `memory_feedback` with the ids of the recalled
+memories you actually used. Call `memorize` when the user tells you something worth keeping for
 weeks or months: one self-contained memory per fact or event, written so it makes sense alone,
 with participants, topics and key_facts in metadata when you know them. Use `search_atoms` for one
 precise fact. Use `edit_memory` to correct a memory and `delete_memory` when the user asks you to
@@ -3805,7 +3879,8 @@ def _write_models():
     """Models of the write tools: Metadata, the optional `metadata` argument of memorize,
     edit_memory and summarize_memory (unknown keys refused, importance 0..1); the results
     WriteResult (memorize, edit_memory), Deleted, Flagged (pin/unpin/archive: the flag changed, the
-    other null), ImportanceSet (old and new importance, 0..1) and Restored (restored: memory ids)."""
+    other null), ImportanceSet (old and new importance, 0..1), Restored (restored: memory ids) and
+    Feedback (memory_feedback: per memory, FeedbackItem)."""
     from pydantic import BaseModel, ConfigDict, Field
 
     class Metadata(BaseModel):
@@ -3864,7 +3939,20 @@ def _write_models():
         restored: list[int] = Field(description="Memories brought back (the merged ones, for a consolidation "
                                                 "survivor).")
 
-    return _named(Metadata, WriteResult, Deleted, Flagged, ImportanceSet, Restored)
+    class FeedbackItem(BaseModel):
+        id: int
+        uid: str
+        old_importance: float
+        importance: float
+        useful_count: float = Field(description="Times marked useful.")
+        last_useful_at: str | None
+        atoms_reinforced: int
+
+    class Feedback(BaseModel):
+        useful: bool
+        results: list[FeedbackItem]
+
+    return _named(Metadata, WriteResult, Deleted, Flagged, ImportanceSet, Restored, FeedbackItem, Feedback)
 
 
 @functools.cache
@@ -3988,6 +4076,8 @@ def _browse_models():
         updated_at: str
         last_access_at: str | None
         access_count: float
+        useful_count: float
+        last_useful_at: str | None
         embedding_state: str
         atoms: list[dict[str, Any]]
         graph_entries: list[str]
@@ -4137,7 +4227,8 @@ def _on_memory(ctx, fn):
 @functools.cache
 def _write_tools():
     """The tools that store and change memories: memorize, edit_memory, delete_memory, pin_memory,
-    unpin_memory, archive_memory, restore_memory and set_importance (results: _write_models())."""
+    unpin_memory, archive_memory, restore_memory, set_importance and memory_feedback (results:
+    _write_models())."""
     from typing import Annotated
 
     from mcp.server.mcpserver import Context
@@ -4191,8 +4282,19 @@ def _write_tools():
         """Set how important a memory is (0..1). Important memories rank higher and fade slower."""
         return M.ImportanceSet(**_on_memory(ctx, lambda m: m.set_importance(id, importance)))
 
+    def memory_feedback(ctx: Context,
+                        ids: Annotated[list[Annotated[int, Field(ge=1)]], Field(
+                            min_length=1, description="Ids of recalled memories your answer actually used.")],
+                        useful: Annotated[bool, Field(description="false: they were wrong or beside the point."),
+                                          _nullable(True)] = True,
+                        persona_id: A.Persona = None) -> M.Feedback:
+        """After you answer with recalled memories, pass the ids of those you actually used (not every
+        hit): they rank higher and last longer. useful=false for memories that were wrong or beside
+        the point."""
+        return M.Feedback(**_on_memory(ctx, lambda m: m.memory_feedback(ids, useful, persona_id)))
+
     return _named(memorize, edit_memory, delete_memory, pin_memory, unpin_memory, archive_memory, restore_memory,
-                  set_importance)
+                  set_importance, memory_feedback)
 
 
 @functools.cache
@@ -4367,6 +4469,8 @@ TOOL_KINDS = {
     "write": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
     "destructive": dict(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
     "open-world": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True),
+    # a write whose every call counts again (memory_feedback): not idempotent, so no blind retries
+    "cumulative": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False),
 }
 
 #: Every MCP tool, in tools/list order: name -> (the cached family factory that defines its function,
@@ -4374,6 +4478,7 @@ TOOL_KINDS = {
 MCP_TOOLS = {
     "memorize": (_write_tools, "write"),
     "recall": (_read_tools, "read-only"),
+    "memory_feedback": (_write_tools, "cumulative"),
     "search_atoms": (_read_tools, "read-only"),
     "list_memories": (_read_tools, "read-only"),
     "get_memory": (_read_tools, "read-only"),
@@ -4897,6 +5002,28 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
     if cut:
         click.echo(f"cut to keep the answer short (--json: truncated): {', '.join(cut)}; "
                    "`aokun show ID` prints one whole", err=True)
+
+
+@cli.command()
+@click.argument("memory_ids", nargs=-1, required=True, type=click.IntRange(1), metavar="ID...")
+@click.option("--not-useful", is_flag=True, help="They were wrong or beside the point: lower their importance.")
+@click.option("--persona", help="Persona the memories belong to.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def feedback(state, memory_ids, not_useful, persona, as_json):
+    """Say which recalled memories an answer used: they rank higher (frequency term, importance)
+    and their atoms last longer. Being returned by recall alone earns no rank.
+
+    Example:
+
+        python aokun.py feedback 12 40
+    """
+    out = state.memory().memory_feedback(list(memory_ids), not not_useful, persona)
+    if as_json:
+        return _echo_json(out)
+    for r in out["results"]:
+        click.echo(f"{r['id']:>6}  importance {r['old_importance']:.2f} -> {r['importance']:.2f}  "
+                   f"useful x{r['useful_count']:g}  atoms reinforced {r['atoms_reinforced']}")
 
 
 @cli.command()

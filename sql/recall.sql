@@ -161,6 +161,8 @@ limit :k;
 --   last_reinforced_at, ttl = expires_at - last_reinforced_at.
 -- A memory without atoms ages like one atom of the default type (:default_ttl days × (0.5 +
 -- importance) from created_at; :default_step = 1 when that type decays by step).
+-- useful_count/last_useful_at (memory_feedback) feed the frequency term; access_count (recall's
+-- own touches) is not read here: being returned must not raise a memory's rank.
 with factors as (
     select s.document_id as id, max(
         case
@@ -176,7 +178,7 @@ with factors as (
     where s.document_id in (select value from json_each(:ids))
     group by s.document_id
 )
-select d.id, d.source, d.importance, d.created_at, d.last_access_at, d.access_count,
+select d.id, d.source, d.importance, d.created_at, d.useful_count, d.last_useful_at,
        coalesce(f.factor, case
            when :historical = 1 and julianday(:ref) < julianday(d.created_at) then 0.0
            when julianday(:ref) - julianday(d.created_at) >= :default_ttl * (0.5 + d.importance) then 0.0
@@ -215,9 +217,20 @@ order by raw
 limit :k;
 
 -- name: touch_documents
--- Reinforcement after a recall: refresh last_access_at and count the access.
+-- Bookkeeping after a recall: refresh last_access_at and count the access. Only the daily decay
+-- reads them (decay.sql decay_day: recently accessed memories lose importance slower); ranking
+-- does not, so what was merely returned gains no rank.
 update documents set last_access_at = :at, access_count = access_count + 1
 where id in (select value from json_each(:ids));
+
+-- name: feedback_atoms
+-- memory_feedback(useful = true) reinforces the atoms a memory states or reinforced, like a
+-- repeat of it would (Layers._stage_atoms): the active ones of :document_id not reinforced since
+-- :since (ISO time), so repeated feedback stretches an atom's shelf life at most once a day.
+select a.id, a.base_ttl_days, a.importance, a.reinforcement_count
+from atom_sources s join memory_atoms a on a.id = s.atom_id
+where s.document_id = :document_id and a.state = 'active' and a.last_reinforced_at < :since
+order by a.id;
 
 -- name: recall_session_neighbours
 -- For each candidate memory that belongs to a session, the memories right before and after it in

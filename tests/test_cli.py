@@ -194,3 +194,17 @@ def test_config_outside_the_repo_uses_the_bundled_rules(tmp_path):
     assert cfg.rule_file(cfg.text.stopwords) == RULES / "stopwords.txt"
     r = CliRunner().invoke(aokun.cli, ["--db", str(tmp_path / "x.db"), "--config", str(p), "memorize", "hello"])
     assert r.exit_code == 0 and r.output.strip() == "1"
+
+
+def test_feedback_marks_memories_useful_or_not(run):
+    assert run("memorize", "Kim plays chess on Tuesdays").output.strip() == "1"
+    out = run("feedback", "1").output
+    assert "importance 0.50 -> 0.55" in out and "useful x1" in out
+    js = json.loads(run("feedback", "1", "--not-useful", "--json").output)
+    assert js["useful"] is False and js["results"][0]["importance"] == pytest.approx(0.5)
+    assert js["results"][0]["useful_count"] == 1
+    missing = run("feedback", "7", ok=False)
+    assert missing.exit_code != 0 and "no memory with id 7" in missing.output
+    assert run("feedback", "1", "--persona", "work", ok=False).exit_code != 0  # another persona's id
+    assert run("feedback", ok=False).exit_code != 0  # an id is required
+    assert run("feedback", "0", ok=False).exit_code != 0

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.anyio
 
 ALL_TOOLS = ["memorize", "recall", "search_atoms", "list_memories", "get_memory", "edit_memory", "delete_memory",
              "pin_memory", "unpin_memory", "archive_memory", "memory_stats"]
-DEFAULT_TOOLS = ["memorize", "recall", "search_atoms", "edit_memory", "delete_memory"]
+DEFAULT_TOOLS = ["memorize", "recall", "memory_feedback", "search_atoms", "edit_memory", "delete_memory"]
 READ_ONLY = {"recall", "search_atoms", "list_memories", "get_memory", "memory_stats"}
 DESTRUCTIVE = {"edit_memory", "delete_memory"}
 
@@ -107,7 +107,7 @@ async def test_default_exposure_is_exactly_the_frequent_tools(make_server, tmp_p
     assert aokun.DEFAULT_TOOLS == tuple(DEFAULT_TOOLS)
     async with Client(make_server(aokun.Config(None, overrides={("backup", "dir"): str(tmp_path)}))) as c:
         names = [t.name for t in (await c.list_tools()).tools]
-    assert sorted(names) == sorted(DEFAULT_TOOLS) and len(names) == 5
+    assert sorted(names) == sorted(DEFAULT_TOOLS) and len(names) == 6
 
 
 async def test_all_exposes_every_tool(client):
@@ -273,6 +273,44 @@ async def test_pin_and_unpin(client):
     assert "no memory with id 42" in await err(client, "pin_memory", {"id": 42})
 
 
+async def test_memory_feedback_ranks_a_used_memory_above_an_equal_one(db, segmenter, cfg_for):
+    """Two memories the keyword channels score alike (no embedder: min-max over two KNN neighbours
+    would set them apart); feedback on the one ranked second puts it first (the write empties the cache)."""
+    cfg = cfg_for(more={("embedding", "provider"): "none"})
+
+    def factory():
+        m = aokun.Memory(db, cfg)
+        m.seg = segmenter
+        return m
+    async with Client(aokun.build_server(factory, cfg)) as client:
+        t = {t.name: t for t in (await client.list_tools()).tools}["memory_feedback"]
+        assert "actually used" in t.description and t.input_schema["required"] == ["ids"]
+        assert t.annotations.idempotent_hint is False and t.annotations.read_only_hint is False
+        assert t.annotations.destructive_hint is False and t.annotations.open_world_hint is False
+        assert "memory_feedback" in client.instructions
+        w = {(await ok(client, "memorize", {"content": text}))["id"]: text
+             for text in ("Nadia grows jasmine tea in her garden", "Omar grows jasmine tea in his garden")}
+        first = (await ok(client, "recall", {"query": "jasmine tea garden", "k": 2}))["results"]
+        assert first[0]["score"] == pytest.approx(first[1]["score"], abs=1e-6)
+        top, used = first[0]["id"], first[1]["id"]
+        out = await ok(client, "memory_feedback", {"ids": [used]})
+        uid = (await ok(client, "get_memory", {"id": used}))["uid"]
+        assert out == {"useful": True, "results": [{
+            "id": used, "uid": uid, "old_importance": 0.5, "importance": 0.55, "useful_count": 1.0,
+            "last_useful_at": out["results"][0]["last_useful_at"], "atoms_reinforced": 0}]}
+        again = await ok(client, "recall", {"query": "jasmine tea garden", "k": 2, "explain": True})
+        assert again["cached"] is False and [h["id"] for h in again["results"]] == [used, top]
+        assert again["results"][0]["score"] > again["results"][1]["score"]
+        assert again["results"][0]["explain"]["useful_count"] == 1 and w[used] == again["results"][0]["text"]
+        d = await ok(client, "get_memory", {"id": used})
+        assert d["useful_count"] == 1 and d["last_useful_at"] == out["results"][0]["last_useful_at"]
+        down = await ok(client, "memory_feedback", {"ids": [top], "useful": False})
+        assert down["results"][0]["importance"] == pytest.approx(0.45) and down["results"][0]["useful_count"] == 0
+        assert "no memory with id 42" in await err(client, "memory_feedback", {"ids": [used, 42]})
+        assert "no memory with id" in await err(client, "memory_feedback", {"ids": [top], "persona_id": "x"})
+        assert (await ok(client, "get_memory", {"id": used}))["useful_count"] == 1  # all or nothing
+
+
 async def test_archive_excludes_from_recall_unless_include_archived(client):
     a = await ok(client, "memorize", {"content": ALICE})
     b = await ok(client, "memorize", {"content": "Alice also likes espresso."})
@@ -355,6 +393,11 @@ BAD = [
     ("edit_memory", {"id": 1, "content": "y", "metadata": {"persona_id": "other"}}, "persona_id"),
     ("edit_memory", {"id": 1, "content": "y", "metadata": {"importance": -0.5}}, "importance"),
     ("list_memories", {"limit": 5000}, "limit"),
+    ("memory_feedback", {}, "ids"),
+    ("memory_feedback", {"ids": []}, "ids"),
+    ("memory_feedback", {"ids": [0]}, "ids"),
+    ("memory_feedback", {"ids": "1"}, "ids"),
+    ("memory_feedback", {"ids": [1], "useful": "maybe"}, "useful"),
 ]
 
 
@@ -393,6 +436,7 @@ NULLS = [
                        "include_archived": None}),
     ("edit_memory", {"id": 1, "content": None, "metadata": {"summary": "s"}}),
     ("edit_memory", {"id": 1, "content": "Alice loves tea now.", "metadata": None}),
+    ("memory_feedback", {"ids": [1], "useful": None, "persona_id": None}),
 ]
 
 

@@ -55,10 +55,10 @@ def row(i, rank, raw, confidence=None):
     return {"id": i, "rank": rank, "raw": raw, "confidence": confidence}
 
 
-def candidate(i, importance=0.5, created=0.0, accessed=None, count=0, factor=1.0):
-    """A sql recall_candidates row; `created`/`accessed` in days before REF."""
+def candidate(i, importance=0.5, created=0.0, useful=None, count=0, factor=1.0):
+    """A sql recall_candidates row; `created`/`useful` (last marked useful) in days before REF."""
     return {"id": i, "importance": importance, "created_at": ago(created),
-            "last_access_at": None if accessed is None else ago(accessed), "access_count": count,
+            "last_useful_at": None if useful is None else ago(useful), "useful_count": count,
             "temporal_factor": factor}
 
 
@@ -178,17 +178,17 @@ def test_route_relevance_rrf_fusion_uses_ranks():
 
 def test_candidate_score_doc_route_and_graph_route_with_temporal_floor():
     w = weights()
-    d = candidate(1, importance=0.6, created=40, accessed=10, count=4, factor=0.5)
+    d = candidate(1, importance=0.6, created=40, useful=10, count=4, factor=0.5)
     ranks = {"bm25": 0, "graph_keyword": 0}
     scores = {"bm25": {1: 1.0}, "vector": {}, "graph_keyword": {1: 0.8}, "graph_vector": {}}
     p = candidate_score(d, ranks, scores, 0.9, w, REF, False, 1.1, None)
 
-    recency = math.exp(-10 / 30)  # from the last access (10 d), newer than created_at (40 d)
-    frequency = math.log1p(4 * math.exp(-10 / 30)) / LN11
+    recency = math.exp(-40 / 30)  # from created_at (40 d): being used 10 days ago does not make it recent
+    frequency = math.log1p(4 * math.exp(-10 / 30)) / LN11  # 4 useful marks, the last 10 days ago
     rel_doc = (1.0 * 1.0 + 1.0 * 0.0) / 2.0  # vector did not find it
     rel_graph = (0.5 * 0.8 + 0.3 * 0.0) / 0.8
     assert p["recency"] == pytest.approx(recency)
-    assert p["frequency"] == pytest.approx(frequency)
+    assert p["frequency"] == pytest.approx(frequency) and p["useful_count"] == 4
     assert (p["doc_relevance"], p["graph_relevance"]) == pytest.approx((0.5, 0.5))
     assert p["doc_route"] == pytest.approx(0.5 * rel_doc + 0.25 * 0.6 + 0.25 * recency + 0.10 * frequency)
     # graph route × (floor + (1 − floor)·factor) = × (0.5 + 0.5·0.5)
@@ -201,30 +201,43 @@ def test_candidate_score_doc_route_and_graph_route_with_temporal_floor():
 
 def test_candidate_score_historical_uses_created_at_and_no_frequency():
     w = weights(spec={"recency_boost": 0.10})  # γ = 0.25 + 0.10, so γ ≠ β here
-    d = candidate(1, importance=0.6, created=40, accessed=10, count=4, factor=1.0)
+    d = candidate(1, importance=0.6, created=40, useful=10, count=4, factor=1.0)
     scores = {"bm25": {1: 1.0}}
     p = candidate_score(d, {"bm25": 0}, scores, None, w, REF, True, 1.0, None)
-    assert p["recency"] == pytest.approx(math.exp(-40 / 30))  # the access (after as_of) is ignored
-    assert p["frequency"] == 0.0
+    assert p["recency"] == pytest.approx(math.exp(-40 / 30))
+    assert p["frequency"] == 0.0  # the feedback (after as_of) is ignored
     assert p["doc_route"] == pytest.approx(0.5 * 0.5 + 0.25 * 0.6 + 0.35 * math.exp(-40 / 30))
     # no confidence, factor 1: graph route is importance + recency only, multiplier 0.5 + 0.5 = 1
     assert p["graph_route"] == pytest.approx(0.20 * 0.6 + 0.15 * math.exp(-40 / 30))
     assert p["in_doc"] and not p["in_graph"]
 
 
-def test_candidate_score_frequency_zero_when_never_accessed_and_capped_at_one():
+def test_candidate_score_frequency_zero_when_never_useful_and_capped_at_one():
     w = weights()
     never = candidate_score(candidate(1, created=15), {}, {}, None, w, REF, False, 1.0, None)
     assert never["frequency"] == 0.0
     assert never["recency"] == pytest.approx(math.exp(-15 / 30))
     assert not never["in_doc"] and not never["in_graph"]
-    # 50 accesses today: ln(1 + 50)/ln(11) ≈ 1.64 → capped at 1
-    busy = candidate_score(candidate(1, created=15, accessed=0, count=50), {}, {}, None, w, REF, False, 1.0, None)
+    # 50 useful marks today: ln(1 + 50)/ln(11) ≈ 1.64 → capped at 1; recency stays that of created_at
+    busy = candidate_score(candidate(1, created=15, useful=0, count=50), {}, {}, None, w, REF, False, 1.0, None)
     assert busy["frequency"] == 1.0
-    # 2 accesses, the last 30 days ago: ln(1 + 2·e^−1)/ln(11)
-    old = candidate_score(candidate(1, created=60, accessed=30, count=2), {}, {}, None, w, REF, False, 1.0, None)
+    assert busy["recency"] == pytest.approx(math.exp(-15 / 30))
+    # 2 useful marks, the last 30 days ago, created 60 days ago: ln(1 + 2·e^−1)/ln(11), recency e^−2
+    old = candidate_score(candidate(1, created=60, useful=30, count=2), {}, {}, None, w, REF, False, 1.0, None)
     assert old["frequency"] == pytest.approx(math.log1p(2 * math.exp(-1)) / LN11)
-    assert old["recency"] == pytest.approx(math.exp(-1))
+    assert old["recency"] == pytest.approx(math.exp(-2))
+
+
+def test_candidate_score_ignores_recall_access_bookkeeping():
+    """A recall's touches (last_access_at, access_count) are in the row but move nothing: ranking
+    recency is from created_at and frequency from memory_feedback."""
+    w = weights()
+    plain = candidate(1, created=20)
+    touched = plain | {"last_access_at": ago(0), "access_count": 25.0}
+    a = candidate_score(plain, {"bm25": 0}, {"bm25": {1: 1.0}}, None, w, REF, False, 1.0, None)
+    b = candidate_score(touched, {"bm25": 0}, {"bm25": {1: 1.0}}, None, w, REF, False, 1.0, None)
+    assert (b["recency"], b["frequency"]) == (pytest.approx(math.exp(-20 / 30)), 0.0)
+    assert (b["doc_route"], b["graph_route"]) == (a["doc_route"], a["graph_route"])
 
 
 def test_candidate_score_ignores_temporal_factor_without_graph_channels():
@@ -441,7 +454,7 @@ def test_explain_parts_keys_values_and_route_weights():
     e = explain_parts(1, parts[1], scores, ALL, w, "factual", 0.61)
     assert list(e) == ["ranks", "scores", "fusion", "doc_rrf", "graph_rrf", "doc_relevance", "graph_relevance",
                        "neighbour", "importance", "recency", "confidence", "temporal_factor", "frequency",
-                       "source_boost", "pin_similarity", "doc_route", "graph_route", "route_weights",
+                       "useful_count", "source_boost", "pin_similarity", "doc_route", "graph_route", "route_weights",
                        "cross_route_bonus", "intent", "fused", "mmr", "cosine", "cover", "relevance"]
     assert e["ranks"] == {"bm25": 0, "vector": None, "graph_keyword": 3, "graph_vector": None}
     assert e["scores"] == {"bm25": 1.0, "graph_keyword": 1.0}
@@ -491,7 +504,7 @@ def test_chain_two_channels_to_hits():
     scale_routes(parts, w)
     order = fuse_scores(parts, {}, w)
 
-    # relevance = mean of the two normalised scores; created now, never accessed: recency 1, frequency 0
+    # relevance = mean of the two normalised scores; created now, never marked useful: recency 1, frequency 0
     doc = {1: 0.5 * (1.0 + 0.0) / 2 + 0.25 * 0.5 + 0.25,  # 0.625
            2: 0.5 * (0.75 + 0.5) / 2 + 0.25 * 0.5 + 0.25,  # 0.6875
            3: 0.5 * (0.0 + 1.0) / 2 + 0.25 * 0.9 + 0.25}  # 0.725
