@@ -3028,7 +3028,8 @@ class Recall:
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not less
-        relevant than [recall] min_relevance (calibrated_relevance, also put in their parts). When
+        relevant than [recall] min_relevance (calibrated_relevance, also put in their parts) or made
+        within the question's time window (time_boost). When
         nothing is left, a warning says so and gives the best relevance."""
         coef = self.rules.relevance.get(self.embedder.model)
         stored = [] if q.vector is None else self.rows(self.queries["recall_vectors_of"],
@@ -3043,8 +3044,8 @@ class Recall:
             cover = token_cover(q.tokens, doc_tokens)
             rel = calibrated_relevance(cos, cover, coef)
             parts[i].update(cosine=cos, cover=cover, relevance=rel)
-            # a question of time words alone ("what happened yesterday?") is answered by its window
-            if rel is None or rel >= self.cfg.recall.min_relevance or (not q.tokens and parts[i]["time_boost"]):
+            # made when the question says ("what happened yesterday?"): the time is the relevance
+            if rel is None or rel >= self.cfg.recall.min_relevance or parts[i]["time_boost"]:
                 kept[i] = doc_tokens
             best = rel if best is None or (rel is not None and rel > best) else best
         if docs and not kept:
@@ -4120,7 +4121,8 @@ def _search_models():
         source: str
         pinned: bool
         archived: bool
-        channels: list[str] = Field(description="Channels that found it: bm25, vector, graph_keyword, graph_vector.")
+        channels: list[str] = Field(description="Channels that found it: bm25, vector, graph_keyword, graph_vector; "
+                                                "time_window: made then, when the question says when.")
         relevance: float | None = Field(None, description="How likely it is relevant, 0..1, the same scale for every "
                                                           "query (null when the embedding model is not calibrated).")
         explain: dict[str, Any] | None = None
@@ -5133,7 +5135,9 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
             e = h["explain"]
             ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
             click.echo(f"        ranks {ranks} | doc {e['doc_route']:.3f} graph {e['graph_route']:.3f} "
-                       f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}")
+                       f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}"
+                       + (f" | {e['time_window']['phrase']!r} {e['time_window']['start']}..{e['time_window']['end']}"
+                          f" boost {e['time_boost']:.2f}" if "time_window" in e else ""))
     if not out["results"]:
         click.echo("no memories found", err=True)
     cut = [str(h["id"]) for h in out["results"] if h["truncated"]]

@@ -139,12 +139,25 @@ def test_time_words_alone_answer_from_the_window(dated, query, phrase):
     assert top["explain"]["time_boost"] == m.cfg.recall.time_window_boost
 
 
-def test_time_words_alone_skip_the_relevance_gate(dated):
+def test_memories_of_the_window_pass_the_relevance_gate(dated):
     m, ids = dated
     m.rules.relevance[m.embedder.model] = {"w_cos": 0.0, "w_cover": 0.0, "bias": -50.0,  # nothing passes
                                            "cos_only_w_cos": 0.0, "cos_only_bias": -50.0}
     assert [h["id"] for h in m.recall("yesterday")["results"]] == [ids["fence"]]
-    assert m.recall("garden")["results"] == []  # with words to search, the gate holds
+    assert [h["id"] for h in m.recall("what happened yesterday")["results"]] == [ids["fence"]]
+    assert [h["id"] for h in m.recall("garden yesterday")["results"]] == [ids["fence"]]
+    assert m.recall("garden")["results"] == []  # without time words the gate holds
+
+
+def test_the_window_channel_keeps_to_persona_session_and_archive(dated):
+    m, ids = dated
+    other = m.memorize("Yesterday in another persona.", {"timestamp": _at("2026-11-29"), "persona_id": "work"})["id"]
+    in_session = m.memorize("A chat in session s1.", {"timestamp": _at("2026-11-29"), "session_id": "s1"})["id"]
+    m.set_flag(ids["fence"], "archived", True)
+    assert {h["id"] for h in m.recall("yesterday")["results"]} == {in_session}
+    assert {h["id"] for h in m.recall("yesterday", include_archived=True)["results"]} == {in_session, ids["fence"]}
+    assert {h["id"] for h in m.recall("yesterday", session_id="s1")["results"]} == {in_session}
+    assert {h["id"] for h in m.recall("yesterday", persona_id="work")["results"]} == {other}
 
 
 def test_no_searchable_words_and_no_time_words_is_unchanged(dated):
