@@ -244,3 +244,17 @@ def test_candidate_score_and_fuse_add_the_time_boost():
     aokun.fuse_scores(parts, {}, w)
     assert parts[1]["fused"] == pytest.approx(parts[1]["routes"] + 0.25)
     assert parts[2]["fused"] == pytest.approx(parts[2]["routes"])
+
+
+def test_with_the_real_model_time_words_answer_despite_the_relevance_gate(open_mem, tmp_path, monkeypatch):
+    """With a calibrated embedding model a question like 'what happened yesterday' is relevant to
+    nothing by its words; yesterday's memories still answer it, and only they."""
+    monkeypatch.setenv("AOKUN_NOW", NOW)
+    m = open_mem(tmp_path / "real.db", embedder=aokun.LocalEmbedder(),
+                 cfg=aokun.Config(None, overrides={("forgetting", "timezone"): "UTC"}))
+    assert m.embedder.model in m.rules.relevance  # the gate is on
+    fence = m.memorize("We repaired the garden fence and planted tulips.", {"timestamp": _at("2026-11-29")})["id"]
+    m.memorize("Budget meeting with the finance team.", {"timestamp": _at("2026-11-20")})
+    for q in ("what happened yesterday", "昨天发生了什么"):
+        assert [h["id"] for h in m.recall(q)["results"]] == [fence], q
+    assert m.recall("what happened")["results"] == []  # no time words: nothing relevant, as before
