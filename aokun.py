@@ -67,7 +67,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 SCHEMA_DIR = HERE / "schema"  #: forward-only migrations NNNN_name.sql
 SQL_DIR = HERE / "sql"  #: named queries, `-- name: x`
-RULES_DIR = HERE / "rules"  #: stop words, user dictionary, atom rules, aliases, intents
+RULES_DIR = HERE / "rules"  #: stop words, user dictionary, atom rules, aliases, intents, time words
 APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
 ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
@@ -145,6 +145,19 @@ def _parse_iso(value: str) -> dt.datetime:
     return t.replace(tzinfo=dt.timezone.utc) if t.tzinfo is None else t.astimezone(dt.timezone.utc)
 
 
+def local_tz(name: str) -> dt.tzinfo:
+    """The time zone of local calendar days: the IANA zone `name` ([forgetting] timezone), or the
+    system's when empty. Raises AokunError for an unknown name."""
+    if name:
+        import zoneinfo
+        try:
+            return zoneinfo.ZoneInfo(name)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise AokunError(f"[forgetting] timezone = {name!r} is not a known time zone "
+                             "(e.g. Asia/Shanghai)") from None
+    return dt.datetime.now().astimezone().tzinfo
+
+
 def age_days(then: str | None, ref: dt.datetime) -> float:
     """Days from ISO text `then` to `ref` (never negative)."""
     if not then:
@@ -217,6 +230,8 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "cross_route_bonus": 0.08,
         "dynamic_route_weighting": True,
         "intents": "rules/intents.toml",
+        "time_words": "rules/timewords.toml",
+        "time_window_boost": 0.25,
         "relevance": "rules/relevance.toml",
         "min_relevance": 0.4,
         "recency_days": 30.0,
@@ -977,8 +992,37 @@ def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = Fals
 RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")  #: rules/relevance.toml
 
 
+TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago")  #: rules/timewords.toml rule kinds
+
+
+def load_time_words(path: Path) -> dict:
+    """rules/timewords.toml, ready for time_window: {rules: [(compiled patterns, spec)], numbers,
+    months, units}, with the {n}, {month} and {unit} placeholders of the patterns filled in as
+    named groups (alternatives longest first, so 'twelve' is tried before 'two' and 十二 before 十)."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
+    months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
+    units = {fold(k).casefold(): v for k, v in data.get("units", {}).items()}
+
+    def group(name, words, extra=""):
+        return f"(?P<{name}>{extra}" + "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w))) + ")"
+    fill = {"{n}": group("n", numbers, r"\d+|"), "{month}": group("month", months), "{unit}": group("unit", units)}
+    rules = []
+    for spec in data.get("rules", []):
+        if spec.get("kind") not in TIME_WORD_KINDS:
+            raise AokunError(f"{path.name}: unknown time-word kind {spec.get('kind')!r}; choose from {TIME_WORD_KINDS}")
+        patterns = []
+        for p in spec.get("patterns", []):
+            for key, value in fill.items():
+                p = p.replace(key, value)
+            patterns.append(re.compile(p))
+        rules.append((patterns, spec))
+    return {"rules": rules, "numbers": numbers, "months": months, "units": units}
+
+
 class Rules:
-    """The data in rules/: atom types and classification regexes, entity aliases, query intents."""
+    """The data in rules/: atom types and classification regexes, entity aliases, query intents,
+    time words."""
 
     def __init__(self, cfg: Config):
         atoms = tomllib.loads(cfg.rule_file(cfg.write.atom_rules).read_text(encoding="utf-8"))
@@ -1001,6 +1045,7 @@ class Rules:
         intents = tomllib.loads(cfg.rule_file(cfg.recall.intents).read_text(encoding="utf-8")).get("intents", {})
         self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
                         for name, spec in intents.items()]
+        self.time_words = load_time_words(cfg.rule_file(cfg.recall.time_words))
 
         predicates = tomllib.loads(cfg.rule_file(cfg.forgetting.predicates).read_text(encoding="utf-8")
                                    ).get("predicates", [])
@@ -2435,10 +2480,13 @@ class Weights:
     cross_route_bonus: float
     neighbour: float  #: session_neighbour_weight
     mmr_lambda: float
+    window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window), or None
+    time_boost: float = 0.0  #: time_window_boost, added to the score of a memory created within the window
 
     @classmethod
-    def of(cls, r, spec: dict, channels) -> "Weights":
-        """Weights from a [recall] section `r`, an intent spec and the channels that take part."""
+    def of(cls, r, spec: dict, channels, window: tuple | None = None) -> "Weights":
+        """Weights from a [recall] section `r`, an intent spec, the channels that take part and the
+        question's time window."""
         doc = tuple(c for c in DOC_CHANNELS if c in channels)
         graph = tuple(c for c in GRAPH_CHANNELS if c in channels)
         w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
@@ -2451,7 +2499,78 @@ class Weights:
                    graph_importance=r.graph_importance_weight, graph_recency=r.graph_recency_weight,
                    graph_confidence=r.graph_confidence_weight, temporal_floor=r.temporal_floor,
                    recency_days=r.recency_days, doc_route=wd, graph_route=wg, cross_route_bonus=r.cross_route_bonus,
-                   neighbour=r.session_neighbour_weight, mmr_lambda=r.mmr_lambda)
+                   neighbour=r.session_neighbour_weight, mmr_lambda=r.mmr_lambda,
+                   window=window, time_boost=r.time_window_boost if window else 0.0)
+
+
+def _month_start(year: int, month: int, tz) -> dt.datetime:
+    """Local midnight on the first of a month; month may run past 1..12 (13 = January next year)."""
+    year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
+    return dt.datetime(year, month, 1, tzinfo=tz)
+
+
+def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tuple | None:
+    """(local start, local end) of one matched time-word rule (kinds: rules/timewords.toml), or None
+    when the match does not name a usable count or month."""
+    kind, offset = spec["kind"], int(spec.get("offset", 0))
+    midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
+    if kind == "day":
+        start = midnight(today + dt.timedelta(days=offset)) + dt.timedelta(hours=spec.get("start_hour", 0))
+        return start, start + dt.timedelta(hours=spec.get("hours", 24))
+    if kind == "week":
+        monday = midnight(today - dt.timedelta(days=today.weekday() - 7 * offset))
+        return monday, monday + dt.timedelta(days=7)
+    if kind == "month":
+        month = today.month + offset
+        return _month_start(today.year, month, tz), _month_start(today.year, month + 1, tz)
+    if kind == "year":
+        return _month_start(today.year + offset, 1, tz), _month_start(today.year + offset + 1, 1, tz)
+    if kind == "named_month":
+        name = m.group("month").casefold()
+        month = words["months"].get(name) or words["numbers"].get(name) or (int(name) if name.isdigit() else 0)
+        if not 1 <= month <= 12:
+            return None
+        later = month > today.month or (spec.get("strict") and month == today.month)
+        year = today.year + offset if offset else today.year - int(bool(later))
+        return _month_start(year, month, tz), _month_start(year, month + 1, tz)
+    n = m.group("n").casefold()
+    count, unit = int(n) if n.isdigit() else words["numbers"].get(n), words["units"].get(m.group("unit").casefold())
+    if count is None or unit is None:
+        return None
+    day = today - dt.timedelta(days=count * unit["days"])
+    tolerance = dt.timedelta(days=unit.get("tolerance", 0))
+    return midnight(day) - tolerance, midnight(day + dt.timedelta(days=1)) + tolerance
+
+
+class TimeWindow(tuple):
+    """(start, end, phrase) of time_window, and `keep_words`: the rule's phrase stays a search word."""
+    keep_words = False
+
+
+def window_distance_days(created_at: str, window: tuple) -> float:
+    """Days between a memory's created_at and a time window (start, end, ...): 0 within it."""
+    start, end = _parse_iso(window[0]), _parse_iso(window[1])
+    at = _parse_iso(created_at)
+    return max(0.0, (start - at).total_seconds(), (at - end).total_seconds()) / 86400.0
+
+
+def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | None:
+    """The time a question asks about, from its relative-time words (rules/timewords.toml, loaded by
+    load_time_words): (start, end, phrase) with start and end ISO UTC (end exclusive) of local
+    calendar days in `tz`, relative to `ref` (now, or recall's as_of), and the matched phrase of
+    fold(query); .keep_words is the rule's keep_words. The first rule with a matching pattern wins;
+    None when no rule matches."""
+    text = fold(query)
+    today = ref.astimezone(tz).date()
+    for patterns, spec in words["rules"]:
+        for p in patterns:
+            m = p.search(text)
+            span = _time_span(spec, m, today, words, tz) if m else None
+            if span:
+                window = TimeWindow((iso(span[0]), iso(span[1]), m.group(0)))
+                window.keep_words = bool(spec.get("keep_words"))
+                return window
+    return None
 
 
 def channel_evidence(ranked: dict[str, list[dict]], graph_channels) -> tuple[dict, dict, dict]:
@@ -2484,16 +2603,19 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
     created_at, useful_count, last_useful_at, temporal_factor), before the routes are scaled:
 
         recency     = exp(−age_days / recency_days), age from created_at (when it happened; being
-                      returned by a recall does not make a memory recent)
+                      returned by a recall does not make a memory recent); with time words, the
+                      days from the question's window instead (0 within it): close to when was asked
         frequency   = min(1, ln(1 + useful_count·exp(−days since last useful / recency_days))
                              / ln(1 + FREQUENCY_SATURATION))   (0 for as_of recall)
         doc_route   = α·doc_relevance + β·importance + γ·recency + δ·frequency
         graph_route = (0.55·graph_relevance + 0.20·importance + 0.15·recency + 0.10·confidence)
                       × (temporal_floor + (1 − temporal_floor)·temporal_factor)
+        time_boost  = time_window_boost when created_at is within the question's time window, else 0
 
     (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours, README "How
     recall ranks"). Returns the dict that explain shows."""
-    recency = math.exp(-age_days(d["created_at"], ref) / w.recency_days)
+    recency = math.exp(-age_days(d["created_at"], ref) / w.recency_days) if not w.window \
+        else math.exp(-window_distance_days(d["created_at"], w.window) / w.recency_days)
     # use, not retrieval: memory_feedback counts a memory the assistant said it used; recall's
     # own touches (access_count) would let whatever was merely returned outrank the right answer
     frequency = 0.0 if historical or not d["last_useful_at"] else min(1.0, math.log1p(
@@ -2511,6 +2633,7 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
                 # the floor: graph evidence whose atoms all expired keeps that share of its weight
                 graph_route=graph_score * (w.temporal_floor + (1 - w.temporal_floor) * factor),
                 source_boost=source_boost, pin_similarity=pin, temporal_factor=factor, confidence=confidence,
+                time_boost=w.time_boost if w.window and w.window[0] <= d["created_at"] < w.window[1] else 0.0,
                 in_doc=any(c in ranks for c in w.doc_channels), in_graph=any(c in ranks for c in w.graph_channels))
 
 
@@ -2526,14 +2649,15 @@ def scale_routes(parts: dict[int, dict], w: Weights) -> None:
 
 
 def fuse_scores(parts: dict[int, dict], neighbours: dict[int, set], w: Weights) -> list[int]:
-    """The final score, in place: fused = (routes + neighbour) × source_boost, where neighbour =
-    session_neighbour_weight × the best routes of the turns right before/after it in its
-    session. Not capped at 1.0 as in the seed (the cap made the top hits tie); the source boost
-    is the second seed's. Returns the ids best first (ties: lower id first)."""
+    """The final score, in place: fused = (routes + neighbour + time_boost) × source_boost, where
+    neighbour = session_neighbour_weight × the best routes of the turns right before/after it in its
+    session and time_boost is candidate_score's (a memory from the question's time window). Not
+    capped at 1.0 as in the seed (the cap made the top hits tie); the source boost is the second
+    seed's. Returns the ids best first (ties: lower id first)."""
     for i, p in parts.items():
         near = [parts[n]["routes"] for n in neighbours.get(i, ()) if n in parts]
         p["neighbour"] = w.neighbour * max(near) if near else 0.0
-        p["fused"] = (p["routes"] + p["neighbour"]) * p["source_boost"]
+        p["fused"] = (p["routes"] + p["neighbour"] + p.get("time_boost", 0.0)) * p["source_boost"]
     return sorted(parts, key=lambda i: (-parts[i]["fused"], i))
 
 
@@ -2626,8 +2750,10 @@ def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[
 
 def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr_score) -> dict:
     """What recall(explain=true) shows for hit `i`: its rank and normalised score per channel and
-    every part of its score, in the order they combine."""
-    return {"ranks": {c: p["ranks"].get(c) for c in chosen},
+    every part of its score, in the order they combine; with time words, the window and time_boost."""
+    window = {"time_window": dict(zip(("start", "end", "phrase"), w.window, strict=True)),
+              "time_boost": p.get("time_boost", 0.0)} if w.window else {}
+    return window | {"ranks": {c: p["ranks"].get(c) for c in chosen},
             "scores": {c: scores[c][i] for c in scores if i in scores[c]}, "fusion": w.fusion,
             "doc_rrf": rrf(p["ranks"], w.doc_channels, w.rrf_k, w.channel),
             "graph_rrf": rrf(p["ranks"], w.graph_channels, w.rrf_k, w.channel),
@@ -2665,8 +2791,9 @@ class RecallQuery:
     pins: dict  #: {id: cosine similarity} of the pinned memories similar enough to the query
     params: dict  #: the channel queries' SQL parameters
     vector: np.ndarray | None  #: the query vector (None: no vector channel ran)
-    tokens: set  #: the query's search tokens
+    tokens: set  #: the query's search tokens (without its time words)
     warnings: list  #: the answer's warnings; fusion adds "nothing relevant"
+    window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window)
 
 
 class Recall:
@@ -2713,18 +2840,23 @@ class Recall:
         if cached is not None:
             return dict(cached, took_ms=round((time.perf_counter() - started) * 1000, 2), cached=True)
 
-        tokens = self.seg.tokens(query)
-        if not tokens:  # punctuation or stop words only
+        ref = parse_time(as_of_iso) if as_of_iso else now()
+        tokens, window = self._search_words(query, ref)
+        if not tokens and not window:  # punctuation or stop words only
             return self._answer(key, {"results": [], "degraded": [], "intent": None,
                                       "warnings": warnings + ["the query has no searchable words"]}, started)
         params = {"match": fts_query(tokens), "persona_id": persona, "session_id": session,
                   "max_archived": int(bool(include_archived)), "as_of": as_of_iso,
+                  "window_start": window[0] if window else "", "window_end": window[1] if window else "",
                   "k": min(CHANNEL_MAX_K, max(r.channel_k, 2 * k)), "expansion": r.graph_expansion_limit,
                   "candidates": min(CHANNEL_MAX_K, max(r.vector_candidates, r.channel_k, 2 * k)),
                   "hub_limit": r.graph_hub_limit, "extra": r.graph_extra_entry_boost, "hop": GRAPH_HOP_DISCOUNT}
         degraded: list[dict] = []
-        embedding = self._embedding_for(query, chosen, degraded)
-        ranked = self._channel_rows(chosen, dict(params, embedding=embedding), degraded)
+        searched = chosen if tokens else ()  # time words alone: the window's memories answer, nothing else
+        embedding = self._embedding_for(query, searched, degraded)
+        ranked = self._channel_rows(searched, dict(params, embedding=embedding), degraded)
+        if window:  # its memories join the candidates; candidate_score boosts them
+            ranked["time_window"] = self.rows(self.queries["recall_time_window"], params)
         pins = {}
         if embedding is not None:
             pins = {row["id"]: 1.0 - row["distance"] for row in self.rows(self.queries["recall_pinned"], dict(
@@ -2733,7 +2865,7 @@ class Recall:
         intent, spec = self.rules.intent(query.rsplit("\n", 1)[-1]) if r.dynamic_route_weighting else (None, {})
         ran = tuple(c for c in chosen if c in ranked or c not in {d["channel"] for d in degraded})
         results = self._fuse(ranked, RecallQuery(
-            k=k, chosen=ran, ref=parse_time(as_of_iso) if as_of_iso else now(), historical=bool(as_of_iso),
+            k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
             vector=None if embedding is None else np.frombuffer(embedding, np.float32), tokens=set(tokens),
             warnings=warnings))
@@ -2748,6 +2880,19 @@ class Recall:
         if results and r.reinforce_on_recall and not as_of_iso:  # after caching: the touch takes the lock
             self._touch([h["id"] for h in results])
         return answer
+
+    def _search_words(self, query: str, ref: dt.datetime) -> tuple[list[str], tuple | None]:
+        """(search tokens, time window) of a query: the window of the time words of its last line
+        (time_window, rules/timewords.toml), and the tokens of the query without that phrase unless its
+        rule keeps them ('3 days ago' says when, not what: a memory that says "ago" is no better for it;
+        'in June' also says what)."""
+        window = time_window(query.rsplit("\n", 1)[-1], ref, self.rules.time_words,
+                             local_tz(self.cfg.forgetting.timezone))
+        if window is None or window.keep_words:
+            return self.seg.tokens(query), window
+        text = fold(query)
+        at = text.rfind(window[2])
+        return self.seg.tokens(text[:at] + " " + text[at + len(window[2]):]), window
 
     def _bounds(self, max_chars_per_hit, max_answer_tokens) -> tuple[int, int]:
         """(max characters per hit, max tokens of the answer's texts) for bound_hits: the arguments,
@@ -2852,7 +2997,7 @@ class Recall:
         need: each candidate's row (sql recall_candidates, with the atoms' temporal factor at q.ref),
         the session neighbours of the strongest, and the documents of the MMR pool, whose calibrated
         relevance decides which may be answered at all ([recall] min_relevance)."""
-        w = Weights.of(self.cfg.recall, q.spec, q.chosen)
+        w = Weights.of(self.cfg.recall, q.spec, q.chosen, q.window)
         ranks, scores, confidence = channel_evidence(ranked, w.graph_channels)
         if not ranks and not q.pins:
             return []
@@ -2883,7 +3028,8 @@ class Recall:
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not less
-        relevant than [recall] min_relevance (calibrated_relevance, also put in their parts). When
+        relevant than [recall] min_relevance (calibrated_relevance, also put in their parts) or made
+        within the question's time window (time_boost). When
         nothing is left, a warning says so and gives the best relevance."""
         coef = self.rules.relevance.get(self.embedder.model)
         stored = [] if q.vector is None else self.rows(self.queries["recall_vectors_of"],
@@ -2898,7 +3044,8 @@ class Recall:
             cover = token_cover(q.tokens, doc_tokens)
             rel = calibrated_relevance(cos, cover, coef)
             parts[i].update(cosine=cos, cover=cover, relevance=rel)
-            if rel is None or rel >= self.cfg.recall.min_relevance:
+            # made when the question says ("what happened yesterday?"): the time is the relevance
+            if rel is None or rel >= self.cfg.recall.min_relevance or parts[i]["time_boost"]:
                 kept[i] = doc_tokens
             best = rel if best is None or (rel is not None and rel > best) else best
         if docs and not kept:
@@ -3221,15 +3368,7 @@ class Forgetting:
     consolidation of near-duplicates with its undo (seed: Forgetting & Lifecycle)."""
 
     def _tz(self):
-        name = self.cfg.forgetting.timezone
-        if name:
-            import zoneinfo
-            try:
-                return zoneinfo.ZoneInfo(name)
-            except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-                raise AokunError(f"[forgetting] timezone = {name!r} is not a known time zone "
-                                 "(e.g. Asia/Shanghai)") from None
-        return dt.datetime.now().astimezone().tzinfo
+        return local_tz(self.cfg.forgetting.timezone)
 
     def _decay_due(self, ref: dt.datetime) -> dt.date:
         """The last calendar day (local time) whose decay_hour:decay_minute has passed at `ref`."""
@@ -3982,7 +4121,8 @@ def _search_models():
         source: str
         pinned: bool
         archived: bool
-        channels: list[str] = Field(description="Channels that found it: bm25, vector, graph_keyword, graph_vector.")
+        channels: list[str] = Field(description="Channels that found it: bm25, vector, graph_keyword, graph_vector; "
+                                                "time_window: made then, when the question says when.")
         relevance: float | None = Field(None, description="How likely it is relevant, 0..1, the same scale for every "
                                                           "query (null when the embedding model is not calibrated).")
         explain: dict[str, Any] | None = None
@@ -4995,7 +5135,9 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
             e = h["explain"]
             ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
             click.echo(f"        ranks {ranks} | doc {e['doc_route']:.3f} graph {e['graph_route']:.3f} "
-                       f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}")
+                       f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}"
+                       + (f" | {e['time_window']['phrase']!r} {e['time_window']['start']}..{e['time_window']['end']}"
+                          f" boost {e['time_boost']:.2f}" if "time_window" in e else ""))
     if not out["results"]:
         click.echo("no memories found", err=True)
     cut = [str(h["id"]) for h in out["results"] if h["truncated"]]

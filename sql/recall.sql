@@ -195,6 +195,21 @@ select d.id, d.persona_id, d.session_id, d.content, d.summary, d.topics, d.parti
 from documents d join documents_fts f on f.rowid = d.id
 where d.id in (select value from json_each(:ids));
 
+-- name: recall_time_window
+-- The newest memories created within the question's time window [:window_start, :window_end)
+-- (ISO UTC, from aokun.time_window; only run when the question has time words), so that they can
+-- be candidates even when no other word of the question finds them. Filtered like the channels.
+select d.id, 'time_window' as channel, row_number() over (order by d.created_at desc, d.id desc) - 1 as rank,
+       0.0 as raw, 1.0 as confidence
+from documents d
+where d.created_at >= :window_start and d.created_at < :window_end
+  and d.persona_id = :persona_id
+  and (:session_id = '' or d.session_id = :session_id)
+  and d.archived <= :max_archived
+  and (:as_of = '' or d.created_at <= :as_of)
+order by d.created_at desc, d.id desc
+limit :k;
+
 -- name: recall_pinned
 -- Pinned memories and their cosine distance to the query: included whenever similar enough.
 select d.id, vec_distance_cosine(v.embedding, :embedding) as distance
