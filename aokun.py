@@ -72,7 +72,8 @@ APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
 ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
 #: Tools listed by default: the frequent ones. [server] exposed_tools lists more, or `all`.
-DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "search_atoms", "edit_memory", "delete_memory")
+DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "search_atoms", "get_memory", "edit_memory",
+                 "delete_memory")
 
 OWNER = f"{socket.gethostname()}:{os.getpid()}"  #: this process, as recorded on the journal rows it writes
 log = logging.getLogger("aokun")
@@ -1212,6 +1213,7 @@ def _id_list(value, name: str, limit: int) -> list[int]:
 # Store: the connection, transactions and reading #################################################
 
 LIST_LIMIT_MAX = 1000  #: the most memories list_memories returns at once
+MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
 
 
 class Store:
@@ -1289,7 +1291,7 @@ class Store:
         another persona is not there)."""
         if isinstance(doc_id, bool) or not isinstance(doc_id, int):
             raise InputError("id", f"expected an integer memory id, got {doc_id!r}")
-        rows = self.rows("select * from documents where id = ?", (doc_id,))
+        rows = self.rows("select * from documents where id = ?", (doc_id,)) if 0 < doc_id <= MAX_ID else []
         if not rows or (persona is not None and rows[0]["persona_id"] != persona):
             raise NotFound(f"no memory with id {doc_id}; `aokun list` shows the ids")
         d = rows[0]
@@ -2348,7 +2350,7 @@ class KnowledgeGraph:
         return dict(self._triple(tid), closed=closed, existing=False)
 
     def _triple(self, tid: int) -> dict:
-        rows = self.rows(self.queries["kg_triple"], {"id": tid})
+        rows = self.rows(self.queries["kg_triple"], {"id": tid}) if 0 < tid <= MAX_ID else []
         if not rows:
             raise NotFound(f"no fact with id {tid}")
         return rows[0]
@@ -3181,7 +3183,7 @@ class Recall:
         ids = _id_list(ids, "ids", self.cfg.recall.max_k)
         if not isinstance(useful, bool):
             raise InputError("useful", f"expected true or false, got {useful!r}")
-        persona = _short_text(persona_id, "persona_id", MAX_LABEL_CHARS)
+        persona = _label(persona_id, "persona_id")
         step, at = self.cfg.recall.feedback_importance_step, now()
         out = []
         with self.tx() as c:

@@ -270,3 +270,19 @@ def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, m
         assert m.memory_feedback([ids[1]])["results"][0]["useful_count"] == 1
     finally:
         m.close()
+
+
+def test_feedback_persona_is_matched_like_recall_folds_it(mem):
+    doc = mem.memorize("Dave plays tennis on Sundays.", {"persona_id": "Dave"})["id"]
+    assert mem.recall("tennis", persona_id="Ｄave")["results"][0]["id"] == doc
+    assert mem.memory_feedback([doc], persona_id="Ｄave")["results"][0]["useful_count"] == 1
+
+
+@pytest.mark.parametrize("big", [2 ** 63, 2 ** 64, 2 ** 70])
+def test_ids_beyond_sqlite_rowids_are_not_found_not_a_crash(mem, big):
+    mem.memorize("something to find")
+    for call in (lambda: mem.get(big), lambda: mem.delete(big), lambda: mem.memory_feedback([big]),
+                 lambda: mem.kg_invalidate(big)):
+        with pytest.raises(aokun.NotFound):
+            call()
+    assert mem.doctor() == []

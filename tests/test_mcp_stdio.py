@@ -18,7 +18,8 @@ from mcp.client.stdio import stdio_client
 import aokun
 from mcp_procs import REPO, child_env, cli, serve_args, stop, write_ini
 
-DEFAULT_TOOLS = {"memorize", "recall", "memory_feedback", "search_atoms", "edit_memory", "delete_memory"}
+DEFAULT_TOOLS = {"memorize", "recall", "memory_feedback", "search_atoms", "get_memory", "edit_memory",
+                 "delete_memory"}
 
 
 @pytest.fixture
