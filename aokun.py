@@ -1709,12 +1709,7 @@ class Layers:
                 if self.value("select 1 from atom_sources where atom_id = ? and document_id = ?",
                               (best["id"], p.document_id)):
                     continue
-                count = best["reinforcement_count"] + 1
-                at = max(best["last_reinforced_at"], p.created_at)
-                ttl = effective_ttl_days(best["base_ttl_days"], best["importance"], count)
-                c.execute("update memory_atoms set reinforcement_count = ?, confidence = max(confidence, ?), "
-                          "last_reinforced_at = ?, expires_at = ?, updated_at = ? where id = ?",
-                          (count, confidence, at, iso(parse_time(at) + dt.timedelta(days=ttl)), now_iso(), best["id"]))
+                self._reinforce_atom(best, max(best["last_reinforced_at"], p.created_at), confidence)
                 c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (best["id"], p.document_id))
                 continue
             base = float(self.rules.types[atom_type]["base_ttl_days"])
@@ -1736,6 +1731,17 @@ class Layers:
             c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)", (atom_id, " ".join(tokens)))
             if slot:
                 self._supersede(atom_id, p.persona_id, subject, slot, slot_value, p.created_at)
+
+    def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0) -> None:
+        """One more reinforcement of `atom` (a memory_atoms row: id, base_ttl_days, importance,
+        reinforcement_count) at ISO time `at`: count + 1, confidence at least `confidence`, and a
+        shelf life of effective_ttl_days from `at` (seed: Memory Model). In tx."""
+        count = atom["reinforcement_count"] + 1
+        ttl = effective_ttl_days(atom["base_ttl_days"], atom["importance"], count)
+        self.conn.execute("update memory_atoms set reinforcement_count = ?, confidence = max(confidence, ?), "
+                          "last_reinforced_at = ?, expires_at = ?, updated_at = ? where id = ?",
+                          (count, confidence, at, iso(parse_time(at) + dt.timedelta(days=ttl)), now_iso(),
+                           atom["id"]))
 
     def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str, created_at: str) -> None:
         """Rule-based supersession: of the active atoms with this persona, subject and single-valued
@@ -2079,9 +2085,8 @@ class Journal:
         p.document_id = d["id"]
         restoring = d["archived"]
         if restoring:
-            with self.tx() as c:
-                self._set_flag_in_tx(d["id"], "archived", False)
-                c.execute("update documents set merged_into = null where id = ?", (d["id"],))
+            with self.tx():
+                self._unarchive_in_tx(d["id"])
                 self._briefing_stale(d["persona_id"])
             p.changed["archived"] = [True, False]
             p.warnings.append(f"memory {d['id']} was archived; memorizing it again restored it to recall "
@@ -2257,6 +2262,12 @@ class Journal:
         with self.tx():
             self._set_flag_in_tx(doc_id, flag, value)
         return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
+
+    def _unarchive_in_tx(self, doc_id: int) -> None:
+        """Bring memory `doc_id` back into recall: archived off (with its vectors and graph entries)
+        and no longer merged into another. In tx."""
+        self._set_flag_in_tx(doc_id, "archived", False)
+        self.conn.execute("update documents set merged_into = null where id = ?", (doc_id,))
 
     def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
         """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
@@ -2892,9 +2903,8 @@ class Recall:
                              local_tz(self.cfg.forgetting.timezone))
         if window is None or window.keep_words:
             return self.seg.tokens(query), window
-        text = fold(query)
-        at = text.rfind(window[2])
-        return self.seg.tokens(text[:at] + " " + text[at + len(window[2]):]), window
+        at = query.rfind(window[2])  # the query is folded (query_text), as time_window saw it
+        return self.seg.tokens(query[:at] + " " + query[at + len(window[2]):]), window
 
     def _bounds(self, max_chars_per_hit, max_answer_tokens) -> tuple[int, int]:
         """(max characters per hit, max tokens of the answer's texts) for bound_hits: the arguments,
@@ -3031,13 +3041,13 @@ class Recall:
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not less
         relevant than [recall] min_relevance (calibrated_relevance, also put in their parts) or made
-        within the question's time window (time_boost). When
-        nothing is left, a warning says so and gives the best relevance."""
+        within the question's time window (time_boost). When nothing is left, a warning says so and
+        gives the best relevance."""
         coef = self.rules.relevance.get(self.embedder.model)
         stored = [] if q.vector is None else self.rows(self.queries["recall_vectors_of"],
                                                        {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: np.frombuffer(r["embedding"], np.float32) for r in stored}
-        kept, best = {}, None
+        kept = {}
         for i in pool:
             if i not in docs:
                 continue
@@ -3049,8 +3059,8 @@ class Recall:
             # made when the question says ("what happened yesterday?"): the time is the relevance
             if rel is None or rel >= self.cfg.recall.min_relevance or parts[i]["time_boost"]:
                 kept[i] = doc_tokens
-            best = rel if best is None or (rel is not None and rel > best) else best
-        if docs and not kept:
+        if docs and not kept:  # every one has a relevance, all below the threshold
+            best = max(parts[i]["relevance"] for i in pool if i in docs)
             q.warnings.append(f"nothing relevant: the best memory's relevance is {best:.2f}, below "
                               f"[recall] min_relevance = {self.cfg.recall.min_relevance}")
         return kept
@@ -3201,17 +3211,12 @@ class Recall:
 
     def _reinforce_atoms(self, doc_id: int, at: dt.datetime) -> int:
         """Reinforce the active atoms of memory `doc_id` (sql feedback_atoms) as Layers._stage_atoms
-        does for a repeat: reinforcement_count + 1, last_reinforced_at = `at`, expires_at = `at` + the
-        longer effective TTL. Atoms reinforced within FEEDBACK_ATOM_INTERVAL_DAYS are skipped.
-        Returns how many were reinforced. In tx."""
+        does for a repeat (Layers._reinforce_atom at `at`). Atoms reinforced within
+        FEEDBACK_ATOM_INTERVAL_DAYS are skipped. Returns how many were reinforced. In tx."""
         since = iso(at - dt.timedelta(days=FEEDBACK_ATOM_INTERVAL_DAYS))
         rows = self.rows(self.queries["feedback_atoms"], {"document_id": doc_id, "since": since})
         for a in rows:
-            count = a["reinforcement_count"] + 1
-            ttl = effective_ttl_days(a["base_ttl_days"], a["importance"], count)
-            self.conn.execute("update memory_atoms set reinforcement_count = ?, last_reinforced_at = ?, "
-                              "expires_at = ?, updated_at = ? where id = ?",
-                              (count, iso(at), iso(at + dt.timedelta(days=ttl)), iso(at), a["id"]))
+            self._reinforce_atom(a, iso(at))
         return len(rows)
 
 
@@ -3603,14 +3608,12 @@ class Forgetting:
             with self.tx() as c:
                 for m in json.loads(cons[0]["members"]):
                     if self.value("select 1 from documents where id = ?", (m,)):
-                        self._set_flag_in_tx(m, "archived", False)
-                        c.execute("update documents set merged_into = null where id = ?", (m,))
+                        self._unarchive_in_tx(m)
                         restored.append(m)
                 c.execute("delete from consolidations where survivor_id = ?", (doc_id,))
         if d["archived"]:
-            with self.tx() as c:
-                self._set_flag_in_tx(doc_id, "archived", False)
-                c.execute("update documents set merged_into = null where id = ?", (doc_id,))
+            with self.tx():
+                self._unarchive_in_tx(doc_id)
             restored.append(doc_id)
         return {"id": doc_id, "uid": d["uid"], "archived": False, "restored": restored}
 
