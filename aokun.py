@@ -3224,7 +3224,7 @@ class Recall:
 
 def fit_tokens(lines: list[str], budget: int) -> str:
     """Whole lines, in order, while the estimate stays within `budget`; a line that does not fit is
-    cut to what fits (with …) and nothing follows it."""
+    cut to what fits (cut_text: at a sentence end or a word, with …) and nothing follows it."""
     out, used = [], 0
     for line in lines:
         cost = estimate_tokens(line) + 1
@@ -3232,11 +3232,9 @@ def fit_tokens(lines: list[str], budget: int) -> str:
             out.append(line)
             used += cost
             continue
-        room = budget - used - 2
-        while line and estimate_tokens(line) > room:
-            line = line[: max(0, int(len(line) * 0.8) - 1)]
-        if line:
-            out.append(line + "…")
+        room = chars_within(line, budget - used - 2)  # less the line break and the …
+        if room > 1:
+            out.append(cut_text(line, room)[0])
         break
     return "\n".join(out)
 
