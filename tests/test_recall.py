@@ -780,9 +780,11 @@ def test_temporal_factor_in_sql_matches_ttl_factor(make, historical):
     assert len(seen) >= 3 and 0.0 in seen  # gone (expired/forgotten/superseded), fresh and decayed all occur
 
 
-def test_parallel_channels_answer_as_serial_ones_and_a_failing_channel_degrades(make, tmp_path):
+def test_parallel_channels_answer_as_serial_ones_and_a_failing_channel_degrades(make, tmp_path, monkeypatch):
     """Channels on worker connections (parallel_channels > 1) give exactly the serial answer; a
     channel whose SQL fails is named in `degraded` while the others still answer."""
+    # one clock for both files: memories stamped a second apart would differ in recency
+    monkeypatch.setenv("AOKUN_NOW", "2026-11-30T08:00:00Z")
     serial = make(tmp_path / "s.db", **{"recall.parallel_channels": 1, "recall.reinforce_on_recall": False})
     parallel = make(tmp_path / "p.db", **{"recall.parallel_channels": 4, "recall.reinforce_on_recall": False})
     for m in (serial, parallel):
