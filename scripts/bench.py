@@ -316,14 +316,17 @@ def recall(sizes, queries, k, channels, db_dir, rebuild):
         r = run_child(["_recall-one", "--db", str(db), "--queries", str(queries), "--k", str(k),
                        "--channels", channels])
         for setting, v in r["settings"].items():
-            rows.append([f"{size:,}", setting, v["p50_ms"], v["p95_ms"], v["real_p50_ms"], v["real_p95_ms"],
+            rows.append([f"{size:,}", setting, v["p50_ms"], v["p95_ms"], r["floor_p50_ms"], r["floor_p95_ms"],
+                         round(v["p50_ms"] / max(r["floor_p50_ms"], 1e-9), 1), v["real_p50_ms"], v["real_p95_ms"],
                          v["mean_hits"]])
         embed_rows.append([f"{size:,}", r["embed_p50_ms"], r["embed_p95_ms"], r["peak_rss_mb"]])
     print("\ncorpus build (provider: random 384-d vectors; memorize_many batches of 256)")
     print(table(["memories", "build s", "memories/s", "peak RSS MB", "db MB", "state"], builds))
     print(f"\nrecall latency, {queries} distinct queries, k={k}, cache off "
-          "(a = query embedding excluded, b = real local-model query embedding included)")
-    print(table(["memories", "channels", "a p50 ms", "a p95 ms", "b p50 ms", "b p95 ms", "hits"], rows))
+          "(a = query embedding excluded, b = real local-model query embedding included; floor = raw FTS5 "
+          "top-N + numpy brute-force KNN over the same file and queries, ratio = a p50 / floor p50)")
+    print(table(["memories", "channels", "a p50 ms", "a p95 ms", "floor p50", "floor p95", "ratio", "b p50 ms",
+                 "b p95 ms", "hits"], rows))
     print("\nlocal-model query embedding alone, and the recall process's peak RSS")
     print(table(["memories", "embed p50 ms", "embed p95 ms", "peak RSS MB"], embed_rows))
     print(machine())
@@ -351,6 +354,27 @@ def build_one(size, db, batch):
     print(json.dumps({"version": CORPUS_VERSION, "size": size, "seconds": round(seconds, 1),
                       "per_second": round(size / seconds, 1), "peak_rss_mb": peak_rss_mb(),
                       "db_mb": round(db.stat().st_size / 1e6, 1), **counts}))
+
+
+def recall_floor(mem, qs: list[str], emb) -> list[float]:
+    """Per query, the least any hybrid recall over this file must do, in ms: FTS5's own top-N
+    ([recall] channel_k) for the query's tokens, plus a numpy brute-force KNN (matrix product and
+    top-N) over every stored document vector, held in memory (loading them is not counted)."""
+    n = mem.cfg.recall.channel_k
+    matrix = np.stack([np.frombuffer(r["embedding"], np.float32) for r in mem.rows(
+        "select embedding from doc_vectors d join documents x on x.id = d.doc_id where x.persona_id = ?",
+        (PERSONA,))])
+    vectors = [emb.embed_query(q) for q in qs]
+    out = []
+    for q, v in zip(qs, vectors, strict=True):
+        match = aokun.fts_query(mem.seg.tokens(q))
+        t0 = time.perf_counter()
+        if match:
+            mem.rows("select rowid from documents_fts where documents_fts match ? order by rank limit ?", (match, n))
+        sims = matrix @ v
+        np.argpartition(-sims, min(n, len(sims) - 1))[:n]
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
 
 
 @cli.command("_recall-one", hidden=True)
@@ -387,8 +411,10 @@ def recall_one(db, queries, k, channels):
             res[label + "p95_ms"] = round(pctl(times, 0.95), 2)
             res["mean_hits"] = round(statistics.fmean(hits), 1)
         out[setting] = res
+    floor = recall_floor(mem, qs, random_emb)
     mem.close()
-    print(json.dumps({"settings": out, "embed_p50_ms": round(pctl(embed_ms, 0.5), 2),
+    print(json.dumps({"settings": out, "floor_p50_ms": round(pctl(floor, 0.5), 2),
+                      "floor_p95_ms": round(pctl(floor, 0.95), 2), "embed_p50_ms": round(pctl(embed_ms, 0.5), 2),
                       "embed_p95_ms": round(pctl(embed_ms, 0.95), 2), "peak_rss_mb": peak_rss_mb()}))
 
 
@@ -408,8 +434,19 @@ def startup(spawns, provider):
                        "clientInfo": {"name": "bench", "version": "0"}}}
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "memorize", "arguments": {"content": "Alice 喜欢冰美式 and oat milk"}}}
-    t_init, t_first = [], []
+    t_init, t_first, t_floor = [], [], []
+    floor_cmd = [sys.executable, "-c", "from mcp.server.mcpserver import MCPServer; MCPServer('floor').run()"]
     for _ in range(spawns):
+        started = time.perf_counter()  # the floor: a stdio server of the same SDK with nothing in it
+        proc = subprocess.Popen(floor_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            proc.stdin.write((_json.dumps(init) + "\n").encode())
+            proc.stdin.flush()
+            _json.loads(proc.stdout.readline())
+            t_floor.append((time.perf_counter() - started) * 1000)
+        finally:
+            proc.kill()
+            proc.wait()
         with _tempfile.TemporaryDirectory(prefix="aokun-bench-start-") as tmp:
             ini = Path(tmp) / "aokun.ini"
             ini.write_text(f"[embedding]\nprovider = {provider}\n[backup]\ndaily = false\n", encoding="utf-8")
@@ -432,9 +469,13 @@ def startup(spawns, provider):
                 proc.kill()
                 proc.wait()
     print(machine())
-    print(table(["stdio server, fresh db", "median ms", "max ms"],
-                [["spawn -> initialize answered", f"{statistics.median(t_init):.0f}", f"{max(t_init):.0f}"],
-                 ["spawn -> first memorize answered", f"{statistics.median(t_first):.0f}", f"{max(t_first):.0f}"]]))
+    floor = statistics.median(t_floor)
+    print(table(["stdio server, fresh db", "median ms", "max ms", "ratio to floor"],
+                [["floor: an empty server of the same SDK", f"{floor:.0f}", f"{max(t_floor):.0f}", "1.0"],
+                 ["spawn -> initialize answered", f"{statistics.median(t_init):.0f}", f"{max(t_init):.0f}",
+                  f"{statistics.median(t_init) / floor:.1f}"],
+                 ["spawn -> first memorize answered", f"{statistics.median(t_first):.0f}", f"{max(t_first):.0f}",
+                  f"{statistics.median(t_first) / floor:.1f}"]]))
 
 
 if __name__ == "__main__":
