@@ -4793,20 +4793,45 @@ class BearerToken:
         await self.app(scope, receive, send)
 
 
+def is_loopback(host: str) -> bool:
+    """True when `host` (a bind address or Host name, brackets allowed: "[::1]") is loopback only:
+    localhost, 127.0.0.0/8 or ::1. A wildcard (0.0.0.0, ::), a LAN address or another name is not."""
+    import ipaddress
+    name = host.strip().removeprefix("[").removesuffix("]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def http_app(server, cfg: Config, host: str, port: int):
-    """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host` (`port` is not used
-    here): DNS-rebinding protection on (Host and Origin must be a loopback host, any port, or an
-    entry of the comma list [server] allowed_hosts), and a bearer token required (BearerToken)
-    when [server] token / token_env is set."""
+    """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host`:`port`, with the SDK's
+    DNS-rebinding protection: the Host header must be a loopback name (any port), the bind address
+    (unless a wildcard) or an entry of the comma list [server] allowed_hosts (421 otherwise); an
+    Origin header, when sent (browsers do), must be the server's own origin, http://<loopback or
+    bind address>:`port` (not another local port), or http(s)://<an allowed_hosts entry> (403
+    otherwise). A bearer token is required (BearerToken, 401) when [server] token / token_env is set.
+
+    Raises AokunError when `host` is not loopback and no token is set: anyone who can reach the
+    port would get full read, write and delete."""
     from mcp.server.transport_security import TransportSecuritySettings
 
-    hosts = ["127.0.0.1:*", "localhost:*", "[::1]:*"] + \
-            [h.strip() for h in cfg.server.allowed_hosts.split(",") if h.strip()]
-    origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]
+    token = cfg.secret("server", "token", "token_env")
+    if not token and not is_loopback(host):
+        env = cfg.server.token_env
+        raise AokunError(f"serving HTTP on {host} (not loopback) needs a token: set [server] token"
+                         + (f" or ${env}" if env else "") + " (clients send Authorization: Bearer <token>), "
+                         "or serve on 127.0.0.1")
+    loopback = ["127.0.0.1", "localhost", "[::1]"]
+    bind = [] if host in ("0.0.0.0", "::", "") or is_loopback(host) else [f"[{host}]" if ":" in host else host]
+    extra = [h.strip() for h in cfg.server.allowed_hosts.split(",") if h.strip()]
+    hosts = [f"{h}:*" for h in loopback + bind] + extra
+    origins = [f"http://{h}:{port}" for h in loopback + bind] + [f"{s}://{h}" for h in extra for s in ("http", "https")]
     security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
                                          allowed_origins=origins)
     app = server.streamable_http_app(transport_security=security, host=host)
-    token = cfg.secret("server", "token", "token_env")
     return BearerToken(app, token) if token else app
 
 

@@ -124,3 +124,45 @@ async def test_http_allowed_hosts(tmp_path):
         assert (await post_initialize(url, {"Host": f"box.local:{port}",
                                             "Origin": f"http://box.local:{port}"})).status_code == 200
         assert (await post_initialize(url, {"Host": f"evil.example:{port}"})).status_code == 421
+
+
+async def test_http_origin_must_be_the_servers_own(tmp_path):
+    """A browser page on another local port (or scheme) must not drive the server: only the server's
+    own origin passes; requests without Origin (non-browser clients) still work."""
+    with anyio.fail_after(60), http_server(tmp_path) as (url, port, db, ini):
+        other = free_port()
+        for origin in (f"http://127.0.0.1:{other}", f"http://localhost:{other}", f"http://[::1]:{other}",
+                       f"https://127.0.0.1:{port}", "http://127.0.0.1", "null", f"http://127.0.0.1:{port}.evil.example"):
+            r = await post_initialize(url, {"Origin": origin})
+            assert r.status_code == 403, (origin, r.status_code, r.text)
+        for origin in (f"http://127.0.0.1:{port}", f"http://localhost:{port}"):
+            assert (await post_initialize(url, {"Origin": origin})).status_code == 200, origin
+        assert (await post_initialize(url, {})).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7", "myhost.example"])
+def test_http_refuses_a_non_loopback_bind_without_a_token(tmp_path, host):
+    ini = write_ini(tmp_path, "none")
+    r = subprocess.run([sys.executable, *serve_args(tmp_path / "h.db", ini, "--http", "--host", host,
+                                                    "--port", str(free_port()))],
+                       cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert host in lines[0] and "[server] token" in lines[0] and "$AOKUN_TOKEN" in lines[0], lines[0]
+    assert not (tmp_path / "h.db").exists()
+
+
+def test_http_app_non_loopback_needs_a_token_and_loopback_does_not(tmp_path):
+    assert [h for h in ("127.0.0.1", "127.8.9.10", "localhost", "LOCALHOST", "::1", "[::1]")
+            if not aokun.is_loopback(h)] == []
+    assert [h for h in ("0.0.0.0", "::", "", "10.0.0.1", "192.168.1.5", "fe80::1", "localhost.evil.example",
+                        "127.0.0.1.evil.example") if aokun.is_loopback(h)] == []
+    plain = aokun.Config(write_ini(tmp_path, "none"))
+    server = aokun.build_server(lambda: None, plain)
+    aokun.http_app(server, plain, "127.0.0.1", 5123)
+    with pytest.raises(aokun.AokunError, match=r"\[server\] token"):
+        aokun.http_app(server, plain, "0.0.0.0", 5123)
+    tokened = aokun.Config(write_ini(tmp_path, "none", server={"token": "s3cret"}))
+    assert isinstance(aokun.http_app(aokun.build_server(lambda: None, tokened), tokened, "0.0.0.0", 5123),
+                      aokun.BearerToken)
