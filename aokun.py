@@ -306,6 +306,53 @@ DEFAULTS: dict[str, dict[str, object]] = {
 }
 
 
+#: The allowed range of every numeric setting: "lo..hi" (both included), ">= lo" or "> lo". A value
+#: from the ini file outside it is an AokunError naming [section] key and the range.
+RANGES: dict[str, dict[str, str]] = {
+    "storage": {"busy_timeout_ms": ">= 0"},
+    "embedding": {"dimensions": ">= 0", "batch_size": ">= 1", "timeout_seconds": "> 0", "max_retries": ">= 0",
+                  "max_chars": ">= 1", "max_tokens": ">= 1", "cache_size": ">= 0", "context_turns": ">= 0",
+                  "context_chars": ">= 0"},
+    "write": {"write_op_max_retries": ">= 0", "reinforce_jaccard": "0..1", "reinforce_min_tokens": ">= 0",
+              "max_auto_facts": ">= 0", "default_importance": "0..1", "max_content_chars": ">= 1",
+              "graph_summary_chars": ">= 1"},
+    "recall": {"rrf_k": ">= 1", "channel_k": ">= 1", "vector_candidates": ">= 1", "parallel_channels": ">= 1",
+               "weight_bm25": ">= 0", "weight_vector": ">= 0", "weight_graph_keyword": ">= 0",
+               "weight_graph_vector": ">= 0", "session_neighbour_weight": ">= 0", "temporal_floor": "0..1",
+               "score_alpha": ">= 0", "score_beta": ">= 0", "score_gamma": ">= 0", "graph_rrf_weight": ">= 0",
+               "graph_importance_weight": ">= 0", "graph_recency_weight": ">= 0",
+               "graph_confidence_weight": ">= 0", "doc_route_weight": ">= 0", "graph_route_weight": ">= 0",
+               "cross_route_bonus": ">= 0", "time_window_boost": ">= 0", "min_relevance": "0..1",
+               "recency_days": "> 0", "mmr_lambda": "0..1", "graph_expansion_limit": ">= 0",
+               "graph_hub_limit": ">= 1", "graph_extra_entry_boost": ">= 0", "cache_ttl_seconds": ">= 0",
+               "cache_size": ">= 0", "max_k": ">= 1", "score_delta": ">= 0", "source_boost_chat": ">= 0",
+               "source_boost_import": ">= 0", "source_boost_default": ">= 0", "pin_similarity_threshold": "-1..1",
+               "query_last_line_weight": ">= 0", "max_chars_per_hit": ">= 0", "max_answer_tokens": ">= 0",
+               "feedback_importance_step": "0..1"},
+    # the token budgets: at least CONTEXT_TOKENS_MIN, what memory_context accepts as max_tokens
+    "context": {"quick_tokens": ">= 50", "chat_tokens": ">= 50", "coding_tokens": ">= 50", "project_tokens": ">= 50",
+                "briefing_regen_interval_minutes": ">= 0", "briefing_recent_days": ">= 0",
+                "briefing_max_recent": ">= 0", "briefing_importance": "0..1"},
+    "llm": {"timeout_seconds": "> 0", "max_retries": ">= 0"},
+    "forgetting": {"decay_rate": "0..1", "decay_hour": "0..23", "decay_minute": "0..59",
+                   "access_decay_window_days": ">= 0", "access_count_decay_multiplier": ">= 0",
+                   "cleanup_days_threshold": ">= 0", "cleanup_importance_threshold": "0..1",
+                   "atom_maintenance_interval_hours": ">= 0", "atom_forget_delay_days": ">= 0",
+                   "atom_purge_delay_days": ">= 0", "scheduler_interval_seconds": "> 0"},
+    "backup": {"keep_days": ">= 1"},
+    "server": {"port": "1..65535"},
+}
+
+
+def in_range(value: float, allowed: str) -> bool:
+    """Whether `value` lies in a RANGES entry: "lo..hi" (inclusive), ">= lo" or "> lo"."""
+    if ".." in allowed:
+        lo, hi = allowed.split("..")
+        return float(lo) <= value <= float(hi)
+    op, _, lo = allowed.partition(" ")
+    return value >= float(lo) if op == ">=" else value > float(lo)
+
+
 class Config:
     """Settings from an ini file over DEFAULTS. Access as `cfg.recall.rrf_k`.
 
@@ -319,7 +366,7 @@ class Config:
         if path:
             if not path.exists():
                 raise AokunError(f"config file {path} does not exist; copy aokun.example.ini to create one")
-            parser.read(path, encoding="utf-8")
+            self._parse(parser, path)
         values: dict[str, dict[str, object]] = {s: dict(kv) for s, kv in DEFAULTS.items()}
         for section in parser.sections():
             if section not in DEFAULTS:
@@ -333,6 +380,20 @@ class Config:
         for section, kv in values.items():
             setattr(self, section, _Section(kv))
 
+    @staticmethod
+    def _parse(parser: configparser.ConfigParser, path: Path) -> None:
+        """Read the ini file at `path` into `parser`. AokunError in one line for a file that cannot be
+        read or is not an ini file (a setting before any [section], a line without `=`, a repeat)."""
+        try:
+            parser.read_string(path.read_text(encoding="utf-8"), source=str(path))
+        except configparser.MissingSectionHeaderError as e:
+            raise AokunError(f"{path} line {e.lineno}: {e.line.strip()!r} comes before any [section] header; "
+                             "settings go under one, like [storage]") from None
+        except configparser.Error as e:
+            raise AokunError(f"{path} is not a valid ini file: {_one_line(str(e), 300)}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise AokunError(f"config file {path} cannot be read: {_one_line(str(e), 300)}") from None
+
     def _coerce(self, section: str, key: str, raw: str):
         default = DEFAULTS[section][key]
         try:
@@ -341,13 +402,15 @@ class Config:
                 if low not in ("true", "false", "yes", "no", "on", "off", "1", "0"):
                     raise ValueError(raw)
                 return low in ("true", "yes", "on", "1")
-            if isinstance(default, int):
-                return int(raw)
-            if isinstance(default, float):
-                return float(raw)
+            value = int(raw) if isinstance(default, int) else float(raw) if isinstance(default, float) else None
         except ValueError:
             raise AokunError(f"{self.path}: [{section}] {key} = {raw!r} is not a {type(default).__name__}") from None
-        return raw.strip()
+        if value is None:
+            return raw.strip()
+        allowed = RANGES[section][key]
+        if not math.isfinite(value) or not in_range(value, allowed):
+            raise AokunError(f"{self.path}: [{section}] {key} = {raw.strip()} is out of range; allowed: {allowed}")
+        return value
 
     def resolve(self, value: str) -> Path:
         """A path setting, made absolute against the config file's folder."""
@@ -405,20 +468,30 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
     WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest schema,
     unless `reader` (a query-only connection for recall channels, opened after the main one).
 
-    Raises SchemaError when the file comes from a newer Aokun."""
+    Raises SchemaError when the file comes from a newer Aokun, AokunError (one line naming the file)
+    when its folder cannot be created, it cannot be opened or it is not an SQLite database."""
     import sqlite_vec
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = apsw.Connection(str(path))
-    conn.set_busy_timeout(busy_timeout_ms)
-    conn.enable_load_extension(True)
-    conn.load_extension(sqlite_vec.loadable_path())
-    conn.enable_load_extension(False)
-    conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
-    conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
-    conn.pragma("foreign_keys", "ON")
-    if conn.pragma("journal_mode") != "wal":
-        conn.pragma("journal_mode", "wal")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror or e
+        raise AokunError(f"database {path}: its folder {path.parent} cannot be created ({why}); "
+                         "choose another --db or [storage] db") from None
+    try:
+        conn = apsw.Connection(str(path))
+        conn.set_busy_timeout(busy_timeout_ms)
+        conn.enable_load_extension(True)
+        conn.load_extension(sqlite_vec.loadable_path())
+        conn.enable_load_extension(False)
+        conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+        conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+        conn.pragma("foreign_keys", "ON")
+        if conn.pragma("journal_mode") != "wal":
+            conn.pragma("journal_mode", "wal")
+    except (apsw.NotADBError, apsw.CantOpenError) as e:
+        what = "is not an SQLite database" if isinstance(e, apsw.NotADBError) else "cannot be opened"
+        raise AokunError(f"database {path} {what} ({e}); choose another --db or [storage] db") from None
     conn.pragma("synchronous", {"full": 2, "normal": 1}.get(synchronous, 2))
     if reader:
         conn.pragma("query_only", True)
@@ -1293,7 +1366,7 @@ class Store:
             raise InputError("id", f"expected an integer memory id, got {doc_id!r}")
         rows = self.rows("select * from documents where id = ?", (doc_id,)) if 0 < doc_id <= MAX_ID else []
         if not rows or (persona is not None and rows[0]["persona_id"] != persona):
-            raise NotFound(f"no memory with id {doc_id}; `aokun list` shows the ids")
+            raise NotFound(f"no memory with id {doc_id}; `python aokun.py list` shows the ids")
         d = rows[0]
         for k in ("topics", "key_facts", "participants", "tags"):
             d[k] = json.loads(d[k])
@@ -1310,9 +1383,12 @@ class Store:
 
     def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
              session_id: str | None = None, include_archived: bool = False) -> list[dict]:
-        """Memories newest first (by created_at), without atoms/graph detail."""
+        """Memories newest first (by created_at), without atoms/graph detail. Raises InputError for a
+        limit outside 1..LIST_LIMIT_MAX or an offset above MAX_ID."""
         if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
             raise InputError("limit", f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
+        if not isinstance(offset, int) or offset > MAX_ID:
+            raise InputError("offset", f"expected an integer from 0 to {MAX_ID}, got {offset!r}")
         return self.rows(self.queries["list_memories"], {
             "persona_id": persona_id, "session_id": session_id, "include_archived": int(include_archived),
             "limit": limit, "offset": max(0, offset)})
@@ -1352,8 +1428,8 @@ class Vectors:
         if int(stored_dim) != e.dim or stored_model != e.model:
             self.vector_problem = (
                 f"the database holds {stored_dim}-d vectors from {stored_model!r} but the configured "
-                f"embedder {e.model!r} makes {e.dim or '?'}-d vectors; run `aokun rebuild --vectors` to re-embed "
-                "every memory (stored memories are untouched; recall uses keyword channels until then)")
+                f"embedder {e.model!r} makes {e.dim or '?'}-d vectors; run `python aokun.py rebuild --vectors` "
+                "to re-embed every memory (stored memories are untouched; recall uses keyword channels until then)")
             log.error("%s", self.vector_problem)
 
     def _upgrade_vector_index(self) -> None:
@@ -4350,15 +4426,27 @@ def _meta(metadata) -> dict:
     return {} if metadata is None else metadata.model_dump(exclude_none=True)
 
 
+#: The CLI commands that messages name, and the MCP tool that does the same for an MCP client.
+CLI_TO_TOOL = {"`python aokun.py list`": "`list_memories`", "`python aokun.py show ID`": "`get_memory`"}
+
+
+def for_mcp(message: str) -> str:
+    """An AokunError message as an MCP client reads it: a CLI command that has an MCP tool
+    (CLI_TO_TOOL) named as that tool; commands without one (rebuild) stay as they are."""
+    for command, tool in CLI_TO_TOOL.items():
+        message = message.replace(command, tool)
+    return message
+
+
 def _on_memory(ctx, fn):
     """fn(memory) on the Memory of the lifespan serving this tool call. `ctx` is the SDK Context the
     tool received; its request_context.lifespan_context is the ServerState that lifespan yielded.
-    An AokunError becomes a ToolError with the same message (an is_error result for the client)."""
+    An AokunError becomes a ToolError with its message for_mcp (an is_error result for the client)."""
     from mcp.server.mcpserver.exceptions import ToolError
     try:
         return fn(ctx.request_context.lifespan_context.memory)
     except AokunError as e:
-        raise ToolError(str(e)) from None
+        raise ToolError(for_mcp(str(e))) from None
 
 
 # Tool families. Each tool is a sync function (the SDK runs it in a worker thread; the Memory
@@ -4709,7 +4797,7 @@ def _add_resources(server, memory) -> None:
         try:
             return json.dumps(memory().get(id), ensure_ascii=False)
         except NotFound as e:
-            raise ResourceNotFoundError(str(e)) from None
+            raise ResourceNotFoundError(for_mcp(str(e))) from None
 
 
 def build_server(memory_factory, cfg: Config):
@@ -5171,7 +5259,7 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
     cut = [str(h["id"]) for h in out["results"] if h["truncated"]]
     if cut:
         click.echo(f"cut to keep the answer short (--json: truncated): {', '.join(cut)}; "
-                   "`aokun show ID` prints one whole", err=True)
+                   "`python aokun.py show ID` prints one whole", err=True)
 
 
 @cli.command()
@@ -5533,7 +5621,7 @@ def consolidate(state, apply, persona):
 @cli.command()
 @click.option("--http", "use_http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
 @click.option("--host", help="HTTP host (default [server] host, 127.0.0.1).")
-@click.option("--port", type=int, help="HTTP port (default [server] port, 5123).")
+@click.option("--port", type=click.IntRange(1, 65535), help="HTTP port (default [server] port, 5123).")
 @click.pass_obj
 def serve(state, use_http, host, port):
     """Run the MCP server: stdio (what MCP clients launch) or --http.

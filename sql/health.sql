@@ -1,5 +1,5 @@
--- Counts and consistency checks behind `aokun stats` and `aokun doctor`; what recovery at open
--- and `aokun rebuild` read.
+-- Counts and consistency checks behind `python aokun.py stats` and `python aokun.py doctor`; what recovery at open
+-- and `python aokun.py rebuild` read.
 -- Every query runs as-is in the sqlite3 shell (the *_vector_* ones need vec0 loaded).
 
 -- name: stats_counts
@@ -68,14 +68,14 @@ union all
 select 'failed writes in the journal (see memory_write_ops.error)',
        count(*) from memory_write_ops where status = 'failed'
 union all
-select 'documents awaiting vectors (run `aokun rebuild --vectors` or restart with the embedder available)',
+select 'documents awaiting vectors (run `python aokun.py rebuild --vectors` or restart with the embedder available)',
        count(*) from documents where embedding_state = 'pending';
 
 -- name: doctor_vector_checks
 select 'documents marked embedded without a vector' as problem,
        count(*) as n from documents where embedding_state = 'done' and id not in (select doc_id from doc_vectors)
 union all
-select 'document vectors missing from the KNN index (run `aokun rebuild --vectors`)',
+select 'document vectors missing from the KNN index (run `python aokun.py rebuild --vectors`)',
        count(*) from doc_vectors where doc_id not in (select doc_id from doc_vec)
 union all
 select 'KNN index rows without a document vector',
@@ -84,14 +84,14 @@ union all
 select 'graph entries marked embedded without a vector',
        count(*) from graph_entries where embedding_state = 'done' and id not in (select entry_id from graph_vectors)
 union all
-select 'graph vectors missing from the KNN index (run `aokun rebuild --vectors`)',
+select 'graph vectors missing from the KNN index (run `python aokun.py rebuild --vectors`)',
        count(*) from graph_vectors where entry_id not in (select entry_id from graph_vec)
 union all
 select 'graph KNN index rows without an entry vector',
        count(*) from graph_vec where entry_id not in (select entry_id from graph_vectors);
 
 -- name: journal_unfinished
--- Recovery at open (Journal.recover, also behind `aokun rebuild --fts`) reads this and the three
+-- Recovery at open (Journal.recover, also behind `python aokun.py rebuild --fts`) reads this and the three
 -- *_missing_fts queries. This one: the journal rows of writes not finished yet (crashed, or still
 -- running in another process), oldest first.
 select * from memory_write_ops where status not in ('done', 'failed') order by id;

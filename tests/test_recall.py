@@ -698,7 +698,7 @@ def test_recall_cli_marks_cut_texts(cli):
     r = cli("recall", "lantern")
     lines = r.stdout.splitlines()
     assert len(lines) == 2 and {line[-1] for line in lines} == {"…", "e"}  # the big one cut for the screen
-    assert "truncated" in r.stderr and "aokun show" in r.stderr
+    assert "truncated" in r.stderr and "python aokun.py show" in r.stderr
 
 
 def test_context_cli_says_the_briefing_age(cli):

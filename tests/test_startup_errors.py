@@ -1,0 +1,143 @@
+"""What goes wrong before any work starts reaches the user as one line, never a traceback: a broken
+ini file, a setting out of its range, a --db that is no database or cannot be made, numbers beyond
+SQLite's range; error hints name commands that exist (`python aokun.py …`, or the MCP tool)."""
+
+import subprocess
+import sys
+
+import anyio
+import pytest
+from mcp import Client
+
+import aokun
+from fakes import FakeEmbedder
+from mcp_procs import AOKUN, REPO, child_env, write_ini
+
+BIG = 2 ** 63
+
+
+def run(*args, env=None) -> subprocess.CompletedProcess:
+    """`python aokun.py ARGS...` as a child process, text output captured."""
+    return subprocess.run([sys.executable, AOKUN, *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                          encoding="utf-8", timeout=120, stdin=subprocess.DEVNULL, env=env or child_env())
+
+
+def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
+    """Assert `r` failed with exactly one stderr line holding every needle, and no traceback."""
+    assert r.returncode != 0, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def test_an_ini_without_a_section_header(tmp_path):
+    ini = tmp_path / "headless.ini"
+    ini.write_text("db = data/x.db\n[storage]\n", encoding="utf-8")
+    one_line_error(run("--db", tmp_path / "a.db", "--config", ini, "stats"), str(ini), "line 1", "[section]")
+
+
+def test_an_ini_with_a_repeated_section(tmp_path):
+    ini = tmp_path / "twice.ini"
+    ini.write_text("[storage]\n[storage]\n", encoding="utf-8")
+    one_line_error(run("--db", tmp_path / "a.db", "--config", ini, "stats"), str(ini), "storage")
+
+
+def test_db_that_is_not_an_sqlite_file(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("just some notes, not a database\n" * 50, encoding="utf-8")
+    one_line_error(run("--db", notes, "--config", write_ini(tmp_path), "stats"), str(notes), "not an SQLite database")
+    assert notes.read_text(encoding="utf-8").startswith("just some notes")
+
+
+def test_db_in_a_folder_that_cannot_be_created(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x", encoding="utf-8")
+    db = blocker / "sub" / "m.db"
+    one_line_error(run("--db", db, "--config", write_ini(tmp_path), "memorize", "hello"), str(db), "folder")
+
+
+def test_port_out_of_range_in_the_ini(tmp_path):
+    ini = write_ini(tmp_path, server={"port": 99999})
+    one_line_error(run("--db", tmp_path / "a.db", "--config", ini, "serve", "--http"),
+                   str(ini), "[server] port", "1..65535")
+
+
+@pytest.mark.parametrize(("section", "key", "value", "allowed"), [
+    ("recall", "recency_days", "0", "> 0"),
+    ("recall", "recency_days", "nan", "> 0"),
+    ("recall", "min_relevance", "1.5", "0..1"),
+    ("recall", "weight_bm25", "-0.5", ">= 0"),
+    ("recall", "max_k", "0", ">= 1"),
+    ("embedding", "batch_size", "-1", ">= 1"),
+    ("write", "max_auto_facts", "-3", ">= 0"),
+    ("context", "chat_tokens", "10", ">= 50"),
+    ("forgetting", "decay_hour", "24", "0..23"),
+    ("forgetting", "scheduler_interval_seconds", "inf", "> 0"),
+    ("backup", "keep_days", "0", ">= 1"),
+])
+def test_settings_out_of_range(tmp_path, section, key, value, allowed):
+    ini = write_ini(tmp_path, **{section: {key: value}})
+    one_line_error(run("--db", tmp_path / "a.db", "--config", ini, "stats"),
+                   str(ini), f"[{section}] {key} = {value}", f"allowed: {allowed}")
+
+
+def test_every_numeric_setting_has_a_range_its_default_is_in(tmp_path):
+    numeric = {(s, k) for s, kv in aokun.DEFAULTS.items() for k, v in kv.items()
+               if isinstance(v, int | float) and not isinstance(v, bool)}
+    ranged = {(s, k) for s, kv in aokun.RANGES.items() for k in kv}
+    assert numeric == ranged
+    assert [sk for sk in numeric if not aokun.in_range(aokun.DEFAULTS[sk[0]][sk[1]], aokun.RANGES[sk[0]][sk[1]])] == []
+    edges = aokun.Config(write_ini(tmp_path, recall={"min_relevance": 1, "mmr_lambda": 0}, server={"port": 65535}))
+    assert (edges.recall.min_relevance, edges.recall.mmr_lambda, edges.server.port) == (1.0, 0.0, 65535)
+
+
+@pytest.mark.parametrize("args", [("show", BIG), ("delete", BIG), ("pin", BIG), ("feedback", BIG),
+                                  ("edit", BIG, "--summary", "x"), ("kg", "invalidate", BIG)])
+def test_ids_beyond_sqlite_rowids_on_the_cli(tmp_path, args):
+    one_line_error(run("--db", tmp_path / "a.db", "--config", write_ini(tmp_path), *args), str(BIG))
+
+
+def test_list_offset_beyond_sqlite_integers(tmp_path):
+    one_line_error(run("--db", tmp_path / "a.db", "--config", write_ini(tmp_path), "list", "--offset", BIG), "offset")
+
+
+def test_hints_name_a_command_that_exists(tmp_path):
+    line = one_line_error(run("--db", tmp_path / "a.db", "--config", write_ini(tmp_path), "show", "42"),
+                          "no memory with id 42", "`python aokun.py list`")
+    assert "`aokun " not in line
+    hints = [line for p in [aokun.__file__, *aokun.SQL_DIR.glob("*.sql")]
+             for line in open(p, encoding="utf-8") if "`aokun " in line and not line.lstrip().startswith("--")]
+    assert hints == []
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_mcp_ids_and_offsets_beyond_sqlite_integers_are_tool_errors(tmp_path, segmenter):
+    cfg = aokun.Config(None, overrides={("server", "exposed_tools"): "all", ("backup", "dir"): str(tmp_path / "bk"),
+                                        ("backup", "daily"): False})
+
+    def factory():
+        m = aokun.Memory(tmp_path / "m.db", cfg, embedder=FakeEmbedder(16))
+        m.seg = segmenter
+        return m
+
+    with anyio.fail_after(60):
+        async with Client(aokun.build_server(factory, cfg)) as c:
+            for tool, args, needle in [("get_memory", {"id": BIG}, f"id {BIG}"),
+                                       ("delete_memory", {"id": BIG}, f"id {BIG}"),
+                                       ("memory_feedback", {"ids": [BIG]}, f"id {BIG}"),
+                                       ("list_memories", {"offset": BIG}, "offset")]:
+                r = await c.call_tool(tool, args)
+                assert r.is_error is True, (tool, r)
+                text = r.content[0].text
+                assert needle in text and "Traceback" not in text and "OverflowError" not in text, (tool, text)
+            # over MCP the hint names the tool, not a shell command
+            text = (await c.call_tool("get_memory", {"id": 42})).content[0].text
+            assert "`list_memories`" in text and "aokun.py" not in text, text
