@@ -631,15 +631,19 @@ def query_text(value, field_name: str = "query") -> str:
     return fold(clean_text(value, field_name))
 
 
-def user_cache_dir() -> Path:
-    """A writable per-user cache folder ($XDG_CACHE_HOME/aokun or ~/.cache/aokun, else a per-uid
-    folder in the temp dir), so two users on one host never fight over jieba's cache file."""
+def user_cache_dir() -> Path | None:
+    """A writable per-user cache folder: $XDG_CACHE_HOME/aokun or ~/.cache/aokun, else a per-uid
+    folder in the temp dir ($TMPDIR when set, else the system's), so two users on one host never
+    fight over jieba's cache file. None when none of them can be written (read-only home and temp
+    dir): a warning, once per process, and jieba then builds its dictionary without a cache."""
     candidates = []
     if os.environ.get("XDG_CACHE_HOME"):
         candidates.append(Path(os.environ["XDG_CACHE_HOME"]) / "aokun")
-    candidates.append(Path.home() / ".cache" / "aokun")
+    with contextlib.suppress(RuntimeError, KeyError):  # no $HOME and no passwd entry
+        candidates.append(Path.home() / ".cache" / "aokun")
     uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
-    candidates.append(Path(tempfile.gettempdir()) / f"aokun-{uid}")
+    with contextlib.suppress(OSError):  # gettempdir raises when no temp dir is usable at all
+        candidates.append(Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / f"aokun-{uid}")
     for c in candidates:
         try:
             c.mkdir(parents=True, exist_ok=True)
@@ -647,13 +651,22 @@ def user_cache_dir() -> Path:
                 return c
         except OSError:
             continue
-    raise AokunError("no writable cache folder; set XDG_CACHE_HOME to a folder you can write")
+    _warn_once(f"no writable cache folder ({', '.join(map(str, candidates))}): jieba loads without its "
+               "cache (about 1 s more per start); set XDG_CACHE_HOME or [text] jieba_cache_dir to a writable folder")
+    return None
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """log.warning(message), only the first time this process sees that message."""
+    log.warning("%s", message)
 
 
 class Segmenter:
     """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary.
 
-    jieba loads lazily on first use (about 1 s, from a per-user cache) and logs only to stderr."""
+    jieba loads lazily on first use (about 1 s, from a per-user cache: `cache_dir`, else
+    user_cache_dir(); without a writable one it builds its dictionary uncached) and logs only to stderr."""
 
     def __init__(self, stopwords_path: Path | None = None, userdict_path: Path | None = None,
                  cache_dir: Path | None = None):
@@ -677,9 +690,14 @@ class Segmenter:
                     logging.getLogger("jieba").setLevel(logging.WARNING)
                     jieba.setLogLevel(logging.WARNING)
                     tk = jieba.Tokenizer()
-                    tk.tmp_dir = str(self.cache_dir or user_cache_dir())
+                    cache = self.cache_dir or user_cache_dir()
                     with contextlib.redirect_stdout(sys.stderr):
-                        tk.initialize()
+                        if cache:
+                            tk.tmp_dir = str(cache)
+                            tk.initialize()
+                        else:  # what initialize() does, without reading or writing a cache file
+                            tk.FREQ, tk.total = tk.gen_pfdict(tk.get_dict_file())
+                            tk.initialized = True
                         if self.userdict_path and self.userdict_path.exists():
                             lines = self.userdict_path.read_text(encoding="utf-8").splitlines()
                             kept = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]

@@ -141,3 +141,35 @@ async def test_mcp_ids_and_offsets_beyond_sqlite_integers_are_tool_errors(tmp_pa
             # over MCP the hint names the tool, not a shell command
             text = (await c.call_tool("get_memory", {"id": 42})).content[0].text
             assert "`list_memories`" in text and "aokun.py" not in text, text
+
+
+def unwritable_folder(tmp_path):
+    """A folder path nothing can be created in: a 0o555 folder, or (as root, whom chmod does not
+    stop) a path below a plain file."""
+    ro = tmp_path / "read-only"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        (ro / "probe").mkdir()
+    except OSError:
+        return ro
+    (ro / "probe").rmdir()
+    ro.chmod(0o755)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder", encoding="utf-8")
+    return blocker
+
+
+def test_no_writable_home_or_temp_dir_still_memorizes_and_recalls(tmp_path):
+    nowhere = unwritable_folder(tmp_path)
+    env = child_env(HOME=nowhere, TMPDIR=nowhere)
+    env.pop("XDG_CACHE_HOME", None)
+    db, ini = tmp_path / "w" / "m.db", write_ini(tmp_path)
+    w = run("--db", db, "--config", ini, "memorize", "小李周末喜欢去滑雪", env=env)
+    r = run("--db", db, "--config", ini, "recall", "滑雪", env=env)
+    for out in (w, r):
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+        [warning] = [line for line in out.stderr.splitlines() if " WARNING " in line]  # once (degraded: … too)
+        assert "no writable cache folder" in warning and str(nowhere) in warning, warning
+    assert w.stdout.strip() == "1" and "小李周末喜欢去滑雪" in r.stdout
+    assert [p.name for p in tmp_path.iterdir() if "jieba" in p.name or "aokun-" in p.name] == []
