@@ -5642,7 +5642,8 @@ def consolidate(state, apply, persona):
 @click.option("--port", type=click.IntRange(1, 65535), help="HTTP port (default [server] port, 5123).")
 @click.pass_obj
 def serve(state, use_http, host, port):
-    """Run the MCP server: stdio (what MCP clients launch) or --http.
+    """Run the MCP server: stdio (what MCP clients launch) or --http. Any --host but loopback needs
+    [server] token (or the variable [server] token_env names, $AOKUN_TOKEN).
 
     Example:
 
@@ -5653,13 +5654,19 @@ def serve(state, use_http, host, port):
     cfg = state.cfg
     logging.getLogger().setLevel(cfg.server.log_level.upper())
     path = database_path(cfg, state.db_arg)
-    server = build_server(lambda: Memory(path, cfg), cfg)
+    first: list[Memory] = []  # --http: opened before uvicorn, whose lifespan would log a traceback
+
+    def memory_factory() -> Memory:
+        return first.pop() if first else Memory(path, cfg)
+
+    server = build_server(memory_factory, cfg)
     if not use_http:
         server.run()
         return
     import uvicorn
     host, port = host or cfg.server.host, port or cfg.server.port
     app = http_app(server, cfg, host, port)
+    first.append(Memory(path, cfg))
     log.warning("Aokun MCP over HTTP at http://%s:%s/mcp (database %s)", host, port, path)
     uvicorn.run(app, host=host, port=port, log_level=cfg.server.log_level.lower())
 

@@ -11,7 +11,7 @@ from mcp import Client
 
 import aokun
 from fakes import FakeEmbedder
-from mcp_procs import AOKUN, REPO, child_env, write_ini
+from mcp_procs import AOKUN, REPO, child_env, free_port, write_ini
 
 BIG = 2 ** 63
 
@@ -173,3 +173,11 @@ def test_no_writable_home_or_temp_dir_still_memorizes_and_recalls(tmp_path):
         assert "no writable cache folder" in warning and str(nowhere) in warning, warning
     assert w.stdout.strip() == "1" and "小李周末喜欢去滑雪" in r.stdout
     assert [p.name for p in tmp_path.iterdir() if "jieba" in p.name or "aokun-" in p.name] == []
+
+
+@pytest.mark.parametrize("http", [False, True])
+def test_serve_on_a_file_that_is_not_a_database(tmp_path, http):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a database\n" * 50, encoding="utf-8")
+    args = ["--http", "--port", str(free_port())] if http else []
+    one_line_error(run("--db", notes, "--config", write_ini(tmp_path), "serve", *args), str(notes), "not an SQLite")
