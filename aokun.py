@@ -1378,12 +1378,14 @@ class Store:
 
     def _doc(self, doc_id, persona: str | None = None) -> dict:
         """The documents row of `doc_id`, JSON fields decoded. NotFound when there is none, or when
-        `persona` is given and the memory belongs to another persona (the same message: an id of
-        another persona is not there)."""
+        `persona` (a folded persona id) is given and the memory belongs to another persona: the one
+        lookup filters by both, so an id of another persona is not there, with the same message and
+        the same work. `persona` None (internal callers holding a row already) matches any persona."""
         if isinstance(doc_id, bool) or not isinstance(doc_id, int):
             raise InputError("id", f"expected an integer memory id, got {doc_id!r}")
-        rows = self.rows("select * from documents where id = ?", (doc_id,)) if 0 < doc_id <= MAX_ID else []
-        if not rows or (persona is not None and rows[0]["persona_id"] != persona):
+        rows = self.rows("select * from documents where id = ? and (? is null or persona_id = ?)",
+                         (doc_id, persona, persona)) if 0 < doc_id <= MAX_ID else []
+        if not rows:
             raise NotFound(f"no memory with id {doc_id}; `python aokun.py list` shows the ids")
         d = rows[0]
         for k in ("topics", "key_facts", "participants", "tags"):
@@ -1391,9 +1393,10 @@ class Store:
         d["pinned"], d["archived"] = bool(d["pinned"]), bool(d["archived"])
         return d
 
-    def get(self, doc_id: int) -> dict:
-        """One memory with its atoms and graph entries. Raises NotFound."""
-        d = self._doc(doc_id)
+    def get(self, doc_id: int, persona_id: str | None = None) -> dict:
+        """One memory of persona `persona_id` (None: the default persona '') with its atoms and graph
+        entries. Raises NotFound, also for an id of another persona."""
+        d = self._doc(doc_id, _label(persona_id, "persona_id"))
         d["atoms"] = self.rows(self.queries["document_atoms"], {"document_id": doc_id})
         d["graph_entries"] = [r["text"] for r in self.rows(self.queries["document_graph_texts"],
                                                            {"document_id": doc_id})]
@@ -2188,7 +2191,7 @@ class Journal:
         updates = _repeat_updates(d, p, restoring)
         if not updates:
             return
-        r = self.edit(d["id"], None, updates)
+        r = self.edit(d["id"], None, updates, d["persona_id"])
         p.status = r["status"]
         p.changed.update({k: [d[k], v] for k, v in updates.items()})
         p.warnings += r["warnings"] + [f"memory {d['id']} already held this text; the repeat's metadata was "
@@ -2294,14 +2297,19 @@ class Journal:
 
     # editing -------------------------------------------------------------------------------------
 
-    def edit(self, doc_id: int, content=None, metadata: dict | None = None) -> dict:
-        """Change a memory's content and/or metadata and re-run the pipeline for it: its FTS text,
-        vector, atoms and graph output are replaced, nothing stale stays searchable. Metadata keys
-        given replace the stored ones; persona_id cannot change. Returns the write result."""
-        d = self._doc(doc_id)
+    def edit(self, doc_id: int, content=None, metadata: dict | None = None, persona_id: str | None = None) -> dict:
+        """Change a memory of persona `persona_id` (None: the default persona '') in content and/or
+        metadata and re-run the pipeline for it: its FTS text, vector, atoms and graph output are
+        replaced, nothing stale stays searchable. Metadata keys given replace the stored ones;
+        metadata.persona_id, when given, must be `persona_id` (a persona cannot change; InputError,
+        checked before the memory is looked up). Returns the write result. Raises NotFound, also
+        for an id of another persona."""
+        persona = _label(persona_id, "persona_id")
         metadata = dict(metadata or {})
-        if "persona_id" in metadata and (metadata["persona_id"] or "") != d["persona_id"]:
-            raise InputError("metadata.persona_id", "cannot be changed by an edit; memorize it under the other persona")
+        if "persona_id" in metadata and _label(metadata["persona_id"], "metadata.persona_id") != persona:
+            raise InputError("metadata.persona_id", "cannot be changed by an edit; memorize it under the other "
+                                                    "persona (persona_id names the persona the memory is in)")
+        d = self._doc(doc_id, persona)
         merged = {k: d[k] for k in ("summary", "topics", "participants", "tags", "sentiment", "source",
                                     "importance", "session_id", "pinned")}
         merged["key_facts"] = d["key_facts"]
@@ -2326,10 +2334,11 @@ class Journal:
         self._refresh_stale(p.stale)
         return self._write_result(p)
 
-    def delete(self, doc_id: int) -> dict:
-        """Remove a memory from every table and index (FTS, vectors, atoms, graph, journal) in one
-        transaction and leave a tombstone. Returns {id, uid, deleted: true}. Raises NotFound."""
-        d = self._doc(doc_id)
+    def delete(self, doc_id: int, persona_id: str | None = None) -> dict:
+        """Remove a memory of persona `persona_id` (None: the default persona '') from every table and
+        index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone. Returns
+        {id, uid, deleted: true}. Raises NotFound, also for an id of another persona."""
+        d = self._doc(doc_id, _label(persona_id, "persona_id"))
         with self.tx() as c:
             stale = self._stale_successors(doc_id)
             self._clear_atoms(doc_id)
@@ -2347,12 +2356,14 @@ class Journal:
         self._refresh_stale(stale)
         return {"id": doc_id, "uid": d["uid"], "deleted": True}
 
-    def set_flag(self, doc_id: int, flag: str, value: bool) -> dict:
-        """pin/unpin (flag='pinned') or archive/unarchive (flag='archived'). Archiving also flips the
-        archived metadata column of its vectors and graph entries, so KNN filters it in SQL."""
+    def set_flag(self, doc_id: int, flag: str, value: bool, persona_id: str | None = None) -> dict:
+        """pin/unpin (flag='pinned') or archive/unarchive (flag='archived') a memory of persona
+        `persona_id` (None: the default persona ''). Archiving also flips the archived metadata column
+        of its vectors and graph entries, so KNN filters it in SQL. Returns {id, uid, <flag>}. Raises
+        NotFound, also for an id of another persona."""
         if flag not in ("pinned", "archived"):
             raise ValueError(flag)
-        d = self._doc(doc_id)
+        d = self._doc(doc_id, _label(persona_id, "persona_id"))
         with self.tx():
             self._set_flag_in_tx(doc_id, flag, value)
         return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
@@ -2421,7 +2432,8 @@ class KnowledgeGraph:
         For a single-valued predicate (rules/predicates.toml: lives_in, works_at, 住在…) a new object
         closes the open fact's valid_to at this valid_from (fact versioning without an LLM); the same
         object again returns the open fact. Returns {id, subject, predicate, object, valid_from,
-        valid_to, closed: [ids], existing}."""
+        valid_to, closed: [ids], existing}. source_memory_id must name a memory of the same persona
+        (NotFound otherwise, as for an id that does not exist)."""
         persona = _label(persona_id, "persona_id")
         pred = self._predicate(predicate)
         start = iso(parse_time(valid_from, "valid_from")) if valid_from else now_iso()
@@ -2430,7 +2442,7 @@ class KnowledgeGraph:
             raise InputError("valid_to", f"{end} is before valid_from {start}")
         conf = _importance(confidence, "confidence", 1.0)
         if source_memory_id is not None:
-            self._doc(source_memory_id)
+            self._doc(source_memory_id, persona)
         closed, stamp = [], now_iso()
         with self.tx() as c:
             sid = self._entity_id(persona, subject, "subject", True)
@@ -2438,7 +2450,7 @@ class KnowledgeGraph:
             fact = {"persona_id": persona, "subject_id": sid, "predicate": pred, "object_id": oid, "valid_from": start}
             same = self.value(self.queries["kg_same_open_fact"], fact)
             if same is not None and end is None:
-                return dict(self._triple(same), closed=[], existing=True)
+                return dict(self._triple(same, persona), closed=[], existing=True)
             if self.single_valued(pred):
                 for r in self.rows(self.queries["kg_rival_facts"], fact):
                     if r["valid_from"] <= start:
@@ -2452,44 +2464,90 @@ class KnowledgeGraph:
                       (str(uuid.uuid4()), persona, sid, pred, oid, start, end, conf, source_memory_id, stamp, stamp))
             tid = c.last_insert_rowid()
             self._briefing_stale(persona)
-        return dict(self._triple(tid), closed=closed, existing=False)
+        return dict(self._triple(tid, persona), closed=closed, existing=False)
 
-    def _triple(self, tid: int) -> dict:
-        rows = self.rows(self.queries["kg_triple"], {"id": tid}) if 0 < tid <= MAX_ID else []
+    def _triple(self, tid: int, persona: str = "") -> dict:
+        """Fact `tid` of `persona` (folded) with its entities' names. NotFound when there is none in
+        that persona: one lookup filters by both, so another persona's fact id is not there."""
+        rows = self.rows(self.queries["kg_triple"], {"id": tid, "persona_id": persona}) if 0 < tid <= MAX_ID else []
         if not rows:
-            raise NotFound(f"no fact with id {tid}")
+            raise NotFound(f"no fact with id {tid}; kg_query or kg_timeline shows the ids")
         return rows[0]
+
+    def _entity(self, persona: str, entity) -> int:
+        """The id of entity `entity` of `persona` (aliases resolved). NotFound when there is none,
+        also when only another persona has it."""
+        eid = self._entity_id(persona, entity, "entity", False)
+        if eid is None:
+            raise NotFound(f"no entity {clean_text(entity, 'entity')!r} in the knowledge graph; "
+                           "kg_add records facts about it")
+        return eid
 
     def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
         """Facts about `entity` (as subject or object) valid at `as_of` (default now), optionally
         of one predicate. Returns {entity, as_of, facts: [{id, subject, predicate, object,
-        valid_from, valid_to, confidence, source_memory_id}]}; unknown entity → no facts."""
+        valid_from, valid_to, confidence, source_memory_id}]}. Raises NotFound for an entity that is not
+        in the persona's graph (never recorded, or deleted by kg_delete_entity)."""
         persona = _label(persona_id, "persona_id")
         at = iso(parse_time(as_of, "as_of")) if as_of else now_iso()
-        eid = self._entity_id(persona, entity, "entity", False)
-        facts = [] if eid is None else self.rows(self.queries["kg_facts_at"], {
+        eid = self._entity(persona, entity)
+        facts = self.rows(self.queries["kg_facts_at"], {
             "persona_id": persona, "entity_id": eid, "as_of": at,
             "predicate": self._predicate(predicate) if predicate else ""})
         return {"entity": clean_text(entity, "entity"), "as_of": at, "facts": facts}
 
-    def kg_invalidate(self, triple_id: int, valid_to=None) -> dict:
-        """End a fact: valid_to = the given time (default now). History is kept. Returns the fact."""
+    def kg_invalidate(self, triple_id: int, valid_to=None, persona_id=None) -> dict:
+        """End fact `triple_id` of persona `persona_id` (None: the default persona ''): valid_to = the
+        given time (default now). History is kept, and an end is never moved later: a fact that has
+        ended already (valid_to now or earlier), or that is set to end by the given time, keeps its
+        valid_to. Returns the fact with already_ended (true when nothing changed) and note (what
+        happened, e.g. "already ended on 2021-05-01T00:00:00Z; its end is kept"). Raises NotFound,
+        also for a fact of another persona; InputError when valid_to is before the fact's valid_from."""
         if isinstance(triple_id, bool) or not isinstance(triple_id, int):
             raise InputError("id", f"expected an integer fact id, got {triple_id!r}")
-        t = self._triple(triple_id)
-        end = iso(parse_time(valid_to, "valid_to")) if valid_to else now_iso()
+        persona = _label(persona_id, "persona_id")
+        t = self._triple(triple_id, persona)
+        stamp = now_iso()
+        end = iso(parse_time(valid_to, "valid_to")) if valid_to else stamp
         if end < t["valid_from"]:
             raise InputError("valid_to", f"{end} is before the fact's valid_from {t['valid_from']}")
+        if t["valid_to"] is not None and t["valid_to"] <= max(end, stamp):
+            verb = "ended" if t["valid_to"] <= stamp else "ends"
+            return dict(t, already_ended=True, note=f"already {verb} on {t['valid_to']}; its end is kept")
         with self.tx() as c:
-            c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?", (end, now_iso(), triple_id))
-            self._briefing_stale(self.value("select persona_id from kg_triples where id = ?", (triple_id,)))
-        return self._triple(triple_id)
+            c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?", (end, stamp, triple_id))
+            self._briefing_stale(persona)
+        return dict(self._triple(triple_id, persona), already_ended=False, note=f"ended on {end}")
+
+    def kg_delete_entity(self, entity, persona_id=None) -> dict:
+        """Delete entity `entity` of persona `persona_id` (None: the default persona '') and every fact
+        it is the subject or object of, in one transaction; each leaves a tombstone, as a deleted
+        memory does. The other entities of those facts stay. Returns {entity, uid, deleted: true,
+        facts: [deleted fact ids]}. Raises NotFound for an entity not in that persona's graph."""
+        persona = _label(persona_id, "persona_id")
+        with self.tx() as c:
+            eid = self._entity(persona, entity)
+            e = self.rows("select uid, name from kg_entities where id = ?", (eid,))[0]
+            facts = [r["id"] for r in self.rows(self.queries["kg_entity_facts"], {"persona_id": persona,
+                                                                                  "entity_id": eid})]
+            stamp = now_iso()
+            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) select uid, 'kg_triples', ? "
+                      "from kg_triples where persona_id = ? and (subject_id = ? or object_id = ?)",
+                      (stamp, persona, eid, eid))
+            c.execute("delete from kg_triples where persona_id = ? and (subject_id = ? or object_id = ?)",
+                      (persona, eid, eid))
+            c.execute("delete from kg_entities where id = ?", (eid,))
+            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'kg_entities', ?)",
+                      (e["uid"], stamp))
+            self._briefing_stale(persona)
+        return {"entity": e["name"], "uid": e["uid"], "deleted": True, "facts": facts}
 
     def kg_timeline(self, entity, persona_id=None) -> dict:
-        """Every fact ever recorded about `entity`, oldest first, with validity windows."""
+        """Every fact ever recorded about `entity`, oldest first, with validity windows. Raises
+        NotFound for an entity that is not in the persona's graph."""
         persona = _label(persona_id, "persona_id")
-        eid = self._entity_id(persona, entity, "entity", False)
-        facts = [] if eid is None else self.rows(self.queries["kg_timeline"], {"persona_id": persona, "entity_id": eid})
+        eid = self._entity(persona, entity)
+        facts = self.rows(self.queries["kg_timeline"], {"persona_id": persona, "entity_id": eid})
         return {"entity": clean_text(entity, "entity"), "facts": facts}
 
     def kg_stats(self, persona_id=None) -> dict:
@@ -3606,9 +3664,10 @@ class Forgetting:
         before, after = self._run_steps(steps, dry_run=True)
         return {"as_of": iso(ref), "days": [d.isoformat() for d in todo], **self._changes(before, after)}
 
-    def set_importance(self, doc_id: int, importance) -> dict:
-        """Set a memory's importance (0..1). Returns {id, uid, old, new}."""
-        d = self._doc(doc_id)
+    def set_importance(self, doc_id: int, importance, persona_id: str | None = None) -> dict:
+        """Set the importance (0..1) of a memory of persona `persona_id` (None: the default persona '').
+        Returns {id, uid, old, new}. Raises NotFound, also for an id of another persona."""
+        d = self._doc(doc_id, _label(persona_id, "persona_id"))
         value = _importance(importance)
         with self.tx() as c:
             c.execute("update documents set importance = ?, updated_at = ? where id = ?", (value, now_iso(), doc_id))
@@ -3676,7 +3735,8 @@ class Forgetting:
         merged = {k: list(dict.fromkeys(s[k] + [x for o in others for x in o[k]])) for k in fields}
         merged["importance"] = max([s["importance"]] + [o["importance"] for o in others])
         merged["timestamp"] = min([s["created_at"]] + [o["created_at"] for o in others])
-        self.edit(survivor, None, merged)  # moves it to the earliest time: atoms, context and successors follow
+        # moves it to the earliest time: atoms, context and successors follow
+        self.edit(survivor, None, merged, s["persona_id"])
         with self.tx() as c:
             c.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) "
                       "values (?, ?, ?, ?)",
@@ -3686,17 +3746,19 @@ class Forgetting:
                 c.execute("update documents set merged_into = ? where id = ?", (survivor, m))
             self._briefing_stale(s["persona_id"])
 
-    def restore_memory(self, doc_id: int) -> dict:
-        """Undo archival: an archived memory comes back into recall; a consolidation survivor gets
-        its previous metadata back and the memories merged into it are restored.
-        Returns {id, uid, archived: false, restored: [ids]}."""
-        d = self._doc(doc_id)
+    def restore_memory(self, doc_id: int, persona_id: str | None = None) -> dict:
+        """Undo archival of a memory of persona `persona_id` (None: the default persona ''): an archived
+        memory comes back into recall; a consolidation survivor gets its previous metadata back and the
+        memories merged into it are restored. Returns {id, uid, archived: false, restored: [ids]}.
+        Raises NotFound, also for an id of another persona."""
+        d = self._doc(doc_id, _label(persona_id, "persona_id"))
         cons = self.rows("select * from consolidations where survivor_id = ?", (doc_id,))
         restored = []
         if cons:
             prev = json.loads(cons[0]["previous"])
-            self.edit(doc_id, None, {k: prev[k] for k in ("topics", "key_facts", "participants", "tags", "importance")}
-                      | {"timestamp": prev["created_at"]})  # back to its time, atoms and context included
+            back = {k: prev[k] for k in ("topics", "key_facts", "participants", "tags", "importance")}
+            self.edit(doc_id, None, back | {"timestamp": prev["created_at"]},  # back to its time, atoms and
+                      d["persona_id"])                                         # context included
             with self.tx() as c:
                 for m in json.loads(cons[0]["members"]):
                     if self.value("select 1 from documents where id = ?", (m,)):
@@ -4337,7 +4399,8 @@ def _browse_models():
 @functools.cache
 def _kg_models():
     """Result models of the knowledge-graph tools: FactAdded (a _search_models().Fact plus the fact
-    ids it closed), Facts {entity, as_of, facts: [Fact]} and KGStats (counts)."""
+    ids it closed), FactEnded (a Fact plus already_ended and a note, for kg_invalidate), Facts
+    {entity, as_of, facts: [Fact]}, KGStats (counts) and EntityDeleted (kg_delete_entity)."""
     from pydantic import BaseModel, Field
 
     Fact = _search_models().Fact
@@ -4345,6 +4408,11 @@ def _kg_models():
     class FactAdded(Fact):
         closed: list[int] = Field(description="Facts this one closed (single-valued predicate, new object).")
         existing: bool = Field(description="True when the same open fact was already recorded.")
+
+    class FactEnded(Fact):
+        already_ended: bool = Field(description="True when the fact had ended already (or ends by valid_to): "
+                                                "its valid_to is kept, nothing changed.")
+        note: str = Field(description="What happened, e.g. 'already ended on 2021-05-01T00:00:00Z; its end is kept'.")
 
     class Facts(BaseModel):
         entity: str
@@ -4358,7 +4426,13 @@ def _kg_models():
         expired: int
         predicates: int
 
-    return _named(FactAdded, Facts, KGStats)
+    class EntityDeleted(BaseModel):
+        entity: str
+        uid: str
+        deleted: bool
+        facts: list[int] = Field(description="Ids of the facts deleted with it.")
+
+    return _named(FactAdded, FactEnded, Facts, KGStats, EntityDeleted)
 
 
 @functools.cache
@@ -4424,8 +4498,9 @@ def _nullable(default):
 @functools.cache
 def _tool_args():
     """Annotated argument types shared by the tool families: Id (a memory id, int >= 1), Persona
-    (optional persona id; None: the default persona), Session (optional session id filter), Entity
-    (a knowledge-graph entity name) and When (optional ISO-8601 time; None: now)."""
+    (optional persona id; None: the default persona), Owner (the same, for a tool acting on an id or
+    entity: one of another persona is not found), Session (optional session id filter), Entity (a
+    knowledge-graph entity name) and When (optional ISO-8601 time; None: now)."""
     import types
     from typing import Annotated
 
@@ -4434,6 +4509,8 @@ def _tool_args():
     return types.SimpleNamespace(
         Id=Annotated[int, Field(ge=1, description="Memory id, from memorize/recall/list_memories.")],
         Persona=Annotated[str | None, Field(description="Persona to search (default: the default persona).")],
+        Owner=Annotated[str | None, Field(description="Persona the memory or fact belongs to (default: the "
+                                                      "default persona); one of another persona is not found.")],
         Session=Annotated[str | None, Field(description="Only this session.")],
         Entity=Annotated[str, Field(description="A person, place, project… (aliases and case are resolved).")],
         When=Annotated[str | None, Field(description="ISO-8601 time (default now).")])
@@ -4497,39 +4574,40 @@ def _write_tools():
 
     def edit_memory(ctx: Context, id: A.Id,
                     content: Annotated[str | None, Field(description="New text (omit to keep).")] = None,
-                    metadata: M.Metadata | None = None) -> M.WriteResult:
+                    metadata: M.Metadata | None = None, persona_id: A.Owner = None) -> M.WriteResult:
         """Correct or update a memory. Its keyword index, vector, atoms and graph are rebuilt, so the
         old wording is no longer found. Metadata fields given replace the stored ones."""
         if content is None and metadata is None:
             raise ToolError("content: give new content and/or metadata to change")
-        return M.WriteResult(**_on_memory(ctx, lambda m: m.edit(id, content, _meta(metadata))))
+        return M.WriteResult(**_on_memory(ctx, lambda m: m.edit(id, content, _meta(metadata), persona_id)))
 
-    def delete_memory(ctx: Context, id: A.Id) -> M.Deleted:
+    def delete_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Deleted:
         """Forget a memory completely (every index, atom and graph entry). Use when the user asks you
         to forget something or a memory is wrong and cannot be edited."""
-        return M.Deleted(**_on_memory(ctx, lambda m: m.delete(id)))
+        return M.Deleted(**_on_memory(ctx, lambda m: m.delete(id, persona_id)))
 
-    def pin_memory(ctx: Context, id: A.Id) -> M.Flagged:
+    def pin_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Flagged:
         """Pin a memory: it never decays and is kept in context."""
-        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "pinned", True)))
+        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "pinned", True, persona_id)))
 
-    def unpin_memory(ctx: Context, id: A.Id) -> M.Flagged:
+    def unpin_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Flagged:
         """Unpin a memory."""
-        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "pinned", False)))
+        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "pinned", False, persona_id)))
 
-    def archive_memory(ctx: Context, id: A.Id) -> M.Flagged:
+    def archive_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Flagged:
         """Archive a memory: kept, but left out of recall unless include_archived is true."""
-        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "archived", True)))
+        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "archived", True, persona_id)))
 
-    def restore_memory(ctx: Context, id: A.Id) -> M.Restored:
+    def restore_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Restored:
         """Bring an archived memory back into recall (undo archive_memory or auto-archival); for the
         survivor of a consolidation, undo the merge."""
-        return M.Restored(**_on_memory(ctx, lambda m: m.restore_memory(id)))
+        return M.Restored(**_on_memory(ctx, lambda m: m.restore_memory(id, persona_id)))
 
     def set_importance(ctx: Context, id: A.Id,
-                       importance: Annotated[float, Field(ge=0, le=1, description="0..1")]) -> M.ImportanceSet:
+                       importance: Annotated[float, Field(ge=0, le=1, description="0..1")],
+                       persona_id: A.Owner = None) -> M.ImportanceSet:
         """Set how important a memory is (0..1). Important memories rank higher and fade slower."""
-        return M.ImportanceSet(**_on_memory(ctx, lambda m: m.set_importance(id, importance)))
+        return M.ImportanceSet(**_on_memory(ctx, lambda m: m.set_importance(id, importance, persona_id)))
 
     def memory_feedback(ctx: Context,
                         ids: Annotated[list[Annotated[int, Field(ge=1)]], Field(
@@ -4596,9 +4674,9 @@ def _read_tools():
                                                          include_archived))
         return B.MemoryList(memories=[B.MemoryRow(**r) for r in rows])
 
-    def get_memory(ctx: Context, id: A.Id) -> B.MemoryDetail:
+    def get_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> B.MemoryDetail:
         """One memory in full, with its atoms and knowledge-graph entries."""
-        return B.MemoryDetail(**_on_memory(ctx, lambda m: m.get(id)))
+        return B.MemoryDetail(**_on_memory(ctx, lambda m: m.get(id, persona_id)))
 
     def memory_stats(ctx: Context) -> B.Stats:
         """Counts of memories, atoms, graph and vectors, and the embedder's state."""
@@ -4609,14 +4687,14 @@ def _read_tools():
 
 @functools.cache
 def _kg_tools():
-    """The temporal knowledge-graph tools: kg_add, kg_query, kg_invalidate, kg_timeline and kg_stats
-    (results: _kg_models(), and a _search_models().Fact for kg_invalidate)."""
+    """The temporal knowledge-graph tools: kg_add, kg_query, kg_invalidate, kg_timeline, kg_stats and
+    kg_delete_entity (results: _kg_models())."""
     from typing import Annotated
 
     from mcp.server.mcpserver import Context
     from pydantic import Field
 
-    A, K, Fact = _tool_args(), _kg_models(), _search_models().Fact
+    A, K = _tool_args(), _kg_models()
 
     def kg_add(ctx: Context, subject: A.Entity,
                predicate: Annotated[str, Field(description="e.g. lives_in, works_at, likes, 住在.")],
@@ -4637,9 +4715,10 @@ def _kg_tools():
         return K.Facts(**_on_memory(ctx, lambda m: m.kg_query(entity, as_of, predicate, persona_id)))
 
     def kg_invalidate(ctx: Context, id: Annotated[int, Field(ge=1, description="Fact id from kg_add/kg_query.")],
-                      valid_to: A.When = None) -> Fact:
-        """Mark a fact as no longer true from `valid_to` (default now); its history is kept."""
-        return Fact(**_on_memory(ctx, lambda m: m.kg_invalidate(id, valid_to)))
+                      valid_to: A.When = None, persona_id: A.Owner = None) -> K.FactEnded:
+        """Mark a fact as no longer true from `valid_to` (default now); its history is kept. A fact that
+        has already ended keeps its end (already_ended: true)."""
+        return K.FactEnded(**_on_memory(ctx, lambda m: m.kg_invalidate(id, valid_to, persona_id)))
 
     def kg_timeline(ctx: Context, entity: A.Entity, persona_id: A.Persona = None) -> K.Facts:
         """Every fact ever recorded about an entity, oldest first, with when each held."""
@@ -4649,7 +4728,12 @@ def _kg_tools():
         """Counts of entities and facts (active and expired)."""
         return K.KGStats(**_on_memory(ctx, lambda m: m.kg_stats(persona_id)))
 
-    return _named(kg_add, kg_query, kg_invalidate, kg_timeline, kg_stats)
+    def kg_delete_entity(ctx: Context, entity: A.Entity, persona_id: A.Owner = None) -> K.EntityDeleted:
+        """Delete an entity and every fact about it (as subject or object) for good, e.g. when the user
+        asks you to forget a person. To record that a fact stopped being true, use kg_invalidate."""
+        return K.EntityDeleted(**_on_memory(ctx, lambda m: m.kg_delete_entity(entity, persona_id)))
+
+    return _named(kg_add, kg_query, kg_invalidate, kg_timeline, kg_stats, kg_delete_entity)
 
 
 @functools.cache
@@ -4749,6 +4833,7 @@ MCP_TOOLS = {
     "kg_invalidate": (_kg_tools, "destructive"),
     "kg_timeline": (_kg_tools, "read-only"),
     "kg_stats": (_kg_tools, "read-only"),
+    "kg_delete_entity": (_kg_tools, "destructive"),
 }
 
 
@@ -4795,8 +4880,9 @@ def _lifespan(memory_factory, running: list[ServerState]):
 
 def _add_resources(server, memory) -> None:
     """Register the resources on `server`: memory://stats (JSON), memory://briefing (markdown) and
-    the template memory://memories/{id} (JSON; an unknown id is a ResourceNotFoundError). `memory()`
-    returns the Memory of the open lifespan."""
+    the template memory://memories/{id}{?persona_id} (JSON; a memory of the default persona, or of
+    persona_id when given; an unknown id, or one of another persona, is a ResourceNotFoundError).
+    `memory()` returns the Memory of the open lifespan."""
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 
     @server.resource("memory://stats", mime_type="application/json")
@@ -4809,11 +4895,11 @@ def _add_resources(server, memory) -> None:
         """The session briefing of the default persona, rebuilt first when memory changed since."""
         return memory().memory_context(None, "project")["text"]
 
-    @server.resource("memory://memories/{id}", mime_type="application/json")
-    def memory_resource(id: int) -> str:
-        """One memory in full, as JSON."""
+    @server.resource("memory://memories/{id}{?persona_id}", mime_type="application/json")
+    def memory_resource(id: int, persona_id: str | None = None) -> str:
+        """One memory in full, as JSON (?persona_id=… for a persona other than the default one)."""
         try:
-            return json.dumps(memory().get(id), ensure_ascii=False)
+            return json.dumps(memory().get(id, persona_id), ensure_ascii=False)
         except NotFound as e:
             raise ResourceNotFoundError(for_mcp(str(e))) from None
 
@@ -5092,18 +5178,22 @@ def memorize(state, text, summary, topic, fact, participant, tag, importance, se
     _echo_json(result) if as_json else click.echo(result["id"])
 
 
+PERSONA_OF_ID_HELP = "Persona the memory belongs to (default: the default persona)."
+
+
 @cli.command()
 @click.argument("memory_id", type=int)
+@click.option("--persona", help=PERSONA_OF_ID_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def show(state, memory_id, as_json):
+def show(state, memory_id, persona, as_json):
     """Show one memory with its atoms and graph entries.
 
     Example:
 
         python aokun.py show 12
     """
-    d = state.memory().get(memory_id)
+    d = state.memory().get(memory_id, persona)
     if as_json:
         return _echo_json(d)
     for k in ("id", "persona_id", "session_id", "created_at", "updated_at", "importance", "pinned", "archived",
@@ -5149,16 +5239,17 @@ def list_cmd(state, limit, offset, persona, session, include_archived, as_json):
 @click.pass_obj
 def edit(state, memory_id, text, summary, topic, fact, participant, tag, importance, session, persona, source,
          timestamp, as_json):
-    """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt.
+    """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona names
+    the persona the memory belongs to (a persona cannot change).
 
     Example:
 
         python aokun.py edit 12 --text "Alice 现在喜欢拿铁" --importance 0.8
     """
-    meta = _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag)
+    meta = _metadata(summary, topic, fact, participant, importance, session, None, source, timestamp, tag)
     if text is None and not meta:
         raise click.UsageError("give --text and/or a metadata option to change")
-    result = state.memory().edit(memory_id, text, meta)
+    result = state.memory().edit(memory_id, text, meta, persona)
     _echo_json(result) if as_json else click.echo(result["id"])
 
 
@@ -5166,9 +5257,10 @@ def _flag_command(name: str, flag: str, value: bool, doc: str):
     """Register command `name` that sets memory flag `flag` (pinned or archived) to `value`; `doc` is its help."""
     @cli.command(name, help=doc)
     @click.argument("memory_id", type=int)
+    @click.option("--persona", help=PERSONA_OF_ID_HELP)
     @click.pass_obj
-    def command(state, memory_id):
-        state.memory().set_flag(memory_id, flag, value)
+    def command(state, memory_id, persona):
+        state.memory().set_flag(memory_id, flag, value, persona)
         click.echo(f"{name}ned {memory_id}" if name.endswith("pin") else f"{name}d {memory_id}")
     return command
 
@@ -5185,29 +5277,31 @@ _flag_command("unarchive", "archived", False, "Bring an archived memory back int
 
 @cli.command()
 @click.argument("memory_id", type=int)
+@click.option("--persona", help=PERSONA_OF_ID_HELP)
 @click.pass_obj
-def delete(state, memory_id):
+def delete(state, memory_id, persona):
     """Delete a memory from every table and index (a tombstone is kept).
 
     Example:
 
         python aokun.py delete 12
     """
-    state.memory().delete(memory_id)
+    state.memory().delete(memory_id, persona)
     click.echo(f"deleted {memory_id}")
 
 
 @cli.command("restore-memory")
 @click.argument("memory_id", type=int)
+@click.option("--persona", help=PERSONA_OF_ID_HELP)
 @click.pass_obj
-def restore_memory_cmd(state, memory_id):
+def restore_memory_cmd(state, memory_id, persona):
     """Unarchive a memory, or undo the consolidation whose survivor it is.
 
     Example:
 
         python aokun.py restore-memory 12
     """
-    out = state.memory().restore_memory(memory_id)
+    out = state.memory().restore_memory(memory_id, persona)
     click.echo(f"restored {', '.join(map(str, out['restored'])) or 'nothing (it was not archived)'}")
 
 
@@ -5410,15 +5504,33 @@ def kg_query_cmd(state, entity, as_of, predicate, persona, as_json):
 @kg.command("invalidate")
 @click.argument("fact_id", type=int)
 @click.option("--valid-to", help="ISO-8601 (default now).")
+@click.option("--persona", help="Persona the fact belongs to (default: the default persona).")
 @click.pass_obj
-def kg_invalidate_cmd(state, fact_id, valid_to):
-    """End a fact (history is kept).
+def kg_invalidate_cmd(state, fact_id, valid_to, persona):
+    """End a fact (history is kept; a fact that has already ended keeps its end).
 
     Example:
 
         python aokun.py kg invalidate 7
     """
-    _print_facts([state.memory().kg_invalidate(fact_id, valid_to)])
+    f = state.memory().kg_invalidate(fact_id, valid_to, persona)
+    _print_facts([f])
+    click.echo(f["note"], err=True)
+
+
+@kg.command("delete")
+@click.argument("entity")
+@click.option("--persona", help="Persona the entity belongs to (default: the default persona).")
+@click.pass_obj
+def kg_delete_cmd(state, entity, persona):
+    """Delete ENTITY and every fact about it (tombstones are kept). To end one fact, use invalidate.
+
+    Example:
+
+        python aokun.py kg delete "Old Flatmate"
+    """
+    out = state.memory().kg_delete_entity(entity, persona)
+    click.echo(f"deleted {out['entity']} and {len(out['facts'])} facts")
 
 
 @kg.command("timeline")

@@ -35,11 +35,17 @@ select
     (select count(distinct predicate) from kg_triples where persona_id = :persona_id) as predicates;
 
 -- name: kg_triple
--- One fact by id (:id) with its entities' names.
+-- One fact by id (:id) of :persona_id with its entities' names (another persona's id: no row).
 select t.id, t.uid, s.name subject, t.predicate, o.name object, t.valid_from, t.valid_to, t.confidence,
        t.source_memory_id
 from kg_triples t join kg_entities s on s.id = t.subject_id join kg_entities o on o.id = t.object_id
-where t.id = :id;
+where t.id = :id and t.persona_id = :persona_id;
+
+-- name: kg_entity_facts
+-- The ids of the facts an entity is the subject or object of (kg_delete_entity deletes them with it).
+select id from kg_triples
+where persona_id = :persona_id and (subject_id = :entity_id or object_id = :entity_id)
+order by id;
 
 -- name: kg_same_open_fact
 -- The open fact (no valid_to) subject —predicate→ object that already holds at :valid_from:

@@ -90,15 +90,15 @@ def test_edit_refusals(mem):
     a = mem.memorize("first text", {"persona_id": "p"})
     b = mem.memorize("second text", {"persona_id": "p"})
     with pytest.raises(aokun.InputError) as e:
-        mem.edit(b["id"], "first text")
+        mem.edit(b["id"], "first text", persona_id="p")
     assert e.value.field == "content"
     with pytest.raises(aokun.InputError) as e:
-        mem.edit(a["id"], None, {"persona_id": "q"})
+        mem.edit(a["id"], None, {"persona_id": "q"}, "p")
     assert e.value.field == "metadata.persona_id"
     with pytest.raises(aokun.InputError) as e:
-        mem.edit(a["id"], None, {"importance": 5})
+        mem.edit(a["id"], None, {"importance": 5}, "p")
     assert e.value.field == "metadata.importance"
-    assert mem.get(b["id"])["content"] == "second text" and mem.get(a["id"])["importance"] == 0.5
+    assert mem.get(b["id"], "p")["content"] == "second text" and mem.get(a["id"], "p")["importance"] == 0.5
     assert count(mem, "memory_write_ops") == 2
 
 

@@ -205,7 +205,7 @@ def test_feedback_checks_the_persona_and_changes_nothing_when_an_id_is_missing(m
         mem.memory_feedback([other])  # the default persona is '' , not 'home'
     with pytest.raises(aokun.NotFound):
         mem.memory_feedback([mine, other], persona_id="work")  # all or nothing
-    assert mem.get(mine)["useful_count"] == 0 and mem.get(mine)["importance"] == 0.5
+    assert mem.get(mine, "work")["useful_count"] == 0 and mem.get(mine, "work")["importance"] == 0.5
     assert mem.memory_feedback([mine, mine], persona_id="work")["results"][0]["useful_count"] == 1  # once
     assert mem.memory_feedback([other], persona_id="home")["results"][0]["id"] == other
 

@@ -177,6 +177,51 @@ def test_kg_invalidate_keeps_history(make, clock):
     assert len(m.kg_timeline("Erin")["facts"]) == 2
 
 
+def test_invalidating_an_ended_fact_keeps_its_end(make, clock):
+    m = make()
+    job = m.kg_add("Erin", "works_at", "Initech", valid_from="2019-01-01", valid_to="2021-03-01")
+    ended = m.kg_invalidate(job["id"])  # now is 2026: the fact ended five years ago
+    assert ended["already_ended"] is True and ended["valid_to"] == "2021-03-01T00:00:00Z"
+    assert ended["note"] == "already ended on 2021-03-01T00:00:00Z; its end is kept"
+    assert m.kg_query("Erin", as_of="2023-01-01")["facts"] == []
+    assert objects(m.kg_query("Erin", as_of="2020-06-01")["facts"]) == ["Initech"]
+    assert m.kg_invalidate(job["id"], valid_to="2020-01-01")["valid_to"] == "2021-03-01T00:00:00Z"  # never moved
+    # an end still ahead is brought forward to the given time, never pushed later
+    lease = m.kg_add("Erin", "rents", "Flat 4", valid_from="2025-01-01", valid_to="2027-01-01")
+    assert m.kg_invalidate(lease["id"], valid_to="2028-01-01")["note"] == \
+        "already ends on 2027-01-01T00:00:00Z; its end is kept"
+    now = m.kg_invalidate(lease["id"])
+    assert (now["already_ended"], now["valid_to"], now["note"]) == (False, aokun.iso(NOW), f"ended on {aokun.iso(NOW)}")
+
+
+def test_deleting_an_entity_deletes_its_facts_and_leaves_tombstones(make, clock):
+    m = make()
+    fact_uids = [m.kg_add("Mallory", "lives_in", "Leeds", valid_from="2020-01-01")["uid"],
+                 m.kg_add("Trent", "knows", "Mallory")["uid"],
+                 m.kg_add("Mallory", "likes", "chess")["uid"]]
+    kept = m.kg_add("Trent", "likes", "Leeds")
+    theirs = m.kg_add("Mallory", "likes", "chess", persona_id="work")
+    eid = m.value("select id from kg_entities where persona_id = '' and canonical = 'mallory'")
+    uid = m.value("select uid from kg_entities where id = ?", (eid,))
+    out = m.kg_delete_entity("MALLORY")  # resolved like a query: case and aliases
+    assert out["deleted"] is True and out["entity"] == "Mallory" and out["uid"] == uid and len(out["facts"]) == 3
+    assert m.value("select count(*) from kg_triples where subject_id = ? or object_id = ?", (eid, eid)) == 0
+    assert m.value("select count(*) from kg_entities where id = ?", (eid,)) == 0
+    assert list(m.conn.execute("pragma foreign_key_check")) == []
+    tomb = {r["uid"]: r["table_name"] for r in m.rows("select uid, table_name from tombstones")}
+    assert tomb == {uid: "kg_entities", **{u: "kg_triples" for u in fact_uids}}
+    with pytest.raises(aokun.NotFound, match="no entity 'Mallory'"):
+        m.kg_query("Mallory")
+    with pytest.raises(aokun.NotFound, match="no entity 'Mallory'"):
+        m.kg_timeline("Mallory")
+    with pytest.raises(aokun.NotFound):
+        m.kg_delete_entity("Mallory")
+    # the other ends of its facts, other facts and the other persona's Mallory stay
+    assert [f["id"] for f in m.kg_query("Trent")["facts"]] == [kept["id"]]
+    assert [f["id"] for f in m.kg_query("Mallory", persona_id="work")["facts"]] == [theirs["id"]]
+    assert m.kg_stats()["triples"] == 1 and m.kg_stats()["entities"] == 3  # Leeds, Trent and chess
+
+
 # recall: as_of, source boost, pins ---------------------------------------------------------------
 
 def test_as_of_recall_excludes_later_documents(make, clock):

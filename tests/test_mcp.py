@@ -350,7 +350,7 @@ async def test_resources_stats_and_memory(client):
     listed = {str(r.uri): r for r in (await client.list_resources()).resources}
     assert "memory://stats" in listed and listed["memory://stats"].mime_type == "application/json"
     templates = {t.uri_template for t in (await client.list_resource_templates()).resource_templates}
-    assert "memory://memories/{id}" in templates
+    assert "memory://memories/{id}{?persona_id}" in templates
 
     w = await ok(client, "memorize", {"content": "咖啡 ☕ " + ALICE})
     res = await client.read_resource("memory://stats")

@@ -206,7 +206,7 @@ def test_copies_in_one_batch_store_one_memory_with_their_metadata_united(mem):
 
 def test_repeat_in_another_persona_is_another_memory(mem):
     work = mem.memorize(ALICE, {"persona_id": "work", "topics": ["coffee"]})["id"]
-    mem.set_flag(work, "archived", True)
+    mem.set_flag(work, "archived", True, "work")
     home = mem.memorize(ALICE, {"persona_id": "home", "topics": ["home"]})
     assert home["id"] != work and home["deduplicated"] is False and home["changed"] == {}
     w = mem._doc(work)
@@ -321,7 +321,7 @@ def test_atom_slots_match_the_folded_fact(mem):
 
 def test_identifiers_are_folded(mem):
     a = mem.memorize("persona note one", {"persona_id": "ａｌｉｃｅ", "session_id": "ｓ１", "source": "ＣＨＡＴ"})
-    d = mem.get(a["id"])
+    d = mem.get(a["id"], "ａｌｉｃｅ")  # the persona is matched folded, as recall's is
     assert (d["persona_id"], d["session_id"], d["source"]) == ("alice", "s1", "chat")
     assert [h["id"] for h in mem.recall("persona note", persona_id="alice")["results"]] == [a["id"]]
     hits = mem.recall("persona note", persona_id="ａｌｉｃｅ", session_id="s1")["results"]
