@@ -3572,11 +3572,13 @@ class Forgetting:
                            {"cutoff": cutoff, "importance_threshold": f.cleanup_importance_threshold}):
             self._set_flag_in_tx(r["id"], "archived", True)
 
-    def _snapshot(self) -> tuple[dict, dict]:
+    def _snapshot(self, persona: str | None = None) -> tuple[dict, dict]:
         """({doc id: (importance, archived)}, {atom id: state}): what _changes compares around a
-        maintenance step."""
-        docs = {r["id"]: (r["importance"], r["archived"]) for r in self.rows(self.queries["document_states"])}
-        atoms = {r["id"]: r["state"] for r in self.rows(self.queries["atom_states"])}
+        maintenance step; only persona `persona`'s memories and atoms unless it is None."""
+        docs = {r["id"]: (r["importance"], r["archived"]) for r in self.rows(self.queries["document_states"])
+                if persona is None or r["persona_id"] == persona}
+        atoms = {r["id"]: r["state"] for r in self.rows(self.queries["atom_states"])
+                 if persona is None or r["persona_id"] == persona}
         return docs, atoms
 
     @staticmethod
@@ -3595,18 +3597,19 @@ class Forgetting:
             steps.append(lambda: self._auto_archive(ref))
         return steps
 
-    def _run_steps(self, steps, dry_run: bool) -> tuple:
+    def _run_steps(self, steps, dry_run: bool, persona: str | None = None) -> tuple:
         """Run maintenance steps, each in its own transaction (a crash mid-way loses no finished
         step), or for a dry run all in one transaction that is rolled back, so a preview computes
-        exactly the changes a real run makes and keeps none. Returns (snapshot before, after)."""
+        exactly the changes a real run makes and keeps none. Returns (snapshot before, after), of
+        persona `persona` only for a dry run that names one (the steps themselves cover every persona)."""
         with self.lock:
-            before = self._snapshot()
+            before = self._snapshot(persona if dry_run else None)
             if dry_run:
                 self.conn.execute("BEGIN IMMEDIATE")
                 try:
                     for step in steps:
                         step()
-                    return before, self._snapshot()
+                    return before, self._snapshot(persona)
                 finally:
                     self.conn.execute("ROLLBACK")
             for step in steps:
@@ -3650,10 +3653,12 @@ class Forgetting:
         before, after = self._run_steps([lambda: self._lifecycle_sweep(ref)], dry_run)
         return {"atoms": self._changes(before, after)["atoms"], "dry_run": dry_run}
 
-    def forget_preview(self, days: int = 7) -> dict:
-        """What decay, auto-archival and the atom lifecycle would do by `days` days from now, computed
-        in a transaction that is rolled back (nothing changes). Returns {as_of, days, importance,
+    def forget_preview(self, days: int = 7, persona_id: str | None = None) -> dict:
+        """What decay, auto-archival and the atom lifecycle would do by `days` days from now to the
+        memories and atoms of persona `persona_id` (None: the default persona ''), computed in a
+        transaction that is rolled back (nothing changes). Returns {as_of, days, importance,
         archived, atoms}."""
+        persona = _label(persona_id, "persona_id")
         if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= DECAY_DAYS_MAX:
             raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, got {days!r}")
         ref = now() + dt.timedelta(days=days)
@@ -3661,7 +3666,7 @@ class Forgetting:
         first = (dt.date.fromisoformat(last) if last else self._decay_due(now())) + dt.timedelta(days=1)
         todo = [first + dt.timedelta(days=i) for i in range((self._decay_due(ref) - first).days + 1)]
         steps = self._decay_steps(todo, ref) + [lambda: self._lifecycle_sweep(ref)]
-        before, after = self._run_steps(steps, dry_run=True)
+        before, after = self._run_steps(steps, dry_run=True, persona=persona)
         return {"as_of": iso(ref), "days": [d.isoformat() for d in todo], **self._changes(before, after)}
 
     def set_importance(self, doc_id: int, importance, persona_id: str | None = None) -> dict:
@@ -4771,11 +4776,12 @@ def _context_tools():
     def forget_preview(ctx: Context,
                        days: Annotated[int, Field(ge=0, le=DECAY_DAYS_MAX,
                                                   description="How far ahead to look, in days."),
-                                       _nullable(7)] = 7) -> C.ForgetPreview:
-        """Preview what forgetting would do within `days` days: importance decay, auto-archival and
-        atom expiry. Read-only: nothing changes. Use it before pinning or raising the importance of
-        memories the user wants to keep."""
-        return C.ForgetPreview(**_on_memory(ctx, lambda m: m.forget_preview(days)))
+                                       _nullable(7)] = 7,
+                       persona_id: A.Owner = None) -> C.ForgetPreview:
+        """Preview what forgetting would do within `days` days to one persona's memories: importance
+        decay, auto-archival and atom expiry. Read-only: nothing changes. Use it before pinning or
+        raising the importance of memories the user wants to keep."""
+        return C.ForgetPreview(**_on_memory(ctx, lambda m: m.forget_preview(days, persona_id)))
 
     def consolidate(ctx: Context,
                     dry_run: Annotated[bool, Field(description="Only list the clusters (default)."),

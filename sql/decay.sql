@@ -29,7 +29,7 @@ order by id;
 -- name: document_states
 -- Every memory's importance and archived flag: the before/after snapshot a decay, auto-archival
 -- or preview reports its changes from (lifecycle.sql atom_states is the atoms' half).
-select id, importance, archived from documents;
+select id, persona_id, importance, archived from documents;
 
 -- name: consolidate_documents
 -- Consolidation (clusters of near-duplicate live memories of one persona) starts from these: the

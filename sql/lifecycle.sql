@@ -31,4 +31,4 @@ where state = 'forgotten'
   and julianday(:now) - julianday(state_changed_at) >= :purge_delay_days;
 
 -- name: atom_states
-select id, state from memory_atoms;
+select id, persona_id, state from memory_atoms;

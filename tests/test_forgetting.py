@@ -477,6 +477,18 @@ def test_forget_preview_is_read_only_and_shows_expiries(make, clock):
     assert m.value("select importance from documents where id = ?", (museum,)) == 0.5
 
 
+
+def test_forget_preview_shows_only_the_asking_persona(make, clock):
+    m = make()
+    mine = m.memorize("Museum day with Tom.", {"importance": 0.5, "key_facts": [MUSEUM], "persona_id": "home"})["id"]
+    theirs = m.memorize("Museum day with Ann.", {"importance": 0.5, "key_facts": [MUSEUM], "persona_id": "work"})["id"]
+    m.decay()
+    p = m.forget_preview(8, "home")
+    assert [c["id"] for c in p["importance"]] == [mine]
+    assert set(c["id"] for c in p["atoms"]) == set(atom_ids(m, mine)) != set()
+    assert [c["id"] for c in m.forget_preview(8, "work")["importance"]] == [theirs]
+    assert m.forget_preview(8)["importance"] == [] and m.forget_preview(8)["atoms"] == []
+
 # backups -----------------------------------------------------------------------------------------
 
 def test_online_backup_under_concurrent_writes(make, tmp_path, monkeypatch):
