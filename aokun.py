@@ -75,7 +75,6 @@ JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
 DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "search_atoms", "get_memory", "edit_memory",
                  "delete_memory")
 
-OWNER = f"{socket.gethostname()}:{os.getpid()}"  #: this process, as recorded on the journal rows it writes
 log = logging.getLogger("aokun")
 
 
@@ -1129,6 +1128,7 @@ class Prepared:
     warnings: list = field(default_factory=list)
     embedding_truncated: bool = False
     recovering: bool = False  # resumed from the journal at open: a failure is recorded, never raised
+    error: Exception | None = None  # why a write that was not stored failed (status 'failed')
     stale: list = field(default_factory=list)  # memories whose vector context this write changed
     given: frozenset = frozenset()  # the metadata keys the caller gave (a repeat merges only those it said)
     changed: dict = field(default_factory=dict)  # a repeat's changes to the stored memory, {field: [old, new]}
@@ -1915,22 +1915,51 @@ OWNER_STALE_SECONDS = 600  #: a journal row of another host counts as abandoned 
 JOURNAL_ERROR_CHARS = 1000  #: the start of an error message kept on its journal row
 
 
+def process_token(pid: int) -> str:
+    """What tells one start of process `pid` from a later process given the same pid: the boot id and
+    the start time in clock ticks since boot (Linux /proc), e.g. "3f2a9c1e.123456"; "" where /proc
+    cannot say (another OS, or no such process)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return f"{boot}.{stat[stat.rindex(')') + 2:].split()[19]}"  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+#: this process, as recorded on the journal rows it writes: host:pid@start (the start token tells this
+#: process from an earlier one with the same pid, e.g. pid 1 in every container start)
+OWNER = f"{socket.gethostname()}:{os.getpid()}@{process_token(os.getpid()) or uuid.uuid4().hex[:12]}"
+
+
 def owner_alive(owner: str, updated_at: str | None = None) -> bool:
-    """True when `owner` (host:pid of a journal row) is a live process on this host other than us.
-    A row of another host (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes)
-    after its last update, then as abandoned (e.g. a file copied from a machine that crashed)."""
+    """True when `owner` (host:pid@start of a journal row; host:pid in rows of older versions) is a live
+    process on this host other than this one: its pid runs and, where /proc can tell, is still the same
+    start of that process (not a later process given the same pid). A row of this pid that is not
+    OWNER is an earlier process's (pid reuse): not alive. OWNER itself is False too: whether this
+    process is still running one of its writes is Journal._op_running's to say. A row of another host
+    (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes) after its last
+    update, then as abandoned (e.g. a file copied from a machine that crashed)."""
     if not owner or owner == OWNER:
         return False
-    host, _, pid = owner.rpartition(":")
+    host, _, rest = owner.rpartition(":")
+    pid, _, token = rest.partition("@")
     if host != socket.gethostname():
         return bool(updated_at) and age_days(updated_at, now()) * 86400 < OWNER_STALE_SECONDS
     try:
+        if int(pid) == os.getpid():
+            return False
         os.kill(int(pid), 0)
     except (ValueError, ProcessLookupError):
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    current = process_token(int(pid))
+    return not (token and current and token != current)
+
+
+_RUNNING_OPS: set[tuple[str, int]] = set()  #: (database file, journal op id) of writes this process runs now
+_RUNNING_LOCK = threading.Lock()
 
 
 REPEAT_UNITED = ("topics", "tags", "participants", "key_facts")  #: a repeat appends its new items to these
@@ -2019,28 +2048,37 @@ class Journal:
     def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
         """Store many memories with batched embedding (imports). Every item is validated before any
         is written; returns one result per item, in order (memorize's shape). Copies of one new text
-        in a batch store one memory; the later copies are repeats of it (their metadata merged)."""
+        in a batch store one memory; the later copies are repeats of it (their metadata merged). An
+        item whose first stage fails is not stored (status 'failed', its error; its journal row is
+        marked failed so no recovery stores it later) and the others are; with a single item that
+        failure is raised instead (memorize)."""
         preps = [self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "") for i, (c, m) in enumerate(items)]
         stamp = now_iso()
-        with self.tx() as c:
-            seen: dict[tuple, Prepared] = {}
-            for p in preps:
-                key = (p.persona_id, p.content_hash)
-                existing = self.value("select id from documents where persona_id = ? and content_hash = ?", key)
-                if existing is not None or key in seen:
-                    p.deduplicated, p.document_id, p.status = True, existing, "done"
-                    if existing is None:
-                        p.document_id = seen[key]  # resolved after the first copy is written
-                    continue
-                seen[key] = p
-                c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at, "
-                          "owner) values ('insert', ?, ?, 'pending', ?, ?, ?)",
-                          (p.persona_id, p.payload(), stamp, stamp, OWNER))
-                p.op_id = self.conn.last_insert_rowid()
-        self.run_pipeline([p for p in preps if p.op_id])
+        with self._running() as claim:
+            with self.tx() as c:
+                seen: dict[tuple, Prepared] = {}
+                for p in preps:
+                    key = (p.persona_id, p.content_hash)
+                    existing = self.value("select id from documents where persona_id = ? and content_hash = ?", key)
+                    if existing is not None or key in seen:
+                        p.deduplicated, p.document_id, p.status = True, existing, "done"
+                        if existing is None:
+                            p.document_id = seen[key]  # resolved after the first copy is written
+                        continue
+                    seen[key] = p
+                    c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at, "
+                              "owner) values ('insert', ?, ?, 'pending', ?, ?, ?)",
+                              (p.persona_id, p.payload(), stamp, stamp, OWNER))
+                    p.op_id = claim(self.conn.last_insert_rowid())
+            self.run_pipeline([p for p in preps if p.op_id])
         for p in preps:
             if isinstance(p.document_id, Prepared):
-                p.document_id = p.document_id.document_id
+                first = p.document_id
+                p.document_id, p.error = first.document_id, first.error
+                p.status = "failed" if first.status == "failed" else p.status
+        if len(preps) == 1 and preps[0].status == "failed":
+            e = preps[0].error
+            raise e if isinstance(e, AokunError) else AokunError(f"could not store the memory: {e}")
         self._refresh_stale([i for p in preps for i in p.stale])
         for p in preps:
             if p.deduplicated and p.document_id is not None:
@@ -2049,7 +2087,13 @@ class Journal:
 
     def _write_result(self, p: Prepared) -> dict:
         """The answer of memorize and edit: {id, uid, status, deduplicated, atoms, graph_entries,
-        embedding, embedding_truncated, warnings, changed} for the memory `p` wrote (or repeated)."""
+        embedding, embedding_truncated, warnings, changed} for the memory `p` wrote (or repeated).
+        An item of memorize_many that could not be stored: {id: None, status: 'failed', error, …}
+        (nothing of it is stored, and recovery will not store it later)."""
+        if p.status == "failed":
+            return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated, "atoms": 0,
+                    "graph_entries": 0, "embedding": None, "embedding_truncated": False, "warnings": p.warnings,
+                    "changed": {}, "error": str(p.error)}
         doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
         counts = self.rows(self.queries["document_layer_counts"], {"document_id": p.document_id})[0]
         return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
@@ -2103,7 +2147,7 @@ class Journal:
     def run_pipeline(self, preps: list[Prepared]) -> None:
         """Advance each write from its journal status to `done`, one transaction per stage:
         pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item records
-        the error on its journal row (recovered at next start) and stops that item only."""
+        the error on its journal row and stops that item only (see _record_failure); never raises."""
         stages = [("pending", self._stage_docs, self._doc_vectors),  # (status, stage, its embeddings)
                   ("docs_done", self._stage_atoms, None),
                   ("atoms_done", self._stage_graph, None),
@@ -2141,32 +2185,67 @@ class Journal:
                           (p.status, p.document_id, now_iso(), p.op_id))
 
     def _record_failure(self, p: Prepared, error: Exception) -> None:
+        """Stage after `p.status` failed for one write. A new memory that failed its first stage (not
+        stored at all) is marked failed, on its journal row too, so the caller is told and no later
+        recovery stores it (p.status 'failed', p.error); otherwise the error goes on the journal row
+        and recovery retries the write once this call has returned (counted in retries)."""
         log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
-        p.warnings.append(f"stage after {p.status} failed ({error}); it is retried at next start")
         if p.status == "pending" and p.op == "insert" and not p.recovering:
             with self.tx():  # the caller is told it failed: it must not be stored by a later recovery
                 self.conn.execute("update memory_write_ops set status = 'failed', error = ?, updated_at = ? "
                                   "where id = ?",
                                   (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
-            raise error if isinstance(error, AokunError) else AokunError(f"could not store the memory: {error}")
+            p.status, p.error = "failed", error
+            p.warnings.append(f"not stored: {error}")
+            return
+        p.warnings.append(f"stage after {p.status} failed ({error}); it is retried by recovery")
         with self.tx():
             self.conn.execute("update memory_write_ops set error = ?, updated_at = ? where id = ?",
                               (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
 
+    @contextlib.contextmanager
+    def _running(self):
+        """Journal rows this process is advancing right now: `claim(op_id)` (returns op_id), called in the
+        transaction that inserts or takes over the row, marks it until the block ends, so recover()
+        (of any Memory of this process: the server's background thread, a second open) leaves it alone."""
+        key, claimed = str(self.path.resolve()), []
+
+        def claim(op_id: int) -> int:
+            with _RUNNING_LOCK:
+                _RUNNING_OPS.add((key, op_id))
+            claimed.append(op_id)
+            return op_id
+        try:
+            yield claim
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING_OPS.difference_update((key, op) for op in claimed)
+
+    def _op_running(self, op_id: int) -> bool:
+        """True while a write of this process advances journal row `op_id` (see _running)."""
+        with _RUNNING_LOCK:
+            return (str(self.path.resolve()), op_id) in _RUNNING_OPS
+
     def recover(self) -> dict:
         """Finish unfinished journal rows and repair index gaps (seed: Reliability).
 
-        Each unfinished row is retried from its stage; a row already retried write_op_max_retries
-        times is marked failed and reported. Missing FTS rows are re-segmented. Returns
-        {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by backfill_vectors()."""
+        Each unfinished row whose writer is gone (owner_alive false, and not a write this process runs
+        right now) is retried from its stage, counted in its `retries`; a row already retried
+        write_op_max_retries times is marked failed and reported. Missing FTS rows are re-segmented.
+        Returns {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by backfill_vectors()."""
+        with self._running() as claim:
+            return self._recover(claim)
+
+    def _recover(self, claim) -> dict:
+        """recover(), with `claim` marking each row it takes over as running (see _running)."""
         report = {"resumed": 0, "failed": [], "fts_backfilled": 0}
         limit = self.cfg.write.write_op_max_retries
         with self.tx() as c:
             rows = self.rows(self.queries["journal_unfinished"])
             preps = []
             for r in rows:
-                if owner_alive(r["owner"], r["updated_at"]):  # another live process is writing it right now
-                    continue
+                if self._op_running(r["id"]) or owner_alive(r["owner"], r["updated_at"]):
+                    continue  # a live writer (this process or another) is running it right now
                 if r["retries"] >= limit:
                     c.execute("update memory_write_ops set status = 'failed', updated_at = ? where id = ?",
                               (now_iso(), r["id"]))
@@ -2175,6 +2254,7 @@ class Journal:
                               r["id"], r["retries"], r["status"], r["error"])
                     continue
                 c.execute("update memory_write_ops set retries = retries + 1, owner = ? where id = ?", (OWNER, r["id"]))
+                claim(r["id"])
                 payload = json.loads(r["payload"])
                 p = Prepared(**{k: payload[k] for k in Prepared.PAYLOAD if k in payload})
                 p.op, p.op_id, p.status, p.document_id = r["op"], r["id"], r["status"], r["document_id"]
@@ -2223,12 +2303,13 @@ class Journal:
             raise InputError("content", f"memory {other} already has exactly this content; delete one of them instead")
         p.op, p.document_id = "edit", doc_id
         stamp = now_iso()
-        with self.tx() as c:
-            c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
-                      "updated_at, owner) values ('edit', ?, ?, ?, 'pending', ?, ?, ?)",
-                      (doc_id, p.persona_id, p.payload(), stamp, stamp, OWNER))
-            p.op_id = c.last_insert_rowid()
-        self.run_pipeline([p])
+        with self._running() as claim:
+            with self.tx() as c:
+                c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
+                          "updated_at, owner) values ('edit', ?, ?, ?, 'pending', ?, ?, ?)",
+                          (doc_id, p.persona_id, p.payload(), stamp, stamp, OWNER))
+                p.op_id = claim(c.last_insert_rowid())
+            self.run_pipeline([p])
         self._refresh_stale(p.stale)
         return self._write_result(p)
 
@@ -3682,21 +3763,7 @@ class Maintenance:
                     c.execute(f"delete from {t}")
             out["fts"] = self.recover()["fts_backfilled"]
         if graph:
-            stamp, preps = now_iso(), []
-            with self.tx() as c:
-                for d in self.rows(self.queries["all_document_ids"]):
-                    doc = self._doc(d["id"])
-                    p = self.prepare(doc["content"], {k: doc[k] for k in ("summary", "topics", "participants", "tags",
-                                     "sentiment", "source", "importance", "session_id", "persona_id", "key_facts")}
-                                     | {"timestamp": doc["created_at"]})
-                    p.op, p.document_id, p.status = "edit", d["id"], "docs_done"
-                    c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
-                              "updated_at, owner) values ('edit', ?, ?, ?, 'docs_done', ?, ?, ?)",
-                              (d["id"], p.persona_id, p.payload(), stamp, stamp, OWNER))
-                    p.op_id = c.last_insert_rowid()
-                    preps.append(p)
-            self.run_pipeline(preps)
-            out["graph"] = len(preps)
+            out["graph"] = self._rebuild_graph()
         if vectors:
             if self.embedder.provider == "none":
                 raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
@@ -3717,6 +3784,26 @@ class Maintenance:
             self._start_vectors()
             out["vectors"] = self.backfill_vectors()
         return out
+
+    def _rebuild_graph(self) -> int:
+        """rebuild --graph: re-derive atoms and graph of every document through the journal (edit rows
+        from docs_done). Returns how many documents."""
+        stamp, preps = now_iso(), []
+        with self._running() as claim:
+            with self.tx() as c:
+                for d in self.rows(self.queries["all_document_ids"]):
+                    doc = self._doc(d["id"])
+                    p = self.prepare(doc["content"], {k: doc[k] for k in ("summary", "topics", "participants", "tags",
+                                     "sentiment", "source", "importance", "session_id", "persona_id", "key_facts")}
+                                     | {"timestamp": doc["created_at"]})
+                    p.op, p.document_id, p.status = "edit", d["id"], "docs_done"
+                    c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
+                              "updated_at, owner) values ('edit', ?, ?, ?, 'docs_done', ?, ?, ?)",
+                              (d["id"], p.persona_id, p.payload(), stamp, stamp, OWNER))
+                    p.op_id = claim(c.last_insert_rowid())
+                    preps.append(p)
+            self.run_pipeline(preps)
+        return len(preps)
 
     def vacuum(self) -> dict:
         """Merge FTS segments, checkpoint the WAL and VACUUM. Returns sizes before and after."""
