@@ -3950,6 +3950,8 @@ class Maintenance:
             after = 0
             while rows := self.rows(self.queries[query], {"after": after, "n": batch}):
                 after = rows[-1]["id"]
+                if table == "graph_entries":  # as _entry_vectors: a fact that is its whole memory reuses its vector
+                    rows = [r for r in rows if not self._reuse_new_doc_vector(r)]
                 texts = self._stored_vector_texts(rows) if table == "documents" else [(r["t"], False) for r in rows]
                 out = self._embed_split([fold(t) for t, _ in texts], None)
                 with self.lock:
@@ -3965,6 +3967,19 @@ class Maintenance:
                 if any(v is None for v in out):
                     return refused
         return refused
+
+    def _reuse_new_doc_vector(self, r: dict) -> bool:
+        """For _embed_all_into_temp: copy the new vector of fact entry r's memory as the entry's when
+        the fact is the whole memory and the memory's vector saw no session context (the rule of
+        _entry_vectors). True when it did."""
+        if r["t"] != r["content"] or self._session_context(r["persona_id"], r["session_id"], r["created_at"],
+                                                           r["doc_id"]):
+            return False
+        with self.lock:
+            blob = self.value("select embedding from temp.new_doc_vectors where doc_id = ?", (r["doc_id"],))
+            if blob is not None:
+                self.conn.execute("insert into temp.new_entry_vectors values (?, ?)", (r["id"], blob))
+        return blob is not None
 
     def _rebuild_graph(self) -> int:
         """rebuild --graph: re-derive atoms and graph of every document through the journal (edit rows

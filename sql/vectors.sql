@@ -108,9 +108,15 @@ from documents where id > :after order by id limit :n;
 
 -- name: fact_entries_to_embed
 -- `rebuild --vectors`: the next :n fact entries (the graph entries that get a vector) after id
--- :after, by id, with their node text t.
-select e.id, n.value t from graph_entries e join graph_nodes n on n.id = e.node_id
-where n.node_type = 'fact' and e.id > :after order by e.id limit :n;
+-- :after, by id, with their node text t and what decides whether their memory's vector is reused
+-- (as pending_entries_by_id).
+select e.id, n.value t, d.content, d.id doc_id, d.persona_id, d.session_id, d.created_at
+from graph_entries e
+join graph_nodes n on n.id = e.node_id
+join documents d on d.id = e.document_id
+where n.node_type = 'fact' and e.id > :after
+order by e.id
+limit :n;
 
 -- name: pending_entry_ids
 -- Back-fill: the first :n graph entries awaiting a vector (not refused by the provider), by id.
