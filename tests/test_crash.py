@@ -193,3 +193,113 @@ def test_poison_journal_row_does_not_block_opening(db_path, open_mem):
     assert m.last_recovery["failed"] == [poison]
     assert count(m, "documents") == 1
     assert m.doctor() == ["1 failed writes in the journal (see memory_write_ops.error)"]
+
+
+# the journal and this process's own writes --------------------------------------------------------
+
+def test_recovery_leaves_this_process_running_writes_alone(db_path, open_mem, caplog):
+    """A write still running in this process (a slow embedding) is not abandoned: recovery in the
+    same Memory (what the server's background thread runs every minute) and in a second Memory of
+    the process leave it alone, so a clean run logs no recovery and uses up no retry."""
+    import threading
+    entered, gate = threading.Event(), threading.Event()
+
+    class Blocking(FakeEmbedder):
+        block = False
+
+        def embed_documents(self, texts):
+            if self.block:  # the first call after arming blocks until the test lets it go
+                self.block = False
+                entered.set()
+                gate.wait(60)
+            return super().embed_documents(texts)
+
+    emb = Blocking(16)
+    m = open_mem(db_path, emb)
+    m.memorize("A quick first memory about the harbour.")
+    limit = m.cfg.write.write_op_max_retries
+    emb.block, results = True, []
+    writer = threading.Thread(target=lambda: results.append(m.memorize("A slow memory about the lighthouse.")))
+    caplog.set_level("INFO", logger="aokun")
+    writer.start()
+    try:
+        assert entered.wait(30)
+        for _ in range(limit + 1):
+            assert m.recover()["resumed"] == 0
+            assert m.maintenance_due()["recovered"] == 0
+        second = open_mem(db_path)
+        assert second.last_recovery["resumed"] == 0
+        assert m.value("select status from memory_write_ops order by id desc limit 1") == "pending"
+    finally:
+        gate.set()
+        writer.join(30)
+    assert results and results[0]["status"] == "done" and results[0]["embedding"] == "done"
+    assert m.rows("select status, retries from memory_write_ops") == [{"status": "done", "retries": 0}] * 2
+    assert not [r for r in caplog.records if "recovering" in r.getMessage()]
+    assert m.doctor() == []
+
+
+def test_owner_of_an_earlier_process_with_this_pid_is_not_alive():
+    """pid reuse: a row of this pid that is not OWNER (an earlier start, e.g. pid 1 in a container)
+    and a row naming a live pid with another start token are abandoned; a live process's own is not."""
+    import os
+    import socket
+    host = socket.gethostname()
+    assert not aokun.owner_alive(aokun.OWNER)  # this process's rows: _op_running decides
+    assert not aokun.owner_alive(f"{host}:{os.getpid()}")  # written before start tokens, by an earlier start
+    assert not aokun.owner_alive(f"{host}:{os.getpid()}@0.1")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        token = aokun.process_token(child.pid)
+        assert token and token != aokun.process_token(os.getpid())
+        assert aokun.owner_alive(f"{host}:{child.pid}@{token}")
+        assert aokun.owner_alive(f"{host}:{child.pid}")  # no token to compare: the pid decides
+        assert not aokun.owner_alive(f"{host}:{child.pid}@{token}0")  # the pid now runs another process
+    finally:
+        child.kill()
+        child.wait()
+    assert not aokun.owner_alive(f"{host}:{child.pid}@{token}")
+
+
+def test_earlier_start_with_this_pid_is_recovered(db_path, open_mem):
+    import os
+    import socket
+    m = open_mem(db_path)
+    op = _journal_row(m, "left behind by an earlier start of this pid", 0)
+    with m.tx() as c:
+        c.execute("update memory_write_ops set owner = ? where id = ?", (f"{socket.gethostname()}:{os.getpid()}", op))
+    m.close()
+    again = open_mem(db_path)
+    assert again.last_recovery["resumed"] == 1
+    assert again.rows("select status, retries from memory_write_ops where id = ?", (op,)) == \
+        [{"status": "done", "retries": 1}]
+
+
+def test_memorize_many_reports_what_is_stored(db_path, open_mem):
+    """One item of a batch failing its first stage: the others are stored, the failed one is reported
+    failed and its journal row marked failed, so no recovery stores it later."""
+    m = open_mem(db_path)
+    real = aokun.Memory._stage_docs
+
+    def stage_docs(self, p, vectors):
+        if "poison" in p.content:
+            raise RuntimeError("disk on fire")
+        return real(self, p, vectors)
+
+    aokun.Memory._stage_docs = stage_docs
+    try:
+        res = m.memorize_many([("first good memory", None), ("a poison memory", None), ("second good memory", None),
+                               ("a poison memory", None)])
+        with pytest.raises(aokun.AokunError, match="disk on fire"):
+            m.memorize("another poison memory")
+    finally:
+        aokun.Memory._stage_docs = real
+    assert [r["status"] for r in res] == ["done", "failed", "done", "failed"]
+    assert res[1]["id"] is None and "disk on fire" in res[1]["error"]
+    assert {m.get(r["id"])["content"] for r in res if r["id"]} == {"first good memory", "second good memory"}
+    assert m.recover()["resumed"] == 0
+    m.close()
+    again = open_mem(db_path)
+    assert again.last_recovery["resumed"] == 0
+    assert count(again, "documents") == 2 and count(again, "documents", "content like '%poison%'") == 0
+    assert again.stats()["journal"] == {"done": 2, "failed": 2}

@@ -16,10 +16,13 @@ from fakes import FakeEmbedder, count, fts_ids
 
 class FakeOpenAI:
     """POST /v1/embeddings in the OpenAI format. `script` holds (status, headers) answers given
-    before the normal 200s; `requests` records every request (path, headers, body)."""
+    before the normal 200s; `requests` records every request (path, headers, body). `down` answers
+    503 to everything; a request with an input containing `reject` (a marker) gets 400, as an
+    endpoint refusing one input for good does."""
 
     def __init__(self, port: int = 0, dim: int = 8):
         self.dim, self.script, self.requests = dim, [], []
+        self.down, self.reject = False, None
         self.vectors = FakeEmbedder(dim)
         outer = self
 
@@ -45,7 +48,11 @@ class FakeOpenAI:
                 if outer.script:
                     status, headers = outer.script.pop(0)
                     return self._send(status, {"error": {"message": f"scripted {status}"}}, headers)
+                if outer.down:
+                    return self._send(503, {"error": {"message": "down for maintenance"}}, [("Retry-After", "0")])
                 inputs = body["input"]
+                if outer.reject and any(outer.reject in t for t in inputs):
+                    return self._send(400, {"error": {"message": f"input {outer.reject} is not allowed"}})
                 data = [{"object": "embedding", "index": i,
                          "embedding": [float(x) * 3 for x in outer.vectors.vector(t)]}
                         for i, t in enumerate(inputs)]
@@ -417,3 +424,177 @@ def test_server_background_backfill_stops_when_the_server_stops(db_path, open_me
     assert mem.value("select count(*) from documents where embedding_state = 'pending'") > 0  # left for later
     mem.backfill_vectors()  # the next start finishes it
     assert mem.doctor() == []
+
+
+# refused inputs, outages and rebuild --vectors ---------------------------------------------------
+
+POISON = "POISONPILL"
+
+
+@pytest.mark.parametrize("status, refused", [(400, True), (413, True), (422, True), (404, False), (408, False)])
+def test_4xx_about_the_input_is_a_refusal(server, status, refused):
+    server.script = [(status, [("Retry-After", "0")])] * 5
+    with pytest.raises(aokun.EmbeddingError) as e:
+        openai(server.url, max_retries=1).embed_documents(["hello"])
+    assert isinstance(e.value, aokun.EmbeddingRejected) is refused
+    assert len(server.requests) == (2 if status == 408 else 1)  # 408 is retried like 429
+
+
+@pytest.fixture
+def remote(db_path, server, segmenter):
+    """A Memory on the configured OpenAI-compatible provider, served by `server`."""
+    mem = aokun.Memory(db_path, _openai_config(server.url))
+    mem.seg = segmenter
+    yield mem
+    mem.close()
+
+
+def _fact_entries(mem, where="1"):
+    return count(mem, "graph_entries", f"node_id in (select id from graph_nodes where node_type = 'fact') and {where}")
+
+
+def test_refused_memory_is_marked_and_never_blocks_the_others(remote, server):
+    server.reject = POISON
+    texts = [f"Ordinary memory {i} about the garden shed." for i in range(5)]
+    res = remote.memorize_many([(t, None) for t in texts[:2]] + [(f"A {POISON} memory.", None)] +
+                               [(t, None) for t in texts[2:]])
+    assert [r["embedding"] for r in res] == ["done", "done", "pending", "done", "done", "done"]
+    assert [r["status"] for r in res] == ["done"] * 6
+    bad = res[2]
+    assert any("refused" in w and "400" in w for w in bad["warnings"]) and res[0]["warnings"] == []
+    assert remote.value("select embedding_error from documents where id = ?", (bad["id"],)).startswith(
+        "embedding endpoint answered 400")
+    assert count(remote, "doc_vectors") == 5 and _fact_entries(remote, "embedding_state = 'done'") == 5
+    assert remote.stats()["counts"]["documents_refused_vectors"] == 1
+    assert remote.stats()["counts"]["documents_awaiting_vectors"] == 0
+    problems = remote.doctor()
+    assert len(problems) == 2, problems  # the memory and its fact entry
+    assert problems[0].startswith("1 memories without a vector") and f"memory {bad['id']}: " in problems[0]
+    assert "400" in problems[0] and "rebuild --vectors" in problems[0]
+    server.requests.clear()
+    assert remote.backfill_vectors() == 0 and server.requests == []  # a refused text is not sent again
+    # editing it to a text the endpoint takes gives it a vector and clears the reason
+    r = remote.edit(bad["id"], content="Now an ordinary memory too.")
+    assert r["embedding"] == "done" and remote.doctor() == []
+
+
+def test_backfill_after_an_outage_skips_the_refused_one(remote, server):
+    server.down = True
+    res = remote.memorize_many([("First memory from the outage.", None), (f"The {POISON} one.", None),
+                                ("Third memory from the outage.", None)])
+    assert [r["embedding"] for r in res] == ["pending"] * 3
+    assert all("embedding failed" in r["warnings"][0] for r in res)
+    assert remote.backfill_vectors() == 0  # still down: transient, nothing marked refused
+    assert count(remote, "documents", "embedding_error is not null") == 0
+    assert remote.vectors_awaited()
+    server.down, server.reject = False, POISON
+    n = remote.backfill_vectors(batch=2)
+    assert n == 2 + _fact_entries(remote, "embedding_state = 'done'") == 4
+    assert remote.value("select id from documents where embedding_error is not null") == res[1]["id"]
+    assert not remote.vectors_awaited()
+
+
+def test_rebuild_vectors_with_the_endpoint_down_keeps_every_vector(remote, server):
+    remote.memorize_many([(f"Memory {i} about the lighthouse keeper.", None) for i in range(3)])
+    before = _snapshot(remote)[1:]
+    vectors = count(remote, "doc_vectors") + count(remote, "graph_vectors")
+    assert vectors == 6
+    server.down = True
+    remote.embedder._cache.clear()  # as in a fresh process (the CLI): nothing cached
+    with pytest.raises(aokun.EmbeddingError, match=r"embedded 0 of 6 .*503.*kept") as e:
+        remote.rebuild(vectors=True)
+    assert "\n" not in str(e.value)
+    assert _snapshot(remote)[1:] == before
+    assert count(remote, "doc_vec") + count(remote, "graph_vec") == vectors  # the index too
+    assert remote.recall("lighthouse keeper", k=3)["results"]  # still found, by meaning too
+    server.down = False
+    assert remote.backfill_vectors() == 6  # what rebuild could not redo is back-filled
+    assert remote.rebuild(vectors=True) == {"vectors": 6} and remote.doctor() == []
+
+
+def test_rebuild_vectors_refused_text_fails_only_that_one(remote, server):
+    remote.memorize_many([("Memory about apples.", None), (f"Memory about {POISON}.", None),
+                          ("Memory about pears.", None)])
+    server.reject = POISON
+    remote.embedder._cache.clear()
+    with pytest.raises(aokun.EmbeddingError, match="embedded 4 of 6 .*refused 2 texts"):
+        remote.rebuild(vectors=True)
+    assert count(remote, "doc_vectors") == 3  # the refused one keeps its old vector
+    assert count(remote, "documents", "embedding_error is not null") == 1
+    assert count(remote, "documents", "embedding_state = 'done'") == 2
+
+
+def test_rebuild_vectors_to_another_model_builds_before_dropping(db_path, open_mem, server, segmenter):
+    old = open_mem(db_path, FakeEmbedder(16))
+    old.memorize_many([(f"Memory {i} about the night train.", None) for i in range(3)])
+    before = _snapshot(old)
+    old.close()
+    mem = aokun.Memory(db_path, _openai_config(server.url))
+    mem.seg = segmenter
+    try:
+        assert mem.vector_problem
+        server.reject = "Memory 2"  # the new model refuses one text: fewer new vectors than old ones
+        with pytest.raises(aokun.EmbeddingError, match=r"embedded 4 of 6 .*refused 2 texts.*6 stored vectors are kept"):
+            mem.rebuild(vectors=True)
+        assert _snapshot(mem) == before and mem.meta_get("embedding_model") == "fake-16"
+        assert count(mem, "doc_vec") == 3 and mem.vector_problem
+        server.reject, server.down = None, True
+        with pytest.raises(aokun.EmbeddingError, match="embedded 0 of 6 .*503"):
+            mem.rebuild(vectors=True)
+        assert _snapshot(mem) == before
+        server.down = False
+        assert mem.rebuild(vectors=True) == {"vectors": 6}
+        assert mem.meta_get("embedding_model") == "remote-embed" and mem.vector_problem is None
+        assert mem.doctor() == []
+    finally:
+        mem.close()
+
+
+def test_cli_rebuild_vectors_exits_nonzero_with_one_line(tmp_path, server, segmenter):
+    import subprocess
+    import sys
+    db = tmp_path / "cli.db"
+    mem = aokun.Memory(db, _openai_config(server.url))
+    mem.seg = segmenter
+    mem.memorize("The only memory, about the ferry timetable.")
+    mem.close()
+    ini = tmp_path / "aokun.ini"
+    ini.write_text(f"[embedding]\nprovider = openai\nbase_url = {server.url}\nmodel = remote-embed\n"
+                   "api_key = sk-test\nmax_retries = 0\ntimeout_seconds = 5\n", encoding="utf-8")
+    server.down = True
+    r = subprocess.run([sys.executable, str(aokun.HERE / "aokun.py"), "--db", str(db), "--config", str(ini),
+                        "rebuild", "--vectors"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0, r
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "embedded 0 of 2" in errors[0] and "Traceback" not in r.stderr
+    with aokun.Memory(db, _openai_config(server.url)) as again:
+        assert count(again, "doc_vectors") == 1 and count(again, "graph_vectors") == 1
+
+
+def test_running_server_backfills_once_the_endpoint_is_back(remote, server, monkeypatch):
+    """The endpoint is down when memories are written; the server's background thread tries again on
+    its bounded schedule and embeds them once it answers, without a restart."""
+    server.down = True
+    ids = [r["id"] for r in remote.memorize_many([("Written during the outage, one.", None),
+                                                  ("Written during the outage, two.", None)])]
+    monkeypatch.setattr(aokun, "BACKFILL_RETRY_SECONDS", (0.05, 0.1))
+    remote.cfg.forgetting.scheduler_interval_seconds = 3600.0
+    remote.cfg.backup.on_version_change = False
+    remote.cfg.backup.daily = False
+    stop = threading.Event()
+    worker = threading.Thread(target=aokun._background, args=(remote, stop), daemon=True)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(server.requests) < 3 and time.monotonic() < deadline:  # it keeps trying while down
+            time.sleep(0.01)
+        assert count(remote, "documents", "embedding_state = 'pending'") == 2
+        server.down = False
+        while count(remote, "documents", "embedding_state = 'pending'") and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        worker.join(10)
+    assert not worker.is_alive()
+    assert [remote.get(i)["embedding_state"] for i in ids] == ["done", "done"]
+    assert remote.doctor() == []

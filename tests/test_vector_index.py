@@ -91,6 +91,8 @@ def _make_schema5_file(path, dim=16):
     c.execute("drop table doc_vectors")
     c.execute("drop table graph_vectors")
     c.execute("delete from meta where key = 'vector_center'")
+    c.execute("alter table documents drop column embedding_error")  # schema 9
+    c.execute("alter table graph_entries drop column embedding_error")
     c.execute("alter table documents drop column useful_count")  # schema 7
     c.execute("alter table documents drop column last_useful_at")
     c.execute("pragma user_version = 5")
