@@ -3989,8 +3989,8 @@ class Maintenance:
                 examples = "; ".join(f"{kind} {r['id']}: {' '.join(r['error'].split())[:160]}" for r in mine)
                 problems.append(f"{mine[0]['total']} {plural} without a vector: the embedding provider refused their "
                                 f"text for good ({examples}{'; …' if mine[0]['total'] > len(mine) else ''}); they are "
-                                "found by keyword and graph search; edit them, or run `aokun rebuild --vectors` to "
-                                "try again")
+                                "found by keyword and graph search; edit them, or run "
+                                "`python aokun.py rebuild --vectors` to try again")
         return problems
 
     def rebuild(self, vectors: bool = False, fts: bool = False, graph: bool = False) -> dict:
@@ -4046,7 +4046,8 @@ class Maintenance:
         else:
             made, refused, kept = self._swap_in_new_vectors()
         if made < expected:
-            why = [f"the provider refused {refused} texts for good (`aokun doctor` lists them)"] if refused else []
+            why = [f"the provider refused {refused} texts for good (`python aokun.py doctor` lists them)"
+                   ] if refused else []
             if made + refused < expected:
                 why.append(f"the provider failed ({self.last_embedding_error or 'see the log'})")
             raise EmbeddingError(f"rebuild --vectors embedded {made} of {expected} memories and fact entries: "

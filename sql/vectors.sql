@@ -5,7 +5,7 @@
 -- exact cosine distance from the float vectors (sql/recall.sql).
 --
 -- Bits are taken after subtracting meta('vector_center'), the mean of the stored document vectors
--- (hex of float32; set once 256 exist, recomputed by `aokun rebuild --vectors`): e5-style
+-- (hex of float32; set once 256 exist, recomputed by `python aokun.py rebuild --vectors`): e5-style
 -- embeddings share a large common component, so plain sign bits barely separate them (LoCoMo
 -- top-10 overlap with exact KNN 0.69 uncentred vs 0.97 centred at 100 candidates).
 --
