@@ -73,7 +73,7 @@ ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emo
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
 #: Tools listed by default: the frequent ones. [server] exposed_tools lists more, or `all`.
 DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "search_atoms", "get_memory", "edit_memory",
-                 "delete_memory")
+                 "delete_memory", "conversation_search", "conversation_get_session", "conversation_stats")
 
 OWNER = f"{socket.gethostname()}:{os.getpid()}"  #: this process, as recorded on the journal rows it writes
 log = logging.getLogger("aokun")
@@ -4989,6 +4989,9 @@ def _search_models():
         warnings: list[str] = []
         took_ms: float
         cached: bool = False
+        conversations: list[_conversation_models().TurnHit] = Field(
+            [], description="With include_conversations: the best turns of ingested conversations, apart from "
+                            "the memories (their score × the bulk-import source boost).")
 
     class Atom(BaseModel):
         id: int
@@ -5299,14 +5302,18 @@ def _read_tools():
                explain: Annotated[bool, Field(description="Add per-channel ranks and score parts to each hit."),
                                   _nullable(False)] = False,
                as_of: Annotated[str | None, Field(description="ISO-8601 time: answer as the memory stood then "
-                                                              "(later memories, atoms and facts left out).")] = None
+                                                              "(later memories, atoms and facts left out).")] = None,
+               include_conversations: Annotated[bool, Field(description="Also search ingested conversations "
+                                                                        "(their hits in `conversations`)."),
+                                                _nullable(False)] = False
                ) -> S.RecallResult:
         """Search long-term memory by meaning, keywords and relations (Chinese and English). Call it
         before answering whenever earlier conversations could matter. Returns the best memories first,
         with a fused score, knowledge-graph facts about entities the query names, and any search
         channel that could not run. A long memory comes back cut (truncated: true): get_memory reads it whole."""
         return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(query, k, persona_id, session_id, include_archived,
-                                                                   explain, None, as_of)))
+                                                                   explain, None, as_of,
+                                                                   include_conversations=include_conversations)))
 
     def search_atoms(ctx: Context, query: Annotated[str, Field(description="Keywords of the fact you look for.")],
                      k: Annotated[int, Field(ge=1, description="How many atoms (default 10)."), _nullable(10)] = 10,
@@ -5443,6 +5450,111 @@ def _context_tools():
     return _named(memory_context, refresh_briefing, forget_preview, consolidate, summarize_memory)
 
 
+@functools.cache
+def _conversation_models():
+    """Result models of the conversation tools: TurnHit (a conversation_search hit, also in recall's
+    `conversations`), TurnSearch {results, degraded, warnings, took_ms}, SessionTurns (one session's
+    turns in order, a page of them) and ConversationStats (counts and first/last turn times,
+    ISO-8601 or null, per source)."""
+    from typing import Any
+
+    from pydantic import BaseModel, Field
+
+    class TurnHit(BaseModel):
+        turn_id: int
+        session_id: str = Field(description="The client's session id: conversation_get_session reads it.")
+        source: str = Field(description="claude-code, codex, copilot or chatgpt.")
+        role: str = Field(description="user or assistant.")
+        created_at: str
+        text: str = Field(description="The turn's text, or its start when truncated.")
+        truncated: bool
+        score: float = Field(description="Fused score, higher is better.")
+        relevance: float | None = None
+        channels: list[str]
+        title: str
+        project: str
+
+    class TurnSearch(BaseModel):
+        results: list[TurnHit]
+        degraded: list[dict[str, Any]] = []
+        warnings: list[str] = []
+        took_ms: float
+
+    class Turn(BaseModel):
+        turn_id: int
+        seq: int
+        role: str
+        created_at: str
+        text: str
+        truncated: bool
+
+    class SessionTurns(BaseModel):
+        session: dict[str, Any]
+        turns: list[Turn]
+        offset: int
+        limit: int
+        next_offset: int | None = Field(description="Pass as offset for the next page; null at the end.")
+
+    class ConversationStats(BaseModel):
+        sessions: int
+        turns: int
+        first_turn_at: str | None
+        last_turn_at: str | None
+        by_source: dict[str, dict[str, Any]]
+        turns_awaiting_vectors: int
+        files: int
+
+    return _named(TurnHit, TurnSearch, Turn, SessionTurns, ConversationStats)
+
+
+@functools.cache
+def _conversation_tools():
+    """The tools over ingested conversations (`aokun ingest`): conversation_search,
+    conversation_get_session and conversation_stats (results: _conversation_models())."""
+    from typing import Annotated
+
+    from mcp.server.mcpserver import Context
+    from pydantic import Field
+
+    A, C = _tool_args(), _conversation_models()
+    Source = Annotated[str | None, Field(description="Only this client: claude-code, codex, copilot or chatgpt.")]
+
+    def conversation_search(ctx: Context,
+                            query: Annotated[str, Field(description="What was said, as a question or keywords.")],
+                            k: Annotated[int, Field(ge=1, description="How many turns (default 5)."), _nullable(5)] = 5,
+                            source: Source = None,
+                            session_id: Annotated[str | None, Field(description="Only this session.")] = None,
+                            since: Annotated[str | None, Field(description="Turns at or after (ISO-8601).")] = None,
+                            until: Annotated[str | None, Field(description="Turns at or before (ISO-8601).")] = None,
+                            persona_id: A.Persona = None) -> C.TurnSearch:
+        """Search past conversations with your assistants (Claude Code, Codex, Copilot CLI, ChatGPT),
+        by meaning and keywords, Chinese and English: what the user said and what was answered. Use
+        it for "what did we decide about…" or "when did I ask about…"; recall searches the memories
+        deliberately kept. Each hit names its session: conversation_get_session reads around it."""
+        return C.TurnSearch(**_on_memory(ctx, lambda m: m.conversation_search(
+            query, k, source, session_id, since, until, persona_id)))
+
+    def conversation_get_session(ctx: Context,
+                                 session_id: Annotated[str, Field(description="From conversation_search or the "
+                                                                              "briefing's recent sessions.")],
+                                 offset: Annotated[int, Field(ge=0, description="Skip this many turns."),
+                                                   _nullable(0)] = 0,
+                                 limit: Annotated[int, Field(ge=1, le=CONVERSATION_PAGE_MAX,
+                                                             description="How many turns (default 50)."),
+                                                  _nullable(50)] = 50,
+                                 source: Source = None,
+                                 persona_id: A.Persona = None) -> C.SessionTurns:
+        """One past conversation's turns in order, a page at a time (next_offset continues)."""
+        return C.SessionTurns(**_on_memory(ctx, lambda m: m.conversation_get_session(
+            session_id, offset, limit, persona_id, source)))
+
+    def conversation_stats(ctx: Context, persona_id: A.Persona = None) -> C.ConversationStats:
+        """How much conversation history is ingested: sessions, turns and date range, per client."""
+        return C.ConversationStats(**_on_memory(ctx, lambda m: m.conversation_stats(persona_id)))
+
+    return _named(conversation_search, conversation_get_session, conversation_stats)
+
+
 #: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they stand for.
 TOOL_KINDS = {
     "read-only": dict(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
@@ -5480,6 +5592,9 @@ MCP_TOOLS = {
     "kg_invalidate": (_kg_tools, "destructive"),
     "kg_timeline": (_kg_tools, "read-only"),
     "kg_stats": (_kg_tools, "read-only"),
+    "conversation_search": (_conversation_tools, "read-only"),
+    "conversation_get_session": (_conversation_tools, "read-only"),
+    "conversation_stats": (_conversation_tools, "read-only"),
 }
 
 
@@ -6368,6 +6483,130 @@ def serve(state, use_http, host, port):
     app = http_app(server, cfg, host, port)
     log.warning("Aokun MCP over HTTP at http://%s:%s/mcp (database %s)", host, port, path)
     uvicorn.run(app, host=host, port=port, log_level=cfg.server.log_level.lower())
+
+
+# CLI: conversations (ingest, list, show, search, delete) #########################################
+
+INGEST_PROGRESS_BYTES = 1 << 20  #: transcripts bigger than this in all get a progress bar on stderr
+
+
+@cli.command()
+@click.argument("source", type=click.Choice(CONVERSATION_SOURCES))
+@click.argument("paths", nargs=-1, type=click.Path(), metavar="[PATH]...")
+@click.option("--persona", help="Persona the conversations belong to.")
+@click.option("--json", "as_json", is_flag=True, help="Print {sessions, turns, new, skipped, seconds} as JSON.")
+@click.pass_obj
+def ingest(state, source, paths, persona, as_json):
+    """Ingest an assistant's conversation history, incrementally (a second run adds only what is new).
+
+    Without PATH, the client's standard location: claude-code ~/.claude/projects/*/*.jsonl, codex
+    ~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl, copilot ~/.copilot/session-state/<id>/events.jsonl;
+    chatgpt needs the conversations.json of a data export, or the export's zip. A PATH folder is
+    searched for the source's files.
+
+    Example:
+
+        python aokun.py ingest claude-code
+
+        python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip
+    """
+    mem = state.memory()
+    files = mem.transcript_files(source, paths)
+    total = sum(f.stat().st_size for f in files)
+    if total > INGEST_PROGRESS_BYTES:
+        with click.progressbar(length=total, label=f"ingesting {source}", file=sys.stderr) as bar:
+            out = mem.ingest(source, files, persona, progress=lambda n, _turns: bar.update(n))
+    else:
+        out = mem.ingest(source, files, persona)
+    if as_json:
+        _echo_json({k: out[k] for k in ("sessions", "turns", "new", "skipped", "seconds")})
+    else:
+        click.echo(f"{source}: {out['files']} files, {out['sessions']} sessions, {out['turns']} turns read, "
+                   f"{out['new']} new, {out['skipped']} malformed lines skipped, {out['seconds']:.1f} s")
+
+
+@cli.group()
+def conversations():
+    """Browse and search ingested conversations (`aokun ingest` stores them)."""
+
+
+@conversations.command("list")
+@click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
+@click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
+@click.option("--offset", default=0, type=click.IntRange(0))
+@click.option("--persona", help="Persona.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def conversations_list(state, source, limit, offset, persona, as_json):
+    """Sessions, newest first: date, source, turns, title, session id."""
+    rows = state.memory().list_sessions(limit, offset, source, persona)
+    if as_json:
+        _echo_json(rows)
+        return
+    for r in rows:
+        click.echo(f"{r['ended_at'][:DATE_CHARS]}  {r['source']:<11} {r['turn_count']:>5} turns  "
+                   f"{_one_line(r['title'] or r['first_user_message'], LINE_PREVIEW_CHARS)}  [{r['session_id']}]")
+
+
+@conversations.command("show")
+@click.argument("session_id")
+@click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
+@click.option("--offset", default=0, type=click.IntRange(0))
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, CONVERSATION_PAGE_MAX))
+@click.option("--persona", help="Persona.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def conversations_show(state, session_id, source, offset, limit, persona, as_json):
+    """One session's turns in order."""
+    out = state.memory().conversation_get_session(session_id, offset, limit, persona, source)
+    if as_json:
+        _echo_json(out)
+        return
+    s = out["session"]
+    click.echo(f"# {s['title'] or s['session_id']}  ({s['source']}, {s['turn_count']} turns, {s['project']})")
+    for t in out["turns"]:
+        click.echo(f"[{t['created_at']}] {t['role']}: {t['text']}")
+    if out["next_offset"] is not None:
+        click.echo(f"… more: --offset {out['next_offset']}", err=True)
+
+
+@conversations.command("search")
+@click.argument("query")
+@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many turns.")
+@click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
+@click.option("--session", help="Only this session.")
+@click.option("--since", help="Only turns at or after this ISO-8601 time.")
+@click.option("--until", help="Only turns at or before this ISO-8601 time.")
+@click.option("--persona", help="Persona.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
+@click.pass_obj
+def conversations_search(state, query, k, source, session, since, until, persona, as_json):
+    """Search ingested conversations by meaning and keywords.
+
+    Example:
+
+        python aokun.py conversations search "杭州 高铁票"
+    """
+    out = state.memory().conversation_search(query, k, source, session, since, until, persona)
+    if as_json:
+        _echo_json(out)
+        return
+    for h in out["results"]:
+        click.echo(f"{h['score']:.3f}  {h['created_at'][:DATE_CHARS]} {h['source']} {h['role']}: "
+                   f"{_one_line(h['text'], HIT_PREVIEW_CHARS)}  [{h['session_id']}]")
+    for w in out["warnings"]:
+        click.echo(w, err=True)
+
+
+@conversations.command("delete")
+@click.argument("session_id")
+@click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
+@click.option("--persona", help="Persona.")
+@click.pass_obj
+def conversations_delete(state, session_id, source, persona):
+    """Forget one ingested session and its turns (tombstones are kept)."""
+    out = state.memory().delete_session(session_id, source, persona)
+    click.echo(f"deleted session {out['session_id']} ({out['source']}, {out['turns']} turns)")
 
 
 # Main ############################################################################################
