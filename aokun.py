@@ -6527,7 +6527,12 @@ def ingest(state, source, paths, persona, as_json):
 
 @cli.group()
 def conversations():
-    """Browse and search ingested conversations (`aokun ingest` stores them)."""
+    """Browse and search ingested conversations (`aokun ingest` stores them).
+
+    Example:
+
+        python aokun.py conversations search "杭州 高铁票"
+    """
 
 
 @conversations.command("list")

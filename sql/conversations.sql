@@ -36,11 +36,6 @@ from conv_turn_vectors v join conv_turns t on t.id = v.turn_id;
 -- Every stored turn vector: their mean is the turn index's quantisation centre.
 select embedding from conv_turn_vectors;
 
--- name: conv_existing_keys
--- The turn keys of session :session_ref among the JSON array :keys (already ingested).
-select turn_key from conv_turns
-where session_ref = :session_ref and turn_key in (select value from json_each(:keys));
-
 -- name: conv_session_refresh
 -- Recompute a session's summary columns from its turns: count, first and last time, the first
 -- thing the user said (cut to :chars), and the title when none was given (that message, cut to :title_chars).
