@@ -3690,7 +3690,8 @@ class Maintenance:
     def rebuild(self, vectors: bool = False, fts: bool = False, graph: bool = False) -> dict:
         """Rebuild derived data from the documents. fts: re-segment every FTS row. graph: re-derive
         atoms and graph for every document through the journal. vectors: drop both vec0 tables,
-        record the configured embedder's model/dim and re-embed everything. Returns counts."""
+        record the configured embedder's model/dim and re-embed everything (turn_vectors: the
+        conversation turns', when there are any). Returns counts."""
         out = {}
         if fts:
             with self.tx() as c:
@@ -3733,7 +3734,8 @@ class Maintenance:
             self.vector_problem = None
             self._start_vectors()
             out["vectors"] = self.backfill_vectors()
-            out["turn_vectors"] = self.backfill_turn_vectors()
+            if self.value("select 1 from conv_turns limit 1"):  # and the ingested conversations' turns
+                out["turn_vectors"] = self.backfill_turn_vectors()
         return out
 
     def vacuum(self) -> dict:

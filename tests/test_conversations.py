@@ -473,3 +473,17 @@ def test_cli_ingest_json_summary_then_nothing_new_and_browse(tmp_path):
     missing = _cli(db, "--config", str(tmp_path / "aokun.ini"), "ingest", "codex", str(tmp_path / "nope"))
     assert missing.returncode == 1 and missing.stderr.strip().startswith("Error: PATH:") \
         and "Traceback" not in missing.stderr
+
+
+def test_rebuild_vectors_re_embeds_the_turns_with_the_new_model(tmp_path, open_mem):
+    db = tmp_path / "r.db"
+    m = open_mem(db)
+    m.ingest("codex", [CODEX])
+    m.close()
+    other = open_mem(db, embedder=FakeEmbedder(32))
+    assert other.vector_problem and other.conversation_search("channel_k")["degraded"]
+    assert other.rebuild(vectors=True)["turn_vectors"] == 5
+    assert "bit[32]" in other.value("select sql from sqlite_master where name = 'conv_turn_vec'")
+    hits = other.conversation_search("channel_k 召回")
+    assert hits["degraded"] == [] and "vector" in hits["results"][0]["channels"]
+    assert other.doctor() == []
