@@ -73,7 +73,7 @@ ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emo
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
 #: Tools listed by default: the frequent ones. [server] exposed_tools lists more, or `all`.
 DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "search_atoms", "get_memory", "edit_memory",
-                 "delete_memory")
+                 "delete_memory", "conversation_search", "conversation_get_session", "conversation_stats")
 
 log = logging.getLogger("aokun")
 
@@ -210,6 +210,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "atom_rules": "rules/atoms.toml",
         "aliases": "rules/aliases.toml",
         "graph_summary_chars": 160,
+        "secrets": "rules/secrets.toml",
     },
     "recall": {
         "rrf_k": 60,
@@ -298,6 +299,15 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "on_version_change": True,
         "keep_days": 7,
     },
+    "conversations": {
+        "rules_dir": "rules/ingest",
+        "keep_days": 0,
+        "batch_size": 64,
+        "max_turn_chars": 20000,
+        "max_chars_per_hit": 600,
+        "max_chars_per_turn": 2000,
+        "briefing_sessions": 20,
+    },
     "server": {
         "exposed_tools": ", ".join(DEFAULT_TOOLS),
         "log_level": "INFO",
@@ -344,6 +354,8 @@ RANGES: dict[str, dict[str, str]] = {
                    "atom_maintenance_interval_hours": ">= 0", "atom_forget_delay_days": ">= 0",
                    "atom_purge_delay_days": ">= 0", "scheduler_interval_seconds": "> 0"},
     "backup": {"keep_days": ">= 1"},
+    "conversations": {"keep_days": ">= 0", "batch_size": ">= 1", "max_turn_chars": ">= 1", "max_chars_per_hit": ">= 0",
+                      "max_chars_per_turn": ">= 0", "briefing_sessions": ">= 0"},
     "server": {"port": "1..65535"},
 }
 
@@ -2171,7 +2183,7 @@ class Journal:
             raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
                                                         f"known: {sorted(METADATA_FIELDS)}")
         fp = field_prefix + "metadata."
-        text = clean_text(content, field_prefix + "content")
+        text = self.redact(clean_text(content, field_prefix + "content"))  # secrets are never stored
         limit = self.cfg.write.max_content_chars
         if len(text) > limit:
             raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
@@ -2179,11 +2191,11 @@ class Journal:
         p = Prepared(content=text, given=frozenset(k for k, v in meta.items() if v is not None))
         p.persona_id = _label(meta.get("persona_id"), fp + "persona_id")
         p.session_id = _label(meta.get("session_id"), fp + "session_id")
-        p.summary = _short_text(meta.get("summary"), fp + "summary")
+        p.summary = self.redact(_short_text(meta.get("summary"), fp + "summary"))
         p.sentiment = _short_text(meta.get("sentiment"), fp + "sentiment", MAX_LABEL_CHARS)
         p.source = _label(meta.get("source"), fp + "source").lower()
         p.topics = _text_list(meta.get("topics"), fp + "topics")
-        p.key_facts = _text_list(meta.get("key_facts"), fp + "key_facts")
+        p.key_facts = [self.redact(f) for f in _text_list(meta.get("key_facts"), fp + "key_facts")]
         p.participants = _text_list(meta.get("participants"), fp + "participants")
         p.tags = _text_list(meta.get("tags"), fp + "tags")
         p.importance = _importance(meta.get("importance"), fp + "importance", self.cfg.write.default_importance)
@@ -3121,7 +3133,7 @@ class Recall:
 
     def recall(self, query, k: int = 5, persona_id: str | None = None, session_id: str | None = None,
                include_archived: bool = False, explain: bool = False, channels=None, as_of=None,
-               max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None) -> dict:
+               max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None, include_conversations=False):
         """Hybrid recall (seed: Retrieval Pipeline). Returns
         {results: [{id, score, text, truncated, summary, importance, created_at, ...}], facts,
         degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each hit
@@ -3135,7 +3147,8 @@ class Recall:
         γ·recency + δ·frequency; graph route 0.55/0.20/0.15/0.10 × the atoms' temporal factor),
         scale_routes() (0.65/0.35 or the intent's weights, +0.08 when both routes hit),
         fuse_scores() (session neighbours, source boost), select_hits() (MMR λ=0.7, pins).
-        as_of answers as the memory stood then. Raises InputError for an empty query or a bad k."""
+        as_of answers as the memory stood then; include_conversations adds `conversations` (_conversation_hits).
+        Raises InputError for an empty query or a bad k."""
         started = time.perf_counter()
         r = self.cfg.recall
         query = query_text(query, "query")
@@ -3151,7 +3164,8 @@ class Recall:
         session = _label(session_id, "session_id")
         as_of_iso = iso(parse_time(as_of, "as_of")) if as_of else ""
         bounds = self._bounds(max_chars_per_hit, max_answer_tokens)
-        key = (query, asked, persona, session, bool(include_archived), chosen, bool(explain), as_of_iso, bounds)
+        flags = (bool(include_archived), bool(explain), bool(include_conversations))
+        key = (query, asked, persona, session, flags, chosen, as_of_iso, bounds)
         cached = self._cache_get(key)
         if cached is not None:
             return dict(cached, took_ms=round((time.perf_counter() - started) * 1000, 2), cached=True)
@@ -3191,7 +3205,8 @@ class Recall:
                             f"{bounds[1]} tokens ([recall] max_answer_tokens); get_memory reads each whole")
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
             if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
-        out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings}
+        out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings,
+               "conversations": self._conversation_hits(query, k, persona) if include_conversations else []}
         answer = self._answer(key, out, started)
         if results and r.reinforce_on_recall and not as_of_iso:  # after caching: the touch takes the lock
             self._touch([h["id"] for h in results])
@@ -3590,6 +3605,7 @@ class Briefing:
         if recent:
             lines.append(f"## Recent ({cx.briefing_recent_days} days)")
             lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}" for d in recent]
+        lines += self._session_digest_lines(persona, ref)
         if facts:
             lines.append("## Current facts")
             lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})"
@@ -3947,6 +3963,7 @@ class Maintenance:
             counts.update(self.rows(q["stats_vector_counts"])[0])
         else:
             counts.update(doc_vectors=0, graph_vectors=0, doc_index_rows=0, graph_index_rows=0)
+        counts.update(self._conversation_counts())
         return {
             "database": str(self.path),
             "size_bytes": self.path.stat().st_size if self.path.exists() else 0,
@@ -3980,6 +3997,7 @@ class Maintenance:
             for r in self.rows(self.queries["doctor_vector_checks"]):
                 if r["n"]:
                     problems.append(f"{r['n']} {r['problem']}")
+        problems += self._conversation_problems()
         if self.vector_problem and self.embedder.provider != "none":
             problems.append(self.vector_problem)
         refused = self.rows(self.queries["vectors_refused"], {"n": 3})
@@ -3997,7 +4015,7 @@ class Maintenance:
         """Rebuild derived data from the documents. fts: re-segment every FTS row. graph: re-derive
         atoms and graph for every document through the journal. vectors: re-embed every memory and
         fact entry with the configured embedder (see _rebuild_vectors; raises EmbeddingError when it
-        made fewer vectors than it should). Returns counts."""
+        made fewer vectors than it should; then the conversation turns', turn_vectors). Returns counts."""
         out = {}
         if fts:
             with self.tx() as c:
@@ -4007,7 +4025,13 @@ class Maintenance:
         if graph:
             out["graph"] = self._rebuild_graph()
         if vectors:
+            stored = self.meta_get("embedding_model"), self.meta_get("embedding_dim")
             out["vectors"] = self._rebuild_vectors()
+            if self.value("select 1 from conv_turns limit 1"):  # and the ingested conversations' turns
+                if stored != (self.embedder.model, str(self.embedder.dim)):
+                    with self.tx():  # another model: the old turn vectors no longer compare
+                        self._reset_turn_vectors()
+                out["turn_vectors"] = self.backfill_turn_vectors()
         return out
 
     def _rebuild_vectors(self) -> int:
@@ -4195,6 +4219,7 @@ class Maintenance:
             done["lifecycle"] = len(self.lifecycle(ref=ref)["atoms"])
         if self.cfg.backup.daily:
             done["backup"] = self.daily_backup(ref)
+        done["conversations_pruned"] = self.prune_conversations(ref)["sessions"]
         done["briefings"] = self.refresh_stale_briefings()
         return done
 
@@ -4379,10 +4404,829 @@ class Summarizer:
         return {"memory": self.memorize(summary["summary"], meta), "summary": summary}
 
 
+# Conversations: secret redaction, transcript rules and the per-source parsers #####################
+
+CONVERSATION_SOURCES = ("claude-code", "codex", "copilot", "chatgpt")  #: what `ingest SOURCE` reads
+TURN_ROLES = ("user", "assistant")
+INGEST_FORMATS = ("jsonl", "chatgpt")
+HEAD_BYTES = 1024  #: bytes of a transcript's start whose hash identifies the file between runs
+INGEST_CHUNK_BYTES = 4 << 20  #: bytes of a transcript read at a time (its turns are stored before the next)
+
+
+def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
+    """((kind, compiled pattern), ...) of rules/secrets.toml, in order. Raises AokunError naming the
+    file and the entry for a missing kind or a pattern that does not compile."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    out = []
+    for i, p in enumerate(data.get("patterns", [])):
+        if not isinstance(p.get("kind"), str) or not p["kind"] or not isinstance(p.get("pattern"), str):
+            raise AokunError(f"{path.name}: patterns[{i}] needs a kind and a pattern (text)")
+        try:
+            out.append((p["kind"], re.compile(p["pattern"])))
+        except re.error as e:
+            raise AokunError(f"{path.name}: patterns[{i}] ({p['kind']}) is not a valid regular expression: {e}"
+                             ) from None
+    return tuple(out)
+
+
+def redact(text: str, patterns) -> str:
+    """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
+    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced."""
+    for kind, rx in patterns:
+        mark = f"[REDACTED:{kind}]"
+        if "secret" in rx.groupindex:
+            def keep_around(m, mark=mark):
+                whole, at = m.group(0), m.start()
+                return whole[: m.start("secret") - at] + mark + whole[m.end("secret") - at:]
+            text = rx.sub(keep_around, text)
+        else:
+            text = rx.sub(lambda _m, mark=mark: mark, text)
+    return text
+
+
+@dataclass(frozen=True)
+class IngestRules:
+    """One rules/ingest/<source>.toml, checked and compiled (its header comment documents the keys)."""
+    source: str
+    format: str  #: jsonl or chatgpt
+    location: str  #: the client's history, a glob (~ expanded)
+    session_from: str  #: file_stem or parent_dir: a record's session id when no record named one
+    fields: dict  #: {session_id|turn_key|timestamp|project: [dotted paths]}
+    records: tuple  #: ({match, skip_if, role, text, blocks, reduce, session_id, project, title}, ...)
+    strip: tuple  #: compiled patterns removed from every turn text
+    drop: tuple  #: compiled patterns: a matching turn is not kept
+    reduce: tuple  #: (compiled pattern, line): a matching turn becomes the line
+
+
+def load_ingest_rules(path: Path, source: str) -> IngestRules:
+    """The IngestRules of `path`. Raises AokunError naming the file and key for a bad entry."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+
+    def bad(what):
+        return AokunError(f"{path.name}: {what}")
+
+    def compiled(items, key):
+        out = []
+        for i, item in enumerate(data.get(key, [])):
+            try:
+                out.append((re.compile(item["pattern"]), item.get("line", "")))
+            except (KeyError, TypeError, re.error) as e:
+                raise bad(f"{key}[{i}] needs a valid pattern ({e})") from None
+        return out
+    if data.get("format") not in INGEST_FORMATS:
+        raise bad(f"format must be one of {', '.join(INGEST_FORMATS)}")
+    if data.get("session_from", "file_stem") not in ("file_stem", "parent_dir"):
+        raise bad("session_from must be file_stem or parent_dir")
+    fields = {k: [v] if isinstance(v, str) else list(v) for k, v in data.get("fields", {}).items()}
+    unknown = set(fields) - {"session_id", "turn_key", "timestamp", "project"}
+    if unknown:
+        raise bad(f"unknown [fields] {sorted(unknown)}")
+    records = []
+    for i, r in enumerate(data.get("records", [])):
+        if not isinstance(r.get("match"), dict):
+            raise bad(f"records[{i}] needs a match table")
+        if r.get("role") is not None and r["role"] not in TURN_ROLES:
+            raise bad(f"records[{i}].role must be one of {', '.join(TURN_ROLES)}")
+        if r.get("role") and not (r.get("text") or r.get("reduce")):
+            raise bad(f"records[{i}] has a role but neither text nor reduce")
+        records.append({"match": r["match"], "skip_if": r.get("skip_if") or {}, "role": r.get("role"),
+                        "text": r.get("text"), "blocks": tuple(r.get("blocks", ())), "reduce": r.get("reduce"),
+                        "session_id": r.get("session_id"), "project": r.get("project"), "title": r.get("title")})
+    return IngestRules(source=source, format=data["format"], location=data.get("location", ""),
+                       session_from=data.get("session_from", "file_stem"), fields=fields, records=tuple(records),
+                       strip=tuple(p for p, _ in compiled(data, "strip")),
+                       drop=tuple(p for p, _ in compiled(data, "drop")), reduce=tuple(compiled(data, "reduce")))
+
+
+def _path_get(obj, path: str | None):
+    """The value at dotted `path` in nested dicts (None when any step is missing)."""
+    if not path:
+        return None
+    for part in path.split("."):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def _first_field(record: dict, paths) -> object:
+    """The first non-empty value among dotted `paths` of `record`, or None."""
+    for p in paths or ():
+        v = _path_get(record, p)
+        if v not in (None, ""):
+            return v
+    return None
+
+
+def record_matches(record, spec: dict, any_one: bool = False) -> bool:
+    """Whether `record` fits a match table: {key: value, [values] (any of them) or a nested
+    table}; all must hold, or with any_one=True (skip_if) one is enough."""
+    for key, want in spec.items():
+        got = record.get(key) if isinstance(record, dict) else None
+        if isinstance(want, dict):
+            ok = record_matches(got, want, any_one)
+        elif isinstance(want, list):
+            ok = got in want
+        else:
+            ok = got == want and type(got) is type(want)
+        if ok == any_one:
+            return any_one
+    return not any_one
+
+
+def content_text(value, blocks: tuple = ()) -> str:
+    """The text of a record's content: a string as it is; from a list, its strings and the `text`
+    of its blocks whose `type` is in `blocks` (all typed blocks when `blocks` is empty), one per
+    line. Tool calls, tool results, images and reasoning blocks have other types: they drop out."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        return ""
+    parts = []
+    for b in value:
+        if isinstance(b, str):
+            parts.append(b)
+        elif isinstance(b, dict) and (not blocks or b.get("type") in blocks) and isinstance(b.get("text"), str):
+            parts.append(b["text"])
+    return "\n".join(p for p in parts if p.strip())
+
+
+def shape_turn(text: str, rules: IngestRules) -> str | None:
+    """A turn's text after the source's rules: [[strip]] patterns removed, then None when empty or
+    a [[drop]] pattern matches, the [[reduce]] line when one matches, else the text."""
+    for rx in rules.strip:
+        text = rx.sub("", text)
+    text = text.replace("\x00", " ").strip()
+    if not text or any(rx.search(text) for rx in rules.drop):
+        return None
+    for rx, line in rules.reduce:
+        if rx.search(text):
+            return line
+    return text
+
+
+def turn_time(value, fallback: str) -> str:
+    """A record's time as column text: ISO-8601 text, or epoch seconds (ChatGPT); `fallback`
+    when it is missing or unreadable."""
+    if isinstance(value, bool) or value in (None, ""):
+        return fallback
+    try:
+        if isinstance(value, (int, float)):
+            return iso(dt.datetime.fromtimestamp(float(value), dt.timezone.utc))
+        return iso(parse_time(value))
+    except (InputError, ValueError, OverflowError, OSError):
+        return fallback
+
+
+def interpret_record(record: dict, rules: IngestRules, ctx: dict, seq: int) -> dict | None:
+    """One transcript record → a turn {session_id, project, turn_key, seq, role, created_at, text},
+    or None when the rules keep nothing of it. `ctx` carries what earlier records said to later ones
+    (session_id, project, the last time, titles {session id: title}) and is updated in place.
+    `seq` orders the record in its session (its byte offset, or its place in a conversation)."""
+    f = rules.fields
+    for key in ("session_id", "project"):
+        v = _first_field(record, f.get(key))
+        if isinstance(v, str) and v.strip():
+            ctx[key] = v.strip()
+    ctx["time"] = turn_time(_first_field(record, f.get("timestamp")), ctx.get("time") or now_iso())
+    rule = next((r for r in rules.records if record_matches(record, r["match"])), None)
+    if rule is None or (rule["skip_if"] and record_matches(record, rule["skip_if"], any_one=True)):
+        return None
+    for key in ("session_id", "project"):
+        v = _path_get(record, rule[key])
+        if isinstance(v, str) and v.strip():
+            ctx[key] = v.strip()
+    title = _path_get(record, rule["title"])
+    if isinstance(title, str) and title.strip():
+        ctx.setdefault("titles", {})[ctx["session_id"]] = title.strip()
+    if not rule["role"]:
+        return None
+    text = rule["reduce"] or shape_turn(content_text(_path_get(record, rule["text"]), rule["blocks"]), rules)
+    if not text:
+        return None
+    key = _first_field(record, f.get("turn_key"))
+    return {"session_id": ctx["session_id"], "project": ctx.get("project", ""),
+            "turn_key": str(key) if key not in (None, "") else f"L{seq}", "seq": seq, "role": rule["role"],
+            "created_at": ctx["time"], "text": text}
+
+
+def parse_jsonl(data: bytes, base: int, rules: IngestRules, ctx: dict) -> tuple[list[dict], int, int]:
+    """The turns of the complete lines of `data`, a piece of a JSONL transcript starting at byte
+    offset `base`. Returns (turns, bytes consumed, malformed lines skipped). A last line without
+    its newline that is not (yet) valid JSON is not consumed: the client is still writing it, the
+    next run reads it whole. A malformed line before it is skipped and counted, never fatal."""
+    turns, skipped, at = [], 0, 0
+    while at < len(data):
+        nl = data.find(b"\n", at)
+        end = len(data) if nl < 0 else nl + 1
+        line = data[at:end].strip()
+        if line:
+            try:
+                record = json.loads(line)
+                if not isinstance(record, dict):
+                    raise ValueError("not an object")
+                turn = interpret_record(record, rules, ctx, base + at)
+            except (ValueError, TypeError, AttributeError):
+                if nl < 0:
+                    break  # half-written: left for the next run
+                skipped += 1
+            else:
+                if turn is not None:
+                    turns.append(turn)
+        at = end
+    return turns, at, skipped
+
+
+def chatgpt_branch(conversation: dict) -> list[dict]:
+    """The messages of the branch a ChatGPT conversation shows (current_node back to the root,
+    then root first); the nodes without a message (the root) are left out."""
+    mapping = conversation.get("mapping") or {}
+    node = conversation.get("current_node")
+    if node not in mapping:  # no current node: the latest leaf
+        leaves = [k for k, v in mapping.items() if isinstance(v, dict) and not v.get("children")]
+        node = max(leaves, key=lambda k: (_path_get(mapping[k], "message.create_time") or 0), default=None)
+    out, seen = [], set()
+    while node in mapping and node not in seen:
+        seen.add(node)
+        entry = mapping[node] if isinstance(mapping[node], dict) else {}
+        if isinstance(entry.get("message"), dict):
+            out.append(entry["message"])
+        node = entry.get("parent")
+    return out[::-1]
+
+
+def parse_chatgpt(data: bytes, rules: IngestRules) -> tuple[list[dict], dict, int]:
+    """The turns of a ChatGPT export's conversations.json: (turns, titles {conversation id:
+    title}, conversations skipped as malformed). Raises InputError when it is not such a file."""
+    try:
+        conversations = json.loads(data)
+    except ValueError as e:
+        raise InputError("PATH", f"is not a ChatGPT conversations.json (not JSON: {e})") from None
+    if not isinstance(conversations, list):
+        raise InputError("PATH", "is not a ChatGPT conversations.json (expected a list of conversations)")
+    turns, titles, skipped = [], {}, 0
+    for conv in conversations:
+        sid = conv.get("conversation_id") or conv.get("id") if isinstance(conv, dict) else None
+        if not isinstance(sid, str) or not isinstance(conv.get("mapping"), dict):
+            skipped += 1
+            continue
+        ctx = {"session_id": sid, "project": "", "time": turn_time(conv.get("create_time"), now_iso())}
+        if isinstance(conv.get("title"), str) and conv["title"].strip():
+            titles[sid] = conv["title"].strip()
+        for i, message in enumerate(chatgpt_branch(conv)):
+            ctx["session_id"] = sid  # a message cannot move the turn to another conversation
+            try:
+                turn = interpret_record(message, rules, ctx, i)
+            except (ValueError, TypeError, AttributeError):
+                skipped += 1
+                continue
+            if turn is not None:
+                turns.append(turn)
+    return turns, titles, skipped
+
+
+def read_chatgpt_export(path: Path) -> bytes:
+    """The bytes of conversations.json: the file itself, or the member of that name in an export
+    zip. Raises InputError when the zip has none."""
+    import zipfile
+    if not zipfile.is_zipfile(path):
+        return path.read_bytes()
+    with zipfile.ZipFile(path) as z:
+        names = [n for n in z.namelist() if n.rsplit("/", 1)[-1] == "conversations.json"]
+        if not names:
+            raise InputError("PATH", f"{path} is a zip without a conversations.json (is it a ChatGPT data export?)")
+        return z.read(min(names, key=len))
+
+
+# Conversations: sessions and turns, ingestion, search and upkeep #################################
+
+CONVERSATION_PAGE_MAX = 200  #: the most turns conversation_get_session returns at once
+CONVERSATION_TITLE_CHARS = 120  #: a session's title when none was given: its first user message, cut
+CONVERSATION_FIRST_CHARS = 500  #: the first user message kept on the session row
+TURN_CENTER_AFTER = 256  #: turn vectors needed before the turn index is centred on their mean
+
+
+class Conversations:
+    """The conversation layer (schema/0010, sql/conversations.sql): client transcripts ingested as
+    sessions and turns, with their own FTS5 index and vectors, apart from the curated memories;
+    hybrid search over them, a session's turns in order, counts, briefing digests, deleting and
+    forgetting sessions. Every text stored (and memorize's) passes redact() first."""
+
+    # secrets -------------------------------------------------------------------------------------
+
+    @functools.cached_property
+    def secret_patterns(self) -> tuple:
+        """The compiled patterns of [write] secrets (rules/secrets.toml)."""
+        return load_secret_rules(self.cfg.rule_file(self.cfg.write.secrets))
+
+    def redact(self, text: str) -> str:
+        """`text` with API keys, tokens, passwords, private keys and connection-string passwords
+        replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text."""
+        return redact(text, self.secret_patterns) if text else text
+
+    def ingest_rules(self, source: str) -> IngestRules:
+        """The rules of `source` ([conversations] rules_dir/<source>.toml). InputError for an
+        unknown source."""
+        if source not in CONVERSATION_SOURCES:
+            raise InputError("source", f"unknown source {source!r}; choose from {', '.join(CONVERSATION_SOURCES)}")
+        cache = self.__dict__.setdefault("_ingest_rules", {})
+        if source not in cache:
+            cache[source] = load_ingest_rules(self.cfg.rule_file(f"{self.cfg.conversations.rules_dir}/{source}.toml"),
+                                              source)
+        return cache[source]
+
+    # ingestion -----------------------------------------------------------------------------------
+
+    def transcript_files(self, source: str, paths=()) -> list[Path]:
+        """The transcript files to read: each path given (a folder: the files in it, at any depth,
+        whose names fit the source's location pattern), or the client's standard location. InputError
+        for a path that does not exist."""
+        rules = self.ingest_rules(source)
+        pattern = Path(rules.location).name
+        if not paths:
+            import glob
+            return sorted(Path(p) for p in glob.glob(os.path.expanduser(rules.location)) if Path(p).is_file())
+        out = []
+        for p in paths:
+            p = Path(p).expanduser()
+            if p.is_dir():
+                out += sorted(x for x in p.rglob(pattern) if x.is_file())
+            elif p.is_file():
+                out.append(p)
+            else:
+                raise InputError("PATH", f"{p} does not exist")
+        return list(dict.fromkeys(x.resolve() for x in out))
+
+    def ingest(self, source: str, paths=(), persona_id=None, progress=None) -> dict:
+        """Ingest the transcripts of `source` (claude-code, codex, copilot, chatgpt) from `paths` or
+        the client's standard location, incrementally: each file is read from the byte offset the
+        last run stopped at (a file replaced by another, or shorter, from the start), a half-written
+        last line is left for the next run, a malformed line is skipped and counted. Turns are kept
+        by the source's rules, redacted, and stored once each (session, turn key). `progress`, when
+        given, is called with the bytes of each file read. Returns {source, files, sessions, turns,
+        new, skipped, seconds}: sessions and turns read this run, new turns stored, malformed
+        lines or records skipped, wall time in seconds."""
+        started = time.perf_counter()
+        rules = self.ingest_rules(source)
+        persona = _label(persona_id, "persona_id")
+        files = self.transcript_files(source, paths)
+        stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0, "skipped": 0}
+        for path in files:
+            before = stats["turns"]
+            if rules.format == "chatgpt":
+                self._ingest_export(path, rules, persona, stats)
+            else:
+                self._ingest_jsonl(path, rules, persona, stats)
+            if progress is not None:
+                progress(path.stat().st_size, stats["turns"] - before)
+        if stats["new"]:
+            with self.tx():
+                self._briefing_stale(persona)
+            self._center_turn_index()
+        self.backfill_turn_vectors()
+        return dict(stats, sessions=len(stats["sessions"]), seconds=round(time.perf_counter() - started, 3))
+
+    def _file_state(self, path: Path, persona: str) -> dict | None:
+        rows = self.rows("select * from conv_files where persona_id = ? and path = ?", (persona, str(path)))
+        return rows[0] if rows else None
+
+    @staticmethod
+    def _head_hash(path: Path, n: int) -> str:
+        with path.open("rb") as f:
+            return hashlib.sha256(f.read(n)).hexdigest()
+
+    def _ingest_jsonl(self, path: Path, rules: IngestRules, persona: str, stats: dict) -> None:
+        """One JSONL transcript from where the last run stopped (see ingest)."""
+        st, state = path.stat(), self._file_state(path, persona)
+        start = 0
+        ctx = {"session_id": path.stem if rules.session_from == "file_stem" else path.parent.name, "project": ""}
+        if state and st.st_size >= state["offset"] and state["head_hash"] == self._head_hash(path, state["head_bytes"]):
+            start = state["offset"]
+            ctx.update(session_id=state["session_id"] or ctx["session_id"], project=state["project"])
+        if start == st.st_size and state:
+            return
+        head = min(HEAD_BYTES, st.st_size)
+        file_row = {"persona_id": persona, "path": str(path), "source": rules.source, "size": st.st_size,
+                    "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "head_bytes": head,
+                    "head_hash": self._head_hash(path, head)}
+        with path.open("rb") as f:
+            f.seek(start)
+            at, carry = start, b""
+            while True:
+                chunk = f.read(INGEST_CHUNK_BYTES)
+                data = carry + chunk
+                turns, used, skipped = parse_jsonl(data, at, rules, ctx)
+                at, carry = at + used, data[used:]
+                stats["skipped"] += skipped
+                self._store_turns(rules.source, persona, turns, ctx, dict(
+                    file_row, offset=at, session_id=ctx["session_id"], project=ctx.get("project", "")), stats)
+                if not chunk:
+                    break
+
+    def _ingest_export(self, path: Path, rules: IngestRules, persona: str, stats: dict) -> None:
+        """A ChatGPT export (conversations.json, or the zip): read whole when it changed since the
+        last run (its size and the hash of all its bytes), nothing when it did not."""
+        data = read_chatgpt_export(path)
+        st, state = path.stat(), self._file_state(path, persona)
+        digest = hashlib.sha256(data).hexdigest()
+        if state and state["head_hash"] == digest:
+            return
+        turns, titles, skipped = parse_chatgpt(data, rules)
+        stats["skipped"] += skipped
+        file_row = {"persona_id": persona, "path": str(path), "source": rules.source, "size": st.st_size,
+                    "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "head_bytes": len(data), "head_hash": digest,
+                    "offset": st.st_size, "session_id": "", "project": ""}
+        step = self.cfg.conversations.batch_size
+        for i in range(0, max(1, len(turns)), step):
+            last = i + step >= len(turns)
+            self._store_turns(rules.source, persona, turns[i:i + step], {"titles": titles},
+                              file_row if last else None, stats)
+
+    def _store_turns(self, source: str, persona: str, turns: list[dict], ctx: dict, file_row: dict | None,
+                     stats: dict) -> None:
+        """Store the turns not stored yet, in batches of [conversations] batch_size: each batch's new
+        texts embedded together (one vector per turn) before one transaction that writes the
+        sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset."""
+        step = self.cfg.conversations.batch_size
+        for i in range(0, max(1, len(turns)), step):
+            batch = turns[i:i + step]
+            last = i + step >= len(turns)
+            for t in batch:
+                t["text"] = self.redact(t["text"])[: self.cfg.conversations.max_turn_chars]
+                stats["sessions"].add((source, t["session_id"]))
+            stats["turns"] += len(batch)
+            new = [t for t in batch if not self._turn_stored(source, persona, t)]
+            vectors = self._embed([t["text"] for t in new]) if new else None
+            with self.tx():
+                stats["new"] += self._write_turns(source, persona, new, vectors, ctx)
+                if last and file_row is not None:
+                    self.conn.execute(
+                        "insert or replace into conv_files(persona_id, path, source, size, mtime_ns, inode, "
+                        "head_bytes, head_hash, offset, session_id, project, updated_at) values (:persona_id, "
+                        ":path, :source, :size, :mtime_ns, :inode, :head_bytes, :head_hash, :offset, :session_id, "
+                        ":project, :now)",
+                        dict(file_row, session_id=self.redact(file_row["session_id"]),
+                             project=self.redact(file_row["project"]), now=now_iso()))
+
+    def _turn_stored(self, source: str, persona: str, turn: dict) -> bool:
+        ref = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ?",
+                         (persona, source, turn["session_id"]))
+        return ref is not None and bool(self.value(
+            "select 1 from conv_turns where session_ref = ? and turn_key = ?", (ref, turn["turn_key"])))
+
+    def _session_ref(self, source: str, persona: str, turn: dict, titles: dict) -> int:
+        """The conv_sessions id of the turn's session, created when new. In tx."""
+        sid = turn["session_id"]
+        ref = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ?",
+                         (persona, source, sid))
+        if ref is None:
+            stamp = now_iso()
+            self.conn.execute("insert into conv_sessions(uid, persona_id, source, session_id, project, started_at, "
+                              "ended_at, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                              (str(uuid.uuid4()), persona, source, sid, self.redact(turn["project"]),
+                               turn["created_at"], turn["created_at"], stamp, stamp))
+            ref = self.conn.last_insert_rowid()
+        elif turn["project"]:
+            self.conn.execute("update conv_sessions set project = ? where id = ? and project = ''",
+                              (self.redact(turn["project"]), ref))
+        if sid in titles:
+            self.conn.execute("update conv_sessions set title = ? where id = ?",
+                              (self.redact(titles[sid])[:CONVERSATION_TITLE_CHARS * 4], ref))
+        return ref
+
+    def _write_turns(self, source: str, persona: str, turns: list[dict], vectors, ctx: dict) -> int:
+        """Insert `turns` (vectors: their embeddings, or None) with their FTS rows and vectors, and
+        refresh their sessions' summary columns. A turn another process stored meanwhile is left
+        alone. Returns how many were inserted. In tx."""
+        c, titles, touched, n = self.conn, ctx.get("titles", {}), set(), 0
+        state = "none" if self.embedder.provider == "none" else "pending"
+        for i, t in enumerate(turns):
+            ref = self._session_ref(source, persona, t, titles)
+            touched.add(ref)
+            c.execute("insert or ignore into conv_turns(uid, session_ref, persona_id, source, turn_key, seq, role, "
+                      "created_at, text, embedding_state) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (str(uuid.uuid4()), ref, persona, source, t["turn_key"], t["seq"], t["role"], t["created_at"],
+                       t["text"], state))
+            if not c.changes():
+                continue
+            turn_id, n = c.last_insert_rowid(), n + 1
+            c.execute("insert into conv_turns_fts(rowid, segmented) values (?, ?)",
+                      (turn_id, self.seg.segmented(t["text"])))
+            if vectors is not None and isinstance(vectors[i], np.ndarray) and self._turn_index_ready():
+                self._put_turn_vector(turn_id, vectors[i])
+        for ref in touched:
+            c.execute(self.queries["conv_session_refresh"], {"id": ref, "chars": CONVERSATION_FIRST_CHARS,
+                                                            "now": now_iso()})
+            c.execute("update conv_sessions set title = substr(first_user_message, 1, ?) where id = ? and title = ''",
+                      (CONVERSATION_TITLE_CHARS, ref))
+        return n
+
+    # turn vectors --------------------------------------------------------------------------------
+
+    def _turn_index_ready(self) -> bool:
+        """True when the turn KNN index exists or could be created now (the dimension is known)."""
+        if self.has_table("conv_turn_vec"):
+            return True
+        dim = self.meta_get("embedding_dim")
+        if not dim or not self.vectors_usable:
+            return False
+        with self.lock:  # inside the caller's transaction, or one statement of its own
+            self.conn.execute(self.queries["create_turn_vec"].replace("{dim}", str(int(dim))))
+        return True
+
+    def _put_turn_vector(self, turn_id: int, vec) -> None:
+        """Store a turn's float vector and its binary index row. In tx."""
+        self.conn.execute(self.queries["put_turn_vector"],
+                          {"id": turn_id, "embedding": np.asarray(vec, np.float32).tobytes()})
+        self.conn.execute("update conv_turns set embedding_state = 'done' where id = ?", (turn_id,))
+
+    def _center_turn_index(self) -> None:
+        """Once TURN_CENTER_AFTER turn vectors exist, centre the binary turn index on their mean
+        (meta turn_vector_center, as doc_vec is on vector_center) and rebuild it."""
+        if self.meta_get("turn_vector_center") is not None or not self.has_table("conv_turn_vec") or \
+                self.value("select count(*) from conv_turn_vectors") < TURN_CENTER_AFTER:
+            return
+        with self.tx() as c:
+            total, n = None, 0
+            for (blob,) in c.execute(self.queries["turn_vector_blobs"]):
+                v = np.frombuffer(blob, np.float32).astype(np.float64)
+                total, n = (v if total is None else total + v), n + 1
+            self._meta_set("turn_vector_center", (total / n).astype(np.float32).tobytes().hex())
+            c.execute(self.queries["reindex_turn_vectors"])
+
+    def backfill_turn_vectors(self, batch: int = 64) -> int:
+        """Embed the turns still marked 'pending' (embedding failed, or a model change). Returns how
+        many vectors were written; stops quietly when the provider fails."""
+        done, after = 0, 0
+        while self.vectors_usable:
+            rows = self.rows(self.queries["conv_pending_turns"], {"after": after, "n": batch})
+            if not rows:
+                break
+            after = rows[-1]["id"]
+            m = self._embed([r["text"] for r in rows])  # per text: a vector, or None/str (later, refused)
+            if not any(isinstance(v, np.ndarray) for v in m) or not self._turn_index_ready():
+                break  # the provider is away: the rest waits for the next back-fill
+            with self.tx():
+                for r, vec in zip(rows, m, strict=True):
+                    if isinstance(vec, np.ndarray):  # a refused text stays pending, skipped by `after`
+                        self._put_turn_vector(r["id"], vec)
+                        done += 1
+        if done:
+            self._center_turn_index()
+        return done
+
+    def _reset_turn_vectors(self) -> None:
+        """Drop every turn vector and mark the turns pending (rebuild --vectors: a new model). In tx."""
+        c = self.conn
+        c.execute("drop table if exists conv_turn_vec")
+        c.execute("delete from conv_turn_vectors")
+        c.execute("delete from meta where key = 'turn_vector_center'")
+        c.execute("update conv_turns set embedding_state = 'pending'")
+
+
+class ConversationSearch:
+    """Reading the conversation layer: conversation_search (BM25 ∥ vector over turns, fused as
+    recall fuses its document channels), conversation_get_session, conversation_stats, listings,
+    the briefing's session digests, and removing sessions (delete, keep_days)."""
+
+    def conversation_search(self, query, k: int = 5, source=None, session_id=None, since=None, until=None,
+                            persona_id=None, max_chars_per_hit: int | None = None) -> dict:
+        """Hybrid search over ingested turns: the BM25 channel (conv_turns_fts) and the vector
+        channel (conv_turn_vec, re-scored by exact cosine) of one persona, filtered in SQL by source,
+        session id and time (since/until ISO-8601), fused like recall's document channels ([recall]
+        fusion, weight_bm25, weight_vector), with recall's calibrated relevance ([recall]
+        min_relevance drops the unrelated). Each hit's text is cut to max_chars_per_hit ([conversations]
+        max_chars_per_hit; 0 = whole). Returns {results: [{turn_id, session_id, source, role,
+        created_at, text, truncated, score, relevance, channels, title, project}], degraded, warnings,
+        took_ms}. InputError for an empty query, a bad k, source or time."""
+        started = time.perf_counter()
+        query = query_text(query, "query")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
+        k = min(k, self.cfg.recall.max_k)
+        if source is not None and source not in CONVERSATION_SOURCES:
+            raise InputError("source", f"unknown source {source!r}; choose from {', '.join(CONVERSATION_SOURCES)}")
+        limit = self.cfg.conversations.max_chars_per_hit if max_chars_per_hit is None else max_chars_per_hit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise InputError("max_chars_per_hit", f"expected a whole number ≥ 0 (0 = no limit), got {limit!r}")
+        tokens = self.seg.tokens(query)
+        params = {"match": fts_query(tokens), "persona_id": _label(persona_id, "persona_id"),
+                  "source": source or "", "session_id": _label(session_id, "session_id"),
+                  "since": iso(parse_time(since, "since")) if since else "",
+                  "until": iso(parse_time(until, "until")) if until else "",
+                  "k": min(CHANNEL_MAX_K, max(self.cfg.recall.channel_k, 2 * k)),
+                  "candidates": min(CHANNEL_MAX_K, max(self.cfg.recall.vector_candidates, 2 * k))}
+        ranked, degraded, warnings = {}, [], []
+        if tokens:
+            ranked["bm25"] = self.rows(self.queries["conv_bm25"], params)
+        vector = self._turn_query_vector(query, degraded)
+        if vector is not None:
+            name = "conv_vector_session" if params["session_id"] else \
+                "conv_vector_source" if params["source"] else "conv_vector"
+            ranked["vector"] = self.rows(self.queries[name], dict(params, embedding=vector.tobytes()))
+        hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings)
+        for h in hits:
+            h["text"], h["truncated"] = cut_text(h["text"], limit) if limit else (h["text"], False)
+        return {"results": hits, "degraded": degraded, "warnings": warnings,
+                "took_ms": round((time.perf_counter() - started) * 1000, 2)}
+
+    def _turn_query_vector(self, query: str, degraded: list):
+        """The query's vector for the turn index, or None (with the reason in `degraded`)."""
+        if not self.vectors_usable or not self.has_table("conv_turn_vec"):
+            reason = self.vector_problem or "no turn has a vector yet"
+            degraded.append({"channel": "vector", "reason": reason})
+            return None
+        try:
+            return self.embedder.embed_query(self.embedder.prepare(query)[0]).astype(np.float32)
+        except EmbeddingError as e:
+            degraded.append({"channel": "vector", "reason": f"query embedding failed: {e}"})
+            return None
+
+    def _fuse_turns(self, ranked: dict, vector, tokens: set, k: int, warnings: list) -> list[dict]:
+        """The k best turns of the channel rows: RRF or the weighted mean of normalized_scores
+        ([recall] fusion), then calibrated_relevance against [recall] min_relevance."""
+        r = self.cfg.recall
+        weights = {"bm25": r.weight_bm25, "vector": r.weight_vector}
+        ranks, scores, _ = channel_evidence(ranked, ())
+        if not ranks:
+            return []
+        chosen = tuple(ranked)
+        total = sum(weights[c] for c in chosen) or 1.0
+        fused = {i: rrf(rk, chosen, r.rrf_k, weights) if r.fusion == "rrf" else
+                 sum(weights[c] * scores[c].get(i, 0.0) for c in chosen) / total for i, rk in ranks.items()}
+        pool = sorted(fused, key=lambda i: (-fused[i], i))[: max(3 * k, MMR_POOL_MIN)]
+        rows = {row["id"]: row for row in self.rows(self.queries["conv_hits"], {"ids": json.dumps(pool)})}
+        coef = self.rules.relevance.get(self.embedder.model)
+        out, best = [], None
+        for i in pool:
+            row = rows.get(i)
+            if row is None:
+                continue
+            cos = float(np.dot(np.frombuffer(row["embedding"], np.float32), vector)) \
+                if vector is not None and row["embedding"] is not None else None
+            rel = calibrated_relevance(cos, token_cover(tokens, set(row["segmented"].split())), coef)
+            best = rel if best is None or (rel is not None and rel > best) else best
+            if rel is not None and rel < r.min_relevance:
+                continue
+            out.append({"turn_id": i, "session_id": row["session_id"], "source": row["source"], "role": row["role"],
+                        "created_at": row["created_at"], "text": row["text"], "truncated": False,
+                        "score": round(fused[i], 6), "relevance": None if rel is None else round(rel, 4),
+                        "channels": sorted(ranks[i]), "title": row["title"], "project": row["project"]})
+            if len(out) == k:
+                break
+        if rows and not out and best is not None:
+            warnings.append(f"nothing relevant: the best turn's relevance is {best:.2f}, below "
+                            f"[recall] min_relevance = {r.min_relevance}")
+        return out
+
+    def _named_session(self, session_id, source, persona_id) -> dict:
+        """The conv_sessions row of a client session id. NotFound when there is none in the persona;
+        InputError when several sources have that id and no source was given."""
+        sid = _label(session_id, "session_id")
+        if not sid:
+            raise InputError("session_id", "is empty")
+        rows = self.rows(self.queries["conv_sessions_named"], {"persona_id": _label(persona_id, "persona_id"),
+                                                               "session_id": sid, "source": source or ""})
+        if not rows:
+            raise NotFound(f"no ingested session {sid!r}; `python aokun.py conversations list` shows them")
+        if len(rows) > 1:
+            raise InputError("source", f"session {sid!r} exists in {', '.join(r['source'] for r in rows)}; name one")
+        return rows[0]
+
+    def conversation_get_session(self, session_id, offset: int = 0, limit: int = 50, persona_id=None,
+                                 source=None) -> dict:
+        """One ingested session's turns in order: `limit` (1..CONVERSATION_PAGE_MAX) from `offset`,
+        each text cut to [conversations] max_chars_per_turn. Returns {session: {source, session_id,
+        project, title, first_user_message, started_at, ended_at, turn_count}, turns: [{turn_id, seq,
+        role, created_at, text, truncated}], offset, limit, next_offset (null at the end)}. NotFound
+        for an unknown session; InputError for a bad offset or limit."""
+        for name, value, low, high in (("offset", offset, 0, MAX_ID), ("limit", limit, 1, CONVERSATION_PAGE_MAX)):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InputError(name, f"expected a whole number from {low} to {high}, got {value!r}")
+        s = self._named_session(session_id, source, persona_id)
+        rows = self.rows(self.queries["conv_session_turns"], {"session_ref": s["id"], "limit": limit, "offset": offset})
+        cap = self.cfg.conversations.max_chars_per_turn
+        turns = []
+        for t in rows:
+            text, cut = cut_text(t["text"], cap) if cap else (t["text"], False)
+            turns.append({"turn_id": t["id"], "seq": t["seq"], "role": t["role"], "created_at": t["created_at"],
+                          "text": text, "truncated": cut})
+        more = offset + len(rows) < s["turn_count"]
+        session = {k: s[k] for k in ("source", "session_id", "project", "title", "first_user_message", "started_at",
+                                     "ended_at", "turn_count")}
+        return {"session": session, "turns": turns, "offset": offset, "limit": limit,
+                "next_offset": offset + len(rows) if more else None}
+
+    def list_sessions(self, limit: int = 20, offset: int = 0, source=None, persona_id=None) -> list[dict]:
+        """Ingested sessions newest first (by their last turn)."""
+        if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
+            raise InputError("limit", f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
+        return self.rows(self.queries["conv_list_sessions"], {"persona_id": _label(persona_id, "persona_id"),
+                                                              "source": source or "", "limit": limit,
+                                                              "offset": max(0, offset)})
+
+    def conversation_stats(self, persona_id=None) -> dict:
+        """Ingestion statistics of a persona: {sessions, turns, first_turn_at, last_turn_at,
+        by_source: {source: {sessions, turns, first_turn_at, last_turn_at}}, turns_awaiting_vectors,
+        files} (times ISO-8601 or null)."""
+        persona = _label(persona_id, "persona_id")
+        by = {r.pop("source"): r for r in self.rows(self.queries["conv_stats_by_source"], {"persona_id": persona})}
+        firsts = [v["first_turn_at"] for v in by.values() if v["first_turn_at"]]
+        lasts = [v["last_turn_at"] for v in by.values() if v["last_turn_at"]]
+        return {"sessions": sum(v["sessions"] for v in by.values()), "turns": sum(v["turns"] for v in by.values()),
+                "first_turn_at": min(firsts, default=None), "last_turn_at": max(lasts, default=None), "by_source": by,
+                "turns_awaiting_vectors": self.value("select count(*) from conv_turns where persona_id = ? and "
+                                                     "embedding_state = 'pending'", (persona,)),
+                "files": self.value("select count(*) from conv_files where persona_id = ?", (persona,))}
+
+    def _session_digest_lines(self, persona: str, ref: dt.datetime) -> list[str]:
+        """The briefing's "Recent sessions" lines: the sessions of the last [context]
+        briefing_recent_days (at most [conversations] briefing_sessions), newest first, each with its
+        date, source, turn count, title or first user message, and session id for drill-down."""
+        n = self.cfg.conversations.briefing_sessions
+        if n <= 0:
+            return []
+        since = iso(ref - dt.timedelta(days=self.cfg.context.briefing_recent_days))
+        rows = self.rows(self.queries["conv_recent_sessions"], {"persona_id": persona, "since": since, "n": n})
+        if not rows:
+            return []
+        lines = [f"## Recent sessions ({self.cfg.context.briefing_recent_days} days; "
+                 "conversation_get_session(session_id) reads one)"]
+        lines += [f"- {r['ended_at'][:10]} {r['source']} · {r['turn_count']} turns · "
+                  f"{_one_line(r['title'] or r['first_user_message'], CONVERSATION_TITLE_CHARS)} "
+                  f"(session {r['session_id']})" for r in rows]
+        return lines
+
+    def _conversation_hits(self, query: str, k: int, persona: str) -> list[dict]:
+        """recall's include_conversations: conversation_search's hits with their score × the source
+        boost of bulk imports ([recall] source_boost_import): history ranks below what was memorized."""
+        hits = self.conversation_search(query, k, persona_id=persona)["results"]
+        boost = self._source_boost("import")
+        return [dict(h, score=round(h["score"] * boost, 6)) for h in hits]
+
+    def delete_session(self, session_id, source=None, persona_id=None) -> dict:
+        """Remove an ingested session and its turns from every table and index, leaving tombstones
+        (the session's and each turn's uid). Its files' offsets stay: ingesting them again adds only
+        what the client writes later. Returns {session_id, source, turns}. NotFound when unknown."""
+        s = self._named_session(session_id, source, persona_id)
+        with self.tx():
+            n = self._delete_session_in_tx(s["id"])
+            self._briefing_stale(s["persona_id"])
+        return {"session_id": s["session_id"], "source": s["source"], "turns": n}
+
+    def _delete_session_in_tx(self, ref: int) -> int:
+        """Delete session row `ref` with its turns, FTS rows and vectors; tombstones. In tx."""
+        c, stamp = self.conn, now_iso()
+        has_vec = self.has_table("conv_turn_vec")
+        turns = self.rows(self.queries["conv_session_turn_ids"], {"session_ref": ref})
+        for t in turns:
+            c.execute("delete from conv_turns_fts where rowid = ?", (t["id"],))
+            if has_vec:
+                c.execute("delete from conv_turn_vec where turn_id = ?", (t["id"],))
+            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_turns', ?)",
+                      (t["uid"], stamp))
+        uid = self.value("select uid from conv_sessions where id = ?", (ref,))
+        c.execute("delete from conv_turns where session_ref = ?", (ref,))  # conv_turn_vectors cascade
+        c.execute("delete from conv_sessions where id = ?", (ref,))
+        c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_sessions', ?)",
+                  (uid, stamp))
+        return len(turns)
+
+    def prune_conversations(self, ref: dt.datetime | None = None, dry_run: bool = False) -> dict:
+        """Forget sessions whose last turn is older than [conversations] keep_days (0: keep every
+        session forever), each with its turns, as delete_session does. Returns {sessions, turns,
+        dry_run}."""
+        days = self.cfg.conversations.keep_days
+        if days <= 0:
+            return {"sessions": 0, "turns": 0, "dry_run": dry_run}
+        cutoff = iso((ref or now()) - dt.timedelta(days=days))
+        refs = [r["id"] for r in self.rows(self.queries["conv_expired_sessions"], {"cutoff": cutoff})]
+        turns = sum(self.value("select turn_count from conv_sessions where id = ?", (i,)) for i in refs)
+        if refs and not dry_run:
+            with self.tx():
+                for i in refs:
+                    self._delete_session_in_tx(i)
+                self.conn.execute("update briefings set stale = 1")
+        return {"sessions": len(refs), "turns": turns, "dry_run": dry_run}
+
+    def _conversation_counts(self) -> dict:
+        """stats()' counts of the conversation layer."""
+        return self.rows(self.queries["stats_conversation_counts"])[0] | {
+            "conversation_index_rows": self.value("select count(*) from conv_turn_vec")
+            if self.has_table("conv_turn_vec") else 0}
+
+    def _conversation_problems(self) -> list[str]:
+        """doctor()'s findings in the conversation layer."""
+        rows = self.rows(self.queries["doctor_conversation_checks"])
+        if self.has_table("conv_turn_vec"):
+            rows += self.rows(self.queries["doctor_turn_vector_checks"])
+        return [f"{r['n']} {r['problem']}" for r in rows if r["n"]]
+
+
 # The memory engine: the sections composed ########################################################
 
 class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting, Maintenance,
-             Summarizer):
+             Summarizer, Conversations, ConversationSearch):
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
     path (created and migrated when needed), optionally a Config and an Embedder; close() it.
 
@@ -4597,6 +5441,9 @@ def _search_models():
         warnings: list[str] = []
         took_ms: float
         cached: bool = False
+        conversations: list[_conversation_models().TurnHit] = Field(
+            [], description="With include_conversations: the best turns of ingested conversations, apart from "
+                            "the memories (their score × the bulk-import source boost).")
 
     class Atom(BaseModel):
         id: int
@@ -4935,14 +5782,18 @@ def _read_tools():
                explain: Annotated[bool, Field(description="Add per-channel ranks and score parts to each hit."),
                                   _nullable(False)] = False,
                as_of: Annotated[str | None, Field(description="ISO-8601 time: answer as the memory stood then "
-                                                              "(later memories, atoms and facts left out).")] = None
+                                                              "(later memories, atoms and facts left out).")] = None,
+               include_conversations: Annotated[bool, Field(description="Also search ingested conversations "
+                                                                        "(their hits in `conversations`)."),
+                                                _nullable(False)] = False
                ) -> S.RecallResult:
         """Search long-term memory by meaning, keywords and relations (Chinese and English). Call it
         before answering whenever earlier conversations could matter. Returns the best memories first,
         with a fused score, knowledge-graph facts about entities the query names, and any search
         channel that could not run. A long memory comes back cut (truncated: true): get_memory reads it whole."""
         return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(query, k, persona_id, session_id, include_archived,
-                                                                   explain, None, as_of)))
+                                                                   explain, None, as_of,
+                                                                   include_conversations=include_conversations)))
 
     def search_atoms(ctx: Context, query: Annotated[str, Field(description="Keywords of the fact you look for.")],
                      k: Annotated[int, Field(ge=1, description="How many atoms (default 10)."), _nullable(10)] = 10,
@@ -5086,6 +5937,111 @@ def _context_tools():
     return _named(memory_context, refresh_briefing, forget_preview, consolidate, summarize_memory)
 
 
+@functools.cache
+def _conversation_models():
+    """Result models of the conversation tools: TurnHit (a conversation_search hit, also in recall's
+    `conversations`), TurnSearch {results, degraded, warnings, took_ms}, SessionTurns (one session's
+    turns in order, a page of them) and ConversationStats (counts and first/last turn times,
+    ISO-8601 or null, per source)."""
+    from typing import Any
+
+    from pydantic import BaseModel, Field
+
+    class TurnHit(BaseModel):
+        turn_id: int
+        session_id: str = Field(description="The client's session id: conversation_get_session reads it.")
+        source: str = Field(description="claude-code, codex, copilot or chatgpt.")
+        role: str = Field(description="user or assistant.")
+        created_at: str
+        text: str = Field(description="The turn's text, or its start when truncated.")
+        truncated: bool
+        score: float = Field(description="Fused score, higher is better.")
+        relevance: float | None = None
+        channels: list[str]
+        title: str
+        project: str
+
+    class TurnSearch(BaseModel):
+        results: list[TurnHit]
+        degraded: list[dict[str, Any]] = []
+        warnings: list[str] = []
+        took_ms: float
+
+    class Turn(BaseModel):
+        turn_id: int
+        seq: int
+        role: str
+        created_at: str
+        text: str
+        truncated: bool
+
+    class SessionTurns(BaseModel):
+        session: dict[str, Any]
+        turns: list[Turn]
+        offset: int
+        limit: int
+        next_offset: int | None = Field(description="Pass as offset for the next page; null at the end.")
+
+    class ConversationStats(BaseModel):
+        sessions: int
+        turns: int
+        first_turn_at: str | None
+        last_turn_at: str | None
+        by_source: dict[str, dict[str, Any]]
+        turns_awaiting_vectors: int
+        files: int
+
+    return _named(TurnHit, TurnSearch, Turn, SessionTurns, ConversationStats)
+
+
+@functools.cache
+def _conversation_tools():
+    """The tools over ingested conversations (`python aokun.py ingest`): conversation_search,
+    conversation_get_session and conversation_stats (results: _conversation_models())."""
+    from typing import Annotated
+
+    from mcp.server.mcpserver import Context
+    from pydantic import Field
+
+    A, C = _tool_args(), _conversation_models()
+    Source = Annotated[str | None, Field(description="Only this client: claude-code, codex, copilot or chatgpt.")]
+
+    def conversation_search(ctx: Context,
+                            query: Annotated[str, Field(description="What was said, as a question or keywords.")],
+                            k: Annotated[int, Field(ge=1, description="How many turns (default 5)."), _nullable(5)] = 5,
+                            source: Source = None,
+                            session_id: Annotated[str | None, Field(description="Only this session.")] = None,
+                            since: Annotated[str | None, Field(description="Turns at or after (ISO-8601).")] = None,
+                            until: Annotated[str | None, Field(description="Turns at or before (ISO-8601).")] = None,
+                            persona_id: A.Persona = None) -> C.TurnSearch:
+        """Search past conversations with your assistants (Claude Code, Codex, Copilot CLI, ChatGPT),
+        by meaning and keywords, Chinese and English: what the user said and what was answered. Use
+        it for "what did we decide about…" or "when did I ask about…"; recall searches the memories
+        deliberately kept. Each hit names its session: conversation_get_session reads around it."""
+        return C.TurnSearch(**_on_memory(ctx, lambda m: m.conversation_search(
+            query, k, source, session_id, since, until, persona_id)))
+
+    def conversation_get_session(ctx: Context,
+                                 session_id: Annotated[str, Field(description="From conversation_search or the "
+                                                                              "briefing's recent sessions.")],
+                                 offset: Annotated[int, Field(ge=0, description="Skip this many turns."),
+                                                   _nullable(0)] = 0,
+                                 limit: Annotated[int, Field(ge=1, le=CONVERSATION_PAGE_MAX,
+                                                             description="How many turns (default 50)."),
+                                                  _nullable(50)] = 50,
+                                 source: Source = None,
+                                 persona_id: A.Persona = None) -> C.SessionTurns:
+        """One past conversation's turns in order, a page at a time (next_offset continues)."""
+        return C.SessionTurns(**_on_memory(ctx, lambda m: m.conversation_get_session(
+            session_id, offset, limit, persona_id, source)))
+
+    def conversation_stats(ctx: Context, persona_id: A.Persona = None) -> C.ConversationStats:
+        """How much conversation history is ingested: sessions, turns and date range, per client."""
+        return C.ConversationStats(**_on_memory(ctx, lambda m: m.conversation_stats(persona_id)))
+
+    return _named(conversation_search, conversation_get_session, conversation_stats)
+
+
 #: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they stand for.
 TOOL_KINDS = {
     "read-only": dict(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
@@ -5124,6 +6080,9 @@ MCP_TOOLS = {
     "kg_timeline": (_kg_tools, "read-only"),
     "kg_stats": (_kg_tools, "read-only"),
     "kg_delete_entity": (_kg_tools, "destructive"),
+    "conversation_search": (_conversation_tools, "read-only"),
+    "conversation_get_session": (_conversation_tools, "read-only"),
+    "conversation_stats": (_conversation_tools, "read-only"),
 }
 
 
@@ -6101,6 +7060,135 @@ def serve(state, use_http, host, port):
     first.append(Memory(path, cfg))
     log.warning("Aokun MCP over HTTP at http://%s:%s/mcp (database %s)", host, port, path)
     uvicorn.run(app, host=host, port=port, log_level=cfg.server.log_level.lower())
+
+
+# CLI: conversations (ingest, list, show, search, delete) #########################################
+
+INGEST_PROGRESS_BYTES = 1 << 20  #: transcripts bigger than this in all get a progress bar on stderr
+
+
+@cli.command()
+@click.argument("source", type=click.Choice(CONVERSATION_SOURCES))
+@click.argument("paths", nargs=-1, type=click.Path(), metavar="[PATH]...")
+@click.option("--persona", help="Persona the conversations belong to.")
+@click.option("--json", "as_json", is_flag=True, help="Print {sessions, turns, new, skipped, seconds} as JSON.")
+@click.pass_obj
+def ingest(state, source, paths, persona, as_json):
+    """Ingest an assistant's conversation history, incrementally (a second run adds only what is new).
+
+    Without PATH, the client's standard location: claude-code ~/.claude/projects/*/*.jsonl, codex
+    ~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl, copilot ~/.copilot/session-state/<id>/events.jsonl;
+    chatgpt needs the conversations.json of a data export, or the export's zip. A PATH folder is
+    searched for the source's files.
+
+    Example:
+
+        python aokun.py ingest claude-code
+
+        python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip
+    """
+    mem = state.memory()
+    files = mem.transcript_files(source, paths)
+    total = sum(f.stat().st_size for f in files)
+    if total > INGEST_PROGRESS_BYTES:
+        with click.progressbar(length=total, label=f"ingesting {source}", file=sys.stderr) as bar:
+            out = mem.ingest(source, files, persona, progress=lambda n, _turns: bar.update(n))
+    else:
+        out = mem.ingest(source, files, persona)
+    if as_json:
+        _echo_json({k: out[k] for k in ("sessions", "turns", "new", "skipped", "seconds")})
+    else:
+        click.echo(f"{source}: {out['files']} files, {out['sessions']} sessions, {out['turns']} turns read, "
+                   f"{out['new']} new, {out['skipped']} malformed lines skipped, {out['seconds']:.1f} s")
+
+
+@cli.group()
+def conversations():
+    """Browse and search ingested conversations (`python aokun.py ingest` stores them).
+
+    Example:
+
+        python aokun.py conversations search "杭州 高铁票"
+    """
+
+
+@conversations.command("list")
+@click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
+@click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
+@click.option("--offset", default=0, type=click.IntRange(0))
+@click.option("--persona", help="Persona.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def conversations_list(state, source, limit, offset, persona, as_json):
+    """Sessions, newest first: date, source, turns, title, session id."""
+    rows = state.memory().list_sessions(limit, offset, source, persona)
+    if as_json:
+        _echo_json(rows)
+        return
+    for r in rows:
+        click.echo(f"{r['ended_at'][:DATE_CHARS]}  {r['source']:<11} {r['turn_count']:>5} turns  "
+                   f"{_one_line(r['title'] or r['first_user_message'], LINE_PREVIEW_CHARS)}  [{r['session_id']}]")
+
+
+@conversations.command("show")
+@click.argument("session_id")
+@click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
+@click.option("--offset", default=0, type=click.IntRange(0))
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, CONVERSATION_PAGE_MAX))
+@click.option("--persona", help="Persona.")
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@click.pass_obj
+def conversations_show(state, session_id, source, offset, limit, persona, as_json):
+    """One session's turns in order."""
+    out = state.memory().conversation_get_session(session_id, offset, limit, persona, source)
+    if as_json:
+        _echo_json(out)
+        return
+    s = out["session"]
+    click.echo(f"# {s['title'] or s['session_id']}  ({s['source']}, {s['turn_count']} turns, {s['project']})")
+    for t in out["turns"]:
+        click.echo(f"[{t['created_at']}] {t['role']}: {t['text']}")
+    if out["next_offset"] is not None:
+        click.echo(f"… more: --offset {out['next_offset']}", err=True)
+
+
+@conversations.command("search")
+@click.argument("query")
+@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many turns.")
+@click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
+@click.option("--session", help="Only this session.")
+@click.option("--since", help="Only turns at or after this ISO-8601 time.")
+@click.option("--until", help="Only turns at or before this ISO-8601 time.")
+@click.option("--persona", help="Persona.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
+@click.pass_obj
+def conversations_search(state, query, k, source, session, since, until, persona, as_json):
+    """Search ingested conversations by meaning and keywords.
+
+    Example:
+
+        python aokun.py conversations search "杭州 高铁票"
+    """
+    out = state.memory().conversation_search(query, k, source, session, since, until, persona)
+    if as_json:
+        _echo_json(out)
+        return
+    for h in out["results"]:
+        click.echo(f"{h['score']:.3f}  {h['created_at'][:DATE_CHARS]} {h['source']} {h['role']}: "
+                   f"{_one_line(h['text'], HIT_PREVIEW_CHARS)}  [{h['session_id']}]")
+    for w in out["warnings"]:
+        click.echo(w, err=True)
+
+
+@conversations.command("delete")
+@click.argument("session_id")
+@click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
+@click.option("--persona", help="Persona.")
+@click.pass_obj
+def conversations_delete(state, session_id, source, persona):
+    """Forget one ingested session and its turns (tombstones are kept)."""
+    out = state.memory().delete_session(session_id, source, persona)
+    click.echo(f"deleted session {out['session_id']} ({out['source']}, {out['turns']} turns)")
 
 
 # Main ############################################################################################

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.anyio
 ALL_TOOLS = ["memorize", "recall", "search_atoms", "list_memories", "get_memory", "edit_memory", "delete_memory",
              "pin_memory", "unpin_memory", "archive_memory", "memory_stats"]
 DEFAULT_TOOLS = ["memorize", "recall", "memory_feedback", "search_atoms", "get_memory", "edit_memory",
-                 "delete_memory"]
+                 "delete_memory", "conversation_search", "conversation_get_session", "conversation_stats"]
 READ_ONLY = {"recall", "search_atoms", "list_memories", "get_memory", "memory_stats"}
 DESTRUCTIVE = {"edit_memory", "delete_memory"}
 
@@ -108,7 +108,7 @@ async def test_default_exposure_is_exactly_the_frequent_tools(make_server, tmp_p
     assert aokun.DEFAULT_TOOLS == tuple(DEFAULT_TOOLS)
     async with Client(make_server(aokun.Config(None, overrides={("backup", "dir"): str(tmp_path)}))) as c:
         names = [t.name for t in (await c.list_tools()).tools]
-    assert sorted(names) == sorted(DEFAULT_TOOLS) and len(names) == 7
+    assert sorted(names) == sorted(DEFAULT_TOOLS) and len(names) == 10
 
 
 async def test_all_exposes_every_tool(client):

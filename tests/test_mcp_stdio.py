@@ -19,7 +19,7 @@ import aokun
 from mcp_procs import REPO, child_env, cli, serve_args, stop, write_ini
 
 DEFAULT_TOOLS = {"memorize", "recall", "memory_feedback", "search_atoms", "get_memory", "edit_memory",
-                 "delete_memory"}
+                 "delete_memory", "conversation_search", "conversation_get_session", "conversation_stats"}
 
 
 @pytest.fixture

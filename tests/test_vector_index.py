@@ -95,6 +95,8 @@ def _make_schema5_file(path, dim=16):
     c.execute("alter table graph_entries drop column embedding_error")
     c.execute("alter table documents drop column useful_count")  # schema 7
     c.execute("alter table documents drop column last_useful_at")
+    for table in ("conv_turn_vectors", "conv_turns_fts", "conv_turns", "conv_sessions", "conv_files"):  # schema 10
+        c.execute(f"drop table {table}")
     c.execute("pragma user_version = 5")
     c.execute("commit")
     c.close()

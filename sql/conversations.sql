@@ -1,0 +1,207 @@
+-- The conversation layer (schema/0010): sessions and turns of client transcripts, their FTS5 index
+-- (conv_turns_fts, jieba-segmented like documents_fts) and their vectors (float in
+-- conv_turn_vectors, a binary-quantised vec0 copy in conv_turn_vec, centred on meta
+-- turn_vector_center once 256 turn vectors exist, like doc_vec: see sql/vectors.sql).
+-- Parameters are named; :persona_id '' is the default persona; :source, :session_id '' = any;
+-- :since / :until '' = unbounded (ISO-8601 UTC).
+
+-- name: create_turn_vec
+create virtual table if not exists conv_turn_vec using vec0(
+    turn_id integer primary key,
+    embedding bit[{dim}],
+    persona_id text,
+    source text
+);
+
+-- name: put_turn_vector
+-- Store one turn vector (:id, :embedding) and its index row with the turn's filters.
+insert or replace into conv_turn_vectors(turn_id, embedding) values (:id, :embedding);
+delete from conv_turn_vec where turn_id = :id;
+insert into conv_turn_vec(turn_id, embedding, persona_id, source)
+select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value) from meta where key = 'turn_vector_center'),
+                                                            zeroblob(length(:embedding))))),
+       persona_id, source
+from conv_turns where id = :id;
+
+-- name: reindex_turn_vectors
+-- Rebuild the turn KNN index from the float vectors (after its centre changes).
+delete from conv_turn_vec;
+insert into conv_turn_vec(turn_id, embedding, persona_id, source)
+select t.id, vec_quantize_binary(vec_sub(v.embedding, coalesce((select unhex(value) from meta where key = 'turn_vector_center'),
+                                                               zeroblob(length(v.embedding))))),
+       t.persona_id, t.source
+from conv_turn_vectors v join conv_turns t on t.id = v.turn_id;
+
+-- name: turn_vector_blobs
+-- Every stored turn vector: their mean is the turn index's quantisation centre.
+select embedding from conv_turn_vectors;
+
+-- name: conv_session_refresh
+-- Recompute a session's summary columns from its turns: count, first and last time, the first
+-- thing the user said (cut to :chars), and the title when none was given (that message, cut to :title_chars).
+update conv_sessions set
+    turn_count = (select count(*) from conv_turns where session_ref = :id),
+    started_at = coalesce((select min(created_at) from conv_turns where session_ref = :id), started_at),
+    ended_at = coalesce((select max(created_at) from conv_turns where session_ref = :id), ended_at),
+    first_user_message = coalesce((select substr(text, 1, :chars) from conv_turns
+                                   where session_ref = :id and role = 'user' order by seq, id limit 1), ''),
+    updated_at = :now
+where id = :id;
+
+-- name: conv_pending_turns
+-- Back-fill: the next :n turns awaiting a vector after id :after, by id.
+select id, text from conv_turns where embedding_state = 'pending' and id > :after order by id limit :n;
+
+-- name: conv_bm25
+-- Turn BM25 over the segmented FTS5 column, filtered in SQL by persona, source, session and time.
+with hits as (
+    select t.id, bm25(conv_turns_fts) as raw
+    from conv_turns_fts
+    join conv_turns t on t.id = conv_turns_fts.rowid
+    join conv_sessions s on s.id = t.session_ref
+    where conv_turns_fts match :match
+      and t.persona_id = :persona_id
+      and (:source = '' or t.source = :source)
+      and (:session_id = '' or s.session_id = :session_id)
+      and (:since = '' or t.created_at >= :since)
+      and (:until = '' or t.created_at <= :until)
+    order by raw
+    limit :k
+)
+select id, 'bm25' as channel, row_number() over (order by raw) - 1 as rank, raw from hits order by raw;
+
+-- name: conv_vector
+-- Turn KNN: the :candidates nearest in the binary index (persona as a vec0 metadata filter),
+-- re-scored by exact cosine distance from the float vectors, time-filtered; the best :k.
+with coarse as (
+    select turn_id from conv_turn_vec
+    where embedding match vec_quantize_binary(vec_sub(:embedding, coalesce(
+              (select unhex(value) from meta where key = 'turn_vector_center'), zeroblob(length(:embedding)))))
+      and k = :candidates and persona_id = :persona_id
+),
+knn as (
+    select v.turn_id, vec_distance_cosine(v.embedding, :embedding) as distance
+    from coarse c join conv_turn_vectors v on v.turn_id = c.turn_id
+)
+select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank, knn.distance as raw
+from knn join conv_turns t on t.id = knn.turn_id
+where (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
+order by knn.distance
+limit :k;
+
+-- name: conv_vector_source
+-- As conv_vector, for one source (vec0 metadata filters cannot be OR-ed away).
+with coarse as (
+    select turn_id from conv_turn_vec
+    where embedding match vec_quantize_binary(vec_sub(:embedding, coalesce(
+              (select unhex(value) from meta where key = 'turn_vector_center'), zeroblob(length(:embedding)))))
+      and k = :candidates and persona_id = :persona_id and source = :source
+),
+knn as (
+    select v.turn_id, vec_distance_cosine(v.embedding, :embedding) as distance
+    from coarse c join conv_turn_vectors v on v.turn_id = c.turn_id
+)
+select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank, knn.distance as raw
+from knn join conv_turns t on t.id = knn.turn_id
+where (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
+order by knn.distance
+limit :k;
+
+-- name: conv_vector_session
+-- Exact cosine over one session's turn vectors (a session is small: no index needed).
+select t.id, 'vector' as channel,
+       row_number() over (order by vec_distance_cosine(v.embedding, :embedding)) - 1 as rank,
+       vec_distance_cosine(v.embedding, :embedding) as raw
+from conv_turns t
+join conv_sessions s on s.id = t.session_ref
+join conv_turn_vectors v on v.turn_id = t.id
+where s.session_id = :session_id and t.persona_id = :persona_id
+  and (:source = '' or t.source = :source)
+  and (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
+order by raw
+limit :k;
+
+-- name: conv_hits
+-- The turns in the JSON array :ids with their session, FTS text and float vector (for relevance).
+select t.id, t.role, t.created_at, t.text, t.seq, t.source, t.embedding_state, s.session_id, s.title, s.project,
+       f.segmented, v.embedding
+from conv_turns t
+join conv_sessions s on s.id = t.session_ref
+join conv_turns_fts f on f.rowid = t.id
+left join conv_turn_vectors v on v.turn_id = t.id
+where t.id in (select value from json_each(:ids));
+
+-- name: conv_session_turns
+-- One session's turns in order, :limit from :offset.
+select id, seq, role, created_at, text from conv_turns
+where session_ref = :session_ref
+order by seq, id
+limit :limit offset :offset;
+
+-- name: conv_sessions_named
+-- The sessions of a persona with this client session id (one per source), newest first.
+select * from conv_sessions where persona_id = :persona_id and session_id = :session_id
+  and (:source = '' or source = :source)
+order by ended_at desc;
+
+-- name: conv_list_sessions
+-- Sessions newest first (by their last turn), optionally of one source.
+select id, source, session_id, project, title, first_user_message, started_at, ended_at, turn_count
+from conv_sessions
+where persona_id = :persona_id and (:source = '' or source = :source)
+order by ended_at desc, id desc
+limit :limit offset :offset;
+
+-- name: conv_recent_sessions
+-- The briefing's session digests: sessions of the persona whose last turn is after :since, newest first.
+select source, session_id, title, first_user_message, ended_at, turn_count from conv_sessions
+where persona_id = :persona_id and ended_at >= :since and turn_count > 0
+order by ended_at desc, id desc
+limit :n;
+
+-- name: conv_stats_by_source
+-- Per source: sessions, turns, first and last turn time (of one persona).
+select s.source, count(distinct s.id) as sessions, count(t.id) as turns,
+       min(t.created_at) as first_turn_at, max(t.created_at) as last_turn_at
+from conv_sessions s left join conv_turns t on t.session_ref = s.id
+where s.persona_id = :persona_id
+group by s.source order by s.source;
+
+-- name: conv_expired_sessions
+-- Sessions whose last turn is older than :cutoff ([conversations] keep_days), any persona.
+select id from conv_sessions where ended_at < :cutoff order by id;
+
+-- name: conv_session_turn_ids
+-- The turn ids of a session (what deleting it removes from the FTS and vector indexes).
+select id, uid from conv_turns where session_ref = :session_ref order by id;
+
+-- name: stats_conversation_counts
+-- The conversation layer's counts for `python aokun.py stats`.
+select
+    (select count(*) from conv_sessions)                                    as conversation_sessions,
+    (select count(*) from conv_turns)                                       as conversation_turns,
+    (select count(*) from conv_turns_fts)                                   as conversation_turns_fts,
+    (select count(*) from conv_turn_vectors)                                as conversation_turn_vectors,
+    (select count(*) from conv_turns where embedding_state = 'pending')     as conversation_turns_awaiting_vectors,
+    (select count(*) from conv_files)                                       as conversation_files;
+
+-- name: doctor_conversation_checks
+-- The conversation layer's inconsistencies; n > 0 is a problem.
+select 'conversation turns without an FTS row' as problem,
+       count(*) as n from conv_turns where id not in (select rowid from conv_turns_fts)
+union all
+select 'conversation FTS rows without a turn',
+       count(*) from conv_turns_fts where rowid not in (select id from conv_turns)
+union all
+select 'conversation turns marked embedded without a vector',
+       count(*) from conv_turns where embedding_state = 'done' and id not in (select turn_id from conv_turn_vectors)
+union all
+select 'conversation sessions whose turn count is wrong',
+       count(*) from conv_sessions s where turn_count != (select count(*) from conv_turns t where t.session_ref = s.id)
+union all
+select 'conversation turns awaiting vectors (the next `python aokun.py ingest` back-fills them)',
+       count(*) from conv_turns where embedding_state = 'pending';
+
+-- name: doctor_turn_vector_checks
+select 'conversation turn vectors missing from the KNN index' as problem,
+       count(*) as n from conv_turn_vectors where turn_id not in (select turn_id from conv_turn_vec);
