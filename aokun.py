@@ -495,6 +495,7 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
         conn.pragma("foreign_keys", "ON")
+        conn.pragma("secure_delete", True)  # deleted text is zeroed, not left in free space (costs: README)
         if conn.pragma("journal_mode") != "wal":
             conn.pragma("journal_mode", "wal")
     except (apsw.NotADBError, apsw.CantOpenError) as e:
@@ -2510,10 +2511,13 @@ class Journal:
         self._refresh_stale(p.stale)
         return self._write_result(p)
 
-    def delete(self, doc_id: int, persona_id: str | None = None) -> dict:
+    def delete(self, doc_id: int, persona_id: str | None = None, purge: bool = False) -> dict:
         """Remove a memory of persona `persona_id` (None: the default persona '') from every table and
-        index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone. Returns
-        {id, uid, deleted: true}. Raises NotFound, also for an id of another persona."""
+        index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone (uid and
+        time, no text); secure_delete zeroes the freed bytes, but its words stay in older FTS segments
+        and its pages in the WAL until `purge` (Maintenance.purge: also VACUUM and a WAL checkpoint),
+        and in backups for their life. Returns {id, uid, deleted: true} (+ purged: purge()'s answer).
+        Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         with self.tx() as c:
             stale = self._stale_successors(doc_id)
@@ -2530,7 +2534,10 @@ class Journal:
                       (d["uid"], now_iso()))
             self._briefing_stale(d["persona_id"])
         self._refresh_stale(stale)
-        return {"id": doc_id, "uid": d["uid"], "deleted": True}
+        out = {"id": doc_id, "uid": d["uid"], "deleted": True}
+        if purge:
+            out["purged"] = self.purge(d["persona_id"])
+        return out
 
     def set_flag(self, doc_id: int, flag: str, value: bool, persona_id: str | None = None) -> dict:
         """pin/unpin (flag='pinned') or archive/unarchive (flag='archived') a memory of persona
@@ -4193,14 +4200,28 @@ class Maintenance:
         return len(preps)
 
     def vacuum(self) -> dict:
-        """Merge FTS segments, checkpoint the WAL and VACUUM. Returns sizes before and after."""
+        """Merge FTS segments, VACUUM and checkpoint the WAL to zero bytes. Returns {before_bytes,
+        after_bytes, wal_truncated} (false when another connection's read kept the WAL: it is reset
+        at a later checkpoint)."""
         before = self.path.stat().st_size
         with self.lock:
             for t in ("documents_fts", "memory_atoms_fts", "graph_entries_fts"):
                 self.conn.execute(f"insert into {t}({t}) values ('optimize')")
             self.conn.execute("vacuum")
-            self.conn.pragma("wal_checkpoint(TRUNCATE)")
-        return {"before_bytes": before, "after_bytes": self.path.stat().st_size}
+            busy, wal_frames, _ = self.conn.execute("pragma wal_checkpoint(TRUNCATE)").fetchone()
+        return {"before_bytes": before, "after_bytes": self.path.stat().st_size,
+                "wal_truncated": not busy and wal_frames == 0}
+
+    def purge(self, persona_id=None) -> dict:
+        """Leave no deleted text in the database file or its WAL (after delete): rebuild the persona's
+        stored briefing (it may quote a deleted memory), then vacuum(): the FTS merge drops a deleted
+        row's words from older index segments, VACUUM drops the free pages (secure_delete has zeroed
+        the freed cells), the checkpoint empties the WAL. Backups keep what they hold. Returns
+        vacuum()'s answer; seconds on a large file (VACUUM rewrites it)."""
+        persona = _label(persona_id, "persona_id")
+        if self.value("select 1 from briefings where persona_id = ?", (persona,)):
+            self.build_briefing(persona)
+        return self.vacuum()
 
     def backup(self, dest: Path | str) -> dict:
         """A consistent copy of the whole database in one file (VACUUM INTO: a read transaction, so
@@ -5696,16 +5717,28 @@ _flag_command("unarchive", "archived", False, "Bring an archived memory back int
 @cli.command()
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
+@click.option("--purge", is_flag=True, help="Also leave no trace of it in the file and its WAL: rebuild the "
+              "briefing, merge the FTS indexes, VACUUM and checkpoint (seconds on a large file).")
 @click.pass_obj
-def delete(state, memory_id, persona):
-    """Delete a memory from every table and index (a tombstone is kept).
+def delete(state, memory_id, persona, purge):
+    """Delete a memory from every table and index (a tombstone with its uid and time is kept).
+
+    What remains: its freed bytes are zeroed (secure_delete), but its words stay in older FTS index
+    segments and its old pages in the WAL file until `vacuum` or --purge; its text stays in every
+    backup made while it existed (daily backups for [backup] keep_days, manual, before-restore and
+    upgrade copies) until you delete those files.
 
     Example:
 
-        python aokun.py delete 12
+        python aokun.py delete 12 --purge
     """
-    state.memory().delete(memory_id, persona)
+    out = state.memory().delete(memory_id, persona, purge=purge)
     click.echo(f"deleted {memory_id}")
+    if purge:
+        p = out["purged"]
+        click.echo(f"purged: {p['before_bytes']:,} -> {p['after_bytes']:,} bytes"
+                   + ("" if p["wal_truncated"] else "; another process is reading, so the WAL keeps old pages "
+                      "until its next checkpoint (run `aokun vacuum` when it is idle)"))
 
 
 @cli.command("restore-memory")
