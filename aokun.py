@@ -5559,6 +5559,42 @@ def _metadata(summary, topic, fact, participant, importance, session, persona, s
     return {k: v for k, v in meta.items() if v is not None}
 
 
+def _content_arg(text: str | None, file_path: str | None, max_chars: int, required: bool = True,
+                 text_name: str = "TEXT") -> str | None:
+    """The memory text a command was given: TEXT as typed, `-` for standard input, or --file PATH
+    (`-` too means standard input); both read as UTF-8 (a leading BOM dropped). None when neither was
+    given and not `required`. Raises click.UsageError for both or (when required) neither, InputError
+    (naming --file, or `text_name` for standard input) for an unreadable, non-UTF-8, empty or oversized
+    (over 4 bytes per character of `max_chars`) input."""
+    if text is not None and file_path is not None:
+        raise click.UsageError("give the text or --file, not both")
+    if file_path is None and text != "-":
+        if text is None and required:
+            raise click.UsageError("give the text, - to read it from standard input, or --file PATH")
+        return text
+    name = "--file" if file_path not in (None, "-") else text_name
+    limit = 4 * max_chars  # UTF-8 takes at most 4 bytes a character
+    try:
+        if name == "--file":
+            with open(Path(file_path).expanduser(), "rb") as f:
+                raw = f.read(limit + 1)
+        else:
+            raw = sys.stdin.buffer.read(limit + 1)
+    except OSError as e:
+        raise InputError("--file", f"cannot read {file_path}: {e.strerror or e}") from None
+    where = file_path if name == "--file" else "standard input"
+    if len(raw) > limit:
+        raise InputError(name, f"{where} is over {limit:,} bytes; the limit is {max_chars:,} characters "
+                               "([write] max_content_chars)")
+    try:
+        content = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(name, f"{where} is not UTF-8 text (invalid byte at offset {e.start})") from None
+    if not content.strip():
+        raise InputError(name, f"{where} is empty")
+    return content
+
+
 def metadata_options(fn):
     """The metadata options shared by `memorize` and `edit`."""
     for opt in reversed([
@@ -5598,18 +5634,24 @@ def cli(ctx, db, config_path):
 # CLI: memories ###################################################################################
 
 @cli.command()
-@click.argument("text")
+@click.argument("text", required=False)
+@click.option("--file", "file_path", metavar="PATH", help="Read the text from this UTF-8 file (- : standard input).")
 @metadata_options
 @click.option("--json", "as_json", is_flag=True, help="Print the whole write result as JSON.")
 @click.pass_obj
-def memorize(state, text, summary, topic, fact, participant, tag, importance, session, persona, source,
+def memorize(state, text, file_path, summary, topic, fact, participant, tag, importance, session, persona, source,
              timestamp, as_json):
-    """Store a memory and print its id.
+    """Store a memory and print its id. TEXT `-` reads the text from standard input (UTF-8), for
+    long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To store
+    a lone "-", pipe it: echo - | aokun memorize -
 
     Example:
 
         python aokun.py memorize "Alice 喜欢冰美式" --participant Alice --topic coffee
+
+        python aokun.py memorize --file notes/meeting.md --topic work
     """
+    text = _content_arg(text, file_path, state.cfg.write.max_content_chars)
     meta = _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag)
     result = state.memory().memorize(text, meta)
     for w in result["warnings"]:
@@ -5672,22 +5714,28 @@ def list_cmd(state, limit, offset, persona, session, include_archived, as_json):
 
 @cli.command()
 @click.argument("memory_id", type=int)
-@click.option("--text", help="New content.")
+@click.option("--text", help="New content (- : read it from standard input).")
+@click.option("--file", "file_path", metavar="PATH", help="Read the new content from this UTF-8 file.")
 @metadata_options
 @click.option("--json", "as_json", is_flag=True, help="Print the write result as JSON.")
 @click.pass_obj
-def edit(state, memory_id, text, summary, topic, fact, participant, tag, importance, session, persona, source,
-         timestamp, as_json):
+def edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance, session, persona,
+         source, timestamp, as_json):
     """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona names
     the persona the memory belongs to (a persona cannot change).
 
     Example:
 
         python aokun.py edit 12 --text "Alice 现在喜欢拿铁" --importance 0.8
+
+        python aokun.py edit 12 --file notes/meeting.md
     """
     meta = _metadata(summary, topic, fact, participant, importance, session, None, source, timestamp, tag)
+    if text is not None and file_path is not None:
+        raise click.UsageError("give --text or --file, not both")
+    text = _content_arg(text, file_path, state.cfg.write.max_content_chars, required=False, text_name="--text")
     if text is None and not meta:
-        raise click.UsageError("give --text and/or a metadata option to change")
+        raise click.UsageError("give --text, --file and/or a metadata option to change")
     result = state.memory().edit(memory_id, text, meta, persona)
     _echo_json(result) if as_json else click.echo(result["id"])
 
