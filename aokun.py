@@ -5643,7 +5643,7 @@ def memorize(state, text, file_path, summary, topic, fact, participant, tag, imp
              timestamp, as_json):
     """Store a memory and print its id. TEXT `-` reads the text from standard input (UTF-8), for
     long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To store
-    a lone "-", pipe it: echo - | aokun memorize -
+    a lone "-", pipe it: echo - | python aokun.py memorize -
 
     Example:
 
@@ -5786,7 +5786,7 @@ def delete(state, memory_id, persona, purge):
         p = out["purged"]
         click.echo(f"purged: {p['before_bytes']:,} -> {p['after_bytes']:,} bytes"
                    + ("" if p["wal_truncated"] else "; another process is reading, so the WAL keeps old pages "
-                      "until its next checkpoint (run `aokun vacuum` when it is idle)"))
+                      "until its next checkpoint (run `python aokun.py vacuum` when it is idle)"))
 
 
 @cli.command("restore-memory")
