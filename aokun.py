@@ -100,6 +100,10 @@ class SchemaError(AokunError):
     """The database file cannot be used by this version (newer schema, dimension mismatch)."""
 
 
+class JournalGone(AokunError):
+    """A write's journal row vanished mid-write (the file was restored): the write is not stored."""
+
+
 class EmbeddingError(AokunError):
     """The embedding provider failed; writes still succeed, vectors are back-filled later."""
 
@@ -503,6 +507,7 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
         conn.pragma("foreign_keys", "ON")
+        conn.pragma("secure_delete", True)  # deleted text is zeroed, not left in free space (costs: README)
         if conn.pragma("journal_mode") != "wal":
             conn.pragma("journal_mode", "wal")
     except (apsw.NotADBError, apsw.CantOpenError) as e:
@@ -1333,6 +1338,11 @@ def _id_list(value, name: str, limit: int) -> list[int]:
 
 LIST_LIMIT_MAX = 1000  #: the most memories list_memories returns at once
 MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
+#: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed out:
+#: an id is never handed out twice in a file's life (deleting the newest row, or a restore, included).
+ID_COUNTERS = {"documents": "last_document_id", "memory_atoms": "last_atom_id", "graph_nodes": "last_node_id",
+               "graph_edges": "last_edge_id", "graph_entries": "last_entry_id", "kg_entities": "last_entity_id",
+               "kg_triples": "last_triple_id", "memory_write_ops": "last_write_op_id"}
 
 
 class Store:
@@ -1397,6 +1407,14 @@ class Store:
         self.conn.execute("insert into meta(key, value) values (?, ?) "
                           "on conflict(key) do update set value = excluded.value",
                           (key, str(value)))
+
+    def _new_id(self, table: str) -> int:
+        """The id for a new row of `table` (one of ID_COUNTERS): above every id the table ever handed
+        out (its counter in meta, its largest id), and recorded as the counter. In tx."""
+        key = ID_COUNTERS[table]
+        new = max(int(self.meta_get(key, 0)), self.value(f"select coalesce(max(id), 0) from {table}")) + 1
+        self._meta_set(key, new)
+        return new
 
     def has_table(self, name: str) -> bool:
         """True when a table (or virtual table) `name` exists in the file."""
@@ -1830,11 +1848,9 @@ class Layers:
                 return "done"
             cols["uid"] = str(uuid.uuid4())
             # ids are never reused, even after deleting the newest memory (a client may still hold it)
-            cols["id"] = max(int(self.meta_get("last_document_id", 0)),
-                             self.value("select coalesce(max(id), 0) from documents")) + 1
+            cols["id"] = self._new_id("documents")
             c.execute(f"insert into documents({', '.join(cols)}) values ({', '.join(':' + k for k in cols)})", cols)
             p.document_id = cols["id"]
-            self._meta_set("last_document_id", p.document_id)
         else:
             archived = self.value("select archived from documents where id = ?", (p.document_id,))
             if archived is None:
@@ -1898,12 +1914,12 @@ class Layers:
             subject = slot_subject or (self.rules.canonical(p.participants[0]) if p.participants else "")
             if slot and not subject:
                 subject = "user"
-            c.execute("insert into memory_atoms(uid, persona_id, document_id, atom_type, content, subject, "
+            c.execute("insert into memory_atoms(id, uid, persona_id, document_id, atom_type, content, subject, "
                       "confidence, importance, base_ttl_days, created_at, updated_at, last_reinforced_at, "
                       "expires_at, state_changed_at, slot, slot_value) "
-                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (str(uuid.uuid4()), p.persona_id, p.document_id, atom_type, fact, subject, confidence,
-                       p.importance, base, p.created_at, stamp, p.created_at,
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("memory_atoms"), str(uuid.uuid4()), p.persona_id, p.document_id, atom_type, fact,
+                       subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
                        iso(parse_time(p.created_at) + dt.timedelta(days=ttl)), stamp, slot, slot_value))
             atom_id = c.last_insert_rowid()
             c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (atom_id, p.document_id))
@@ -1980,26 +1996,27 @@ class Layers:
             nid = self.value("select id from graph_nodes where persona_id = ? and node_type = ? and canonical = ?",
                              (p.persona_id, node_type, canonical))
             if nid is None:
-                c.execute("insert into graph_nodes(uid, persona_id, node_type, value, canonical, created_at, "
-                          "updated_at) values (?, ?, ?, ?, ?, ?, ?)",
-                          (str(uuid.uuid4()), p.persona_id, node_type, shown, canonical, stamp, stamp))
+                c.execute("insert into graph_nodes(id, uid, persona_id, node_type, value, canonical, created_at, "
+                          "updated_at) values (?, ?, ?, ?, ?, ?, ?, ?)",
+                          (self._new_id("graph_nodes"), str(uuid.uuid4()), p.persona_id, node_type, shown, canonical,
+                           stamp, stamp))
                 nid = c.last_insert_rowid()
             return nid, shown
 
         def entry(text: str, confidence: float, node_id=None, edge_id=None, state=entry_state) -> None:
-            c.execute("insert into graph_entries(uid, persona_id, session_id, document_id, node_id, edge_id, text, "
-                      "confidence, archived, embedding_state, created_at, updated_at) "
-                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (str(uuid.uuid4()), p.persona_id, p.session_id, p.document_id, node_id, edge_id, text, confidence,
-                       doc["archived"], state, p.created_at, stamp))
+            c.execute("insert into graph_entries(id, uid, persona_id, session_id, document_id, node_id, edge_id, "
+                      "text, confidence, archived, embedding_state, created_at, updated_at) "
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("graph_entries"), str(uuid.uuid4()), p.persona_id, p.session_id, p.document_id,
+                       node_id, edge_id, text, confidence, doc["archived"], state, p.created_at, stamp))
             c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
                       (c.last_insert_rowid(), self.seg.segmented(text)))
 
         def edge(src, dst, relation: str, confidence: float) -> None:
-            c.execute("insert into graph_edges(uid, persona_id, document_id, source_id, target_id, relation, "
-                      "confidence, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (str(uuid.uuid4()), p.persona_id, p.document_id, src[0], dst[0], relation, confidence,
-                       stamp, stamp))
+            c.execute("insert into graph_edges(id, uid, persona_id, document_id, source_id, target_id, relation, "
+                      "confidence, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("graph_edges"), str(uuid.uuid4()), p.persona_id, p.document_id, src[0], dst[0],
+                       relation, confidence, stamp, stamp))
             entry(f"{src[1]} {relation.replace('_', ' ')} {dst[1]}", confidence, edge_id=c.last_insert_rowid(),
                   state="skip")
 
@@ -2245,9 +2262,9 @@ class Journal:
                             p.document_id = seen[key]  # resolved after the first copy is written
                         continue
                     seen[key] = p
-                    c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at, "
-                              "owner) values ('insert', ?, ?, 'pending', ?, ?, ?)",
-                              (p.persona_id, p.payload(), stamp, stamp, OWNER))
+                    c.execute("insert into memory_write_ops(id, op, persona_id, payload, status, created_at, "
+                              "updated_at, owner) values (?, 'insert', ?, ?, 'pending', ?, ?, ?)",
+                              (self._new_id("memory_write_ops"), p.persona_id, p.payload(), stamp, stamp, OWNER))
                     p.op_id = claim(self.conn.last_insert_rowid())
             self.run_pipeline([p for p in preps if p.op_id])
         for p in preps:
@@ -2355,9 +2372,11 @@ class Journal:
         """Run stage `fn` for one write if its journal row is still at `status` (another process may
         have moved it), then record the next status on the row. In tx."""
         row = self.rows("select status, document_id from memory_write_ops where id = ?", (p.op_id,))
-        if not row or row[0]["status"] != status:  # another process (recovery) already moved it
-            if row:
-                p.status, p.document_id = row[0]["status"], row[0]["document_id"]
+        if not row:  # the file was restored from a backup meanwhile (or the memory deleted)
+            raise JournalGone(f"write op {p.op_id} is gone from the journal (the database was restored or the "
+                              "memory deleted meanwhile); this write is not stored")
+        if row[0]["status"] != status:  # another process (recovery) already moved it
+            p.status, p.document_id = row[0]["status"], row[0]["document_id"]
             return
         p.status = fn(p, vectors) or JOURNAL_STAGES[JOURNAL_STAGES.index(status) + 1]
         self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? where id = ?",
@@ -2369,6 +2388,10 @@ class Journal:
         recovery stores it (p.status 'failed', p.error); otherwise the error goes on the journal row
         and recovery retries the write once this call has returned (counted in retries)."""
         log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
+        if isinstance(error, JournalGone):  # nothing of it is in this file any more: not stored
+            p.status, p.error = "failed", error
+            p.warnings.append(f"not stored: {error}")
+            return
         if p.status == "pending" and p.op == "insert" and not p.recovering:
             with self.tx():  # the caller is told it failed: it must not be stored by a later recovery
                 self.conn.execute("update memory_write_ops set status = 'failed', error = ?, updated_at = ? "
@@ -2489,18 +2512,24 @@ class Journal:
         stamp = now_iso()
         with self._running() as claim:
             with self.tx() as c:
-                c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
-                          "updated_at, owner) values ('edit', ?, ?, ?, 'pending', ?, ?, ?)",
-                          (doc_id, p.persona_id, p.payload(), stamp, stamp, OWNER))
+                c.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, status, "
+                          "created_at, updated_at, owner) values (?, 'edit', ?, ?, ?, 'pending', ?, ?, ?)",
+                          (self._new_id("memory_write_ops"), doc_id, p.persona_id, p.payload(), stamp, stamp,
+                           OWNER))
                 p.op_id = claim(c.last_insert_rowid())
             self.run_pipeline([p])
+        if isinstance(p.error, JournalGone):
+            raise p.error
         self._refresh_stale(p.stale)
         return self._write_result(p)
 
-    def delete(self, doc_id: int, persona_id: str | None = None) -> dict:
+    def delete(self, doc_id: int, persona_id: str | None = None, purge: bool = False) -> dict:
         """Remove a memory of persona `persona_id` (None: the default persona '') from every table and
-        index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone. Returns
-        {id, uid, deleted: true}. Raises NotFound, also for an id of another persona."""
+        index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone (uid and
+        time, no text); secure_delete zeroes the freed bytes, but its words stay in older FTS segments
+        and its pages in the WAL until `purge` (Maintenance.purge: also VACUUM and a WAL checkpoint),
+        and in backups for their life. Returns {id, uid, deleted: true} (+ purged: purge()'s answer).
+        Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         with self.tx() as c:
             stale = self._stale_successors(doc_id)
@@ -2517,7 +2546,10 @@ class Journal:
                       (d["uid"], now_iso()))
             self._briefing_stale(d["persona_id"])
         self._refresh_stale(stale)
-        return {"id": doc_id, "uid": d["uid"], "deleted": True}
+        out = {"id": doc_id, "uid": d["uid"], "deleted": True}
+        if purge:
+            out["purged"] = self.purge(d["persona_id"])
+        return out
 
     def set_flag(self, doc_id: int, flag: str, value: bool, persona_id: str | None = None) -> dict:
         """pin/unpin (flag='pinned') or archive/unarchive (flag='archived') a memory of persona
@@ -2577,9 +2609,10 @@ class KnowledgeGraph:
         eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?", (persona, canonical))
         if eid is None and create:
             stamp = now_iso()
-            self.conn.execute("insert into kg_entities(uid, persona_id, name, canonical, created_at, updated_at) "
-                              "values (?, ?, ?, ?, ?, ?)",
-                              (str(uuid.uuid4()), persona, self.rules.display(name), canonical, stamp, stamp))
+            self.conn.execute("insert into kg_entities(id, uid, persona_id, name, canonical, created_at, "
+                              "updated_at) values (?, ?, ?, ?, ?, ?, ?)",
+                              (self._new_id("kg_entities"), str(uuid.uuid4()), persona, self.rules.display(name),
+                               canonical, stamp, stamp))
             eid = self.conn.last_insert_rowid()
         return eid
 
@@ -2622,9 +2655,11 @@ class KnowledgeGraph:
                         closed.append(r["id"])
                     elif end is None or end > r["valid_from"]:
                         end = r["valid_from"]  # a later fact is already known: this one ends there
-            c.execute("insert into kg_triples(uid, persona_id, subject_id, predicate, object_id, valid_from, valid_to, "
-                      "confidence, source_memory_id, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (str(uuid.uuid4()), persona, sid, pred, oid, start, end, conf, source_memory_id, stamp, stamp))
+            c.execute("insert into kg_triples(id, uid, persona_id, subject_id, predicate, object_id, valid_from, "
+                      "valid_to, confidence, source_memory_id, created_at, updated_at) "
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("kg_triples"), str(uuid.uuid4()), persona, sid, pred, oid, start, end, conf,
+                       source_memory_id, stamp, stamp))
             tid = c.last_insert_rowid()
             self._briefing_stale(persona)
         return dict(self._triple(tid, persona), closed=closed, existing=False)
@@ -4179,23 +4214,38 @@ class Maintenance:
                                      "sentiment", "source", "importance", "session_id", "persona_id", "key_facts")}
                                      | {"timestamp": doc["created_at"]})
                     p.op, p.document_id, p.status = "edit", d["id"], "docs_done"
-                    c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
-                              "updated_at, owner) values ('edit', ?, ?, ?, 'docs_done', ?, ?, ?)",
-                              (d["id"], p.persona_id, p.payload(), stamp, stamp, OWNER))
+                    c.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, status, "
+                              "created_at, updated_at, owner) values (?, 'edit', ?, ?, ?, 'docs_done', ?, ?, ?)",
+                              (self._new_id("memory_write_ops"), d["id"], p.persona_id, p.payload(), stamp, stamp,
+                               OWNER))
                     p.op_id = claim(c.last_insert_rowid())
                     preps.append(p)
             self.run_pipeline(preps)
         return len(preps)
 
     def vacuum(self) -> dict:
-        """Merge FTS segments, checkpoint the WAL and VACUUM. Returns sizes before and after."""
+        """Merge FTS segments, VACUUM and checkpoint the WAL to zero bytes. Returns {before_bytes,
+        after_bytes, wal_truncated} (false when another connection's read kept the WAL: it is reset
+        at a later checkpoint)."""
         before = self.path.stat().st_size
         with self.lock:
             for t in ("documents_fts", "memory_atoms_fts", "graph_entries_fts"):
                 self.conn.execute(f"insert into {t}({t}) values ('optimize')")
             self.conn.execute("vacuum")
-            self.conn.pragma("wal_checkpoint(TRUNCATE)")
-        return {"before_bytes": before, "after_bytes": self.path.stat().st_size}
+            busy, wal_frames, _ = self.conn.execute("pragma wal_checkpoint(TRUNCATE)").fetchone()
+        return {"before_bytes": before, "after_bytes": self.path.stat().st_size,
+                "wal_truncated": not busy and wal_frames == 0}
+
+    def purge(self, persona_id=None) -> dict:
+        """Leave no deleted text in the database file or its WAL (after delete): rebuild the persona's
+        stored briefing (it may quote a deleted memory), then vacuum(): the FTS merge drops a deleted
+        row's words from older index segments, VACUUM drops the free pages (secure_delete has zeroed
+        the freed cells), the checkpoint empties the WAL. Backups keep what they hold. Returns
+        vacuum()'s answer; seconds on a large file (VACUUM rewrites it)."""
+        persona = _label(persona_id, "persona_id")
+        if self.value("select 1 from briefings where persona_id = ?", (persona,)):
+            self.build_briefing(persona)
+        return self.vacuum()
 
     def backup(self, dest: Path | str) -> dict:
         """A consistent copy of the whole database in one file (VACUUM INTO: a read transaction, so
@@ -4306,11 +4356,39 @@ class Maintenance:
     def restore_from(self, src: Path | str) -> dict:
         """Replace this database's content with the backup `src`, through the backup API (safe with
         WAL and with other processes that have the file open). `src` must pass integrity_check and
-        have a schema this version knows; the current content is first saved beside the database
-        as <name>.before-restore-<time>.db. Returns {restored, saved_previous}."""
+        have a schema this version knows; it is copied and migrated in a staging file first (`src`
+        itself is never written). Then, under one write lock on the database (no other writer
+        commits in between), the current content is saved beside it as
+        <name>.before-restore-<time>.db, every id counter (ID_COUNTERS) of the staged copy is raised
+        to what the current file has handed out, so no id is handed out twice, and the copy replaces
+        the content. Returns {restored, saved_previous, only_in_previous: [memory ids written or
+        changed after the backup, kept only in the saved copy], previous_added, previous_changed}."""
         src = Path(src).expanduser().resolve()
         if not src.exists():
             raise AokunError(f"{src} does not exist")
+        stamp = f"{now().strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:6]}"
+        stage = self.path.with_name(f"{self.path.stem}.restoring-{stamp}.db")
+        saved = self.path.with_name(f"{self.path.stem}.before-restore-{stamp}.db")
+        try:
+            staging = self._stage_restore(src, stage)
+            try:
+                out = self._swap_in(staging, saved)
+            finally:
+                staging.close()
+        finally:
+            for f in (stage, stage.with_name(stage.name + "-wal"), stage.with_name(stage.name + "-shm")):
+                f.unlink(missing_ok=True)
+        with self.lock:
+            migrate(self.conn)
+        self._upgrade_vector_index()
+        self.epoch += 1
+        self.vector_problem = None
+        self._check_embedding_meta()
+        return {"restored": str(src), "saved_previous": str(saved), **out}
+
+    def _stage_restore(self, src: Path, stage: Path) -> apsw.Connection:
+        """Copy backup `src` to the new file `stage` after checking it (integrity_check, a schema not
+        newer than this code) and migrate the copy; returns the open connection on `stage`."""
         source = apsw.Connection(str(src), flags=apsw.SQLITE_OPEN_READONLY)
         try:
             try:
@@ -4323,21 +4401,62 @@ class Maintenance:
             if version > schema_version_known():
                 raise SchemaError(f"{src} has schema version {version}, newer than this Aokun knows "
                                   f"({schema_version_known()}); upgrade Aokun before restoring it")
-            saved = self.path.with_name(f"{self.path.stem}.before-restore-{now().strftime('%Y%m%dT%H%M%SZ')}"
-                                        f"-{uuid.uuid4().hex[:6]}.db")
-            self.online_backup(saved)
-            with self.lock:
-                with self.conn.backup("main", source, "main") as b:
+            target = apsw.Connection(str(stage))
+            try:
+                with target.backup("main", source, "main") as b:
                     b.step(-1)
+            finally:
+                target.close()
         finally:
             source.close()
+        return connect(stage, self.cfg.storage.busy_timeout_ms)
+
+    def _swap_in(self, staging: apsw.Connection, saved: Path) -> dict:
+        """Overwrite the database with `staging` while holding its write lock from before the safety
+        copy `saved` is taken until the overwrite commits: the backup into this connection takes the
+        lock at its first (empty) step and keeps it to the last. Raises the staged id counters to the
+        current file's. Returns what only the saved copy holds (see restore_from)."""
         with self.lock:
-            migrate(self.conn)
-        self._upgrade_vector_index()
-        self.epoch += 1
-        self.vector_problem = None
-        self._check_embedding_meta()
-        return {"restored": str(src), "saved_previous": str(saved)}
+            b = self.conn.backup("main", staging, "main")
+            try:
+                b.step(0)  # takes the write lock on this database: other writers wait from here
+                live = apsw.Connection(str(self.path))  # a WAL reader: sees the last commit
+                live.set_busy_timeout(self.cfg.storage.busy_timeout_ms)
+                try:
+                    self._copy_to(live, saved)
+                    for table, key in ID_COUNTERS.items():
+                        counter = live.execute("select value from meta where key = ?", (key,)).fetchone()
+                        high = max(int(counter[0]) if counter else 0,
+                                   live.execute(f"select coalesce(max(id), 0) from {table}").fetchone()[0])
+                        staging.execute("insert into meta(key, value) values (?, ?) on conflict(key) do update "
+                                        "set value = max(cast(value as integer), excluded.value)", (key, high))
+                    live.execute("attach ? as restored", (staging.filename,))
+                    lost = fetch_dicts(live, self.queries["restore_only_in_previous"])
+                finally:
+                    live.close()
+                b.step(-1)
+            finally:
+                b.finish()
+        return {"only_in_previous": [r["id"] for r in lost],
+                "previous_added": sum(r["change"] == "added" for r in lost),
+                "previous_changed": sum(r["change"] == "changed" for r in lost)}
+
+    @staticmethod
+    def _copy_to(source: apsw.Connection, dest: Path) -> None:
+        """Copy the database of `source` into the new file `dest` in one backup step (a .part file
+        renamed when done), checked by integrity_check, in rollback-journal mode."""
+        tmp = dest.with_name(dest.name + ".part")
+        target = apsw.Connection(str(tmp))
+        try:
+            with target.backup("main", source, "main") as b:
+                b.step(-1)
+            ok = [r[0] for r in target.execute("pragma integrity_check")]
+            if ok != ["ok"]:
+                raise AokunError(f"the copy {dest} failed integrity_check: {ok[:3]}")
+            target.pragma("journal_mode", "delete")
+        finally:
+            target.close()
+        tmp.rename(dest)
 
 
 # Summarisation: a conversation into one memory (the only LLM use) ################################
@@ -6399,6 +6518,42 @@ def _metadata(summary, topic, fact, participant, importance, session, persona, s
     return {k: v for k, v in meta.items() if v is not None}
 
 
+def _content_arg(text: str | None, file_path: str | None, max_chars: int, required: bool = True,
+                 text_name: str = "TEXT") -> str | None:
+    """The memory text a command was given: TEXT as typed, `-` for standard input, or --file PATH
+    (`-` too means standard input); both read as UTF-8 (a leading BOM dropped). None when neither was
+    given and not `required`. Raises click.UsageError for both or (when required) neither, InputError
+    (naming --file, or `text_name` for standard input) for an unreadable, non-UTF-8, empty or oversized
+    (over 4 bytes per character of `max_chars`) input."""
+    if text is not None and file_path is not None:
+        raise click.UsageError("give the text or --file, not both")
+    if file_path is None and text != "-":
+        if text is None and required:
+            raise click.UsageError("give the text, - to read it from standard input, or --file PATH")
+        return text
+    name = "--file" if file_path not in (None, "-") else text_name
+    limit = 4 * max_chars  # UTF-8 takes at most 4 bytes a character
+    try:
+        if name == "--file":
+            with open(Path(file_path).expanduser(), "rb") as f:
+                raw = f.read(limit + 1)
+        else:
+            raw = sys.stdin.buffer.read(limit + 1)
+    except OSError as e:
+        raise InputError("--file", f"cannot read {file_path}: {e.strerror or e}") from None
+    where = file_path if name == "--file" else "standard input"
+    if len(raw) > limit:
+        raise InputError(name, f"{where} is over {limit:,} bytes; the limit is {max_chars:,} characters "
+                               "([write] max_content_chars)")
+    try:
+        content = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(name, f"{where} is not UTF-8 text (invalid byte at offset {e.start})") from None
+    if not content.strip():
+        raise InputError(name, f"{where} is empty")
+    return content
+
+
 def metadata_options(fn):
     """The metadata options shared by `memorize` and `edit`."""
     for opt in reversed([
@@ -6438,18 +6593,24 @@ def cli(ctx, db, config_path):
 # CLI: memories ###################################################################################
 
 @cli.command()
-@click.argument("text")
+@click.argument("text", required=False)
+@click.option("--file", "file_path", metavar="PATH", help="Read the text from this UTF-8 file (- : standard input).")
 @metadata_options
 @click.option("--json", "as_json", is_flag=True, help="Print the whole write result as JSON.")
 @click.pass_obj
-def memorize(state, text, summary, topic, fact, participant, tag, importance, session, persona, source,
+def memorize(state, text, file_path, summary, topic, fact, participant, tag, importance, session, persona, source,
              timestamp, as_json):
-    """Store a memory and print its id.
+    """Store a memory and print its id. TEXT `-` reads the text from standard input (UTF-8), for
+    long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To store
+    a lone "-", pipe it: echo - | python aokun.py memorize -
 
     Example:
 
         python aokun.py memorize "Alice 喜欢冰美式" --participant Alice --topic coffee
+
+        python aokun.py memorize --file notes/meeting.md --topic work
     """
+    text = _content_arg(text, file_path, state.cfg.write.max_content_chars)
     meta = _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag)
     result = state.memory().memorize(text, meta)
     for w in result["warnings"]:
@@ -6512,22 +6673,28 @@ def list_cmd(state, limit, offset, persona, session, include_archived, as_json):
 
 @cli.command()
 @click.argument("memory_id", type=int)
-@click.option("--text", help="New content.")
+@click.option("--text", help="New content (- : read it from standard input).")
+@click.option("--file", "file_path", metavar="PATH", help="Read the new content from this UTF-8 file.")
 @metadata_options
 @click.option("--json", "as_json", is_flag=True, help="Print the write result as JSON.")
 @click.pass_obj
-def edit(state, memory_id, text, summary, topic, fact, participant, tag, importance, session, persona, source,
-         timestamp, as_json):
+def edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance, session, persona,
+         source, timestamp, as_json):
     """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona names
     the persona the memory belongs to (a persona cannot change).
 
     Example:
 
         python aokun.py edit 12 --text "Alice 现在喜欢拿铁" --importance 0.8
+
+        python aokun.py edit 12 --file notes/meeting.md
     """
     meta = _metadata(summary, topic, fact, participant, importance, session, None, source, timestamp, tag)
+    if text is not None and file_path is not None:
+        raise click.UsageError("give --text or --file, not both")
+    text = _content_arg(text, file_path, state.cfg.write.max_content_chars, required=False, text_name="--text")
     if text is None and not meta:
-        raise click.UsageError("give --text and/or a metadata option to change")
+        raise click.UsageError("give --text, --file and/or a metadata option to change")
     result = state.memory().edit(memory_id, text, meta, persona)
     _echo_json(result) if as_json else click.echo(result["id"])
 
@@ -6557,16 +6724,28 @@ _flag_command("unarchive", "archived", False, "Bring an archived memory back int
 @cli.command()
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
+@click.option("--purge", is_flag=True, help="Also leave no trace of it in the file and its WAL: rebuild the "
+              "briefing, merge the FTS indexes, VACUUM and checkpoint (seconds on a large file).")
 @click.pass_obj
-def delete(state, memory_id, persona):
-    """Delete a memory from every table and index (a tombstone is kept).
+def delete(state, memory_id, persona, purge):
+    """Delete a memory from every table and index (a tombstone with its uid and time is kept).
+
+    What remains: its freed bytes are zeroed (secure_delete), but its words stay in older FTS index
+    segments and its old pages in the WAL file until `vacuum` or --purge; its text stays in every
+    backup made while it existed (daily backups for [backup] keep_days, manual, before-restore and
+    upgrade copies) until you delete those files.
 
     Example:
 
-        python aokun.py delete 12
+        python aokun.py delete 12 --purge
     """
-    state.memory().delete(memory_id, persona)
+    out = state.memory().delete(memory_id, persona, purge=purge)
     click.echo(f"deleted {memory_id}")
+    if purge:
+        p = out["purged"]
+        click.echo(f"purged: {p['before_bytes']:,} -> {p['after_bytes']:,} bytes"
+                   + ("" if p["wal_truncated"] else "; another process is reading, so the WAL keeps old pages "
+                      "until its next checkpoint (run `python aokun.py vacuum` when it is idle)"))
 
 
 @cli.command("restore-memory")
@@ -6946,7 +7125,10 @@ def backup(state, dest):
 @click.pass_obj
 def restore(state, src, yes):
     """Replace the database's content with backup SRC. SRC must pass integrity_check and not come
-    from a newer Aokun; the current content is saved beside the database first.
+    from a newer Aokun; the current content is saved beside the database first (the safety copy,
+    taken under the same write lock as the overwrite: every write acknowledged before the restore is
+    in one of the two). Prints the safety copy and the memories written or changed after the backup,
+    which only it holds. Ids stay unique: new memories get ids above any the file ever gave.
 
     Example:
 
@@ -6957,6 +7139,13 @@ def restore(state, src, yes):
         click.confirm(f"Replace every memory in {mem.path} with the content of {src}?", abort=True)
     r = mem.restore_from(src)
     click.echo(f"restored {r['restored']}; the previous content is in {r['saved_previous']}")
+    lost = r["only_in_previous"]
+    if lost:
+        click.echo(f"{len(lost)} memories written or changed after the backup ({r['previous_added']} new, "
+                   f"{r['previous_changed']} changed) are only in {r['saved_previous']}: ids "
+                   f"{', '.join(map(str, lost))}")
+    else:
+        click.echo("no memory was written or changed after the backup")
 
 
 def _print_changes(out: dict) -> None:

@@ -127,3 +127,13 @@ select * from memory_atoms where state != 'forgotten' and id not in (select rowi
 -- name: all_document_ids
 -- Every document, by id (`rebuild --graph` re-derives each one's atoms and graph).
 select id from documents order by id;
+
+-- name: restore_only_in_previous
+-- During a restore: the memories of the current file (main) that the backup about to replace it
+-- (attached as `restored`) lacks (added after the backup) or holds in another version (changed
+-- after it); they stay only in the safety copy. In the shell: attach 'backup.db' as restored;
+select p.id, case when r.id is null then 'added' else 'changed' end as change
+from main.documents p
+left join restored.documents r on r.uid = p.uid
+where r.id is null or r.updated_at is not p.updated_at
+order by p.id;
