@@ -5226,7 +5226,7 @@ def _setting(section: str, key: str, value) -> dict:
 
 # Panel: web pages over the engine ################################################################
 
-WEB_DIR = HERE / "web"  #: the panel's templates and its one stylesheet and script
+WEB_DIR = HERE / "web"  #: the panel's templates, its one stylesheet and script, and its icon
 PANEL_PAGE_SIZE = 50  #: memories listed per page
 PANEL_RECALL_K = 10  #: hits the recall page asks for by default
 #: The parts of a recall score the panel draws, in bar order: (explain-derived key, label).
@@ -5320,7 +5320,7 @@ class Panel:
     (the SDK's TransportSecurityMiddleware with http_allowed's lists). The first visit brings the
     one-time `login_token` (?token=…), exchanged for an HttpOnly SameSite=Strict session cookie and
     dropped from the URL by a redirect. Every change is a POST that must carry an allowed Origin and
-    the session's CSRF token. Responses forbid framing, caching, referrers and foreign scripts."""
+    the session's CSRF token. Responses forbid framing, caching, referrers to other sites (no-referrer would make chromium send Origin: null) and foreign scripts."""
 
     def __init__(self, memory, config_path: Path, hosts: list[str], origins: list[str], port: int):
         """`memory()` returns the Memory to use (the panel does not own it); settings are saved to
@@ -5418,7 +5418,7 @@ class Panel:
     def _headers() -> dict:
         return {"Content-Security-Policy": "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; "
                                            "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-                "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
+                "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin", "Cache-Control": "no-store",
                 "X-Content-Type-Options": "nosniff"}
 
     def render(self, request, template: str, context: dict, status: int = 200):
@@ -5448,13 +5448,13 @@ class Panel:
         return RedirectResponse(request.scope.get("root_path", "") + path + ("?" + query if query else ""), 303)
 
     async def static(self, request):
-        """web/panel.css or web/panel.js (nothing else)."""
+        """web/panel.css, web/panel.js or web/favicon.svg (nothing else)."""
         from starlette.responses import FileResponse
         bad = await self.security.validate_request(request, is_post=False)
         if bad is not None:
             return bad
         name = request.path_params["name"]
-        if name not in ("panel.css", "panel.js"):
+        if name not in ("panel.css", "panel.js", "favicon.svg"):
             return self._plain(404, "no such file")
         return FileResponse(WEB_DIR / name, headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
 
@@ -5626,7 +5626,7 @@ class Panel:
                 for s in g["settings"]:
                     s["shown"] = (values or {}).get(f"{sec['name']}.{s['key']}", s["value"])
         return self.render(request, "settings.html", {"sections": sections, "file": str(self.config_path),
-                                                      "exists": self.config_path.exists(), "error": error}, status)
+                                                      "exists": self.config_path.exists(), "refused": error}, status)
 
     def settings_save(self, request, form):
         """Save the changed settings (fields `section.key`) to the config file with save_settings; a
