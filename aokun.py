@@ -5319,8 +5319,8 @@ class Panel:
     Security: every request's Host (and Origin, when sent) is checked as serve --http checks them
     (the SDK's TransportSecurityMiddleware with http_allowed's lists). The first visit brings the
     one-time `login_token` (?token=…), exchanged for an HttpOnly SameSite=Strict session cookie and
-    dropped from the URL by a redirect. Every change is a POST that must carry an allowed Origin and
-    the session's CSRF token. Responses forbid framing, caching, referrers to other sites (no-referrer would make chromium send Origin: null) and foreign scripts."""
+    the session's CSRF token. Responses forbid framing, caching, foreign scripts and referrers to
+    other sites (same-origin: no-referrer would make chromium send Origin: null on a form POST)."""
 
     def __init__(self, memory, config_path: Path, hosts: list[str], origins: list[str], port: int):
         """`memory()` returns the Memory to use (the panel does not own it); settings are saved to
@@ -5621,10 +5621,12 @@ class Panel:
         `values` (the fields of a refused save) are shown instead, with `error`."""
         cfg = Config(self.config_path) if self.config_path.exists() else Config(None)
         sections = settings_form(cfg)
+        named = re.search(r"\[(\w+)\] (\w+) = ", error)  # the setting the loader's message names
         for sec in sections:
             for g in sec["groups"]:
                 for s in g["settings"]:
                     s["shown"] = (values or {}).get(f"{sec['name']}.{s['key']}", s["value"])
+                    s["refused"] = bool(named) and named.groups() == (sec["name"], s["key"])
         return self.render(request, "settings.html", {"sections": sections, "file": str(self.config_path),
                                                       "exists": self.config_path.exists(), "refused": error}, status)
 

@@ -134,7 +134,7 @@ def test_every_page_loads_and_looks_right(served, page, shots):
     for name, path in (("phone-memories", "/memories"), ("phone-recall", "/recall?q=Alice+coffee"),
                        ("phone-settings", "/settings")):
         page.goto(base + path)
-        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1"), name  # no sideways scroll
+        assert page.evaluate("document.documentElement.scrollWidth <= innerWidth + 1"), name  # no sideways scroll
         page.screenshot(path=str(shots / f"{name}.png"))
     page.emulate_media(color_scheme="dark")
     page.set_viewport_size({"width": 1280, "height": 900})

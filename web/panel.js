@@ -24,6 +24,11 @@ document.addEventListener("DOMContentLoaded", () => {
       }
       count.textContent = n ? `${n} changed` : "";
     };
+    const refused = settings.querySelector(".setting.refused");
+    if (refused) {  // the setting the loader refused: in view, ready to correct
+      refused.scrollIntoView({ block: "center" });
+      refused.querySelector("input, select").focus({ preventScroll: true });
+    }
     settings.addEventListener("input", update);
     settings.addEventListener("change", update);
     update();
