@@ -5319,6 +5319,7 @@ class Panel:
     Security: every request's Host (and Origin, when sent) is checked as serve --http checks them
     (the SDK's TransportSecurityMiddleware with http_allowed's lists). The first visit brings the
     one-time `login_token` (?token=…), exchanged for an HttpOnly SameSite=Strict session cookie and
+    dropped from the URL by a redirect. Every change is a POST that must carry an allowed Origin and
     the session's CSRF token. Responses forbid framing, caching, foreign scripts and referrers to
     other sites (same-origin: no-referrer would make chromium send Origin: null on a form POST)."""
 
