@@ -16,9 +16,10 @@ Sections, lower levels first (each under a `# Title ####` banner; grep for it):
     functions, no database) · Recall · Briefing (context within a token budget) · Forgetting
     (decay, atom lifecycle, consolidation) · Maintenance (health, rebuild, backups) · Summarizer
     (the only LLM use) ·
-  MCP server (models, tools, lifespan and transport) · CLI (group, memories, recall and graph,
-  maintenance) · main.
-`import aokun` loads neither the MCP SDK nor pydantic, starlette or uvicorn: only `serve` does.
+  MCP server (models, tools, lifespan and transport) · Panel (the settings file; the web pages over
+  the engine, templates in web/) · CLI (group, memories, recall and graph, maintenance) · main.
+`import aokun` loads neither the MCP SDK nor pydantic, starlette, jinja2 or uvicorn: only `serve`
+and `panel` do.
 
 Where SQL lives: sql/*.sql holds every read a person could want to run or tune in the sqlite3
 shell (the recall channels, and any read with a join, an FTS5 MATCH, a KNN, a range or inequality
