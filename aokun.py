@@ -16,9 +16,10 @@ Sections, lower levels first (each under a `# Title ####` banner; grep for it):
     functions, no database) · Recall · Briefing (context within a token budget) · Forgetting
     (decay, atom lifecycle, consolidation) · Maintenance (health, rebuild, backups) · Summarizer
     (the only LLM use) ·
-  MCP server (models, tools, lifespan and transport) · CLI (group, memories, recall and graph,
-  maintenance) · main.
-`import aokun` loads neither the MCP SDK nor pydantic, starlette or uvicorn: only `serve` does.
+  MCP server (models, tools, lifespan and transport) · Panel (the settings file; the web pages over
+  the engine, templates in web/) · CLI (group, memories, recall and graph, maintenance) · main.
+`import aokun` loads neither the MCP SDK nor pydantic, starlette, jinja2 or uvicorn: only `serve`
+and `panel` do.
 
 Where SQL lives: sql/*.sql holds every read a person could want to run or tune in the sqlite3
 shell (the recall channels, and any read with a join, an FTS5 MATCH, a KNN, a range or inequality
@@ -3007,8 +3008,9 @@ def scale_routes(parts: dict[int, dict], w: Weights) -> None:
     graph_max = max((p["graph_route"] for p in parts.values()), default=0) or 1.0
     for p in parts.values():
         p["cross_route_bonus"] = w.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
-        p["routes"] = w.doc_route * p["doc_route"] / doc_max + w.graph_route * p["graph_route"] / graph_max \
-            + p["cross_route_bonus"]
+        p["doc_share"] = w.doc_route * p["doc_route"] / doc_max  # what each route adds (explain)
+        p["graph_share"] = w.graph_route * p["graph_route"] / graph_max
+        p["routes"] = p["doc_share"] + p["graph_share"] + p["cross_route_bonus"]
 
 
 def fuse_scores(parts: dict[int, dict], neighbours: dict[int, set], w: Weights) -> list[int]:
@@ -3126,7 +3128,8 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
             "frequency": p["frequency"], "useful_count": p["useful_count"], "source_boost": p["source_boost"],
             "pin_similarity": p["pin_similarity"],
             "doc_route": p["doc_route"], "graph_route": p["graph_route"],
-            "route_weights": [w.doc_route, w.graph_route], "cross_route_bonus": p["cross_route_bonus"],
+            "route_weights": [w.doc_route, w.graph_route], "doc_share": p["doc_share"],
+            "graph_share": p["graph_share"], "cross_route_bonus": p["cross_route_bonus"],
             "intent": intent, "fused": p["fused"], "mmr": mmr_score,
             "cosine": p.get("cosine"), "cover": p.get("cover"), "relevance": p.get("relevance")}
 
@@ -6364,15 +6367,17 @@ def _backfill_step(mem: "Memory", stop: threading.Event, failures: int) -> int:
 class BearerToken:
     """ASGI wrapper: every HTTP request needs `Authorization: Bearer <token>` (401 otherwise)."""
 
-    def __init__(self, app, token: str):
-        """Guard the ASGI `app` with `token` (the scheme is case-insensitive, the token is not)."""
-        self.app, self.expected = app, f"bearer {token}".encode()
+    def __init__(self, app, token: str, unguarded: str = ""):
+        """Guard the ASGI `app` with `token` (the scheme is case-insensitive, the token is not); paths
+        under `unguarded` (the web panel's /panel, which has its own login) are let through."""
+        self.app, self.expected, self.unguarded = app, f"bearer {token}".encode(), unguarded
 
     async def __call__(self, scope, receive, send):
         """An HTTP request with the right header (compared in constant time) and every non-HTTP scope
         (lifespan) go on to the app; any other request gets 401 text/plain, `WWW-Authenticate: Bearer`."""
         import hmac
-        if scope["type"] == "http":
+        path = scope.get("path", "")
+        if scope["type"] == "http" and not (self.unguarded and (path + "/").startswith(self.unguarded + "/")):
             got = dict(scope["headers"]).get(b"authorization", b"")
             scheme, _, token = got.partition(b" ")  # the scheme is case-insensitive (RFC 7235)
             if not hmac.compare_digest(scheme.lower() + b" " + token.strip(), self.expected):
@@ -6396,13 +6401,25 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def http_app(server, cfg: Config, host: str, port: int):
+def http_allowed(cfg: Config, host: str, port: int) -> tuple[list[str], list[str]]:
+    """(Host header patterns, Origin values) serve --http accepts on `host`:`port` (see http_app),
+    in the SDK's TransportSecuritySettings form ("127.0.0.1:*" is any port)."""
+    loopback = ["127.0.0.1", "localhost", "[::1]"]
+    bind = [] if host in ("0.0.0.0", "::", "") or is_loopback(host) else [f"[{host}]" if ":" in host else host]
+    extra = [h.strip() for h in cfg.server.allowed_hosts.split(",") if h.strip()]
+    hosts = [f"{h}:*" for h in loopback + bind] + extra
+    origins = [f"http://{h}:{port}" for h in loopback + bind] + [f"{s}://{h}" for h in extra for s in ("http", "https")]
+    return hosts, origins
+
+
+def http_app(server, cfg: Config, host: str, port: int, panel=None):
     """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host`:`port`, with the SDK's
     DNS-rebinding protection: the Host header must be a loopback name (any port), the bind address
     (unless a wildcard) or an entry of the comma list [server] allowed_hosts (421 otherwise); an
     Origin header, when sent (browsers do), must be the server's own origin, http://<loopback or
     bind address>:`port` (not another local port), or http(s)://<an allowed_hosts entry> (403
     otherwise). A bearer token is required (BearerToken, 401) when [server] token / token_env is set.
+    `panel` (the web panel's ASGI app, or None) is mounted at /panel, behind its own login.
 
     Raises AokunError when `host` is not loopback and no token is set: anyone who can reach the
     port would get full read, write and delete."""
@@ -6414,15 +6431,655 @@ def http_app(server, cfg: Config, host: str, port: int):
         raise AokunError(f"serving HTTP on {host} (not loopback) needs a token: set [server] token"
                          + (f" or ${env}" if env else "") + " (clients send Authorization: Bearer <token>), "
                          "or serve on 127.0.0.1")
-    loopback = ["127.0.0.1", "localhost", "[::1]"]
-    bind = [] if host in ("0.0.0.0", "::", "") or is_loopback(host) else [f"[{host}]" if ":" in host else host]
-    extra = [h.strip() for h in cfg.server.allowed_hosts.split(",") if h.strip()]
-    hosts = [f"{h}:*" for h in loopback + bind] + extra
-    origins = [f"http://{h}:{port}" for h in loopback + bind] + [f"{s}://{h}" for h in extra for s in ("http", "https")]
+    hosts, origins = http_allowed(cfg, host, port)
     security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
                                          allowed_origins=origins)
     app = server.streamable_http_app(transport_security=security, host=host)
-    return BearerToken(app, token) if token else app
+    if panel is not None:
+        from starlette.routing import Mount
+        app.router.routes.append(Mount("/panel", panel))
+    return BearerToken(app, token, "/panel" if panel is not None else "") if token else app
+
+
+# Panel: the settings file, read with its help text and edited in place ###########################
+
+EXAMPLE_INI = HERE / "aokun.example.ini"  #: every setting with its default and help text (the ini comments)
+PANEL_PORT = 8765  #: `python aokun.py panel` serves here by default
+#: Settings that take one of a few words, as the code reading them accepts them (Memory, connect,
+#: make_embedder, logging); the panel offers them as a choice and refuses any other.
+SETTING_CHOICES = {("storage", "synchronous"): ("full", "normal"),
+                   ("embedding", "provider"): ("local", "openai", "none"), ("recall", "fusion"): ("score", "rrf"),
+                   ("server", "log_level"): ("DEBUG", "INFO", "WARNING", "ERROR")}
+#: Secrets: shown as set or not, never echoed into the page; an empty field leaves them unchanged.
+SECRET_SETTINGS = {("embedding", "api_key"), ("llm", "api_key"), ("server", "token")}
+#: What a change needs besides a restart (every setting is read once, when a process opens the database).
+SETTING_NOTES = {
+    ("storage", "db"): "another database file: the memories of the old one stay there",
+    ("embedding", "provider"): "vectors of another model are unusable: then run `python aokun.py rebuild --vectors`",
+    ("embedding", "model"): "then run `python aokun.py rebuild --vectors`",
+    ("embedding", "dimensions"): "then run `python aokun.py rebuild --vectors`",
+    ("embedding", "context_turns"): "applies to vectors written afterwards; `rebuild --vectors` recomputes all",
+    ("embedding", "context_chars"): "applies to vectors written afterwards; `rebuild --vectors` recomputes all",
+    ("text", "userdict"): "the full-text index keeps its old words until `python aokun.py rebuild --fts`",
+    ("text", "stopwords"): "the full-text index keeps its old words until `python aokun.py rebuild --fts`",
+}
+_INI_SECTION = re.compile(r"\[([^\]]+)\]\s*$")
+_INI_KEY = re.compile(r"([^\s;#=:\[][^=:]*?)\s*[=:]")
+
+
+def setting_text(value) -> str:
+    """A setting's value as the ini file writes it: true/false for booleans, else str()."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def ini_layout(text: str) -> list[dict]:
+    """The sections of an ini text (aokun.example.ini) in file order, each {name, groups}: a group is
+    a comment block and the run of settings right below it, {help, keys: [(key, value text)]}
+    (help '' for settings with no comment above them). The comments before the first section are
+    left out."""
+    sections: list[dict] = []
+    comment: list[str] = []
+    group = None
+    for line in text.splitlines():
+        s = line.strip()
+        m = _INI_SECTION.match(s)
+        if m:
+            sections.append({"name": m.group(1).strip(), "groups": []})
+            comment, group = [], None
+        elif not sections:
+            continue
+        elif s.startswith((";", "#")):
+            comment.append(s[1:].strip())
+            group = None
+        elif not s:
+            comment, group = ([], None) if group else (comment, None)
+        elif (k := _INI_KEY.match(line)) and not line[0].isspace():
+            if group is None:
+                group = {"help": "\n".join(comment), "keys": []}
+                sections[-1]["groups"].append(group)
+                comment = []
+            group["keys"].append((k.group(1).strip().lower(), line[k.end():].strip()))
+    return sections
+
+
+def ini_set(text: str, changes: dict[tuple[str, str], str]) -> str:
+    """`text` (an ini file) with the settings of `changes` {(section, key): value text} set: the
+    line of each is replaced where it is (its continuation lines dropped), a missing one goes after
+    the last setting of its section, a missing section at the end. Every other line, comments and
+    order stay as they are. Raises InputError for a value of more than one line."""
+    for (section, key), value in changes.items():
+        if "\n" in value or "\r" in value:
+            raise InputError(f"{section}.{key}", "a setting's value is one line")
+    nl = "\r\n" if "\r\n" in text else "\n"
+    lines = text.splitlines()
+    out: list[str] = []
+    section, last, done, skipping = None, {}, set(), False
+    for line in lines:
+        s = line.strip()
+        if skipping and line[:1].isspace() and s:
+            continue  # a continuation line of a value replaced above
+        skipping = False
+        m, k = _INI_SECTION.match(s), _INI_KEY.match(line)
+        if m:
+            section = m.group(1).strip()
+            last[section] = len(out)
+        elif section and k and not line[0].isspace() and not s.startswith((";", "#")):
+            key = k.group(1).strip().lower()
+            last[section] = len(out)
+            if (section, key) in changes:
+                line, skipping = _ini_line(key, changes[(section, key)]), True
+                done.add((section, key))
+        out.append(line)
+    missing = [sk for sk in changes if sk not in done]
+    for section in sorted({s for s, _ in missing if s in last}, key=lambda s: -last[s]):
+        at = last[section] + 1
+        out[at:at] = [_ini_line(k, changes[(s, k)]) for s, k in missing if s == section]
+    for section in dict.fromkeys(s for s, _ in missing if s not in last):
+        out += ["", f"[{section}]"] + [_ini_line(k, changes[(s, k)]) for s, k in missing if s == section]
+    return nl.join(out) + nl
+
+
+def _ini_line(key: str, value: str) -> str:
+    return f"{key} = {value}".rstrip()
+
+
+def check_settings(cfg: Config) -> None:
+    """What the server checks of a loaded Config before it serves, beyond Config itself: the one-word
+    settings (SETTING_CHOICES) and [server] exposed_tools. Raises AokunError naming the setting."""
+    for (section, key), allowed in SETTING_CHOICES.items():
+        value = getattr(cfg, section)[key]
+        if (value.upper() if key == "log_level" else value) not in allowed:
+            raise AokunError(f"[{section}] {key} = {value!r} is not one of {', '.join(allowed)}")
+    exposed_tools(cfg, MCP_TOOLS)
+
+
+def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
+    """Write `changes` {(section, key): value text} into the ini file at `path` (created from
+    aokun.example.ini when missing) with ini_set, checked first as the server would load it
+    (Config, then check_settings): the new text goes to a temporary file beside `path`, is loaded
+    from there and replaces `path` (os.replace, atomic) only when it loads. Returns the new Config.
+    Raises AokunError (the loader's message, naming `path`) and leaves the file as it was."""
+    for section, key in changes:
+        if key not in DEFAULTS.get(section, {}):
+            raise InputError("setting", f"there is no setting [{section}] {key}")
+    try:
+        old = path.read_text(encoding="utf-8") if path.exists() else EXAMPLE_INI.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise AokunError(f"config file {path} cannot be read: {_one_line(str(e), 300)}") from None
+    new = ini_set(old, changes)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(new)
+            f.flush()
+            os.fsync(f.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        try:
+            cfg = Config(Path(tmp))
+            check_settings(cfg)
+        except AokunError as e:
+            raise AokunError(str(e).replace(tmp, str(path))) from None
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return Config(path)
+
+
+def settings_form(cfg: Config) -> list[dict]:
+    """Every setting for the panel's settings page, as aokun.example.ini groups them: sections
+    [{name, groups: [{help, settings: [{key, value, default, kind, choices, range, secret, note}]}]}];
+    `value` is the setting in `cfg` as ini text, `kind` bool/int/float/str. Settings of DEFAULTS
+    that the example file lacks come last in their section, without help."""
+    sections = ini_layout(EXAMPLE_INI.read_text(encoding="utf-8"))
+    seen = {(s["name"], k) for s in sections for g in s["groups"] for k, _ in g["keys"]}
+    for name, kv in DEFAULTS.items():
+        rest = [(k, "") for k in kv if (name, k) not in seen]
+        if rest:
+            sec = next((s for s in sections if s["name"] == name), None)
+            if sec is None:
+                sec = {"name": name, "groups": []}
+                sections.append(sec)
+            sec["groups"].append({"help": "", "keys": rest})
+    for sec in sections:
+        values = getattr(cfg, sec["name"], {})
+        for g in sec["groups"]:
+            g["settings"] = [_setting(sec["name"], k, values.get(k)) for k, _ in g.pop("keys") if k in values]
+    return sections
+
+
+def _setting(section: str, key: str, value) -> dict:
+    default = DEFAULTS[section][key]
+    kind = type(default).__name__
+    allowed = RANGES.get(section, {}).get(key)
+    lo, hi = None, None
+    if allowed and ".." in allowed:
+        lo, hi = allowed.split("..")
+    elif allowed and allowed.startswith(">="):
+        lo = allowed.split()[1]
+    return {"key": key, "value": setting_text(value), "default": setting_text(default), "kind": kind,
+            "choices": SETTING_CHOICES.get((section, key)), "range": allowed, "min": lo, "max": hi,
+            "secret": (section, key) in SECRET_SETTINGS, "note": SETTING_NOTES.get((section, key), "")}
+
+
+# Panel: web pages over the engine ################################################################
+
+WEB_DIR = HERE / "web"  #: the panel's templates, its one stylesheet and script, and its icon
+PANEL_PAGE_SIZE = 50  #: memories listed per page
+PANEL_RECALL_K = 10  #: hits the recall page asks for by default
+#: The parts of a recall score the panel draws, in bar order: (explain-derived key, label).
+SCORE_PARTS = (("relevance", "relevance"), ("importance", "importance"), ("recency", "recency"),
+               ("frequency", "frequency"), ("confidence", "graph confidence"), ("cross", "both routes"),
+               ("neighbour", "session neighbour"), ("time", "time window"))
+#: The maintenance commands of the health page: name -> what it does, in a line.
+MAINTENANCE = {"decay": "daily importance decay (and auto-archival when enabled), the days due",
+               "lifecycle": "atom lifecycle sweep: expired, forgotten, purged, dormant",
+               "consolidate": "merge near-duplicate memories of this persona (undo: restore on the survivor)",
+               "backup": "a consistent copy of the database into [backup] dir",
+               "vacuum": "optimise the full-text indexes, checkpoint the WAL and VACUUM the file"}
+
+
+def score_bar(e: dict, score: float, r) -> list[dict]:
+    """A recall hit's score as the segments of a stacked bar, [{part, label, value}] in SCORE_PARTS
+    order, summing to `score` (the hit's fused score), from its `explain` parts (explain_parts) and
+    the [recall] section `r` the Memory ranked with: each route's scaled share (doc_share,
+    graph_share) split in proportion to its terms, then the cross-route bonus, the session neighbour
+    and the time boost; all × the source boost. A pinned memory put in by similarity keeps its
+    score's parts."""
+    doc, graph = e.get("doc_share", 0.0), e.get("graph_share", 0.0)
+    d_terms = {"relevance": r.score_alpha * e["doc_relevance"], "importance": r.score_beta * e["importance"],
+               "frequency": r.score_delta * e["frequency"]}
+    d_terms["recency"] = max(0.0, e["doc_route"] - sum(d_terms.values()))  # γ includes the intent's recency_boost
+    g_terms = {"relevance": r.graph_rrf_weight * e["graph_relevance"], "importance": r.graph_importance_weight
+               * e["importance"], "recency": r.graph_recency_weight * e["recency"],
+               "confidence": r.graph_confidence_weight * (e["confidence"] or 0.0)}
+    parts = dict.fromkeys((k for k, _ in SCORE_PARTS), 0.0)
+    for share, terms in ((doc, d_terms), (graph, g_terms)):
+        total = sum(terms.values())
+        for k, v in terms.items():
+            parts[k] += share * v / total if total else 0.0
+    parts |= {"cross": e["cross_route_bonus"], "neighbour": e["neighbour"], "time": e.get("time_boost", 0.0)}
+    boost = e["source_boost"]
+    labels = dict(SCORE_PARTS)
+    out = [{"part": k, "label": labels[k], "value": v * boost} for k, v in parts.items() if v > 0]
+    total = sum(p["value"] for p in out)
+    if total and abs(total - score) > 1e-6 * max(1.0, score):  # rounding of `score`: keep the bar its length
+        for p in out:
+            p["value"] *= score / total
+    return out
+
+
+def _time_left(expires_at: str | None) -> str:
+    """'in 3 d', 'in 5 h', 'ended 2 d ago' or 'no end' for an atom's expires_at."""
+    if not expires_at:
+        return "no end"
+    secs = (_parse_iso(expires_at) - now()).total_seconds()
+    n, unit = (abs(secs) / 86400, "d") if abs(secs) >= 86400 else (abs(secs) / 3600, "h")
+    return f"in {n:.0f} {unit}" if secs >= 0 else f"ended {n:.0f} {unit} ago"
+
+
+@dataclass
+class PanelFilter:
+    """The memories page's filters, from its query string."""
+    persona: str = ""
+    q: str = ""
+    session: str = ""
+    source: str = ""
+    archived: str = "live"  #: live, all or only
+    pinned: bool = False
+    date_from: str = ""  #: YYYY-MM-DD, created on or after
+    date_to: str = ""  #: YYYY-MM-DD, created on or before
+    page: int = 0
+
+    @classmethod
+    def of(cls, params) -> "PanelFilter":
+        """The filters in query parameters `params` (a mapping); unknown values fall back to the default."""
+        page = params.get("page", "0")
+        return cls(persona=params.get("persona", ""), q=params.get("q", "").strip(),
+                   session=params.get("session", "").strip(), source=params.get("source", "").strip(),
+                   archived=params.get("archived") if params.get("archived") in ("all", "only") else "live",
+                   pinned=params.get("pinned") == "1", date_from=params.get("from", "")[:DATE_CHARS],
+                   date_to=params.get("to", "")[:DATE_CHARS], page=int(page) if page.isdigit() else 0)
+
+    def keeps(self, row: dict) -> bool:
+        """Whether memory `row` (of list_memories or recall) passes the filters recall and
+        list_memories do not apply themselves (source, pinned, archived only, dates)."""
+        day = row["created_at"][:DATE_CHARS]
+        return ((not self.source or fold(row["source"]) == fold(self.source)) and (row["pinned"] or not self.pinned)
+                and (row["archived"] or self.archived != "only")
+                and (not self.date_from or day >= self.date_from) and (not self.date_to or day <= self.date_to))
+
+
+class Panel:
+    """The web panel: server-rendered pages (web/*.html, Jinja2, autoescaped) over one Memory,
+    reading and writing through the same Memory methods as the MCP tools.
+
+    Security: every request's Host (and Origin, when sent) is checked as serve --http checks them
+    (the SDK's TransportSecurityMiddleware with http_allowed's lists). The first visit brings the
+    one-time `login_token` (?token=…), exchanged for an HttpOnly SameSite=Strict session cookie and
+    dropped from the URL by a redirect. Every change is a POST that must carry an allowed Origin and
+    the session's CSRF token. Responses forbid framing, caching, foreign scripts and referrers to
+    other sites (same-origin: no-referrer would make chromium send Origin: null on a form POST)."""
+
+    def __init__(self, memory, config_path: Path, hosts: list[str], origins: list[str], port: int):
+        """`memory()` returns the Memory to use (the panel does not own it); settings are saved to
+        `config_path`; `hosts`/`origins` are the accepted Host and Origin values (http_allowed)."""
+        import secrets
+
+        import jinja2
+        from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+        self.memory, self.config_path = memory, config_path
+        self.login_token = secrets.token_urlsafe(24)
+        self.cookie = f"aokun_panel_{port}"
+        self.sessions: dict[str, str] = {}  # session cookie -> its CSRF token
+        self.origins = origins
+        self.security = TransportSecurityMiddleware(TransportSecuritySettings(
+            enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins))
+        self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(WEB_DIR), autoescape=True,
+                                      undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+    def app(self):
+        """The Starlette app of the panel's pages (mount it anywhere: links follow the root path)."""
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+        get, post = ["GET"], ["POST"]
+        routes = [Route("/", self._page(self.home), methods=get),
+                  Route("/memories", self._page(self.memories), methods=get),
+                  Route("/memories/{id:int}", self._page(self.memory_page), methods=get),
+                  Route("/memories/{id:int}/{action:str}", self._page(self.memory_action), methods=post),
+                  Route("/recall", self._page(self.recall_page), methods=get),
+                  Route("/graph", self._page(self.graph_page), methods=get),
+                  Route("/health", self._page(self.health_page), methods=get),
+                  Route("/health/{command:str}", self._page(self.maintenance_page), methods=get),
+                  Route("/health/{command:str}", self._page(self.maintenance_run), methods=post),
+                  Route("/settings", self._page(self.settings_page), methods=get),
+                  Route("/settings", self._page(self.settings_save), methods=post),
+                  Route("/conversations", self._page(self.conversations_page), methods=get),
+                  Route("/static/{name:str}", self.static, methods=get)]
+        return Starlette(routes=routes)
+
+    # the guard: Host, Origin, login token, session cookie, CSRF -----------------------------------
+
+    def _page(self, view):
+        """The endpoint for `view(request, form)` (form: the POST fields, {} for GET): the guard first,
+        then the view in a worker thread (Memory calls block). An AokunError becomes the page's error
+        (400, 404 for NotFound)."""
+        from starlette.concurrency import run_in_threadpool
+
+        async def endpoint(request):
+            refused = await self._refused(request)
+            if refused is not None:
+                return refused
+            form = {}
+            if request.method == "POST":
+                form = dict(await request.form())
+                csrf = self.sessions.get(request.cookies.get(self.cookie, ""), "")
+                if not csrf or not _same(form.get("csrf", ""), csrf):
+                    return self._plain(403, "missing or wrong CSRF token: reload the page and try again")
+            try:
+                return await run_in_threadpool(view, request, form)
+            except AokunError as e:
+                return self.render(request, "error.html", {"message": str(e)}, 404 if isinstance(e, NotFound) else 400)
+        return endpoint
+
+    async def _refused(self, request):
+        """None when `request` may go on, else the response refusing it: 421/403 from the Host/Origin
+        check, 403 for a POST without an Origin, a redirect setting the session cookie for the right
+        login token, 401 for no session."""
+        from starlette.responses import RedirectResponse
+        bad = await self.security.validate_request(request, is_post=False)
+        if bad is not None:
+            return bad
+        if request.method == "POST" and request.headers.get("origin") not in self.origins:
+            return self._plain(403, "a change must come from a page of this panel (Origin header missing or foreign)")
+        if request.cookies.get(self.cookie, "") in self.sessions:
+            return None
+        token = request.query_params.get("token", "")
+        if request.method == "GET" and self.login_token and _same(token, self.login_token):
+            import secrets
+            self.login_token = ""  # one-time: the printed link logs in once
+            session = secrets.token_urlsafe(32)
+            self.sessions[session] = secrets.token_urlsafe(32)
+            params = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+            url = request.url.path + ("?" + "&".join(f"{k}={_q(v)}" for k, v in params) if params else "")
+            response = RedirectResponse(url, status_code=303)
+            response.set_cookie(self.cookie, session, httponly=True, samesite="strict",
+                                path=request.scope.get("root_path") or "/")
+            return response
+        return self._plain(401, "not logged in: open the link `python aokun.py panel` printed (it works once; "
+                                "start the panel again for a new one)")
+
+    def _plain(self, status: int, message: str):
+        from starlette.responses import PlainTextResponse
+        return PlainTextResponse(message, status_code=status, headers=self._headers())
+
+    @staticmethod
+    def _headers() -> dict:
+        return {"Content-Security-Policy": "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; "
+                                           "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+                "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin", "Cache-Control": "no-store",
+                "X-Content-Type-Options": "nosniff"}
+
+    def render(self, request, template: str, context: dict, status: int = 200):
+        """`template` (in web/) with `context`, plus what every page uses: base (the root path),
+        persona, csrf, the page's message (?msg=) and error (?error=), url(path, **params)."""
+        from starlette.responses import HTMLResponse
+        base = request.scope.get("root_path", "")
+        persona = request.query_params.get("persona", "")
+
+        def url(path: str, **params) -> str:
+            params = {"persona": persona} | params
+            query = "&".join(f"{k}={_q(str(v))}" for k, v in params.items() if v not in (None, "", False))
+            return base + path + ("?" + query if query else "")
+
+        page = dict(base=base, persona=persona, url=url, path=request.url.path.removeprefix(base) or "/",
+                    csrf=self.sessions.get(request.cookies.get(self.cookie, ""), ""),
+                    msg=request.query_params.get("msg", ""), error=request.query_params.get("error", ""),
+                    version=__version__)
+        html = self.env.get_template(template).render(page | context)
+        return HTMLResponse(html, status_code=status, headers=self._headers())
+
+    def back(self, request, path: str, persona: str, **params):
+        """A 303 redirect to `path` of the panel (after a POST), with `persona` and `params` in its query."""
+        from starlette.responses import RedirectResponse
+        params = {"persona": persona} | params
+        query = "&".join(f"{k}={_q(str(v))}" for k, v in params.items() if v not in (None, ""))
+        return RedirectResponse(request.scope.get("root_path", "") + path + ("?" + query if query else ""), 303)
+
+    async def static(self, request):
+        """web/panel.css, web/panel.js or web/favicon.svg (nothing else)."""
+        from starlette.responses import FileResponse
+        bad = await self.security.validate_request(request, is_post=False)
+        if bad is not None:
+            return bad
+        name = request.path_params["name"]
+        if name not in ("panel.css", "panel.js", "favicon.svg"):
+            return self._plain(404, "no such file")
+        return FileResponse(WEB_DIR / name, headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+
+    # pages -----------------------------------------------------------------------------------------
+
+    def home(self, request, form):
+        from starlette.responses import RedirectResponse
+        return RedirectResponse(request.scope.get("root_path", "") + "/memories"
+                                + (f"?{request.url.query}" if request.url.query else ""), 303)
+
+    def memories(self, request, form):
+        """Memories newest first (list_memories), or found by the query box (recall), through the
+        filters; PANEL_PAGE_SIZE a page."""
+        f = PanelFilter.of(request.query_params)
+        mem = self.memory()
+        if f.q:
+            out = mem.recall(f.q, min(mem.cfg.recall.max_k, PANEL_PAGE_SIZE), f.persona, f.session or None,
+                             f.archived != "live")
+            rows, more, warnings = [dict(h, content=h["text"]) for h in out["results"] if f.keeps(h)], False, \
+                out["warnings"]
+        else:
+            rows, more, warnings = self._browse(mem, f), False, []
+            more = len(rows) > PANEL_PAGE_SIZE
+            rows = rows[:PANEL_PAGE_SIZE]
+        return self.render(request, "memories.html", {"f": f, "rows": rows, "more": more, "warnings": warnings})
+
+    @staticmethod
+    def _browse(mem, f: PanelFilter) -> list[dict]:
+        """The rows of page f.page (and one more, to tell whether there is a next page): list_memories
+        in batches, newest first, through the filters; stops at the first memory older than f.date_from."""
+        want, kept, offset = (f.page + 1) * PANEL_PAGE_SIZE + 1, [], 0
+        while len(kept) < want:
+            batch = mem.list_memories(LIST_LIMIT_MAX, offset, f.persona, f.session or None, f.archived != "live")
+            kept += [r for r in batch if f.keeps(r)]
+            if len(batch) < LIST_LIMIT_MAX or (f.date_from and batch[-1]["created_at"][:DATE_CHARS] < f.date_from):
+                break
+            offset += LIST_LIMIT_MAX
+        return kept[f.page * PANEL_PAGE_SIZE:want]
+
+    def memory_page(self, request, form):
+        """One memory (get): text, metadata, atoms with their state and time left, graph entries, what it
+        was merged into, and the forms that change it."""
+        persona = request.query_params.get("persona", "")
+        d = self.memory().get(request.path_params["id"], persona)
+        for a in d["atoms"]:
+            a["time_left"] = _time_left(a["expires_at"])
+        return self.render(request, "memory.html", {"m": d})
+
+    def memory_action(self, request, form):
+        """A change to one memory, each the MCP tool's Memory call: edit, delete, pin, unpin, archive,
+        restore, importance. Redirects to the memory (to the list after delete) with what happened."""
+        mem, i, persona = self.memory(), request.path_params["id"], form.get("persona", "")
+        action = request.path_params["action"]
+        if action == "edit":
+            meta = {"summary": form.get("summary", "")}
+            mem.edit(i, form.get("content"), meta, persona)
+            msg = "saved: its index, vector, atoms and graph were rebuilt"
+        elif action == "delete":
+            if form.get("confirm") != "yes":
+                raise InputError("confirm", "deleting needs confirmation")
+            mem.delete(i, persona)
+            return self.back(request, "/memories", persona, msg=f"memory {i} deleted")
+        elif action in ("pin", "unpin", "archive"):
+            mem.set_flag(i, "archived" if action == "archive" else "pinned", action != "unpin", persona)
+            msg = f"{action}ned" if action != "archive" else "archived: left out of recall unless asked for"
+        elif action == "restore":
+            out = mem.restore_memory(i, persona)
+            msg = "restored" + (f", with {len(out['restored'])} merged memories" if out["restored"] else "")
+        elif action == "importance":
+            raw = form.get("importance", "")
+            try:
+                value = float(raw)
+            except ValueError:
+                raise InputError("importance", f"expected a number from 0 to 1, got {raw!r}") from None
+            out = mem.set_importance(i, value, persona)
+            msg = f"importance {out['old']:.2f} → {out['new']:.2f}"
+        else:
+            raise NotFound(f"no action {action!r} on a memory")
+        return self.back(request, f"/memories/{i}", persona, msg=msg)
+
+    def recall_page(self, request, form):
+        """Recall explained: recall(explain=True) and, per hit, its rank and score in every channel and
+        its score drawn as a stacked bar (score_bar)."""
+        p, mem = request.query_params, self.memory()
+        q, k = p.get("q", "").strip(), p.get("k", str(PANEL_RECALL_K))
+        args = {"q": q, "k": k, "session": p.get("session", ""), "archived": p.get("archived") == "1",
+                "as_of": p.get("as_of", "")}
+        out = None
+        if q:
+            if not k.isdigit():
+                raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
+            out = mem.recall(q, int(k), p.get("persona", ""), args["session"] or None, args["archived"], True,
+                             None, args["as_of"] or None)
+            top = max((h["score"] for h in out["results"]), default=0) or 1.0
+            for h in out["results"]:
+                h["bar"] = [dict(s, width=100 * s["value"] / top) for s in score_bar(h["explain"], h["score"],
+                                                                                      mem.cfg.recall)]
+        return self.render(request, "recall.html", {"args": args, "out": out, "parts": SCORE_PARTS,
+                                                    "channels": Recall.CHANNELS})
+
+    def graph_page(self, request, form):
+        """An entity's facts: kg_timeline (every fact, drawn on a time line) and kg_query at `as_of`
+        (the slider), with kg_stats."""
+        p, mem = request.query_params, self.memory()
+        persona, entity, as_of = p.get("persona", ""), p.get("entity", "").strip(), p.get("as_of", "").strip()
+        timeline, current, span = None, None, None
+        if entity:
+            timeline = mem.kg_timeline(entity, persona)
+            current = mem.kg_query(entity, as_of or None, None, persona)
+            held = {f["id"] for f in current["facts"]}
+            start = min((_parse_iso(f["valid_from"]) for f in timeline["facts"]), default=now())
+            end = max([now()] + [_parse_iso(f["valid_to"]) for f in timeline["facts"] if f["valid_to"]])
+            days = max(1.0, (end - start).total_seconds() / 86400)
+            for f in timeline["facts"]:
+                f["holds"] = f["id"] in held
+                a = (_parse_iso(f["valid_from"]) - start).total_seconds() / 86400
+                b = ((_parse_iso(f["valid_to"]) if f["valid_to"] else end) - start).total_seconds() / 86400
+                f["x"], f["w"] = 100 * a / days, max(0.6, 100 * (b - a) / days)
+            at = (_parse_iso(current["as_of"]) - start).total_seconds() / 86400
+            span = {"start": start.date().isoformat(), "end": end.date().isoformat(), "days": round(days),
+                    "at": round(at), "x": min(100.0, max(0.0, 100 * at / days))}
+        return self.render(request, "graph.html", {"entity": entity, "as_of": as_of, "timeline": timeline,
+                                                   "current": current, "span": span,
+                                                   "stats": mem.kg_stats(persona)})
+
+    def health_page(self, request, form):
+        """doctor() and stats(), and the maintenance commands (each opens its dry run)."""
+        mem = self.memory()
+        return self.render(request, "health.html", {"problems": mem.doctor(), "s": mem.stats(),
+                                                    "recovery": mem.last_recovery, "commands": MAINTENANCE})
+
+    def _maintenance(self, command: str, persona: str, dry_run: bool) -> dict:
+        """Run maintenance `command` (dry run: what it would do, nothing changed) through its Memory call."""
+        mem = self.memory()
+        if command == "decay":
+            return mem.decay(dry_run=dry_run)
+        if command == "lifecycle":
+            return mem.lifecycle(dry_run=dry_run)
+        if command == "consolidate":
+            return mem.consolidate(dry_run=dry_run, persona_id=persona)
+        if command == "backup":
+            dest = mem.backup_dir() / f"{mem.path.stem}-manual-{now().strftime('%Y%m%dT%H%M%SZ')}.db"
+            return {"backup": str(dest), "bytes": mem.stats()["size_bytes"]} if dry_run else mem.online_backup(dest)
+        if command == "vacuum":
+            return {"before_bytes": mem.stats()["size_bytes"]} if dry_run else mem.vacuum()
+        raise NotFound(f"no maintenance command {command!r}; known: {', '.join(MAINTENANCE)}")
+
+    def maintenance_page(self, request, form):
+        """The dry run of one maintenance command, and the form that runs it for real."""
+        command, persona = request.path_params["command"], request.query_params.get("persona", "")
+        out = self._maintenance(command, persona, dry_run=True)
+        return self.render(request, "maintenance.html", {"command": command, "what": MAINTENANCE[command],
+                                                         "out": out, "done": False})
+
+    def maintenance_run(self, request, form):
+        """Run one maintenance command (the confirm button of its dry run) and show what it did."""
+        command, persona = request.path_params["command"], form.get("persona", "")
+        out = self._maintenance(command, persona, dry_run=False)
+        return self.render(request, "maintenance.html", {"command": command, "what": MAINTENANCE[command],
+                                                         "out": out, "done": True})
+
+    def settings_page(self, request, form, values: dict | None = None, error: str = "", status: int = 200):
+        """Every setting (settings_form) as the file the server reads has it, grouped and explained;
+        `values` (the fields of a refused save) are shown instead, with `error`."""
+        cfg = Config(self.config_path) if self.config_path.exists() else Config(None)
+        sections = settings_form(cfg)
+        named = re.search(r"\[(\w+)\] (\w+) = ", error)  # the setting the loader's message names
+        for sec in sections:
+            for g in sec["groups"]:
+                for s in g["settings"]:
+                    s["shown"] = (values or {}).get(f"{sec['name']}.{s['key']}", s["value"])
+                    s["refused"] = bool(named) and named.groups() == (sec["name"], s["key"])
+        return self.render(request, "settings.html", {"sections": sections, "file": str(self.config_path),
+                                                      "exists": self.config_path.exists(), "refused": error}, status)
+
+    def settings_save(self, request, form):
+        """Save the changed settings (fields `section.key`) to the config file with save_settings; a
+        refused value shows the page again with the loader's message and the values typed (400)."""
+        cfg = Config(self.config_path) if self.config_path.exists() else Config(None)
+        changes = {}
+        for name, value in form.items():
+            section, _, key = name.partition(".")
+            if key not in DEFAULTS.get(section, {}):
+                continue
+            if (section, key) in SECRET_SETTINGS and not value:
+                continue  # secrets are never shown: empty means unchanged
+            if value.strip() != setting_text(getattr(cfg, section)[key]):
+                changes[(section, key)] = value.strip()
+        if not changes:
+            return self.back(request, "/settings", form.get("persona", ""), msg="nothing changed")
+        try:
+            save_settings(self.config_path, changes)
+        except AokunError as e:
+            return self.settings_page(request, form, values=form, error=str(e), status=400)
+        names = ", ".join(f"[{s}] {k}" for s, k in changes)
+        return self.back(request, "/settings", form.get("persona", ""),
+                         msg=f"saved {names} to {self.config_path.name}; restart the MCP clients' servers "
+                             "(and this panel) to use it")
+
+    def conversations_page(self, request, form):
+        """Conversations (issue 15 item 7): sessions by source and date and a session's turns, once
+        conversation ingestion exists. A placeholder page until then."""
+        # TODO(ingestion): list sessions by source and date, and a session's turns, through the
+        # ingestion layer's Memory calls when it lands.
+        return self.render(request, "conversations.html", {})
+
+
+def _same(a: str, b: str) -> bool:
+    """Constant-time comparison of two tokens."""
+    import hmac
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _q(value: str) -> str:
+    """`value` quoted for a URL's query string."""
+    from urllib.parse import quote
+    return quote(value, safe="")
+
+
+def panel_app(memory, cfg: Config, config_path: Path, host: str, port: int):
+    """(Panel, its Starlette app) over `memory()` for a server on `host`:`port`, saving settings to
+    `config_path`; Host and Origin are checked as http_app checks them (http_allowed)."""
+    hosts, origins = http_allowed(cfg, host, port)
+    panel = Panel(memory, config_path, hosts, origins, port)
+    return panel, panel.app()
 
 
 # CLI: the command group, one-line errors and shared options ######################################
@@ -7235,9 +7892,11 @@ def serve(state, use_http, host, port):
     logging.getLogger().setLevel(cfg.server.log_level.upper())
     path = database_path(cfg, state.db_arg)
     first: list[Memory] = []  # --http: opened before uvicorn, whose lifespan would log a traceback
+    opened: list[Memory] = []  # the lifespan's Memory, which the web panel at /panel uses too
 
     def memory_factory() -> Memory:
-        return first.pop() if first else Memory(path, cfg)
+        opened[:] = [first.pop() if first else Memory(path, cfg)]
+        return opened[0]
 
     server = build_server(memory_factory, cfg)
     if not use_http:
@@ -7245,10 +7904,55 @@ def serve(state, use_http, host, port):
         return
     import uvicorn
     host, port = host or cfg.server.host, port or cfg.server.port
-    app = http_app(server, cfg, host, port)
+    panel = panel_app(lambda: opened[0], cfg, config_target(state.config_arg), host, port) if is_loopback(host) \
+        else None
+    app = http_app(server, cfg, host, port, panel and panel[1])
     first.append(Memory(path, cfg))
     log.warning("Aokun MCP over HTTP at http://%s:%s/mcp (database %s)", host, port, path)
+    if panel:
+        log.warning("Aokun web panel at http://%s:%s/panel/?token=%s (the link logs in once)",
+                    "[::1]" if host == "::1" else host, port, panel[0].login_token)
     uvicorn.run(app, host=host, port=port, log_level=cfg.server.log_level.lower())
+
+
+def config_target(config_arg: str | None) -> Path:
+    """The ini file the panel saves settings to: the one the server reads (find_config), else a new
+    aokun.ini beside aokun.py."""
+    return find_config(config_arg) or HERE / "aokun.ini"
+
+
+def _open_browser_when_listening(host: str, port: int, url: str, timeout: float = 30.0) -> None:
+    """Open `url` in the default browser (webbrowser) once `host`:`port` accepts connections."""
+    import webbrowser
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1):
+            webbrowser.open(url)
+            return
+        time.sleep(0.1)
+
+
+@cli.command()
+@click.option("--port", type=click.IntRange(1, 65535), default=PANEL_PORT, show_default=True, help="Port on 127.0.0.1.")
+@click.option("--no-browser", is_flag=True, help="Only print the link; do not open a browser.")
+@click.pass_obj
+def panel(state, port, no_browser):
+    """The web panel: memories (search, read, edit, delete), recall explained, the knowledge graph,
+    health and maintenance, and every setting. Serves on 127.0.0.1 only; the printed link logs in
+    once (start the panel again for a new one). scripts/panel.bat and panel.command start it.
+
+    Example:
+
+        python aokun.py panel --port 8765
+    """
+    import uvicorn
+    host, cfg, mem = "127.0.0.1", state.cfg, state.memory()
+    web, app = panel_app(lambda: mem, cfg, config_target(state.config_arg), host, port)
+    url = f"http://{host}:{port}/?token={web.login_token}"
+    click.echo(f"Aokun panel: {url}\nThe link logs in once. Ctrl+C stops the panel.")
+    if not no_browser:
+        threading.Thread(target=_open_browser_when_listening, args=(host, port, url), daemon=True).start()
+    uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
 # CLI: conversations (ingest, list, show, search, delete) #########################################

@@ -14,7 +14,7 @@ SOURCE = ROOT / "aokun.py"
 MAX_CLASS_LINES = 700
 MAX_FUNCTION_LINES = 80
 BANNER = re.compile(r"^# \S.*#{4,}\s*$")  #: a top-level section banner, `# Title ####…`
-HEAVY = ("mcp", "pydantic", "starlette", "uvicorn")
+HEAVY = ("mcp", "pydantic", "starlette", "uvicorn", "jinja2")
 
 
 def _tree() -> ast.Module:

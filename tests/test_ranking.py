@@ -455,7 +455,8 @@ def test_explain_parts_keys_values_and_route_weights():
     assert list(e) == ["ranks", "scores", "fusion", "doc_rrf", "graph_rrf", "doc_relevance", "graph_relevance",
                        "neighbour", "importance", "recency", "confidence", "temporal_factor", "frequency",
                        "useful_count", "source_boost", "pin_similarity", "doc_route", "graph_route", "route_weights",
-                       "cross_route_bonus", "intent", "fused", "mmr", "cosine", "cover", "relevance"]
+                       "doc_share", "graph_share", "cross_route_bonus", "intent", "fused", "mmr", "cosine", "cover",
+                       "relevance"]
     assert e["ranks"] == {"bm25": 0, "vector": None, "graph_keyword": 3, "graph_vector": None}
     assert e["scores"] == {"bm25": 1.0, "graph_keyword": 1.0}
     assert e["route_weights"] == [0.70, 0.30]
@@ -463,6 +464,7 @@ def test_explain_parts_keys_values_and_route_weights():
     assert e["graph_rrf"] == pytest.approx((0.5 / 64) / (0.8 / 61))
     # one candidate, found by both routes: 0.7·1 + 0.3·1 + 0.08
     assert e["fused"] == pytest.approx(0.70 + 0.30 + 0.08) and e["cross_route_bonus"] == 0.08
+    assert (e["doc_share"], e["graph_share"]) == pytest.approx((0.70, 0.30))  # what each route adds
     assert (e["fusion"], e["intent"], e["mmr"], e["pin_similarity"], e["confidence"]) \
         == ("score", "factual", 0.61, 0.42, 0.7)
 
