@@ -7055,11 +7055,27 @@ class Panel:
                              "(and this panel) to use it")
 
     def conversations_page(self, request, form):
-        """Conversations (issue 15 item 7): sessions by source and date and a session's turns, once
-        conversation ingestion exists. A placeholder page until then."""
-        # TODO(ingestion): list sessions by source and date, and a session's turns, through the
-        # ingestion layer's Memory calls when it lands.
-        return self.render(request, "conversations.html", {})
+        """Ingested conversations: conversation_stats by source, the sessions newest first
+        (list_sessions, filtered by source, CONVERSATION_PANEL_PAGE a page), one session's turns in
+        order (conversation_get_session, paged) or the turns matching a query (conversation_search)."""
+        p, mem = request.query_params, self.memory()
+        persona, source = p.get("persona", ""), p.get("source", "").strip()
+        session, query = p.get("session", "").strip(), p.get("q", "").strip()
+        offset = int(p["offset"]) if p.get("offset", "").isdigit() else 0
+        ctx = {"stats": mem.conversation_stats(persona), "source": source, "session": session, "q": query,
+               "offset": offset, "turns": None, "hits": None, "sessions": None}
+        if session:
+            ctx["turns"] = mem.conversation_get_session(session, min(offset, MAX_ID), CONVERSATION_PANEL_PAGE,
+                                                        persona, source or None)
+        elif query:
+            ctx["hits"] = mem.conversation_search(query, 20, source or None, None, None, None, persona)
+        else:
+            rows = mem.list_sessions(CONVERSATION_PANEL_PAGE + 1, offset, source or None, persona)
+            ctx["sessions"], ctx["more"] = rows[:CONVERSATION_PANEL_PAGE], len(rows) > CONVERSATION_PANEL_PAGE
+        return self.render(request, "conversations.html", ctx)
+
+
+CONVERSATION_PANEL_PAGE = 50  #: sessions, or a session's turns, per page of the panel's Conversations
 
 
 def _same(a: str, b: str) -> bool:

@@ -3,6 +3,7 @@ refusals (no or reused login token, a foreign Host or Origin, no CSRF token, a b
 persona's id), escaping of memory text and setting values, the settings file edited in place, and
 `serve --http` serving the panel at /panel behind its own login."""
 
+import json
 import re
 import subprocess
 import sys
@@ -386,3 +387,36 @@ def test_serve_http_serves_the_panel_behind_its_own_login(tmp_path):
         finally:
             stop(proc)
     assert "Traceback" not in err_path.read_text()
+
+
+# conversations -------------------------------------------------------------------------------------
+
+def test_conversations_lists_sessions_shows_turns_in_order_and_searches(panel, tmp_path):
+    web, client, mem, _, _ = panel
+    sid = "0a1b2c3d-0000-4000-8000-00000000abcd"
+    lines = [{"type": "user", "sessionId": sid, "cwd": "/home/dev/x", "uuid": f"u{i}",
+              "timestamp": f"2026-03-02T09:0{i}:00.000Z",
+              "message": {"role": "user" if i % 2 == 0 else "assistant", "content": text}}
+             for i, text in enumerate(["Which espresso grinder did we pick for the office?",
+                                       "The Niche Zero, because it is quiet. " + XSS_TEXT,
+                                       "And the beans?"])]
+    for line in lines:
+        line["type"] = line["message"]["role"]
+        if line["type"] == "assistant":
+            line["message"]["content"] = [{"type": "text", "text": line["message"]["content"]}]
+    path = tmp_path / "claude" / "-home-dev-x" / f"{sid}.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    assert mem.ingest("claude-code", [path])["new"] == 3
+    login(web, client)
+    listing = client.get("/conversations").text
+    assert "Which espresso grinder" in listing and "claude-code" in listing and "3 turns" in listing
+    page = client.get(f"/conversations?session={sid}&source=claude-code").text
+    assert page.index("Which espresso grinder") < page.index("Niche Zero") < page.index("And the beans?")
+    assert "<script>window.__xss" not in page and "&lt;script&gt;" in page
+    found = client.get("/conversations?q=espresso+grinder").text
+    assert "Which espresso grinder" in found
+    other = client.get("/conversations?persona=p2").text
+    assert "espresso" not in other and "No conversations yet" in other
+    missing = client.get(f"/conversations?session={sid}&persona=p2")
+    assert missing.status_code == 404 and "espresso" not in missing.text
