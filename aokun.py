@@ -6726,6 +6726,7 @@ def build_server(memory_factory, cfg: Config):
         server.add_tool(fn, name=name, description=inspect.cleandoc(fn.__doc__),
                         annotations=ToolAnnotations(**TOOL_KINDS[kind]))
     _add_resources(server, lambda: running[-1].memory)
+    _add_health_route(server, lambda: running[-1].memory)
     return server
 
 
@@ -6772,6 +6773,7 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
         if time.monotonic() >= next_maintenance:
             try:
                 done = mem.maintenance_due()
+                mem.last_maintenance = now_iso()  # what /health reports
                 if any(done.values()):
                     log.info("maintenance: %s", done)
             except Exception as e:
@@ -6858,6 +6860,198 @@ def http_app(server, cfg: Config, host: str, port: int):
                                          allowed_origins=origins)
     app = server.streamable_http_app(transport_security=security, host=host)
     return BearerToken(app, token) if token else app
+
+
+# Service: the OS supervisor's unit, sd_notify, /health ###########################################
+
+SERVICE_NAME = "aokun"  #: the systemd unit aokun.service, the Task Scheduler task Aokun
+LAUNCHD_LABEL = "io.aokun.server"  #: the launchd agent's label and plist name
+WATCHDOG_SECONDS = 60  #: systemd WatchdogSec: no WATCHDOG=1 for this long and the server is restarted
+RESTART_SECONDS = 5  #: how long a supervisor waits before starting a failed server again
+SERVER_STARTED = time.monotonic()  #: uptime in /health counts from here (monotonic: sleep and clock jumps aside)
+
+
+def sd_notify(message: str, address: str | None = None) -> bool:
+    """Send `message` (e.g. "READY=1", "WATCHDOG=1") to systemd over the unix datagram socket in
+    $NOTIFY_SOCKET (or `address`; a leading @ is Linux's abstract namespace). Returns False, sending
+    nothing, when there is no socket (not started by systemd) or the send fails."""
+    address = address or os.environ.get("NOTIFY_SOCKET")
+    if not address or not hasattr(socket, "AF_UNIX"):
+        return False
+    target = "\0" + address[1:] if address.startswith("@") else address
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(message.encode("utf-8"), target)
+        return True
+    except OSError as e:
+        log.warning("sd_notify %s to %s failed: %s", message, address, e)
+        return False
+
+
+def watchdog_interval(environ=None) -> float | None:
+    """Seconds between WATCHDOG=1 pings: half of $WATCHDOG_USEC (what systemd sets from WatchdogSec),
+    or None when no watchdog is asked for (or it is meant for another process: $WATCHDOG_PID)."""
+    env = os.environ if environ is None else environ
+    usec, pid = env.get("WATCHDOG_USEC"), env.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return max(0.01, int(usec) / 2e6)
+    except ValueError:
+        return None
+
+
+async def notify_supervisor(started, interval: float | None, address: str | None = None) -> None:
+    """An asyncio task of the server's event loop: once `started()` is true, send READY=1, then
+    WATCHDOG=1 every `interval` seconds (None: READY only). Being on the loop that serves requests, a
+    blocked loop stops the pings and systemd's watchdog restarts the server. Runs until cancelled."""
+    import asyncio
+    while not started():
+        await asyncio.sleep(0.05)
+    sd_notify("READY=1", address)
+    while interval is not None:
+        sd_notify("WATCHDOG=1", address)
+        await asyncio.sleep(interval)
+
+
+def health(mem: "Memory") -> dict:
+    """What /health answers: {ok, database: {path, ok, schema_version}, embedder: {provider, model,
+    loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup}, uptime_seconds,
+    version}. ok is false when the database does not answer or vector search is off for a reason other
+    than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load)."""
+    try:
+        schema = mem.value("pragma user_version")
+        pending = mem.value("select count(*) from documents where embedding_state = 'pending' "
+                            "and embedding_error is null")
+        db_ok = True
+    except apsw.Error as e:
+        schema, pending, db_ok = None, None, False
+        log.error("health: the database does not answer: %s", e)
+    e = mem.embedder
+    return {"ok": db_ok and (mem.vector_problem is None or e.provider == "none"),
+            "database": {"path": str(mem.path), "ok": db_ok, "schema_version": schema},
+            "embedder": {"provider": e.provider, "model": e.model, "loaded": e.loaded, "problem": mem.vector_problem},
+            "pending_vectors": pending,
+            "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
+                                 **{k: mem.meta_get(f"{k}_last_run") if db_ok else None
+                                    for k in ("decay", "lifecycle")},
+                                 "backup": mem.meta_get("backup_last") if db_ok else None},
+            "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1), "version": __version__}
+
+
+def _add_health_route(server, memory) -> None:
+    """GET /health on `server`'s HTTP app: health(memory()) as JSON (503 when not ok or not open yet),
+    read in a worker thread so the event loop never waits for the database."""
+    from anyio import to_thread
+    from starlette.responses import JSONResponse
+
+    @server.custom_route("/health", methods=["GET"])
+    async def health_route(_request):
+        try:
+            mem = memory()
+        except IndexError:
+            return JSONResponse({"ok": False, "problem": "starting"}, status_code=503)
+        out = await to_thread.run_sync(health, mem)
+        return JSONResponse(out, status_code=200 if out["ok"] else 503)
+
+
+def _systemd_quote(arg: str) -> str:
+    """One ExecStart argument quoted for systemd: in double quotes, with \\ and " escaped, % as %%
+    (specifiers) and $ as $$ (variables)."""
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$") + '"'
+
+
+def service_command(db: Path, config: Path | None, port: int) -> list[str]:
+    """The command line a supervisor runs: this Python, aokun.py, --db, --config, serve --http --port."""
+    cmd = [sys.executable, str(HERE / "aokun.py"), "--db", str(db)]
+    return cmd + (["--config", str(config)] if config else []) + ["serve", "--http", "--port", str(port)]
+
+
+def systemd_unit(cmd: list[str]) -> str:
+    """The systemd user unit: Type=notify (ready when READY=1 arrives), WatchdogSec (restarted when
+    WATCHDOG=1 stops), Restart=on-failure."""
+    return "\n".join([
+        "[Unit]", "Description=Aokun memory server (MCP over HTTP)", "After=network.target", "",
+        "[Service]", "Type=notify", "NotifyAccess=main", "ExecStart=" + " ".join(map(_systemd_quote, cmd)),
+        "Restart=on-failure", f"RestartSec={RESTART_SECONDS}", f"WatchdogSec={WATCHDOG_SECONDS}",
+        "TimeoutStartSec=120", "Environment=PYTHONUNBUFFERED=1", "",
+        "[Install]", "WantedBy=default.target", ""])
+
+
+def launchd_plist(cmd: list[str], log_dir: Path) -> bytes:
+    """The launchd agent: RunAtLoad (at login), KeepAlive while it did not exit cleanly (a crash or
+    an error exit starts it again), logs in `log_dir`."""
+    import plistlib
+    return plistlib.dumps({
+        "Label": LAUNCHD_LABEL, "ProgramArguments": cmd, "RunAtLoad": True,
+        "KeepAlive": {"SuccessfulExit": False}, "ThrottleInterval": RESTART_SECONDS, "ProcessType": "Background",
+        "StandardOutPath": str(log_dir / "aokun-server.log"), "StandardErrorPath": str(log_dir / "aokun-server.log")})
+
+
+def windows_task_xml(cmd: list[str]) -> str:
+    """The Task Scheduler task: started at logon and on resume from sleep (Power-Troubleshooter event 1),
+    restarted on failure every minute, never stopped for running long or on battery."""
+    import xml.etree.ElementTree as ET
+    ns = "http://schemas.microsoft.com/windows/2004/02/mit/task"
+    task = ET.Element("Task", version="1.2", xmlns=ns)
+    info = ET.SubElement(task, "RegistrationInfo")
+    ET.SubElement(info, "Description").text = "Aokun memory server (MCP over HTTP)"
+    triggers = ET.SubElement(task, "Triggers")
+    ET.SubElement(ET.SubElement(triggers, "LogonTrigger"), "Enabled").text = "true"
+    wake = ET.SubElement(triggers, "EventTrigger")
+    ET.SubElement(wake, "Enabled").text = "true"
+    ET.SubElement(wake, "Subscription").text = (
+        '<QueryList><Query Id="0" Path="System"><Select Path="System">*[System[Provider['
+        "@Name='Microsoft-Windows-Power-Troubleshooter'] and EventID=1]]</Select></Query></QueryList>")
+    settings = ET.SubElement(task, "Settings")
+    for tag, value in (("MultipleInstancesPolicy", "IgnoreNew"), ("DisallowStartIfOnBatteries", "false"),
+                       ("StopIfGoingOnBatteries", "false"), ("ExecutionTimeLimit", "PT0S"),
+                       ("StartWhenAvailable", "true")):
+        ET.SubElement(settings, tag).text = value
+    restart = ET.SubElement(settings, "RestartOnFailure")
+    ET.SubElement(restart, "Interval").text = "PT1M"
+    ET.SubElement(restart, "Count").text = "999"
+    exe = ET.SubElement(ET.SubElement(task, "Actions", Context="Author"), "Exec")
+    ET.SubElement(exe, "Command").text = cmd[0]
+    import subprocess
+    ET.SubElement(exe, "Arguments").text = subprocess.list2cmdline(cmd[1:])
+    return '<?xml version="1.0" encoding="UTF-16"?>\n' + ET.tostring(task, encoding="unicode")
+
+
+def service_plan(platform: str, action: str, cmd: list[str], data_dir: Path) -> tuple[list, list[list[str]]]:
+    """What `service ACTION` does on `platform` (linux, macos, windows): ([(path, content)] to write
+    (install) or remove (uninstall), [commands to run]). Raises InputError for another platform."""
+    if platform == "linux":
+        unit = Path.home() / ".config" / "systemd" / "user" / f"{SERVICE_NAME}.service"
+        ctl = ["systemctl", "--user"]
+        return ([(unit, systemd_unit(cmd))] if action in ("install", "uninstall") else [], {
+            "install": [ctl + ["daemon-reload"], ctl + ["enable", "--now", f"{SERVICE_NAME}.service"]],
+            "uninstall": [ctl + ["disable", "--now", f"{SERVICE_NAME}.service"], ctl + ["daemon-reload"]],
+            "start": [ctl + ["start", SERVICE_NAME]], "stop": [ctl + ["stop", SERVICE_NAME]],
+            "status": [ctl + ["is-active", SERVICE_NAME]]}[action])
+    if platform == "macos":
+        plist, domain = Path.home() / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist", f"gui/{os.getuid()}"
+        return ([(plist, launchd_plist(cmd, data_dir))] if action in ("install", "uninstall") else [], {
+            "install": [["launchctl", "bootstrap", domain, str(plist)]],
+            "uninstall": [["launchctl", "bootout", f"{domain}/{LAUNCHD_LABEL}"]],
+            "start": [["launchctl", "kickstart", f"{domain}/{LAUNCHD_LABEL}"]],
+            "stop": [["launchctl", "kill", "SIGTERM", f"{domain}/{LAUNCHD_LABEL}"]],
+            "status": [["launchctl", "print", f"{domain}/{LAUNCHD_LABEL}"]]}[action])
+    if platform == "windows":
+        xml = data_dir / "aokun-task.xml"
+        name = SERVICE_NAME.capitalize()
+        return ([(xml, windows_task_xml(cmd))] if action in ("install", "uninstall") else [], {
+            "install": [["schtasks", "/Create", "/TN", name, "/XML", str(xml), "/F"],
+                        ["schtasks", "/Run", "/TN", name]],
+            "uninstall": [["schtasks", "/End", "/TN", name], ["schtasks", "/Delete", "/TN", name, "/F"]],
+            "start": [["schtasks", "/Run", "/TN", name]], "stop": [["schtasks", "/End", "/TN", name]],
+            "status": [["schtasks", "/Query", "/TN", name]]}[action])
+    raise InputError("--platform", f"expected linux, macos or windows, got {platform!r}")
+
+
+def this_platform() -> str:
+    """linux, macos or windows: which supervisor `service` uses here."""
+    return {"darwin": "macos", "win32": "windows"}.get(sys.platform, "linux")
 
 
 # CLI: the command group, one-line errors and shared options ######################################
@@ -7757,7 +7951,114 @@ def serve(state, use_http, host, port):
     app = http_app(server, cfg, host, port)
     first.append(Memory(path, cfg))
     log.warning("Aokun MCP over HTTP at http://%s:%s/mcp (database %s)", host, port, path)
-    uvicorn.run(app, host=host, port=port, log_level=cfg.server.log_level.lower())
+    web = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=cfg.server.log_level.lower()))
+
+    async def run() -> None:  # READY=1 and WATCHDOG=1 to systemd from the loop that serves (no-op elsewhere)
+        import asyncio
+        pings = asyncio.create_task(notify_supervisor(lambda: web.started, watchdog_interval()))
+        try:
+            await web.serve()
+        finally:
+            pings.cancel()
+    import anyio
+    anyio.run(run)
+
+
+@cli.group()
+def service():
+    """Run `serve --http` under the OS's own supervisor: a systemd user unit (Linux), a launchd agent
+    (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
+
+    Example:
+
+        python aokun.py service install --dry-run
+
+        python aokun.py service status
+    """
+
+
+def _service_command(action: str, doc: str):
+    @service.command(action, help=doc)
+    @click.option("--port", type=click.IntRange(1, 65535), help="The HTTP port (default: [server] port).")
+    @click.option("--dry-run", is_flag=True, help="Print what would be written and run; change nothing.")
+    @click.option("--platform", "platform", type=click.Choice(["linux", "macos", "windows"]),
+                  help="Which supervisor (default: this machine's).")
+    @click.pass_obj
+    def command(state, port, dry_run, platform):
+        cfg = state.cfg
+        port = port or cfg.server.port
+        db = database_path(cfg, state.db_arg).resolve()
+        config = Path(state.config_arg).resolve() if state.config_arg else None
+        files, commands = service_plan(platform or this_platform(), action, service_command(db, config, port),
+                                       db.parent)
+        if action == "status" and not dry_run:
+            _service_status(cfg, port, commands)
+            return
+        for path, content in files:
+            verb = "write" if action == "install" else "remove"
+            click.echo(f"{verb} {path}" + (":\n" + (content.decode() if isinstance(content, bytes) else content)
+                                           if dry_run and action == "install" else ""))
+        for c in commands:
+            click.echo("run " + " ".join(c))
+        if not dry_run:
+            _service_apply(action, files, commands)
+    return command
+
+
+def _service_apply(action: str, files: list, commands: list[list[str]]) -> None:
+    """Write (install) or remove (uninstall, after its commands) the files, then run the commands;
+    one error line when a command is missing or fails."""
+    import subprocess
+    if action == "install":
+        for path, content in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                path.write_bytes(content)
+            else:
+                path.write_text(content, encoding="utf-16" if path.suffix == ".xml" else "utf-8")
+    for c in commands:
+        try:
+            r = subprocess.run(c, capture_output=True, text=True)
+        except OSError as e:
+            raise AokunError(f"cannot run {c[0]}: {e.strerror or e}") from None
+        if r.returncode != 0 and not (action == "uninstall" and c is not commands[-1]):
+            said = (r.stderr or r.stdout).strip().splitlines()
+            raise AokunError(f"{' '.join(c)} failed: {said[-1] if said else f'exit {r.returncode}'}")
+    if action == "uninstall":
+        for path, _ in files:
+            path.unlink(missing_ok=True)
+
+
+def _service_status(cfg: Config, port: int, commands: list[list[str]]) -> None:
+    """Print the server's /health on 127.0.0.1:`port` (and the supervisor's own word when its tool is
+    here); exit 1 when it does not answer or is not ok."""
+    import shutil
+    import subprocess
+
+    import httpx
+    if shutil.which(commands[0][0]):
+        r = subprocess.run(commands[0], capture_output=True, text=True)
+        said = (r.stdout or r.stderr).strip().splitlines()
+        click.echo(f"supervisor: {said[0] if said else f'exit {r.returncode}'}")
+    token = cfg.secret("server", "token", "token_env")
+    try:
+        r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5, trust_env=False,  # no proxy for loopback
+                      headers={"Authorization": f"Bearer {token}"} if token else {})
+        out = r.json()
+    except (httpx.HTTPError, ValueError) as e:
+        raise AokunError(f"no server answers on 127.0.0.1:{port}/health ({e}); "
+                         "python aokun.py service start") from None
+    _echo_json(out)
+    if not out.get("ok"):
+        raise click.exceptions.Exit(1)
+
+
+for _action, _doc in (("install", "Write the unit/agent/task and register it (started now and at login)."),
+                      ("uninstall", "Stop and unregister the service and remove its file."),
+                      ("start", "Start the service."), ("stop", "Stop the service."),
+                      ("status", "The server's /health (database, embedder, pending vectors, last "
+                                 "maintenance, uptime); exit 1 when down or not ok.")):
+    _service_command(_action, _doc)
 
 
 # CLI: conversations (ingest, list, show, search, delete) #########################################
