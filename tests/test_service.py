@@ -64,9 +64,10 @@ def test_launchd_plist_keeps_the_server_alive():
     plist = plistlib.loads(aokun.launchd_plist(cmd, aokun.HERE / "data"))
     assert plist["Label"] == aokun.LAUNCHD_LABEL and plist["RunAtLoad"] is True
     assert plist["KeepAlive"] == {"SuccessfulExit": False} and plist["ProgramArguments"] == cmd
-    files, commands = aokun.service_plan("macos", "install", cmd, aokun.HERE / "data") if hasattr(os, "getuid") \
-        else ([], [["launchctl", "bootstrap"]])
-    assert commands[0][:2] == ["launchctl", "bootstrap"]
+    if hasattr(os, "getuid"):  # the gui/<uid> domain
+        _, commands = aokun.service_plan("macos", "install", cmd, aokun.HERE / "data")
+        assert commands == [["launchctl", "bootstrap", f"gui/{os.getuid()}",
+                             str(aokun.Path.home() / "Library" / "LaunchAgents" / "io.aokun.server.plist")]]
 
 
 def test_windows_task_starts_at_logon_and_on_wake_and_restarts(tmp_path):
