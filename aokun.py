@@ -5345,10 +5345,445 @@ class ConversationSearch:
         return [f"{r['n']} {r['problem']}" for r in rows if r["n"]]
 
 
+# Export and import: lossless JSONL, Markdown for Obsidian ########################################
+
+EXPORT_FORMAT = "aokun-export"  #: the header's `format`
+EXPORT_VERSION = 1  #: the JSONL record layout; import refuses a newer one
+#: The fields of each JSONL kind, in the order they are written (references are uids, never ids).
+EXPORT_FIELDS = {
+    "memory": ("uid", "persona_id", "session_id", "content", "summary", "topics", "key_facts", "participants",
+               "tags", "sentiment", "source", "importance", "pinned", "archived", "merged_into", "created_at",
+               "updated_at", "last_access_at", "access_count", "useful_count", "last_useful_at"),
+    "atom": ("uid", "persona_id", "document", "sources", "atom_type", "content", "subject", "confidence",
+             "importance", "base_ttl_days", "reinforcement_count", "state", "superseded_by", "slot", "slot_value",
+             "created_at", "updated_at", "last_reinforced_at", "expires_at", "state_changed_at"),
+    "entity": ("uid", "persona_id", "name", "canonical", "created_at", "updated_at"),
+    "triple": ("uid", "persona_id", "subject", "predicate", "object", "valid_from", "valid_to", "confidence",
+               "source_memory", "created_at", "updated_at"),
+    "session": ("uid", "persona_id", "source", "session_id", "project", "title", "first_user_message",
+                "started_at", "ended_at", "turn_count", "created_at", "updated_at"),
+    "turn": ("uid", "session", "persona_id", "source", "turn_key", "seq", "role", "created_at", "text"),
+    "consolidation": ("survivor", "members", "previous", "created_at"),
+    "tombstone": ("uid", "table_name", "deleted_at"),
+}
+#: Export column → record field where they differ (the uid a reference resolves to).
+_EXPORT_RENAMES = {"merged_into_uid": "merged_into", "document_uid": "document", "source_uids": "sources",
+                   "superseded_by_uid": "superseded_by", "subject_uid": "subject", "object_uid": "object",
+                   "source_memory_uid": "source_memory", "session_uid": "session", "survivor_uid": "survivor"}
+_EXPORT_QUERIES = (("memory", "export_documents"), ("atom", "export_atoms"), ("entity", "export_entities"),
+                   ("triple", "export_triples"), ("session", "export_sessions"), ("turn", "export_turns"),
+                   ("consolidation", "export_consolidations"), ("tombstone", "export_tombstones"))
+_JSON_COLUMNS = ("topics", "key_facts", "participants", "tags", "sources", "previous")
+MARKDOWN_SLUG_CHARS = 48  #: the most characters of a memory's title in its Markdown file name
+ISO_DATE_CHARS = len("2026-11-30")  #: the date part of an ISO-8601 timestamp
+
+
+def export_record(kind: str, row: dict) -> dict:
+    """One JSONL record {kind, …EXPORT_FIELDS[kind]} from an export query row (JSON columns decoded,
+    flags as booleans, references renamed to the uid fields)."""
+    row = {_EXPORT_RENAMES.get(k, k): v for k, v in row.items()}
+    for k in _JSON_COLUMNS:
+        if isinstance(row.get(k), str):
+            row[k] = json.loads(row[k])
+    for k in ("pinned", "archived"):
+        if k in row:
+            row[k] = bool(row[k])
+    return {"kind": kind, **{k: row.get(k) for k in EXPORT_FIELDS[kind]}}
+
+
+def markdown_name(memory: dict) -> str:
+    """A safe file name for a memory: `<date>-<title slug>-<uid prefix>.md`. The slug keeps only
+    letters and digits of the folded title (any script), every other run of characters becomes one
+    `-`: no separator, dot, reserved or control character of user text reaches the path."""
+    title = fold(memory["summary"] or memory["content"].strip().splitlines()[0])
+    slug = re.sub(r"-+", "-", "".join(ch if ch.isalnum() else "-" for ch in title)).strip("-")
+    slug = slug[:MARKDOWN_SLUG_CHARS].strip("-") or "memory"
+    return f"{memory['created_at'][:ISO_DATE_CHARS]}-{slug}-{memory['uid'][:8]}.md"
+
+
+def markdown_note(memory: dict) -> str:
+    """A memory as a Markdown note with YAML front matter (Obsidian properties). Every value is a
+    JSON scalar or flow list, which YAML reads as the same value; `tags` lose their spaces, as
+    Obsidian tags must."""
+    m = memory
+    props = {"uid": m["uid"], "created": m["created_at"], "updated": m["updated_at"], "persona": m["persona_id"],
+             "session": m["session_id"], "source": m["source"], "importance": m["importance"],
+             "pinned": m["pinned"], "archived": m["archived"], "merged_into": m["merged_into"],
+             "summary": m["summary"], "sentiment": m["sentiment"], "topics": m["topics"],
+             "participants": m["participants"], "key_facts": m["key_facts"],
+             "tags": [re.sub(r"\s+", "_", t) for t in m["tags"]]}
+    lines = ["---", *(f"{k}: {json.dumps(v, ensure_ascii=False)}" for k, v in props.items()), "---", ""]
+    if m["summary"]:
+        lines += [f"# {m['summary']}", ""]
+    lines.append(m["content"])
+    if m["key_facts"]:
+        lines += ["", "## Key facts", "", *(f"- {f}" for f in m["key_facts"])]
+    return "\n".join(lines) + "\n"
+
+
+class ImportFileError(InputError):
+    """A line of an import file that is not a record of the export format."""
+
+    def __init__(self, line: int, problem: str):
+        super().__init__(f"line {line}", problem)
+
+
+def _record_value(rec: dict, key: str, line: int, kinds: tuple, nullable: bool = False):
+    """rec[key], checked to be of one of the types `kinds` (or None when `nullable`). Raises
+    ImportFileError naming the line and the field."""
+    v = rec.get(key)
+    if (v is None and nullable) or (isinstance(v, kinds) and not (isinstance(v, bool) and bool not in kinds)):
+        return v
+    raise ImportFileError(line, f"{rec.get('kind')} field {key!r}: expected {'/'.join(k.__name__ for k in kinds)}"
+                                f"{' or null' if nullable else ''}, got {v!r}")
+
+
+def read_export(lines) -> list[tuple[int, dict]]:
+    """Parse an export file's lines into [(line number, record)], checking the header (first line),
+    each record's kind, that every field of its kind is there, and the times. Raises
+    ImportFileError naming the first bad line."""
+    records, header = [], None
+    for n, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+        except ValueError as e:
+            raise ImportFileError(n, f"is not JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise ImportFileError(n, "is not a JSON object")
+        if header is None:
+            if rec.get("kind") != "header" or rec.get("format") != EXPORT_FORMAT:
+                raise ImportFileError(n, f"is not an Aokun export header (kind 'header', format {EXPORT_FORMAT!r})")
+            if not isinstance(rec.get("version"), int) or rec["version"] > EXPORT_VERSION:
+                raise ImportFileError(n, f"export version {rec.get('version')!r} is newer than this Aokun reads "
+                                         f"({EXPORT_VERSION}); upgrade Aokun")
+            header = rec
+            continue
+        kind = rec.get("kind")
+        if kind not in EXPORT_FIELDS:
+            raise ImportFileError(n, f"unknown kind {kind!r}; known: {', '.join(EXPORT_FIELDS)}")
+        missing = [k for k in EXPORT_FIELDS[kind] if k not in rec]
+        if missing:
+            raise ImportFileError(n, f"{kind} lacks {', '.join(missing)}")
+        for k in ("created_at", "updated_at", "deleted_at", "valid_from"):
+            if k in rec:
+                parse_time(_record_value(rec, k, n, (str,)), f"line {n}: {k}")
+        records.append((n, rec))
+    if header is None:
+        raise ImportFileError(1, "the file is empty: an export starts with a header line")
+    return records
+
+
+class Portable:
+    """Export without lock-in and import from it: lossless JSONL (base tables only, references as
+    uids, so it imports into any file) and one Markdown note per memory. Derived data (FTS, vectors,
+    graph, briefing) is never exported: an import re-derives it through the write pipeline."""
+
+    def export_records(self, persona_id=None, since=None):
+        """Yield the JSONL records of an export: a header {kind: header, format, version, schema,
+        persona, since, tombstones}, then memories, atoms, entities, triples, sessions, turns,
+        consolidations and tombstones, each kind ordered by uid. `persona_id` None exports every
+        persona (tombstones too: they name no persona, so a one-persona export leaves them out);
+        `since` (ISO time) only what changed at or after it. Raises InputError for a bad since."""
+        persona = None if persona_id is None else _label(persona_id, "persona")
+        since = None if since is None else iso(parse_time(since, "since"))
+        yield {"kind": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
+               "schema": self.value("pragma user_version"), "persona": persona, "since": since,
+               "tombstones": persona is None}
+        params = {"persona": persona, "since": since}
+        for kind, query in _EXPORT_QUERIES:
+            if kind == "tombstone" and persona is not None:
+                continue
+            for row in self.rows(self.queries[query], params):
+                if kind == "consolidation":
+                    row["members"] = [r["uid"] for r in self.rows(self.queries["export_member_uids"],
+                                                                  {"ids": row["members"]})]
+                yield export_record(kind, row)
+
+    def export_markdown(self, out: Path, persona_id=None, since=None) -> dict:
+        """Write one Markdown note per memory (markdown_name, markdown_note) into folder `out`
+        (created). Returns {folder, files}. Raises AokunError when the folder cannot be written."""
+        out = Path(out)
+        n = 0
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for rec in self.export_records(persona_id, since):
+                if rec["kind"] == "memory":
+                    (out / markdown_name(rec)).write_text(markdown_note(rec), encoding="utf-8")
+                    n += 1
+        except OSError as e:
+            raise AokunError(f"cannot write the Markdown export into {out}: {e.strerror or e}") from None
+        return {"folder": str(out), "files": n}
+
+    # import --------------------------------------------------------------------------------------
+
+    def import_export(self, lines) -> dict:
+        """Import an export (the lines of a JSONL file) into this file, whatever it holds already:
+        uids decide. A record whose uid is here with the same or a later updated_at is kept as it is
+        here; one deleted here (a tombstone at or after its updated_at) stays deleted; a memory whose
+        text this persona holds under another uid is a duplicate, left out. Memories are written as
+        base rows with a journal row each and re-derived through the pipeline (FTS, graph, vectors
+        back-filled); atoms, facts, conversations and tombstones as rows. A tombstone deletes the row
+        it names when that was not changed after the deletion. Everything but the re-derivation is one
+        transaction. Returns {kind: {added, updated, kept, skipped}, deleted}. Raises ImportFileError
+        (the line) for a line that is not a record, before anything is written."""
+        records = read_export(lines)
+        report = {k: {"added": 0, "updated": 0, "kept": 0, "skipped": 0} for k in EXPORT_FIELDS}
+        by_kind = {k: [(n, r) for n, r in records if r["kind"] == k] for k in EXPORT_FIELDS}
+        ids: dict[tuple, int] = {}  # (table, uid) → id in this file
+        with self._running() as claim:
+            with self.tx():
+                preps = self._import_memories(by_kind["memory"], report["memory"], ids, claim)
+                self._import_atoms(by_kind["atom"], report["atom"], ids)
+                self._import_kg(by_kind["entity"], by_kind["triple"], report, ids)
+                self._import_conversations(by_kind["session"], by_kind["turn"], report, ids)
+                self._import_consolidations(by_kind["consolidation"], report["consolidation"], ids)
+                doomed = self._import_tombstones(by_kind["tombstone"], report["tombstone"])
+            self.run_pipeline(preps)
+        for doc_id, persona in doomed:
+            self.delete(doc_id, persona)
+        report["deleted"] = len(doomed)
+        self.backfill_vectors(ids=[p.document_id for p in preps])
+        self.backfill_turn_vectors()
+        return report
+
+    def _uid_id(self, table: str, uid, ids: dict) -> int | None:
+        """The id of the row of `table` (one of ours) with `uid` in this file, or None."""
+        if uid is None:
+            return None
+        if (table, uid) not in ids:
+            found = self.value(f"select id from {table} where uid = ?", (uid,))
+            if found is None:
+                return None
+            ids[(table, uid)] = found
+        return ids[(table, uid)]
+
+    def _import_verdict(self, table: str, rec: dict, stamp_key: str = "updated_at") -> tuple[str, int | None]:
+        """What importing `rec` into `table` does: ('kept', id) when this file has its uid with the
+        same or a later time, ('skipped', None) when a tombstone here is as late, else ('updated', id)
+        or ('added', None)."""
+        here = self.rows(f"select id, {stamp_key} as stamp from {table} where uid = ?", (rec["uid"],))
+        if here and here[0]["stamp"] >= rec[stamp_key]:
+            return "kept", here[0]["id"]
+        gone = self.value("select deleted_at from tombstones where uid = ?", (rec["uid"],))
+        if gone is not None and gone >= rec[stamp_key]:
+            return "skipped", None
+        return ("updated", here[0]["id"]) if here else ("added", None)
+
+    def _import_row(self, table: str, cols: dict, row_id: int | None, line: int) -> int:
+        """Insert `cols` into `table` with a new id (row_id None) or update row `row_id`. Returns the
+        id. A value the schema refuses becomes ImportFileError naming the line. In tx."""
+        try:
+            if row_id is None:
+                cols = {"id": self._new_id(table) if table in ID_COUNTERS else None, **cols}
+                self.conn.execute(f"insert into {table}({', '.join(cols)}) values "
+                                  f"({', '.join(':' + k for k in cols)})", cols)
+                return self.conn.last_insert_rowid()
+            self.conn.execute(f"update {table} set {', '.join(f'{k} = :{k}' for k in cols)} where id = :id",
+                              dict(cols, id=row_id))
+            return row_id
+        except (apsw.ConstraintError, apsw.MismatchError, TypeError, apsw.BindingsError) as e:
+            raise ImportFileError(line, f"{table} refuses it ({e})") from None
+
+    def _import_memories(self, recs, report: dict, ids: dict, claim) -> list[Prepared]:
+        """Write the memory records (oldest first, so ids follow time) as documents rows with their
+        FTS text, each with a journal row at atoms_done for the pipeline's graph stages; then
+        merged_into. Returns the writes for run_pipeline. In tx."""
+        c, preps, state = self.conn, [], "pending" if self.embedder.provider != "none" else "none"
+        for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
+            verdict, doc_id = self._import_verdict("documents", r)
+            p = self.prepare(r["content"], {k: r[k] for k in ("summary", "topics", "key_facts", "participants",
+                             "tags", "sentiment", "source", "importance", "session_id", "persona_id", "pinned")}
+                             | {"timestamp": r["created_at"]}, f"line {n}: ")
+            dup = self.value("select id from documents where persona_id = ? and content_hash = ? and uid != ?",
+                             (p.persona_id, p.content_hash, r["uid"]))
+            if verdict in ("kept", "skipped") or dup is not None:
+                report["skipped" if dup is not None or verdict == "skipped" else "kept"] += 1
+                if (doc_id or dup) is not None:
+                    ids[("documents", r["uid"])] = doc_id or dup
+                continue
+            cols = {k: getattr(p, k) for k in ("persona_id", "session_id", "content", "content_hash", "summary",
+                                                "sentiment", "source", "importance", "created_at")}
+            cols |= {k: json.dumps(getattr(p, k), ensure_ascii=False)
+                     for k in ("topics", "key_facts", "participants", "tags")}
+            cols |= {"uid": _record_value(r, "uid", n, (str,)), "pinned": int(p.pinned),
+                     "archived": int(_record_value(r, "archived", n, (bool,))), "updated_at": r["updated_at"],
+                     "last_access_at": _record_value(r, "last_access_at", n, (str,), True),
+                     "access_count": _record_value(r, "access_count", n, (int, float)),
+                     "useful_count": _record_value(r, "useful_count", n, (int, float)),
+                     "last_useful_at": _record_value(r, "last_useful_at", n, (str,), True),
+                     "embedding_state": state, "embedding_error": None}
+            if doc_id is not None:
+                if self.value("select persona_id from documents where id = ?", (doc_id,)) != p.persona_id:
+                    raise ImportFileError(n, f"memory {r['uid']} is of another persona in this file")
+                c.execute("delete from documents_fts where rowid = ?", (doc_id,))
+                c.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
+                if self.has_table("doc_vec"):
+                    c.execute("delete from doc_vec where doc_id = ?", (doc_id,))
+            p.document_id = ids[("documents", r["uid"])] = self._import_row("documents", cols, doc_id, n)
+            c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
+                      (p.document_id, self.seg.segmented(self._doc_index_text(p))))
+            p.op, p.status, stamp = "edit", "atoms_done", now_iso()
+            c.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, status, created_at, "
+                      "updated_at, owner) values (?, 'edit', ?, ?, ?, 'atoms_done', ?, ?, ?)",
+                      (self._new_id("memory_write_ops"), p.document_id, p.persona_id, p.payload(), stamp, stamp,
+                       OWNER))
+            p.op_id = claim(c.last_insert_rowid())
+            self._briefing_stale(p.persona_id)
+            preps.append(p)
+            report[verdict] += 1
+        for _, r in recs:
+            if r["merged_into"] is not None and (doc_id := self._uid_id("documents", r["uid"], ids)) is not None:
+                c.execute("update documents set merged_into = ? where id = ?",
+                          (self._uid_id("documents", r["merged_into"], ids), doc_id))
+        return preps
+
+    def _import_atoms(self, recs, report: dict, ids: dict) -> None:
+        """Upsert the atom records with their sources, FTS text and supersession. In tx."""
+        c = self.conn
+        for n, r in recs:
+            doc_id = self._uid_id("documents", r["document"], ids)
+            verdict, atom_id = self._import_verdict("memory_atoms", r)
+            if doc_id is None or verdict in ("kept", "skipped"):
+                report["skipped" if doc_id is None else verdict] += 1
+                continue
+            cols = {k: r[k] for k in EXPORT_FIELDS["atom"] if k not in ("document", "sources", "superseded_by")}
+            cols |= {"document_id": doc_id, "superseded_by": None}
+            atom_id = ids[("memory_atoms", r["uid"])] = self._import_row("memory_atoms", cols, atom_id, n)
+            c.execute("delete from memory_atoms_fts where rowid = ?", (atom_id,))
+            c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)",
+                      (atom_id, " ".join(self.seg.tokens(_record_value(r, "content", n, (str,))))))
+            c.execute("delete from atom_sources where atom_id = ?", (atom_id,))
+            for uid in [r["document"], *_record_value(r, "sources", n, (list,))]:
+                if (src := self._uid_id("documents", uid, ids)) is not None:
+                    c.execute("insert or ignore into atom_sources(atom_id, document_id) values (?, ?)", (atom_id, src))
+            report[verdict] += 1
+        for _, r in recs:
+            atom_id = ids.get(("memory_atoms", r["uid"]))
+            if atom_id is not None and r["superseded_by"] is not None:
+                c.execute("update memory_atoms set superseded_by = ? where id = ?",
+                          (self._uid_id("memory_atoms", r["superseded_by"], ids), atom_id))
+
+    def _import_kg(self, entities, triples, report: dict, ids: dict) -> None:
+        """Upsert the entities (one already here under another uid, same persona and canonical name,
+        is that entity) and the facts between them. In tx."""
+        for n, r in entities:
+            verdict, eid = self._import_verdict("kg_entities", r)
+            same = self.value("select id from kg_entities where persona_id = ? and canonical = ? and uid != ?",
+                              (r["persona_id"], r["canonical"], r["uid"]))
+            if same is not None and eid is None:
+                ids[("kg_entities", r["uid"])], verdict = same, "kept"
+            if verdict in ("kept", "skipped"):
+                report["entity"][verdict] += 1
+                continue
+            ids[("kg_entities", r["uid"])] = self._import_row(
+                "kg_entities", {k: r[k] for k in EXPORT_FIELDS["entity"]}, eid, n)
+            report["entity"][verdict] += 1
+        for n, r in triples:
+            sid, oid = self._uid_id("kg_entities", r["subject"], ids), self._uid_id("kg_entities", r["object"], ids)
+            verdict, tid = self._import_verdict("kg_triples", r)
+            if sid is None or oid is None or verdict in ("kept", "skipped"):
+                report["triple"]["skipped" if sid is None or oid is None else verdict] += 1
+                continue
+            cols = {k: r[k] for k in EXPORT_FIELDS["triple"] if k not in ("subject", "object", "source_memory")}
+            cols |= {"subject_id": sid, "object_id": oid,
+                     "source_memory_id": self._uid_id("documents", r["source_memory"], ids)}
+            self._import_row("kg_triples", cols, tid, n)
+            self._briefing_stale(r["persona_id"])
+            report["triple"][verdict] += 1
+
+    def _import_conversations(self, sessions, turns, report: dict, ids: dict) -> None:
+        """Upsert the sessions (one already here under another uid, same persona, client and session
+        id, is that session: its summary columns are refreshed) and insert the turns not here yet,
+        with their FTS text; their vectors are back-filled. In tx."""
+        c, merged = self.conn, set()
+        state = "none" if self.embedder.provider == "none" else "pending"
+        for n, r in sessions:
+            verdict, ref = self._import_verdict("conv_sessions", r)
+            same = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ? "
+                              "and uid != ?", (r["persona_id"], r["source"], r["session_id"], r["uid"]))
+            if same is not None and ref is None:
+                ids[("conv_sessions", r["uid"])], verdict = same, "kept"
+                merged.add(same)
+            if verdict in ("kept", "skipped"):
+                report["session"][verdict] += 1
+                continue
+            ids[("conv_sessions", r["uid"])] = self._import_row(
+                "conv_sessions", {k: r[k] for k in EXPORT_FIELDS["session"]}, ref, n)
+            report["session"][verdict] += 1
+        for n, r in turns:
+            ref = self._uid_id("conv_sessions", r["session"], ids)
+            gone = self.value("select 1 from tombstones where uid = ?", (r["uid"],))
+            if ref is None or gone or self.value("select 1 from conv_turns where uid = ? or (session_ref = ? and "
+                                                 "turn_key = ?)", (r["uid"], ref, r["turn_key"])):
+                report["turn"]["skipped" if ref is None or gone else "kept"] += 1
+                continue
+            cols = {k: r[k] for k in EXPORT_FIELDS["turn"] if k != "session"} | {"session_ref": ref,
+                                                                                  "embedding_state": state}
+            turn_id = self._import_row("conv_turns", cols, None, n)
+            c.execute("insert into conv_turns_fts(rowid, segmented) values (?, ?)",
+                      (turn_id, self.seg.segmented(_record_value(r, "text", n, (str,)))))
+            report["turn"]["added"] += 1
+        for ref in merged:
+            c.execute(self.queries["conv_session_refresh"], {"id": ref, "chars": CONVERSATION_FIRST_CHARS,
+                                                            "now": now_iso()})
+
+    def _import_consolidations(self, recs, report: dict, ids: dict) -> None:
+        """Record each consolidation (what restore_memory undoes) whose survivor is here, unless this
+        file records a later one for it. In tx."""
+        for n, r in recs:
+            survivor = self._uid_id("documents", r["survivor"], ids)
+            here = self.value("select created_at from consolidations where survivor_id = ?", (survivor,))
+            if survivor is None or (here is not None and here >= r["created_at"]):
+                report["skipped" if survivor is None else "kept"] += 1
+                continue
+            members = [m for u in _record_value(r, "members", n, (list,))
+                       if (m := self._uid_id("documents", u, ids)) is not None]
+            self.conn.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) "
+                              "values (?, ?, ?, ?)", (survivor, json.dumps(r["previous"], ensure_ascii=False),
+                                                      json.dumps(members), r["created_at"]))
+            report["added"] += 1
+
+    def _import_tombstones(self, recs, report: dict) -> list[tuple[int, str]]:
+        """Record the tombstones (the later deletion time wins) and delete what they name here when it
+        was not changed after the deletion: facts, entities without facts and sessions at once, turns
+        too; the memories are returned [(id, persona)] for delete() after the transaction. In tx."""
+        c, doomed = self.conn, []
+        for n, r in recs:
+            uid, at = _record_value(r, "uid", n, (str,)), r["deleted_at"]
+            c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, ?, ?) on conflict(uid) do "
+                      "update set deleted_at = max(deleted_at, excluded.deleted_at)",
+                      (uid, _record_value(r, "table_name", n, (str,)), at))
+            report["added"] += 1
+            table = r["table_name"]
+            if table == "documents":
+                doomed += [(d["id"], d["persona_id"]) for d in self.rows(
+                    "select id, persona_id from documents where uid = ? and updated_at <= ?", (uid, at))]
+            elif table == "kg_triples":
+                c.execute("delete from kg_triples where uid = ? and updated_at <= ?", (uid, at))
+            elif table == "kg_entities":
+                c.execute("delete from kg_entities where uid = ? and updated_at <= ? and not exists (select 1 "
+                          "from kg_triples t where t.subject_id = kg_entities.id or t.object_id = kg_entities.id)",
+                          (uid, at))
+            elif table == "conv_sessions":
+                ref = self.value("select id from conv_sessions where uid = ? and updated_at <= ?", (uid, at))
+                if ref is not None:
+                    self._delete_session_in_tx(ref)
+            elif table == "conv_turns":
+                turn = self.value("select id from conv_turns where uid = ?", (uid,))
+                if turn is not None:
+                    c.execute("delete from conv_turns_fts where rowid = ?", (turn,))
+                    if self.has_table("conv_turn_vec"):
+                        c.execute("delete from conv_turn_vec where turn_id = ?", (turn,))
+                    c.execute("delete from conv_turns where id = ?", (turn,))
+        return doomed
+
+
 # The memory engine: the sections composed ########################################################
 
 class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting, Maintenance,
-             Summarizer, Conversations, ConversationSearch):
+             Summarizer, Conversations, ConversationSearch, Portable):
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
     path (created and migrated when needed), optionally a Config and an Embedder; close() it.
 
@@ -6294,6 +6729,7 @@ def build_server(memory_factory, cfg: Config):
         server.add_tool(fn, name=name, description=inspect.cleandoc(fn.__doc__),
                         annotations=ToolAnnotations(**TOOL_KINDS[kind]))
     _add_resources(server, lambda: running[-1].memory)
+    _add_health_route(server, lambda: running[-1].memory)
     return server
 
 
@@ -6340,6 +6776,7 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
         if time.monotonic() >= next_maintenance:
             try:
                 done = mem.maintenance_due()
+                mem.last_maintenance = now_iso()  # what /health reports
                 if any(done.values()):
                     log.info("maintenance: %s", done)
             except Exception as e:
@@ -7098,6 +7535,198 @@ def panel_app(memory, cfg: Config, config_path: Path, host: str, port: int):
     return panel, panel.app()
 
 
+# Service: the OS supervisor's unit, sd_notify, /health ###########################################
+
+SERVICE_NAME = "aokun"  #: the systemd unit aokun.service, the Task Scheduler task Aokun
+LAUNCHD_LABEL = "io.aokun.server"  #: the launchd agent's label and plist name
+WATCHDOG_SECONDS = 60  #: systemd WatchdogSec: no WATCHDOG=1 for this long and the server is restarted
+RESTART_SECONDS = 5  #: how long a supervisor waits before starting a failed server again
+SERVER_STARTED = time.monotonic()  #: uptime in /health counts from here (monotonic: sleep and clock jumps aside)
+
+
+def sd_notify(message: str, address: str | None = None) -> bool:
+    """Send `message` (e.g. "READY=1", "WATCHDOG=1") to systemd over the unix datagram socket in
+    $NOTIFY_SOCKET (or `address`; a leading @ is Linux's abstract namespace). Returns False, sending
+    nothing, when there is no socket (not started by systemd) or the send fails."""
+    address = address or os.environ.get("NOTIFY_SOCKET")
+    if not address or not hasattr(socket, "AF_UNIX"):
+        return False
+    target = "\0" + address[1:] if address.startswith("@") else address
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(message.encode("utf-8"), target)
+        return True
+    except OSError as e:
+        log.warning("sd_notify %s to %s failed: %s", message, address, e)
+        return False
+
+
+def watchdog_interval(environ=None) -> float | None:
+    """Seconds between WATCHDOG=1 pings: half of $WATCHDOG_USEC (what systemd sets from WatchdogSec),
+    or None when no watchdog is asked for (or it is meant for another process: $WATCHDOG_PID)."""
+    env = os.environ if environ is None else environ
+    usec, pid = env.get("WATCHDOG_USEC"), env.get("WATCHDOG_PID")
+    if not usec or (pid and pid != str(os.getpid())):
+        return None
+    try:
+        return max(0.01, int(usec) / 2e6)
+    except ValueError:
+        return None
+
+
+async def notify_supervisor(started, interval: float | None, address: str | None = None) -> None:
+    """An asyncio task of the server's event loop: once `started()` is true, send READY=1, then
+    WATCHDOG=1 every `interval` seconds (None: READY only). Being on the loop that serves requests, a
+    blocked loop stops the pings and systemd's watchdog restarts the server. Runs until cancelled."""
+    import asyncio
+    while not started():
+        await asyncio.sleep(0.05)
+    sd_notify("READY=1", address)
+    while interval is not None:
+        sd_notify("WATCHDOG=1", address)
+        await asyncio.sleep(interval)
+
+
+def health(mem: "Memory") -> dict:
+    """What /health answers: {ok, database: {path, ok, schema_version}, embedder: {provider, model,
+    loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup}, uptime_seconds,
+    version}. ok is false when the database does not answer or vector search is off for a reason other
+    than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load)."""
+    try:
+        schema = mem.value("pragma user_version")
+        pending = mem.value("select count(*) from documents where embedding_state = 'pending' "
+                            "and embedding_error is null")
+        db_ok = True
+    except apsw.Error as e:
+        schema, pending, db_ok = None, None, False
+        log.error("health: the database does not answer: %s", e)
+    e = mem.embedder
+    return {"ok": db_ok and (mem.vector_problem is None or e.provider == "none"),
+            "database": {"path": str(mem.path), "ok": db_ok, "schema_version": schema},
+            "embedder": {"provider": e.provider, "model": e.model, "loaded": e.loaded, "problem": mem.vector_problem},
+            "pending_vectors": pending,
+            "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
+                                 **{k: mem.meta_get(f"{k}_last_run") if db_ok else None
+                                    for k in ("decay", "lifecycle")},
+                                 "backup": mem.meta_get("backup_last") if db_ok else None},
+            "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1), "version": __version__}
+
+
+def _add_health_route(server, memory) -> None:
+    """GET /health on `server`'s HTTP app: health(memory()) as JSON (503 when not ok or not open yet),
+    read in a worker thread so the event loop never waits for the database."""
+    from anyio import to_thread
+    from starlette.responses import JSONResponse
+
+    @server.custom_route("/health", methods=["GET"])
+    async def health_route(_request):
+        try:
+            mem = memory()
+        except IndexError:
+            return JSONResponse({"ok": False, "problem": "starting"}, status_code=503)
+        out = await to_thread.run_sync(health, mem)
+        return JSONResponse(out, status_code=200 if out["ok"] else 503)
+
+
+def _systemd_quote(arg: str) -> str:
+    """One ExecStart argument quoted for systemd: in double quotes, with \\ and " escaped, % as %%
+    (specifiers) and $ as $$ (variables)."""
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$") + '"'
+
+
+def service_command(db: Path, config: Path | None, port: int) -> list[str]:
+    """The command line a supervisor runs: this Python, aokun.py, --db, --config, serve --http --port."""
+    cmd = [sys.executable, str(HERE / "aokun.py"), "--db", str(db)]
+    return cmd + (["--config", str(config)] if config else []) + ["serve", "--http", "--port", str(port)]
+
+
+def systemd_unit(cmd: list[str]) -> str:
+    """The systemd user unit: Type=notify (ready when READY=1 arrives), WatchdogSec (restarted when
+    WATCHDOG=1 stops), Restart=on-failure."""
+    return "\n".join([
+        "[Unit]", "Description=Aokun memory server (MCP over HTTP)", "After=network.target", "",
+        "[Service]", "Type=notify", "NotifyAccess=main", "ExecStart=" + " ".join(map(_systemd_quote, cmd)),
+        "Restart=on-failure", f"RestartSec={RESTART_SECONDS}", f"WatchdogSec={WATCHDOG_SECONDS}",
+        "TimeoutStartSec=120", "Environment=PYTHONUNBUFFERED=1", "",
+        "[Install]", "WantedBy=default.target", ""])
+
+
+def launchd_plist(cmd: list[str], log_dir: Path) -> bytes:
+    """The launchd agent: RunAtLoad (at login), KeepAlive while it did not exit cleanly (a crash or
+    an error exit starts it again), logs in `log_dir`."""
+    import plistlib
+    return plistlib.dumps({
+        "Label": LAUNCHD_LABEL, "ProgramArguments": cmd, "RunAtLoad": True,
+        "KeepAlive": {"SuccessfulExit": False}, "ThrottleInterval": RESTART_SECONDS, "ProcessType": "Background",
+        "StandardOutPath": str(log_dir / "aokun-server.log"), "StandardErrorPath": str(log_dir / "aokun-server.log")})
+
+
+def windows_task_xml(cmd: list[str]) -> str:
+    """The Task Scheduler task: started at logon and on resume from sleep (Power-Troubleshooter event 1),
+    restarted on failure every minute, never stopped for running long or on battery."""
+    import xml.etree.ElementTree as ET
+    ns = "http://schemas.microsoft.com/windows/2004/02/mit/task"
+    task = ET.Element("Task", version="1.2", xmlns=ns)
+    info = ET.SubElement(task, "RegistrationInfo")
+    ET.SubElement(info, "Description").text = "Aokun memory server (MCP over HTTP)"
+    triggers = ET.SubElement(task, "Triggers")
+    ET.SubElement(ET.SubElement(triggers, "LogonTrigger"), "Enabled").text = "true"
+    wake = ET.SubElement(triggers, "EventTrigger")
+    ET.SubElement(wake, "Enabled").text = "true"
+    ET.SubElement(wake, "Subscription").text = (
+        '<QueryList><Query Id="0" Path="System"><Select Path="System">*[System[Provider['
+        "@Name='Microsoft-Windows-Power-Troubleshooter'] and EventID=1]]</Select></Query></QueryList>")
+    settings = ET.SubElement(task, "Settings")
+    for tag, value in (("MultipleInstancesPolicy", "IgnoreNew"), ("DisallowStartIfOnBatteries", "false"),
+                       ("StopIfGoingOnBatteries", "false"), ("ExecutionTimeLimit", "PT0S"),
+                       ("StartWhenAvailable", "true")):
+        ET.SubElement(settings, tag).text = value
+    restart = ET.SubElement(settings, "RestartOnFailure")
+    ET.SubElement(restart, "Interval").text = "PT1M"
+    ET.SubElement(restart, "Count").text = "999"
+    exe = ET.SubElement(ET.SubElement(task, "Actions", Context="Author"), "Exec")
+    ET.SubElement(exe, "Command").text = cmd[0]
+    import subprocess
+    ET.SubElement(exe, "Arguments").text = subprocess.list2cmdline(cmd[1:])
+    return '<?xml version="1.0" encoding="UTF-16"?>\n' + ET.tostring(task, encoding="unicode")
+
+
+def service_plan(platform: str, action: str, cmd: list[str], data_dir: Path) -> tuple[list, list[list[str]]]:
+    """What `service ACTION` does on `platform` (linux, macos, windows): ([(path, content)] to write
+    (install) or remove (uninstall), [commands to run]). Raises InputError for another platform."""
+    if platform == "linux":
+        unit = Path.home() / ".config" / "systemd" / "user" / f"{SERVICE_NAME}.service"
+        ctl = ["systemctl", "--user"]
+        return ([(unit, systemd_unit(cmd))] if action in ("install", "uninstall") else [], {
+            "install": [ctl + ["daemon-reload"], ctl + ["enable", "--now", f"{SERVICE_NAME}.service"]],
+            "uninstall": [ctl + ["disable", "--now", f"{SERVICE_NAME}.service"], ctl + ["daemon-reload"]],
+            "start": [ctl + ["start", SERVICE_NAME]], "stop": [ctl + ["stop", SERVICE_NAME]],
+            "status": [ctl + ["is-active", SERVICE_NAME]]}[action])
+    if platform == "macos":
+        plist, domain = Path.home() / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist", f"gui/{os.getuid()}"
+        return ([(plist, launchd_plist(cmd, data_dir))] if action in ("install", "uninstall") else [], {
+            "install": [["launchctl", "bootstrap", domain, str(plist)]],
+            "uninstall": [["launchctl", "bootout", f"{domain}/{LAUNCHD_LABEL}"]],
+            "start": [["launchctl", "kickstart", f"{domain}/{LAUNCHD_LABEL}"]],
+            "stop": [["launchctl", "kill", "SIGTERM", f"{domain}/{LAUNCHD_LABEL}"]],
+            "status": [["launchctl", "print", f"{domain}/{LAUNCHD_LABEL}"]]}[action])
+    if platform == "windows":
+        xml = data_dir / "aokun-task.xml"
+        name = SERVICE_NAME.capitalize()
+        return ([(xml, windows_task_xml(cmd))] if action in ("install", "uninstall") else [], {
+            "install": [["schtasks", "/Create", "/TN", name, "/XML", str(xml), "/F"],
+                        ["schtasks", "/Run", "/TN", name]],
+            "uninstall": [["schtasks", "/End", "/TN", name], ["schtasks", "/Delete", "/TN", name, "/F"]],
+            "start": [["schtasks", "/Run", "/TN", name]], "stop": [["schtasks", "/End", "/TN", name]],
+            "status": [["schtasks", "/Query", "/TN", name]]}[action])
+    raise InputError("--platform", f"expected linux, macos or windows, got {platform!r}")
+
+
+def this_platform() -> str:
+    """linux, macos or windows: which supervisor `service` uses here."""
+    return {"darwin": "macos", "win32": "windows"}.get(sys.platform, "linux")
+
+
 # CLI: the command group, one-line errors and shared options ######################################
 
 import click  # noqa: E402  (kept beside its only user)
@@ -7821,6 +8450,80 @@ def restore(state, src, yes):
         click.echo("no memory was written or changed after the backup")
 
 
+@cli.command()
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="jsonl", show_default=True,
+              help="jsonl: lossless, for import; markdown: one note per memory (Obsidian).")
+@click.option("--persona", help="Only this persona (default: every persona; tombstones only then).")
+@click.option("--since", help="Only what changed at or after this ISO-8601 time.")
+@click.option("--out", "out_path", metavar="PATH",
+              help="The JSONL file (default: standard output), or the folder of the Markdown notes (required).")
+@click.pass_obj
+def export(state, fmt, persona, since, out_path):
+    """Export the memory without lock-in. JSONL (one JSON object a line, a `kind` each, a header line
+    with the schema version first) holds memories with all their metadata, atom states, knowledge-graph
+    facts with validity, ingested conversations, consolidations and tombstones: `import` restores it into
+    any file. Markdown writes one note per memory with YAML front matter.
+
+    Example:
+
+        python aokun.py export --out aokun.jsonl
+
+        python aokun.py export --format markdown --out ~/Obsidian/Aokun
+    """
+    mem = state.memory()
+    if fmt == "markdown":
+        if not out_path:
+            raise click.UsageError("--format markdown needs --out FOLDER")
+        r = mem.export_markdown(Path(out_path).expanduser(), persona, since)
+        click.echo(f"{r['files']} notes in {r['folder']}")
+        return
+    lines = (json.dumps(rec, ensure_ascii=False) + "\n" for rec in mem.export_records(persona, since))
+    if not out_path:
+        for line in lines:
+            click.echo(line, nl=False)
+        return
+    dest = Path(out_path).expanduser()
+    tmp = dest.with_name(dest.name + ".partial")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            n = 0
+            for line in lines:
+                f.write(line)
+                n += 1
+        os.replace(tmp, dest)
+    except OSError as e:
+        raise AokunError(f"cannot write {dest}: {e.strerror or e}") from None
+    click.echo(f"{n - 1} records in {dest}", err=True)
+
+
+@cli.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
+@click.pass_obj
+def import_cmd(state, file, as_json):
+    """Import a JSONL export into this database, empty or not: uids decide (a record here with the same
+    or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors are
+    re-derived. A bad line is one error naming it, before anything is written.
+
+    Example:
+
+        python aokun.py --db other.db import aokun.jsonl
+    """
+    try:
+        with open(Path(file), encoding="utf-8-sig") as f:
+            r = state.memory().import_export(f)
+    except UnicodeDecodeError as e:
+        raise InputError("FILE", f"{file} is not UTF-8 text (invalid byte at offset {e.start})") from None
+    if as_json:
+        _echo_json(r)
+        return
+    for kind, c in r.items():
+        if kind != "deleted" and any(c.values()):
+            click.echo(f"{kind:<14} {c['added']} added, {c['updated']} updated, {c['kept']} kept, "
+                       f"{c['skipped']} skipped")
+    click.echo(f"{r['deleted']} memories deleted by tombstones")
+
+
 def _print_changes(out: dict) -> None:
     """Print the importance, archive and atom-state changes of a decay or lifecycle result, one a line."""
     for c in out.get("importance", []):
@@ -7928,7 +8631,114 @@ def serve(state, use_http, host, port):
     if panel:
         log.warning("Aokun web panel at http://%s:%s/panel/?token=%s (the link logs in once)",
                     "[::1]" if host == "::1" else host, port, panel[0].login_token)
-    uvicorn.run(app, host=host, port=port, log_level=cfg.server.log_level.lower())
+    web = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=cfg.server.log_level.lower()))
+
+    async def run() -> None:  # READY=1 and WATCHDOG=1 to systemd from the loop that serves (no-op elsewhere)
+        import asyncio
+        pings = asyncio.create_task(notify_supervisor(lambda: web.started, watchdog_interval()))
+        try:
+            await web.serve()
+        finally:
+            pings.cancel()
+    import anyio
+    anyio.run(run)
+
+
+@cli.group()
+def service():
+    """Run `serve --http` under the OS's own supervisor: a systemd user unit (Linux), a launchd agent
+    (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
+
+    Example:
+
+        python aokun.py service install --dry-run
+
+        python aokun.py service status
+    """
+
+
+def _service_command(action: str, doc: str):
+    @service.command(action, help=doc)
+    @click.option("--port", type=click.IntRange(1, 65535), help="The HTTP port (default: [server] port).")
+    @click.option("--dry-run", is_flag=True, help="Print what would be written and run; change nothing.")
+    @click.option("--platform", "platform", type=click.Choice(["linux", "macos", "windows"]),
+                  help="Which supervisor (default: this machine's).")
+    @click.pass_obj
+    def command(state, port, dry_run, platform):
+        cfg = state.cfg
+        port = port or cfg.server.port
+        db = database_path(cfg, state.db_arg).resolve()
+        config = Path(state.config_arg).resolve() if state.config_arg else None
+        files, commands = service_plan(platform or this_platform(), action, service_command(db, config, port),
+                                       db.parent)
+        if action == "status" and not dry_run:
+            _service_status(cfg, port, commands)
+            return
+        for path, content in files:
+            verb = "write" if action == "install" else "remove"
+            click.echo(f"{verb} {path}" + (":\n" + (content.decode() if isinstance(content, bytes) else content)
+                                           if dry_run and action == "install" else ""))
+        for c in commands:
+            click.echo("run " + " ".join(c))
+        if not dry_run:
+            _service_apply(action, files, commands)
+    return command
+
+
+def _service_apply(action: str, files: list, commands: list[list[str]]) -> None:
+    """Write (install) or remove (uninstall, after its commands) the files, then run the commands;
+    one error line when a command is missing or fails."""
+    import subprocess
+    if action == "install":
+        for path, content in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, bytes):
+                path.write_bytes(content)
+            else:
+                path.write_text(content, encoding="utf-16" if path.suffix == ".xml" else "utf-8")
+    for c in commands:
+        try:
+            r = subprocess.run(c, capture_output=True, text=True)
+        except OSError as e:
+            raise AokunError(f"cannot run {c[0]}: {e.strerror or e}") from None
+        if r.returncode != 0 and not (action == "uninstall" and c is not commands[-1]):
+            said = (r.stderr or r.stdout).strip().splitlines()
+            raise AokunError(f"{' '.join(c)} failed: {said[-1] if said else f'exit {r.returncode}'}")
+    if action == "uninstall":
+        for path, _ in files:
+            path.unlink(missing_ok=True)
+
+
+def _service_status(cfg: Config, port: int, commands: list[list[str]]) -> None:
+    """Print the server's /health on 127.0.0.1:`port` (and the supervisor's own word when its tool is
+    here); exit 1 when it does not answer or is not ok."""
+    import shutil
+    import subprocess
+
+    import httpx
+    if shutil.which(commands[0][0]):
+        r = subprocess.run(commands[0], capture_output=True, text=True)
+        said = (r.stdout or r.stderr).strip().splitlines()
+        click.echo(f"supervisor: {said[0] if said else f'exit {r.returncode}'}")
+    token = cfg.secret("server", "token", "token_env")
+    try:
+        r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5, trust_env=False,  # no proxy for loopback
+                      headers={"Authorization": f"Bearer {token}"} if token else {})
+        out = r.json()
+    except (httpx.HTTPError, ValueError) as e:
+        raise AokunError(f"no server answers on 127.0.0.1:{port}/health ({e}); "
+                         "python aokun.py service start") from None
+    _echo_json(out)
+    if not out.get("ok"):
+        raise click.exceptions.Exit(1)
+
+
+for _action, _doc in (("install", "Write the unit/agent/task and register it (started now and at login)."),
+                      ("uninstall", "Stop and unregister the service and remove its file."),
+                      ("start", "Start the service."), ("stop", "Stop the service."),
+                      ("status", "The server's /health (database, embedder, pending vectors, last "
+                                 "maintenance, uptime); exit 1 when down or not ok.")):
+    _service_command(_action, _doc)
 
 
 def config_target(config_arg: str | None) -> Path:
