@@ -8438,7 +8438,12 @@ def hook(state, client, event, payload):
     """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: as the last
     argument). Prints only what the client reads (session-start: the hookSpecificOutput JSON with the
     briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem never
-    fails the client."""
+    fails the client.
+
+    Example:
+
+        echo '{"transcript_path": "/home/me/.claude/projects/p/s.jsonl"}' | python aokun.py hook claude-code stop
+    """
     started = time.perf_counter()
     try:
         out = run_hook(state, client, event, read_hook_payload(payload))
