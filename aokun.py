@@ -312,6 +312,8 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "max_chars_per_hit": 600,
         "max_chars_per_turn": 2000,
         "briefing_sessions": 20,
+        "watch": True,
+        "watch_interval_seconds": 2.0,
     },
     "server": {
         "exposed_tools": ", ".join(DEFAULT_TOOLS),
@@ -360,7 +362,7 @@ RANGES: dict[str, dict[str, str]] = {
                    "atom_purge_delay_days": ">= 0", "scheduler_interval_seconds": "> 0"},
     "backup": {"keep_days": ">= 1"},
     "conversations": {"keep_days": ">= 0", "batch_size": ">= 1", "max_turn_chars": ">= 1", "max_chars_per_hit": ">= 0",
-                      "max_chars_per_turn": ">= 0", "briefing_sessions": ">= 0"},
+                      "max_chars_per_turn": ">= 0", "briefing_sessions": ">= 0", "watch_interval_seconds": "> 0"},
     "server": {"port": "1..65535"},
 }
 
@@ -4867,7 +4869,7 @@ class Conversations:
         pattern = Path(rules.location).name
         if not paths:
             import glob
-            return sorted(Path(p) for p in glob.glob(os.path.expanduser(rules.location)) if Path(p).is_file())
+            return sorted(Path(p).resolve() for p in glob.glob(os.path.expanduser(rules.location)) if Path(p).is_file())
         out = []
         for p in paths:
             p = Path(p).expanduser()
@@ -5780,6 +5782,237 @@ class Portable:
         return doomed
 
 
+# Conversations: watching the clients' folders, and the clients' hooks ###########################
+
+WATCH_SOURCES = ("claude-code", "codex", "copilot")  #: the clients with local history (ChatGPT has none)
+WATCH_GLOB_EVERY = 3  #: polls between two looks for new transcript files (known files: every poll)
+HOOK_CLIENTS = ("claude-code", "codex", "copilot")
+HOOK_EVENTS = {"claude-code": ("session-start", "stop"), "codex": ("notify",), "copilot": ("session-end",)}
+HOOK_TIMEOUT_SECONDS = 30  #: the timeout written into the clients' hook entries
+HOOK_EMBED_TIMEOUT_SECONDS = 5.0  #: a hook's embedding budget; past it turns wait for the back-fill
+HOOK_ID_RX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  #: a session id a hook may put in a glob
+
+
+class Watcher:
+    """Polls the clients' standard locations (rules/ingest/<source>.toml `location`) and ingests what
+    changed through Memory.ingest, which reads each file from its stored byte offset: the stdlib has
+    no portable file-system watcher (inotify is not in it), so this stats the known transcripts
+    (size, mtime, inode) every poll and globs for new ones every WATCH_GLOB_EVERY polls. A file that
+    vanished is forgotten (a rotated one is read from the start, without duplicates); a half-written
+    last line is left for the next poll, since the client's next write changes the file's size."""
+
+    def __init__(self, mem: "Memory", sources=WATCH_SOURCES, persona_id=None):
+        """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer."""
+        self.mem, self.sources, self.persona = mem, tuple(sources), persona_id
+        self.known: dict[str, dict[Path, tuple]] = {s: {} for s in self.sources}
+        self.polls = 0
+
+    def poll(self) -> dict:
+        """One look: ingest the files that are new or changed since the last poll. When turns were
+        added, the persona's briefing is rebuilt (its session digests name the new turns' session).
+        Returns {source: new turns} for the sources that added any. A source whose ingestion fails
+        (a file deleted between stat and read, a busy database) is logged and tried again next poll."""
+        look = self.polls % WATCH_GLOB_EVERY == 0
+        self.polls += 1
+        out = {}
+        for source in self.sources:
+            changed = self._changed(source, look)
+            if not changed:
+                continue
+            try:
+                n = self.mem.ingest(source, changed, self.persona)["new"]
+            except (AokunError, OSError, apsw.Error) as e:
+                log.warning("watch %s: %s (tried again at the next poll)", source, e)
+                for p in changed:
+                    self.known[source].pop(p, None)
+                continue
+            if n:
+                out[source] = n
+        if out:
+            self.mem.build_briefing(self.persona)
+            log.info("watch: new turns %s", out)
+        return out
+
+    def _changed(self, source: str, look: bool) -> list[Path]:
+        """The files of `source` whose (size, mtime, inode) differ from the last poll (all of them at
+        the first); with `look`, new files of the source's location are added."""
+        import glob
+        known = self.known[source]
+        paths = set(known)
+        if look:
+            pattern = os.path.expanduser(self.mem.ingest_rules(source).location)
+            paths |= {Path(p) for p in glob.glob(pattern)}
+        changed = []
+        for p in sorted(paths):
+            try:
+                st = p.stat()
+            except OSError:
+                known.pop(p, None)  # deleted or rotated away
+                continue
+            sig = (st.st_size, st.st_mtime_ns, st.st_ino)
+            if p.is_file() and known.get(p) != sig:
+                known[p] = sig
+                changed.append(p)
+        return changed
+
+    def run(self, stop: threading.Event, interval: float) -> None:
+        """Poll every `interval` seconds until `stop` is set. Never raises: a failed poll is logged."""
+        while not stop.is_set():
+            try:
+                self.poll()
+            except Exception as e:  # the server keeps serving; the next poll tries again
+                log.error("watch failed (retried in %ss): %s", interval, e)
+            stop.wait(interval)
+
+
+def hook_command(client: str, event: str, db: str | None, config: str | None, shell: str = "posix") -> str:
+    """The shell command a client runs for `event`: this Python, this aokun.py (absolute), the
+    --db/--config the hooks were made with, then `hook CLIENT EVENT`; quoted for a POSIX shell or,
+    with shell="powershell", for PowerShell."""
+    args = [sys.executable, str(HERE / "aokun.py")]
+    for opt, value in (("--db", db), ("--config", config)):
+        if value:
+            args += [opt, str(Path(value).expanduser().resolve())]
+    args += ["hook", client, event]
+    if shell == "powershell":
+        return "& " + " ".join("'" + a.replace("'", "''") + "'" for a in args)
+    import shlex
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def claude_hooks_entry(db=None, config=None) -> dict:
+    """The `hooks` of ~/.claude/settings.json: SessionStart injects the briefing, Stop (each answer)
+    and SessionEnd ingest that session's transcript."""
+    def group(event, matcher=None):
+        g = {"hooks": [{"type": "command", "command": hook_command("claude-code", event, db, config),
+                        "timeout": HOOK_TIMEOUT_SECONDS}]}
+        return {"matcher": matcher, **g} if matcher else g
+    return {"SessionStart": [group("session-start", "startup|resume|clear|compact")],
+            "Stop": [group("stop")], "SessionEnd": [group("stop")]}
+
+
+def copilot_hooks_file(db=None, config=None) -> dict:
+    """~/.copilot/hooks/aokun.json, a Copilot CLI user-level hook file (version 1): sessionEnd and
+    agentStop (each answer) ingest that session's events.jsonl."""
+    def entry():
+        return [{"type": "command", "bash": hook_command("copilot", "session-end", db, config),
+                 "powershell": hook_command("copilot", "session-end", db, config, "powershell"),
+                 "timeoutSec": HOOK_TIMEOUT_SECONDS}]
+    return {"version": 1, "hooks": {"sessionEnd": entry(), "agentStop": entry()}}
+
+
+def codex_notify_value(db=None, config=None) -> list[str]:
+    """The `notify` of ~/.codex/config.toml: Codex runs it after each turn with the event's JSON as
+    the last argument."""
+    import shlex
+    return shlex.split(hook_command("codex", "notify", db, config))
+
+
+def _is_ours(command: str, client: str, event: str) -> bool:
+    return "aokun.py" in command and f" hook {client} {event}" in command
+
+
+def merge_claude_hooks(settings: dict, entry: dict) -> list[str]:
+    """Merge `entry` (claude_hooks_entry) into the parsed settings.json in place, leaving every other
+    key and hook alone: an Aokun hook already there (its command runs aokun.py hook claude-code …)
+    is updated when its command differs, else kept; a missing one is appended. Returns what changed
+    (empty: nothing to do). AokunError when `hooks` or an event in it is not the documented shape."""
+    hooks = settings.setdefault("hooks", {})
+    if not isinstance(hooks, dict):
+        raise AokunError("settings.json: `hooks` is not an object; fix it by hand first")
+    changed = []
+    for event, groups in entry.items():
+        mine = groups[0]["hooks"][0]
+        verb = mine["command"].rsplit(" ", 1)[-1]
+        have = hooks.setdefault(event, [])
+        if not isinstance(have, list):
+            raise AokunError(f"settings.json: hooks.{event} is not a list; fix it by hand first")
+        found = [h for g in have if isinstance(g, dict) and isinstance(g.get("hooks"), list) for h in g["hooks"]
+                 if isinstance(h, dict) and _is_ours(str(h.get("command", "")), "claude-code", verb)]
+        if not found:
+            have.append(groups[0])
+            changed.append(f"added {event}")
+        elif found[0].get("command") != mine["command"]:
+            found[0].update(mine)
+            changed.append(f"updated {event}")
+    return changed
+
+
+def write_with_backup(path: Path, text: str) -> Path | None:
+    """Write `text` to `path` atomically (a temporary file beside it, then a rename), first copying
+    the old file to <name>.aokun-backup-<UTC time> when there was one. Returns the backup's path."""
+    import shutil
+    backup = None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        backup = path.with_name(f"{path.name}.aokun-backup-{now().strftime('%Y%m%dT%H%M%S%fZ')}")
+        shutil.copy2(path, backup)
+    tmp = path.with_name(f".{path.name}.aokun-tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return backup
+
+
+def install_codex_notify(path: Path, value: list[str]) -> str:
+    """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the top,
+    where a key is top-level whatever tables follow, and the result is parsed back to check it. Returns
+    what was done. AokunError when the file is not TOML or already has another `notify` (kept as it is)."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    try:
+        current = tomllib.loads(text).get("notify")
+    except tomllib.TOMLDecodeError as e:
+        raise AokunError(f"{path} is not valid TOML ({e}); fix it first") from None
+    if current == value:
+        return f"{path}: notify already runs Aokun; nothing changed"
+    if current is not None and not _is_ours(" ".join(map(str, current)), "codex", "notify"):
+        raise AokunError(f"{path} already has notify = {current!r}; Codex runs only one, so it was left as it "
+                         "is. Use `python aokun.py watch` (or the server's [conversations] watch) instead")
+    line = "notify = [" + ", ".join(json.dumps(a, ensure_ascii=False) for a in value) + "]"
+    if current is not None:  # an older Aokun line (another path): replace that line only
+        new = re.sub(r"(?m)^notify\s*=.*$", lambda _m: line, text, count=1)
+    else:
+        new = f"# Aokun: ingest each finished turn (python aokun.py hooks codex)\n{line}\n\n{text}"
+    if tomllib.loads(new).get("notify") != value:
+        raise AokunError(f"{path}: could not place notify safely; add this line at the top by hand: {line}")
+    backup = write_with_backup(path, new)
+    return f"{path}: notify set" + (f" (backup {backup})" if backup else "")
+
+
+def read_hook_payload(arg: str | None) -> dict:
+    """The hook's JSON: `arg` (Codex passes it as the last argument), else standard input (Claude Code,
+    Copilot CLI). {} when there is none; InputError when it is not a JSON object."""
+    raw = arg if arg is not None else ("" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read())
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise InputError("payload", f"the hook's input is not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise InputError("payload", "the hook's input is not a JSON object")
+    return data
+
+
+def hook_session_files(client: str, payload: dict) -> list[Path]:
+    """The transcript a hook event names: Claude Code's transcript_path, the Codex rollout of the
+    thread-id, Copilot's session-state/<sessionId>/events.jsonl. [] when it names none that exists
+    (then the client's whole standard location is ingested, incrementally)."""
+    import glob
+    if client == "claude-code":
+        p = payload.get("transcript_path")
+        p = Path(p).expanduser() if isinstance(p, str) and p.endswith(".jsonl") else None
+        return [p] if p is not None and p.is_file() else []
+    key = "thread-id" if client == "codex" else "sessionId"
+    sid = payload.get(key) or payload.get("session_id")
+    if not isinstance(sid, str) or not HOOK_ID_RX.fullmatch(sid):
+        return []
+    if client == "codex":
+        pattern = os.path.expanduser(f"~/.codex/sessions/*/*/*/rollout-*-{glob.escape(sid)}.jsonl")
+    else:
+        pattern = os.path.expanduser(f"~/.copilot/session-state/{glob.escape(sid)}/events.jsonl")
+    return sorted(Path(p) for p in glob.glob(pattern))
+
+
 # The memory engine: the sections composed ########################################################
 
 class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting, Maintenance,
@@ -6653,19 +6886,30 @@ class ServerState:
     memory: Memory
     worker: threading.Thread
     stop: threading.Event
+    watcher: threading.Thread | None = None  #: `aokun-watch`, polling the clients' history ([conversations] watch)
 
     @classmethod
     def start(cls, memory: Memory) -> "ServerState":
-        """Start the background thread over `memory`; the state owns the Memory from then on."""
+        """Start the background thread over `memory`, and the watch thread when [conversations] watch is
+        on (Watcher.run over the same Memory, like the background thread); the state owns the Memory
+        from then on."""
         stop = threading.Event()
         worker = threading.Thread(target=_background, args=(memory, stop), name="aokun-background", daemon=True)
         worker.start()
-        return cls(memory, worker, stop)
+        watcher = None
+        if memory.cfg.conversations.watch:
+            watcher = threading.Thread(target=Watcher(memory).run, name="aokun-watch", daemon=True,
+                                       args=(stop, memory.cfg.conversations.watch_interval_seconds))
+            watcher.start()
+        return cls(memory, worker, stop, watcher)
 
     def close(self) -> None:
-        """Stop the background thread (waiting up to 30 s for its current step), then close the Memory."""
+        """Stop the background and watch threads (waiting up to 30 s for their current step), then close
+        the Memory."""
         self.stop.set()
-        self.worker.join(timeout=30)
+        for t in (self.worker, self.watcher):
+            if t is not None:
+                t.join(timeout=30)
         self.memory.close()
 
 
@@ -8908,6 +9152,142 @@ def conversations_delete(state, session_id, source, persona):
     """Forget one ingested session and its turns (tombstones are kept)."""
     out = state.memory().delete_session(session_id, source, persona)
     click.echo(f"deleted session {out['session_id']} ({out['source']}, {out['turns']} turns)")
+
+
+@cli.command()
+@click.argument("sources", nargs=-1, type=click.Choice(WATCH_SOURCES), metavar="[SOURCE]...")
+@click.option("--interval", type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between polls (default [conversations] watch_interval_seconds, 2).")
+@click.option("--persona", help="Persona the conversations belong to.")
+@click.pass_obj
+def watch(state, sources, interval, persona):
+    """Ingest new turns as the clients write them, until Ctrl+C: claude-code, codex and copilot
+    (or the SOURCEs given), from their standard locations. What is already stored is not read
+    again (each file from its stored offset). `serve` does the same on a background thread
+    ([conversations] watch).
+
+    Example:
+
+        python aokun.py watch claude-code
+    """
+    mem = state.memory()
+    watcher = Watcher(mem, sources or WATCH_SOURCES, persona)
+    every = interval or mem.cfg.conversations.watch_interval_seconds
+    click.echo(f"watching {', '.join(watcher.sources)} every {every:g} s; Ctrl+C stops", err=True)
+    stop = threading.Event()
+    try:
+        while True:
+            for source, n in watcher.poll().items():
+                click.echo(f"{now_iso()} {source}: {n} new turns")
+            if stop.wait(every):
+                break
+    except KeyboardInterrupt:
+        click.echo("stopped", err=True)
+
+
+@cli.command()
+@click.argument("client", type=click.Choice(HOOK_CLIENTS))
+@click.option("--install", is_flag=True, help="Merge the entry into the client's settings (a backup is kept).")
+@click.option("--file", "target", type=click.Path(dir_okay=False),
+              help="The settings file (default: the client's own, under your home folder).")
+@click.pass_obj
+def hooks(state, client, install, target):
+    """Print (or --install) the hooks that make a client feed Aokun by itself: Claude Code
+    (~/.claude/settings.json: SessionStart injects the briefing, Stop and SessionEnd ingest the
+    session), Codex (notify in ~/.codex/config.toml: each finished turn is ingested) and Copilot CLI
+    (~/.copilot/hooks/aokun.json: sessionEnd and agentStop ingest the session). Installing twice
+    changes nothing; other settings are kept as they are.
+
+    Example:
+
+        python aokun.py hooks claude-code --install
+    """
+    db = state.db_arg or os.environ.get("AOKUN_DB")
+    default = {"claude-code": "~/.claude/settings.json", "codex": "~/.codex/config.toml",
+               "copilot": "~/.copilot/hooks/aokun.json"}[client]
+    path = Path(os.path.expanduser(target or default))
+    if client == "codex":
+        value = codex_notify_value(db, state.config_arg)
+        if not install:
+            click.echo("# in " + default + ", before any [table]:\nnotify = ["
+                       + ", ".join(json.dumps(a, ensure_ascii=False) for a in value) + "]")
+            return
+        click.echo(install_codex_notify(path, value))
+        return
+    entry = claude_hooks_entry(db, state.config_arg) if client == "claude-code" else \
+        copilot_hooks_file(db, state.config_arg)
+    if not install:
+        _echo_json({"hooks": entry} if client == "claude-code" else entry)
+        return
+    if client == "copilot":
+        old = path.read_text(encoding="utf-8") if path.exists() else None
+        text = json.dumps(entry, ensure_ascii=False, indent=2) + "\n"
+        changed = [] if old == text else ["wrote the hook file"]
+    else:
+        try:
+            settings = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+        except (ValueError, OSError) as e:
+            raise AokunError(f"{path} cannot be read as JSON ({e}); fix it first, nothing was changed") from None
+        if not isinstance(settings, dict):
+            raise AokunError(f"{path} is not a JSON object; nothing was changed")
+        changed = merge_claude_hooks(settings, entry)
+        text = json.dumps(settings, ensure_ascii=False, indent=2) + "\n"
+    if not changed:
+        click.echo(f"{path}: the Aokun hooks are already there; nothing changed")
+        return
+    backup = write_with_backup(path, text)
+    click.echo(f"{path}: {', '.join(changed)}" + (f" (backup {backup})" if backup else ""))
+
+
+@cli.command(hidden=True)
+@click.argument("client", type=click.Choice(HOOK_CLIENTS))
+@click.argument("event")
+@click.argument("payload", required=False)
+@click.pass_obj
+def hook(state, client, event, payload):
+    """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: as the last
+    argument). Prints only what the client reads (session-start: the hookSpecificOutput JSON with the
+    briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem never
+    fails the client.
+
+    Example:
+
+        echo '{"transcript_path": "/home/me/.claude/projects/p/s.jsonl"}' | python aokun.py hook claude-code stop
+    """
+    started = time.perf_counter()
+    try:
+        out = run_hook(state, client, event, read_hook_payload(payload))
+    except Exception as e:  # never fail the client: say it on stderr, exit 0
+        click.echo(f"aokun hook {client} {event}: {_one_line(str(e) or type(e).__name__, 300)}", err=True)
+        return
+    if out is not None:
+        click.echo(json.dumps(out, ensure_ascii=False))
+    log.info("hook %s %s took %.3f s", client, event, time.perf_counter() - started)
+
+
+def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
+    """One hook event. session-start (Claude Code): the stored briefing (SQL only, no model load),
+    as {hookSpecificOutput: {hookEventName: SessionStart, additionalContext}}. stop / session-end /
+    notify: ingest the session the payload names (else the client's standard location), from its
+    stored offset; the embedder gets HOOK_EMBED_TIMEOUT_SECONDS and no retries, so a slow one leaves
+    the new turns pending for the back-fill instead of holding up the client. InputError for an
+    event the client has no hook for."""
+    if event not in HOOK_EVENTS[client]:
+        raise InputError("EVENT", f"{client} hooks are {', '.join(HOOK_EVENTS[client])}, not {event!r}")
+    overrides = {("embedding", "timeout_seconds"): HOOK_EMBED_TIMEOUT_SECONDS, ("embedding", "max_retries"): 0}
+    cfg = load_config(state.config_arg, overrides)
+    mem = Memory(database_path(cfg, state.db_arg), cfg, recover=False)
+    try:
+        if event == "session-start":
+            text = mem.memory_context(None, "project")["text"]
+            return {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": text}}
+        out = mem.ingest(client, hook_session_files(client, payload))
+        if out["new"]:
+            mem.build_briefing()
+        log.info("hook %s %s: %s new turns", client, event, out["new"])
+        return None
+    finally:
+        mem.close()
 
 
 # Main ############################################################################################

@@ -14,8 +14,10 @@ AOKUN = str(REPO / "aokun.py")
 
 def write_ini(folder: Path, provider: str | None = "none", name: str = "aokun.ini", **sections) -> Path:
     """An ini in `folder`: the given embedding provider (None: the default, local), backups inside
-    `folder` with the start-up daily backup off, then `sections` ({"server": {"token": "x"}})."""
-    values: dict[str, dict[str, str]] = {"backup": {"dir": str(folder / "backups"), "daily": "false"}}
+    `folder` with the start-up daily backup off, the server's watch of the clients' history off (it
+    would read the real home folder), then `sections` ({"server": {"token": "x"}})."""
+    values: dict[str, dict[str, str]] = {"backup": {"dir": str(folder / "backups"), "daily": "false"},
+                                         "conversations": {"watch": "false"}}
     if provider is not None:
         values["embedding"] = {"provider": provider}
     for section, kv in sections.items():

@@ -235,9 +235,9 @@ def test_health_dry_run_then_confirm(served, page, shots):
     base, db = origin(served[0]), served[1]
     page.goto(base + "/health")
     page.get_by_role("link", name="backup…").click()
-    assert "Would write" in page.content()
+    page.get_by_text("Would write").first.wait_for()  # the dry run's page has loaded
     page.screenshot(path=str(shots / "health-backup-dry-run.png"))
     assert not list((db.parent / "backups").glob("*manual*"))
     page.get_by_role("button", name="Run backup now").click()
-    assert "Wrote" in page.content()
+    page.get_by_text("Wrote").first.wait_for()  # the POST's answer has loaded
     assert len(list((db.parent / "backups").glob("*manual*.db"))) == 1
