@@ -2955,6 +2955,25 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
                 in_doc=any(c in ranks for c in w.doc_channels), in_graph=any(c in ranks for c in w.graph_channels))
 
 
+def shortlist(ranks: dict, scores: dict, pins: dict, w: Weights, n: int) -> set:
+    """The candidates fusion scores in full (candidate_score needs a row each): the best `n` by
+    channel evidence alone, w.doc_route·α·doc relevance + w.graph_route·graph_relevance_weight·graph
+    relevance (+ cross_route_bonus when both routes found it), and every pinned or time-window one.
+    The rest (a channel's tail, ~300 of ~380 ids for k = 10) could only reach the MMR pool on
+    importance and recency alone."""
+    if len(ranks) <= n:
+        return set(ranks) | set(pins)
+
+    def evidence(i: int) -> float:
+        r = ranks[i]
+        both = any(c in r for c in w.doc_channels) and any(c in r for c in w.graph_channels)
+        return (w.doc_route * w.alpha * route_relevance(i, r, scores, w.doc_channels, w)
+                + w.graph_route * w.graph_relevance * route_relevance(i, r, scores, w.graph_channels, w)
+                + (w.cross_route_bonus if both else 0.0))
+    best = sorted(ranks, key=lambda i: (-evidence(i), i))[:n]
+    return set(best) | set(pins) | {i for i, r in ranks.items() if "time_window" in r}
+
+
 def scale_routes(parts: dict[int, dict], w: Weights) -> None:
     """Dual-route fusion, in place: routes = wd·doc_route/max(doc_route) + wg·graph_route/
     max(graph_route) over all candidates, + cross_route_bonus when both routes found it."""
@@ -3091,6 +3110,7 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
 CHANNEL_MAX_K = 4096  #: cap of a channel query's k (sqlite-vec 0.1.9 refuses KNN k above 4096)
 GRAPH_HOP_DISCOUNT = 0.5  #: a memory one graph hop from a hit node scores this share of the hit
 MMR_POOL_MIN = 30  #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
+FUSION_SCORED_MIN = 60  #: fusion scores in full the best max(2 × MMR pool, this) candidates (shortlist)
 ATOM_OVERFETCH = 4  #: search_atoms reads this many × k atoms before dropping expired ones
 ATOM_BM25_SCALE = 8.0  #: the seed's atom score 1/(1 + exp(−raw/8)) (seed: Retrieval IV)
 FEEDBACK_ATOM_INTERVAL_DAYS = 1.0  #: memory_feedback reinforces one atom at most once in this many days
@@ -3112,6 +3132,7 @@ class RecallQuery:
     tokens: set  #: the query's search tokens (without its time words)
     warnings: list  #: the answer's warnings; fusion adds "nothing relevant"
     window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window)
+    stats: dict = field(default_factory=dict)  #: what the recall did (explain's `stats`), filled by fusion
 
 
 class Recall:
@@ -3171,8 +3192,8 @@ class Recall:
                   "hub_limit": r.graph_hub_limit, "extra": r.graph_extra_entry_boost, "hop": GRAPH_HOP_DISCOUNT}
         degraded: list[dict] = []
         searched = chosen if tokens else ()  # time words alone: the window's memories answer, nothing else
-        embedding = self._embedding_for(query, searched, degraded)
-        ranked = self._channel_rows(searched, dict(params, embedding=embedding), degraded)
+        stats: dict = {"channel_ms": {}}
+        ranked, embedding = self._channel_rows(searched, query, params, degraded, stats["channel_ms"])
         if window:  # its memories join the candidates; candidate_score boosts them
             ranked["time_window"] = self.rows(self.queries["recall_time_window"], params)
         pins = {}
@@ -3186,7 +3207,7 @@ class Recall:
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
             vector=None if embedding is None else np.frombuffer(embedding, np.float32), tokens=set(tokens),
-            warnings=warnings))
+            warnings=warnings, stats=stats))
         results, left_out = bound_hits(results, *bounds)
         if left_out:
             warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the answer's texts within "
@@ -3194,6 +3215,8 @@ class Recall:
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
             if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings}
+        if explain:
+            out["stats"] = dict(stats, channel_rows={ch: len(rows) for ch, rows in ranked.items()})
         answer = self._answer(key, out, started)
         if results and r.reinforce_on_recall and not as_of_iso:  # after caching: the touch takes the lock
             self._touch([h["id"] for h in results])
@@ -3236,39 +3259,55 @@ class Recall:
         degraded += [{"channel": ch, "reason": reason} for ch in ("vector", "graph_vector") if ch in chosen]
         return None
 
-    def _channel_rows(self, chosen, params: dict, degraded: list) -> dict[str, list[dict]]:
-        """{channel: rows} of the chosen channels that can run (the vector ones need
-        params['embedding']); a channel whose SQL fails is logged and appended to `degraded`."""
+    def _channel_rows(self, chosen, query: str, params: dict, degraded: list,
+                      timings: dict) -> tuple[dict[str, list[dict]], bytes | None]:
+        """({channel: rows} of the chosen channels that can run, the query vector blob or None).
+        The keyword channels start first; the query is embedded meanwhile on this thread
+        (_embedding_for: ONNX and httpx release the GIL), then the vector channels start. A channel
+        whose SQL fails is logged and appended to `degraded`; `timings` gets {channel: ms}."""
         names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "graph_vector": "recall_graph_vector",
                  "vector": "recall_vector_session" if params["session_id"] else "recall_vector"}
-        run = [ch for ch in chosen if params["embedding"] is not None or ch not in ("vector", "graph_vector")]
+        keyword = [ch for ch in chosen if ch not in ("vector", "graph_vector")]
+        vectors = [ch for ch in chosen if ch in ("vector", "graph_vector")]
+        concurrent = len(chosen) > 1
+        params = dict(params, embedding=None)
+        started = self._run_channels([self.queries[names[ch]] for ch in keyword], params, concurrent)
+        embedding = self._embedding_for(query, chosen, degraded)
+        if embedding is None:
+            vectors = []
+        started += self._run_channels([self.queries[names[ch]] for ch in vectors],
+                                      dict(params, embedding=embedding), concurrent)
         ranked = {}
-        for ch, out in zip(run, self._run_channels([self.queries[names[ch]] for ch in run], params), strict=True):
+        for ch, run in zip(keyword + vectors, started, strict=True):
+            out, timings[ch] = run()
             if isinstance(out, apsw.Error):
                 log.error("channel %s failed: %s", ch, out)
                 degraded.append({"channel": ch, "reason": f"SQL error: {out}"})
             else:
                 ranked[ch] = out
-        return ranked
+        return ranked, embedding
 
-    def _run_channels(self, queries: list[str], params: dict) -> list:
-        """Run the channel queries, each on its own query-only connection in a worker thread when
-        [recall] parallel_channels > 1 (SQLite runs them side by side; APSW releases the GIL), else
-        one after another on the main connection. Returns rows or the apsw.Error per query."""
+    def _run_channels(self, queries: list[str], params: dict, concurrent: bool) -> list:
+        """Start the channel queries: each on its own query-only connection in a worker thread when
+        `concurrent` and [recall] parallel_channels > 1 (SQLite runs them side by side; APSW releases
+        the GIL), else one after another on the main connection, now. Returns per query a function
+        giving (rows or the apsw.Error, ms)."""
         def one(sql, rows):
+            t0 = time.perf_counter()
             try:
-                return rows(sql, params)
+                out = rows(sql, params)
             except apsw.Error as e:
-                return e
+                out = e
+            return out, round((time.perf_counter() - t0) * 1000, 2)
         workers = self.cfg.recall.parallel_channels
-        if workers <= 1 or len(queries) <= 1:
-            return [one(sql, self.rows) for sql in queries]
+        if workers <= 1 or not concurrent:
+            done = [one(sql, self.rows) for sql in queries]
+            return [lambda r=r: r for r in done]
         if self._channel_pool is None:
             with self._readers_lock:
                 if self._channel_pool is None:
                     self._channel_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aokun-recall")
-        futures = [self._channel_pool.submit(one, sql, self._reader_rows) for sql in queries]
-        return [f.result() for f in futures]
+        return [self._channel_pool.submit(one, sql, self._reader_rows).result for sql in queries]
 
     def _reader_rows(self, sql: str, params) -> list[dict]:
         """rows() on this worker thread's own query-only connection (opened on first use)."""
@@ -3319,9 +3358,11 @@ class Recall:
         if not ranks and not q.pins:
             return []
         parts: dict[int, dict] = {}
-        self._score_candidates(set(ranks) | set(q.pins), parts, ranks, scores, confidence, w, q)
-        scale_routes(parts, w)
         pool_size = max(3 * q.k, MMR_POOL_MIN)
+        self._score_candidates(shortlist(ranks, scores, q.pins, w, max(FUSION_SCORED_MIN, 2 * pool_size)), parts,
+                               ranks, scores, confidence, w, q)
+        q.stats["candidates"] = len(ranks)
+        scale_routes(parts, w)
         neighbours = {}
         if w.neighbour and parts:
             # the turns right before/after the strongest candidates share their score; weaker
@@ -3333,6 +3374,7 @@ class Recall:
             scale_routes(parts, w)
         order = fuse_scores(parts, neighbours, w)
         pool = mmr_pool(order, parts, q.pins, pool_size)
+        q.stats.update(scored=len(parts), pool=len(pool))
         docs = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(pool)})}
         tokens = self._relevant(pool, docs, parts, q)  # deleted meanwhile or irrelevant: left out
         out = []
