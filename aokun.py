@@ -62,7 +62,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import apsw
-import numpy as np
+
+
+class _Numpy:
+    """numpy, imported on first use (~60 ms that `stats`, `--help` and the MCP `initialize` answer
+    do not need); the first attribute read puts the module itself in its place. Annotations that
+    name numpy types are therefore strings."""
+
+    def __getattr__(self, name: str):
+        import numpy
+        globals()["np"] = numpy
+        return getattr(numpy, name)
+
+
+np = _Numpy()
 
 HERE = Path(__file__).resolve().parent
 SCHEMA_DIR = HERE / "schema"  #: forward-only migrations NNNN_name.sql
@@ -466,6 +479,17 @@ def database_path(cfg: Config, db: str | None = None) -> Path:
 
 # Connection and schema ###########################################################################
 
+@functools.cache
+def _vec_extension() -> str:
+    """The path of sqlite-vec's loadable extension, as sqlite_vec.loadable_path() gives it, found
+    without importing the package (that imports sqlite3 and numpy: start-up time)."""
+    import importlib.util
+    spec = importlib.util.find_spec("sqlite_vec")
+    if spec is None or not spec.origin:
+        raise AokunError("the sqlite-vec package is not installed; pip install -r requirements.txt")
+    return os.path.normpath(os.path.join(os.path.dirname(spec.origin), "vec0"))
+
+
 def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
             backup_dir: Path | None = None, reader: bool = False) -> apsw.Connection:
     """Open (creating if needed) the database with sqlite-vec loaded and the APSW best practice:
@@ -474,8 +498,6 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
 
     Raises SchemaError when the file comes from a newer Aokun, AokunError (one line naming the file)
     when its folder cannot be created, it cannot be opened or it is not an SQLite database."""
-    import sqlite_vec
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -486,7 +508,7 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
         conn = apsw.Connection(str(path))
         conn.set_busy_timeout(busy_timeout_ms)
         conn.enable_load_extension(True)
-        conn.load_extension(sqlite_vec.loadable_path())
+        conn.load_extension(_vec_extension())
         conn.enable_load_extension(False)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
@@ -839,14 +861,14 @@ class Embedder:
     def prepare(self, text: str) -> tuple[str, bool]:
         return text, False
 
-    def embed_documents(self, texts: list[str]) -> np.ndarray:
+    def embed_documents(self, texts: list[str]) -> "np.ndarray":
         raise EmbeddingError("no embedding provider is configured ([embedding] provider = none)")
 
-    def embed_query(self, text: str) -> np.ndarray:
+    def embed_query(self, text: str) -> "np.ndarray":
         raise EmbeddingError("no embedding provider is configured ([embedding] provider = none)")
 
 
-def _l2(m: np.ndarray) -> np.ndarray:
+def _l2(m: "np.ndarray") -> "np.ndarray":
     m = np.asarray(m, dtype=np.float32)
     n = np.linalg.norm(m, axis=-1, keepdims=True)
     n[n == 0] = 1.0
@@ -892,12 +914,12 @@ class LocalEmbedder(Embedder):
                 cut = cut[: max(1, int(len(cut) * 0.85))]
         return cut, len(cut) < len(text)
 
-    def embed_documents(self, texts: list[str]) -> np.ndarray:
+    def embed_documents(self, texts: list[str]) -> "np.ndarray":
         if not texts:
             return np.zeros((0, self.dim), np.float32)
         return _l2(self._model().passage([self.prepare(t)[0] for t in texts]).reshape(len(texts), self.dim))
 
-    def embed_query(self, text: str) -> np.ndarray:
+    def embed_query(self, text: str) -> "np.ndarray":
         return _l2(self._model().query(self.prepare(text)[0]))
 
 
@@ -927,7 +949,7 @@ class OpenAIEmbedder(Embedder):
     def prepare(self, text: str) -> tuple[str, bool]:
         return text[: self.max_chars], len(text) > self.max_chars
 
-    def _post(self, inputs: list[str]) -> np.ndarray:
+    def _post(self, inputs: list[str]) -> "np.ndarray":
         body = {"model": self.model, "input": inputs}
         if self.dim:
             body["dimensions"] = self.dim
@@ -946,12 +968,12 @@ class OpenAIEmbedder(Embedder):
             raise EmbeddingError(f"embedding endpoint returned {m.shape[1]}-d vectors, expected {self.dim}")
         return _l2(m)
 
-    def embed_documents(self, texts: list[str]) -> np.ndarray:
+    def embed_documents(self, texts: list[str]) -> "np.ndarray":
         parts = [self._post([self.prepare(t)[0] for t in texts[i:i + self.batch_size]])
                  for i in range(0, len(texts), self.batch_size)]
         return np.concatenate(parts) if parts else np.zeros((0, self.dim), np.float32)
 
-    def embed_query(self, text: str) -> np.ndarray:
+    def embed_query(self, text: str) -> "np.ndarray":
         return self._post([self.prepare(text)[0]])[0]
 
 
@@ -1678,7 +1700,7 @@ class Vectors:
 
     # the float store and its binary index --------------------------------------------------------
 
-    def _put_doc_vector(self, doc_id: int, vec: np.ndarray) -> None:
+    def _put_doc_vector(self, doc_id: int, vec: "np.ndarray") -> None:
         """Store a document's float vector and its binary index row. In tx."""
         self.conn.execute(self.queries["put_doc_vector"],
                           {"id": doc_id, "embedding": np.asarray(vec, np.float32).tobytes()})
@@ -3128,7 +3150,7 @@ class RecallQuery:
     explain: bool
     pins: dict  #: {id: cosine similarity} of the pinned memories similar enough to the query
     params: dict  #: the channel queries' SQL parameters
-    vector: np.ndarray | None  #: the query vector (None: no vector channel ran)
+    vector: "np.ndarray | None"  #: the query vector (None: no vector channel ran)
     tokens: set  #: the query's search tokens (without its time words)
     warnings: list  #: the answer's warnings; fusion adds "nothing relevant"
     window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window)
@@ -3318,7 +3340,7 @@ class Recall:
                 self._readers.append(conn)
         return fetch_dicts(conn, sql, params)
 
-    def _query_vector(self, query: str) -> np.ndarray:
+    def _query_vector(self, query: str) -> "np.ndarray":
         """The query's vector. A multi-line query (a conversation so far) is embedded whole, plus its
         last line again × query_last_line_weight: the latest turn is what the recall is for, the
         earlier ones its context."""
