@@ -1974,8 +1974,7 @@ class Layers:
 
     def _stage_graph(self, p: Prepared, _vectors) -> None:
         """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and one
-        searchable entry per node (edges are not restated as entries), all tied to the source
-        document (seed: Memory Model 3). In tx."""
+        searchable entry per node and edge, all tied to the source document (seed: Memory Model 3). In tx."""
         c, stamp = self.conn, now_iso()
         self._clear_graph(p.document_id)
         doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
@@ -1997,23 +1996,22 @@ class Layers:
                 nid = c.last_insert_rowid()
             return nid, shown
 
-        def entry(text: str, confidence: float, node_id, state=entry_state) -> None:
-            c.execute("insert into graph_entries(uid, persona_id, session_id, document_id, node_id, text, "
+        def entry(text: str, confidence: float, node_id=None, edge_id=None, state=entry_state) -> None:
+            c.execute("insert into graph_entries(uid, persona_id, session_id, document_id, node_id, edge_id, text, "
                       "confidence, archived, embedding_state, created_at, updated_at) "
-                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (str(uuid.uuid4()), p.persona_id, p.session_id, p.document_id, node_id, text, confidence,
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (str(uuid.uuid4()), p.persona_id, p.session_id, p.document_id, node_id, edge_id, text, confidence,
                        doc["archived"], state, p.created_at, stamp))
             c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
                       (c.last_insert_rowid(), self.seg.segmented(text)))
 
         def edge(src, dst, relation: str, confidence: float) -> None:
-            # an edge is a row of graph_edges only: recall hops along it (recall_graph_keyword's
-            # via_edge); a sentence restating it ("Alice describes <fact>") would only index the
-            # fact's words again (issue 14: 7.8 FTS rows per memory, 20% of them hit by 3 words)
             c.execute("insert into graph_edges(uid, persona_id, document_id, source_id, target_id, relation, "
                       "confidence, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                       (str(uuid.uuid4()), p.persona_id, p.document_id, src[0], dst[0], relation, confidence,
                        stamp, stamp))
+            entry(f"{src[1]} {relation.replace('_', ' ')} {dst[1]}", confidence, edge_id=c.last_insert_rowid(),
+                  state="skip")
 
         subjects = [(node("person", v), "Person") for v in p.participants[:GRAPH_MAX_SUBJECTS]] + \
                    [(node("topic", v), "Topic") for v in p.topics[:GRAPH_MAX_SUBJECTS]]

@@ -58,13 +58,12 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
     assert edges == [{"relation": "co_occurs_with", "n": 1}, {"relation": "describes", "n": 4},
                      {"relation": "mentioned_in", "n": 1}]
     entries = mem.rows("select * from graph_entries where document_id = ? order by id", (doc_id,))
-    assert len(entries) == 4 == r["graph_entries"]  # one per node: edges are not restated as entries
-    assert all(e["edge_id"] is None for e in entries)
+    assert len(entries) == 4 + 6 == r["graph_entries"]
     node_entries = [e for e in entries if e["node_id"] is not None]
     fact_entries = [e for e in node_entries if e["text"].startswith("Fact: ")]
     assert len(node_entries) == 4 and len(fact_entries) == 2
     assert all(e["embedding_state"] == "done" for e in fact_entries)
-    # person/topic entries are keyword entry points only
+    # person/topic entries and edge entries are keyword entry points only
     assert all(e["embedding_state"] == "skip" for e in entries if e not in fact_entries)
     assert any(e["text"].startswith("Person: Alice. Summary: ") for e in node_entries)
     assert [r["rowid"] for r in mem.rows("select rowid from graph_entries_fts order by rowid")] == \
@@ -80,45 +79,6 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
         [{"op": "insert", "status": "done", "document_id": doc_id, "retries": 0, "error": ""}]
     assert mem.meta_get("embedding_dim") == "16" and mem.meta_get("embedding_model") == "fake-16"
     assert mem.doctor() == []
-
-
-def test_schema8_file_loses_its_edge_entries_and_keeps_the_rest(tmp_path, monkeypatch, open_mem):
-    """A file written before schema 9 restated every edge as a graph entry with an FTS row
-    ("Alice describes <fact>"); opening it drops those entries and their FTS rows, keeps the edges,
-    the node entries and their vectors, and leaves a file doctor finds nothing wrong with."""
-    import shutil
-    old_schema = tmp_path / "schema8"
-    old_schema.mkdir()
-    for n, path in aokun.migrations():
-        if n <= 8:
-            shutil.copy(path, old_schema / path.name)
-    path = tmp_path / "eight.db"
-    monkeypatch.setattr(aokun, "SCHEMA_DIR", old_schema)
-    m = open_mem(path)
-    assert m.value("pragma user_version") == 8
-    doc_id = m.memorize(ALICE, {"participants": ["Alice"], "topics": ["coffee"]})["id"]
-    with m.tx() as c:  # what the old write stage added for each edge
-        for e in m.rows("select id, relation, confidence from graph_edges order by id"):
-            c.execute("insert into graph_entries(uid, persona_id, session_id, document_id, edge_id, text, confidence, "
-                      "archived, embedding_state, created_at, updated_at) values (?, '', '', ?, ?, ?, ?, 0, 'skip', "
-                      "'2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z')",
-                      (f"edge-{e['id']}", doc_id, e["id"], f"Alice {e['relation']} zanzibarite", e["confidence"]))
-            c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
-                      (c.last_insert_rowid(), f"alice {e['relation']} zanzibarite"))
-    node_entries = m.rows("select * from graph_entries where edge_id is null order by id")
-    edges, vectors = m.rows("select * from graph_edges order by id"), m.rows("select * from graph_vectors order by 1")
-    assert len(fts_ids(m, "graph_entries_fts", "zanzibarite")) == len(edges) == 6
-    m.close()
-
-    monkeypatch.setattr(aokun, "SCHEMA_DIR", aokun.HERE / "schema")
-    m = open_mem(path)
-    assert m.value("pragma user_version") == aokun.schema_version_known() >= 9
-    assert m.rows("select * from graph_entries order by id") == node_entries
-    assert m.rows("select * from graph_edges order by id") == edges
-    assert m.rows("select * from graph_vectors order by 1") == vectors
-    assert fts_ids(m, "graph_entries_fts", "zanzibarite") == []
-    assert count(m, "graph_entries_fts") == len(node_entries) == 4
-    assert m.doctor() == []
 
 
 def test_dedup_returns_same_id_without_new_work(mem, fake_embedder):
