@@ -3168,13 +3168,16 @@ class Recall:
         """Hybrid recall (seed: Retrieval Pipeline). Returns
         {results: [{id, score, text, truncated, summary, importance, created_at, ...}], facts,
         degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each hit
-        also carries `explain` (explain_parts): its rank in every channel and every part of its score.
+        also carries `explain` (explain_parts): its rank in every channel and every part of its score,
+        and the answer `stats`: {channel_ms: {channel: ms}, channel_rows: {channel: rows}, candidates
+        (ids from all channels), scored (scored in full: shortlist + session neighbours), pool (MMR's)}.
         Texts are bounded by bound_hits: max_chars_per_hit and max_answer_tokens (None: the [recall]
         settings, 0: no limit); `truncated` marks a cut text (get() reads it whole), a warning names
         the hits left out. The bounds come after ranking: scores and explain are the same.
 
-        The channels (sql/recall.sql) run side by side; _fuse() ranks their rows with the Ranking
-        functions: candidate_score() per memory (document route α·relevance + β·importance +
+        The channels (sql/recall.sql) run side by side, the query embedding beside the keyword ones;
+        _fuse() ranks their rows with the Ranking functions: shortlist() (the best by channel
+        evidence), candidate_score() per memory (document route α·relevance + β·importance +
         γ·recency + δ·frequency; graph route 0.55/0.20/0.15/0.10 × the atoms' temporal factor),
         scale_routes() (0.65/0.35 or the intent's weights, +0.08 when both routes hit),
         fuse_scores() (session neighbours, source boost), select_hits() (MMR λ=0.7, pins).
