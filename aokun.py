@@ -3169,8 +3169,7 @@ class Recall:
         {results: [{id, score, text, truncated, summary, importance, created_at, ...}], facts,
         degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each hit
         also carries `explain` (explain_parts): its rank in every channel and every part of its score,
-        and the answer `stats`: {channel_ms: {channel: ms}, channel_rows: {channel: rows}, candidates
-        (ids from all channels), scored (scored in full: shortlist + session neighbours), pool (MMR's)}.
+        and the answer `stats` {channel_ms, channel_rows: {channel: ms/rows}, candidates, scored, pool}.
         Texts are bounded by bound_hits: max_chars_per_hit and max_answer_tokens (None: the [recall]
         settings, 0: no limit); `truncated` marks a cut text (get() reads it whole), a warning names
         the hits left out. The bounds come after ranking: scores and explain are the same.
@@ -3215,8 +3214,7 @@ class Recall:
                   "hub_limit": r.graph_hub_limit, "extra": r.graph_extra_entry_boost, "hop": GRAPH_HOP_DISCOUNT}
         degraded: list[dict] = []
         searched = chosen if tokens else ()  # time words alone: the window's memories answer, nothing else
-        stats: dict = {"channel_ms": {}}
-        ranked, embedding = self._channel_rows(searched, query, params, degraded, stats["channel_ms"])
+        ranked, embedding = self._channel_rows(searched, query, params, degraded, stats := {})
         if window:  # its memories join the candidates; candidate_score boosts them
             ranked["time_window"] = self.rows(self.queries["recall_time_window"], params)
         pins = {}
@@ -3283,11 +3281,12 @@ class Recall:
         return None
 
     def _channel_rows(self, chosen, query: str, params: dict, degraded: list,
-                      timings: dict) -> tuple[dict[str, list[dict]], bytes | None]:
+                      stats: dict) -> tuple[dict[str, list[dict]], bytes | None]:
         """({channel: rows} of the chosen channels that can run, the query vector blob or None).
         The keyword channels start first; the query is embedded meanwhile on this thread
         (_embedding_for: ONNX and httpx release the GIL), then the vector channels start. A channel
-        whose SQL fails is logged and appended to `degraded`; `timings` gets {channel: ms}."""
+        whose SQL fails is logged and appended to `degraded`; stats['channel_ms'] gets {channel: ms}."""
+        timings = stats.setdefault("channel_ms", {})
         names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "graph_vector": "recall_graph_vector",
                  "vector": "recall_vector_session" if params["session_id"] else "recall_vector"}
         keyword = [ch for ch in chosen if ch not in ("vector", "graph_vector")]
