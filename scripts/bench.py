@@ -24,8 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import click
-import numpy as np
+# the floors' numpy KNN on one thread, as a channel query runs: on a loaded 2-core machine
+# OpenBLAS threads spin against each other and a 10k x 384 product took 15 ms instead of 1
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import click  # noqa: E402
+import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
