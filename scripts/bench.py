@@ -338,8 +338,8 @@ def recall(sizes, queries, k, channels, db_dir, rebuild):
     print(table(["memories", "channels", "a p50 ms", "a p95 ms", "floor p50", "floor p95", "ratio", "b p50 ms",
                  "b p95 ms", "hits"], rows))
     print("\nper channel of the full hybrid, query embedding excluded (product = the channel's SQL as recall "
-          "ran it; floor = raw FTS5 top-N of its table, or numpy brute-force KNN over its vectors; ratio = "
-          "product p50 / floor p50; rows = what the channel gave fusion)")
+          "ran it, channels one after another; floor = raw FTS5 top-N of its table, or numpy brute-force KNN "
+          "over its vectors; ratio = product p50 / floor p50; rows = what the channel gave fusion)")
     print(table(["memories", "channel", "product p50 ms", "product p95 ms", "floor p50 ms", "ratio", "rows"],
                 channel_rows))
     print("\nfusion's candidates per recall (mean): ids from all channels, scored in full, the MMR pool")
@@ -423,9 +423,12 @@ def channel_floors(mem, qs: list[str], emb) -> dict[str, list[float]]:
 
 def channel_figures(mem, qs: list[str], k: int, emb) -> dict:
     """Per channel of the full hybrid (query embedding excluded): the product's p50/p95 ms (each
-    channel query as recall ran it, explain's stats), its floor (channel_floors), the mean rows it
-    gave; and the mean candidate counts of fusion: all ids, those scored in full, the MMR pool."""
+    channel query as recall ran it, explain's stats, the channels one after another as the floors
+    are: side by side on a loaded machine each would also count its wait for a core), its floor
+    (channel_floors), the mean rows it gave; and the mean candidate counts of fusion: all ids,
+    those scored in full, the MMR pool."""
     mem.embedder = emb
+    mem.cfg.recall["parallel_channels"] = 1
     times: dict[str, list[float]] = {}
     rows: dict[str, list[int]] = {}
     counts: dict[str, list[int]] = {"candidates": [], "scored": [], "pool": []}
