@@ -63,7 +63,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import apsw
-import numpy as np
+
+
+class _Numpy:
+    """numpy, imported on first use (~60 ms that `stats`, `--help` and the MCP `initialize` answer
+    do not need); the first attribute read puts the module itself in its place. Annotations that
+    name numpy types are therefore strings."""
+
+    def __getattr__(self, name: str):
+        import numpy
+        globals()["np"] = numpy
+        return getattr(numpy, name)
+
+
+np = _Numpy()
 
 HERE = Path(__file__).resolve().parent
 SCHEMA_DIR = HERE / "schema"  #: forward-only migrations NNNN_name.sql
@@ -485,6 +498,17 @@ def database_path(cfg: Config, db: str | None = None) -> Path:
 
 # Connection and schema ###########################################################################
 
+@functools.cache
+def _vec_extension() -> str:
+    """The path of sqlite-vec's loadable extension, as sqlite_vec.loadable_path() gives it, found
+    without importing the package (that imports sqlite3 and numpy: start-up time)."""
+    import importlib.util
+    spec = importlib.util.find_spec("sqlite_vec")
+    if spec is None or not spec.origin:
+        raise AokunError("the sqlite-vec package is not installed; pip install -r requirements.txt")
+    return os.path.normpath(os.path.join(os.path.dirname(spec.origin), "vec0"))
+
+
 def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
             backup_dir: Path | None = None, reader: bool = False) -> apsw.Connection:
     """Open (creating if needed) the database with sqlite-vec loaded and the APSW best practice:
@@ -493,8 +517,6 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
 
     Raises SchemaError when the file comes from a newer Aokun, AokunError (one line naming the file)
     when its folder cannot be created, it cannot be opened or it is not an SQLite database."""
-    import sqlite_vec
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -505,7 +527,7 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
         conn = apsw.Connection(str(path))
         conn.set_busy_timeout(busy_timeout_ms)
         conn.enable_load_extension(True)
-        conn.load_extension(sqlite_vec.loadable_path())
+        conn.load_extension(_vec_extension())
         conn.enable_load_extension(False)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
@@ -859,14 +881,14 @@ class Embedder:
     def prepare(self, text: str) -> tuple[str, bool]:
         return text, False
 
-    def embed_documents(self, texts: list[str]) -> np.ndarray:
+    def embed_documents(self, texts: list[str]) -> "np.ndarray":
         raise EmbeddingError("no embedding provider is configured ([embedding] provider = none)")
 
-    def embed_query(self, text: str) -> np.ndarray:
+    def embed_query(self, text: str) -> "np.ndarray":
         raise EmbeddingError("no embedding provider is configured ([embedding] provider = none)")
 
 
-def _l2(m: np.ndarray) -> np.ndarray:
+def _l2(m: "np.ndarray") -> "np.ndarray":
     m = np.asarray(m, dtype=np.float32)
     n = np.linalg.norm(m, axis=-1, keepdims=True)
     n[n == 0] = 1.0
@@ -912,12 +934,12 @@ class LocalEmbedder(Embedder):
                 cut = cut[: max(1, int(len(cut) * 0.85))]
         return cut, len(cut) < len(text)
 
-    def embed_documents(self, texts: list[str]) -> np.ndarray:
+    def embed_documents(self, texts: list[str]) -> "np.ndarray":
         if not texts:
             return np.zeros((0, self.dim), np.float32)
         return _l2(self._model().passage([self.prepare(t)[0] for t in texts]).reshape(len(texts), self.dim))
 
-    def embed_query(self, text: str) -> np.ndarray:
+    def embed_query(self, text: str) -> "np.ndarray":
         return _l2(self._model().query(self.prepare(text)[0]))
 
 
@@ -947,7 +969,7 @@ class OpenAIEmbedder(Embedder):
     def prepare(self, text: str) -> tuple[str, bool]:
         return text[: self.max_chars], len(text) > self.max_chars
 
-    def _post(self, inputs: list[str]) -> np.ndarray:
+    def _post(self, inputs: list[str]) -> "np.ndarray":
         body = {"model": self.model, "input": inputs}
         if self.dim:
             body["dimensions"] = self.dim
@@ -966,12 +988,12 @@ class OpenAIEmbedder(Embedder):
             raise EmbeddingError(f"embedding endpoint returned {m.shape[1]}-d vectors, expected {self.dim}")
         return _l2(m)
 
-    def embed_documents(self, texts: list[str]) -> np.ndarray:
+    def embed_documents(self, texts: list[str]) -> "np.ndarray":
         parts = [self._post([self.prepare(t)[0] for t in texts[i:i + self.batch_size]])
                  for i in range(0, len(texts), self.batch_size)]
         return np.concatenate(parts) if parts else np.zeros((0, self.dim), np.float32)
 
-    def embed_query(self, text: str) -> np.ndarray:
+    def embed_query(self, text: str) -> "np.ndarray":
         return self._post([self.prepare(text)[0]])[0]
 
 
@@ -1711,7 +1733,7 @@ class Vectors:
 
     # the float store and its binary index --------------------------------------------------------
 
-    def _put_doc_vector(self, doc_id: int, vec: np.ndarray) -> None:
+    def _put_doc_vector(self, doc_id: int, vec: "np.ndarray") -> None:
         """Store a document's float vector and its binary index row. In tx."""
         self.conn.execute(self.queries["put_doc_vector"],
                           {"id": doc_id, "embedding": np.asarray(vec, np.float32).tobytes()})
@@ -3003,6 +3025,25 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
                 in_doc=any(c in ranks for c in w.doc_channels), in_graph=any(c in ranks for c in w.graph_channels))
 
 
+def shortlist(ranks: dict, scores: dict, pins: dict, w: Weights, n: int) -> set:
+    """The candidates fusion scores in full (candidate_score needs a row each): the best `n` by
+    channel evidence alone, w.doc_route·α·doc relevance + w.graph_route·graph_relevance_weight·graph
+    relevance (+ cross_route_bonus when both routes found it), and every pinned or time-window one.
+    The rest (for k = 10 some 270 of the ~330 ids, the channels' tails) could only reach the MMR
+    pool on importance and recency alone; on LoCoMo and MADial the answers stay the same."""
+    if len(ranks) <= n:
+        return set(ranks) | set(pins)
+
+    def evidence(i: int) -> float:
+        r = ranks[i]
+        both = any(c in r for c in w.doc_channels) and any(c in r for c in w.graph_channels)
+        return (w.doc_route * w.alpha * route_relevance(i, r, scores, w.doc_channels, w)
+                + w.graph_route * w.graph_relevance * route_relevance(i, r, scores, w.graph_channels, w)
+                + (w.cross_route_bonus if both else 0.0))
+    best = sorted(ranks, key=lambda i: (-evidence(i), i))[:n]
+    return set(best) | set(pins) | {i for i, r in ranks.items() if "time_window" in r}
+
+
 def scale_routes(parts: dict[int, dict], w: Weights) -> None:
     """Dual-route fusion, in place: routes = wd·doc_route/max(doc_route) + wg·graph_route/
     max(graph_route) over all candidates, + cross_route_bonus when both routes found it."""
@@ -3141,6 +3182,7 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
 CHANNEL_MAX_K = 4096  #: cap of a channel query's k (sqlite-vec 0.1.9 refuses KNN k above 4096)
 GRAPH_HOP_DISCOUNT = 0.5  #: a memory one graph hop from a hit node scores this share of the hit
 MMR_POOL_MIN = 30  #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
+FUSION_SCORED_MIN = 60  #: fusion scores in full the best max(2 × MMR pool, this) candidates (shortlist)
 ATOM_OVERFETCH = 4  #: search_atoms reads this many × k atoms before dropping expired ones
 ATOM_BM25_SCALE = 8.0  #: the seed's atom score 1/(1 + exp(−raw/8)) (seed: Retrieval IV)
 FEEDBACK_ATOM_INTERVAL_DAYS = 1.0  #: memory_feedback reinforces one atom at most once in this many days
@@ -3158,10 +3200,11 @@ class RecallQuery:
     explain: bool
     pins: dict  #: {id: cosine similarity} of the pinned memories similar enough to the query
     params: dict  #: the channel queries' SQL parameters
-    vector: np.ndarray | None  #: the query vector (None: no vector channel ran)
+    vector: "np.ndarray | None"  #: the query vector (None: no vector channel ran)
     tokens: set  #: the query's search tokens (without its time words)
     warnings: list  #: the answer's warnings; fusion adds "nothing relevant"
     window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window)
+    stats: dict = field(default_factory=dict)  #: what the recall did (explain's `stats`), filled by fusion
 
 
 class Recall:
@@ -3177,13 +3220,15 @@ class Recall:
         """Hybrid recall (seed: Retrieval Pipeline). Returns
         {results: [{id, score, text, truncated, summary, importance, created_at, ...}], facts,
         degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each hit
-        also carries `explain` (explain_parts): its rank in every channel and every part of its score.
+        also carries `explain` (explain_parts): its rank in every channel and every part of its score,
+        and the answer `stats` {channel_ms, channel_rows: {channel: ms/rows}, candidates, scored, pool}.
         Texts are bounded by bound_hits: max_chars_per_hit and max_answer_tokens (None: the [recall]
         settings, 0: no limit); `truncated` marks a cut text (get() reads it whole), a warning names
         the hits left out. The bounds come after ranking: scores and explain are the same.
 
-        The channels (sql/recall.sql) run side by side; _fuse() ranks their rows with the Ranking
-        functions: candidate_score() per memory (document route α·relevance + β·importance +
+        The channels (sql/recall.sql) run side by side, the query embedding beside the keyword ones;
+        _fuse() ranks their rows with the Ranking functions: shortlist() (the best by channel
+        evidence), candidate_score() per memory (document route α·relevance + β·importance +
         γ·recency + δ·frequency; graph route 0.55/0.20/0.15/0.10 × the atoms' temporal factor),
         scale_routes() (0.65/0.35 or the intent's weights, +0.08 when both routes hit),
         fuse_scores() (session neighbours, source boost), select_hits() (MMR λ=0.7, pins).
@@ -3192,13 +3237,9 @@ class Recall:
         started = time.perf_counter()
         r = self.cfg.recall
         query = query_text(query, "query")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
         warnings = []
         asked = k  # the cache key keeps the k asked for, so the cap warning stays with the answers it belongs to
-        if k > r.max_k:
-            warnings.append(f"k={k} is above the limit {r.max_k} ([recall] max_k); returning at most {r.max_k}")
-            k = r.max_k
+        k = self._capped_k(k, warnings)
         chosen = self._channels(channels)
         persona = _label(persona_id, "persona_id")
         session = _label(session_id, "session_id")
@@ -3223,8 +3264,7 @@ class Recall:
                   "hub_limit": r.graph_hub_limit, "extra": r.graph_extra_entry_boost, "hop": GRAPH_HOP_DISCOUNT}
         degraded: list[dict] = []
         searched = chosen if tokens else ()  # time words alone: the window's memories answer, nothing else
-        embedding = self._embedding_for(query, searched, degraded)
-        ranked = self._channel_rows(searched, dict(params, embedding=embedding), degraded)
+        ranked, embedding = self._channel_rows(searched, query, params, degraded, stats := {})
         if window:  # its memories join the candidates; candidate_score boosts them
             ranked["time_window"] = self.rows(self.queries["recall_time_window"], params)
         pins = {}
@@ -3238,7 +3278,7 @@ class Recall:
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
             vector=None if embedding is None else np.frombuffer(embedding, np.float32), tokens=set(tokens),
-            warnings=warnings))
+            warnings=warnings, stats=stats))
         results, left_out = bound_hits(results, *bounds)
         if left_out:
             warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the answer's texts within "
@@ -3247,10 +3287,22 @@ class Recall:
             if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings,
                "conversations": self._conversation_hits(query, k, persona) if include_conversations else []}
+        if explain:
+            out["stats"] = dict(stats, channel_rows={ch: len(rows) for ch, rows in ranked.items()})
         answer = self._answer(key, out, started)
         if results and r.reinforce_on_recall and not as_of_iso:  # after caching: the touch takes the lock
             self._touch([h["id"] for h in results])
         return answer
+
+    def _capped_k(self, k, warnings: list) -> int:
+        """`k` checked (InputError unless a whole number ≥ 1) and capped at [recall] max_k, with a
+        warning when it was above."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
+        top = self.cfg.recall.max_k
+        if k > top:
+            warnings.append(f"k={k} is above the limit {top} ([recall] max_k); returning at most {top}")
+        return min(k, top)
 
     def _search_words(self, query: str, ref: dt.datetime) -> tuple[list[str], tuple | None]:
         """(search tokens, time window) of a query: the window of the time words of its last line
@@ -3289,39 +3341,56 @@ class Recall:
         degraded += [{"channel": ch, "reason": reason} for ch in ("vector", "graph_vector") if ch in chosen]
         return None
 
-    def _channel_rows(self, chosen, params: dict, degraded: list) -> dict[str, list[dict]]:
-        """{channel: rows} of the chosen channels that can run (the vector ones need
-        params['embedding']); a channel whose SQL fails is logged and appended to `degraded`."""
+    def _channel_rows(self, chosen, query: str, params: dict, degraded: list,
+                      stats: dict) -> tuple[dict[str, list[dict]], bytes | None]:
+        """({channel: rows} of the chosen channels that can run, the query vector blob or None).
+        The keyword channels start first; the query is embedded meanwhile on this thread
+        (_embedding_for: ONNX and httpx release the GIL), then the vector channels start. A channel
+        whose SQL fails is logged and appended to `degraded`; stats['channel_ms'] gets {channel: ms}."""
+        timings = stats.setdefault("channel_ms", {})
         names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "graph_vector": "recall_graph_vector",
                  "vector": "recall_vector_session" if params["session_id"] else "recall_vector"}
-        run = [ch for ch in chosen if params["embedding"] is not None or ch not in ("vector", "graph_vector")]
+        keyword = [ch for ch in chosen if ch not in ("vector", "graph_vector")]
+        vectors = [ch for ch in chosen if ch in ("vector", "graph_vector")]
+        concurrent = len(chosen) > 1
+        params = dict(params, embedding=None)
+        started = self._run_channels([self.queries[names[ch]] for ch in keyword], params, concurrent)
+        embedding = self._embedding_for(query, chosen, degraded)
+        if embedding is None:
+            vectors = []
+        started += self._run_channels([self.queries[names[ch]] for ch in vectors],
+                                      dict(params, embedding=embedding), concurrent)
         ranked = {}
-        for ch, out in zip(run, self._run_channels([self.queries[names[ch]] for ch in run], params), strict=True):
+        for ch, run in zip(keyword + vectors, started, strict=True):
+            out, timings[ch] = run()
             if isinstance(out, apsw.Error):
                 log.error("channel %s failed: %s", ch, out)
                 degraded.append({"channel": ch, "reason": f"SQL error: {out}"})
             else:
                 ranked[ch] = out
-        return ranked
+        return ranked, embedding
 
-    def _run_channels(self, queries: list[str], params: dict) -> list:
-        """Run the channel queries, each on its own query-only connection in a worker thread when
-        [recall] parallel_channels > 1 (SQLite runs them side by side; APSW releases the GIL), else
-        one after another on the main connection. Returns rows or the apsw.Error per query."""
+    def _run_channels(self, queries: list[str], params: dict, concurrent: bool) -> list:
+        """Start the channel queries: each on its own query-only connection in a worker thread when
+        `concurrent` and [recall] parallel_channels > 1 (SQLite runs them side by side; APSW releases
+        the GIL), else one after another on the main connection, now. Returns per query a function
+        giving (rows or the apsw.Error, ms)."""
         def one(sql, rows):
+            t0 = time.perf_counter()
             try:
-                return rows(sql, params)
+                out = rows(sql, params)
             except apsw.Error as e:
-                return e
+                out = e
+            return out, round((time.perf_counter() - t0) * 1000, 2)
         workers = self.cfg.recall.parallel_channels
-        if workers <= 1 or len(queries) <= 1:
-            return [one(sql, self.rows) for sql in queries]
+        if workers <= 1 or not concurrent:
+            done = [one(sql, self.rows) for sql in queries]
+            return [lambda r=r: r for r in done]
         if self._channel_pool is None:
             with self._readers_lock:
                 if self._channel_pool is None:
                     self._channel_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aokun-recall")
-        futures = [self._channel_pool.submit(one, sql, self._reader_rows) for sql in queries]
-        return [f.result() for f in futures]
+        return [self._channel_pool.submit(one, sql, self._reader_rows).result for sql in queries]
 
     def _reader_rows(self, sql: str, params) -> list[dict]:
         """rows() on this worker thread's own query-only connection (opened on first use)."""
@@ -3332,7 +3401,7 @@ class Recall:
                 self._readers.append(conn)
         return fetch_dicts(conn, sql, params)
 
-    def _query_vector(self, query: str) -> np.ndarray:
+    def _query_vector(self, query: str) -> "np.ndarray":
         """The query's vector. A multi-line query (a conversation so far) is embedded whole, plus its
         last line again × query_last_line_weight: the latest turn is what the recall is for, the
         earlier ones its context."""
@@ -3372,9 +3441,11 @@ class Recall:
         if not ranks and not q.pins:
             return []
         parts: dict[int, dict] = {}
-        self._score_candidates(set(ranks) | set(q.pins), parts, ranks, scores, confidence, w, q)
-        scale_routes(parts, w)
         pool_size = max(3 * q.k, MMR_POOL_MIN)
+        self._score_candidates(shortlist(ranks, scores, q.pins, w, max(FUSION_SCORED_MIN, 2 * pool_size)), parts,
+                               ranks, scores, confidence, w, q)
+        q.stats["candidates"] = len(ranks)
+        scale_routes(parts, w)
         neighbours = {}
         if w.neighbour and parts:
             # the turns right before/after the strongest candidates share their score; weaker
@@ -3386,6 +3457,7 @@ class Recall:
             scale_routes(parts, w)
         order = fuse_scores(parts, neighbours, w)
         pool = mmr_pool(order, parts, q.pins, pool_size)
+        q.stats.update(scored=len(parts), pool=len(pool))
         docs = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(pool)})}
         tokens = self._relevant(pool, docs, parts, q)  # deleted meanwhile or irrelevant: left out
         out = []

@@ -24,8 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import click
-import numpy as np
+# the floors' numpy KNN on one thread, as a channel query runs: on a loaded 2-core machine
+# OpenBLAS threads spin against each other and a 10k x 384 product took 15 ms instead of 1
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import click  # noqa: E402
+import numpy as np  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -294,7 +299,7 @@ def recall(sizes, queries, k, channels, db_dir, rebuild):
     """
     db_dir.mkdir(parents=True, exist_ok=True)
     size_list = [int(s.replace("_", "")) for s in sizes.split(",") if s.strip()]
-    rows, builds, embed_rows = [], [], []
+    rows, builds, embed_rows, channel_rows, count_rows = [], [], [], [], []
     print(machine())
     for size in size_list:
         db = db_dir / f"bench-{size}.db"
@@ -320,6 +325,11 @@ def recall(sizes, queries, k, channels, db_dir, rebuild):
                          round(v["p50_ms"] / max(r["floor_p50_ms"], 1e-9), 1), v["real_p50_ms"], v["real_p95_ms"],
                          v["mean_hits"]])
         embed_rows.append([f"{size:,}", r["embed_p50_ms"], r["embed_p95_ms"], r["peak_rss_mb"]])
+        c = r["channels"]["counts"]
+        for ch, v in r["channels"]["per_channel"].items():
+            channel_rows.append([f"{size:,}", ch, v["p50_ms"], v["p95_ms"], v["floor_p50_ms"],
+                                 round(v["p50_ms"] / max(v["floor_p50_ms"], 1e-9), 1), v["rows"]])
+        count_rows.append([f"{size:,}", c["candidates"], c["scored"], c["pool"]])
     print("\ncorpus build (provider: random 384-d vectors; memorize_many batches of 256)")
     print(table(["memories", "build s", "memories/s", "peak RSS MB", "db MB", "state"], builds))
     print(f"\nrecall latency, {queries} distinct queries, k={k}, cache off "
@@ -327,6 +337,13 @@ def recall(sizes, queries, k, channels, db_dir, rebuild):
           "top-N + numpy brute-force KNN over the same file and queries, ratio = a p50 / floor p50)")
     print(table(["memories", "channels", "a p50 ms", "a p95 ms", "floor p50", "floor p95", "ratio", "b p50 ms",
                  "b p95 ms", "hits"], rows))
+    print("\nper channel of the full hybrid, query embedding excluded (product = the channel's SQL as recall "
+          "ran it, channels one after another; floor = raw FTS5 top-N of its table, or numpy brute-force KNN "
+          "over its vectors; ratio = product p50 / floor p50; rows = what the channel gave fusion)")
+    print(table(["memories", "channel", "product p50 ms", "product p95 ms", "floor p50 ms", "ratio", "rows"],
+                channel_rows))
+    print("\nfusion's candidates per recall (mean): ids from all channels, scored in full, the MMR pool")
+    print(table(["memories", "candidates", "scored", "pool"], count_rows))
     print("\nlocal-model query embedding alone, and the recall process's peak RSS")
     print(table(["memories", "embed p50 ms", "embed p95 ms", "peak RSS MB"], embed_rows))
     print(machine())
@@ -377,6 +394,59 @@ def recall_floor(mem, qs: list[str], emb) -> list[float]:
     return out
 
 
+def channel_floors(mem, qs: list[str], emb) -> dict[str, list[float]]:
+    """Per channel and query, in ms, the least that channel must do over this file: raw FTS5 top-N
+    ([recall] channel_k) of documents_fts (bm25) or graph_entries_fts (graph_keyword), and numpy
+    brute-force KNN top-N over the document (vector) or graph-entry (graph_vector) vectors held in
+    memory (loading them is not counted)."""
+    n = mem.cfg.recall.channel_k
+    matrices = {ch: np.stack([np.frombuffer(r["embedding"], np.float32) for r in mem.rows(sql, (PERSONA,))])
+                for ch, sql in (("vector", "select embedding from doc_vectors d join documents x on x.id = d.doc_id "
+                                           "where x.persona_id = ?"),
+                                ("graph_vector", "select embedding from graph_vectors v join graph_entries e "
+                                                 "on e.id = v.entry_id where e.persona_id = ?"))}
+    out: dict[str, list[float]] = {ch: [] for ch in ("bm25", "vector", "graph_keyword", "graph_vector")}
+    for q in qs:
+        match, v = aokun.fts_query(mem.seg.tokens(q)), emb.embed_query(q)
+        for ch, table in (("bm25", "documents_fts"), ("graph_keyword", "graph_entries_fts")):
+            t0 = time.perf_counter()
+            if match:
+                mem.rows(f"select rowid from {table} where {table} match ? order by rank limit ?", (match, n))
+            out[ch].append((time.perf_counter() - t0) * 1000)
+        for ch, m in matrices.items():
+            t0 = time.perf_counter()
+            sims = m @ v
+            np.argpartition(-sims, min(n, len(sims) - 1))[:n]
+            out[ch].append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def channel_figures(mem, qs: list[str], k: int, emb) -> dict:
+    """Per channel of the full hybrid (query embedding excluded): the product's p50/p95 ms (each
+    channel query as recall ran it, explain's stats, the channels one after another as the floors
+    are: side by side on a loaded machine each would also count its wait for a core), its floor
+    (channel_floors), the mean rows it gave; and the mean candidate counts of fusion: all ids,
+    those scored in full, the MMR pool."""
+    mem.embedder = emb
+    mem.cfg.recall["parallel_channels"] = 1
+    times: dict[str, list[float]] = {}
+    rows: dict[str, list[int]] = {}
+    counts: dict[str, list[int]] = {"candidates": [], "scored": [], "pool": []}
+    for q in qs:
+        st = mem.recall(q, k=k, persona_id=PERSONA, explain=True)["stats"]
+        mem.wait_background()
+        for ch, ms in st["channel_ms"].items():
+            times.setdefault(ch, []).append(ms)
+            rows.setdefault(ch, []).append(st["channel_rows"].get(ch, 0))
+        for c in counts:
+            counts[c].append(st.get(c, 0))
+    floors = channel_floors(mem, qs, emb)
+    return {"per_channel": {ch: {"p50_ms": round(pctl(t, 0.5), 2), "p95_ms": round(pctl(t, 0.95), 2),
+                                 "floor_p50_ms": round(pctl(floors[ch], 0.5), 2),
+                                 "rows": round(statistics.fmean(rows[ch]), 1)} for ch, t in times.items()},
+            "counts": {c: round(statistics.fmean(v), 1) for c, v in counts.items()}}
+
+
 @cli.command("_recall-one", hidden=True)
 @click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), required=True)
 @click.option("--queries", type=int, default=200)
@@ -412,8 +482,9 @@ def recall_one(db, queries, k, channels):
             res["mean_hits"] = round(statistics.fmean(hits), 1)
         out[setting] = res
     floor = recall_floor(mem, qs, random_emb)
+    channels_out = channel_figures(mem, qs, k, random_emb)
     mem.close()
-    print(json.dumps({"settings": out, "floor_p50_ms": round(pctl(floor, 0.5), 2),
+    print(json.dumps({"settings": out, "channels": channels_out, "floor_p50_ms": round(pctl(floor, 0.5), 2),
                       "floor_p95_ms": round(pctl(floor, 0.95), 2), "embed_p50_ms": round(pctl(embed_ms, 0.5), 2),
                       "embed_p95_ms": round(pctl(embed_ms, 0.95), 2), "peak_rss_mb": peak_rss_mb()}))
 

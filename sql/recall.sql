@@ -11,8 +11,10 @@
 
 -- name: recall_bm25
 -- Document BM25 over the jieba-segmented FTS5 column, filtered by persona/session/archived in SQL.
+-- ORDER BY rank (= bm25()) lets FTS5 hand its matches over best first, so the join and the
+-- filters stop after :k rows that pass, with no sort of every match (order by bm25() sorts them all).
 with hits as (
-    select d.id, bm25(documents_fts) as raw
+    select d.id, documents_fts.rank as raw
     from documents_fts
     join documents d on d.id = documents_fts.rowid
     where documents_fts match :match
@@ -20,7 +22,7 @@ with hits as (
       and (:session_id = '' or d.session_id = :session_id)
       and d.archived <= :max_archived
       and (:as_of = '' or d.created_at <= :as_of)
-    order by raw
+    order by documents_fts.rank
     limit :k
 )
 select id, 'bm25' as channel, row_number() over (order by raw) - 1 as rank, raw, 1.0 as confidence
@@ -73,16 +75,17 @@ limit :k;
 -- Graph entries hit by the query (FTS5), then one hop: other memories sharing a hit node, and
 -- memories whose edges touch a hit node (each hop capped by :expansion). Per memory the best
 -- contribution counts in full and each extra entry point adds :extra times its score.
+-- The entries come from FTS5 best first (ORDER BY rank, as in recall_bm25): the join stops at :k.
 with entry_hits as (
     select e.id as entry_id, e.document_id, e.node_id, e.confidence,
-           -bm25(graph_entries_fts) as s
+           -graph_entries_fts.rank as s
     from graph_entries_fts
     join graph_entries e on e.id = graph_entries_fts.rowid
     where graph_entries_fts match :match
       and e.persona_id = :persona_id
       and (:session_id = '' or e.session_id = :session_id)
       and e.archived <= :max_archived
-    order by bm25(graph_entries_fts)
+    order by graph_entries_fts.rank
     limit :k
 ),
 hits as materialized (select * from entry_hits),

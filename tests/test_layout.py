@@ -46,6 +46,19 @@ def test_import_loads_no_server_stack():
     assert out.stdout.strip() == "[]", f"`import aokun` loaded: {out.stdout.strip()}"
 
 
+def test_stats_loads_no_numpy(tmp_path):
+    """The start path stays lean: opening a file and printing its stats (what `aokun stats` does,
+    and what the MCP server does before it answers `initialize`) imports neither numpy nor the
+    sqlite_vec package (only its extension is loaded); the first vector work imports numpy."""
+    code = ("import aokun, sys, pathlib; m = aokun.Memory(pathlib.Path(sys.argv[1]), aokun.Config(None)); "
+            "m.stats(); print(sorted(x for x in sys.modules if x.split('.')[0] in ('numpy', 'sqlite_vec'))); "
+            "print(m.value('select vec_version()')[:1], type(aokun._l2([3.0, 4.0])).__module__)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.db")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "v numpy"], out.stdout
+
+
 @pytest.mark.parametrize("kind, plural, limit", [("class", "classes", MAX_CLASS_LINES),
                                                   ("function", "functions", MAX_FUNCTION_LINES)])
 def test_no_definition_longer_than_limit(kind, plural, limit):

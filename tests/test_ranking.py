@@ -28,6 +28,7 @@ from aokun import (
     rrf,
     scale_routes,
     select_hits,
+    shortlist,
     token_cover,
     ttl_factor,
 )
@@ -151,6 +152,20 @@ def test_channel_evidence_ranks_scores_and_best_graph_confidence():
     # 2: max(0.9, then 0.6); 1: only its graph row counts (its bm25 "confidence" 1.0 is not graph evidence);
     # 3: None → 0
     assert confidence == pytest.approx({1: 0.3, 2: 0.9, 3: 0.0})
+
+
+def test_shortlist_keeps_the_best_by_evidence_and_every_pin_and_window_memory():
+    """Fusion scores in full only the best n by channel evidence; pinned and time-window
+    candidates stay whatever their evidence, and a set no larger than n is kept whole."""
+    w = weights()
+    ranked = {"bm25": [row(i, i - 1, -float(100 - i), confidence=1.0) for i in range(1, 51)],
+              "graph_keyword": [row(i, i - 41, float(100 - i)) for i in range(41, 61)],
+              "time_window": [row(59, 0, 0.0, confidence=1.0)]}
+    ranks, scores, _ = channel_evidence(ranked, w.graph_channels)
+    picked = shortlist(ranks, scores, {60: 0.9}, w, 10)
+    # 41..50: found by both routes (cross-route bonus) outrank 1..40, found by BM25 alone
+    assert picked == set(range(41, 51)) | {59, 60}
+    assert shortlist(ranks, scores, {}, w, len(ranks)) == set(ranks)
 
 
 def test_route_relevance_score_fusion_is_weighted_mean_of_normalised_scores():

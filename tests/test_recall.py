@@ -802,6 +802,40 @@ def test_parallel_channels_answer_as_serial_ones_and_a_failing_channel_degrades(
         assert "no_such_table" in out["degraded"][0]["reason"] and out["results"]
 
 
+def test_query_embedding_runs_while_the_keyword_channels_do(make, tmp_path):
+    """The keyword channels start before the query is embedded, on the reader pool: an embedder
+    that waits for the BM25 channel to have run gets to see it (it waited in vain when the query
+    was embedded before any channel). explain's stats give every channel's time and rows, and how
+    many candidates fusion saw, scored in full and pooled."""
+    import threading
+    started = threading.Event()
+    m = make(tmp_path / "c.db", **{"recall.parallel_channels": 4, "recall.reinforce_on_recall": False})
+    for text, meta in EXPLAIN_CORPUS:
+        m.memorize(text, meta)
+    reader_rows = m._reader_rows
+
+    def spy(sql, params):
+        out = reader_rows(sql, params)
+        if sql == m.queries["recall_bm25"]:
+            started.set()
+        return out
+    m._reader_rows = spy
+    seen = []
+    embed_query = m.embedder.embed_query
+
+    def waiting(text):
+        seen.append(started.wait(timeout=10))
+        return embed_query(text)
+    m.embedder.embed_query = waiting
+    out = m.recall("Alice espresso", k=3, explain=True)
+    assert seen == [True] and out["results"] and not out["degraded"]
+    st = out["stats"]
+    assert set(st["channel_ms"]) == set(st["channel_rows"]) == set(aokun.Recall.CHANNELS)
+    assert all(ms >= 0 for ms in st["channel_ms"].values()) and st["channel_rows"]["bm25"] >= 1
+    assert st["candidates"] >= st["scored"] >= st["pool"] >= len(out["results"])
+    assert "stats" not in m.recall("Alice espresso", k=3)
+
+
 def test_multi_line_query_vector_weights_its_last_line(mem, fake_embedder):
     """A conversation as the query: embedded whole plus its last line (query_last_line_weight)."""
     v = mem._query_vector("we talked about the trip\nwhere did we go skiing?")
