@@ -1436,6 +1436,21 @@ class Store:
 AFTER_EVERY_ID = 2 ** 62  #: an id above every stored one: "a memory not stored yet" in session order
 
 
+def vector_blob(vec) -> bytes:
+    """The stored form of a vector (doc_vectors, graph_vectors; see sql/vectors.sql): int8, one byte
+    per dimension, round(v · 127 / max|v|). Cosine does not see the scale, so
+    vec_distance_cosine(vec_int8(a), vec_int8(b)) is the float vectors' within ~1e-3, at a quarter of
+    float32's size."""
+    v = np.asarray(vec, np.float32).ravel()
+    top = float(np.abs(v).max()) if v.size else 0.0
+    return (np.rint(v * (127.0 / top)) if top > 0 else np.zeros_like(v)).astype(np.int8).tobytes()
+
+
+def blob_vector(blob: bytes) -> np.ndarray:
+    """The unit float32 vector of a stored int8 vector (vector_blob's inverse up to rounding)."""
+    return _l2(np.frombuffer(blob, np.int8).astype(np.float32))
+
+
 class Vectors:
     """Document and graph-entry vectors: what is embedded (a memory with its session context), the
     float store and its binary vec0 index, and back-fill of what is still pending."""
@@ -1491,12 +1506,41 @@ class Vectors:
             c.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
             c.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
             c.execute("delete from meta where key = 'vector_center'")
+            self._compact_vectors_in_tx()
             if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
                 self._recenter()
             else:
-                c.execute(self.queries["reindex_vectors"])
+                self._reindex_vectors()
         log.warning("vector storage upgraded: %s document and %s entry vectors re-indexed",
                     self.value("select count(*) from doc_vectors"), self.value("select count(*) from graph_vectors"))
+
+    def _compact_vectors(self) -> None:
+        """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in one
+        transaction (migrate() saved a copy of the file first) and record meta vector_format = 'int8'.
+        The freed pages are reused by later writes; `python aokun.py vacuum` gives them back."""
+        if self.meta_get("vector_format") == "int8" or not self.has_table("doc_vectors"):
+            return
+        with self.tx():
+            if self.meta_get("vector_format") != "int8":  # another process may have just done it
+                n = self._compact_vectors_in_tx()
+                if n:
+                    log.warning("vector storage compacted: %s float32 vectors stored as int8 "
+                                "(`python aokun.py vacuum` returns the freed space)", n)
+
+    def _compact_vectors_in_tx(self) -> int:
+        """_compact_vectors' work: float32 rows (4 bytes per dimension) of doc_vectors/graph_vectors become
+        int8 rows; the binary index is unchanged (same signs). Returns how many were rewritten. In tx."""
+        dim, n = self.meta_get("embedding_dim"), 0
+        if dim:
+            for table, key in (("doc_vectors", "doc_id"), ("graph_vectors", "entry_id")):
+                rows = self.conn.execute(f"select {key}, embedding from {table} where length(embedding) = ?",
+                                         (4 * int(dim),)).fetchall()
+                for row_id, blob in rows:
+                    self.conn.execute(f"update {table} set embedding = ? where {key} = ?",
+                                      (vector_blob(np.frombuffer(blob, np.float32)), row_id))
+                n += len(rows)
+        self._meta_set("vector_format", "int8")
+        return n
 
     def _start_vectors(self) -> bool:
         """Create the vec0 tables for the embedder's dimension and record it in meta. False (and
@@ -1519,6 +1563,7 @@ class Vectors:
         self._meta_set("embedding_provider", self.embedder.provider)
         self._meta_set("embedding_model", self.embedder.model)
         self._meta_set("embedding_dim", dim)
+        self._meta_set("vector_format", "int8")
         self.conn.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
         self.conn.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
 
@@ -1669,7 +1714,7 @@ class Vectors:
                     r["persona_id"], r["session_id"], r["created_at"], r["doc_id"]):
                 blob = self.value("select embedding from doc_vectors where doc_id = ?", (r["doc_id"],))
                 if blob is not None:
-                    out.append((r["id"], np.frombuffer(blob, dtype=np.float32)))
+                    out.append((r["id"], blob_vector(blob)))
                     continue
             todo.append(r)
         if todo:
@@ -1680,11 +1725,19 @@ class Vectors:
 
     def _put_doc_vector(self, doc_id: int, vec: np.ndarray) -> None:
         """Store a document's float vector and its binary index row. In tx."""
-        self.conn.execute(self.queries["put_doc_vector"],
-                          {"id": doc_id, "embedding": np.asarray(vec, np.float32).tobytes()})
+        self.conn.execute(self.queries["put_doc_vector"], {
+            "id": doc_id, **self._vector_params(vec)})
         self.conn.execute("update documents set embedding_state = 'done', embedding_error = null where id = ?",
                           (doc_id,))
         self._maybe_center()
+
+    @staticmethod
+    def _vector_params(vec) -> dict:
+        """put_doc_vector's / put_entry_vector's :stored (int8) and :embedding (that int8 vector back
+        as unit float32, so the index bits are a function of what is stored: _reindex_vectors makes
+        the same ones)."""
+        stored = vector_blob(vec)
+        return {"stored": stored, "embedding": blob_vector(stored).tobytes()}
 
     def _maybe_center(self) -> None:
         """Fix the quantisation centre once CENTER_AFTER document vectors exist (see sql/vectors.sql).
@@ -1699,14 +1752,23 @@ class Vectors:
         """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
         binary KNN indexes with it; no vectors, no centre. In tx."""
         total, n = None, 0
-        for (blob,) in self.conn.execute(self.queries["doc_vector_blobs"]):
-            v = np.frombuffer(blob, np.float32).astype(np.float64)
+        for _, blob in self.conn.execute(self.queries["doc_vector_blobs"]):
+            v = blob_vector(blob).astype(np.float64)
             total, n = (v if total is None else total + v), n + 1
         if n:
             self._meta_set("vector_center", (total / n).astype(np.float32).tobytes().hex())
         else:
             self.conn.execute("delete from meta where key = 'vector_center'")
-        self.conn.execute(self.queries["reindex_vectors"])
+        self._reindex_vectors()
+
+    def _reindex_vectors(self) -> None:
+        """Rebuild both binary vec0 indexes from the stored int8 vectors (after the centre changes). In tx."""
+        c = self.conn
+        c.execute("delete from doc_vec")
+        c.execute("delete from graph_vec")
+        for rows, index in (("doc_vector_blobs", "index_doc_vector"), ("entry_vector_blobs", "index_entry_vector")):
+            for row_id, blob in c.execute(self.queries[rows]).fetchall():
+                c.execute(self.queries[index], {"id": row_id, "embedding": blob_vector(blob).tobytes()})
 
     def _put_entry_vector(self, entry_id: int, vec) -> None:
         """Store a graph entry's float vector and its binary index row; `vec` a str: the provider
@@ -1717,8 +1779,8 @@ class Vectors:
             return
         if vec is None:
             return
-        self.conn.execute(self.queries["put_entry_vector"],
-                          {"id": entry_id, "embedding": np.asarray(vec, np.float32).tobytes()})
+        self.conn.execute(self.queries["put_entry_vector"], {
+            "id": entry_id, **self._vector_params(vec)})
         self.conn.execute("update graph_entries set embedding_state = 'done', embedding_error = null where id = ?",
                           (entry_id,))
 
@@ -2348,8 +2410,10 @@ class Journal:
                 p.status, p.document_id = row[0]["status"], row[0]["document_id"]
             return
         p.status = fn(p, vectors) or JOURNAL_STAGES[JOURNAL_STAGES.index(status) + 1]
-        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? where id = ?",
-                          (p.status, p.document_id, now_iso(), p.op_id))
+        # a finished write's payload is dropped (schema 11): only unfinished ones are ever read back
+        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ?, "
+                          "payload = case when ? = 'done' then '{}' else payload end where id = ?",
+                          (p.status, p.document_id, now_iso(), p.status, p.op_id))
 
     def _record_failure(self, p: Prepared, error: Exception) -> None:
         """Stage after `p.status` failed for one write. A new memory that failed its first stage (not
@@ -3170,13 +3234,14 @@ class Recall:
         degraded: list[dict] = []
         searched = chosen if tokens else ()  # time words alone: the window's memories answer, nothing else
         embedding = self._embedding_for(query, searched, degraded)
-        ranked = self._channel_rows(searched, dict(params, embedding=embedding), degraded)
+        query_i8 = None if embedding is None else vector_blob(np.frombuffer(embedding, np.float32))
+        ranked = self._channel_rows(searched, dict(params, embedding=embedding, query_i8=query_i8), degraded)
         if window:  # its memories join the candidates; candidate_score boosts them
             ranked["time_window"] = self.rows(self.queries["recall_time_window"], params)
         pins = {}
         if embedding is not None:
             pins = {row["id"]: 1.0 - row["distance"] for row in self.rows(self.queries["recall_pinned"], dict(
-                params, embedding=embedding)) if 1.0 - row["distance"] >= r.pin_similarity_threshold}
+                params, embedding=embedding, query_i8=query_i8)) if 1.0 - row["distance"] >= r.pin_similarity_threshold}
         # the intent of the question itself: the last line of a multi-line query (a conversation)
         intent, spec = self.rules.intent(query.rsplit("\n", 1)[-1]) if r.dynamic_route_weighting else (None, {})
         ran = tuple(c for c in chosen if c in ranked or c not in {d["channel"] for d in degraded})
@@ -3349,7 +3414,7 @@ class Recall:
         coef = self.rules.relevance.get(self.embedder.model)
         stored = [] if q.vector is None else self.rows(self.queries["recall_vectors_of"],
                                                        {"ids": json.dumps([i for i in pool if i in docs])})
-        vectors = {r["doc_id"]: np.frombuffer(r["embedding"], np.float32) for r in stored}
+        vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         kept = {}
         for i in pool:
             if i not in docs:
@@ -3859,7 +3924,8 @@ class Forgetting:
             vec = self.value("select embedding from doc_vectors where doc_id = ?", (i,)) if use_vectors else None
             if vec is not None:
                 cands = [(r["id"], 1 - r["raw"]) for r in self.rows(self.queries["recall_vector"], {
-                    "embedding": vec, "k": CONSOLIDATE_NEIGHBOURS, "candidates": 8 * CONSOLIDATE_NEIGHBOURS,
+                    "embedding": blob_vector(vec).tobytes(), "query_i8": vec,
+                    "k": CONSOLIDATE_NEIGHBOURS, "candidates": 8 * CONSOLIDATE_NEIGHBOURS,
                     "persona_id": persona, "max_archived": 0, "as_of": ""}) if r["id"] != i]
                 pairs = [j for j, sim in cands
                          if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
@@ -4095,7 +4161,7 @@ class Maintenance:
                 if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
                     self._recenter()
                 else:
-                    c.execute(self.queries["reindex_vectors"])
+                    self._reindex_vectors()
             self.vector_problem = None
             return made, len(refused), "; the rest is back-filled once the provider answers"
         finally:
@@ -4118,7 +4184,7 @@ class Maintenance:
                 out = self._embed_split([fold(t) for t, _ in texts], None)
                 with self.lock:
                     for r, v, (_, cut) in zip(rows, out, texts, strict=True):
-                        blob = None if v is None or isinstance(v, str) else np.asarray(v, np.float32).tobytes()
+                        blob = None if v is None or isinstance(v, str) else vector_blob(v)
                         if isinstance(v, str):
                             refused[(table, r["id"])] = v
                         elif blob and table == "documents":
@@ -4170,7 +4236,7 @@ class Maintenance:
             for t in ("documents_fts", "memory_atoms_fts", "graph_entries_fts"):
                 self.conn.execute(f"insert into {t}({t}) values ('optimize')")
             self.conn.execute("vacuum")
-            self.conn.pragma("wal_checkpoint(TRUNCATE)")
+            self.conn.execute("pragma wal_checkpoint(TRUNCATE)").fetchall()  # (conn.pragma() would quote it: a no-op)
         return {"before_bytes": before, "after_bytes": self.path.stat().st_size}
 
     def backup(self, dest: Path | str) -> dict:
@@ -4431,6 +4497,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._readers_lock = threading.Lock()
         self._local = threading.local()
         self._upgrade_vector_index()
+        self._compact_vectors()
         self._check_embedding_meta()
         self.last_recovery: dict = {}
         if recover:

@@ -361,7 +361,7 @@ def recall_floor(mem, qs: list[str], emb) -> list[float]:
     ([recall] channel_k) for the query's tokens, plus a numpy brute-force KNN (matrix product and
     top-N) over every stored document vector, held in memory (loading them is not counted)."""
     n = mem.cfg.recall.channel_k
-    matrix = np.stack([np.frombuffer(r["embedding"], np.float32) for r in mem.rows(
+    matrix = np.stack([aokun.blob_vector(r["embedding"]) for r in mem.rows(
         "select embedding from doc_vectors d join documents x on x.id = d.doc_id where x.persona_id = ?",
         (PERSONA,))])
     vectors = [emb.embed_query(q) for q in qs]

@@ -33,7 +33,7 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
     assert "americano" in seg.split() and "tokyo" in seg.split() and "coffee" in seg.split()
     assert fts_ids(mem, "documents_fts", "americano") == [doc_id]
     # the vector text is the memory followed by its labels (topics, tags, sentiment)
-    np.testing.assert_allclose(doc_vector(mem, doc_id), fake_embedder.vector(ALICE + "\ncoffee"), atol=1e-6)
+    np.testing.assert_allclose(doc_vector(mem, doc_id), fake_embedder.vector(ALICE + "\ncoffee"), atol=0.01)
     assert mem.rows("select persona_id, session_id, archived from doc_vec where doc_id = ?", (doc_id,)) == \
         [{"persona_id": "", "session_id": "s1", "archived": 0}]
 
@@ -72,7 +72,7 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
         [e["id"] for e in fact_entries]
     for e, fact in zip(fact_entries, ["Alice loves iced americano.", "She will visit Tokyo next week."], strict=True):
         blob = mem.value("select embedding from graph_vectors where entry_id = ?", (e["id"],))
-        np.testing.assert_allclose(np.frombuffer(blob, np.float32), fake_embedder.vector(fact), atol=1e-6)
+        np.testing.assert_allclose(aokun.blob_vector(blob), fake_embedder.vector(fact), atol=0.01)
 
     # the journal
     assert mem.rows("select op, status, document_id, retries, error from memory_write_ops") == \
@@ -243,7 +243,7 @@ def test_full_width_is_stored_as_given_and_indexed_folded(mem, fake_embedder):
     assert mem.value("select content from documents where id = ?", (r["id"],)) == FULL_WIDTH
     # the vector is of the folded text: what earlier versions embedded (they stored it folded)
     folded = unicodedata.normalize("NFKC", FULL_WIDTH)
-    np.testing.assert_allclose(doc_vector(mem, r["id"]), fake_embedder.vector(folded), atol=1e-6)
+    np.testing.assert_allclose(doc_vector(mem, r["id"]), fake_embedder.vector(folded), atol=0.01)
     assert [h["id"] for h in mem.recall("端口８０９０", channels="vector")["results"]] == [r["id"]]
     hits = mem.rows("select rowid from documents_fts where documents_fts match ?", ('"8090"',))
     assert [h["rowid"] for h in hits] == [r["id"]]  # the FTS text is folded
@@ -383,7 +383,7 @@ def test_big_text_stored_fully(mem, fake_embedder, make, end_word):
     assert fts_ids(mem, "documents_fts", end_word) == [r["id"]]  # indexed to the very end
     assert other["id"] not in fts_ids(mem, "documents_fts", end_word)
     # the vector sees only what the embedder takes (the first max_chars)
-    np.testing.assert_allclose(doc_vector(mem, r["id"]), fake_embedder.vector(text[:8000]), atol=1e-6)
+    np.testing.assert_allclose(doc_vector(mem, r["id"]), fake_embedder.vector(text[:8000]), atol=0.01)
     assert mem.doctor() == []
 
 

@@ -1,0 +1,11 @@
+-- Schema 11: a leaner file (issue 14).
+-- 1. A finished write's journal payload is dropped: recovery reads the payload only of unfinished
+--    rows (status pending .. graph_done), so a 'done' row keeps its op, status, ids and times, and
+--    '{}' (valid JSON, as the column's check wants) instead of a copy of the whole memory. Failed
+--    rows keep theirs (what was refused, for a person to look at). Writes from now on do the same
+--    when they reach 'done' (Journal._advance).
+-- 2. Vectors become int8 (one byte per dimension, see sql/vectors.sql): that needs a per-vector
+--    scale SQL cannot compute, so aokun.py rewrites the float32 rows of doc_vectors/graph_vectors
+--    when it opens the file (Vectors._compact_vectors, one transaction, meta vector_format = 'int8').
+-- Both leave free pages behind: `python aokun.py vacuum` returns them to the file system.
+update memory_write_ops set payload = '{}' where status = 'done';
