@@ -1331,6 +1331,11 @@ class Store:
         """Wait for the access bookkeeping, stop the worker threads, close the reader connections, then
         PRAGMA optimize and close the main connection."""
         self.wait_background()
+        self.wait_refresh()
+        if self._refresher is not None:
+            self._refresher.shutdown()
+            self._refresher = None
+        self.conn_closed = True
         if self._toucher is not None:
             self._toucher.shutdown()
             self._toucher = None
@@ -1637,11 +1642,12 @@ class Vectors:
                 return joined, False
         return cut, truncated
 
-    def _stale_successors(self, doc_id: int) -> list[int]:
+    def _stale_successors(self, doc_id: int, fresh=frozenset()) -> list[int]:
         """The memories whose context contains memory `doc_id` (the context_turns memories right
         after it in its session); their vectors are marked 'pending' so they are re-embedded (the old
         vector stays searchable until then). Called inside the write transaction, before the change
-        (pass the ids to _refresh_graph_context after it). Returns their ids. In tx."""
+        (pass the ids to _refresh_graph_context after it). Returns their ids; those in `fresh` (this
+        batch's inserts, whose vectors already saw the whole batch as context) keep their vector. In tx."""
         n = self.cfg.embedding.context_turns
         if n <= 0:
             return []
@@ -1652,33 +1658,66 @@ class Vectors:
             "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"], "created_at": d[0]["created_at"],
             "id": doc_id, "n": n})]
         for i in ids if self.embedder.provider != "none" else ():
+            if i in fresh:
+                continue
             self.conn.execute("update documents set embedding_state = 'pending', embedding_error = null "
                               "where id = ? and embedding_state in ('done', 'pending')",
                               (i,))
         return ids
 
     def _refresh_stale(self, ids) -> None:
-        """Re-embed memories whose context changed, right away; when the provider fails they stay
-        'pending' for the next back-fill."""
+        """Re-embed memories whose context changed, in the background (one worker thread, so the write
+        that changed it returns without waiting for the model; their old vector stays searchable until
+        then); when the provider fails they stay 'pending' for the next back-fill. wait_refresh() waits."""
         ids = sorted({i for i in ids if i is not None})
-        if ids and self.vectors_usable:
-            self.backfill_vectors(ids=ids)
+        if not ids or not self.vectors_usable:
+            return
+        with self._refresh_lock:
+            if self._refresher is None:
+                self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-refresh")
+            self._refresher.submit(self._refresh_now, ids)
+
+    _refresher: ThreadPoolExecutor | None = None  #: the background worker of _refresh_stale, started on first use
+    _refresh_lock = threading.Lock()
+
+    def _refresh_now(self, ids: list[int]) -> None:
+        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows stay
+        'pending' for the back-fill)."""
+        try:
+            if not self.conn_closed:
+                self.backfill_vectors(ids=ids)
+        except Exception as e:  # noqa: BLE001 - a background step: the back-fill retries
+            log.warning("refreshing the vectors of memories %s failed (back-filled later): %s", ids, e)
+
+    conn_closed = False  #: set by close(): a refresh still queued then does nothing
+
+    def wait_refresh(self) -> None:
+        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls it)."""
+        with self._refresh_lock:
+            worker = self._refresher
+        if worker is not None:
+            worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
 
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_docs, computed before its transaction (so the write lock is held
         briefly): {id(p): the memory's contextual vector, or None when there is none (provider none
         or failing: the warning goes on each write)}."""
-        texts, batch = [], {}  # batch: earlier inserts of this batch per session, (created_at, content)
-        for p in todo:
+        texts, batch = [], {}  # batch: this batch's inserts per session, [(created_at, position, content)]
+        for i, p in enumerate(todo):
+            if p.op == "insert" and p.session_id:
+                batch.setdefault((p.persona_id, p.session_id), []).append((p.created_at, i, p.content))
+        for i, p in enumerate(todo):
             if self.vectors_usable:
                 key = (p.persona_id, p.session_id)
                 context = self._session_context(p.persona_id, p.session_id, p.created_at,
                                                  None if p.op == "insert" else p.document_id)
                 if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
-                    # stable sort: at one time, stored memories (lower ids) come before this batch's
-                    context = sorted(context + [x for x in batch.get(key, []) if x[0] <= p.created_at],
-                                     key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
-                    batch.setdefault(key, []).append((p.created_at, p.content))
+                    # every insert of the batch before it in session order (created_at, then id: the
+                    # batch's ids follow its order), not only the earlier ones: an out-of-order batch
+                    # leaves no stale vectors behind; stable sort: at one time, stored memories (lower
+                    # ids) come before this batch's
+                    mine = [(t, c) for t, j, c in batch.get(key, []) if (t, j) < (p.created_at, i)]
+                    context = sorted(context + mine, key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
                 cut, truncated = self._vector_text(p.content, [c for _, c in context],
                                                    [*p.topics, *p.tags, p.sentiment])
                 p.embedding_truncated = truncated
@@ -1694,19 +1733,42 @@ class Vectors:
                 p.warnings.extend(warned[-1:])
         return {id(p): (v if isinstance(v, np.ndarray) else None) for p, v in zip(todo, out, strict=True)}
 
+    def _fact_text_vectors(self, todo: list[Prepared]) -> dict:
+        """The vectors of the fact texts new writes `todo` will give their graph entries, computed
+        before their one transaction: {Rules._key(text): vector, refusal str or None}. One embedding per
+        distinct text: a fact of the same persona already stored with a vector (the same graph node)
+        takes that vector, copies within the batch are embedded once; a fact that is its whole memory
+        and will reuse the memory's vector (no session: no context) is left to _entry_vectors."""
+        known, todo_texts = {}, {}
+        for p in todo:
+            for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
+                key = Rules._key(fact)
+                if key in known or key in todo_texts or (fact == p.content and not p.session_id):
+                    continue
+                blob = self.value(self.queries["stored_fact_vector"], {"persona_id": p.persona_id, "canonical": key})
+                if blob is not None:
+                    known[key] = blob_vector(blob)
+                else:
+                    todo_texts[key] = fact
+        if todo_texts and self.vectors_usable:
+            known.update(zip(todo_texts, self._embed(list(todo_texts.values()), todo[0].warnings), strict=True))
+        return known
+
     def _fact_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_graph_vectors, computed before its transaction: {"entries": [(entry
         id, vector or refusal or None)] of the writes' pending graph entries (see _entry_vectors)}."""
         return {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id for p in todo],
                                                todo[0].warnings)}
 
-    def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None) -> list[tuple[int, object]]:
+    def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None,
+                       known: dict | None = None) -> list[tuple[int, object]]:
         """(entry id, what _embed made: a vector, a str (the provider refused the text) or None (not
         now)) for the pending graph entries that named query `query` finds for `ids`
         (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's node
         text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
         reuses the memory's own vector instead of a second embedding, unless that vector also saw
-        its session context (the graph vector stays the fact's own)."""
+        its session context (the graph vector stays the fact's own). `known`: {Rules._key(fact text):
+        what _embed made for it} computed beforehand (_fact_text_vectors), used instead of embedding."""
         rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
         out, todo = [], []
         for r in rows:
@@ -1716,6 +1778,9 @@ class Vectors:
                 if blob is not None:
                     out.append((r["id"], blob_vector(blob)))
                     continue
+            if known is not None and Rules._key(r["t"]) in known:
+                out.append((r["id"], known[Rules._key(r["t"])]))
+                continue
             todo.append(r)
         if todo:
             out += [(r["id"], v) for r, v in zip(todo, self._embed([r["t"] for r in todo], warnings), strict=True)]
@@ -1901,7 +1966,10 @@ class Layers:
                 c.execute("delete from doc_vec where doc_id = ?", (p.document_id,))
         c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
                   (p.document_id, self.seg.segmented(self._doc_index_text(p))))
-        p.stale += [i for i in self._stale_successors(p.document_id) if i not in p.stale]
+        fresh = vectors.setdefault("fresh", set()) if vectors is not None else set()
+        p.stale += [i for i in self._stale_successors(p.document_id, fresh) if i not in p.stale]
+        if p.op == "insert":
+            fresh.add(p.document_id)
         self._refresh_graph_context(p.stale)
         self._briefing_stale(p.persona_id)
         if vec is not None:
@@ -2099,6 +2167,9 @@ class Layers:
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
         """Stage 4 of a write: the vectors of its pending graph entries, from vectors['entries']
         (_fact_vectors); those without one (embedding failed) stay 'pending' for the back-fill. In tx."""
+        if "facts" in vectors:  # the one-transaction pipeline: fact vectors computed before it
+            vectors = {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id],
+                                                      p.warnings, vectors["facts"])}
         if vectors.get("entries") is None:
             return  # entries stay 'pending' and are back-filled later
         mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"], {"document_id": p.document_id})}
@@ -2381,7 +2452,10 @@ class Journal:
                   ("docs_done", self._stage_atoms, None),
                   ("atoms_done", self._stage_graph, None),
                   ("graph_done", self._stage_graph_vectors, self._fact_vectors)]
-        for status, fn, inputs in stages:
+        new = [p for p in preps if p.status == "pending" and not p.recovering]
+        if new:
+            self._run_in_one_tx(new, stages)
+        for status, fn, inputs in stages:  # resumed writes, and new ones the single transaction could not finish
             todo = [p for p in preps if p.status == status]
             if not todo:
                 continue
@@ -2400,6 +2474,25 @@ class Journal:
                             self._advance(p, status, fn, vectors)
                     except Exception as e:
                         self._record_failure(p, e)
+
+    def _run_in_one_tx(self, todo: list[Prepared], stages: list) -> None:
+        """Every stage of new writes `todo` in one transaction (one commit per batch, not one per
+        stage), their document and fact vectors computed first, outside it. When any stage fails the
+        transaction leaves nothing behind: the writes are back at 'pending' and run_pipeline's
+        stage-by-stage loop takes them (recording which one failed, and where)."""
+        saved = [(p.status, p.document_id, list(p.stale), list(p.warnings)) for p in todo]
+        vectors = self._doc_vectors(todo)
+        vectors["facts"] = self._fact_text_vectors(todo)
+        try:
+            with self.tx():
+                for status, fn, _inputs in stages:
+                    for p in todo:
+                        if p.status == status:
+                            self._advance(p, status, fn, vectors)
+        except Exception as e:  # noqa: BLE001 - retried stage by stage, which records the failure
+            log.info("the one-transaction write failed (%s); retrying stage by stage", e)
+            for p, (status, doc_id, stale, warnings) in zip(todo, saved, strict=True):
+                p.status, p.document_id, p.stale, p.warnings = status, doc_id, stale, warnings
 
     def _advance(self, p: Prepared, status: str, fn, vectors) -> None:
         """Run stage `fn` for one write if its journal row is still at `status` (another process may
@@ -4087,6 +4180,7 @@ class Maintenance:
         when fewer were made than there are memories and fact entries."""
         if self.embedder.provider == "none":
             raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
+        self.wait_refresh()  # a background refresh of successors would race it for the same rows
         if not self.embedder.dim:  # CachedEmbedder.dim is read-only: set it on the inner embedder
             e = self.embedder.inner if isinstance(self.embedder, CachedEmbedder) else self.embedder
             e.dim = len(self.embedder.embed_query("dimension probe"))

@@ -134,6 +134,17 @@ where n.node_type = 'fact' and e.id > :after
 order by e.id
 limit :n;
 
+-- name: stored_fact_vector
+-- The stored vector of a fact entry of persona :persona_id whose node has the key :canonical (the
+-- same fact text up to case and whitespace), if one has a vector: a new entry of that node takes it
+-- instead of embedding the same text again.
+select v.embedding
+from graph_nodes n
+join graph_entries e on e.node_id = n.id
+join graph_vectors v on v.entry_id = e.id
+where n.persona_id = :persona_id and n.node_type = 'fact' and n.canonical = :canonical
+limit 1;
+
 -- name: pending_entry_ids
 -- Back-fill: the first :n graph entries awaiting a vector (not refused by the provider), by id.
 select id from graph_entries where embedding_state = 'pending' and embedding_error is null order by id limit :n;

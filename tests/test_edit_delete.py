@@ -310,6 +310,7 @@ def test_edit_timestamp_moves_the_memory_and_its_context_follows(db_path, open_m
     b = mem.memorize("Yes, last May we booked the hotel",
                      {"session_id": "t", "timestamp": "2025-05-01T10:05:00Z"})["id"]
     mem.edit(b, metadata={"timestamp": "2025-04-01T09:00:00Z"})  # now before a: a's context is b
+    mem.wait_refresh()  # a's vector is re-embedded in the background
     assert mem.get(b)["created_at"] == "2025-04-01T09:00:00Z"
     assert mem.value("select created_at from memory_atoms where document_id = ?", (b,)) == "2025-04-01T09:00:00Z"
     assert "Context: Yes, last May we booked the hotel" in mem.value(

@@ -343,13 +343,16 @@ def test_contextual_vectors_follow_the_session(db_path, open_mem):
     assert np.allclose(vec(alone), fake.vector("No session: embedded alone."), atol=0.01)
     # an out-of-order insert becomes the context of the memory after it
     d = mem.memorize("Then we took the train home.", meta(2) | {"timestamp": "2024-01-01T00:00:02.5Z"})["id"]
+    mem.wait_refresh()
     assert np.allclose(vec(d), fake.vector("We went hiking in the Alps.\nThen we took the train home."), atol=0.01)
     assert np.allclose(vec(c), fake.vector("Then we took the train home.\nIt rained every single day."), atol=0.01)
     assert "Fact: It rained every single day.\nContext: Then we took the train home." in mem.get(c)["graph_entries"]
     mem.edit(a, content="Where did you go last June?")
+    mem.wait_refresh()
     assert np.allclose(vec(b), fake.vector("Where did you go last June?\nWe went hiking in the Alps."), atol=0.01)
     assert "Fact: We went hiking in the Alps.\nContext: Where did you go last June?" in mem.get(b)["graph_entries"]
     mem.delete(d)
+    mem.wait_refresh()
     assert np.allclose(vec(c), fake.vector("We went hiking in the Alps.\nIt rained every single day."), atol=0.01)
     assert "Fact: It rained every single day.\nContext: We went hiking in the Alps." in mem.get(c)["graph_entries"]
     assert [i for i in mem.recall("train", k=5, channels="graph_keyword")["results"]] == []
