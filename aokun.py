@@ -2355,7 +2355,7 @@ class Journal:
         preps = [self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "") for i, (c, m) in enumerate(items)]
         stamp = now_iso()
         with self._running() as claim:
-            with self.tx() as c:
+            with self.tx():
                 seen: dict[tuple, Prepared] = {}
                 for p in preps:
                     key = (p.persona_id, p.content_hash)
@@ -2366,10 +2366,7 @@ class Journal:
                             p.document_id = seen[key]  # resolved after the first copy is written
                         continue
                     seen[key] = p
-                    c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at, "
-                              "owner) values ('insert', ?, ?, 'pending', ?, ?, ?)",
-                              (p.persona_id, p.payload(), stamp, stamp, OWNER))
-                    p.op_id = claim(self.conn.last_insert_rowid())
+                    p.op_id = claim(self._journal_row("insert", p, stamp))
             self.run_pipeline([p for p in preps if p.op_id])
         for p in preps:
             if isinstance(p.document_id, Prepared):
@@ -2475,6 +2472,17 @@ class Journal:
                     except Exception as e:
                         self._record_failure(p, e)
 
+    def _journal_row(self, op: str, p: Prepared, stamp: str) -> int:
+        """Insert the journal row of write `p` (op 'insert' or 'edit', at p.status, owned by this
+        process) and its payload, which lives in memory_write_payloads until the write is done (a
+        row deleted then frees its pages for the next writes; schema 11). Returns the row id. In tx."""
+        self.conn.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
+                          "updated_at, owner) values (?, ?, ?, '{}', ?, ?, ?, ?)",
+                          (op, p.document_id, p.persona_id, p.status, stamp, stamp, OWNER))
+        op_id = self.conn.last_insert_rowid()
+        self.conn.execute("insert into memory_write_payloads(op_id, payload) values (?, ?)", (op_id, p.payload()))
+        return op_id
+
     def _run_in_one_tx(self, todo: list[Prepared], stages: list) -> None:
         """Every stage of new writes `todo` in one transaction (one commit per batch, not one per
         stage), their document and fact vectors computed first, outside it. When any stage fails the
@@ -2507,6 +2515,8 @@ class Journal:
         self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ?, "
                           "payload = case when ? = 'done' then '{}' else payload end where id = ?",
                           (p.status, p.document_id, now_iso(), p.status, p.op_id))
+        if p.status == "done":
+            self.conn.execute("delete from memory_write_payloads where op_id = ?", (p.op_id,))
 
     def _record_failure(self, p: Prepared, error: Exception) -> None:
         """Stage after `p.status` failed for one write. A new memory that failed its first stage (not
@@ -2633,11 +2643,8 @@ class Journal:
         p.op, p.document_id = "edit", doc_id
         stamp = now_iso()
         with self._running() as claim:
-            with self.tx() as c:
-                c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
-                          "updated_at, owner) values ('edit', ?, ?, ?, 'pending', ?, ?, ?)",
-                          (doc_id, p.persona_id, p.payload(), stamp, stamp, OWNER))
-                p.op_id = claim(c.last_insert_rowid())
+            with self.tx():
+                p.op_id = claim(self._journal_row("edit", p, stamp))
             self.run_pipeline([p])
         self._refresh_stale(p.stale)
         return self._write_result(p)
@@ -4308,17 +4315,14 @@ class Maintenance:
         from docs_done). Returns how many documents."""
         stamp, preps = now_iso(), []
         with self._running() as claim:
-            with self.tx() as c:
+            with self.tx():
                 for d in self.rows(self.queries["all_document_ids"]):
                     doc = self._doc(d["id"])
                     p = self.prepare(doc["content"], {k: doc[k] for k in ("summary", "topics", "participants", "tags",
                                      "sentiment", "source", "importance", "session_id", "persona_id", "key_facts")}
                                      | {"timestamp": doc["created_at"]})
                     p.op, p.document_id, p.status = "edit", d["id"], "docs_done"
-                    c.execute("insert into memory_write_ops(op, document_id, persona_id, payload, status, created_at, "
-                              "updated_at, owner) values ('edit', ?, ?, ?, 'docs_done', ?, ?, ?)",
-                              (d["id"], p.persona_id, p.payload(), stamp, stamp, OWNER))
-                    p.op_id = claim(c.last_insert_rowid())
+                    p.op_id = claim(self._journal_row("edit", p, stamp))
                     preps.append(p)
             self.run_pipeline(preps)
         return len(preps)

@@ -554,3 +554,16 @@ def test_facts_equal_up_to_case_are_one_fact(mem):
     assert count(mem, "graph_edges", "source_id = target_id") == 0
     assert count(mem, "memory_atoms") == 1 and r["atoms"] == 1
     assert mem.doctor() == []
+
+
+def test_finished_writes_keep_no_payload(db_path, open_mem):
+    """The journal keeps a finished write's row, not a copy of the memory: the payload lives in
+    memory_write_payloads only until the write is done, so the journal stays a few pages."""
+    mem = open_mem(db_path)
+    long = "A long memory about the zephyr project and its many details, repeated. " * 20
+    mem.memorize_many([(f"{i}: {long}", {"session_id": "s"}) for i in range(60)])
+    mem.memorize(f"one more: {long}")
+    assert mem.value("select count(*) from memory_write_payloads") == 0
+    assert mem.value("select count(*) from memory_write_ops where status = 'done' and payload = '{}'") == 61
+    journal_bytes = mem.value("select sum(pgsize) from dbstat where name = 'memory_write_ops'")
+    assert journal_bytes <= 4 * 4096, journal_bytes  # 61 payloads of 1.4 KB would take 20+ pages
