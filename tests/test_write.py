@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import aokun
-from fakes import count, doc_vector, fts_ids, table_counts
+from fakes import FakeEmbedder, count, doc_vector, fts_ids, table_counts
 
 ALICE = "Alice loves iced americano. She will visit Tokyo next week."
 
@@ -567,3 +567,25 @@ def test_finished_writes_keep_no_payload(db_path, open_mem):
     assert mem.value("select count(*) from memory_write_ops where status = 'done' and payload = '{}'") == 61
     journal_bytes = mem.value("select sum(pgsize) from dbstat where name = 'memory_write_ops'")
     assert journal_bytes <= 4 * 4096, journal_bytes  # 61 payloads of 1.4 KB would take 20+ pages
+
+
+def test_a_fact_text_is_embedded_once(db_path, open_mem):
+    """One embedding per distinct text: a fact sentence already stored for the persona takes the
+    stored vector, and copies within a batch are embedded once."""
+    fake = FakeEmbedder(16)
+    seen: list[str] = []
+    real = fake.embed_documents
+    fake.embed_documents = lambda texts: seen.extend(texts) or real(texts)
+    mem = open_mem(db_path, fake)
+    mem.memorize("Alice likes green tea. Bob sold his old bike.", {"session_id": "s1"})
+    seen.clear()
+    mem.memorize("Alice likes green tea. Carol painted the fence.", {"session_id": "s2"})
+    assert "Alice likes green tea." not in seen and "Carol painted the fence." in seen
+    vectors = {r["entry_id"]: bytes(r["embedding"]) for r in mem.rows(
+        "select v.entry_id, v.embedding from graph_vectors v join graph_entries e on e.id = v.entry_id "
+        "join graph_nodes n on n.id = e.node_id where n.value = 'Alice likes green tea.'")}
+    assert len(vectors) == 2 and len(set(vectors.values())) == 1
+    seen.clear()
+    mem.memorize_many([("Dan flew to Oslo today. Erin baked fresh bread.", {"session_id": "s3"}),
+                       ("Dan flew to Oslo today. Finn fixed the old roof.", {"session_id": "s4"})])
+    assert seen.count("Dan flew to Oslo today.") == 1
