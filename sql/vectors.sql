@@ -1,13 +1,20 @@
--- Vector storage (sqlite-vec 0.1.9). The float vectors live in plain tables doc_vectors and
--- graph_vectors (schema/0006). doc_vec and graph_vec are vec0 tables holding a binary-quantised
--- copy (one bit per dimension) with the filter columns as vec0 metadata columns, so filtered KNN
--- happens inside SQL; recall takes the nearest by Hamming distance there and re-scores them by
--- exact cosine distance from the float vectors (sql/recall.sql).
+-- Vector storage (sqlite-vec 0.1.9). The vectors live in plain tables doc_vectors and graph_vectors
+-- (schema/0006) as int8, one byte per dimension (schema/0011, meta vector_format = 'int8'): the unit
+-- float vector v scaled by 127 / max|v| and rounded (aokun.vector_blob). Cosine does not see the
+-- scale, so vec_distance_cosine(vec_int8(embedding), vec_int8(:query_i8)) is the float vectors'
+-- within ~1e-3 (LoCoMo: top-10 overlap with float32 0.99), at 384 bytes for 384 dimensions instead of
+-- 1,536 (a float32 row took 2,053 bytes of a page, an int8 row ~410). Read one in the shell with
+-- vec_to_json(vec_int8(embedding)). doc_vec and graph_vec are vec0 tables holding a binary-quantised
+-- copy (one bit per dimension, 48 bytes) with the filter columns as vec0 metadata columns, so
+-- filtered KNN happens inside SQL; recall takes the nearest by Hamming distance there and re-scores
+-- them by cosine distance from the int8 vectors (sql/recall.sql).
 --
 -- Bits are taken after subtracting meta('vector_center'), the mean of the stored document vectors
 -- (hex of float32; set once 256 exist, recomputed by `python aokun.py rebuild --vectors`): e5-style
 -- embeddings share a large common component, so plain sign bits barely separate them (LoCoMo
--- top-10 overlap with exact KNN 0.69 uncentred vs 0.97 centred at 100 candidates).
+-- top-10 overlap with exact KNN 0.69 uncentred vs 0.97 centred at 100 candidates). The bits are
+-- made from the float vector (:embedding, float32) when it is stored, or re-made from the stored
+-- int8 one (aokun turns it back into a unit float32 vector) when the centre changes.
 --
 -- aokun.py substitutes {dim} with meta('embedding_dim'); in the shell first run
 -- `.load <path to vec0>` (python -c "import sqlite_vec; print(sqlite_vec.loadable_path())").
@@ -32,8 +39,18 @@ create virtual table if not exists graph_vec using vec0(
 );
 
 -- name: put_doc_vector
--- Store one document vector (:id, :embedding) and its index row with the document's filters.
-insert or replace into doc_vectors(doc_id, embedding) values (:id, :embedding);
+-- Store one document vector, :stored (int8, see above), and its index row: the bits of :embedding
+-- (the same vector as float32) minus the centre, with the document's filters.
+insert or replace into doc_vectors(doc_id, embedding) values (:id, :stored);
+delete from doc_vec where doc_id = :id;
+insert into doc_vec(doc_id, embedding, persona_id, session_id, archived)
+select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value) from meta where key = 'vector_center'),
+                                                            zeroblob(length(:embedding))))),
+       persona_id, session_id, archived
+from documents where id = :id;
+
+-- name: index_doc_vector
+-- (Re)make document :id's index row from :embedding (float32): put_doc_vector without the store.
 delete from doc_vec where doc_id = :id;
 insert into doc_vec(doc_id, embedding, persona_id, session_id, archived)
 select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value) from meta where key = 'vector_center'),
@@ -42,8 +59,8 @@ select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value)
 from documents where id = :id;
 
 -- name: put_entry_vector
--- Store one graph-entry vector (:id, :embedding) and its index row.
-insert or replace into graph_vectors(entry_id, embedding) values (:id, :embedding);
+-- Store one graph-entry vector (:stored int8, :embedding float32) and its index row.
+insert or replace into graph_vectors(entry_id, embedding) values (:id, :stored);
 delete from graph_vec where entry_id = :id;
 insert into graph_vec(entry_id, embedding, persona_id, session_id, archived)
 select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value) from meta where key = 'vector_center'),
@@ -51,24 +68,23 @@ select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value)
        persona_id, session_id, archived
 from graph_entries where id = :id;
 
--- name: reindex_vectors
--- Rebuild both vec0 indexes from the float vectors (after the centre changes).
-delete from doc_vec;
-insert into doc_vec(doc_id, embedding, persona_id, session_id, archived)
-select d.id, vec_quantize_binary(vec_sub(v.embedding, coalesce((select unhex(value) from meta where key = 'vector_center'),
-                                                               zeroblob(length(v.embedding))))),
-       d.persona_id, d.session_id, d.archived
-from doc_vectors v join documents d on d.id = v.doc_id;
-delete from graph_vec;
+-- name: index_entry_vector
+-- (Re)make graph entry :id's index row from :embedding (float32).
+delete from graph_vec where entry_id = :id;
 insert into graph_vec(entry_id, embedding, persona_id, session_id, archived)
-select e.id, vec_quantize_binary(vec_sub(v.embedding, coalesce((select unhex(value) from meta where key = 'vector_center'),
-                                                               zeroblob(length(v.embedding))))),
-       e.persona_id, e.session_id, e.archived
-from graph_vectors v join graph_entries e on e.id = v.entry_id;
+select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value) from meta where key = 'vector_center'),
+                                                            zeroblob(length(:embedding))))),
+       persona_id, session_id, archived
+from graph_entries where id = :id;
 
 -- name: doc_vector_blobs
--- Every stored document vector (float32 blob): their mean is the quantisation centre.
-select embedding from doc_vectors;
+-- Every stored document vector (int8; float32 in a file not converted yet): their mean is the
+-- quantisation centre.
+select doc_id id, embedding from doc_vectors;
+
+-- name: entry_vector_blobs
+-- Every stored graph-entry vector (as doc_vector_blobs).
+select entry_id id, embedding from graph_vectors;
 
 -- name: session_context
 -- The :n memories right before a memory in its session (session order: created_at, then id),
@@ -117,6 +133,17 @@ join documents d on d.id = e.document_id
 where n.node_type = 'fact' and e.id > :after
 order by e.id
 limit :n;
+
+-- name: stored_fact_vector
+-- The stored vector of a fact entry of persona :persona_id whose node has the key :canonical (the
+-- same fact text up to case and whitespace), if one has a vector: a new entry of that node takes it
+-- instead of embedding the same text again.
+select v.embedding
+from graph_nodes n
+join graph_entries e on e.node_id = n.id
+join graph_vectors v on v.entry_id = e.id
+where n.persona_id = :persona_id and n.node_type = 'fact' and n.canonical = :canonical
+limit 1;
 
 -- name: pending_entry_ids
 -- Back-fill: the first :n graph entries awaiting a vector (not refused by the provider), by id.

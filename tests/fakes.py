@@ -85,5 +85,5 @@ def fts_ids(mem, table: str, query: str) -> list[int]:
 
 def doc_vector(mem, doc_id: int):
     blob = mem.value("select embedding from doc_vectors where doc_id = ?", (doc_id,))
-    return None if blob is None else np.frombuffer(blob, dtype=np.float32)
+    return None if blob is None else aokun.blob_vector(blob)
 

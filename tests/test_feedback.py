@@ -240,7 +240,7 @@ def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, m
             shutil.copy(path, old_schema / path.name)
     path = tmp_path / "six.db"
     monkeypatch.setattr(aokun, "SCHEMA_DIR", old_schema)
-    m = aokun.Memory(path, aokun.Config(None), embedder=FakeEmbedder(16))
+    m = aokun.Memory(path, aokun.Config(None), embedder=FakeEmbedder(16), recover=False)  # reads schema 11
     m.seg = segmenter
     assert m.value("pragma user_version") == 6
     assert "useful_count" not in {r["name"] for r in m.rows("pragma table_info(documents)")}
@@ -248,11 +248,13 @@ def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, m
     with m.tx() as c:
         for table, column in later:
             c.execute(f"alter table {table} add column {column} text")
+        c.execute("create table memory_write_payloads(op_id integer primary key, payload text)")  # schema 11
     ids = [r["id"] for r in m.memorize_many([(text, None) for text, _ in CORPUS[:8]])]
     with m.tx() as c:
         c.execute("update documents set access_count = 3, last_access_at = ? where id = ?", (aokun.now_iso(), ids[0]))
         for table, column in later:
             c.execute(f"alter table {table} drop column {column}")
+        c.execute("drop table memory_write_payloads")
     tables = ("documents", "memory_atoms", "atom_sources", "graph_nodes", "graph_entries", "doc_vectors",
               "memory_write_ops")
     before = {t: m.rows(f"select * from {t} order by 1, 2") for t in tables}

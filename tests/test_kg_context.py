@@ -286,7 +286,7 @@ def test_a_pinned_memory_joins_when_similar_enough(make, clock, threshold, joins
     assert set(got) - {near} <= set(kite_ids)
     if joins:
         pinned = next(h for h in hits if h["id"] == near)
-        assert pinned["pinned"] is True and pinned["explain"]["pin_similarity"] == pytest.approx(cosine, abs=1e-4)
+        assert pinned["pinned"] is True and pinned["explain"]["pin_similarity"] == pytest.approx(cosine, abs=3e-3)
     # without the pin rule it would not be there: unpin it
     m.set_flag(near, "pinned", False)
     assert near not in ids(m.recall("blue kites", k=3))

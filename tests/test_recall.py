@@ -50,7 +50,8 @@ def channel_params(m, query: str, k: int = 5, persona: str = "", session: str = 
     return {"match": aokun.fts_query(m.seg.tokens(query)), "persona_id": persona, "session_id": session,
             "max_archived": int(archived), "as_of": "", "k": min(4096, max(r.channel_k, 2 * k)),
             "expansion": r.graph_expansion_limit, "extra": r.graph_extra_entry_boost, "hop": 0.5, "embedding": emb,
-            "candidates": r.vector_candidates, "hub_limit": r.graph_hub_limit}
+            "candidates": r.vector_candidates, "hub_limit": r.graph_hub_limit,
+            "query_i8": None if emb is None else aokun.vector_blob(np.frombuffer(emb, np.float32))}
 
 
 # 1. hostile keyword queries ----------------------------------------------------------------------

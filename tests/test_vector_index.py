@@ -1,5 +1,5 @@
-"""The vector store: float vectors in plain tables, a centred binary vec0 index searched first and
-re-scored exactly; the upgrade of files that kept float vectors inside vec0 (schema < 6)."""
+"""The vector store: int8 vectors in plain tables, a centred binary vec0 index searched first and
+re-scored by cosine; the upgrade of files that kept float vectors inside vec0 (schema < 6)."""
 
 import apsw
 import numpy as np
@@ -14,7 +14,7 @@ TEXTS = [f"{name} {verb} {thing} in {place}" for name in ("Alice", "Bob", "Carme
 
 
 def _floats(mem, table="doc_vectors", key="doc_id"):
-    return {r[key]: np.frombuffer(r["embedding"], np.float32)
+    return {r[key]: aokun.blob_vector(r["embedding"])
             for r in mem.rows(f"select {key}, embedding from {table}")}
 
 
@@ -24,8 +24,9 @@ def _bits(v: np.ndarray) -> bytes:
 
 
 def _params(mem, query: str, k: int, candidates: int) -> dict:
-    emb = np.asarray(mem.embedder.embed_query(query), np.float32).tobytes()
-    return {"embedding": emb, "k": k, "candidates": candidates, "persona_id": "", "max_archived": 0, "as_of": ""}
+    vec = np.asarray(mem.embedder.embed_query(query), np.float32)
+    return {"embedding": vec.tobytes(), "query_i8": aokun.vector_blob(vec), "k": k, "candidates": candidates,
+            "persona_id": "", "max_archived": 0, "as_of": ""}
 
 
 def test_index_is_centred_once_enough_vectors_exist(db_path, open_mem):
@@ -56,11 +57,12 @@ def test_vector_channel_is_exact_knn_when_candidates_cover_the_file(db_path, ope
         mem.memorize(t)
     floats = _floats(mem)
     for query in ("Who painted the fence in Kyoto?", "bike sales", "Carmen tea"):
-        q = np.asarray(mem.embedder.embed_query(query), np.float32)
-        exact = sorted(floats, key=lambda i: (1 - float(floats[i] @ q), i))[:10]
+        q = aokun.blob_vector(aokun.vector_blob(mem.embedder.embed_query(query)))  # the query as int8 too
         rows = mem.rows(mem.queries["recall_vector"], _params(mem, query, 10, len(TEXTS)))
-        assert [r["id"] for r in rows] == exact
-        np.testing.assert_allclose([r["raw"] for r in rows], [1 - float(floats[i] @ q) for i in exact], atol=1e-5)
+        # the 10 smallest cosine distances, each the distance of the memory it names (ties in any order)
+        np.testing.assert_allclose([r["raw"] for r in rows], sorted(1 - float(v @ q) for v in floats.values())[:10],
+                                   atol=1e-4)
+        assert all(abs(1 - float(floats[r["id"]] @ q) - r["raw"]) < 1e-4 for r in rows)
         # with fewer candidates the answer is still exact distances, best first, from the nearest bits
         few = mem.rows(mem.queries["recall_vector"], _params(mem, query, 5, 12))
         assert len(few) == 5 and [r["raw"] for r in few] == sorted(r["raw"] for r in few)
@@ -169,3 +171,52 @@ def test_schema5_upgrade_raced_by_another_process_opens_cleanly(tmp_path):
         assert [h["id"] for h in mem.recall(TEXTS[3], k=1, channels="vector")["results"]] == [ids[3]]
     finally:
         mem.close()
+
+
+def test_vectors_are_stored_as_int8(db_path, open_mem):
+    """One byte per dimension, in both vector tables; the format is recorded in meta."""
+    mem = open_mem(db_path)
+    mem.memorize("Alice likes tea in Oslo. Bob sold a bike in Kyoto.")
+    assert mem.meta_get("vector_format") == "int8"
+    blobs = [r["embedding"] for r in mem.rows("select embedding from doc_vectors union all "
+                                              "select embedding from graph_vectors")]
+    assert len(blobs) >= 3 and all(len(b) == 16 for b in blobs)
+    assert all(max(abs(x) for x in np.frombuffer(b, np.int8)) == 127 for b in blobs)  # scaled to the range
+
+
+def test_float32_file_is_compacted_at_open_and_vacuum_gives_the_space_back(db_path, open_mem):
+    """A file of schema < 11 (float32 vectors, every finished journal payload kept) is converted when
+    it is opened: int8 vectors, the same recall answers, done payloads dropped; vacuum shrinks it."""
+    dim = 256  # big vectors, so the float32 pages dominate the file
+    mem = open_mem(db_path, FakeEmbedder(dim))
+    mem.CENTER_AFTER = 10
+    mem.memorize_many([(t, None) for t in TEXTS])
+    top = [r["id"] for r in mem.recall("Carmen painted the fence", k=5, channels=["vector"])["results"]]
+    mem.close()
+    c = apsw.Connection(str(db_path))
+    c.enable_load_extension(True)
+    c.load_extension(sqlite_vec.loadable_path())
+    with c:  # what a schema-10 file holds: float32 vectors and the payloads of finished writes
+        for table, key in (("doc_vectors", "doc_id"), ("graph_vectors", "entry_id")):
+            for row_id, blob in c.execute(f"select {key}, embedding from {table}").fetchall():
+                c.execute(f"update {table} set embedding = ? where {key} = ?",
+                          (aokun.blob_vector(blob).tobytes(), row_id))
+        c.execute("update memory_write_ops set payload = json_object('content', (select content from documents "
+                  "where id = document_id), 'pad', hex(randomblob(500)))")
+        c.execute("delete from meta where key = 'vector_format'")
+        c.execute("pragma user_version = 10")
+    c.execute("vacuum")
+    vector_bytes = "select sum(pgsize) from dbstat where name in ('doc_vectors', 'graph_vectors')"
+    before = c.execute(vector_bytes).fetchone()[0]
+    c.close()
+    mem = open_mem(db_path, FakeEmbedder(dim))
+    assert mem.meta_get("vector_format") == "int8"
+    assert mem.value("select count(*) from doc_vectors where length(embedding) != ?", (dim,)) == 0
+    assert mem.value("select count(*) from graph_vectors where length(embedding) != ?", (dim,)) == 0
+    assert mem.value("select count(*) from memory_write_ops where payload != '{}'") == 0
+    assert [r["id"] for r in mem.recall("Carmen painted the fence", k=5, channels=["vector"])["results"]] == top
+    sizes = mem.vacuum()
+    assert sizes["after_bytes"] < sizes["before_bytes"] - 0.5 * before
+    assert mem.value(vector_bytes) <= 0.4 * before and mem.value("pragma freelist_count") == 0
+    mem.memorize("A new memory after the conversion.")
+    assert mem.value("select count(*) from memory_write_ops where payload != '{}'") == 0
