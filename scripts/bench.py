@@ -254,6 +254,62 @@ def write(n, batch, providers, modes):
     print(machine())
 
 
+@cli.command()
+@click.option("--turns", type=int, default=5000, show_default=True, help="Turns in the synthetic transcript.")
+def ingest(turns):
+    """Conversation ingestion throughput: `ingest claude-code` of one synthetic transcript with the
+    local model, beside the model alone embedding the same turn texts (the floor), in one process.
+
+    Example: python scripts/bench.py ingest --turns 5000
+    """
+    print(machine())
+    print(f"ingest: {turns} turns ...", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="aokun-bench-ingest-") as tmp:
+        r = run_child(["_ingest-one", "--turns", str(turns), "--dir", tmp])
+    ratio = round(r["per_second"] / r["floor_per_second"], 2)
+    print(f"\ningest throughput ({turns} turns of one Claude Code transcript, 20-200 chars, English/Chinese "
+          "mixed; model loaded before timing; floor = the model alone embedding the same texts in batches of "
+          "[conversations] batch_size right after; bound = turns / (0.7 x floor), issue 13's target)")
+    print(table(["turns", "seconds", "turns/s", "floor texts/s", "ratio", "bound s", "peak RSS MB", "db MB"],
+                [[r["turns"], r["seconds"], r["per_second"], r["floor_per_second"], ratio,
+                  round(turns / (0.7 * r["floor_per_second"]), 1), r["peak_rss_mb"], r["db_mb"]]]))
+    print(machine())
+
+
+@cli.command("_ingest-one", hidden=True)
+@click.option("--turns", type=int, required=True)
+@click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path), required=True)
+def ingest_one(turns, folder):
+    texts = synthetic_texts(turns, seed=13)
+    sid = "0b1e2c3d-4f50-4617-8a9b-0c1d2e3f4a5b"
+    path = folder / "claude" / "-home-bench" / f"{sid}.jsonl"
+    path.parent.mkdir(parents=True)
+    with path.open("w", encoding="utf-8") as f:
+        for i, t in enumerate(texts):
+            role = "user" if i % 2 == 0 else "assistant"
+            f.write(json.dumps({"type": role, "sessionId": sid, "cwd": "/home/bench", "uuid": f"t{i:06d}",
+                                "timestamp": f"2026-03-02T09:{i // 3600 % 60:02d}:{i // 60 % 60:02d}.{i % 60:03d}Z",
+                                "message": {"role": role, "content": t if role == "user"
+                                            else [{"type": "text", "text": t}]}}) + "\n")
+    mem = aokun.Memory(folder / "i.db", make_cfg("local"))
+    mem.embedder.embed_documents(["warm up"])  # load the model before timing
+    started = time.perf_counter()
+    out = mem.ingest("claude-code", [path])
+    seconds = time.perf_counter() - started
+    assert out["new"] == turns, out
+    stored = [r["text"] for r in mem.rows("select text from conv_turns order by id")]
+    inner = getattr(mem.embedder, "inner", mem.embedder)  # the model itself, behind the text cache
+    batch = mem.cfg.conversations.batch_size
+    t0 = time.perf_counter()
+    for i in range(0, len(stored), batch):
+        inner.embed_documents([aokun.fold(t) for t in stored[i:i + batch]])
+    floor = round(len(stored) / (time.perf_counter() - t0), 1)
+    mem.close()
+    print(json.dumps({"turns": turns, "seconds": round(seconds, 1), "per_second": round(turns / seconds, 1),
+                      "floor_per_second": floor, "peak_rss_mb": peak_rss_mb(),
+                      "db_mb": round((folder / "i.db").stat().st_size / 1e6, 1)}))
+
+
 @cli.command("_write-one", hidden=True)
 @click.option("--provider", required=True)
 @click.option("--mode", type=click.Choice(["single", "batched"]), required=True)
