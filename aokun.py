@@ -888,6 +888,22 @@ class Embedder:
         raise EmbeddingError("no embedding provider is configured ([embedding] provider = none)")
 
 
+def unusable_rows(m) -> "np.ndarray":
+    """bool[n] for the rows of `m` (float[n, dim], or one float[dim] vector): True where the vector
+    cannot be compared with anything (a NaN or infinite value, or all zeros: its cosine distance is
+    NULL). What a provider sends that way is a failure for that text, never stored or searched."""
+    m = np.atleast_2d(np.asarray(m, np.float32))
+    return ~np.isfinite(m).all(axis=1) | ~m.any(axis=1)
+
+
+def usable_query_vector(v: "np.ndarray") -> "np.ndarray":
+    """`v`, a query vector, when it can be compared; raises EmbeddingError (recall then answers from
+    the keyword channels and says the vector channels are degraded) when it is NaN, infinite or zero."""
+    if unusable_rows(v).any():
+        raise EmbeddingError("the embedding provider returned an unusable query vector (NaN, infinite or all zeros)")
+    return v
+
+
 def _l2(m: "np.ndarray") -> "np.ndarray":
     m = np.asarray(m, dtype=np.float32)
     n = np.linalg.norm(m, axis=-1, keepdims=True)
@@ -1005,7 +1021,7 @@ class OpenAIEmbedder(Embedder):
         return np.concatenate(parts) if parts else np.zeros((0, self.dim), np.float32)
 
     def embed_query(self, text: str) -> "np.ndarray":
-        return self._post([self.prepare(text)[0]])[0]
+        return usable_query_vector(self._post([self.prepare(text)[0]])[0])
 
 
 #: answers about the endpoint or the account, not about the input: never a reason to give up on an input
@@ -1091,14 +1107,15 @@ class CachedEmbedder(Embedder):
         if todo:
             fresh = dict(zip(todo, self.inner.embed_documents(todo), strict=True))
             for t, v in fresh.items():
-                self._put((False, t), v)
+                if not unusable_rows(v).any():  # a NaN/zero vector is asked for again next time
+                    self._put((False, t), v)
             out = [v if v is not None else fresh[t] for t, v in zip(texts, out, strict=True)]
         return np.stack(out).astype(np.float32) if out else np.zeros((0, self.dim), np.float32)
 
     def embed_query(self, text):
         v = self._get((True, text))
         if v is None:
-            v = self.inner.embed_query(text)
+            v = usable_query_vector(self.inner.embed_query(text))
             self._put((True, text), v)
         return v
 
@@ -1655,9 +1672,16 @@ class Vectors:
         return out
 
     def _embed_split(self, texts: list[str], warnings: list | None) -> list:
-        """_embed's bisection over folded texts (see there)."""
+        """_embed's bisection over folded texts (see there). A vector the provider sent NaN, infinite
+        or all zeros is a failure for its text: refused (a str) when others of the call came back
+        usable, a transient failure (None, back-filled later) when none did."""
         try:
-            return list(self.embedder.embed_documents(texts))
+            vectors = list(self.embedder.embed_documents(texts))
+            bad = unusable_rows(np.asarray(vectors)) if vectors else []
+            if len(vectors) and bad.all():
+                raise EmbeddingError("the embedding provider returned unusable vectors (NaN, infinite or all zeros)")
+            return [("the embedding provider returned an unusable vector (NaN, infinite or all zeros) for this text"
+                     if b else v) for v, b in zip(vectors, bad, strict=True)]
         except EmbeddingRejected as e:
             if len(texts) == 1:
                 log.warning("the embedding provider refused an input for good (it stays without a vector): %s", e)
@@ -3587,7 +3611,7 @@ class Recall:
         w = self.cfg.recall.query_last_line_weight
         if len(lines) > 1 and w:
             v = _l2(v + w * self.embedder.embed_query(self.embedder.prepare(lines[-1])[0]))
-        return v
+        return usable_query_vector(v)
 
     def _channels(self, channels) -> tuple:
         if channels is None:
@@ -4348,6 +4372,12 @@ class Maintenance:
         if self.has_table("doc_vec") and self.meta_get("embedding_model") == self.embedder.model \
                 and self.meta_get("embedding_dim") == str(self.embedder.dim):
             with self.tx() as c:  # the old vectors stay searchable until each is replaced
+                for table, index, key in (("doc_vectors", "doc_vec", "doc_id"),
+                                          ("graph_vectors", "graph_vec", "entry_id")):
+                    unusable = f"select {key} from {table} where vec_distance_cosine(vec_int8(embedding), " \
+                               "vec_int8(embedding)) is null"  # NaN/zero ones (older files): never kept
+                    c.execute(f"delete from {index} where {key} in ({unusable})")
+                    c.execute(f"delete from {table} where {key} in ({unusable})")
                 c.execute("update documents set embedding_state = 'pending', embedding_error = null")
                 c.execute(f"update graph_entries set embedding_state = 'pending', embedding_error = null "
                           f"where {FACT_ENTRIES_SQL}")
@@ -5408,7 +5438,7 @@ class ConversationSearch:
             degraded.append({"channel": "vector", "reason": reason})
             return None
         try:
-            return self.embedder.embed_query(self.embedder.prepare(query)[0]).astype(np.float32)
+            return usable_query_vector(self.embedder.embed_query(self.embedder.prepare(query)[0])).astype(np.float32)
         except EmbeddingError as e:
             degraded.append({"channel": "vector", "reason": f"query embedding failed: {e}"})
             return None
