@@ -635,21 +635,52 @@ _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
 _SPACE = re.compile(r"\s")
 
 
-def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
-    """What is stored of a text argument: the given characters, with NUL bytes made spaces and the
-    outer whitespace stripped. No folding: `E = mc²`, `８０９０` and `，` stay as given (fold() is
-    what matching sees).
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
-    Raises InputError naming `field_name` for non-strings, lone surrogates and (unless allowed)
-    empty text."""
+
+def without_lone_surrogates(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate made U+FFFD (`\\ud800` is a legal JSON escape but no
+    Unicode character: UTF-8 cannot encode it, so the model, SQLite and every reply would fail on it)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  #: a JSON escape of a UTF-16 surrogate (lone or in a pair)
+_SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
+
+
+def json_without_surrogates(value):
+    """A decoded JSON value with the lone surrogates of every string in it (keys too) made U+FFFD."""
+    if isinstance(value, str):
+        return without_lone_surrogates(value)
+    if isinstance(value, list):
+        return [json_without_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {without_lone_surrogates(k): json_without_surrogates(v) for k, v in value.items()}
+    return value
+
+
+def loads_json(data: str | bytes):
+    """json.loads(data), with lone surrogate escapes ("\\ud800": legal JSON) made U+FFFD in every
+    string (json_without_surrogates), so no such text reaches the model, SQLite or a reply. Raises
+    ValueError for text that is not JSON, RecursionError for nesting deeper than Python's stack."""
+    value = json.loads(data)
+    escape = _SURROGATE_ESCAPE if isinstance(data, str) else _SURROGATE_ESCAPE_BYTES
+    return json_without_surrogates(value) if escape.search(data) else value
+
+
+def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
+    """What is stored of a text argument: the given characters, with NUL bytes made spaces, lone
+    surrogates made U+FFFD (without_lone_surrogates) and the outer whitespace stripped. No folding:
+    `E = mc²`, `８０９０` and `，` stay as given (fold() is what matching sees).
+
+    Raises InputError naming `field_name` for non-strings and (unless allowed) empty text."""
     if not isinstance(value, str):
         raise InputError(field_name, f"expected text, got {type(value).__name__}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InputError(field_name, f"contains a lone surrogate (invalid Unicode) at character {e.start}; "
-                                     "send valid UTF-8 text") from None
-    text = value.replace("\x00", " ").strip()
+    text = without_lone_surrogates(value).replace("\x00", " ").strip()
     if not text and not allow_empty:
         raise InputError(field_name, "is empty")
     return text
@@ -4957,7 +4988,7 @@ def shape_turn(text: str, rules: IngestRules) -> str | None:
     a [[drop]] pattern matches, the [[reduce]] line when one matches, else the text."""
     for rx in rules.strip:
         text = rx.sub("", text)
-    text = text.replace("\x00", " ").strip()
+    text = clean_text(text, "text", allow_empty=True)
     if not text or any(rx.search(text) for rx in rules.drop):
         return None
     for rx, line in rules.reduce:
@@ -5023,11 +5054,11 @@ def parse_jsonl(data: bytes, base: int, rules: IngestRules, ctx: dict) -> tuple[
         line = data[at:end].strip()
         if line:
             try:
-                record = json.loads(line)
+                record = loads_json(line)
                 if not isinstance(record, dict):
                     raise ValueError("not an object")
                 turn = interpret_record(record, rules, ctx, base + at)
-            except (ValueError, TypeError, AttributeError):
+            except (ValueError, TypeError, AttributeError, RecursionError):  # RecursionError: nested too deep
                 if nl < 0:
                     break  # half-written: left for the next run
                 skipped += 1
@@ -5060,7 +5091,9 @@ def parse_chatgpt(data: bytes, rules: IngestRules) -> tuple[list[dict], dict, in
     """The turns of a ChatGPT export's conversations.json: (turns, titles {conversation id:
     title}, conversations skipped as malformed). Raises InputError when it is not such a file."""
     try:
-        conversations = json.loads(data)
+        conversations = loads_json(data)
+    except RecursionError:
+        raise InputError("PATH", "is not a ChatGPT conversations.json (nested too deeply)") from None
     except ValueError as e:
         raise InputError("PATH", f"is not a ChatGPT conversations.json (not JSON: {e})") from None
     if not isinstance(conversations, list):
@@ -7371,6 +7404,38 @@ def http_allowed(cfg: Config, host: str, port: int) -> tuple[list[str], list[str
     return hosts, origins
 
 
+class SurrogateSafeLines(io.TextIOWrapper):
+    """The stdio transport's stdin (UTF-8, undecodable bytes replaced, as the SDK reads it): a line
+    (one JSON-RPC message) holding a lone surrogate escape ("\\ud800", legal JSON that the SDK's
+    parser refuses, dropping the request unanswered) is re-written with U+FFFD in its place
+    (loads_json), so the request is answered like any other. Closing it leaves stdin open."""
+
+    def readline(self, size: int = -1) -> str:
+        line = super().readline(size)
+        if not _SURROGATE_ESCAPE.search(line):
+            return line
+        try:
+            return json.dumps(loads_json(line), ensure_ascii=False) + "\n"
+        except (ValueError, RecursionError):  # not JSON: the SDK answers it as it would
+            return line
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.detach()
+
+
+async def serve_stdio(server) -> None:
+    """server.run() over stdio, reading stdin through SurrogateSafeLines (the SDK's stdio_server
+    still claims stdout: fd 1 points at stderr while serving, so stray prints miss the wire)."""
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    stdin = anyio.wrap_file(SurrogateSafeLines(sys.stdin.buffer, encoding="utf-8", errors="replace"))
+    async with stdio_server(stdin=stdin) as (read_stream, write_stream):
+        low = server._lowlevel_server  # what MCPServer.run_stdio_async runs, given our stdin
+        await low.run(read_stream, write_stream, low.create_initialization_options())
+
+
 def http_app(server, cfg: Config, host: str, port: int, panel=None):
     """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host`:`port`, with the SDK's
     DNS-rebinding protection: the Host header must be a loopback name (any port), the bind address
@@ -9141,7 +9206,8 @@ def serve(state, use_http, host, port):
 
     server = build_server(memory_factory, cfg)
     if not use_http:
-        server.run()
+        import anyio
+        anyio.run(serve_stdio, server)
         return
     import uvicorn
     host, port = host or cfg.server.host, port or cfg.server.port

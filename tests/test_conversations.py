@@ -487,3 +487,25 @@ def test_rebuild_vectors_re_embeds_the_turns_with_the_new_model(tmp_path, open_m
     hits = other.conversation_search("channel_k 召回")
     assert hits["degraded"] == [] and "vector" in hits["results"][0]["channels"]
     assert other.doctor() == []
+
+
+def test_a_lone_surrogate_or_a_deeply_nested_line_costs_only_that_line(mem, tmp_path):
+    """A `\\ud800` escape (legal JSON, no Unicode character) is stored as U+FFFD; a line nested too
+    deep for Python's parser is skipped and counted; the other file and the other lines are stored."""
+    folder = tmp_path / "projects" / "-home-dev-aokun"
+    folder.mkdir(parents=True)
+    shutil.copy(CLAUDE, folder / CLAUDE.name)
+    other = "6c1d3f5e-8e2b-4d4c-af90-2b3c4d5e6f70"
+    lines = CLAUDE.read_text(encoding="utf-8").replace(CLAUDE.stem, other).splitlines(keepends=True)
+    bad = claude_record("dddddddd-0000-4000-8000-000000000001", "broken SURROGATE text").replace(
+        CLAUDE.stem, other).replace("SURROGATE", "\\ud800")
+    deep = '{"type": "user", "message": {"role": "user", "content": ' + "[" * 100000 + "]" * 100000 + "}}\n"
+    (folder / f"{other}.jsonl").write_text("".join(lines[:3]) + bad + "\n" + deep + "".join(lines[3:]),
+                                           encoding="utf-8")
+    out = mem.ingest("claude-code", [tmp_path / "projects"])
+    assert (out["files"], out["sessions"], out["skipped"]) == (2, 2, 1), out
+    turns = all_turns(mem)
+    assert len(turns[CLAUDE.stem]) == 6 and len(turns[other]) == 7
+    assert ("user", "broken \ufffd text") in turns[other]
+    assert mem.conversation_search("broken text")["results"][0]["text"] == "broken \ufffd text"
+    assert mem.ingest("claude-code", [tmp_path / "projects"])["new"] == 0
