@@ -5191,20 +5191,23 @@ class Conversations:
                 raise InputError("PATH", f"{p} does not exist")
         return list(dict.fromkeys(x.resolve() for x in out))
 
-    def ingest(self, source: str, paths=(), persona_id=None, progress=None) -> dict:
+    def ingest(self, source: str, paths=(), persona_id=None, progress=None, include_deleted: bool = False) -> dict:
         """Ingest the transcripts of `source` (claude-code, codex, copilot, chatgpt) from `paths` or
         the client's standard location, incrementally: each file is read from the byte offset the
         last run stopped at (a file replaced by another, or shorter, from the start), a half-written
         last line is left for the next run, a malformed line is skipped and counted. Turns are kept
         by the source's rules, redacted, and stored once each (session, turn key). `progress`, when
-        given, is called with the bytes of each file read. Returns {source, files, sessions, turns,
-        new, skipped, seconds}: sessions and turns read this run, new turns stored, malformed
-        lines or records skipped, wall time in seconds."""
+        given, is called with the bytes of each file read. A session deleted before (delete_session's
+        tombstone) is not ingested again unless `include_deleted`, which clears its tombstone. Returns
+        {source, files, sessions, turns, new, skipped, deleted, seconds}: sessions and turns read this
+        run, new turns stored, malformed lines or records skipped, deleted sessions skipped, wall time
+        in seconds."""
         started = time.perf_counter()
         rules = self.ingest_rules(source)
         persona = _label(persona_id, "persona_id")
         files = self.transcript_files(source, paths)
-        stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0, "skipped": 0}
+        stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0, "skipped": 0,
+                 "deleted": set(), "include_deleted": include_deleted}
         for path in files:
             before = stats["turns"]
             if rules.format == "chatgpt":
@@ -5218,7 +5221,9 @@ class Conversations:
                 self._briefing_stale(persona)
             self._center_turn_index()
         self.backfill_turn_vectors()
-        return dict(stats, sessions=len(stats["sessions"]), seconds=round(time.perf_counter() - started, 3))
+        stats.pop("include_deleted")
+        return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]),
+                    seconds=round(time.perf_counter() - started, 3))
 
     def _file_state(self, path: Path, persona: str) -> dict | None:
         rows = self.rows("select * from conv_files where persona_id = ? and path = ?", (persona, str(path)))
@@ -5230,8 +5235,9 @@ class Conversations:
             return hashlib.sha256(f.read(n)).hexdigest()
 
     def _ingest_jsonl(self, path: Path, rules: IngestRules, persona: str, stats: dict) -> None:
-        """One JSONL transcript from where the last run stopped (see ingest)."""
-        st, state = path.stat(), self._file_state(path, persona)
+        """One JSONL transcript from where the last run stopped (see ingest; from the start when
+        including deleted sessions: their lines were read and skipped before)."""
+        st, state = path.stat(), None if stats["include_deleted"] else self._file_state(path, persona)
         start = 0
         ctx = {"session_id": path.stem if rules.session_from == "file_stem" else path.parent.name, "project": ""}
         if state and st.st_size >= state["offset"] and state["head_hash"] == self._head_hash(path, state["head_bytes"]):
@@ -5261,7 +5267,7 @@ class Conversations:
         """A ChatGPT export (conversations.json, or the zip): read whole when it changed since the
         last run (its size and the hash of all its bytes), nothing when it did not."""
         data = read_chatgpt_export(path)
-        st, state = path.stat(), self._file_state(path, persona)
+        st, state = path.stat(), None if stats["include_deleted"] else self._file_state(path, persona)
         digest = hashlib.sha256(data).hexdigest()
         if state and state["head_hash"] == digest:
             return
@@ -5283,7 +5289,7 @@ class Conversations:
         sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset."""
         step = self.cfg.conversations.batch_size
         for i in range(0, max(1, len(turns)), step):
-            batch = turns[i:i + step]
+            batch = self._not_deleted(source, persona, turns[i:i + step], stats)
             last = i + step >= len(turns)
             for t in batch:
                 t["text"] = self.redact(t["text"])[: self.cfg.conversations.max_turn_chars]
@@ -5301,6 +5307,33 @@ class Conversations:
                         ":project, :now)",
                         dict(file_row, session_id=self.redact(file_row["session_id"]),
                              project=self.redact(file_row["project"]), now=now_iso()))
+
+    @staticmethod
+    def _session_key_uid(persona: str, source: str, session_id: str) -> str:
+        """The tombstone uid that marks session (persona, source, session id) deleted (table_name
+        'conv_session_keys'): a new file holding the session (a new export, a copied transcript)
+        must not bring it back; a hash, so the tombstone names no session."""
+        key = json.dumps([persona, source, session_id], ensure_ascii=False)
+        return "conv-session-key:" + hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+    def _not_deleted(self, source: str, persona: str, turns: list[dict], stats: dict) -> list[dict]:
+        """`turns` without those of sessions deleted before (added to stats['deleted']); with
+        stats['include_deleted'] every turn, and the tombstones of their sessions are cleared."""
+        out, seen = [], {}
+        for t in turns:
+            sid = t["session_id"]
+            if sid not in seen:
+                uid = self._session_key_uid(persona, source, sid)
+                seen[sid] = self.value("select 1 from tombstones where uid = ?", (uid,)) is not None
+                if seen[sid] and stats["include_deleted"]:
+                    with self.tx() as c:
+                        c.execute("delete from tombstones where uid = ?", (uid,))
+                    seen[sid] = False
+            if seen[sid]:
+                stats["deleted"].add((source, sid))
+            else:
+                out.append(t)
+        return out
 
     def _turn_stored(self, source: str, persona: str, turn: dict) -> bool:
         ref = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ?",
@@ -5619,7 +5652,10 @@ class ConversationSearch:
                 c.execute("delete from conv_turn_vec where turn_id = ?", (t["id"],))
             c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_turns', ?)",
                       (t["uid"], stamp))
-        uid = self.value("select uid from conv_sessions where id = ?", (ref,))
+        s = self.rows("select uid, persona_id, source, session_id from conv_sessions where id = ?", (ref,))[0]
+        uid = s["uid"]
+        c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_session_keys', ?)",
+                  (self._session_key_uid(s["persona_id"], s["source"], s["session_id"]), stamp))
         c.execute("delete from conv_turns where session_ref = ?", (ref,))  # conv_turn_vectors cascade
         c.execute("delete from conv_sessions where id = ?", (ref,))
         c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_sessions', ?)",
@@ -9378,9 +9414,12 @@ INGEST_PROGRESS_BYTES = 1 << 20  #: transcripts bigger than this in all get a pr
 @click.argument("source", type=click.Choice(CONVERSATION_SOURCES))
 @click.argument("paths", nargs=-1, type=click.Path(), metavar="[PATH]...")
 @click.option("--persona", help="Persona the conversations belong to.")
-@click.option("--json", "as_json", is_flag=True, help="Print {sessions, turns, new, skipped, seconds} as JSON.")
+@click.option("--include-deleted", is_flag=True,
+              help="Ingest sessions deleted before (`conversations delete`) again, clearing their tombstones.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {sessions, turns, new, skipped, deleted, seconds} as JSON.")
 @click.pass_obj
-def ingest(state, source, paths, persona, as_json):
+def ingest(state, source, paths, persona, include_deleted, as_json):
     """Ingest an assistant's conversation history, incrementally (a second run adds only what is new).
 
     Without PATH, the client's standard location: claude-code ~/.claude/projects/*/*.jsonl, codex
@@ -9399,14 +9438,17 @@ def ingest(state, source, paths, persona, as_json):
     total = sum(f.stat().st_size for f in files)
     if total > INGEST_PROGRESS_BYTES:
         with click.progressbar(length=total, label=f"ingesting {source}", file=sys.stderr) as bar:
-            out = mem.ingest(source, files, persona, progress=lambda n, _turns: bar.update(n))
+            out = mem.ingest(source, files, persona, progress=lambda n, _turns: bar.update(n),
+                             include_deleted=include_deleted)
     else:
-        out = mem.ingest(source, files, persona)
+        out = mem.ingest(source, files, persona, include_deleted=include_deleted)
     if as_json:
-        _echo_json({k: out[k] for k in ("sessions", "turns", "new", "skipped", "seconds")})
+        _echo_json({k: out[k] for k in ("sessions", "turns", "new", "skipped", "deleted", "seconds")})
     else:
+        deleted = f"{out['deleted']} sessions skipped: deleted (--include-deleted ingests them), " \
+            if out["deleted"] else ""
         click.echo(f"{source}: {out['files']} files, {out['sessions']} sessions, {out['turns']} turns read, "
-                   f"{out['new']} new, {out['skipped']} malformed lines skipped, {out['seconds']:.1f} s")
+                   f"{out['new']} new, {out['skipped']} malformed lines skipped, {deleted}{out['seconds']:.1f} s")
 
 
 @cli.group()
