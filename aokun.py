@@ -535,7 +535,7 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
         conn.pragma("secure_delete", True)  # deleted text is zeroed, not left in free space (costs: README)
         if conn.pragma("journal_mode") != "wal":
             conn.pragma("journal_mode", "wal")
-    except (apsw.NotADBError, apsw.CantOpenError) as e:
+    except (apsw.NotADBError, apsw.CantOpenError, apsw.IOError) as e:  # IOError: /dev/null, a folder's device…
         what = "is not an SQLite database" if isinstance(e, apsw.NotADBError) else "cannot be opened"
         raise AokunError(f"database {path} {what} ({e}); choose another --db or [storage] db") from None
     conn.pragma("synchronous", {"full": 2, "normal": 1}.get(synchronous, 2))
@@ -4296,6 +4296,15 @@ BACKUP_STEP_PAGES = 256  #: pages the online backup copies per step (the lock is
 BACKUP_MAX_RESTARTS = 20  #: after this many restarts (writes elsewhere) the copy finishes under the lock
 
 
+def _backup_folder(dest: Path) -> None:
+    """Create the folder of backup file `dest`; AokunError naming it when that cannot be done."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AokunError(f"cannot create the folder {dest.parent} for the backup {dest} "
+                         f"({e.strerror or e}); choose another path") from None
+
+
 class Maintenance:
     """Health (stats, doctor), rebuilding derived data, VACUUM, online backups and restore, and
     maintenance_due(): what the server's scheduler runs."""
@@ -4566,9 +4575,12 @@ class Maintenance:
         dest = Path(dest).expanduser().resolve()
         if dest.exists():
             raise AokunError(f"{dest} already exists; choose a new file name for the backup")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with self.lock:
-            self.conn.execute("vacuum into ?", (str(dest),))
+        _backup_folder(dest)
+        try:
+            with self.lock:
+                self.conn.execute("vacuum into ?", (str(dest),))
+        except (apsw.CantOpenError, apsw.IOError, apsw.FullError, apsw.ReadOnlyError) as e:
+            raise AokunError(f"cannot write the backup {dest} ({e})") from None
         return {"backup": str(dest), "bytes": dest.stat().st_size}
 
     def maintenance_due(self, ref: dt.datetime | None = None) -> dict:
@@ -4599,10 +4611,13 @@ class Maintenance:
         dest = Path(dest)
         if dest.exists():
             raise AokunError(f"{dest} already exists; choose a new file name for the backup")
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        _backup_folder(dest)
         tmp = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")  # one per writer
         tmp.unlink(missing_ok=True)
-        target = apsw.Connection(str(tmp))
+        try:
+            target = apsw.Connection(str(tmp))
+        except apsw.CantOpenError as e:
+            raise AokunError(f"cannot write the backup {dest} ({e}); choose a writable folder") from None
         try:
             with self.lock:
                 b = target.backup("main", self.conn, "main")
