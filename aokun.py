@@ -535,7 +535,7 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
         conn.pragma("secure_delete", True)  # deleted text is zeroed, not left in free space (costs: README)
         if conn.pragma("journal_mode") != "wal":
             conn.pragma("journal_mode", "wal")
-    except (apsw.NotADBError, apsw.CantOpenError) as e:
+    except (apsw.NotADBError, apsw.CantOpenError, apsw.IOError) as e:  # IOError: /dev/null, a folder's device…
         what = "is not an SQLite database" if isinstance(e, apsw.NotADBError) else "cannot be opened"
         raise AokunError(f"database {path} {what} ({e}); choose another --db or [storage] db") from None
     conn.pragma("synchronous", {"full": 2, "normal": 1}.get(synchronous, 2))
@@ -635,21 +635,52 @@ _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
 _SPACE = re.compile(r"\s")
 
 
-def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
-    """What is stored of a text argument: the given characters, with NUL bytes made spaces and the
-    outer whitespace stripped. No folding: `E = mc²`, `８０９０` and `，` stay as given (fold() is
-    what matching sees).
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
-    Raises InputError naming `field_name` for non-strings, lone surrogates and (unless allowed)
-    empty text."""
+
+def without_lone_surrogates(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate made U+FFFD (`\\ud800` is a legal JSON escape but no
+    Unicode character: UTF-8 cannot encode it, so the model, SQLite and every reply would fail on it)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  #: a JSON escape of a UTF-16 surrogate (lone or in a pair)
+_SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
+
+
+def json_without_surrogates(value):
+    """A decoded JSON value with the lone surrogates of every string in it (keys too) made U+FFFD."""
+    if isinstance(value, str):
+        return without_lone_surrogates(value)
+    if isinstance(value, list):
+        return [json_without_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {without_lone_surrogates(k): json_without_surrogates(v) for k, v in value.items()}
+    return value
+
+
+def loads_json(data: str | bytes):
+    """json.loads(data), with lone surrogate escapes ("\\ud800": legal JSON) made U+FFFD in every
+    string (json_without_surrogates), so no such text reaches the model, SQLite or a reply. Raises
+    ValueError for text that is not JSON, RecursionError for nesting deeper than Python's stack."""
+    value = json.loads(data)
+    escape = _SURROGATE_ESCAPE if isinstance(data, str) else _SURROGATE_ESCAPE_BYTES
+    return json_without_surrogates(value) if escape.search(data) else value
+
+
+def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
+    """What is stored of a text argument: the given characters, with NUL bytes made spaces, lone
+    surrogates made U+FFFD (without_lone_surrogates) and the outer whitespace stripped. No folding:
+    `E = mc²`, `８０９０` and `，` stay as given (fold() is what matching sees).
+
+    Raises InputError naming `field_name` for non-strings and (unless allowed) empty text."""
     if not isinstance(value, str):
         raise InputError(field_name, f"expected text, got {type(value).__name__}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InputError(field_name, f"contains a lone surrogate (invalid Unicode) at character {e.start}; "
-                                     "send valid UTF-8 text") from None
-    text = value.replace("\x00", " ").strip()
+    text = without_lone_surrogates(value).replace("\x00", " ").strip()
     if not text and not allow_empty:
         raise InputError(field_name, "is empty")
     return text
@@ -888,6 +919,22 @@ class Embedder:
         raise EmbeddingError("no embedding provider is configured ([embedding] provider = none)")
 
 
+def unusable_rows(m) -> "np.ndarray":
+    """bool[n] for the rows of `m` (float[n, dim], or one float[dim] vector): True where the vector
+    cannot be compared with anything (a NaN or infinite value, or all zeros: its cosine distance is
+    NULL). What a provider sends that way is a failure for that text, never stored or searched."""
+    m = np.atleast_2d(np.asarray(m, np.float32))
+    return ~np.isfinite(m).all(axis=1) | ~m.any(axis=1)
+
+
+def usable_query_vector(v: "np.ndarray") -> "np.ndarray":
+    """`v`, a query vector, when it can be compared; raises EmbeddingError (recall then answers from
+    the keyword channels and says the vector channels are degraded) when it is NaN, infinite or zero."""
+    if unusable_rows(v).any():
+        raise EmbeddingError("the embedding provider returned an unusable query vector (NaN, infinite or all zeros)")
+    return v
+
+
 def _l2(m: "np.ndarray") -> "np.ndarray":
     m = np.asarray(m, dtype=np.float32)
     n = np.linalg.norm(m, axis=-1, keepdims=True)
@@ -1005,7 +1052,7 @@ class OpenAIEmbedder(Embedder):
         return np.concatenate(parts) if parts else np.zeros((0, self.dim), np.float32)
 
     def embed_query(self, text: str) -> "np.ndarray":
-        return self._post([self.prepare(text)[0]])[0]
+        return usable_query_vector(self._post([self.prepare(text)[0]])[0])
 
 
 #: answers about the endpoint or the account, not about the input: never a reason to give up on an input
@@ -1091,14 +1138,15 @@ class CachedEmbedder(Embedder):
         if todo:
             fresh = dict(zip(todo, self.inner.embed_documents(todo), strict=True))
             for t, v in fresh.items():
-                self._put((False, t), v)
+                if not unusable_rows(v).any():  # a NaN/zero vector is asked for again next time
+                    self._put((False, t), v)
             out = [v if v is not None else fresh[t] for t, v in zip(texts, out, strict=True)]
         return np.stack(out).astype(np.float32) if out else np.zeros((0, self.dim), np.float32)
 
     def embed_query(self, text):
         v = self._get((True, text))
         if v is None:
-            v = self.inner.embed_query(text)
+            v = usable_query_vector(self.inner.embed_query(text))
             self._put((True, text), v)
         return v
 
@@ -1655,9 +1703,16 @@ class Vectors:
         return out
 
     def _embed_split(self, texts: list[str], warnings: list | None) -> list:
-        """_embed's bisection over folded texts (see there)."""
+        """_embed's bisection over folded texts (see there). A vector the provider sent NaN, infinite
+        or all zeros is a failure for its text: refused (a str) when others of the call came back
+        usable, a transient failure (None, back-filled later) when none did."""
         try:
-            return list(self.embedder.embed_documents(texts))
+            vectors = list(self.embedder.embed_documents(texts))
+            bad = unusable_rows(np.asarray(vectors)) if vectors else []
+            if len(vectors) and bad.all():
+                raise EmbeddingError("the embedding provider returned unusable vectors (NaN, infinite or all zeros)")
+            return [("the embedding provider returned an unusable vector (NaN, infinite or all zeros) for this text"
+                     if b else v) for v, b in zip(vectors, bad, strict=True)]
         except EmbeddingRejected as e:
             if len(texts) == 1:
                 log.warning("the embedding provider refused an input for good (it stays without a vector): %s", e)
@@ -3587,7 +3642,7 @@ class Recall:
         w = self.cfg.recall.query_last_line_weight
         if len(lines) > 1 and w:
             v = _l2(v + w * self.embedder.embed_query(self.embedder.prepare(lines[-1])[0]))
-        return v
+        return usable_query_vector(v)
 
     def _channels(self, channels) -> tuple:
         if channels is None:
@@ -4241,6 +4296,15 @@ BACKUP_STEP_PAGES = 256  #: pages the online backup copies per step (the lock is
 BACKUP_MAX_RESTARTS = 20  #: after this many restarts (writes elsewhere) the copy finishes under the lock
 
 
+def _backup_folder(dest: Path) -> None:
+    """Create the folder of backup file `dest`; AokunError naming it when that cannot be done."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AokunError(f"cannot create the folder {dest.parent} for the backup {dest} "
+                         f"({e.strerror or e}); choose another path") from None
+
+
 class Maintenance:
     """Health (stats, doctor), rebuilding derived data, VACUUM, online backups and restore, and
     maintenance_due(): what the server's scheduler runs."""
@@ -4348,6 +4412,12 @@ class Maintenance:
         if self.has_table("doc_vec") and self.meta_get("embedding_model") == self.embedder.model \
                 and self.meta_get("embedding_dim") == str(self.embedder.dim):
             with self.tx() as c:  # the old vectors stay searchable until each is replaced
+                for table, index, key in (("doc_vectors", "doc_vec", "doc_id"),
+                                          ("graph_vectors", "graph_vec", "entry_id")):
+                    unusable = f"select {key} from {table} where vec_distance_cosine(vec_int8(embedding), " \
+                               "vec_int8(embedding)) is null"  # NaN/zero ones (older files): never kept
+                    c.execute(f"delete from {index} where {key} in ({unusable})")
+                    c.execute(f"delete from {table} where {key} in ({unusable})")
                 c.execute("update documents set embedding_state = 'pending', embedding_error = null")
                 c.execute(f"update graph_entries set embedding_state = 'pending', embedding_error = null "
                           f"where {FACT_ENTRIES_SQL}")
@@ -4505,9 +4575,12 @@ class Maintenance:
         dest = Path(dest).expanduser().resolve()
         if dest.exists():
             raise AokunError(f"{dest} already exists; choose a new file name for the backup")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with self.lock:
-            self.conn.execute("vacuum into ?", (str(dest),))
+        _backup_folder(dest)
+        try:
+            with self.lock:
+                self.conn.execute("vacuum into ?", (str(dest),))
+        except (apsw.CantOpenError, apsw.IOError, apsw.FullError, apsw.ReadOnlyError) as e:
+            raise AokunError(f"cannot write the backup {dest} ({e})") from None
         return {"backup": str(dest), "bytes": dest.stat().st_size}
 
     def maintenance_due(self, ref: dt.datetime | None = None) -> dict:
@@ -4538,10 +4611,13 @@ class Maintenance:
         dest = Path(dest)
         if dest.exists():
             raise AokunError(f"{dest} already exists; choose a new file name for the backup")
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        _backup_folder(dest)
         tmp = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")  # one per writer
         tmp.unlink(missing_ok=True)
-        target = apsw.Connection(str(tmp))
+        try:
+            target = apsw.Connection(str(tmp))
+        except apsw.CantOpenError as e:
+            raise AokunError(f"cannot write the backup {dest} ({e}); choose a writable folder") from None
         try:
             with self.lock:
                 b = target.backup("main", self.conn, "main")
@@ -4927,7 +5003,7 @@ def shape_turn(text: str, rules: IngestRules) -> str | None:
     a [[drop]] pattern matches, the [[reduce]] line when one matches, else the text."""
     for rx in rules.strip:
         text = rx.sub("", text)
-    text = text.replace("\x00", " ").strip()
+    text = clean_text(text, "text", allow_empty=True)
     if not text or any(rx.search(text) for rx in rules.drop):
         return None
     for rx, line in rules.reduce:
@@ -4993,11 +5069,11 @@ def parse_jsonl(data: bytes, base: int, rules: IngestRules, ctx: dict) -> tuple[
         line = data[at:end].strip()
         if line:
             try:
-                record = json.loads(line)
+                record = loads_json(line)
                 if not isinstance(record, dict):
                     raise ValueError("not an object")
                 turn = interpret_record(record, rules, ctx, base + at)
-            except (ValueError, TypeError, AttributeError):
+            except (ValueError, TypeError, AttributeError, RecursionError):  # RecursionError: nested too deep
                 if nl < 0:
                     break  # half-written: left for the next run
                 skipped += 1
@@ -5030,7 +5106,9 @@ def parse_chatgpt(data: bytes, rules: IngestRules) -> tuple[list[dict], dict, in
     """The turns of a ChatGPT export's conversations.json: (turns, titles {conversation id:
     title}, conversations skipped as malformed). Raises InputError when it is not such a file."""
     try:
-        conversations = json.loads(data)
+        conversations = loads_json(data)
+    except RecursionError:
+        raise InputError("PATH", "is not a ChatGPT conversations.json (nested too deeply)") from None
     except ValueError as e:
         raise InputError("PATH", f"is not a ChatGPT conversations.json (not JSON: {e})") from None
     if not isinstance(conversations, list):
@@ -5128,20 +5206,23 @@ class Conversations:
                 raise InputError("PATH", f"{p} does not exist")
         return list(dict.fromkeys(x.resolve() for x in out))
 
-    def ingest(self, source: str, paths=(), persona_id=None, progress=None) -> dict:
+    def ingest(self, source: str, paths=(), persona_id=None, progress=None, include_deleted: bool = False) -> dict:
         """Ingest the transcripts of `source` (claude-code, codex, copilot, chatgpt) from `paths` or
         the client's standard location, incrementally: each file is read from the byte offset the
         last run stopped at (a file replaced by another, or shorter, from the start), a half-written
         last line is left for the next run, a malformed line is skipped and counted. Turns are kept
         by the source's rules, redacted, and stored once each (session, turn key). `progress`, when
-        given, is called with the bytes of each file read. Returns {source, files, sessions, turns,
-        new, skipped, seconds}: sessions and turns read this run, new turns stored, malformed
-        lines or records skipped, wall time in seconds."""
+        given, is called with the bytes of each file read. A session deleted before (delete_session's
+        tombstone) is not ingested again unless `include_deleted`, which clears its tombstone. Returns
+        {source, files, sessions, turns, new, skipped, deleted, seconds}: sessions and turns read this
+        run, new turns stored, malformed lines or records skipped, deleted sessions skipped, wall time
+        in seconds."""
         started = time.perf_counter()
         rules = self.ingest_rules(source)
         persona = _label(persona_id, "persona_id")
         files = self.transcript_files(source, paths)
-        stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0, "skipped": 0}
+        stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0, "skipped": 0,
+                 "deleted": set(), "include_deleted": include_deleted}
         for path in files:
             before = stats["turns"]
             if rules.format == "chatgpt":
@@ -5155,7 +5236,9 @@ class Conversations:
                 self._briefing_stale(persona)
             self._center_turn_index()
         self.backfill_turn_vectors()
-        return dict(stats, sessions=len(stats["sessions"]), seconds=round(time.perf_counter() - started, 3))
+        stats.pop("include_deleted")
+        return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]),
+                    seconds=round(time.perf_counter() - started, 3))
 
     def _file_state(self, path: Path, persona: str) -> dict | None:
         rows = self.rows("select * from conv_files where persona_id = ? and path = ?", (persona, str(path)))
@@ -5167,8 +5250,9 @@ class Conversations:
             return hashlib.sha256(f.read(n)).hexdigest()
 
     def _ingest_jsonl(self, path: Path, rules: IngestRules, persona: str, stats: dict) -> None:
-        """One JSONL transcript from where the last run stopped (see ingest)."""
-        st, state = path.stat(), self._file_state(path, persona)
+        """One JSONL transcript from where the last run stopped (see ingest; from the start when
+        including deleted sessions: their lines were read and skipped before)."""
+        st, state = path.stat(), None if stats["include_deleted"] else self._file_state(path, persona)
         start = 0
         ctx = {"session_id": path.stem if rules.session_from == "file_stem" else path.parent.name, "project": ""}
         if state and st.st_size >= state["offset"] and state["head_hash"] == self._head_hash(path, state["head_bytes"]):
@@ -5198,7 +5282,7 @@ class Conversations:
         """A ChatGPT export (conversations.json, or the zip): read whole when it changed since the
         last run (its size and the hash of all its bytes), nothing when it did not."""
         data = read_chatgpt_export(path)
-        st, state = path.stat(), self._file_state(path, persona)
+        st, state = path.stat(), None if stats["include_deleted"] else self._file_state(path, persona)
         digest = hashlib.sha256(data).hexdigest()
         if state and state["head_hash"] == digest:
             return
@@ -5220,7 +5304,7 @@ class Conversations:
         sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset."""
         step = self.cfg.conversations.batch_size
         for i in range(0, max(1, len(turns)), step):
-            batch = turns[i:i + step]
+            batch = self._not_deleted(source, persona, turns[i:i + step], stats)
             last = i + step >= len(turns)
             for t in batch:
                 t["text"] = self.redact(t["text"])[: self.cfg.conversations.max_turn_chars]
@@ -5238,6 +5322,33 @@ class Conversations:
                         ":project, :now)",
                         dict(file_row, session_id=self.redact(file_row["session_id"]),
                              project=self.redact(file_row["project"]), now=now_iso()))
+
+    @staticmethod
+    def _session_key_uid(persona: str, source: str, session_id: str) -> str:
+        """The tombstone uid that marks session (persona, source, session id) deleted (table_name
+        'conv_session_keys'): a new file holding the session (a new export, a copied transcript)
+        must not bring it back; a hash, so the tombstone names no session."""
+        key = json.dumps([persona, source, session_id], ensure_ascii=False)
+        return "conv-session-key:" + hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+    def _not_deleted(self, source: str, persona: str, turns: list[dict], stats: dict) -> list[dict]:
+        """`turns` without those of sessions deleted before (added to stats['deleted']); with
+        stats['include_deleted'] every turn, and the tombstones of their sessions are cleared."""
+        out, seen = [], {}
+        for t in turns:
+            sid = t["session_id"]
+            if sid not in seen:
+                uid = self._session_key_uid(persona, source, sid)
+                seen[sid] = self.value("select 1 from tombstones where uid = ?", (uid,)) is not None
+                if seen[sid] and stats["include_deleted"]:
+                    with self.tx() as c:
+                        c.execute("delete from tombstones where uid = ?", (uid,))
+                    seen[sid] = False
+            if seen[sid]:
+                stats["deleted"].add((source, sid))
+            else:
+                out.append(t)
+        return out
 
     def _turn_stored(self, source: str, persona: str, turn: dict) -> bool:
         ref = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ?",
@@ -5408,7 +5519,7 @@ class ConversationSearch:
             degraded.append({"channel": "vector", "reason": reason})
             return None
         try:
-            return self.embedder.embed_query(self.embedder.prepare(query)[0]).astype(np.float32)
+            return usable_query_vector(self.embedder.embed_query(self.embedder.prepare(query)[0])).astype(np.float32)
         except EmbeddingError as e:
             degraded.append({"channel": "vector", "reason": f"query embedding failed: {e}"})
             return None
@@ -5556,7 +5667,10 @@ class ConversationSearch:
                 c.execute("delete from conv_turn_vec where turn_id = ?", (t["id"],))
             c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_turns', ?)",
                       (t["uid"], stamp))
-        uid = self.value("select uid from conv_sessions where id = ?", (ref,))
+        s = self.rows("select uid, persona_id, source, session_id from conv_sessions where id = ?", (ref,))[0]
+        uid = s["uid"]
+        c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_session_keys', ?)",
+                  (self._session_key_uid(s["persona_id"], s["source"], s["session_id"]), stamp))
         c.execute("delete from conv_turns where session_ref = ?", (ref,))  # conv_turn_vectors cascade
         c.execute("delete from conv_sessions where id = ?", (ref,))
         c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_sessions', ?)",
@@ -7341,6 +7455,38 @@ def http_allowed(cfg: Config, host: str, port: int) -> tuple[list[str], list[str
     return hosts, origins
 
 
+class SurrogateSafeLines(io.TextIOWrapper):
+    """The stdio transport's stdin (UTF-8, undecodable bytes replaced, as the SDK reads it): a line
+    (one JSON-RPC message) holding a lone surrogate escape ("\\ud800", legal JSON that the SDK's
+    parser refuses, dropping the request unanswered) is re-written with U+FFFD in its place
+    (loads_json), so the request is answered like any other. Closing it leaves stdin open."""
+
+    def readline(self, size: int = -1) -> str:
+        line = super().readline(size)
+        if not _SURROGATE_ESCAPE.search(line):
+            return line
+        try:
+            return json.dumps(loads_json(line), ensure_ascii=False) + "\n"
+        except (ValueError, RecursionError):  # not JSON: the SDK answers it as it would
+            return line
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.detach()
+
+
+async def serve_stdio(server) -> None:
+    """server.run() over stdio, reading stdin through SurrogateSafeLines (the SDK's stdio_server
+    still claims stdout: fd 1 points at stderr while serving, so stray prints miss the wire)."""
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    stdin = anyio.wrap_file(SurrogateSafeLines(sys.stdin.buffer, encoding="utf-8", errors="replace"))
+    async with stdio_server(stdin=stdin) as (read_stream, write_stream):
+        low = server._lowlevel_server  # what MCPServer.run_stdio_async runs, given our stdin
+        await low.run(read_stream, write_stream, low.create_initialization_options())
+
+
 def http_app(server, cfg: Config, host: str, port: int, panel=None):
     """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host`:`port`, with the SDK's
     DNS-rebinding protection: the Host header must be a loopback name (any port), the bind address
@@ -9111,7 +9257,8 @@ def serve(state, use_http, host, port):
 
     server = build_server(memory_factory, cfg)
     if not use_http:
-        server.run()
+        import anyio
+        anyio.run(serve_stdio, server)
         return
     import uvicorn
     host, port = host or cfg.server.host, port or cfg.server.port
@@ -9282,9 +9429,12 @@ INGEST_PROGRESS_BYTES = 1 << 20  #: transcripts bigger than this in all get a pr
 @click.argument("source", type=click.Choice(CONVERSATION_SOURCES))
 @click.argument("paths", nargs=-1, type=click.Path(), metavar="[PATH]...")
 @click.option("--persona", help="Persona the conversations belong to.")
-@click.option("--json", "as_json", is_flag=True, help="Print {sessions, turns, new, skipped, seconds} as JSON.")
+@click.option("--include-deleted", is_flag=True,
+              help="Ingest sessions deleted before (`conversations delete`) again, clearing their tombstones.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print {sessions, turns, new, skipped, deleted, seconds} as JSON.")
 @click.pass_obj
-def ingest(state, source, paths, persona, as_json):
+def ingest(state, source, paths, persona, include_deleted, as_json):
     """Ingest an assistant's conversation history, incrementally (a second run adds only what is new).
 
     Without PATH, the client's standard location: claude-code ~/.claude/projects/*/*.jsonl, codex
@@ -9303,14 +9453,17 @@ def ingest(state, source, paths, persona, as_json):
     total = sum(f.stat().st_size for f in files)
     if total > INGEST_PROGRESS_BYTES:
         with click.progressbar(length=total, label=f"ingesting {source}", file=sys.stderr) as bar:
-            out = mem.ingest(source, files, persona, progress=lambda n, _turns: bar.update(n))
+            out = mem.ingest(source, files, persona, progress=lambda n, _turns: bar.update(n),
+                             include_deleted=include_deleted)
     else:
-        out = mem.ingest(source, files, persona)
+        out = mem.ingest(source, files, persona, include_deleted=include_deleted)
     if as_json:
-        _echo_json({k: out[k] for k in ("sessions", "turns", "new", "skipped", "seconds")})
+        _echo_json({k: out[k] for k in ("sessions", "turns", "new", "skipped", "deleted", "seconds")})
     else:
+        deleted = f"{out['deleted']} sessions skipped: deleted (--include-deleted ingests them), " \
+            if out["deleted"] else ""
         click.echo(f"{source}: {out['files']} files, {out['sessions']} sessions, {out['turns']} turns read, "
-                   f"{out['new']} new, {out['skipped']} malformed lines skipped, {out['seconds']:.1f} s")
+                   f"{out['new']} new, {out['skipped']} malformed lines skipped, {deleted}{out['seconds']:.1f} s")
 
 
 @cli.group()

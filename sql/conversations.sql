@@ -85,7 +85,7 @@ knn as (
 )
 select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank, knn.distance as raw
 from knn join conv_turns t on t.id = knn.turn_id
-where (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
+where knn.distance is not null and (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
 order by knn.distance
 limit :k;
 
@@ -103,7 +103,7 @@ knn as (
 )
 select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank, knn.distance as raw
 from knn join conv_turns t on t.id = knn.turn_id
-where (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
+where knn.distance is not null and (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
 order by knn.distance
 limit :k;
 
@@ -116,6 +116,7 @@ from conv_turns t
 join conv_sessions s on s.id = t.session_ref
 join conv_turn_vectors v on v.turn_id = t.id
 where s.session_id = :session_id and t.persona_id = :persona_id
+  and vec_distance_cosine(v.embedding, :embedding) is not null
   and (:source = '' or t.source = :source)
   and (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
 order by raw
@@ -204,4 +205,8 @@ select 'conversation turns awaiting vectors (the next `python aokun.py ingest` b
 
 -- name: doctor_turn_vector_checks
 select 'conversation turn vectors missing from the KNN index' as problem,
-       count(*) as n from conv_turn_vectors where turn_id not in (select turn_id from conv_turn_vec);
+       count(*) as n from conv_turn_vectors where turn_id not in (select turn_id from conv_turn_vec)
+union all
+select 'unusable (NaN or all-zero) conversation turn vectors, never found by meaning '
+       || '(run `python aokun.py rebuild --vectors`)',
+       count(*) from conv_turn_vectors where vec_distance_cosine(embedding, embedding) is null;

@@ -104,7 +104,16 @@ select 'graph vectors missing from the KNN index (run `python aokun.py rebuild -
        count(*) from graph_vectors where entry_id not in (select entry_id from graph_vec)
 union all
 select 'graph KNN index rows without an entry vector',
-       count(*) from graph_vec where entry_id not in (select entry_id from graph_vectors);
+       count(*) from graph_vec where entry_id not in (select entry_id from graph_vectors)
+union all
+-- a NaN, infinite or all-zero vector (int8: all zeros) compares with nothing: its distance is NULL
+select 'unusable (NaN or all-zero) document vectors, never found by meaning '
+       || '(run `python aokun.py rebuild --vectors`)',
+       count(*) from doc_vectors where vec_distance_cosine(vec_int8(embedding), vec_int8(embedding)) is null
+union all
+select 'unusable (NaN or all-zero) graph entry vectors, never found by meaning '
+       || '(run `python aokun.py rebuild --vectors`)',
+       count(*) from graph_vectors where vec_distance_cosine(vec_int8(embedding), vec_int8(embedding)) is null;
 
 -- name: journal_unfinished
 -- Recovery at open (Journal.recover, also behind `python aokun.py rebuild --fts`) reads this and the three

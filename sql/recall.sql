@@ -47,7 +47,7 @@ knn as (
 select d.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank,
        knn.distance as raw, 1.0 as confidence
 from knn join documents d on d.id = knn.doc_id
-where (:as_of = '' or d.created_at <= :as_of)
+where knn.distance is not null and (:as_of = '' or d.created_at <= :as_of)
 order by knn.distance
 limit :k;
 
@@ -67,7 +67,7 @@ knn as (
 select d.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank,
        knn.distance as raw, 1.0 as confidence
 from knn join documents d on d.id = knn.doc_id
-where (:as_of = '' or d.created_at <= :as_of)
+where knn.distance is not null and (:as_of = '' or d.created_at <= :as_of)
 order by knn.distance
 limit :k;
 
@@ -148,6 +148,7 @@ per_doc as (
     from coarse c join graph_vectors v on v.entry_id = c.entry_id join graph_entries e on e.id = c.entry_id
     where (:session_id = '' or e.session_id = :session_id)
     group by e.document_id
+    having raw is not null
 )
 select p.id, 'graph_vector' as channel, row_number() over (order by p.raw) - 1 as rank, p.raw, p.confidence
 from per_doc p join documents d on d.id = p.id
@@ -218,6 +219,7 @@ limit :k;
 select d.id, vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) as distance
 from documents d join doc_vectors v on v.doc_id = d.id
 where d.pinned = 1 and d.persona_id = :persona_id and d.archived <= :max_archived
+  and vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) is not null
   and (:session_id = '' or d.session_id = :session_id)
   and (:as_of = '' or d.created_at <= :as_of);
 

@@ -459,7 +459,7 @@ def test_cli_ingest_json_summary_then_nothing_new_and_browse(tmp_path):
     first = _cli(db, "--config", str(tmp_path / "aokun.ini"), "ingest", "codex", str(FIXTURES / "codex"), "--json")
     assert first.returncode == 0, first.stderr
     out = json.loads(first.stdout)
-    assert set(out) == {"sessions", "turns", "new", "skipped", "seconds"}
+    assert set(out) == {"sessions", "turns", "new", "skipped", "deleted", "seconds"}
     assert (out["sessions"], out["turns"], out["new"], out["skipped"]) == (1, 5, 5, 0)
     again = _cli(db, "--config", str(tmp_path / "aokun.ini"), "ingest", "codex", str(FIXTURES / "codex"))
     assert again.returncode == 0 and "0 new" in again.stdout, again.stdout + again.stderr
@@ -487,3 +487,56 @@ def test_rebuild_vectors_re_embeds_the_turns_with_the_new_model(tmp_path, open_m
     hits = other.conversation_search("channel_k 召回")
     assert hits["degraded"] == [] and "vector" in hits["results"][0]["channels"]
     assert other.doctor() == []
+
+
+def test_a_lone_surrogate_or_a_deeply_nested_line_costs_only_that_line(mem, tmp_path):
+    """A `\\ud800` escape (legal JSON, no Unicode character) is stored as U+FFFD; a line nested too
+    deep for Python's parser is skipped and counted; the other file and the other lines are stored."""
+    folder = tmp_path / "projects" / "-home-dev-aokun"
+    folder.mkdir(parents=True)
+    shutil.copy(CLAUDE, folder / CLAUDE.name)
+    other = "6c1d3f5e-8e2b-4d4c-af90-2b3c4d5e6f70"
+    lines = CLAUDE.read_text(encoding="utf-8").replace(CLAUDE.stem, other).splitlines(keepends=True)
+    bad = claude_record("dddddddd-0000-4000-8000-000000000001", "broken SURROGATE text").replace(
+        CLAUDE.stem, other).replace("SURROGATE", "\\ud800")
+    deep = '{"type": "user", "message": {"role": "user", "content": ' + "[" * 100000 + "]" * 100000 + "}}\n"
+    (folder / f"{other}.jsonl").write_text("".join(lines[:3]) + bad + "\n" + deep + "".join(lines[3:]),
+                                           encoding="utf-8")
+    out = mem.ingest("claude-code", [tmp_path / "projects"])
+    assert (out["files"], out["sessions"], out["skipped"]) == (2, 2, 1), out
+    turns = all_turns(mem)
+    assert len(turns[CLAUDE.stem]) == 6 and len(turns[other]) == 7
+    assert ("user", "broken \ufffd text") in turns[other]
+    assert mem.conversation_search("broken text")["results"][0]["text"] == "broken \ufffd text"
+    assert mem.ingest("claude-code", [tmp_path / "projects"])["new"] == 0
+
+
+def test_a_deleted_session_stays_deleted_when_a_new_file_holds_it(mem, tmp_path):
+    mem.ingest("chatgpt", [CHATGPT])
+    mem.delete_session("67c1a2b3-0000-8000-9000-00000000a001")
+    export = tmp_path / "new-export" / "conversations.json"  # a later export: other bytes, same conversations
+    export.parent.mkdir()
+    export.write_text(json.dumps(json.loads(CHATGPT.read_text(encoding="utf-8")), indent=1), encoding="utf-8")
+    out = mem.ingest("chatgpt", [export])
+    assert (out["sessions"], out["new"], out["deleted"]) == (1, 0, 1), out
+    assert [s["session_id"] for s in mem.list_sessions()] == ["67c1a2b3-0000-8000-9000-00000000a002"]
+    out = mem.ingest("chatgpt", [export], include_deleted=True)  # asked for: back, and its tombstone cleared
+    assert (out["new"], out["deleted"]) == (4, 0), out
+    assert mem.ingest("chatgpt", [CHATGPT])["deleted"] == 0 and len(mem.list_sessions()) == 2
+
+
+def test_cli_ingest_skips_a_deleted_session_unless_asked(tmp_path):
+    db, ini = tmp_path / "cli.db", tmp_path / "aokun.ini"
+    ini.write_text("[embedding]\nprovider = none\n", encoding="utf-8")
+    assert _cli(db, "--config", str(ini), "ingest", "claude-code", str(CLAUDE)).returncode == 0
+    gone = _cli(db, "--config", str(ini), "conversations", "delete", CLAUDE.stem)
+    assert gone.returncode == 0, gone.stderr
+    copy = copy_fixture(CLAUDE, tmp_path)  # the session copied to a new path
+    again = _cli(db, "--config", str(ini), "ingest", "claude-code", str(copy))
+    assert again.returncode == 0 and "0 new" in again.stdout and "1 sessions skipped: deleted" in again.stdout, \
+        again.stdout + again.stderr
+    assert CLAUDE.stem not in _cli(db, "--config", str(ini), "conversations", "list").stdout
+    back = _cli(db, "--config", str(ini), "ingest", "claude-code", str(copy), "--include-deleted", "--json")
+    assert back.returncode == 0, back.stderr
+    assert (json.loads(back.stdout)["new"], json.loads(back.stdout)["deleted"]) == (6, 0)
+    assert CLAUDE.stem in _cli(db, "--config", str(ini), "conversations", "list").stdout

@@ -18,11 +18,13 @@ class FakeOpenAI:
     """POST /v1/embeddings in the OpenAI format. `script` holds (status, headers) answers given
     before the normal 200s; `requests` records every request (path, headers, body). `down` answers
     503 to everything; a request with an input containing `reject` (a marker) gets 400, as an
-    endpoint refusing one input for good does."""
+    endpoint refusing one input for good does. `unusable` ("nan" or "zero") answers 200 with NaN or
+    all-zero vectors: for every input, or only those containing `unusable_marker` when set."""
 
     def __init__(self, port: int = 0, dim: int = 8):
         self.dim, self.script, self.requests = dim, [], []
         self.down, self.reject = False, None
+        self.unusable, self.unusable_marker = None, None
         self.vectors = FakeEmbedder(dim)
         outer = self
 
@@ -56,6 +58,9 @@ class FakeOpenAI:
                 data = [{"object": "embedding", "index": i,
                          "embedding": [float(x) * 3 for x in outer.vectors.vector(t)]}
                         for i, t in enumerate(inputs)]
+                for d, t in zip(data, inputs, strict=True):
+                    if outer.unusable and (outer.unusable_marker is None or outer.unusable_marker in t):
+                        d["embedding"] = [float("nan") if outer.unusable == "nan" else 0.0] * outer.dim
                 self._send(200, {"object": "list", "data": data[::-1], "model": body["model"],
                                  "usage": {"prompt_tokens": 1, "total_tokens": 1}})
 
@@ -602,3 +607,49 @@ def test_running_server_backfills_once_the_endpoint_is_back(remote, server, monk
     assert not worker.is_alive()
     assert [remote.get(i)["embedding_state"] for i in ids] == ["done", "done"]
     assert remote.doctor() == []
+
+
+@pytest.mark.parametrize("mode", ["nan", "zero"])
+def test_nan_or_zero_vectors_are_a_provider_failure(remote, server, mode):
+    remote.memorize("The lighthouse keeper logs the weather at dawn.")
+    server.unusable = mode  # every vector unusable: the provider is failing
+    r = remote.memorize("The lighthouse lamp needs new oil every week.")
+    assert r["embedding"] == "pending" and any("unusable" in w for w in r["warnings"])
+    remote.embedder._cache.clear()
+    out = remote.recall("lighthouse", k=5)  # the query vector is unusable too: keyword channels answer
+    assert {h["id"] for h in out["results"]} >= {r["id"]}
+    assert any(d["channel"] == "vector" and "unusable query vector" in d["reason"] for d in out["degraded"])
+    with pytest.raises(aokun.EmbeddingError, match="unusable"):
+        remote.rebuild(vectors=True)  # keeps the good vectors, writes no NaN
+    assert count(remote, "doc_vectors") == 1 and remote.backfill_vectors() == 0
+    assert not [p for p in remote.doctor() if "unusable" in p]
+    # only one input unusable: that text is refused, the others of the batch get their vectors
+    server.unusable_marker = "BADVEC"
+    res = remote.memorize_many([("A BADVEC memory about the pier.", None), ("The pier was painted blue.", None)])
+    assert [x["embedding"] for x in res] == ["pending", "done"]
+    assert "unusable vector" in remote.value("select embedding_error from documents where id = ?", (res[0]["id"],))
+    server.unusable = None
+    remote.embedder._cache.clear()
+    assert remote.backfill_vectors() >= 1
+    out = remote.recall("lighthouse oil", k=5)
+    assert out["degraded"] == [] and out["results"]
+
+
+def test_stored_unusable_vector_is_skipped_flagged_and_dropped(remote, server):
+    ids = [remote.memorize(t)["id"] for t in ("The lighthouse keeper logs the weather.",
+                                              f"The {POISON} lighthouse lamp.", "The lighthouse stairs.")]
+    with remote.tx() as c:  # as an older version stored a NaN vector (int8: all zeros)
+        c.execute("update doc_vectors set embedding = zeroblob(8) where doc_id = ?", (ids[1],))
+        c.execute("update graph_vectors set embedding = zeroblob(8)")
+    out = remote.recall("lighthouse", k=5)  # no TypeError: the NULL distance is skipped
+    assert ids[1] in {h["id"] for h in out["results"]} and out["degraded"] == []
+    problems = remote.doctor()
+    assert any(p.startswith("1 unusable (NaN or all-zero) document vectors") for p in problems), problems
+    assert any(p.startswith("3 unusable (NaN or all-zero) graph entry vectors") for p in problems), problems
+    server.reject = POISON
+    remote.embedder._cache.clear()
+    with pytest.raises(aokun.EmbeddingError, match="refused"):
+        remote.rebuild(vectors=True)
+    assert count(remote, "doc_vectors", f"doc_id = {ids[1]}") == 0  # refused: its old NaN vector is gone
+    assert count(remote, "doc_vec", f"doc_id = {ids[1]}") == 0
+    assert not [p for p in remote.doctor() if "unusable" in p]

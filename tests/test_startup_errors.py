@@ -2,6 +2,7 @@
 ini file, a setting out of its range, a --db that is no database or cannot be made, numbers beyond
 SQLite's range; error hints name commands that exist (`python aokun.py …`, or the MCP tool)."""
 
+import os
 import subprocess
 import sys
 
@@ -57,6 +58,22 @@ def test_db_in_a_folder_that_cannot_be_created(tmp_path):
     blocker.write_text("x", encoding="utf-8")
     db = blocker / "sub" / "m.db"
     one_line_error(run("--db", db, "--config", write_ini(tmp_path), "memorize", "hello"), str(db), "folder")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/null"), reason="needs /dev/null")
+def test_db_that_is_a_device(tmp_path):
+    one_line_error(run("--db", "/dev/null", "--config", write_ini(tmp_path), "stats"), "/dev/null", "cannot be opened")
+
+
+def test_backup_to_a_folder_that_cannot_be_created_or_written(tmp_path):
+    db, ini = tmp_path / "r.db", write_ini(tmp_path)
+    assert run("--db", db, "--config", ini, "memorize", "hello").returncode == 0
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x", encoding="utf-8")
+    one_line_error(run("--db", db, "--config", ini, "backup", blocker / "sub" / "b.db"), str(blocker / "sub"))
+    if os.path.isdir("/proc/self"):  # a folder no one (root neither) can create files in
+        one_line_error(run("--db", db, "--config", ini, "backup", "/proc/aokun-b.db"), "/proc/aokun-b.db")
+        one_line_error(run("--db", db, "--config", ini, "backup", "/proc/x/y.db"), "/proc/x")
 
 
 def test_port_out_of_range_in_the_ini(tmp_path):

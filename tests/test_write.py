@@ -338,18 +338,12 @@ def test_nul_bytes_become_spaces(mem):
     assert mem.memorize("null byte in the  middle")["deduplicated"] is True
 
 
-@pytest.mark.parametrize("content, metadata, field", [
-    ("bad \ud800 surrogate", None, "content"),
-    ("fine text", {"summary": "bad \udfff"}, "metadata.summary"),
-    ("fine text", {"topics": ["ok", "bad \ud800"]}, "metadata.topics[1]"),
-])
-def test_lone_surrogate_rejected_and_nothing_written(mem, fake_embedder, content, metadata, field):
-    with pytest.raises(aokun.InputError) as e:
-        mem.memorize(content, metadata)
-    assert e.value.field == field
-    assert "surrogate" in str(e.value)
-    assert set(table_counts(mem).values()) == {0}
-    assert count(mem, "tombstones") == 0 and fake_embedder.calls == 0
+def test_lone_surrogates_are_stored_as_replacement_characters(mem, fake_embedder):
+    r = mem.memorize("bad \ud800 surrogate", {"summary": "bad \udfff", "topics": ["ok", "bad \ud800"]})
+    d = mem.get(r["id"])
+    assert d["content"] == "bad \ufffd surrogate" and d["summary"] == "bad \ufffd"
+    assert d["topics"] == ["ok", "bad \ufffd"]
+    assert [h["id"] for h in mem.recall("bad \udfff surrogate")["results"]] == [r["id"]]
 
 
 def _big_chinese() -> str:
