@@ -486,7 +486,7 @@ def channel_floors(mem, qs: list[str], emb) -> dict[str, list[float]]:
     brute-force KNN top-N over the document (vector) or graph-entry (graph_vector) vectors held in
     memory (loading them is not counted)."""
     n = mem.cfg.recall.channel_k
-    matrices = {ch: np.stack([np.frombuffer(r["embedding"], np.float32) for r in mem.rows(sql, (PERSONA,))])
+    matrices = {ch: np.stack([aokun.blob_vector(r["embedding"]) for r in mem.rows(sql, (PERSONA,))])
                 for ch, sql in (("vector", "select embedding from doc_vectors d join documents x on x.id = d.doc_id "
                                            "where x.persona_id = ?"),
                                 ("graph_vector", "select embedding from graph_vectors v join graph_entries e "
