@@ -2369,7 +2369,8 @@ class Journal:
             raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
                                                         f"known: {sorted(METADATA_FIELDS)}")
         fp = field_prefix + "metadata."
-        text = self.redact(clean_text(content, field_prefix + "content"))  # secrets are never stored
+        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"})  # secrets are never stored
+        text = self.redact(clean_text(content, field_prefix + "content"))
         limit = self.cfg.write.max_content_chars
         if len(text) > limit:
             raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
@@ -2377,11 +2378,11 @@ class Journal:
         p = Prepared(content=text, given=frozenset(k for k, v in meta.items() if v is not None))
         p.persona_id = _label(meta.get("persona_id"), fp + "persona_id")
         p.session_id = _label(meta.get("session_id"), fp + "session_id")
-        p.summary = self.redact(_short_text(meta.get("summary"), fp + "summary"))
+        p.summary = _short_text(meta.get("summary"), fp + "summary")
         p.sentiment = _short_text(meta.get("sentiment"), fp + "sentiment", MAX_LABEL_CHARS)
         p.source = _label(meta.get("source"), fp + "source").lower()
         p.topics = _text_list(meta.get("topics"), fp + "topics")
-        p.key_facts = [self.redact(f) for f in _text_list(meta.get("key_facts"), fp + "key_facts")]
+        p.key_facts = _text_list(meta.get("key_facts"), fp + "key_facts")
         p.participants = _text_list(meta.get("participants"), fp + "participants")
         p.tags = _text_list(meta.get("tags"), fp + "tags")
         p.importance = _importance(meta.get("importance"), fp + "importance", self.cfg.write.default_importance)
@@ -2831,6 +2832,7 @@ class KnowledgeGraph:
         valid_to, closed: [ids], existing}. source_memory_id must name a memory of the same persona
         (NotFound otherwise, as for an id that does not exist)."""
         persona = _label(persona_id, "persona_id")
+        subject, predicate, object = self._redacted_triple(subject, predicate, object)  # secrets are never stored
         pred = self._predicate(predicate)
         start = iso(parse_time(valid_from, "valid_from")) if valid_from else now_iso()
         end = iso(parse_time(valid_to, "valid_to")) if valid_to else None
@@ -2863,6 +2865,17 @@ class KnowledgeGraph:
             tid = c.last_insert_rowid()
             self._briefing_stale(persona)
         return dict(self._triple(tid, persona), closed=closed, existing=False)
+
+    def _redacted_triple(self, subject, predicate, object) -> tuple:
+        """(subject, predicate, object) with secrets redacted; the object is also read as the value
+        of its predicate (predicate "password", object "hunter2secret": the object goes). Values
+        that are not text are returned as given, for the callers' checks."""
+        s, p, o = (self.redact(x) if isinstance(x, str) else x for x in (subject, predicate, object))
+        if isinstance(p, str) and isinstance(o, str):
+            both = self.redact(f"{p}={o}")
+            if both.startswith(p + "="):
+                o = both[len(p) + 1:]
+        return s, p, o
 
     def _triple(self, tid: int, persona: str = "") -> dict:
         """Fact `tid` of `persona` (folded) with its entities' names. NotFound when there is none in
@@ -5094,6 +5107,18 @@ class Conversations:
         """`text` with API keys, tokens, passwords, private keys and connection-string passwords
         replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text."""
         return redact(text, self.secret_patterns) if text else text
+
+    def redact_fields(self, values: dict, names) -> dict:
+        """A copy of `values` with its fields `names` redacted (a text, or each text of a list);
+        other values, and fields that are not text, are left for the caller's checks."""
+        out = dict(values)
+        for k in names & out.keys():
+            v = out[k]
+            if isinstance(v, str):
+                out[k] = self.redact(v)
+            elif isinstance(v, (list, tuple)):
+                out[k] = [self.redact(x) if isinstance(x, str) else x for x in v]
+        return out
 
     def ingest_rules(self, source: str) -> IngestRules:
         """The rules of `source` ([conversations] rules_dir/<source>.toml). InputError for an
