@@ -2882,7 +2882,8 @@ class KnowledgeGraph:
         that persona: one lookup filters by both, so another persona's fact id is not there."""
         rows = self.rows(self.queries["kg_triple"], {"id": tid, "persona_id": persona}) if 0 < tid <= MAX_ID else []
         if not rows:
-            raise NotFound(f"no fact with id {tid}; kg_query or kg_timeline shows the ids")
+            raise NotFound(f"no fact with id {tid}; `python aokun.py kg query ENTITY` or "
+                           "`python aokun.py kg timeline ENTITY` shows the ids")
         return rows[0]
 
     def _entity(self, persona: str, entity) -> int:
@@ -2891,7 +2892,7 @@ class KnowledgeGraph:
         eid = self._entity_id(persona, entity, "entity", False)
         if eid is None:
             raise NotFound(f"no entity {clean_text(entity, 'entity')!r} in the knowledge graph; "
-                           "kg_add records facts about it")
+                           "`python aokun.py kg add` records facts about it")
         return eid
 
     def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
@@ -6721,7 +6722,13 @@ def _meta(metadata) -> dict:
 
 
 #: The CLI commands that messages name, and the MCP tool that does the same for an MCP client.
-CLI_TO_TOOL = {"`python aokun.py list`": "`list_memories`", "`python aokun.py show ID`": "`get_memory`"}
+#: list_memories is not among DEFAULT_TOOLS, so that hint names recall first; the kg hints only reach
+#: a client that called a kg tool.
+CLI_TO_TOOL = {"`python aokun.py list`": "`recall` (or `list_memories`, if exposed)",
+               "`python aokun.py show ID`": "`get_memory`",
+               "`python aokun.py kg query ENTITY`": "`kg_query`",
+               "`python aokun.py kg timeline ENTITY`": "`kg_timeline`", "`python aokun.py kg add`": "`kg_add`",
+               "`python aokun.py conversations list`": "`conversation_search` (each hit names its session)"}
 
 
 def for_mcp(message: str) -> str:
@@ -8469,25 +8476,31 @@ def show(state, memory_id, persona, as_json):
 @cli.command("list")
 @click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
 @click.option("--offset", default=0, type=click.IntRange(0))
-@click.option("--persona", help="Only this persona.")
+@click.option("--persona", help="This persona's memories (default: the default persona '').")
+@click.option("--all-personas", is_flag=True, help="Every persona's memories, each row naming its persona.")
 @click.option("--session", help="Only this session.")
 @click.option("--include-archived", is_flag=True, help="Show archived memories too.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def list_cmd(state, limit, offset, persona, session, include_archived, as_json):
-    """List memories, newest first.
+def list_cmd(state, limit, offset, persona, all_personas, session, include_archived, as_json):
+    """List the memories of one persona (--persona, default the default persona, as every other
+    command), newest first; --all-personas lists every persona's, each row with its persona.
 
     Example:
 
         python aokun.py list --limit 5
     """
-    rows = state.memory().list_memories(limit, offset, persona, session, include_archived)
+    if all_personas and persona is not None:
+        raise click.UsageError("give --persona or --all-personas, not both")
+    rows = state.memory().list_memories(limit, offset, None if all_personas else _label(persona, "--persona"),
+                                        session, include_archived)
     if as_json:
         return _echo_json(rows)
     for r in rows:
         flags = ("P" if r["pinned"] else " ") + ("A" if r["archived"] else " ")
         text = r["content"].replace("\n", " ")
-        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} {text[:LINE_PREVIEW_CHARS]}")
+        who = "[" + (r["persona_id"] or "''") + "] " if all_personas else ""
+        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} {who}{text[:LINE_PREVIEW_CHARS]}")
 
 
 @cli.command()
