@@ -2424,7 +2424,8 @@ class Journal:
             raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
                                                         f"known: {sorted(METADATA_FIELDS)}")
         fp = field_prefix + "metadata."
-        text = self.redact(clean_text(content, field_prefix + "content"))  # secrets are never stored
+        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"})  # secrets are never stored
+        text = self.redact(clean_text(content, field_prefix + "content"))
         limit = self.cfg.write.max_content_chars
         if len(text) > limit:
             raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
@@ -2432,11 +2433,11 @@ class Journal:
         p = Prepared(content=text, given=frozenset(k for k, v in meta.items() if v is not None))
         p.persona_id = _label(meta.get("persona_id"), fp + "persona_id")
         p.session_id = _label(meta.get("session_id"), fp + "session_id")
-        p.summary = self.redact(_short_text(meta.get("summary"), fp + "summary"))
+        p.summary = _short_text(meta.get("summary"), fp + "summary")
         p.sentiment = _short_text(meta.get("sentiment"), fp + "sentiment", MAX_LABEL_CHARS)
         p.source = _label(meta.get("source"), fp + "source").lower()
         p.topics = _text_list(meta.get("topics"), fp + "topics")
-        p.key_facts = [self.redact(f) for f in _text_list(meta.get("key_facts"), fp + "key_facts")]
+        p.key_facts = _text_list(meta.get("key_facts"), fp + "key_facts")
         p.participants = _text_list(meta.get("participants"), fp + "participants")
         p.tags = _text_list(meta.get("tags"), fp + "tags")
         p.importance = _importance(meta.get("importance"), fp + "importance", self.cfg.write.default_importance)
@@ -2886,6 +2887,7 @@ class KnowledgeGraph:
         valid_to, closed: [ids], existing}. source_memory_id must name a memory of the same persona
         (NotFound otherwise, as for an id that does not exist)."""
         persona = _label(persona_id, "persona_id")
+        subject, predicate, object = self._redacted_triple(subject, predicate, object)  # secrets are never stored
         pred = self._predicate(predicate)
         start = iso(parse_time(valid_from, "valid_from")) if valid_from else now_iso()
         end = iso(parse_time(valid_to, "valid_to")) if valid_to else None
@@ -2919,12 +2921,24 @@ class KnowledgeGraph:
             self._briefing_stale(persona)
         return dict(self._triple(tid, persona), closed=closed, existing=False)
 
+    def _redacted_triple(self, subject, predicate, object) -> tuple:
+        """(subject, predicate, object) with secrets redacted; the object is also read as the value
+        of its predicate (predicate "password", object "hunter2secret": the object goes). Values
+        that are not text are returned as given, for the callers' checks."""
+        s, p, o = (self.redact(x) if isinstance(x, str) else x for x in (subject, predicate, object))
+        if isinstance(p, str) and isinstance(o, str):
+            both = self.redact(f"{p}={o}")
+            if both.startswith(p + "="):
+                o = both[len(p) + 1:]
+        return s, p, o
+
     def _triple(self, tid: int, persona: str = "") -> dict:
         """Fact `tid` of `persona` (folded) with its entities' names. NotFound when there is none in
         that persona: one lookup filters by both, so another persona's fact id is not there."""
         rows = self.rows(self.queries["kg_triple"], {"id": tid, "persona_id": persona}) if 0 < tid <= MAX_ID else []
         if not rows:
-            raise NotFound(f"no fact with id {tid}; kg_query or kg_timeline shows the ids")
+            raise NotFound(f"no fact with id {tid}; `python aokun.py kg query ENTITY` or "
+                           "`python aokun.py kg timeline ENTITY` shows the ids")
         return rows[0]
 
     def _entity(self, persona: str, entity) -> int:
@@ -2933,7 +2947,7 @@ class KnowledgeGraph:
         eid = self._entity_id(persona, entity, "entity", False)
         if eid is None:
             raise NotFound(f"no entity {clean_text(entity, 'entity')!r} in the knowledge graph; "
-                           "kg_add records facts about it")
+                           "`python aokun.py kg add` records facts about it")
         return eid
 
     def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
@@ -5173,6 +5187,18 @@ class Conversations:
         replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text."""
         return redact(text, self.secret_patterns) if text else text
 
+    def redact_fields(self, values: dict, names) -> dict:
+        """A copy of `values` with its fields `names` redacted (a text, or each text of a list);
+        other values, and fields that are not text, are left for the caller's checks."""
+        out = dict(values)
+        for k in names & out.keys():
+            v = out[k]
+            if isinstance(v, str):
+                out[k] = self.redact(v)
+            elif isinstance(v, (list, tuple)):
+                out[k] = [self.redact(x) if isinstance(x, str) else x for x in v]
+        return out
+
     def ingest_rules(self, source: str) -> IngestRules:
         """The rules of `source` ([conversations] rules_dir/<source>.toml). InputError for an
         unknown source."""
@@ -6810,7 +6836,13 @@ def _meta(metadata) -> dict:
 
 
 #: The CLI commands that messages name, and the MCP tool that does the same for an MCP client.
-CLI_TO_TOOL = {"`python aokun.py list`": "`list_memories`", "`python aokun.py show ID`": "`get_memory`"}
+#: list_memories is not among DEFAULT_TOOLS, so that hint names recall first; the kg hints only reach
+#: a client that called a kg tool.
+CLI_TO_TOOL = {"`python aokun.py list`": "`recall` (or `list_memories`, if exposed)",
+               "`python aokun.py show ID`": "`get_memory`",
+               "`python aokun.py kg query ENTITY`": "`kg_query`",
+               "`python aokun.py kg timeline ENTITY`": "`kg_timeline`", "`python aokun.py kg add`": "`kg_add`",
+               "`python aokun.py conversations list`": "`conversation_search` (each hit names its session)"}
 
 
 def for_mcp(message: str) -> str:
@@ -8590,25 +8622,31 @@ def show(state, memory_id, persona, as_json):
 @cli.command("list")
 @click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
 @click.option("--offset", default=0, type=click.IntRange(0))
-@click.option("--persona", help="Only this persona.")
+@click.option("--persona", help="This persona's memories (default: the default persona '').")
+@click.option("--all-personas", is_flag=True, help="Every persona's memories, each row naming its persona.")
 @click.option("--session", help="Only this session.")
 @click.option("--include-archived", is_flag=True, help="Show archived memories too.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def list_cmd(state, limit, offset, persona, session, include_archived, as_json):
-    """List memories, newest first.
+def list_cmd(state, limit, offset, persona, all_personas, session, include_archived, as_json):
+    """List the memories of one persona (--persona, default the default persona, as every other
+    command), newest first; --all-personas lists every persona's, each row with its persona.
 
     Example:
 
         python aokun.py list --limit 5
     """
-    rows = state.memory().list_memories(limit, offset, persona, session, include_archived)
+    if all_personas and persona is not None:
+        raise click.UsageError("give --persona or --all-personas, not both")
+    rows = state.memory().list_memories(limit, offset, None if all_personas else _label(persona, "--persona"),
+                                        session, include_archived)
     if as_json:
         return _echo_json(rows)
     for r in rows:
         flags = ("P" if r["pinned"] else " ") + ("A" if r["archived"] else " ")
         text = r["content"].replace("\n", " ")
-        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} {text[:LINE_PREVIEW_CHARS]}")
+        who = "[" + (r["persona_id"] or "''") + "] " if all_personas else ""
+        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} {who}{text[:LINE_PREVIEW_CHARS]}")
 
 
 @cli.command()

@@ -413,6 +413,76 @@ def test_a_planted_secret_is_absent_from_every_byte_of_the_file(tmp_path, open_m
     assert b"[REDACTED:anthropic_key]" in raw
 
 
+#: forms the first patterns let through: (text, what it must become)
+MORE_FORMS = [
+    ("DB_PASSWORD=Tq7hunter2secret", "DB_PASSWORD=[REDACTED:password]"),
+    ("export PGPASSWORD=pgsecret99x", "export PGPASSWORD=[REDACTED:password]"),
+    ("SECRET_KEY = 'djsecret123zz'", "SECRET_KEY = '[REDACTED:password]'"),
+    ('AWS_SESSION_TOKEN: "FwoGZXIvYXdzEBYaDk7"', 'AWS_SESSION_TOKEN: "[REDACTED:password]"'),
+    ("OPENAI_API_KEY=proxykey4242", "OPENAI_API_KEY=[REDACTED:password]"),
+    ("client_secret: Zz9-client-Sec", "client_secret: [REDACTED:password]"),
+    ("DJANGO_SECRET_KEY=letmeinplease", "DJANGO_SECRET_KEY=[REDACTED:password]"),
+    ("redis://cache:ab/cd99Slash@redis.internal:6379/0",
+     "redis://cache:[REDACTED:connection_string]@redis.internal:6379/0"),
+    ("mongodb://root:p@ssAtMongo7@mongo:27017/app", "mongodb://root:[REDACTED:connection_string]@mongo:27017/app"),
+    ("key:\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUCutKeyLine\nAAAAAAEAAAAz",
+     "key:\n[REDACTED:private_key]"),
+    ("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9wCutBlank\n\nThen we talked about lunch.",
+     "[REDACTED:private_key]\n\nThen we talked about lunch."),
+]
+#: look like assignments, are prose or placeholders: stay as written
+NOT_SECRETS = ["secret: Here is my setup", "The secret: patience.", "password: required", "max_tokens=4096",
+               "token: 400", "the api_key: none yet", "Secret: the sauce is mostly butter"]
+
+
+def test_redact_catches_env_names_url_passwords_with_slash_or_at_and_cut_keys():
+    mem_patterns = aokun.load_secret_rules(aokun.HERE / "rules" / "secrets.toml")
+    assert [(t, aokun.redact(t, mem_patterns)) for t, want in MORE_FORMS if aokun.redact(t, mem_patterns) != want] == []
+    assert [t for t in NOT_SECRETS if aokun.redact(t, mem_patterns) != t] == []
+
+
+#: (field, fake secret): a memory field written with a secret in it, and the secret alone
+FIELD_SECRETS = {
+    "topics": "ghp_T0p1cR8tZk2Lm9QvX4nWb7Yc1Hd6Jf3Ga5sE",
+    "participants": "xoxb-2847561093-Part1cipant-Qm8Tz2Lk9R",
+    "tags": "AKIAQ3EGRT5YTAGSXNZP",
+    "session_id": "sk-ant-api03-Sess10nq8Zr4TnW2mXv9LpK3bYc7HdJ6",
+    "source": "sk-proj-S0urceXk3v9QmT2pLw8RzN4bYc7HdJ6",
+    "sentiment": "AIzaSyD8fK2mQ9vX4nSentim3ntYc1Hd6Jf3Ga5",
+    "summary": "DB_PASSWORD=Summ4ryHunter2",
+    "key_facts": "PGPASSWORD=KeyF4ctPg99",
+}
+EDIT_SECRETS = {"topics": "ghp_Ed1tT0p1cZk2Lm9QvX4nWb7Yc1Hd6Jf3Ga5", "summary": "SECRET_KEY=Ed1tSumm4ryDj"}
+KG_SECRETS = ("ghp_KgObj3ctR8tZk2Lm9QvX4nWb7Yc1Hd6Jf3Ga", "Kg-hunter2-Pass9")
+
+
+def test_no_field_of_memorize_edit_or_kg_add_keeps_a_secret_in_the_db_or_wal(tmp_path, open_mem):
+    db = tmp_path / "f.db"
+    m = open_mem(db)
+    path = copy_fixture(CLAUDE, tmp_path)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(claude_record("dddddddd-0000-4000-8000-000000000002", "\n".join(t for t, _ in MORE_FORMS)) + "\n")
+    assert m.ingest("claude-code", [path])["new"] == 7
+    meta = {k: f"note {v} end" if k in ("summary", "sentiment") else
+            v if k in ("session_id", "source") else [f"about {v}"] for k, v in FIELD_SECRETS.items()}
+    stored = m.memorize("Deploy notes for the staging box.", meta)
+    m.edit(stored["id"], metadata={"topics": [f"then {EDIT_SECRETS['topics']}"], "summary": EDIT_SECRETS["summary"]})
+    m.kg_add("Server", "api_key", KG_SECRETS[0])
+    m.kg_add("Staging DB", "password", KG_SECRETS[1])
+    d = m.get(stored["id"])
+    assert d["topics"] == ["then [REDACTED:github_token]"] and d["tags"] == ["about [REDACTED:aws_access_key]"]
+    assert d["summary"] == "SECRET_KEY=[REDACTED:password]"
+    assert [f["object"] for f in m.kg_query("Staging DB")["facts"]] == ["[REDACTED:password]"]
+    planted = [*FIELD_SECRETS.values(), *EDIT_SECRETS.values(), *KG_SECRETS,
+               "Tq7hunter2secret", "pgsecret99x", "djsecret123zz", "FwoGZXIvYXdzEBYaDk7", "proxykey4242",
+               "Zz9-client-Sec", "letmeinplease", "cd99Slash", "ssAtMongo7", "CutKeyLine", "CutBlank"]
+    planted = [s.split("=", 1)[-1] for s in planted]  # the value of an assignment
+    while_open = b"".join(p.read_bytes() for p in tmp_path.glob("f.db*"))
+    m.close()
+    after = b"".join(p.read_bytes() for p in tmp_path.glob("f.db*"))
+    assert [s for s in planted if s.encode() in while_open or s.encode() in after] == []
+    assert b"[REDACTED:connection_string]" in after and b"Then we talked about lunch" in after
+
 # the MCP tools and the CLI --------------------------------------------------------------------
 
 def test_mcp_conversation_tools_are_listed_by_default_and_answer(tmp_path, segmenter):

@@ -4,6 +4,7 @@ id, a fact id or an entity answers for another persona's one exactly as for one 
 
 import json
 
+import anyio
 import apsw
 import pytest
 from click.testing import CliRunner
@@ -251,3 +252,41 @@ def test_cli_child_process_refuses_another_persona_and_serves_its_own(cli_db):
     assert cli(db, ini, "kg", "query", "Lena", "--persona", "work").stderr.startswith("Error: no entity 'Lena'")
     assert cli(db, ini, "delete", str(work), "--persona", "work").returncode == 0
     assert [r[0] for r in snapshot(db)["documents"]] == [work + 1]
+
+
+def test_cli_list_shows_the_default_persona_unless_all_personas_is_asked(cli_db):
+    db, ini, work, _ = cli_db
+    runner = CliRunner()
+
+    def run(*args):
+        return runner.invoke(aokun.cli, ["--db", str(db), "--config", str(ini), "list", *args], catch_exceptions=False)
+    with aokun.Memory(db, aokun.Config(ini)) as m:
+        mine = m.memorize("Our default persona keeps its own notes.")["id"]
+    plain = run()
+    assert plain.exit_code == 0 and plain.output.split()[0] == str(mine) and len(plain.output.splitlines()) == 1
+    assert run("--json").exit_code == 0 and [r["id"] for r in json.loads(run("--json").output)] == [mine]
+    assert [line.split()[0] for line in run("--persona", "work").output.splitlines()] == [str(work)]
+    every = run("--all-personas").output.splitlines()
+    assert sorted(line.split()[2] for line in every) == ["['']", "[home]", "[work]"], every
+    both = run("--all-personas", "--persona", "work")
+    assert both.exit_code == 2 and "not both" in both.output
+    assert "--all-personas" in run("--help").output
+
+
+def test_cli_kg_hints_name_cli_commands_and_mcp_hints_name_tools_a_client_has(cli_db, server):
+    db, ini, work, fact = cli_db
+    runner = CliRunner()
+    for args, hint in [(["kg", "query", "Nobody Known"], "`python aokun.py kg add`"),
+                       (["kg", "invalidate", str(MISSING)], "`python aokun.py kg query ENTITY`")]:
+        out = runner.invoke(aokun.cli, ["--db", str(db), "--config", str(ini), *args], catch_exceptions=False).output
+        assert hint in out and "kg_" not in out, out
+
+    async def run():
+        async with Client(server) as c:
+            for tool, args, hint in [("kg_query", {"entity": "Nobody Known"}, "`kg_add` records"),
+                                     ("kg_invalidate", {"id": MISSING}, "`kg_query` or `kg_timeline` shows"),
+                                     ("get_memory", {"id": MISSING}, "`recall` (or `list_memories`, if exposed)"),
+                                     ("conversation_get_session", {"session_id": "nope"}, "`conversation_search`")]:
+                is_error, text = await call(c, tool, args)
+                assert is_error and hint in text and "aokun.py" not in text, (tool, text)
+    anyio.run(run)
