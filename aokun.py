@@ -1537,6 +1537,16 @@ class Store:
                                                            {"document_id": doc_id})]
         return d
 
+    def history(self, doc_id: int, persona_id: str | None = None) -> list[dict]:
+        """What happened to a memory of persona `persona_id` (None: ''), oldest first (sql
+        document_history): [{kind: 'write' | 'merge', what: insert/edit/consolidated, status, at,
+        error, members: [ids merged into it] or None}]. Raises NotFound, also for another persona's id."""
+        self._doc(doc_id, _label(persona_id, "persona_id"))
+        rows = self.rows(self.queries["document_history"], {"document_id": doc_id})
+        for r in rows:
+            r["members"] = json.loads(r["members"]) if r["members"] else None
+        return rows
+
     def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
              session_id: str | None = None, include_archived: bool = False) -> list[dict]:
         """Memories newest first (by created_at), without atoms/graph detail. Raises InputError for a
@@ -8003,12 +8013,12 @@ class Panel:
 
     def memory_page(self, request, form):
         """One memory (get): text, metadata, atoms with their state and time left, graph entries, what it
-        was merged into, and the forms that change it."""
+        was merged into, its history (edits, consolidation), and the forms that change it."""
         persona = request.query_params.get("persona", "")
         d = self.memory().get(request.path_params["id"], persona)
         for a in d["atoms"]:
             a["time_left"] = _time_left(a["expires_at"])
-        return self.render(request, "memory.html", {"m": d})
+        return self.render(request, "memory.html", {"m": d, "history": self.memory().history(d["id"], persona)})
 
     def memory_action(self, request, form):
         """A change to one memory, each the MCP tool's Memory call: edit, delete, pin, unpin, archive,

@@ -33,3 +33,14 @@ select (select count(*) from atom_sources where document_id = :document_id) atom
 -- A memory of :persona_id other than :id with exactly this content (:content_hash): an edit of
 -- memory :id to that content is refused.
 select id from documents where persona_id = :persona_id and content_hash = :content_hash and id != :id;
+
+-- name: document_history
+-- Memory :document_id's history, oldest first: every journalled write of it (its insert, each edit,
+-- graph rebuilds: op, status, when, error) and, when it survived a consolidation, that merge (the
+-- merged memories' ids).
+select 'write' as kind, op as what, status, created_at as at, error, null as members
+from memory_write_ops where document_id = :document_id
+union all
+select 'merge', 'consolidated', 'done', created_at, '', members
+from consolidations where survivor_id = :document_id
+order by at, kind desc;

@@ -420,3 +420,21 @@ def test_conversations_lists_sessions_shows_turns_in_order_and_searches(panel, t
     assert "espresso" not in other and "No conversations yet" in other
     missing = client.get(f"/conversations?session={sid}&persona=p2")
     assert missing.status_code == 404 and "espresso" not in missing.text
+
+
+def test_memory_page_shows_its_history_edits_and_consolidation(panel):
+    web, client, mem, _, ids = panel
+    mem.edit(ids["alice"], "Alice lives in Paris and drinks iced americano, no sugar")
+    other = mem.memorize("Alice lives in Paris and drinks iced americano, no sugar at all")["id"]
+    login(web, client)
+    page = client.get(f"/memories/{ids['alice']}").text
+    history = page[page.index("<h2>History"):]
+    assert history.index("stored") < history.index("edited or rebuilt")
+    assert [h["what"] for h in mem.history(ids["alice"])][:2] == ["insert", "edit"]
+    with pytest.raises(aokun.NotFound):
+        mem.history(ids["alice"], "p2")  # another persona's id is not there
+    merged = mem.consolidate(dry_run=False, similarity=0.0, min_jaccard=0.5)
+    survivor = next((c["survivor"] for c in merged["clusters"] if other in c["members"] + [c["survivor"]]), None)
+    assert survivor is not None, merged
+    page = client.get(f"/memories/{survivor}").text
+    assert "consolidated:" in page and "Restore undoes it" in page
