@@ -5453,9 +5453,9 @@ class Conversations:
         return True
 
     def _put_turn_vector(self, turn_id: int, vec) -> None:
-        """Store a turn's float vector and its binary index row. In tx."""
-        self.conn.execute(self.queries["put_turn_vector"],
-                          {"id": turn_id, "embedding": np.asarray(vec, np.float32).tobytes()})
+        """Store a turn's vector (int8, vector_blob, as memories') and its binary index row. In tx."""
+        self.conn.execute(self.queries["put_turn_vector"], {"id": turn_id, "stored": vector_blob(vec),
+                                                            "embedding": np.asarray(vec, np.float32).tobytes()})
         self.conn.execute("update conv_turns set embedding_state = 'done' where id = ?", (turn_id,))
 
     def _center_turn_index(self) -> None:
@@ -5465,12 +5465,12 @@ class Conversations:
                 self.value("select count(*) from conv_turn_vectors") < TURN_CENTER_AFTER:
             return
         with self.tx() as c:
-            total, n = None, 0
-            for (blob,) in c.execute(self.queries["turn_vector_blobs"]):
-                v = np.frombuffer(blob, np.float32).astype(np.float64)
-                total, n = (v if total is None else total + v), n + 1
-            self._meta_set("turn_vector_center", (total / n).astype(np.float32).tobytes().hex())
-            c.execute(self.queries["reindex_turn_vectors"])
+            stored = self.rows(self.queries["turn_vector_blobs"])  # int8 blobs: a quarter of float32's bytes
+            total = sum(blob_vector(r["embedding"]).astype(np.float64) for r in stored)
+            self._meta_set("turn_vector_center", (total / len(stored)).astype(np.float32).tobytes().hex())
+            for r in stored:
+                c.execute(self.queries["index_turn_vector"], {"id": r["turn_id"],
+                                                              "embedding": blob_vector(r["embedding"]).tobytes()})
 
     def backfill_turn_vectors(self, batch: int = 64) -> int:
         """Embed the turns still marked 'pending' (embedding failed, or a model change). Returns how
@@ -5541,7 +5541,8 @@ class ConversationSearch:
         if vector is not None:
             name = "conv_vector_session" if params["session_id"] else \
                 "conv_vector_source" if params["source"] else "conv_vector"
-            ranked["vector"] = self.rows(self.queries[name], dict(params, embedding=vector.tobytes()))
+            ranked["vector"] = self.rows(self.queries[name], dict(params, embedding=vector.tobytes(),
+                                                                  query_i8=vector_blob(vector)))
         hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings)
         for h in hits:
             h["text"], h["truncated"] = cut_text(h["text"], limit) if limit else (h["text"], False)
@@ -5564,14 +5565,11 @@ class ConversationSearch:
         """The k best turns of the channel rows: RRF or the weighted mean of normalized_scores
         ([recall] fusion), then calibrated_relevance against [recall] min_relevance."""
         r = self.cfg.recall
-        weights = {"bm25": r.weight_bm25, "vector": r.weight_vector}
         ranks, scores, _ = channel_evidence(ranked, ())
         if not ranks:
             return []
-        chosen = tuple(ranked)
-        total = sum(weights[c] for c in chosen) or 1.0
-        fused = {i: rrf(rk, chosen, r.rrf_k, weights) if r.fusion == "rrf" else
-                 sum(weights[c] * scores[c].get(i, 0.0) for c in chosen) / total for i, rk in ranks.items()}
+        w = Weights.of(r, {}, tuple(ranked))  # the document route's channel weights and fusion
+        fused = {i: route_relevance(i, rk, scores, w.doc_channels, w) for i, rk in ranks.items()}
         pool = sorted(fused, key=lambda i: (-fused[i], i))[: max(3 * k, MMR_POOL_MIN)]
         rows = {row["id"]: row for row in self.rows(self.queries["conv_hits"], {"ids": json.dumps(pool)})}
         coef = self.rules.relevance.get(self.embedder.model)
@@ -5580,7 +5578,7 @@ class ConversationSearch:
             row = rows.get(i)
             if row is None:
                 continue
-            cos = float(np.dot(np.frombuffer(row["embedding"], np.float32), vector)) \
+            cos = float(np.dot(blob_vector(row["embedding"]), vector)) \
                 if vector is not None and row["embedding"] is not None else None
             rel = calibrated_relevance(cos, token_cover(tokens, set(row["segmented"].split())), coef)
             best = rel if best is None or (rel is not None and rel > best) else best

@@ -1,6 +1,6 @@
 -- The conversation layer (schema/0010): sessions and turns of client transcripts, their FTS5 index
--- (conv_turns_fts, jieba-segmented like documents_fts) and their vectors (float in
--- conv_turn_vectors, a binary-quantised vec0 copy in conv_turn_vec, centred on meta
+-- (conv_turns_fts, jieba-segmented like documents_fts) and their vectors (int8 in conv_turn_vectors,
+-- as doc_vectors stores them, and a binary-quantised vec0 copy in conv_turn_vec, centred on meta
 -- turn_vector_center once 256 turn vectors exist, like doc_vec: see sql/vectors.sql).
 -- Parameters are named; :persona_id '' is the default persona; :source, :session_id '' = any;
 -- :since / :until '' = unbounded (ISO-8601 UTC).
@@ -14,8 +14,9 @@ create virtual table if not exists conv_turn_vec using vec0(
 );
 
 -- name: put_turn_vector
--- Store one turn vector (:id, :embedding) and its index row with the turn's filters.
-insert or replace into conv_turn_vectors(turn_id, embedding) values (:id, :embedding);
+-- Store one turn vector, :stored (int8), and its index row: the bits of :embedding (the same vector
+-- as float32) minus the centre, with the turn's filters.
+insert or replace into conv_turn_vectors(turn_id, embedding) values (:id, :stored);
 delete from conv_turn_vec where turn_id = :id;
 insert into conv_turn_vec(turn_id, embedding, persona_id, source)
 select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value) from meta where key = 'turn_vector_center'),
@@ -23,18 +24,18 @@ select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value)
        persona_id, source
 from conv_turns where id = :id;
 
--- name: reindex_turn_vectors
--- Rebuild the turn KNN index from the float vectors (after its centre changes).
-delete from conv_turn_vec;
+-- name: index_turn_vector
+-- (Re)make turn :id's index row from :embedding (float32), after the centre changes.
+delete from conv_turn_vec where turn_id = :id;
 insert into conv_turn_vec(turn_id, embedding, persona_id, source)
-select t.id, vec_quantize_binary(vec_sub(v.embedding, coalesce((select unhex(value) from meta where key = 'turn_vector_center'),
-                                                               zeroblob(length(v.embedding))))),
-       t.persona_id, t.source
-from conv_turn_vectors v join conv_turns t on t.id = v.turn_id;
+select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value) from meta where key = 'turn_vector_center'),
+                                                            zeroblob(length(:embedding))))),
+       persona_id, source
+from conv_turns where id = :id;
 
 -- name: turn_vector_blobs
--- Every stored turn vector: their mean is the turn index's quantisation centre.
-select embedding from conv_turn_vectors;
+-- Every stored turn vector (int8): their mean is the turn index's quantisation centre.
+select turn_id, embedding from conv_turn_vectors;
 
 -- name: conv_session_refresh
 -- Recompute a session's summary columns from its turns: count, first and last time, the first
@@ -80,7 +81,7 @@ with coarse as (
       and k = :candidates and persona_id = :persona_id
 ),
 knn as (
-    select v.turn_id, vec_distance_cosine(v.embedding, :embedding) as distance
+    select v.turn_id, vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) as distance
     from coarse c join conv_turn_vectors v on v.turn_id = c.turn_id
 )
 select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank, knn.distance as raw
@@ -98,7 +99,7 @@ with coarse as (
       and k = :candidates and persona_id = :persona_id and source = :source
 ),
 knn as (
-    select v.turn_id, vec_distance_cosine(v.embedding, :embedding) as distance
+    select v.turn_id, vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) as distance
     from coarse c join conv_turn_vectors v on v.turn_id = c.turn_id
 )
 select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank, knn.distance as raw
@@ -110,20 +111,20 @@ limit :k;
 -- name: conv_vector_session
 -- Exact cosine over one session's turn vectors (a session is small: no index needed).
 select t.id, 'vector' as channel,
-       row_number() over (order by vec_distance_cosine(v.embedding, :embedding)) - 1 as rank,
-       vec_distance_cosine(v.embedding, :embedding) as raw
+       row_number() over (order by vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8))) - 1 as rank,
+       vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) as raw
 from conv_turns t
 join conv_sessions s on s.id = t.session_ref
 join conv_turn_vectors v on v.turn_id = t.id
 where s.session_id = :session_id and t.persona_id = :persona_id
-  and vec_distance_cosine(v.embedding, :embedding) is not null
+  and vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) is not null
   and (:source = '' or t.source = :source)
   and (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
 order by raw
 limit :k;
 
 -- name: conv_hits
--- The turns in the JSON array :ids with their session, FTS text and float vector (for relevance).
+-- The turns in the JSON array :ids with their session, FTS text and int8 vector (for relevance).
 select t.id, t.role, t.created_at, t.text, t.seq, t.source, t.embedding_state, s.session_id, s.title, s.project,
        f.segmented, v.embedding
 from conv_turns t
@@ -209,4 +210,4 @@ select 'conversation turn vectors missing from the KNN index' as problem,
 union all
 select 'unusable (NaN or all-zero) conversation turn vectors, never found by meaning '
        || '(run `python aokun.py rebuild --vectors`)',
-       count(*) from conv_turn_vectors where vec_distance_cosine(embedding, embedding) is null;
+       count(*) from conv_turn_vectors where vec_distance_cosine(vec_int8(embedding), vec_int8(embedding)) is null;

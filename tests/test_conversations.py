@@ -610,3 +610,16 @@ def test_cli_ingest_skips_a_deleted_session_unless_asked(tmp_path):
     assert back.returncode == 0, back.stderr
     assert (json.loads(back.stdout)["new"], json.loads(back.stdout)["deleted"]) == (6, 0)
     assert CLAUDE.stem in _cli(db, "--config", str(ini), "conversations", "list").stdout
+
+
+def test_turn_index_is_centred_once_enough_vectors_exist_and_still_finds_turns(tmp_path, open_mem, monkeypatch):
+    monkeypatch.setattr(aokun, "TURN_CENTER_AFTER", 3)
+    m = open_mem(tmp_path / "c.db", embedder=FakeEmbedder(16))
+    assert m.ingest("copilot", [COPILOT])["new"] == 4
+    assert m.meta_get("turn_vector_center") is not None
+    assert m.value("select count(*) from conv_turn_vec") == 4
+    assert m.value("select min(length(embedding)) from conv_turn_vectors") == 16  # int8: a byte per dimension
+    text = m.value("select text from conv_turns order by id limit 1")
+    hits = m.conversation_search(text, k=4)
+    assert hits["results"] and hits["results"][0]["text"] == text
+    assert m.doctor() == []
