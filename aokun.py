@@ -2646,9 +2646,8 @@ class Journal:
             return
         p.status = fn(p, vectors) or JOURNAL_STAGES[JOURNAL_STAGES.index(status) + 1]
         # a finished write's payload is dropped (schema 11): only unfinished ones are ever read back
-        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ?, "
-                          "payload = case when ? = 'done' then '{}' else payload end where id = ?",
-                          (p.status, p.document_id, now_iso(), p.status, p.op_id))
+        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? where id = ?",
+                          (p.status, p.document_id, now_iso(), p.op_id))
         if p.status == "done":
             self.conn.execute("delete from memory_write_payloads where op_id = ?", (p.op_id,))
 
@@ -3786,9 +3785,7 @@ class Recall:
         Returns {results: [{id, document_id, atom_type, content, score, bm25, ttl_factor, expires_at}]}."""
         started = time.perf_counter()
         query = query_text(query, "query")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
-        k = min(k, self.cfg.recall.max_k)
+        k = self._capped_k(k, [])  # the answer has no warnings to carry the cap's
         tokens = self.seg.tokens(query)
         if not tokens:
             return {"results": [], "took_ms": 0.0}
@@ -5519,9 +5516,8 @@ class ConversationSearch:
         took_ms}. InputError for an empty query, a bad k, source or time."""
         started = time.perf_counter()
         query = query_text(query, "query")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
-        k = min(k, self.cfg.recall.max_k)
+        warnings: list[str] = []
+        k = self._capped_k(k, warnings)
         if source is not None and source not in CONVERSATION_SOURCES:
             raise InputError("source", f"unknown source {source!r}; choose from {', '.join(CONVERSATION_SOURCES)}")
         limit = self.cfg.conversations.max_chars_per_hit if max_chars_per_hit is None else max_chars_per_hit
@@ -5534,7 +5530,7 @@ class ConversationSearch:
                   "until": iso(parse_time(until, "until")) if until else "",
                   "k": min(CHANNEL_MAX_K, max(self.cfg.recall.channel_k, 2 * k)),
                   "candidates": min(CHANNEL_MAX_K, max(self.cfg.recall.vector_candidates, 2 * k))}
-        ranked, degraded, warnings = {}, [], []
+        ranked, degraded = {}, []
         if tokens:
             ranked["bm25"] = self.rows(self.queries["conv_bm25"], params)
         vector = self._turn_query_vector(query, degraded)
@@ -6022,11 +6018,7 @@ class Portable:
             c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
                       (p.document_id, self.seg.segmented(self._doc_index_text(p))))
             p.op, p.status, stamp = "edit", "atoms_done", now_iso()
-            c.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, status, created_at, "
-                      "updated_at, owner) values (?, 'edit', ?, ?, ?, 'atoms_done', ?, ?, ?)",
-                      (self._new_id("memory_write_ops"), p.document_id, p.persona_id, p.payload(), stamp, stamp,
-                       OWNER))
-            p.op_id = claim(c.last_insert_rowid())
+            p.op_id = claim(self._journal_row("edit", p, stamp))  # its payload in memory_write_payloads
             self._briefing_stale(p.persona_id)
             preps.append(p)
             report[verdict] += 1
