@@ -5324,11 +5324,7 @@ class Conversations:
         file_row = {"persona_id": persona, "path": str(path), "source": rules.source, "size": st.st_size,
                     "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "head_bytes": len(data), "head_hash": digest,
                     "offset": st.st_size, "session_id": "", "project": ""}
-        step = self.cfg.conversations.batch_size
-        for i in range(0, max(1, len(turns)), step):
-            last = i + step >= len(turns)
-            self._store_turns(rules.source, persona, turns[i:i + step], {"titles": titles},
-                              file_row if last else None, stats)
+        self._store_turns(rules.source, persona, turns, {"titles": titles}, file_row, stats)  # it batches
 
     def _store_turns(self, source: str, persona: str, turns: list[dict], ctx: dict, file_row: dict | None,
                      stats: dict) -> None:
@@ -5451,8 +5447,7 @@ class Conversations:
 
     def _put_turn_vector(self, turn_id: int, vec) -> None:
         """Store a turn's vector (int8, vector_blob, as memories') and its binary index row. In tx."""
-        self.conn.execute(self.queries["put_turn_vector"], {"id": turn_id, "stored": vector_blob(vec),
-                                                            "embedding": np.asarray(vec, np.float32).tobytes()})
+        self.conn.execute(self.queries["put_turn_vector"], {"id": turn_id, **self._vector_params(vec)})
         self.conn.execute("update conv_turns set embedding_state = 'done' where id = ?", (turn_id,))
 
     def _center_turn_index(self) -> None:
