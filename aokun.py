@@ -84,6 +84,7 @@ SQL_DIR = HERE / "sql"  #: named queries, `-- name: x`
 RULES_DIR = HERE / "rules"  #: stop words, user dictionary, atom rules, aliases, intents, time words
 APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
 ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
+DATE_CHARS = len("2026-11-30")  #: the date part of an ISO-8601 timestamp
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
 #: Tools listed by default: the frequent ones. [server] exposed_tools lists more, or `all`.
 DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "search_atoms", "get_memory", "edit_memory",
@@ -4625,6 +4626,11 @@ class Maintenance:
         """[backup] dir, or a `backups` folder beside the database file when it is empty."""
         return self.cfg.resolve(self.cfg.backup.dir) if self.cfg.backup.dir else self.path.parent / "backups"
 
+    def manual_backup_path(self) -> Path:
+        """Where a backup asked for by hand goes (CLI `backup` without DEST, the panel's button):
+        backup_dir()/<db name>-manual-<UTC time>.db."""
+        return self.backup_dir() / f"{self.path.stem}-manual-{now().strftime('%Y%m%dT%H%M%SZ')}.db"
+
     def online_backup(self, dest: Path) -> dict:
         """Copy the database to `dest` with the SQLite backup API, 256 pages per step, holding the
         connection only per step (other processes keep writing; the copy restarts if they do and is
@@ -5763,7 +5769,6 @@ _EXPORT_QUERIES = (("memory", "export_documents"), ("atom", "export_atoms"), ("e
                    ("consolidation", "export_consolidations"), ("tombstone", "export_tombstones"))
 _JSON_COLUMNS = ("topics", "key_facts", "participants", "tags", "sources", "previous")
 MARKDOWN_SLUG_CHARS = 48  #: the most characters of a memory's title in its Markdown file name
-ISO_DATE_CHARS = len("2026-11-30")  #: the date part of an ISO-8601 timestamp
 
 
 def export_record(kind: str, row: dict) -> dict:
@@ -5786,7 +5791,7 @@ def markdown_name(memory: dict) -> str:
     title = fold(memory["summary"] or memory["content"].strip().splitlines()[0])
     slug = re.sub(r"-+", "-", "".join(ch if ch.isalnum() else "-" for ch in title)).strip("-")
     slug = slug[:MARKDOWN_SLUG_CHARS].strip("-") or "memory"
-    return f"{memory['created_at'][:ISO_DATE_CHARS]}-{slug}-{memory['uid'][:8]}.md"
+    return f"{memory['created_at'][:DATE_CHARS]}-{slug}-{memory['uid'][:8]}.md"
 
 
 def markdown_note(memory: dict) -> str:
@@ -8098,7 +8103,7 @@ class Panel:
         if command == "consolidate":
             return mem.consolidate(dry_run=dry_run, persona_id=persona)
         if command == "backup":
-            dest = mem.backup_dir() / f"{mem.path.stem}-manual-{now().strftime('%Y%m%dT%H%M%SZ')}.db"
+            dest = mem.manual_backup_path()
             return {"backup": str(dest), "bytes": mem.stats()["size_bytes"]} if dry_run else mem.online_backup(dest)
         if command == "vacuum":
             return {"before_bytes": mem.stats()["size_bytes"]} if dry_run else mem.vacuum()
@@ -8259,8 +8264,7 @@ def health(mem: "Memory") -> dict:
     than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load)."""
     try:
         schema = mem.value("pragma user_version")
-        pending = mem.value("select count(*) from documents where embedding_state = 'pending' "
-                            "and embedding_error is null")
+        pending = mem.value(mem.queries["pending_vectors"])
         db_ok = True
     except apsw.Error as e:
         schema, pending, db_ok = None, None, False
@@ -8399,7 +8403,6 @@ import click  # noqa: E402  (kept beside its only user)
 LIST_LIMIT_DEFAULT = 20  #: `list` rows per page
 RECALL_K_DEFAULT = 5  #: memories `recall` prints
 ATOMS_K_DEFAULT = 10  #: facts `atoms` prints
-DATE_CHARS = len("2026-11-30")  #: the date part of an ISO-8601 timestamp
 LINE_PREVIEW_CHARS = 100  #: memory text shown on one line by `list` and `consolidate`
 HIT_PREVIEW_CHARS = 200  #: text shown per hit by `recall` and `atoms`
 
@@ -9087,7 +9090,7 @@ def backup(state, dest):
     """
     mem = state.memory()
     if dest is None:
-        dest = mem.backup_dir() / f"{mem.path.stem}-manual-{now().strftime('%Y%m%dT%H%M%SZ')}.db"
+        dest = mem.manual_backup_path()
     r = mem.online_backup(Path(dest).expanduser().resolve())
     click.echo(f"{r['backup']} ({r['bytes']:,} bytes)")
 

@@ -150,3 +150,9 @@ from main.documents p
 left join restored.documents r on r.uid = p.uid
 where r.id is null or r.updated_at is not p.updated_at
 order by p.id;
+
+-- name: pending_vectors
+-- What /health reports as pending_vectors: memories and graph entries waiting for a vector that the
+-- back-fill can still make (pending, not refused by the provider).
+select (select count(*) from documents where embedding_state = 'pending' and embedding_error is null)
+     + (select count(*) from graph_entries where embedding_state = 'pending' and embedding_error is null);
