@@ -2047,6 +2047,7 @@ class Vectors:
 GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects of one memory (each)
 GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
 GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
+GRAPH_LAYOUT = "2"  #: meta graph_layout of the entries _stage_graph writes (Layers._upgrade_graph_entries)
 
 
 class Layers:
@@ -2211,8 +2212,12 @@ class Layers:
                           (left, expires, doc_id, other, now_iso(), r["atom_id"]))
 
     def _stage_graph(self, p: Prepared, _vectors) -> None:
-        """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and one
-        searchable entry per node and edge, all tied to the source document (seed: Memory Model 3). In tx."""
+        """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and their
+        searchable entries, all tied to the source document (seed: Memory Model 3). In tx.
+        Entries: one per subject ("Person: X. Summary: …"), one per fact ("Fact: …" + "About:" the
+        subjects, which is what the describes edges say), one per fact chain link (two adjacent facts
+        searched together); describes and co_occurs_with stay edges only. The session context is
+        indexed once per memory, on its anchor entry (graph_anchor_text), not on every fact."""
         c, stamp = self.conn, now_iso()
         self._clear_graph(p.document_id)
         doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
@@ -2249,23 +2254,26 @@ class Layers:
                       "confidence, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                       (self._new_id("graph_edges"), str(uuid.uuid4()), p.persona_id, p.document_id, src[0], dst[0],
                        relation, confidence, stamp, stamp))
-            entry(f"{src[1]} {relation.replace('_', ' ')} {dst[1]}", confidence, edge_id=c.last_insert_rowid(),
-                  state="skip")
+            if relation == "mentioned_in":
+                entry(f"{src[1]} mentioned in {dst[1]}", confidence, edge_id=c.last_insert_rowid(), state="skip")
 
         subjects = [(node("person", v), "Person") for v in p.participants[:GRAPH_MAX_SUBJECTS]] + \
                    [(node("topic", v), "Topic") for v in p.topics[:GRAPH_MAX_SUBJECTS]]
         seen_nodes: set = set()  # two spellings of one entity ("Alice", "alice", "NYC"/"New York") = one subject
         subjects = [s for s in subjects if s[0][0] not in seen_nodes and not seen_nodes.add(s[0][0])]
-        for (nid, shown), label in subjects:  # keyword entry points only: a name's vector says little
-            entry(f"{label}: {shown}. Summary: {summary}", GRAPH_SUBJECT_CONFIDENCE, node_id=nid, state="skip")
+        about = ", ".join(shown for (_, shown), _ in subjects)
+        for n, ((nid, shown), label) in enumerate(subjects):  # keyword entry points only: a name's vector says little
+            entry(graph_anchor_text(f"{label}: {shown}. Summary: {summary}", context if n == 0 else ""),
+                  GRAPH_SUBJECT_CONFIDENCE, node_id=nid, state="skip")
         facts = []
         for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
             confidence = self.rules.classify(fact)[1]
             n = node("fact", fact)
             if any(n[0] == f[0][0] for f in facts):  # same fact up to case/whitespace
                 continue
-            text = self._fact_entry_text(fact, summary, context)
-            entry(text, confidence, node_id=n[0])
+            anchor = not subjects and not facts  # no subject: the first fact carries the context
+            entry(graph_anchor_text(fact_entry_text(fact, about), context if anchor else ""), confidence,
+                  node_id=n[0])
             facts.append((n, confidence))
         for (s, _label) in subjects:
             for f, confidence in facts:
@@ -2314,30 +2322,73 @@ class Layers:
         context = "\n".join(c for _, c in self._session_context(persona_id, session_id, created_at, doc_id))
         return context[-self.cfg.embedding.context_chars:].lstrip()
 
-    @staticmethod
-    def _fact_entry_text(fact: str, summary: str, context: str) -> str:
-        if context:
-            return f"Fact: {fact}\nContext: {context}"
-        return f"Fact: {fact}" + (f". Summary: {summary}" if summary not in fact else "")
-
     def _refresh_graph_context(self, ids) -> None:
-        """Inside the write transaction, after a change: the fact entries of memories `ids` get the
-        keyword text of their new session context (no embedding involved: fact vectors are the fact's). In tx."""
-        c, stamp = self.conn, now_iso()
+        """Inside the write transaction, after a change: the anchor entries (graph_anchor_text) of
+        memories `ids` get the keyword text of their new session context (no embedding involved:
+        fact vectors are the fact's). In tx."""
+        stamp = now_iso()
         for i in dict.fromkeys(ids):
             d = self.rows("select persona_id, session_id, created_at, summary, content from documents "
                           "where id = ?", (i,))
-            if not d:
+            anchor = self.rows(self.queries["document_anchor_entry"], {"document_id": i})
+            if not d or not anchor:
                 continue
-            d = d[0]
+            d, e = d[0], anchor[0]
             summary = (d["summary"] or d["content"])[: self.cfg.write.graph_summary_chars]
             context = self._graph_context(d["persona_id"], d["session_id"], d["created_at"], i)
-            for e in self.rows(self.queries["document_fact_entries"], {"document_id": i}):
-                text = self._fact_entry_text(e["value"], summary, context)
-                c.execute("update graph_entries set text = ?, updated_at = ? where id = ?", (text, stamp, e["id"]))
-                c.execute("delete from graph_entries_fts where rowid = ?", (e["id"],))
-                c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
-                          (e["id"], self.seg.segmented(text)))
+            base = fact_entry_text(e["value"], "") if e["node_type"] == "fact" else \
+                f"{e['node_type'].title()}: {e['value']}. Summary: {summary}"
+            self._put_entry_text(e["id"], graph_anchor_text(base, context), stamp)
+
+    def _put_entry_text(self, entry_id: int, text: str, stamp: str) -> None:
+        """Replace a graph entry's keyword text and its FTS row. In tx."""
+        self.conn.execute("update graph_entries set text = ?, updated_at = ? where id = ?", (text, stamp, entry_id))
+        self.conn.execute("delete from graph_entries_fts where rowid = ?", (entry_id,))
+        self.conn.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
+                          (entry_id, self.seg.segmented(text)))
+
+
+    def _upgrade_graph_entries(self) -> None:
+        """Files before graph layout 2 index every describes/co_occurs_with edge as a sentence and
+        the session context on every fact entry: rewrite them in one transaction as _stage_graph
+        writes them now (no vector changes: a fact's vector is the fact's), meta graph_layout = 2."""
+        if self.meta_get("graph_layout") == GRAPH_LAYOUT:
+            return
+        with self.tx() as c:
+            if self.meta_get("graph_layout") == GRAPH_LAYOUT:  # another process may have just done it
+                return
+            gone = [r["id"] for r in self.rows(self.queries["edge_only_entries"])]
+            for eid in gone:
+                c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
+                c.execute("delete from graph_entries where id = ?", (eid,))
+            docs = [r["id"] for r in self.rows(self.queries["documents_with_entries"])]
+            stamp = now_iso()
+            for i in docs:
+                entries = self.rows(self.queries["document_entry_nodes"], {"document_id": i})
+                about = ", ".join(e["value"] for e in entries if e["node_type"] != "fact")
+                for e in entries:
+                    if e["node_type"] == "fact":
+                        self._put_entry_text(e["id"], fact_entry_text(e["value"], about), stamp)
+            self._refresh_graph_context(docs)
+            if docs:  # merge the index's segments: every rewritten row left a deletion marker behind
+                c.execute("insert into graph_entries_fts(graph_entries_fts) values ('optimize')")
+            self._meta_set("graph_layout", GRAPH_LAYOUT)
+        if docs:
+            log.warning("graph entries upgraded to layout %s: %s memories, %s edge sentences dropped "
+                        "(`python aokun.py vacuum` returns the freed space)", GRAPH_LAYOUT, len(docs), len(gone))
+
+
+def fact_entry_text(fact: str, about: str) -> str:
+    """The keyword text of a fact's graph entry: the fact, and the memory's subjects (what its
+    describes edges say, once per fact instead of one entry per edge)."""
+    return f"Fact: {fact}" + (f"\nAbout: {about}" if about else "")
+
+
+def graph_anchor_text(text: str, context: str) -> str:
+    """A memory's anchor entry (its first subject's, or with no subject its first fact's) carries
+    its session context, so a reply ("Yes, last May") is found by the words of what it answers;
+    indexed once per memory, the context does not multiply the keyword index by its fact count."""
+    return text + (f"\nContext: {context}" if context else "")
 
 
 # Write path and journal: memorize, edit, delete, recovery ########################################
@@ -3605,7 +3656,9 @@ class Recall:
         timings = stats.setdefault("channel_ms", {})
         names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "graph_vector": "recall_graph_vector",
                  "vector": "recall_vector_session" if params["session_id"] else "recall_vector"}
-        keyword = [ch for ch in chosen if ch not in ("vector", "graph_vector")]
+        # the slowest channel first: with fewer workers than channels the others queue behind it, not it behind them
+        keyword = sorted((ch for ch in chosen if ch not in ("vector", "graph_vector")),
+                         key=lambda ch: ch != "graph_keyword")
         vectors = [ch for ch in chosen if ch in ("vector", "graph_vector")]
         concurrent = len(chosen) > 1
         params = dict(params, embedding=None, query_i8=None)
@@ -3628,9 +3681,9 @@ class Recall:
 
     def _run_channels(self, queries: list[str], params: dict, concurrent: bool) -> list:
         """Start the channel queries: each on its own query-only connection in a worker thread when
-        `concurrent` and [recall] parallel_channels > 1 (SQLite runs them side by side; APSW releases
-        the GIL), else one after another on the main connection, now. Returns per query a function
-        giving (rows or the apsw.Error, ms)."""
+        `concurrent` and [recall] parallel_channels > 1, at most one worker per CPU (SQLite runs them
+        side by side; APSW releases the GIL), else one after another on the main connection, now.
+        Returns per query a function giving (rows or the apsw.Error, ms)."""
         def one(sql, rows):
             t0 = time.perf_counter()
             try:
@@ -3638,7 +3691,7 @@ class Recall:
             except apsw.Error as e:
                 out = e
             return out, round((time.perf_counter() - t0) * 1000, 2)
-        workers = self.cfg.recall.parallel_channels
+        workers = min(self.cfg.recall.parallel_channels, os.cpu_count() or 1)  # more threads than cores: slower
         if workers <= 1 or not concurrent:
             done = [one(sql, self.rows) for sql in queries]
             return [lambda r=r: r for r in done]
@@ -6453,6 +6506,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._local = threading.local()
         self._upgrade_vector_index()
         self._compact_vectors()
+        self._upgrade_graph_entries()
         self._check_embedding_meta()
         self.last_recovery: dict = {}
         if recover:

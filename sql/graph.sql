@@ -42,8 +42,27 @@ select source_id from graph_edges where document_id = :document_id
 union
 select target_id from graph_edges where document_id = :document_id;
 
--- name: document_fact_entries
--- Memory :document_id's fact entries with their fact (the node's value).
-select e.id, n.value
+-- name: document_entry_nodes
+-- Memory :document_id's subject and fact entries with their node (type, value), in entry order.
+select e.id, n.node_type, n.value
 from graph_entries e join graph_nodes n on n.id = e.node_id
-where e.document_id = :document_id and n.node_type = 'fact';
+where e.document_id = :document_id and e.edge_id is null
+order by e.id;
+
+-- name: edge_only_entries
+-- Entries of describes / co_occurs_with edges, which files before graph layout 2 indexed as
+-- sentences ("Alice describes …"); they are edges only now (Layers._upgrade_graph_entries).
+select e.id from graph_entries e join graph_edges g on g.id = e.edge_id
+where g.relation in ('describes', 'co_occurs_with');
+
+-- name: documents_with_entries
+select distinct document_id as id from graph_entries order by document_id;
+
+-- name: document_anchor_entry
+-- Memory :document_id's anchor entry, which carries its session context (aokun.graph_anchor_text):
+-- its first subject's entry, or with no subject its first fact's.
+select e.id, n.node_type, n.value
+from graph_entries e join graph_nodes n on n.id = e.node_id
+where e.document_id = :document_id and e.edge_id is null
+order by n.node_type = 'fact', e.id
+limit 1;

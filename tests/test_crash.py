@@ -126,7 +126,7 @@ def test_kill_at_stage_then_recover(tmp_path, op, stage, when, mode):
                            "left join graph_nodes n on n.id = e.node_id where e.document_id = ?", (doc_id,))
         # nodes Carol, roadmap and 2 facts; edges 2x2 describes + 1 fact chain + 1 subject pair
         assert count(mem, "graph_edges", "document_id = ?", (doc_id,)) == 6
-        assert len(entries) == 4 + 6
+        assert len(entries) == 4 + 1  # describes and co_occurs_with are edges only, the fact chain has an entry
         assert all(e["embedding_state"] == ("done" if e["node_type"] == "fact" else "skip") for e in entries)
         assert count(mem, "graph_vec") == count(mem, "graph_entries", FACT_ENTRIES)
         assert count(mem, "graph_nodes", "canonical = 'carol'") == 1

@@ -58,14 +58,21 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
     assert edges == [{"relation": "co_occurs_with", "n": 1}, {"relation": "describes", "n": 4},
                      {"relation": "mentioned_in", "n": 1}]
     entries = mem.rows("select * from graph_entries where document_id = ? order by id", (doc_id,))
-    assert len(entries) == 4 + 6 == r["graph_entries"]
+    # one entry per node and one for the fact chain; describes and co_occurs_with are edges only
+    assert len(entries) == 4 + 1 == r["graph_entries"]
     node_entries = [e for e in entries if e["node_id"] is not None]
     fact_entries = [e for e in node_entries if e["text"].startswith("Fact: ")]
     assert len(node_entries) == 4 and len(fact_entries) == 2
     assert all(e["embedding_state"] == "done" for e in fact_entries)
     # person/topic entries and edge entries are keyword entry points only
     assert all(e["embedding_state"] == "skip" for e in entries if e not in fact_entries)
-    assert any(e["text"].startswith("Person: Alice. Summary: ") for e in node_entries)
+    assert [e["text"] for e in node_entries if e not in fact_entries] == \
+        ["Person: Alice. Summary: " + ALICE, "Topic: coffee. Summary: " + ALICE]
+    # a fact entry names the memory's subjects (what its describes edges say)
+    assert [e["text"] for e in fact_entries] == ["Fact: Alice loves iced americano.\nAbout: Alice, coffee",
+                                                 "Fact: She will visit Tokyo next week.\nAbout: Alice, coffee"]
+    assert [e["text"] for e in entries if e["edge_id"] is not None] == \
+        ["Alice loves iced americano. mentioned in She will visit Tokyo next week."]
     assert [r["rowid"] for r in mem.rows("select rowid from graph_entries_fts order by rowid")] == \
         [e["id"] for e in entries]
     assert [r["entry_id"] for r in mem.rows("select entry_id from graph_vec order by entry_id")] == \
@@ -583,3 +590,49 @@ def test_a_fact_text_is_embedded_once(db_path, open_mem):
     mem.memorize_many([("Dan flew to Oslo today. Erin baked fresh bread.", {"session_id": "s3"}),
                        ("Dan flew to Oslo today. Finn fixed the old roof.", {"session_id": "s4"})])
     assert seen.count("Dan flew to Oslo today.") == 1
+
+
+def test_session_context_is_indexed_once_per_memory_on_its_anchor(mem):
+    """The context (the memory before it in its session) goes on the memory's first subject entry
+    only, not on every fact entry: indexed once, and a reply is still found by what it answers."""
+    meta = {"session_id": "trip", "participants": ["Bob"]}
+    mem.memorize("Where did you go hiking last May?", meta | {"timestamp": "2025-06-01T10:00:00Z"})
+    b = mem.memorize("We hiked the Dolomites. It rained every day.", meta | {"timestamp": "2025-06-01T10:01:00Z"})["id"]
+    texts = [r["text"] for r in mem.rows("select text from graph_entries where document_id = ? and edge_id is null "
+                                         "order by id", (b,))]
+    assert texts == ["Person: Bob. Summary: We hiked the Dolomites. It rained every day.\n"
+                     "Context: Where did you go hiking last May?",
+                     "Fact: We hiked the Dolomites.\nAbout: Bob", "Fact: It rained every day.\nAbout: Bob"]
+    assert b in [h["id"] for h in mem.recall("hiking May", k=5, channels="graph_keyword")["results"]]
+
+
+def test_an_old_graph_layout_is_rewritten_when_the_file_is_opened(db_path, open_mem):
+    """Files before graph layout 2 indexed every describes/co_occurs_with edge as a sentence and the
+    context on every fact: opening one rewrites its entries as a new write makes them (vectors kept)."""
+    mem = open_mem(db_path)
+    meta = {"session_id": "s", "participants": ["Alice"], "topics": ["coffee"]}
+    mem.memorize("We met at the cafe.", meta | {"timestamp": "2025-01-01T10:00:00Z"})
+    b = mem.memorize(ALICE, meta | {"timestamp": "2025-01-01T10:05:00Z"})["id"]
+    fresh = mem.rows("select id, text from graph_entries order by id")
+    vectors = mem.rows("select entry_id, embedding from graph_vectors order by entry_id")
+    with mem.tx() as c:  # what the old layout wrote for memory b
+        for e in mem.rows("select e.id, n.value from graph_entries e join graph_nodes n on n.id = e.node_id "
+                          "where e.document_id = ? and n.node_type = 'fact'", (b,)):
+            mem._put_entry_text(e["id"], f"Fact: {e['value']}\nContext: We met at the cafe.", "2025-01-01T10:05:00Z")
+        mem._put_entry_text(fresh[[r["id"] for r in fresh].index(min(
+            r["id"] for r in fresh if r["text"].startswith("Person: Alice. Summary: Alice")))]["id"],
+            "Person: Alice. Summary: " + ALICE, "2025-01-01T10:05:00Z")
+        edge = mem.value("select id from graph_edges where document_id = ? and relation = 'describes'", (b,))
+        c.execute("insert into graph_entries(id, uid, persona_id, session_id, document_id, edge_id, text, confidence, "
+                  "archived, embedding_state, created_at, updated_at) values (999, 'old-edge', '', 's', ?, ?, "
+                  "'Alice describes Alice loves iced americano.', 0.9, 0, 'skip', '2025', '2025')", (b, edge))
+        c.execute("insert into graph_entries_fts(rowid, segmented) values (999, 'alice describes alice')")
+        c.execute("delete from meta where key = 'graph_layout'")
+    mem.close()
+    mem = open_mem(db_path)
+    assert mem.meta_get("graph_layout") == aokun.GRAPH_LAYOUT
+    assert mem.rows("select id, text from graph_entries order by id") == fresh
+    assert mem.rows("select entry_id, embedding from graph_vectors order by entry_id") == vectors
+    assert mem.value("select count(*) from graph_entries_fts") == len(fresh)
+    assert fts_ids(mem, "graph_entries_fts", "describes") == []
+    assert mem.doctor() == []
