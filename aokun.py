@@ -319,6 +319,10 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "on_version_change": True,
         "keep_days": 7,
     },
+    "sync": {
+        "dir": "",
+        "interval": 300.0,
+    },
     "conversations": {
         "rules_dir": "rules/ingest",
         "keep_days": 0,
@@ -378,6 +382,7 @@ RANGES: dict[str, dict[str, str]] = {
     "backup": {"keep_days": ">= 1"},
     "conversations": {"keep_days": ">= 0", "batch_size": ">= 1", "max_turn_chars": ">= 1", "max_chars_per_hit": ">= 0",
                       "max_chars_per_turn": ">= 0", "briefing_sessions": ">= 0", "watch_interval_seconds": "> 0"},
+    "sync": {"interval": ">= 1"},
     "server": {"port": "1..65535"},
 }
 
@@ -6257,6 +6262,8 @@ class Sync:
                 self._sync_apply(folder, scratch, report)
             finally:
                 scratch.close()
+            if report["applied"] and self.vectors_awaited():  # also what a crashed sync left unembedded
+                self.backfill_vectors()
             with self.tx():
                 self._meta_set("sync_last", now_iso())
         return report
@@ -6331,7 +6338,35 @@ class Sync:
                                 rec["kind"], rec[key], rec[stamp], sync_hash(rec), json.dumps(rec, ensure_ascii=False)))
                 finally:
                     self.conn.execute("COMMIT")
+        self._sync_order_successors(s)
         return s
+
+    def _sync_order_successors(self, s: apsw.Connection) -> None:
+        """Make every record changed here since the last sync order after the version it was changed
+        from, as versions are ordered everywhere (stamp, then hash): one changed within the same second
+        (with a smaller hash) or under a clock behind the other device's gets updated_at = that
+        version's stamp + 1 s, here and in the snapshot. Without it the other devices would keep the
+        older version and this one its own, for good. A row changed meanwhile keeps its old version
+        in this sync (it goes next time)."""
+        behind = s.execute("select c.kind, c.uid, c.stamp, c.hash, b.stamp, c.body from current c join base0 b "
+                           "on b.kind = c.kind and b.uid = c.uid where (c.stamp, c.hash) < (b.stamp, b.hash) "
+                           "and c.kind in ('memory', 'entity', 'triple', 'session')").fetchall()
+        for kind, uid, stamp, _digest, after, body in behind:
+            table = {"memory": "documents", "entity": "kg_entities", "triple": "kg_triples",
+                     "session": "conv_sessions"}[kind]
+            later = iso(parse_time(after) + dt.timedelta(seconds=1))
+            with self.tx() as c:
+                c.execute(f"update {table} set updated_at = ? where uid = ? and updated_at = ?", (later, uid, stamp))
+                moved = c.changes()
+            rec = json.loads(body) | {"updated_at": later}
+            with s:
+                if moved:
+                    s.execute("update current set stamp = ?, body = ? where kind = ? and uid = ?",
+                              (later, json.dumps(rec, ensure_ascii=False), kind, uid))
+                else:
+                    s.execute("update current set stamp = b.stamp, hash = b.hash from base0 b where b.kind = "
+                              "current.kind and b.uid = current.uid and current.kind = ? and current.uid = ?",
+                              (kind, uid))
 
     def _sync_write(self, folder: Path, device: str, s: apsw.Connection) -> tuple[str | None, int]:
         """Make the changeset base → current (a session on the scratch `records` table while it is
@@ -6353,9 +6388,8 @@ class Sync:
         session.close()
         if not changeset:
             return None, 0
-        changes = [(ch.op, *(ch.old if ch.op == "DELETE" else (ch.new if ch.op == "INSERT" else ch.old))[:2],
-                    *((None, None) if ch.op == "DELETE" else (_change_value(ch, 2), _change_value(ch, 3))))
-                   for ch in apsw.Changeset.iter(changeset)]  # (op, kind, uid, stamp, hash)
+        changes = [(ch.op, *(ch.new if ch.op == "INSERT" else ch.old)[:2])
+                   for ch in apsw.Changeset.iter(changeset)]  # (op, kind, uid)
         try:
             own = [int(m[2]) for f in folder.iterdir() if (m := SYNC_NAME.match(f.name)) and m[1] == device]
             # a file of ours already there under the next number: written before a crash, never recorded
@@ -6375,10 +6409,12 @@ class Sync:
         except OSError as e:
             raise AokunError(f"cannot write the changeset into {folder}: {e.strerror or e}") from None
         with self.tx() as c:
-            for op, kind, uid, stamp, digest in changes:
+            for op, kind, uid in changes:
                 if op == "DELETE":
                     c.execute(self.queries["sync_base_drop"], {"kind": kind, "uid": uid})
                 else:
+                    stamp, digest = s.execute("select stamp, hash from records where kind = ? and uid = ?",
+                                              (kind, uid)).fetchone()
                     c.execute(self.queries["sync_base_set"], {"kind": kind, "uid": uid, "stamp": stamp, "hash": digest})
             c.execute(self.queries["sync_applied_add"], {"device": device, "seq": seq, "now": now_iso()})
             self._meta_set("sync_next_seq", seq + 1)
@@ -6446,14 +6482,19 @@ class Sync:
                 if ch.name != "records" or ch.column_count != 5:
                     raise SyncFileError(f"foreign changeset (table {ch.name!r})")
                 if ch.op == "DELETE":
-                    changes.append(("DELETE", *ch.old[:4], None, None))
+                    changes.append(("DELETE", *ch.old[:3], None, None, None))
                     continue
                 kind, uid = (ch.new if ch.op == "INSERT" else ch.old)[:2]
-                stamp, digest, rec = _change_value(ch, 2), _change_value(ch, 3), json.loads(ch.new[4])
+                stamp, rec = _change_value(ch, 2), json.loads(ch.new[4])  # no_change: the stamp stayed
+                key, field = SYNC_KINDS.get(kind, ("", ""))
                 if kind not in SYNC_KINDS or not isinstance(rec, dict) or rec.get("kind") != kind or \
-                        rec.get(SYNC_KINDS[kind][0]) != uid or rec.get(SYNC_KINDS[kind][1]) != stamp:
+                        rec.get(key) != uid or (stamp is not apsw.no_change and rec.get(field) != stamp):
                     raise SyncFileError(f"a change does not hold the record it names ({kind} {uid})")
-                changes.append((ch.op, kind, uid, stamp, digest, rec, ch.old[2:4] if ch.op == "UPDATE" else None))
+                stamp = rec[field]
+                digest = sync_hash(rec)
+                old = None if ch.op == "INSERT" else tuple(  # the version the change was made on
+                    mine if v is apsw.no_change else v for v, mine in zip(ch.old[2:4], (stamp, digest), strict=True))
+                changes.append((ch.op, kind, uid, stamp, digest, rec, old))
         except (apsw.Error, zlib.error, ValueError, TypeError, IndexError) as e:
             raise SyncFileError(f"damaged changeset ({_one_line(str(e), 200)})") from None
         try:
@@ -6492,11 +6533,14 @@ class Sync:
                 known.append({"kind": kind, "uid": uid, "stamp": stamp, "hash": digest})
                 continue
             if here is None:
-                gone = s.execute("select stamp from current where kind = 'tombstone' and uid = ?", (uid,)).fetchone()
-                if gone is not None and kind in TOMBSTONE_KINDS.values() and gone[0] >= stamp:
+                gone = s.execute("select stamp, body from current where kind = 'tombstone' and uid = ?",
+                                 (uid,)).fetchone() if kind in TOMBSTONE_KINDS.values() else None
+                if gone is not None and gone[0] >= stamp:  # deleted here as late: it stays deleted
                     if base is None or tuple(base) != version:
                         lost(rec, kind, uid, stamp, gone[0], dev)
                     continue
+                if gone is not None:  # changed there after it was deleted here: it comes back
+                    lost(json.loads(gone[1]), "tombstone", uid, gone[0], stamp, mine)
             elif version > tuple(here[:2]):
                 if (old is None or tuple(old) != tuple(here[:2])) and here[1] != digest:
                     lost(json.loads(here[2]), kind, uid, here[0], stamp, mine)
@@ -7761,7 +7805,8 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
     """The server's background thread, off the request path: load jieba and the embedding model,
     take the version-change backup, then back-fill missing vectors (again after BACKFILL_RETRY_SECONDS
     while the provider fails, so vectors come back within minutes of it answering) and every
-    scheduler_interval_seconds run the maintenance that is due (decay, atom sweep, daily backup).
+    scheduler_interval_seconds run the maintenance that is due (decay, atom sweep, daily backup), and
+    with [sync] dir set, every [sync] interval seconds a sync (_sync_step).
     Tool calls wait only for the short transactions, never for the whole job. Returns once `stop`
     is set (the back-fill checks it between batches); never raises: a failed warm-up is logged as
     a warning, a failed maintenance run as an error and retried at the next interval."""
@@ -7773,9 +7818,12 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
     except Exception as e:  # the server keeps serving; stats/doctor show what is missing
         log.warning("warm-up did not finish: %s", e)
     interval = mem.cfg.forgetting.scheduler_interval_seconds
-    next_backfill = next_maintenance = time.monotonic()
+    next_backfill = next_maintenance = next_sync = time.monotonic()
     failures = 0  # back-fill tries in a row that left vectors awaited
     while not stop.is_set():
+        if mem.cfg.sync.dir and time.monotonic() >= next_sync:
+            _sync_step(mem)
+            next_sync = time.monotonic() + mem.cfg.sync.interval
         if time.monotonic() >= next_backfill:
             failures = _backfill_step(mem, stop, failures)
             wait = BACKFILL_RETRY_SECONDS[min(failures, len(BACKFILL_RETRY_SECONDS)) - 1] if failures else interval
@@ -7789,7 +7837,23 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
             except Exception as e:
                 log.error("maintenance failed (retried in %ss): %s", interval, e)
             next_maintenance = time.monotonic() + interval
-        stop.wait(max(0.0, min(next_backfill, next_maintenance) - time.monotonic()))
+        due = min(next_backfill, next_maintenance, next_sync if mem.cfg.sync.dir else math.inf)
+        stop.wait(max(0.0, due - time.monotonic()))
+
+
+def _sync_step(mem: "Memory") -> None:
+    """One timed sync of _background with [sync] dir: a summary line when something moved, one error
+    line when it failed (tried again at the next interval), a warning per skipped file."""
+    try:
+        r = mem.sync(mem.cfg.resolve(mem.cfg.sync.dir))
+    except Exception as e:
+        log.error("sync with %s failed (tried again in %ss): %s", mem.cfg.sync.dir, mem.cfg.sync.interval, e)
+        return
+    if r["written"] or r["applied"] or r["conflicts"]:
+        log.info("sync: wrote %s, applied %d file(s) %s, %d new conflict(s)", r["written"] or "nothing",
+                 len(r["applied"]), r["merged"], r["conflicts"])
+    for x in r["skipped"]:
+        log.warning("sync: skipped %s: %s", x["file"], x["reason"])
 
 
 def _backfill_step(mem: "Memory", stop: threading.Event, failures: int) -> int:
@@ -8628,7 +8692,7 @@ async def notify_supervisor(started, interval: float | None, address: str | None
 
 def health(mem: "Memory") -> dict:
     """What /health answers: {ok, database: {path, ok, schema_version}, embedder: {provider, model,
-    loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup}, uptime_seconds,
+    loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup, sync}, uptime_seconds,
     version}. ok is false when the database does not answer or vector search is off for a reason other
     than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load)."""
     try:
@@ -8646,7 +8710,8 @@ def health(mem: "Memory") -> dict:
             "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
                                  **{k: mem.meta_get(f"{k}_last_run") if db_ok else None
                                     for k in ("decay", "lifecycle")},
-                                 "backup": mem.meta_get("backup_last") if db_ok else None},
+                                 "backup": mem.meta_get("backup_last") if db_ok else None,
+                                 "sync": mem.meta_get("sync_last") if db_ok else None},
             "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1), "version": __version__}
 
 
@@ -9565,6 +9630,58 @@ def import_cmd(state, file, as_json):
             click.echo(f"{kind:<14} {c['added']} added, {c['updated']} updated, {c['kept']} kept, "
                        f"{c['skipped']} skipped")
     click.echo(f"{r['deleted']} memories deleted by tombstones")
+
+
+@cli.command("sync")
+@click.argument("folder", required=False, metavar="DIR")
+@click.option("--conflicts", is_flag=True, help="List the versions that lost a conflict instead of syncing.")
+@click.option("--persona", help="With --conflicts: only this persona's (default: every persona's).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def sync_cmd(state, folder, conflicts, persona, as_json):
+    """Sync with your other devices through DIR, a folder they share already (Syncthing, Dropbox,
+    iCloud, a USB stick, a git work tree; default [sync] dir). Writes this file's changes since its
+    last sync as one changeset file `<device>-<number>.changeset` and merges the other devices' files;
+    never a live database in DIR. A record changed on two devices keeps the later version; the other
+    is kept and listed by `sync --conflicts`. A truncated or foreign file is skipped, and tried again
+    next time.
+
+    Example:
+
+        python aokun.py sync ~/Sync/aokun
+
+        python aokun.py sync --conflicts
+    """
+    mem = state.memory()
+    if conflicts:
+        rows = mem.sync_conflicts(persona)
+        if as_json:
+            _echo_json(rows)
+            return
+        for r in rows:
+            shown = r["loser"].get("content") or r["loser"].get("name") or r["loser"].get("predicate") or ""
+            click.echo(f"{r['detected_at']} {r['kind']} {r['uid']}: the version of {r['loser_stamp']} from "
+                       f"{r['loser_from'][:8]} lost to {r['winner_stamp']}"
+                       + (f": {_one_line(str(shown), LINE_PREVIEW_CHARS)}" if shown else ""))
+        click.echo(f"{len(rows)} conflict(s)")
+        return
+    folder = folder or state.cfg.sync.dir
+    if not folder:
+        raise InputError("DIR", "give the shared folder, or set [sync] dir in the settings")
+    r = mem.sync(state.cfg.resolve(folder))
+    if as_json:
+        _echo_json(r)
+        return
+    if r["new_device"]:
+        click.echo(f"this file syncs as device {r['device']} (new: first sync, or the file was copied or moved)")
+    click.echo(f"wrote {r['written']} ({r['sent']} records)" if r["written"] else "nothing new to send")
+    m = r["merged"]
+    click.echo(f"applied {len(r['applied'])} file(s): {m['added']} added, {m['updated']} updated, "
+               f"{m['kept']} kept, {m['skipped']} skipped; {r['conflicts']} new conflict(s)")
+    for x in r["skipped"]:
+        click.echo(f"skipped {x['file']}: {x['reason']}; tried again next sync", err=True)
+    for w in r["waiting"]:
+        click.echo(f"waiting for {w}: that device's later files wait until it arrives", err=True)
 
 
 def _print_changes(out: dict) -> None:
