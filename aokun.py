@@ -15,7 +15,8 @@ Sections, lower levels first (each under a `# Title ####` banner; grep for it):
     (memorize, edit, delete, recovery) · KnowledgeGraph (temporal triples) · Ranking (pure
     functions, no database) · Recall · Briefing (context within a token budget) · Forgetting
     (decay, atom lifecycle, consolidation) · Maintenance (health, rebuild, backups) · Summarizer
-    (the only LLM use) ·
+    (the only LLM use) · Conversations · Portable (export, import) · Sync (changeset files in a
+    shared folder) ·
   MCP server (models, tools, lifespan and transport) · Panel (the settings file; the web pages over
   the engine, templates in web/) · CLI (group, memories, recall and graph, maintenance) · main.
 `import aokun` loads neither the MCP SDK nor pydantic, starlette, jinja2 or uvicorn: only `serve`
