@@ -15,7 +15,8 @@ Sections, lower levels first (each under a `# Title ####` banner; grep for it):
     (memorize, edit, delete, recovery) · KnowledgeGraph (temporal triples) · Ranking (pure
     functions, no database) · Recall · Briefing (context within a token budget) · Forgetting
     (decay, atom lifecycle, consolidation) · Maintenance (health, rebuild, backups) · Summarizer
-    (the only LLM use) ·
+    (the only LLM use) · Conversations · Portable (export, import) · Sync (changeset files in a
+    shared folder) ·
   MCP server (models, tools, lifespan and transport) · Panel (the settings file; the web pages over
   the engine, templates in web/) · CLI (group, memories, recall and graph, maintenance) · main.
 `import aokun` loads neither the MCP SDK nor pydantic, starlette, jinja2 or uvicorn: only `serve`
@@ -58,6 +59,7 @@ import time
 import tomllib
 import unicodedata
 import uuid
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -318,6 +320,10 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "on_version_change": True,
         "keep_days": 7,
     },
+    "sync": {
+        "dir": "",
+        "interval": 300.0,
+    },
     "conversations": {
         "rules_dir": "rules/ingest",
         "keep_days": 0,
@@ -377,6 +383,7 @@ RANGES: dict[str, dict[str, str]] = {
     "backup": {"keep_days": ">= 1"},
     "conversations": {"keep_days": ">= 0", "batch_size": ">= 1", "max_turn_chars": ">= 1", "max_chars_per_hit": ">= 0",
                       "max_chars_per_turn": ">= 0", "briefing_sessions": ">= 0", "watch_interval_seconds": "> 0"},
+    "sync": {"interval": ">= 1"},
     "server": {"port": "1..65535"},
 }
 
@@ -5926,12 +5933,13 @@ class Portable:
     uids, so it imports into any file) and one Markdown note per memory. Derived data (FTS, vectors,
     graph, briefing) is never exported: an import re-derives it through the write pipeline."""
 
-    def export_records(self, persona_id=None, since=None):
+    def export_records(self, persona_id=None, since=None, kinds=None):
         """Yield the JSONL records of an export: a header {kind: header, format, version, schema,
         persona, since, tombstones}, then memories, atoms, entities, triples, sessions, turns,
         consolidations and tombstones, each kind ordered by uid. `persona_id` None exports every
         persona (tombstones too: they name no persona, so a one-persona export leaves them out);
-        `since` (ISO time) only what changed at or after it. Raises InputError for a bad since."""
+        `since` (ISO time) only what changed at or after it; `kinds` (None: all) only those kinds
+        (sync leaves the derived atoms out). Raises InputError for a bad since."""
         persona = None if persona_id is None else _label(persona_id, "persona")
         since = None if since is None else iso(parse_time(since, "since"))
         yield {"kind": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
@@ -5939,7 +5947,7 @@ class Portable:
                "tombstones": persona is None}
         params = {"persona": persona, "since": since}
         for kind, query in _EXPORT_QUERIES:
-            if kind == "tombstone" and persona is not None:
+            if (kind == "tombstone" and persona is not None) or (kinds is not None and kind not in kinds):
                 continue
             for row in self.rows(self.queries[query], params):
                 if kind == "consolidation":
@@ -5964,7 +5972,7 @@ class Portable:
 
     # import --------------------------------------------------------------------------------------
 
-    def import_export(self, lines) -> dict:
+    def import_export(self, lines, derive_atoms: bool = False, overwrite=frozenset()) -> dict:
         """Import an export (the lines of a JSONL file) into this file, whatever it holds already:
         uids decide. A record whose uid is here with the same or a later updated_at is kept as it is
         here; one deleted here (a tombstone at or after its updated_at) stays deleted; a memory whose
@@ -5972,20 +5980,28 @@ class Portable:
         base rows with a journal row each and re-derived through the pipeline (FTS, graph, vectors
         back-filled); atoms, facts, conversations and tombstones as rows. A tombstone deletes the row
         it names when that was not changed after the deletion. Everything but the re-derivation is one
-        transaction. Returns {kind: {added, updated, kept, skipped}, deleted}. Raises ImportFileError
-        (the line) for a line that is not a record, before anything is written."""
+        transaction. `derive_atoms` re-derives the memories' atoms too (sync, which does not carry
+        them) instead of taking the atom records; `overwrite` (uids) are written over the row here
+        even when it is as late (sync's tie-break decided). Returns {kind: {added, updated, kept, skipped},
+        deleted}. Raises ImportFileError (the line) for a line that is not a record, before anything
+        is written."""
         records = read_export(lines)
         report = {k: {"added": 0, "updated": 0, "kept": 0, "skipped": 0} for k in EXPORT_FIELDS}
         by_kind = {k: [(n, r) for n, r in records if r["kind"] == k] for k in EXPORT_FIELDS}
         ids: dict[tuple, int] = {}  # (table, uid) → id in this file
         with self._running() as claim:
             with self.tx():
-                preps = self._import_memories(by_kind["memory"], report["memory"], ids, claim)
-                self._import_atoms(by_kind["atom"], report["atom"], ids)
-                self._import_kg(by_kind["entity"], by_kind["triple"], report, ids)
-                self._import_conversations(by_kind["session"], by_kind["turn"], report, ids)
-                self._import_consolidations(by_kind["consolidation"], report["consolidation"], ids)
-                doomed = self._import_tombstones(by_kind["tombstone"], report["tombstone"])
+                self._import_overwrite = overwrite  # read by _import_verdict, under the tx's lock
+                try:
+                    preps = self._import_memories(by_kind["memory"], report["memory"], ids, claim,
+                                                  "docs_done" if derive_atoms else "atoms_done")
+                    self._import_atoms(by_kind["atom"], report["atom"], ids)
+                    self._import_kg(by_kind["entity"], by_kind["triple"], report, ids)
+                    self._import_conversations(by_kind["session"], by_kind["turn"], report, ids)
+                    self._import_consolidations(by_kind["consolidation"], report["consolidation"], ids)
+                    doomed = self._import_tombstones(by_kind["tombstone"], report["tombstone"])
+                finally:
+                    self._import_overwrite = frozenset()
             self.run_pipeline(preps)
         for doc_id, persona in doomed:
             self.delete(doc_id, persona)
@@ -6010,7 +6026,7 @@ class Portable:
         same or a later time, ('skipped', None) when a tombstone here is as late, else ('updated', id)
         or ('added', None)."""
         here = self.rows(f"select id, {stamp_key} as stamp from {table} where uid = ?", (rec["uid"],))
-        if here and here[0]["stamp"] >= rec[stamp_key]:
+        if here and here[0]["stamp"] >= rec[stamp_key] and rec["uid"] not in getattr(self, "_import_overwrite", ()):
             return "kept", here[0]["id"]
         gone = self.value("select deleted_at from tombstones where uid = ?", (rec["uid"],))
         if gone is not None and gone >= rec[stamp_key]:
@@ -6032,10 +6048,10 @@ class Portable:
         except (apsw.ConstraintError, apsw.MismatchError, TypeError, apsw.BindingsError) as e:
             raise ImportFileError(line, f"{table} refuses it ({e})") from None
 
-    def _import_memories(self, recs, report: dict, ids: dict, claim) -> list[Prepared]:
+    def _import_memories(self, recs, report: dict, ids: dict, claim, status: str = "atoms_done") -> list[Prepared]:
         """Write the memory records (oldest first, so ids follow time) as documents rows with their
-        FTS text, each with a journal row at atoms_done for the pipeline's graph stages; then
-        merged_into. Returns the writes for run_pipeline. In tx."""
+        FTS text, each with a journal row at `status` (atoms_done: the pipeline's graph stages;
+        docs_done: atoms too); then merged_into. Returns the writes for run_pipeline. In tx."""
         c, preps, state = self.conn, [], "pending" if self.embedder.provider != "none" else "none"
         for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
             verdict, doc_id = self._import_verdict("documents", r)
@@ -6070,7 +6086,7 @@ class Portable:
             p.document_id = ids[("documents", r["uid"])] = self._import_row("documents", cols, doc_id, n)
             c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
                       (p.document_id, self.seg.segmented(self._doc_index_text(p))))
-            p.op, p.status, stamp = "edit", "atoms_done", now_iso()
+            p.op, p.status, stamp = "edit", status, now_iso()
             p.op_id = claim(self._journal_row("edit", p, stamp))  # its payload in memory_write_payloads
             self._briefing_stale(p.persona_id)
             preps.append(p)
@@ -6220,6 +6236,404 @@ class Portable:
                         c.execute("delete from conv_turn_vec where turn_id = ?", (turn,))
                     c.execute("delete from conv_turns where id = ?", (turn,))
         return doomed
+
+
+# Sync between devices: changeset files in a shared folder ########################################
+
+SYNC_FORMAT = "aokun-changeset"  #: a changeset file's header `format`
+SYNC_VERSION = 1  #: the changeset file layout; a file of a newer one is skipped (upgrade Aokun)
+#: A changeset file's name: `<device id (a uuid4)>-<sequence number>.changeset`.
+SYNC_NAME = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(\d{8,})\.changeset$")
+#: The export kinds that travel: kind → (the field it is keyed by, the time that orders its versions).
+#: Atoms do not: they are derived, each device re-derives them from the memories it merges.
+SYNC_KINDS = {"memory": ("uid", "updated_at"), "entity": ("uid", "updated_at"), "triple": ("uid", "updated_at"),
+              "session": ("uid", "updated_at"), "turn": ("uid", "created_at"),
+              "consolidation": ("survivor", "created_at"), "tombstone": ("uid", "deleted_at")}
+#: Fields a record's content hash leaves out: its times and the usage bookkeeping each device keeps
+#: itself (daily decay, access counts). Alone they make no change to send; they travel with one.
+SYNC_UNHASHED = ("updated_at", "created_at", "deleted_at", "importance", "access_count", "last_access_at",
+                 "useful_count", "last_useful_at", "turn_count")
+#: The synced kind of the row a tombstone's table_name names.
+TOMBSTONE_KINDS = {"documents": "memory", "kg_entities": "entity", "kg_triples": "triple",
+                   "conv_sessions": "session", "conv_turns": "turn"}
+SYNC_CONFLICTS_LIMIT = 1000  #: the most conflicts `sync --conflicts` lists
+_SYNC_RUNNING: set[str] = set()  #: database files this process is syncing now
+_SYNC_LOCK = threading.Lock()
+_SYNC_TABLES = """
+create table base0(kind text, uid text, stamp text, hash text, primary key(kind, uid));
+create table current(kind text, uid text, stamp text, hash text, body text, primary key(kind, uid));
+create table records(kind text, uid text, stamp text, hash text, body text, primary key(kind, uid));
+"""
+
+
+class SyncFileError(Exception):
+    """A changeset file that cannot be applied now (truncated, damaged, foreign, newer): skipped with
+    this reason, not marked applied, tried again at the next sync."""
+
+
+def sync_hash(rec: dict) -> str:
+    """The content hash of an export record: 16 hex digits of the SHA-256 of its JSON without the
+    SYNC_UNHASHED fields. Two versions with the same hash differ at most in times and usage counts."""
+    body = {k: v for k, v in rec.items() if k not in SYNC_UNHASHED}
+    return hashlib.sha256(json.dumps(body, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _change_value(change, i: int):
+    """Column `i` of a changeset UPDATE's new values, or of its old ones where it did not change."""
+    v = change.new[i]
+    return change.old[i] if v is apsw.no_change else v
+
+
+class Sync:
+    """Sync between devices without a server: each device writes its changes since its last sync into
+    a folder the user shares anyway (Syncthing, Dropbox, a USB stick, a git work tree) as changeset
+    files, and merges the other devices' files. A changeset is made by SQLite's session extension
+    (APSW) over a uid-keyed table of export records, so it never names a local id; merging goes
+    through the import (uids decide, derived data re-derived). The state (what was sent, which files
+    were applied, the conflicts' losing versions) is in this file (schema 0012), never in the folder.
+    Versions of a record are ordered by (stamp, content hash): the later wins everywhere."""
+
+    def sync(self, folder) -> dict:
+        """Sync with the other devices through `folder`: write this file's changes since its last sync
+        as `<device>-<seq>.changeset` (none when nothing changed), then apply the other devices' files
+        not applied here yet, each device's in sequence order (a missing number waits for its file).
+        A file that is truncated, damaged, foreign or from a newer Aokun is skipped with its reason and
+        tried again next time. Returns {folder, device, new_device: bool (a file copied or moved gets
+        a device id of its own), written: file name or None, sent: records, applied: [file names],
+        merged: {added, updated, kept, skipped}, skipped: [{file, reason}], waiting: [file names],
+        conflicts: new ones}. Raises InputError when `folder` is not a folder, AokunError when another
+        sync of this file is running or the folder cannot be written."""
+        folder = Path(folder).expanduser()
+        if not folder.is_dir():
+            raise InputError("DIR", f"{folder} is not a folder; give the folder the devices share")
+        report = {"folder": str(folder), "written": None, "sent": 0, "applied": [], "skipped": [], "waiting": [],
+                  "merged": {"added": 0, "updated": 0, "kept": 0, "skipped": 0}, "conflicts": 0}
+        with self._sync_claim():
+            report["device"], report["new_device"] = self._sync_device()
+            scratch = self._sync_snapshot()
+            try:
+                report["written"], report["sent"] = self._sync_write(folder, report["device"], scratch)
+                self._sync_apply(folder, scratch, report)
+            finally:
+                scratch.close()
+            if report["applied"] and self.vectors_awaited():  # also what a crashed sync left unembedded
+                self.backfill_vectors()
+            with self.tx():
+                self._meta_set("sync_last", now_iso())
+        return report
+
+    def sync_conflicts(self, persona_id=None, limit: int = SYNC_CONFLICTS_LIMIT) -> list[dict]:
+        """The versions that lost a conflict, newest first: [{id, kind, uid, persona_id, winner_stamp,
+        loser_stamp, loser_from (device id), loser (the export record), detected_at}]. `persona_id`
+        None lists every persona's (and the tombstones'), else only that persona's."""
+        persona = None if persona_id is None else _label(persona_id, "persona")
+        rows = self.rows(self.queries["sync_conflicts_list"], {"persona": persona, "limit": limit})
+        for r in rows:
+            r["loser"] = json.loads(r["loser"])
+        return rows
+
+    @contextlib.contextmanager
+    def _sync_claim(self):
+        """Hold this file's sync: one at a time per file, across threads (a set) and processes (meta
+        sync_owner, taken over from a process that is gone). Raises AokunError while another runs."""
+        key = str(self.path.resolve())
+        with _SYNC_LOCK:
+            if key in _SYNC_RUNNING:
+                raise AokunError("a sync of this file is running in this process; try again when it ends")
+            _SYNC_RUNNING.add(key)
+        try:
+            with self.tx():
+                owner = self.meta_get("sync_owner")
+                if owner and owner_alive(owner, self.meta_get("sync_owner_at")):
+                    raise AokunError(f"another process ({owner}) is syncing this file; try again when it ends")
+                self._meta_set("sync_owner", OWNER)
+                self._meta_set("sync_owner_at", now_iso())
+            try:
+                yield
+            finally:
+                with self.tx():
+                    self.conn.execute("delete from meta where key in ('sync_owner', 'sync_owner_at')")
+        finally:
+            with _SYNC_LOCK:
+                _SYNC_RUNNING.discard(key)
+
+    def _sync_device(self) -> tuple[str, bool]:
+        """This file's device id and whether it was minted now. The id is kept with the host name and
+        the file's path: a file copied to another machine or moved gets a new one (two devices writing
+        under one id would overwrite each other's files); what it was synced with stays valid."""
+        home = f"{socket.gethostname()}|{self.path.resolve()}"
+        device = self.meta_get("sync_device")
+        if device and self.meta_get("sync_device_home") == home:
+            return device, False
+        device = str(uuid.uuid4())
+        with self.tx():
+            self._meta_set("sync_device", device)
+            self._meta_set("sync_device_home", home)
+            self._meta_set("sync_next_seq", 1)
+        return device, True
+
+    def _sync_snapshot(self) -> apsw.Connection:
+        """A scratch database (a private temporary file) holding base0 (sync_base: the records as of
+        the last sync), current (every synced record now, read in one read transaction, so references
+        agree) and records (a copy of base0, what the changeset is made on)."""
+        s = apsw.Connection("")
+        s.execute(_SYNC_TABLES)
+        with s:
+            s.executemany("insert into base0 values (:kind, :uid, :stamp, :hash)",
+                          self.rows(self.queries["sync_base_all"]))
+            s.execute("insert into records select kind, uid, stamp, hash, null from base0")
+            with self.lock:
+                self.conn.execute("BEGIN")
+                try:
+                    for rec in self.export_records(kinds=SYNC_KINDS):
+                        if rec["kind"] != "header":
+                            key, stamp = SYNC_KINDS[rec["kind"]]
+                            s.execute("insert into current values (?, ?, ?, ?, ?)", (
+                                rec["kind"], rec[key], rec[stamp], sync_hash(rec), json.dumps(rec, ensure_ascii=False)))
+                finally:
+                    self.conn.execute("COMMIT")
+        self._sync_order_successors(s)
+        return s
+
+    def _sync_order_successors(self, s: apsw.Connection) -> None:
+        """Make every record changed here since the last sync order after the version it was changed
+        from, as versions are ordered everywhere (stamp, then hash): one changed within the same second
+        (with a smaller hash) or under a clock behind the other device's gets updated_at = that
+        version's stamp + 1 s, here and in the snapshot. Without it the other devices would keep the
+        older version and this one its own, for good. A row changed meanwhile keeps its old version
+        in this sync (it goes next time)."""
+        behind = s.execute("select c.kind, c.uid, c.stamp, c.hash, b.stamp, c.body from current c join base0 b "
+                           "on b.kind = c.kind and b.uid = c.uid where (c.stamp, c.hash) < (b.stamp, b.hash) "
+                           "and c.kind in ('memory', 'entity', 'triple', 'session')").fetchall()
+        for kind, uid, stamp, _digest, after, body in behind:
+            table = {"memory": "documents", "entity": "kg_entities", "triple": "kg_triples",
+                     "session": "conv_sessions"}[kind]
+            later = iso(parse_time(after) + dt.timedelta(seconds=1))
+            with self.tx() as c:
+                c.execute(f"update {table} set updated_at = ? where uid = ? and updated_at = ?", (later, uid, stamp))
+                moved = c.changes()
+            rec = json.loads(body) | {"updated_at": later}
+            with s:
+                if moved:
+                    s.execute("update current set stamp = ?, body = ? where kind = ? and uid = ?",
+                              (later, json.dumps(rec, ensure_ascii=False), kind, uid))
+                else:
+                    s.execute("update current set stamp = b.stamp, hash = b.hash from base0 b where b.kind = "
+                              "current.kind and b.uid = current.uid and current.kind = ? and current.uid = ?",
+                              (kind, uid))
+
+    def _sync_write(self, folder: Path, device: str, s: apsw.Connection) -> tuple[str | None, int]:
+        """Make the changeset base → current (a session on the scratch `records` table while it is
+        brought to `current`: inserts carry the whole record, updates the new stamp, hash and body,
+        deletes only the key), write it into `folder` as this device's next file (a temporary name,
+        then renamed: never a partial file under the final name), then record it as sent. Returns
+        (file name, records) or (None, 0) when nothing changed."""
+        session = apsw.Session(s, "main")
+        session.attach("records")
+        with s:
+            s.execute("delete from records where not exists "
+                      "(select 1 from current c where c.kind = records.kind and c.uid = records.uid)")
+            s.execute("update records set stamp = c.stamp, hash = c.hash, body = c.body from current c "
+                      "where c.kind = records.kind and c.uid = records.uid "
+                      "and (c.stamp != records.stamp or c.hash != records.hash)")
+            s.execute("insert into records select * from current c where not exists "
+                      "(select 1 from records r where r.kind = c.kind and r.uid = c.uid)")
+        changeset = session.changeset()
+        session.close()
+        if not changeset:
+            return None, 0
+        changes = [(ch.op, *(ch.new if ch.op == "INSERT" else ch.old)[:2])
+                   for ch in apsw.Changeset.iter(changeset)]  # (op, kind, uid)
+        try:
+            own = [int(m[2]) for f in folder.iterdir() if (m := SYNC_NAME.match(f.name)) and m[1] == device]
+            # a file of ours already there under the next number: written before a crash, never recorded
+            seq = max([int(self.meta_get("sync_next_seq", 1)), *(n + 1 for n in own)])
+            name = f"{device}-{seq:08d}.changeset"
+            payload = zlib.compress(changeset)
+            header = {"format": SYNC_FORMAT, "version": SYNC_VERSION, "export_version": EXPORT_VERSION,
+                      "schema": self.value("pragma user_version"), "device": device, "seq": seq,
+                      "created_at": now_iso(), "records": len(changes), "length": len(payload),
+                      "sha256": hashlib.sha256(payload).hexdigest()}
+            tmp = folder / f"{name}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(json.dumps(header).encode() + b"\n" + payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, folder / name)
+        except OSError as e:
+            raise AokunError(f"cannot write the changeset into {folder}: {e.strerror or e}") from None
+        with self.tx() as c:
+            for op, kind, uid in changes:
+                if op == "DELETE":
+                    c.execute(self.queries["sync_base_drop"], {"kind": kind, "uid": uid})
+                else:
+                    stamp, digest = s.execute("select stamp, hash from records where kind = ? and uid = ?",
+                                              (kind, uid)).fetchone()
+                    c.execute(self.queries["sync_base_set"], {"kind": kind, "uid": uid, "stamp": stamp, "hash": digest})
+            c.execute(self.queries["sync_applied_add"], {"device": device, "seq": seq, "now": now_iso()})
+            self._meta_set("sync_next_seq", seq + 1)
+        return name, len(changes)
+
+    def _sync_apply(self, folder: Path, s: apsw.Connection, report: dict) -> None:
+        """Apply the changeset files in `folder` not applied here, each device's in sequence order
+        (this device's own too: those a restored backup of this file has not seen). A gap waits for
+        its file; a file that fails to read stops its device's later files until the next sync."""
+        files: dict[str, dict[int, Path]] = {}
+        for f in sorted(folder.iterdir()):
+            if m := SYNC_NAME.match(f.name):
+                files.setdefault(m[1], {})[int(m[2])] = f
+            elif f.name.endswith(".changeset"):
+                report["skipped"].append({"file": f.name, "reason": "not named <device id>-<number>.changeset"})
+        applied: dict[str, set] = {}
+        for r in self.rows(self.queries["sync_applied_all"]):
+            applied.setdefault(r["device"], set()).add(r["seq"])
+        for dev, by_seq in sorted(files.items()):
+            done = applied.get(dev, set())
+            expected = max(done, default=0) + 1
+            for seq in sorted(by_seq):
+                if seq in done:
+                    continue
+                if seq > expected:
+                    report["waiting"].append(f"{dev}-{expected:08d}.changeset")
+                    break
+                try:
+                    self._sync_merge(self._sync_read(by_seq[seq], dev, seq), dev, seq, s, report)
+                except SyncFileError as e:
+                    report["skipped"].append({"file": by_seq[seq].name, "reason": str(e)})
+                    break
+                report["applied"].append(by_seq[seq].name)
+                expected = max(expected, seq + 1)
+
+    def _sync_read(self, path: Path, device: str, seq: int) -> list[tuple]:
+        """The changes of changeset file `path` (of `device`, number `seq`), checked: the header line
+        (format, version, device, number, length, SHA-256), then each change (table `records`, a record
+        of a synced kind matching its key, one the import reads). Returns [(op, kind, uid, stamp, hash,
+        record or None (a delete), (old stamp, old hash) or None (not an update))]. Raises
+        SyncFileError with the reason."""
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
+        head, newline, payload = data.partition(b"\n")
+        try:
+            h = json.loads(head) if newline else None
+        except ValueError:
+            h = None
+        if not isinstance(h, dict) or h.get("format") != SYNC_FORMAT:
+            raise SyncFileError("not an Aokun changeset (no header line)" if data else "empty (still being copied?)")
+        if not isinstance(h.get("version"), int) or h["version"] > SYNC_VERSION:
+            raise SyncFileError(f"changeset version {h.get('version')!r} is newer than this Aokun reads; upgrade Aokun")
+        if h.get("device") != device or h.get("seq") != seq:
+            raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
+        length = h.get("length")
+        if not isinstance(length, int) or len(payload) < length:
+            raise SyncFileError(f"truncated ({len(payload)} of {length} bytes; still being copied?)")
+        if len(payload) != length or hashlib.sha256(payload).hexdigest() != h.get("sha256"):
+            raise SyncFileError("damaged (its checksum does not match)")
+        changes = []
+        try:
+            for ch in apsw.Changeset.iter(zlib.decompress(payload)):
+                if ch.name != "records" or ch.column_count != 5:
+                    raise SyncFileError(f"foreign changeset (table {ch.name!r})")
+                if ch.op == "DELETE":
+                    changes.append(("DELETE", *ch.old[:3], None, None, None))
+                    continue
+                kind, uid = (ch.new if ch.op == "INSERT" else ch.old)[:2]
+                stamp, rec = _change_value(ch, 2), json.loads(ch.new[4])  # no_change: the stamp stayed
+                key, field = SYNC_KINDS.get(kind, ("", ""))
+                if kind not in SYNC_KINDS or not isinstance(rec, dict) or rec.get("kind") != kind or \
+                        rec.get(key) != uid or (stamp is not apsw.no_change and rec.get(field) != stamp):
+                    raise SyncFileError(f"a change does not hold the record it names ({kind} {uid})")
+                stamp = rec[field]
+                digest = sync_hash(rec)
+                old = None if ch.op == "INSERT" else tuple(  # the version the change was made on
+                    mine if v is apsw.no_change else v for v, mine in zip(ch.old[2:4], (stamp, digest), strict=True))
+                changes.append((ch.op, kind, uid, stamp, digest, rec, old))
+        except (apsw.Error, zlib.error, ValueError, TypeError, IndexError) as e:
+            raise SyncFileError(f"damaged changeset ({_one_line(str(e), 200)})") from None
+        try:
+            read_export([json.dumps({"kind": "header", "format": EXPORT_FORMAT, "version": h.get("export_version")}),
+                         *(json.dumps(c[5], ensure_ascii=False) for c in changes if c[5] is not None)])
+        except ImportFileError as e:
+            raise SyncFileError(f"holds a record this Aokun does not read ({e})") from None
+        return changes
+
+    def _sync_merge(self, changes: list[tuple], dev: str, seq: int, s: apsw.Connection, report: dict) -> None:
+        """Merge the changes of file (`dev`, `seq`). Per record the version here and the incoming one
+        are ordered by (stamp, hash) and the later wins, on every device alike; a record deleted here
+        at or after the incoming stamp stays deleted. When both sides changed it since they last
+        agreed (the incoming update was not made on the version here, and the incoming version is not
+        one this file sent or merged before) and the contents differ, the losing version goes into
+        sync_conflicts. The winners are imported (memories re-derived, atoms included); then the file
+        is marked applied. Each step is a transaction; repeating one after a crash changes nothing.
+        Raises SyncFileError when the import refuses a record."""
+        winners, known, conflicts, drops, ties = [], [], [], [], set()
+        mine = self.meta_get("sync_device")
+
+        def lost(loser: dict, kind: str, uid: str, loser_stamp: str, winner_stamp: str, source: str) -> None:
+            conflicts.append({"kind": kind, "uid": uid, "persona_id": loser.get("persona_id"), "loser_from": source,
+                              "winner_stamp": winner_stamp, "loser_stamp": loser_stamp,
+                              "loser": json.dumps(loser, ensure_ascii=False)})
+
+        for _op, kind, uid, stamp, digest, rec, old in changes:
+            if rec is None:  # a delete: a tombstone says what was deleted, and when; an undone consolidation goes
+                if kind == "consolidation":
+                    drops.append({"uid": uid, "stamp": stamp})
+                continue
+            here = s.execute("select stamp, hash, body from current where kind = ? and uid = ?", (kind, uid)).fetchone()
+            base = s.execute("select stamp, hash from base0 where kind = ? and uid = ?", (kind, uid)).fetchone()
+            version = (stamp, digest)
+            if here is not None and tuple(here[:2]) == version:
+                known.append({"kind": kind, "uid": uid, "stamp": stamp, "hash": digest})
+                continue
+            if here is None:
+                gone = s.execute("select stamp, body from current where kind = 'tombstone' and uid = ?",
+                                 (uid,)).fetchone() if kind in TOMBSTONE_KINDS.values() else None
+                if gone is not None and gone[0] >= stamp:  # deleted here as late: it stays deleted
+                    if base is None or tuple(base) != version:
+                        lost(rec, kind, uid, stamp, gone[0], dev)
+                    continue
+                if gone is not None:  # changed there after it was deleted here: it comes back
+                    lost(json.loads(gone[1]), "tombstone", uid, gone[0], stamp, mine)
+            elif version > tuple(here[:2]):
+                if (old is None or tuple(old) != tuple(here[:2])) and here[1] != digest:
+                    lost(json.loads(here[2]), kind, uid, here[0], stamp, mine)
+                if stamp == here[0]:
+                    ties.add(uid)
+            else:
+                if (base is None or tuple(base) != version) and here[1] != digest:
+                    lost(rec, kind, uid, stamp, here[0], dev)
+                continue
+            if kind == "tombstone" and (named := TOMBSTONE_KINDS.get(str(rec["table_name"]))):
+                row = s.execute("select stamp from current where kind = ? and uid = ?", (named, uid)).fetchone()
+                if row is not None and row[0] > stamp:  # changed here after it was deleted there: it stays
+                    lost(rec, kind, uid, stamp, row[0], dev)
+            winners.append((kind, uid, stamp, digest, rec))
+            known.append({"kind": kind, "uid": uid, "stamp": stamp, "hash": digest})
+        with self.tx() as c:
+            for x in conflicts:
+                c.execute(self.queries["sync_conflict_add"], x | {"now": now_iso()})
+                report["conflicts"] += c.changes()
+            for d in drops:
+                c.execute(self.queries["sync_consolidation_drop"], d)
+        if winners:
+            header = {"kind": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION}
+            try:
+                r = self.import_export([json.dumps(header), *(json.dumps(w[4], ensure_ascii=False) for w in winners)],
+                                       derive_atoms=True, overwrite=frozenset(ties))
+            except ImportFileError as e:
+                raise SyncFileError(f"the import refuses it ({e})") from None
+            for kind, counts in r.items():
+                if kind != "deleted":
+                    for k in report["merged"]:
+                        report["merged"][k] += counts[k]
+        with self.tx() as c:
+            for k in known:
+                c.execute(self.queries["sync_base_set"], k)
+            c.execute(self.queries["sync_applied_add"], {"device": dev, "seq": seq, "now": now_iso()})
+        with s:
+            s.executemany("insert or replace into current values (?, ?, ?, ?, ?)",
+                          [(*w[:4], json.dumps(w[4], ensure_ascii=False)) for w in winners])
 
 
 # Conversations: watching the clients' folders, and the clients' hooks ###########################
@@ -6456,7 +6870,7 @@ def hook_session_files(client: str, payload: dict) -> list[Path]:
 # The memory engine: the sections composed ########################################################
 
 class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting, Maintenance,
-             Summarizer, Conversations, ConversationSearch, Portable):
+             Summarizer, Conversations, ConversationSearch, Portable, Sync):
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
     path (created and migrated when needed), optionally a Config and an Embedder; close() it.
 
@@ -7446,7 +7860,8 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
     """The server's background thread, off the request path: load jieba and the embedding model,
     take the version-change backup, then back-fill missing vectors (again after BACKFILL_RETRY_SECONDS
     while the provider fails, so vectors come back within minutes of it answering) and every
-    scheduler_interval_seconds run the maintenance that is due (decay, atom sweep, daily backup).
+    scheduler_interval_seconds run the maintenance that is due (decay, atom sweep, daily backup), and
+    with [sync] dir set, every [sync] interval seconds a sync (_sync_step).
     Tool calls wait only for the short transactions, never for the whole job. Returns once `stop`
     is set (the back-fill checks it between batches); never raises: a failed warm-up is logged as
     a warning, a failed maintenance run as an error and retried at the next interval."""
@@ -7458,9 +7873,12 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
     except Exception as e:  # the server keeps serving; stats/doctor show what is missing
         log.warning("warm-up did not finish: %s", e)
     interval = mem.cfg.forgetting.scheduler_interval_seconds
-    next_backfill = next_maintenance = time.monotonic()
+    next_backfill = next_maintenance = next_sync = time.monotonic()
     failures = 0  # back-fill tries in a row that left vectors awaited
     while not stop.is_set():
+        if mem.cfg.sync.dir and time.monotonic() >= next_sync:
+            _sync_step(mem)
+            next_sync = time.monotonic() + mem.cfg.sync.interval
         if time.monotonic() >= next_backfill:
             failures = _backfill_step(mem, stop, failures)
             wait = BACKFILL_RETRY_SECONDS[min(failures, len(BACKFILL_RETRY_SECONDS)) - 1] if failures else interval
@@ -7474,7 +7892,23 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
             except Exception as e:
                 log.error("maintenance failed (retried in %ss): %s", interval, e)
             next_maintenance = time.monotonic() + interval
-        stop.wait(max(0.0, min(next_backfill, next_maintenance) - time.monotonic()))
+        due = min(next_backfill, next_maintenance, next_sync if mem.cfg.sync.dir else math.inf)
+        stop.wait(max(0.0, due - time.monotonic()))
+
+
+def _sync_step(mem: "Memory") -> None:
+    """One timed sync of _background with [sync] dir: a summary line when something moved, one error
+    line when it failed (tried again at the next interval), a warning per skipped file."""
+    try:
+        r = mem.sync(mem.cfg.resolve(mem.cfg.sync.dir))
+    except Exception as e:
+        log.error("sync with %s failed (tried again in %ss): %s", mem.cfg.sync.dir, mem.cfg.sync.interval, e)
+        return
+    if r["written"] or r["applied"] or r["conflicts"]:
+        log.info("sync: wrote %s, applied %d file(s) %s, %d new conflict(s)", r["written"] or "nothing",
+                 len(r["applied"]), r["merged"], r["conflicts"])
+    for x in r["skipped"]:
+        log.warning("sync: skipped %s: %s", x["file"], x["reason"])
 
 
 def _backfill_step(mem: "Memory", stop: threading.Event, failures: int) -> int:
@@ -8313,7 +8747,7 @@ async def notify_supervisor(started, interval: float | None, address: str | None
 
 def health(mem: "Memory") -> dict:
     """What /health answers: {ok, database: {path, ok, schema_version}, embedder: {provider, model,
-    loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup}, uptime_seconds,
+    loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup, sync}, uptime_seconds,
     version}. ok is false when the database does not answer or vector search is off for a reason other
     than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load)."""
     try:
@@ -8331,7 +8765,8 @@ def health(mem: "Memory") -> dict:
             "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
                                  **{k: mem.meta_get(f"{k}_last_run") if db_ok else None
                                     for k in ("decay", "lifecycle")},
-                                 "backup": mem.meta_get("backup_last") if db_ok else None},
+                                 "backup": mem.meta_get("backup_last") if db_ok else None,
+                                 "sync": mem.meta_get("sync_last") if db_ok else None},
             "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1), "version": __version__}
 
 
@@ -9250,6 +9685,58 @@ def import_cmd(state, file, as_json):
             click.echo(f"{kind:<14} {c['added']} added, {c['updated']} updated, {c['kept']} kept, "
                        f"{c['skipped']} skipped")
     click.echo(f"{r['deleted']} memories deleted by tombstones")
+
+
+@cli.command("sync")
+@click.argument("folder", required=False, metavar="DIR")
+@click.option("--conflicts", is_flag=True, help="List the versions that lost a conflict instead of syncing.")
+@click.option("--persona", help="With --conflicts: only this persona's (default: every persona's).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def sync_cmd(state, folder, conflicts, persona, as_json):
+    """Sync with your other devices through DIR, a folder they share already (Syncthing, Dropbox,
+    iCloud, a USB stick, a git work tree; default [sync] dir). Writes this file's changes since its
+    last sync as one changeset file `<device>-<number>.changeset` and merges the other devices' files;
+    never a live database in DIR. A record changed on two devices keeps the later version; the other
+    is kept and listed by `sync --conflicts`. A truncated or foreign file is skipped, and tried again
+    next time.
+
+    Example:
+
+        python aokun.py sync ~/Sync/aokun
+
+        python aokun.py sync --conflicts
+    """
+    mem = state.memory()
+    if conflicts:
+        rows = mem.sync_conflicts(persona)
+        if as_json:
+            _echo_json(rows)
+            return
+        for r in rows:
+            shown = r["loser"].get("content") or r["loser"].get("name") or r["loser"].get("predicate") or ""
+            click.echo(f"{r['detected_at']} {r['kind']} {r['uid']}: the version of {r['loser_stamp']} from "
+                       f"{r['loser_from'][:8]} lost to {r['winner_stamp']}"
+                       + (f": {_one_line(str(shown), LINE_PREVIEW_CHARS)}" if shown else ""))
+        click.echo(f"{len(rows)} conflict(s)")
+        return
+    folder = folder or state.cfg.sync.dir
+    if not folder:
+        raise InputError("DIR", "give the shared folder, or set [sync] dir in the settings")
+    r = mem.sync(state.cfg.resolve(folder))
+    if as_json:
+        _echo_json(r)
+        return
+    if r["new_device"]:
+        click.echo(f"this file syncs as device {r['device']} (new: first sync, or the file was copied or moved)")
+    click.echo(f"wrote {r['written']} ({r['sent']} records)" if r["written"] else "nothing new to send")
+    m = r["merged"]
+    click.echo(f"applied {len(r['applied'])} file(s): {m['added']} added, {m['updated']} updated, "
+               f"{m['kept']} kept, {m['skipped']} skipped; {r['conflicts']} new conflict(s)")
+    for x in r["skipped"]:
+        click.echo(f"skipped {x['file']}: {x['reason']}; tried again next sync", err=True)
+    for w in r["waiting"]:
+        click.echo(f"waiting for {w}: that device's later files wait until it arrives", err=True)
 
 
 def _print_changes(out: dict) -> None:

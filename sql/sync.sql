@@ -1,0 +1,39 @@
+-- Sync between devices (aokun.py "Sync" section): this file's side of the changeset files in a
+-- shared folder. Records are keyed by (kind, uid) as in the JSONL export; see schema/0012_sync.sql.
+
+-- name: sync_base_all
+-- Every synced record's stamp and hash as of the last sync: what the next changeset is computed against.
+select kind, uid, stamp, hash from sync_base;
+
+-- name: sync_base_set
+-- Record that (kind, uid) is at version (:stamp, :hash) here and there (sent, or received and merged).
+insert into sync_base(kind, uid, stamp, hash) values (:kind, :uid, :stamp, :hash)
+on conflict(kind, uid) do update set stamp = excluded.stamp, hash = excluded.hash;
+
+-- name: sync_base_drop
+delete from sync_base where kind = :kind and uid = :uid;
+
+-- name: sync_applied_all
+-- The changeset files applied here, (device, seq).
+select device, seq from sync_applied;
+
+-- name: sync_applied_add
+insert or ignore into sync_applied(device, seq, applied_at) values (:device, :seq, :now);
+
+-- name: sync_conflict_add
+-- A losing version; one row per (kind, uid, losing stamp), so applying a file again adds nothing.
+insert or ignore into sync_conflicts(kind, uid, persona_id, winner_stamp, loser_stamp, loser_from, loser, detected_at)
+values (:kind, :uid, :persona_id, :winner_stamp, :loser_stamp, :loser_from, :loser, :now);
+
+-- name: sync_conflicts_list
+-- The kept losing versions, newest first; :persona null = every persona (a tombstone names none).
+select id, kind, uid, persona_id, winner_stamp, loser_stamp, loser_from, loser, detected_at
+from sync_conflicts
+where :persona is null or persona_id = :persona
+order by detected_at desc, id desc
+limit :limit;
+
+-- name: sync_consolidation_drop
+-- A consolidation undone on another device: gone here too unless this file recorded another since.
+delete from consolidations
+where survivor_id = (select id from documents where uid = :uid) and created_at = :stamp;

@@ -1,0 +1,355 @@
+"""Sync between devices through a shared folder (issue 16 item 2): three copies of a file diverge and
+converge whatever the order of their syncs, the conflict's losing version is kept and listed, a
+truncated or foreign changeset is skipped until it is whole, a kill -9 in the middle of a sync leaves
+both files consistent, and serve syncs on its timer."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import aokun
+from fakes import FakeEmbedder
+
+TESTS = Path(__file__).resolve().parent
+#: what each device keeps for itself and does not send on its own (usage bookkeeping)
+LOCAL_FIELDS = ("access_count", "last_access_at")
+
+
+def content(mem) -> dict:
+    """Everything that syncs, by (kind, key): the export records without the local-only fields."""
+    out = {}
+    for r in mem.export_records(kinds=aokun.SYNC_KINDS):
+        if r["kind"] != "header":
+            out[(r["kind"], r[aokun.SYNC_KINDS[r["kind"]][0]])] = {k: v for k, v in r.items() if k not in LOCAL_FIELDS}
+    return out
+
+
+def memories(mem) -> dict:
+    """{uid: content} of the memories."""
+    return {r["uid"]: r["content"] for r in mem.export_records(kinds=("memory",)) if r["kind"] == "memory"}
+
+
+def at(monkeypatch, t: str) -> None:
+    monkeypatch.setenv("AOKUN_NOW", t)
+
+
+def sync_until_fixpoint(devices: list, share: Path, rng: random.Random, rounds: int = 8) -> int:
+    """Sync the devices in a random order each round until a whole round writes and applies nothing.
+    Returns the rounds it took."""
+    for n in range(1, rounds + 1):
+        order = rng.sample(devices, len(devices))
+        moved = [m.sync(share) for m in order]
+        for r in moved:
+            assert not r["skipped"] and not r["waiting"], r
+        if not any(r["written"] or r["applied"] for r in moved):
+            return n
+    raise AssertionError(f"no fixpoint after {rounds} rounds")
+
+
+@pytest.fixture
+def three(tmp_path, open_mem, monkeypatch):
+    """Three copies of one file (the original synced once, so the copies start with its sync state
+    and device id) and the shared folder; a dict of the uids the scenario works on."""
+    share = tmp_path / "share"
+    share.mkdir()
+    at(monkeypatch, "2026-05-01T08:00:00Z")
+    a = open_mem(tmp_path / "a.db")
+    ids = {"edited": a.memorize("Alice 住在北京", {"tags": ["home"]})["id"],
+           "deleted": a.memorize("A memory device C deletes", {})["id"],
+           "pinned": a.memorize("Bob prefers tea over coffee", {})["id"]}
+    fact = a.kg_add("Alice", "lives_in", "北京", valid_from="2026-01-01T00:00:00Z")["id"]
+    first = a.sync(share)
+    assert first["new_device"] and first["written"] and first["sent"] >= 3
+    a.close()
+    for name in ("b", "c"):
+        shutil.copy(tmp_path / "a.db", tmp_path / f"{name}.db")
+    a, b, c = (open_mem(tmp_path / f"{n}.db") for n in "abc")
+    uids = {k: a.get(v)["uid"] for k, v in ids.items()}
+    ids["fact"] = fact
+    return a, b, c, share, ids, uids
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_three_copies_converge_in_any_order(three, monkeypatch, seed):
+    a, b, c, share, ids, uids = three
+    at(monkeypatch, "2026-05-02T08:00:00Z")
+    a.edit(ids["edited"], "Alice 住在上海 (A's version)")
+    a_new = a.memorize("Only device A knows this", {})["uid"]
+    a.kg_add("Alice", "works_at", "声网")
+    a.set_flag(ids["pinned"], "pinned", True)
+    at(monkeypatch, "2026-05-02T09:00:00Z")  # later: B's edit of the same memory wins
+    b.edit(ids["edited"], "Alice 住在东京 (B's version)")
+    b_new = b.memorize("Only device B knows this", {"persona_id": "work"})["uid"]
+    b.kg_invalidate(ids["fact"])
+    at(monkeypatch, "2026-05-02T10:00:00Z")
+    c.delete(ids["deleted"])
+    c_new = c.memorize("Only device C knows this", {"pinned": True})["uid"]
+    monkeypatch.delenv("AOKUN_NOW")
+
+    devices = [a, b, c]
+    assert len({m.sync(share)["device"] for m in devices}) == 3  # the copies got ids of their own
+    sync_until_fixpoint(devices, share, random.Random(seed))
+
+    first = content(a)
+    assert content(b) == first and content(c) == first
+    mems = memories(a)
+    assert mems[uids["edited"]] == "Alice 住在东京 (B's version)"
+    assert {a_new, b_new, c_new} <= set(mems) and uids["deleted"] not in mems
+    pins = {r["uid"] for r in a.export_records(kinds=("memory",)) if r["kind"] == "memory" and r["pinned"]}
+    assert pins == {uids["pinned"], c_new}
+    facts = {(r["predicate"], r["valid_to"] is None) for r in a.export_records(kinds=("triple",))
+             if r["kind"] == "triple"}
+    assert facts == {("lives_in", False), ("works_at", True)}
+    for m in devices:  # derived data rebuilt for what came in: FTS finds B's text everywhere
+        assert [h["id"] for h in m.recall("东京")["results"]][:1] == [m.value(
+            "select id from documents where uid = ?", (uids["edited"],))]
+        lost = [x for x in m.sync_conflicts() if x["uid"] == uids["edited"]]
+        assert len(lost) == 1 and lost[0]["loser"]["content"] == "Alice 住在上海 (A's version)", lost
+        assert m.value("pragma integrity_check") == "ok"
+        assert not [x for x in m.sync_conflicts() if x["uid"] != uids["edited"]]
+
+
+def test_same_second_edits_are_decided_alike(three, monkeypatch):
+    a, b, _c, share, ids, uids = three
+    at(monkeypatch, "2026-05-03T08:00:00Z")
+    a.edit(ids["edited"], "Edited on A in the same second")
+    b.edit(ids["edited"], "Edited on B in the same second")
+    sync_until_fixpoint([a, b], share, random.Random(0))
+    assert memories(a)[uids["edited"]] == memories(b)[uids["edited"]]
+    kept = {x["loser"]["content"] for m in (a, b) for x in m.sync_conflicts()}
+    assert len(kept) == 1 and kept < {"Edited on A in the same second", "Edited on B in the same second"}
+
+
+def test_edit_after_delete_survives(three, monkeypatch):
+    a, b, _c, share, ids, uids = three
+    at(monkeypatch, "2026-05-03T08:00:00Z")
+    a.delete(ids["deleted"])
+    at(monkeypatch, "2026-05-03T09:00:00Z")
+    b.edit(ids["deleted"], "Edited on B after A deleted it")
+    sync_until_fixpoint([a, b], share, random.Random(0))
+    assert memories(a)[uids["deleted"]] == memories(b)[uids["deleted"]] == "Edited on B after A deleted it"
+    for m in (a, b):  # the deletion that lost is kept on both sides
+        assert [x["kind"] for x in m.sync_conflicts()] == ["tombstone"]
+
+
+def test_truncated_changeset_waits_until_complete(three, monkeypatch):
+    a, b, _c, share, _ids, _uids = three
+    first = a.memorize("Written on A before the cut", {})["uid"]
+    one = a.sync(share)["written"]
+    second = a.memorize("Written on A after it", {})["uid"]
+    two = a.sync(share)["written"]
+    whole = (share / one).read_bytes()
+    (share / one).write_bytes(whole[: len(whole) // 2])  # still being copied by the sync tool
+    r = b.sync(share)
+    assert r["skipped"] == [{"file": one, "reason": r["skipped"][0]["reason"]}]
+    assert "truncated" in r["skipped"][0]["reason"]
+    assert one not in r["applied"] and two not in r["applied"]  # A's later file waits behind it
+    assert first not in memories(b) and second not in memories(b)
+    (share / one).write_bytes(whole)
+    r = b.sync(share)
+    assert r["applied"][:2] == [one, two] and not r["skipped"]
+    assert {first, second} <= set(memories(b))
+
+
+def test_foreign_files_are_skipped_and_own_sync_goes_on(three):
+    a, b, _c, share, _ids, _uids = three
+    (share / "notes.txt").write_text("not ours", encoding="utf-8")  # other files are left alone
+    (share / "holiday.changeset").write_bytes(b"x")
+    stranger = "0b6f9c1e-0000-4000-8000-000000000000"
+    (share / f"{stranger}-00000001.changeset").write_bytes(b"SQLite format 3\x00" + os.urandom(200))
+    other = aokun.apsw.Connection(":memory:")
+    other.execute("create table t(a primary key, b)")
+    session = aokun.apsw.Session(other, "main")
+    session.attach("t")
+    other.execute("insert into t values (1, 2)")
+    payload = aokun.zlib.compress(session.changeset())
+    header = {"format": aokun.SYNC_FORMAT, "version": 1, "export_version": 1, "device": stranger, "seq": 2,
+              "length": len(payload), "sha256": aokun.hashlib.sha256(payload).hexdigest()}
+    (share / f"{stranger}-00000002.changeset").write_bytes(json.dumps(header).encode() + b"\n" + payload)
+    mine = a.memorize("Still synced next to strangers", {})["uid"]
+    assert a.sync(share)["written"]
+    r = b.sync(share)
+    reasons = {x["file"]: x["reason"] for x in r["skipped"]}
+    assert set(reasons) == {"holiday.changeset", f"{stranger}-00000001.changeset"}
+    assert "not an Aokun changeset" in reasons[f"{stranger}-00000001.changeset"]
+    assert mine in memories(b)
+    (share / f"{stranger}-00000001.changeset").unlink()  # (a gap would make its number 2 wait)
+    header["seq"] = 1
+    (share / f"{stranger}-00000001.changeset").write_bytes(json.dumps(header).encode() + b"\n" + payload)
+    r = b.sync(share)
+    assert "foreign changeset" in {x["file"]: x["reason"] for x in r["skipped"]}[f"{stranger}-00000001.changeset"]
+    assert (share / "notes.txt").read_text(encoding="utf-8") == "not ours"
+
+
+def test_a_newer_changeset_version_is_skipped(three):
+    a, b, _c, share, _ids, _uids = three
+    a.memorize("From a future Aokun", {})
+    name = a.sync(share)["written"]
+    head, _, payload = (share / name).read_bytes().partition(b"\n")
+    h = json.loads(head) | {"version": aokun.SYNC_VERSION + 1}
+    (share / name).write_bytes(json.dumps(h).encode() + b"\n" + payload)
+    r = b.sync(share)
+    assert "newer" in r["skipped"][0]["reason"] and name not in r["applied"]
+
+
+def test_a_restored_backup_gets_its_own_later_changes_back(three, tmp_path):
+    a, _b, _c, share, _ids, _uids = three
+    shutil.copy(tmp_path / "a.db", tmp_path / "a-backup.db")  # a backup of A, taken now
+    later = a.memorize("Written on A after the backup", {})["uid"]
+    lost = a.sync(share)["written"]
+    sent = (share / lost).read_bytes()
+    a.close()
+    shutil.copy(tmp_path / "a-backup.db", tmp_path / "a.db")
+    for side in ("-wal", "-shm"):
+        (tmp_path / f"a.db{side}").unlink(missing_ok=True)
+    restored = aokun.Memory(tmp_path / "a.db", aokun.Config(None), embedder=FakeEmbedder(16))
+    try:
+        r = restored.sync(share)
+        assert not r["new_device"] and later in memories(restored)
+        assert r["applied"] == [lost]  # its own file, which the backup had not seen
+        restored.memorize("After the restore", {})
+        assert restored.meta_get("sync_next_seq") == "2"  # what the backup says: the folder says 3
+        assert restored.sync(share)["written"] == lost.replace("-00000002.", "-00000003.")
+        assert (share / lost).read_bytes() == sent
+    finally:
+        restored.close()
+
+
+CHILD = textwrap.dedent(r'''
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    from fakes import aokun, open_memory
+
+    db, share, point = sys.argv[1:4]
+
+    def die():
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if point == "written":  # the file is in the folder, the base not yet updated
+        replace = os.replace
+        def killing_replace(src, dst):
+            replace(src, dst)
+            if str(dst).endswith(".changeset"):
+                die()
+        aokun.os.replace = killing_replace
+    elif point in ("imported", "pipeline"):  # the merge committed (or its rows only), not marked applied
+        name = "import_export" if point == "imported" else "run_pipeline"
+        original = getattr(aokun.Memory, name)
+        def killing(self, *a, **k):
+            out = original(self, *a, **k)
+            die()
+        setattr(aokun.Memory, name, killing)
+    m = open_memory(db)
+    m.sync(share)
+    print("SYNCED")
+''')
+
+
+@pytest.mark.parametrize("point", ["written", "imported", "pipeline", "timed"])
+def test_kill_9_during_sync_leaves_both_files_consistent(three, tmp_path, point):
+    a, b, _c, share, ids, _uids = three
+    for i in range(40):
+        a.memorize(f"Memory {i} written on A: Alice met Bob in room {i}", {"participants": ["Alice", "Bob"]})
+    a.edit(ids["edited"], "Edited on A before the crash")
+    b.memorize("Written on B before the crash", {})
+    b.close()
+    a.sync(share)  # A's changes are in the folder
+    child = tmp_path / "child.py"
+    child.write_text(CHILD.format(tests=str(TESTS)), encoding="utf-8")
+    cmd = [sys.executable, str(child), str(tmp_path / "b.db"), str(share), point]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if point == "timed":
+        time.sleep(random.Random(7).uniform(0.6, 1.2))  # somewhere inside open + sync
+        proc.send_signal(signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, (out, err)
+    b = aokun.Memory(tmp_path / "b.db", aokun.Config(None), embedder=FakeEmbedder(16))
+    try:
+        assert b.value("pragma integrity_check") == "ok"
+        assert not [f for f in os.listdir(share) if f.endswith(".changeset")
+                    and not (share / f).read_bytes().startswith(b'{"format": "aokun-changeset"')]
+        sync_until_fixpoint([a, b], share, random.Random(1))
+        assert content(a) == content(b)
+        assert "Written on B before the crash" in memories(a).values()
+        assert b.doctor() == [] and a.doctor() == []
+    finally:
+        b.close()
+
+
+def test_one_sync_at_a_time(three):
+    a, _b, _c, share, _ids, _uids = three
+    with a._sync_claim():
+        with pytest.raises(aokun.AokunError, match="running"):
+            a.sync(share)
+    assert a.sync(share)["device"]
+
+
+def test_serve_syncs_on_its_timer(tmp_path, open_mem):
+    share = tmp_path / "share"
+    share.mkdir()
+    cfg = aokun.Config(None, {("sync", "dir"): str(share), ("sync", "interval"): 1.0,
+                              ("conversations", "watch"): False})
+    mem = open_mem(tmp_path / "s.db", cfg=cfg)
+    mem.memorize("Synced by the server's timer", {})
+    stop = threading.Event()
+    worker = threading.Thread(target=aokun._background, args=(mem, stop), daemon=True)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not list(share.glob("*.changeset")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(list(share.glob("*.changeset"))) == 1
+        mem.memorize("A second one, for the next interval", {})
+        while len(list(share.glob("*.changeset"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(list(share.glob("*.changeset"))) == 2
+        assert aokun.health(mem)["last_maintenance"]["sync"]
+    finally:
+        stop.set()
+        worker.join(10)
+
+
+def test_sync_settings_are_checked(tmp_path):
+    ini = tmp_path / "aokun.ini"
+    ini.write_text("[sync]\ninterval = 0\n", encoding="utf-8")
+    with pytest.raises(aokun.AokunError, match=r"\[sync\] interval"):
+        aokun.Config(ini)
+
+
+def test_cli_sync_and_conflicts(three, tmp_path, monkeypatch, segmenter):
+    a, b, _c, share, ids, _uids = three
+    at(monkeypatch, "2026-05-04T08:00:00Z")
+    a.edit(ids["edited"], "The CLI's losing version")
+    a.sync(share)
+    at(monkeypatch, "2026-05-04T09:00:00Z")
+    b.edit(ids["edited"], "The CLI's winning version")
+    b.close()
+    monkeypatch.delenv("AOKUN_NOW")
+    monkeypatch.setattr(aokun, "Segmenter", lambda *a, **k: segmenter)
+    monkeypatch.setattr(aokun, "make_embedder", lambda cfg: FakeEmbedder(16))
+    runner = CliRunner()
+
+    def run(*args):
+        r = runner.invoke(aokun.cli, ["--db", str(tmp_path / "b.db"), *args], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    out = run("sync", str(share))
+    assert "wrote " in out and "applied 1 file(s)" in out and "1 new conflict(s)" in out
+    listed = run("sync", "--conflicts")
+    assert "The CLI's losing version" in listed and "1 conflict(s)" in listed
+    assert "0 conflict(s)" in run("sync", "--conflicts", "--persona", "work")
+    r = runner.invoke(aokun.cli, ["--db", str(tmp_path / "b.db"), "sync", str(tmp_path / "nowhere")])
+    assert r.exit_code != 0 and "is not a folder" in r.output and "Traceback" not in r.output
+
