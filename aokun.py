@@ -596,19 +596,29 @@ def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
         if not dest.exists():
             conn.execute("vacuum into ?", (str(dest),))
             log.warning("schema %s -> %s: the previous file is saved as %s", current, known, dest)
-    for number, path in migrations():
-        if number <= current:
-            continue
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if conn.pragma("user_version") < number:  # another process may have just migrated
-                conn.execute(path.read_text(encoding="utf-8"))
-                conn.pragma("user_version", number)
-                conn.pragma("application_id", APPLICATION_ID)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+    # SQLite's procedure for changing a table's columns: rebuild it with foreign keys off (dropping
+    # the old table must not cascade), then check them before committing
+    conn.pragma("foreign_keys", "OFF")
+    try:
+        for number, path in migrations():
+            if number <= current:
+                continue
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if conn.pragma("user_version") < number:  # another process may have just migrated
+                    conn.execute(path.read_text(encoding="utf-8"))
+                    broken = conn.execute("pragma foreign_key_check").fetchall()
+                    if broken:
+                        raise SchemaError(f"schema {number} ({path.name}) would leave {len(broken)} broken "
+                                          f"references, first in table {broken[0][0]}; the file is unchanged")
+                    conn.pragma("user_version", number)
+                    conn.pragma("application_id", APPLICATION_ID)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+    finally:
+        conn.pragma("foreign_keys", "ON")
     return conn.pragma("user_version")
 
 
@@ -2225,7 +2235,7 @@ class Layers:
         subjects, which is what the describes edges say), one per fact chain link (two adjacent facts
         searched together); describes and co_occurs_with stay edges only. The session context is
         indexed once per memory, on its anchor entry (graph_anchor_text), not on every fact."""
-        c, stamp = self.conn, now_iso()
+        c = self.conn
         self._clear_graph(p.document_id)
         doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
         summary = (p.summary or p.content)[: self.cfg.write.graph_summary_chars]
@@ -2240,27 +2250,23 @@ class Layers:
             nid = self.value("select id from graph_nodes where persona_id = ? and node_type = ? and canonical = ?",
                              (p.persona_id, node_type, canonical))
             if nid is None:
-                c.execute("insert into graph_nodes(id, uid, persona_id, node_type, value, canonical, created_at, "
-                          "updated_at) values (?, ?, ?, ?, ?, ?, ?, ?)",
-                          (self._new_id("graph_nodes"), str(uuid.uuid4()), p.persona_id, node_type, shown, canonical,
-                           stamp, stamp))
+                c.execute("insert into graph_nodes(id, persona_id, node_type, value, canonical) values (?, ?, ?, ?, ?)",
+                          (self._new_id("graph_nodes"), p.persona_id, node_type, shown, canonical))
                 nid = c.last_insert_rowid()
             return nid, shown
 
         def entry(text: str, confidence: float, node_id=None, edge_id=None, state=entry_state) -> None:
-            c.execute("insert into graph_entries(id, uid, persona_id, session_id, document_id, node_id, edge_id, "
-                      "text, confidence, archived, embedding_state, created_at, updated_at) "
-                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("graph_entries"), str(uuid.uuid4()), p.persona_id, p.session_id, p.document_id,
-                       node_id, edge_id, text, confidence, doc["archived"], state, p.created_at, stamp))
+            c.execute("insert into graph_entries(id, persona_id, session_id, document_id, node_id, edge_id, "
+                      "text, confidence, archived, embedding_state) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("graph_entries"), p.persona_id, p.session_id, p.document_id,
+                       node_id, edge_id, text, confidence, doc["archived"], state))
             c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
                       (c.last_insert_rowid(), self.seg.segmented(text)))
 
         def edge(src, dst, relation: str, confidence: float) -> None:
-            c.execute("insert into graph_edges(id, uid, persona_id, document_id, source_id, target_id, relation, "
-                      "confidence, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("graph_edges"), str(uuid.uuid4()), p.persona_id, p.document_id, src[0], dst[0],
-                       relation, confidence, stamp, stamp))
+            c.execute("insert into graph_edges(id, persona_id, document_id, source_id, target_id, relation, "
+                      "confidence) values (?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("graph_edges"), p.persona_id, p.document_id, src[0], dst[0], relation, confidence))
             if relation == "mentioned_in":
                 entry(f"{src[1]} mentioned in {dst[1]}", confidence, edge_id=c.last_insert_rowid(), state="skip")
 
@@ -2333,7 +2339,6 @@ class Layers:
         """Inside the write transaction, after a change: the anchor entries (graph_anchor_text) of
         memories `ids` get the keyword text of their new session context (no embedding involved:
         fact vectors are the fact's). In tx."""
-        stamp = now_iso()
         for i in dict.fromkeys(ids):
             d = self.rows("select persona_id, session_id, created_at, summary, content from documents "
                           "where id = ?", (i,))
@@ -2345,11 +2350,11 @@ class Layers:
             context = self._graph_context(d["persona_id"], d["session_id"], d["created_at"], i)
             base = fact_entry_text(e["value"], "") if e["node_type"] == "fact" else \
                 f"{e['node_type'].title()}: {e['value']}. Summary: {summary}"
-            self._put_entry_text(e["id"], graph_anchor_text(base, context), stamp)
+            self._put_entry_text(e["id"], graph_anchor_text(base, context))
 
-    def _put_entry_text(self, entry_id: int, text: str, stamp: str) -> None:
+    def _put_entry_text(self, entry_id: int, text: str) -> None:
         """Replace a graph entry's keyword text and its FTS row. In tx."""
-        self.conn.execute("update graph_entries set text = ?, updated_at = ? where id = ?", (text, stamp, entry_id))
+        self.conn.execute("update graph_entries set text = ? where id = ?", (text, entry_id))
         self.conn.execute("delete from graph_entries_fts where rowid = ?", (entry_id,))
         self.conn.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
                           (entry_id, self.seg.segmented(text)))
@@ -2369,13 +2374,12 @@ class Layers:
                 c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
                 c.execute("delete from graph_entries where id = ?", (eid,))
             docs = [r["id"] for r in self.rows(self.queries["documents_with_entries"])]
-            stamp = now_iso()
             for i in docs:
                 entries = self.rows(self.queries["document_entry_nodes"], {"document_id": i})
                 about = ", ".join(e["value"] for e in entries if e["node_type"] != "fact")
                 for e in entries:
                     if e["node_type"] == "fact":
-                        self._put_entry_text(e["id"], fact_entry_text(e["value"], about), stamp)
+                        self._put_entry_text(e["id"], fact_entry_text(e["value"], about))
             self._refresh_graph_context(docs)
             if docs:  # merge the index's segments: every rewritten row left a deletion marker behind
                 c.execute("insert into graph_entries_fts(graph_entries_fts) values ('optimize')")

@@ -618,14 +618,14 @@ def test_an_old_graph_layout_is_rewritten_when_the_file_is_opened(db_path, open_
     with mem.tx() as c:  # what the old layout wrote for memory b
         for e in mem.rows("select e.id, n.value from graph_entries e join graph_nodes n on n.id = e.node_id "
                           "where e.document_id = ? and n.node_type = 'fact'", (b,)):
-            mem._put_entry_text(e["id"], f"Fact: {e['value']}\nContext: We met at the cafe.", "2025-01-01T10:05:00Z")
+            mem._put_entry_text(e["id"], f"Fact: {e['value']}\nContext: We met at the cafe.")
         mem._put_entry_text(fresh[[r["id"] for r in fresh].index(min(
             r["id"] for r in fresh if r["text"].startswith("Person: Alice. Summary: Alice")))]["id"],
-            "Person: Alice. Summary: " + ALICE, "2025-01-01T10:05:00Z")
+            "Person: Alice. Summary: " + ALICE)
         edge = mem.value("select id from graph_edges where document_id = ? and relation = 'describes'", (b,))
-        c.execute("insert into graph_entries(id, uid, persona_id, session_id, document_id, edge_id, text, confidence, "
-                  "archived, embedding_state, created_at, updated_at) values (999, 'old-edge', '', 's', ?, ?, "
-                  "'Alice describes Alice loves iced americano.', 0.9, 0, 'skip', '2025', '2025')", (b, edge))
+        c.execute("insert into graph_entries(id, persona_id, session_id, document_id, edge_id, text, confidence, "
+                  "archived, embedding_state) values (999, '', 's', ?, ?, "
+                  "'Alice describes Alice loves iced americano.', 0.9, 0, 'skip')", (b, edge))
         c.execute("insert into graph_entries_fts(rowid, segmented) values (999, 'alice describes alice')")
         c.execute("delete from meta where key = 'graph_layout'")
     mem.close()

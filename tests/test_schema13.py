@@ -1,0 +1,68 @@
+"""Schema 13: the graph tables are rebuilt without uid/created_at/updated_at and the graph-entry
+index becomes contentless. Every graph row, vector and index match of a schema-12 file survives,
+and dropping the old tables cascades to nothing (migrate() turns foreign keys off meanwhile)."""
+
+import re
+import shutil
+
+import aokun
+from fakes import FakeEmbedder, fts_ids
+
+GRAPH = ("graph_nodes", "graph_edges", "graph_entries")
+DROPPED = {"uid", "created_at", "updated_at"}
+
+
+def test_a_schema12_file_keeps_every_graph_row_vector_and_match(tmp_path, monkeypatch, segmenter):
+    old = tmp_path / "schema12"
+    old.mkdir()
+    for n, path in aokun.migrations():
+        if n <= 12:
+            shutil.copy(path, old / path.name)
+    path = tmp_path / "twelve.db"
+    monkeypatch.setattr(aokun, "SCHEMA_DIR", old)
+    m = aokun.Memory(path, aokun.Config(None), embedder=FakeEmbedder(16), recover=False)
+    m.seg = segmenter
+    assert m.value("pragma user_version") == 12
+    with m.tx() as c:  # this code no longer writes the dropped columns: give them defaults in the old file
+        for table in reversed(GRAPH):
+            sql = m.value("select sql from sqlite_master where name = ?", (table,))
+            c.execute(f"drop table {table}")
+            c.execute(re.sub(r"(uid|created_at|updated_at)(\s+text not null)", r"\1\2 default (hex(randomblob(16)))",
+                             sql))
+    meta = {"session_id": "s", "participants": ["Alice"], "topics": ["coffee"]}
+    ids = [m.memorize(t, meta | {"timestamp": f"2025-01-01T10:0{i}:00Z"})["id"] for i, t in enumerate(
+        ["Alice loves iced americano. She drinks two a day.", "Alice will visit Tokyo in May. She booked a hotel.",
+         "Bob fixed the coffee machine. It had a broken valve."])]
+    before = {t: [{k: v for k, v in r.items() if k not in DROPPED} for r in m.rows(f"select * from {t} order by id")]
+              for t in GRAPH}
+    vectors = m.rows("select entry_id, embedding from graph_vectors order by entry_id")
+    matches = {w: fts_ids(m, "graph_entries_fts", w) for w in ("americano", "tokyo", "valve", "alice")}
+    assert vectors and all(matches.values())
+    m.close()
+
+    monkeypatch.setattr(aokun, "SCHEMA_DIR", aokun.HERE / "schema")
+    m = aokun.Memory(path, aokun.Config(None, overrides={("backup", "dir"): str(tmp_path / "bk")}),
+                     embedder=FakeEmbedder(16))
+    try:
+        assert m.value("pragma user_version") == aokun.schema_version_known() >= 13
+        assert list((tmp_path / "bk").glob("twelve-schema12-*.db"))
+        for t in GRAPH:
+            assert m.rows(f"select * from {t} order by id") == before[t], t
+            assert not DROPPED & {r["name"] for r in m.rows(f"pragma table_info({t})")}
+        assert m.rows("select entry_id, embedding from graph_vectors order by entry_id") == vectors
+        assert {w: fts_ids(m, "graph_entries_fts", w) for w in matches} == matches
+        assert m.value("pragma foreign_keys") == 1 and m.rows("pragma foreign_key_check") == []
+        assert m.value("select sql from sqlite_master where name = 'graph_entries_fts'").count("content = ''") == 1
+        # the new tables work: a new memory, an edit, a delete
+        new = m.memorize("Alice prefers oat milk now.", meta | {"timestamp": "2025-01-01T10:09:00Z"})["id"]
+        m.edit(ids[1], content="Alice will visit Kyoto in May.")
+        m.delete(ids[2])
+        def docs(word):
+            return {m.value("select document_id from graph_entries where id = ?", (e,))
+                    for e in fts_ids(m, "graph_entries_fts", word)}
+        assert docs("oat") == {new} and docs("kyoto") == {ids[1], new}  # the new one: in its context
+        assert docs("tokyo") == set() and docs("valve") == set()
+        assert m.value("select count(*) from graph_entries where document_id = ?", (ids[2],)) == 0
+        assert m.doctor() == []
+    finally:
+        m.close()
