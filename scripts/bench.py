@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 import aokun  # noqa: E402
 
 DEFAULT_DB_DIR = Path(tempfile.gettempdir()) / "aokun-bench"  #: cached recall corpora
-CORPUS_VERSION = 2  #: bump when the corpus generator changes so cached databases are rebuilt
+CORPUS_VERSION = 3  #: bump when the corpus generator or what a write stores changes, so cached databases are rebuilt
 PERSONA = "bench"
 DIM = 384
 

@@ -255,20 +255,21 @@ order by a.id;
 -- name: recall_session_neighbours
 -- For each candidate memory that belongs to a session, the memories right before and after it in
 -- that session (ordered by created_at, then id), under the same filters as the channels; each is
--- one seek in documents_session_order.
+-- one seek in documents_session_order (the unary + keeps the planner off documents_created, which
+-- would walk the persona's memories until one is in the session: sql/vectors.sql session_context).
 select c.id,
        (select d.id from documents d
-        where d.session_id = c.session_id and d.persona_id = c.persona_id and d.archived <= :max_archived
+        where d.session_id = c.session_id and +d.persona_id = c.persona_id and d.archived <= :max_archived
           and (:as_of = '' or d.created_at <= :as_of)
-          and (d.created_at < c.created_at or (d.created_at = c.created_at and d.id < c.id))
+          and (d.created_at, d.id) < (c.created_at, c.id)
         order by d.created_at desc, d.id desc limit 1) as prev_id,
        (select d.id from documents d
-        where d.session_id = c.session_id and d.persona_id = c.persona_id and d.archived <= :max_archived
+        where d.session_id = c.session_id and +d.persona_id = c.persona_id and d.archived <= :max_archived
           and (:as_of = '' or d.created_at <= :as_of)
-          and (d.created_at > c.created_at or (d.created_at = c.created_at and d.id > c.id))
+          and (d.created_at, d.id) > (c.created_at, c.id)
         order by d.created_at, d.id limit 1) as next_id
 from documents c
-where c.id in (select value from json_each(:ids)) and c.session_id != '' and c.persona_id = :persona_id
+where c.id in (select value from json_each(:ids)) and c.session_id != '' and +c.persona_id = :persona_id
   and (:session_id = '' or c.session_id = :session_id);
 
 -- name: recall_vectors_of

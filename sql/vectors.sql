@@ -89,19 +89,21 @@ select entry_id id, embedding from graph_vectors;
 -- name: session_context
 -- The :n memories right before a memory in its session (session order: created_at, then id),
 -- nearest first: the context its vector is computed with. :id is the memory's id; 2^62 for one not
--- stored yet (it comes after every stored memory of the same time).
+-- stored yet (it comes after every stored memory of the same time). One seek in
+-- documents_session_order: the unary + keeps the planner off documents_created (persona_id,
+-- created_at), which would walk every earlier memory of the persona until one is in this session.
 select created_at, content from documents
-where session_id = :session_id and persona_id = :persona_id
-  and (created_at < :created_at or (created_at = :created_at and id < :id))
+where session_id = :session_id and +persona_id = :persona_id
+  and (created_at, id) < (:created_at, :id)
 order by created_at desc, id desc
 limit :n;
 
 -- name: session_successors
 -- The :n memories right after memory :id (at :created_at) in its session, in session order: the
--- memories whose vector context contains it.
+-- memories whose vector context contains it (one seek in documents_session_order, as above).
 select id from documents
-where session_id = :session_id and persona_id = :persona_id
-  and (created_at > :created_at or (created_at = :created_at and id > :id))
+where session_id = :session_id and +persona_id = :persona_id
+  and (created_at, id) > (:created_at, :id)
 order by created_at, id
 limit :n;
 

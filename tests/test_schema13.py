@@ -57,12 +57,14 @@ def test_a_schema12_file_keeps_every_graph_row_vector_and_match(tmp_path, monkey
         new = m.memorize("Alice prefers oat milk now.", meta | {"timestamp": "2025-01-01T10:09:00Z"})["id"]
         m.edit(ids[1], content="Alice will visit Kyoto in May.")
         m.delete(ids[2])
+
         def docs(word):
             return {m.value("select document_id from graph_entries where id = ?", (e,))
                     for e in fts_ids(m, "graph_entries_fts", word)}
         assert docs("oat") == {new} and docs("kyoto") == {ids[1], new}  # the new one: in its context
         assert docs("tokyo") == set() and docs("valve") == set()
         assert m.value("select count(*) from graph_entries where document_id = ?", (ids[2],)) == 0
+        m.wait_refresh()  # the edit's successor is re-embedded in the background
         assert m.doctor() == []
     finally:
         m.close()
