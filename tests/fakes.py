@@ -87,3 +87,30 @@ def doc_vector(mem, doc_id: int):
     blob = mem.value("select embedding from doc_vectors where doc_id = ?", (doc_id,))
     return None if blob is None else aokun.blob_vector(blob)
 
+
+
+def open_at_schema(tmp_path, monkeypatch, segmenter, upto: int, name: str) -> "aokun.Memory":
+    """A Memory on a new file `tmp_path/name` made by migrations 1..`upto` only (SCHEMA_DIR points at
+    a copy of them until the test sets it back), with a fake 16-d embedder and no recovery."""
+    import shutil
+    old = tmp_path / f"schema{upto}"
+    old.mkdir()
+    for n, path in aokun.migrations():
+        if n <= upto:
+            shutil.copy(path, old / path.name)
+    monkeypatch.setattr(aokun, "SCHEMA_DIR", old)
+    m = aokun.Memory(tmp_path / name, aokun.Config(None), embedder=FakeEmbedder(16), recover=False)
+    m.seg = segmenter
+    assert m.value("pragma user_version") == upto
+    return m
+
+
+def default_graph_columns_of_schema12(mem) -> None:
+    """This code no longer writes graph_nodes/edges/entries' uid, created_at and updated_at (schema 13
+    drops them): give them defaults in an older file so it can write there. In tx."""
+    import re
+    for table in ("graph_entries", "graph_edges", "graph_nodes"):
+        sql = mem.value("select sql from sqlite_master where name = ?", (table,))
+        mem.conn.execute(f"drop table {table}")
+        mem.conn.execute(re.sub(r"(uid|created_at|updated_at)(\s+text not null)",
+                                r"\1\2 default (hex(randomblob(16)))", sql))

@@ -4,13 +4,11 @@ assistant says it used) does; schema 7 adds its columns to files made before."""
 
 import datetime as dt
 import math
-import re
-import shutil
 
 import pytest
 
 import aokun
-from fakes import FakeEmbedder
+from fakes import FakeEmbedder, default_graph_columns_of_schema12, open_at_schema
 
 # A small life story, told a year ago and more (like an imported chat history, or the LoCoMo and
 # MADial conversations): one memory answers each question, two or three near the same topic do
@@ -234,27 +232,15 @@ def test_feedback_useful_must_be_a_boolean_and_ids_are_capped(mem):
 def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, monkeypatch, segmenter):
     """A file made by migrations 1-6 (this code up to 0006) opens with 0007 applied: every row
     kept, the new columns at their defaults, the old file saved, and feedback works on it."""
-    old_schema = tmp_path / "schema6"
-    old_schema.mkdir()
-    for n, path in aokun.migrations():
-        if n <= 6:
-            shutil.copy(path, old_schema / path.name)
-    path = tmp_path / "six.db"
-    monkeypatch.setattr(aokun, "SCHEMA_DIR", old_schema)
-    m = aokun.Memory(path, aokun.Config(None), embedder=FakeEmbedder(16), recover=False)  # reads schema 11
-    m.seg = segmenter
-    assert m.value("pragma user_version") == 6
+    m = open_at_schema(tmp_path, monkeypatch, segmenter, 6, "six.db")
+    path = m.path
     assert "useful_count" not in {r["name"] for r in m.rows("pragma table_info(documents)")}
     later = [("documents", "embedding_error"), ("graph_entries", "embedding_error")]  # schema 9, which this code writes
     with m.tx() as c:
         for table, column in later:
             c.execute(f"alter table {table} add column {column} text")
         c.execute("create table memory_write_payloads(op_id integer primary key, payload text)")  # schema 11
-        for table in ("graph_entries", "graph_edges", "graph_nodes"):  # schema 12 drops these columns: default them
-            sql = m.value("select sql from sqlite_master where name = ?", (table,))
-            c.execute(f"drop table {table}")
-            c.execute(re.sub(r"(uid|created_at|updated_at)(\s+text not null)", r"\1\2 default (hex(randomblob(16)))",
-                             sql))
+        default_graph_columns_of_schema12(m)
     ids = [r["id"] for r in m.memorize_many([(text, None) for text, _ in CORPUS[:8]])]
     with m.tx() as c:
         c.execute("update documents set access_count = 3, last_access_at = ? where id = ?", (aokun.now_iso(), ids[0]))

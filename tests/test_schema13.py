@@ -2,33 +2,19 @@
 index becomes contentless. Every graph row, vector and index match of a schema-12 file survives,
 and dropping the old tables cascades to nothing (migrate() turns foreign keys off meanwhile)."""
 
-import re
-import shutil
 
 import aokun
-from fakes import FakeEmbedder, fts_ids
+from fakes import FakeEmbedder, default_graph_columns_of_schema12, fts_ids, open_at_schema
 
 GRAPH = ("graph_nodes", "graph_edges", "graph_entries")
 DROPPED = {"uid", "created_at", "updated_at"}
 
 
 def test_a_schema12_file_keeps_every_graph_row_vector_and_match(tmp_path, monkeypatch, segmenter):
-    old = tmp_path / "schema12"
-    old.mkdir()
-    for n, path in aokun.migrations():
-        if n <= 12:
-            shutil.copy(path, old / path.name)
-    path = tmp_path / "twelve.db"
-    monkeypatch.setattr(aokun, "SCHEMA_DIR", old)
-    m = aokun.Memory(path, aokun.Config(None), embedder=FakeEmbedder(16), recover=False)
-    m.seg = segmenter
-    assert m.value("pragma user_version") == 12
-    with m.tx() as c:  # this code no longer writes the dropped columns: give them defaults in the old file
-        for table in reversed(GRAPH):
-            sql = m.value("select sql from sqlite_master where name = ?", (table,))
-            c.execute(f"drop table {table}")
-            c.execute(re.sub(r"(uid|created_at|updated_at)(\s+text not null)", r"\1\2 default (hex(randomblob(16)))",
-                             sql))
+    m = open_at_schema(tmp_path, monkeypatch, segmenter, 12, "twelve.db")
+    path = m.path
+    with m.tx():
+        default_graph_columns_of_schema12(m)
     meta = {"session_id": "s", "participants": ["Alice"], "topics": ["coffee"]}
     ids = [m.memorize(t, meta | {"timestamp": f"2025-01-01T10:0{i}:00Z"})["id"] for i, t in enumerate(
         ["Alice loves iced americano. She drinks two a day.", "Alice will visit Tokyo in May. She booked a hotel.",
