@@ -52,6 +52,7 @@ import math
 import os
 import re
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -6261,6 +6262,12 @@ SYNC_UNHASHED = ("updated_at", "created_at", "deleted_at", "importance", "access
 TOMBSTONE_KINDS = {"documents": "memory", "kg_entities": "entity", "kg_triples": "triple",
                    "conv_sessions": "session", "conv_turns": "turn"}
 SYNC_CONFLICTS_LIMIT = 1000  #: the most conflicts `sync --conflicts` lists
+SYNC_HEADER_BYTES = 4096  #: the most a changeset file's header line may take
+#: A changeset's payload may inflate to at most max(this many bytes, SYNC_INFLATE_RATIO × its compressed
+#: size): a zip bomb (2 MB of zlib inflate to 2 GB) is refused before it fills the memory. A changeset
+#: that compresses better than that is written uncompressed (zlib level 0), which every reader takes.
+SYNC_INFLATE_FLOOR = 64 << 20
+SYNC_INFLATE_RATIO = 64
 _SYNC_RUNNING: set[str] = set()  #: database files this process is syncing now
 _SYNC_LOCK = threading.Lock()
 _SYNC_TABLES = """
@@ -6280,6 +6287,51 @@ def sync_hash(rec: dict) -> str:
     SYNC_UNHASHED fields. Two versions with the same hash differ at most in times and usage counts."""
     body = {k: v for k, v in rec.items() if k not in SYNC_UNHASHED}
     return hashlib.sha256(json.dumps(body, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sync_inflate_limit(compressed: int) -> int:
+    """The most bytes a changeset payload of `compressed` bytes may inflate to."""
+    return max(SYNC_INFLATE_FLOOR, SYNC_INFLATE_RATIO * compressed)
+
+
+def sync_inflate(payload: bytes) -> bytes:
+    """The changeset in zlib `payload`, inflated to at most sync_inflate_limit bytes. Raises
+    SyncFileError when it would inflate past that, zlib.error when it is not a whole zlib stream."""
+    limit = sync_inflate_limit(len(payload))
+    z = zlib.decompressobj()
+    out = z.decompress(payload, limit)
+    if z.unconsumed_tail or (not z.eof and z.decompress(b"", 1)):
+        raise SyncFileError(f"inflates past {limit} bytes (a zip bomb?)")
+    if not z.eof:
+        raise zlib.error("incomplete zlib stream")
+    return out
+
+
+def read_changeset_file(path: Path) -> tuple[bytes, bytes, int]:
+    """(header line, payload, payload bytes on disk) of changeset file `path`, reading at most its
+    header line (SYNC_HEADER_BYTES) and the payload length that header names: a regular file only (a
+    pipe would block the sync, /dev/zero fill the memory). Raises SyncFileError with the reason."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise SyncFileError("not a regular file")
+            head = f.readline(SYNC_HEADER_BYTES)
+            try:
+                length = json.loads(head).get("length") if head.endswith(b"\n") else None
+            except (ValueError, AttributeError):
+                length = None
+            on_disk = st.st_size - len(head)
+            # one byte more than the header names (a longer file is damaged, and is not read whole);
+            # nothing of a file shorter than that (truncated) or without a length
+            ok = isinstance(length, int) and not isinstance(length, bool) and 0 <= length <= on_disk
+            return head, f.read(length + 1) if ok else b"", on_disk
+        except OSError as e:
+            raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
 
 
 def _change_value(change, i: int):
@@ -6454,6 +6506,8 @@ class Sync:
             seq = max([int(self.meta_get("sync_next_seq", 1)), *(n + 1 for n in own)])
             name = f"{device}-{seq:08d}.changeset"
             payload = zlib.compress(changeset)
+            if len(changeset) > sync_inflate_limit(len(payload)):  # readers would take it for a zip bomb
+                payload = zlib.compress(changeset, 0)
             header = {"format": SYNC_FORMAT, "version": SYNC_VERSION, "export_version": EXPORT_VERSION,
                       "schema": self.value("pragma user_version"), "device": device, "seq": seq,
                       "created_at": now_iso(), "records": len(changes), "length": len(payload),
@@ -6514,29 +6568,25 @@ class Sync:
         of a synced kind matching its key, one the import reads). Returns [(op, kind, uid, stamp, hash,
         record or None (a delete), (old stamp, old hash) or None (not an update))]. Raises
         SyncFileError with the reason."""
+        head, payload, on_disk = read_changeset_file(path)
         try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
-        head, newline, payload = data.partition(b"\n")
-        try:
-            h = json.loads(head) if newline else None
+            h = json.loads(head) if head.endswith(b"\n") else None
         except ValueError:
             h = None
         if not isinstance(h, dict) or h.get("format") != SYNC_FORMAT:
-            raise SyncFileError("not an Aokun changeset (no header line)" if data else "empty (still being copied?)")
+            raise SyncFileError("not an Aokun changeset (no header line)" if head else "empty (still being copied?)")
         if not isinstance(h.get("version"), int) or h["version"] > SYNC_VERSION:
             raise SyncFileError(f"changeset version {h.get('version')!r} is newer than this Aokun reads; upgrade Aokun")
         if h.get("device") != device or h.get("seq") != seq:
             raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
         length = h.get("length")
-        if not isinstance(length, int) or len(payload) < length:
-            raise SyncFileError(f"truncated ({len(payload)} of {length} bytes; still being copied?)")
+        if not isinstance(length, int) or on_disk < length:
+            raise SyncFileError(f"truncated ({on_disk} of {length} bytes; still being copied?)")
         if len(payload) != length or hashlib.sha256(payload).hexdigest() != h.get("sha256"):
             raise SyncFileError("damaged (its checksum does not match)")
         changes = []
         try:
-            for ch in apsw.Changeset.iter(zlib.decompress(payload)):
+            for ch in apsw.Changeset.iter(sync_inflate(payload)):
                 if ch.name != "records" or ch.column_count != 5:
                     raise SyncFileError(f"foreign changeset (table {ch.name!r})")
                 if ch.op == "DELETE":
