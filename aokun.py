@@ -6015,8 +6015,9 @@ class Portable:
         self.backfill_turn_vectors()
         return report
 
-    def _uid_id(self, table: str, uid, ids: dict) -> int | None:
-        """The id of the row of `table` (one of ours) with `uid` in this file, or None."""
+    def _uid_id(self, table: str, uid, ids: dict, persona=None) -> int | None:
+        """The id of the row of `table` (one of ours) with `uid` in this file, or None (also when
+        `persona` is given and the row is another persona's: a reference never crosses personas)."""
         if uid is None:
             return None
         if (table, uid) not in ids:
@@ -6024,13 +6025,20 @@ class Portable:
             if found is None:
                 return None
             ids[(table, uid)] = found
+        if persona is not None and self.value(f"select persona_id from {table} where id = ?",
+                                              (ids[(table, uid)],)) != persona:
+            return None
         return ids[(table, uid)]
 
-    def _import_verdict(self, table: str, rec: dict, stamp_key: str = "updated_at") -> tuple[str, int | None]:
+    def _import_verdict(self, table: str, rec: dict, line: int,
+                        stamp_key: str = "updated_at") -> tuple[str, int | None]:
         """What importing `rec` into `table` does: ('kept', id) when this file has its uid with the
         same or a later time, ('skipped', None) when a tombstone here is as late, else ('updated', id)
-        or ('added', None)."""
-        here = self.rows(f"select id, {stamp_key} as stamp from {table} where uid = ?", (rec["uid"],))
+        or ('added', None). Raises ImportFileError when the uid is another persona's here (a record
+        never moves a row to another persona, nor overwrites one of another persona)."""
+        here = self.rows(f"select id, persona_id, {stamp_key} as stamp from {table} where uid = ?", (rec["uid"],))
+        if here and here[0]["persona_id"] != rec.get("persona_id"):
+            raise ImportFileError(line, f"{rec['kind']} {rec['uid']} is of another persona in this file")
         if here and here[0]["stamp"] >= rec[stamp_key] and rec["uid"] not in getattr(self, "_import_overwrite", ()):
             return "kept", here[0]["id"]
         gone = self.value("select deleted_at from tombstones where uid = ?", (rec["uid"],))
@@ -6059,7 +6067,7 @@ class Portable:
         docs_done: atoms too); then merged_into. Returns the writes for run_pipeline. In tx."""
         c, preps, state = self.conn, [], "pending" if self.embedder.provider != "none" else "none"
         for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
-            verdict, doc_id = self._import_verdict("documents", r)
+            verdict, doc_id = self._import_verdict("documents", r, n)
             p = self.prepare(r["content"], {k: r[k] for k in ("summary", "topics", "key_facts", "participants",
                              "tags", "sentiment", "source", "importance", "session_id", "persona_id", "pinned")}
                              | {"timestamp": r["created_at"]}, f"line {n}: ")
@@ -6082,8 +6090,6 @@ class Portable:
                      "last_useful_at": _record_value(r, "last_useful_at", n, (str,), True),
                      "embedding_state": state, "embedding_error": None}
             if doc_id is not None:
-                if self.value("select persona_id from documents where id = ?", (doc_id,)) != p.persona_id:
-                    raise ImportFileError(n, f"memory {r['uid']} is of another persona in this file")
                 c.execute("delete from documents_fts where rowid = ?", (doc_id,))
                 c.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
                 if self.has_table("doc_vec"):
@@ -6099,15 +6105,15 @@ class Portable:
         for _, r in recs:
             if r["merged_into"] is not None and (doc_id := self._uid_id("documents", r["uid"], ids)) is not None:
                 c.execute("update documents set merged_into = ? where id = ?",
-                          (self._uid_id("documents", r["merged_into"], ids), doc_id))
+                          (self._uid_id("documents", r["merged_into"], ids, r["persona_id"]), doc_id))
         return preps
 
     def _import_atoms(self, recs, report: dict, ids: dict) -> None:
         """Upsert the atom records with their sources, FTS text and supersession. In tx."""
         c = self.conn
         for n, r in recs:
-            doc_id = self._uid_id("documents", r["document"], ids)
-            verdict, atom_id = self._import_verdict("memory_atoms", r)
+            doc_id = self._uid_id("documents", r["document"], ids, r["persona_id"])
+            verdict, atom_id = self._import_verdict("memory_atoms", r, n)
             if doc_id is None or verdict in ("kept", "skipped"):
                 report["skipped" if doc_id is None else verdict] += 1
                 continue
@@ -6119,20 +6125,20 @@ class Portable:
                       (atom_id, " ".join(self.seg.tokens(_record_value(r, "content", n, (str,))))))
             c.execute("delete from atom_sources where atom_id = ?", (atom_id,))
             for uid in [r["document"], *_record_value(r, "sources", n, (list,))]:
-                if (src := self._uid_id("documents", uid, ids)) is not None:
+                if (src := self._uid_id("documents", uid, ids, r["persona_id"])) is not None:
                     c.execute("insert or ignore into atom_sources(atom_id, document_id) values (?, ?)", (atom_id, src))
             report[verdict] += 1
         for _, r in recs:
             atom_id = ids.get(("memory_atoms", r["uid"]))
             if atom_id is not None and r["superseded_by"] is not None:
                 c.execute("update memory_atoms set superseded_by = ? where id = ?",
-                          (self._uid_id("memory_atoms", r["superseded_by"], ids), atom_id))
+                          (self._uid_id("memory_atoms", r["superseded_by"], ids, r["persona_id"]), atom_id))
 
     def _import_kg(self, entities, triples, report: dict, ids: dict) -> None:
         """Upsert the entities (one already here under another uid, same persona and canonical name,
         is that entity) and the facts between them. In tx."""
         for n, r in entities:
-            verdict, eid = self._import_verdict("kg_entities", r)
+            verdict, eid = self._import_verdict("kg_entities", r, n)
             same = self.value("select id from kg_entities where persona_id = ? and canonical = ? and uid != ?",
                               (r["persona_id"], r["canonical"], r["uid"]))
             if same is not None and eid is None:
@@ -6144,14 +6150,14 @@ class Portable:
                 "kg_entities", {k: r[k] for k in EXPORT_FIELDS["entity"]}, eid, n)
             report["entity"][verdict] += 1
         for n, r in triples:
-            sid, oid = self._uid_id("kg_entities", r["subject"], ids), self._uid_id("kg_entities", r["object"], ids)
-            verdict, tid = self._import_verdict("kg_triples", r)
+            sid, oid = (self._uid_id("kg_entities", r[k], ids, r["persona_id"]) for k in ("subject", "object"))
+            verdict, tid = self._import_verdict("kg_triples", r, n)
             if sid is None or oid is None or verdict in ("kept", "skipped"):
                 report["triple"]["skipped" if sid is None or oid is None else verdict] += 1
                 continue
             cols = {k: r[k] for k in EXPORT_FIELDS["triple"] if k not in ("subject", "object", "source_memory")}
             cols |= {"subject_id": sid, "object_id": oid,
-                     "source_memory_id": self._uid_id("documents", r["source_memory"], ids)}
+                     "source_memory_id": self._uid_id("documents", r["source_memory"], ids, r["persona_id"])}
             self._import_row("kg_triples", cols, tid, n)
             self._briefing_stale(r["persona_id"])
             report["triple"][verdict] += 1
@@ -6163,7 +6169,7 @@ class Portable:
         c, merged = self.conn, set()
         state = "none" if self.embedder.provider == "none" else "pending"
         for n, r in sessions:
-            verdict, ref = self._import_verdict("conv_sessions", r)
+            verdict, ref = self._import_verdict("conv_sessions", r, n)
             same = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ? "
                               "and uid != ?", (r["persona_id"], r["source"], r["session_id"], r["uid"]))
             if same is not None and ref is None:
@@ -6176,7 +6182,7 @@ class Portable:
                 "conv_sessions", {k: r[k] for k in EXPORT_FIELDS["session"]}, ref, n)
             report["session"][verdict] += 1
         for n, r in turns:
-            ref = self._uid_id("conv_sessions", r["session"], ids)
+            ref = self._uid_id("conv_sessions", r["session"], ids, r["persona_id"])
             gone = self.value("select 1 from tombstones where uid = ?", (r["uid"],))
             if ref is None or gone or self.value("select 1 from conv_turns where uid = ? or (session_ref = ? and "
                                                  "turn_key = ?)", (r["uid"], ref, r["turn_key"])):
@@ -6201,8 +6207,9 @@ class Portable:
             if survivor is None or (here is not None and here >= r["created_at"]):
                 report["skipped" if survivor is None else "kept"] += 1
                 continue
+            persona = self.value("select persona_id from documents where id = ?", (survivor,))
             members = [m for u in _record_value(r, "members", n, (list,))
-                       if (m := self._uid_id("documents", u, ids)) is not None]
+                       if (m := self._uid_id("documents", u, ids, persona)) is not None]
             self.conn.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) "
                               "values (?, ?, ?, ?)", (survivor, json.dumps(r["previous"], ensure_ascii=False),
                                                       json.dumps(members), r["created_at"]))
