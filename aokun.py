@@ -2341,17 +2341,29 @@ class Layers:
         memories `ids` get the keyword text of their new session context (no embedding involved:
         fact vectors are the fact's). In tx."""
         for i in dict.fromkeys(ids):
-            d = self.rows("select persona_id, session_id, created_at, summary, content from documents "
-                          "where id = ?", (i,))
+            d = self.rows("select persona_id, session_id, created_at, summary, content, key_facts, participants, "
+                          "topics from documents where id = ?", (i,))
             anchor = self.rows(self.queries["document_anchor_entry"], {"document_id": i})
             if not d or not anchor:
                 continue
             d, e = d[0], anchor[0]
             summary = (d["summary"] or d["content"])[: self.cfg.write.graph_summary_chars]
             context = self._graph_context(d["persona_id"], d["session_id"], d["created_at"], i)
-            base = fact_entry_text(e["value"], "") if e["node_type"] == "fact" else \
-                f"{e['node_type'].title()}: {e['value']}. Summary: {summary}"
+            shown = self._own_spelling(d, e)
+            base = fact_entry_text(shown, "") if e["node_type"] == "fact" else \
+                f"{e['node_type'].title()}: {shown}. Summary: {summary}"
             self._put_entry_text(e["id"], graph_anchor_text(base, context))
+
+    def _own_spelling(self, doc: dict, entry: dict) -> str:
+        """How memory `doc` (its documents row) spells the node of its graph entry `entry` (node_type,
+        value, canonical), as _stage_graph wrote it: a node shared by several memories keeps the
+        first one's spelling as its value ("Alice likes tea" for a later "ALICE likes tea")."""
+        if entry["node_type"] == "fact":
+            facts = json.loads(doc["key_facts"]) or self._auto_facts(doc["content"])
+            return next((f for f in facts if Rules._key(f) == entry["canonical"]), entry["value"])
+        names = json.loads(doc["participants" if entry["node_type"] == "person" else "topics"])
+        return next((self.rules.display(v) for v in names if self.rules.canonical(v) == entry["canonical"]),
+                    entry["value"])
 
     def _put_entry_text(self, entry_id: int, text: str) -> None:
         """Replace a graph entry's keyword text and its FTS row. In tx."""
@@ -2376,11 +2388,12 @@ class Layers:
                 c.execute("delete from graph_entries where id = ?", (eid,))
             docs = [r["id"] for r in self.rows(self.queries["documents_with_entries"])]
             for i in docs:
+                d = self.rows("select content, key_facts, participants, topics from documents where id = ?", (i,))[0]
                 entries = self.rows(self.queries["document_entry_nodes"], {"document_id": i})
-                about = ", ".join(e["value"] for e in entries if e["node_type"] != "fact")
+                about = ", ".join(self._own_spelling(d, e) for e in entries if e["node_type"] != "fact")
                 for e in entries:
                     if e["node_type"] == "fact":
-                        self._put_entry_text(e["id"], fact_entry_text(e["value"], about))
+                        self._put_entry_text(e["id"], fact_entry_text(self._own_spelling(d, e), about))
             self._refresh_graph_context(docs)
             if docs:  # merge the index's segments: every rewritten row left a deletion marker behind
                 c.execute("insert into graph_entries_fts(graph_entries_fts) values ('optimize')")
