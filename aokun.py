@@ -6557,7 +6557,11 @@ class Sync:
         (this device's own too: those a restored backup of this file has not seen). A gap waits for
         its file; a file that fails to read stops its device's later files until the next sync."""
         files: dict[str, dict[int, Path]] = {}
-        for f in sorted(folder.iterdir()):
+        try:
+            listing = sorted(folder.iterdir())
+        except OSError as e:  # the folder went away (a USB stick pulled) after this device's file was written
+            raise AokunError(f"cannot read the folder {folder}: {e.strerror or e}") from None
+        for f in listing:
             if m := SYNC_NAME.match(f.name):
                 files.setdefault(m[1], {})[int(m[2])] = f
             elif f.name.endswith(".changeset"):

@@ -243,6 +243,27 @@ def test_a_changeset_that_compresses_too_well_is_written_stored(three, monkeypat
     assert name in r["applied"] and not r["skipped"] and uid in memories(b)
 
 
+def test_a_folder_gone_mid_sync_is_one_line_and_the_next_sync_finishes(three, tmp_path, monkeypatch):
+    """The shared folder vanishing after this device's file was written (a USB stick pulled) used to
+    end the sync with a FileNotFoundError traceback; now one line, and the next sync goes on."""
+    a, b, _c, share, _ids, _uids = three
+    uid = a.memorize("Written just before the stick was pulled", {})["uid"]
+    real = aokun.Sync._sync_write
+
+    def write_then_pull(self, folder, device, s):
+        out = real(self, folder, device, s)
+        shutil.move(share, tmp_path / "stick")
+        return out
+    monkeypatch.setattr(aokun.Sync, "_sync_write", write_then_pull)
+    with pytest.raises(aokun.AokunError, match="cannot read the folder"):
+        a.sync(share)
+    monkeypatch.setattr(aokun.Sync, "_sync_write", real)
+    shutil.move(tmp_path / "stick", share)
+    assert not a.sync(share)["written"]  # its file was recorded as sent
+    b.sync(share)
+    assert uid in memories(b)
+
+
 def test_a_newer_changeset_version_is_skipped(three):
     a, b, _c, share, _ids, _uids = three
     a.memorize("From a future Aokun", {})
