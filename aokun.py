@@ -5938,8 +5938,8 @@ def read_export(lines) -> list[tuple[int, dict]]:
         if missing:
             raise ImportFileError(n, f"{kind} lacks {', '.join(missing)}")
         for k in ("created_at", "updated_at", "deleted_at", "valid_from"):
-            if k in rec:
-                parse_time(_record_value(rec, k, n, (str,)), f"line {n}: {k}")
+            if k in rec:  # in the column format: times are compared as text ("…+08:00" sorted wrong)
+                rec[k] = iso(parse_time(_record_value(rec, k, n, (str,)), f"line {n}: {k}"))
         records.append((n, rec))
     if header is None:
         raise ImportFileError(1, "the file is empty: an export starts with a header line")
@@ -6354,6 +6354,14 @@ def read_changeset_file(path: Path) -> tuple[bytes, bytes, int]:
             raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
 
 
+def _parse_iso_text(value: str) -> str | None:
+    """`value` as column-format time text, or None when it is not a time."""
+    try:
+        return iso(_parse_iso(value))
+    except ValueError:
+        return None
+
+
 def _change_value(change, i: int):
     """Column `i` of a changeset UPDATE's new values, or of its old ones where it did not change."""
     v = change.new[i]
@@ -6623,6 +6631,8 @@ class Sync:
                         rec.get(key) != uid or (stamp is not apsw.no_change and rec.get(field) != stamp):
                     raise SyncFileError(f"a change does not hold the record it names ({kind} {uid})")
                 stamp = rec[field]
+                if not isinstance(stamp, str) or _parse_iso_text(stamp) != stamp:  # compared as text
+                    raise SyncFileError(f"{kind} {uid}: {field} {stamp!r} is not a time like 2026-11-30T08:15:00Z")
                 digest = sync_hash(rec)
                 old = None if ch.op == "INSERT" else tuple(  # the version the change was made on
                     mine if v is apsw.no_change else v for v, mine in zip(ch.old[2:4], (stamp, digest), strict=True))

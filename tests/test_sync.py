@@ -264,6 +264,30 @@ def test_a_folder_gone_mid_sync_is_one_line_and_the_next_sync_finishes(three, tm
     assert uid in memories(b)
 
 
+def test_a_changeset_stamp_not_in_the_column_format_is_refused(three):
+    """Versions are ordered by their stamps as text, so a stamp with an offset ("…T10:00:00+08:00",
+    02:00 UTC) sorted after a later UTC one and won; such a file is skipped now, and an import
+    stores its times in the column format."""
+    a, b, _c, share, _ids, uids = three
+    rec = next(r for r in a.export_records(kinds=("memory",)) if r.get("uid") == uids["edited"])
+    rec |= {"content": "an older version in disguise", "updated_at": "2026-05-01T10:00:00+08:00"}
+    scratch = aokun.apsw.Connection(":memory:")
+    scratch.execute(aokun._SYNC_TABLES)
+    session = aokun.apsw.Session(scratch, "main")
+    session.attach("records")
+    scratch.execute("insert into records values ('memory', ?, ?, ?, ?)",
+                    (rec["uid"], rec["updated_at"], aokun.sync_hash(rec), json.dumps(rec, ensure_ascii=False)))
+    name = _changeset_file(share, "0b6f9c1e-0000-4000-8000-000000000009", 1,
+                           aokun.zlib.compress(session.changeset())).name
+    r = b.sync(share)
+    assert name not in r["applied"] and "is not a time like" in {x["file"]: x["reason"] for x in r["skipped"]}[name]
+    assert memories(b)[uids["edited"]] == "Alice 住在北京"
+    header = {"kind": "header", "format": aokun.EXPORT_FORMAT, "version": 1}
+    rec |= {"updated_at": "2026-05-02T10:00:00+08:00"}
+    b.import_export([json.dumps(header), json.dumps(rec, ensure_ascii=False)])
+    assert b.value("select updated_at from documents where uid = ?", (uids["edited"],)) == "2026-05-02T02:00:00Z"
+
+
 def test_a_newer_changeset_version_is_skipped(three):
     a, b, _c, share, _ids, _uids = three
     a.memorize("From a future Aokun", {})
