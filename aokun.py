@@ -52,6 +52,7 @@ import math
 import os
 import re
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -2340,17 +2341,29 @@ class Layers:
         memories `ids` get the keyword text of their new session context (no embedding involved:
         fact vectors are the fact's). In tx."""
         for i in dict.fromkeys(ids):
-            d = self.rows("select persona_id, session_id, created_at, summary, content from documents "
-                          "where id = ?", (i,))
+            d = self.rows("select persona_id, session_id, created_at, summary, content, key_facts, participants, "
+                          "topics from documents where id = ?", (i,))
             anchor = self.rows(self.queries["document_anchor_entry"], {"document_id": i})
             if not d or not anchor:
                 continue
             d, e = d[0], anchor[0]
             summary = (d["summary"] or d["content"])[: self.cfg.write.graph_summary_chars]
             context = self._graph_context(d["persona_id"], d["session_id"], d["created_at"], i)
-            base = fact_entry_text(e["value"], "") if e["node_type"] == "fact" else \
-                f"{e['node_type'].title()}: {e['value']}. Summary: {summary}"
+            shown = self._own_spelling(d, e)
+            base = fact_entry_text(shown, "") if e["node_type"] == "fact" else \
+                f"{e['node_type'].title()}: {shown}. Summary: {summary}"
             self._put_entry_text(e["id"], graph_anchor_text(base, context))
+
+    def _own_spelling(self, doc: dict, entry: dict) -> str:
+        """How memory `doc` (its documents row) spells the node of its graph entry `entry` (node_type,
+        value, canonical), as _stage_graph wrote it: a node shared by several memories keeps the
+        first one's spelling as its value ("Alice likes tea" for a later "ALICE likes tea")."""
+        if entry["node_type"] == "fact":
+            facts = json.loads(doc["key_facts"]) or self._auto_facts(doc["content"])
+            return next((f for f in facts if Rules._key(f) == entry["canonical"]), entry["value"])
+        names = json.loads(doc["participants" if entry["node_type"] == "person" else "topics"])
+        return next((self.rules.display(v) for v in names if self.rules.canonical(v) == entry["canonical"]),
+                    entry["value"])
 
     def _put_entry_text(self, entry_id: int, text: str) -> None:
         """Replace a graph entry's keyword text and its FTS row. In tx."""
@@ -2375,11 +2388,12 @@ class Layers:
                 c.execute("delete from graph_entries where id = ?", (eid,))
             docs = [r["id"] for r in self.rows(self.queries["documents_with_entries"])]
             for i in docs:
+                d = self.rows("select content, key_facts, participants, topics from documents where id = ?", (i,))[0]
                 entries = self.rows(self.queries["document_entry_nodes"], {"document_id": i})
-                about = ", ".join(e["value"] for e in entries if e["node_type"] != "fact")
+                about = ", ".join(self._own_spelling(d, e) for e in entries if e["node_type"] != "fact")
                 for e in entries:
                     if e["node_type"] == "fact":
-                        self._put_entry_text(e["id"], fact_entry_text(e["value"], about))
+                        self._put_entry_text(e["id"], fact_entry_text(self._own_spelling(d, e), about))
             self._refresh_graph_context(docs)
             if docs:  # merge the index's segments: every rewritten row left a deletion marker behind
                 c.execute("insert into graph_entries_fts(graph_entries_fts) values ('optimize')")
@@ -5924,8 +5938,8 @@ def read_export(lines) -> list[tuple[int, dict]]:
         if missing:
             raise ImportFileError(n, f"{kind} lacks {', '.join(missing)}")
         for k in ("created_at", "updated_at", "deleted_at", "valid_from"):
-            if k in rec:
-                parse_time(_record_value(rec, k, n, (str,)), f"line {n}: {k}")
+            if k in rec:  # in the column format: times are compared as text ("…+08:00" sorted wrong)
+                rec[k] = iso(parse_time(_record_value(rec, k, n, (str,)), f"line {n}: {k}"))
         records.append((n, rec))
     if header is None:
         raise ImportFileError(1, "the file is empty: an export starts with a header line")
@@ -6014,8 +6028,9 @@ class Portable:
         self.backfill_turn_vectors()
         return report
 
-    def _uid_id(self, table: str, uid, ids: dict) -> int | None:
-        """The id of the row of `table` (one of ours) with `uid` in this file, or None."""
+    def _uid_id(self, table: str, uid, ids: dict, persona=None) -> int | None:
+        """The id of the row of `table` (one of ours) with `uid` in this file, or None (also when
+        `persona` is given and the row is another persona's: a reference never crosses personas)."""
         if uid is None:
             return None
         if (table, uid) not in ids:
@@ -6023,13 +6038,20 @@ class Portable:
             if found is None:
                 return None
             ids[(table, uid)] = found
+        if persona is not None and self.value(f"select persona_id from {table} where id = ?",
+                                              (ids[(table, uid)],)) != persona:
+            return None
         return ids[(table, uid)]
 
-    def _import_verdict(self, table: str, rec: dict, stamp_key: str = "updated_at") -> tuple[str, int | None]:
+    def _import_verdict(self, table: str, rec: dict, line: int,
+                        stamp_key: str = "updated_at") -> tuple[str, int | None]:
         """What importing `rec` into `table` does: ('kept', id) when this file has its uid with the
         same or a later time, ('skipped', None) when a tombstone here is as late, else ('updated', id)
-        or ('added', None)."""
-        here = self.rows(f"select id, {stamp_key} as stamp from {table} where uid = ?", (rec["uid"],))
+        or ('added', None). Raises ImportFileError when the uid is another persona's here (a record
+        never moves a row to another persona, nor overwrites one of another persona)."""
+        here = self.rows(f"select id, persona_id, {stamp_key} as stamp from {table} where uid = ?", (rec["uid"],))
+        if here and here[0]["persona_id"] != rec.get("persona_id"):
+            raise ImportFileError(line, f"{rec['kind']} {rec['uid']} is of another persona in this file")
         if here and here[0]["stamp"] >= rec[stamp_key] and rec["uid"] not in getattr(self, "_import_overwrite", ()):
             return "kept", here[0]["id"]
         gone = self.value("select deleted_at from tombstones where uid = ?", (rec["uid"],))
@@ -6058,7 +6080,7 @@ class Portable:
         docs_done: atoms too); then merged_into. Returns the writes for run_pipeline. In tx."""
         c, preps, state = self.conn, [], "pending" if self.embedder.provider != "none" else "none"
         for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
-            verdict, doc_id = self._import_verdict("documents", r)
+            verdict, doc_id = self._import_verdict("documents", r, n)
             p = self.prepare(r["content"], {k: r[k] for k in ("summary", "topics", "key_facts", "participants",
                              "tags", "sentiment", "source", "importance", "session_id", "persona_id", "pinned")}
                              | {"timestamp": r["created_at"]}, f"line {n}: ")
@@ -6081,8 +6103,6 @@ class Portable:
                      "last_useful_at": _record_value(r, "last_useful_at", n, (str,), True),
                      "embedding_state": state, "embedding_error": None}
             if doc_id is not None:
-                if self.value("select persona_id from documents where id = ?", (doc_id,)) != p.persona_id:
-                    raise ImportFileError(n, f"memory {r['uid']} is of another persona in this file")
                 c.execute("delete from documents_fts where rowid = ?", (doc_id,))
                 c.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
                 if self.has_table("doc_vec"):
@@ -6098,15 +6118,15 @@ class Portable:
         for _, r in recs:
             if r["merged_into"] is not None and (doc_id := self._uid_id("documents", r["uid"], ids)) is not None:
                 c.execute("update documents set merged_into = ? where id = ?",
-                          (self._uid_id("documents", r["merged_into"], ids), doc_id))
+                          (self._uid_id("documents", r["merged_into"], ids, r["persona_id"]), doc_id))
         return preps
 
     def _import_atoms(self, recs, report: dict, ids: dict) -> None:
         """Upsert the atom records with their sources, FTS text and supersession. In tx."""
         c = self.conn
         for n, r in recs:
-            doc_id = self._uid_id("documents", r["document"], ids)
-            verdict, atom_id = self._import_verdict("memory_atoms", r)
+            doc_id = self._uid_id("documents", r["document"], ids, r["persona_id"])
+            verdict, atom_id = self._import_verdict("memory_atoms", r, n)
             if doc_id is None or verdict in ("kept", "skipped"):
                 report["skipped" if doc_id is None else verdict] += 1
                 continue
@@ -6118,20 +6138,20 @@ class Portable:
                       (atom_id, " ".join(self.seg.tokens(_record_value(r, "content", n, (str,))))))
             c.execute("delete from atom_sources where atom_id = ?", (atom_id,))
             for uid in [r["document"], *_record_value(r, "sources", n, (list,))]:
-                if (src := self._uid_id("documents", uid, ids)) is not None:
+                if (src := self._uid_id("documents", uid, ids, r["persona_id"])) is not None:
                     c.execute("insert or ignore into atom_sources(atom_id, document_id) values (?, ?)", (atom_id, src))
             report[verdict] += 1
         for _, r in recs:
             atom_id = ids.get(("memory_atoms", r["uid"]))
             if atom_id is not None and r["superseded_by"] is not None:
                 c.execute("update memory_atoms set superseded_by = ? where id = ?",
-                          (self._uid_id("memory_atoms", r["superseded_by"], ids), atom_id))
+                          (self._uid_id("memory_atoms", r["superseded_by"], ids, r["persona_id"]), atom_id))
 
     def _import_kg(self, entities, triples, report: dict, ids: dict) -> None:
         """Upsert the entities (one already here under another uid, same persona and canonical name,
         is that entity) and the facts between them. In tx."""
         for n, r in entities:
-            verdict, eid = self._import_verdict("kg_entities", r)
+            verdict, eid = self._import_verdict("kg_entities", r, n)
             same = self.value("select id from kg_entities where persona_id = ? and canonical = ? and uid != ?",
                               (r["persona_id"], r["canonical"], r["uid"]))
             if same is not None and eid is None:
@@ -6143,14 +6163,14 @@ class Portable:
                 "kg_entities", {k: r[k] for k in EXPORT_FIELDS["entity"]}, eid, n)
             report["entity"][verdict] += 1
         for n, r in triples:
-            sid, oid = self._uid_id("kg_entities", r["subject"], ids), self._uid_id("kg_entities", r["object"], ids)
-            verdict, tid = self._import_verdict("kg_triples", r)
+            sid, oid = (self._uid_id("kg_entities", r[k], ids, r["persona_id"]) for k in ("subject", "object"))
+            verdict, tid = self._import_verdict("kg_triples", r, n)
             if sid is None or oid is None or verdict in ("kept", "skipped"):
                 report["triple"]["skipped" if sid is None or oid is None else verdict] += 1
                 continue
             cols = {k: r[k] for k in EXPORT_FIELDS["triple"] if k not in ("subject", "object", "source_memory")}
             cols |= {"subject_id": sid, "object_id": oid,
-                     "source_memory_id": self._uid_id("documents", r["source_memory"], ids)}
+                     "source_memory_id": self._uid_id("documents", r["source_memory"], ids, r["persona_id"])}
             self._import_row("kg_triples", cols, tid, n)
             self._briefing_stale(r["persona_id"])
             report["triple"][verdict] += 1
@@ -6162,7 +6182,7 @@ class Portable:
         c, merged = self.conn, set()
         state = "none" if self.embedder.provider == "none" else "pending"
         for n, r in sessions:
-            verdict, ref = self._import_verdict("conv_sessions", r)
+            verdict, ref = self._import_verdict("conv_sessions", r, n)
             same = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ? "
                               "and uid != ?", (r["persona_id"], r["source"], r["session_id"], r["uid"]))
             if same is not None and ref is None:
@@ -6175,7 +6195,7 @@ class Portable:
                 "conv_sessions", {k: r[k] for k in EXPORT_FIELDS["session"]}, ref, n)
             report["session"][verdict] += 1
         for n, r in turns:
-            ref = self._uid_id("conv_sessions", r["session"], ids)
+            ref = self._uid_id("conv_sessions", r["session"], ids, r["persona_id"])
             gone = self.value("select 1 from tombstones where uid = ?", (r["uid"],))
             if ref is None or gone or self.value("select 1 from conv_turns where uid = ? or (session_ref = ? and "
                                                  "turn_key = ?)", (r["uid"], ref, r["turn_key"])):
@@ -6200,8 +6220,9 @@ class Portable:
             if survivor is None or (here is not None and here >= r["created_at"]):
                 report["skipped" if survivor is None else "kept"] += 1
                 continue
+            persona = self.value("select persona_id from documents where id = ?", (survivor,))
             members = [m for u in _record_value(r, "members", n, (list,))
-                       if (m := self._uid_id("documents", u, ids)) is not None]
+                       if (m := self._uid_id("documents", u, ids, persona)) is not None]
             self.conn.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) "
                               "values (?, ?, ?, ?)", (survivor, json.dumps(r["previous"], ensure_ascii=False),
                                                       json.dumps(members), r["created_at"]))
@@ -6261,6 +6282,12 @@ SYNC_UNHASHED = ("updated_at", "created_at", "deleted_at", "importance", "access
 TOMBSTONE_KINDS = {"documents": "memory", "kg_entities": "entity", "kg_triples": "triple",
                    "conv_sessions": "session", "conv_turns": "turn"}
 SYNC_CONFLICTS_LIMIT = 1000  #: the most conflicts `sync --conflicts` lists
+SYNC_HEADER_BYTES = 4096  #: the most a changeset file's header line may take
+#: A changeset's payload may inflate to at most max(this many bytes, SYNC_INFLATE_RATIO × its compressed
+#: size): a zip bomb (2 MB of zlib inflate to 2 GB) is refused before it fills the memory. A changeset
+#: that compresses better than that is written uncompressed (zlib level 0), which every reader takes.
+SYNC_INFLATE_FLOOR = 64 << 20
+SYNC_INFLATE_RATIO = 64
 _SYNC_RUNNING: set[str] = set()  #: database files this process is syncing now
 _SYNC_LOCK = threading.Lock()
 _SYNC_TABLES = """
@@ -6280,6 +6307,59 @@ def sync_hash(rec: dict) -> str:
     SYNC_UNHASHED fields. Two versions with the same hash differ at most in times and usage counts."""
     body = {k: v for k, v in rec.items() if k not in SYNC_UNHASHED}
     return hashlib.sha256(json.dumps(body, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sync_inflate_limit(compressed: int) -> int:
+    """The most bytes a changeset payload of `compressed` bytes may inflate to."""
+    return max(SYNC_INFLATE_FLOOR, SYNC_INFLATE_RATIO * compressed)
+
+
+def sync_inflate(payload: bytes) -> bytes:
+    """The changeset in zlib `payload`, inflated to at most sync_inflate_limit bytes. Raises
+    SyncFileError when it would inflate past that, zlib.error when it is not a whole zlib stream."""
+    limit = sync_inflate_limit(len(payload))
+    z = zlib.decompressobj()
+    out = z.decompress(payload, limit)
+    if z.unconsumed_tail or (not z.eof and z.decompress(b"", 1)):
+        raise SyncFileError(f"inflates past {limit} bytes (a zip bomb?)")
+    if not z.eof:
+        raise zlib.error("incomplete zlib stream")
+    return out
+
+
+def read_changeset_file(path: Path) -> tuple[bytes, bytes, int]:
+    """(header line, payload, payload bytes on disk) of changeset file `path`, reading at most its
+    header line (SYNC_HEADER_BYTES) and the payload length that header names: a regular file only (a
+    pipe would block the sync, /dev/zero fill the memory). Raises SyncFileError with the reason."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise SyncFileError("not a regular file")
+            head = f.readline(SYNC_HEADER_BYTES)
+            try:
+                length = json.loads(head).get("length") if head.endswith(b"\n") else None
+            except (ValueError, AttributeError):
+                length = None
+            on_disk = st.st_size - len(head)
+            # one byte more than the header names (a longer file is damaged, and is not read whole);
+            # nothing of a file shorter than that (truncated) or without a length
+            ok = isinstance(length, int) and not isinstance(length, bool) and 0 <= length <= on_disk
+            return head, f.read(length + 1) if ok else b"", on_disk
+        except OSError as e:
+            raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
+
+
+def _parse_iso_text(value: str) -> str | None:
+    """`value` as column-format time text, or None when it is not a time."""
+    try:
+        return iso(_parse_iso(value))
+    except ValueError:
+        return None
 
 
 def _change_value(change, i: int):
@@ -6454,6 +6534,8 @@ class Sync:
             seq = max([int(self.meta_get("sync_next_seq", 1)), *(n + 1 for n in own)])
             name = f"{device}-{seq:08d}.changeset"
             payload = zlib.compress(changeset)
+            if len(changeset) > sync_inflate_limit(len(payload)):  # readers would take it for a zip bomb
+                payload = zlib.compress(changeset, 0)
             header = {"format": SYNC_FORMAT, "version": SYNC_VERSION, "export_version": EXPORT_VERSION,
                       "schema": self.value("pragma user_version"), "device": device, "seq": seq,
                       "created_at": now_iso(), "records": len(changes), "length": len(payload),
@@ -6483,7 +6565,11 @@ class Sync:
         (this device's own too: those a restored backup of this file has not seen). A gap waits for
         its file; a file that fails to read stops its device's later files until the next sync."""
         files: dict[str, dict[int, Path]] = {}
-        for f in sorted(folder.iterdir()):
+        try:
+            listing = sorted(folder.iterdir())
+        except OSError as e:  # the folder went away (a USB stick pulled) after this device's file was written
+            raise AokunError(f"cannot read the folder {folder}: {e.strerror or e}") from None
+        for f in listing:
             if m := SYNC_NAME.match(f.name):
                 files.setdefault(m[1], {})[int(m[2])] = f
             elif f.name.endswith(".changeset"):
@@ -6514,29 +6600,25 @@ class Sync:
         of a synced kind matching its key, one the import reads). Returns [(op, kind, uid, stamp, hash,
         record or None (a delete), (old stamp, old hash) or None (not an update))]. Raises
         SyncFileError with the reason."""
+        head, payload, on_disk = read_changeset_file(path)
         try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
-        head, newline, payload = data.partition(b"\n")
-        try:
-            h = json.loads(head) if newline else None
+            h = json.loads(head) if head.endswith(b"\n") else None
         except ValueError:
             h = None
         if not isinstance(h, dict) or h.get("format") != SYNC_FORMAT:
-            raise SyncFileError("not an Aokun changeset (no header line)" if data else "empty (still being copied?)")
+            raise SyncFileError("not an Aokun changeset (no header line)" if head else "empty (still being copied?)")
         if not isinstance(h.get("version"), int) or h["version"] > SYNC_VERSION:
             raise SyncFileError(f"changeset version {h.get('version')!r} is newer than this Aokun reads; upgrade Aokun")
         if h.get("device") != device or h.get("seq") != seq:
             raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
         length = h.get("length")
-        if not isinstance(length, int) or len(payload) < length:
-            raise SyncFileError(f"truncated ({len(payload)} of {length} bytes; still being copied?)")
+        if not isinstance(length, int) or on_disk < length:
+            raise SyncFileError(f"truncated ({on_disk} of {length} bytes; still being copied?)")
         if len(payload) != length or hashlib.sha256(payload).hexdigest() != h.get("sha256"):
             raise SyncFileError("damaged (its checksum does not match)")
         changes = []
         try:
-            for ch in apsw.Changeset.iter(zlib.decompress(payload)):
+            for ch in apsw.Changeset.iter(sync_inflate(payload)):
                 if ch.name != "records" or ch.column_count != 5:
                     raise SyncFileError(f"foreign changeset (table {ch.name!r})")
                 if ch.op == "DELETE":
@@ -6549,6 +6631,8 @@ class Sync:
                         rec.get(key) != uid or (stamp is not apsw.no_change and rec.get(field) != stamp):
                     raise SyncFileError(f"a change does not hold the record it names ({kind} {uid})")
                 stamp = rec[field]
+                if not isinstance(stamp, str) or _parse_iso_text(stamp) != stamp:  # compared as text
+                    raise SyncFileError(f"{kind} {uid}: {field} {stamp!r} is not a time like 2026-11-30T08:15:00Z")
                 digest = sync_hash(rec)
                 old = None if ch.op == "INSERT" else tuple(  # the version the change was made on
                     mine if v is apsw.no_change else v for v, mine in zip(ch.old[2:4], (stamp, digest), strict=True))

@@ -43,8 +43,8 @@ union
 select target_id from graph_edges where document_id = :document_id;
 
 -- name: document_entry_nodes
--- Memory :document_id's subject and fact entries with their node (type, value), in entry order.
-select e.id, n.node_type, n.value
+-- Memory :document_id's subject and fact entries with their node (type, value, canonical), in entry order.
+select e.id, n.node_type, n.value, n.canonical
 from graph_entries e join graph_nodes n on n.id = e.node_id
 where e.document_id = :document_id and e.edge_id is null
 order by e.id;
@@ -60,8 +60,9 @@ select distinct document_id as id from graph_entries order by document_id;
 
 -- name: document_anchor_entry
 -- Memory :document_id's anchor entry, which carries its session context (aokun.graph_anchor_text):
--- its first subject's entry, or with no subject its first fact's.
-select e.id, n.node_type, n.value
+-- its first subject's entry, or with no subject its first fact's. The node's value is the spelling of
+-- the memory that made the node first; the canonical finds this memory's own (aokun._own_spelling).
+select e.id, n.node_type, n.value, n.canonical
 from graph_entries e join graph_nodes n on n.id = e.node_id
 where e.document_id = :document_id and e.edge_id is null
 order by n.node_type = 'fact', e.id

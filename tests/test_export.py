@@ -127,6 +127,42 @@ def test_a_bad_line_is_one_error_and_writes_nothing(tmp_path, open_mem):
         assert dst.value("select count(*) from documents") == 0
 
 
+def test_a_record_never_moves_or_reaches_another_personas_rows(tmp_path, open_mem):
+    """An import (or a sync) record that names a uid of another persona's entity, fact, session or
+    memory is refused, and a reference to another persona's row is not followed: before, a later
+    entity or fact record with another persona_id moved that row (and what hung on it) to its persona."""
+    mem = open_mem(tmp_path / "a.db")
+    fill(mem)
+    dump = [json.loads(x) for x in lines_of(mem)]
+    default = [r for r in dump if r.get("persona_id") == ""]
+    before = lines_of(mem)
+    for kind in ("memory", "entity", "triple", "session"):
+        rec = next(r for r in default if r["kind"] == kind) | {"persona_id": "mallory",
+                                                             "updated_at": "2030-01-01T00:00:00Z"}
+        with pytest.raises(aokun.InputError, match="of another persona in this file"):
+            mem.import_export([json.dumps(dump[0]), json.dumps(rec, ensure_ascii=False)])
+    assert lines_of(mem) == before
+    # new rows of persona mallory that point at the default persona's entities, session and memories
+    ent = {r["uid"] for r in default if r["kind"] == "entity"}
+    triple = next(r for r in default if r["kind"] == "triple") | {
+        "uid": "00000000-0000-4000-8000-0000000000a1", "persona_id": "mallory"}
+    turn = next(r for r in default if r["kind"] == "turn") | {
+        "uid": "00000000-0000-4000-8000-0000000000a2", "persona_id": "mallory", "turn_key": "x"}
+    target = next(r["uid"] for r in default if r["kind"] == "memory")
+    merged = {"kind": "memory", **{k: None for k in aokun.EXPORT_FIELDS["memory"]}} | {
+        "uid": "00000000-0000-4000-8000-0000000000a3", "persona_id": "mallory", "session_id": "",
+        "content": "mallory's own memory", "topics": [], "key_facts": [], "participants": [], "tags": [],
+        "source": "", "importance": 0.5, "pinned": False, "archived": False, "merged_into": target,
+        "created_at": "2026-03-09T00:00:00Z", "updated_at": "2026-03-09T00:00:00Z", "access_count": 0,
+        "useful_count": 0}
+    assert triple["subject"] in ent
+    r = mem.import_export([json.dumps(dump[0]), *(json.dumps(x, ensure_ascii=False) for x in (triple, turn, merged))])
+    assert r["triple"]["skipped"] == 1 and r["turn"]["skipped"] == 1 and r["memory"]["added"] == 1
+    assert mem.value("select count(*) from kg_triples where persona_id = 'mallory'") == 0
+    assert mem.value("select count(*) from conv_turns where persona_id = 'mallory'") == 0
+    assert mem.value("select merged_into from documents where uid = ?", (merged["uid"],)) is None
+
+
 def test_markdown_notes_have_safe_names_and_front_matter(tmp_path, open_mem):
     mem = open_mem(tmp_path / "a.db")
     fill(mem)

@@ -192,6 +192,102 @@ def test_foreign_files_are_skipped_and_own_sync_goes_on(three):
     assert (share / "notes.txt").read_text(encoding="utf-8") == "not ours"
 
 
+def _changeset_file(share: Path, device: str, seq: int, payload: bytes) -> Path:
+    """Write a changeset file with a header that matches `payload` (length, checksum)."""
+    header = {"format": aokun.SYNC_FORMAT, "version": 1, "export_version": 1, "device": device, "seq": seq,
+              "length": len(payload), "sha256": aokun.hashlib.sha256(payload).hexdigest()}
+    path = share / f"{device}-{seq:08d}.changeset"
+    path.write_bytes(json.dumps(header).encode() + b"\n" + payload)
+    return path
+
+
+def test_a_zip_bomb_a_pipe_and_dev_zero_are_skipped_in_bounded_memory(tmp_path, open_mem):
+    """A changeset's payload inflates to a bounded size, and only regular files are read: a FIFO under
+    a changeset's name used to block the sync for good, /dev/zero (or a zip bomb: 2 MB of zlib that
+    inflate to 2 GB) to fill the memory."""
+    import resource
+    share = tmp_path / "share"
+    share.mkdir()
+    a = open_mem(tmp_path / "a.db")
+    mine = a.memorize("Synced beside a zip bomb", {})["uid"]
+    z = aokun.zlib.compressobj(9)
+    bomb = b"".join(z.compress(bytes(1 << 20)) for _ in range(1024)) + z.flush()  # 1 GiB of zeros, ~1 MB
+    _changeset_file(share, "0b6f9c1e-0000-4000-8000-000000000001", 1, bomb)
+    os.mkfifo(share / "0b6f9c1e-0000-4000-8000-000000000002-00000001.changeset")
+    os.symlink("/dev/zero", share / "0b6f9c1e-0000-4000-8000-000000000003-00000001.changeset")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    done = []
+    t = threading.Thread(target=lambda: done.append(a.sync(share)), daemon=True)
+    t.start()
+    t.join(60)
+    assert done, "the sync blocked on the pipe"
+    reasons = {x["file"][:36]: x["reason"] for x in done[0]["skipped"]}
+    assert "zip bomb" in reasons["0b6f9c1e-0000-4000-8000-000000000001"]
+    assert reasons["0b6f9c1e-0000-4000-8000-000000000002"] == "not a regular file"
+    assert reasons["0b6f9c1e-0000-4000-8000-000000000003"] == "not a regular file"
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 < 512 << 20
+    assert done[0]["written"]
+    b = open_mem(tmp_path / "b.db")
+    assert done[0]["written"] in b.sync(share)["applied"] and mine in memories(b)
+
+
+def test_a_changeset_that_compresses_too_well_is_written_stored(three, monkeypatch):
+    """What the reader's zip-bomb bound would refuse is never written: a changeset that compresses
+    past the bound is written with zlib level 0, and applies on the other device."""
+    a, b, _c, share, _ids, _uids = three
+    monkeypatch.setattr(aokun, "SYNC_INFLATE_FLOOR", 1024)
+    uid = a.memorize("重复 " * 20000, {})["uid"]
+    name = a.sync(share)["written"]
+    assert len((share / name).read_bytes()) > 40000  # stored, not deflated
+    r = b.sync(share)
+    assert name in r["applied"] and not r["skipped"] and uid in memories(b)
+
+
+def test_a_folder_gone_mid_sync_is_one_line_and_the_next_sync_finishes(three, tmp_path, monkeypatch):
+    """The shared folder vanishing after this device's file was written (a USB stick pulled) used to
+    end the sync with a FileNotFoundError traceback; now one line, and the next sync goes on."""
+    a, b, _c, share, _ids, _uids = three
+    uid = a.memorize("Written just before the stick was pulled", {})["uid"]
+    real = aokun.Sync._sync_write
+
+    def write_then_pull(self, folder, device, s):
+        out = real(self, folder, device, s)
+        shutil.move(share, tmp_path / "stick")
+        return out
+    monkeypatch.setattr(aokun.Sync, "_sync_write", write_then_pull)
+    with pytest.raises(aokun.AokunError, match="cannot read the folder"):
+        a.sync(share)
+    monkeypatch.setattr(aokun.Sync, "_sync_write", real)
+    shutil.move(tmp_path / "stick", share)
+    assert not a.sync(share)["written"]  # its file was recorded as sent
+    b.sync(share)
+    assert uid in memories(b)
+
+
+def test_a_changeset_stamp_not_in_the_column_format_is_refused(three):
+    """Versions are ordered by their stamps as text, so a stamp with an offset ("…T10:00:00+08:00",
+    02:00 UTC) sorted after a later UTC one and won; such a file is skipped now, and an import
+    stores its times in the column format."""
+    a, b, _c, share, _ids, uids = three
+    rec = next(r for r in a.export_records(kinds=("memory",)) if r.get("uid") == uids["edited"])
+    rec |= {"content": "an older version in disguise", "updated_at": "2026-05-01T10:00:00+08:00"}
+    scratch = aokun.apsw.Connection(":memory:")
+    scratch.execute(aokun._SYNC_TABLES)
+    session = aokun.apsw.Session(scratch, "main")
+    session.attach("records")
+    scratch.execute("insert into records values ('memory', ?, ?, ?, ?)",
+                    (rec["uid"], rec["updated_at"], aokun.sync_hash(rec), json.dumps(rec, ensure_ascii=False)))
+    name = _changeset_file(share, "0b6f9c1e-0000-4000-8000-000000000009", 1,
+                           aokun.zlib.compress(session.changeset())).name
+    r = b.sync(share)
+    assert name not in r["applied"] and "is not a time like" in {x["file"]: x["reason"] for x in r["skipped"]}[name]
+    assert memories(b)[uids["edited"]] == "Alice 住在北京"
+    header = {"kind": "header", "format": aokun.EXPORT_FORMAT, "version": 1}
+    rec |= {"updated_at": "2026-05-02T10:00:00+08:00"}
+    b.import_export([json.dumps(header), json.dumps(rec, ensure_ascii=False)])
+    assert b.value("select updated_at from documents where uid = ?", (uids["edited"],)) == "2026-05-02T02:00:00Z"
+
+
 def test_a_newer_changeset_version_is_skipped(three):
     a, b, _c, share, _ids, _uids = three
     a.memorize("From a future Aokun", {})

@@ -606,6 +606,33 @@ def test_session_context_is_indexed_once_per_memory_on_its_anchor(mem):
     assert b in [h["id"] for h in mem.recall("hiking May", k=5, channels="graph_keyword")["results"]]
 
 
+def test_a_refreshed_anchor_keeps_its_own_spelling_as_a_fresh_write_and_rebuild_do(db_path, open_mem):
+    """A node shared by two memories keeps the first one's spelling; refreshing a later memory's
+    anchor after an edit before it (and upgrading an old layout) used to write that spelling
+    ("Fact: Alice likes tea" for the memory that said "ALICE   likes tea"), unlike its own write and
+    `rebuild --graph`."""
+    mem = open_mem(db_path)
+    s = {"session_id": "s"}
+    x = mem.memorize("Alice likes tea, she said.", s | {"timestamp": "2025-01-01T10:00:00Z", "participants": ["carol"],
+                                                     "key_facts": ["Alice likes tea"]})["id"]
+    mem.memorize("Indeed.", s | {"timestamp": "2025-01-01T10:01:00Z", "key_facts": ["ALICE   likes tea"]})
+    mem.memorize("Later.", s | {"timestamp": "2025-01-01T10:02:00Z", "participants": ["Carol"]})
+    mem.edit(x, content="Alice likes green tea, she said.")
+
+    def texts() -> list:
+        return [r["text"] for r in mem.rows("select text from graph_entries where edge_id is null "
+                                            "order by document_id, id")]
+    live = texts()
+    assert "Fact: ALICE   likes tea\nContext: Alice likes green tea, she said." in live
+    assert "Person: Carol. Summary: Later.\nContext: Indeed." in live
+    mem.rebuild(graph=True)
+    assert texts() == live
+    with mem.tx() as c:
+        c.execute("delete from meta where key = 'graph_layout'")
+    mem._upgrade_graph_entries()
+    assert texts() == live
+
+
 def test_an_old_graph_layout_is_rewritten_when_the_file_is_opened(db_path, open_mem):
     """Files before graph layout 2 indexed every describes/co_occurs_with edge as a sentence and the
     context on every fact: opening one rewrites its entries as a new write makes them (vectors kept)."""
