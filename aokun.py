@@ -6544,11 +6544,15 @@ class Sync:
                       "created_at": now_iso(), "records": len(changes), "length": len(payload),
                       "sha256": hashlib.sha256(payload).hexdigest()}
             tmp = folder / f"{name}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(json.dumps(header).encode() + b"\n" + payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, folder / name)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(json.dumps(header).encode() + b"\n" + payload)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, folder / name)
+            finally:  # a full disk leaves no half-written .tmp behind in the shared folder
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
         except OSError as e:
             raise AokunError(f"cannot write the changeset into {folder}: {e.strerror or e}") from None
         with self.tx() as c:

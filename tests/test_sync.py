@@ -449,3 +449,20 @@ def test_cli_sync_and_conflicts(three, tmp_path, monkeypatch, segmenter):
     r = runner.invoke(aokun.cli, ["--db", str(tmp_path / "b.db"), "sync", str(tmp_path / "nowhere")])
     assert r.exit_code != 0 and "is not a folder" in r.output and "Traceback" not in r.output
 
+
+
+def test_a_disk_full_while_writing_leaves_no_half_file_and_the_next_sync_sends_it(three, monkeypatch):
+    a, b, _c, share, _ids, _uids = three
+    uid = a.memorize("Written while the shared disk was full", {})["uid"]
+    real_fsync = os.fsync
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(aokun.AokunError, match="cannot write the changeset"):
+        a.sync(share)
+    assert not list(share.glob("*.tmp"))  # no half-written file left for the other devices to trip on
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert a.sync(share)["written"]  # nothing was recorded as sent: the change goes out now
+    b.sync(share)
+    assert uid in memories(b)
