@@ -4380,8 +4380,8 @@ class Forgetting:
             self.edit(doc_id, None, back | {"timestamp": prev["created_at"]},  # back to its time, atoms and
                       d["persona_id"])                                         # context included
             with self.tx() as c:
-                for m in json.loads(cons[0]["members"]):
-                    if self.value("select 1 from documents where id = ?", (m,)):
+                for m in json.loads(cons[0]["members"]):  # the survivor's persona's only, whatever the row says
+                    if self.value("select 1 from documents where id = ? and persona_id = ?", (m, d["persona_id"])):
                         self._unarchive_in_tx(m)
                         restored.append(m)
                 c.execute("delete from consolidations where survivor_id = ?", (doc_id,))

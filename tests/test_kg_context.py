@@ -755,3 +755,17 @@ async def test_mcp_kg_context_preview_consolidation_and_briefing(tmp_path, segme
         assert text.startswith("# Memory briefing") and "Alice lives_in Tokyo" in text
         assert f"[{museum}] Museum day." in text
         assert aokun.estimate_tokens(text) <= 3000
+
+
+def test_restore_memory_never_unarchives_another_personas_memory(make, clock):
+    """A consolidation row naming another persona's memory among its members (a damaged or crafted
+    row: the engine never merges across personas) restores only the survivor's persona's."""
+    m = make()
+    a, b, _c = _near_duplicates(m)
+    m.consolidate(dry_run=False)
+    other = m.memorize("Mallory's archived note", {"persona_id": "mallory"})["id"]
+    m.set_flag(other, "archived", True, persona_id="mallory")
+    with m.tx() as c:
+        c.execute("update consolidations set members = ? where survivor_id = ?", (json.dumps([a, other]), b))
+    assert m.restore_memory(b)["restored"] == [a]
+    assert m._doc(other, "mallory")["archived"] is True
