@@ -7919,10 +7919,25 @@ def build_server(memory_factory, cfg: Config):
     Tools are sync functions: the SDK runs them in worker threads and the Memory serialises them
     on its connection lock. Bad arguments become tool errors naming the field."""
     from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
     from mcp.types import ToolAnnotations
+    from pydantic import ValidationError
+
+    class Server(MCPServer):
+        async def call_tool(self, name, arguments, context=None):
+            """MCPServer.call_tool, with arguments the tool's schema refuses reported in one line that
+            names each field ("recall: k: Input should be a valid integer"), not pydantic's report."""
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as e:
+                if isinstance(e, UnexpectedToolError) or not isinstance(e.__cause__, ValidationError):
+                    raise
+                raise ToolError(f"{name}: " + "; ".join(
+                    f"{'.'.join(str(x) for x in err['loc']) or 'arguments'}: {err['msg']}"
+                    for err in e.__cause__.errors(include_url=False))) from e.__cause__
 
     running: list[ServerState] = []
-    server = MCPServer("aokun", instructions=SERVER_INSTRUCTIONS, version=__version__,
+    server = Server("aokun", instructions=SERVER_INSTRUCTIONS, version=__version__,
                        lifespan=_lifespan(memory_factory, running), log_level=cfg.server.log_level.upper())
     for name in exposed_tools(cfg, MCP_TOOLS):
         family, kind = MCP_TOOLS[name]

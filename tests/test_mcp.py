@@ -405,6 +405,8 @@ async def test_bad_input_names_the_field_and_writes_nothing(client, db, tool, ar
     msg = await err(client, tool, args)
     assert names_field(msg, field), msg
     assert "Traceback" not in msg
+    # one line, also when the SDK's schema check refused the arguments (no pydantic report)
+    assert "\n" not in msg.strip() and "pydantic" not in msg, msg
     assert await counts(client) == before == (1, 1)
     assert (await ok(client, "get_memory", {"id": 1}))["content"] == ALICE  # the edit did not happen
     # a fresh connection to the file agrees
