@@ -579,60 +579,70 @@ def recall_one(db, queries, k, channels):
 @click.option("--spawns", type=int, default=5, show_default=True, help="Server processes started (median reported).")
 @click.option("--provider", default="local", show_default=True, help="Embedding provider of the spawned servers.")
 def startup(spawns, provider):
-    """Time from spawning `python aokun.py serve` (stdio) to the answer to `initialize`, and to the
-    answer of a first memorize sent right after (the model and jieba load in the background).
+    """Time from spawning the stdio server to the answer to `initialize`, and to the answer of a
+    first memorize sent right after (the model and jieba load in the background), for both ways to
+    start it: `python -m aokun serve` with PYTHONPATH (README's client configs: the module's bytecode
+    is cached in __pycache__, which a first start writes; written here with py_compile, so it exists
+    even where PYTHONDONTWRITEBYTECODE is set) and `python aokun.py serve` (compiled every start).
     Median and max over fresh processes on a fresh database each."""
-    import json as _json
-    import subprocess
-    import tempfile as _tempfile
+    import py_compile
 
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": "2025-11-25", "capabilities": {},
                        "clientInfo": {"name": "bench", "version": "0"}}}
-    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "memorize", "arguments": {"content": "Alice 喜欢冰美式 and oat milk"}}}
-    t_init, t_first, t_floor = [], [], []
+    py_compile.compile(str(REPO / "aokun.py"), doraise=True)
     floor_cmd = [sys.executable, "-c", "from mcp.server.mcpserver import MCPServer; MCPServer('floor').run()"]
+    forms = {"python -m aokun serve": ([sys.executable, "-m", "aokun"], {"PYTHONPATH": str(REPO)}),
+             "python aokun.py serve": ([sys.executable, str(REPO / "aokun.py")], {})}
+    t_floor, times = [], {name: ([], []) for name in forms}
     for _ in range(spawns):
-        started = time.perf_counter()  # the floor: a stdio server of the same SDK with nothing in it
-        proc = subprocess.Popen(floor_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        t_floor.append(spawn_once(floor_cmd, {}, init, None, provider)[0])
+        for name, (cmd, env) in forms.items():
+            t_init, t_first = spawn_once(cmd, env, init, "memorize", provider)
+            times[name][0].append(t_init)
+            times[name][1].append(t_first)
+    print(machine())
+    floor = statistics.median(t_floor)
+    rows = [["floor: an empty server of the same SDK", f"{floor:.0f}", f"{max(t_floor):.0f}", "1.0"]]
+    for name, (t_init, t_first) in times.items():
+        rows += [[f"{name}: initialize answered", f"{statistics.median(t_init):.0f}", f"{max(t_init):.0f}",
+                  f"{statistics.median(t_init) / floor:.1f}"],
+                 [f"{name}: first memorize answered", f"{statistics.median(t_first):.0f}", f"{max(t_first):.0f}",
+                  f"{statistics.median(t_first) / floor:.1f}"]]
+    print(table(["stdio server, fresh db", "median ms", "max ms", "ratio to floor"], rows))
+
+
+def spawn_once(cmd: list[str], env: dict, init: dict, tool: str | None, provider: str) -> tuple[float, float]:
+    """(ms from spawn to the initialize answer, ms to the answer of a first `tool` call or 0) of one
+    fresh process `cmd` (+ `--db`/`--config serve` unless tool is None: the floor) on a fresh database."""
+    import json as _json
+    import subprocess
+    import tempfile as _tempfile
+    with _tempfile.TemporaryDirectory(prefix="aokun-bench-start-") as tmp:
+        ini = Path(tmp) / "aokun.ini"
+        ini.write_text(f"[embedding]\nprovider = {provider}\n[backup]\ndaily = false\n", encoding="utf-8")
+        args = cmd if tool is None else [*cmd, "--db", str(Path(tmp) / "s.db"), "--config", str(ini), "serve"]
+        started = time.perf_counter()
+        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                cwd=tmp, env={**os.environ, **env})
         try:
             proc.stdin.write((_json.dumps(init) + "\n").encode())
             proc.stdin.flush()
             _json.loads(proc.stdout.readline())
-            t_floor.append((time.perf_counter() - started) * 1000)
+            t_init = (time.perf_counter() - started) * 1000
+            if tool is None:
+                return t_init, 0.0
+            call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                    "params": {"name": tool, "arguments": {"content": "Alice 喜欢冰美式 and oat milk"}}}
+            proc.stdin.write((_json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n"
+                              + _json.dumps(call) + "\n").encode())
+            proc.stdin.flush()
+            reply = _json.loads(proc.stdout.readline())
+            assert "result" in reply and not reply["result"].get("isError"), reply
+            return t_init, (time.perf_counter() - started) * 1000
         finally:
             proc.kill()
             proc.wait()
-        with _tempfile.TemporaryDirectory(prefix="aokun-bench-start-") as tmp:
-            ini = Path(tmp) / "aokun.ini"
-            ini.write_text(f"[embedding]\nprovider = {provider}\n[backup]\ndaily = false\n", encoding="utf-8")
-            started = time.perf_counter()
-            proc = subprocess.Popen([sys.executable, str(REPO / "aokun.py"), "--db", str(Path(tmp) / "s.db"),
-                                     "--config", str(ini), "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, cwd=str(REPO))
-            try:
-                proc.stdin.write((_json.dumps(init) + "\n").encode())
-                proc.stdin.flush()
-                _json.loads(proc.stdout.readline())
-                t_init.append((time.perf_counter() - started) * 1000)
-                proc.stdin.write((_json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n"
-                                  + _json.dumps(call) + "\n").encode())
-                proc.stdin.flush()
-                reply = _json.loads(proc.stdout.readline())
-                assert "result" in reply and not reply["result"].get("isError"), reply
-                t_first.append((time.perf_counter() - started) * 1000)
-            finally:
-                proc.kill()
-                proc.wait()
-    print(machine())
-    floor = statistics.median(t_floor)
-    print(table(["stdio server, fresh db", "median ms", "max ms", "ratio to floor"],
-                [["floor: an empty server of the same SDK", f"{floor:.0f}", f"{max(t_floor):.0f}", "1.0"],
-                 ["spawn -> initialize answered", f"{statistics.median(t_init):.0f}", f"{max(t_init):.0f}",
-                  f"{statistics.median(t_init) / floor:.1f}"],
-                 ["spawn -> first memorize answered", f"{statistics.median(t_first):.0f}", f"{max(t_first):.0f}",
-                  f"{statistics.median(t_first) / floor:.1f}"]]))
 
 
 if __name__ == "__main__":

@@ -240,3 +240,19 @@ def test_serve_with_a_bad_config_fails_cleanly(tmp_path):
     assert r.returncode != 0 and r.stdout == ""
     assert "unknown setting 'bogus'" in r.stderr
     assert "Traceback" not in r.stderr, r.stderr[-1500:]
+
+
+@pytest.mark.anyio
+async def test_python_m_aokun_from_another_folder_serves_as_readme_configures_clients(tmp_path):
+    """README's client configs run `python -m aokun serve` with PYTHONPATH naming the folder (Python
+    caches an imported module's bytecode; a script is compiled on every start): from any working
+    folder that answers like `python aokun.py serve`."""
+    db, ini = tmp_path / "m.db", write_ini(tmp_path, "none")
+    p = StdioServerParameters(command=sys.executable, args=["-m", "aokun", "--db", str(db), "--config", str(ini),
+                                                            "serve"],
+                              cwd=str(tmp_path), env=child_env(PYTHONPATH=str(REPO)))
+    with anyio.fail_after(90):
+        async with Client(stdio_client(p, errlog=(tmp_path / "stderr.txt").open("w+", encoding="utf-8"))) as c:
+            assert {t.name for t in (await c.list_tools()).tools} == DEFAULT_TOOLS
+            w = await c.call_tool("memorize", {"content": "Started as a module"})
+            assert w.is_error is False and w.structured_content["id"] == 1
