@@ -3310,12 +3310,15 @@ def channel_evidence(ranked: dict[str, list[dict]], graph_channels) -> tuple[dic
 def route_relevance(i: int, ranks: dict, scores: dict, channels, w: Weights) -> float:
     """A route's relevance for memory `i`, in 0..1: weighted RRF of its channel ranks (fusion =
     rrf), or the weighted mean of its normalised channel scores (fusion = score, the default)."""
-    total = sum(w.channel[c] for c in channels)
-    if not total:
-        return 0.0
     if w.fusion == "rrf":
-        return rrf(ranks, channels, w.rrf_k, w.channel)
-    return sum(w.channel[c] * scores[c].get(i, 0.0) for c in channels if c in scores) / total
+        return rrf(ranks, channels, w.rrf_k, w.channel) if sum(w.channel[c] for c in channels) else 0.0
+    total = part = 0.0  # one pass: fusion calls this ~900 times a recall
+    for c in channels:
+        weight = w.channel[c]
+        total += weight
+        if c in scores:
+            part += weight * scores[c].get(i, 0.0)
+    return part / total if total else 0.0
 
 
 def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None, w: Weights,
