@@ -2066,6 +2066,7 @@ GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects 
 GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
 GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
 GRAPH_LAYOUT = "2"  #: meta graph_layout of the entries _stage_graph writes (Layers._upgrade_graph_entries)
+GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph layout upgrade
 
 
 class Layers:
@@ -2375,32 +2376,43 @@ class Layers:
 
     def _upgrade_graph_entries(self) -> None:
         """Files before graph layout 2 index every describes/co_occurs_with edge as a sentence and
-        the session context on every fact entry: rewrite them in one transaction as _stage_graph
-        writes them now (no vector changes: a fact's vector is the fact's), meta graph_layout = 2."""
+        the session context on every fact entry: rewrite them as _stage_graph writes them now (no
+        vector changes: a fact's vector is the fact's), GRAPH_UPGRADE_BATCH memories a transaction
+        so other processes' writes get the lock in between (a memory is whole in either layout, and
+        rewriting one twice gives the same rows), then meta graph_layout = 2."""
         if self.meta_get("graph_layout") == GRAPH_LAYOUT:
             return
         with self.tx() as c:
-            if self.meta_get("graph_layout") == GRAPH_LAYOUT:  # another process may have just done it
-                return
             gone = [r["id"] for r in self.rows(self.queries["edge_only_entries"])]
             for eid in gone:
                 c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
                 c.execute("delete from graph_entries where id = ?", (eid,))
-            docs = [r["id"] for r in self.rows(self.queries["documents_with_entries"])]
-            for i in docs:
-                d = self.rows("select content, key_facts, participants, topics from documents where id = ?", (i,))[0]
-                entries = self.rows(self.queries["document_entry_nodes"], {"document_id": i})
-                about = ", ".join(self._own_spelling(d, e) for e in entries if e["node_type"] != "fact")
-                for e in entries:
-                    if e["node_type"] == "fact":
-                        self._put_entry_text(e["id"], fact_entry_text(self._own_spelling(d, e), about))
-            self._refresh_graph_context(docs)
+        docs = [r["id"] for r in self.rows(self.queries["documents_with_entries"])]
+        for at in range(0, len(docs), GRAPH_UPGRADE_BATCH):
+            with self.tx():
+                if self.meta_get("graph_layout") == GRAPH_LAYOUT:  # another process finished it meanwhile
+                    return
+                self._upgrade_graph_entries_of(docs[at:at + GRAPH_UPGRADE_BATCH])
+        with self.tx() as c:
             if docs:  # merge the index's segments: every rewritten row left a deletion marker behind
                 c.execute("insert into graph_entries_fts(graph_entries_fts) values ('optimize')")
             self._meta_set("graph_layout", GRAPH_LAYOUT)
         if docs:
             log.warning("graph entries upgraded to layout %s: %s memories, %s edge sentences dropped "
                         "(`python aokun.py vacuum` returns the freed space)", GRAPH_LAYOUT, len(docs), len(gone))
+
+    def _upgrade_graph_entries_of(self, docs: list[int]) -> None:
+        """_upgrade_graph_entries' rewrite of memories `docs` (deleted meanwhile: skipped). In tx."""
+        for i in docs:
+            d = self.rows("select content, key_facts, participants, topics from documents where id = ?", (i,))
+            if not d:
+                continue
+            entries = self.rows(self.queries["document_entry_nodes"], {"document_id": i})
+            about = ", ".join(self._own_spelling(d[0], e) for e in entries if e["node_type"] != "fact")
+            for e in entries:
+                if e["node_type"] == "fact":
+                    self._put_entry_text(e["id"], fact_entry_text(self._own_spelling(d[0], e), about))
+        self._refresh_graph_context(docs)
 
 
 def fact_entry_text(fact: str, about: str) -> str:

@@ -633,7 +633,7 @@ def test_a_refreshed_anchor_keeps_its_own_spelling_as_a_fresh_write_and_rebuild_
     assert texts() == live
 
 
-def test_an_old_graph_layout_is_rewritten_when_the_file_is_opened(db_path, open_mem):
+def test_an_old_graph_layout_is_rewritten_when_the_file_is_opened(db_path, open_mem, monkeypatch):
     """Files before graph layout 2 indexed every describes/co_occurs_with edge as a sentence and the
     context on every fact: opening one rewrites its entries as a new write makes them (vectors kept)."""
     mem = open_mem(db_path)
@@ -656,6 +656,7 @@ def test_an_old_graph_layout_is_rewritten_when_the_file_is_opened(db_path, open_
         c.execute("insert into graph_entries_fts(rowid, segmented) values (999, 'alice describes alice')")
         c.execute("delete from meta where key = 'graph_layout'")
     mem.close()
+    monkeypatch.setattr(aokun, "GRAPH_UPGRADE_BATCH", 1)  # one memory a transaction: the lock is let go between
     mem = open_mem(db_path)
     assert mem.meta_get("graph_layout") == aokun.GRAPH_LAYOUT
     assert mem.rows("select id, text from graph_entries order by id") == fresh
