@@ -1940,19 +1940,19 @@ class Vectors:
 
     def _put_doc_vector(self, doc_id: int, vec: "np.ndarray") -> None:
         """Store a document's float vector and its binary index row. In tx."""
-        self.conn.execute(self.queries["put_doc_vector"], {
-            "id": doc_id, **self._vector_params(vec)})
+        self._store_vector("doc", doc_id, vec)
         self.conn.execute("update documents set embedding_state = 'done', embedding_error = null where id = ?",
                           (doc_id,))
         self._maybe_center()
 
-    @staticmethod
-    def _vector_params(vec) -> dict:
-        """put_doc_vector's / put_entry_vector's :stored (int8) and :embedding (that int8 vector back
-        as unit float32, so the index bits are a function of what is stored: _reindex_vectors makes
-        the same ones)."""
+    def _store_vector(self, kind: str, row_id: int, vec) -> None:
+        """Store row `row_id`'s vector as int8 (put_<kind>_vector, kind doc, entry or turn) and make its
+        binary index row (index_<kind>_vector) from that int8 vector back as unit float32, so the
+        index bits are a function of what is stored: a re-index makes the same ones. In tx."""
         stored = vector_blob(vec)
-        return {"stored": stored, "embedding": blob_vector(stored).tobytes()}
+        self.conn.execute(self.queries[f"put_{kind}_vector"], {"id": row_id, "stored": stored})
+        self.conn.execute(self.queries[f"index_{kind}_vector"],
+                          {"id": row_id, "embedding": blob_vector(stored).tobytes()})
 
     def _maybe_center(self) -> None:
         """Fix the quantisation centre once CENTER_AFTER document vectors exist (see sql/vectors.sql).
@@ -1994,8 +1994,7 @@ class Vectors:
             return
         if vec is None:
             return
-        self.conn.execute(self.queries["put_entry_vector"], {
-            "id": entry_id, **self._vector_params(vec)})
+        self._store_vector("entry", entry_id, vec)
         self.conn.execute("update graph_entries set embedding_state = 'done', embedding_error = null where id = ?",
                           (entry_id,))
 
@@ -5549,7 +5548,7 @@ class Conversations:
 
     def _put_turn_vector(self, turn_id: int, vec) -> None:
         """Store a turn's vector (int8, vector_blob, as memories') and its binary index row. In tx."""
-        self.conn.execute(self.queries["put_turn_vector"], {"id": turn_id, **self._vector_params(vec)})
+        self._store_vector("turn", turn_id, vec)
         self.conn.execute("update conv_turns set embedding_state = 'done' where id = ?", (turn_id,))
 
     def _center_turn_index(self) -> None:

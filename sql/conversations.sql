@@ -14,15 +14,8 @@ create virtual table if not exists conv_turn_vec using vec0(
 );
 
 -- name: put_turn_vector
--- Store one turn vector, :stored (int8), and its index row: the bits of :embedding (the same vector
--- as float32) minus the centre, with the turn's filters.
+-- Store one turn vector, :stored (int8); index_turn_vector then makes its index row.
 insert or replace into conv_turn_vectors(turn_id, embedding) values (:id, :stored);
-delete from conv_turn_vec where turn_id = :id;
-insert into conv_turn_vec(turn_id, embedding, persona_id, source)
-select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value) from meta where key = 'turn_vector_center'),
-                                                            zeroblob(length(:embedding))))),
-       persona_id, source
-from conv_turns where id = :id;
 
 -- name: index_turn_vector
 -- (Re)make turn :id's index row from :embedding (float32), after the centre changes.

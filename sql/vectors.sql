@@ -39,15 +39,8 @@ create virtual table if not exists graph_vec using vec0(
 );
 
 -- name: put_doc_vector
--- Store one document vector, :stored (int8, see above), and its index row: the bits of :embedding
--- (the same vector as float32) minus the centre, with the document's filters.
+-- Store one document vector, :stored (int8, see above); index_doc_vector then makes its index row.
 insert or replace into doc_vectors(doc_id, embedding) values (:id, :stored);
-delete from doc_vec where doc_id = :id;
-insert into doc_vec(doc_id, embedding, persona_id, session_id, archived)
-select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value) from meta where key = 'vector_center'),
-                                                            zeroblob(length(:embedding))))),
-       persona_id, session_id, archived
-from documents where id = :id;
 
 -- name: index_doc_vector
 -- (Re)make document :id's index row from :embedding (float32): put_doc_vector without the store.
@@ -59,14 +52,8 @@ select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value)
 from documents where id = :id;
 
 -- name: put_entry_vector
--- Store one graph-entry vector (:stored int8, :embedding float32) and its index row.
+-- Store one graph-entry vector, :stored (int8); index_entry_vector then makes its index row.
 insert or replace into graph_vectors(entry_id, embedding) values (:id, :stored);
-delete from graph_vec where entry_id = :id;
-insert into graph_vec(entry_id, embedding, persona_id, session_id, archived)
-select id, vec_quantize_binary(vec_sub(:embedding, coalesce((select unhex(value) from meta where key = 'vector_center'),
-                                                            zeroblob(length(:embedding))))),
-       persona_id, session_id, archived
-from graph_entries where id = :id;
 
 -- name: index_entry_vector
 -- (Re)make graph entry :id's index row from :embedding (float32).
