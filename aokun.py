@@ -6557,16 +6557,7 @@ class Sync:
                       "schema": self.value("pragma user_version"), "device": device, "seq": seq,
                       "created_at": now_iso(), "records": len(changes), "length": len(payload),
                       "sha256": hashlib.sha256(payload).hexdigest()}
-            tmp = folder / f"{name}.tmp"
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(json.dumps(header).encode() + b"\n" + payload)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, folder / name)
-            finally:  # a full disk leaves no half-written .tmp behind in the shared folder
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
+            write_atomically(folder / name, json.dumps(header).encode() + b"\n" + payload)
         except OSError as e:
             raise AokunError(f"cannot write the changeset into {folder}: {e.strerror or e}") from None
         with self.tx() as c:
@@ -6910,10 +6901,24 @@ def write_with_backup(path: Path, text: str) -> Path | None:
     if path.exists():
         backup = path.with_name(f"{path.name}.aokun-backup-{now().strftime('%Y%m%dT%H%M%S%fZ')}")
         shutil.copy2(path, backup)
-    tmp = path.with_name(f".{path.name}.aokun-tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomically(path, text.encode("utf-8"))
     return backup
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so a reader sees the old file or the whole new one: a temporary file
+    `<name>.tmp` beside it, flushed to disk, then renamed over it. A failure (a full disk) removes
+    the temporary file and raises the OSError."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def install_codex_notify(path: Path, value: list[str]) -> str:
