@@ -1922,8 +1922,7 @@ class Vectors:
         rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
         out, todo = [], []
         for r in rows:
-            if r["t"] == r["content"] and r["embedding_state"] == "done" and not self._session_context(
-                    r["persona_id"], r["session_id"], r["created_at"], r["doc_id"]):
+            if r["embedding_state"] == "done" and self._fact_takes_memory_vector(r):
                 blob = self.value("select embedding from doc_vectors where doc_id = ?", (r["doc_id"],))
                 if blob is not None:
                     out.append((r["id"], blob_vector(blob)))
@@ -1935,6 +1934,13 @@ class Vectors:
         if todo:
             out += [(r["id"], v) for r, v in zip(todo, self._embed([r["t"] for r in todo], warnings), strict=True)]
         return out
+
+    def _fact_takes_memory_vector(self, r: dict) -> bool:
+        """Whether fact entry `r` ({t: its fact, content, persona_id, session_id, created_at, doc_id of
+        its memory}) takes its memory's vector instead of an embedding of its own: the fact is the
+        whole memory and the memory's vector saw no session context (else the two texts differ)."""
+        return r["t"] == r["content"] and not self._session_context(r["persona_id"], r["session_id"],
+                                                                    r["created_at"], r["doc_id"])
 
     # the float store and its binary index --------------------------------------------------------
 
@@ -4614,7 +4620,7 @@ class Maintenance:
             after = 0
             while rows := self.rows(self.queries[query], {"after": after, "n": batch}):
                 after = rows[-1]["id"]
-                if table == "graph_entries":  # as _entry_vectors: a fact that is its whole memory reuses its vector
+                if table == "graph_entries":  # a fact that is its whole memory may take the memory's vector
                     rows = [r for r in rows if not self._reuse_new_doc_vector(r)]
                 texts = self._stored_vector_texts(rows) if table == "documents" else [(r["t"], False) for r in rows]
                 out = self._embed_split([fold(t) for t, _ in texts], None)
@@ -4634,10 +4640,8 @@ class Maintenance:
 
     def _reuse_new_doc_vector(self, r: dict) -> bool:
         """For _embed_all_into_temp: copy the new vector of fact entry r's memory as the entry's when
-        the fact is the whole memory and the memory's vector saw no session context (the rule of
-        _entry_vectors). True when it did."""
-        if r["t"] != r["content"] or self._session_context(r["persona_id"], r["session_id"], r["created_at"],
-                                                           r["doc_id"]):
+        it takes it (_fact_takes_memory_vector). True when it did."""
+        if not self._fact_takes_memory_vector(r):
             return False
         with self.lock:
             blob = self.value("select embedding from temp.new_doc_vectors where doc_id = ?", (r["doc_id"],))
