@@ -2283,7 +2283,7 @@ class Layers:
         subjects = [s for s in subjects if s[0][0] not in seen_nodes and not seen_nodes.add(s[0][0])]
         about = ", ".join(shown for (_, shown), _ in subjects)
         for n, ((nid, shown), label) in enumerate(subjects):  # keyword entry points only: a name's vector says little
-            entry(graph_anchor_text(f"{label}: {shown}. Summary: {summary}", context if n == 0 else ""),
+            entry(graph_anchor_text(subject_entry_text(label, shown, summary), context if n == 0 else ""),
                   GRAPH_SUBJECT_CONFIDENCE, node_id=nid, state="skip")
         facts = []
         for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
@@ -2357,7 +2357,7 @@ class Layers:
             context = self._graph_context(d["persona_id"], d["session_id"], d["created_at"], i)
             shown = self._own_spelling(d, e)
             base = fact_entry_text(shown, "") if e["node_type"] == "fact" else \
-                f"{e['node_type'].title()}: {shown}. Summary: {summary}"
+                subject_entry_text(e["node_type"].title(), shown, summary)
             self._put_entry_text(e["id"], graph_anchor_text(base, context))
 
     def _own_spelling(self, doc: dict, entry: dict) -> str:
@@ -2377,7 +2377,6 @@ class Layers:
         self.conn.execute("delete from graph_entries_fts where rowid = ?", (entry_id,))
         self.conn.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
                           (entry_id, self.seg.segmented(text)))
-
 
     def _upgrade_graph_entries(self) -> None:
         """Files before graph layout 2 index every describes/co_occurs_with edge as a sentence and
@@ -2418,6 +2417,12 @@ class Layers:
                 if e["node_type"] == "fact":
                     self._put_entry_text(e["id"], fact_entry_text(self._own_spelling(d[0], e), about))
         self._refresh_graph_context(docs)
+
+
+def subject_entry_text(label: str, name: str, summary: str) -> str:
+    """The keyword text of a subject's graph entry: "Person: Alice. Summary: …" (label Person or
+    Topic, the memory's spelling of the name, its summary)."""
+    return f"{label}: {name}. Summary: {summary}"
 
 
 def fact_entry_text(fact: str, about: str) -> str:
