@@ -473,7 +473,8 @@ def recall_floor(mem, qs: list[str], emb) -> list[float]:
         match = aokun.fts_query(mem.seg.tokens(q))
         t0 = time.perf_counter()
         if match:
-            mem.rows("select rowid from documents_fts where documents_fts match ? order by rank limit ?", (match, n))
+            mem.rows("select rowid from documents_fts where documents_fts match ? order by bm25(documents_fts) limit ?",
+                         (match, n))
         sims = matrix @ v
         np.argpartition(-sims, min(n, len(sims) - 1))[:n]
         out.append((time.perf_counter() - t0) * 1000)
@@ -497,7 +498,7 @@ def channel_floors(mem, qs: list[str], emb) -> dict[str, list[float]]:
         for ch, table in (("bm25", "documents_fts"), ("graph_keyword", "graph_entries_fts")):
             t0 = time.perf_counter()
             if match:
-                mem.rows(f"select rowid from {table} where {table} match ? order by rank limit ?", (match, n))
+                mem.rows(f"select rowid from {table} where {table} match ? order by bm25({table}) limit ?", (match, n))
             out[ch].append((time.perf_counter() - t0) * 1000)
         for ch, m in matrices.items():
             t0 = time.perf_counter()

@@ -258,7 +258,7 @@ def test_local_model_vectors_carry_meaning(local_mem):
         v = np.asarray(mem.embedder.embed_query(query), np.float32)
         rows = mem.rows(mem.queries["recall_vector"], {"embedding": v.tobytes(), "query_i8": aokun.vector_blob(v),
                                                       "k": 20, "candidates": 20, "persona_id": "",
-                                                      "max_archived": 0, "as_of": ""})
+                                                      "max_archived": 0, "as_of": "", "max_hamming": None})
         return [r["id"] for r in rows if r["id"] in ids.values()][0]
 
     # no shared keywords between query and memory: only the meaning connects them

@@ -3,6 +3,7 @@ MMR, persona/session/archive filters, the k cap, degradation when embeddings are
 answer cache, explain, session neighbours, RRF fusion, search_atoms, the recall CLI and the example
 config. The fake embedder or provider = none keeps it fast."""
 
+import collections
 import configparser
 import datetime as dt
 import json
@@ -21,7 +22,7 @@ from fakes import FakeEmbedder
 KEYWORD = ("bm25", "graph_keyword")  #: the channels that run without an embedder
 CHANNEL_QUERY = {"bm25": "recall_bm25", "vector": "recall_vector", "graph_keyword": "recall_graph_keyword",
                  "graph_vector": "recall_graph_vector"}
-COLUMNS = ["id", "channel", "rank", "raw", "confidence"]
+COLUMNS = ["id", "channel", "rank", "raw", "confidence", "complete", "reach"]
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
 FROM_CONFIG = object()  #: make(embedder=FROM_CONFIG): let Memory build the embedder from the config
 
@@ -50,7 +51,7 @@ def channel_params(m, query: str, k: int = 5, persona: str = "", session: str = 
     return {"match": aokun.fts_query(m.seg.tokens(query)), "persona_id": persona, "session_id": session,
             "max_archived": int(archived), "as_of": "", "k": min(4096, max(r.channel_k, 2 * k)),
             "expansion": r.graph_expansion_limit, "extra": r.graph_extra_entry_boost, "hop": 0.5, "embedding": emb,
-            "candidates": r.vector_candidates, "hub_limit": r.graph_hub_limit,
+            "candidates": r.vector_candidates, "hub_limit": r.graph_hub_limit, "pool": 0, "max_hamming": None,
             "query_i8": None if emb is None else aokun.vector_blob(np.frombuffer(emb, np.float32))}
 
 
@@ -190,6 +191,54 @@ def test_persona_filter_never_leaks_even_for_small_k(make):
         assert len(a["results"]) == k and not set(ids(a)) & b_ids
     assert not set(ids(m.recall("Falcon deploy status pipeline green", k=100, persona_id="A"))) & b_ids
     assert m.recall("Falcon deploy status pipeline green", k=5)["results"] == []  # the default persona has none
+
+
+def test_speed_bounds_never_change_a_channel_answer(make):
+    """The keyword channels rank only the best FTS_POOL_FACTOR × k matches before filtering, the vector
+    channels take candidates within a learnt Hamming bound (sql/recall.sql :pool, :max_hamming).
+    Whatever the bound, each channel gives the rows of its unbounded query: here persona A's
+    strong matches fill the pool, and a bound of 0 leaves the binary KNN nearly empty."""
+    m = make(**{"recall.reinforce_on_recall": False, "recall.channel_k": 2, "recall.vector_candidates": 4})
+    m.memorize_many([(f"Falcon deploy Falcon deploy pipeline note {i}", {"persona_id": "A", "participants": ["Ann"]})
+                     for i in range(30)])
+    b_ids = {r["id"] for r in m.memorize_many([
+        ("the Falcon deploy went out after lunch, then a long talk about other things entirely", {"persona_id": "B"}),
+        ("notes from a meeting in which someone once mentioned a Falcon deploy", {"persona_id": "B"})])}
+    names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "vector": "recall_vector",
+             "graph_vector": "recall_graph_vector"}
+    for persona in ("A", "B"):
+        p = dict(channel_params(m, "Falcon deploy", k=1, persona=persona), candidates=4)
+        for ch, name in names.items():
+            unbounded = m.rows(m.queries[name], p)
+            assert unbounded, (ch, persona)
+            if ch in KEYWORD:  # the pool alone: A's matches crowd B's out of it, and the rows say so
+                pooled = m.rows(m.queries[name], dict(p, pool=aokun.FTS_POOL_FACTOR * p["k"]))
+                assert persona == "A" or not (pooled and pooled[0]["complete"]), (ch, pooled)
+            else:
+                m._hamming_reach[(ch, persona, "", 0, 4)] = collections.deque([0.0] * 8)  # far too tight
+                assert m._hamming_bound((ch, persona, "", 0, 4)) == 0.0
+            assert m._channel_query(ch, m.queries[name], p, m.rows) == unbounded, (ch, persona)
+    for ch in aokun.Memory.CHANNELS:
+        assert set(ids(m.recall("Falcon deploy", k=2, persona_id="B", channels=[ch]))) == b_ids, ch
+
+
+def test_hamming_bound_is_learnt_from_recent_recalls(make):
+    """After 8 recalls a vector channel's bound is the 0.9 quantile of their reach (the Hamming
+    distance of the farthest candidate taken), and the bounded answers equal the unbounded ones."""
+    m = make(**{"recall.reinforce_on_recall": False, "recall.vector_candidates": 6, "recall.channel_k": 6})
+    m.memorize_many([(f"note {i}: {w} on day {i}", {}) for i, w in enumerate(
+        ["coffee with Ann", "a bike ride", "tea at noon", "the Falcon deploy", "a long walk", "piano lessons"] * 5)])
+    key = ("vector", "", "", 0, 6)
+    assert m._hamming_bound(key) is None
+    queries = ["coffee", "bike ride", "tea", "deploy", "walk", "piano", "note 3", "day 12", "Ann"]
+    for q in queries:
+        m.recall(q, k=3, channels=["vector"])
+    reach = sorted(m._hamming_reach[key])
+    assert len(reach) == len(queries) and m._hamming_bound(key) == reach[int(0.9 * (len(reach) - 1))]
+    for q in queries + ["something else entirely"]:
+        p = dict(channel_params(m, q, k=3), candidates=6)
+        assert m._channel_query("vector", m.queries["recall_vector"], p, m.rows) == \
+            m.rows(m.queries["recall_vector"], p), q
 
 
 def test_session_filter_and_neighbours_stay_in_persona_and_session(make):

@@ -26,7 +26,7 @@ def _bits(v: np.ndarray) -> bytes:
 def _params(mem, query: str, k: int, candidates: int) -> dict:
     vec = np.asarray(mem.embedder.embed_query(query), np.float32)
     return {"embedding": vec.tobytes(), "query_i8": aokun.vector_blob(vec), "k": k, "candidates": candidates,
-            "persona_id": "", "max_archived": 0, "as_of": ""}
+            "persona_id": "", "max_archived": 0, "as_of": "", "max_hamming": None}
 
 
 def test_index_is_centred_once_enough_vectors_exist(db_path, open_mem):
