@@ -29,7 +29,7 @@
 with pooled as materialized (
     select rowid, bm25(documents_fts) as raw from documents_fts
     where :pool > 0 and documents_fts match :match
-    order by raw limit max(coalesce(:pool, 0), 0)
+    order by raw, rowid limit max(coalesce(:pool, 0), 0)
 ),
 hits as materialized (
     select * from (
@@ -38,7 +38,7 @@ hits as materialized (
           and (:session_id = '' or d.session_id = :session_id)
           and d.archived <= :max_archived
           and (:as_of = '' or d.created_at <= :as_of)
-        order by p.raw limit :k)
+        order by p.raw, p.rowid limit :k)
     union all
     select * from (
         select d.id, documents_fts.rank as raw
@@ -114,7 +114,7 @@ limit :k;
 with pooled as materialized (
     select rowid, bm25(graph_entries_fts) as raw from graph_entries_fts
     where :pool > 0 and graph_entries_fts match :match
-    order by raw limit max(coalesce(:pool, 0), 0)
+    order by raw, rowid limit max(coalesce(:pool, 0), 0)
 ),
 hits as materialized (
     select * from (
@@ -123,7 +123,7 @@ hits as materialized (
         where e.persona_id = :persona_id
           and (:session_id = '' or e.session_id = :session_id)
           and e.archived <= :max_archived
-        order by p.raw limit :k)
+        order by p.raw, p.rowid limit :k)
     union all
     select * from (
         select e.id as entry_id, e.document_id, e.node_id, e.confidence, -graph_entries_fts.rank as s
