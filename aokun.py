@@ -3543,6 +3543,7 @@ GRAPH_HOP_DISCOUNT = 0.5  #: a memory one graph hop from a hit node scores this 
 FTS_POOL_FACTOR = 4  #: the keyword channels rank the best FTS_POOL_FACTOR × k matches before filtering (:pool)
 HAMMING_HISTORY = 32  #: a vector channel's Hamming bound is learnt from the reach of this many recent recalls
 HAMMING_QUANTILE = 0.9  #: ... as this quantile of them: ~1 recall in 10 runs its binary KNN twice
+HAMMING_KEYS = 256  #: at most this many such histories (channel × persona × session × archived × candidates)
 MMR_POOL_MIN = 30  #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
 FUSION_SCORED_MIN = 60  #: fusion scores in full the best max(2 × MMR pool, this) candidates (shortlist)
 ATOM_OVERFETCH = 4  #: search_atoms reads this many × k atoms before dropping expired ones
@@ -3774,6 +3775,8 @@ class Recall:
         if bound is not None and not (out and out[0]["complete"]):
             out = rows(sql, dict(params, pool=0, max_hamming=None))
         if out and out[0]["complete"]:
+            if len(self._hamming_reach) >= HAMMING_KEYS and key not in self._hamming_reach:
+                self._hamming_reach.clear()  # one history per persona/session asked: keep them few
             self._hamming_reach.setdefault(key, collections.deque(maxlen=HAMMING_HISTORY)).append(out[0]["reach"])
         return out
 
