@@ -39,7 +39,6 @@ __version__ = "0.1.0"
 
 # Imports and constants ###########################################################################
 
-import collections
 import configparser
 import contextlib
 import datetime as dt
@@ -3775,9 +3774,11 @@ class Recall:
         if bound is not None and not (out and out[0]["complete"]):
             out = rows(sql, dict(params, pool=0, max_hamming=None))
         if out and out[0]["complete"]:
-            if len(self._hamming_reach) >= HAMMING_KEYS and key not in self._hamming_reach:
-                self._hamming_reach.clear()  # one history per persona/session asked: keep them few
-            self._hamming_reach.setdefault(key, collections.deque(maxlen=HAMMING_HISTORY)).append(out[0]["reach"])
+            seen = self._hamming_reach
+            if len(seen) >= HAMMING_KEYS and key not in seen:
+                seen.clear()  # one history per persona/session asked: keep them few
+            # a tuple replaced whole: recalls on other threads read it while this one writes
+            seen[key] = (seen.get(key, ()) + (out[0]["reach"],))[-HAMMING_HISTORY:]
         return out
 
     def _hamming_bound(self, key: tuple) -> float | None:
@@ -7073,7 +7074,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self.vector_problem: str | None = None
         self._recall_cache: dict = {}
         self._toucher: ThreadPoolExecutor | None = None
-        self._hamming_reach: dict[tuple, collections.deque] = {}  # Recall._hamming_bound
+        self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Recall._hamming_bound
         self._channel_pool: ThreadPoolExecutor | None = None
         self._readers: list[apsw.Connection] = []
         self._readers_lock = threading.Lock()

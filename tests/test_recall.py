@@ -3,7 +3,6 @@ MMR, persona/session/archive filters, the k cap, degradation when embeddings are
 answer cache, explain, session neighbours, RRF fusion, search_atoms, the recall CLI and the example
 config. The fake embedder or provider = none keeps it fast."""
 
-import collections
 import configparser
 import datetime as dt
 import json
@@ -215,7 +214,7 @@ def test_speed_bounds_never_change_a_channel_answer(make):
                 pooled = m.rows(m.queries[name], dict(p, pool=aokun.FTS_POOL_FACTOR * p["k"]))
                 assert persona == "A" or not (pooled and pooled[0]["complete"]), (ch, pooled)
             else:
-                m._hamming_reach[(ch, persona, "", 0, 4)] = collections.deque([0.0] * 8)  # far too tight
+                m._hamming_reach[(ch, persona, "", 0, 4)] = (0.0,) * 8  # far too tight
                 assert m._hamming_bound((ch, persona, "", 0, 4)) == 0.0
             assert m._channel_query(ch, m.queries[name], p, m.rows) == unbounded, (ch, persona)
     for ch in aokun.Memory.CHANNELS:
