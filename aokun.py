@@ -6865,11 +6865,16 @@ class Watcher:
             stop.wait(interval)
 
 
+#: What a hook runs: aokun imported from its folder, not run as a script: Python caches an imported
+#: module's bytecode, while a script is compiled on every start (~0.1 s, paid on each answer).
+HOOK_LAUNCHER = "import sys; sys.path.insert(0, {here!r}); import aokun; aokun.main()"
+
+
 def hook_command(client: str, event: str, db: str | None, config: str | None, shell: str = "posix") -> str:
-    """The shell command a client runs for `event`: this Python, this aokun.py (absolute), the
-    --db/--config the hooks were made with, then `hook CLIENT EVENT`; quoted for a POSIX shell or,
-    with shell="powershell", for PowerShell."""
-    args = [sys.executable, str(HERE / "aokun.py")]
+    """The shell command a client runs for `event`: this Python, `-c` HOOK_LAUNCHER for this
+    aokun.py's folder (absolute), the --db/--config the hooks were made with, then `hook CLIENT
+    EVENT`; quoted for a POSIX shell or, with shell="powershell", for PowerShell."""
+    args = [sys.executable, "-c", HOOK_LAUNCHER.format(here=str(HERE))]
     for opt, value in (("--db", db), ("--config", config)):
         if value:
             args += [opt, str(Path(value).expanduser().resolve())]
@@ -6909,7 +6914,9 @@ def codex_notify_value(db=None, config=None) -> list[str]:
 
 
 def _is_ours(command: str, client: str, event: str) -> bool:
-    return "aokun.py" in command and f" hook {client} {event}" in command
+    """Whether a hook command is Aokun's for client/event: HOOK_LAUNCHER's, or an older one that
+    ran aokun.py as a script (an install updates either)."""
+    return ("import aokun" in command or "aokun.py" in command) and f" hook {client} {event}" in command
 
 
 def merge_claude_hooks(settings: dict, entry: dict) -> list[str]:

@@ -144,7 +144,8 @@ OTHER_SETTINGS = {
 
 
 def aokun_commands(settings: dict, event: str) -> list[str]:
-    return [h["command"] for g in settings["hooks"].get(event, []) for h in g["hooks"] if "aokun.py" in h["command"]]
+    return [h["command"] for g in settings["hooks"].get(event, []) for h in g["hooks"]
+            if "import aokun" in h["command"]]
 
 
 def test_hooks_claude_code_install_keeps_other_settings_and_is_idempotent(tmp_path):
@@ -179,6 +180,22 @@ def test_hooks_claude_code_install_keeps_other_settings_and_is_idempotent(tmp_pa
     assert settings.read_bytes() == before and len(list(settings.parent.glob("settings.json.aokun-backup-*"))) == 1
 
 
+def test_hooks_install_replaces_an_older_aokun_py_hook_in_place(tmp_path):
+    """Hooks installed by an older Aokun ran `python …/aokun.py … hook …`: installing again turns each
+    into the HOOK_LAUNCHER command in the same place, adding none beside it."""
+    settings = tmp_path / "settings.json"
+    old = f"{sys.executable} /old/place/aokun.py --db /old/x.db hook claude-code stop"
+    settings.write_text(json.dumps({"hooks": {"Stop": [
+        {"hooks": [{"type": "command", "command": "notify-send done"}]},
+        {"hooks": [{"type": "command", "command": old, "timeout": 30}]}]}}), encoding="utf-8")
+    db, ini = tmp_path / "h.db", write_ini(tmp_path, "none")
+    r = cli(db, ini, "hooks", "claude-code", "--install", "--file", str(settings))
+    assert r.returncode == 0, r.stderr
+    stop_hooks = [h["command"] for g in json.loads(settings.read_text(encoding="utf-8"))["hooks"]["Stop"]
+                  for h in g["hooks"]]
+    assert stop_hooks == ["notify-send done", aokun.hook_command("claude-code", "stop", str(db), str(ini))]
+
+
 def test_hooks_install_refuses_a_broken_settings_file(tmp_path):
     settings = tmp_path / "settings.json"
     settings.write_text("{ not json", encoding="utf-8")
@@ -201,7 +218,8 @@ def test_hooks_codex_install_sets_notify_once_and_keeps_the_rest(tmp_path):
     r = cli(db, ini, "hooks", "codex", "--install", env=env)
     assert r.returncode == 0, r.stderr
     got = tomllib.loads(config.read_text(encoding="utf-8"))
-    assert got["notify"][-3:] == ["hook", "codex", "notify"] and got["notify"][1].endswith("aokun.py")
+    assert got["notify"][-3:] == ["hook", "codex", "notify"] and got["notify"][1] == "-c"
+    assert got["notify"][2] == aokun.HOOK_LAUNCHER.format(here=str(REPO))
     assert got["model"] == "gpt-5-codex" and got["mcp_servers"]["aokun"]["args"] == ["aokun.py", "serve"]
     assert got["tui"] == {"notifications": True}
     assert config.read_text(encoding="utf-8").endswith(CODEX_CONFIG)
@@ -233,11 +251,16 @@ def test_hooks_copilot_install_writes_its_own_hook_file(tmp_path):
 
 # hooks: the events ------------------------------------------------------------------------------
 
-def run_hook(db, ini, home, *args, stdin: str = "") -> tuple[subprocess.CompletedProcess, float]:
+def run_hook(db, ini, home, client, event, *extra, stdin: str = "") -> tuple[subprocess.CompletedProcess, float]:
+    """Run a hook as its client does: the very command `hooks --install` writes (a POSIX shell line;
+    Codex's notify argv, the event's JSON appended), from another folder than Aokun's."""
+    if client == "codex":
+        argv = aokun.codex_notify_value(str(db), str(ini)) + list(extra)
+    else:
+        argv = ["sh", "-c", aokun.hook_command(client, event, str(db), str(ini)) + "".join(f" {a}" for a in extra)]
     started = time.perf_counter()
-    r = subprocess.run([sys.executable, AOKUN, "--db", str(db), "--config", str(ini), "hook", *args], cwd=REPO,
-                       input=stdin, capture_output=True, text=True, encoding="utf-8", timeout=60,
-                       env=child_env(HOME=home))
+    r = subprocess.run(argv, cwd=home if Path(home).is_dir() else REPO.parent, input=stdin, capture_output=True,
+                       text=True, encoding="utf-8", timeout=60, env=child_env(HOME=home))
     return r, time.perf_counter() - started
 
 
