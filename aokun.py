@@ -3766,7 +3766,8 @@ class Recall:
         from earlier recalls (_hamming_bound). When the rows say the bound may have cut them short
         (`complete` 0) the query runs again without it, so the rows are always the unbounded ones.
         A keyword channel whose pool fell short (a small session or persona behind many matches of
-        others) runs its next FTS_POOL_SKIP recalls with those filters unbounded at once."""
+        others) runs its next FTS_POOL_SKIP recalls with those filters unbounded at once; a vector
+        channel with fewer vectors than candidates left (archived, forgotten) forgets its bound."""
         unbounded = dict(params, pool=0, max_hamming=None)
         if ch in ("bm25", "graph_keyword"):
             key = (ch, params["persona_id"], params["session_id"], params["max_archived"])
@@ -3786,6 +3787,8 @@ class Recall:
         out = rows(sql, dict(unbounded, max_hamming=bound))
         if bound is not None and not (out and out[0]["complete"]):
             out = rows(sql, unbounded)
+            if not (out and out[0]["complete"]):  # fewer vectors than candidates: no bound can help
+                self._hamming_reach.pop(key, None)
         if out and out[0]["complete"]:
             # a tuple replaced whole: recalls on other threads read it while this one writes
             seen = self._hamming_reach.get(key, ()) + (out[0]["reach"],)
