@@ -3540,9 +3540,10 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
 CHANNEL_MAX_K = 4096  #: cap of a channel query's k (sqlite-vec 0.1.9 refuses KNN k above 4096)
 GRAPH_HOP_DISCOUNT = 0.5  #: a memory one graph hop from a hit node scores this share of the hit
 FTS_POOL_FACTOR = 4  #: the keyword channels rank the best FTS_POOL_FACTOR × k matches before filtering (:pool)
+FTS_POOL_SKIP = 8  #: after the pool fell short for a channel's filters, their next this many recalls go without it
 HAMMING_HISTORY = 32  #: a vector channel's Hamming bound is learnt from the reach of this many recent recalls
 HAMMING_QUANTILE = 0.9  #: ... as this quantile of them: ~1 recall in 10 runs its binary KNN twice
-HAMMING_KEYS = 256  #: at most this many such histories (channel × persona × session × archived × candidates)
+HAMMING_KEYS = 256  #: at most this many such histories (channel × persona × session × …), pool skips too
 MMR_POOL_MIN = 30  #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
 FUSION_SCORED_MIN = 60  #: fusion scores in full the best max(2 × MMR pool, this) candidates (shortlist)
 ATOM_OVERFETCH = 4  #: search_atoms reads this many × k atoms before dropping expired ones
@@ -3763,23 +3764,44 @@ class Recall:
         (sql/recall.sql): the keyword channels rank only the best FTS_POOL_FACTOR × k FTS matches
         (:pool), the vector channels take candidates within a Hamming distance (:max_hamming) learnt
         from earlier recalls (_hamming_bound). When the rows say the bound may have cut them short
-        (`complete` 0) the query runs again without it, so the rows are always the unbounded ones."""
+        (`complete` 0) the query runs again without it, so the rows are always the unbounded ones.
+        A keyword channel whose pool fell short (a small session or persona behind many matches of
+        others) runs its next FTS_POOL_SKIP recalls with those filters unbounded at once; a vector
+        channel with fewer vectors than candidates left (archived, forgotten) forgets its bound."""
+        unbounded = dict(params, pool=0, max_hamming=None)
         if ch in ("bm25", "graph_keyword"):
-            bounded = dict(params, pool=FTS_POOL_FACTOR * params["k"], max_hamming=None)
-            out = rows(sql, bounded)
-            return out if out and out[0]["complete"] else rows(sql, dict(bounded, pool=0))
+            key = (ch, params["persona_id"], params["session_id"], params["max_archived"])
+            skip = self._pool_skips.get(key, 0)
+            if skip:
+                self._keep(self._pool_skips, key, skip - 1)
+                return rows(sql, unbounded)
+            out = rows(sql, dict(unbounded, pool=FTS_POOL_FACTOR * params["k"]))
+            if out and out[0]["complete"]:
+                return out
+            out = rows(sql, unbounded)
+            if out:  # no rows at all: nothing matched, which says nothing about the pool
+                self._keep(self._pool_skips, key, FTS_POOL_SKIP)
+            return out
         key = (ch, params["persona_id"], params["session_id"], params["max_archived"], params["candidates"])
         bound = self._hamming_bound(key)
-        out = rows(sql, dict(params, pool=0, max_hamming=bound))
+        out = rows(sql, dict(unbounded, max_hamming=bound))
         if bound is not None and not (out and out[0]["complete"]):
-            out = rows(sql, dict(params, pool=0, max_hamming=None))
+            out = rows(sql, unbounded)
+            if not (out and out[0]["complete"]):  # fewer vectors than candidates: no bound can help
+                self._hamming_reach.pop(key, None)
         if out and out[0]["complete"]:
-            seen = self._hamming_reach
-            if len(seen) >= HAMMING_KEYS and key not in seen:
-                seen.clear()  # one history per persona/session asked: keep them few
             # a tuple replaced whole: recalls on other threads read it while this one writes
-            seen[key] = (seen.get(key, ()) + (out[0]["reach"],))[-HAMMING_HISTORY:]
+            seen = self._hamming_reach.get(key, ()) + (out[0]["reach"],)
+            self._keep(self._hamming_reach, key, seen[-HAMMING_HISTORY:])
         return out
+
+    @staticmethod
+    def _keep(store: dict, key: tuple, value) -> None:
+        """store[key] = value, emptying `store` first when it holds HAMMING_KEYS other keys (one
+        entry per persona/session asked: keep them few)."""
+        if len(store) >= HAMMING_KEYS and key not in store:
+            store.clear()
+        store[key] = value
 
     def _hamming_bound(self, key: tuple) -> float | None:
         """The Hamming bound for a vector channel query (`key`: channel, persona, session, archived,
@@ -7082,6 +7104,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._recall_cache: dict = {}
         self._toucher: ThreadPoolExecutor | None = None
         self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Recall._hamming_bound
+        self._pool_skips: dict[tuple, int] = {}  # Recall._channel_query: recalls left without the FTS pool
         self._channel_pool: ThreadPoolExecutor | None = None
         self._readers: list[apsw.Connection] = []
         self._readers_lock = threading.Lock()

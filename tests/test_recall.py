@@ -221,6 +221,64 @@ def test_speed_bounds_never_change_a_channel_answer(make):
         assert set(ids(m.recall("Falcon deploy", k=2, persona_id="B", channels=[ch]))) == b_ids, ch
 
 
+def test_a_hamming_bound_is_dropped_when_fewer_vectors_than_candidates_are_left(make):
+    """A persona learns a Hamming bound, then most of its memories are archived: fewer live vectors
+    than `candidates` are left, so no bound can be complete. The first recall after that runs its
+    KNN twice and forgets the bound; the next ones run it once (not twice on every recall)."""
+    m = make(**{"recall.reinforce_on_recall": False, "recall.cache_size": 0, "recall.channel_k": 4,
+                "recall.vector_candidates": 8})
+    docs = m.memorize_many([(f"note {i}: {w} on day {i}", {}) for i, w in enumerate(
+        ["coffee with Ann", "a bike ride", "tea at noon", "the Falcon deploy", "a long walk"] * 8)])
+    key = ("vector", "", "", 0, 8)
+    for q in ["coffee", "bike ride", "tea", "deploy", "walk", "note 3", "day 12", "Ann", "noon"]:
+        m.recall(q, k=2, channels=["vector"])
+    bound = m._hamming_bound(key)
+    assert bound is not None
+    for d in docs[5:]:
+        m.set_flag(d["id"], "archived", True)
+    runs = []
+    rows = m.rows
+
+    def spy(sql, params):
+        if sql == m.queries["recall_vector"]:
+            runs.append(params["max_hamming"])
+        return rows(sql, params)
+    m.rows = spy
+    for q in ["coffee", "tea", "walk"]:
+        p = dict(channel_params(m, q, k=2), candidates=8)
+        assert ids(m.recall(q, k=2, channels=["vector"])) and len(m.rows(m.queries["recall_vector"], p)) == 4
+    assert runs == [bound] + [None] * 6  # each recall's KNN, then the direct query beside it
+    assert m._hamming_bound(key) is None
+
+
+def test_a_short_fts_pool_is_not_tried_again_for_the_next_recalls(make):
+    """A small session (or persona) behind many matches of others: the FTS pool falls short and the
+    keyword channel runs twice. After such a miss the next FTS_POOL_SKIP recalls with those filters
+    run the unbounded query alone (one run each, the same rows), then the pool is tried again; a
+    query that matches nothing there counts as no miss."""
+    m = make(**{"recall.reinforce_on_recall": False, "recall.cache_size": 0, "recall.channel_k": 2})
+    m.memorize_many([(f"Falcon deploy pipeline note {i}", {"session_id": "big"}) for i in range(60)])
+    mine = {m.memorize("a long note that says Falcon deploy once, in session s", {"session_id": "s"})["id"]}
+    runs = []
+    rows = m.rows
+
+    def spy(sql, params):
+        if sql == m.queries["recall_bm25"]:
+            runs.append(params["pool"])
+        return rows(sql, params)
+    m.rows = spy
+    for _ in range(3):
+        assert m.recall("zebra", k=1, session_id="s", channels=["bm25"])["results"] == []
+    assert runs == [4 * 2, 0] * 3  # nothing matches: the empty pool runs again, but that is no miss
+    runs.clear()
+    for _ in range(aokun.FTS_POOL_SKIP + 2):
+        assert set(ids(m.recall("Falcon deploy", k=1, session_id="s", channels=["bm25"]))) == mine
+    assert runs == [4 * 2, 0] + [0] * aokun.FTS_POOL_SKIP + [4 * 2, 0]
+    runs.clear()
+    assert ids(m.recall("Falcon deploy", k=1, session_id="big", channels=["bm25"]))  # other filters: the pool
+    assert runs == [4 * 2]
+
+
 def test_hamming_bound_is_learnt_from_recent_recalls(make):
     """After 8 recalls a vector channel's bound is the 0.9 quantile of their reach (the Hamming
     distance of the farthest candidate taken), and the bounded answers equal the unbounded ones."""
