@@ -3782,7 +3782,9 @@ class Recall:
             if out:  # no rows at all: nothing matched, which says nothing about the pool
                 self._keep(self._pool_skips, key, FTS_POOL_SKIP)
             return out
-        key = (ch, params["persona_id"], params["session_id"], params["max_archived"], params["candidates"])
+        # graph_vector filters by session after its KNN: one history for all its sessions
+        session = params["session_id"] if ch == "vector" else ""
+        key = (ch, params["persona_id"], session, params["max_archived"], params["candidates"])
         bound = self._hamming_bound(key)
         out = rows(sql, dict(unbounded, max_hamming=bound))
         if bound is not None and not (out and out[0]["complete"]):

@@ -460,8 +460,9 @@ def build_one(size, db, batch):
 
 
 def recall_floor(mem, qs: list[str], emb) -> list[float]:
-    """Per query, the least any hybrid recall over this file must do, in ms: FTS5's own top-N
-    ([recall] channel_k) for the query's tokens, plus a numpy brute-force KNN (matrix product and
+    """Per query, the least any hybrid recall over this file must do, in ms: raw FTS5 top-N
+    ([recall] channel_k) for the query's tokens (SQLite's top-N sort of bm25(), faster than FTS5's
+    own ORDER BY rank, which sorts every match), plus a numpy brute-force KNN (matrix product and
     top-N) over every stored document vector, held in memory (loading them is not counted)."""
     n = mem.cfg.recall.channel_k
     matrix = np.stack([aokun.blob_vector(r["embedding"]) for r in mem.rows(
@@ -483,7 +484,7 @@ def recall_floor(mem, qs: list[str], emb) -> list[float]:
 
 def channel_floors(mem, qs: list[str], emb) -> dict[str, list[float]]:
     """Per channel and query, in ms, the least that channel must do over this file: raw FTS5 top-N
-    ([recall] channel_k) of documents_fts (bm25) or graph_entries_fts (graph_keyword), and numpy
+    ([recall] channel_k, as recall_floor) of documents_fts (bm25) or graph_entries_fts (graph_keyword), and numpy
     brute-force KNN top-N over the document (vector) or graph-entry (graph_vector) vectors held in
     memory (loading them is not counted)."""
     n = mem.cfg.recall.channel_k

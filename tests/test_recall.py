@@ -283,7 +283,7 @@ def test_hamming_bound_is_learnt_from_recent_recalls(make):
     """After 8 recalls a vector channel's bound is the 0.9 quantile of their reach (the Hamming
     distance of the farthest candidate taken), and the bounded answers equal the unbounded ones."""
     m = make(**{"recall.reinforce_on_recall": False, "recall.vector_candidates": 6, "recall.channel_k": 6})
-    m.memorize_many([(f"note {i}: {w} on day {i}", {}) for i, w in enumerate(
+    m.memorize_many([(f"note {i}: {w} on day {i}", {"session_id": f"s{i % 3}"}) for i, w in enumerate(
         ["coffee with Ann", "a bike ride", "tea at noon", "the Falcon deploy", "a long walk", "piano lessons"] * 5)])
     key = ("vector", "", "", 0, 6)
     assert m._hamming_bound(key) is None
@@ -292,6 +292,9 @@ def test_hamming_bound_is_learnt_from_recent_recalls(make):
         m.recall(q, k=3, channels=["vector"])
     reach = sorted(m._hamming_reach[key])
     assert len(reach) == len(queries) and m._hamming_bound(key) == reach[int(0.9 * (len(reach) - 1))]
+    assert m.recall("coffee", k=3, channels=["graph_vector"], session_id="s1")["results"]
+    # graph_vector filters sessions after its KNN: its history is the one of every session
+    assert ("graph_vector", "", "", 0, 6) in m._hamming_reach and not [k for k in m._hamming_reach if "s1" in k]
     for q in queries + ["something else entirely"]:
         p = dict(channel_params(m, q, k=3), candidates=6)
         assert m._channel_query("vector", m.queries["recall_vector"], p, m.rows) == \
