@@ -221,6 +221,18 @@ def test_speed_bounds_never_change_a_channel_answer(make):
         assert set(ids(m.recall("Falcon deploy", k=2, persona_id="B", channels=[ch]))) == b_ids, ch
 
 
+def bound_runs(m, query: str, param: str) -> list:
+    """The value of `param` in each run of the named channel query from now on (m.rows spied on)."""
+    runs, rows = [], m.rows
+
+    def spy(sql, params):
+        if sql == m.queries[query]:
+            runs.append(params[param])
+        return rows(sql, params)
+    m.rows = spy
+    return runs
+
+
 def test_a_hamming_bound_is_dropped_when_fewer_vectors_than_candidates_are_left(make):
     """A persona learns a Hamming bound, then most of its memories are archived: fewer live vectors
     than `candidates` are left, so no bound can be complete. The first recall after that runs its
@@ -236,14 +248,7 @@ def test_a_hamming_bound_is_dropped_when_fewer_vectors_than_candidates_are_left(
     assert bound is not None
     for d in docs[5:]:
         m.set_flag(d["id"], "archived", True)
-    runs = []
-    rows = m.rows
-
-    def spy(sql, params):
-        if sql == m.queries["recall_vector"]:
-            runs.append(params["max_hamming"])
-        return rows(sql, params)
-    m.rows = spy
+    runs = bound_runs(m, "recall_vector", "max_hamming")
     for q in ["coffee", "tea", "walk"]:
         p = dict(channel_params(m, q, k=2), candidates=8)
         assert ids(m.recall(q, k=2, channels=["vector"])) and len(m.rows(m.queries["recall_vector"], p)) == 4
@@ -259,14 +264,7 @@ def test_a_short_fts_pool_is_not_tried_again_for_the_next_recalls(make):
     m = make(**{"recall.reinforce_on_recall": False, "recall.cache_size": 0, "recall.channel_k": 2})
     m.memorize_many([(f"Falcon deploy pipeline note {i}", {"session_id": "big"}) for i in range(60)])
     mine = {m.memorize("a long note that says Falcon deploy once, in session s", {"session_id": "s"})["id"]}
-    runs = []
-    rows = m.rows
-
-    def spy(sql, params):
-        if sql == m.queries["recall_bm25"]:
-            runs.append(params["pool"])
-        return rows(sql, params)
-    m.rows = spy
+    runs = bound_runs(m, "recall_bm25", "pool")
     for _ in range(3):
         assert m.recall("zebra", k=1, session_id="s", channels=["bm25"])["results"] == []
     assert runs == [4 * 2, 0] * 3  # nothing matches: the empty pool runs again, but that is no miss
