@@ -6889,16 +6889,17 @@ class Watcher:
             stop.wait(interval)
 
 
-#: What a hook runs: aokun imported from its folder, not run as a script: Python caches an imported
-#: module's bytecode, while a script is compiled on every start (~0.1 s, paid on each answer).
-HOOK_LAUNCHER = "import sys; sys.path.insert(0, {here!r}); import aokun; aokun.main()"
+#: What a hook runs: aokun imported from its folder (the argument after the code), not run as a
+#: script: Python caches an imported module's bytecode, while a script is compiled on every start
+#: (~0.1 s, paid on each answer). No quotes inside, so every shell passes it as it is.
+HOOK_LAUNCHER = "import sys; sys.path.insert(0, sys.argv.pop(1)); import aokun; aokun.main()"
 
 
 def hook_command(client: str, event: str, db: str | None, config: str | None, shell: str = "posix") -> str:
-    """The shell command a client runs for `event`: this Python, `-c` HOOK_LAUNCHER for this
-    aokun.py's folder (absolute), the --db/--config the hooks were made with, then `hook CLIENT
-    EVENT`; quoted for a POSIX shell or, with shell="powershell", for PowerShell."""
-    args = [sys.executable, "-c", HOOK_LAUNCHER.format(here=str(HERE))]
+    """The shell command a client runs for `event`: this Python, `-c` HOOK_LAUNCHER, this aokun.py's
+    folder (absolute), the --db/--config the hooks were made with, then `hook CLIENT EVENT`; quoted
+    for a POSIX shell or, with shell="powershell", for PowerShell."""
+    args = [sys.executable, "-c", HOOK_LAUNCHER, str(HERE)]
     for opt, value in (("--db", db), ("--config", config)):
         if value:
             args += [opt, str(Path(value).expanduser().resolve())]

@@ -219,7 +219,7 @@ def test_hooks_codex_install_sets_notify_once_and_keeps_the_rest(tmp_path):
     assert r.returncode == 0, r.stderr
     got = tomllib.loads(config.read_text(encoding="utf-8"))
     assert got["notify"][-3:] == ["hook", "codex", "notify"] and got["notify"][1] == "-c"
-    assert got["notify"][2] == aokun.HOOK_LAUNCHER.format(here=str(REPO))
+    assert got["notify"][2:4] == [aokun.HOOK_LAUNCHER, str(REPO)]
     assert got["model"] == "gpt-5-codex" and got["mcp_servers"]["aokun"]["args"] == ["aokun.py", "serve"]
     assert got["tui"] == {"notifications": True}
     assert config.read_text(encoding="utf-8").endswith(CODEX_CONFIG)
