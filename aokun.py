@@ -1599,6 +1599,16 @@ def blob_vector(blob: bytes) -> "np.ndarray":
     return _l2(np.frombuffer(blob, np.int8).astype(np.float32))
 
 
+def mean_vector(blobs) -> "np.ndarray | None":
+    """The mean (float32) of the stored vectors `blobs` (int8 blobs, vector_blob's), summed in float64;
+    None when there are none. A binary index's quantisation centre (sql/vectors.sql)."""
+    total, n = None, 0
+    for blob in blobs:
+        v = blob_vector(blob).astype(np.float64)
+        total, n = (v if total is None else total + v), n + 1
+    return None if total is None else (total / n).astype(np.float32)
+
+
 class Vectors:
     """Document and graph-entry vectors: what is embedded (a memory with its session context), the
     float store and its binary vec0 index, and back-fill of what is still pending."""
@@ -1972,12 +1982,9 @@ class Vectors:
     def _recenter(self) -> None:
         """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
         binary KNN indexes with it; no vectors, no centre. In tx."""
-        total, n = None, 0
-        for _, blob in self.conn.execute(self.queries["doc_vector_blobs"]):
-            v = blob_vector(blob).astype(np.float64)
-            total, n = (v if total is None else total + v), n + 1
-        if n:
-            self._meta_set("vector_center", (total / n).astype(np.float32).tobytes().hex())
+        center = mean_vector(blob for _, blob in self.conn.execute(self.queries["doc_vector_blobs"]))
+        if center is not None:
+            self._meta_set("vector_center", center.tobytes().hex())
         else:
             self.conn.execute("delete from meta where key = 'vector_center'")
         self._reindex_vectors()
@@ -5629,8 +5636,7 @@ class Conversations:
             return
         with self.tx() as c:
             stored = self.rows(self.queries["turn_vector_blobs"])  # int8 blobs: a quarter of float32's bytes
-            total = sum(blob_vector(r["embedding"]).astype(np.float64) for r in stored)
-            self._meta_set("turn_vector_center", (total / len(stored)).astype(np.float32).tobytes().hex())
+            self._meta_set("turn_vector_center", mean_vector(r["embedding"] for r in stored).tobytes().hex())
             for r in stored:
                 c.execute(self.queries["index_turn_vector"], {"id": r["turn_id"],
                                                               "embedding": blob_vector(r["embedding"]).tobytes()})
