@@ -90,8 +90,8 @@ ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emo
 DATE_CHARS = len("2026-11-30")  #: the date part of an ISO-8601 timestamp
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
 #: Tools listed by default: the frequent ones. [server] exposed_tools lists more, or `all`.
-DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "search_atoms", "get_memory", "edit_memory",
-                 "delete_memory", "conversation_search", "conversation_get_session", "conversation_stats")
+DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "get_memory", "edit_memory", "delete_memory",
+                 "memory_context", "conversation_search", "conversation_get_session")
 
 log = logging.getLogger("aokun")
 
@@ -7130,13 +7130,13 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
 # MCP server: instructions and response models ####################################################
 
 SERVER_INSTRUCTIONS = """Aokun is your long-term memory about the user and your shared work.
-Call `recall` before answering when earlier conversations might matter (preferences, people,
-projects, decisions, dates); after answering, call `memory_feedback` with the ids of the recalled
-memories you actually used. Call `memorize` when the user tells you something worth keeping for
-weeks or months: one self-contained memory per fact or event, written so it makes sense alone,
-with participants, topics and key_facts in metadata when you know them. Use `search_atoms` for one
-precise fact. Use `edit_memory` to correct a memory and `delete_memory` when the user asks you to
-forget something."""
+At the start of a session call `memory_context`. Call `recall` before answering when earlier
+conversations might matter (preferences, people, projects, decisions, dates); after answering,
+call `memory_feedback` with the ids of the recalled memories you actually used. Call `memorize`
+when the user tells you something worth keeping for weeks or months: one self-contained memory per
+fact or event, with participants, topics and key_facts in metadata when you know them. Use
+`edit_memory` to correct a memory and `delete_memory` when the user asks you to forget something.
+Answers leave out fields that are empty, null or false; read their `warnings`."""
 
 # The tools' pydantic models and functions are built by the cached factories below on the first
 # build_server (pydantic and mcp are imported only then, so `import aokun` stays light) and shared
@@ -7151,6 +7151,102 @@ def _named(*objs):
     return types.SimpleNamespace(**{o.__name__: o for o in objs})
 
 
+# What the assistant reads. A tool answer's structured content keeps its model's full, typed shape
+# (floats rounded); its text content, which the model reads, is compact JSON: no indentation, no
+# field that is null, empty or false, floats at most 3 decimals, and no bookkeeping fields
+# (TEXT_OMITTED, and a model's own `text_omit`). The tool list is sent lean too (lean_schema).
+
+FLOAT_DECIMALS = 3  #: decimals of every float in a tool answer
+#: fields left out of every answer's text (the structured content has them): ids for sync, timings
+TEXT_OMITTED = frozenset({"uid", "took_ms", "cached"})
+#: a recall hit's fields that its text leaves out (structured content and get_memory have them)
+HIT_METADATA = frozenset({"persona_id", "session_id", "topics", "participants", "source"})
+
+
+def rounded(value):
+    """`value` (JSON-like: dicts, lists, scalars) with every float rounded to FLOAT_DECIMALS."""
+    if isinstance(value, float):
+        return round(value, FLOAT_DECIMALS)
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [rounded(v) for v in value]
+    return value
+
+
+def _is_empty(value) -> bool:
+    """True for what an answer's text leaves out: None, "", [], {}."""
+    return value is None or (isinstance(value, str | list | dict) and not value)
+
+
+def text_view(value):
+    """What an assistant reads of a tool answer: `value` (a pydantic model, or dicts, lists and
+    scalars) as plain JSON values without null/empty fields, without a model's false booleans,
+    without TEXT_OMITTED keys or the model's `text_omit` (a class attribute: names, or a method
+    giving names), floats rounded. Lists keep every item."""
+    if hasattr(type(value), "model_fields"):
+        omit = getattr(value, "text_omit", ())
+        omit = omit() if callable(omit) else omit
+        out = {}
+        for name in type(value).model_fields:
+            v = getattr(value, name)
+            if name in omit or name in TEXT_OMITTED or v is False:
+                continue
+            v = text_view(v)
+            if not _is_empty(v):
+                out[name] = v
+        return out
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            v = text_view(v)
+            if k not in TEXT_OMITTED and not _is_empty(v):
+                out[k] = v
+        return out
+    if isinstance(value, list | tuple):
+        return [text_view(v) for v in value]
+    return rounded(value)
+
+
+def compact_json(value) -> str:
+    """`value` as JSON with no spaces or indentation, non-ASCII kept as is."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def lean_schema(schema, output: bool = False):
+    """A pydantic JSON schema as tools/list sends it: without the `title` pydantic gives every model
+    and field, without `default: null` or `additionalProperties: true` (JSON Schema's defaults),
+    and with `X | None` written as X (an argument: omitting it,
+    or null, means the default) or as a type list (an output field). An output schema also loses
+    descriptions, defaults and `required` lists (the answer carries every field; its text leaves out
+    the empty ones): the tool's description says what the model must know. The SDK keeps
+    validating inputs and outputs against the full schemas."""
+    if isinstance(schema, list):
+        return [lean_schema(s, output) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, v in schema.items():
+        if key == "properties":
+            out[key] = {name: lean_schema(s, output) for name, s in v.items()}
+        elif key == "title" or (key == "default" and (v is None or output)) \
+                or (key == "additionalProperties" and v is True) \
+                or (output and key in ("description", "required")):
+            continue
+        else:
+            out[key] = lean_schema(v, output)
+    options = out.get("anyOf")
+    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+        (other,) = [o for o in options if o != {"type": "null"}]
+        if not output:
+            del out["anyOf"]
+            out.update(other)
+        elif set(other) == {"type"} and isinstance(other["type"], str):
+            del out["anyOf"]
+            out["type"] = [other["type"], "null"]
+    return out
+
+
 @functools.cache
 def _write_models():
     """Models of the write tools: Metadata, the optional `metadata` argument of memorize,
@@ -7161,20 +7257,21 @@ def _write_models():
     from pydantic import BaseModel, ConfigDict, Field
 
     class Metadata(BaseModel):
-        """Optional facts about a memory. Unknown keys are refused."""
+        # optional facts about a memory; unknown keys are refused (no docstring: it would be the
+        # schema's description). Field descriptions only where the name does not say it.
         model_config = ConfigDict(extra="forbid")
-        summary: str | None = Field(None, description="One-sentence summary.")
-        topics: list[str] | None = Field(None, description="Topics, e.g. ['coffee', 'work'].")
-        key_facts: list[str] | None = Field(None, description="Self-contained facts; each becomes a memory atom.")
-        participants: list[str] | None = Field(None, description="People involved, by name.")
-        sentiment: str | None = Field(None, description="e.g. positive, negative, neutral.")
-        importance: float | None = Field(None, ge=0, le=1, description="0..1 (default 0.5); higher decays slower.")
-        session_id: str | None = Field(None, description="Conversation/session id.")
-        persona_id: str | None = Field(None, description="Separates memories completely (one per assistant persona).")
-        source: str | None = Field(None, description="Where it came from: chat (ranked up), import (ranked down), ...")
-        timestamp: str | None = Field(None, description="When it happened, ISO-8601 (default: now).")
-        tags: list[str] | None = Field(None, description="Free-form tags.")
-        pinned: bool | None = Field(None, description="Pinned memories never decay.")
+        summary: str | None = None
+        topics: list[str] | None = None
+        key_facts: list[str] | None = Field(None, description="Self-contained facts (atoms).")
+        participants: list[str] | None = None
+        sentiment: str | None = None
+        importance: float | None = Field(None, ge=0, le=1, description="Default 0.5.")
+        session_id: str | None = None
+        persona_id: str | None = Field(None, description="A separate memory space.")
+        source: str | None = Field(None, description="e.g. chat, import.")
+        timestamp: str | None = Field(None, description="When it happened (ISO-8601).")
+        tags: list[str] | None = None
+        pinned: bool | None = Field(None, description="Never decays.")
 
     class WriteResult(BaseModel):
         id: int = Field(description="Memory id.")
@@ -7264,6 +7361,13 @@ def _search_models():
         relevance: float | None = Field(None, description="How likely it is relevant, 0..1, the same scale for every "
                                                           "query (null when the embedding model is not calibrated).")
         explain: dict[str, Any] | None = None
+
+        def text_omit(self) -> frozenset:
+            """What the text of a hit leaves out: the memory's metadata (get_memory has it), and
+            unless explain was asked, the channels and the fused score (relevance stands for it)."""
+            if self.explain is not None:
+                return HIT_METADATA
+            return HIT_METADATA | {"channels"} | ({"score"} if self.relevance is not None else set())
 
     class Degraded(BaseModel):
         channel: str
@@ -7489,13 +7593,12 @@ def _tool_args():
     from pydantic import Field
 
     return types.SimpleNamespace(
-        Id=Annotated[int, Field(ge=1, description="Memory id, from memorize/recall/list_memories.")],
-        Persona=Annotated[str | None, Field(description="Persona to search (default: the default persona).")],
-        Owner=Annotated[str | None, Field(description="Persona the memory or fact belongs to (default: the "
-                                                      "default persona); one of another persona is not found.")],
-        Session=Annotated[str | None, Field(description="Only this session.")],
-        Entity=Annotated[str, Field(description="A person, place, project… (aliases and case are resolved).")],
-        When=Annotated[str | None, Field(description="ISO-8601 time (default now).")])
+        Id=Annotated[int, Field(ge=1)],
+        Persona=str | None,
+        Owner=str | None,
+        Session=str | None,
+        Entity=Annotated[str, Field(description="Person, place, project… (aliases resolved).")],
+        When=Annotated[str | None, Field(description="ISO-8601 (default now).")])
 
 
 def _meta(metadata) -> dict:
@@ -7543,39 +7646,44 @@ def _write_tools():
     """The tools that store and change memories: memorize, edit_memory, delete_memory, pin_memory,
     unpin_memory, archive_memory, restore_memory, set_importance and memory_feedback (results:
     _write_models())."""
-    from typing import Annotated
+    from typing import Annotated, Any
 
     from mcp.server.mcpserver import Context
     from mcp.server.mcpserver.exceptions import ToolError
-    from pydantic import Field
+    from pydantic import Field, ValidationError
 
     A, M = _tool_args(), _write_models()
 
     def memorize(ctx: Context,
-                 content: Annotated[str, Field(description="The memory: self-contained text, any language.")],
+                 content: str,
                  metadata: M.Metadata | None = None) -> M.WriteResult:
-        """Store something worth remembering for weeks or months: a fact about the user, a preference,
-        a decision, an event, a plan. Write it so it makes sense on its own later (names, not pronouns).
-        Identical content returns the existing memory's id: new metadata is merged into it and an archived
-        one is restored (`changed` and `warnings` say so). Returns the new memory's id."""
+        """Store a fact, preference, decision, event or plan worth keeping for weeks, written to make
+        sense alone (names, not pronouns)."""
         return M.WriteResult(**_on_memory(ctx, lambda m: m.memorize(content, _meta(metadata))))
 
-    def edit_memory(ctx: Context, id: A.Id,
-                    content: Annotated[str | None, Field(description="New text (omit to keep).")] = None,
-                    metadata: M.Metadata | None = None, persona_id: A.Owner = None) -> M.WriteResult:
-        """Correct or update a memory. Its keyword index, vector, atoms and graph are rebuilt, so the
-        old wording is no longer found. Metadata fields given replace the stored ones."""
+    def edit_memory(ctx: Context, id: A.Id, content: str | None = None,
+                    metadata: Annotated[dict[str, Any] | None, Field(
+                        description="Fields of memorize's metadata.")] = None,
+                    persona_id: A.Owner = None) -> M.WriteResult:
+        """Correct a memory's text and/or metadata (given fields replace the stored ones)."""
+        # metadata is checked here against memorize's Metadata model, so the schema sent to the
+        # model carries that model once, in memorize
         if content is None and metadata is None:
             raise ToolError("content: give new content and/or metadata to change")
-        return M.WriteResult(**_on_memory(ctx, lambda m: m.edit(id, content, _meta(metadata), persona_id)))
+        try:
+            meta = None if metadata is None else M.Metadata.model_validate(metadata)
+        except ValidationError as e:
+            raise ToolError("edit_memory: " + "; ".join(
+                f"metadata.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
+                for err in e.errors(include_url=False))) from None
+        return M.WriteResult(**_on_memory(ctx, lambda m: m.edit(id, content, _meta(meta), persona_id)))
 
     def delete_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Deleted:
-        """Forget a memory completely (every index, atom and graph entry). Use when the user asks you
-        to forget something or a memory is wrong and cannot be edited."""
+        """Forget a memory completely, e.g. when the user asks you to."""
         return M.Deleted(**_on_memory(ctx, lambda m: m.delete(id, persona_id)))
 
     def pin_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Flagged:
-        """Pin a memory: it never decays and is kept in context."""
+        """Pin a memory: it never decays."""
         return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "pinned", True, persona_id)))
 
     def unpin_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Flagged:
@@ -7583,29 +7691,26 @@ def _write_tools():
         return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "pinned", False, persona_id)))
 
     def archive_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Flagged:
-        """Archive a memory: kept, but left out of recall unless include_archived is true."""
+        """Archive a memory: kept, but out of recall unless include_archived."""
         return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "archived", True, persona_id)))
 
     def restore_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Restored:
-        """Bring an archived memory back into recall (undo archive_memory or auto-archival); for the
-        survivor of a consolidation, undo the merge."""
+        """Bring an archived, superseded or merged memory back into recall (undoes a consolidation
+        merge)."""
         return M.Restored(**_on_memory(ctx, lambda m: m.restore_memory(id, persona_id)))
 
     def set_importance(ctx: Context, id: A.Id,
-                       importance: Annotated[float, Field(ge=0, le=1, description="0..1")],
+                       importance: Annotated[float, Field(ge=0, le=1)],
                        persona_id: A.Owner = None) -> M.ImportanceSet:
-        """Set how important a memory is (0..1). Important memories rank higher and fade slower."""
+        """Set a memory's importance (0..1): important memories rank higher and fade slower."""
         return M.ImportanceSet(**_on_memory(ctx, lambda m: m.set_importance(id, importance, persona_id)))
 
     def memory_feedback(ctx: Context,
-                        ids: Annotated[list[Annotated[int, Field(ge=1)]], Field(
-                            min_length=1, description="Ids of recalled memories your answer actually used.")],
-                        useful: Annotated[bool, Field(description="false: they were wrong or beside the point."),
-                                          _nullable(True)] = True,
+                        ids: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)],
+                        useful: Annotated[bool, _nullable(True)] = True,
                         persona_id: A.Persona = None) -> M.Feedback:
-        """After you answer with recalled memories, pass the ids of those you actually used (not every
-        hit): they rank higher and last longer. useful=false for memories that were wrong or beside
-        the point."""
+        """After answering, pass the ids of recalled memories you used (useful=false: wrong ones); they
+        rank higher and last longer."""
         return M.Feedback(**_on_memory(ctx, lambda m: m.memory_feedback(ids, useful, persona_id)))
 
     return _named(memorize, edit_memory, delete_memory, pin_memory, unpin_memory, archive_memory, restore_memory,
@@ -7624,50 +7729,43 @@ def _read_tools():
     A, S, B = _tool_args(), _search_models(), _browse_models()
 
     def recall(ctx: Context,
-               query: Annotated[str, Field(description="What you want to remember, as a question or keywords.")],
-               k: Annotated[int, Field(ge=1, description="How many memories to return (default 5, at most "
-                                                         "[recall] max_k)."), _nullable(5)] = 5,
+               query: str,
+               limit: Annotated[int, Field(ge=1), _nullable(5)] = 5,
                session_id: A.Session = None,
                persona_id: A.Persona = None,
-               include_archived: Annotated[bool, Field(description="Also search archived memories."),
-                                           _nullable(False)] = False,
-               explain: Annotated[bool, Field(description="Add per-channel ranks and score parts to each hit."),
+               include_archived: Annotated[bool, _nullable(False)] = False,
+               explain: Annotated[bool, Field(description="Per-channel ranks and score parts."),
                                   _nullable(False)] = False,
-               as_of: Annotated[str | None, Field(description="ISO-8601 time: answer as the memory stood then "
-                                                              "(later memories, atoms and facts left out).")] = None,
-               include_conversations: Annotated[bool, Field(description="Also search ingested conversations "
-                                                                        "(their hits in `conversations`)."),
+               as_of: Annotated[str | None, Field(description="ISO-8601: memory as it stood then.")] = None,
+               include_conversations: Annotated[bool, Field(description="Also ingested turns."),
                                                 _nullable(False)] = False
                ) -> S.RecallResult:
-        """Search long-term memory by meaning, keywords and relations (Chinese and English). Call it
-        before answering whenever earlier conversations could matter. Returns the best memories first,
-        with a fused score, knowledge-graph facts about entities the query names, and any search
-        channel that could not run. A long memory comes back cut (truncated: true): get_memory reads it whole."""
-        return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(query, k, persona_id, session_id, include_archived,
+        """Search memory by meaning, keywords and relations, in any language; call it before answering
+        when earlier conversations may matter. A hit with truncated: true is cut short (get_memory
+        reads it whole)."""
+        return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(query, limit, persona_id, session_id, include_archived,
                                                                    explain, None, as_of,
                                                                    include_conversations=include_conversations)))
 
-    def search_atoms(ctx: Context, query: Annotated[str, Field(description="Keywords of the fact you look for.")],
-                     k: Annotated[int, Field(ge=1, description="How many atoms (default 10)."), _nullable(10)] = 10,
+    def search_atoms(ctx: Context, query: str,
+                     limit: Annotated[int, Field(ge=1), _nullable(10)] = 10,
                      persona_id: A.Persona = None) -> S.AtomsResult:
-        """Find single precise facts (memory atoms) rather than whole memories, e.g. a preference or a
-        date. Only facts still valid (within their shelf life) are returned, best first."""
-        return S.AtomsResult(**_on_memory(ctx, lambda m: m.search_atoms(query, k, persona_id)))
+        """Find single precise facts that still hold (a preference, a date)."""
+        return S.AtomsResult(**_on_memory(ctx, lambda m: m.search_atoms(query, limit, persona_id)))
 
     def list_memories(ctx: Context,
-                      limit: Annotated[int, Field(ge=1, le=LIST_LIMIT_MAX, description="How many (default 20)."),
-                                       _nullable(20)] = 20,
-                      offset: Annotated[int, Field(ge=0, description="Skip this many."), _nullable(0)] = 0,
+                      limit: Annotated[int, Field(ge=1, le=LIST_LIMIT_MAX), _nullable(20)] = 20,
+                      offset: Annotated[int, Field(ge=0), _nullable(0)] = 0,
                       persona_id: A.Persona = None,
                       session_id: A.Session = None,
                       include_archived: Annotated[bool, _nullable(False)] = False) -> B.MemoryList:
-        """List stored memories, newest first (browse, not search: use recall to search)."""
+        """List memories newest first (to browse; recall searches)."""
         rows = _on_memory(ctx, lambda m: m.list_memories(limit, offset, persona_id or "", session_id,
                                                          include_archived))
         return B.MemoryList(memories=[B.MemoryRow(**r) for r in rows])
 
     def get_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> B.MemoryDetail:
-        """One memory in full, with its atoms and knowledge-graph entries."""
+        """One memory in full, with its atoms and graph entries."""
         return B.MemoryDetail(**_on_memory(ctx, lambda m: m.get(id, persona_id)))
 
     def memory_stats(ctx: Context) -> B.Stats:
@@ -7689,31 +7787,29 @@ def _kg_tools():
     A, K = _tool_args(), _kg_models()
 
     def kg_add(ctx: Context, subject: A.Entity,
-               predicate: Annotated[str, Field(description="e.g. lives_in, works_at, likes, 住在.")],
+               predicate: Annotated[str, Field(description="e.g. lives_in, works_at, 住在.")],
                object: A.Entity, valid_from: A.When = None, valid_to: A.When = None,
                confidence: Annotated[float, Field(ge=0, le=1), _nullable(1.0)] = 1.0,
-               source_memory_id: Annotated[int | None, Field(description="The memory this fact came from.")] = None,
+               source_memory_id: int | None = None,
                persona_id: A.Persona = None) -> K.FactAdded:
-        """Record a fact as a triple with a validity window, e.g. (Alice, lives_in, Paris). For
-        single-valued predicates (lives_in, works_at, name_is, age_is, 住在…) a new value closes the old
-        fact automatically, so history is kept and queries at any time are right."""
+        """Record a fact as a triple with a validity window, e.g. (Alice, lives_in, Paris); a new value
+        of a single-valued predicate (lives_in, works_at, 住在…) closes the old fact."""
         return K.FactAdded(**_on_memory(ctx, lambda m: m.kg_add(subject, predicate, object, valid_from, valid_to,
                                                                 confidence, source_memory_id, persona_id)))
 
     def kg_query(ctx: Context, entity: A.Entity, as_of: A.When = None,
-                 predicate: Annotated[str | None, Field(description="Only this predicate.")] = None,
+                 predicate: str | None = None,
                  persona_id: A.Persona = None) -> K.Facts:
-        """Facts about an entity that hold now, or at `as_of` (point-in-time)."""
+        """Facts about an entity that hold now, or at as_of."""
         return K.Facts(**_on_memory(ctx, lambda m: m.kg_query(entity, as_of, predicate, persona_id)))
 
-    def kg_invalidate(ctx: Context, id: Annotated[int, Field(ge=1, description="Fact id from kg_add/kg_query.")],
+    def kg_invalidate(ctx: Context, id: Annotated[int, Field(ge=1, description="Fact id.")],
                       valid_to: A.When = None, persona_id: A.Owner = None) -> K.FactEnded:
-        """Mark a fact as no longer true from `valid_to` (default now); its history is kept. A fact that
-        has already ended keeps its end (already_ended: true)."""
+        """End a fact from valid_to (default now); its history is kept."""
         return K.FactEnded(**_on_memory(ctx, lambda m: m.kg_invalidate(id, valid_to, persona_id)))
 
     def kg_timeline(ctx: Context, entity: A.Entity, persona_id: A.Persona = None) -> K.Facts:
-        """Every fact ever recorded about an entity, oldest first, with when each held."""
+        """Every fact ever recorded about an entity, oldest first."""
         return K.Facts(**_on_memory(ctx, lambda m: m.kg_timeline(entity, persona_id)))
 
     def kg_stats(ctx: Context, persona_id: A.Persona = None) -> K.KGStats:
@@ -7721,8 +7817,8 @@ def _kg_tools():
         return K.KGStats(**_on_memory(ctx, lambda m: m.kg_stats(persona_id)))
 
     def kg_delete_entity(ctx: Context, entity: A.Entity, persona_id: A.Owner = None) -> K.EntityDeleted:
-        """Delete an entity and every fact about it (as subject or object) for good, e.g. when the user
-        asks you to forget a person. To record that a fact stopped being true, use kg_invalidate."""
+        """Delete an entity and every fact about it for good (to record that a fact stopped being true,
+        use kg_invalidate)."""
         return K.EntityDeleted(**_on_memory(ctx, lambda m: m.kg_delete_entity(entity, persona_id)))
 
     return _named(kg_add, kg_query, kg_invalidate, kg_timeline, kg_stats, kg_delete_entity)
@@ -7740,50 +7836,42 @@ def _context_tools():
     A, C, W = _tool_args(), _context_models(), _write_models()
 
     def memory_context(ctx: Context,
-                       topic: Annotated[str | None, Field(description="What the conversation is about; omit at "
-                                                                      "session start for the briefing.")] = None,
-                       mode: Annotated[str, Field(description="quick, chat, coding or project: sets the token "
-                                                              "budget and how much is searched."),
-                                       _nullable("chat")] = "chat",
-                       max_tokens: Annotated[int | None, Field(ge=CONTEXT_TOKENS_MIN,
-                                                               description="Token budget override.")] = None,
+                       topic: str | None = None,
+                       mode: Annotated[str, Field(description="quick, chat, coding or project: the "
+                                                              "budget."), _nullable("chat")] = "chat",
+                       max_tokens: Annotated[int | None, Field(ge=CONTEXT_TOKENS_MIN)] = None,
                        persona_id: A.Persona = None) -> C.ContextBlob:
-        """Memory for the start of a session or a new topic, as one text within a token budget:
-        pinned/directive memories first, then memories about the topic, then current facts. Without a
-        topic it returns the session briefing, rebuilt first when memory changed since it was built."""
+        """Memory for a session start or a new topic, as one text within a token budget; no topic: the
+        session briefing."""
         return C.ContextBlob(**_on_memory(ctx, lambda m: m.memory_context(topic, mode, max_tokens, persona_id)))
 
     def refresh_briefing(ctx: Context, persona_id: A.Persona = None) -> C.ContextBlob:
-        """Rebuild the session briefing now (it is also rebuilt in the background after changes)."""
+        """Rebuild the session briefing now (it is also rebuilt after changes)."""
         def run(m):
             m.build_briefing(persona_id)
             return m.memory_context(None, "project", None, persona_id)
         return C.ContextBlob(**_on_memory(ctx, run))
 
     def forget_preview(ctx: Context,
-                       days: Annotated[int, Field(ge=0, le=DECAY_DAYS_MAX,
-                                                  description="How far ahead to look, in days."),
-                                       _nullable(7)] = 7,
+                       days: Annotated[int, Field(ge=0, le=DECAY_DAYS_MAX), _nullable(7)] = 7,
                        persona_id: A.Owner = None) -> C.ForgetPreview:
-        """Preview what forgetting would do within `days` days to one persona's memories: importance
-        decay, auto-archival and atom expiry. Read-only: nothing changes. Use it before pinning or
-        raising the importance of memories the user wants to keep."""
+        """Preview what forgetting would do within `days` days (importance decay, archival, atom
+        expiry); nothing changes."""
         return C.ForgetPreview(**_on_memory(ctx, lambda m: m.forget_preview(days, persona_id)))
 
     def consolidate(ctx: Context,
-                    dry_run: Annotated[bool, Field(description="Only list the clusters (default)."),
-                                       _nullable(True)] = True,
+                    dry_run: Annotated[bool, _nullable(True)] = True,
                     persona_id: A.Persona = None) -> C.Consolidation:
-        """Find near-duplicate memories and (with dry_run=false) merge each cluster into one memory,
-        archiving the others; restore_memory on the survivor undoes a merge."""
+        """Find near-duplicate memories; with dry_run=false merge each cluster into one (restore_memory
+        on the survivor undoes it)."""
         return C.Consolidation(**_on_memory(ctx, lambda m: m.consolidate(dry_run, persona_id)))
 
     def summarize_memory(ctx: Context,
                          conversation: Annotated[str | list[dict[str, Any]], Field(
                              description="Plain text, or a list of {role, content} turns.")],
                          metadata: W.Metadata | None = None) -> C.Summarized:
-        """Distil a conversation into one structured memory (summary, topics, key facts, people,
-        sentiment, importance) with the configured chat model, and store it."""
+        """Distil a conversation into one memory (summary, topics, key facts, people) with the
+        configured chat model, and store it."""
         return C.Summarized(**_on_memory(ctx, lambda m: m.summarize_memory(conversation, _meta(metadata))))
 
     return _named(memory_context, refresh_briefing, forget_preview, consolidate, summarize_memory)
@@ -7856,52 +7944,49 @@ def _conversation_tools():
     from pydantic import Field
 
     A, C = _tool_args(), _conversation_models()
-    Source = Annotated[str | None, Field(description="Only this client: claude-code, codex, copilot or chatgpt.")]
+    Source = Annotated[str | None, Field(description="claude-code, codex, copilot or chatgpt.")]
 
     def conversation_search(ctx: Context,
-                            query: Annotated[str, Field(description="What was said, as a question or keywords.")],
-                            k: Annotated[int, Field(ge=1, description="How many turns (default 5)."), _nullable(5)] = 5,
+                            query: str,
+                            limit: Annotated[int, Field(ge=1), _nullable(5)] = 5,
                             source: Source = None,
-                            session_id: Annotated[str | None, Field(description="Only this session.")] = None,
-                            since: Annotated[str | None, Field(description="Turns at or after (ISO-8601).")] = None,
-                            until: Annotated[str | None, Field(description="Turns at or before (ISO-8601).")] = None,
+                            session_id: str | None = None,
+                            since: Annotated[str | None, Field(description="ISO-8601.")] = None,
+                            until: Annotated[str | None, Field(description="ISO-8601.")] = None,
                             persona_id: A.Persona = None) -> C.TurnSearch:
-        """Search past conversations with your assistants (Claude Code, Codex, Copilot CLI, ChatGPT),
-        by meaning and keywords, Chinese and English: what the user said and what was answered. Use
-        it for "what did we decide about…" or "when did I ask about…"; recall searches the memories
-        deliberately kept. Each hit names its session: conversation_get_session reads around it."""
+        """Search past conversations with the user's assistants (Claude Code, Codex, Copilot, ChatGPT):
+        what was said and answered."""
         return C.TurnSearch(**_on_memory(ctx, lambda m: m.conversation_search(
-            query, k, source, session_id, since, until, persona_id)))
+            query, limit, source, session_id, since, until, persona_id)))
 
     def conversation_get_session(ctx: Context,
-                                 session_id: Annotated[str, Field(description="From conversation_search or the "
-                                                                              "briefing's recent sessions.")],
-                                 offset: Annotated[int, Field(ge=0, description="Skip this many turns."),
-                                                   _nullable(0)] = 0,
-                                 limit: Annotated[int, Field(ge=1, le=CONVERSATION_PAGE_MAX,
-                                                             description="How many turns (default 50)."),
+                                 session_id: str,
+                                 offset: Annotated[int, Field(ge=0), _nullable(0)] = 0,
+                                 limit: Annotated[int, Field(ge=1, le=CONVERSATION_PAGE_MAX),
                                                   _nullable(50)] = 50,
                                  source: Source = None,
                                  persona_id: A.Persona = None) -> C.SessionTurns:
-        """One past conversation's turns in order, a page at a time (next_offset continues)."""
+        """A past conversation's turns in order, a page at a time."""
         return C.SessionTurns(**_on_memory(ctx, lambda m: m.conversation_get_session(
             session_id, offset, limit, persona_id, source)))
 
     def conversation_stats(ctx: Context, persona_id: A.Persona = None) -> C.ConversationStats:
-        """How much conversation history is ingested: sessions, turns and date range, per client."""
+        """How much conversation history is ingested: sessions, turns, dates, per client."""
         return C.ConversationStats(**_on_memory(ctx, lambda m: m.conversation_stats(persona_id)))
 
     return _named(conversation_search, conversation_get_session, conversation_stats)
 
 
 #: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they stand for.
+#: Only hints that differ from the spec's defaults are sent (readOnlyHint false, destructiveHint
+#: true, idempotentHint false, openWorldHint true; the last three mean something only for a write).
 TOOL_KINDS = {
-    "read-only": dict(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
-    "write": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
-    "destructive": dict(read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False),
-    "open-world": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True),
+    "read-only": dict(read_only_hint=True, open_world_hint=False),
+    "write": dict(destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+    "destructive": dict(idempotent_hint=True, open_world_hint=False),
+    "open-world": dict(destructive_hint=False),
     # a write whose every call counts again (memory_feedback): not idempotent, so no blind retries
-    "cumulative": dict(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False),
+    "cumulative": dict(destructive_hint=False, open_world_hint=False),
 }
 
 #: Every MCP tool, in tools/list order: name -> (the cached family factory that defines its function,
@@ -8029,6 +8114,13 @@ def build_server(memory_factory, cfg: Config):
     from pydantic import ValidationError
 
     class Server(MCPServer):
+        async def list_tools(self):
+            """MCPServer.list_tools with each tool's schemas lean_schema'd: what a model reads."""
+            return [t.model_copy(update={
+                "input_schema": lean_schema(t.input_schema),
+                "output_schema": t.output_schema and lean_schema(t.output_schema, output=True)})
+                for t in await super().list_tools()]
+
         async def call_tool(self, name, arguments, context=None):
             """MCPServer.call_tool, with arguments the tool's schema refuses reported in one line that
             names each field ("recall: k: Input should be a valid integer"), not pydantic's report."""
@@ -8047,11 +8139,25 @@ def build_server(memory_factory, cfg: Config):
     for name in exposed_tools(cfg, MCP_TOOLS):
         family, kind = MCP_TOOLS[name]
         fn = getattr(family(), name)
-        server.add_tool(fn, name=name, description=inspect.cleandoc(fn.__doc__),
+        server.add_tool(_answering(fn), name=name, description=" ".join(fn.__doc__.split()),
                         annotations=ToolAnnotations(**TOOL_KINDS[kind]))
     _add_resources(server, lambda: running[-1].memory)
     _add_health_route(server, lambda: running[-1].memory)
     return server
+
+
+def _answering(fn):
+    """Tool function `fn` (returning a pydantic model) as the SDK registers it: the same signature
+    and output schema, answering a CallToolResult whose structured content is the model (floats
+    rounded) and whose text content is compact_json(text_view(model))."""
+    from mcp.types import CallToolResult, TextContent
+
+    @functools.wraps(fn)
+    def tool(*args, **kwargs):
+        model = fn(*args, **kwargs)
+        return CallToolResult(content=[TextContent(type="text", text=compact_json(text_view(model)))],
+                              structured_content=rounded(model.model_dump(mode="json")))
+    return tool
 
 
 def exposed_tools(cfg: Config, tools: dict) -> list[str]:

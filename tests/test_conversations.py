@@ -503,7 +503,7 @@ def test_mcp_conversation_tools_are_listed_by_default_and_answer(tmp_path, segme
             tools = {t.name: t for t in (await c.list_tools()).tools}
             for name in ("conversation_search", "conversation_get_session", "conversation_stats"):
                 assert tools[name].annotations.read_only_hint is True
-            found = await c.call_tool("conversation_search", {"query": "channel_k 召回", "k": 2})
+            found = await c.call_tool("conversation_search", {"query": "channel_k 召回", "limit": 2})
             assert not found.is_error and found.structured_content["results"][0]["text"].startswith("把 channel_k")
             sid = found.structured_content["results"][0]["session_id"]
             page = await c.call_tool("conversation_get_session", {"session_id": sid, "offset": 1, "limit": 2})

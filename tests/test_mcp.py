@@ -17,8 +17,8 @@ pytestmark = pytest.mark.anyio
 
 ALL_TOOLS = ["memorize", "recall", "search_atoms", "list_memories", "get_memory", "edit_memory", "delete_memory",
              "pin_memory", "unpin_memory", "archive_memory", "memory_stats"]
-DEFAULT_TOOLS = ["memorize", "recall", "memory_feedback", "search_atoms", "get_memory", "edit_memory",
-                 "delete_memory", "conversation_search", "conversation_get_session", "conversation_stats"]
+DEFAULT_TOOLS = ["memorize", "recall", "memory_feedback", "get_memory", "edit_memory", "delete_memory",
+                 "memory_context", "conversation_search", "conversation_get_session"]
 READ_ONLY = {"recall", "search_atoms", "list_memories", "get_memory", "memory_stats"}
 DESTRUCTIVE = {"edit_memory", "delete_memory"}
 
@@ -70,12 +70,34 @@ async def client(make_server):
         yield c
 
 
+def assert_lean_view(text_value, full, path="$"):
+    """`text_value` (the parsed text content) shows only what `full` (the structured content) has,
+    with no null, empty or false field and floats rounded to 3 decimals."""
+    if isinstance(text_value, dict):
+        assert isinstance(full, dict), path
+        for key, v in text_value.items():
+            assert key in full, f"{path}.{key} is not in the structured content"
+            assert v is not None and v is not False and v not in ("", [], {}), f"{path}.{key} = {v!r}"
+            assert_lean_view(v, full[key], f"{path}.{key}")
+    elif isinstance(text_value, list):
+        assert isinstance(full, list) and len(text_value) == len(full), path
+        for i, (a, b) in enumerate(zip(text_value, full)):
+            assert_lean_view(a, b, f"{path}[{i}]")
+    elif isinstance(text_value, float):
+        assert text_value == round(text_value, 3) and text_value == round(full, 3), path
+    else:
+        assert text_value == full, path
+
+
 async def ok(client, tool, args=None) -> dict:
     r = await client.call_tool(tool, args or {})
     assert r.is_error is False, f"{tool}({args}) failed: {r.content[0].text if r.content else r}"
     assert isinstance(r.structured_content, dict)
-    # the text block carries the same data as the structured content
-    assert json.loads(r.content[0].text) == r.structured_content
+    # the text block is compact JSON (no indentation) showing the structured content leanly
+    text = r.content[0].text
+    shown = json.loads(text)
+    assert text == json.dumps(shown, ensure_ascii=False, separators=(",", ":"))
+    assert_lean_view(shown, r.structured_content)
     return r.structured_content
 
 
@@ -108,7 +130,7 @@ async def test_default_exposure_is_exactly_the_frequent_tools(make_server, tmp_p
     assert aokun.DEFAULT_TOOLS == tuple(DEFAULT_TOOLS)
     async with Client(make_server(aokun.Config(None, overrides={("backup", "dir"): str(tmp_path)}))) as c:
         names = [t.name for t in (await c.list_tools()).tools]
-    assert sorted(names) == sorted(DEFAULT_TOOLS) and len(names) == 10
+    assert sorted(names) == sorted(DEFAULT_TOOLS) and len(names) == 9
 
 
 async def test_all_exposes_every_tool(client):
@@ -130,12 +152,17 @@ async def test_every_tool_has_description_annotations_and_schemas(client):
         assert t.description and len(t.description) >= 10 and t.description.strip() == t.description, name
         a = t.annotations
         assert a is not None, name
-        assert a.read_only_hint is not None and a.destructive_hint is not None, name
-        assert a.idempotent_hint is not None and a.open_world_hint is not None, name
+        # only hints that differ from the spec's defaults are sent
+        spec_defaults = {"read_only_hint": False, "destructive_hint": True, "idempotent_hint": False,
+                         "open_world_hint": True}
+        for hint, default in spec_defaults.items():
+            assert getattr(a, hint) in (None, not default), (name, hint)
+        hints = {h: d if getattr(a, h) is None else getattr(a, h) for h, d in spec_defaults.items()}
         if name in ALL_TOOLS:  # local tools: no outside world
-            assert a.open_world_hint is False, name
-            assert a.read_only_hint is (name in READ_ONLY), name
-            assert a.destructive_hint is (name in DESTRUCTIVE), name
+            assert hints["open_world_hint"] is False, name
+            assert hints["read_only_hint"] is (name in READ_ONLY), name
+            if name not in READ_ONLY:
+                assert hints["destructive_hint"] is (name in DESTRUCTIVE), name
         assert t.output_schema and t.output_schema.get("type") == "object", name
         assert t.input_schema.get("type") == "object", name
     assert tools["memorize"].input_schema["required"] == ["content"]
@@ -189,7 +216,7 @@ async def test_recall_finds_the_right_memory(client):
     for text in (ALICE, BOB, CAROL):
         w = await ok(client, "memorize", {"content": text, "metadata": {"participants": [text.split()[0]]}})
         ids[text] = w["id"]
-    r = await ok(client, "recall", {"query": "cello", "k": 3})
+    r = await ok(client, "recall", {"query": "cello", "limit": 3})
     assert r["results"] and r["results"][0]["id"] == ids[BOB]
     hit = r["results"][0]
     assert hit["text"] == BOB and hit["truncated"] is False
@@ -202,7 +229,7 @@ async def test_recall_finds_the_right_memory(client):
 
 async def test_search_atoms_finds_a_fact(client):
     doc = await ok(client, "memorize", {"content": ALICE, "metadata": {"key_facts": ["Alice prefers oat milk"]}})
-    r = await ok(client, "search_atoms", {"query": "oat milk", "k": 5})
+    r = await ok(client, "search_atoms", {"query": "oat milk", "limit": 5})
     assert len(r["results"]) == 1
     a = r["results"][0]
     assert a["document_id"] == doc["id"] and a["content"] == "Alice prefers oat milk"
@@ -285,13 +312,13 @@ async def test_memory_feedback_ranks_a_used_memory_above_an_equal_one(db, segmen
         return m
     async with Client(aokun.build_server(factory, cfg)) as client:
         t = {t.name: t for t in (await client.list_tools()).tools}["memory_feedback"]
-        assert "actually used" in t.description and t.input_schema["required"] == ["ids"]
-        assert t.annotations.idempotent_hint is False and t.annotations.read_only_hint is False
+        assert "ids of recalled memories you used" in t.description and t.input_schema["required"] == ["ids"]
+        assert not t.annotations.idempotent_hint and not t.annotations.read_only_hint  # spec default: false
         assert t.annotations.destructive_hint is False and t.annotations.open_world_hint is False
         assert "memory_feedback" in client.instructions
         w = {(await ok(client, "memorize", {"content": text}))["id"]: text
              for text in ("Nadia grows jasmine tea in her garden", "Omar grows jasmine tea in his garden")}
-        first = (await ok(client, "recall", {"query": "jasmine tea garden", "k": 2}))["results"]
+        first = (await ok(client, "recall", {"query": "jasmine tea garden", "limit": 2}))["results"]
         assert first[0]["score"] == pytest.approx(first[1]["score"], abs=1e-6)
         top, used = first[0]["id"], first[1]["id"]
         out = await ok(client, "memory_feedback", {"ids": [used]})
@@ -299,7 +326,7 @@ async def test_memory_feedback_ranks_a_used_memory_above_an_equal_one(db, segmen
         assert out == {"useful": True, "results": [{
             "id": used, "uid": uid, "old_importance": 0.5, "importance": 0.55, "useful_count": 1.0,
             "last_useful_at": out["results"][0]["last_useful_at"], "atoms_reinforced": 0}]}
-        again = await ok(client, "recall", {"query": "jasmine tea garden", "k": 2, "explain": True})
+        again = await ok(client, "recall", {"query": "jasmine tea garden", "limit": 2, "explain": True})
         assert again["cached"] is False and [h["id"] for h in again["results"]] == [used, top]
         assert again["results"][0]["score"] > again["results"][1]["score"]
         assert again["results"][0]["explain"]["useful_count"] == 1 and w[used] == again["results"][0]["text"]
@@ -373,9 +400,9 @@ async def test_resource_missing_memory_is_an_error(client):
 BAD = [
     ("memorize", {}, "content"),
     ("memorize", {"metadata": {"summary": "no content"}}, "content"),
-    ("recall", {"query": "Alice", "k": "abc"}, "k"),
-    ("recall", {"query": "Alice", "k": 0}, "k"),
-    ("search_atoms", {"query": "Alice", "k": "abc"}, "k"),
+    ("recall", {"query": "Alice", "limit": "abc"}, "limit"),
+    ("recall", {"query": "Alice", "limit": 0}, "limit"),
+    ("search_atoms", {"query": "Alice", "limit": "abc"}, "limit"),
     ("memorize", {"content": "x", "metadata": {"importance": 2}}, "importance"),
     ("memorize", {"content": "x", "metadata": {"importance": "very"}}, "importance"),
     ("memorize", {"content": "x", "metadata": {"colour": "red"}}, "metadata"),
@@ -427,9 +454,9 @@ NULLS = [
                                                        ("summary", "topics", "key_facts", "participants", "sentiment",
                                                         "importance", "session_id", "persona_id", "source",
                                                         "timestamp", "tags", "pinned")}}),
-    ("recall", {"query": "Alice", "k": None, "session_id": None, "persona_id": None, "include_archived": None,
+    ("recall", {"query": "Alice", "limit": None, "session_id": None, "persona_id": None, "include_archived": None,
                 "explain": None}),
-    ("search_atoms", {"query": "Alice", "k": None, "persona_id": None}),
+    ("search_atoms", {"query": "Alice", "limit": None, "persona_id": None}),
     ("list_memories", {"limit": None, "offset": None, "persona_id": None, "session_id": None,
                        "include_archived": None}),
     ("edit_memory", {"id": 1, "content": None, "metadata": {"summary": "s"}}),
@@ -504,7 +531,7 @@ async def test_300_kb_content(client):
     assert w["status"] == "done" and w["embedding"] == "done" and w["embedding_truncated"] is True
     d = await ok(client, "get_memory", {"id": w["id"]})
     assert d["content"] == text.strip()
-    r = await ok(client, "recall", {"query": "xylophonic", "k": 1})
+    r = await ok(client, "recall", {"query": "xylophonic", "limit": 1})
     [hit] = r["results"]
     assert hit["id"] == w["id"] and hit["truncated"] is True  # capped ([recall] max_chars_per_hit), at a line end
     assert len(hit["text"]) <= 1500 and hit["text"].endswith("招聘。…") and text.startswith(hit["text"][:-1])
@@ -514,7 +541,7 @@ async def test_recall_caps_each_hit_and_get_memory_gives_the_whole(client):
     big = " ".join(f"Day {i}: the ferry to the island left late because of the fog." for i in range(3000))
     w = await ok(client, "memorize", {"content": big})
     short = await ok(client, "memorize", {"content": "The island ferry has a new captain."})
-    r = await ok(client, "recall", {"query": "island ferry fog", "k": 2})
+    r = await ok(client, "recall", {"query": "island ferry fog", "limit": 2})
     hits = {h["id"]: h for h in r["results"]}
     assert hits[w["id"]]["truncated"] is True and hits[w["id"]]["text"].endswith("fog.…")
     assert big.startswith(hits[w["id"]]["text"][:-1]) and len(hits[w["id"]]["text"]) <= 1500
@@ -523,9 +550,8 @@ async def test_recall_caps_each_hit_and_get_memory_gives_the_whole(client):
     assert (await ok(client, "get_memory", {"id": w["id"]}))["content"] == big
     tools = {t.name: t for t in (await client.list_tools()).tools}
     hit_schema = tools["recall"].output_schema["$defs"]["Hit"]
-    assert "truncated" in hit_schema["required"] and hit_schema["properties"]["truncated"]["type"] == "boolean"
-    assert "get_memory" in hit_schema["properties"]["truncated"]["description"]
-    assert "get_memory" in tools["recall"].description
+    assert hit_schema["properties"]["truncated"]["type"] == "boolean"
+    assert "truncated: true" in tools["recall"].description and "get_memory" in tools["recall"].description
 
 
 async def test_content_over_the_limit_is_refused(make_server, cfg_for):
@@ -611,7 +637,7 @@ async def test_concurrent_calls_in_one_session(client):
         results[i] = await ok(client, "memorize", {"content": f"Parallel memory {i}: Frank counted {i} sheep."})
 
     async def read():
-        await ok(client, "recall", {"query": "sheep", "k": 3})
+        await ok(client, "recall", {"query": "sheep", "limit": 3})
 
     async with anyio.create_task_group() as tg:
         for i in range(20):
@@ -620,7 +646,7 @@ async def test_concurrent_calls_in_one_session(client):
                 tg.start_soon(read)
     assert sorted(r["id"] for r in results.values()) == list(range(1, 21))
     assert await counts(client) == (20, 20)
-    assert len((await ok(client, "recall", {"query": "sheep", "k": 50}))["results"]) == 20
+    assert len((await ok(client, "recall", {"query": "sheep", "limit": 50}))["results"]) == 20
 
 
 async def test_legacy_initialize_handshake(make_server):

@@ -52,7 +52,7 @@ async def test_sdk_stdio_client_memorize_then_recall(tmp_path):
             hits = r.structured_content["results"]
             assert [h["id"] for h in hits] == [1] and hits[0]["text"] == text and hits[0]["participants"] == ["小王"]
             assert {d["channel"] for d in r.structured_content["degraded"]} == {"vector", "graph_vector"}
-            bad = await c.call_tool("recall", {"query": "tea", "k": "abc"})
+            bad = await c.call_tool("recall", {"query": "tea", "limit": "abc"})
             assert bad.is_error is True and re.search(r"\bk\b", bad.content[0].text)
 
         # a second server process on the same file sees it
@@ -175,7 +175,7 @@ def test_raw_jsonrpc_stdout_is_pure_utf8_jsonrpc_with_cp936_and_the_local_embedd
 
         # meaning, not keywords: the real model finds it from an English paraphrase
         assert s.call(40, "memorize", {"content": "Alice bought a red bicycle for her daughter."})["isError"] is False
-        r = s.call(4, "recall", {"query": "business trip next Wednesday", "k": 1})
+        r = s.call(4, "recall", {"query": "business trip next Wednesday", "limit": 1})
         assert [h["id"] for h in r["structuredContent"]["results"]] == [1]
         channels = set(r["structuredContent"]["results"][0]["channels"])
         assert not {"bm25", "graph_keyword"} & channels  # no keyword in common: found by meaning

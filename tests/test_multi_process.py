@@ -47,7 +47,7 @@ async def test_two_servers_and_the_cli_write_one_file(tmp_path):
             async with anyio.create_task_group() as tg:
                 for i in range(PER_SERVER):
                     tg.start_soon(one, i)
-            r = await c.call_tool("recall", {"query": f"Server {name} memory 7", "session_id": f"s-{name}", "k": 3})
+            r = await c.call_tool("recall", {"query": f"Server {name} memory 7", "session_id": f"s-{name}", "limit": 3})
             recalls[name] = {"is_error": r.is_error, "text": r.content[0].text,
                              "hits": (r.structured_content or {}).get("results", [])}
 
