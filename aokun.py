@@ -3672,7 +3672,7 @@ class Recall:
             raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
         top = self.cfg.recall.max_k
         if k > top:
-            warnings.append(f"k={k} is above the limit {top} ([recall] max_k); returning at most {top}")
+            warnings.append(f"{k} results asked, at most {top} returned ([recall] max_k)")
         return min(k, top)
 
     def _search_words(self, query: str, ref: dt.datetime) -> tuple[list[str], tuple | None]:
@@ -7181,16 +7181,18 @@ def _is_empty(value) -> bool:
 
 def text_view(value):
     """What an assistant reads of a tool answer: `value` (a pydantic model, or dicts, lists and
-    scalars) as plain JSON values without null/empty fields, without a model's false booleans,
+    scalars) as plain JSON values without null/empty fields, without a model's false booleans
+    (but for a field whose default is null, where false is news),
     without TEXT_OMITTED keys or the model's `text_omit` (a class attribute: names, or a method
     giving names), floats rounded. Lists keep every item."""
     if hasattr(type(value), "model_fields"):
         omit = getattr(value, "text_omit", ())
         omit = omit() if callable(omit) else omit
         out = {}
-        for name in type(value).model_fields:
+        for name, spec in type(value).model_fields.items():
             v = getattr(value, name)
-            if name in omit or name in TEXT_OMITTED or v is False:
+            # false says nothing, but for a field that may be null (Flagged.pinned: false = unpinned)
+            if name in omit or name in TEXT_OMITTED or (v is False and spec.default is not None):
                 continue
             v = text_view(v)
             if not _is_empty(v):
@@ -7335,7 +7337,7 @@ def _search_models():
     degraded: [Degraded], intent, warnings, took_ms, cached} and AtomsResult {results: [Atom],
     took_ms}. A Fact is a knowledge-graph triple with its validity window (ISO-8601 times, valid_to
     null while it holds), also returned by the kg tools; times are ISO-8601 UTC, took_ms milliseconds."""
-    from typing import Any
+    from typing import Any, ClassVar
 
     from pydantic import BaseModel, Field
 
@@ -7396,6 +7398,7 @@ def _search_models():
                             "the memories (their score × the bulk-import source boost).")
 
     class Atom(BaseModel):
+        text_omit: ClassVar = frozenset({"bm25", "ttl_factor"})  # score parts; score is the sum
         id: int
         document_id: int = Field(description="The memory that first stated it.")
         atom_type: str
@@ -7527,7 +7530,7 @@ def _context_models():
     budget and tokens in estimated tokens), Consolidation {clusters: [Cluster], dry_run}, Summarized
     {memory: WriteResult, summary} and ForgetPreview, whose Change {id, old, new} holds an
     importance (0..1) or an atom state name."""
-    from typing import Any
+    from typing import Any, ClassVar
 
     from pydantic import BaseModel, Field
 
@@ -7563,6 +7566,7 @@ def _context_models():
         new: float | str
 
     class ForgetPreview(BaseModel):
+        text_omit: ClassVar = frozenset({"days"})  # every day up to as_of: only as_of matters
         as_of: str = Field(description="The moment previewed (now + days), ISO-8601 UTC.")
         days: list[str] = Field(description="Decay days that would run.")
         importance: list[Change] = Field(description="Memories whose importance would drop (old -> new).")

@@ -177,6 +177,107 @@ async def test_server_info_and_instructions(client):
     assert "recall" in client.instructions and "memorize" in client.instructions
 
 
+# what the assistant pays for: the tool list and the answers ----------------------------------------
+
+def tools_list_chars(tools) -> int:
+    """Characters of tools/list's tools as json.dumps writes them (with its default ", " and ": ",
+    so a little more than the compact JSON the transports send)."""
+    return len(json.dumps([t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in tools],
+                          ensure_ascii=False))
+
+
+async def test_tools_list_fits_the_schema_budget(make_server, cfg_for, tmp_path):
+    async with Client(make_server(aokun.Config(None, overrides={("backup", "dir"): str(tmp_path)}))) as c:
+        default = (await c.list_tools()).tools
+    async with Client(make_server(cfg_for("all"))) as c:
+        every = (await c.list_tools()).tools
+    assert "memory_context" in {t.name for t in default}
+    assert tools_list_chars(default) <= 12_000, tools_list_chars(default)
+    assert tools_list_chars(every) <= 30_000, tools_list_chars(every)
+    for t in every:  # one or two sentences; no pydantic titles or null defaults in the schemas
+        assert len(t.description) <= 220 and "\n" not in t.description, t.name
+        sent = json.dumps([t.input_schema, t.output_schema])
+        assert '"title"' not in sent.replace('"title": {"type": "string"}', ""), t.name
+        assert '"default": null' not in sent, t.name
+
+
+def non_text_chars(hit: dict) -> int:
+    return len(json.dumps({k: v for k, v in hit.items() if k not in ("text", "summary")},
+                          ensure_ascii=False, separators=(",", ":")))
+
+
+async def test_a_recall_hit_costs_little_beyond_its_text(client):
+    meta = {"session_id": "5f0c6a8e-2b1d-4a57-9c3e-0d1e2f3a4b5c", "topics": ["coffee", "mornings", "cafés"],
+            "participants": ["Alice", "Bob"], "source": "chat", "tags": ["food"], "importance": 0.8,
+            "summary": "Alice's coffee."}
+    await ok(client, "memorize", {"content": "Alice loves iced americano every morning.", "metadata": meta})
+    await ok(client, "memorize", {"content": "Bob drinks his coffee black.", "metadata": {"importance": 0.3}})
+    r = await client.call_tool("recall", {"query": "coffee Alice Bob", "limit": 5})
+    hits = json.loads(r.content[0].text)["results"]
+    assert len(hits) == 2
+    for hit in hits:
+        assert non_text_chars(hit) <= 150, hit
+        assert "persona_id" not in hit and "channels" not in hit and "truncated" not in hit
+    full = r.structured_content["results"]
+    assert full[0]["session_id"] == meta["session_id"] or full[1]["session_id"] == meta["session_id"]
+    assert all(isinstance(h["score"], float) and h["score"] == round(h["score"], 3) for h in full)
+    explained = json.loads((await client.call_tool("recall", {"query": "coffee", "explain": True})).content[0].text)
+    assert "channels" in explained["results"][0] and "explain" in explained["results"][0]
+
+
+#: one call of every tool (in order: later calls use what earlier ones stored); summarize_memory
+#: needs a chat model and is called for its error
+EVERY_TOOL = [
+    ("memorize", {"content": "Alice moved to Lisbon in March 2026. She loves iced americano.",
+                  "metadata": {"participants": ["Alice"], "key_facts": ["Alice lives in Lisbon"]}}),
+    ("memorize", {"content": "Bob plays the cello on Sundays."}),
+    ("recall", {"query": "Where does Alice live?", "explain": True}),
+    ("memory_feedback", {"ids": [1]}),
+    ("search_atoms", {"query": "Alice Lisbon"}),
+    ("list_memories", {}),
+    ("get_memory", {"id": 1}),
+    ("edit_memory", {"id": 2, "content": "Bob plays the cello on Sundays and Mondays."}),
+    ("pin_memory", {"id": 1}),
+    ("unpin_memory", {"id": 1}),
+    ("archive_memory", {"id": 2}),
+    ("restore_memory", {"id": 2}),
+    ("set_importance", {"id": 2, "importance": 0.7}),
+    ("forget_preview", {"days": 400}),
+    ("memory_stats", {}),
+    ("memory_context", {}),
+    ("memory_context", {"topic": "Alice"}),
+    ("refresh_briefing", {}),
+    ("consolidate", {}),
+    ("kg_add", {"subject": "Alice", "predicate": "lives_in", "object": "Lisbon"}),
+    ("kg_add", {"subject": "Alice", "predicate": "lives_in", "object": "Porto"}),
+    ("kg_query", {"entity": "Alice"}),
+    ("kg_invalidate", {"id": 2}),
+    ("kg_timeline", {"entity": "Alice"}),
+    ("kg_stats", {}),
+    ("conversation_search", {"query": "cello"}),
+    ("conversation_get_session", {"session_id": "no-such-session"}),
+    ("conversation_stats", {}),
+    ("kg_delete_entity", {"entity": "Alice"}),
+    ("delete_memory", {"id": 2}),
+]
+
+
+async def test_every_tool_answers_compact_text(client):
+    assert {t for t, _ in EVERY_TOOL} | {"summarize_memory"} == set(aokun.MCP_TOOLS)
+    for tool, args in EVERY_TOOL:
+        r = await client.call_tool(tool, args)
+        text = r.content[0].text
+        if r.is_error:  # an expected refusal is one line
+            assert tool == "conversation_get_session" and "\n" not in text, (tool, text)
+            continue
+        shown = json.loads(text)
+        assert text == json.dumps(shown, ensure_ascii=False, separators=(",", ":")), tool
+        assert_lean_view(shown, r.structured_content, tool)
+        assert not re.search(r"\d\.\d{4,}", text), (tool, text)  # floats at most 3 decimals
+    r = await client.call_tool("summarize_memory", {"conversation": "user: hi"})
+    assert r.is_error and "\n" not in r.content[0].text and "Traceback" not in r.content[0].text
+
+
 # every tool, happy path --------------------------------------------------------------------------
 
 async def test_memorize_returns_write_result_and_deduplicates(client):
