@@ -44,7 +44,6 @@ import contextlib
 import datetime as dt
 import functools
 import hashlib
-import inspect
 import io
 import json
 import logging
@@ -7747,9 +7746,9 @@ def _read_tools():
         """Search memory by meaning, keywords and relations, in any language; call it before answering
         when earlier conversations may matter. A hit with truncated: true is cut short (get_memory
         reads it whole)."""
-        return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(query, limit, persona_id, session_id, include_archived,
-                                                                   explain, None, as_of,
-                                                                   include_conversations=include_conversations)))
+        return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(
+            query, limit, persona_id, session_id, include_archived, explain, None, as_of,
+            include_conversations=include_conversations)))
 
     def search_atoms(ctx: Context, query: str,
                      limit: Annotated[int, Field(ge=1), _nullable(10)] = 10,

@@ -72,16 +72,16 @@ async def client(make_server):
 
 def assert_lean_view(text_value, full, path="$"):
     """`text_value` (the parsed text content) shows only what `full` (the structured content) has,
-    with no null, empty or false field and floats rounded to 3 decimals."""
+    with no null or empty field and floats rounded to 3 decimals."""
     if isinstance(text_value, dict):
         assert isinstance(full, dict), path
         for key, v in text_value.items():
             assert key in full, f"{path}.{key} is not in the structured content"
-            assert v is not None and v is not False and v not in ("", [], {}), f"{path}.{key} = {v!r}"
+            assert v is not None and v not in ("", [], {}), f"{path}.{key} = {v!r}"
             assert_lean_view(v, full[key], f"{path}.{key}")
     elif isinstance(text_value, list):
         assert isinstance(full, list) and len(text_value) == len(full), path
-        for i, (a, b) in enumerate(zip(text_value, full)):
+        for i, (a, b) in enumerate(zip(text_value, full, strict=True)):
             assert_lean_view(a, b, f"{path}[{i}]")
     elif isinstance(text_value, float):
         assert text_value == round(text_value, 3) and text_value == round(full, 3), path
