@@ -2011,12 +2011,14 @@ class Vectors:
                           (entry_id,))
 
     def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
-                         stop: threading.Event | None = None) -> int:
+                         stop: threading.Event | None = None, progress=None) -> int:
         """Embed documents and graph entries still marked 'pending' and not refused (embedding_error
         null; only documents `ids` when given). Returns how many vectors were written. An input the
         provider refuses for good gets its embedding_error (stays without a vector, skipped from then
         on) and never holds up the others; stops quietly, leaving rows pending, when the provider fails
-        transiently or `stop` is set (checked before each batch: a server shutting down)."""
+        transiently or `stop` is set (checked before each batch: a server shutting down).
+        `progress(done, None)`, when given, is called after each batch with the vectors written so far
+        (the total is not known ahead)."""
         if not self.vectors_usable:
             return 0
         done, after = 0, 0
@@ -2040,6 +2042,8 @@ class Vectors:
                     self.conn.execute("update documents set embedding_truncated = ? where id = ?",
                                       (int(truncated), r["id"]))
                     done += 1
+            if progress:
+                progress(done, None)
             if any(v is None for v in out):
                 return done
         while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
@@ -2052,6 +2056,8 @@ class Vectors:
                     if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
                         self._put_entry_vector(entry_id, vec)
                         done += isinstance(vec, np.ndarray)
+            if progress:
+                progress(done, None)
             if any(v is None for _, v in pairs):
                 return done
         return done
@@ -3134,6 +3140,24 @@ class KnowledgeGraph:
         facts = self.rows(self.queries["kg_timeline"], {"persona_id": persona, "entity_id": eid})
         return {"entity": clean_text(entity, "entity"), "facts": facts}
 
+    def completions(self, kind: str, prefix: str, persona_id=None, limit: int = 100) -> tuple[list[str], int]:
+        """Stored values starting with `prefix` (ASCII case ignored), for argument completion:
+        kind "persona" (every persona id that has memories, facts or sessions), "entity" (the
+        knowledge-graph entity names of persona `persona_id`, None: '') or "session" (the ingested
+        conversation session ids of that persona). Returns (at most `limit` values, sorted; how many
+        match in all). InputError for another kind or a bad persona_id."""
+        queries = {"persona": "select persona_id as v from documents union select persona_id from kg_entities "
+                              "union select persona_id from conv_sessions",
+                   "entity": "select name as v from kg_entities where persona_id = :persona_id",
+                   "session": "select session_id as v from conv_sessions where persona_id = :persona_id"}
+        if kind not in queries:
+            raise InputError("kind", f"expected one of {', '.join(queries)}, got {kind!r}")
+        persona = _label(persona_id, "persona_id")
+        rows = self.rows(f"select distinct v from ({queries[kind]}) "
+                         "where substr(lower(v), 1, length(:prefix)) = :prefix order by v",
+                         {"persona_id": persona, "prefix": str(prefix).lower()})
+        return [r["v"] for r in rows[:limit]], len(rows)
+
     def kg_stats(self, persona_id=None) -> dict:
         """{entities, triples, active, expired, predicates} for one persona."""
         persona = _label(persona_id, "persona_id")
@@ -4111,18 +4135,25 @@ class Briefing:
         refresh_stale_briefings in the background once it is old enough. In tx."""
         self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
 
-    def build_briefing(self, persona_id=None) -> dict:
+    def build_briefing(self, persona_id=None, progress=None) -> dict:
         """Build and store the session briefing for a persona: pinned and important memories,
         recent memories, current KG facts, all from SQL (no embedding). Returns the stored row.
         It reads inside its write transaction, so no write can fall between what it read and the
-        stale = 0 it stores (that write's stale mark would be lost)."""
+        stale = 0 it stores (that write's stale mark would be lost). `progress(done, total)`, when
+        given: (0, 2) before, (1, 2) once the text is built, (2, 2) once it is stored."""
         persona = _label(persona_id, "persona_id")
+        if progress:
+            progress(0, 2)
         with self.tx() as c:
             text, ref = self._briefing_text(persona)
+            if progress:
+                progress(1, 2)
             c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) values (?, ?, ?, ?, 0) "
                       "on conflict(persona_id) do update set text = excluded.text, tokens = excluded.tokens, "
                       "generated_at = excluded.generated_at, stale = 0",
                       (persona, text, estimate_tokens(text), iso(ref)))
+        if progress:
+            progress(2, 2)
         return self.rows("select * from briefings where persona_id = ?", (persona,))[0]
 
     def _briefing_text(self, persona: str) -> tuple[str, dt.datetime]:
@@ -4388,7 +4419,7 @@ class Forgetting:
     # consolidation -------------------------------------------------------------------------------
 
     def consolidate(self, dry_run: bool = True, persona_id=None, similarity: float = 0.92,
-                    min_jaccard: float = 0.5) -> dict:
+                    min_jaccard: float = 0.5, progress=None) -> dict:
         """Find clusters of near-duplicate live memories (cosine similarity ≥ `similarity` between
         their vectors and Jaccard ≥ `min_jaccard` of their content's tokens, or that Jaccard ≥
         CONSOLIDATE_JACCARD_ALONE (0.8) alone: vectors also see a memory's session context and
@@ -4396,7 +4427,9 @@ class Forgetting:
         run merges each cluster into its longest memory (union of topics, key facts and
         participants, max importance, earliest created_at) and archives the others with
         merged_into = survivor; restore_memory(survivor) undoes it.
-        Returns {clusters: [{survivor, members: [ids], texts}], dry_run}."""
+        Returns {clusters: [{survivor, members: [ids], texts}], dry_run}. `progress(done, total)`, when
+        given, is called after each memory compared (total: the live memories) and each cluster merged
+        (total grows by the clusters), from the calling thread."""
         persona = _label(persona_id, "persona_id")
         docs = {d["id"]: d for d in self.rows(self.queries["consolidate_documents"], {"persona_id": persona})}
         tokens = {i: set(self.seg.tokens(d["content"])) for i, d in docs.items()}  # the words, not the labels
@@ -4409,7 +4442,9 @@ class Forgetting:
             return i
 
         use_vectors = self.vectors_usable and self.has_table("doc_vec")
-        for i in docs:
+        for n, i in enumerate(docs, 1):
+            if progress:
+                progress(n - 1, len(docs))
             pairs = []
             vec = self.value("select embedding from doc_vectors where doc_id = ?", (i,)) if use_vectors else None
             if vec is not None:
@@ -4434,9 +4469,14 @@ class Forgetting:
             survivor = max(members, key=lambda i: (len(docs[i]["content"]), -i))
             clusters.append({"survivor": survivor, "members": [m for m in members if m != survivor],
                              "texts": {m: _one_line(docs[m]["content"]) for m in members}})
+        total = len(docs) + (0 if dry_run else len(clusters))
+        if progress:
+            progress(len(docs), total)
         if not dry_run:
-            for cl in clusters:
+            for n, cl in enumerate(clusters, 1):
                 self._merge(cl["survivor"], cl["members"])
+                if progress:
+                    progress(len(docs) + n, total)
         return {"clusters": clusters, "dry_run": dry_run}
 
     def _merge(self, survivor: int, members: list[int]) -> None:
@@ -5006,11 +5046,13 @@ class Summarizer:
     """summarize_memory: one structured memory from a conversation, through an OpenAI-compatible
     chat endpoint ([llm])."""
 
-    def summarize_memory(self, conversation, metadata: dict | None = None) -> dict:
+    def summarize_memory(self, conversation, metadata: dict | None = None, progress=None) -> dict:
         """Turn a conversation (a list of {role, content} or plain text) into one structured memory
         through an OpenAI-compatible chat endpoint ([llm] base_url, model, api_key / api_key_env)
         and store it. Returns {memory: write result, summary: {summary, topics, key_facts,
-        participants, sentiment, importance}}. Raises AokunError when no endpoint is configured."""
+        participants, sentiment, importance}}. Raises AokunError when no endpoint is configured.
+        `progress(done, total)`, when given: (0, 2) before the chat call, (1, 2) once it answered,
+        (2, 2) once the memory is stored."""
         import httpx
 
         llm = self.cfg.llm
@@ -5019,6 +5061,8 @@ class Summarizer:
                              "in aokun.ini, e.g. base_url = https://api.deepseek.com/v1, model = deepseek-chat")
         transcript = conversation_text(conversation)
         key = self.cfg.secret("llm", "api_key", "api_key_env")
+        if progress:
+            progress(0, 2)
         prompt = ("Distil this conversation into one long-term memory. Reply with JSON only: "
                   '{"summary": str, "topics": [str], "key_facts": [str], "participants": [str], '
                   '"sentiment": "positive"|"neutral"|"negative", "importance": number 0..1}. '
@@ -5042,11 +5086,16 @@ class Summarizer:
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise AokunError(f"the chat endpoint's reply is not the JSON asked for ({e}); "
                              "try another [llm] model") from None
+        if progress:
+            progress(1, 2)
         meta = dict(metadata or {})
         meta.setdefault("source", "chat")
         for k in ("topics", "key_facts", "participants", "sentiment", "importance"):
             meta.setdefault(k, summary[k])
-        return {"memory": self.memorize(summary["summary"], meta), "summary": summary}
+        stored = self.memorize(summary["summary"], meta)
+        if progress:
+            progress(2, 2)
+        return {"memory": stored, "summary": summary}
 
 
 # Conversations: secret redaction, transcript rules and the per-source parsers #####################
@@ -7332,24 +7381,27 @@ def _write_models():
 
 @functools.cache
 def _search_models():
-    """Result models of recall and search_atoms: RecallResult {results: [Hit], facts: [Fact],
-    degraded: [Degraded], intent, warnings, took_ms, cached} and AtomsResult {results: [Atom],
-    took_ms}. A Fact is a knowledge-graph triple with its validity window (ISO-8601 times, valid_to
-    null while it holds), also returned by the kg tools; times are ISO-8601 UTC, took_ms milliseconds."""
-    from typing import Any, ClassVar
+    """Result models of recall: RecallResult {results: [Hit], facts: [Fact], degraded: [Degraded],
+    intent, warnings, took_ms, cached}. A Fact is a knowledge-graph triple with its validity window
+    (ISO-8601 times, valid_to null while it holds), also returned by the kg tools; times are
+    ISO-8601 UTC, took_ms milliseconds."""
+    from typing import Any
 
     from pydantic import BaseModel, Field
 
     class Hit(BaseModel):
+        # score: fused, higher is better. truncated: text is only the memory's start (cut at a
+        # sentence end, line or word, ending in …): get_memory gives it whole. channels: bm25,
+        # vector, graph_keyword, graph_vector; time_window: made when the question says.
+        # relevance: how likely it is relevant, 0..1, one scale for every query (null when the
+        # embedding model is not calibrated).
         id: int
-        score: float = Field(description="Fused score, higher is better.")
-        text: str = Field(description="The memory's text, or its start when truncated.")
-        truncated: bool = Field(description="True when text is only the memory's start (cut at a sentence end, "
-                                            "line or word, ending in …) to keep the answer short: get_memory "
-                                            "gives the whole text.")
+        score: float
+        text: str
+        truncated: bool
         summary: str
         importance: float
-        created_at: str = Field(description="ISO-8601 UTC.")
+        created_at: str
         session_id: str
         persona_id: str
         participants: list[str]
@@ -7357,15 +7409,13 @@ def _search_models():
         source: str
         pinned: bool
         archived: bool
-        channels: list[str] = Field(description="Channels that found it: bm25, vector, graph_keyword, graph_vector; "
-                                                "time_window: made then, when the question says when.")
-        relevance: float | None = Field(None, description="How likely it is relevant, 0..1, the same scale for every "
-                                                          "query (null when the embedding model is not calibrated).")
+        channels: list[str]
+        relevance: float | None = None
         explain: dict[str, Any] | None = None
 
         def text_omit(self) -> frozenset:
-            """What the text of a hit leaves out: the memory's metadata (get_memory has it), and
-            unless explain was asked, the channels and the fused score (relevance stands for it)."""
+            """The text leaves out the metadata, and without explain the channels and the score
+            (when relevance stands for it)."""
             if self.explain is not None:
                 return HIT_METADATA
             return HIT_METADATA | {"channels"} | ({"score"} if self.relevance is not None else set())
@@ -7396,10 +7446,21 @@ def _search_models():
             [], description="With include_conversations: the best turns of ingested conversations, apart from "
                             "the memories (their score × the bulk-import source boost).")
 
+    return _named(Hit, Degraded, Fact, RecallResult)
+
+
+@functools.cache
+def _atom_models():
+    """Result models of search_atoms: AtomsResult {results: [Atom], took_ms}; an Atom's
+    document_id is the memory that first stated it, expires_at ISO-8601 UTC."""
+    from typing import ClassVar
+
+    from pydantic import BaseModel
+
     class Atom(BaseModel):
         text_omit: ClassVar = frozenset({"bm25", "ttl_factor"})  # score parts; score is the sum
         id: int
-        document_id: int = Field(description="The memory that first stated it.")
+        document_id: int
         atom_type: str
         content: str
         confidence: float
@@ -7413,7 +7474,7 @@ def _search_models():
         results: list[Atom]
         took_ms: float
 
-    return _named(Hit, Degraded, Fact, RecallResult, Atom, AtomsResult)
+    return _named(Atom, AtomsResult)
 
 
 @functools.cache
@@ -7752,9 +7813,10 @@ def _read_tools():
 
     def search_atoms(ctx: Context, query: str,
                      limit: Annotated[int, Field(ge=1), _nullable(10)] = 10,
-                     persona_id: A.Persona = None) -> S.AtomsResult:
+                     persona_id: A.Persona = None) -> _atom_models().AtomsResult:
         """Find single precise facts that still hold (a preference, a date)."""
-        return S.AtomsResult(**_on_memory(ctx, lambda m: m.search_atoms(query, limit, persona_id)))
+        return _atom_models().AtomsResult(**_on_memory(ctx, lambda m: m.search_atoms(
+            query, limit, persona_id)))
 
     def list_memories(ctx: Context,
                       limit: Annotated[int, Field(ge=1, le=LIST_LIMIT_MAX), _nullable(20)] = 20,
@@ -7851,7 +7913,7 @@ def _context_tools():
     def refresh_briefing(ctx: Context, persona_id: A.Persona = None) -> C.ContextBlob:
         """Rebuild the session briefing now (it is also rebuilt after changes)."""
         def run(m):
-            m.build_briefing(persona_id)
+            m.build_briefing(persona_id, progress=_tool_progress(ctx))
             return m.memory_context(None, "project", None, persona_id)
         return C.ContextBlob(**_on_memory(ctx, run))
 
@@ -7867,7 +7929,8 @@ def _context_tools():
                     persona_id: A.Persona = None) -> C.Consolidation:
         """Find near-duplicate memories; with dry_run=false merge each cluster into one (restore_memory
         on the survivor undoes it)."""
-        return C.Consolidation(**_on_memory(ctx, lambda m: m.consolidate(dry_run, persona_id)))
+        return C.Consolidation(**_on_memory(ctx, lambda m: m.consolidate(
+            dry_run, persona_id, progress=_tool_progress(ctx))))
 
     def summarize_memory(ctx: Context,
                          conversation: Annotated[str | list[dict[str, Any]], Field(
@@ -7875,7 +7938,8 @@ def _context_tools():
                          metadata: W.Metadata | None = None) -> C.Summarized:
         """Distil a conversation into one memory (summary, topics, key facts, people) with the
         configured chat model, and store it."""
-        return C.Summarized(**_on_memory(ctx, lambda m: m.summarize_memory(conversation, _meta(metadata))))
+        return C.Summarized(**_on_memory(ctx, lambda m: m.summarize_memory(
+            conversation, _meta(metadata), progress=_tool_progress(ctx))))
 
     return _named(memory_context, refresh_briefing, forget_preview, consolidate, summarize_memory)
 
@@ -8104,6 +8168,218 @@ def _add_resources(server, memory) -> None:
             raise ResourceNotFoundError(for_mcp(str(e))) from None
 
 
+#: MCP log levels (RFC 5424 names, as logging/setLevel takes them) -> the Python level from which a
+#: record is at or above them; a record's own MCP level is the last name whose value it reaches
+MCP_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "notice": logging.INFO + 5,
+                  "warning": logging.WARNING, "error": logging.ERROR, "critical": logging.CRITICAL,
+                  "alert": logging.CRITICAL + 10, "emergency": logging.CRITICAL + 20}
+
+
+class McpLogRelay(logging.Handler):
+    """A logging handler on the `aokun` logger that sends each record, as `notifications/message`
+    {level, logger, data: the message}, to every MCP session that asked for that level or a lower one
+    with logging/setLevel. A session that never set a level gets nothing. Records come from any
+    thread (the background back-fill, maintenance and sync, tool worker threads): each is handed to
+    the session's event loop without waiting, and a session whose loop or stream is gone is dropped.
+    What reaches it is bounded by [server] log_level (the `aokun` logger's level, INFO by default)."""
+
+    def __init__(self):
+        super().__init__()
+        import weakref
+        #: SDK Connection (one per client session; weak: an ended session drops out) -> (level no, loop)
+        self.sessions: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+    def subscribe(self, connection, level: str, loop) -> None:
+        """Send `connection` (the SDK Connection of a client session) the records at or above MCP level
+        `level` (a key of MCP_LOG_LEVELS) from now on, scheduled on `loop` (the asyncio loop serving
+        it); a later call replaces the level."""
+        self.sessions[connection] = (MCP_LOG_LEVELS[level], loop)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Schedule `record` to every subscribed session whose level it reaches; never raises."""
+        import asyncio
+        targets = [(s, loop) for s, (no, loop) in list(self.sessions.items()) if record.levelno >= no]
+        if not targets:
+            return
+        level = [name for name, no in MCP_LOG_LEVELS.items() if record.levelno >= no][-1]
+        try:
+            data = record.getMessage()
+        except Exception:  # a bad format string: the raw message still says something
+            data = str(record.msg)
+        for session, loop in targets:
+            try:
+                asyncio.run_coroutine_threadsafe(self._send(session, level, record.name, data), loop)
+            except RuntimeError:  # the loop is closed: that session has ended
+                self.sessions.pop(session, None)
+
+    async def _send(self, connection, level: str, logger: str, data: str) -> None:
+        try:  # Connection.notify drops the message when the stream is closed
+            await connection.notify("notifications/message", {"level": level, "logger": logger, "data": data})
+        except Exception:
+            self.sessions.pop(connection, None)
+
+
+@functools.cache
+def _log_relay() -> McpLogRelay:
+    """The process's one McpLogRelay, added to the `aokun` logger on first use."""
+    relay = McpLogRelay()
+    log.addHandler(relay)
+    return relay
+
+
+def _add_logging(server) -> None:
+    """Serve logging/setLevel on `server` (which advertises the logging capability from then on): the
+    session that sends it gets the `aokun` log records at or above that level (McpLogRelay); before
+    it sends one, none. An unknown level is refused by the SDK (-32602, naming `level`)."""
+    import asyncio
+
+    import mcp.types as types
+
+    async def set_level(ctx, params: types.SetLevelRequestParams) -> types.EmptyResult:
+        # ctx.session lives for one request; the Connection it wraps for the client's whole session
+        # (the SDK has no public accessor for it on a request context)
+        _log_relay().subscribe(ctx.session._connection, params.level, asyncio.get_running_loop())
+        return types.EmptyResult()
+
+    server._lowlevel_server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
+
+
+#: seconds between two progress notifications of one tool call (the last one, done == total, always goes)
+PROGRESS_INTERVAL_SECONDS = 0.2
+
+
+def _tool_progress(ctx):
+    """A progress(done, total=None) callback for the engine, called from the tool's worker thread:
+    it sends `notifications/progress` for the tool call `ctx` serves (nothing when the client sent no
+    progressToken: the SDK drops it), at most one per PROGRESS_INTERVAL_SECONDS except the final one
+    (done == total). It blocks the worker until the notification is queued; a failure to send is
+    logged at debug level and never stops the tool."""
+    import anyio.from_thread
+
+    last = [-math.inf]
+
+    def progress(done: float, total: float | None = None) -> None:
+        t = time.monotonic()
+        if (total is None or done < total) and t - last[0] < PROGRESS_INTERVAL_SECONDS:
+            return
+        last[0] = t
+        try:
+            anyio.from_thread.run(ctx.report_progress, done, total)
+        except Exception as e:
+            log.debug("progress notification not sent: %s", e)
+    return progress
+
+
+def _add_completions(server, memory) -> None:
+    """Serve completion/complete on `server`: for a prompt or resource template of this server, the
+    argument persona_id completes to stored persona ids, entity/name to the entity names and
+    session_id to the session ids of the persona named by the request's context argument persona_id
+    (default persona when absent): prefix match, at most 100 values, total and has_more set. Any
+    other argument or reference completes to no values. `memory()` is the open lifespan's Memory."""
+    from mcp import MCPError
+    from mcp.types import INVALID_PARAMS, Completion, PromptReference, ResourceTemplateReference
+
+    kinds = {"persona_id": "persona", "entity": "entity", "name": "entity", "session_id": "session"}
+
+    @server.completion()
+    async def complete(ref, argument, context):
+        ours = (isinstance(ref, PromptReference) and ref.name in MCP_PROMPTS) or \
+            (isinstance(ref, ResourceTemplateReference) and ref.uri in MCP_TEMPLATES)
+        kind = kinds.get(argument.name)
+        if not ours or kind is None:
+            return Completion(values=[], total=0, has_more=False)
+        persona = (context.arguments or {}).get("persona_id") if context else None
+        import anyio.to_thread
+        try:
+            values, total = await anyio.to_thread.run_sync(
+                lambda: memory().completions(kind, argument.value, persona or None))
+        except AokunError as e:
+            raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
+        return Completion(values=values, total=total, has_more=total > len(values))
+
+
+#: The prompts _add_prompts registers (completion/complete answers for these and MCP_TEMPLATES)
+MCP_PROMPTS = ("session_briefing", "remember_about")
+#: The resource templates of _add_resources and _add_entity_resources
+MCP_TEMPLATES = ("memory://memories/{id}{?persona_id}", "memory://entities/{name}{?persona_id}",
+                 "memory://sessions/{session_id}{?persona_id}")
+
+
+def _add_prompts(server, memory) -> None:
+    """Register the prompts on `server`: session_briefing (the session briefing, what memory_context
+    without a topic returns) and remember_about (recall of `topic` plus the knowledge-graph facts
+    about it, as one text), both with an optional persona_id. A bad argument is a -32602 error naming
+    the field. `memory()` is the open lifespan's Memory."""
+    from mcp import MCPError
+    from mcp.types import INVALID_PARAMS
+
+    def answer(fn):
+        try:
+            return fn(memory())
+        except AokunError as e:
+            raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
+
+    @server.prompt("session_briefing", title="Session briefing")
+    def session_briefing(persona_id: str | None = None) -> str:
+        """What Aokun remembers for the start of a session: pinned and important memories, recent
+        ones and current facts."""
+        text = answer(lambda m: m.memory_context(None, "project", None, persona_id or None)["text"])
+        return "Here is what you remember from earlier sessions; use it where it helps:\n\n" + text
+
+    @server.prompt("remember_about", title="What do you remember about…")
+    def remember_about(topic: str, persona_id: str | None = None) -> str:
+        """What Aokun remembers about `topic` (a person, project, place…): the memories recall finds for
+        it and the knowledge-graph facts about it that hold now."""
+        return answer(lambda m: _remember_about_text(m, topic, persona_id or None))
+
+
+def _remember_about_text(m: "Memory", topic: str, persona_id: str | None) -> str:
+    """The remember_about prompt's text: recall(topic) hits (id, date, one line each) and the current
+    facts of the entity `topic` when the knowledge graph has it. InputError for an empty topic."""
+    if not str(topic or "").strip():
+        raise InputError("topic", "give what to remember about, e.g. a name")
+    hits = m.recall(topic, persona_id=persona_id)["results"]
+    try:
+        facts = m.kg_query(topic, persona_id=persona_id)["facts"]
+    except NotFound:
+        facts = []
+    lines = [f"What do you remember about {topic}? This is what memory holds:", "", "## Memories"]
+    lines += [f"- [{h['id']}] {str(h.get('created_at') or '')[:10]} {_one_line(h['text'])}" for h in hits] \
+        or ["- (none found)"]
+    lines += ["", "## Facts that hold now"]
+    lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts] \
+        or ["- (none recorded)"]
+    return "\n".join(lines)
+
+
+def _add_entity_resources(server, memory) -> None:
+    """Register the templates memory://entities/{name}{?persona_id} (JSON: kg_query of the entity, its
+    facts that hold now) and memory://sessions/{session_id}{?persona_id} (JSON: the first page of an
+    ingested conversation session, conversation_get_session). An unknown name or session, or one of
+    another persona, is a ResourceNotFoundError; a bad argument a -32602 error naming the field."""
+    from mcp import MCPError
+    from mcp.server.mcpserver.exceptions import ResourceNotFoundError
+    from mcp.types import INVALID_PARAMS
+
+    def read(fn) -> str:
+        try:
+            return json.dumps(fn(memory()), ensure_ascii=False)
+        except NotFound as e:
+            raise ResourceNotFoundError(for_mcp(str(e))) from None
+        except AokunError as e:
+            raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
+
+    @server.resource(MCP_TEMPLATES[1], mime_type="application/json")
+    def entity_resource(name: str, persona_id: str | None = None) -> str:
+        """An entity of the knowledge graph and its facts that hold now, as JSON."""
+        return read(lambda m: m.kg_query(name, persona_id=persona_id or None))
+
+    @server.resource(MCP_TEMPLATES[2], mime_type="application/json")
+    def session_resource(session_id: str, persona_id: str | None = None) -> str:
+        """An ingested conversation session and its first turns, as JSON."""
+        return read(lambda m: m.conversation_get_session(session_id, persona_id=persona_id or None))
+
+
 def build_server(memory_factory, cfg: Config):
     """The MCP server (SDK v2 MCPServer) over a Memory made by `memory_factory()` in each lifespan
     (and closed at its end), with the MCP_TOOLS that [server] exposed_tools names (AokunError for an
@@ -8138,13 +8414,18 @@ def build_server(memory_factory, cfg: Config):
 
     running: list[ServerState] = []
     server = Server("aokun", instructions=SERVER_INSTRUCTIONS, version=__version__,
-                       lifespan=_lifespan(memory_factory, running), log_level=cfg.server.log_level.upper())
+                       lifespan=_lifespan(memory_factory, running), log_level=cfg.server.log_level.upper(),
+                       subscriptions=False)  # no subscriptions/listen: nothing publishes list or resource changes
     for name in exposed_tools(cfg, MCP_TOOLS):
         family, kind = MCP_TOOLS[name]
         fn = getattr(family(), name)
         server.add_tool(_answering(fn), name=name, description=" ".join(fn.__doc__.split()),
                         annotations=ToolAnnotations(**TOOL_KINDS[kind]))
     _add_resources(server, lambda: running[-1].memory)
+    _add_entity_resources(server, lambda: running[-1].memory)
+    _add_prompts(server, lambda: running[-1].memory)
+    _add_completions(server, lambda: running[-1].memory)
+    _add_logging(server)
     _add_health_route(server, lambda: running[-1].memory)
     return server
 

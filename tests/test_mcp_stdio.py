@@ -256,3 +256,31 @@ async def test_python_m_aokun_from_another_folder_serves_as_readme_configures_cl
             assert {t.name for t in (await c.list_tools()).tools} == DEFAULT_TOOLS
             w = await c.call_tool("memorize", {"content": "Started as a module"})
             assert w.is_error is False and w.structured_content["id"] == 1
+
+
+def test_raw_log_notifications_keep_stdout_pure_jsonrpc(tmp_path):
+    """After logging/setLevel the background thread's records (here a [sync] whose folder is a file,
+    failing every second) reach the client as notifications/message lines among the replies; stdout
+    holds nothing else, and nothing arrives before the level is set."""
+    not_a_folder = tmp_path / "sync-is-a-file"
+    not_a_folder.write_text("x", encoding="utf-8")
+    db = tmp_path / "log.db"
+    ini = write_ini(tmp_path, "none", sync={"dir": str(not_a_folder), "interval": 1})
+    s = RawServer(db, ini, child_env())
+    try:
+        s.initialize()
+        time.sleep(1.5)  # a failed sync or two, before any setLevel
+        assert not [m for m in assert_only_jsonrpc(s.lines) if m.get("method") == "notifications/message"]
+        s.send({"jsonrpc": "2.0", "id": 1, "method": "logging/setLevel", "params": {"level": "debug"}})
+        assert s.reply(1)["result"] == {}
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(b"notifications/message" in x for x in s.lines):
+            time.sleep(0.1)
+        ok = s.call(2, "memorize", {"content": "a memory between log lines"})
+        assert ok["isError"] is False
+    finally:
+        rc = s.close()
+    assert rc == 0
+    logs = [m["params"] for m in assert_only_jsonrpc(s.lines) if m.get("method") == "notifications/message"]
+    assert logs and logs[0]["logger"] == "aokun" and logs[0]["level"] == "error", logs
+    assert "sync with" in logs[0]["data"] and "failed" in logs[0]["data"]
