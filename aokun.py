@@ -2531,7 +2531,8 @@ class Journal:
         """Validate one memorize() call into a Prepared write. The text fields keep the characters
         given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and source
         are identifiers, folded (_label); content_hash is of fold(content), so "８０９０" and "8090" are
-        one memory. Raises InputError naming the bad field."""
+        one memory. Secrets in the text fields are redacted first (redact()); how many of which kinds
+        is the first of p.warnings (redaction_warning). Raises InputError naming the bad field."""
         meta = {} if metadata is None else metadata
         if not isinstance(meta, dict):
             raise InputError(field_prefix + "metadata", f"expected an object, got {type(meta).__name__}")
@@ -2540,8 +2541,9 @@ class Journal:
             raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
                                                         f"known: {sorted(METADATA_FIELDS)}")
         fp = field_prefix + "metadata."
-        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"})  # secrets are never stored
-        text = self.redact(clean_text(content, field_prefix + "content"))
+        redacted: dict[str, int] = {}  # {kind: secrets replaced}, reported in the write's warnings
+        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"}, redacted)  # never stored
+        text = self.redact(clean_text(content, field_prefix + "content"), redacted)
         limit = self.cfg.write.max_content_chars
         if len(text) > limit:
             raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
@@ -2564,6 +2566,8 @@ class Journal:
         p.created_at = iso(parse_time(meta["timestamp"], fp + "timestamp")) if meta.get("timestamp") else now_iso()
         p.content_hash = content_hash(text)
         p.facts = p.key_facts or self._auto_facts(text)
+        if (said := redaction_warning(redacted)) is not None:
+            p.warnings.append(said)
         return p
 
     def _auto_facts(self, text: str) -> list[str]:
@@ -5075,19 +5079,34 @@ def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
     return tuple(out)
 
 
-def redact(text: str, patterns) -> str:
+def redact(text: str, patterns, counts: dict | None = None) -> str:
     """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
-    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced."""
+    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced.
+    `counts` ({kind: n}), when given, gets the number of replacements of each kind added."""
     for kind, rx in patterns:
         mark = f"[REDACTED:{kind}]"
         if "secret" in rx.groupindex:
             def keep_around(m, mark=mark):
                 whole, at = m.group(0), m.start()
                 return whole[: m.start("secret") - at] + mark + whole[m.end("secret") - at:]
-            text = rx.sub(keep_around, text)
+            text, n = rx.subn(keep_around, text)
         else:
-            text = rx.sub(lambda _m, mark=mark: mark, text)
+            text, n = rx.subn(lambda _m, mark=mark: mark, text)
+        if n and counts is not None:
+            counts[kind] = counts.get(kind, 0) + n
     return text
+
+
+def redaction_warning(counts: dict) -> str | None:
+    """The write-result warning for the secrets redact() replaced ({kind: n}; None when none): how
+    many, of which kinds, and the placeholders the stored text has instead. Never the secrets."""
+    n = sum(counts.values())
+    if not n:
+        return None
+    kinds = ", ".join(k if c == 1 else f"{k} ×{c}" for k, c in counts.items())
+    marks = ", ".join(f"[REDACTED:{k}]" for k in counts)
+    return (f"{n} secret{'s' if n > 1 else ''} redacted before storing ({kinds}); the stored text has "
+            f"{marks} in {'their' if n > 1 else 'its'} place")
 
 
 @dataclass(frozen=True)
@@ -5367,21 +5386,23 @@ class Conversations:
         """The compiled patterns of [write] secrets (rules/secrets.toml)."""
         return load_secret_rules(self.cfg.rule_file(self.cfg.write.secrets))
 
-    def redact(self, text: str) -> str:
+    def redact(self, text: str, counts: dict | None = None) -> str:
         """`text` with API keys, tokens, passwords, private keys and connection-string passwords
-        replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text."""
-        return redact(text, self.secret_patterns) if text else text
+        replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text.
+        `counts` ({kind: n}), when given, gets the replacements of each kind added."""
+        return redact(text, self.secret_patterns, counts) if text else text
 
-    def redact_fields(self, values: dict, names) -> dict:
+    def redact_fields(self, values: dict, names, counts: dict | None = None) -> dict:
         """A copy of `values` with its fields `names` redacted (a text, or each text of a list);
-        other values, and fields that are not text, are left for the caller's checks."""
+        other values, and fields that are not text, are left for the caller's checks. `counts` as
+        for redact()."""
         out = dict(values)
         for k in names & out.keys():
             v = out[k]
             if isinstance(v, str):
-                out[k] = self.redact(v)
+                out[k] = self.redact(v, counts)
             elif isinstance(v, (list, tuple)):
-                out[k] = [self.redact(x) if isinstance(x, str) else x for x in v]
+                out[k] = [self.redact(x, counts) if isinstance(x, str) else x for x in v]
         return out
 
     def ingest_rules(self, source: str) -> IngestRules:
