@@ -1345,6 +1345,7 @@ class Prepared:
     created_at: str = ""
     content_hash: str = ""
     facts: list = field(default_factory=list)  # key_facts, or sentences of the content
+    supersedes: list = field(default_factory=list)  # ids of memories it archives, linked to it
     # pipeline state, not part of the payload
     op: str = "insert"
     op_id: int | None = None
@@ -1362,6 +1363,7 @@ class Prepared:
 
     PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts", "participants",
                "tags", "sentiment", "source", "importance", "pinned", "created_at", "content_hash", "facts")
+    PAYLOAD += ("supersedes",)
 
     def payload(self) -> str:
         """The journal payload: the PAYLOAD fields as JSON text (what recover() rebuilds the write
@@ -1440,6 +1442,7 @@ def _id_list(value, name: str, limit: int) -> list[int]:
 # Store: the connection, transactions and reading #################################################
 
 LIST_LIMIT_MAX = 1000  #: the most memories list_memories returns at once
+SUPERSEDES_MAX = 20  #: the most memories one memorize(supersedes=…) archives
 MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
 #: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed out:
 #: an id is never handed out twice in a file's life (deleting the newest row, or a restore, included).
@@ -1549,8 +1552,12 @@ class Store:
 
     def get(self, doc_id: int, persona_id: str | None = None) -> dict:
         """One memory of persona `persona_id` (None: the default persona '') with its atoms and graph
-        entries. Raises NotFound, also for an id of another persona."""
+        entries, superseded_by (the newer memory's id, or None) and supersedes (ids of the memories
+        it superseded). Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
+        d["supersedes"] = [r["id"] for r in self.rows(
+            "select id from documents where superseded_by = ? and persona_id = ? order by id",
+            (doc_id, d["persona_id"]))]
         d["atoms"] = self.rows(self.queries["document_atoms"], {"document_id": doc_id})
         d["graph_entries"] = [r["text"] for r in self.rows(self.queries["document_graph_texts"],
                                                            {"document_id": doc_id})]
@@ -2132,6 +2139,7 @@ class Layers:
         p.stale += [i for i in self._stale_successors(p.document_id, fresh) if i not in p.stale]
         if p.op == "insert":
             fresh.add(p.document_id)
+            self._archive_superseded(p)
         self._refresh_graph_context(p.stale)
         self._briefing_stale(p.persona_id)
         if vec is not None:
@@ -2576,15 +2584,45 @@ class Journal:
         return [s for s in split_sentences(text, 4 * self.cfg.write.max_auto_facts)
                 if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
 
-    def memorize(self, content, metadata: dict | None = None) -> dict:
+    def memorize(self, content, metadata: dict | None = None, supersedes=None) -> dict:
         """Store one memory through the journalled pipeline (seed: Write Pipeline).
 
         Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding, embedding_truncated,
         warnings, changed}. The same content for the same persona is a repeat (deduplicated=true): it
         returns the memory that holds the text, restores it when archived and merges the new metadata
-        into it (see _absorb_repeat; `changed` is {field: [old, new]}, {} for a plain repeat). Raises
-        InputError for bad input before anything is written. An embedding failure never fails the write."""
-        return self.memorize_many([(content, metadata)])[0]
+        into it (see _absorb_repeat; `changed` is {field: [old, new]}, {} for a plain repeat).
+        `supersedes` (memory ids of the same persona, at most SUPERSEDES_MAX) are archived and
+        linked to the memory stored (or repeated): documents.superseded_by, in the transaction
+        that stores it. Raises InputError for bad input, a bad `supersedes` included
+        (_superseded_ids), before anything is written. An embedding failure never fails the write."""
+        p = self.prepare(content, metadata)
+        p.supersedes = self._superseded_ids(supersedes, p)
+        return self._memorize_prepared([p])[0]
+
+    def _superseded_ids(self, value, p: Prepared) -> list[int]:
+        """memorize's `supersedes` checked against the write `p`: [] for None or []; else the ids
+        (duplicates dropped, in order). Raises InputError naming `supersedes` for a value that is
+        not a list of ids, more than SUPERSEDES_MAX, an id that is no memory of p's persona
+        (another persona's is not there, the same message), or one holding p's very text
+        (memorizing it is a repeat of that memory)."""
+        if value is None or (isinstance(value, (list, tuple)) and not value):
+            return []
+        if isinstance(value, (list, tuple)) and len(value) > SUPERSEDES_MAX:
+            raise InputError("supersedes", f"{len(value)} ids; at most {SUPERSEDES_MAX} at once")
+        ids = _id_list(value, "supersedes", SUPERSEDES_MAX)
+        found = {r["id"]: r["content_hash"] for r in self.rows(
+            "select id, content_hash from documents where persona_id = ? "
+            "and id in (select value from json_each(?))",
+            (p.persona_id, json.dumps([i for i in ids if i <= MAX_ID])))}
+        missing = [str(i) for i in ids if i not in found]
+        if missing:
+            raise InputError("supersedes", f"no memory {', '.join(missing)} in this persona; "
+                                           "nothing was stored")
+        same = [str(i) for i in ids if found[i] == p.content_hash]
+        if same:
+            raise InputError("supersedes", f"memory {', '.join(same)} holds this very text; "
+                                           "nothing was stored")
+        return ids
 
     def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
         """Store many memories with batched embedding (imports). Every item is validated before any
@@ -2593,7 +2631,11 @@ class Journal:
         item whose first stage fails is not stored (status 'failed', its error; its journal row is
         marked failed so no recovery stores it later) and the others are; with a single item that
         failure is raised instead (memorize)."""
-        preps = [self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "") for i, (c, m) in enumerate(items)]
+        return self._memorize_prepared([self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
+                                        for i, (c, m) in enumerate(items)])
+
+    def _memorize_prepared(self, preps: list[Prepared]) -> list[dict]:
+        """memorize_many() of writes already validated (prepare, and memorize's supersedes)."""
         stamp = now_iso()
         with self._running() as claim:
             with self.tx():
@@ -2621,6 +2663,9 @@ class Journal:
         for p in preps:
             if p.deduplicated and p.document_id is not None:
                 self._absorb_repeat(p)
+                if p.supersedes:  # a repeat: the memory holding the text supersedes them
+                    with self.tx():
+                        self._archive_superseded(p)
         return [self._write_result(p) for p in preps]
 
     def _write_result(self, p: Prepared) -> dict:
@@ -2943,9 +2988,28 @@ class Journal:
 
     def _unarchive_in_tx(self, doc_id: int) -> None:
         """Bring memory `doc_id` back into recall: archived off (with its vectors and graph entries)
-        and no longer merged into another. In tx."""
+        and no longer merged into another nor superseded by another. In tx."""
         self._set_flag_in_tx(doc_id, "archived", False)
-        self.conn.execute("update documents set merged_into = null where id = ?", (doc_id,))
+        self.conn.execute("update documents set merged_into = null, superseded_by = null "
+                          "where id = ?", (doc_id,))
+
+    def _archive_superseded(self, p: Prepared) -> None:
+        """Archive the memories write `p` supersedes (p.supersedes) and link each to p.document_id
+        (superseded_by), those of p's persona only (checked again: one may be gone since memorize
+        checked); the newer itself is never archived. Notes what it did in p.warnings. In tx."""
+        done = []
+        for old in p.supersedes:
+            mine = self.value("select 1 from documents where id = ? and persona_id = ?",
+                              (old, p.persona_id))
+            if old != p.document_id and mine:
+                self._set_flag_in_tx(old, "archived", True)
+                self.conn.execute("update documents set superseded_by = ? where id = ?",
+                                  (p.document_id, old))
+                done.append(str(old))
+        if done:
+            p.warnings.append(f"memory {', '.join(done)} archived as superseded by memory "
+                              f"{p.document_id} (restore_memory brings "
+                              f"{'them' if len(done) > 1 else 'it'} back)")
 
     def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
         """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
@@ -5938,8 +6002,9 @@ EXPORT_VERSION = 1  #: the JSONL record layout; import refuses a newer one
 #: The fields of each JSONL kind, in the order they are written (references are uids, never ids).
 EXPORT_FIELDS = {
     "memory": ("uid", "persona_id", "session_id", "content", "summary", "topics", "key_facts", "participants",
-               "tags", "sentiment", "source", "importance", "pinned", "archived", "merged_into", "created_at",
-               "updated_at", "last_access_at", "access_count", "useful_count", "last_useful_at"),
+               "tags", "sentiment", "source", "importance", "pinned", "archived", "merged_into",
+               "superseded_by", "created_at", "updated_at", "last_access_at", "access_count",
+               "useful_count", "last_useful_at"),
     "atom": ("uid", "persona_id", "document", "sources", "atom_type", "content", "subject", "confidence",
              "importance", "base_ttl_days", "reinforcement_count", "state", "superseded_by", "slot", "slot_value",
              "created_at", "updated_at", "last_reinforced_at", "expires_at", "state_changed_at"),
@@ -5952,6 +6017,9 @@ EXPORT_FIELDS = {
     "consolidation": ("survivor", "members", "previous", "created_at"),
     "tombstone": ("uid", "table_name", "deleted_at"),
 }
+#: Fields added to a kind after EXPORT_VERSION 1: a record without one (an older export or device)
+#: reads as null, and sync_hash leaves a null one out, so older devices' versions hash the same.
+EXPORT_OPTIONAL = {"memory": ("superseded_by",)}
 #: Export column → record field where they differ (the uid a reference resolves to).
 _EXPORT_RENAMES = {"merged_into_uid": "merged_into", "document_uid": "document", "source_uids": "sources",
                    "superseded_by_uid": "superseded_by", "subject_uid": "subject", "object_uid": "object",
@@ -5994,6 +6062,7 @@ def markdown_note(memory: dict) -> str:
     props = {"uid": m["uid"], "created": m["created_at"], "updated": m["updated_at"], "persona": m["persona_id"],
              "session": m["session_id"], "source": m["source"], "importance": m["importance"],
              "pinned": m["pinned"], "archived": m["archived"], "merged_into": m["merged_into"],
+             "superseded_by": m["superseded_by"],
              "summary": m["summary"], "sentiment": m["sentiment"], "topics": m["topics"],
              "participants": m["participants"], "key_facts": m["key_facts"],
              "tags": [re.sub(r"\s+", "_", t) for t in m["tags"]]}
@@ -6048,9 +6117,12 @@ def read_export(lines) -> list[tuple[int, dict]]:
         kind = rec.get("kind")
         if kind not in EXPORT_FIELDS:
             raise ImportFileError(n, f"unknown kind {kind!r}; known: {', '.join(EXPORT_FIELDS)}")
-        missing = [k for k in EXPORT_FIELDS[kind] if k not in rec]
+        optional = EXPORT_OPTIONAL.get(kind, ())
+        missing = [k for k in EXPORT_FIELDS[kind] if k not in rec and k not in optional]
         if missing:
             raise ImportFileError(n, f"{kind} lacks {', '.join(missing)}")
+        for k in optional:
+            rec.setdefault(k, None)
         for k in ("created_at", "updated_at", "deleted_at", "valid_from"):
             if k in rec:  # in the column format: times are compared as text ("…+08:00" sorted wrong)
                 rec[k] = iso(parse_time(_record_value(rec, k, n, (str,)), f"line {n}: {k}"))
@@ -6191,8 +6263,11 @@ class Portable:
     def _import_memories(self, recs, report: dict, ids: dict, claim, status: str = "atoms_done") -> list[Prepared]:
         """Write the memory records (oldest first, so ids follow time) as documents rows with their
         FTS text, each with a journal row at `status` (atoms_done: the pipeline's graph stages;
-        docs_done: atoms too); then merged_into. Returns the writes for run_pipeline. In tx."""
+        docs_done: atoms too); then merged_into, and superseded_by of the memories written (a
+        null one clears the link here: the memory was restored). Returns the writes for
+        run_pipeline. In tx."""
         c, preps, state = self.conn, [], "pending" if self.embedder.provider != "none" else "none"
+        written = []
         for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
             verdict, doc_id = self._import_verdict("documents", r, n)
             p = self.prepare(r["content"], {k: r[k] for k in ("summary", "topics", "key_facts", "participants",
@@ -6228,11 +6303,16 @@ class Portable:
             p.op_id = claim(self._journal_row("edit", p, stamp))  # its payload in memory_write_payloads
             self._briefing_stale(p.persona_id)
             preps.append(p)
+            written.append(r)
             report[verdict] += 1
         for _, r in recs:
             if r["merged_into"] is not None and (doc_id := self._uid_id("documents", r["uid"], ids)) is not None:
                 c.execute("update documents set merged_into = ? where id = ?",
                           (self._uid_id("documents", r["merged_into"], ids, r["persona_id"]), doc_id))
+        for r in written:  # the newer memory by uid, of the same persona only (else no link)
+            c.execute("update documents set superseded_by = ? where id = ?",
+                      (self._uid_id("documents", r["superseded_by"], ids, r["persona_id"]),
+                       ids[("documents", r["uid"])]))
         return preps
 
     def _import_atoms(self, recs, report: dict, ids: dict) -> None:
@@ -6418,8 +6498,11 @@ class SyncFileError(Exception):
 
 def sync_hash(rec: dict) -> str:
     """The content hash of an export record: 16 hex digits of the SHA-256 of its JSON without the
-    SYNC_UNHASHED fields. Two versions with the same hash differ at most in times and usage counts."""
-    body = {k: v for k, v in rec.items() if k not in SYNC_UNHASHED}
+    SYNC_UNHASHED fields (and the EXPORT_OPTIONAL ones that are null). Two versions with the same
+    hash differ at most in times and usage counts."""
+    optional = EXPORT_OPTIONAL.get(rec.get("kind"), ())
+    body = {k: v for k, v in rec.items()
+            if k not in SYNC_UNHASHED and not (k in optional and v is None)}
     return hashlib.sha256(json.dumps(body, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -7381,6 +7464,8 @@ def _browse_models():
         useful_count: float
         last_useful_at: str | None
         embedding_state: str
+        superseded_by: int | None = None
+        supersedes: list[int] = []
         atoms: list[dict[str, Any]]
         graph_entries: list[str]
 
@@ -7574,12 +7659,16 @@ def _write_tools():
 
     def memorize(ctx: Context,
                  content: Annotated[str, Field(description="The memory: self-contained text, any language.")],
-                 metadata: M.Metadata | None = None) -> M.WriteResult:
+                 metadata: M.Metadata | None = None,
+                 supersedes: Annotated[list[int] | None,
+                                       Field(description="Ids this replaces (archived).")] = None,
+                 ) -> M.WriteResult:
         """Store something worth remembering for weeks or months: a fact about the user, a preference,
         a decision, an event, a plan. Write it so it makes sense on its own later (names, not pronouns).
         Identical content returns the existing memory's id: new metadata is merged into it and an archived
         one is restored (`changed` and `warnings` say so). Returns the new memory's id."""
-        return M.WriteResult(**_on_memory(ctx, lambda m: m.memorize(content, _meta(metadata))))
+        return M.WriteResult(**_on_memory(ctx, lambda m: m.memorize(content, _meta(metadata),
+                                                                    supersedes)))
 
     def edit_memory(ctx: Context, id: A.Id,
                     content: Annotated[str | None, Field(description="New text (omit to keep).")] = None,
@@ -9291,10 +9380,12 @@ def cli(ctx, db, config_path):
 @click.argument("text", required=False)
 @click.option("--file", "file_path", metavar="PATH", help="Read the text from this UTF-8 file (- : standard input).")
 @metadata_options
+@click.option("--supersedes", multiple=True, type=int, metavar="ID",
+              help="A memory this one replaces: archived, linked to the new one (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole write result as JSON.")
 @click.pass_obj
 def memorize(state, text, file_path, summary, topic, fact, participant, tag, importance, session, persona, source,
-             timestamp, as_json):
+             timestamp, supersedes, as_json):
     """Store a memory and print its id. TEXT `-` reads the text from standard input (UTF-8), for
     long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To store
     a lone "-", pipe it: echo - | python aokun.py memorize -
@@ -9307,7 +9398,7 @@ def memorize(state, text, file_path, summary, topic, fact, participant, tag, imp
     """
     text = _content_arg(text, file_path, state.cfg.write.max_content_chars)
     meta = _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag)
-    result = state.memory().memorize(text, meta)
+    result = state.memory().memorize(text, meta, list(supersedes))
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)
     _echo_json(result) if as_json else click.echo(result["id"])
@@ -9332,7 +9423,8 @@ def show(state, memory_id, persona, as_json):
     if as_json:
         return _echo_json(d)
     for k in ("id", "persona_id", "session_id", "created_at", "updated_at", "importance", "pinned", "archived",
-              "source", "summary", "topics", "participants", "key_facts", "tags", "embedding_state"):
+              "source", "summary", "topics", "participants", "key_facts", "tags", "embedding_state",
+              "superseded_by", "supersedes"):
         if d[k] not in ("", [], None):
             click.echo(f"{k:>15}: {d[k]}")
     click.echo(f"{'content':>15}: {d['content']}")

@@ -31,7 +31,8 @@ def local_embedder():
 def server_on(tmp_path, segmenter):
     """server_on(embedder=None) -> MCPServer over a Memory on a temp file (fake 16-d embedder
     unless given), every tool exposed, no backups."""
-    cfg = aokun.Config(None, overrides={("server", "exposed_tools"): "all", ("backup", "daily"): False,
+    cfg = aokun.Config(None, overrides={("server", "exposed_tools"): "all",
+                                        ("backup", "daily"): False,
                                         ("backup", "dir"): str(tmp_path / "backups")})
 
     def make(embedder=None):
@@ -52,14 +53,17 @@ async def call(client, tool, args) -> dict:
 async def test_memorize_reports_the_redacted_secrets_by_kind_never_the_secret(server_on):
     text = f"Deploy notes: DB_PASSWORD={SECRET_PW} and OPENAI_API_KEY={SECRET_KEY} for staging."
     async with Client(server_on()) as c:
-        r = await call(c, "memorize", {"content": text, "metadata": {"summary": f"pwd: {SECRET_PW}"}})
+        r = await call(c, "memorize", {"content": text,
+                                       "metadata": {"summary": f"pwd: {SECRET_PW}"}})
         said = [w for w in r["warnings"] if "redacted" in w]
-        assert said == ["3 secrets redacted before storing (password ×2, openai_key); the stored text has "
-                        "[REDACTED:password], [REDACTED:openai_key] in their place"]
+        assert said == ["3 secrets redacted before storing (password ×2, openai_key); the stored "
+                        "text has [REDACTED:password], [REDACTED:openai_key] in their place"]
         stored = await call(c, "get_memory", {"id": r["id"]})
-        edited = await call(c, "edit_memory", {"id": r["id"], "content": f"Now DB_PASSWORD={SECRET_PW}2 only."})
+        edited = await call(c, "edit_memory", {"id": r["id"],
+                                               "content": f"Now DB_PASSWORD={SECRET_PW}2 only."})
         assert [w for w in edited["warnings"] if "redacted" in w] == [
-            "1 secret redacted before storing (password); the stored text has [REDACTED:password] in its place"]
+            "1 secret redacted before storing (password); the stored text has "
+            "[REDACTED:password] in its place"]
         plain = await call(c, "memorize", {"content": "Bob practises the cello on Sundays."})
         assert plain["warnings"] == []
     answers = json.dumps([r, stored, edited])
@@ -74,6 +78,90 @@ def test_a_repeat_and_a_batch_item_report_their_own_redactions(mem):
     again = mem.memorize(f"token: {SECRET_PW}")
     assert again["deduplicated"] and again["id"] == first["id"]
     assert any(w.startswith("1 secret redacted") for w in again["warnings"])
-    batch = mem.memorize_many([("no secret here, just tea", None), (f"passwd={SECRET_PW} again", None)])
+    batch = mem.memorize_many([("no secret here, just tea", None),
+                               (f"passwd={SECRET_PW} again", None)])
     assert batch[0]["warnings"] == []
     assert batch[1]["warnings"][0].startswith("1 secret redacted before storing (password)")
+
+
+FLAT = "My favourite coffee is a flat white."
+ICED = "My favourite coffee is now an iced americano."
+
+
+async def test_supersedes_archives_the_older_with_a_link_both_ways(server_on):
+    async with Client(server_on()) as c:
+        old = await call(c, "memorize", {"content": FLAT})
+        other = await call(c, "memorize", {"content": "Bob practises the cello on Sundays."})
+        new = await call(c, "memorize", {"content": ICED, "supersedes": [old["id"]]})
+        said = f"memory {old['id']} archived as superseded by memory {new['id']}"
+        assert any(said in w for w in new["warnings"])
+        hits = await call(c, "recall", {"query": "favourite coffee"})
+        found = [h["id"] for h in hits["results"]]
+        assert new["id"] in found and old["id"] not in found
+        was = await call(c, "get_memory", {"id": old["id"]})
+        now = await call(c, "get_memory", {"id": new["id"]})
+        assert was["archived"] is True and was["superseded_by"] == new["id"]
+        assert was["supersedes"] == []
+        assert now["archived"] is False and now["superseded_by"] is None
+        assert now["supersedes"] == [old["id"]]
+        assert (await call(c, "get_memory", {"id": other["id"]}))["archived"] is False
+        back = await call(c, "restore_memory", {"id": old["id"]})
+        assert back["restored"] == [old["id"]]
+        again = await call(c, "get_memory", {"id": old["id"]})
+        assert again["archived"] is False and again["superseded_by"] is None
+        hits = await call(c, "recall", {"query": "favourite coffee"})
+        assert old["id"] in [h["id"] for h in hits["results"]]
+
+
+@pytest.mark.parametrize("bad", ["missing", "other persona", "same text", "not ids"])
+async def test_bad_supersedes_is_one_line_naming_it_and_nothing_is_stored(server_on, bad):
+    async with Client(server_on()) as c:
+        mine = await call(c, "memorize", {"content": FLAT})
+        theirs = await call(c, "memorize", {"content": "Mallory's secret plan.",
+                                            "metadata": {"persona_id": "mallory"}})
+        content, ids = {"missing": (ICED, [mine["id"], 999]),
+                        "other persona": (ICED, [theirs["id"]]),
+                        "same text": (FLAT, [mine["id"]]), "not ids": (ICED, [0])}[bad]
+        r = await c.call_tool("memorize", {"content": content, "supersedes": ids})
+        assert r.is_error is True
+        text = r.content[0].text
+        assert "supersedes" in text and "\n" not in text.strip()
+        listed = await call(c, "list_memories", {"include_archived": True})
+        assert [m["id"] for m in listed["memories"]] == [mine["id"]]
+        assert listed["memories"][0]["archived"] is False
+
+
+def test_supersedes_on_a_repeat_links_the_memory_holding_the_text(mem):
+    old = mem.memorize(FLAT)["id"]
+    new = mem.memorize(ICED)["id"]
+    r = mem.memorize(ICED, None, [old])
+    assert r["deduplicated"] and r["id"] == new
+    assert mem.get(old)["superseded_by"] == new and mem.get(old)["archived"] is True
+    mem.delete(new)  # the foreign key clears the link; the older stays archived
+    assert mem.get(old)["superseded_by"] is None and mem.get(old)["archived"] is True
+
+
+def test_export_import_round_trip_keeps_the_link(tmp_path, open_mem):
+    a = open_mem(tmp_path / "a.db")
+    old = a.memorize(FLAT, {"persona_id": "p"})["id"]
+    new = a.memorize(ICED, {"persona_id": "p"}, [old])["id"]
+    a.memorize("Unrelated note about tea.", {"persona_id": "p"})
+    lines = [json.dumps(r, ensure_ascii=False) for r in a.export_records()]
+    recs = [json.loads(x) for x in lines]
+    uid = {r["content"]: r["uid"] for r in recs if r["kind"] == "memory"}
+    assert next(r for r in recs if r.get("uid") == uid[FLAT])["superseded_by"] == uid[ICED]
+    b = open_mem(tmp_path / "b.db")
+    b.memorize("something first so the ids differ", {"persona_id": "p"})
+    b.import_export(lines)
+    ids = {r["content"]: r["id"] for r in b.list_memories(persona_id="p", include_archived=True)}
+    assert ids[FLAT] != old and ids[ICED] != new
+    was = b.get(ids[FLAT], "p")
+    assert was["superseded_by"] == ids[ICED] and was["archived"] is True
+    assert b.get(ids[ICED], "p")["supersedes"] == [ids[FLAT]]
+    # an export without the field (older Aokun) still imports, unlinked
+    older = [lines[0], *(json.dumps({k: v for k, v in r.items()
+                                     if (r["kind"], k) != ("memory", "superseded_by")})
+                         for r in recs[1:])]
+    c = open_mem(tmp_path / "c.db")
+    assert c.import_export(older)["memory"]["added"] == 3
+    assert c.value("select count(*) from documents where superseded_by is not null") == 0
