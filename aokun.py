@@ -1344,6 +1344,7 @@ class Prepared:
     created_at: str = ""
     content_hash: str = ""
     facts: list = field(default_factory=list)  # key_facts, or sentences of the content
+    supersedes: list = field(default_factory=list)  # ids of memories it archives, linked to it
     # pipeline state, not part of the payload
     op: str = "insert"
     op_id: int | None = None
@@ -1358,9 +1359,11 @@ class Prepared:
     stale: list = field(default_factory=list)  # memories whose vector context this write changed
     given: frozenset = frozenset()  # the metadata keys the caller gave (a repeat merges only those it said)
     changed: dict = field(default_factory=dict)  # a repeat's changes to the stored memory, {field: [old, new]}
+    may_update: list = field(default_factory=list)  # [{id, preview}] this new memory may update
 
     PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts", "participants",
                "tags", "sentiment", "source", "importance", "pinned", "created_at", "content_hash", "facts")
+    PAYLOAD += ("supersedes",)
 
     def payload(self) -> str:
         """The journal payload: the PAYLOAD fields as JSON text (what recover() rebuilds the write
@@ -1439,6 +1442,17 @@ def _id_list(value, name: str, limit: int) -> list[int]:
 # Store: the connection, transactions and reading #################################################
 
 LIST_LIMIT_MAX = 1000  #: the most memories list_memories returns at once
+SUPERSEDES_MAX = 20  #: the most memories one memorize(supersedes=…) archives
+#: memorize's may_update (Journal._may_update): at most this many memories, each found by its slot
+#: (an atom of the new memory superseded one of its atoms) or by its vector: cosine at least
+#: MAY_UPDATE_COSINE and a content word in common, or at least MAY_UPDATE_COSINE_ALONE. With
+#: multilingual-e5-small unrelated short sentences reach 0.80-0.88 ("I like sushi" / "I like green
+#: tea" 0.871 sharing "like"), updates of one fact 0.89-0.95 ("My favourite coffee is a flat white"
+#: / "… is now an iced americano" 0.917); measured on 32 pairs, see the commit that added them.
+MAY_UPDATE_MAX = 3
+MAY_UPDATE_COSINE = 0.89
+MAY_UPDATE_COSINE_ALONE = 0.93
+MAY_UPDATE_PREVIEW_CHARS = 80
 MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
 #: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed out:
 #: an id is never handed out twice in a file's life (deleting the newest row, or a restore, included).
@@ -1548,8 +1562,12 @@ class Store:
 
     def get(self, doc_id: int, persona_id: str | None = None) -> dict:
         """One memory of persona `persona_id` (None: the default persona '') with its atoms and graph
-        entries. Raises NotFound, also for an id of another persona."""
+        entries, superseded_by (the newer memory's id, or None) and supersedes (ids of the memories
+        it superseded). Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
+        d["supersedes"] = [r["id"] for r in self.rows(
+            "select id from documents where superseded_by = ? and persona_id = ? order by id",
+            (doc_id, d["persona_id"]))]
         d["atoms"] = self.rows(self.queries["document_atoms"], {"document_id": doc_id})
         d["graph_entries"] = [r["text"] for r in self.rows(self.queries["document_graph_texts"],
                                                            {"document_id": doc_id})]
@@ -2137,6 +2155,7 @@ class Layers:
         p.stale += [i for i in self._stale_successors(p.document_id, fresh) if i not in p.stale]
         if p.op == "insert":
             fresh.add(p.document_id)
+            self._archive_superseded(p)
         self._refresh_graph_context(p.stale)
         self._briefing_stale(p.persona_id)
         if vec is not None:
@@ -2536,7 +2555,8 @@ class Journal:
         """Validate one memorize() call into a Prepared write. The text fields keep the characters
         given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and source
         are identifiers, folded (_label); content_hash is of fold(content), so "８０９０" and "8090" are
-        one memory. Raises InputError naming the bad field."""
+        one memory. Secrets in the text fields are redacted first (redact()); how many of which kinds
+        is the first of p.warnings (redaction_warning). Raises InputError naming the bad field."""
         meta = {} if metadata is None else metadata
         if not isinstance(meta, dict):
             raise InputError(field_prefix + "metadata", f"expected an object, got {type(meta).__name__}")
@@ -2545,8 +2565,9 @@ class Journal:
             raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
                                                         f"known: {sorted(METADATA_FIELDS)}")
         fp = field_prefix + "metadata."
-        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"})  # secrets are never stored
-        text = self.redact(clean_text(content, field_prefix + "content"))
+        redacted: dict[str, int] = {}  # {kind: secrets replaced}, reported in the write's warnings
+        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"}, redacted)  # never stored
+        text = self.redact(clean_text(content, field_prefix + "content"), redacted)
         limit = self.cfg.write.max_content_chars
         if len(text) > limit:
             raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
@@ -2569,6 +2590,8 @@ class Journal:
         p.created_at = iso(parse_time(meta["timestamp"], fp + "timestamp")) if meta.get("timestamp") else now_iso()
         p.content_hash = content_hash(text)
         p.facts = p.key_facts or self._auto_facts(text)
+        if (said := redaction_warning(redacted)) is not None:
+            p.warnings.append(said)
         return p
 
     def _auto_facts(self, text: str) -> list[str]:
@@ -2577,15 +2600,45 @@ class Journal:
         return [s for s in split_sentences(text, 4 * self.cfg.write.max_auto_facts)
                 if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
 
-    def memorize(self, content, metadata: dict | None = None) -> dict:
+    def memorize(self, content, metadata: dict | None = None, supersedes=None) -> dict:
         """Store one memory through the journalled pipeline (seed: Write Pipeline).
 
         Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding, embedding_truncated,
         warnings, changed}. The same content for the same persona is a repeat (deduplicated=true): it
         returns the memory that holds the text, restores it when archived and merges the new metadata
-        into it (see _absorb_repeat; `changed` is {field: [old, new]}, {} for a plain repeat). Raises
-        InputError for bad input before anything is written. An embedding failure never fails the write."""
-        return self.memorize_many([(content, metadata)])[0]
+        into it (see _absorb_repeat; `changed` is {field: [old, new]}, {} for a plain repeat).
+        `supersedes` (memory ids of the same persona, at most SUPERSEDES_MAX) are archived and
+        linked to the memory stored (or repeated): documents.superseded_by, in the transaction
+        that stores it. Raises InputError for bad input, a bad `supersedes` included
+        (_superseded_ids), before anything is written. An embedding failure never fails the write."""
+        p = self.prepare(content, metadata)
+        p.supersedes = self._superseded_ids(supersedes, p)
+        return self._memorize_prepared([p])[0]
+
+    def _superseded_ids(self, value, p: Prepared) -> list[int]:
+        """memorize's `supersedes` checked against the write `p`: [] for None or []; else the ids
+        (duplicates dropped, in order). Raises InputError naming `supersedes` for a value that is
+        not a list of ids, more than SUPERSEDES_MAX, an id that is no memory of p's persona
+        (another persona's is not there, the same message), or one holding p's very text
+        (memorizing it is a repeat of that memory)."""
+        if value is None or (isinstance(value, (list, tuple)) and not value):
+            return []
+        if isinstance(value, (list, tuple)) and len(value) > SUPERSEDES_MAX:
+            raise InputError("supersedes", f"{len(value)} ids; at most {SUPERSEDES_MAX} at once")
+        ids = _id_list(value, "supersedes", SUPERSEDES_MAX)
+        found = {r["id"]: r["content_hash"] for r in self.rows(
+            "select id, content_hash from documents where persona_id = ? "
+            "and id in (select value from json_each(?))",
+            (p.persona_id, json.dumps([i for i in ids if i <= MAX_ID])))}
+        missing = [str(i) for i in ids if i not in found]
+        if missing:
+            raise InputError("supersedes", f"no memory {', '.join(missing)} in this persona; "
+                                           "nothing was stored")
+        same = [str(i) for i in ids if found[i] == p.content_hash]
+        if same:
+            raise InputError("supersedes", f"memory {', '.join(same)} holds this very text; "
+                                           "nothing was stored")
+        return ids
 
     def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
         """Store many memories with batched embedding (imports). Every item is validated before any
@@ -2594,7 +2647,11 @@ class Journal:
         item whose first stage fails is not stored (status 'failed', its error; its journal row is
         marked failed so no recovery stores it later) and the others are; with a single item that
         failure is raised instead (memorize)."""
-        preps = [self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "") for i, (c, m) in enumerate(items)]
+        return self._memorize_prepared([self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
+                                        for i, (c, m) in enumerate(items)])
+
+    def _memorize_prepared(self, preps: list[Prepared]) -> list[dict]:
+        """memorize_many() of writes already validated (prepare, and memorize's supersedes)."""
         stamp = now_iso()
         with self._running() as claim:
             with self.tx():
@@ -2620,9 +2677,58 @@ class Journal:
             raise e if isinstance(e, AokunError) else AokunError(f"could not store the memory: {e}")
         self._refresh_stale([i for p in preps for i in p.stale])
         for p in preps:
+            self._may_update(p)
             if p.deduplicated and p.document_id is not None:
                 self._absorb_repeat(p)
+                if p.supersedes:  # a repeat: the memory holding the text supersedes them
+                    with self.tx():
+                        self._archive_superseded(p)
         return [self._write_result(p) for p in preps]
+
+    def _may_update(self, p: Prepared) -> None:
+        """Set p.may_update, [{id, preview: the first MAY_UPDATE_PREVIEW_CHARS characters}] of at
+        most MAY_UPDATE_MAX memories of p's persona, not archived, that new memory `p` may be an
+        update of (see MAY_UPDATE_MAX: the slot signal first, then the vector one by cosine), and
+        one warning naming them and `supersedes`. Nothing for a repeat or a failed write. Costs
+        one slot query and one KNN from the vector the write stored (no embedding). Never raises
+        for the signals: a hint is not worth failing a stored write."""
+        if p.deduplicated or p.status == "failed" or p.document_id is None or p.op != "insert":
+            return
+        try:
+            found = {r["id"]: r["content"] for r in self.rows(
+                self.queries["slot_rivals_of_document"],
+                {"document_id": p.document_id, "persona_id": p.persona_id, "k": MAY_UPDATE_MAX})}
+            blob = None
+            if len(found) < MAY_UPDATE_MAX and self.has_table("doc_vec"):
+                blob = self.value("select embedding from doc_vectors where doc_id = ?",
+                                  (p.document_id,))
+            if blob is not None:
+                k = MAY_UPDATE_MAX + 1  # the new memory is its own nearest
+                rows = self.rows(self.queries["recall_vector"], {
+                    "embedding": blob_vector(blob).tobytes(), "query_i8": blob, "k": k,
+                    "candidates": 8 * k, "max_hamming": None, "persona_id": p.persona_id,
+                    "max_archived": 0, "as_of": ""})
+                near = [(r["id"], 1 - r["raw"]) for r in rows
+                        if r["id"] != p.document_id and r["id"] not in found]
+                texts = {r["id"]: r["content"] for r in self.rows(
+                    "select id, content from documents "
+                    "where id in (select value from json_each(?))",
+                    (json.dumps([i for i, _ in near]),))} if near else {}
+                words = set(self.seg.tokens(p.content))
+                for i, cos in near:
+                    if i in texts and (cos >= MAY_UPDATE_COSINE_ALONE or (
+                            cos >= MAY_UPDATE_COSINE and words & set(self.seg.tokens(texts[i])))):
+                        found[i] = texts[i]
+        except (apsw.Error, EmbeddingError) as e:
+            log.warning("no update hint for memory %s: %s", p.document_id, e)
+            return
+        p.may_update = [{"id": i, "preview": t[:MAY_UPDATE_PREVIEW_CHARS]}
+                        for i, t in list(found.items())[:MAY_UPDATE_MAX]]
+        if p.may_update:
+            ids = ", ".join(str(m["id"]) for m in p.may_update)
+            them = "them" if len(p.may_update) > 1 else "it"
+            p.warnings.append(f"this may update memory {ids} (may_update); if it replaces {them}, "
+                              f"memorize it again with supersedes=[{ids}] to archive {them}")
 
     def _write_result(self, p: Prepared) -> dict:
         """The answer of memorize and edit: {id, uid, status, deduplicated, atoms, graph_entries,
@@ -2632,13 +2738,14 @@ class Journal:
         if p.status == "failed":
             return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated, "atoms": 0,
                     "graph_entries": 0, "embedding": None, "embedding_truncated": False, "warnings": p.warnings,
-                    "changed": {}, "error": str(p.error)}
+                    "changed": {}, "error": str(p.error), "may_update": []}
         doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
         counts = self.rows(self.queries["document_layer_counts"], {"document_id": p.document_id})[0]
         return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
                 "deduplicated": p.deduplicated, "atoms": counts["atoms"], "graph_entries": counts["graph_entries"],
                 "embedding": doc[0]["embedding_state"] if doc else None,
-                "embedding_truncated": p.embedding_truncated, "warnings": p.warnings, "changed": p.changed}
+                "embedding_truncated": p.embedding_truncated, "warnings": p.warnings,
+                "changed": p.changed, "may_update": p.may_update}
 
     # repeats: memorizing a text already stored ---------------------------------------------------
 
@@ -2944,9 +3051,28 @@ class Journal:
 
     def _unarchive_in_tx(self, doc_id: int) -> None:
         """Bring memory `doc_id` back into recall: archived off (with its vectors and graph entries)
-        and no longer merged into another. In tx."""
+        and no longer merged into another nor superseded by another. In tx."""
         self._set_flag_in_tx(doc_id, "archived", False)
-        self.conn.execute("update documents set merged_into = null where id = ?", (doc_id,))
+        self.conn.execute("update documents set merged_into = null, superseded_by = null "
+                          "where id = ?", (doc_id,))
+
+    def _archive_superseded(self, p: Prepared) -> None:
+        """Archive the memories write `p` supersedes (p.supersedes) and link each to p.document_id
+        (superseded_by), those of p's persona only (checked again: one may be gone since memorize
+        checked); the newer itself is never archived. Notes what it did in p.warnings. In tx."""
+        done = []
+        for old in p.supersedes:
+            mine = self.value("select 1 from documents where id = ? and persona_id = ?",
+                              (old, p.persona_id))
+            if old != p.document_id and mine:
+                self._set_flag_in_tx(old, "archived", True)
+                self.conn.execute("update documents set superseded_by = ? where id = ?",
+                                  (p.document_id, old))
+                done.append(str(old))
+        if done:
+            p.warnings.append(f"memory {', '.join(done)} archived as superseded by memory "
+                              f"{p.document_id} (restore_memory brings "
+                              f"{'them' if len(done) > 1 else 'it'} back)")
 
     def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
         """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
@@ -5123,19 +5249,34 @@ def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
     return tuple(out)
 
 
-def redact(text: str, patterns) -> str:
+def redact(text: str, patterns, counts: dict | None = None) -> str:
     """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
-    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced."""
+    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced.
+    `counts` ({kind: n}), when given, gets the number of replacements of each kind added."""
     for kind, rx in patterns:
         mark = f"[REDACTED:{kind}]"
         if "secret" in rx.groupindex:
             def keep_around(m, mark=mark):
                 whole, at = m.group(0), m.start()
                 return whole[: m.start("secret") - at] + mark + whole[m.end("secret") - at:]
-            text = rx.sub(keep_around, text)
+            text, n = rx.subn(keep_around, text)
         else:
-            text = rx.sub(lambda _m, mark=mark: mark, text)
+            text, n = rx.subn(lambda _m, mark=mark: mark, text)
+        if n and counts is not None:
+            counts[kind] = counts.get(kind, 0) + n
     return text
+
+
+def redaction_warning(counts: dict) -> str | None:
+    """The write-result warning for the secrets redact() replaced ({kind: n}; None when none): how
+    many, of which kinds, and the placeholders the stored text has instead. Never the secrets."""
+    n = sum(counts.values())
+    if not n:
+        return None
+    kinds = ", ".join(k if c == 1 else f"{k} ×{c}" for k, c in counts.items())
+    marks = ", ".join(f"[REDACTED:{k}]" for k in counts)
+    return (f"{n} secret{'s' if n > 1 else ''} redacted before storing ({kinds}); the stored text has "
+            f"{marks} in {'their' if n > 1 else 'its'} place")
 
 
 @dataclass(frozen=True)
@@ -5415,21 +5556,23 @@ class Conversations:
         """The compiled patterns of [write] secrets (rules/secrets.toml)."""
         return load_secret_rules(self.cfg.rule_file(self.cfg.write.secrets))
 
-    def redact(self, text: str) -> str:
+    def redact(self, text: str, counts: dict | None = None) -> str:
         """`text` with API keys, tokens, passwords, private keys and connection-string passwords
-        replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text."""
-        return redact(text, self.secret_patterns) if text else text
+        replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text.
+        `counts` ({kind: n}), when given, gets the replacements of each kind added."""
+        return redact(text, self.secret_patterns, counts) if text else text
 
-    def redact_fields(self, values: dict, names) -> dict:
+    def redact_fields(self, values: dict, names, counts: dict | None = None) -> dict:
         """A copy of `values` with its fields `names` redacted (a text, or each text of a list);
-        other values, and fields that are not text, are left for the caller's checks."""
+        other values, and fields that are not text, are left for the caller's checks. `counts` as
+        for redact()."""
         out = dict(values)
         for k in names & out.keys():
             v = out[k]
             if isinstance(v, str):
-                out[k] = self.redact(v)
+                out[k] = self.redact(v, counts)
             elif isinstance(v, (list, tuple)):
-                out[k] = [self.redact(x) if isinstance(x, str) else x for x in v]
+                out[k] = [self.redact(x, counts) if isinstance(x, str) else x for x in v]
         return out
 
     def ingest_rules(self, source: str) -> IngestRules:
@@ -5965,8 +6108,9 @@ EXPORT_VERSION = 1  #: the JSONL record layout; import refuses a newer one
 #: The fields of each JSONL kind, in the order they are written (references are uids, never ids).
 EXPORT_FIELDS = {
     "memory": ("uid", "persona_id", "session_id", "content", "summary", "topics", "key_facts", "participants",
-               "tags", "sentiment", "source", "importance", "pinned", "archived", "merged_into", "created_at",
-               "updated_at", "last_access_at", "access_count", "useful_count", "last_useful_at"),
+               "tags", "sentiment", "source", "importance", "pinned", "archived", "merged_into",
+               "superseded_by", "created_at", "updated_at", "last_access_at", "access_count",
+               "useful_count", "last_useful_at"),
     "atom": ("uid", "persona_id", "document", "sources", "atom_type", "content", "subject", "confidence",
              "importance", "base_ttl_days", "reinforcement_count", "state", "superseded_by", "slot", "slot_value",
              "created_at", "updated_at", "last_reinforced_at", "expires_at", "state_changed_at"),
@@ -5979,6 +6123,9 @@ EXPORT_FIELDS = {
     "consolidation": ("survivor", "members", "previous", "created_at"),
     "tombstone": ("uid", "table_name", "deleted_at"),
 }
+#: Fields added to a kind after EXPORT_VERSION 1: a record without one (an older export or device)
+#: reads as null, and sync_hash leaves a null one out, so older devices' versions hash the same.
+EXPORT_OPTIONAL = {"memory": ("superseded_by",)}
 #: Export column → record field where they differ (the uid a reference resolves to).
 _EXPORT_RENAMES = {"merged_into_uid": "merged_into", "document_uid": "document", "source_uids": "sources",
                    "superseded_by_uid": "superseded_by", "subject_uid": "subject", "object_uid": "object",
@@ -6021,6 +6168,7 @@ def markdown_note(memory: dict) -> str:
     props = {"uid": m["uid"], "created": m["created_at"], "updated": m["updated_at"], "persona": m["persona_id"],
              "session": m["session_id"], "source": m["source"], "importance": m["importance"],
              "pinned": m["pinned"], "archived": m["archived"], "merged_into": m["merged_into"],
+             "superseded_by": m["superseded_by"],
              "summary": m["summary"], "sentiment": m["sentiment"], "topics": m["topics"],
              "participants": m["participants"], "key_facts": m["key_facts"],
              "tags": [re.sub(r"\s+", "_", t) for t in m["tags"]]}
@@ -6075,9 +6223,12 @@ def read_export(lines) -> list[tuple[int, dict]]:
         kind = rec.get("kind")
         if kind not in EXPORT_FIELDS:
             raise ImportFileError(n, f"unknown kind {kind!r}; known: {', '.join(EXPORT_FIELDS)}")
-        missing = [k for k in EXPORT_FIELDS[kind] if k not in rec]
+        optional = EXPORT_OPTIONAL.get(kind, ())
+        missing = [k for k in EXPORT_FIELDS[kind] if k not in rec and k not in optional]
         if missing:
             raise ImportFileError(n, f"{kind} lacks {', '.join(missing)}")
+        for k in optional:
+            rec.setdefault(k, None)
         for k in ("created_at", "updated_at", "deleted_at", "valid_from"):
             if k in rec:  # in the column format: times are compared as text ("…+08:00" sorted wrong)
                 rec[k] = iso(parse_time(_record_value(rec, k, n, (str,)), f"line {n}: {k}"))
@@ -6218,8 +6369,11 @@ class Portable:
     def _import_memories(self, recs, report: dict, ids: dict, claim, status: str = "atoms_done") -> list[Prepared]:
         """Write the memory records (oldest first, so ids follow time) as documents rows with their
         FTS text, each with a journal row at `status` (atoms_done: the pipeline's graph stages;
-        docs_done: atoms too); then merged_into. Returns the writes for run_pipeline. In tx."""
+        docs_done: atoms too); then merged_into, and superseded_by of the memories written (a
+        null one clears the link here: the memory was restored). Returns the writes for
+        run_pipeline. In tx."""
         c, preps, state = self.conn, [], "pending" if self.embedder.provider != "none" else "none"
+        written = []
         for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
             verdict, doc_id = self._import_verdict("documents", r, n)
             p = self.prepare(r["content"], {k: r[k] for k in ("summary", "topics", "key_facts", "participants",
@@ -6255,11 +6409,16 @@ class Portable:
             p.op_id = claim(self._journal_row("edit", p, stamp))  # its payload in memory_write_payloads
             self._briefing_stale(p.persona_id)
             preps.append(p)
+            written.append(r)
             report[verdict] += 1
         for _, r in recs:
             if r["merged_into"] is not None and (doc_id := self._uid_id("documents", r["uid"], ids)) is not None:
                 c.execute("update documents set merged_into = ? where id = ?",
                           (self._uid_id("documents", r["merged_into"], ids, r["persona_id"]), doc_id))
+        for r in written:  # the newer memory by uid, of the same persona only (else no link)
+            c.execute("update documents set superseded_by = ? where id = ?",
+                      (self._uid_id("documents", r["superseded_by"], ids, r["persona_id"]),
+                       ids[("documents", r["uid"])]))
         return preps
 
     def _import_atoms(self, recs, report: dict, ids: dict) -> None:
@@ -6445,8 +6604,11 @@ class SyncFileError(Exception):
 
 def sync_hash(rec: dict) -> str:
     """The content hash of an export record: 16 hex digits of the SHA-256 of its JSON without the
-    SYNC_UNHASHED fields. Two versions with the same hash differ at most in times and usage counts."""
-    body = {k: v for k, v in rec.items() if k not in SYNC_UNHASHED}
+    SYNC_UNHASHED fields (and the EXPORT_OPTIONAL ones that are null). Two versions with the same
+    hash differ at most in times and usage counts."""
+    optional = EXPORT_OPTIONAL.get(rec.get("kind"), ())
+    body = {k: v for k, v in rec.items()
+            if k not in SYNC_UNHASHED and not (k in optional and v is None)}
     return hashlib.sha256(json.dumps(body, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -7334,6 +7496,7 @@ def _write_models():
         embedding: str | None = Field(description="done, pending (back-filled later) or none.")
         embedding_truncated: bool = Field(description="True when only the start of the text was embedded.")
         warnings: list[str] = []
+        may_update: list[dict] = Field([], description="Memories it may update: {id, preview}")
         changed: dict[str, list] = Field(default={}, description=(
             "What a repeat (deduplicated) changed on the stored memory, {field: [old, new]}: new topics, tags, "
             "participants or key_facts appended, a higher importance, an empty summary/sentiment/source/session_id "
@@ -7527,6 +7690,8 @@ def _browse_models():
         useful_count: float
         last_useful_at: str | None
         embedding_state: str
+        superseded_by: int | None = None
+        supersedes: list[int] = []
         atoms: list[dict[str, Any]]
         graph_entries: list[str]
 
@@ -7720,10 +7885,14 @@ def _write_tools():
 
     def memorize(ctx: Context,
                  content: str,
-                 metadata: M.Metadata | None = None) -> M.WriteResult:
+                 metadata: M.Metadata | None = None,
+                 supersedes: Annotated[list[int] | None,
+                                       Field(description="Ids it replaces (archived).")] = None,
+                 ) -> M.WriteResult:
         """Store a fact, preference, decision, event or plan worth keeping for weeks, written to make
         sense alone (names, not pronouns)."""
-        return M.WriteResult(**_on_memory(ctx, lambda m: m.memorize(content, _meta(metadata))))
+        return M.WriteResult(**_on_memory(ctx, lambda m: m.memorize(content, _meta(metadata),
+                                                                    supersedes)))
 
     def edit_memory(ctx: Context, id: A.Id, content: str | None = None,
                     metadata: Annotated[dict[str, Any] | None, Field(
@@ -7773,8 +7942,8 @@ def _write_tools():
                         ids: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)],
                         useful: Annotated[bool, _nullable(True)] = True,
                         persona_id: A.Persona = None) -> M.Feedback:
-        """After answering, pass the ids of recalled memories you used (useful=false: wrong ones); they
-        rank higher and last longer."""
+        """After answering, pass the ids of recalled memories you used (useful=false: wrong ones): they
+        rank higher."""
         return M.Feedback(**_on_memory(ctx, lambda m: m.memory_feedback(ids, useful, persona_id)))
 
     return _named(memorize, edit_memory, delete_memory, pin_memory, unpin_memory, archive_memory, restore_memory,
@@ -7906,8 +8075,8 @@ def _context_tools():
                                                               "budget."), _nullable("chat")] = "chat",
                        max_tokens: Annotated[int | None, Field(ge=CONTEXT_TOKENS_MIN)] = None,
                        persona_id: A.Persona = None) -> C.ContextBlob:
-        """Memory for a session start or a new topic, as one text within a token budget; no topic: the
-        session briefing."""
+        """Memory for a session start or a new topic, within a token budget; no topic: the session
+        briefing."""
         return C.ContextBlob(**_on_memory(ctx, lambda m: m.memory_context(topic, mode, max_tokens, persona_id)))
 
     def refresh_briefing(ctx: Context, persona_id: A.Persona = None) -> C.ContextBlob:
@@ -8021,8 +8190,7 @@ def _conversation_tools():
                             since: Annotated[str | None, Field(description="ISO-8601.")] = None,
                             until: Annotated[str | None, Field(description="ISO-8601.")] = None,
                             persona_id: A.Persona = None) -> C.TurnSearch:
-        """Search past conversations with the user's assistants (Claude Code, Codex, Copilot, ChatGPT):
-        what was said and answered."""
+        """Search past conversations with the user's assistants (Claude Code, Codex, Copilot, ChatGPT)."""
         return C.TurnSearch(**_on_memory(ctx, lambda m: m.conversation_search(
             query, limit, source, session_id, since, until, persona_id)))
 
@@ -9660,10 +9828,12 @@ def cli(ctx, db, config_path):
 @click.argument("text", required=False)
 @click.option("--file", "file_path", metavar="PATH", help="Read the text from this UTF-8 file (- : standard input).")
 @metadata_options
+@click.option("--supersedes", multiple=True, type=int, metavar="ID",
+              help="A memory this one replaces: archived, linked to the new one (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole write result as JSON.")
 @click.pass_obj
 def memorize(state, text, file_path, summary, topic, fact, participant, tag, importance, session, persona, source,
-             timestamp, as_json):
+             timestamp, supersedes, as_json):
     """Store a memory and print its id. TEXT `-` reads the text from standard input (UTF-8), for
     long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To store
     a lone "-", pipe it: echo - | python aokun.py memorize -
@@ -9676,7 +9846,7 @@ def memorize(state, text, file_path, summary, topic, fact, participant, tag, imp
     """
     text = _content_arg(text, file_path, state.cfg.write.max_content_chars)
     meta = _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag)
-    result = state.memory().memorize(text, meta)
+    result = state.memory().memorize(text, meta, list(supersedes))
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)
     _echo_json(result) if as_json else click.echo(result["id"])
@@ -9701,7 +9871,8 @@ def show(state, memory_id, persona, as_json):
     if as_json:
         return _echo_json(d)
     for k in ("id", "persona_id", "session_id", "created_at", "updated_at", "importance", "pinned", "archived",
-              "source", "summary", "topics", "participants", "key_facts", "tags", "embedding_state"):
+              "source", "summary", "topics", "participants", "key_facts", "tags", "embedding_state",
+              "superseded_by", "supersedes"):
         if d[k] not in ("", [], None):
             click.echo(f"{k:>15}: {d[k]}")
     click.echo(f"{'content':>15}: {d['content']}")

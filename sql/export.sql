@@ -3,8 +3,9 @@
 -- Ordered by uid within each kind, so two files with the same content export the same lines.
 
 -- name: export_documents
-select d.*, m.uid as merged_into_uid
+select d.*, m.uid as merged_into_uid, s.uid as superseded_by_uid
 from documents d left join documents m on m.id = d.merged_into
+left join documents s on s.id = d.superseded_by
 where (:persona is null or d.persona_id = :persona) and (:since is null or d.updated_at >= :since)
 order by d.uid;
 
