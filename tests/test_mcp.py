@@ -133,6 +133,14 @@ async def test_default_exposure_is_exactly_the_frequent_tools(make_server, tmp_p
     assert sorted(names) == sorted(DEFAULT_TOOLS) and len(names) == 9
 
 
+def test_example_ini_names_every_tool_and_the_default_set():
+    text = (aokun.HERE / "aokun.example.ini").read_text(encoding="utf-8")
+    server = text[text.index("[server]"):text.index("exposed_tools =")]
+    listed = re.findall(r"[a-z_]+", server.split("Available:")[1].replace(";", " "))
+    assert listed == list(aokun.MCP_TOOLS)
+    assert aokun.exposed_tools(aokun.Config(aokun.HERE / "aokun.example.ini"), aokun.MCP_TOOLS) == DEFAULT_TOOLS
+
+
 async def test_all_exposes_every_tool(client):
     names = [t.name for t in (await client.list_tools()).tools]
     assert set(ALL_TOOLS) <= set(names) and len(names) == len(set(names))
