@@ -501,19 +501,23 @@ def test_mcp_conversation_tools_are_listed_by_default_and_answer(tmp_path, segme
     async def run():
         async with Client(aokun.build_server(factory, cfg)) as c:
             tools = {t.name: t for t in (await c.list_tools()).tools}
-            for name in ("conversation_search", "conversation_get_session", "conversation_stats"):
+            for name in ("conversation_search", "conversation_get_session"):
                 assert tools[name].annotations.read_only_hint is True
+            assert "conversation_stats" not in tools  # listed with exposed_tools = all
             found = await c.call_tool("conversation_search", {"query": "channel_k 召回", "limit": 2})
             assert not found.is_error and found.structured_content["results"][0]["text"].startswith("把 channel_k")
             sid = found.structured_content["results"][0]["session_id"]
             page = await c.call_tool("conversation_get_session", {"session_id": sid, "offset": 1, "limit": 2})
             assert [t["role"] for t in page.structured_content["turns"]] == ["assistant", "user"]
-            stats = await c.call_tool("conversation_stats", {})
-            assert stats.structured_content["by_source"]["codex"]["turns"] == 5
             both = await c.call_tool("recall", {"query": "channel_k 召回", "include_conversations": True})
             assert not both.is_error and both.structured_content["conversations"]
             bad = await c.call_tool("conversation_get_session", {"session_id": "nope"})
             assert bad.is_error and "no ingested session" in bad.content[0].text
+        every = aokun.Config(None, overrides={("backup", "dir"): str(tmp_path / "bk"), ("backup", "daily"): False,
+                                              ("server", "exposed_tools"): "all"})
+        async with Client(aokun.build_server(factory, every)) as c:
+            stats = await c.call_tool("conversation_stats", {})
+            assert stats.structured_content["by_source"]["codex"]["turns"] == 5
     anyio.run(run)
 
 

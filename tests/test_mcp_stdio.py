@@ -19,8 +19,8 @@ from mcp.client.stdio import stdio_client
 import aokun
 from mcp_procs import REPO, child_env, cli, serve_args, stop, write_ini
 
-DEFAULT_TOOLS = {"memorize", "recall", "memory_feedback", "search_atoms", "get_memory", "edit_memory",
-                 "delete_memory", "conversation_search", "conversation_get_session", "conversation_stats"}
+DEFAULT_TOOLS = {"memorize", "recall", "memory_feedback", "get_memory", "edit_memory", "delete_memory",
+                 "memory_context", "conversation_search", "conversation_get_session"}
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ async def test_sdk_stdio_client_memorize_then_recall(tmp_path):
             assert [h["id"] for h in hits] == [1] and hits[0]["text"] == text and hits[0]["participants"] == ["小王"]
             assert {d["channel"] for d in r.structured_content["degraded"]} == {"vector", "graph_vector"}
             bad = await c.call_tool("recall", {"query": "tea", "limit": "abc"})
-            assert bad.is_error is True and re.search(r"\bk\b", bad.content[0].text)
+            assert bad.is_error is True and re.search(r"\blimit\b", bad.content[0].text)
 
         # a second server process on the same file sees it
         async with Client(stdio_client(params(db, ini), errlog=errlog)) as c:
@@ -164,7 +164,9 @@ def test_raw_jsonrpc_stdout_is_pure_utf8_jsonrpc_with_cp936_and_the_local_embedd
         w = s.call(2, "memorize", {"content": text, "metadata": {"participants": ["老王"]}})
         assert w["isError"] is False, w
         assert w["structuredContent"]["id"] == 1 and w["structuredContent"]["embedding"] == "done"
-        assert json.loads(w["content"][0]["text"]) == w["structuredContent"]
+        # the text the model reads: compact, without the empty fields the structured content has
+        assert json.loads(w["content"][0]["text"]) == {k: v for k, v in w["structuredContent"].items()
+                                                       if k != "uid" and v not in (False, [], {}, None, "")}
 
         r = s.call(3, "recall", {"query": "杭州出差", "explain": True})
         assert r["isError"] is False, r
