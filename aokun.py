@@ -1269,6 +1269,11 @@ class Rules:
         relevance = tomllib.loads(cfg.rule_file(cfg.recall.relevance).read_text(encoding="utf-8"))
         #: {embedding model: {w_cos, w_cover, bias, cos_only_w_cos, cos_only_bias}} of calibrated_relevance
         self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS} for model, c in relevance.items()}
+        #: {embedding model: {script: weights}}: a model's weights for the questions of one script
+        #: (query_script), where the file has a [model.script] table; other questions use the model's own
+        self.relevance_by_script = {model: {script: {k: float(t[k]) for k in RELEVANCE_WEIGHTS}
+                                            for script, t in c.items() if isinstance(t, dict)}
+                                    for model, c in relevance.items()}
         intents = tomllib.loads(cfg.rule_file(cfg.recall.intents).read_text(encoding="utf-8")).get("intents", {})
         self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
                         for name, spec in intents.items()]
@@ -1317,6 +1322,13 @@ class Rules:
     def display(self, name: str) -> str:
         """The canonical spelling for display when the name is a known alias, else the name."""
         return self.alias_of.get(self._key(name), " ".join(name.split()))
+
+    def relevance_coef(self, model: str, query_tokens) -> dict | None:
+        """The calibrated_relevance weights for a question with these search tokens: the model's
+        weights for the question's script (query_script) when rules/relevance.toml has them, else
+        the model's own; None for a model that is not calibrated."""
+        by_script = self.relevance_by_script.get(model, {})
+        return by_script.get(query_script(query_tokens)) or self.relevance.get(model)
 
     def intent(self, query: str) -> tuple[str | None, dict]:
         """The first intent in rules/intents.toml whose pattern matches fold(query)."""
@@ -3671,10 +3683,25 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
 def token_cover(query_tokens: set, doc_tokens: set) -> float | None:
     """The share of the query's distinct search tokens found among a memory's indexed tokens, 0..1,
     counting only query tokens of a script the memory has (CJK or not): an English question about a
-    Chinese memory shares no word with it by nature. None when no query token is comparable."""
+    Chinese memory shares no word with it by nature. Single-character Chinese tokens are left out
+    when the query has a longer one: jieba leaves the verbs and particles of a question (有, 去, 喝,
+    做) single, and they match every other memory ("下周有什么安排" is not about "我家有一只猫"); the
+    content words (安排, 上海, 咖啡) are longer. None when no query token is comparable."""
     scripts = {bool(_CJK.search(t)) for t in doc_tokens}
     comparable = {t for t in query_tokens if bool(_CJK.search(t)) in scripts}
+    words = {t for t in comparable if len(t) > 1 or not _CJK.search(t)}
+    if any(_CJK.search(t) for t in words):
+        comparable = words
     return len(comparable & doc_tokens) / len(comparable) if comparable else None
+
+
+def query_script(tokens) -> str:
+    """'cjk' when at least half of a question's search tokens are Chinese/Japanese/Korean, else
+    'latin' (any other script). Similarities live on another scale per script: multilingual-e5-small
+    gives any two Chinese sentences a cosine of ~0.85, two unrelated English ones ~0.75."""
+    tokens = list(tokens)
+    cjk = sum(bool(_CJK.search(t)) for t in tokens)
+    return "cjk" if tokens and 2 * cjk >= len(tokens) else "latin"
 
 
 def calibrated_relevance(cos: float | None, cover: float | None, coef: dict | None) -> float | None:
@@ -4115,7 +4142,7 @@ class Recall:
         relevant than [recall] min_relevance (calibrated_relevance, also put in their parts) or made
         within the question's time window (time_boost). When nothing is left, a warning says so and
         gives the best relevance."""
-        coef = self.rules.relevance.get(self.embedder.model)
+        coef = self.rules.relevance_coef(self.embedder.model, q.tokens)
         stored = [] if q.vector is None else self.rows(self.queries["recall_vectors_of"],
                                                        {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
@@ -5952,7 +5979,7 @@ class ConversationSearch:
         fused = {i: route_relevance(i, rk, scores, w.doc_channels, w) for i, rk in ranks.items()}
         pool = sorted(fused, key=lambda i: (-fused[i], i))[: max(3 * k, MMR_POOL_MIN)]
         rows = {row["id"]: row for row in self.rows(self.queries["conv_hits"], {"ids": json.dumps(pool)})}
-        coef = self.rules.relevance.get(self.embedder.model)
+        coef = self.rules.relevance_coef(self.embedder.model, tokens)
         out, best = [], None
         for i in pool:
             row = rows.get(i)
