@@ -181,3 +181,13 @@ def test_explain_says_written_when_made_in_the_window(open_mem, tmp_path, monkey
     doc = mem.memorize("I baked bread", {"timestamp": TUESDAY})["id"]
     hit = next(h for h in mem.recall("what did I do yesterday", k=3, explain=True)["results"] if h["id"] == doc)
     assert hit["explain"]["time_match"] == "written"
+
+
+def test_rebuild_graph_dates_memories_stored_before_schema_16(open_mem, tmp_path, monkeypatch):
+    monkeypatch.setenv("AOKUN_NOW", TUESDAY)
+    mem = open_mem(tmp_path / "t.db", cfg=_utc("", tmp_path))
+    mem.memorize("我下周三去上海出差", {"timestamp": TUESDAY})
+    with mem.tx() as c:  # what a file migrated from schema 15 holds
+        c.execute("update documents set event_at = null, event_end = null")
+    mem.rebuild(graph=True)
+    assert mem.rows("select event_at from documents") == [{"event_at": "2026-12-09T00:00:00Z"}]
