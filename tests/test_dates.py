@@ -191,3 +191,17 @@ def test_rebuild_graph_dates_memories_stored_before_schema_16(open_mem, tmp_path
         c.execute("update documents set event_at = null, event_end = null")
     mem.rebuild(graph=True)
     assert mem.rows("select event_at from documents") == [{"event_at": "2026-12-09T00:00:00Z"}]
+
+
+def test_sync_carries_the_event(open_mem, tmp_path, monkeypatch):
+    monkeypatch.setenv("AOKUN_NOW", TUESDAY)
+    cfg = _utc("", tmp_path)
+    a, b = open_mem(tmp_path / "a.db", cfg=cfg), open_mem(tmp_path / "b.db", cfg=cfg)
+    a.memorize("The Falcon launch deadline is 2027-01-15.", {"timestamp": TUESDAY})
+    share = tmp_path / "share"
+    share.mkdir()
+    a.sync(share)
+    b.sync(share)
+    assert b.rows("select event_at from documents") == [{"event_at": "2027-01-15T00:00:00Z"}]
+    assert b.rows("select atom_type, expires_at from memory_atoms") == [
+        {"atom_type": "planned", "expires_at": "2027-01-17T00:00:00Z"}]
