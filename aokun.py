@@ -229,6 +229,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "default_importance": 0.5,
         "max_content_chars": 1000000,
         "atom_rules": "rules/atoms.toml",
+        "event_dates": "rules/dates.toml",
         "aliases": "rules/aliases.toml",
         "graph_summary_chars": 160,
         "secrets": "rules/secrets.toml",
@@ -1267,10 +1268,16 @@ class Rules:
         relevance = tomllib.loads(cfg.rule_file(cfg.recall.relevance).read_text(encoding="utf-8"))
         #: {embedding model: {w_cos, w_cover, bias, cos_only_w_cos, cos_only_bias}} of calibrated_relevance
         self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS} for model, c in relevance.items()}
+        #: {embedding model: {script: weights}}: a model's weights for the questions of one script
+        #: (query_script), where the file has a [model.script] table; other questions use the model's own
+        self.relevance_by_script = {model: {script: {k: float(t[k]) for k in RELEVANCE_WEIGHTS}
+                                            for script, t in c.items() if isinstance(t, dict)}
+                                    for model, c in relevance.items()}
         intents = tomllib.loads(cfg.rule_file(cfg.recall.intents).read_text(encoding="utf-8")).get("intents", {})
         self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
                         for name, spec in intents.items()]
         self.time_words = load_time_words(cfg.rule_file(cfg.recall.time_words))
+        self.event_dates = load_event_dates(cfg.rule_file(cfg.write.event_dates))
 
         predicates = tomllib.loads(cfg.rule_file(cfg.forgetting.predicates).read_text(encoding="utf-8")
                                    ).get("predicates", [])
@@ -1314,6 +1321,13 @@ class Rules:
     def display(self, name: str) -> str:
         """The canonical spelling for display when the name is a known alias, else the name."""
         return self.alias_of.get(self._key(name), " ".join(name.split()))
+
+    def relevance_coef(self, model: str, query_tokens) -> dict | None:
+        """The calibrated_relevance weights for a question with these search tokens: the model's
+        weights for the question's script (query_script) when rules/relevance.toml has them, else
+        the model's own; None for a model that is not calibrated."""
+        by_script = self.relevance_by_script.get(model, {})
+        return by_script.get(query_script(query_tokens)) or self.relevance.get(model)
 
     def intent(self, query: str) -> tuple[str | None, dict]:
         """The first intent in rules/intents.toml whose pattern matches fold(query)."""
@@ -2123,7 +2137,7 @@ class Layers:
                     tags=json.dumps(p.tags, ensure_ascii=False), sentiment=p.sentiment, source=p.source,
                     importance=p.importance, pinned=int(p.pinned), created_at=p.created_at, updated_at=stamp,
                     embedding_state=state, embedding_truncated=int(p.embedding_truncated),
-                    embedding_error=p.embedding_error)
+                    embedding_error=p.embedding_error, **self._event_columns(p))
         if p.op == "insert":
             existing = self.value("select id from documents where persona_id = ? and content_hash = ?",
                                   (p.persona_id, p.content_hash))
@@ -2176,6 +2190,9 @@ class Layers:
         stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo). In tx."""
         c = self.conn
         self._clear_atoms(p.document_id)
+        # the event time again: rebuild --graph re-derives it for memories stored before schema 16
+        c.execute("update documents set event_at = :event_at, event_end = :event_end where id = :id",
+                  self._event_columns(p) | {"id": p.document_id})
         threshold = self.cfg.write.reinforce_jaccard
         for fact in dict.fromkeys(p.facts):
             atom_type, confidence = self.rules.classify(fact)
@@ -2192,7 +2209,8 @@ class Layers:
                 if self.value("select 1 from atom_sources where atom_id = ? and document_id = ?",
                               (best["id"], p.document_id)):
                     continue
-                self._reinforce_atom(best, max(best["last_reinforced_at"], p.created_at), confidence)
+                self._reinforce_atom(best, max(best["last_reinforced_at"], p.created_at), confidence,
+                                     self._atom_expiry(atom_type, fact, p, 0.0, "") if atom_type == "planned" else "")
                 c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (best["id"], p.document_id))
                 continue
             base = float(self.rules.types[atom_type]["base_ttl_days"])
@@ -2208,23 +2226,51 @@ class Layers:
                       "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                       (self._new_id("memory_atoms"), str(uuid.uuid4()), p.persona_id, p.document_id, atom_type, fact,
                        subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
-                       iso(parse_time(p.created_at) + dt.timedelta(days=ttl)), stamp, slot, slot_value))
+                       self._atom_expiry(atom_type, fact, p, ttl, p.created_at), stamp, slot, slot_value))
             atom_id = c.last_insert_rowid()
             c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (atom_id, p.document_id))
             c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)", (atom_id, " ".join(tokens)))
             if slot:
                 self._supersede(atom_id, p.persona_id, subject, slot, slot_value, p.created_at)
 
-    def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0) -> None:
+    def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0, event_expiry: str = "") -> None:
         """One more reinforcement of `atom` (a memory_atoms row: id, base_ttl_days, importance,
-        reinforcement_count) at ISO time `at`: count + 1, confidence at least `confidence`, and a
-        shelf life of effective_ttl_days from `at` (seed: Memory Model). In tx."""
+        reinforcement_count, expires_at) at ISO time `at`: count + 1, confidence at least
+        `confidence`, and a shelf life of effective_ttl_days from `at` (seed: Memory Model). A
+        planned atom keeps the later of that, its expiry so far and `event_expiry` (the reinforcing
+        fact's event end + grace, _atom_expiry): restating a plan does not move its date earlier. In tx."""
         count = atom["reinforcement_count"] + 1
         ttl = effective_ttl_days(atom["base_ttl_days"], atom["importance"], count)
+        expires = iso(parse_time(at) + dt.timedelta(days=ttl))
+        if event_expiry or atom.get("atom_type") == "planned":
+            expires = max(expires, event_expiry, atom.get("expires_at") or "")
         self.conn.execute("update memory_atoms set reinforcement_count = ?, confidence = max(confidence, ?), "
                           "last_reinforced_at = ?, expires_at = ?, updated_at = ? where id = ?",
-                          (count, confidence, at, iso(parse_time(at) + dt.timedelta(days=ttl)), now_iso(),
-                           atom["id"]))
+                          (count, confidence, at, expires, now_iso(), atom["id"]))
+
+    def _event_columns(self, p) -> dict:
+        """{event_at, event_end} of a memory: the first date its content names (event_spans,
+        rules/dates.toml), resolved against its own created_at in [forgetting] timezone; None each
+        when it names none."""
+        spans = self._event_spans(p.content, p.created_at)
+        return {"event_at": spans[0][0] if spans else None, "event_end": spans[0][1] if spans else None}
+
+    def _event_spans(self, text: str, created_at: str) -> list[tuple[str, str, str]]:
+        """event_spans of `text` at the memory's time `created_at` with this engine's rules and zone."""
+        return event_spans(text, created_at, self.rules.event_dates, local_tz(self.cfg.forgetting.timezone))
+
+    def _atom_expiry(self, atom_type: str, fact: str, p, ttl_days: float, start: str) -> str:
+        """When a new atom expires (ISO UTC): a planned one `grace_days` (rules/dates.toml) after the
+        end of the latest date its fact names (else of the memory's own event, _event_columns), so a
+        deadline weeks ahead is not forgotten after the type's short TTL; every other atom, and a
+        planned one without a date, `ttl_days` after `start` (effective_ttl_days; seed: Memory
+        Model). With start = '' only the event expiry is returned ('' without one)."""
+        if atom_type == "planned":
+            spans = self._event_spans(fact, p.created_at) or self._event_spans(p.content, p.created_at)[:1]
+            if spans:
+                grace = dt.timedelta(days=self.rules.event_dates["grace_days"])
+                return iso(max(_parse_iso(e) for _, e, _ in spans) + grace)
+        return iso(parse_time(start) + dt.timedelta(days=ttl_days)) if start else ""
 
     def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str, created_at: str) -> None:
         """Rule-based supersession: of the active atoms with this persona, subject and single-valued
@@ -3453,6 +3499,24 @@ def window_distance_days(created_at: str, window: tuple) -> float:
     return max(0.0, (start - at).total_seconds(), (at - end).total_seconds()) / 86400.0
 
 
+def event_distance_days(event_at: str | None, event_end: str | None, window: tuple) -> float | None:
+    """Days between a memory's event time [event_at, event_end) and a time window (start, end, ...):
+    0 when they overlap; None for a memory without an event time."""
+    if not event_at or not event_end:
+        return None
+    start, end = _parse_iso(window[0]), _parse_iso(window[1])
+    a, b = _parse_iso(event_at), _parse_iso(event_end)
+    return max(0.0, (start - b).total_seconds(), (a - end).total_seconds()) / 86400.0
+
+
+def time_match(d: dict, window: tuple) -> str | None:
+    """Which time of memory `d` (created_at, event_at, event_end) falls in the question's window:
+    'written', 'event', 'written+event', or None."""
+    written = window[0] <= d["created_at"] < window[1]
+    event = event_distance_days(d.get("event_at"), d.get("event_end"), window) == 0.0
+    return "+".join(x for x, on in (("written", written), ("event", event)) if on) or None
+
+
 def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | None:
     """The time a question asks about, from its relative-time words (rules/timewords.toml, loaded by
     load_time_words): (start, end, phrase) with start and end ISO UTC (end exclusive) of local
@@ -3470,6 +3534,158 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
                 window.keep_words = bool(spec.get("keep_words"))
                 return window
     return None
+
+
+EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "day", "in", "ago", "weekday", "week", "month", "month_end", "year",
+                    "named_month")  #: rules/dates.toml rule kinds
+_ZH_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
+              "九": 9}
+_ZH_NUMERAL = "(?:[一二三四五六七八九]?十[一二三四五六七八九]?|[一二两三四五六七八九])"  #: 1..99 in Chinese numerals
+
+
+def zh_number(text: str) -> int | None:
+    """A whole number 0..99 written in digits or Chinese numerals ('15', '十五', '二十一', '三十'),
+    else None."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    if not text or any(ch not in _ZH_DIGITS and ch != "十" for ch in text):
+        return None
+    if "十" not in text:
+        return _ZH_DIGITS[text] if len(text) == 1 else None
+    tens, _, ones = text.partition("十")
+    if len(tens) > 1 or len(ones) > 1:
+        return None
+    return (_ZH_DIGITS[tens] if tens else 1) * 10 + (_ZH_DIGITS[ones] if ones else 0)
+
+
+def load_event_dates(path: Path) -> dict:
+    """rules/dates.toml, ready for event_spans: {rules: [(compiled patterns, spec)], numbers, months,
+    weekdays, units, grace_days}, with the {n}, {month}, {weekday}, {unit} and {day} placeholders
+    filled in as named groups (alternatives longest first)."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
+    months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
+    weekdays = {fold(k).casefold(): int(v) for k, v in data.get("weekdays", {}).items()}
+    units = {fold(k).casefold(): float(v) for k, v in data.get("units", {}).items()}
+
+    def alts(words):
+        return "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w)))
+    fill = {"{n}": rf"(?P<n>\d+|{_ZH_NUMERAL}|{alts(numbers)})", "{month}": f"(?:{alts(months)})",
+            "{weekday}": f"(?P<weekday>{alts(weekdays)})", "{unit}": f"(?P<unit>{alts(units)})",
+            "{day}": rf"(?:\d{{1,2}}|{_ZH_NUMERAL})"}
+    rules = []
+    for spec in data.get("rules", []):
+        if spec.get("kind") not in EVENT_DATE_KINDS:
+            raise AokunError(f"{path.name}: unknown event-date kind {spec.get('kind')!r}; "
+                             f"choose from {EVENT_DATE_KINDS}")
+        patterns = []
+        for p in spec.get("patterns", []):
+            for key, value in fill.items():
+                p = p.replace(key, value)
+            patterns.append(re.compile(p))
+        rules.append((patterns, spec))
+    return {"rules": rules, "numbers": numbers, "months": months, "weekdays": weekdays, "units": units,
+            "grace_days": float(data.get("grace_days", 1))}
+
+
+def _safe_date(year: int, month: int, day: int) -> dt.date | None:
+    try:
+        return dt.date(year, month, day)
+    except ValueError:
+        return None
+
+
+def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict) -> tuple[dt.date, dt.date] | None:
+    """(first day, day after the last) of one matched event-date rule (kinds: rules/dates.toml),
+    relative to the memory's local day `today`; None when the match names no real date."""
+    kind, offset = spec["kind"], int(spec.get("offset", 0))
+    g = m.groupdict()
+
+    def month_of(value):
+        if value is None:
+            return None
+        value = value.casefold()
+        return words["months"].get(value) or zh_number(value)
+
+    def month_span(year, month):
+        year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
+        first = dt.date(year, month, 1)
+        return first, dt.date(year + month // 12, month % 12 + 1, 1)
+
+    if kind == "ymd":
+        day = _safe_date(int(g["y"]), month_of(g["m"]) or 0, zh_number(g["d"]) or 0)
+        return (day, day + dt.timedelta(days=1)) if day else None
+    if kind == "dm_or_md":
+        a, b = int(g["a"]), int(g["b"])
+        if a > 12 or a == b:
+            day = _safe_date(int(g["y"]), b, a)
+        elif b > 12:
+            day = _safe_date(int(g["y"]), a, b)
+        else:
+            return None  # 03/04/2027: March 4 or 3 April
+        return (day, day + dt.timedelta(days=1)) if day else None
+    if kind == "md":
+        month, d = month_of(g["m"]) or 0, zh_number(g["d"]) or 0
+        options = [x for x in (_safe_date(today.year + k, month, d) for k in (-1, 0, 1)) if x]
+        if not options:
+            return None
+        day = min(options, key=lambda x: (abs((x - today).days), x < today))  # the nearest; a tie: ahead
+        return day, day + dt.timedelta(days=1)
+    if kind == "day":
+        day = today + dt.timedelta(days=offset)
+        return day, day + dt.timedelta(days=1)
+    if kind in ("in", "ago"):
+        n = g["n"].casefold()
+        count = words["numbers"].get(n) if n in words["numbers"] else zh_number(n)
+        unit = words["units"].get(g["unit"].casefold())
+        if count is None or unit is None:
+            return None
+        day = today + dt.timedelta(days=round(count * unit) * (1 if kind == "in" else -1))
+        return day, day + dt.timedelta(days=1)
+    monday = today - dt.timedelta(days=today.weekday())
+    if kind == "weekday":
+        day = monday + dt.timedelta(days=7 * offset + words["weekdays"][g["weekday"].casefold()])
+        return day, day + dt.timedelta(days=1)
+    if kind == "week":
+        start = monday + dt.timedelta(days=7 * offset)
+        return start, start + dt.timedelta(days=7)
+    if kind == "month":
+        return month_span(today.year, today.month + offset)
+    if kind == "month_end":
+        end = month_span(today.year, today.month + offset)[1]
+        return end - dt.timedelta(days=1), end
+    if kind == "year":
+        return dt.date(today.year + offset, 1, 1), dt.date(today.year + offset + 1, 1, 1)
+    month = month_of(g.get("month") or g.get("m"))  # named_month
+    if not month or not 1 <= month <= 12:
+        return None
+    year = today.year + offset if offset else today.year - int(month >= today.month)
+    return month_span(year, month)
+
+
+def event_spans(text: str, created_at: str, words: dict, tz) -> list[tuple[str, str, str]]:
+    """The dates `text` names (rules/dates.toml, loaded by load_event_dates), resolved against the
+    memory's own time `created_at` (ISO) in the local calendar of `tz`: [(start, end, phrase)], start
+    and end ISO UTC of local midnights (end exclusive), in the order they appear in fold(text). A
+    piece of text matched by an earlier rule is not matched again ('2027年1月15日' is one date, not
+    also '1月15日')."""
+    folded = fold(text)
+    today = _parse_iso(created_at).astimezone(tz).date()
+    taken: list[tuple[int, int]] = []
+    found = []
+    for patterns, spec in words["rules"]:
+        for p in patterns:
+            for m in p.finditer(folded):
+                if any(m.start() < b and a < m.end() for a, b in taken):
+                    continue
+                span = _event_span(spec, m, today, words)
+                if span is None:
+                    continue
+                taken.append((m.start(), m.end()))
+                start, end = (dt.datetime.combine(x, dt.time(0), tzinfo=tz) for x in span)
+                found.append((m.start(), iso(start), iso(end), m.group(0)))
+    return [(s, e, phrase) for _, s, e, phrase in sorted(found)]
 
 
 def channel_evidence(ranked: dict[str, list[dict]], graph_channels) -> tuple[dict, dict, dict]:
@@ -3506,18 +3722,25 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
 
         recency     = exp(−age_days / recency_days), age from created_at (when it happened; being
                       returned by a recall does not make a memory recent); with time words, the
-                      days from the question's window instead (0 within it): close to when was asked
+                      days from the question's window instead (0 within it): close to when was asked,
+                      by created_at or by the event time its text names, whichever is closer
         frequency   = min(1, ln(1 + useful_count·exp(−days since last useful / recency_days))
                              / ln(1 + FREQUENCY_SATURATION))   (0 for as_of recall)
         doc_route   = α·doc_relevance + β·importance + γ·recency + δ·frequency
         graph_route = (0.55·graph_relevance + 0.20·importance + 0.15·recency + 0.10·confidence)
                       × (temporal_floor + (1 − temporal_floor)·temporal_factor)
-        time_boost  = time_window_boost when created_at is within the question's time window, else 0
+        time_boost  = time_window_boost when created_at is within the question's time window or its
+                      event time overlaps it (time_match), else 0
 
     (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours, README "How
     recall ranks"). Returns the dict that explain shows."""
-    recency = math.exp(-age_days(d["created_at"], ref) / w.recency_days) if not w.window \
-        else math.exp(-window_distance_days(d["created_at"], w.window) / w.recency_days)
+    if w.window:
+        event = event_distance_days(d.get("event_at"), d.get("event_end"), w.window)
+        days = window_distance_days(d["created_at"], w.window)
+        recency = math.exp(-(days if event is None else min(days, event)) / w.recency_days)
+        matched = time_match(d, w.window)
+    else:
+        recency, matched = math.exp(-age_days(d["created_at"], ref) / w.recency_days), None
     # use, not retrieval: memory_feedback counts a memory the assistant said it used; recall's
     # own touches (access_count) would let whatever was merely returned outrank the right answer
     frequency = 0.0 if historical or not d["last_useful_at"] else min(1.0, math.log1p(
@@ -3535,7 +3758,7 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
                 # the floor: graph evidence whose atoms all expired keeps that share of its weight
                 graph_route=graph_score * (w.temporal_floor + (1 - w.temporal_floor) * factor),
                 source_boost=source_boost, pin_similarity=pin, temporal_factor=factor, confidence=confidence,
-                time_boost=w.time_boost if w.window and w.window[0] <= d["created_at"] < w.window[1] else 0.0,
+                time_boost=w.time_boost if matched else 0.0, time_match=matched,
                 in_doc=any(c in ranks for c in w.doc_channels), in_graph=any(c in ranks for c in w.graph_channels))
 
 
@@ -3609,10 +3832,25 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
 def token_cover(query_tokens: set, doc_tokens: set) -> float | None:
     """The share of the query's distinct search tokens found among a memory's indexed tokens, 0..1,
     counting only query tokens of a script the memory has (CJK or not): an English question about a
-    Chinese memory shares no word with it by nature. None when no query token is comparable."""
+    Chinese memory shares no word with it by nature. Single-character Chinese tokens are left out
+    when the query has a longer one: jieba leaves the verbs and particles of a question (有, 去, 喝,
+    做) single, and they match every other memory ("下周有什么安排" is not about "我家有一只猫"); the
+    content words (安排, 上海, 咖啡) are longer. None when no query token is comparable."""
     scripts = {bool(_CJK.search(t)) for t in doc_tokens}
     comparable = {t for t in query_tokens if bool(_CJK.search(t)) in scripts}
+    words = {t for t in comparable if len(t) > 1 or not _CJK.search(t)}
+    if any(_CJK.search(t) for t in words):
+        comparable = words
     return len(comparable & doc_tokens) / len(comparable) if comparable else None
+
+
+def query_script(tokens) -> str:
+    """'cjk' when at least half of a question's search tokens are Chinese/Japanese/Korean, else
+    'latin' (any other script). Similarities live on another scale per script: multilingual-e5-small
+    gives any two Chinese sentences a cosine of ~0.85, two unrelated English ones ~0.75."""
+    tokens = list(tokens)
+    cjk = sum(bool(_CJK.search(t)) for t in tokens)
+    return "cjk" if tokens and 2 * cjk >= len(tokens) else "latin"
 
 
 def calibrated_relevance(cos: float | None, cover: float | None, coef: dict | None) -> float | None:
@@ -3672,9 +3910,10 @@ def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[
 
 def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr_score) -> dict:
     """What recall(explain=true) shows for hit `i`: its rank and normalised score per channel and
-    every part of its score, in the order they combine; with time words, the window and time_boost."""
+    every part of its score, in the order they combine; with time words, the window, time_boost and
+    time_match (which of its times fell in the window: 'written', 'event' or 'written+event')."""
     window = {"time_window": dict(zip(("start", "end", "phrase"), w.window, strict=True)),
-              "time_boost": p.get("time_boost", 0.0)} if w.window else {}
+              "time_boost": p.get("time_boost", 0.0), "time_match": p.get("time_match")} if w.window else {}
     return window | {"ranks": {c: p["ranks"].get(c) for c in chosen},
             "scores": {c: scores[c][i] for c in scores if i in scores[c]}, "fusion": w.fusion,
             "doc_rrf": rrf(p["ranks"], w.doc_channels, w.rrf_k, w.channel),
@@ -4052,7 +4291,7 @@ class Recall:
         relevant than [recall] min_relevance (calibrated_relevance, also put in their parts) or made
         within the question's time window (time_boost). When nothing is left, a warning says so and
         gives the best relevance."""
-        coef = self.rules.relevance.get(self.embedder.model)
+        coef = self.rules.relevance_coef(self.embedder.model, q.tokens)
         stored = [] if q.vector is None else self.rows(self.queries["recall_vectors_of"],
                                                        {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
@@ -5931,7 +6170,7 @@ class ConversationSearch:
         fused = {i: route_relevance(i, rk, scores, w.doc_channels, w) for i, rk in ranks.items()}
         pool = sorted(fused, key=lambda i: (-fused[i], i))[: max(3 * k, MMR_POOL_MIN)]
         rows = {row["id"]: row for row in self.rows(self.queries["conv_hits"], {"ids": json.dumps(pool)})}
-        coef = self.rules.relevance.get(self.embedder.model)
+        coef = self.rules.relevance_coef(self.embedder.model, tokens)
         out, best = [], None
         for i in pool:
             row = rows.get(i)
@@ -6396,7 +6635,7 @@ class Portable:
                      "access_count": _record_value(r, "access_count", n, (int, float)),
                      "useful_count": _record_value(r, "useful_count", n, (int, float)),
                      "last_useful_at": _record_value(r, "last_useful_at", n, (str,), True),
-                     "embedding_state": state, "embedding_error": None}
+                     "embedding_state": state, "embedding_error": None} | self._event_columns(p)
             if doc_id is not None:
                 c.execute("delete from documents_fts where rowid = ?", (doc_id,))
                 c.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
@@ -10064,7 +10303,8 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
             click.echo(f"        ranks {ranks} | doc {e['doc_route']:.3f} graph {e['graph_route']:.3f} "
                        f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}"
                        + (f" | {e['time_window']['phrase']!r} {e['time_window']['start']}..{e['time_window']['end']}"
-                          f" boost {e['time_boost']:.2f}" if "time_window" in e else ""))
+                          f" boost {e['time_boost']:.2f} ({e.get('time_match') or 'outside'})"
+                          if "time_window" in e else ""))
     if not out["results"]:
         click.echo("no memories found", err=True)
     cut = [str(h["id"]) for h in out["results"] if h["truncated"]]

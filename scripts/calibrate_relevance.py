@@ -34,12 +34,15 @@ THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 
 
 def features(sut: ev.EngineSUT, ds: ev.Dataset, id_map: dict) -> list[dict]:
-    """One row per hit: question index, in/other persona, rank, gold, cosine, cover."""
-    personas = list(dict.fromkeys(q.persona_id for q in ds.questions))
-    other = {p: personas[(i + 1) % len(personas)] for i, p in enumerate(personas)}
+    """One row per hit: question index, in/other persona, rank, gold, cosine, cover. The other
+    persona is eval_recall's (ev.other_personas: another conversation, or the half of a split
+    persona without the question's gold); a question without one gives positives only."""
+    other = {q.qid: persona for q, persona in ev.other_personas(ds)}
     rows = []
     for n, q in enumerate(ds.questions):
-        for kind, persona in (("in", q.persona_id), ("other", other[q.persona_id])):
+        for kind, persona in (("in", q.persona_id), ("other", other.get(q.qid))):
+            if persona is None:
+                continue
             ans = sut.mem.recall(q.query, k=POOL_K, persona_id=persona, explain=True)
             for rank, h in enumerate(ans["results"]):
                 e = h["explain"]
@@ -65,40 +68,52 @@ def logistic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def threshold_table(rows: list[dict], ds: ev.Dataset, relevance) -> list[list]:
-    """[threshold, in-persona R@10 kept, its drop, other-persona empty rate] for each threshold."""
+    """[threshold, in-persona R@5, R@10, the R@10 drop, answerable questions left empty, other-persona
+    empty rate] for each threshold."""
     by_q: dict[tuple, list] = {}
     for r in rows:
         by_q.setdefault((r["kind"], r["q"]), []).append(r)
+    n_other = len(ev.other_personas(ds))
     table = []
     for t in (0.0,) + THRESHOLDS:
-        recall, empty = [], 0
+        r5, r10, answered, answered_other = [], [], 0, 0
         for (kind, n), hits in by_q.items():
             kept = [h for h in hits if relevance(h) >= t][:ev.RECALL_K]
             if kind == "in":
-                recall.append(sum(h["gold"] for h in kept) / len(ds.questions[n].gold))
+                gold = len(ds.questions[n].gold)
+                r5.append(sum(h["gold"] for h in kept[:5]) / gold)
+                r10.append(sum(h["gold"] for h in kept) / gold)
+                answered += bool(kept)
             else:
-                empty += not kept
-        table.append([t, float(np.mean(recall)), empty / len(ds.questions)])
-    return [[t, r, table[0][1] - r, e] for t, r, e in table]
+                answered_other += bool(kept)
+        table.append([t, float(np.sum(r5) / len(ds.questions)), float(np.sum(r10) / len(ds.questions)),
+                      1 - answered / len(ds.questions), 1 - answered_other / max(1, n_other)])
+    return [[t, r5, r10, table[0][2] - r10, e, o] for t, r5, r10, e, o in table]
 
 
 @click.command()
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=ev.DEFAULT_DATA,
-              show_default=True, help="Folder with locomo-dev.json.")
+              show_default=True, help="Folder with locomo-dev.json and madial-zh-dev/.")
+@click.option("--dataset", type=click.Choice(["locomo", "madial"]), default="locomo", show_default=True,
+              help="locomo fits the model's weights (English); madial its [model.cjk] weights (Chinese "
+                   "questions, negatives from the memories split into two personas).")
 @click.option("--db-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where eval_recall keeps its locomo.db (reused; default: a temporary folder).")
-def main(data_dir, db_dir):
-    """Fit rules/relevance.toml's weights for the configured embedding model on LoCoMo dev."""
+def main(data_dir, db_dir, dataset):
+    """Fit rules/relevance.toml's weights for the configured embedding model on LoCoMo dev (English)
+    or MADial dev (Chinese: the [model.cjk] table)."""
     import aokun
 
-    ds = ev.load_locomo(data_dir)
+    ds = ev.load_locomo(data_dir) if dataset == "locomo" else ev.load_madial(data_dir)
     tmp = tempfile.TemporaryDirectory(prefix="aokun-calibrate-") if db_dir is None else None
     folder = Path(tmp.name) if tmp else db_dir
     folder.mkdir(parents=True, exist_ok=True)
-    sut = ev.EngineSUT(folder / "locomo.db", touch=False)
+    sut = ev.EngineSUT(folder / f"{dataset}.db", touch=False)
     sut.mem.cfg.recall["min_relevance"] = 0.0  # see every hit
     try:
         id_map, _ = ev.ingest(sut, ds)
+        if ds.split_items:
+            ev.ingest(sut, ev.Dataset(f"{ds.name} split", ds.ks, items=ds.split_items))
         rows = features(sut, ds, id_map)
         model = sut.mem.embedder.model
     finally:
@@ -108,11 +123,11 @@ def main(data_dir, db_dir):
     both = logistic(np.array([[r["cos"], r["cover"] or 0.0] for r in train]), y)
     cos_only = logistic(np.array([[r["cos"]] for r in train]), y)
     coef = dict(zip(aokun.RELEVANCE_WEIGHTS, [*both, *cos_only], strict=True))
-    print(f'\n["{model}"]')
+    print(f'\n["{model}"]' if dataset == "locomo" else f'\n["{model}".cjk]')
     for k, v in coef.items():
         print(f"{k} = {v:.2f}")
     print(f"\n{len(train)} hits ({int(y.sum())} relevant); what [recall] min_relevance costs and buys:")
-    print(ev.table(["min_relevance", "in-persona R@10", "drop", "other persona empty"],
+    print(ev.table(["min_relevance", "in-persona R@5", "R@10", "R@10 drop", "answerable empty", "other persona empty"],
                    threshold_table(rows, ds, lambda h: aokun.calibrated_relevance(h["cos"], h["cover"], coef) or 0.0)))
     if tmp:
         tmp.cleanup()

@@ -70,6 +70,10 @@ class Dataset:
     questions: list = field(default_factory=list)
     categories: list = field(default_factory=list)  #: category names in report order
     notes: list = field(default_factory=list)
+    #: other-persona negatives when the data has one persona: (persona, key, content, metadata) of a
+    #: copy of the memories split into two personas, and per question the half without its gold
+    split_items: list = field(default_factory=list)
+    split_other: dict = field(default_factory=dict)  #: qid → the split persona that lacks its gold
 
 
 def locomo_time(text: str) -> str:
@@ -184,7 +188,28 @@ def load_madial(data_dir: Path) -> Dataset:
     ds.notes.append(f"{len(ds.items)} memories ({unparseable} with an unparseable time, stored without a "
                     f"timestamp), {len(ds.questions)} dialogues ({skipped} skipped, "
                     f"{missing} gold ids not in the pool)")
+    split_personas(ds)
     return ds
+
+
+def split_personas(ds: Dataset) -> None:
+    """Negatives for a dataset with one persona (MADial dev holds user 1 only): a copy of its memories
+    split into two personas by memory order (even and odd positions, so both halves span the same
+    time), and for every question the half that holds none of its gold memories: asked there,
+    nothing is the answer. Questions whose gold falls in both halves get no negative."""
+    personas = {q.persona_id for q in ds.questions}
+    if len(personas) != 1:
+        return
+    halves = {}
+    for n, (persona, key, content, meta) in enumerate(ds.items):
+        half = f"{persona}-split{n % 2}"
+        halves[key] = half
+        ds.split_items.append((half, key, content, dict(meta, persona_id=half)))
+    both = {h for _, _, _, m in ds.split_items for h in [m["persona_id"]]}
+    for q in ds.questions:
+        held = {halves[g] for g in q.gold if g in halves}
+        if len(held) == 1:
+            ds.split_other[q.qid] = next(iter(both - held))
 
 
 
@@ -371,21 +396,32 @@ def one_pass(sut, ds: Dataset, id_map: dict, setting: str, number: int) -> dict:
     return result
 
 
-def other_persona(sut, ds: Dataset) -> dict | None:
-    """Every question asked against the next persona's memories (another conversation, where the
-    answer is not): how often the answer is empty. None with fewer than two personas."""
+def other_personas(ds: Dataset) -> list[tuple[Question, str]]:
+    """(question, a persona where its answer is not) pairs: the next conversation's persona, or with
+    one persona the half of split_personas that lacks the question's gold."""
     personas = list(dict.fromkeys(q.persona_id for q in ds.questions))
-    if len(personas) < 2:
+    if len(personas) >= 2:
+        other = {p: personas[(i + 1) % len(personas)] for i, p in enumerate(personas)}
+        return [(q, other[q.persona_id]) for q in ds.questions]
+    return [(q, ds.split_other[q.qid]) for q in ds.questions if q.qid in ds.split_other]
+
+
+def other_persona(sut, ds: Dataset) -> dict | None:
+    """Every question asked against a persona where its answer is not (other_personas: another
+    conversation, or the other half of a split): how often the answer is empty. None without any."""
+    pairs = other_personas(ds)
+    if not pairs:
         return None
-    other = {p: personas[(i + 1) % len(personas)] for i, p in enumerate(personas)}
     empty = 0
-    for n, q in enumerate(ds.questions, 1):
-        empty += not (sut.recall(q.query, RECALL_K, other[q.persona_id], None).get("results") or [])
-        if n % 25 == 0 or n == len(ds.questions):
-            print(f"\r  [{ds.name}] other persona: {n}/{len(ds.questions)} questions", end="", file=sys.stderr,
+    for n, (q, persona) in enumerate(pairs, 1):
+        empty += not (sut.recall(q.query, RECALL_K, persona, None).get("results") or [])
+        if n % 25 == 0 or n == len(pairs):
+            print(f"\r  [{ds.name}] other persona: {n}/{len(pairs)} questions", end="", file=sys.stderr,
                   flush=True)
     print(file=sys.stderr)
-    return {"n": len(ds.questions), "empty": empty, "empty_rate": empty / max(1, len(ds.questions))}
+    split = " (one persona: its memories split in two, each question asked of the half without its gold)" \
+        if ds.split_other else ""
+    return {"n": len(pairs), "empty": empty, "empty_rate": empty / max(1, len(pairs)), "how": split}
 
 
 def mean_of(values: list) -> float | None:
@@ -443,9 +479,14 @@ def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: di
         print("\nsession-level recall_any@k (an evidence turn's session among the first k distinct sessions):")
         print(table(["channels"] + [f"any@{k}" for k in SESSION_KS],
                     [[label] + [r["session_recall_any"][k] for k in SESSION_KS] for label, r in rows]))
+    last = results[hybrid][-1]
+    rk = "  ".join(f"R@{k} {last['recall'][k]:.3f}" for k in ks)
+    print(f"\nsummary ({hybrid}, last pass): {rk}  |  answerable empty {last['empty_results'] / max(1, last['n']):.1%}"
+          + (f"  |  other persona empty {others['empty_rate']:.1%}" if others is not None else ""))
+    print(f"answerable questions answered empty ({hybrid}, last pass): {last['empty_results']} of {last['n']}")
     if others is not None:
-        print(f"\nasked against another conversation's persona ({hybrid}): {others['empty']} of {others['n']} "
-              f"answers empty ({others['empty_rate']:.1%})")
+        print(f"asked against another persona ({hybrid}){others.get('how', '')}: {others['empty']} of "
+              f"{others['n']} answers empty ({others['empty_rate']:.1%})")
     if misses:
         print_misses(ds, results[hybrid][-1], misses, texts)
 
@@ -554,6 +595,8 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
                 EngineSUT(db_path, provider=provider, touch=touch, config=config)
             try:
                 id_map, info = ingest(sut, ds)
+                if ds.split_items and "all" in settings:  # the split personas' copy, for other_persona
+                    ingest(sut, Dataset(f"{ds.name} split", ds.ks, items=ds.split_items))
                 results = evaluate(sut, ds, id_map, settings, passes)
                 others = other_persona(sut, ds) if "all" in settings else None
             finally:

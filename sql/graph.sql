@@ -7,7 +7,8 @@
 -- The 20 best BM25 matches (:match, an FTS5 expression) among the active atoms of :persona_id of
 -- type :atom_type, with their segmented text: Jaccard (in Python) decides which one a new fact
 -- reinforces.
-select a.id, a.base_ttl_days, a.importance, a.reinforcement_count, a.confidence, a.last_reinforced_at, f.segmented
+select a.id, a.atom_type, a.base_ttl_days, a.importance, a.reinforcement_count, a.confidence, a.last_reinforced_at,
+       a.expires_at, f.segmented
 from memory_atoms_fts f join memory_atoms a on a.id = f.rowid
 where memory_atoms_fts match :match and a.persona_id = :persona_id and a.state = 'active'
   and a.atom_type = :atom_type

@@ -234,7 +234,7 @@ with factors as (
     where s.document_id in (select value from json_each(:ids))
     group by s.document_id
 )
-select d.id, d.source, d.importance, d.created_at, d.useful_count, d.last_useful_at,
+select d.id, d.source, d.importance, d.created_at, d.event_at, d.event_end, d.useful_count, d.last_useful_at,
        coalesce(f.factor, case
            when :historical = 1 and julianday(:ref) < julianday(d.created_at) then 0.0
            when julianday(:ref) - julianday(d.created_at) >= :default_ttl * (0.5 + d.importance) then 0.0
@@ -253,14 +253,22 @@ where d.id in (select value from json_each(:ids));
 
 -- name: recall_time_window
 -- The newest memories created within the question's time window [:window_start, :window_end)
--- (ISO UTC, from aokun.time_window; only run when the question has time words), so that they can
--- be candidates even when no other word of the question finds them. Filtered like the channels.
+-- (ISO UTC, from aokun.time_window; only run when the question has time words), or whose event
+-- time [event_at, event_end) overlaps it (schema 16: "next Wednesday" in a memory written last
+-- week), so that they can be candidates even when no other word of the question finds them.
+-- Filtered like the channels. Each half reads its own index (documents_created, documents_event).
+with hits as (
+    select d.id, d.created_at from documents d
+    where d.persona_id = :persona_id and d.created_at >= :window_start and d.created_at < :window_end
+    union
+    select d.id, d.created_at from documents d
+    where d.persona_id = :persona_id and d.event_at is not null
+      and d.event_at < :window_end and d.event_end > :window_start
+)
 select d.id, 'time_window' as channel, row_number() over (order by d.created_at desc, d.id desc) - 1 as rank,
        0.0 as raw, 1.0 as confidence
-from documents d
-where d.created_at >= :window_start and d.created_at < :window_end
-  and d.persona_id = :persona_id
-  and (:session_id = '' or d.session_id = :session_id)
+from hits h join documents d on d.id = h.id
+where (:session_id = '' or d.session_id = :session_id)
   and d.archived <= :max_archived
   and (:as_of = '' or d.created_at <= :as_of)
 order by d.created_at desc, d.id desc
@@ -299,7 +307,7 @@ where id in (select value from json_each(:ids));
 -- memory_feedback(useful = true) reinforces the atoms a memory states or reinforced, like a
 -- repeat of it would (Layers._stage_atoms): the active ones of :document_id not reinforced since
 -- :since (ISO time), so repeated feedback stretches an atom's shelf life at most once a day.
-select a.id, a.base_ttl_days, a.importance, a.reinforcement_count
+select a.id, a.atom_type, a.base_ttl_days, a.importance, a.reinforcement_count, a.expires_at
 from atom_sources s join memory_atoms a on a.id = s.atom_id
 where s.document_id = :document_id and a.state = 'active' and a.last_reinforced_at < :since
 order by a.id;

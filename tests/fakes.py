@@ -105,6 +105,18 @@ def open_at_schema(tmp_path, monkeypatch, segmenter, upto: int, name: str) -> "a
     return m
 
 
+#: documents columns of schema 16 that this code writes: a test writing into an older file adds them
+#: (event_columns) and drops them again before the file is migrated (migration 16 adds them)
+EVENT_COLUMNS = ("event_at", "event_end")
+
+
+def event_columns(mem, add: bool = True) -> None:
+    """Add (or with add=False drop) schema 16's documents.event_at/event_end in an older file. In tx."""
+    for column in EVENT_COLUMNS:
+        mem.conn.execute(f"alter table documents add column {column} text" if add
+                         else f"alter table documents drop column {column}")
+
+
 def default_graph_columns_of_schema12(mem) -> None:
     """This code no longer writes graph_nodes/edges/entries' uid, created_at and updated_at (schema 13
     drops them): give them defaults in an older file so it can write there. In tx."""

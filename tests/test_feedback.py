@@ -235,7 +235,8 @@ def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, m
     m = open_at_schema(tmp_path, monkeypatch, segmenter, 6, "six.db")
     path = m.path
     assert "useful_count" not in {r["name"] for r in m.rows("pragma table_info(documents)")}
-    later = [("documents", "embedding_error"), ("graph_entries", "embedding_error")]  # schema 9, which this code writes
+    later = [("documents", "embedding_error"), ("graph_entries", "embedding_error"),  # schema 9, which this code writes
+             ("documents", "event_at"), ("documents", "event_end")]  # and schema 16
     with m.tx() as c:
         for table, column in later:
             c.execute(f"alter table {table} add column {column} text")
@@ -266,7 +267,8 @@ def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, m
                     [{k: v for k, v in r.items() if k not in dropped} for r in before[t]], t
         assert len(after["documents"]) == len(before["documents"]) == 8
         for old, new in zip(before["documents"], after["documents"], strict=True):
-            assert new == old | {"useful_count": 0, "last_useful_at": None, "embedding_error": None}
+            assert new == old | {"useful_count": 0, "last_useful_at": None, "embedding_error": None,
+                                 "event_at": None, "event_end": None}
         assert m.doctor() == []
         assert m.recall(CORPUS[0][0], k=1, channels="bm25")["results"][0]["id"] == ids[0]
         assert m.memory_feedback([ids[1]])["results"][0]["useful_count"] == 1

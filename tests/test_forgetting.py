@@ -21,7 +21,7 @@ from fakes import count, table_counts
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
 MUSEUM = "Yesterday I visited the science museum with Tom."  # an episodic fact (base TTL 7 days)
-DENTIST = "I will call the dentist tomorrow."  # a planned fact (base TTL 2 days, step decay)
+DENTIST = "I will call the dentist tomorrow."  # a planned fact (step decay) with an event: March 2
 
 
 # fixtures and helpers ----------------------------------------------------------------------------
@@ -298,7 +298,8 @@ def test_planned_atom_is_a_step_until_its_deadline(make, clock):
     [aid] = atom_ids(m, doc)
     a = atom(m, aid)
     assert a["atom_type"] == "planned"
-    deadline = T0 + dt.timedelta(days=2)
+    # tomorrow (March 2, UTC) ends at midnight; rules/dates.toml's grace_days = 1 keeps it a day longer
+    deadline = dt.datetime(2026, 3, 4, tzinfo=dt.timezone.utc)
     assert a["expires_at"] == aokun.iso(deadline)
     clock.set(deadline - dt.timedelta(seconds=1))
     assert aokun.ttl_factor(a, "step", aokun.now()) == 1.0

@@ -58,3 +58,42 @@ def test_min_relevance_zero_keeps_every_hit(local_mem, segmenter):
         assert len(out["results"]) == 3 and all(h["relevance"] < 0.4 for h in out["results"])
     finally:
         m.close()
+
+
+def test_the_script_of_a_question_picks_its_weights(tmp_path):
+    assert aokun.query_script(["喜欢", "咖啡"]) == "cjk"
+    assert aokun.query_script(["likes", "music"]) == "latin"
+    assert aokun.query_script(["python", "教程"]) == "cjk"  # half or more: the Chinese scale
+    assert aokun.query_script([]) == "latin"
+    rules = tmp_path / "relevance.toml"
+    rules.write_text('["m"]\nw_cos = 1\nw_cover = 2\nbias = 3\ncos_only_w_cos = 4\ncos_only_bias = 5\n'
+                     '["m".cjk]\nw_cos = 6\nw_cover = 7\nbias = 8\ncos_only_w_cos = 9\ncos_only_bias = 10\n',
+                     encoding="utf-8")
+    ini = tmp_path / "aokun.ini"
+    ini.write_text(f"[recall]\nrelevance = {rules}\n", encoding="utf-8")
+    r = aokun.Rules(aokun.Config(ini))
+    assert r.relevance_coef("m", {"咖啡"})["w_cos"] == 6.0
+    assert r.relevance_coef("m", {"coffee"})["w_cos"] == 1.0
+    assert r.relevance_coef("other", {"咖啡"}) is None
+
+
+SMALL_TALK_ZH = ["你好", "谢谢", "讲个笑话"]
+
+
+def test_chinese_small_talk_returns_nothing(local_mem):
+    _store(local_mem)
+    for text in ["我最喜欢喝拿铁咖啡，不加糖。", "周末和朋友去爬山了。", "我在一家互联网公司上班。"]:
+        local_mem.memorize(text, {"persona_id": PERSONA})
+    for query in SMALL_TALK_ZH:
+        out = local_mem.recall(query, k=5, persona_id=PERSONA)
+        assert out["results"] == [], (query, [(h["text"], h["relevance"]) for h in out["results"]])
+
+
+def test_chinese_question_words_do_not_outrank_the_content_word(local_mem):
+    _store(local_mem)
+    for text in ["我最喜欢喝拿铁咖啡，不加糖。", "我下周三去上海出差，想问问哪里好玩。"]:
+        local_mem.memorize(text, {"persona_id": PERSONA})
+    out = local_mem.recall("我喜欢喝什么咖啡", k=5, persona_id=PERSONA)
+    assert out["results"] and "咖啡" in out["results"][0]["text"]
+    out = local_mem.recall("我在哪里出差？", k=5, persona_id=PERSONA)
+    assert out["results"] and "出差" in out["results"][0]["text"]

@@ -4,7 +4,7 @@ and dropping the old tables cascades to nothing (migrate() turns foreign keys of
 
 
 import aokun
-from fakes import FakeEmbedder, default_graph_columns_of_schema12, fts_ids, open_at_schema
+from fakes import FakeEmbedder, default_graph_columns_of_schema12, event_columns, fts_ids, open_at_schema
 
 GRAPH = ("graph_nodes", "graph_edges", "graph_entries")
 DROPPED = {"uid", "created_at", "updated_at"}
@@ -15,6 +15,7 @@ def test_a_schema12_file_keeps_every_graph_row_vector_and_match(tmp_path, monkey
     path = m.path
     with m.tx():
         default_graph_columns_of_schema12(m)
+        event_columns(m)
     meta = {"session_id": "s", "participants": ["Alice"], "topics": ["coffee"]}
     ids = [m.memorize(t, meta | {"timestamp": f"2025-01-01T10:0{i}:00Z"})["id"] for i, t in enumerate(
         ["Alice loves iced americano. She drinks two a day.", "Alice will visit Tokyo in May. She booked a hotel.",
@@ -24,6 +25,8 @@ def test_a_schema12_file_keeps_every_graph_row_vector_and_match(tmp_path, monkey
     vectors = m.rows("select entry_id, embedding from graph_vectors order by entry_id")
     matches = {w: fts_ids(m, "graph_entries_fts", w) for w in ("americano", "tokyo", "valve", "alice")}
     assert vectors and all(matches.values())
+    with m.tx():
+        event_columns(m, add=False)
     m.close()
 
     monkeypatch.setattr(aokun, "SCHEMA_DIR", aokun.HERE / "schema")
