@@ -1269,10 +1269,13 @@ class Rules:
         #: {embedding model: {w_cos, w_cover, bias, cos_only_w_cos, cos_only_bias}} of calibrated_relevance
         self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS} for model, c in relevance.items()}
         #: {embedding model: {script: weights}}: a model's weights for the questions of one script
-        #: (query_script), where the file has a [model.script] table; other questions use the model's own
-        self.relevance_by_script = {model: {script: {k: float(t[k]) for k in RELEVANCE_WEIGHTS}
-                                            for script, t in c.items() if isinstance(t, dict)}
-                                    for model, c in relevance.items()}
+        #: (query_script), where the file has a [model.script] table; other questions use the model's
+        #: own. A script table holds w_cos, w_cover and bias: a memory of another script (cos-only,
+        #: a cross-language pair) keeps the model's own cos-only weights
+        self.relevance_by_script = {
+            model: {script: self.relevance[model] | {k: float(t[k]) for k in RELEVANCE_WEIGHTS[:3]}
+                    for script, t in c.items() if isinstance(t, dict)}
+            for model, c in relevance.items()}
         intents = tomllib.loads(cfg.rule_file(cfg.recall.intents).read_text(encoding="utf-8")).get("intents", {})
         self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
                         for name, spec in intents.items()]
@@ -1463,6 +1466,7 @@ SUPERSEDES_MAX = 20  #: the most memories one memorize(supersedes=…) archives
 #: multilingual-e5-small unrelated short sentences reach 0.80-0.88 ("I like sushi" / "I like green
 #: tea" 0.871 sharing "like"), updates of one fact 0.89-0.95 ("My favourite coffee is a flat white"
 #: / "… is now an iced americano" 0.917); measured on 32 pairs, see the commit that added them.
+#: A model without a calibrated relevance (rules/relevance.toml) gets the slot signal only.
 MAY_UPDATE_MAX = 3
 MAY_UPDATE_COSINE = 0.89
 MAY_UPDATE_COSINE_ALONE = 0.93
@@ -2745,7 +2749,10 @@ class Journal:
                 self.queries["slot_rivals_of_document"],
                 {"document_id": p.document_id, "persona_id": p.persona_id, "k": MAY_UPDATE_MAX})}
             blob = None
-            if len(found) < MAY_UPDATE_MAX and self.has_table("doc_vec"):
+            # the cosine bounds were measured on the calibrated local model; another model's
+            # similarities live on another scale, so it gets the slot signal alone
+            calibrated = self.rules.relevance_coef(self.embedder.model, ()) is not None
+            if len(found) < MAY_UPDATE_MAX and calibrated and self.has_table("doc_vec"):
                 blob = self.value("select embedding from doc_vectors where doc_id = ?",
                                   (p.document_id,))
             if blob is not None:

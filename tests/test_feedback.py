@@ -236,16 +236,19 @@ def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, m
     path = m.path
     assert "useful_count" not in {r["name"] for r in m.rows("pragma table_info(documents)")}
     later = [("documents", "embedding_error"), ("graph_entries", "embedding_error"),  # schema 9, which this code writes
-             ("documents", "event_at"), ("documents", "event_end")]  # and schema 16
+             ("documents", "superseded_by"), ("documents", "event_at"), ("documents", "event_end")]  # 15, 16
     with m.tx() as c:
         for table, column in later:
             c.execute(f"alter table {table} add column {column} text")
+        c.execute("create index documents_superseded_by on documents(superseded_by) where superseded_by is not null")
         c.execute("create table memory_write_payloads(op_id integer primary key, payload text)")  # schema 11
         default_graph_columns_of_schema12(m)
     ids = [r["id"] for r in m.memorize_many([(text, None) for text, _ in CORPUS[:8]])]
     with m.tx() as c:
         c.execute("update documents set access_count = 3, last_access_at = ? where id = ?", (aokun.now_iso(), ids[0]))
         for table, column in later:
+            if column == "superseded_by":
+                c.execute("drop index documents_superseded_by")
             c.execute(f"alter table {table} drop column {column}")
         c.execute("drop table memory_write_payloads")
     tables = ("documents", "memory_atoms", "atom_sources", "graph_nodes", "graph_entries", "doc_vectors",
@@ -268,7 +271,7 @@ def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, m
         assert len(after["documents"]) == len(before["documents"]) == 8
         for old, new in zip(before["documents"], after["documents"], strict=True):
             assert new == old | {"useful_count": 0, "last_useful_at": None, "embedding_error": None,
-                                 "event_at": None, "event_end": None}
+                                 "event_at": None, "event_end": None, "superseded_by": None}
         assert m.doctor() == []
         assert m.recall(CORPUS[0][0], k=1, channels="bm25")["results"][0]["id"] == ids[0]
         assert m.memory_feedback([ids[1]])["results"][0]["useful_count"] == 1

@@ -722,7 +722,7 @@ async def test_mcp_kg_context_preview_consolidation_and_briefing(tmp_path, segme
         assert f"[{kayak}] Tom bought a red kayak." in (await client.read_resource("memory://briefing")).contents[0].text
         tools = {t.name: t for t in (await client.list_tools()).tools}
         blob = tools["memory_context"].output_schema["properties"]
-        assert "age_seconds" in blob and blob["age_seconds"]["description"] and blob["age_seconds"]["type"] == "integer"
+        assert "age_seconds" in blob and blob["age_seconds"]["type"] == "integer"
         monkeypatch.setenv("AOKUN_NOW", aokun.iso(NOW))
         dyn = await _ok(client, "memory_context", {"topic": "iced americano", "mode": "quick"})
         assert dyn["source"] == "dynamic" and "iced americano" in dyn["text"] and dyn["tokens"] <= 400

@@ -13,6 +13,14 @@ TEXTS = [f"{name} {verb} {thing} in {place}" for name in ("Alice", "Bob", "Carme
          for place in ("Oslo", "Kyoto")]  # 72 distinct memories
 
 
+
+def drop_schema_15_and_16(c):
+    """What schema 15 (superseded_by) and 16 (event dates) added to documents, dropped on `c`."""
+    for index in ("documents_superseded_by", "documents_event"):
+        c.execute(f"drop index {index}")
+    for column in ("superseded_by", "event_at", "event_end"):
+        c.execute(f"alter table documents drop column {column}")
+
 def _floats(mem, table="doc_vectors", key="doc_id"):
     return {r[key]: aokun.blob_vector(r["embedding"])
             for r in mem.rows(f"select {key}, embedding from {table}")}
@@ -93,6 +101,7 @@ def _make_schema5_file(path, dim=16):
     c.execute("drop table doc_vectors")
     c.execute("drop table graph_vectors")
     c.execute("delete from meta where key = 'vector_center'")
+    drop_schema_15_and_16(c)
     c.execute("alter table documents drop column embedding_error")  # schema 9
     c.execute("alter table graph_entries drop column embedding_error")
     c.execute("alter table documents drop column useful_count")  # schema 7
@@ -204,6 +213,7 @@ def test_float32_file_is_compacted_at_open_and_vacuum_gives_the_space_back(db_pa
         c.execute("update memory_write_ops set payload = json_object('content', (select content from documents "
                   "where id = document_id), 'pad', hex(randomblob(500)))")
         c.execute("delete from meta where key = 'vector_format'")
+        drop_schema_15_and_16(c)
         c.execute("pragma user_version = 10")
     c.execute("vacuum")
     vector_bytes = "select sum(pgsize) from dbstat where name in ('doc_vectors', 'graph_vectors')"
