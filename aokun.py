@@ -6126,6 +6126,9 @@ EXPORT_FIELDS = {
 #: Fields added to a kind after EXPORT_VERSION 1: a record without one (an older export or device)
 #: reads as null, and sync_hash leaves a null one out, so older devices' versions hash the same.
 EXPORT_OPTIONAL = {"memory": ("superseded_by",)}
+#: The text fields import redacts, by kind (memories pass the write pipeline, which redacts them).
+IMPORT_REDACTED = {"session": {"project", "title", "first_user_message"}, "turn": {"text"},
+                   "atom": {"content", "subject", "slot_value"}, "entity": {"name"}, "triple": {"predicate"}}
 #: Export column → record field where they differ (the uid a reference resolves to).
 _EXPORT_RENAMES = {"merged_into_uid": "merged_into", "document_uid": "document", "source_uids": "sources",
                    "superseded_by_uid": "superseded_by", "subject_uid": "subject", "object_uid": "object",
@@ -6297,7 +6300,8 @@ class Portable:
         is written."""
         records = read_export(lines)
         report = {k: {"added": 0, "updated": 0, "kept": 0, "skipped": 0} for k in EXPORT_FIELDS}
-        by_kind = {k: [(n, r) for n, r in records if r["kind"] == k] for k in EXPORT_FIELDS}
+        by_kind = {k: [(n, self._redacted_record(k, r)) for n, r in records if r["kind"] == k]
+                   for k in EXPORT_FIELDS}
         ids: dict[tuple, int] = {}  # (table, uid) → id in this file
         with self._running() as claim:
             with self.tx():
@@ -6319,6 +6323,20 @@ class Portable:
         self.backfill_vectors(ids=[p.document_id for p in preps])
         self.backfill_turn_vectors()
         return report
+
+    def _redacted_record(self, kind: str, rec: dict) -> dict:
+        """`rec` (an export record of `kind`) with secrets redacted from its text fields
+        (IMPORT_REDACTED; memories are redacted by the write pipeline): an export from an older
+        version, or another device with other rules, stores no secret here. An entity whose name
+        changed gets the canonical key of the redacted name. Fields that are not text are left
+        for the import's checks."""
+        names = IMPORT_REDACTED.get(kind)
+        if not names:
+            return rec
+        out = self.redact_fields(rec, names)
+        if kind == "entity" and isinstance(out.get("name"), str) and out["name"] != rec["name"]:
+            out["canonical"] = self.rules.canonical(out["name"])
+        return out
 
     def _uid_id(self, table: str, uid, ids: dict, persona=None) -> int | None:
         """The id of the row of `table` (one of ours) with `uid` in this file, or None (also when

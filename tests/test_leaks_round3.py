@@ -2,8 +2,14 @@
 path that writes conversation text redacting it, unreadable or huge transcripts, progress kept per
 source, a refused embedding input kept out of its neighbours' vectors, and progress on a terminal."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import aokun
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "conversations"
 PATTERNS = aokun.load_secret_rules(aokun.HERE / "rules" / "secrets.toml")
 
 # secret shapes -----------------------------------------------------------------------------------
@@ -34,3 +40,57 @@ ROUND3_NOT_SECRETS = [
 def test_round3_secret_shapes_are_redacted_and_prose_is_not():
     assert [(t, aokun.redact(t, PATTERNS)) for t, want in ROUND3_SHAPES if aokun.redact(t, PATTERNS) != want] == []
     assert [t for t in ROUND3_NOT_SECRETS if aokun.redact(t, PATTERNS) != t] == []
+
+
+# import redacts what it writes ---------------------------------------------------------------------
+
+def _cli(tmp_path, *args, timeout=300):
+    """`python aokun.py --config <provider = none ini> ARGS` in a subprocess: (returncode, stdout, stderr)."""
+    ini = tmp_path / "aokun.ini"
+    if not ini.exists():
+        ini.write_text("[embedding]\nprovider = none\n", encoding="utf-8")
+    r = subprocess.run([sys.executable, str(aokun.HERE / "aokun.py"), "--config", str(ini), *map(str, args)],
+                       capture_output=True, text=True, timeout=timeout,
+                       env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AOKUN_LOG_LEVEL": "WARNING"})
+    return r.returncode, r.stdout, r.stderr
+
+
+#: synthetic secrets planted in an export's conversation and graph records
+PLANTED = {"turn": "ghp_R8tZk2Lm9QvX4nWb7Yc1Hd6Jf3Ga5sEo0uIqZZ", "title": "sk-proj-Xk3v9QmT2pLw8RzN4bYc7HdJ6fGa1sEo",
+           "atom": "AKIAQ3EGRT5YL7XWNZPD", "entity": "xoxb-2847561093-5829301746-Qm8Tz2Lk9RvX"}
+
+
+def _plant(records: list[dict]) -> set[str]:
+    """Put PLANTED's secrets into the first turn, session, atom and entity record; the kinds planted."""
+    done = set()
+    for r in records:
+        kind = r.get("kind")
+        field = {"turn": "text", "session": "title", "atom": "content", "entity": "name"}.get(kind)
+        if field and kind not in done:
+            r[field] = f"{r[field]} {PLANTED['title' if kind == 'session' else kind]}"
+            done.add(kind)
+    return done
+
+
+def test_import_redacts_turns_titles_atoms_and_entities(tmp_path):
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    assert _cli(tmp_path, "--db", a, "memorize", "Alice prefers iced americano", "--participant", "Alice")[0] == 0
+    assert _cli(tmp_path, "--db", a, "kg", "add", "Alice", "works_at", "Acme")[0] == 0
+    code, _, err = _cli(tmp_path, "--db", a, "ingest", "codex", FIXTURES / "codex")
+    assert code == 0, err
+    out = tmp_path / "x.jsonl"
+    assert _cli(tmp_path, "--db", a, "export", "--out", out)[0] == 0
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert _plant(records) == {"turn", "session", "atom", "entity"}
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    code, stdout, err = _cli(tmp_path, "--db", b, "import", out, "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["turn"]["added"] == 5
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("b.db*"))
+    assert [k for k, s in PLANTED.items() if s.encode() in raw] == []
+    shown = _cli(tmp_path, "--db", b, "conversations", "show", "0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b",
+                 "--json")[1]
+    shown = json.loads(shown)
+    assert "[REDACTED:openai_key]" in shown["session"]["title"]
+    assert any("[REDACTED:github_token]" in t["text"] for t in shown["turns"])
+    assert b"[REDACTED:aws_access_key]" in raw and b"[REDACTED:slack_token]" in raw
