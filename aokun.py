@@ -42,6 +42,7 @@ __version__ = "0.1.0"
 import configparser
 import contextlib
 import datetime as dt
+import errno
 import functools
 import hashlib
 import io
@@ -5535,6 +5536,25 @@ def read_chatgpt_export(path: Path) -> bytes:
         return z.read(min(names, key=len))
 
 
+def _transcript_file(path: Path, problems: list | None) -> bool:
+    """Whether `path`, a name that fits a source's pattern, is a regular file to read. A dangling
+    symlink, a symlink loop or another non-file (a FIFO, a socket) is not; its line is appended to
+    `problems` when given. A folder is not either, without a line (its files are searched)."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        if problems is not None:
+            why = "a symlink loop" if e.errno == errno.ELOOP else \
+                "a dangling symlink" if path.is_symlink() else (e.strerror or str(e))
+            problems.append(f"{path}: cannot read it ({why})")
+        return False
+    if stat.S_ISREG(st.st_mode):
+        return True
+    if not stat.S_ISDIR(st.st_mode) and problems is not None:
+        problems.append(f"{path}: cannot read it (not a regular file)")
+    return False
+
+
 # Conversations: sessions and turns, ingestion, search and upkeep #################################
 
 CONVERSATION_PAGE_MAX = 200  #: the most turns conversation_get_session returns at once
@@ -5588,20 +5608,23 @@ class Conversations:
 
     # ingestion -----------------------------------------------------------------------------------
 
-    def transcript_files(self, source: str, paths=()) -> list[Path]:
+    def transcript_files(self, source: str, paths=(), problems: list | None = None) -> list[Path]:
         """The transcript files to read: each path given (a folder: the files in it, at any depth,
-        whose names fit the source's location pattern), or the client's standard location. InputError
-        for a path that does not exist."""
+        whose names fit the source's location pattern), or the client's standard location. A name
+        that fits but is no readable file (a dangling symlink, a symlink loop, a FIFO) is left out
+        and, when `problems` is given, one line naming it and why is appended to it; a folder that
+        fits is searched, not reported. InputError for a path given that does not exist."""
         rules = self.ingest_rules(source)
         pattern = Path(rules.location).name
         if not paths:
             import glob
-            return sorted(Path(p).resolve() for p in glob.glob(os.path.expanduser(rules.location)) if Path(p).is_file())
+            found = [Path(p) for p in glob.glob(os.path.expanduser(rules.location))]
+            return sorted(p.resolve() for p in found if _transcript_file(p, problems))
         out = []
         for p in paths:
             p = Path(p).expanduser()
             if p.is_dir():
-                out += sorted(x for x in p.rglob(pattern) if x.is_file())
+                out += sorted(x for x in p.rglob(pattern) if _transcript_file(x, problems))
             elif p.is_file():
                 out.append(p)
             else:
@@ -5616,30 +5639,39 @@ class Conversations:
         by the source's rules, redacted, and stored once each (session, turn key). `progress`, when
         given, is called with the bytes of each file read. A session deleted before (delete_session's
         tombstone) is not ingested again unless `include_deleted`, which clears its tombstone. Returns
-        {source, files, sessions, turns, new, skipped, deleted, seconds}: sessions and turns read this
-        run, new turns stored, malformed lines or records skipped, deleted sessions skipped, wall time
-        in seconds."""
+        {source, files, sessions, turns, new, skipped, deleted, unreadable, seconds}: files read,
+        sessions and turns read this run, new turns stored, malformed lines or records skipped,
+        deleted sessions skipped, one line per transcript that could not be read (permissions, a
+        dangling symlink or loop, an I/O error: left out, the other files read), wall time in
+        seconds."""
         started = time.perf_counter()
         rules = self.ingest_rules(source)
         persona = _label(persona_id, "persona_id")
-        files = self.transcript_files(source, paths)
+        unreadable: list[str] = []
+        files = self.transcript_files(source, paths, unreadable)
         stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0, "skipped": 0,
                  "deleted": set(), "include_deleted": include_deleted}
         for path in files:
             before = stats["turns"]
-            if rules.format == "chatgpt":
-                self._ingest_export(path, rules, persona, stats)
-            else:
-                self._ingest_jsonl(path, rules, persona, stats)
+            try:
+                size = path.stat().st_size
+                if rules.format == "chatgpt":
+                    self._ingest_export(path, rules, persona, stats)
+                else:
+                    self._ingest_jsonl(path, rules, persona, stats)
+            except OSError as e:  # what was stored of it stays, with its offset; the next file is read
+                unreadable.append(f"{path}: cannot read it ({e.strerror or e})")
+                stats["files"] -= 1
+                continue
             if progress is not None:
-                progress(path.stat().st_size, stats["turns"] - before)
+                progress(size, stats["turns"] - before)
         if stats["new"]:
             with self.tx():
                 self._briefing_stale(persona)
             self._center_turn_index()
         self.backfill_turn_vectors()
         stats.pop("include_deleted")
-        return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]),
+        return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]), unreadable=unreadable,
                     seconds=round(time.perf_counter() - started, 3))
 
     def _file_state(self, path: Path, persona: str) -> dict | None:
@@ -7063,6 +7095,7 @@ class Watcher:
         """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer."""
         self.mem, self.sources, self.persona = mem, tuple(sources), persona_id
         self.known: dict[str, dict[Path, tuple]] = {s: {} for s in self.sources}
+        self.broken: dict[Path, str] = {}  #: symlinks that lead nowhere, warned about once each
         self.polls = 0
 
     def poll(self) -> dict:
@@ -7078,13 +7111,15 @@ class Watcher:
             if not changed:
                 continue
             try:
-                n = self.mem.ingest(source, changed, self.persona)["new"]
+                done = self.mem.ingest(source, changed, self.persona)
             except (AokunError, OSError, apsw.Error) as e:
                 log.warning("watch %s: %s (tried again at the next poll)", source, e)
                 for p in changed:
                     self.known[source].pop(p, None)
                 continue
-            if n:
+            for line in done["unreadable"]:  # read again when it changes (its size, times or mode)
+                log.warning("watch %s: %s", source, line)
+            if n := done["new"]:
                 out[source] = n
         if out:
             self.mem.build_briefing(self.persona)
@@ -7104,14 +7139,27 @@ class Watcher:
         for p in sorted(paths):
             try:
                 st = p.stat()
-            except OSError:
-                known.pop(p, None)  # deleted or rotated away
+            except OSError as e:
+                known.pop(p, None)  # deleted or rotated away, or a symlink that leads nowhere
+                self._broken(source, p, e)
                 continue
-            sig = (st.st_size, st.st_mtime_ns, st.st_ino)
+            self.broken.pop(p, None)
+            sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a chmod that mends it
             if p.is_file() and known.get(p) != sig:
                 known[p] = sig
                 changed.append(p)
         return changed
+
+    def _broken(self, source: str, path: Path, e: OSError) -> None:
+        """Warn once about a transcript name that is a dangling symlink or a symlink loop (again
+        only after it was mended or changed); a file that vanished is no news."""
+        if not path.is_symlink():
+            self.broken.pop(path, None)
+            return
+        why = "a symlink loop" if e.errno == errno.ELOOP else "a dangling symlink"
+        if self.broken.get(path) != why:
+            self.broken[path] = why
+            log.warning("watch %s: %s: cannot read it (%s)", source, path, why)
 
     def run(self, stop: threading.Event, interval: float) -> None:
         """Poll every `interval` seconds until `stop` is set. Never raises: a failed poll is logged."""
@@ -10822,14 +10870,17 @@ def ingest(state, source, paths, persona, include_deleted, as_json):
         python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip
     """
     mem = state.memory()
-    files = mem.transcript_files(source, paths)
-    total = sum(f.stat().st_size for f in files)
+    unreadable: list[str] = []  # names that fit but lead nowhere, then the files that failed to open
+    files = mem.transcript_files(source, paths, unreadable)
+    total = sum(f.stat().st_size for f in files if f.exists())
     if total > INGEST_PROGRESS_BYTES:
         with click.progressbar(length=total, label=f"ingesting {source}", file=sys.stderr) as bar:
             out = mem.ingest(source, files, persona, progress=lambda n, _turns: bar.update(n),
                              include_deleted=include_deleted)
     else:
         out = mem.ingest(source, files, persona, include_deleted=include_deleted)
+    for line in unreadable + out["unreadable"]:
+        click.echo(f"warning: {line}", err=True)
     if as_json:
         _echo_json({k: out[k] for k in ("sessions", "turns", "new", "skipped", "deleted", "seconds")})
     else:
@@ -11056,6 +11107,8 @@ def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
             text = mem.memory_context(None, "project")["text"]
             return {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": text}}
         out = mem.ingest(client, hook_session_files(client, payload))
+        for line in out["unreadable"]:
+            log.warning("hook %s %s: %s", client, event, line)
         if out["new"]:
             mem.build_briefing()
         log.info("hook %s %s: %s new turns", client, event, out["new"])

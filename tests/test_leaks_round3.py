@@ -94,3 +94,87 @@ def test_import_redacts_turns_titles_atoms_and_entities(tmp_path):
     assert "[REDACTED:openai_key]" in shown["session"]["title"]
     assert any("[REDACTED:github_token]" in t["text"] for t in shown["turns"])
     assert b"[REDACTED:aws_access_key]" in raw and b"[REDACTED:slack_token]" in raw
+
+
+# unreadable transcripts ----------------------------------------------------------------------------
+# The tests run as root, which chmod 000 does not stop: a file that cannot be opened is simulated by
+# Path.open raising PermissionError for that one path (in-process), and the CLI test uses what root
+# cannot read either: a dangling symlink and a symlink loop named like transcripts.
+
+CLAUDE = FIXTURES / "claude-code" / "-home-dev-aokun" / "5b0c2f4e-7d1a-4c3b-9e8f-1a2b3c4d5e6f.jsonl"
+
+
+def _claude_line(sid: str, uuid: str, text: str) -> str:
+    return json.dumps({"parentUuid": None, "isSidechain": False, "sessionId": sid, "cwd": "/w", "type": "user",
+                       "message": {"role": "user", "content": text}, "uuid": uuid,
+                       "timestamp": "2026-03-02T11:00:00.000Z"}) + "\n"
+
+
+def _projects(home: Path, n: int) -> list[Path]:
+    """n one-turn Claude Code transcripts under home/.claude/projects/p, in name order."""
+    folder = home / ".claude" / "projects" / "p"
+    folder.mkdir(parents=True)
+    out = []
+    for i in range(n):
+        sid = f"{i:08d}-0000-4000-8000-000000000000"
+        out.append(folder / f"{sid}.jsonl")
+        out[-1].write_text(_claude_line(sid, f"u{i}", f"the turn of file {i} about wombat{i}"), encoding="utf-8")
+    return out
+
+
+def _deny(monkeypatch, path: Path) -> None:
+    """Path.open raises PermissionError for `path` (what chmod 000 does to a user who is not root)."""
+    real = Path.open
+
+    def guarded(self, *a, **k):
+        if Path(self).resolve() == path.resolve():
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **k)
+    monkeypatch.setattr(Path, "open", guarded)
+
+
+def test_an_unreadable_transcript_is_named_once_and_the_files_after_it_are_read(tmp_path, open_mem,
+                                                                                monkeypatch):
+    files = _projects(tmp_path, 3)
+    m = open_mem(tmp_path / "u.db")
+    _deny(monkeypatch, files[0])  # the first in order: everything after it was lost before
+    out = m.ingest("claude-code", [files[0].parent])
+    assert (out["files"], out["new"]) == (2, 2)
+    assert out["unreadable"] == [f"{files[0]}: cannot read it (Permission denied)"]
+    monkeypatch.undo()
+    again = m.ingest("claude-code", [files[0].parent])
+    assert (again["new"], again["unreadable"]) == (1, [])
+
+
+def test_the_watcher_warns_once_per_bad_file_and_ingests_the_rest(tmp_path, open_mem, monkeypatch, caplog):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    files = _projects(tmp_path, 3)
+    loop = files[0].parent / "loop.jsonl"
+    loop.symlink_to(loop)
+    m = open_mem(tmp_path / "w.db")
+    watcher = aokun.Watcher(m, ["claude-code"])
+    _deny(monkeypatch, files[1])
+    with caplog.at_level("WARNING", logger="aokun"):
+        assert watcher.poll() == {"claude-code": 2}
+        for _ in range(aokun.WATCH_GLOB_EVERY + 1):  # the next look globs the loop again
+            assert watcher.poll() == {}
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [f"watch claude-code: {loop}: cannot read it (a symlink loop)",
+                      f"watch claude-code: {files[1]}: cannot read it (Permission denied)"]
+    monkeypatch.undo()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    files[1].chmod(0o600)  # mended: its ctime changes, the next poll reads it
+    assert watcher.poll() == {"claude-code": 1}
+
+
+def test_cli_ingest_names_each_bad_file_on_one_line_and_reads_the_rest(tmp_path):
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / "good.jsonl").write_bytes(CLAUDE.read_bytes())
+    (folder / "dangling.jsonl").symlink_to(folder / "gone.jsonl")
+    (folder / "loop.jsonl").symlink_to(folder / "loop.jsonl")
+    code, out, err = _cli(tmp_path, "--db", tmp_path / "c.db", "ingest", "claude-code", folder)
+    assert code == 0 and "Traceback" not in err, err
+    assert "1 files" in out and "6 new" in out, out
+    assert sorted(err.splitlines()) == [f"warning: {folder / 'dangling.jsonl'}: cannot read it (a dangling symlink)",
+                                        f"warning: {folder / 'loop.jsonl'}: cannot read it (a symlink loop)"]
