@@ -5674,8 +5674,11 @@ class Conversations:
         return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]), unreadable=unreadable,
                     seconds=round(time.perf_counter() - started, 3))
 
-    def _file_state(self, path: Path, persona: str) -> dict | None:
-        rows = self.rows("select * from conv_files where persona_id = ? and path = ?", (persona, str(path)))
+    def _file_state(self, path: Path, persona: str, source: str) -> dict | None:
+        """How far `source` has read `path` for `persona` (its conv_files row), or None: each source
+        keeps its own progress in a file (schema 17)."""
+        rows = self.rows("select * from conv_files where persona_id = ? and source = ? and path = ?",
+                         (persona, source, str(path)))
         return rows[0] if rows else None
 
     @staticmethod
@@ -5686,7 +5689,8 @@ class Conversations:
     def _ingest_jsonl(self, path: Path, rules: IngestRules, persona: str, stats: dict) -> None:
         """One JSONL transcript from where the last run stopped (see ingest; from the start when
         including deleted sessions: their lines were read and skipped before)."""
-        st, state = path.stat(), None if stats["include_deleted"] else self._file_state(path, persona)
+        st = path.stat()
+        state = None if stats["include_deleted"] else self._file_state(path, persona, rules.source)
         start = 0
         ctx = {"session_id": path.stem if rules.session_from == "file_stem" else path.parent.name, "project": ""}
         if state and st.st_size >= state["offset"] and state["head_hash"] == self._head_hash(path, state["head_bytes"]):
@@ -5716,7 +5720,8 @@ class Conversations:
         """A ChatGPT export (conversations.json, or the zip): read whole when it changed since the
         last run (its size and the hash of all its bytes), nothing when it did not."""
         data = read_chatgpt_export(path)
-        st, state = path.stat(), None if stats["include_deleted"] else self._file_state(path, persona)
+        st = path.stat()
+        state = None if stats["include_deleted"] else self._file_state(path, persona, rules.source)
         digest = hashlib.sha256(data).hexdigest()
         if state and state["head_hash"] == digest:
             return

@@ -178,3 +178,48 @@ def test_cli_ingest_names_each_bad_file_on_one_line_and_reads_the_rest(tmp_path)
     assert "1 files" in out and "6 new" in out, out
     assert sorted(err.splitlines()) == [f"warning: {folder / 'dangling.jsonl'}: cannot read it (a dangling symlink)",
                                         f"warning: {folder / 'loop.jsonl'}: cannot read it (a symlink loop)"]
+
+
+# progress per source ---------------------------------------------------------------------------------
+
+CODEX = FIXTURES / "codex" / "sessions" / "2026" / "03" / "03" / \
+    "rollout-2026-03-03T08-15-02-0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b.jsonl"
+
+
+def test_a_file_another_source_read_first_is_still_read_by_its_own(tmp_path):
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / CODEX.name).write_bytes(CODEX.read_bytes())  # fits claude-code's *.jsonl too
+    (folder / CLAUDE.name).write_bytes(CLAUDE.read_bytes())
+    db = tmp_path / "p.db"
+    code, out, err = _cli(tmp_path, "--db", db, "ingest", "claude-code", folder, "--json")
+    assert code == 0, err
+    assert json.loads(out)["new"] == 6  # the Claude transcript's turns; the rollout has none for it
+    code, out, err = _cli(tmp_path, "--db", db, "ingest", "codex", folder, "--json")
+    assert code == 0, err
+    assert json.loads(out)["new"] == 5
+    code, out, err = _cli(tmp_path, "--db", db, "ingest", "codex", folder, "--json")
+    assert json.loads(out)["new"] == 0 and json.loads(out)["turns"] == 0  # its own progress is kept
+
+
+def test_schema_17_keeps_the_progress_of_a_file_under_its_source(tmp_path, monkeypatch, segmenter):
+    from fakes import open_at_schema
+    folder = tmp_path / "t"
+    folder.mkdir()
+    (folder / CODEX.name).write_bytes(CODEX.read_bytes())
+    (folder / CLAUDE.name).write_bytes(CLAUDE.read_bytes())
+    old = open_at_schema(tmp_path, monkeypatch, segmenter, 15, "old.db")
+    assert old.ingest("claude-code", [folder])["new"] == 6
+    before = old.rows("select * from conv_files order by path")
+    old.close()
+    monkeypatch.undo()
+    m = aokun.Memory(tmp_path / "old.db", aokun.Config(None), embedder=old.embedder, recover=False)
+    m.seg = segmenter
+    try:
+        assert m.value("pragma user_version") == aokun.schema_version_known() >= 17
+        assert m.rows("select * from conv_files order by path") == before
+        assert m.ingest("claude-code", [folder])["turns"] == 0  # nothing read again
+        assert m.ingest("codex", [folder])["new"] == 5
+        assert m.value("select count(*) from conv_files") == 3
+    finally:
+        m.close()
