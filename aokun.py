@@ -5232,6 +5232,9 @@ TURN_ROLES = ("user", "assistant")
 INGEST_FORMATS = ("jsonl", "chatgpt")
 HEAD_BYTES = 1024  #: bytes of a transcript's start whose hash identifies the file between runs
 INGEST_CHUNK_BYTES = 4 << 20  #: bytes of a transcript read at a time (its turns are stored before the next)
+#: A transcript line longer than this (a tool's whole output) is skipped, counted as malformed, and
+#: never held whole: read on to its newline a chunk at a time (a 52 MB line took ingest to ~440 MB)
+INGEST_LINE_MAX_BYTES = 8 << 20
 
 
 def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
@@ -5536,6 +5539,17 @@ def read_chatgpt_export(path: Path) -> bytes:
         return z.read(min(names, key=len))
 
 
+def _past_newline(f) -> bytes | None:
+    """Read binary file `f` on, INGEST_CHUNK_BYTES at a time, dropping what it reads, to the next
+    newline: the bytes read after it (the next lines' start), or None at the end of the file without
+    one. Holds one chunk at a time, whatever the line's length."""
+    while chunk := f.read(INGEST_CHUNK_BYTES):
+        nl = chunk.find(b"\n")
+        if nl >= 0:
+            return chunk[nl + 1:]
+    return None
+
+
 def _transcript_file(path: Path, problems: list | None) -> bool:
     """Whether `path`, a name that fits a source's pattern, is a regular file to read. A dangling
     symlink, a symlink loop or another non-file (a FIFO, a socket) is not; its line is appended to
@@ -5711,6 +5725,13 @@ class Conversations:
                 turns, used, skipped = parse_jsonl(data, at, rules, ctx)
                 at, carry = at + used, data[used:]
                 stats["skipped"] += skipped
+                if len(carry) > INGEST_LINE_MAX_BYTES:  # a huge line (a tool's output): never held whole
+                    rest = _past_newline(f)
+                    if rest is None:  # still being written: the next run looks again from its start
+                        carry = b""
+                    else:
+                        at, carry = f.tell() - len(rest), rest
+                        stats["skipped"] += 1
                 self._store_turns(rules.source, persona, turns, ctx, dict(
                     file_row, offset=at, session_id=ctx["session_id"], project=ctx.get("project", "")), stats)
                 if not chunk:

@@ -223,3 +223,75 @@ def test_schema_17_keeps_the_progress_of_a_file_under_its_source(tmp_path, monke
         assert m.value("select count(*) from conv_files") == 3
     finally:
         m.close()
+
+
+# a huge line -----------------------------------------------------------------------------------------
+
+#: a child process: ingest argv[2]'s folder into argv[1] (provider none), print the result and its
+#: peak RSS in MB: VmHWM, this program's own high-water mark. getrusage's ru_maxrss (KiB on Linux)
+#: is the fallback only: it keeps the forking pytest's RSS across exec, ~280 MB by then
+RSS_SCRIPT = """
+import json, re, resource, sys
+sys.path.insert(0, sys.argv[3])
+import aokun
+def peak_kib():
+    try:
+        with open("/proc/self/status") as f:
+            return int(re.search(r"VmHWM:\\s*(\\d+)", f.read()).group(1))
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+cfg = aokun.Config(None, {("embedding", "provider"): "none"})
+with aokun.Memory(aokun.Path(sys.argv[1]), cfg) as mem:
+    out = mem.ingest("claude-code", [sys.argv[2]])
+    again = mem.ingest("claude-code", [sys.argv[2]])
+    texts = [r["text"] for r in mem.rows("select text from conv_turns order by seq")]
+print(json.dumps({"new": out["new"], "skipped": out["skipped"], "again": again["turns"], "texts": texts,
+                  "peak_mb": peak_kib() / 1024}))
+"""
+
+
+def test_a_52_mb_tool_output_line_is_skipped_without_being_held_whole(tmp_path):
+    sid = "5b0c2f4e-7d1a-4c3b-9e8f-1a2b3c4d5e6f"
+    folder = tmp_path / "t"
+    folder.mkdir()
+    huge = {"sessionId": sid, "type": "user", "uuid": "u2", "timestamp": "2026-03-02T11:00:01.000Z",
+            "message": {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                                     "content": "x" * 52_000_000}]}}
+    with (folder / f"{sid}.jsonl").open("w", encoding="utf-8") as f:
+        f.write(_claude_line(sid, "u1", "before the tool output: the kangaroo"))
+        f.write(json.dumps(huge) + "\n")
+        f.write(_claude_line(sid, "u3", "after the tool output: the koala"))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / f"{sid}.jsonl").write_text(_claude_line(sid, "u1", "only the kangaroo"), encoding="utf-8")
+
+    def peak(db: str, where: Path) -> dict:
+        r = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(tmp_path / db), str(where), str(aokun.HERE)],
+                           capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin",
+                                                                             "HOME": str(tmp_path)})
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+    base = peak("b.db", plain)  # also fills the jieba cache under HOME, as a user's is
+    out = peak("h.db", folder)
+    assert (out["new"], out["skipped"], out["again"]) == (2, 1, 0)
+    assert out["texts"] == ["before the tool output: the kangaroo", "after the tool output: the koala"]
+    # measured: ~127 MB without the line, ~155 MB with it; ~373 MB when the line was held and parsed
+    assert out["peak_mb"] <= 250 and out["peak_mb"] - base["peak_mb"] <= 80, (base["peak_mb"], out["peak_mb"])
+
+
+def test_a_long_line_still_being_written_waits_then_only_it_is_skipped(tmp_path, open_mem, monkeypatch):
+    monkeypatch.setattr(aokun, "INGEST_CHUNK_BYTES", 256)
+    monkeypatch.setattr(aokun, "INGEST_LINE_MAX_BYTES", 1000)
+    sid = "5b0c2f4e-7d1a-4c3b-9e8f-1a2b3c4d5e6f"
+    path = tmp_path / f"{sid}.jsonl"
+    long = _claude_line(sid, "u2", "y" * 5000)
+    path.write_text(_claude_line(sid, "u1", "the emu came first") + long[:3000], encoding="utf-8")
+    m = open_mem(tmp_path / "l.db")
+    first = m.ingest("claude-code", [path])
+    assert (first["new"], first["skipped"]) == (1, 0)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(long[3000:] + _claude_line(sid, "u3", "the wallaby came last"))
+    second = m.ingest("claude-code", [path])
+    assert (second["new"], second["skipped"]) == (1, 1)
+    assert [r["text"] for r in m.rows("select text from conv_turns order by seq")] == [
+        "the emu came first", "the wallaby came last"]
