@@ -42,6 +42,7 @@ __version__ = "0.1.0"
 import configparser
 import contextlib
 import datetime as dt
+import errno
 import functools
 import hashlib
 import io
@@ -5477,6 +5478,9 @@ TURN_ROLES = ("user", "assistant")
 INGEST_FORMATS = ("jsonl", "chatgpt")
 HEAD_BYTES = 1024  #: bytes of a transcript's start whose hash identifies the file between runs
 INGEST_CHUNK_BYTES = 4 << 20  #: bytes of a transcript read at a time (its turns are stored before the next)
+#: A transcript line longer than this (a tool's whole output) is skipped, counted as malformed, and
+#: never held whole: read on to its newline a chunk at a time (a 52 MB line took ingest to ~440 MB)
+INGEST_LINE_MAX_BYTES = 8 << 20
 
 
 def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
@@ -5781,6 +5785,36 @@ def read_chatgpt_export(path: Path) -> bytes:
         return z.read(min(names, key=len))
 
 
+def _past_newline(f) -> bytes | None:
+    """Read binary file `f` on, INGEST_CHUNK_BYTES at a time, dropping what it reads, to the next
+    newline: the bytes read after it (the next lines' start), or None at the end of the file without
+    one. Holds one chunk at a time, whatever the line's length."""
+    while chunk := f.read(INGEST_CHUNK_BYTES):
+        nl = chunk.find(b"\n")
+        if nl >= 0:
+            return chunk[nl + 1:]
+    return None
+
+
+def _transcript_file(path: Path, problems: list | None) -> bool:
+    """Whether `path`, a name that fits a source's pattern, is a regular file to read. A dangling
+    symlink, a symlink loop or another non-file (a FIFO, a socket) is not; its line is appended to
+    `problems` when given. A folder is not either, without a line (its files are searched)."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        if problems is not None:
+            why = "a symlink loop" if e.errno == errno.ELOOP else \
+                "a dangling symlink" if path.is_symlink() else (e.strerror or str(e))
+            problems.append(f"{path}: cannot read it ({why})")
+        return False
+    if stat.S_ISREG(st.st_mode):
+        return True
+    if not stat.S_ISDIR(st.st_mode) and problems is not None:
+        problems.append(f"{path}: cannot read it (not a regular file)")
+    return False
+
+
 # Conversations: sessions and turns, ingestion, search and upkeep #################################
 
 CONVERSATION_PAGE_MAX = 200  #: the most turns conversation_get_session returns at once
@@ -5834,20 +5868,23 @@ class Conversations:
 
     # ingestion -----------------------------------------------------------------------------------
 
-    def transcript_files(self, source: str, paths=()) -> list[Path]:
+    def transcript_files(self, source: str, paths=(), problems: list | None = None) -> list[Path]:
         """The transcript files to read: each path given (a folder: the files in it, at any depth,
-        whose names fit the source's location pattern), or the client's standard location. InputError
-        for a path that does not exist."""
+        whose names fit the source's location pattern), or the client's standard location. A name
+        that fits but is no readable file (a dangling symlink, a symlink loop, a FIFO) is left out
+        and, when `problems` is given, one line naming it and why is appended to it; a folder that
+        fits is searched, not reported. InputError for a path given that does not exist."""
         rules = self.ingest_rules(source)
         pattern = Path(rules.location).name
         if not paths:
             import glob
-            return sorted(Path(p).resolve() for p in glob.glob(os.path.expanduser(rules.location)) if Path(p).is_file())
+            found = [Path(p) for p in glob.glob(os.path.expanduser(rules.location))]
+            return sorted(p.resolve() for p in found if _transcript_file(p, problems))
         out = []
         for p in paths:
             p = Path(p).expanduser()
             if p.is_dir():
-                out += sorted(x for x in p.rglob(pattern) if x.is_file())
+                out += sorted(x for x in p.rglob(pattern) if _transcript_file(x, problems))
             elif p.is_file():
                 out.append(p)
             else:
@@ -5862,34 +5899,46 @@ class Conversations:
         by the source's rules, redacted, and stored once each (session, turn key). `progress`, when
         given, is called with the bytes of each file read. A session deleted before (delete_session's
         tombstone) is not ingested again unless `include_deleted`, which clears its tombstone. Returns
-        {source, files, sessions, turns, new, skipped, deleted, seconds}: sessions and turns read this
-        run, new turns stored, malformed lines or records skipped, deleted sessions skipped, wall time
-        in seconds."""
+        {source, files, sessions, turns, new, skipped, deleted, unreadable, seconds}: files read,
+        sessions and turns read this run, new turns stored, malformed lines or records skipped,
+        deleted sessions skipped, one line per transcript that could not be read (permissions, a
+        dangling symlink or loop, an I/O error: left out, the other files read), wall time in
+        seconds."""
         started = time.perf_counter()
         rules = self.ingest_rules(source)
         persona = _label(persona_id, "persona_id")
-        files = self.transcript_files(source, paths)
+        unreadable: list[str] = []
+        files = self.transcript_files(source, paths, unreadable)
         stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0, "skipped": 0,
                  "deleted": set(), "include_deleted": include_deleted}
         for path in files:
             before = stats["turns"]
-            if rules.format == "chatgpt":
-                self._ingest_export(path, rules, persona, stats)
-            else:
-                self._ingest_jsonl(path, rules, persona, stats)
+            try:
+                size = path.stat().st_size
+                if rules.format == "chatgpt":
+                    self._ingest_export(path, rules, persona, stats)
+                else:
+                    self._ingest_jsonl(path, rules, persona, stats)
+            except OSError as e:  # what was stored of it stays, with its offset; the next file is read
+                unreadable.append(f"{path}: cannot read it ({e.strerror or e})")
+                stats["files"] -= 1
+                continue
             if progress is not None:
-                progress(path.stat().st_size, stats["turns"] - before)
+                progress(size, stats["turns"] - before)
         if stats["new"]:
             with self.tx():
                 self._briefing_stale(persona)
             self._center_turn_index()
         self.backfill_turn_vectors()
         stats.pop("include_deleted")
-        return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]),
+        return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]), unreadable=unreadable,
                     seconds=round(time.perf_counter() - started, 3))
 
-    def _file_state(self, path: Path, persona: str) -> dict | None:
-        rows = self.rows("select * from conv_files where persona_id = ? and path = ?", (persona, str(path)))
+    def _file_state(self, path: Path, persona: str, source: str) -> dict | None:
+        """How far `source` has read `path` for `persona` (its conv_files row), or None: each source
+        keeps its own progress in a file (schema 17)."""
+        rows = self.rows("select * from conv_files where persona_id = ? and source = ? and path = ?",
+                         (persona, source, str(path)))
         return rows[0] if rows else None
 
     @staticmethod
@@ -5900,7 +5949,8 @@ class Conversations:
     def _ingest_jsonl(self, path: Path, rules: IngestRules, persona: str, stats: dict) -> None:
         """One JSONL transcript from where the last run stopped (see ingest; from the start when
         including deleted sessions: their lines were read and skipped before)."""
-        st, state = path.stat(), None if stats["include_deleted"] else self._file_state(path, persona)
+        st = path.stat()
+        state = None if stats["include_deleted"] else self._file_state(path, persona, rules.source)
         start = 0
         ctx = {"session_id": path.stem if rules.session_from == "file_stem" else path.parent.name, "project": ""}
         if state and st.st_size >= state["offset"] and state["head_hash"] == self._head_hash(path, state["head_bytes"]):
@@ -5921,6 +5971,13 @@ class Conversations:
                 turns, used, skipped = parse_jsonl(data, at, rules, ctx)
                 at, carry = at + used, data[used:]
                 stats["skipped"] += skipped
+                if len(carry) > INGEST_LINE_MAX_BYTES:  # a huge line (a tool's output): never held whole
+                    rest = _past_newline(f)
+                    if rest is None:  # still being written: the next run looks again from its start
+                        carry = b""
+                    else:
+                        at, carry = f.tell() - len(rest), rest
+                        stats["skipped"] += 1
                 self._store_turns(rules.source, persona, turns, ctx, dict(
                     file_row, offset=at, session_id=ctx["session_id"], project=ctx.get("project", "")), stats)
                 if not chunk:
@@ -5930,7 +5987,8 @@ class Conversations:
         """A ChatGPT export (conversations.json, or the zip): read whole when it changed since the
         last run (its size and the hash of all its bytes), nothing when it did not."""
         data = read_chatgpt_export(path)
-        st, state = path.stat(), None if stats["include_deleted"] else self._file_state(path, persona)
+        st = path.stat()
+        state = None if stats["include_deleted"] else self._file_state(path, persona, rules.source)
         digest = hashlib.sha256(data).hexdigest()
         if state and state["head_hash"] == digest:
             return
@@ -6372,6 +6430,9 @@ EXPORT_FIELDS = {
 #: Fields added to a kind after EXPORT_VERSION 1: a record without one (an older export or device)
 #: reads as null, and sync_hash leaves a null one out, so older devices' versions hash the same.
 EXPORT_OPTIONAL = {"memory": ("superseded_by",)}
+#: The text fields import redacts, by kind (memories pass the write pipeline, which redacts them).
+IMPORT_REDACTED = {"session": {"project", "title", "first_user_message"}, "turn": {"text"},
+                   "atom": {"content", "subject", "slot_value"}, "entity": {"name"}, "triple": {"predicate"}}
 #: Export column → record field where they differ (the uid a reference resolves to).
 _EXPORT_RENAMES = {"merged_into_uid": "merged_into", "document_uid": "document", "source_uids": "sources",
                    "superseded_by_uid": "superseded_by", "subject_uid": "subject", "object_uid": "object",
@@ -6543,7 +6604,8 @@ class Portable:
         is written."""
         records = read_export(lines)
         report = {k: {"added": 0, "updated": 0, "kept": 0, "skipped": 0} for k in EXPORT_FIELDS}
-        by_kind = {k: [(n, r) for n, r in records if r["kind"] == k] for k in EXPORT_FIELDS}
+        by_kind = {k: [(n, self._redacted_record(k, r)) for n, r in records if r["kind"] == k]
+                   for k in EXPORT_FIELDS}
         ids: dict[tuple, int] = {}  # (table, uid) → id in this file
         with self._running() as claim:
             with self.tx():
@@ -6565,6 +6627,20 @@ class Portable:
         self.backfill_vectors(ids=[p.document_id for p in preps])
         self.backfill_turn_vectors()
         return report
+
+    def _redacted_record(self, kind: str, rec: dict) -> dict:
+        """`rec` (an export record of `kind`) with secrets redacted from its text fields
+        (IMPORT_REDACTED; memories are redacted by the write pipeline): an export from an older
+        version, or another device with other rules, stores no secret here. An entity whose name
+        changed gets the canonical key of the redacted name. Fields that are not text are left
+        for the import's checks."""
+        names = IMPORT_REDACTED.get(kind)
+        if not names:
+            return rec
+        out = self.redact_fields(rec, names)
+        if kind == "entity" and isinstance(out.get("name"), str) and out["name"] != rec["name"]:
+            out["canonical"] = self.rules.canonical(out["name"])
+        return out
 
     def _uid_id(self, table: str, uid, ids: dict, persona=None) -> int | None:
         """The id of the row of `table` (one of ours) with `uid` in this file, or None (also when
@@ -7291,6 +7367,7 @@ class Watcher:
         """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer."""
         self.mem, self.sources, self.persona = mem, tuple(sources), persona_id
         self.known: dict[str, dict[Path, tuple]] = {s: {} for s in self.sources}
+        self.broken: dict[Path, str] = {}  #: symlinks that lead nowhere, warned about once each
         self.polls = 0
 
     def poll(self) -> dict:
@@ -7306,13 +7383,15 @@ class Watcher:
             if not changed:
                 continue
             try:
-                n = self.mem.ingest(source, changed, self.persona)["new"]
+                done = self.mem.ingest(source, changed, self.persona)
             except (AokunError, OSError, apsw.Error) as e:
                 log.warning("watch %s: %s (tried again at the next poll)", source, e)
                 for p in changed:
                     self.known[source].pop(p, None)
                 continue
-            if n:
+            for line in done["unreadable"]:  # read again when it changes (its size, times or mode)
+                log.warning("watch %s: %s", source, line)
+            if n := done["new"]:
                 out[source] = n
         if out:
             self.mem.build_briefing(self.persona)
@@ -7332,14 +7411,27 @@ class Watcher:
         for p in sorted(paths):
             try:
                 st = p.stat()
-            except OSError:
-                known.pop(p, None)  # deleted or rotated away
+            except OSError as e:
+                known.pop(p, None)  # deleted or rotated away, or a symlink that leads nowhere
+                self._broken(source, p, e)
                 continue
-            sig = (st.st_size, st.st_mtime_ns, st.st_ino)
+            self.broken.pop(p, None)
+            sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a chmod that mends it
             if p.is_file() and known.get(p) != sig:
                 known[p] = sig
                 changed.append(p)
         return changed
+
+    def _broken(self, source: str, path: Path, e: OSError) -> None:
+        """Warn once about a transcript name that is a dangling symlink or a symlink loop (again
+        only after it was mended or changed); a file that vanished is no news."""
+        if not path.is_symlink():
+            self.broken.pop(path, None)
+            return
+        why = "a symlink loop" if e.errno == errno.ELOOP else "a dangling symlink"
+        if self.broken.get(path) != why:
+            self.broken[path] = why
+            log.warning("watch %s: %s: cannot read it (%s)", source, path, why)
 
     def run(self, stop: threading.Event, interval: float) -> None:
         """Poll every `interval` seconds until `stop` is set. Never raises: a failed poll is logged."""
@@ -11051,14 +11143,17 @@ def ingest(state, source, paths, persona, include_deleted, as_json):
         python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip
     """
     mem = state.memory()
-    files = mem.transcript_files(source, paths)
-    total = sum(f.stat().st_size for f in files)
+    unreadable: list[str] = []  # names that fit but lead nowhere, then the files that failed to open
+    files = mem.transcript_files(source, paths, unreadable)
+    total = sum(f.stat().st_size for f in files if f.exists())
     if total > INGEST_PROGRESS_BYTES:
         with click.progressbar(length=total, label=f"ingesting {source}", file=sys.stderr) as bar:
             out = mem.ingest(source, files, persona, progress=lambda n, _turns: bar.update(n),
                              include_deleted=include_deleted)
     else:
         out = mem.ingest(source, files, persona, include_deleted=include_deleted)
+    for line in unreadable + out["unreadable"]:
+        click.echo(f"warning: {line}", err=True)
     if as_json:
         _echo_json({k: out[k] for k in ("sessions", "turns", "new", "skipped", "deleted", "seconds")})
     else:
@@ -11285,6 +11380,8 @@ def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
             text = mem.memory_context(None, "project")["text"]
             return {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": text}}
         out = mem.ingest(client, hook_session_files(client, payload))
+        for line in out["unreadable"]:
+            log.warning("hook %s %s: %s", client, event, line)
         if out["new"]:
             mem.build_briefing()
         log.info("hook %s %s: %s new turns", client, event, out["new"])
