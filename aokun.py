@@ -8874,12 +8874,15 @@ def ini_set(text: str, changes: dict[tuple[str, str], str]) -> str:
     """`text` (an ini file) with the settings of `changes` {(section, key): value text} set: the
     line of each is replaced where it is (its continuation lines dropped), a missing one goes after
     the last setting of its section, a missing section at the end. Every other line, comments and
-    order stay as they are. Raises InputError for a value of more than one line."""
+    order stay as they are. Raises InputError naming the setting for a value holding a character
+    str.splitlines() splits on (U+2028, U+0085, VT, FF, …) or another control character (tab is
+    allowed): such a value would become several lines of the file, the next save splitting it."""
     for (section, key), value in changes.items():
-        if "\n" in value or "\r" in value:
-            raise InputError(f"{section}.{key}", "a setting's value is one line")
+        setting_line(section, key, value)
     nl = "\r\n" if "\r\n" in text else "\n"
-    lines = text.splitlines()
+    lines = _INI_NEWLINE.split(text)
+    if lines and lines[-1] == "":
+        lines.pop()
     out: list[str] = []
     section, last, done, skipping = None, {}, set(), False
     for line in lines:
@@ -8905,6 +8908,19 @@ def ini_set(text: str, changes: dict[tuple[str, str], str]) -> str:
     for section in dict.fromkeys(s for s, _ in missing if s not in last):
         out += ["", f"[{section}]"] + [_ini_line(k, changes[(s, k)]) for s, k in missing if s == section]
     return nl.join(out) + nl
+
+
+_INI_NEWLINE = re.compile(r"\r\n|\r|\n")  #: the line ends configparser (a text file) reads
+
+
+def setting_line(section: str, key: str, value: str) -> None:
+    """Raise InputError naming [section] key when `value` is not one line of text: it holds a
+    character str.splitlines() splits on or any other control character except tab (Unicode
+    category Cc)."""
+    for c in value:
+        if (c != "\t" and unicodedata.category(c) == "Cc") or len(f"a{c}a".splitlines()) > 1:
+            raise InputError(f"[{section}] {key}", f"the value holds U+{ord(c):04X}, a line break or control "
+                             "character; a setting's value is one line of text")
 
 
 def _ini_line(key: str, value: str) -> str:
@@ -9389,7 +9405,7 @@ class Panel:
         `values` (the fields of a refused save) are shown instead, with `error`."""
         cfg = Config(self.config_path) if self.config_path.exists() else Config(None)
         sections = settings_form(cfg)
-        named = re.search(r"\[(\w+)\] (\w+) = ", error)  # the setting the loader's message names
+        named = re.search(r"\[(\w+)\] (\w+)(?: = |: )", error)  # the setting the loader's message names
         for sec in sections:
             for g in sec["groups"]:
                 for s in g["settings"]:
