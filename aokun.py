@@ -518,13 +518,21 @@ def _vec_extension() -> str:
 
 
 def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
-            backup_dir: Path | None = None, reader: bool = False) -> apsw.Connection:
-    """Open (creating if needed) the database with sqlite-vec loaded and the APSW best practice:
-    WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest schema,
-    unless `reader` (a query-only connection for recall channels, opened after the main one).
+            backup_dir: Path | None = None, reader: bool = False,
+            create_folder: Path | None = None) -> apsw.Connection:
+    """Open (creating the file if needed) the database with sqlite-vec loaded and the APSW best
+    practice: WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest
+    schema, unless `reader` (a query-only connection for recall channels, opened after the main one).
+    A missing folder of `path` is created only when it is `create_folder` (the default data folder):
+    a typo in --db must not become an empty database in new folders.
 
     Raises SchemaError when the file comes from a newer Aokun, AokunError (one line naming the file)
-    when its folder cannot be created, it cannot be opened or it is not an SQLite database."""
+    when its folder is missing or cannot be created, it cannot be opened or it is not an SQLite
+    database."""
+    if not path.parent.is_dir() and path.parent != create_folder:
+        why = "is a file" if path.parent.exists() else "does not exist"
+        raise AokunError(f"database {path}: its folder {path.parent} {why}; create the folder or check "
+                         "--db, $AOKUN_DB and [storage] db for a typo")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -7308,8 +7316,11 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self.cfg = cfg or load_config()
         self.path = Path(path)
         self.lock = threading.RLock()
+        new = not self.path.exists()
         self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
-                            self.backup_dir())
+                            self.backup_dir(), create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent)
+        if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
+            print(f"aokun: created a new database {self.path}", file=sys.stderr, flush=True)
         self.queries = load_queries()
         t = self.cfg.text
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
