@@ -10525,10 +10525,10 @@ def sync_cmd(state, folder, conflicts, persona, as_json):
                        + (f": {_one_line(str(shown), LINE_PREVIEW_CHARS)}" if shown else ""))
         click.echo(f"{len(rows)} conflict(s)")
         return
-    folder = folder or state.cfg.sync.dir
-    if not folder:
+    if not folder and not state.cfg.sync.dir:
         raise InputError("DIR", "give the shared folder, or set [sync] dir in the settings")
-    r = mem.sync(state.cfg.resolve(folder))
+    # DIR as typed is relative to the current folder, [sync] dir to the config file's folder
+    r = mem.sync(Path(folder).expanduser().resolve() if folder else state.cfg.resolve(state.cfg.sync.dir))
     if as_json:
         _echo_json(r)
         return

@@ -466,3 +466,30 @@ def test_a_disk_full_while_writing_leaves_no_half_file_and_the_next_sync_sends_i
     assert a.sync(share)["written"]  # nothing was recorded as sent: the change goes out now
     b.sync(share)
     assert uid in memories(b)
+
+
+def _cli(cwd: Path, *args, env=None) -> subprocess.CompletedProcess:
+    """`python aokun.py ARGS` as a child process run in `cwd`, without the test's AOKUN_ variables."""
+    env = {k: v for k, v in (env or os.environ).items() if not k.startswith("AOKUN_")}
+    return subprocess.run([sys.executable, str(TESTS.parent / "aokun.py"), *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, encoding="utf-8", timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_a_relative_sync_dir_is_the_current_folders_and_the_settings_the_config_files(tmp_path):
+    here, conf = tmp_path / "here", tmp_path / "conf"
+    for d in (here / "share", conf / "shared"):
+        d.mkdir(parents=True)
+    ini = conf / "aokun.ini"
+    ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n[sync]\ndir = shared\n"
+                   "[conversations]\nwatch = false\n", encoding="utf-8")
+    db = tmp_path / "a.db"
+    assert _cli(here, "--db", db, "--config", ini, "memorize", "Alice likes green tea").returncode == 0
+    r = _cli(here, "--db", db, "--config", ini, "sync", "share", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["folder"] == str(here / "share")
+    assert [p.suffix for p in (here / "share").iterdir()] == [".changeset"]
+    assert not (TESTS.parent / "share").exists()
+    r = _cli(here, "--db", db, "--config", ini, "sync", "--json")  # [sync] dir: beside the config file
+    assert r.returncode == 0 and json.loads(r.stdout)["folder"] == str(conf / "shared"), r.stderr
+    missing = _cli(here, "--db", db, "--config", ini, "sync", "nowhere")
+    assert missing.returncode == 1 and str(here / "nowhere") in missing.stderr, missing.stderr
