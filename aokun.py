@@ -10404,9 +10404,15 @@ def restore(state, src, yes):
 
         python aokun.py restore data/backups/aokun-daily-2026-11-29.db
     """
+    if not yes and not sys.stdin.isatty():  # no one to ask: click.confirm would only say "Aborted!"
+        raise AokunError(f"restore replaces every memory with the content of {src}: no terminal to confirm "
+                         "it, so nothing was changed; run it again with --yes")
     mem = state.memory()
     if not yes:
-        click.confirm(f"Replace every memory in {mem.path} with the content of {src}?", abort=True)
+        try:
+            click.confirm(f"Replace every memory in {mem.path} with the content of {src}?", abort=True)
+        except click.Abort:
+            raise AokunError("restore not confirmed, nothing was changed; answer y, or give --yes") from None
     r = mem.restore_from(src)
     click.echo(f"restored {r['restored']}; the previous content is in {r['saved_previous']}")
     lost = r["only_in_previous"]
