@@ -6207,9 +6207,10 @@ def _record_value(rec: dict, key: str, line: int, kinds: tuple, nullable: bool =
 
 
 def read_export(lines) -> list[tuple[int, dict]]:
-    """Parse an export file's lines into [(line number, record)], checking the header (first line),
-    each record's kind, that every field of its kind is there, and the times. Raises
-    ImportFileError naming the first bad line."""
+    """Parse an export file's lines into [(line number, record)], checking the header (first line:
+    format, a version and schema this Aokun reads), each record's kind, that every field of its kind
+    is there and no other, and the times. Raises ImportFileError naming the first bad line: nothing
+    of a refused file is imported."""
     records, header = [], None
     for n, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -6226,11 +6227,20 @@ def read_export(lines) -> list[tuple[int, dict]]:
             if not isinstance(rec.get("version"), int) or rec["version"] > EXPORT_VERSION:
                 raise ImportFileError(n, f"export version {rec.get('version')!r} is newer than this Aokun reads "
                                          f"({EXPORT_VERSION}); upgrade Aokun")
+            schema = rec.get("schema")
+            if schema is not None and (type(schema) is not int or schema > schema_version_known()):
+                raise ImportFileError(n, f"written by an Aokun of schema {schema!r}, newer than this one "
+                                         f"({schema_version_known()}): its records may hold what this Aokun "
+                                         "would drop; upgrade Aokun, nothing was imported")
             header = rec
             continue
         kind = rec.get("kind")
         if kind not in EXPORT_FIELDS:
             raise ImportFileError(n, f"unknown kind {kind!r}; known: {', '.join(EXPORT_FIELDS)}")
+        unknown = [k for k in rec if k != "kind" and k not in EXPORT_FIELDS[kind]]
+        if unknown:
+            raise ImportFileError(n, f"{kind} has field(s) this Aokun does not know ({', '.join(unknown)[:200]}) "
+                                     "and would drop; upgrade Aokun, nothing was imported")
         optional = EXPORT_OPTIONAL.get(kind, ())
         missing = [k for k in EXPORT_FIELDS[kind] if k not in rec and k not in optional]
         if missing:
@@ -6915,6 +6925,9 @@ class Sync:
             raise SyncFileError("not an Aokun changeset (no header line)" if head else "empty (still being copied?)")
         if not isinstance(h.get("version"), int) or h["version"] > SYNC_VERSION:
             raise SyncFileError(f"changeset version {h.get('version')!r} is newer than this Aokun reads; upgrade Aokun")
+        if h.get("schema") is not None and (type(h["schema"]) is not int or h["schema"] > schema_version_known()):
+            raise SyncFileError(f"written by an Aokun of schema {h['schema']!r}, newer than this one "
+                                f"({schema_version_known()}); upgrade Aokun")
         if h.get("device") != device or h.get("seq") != seq:
             raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
         length = h.get("length")
@@ -6946,7 +6959,8 @@ class Sync:
         except (apsw.Error, zlib.error, ValueError, TypeError, IndexError) as e:
             raise SyncFileError(f"damaged changeset ({_one_line(str(e), 200)})") from None
         try:
-            read_export([json.dumps({"kind": "header", "format": EXPORT_FORMAT, "version": h.get("export_version")}),
+            read_export([json.dumps({"kind": "header", "format": EXPORT_FORMAT, "version": h.get("export_version"),
+                                     "schema": h.get("schema")}),
                          *(json.dumps(c[5], ensure_ascii=False) for c in changes if c[5] is not None)])
         except ImportFileError as e:
             raise SyncFileError(f"holds a record this Aokun does not read ({e})") from None

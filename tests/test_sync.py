@@ -493,3 +493,62 @@ def test_a_relative_sync_dir_is_the_current_folders_and_the_settings_the_config_
     assert r.returncode == 0 and json.loads(r.stdout)["folder"] == str(conf / "shared"), r.stderr
     missing = _cli(here, "--db", db, "--config", ini, "sync", "nowhere")
     assert missing.returncode == 1 and str(here / "nowhere") in missing.stderr, missing.stderr
+
+
+def _record_changeset(share: Path, device: str, rec: dict) -> str:
+    """A changeset file of `device` (number 1) inserting export record `rec`; its name."""
+    scratch = aokun.apsw.Connection(":memory:")
+    scratch.execute(aokun._SYNC_TABLES)
+    session = aokun.apsw.Session(scratch, "main")
+    session.attach("records")
+    scratch.execute("insert into records values (?, ?, ?, ?, ?)", (rec["kind"], rec["uid"], rec["updated_at"],
+                                                                   aokun.sync_hash(rec), json.dumps(rec)))
+    return _changeset_file(share, device, 1, aokun.zlib.compress(session.changeset())).name
+
+
+def test_a_changeset_of_a_newer_schema_or_with_unknown_fields_applies_nothing(three):
+    a, b, _c, share, _ids, uids = three
+    uid = a.memorize("From an Aokun with a newer schema", {})["uid"]
+    name = a.sync(share)["written"]
+    head, _, payload = (share / name).read_bytes().partition(b"\n")
+    h = json.loads(head)
+    assert h["schema"] == aokun.schema_version_known()
+    (share / name).write_bytes(json.dumps(h | {"schema": h["schema"] + 1}).encode() + b"\n" + payload)
+    r = b.sync(share)
+    reason = {x["file"]: x["reason"] for x in r["skipped"]}[name]
+    assert f"schema {h['schema'] + 1}, newer than this one" in reason and "upgrade Aokun" in reason
+    assert name not in r["applied"] and uid not in memories(b)
+    rec = next(r for r in a.export_records(kinds=("memory",)) if r.get("uid") == uids["edited"])
+    rec |= {"content": "with a field from the future", "updated_at": "2026-06-01T00:00:00Z", "mood": "sunny"}
+    odd = _record_changeset(share, "0b6f9c1e-0000-4000-8000-00000000000a", rec)
+    r = b.sync(share)
+    reason = {x["file"]: x["reason"] for x in r["skipped"]}[odd]
+    assert "does not know (mood)" in reason, reason
+    assert memories(b)[uids["edited"]] == "Alice 住在北京"
+    (share / odd).unlink()
+    (share / name).write_bytes(json.dumps(h).encode() + b"\n" + payload)  # the newer Aokun's file, readable now
+    assert name in b.sync(share)["applied"] and uid in memories(b)
+
+
+@pytest.mark.parametrize("change", ["schema", "field"])
+def test_an_export_of_a_newer_schema_or_with_unknown_fields_imports_nothing(tmp_path, change):
+    ini = tmp_path / "aokun.ini"
+    ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n[conversations]\nwatch = false\n",
+                   encoding="utf-8")
+    src, dst, out = tmp_path / "src.db", tmp_path / "dst.db", tmp_path / "x.jsonl"
+    for text in ("First exported memory", "Second exported memory"):
+        assert _cli(tmp_path, "--db", src, "--config", ini, "memorize", text).returncode == 0
+    assert _cli(tmp_path, "--db", src, "--config", ini, "export", "--out", out).returncode == 0
+    lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    if change == "schema":
+        lines[0]["schema"] += 1
+    else:
+        lines[-1]["mood"] = "sunny"  # the last record; every one before it is fine
+    out.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
+    r = _cli(tmp_path, "--db", dst, "--config", ini, "import", out)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    [line] = [x for x in r.stderr.splitlines() if not x.startswith("aokun: created")]
+    assert ("newer than this one" if change == "schema" else "does not know (mood)") in line, line
+    assert "nothing was imported" in line
+    listed = _cli(tmp_path, "--db", dst, "--config", ini, "list", "--json")
+    assert json.loads(listed.stdout) == []
