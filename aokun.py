@@ -3017,12 +3017,15 @@ class Journal:
         self._refresh_stale(p.stale)
         return self._write_result(p)
 
-    def delete(self, doc_id: int, persona_id: str | None = None, purge: bool = False) -> dict:
+    def delete(self, doc_id: int, persona_id: str | None = None, purge: bool = False,
+               deleted_at: str | None = None) -> dict:
         """Remove a memory of persona `persona_id` (None: the default persona '') from every table and
         index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone (uid and
         time, no text); secure_delete zeroes the freed bytes, but its words stay in older FTS segments
         and its pages in the WAL until `purge` (Maintenance.purge: also VACUUM and a WAL checkpoint),
-        and in backups for their life. Returns {id, uid, deleted: true} (+ purged: purge()'s answer).
+        and in backups for their life. `deleted_at` (column-format time; None: now) is the tombstone's
+        time: an imported deletion keeps the time it happened (the later of it and one here wins), so
+        every device orders it alike. Returns {id, uid, deleted: true} (+ purged: purge()'s answer).
         Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         with self.tx() as c:
@@ -3036,8 +3039,10 @@ class Journal:
             c.execute("delete from memory_write_ops where document_id = ?", (doc_id,))
             c.execute("delete from documents where id = ?", (doc_id,))
             self._refresh_graph_context(stale)
-            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'documents', ?)",
-                      (d["uid"], now_iso()))
+            c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, 'documents', ?) on conflict(uid) "
+                      "do update set table_name = excluded.table_name, deleted_at = "
+                      + ("max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"),
+                      (d["uid"], deleted_at or now_iso()))
             self._briefing_stale(d["persona_id"])
         self._refresh_stale(stale)
         out = {"id": doc_id, "uid": d["uid"], "deleted": True}
@@ -6057,9 +6062,10 @@ class ConversationSearch:
             self._briefing_stale(s["persona_id"])
         return {"session_id": s["session_id"], "source": s["source"], "turns": n}
 
-    def _delete_session_in_tx(self, ref: int) -> int:
-        """Delete session row `ref` with its turns, FTS rows and vectors; tombstones. In tx."""
-        c, stamp = self.conn, now_iso()
+    def _delete_session_in_tx(self, ref: int, deleted_at: str | None = None) -> int:
+        """Delete session row `ref` with its turns, FTS rows and vectors; tombstones at `deleted_at`
+        (an imported deletion's time; None: now). In tx."""
+        c, stamp = self.conn, deleted_at or now_iso()
         has_vec = self.has_table("conv_turn_vec")
         turns = self.rows(self.queries["conv_session_turn_ids"], {"session_ref": ref})
         for t in turns:
@@ -6074,8 +6080,9 @@ class ConversationSearch:
                   (self._session_key_uid(s["persona_id"], s["source"], s["session_id"]), stamp))
         c.execute("delete from conv_turns where session_ref = ?", (ref,))  # conv_turn_vectors cascade
         c.execute("delete from conv_sessions where id = ?", (ref,))
-        c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_sessions', ?)",
-                  (uid, stamp))
+        c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, 'conv_sessions', ?) on conflict(uid) "
+                  "do update set table_name = excluded.table_name, deleted_at = "
+                  + ("max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"), (uid, stamp))
         return len(turns)
 
     def prune_conversations(self, ref: dt.datetime | None = None, dry_run: bool = False) -> dict:
@@ -6331,8 +6338,8 @@ class Portable:
                 finally:
                     self._import_overwrite = frozenset()
             self.run_pipeline(preps)
-        for doc_id, persona in doomed:
-            self.delete(doc_id, persona)
+        for doc_id, persona, at in doomed:
+            self.delete(doc_id, persona, deleted_at=at)  # the tombstone keeps the time of the deletion
         report["deleted"] = len(doomed)
         self.backfill_vectors(ids=[p.document_id for p in preps])
         self.backfill_turn_vectors()
@@ -6546,10 +6553,11 @@ class Portable:
                                                       json.dumps(members), r["created_at"]))
             report["added"] += 1
 
-    def _import_tombstones(self, recs, report: dict) -> list[tuple[int, str]]:
+    def _import_tombstones(self, recs, report: dict) -> list[tuple[int, str, str]]:
         """Record the tombstones (the later deletion time wins) and delete what they name here when it
         was not changed after the deletion: facts, entities without facts and sessions at once, turns
-        too; the memories are returned [(id, persona)] for delete() after the transaction. In tx."""
+        too; the memories are returned [(id, persona, deleted_at)] for delete() after the transaction.
+        In tx."""
         c, doomed = self.conn, []
         for n, r in recs:
             uid, at = _record_value(r, "uid", n, (str,)), r["deleted_at"]
@@ -6559,7 +6567,7 @@ class Portable:
             report["added"] += 1
             table = r["table_name"]
             if table == "documents":
-                doomed += [(d["id"], d["persona_id"]) for d in self.rows(
+                doomed += [(d["id"], d["persona_id"], at) for d in self.rows(
                     "select id, persona_id from documents where uid = ? and updated_at <= ?", (uid, at))]
             elif table == "kg_triples":
                 c.execute("delete from kg_triples where uid = ? and updated_at <= ?", (uid, at))
@@ -6570,7 +6578,7 @@ class Portable:
             elif table == "conv_sessions":
                 ref = self.value("select id from conv_sessions where uid = ? and updated_at <= ?", (uid, at))
                 if ref is not None:
-                    self._delete_session_in_tx(ref)
+                    self._delete_session_in_tx(ref, at)
             elif table == "conv_turns":
                 turn = self.value("select id from conv_turns where uid = ?", (uid,))
                 if turn is not None:

@@ -469,8 +469,9 @@ def test_a_disk_full_while_writing_leaves_no_half_file_and_the_next_sync_sends_i
 
 
 def _cli(cwd: Path, *args, env=None) -> subprocess.CompletedProcess:
-    """`python aokun.py ARGS` as a child process run in `cwd`, without the test's AOKUN_ variables."""
-    env = {k: v for k, v in (env or os.environ).items() if not k.startswith("AOKUN_")}
+    """`python aokun.py ARGS` as a child process run in `cwd`, without the test's AOKUN_ variables
+    (with `env`'s on top)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AOKUN_")} | (env or {})
     return subprocess.run([sys.executable, str(TESTS.parent / "aokun.py"), *map(str, args)], cwd=cwd, env=env,
                           capture_output=True, text=True, encoding="utf-8", timeout=120, stdin=subprocess.DEVNULL)
 
@@ -552,3 +553,51 @@ def test_an_export_of_a_newer_schema_or_with_unknown_fields_imports_nothing(tmp_
     assert "nothing was imported" in line
     listed = _cli(tmp_path, "--db", dst, "--config", ini, "list", "--json")
     assert json.loads(listed.stdout) == []
+
+
+CLAUDE = TESTS / "fixtures" / "conversations" / "claude-code" / "-home-dev-aokun" / \
+    "5b0c2f4e-7d1a-4c3b-9e8f-1a2b3c4d5e6f.jsonl"
+
+
+def _tombstones(mem) -> dict:
+    return {r["uid"]: r["deleted_at"] for r in mem.export_records(kinds=("tombstone",)) if r["kind"] == "tombstone"}
+
+
+def test_a_synced_deletion_keeps_the_time_it_happened(three, monkeypatch):
+    a, b, _c, share, ids, uids = three
+    at(monkeypatch, "2026-05-02T08:00:00Z")
+    a.ingest("claude-code", [CLAUDE])
+    a.sync(share)
+    b.sync(share)
+    [session] = [r["uid"] for r in b.export_records(kinds=("session",)) if r["kind"] == "session"]
+    at(monkeypatch, "2026-05-03T08:00:00Z")  # deleted on A
+    a.delete(ids["deleted"])
+    a.delete_session(next(r["session_id"] for r in a.export_records(kinds=("session",)) if r["kind"] == "session"))
+    a.sync(share)
+    at(monkeypatch, "2026-05-09T08:00:00Z")  # merged on B days later
+    b.sync(share)
+    assert uids["deleted"] not in memories(b)
+    mine, theirs = _tombstones(a), _tombstones(b)
+    assert theirs[uids["deleted"]] == theirs[session] == "2026-05-03T08:00:00Z"
+    assert theirs == mine and content(a) == content(b)
+
+
+def test_an_imported_tombstone_keeps_its_time(tmp_path):
+    ini = tmp_path / "aokun.ini"
+    ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n[conversations]\nwatch = false\n",
+                   encoding="utf-8")
+    a, b, full, dump = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "full.jsonl", tmp_path / "gone.jsonl"
+    env = {"AOKUN_NOW": "2026-05-01T08:00:00Z"}
+    assert _cli(tmp_path, "--db", a, "--config", ini, "memorize", "Soon deleted", env=env).returncode == 0
+    assert _cli(tmp_path, "--db", a, "--config", ini, "export", "--out", full, env=env).returncode == 0
+    assert _cli(tmp_path, "--db", b, "--config", ini, "import", full, env=env).returncode == 0
+    env["AOKUN_NOW"] = "2026-05-03T08:00:00Z"
+    assert _cli(tmp_path, "--db", a, "--config", ini, "delete", "1", env=env).returncode == 0
+    assert _cli(tmp_path, "--db", a, "--config", ini, "export", "--out", dump, env=env).returncode == 0
+    env["AOKUN_NOW"] = "2026-05-09T08:00:00Z"
+    r = _cli(tmp_path, "--db", b, "--config", ini, "import", dump, env=env)
+    assert r.returncode == 0 and "1 memories deleted by tombstones" in r.stdout, r.stdout + r.stderr
+    [stone] = [x for x in map(json.loads, dump.read_text(encoding="utf-8").splitlines()) if x["kind"] == "tombstone"]
+    assert stone["deleted_at"] == "2026-05-03T08:00:00Z"
+    c = aokun.apsw.Connection(str(b))
+    assert c.execute("select deleted_at from tombstones").fetchall() == [("2026-05-03T08:00:00Z",)]
