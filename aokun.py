@@ -42,6 +42,7 @@ __version__ = "0.1.0"
 import configparser
 import contextlib
 import datetime as dt
+import errno
 import functools
 import hashlib
 import io
@@ -10821,13 +10822,33 @@ def panel(state, port, no_browser):
         python aokun.py panel --port 8765
     """
     import uvicorn
-    host, cfg, mem = "127.0.0.1", state.cfg, state.memory()
+    host, cfg = "127.0.0.1", state.cfg
+    sock = listening_socket(host, port)  # before the link: a link for a port another process holds fails
+    mem = state.memory()
     web, app = panel_app(lambda: mem, cfg, config_target(state.config_arg), host, port)
     url = f"http://{host}:{port}/?token={web.login_token}"
     click.echo(f"Aokun panel: {url}\nThe link logs in once. Ctrl+C stops the panel.")
     if not no_browser:
         threading.Thread(target=_open_browser_when_listening, args=(host, port, url), daemon=True).start()
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host`:`port` (IPv4; SO_REUSEADDR off Windows, as uvicorn binds), for
+    uvicorn to serve on. Raises AokunError (one line) when the port is taken or cannot be bound."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if os.name != "nt":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        why = "is in use (a panel or server runs there already?)" if e.errno == errno.EADDRINUSE \
+            else f"cannot be bound ({e.strerror or e})"
+        raise AokunError(f"port {port} on {host} {why}; open the link that one printed, or give another "
+                         "--port") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 # CLI: conversations (ingest, list, show, search, delete) #########################################

@@ -464,3 +464,28 @@ def test_a_hand_written_value_with_u2028_stays_one_line_on_the_next_save(tmp_pat
     cfg = aokun.Config(ini)
     assert cfg.server.token != "attacker" and cfg.server.allowed_hosts == "a\u2028[server]\u2028token = attacker"
     assert "\ttab" == aokun.ini_set("[a]\nk = 1\n", {("a", "k"): "x\ttab"}).split("x")[1].rstrip("\n")
+
+
+def test_a_second_panel_on_a_busy_port_is_one_line_and_prints_no_link(tmp_path):
+    db, ini, port = tmp_path / "p.db", write_ini(tmp_path), free_port()
+    cmd = [sys.executable, aokun.__file__, "--db", str(db), "--config", str(ini), "panel", "--port", str(port),
+           "--no-browser"]
+    first = subprocess.Popen(cmd, cwd=REPO, env=child_env(PYTHONUNBUFFERED=1), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        wait_port(port, first)
+        link = first.stdout.readline().split()[-1]
+        import http.client
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", link.split(str(port), 1)[1])
+        assert conn.getresponse().status == 303  # the first one's link logs in
+        conn.close()
+        second = subprocess.run(cmd, cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, timeout=60)
+        assert second.returncode == 1 and second.stdout == "", second.stdout
+        assert "Traceback" not in second.stderr
+        [line] = second.stderr.strip().splitlines()
+        assert f"port {port} on 127.0.0.1 is in use" in line and "--port" in line, line
+        assert "token=" not in second.stderr
+    finally:
+        stop(first)
