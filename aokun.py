@@ -520,13 +520,21 @@ def _vec_extension() -> str:
 
 
 def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
-            backup_dir: Path | None = None, reader: bool = False) -> apsw.Connection:
-    """Open (creating if needed) the database with sqlite-vec loaded and the APSW best practice:
-    WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest schema,
-    unless `reader` (a query-only connection for recall channels, opened after the main one).
+            backup_dir: Path | None = None, reader: bool = False,
+            create_folder: Path | None = None) -> apsw.Connection:
+    """Open (creating the file if needed) the database with sqlite-vec loaded and the APSW best
+    practice: WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest
+    schema, unless `reader` (a query-only connection for recall channels, opened after the main one).
+    A missing folder of `path` is created only when it is `create_folder` (the default data folder):
+    a typo in --db must not become an empty database in new folders.
 
     Raises SchemaError when the file comes from a newer Aokun, AokunError (one line naming the file)
-    when its folder cannot be created, it cannot be opened or it is not an SQLite database."""
+    when its folder is missing or cannot be created, it cannot be opened or it is not an SQLite
+    database."""
+    if not path.parent.is_dir() and path.parent != create_folder:
+        why = "is a file" if path.parent.exists() else "does not exist"
+        raise AokunError(f"database {path}: its folder {path.parent} {why}; create the folder or check "
+                         "--db, $AOKUN_DB and [storage] db for a typo")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -3063,12 +3071,15 @@ class Journal:
         self._refresh_stale(p.stale)
         return self._write_result(p)
 
-    def delete(self, doc_id: int, persona_id: str | None = None, purge: bool = False) -> dict:
+    def delete(self, doc_id: int, persona_id: str | None = None, purge: bool = False,
+               deleted_at: str | None = None) -> dict:
         """Remove a memory of persona `persona_id` (None: the default persona '') from every table and
         index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone (uid and
         time, no text); secure_delete zeroes the freed bytes, but its words stay in older FTS segments
         and its pages in the WAL until `purge` (Maintenance.purge: also VACUUM and a WAL checkpoint),
-        and in backups for their life. Returns {id, uid, deleted: true} (+ purged: purge()'s answer).
+        and in backups for their life. `deleted_at` (column-format time; None: now) is the tombstone's
+        time: an imported deletion keeps the time it happened (the later of it and one here wins), so
+        every device orders it alike. Returns {id, uid, deleted: true} (+ purged: purge()'s answer).
         Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         with self.tx() as c:
@@ -3082,8 +3093,10 @@ class Journal:
             c.execute("delete from memory_write_ops where document_id = ?", (doc_id,))
             c.execute("delete from documents where id = ?", (doc_id,))
             self._refresh_graph_context(stale)
-            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'documents', ?)",
-                      (d["uid"], now_iso()))
+            c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, 'documents', ?) on conflict(uid) "
+                      "do update set table_name = excluded.table_name, deleted_at = "
+                      + ("max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"),
+                      (d["uid"], deleted_at or now_iso()))
             self._briefing_stale(d["persona_id"])
         self._refresh_stale(stale)
         out = {"id": doc_id, "uid": d["uid"], "deleted": True}
@@ -6353,9 +6366,10 @@ class ConversationSearch:
             self._briefing_stale(s["persona_id"])
         return {"session_id": s["session_id"], "source": s["source"], "turns": n}
 
-    def _delete_session_in_tx(self, ref: int) -> int:
-        """Delete session row `ref` with its turns, FTS rows and vectors; tombstones. In tx."""
-        c, stamp = self.conn, now_iso()
+    def _delete_session_in_tx(self, ref: int, deleted_at: str | None = None) -> int:
+        """Delete session row `ref` with its turns, FTS rows and vectors; tombstones at `deleted_at`
+        (an imported deletion's time; None: now). In tx."""
+        c, stamp = self.conn, deleted_at or now_iso()
         has_vec = self.has_table("conv_turn_vec")
         turns = self.rows(self.queries["conv_session_turn_ids"], {"session_ref": ref})
         for t in turns:
@@ -6370,8 +6384,9 @@ class ConversationSearch:
                   (self._session_key_uid(s["persona_id"], s["source"], s["session_id"]), stamp))
         c.execute("delete from conv_turns where session_ref = ?", (ref,))  # conv_turn_vectors cascade
         c.execute("delete from conv_sessions where id = ?", (ref,))
-        c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_sessions', ?)",
-                  (uid, stamp))
+        c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, 'conv_sessions', ?) on conflict(uid) "
+                  "do update set table_name = excluded.table_name, deleted_at = "
+                  + ("max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"), (uid, stamp))
         return len(turns)
 
     def prune_conversations(self, ref: dt.datetime | None = None, dry_run: bool = False) -> dict:
@@ -6506,9 +6521,10 @@ def _record_value(rec: dict, key: str, line: int, kinds: tuple, nullable: bool =
 
 
 def read_export(lines) -> list[tuple[int, dict]]:
-    """Parse an export file's lines into [(line number, record)], checking the header (first line),
-    each record's kind, that every field of its kind is there, and the times. Raises
-    ImportFileError naming the first bad line."""
+    """Parse an export file's lines into [(line number, record)], checking the header (first line:
+    format, a version and schema this Aokun reads), each record's kind, that every field of its kind
+    is there and no other, and the times. Raises ImportFileError naming the first bad line: nothing
+    of a refused file is imported."""
     records, header = [], None
     for n, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -6525,11 +6541,20 @@ def read_export(lines) -> list[tuple[int, dict]]:
             if not isinstance(rec.get("version"), int) or rec["version"] > EXPORT_VERSION:
                 raise ImportFileError(n, f"export version {rec.get('version')!r} is newer than this Aokun reads "
                                          f"({EXPORT_VERSION}); upgrade Aokun")
+            schema = rec.get("schema")
+            if schema is not None and (type(schema) is not int or schema > schema_version_known()):
+                raise ImportFileError(n, f"written by an Aokun of schema {schema!r}, newer than this one "
+                                         f"({schema_version_known()}): its records may hold what this Aokun "
+                                         "would drop; upgrade Aokun, nothing was imported")
             header = rec
             continue
         kind = rec.get("kind")
         if kind not in EXPORT_FIELDS:
             raise ImportFileError(n, f"unknown kind {kind!r}; known: {', '.join(EXPORT_FIELDS)}")
+        unknown = [k for k in rec if k != "kind" and k not in EXPORT_FIELDS[kind]]
+        if unknown:
+            raise ImportFileError(n, f"{kind} has field(s) this Aokun does not know ({', '.join(unknown)[:200]}) "
+                                     "and would drop; upgrade Aokun, nothing was imported")
         optional = EXPORT_OPTIONAL.get(kind, ())
         missing = [k for k in EXPORT_FIELDS[kind] if k not in rec and k not in optional]
         if missing:
@@ -6621,8 +6646,8 @@ class Portable:
                 finally:
                     self._import_overwrite = frozenset()
             self.run_pipeline(preps)
-        for doc_id, persona in doomed:
-            self.delete(doc_id, persona)
+        for doc_id, persona, at in doomed:
+            self.delete(doc_id, persona, deleted_at=at)  # the tombstone keeps the time of the deletion
         report["deleted"] = len(doomed)
         self.backfill_vectors(ids=[p.document_id for p in preps])
         self.backfill_turn_vectors()
@@ -6850,10 +6875,11 @@ class Portable:
                                                       json.dumps(members), r["created_at"]))
             report["added"] += 1
 
-    def _import_tombstones(self, recs, report: dict) -> list[tuple[int, str]]:
+    def _import_tombstones(self, recs, report: dict) -> list[tuple[int, str, str]]:
         """Record the tombstones (the later deletion time wins) and delete what they name here when it
         was not changed after the deletion: facts, entities without facts and sessions at once, turns
-        too; the memories are returned [(id, persona)] for delete() after the transaction. In tx."""
+        too; the memories are returned [(id, persona, deleted_at)] for delete() after the transaction.
+        In tx."""
         c, doomed = self.conn, []
         for n, r in recs:
             uid, at = _record_value(r, "uid", n, (str,)), r["deleted_at"]
@@ -6863,7 +6889,7 @@ class Portable:
             report["added"] += 1
             table = r["table_name"]
             if table == "documents":
-                doomed += [(d["id"], d["persona_id"]) for d in self.rows(
+                doomed += [(d["id"], d["persona_id"], at) for d in self.rows(
                     "select id, persona_id from documents where uid = ? and updated_at <= ?", (uid, at))]
             elif table == "kg_triples":
                 c.execute("delete from kg_triples where uid = ? and updated_at <= ?", (uid, at))
@@ -6874,7 +6900,7 @@ class Portable:
             elif table == "conv_sessions":
                 ref = self.value("select id from conv_sessions where uid = ? and updated_at <= ?", (uid, at))
                 if ref is not None:
-                    self._delete_session_in_tx(ref)
+                    self._delete_session_in_tx(ref, at)
             elif table == "conv_turns":
                 turn = self.value("select id from conv_turns where uid = ?", (uid,))
                 if turn is not None:
@@ -7229,6 +7255,9 @@ class Sync:
             raise SyncFileError("not an Aokun changeset (no header line)" if head else "empty (still being copied?)")
         if not isinstance(h.get("version"), int) or h["version"] > SYNC_VERSION:
             raise SyncFileError(f"changeset version {h.get('version')!r} is newer than this Aokun reads; upgrade Aokun")
+        if h.get("schema") is not None and (type(h["schema"]) is not int or h["schema"] > schema_version_known()):
+            raise SyncFileError(f"written by an Aokun of schema {h['schema']!r}, newer than this one "
+                                f"({schema_version_known()}); upgrade Aokun")
         if h.get("device") != device or h.get("seq") != seq:
             raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
         length = h.get("length")
@@ -7260,7 +7289,8 @@ class Sync:
         except (apsw.Error, zlib.error, ValueError, TypeError, IndexError) as e:
             raise SyncFileError(f"damaged changeset ({_one_line(str(e), 200)})") from None
         try:
-            read_export([json.dumps({"kind": "header", "format": EXPORT_FORMAT, "version": h.get("export_version")}),
+            read_export([json.dumps({"kind": "header", "format": EXPORT_FORMAT, "version": h.get("export_version"),
+                                     "schema": h.get("schema")}),
                          *(json.dumps(c[5], ensure_ascii=False) for c in changes if c[5] is not None)])
         except ImportFileError as e:
             raise SyncFileError(f"holds a record this Aokun does not read ({e})") from None
@@ -7646,8 +7676,11 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self.cfg = cfg or load_config()
         self.path = Path(path)
         self.lock = threading.RLock()
+        new = not self.path.exists()
         self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
-                            self.backup_dir())
+                            self.backup_dir(), create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent)
+        if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
+            print(f"aokun: created a new database {self.path}", file=sys.stderr, flush=True)
         self.queries = load_queries()
         t = self.cfg.text
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
@@ -9212,12 +9245,15 @@ def ini_set(text: str, changes: dict[tuple[str, str], str]) -> str:
     """`text` (an ini file) with the settings of `changes` {(section, key): value text} set: the
     line of each is replaced where it is (its continuation lines dropped), a missing one goes after
     the last setting of its section, a missing section at the end. Every other line, comments and
-    order stay as they are. Raises InputError for a value of more than one line."""
+    order stay as they are. Raises InputError naming the setting for a value holding a character
+    str.splitlines() splits on (U+2028, U+0085, VT, FF, …) or another control character (tab is
+    allowed): such a value would become several lines of the file, the next save splitting it."""
     for (section, key), value in changes.items():
-        if "\n" in value or "\r" in value:
-            raise InputError(f"{section}.{key}", "a setting's value is one line")
+        setting_line(section, key, value)
     nl = "\r\n" if "\r\n" in text else "\n"
-    lines = text.splitlines()
+    lines = _INI_NEWLINE.split(text)
+    if lines and lines[-1] == "":
+        lines.pop()
     out: list[str] = []
     section, last, done, skipping = None, {}, set(), False
     for line in lines:
@@ -9243,6 +9279,19 @@ def ini_set(text: str, changes: dict[tuple[str, str], str]) -> str:
     for section in dict.fromkeys(s for s, _ in missing if s not in last):
         out += ["", f"[{section}]"] + [_ini_line(k, changes[(s, k)]) for s, k in missing if s == section]
     return nl.join(out) + nl
+
+
+_INI_NEWLINE = re.compile(r"\r\n|\r|\n")  #: the line ends configparser (a text file) reads
+
+
+def setting_line(section: str, key: str, value: str) -> None:
+    """Raise InputError naming [section] key when `value` is not one line of text: it holds a
+    character str.splitlines() splits on or any other control character except tab (Unicode
+    category Cc)."""
+    for c in value:
+        if (c != "\t" and unicodedata.category(c) == "Cc") or len(f"a{c}a".splitlines()) > 1:
+            raise InputError(f"[{section}] {key}", f"the value holds U+{ord(c):04X}, a line break or control "
+                             "character; a setting's value is one line of text")
 
 
 def _ini_line(key: str, value: str) -> str:
@@ -9727,7 +9776,7 @@ class Panel:
         `values` (the fields of a refused save) are shown instead, with `error`."""
         cfg = Config(self.config_path) if self.config_path.exists() else Config(None)
         sections = settings_form(cfg)
-        named = re.search(r"\[(\w+)\] (\w+) = ", error)  # the setting the loader's message names
+        named = re.search(r"\[(\w+)\] (\w+)(?: = |: )", error)  # the setting the loader's message names
         for sec in sections:
             for g in sec["groups"]:
                 for s in g["settings"]:
@@ -10716,9 +10765,15 @@ def restore(state, src, yes):
 
         python aokun.py restore data/backups/aokun-daily-2026-11-29.db
     """
+    if not yes and not sys.stdin.isatty():  # no one to ask: click.confirm would only say "Aborted!"
+        raise AokunError(f"restore replaces every memory with the content of {src}: no terminal to confirm "
+                         "it, so nothing was changed; run it again with --yes")
     mem = state.memory()
     if not yes:
-        click.confirm(f"Replace every memory in {mem.path} with the content of {src}?", abort=True)
+        try:
+            click.confirm(f"Replace every memory in {mem.path} with the content of {src}?", abort=True)
+        except click.Abort:
+            raise AokunError("restore not confirmed, nothing was changed; answer y, or give --yes") from None
     r = mem.restore_from(src)
     click.echo(f"restored {r['restored']}; the previous content is in {r['saved_previous']}")
     lost = r["only_in_previous"]
@@ -10837,10 +10892,10 @@ def sync_cmd(state, folder, conflicts, persona, as_json):
                        + (f": {_one_line(str(shown), LINE_PREVIEW_CHARS)}" if shown else ""))
         click.echo(f"{len(rows)} conflict(s)")
         return
-    folder = folder or state.cfg.sync.dir
-    if not folder:
+    if not folder and not state.cfg.sync.dir:
         raise InputError("DIR", "give the shared folder, or set [sync] dir in the settings")
-    r = mem.sync(state.cfg.resolve(folder))
+    # DIR as typed is relative to the current folder, [sync] dir to the config file's folder
+    r = mem.sync(Path(folder).expanduser().resolve() if folder else state.cfg.resolve(state.cfg.sync.dir))
     if as_json:
         _echo_json(r)
         return
@@ -11105,13 +11160,33 @@ def panel(state, port, no_browser):
         python aokun.py panel --port 8765
     """
     import uvicorn
-    host, cfg, mem = "127.0.0.1", state.cfg, state.memory()
+    host, cfg = "127.0.0.1", state.cfg
+    sock = listening_socket(host, port)  # before the link: a link for a port another process holds fails
+    mem = state.memory()
     web, app = panel_app(lambda: mem, cfg, config_target(state.config_arg), host, port)
     url = f"http://{host}:{port}/?token={web.login_token}"
     click.echo(f"Aokun panel: {url}\nThe link logs in once. Ctrl+C stops the panel.")
     if not no_browser:
         threading.Thread(target=_open_browser_when_listening, args=(host, port, url), daemon=True).start()
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host`:`port` (IPv4; SO_REUSEADDR off Windows, as uvicorn binds), for
+    uvicorn to serve on. Raises AokunError (one line) when the port is taken or cannot be bound."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        if os.name != "nt":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        why = "is in use (a panel or server runs there already?)" if e.errno == errno.EADDRINUSE \
+            else f"cannot be bound ({e.strerror or e})"
+        raise AokunError(f"port {port} on {host} {why}; open the link that one printed, or give another "
+                         "--port") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 # CLI: conversations (ingest, list, show, search, delete) #########################################

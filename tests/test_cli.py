@@ -24,6 +24,7 @@ def run(tmp_path, ini, monkeypatch, segmenter):
     """run(*args) -> click Result, with --db/--config pointing into tmp_path."""
     monkeypatch.setattr(aokun, "Segmenter", lambda *a, **k: segmenter)  # share one loaded jieba
     db = tmp_path / "cli.db"
+    db.touch()  # an empty file is a new database; made here, no "created" notice mixes into output
     runner = CliRunner()
 
     def invoke(*args, ok=True):
@@ -193,7 +194,8 @@ def test_config_outside_the_repo_uses_the_bundled_rules(tmp_path):
     assert cfg.rule_file(cfg.write.atom_rules) == RULES / "atoms.toml"
     assert cfg.rule_file(cfg.text.stopwords) == RULES / "stopwords.txt"
     r = CliRunner().invoke(aokun.cli, ["--db", str(tmp_path / "x.db"), "--config", str(p), "memorize", "hello"])
-    assert r.exit_code == 0 and r.output.strip() == "1"
+    assert r.exit_code == 0 and r.stdout.strip() == "1"
+    assert r.stderr == f"aokun: created a new database {tmp_path / 'x.db'}\n"
 
 
 def test_feedback_marks_memories_useful_or_not(run):

@@ -121,7 +121,8 @@ def test_a_bad_line_is_one_error_and_writes_nothing(tmp_path, open_mem):
     dst = open_mem(tmp_path / "b.db")
     for bad, what in (([dump[0], "{not json"], "line 2"), (["{}"], "line 1"),
                       ([dump[0], json.dumps({"kind": "memory", "uid": "x"})], "lacks"),
-                      ([dump[0], dump[1].replace('"importance": ', '"importance": 7, "x": ')], "importance")):
+                      ([dump[0], json.dumps(json.loads(dump[1]) | {"importance": 7})], "importance"),
+                      ([dump[0], json.dumps(json.loads(dump[1]) | {"x": 1})], r"does not know \(x\)")):
         with pytest.raises(aokun.InputError, match=what):
             dst.import_export(bad)
         assert dst.value("select count(*) from documents") == 0

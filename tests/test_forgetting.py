@@ -705,6 +705,7 @@ def cli(tmp_path, monkeypatch, segmenter):
     ini = tmp_path / "aokun.ini"
     ini.write_text("[embedding]\nprovider = none\n\n[forgetting]\ntimezone = UTC\n\n"
                    f"[backup]\ndir = {tmp_path / 'bk'}\n", encoding="utf-8")
+    (tmp_path / "cli.db").touch()  # an empty file is a new database, without the "created" notice
     runner = CliRunner()
 
     def invoke(*args, ok=True, input=None):

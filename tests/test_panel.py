@@ -438,3 +438,54 @@ def test_memory_page_shows_its_history_edits_and_consolidation(panel):
     assert survivor is not None, merged
     page = client.get(f"/memories/{survivor}").text
     assert "consolidated:" in page and "Restore undoes it" in page
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\u0085", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x00", "\x1b"])
+def test_a_setting_with_a_line_break_of_any_kind_is_refused(panel, char):
+    web, client, _, ini, _ = panel
+    csrf = login(web, client)
+    before = ini.read_text(encoding="utf-8")
+    evil = f"localhost{char}[server]{char}token = attacker-known-token"
+    r = post(client, "/settings", {"csrf": csrf, "persona": "", "server.allowed_hosts": evil})
+    assert r.status_code == 400
+    assert f"[server] allowed_hosts: the value holds U+{ord(char):04X}" in r.text
+    assert ini.read_text(encoding="utf-8") == before
+    # a later save of another setting does not turn anything into lines either
+    assert post(client, "/settings", {"csrf": csrf, "persona": "", "recall.max_k": "40"}).status_code == 303
+    cfg = aokun.Config(ini)
+    assert cfg.recall.max_k == 40 and cfg.server.token == aokun.Config(None).server.token
+    assert "attacker" not in ini.read_text(encoding="utf-8")
+
+
+def test_a_hand_written_value_with_u2028_stays_one_line_on_the_next_save(tmp_path):
+    ini = tmp_path / "aokun.ini"
+    ini.write_text("[server]\nallowed_hosts = a\u2028[server]\u2028token = attacker\n", encoding="utf-8")
+    aokun.save_settings(ini, {("recall", "max_k"): "40"})
+    cfg = aokun.Config(ini)
+    assert cfg.server.token != "attacker" and cfg.server.allowed_hosts == "a\u2028[server]\u2028token = attacker"
+    assert "\ttab" == aokun.ini_set("[a]\nk = 1\n", {("a", "k"): "x\ttab"}).split("x")[1].rstrip("\n")
+
+
+def test_a_second_panel_on_a_busy_port_is_one_line_and_prints_no_link(tmp_path):
+    db, ini, port = tmp_path / "p.db", write_ini(tmp_path), free_port()
+    cmd = [sys.executable, aokun.__file__, "--db", str(db), "--config", str(ini), "panel", "--port", str(port),
+           "--no-browser"]
+    first = subprocess.Popen(cmd, cwd=REPO, env=child_env(PYTHONUNBUFFERED=1), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        wait_port(port, first)
+        link = first.stdout.readline().split()[-1]
+        import http.client
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", link.split(str(port), 1)[1])
+        assert conn.getresponse().status == 303  # the first one's link logs in
+        conn.close()
+        second = subprocess.run(cmd, cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, timeout=60)
+        assert second.returncode == 1 and second.stdout == "", second.stdout
+        assert "Traceback" not in second.stderr
+        [line] = second.stderr.strip().splitlines()
+        assert f"port {port} on 127.0.0.1 is in use" in line and "--port" in line, line
+        assert "token=" not in second.stderr
+    finally:
+        stop(first)

@@ -132,3 +132,43 @@ def test_restore_under_a_live_writer_loses_no_acknowledged_write(tmp_path):
     assert only_saved and set(only_saved) <= {int(x) for x in lost.group(2).split(", ")}
     assert any(restored.get(int(i)) == text for i, text in writes)  # writes after the restore are in it
     assert cli(db, ini, "doctor").stdout.strip() == "ok"
+
+
+def _documents(path: Path) -> dict:
+    return _ids(path)["content"]
+
+
+def test_restore_without_a_terminal_says_yes_is_needed_and_changes_nothing(tmp_path):
+    db, ini = tmp_path / "m.db", write_ini(tmp_path)
+    assert cli(db, ini, "memorize", "Before the backup").returncode == 0
+    assert cli(db, ini, "backup", str(tmp_path / "b.db")).returncode == 0
+    assert cli(db, ini, "memorize", "After the backup").returncode == 0
+    before = _documents(db)
+    r = cli(db, ini, "restore", str(tmp_path / "b.db"))  # stdin is /dev/null
+    assert r.returncode == 1 and r.stdout == "", r.stdout
+    assert "Aborted" not in r.stderr and "Traceback" not in r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert "--yes" in line and "nothing was changed" in line, line
+    assert _documents(db) == before
+
+
+def test_restore_answered_no_on_a_terminal_changes_nothing(tmp_path):
+    import os
+    import pty
+    db, ini = tmp_path / "m.db", write_ini(tmp_path)
+    assert cli(db, ini, "memorize", "Kept").returncode == 0
+    assert cli(db, ini, "backup", str(tmp_path / "b.db")).returncode == 0
+    assert cli(db, ini, "memorize", "Also kept").returncode == 0
+    before = _documents(db)
+    master, slave = pty.openpty()
+    try:
+        os.write(master, b"n\n")
+        r = subprocess.run([sys.executable, AOKUN, "--db", str(db), "--config", str(ini), "restore",
+                            str(tmp_path / "b.db")], cwd=REPO, stdin=slave, capture_output=True, text=True,
+                           encoding="utf-8", timeout=60, env=child_env())
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert r.returncode == 1 and "Replace every memory" in r.stdout, (r.stdout, r.stderr)
+    assert r.stderr.strip() == "Error: restore not confirmed, nothing was changed; answer y, or give --yes"
+    assert _documents(db) == before

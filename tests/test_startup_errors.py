@@ -2,6 +2,7 @@
 ini file, a setting out of its range, a --db that is no database or cannot be made, numbers beyond
 SQLite's range; error hints name commands that exist (`python aokun.py …`, or the MCP tool)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from fakes import FakeEmbedder
 from mcp_procs import AOKUN, REPO, child_env, free_port, write_ini
 
 BIG = 2 ** 63
+CREATED = "aokun: created a new database "
 
 
 def run(*args, env=None) -> subprocess.CompletedProcess:
@@ -24,10 +26,11 @@ def run(*args, env=None) -> subprocess.CompletedProcess:
 
 
 def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
-    """Assert `r` failed with exactly one stderr line holding every needle, and no traceback."""
+    """Assert `r` failed with exactly one stderr line holding every needle, and no traceback (the
+    notice that a new database file was made, before the error, is not counted)."""
     assert r.returncode != 0, (r.stdout, r.stderr)
     assert "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.strip().splitlines()
+    lines = [x for x in r.stderr.strip().splitlines() if not x.startswith(CREATED)]
     assert len(lines) == 1, r.stderr
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
@@ -182,6 +185,7 @@ def test_no_writable_home_or_temp_dir_still_memorizes_and_recalls(tmp_path):
     env = child_env(HOME=nowhere, TMPDIR=nowhere)
     env.pop("XDG_CACHE_HOME", None)
     db, ini = tmp_path / "w" / "m.db", write_ini(tmp_path)
+    db.parent.mkdir()
     w = run("--db", db, "--config", ini, "memorize", "小李周末喜欢去滑雪", env=env)
     r = run("--db", db, "--config", ini, "recall", "滑雪", env=env)
     for out in (w, r):
@@ -198,3 +202,45 @@ def test_serve_on_a_file_that_is_not_a_database(tmp_path, http):
     notes.write_text("not a database\n" * 50, encoding="utf-8")
     args = ["--http", "--port", str(free_port())] if http else []
     one_line_error(run("--db", notes, "--config", write_ini(tmp_path), "serve", *args), str(notes), "not an SQLite")
+
+
+@pytest.mark.parametrize("by_env", [False, True])
+def test_a_db_in_a_missing_folder_is_refused_and_nothing_is_made(tmp_path, by_env):
+    ini, db = write_ini(tmp_path), tmp_path / "dta" / "aokun.db"  # a typo of data/
+    args, env = (("--config", ini), child_env(AOKUN_DB=str(db))) if by_env else (("--db", db, "--config", ini), None)
+    for cmd in (("recall", "alice"), ("memorize", "hello"), ("list", "--json")):
+        r = run(*args, *cmd, env=env)
+        assert r.stdout == ""
+        one_line_error(r, str(db.parent), "does not exist", "--db")
+    assert not db.parent.exists()
+
+
+def test_a_new_database_file_is_announced_on_stderr_only(tmp_path):
+    ini, db = write_ini(tmp_path), tmp_path / "new.db"
+    r = run("--db", db, "--config", ini, "list", "--json")
+    assert r.returncode == 0 and r.stderr == f"{CREATED}{db}\n", r.stderr
+    assert json.loads(r.stdout) is not None  # --json output stays JSON
+    again = run("--db", db, "--config", ini, "list", "--json")
+    assert again.returncode == 0 and again.stderr == "" and again.stdout == r.stdout
+
+
+def test_the_default_data_folder_is_still_made(tmp_path):
+    (tmp_path / "conf").mkdir()
+    ini = write_ini(tmp_path / "conf")  # no [storage] db: data/aokun.db beside the config file
+    r = run("--config", ini, "stats")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "conf" / "data" / "aokun.db").is_file()
+    assert r.stderr.strip() == f"{CREATED}{tmp_path / 'conf' / 'data' / 'aokun.db'}"
+
+
+def test_the_stdio_server_announces_a_new_file_on_stderr_not_its_stdout(tmp_path):
+    db = tmp_path / "fresh.db"
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+             "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                        "clientInfo": {"name": "t", "version": "0"}}}
+    r = subprocess.run([sys.executable, AOKUN, "--db", str(db), "--config", str(write_ini(tmp_path)), "serve"],
+                       cwd=REPO, input=json.dumps(hello) + "\n", capture_output=True, text=True,
+                       encoding="utf-8", timeout=120, env=child_env())
+    out = [json.loads(line) for line in r.stdout.splitlines()]  # every stdout line is JSON-RPC
+    assert out and out[0]["id"] == 1 and "result" in out[0], r.stdout
+    assert f"{CREATED}{db}" in r.stderr.splitlines(), r.stderr

@@ -466,3 +466,138 @@ def test_a_disk_full_while_writing_leaves_no_half_file_and_the_next_sync_sends_i
     assert a.sync(share)["written"]  # nothing was recorded as sent: the change goes out now
     b.sync(share)
     assert uid in memories(b)
+
+
+def _cli(cwd: Path, *args, env=None) -> subprocess.CompletedProcess:
+    """`python aokun.py ARGS` as a child process run in `cwd`, without the test's AOKUN_ variables
+    (with `env`'s on top)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AOKUN_")} | (env or {})
+    return subprocess.run([sys.executable, str(TESTS.parent / "aokun.py"), *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, encoding="utf-8", timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_a_relative_sync_dir_is_the_current_folders_and_the_settings_the_config_files(tmp_path):
+    here, conf = tmp_path / "here", tmp_path / "conf"
+    for d in (here / "share", conf / "shared"):
+        d.mkdir(parents=True)
+    ini = conf / "aokun.ini"
+    ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n[sync]\ndir = shared\n"
+                   "[conversations]\nwatch = false\n", encoding="utf-8")
+    db = tmp_path / "a.db"
+    assert _cli(here, "--db", db, "--config", ini, "memorize", "Alice likes green tea").returncode == 0
+    r = _cli(here, "--db", db, "--config", ini, "sync", "share", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["folder"] == str(here / "share")
+    assert [p.suffix for p in (here / "share").iterdir()] == [".changeset"]
+    assert not (TESTS.parent / "share").exists()
+    r = _cli(here, "--db", db, "--config", ini, "sync", "--json")  # [sync] dir: beside the config file
+    assert r.returncode == 0 and json.loads(r.stdout)["folder"] == str(conf / "shared"), r.stderr
+    missing = _cli(here, "--db", db, "--config", ini, "sync", "nowhere")
+    assert missing.returncode == 1 and str(here / "nowhere") in missing.stderr, missing.stderr
+
+
+def _record_changeset(share: Path, device: str, rec: dict) -> str:
+    """A changeset file of `device` (number 1) inserting export record `rec`; its name."""
+    scratch = aokun.apsw.Connection(":memory:")
+    scratch.execute(aokun._SYNC_TABLES)
+    session = aokun.apsw.Session(scratch, "main")
+    session.attach("records")
+    scratch.execute("insert into records values (?, ?, ?, ?, ?)", (rec["kind"], rec["uid"], rec["updated_at"],
+                                                                   aokun.sync_hash(rec), json.dumps(rec)))
+    return _changeset_file(share, device, 1, aokun.zlib.compress(session.changeset())).name
+
+
+def test_a_changeset_of_a_newer_schema_or_with_unknown_fields_applies_nothing(three):
+    a, b, _c, share, _ids, uids = three
+    uid = a.memorize("From an Aokun with a newer schema", {})["uid"]
+    name = a.sync(share)["written"]
+    head, _, payload = (share / name).read_bytes().partition(b"\n")
+    h = json.loads(head)
+    assert h["schema"] == aokun.schema_version_known()
+    (share / name).write_bytes(json.dumps(h | {"schema": h["schema"] + 1}).encode() + b"\n" + payload)
+    r = b.sync(share)
+    reason = {x["file"]: x["reason"] for x in r["skipped"]}[name]
+    assert f"schema {h['schema'] + 1}, newer than this one" in reason and "upgrade Aokun" in reason
+    assert name not in r["applied"] and uid not in memories(b)
+    rec = next(r for r in a.export_records(kinds=("memory",)) if r.get("uid") == uids["edited"])
+    rec |= {"content": "with a field from the future", "updated_at": "2026-06-01T00:00:00Z", "mood": "sunny"}
+    odd = _record_changeset(share, "0b6f9c1e-0000-4000-8000-00000000000a", rec)
+    r = b.sync(share)
+    reason = {x["file"]: x["reason"] for x in r["skipped"]}[odd]
+    assert "does not know (mood)" in reason, reason
+    assert memories(b)[uids["edited"]] == "Alice 住在北京"
+    (share / odd).unlink()
+    (share / name).write_bytes(json.dumps(h).encode() + b"\n" + payload)  # the newer Aokun's file, readable now
+    assert name in b.sync(share)["applied"] and uid in memories(b)
+
+
+@pytest.mark.parametrize("change", ["schema", "field"])
+def test_an_export_of_a_newer_schema_or_with_unknown_fields_imports_nothing(tmp_path, change):
+    ini = tmp_path / "aokun.ini"
+    ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n[conversations]\nwatch = false\n",
+                   encoding="utf-8")
+    src, dst, out = tmp_path / "src.db", tmp_path / "dst.db", tmp_path / "x.jsonl"
+    for text in ("First exported memory", "Second exported memory"):
+        assert _cli(tmp_path, "--db", src, "--config", ini, "memorize", text).returncode == 0
+    assert _cli(tmp_path, "--db", src, "--config", ini, "export", "--out", out).returncode == 0
+    lines = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+    if change == "schema":
+        lines[0]["schema"] += 1
+    else:
+        lines[-1]["mood"] = "sunny"  # the last record; every one before it is fine
+    out.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
+    r = _cli(tmp_path, "--db", dst, "--config", ini, "import", out)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    [line] = [x for x in r.stderr.splitlines() if not x.startswith("aokun: created")]
+    assert ("newer than this one" if change == "schema" else "does not know (mood)") in line, line
+    assert "nothing was imported" in line
+    listed = _cli(tmp_path, "--db", dst, "--config", ini, "list", "--json")
+    assert json.loads(listed.stdout) == []
+
+
+CLAUDE = TESTS / "fixtures" / "conversations" / "claude-code" / "-home-dev-aokun" / \
+    "5b0c2f4e-7d1a-4c3b-9e8f-1a2b3c4d5e6f.jsonl"
+
+
+def _tombstones(mem) -> dict:
+    return {r["uid"]: r["deleted_at"] for r in mem.export_records(kinds=("tombstone",)) if r["kind"] == "tombstone"}
+
+
+def test_a_synced_deletion_keeps_the_time_it_happened(three, monkeypatch):
+    a, b, _c, share, ids, uids = three
+    at(monkeypatch, "2026-05-02T08:00:00Z")
+    a.ingest("claude-code", [CLAUDE])
+    a.sync(share)
+    b.sync(share)
+    [session] = [r["uid"] for r in b.export_records(kinds=("session",)) if r["kind"] == "session"]
+    at(monkeypatch, "2026-05-03T08:00:00Z")  # deleted on A
+    a.delete(ids["deleted"])
+    a.delete_session(next(r["session_id"] for r in a.export_records(kinds=("session",)) if r["kind"] == "session"))
+    a.sync(share)
+    at(monkeypatch, "2026-05-09T08:00:00Z")  # merged on B days later
+    b.sync(share)
+    assert uids["deleted"] not in memories(b)
+    mine, theirs = _tombstones(a), _tombstones(b)
+    assert theirs[uids["deleted"]] == theirs[session] == "2026-05-03T08:00:00Z"
+    assert theirs == mine and content(a) == content(b)
+
+
+def test_an_imported_tombstone_keeps_its_time(tmp_path):
+    ini = tmp_path / "aokun.ini"
+    ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n[conversations]\nwatch = false\n",
+                   encoding="utf-8")
+    a, b, full, dump = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "full.jsonl", tmp_path / "gone.jsonl"
+    env = {"AOKUN_NOW": "2026-05-01T08:00:00Z"}
+    assert _cli(tmp_path, "--db", a, "--config", ini, "memorize", "Soon deleted", env=env).returncode == 0
+    assert _cli(tmp_path, "--db", a, "--config", ini, "export", "--out", full, env=env).returncode == 0
+    assert _cli(tmp_path, "--db", b, "--config", ini, "import", full, env=env).returncode == 0
+    env["AOKUN_NOW"] = "2026-05-03T08:00:00Z"
+    assert _cli(tmp_path, "--db", a, "--config", ini, "delete", "1", env=env).returncode == 0
+    assert _cli(tmp_path, "--db", a, "--config", ini, "export", "--out", dump, env=env).returncode == 0
+    env["AOKUN_NOW"] = "2026-05-09T08:00:00Z"
+    r = _cli(tmp_path, "--db", b, "--config", ini, "import", dump, env=env)
+    assert r.returncode == 0 and "1 memories deleted by tombstones" in r.stdout, r.stdout + r.stderr
+    [stone] = [x for x in map(json.loads, dump.read_text(encoding="utf-8").splitlines()) if x["kind"] == "tombstone"]
+    assert stone["deleted_at"] == "2026-05-03T08:00:00Z"
+    c = aokun.apsw.Connection(str(b))
+    assert c.execute("select deleted_at from tombstones").fetchall() == [("2026-05-03T08:00:00Z",)]
