@@ -1242,17 +1242,25 @@ def load_time_words(path: Path) -> dict:
     def group(name, words, extra=""):
         return f"(?P<{name}>{extra}" + "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w))) + ")"
     fill = {"{n}": group("n", numbers, r"\d+|"), "{month}": group("month", months), "{unit}": group("unit", units)}
+    rules = pattern_rules(data, fill, TIME_WORD_KINDS, f"{path.name}: unknown time-word kind")
+    return {"rules": rules, "numbers": numbers, "months": months, "units": units}
+
+
+def pattern_rules(data: dict, fill: dict, kinds: tuple, unknown: str) -> list:
+    """[(compiled patterns, spec)] of the `rules` list of a rules file's `data`, each pattern's
+    placeholders replaced by `fill` ({placeholder: regex}). AokunError "`unknown` 'x'; choose from
+    …" for a rule whose kind is not in `kinds`."""
     rules = []
     for spec in data.get("rules", []):
-        if spec.get("kind") not in TIME_WORD_KINDS:
-            raise AokunError(f"{path.name}: unknown time-word kind {spec.get('kind')!r}; choose from {TIME_WORD_KINDS}")
+        if spec.get("kind") not in kinds:
+            raise AokunError(f"{unknown} {spec.get('kind')!r}; choose from {kinds}")
         patterns = []
         for p in spec.get("patterns", []):
             for key, value in fill.items():
                 p = p.replace(key, value)
             patterns.append(re.compile(p))
         rules.append((patterns, spec))
-    return {"rules": rules, "numbers": numbers, "months": months, "units": units}
+    return rules
 
 
 class Rules:
@@ -3595,17 +3603,7 @@ def load_event_dates(path: Path) -> dict:
     fill = {"{n}": rf"(?P<n>\d+|{_ZH_NUMERAL}|{alts(numbers)})", "{month}": f"(?:{alts(months)})",
             "{weekday}": f"(?P<weekday>{alts(weekdays)})", "{unit}": f"(?P<unit>{alts(units)})",
             "{day}": rf"(?:\d{{1,2}}|{_ZH_NUMERAL})"}
-    rules = []
-    for spec in data.get("rules", []):
-        if spec.get("kind") not in EVENT_DATE_KINDS:
-            raise AokunError(f"{path.name}: unknown event-date kind {spec.get('kind')!r}; "
-                             f"choose from {EVENT_DATE_KINDS}")
-        patterns = []
-        for p in spec.get("patterns", []):
-            for key, value in fill.items():
-                p = p.replace(key, value)
-            patterns.append(re.compile(p))
-        rules.append((patterns, spec))
+    rules = pattern_rules(data, fill, EVENT_DATE_KINDS, f"{path.name}: unknown event-date kind")
     return {"rules": rules, "numbers": numbers, "months": months, "weekdays": weekdays, "units": units,
             "grace_days": float(data.get("grace_days", 1))}
 
