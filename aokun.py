@@ -3,7 +3,7 @@
 
 Three layers of memory (documents, memory atoms, a knowledge graph) written by one journalled
 pipeline; recall fuses BM25, vector KNN and graph channels (scaled scores or RRF), weighting and MMR.
-See README.md for the quick start and ../shared/DESIGN.md for the architecture.
+See README.md for the quick start and the design (its "Inside the code" is the map of this file).
 
 Sections, lower levels first (each under a `# Title ####` banner; grep for it):
   imports and constants · errors · clock · config · connection and schema · named queries ·
