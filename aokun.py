@@ -8689,7 +8689,7 @@ def _add_resources(server, memory) -> None:
     @server.resource("memory://stats", mime_type="application/json")
     def stats_resource() -> str:
         """Counts of memories, atoms, graph and vectors, and the embedder's state."""
-        return json.dumps(memory().stats(), ensure_ascii=False)
+        return compact_json(rounded(memory().stats()))
 
     @server.resource("memory://briefing", mime_type="text/markdown")
     def briefing_resource() -> str:
@@ -8700,7 +8700,7 @@ def _add_resources(server, memory) -> None:
     def memory_resource(id: int, persona_id: str | None = None) -> str:
         """One memory in full, as JSON (?persona_id=… for a persona other than the default one)."""
         try:
-            return json.dumps(memory().get(id, persona_id), ensure_ascii=False)
+            return compact_json(rounded(memory().get(id, persona_id)))
         except NotFound as e:
             raise ResourceNotFoundError(for_mcp(str(e))) from None
 
@@ -8856,14 +8856,18 @@ def _add_prompts(server, memory) -> None:
         except AokunError as e:
             raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
 
-    @server.prompt("session_briefing", title="Session briefing")
+    @server.prompt("session_briefing", title="Session briefing",
+                   description="What Aokun remembers for the start of a session: pinned and important "
+                               "memories, recent ones and current facts.")
     def session_briefing(persona_id: str | None = None) -> str:
         """What Aokun remembers for the start of a session: pinned and important memories, recent
         ones and current facts."""
         text = answer(lambda m: m.memory_context(None, "project", None, persona_id or None)["text"])
         return "Here is what you remember from earlier sessions; use it where it helps:\n\n" + text
 
-    @server.prompt("remember_about", title="What do you remember about…")
+    @server.prompt("remember_about", title="What do you remember about…",
+                   description="What Aokun remembers about a topic (a person, project, place…): the "
+                               "memories recall finds and the facts about it that hold now.")
     def remember_about(topic: str, persona_id: str | None = None) -> str:
         """What Aokun remembers about `topic` (a person, project, place…): the memories recall finds for
         it and the knowledge-graph facts about it that hold now."""
@@ -8900,7 +8904,7 @@ def _add_entity_resources(server, memory) -> None:
 
     def read(fn) -> str:
         try:
-            return json.dumps(fn(memory()), ensure_ascii=False)
+            return compact_json(rounded(fn(memory())))
         except NotFound as e:
             raise ResourceNotFoundError(for_mcp(str(e))) from None
         except AokunError as e:
