@@ -6134,7 +6134,7 @@ class ConversationSearch:
                   "candidates": min(CHANNEL_MAX_K, max(self.cfg.recall.vector_candidates, 2 * k))}
         ranked, degraded = {}, []
         if tokens:
-            ranked["bm25"] = self.rows(self.queries["conv_bm25"], params)
+            ranked["bm25"] = self._turn_keyword_rows(params)
         vector = self._turn_query_vector(query, degraded)
         if vector is not None:
             name = "conv_vector_session" if params["session_id"] else \
@@ -6146,6 +6146,18 @@ class ConversationSearch:
             h["text"], h["truncated"] = cut_text(h["text"], limit) if limit else (h["text"], False)
         return {"results": hits, "degraded": degraded, "warnings": warnings,
                 "took_ms": round((time.perf_counter() - started) * 1000, 2)}
+
+    def _turn_keyword_rows(self, params: dict) -> list[dict]:
+        """conv_bm25's rows: first over the best FTS_POOL_FACTOR × k matches (:pool), again over
+        every match when the filters left fewer than k of them (`complete` 0), so the rows are
+        always the unbounded query's. A session filter goes unbounded at once: a session is a
+        small part of the turns, and the pool would seldom hold k of its own."""
+        sql = self.queries["conv_bm25"]
+        if not params["session_id"]:
+            out = self.rows(sql, dict(params, pool=FTS_POOL_FACTOR * params["k"]))
+            if out and out[0]["complete"]:  # no rows: nothing matched in the pool, or none passed
+                return out
+        return self.rows(sql, dict(params, pool=0))
 
     def _turn_query_vector(self, query: str, degraded: list):
         """The query's vector for the turn index, or None (with the reason in `degraded`)."""

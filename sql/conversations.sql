@@ -48,21 +48,46 @@ select id, text from conv_turns where embedding_state = 'pending' and id > :afte
 
 -- name: conv_bm25
 -- Turn BM25 over the segmented FTS5 column, filtered in SQL by persona, source, session and time.
-with hits as (
-    select t.id, bm25(conv_turns_fts) as raw
-    from conv_turns_fts
-    join conv_turns t on t.id = conv_turns_fts.rowid
-    join conv_sessions s on s.id = t.session_ref
-    where conv_turns_fts match :match
-      and t.persona_id = :persona_id
-      and (:source = '' or t.source = :source)
-      and (:session_id = '' or s.session_id = :session_id)
-      and (:since = '' or t.created_at >= :since)
-      and (:until = '' or t.created_at <= :until)
-    order by raw
-    limit :k
+-- With :pool > 0 the best :pool matches come first from SQLite's top-N sort of bm25() (a bounded
+-- heap over the FTS index alone), then the joins and filters; `complete` is 0 when fewer than :k
+-- of them pass and the pool was full (other personas' or sessions' turns crowd it): then
+-- ConversationSearch runs it again with :pool = 0, every match joined and filtered before the
+-- top-:k sort. Ties go by id either way, so a complete pooled answer is the unbounded one.
+with pooled as materialized (
+    select rowid, bm25(conv_turns_fts) as raw from conv_turns_fts
+    where :pool > 0 and conv_turns_fts match :match
+    order by raw, rowid limit max(coalesce(:pool, 0), 0)
+),
+hits as materialized (
+    select * from (
+        select t.id, p.raw
+        from pooled p
+        join conv_turns t on t.id = p.rowid
+        join conv_sessions s on s.id = t.session_ref
+        where t.persona_id = :persona_id
+          and (:source = '' or t.source = :source)
+          and (:session_id = '' or s.session_id = :session_id)
+          and (:since = '' or t.created_at >= :since)
+          and (:until = '' or t.created_at <= :until)
+        order by p.raw, t.id limit :k)
+    union all
+    select * from (
+        select t.id, bm25(conv_turns_fts) as raw
+        from conv_turns_fts
+        join conv_turns t on t.id = conv_turns_fts.rowid
+        join conv_sessions s on s.id = t.session_ref
+        where not coalesce(:pool > 0, 0) and conv_turns_fts match :match
+          and t.persona_id = :persona_id
+          and (:source = '' or t.source = :source)
+          and (:session_id = '' or s.session_id = :session_id)
+          and (:since = '' or t.created_at >= :since)
+          and (:until = '' or t.created_at <= :until)
+        order by raw, t.id limit :k)
 )
-select id, 'bm25' as channel, row_number() over (order by raw) - 1 as rank, raw from hits order by raw;
+select id, 'bm25' as channel, row_number() over (order by raw, id) - 1 as rank, raw,
+       not coalesce(:pool > 0, 0) or (select count(*) from hits) >= :k
+           or (select count(*) from pooled) < :pool as complete
+from hits order by raw, id;
 
 -- name: conv_vector
 -- Turn KNN: the :candidates nearest in the binary index (persona as a vec0 metadata filter),
