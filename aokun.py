@@ -6148,13 +6148,15 @@ class ConversationSearch:
                 "took_ms": round((time.perf_counter() - started) * 1000, 2)}
 
     def _turn_keyword_rows(self, params: dict) -> list[dict]:
-        """conv_bm25's rows: first over the best FTS_POOL_FACTOR × k matches (:pool), again over
-        every match when the filters left fewer than k of them (`complete` 0), so the rows are
-        always the unbounded query's. A session filter goes unbounded at once: a session is a
-        small part of the turns, and the pool would seldom hold k of its own."""
+        """conv_bm25's rows: first over the best k matches (:pool; FTS_POOL_FACTOR × k with a
+        source or time filter), again over every match when the filters left fewer than k of them
+        (`complete` 0), so the rows are always the unbounded query's. Most files hold one persona,
+        whose pool of k is complete. A session filter goes unbounded at once: a session is a small
+        part of the turns, and the pool would seldom hold k of its own."""
         sql = self.queries["conv_bm25"]
         if not params["session_id"]:
-            out = self.rows(sql, dict(params, pool=FTS_POOL_FACTOR * params["k"]))
+            narrow = params["source"] or params["since"] or params["until"]
+            out = self.rows(sql, dict(params, pool=(FTS_POOL_FACTOR if narrow else 1) * params["k"]))
             if out and out[0]["complete"]:  # no rows: nothing matched in the pool, or none passed
                 return out
         return self.rows(sql, dict(params, pool=0))
