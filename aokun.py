@@ -4180,6 +4180,12 @@ class Recall:
         # graph_vector filters by session after its KNN: one history for all its sessions
         session = params["session_id"] if ch == "vector" else ""
         key = (ch, params["persona_id"], session, params["max_archived"], params["candidates"])
+        return self._bounded_knn(key, sql, unbounded, rows)
+
+    def _bounded_knn(self, key: tuple, sql: str, unbounded: dict, rows) -> list[dict]:
+        """The rows of vector channel query `sql` (its :max_hamming None in `unbounded`), first
+        within the Hamming bound learnt for `key` (_hamming_bound), again without it when the rows
+        say it cut them short; a complete answer's reach goes into the history of `key`."""
         bound = self._hamming_bound(key)
         out = rows(sql, dict(unbounded, max_hamming=bound))
         if bound is not None and not (out and out[0]["complete"]):
@@ -6139,8 +6145,13 @@ class ConversationSearch:
         if vector is not None:
             name = "conv_vector_session" if params["session_id"] else \
                 "conv_vector_source" if params["source"] else "conv_vector"
-            ranked["vector"] = self.rows(self.queries[name], dict(params, embedding=vector.tobytes(),
-                                                                  query_i8=vector_blob(vector)))
+            params.update(embedding=vector.tobytes(), query_i8=vector_blob(vector),
+                          max_hamming=None)
+            if name == "conv_vector_session":
+                ranked["vector"] = self.rows(self.queries[name], params)
+            else:  # the binary index: within a Hamming bound learnt as recall's vector channels do
+                key = ("turn_vector", params["persona_id"], params["source"], params["candidates"])
+                ranked["vector"] = self._bounded_knn(key, self.queries[name], params, self.rows)
         hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings)
         for h in hits:
             h["text"], h["truncated"] = cut_text(h["text"], limit) if limit else (h["text"], False)

@@ -92,17 +92,22 @@ from hits order by raw, id;
 -- name: conv_vector
 -- Turn KNN: the :candidates nearest in the binary index (persona as a vec0 metadata filter),
 -- re-scored by exact cosine distance from the float vectors, time-filtered; the best :k.
-with coarse as (
-    select turn_id from conv_turn_vec
+-- :max_hamming, `complete` and `reach` as in recall_vector (sql/recall.sql): a bound learnt from
+-- earlier searches, and when fewer than :candidates lie within it the query runs again without.
+with coarse as materialized (
+    select turn_id, distance from conv_turn_vec
     where embedding match vec_quantize_binary(vec_sub(:embedding, coalesce(
               (select unhex(value) from meta where key = 'turn_vector_center'), zeroblob(length(:embedding)))))
-      and k = :candidates and persona_id = :persona_id
+      and k = :candidates and distance <= coalesce(:max_hamming, 1e9)
+      and persona_id = :persona_id
 ),
 knn as (
     select v.turn_id, vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) as distance
     from coarse c join conv_turn_vectors v on v.turn_id = c.turn_id
 )
-select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank, knn.distance as raw
+select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank,
+       knn.distance as raw, (select count(*) from coarse) >= :candidates as complete,
+       (select max(distance) from coarse) as reach
 from knn join conv_turns t on t.id = knn.turn_id
 where knn.distance is not null and (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
 order by knn.distance
@@ -110,17 +115,20 @@ limit :k;
 
 -- name: conv_vector_source
 -- As conv_vector, for one source (vec0 metadata filters cannot be OR-ed away).
-with coarse as (
-    select turn_id from conv_turn_vec
+with coarse as materialized (
+    select turn_id, distance from conv_turn_vec
     where embedding match vec_quantize_binary(vec_sub(:embedding, coalesce(
               (select unhex(value) from meta where key = 'turn_vector_center'), zeroblob(length(:embedding)))))
-      and k = :candidates and persona_id = :persona_id and source = :source
+      and k = :candidates and distance <= coalesce(:max_hamming, 1e9)
+      and persona_id = :persona_id and source = :source
 ),
 knn as (
     select v.turn_id, vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) as distance
     from coarse c join conv_turn_vectors v on v.turn_id = c.turn_id
 )
-select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank, knn.distance as raw
+select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank,
+       knn.distance as raw, (select count(*) from coarse) >= :candidates as complete,
+       (select max(distance) from coarse) as reach
 from knn join conv_turns t on t.id = knn.turn_id
 where knn.distance is not null and (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
 order by knn.distance

@@ -670,3 +670,24 @@ def test_turn_keyword_pool_gives_the_unbounded_rows_under_every_filter(mem, tmp_
         narrow = extra.get("source") or extra.get("since")
         assert calls[0] == (0 if extra.get("session_id") else 32 if narrow else 8), extra
     assert len(got) == 8
+
+
+def test_turn_vector_hamming_bound_never_changes_the_rows(mem, tmp_path):
+    """The turn vector channel takes its candidates within a Hamming bound learnt from earlier
+    searches (as recall's vector channels do); too tight a bound runs it again without: the rows
+    are always the unbounded query's, and so are conversation_search's results."""
+    mem.ingest("claude-code", [_crowd_transcript(tmp_path, "00000000-0000-4000-8000-00000000c003",
+                                                 140, "vector")])
+    queries = [f"deadline moved item {i}" for i in range(12)]
+    before = [mem.conversation_search(q, k=5)["results"] for q in queries]
+    key = next(k for k in mem._hamming_reach if k[0] == "turn_vector")
+    assert mem._hamming_bound(key) is not None
+    assert [mem.conversation_search(q, k=5)["results"] for q in queries] == before
+    v = mem.embedder.embed_query("deadline").astype("float32")
+    params = {"persona_id": "", "source": "", "since": "", "until": "", "k": 10,
+              "candidates": key[3], "embedding": v.tobytes(), "query_i8": aokun.vector_blob(v), "max_hamming": None}
+    unbounded = mem.rows(mem.queries["conv_vector"], params)
+    for reach in (0.0, 1e6):
+        mem._hamming_reach[key] = (reach,) * 8
+        got = mem._bounded_knn(key, mem.queries["conv_vector"], params, mem.rows)
+        assert [(r["id"], r["raw"]) for r in got] == [(r["id"], r["raw"]) for r in unbounded], reach
