@@ -199,6 +199,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "db": "data/aokun.db",
         "busy_timeout_ms": 30000,
         "synchronous": "full",
+        "rank_extension": True,
     },
     "embedding": {
         "provider": "local",
@@ -518,11 +519,78 @@ def _vec_extension() -> str:
     return os.path.normpath(os.path.join(os.path.dirname(spec.origin), "vec0"))
 
 
+RANK_SOURCE = SQL_DIR / "fts5_rank.c"  #: aokun_bm25, bm25() with the row sizes held in memory
+RANK_ENTRY = "sqlite3_fts5rank_init"
+_BM25_CALL = re.compile(r"\bbm25\((\w+)\)")
+
+
+@functools.cache
+def rank_extension() -> tuple[str | None, str]:
+    """(path of the built aokun_bm25 extension or None, what ranks and why): sql/fts5_rank.c
+    built once with the machine's C compiler ($CC, else cc) into the user cache folder, named by
+    a hash of its source and the SQLite version, so a new source or SQLite builds it again."""
+    import platform
+    import shutil
+    import subprocess
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cache = user_cache_dir()
+    if not cc or cache is None:
+        return None, "bm25() (no C compiler)" if not cc else "bm25() (no writable cache folder)"
+    digest = hashlib.sha256(RANK_SOURCE.read_bytes() + apsw.sqlite_lib_version().encode()
+                            + platform.machine().encode()).hexdigest()[:16]
+    suffix = {"darwin": ".dylib", "win32": ".dll"}.get(sys.platform, ".so")
+    out = cache / f"fts5_rank-{digest}{suffix}"
+    if not out.exists():
+        tmp = out.with_name(f"{out.stem}.{os.getpid()}{suffix}")
+        link = ["-bundle", "-undefined", "dynamic_lookup"] if sys.platform == "darwin" \
+            else ["-shared"]
+        cmd = [cc, "-O2", "-fPIC", *link, "-o", str(tmp), str(RANK_SOURCE), "-lm"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"bm25() ({cc} failed: {e})"
+        if done.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            first = (done.stderr.strip().splitlines() or ["no message"])[0]
+            return None, f"bm25() ({cc} could not build {RANK_SOURCE.name}: {first[:200]})"
+        os.replace(tmp, out)
+    return str(out), f"aokun_bm25 ({out.name}: bm25() with row sizes in memory)"
+
+
+def load_rank_extension(conn: apsw.Connection, path: str | None = None) -> str | None:
+    """Load aokun_bm25 into `conn` (extension loading must be on) from `path`, or as built by
+    rank_extension(); None when it could not be, with a warning once per process."""
+    path, why = (path, "") if path else rank_extension()
+    if path is None:
+        _warn_once(f"ranking keyword matches with {why}: the same results, slower")
+        return None
+    try:
+        conn.load_extension(path, RANK_ENTRY)
+    except apsw.Error as e:
+        _warn_once(f"ranking keyword matches with bm25(): loading {path} failed ({e})")
+        return None
+    return path
+
+
+def ranked_queries(queries: dict[str, str]) -> dict[str, str]:
+    """`queries` with each bm25(table) call as aokun_bm25(table, 'table'): the same scores."""
+    return {k: _BM25_CALL.sub(r"aokun_bm25(\1, '\1')", v) for k, v in queries.items()}
+
+
+class Connection(apsw.Connection):
+    """An APSW connection that knows whether aokun_bm25 is loaded in it."""
+
+    aokun_rank: str | None = None  #: the path of the aokun_bm25 extension loaded, or None
+
+
 def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
-            backup_dir: Path | None = None, reader: bool = False) -> apsw.Connection:
+            backup_dir: Path | None = None, reader: bool = False,
+            rank: bool | str = False) -> Connection:
     """Open (creating if needed) the database with sqlite-vec loaded and the APSW best practice:
     WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest schema,
     unless `reader` (a query-only connection for recall channels, opened after the main one).
+    With `rank`, aokun_bm25 is loaded too when it can be (conn.aokun_rank: its path or None;
+    `rank` a path: that build, as the main connection loaded it).
 
     Raises SchemaError when the file comes from a newer Aokun, AokunError (one line naming the file)
     when its folder cannot be created, it cannot be opened or it is not an SQLite database."""
@@ -533,10 +601,12 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
         raise AokunError(f"database {path}: its folder {path.parent} cannot be created ({why}); "
                          "choose another --db or [storage] db") from None
     try:
-        conn = apsw.Connection(str(path))
+        conn = Connection(str(path))
         conn.set_busy_timeout(busy_timeout_ms)
         conn.enable_load_extension(True)
         conn.load_extension(_vec_extension())
+        if rank:
+            conn.aokun_rank = load_rank_extension(conn, rank if isinstance(rank, str) else None)
         conn.enable_load_extension(False)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
@@ -4220,7 +4290,8 @@ class Recall:
         """rows() on this worker thread's own query-only connection (opened on first use)."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, reader=True)
+            conn = self._local.conn = connect(self.path, self.cfg.storage.busy_timeout_ms,
+                                              reader=True, rank=self.conn.aokun_rank or False)
             with self._readers_lock:  # not self.lock: a caller may hold it while waiting for this thread
                 self._readers.append(conn)
         return fetch_dicts(conn, sql, params)
@@ -4939,7 +5010,18 @@ class Maintenance:
                           "loaded": self.embedder.loaded, "stored_model": self.meta_get("embedding_model"),
                           "stored_dim": int(self.meta_get("embedding_dim") or 0) or None,
                           "problem": self.vector_problem},
+            "keyword_ranking": self.ranking,
         }
+
+    @property
+    def ranking(self) -> str:
+        """What ranks keyword matches: aokun_bm25 (sql/fts5_rank.c) or bm25() itself, and why."""
+        if self.conn.aokun_rank:
+            return rank_extension()[1]
+        if not self.cfg.storage.rank_extension:
+            return "bm25() ([storage] rank_extension = false)"
+        why = rank_extension()[1]
+        return why if why.startswith("bm25()") else "bm25() (loading the extension failed)"
 
     def doctor(self) -> list[str]:
         """Every inconsistency found: integrity_check, documents vs FTS vs vectors, atoms and graph
@@ -7573,8 +7655,10 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self.path = Path(path)
         self.lock = threading.RLock()
         self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
-                            self.backup_dir())
+                            self.backup_dir(), rank=bool(self.cfg.storage.rank_extension))
         self.queries = load_queries()
+        if self.conn.aokun_rank:  # the recall channels' readers load it too (_reader_rows)
+            self.queries = ranked_queries(self.queries)
         t = self.cfg.text
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
                              self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)
@@ -9798,7 +9882,7 @@ def health(mem: "Memory") -> dict:
     return {"ok": db_ok and (mem.vector_problem is None or e.provider == "none"),
             "database": {"path": str(mem.path), "ok": db_ok, "schema_version": schema},
             "embedder": {"provider": e.provider, "model": e.model, "loaded": e.loaded, "problem": mem.vector_problem},
-            "pending_vectors": pending,
+            "pending_vectors": pending, "keyword_ranking": mem.ranking,
             "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
                                  **{k: mem.meta_get(f"{k}_last_run") if db_ok else None
                                     for k in ("decay", "lifecycle")},
