@@ -207,12 +207,26 @@ def machine() -> str:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "?"
+    rank = "bm25()" if os.environ.get("AOKUN_BENCH_BM25") else aokun.rank_extension()[1].split(" (")[0]
     return (f"machine: {os.cpu_count()} CPUs, load average {load}; Python {sys.version.split()[0]}; "
-            f"aokun {aokun.__version__} at {commit}")
+            f"aokun {aokun.__version__} at {commit}; keyword ranking {rank}")
 
 
 def make_cfg(provider: str) -> aokun.Config:
-    return aokun.Config(None, overrides={("embedding", "provider"): provider, ("recall", "cache_ttl_seconds"): 0.0})
+    """The benchmarks' config; $AOKUN_BENCH_BM25 (set by --bm25) ranks with FTS5's bm25() itself."""
+    rank = not os.environ.get("AOKUN_BENCH_BM25")
+    return aokun.Config(None, overrides={("embedding", "provider"): provider, ("recall", "cache_ttl_seconds"): 0.0,
+                                         ("storage", "rank_extension"): rank})
+
+
+def bm25_option(f):
+    """--bm25: the children rank keyword matches with bm25() instead of aokun_bm25."""
+    def set_env(_ctx, _param, value):
+        if value:
+            os.environ["AOKUN_BENCH_BM25"] = "1"
+        return value
+    return click.option("--bm25", is_flag=True, expose_value=False, callback=set_env,
+                        help="Rank with FTS5's bm25() instead of aokun_bm25 (sql/fts5_rank.c).")(f)
 
 
 # CLI #############################################################################################
@@ -374,6 +388,7 @@ def write_one(provider, mode, n, batch, db):
 @click.option("--db-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DB_DIR,
               show_default=True, help="Where built corpora are cached between runs.")
 @click.option("--rebuild", is_flag=True, help="Rebuild cached corpora.")
+@bm25_option
 def recall(sizes, queries, k, channels, db_dir, rebuild):
     """Recall latency p50/p95 on synthetic corpora, with and without the real query-embedding cost.
 
@@ -724,6 +739,7 @@ def write_transcripts(folder: Path, turns: int, seed: int = 17) -> list[Path]:
 @click.option("--rebuild", is_flag=True, help="Rebuild cached corpora.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object keyed by size instead.")
+@bm25_option
 def conversations(sizes, queries, k, db_dir, rebuild, as_json):
     """conversation_search and recall(include_conversations) latency over synthetic ingested turns,
     file bytes per turn and ingest throughput at the start and the end of the build.
