@@ -4,11 +4,14 @@
 ** order of floating-point operations), with each row's size in tokens read from a copy of the
 ** table's %_docsize held in memory instead of one docsize lookup per matching row.
 **
-** The copy is per connection and table, and is taken again whenever the table's averages record
-** (rows and tokens in all) or structure record (its segments: every committed write changes it)
-** differ from those it was taken at. Inside an explicit transaction, where writes not yet
-** committed may be pending, and for a row the copy does not hold, the row's size comes from FTS5
-** (xColumnSize), as bm25() reads it.
+** The copy is per connection and table, and holds only while the table's averages record (rows
+** and tokens in all) and structure record (its segments: every committed write changes it) are
+** those it was taken at. While they differ, each row's size comes from FTS5 (xColumnSize), as
+** bm25() reads it, and those lookups are counted: once they add up to a quarter of the table's
+** rows the copy is taken again (so between writes a copy costs at most what it saves, and a file
+** written between every two searches never pays for one). Inside an explicit transaction, where
+** writes not yet committed may be pending, and for a row the copy does not hold, the size comes
+** from FTS5 too.
 **
 ** Aokun builds this file with the machine's C compiler on first use (aokun.py rank_extension)
 ** and loads it through APSW; without a compiler it ranks with bm25() itself.
@@ -31,6 +34,7 @@ struct Sizes {
   int nKey;
   int *size;
   sqlite3_int64 n;
+  sqlite3_int64 debt; /* rows sized by FTS5 since the copy went stale */
 };
 
 /* The function's user data: the sizes of each table of this connection. */
@@ -42,7 +46,8 @@ typedef struct Bm25Data {
   double avgdl;
   double *aIDF;
   double *aFreq;
-  Sizes *sizes;
+  Sizes *sizes; /* the copy to read sizes from, or NULL */
+  Sizes *stale; /* else the stale copy whose debt this query's rows add to, or NULL */
 } Bm25Data;
 
 static void cache_free(void *p) {
@@ -126,17 +131,19 @@ static int load_sizes(sqlite3 *db, Sizes *s) {
   return rc;
 }
 
-/* The sizes of `table`, current for this connection, or NULL (then FTS5 gives each row's size). */
-static Sizes *sizes_of(Cache *c, const char *table) {
+/* The sizes of `table`, current for this connection, or NULL (then FTS5 gives each row's size,
+** and *stale is the copy to charge those lookups to). */
+static Sizes *sizes_of(Cache *c, const char *table, sqlite3_int64 nRow, Sizes **stale) {
   Sizes *s;
   unsigned char *key;
   int nKey;
+  *stale = 0;
   if (!c || !table || !sqlite3_get_autocommit(c->db)) return 0;
   key = records(c->db, table, &nKey);
   if (!key) return 0;
   for (s = c->tables; s && strcmp(s->table, table); s = s->next) {}
   if (s && s->nKey == nKey && !memcmp(s->key, key, nKey)) { sqlite3_free(key); return s; }
-  if (!s) {
+  if (!s) { /* none yet: the first searches pay for it as for a stale one */
     s = sqlite3_malloc(sizeof(Sizes));
     if (!s) { sqlite3_free(key); return 0; }
     memset(s, 0, sizeof(Sizes));
@@ -144,12 +151,14 @@ static Sizes *sizes_of(Cache *c, const char *table) {
     s->next = c->tables;
     c->tables = s;
   }
+  if (s->debt < nRow / 4) { sqlite3_free(key); *stale = s; return 0; }
   sqlite3_free(s->key);
   s->key = 0;
   s->nKey = 0;
   if (!s->table || load_sizes(c->db, s) != SQLITE_OK) { sqlite3_free(key); return 0; }
   s->key = key;
   s->nKey = nKey;
+  s->debt = 0;
   return s;
 }
 
@@ -186,7 +195,7 @@ static int get_data(const Fts5ExtensionApi *api, Fts5Context *fts, const char *t
     }
   }
   if (rc == SQLITE_OK) {
-    p->sizes = sizes_of((Cache *)api->xUserData(fts), table);
+    p->sizes = sizes_of((Cache *)api->xUserData(fts), table, nRow, &p->stale);
     rc = api->xSetAuxdata(fts, p, sqlite3_free);
   } else {
     sqlite3_free(p);
@@ -220,7 +229,10 @@ static void aokun_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_co
     sqlite3_int64 id = api->xRowid(fts);
     int nTok = -1;
     if (p->sizes && id >= 0 && id < p->sizes->n) nTok = p->sizes->size[id];
-    if (nTok < 0) rc = api->xColumnSize(fts, -1, &nTok);
+    if (nTok < 0) {
+      rc = api->xColumnSize(fts, -1, &nTok);
+      if (p->stale) p->stale->debt++;
+    }
     D = (double)nTok;
   }
   for (i = 0; rc == SQLITE_OK && i < p->nPhrase; i++) {
