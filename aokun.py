@@ -200,6 +200,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "db": "data/aokun.db",
         "busy_timeout_ms": 30000,
         "synchronous": "full",
+        "rank_extension": True,
     },
     "embedding": {
         "provider": "local",
@@ -519,14 +520,81 @@ def _vec_extension() -> str:
     return os.path.normpath(os.path.join(os.path.dirname(spec.origin), "vec0"))
 
 
+RANK_SOURCE = SQL_DIR / "fts5_rank.c"  #: aokun_bm25, bm25() with the row sizes held in memory
+RANK_ENTRY = "sqlite3_fts5rank_init"
+_BM25_CALL = re.compile(r"\bbm25\((\w+)\)")
+
+
+@functools.cache
+def rank_extension() -> tuple[str | None, str]:
+    """(path of the built aokun_bm25 extension or None, what ranks and why): sql/fts5_rank.c
+    built once with the machine's C compiler ($CC, else cc) into the user cache folder, named by
+    a hash of its source and the SQLite version, so a new source or SQLite builds it again."""
+    import platform
+    import shutil
+    import subprocess
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    cache = user_cache_dir()
+    if not cc or cache is None:
+        return None, "bm25() (no C compiler)" if not cc else "bm25() (no writable cache folder)"
+    digest = hashlib.sha256(RANK_SOURCE.read_bytes() + apsw.sqlite_lib_version().encode()
+                            + platform.machine().encode()).hexdigest()[:16]
+    suffix = {"darwin": ".dylib", "win32": ".dll"}.get(sys.platform, ".so")
+    out = cache / f"fts5_rank-{digest}{suffix}"
+    if not out.exists():
+        tmp = out.with_name(f"{out.stem}.{os.getpid()}{suffix}")
+        link = ["-bundle", "-undefined", "dynamic_lookup"] if sys.platform == "darwin" \
+            else ["-shared"]
+        cmd = [cc, "-O2", "-fPIC", *link, "-o", str(tmp), str(RANK_SOURCE), "-lm"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"bm25() ({cc} failed: {e})"
+        if done.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            first = (done.stderr.strip().splitlines() or ["no message"])[0]
+            return None, f"bm25() ({cc} could not build {RANK_SOURCE.name}: {first[:200]})"
+        os.replace(tmp, out)
+    return str(out), f"aokun_bm25 ({out.name}: bm25() with row sizes in memory)"
+
+
+def load_rank_extension(conn: apsw.Connection, path: str | None = None) -> str | None:
+    """Load aokun_bm25 into `conn` (extension loading must be on) from `path`, or as built by
+    rank_extension(); None when it could not be, with a warning once per process."""
+    path, why = (path, "") if path else rank_extension()
+    if path is None:
+        if "no writable cache folder" not in why:  # user_cache_dir's warning said it already
+            _warn_once(f"ranking keyword matches with {why}: the same results, slower")
+        return None
+    try:
+        conn.load_extension(path, RANK_ENTRY)
+    except apsw.Error as e:
+        _warn_once(f"ranking keyword matches with bm25(): loading {path} failed ({e})")
+        return None
+    return path
+
+
+def ranked_queries(queries: dict[str, str]) -> dict[str, str]:
+    """`queries` with each bm25(table) call as aokun_bm25(table, 'table'): the same scores."""
+    return {k: _BM25_CALL.sub(r"aokun_bm25(\1, '\1')", v) for k, v in queries.items()}
+
+
+class Connection(apsw.Connection):
+    """An APSW connection that knows whether aokun_bm25 is loaded in it."""
+
+    aokun_rank: str | None = None  #: the path of the aokun_bm25 extension loaded, or None
+
+
 def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
             backup_dir: Path | None = None, reader: bool = False,
-            create_folder: Path | None = None) -> apsw.Connection:
+            create_folder: Path | None = None, rank: bool | str = False) -> Connection:
     """Open (creating the file if needed) the database with sqlite-vec loaded and the APSW best
     practice: WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest
     schema, unless `reader` (a query-only connection for recall channels, opened after the main one).
     A missing folder of `path` is created only when it is `create_folder` (the default data folder):
-    a typo in --db must not become an empty database in new folders.
+    a typo in --db must not become an empty database in new folders. With `rank`, aokun_bm25 is
+    loaded too when it can be (conn.aokun_rank: its path or None; `rank` a path: that build, as the
+    main connection loaded it).
 
     Raises SchemaError when the file comes from a newer Aokun, AokunError (one line naming the file)
     when its folder is missing or cannot be created, it cannot be opened or it is not an SQLite
@@ -542,17 +610,19 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
         raise AokunError(f"database {path}: its folder {path.parent} cannot be created ({why}); "
                          "choose another --db or [storage] db") from None
     try:
-        conn = apsw.Connection(str(path))
+        conn = Connection(str(path))
         conn.set_busy_timeout(busy_timeout_ms)
         conn.enable_load_extension(True)
         conn.load_extension(_vec_extension())
-        conn.enable_load_extension(False)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
         conn.pragma("foreign_keys", "ON")
         conn.pragma("secure_delete", True)  # deleted text is zeroed, not left in free space (costs: README)
         if conn.pragma("journal_mode") != "wal":
             conn.pragma("journal_mode", "wal")
+        if rank:  # once the file is known to be a database: a bad file gets its one line only
+            conn.aokun_rank = load_rank_extension(conn, rank if isinstance(rank, str) else None)
+        conn.enable_load_extension(False)
     except (apsw.NotADBError, apsw.CantOpenError, apsw.IOError) as e:  # IOError: /dev/null, a folder's device…
         what = "is not an SQLite database" if isinstance(e, apsw.NotADBError) else "cannot be opened"
         raise AokunError(f"database {path} {what} ({e}); choose another --db or [storage] db") from None
@@ -757,7 +827,8 @@ def user_cache_dir() -> Path | None:
         except OSError:
             continue
     _warn_once(f"no writable cache folder ({', '.join(map(str, candidates))}): jieba loads without its "
-               "cache (about 1 s more per start); set XDG_CACHE_HOME or [text] jieba_cache_dir to a writable folder")
+               "cache (about 1 s more per start) and keyword matches rank with bm25() (the same results, "
+               "slower); set XDG_CACHE_HOME or [text] jieba_cache_dir to a writable folder")
     return None
 
 
@@ -4199,6 +4270,12 @@ class Recall:
         # graph_vector filters by session after its KNN: one history for all its sessions
         session = params["session_id"] if ch == "vector" else ""
         key = (ch, params["persona_id"], session, params["max_archived"], params["candidates"])
+        return self._bounded_knn(key, sql, unbounded, rows)
+
+    def _bounded_knn(self, key: tuple, sql: str, unbounded: dict, rows) -> list[dict]:
+        """The rows of vector channel query `sql` (its :max_hamming None in `unbounded`), first
+        within the Hamming bound learnt for `key` (_hamming_bound), again without it when the rows
+        say it cut them short; a complete answer's reach goes into the history of `key`."""
         bound = self._hamming_bound(key)
         out = rows(sql, dict(unbounded, max_hamming=bound))
         if bound is not None and not (out and out[0]["complete"]):
@@ -4233,7 +4310,8 @@ class Recall:
         """rows() on this worker thread's own query-only connection (opened on first use)."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, reader=True)
+            conn = self._local.conn = connect(self.path, self.cfg.storage.busy_timeout_ms,
+                                              reader=True, rank=self.conn.aokun_rank or False)
             with self._readers_lock:  # not self.lock: a caller may hold it while waiting for this thread
                 self._readers.append(conn)
         return fetch_dicts(conn, sql, params)
@@ -4952,7 +5030,18 @@ class Maintenance:
                           "loaded": self.embedder.loaded, "stored_model": self.meta_get("embedding_model"),
                           "stored_dim": int(self.meta_get("embedding_dim") or 0) or None,
                           "problem": self.vector_problem},
+            "keyword_ranking": self.ranking,
         }
+
+    @property
+    def ranking(self) -> str:
+        """What ranks keyword matches: aokun_bm25 (sql/fts5_rank.c) or bm25() itself, and why."""
+        if self.conn.aokun_rank:
+            return rank_extension()[1]
+        if not self.cfg.storage.rank_extension:
+            return "bm25() ([storage] rank_extension = false)"
+        why = rank_extension()[1]
+        return why if why.startswith("bm25()") else "bm25() (loading the extension failed)"
 
     def doctor(self) -> list[str]:
         """Every inconsistency found: integrity_check, documents vs FTS vs vectors, atoms and graph
@@ -6210,18 +6299,37 @@ class ConversationSearch:
                   "candidates": min(CHANNEL_MAX_K, max(self.cfg.recall.vector_candidates, 2 * k))}
         ranked, degraded = {}, []
         if tokens:
-            ranked["bm25"] = self.rows(self.queries["conv_bm25"], params)
+            ranked["bm25"] = self._turn_keyword_rows(params)
         vector = self._turn_query_vector(query, degraded)
         if vector is not None:
             name = "conv_vector_session" if params["session_id"] else \
                 "conv_vector_source" if params["source"] else "conv_vector"
-            ranked["vector"] = self.rows(self.queries[name], dict(params, embedding=vector.tobytes(),
-                                                                  query_i8=vector_blob(vector)))
+            params.update(embedding=vector.tobytes(), query_i8=vector_blob(vector),
+                          max_hamming=None)
+            if name == "conv_vector_session":
+                ranked["vector"] = self.rows(self.queries[name], params)
+            else:  # the binary index: within a Hamming bound learnt as recall's vector channels do
+                key = ("turn_vector", params["persona_id"], params["source"], params["candidates"])
+                ranked["vector"] = self._bounded_knn(key, self.queries[name], params, self.rows)
         hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings)
         for h in hits:
             h["text"], h["truncated"] = cut_text(h["text"], limit) if limit else (h["text"], False)
         return {"results": hits, "degraded": degraded, "warnings": warnings,
                 "took_ms": round((time.perf_counter() - started) * 1000, 2)}
+
+    def _turn_keyword_rows(self, params: dict) -> list[dict]:
+        """conv_bm25's rows: first over the best k matches (:pool; FTS_POOL_FACTOR × k with a
+        source or time filter), again over every match when the filters left fewer than k of them
+        (`complete` 0), so the rows are always the unbounded query's. Most files hold one persona,
+        whose pool of k is complete. A session filter goes unbounded at once: a session is a small
+        part of the turns, and the pool would seldom hold k of its own."""
+        sql = self.queries["conv_bm25"]
+        if not params["session_id"]:
+            narrow = params["source"] or params["since"] or params["until"]
+            out = self.rows(sql, dict(params, pool=(FTS_POOL_FACTOR if narrow else 1) * params["k"]))
+            if out and out[0]["complete"]:  # no rows: nothing matched in the pool, or none passed
+                return out
+        return self.rows(sql, dict(params, pool=0))
 
     def _turn_query_vector(self, query: str, degraded: list):
         """The query's vector for the turn index, or None (with the reason in `degraded`)."""
@@ -7676,10 +7784,13 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self.lock = threading.RLock()
         new = not self.path.exists()
         self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
-                            self.backup_dir(), create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent)
+                            self.backup_dir(), create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent,
+                            rank=bool(self.cfg.storage.rank_extension))
         if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
             print(f"aokun: created a new database {self.path}", file=sys.stderr, flush=True)
         self.queries = load_queries()
+        if self.conn.aokun_rank:  # the recall channels' readers load it too (_reader_rows)
+            self.queries = ranked_queries(self.queries)
         t = self.cfg.text
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
                              self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)
@@ -9923,7 +10034,7 @@ def health(mem: "Memory") -> dict:
     return {"ok": db_ok and (mem.vector_problem is None or e.provider == "none"),
             "database": {"path": str(mem.path), "ok": db_ok, "schema_version": schema},
             "embedder": {"provider": e.provider, "model": e.model, "loaded": e.loaded, "problem": mem.vector_problem},
-            "pending_vectors": pending,
+            "pending_vectors": pending, "keyword_ranking": mem.ranking,
             "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
                                  **{k: mem.meta_get(f"{k}_last_run") if db_ok else None
                                     for k in ("decay", "lifecycle")},

@@ -207,12 +207,26 @@ def machine() -> str:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "?"
+    rank = "bm25()" if os.environ.get("AOKUN_BENCH_BM25") else aokun.rank_extension()[1].split(" (")[0]
     return (f"machine: {os.cpu_count()} CPUs, load average {load}; Python {sys.version.split()[0]}; "
-            f"aokun {aokun.__version__} at {commit}")
+            f"aokun {aokun.__version__} at {commit}; keyword ranking {rank}")
 
 
 def make_cfg(provider: str) -> aokun.Config:
-    return aokun.Config(None, overrides={("embedding", "provider"): provider, ("recall", "cache_ttl_seconds"): 0.0})
+    """The benchmarks' config; $AOKUN_BENCH_BM25 (set by --bm25) ranks with FTS5's bm25() itself."""
+    rank = not os.environ.get("AOKUN_BENCH_BM25")
+    return aokun.Config(None, overrides={("embedding", "provider"): provider, ("recall", "cache_ttl_seconds"): 0.0,
+                                         ("storage", "rank_extension"): rank})
+
+
+def bm25_option(f):
+    """--bm25: the children rank keyword matches with bm25() instead of aokun_bm25."""
+    def set_env(_ctx, _param, value):
+        if value:
+            os.environ["AOKUN_BENCH_BM25"] = "1"
+        return value
+    return click.option("--bm25", is_flag=True, expose_value=False, callback=set_env,
+                        help="Rank with FTS5's bm25() instead of aokun_bm25 (sql/fts5_rank.c).")(f)
 
 
 # CLI #############################################################################################
@@ -374,6 +388,7 @@ def write_one(provider, mode, n, batch, db):
 @click.option("--db-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DB_DIR,
               show_default=True, help="Where built corpora are cached between runs.")
 @click.option("--rebuild", is_flag=True, help="Rebuild cached corpora.")
+@bm25_option
 def recall(sizes, queries, k, channels, db_dir, rebuild):
     """Recall latency p50/p95 on synthetic corpora, with and without the real query-embedding cost.
 
@@ -645,6 +660,242 @@ def spawn_once(cmd: list[str], env: dict, init: dict, tool: str | None, provider
         finally:
             proc.kill()
             proc.wait()
+
+
+# Conversations ###################################################################################
+
+CONV_VERSION = 1  #: bump when the transcript generator or what ingest stores changes
+CONV_PERSONA = ""  #: ingest's default persona, as the watcher ingests
+CODE_WORDS = ["refactor", "pytest", "migration", "schema", "index", "latency", "regression",
+              "the parser", "a race", "the cache", "FTS5", "the watcher", "a deadlock", "the build",
+              "CI", "the API", "a flaky test", "the query plan", "sqlite-vec", "the embedding",
+              "the config", "a retry"]
+CODE_VERBS = ["fix", "profile", "rename", "document", "benchmark", "split", "rewrite", "review",
+              "test", "cache", "log", "revert"]
+CODE_ZH = ["重构", "测试", "索引", "缓存", "接口", "性能", "配置", "部署", "日志", "数据库"]
+
+
+def code_sentence(rng: random.Random) -> str:
+    """A line of a coding session: asks, plans and findings about code, English or Chinese."""
+    w, v = rng.choice(CODE_WORDS), rng.choice(CODE_VERBS)
+    forms = [f"Let's {v} {w} in module_{rng.randint(1, 400)}.py before the release.",
+             f"I ran {rng.randint(2, 900)} tests; {w} fails with error E{rng.randint(100, 999)}.",
+             f"The slow part is {w}: {rng.randint(2, 500)} ms per call, we should {v} it.",
+             f"Could you {v} {w} and keep the old behaviour for {rng.choice(NAMES_EN)}?",
+             f"请帮我{rng.choice(CODE_ZH)}一下{rng.choice(CODE_ZH)}，第{rng.randint(2, 300)}行有问题。",
+             f"{rng.choice(CODE_ZH)}已经完成，{rng.choice(NAMES_ZH)}说下周再{rng.choice(CODE_ZH)}。"]
+    return rng.choice(forms) if rng.random() < 0.7 else sentence(rng)
+
+
+def turn_text(rng: random.Random, role: str) -> str:
+    """A user turn of 1-3 lines (about 30-250 characters) or an answer of 2-24 (about 100-2,000)."""
+    n = rng.randint(1, 3) if role == "user" else rng.randint(2, 24)
+    return " ".join(code_sentence(rng) for _ in range(n))
+
+
+def write_transcripts(folder: Path, turns: int, seed: int = 17) -> list[Path]:
+    """Claude Code transcripts with `turns` kept turns in all: sessions of 4-120 turns in one of
+    ~turns/2,000 projects, a session's turns a minute apart, sessions over the last two years;
+    each answer follows a tool call and its result (records ingest drops). Oldest session first."""
+    rng = random.Random(seed)
+    projects = [f"-home-dev-proj{p:03d}" for p in range(max(3, turns // 2000))]
+    start = aokun.now().timestamp() - 730 * 86400
+    paths, done, s = [], 0, 0
+    while done < turns:
+        n = min(rng.randint(4, 120), turns - done)
+        sid = f"{s:08d}-0000-4000-8000-{seed:012d}"
+        project = rng.choice(projects)
+        path = folder / project / f"{sid}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = start + (730 * 86400) * done / turns
+        with path.open("w", encoding="utf-8") as f:
+            for i in range(n):
+                role = "user" if i % 2 == 0 else "assistant"
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(t0 + 60 * i))
+                base = {"sessionId": sid, "cwd": "/" + project.strip("-").replace("-", "/"),
+                        "timestamp": stamp}
+                text = turn_text(rng, role)
+                if role == "assistant":
+                    tool = [{"type": "tool_use", "name": "Bash", "input": {"command": "pytest -q"}}]
+                    f.write(json.dumps(dict(base, type="assistant", uuid=f"{sid}-{i}-tool",
+                                            message={"role": "assistant", "content": tool})) + "\n")
+                    content = [{"type": "text", "text": text}]
+                else:
+                    content = text
+                f.write(json.dumps(dict(base, type=role, uuid=f"{sid}-{i}",
+                                        message={"role": role, "content": content})) + "\n")
+        paths.append(path)
+        done, s = done + n, s + 1
+    return paths
+
+
+@cli.command()
+@click.option("--sizes", default="10000,100000,300000", show_default=True,
+              help="Corpus sizes (turns).")
+@click.option("--queries", type=int, default=200, show_default=True, help="Distinct queries timed.")
+@click.option("--k", type=int, default=5, show_default=True, help="conversation_search's k.")
+@click.option("--db-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DB_DIR,
+              show_default=True, help="Where built corpora are cached between runs.")
+@click.option("--rebuild", is_flag=True, help="Rebuild cached corpora.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object keyed by size instead.")
+@bm25_option
+def conversations(sizes, queries, k, db_dir, rebuild, as_json):
+    """conversation_search and recall(include_conversations) latency over synthetic ingested turns,
+    file bytes per turn and ingest throughput at the start and the end of the build.
+
+    Corpora are Claude Code transcripts (many sessions and projects, answers after tool calls)
+    ingested through `Memory.ingest` with deterministic random 384-d vectors (no model), built once
+    and cached under --db-dir. Query embedding is excluded (the random embedder). Floor = raw FTS5
+    top-N of conv_turns_fts + numpy brute-force KNN over every stored turn vector, same file.
+
+    Example: python scripts/bench.py conversations --sizes 10000,100000
+    """
+    db_dir.mkdir(parents=True, exist_ok=True)
+    out, builds, rows, sizes_rows = {}, [], [], []
+    if not as_json:
+        print(machine())
+    for size in [int(s.replace("_", "")) for s in sizes.split(",") if s.strip()]:
+        info = conv_corpus(db_dir, size, rebuild)
+        print(f"conversations: timing {size:,} ...", file=sys.stderr, flush=True)
+        r = run_child(["_conv-time-one", "--db", str(db_dir / f"conv-{size}.db"),
+                       "--queries", str(queries), "--k", str(k)])
+        out[str(size)] = {"search_p50_ms": r["search_p50_ms"], "search_p95_ms": r["search_p95_ms"],
+                          "floor_p50_ms": r["floor_p50_ms"], "bytes_per_turn": r["bytes_per_turn"],
+                          "ingest_per_s_start": info["ingest_per_s_start"],
+                          "ingest_per_s_end": info["ingest_per_s_end"],
+                          "floor_p95_ms": r["floor_p95_ms"], "recall_p50_ms": r["recall_p50_ms"],
+                          "recall_p95_ms": r["recall_p95_ms"],
+                          "text_bytes_per_turn": r["text_bytes_per_turn"],
+                          "build_s": info["seconds"], "load_average": list(os.getloadavg())}
+        o = out[str(size)]
+        builds.append([f"{size:,}", info["sessions"], info["seconds"], o["ingest_per_s_start"],
+                       o["ingest_per_s_end"], info["peak_rss_mb"],
+                       "cached" if info["cached"] else "built now"])
+        for name, key in (("conversation_search", "search"),
+                          ("recall(include_conversations)", "recall")):
+            p50 = o[f"{key}_p50_ms"]
+            rows.append([f"{size:,}", name, p50, o[f"{key}_p95_ms"], o["floor_p50_ms"],
+                         o["floor_p95_ms"], round(p50 / max(o["floor_p50_ms"], 1e-9), 2)])
+        sizes_rows.append([f"{size:,}", r["db_mb"], r["file_bytes_per_turn"],
+                           o["text_bytes_per_turn"],
+                           o["bytes_per_turn"]])
+    if as_json:
+        print(json.dumps(out))
+        return
+    print("\ncorpus build (Memory.ingest of Claude Code transcripts, random 384-d vectors; "
+          "turns/s of the first and the last tenth of the files)")
+    print(table(["turns", "sessions", "build s", "turns/s start", "turns/s end", "peak RSS MB",
+                 "state"], builds))
+    print(f"\nlatency, {queries} distinct queries, k={k}, query embedding excluded (floor = raw "
+          "FTS5 top-N of conv_turns_fts + numpy brute-force KNN over the turn vectors; ratio = "
+          "p50 / floor p50; the corpus has no memories, so recall's extra is its own work around "
+          "the same search)")
+    print(table(["turns", "call", "p50 ms", "p95 ms", "floor p50", "floor p95", "ratio"], rows))
+    print("\nfile size (bytes per turn: the whole file, the turn's text, and the rest beside "
+          "the text)")
+    print(table(["turns", "db MB", "file B/turn", "text B/turn", "beside text B/turn"], sizes_rows))
+    print(machine())
+
+
+def conv_corpus(db_dir: Path, size: int, rebuild: bool) -> dict:
+    """The cached build info of the `size`-turn conversation corpus, building it first if needed."""
+    db = db_dir / f"conv-{size}.db"
+    marker = db.with_suffix(".built.json")
+    fresh = marker.exists() and db.exists() and not rebuild
+    info = json.loads(marker.read_text()) if fresh else None
+    if info is not None and info.get("version") == CONV_VERSION:
+        return dict(info, cached=True)
+    for p in db.parent.glob(db.name + "*"):
+        p.unlink()
+    marker.unlink(missing_ok=True)
+    print(f"conversations: building {size:,} turns in {db} ...", file=sys.stderr, flush=True)
+    info = run_child(["_conv-build-one", "--size", str(size), "--db", str(db)])
+    marker.write_text(json.dumps(info))
+    return dict(info, cached=False)
+
+
+@cli.command("_conv-build-one", hidden=True)
+@click.option("--size", type=int, required=True)
+@click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), required=True)
+def conv_build_one(size, db):
+    with tempfile.TemporaryDirectory(prefix="aokun-bench-conv-", dir=db.parent) as tmp:
+        paths = write_transcripts(Path(tmp), size)
+        mem = aokun.Memory(db, make_cfg("none"), embedder=RandomEmbedder())
+        tenth = max(1, len(paths) // 10)
+        rates, done, started = [], 0, time.perf_counter()
+        for i in range(0, len(paths), tenth):
+            t0 = time.perf_counter()
+            new = mem.ingest("claude-code", paths[i:i + tenth])["new"]
+            rates.append(new / (time.perf_counter() - t0))
+            done += new
+            print(f"\r  ingested {done:,}/{size:,} ({rates[-1]:,.0f}/s)", end="", file=sys.stderr,
+                  flush=True)
+        print(file=sys.stderr)
+        seconds = time.perf_counter() - started
+    assert done == size, (done, size)
+    sessions = mem.value("select count(*) from conv_sessions")
+    mem.conn.execute("pragma wal_checkpoint(truncate)")
+    mem.close()
+    print(json.dumps({"version": CONV_VERSION, "size": size, "sessions": sessions,
+                      "seconds": round(seconds, 1), "ingest_per_s_start": round(rates[0], 1),
+                      "ingest_per_s_end": round(rates[-1], 1),
+                      "peak_rss_mb": peak_rss_mb()}))
+
+
+def conv_floor(mem, qs: list[str], emb, n: int) -> list[float]:
+    """Per query, in ms, the least a hybrid turn search over this file must do: raw FTS5 top-`n` of
+    conv_turns_fts (SQLite's top-N sort of bm25()) and a numpy brute-force KNN top-`n` over every
+    stored turn vector, held in memory (loading them is not counted)."""
+    matrix = np.stack([aokun.blob_vector(r["embedding"]) for r in mem.rows(
+        "select embedding from conv_turn_vectors")])
+    out = []
+    for q in qs:
+        match, v = aokun.fts_query(mem.seg.tokens(q)), emb.embed_query(q)
+        t0 = time.perf_counter()
+        if match:
+            mem.rows("select rowid from conv_turns_fts where conv_turns_fts match ? "
+                     "order by bm25(conv_turns_fts) limit ?", (match, n))
+        sims = matrix @ v
+        np.argpartition(-sims, min(n, len(sims) - 1))[:n]
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def timed(fn, qs: list[str], mem) -> list[float]:
+    """ms of fn(q) for each query, after one warm-up call; background work kept out of timing."""
+    fn("warm up")
+    mem.wait_background()
+    times = []
+    for q in qs:
+        t0 = time.perf_counter()
+        fn(q)
+        times.append((time.perf_counter() - t0) * 1000)
+        mem.wait_background()
+    return times
+
+
+@cli.command("_conv-time-one", hidden=True)
+@click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--queries", type=int, default=200)
+@click.option("--k", type=int, default=5)
+def conv_time_one(db, queries, k):
+    qs, emb = synthetic_queries(queries), RandomEmbedder()
+    mem = aokun.Memory(db, make_cfg("none"), embedder=emb)
+    search = timed(lambda q: mem.conversation_search(q, k, persona_id=CONV_PERSONA), qs, mem)
+    recall = timed(lambda q: mem.recall(q, k=k, persona_id=CONV_PERSONA,
+                                        include_conversations=True), qs, mem)
+    floor = conv_floor(mem, qs, emb, min(aokun.CHANNEL_MAX_K, max(mem.cfg.recall.channel_k, 2 * k)))
+    turns = mem.value("select count(*) from conv_turns")
+    text = mem.value("select sum(length(cast(text as blob))) from conv_turns")
+    mem.close()
+    size = db.stat().st_size
+    figures = {f"{name}_{q}_ms": round(pctl(t, p), 2) for name, t in
+               (("search", search), ("recall", recall), ("floor", floor))
+               for q, p in (("p50", 0.5), ("p95", 0.95))}
+    print(json.dumps(dict(figures, file_bytes_per_turn=round(size / turns),
+                          text_bytes_per_turn=round(text / turns),
+                          bytes_per_turn=round((size - text) / turns), db_mb=round(size / 1e6, 1))))
 
 
 if __name__ == "__main__":

@@ -48,36 +48,66 @@ select id, text from conv_turns where embedding_state = 'pending' and id > :afte
 
 -- name: conv_bm25
 -- Turn BM25 over the segmented FTS5 column, filtered in SQL by persona, source, session and time.
-with hits as (
-    select t.id, bm25(conv_turns_fts) as raw
-    from conv_turns_fts
-    join conv_turns t on t.id = conv_turns_fts.rowid
-    join conv_sessions s on s.id = t.session_ref
-    where conv_turns_fts match :match
-      and t.persona_id = :persona_id
-      and (:source = '' or t.source = :source)
-      and (:session_id = '' or s.session_id = :session_id)
-      and (:since = '' or t.created_at >= :since)
-      and (:until = '' or t.created_at <= :until)
-    order by raw
-    limit :k
+-- With :pool > 0 the best :pool matches come first from SQLite's top-N sort of bm25() (a bounded
+-- heap over the FTS index alone), then the joins and filters; `complete` is 0 when fewer than :k
+-- of them pass and the pool was full (other personas' or sessions' turns crowd it): then
+-- ConversationSearch runs it again with :pool = 0, every match joined and filtered before the
+-- top-:k sort. Ties go by id either way, so a complete pooled answer is the unbounded one.
+with pooled as materialized (
+    select rowid, bm25(conv_turns_fts) as raw from conv_turns_fts
+    where :pool > 0 and conv_turns_fts match :match
+    order by raw, rowid limit max(coalesce(:pool, 0), 0)
+),
+hits as materialized (
+    select * from (
+        select t.id, p.raw
+        from pooled p
+        join conv_turns t on t.id = p.rowid
+        join conv_sessions s on s.id = t.session_ref
+        where t.persona_id = :persona_id
+          and (:source = '' or t.source = :source)
+          and (:session_id = '' or s.session_id = :session_id)
+          and (:since = '' or t.created_at >= :since)
+          and (:until = '' or t.created_at <= :until)
+        order by p.raw, t.id limit :k)
+    union all
+    select * from (
+        select t.id, bm25(conv_turns_fts) as raw
+        from conv_turns_fts
+        join conv_turns t on t.id = conv_turns_fts.rowid
+        join conv_sessions s on s.id = t.session_ref
+        where not coalesce(:pool > 0, 0) and conv_turns_fts match :match
+          and t.persona_id = :persona_id
+          and (:source = '' or t.source = :source)
+          and (:session_id = '' or s.session_id = :session_id)
+          and (:since = '' or t.created_at >= :since)
+          and (:until = '' or t.created_at <= :until)
+        order by raw, t.id limit :k)
 )
-select id, 'bm25' as channel, row_number() over (order by raw) - 1 as rank, raw from hits order by raw;
+select id, 'bm25' as channel, row_number() over (order by raw, id) - 1 as rank, raw,
+       not coalesce(:pool > 0, 0) or (select count(*) from hits) >= :k
+           or (select count(*) from pooled) < :pool as complete
+from hits order by raw, id;
 
 -- name: conv_vector
 -- Turn KNN: the :candidates nearest in the binary index (persona as a vec0 metadata filter),
 -- re-scored by exact cosine distance from the float vectors, time-filtered; the best :k.
-with coarse as (
-    select turn_id from conv_turn_vec
+-- :max_hamming, `complete` and `reach` as in recall_vector (sql/recall.sql): a bound learnt from
+-- earlier searches, and when fewer than :candidates lie within it the query runs again without.
+with coarse as materialized (
+    select turn_id, distance from conv_turn_vec
     where embedding match vec_quantize_binary(vec_sub(:embedding, coalesce(
               (select unhex(value) from meta where key = 'turn_vector_center'), zeroblob(length(:embedding)))))
-      and k = :candidates and persona_id = :persona_id
+      and k = :candidates and distance <= coalesce(:max_hamming, 1e9)
+      and persona_id = :persona_id
 ),
 knn as (
     select v.turn_id, vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) as distance
     from coarse c join conv_turn_vectors v on v.turn_id = c.turn_id
 )
-select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank, knn.distance as raw
+select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank,
+       knn.distance as raw, (select count(*) from coarse) >= :candidates as complete,
+       (select max(distance) from coarse) as reach
 from knn join conv_turns t on t.id = knn.turn_id
 where knn.distance is not null and (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
 order by knn.distance
@@ -85,17 +115,20 @@ limit :k;
 
 -- name: conv_vector_source
 -- As conv_vector, for one source (vec0 metadata filters cannot be OR-ed away).
-with coarse as (
-    select turn_id from conv_turn_vec
+with coarse as materialized (
+    select turn_id, distance from conv_turn_vec
     where embedding match vec_quantize_binary(vec_sub(:embedding, coalesce(
               (select unhex(value) from meta where key = 'turn_vector_center'), zeroblob(length(:embedding)))))
-      and k = :candidates and persona_id = :persona_id and source = :source
+      and k = :candidates and distance <= coalesce(:max_hamming, 1e9)
+      and persona_id = :persona_id and source = :source
 ),
 knn as (
     select v.turn_id, vec_distance_cosine(vec_int8(v.embedding), vec_int8(:query_i8)) as distance
     from coarse c join conv_turn_vectors v on v.turn_id = c.turn_id
 )
-select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank, knn.distance as raw
+select t.id, 'vector' as channel, row_number() over (order by knn.distance) - 1 as rank,
+       knn.distance as raw, (select count(*) from coarse) >= :candidates as complete,
+       (select max(distance) from coarse) as reach
 from knn join conv_turns t on t.id = knn.turn_id
 where knn.distance is not null and (:since = '' or t.created_at >= :since) and (:until = '' or t.created_at <= :until)
 order by knn.distance

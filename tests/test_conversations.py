@@ -627,3 +627,67 @@ def test_turn_index_is_centred_once_enough_vectors_exist_and_still_finds_turns(t
     hits = m.conversation_search(text, k=4)
     assert hits["results"] and hits["results"][0]["text"] == text
     assert m.doctor() == []
+
+
+def _crowd_transcript(folder: Path, sid: str, n: int, word: str) -> Path:
+    path = folder / "-home-crowd" / f"{sid}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"type": "user", "sessionId": sid, "cwd": "/home/crowd",
+                         "uuid": f"{sid}-{i}", "timestamp": f"2026-03-{1 + i % 28:02d}T10:00:00.000Z",
+                         "message": {"role": "user",
+                                     "content": f"{word} deadline {'moved ' * (i % 7)}item {i}"}})
+             for i in range(n)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_turn_keyword_pool_gives_the_unbounded_rows_under_every_filter(mem, tmp_path):
+    """conv_bm25 ranks the best k (with a source or time filter FTS_POOL_FACTOR × k) matches
+    first; where other personas' or sources' turns crowd that pool it runs again over every
+    match: the rows never differ."""
+    crowd = _crowd_transcript(tmp_path, "00000000-0000-4000-8000-00000000c001", 120, "crowd")
+    mine = _crowd_transcript(tmp_path / "m", "00000000-0000-4000-8000-00000000c002", 30, "mine")
+    mem.ingest("claude-code", [crowd], persona_id="crowd")
+    mem.ingest("claude-code", [crowd, mine], persona_id="me")
+    mem.ingest("codex", [CODEX], persona_id="me")
+    base = {"match": aokun.fts_query(mem.seg.tokens("deadline moved")), "source": "",
+            "session_id": "", "since": "", "until": "", "k": 8}
+    calls, rows = [], mem.rows
+
+    def counting(sql, p=()):
+        calls.append(p.get("pool") if isinstance(p, dict) else None)
+        return rows(sql, p)
+    mem.rows = counting
+    for extra in ({"persona_id": "me"}, {"persona_id": "crowd"},
+                  {"persona_id": "me", "source": "codex"},
+                  {"persona_id": "me", "since": "2026-03-20T00:00:00Z"},
+                  {"persona_id": "me", "session_id": "00000000-0000-4000-8000-00000000c002"}):
+        params = dict(base, **extra)
+        calls.clear()
+        got = mem._turn_keyword_rows(params)
+        want = rows(mem.queries["conv_bm25"], dict(params, pool=0))
+        assert [(r["id"], r["raw"]) for r in got] == [(r["id"], r["raw"]) for r in want], extra
+        narrow = extra.get("source") or extra.get("since")
+        assert calls[0] == (0 if extra.get("session_id") else 32 if narrow else 8), extra
+    assert len(got) == 8
+
+
+def test_turn_vector_hamming_bound_never_changes_the_rows(mem, tmp_path):
+    """The turn vector channel takes its candidates within a Hamming bound learnt from earlier
+    searches (as recall's vector channels do); too tight a bound runs it again without: the rows
+    are always the unbounded query's, and so are conversation_search's results."""
+    mem.ingest("claude-code", [_crowd_transcript(tmp_path, "00000000-0000-4000-8000-00000000c003",
+                                                 140, "vector")])
+    queries = [f"deadline moved item {i}" for i in range(12)]
+    before = [mem.conversation_search(q, k=5)["results"] for q in queries]
+    key = next(k for k in mem._hamming_reach if k[0] == "turn_vector")
+    assert mem._hamming_bound(key) is not None
+    assert [mem.conversation_search(q, k=5)["results"] for q in queries] == before
+    v = mem.embedder.embed_query("deadline").astype("float32")
+    params = {"persona_id": "", "source": "", "since": "", "until": "", "k": 10,
+              "candidates": key[3], "embedding": v.tobytes(), "query_i8": aokun.vector_blob(v), "max_hamming": None}
+    unbounded = mem.rows(mem.queries["conv_vector"], params)
+    for reach in (0.0, 1e6):
+        mem._hamming_reach[key] = (reach,) * 8
+        got = mem._bounded_knn(key, mem.queries["conv_vector"], params, mem.rows)
+        assert [(r["id"], r["raw"]) for r in got] == [(r["id"], r["raw"]) for r in unbounded], reach
