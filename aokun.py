@@ -2207,6 +2207,7 @@ class Layers:
         c.execute("update documents set event_at = :event_at, event_end = :event_end where id = :id",
                   self._event_columns(p) | {"id": p.document_id})
         threshold = self.cfg.write.reinforce_jaccard
+        doc_uid = self.value("select uid from documents where id = ?", (p.document_id,))
         for fact in dict.fromkeys(p.facts):
             atom_type, confidence = self.rules.classify(fact)
             tokens = self.seg.tokens(fact)
@@ -2237,7 +2238,8 @@ class Layers:
                       "confidence, importance, base_ttl_days, created_at, updated_at, last_reinforced_at, "
                       "expires_at, state_changed_at, slot, slot_value) "
                       "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("memory_atoms"), str(uuid.uuid4()), p.persona_id, p.document_id, atom_type, fact,
+                      (self._new_id("memory_atoms"), atom_uid(p.persona_id, doc_uid, fact), p.persona_id,
+                       p.document_id, atom_type, fact,
                        subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
                        self._atom_expiry(atom_type, fact, p, ttl, p.created_at), stamp, slot, slot_value))
             atom_id = c.last_insert_rowid()
@@ -6952,6 +6954,16 @@ class SyncFileError(Exception):
     this reason, not marked applied, tried again at the next sync."""
 
 
+ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
+
+
+def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
+    """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
+    of the three, so every device that derives it gives it the same uid (and an edit that keeps a
+    fact keeps its atom's uid)."""
+    return str(uuid.uuid5(ATOM_UID_NAMESPACE, "\x1f".join((persona_id, document_uid, content.strip()))))
+
+
 def sync_hash(rec: dict) -> str:
     """The content hash of an export record: 16 hex digits of the SHA-256 of its JSON without the
     SYNC_UNHASHED fields (and the EXPORT_OPTIONAL ones that are null). Two versions with the same
@@ -7420,18 +7432,16 @@ class Sync:
         at or after the incoming stamp stays deleted. When both sides changed it since they last
         agreed (the incoming update was not made on the version here, and the incoming version is not
         one this file sent or merged before) and the contents differ, the losing version goes into
-        sync_conflicts. The winners are imported (memories re-derived, atoms included); then the file
-        is marked applied. Each step is a transaction; repeating one after a crash changes nothing.
-        Raises SyncFileError when the import refuses a record."""
+        sync_conflicts. The winners are imported (memories re-derived, atoms included); then the file is
+        marked applied. Each step is a transaction (repeated after a crash, it changes nothing)."""
         winners, known, conflicts, drops, ties = [], [], [], [], set()
         mine, dev = self.meta_get("sync_device"), key[0]
 
         def lost(loser: dict, kind: str, uid: str, loser_stamp: str, winner_stamp: str, source: str) -> None:
-            if resend and source == dev:
-                return
-            conflicts.append({"kind": kind, "uid": uid, "persona_id": loser.get("persona_id"), "loser_from": source,
-                              "winner_stamp": winner_stamp, "loser_stamp": loser_stamp,
-                              "loser": json.dumps(loser, ensure_ascii=False)})
+            if not (resend and source == dev):
+                conflicts.append({"kind": kind, "uid": uid, "persona_id": loser.get("persona_id"),
+                                  "loser_from": source, "winner_stamp": winner_stamp, "loser_stamp": loser_stamp,
+                                  "loser": json.dumps(loser, ensure_ascii=False)})
 
         for _op, kind, uid, stamp, digest, rec, old in changes:
             if rec is None:  # a delete: a tombstone says what was deleted, and when; an undone consolidation goes
