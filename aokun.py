@@ -2286,6 +2286,7 @@ class Layers:
         c.execute("update documents set event_at = :event_at, event_end = :event_end where id = :id",
                   self._event_columns(p) | {"id": p.document_id})
         threshold = self.cfg.write.reinforce_jaccard
+        doc_uid = self.value("select uid from documents where id = ?", (p.document_id,))
         for fact in dict.fromkeys(p.facts):
             atom_type, confidence = self.rules.classify(fact)
             tokens = self.seg.tokens(fact)
@@ -2316,7 +2317,8 @@ class Layers:
                       "confidence, importance, base_ttl_days, created_at, updated_at, last_reinforced_at, "
                       "expires_at, state_changed_at, slot, slot_value) "
                       "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("memory_atoms"), str(uuid.uuid4()), p.persona_id, p.document_id, atom_type, fact,
+                      (self._new_id("memory_atoms"), atom_uid(p.persona_id, doc_uid, fact), p.persona_id,
+                       p.document_id, atom_type, fact,
                        subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
                        self._atom_expiry(atom_type, fact, p, ttl, p.created_at), stamp, slot, slot_value))
             atom_id = c.last_insert_rowid()
@@ -7021,7 +7023,8 @@ class Portable:
 
 SYNC_FORMAT = "aokun-changeset"  #: a changeset file's header `format`
 SYNC_VERSION = 1  #: the changeset file layout; a file of a newer one is skipped (upgrade Aokun)
-#: A changeset file's name: `<device id (a uuid4)>-<sequence number>.changeset`.
+#: The name this device gives its changeset files: `<device id (a uuid4)>-<sequence number>.changeset`.
+#: Only a hint: a file is known by its header (a sync tool may rename it, `….sync-conflict-….changeset`).
 SYNC_NAME = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(\d{8,})\.changeset$")
 #: The export kinds that travel: kind → (the field it is keyed by, the time that orders its versions).
 #: Atoms do not: they are derived, each device re-derives them from the memories it merges.
@@ -7042,6 +7045,7 @@ SYNC_HEADER_BYTES = 4096  #: the most a changeset file's header line may take
 #: that compresses better than that is written uncompressed (zlib level 0), which every reader takes.
 SYNC_INFLATE_FLOOR = 64 << 20
 SYNC_INFLATE_RATIO = 64
+SYNC_DEVICE_RX = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  #: a device id
 _SYNC_RUNNING: set[str] = set()  #: database files this process is syncing now
 _SYNC_LOCK = threading.Lock()
 _SYNC_TABLES = """
@@ -7054,6 +7058,16 @@ create table records(kind text, uid text, stamp text, hash text, body text, prim
 class SyncFileError(Exception):
     """A changeset file that cannot be applied now (truncated, damaged, foreign, newer): skipped with
     this reason, not marked applied, tried again at the next sync."""
+
+
+ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
+
+
+def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
+    """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
+    of the three, so every device that derives it gives it the same uid (and an edit that keeps a
+    fact keeps its atom's uid)."""
+    return str(uuid.uuid5(ATOM_UID_NAMESPACE, "\x1f".join((persona_id, document_uid, content.strip()))))
 
 
 def sync_hash(rec: dict) -> str:
@@ -7082,6 +7096,62 @@ def sync_inflate(payload: bytes) -> bytes:
     if not z.eof:
         raise zlib.error("incomplete zlib stream")
     return out
+
+
+def read_changeset_header(path: Path) -> tuple[str, int, str] | None:
+    """(device, seq, sha256) that changeset file `path`'s header line names, or None when it has no
+    such header (empty, still being copied, not ours). Reads at most SYNC_HEADER_BYTES, of a regular
+    file only; raises SyncFileError when it is not one or cannot be read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        try:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise SyncFileError("not a regular file")
+            head = f.readline(SYNC_HEADER_BYTES)
+        except OSError as e:
+            raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
+    try:
+        h = json.loads(head) if head.endswith(b"\n") else None
+    except ValueError:
+        return None
+    if not isinstance(h, dict) or h.get("format") != SYNC_FORMAT:
+        return None
+    device, seq, digest = h.get("device"), h.get("seq"), h.get("sha256")
+    if not isinstance(device, str) or not SYNC_DEVICE_RX.fullmatch(device) or type(seq) is not int or seq < 1 \
+            or not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        return None
+    return device, seq, digest
+
+
+def scan_changesets(folder: Path, skipped: list) -> dict[tuple[str, int, str], Path]:
+    """The changeset files in `folder`, by (device, seq, sha256) as their headers name them: every
+    regular `*.changeset` whatever its name (a sync tool's renamed or duplicated copy is the same
+    file; the first name in sorted order is kept). A file without a readable header is keyed by its
+    name, (device, seq, ''), when it is named like ours (reading it later says why it waits), else
+    added to `skipped` with the reason. Raises AokunError when the folder cannot be listed."""
+    try:
+        listing = sorted(folder.iterdir())
+    except OSError as e:  # the folder went away (a USB stick pulled) after this device's file was written
+        raise AokunError(f"cannot read the folder {folder}: {e.strerror or e}") from None
+    found: dict[tuple[str, int, str], Path] = {}
+    for f in listing:
+        if not f.name.endswith(".changeset") or f.name.startswith("."):
+            continue
+        try:
+            key = read_changeset_header(f)
+            reason = "not an Aokun changeset (no header line)"
+        except SyncFileError as e:
+            key, reason = None, str(e)
+        if key is None and (m := SYNC_NAME.match(f.name)):
+            key = (m[1], int(m[2]), "")
+        if key is None:
+            skipped.append({"file": f.name, "reason": reason})
+        else:
+            found.setdefault(key, f)
+    return found
 
 
 def read_changeset_file(path: Path) -> tuple[bytes, bytes, int]:
@@ -7138,12 +7208,14 @@ class Sync:
         """Sync with the other devices through `folder`: write this file's changes since its last sync
         as `<device>-<seq>.changeset` (none when nothing changed), then apply the other devices' files
         not applied here yet, each device's in sequence order (a missing number waits for its file).
-        A file that is truncated, damaged, foreign or from a newer Aokun is skipped with its reason and
-        tried again next time. Returns {folder, device, new_device: bool (a file copied or moved gets
-        a device id of its own), written: file name or None, sent: records, applied: [file names],
-        merged: {added, updated, kept, skipped}, skipped: [{file, reason}], waiting: [file names],
-        conflicts: new ones}. Raises InputError when `folder` is not a folder, AokunError when another
-        sync of this file is running or the folder cannot be written."""
+        Files are known by their headers (device, number, checksum), whatever their names. A file
+        that is truncated, damaged, foreign or from a newer Aokun is skipped with its reason and tried
+        again next time. Returns {folder, device, new_device: bool (a copy of the file, or one whose
+        id another file wrote under too, gets an id of its own; said on stderr), written: file name
+        or None, sent: records, applied: [file names], merged: {added, updated, kept, skipped},
+        skipped: [{file, reason}], waiting: [file names], conflicts: new ones}. Raises InputError
+        when `folder` is not a folder, AokunError when another sync of this file is running or the
+        folder cannot be read or written."""
         folder = Path(folder).expanduser()
         if not folder.is_dir():
             raise InputError("DIR", f"{folder} is not a folder; give the folder the devices share")
@@ -7151,10 +7223,15 @@ class Sync:
                   "merged": {"added": 0, "updated": 0, "kept": 0, "skipped": 0}, "conflicts": 0}
         with self._sync_claim():
             report["device"], report["new_device"] = self._sync_device()
+            found = scan_changesets(folder, report["skipped"])
+            if self._sync_forked(found, report["device"]):
+                report["device"], report["new_device"] = self._sync_new_device(
+                    report["device"], f"changeset files in {folder} carry its device id but it did not write "
+                    "them (a restored backup, or a copy that synced); it sends everything again", resend=True)
             scratch = self._sync_snapshot()
             try:
-                report["written"], report["sent"] = self._sync_write(folder, report["device"], scratch)
-                self._sync_apply(folder, scratch, report)
+                report["written"], report["sent"] = self._sync_write(folder, report["device"], scratch, found)
+                self._sync_apply(found, scratch, report)
             finally:
                 scratch.close()
             if report["applied"] and self.vectors_awaited():  # also what a crashed sync left unembedded
@@ -7198,20 +7275,69 @@ class Sync:
             with _SYNC_LOCK:
                 _SYNC_RUNNING.discard(key)
 
+    def _sync_witness(self) -> str:
+        """What tells this file from a copy of it: its inode number (a copy, on this disk or another
+        machine's, is a new inode; a rename within the disk keeps it). '' where the file system has
+        none (then only the folder check of _sync_forked tells a copy)."""
+        try:
+            return str(os.stat(self.path).st_ino or "")
+        except OSError:
+            return ""
+
     def _sync_device(self) -> tuple[str, bool]:
-        """This file's device id and whether it was minted now. The id is kept with the host name and
-        the file's path: a file copied to another machine or moved gets a new one (two devices writing
-        under one id would overwrite each other's files); what it was synced with stays valid."""
-        home = f"{socket.gethostname()}|{self.path.resolve()}"
-        device = self.meta_get("sync_device")
-        if device and self.meta_get("sync_device_home") == home:
+        """This file's device id (a random uuid4 in meta) and whether it was minted now. The id is
+        kept with the witness of the file that took it (_sync_witness): a copy, or the file moved to
+        another disk, takes a new id (two devices writing under one id would shadow each other's
+        files); its earlier files keep the old id, and what it had synced stays valid."""
+        device, held, here = self.meta_get("sync_device"), self.meta_get("sync_device_witness"), self._sync_witness()
+        home = f"{socket.gethostname()}|{self.path.resolve()}"  # what an Aokun before schema 18 kept
+        if device and held is None and self.meta_get("sync_device_home") == home:
+            held = here  # the same host name and path: the inode is the witness from now on
+            with self.tx():
+                self._meta_set("sync_device_witness", here)
+        if device and held == here:
             return device, False
+        if device:
+            return self._sync_new_device(device, "it is a copy of that file (or was moved to another disk)")
+        return self._sync_new_device(None, "")
+
+    def _sync_new_device(self, old: str | None, why: str, resend: bool = False) -> tuple[str, bool]:
+        """Take a new random device id for this file, numbered from 1, witnessed by its inode; with
+        `old` (the id it had), say so in one line on stderr. With `resend`, this sync sends every
+        record again (files written under the old id may have been shadowed by another file's of the
+        same name and number), in a file marked so. Returns (id, True)."""
         device = str(uuid.uuid4())
         with self.tx():
             self._meta_set("sync_device", device)
-            self._meta_set("sync_device_home", home)
+            self._meta_set("sync_device_witness", self._sync_witness())
             self._meta_set("sync_next_seq", 1)
+            self.conn.execute("delete from meta where key = 'sync_device_home'")
+            if resend:
+                self._meta_set("sync_resend", 1)
+        if old:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
+            print(f"aokun: {self.path} synced as device {old}, but {why}: it syncs as the new device {device} "
+                  "from now on", file=sys.stderr, flush=True)
         return device, True
+
+    def _sync_applied(self) -> set[tuple[str, int, str]]:
+        """The changeset files applied here (written here included), (device, seq, sha256)."""
+        return {(r["device"], r["seq"], r["sha256"]) for r in self.rows(self.queries["sync_applied_all"])}
+
+    @staticmethod
+    def _sync_done(key: tuple[str, int, str], applied: set) -> bool:
+        """Whether the file `key` (device, seq, sha256 or '' when its header is unread) is applied here:
+        that content, or any content of its number recorded before schema 18 (or when unread)."""
+        dev, seq, digest = key
+        return key in applied or (dev, seq, "") in applied or (
+            digest == "" and any(a[0] == dev and a[1] == seq for a in applied))
+
+    def _sync_forked(self, found: dict, device: str) -> bool:
+        """Whether the folder holds a file under this file's device id that this file did not write:
+        a restored backup's own later files, or a copy's that the inode check could not tell (a disk
+        image), both writing under the id. Such a file is applied like another device's, and this file
+        takes a new id, so the two never write under one id again."""
+        applied = self._sync_applied()
+        return any(k[0] == device and not self._sync_done(k, applied) for k in found)
 
     def _sync_snapshot(self) -> apsw.Connection:
         """A scratch database (a private temporary file) holding base0 (sync_base: the records as of
@@ -7222,7 +7348,8 @@ class Sync:
         with s:
             s.executemany("insert into base0 values (:kind, :uid, :stamp, :hash)",
                           self.rows(self.queries["sync_base_all"]))
-            s.execute("insert into records select kind, uid, stamp, hash, null from base0")
+            if not self.meta_get("sync_resend"):  # else records starts empty: everything is sent
+                s.execute("insert into records select kind, uid, stamp, hash, null from base0")
             with self.lock:
                 self.conn.execute("BEGIN")
                 try:
@@ -7263,12 +7390,13 @@ class Sync:
                               "current.kind and b.uid = current.uid and current.kind = ? and current.uid = ?",
                               (kind, uid))
 
-    def _sync_write(self, folder: Path, device: str, s: apsw.Connection) -> tuple[str | None, int]:
+    def _sync_write(self, folder: Path, device: str, s: apsw.Connection, found: dict) -> tuple[str | None, int]:
         """Make the changeset base → current (a session on the scratch `records` table while it is
         brought to `current`: inserts carry the whole record, updates the new stamp, hash and body,
         deletes only the key), write it into `folder` as this device's next file (a temporary name,
-        then renamed: never a partial file under the final name), then record it as sent. Returns
-        (file name, records) or (None, 0) when nothing changed."""
+        then renamed: never a partial file under the final name), then record it as sent. Its number
+        follows this device's files in `found` (scan_changesets) too. Returns (file name, records) or
+        (None, 0) when nothing changed."""
         session = apsw.Session(s, "main")
         session.attach("records")
         with s:
@@ -7282,13 +7410,15 @@ class Sync:
         changeset = session.changeset()
         session.close()
         if not changeset:
+            if self.meta_get("sync_resend"):
+                with self.tx():
+                    self.conn.execute("delete from meta where key = 'sync_resend'")
             return None, 0
         changes = [(ch.op, *(ch.new if ch.op == "INSERT" else ch.old)[:2])
                    for ch in apsw.Changeset.iter(changeset)]  # (op, kind, uid)
         try:
-            own = [int(m[2]) for f in folder.iterdir() if (m := SYNC_NAME.match(f.name)) and m[1] == device]
             # a file of ours already there under the next number: written before a crash, never recorded
-            seq = max([int(self.meta_get("sync_next_seq", 1)), *(n + 1 for n in own)])
+            seq = max([int(self.meta_get("sync_next_seq", 1)), *(k[1] + 1 for k in found if k[0] == device)])
             name = f"{device}-{seq:08d}.changeset"
             payload = zlib.compress(changeset)
             if len(changeset) > sync_inflate_limit(len(payload)):  # readers would take it for a zip bomb
@@ -7297,6 +7427,8 @@ class Sync:
                       "schema": self.value("pragma user_version"), "device": device, "seq": seq,
                       "created_at": now_iso(), "records": len(changes), "length": len(payload),
                       "sha256": hashlib.sha256(payload).hexdigest()}
+            if self.meta_get("sync_resend"):
+                header["resend"] = True  # versions sent before: a loser of them is no new conflict
             write_atomically(folder / name, json.dumps(header).encode() + b"\n" + payload)
         except OSError as e:
             raise AokunError(f"cannot write the changeset into {folder}: {e.strerror or e}") from None
@@ -7308,50 +7440,45 @@ class Sync:
                     stamp, digest = s.execute("select stamp, hash from records where kind = ? and uid = ?",
                                               (kind, uid)).fetchone()
                     c.execute(self.queries["sync_base_set"], {"kind": kind, "uid": uid, "stamp": stamp, "hash": digest})
-            c.execute(self.queries["sync_applied_add"], {"device": device, "seq": seq, "now": now_iso()})
+            c.execute(self.queries["sync_applied_add"], {"device": device, "seq": seq, "now": now_iso(),
+                                                         "sha256": header["sha256"]})
             self._meta_set("sync_next_seq", seq + 1)
+            c.execute("delete from meta where key = 'sync_resend'")
         return name, len(changes)
 
-    def _sync_apply(self, folder: Path, s: apsw.Connection, report: dict) -> None:
-        """Apply the changeset files in `folder` not applied here, each device's in sequence order
-        (this device's own too: those a restored backup of this file has not seen). A gap waits for
-        its file; a file that fails to read stops its device's later files until the next sync."""
-        files: dict[str, dict[int, Path]] = {}
-        try:
-            listing = sorted(folder.iterdir())
-        except OSError as e:  # the folder went away (a USB stick pulled) after this device's file was written
-            raise AokunError(f"cannot read the folder {folder}: {e.strerror or e}") from None
-        for f in listing:
-            if m := SYNC_NAME.match(f.name):
-                files.setdefault(m[1], {})[int(m[2])] = f
-            elif f.name.endswith(".changeset"):
-                report["skipped"].append({"file": f.name, "reason": "not named <device id>-<number>.changeset"})
-        applied: dict[str, set] = {}
-        for r in self.rows(self.queries["sync_applied_all"]):
-            applied.setdefault(r["device"], set()).add(r["seq"])
-        for dev, by_seq in sorted(files.items()):
-            done = applied.get(dev, set())
-            expected = max(done, default=0) + 1
-            for seq in sorted(by_seq):
-                if seq in done:
+    def _sync_apply(self, found: dict, s: apsw.Connection, report: dict) -> None:
+        """Apply the changeset files `found` (scan_changesets) not applied here, each device's in
+        sequence order (two files of one number, two copies that wrote under one id, both in turn). A
+        gap waits for its file; a file that fails to read stops its device's later files until the
+        next sync. A copy of a file applied here, under any name, is passed over."""
+        applied = self._sync_applied()
+        by_device: dict[str, list[tuple]] = {}
+        for key in sorted(found):
+            by_device.setdefault(key[0], []).append(key)
+        for dev, keys in by_device.items():
+            expected = max((a[1] for a in applied if a[0] == dev), default=0) + 1
+            for key in keys:
+                if self._sync_done(key, applied):
                     continue
-                if seq > expected:
+                if key[1] > expected:
                     report["waiting"].append(f"{dev}-{expected:08d}.changeset")
                     break
                 try:
-                    self._sync_merge(self._sync_read(by_seq[seq], dev, seq), dev, seq, s, report)
+                    h, changes = self._sync_read(found[key], *key)
+                    self._sync_merge(changes, (*key[:2], h["sha256"]), s, report, h.get("resend") is True)
                 except SyncFileError as e:
-                    report["skipped"].append({"file": by_seq[seq].name, "reason": str(e)})
+                    report["skipped"].append({"file": found[key].name, "reason": str(e)})
                     break
-                report["applied"].append(by_seq[seq].name)
-                expected = max(expected, seq + 1)
+                report["applied"].append(found[key].name)
+                expected = max(expected, key[1] + 1)
 
-    def _sync_read(self, path: Path, device: str, seq: int) -> list[tuple]:
-        """The changes of changeset file `path` (of `device`, number `seq`), checked: the header line
-        (format, version, device, number, length, SHA-256), then each change (table `records`, a record
-        of a synced kind matching its key, one the import reads). Returns [(op, kind, uid, stamp, hash,
-        record or None (a delete), (old stamp, old hash) or None (not an update))]. Raises
-        SyncFileError with the reason."""
+    def _sync_read(self, path: Path, device: str, seq: int, digest: str = "") -> tuple[dict, list[tuple]]:
+        """The changes of changeset file `path` (of `device`, number `seq` and, unless '', payload
+        SHA-256 `digest`, as scan_changesets found it), checked: the header line (format, version,
+        device, number, length, SHA-256), then each change (table `records`, a record of a synced kind
+        matching its key, one the import reads). Returns (the header, [(op, kind, uid,
+        stamp, hash, record or None (a delete), (old stamp, old hash) or None (not an update))]).
+        Raises SyncFileError with the reason."""
         head, payload, on_disk = read_changeset_file(path)
         try:
             h = json.loads(head) if head.endswith(b"\n") else None
@@ -7364,7 +7491,7 @@ class Sync:
         if h.get("schema") is not None and (type(h["schema"]) is not int or h["schema"] > schema_version_known()):
             raise SyncFileError(f"written by an Aokun of schema {h['schema']!r}, newer than this one "
                                 f"({schema_version_known()}); upgrade Aokun")
-        if h.get("device") != device or h.get("seq") != seq:
+        if h.get("device") != device or h.get("seq") != seq or digest not in ("", h.get("sha256")):
             raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
         length = h.get("length")
         if not isinstance(length, int) or on_disk < length:
@@ -7400,24 +7527,27 @@ class Sync:
                          *(json.dumps(c[5], ensure_ascii=False) for c in changes if c[5] is not None)])
         except ImportFileError as e:
             raise SyncFileError(f"holds a record this Aokun does not read ({e})") from None
-        return changes
+        return h, changes
 
-    def _sync_merge(self, changes: list[tuple], dev: str, seq: int, s: apsw.Connection, report: dict) -> None:
-        """Merge the changes of file (`dev`, `seq`). Per record the version here and the incoming one
-        are ordered by (stamp, hash) and the later wins, on every device alike; a record deleted here
+    def _sync_merge(self, changes: list[tuple], key: tuple, s: apsw.Connection, report: dict,
+                    resend: bool = False) -> None:
+        """Merge the changes of file `key` (device, seq, sha256); `resend`: a file that sends again
+        what its device had (_sync_new_device), whose losing versions are no new conflicts. Per record
+        the version here and the incoming one are ordered by (stamp, hash) and the later wins, on
+        every device alike; a record deleted here
         at or after the incoming stamp stays deleted. When both sides changed it since they last
         agreed (the incoming update was not made on the version here, and the incoming version is not
         one this file sent or merged before) and the contents differ, the losing version goes into
-        sync_conflicts. The winners are imported (memories re-derived, atoms included); then the file
-        is marked applied. Each step is a transaction; repeating one after a crash changes nothing.
-        Raises SyncFileError when the import refuses a record."""
+        sync_conflicts. The winners are imported (memories re-derived, atoms included); then the file is
+        marked applied. Each step is a transaction (repeated after a crash, it changes nothing)."""
         winners, known, conflicts, drops, ties = [], [], [], [], set()
-        mine = self.meta_get("sync_device")
+        mine, dev = self.meta_get("sync_device"), key[0]
 
         def lost(loser: dict, kind: str, uid: str, loser_stamp: str, winner_stamp: str, source: str) -> None:
-            conflicts.append({"kind": kind, "uid": uid, "persona_id": loser.get("persona_id"), "loser_from": source,
-                              "winner_stamp": winner_stamp, "loser_stamp": loser_stamp,
-                              "loser": json.dumps(loser, ensure_ascii=False)})
+            if not (resend and source == dev):
+                conflicts.append({"kind": kind, "uid": uid, "persona_id": loser.get("persona_id"),
+                                  "loser_from": source, "winner_stamp": winner_stamp, "loser_stamp": loser_stamp,
+                                  "loser": json.dumps(loser, ensure_ascii=False)})
 
         for _op, kind, uid, stamp, digest, rec, old in changes:
             if rec is None:  # a delete: a tombstone says what was deleted, and when; an undone consolidation goes
@@ -7474,7 +7604,8 @@ class Sync:
         with self.tx() as c:
             for k in known:
                 c.execute(self.queries["sync_base_set"], k)
-            c.execute(self.queries["sync_applied_add"], {"device": dev, "seq": seq, "now": now_iso()})
+            c.execute(self.queries["sync_applied_add"], {"device": dev, "seq": key[1], "sha256": key[2],
+                                                         "now": now_iso()})
         with s:
             s.executemany("insert or replace into current values (?, ?, ?, ?, ?)",
                           [(*w[:4], json.dumps(w[4], ensure_ascii=False)) for w in winners])

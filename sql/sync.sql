@@ -14,11 +14,12 @@ on conflict(kind, uid) do update set stamp = excluded.stamp, hash = excluded.has
 delete from sync_base where kind = :kind and uid = :uid;
 
 -- name: sync_applied_all
--- The changeset files applied here, (device, seq).
-select device, seq from sync_applied;
+-- The changeset files applied here (this device's own included), (device, seq, sha256 of the payload;
+-- '' from before schema 18: any content of that number).
+select device, seq, sha256 from sync_applied;
 
 -- name: sync_applied_add
-insert or ignore into sync_applied(device, seq, applied_at) values (:device, :seq, :now);
+insert or ignore into sync_applied(device, seq, sha256, applied_at) values (:device, :seq, :sha256, :now);
 
 -- name: sync_conflict_add
 -- A losing version; one row per (kind, uid, losing stamp), so applying a file again adds nothing.
