@@ -9710,6 +9710,141 @@ class PanelFilter:
                 and (not self.date_from or day >= self.date_from) and (not self.date_to or day <= self.date_to))
 
 
+PANEL_SESSION_SECONDS = 30 * 86400  #: a panel login (its cookie's Max-Age) lasts this long, restarts included
+PANEL_LINK_SECONDS = 600  #: a login link `panel --link` prints works once within this time
+PANEL_LINKS_MAX = 16  #: minted links not yet used that a panel keeps (the oldest goes first)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def panel_state_path(db: Path, port: int) -> Path:
+    """The PanelState file of the panel on `port` over database `db`: <db>.panel-<port> beside it."""
+    return db.with_name(f"{db.name}.panel-{port}")
+
+
+def read_private_json(path: Path) -> dict:
+    """The JSON object in `path` ({} when there is none). Raises AokunError (one line) when it
+    cannot be read, is not a JSON object, or (POSIX) is not the current user's own with no access
+    for group or others: such a file could have been written or read by someone else."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if os.name != "nt" and (st.st_uid != os.getuid() or st.st_mode & 0o077):
+                raise AokunError(f"{path} is not private to you (owner and mode 0600 expected): "
+                                 "not trusted; delete it and start the panel again")
+            data = json.loads(f.read())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise AokunError(f"cannot read {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise AokunError(f"cannot read {path}: not a JSON object")
+    return data
+
+
+def write_private(path: Path, text: str) -> None:
+    """`text` written to `path` atomically, mode 0600 from creation on (a temp file, then replace)."""
+    import secrets
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class PanelState:
+    """What a panel keeps in its file beside the database (panel_state_path, JSON, 0600, see
+    read_private_json): the sha256 of each session token with when it expires (PANEL_SESSION_SECONDS,
+    so a login survives a restart and no usable token is on disk), and, once the server listens,
+    its address and a fresh random link secret that `panel --link` sends to mint a login link.
+    `path` None keeps everything in memory. An unreadable or non-private file is ignored (logged)."""
+
+    def __init__(self, path: Path | None):
+        self.path, self.sessions, self.link_secret, self.base_url = path, {}, "", ""
+        self.address: tuple[str, int, str] = ("", 0, "")
+        try:
+            data = read_private_json(path) if path else {}
+            sessions = data.get("sessions", {})
+            self.sessions = {str(h): float(t) for h, t in sessions.items() if float(t) > time.time()} \
+                if isinstance(sessions, dict) else {}
+        except (AokunError, TypeError, ValueError) as e:
+            log.warning("panel logins start afresh: %s", e)
+
+    def live(self, session: str) -> bool:
+        """Whether `session` (a cookie's value) is a session that has not expired."""
+        return bool(session) and self.sessions.get(_sha256(session), 0.0) > time.time()
+
+    def new_session(self) -> str:
+        """A new random session token (kept as its hash, saved)."""
+        import secrets
+        token = secrets.token_urlsafe(32)
+        self.sessions[_sha256(token)] = time.time() + PANEL_SESSION_SECONDS
+        self._save()
+        return token
+
+    def announce(self, host: str, port: int, root: str) -> None:
+        """The server listens on `host`:`port` with the panel at `root` (''/'/panel'): a new link
+        secret, saved with the address for `panel --link`."""
+        import secrets
+        self.address = (host.strip("[]"), port, root)
+        self.base_url = f"http://{f'[{host}]' if ':' in host.strip('[]') else host}:{port}{root}"
+        self.link_secret = secrets.token_urlsafe(32)
+        self._save()
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        now = time.time()
+        self.sessions = {h: t for h, t in self.sessions.items() if t > now}
+        host, port, root = self.address
+        data = {"host": host, "port": port, "root": root, "link_secret": self.link_secret,
+                "sessions": self.sessions}
+        try:
+            write_private(self.path, json.dumps(data, indent=1))
+        except OSError as e:
+            log.warning("cannot save the panel's logins to %s (they last until a restart): %s", self.path, e)
+
+
+def request_panel_link(db: Path, port: int | None = None) -> str:
+    """A new one-time login link from the panel running over `db` (on `port`, else any, newest
+    state file first), asked over loopback with the link secret of its state file. Raises
+    AokunError (one line) when none answers."""
+    import glob
+    import http.client
+    if port:
+        paths = [panel_state_path(db, port)]
+    else:
+        found = [p for p in db.parent.glob(f"{glob.escape(db.name)}.panel-*") if p.suffix[7:].isdigit()]
+        paths = sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in paths:
+        data = read_private_json(path)
+        if not data.get("link_secret"):
+            continue
+        conn = http.client.HTTPConnection(str(data["host"]), int(data["port"]), timeout=10)
+        try:
+            conn.request("POST", f"{data['root']}/link", headers={"X-Aokun-Link": data["link_secret"]})
+            answer = conn.getresponse()
+            text = answer.read().decode("utf-8", "replace").strip()
+        except OSError:
+            continue  # nothing listens there now (or not this panel)
+        finally:
+            conn.close()
+        if answer.status == 200 and text.startswith("http://"):
+            return text
+        raise AokunError(f"the panel on port {data['port']} refused a new link ({answer.status}): "
+                         f"{text.splitlines()[0] if text else ''}")
+    raise AokunError(f"no panel answers for {db}"
+                     + (f" on port {port}" if port else "")
+                     + ": start `python aokun.py panel` (or `serve --http`), whose printed link logs in")
+
+
 class Panel:
     """The web panel: server-rendered pages (web/*.html, Jinja2, autoescaped) over one Memory,
     reading and writing through the same Memory methods as the MCP tools.
@@ -9721,17 +9856,20 @@ class Panel:
     the session's CSRF token. Responses forbid framing, caching, foreign scripts and referrers to
     other sites (same-origin: no-referrer would make chromium send Origin: null on a form POST)."""
 
-    def __init__(self, memory, config_path: Path, hosts: list[str], origins: list[str], port: int):
+    def __init__(self, memory, config_path: Path, hosts: list[str], origins: list[str], port: int,
+                 state: Path | None = None):
         """`memory()` returns the Memory to use (the panel does not own it); settings are saved to
-        `config_path`; `hosts`/`origins` are the accepted Host and Origin values (http_allowed)."""
+        `config_path`; `hosts`/`origins` are the accepted Host and Origin values (http_allowed);
+        `state` is the PanelState file keeping logins across restarts (None: kept in memory only)."""
         import secrets
 
         import jinja2
         from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
         self.memory, self.config_path = memory, config_path
-        self.login_token = secrets.token_urlsafe(24)
+        self.login_token = secrets.token_urlsafe(24)  # the link printed at start: once, until a restart
+        self.links: dict[str, float] = {}  # sha256 of a minted one-time login token -> when it expires
+        self.state = PanelState(state)
         self.cookie = f"aokun_panel_{port}"
-        self.sessions: dict[str, str] = {}  # session cookie -> its CSRF token
         self.origins = origins
         self.security = TransportSecurityMiddleware(TransportSecuritySettings(
             enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins))
@@ -9755,7 +9893,8 @@ class Panel:
                   Route("/settings", self._page(self.settings_page), methods=get),
                   Route("/settings", self._page(self.settings_save), methods=post),
                   Route("/conversations", self._page(self.conversations_page), methods=get),
-                  Route("/static/{name:str}", self.static, methods=get)]
+                  Route("/static/{name:str}", self.static, methods=get),
+                  Route("/link", self.mint_link, methods=post)]
         return Starlette(routes=routes)
 
     # the guard: Host, Origin, login token, session cookie, CSRF -----------------------------------
@@ -9773,7 +9912,7 @@ class Panel:
             form = {}
             if request.method == "POST":
                 form = dict(await request.form())
-                csrf = self.sessions.get(request.cookies.get(self.cookie, ""), "")
+                csrf = self.csrf(request)
                 if not csrf or not _same(form.get("csrf", ""), csrf):
                     return self._plain(403, "missing or wrong CSRF token: reload the page and try again")
             try:
@@ -9792,22 +9931,56 @@ class Panel:
             return bad
         if request.method == "POST" and request.headers.get("origin") not in self.origins:
             return self._plain(403, "a change must come from a page of this panel (Origin header missing or foreign)")
-        if request.cookies.get(self.cookie, "") in self.sessions:
+        if self.csrf(request):
             return None
-        token = request.query_params.get("token", "")
-        if request.method == "GET" and self.login_token and _same(token, self.login_token):
-            import secrets
-            self.login_token = ""  # one-time: the printed link logs in once
-            session = secrets.token_urlsafe(32)
-            self.sessions[session] = secrets.token_urlsafe(32)
+        if request.method == "GET" and self._spend(request.query_params.get("token", "")):
+            session = self.state.new_session()
             params = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
             url = request.url.path + ("?" + "&".join(f"{k}={_q(v)}" for k, v in params) if params else "")
             response = RedirectResponse(url, status_code=303)
-            response.set_cookie(self.cookie, session, httponly=True, samesite="strict",
-                                path=request.scope.get("root_path") or "/")
+            response.set_cookie(self.cookie, session, max_age=PANEL_SESSION_SECONDS, httponly=True,
+                                samesite="strict", path=request.scope.get("root_path") or "/")
             return response
-        return self._plain(401, "not logged in: open the link `python aokun.py panel` printed (it works once; "
-                                "start the panel again for a new one)")
+        return self._plain(401, "not logged in: open a login link (each works once); "
+                                "`python aokun.py panel --link` prints a new one from the running panel")
+
+    def _spend(self, token: str) -> bool:
+        """Whether `token` is an unused login token (the start link's or a minted one not expired);
+        it is used up either way."""
+        if not token:
+            return False
+        if self.login_token and _same(token, self.login_token):
+            self.login_token = ""  # one-time: the printed link logs in once
+            return True
+        now = time.time()
+        self.links = {h: t for h, t in self.links.items() if t > now}
+        return self.links.pop(_sha256(token), 0.0) > now
+
+    def csrf(self, request) -> str:
+        """The CSRF token of `request`'s session ('' when its cookie is no live session): an HMAC of
+        the session token, so nothing but the session's hash needs keeping."""
+        import hmac
+        session = request.cookies.get(self.cookie, "")
+        if not self.state.live(session):
+            return ""
+        return hmac.new(session.encode(), b"aokun panel csrf", "sha256").hexdigest()
+
+    async def mint_link(self, request):
+        """POST /link from `panel --link`: a new one-time login link (text/plain), valid
+        PANEL_LINK_SECONDS. Needs the X-Aokun-Link secret of the state file (which only the user
+        who runs the server can read), an allowed Host, and no Origin (a browser always sends one)."""
+        import secrets
+        bad = await self.security.validate_request(request, is_post=False)
+        if bad is not None:
+            return bad
+        secret = self.state.link_secret
+        if "origin" in request.headers or not secret or not _same(request.headers.get("x-aokun-link", ""), secret):
+            return self._plain(403, "a login link is minted for `python aokun.py panel --link` only")
+        token = secrets.token_urlsafe(24)
+        if len(self.links) >= PANEL_LINKS_MAX:
+            self.links.pop(min(self.links, key=self.links.get))
+        self.links[_sha256(token)] = time.time() + PANEL_LINK_SECONDS
+        return self._plain(200, f"{self.state.base_url}/?token={token}")
 
     def _plain(self, status: int, message: str):
         from starlette.responses import PlainTextResponse
@@ -9833,7 +10006,7 @@ class Panel:
             return base + path + ("?" + query if query else "")
 
         page = dict(base=base, persona=persona, url=url, path=request.url.path.removeprefix(base) or "/",
-                    csrf=self.sessions.get(request.cookies.get(self.cookie, ""), ""),
+                    csrf=self.csrf(request),
                     msg=request.query_params.get("msg", ""), error=request.query_params.get("error", ""),
                     version=__version__)
         html = self.env.get_template(template).render(page | context)
@@ -10089,11 +10262,12 @@ def _q(value: str) -> str:
     return quote(value, safe="")
 
 
-def panel_app(memory, cfg: Config, config_path: Path, host: str, port: int):
+def panel_app(memory, cfg: Config, config_path: Path, host: str, port: int, state: Path | None = None):
     """(Panel, its Starlette app) over `memory()` for a server on `host`:`port`, saving settings to
-    `config_path`; Host and Origin are checked as http_app checks them (http_allowed)."""
+    `config_path`, logins kept in `state` (PanelState); Host and Origin are checked as http_app checks
+    them (http_allowed)."""
     hosts, origins = http_allowed(cfg, host, port)
-    panel = Panel(memory, config_path, hosts, origins, port)
+    panel = Panel(memory, config_path, hosts, origins, port, state)
     return panel, panel.app()
 
 
@@ -11255,25 +11429,37 @@ def serve(state, use_http, host, port):
         return
     import uvicorn
     host, port = host or cfg.server.host, port or cfg.server.port
-    panel = panel_app(lambda: opened[0], cfg, config_target(state.config_arg), host, port) if is_loopback(host) \
-        else None
+    panel = panel_app(lambda: opened[0], cfg, config_target(state.config_arg), host, port,
+                      panel_state_path(path, port)) if is_loopback(host) else None
     app = http_app(server, cfg, host, port, panel and panel[1])
     first.append(Memory(path, cfg))
     log.warning("Aokun MCP over HTTP at http://%s:%s/mcp (database %s)", host, port, path)
     if panel:
-        log.warning("Aokun web panel at http://%s:%s/panel/?token=%s (the link logs in once)",
+        log.warning("Aokun web panel at http://%s:%s/panel/?token=%s (the link logs in once; "
+                    "`python aokun.py panel --link` prints a new one)",
                     "[::1]" if host == "::1" else host, port, panel[0].login_token)
     web = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=cfg.server.log_level.lower()))
 
     async def run() -> None:  # READY=1 and WATCHDOG=1 to systemd from the loop that serves (no-op elsewhere)
         import asyncio
         pings = asyncio.create_task(notify_supervisor(lambda: web.started, watchdog_interval()))
+        tasks = [pings] + ([asyncio.create_task(_announce_when_started(web, panel[0], host, port))] if panel else [])
         try:
             await web.serve()
         finally:
-            pings.cancel()
+            for task in tasks:
+                task.cancel()
     import anyio
     anyio.run(run)
+
+
+async def _announce_when_started(web, panel: "Panel", host: str, port: int) -> None:
+    """Once uvicorn server `web` listens (not when its port was taken): the panel at /panel tells
+    its state file where it serves, for `panel --link`."""
+    import asyncio
+    while not web.started:
+        await asyncio.sleep(0.05)
+    panel.state.announce(host, port, "/panel")
 
 
 @cli.group()
@@ -11393,23 +11579,36 @@ def _open_browser_when_listening(host: str, port: int, url: str, timeout: float 
 @cli.command()
 @click.option("--port", type=click.IntRange(1, 65535), default=PANEL_PORT, show_default=True, help="Port on 127.0.0.1.")
 @click.option("--no-browser", is_flag=True, help="Only print the link; do not open a browser.")
+@click.option("--link", "new_link", is_flag=True,
+              help="Print a new one-time login link from the panel already running (panel or serve --http).")
 @click.pass_obj
-def panel(state, port, no_browser):
+def panel(state, port, no_browser, new_link):
     """The web panel: memories (search, read, edit, delete), recall explained, the knowledge graph,
     health and maintenance, and every setting. Serves on 127.0.0.1 only; the printed link logs in
-    once (start the panel again for a new one). scripts/panel.bat and panel.command start it.
+    once, and the login lasts 30 days. `--link` asks the running panel (this database; --port if
+    given, else any) for a new link, e.g. for another browser. scripts/panel.bat and panel.command
+    start it.
 
     Example:
 
         python aokun.py panel --port 8765
+
+        python aokun.py panel --link
     """
     import uvicorn
     host, cfg = "127.0.0.1", state.cfg
+    db = database_path(cfg, state.db_arg)
+    if new_link:
+        given = click.get_current_context().get_parameter_source("port") != click.core.ParameterSource.DEFAULT
+        click.echo(request_panel_link(db, port if given else None))
+        return
     sock = listening_socket(host, port)  # before the link: a link for a port another process holds fails
     mem = state.memory()
-    web, app = panel_app(lambda: mem, cfg, config_target(state.config_arg), host, port)
+    web, app = panel_app(lambda: mem, cfg, config_target(state.config_arg), host, port, panel_state_path(db, port))
+    web.state.announce(host, port, "")
     url = f"http://{host}:{port}/?token={web.login_token}"
-    click.echo(f"Aokun panel: {url}\nThe link logs in once. Ctrl+C stops the panel.")
+    click.echo(f"Aokun panel: {url}\nThe link logs in once; `python aokun.py panel --link` prints a new one. "
+               "Ctrl+C stops the panel.")
     if not no_browser:
         threading.Thread(target=_open_browser_when_listening, args=(host, port, url), daemon=True).start()
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
