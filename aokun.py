@@ -9825,11 +9825,13 @@ def request_panel_link(db: Path, port: int | None = None) -> str:
         paths = sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
     for path in paths:
         data = read_private_json(path)
-        if not data.get("link_secret"):
-            continue
-        conn = http.client.HTTPConnection(str(data["host"]), int(data["port"]), timeout=10)
+        secret, root = data.get("link_secret"), data.get("root", "")
+        if not (isinstance(secret, str) and secret and isinstance(data.get("host"), str)
+                and isinstance(data.get("port"), int) and root in ("", "/panel")):
+            continue  # no server announced itself there (or not a file this version wrote)
+        conn = http.client.HTTPConnection(data["host"], data["port"], timeout=10)
         try:
-            conn.request("POST", f"{data['root']}/link", headers={"X-Aokun-Link": data["link_secret"]})
+            conn.request("POST", f"{root}/link", headers={"X-Aokun-Link": secret})
             answer = conn.getresponse()
             text = answer.read().decode("utf-8", "replace").strip()
         except OSError:
@@ -9851,10 +9853,12 @@ class Panel:
 
     Security: every request's Host (and Origin, when sent) is checked as serve --http checks them
     (the SDK's TransportSecurityMiddleware with http_allowed's lists). The first visit brings the
-    one-time `login_token` (?token=…), exchanged for an HttpOnly SameSite=Strict session cookie and
-    dropped from the URL by a redirect. Every change is a POST that must carry an allowed Origin and
-    the session's CSRF token. Responses forbid framing, caching, foreign scripts and referrers to
-    other sites (same-origin: no-referrer would make chromium send Origin: null on a form POST)."""
+    one-time `login_token` (?token=…), or one minted by POST /link (`panel --link`), exchanged for
+    an HttpOnly SameSite=Strict session cookie lasting PANEL_SESSION_SECONDS (kept as a hash in
+    PanelState, across restarts) and dropped from the URL by a redirect. Every change is a POST
+    that must carry an allowed Origin and the session's CSRF token. Responses forbid framing,
+    caching, foreign scripts and referrers to other sites (same-origin: no-referrer would make
+    chromium send Origin: null on a form POST)."""
 
     def __init__(self, memory, config_path: Path, hosts: list[str], origins: list[str], port: int,
                  state: Path | None = None):
