@@ -9710,7 +9710,8 @@ class PanelFilter:
                 and (not self.date_from or day >= self.date_from) and (not self.date_to or day <= self.date_to))
 
 
-PANEL_SESSION_SECONDS = 30 * 86400  #: a panel login (its cookie's Max-Age) lasts this long, restarts included
+#: A panel login (its cookie's Max-Age) lasts this long, restarts included.
+PANEL_SESSION_SECONDS = 30 * 86400
 PANEL_LINK_SECONDS = 600  #: a login link `panel --link` prints works once within this time
 PANEL_LINKS_MAX = 16  #: minted links not yet used that a panel keeps (the oldest goes first)
 
@@ -9720,7 +9721,7 @@ def _sha256(text: str) -> str:
 
 
 def panel_state_path(db: Path, port: int) -> Path:
-    """The PanelState file of the panel on `port` over database `db`: <db>.panel-<port> beside it."""
+    """The PanelState file of the panel on `port` over `db`: <db>.panel-<port> beside it."""
     return db.with_name(f"{db.name}.panel-{port}")
 
 
@@ -9745,7 +9746,7 @@ def read_private_json(path: Path) -> dict:
 
 
 def write_private(path: Path, text: str) -> None:
-    """`text` written to `path` atomically, mode 0600 from creation on (a temp file, then replace)."""
+    """`text` written to `path` atomically, mode 0600 from creation on (temp file, replace)."""
     import secrets
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -9761,10 +9762,11 @@ def write_private(path: Path, text: str) -> None:
 
 class PanelState:
     """What a panel keeps in its file beside the database (panel_state_path, JSON, 0600, see
-    read_private_json): the sha256 of each session token with when it expires (PANEL_SESSION_SECONDS,
-    so a login survives a restart and no usable token is on disk), and, once the server listens,
-    its address and a fresh random link secret that `panel --link` sends to mint a login link.
-    `path` None keeps everything in memory. An unreadable or non-private file is ignored (logged)."""
+    read_private_json): the sha256 of each session token with when it expires
+    (PANEL_SESSION_SECONDS, so a login survives a restart and no usable token is on disk), and,
+    once the server listens, its address and a fresh random link secret that `panel --link`
+    sends to mint a login link. `path` None keeps everything in memory. An unreadable or
+    non-private file is ignored (logged)."""
 
     def __init__(self, path: Path | None):
         self.path, self.sessions, self.link_secret, self.base_url = path, {}, "", ""
@@ -9772,7 +9774,8 @@ class PanelState:
         try:
             data = read_private_json(path) if path else {}
             sessions = data.get("sessions", {})
-            self.sessions = {str(h): float(t) for h, t in sessions.items() if float(t) > time.time()} \
+            now = time.time()
+            self.sessions = {str(h): float(t) for h, t in sessions.items() if float(t) > now} \
                 if isinstance(sessions, dict) else {}
         except (AokunError, TypeError, ValueError) as e:
             log.warning("panel logins start afresh: %s", e)
@@ -9809,7 +9812,8 @@ class PanelState:
         try:
             write_private(self.path, json.dumps(data, indent=1))
         except OSError as e:
-            log.warning("cannot save the panel's logins to %s (they last until a restart): %s", self.path, e)
+            log.warning("cannot save the panel's logins to %s (they last until a restart): %s",
+                        self.path, e)
 
 
 def request_panel_link(db: Path, port: int | None = None) -> str:
@@ -9821,7 +9825,8 @@ def request_panel_link(db: Path, port: int | None = None) -> str:
     if port:
         paths = [panel_state_path(db, port)]
     else:
-        found = [p for p in db.parent.glob(f"{glob.escape(db.name)}.panel-*") if p.suffix[7:].isdigit()]
+        found = [p for p in db.parent.glob(f"{glob.escape(db.name)}.panel-*")
+                 if p.suffix[7:].isdigit()]
         paths = sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
     for path in paths:
         data = read_private_json(path)
@@ -9844,7 +9849,8 @@ def request_panel_link(db: Path, port: int | None = None) -> str:
                          f"{text.splitlines()[0] if text else ''}")
     raise AokunError(f"no panel answers for {db}"
                      + (f" on port {port}" if port else "")
-                     + ": start `python aokun.py panel` (or `serve --http`), whose printed link logs in")
+                     + ": start `python aokun.py panel` (or `serve --http`), "
+                       "whose printed link logs in")
 
 
 class Panel:
@@ -9864,14 +9870,14 @@ class Panel:
                  state: Path | None = None):
         """`memory()` returns the Memory to use (the panel does not own it); settings are saved to
         `config_path`; `hosts`/`origins` are the accepted Host and Origin values (http_allowed);
-        `state` is the PanelState file keeping logins across restarts (None: kept in memory only)."""
+        `state` is the PanelState file keeping logins across restarts (None: in memory only)."""
         import secrets
 
         import jinja2
         from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
         self.memory, self.config_path = memory, config_path
-        self.login_token = secrets.token_urlsafe(24)  # the link printed at start: once, until a restart
-        self.links: dict[str, float] = {}  # sha256 of a minted one-time login token -> when it expires
+        self.login_token = secrets.token_urlsafe(24)  # the start link's: once, until a restart
+        self.links: dict[str, float] = {}  # sha256 of a minted login token -> its expiry
         self.state = PanelState(state)
         self.cookie = f"aokun_panel_{port}"
         self.origins = origins
@@ -9946,7 +9952,8 @@ class Panel:
                                 samesite="strict", path=request.scope.get("root_path") or "/")
             return response
         return self._plain(401, "not logged in: open a login link (each works once); "
-                                "`python aokun.py panel --link` prints a new one from the running panel")
+                                "`python aokun.py panel --link` prints a new one from the running "
+                                "panel")
 
     def _spend(self, token: str) -> bool:
         """Whether `token` is an unused login token (the start link's or a minted one not expired);
@@ -9972,14 +9979,15 @@ class Panel:
     async def mint_link(self, request):
         """POST /link from `panel --link`: a new one-time login link (text/plain), valid
         PANEL_LINK_SECONDS. Needs the X-Aokun-Link secret of the state file (which only the user
-        who runs the server can read), an allowed Host, and no Origin (a browser always sends one)."""
+        who runs the server can read), an allowed Host, and no Origin (browsers send one)."""
         import secrets
         bad = await self.security.validate_request(request, is_post=False)
         if bad is not None:
             return bad
         secret = self.state.link_secret
-        if "origin" in request.headers or not secret or not _same(request.headers.get("x-aokun-link", ""), secret):
-            return self._plain(403, "a login link is minted for `python aokun.py panel --link` only")
+        given = request.headers.get("x-aokun-link", "")
+        if "origin" in request.headers or not secret or not _same(given, secret):
+            return self._plain(403, "login links are minted for `aokun.py panel --link` only")
         token = secrets.token_urlsafe(24)
         if len(self.links) >= PANEL_LINKS_MAX:
             self.links.pop(min(self.links, key=self.links.get))
@@ -10266,10 +10274,11 @@ def _q(value: str) -> str:
     return quote(value, safe="")
 
 
-def panel_app(memory, cfg: Config, config_path: Path, host: str, port: int, state: Path | None = None):
+def panel_app(memory, cfg: Config, config_path: Path, host: str, port: int,
+              state: Path | None = None):
     """(Panel, its Starlette app) over `memory()` for a server on `host`:`port`, saving settings to
-    `config_path`, logins kept in `state` (PanelState); Host and Origin are checked as http_app checks
-    them (http_allowed)."""
+    `config_path`, logins kept in `state` (PanelState); Host and Origin are checked as http_app
+    checks them (http_allowed)."""
     hosts, origins = http_allowed(cfg, host, port)
     panel = Panel(memory, config_path, hosts, origins, port, state)
     return panel, panel.app()
@@ -11447,7 +11456,9 @@ def serve(state, use_http, host, port):
     async def run() -> None:  # READY=1 and WATCHDOG=1 to systemd from the loop that serves (no-op elsewhere)
         import asyncio
         pings = asyncio.create_task(notify_supervisor(lambda: web.started, watchdog_interval()))
-        tasks = [pings] + ([asyncio.create_task(_announce_when_started(web, panel[0], host, port))] if panel else [])
+        tasks = [pings]
+        if panel:
+            tasks.append(asyncio.create_task(_announce_when_started(web, panel[0], host, port)))
         try:
             await web.serve()
         finally:
@@ -11584,7 +11595,7 @@ def _open_browser_when_listening(host: str, port: int, url: str, timeout: float 
 @click.option("--port", type=click.IntRange(1, 65535), default=PANEL_PORT, show_default=True, help="Port on 127.0.0.1.")
 @click.option("--no-browser", is_flag=True, help="Only print the link; do not open a browser.")
 @click.option("--link", "new_link", is_flag=True,
-              help="Print a new one-time login link from the panel already running (panel or serve --http).")
+              help="Print a new one-time login link from the running panel or serve --http.")
 @click.pass_obj
 def panel(state, port, no_browser, new_link):
     """The web panel: memories (search, read, edit, delete), recall explained, the knowledge graph,
@@ -11603,16 +11614,18 @@ def panel(state, port, no_browser, new_link):
     host, cfg = "127.0.0.1", state.cfg
     db = database_path(cfg, state.db_arg)
     if new_link:
-        given = click.get_current_context().get_parameter_source("port") != click.core.ParameterSource.DEFAULT
+        source = click.get_current_context().get_parameter_source("port")
+        given = source != click.core.ParameterSource.DEFAULT
         click.echo(request_panel_link(db, port if given else None))
         return
     sock = listening_socket(host, port)  # before the link: a link for a port another process holds fails
     mem = state.memory()
-    web, app = panel_app(lambda: mem, cfg, config_target(state.config_arg), host, port, panel_state_path(db, port))
+    web, app = panel_app(lambda: mem, cfg, config_target(state.config_arg), host, port,
+                         panel_state_path(db, port))
     web.state.announce(host, port, "")
     url = f"http://{host}:{port}/?token={web.login_token}"
-    click.echo(f"Aokun panel: {url}\nThe link logs in once; `python aokun.py panel --link` prints a new one. "
-               "Ctrl+C stops the panel.")
+    click.echo(f"Aokun panel: {url}\nThe link logs in once; `python aokun.py panel --link` prints "
+               "a new one. Ctrl+C stops the panel.")
     if not no_browser:
         threading.Thread(target=_open_browser_when_listening, args=(host, port, url), daemon=True).start()
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

@@ -22,10 +22,11 @@ LINK = re.compile(r"http://127\.0\.0\.1:\d+(/panel)?/\?token=[\w-]+")
 
 def start_panel(db, ini, port):
     """A `panel --no-browser` process on `port` and the link it printed."""
-    cmd = [sys.executable, aokun.__file__, "--db", str(db), "--config", str(ini), "panel", "--port", str(port),
-           "--no-browser"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(PYTHONUNBUFFERED=1), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    cmd = [sys.executable, aokun.__file__, "--db", str(db), "--config", str(ini), "panel",
+           "--port", str(port), "--no-browser"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(PYTHONUNBUFFERED=1),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
     wait_port(port, proc)
     return proc, LINK.search(proc.stdout.readline()).group(0)
 
@@ -68,14 +69,16 @@ def test_a_login_lasts_survives_a_restart_and_a_new_browser_gets_a_minted_link(t
         first, r = log_in(link)
         assert r.status_code == 303 and r.headers["location"] == "/"
         flags = [f.strip().lower() for f in r.headers["set-cookie"].split(";")]
-        assert f"max-age={30 * 86400}" in flags and "httponly" in flags and "samesite=strict" in flags
+        assert f"max-age={30 * 86400}" in flags and "httponly" in flags
+        assert "samesite=strict" in flags
         assert "path=/" in flags
         assert first.get(base + "/health").status_code == 200
         assert log_in(link)[1].status_code == 401  # the link works once
         session = first.cookies[f"aokun_panel_{port}"]
         state = aokun.panel_state_path(db, port)
         assert stat.S_IMODE(state.stat().st_mode) == 0o600 and session not in state.read_text()
-        for forged in (session[:-2] + ("AA" if session[-2:] != "AA" else "BB"), "x" * len(session), ""):
+        tampered = session[:-2] + ("AA" if session[-2:] != "AA" else "BB")
+        for forged in (tampered, "x" * len(session), ""):
             with httpx.Client(cookies={f"aokun_panel_{port}": forged}) as other:
                 assert other.get(base + "/health").status_code == 401, forged
         minted = new_link(db, ini)  # another browser, while the server runs
@@ -85,7 +88,8 @@ def test_a_login_lasts_survives_a_restart_and_a_new_browser_gets_a_minted_link(t
         assert new_link(db, ini, "--port", str(port)) != minted
     finally:
         stop(proc)
-    assert "no panel answers" in one_line_failure(cli(db, ini, "panel", "--link"))  # its file stays, nobody listens
+    # its file stays, nobody listens
+    assert "no panel answers" in one_line_failure(cli(db, ini, "panel", "--link"))
 
     proc, _ = start_panel(db, ini, port)  # a restart: the first browser is still logged in
     try:
@@ -106,8 +110,9 @@ def test_panel_link_with_no_server_is_one_line(tmp_path):
 def test_a_state_file_others_can_read_is_not_trusted(tmp_path):
     db, ini = tmp_path / "m.db", write_ini(tmp_path)
     state = aokun.panel_state_path(db, 8765)
-    aokun.write_private(state, '{"host": "127.0.0.1", "port": 8765, "root": "", "link_secret": "x", '
-                               '"sessions": {"%s": 9e99}}' % aokun._sha256("planted"))
+    aokun.write_private(state, '{"host": "127.0.0.1", "port": 8765, "root": "", '
+                               '"link_secret": "x", "sessions": {"%s": 9e99}}'
+                        % aokun._sha256("planted"))
     os.chmod(state, 0o644)
     assert "not private" in one_line_failure(cli(db, ini, "panel", "--link"))
     assert not aokun.PanelState(state).live("planted")
@@ -118,9 +123,9 @@ def test_a_state_file_others_can_read_is_not_trusted(tmp_path):
 def test_serve_http_mints_a_panel_link(tmp_path):
     db, ini = tmp_path / "h.db", write_ini(tmp_path, "none", server={"token": "s3cret"})
     port = free_port()
-    proc = subprocess.Popen([sys.executable, *serve_args(db, ini, "--http", "--port", str(port))], cwd=REPO,
-                            env=child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, *serve_args(db, ini, "--http", "--port", str(port))],
+                            cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_port(port, proc)
         wait_announced(aokun.panel_state_path(db, port))
@@ -130,23 +135,28 @@ def test_serve_http_mints_a_panel_link(tmp_path):
         assert r.status_code == 303 and r.headers["location"] == "/panel/"
         assert "path=/panel" in r.headers["set-cookie"].lower()
         assert client.get(f"http://127.0.0.1:{port}/panel/health").status_code == 200
-        assert client.post(f"http://127.0.0.1:{port}/mcp", json={}).status_code == 401  # still its bearer token
+        mcp = client.post(f"http://127.0.0.1:{port}/mcp", json={})
+        assert mcp.status_code == 401  # the MCP endpoint keeps its bearer token
     finally:
         stop(proc)
 
 
 def test_the_link_endpoint_needs_the_secret_and_no_origin(mem, tmp_path):
     state = tmp_path / "s.db.panel-8765"
-    web, app = aokun.panel_app(lambda: mem, aokun.Config(None), tmp_path / "aokun.ini", "127.0.0.1", 8765, state)
+    web, app = aokun.panel_app(lambda: mem, aokun.Config(None), tmp_path / "aokun.ini", "127.0.0.1",
+                               8765, state)
     client = TestClient(app, base_url="http://127.0.0.1:8765")
-    assert client.post("/link", headers={"X-Aokun-Link": ""}).status_code == 403  # not announced yet
+
+    def mint(**headers):
+        return client.post("/link", headers=headers)
+    assert mint(**{"X-Aokun-Link": ""}).status_code == 403  # not announced yet
     web.state.announce("127.0.0.1", 8765, "")
     secret = web.state.link_secret
-    assert client.post("/link").status_code == 403
-    assert client.post("/link", headers={"X-Aokun-Link": secret + "x"}).status_code == 403
-    assert client.post("/link", headers={"X-Aokun-Link": secret, "Origin": "http://127.0.0.1:8765"}).status_code == 403
-    assert client.post("/link", headers={"X-Aokun-Link": secret, "Host": "evil.example"}).status_code == 421
-    r = client.post("/link", headers={"X-Aokun-Link": secret})
+    assert mint().status_code == 403
+    assert mint(**{"X-Aokun-Link": secret + "x"}).status_code == 403
+    assert mint(**{"X-Aokun-Link": secret, "Origin": "http://127.0.0.1:8765"}).status_code == 403
+    assert mint(**{"X-Aokun-Link": secret, "Host": "evil.example"}).status_code == 421
+    r = mint(**{"X-Aokun-Link": secret})
     assert r.status_code == 200 and r.text.startswith("http://127.0.0.1:8765/?token=")
     token = r.text.split("token=")[1]
     web.links[aokun._sha256(token)] = time.time() - 1  # expired
