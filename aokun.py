@@ -1905,29 +1905,31 @@ class Vectors:
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_docs, computed before its transaction (so the write lock is held
         briefly): {id(p): the memory's contextual vector, or None when there is none (provider none
-        or failing: the warning goes on each write)}."""
-        texts, batch = [], {}  # batch: this batch's inserts per session, [(created_at, position, content)]
+        or failing: the warning goes on each write)}. A text the provider refuses is no one's context
+        (see session_context): the batch's inserts that had it in theirs are embedded again without
+        it, round after round until no refusal changes a text (the first memory of a session is
+        settled in round one, the next in round two at the latest, ...; one round when none is refused)."""
+        if not self.vectors_usable:
+            return {id(p): None for p in todo}
+        batch: dict = {}  # this batch's inserts per session, [(created_at, position, content)]
         for i, p in enumerate(todo):
             if p.op == "insert" and p.session_id:
                 batch.setdefault((p.persona_id, p.session_id), []).append((p.created_at, i, p.content))
-        for i, p in enumerate(todo):
-            if self.vectors_usable:
-                key = (p.persona_id, p.session_id)
-                context = self._session_context(p.persona_id, p.session_id, p.created_at,
-                                                 None if p.op == "insert" else p.document_id)
-                if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
-                    # every insert of the batch before it in session order (created_at, then id: the
-                    # batch's ids follow its order), not only the earlier ones: an out-of-order batch
-                    # leaves no stale vectors behind; stable sort: at one time, stored memories (lower
-                    # ids) come before this batch's
-                    mine = [(t, c) for t, j, c in batch.get(key, []) if (t, j) < (p.created_at, i)]
-                    context = sorted(context + mine, key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
-                cut, truncated = self._vector_text(p.content, [c for _, c in context],
-                                                   [*p.topics, *p.tags, p.sentiment])
-                p.embedding_truncated = truncated
-                texts.append(cut)
+        stored = [self._session_context(p.persona_id, p.session_id, p.created_at,
+                                        None if p.op == "insert" else p.document_id) for p in todo]
+        texts: list = [None] * len(todo)
+        out: list = [None] * len(todo)
         warned: list = []
-        out = self._embed(texts, warned) if texts else [None] * len(todo)
+        refused: set | None = None
+        for _ in range(len(todo) + 1):  # settles in at most one round per memory
+            if refused == (now := {i for i, v in enumerate(out) if isinstance(v, str)}):
+                break
+            refused = now
+            new = [self._batch_vector_text(todo, i, stored[i], batch, refused) for i in range(len(todo))]
+            redo = [i for i in range(len(todo)) if texts[i] is None or new[i][0] != texts[i]]
+            for i, v in zip(redo, self._embed([new[i][0] for i in redo], warned) if redo else (), strict=True):
+                texts[i], out[i] = new[i][0], v
+                todo[i].embedding_truncated = new[i][1]
         for p, v in zip(todo, out, strict=True):
             if isinstance(v, str):
                 p.embedding_error = v
@@ -1936,6 +1938,20 @@ class Vectors:
             elif v is None:
                 p.warnings.extend(warned[-1:])
         return {id(p): (v if isinstance(v, np.ndarray) else None) for p, v in zip(todo, out, strict=True)}
+
+    def _batch_vector_text(self, todo: list[Prepared], i: int, context: list[tuple], batch: dict,
+                           refused: set) -> tuple[str, bool]:
+        """_vector_text of write todo[i] before it is stored: `context` its stored session context
+        (_session_context), to which an insert adds every insert of the batch before it in session
+        order (created_at, then id: the batch's ids follow its order), not only the earlier ones (an
+        out-of-order batch leaves no stale vectors behind), except those at positions `refused`
+        (their text was refused). Stable sort: at one time, stored memories (lower ids) come first."""
+        p = todo[i]
+        if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
+            mine = [(t, c) for t, j, c in batch.get((p.persona_id, p.session_id), [])
+                    if (t, j) < (p.created_at, i) and j not in refused]
+            context = sorted(context + mine, key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
+        return self._vector_text(p.content, [c for _, c in context], [*p.topics, *p.tags, p.sentiment])
 
     def _fact_text_vectors(self, todo: list[Prepared]) -> dict:
         """The vectors of the fact texts new writes `todo` will give their graph entries, computed
@@ -2075,18 +2091,11 @@ class Vectors:
             after = rows[-1]["id"]
             prepared = self._stored_vector_texts(rows)
             out = self._embed([t for t, _ in prepared])
-            with self.tx():
-                for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
-                    if vec is None or self.value("select embedding_state from documents where id = ?",
-                                                 (r["id"],)) != "pending":
-                        continue
-                    if isinstance(vec, str):
-                        self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
-                        continue
-                    self._put_doc_vector(r["id"], vec)
-                    self.conn.execute("update documents set embedding_truncated = ? where id = ?",
-                                      (int(truncated), r["id"]))
-                    done += 1
+            made, requeued = self._store_backfilled(rows, out, prepared)
+            done += made
+            if requeued:  # their vector text had a text refused just now: made again without it
+                after = min(after, min(requeued) - 1)
+                ids = None if ids is None else sorted({*ids, *requeued})
             if progress:
                 progress(done, None)
             if any(v is None for v in out):
@@ -2106,6 +2115,47 @@ class Vectors:
             if any(v is None for _, v in pairs):
                 return done
         return done
+
+    def _store_backfilled(self, rows: list[dict], out: list, prepared: list) -> tuple[int, list[int]]:
+        """backfill_vectors' transaction for one batch of documents `rows` (pending_documents), what
+        _embed made of their texts (`out`) and [(text, cut)] (`prepared`): the vectors are stored, a
+        refusal is recorded as the memory's embedding_error and its successors in the session, whose
+        vector text contained it, are marked pending (_stale_successors) with their keyword context
+        refreshed (what this batch made for them is dropped). Rows no longer pending (edited or
+        deleted meanwhile) are left. Returns (vectors stored, ids of the successors marked)."""
+        done, requeued = 0, []
+        with self.tx():
+            for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
+                if vec is None or r["id"] in requeued or self.value(
+                        "select embedding_state from documents where id = ?", (r["id"],)) != "pending":
+                    continue  # requeued: made from a text refused just now, made again without it
+                if isinstance(vec, str):
+                    self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
+                    stale = self._stale_successors(r["id"])
+                    self._refresh_graph_context(stale)
+                    requeued += stale
+                    continue
+                self._put_doc_vector(r["id"], vec)
+                self.conn.execute("update documents set embedding_truncated = ? where id = ?",
+                                  (int(truncated), r["id"]))
+                done += 1
+        return done, requeued
+
+    REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
+
+    def _requeue_refused_context(self) -> None:
+        """Files written before a refused text was kept out of its neighbours' vector text (issue 24,
+        sql/vectors.sql session_context): once per file (meta refused_context), the memories after
+        each refused one in its session are marked pending (_stale_successors), so the back-fill
+        makes their vectors again without it (the old ones stay searchable until then). Not while the
+        provider is none (nothing to mark; done on the first open with one)."""
+        if self.meta_get("refused_context") == self.REFUSED_CONTEXT or self.embedder.provider == "none":
+            return
+        with self.tx():
+            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:  # not done by another process
+                for r in self.rows("select id from documents where embedding_error is not null"):
+                    self._refresh_graph_context(self._stale_successors(r["id"]))
+                self._meta_set("refused_context", self.REFUSED_CONTEXT)
 
     def _stored_vector_texts(self, rows: list[dict]) -> list[tuple[str, bool]]:
         """_vector_text of stored documents (rows with id, content, persona_id, session_id,
@@ -5069,6 +5119,7 @@ class Maintenance:
                               "embedding blob not null, truncated integer not null)")
             self.conn.execute("create temp table if not exists new_entry_vectors(entry_id integer primary key, "
                               "embedding blob not null)")
+        was_refused = {r["id"] for r in self.rows("select id from documents where embedding_error is not null")}
         try:
             refused = self._embed_all_into_temp()
             found = self.value("select count(*) from doc_vectors") + self.value("select count(*) from graph_vectors")
@@ -5098,11 +5149,18 @@ class Maintenance:
                           "where id in (select entry_id from temp.new_entry_vectors)")
                 for (table, row_id), reason in refused.items():
                     c.execute(f"update {table} set embedding_error = ? where id = ?", (reason, row_id))
+                # the texts were made with the old refusals left out of the context: a memory refused
+                # now or no longer gets its successors' vectors made again (the new ones stay till then)
+                changed = was_refused ^ {row_id for (table, row_id) in refused if table == "documents"}
+                stale = sorted({j for i in changed for j in self._stale_successors(i)})
+                self._refresh_graph_context(stale)
                 if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
                     self._recenter()
                 else:
                     self._reindex_vectors()
             self.vector_problem = None
+            if stale:
+                self.backfill_vectors(ids=stale)
             return made, len(refused), "; the rest is back-filled once the provider answers"
         finally:
             with self.lock:
@@ -7703,6 +7761,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._compact_vectors()
         self._upgrade_graph_entries()
         self._check_embedding_meta()
+        self._requeue_refused_context()
         self.last_recovery: dict = {}
         if recover:
             self.last_recovery = self.recover()

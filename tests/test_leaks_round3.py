@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import aokun
+from fakes import RefusingEmbedder
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "conversations"
 PATTERNS = aokun.load_secret_rules(aokun.HERE / "rules" / "secrets.toml")
@@ -296,3 +299,77 @@ def test_a_long_line_still_being_written_waits_then_only_it_is_skipped(tmp_path,
     assert (second["new"], second["skipped"]) == (1, 1)
     assert [r["text"] for r in m.rows("select text from conv_turns order by seq")] == [
         "the emu came first", "the wallaby came last"]
+
+
+# a refused embedding input is no one's context -----------------------------------------------------
+
+MARK = "REFUSE-ME"
+
+
+def _vector_text(m, doc_id: int) -> str:
+    """What memory `doc_id`'s vector is to be made from now (its session context and labels)."""
+    return m._stored_vector_texts(m.rows("select id, content, persona_id, session_id, created_at, topics, tags, "
+                                         "sentiment from documents where id = ?", (doc_id,)))[0][0]
+
+
+def _has_own_vector(m, doc_id: int, e) -> bool:
+    """Whether memory `doc_id`'s stored vector is `e`'s vector of _vector_text (as _embed sends it)."""
+    blob = m.value("select embedding from doc_vectors where doc_id = ?", (doc_id,))
+    return blob is not None and blob == aokun.vector_blob(e.vector(aokun.fold(_vector_text(m, doc_id))))
+
+
+def test_a_refused_text_is_kept_out_of_its_neighbours_vectors(tmp_path, open_mem):
+    e = RefusingEmbedder(MARK)
+    m = open_mem(tmp_path / "r.db", e)
+    a = m.memorize(f"The shed key note {MARK} here.", {"session_id": "s1"})
+    assert a["embedding"] == "pending" and any("refused" in w for w in a["warnings"])
+    b = m.memorize("Yes, it is under the blue flower pot.", {"session_id": "s1"})
+    assert b["embedding"] == "done" and b["warnings"] == []
+    assert _has_own_vector(m, b["id"], e) and MARK not in _vector_text(m, b["id"])
+    # one batch: the insert after the refused one is embedded again without it
+    res = m.memorize_many([(f"Second {MARK} note.", {"session_id": "s2"}), ("The red bucket answer.",
+                                                                            {"session_id": "s2"})])
+    assert [r["embedding"] for r in res] == ["pending", "done"]
+    assert _has_own_vector(m, res[1]["id"], e) and MARK not in _vector_text(m, res[1]["id"])
+    # an edit that makes the refused text acceptable gives it a vector, and its neighbour the context
+    assert m.edit(a["id"], content="The shed key note is fine now.")["embedding"] == "done"
+    m.wait_refresh()
+    assert "shed key note is fine" in _vector_text(m, b["id"]) and _has_own_vector(m, b["id"], e)
+    assert m.vectors_awaited() is False
+
+
+def test_rebuild_vectors_remakes_the_neighbours_of_a_refused_text(tmp_path, open_mem):
+    e = RefusingEmbedder(MARK)
+    m = open_mem(tmp_path / "r.db", e)
+    ids = [r["id"] for r in m.memorize_many([(f"Where is the {MARK} key?", {"session_id": "s"}),
+                                             ("Under the blue flower pot.", {"session_id": "s"}),
+                                             ("And the spare one is in the car.", {"session_id": "s"})])]
+    with pytest.raises(aokun.EmbeddingError, match="refused"):
+        m.rebuild(vectors=True)  # the refused text is tried again, in one batch with its neighbours
+    assert m.value("select embedding_error from documents where id = ?", (ids[0],)) is not None
+    assert [m.value("select embedding_state from documents where id = ?", (i,)) for i in ids[1:]] == ["done"] * 2
+    assert _has_own_vector(m, ids[1], e) and _has_own_vector(m, ids[2], e)
+    assert MARK not in _vector_text(m, ids[1]) + _vector_text(m, ids[2])
+    # another model that takes the text: the swap remakes the neighbours with it as their context
+    other = RefusingEmbedder("NOTHING-IS-REFUSED", dim=32)
+    m.close()
+    m = open_mem(tmp_path / "r.db", other)
+    m.rebuild(vectors=True)
+    assert f"the {MARK} key" in _vector_text(m, ids[1]) and _has_own_vector(m, ids[1], other)
+    assert m.vectors_awaited() is False
+
+
+def test_an_older_file_requeues_the_neighbours_of_a_refused_text_once(tmp_path, open_mem):
+    e = RefusingEmbedder(MARK)
+    m = open_mem(tmp_path / "r.db", e)
+    m.memorize(f"Where is the {MARK} key?", {"session_id": "s"})
+    b = m.memorize("Under the blue flower pot.", {"session_id": "s"})["id"]
+    with m.tx():  # as a file written before: the neighbour's vector made with the refused text
+        m.conn.execute("delete from meta where key = 'refused_context'")
+    m.close()
+    m = open_mem(tmp_path / "r.db", e)
+    assert m.value("select embedding_state from documents where id = ?", (b,)) == "pending"
+    assert m.meta_get("refused_context") == "1" and m.backfill_vectors() == 1
+    m.close()
+    m = open_mem(tmp_path / "r.db", e)  # once: nothing marked again
+    assert m.value("select embedding_state from documents where id = ?", (b,)) == "done"
