@@ -9946,15 +9946,21 @@ SERVER_STARTED = time.monotonic()  #: uptime in /health counts from here (monoto
 def sd_notify(message: str, address: str | None = None) -> bool:
     """Send `message` (e.g. "READY=1", "WATCHDOG=1") to systemd over the unix datagram socket in
     $NOTIFY_SOCKET (or `address`; a leading @ is Linux's abstract namespace). Returns False, sending
-    nothing, when there is no socket (not started by systemd) or the send fails."""
+    nothing, when there is no socket (not started by systemd) or the send fails. Never blocks: the
+    watchdog pings from the event loop, and a supervisor that stops reading (its socket's queue
+    full: a blocking send would wait) must not freeze the server; that ping is dropped (False)."""
     address = address or os.environ.get("NOTIFY_SOCKET")
     if not address or not hasattr(socket, "AF_UNIX"):
         return False
     target = "\0" + address[1:] if address.startswith("@") else address
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.setblocking(False)
             s.sendto(message.encode("utf-8"), target)
         return True
+    except BlockingIOError:
+        log.debug("sd_notify %s to %s dropped: the supervisor is not reading its socket", message, address)
+        return False
     except OSError as e:
         log.warning("sd_notify %s to %s failed: %s", message, address, e)
         return False
@@ -9990,12 +9996,20 @@ def health(mem: "Memory") -> dict:
     """What /health answers: {ok, database: {path, ok, schema_version}, embedder: {provider, model,
     loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup, sync}, uptime_seconds,
     version}. ok is false when the database does not answer or vector search is off for a reason other
-    than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load)."""
+    than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load).
+    Read on the calling thread's query-only connection (Recall._reader_rows), never the main one: a
+    supervisor's probe must not wait for the Memory lock that long background work holds (the
+    daily backup's VACUUM INTO, a maintenance transaction, a back-fill batch)."""
+    meta: dict = {}
     try:
-        schema = mem.value("pragma user_version")
-        pending = mem.value(mem.queries["pending_vectors"])
+        def one(sql: str):
+            return next(iter(mem._reader_rows(sql, ())[0].values()))
+        schema, pending = one("pragma user_version"), one(mem.queries["pending_vectors"])
+        meta = {r["key"]: r["value"] for r in mem._reader_rows(
+            "select key, value from meta where key in ('decay_last_run', 'lifecycle_last_run', 'backup_last', "
+            "'sync_last')", ())}
         db_ok = True
-    except apsw.Error as e:
+    except (apsw.Error, AokunError) as e:
         schema, pending, db_ok = None, None, False
         log.error("health: the database does not answer: %s", e)
     e = mem.embedder
@@ -10004,10 +10018,8 @@ def health(mem: "Memory") -> dict:
             "embedder": {"provider": e.provider, "model": e.model, "loaded": e.loaded, "problem": mem.vector_problem},
             "pending_vectors": pending,
             "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
-                                 **{k: mem.meta_get(f"{k}_last_run") if db_ok else None
-                                    for k in ("decay", "lifecycle")},
-                                 "backup": mem.meta_get("backup_last") if db_ok else None,
-                                 "sync": mem.meta_get("sync_last") if db_ok else None},
+                                 **{k: meta.get(f"{k}_last_run") for k in ("decay", "lifecycle")},
+                                 "backup": meta.get("backup_last"), "sync": meta.get("sync_last")},
             "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1), "version": __version__}
 
 
