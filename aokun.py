@@ -1984,29 +1984,31 @@ class Vectors:
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_docs, computed before its transaction (so the write lock is held
         briefly): {id(p): the memory's contextual vector, or None when there is none (provider none
-        or failing: the warning goes on each write)}."""
-        texts, batch = [], {}  # batch: this batch's inserts per session, [(created_at, position, content)]
+        or failing: the warning goes on each write)}. A text the provider refuses is no one's context
+        (see session_context): the batch's inserts that had it in theirs are embedded again without
+        it, round after round until no refusal changes a text (the first memory of a session is
+        settled in round one, the next in round two at the latest, ...; one round when none is refused)."""
+        if not self.vectors_usable:
+            return {id(p): None for p in todo}
+        batch: dict = {}  # this batch's inserts per session, [(created_at, position, content)]
         for i, p in enumerate(todo):
             if p.op == "insert" and p.session_id:
                 batch.setdefault((p.persona_id, p.session_id), []).append((p.created_at, i, p.content))
-        for i, p in enumerate(todo):
-            if self.vectors_usable:
-                key = (p.persona_id, p.session_id)
-                context = self._session_context(p.persona_id, p.session_id, p.created_at,
-                                                 None if p.op == "insert" else p.document_id)
-                if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
-                    # every insert of the batch before it in session order (created_at, then id: the
-                    # batch's ids follow its order), not only the earlier ones: an out-of-order batch
-                    # leaves no stale vectors behind; stable sort: at one time, stored memories (lower
-                    # ids) come before this batch's
-                    mine = [(t, c) for t, j, c in batch.get(key, []) if (t, j) < (p.created_at, i)]
-                    context = sorted(context + mine, key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
-                cut, truncated = self._vector_text(p.content, [c for _, c in context],
-                                                   [*p.topics, *p.tags, p.sentiment])
-                p.embedding_truncated = truncated
-                texts.append(cut)
+        stored = [self._session_context(p.persona_id, p.session_id, p.created_at,
+                                        None if p.op == "insert" else p.document_id) for p in todo]
+        texts: list = [None] * len(todo)
+        out: list = [None] * len(todo)
         warned: list = []
-        out = self._embed(texts, warned) if texts else [None] * len(todo)
+        refused: set | None = None
+        for _ in range(len(todo) + 1):  # settles in at most one round per memory
+            if refused == (now := {i for i, v in enumerate(out) if isinstance(v, str)}):
+                break
+            refused = now
+            new = [self._batch_vector_text(todo, i, stored[i], batch, refused) for i in range(len(todo))]
+            redo = [i for i in range(len(todo)) if texts[i] is None or new[i][0] != texts[i]]
+            for i, v in zip(redo, self._embed([new[i][0] for i in redo], warned) if redo else (), strict=True):
+                texts[i], out[i] = new[i][0], v
+                todo[i].embedding_truncated = new[i][1]
         for p, v in zip(todo, out, strict=True):
             if isinstance(v, str):
                 p.embedding_error = v
@@ -2015,6 +2017,20 @@ class Vectors:
             elif v is None:
                 p.warnings.extend(warned[-1:])
         return {id(p): (v if isinstance(v, np.ndarray) else None) for p, v in zip(todo, out, strict=True)}
+
+    def _batch_vector_text(self, todo: list[Prepared], i: int, context: list[tuple], batch: dict,
+                           refused: set) -> tuple[str, bool]:
+        """_vector_text of write todo[i] before it is stored: `context` its stored session context
+        (_session_context), to which an insert adds every insert of the batch before it in session
+        order (created_at, then id: the batch's ids follow its order), not only the earlier ones (an
+        out-of-order batch leaves no stale vectors behind), except those at positions `refused`
+        (their text was refused). Stable sort: at one time, stored memories (lower ids) come first."""
+        p = todo[i]
+        if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
+            mine = [(t, c) for t, j, c in batch.get((p.persona_id, p.session_id), [])
+                    if (t, j) < (p.created_at, i) and j not in refused]
+            context = sorted(context + mine, key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
+        return self._vector_text(p.content, [c for _, c in context], [*p.topics, *p.tags, p.sentiment])
 
     def _fact_text_vectors(self, todo: list[Prepared]) -> dict:
         """The vectors of the fact texts new writes `todo` will give their graph entries, computed
@@ -2154,18 +2170,11 @@ class Vectors:
             after = rows[-1]["id"]
             prepared = self._stored_vector_texts(rows)
             out = self._embed([t for t, _ in prepared])
-            with self.tx():
-                for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
-                    if vec is None or self.value("select embedding_state from documents where id = ?",
-                                                 (r["id"],)) != "pending":
-                        continue
-                    if isinstance(vec, str):
-                        self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
-                        continue
-                    self._put_doc_vector(r["id"], vec)
-                    self.conn.execute("update documents set embedding_truncated = ? where id = ?",
-                                      (int(truncated), r["id"]))
-                    done += 1
+            made, requeued = self._store_backfilled(rows, out, prepared)
+            done += made
+            if requeued:  # their vector text had a text refused just now: made again without it
+                after = min(after, min(requeued) - 1)
+                ids = None if ids is None else sorted({*ids, *requeued})
             if progress:
                 progress(done, None)
             if any(v is None for v in out):
@@ -2186,6 +2195,47 @@ class Vectors:
                 return done
         return done
 
+    def _store_backfilled(self, rows: list[dict], out: list, prepared: list) -> tuple[int, list[int]]:
+        """backfill_vectors' transaction for one batch of documents `rows` (pending_documents), what
+        _embed made of their texts (`out`) and [(text, cut)] (`prepared`): the vectors are stored, a
+        refusal is recorded as the memory's embedding_error and its successors in the session, whose
+        vector text contained it, are marked pending (_stale_successors) with their keyword context
+        refreshed (what this batch made for them is dropped). Rows no longer pending (edited or
+        deleted meanwhile) are left. Returns (vectors stored, ids of the successors marked)."""
+        done, requeued = 0, []
+        with self.tx():
+            for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
+                if vec is None or r["id"] in requeued or self.value(
+                        "select embedding_state from documents where id = ?", (r["id"],)) != "pending":
+                    continue  # requeued: made from a text refused just now, made again without it
+                if isinstance(vec, str):
+                    self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
+                    stale = self._stale_successors(r["id"])
+                    self._refresh_graph_context(stale)
+                    requeued += stale
+                    continue
+                self._put_doc_vector(r["id"], vec)
+                self.conn.execute("update documents set embedding_truncated = ? where id = ?",
+                                  (int(truncated), r["id"]))
+                done += 1
+        return done, requeued
+
+    REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
+
+    def _requeue_refused_context(self) -> None:
+        """Files written before a refused text was kept out of its neighbours' vector text (issue 24,
+        sql/vectors.sql session_context): once per file (meta refused_context), the memories after
+        each refused one in its session are marked pending (_stale_successors), so the back-fill
+        makes their vectors again without it (the old ones stay searchable until then). Not while the
+        provider is none (nothing to mark; done on the first open with one)."""
+        if self.meta_get("refused_context") == self.REFUSED_CONTEXT or self.embedder.provider == "none":
+            return
+        with self.tx():
+            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:  # not done by another process
+                for r in self.rows("select id from documents where embedding_error is not null"):
+                    self._refresh_graph_context(self._stale_successors(r["id"]))
+                self._meta_set("refused_context", self.REFUSED_CONTEXT)
+
     def _stored_vector_texts(self, rows: list[dict]) -> list[tuple[str, bool]]:
         """_vector_text of stored documents (rows with id, content, persona_id, session_id,
         created_at, topics, tags, sentiment): [(text, whether the memory itself was cut)]."""
@@ -2203,6 +2253,7 @@ class Vectors:
 
 # Write stages: a memory's row and FTS, its atoms, its graph ######################################
 
+IMPORT_CHUNK = 64  #: memories an import re-derives and embeds between two progress reports
 GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects of one memory (each)
 GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
 GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
@@ -5075,11 +5126,14 @@ class Maintenance:
                                 "`python aokun.py rebuild --vectors` to try again")
         return problems
 
-    def rebuild(self, vectors: bool = False, fts: bool = False, graph: bool = False) -> dict:
+    def rebuild(self, vectors: bool = False, fts: bool = False, graph: bool = False,
+                progress=None) -> dict:
         """Rebuild derived data from the documents. fts: re-segment every FTS row. graph: re-derive
         atoms and graph for every document through the journal. vectors: re-embed every memory and
         fact entry with the configured embedder (see _rebuild_vectors; raises EmbeddingError when it
-        made fewer vectors than it should; then the conversation turns', turn_vectors). Returns counts."""
+        made fewer vectors than it should; then the conversation turns', turn_vectors); `progress`,
+        when given, hears (vectors made, memories and fact entries) after each batch, then (turn
+        vectors made, None). Returns counts."""
         out = {}
         if fts:
             with self.tx() as c:
@@ -5090,23 +5144,24 @@ class Maintenance:
             out["graph"] = self._rebuild_graph()
         if vectors:
             stored = self.meta_get("embedding_model"), self.meta_get("embedding_dim")
-            out["vectors"] = self._rebuild_vectors()
+            out["vectors"] = self._rebuild_vectors(progress)
             if self.value("select 1 from conv_turns limit 1"):  # and the ingested conversations' turns
                 if stored != (self.embedder.model, str(self.embedder.dim)):
                     with self.tx():  # another model: the old turn vectors no longer compare
                         self._reset_turn_vectors()
-                out["turn_vectors"] = self.backfill_turn_vectors()
+                out["turn_vectors"] = self.backfill_turn_vectors(progress=progress)
         return out
 
-    def _rebuild_vectors(self) -> int:
+    def _rebuild_vectors(self, progress=None) -> int:
         """rebuild --vectors: re-embed every memory and fact entry with the configured embedder, never
         leaving fewer vectors than there were. The model and dim of the stored vectors: each one is
         replaced where a new one is made and kept where not (marked pending for the back-fill).
         Another model or dim: the new vectors are made first, in temporary tables, and replace the
         old ones (and the recorded model/dim) in one transaction only when there are at least as many;
         otherwise nothing changes. Texts the provider refused before are tried again. Returns how many
-        vectors were written. Raises EmbeddingError, one line saying how many of how many and why,
-        when fewer were made than there are memories and fact entries."""
+        vectors were written; `progress(made, of)` hears how far it is. Raises EmbeddingError, one
+        line saying how many of how many and why, when fewer were made than there are memories and
+        fact entries."""
         if self.embedder.provider == "none":
             raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
         self.wait_refresh()  # a background refresh of successors would race it for the same rows
@@ -5119,6 +5174,7 @@ class Maintenance:
         expected = self.value("select count(*) from documents") + self.value(
             f"select count(*) from graph_entries where {FACT_ENTRIES_SQL}")
         self.last_embedding_error = None
+        step = None if progress is None else (lambda done, _total: progress(done, expected))
         if self.has_table("doc_vec") and self.meta_get("embedding_model") == self.embedder.model \
                 and self.meta_get("embedding_dim") == str(self.embedder.dim):
             with self.tx() as c:  # the old vectors stay searchable until each is replaced
@@ -5131,7 +5187,7 @@ class Maintenance:
                 c.execute("update documents set embedding_state = 'pending', embedding_error = null")
                 c.execute(f"update graph_entries set embedding_state = 'pending', embedding_error = null "
                           f"where {FACT_ENTRIES_SQL}")
-            made = self.backfill_vectors()
+            made = self.backfill_vectors(progress=step)
             if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
                 with self.tx():
                     self._recenter()
@@ -5139,7 +5195,7 @@ class Maintenance:
                 self.value("select count(*) from graph_entries where embedding_error is not null")
             kept = "; the old vectors of the others are kept and they are back-filled once the provider answers"
         else:
-            made, refused, kept = self._swap_in_new_vectors()
+            made, refused, kept = self._swap_in_new_vectors(step)
         if made < expected:
             why = [f"the provider refused {refused} texts for good (`python aokun.py doctor` lists them)"
                    ] if refused else []
@@ -5149,17 +5205,19 @@ class Maintenance:
                                  + "; ".join(why) + kept)
         return made
 
-    def _swap_in_new_vectors(self) -> tuple[int, int, str]:
+    def _swap_in_new_vectors(self, progress=None) -> tuple[int, int, str]:
         """_rebuild_vectors for another model or dim: embed everything into temp tables, then swap
-        them in when they are at least as many as the stored vectors. Returns (vectors made, texts
-        refused, what happened to the old vectors as the end of a sentence)."""
+        them in when they are at least as many as the stored vectors (`progress(made, None)` after
+        each batch). Returns (vectors made, texts refused, what happened to the old vectors as the
+        end of a sentence)."""
         with self.lock:
             self.conn.execute("create temp table if not exists new_doc_vectors(doc_id integer primary key, "
                               "embedding blob not null, truncated integer not null)")
             self.conn.execute("create temp table if not exists new_entry_vectors(entry_id integer primary key, "
                               "embedding blob not null)")
+        was_refused = {r["id"] for r in self.rows("select id from documents where embedding_error is not null")}
         try:
-            refused = self._embed_all_into_temp()
+            refused = self._embed_all_into_temp(progress=progress)
             found = self.value("select count(*) from doc_vectors") + self.value("select count(*) from graph_vectors")
             made = self.value("select count(*) from temp.new_doc_vectors") + \
                 self.value("select count(*) from temp.new_entry_vectors")
@@ -5187,21 +5245,29 @@ class Maintenance:
                           "where id in (select entry_id from temp.new_entry_vectors)")
                 for (table, row_id), reason in refused.items():
                     c.execute(f"update {table} set embedding_error = ? where id = ?", (reason, row_id))
+                # the texts were made with the old refusals left out of the context: a memory refused
+                # now or no longer gets its successors' vectors made again (the new ones stay till then)
+                changed = was_refused ^ {row_id for (table, row_id) in refused if table == "documents"}
+                stale = sorted({j for i in changed for j in self._stale_successors(i)})
+                self._refresh_graph_context(stale)
                 if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
                     self._recenter()
                 else:
                     self._reindex_vectors()
             self.vector_problem = None
+            if stale:
+                self.backfill_vectors(ids=stale)
             return made, len(refused), "; the rest is back-filled once the provider answers"
         finally:
             with self.lock:
                 self.conn.execute("drop table if exists temp.new_doc_vectors")
                 self.conn.execute("drop table if exists temp.new_entry_vectors")
 
-    def _embed_all_into_temp(self, batch: int = 64) -> dict:
+    def _embed_all_into_temp(self, batch: int = 64, progress=None) -> dict:
         """Embed every document (with its session context and labels) and fact entry into
-        temp.new_doc_vectors / temp.new_entry_vectors, stopping at a transient provider failure.
-        Returns {(table, id): reason} of the texts the provider refused."""
+        temp.new_doc_vectors / temp.new_entry_vectors, stopping at a transient provider failure;
+        `progress(made, None)` after each batch. Returns {(table, id): reason} of the texts the
+        provider refused."""
         refused: dict = {}
         for query, table in (("documents_to_embed", "documents"), ("fact_entries_to_embed", "graph_entries")):
             after = 0
@@ -5221,6 +5287,10 @@ class Maintenance:
                                               (r["id"], blob, int(cut)))
                         elif blob:
                             self.conn.execute("insert into temp.new_entry_vectors values (?, ?)", (r["id"], blob))
+                    made = self.value("select count(*) from temp.new_doc_vectors") + \
+                        self.value("select count(*) from temp.new_entry_vectors")
+                if progress is not None:
+                    progress(made, None)
                 if any(v is None for v in out):
                     return refused
         return refused
@@ -5998,8 +6068,9 @@ class Conversations:
         the client's standard location, incrementally: each file is read from the byte offset the
         last run stopped at (a file replaced by another, or shorter, from the start), a half-written
         last line is left for the next run, a malformed line is skipped and counted. Turns are kept
-        by the source's rules, redacted, and stored once each (session, turn key). `progress`, when
-        given, is called with the bytes of each file read. A session deleted before (delete_session's
+        by the source's rules, redacted, and stored once each (session, turn key). `progress(turns,
+        None)`, when given, is called after each batch of turns is stored with the turns read so far
+        (the total is not known ahead). A session deleted before (delete_session's
         tombstone) is not ingested again unless `include_deleted`, which clears its tombstone. Returns
         {source, files, sessions, turns, new, skipped, deleted, unreadable, seconds}: files read,
         sessions and turns read this run, new turns stored, malformed lines or records skipped,
@@ -6012,11 +6083,9 @@ class Conversations:
         unreadable: list[str] = []
         files = self.transcript_files(source, paths, unreadable)
         stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0, "skipped": 0,
-                 "deleted": set(), "include_deleted": include_deleted}
+                 "deleted": set(), "include_deleted": include_deleted, "progress": progress}
         for path in files:
-            before = stats["turns"]
             try:
-                size = path.stat().st_size
                 if rules.format == "chatgpt":
                     self._ingest_export(path, rules, persona, stats)
                 else:
@@ -6024,15 +6093,13 @@ class Conversations:
             except OSError as e:  # what was stored of it stays, with its offset; the next file is read
                 unreadable.append(f"{path}: cannot read it ({e.strerror or e})")
                 stats["files"] -= 1
-                continue
-            if progress is not None:
-                progress(size, stats["turns"] - before)
         if stats["new"]:
             with self.tx():
                 self._briefing_stale(persona)
             self._center_turn_index()
         self.backfill_turn_vectors()
         stats.pop("include_deleted")
+        stats.pop("progress")
         return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]), unreadable=unreadable,
                     seconds=round(time.perf_counter() - started, 3))
 
@@ -6105,7 +6172,8 @@ class Conversations:
                      stats: dict) -> None:
         """Store the turns not stored yet, in batches of [conversations] batch_size: each batch's new
         texts embedded together (one vector per turn) before one transaction that writes the
-        sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset."""
+        sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset; then
+        stats['progress'] (ingest's `progress`), when set, hears the turns read so far."""
         step = self.cfg.conversations.batch_size
         for i in range(0, max(1, len(turns)), step):
             batch = self._not_deleted(source, persona, turns[i:i + step], stats)
@@ -6126,6 +6194,8 @@ class Conversations:
                         ":project, :now)",
                         dict(file_row, session_id=self.redact(file_row["session_id"]),
                              project=self.redact(file_row["project"]), now=now_iso()))
+            if stats.get("progress") is not None and batch:
+                stats["progress"](stats["turns"], None)
 
     @staticmethod
     def _session_key_uid(persona: str, source: str, session_id: str) -> str:
@@ -6238,9 +6308,10 @@ class Conversations:
                 c.execute(self.queries["index_turn_vector"], {"id": r["turn_id"],
                                                               "embedding": blob_vector(r["embedding"]).tobytes()})
 
-    def backfill_turn_vectors(self, batch: int = 64) -> int:
+    def backfill_turn_vectors(self, batch: int = 64, progress=None) -> int:
         """Embed the turns still marked 'pending' (embedding failed, or a model change). Returns how
-        many vectors were written; stops quietly when the provider fails."""
+        many vectors were written; stops quietly when the provider fails. `progress(done, None)`,
+        when given, hears the vectors written so far after each batch."""
         done, after = 0, 0
         while self.vectors_usable:
             rows = self.rows(self.queries["conv_pending_turns"], {"after": after, "n": batch})
@@ -6255,6 +6326,8 @@ class Conversations:
                     if isinstance(vec, np.ndarray):  # a refused text stays pending, skipped by `after`
                         self._put_turn_vector(r["id"], vec)
                         done += 1
+            if progress is not None:
+                progress(done, None)
         if done:
             self._center_turn_index()
         return done
@@ -6722,7 +6795,8 @@ class Portable:
 
     # import --------------------------------------------------------------------------------------
 
-    def import_export(self, lines, derive_atoms: bool = False, overwrite=frozenset()) -> dict:
+    def import_export(self, lines, derive_atoms: bool = False, overwrite=frozenset(),
+                      progress=None) -> dict:
         """Import an export (the lines of a JSONL file) into this file, whatever it holds already:
         uids decide. A record whose uid is here with the same or a later updated_at is kept as it is
         here; one deleted here (a tombstone at or after its updated_at) stays deleted; a memory whose
@@ -6732,9 +6806,11 @@ class Portable:
         it names when that was not changed after the deletion. Everything but the re-derivation is one
         transaction. `derive_atoms` re-derives the memories' atoms too (sync, which does not carry
         them) instead of taking the atom records; `overwrite` (uids) are written over the row here
-        even when it is as late (sync's tie-break decided). Returns {kind: {added, updated, kept, skipped},
-        deleted}. Raises ImportFileError (the line) for a line that is not a record, before anything
-        is written."""
+        even when it is as late (sync's tie-break decided). `progress(done, total)`, when given,
+        hears the memories re-derived and embedded so far (IMPORT_CHUNK at a time) of those
+        written, then (done, None) the conversation turns embedded. Returns {kind: {added,
+        updated, kept, skipped}, deleted}. Raises ImportFileError (the line) for a line that is
+        not a record, before anything is written."""
         records = read_export(lines)
         report = {k: {"added": 0, "updated": 0, "kept": 0, "skipped": 0} for k in EXPORT_FIELDS}
         by_kind = {k: [(n, self._redacted_record(k, r)) for n, r in records if r["kind"] == k]
@@ -6753,12 +6829,16 @@ class Portable:
                     doomed = self._import_tombstones(by_kind["tombstone"], report["tombstone"])
                 finally:
                     self._import_overwrite = frozenset()
-            self.run_pipeline(preps)
+            for at in range(0, len(preps), IMPORT_CHUNK):  # a chunk at a time: progress can tell
+                chunk = preps[at:at + IMPORT_CHUNK]
+                self.run_pipeline(chunk)
+                self.backfill_vectors(ids=[p.document_id for p in chunk])
+                if progress is not None:
+                    progress(at + len(chunk), len(preps))
         for doc_id, persona, at in doomed:
             self.delete(doc_id, persona, deleted_at=at)  # the tombstone keeps the time of the deletion
         report["deleted"] = len(doomed)
-        self.backfill_vectors(ids=[p.document_id for p in preps])
-        self.backfill_turn_vectors()
+        self.backfill_turn_vectors(progress=progress)
         return report
 
     def _redacted_record(self, kind: str, rec: dict) -> dict:
@@ -7943,6 +8023,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._compact_vectors()
         self._upgrade_graph_entries()
         self._check_embedding_meta()
+        self._requeue_refused_context()
         self.last_recovery: dict = {}
         if recover:
             self.last_recovery = self.recover()
@@ -10296,15 +10377,21 @@ SERVER_STARTED = time.monotonic()  #: uptime in /health counts from here (monoto
 def sd_notify(message: str, address: str | None = None) -> bool:
     """Send `message` (e.g. "READY=1", "WATCHDOG=1") to systemd over the unix datagram socket in
     $NOTIFY_SOCKET (or `address`; a leading @ is Linux's abstract namespace). Returns False, sending
-    nothing, when there is no socket (not started by systemd) or the send fails."""
+    nothing, when there is no socket (not started by systemd) or the send fails. Never blocks: the
+    watchdog pings from the event loop, and a supervisor that stops reading (its socket's queue
+    full: a blocking send would wait) must not freeze the server; that ping is dropped (False)."""
     address = address or os.environ.get("NOTIFY_SOCKET")
     if not address or not hasattr(socket, "AF_UNIX"):
         return False
     target = "\0" + address[1:] if address.startswith("@") else address
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.setblocking(False)
             s.sendto(message.encode("utf-8"), target)
         return True
+    except BlockingIOError:
+        log.debug("sd_notify %s to %s dropped: the supervisor is not reading its socket", message, address)
+        return False
     except OSError as e:
         log.warning("sd_notify %s to %s failed: %s", message, address, e)
         return False
@@ -10340,12 +10427,20 @@ def health(mem: "Memory") -> dict:
     """What /health answers: {ok, database: {path, ok, schema_version}, embedder: {provider, model,
     loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup, sync}, uptime_seconds,
     version}. ok is false when the database does not answer or vector search is off for a reason other
-    than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load)."""
+    than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load).
+    Read on the calling thread's query-only connection (Recall._reader_rows), never the main one: a
+    supervisor's probe must not wait for the Memory lock that long background work holds (the
+    daily backup's VACUUM INTO, a maintenance transaction, a back-fill batch)."""
+    meta: dict = {}
     try:
-        schema = mem.value("pragma user_version")
-        pending = mem.value(mem.queries["pending_vectors"])
+        def one(sql: str):
+            return next(iter(mem._reader_rows(sql, ())[0].values()))
+        schema, pending = one("pragma user_version"), one(mem.queries["pending_vectors"])
+        meta = {r["key"]: r["value"] for r in mem._reader_rows(
+            "select key, value from meta where key in ('decay_last_run', 'lifecycle_last_run', 'backup_last', "
+            "'sync_last')", ())}
         db_ok = True
-    except apsw.Error as e:
+    except (apsw.Error, AokunError) as e:
         schema, pending, db_ok = None, None, False
         log.error("health: the database does not answer: %s", e)
     e = mem.embedder
@@ -10354,10 +10449,8 @@ def health(mem: "Memory") -> dict:
             "embedder": {"provider": e.provider, "model": e.model, "loaded": e.loaded, "problem": mem.vector_problem},
             "pending_vectors": pending, "keyword_ranking": mem.ranking,
             "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
-                                 **{k: mem.meta_get(f"{k}_last_run") if db_ok else None
-                                    for k in ("decay", "lifecycle")},
-                                 "backup": mem.meta_get("backup_last") if db_ok else None,
-                                 "sync": mem.meta_get("sync_last") if db_ok else None},
+                                 **{k: meta.get(f"{k}_last_run") for k in ("decay", "lifecycle")},
+                                 "backup": meta.get("backup_last"), "sync": meta.get("sync_last")},
             "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1), "version": __version__}
 
 
@@ -10552,6 +10645,71 @@ class _State:
         if self._mem is not None:
             with _one_line_errors():
                 self._mem.close()
+
+
+class TerminalProgress:
+    """A progress(done, total=None) callback for the engine's long work (ingest, import, rebuild
+    --vectors) that shows it on a terminal: one line on stderr, rewritten in place (\\r) at most
+    every PROGRESS_LINE_SECONDS, "<label>: done/total unit (percent), rate unit/s" (done and the
+    rate only when the total is not known). A done below the last one (the next phase of the work)
+    ends the line and starts another, counting the next of `units` (the last one repeats). close()
+    writes the last numbers and the final newline (nothing when nothing was shown)."""
+
+    def __init__(self, label: str, units: tuple[str, ...], stream=None, clock=time.monotonic):
+        self.label, self.units, self.stream, self.clock = label, units, stream or sys.stderr, clock
+        self.unit, self.phase = units[0], -1
+        self.started = self.shown_at = None
+        self.last = (0, None)
+        self.width = 0
+
+    def __call__(self, done: float, total: float | None = None) -> None:
+        now = self.clock()
+        if self.started is None or done < self.last[0]:
+            if self.width:
+                self._line(now)
+                self.stream.write("\n")
+                self.width = 0
+            self.started, self.shown_at = now, None
+            self.phase += 1
+            self.unit = self.units[min(self.phase, len(self.units) - 1)]
+        self.last = (done, total)
+        if self.shown_at is None or now - self.shown_at >= PROGRESS_LINE_SECONDS:
+            self._line(now)
+
+    def _line(self, now: float) -> None:
+        done, total = self.last
+        rate = done / (now - self.started) if now > self.started else 0.0
+        of = f"/{total:,} {self.unit} ({100 * done / total:.0f} %)" if total else f" {self.unit}"
+        text = f"{self.label}: {done:,}{of}, {rate:,.0f} {self.unit}/s"
+        self.stream.write("\r" + text.ljust(self.width))
+        self.stream.flush()
+        self.width, self.shown_at = len(text), now
+
+    def close(self) -> None:
+        """Show the last numbers and end the line (when anything was shown)."""
+        if self.started is not None:
+            self._line(self.clock())
+            self.stream.write("\n")
+            self.stream.flush()
+            self.started = None
+
+
+PROGRESS_LINE_SECONDS = 0.2  #: a terminal progress line is rewritten at most five times a second
+
+
+@contextlib.contextmanager
+def terminal_progress(label: str, units: tuple[str, ...], as_json: bool = False):
+    """Yield a TerminalProgress for `label` counting `units` when stderr is a terminal and the
+    output is not --json (`as_json`), else None (the engine then reports nothing); its line is
+    ended on the way out, also when the work fails (the error line then starts on its own)."""
+    if as_json or sys.stderr is None or not sys.stderr.isatty():
+        yield None
+        return
+    bar = TerminalProgress(label, units)
+    try:
+        yield bar
+    finally:
+        bar.close()
 
 
 def _echo_json(obj) -> None:
@@ -11147,7 +11305,10 @@ def rebuild(state, vectors, fts, graph):
     """
     if not (vectors or fts or graph):
         raise click.UsageError("say what to rebuild: --vectors, --fts and/or --graph")
-    click.echo(json.dumps(state.memory().rebuild(vectors=vectors, fts=fts, graph=graph)))
+    mem = state.memory()
+    with terminal_progress("rebuilding vectors", ("vectors", "turn vectors"), not vectors) as bar:
+        out = mem.rebuild(vectors=vectors, fts=fts, graph=graph, progress=bar)
+    click.echo(json.dumps(out))
 
 
 @cli.command()
@@ -11276,8 +11437,9 @@ def import_cmd(state, file, as_json):
         python aokun.py --db other.db import aokun.jsonl
     """
     try:
-        with open(Path(file), encoding="utf-8-sig") as f:
-            r = state.memory().import_export(f)
+        with open(Path(file), encoding="utf-8-sig") as f, \
+                terminal_progress("importing", ("memories", "turn vectors"), as_json) as bar:
+            r = state.memory().import_export(f, progress=bar)
     except UnicodeDecodeError as e:
         raise InputError("FILE", f"{file} is not UTF-8 text (invalid byte at offset {e.start})") from None
     if as_json:
@@ -11651,9 +11813,6 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 # CLI: conversations (ingest, list, show, search, delete) #########################################
 
-INGEST_PROGRESS_BYTES = 1 << 20  #: transcripts bigger than this in all get a progress bar on stderr
-
-
 @cli.command()
 @click.argument("source", type=click.Choice(CONVERSATION_SOURCES))
 @click.argument("paths", nargs=-1, type=click.Path(), metavar="[PATH]...")
@@ -11680,13 +11839,8 @@ def ingest(state, source, paths, persona, include_deleted, as_json):
     mem = state.memory()
     unreadable: list[str] = []  # names that fit but lead nowhere, then the files that failed to open
     files = mem.transcript_files(source, paths, unreadable)
-    total = sum(f.stat().st_size for f in files if f.exists())
-    if total > INGEST_PROGRESS_BYTES:
-        with click.progressbar(length=total, label=f"ingesting {source}", file=sys.stderr) as bar:
-            out = mem.ingest(source, files, persona, progress=lambda n, _turns: bar.update(n),
-                             include_deleted=include_deleted)
-    else:
-        out = mem.ingest(source, files, persona, include_deleted=include_deleted)
+    with terminal_progress(f"ingesting {source}", ("turns", "turn vectors"), as_json) as bar:
+        out = mem.ingest(source, files, persona, progress=bar, include_deleted=include_deleted)
     for line in unreadable + out["unreadable"]:
         click.echo(f"warning: {line}", err=True)
     if as_json:

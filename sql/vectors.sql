@@ -79,9 +79,11 @@ select entry_id id, embedding from graph_vectors;
 -- stored yet (it comes after every stored memory of the same time). One seek in
 -- documents_session_order: the unary + keeps the planner off documents_created (persona_id,
 -- created_at), which would walk every earlier memory of the persona until one is in this session.
+-- A memory whose text the provider refused (embedding_error) is no one's context: its text would
+-- get each neighbour's vector text refused too, or computed from an input the provider rejects.
 select created_at, content from documents
 where session_id = :session_id and +persona_id = :persona_id
-  and (created_at, id) < (:created_at, :id)
+  and (created_at, id) < (:created_at, :id) and embedding_error is null
 order by created_at desc, id desc
 limit :n;
 

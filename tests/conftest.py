@@ -23,6 +23,16 @@ def _isolated_env(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
+@pytest.fixture
+def frozen_now(monkeypatch) -> str:
+    """Freeze aokun's one clock ($AOKUN_NOW) at the test's start, returned as ISO text: two answers
+    holding time-dependent scores (recency, ttl_factor) are then exactly equal however slowly a
+    loaded machine runs between them."""
+    now = aokun.iso(aokun.now())
+    monkeypatch.setenv("AOKUN_NOW", now)
+    return now
+
+
 @pytest.fixture(scope="session")
 def segmenter():
     """One loaded jieba segmenter for the session (loading costs ~1 s per Memory otherwise). Built

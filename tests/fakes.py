@@ -55,6 +55,23 @@ class FakeEmbedder(aokun.Embedder):
         return self.vector(text)
 
 
+class RefusingEmbedder(FakeEmbedder):
+    """A FakeEmbedder that refuses for good any text containing `marker` (aokun.EmbeddingRejected, as
+    an OpenAI-compatible server answers 400 for an input), the whole call failing as one request
+    does; `refused` lists the texts it refused."""
+
+    def __init__(self, marker: str = "REFUSE-ME", **kw):
+        super().__init__(**kw)
+        self.marker, self.refused = marker, []
+
+    def embed_documents(self, texts):
+        bad = [t for t in texts if self.marker.lower() in t.lower()]
+        if bad:
+            self.refused += bad
+            raise aokun.EmbeddingRejected(f"400 Bad Request: input rejected ({len(bad)} of {len(texts)})")
+        return super().embed_documents(texts)
+
+
 def open_memory(path, dim: int = 16, **kw) -> "aokun.Memory":
     """A Memory on `path` with default settings and a FakeEmbedder (what child processes use)."""
     return aokun.Memory(Path(path), aokun.Config(None), embedder=FakeEmbedder(dim), **kw)

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import aokun
+from fakes import RefusingEmbedder
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "conversations"
 PATTERNS = aokun.load_secret_rules(aokun.HERE / "rules" / "secrets.toml")
@@ -296,3 +299,165 @@ def test_a_long_line_still_being_written_waits_then_only_it_is_skipped(tmp_path,
     assert (second["new"], second["skipped"]) == (1, 1)
     assert [r["text"] for r in m.rows("select text from conv_turns order by seq")] == [
         "the emu came first", "the wallaby came last"]
+
+
+# a refused embedding input is no one's context -----------------------------------------------------
+
+MARK = "REFUSE-ME"
+
+
+def _vector_text(m, doc_id: int) -> str:
+    """What memory `doc_id`'s vector is to be made from now (its session context and labels)."""
+    return m._stored_vector_texts(m.rows("select id, content, persona_id, session_id, created_at, topics, tags, "
+                                         "sentiment from documents where id = ?", (doc_id,)))[0][0]
+
+
+def _has_own_vector(m, doc_id: int, e) -> bool:
+    """Whether memory `doc_id`'s stored vector is `e`'s vector of _vector_text (as _embed sends it)."""
+    blob = m.value("select embedding from doc_vectors where doc_id = ?", (doc_id,))
+    return blob is not None and blob == aokun.vector_blob(e.vector(aokun.fold(_vector_text(m, doc_id))))
+
+
+def test_a_refused_text_is_kept_out_of_its_neighbours_vectors(tmp_path, open_mem):
+    e = RefusingEmbedder(MARK)
+    m = open_mem(tmp_path / "r.db", e)
+    a = m.memorize(f"The shed key note {MARK} here.", {"session_id": "s1"})
+    assert a["embedding"] == "pending" and any("refused" in w for w in a["warnings"])
+    b = m.memorize("Yes, it is under the blue flower pot.", {"session_id": "s1"})
+    assert b["embedding"] == "done" and b["warnings"] == []
+    assert _has_own_vector(m, b["id"], e) and MARK not in _vector_text(m, b["id"])
+    # one batch: the insert after the refused one is embedded again without it
+    res = m.memorize_many([(f"Second {MARK} note.", {"session_id": "s2"}), ("The red bucket answer.",
+                                                                            {"session_id": "s2"})])
+    assert [r["embedding"] for r in res] == ["pending", "done"]
+    assert _has_own_vector(m, res[1]["id"], e) and MARK not in _vector_text(m, res[1]["id"])
+    # an edit that makes the refused text acceptable gives it a vector, and its neighbour the context
+    assert m.edit(a["id"], content="The shed key note is fine now.")["embedding"] == "done"
+    m.wait_refresh()
+    assert "shed key note is fine" in _vector_text(m, b["id"]) and _has_own_vector(m, b["id"], e)
+    assert m.vectors_awaited() is False
+
+
+def test_rebuild_vectors_remakes_the_neighbours_of_a_refused_text(tmp_path, open_mem):
+    e = RefusingEmbedder(MARK)
+    m = open_mem(tmp_path / "r.db", e)
+    ids = [r["id"] for r in m.memorize_many([(f"Where is the {MARK} key?", {"session_id": "s"}),
+                                             ("Under the blue flower pot.", {"session_id": "s"}),
+                                             ("And the spare one is in the car.", {"session_id": "s"})])]
+    with pytest.raises(aokun.EmbeddingError, match="refused"):
+        m.rebuild(vectors=True)  # the refused text is tried again, in one batch with its neighbours
+    assert m.value("select embedding_error from documents where id = ?", (ids[0],)) is not None
+    assert [m.value("select embedding_state from documents where id = ?", (i,)) for i in ids[1:]] == ["done"] * 2
+    assert _has_own_vector(m, ids[1], e) and _has_own_vector(m, ids[2], e)
+    assert MARK not in _vector_text(m, ids[1]) + _vector_text(m, ids[2])
+    # another model that takes the text: the swap remakes the neighbours with it as their context
+    other = RefusingEmbedder("NOTHING-IS-REFUSED", dim=32)
+    m.close()
+    m = open_mem(tmp_path / "r.db", other)
+    m.rebuild(vectors=True)
+    assert f"the {MARK} key" in _vector_text(m, ids[1]) and _has_own_vector(m, ids[1], other)
+    assert m.vectors_awaited() is False
+
+
+def test_an_older_file_requeues_the_neighbours_of_a_refused_text_once(tmp_path, open_mem):
+    e = RefusingEmbedder(MARK)
+    m = open_mem(tmp_path / "r.db", e)
+    m.memorize(f"Where is the {MARK} key?", {"session_id": "s"})
+    b = m.memorize("Under the blue flower pot.", {"session_id": "s"})["id"]
+    with m.tx():  # as a file written before: the neighbour's vector made with the refused text
+        m.conn.execute("delete from meta where key = 'refused_context'")
+    m.close()
+    m = open_mem(tmp_path / "r.db", e)
+    assert m.value("select embedding_state from documents where id = ?", (b,)) == "pending"
+    assert m.meta_get("refused_context") == "1" and m.backfill_vectors() == 1
+    m.close()
+    m = open_mem(tmp_path / "r.db", e)  # once: nothing marked again
+    assert m.value("select embedding_state from documents where id = ?", (b,)) == "done"
+
+
+# progress on a terminal ----------------------------------------------------------------------------
+
+def _on_a_terminal(tmp_path, *args, ini_text="[embedding]\nprovider = none\n") -> tuple[int, str, str]:
+    """`python aokun.py --config <ini> ARGS` with stderr on a pseudo-terminal (stdout a pipe):
+    (returncode, stdout, what the terminal got)."""
+    import os
+    import pty
+    ini = tmp_path / "tty.ini"
+    ini.write_text(ini_text, encoding="utf-8")
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.Popen([sys.executable, str(aokun.HERE / "aokun.py"), "--config", str(ini), *map(str, args)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave,
+                             env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "AOKUN_LOG_LEVEL": "WARNING"})
+        os.close(slave)
+        got = b""
+        while True:  # read the terminal until the child closes it (else its writes could block)
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every writer is gone
+                break
+            if not chunk:
+                break
+            got += chunk
+        stdout = p.stdout.read().decode("utf-8")
+        p.wait(timeout=300)
+    finally:
+        os.close(master)
+    return p.returncode, stdout, got.decode("utf-8", "replace")
+
+
+def _transcript(home: Path, turns: int) -> Path:
+    sid = "6c1d3f5a-8e2b-4d4c-8f9a-2b3c4d5e6f7a"
+    folder = home / "t"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{sid}.jsonl"
+    path.write_text("".join(_claude_line(sid, f"u{i}", f"turn {i} about the numbat") for i in range(turns)),
+                    encoding="utf-8")
+    return path
+
+
+def _last_progress(screen: str, label: str) -> str:
+    """The last state of `label`'s progress line (the text after its last \\r), the newline checked."""
+    assert f"{label}: " in screen and "\r" in screen, screen
+    tail = screen[screen.rindex(f"{label}: "):]
+    assert "\n" in tail, screen  # the line was ended
+    return tail.split("\n")[0].strip()
+
+
+def test_ingest_shows_its_progress_per_turn_on_a_terminal_and_nowhere_else(tmp_path):
+    path = _transcript(tmp_path, 300)
+    code, out, screen = _on_a_terminal(tmp_path, "--db", tmp_path / "t.db", "ingest", "claude-code", path)
+    assert code == 0 and "300 turns read" in out, (out, screen)
+    line = _last_progress(screen, "ingesting claude-code")
+    assert line.startswith("ingesting claude-code: 300 turns, ") and line.endswith(" turns/s"), line
+    assert screen.count("\r") >= 2 and "Traceback" not in screen  # the first batch, then the last numbers
+    # not a terminal, or --json: stderr has no progress and the JSON is what it was
+    path2 = _transcript(tmp_path / "again", 300)
+    for db in ("u.db", "w.db"):
+        (tmp_path / db).touch()  # an empty file is a new database: no "created" notice on stderr
+    code, out, err = _cli(tmp_path, "--db", tmp_path / "u.db", "ingest", "claude-code", path2, "--json")
+    assert code == 0 and err == "" and set(json.loads(out)) == {"sessions", "turns", "new", "skipped", "deleted",
+                                                                  "seconds"}
+    code, out, err = _cli(tmp_path, "--db", tmp_path / "w.db", "ingest", "claude-code", path2)
+    assert code == 0 and err == "" and "300 turns read" in out
+    code, out, screen = _on_a_terminal(tmp_path, "--db", tmp_path / "v.db", "ingest", "claude-code", path2, "--json")
+    assert code == 0 and "ingesting" not in screen and json.loads(out)["turns"] == 300, screen
+
+
+def test_import_and_rebuild_vectors_show_their_progress_on_a_terminal(tmp_path, open_mem):
+    m = open_mem(tmp_path / "a.db")
+    m.memorize_many([(f"Memory {i} about the quokka colony.", {"session_id": "s"}) for i in range(70)])
+    m.close()
+    export = tmp_path / "x.jsonl"
+    assert _cli(tmp_path, "--db", tmp_path / "a.db", "export", "--out", export)[0] == 0
+    code, out, screen = _on_a_terminal(tmp_path, "--db", tmp_path / "b.db", "import", export)
+    assert code == 0 and "memory" in out, (out, screen)
+    assert _last_progress(screen, "importing").startswith("importing: 70/70 memories (100 %), "), screen
+    (tmp_path / "c.db").touch()
+    code, out, err = _cli(tmp_path, "--db", tmp_path / "c.db", "import", export, "--json")
+    assert code == 0 and err == "" and json.loads(out)["memory"]["added"] == 70
+    code, out, screen = _on_a_terminal(tmp_path, "--db", tmp_path / "b.db", "rebuild", "--vectors",
+                                       ini_text="[embedding]\nprovider = local\n")
+    assert code == 0 and json.loads(out)["vectors"] >= 70, (out, screen)
+    line = _last_progress(screen, "rebuilding vectors")
+    assert line.startswith("rebuilding vectors: ") and "vectors (100 %)" in line, screen

@@ -575,7 +575,8 @@ NULLS = [
 
 
 @pytest.mark.parametrize("tool,args", NULLS, ids=[f"{t}-{i}" for i, (t, _) in enumerate(NULLS)])
-async def test_optional_arguments_may_be_null(client, tool, args):
+async def test_optional_arguments_may_be_null(frozen_now, client, tool, args):
+    # frozen clock: the two answers' scores (recency, ttl_factor) depend on the time they are made
     await ok(client, "memorize", {"content": ALICE, "metadata": {"key_facts": ["Alice loves iced americano"]}})
     omitted = {k: v for k, v in args.items() if v is not None}
     r_null = await ok(client, tool, args)

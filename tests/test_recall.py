@@ -537,7 +537,8 @@ def test_huge_memory_comes_back_capped_at_a_sentence_end_and_get_returns_it_whol
     assert hits[short]["truncated"] is False and hits[short]["text"] == "The lighthouse keeper waves at every ferry."
 
 
-def test_answer_budget_cuts_later_hits_and_leaves_out_what_does_not_fit(make):
+def test_answer_budget_cuts_later_hits_and_leaves_out_what_does_not_fit(make, frozen_now):
+    # frozen clock: the scores compared below are of two recalls, and recency depends on the time
     m = make(**{"recall.max_answer_tokens": 1000, "recall.reinforce_on_recall": False})
     docs = [m.memorize(sentences(f"harbour{i} harbour", 4000 + 500 * i))["id"] for i in range(6)]
     full = m.recall("harbour", k=6, explain=True, max_chars_per_hit=0, max_answer_tokens=0)

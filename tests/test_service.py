@@ -129,6 +129,62 @@ def test_pings_arrive_while_the_loop_runs_and_stop_while_it_is_blocked(tmp_path)
 
 
 @unix_only
+def test_sd_notify_never_blocks_when_the_supervisor_stops_reading(tmp_path):
+    """The other cause of the flaky `service status`: the test reads READY and one WATCHDOG, then
+    stops reading; ~10 pings later the socket's queue was full and the next blocking send froze
+    the event loop (no /health answer at all)."""
+    path = str(tmp_path / "notify")
+    sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sink.bind(path)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as fill:
+            fill.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                for _ in range(100_000):
+                    fill.sendto(b"WATCHDOG=1", path)
+        sent: list = []
+        t = threading.Thread(target=lambda: sent.append(aokun.sd_notify("WATCHDOG=1", path)), daemon=True)
+        t.start()
+        t.join(5)
+        assert sent == [False], "sd_notify blocked on a full socket"
+        assert sink.recv(64) == b"WATCHDOG=1"  # read one: the next ping goes through again
+        assert aokun.sd_notify("WATCHDOG=1", path) is True
+    finally:
+        sink.close()
+
+
+def test_health_answers_while_long_background_work_holds_the_memory_lock(open_mem, tmp_path):
+    """The flaky `service status` under load: /health read through the main connection and waited
+    for the Memory lock, which the warm-up's version backup, the daily backup (VACUUM INTO) and
+    maintenance transactions hold for seconds on a loaded machine."""
+    m = open_mem(tmp_path / "h.db")
+    m.memorize("A memory, so the counts have something to count.")
+    with m.tx():
+        m._meta_set("backup_last", "2026-03-01T00:00:00Z")
+    held, release = threading.Event(), threading.Event()
+
+    def long_work():
+        with m.lock:  # what backup() holds around its VACUUM INTO
+            held.set()
+            release.wait(30)
+    worker = threading.Thread(target=long_work)
+    worker.start()
+    try:
+        assert held.wait(10)
+        answer: list = []
+        probe = threading.Thread(target=lambda: answer.append(aokun.health(m)))
+        probe.start()
+        probe.join(5)  # the status command's timeout
+        assert answer, "/health waited for the Memory lock"
+        out = answer[0]
+        assert out["ok"] and out["database"]["ok"] and out["pending_vectors"] == 0, out
+        assert out["last_maintenance"]["backup"] == "2026-03-01T00:00:00Z"
+    finally:
+        release.set()
+        worker.join()
+        probe.join(10)
+
+
 def test_serve_http_tells_systemd_it_is_ready_and_alive_and_answers_health(tmp_path):
     path = str(tmp_path / "notify")
     sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
