@@ -5289,10 +5289,9 @@ class Maintenance:
                                               (r["id"], blob, int(cut)))
                         elif blob:
                             self.conn.execute("insert into temp.new_entry_vectors values (?, ?)", (r["id"], blob))
-                    made = self.value("select count(*) from temp.new_doc_vectors") + \
-                        self.value("select count(*) from temp.new_entry_vectors")
-                if progress is not None:
-                    progress(made, None)
+                if progress is not None:  # counting two temp tables: nothing next to the embedding
+                    progress(self.value("select count(*) from temp.new_doc_vectors")
+                             + self.value("select count(*) from temp.new_entry_vectors"), None)
                 if any(v is None for v in out):
                     return refused
         return refused
