@@ -7179,21 +7179,31 @@ def sync_inflate(payload: bytes) -> bytes:
     return out
 
 
-def read_changeset_header(path: Path) -> tuple[str, int, str] | None:
-    """(device, seq, sha256) that changeset file `path`'s header line names, or None when it has no
-    such header (empty, still being copied, not ours). Reads at most SYNC_HEADER_BYTES, of a regular
-    file only; raises SyncFileError when it is not one or cannot be read."""
+@contextlib.contextmanager
+def _regular_file(path: Path):
+    """(binary file, its os.stat_result) of `path` opened without blocking (a pipe would block the
+    sync), a regular file only; SyncFileError "not a regular file" or "cannot be read (…)", also
+    for a read error inside the block."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
     with os.fdopen(fd, "rb") as f:
         try:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
                 raise SyncFileError("not a regular file")
-            head = f.readline(SYNC_HEADER_BYTES)
+            yield f, st
         except OSError as e:
             raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
+
+
+def read_changeset_header(path: Path) -> tuple[str, int, str] | None:
+    """(device, seq, sha256) that changeset file `path`'s header line names, or None when it has no
+    such header (empty, still being copied, not ours). Reads at most SYNC_HEADER_BYTES, of a regular
+    file only; raises SyncFileError when it is not one or cannot be read."""
+    with _regular_file(path) as (f, _):
+        head = f.readline(SYNC_HEADER_BYTES)
     try:
         h = json.loads(head) if head.endswith(b"\n") else None
     except ValueError:
@@ -7239,27 +7249,17 @@ def read_changeset_file(path: Path) -> tuple[bytes, bytes, int]:
     """(header line, payload, payload bytes on disk) of changeset file `path`, reading at most its
     header line (SYNC_HEADER_BYTES) and the payload length that header names: a regular file only (a
     pipe would block the sync, /dev/zero fill the memory). Raises SyncFileError with the reason."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as e:
-        raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
-    with os.fdopen(fd, "rb") as f:
+    with _regular_file(path) as (f, st):
+        head = f.readline(SYNC_HEADER_BYTES)
         try:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise SyncFileError("not a regular file")
-            head = f.readline(SYNC_HEADER_BYTES)
-            try:
-                length = json.loads(head).get("length") if head.endswith(b"\n") else None
-            except (ValueError, AttributeError):
-                length = None
-            on_disk = st.st_size - len(head)
-            # one byte more than the header names (a longer file is damaged, and is not read whole);
-            # nothing of a file shorter than that (truncated) or without a length
-            ok = isinstance(length, int) and not isinstance(length, bool) and 0 <= length <= on_disk
-            return head, f.read(length + 1) if ok else b"", on_disk
-        except OSError as e:
-            raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
+            length = json.loads(head).get("length") if head.endswith(b"\n") else None
+        except (ValueError, AttributeError):
+            length = None
+        on_disk = st.st_size - len(head)
+        # one byte more than the header names (a longer file is damaged, and is not read whole);
+        # nothing of a file shorter than that (truncated) or without a length
+        ok = isinstance(length, int) and not isinstance(length, bool) and 0 <= length <= on_disk
+        return head, f.read(length + 1) if ok else b"", on_disk
 
 
 def _parse_iso_text(value: str) -> str | None:
