@@ -1571,6 +1571,10 @@ ID_COUNTERS = {"documents": "last_document_id", "memory_atoms": "last_atom_id", 
                "kg_triples": "last_triple_id", "memory_write_ops": "last_write_op_id"}
 
 
+#: The longest background work waits for the tool calls in flight (yield_to_foreground).
+FOREGROUND_WAIT_SECONDS = 1.0
+
+
 class Store:
     """The one APSW connection and its helpers; reading memories. Every use of `self.conn` holds
     `self.lock` (see Memory); methods documented "in tx" run inside the caller's `tx()`."""
@@ -1616,6 +1620,25 @@ class Store:
                 raise
             self.conn.execute("COMMIT")
             self.epoch += 1
+
+    @contextlib.contextmanager
+    def foreground(self):
+        """Mark a call someone waits for (an MCP tool call) in flight while the block runs: the
+        background work that yields to it (the watcher, yield_to_foreground) waits until none is."""
+        with self._calls:
+            self._calls_in_flight += 1
+        try:
+            yield
+        finally:
+            with self._calls:
+                self._calls_in_flight -= 1
+                self._calls.notify_all()
+
+    def yield_to_foreground(self, limit: float = FOREGROUND_WAIT_SECONDS) -> None:
+        """Wait while a call marked foreground() runs, at most `limit` seconds: a steady stream of
+        calls slows the background work down, never stops it. Never call it holding self.lock."""
+        with self._calls:
+            self._calls.wait_for(lambda: not self._calls_in_flight, timeout=limit)
 
     def rows(self, sql: str, params=()) -> list[dict]:
         """Rows of `sql` as dicts, on the main connection under the lock."""
@@ -8043,6 +8066,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
       roll back with the rest of the write.
     - `self._readers_lock` guards the list of reader connections and the channel pool. Channel
       workers take it, never `self.lock`: the caller waiting for them may hold `self.lock`.
+    - `self._calls` (a Condition) counts the tool calls in flight (foreground()); the watcher's
+      back-log waits on it between its steps (yield_to_foreground), never holding `self.lock`.
     - Segmenter, LocalEmbedder and CachedEmbedder have their own locks (lazy model load, LRU cache).
 
     Processes: several may open the same file. Write transactions are BEGIN IMMEDIATE with a long
@@ -8080,6 +8105,9 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._readers: list[apsw.Connection] = []
         self._readers_lock = threading.Lock()
         self._local = threading.local()
+        self._calls = threading.Condition()  # foreground(): the tool calls in flight
+        self._calls_in_flight = 0
+        self.watch_state: dict | None = None  # this process's Watcher's progress (Watcher.publish)
         self._upgrade_vector_index()
         self._compact_vectors()
         self._upgrade_graph_entries()
@@ -8609,10 +8637,13 @@ def for_mcp(message: str) -> str:
 def _on_memory(ctx, fn):
     """fn(memory) on the Memory of the lifespan serving this tool call. `ctx` is the SDK Context the
     tool received; its request_context.lifespan_context is the ServerState that lifespan yielded.
-    An AokunError becomes a ToolError with its message for_mcp (an is_error result for the client)."""
+    The call runs marked foreground() (the watcher's back-log waits for it). An AokunError becomes
+    a ToolError with its message for_mcp (an is_error result for the client)."""
     from mcp.server.mcpserver.exceptions import ToolError
+    memory = ctx.request_context.lifespan_context.memory
     try:
-        return fn(ctx.request_context.lifespan_context.memory)
+        with memory.foreground():  # the watcher's back-log waits meanwhile
+            return fn(memory)
     except AokunError as e:
         raise ToolError(for_mcp(str(e))) from None
 
