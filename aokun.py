@@ -337,6 +337,9 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "briefing_sessions": 20,
         "watch": True,
         "watch_interval_seconds": 2.0,
+        "watch_since_days": 0,
+        "watch_include_projects": "",
+        "watch_exclude_projects": "",
     },
     "server": {
         "exposed_tools": ", ".join(DEFAULT_TOOLS),
@@ -385,7 +388,8 @@ RANGES: dict[str, dict[str, str]] = {
                    "atom_purge_delay_days": ">= 0", "scheduler_interval_seconds": "> 0"},
     "backup": {"keep_days": ">= 1"},
     "conversations": {"keep_days": ">= 0", "batch_size": ">= 1", "max_turn_chars": ">= 1", "max_chars_per_hit": ">= 0",
-                      "max_chars_per_turn": ">= 0", "briefing_sessions": ">= 0", "watch_interval_seconds": "> 0"},
+                      "max_chars_per_turn": ">= 0", "briefing_sessions": ">= 0",
+                      "watch_interval_seconds": "> 0", "watch_since_days": ">= 0"},
     "sync": {"interval": ">= 1"},
     "server": {"port": "1..65535"},
 }
@@ -7786,52 +7790,159 @@ HOOK_EMBED_TIMEOUT_SECONDS = 5.0  #: a hook's embedding budget; past it turns wa
 HOOK_ID_RX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  #: a session id a hook may put in a glob
 
 
+WATCH_SLICE_SECONDS = 2.0  #: the queued history a poll reads before it looks at the files again
+WATCH_LOG_SECONDS = 60.0  #: a log line on the history left to read, at most this often
+WATCH_BRIEFING_SECONDS = 60.0  #: with history left, the briefing is rebuilt at most this often
+WATCH_PUBLISH_SECONDS = 5.0  #: the progress is stored (meta watch_progress) at most this often
+WATCH_NICE = 19  #: the watch thread's nice value on Linux: the lowest CPU priority
+PROJECT_PEEK_BYTES = 64 << 10  #: bytes of a transcript's start searched for its project folder
+
+
+def project_patterns(cfg: Config, key: str) -> tuple[str, ...]:
+    """The globs of [conversations] `key` (watch_include_projects, watch_exclude_projects): comma-
+    separated, ~ expanded, without a trailing separator. Raises AokunError naming the setting for a
+    pattern that can never match a project, which is an absolute folder path."""
+    out = []
+    for raw in str(cfg.conversations[key]).split(","):
+        pattern = os.path.expanduser(raw.strip())
+        if not pattern:
+            continue
+        absolute = os.path.isabs(pattern) or re.match(r"[A-Za-z]:[\\/]", pattern)
+        if not (absolute or pattern[0] in "*?[/\\"):
+            raise AokunError(f"[conversations] {key}: {raw.strip()!r} never matches a project, "
+                             f"which is an absolute folder path; write */{raw.strip()} or the "
+                             "whole path")
+        out.append(pattern.rstrip("/\\") or pattern)
+    return tuple(out)
+
+
+def project_wanted(project: str, include: tuple, exclude: tuple) -> bool:
+    """Whether the watch reads a session of folder `project` ('' when its transcript names none):
+    a pattern fits the folder or a folder it lies in (fnmatch); with `include` patterns one must
+    fit (a session without a folder is then not read), and no `exclude` pattern may."""
+    import fnmatch
+    folders, p = [], project.rstrip("/\\") or project
+    while p and p not in folders:
+        folders.append(p)
+        p = os.path.dirname(p)
+
+    def fits(patterns):
+        return any(fnmatch.fnmatch(f, pat) for pat in patterns for f in folders)
+    return (not include or fits(include)) and not fits(exclude)
+
+
+def transcript_project(path: Path, rules: IngestRules) -> str:
+    """The project folder a JSONL transcript names first (the source's project fields), from its
+    first PROJECT_PEEK_BYTES; '' when none is named there."""
+    with path.open("rb") as f:
+        data = f.read(PROJECT_PEEK_BYTES)
+    ctx = {"session_id": "", "project": ""}
+    for i, line in enumerate(data.split(b"\n")[:-1]):  # complete lines only
+        with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+            record = loads_json(line)
+            if isinstance(record, dict):
+                interpret_record(record, rules, ctx, i)
+        if ctx["project"]:
+            return ctx["project"]
+    return ""
+
+
+def lower_thread_priority() -> bool:
+    """Give the calling thread, and the threads it starts from now on (the local model's OpenMP
+    workers: a thread inherits its creator's), the lowest CPU priority where the OS has one per
+    thread: Linux, whose nice value is a thread's own (setpriority on the thread id) and never
+    raised again without privileges. Elsewhere the nice value is the whole process's: nothing is
+    done. Returns whether it was lowered."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+        return False
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WATCH_NICE)
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class QueuedFile:
+    """A transcript the watch has yet to read: its source, size and modification time when it was
+    seen, and the bytes of it not read yet."""
+    source: str
+    size: int
+    mtime_ns: int
+    left: int
+
+
 class Watcher:
     """Polls the clients' standard locations (rules/ingest/<source>.toml `location`) and ingests what
     changed through Memory.ingest, which reads each file from its stored byte offset: the stdlib has
     no portable file-system watcher (inotify is not in it), so this stats the known transcripts
     (size, mtime, inode) every poll and globs for new ones every WATCH_GLOB_EVERY polls. A file that
     vanished is forgotten (a rotated one is read from the start, without duplicates); a half-written
-    last line is left for the next poll, since the client's next write changes the file's size."""
+    last line is left for the next poll, since the client's next write changes the file's size.
+
+    The first start: every transcript already there is queued, and the queue is read newest first
+    (by modification time, across the sources), so today's sessions are searchable first; a file
+    the client writes meanwhile is the newest, so it goes first too. A poll reads the queue for
+    WATCH_SLICE_SECONDS, then looks at the files again. The work yields: it runs at the lowest CPU
+    priority (lower_thread_priority, from run()), waits while a tool call runs between its steps
+    (Memory.yield_to_foreground), embeds a few texts at a time and segments outside the write
+    transaction. Each batch of turns is committed with the file's offset, so a kill loses nothing
+    and a restart skips the files read to their end (their conv_files row matches their size and
+    time) and goes on in the others from their offsets. [conversations] watch_since_days and
+    watch_include_projects / watch_exclude_projects limit what is read; progress() says what is
+    done and left."""
 
     def __init__(self, mem: "Memory", sources=WATCH_SOURCES, persona_id=None):
-        """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer."""
+        """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer.
+        Raises AokunError for a project pattern that cannot match (project_patterns)."""
         self.mem, self.sources, self.persona = mem, tuple(sources), persona_id
         self.known: dict[str, dict[Path, tuple]] = {s: {} for s in self.sources}
         self.broken: dict[Path, str] = {}  #: symlinks that lead nowhere, warned about once each
         self.polls = 0
+        self.since_days = mem.cfg.conversations.watch_since_days
+        self.include = project_patterns(mem.cfg, "watch_include_projects")
+        self.exclude = project_patterns(mem.cfg, "watch_exclude_projects")
+        self.queue: dict[Path, QueuedFile] = {}  #: the files to read (status "left")
+        self.status: dict[Path, str] = {}  #: every transcript seen: done, left or skipped
+        self.turns_before: int | None = None  #: turns stored before the first poll
+        self.new = self.bytes = 0  #: turns stored and bytes read by this watch
+        self.busy = 0.0  #: seconds spent reading
+        self.started_at, self.finished_at = now_iso(), None  #: finished: the queue first empty
+        self.unbriefed = False  #: turns were added since the briefing was last rebuilt
+        self.logged = self.briefed = self.published = -math.inf
+        self.last_published: dict | None = None
 
-    def poll(self) -> dict:
-        """One look: ingest the files that are new or changed since the last poll. When turns were
-        added, the persona's briefing is rebuilt (its session digests name the new turns' session).
-        Returns {source: new turns} for the sources that added any. A source whose ingestion fails
-        (a file deleted between stat and read, a busy database) is logged and tried again next poll."""
+    def poll(self, stop: threading.Event | None = None) -> dict:
+        """One look: queue the files that are new or changed since the last poll (all of them at the
+        first) within the limits and not read to their end, then read the queue newest first for up
+        to WATCH_SLICE_SECONDS or until `stop` is set (a file cut short goes on at the next poll
+        from its offset). When turns were added, the persona's briefing is rebuilt (its session
+        digests name the new turns' session; while files are queued at most every
+        WATCH_BRIEFING_SECONDS); then the progress is published. Returns {source: new turns} for the
+        sources that added any. A file whose ingestion fails (deleted between stat and read, a busy
+        database) is logged and tried again when it is found again."""
         look = self.polls % WATCH_GLOB_EVERY == 0
         self.polls += 1
-        out = {}
+        if self.turns_before is None:
+            persona = _label(self.persona, "persona_id")
+            self.turns_before = self.mem.value(
+                "select count(*) from conv_turns where persona_id = ?", (persona,))
         for source in self.sources:
-            changed = self._changed(source, look)
-            if not changed:
-                continue
-            try:
-                done = self.mem.ingest(source, changed, self.persona)
-            except (AokunError, OSError, apsw.Error) as e:
-                log.warning("watch %s: %s (tried again at the next poll)", source, e)
-                for p in changed:
-                    self.known[source].pop(p, None)
-                continue
-            for line in done["unreadable"]:  # read again when it changes (its size, times or mode)
-                log.warning("watch %s: %s", source, line)
-            if n := done["new"]:
-                out[source] = n
+            self._enqueue(source, self._changed(source, look))
+        out = self._drain(stop)
         if out:
-            self.mem.build_briefing(self.persona)
             log.info("watch: new turns %s", out)
+            self.unbriefed = True
+        due = not self.queue or time.monotonic() - self.briefed >= WATCH_BRIEFING_SECONDS
+        if self.unbriefed and due:
+            self.mem.build_briefing(self.persona)
+            self.unbriefed, self.briefed = False, time.monotonic()
+        self.publish()
         return out
 
-    def _changed(self, source: str, look: bool) -> list[Path]:
-        """The files of `source` whose (size, mtime, inode) differ from the last poll (all of them at
-        the first); with `look`, new files of the source's location are added."""
+    def _changed(self, source: str, look: bool) -> list[tuple[Path, os.stat_result]]:
+        """(path, stat) of the files of `source` whose (size, mtime, inode) differ from the last
+        poll (all of them at the first); with `look`, new files of the source's location too."""
         import glob
         known = self.known[source]
         paths = set(known)
@@ -7844,14 +7955,177 @@ class Watcher:
                 st = p.stat()
             except OSError as e:
                 known.pop(p, None)  # deleted or rotated away, or a symlink that leads nowhere
+                self._mark(p, None)
                 self._broken(source, p, e)
                 continue
             self.broken.pop(p, None)
             sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a chmod that mends it
             if p.is_file() and known.get(p) != sig:
                 known[p] = sig
-                changed.append(p)
+                changed.append((p, st))
         return changed
+
+    def _enqueue(self, source: str, changed: list) -> None:
+        """Queue the `changed` files of `source` ((path, stat) pairs) that are to be read: not
+        those changed before the watch_since_days horizon (skipped) nor those read to their end
+        (their conv_files row has their time and its offset at their end: a restart does not
+        read them again)."""
+        if not changed:
+            return
+        resolved = {p: p.resolve() for p, _ in changed}
+        read = self.mem.conv_file_offsets(source, resolved.values(), self.persona)
+        horizon = now().timestamp() - self.since_days * 86400 if self.since_days else None
+        for p, st in changed:
+            row = read.get(str(resolved[p]))
+            if horizon is not None and st.st_mtime < horizon:
+                self._mark(p, "skipped")
+            elif row and row["offset"] == st.st_size and row["mtime_ns"] == st.st_mtime_ns:
+                self._mark(p, "done")
+            else:
+                start = row["offset"] if row and row["offset"] <= st.st_size else 0
+                q = QueuedFile(source, st.st_size, st.st_mtime_ns, st.st_size - start)
+                self._mark(p, "left", q)
+
+    def _mark(self, path: Path, status: str | None, queued: QueuedFile | None = None) -> None:
+        """Record `path`'s status (None: forgotten), queued (`queued`) only while it is left."""
+        if status is None:
+            self.status.pop(path, None)
+        else:
+            self.status[path] = status
+        if queued is not None:
+            self.queue[path] = queued
+        elif status != "left":
+            self.queue.pop(path, None)
+
+    def _drain(self, stop: threading.Event | None) -> dict:
+        """Read the queued files newest first until the queue is empty, WATCH_SLICE_SECONDS are over
+        (the first file is always read, at least a batch of it) or `stop` is set; a file of a
+        project the limits leave out is skipped. Returns {source: new turns}."""
+        out: dict[str, int] = {}
+        deadline, read = time.monotonic() + WATCH_SLICE_SECONDS, False
+        for path, q in sorted(self.queue.items(), key=lambda kv: kv[1].mtime_ns, reverse=True):
+            if (read and time.monotonic() >= deadline) or (stop is not None and stop.is_set()):
+                break
+            if (self.include or self.exclude) and not self._wanted(path, q):
+                self._mark(path, "skipped")
+                continue
+            n, read = self._read(path, q, self._pauser(deadline, stop)), True
+            if n:
+                out[q.source] = out.get(q.source, 0) + n
+            if path in self.queue:  # cut short: the slice is over
+                break
+        self._log_progress()
+        return out
+
+    def _wanted(self, path: Path, q: QueuedFile) -> bool:
+        """Whether the project the transcript names is one the limits let the watch read."""
+        try:
+            project = transcript_project(path, self.mem.ingest_rules(q.source))
+        except OSError:
+            return True  # ingest says why it cannot be read
+        return project_wanted(project, self.include, self.exclude)
+
+    def _pauser(self, deadline: float, stop: threading.Event | None):
+        """ingest's `pause` for one file: wait while a tool call runs; at a batch boundary, stop the
+        read (IngestInterrupted) once `stop` is set, or past the slice's `deadline` when a batch of
+        this read is done (every read gets on)."""
+        started = []
+
+        def pause(boundary: bool) -> None:
+            if stop is not None and stop.is_set():
+                if boundary:
+                    raise IngestInterrupted
+                return
+            self.mem.yield_to_foreground()
+            if boundary:
+                if started and time.monotonic() >= deadline:
+                    raise IngestInterrupted
+                started.append(True)
+        return pause
+
+    def _read(self, path: Path, q: QueuedFile, pause) -> int:
+        """Ingest one queued file; returns the new turns. Done, it leaves the queue; cut short, it
+        stays with the bytes still unread."""
+        t0 = time.monotonic()
+        try:
+            done = self.mem.ingest(q.source, [path], self.persona, pause=pause)
+        except (AokunError, OSError, apsw.Error) as e:
+            log.warning("watch %s: %s (tried again when it is found again)", q.source, e)
+            self.known[q.source].pop(path, None)
+            self._mark(path, None)
+            return 0
+        finally:
+            self.busy += time.monotonic() - t0
+        for line in done["unreadable"]:  # read again when it changes (its size, times or mode)
+            log.warning("watch %s: %s", q.source, line)
+        left = 0
+        if done["interrupted"]:
+            real = path.resolve()
+            row = self.mem.conv_file_offsets(q.source, [real], self.persona).get(str(real))
+            left = q.size - row["offset"] if row and row["offset"] <= q.size else q.left
+        self.new, self.bytes = self.new + done["new"], self.bytes + max(0, q.left - left)
+        if done["interrupted"]:
+            q.left = left
+        else:
+            self._mark(path, "skipped" if done["unreadable"] else "done")
+        return done["new"]
+
+    def progress(self) -> dict:
+        """What the watch has done and has left: {files_done, files_left, files_skipped, turns_done,
+        turns_left, turns_per_second, seconds_left, searchable_after, started_at, finished_at,
+        updated_at}. Files: the transcripts seen, read to their end (also before a restart), queued,
+        or left out (outside the limits, or unreadable). turns_done: the turns stored; turns_left:
+        estimated from the bytes left at this run's turns per byte (None before a turn is stored);
+        turns_per_second: this run's turns over the time it spent reading; seconds_left: turns_left
+        at that rate; searchable_after: every transcript changed after this time is read (None when
+        none is left); finished_at: when the queue was first empty."""
+        counts: dict[str, int] = {}
+        for s in self.status.values():
+            counts[s] = counts.get(s, 0) + 1
+        left_bytes = sum(q.left for q in self.queue.values())
+        rate = self.new / self.busy if self.new and self.busy > 0 else None
+        turns_left = seconds = None
+        if not self.queue:
+            turns_left = seconds = 0
+        elif self.new and self.bytes:
+            turns_left = round(left_bytes * self.new / self.bytes)
+            seconds = round(turns_left / rate) if rate else None
+        newest = max((q.mtime_ns for q in self.queue.values()), default=None)
+        return {"files_done": counts.get("done", 0), "files_left": len(self.queue),
+                "files_skipped": counts.get("skipped", 0),
+                "turns_done": (self.turns_before or 0) + self.new, "turns_left": turns_left,
+                "turns_per_second": None if rate is None else round(rate, 1),
+                "seconds_left": seconds,
+                "searchable_after": None if newest is None else
+                iso(dt.datetime.fromtimestamp(newest / 1e9, dt.timezone.utc)),
+                "started_at": self.started_at, "finished_at": self.finished_at,
+                "updated_at": now_iso()}
+
+    def publish(self) -> None:
+        """Give the progress to mem.watch_state (what /health, stats and the panel of this
+        process show) and store it in meta watch_progress with this process as its owner, for the
+        others (`stats` beside a server): when it changed, at most every WATCH_PUBLISH_SECONDS, at
+        once when the queue was just emptied."""
+        if not self.queue and self.finished_at is None:
+            self.finished_at = now_iso()
+            self.published = -math.inf
+        p = self.progress()
+        self.mem.watch_state = p
+        same = self.last_published is not None and \
+            {k: v for k, v in p.items() if k != "updated_at"} == self.last_published
+        if same or time.monotonic() - self.published < WATCH_PUBLISH_SECONDS:
+            return
+        with self.mem.tx():
+            self.mem._meta_set("watch_progress", json.dumps(dict(p, owner=OWNER)))
+        self.published = time.monotonic()
+        self.last_published = {k: v for k, v in p.items() if k != "updated_at"}
+
+    def _log_progress(self) -> None:
+        """A log line on the history left, every WATCH_LOG_SECONDS at most, while files are left."""
+        if not self.queue or time.monotonic() - self.logged < WATCH_LOG_SECONDS:
+            return
+        self.logged = time.monotonic()
+        log.info("watch: %s", progress_text(self.progress()))
 
     def _broken(self, source: str, path: Path, e: OSError) -> None:
         """Warn once about a transcript name that is a dangling symlink or a symlink loop (again
@@ -7864,14 +8138,50 @@ class Watcher:
             self.broken[path] = why
             log.warning("watch %s: %s: cannot read it (%s)", source, path, why)
 
-    def run(self, stop: threading.Event, interval: float) -> None:
-        """Poll every `interval` seconds until `stop` is set. Never raises: a failed poll is logged."""
+    def run(self, stop: threading.Event, interval: float, on_new=None) -> None:
+        """Poll until `stop` is set: at once again while files are queued, else every `interval`
+        seconds; first the thread lowers its CPU priority (lower_thread_priority). `on_new({source:
+        new turns})`, when given, hears each poll that added turns. Never raises: a failed poll is
+        logged and tried again after `interval`."""
+        if lower_thread_priority():
+            log.debug("watch: this thread runs at nice %d", WATCH_NICE)
         while not stop.is_set():
             try:
-                self.poll()
+                out = self.poll(stop)
+                if out and on_new is not None:
+                    on_new(out)
             except Exception as e:  # the server keeps serving; the next poll tries again
                 log.error("watch failed (retried in %ss): %s", interval, e)
-            stop.wait(interval)
+                stop.wait(interval)
+                continue
+            stop.wait(0 if self.queue else interval)
+
+
+def progress_text(p: dict) -> str:
+    """A Watcher.progress() in one line: files and turns done and left, the rate, the time left."""
+    out = f"{p['files_done']:,} files read, {p['files_left']:,} left"
+    if p["files_skipped"]:
+        out += f", {p['files_skipped']:,} left out"
+    out += f"; {p['turns_done']:,} turns stored"
+    if p["files_left"]:
+        known = p["turns_left"] is not None
+        out += f", ~{p['turns_left']:,} left" if known else ", turns left not known yet"
+    if p["turns_per_second"]:
+        out += f"; {p['turns_per_second']:,} turns/s"
+    if p["files_left"] and p["seconds_left"] is not None:
+        out += f", about {duration_text(p['seconds_left'])} left"
+    if p["searchable_after"]:
+        out += f"; everything after {p['searchable_after'][:16].replace('T', ' ')} searchable"
+    return out
+
+
+def duration_text(seconds: float) -> str:
+    """`seconds` as a short duration: 45 s, 12 min, 3.5 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 #: What a hook runs: aokun imported from its folder (the argument after the code), not run as a
@@ -9717,12 +10027,15 @@ def _ini_line(key: str, value: str) -> str:
 
 def check_settings(cfg: Config) -> None:
     """What the server checks of a loaded Config before it serves, beyond Config itself: the one-word
-    settings (SETTING_CHOICES) and [server] exposed_tools. Raises AokunError naming the setting."""
+    settings (SETTING_CHOICES), [server] exposed_tools and the watch's project patterns. Raises
+    AokunError naming the setting."""
     for (section, key), allowed in SETTING_CHOICES.items():
         value = getattr(cfg, section)[key]
         if (value.upper() if key == "log_level" else value) not in allowed:
             raise AokunError(f"[{section}] {key} = {value!r} is not one of {', '.join(allowed)}")
     exposed_tools(cfg, MCP_TOOLS)
+    for key in ("watch_include_projects", "watch_exclude_projects"):
+        project_patterns(cfg, key)
 
 
 def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
@@ -11681,6 +11994,8 @@ def serve(state, use_http, host, port):
     """
     cfg = state.cfg
     logging.getLogger().setLevel(cfg.server.log_level.upper())
+    for key in ("watch_include_projects", "watch_exclude_projects"):  # refused now, in one line
+        project_patterns(cfg, key)
     path = database_path(cfg, state.db_arg)
     first: list[Memory] = []  # --http: opened before uvicorn, whose lifespan would log a traceback
     opened: list[Memory] = []  # the lifespan's Memory, which the web panel at /panel uses too
@@ -12052,14 +12367,14 @@ def watch(state, sources, interval, persona):
     mem = state.memory()
     watcher = Watcher(mem, sources or WATCH_SOURCES, persona)
     every = interval or mem.cfg.conversations.watch_interval_seconds
-    click.echo(f"watching {', '.join(watcher.sources)} every {every:g} s; Ctrl+C stops", err=True)
-    stop = threading.Event()
+    click.echo(f"watching {', '.join(watcher.sources)} every {every:g} s (the history already "
+               "there: newest first, at low priority); Ctrl+C stops", err=True)
+
+    def said(out: dict) -> None:
+        for source, n in out.items():
+            click.echo(f"{now_iso()} {source}: {n} new turns")
     try:
-        while True:
-            for source, n in watcher.poll().items():
-                click.echo(f"{now_iso()} {source}: {n} new turns")
-            if stop.wait(every):
-                break
+        watcher.run(threading.Event(), every, on_new=said)
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
 
