@@ -5093,7 +5093,8 @@ class Maintenance:
     maintenance_due(): what the server's scheduler runs."""
 
     def stats(self) -> dict:
-        """Counts across every layer and index, the embedder's real state and the journal."""
+        """Counts across every layer and index, the embedder's real state, the journal and the
+        watch's progress (watch_progress(): null when no watch ever ran on this file)."""
         q = self.queries
         counts = self.rows(q["stats_counts"])[0]
         if self.has_table("doc_vec"):
@@ -5117,6 +5118,7 @@ class Maintenance:
                           "stored_dim": int(self.meta_get("embedding_dim") or 0) or None,
                           "problem": self.vector_problem},
             "keyword_ranking": self.ranking,
+            "watch": self.watch_progress(),
         }
 
     @property
@@ -6475,6 +6477,8 @@ class ConversationSearch:
                 key = ("turn_vector", params["persona_id"], params["source"], params["candidates"])
                 ranked["vector"] = self._bounded_knn(key, self.queries[name], params, self.rows)
         hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings)
+        if (note := self._watch_warning()) is not None:
+            warnings.append(note)
         for h in hits:
             h["text"], h["truncated"] = cut_text(h["text"], limit) if limit else (h["text"], False)
         return {"results": hits, "degraded": degraded, "warnings": warnings,
@@ -6586,10 +6590,36 @@ class ConversationSearch:
                                                               "source": source or "", "limit": limit,
                                                               "offset": max(0, offset)})
 
+    def watch_progress(self) -> dict | None:
+        """The watch's progress (Watcher.progress) with `running`: this process's own watcher's,
+        else the one a server or `watch` stored in meta watch_progress (running false once the
+        process that stored it is gone); None when no watch ever ran on this file."""
+        if self.watch_state is not None:
+            return dict(self.watch_state, running=True)
+        try:
+            p = json.loads(self.meta_get("watch_progress") or "null")
+        except ValueError:
+            return None
+        if not isinstance(p, dict):
+            return None
+        owner = p.pop("owner", "")
+        return dict(p, running=owner_alive(owner, p.get("updated_at")))
+
+    def _watch_warning(self) -> str | None:
+        """conversation_search's warning while a running watch has history left to read."""
+        p = self.watch_progress()
+        if not p or not p["running"] or not p["files_left"]:
+            return None
+        left = p.get("seconds_left")
+        when = "" if left is None else f"; about {duration_text(left)} left"
+        after = (p.get("searchable_after") or "")[:16].replace("T", " ")
+        return (f"the history is still being read, newest first: sessions last written before "
+                f"{after} may be missing ({p['files_left']:,} files left{when})")
+
     def conversation_stats(self, persona_id=None) -> dict:
         """Ingestion statistics of a persona: {sessions, turns, first_turn_at, last_turn_at,
         by_source: {source: {sessions, turns, first_turn_at, last_turn_at}}, turns_awaiting_vectors,
-        files} (times ISO-8601 or null)."""
+        files, watch} (times ISO-8601 or null; watch: watch_progress(), null when none ran)."""
         persona = _label(persona_id, "persona_id")
         by = {r.pop("source"): r for r in self.rows(self.queries["conv_stats_by_source"], {"persona_id": persona})}
         firsts = [v["first_turn_at"] for v in by.values() if v["first_turn_at"]]
@@ -6598,7 +6628,9 @@ class ConversationSearch:
                 "first_turn_at": min(firsts, default=None), "last_turn_at": max(lasts, default=None), "by_source": by,
                 "turns_awaiting_vectors": self.value("select count(*) from conv_turns where persona_id = ? and "
                                                      "embedding_state = 'pending'", (persona,)),
-                "files": self.value("select count(*) from conv_files where persona_id = ?", (persona,))}
+                "files": self.value("select count(*) from conv_files where persona_id = ?",
+                                    (persona,)),
+                "watch": self.watch_progress()}
 
     def _session_digest_lines(self, persona: str, ref: dt.datetime) -> list[str]:
         """The briefing's "Recent sessions" lines: the sessions of the last [context]
@@ -9260,6 +9292,7 @@ def _conversation_models():
         by_source: dict[str, dict[str, Any]]
         turns_awaiting_vectors: int
         files: int
+        watch: dict[str, Any] | None = Field(None, description="How far reading the history is.")
 
     return _named(TurnHit, TurnSearch, Turn, SessionTurns, ConversationStats)
 
@@ -9301,10 +9334,18 @@ def _conversation_tools():
 
     def conversation_stats(ctx: Context, persona_id: A.Persona = None) -> C.ConversationStats:
         """How much conversation history is ingested: sessions, turns, dates, per client."""
-        return C.ConversationStats(**_on_memory(ctx, lambda m: m.conversation_stats(persona_id)))
+        out = _on_memory(ctx, lambda m: m.conversation_stats(persona_id))
+        w = out["watch"]  # lean: only while history is left to read, only what says how far it is
+        reading = w and w["running"] and w["files_left"]
+        out["watch"] = {k: w[k] for k in WATCH_PROGRESS_MCP} if reading else None
+        return C.ConversationStats(**out)
 
     return _named(conversation_search, conversation_get_session, conversation_stats)
 
+
+#: What conversation_stats tells of the watch's progress (Watcher.progress) while it reads history.
+WATCH_PROGRESS_MCP = ("files_done", "files_left", "turns_done", "turns_left", "turns_per_second",
+                      "seconds_left", "searchable_after")
 
 #: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they stand for.
 #: Only hints that differ from the spec's defaults are sent (readOnlyHint false, destructiveHint
@@ -10371,6 +10412,7 @@ class Panel:
             enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins))
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(WEB_DIR), autoescape=True,
                                       undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+        self.env.filters["duration"] = duration_text
 
     def app(self):
         """The Starlette app of the panel's pages (mount it anywhere: links follow the root path)."""
@@ -10830,12 +10872,14 @@ async def notify_supervisor(started, interval: float | None, address: str | None
 
 def health(mem: "Memory") -> dict:
     """What /health answers: {ok, database: {path, ok, schema_version}, embedder: {provider, model,
-    loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup, sync}, uptime_seconds,
-    version}. ok is false when the database does not answer or vector search is off for a reason other
-    than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load).
-    Read on the calling thread's query-only connection (Recall._reader_rows), never the main one: a
-    supervisor's probe must not wait for the Memory lock that long background work holds (the
-    daily backup's VACUUM INTO, a maintenance transaction, a back-fill batch)."""
+    loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup, sync},
+    watch (the watch thread's Watcher.progress: files and turns done and left, the rate, the time
+    left; null with [conversations] watch off), uptime_seconds, version}. ok is false when the
+    database does not answer or vector search is off for a reason other than [embedding] provider
+    = none (vector_problem: a model mismatch, a provider that failed to load). Read on the calling
+    thread's query-only connection (Recall._reader_rows), never the main one: a supervisor's probe
+    must not wait for the Memory lock that long background work holds (the daily backup's VACUUM
+    INTO, a maintenance transaction, a back-fill batch)."""
     meta: dict = {}
     try:
         def one(sql: str):
@@ -10856,7 +10900,8 @@ def health(mem: "Memory") -> dict:
             "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
                                  **{k: meta.get(f"{k}_last_run") for k in ("decay", "lifecycle")},
                                  "backup": meta.get("backup_last"), "sync": meta.get("sync_last")},
-            "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1), "version": __version__}
+            "watch": mem.watch_state, "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1),
+            "version": __version__}
 
 
 def _add_health_route(server, memory) -> None:
@@ -11671,6 +11716,9 @@ def stats(state, as_json):
                    + (f" PROBLEM: {e['problem']}" if e["problem"] else ""))
     for k, v in s["maintenance"].items():
         click.echo(f"{k:>32}: {v or '-'}")
+    if w := s["watch"]:
+        who = "the watch" if w["running"] else "the last watch (not running now)"
+        click.echo(f"{'history watch':>32}: {who}: {progress_text(w)}")
 
 
 @cli.command()
