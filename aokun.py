@@ -7863,6 +7863,13 @@ def project_wanted(project: str, include: tuple, exclude: tuple) -> bool:
     return (not include or fits(include)) and not fits(exclude)
 
 
+def check_watch_limits(cfg: Config) -> None:
+    """Refuse (AokunError naming the setting) a watch project pattern that cannot match: what
+    serve, watch and the panel's settings check before anything else."""
+    for key in ("watch_include_projects", "watch_exclude_projects"):
+        project_patterns(cfg, key)
+
+
 def transcript_project(path: Path, rules: IngestRules) -> str:
     """The project folder a JSONL transcript names first (the source's project fields), from its
     first PROJECT_PEEK_BYTES; '' when none is named there."""
@@ -10075,8 +10082,7 @@ def check_settings(cfg: Config) -> None:
         if (value.upper() if key == "log_level" else value) not in allowed:
             raise AokunError(f"[{section}] {key} = {value!r} is not one of {', '.join(allowed)}")
     exposed_tools(cfg, MCP_TOOLS)
-    for key in ("watch_include_projects", "watch_exclude_projects"):
-        project_patterns(cfg, key)
+    check_watch_limits(cfg)
 
 
 def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
@@ -12042,8 +12048,7 @@ def serve(state, use_http, host, port):
     """
     cfg = state.cfg
     logging.getLogger().setLevel(cfg.server.log_level.upper())
-    for key in ("watch_include_projects", "watch_exclude_projects"):  # refused now, in one line
-        project_patterns(cfg, key)
+    check_watch_limits(cfg)  # refused now, in one line, not by the watch thread
     path = database_path(cfg, state.db_arg)
     first: list[Memory] = []  # --http: opened before uvicorn, whose lifespan would log a traceback
     opened: list[Memory] = []  # the lifespan's Memory, which the web panel at /panel uses too
@@ -12412,6 +12417,7 @@ def watch(state, sources, interval, persona):
 
         python aokun.py watch claude-code
     """
+    check_watch_limits(state.cfg)
     mem = state.memory()
     watcher = Watcher(mem, sources or WATCH_SOURCES, persona)
     every = interval or mem.cfg.conversations.watch_interval_seconds
