@@ -6103,7 +6103,7 @@ class Conversations:
         return list(dict.fromkeys(x.resolve() for x in out))
 
     def ingest(self, source: str, paths=(), persona_id=None, progress=None,
-               include_deleted: bool = False, pause=None) -> dict:
+               include_deleted: bool = False, pause=None, on_stored=None) -> dict:
         """Ingest the transcripts of `source` (claude-code, codex, copilot, chatgpt) from `paths` or
         the client's standard location, incrementally: each file is read from the byte offset the
         last run stopped at (a file replaced by another, or shorter, from the start), a half-written
@@ -6115,7 +6115,9 @@ class Conversations:
         `pause(boundary)`, when given (the watcher's), is called between the steps of the work: with
         True before each batch of turns, where it may raise IngestInterrupted to stop the run there
         (what is stored stays, with the file's offset: the next run goes on from it), with False
-        between the smaller steps inside a batch, where it may only wait. Returns {source, files,
+        between the smaller steps inside a batch, where it may only wait. `on_stored(new, offset)`,
+        when given, hears after each batch's transaction the turns it added and the offset stored
+        for the file (None when it stored none). Returns {source, files,
         sessions, turns, new, skipped, deleted, unreadable, interrupted, seconds}: files read,
         sessions and turns read this run, new turns stored, malformed lines or records skipped,
         deleted sessions skipped, one line per transcript that could not be read (permissions, a
@@ -6128,7 +6130,7 @@ class Conversations:
         files = self.transcript_files(source, paths, unreadable)
         stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0,
                  "skipped": 0, "deleted": set(), "include_deleted": include_deleted,
-                 "progress": progress, "pause": pause}
+                 "progress": progress, "pause": pause, "on_stored": on_stored}
         interrupted = False
         for path in files:
             try:
@@ -6148,7 +6150,7 @@ class Conversations:
             self._center_turn_index()
         if not interrupted:
             self.backfill_turn_vectors()
-        for key in ("include_deleted", "progress", "pause"):
+        for key in ("include_deleted", "progress", "pause", "on_stored"):
             stats.pop(key)
         return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]), unreadable=unreadable,
                     interrupted=interrupted, seconds=round(time.perf_counter() - started, 3))
@@ -6236,7 +6238,7 @@ class Conversations:
         stats['progress'] (ingest's `progress`), when set, hears the turns read so far. With
         `by_offset` (a JSONL file: a turn's seq is its line's byte offset) every batch records the
         offset of the next batch's first line, so a run stopped between batches (a kill, ingest's
-        `pause`) goes on from there. stats['pause'], when set, is ingest's `pause`."""
+        `pause`) goes on from there. stats['pause'] and stats['on_stored']: ingest's, or None."""
         step = self.cfg.conversations.batch_size
         pause = stats.get("pause")
         for i in range(0, max(1, len(turns)), step):
@@ -6257,7 +6259,8 @@ class Conversations:
             row = None if file_row is None or not (last or by_offset) else \
                 file_row if last else dict(file_row, offset=turns[i + step]["seq"])
             with self.tx():
-                stats["new"] += self._write_turns(source, persona, new, vectors, ctx)
+                added = self._write_turns(source, persona, new, vectors, ctx)
+                stats["new"] += added
                 if row is not None:
                     self.conn.execute(
                         "insert or replace into conv_files(persona_id, path, source, size, mtime_ns, inode, "
@@ -6266,6 +6269,8 @@ class Conversations:
                         ":project, :now)",
                         dict(row, session_id=self.redact(row["session_id"]),
                              project=self.redact(row["project"]), now=now_iso()))
+            if stats.get("on_stored") is not None:
+                stats["on_stored"](added, None if row is None else row["offset"])
             if stats.get("progress") is not None and batch:
                 stats["progress"](stats["turns"], None)
 
