@@ -7831,7 +7831,8 @@ WATCH_SLICE_SECONDS = 2.0  #: the queued history a poll reads before it looks at
 WATCH_LOG_SECONDS = 60.0  #: a log line on the history left to read, at most this often
 WATCH_BRIEFING_SECONDS = 60.0  #: with history left, the briefing is rebuilt at most this often
 WATCH_PUBLISH_SECONDS = 5.0  #: the progress is stored (meta watch_progress) at most this often
-WATCH_NICE = 19  #: the watch thread's nice value on Linux: the lowest CPU priority
+WATCH_FRESH_SECONDS = 86400.0  #: run() reads a file changed this recently itself, at normal speed
+WATCH_NICE = 19  #: the back-log thread's nice value on Linux: the lowest CPU priority
 PROJECT_PEEK_BYTES = 64 << 10  #: bytes of a transcript's start searched for its project folder
 
 
@@ -7917,24 +7918,26 @@ class QueuedFile:
 
 
 class Watcher:
-    """Polls the clients' standard locations (rules/ingest/<source>.toml `location`) and ingests what
-    changed through Memory.ingest, which reads each file from its stored byte offset: the stdlib has
-    no portable file-system watcher (inotify is not in it), so this stats the known transcripts
-    (size, mtime, inode) every poll and globs for new ones every WATCH_GLOB_EVERY polls. A file that
-    vanished is forgotten (a rotated one is read from the start, without duplicates); a half-written
-    last line is left for the next poll, since the client's next write changes the file's size.
+    """Polls the clients' standard locations (rules/ingest/<source>.toml `location`) and ingests
+    what changed through Memory.ingest, which reads each file from its stored byte offset: the
+    stdlib has no portable file-system watcher (inotify is not in it), so this stats the known
+    transcripts (size, mtime, inode) every poll and globs for new ones every WATCH_GLOB_EVERY
+    polls. A file that vanished is forgotten (a rotated one is read from the start, without
+    duplicates); a half-written last line is left for the next poll, since the client's next write
+    changes the file's size.
 
-    The first start: every transcript already there is queued, and the queue is read newest first
-    (by modification time, across the sources), so today's sessions are searchable first; a file
-    the client writes meanwhile is the newest, so it goes first too. A poll reads the queue for
-    WATCH_SLICE_SECONDS, then looks at the files again. The work yields: it runs at the lowest CPU
-    priority (lower_thread_priority, from run()), waits while a tool call runs between its steps
-    (Memory.yield_to_foreground), embeds a few texts at a time and segments outside the write
-    transaction. Each batch of turns is committed with the file's offset, so a kill loses nothing
-    and a restart skips the files read to their end (their conv_files row matches their size and
-    time) and goes on in the others from their offsets. [conversations] watch_since_days and
-    watch_include_projects / watch_exclude_projects limit what is read; progress() says what is
-    done and left."""
+    The first start: every transcript already there is queued and the queue is read newest first
+    (by modification time, across the sources). run() reads the files changed in the last
+    WATCH_FRESH_SECONDS itself, at normal priority, a WATCH_SLICE_SECONDS slice per poll (today's
+    sessions are searchable within a poll or two, and a file a client writes meanwhile is fresh
+    again), and leaves the older ones, the back-log, to a second thread at the lowest CPU priority
+    (lower_thread_priority). Both wait between their steps while a tool call runs
+    (Memory.yield_to_foreground); ingestion embeds a few texts at a time and segments outside the
+    write transaction. Each batch of turns is committed with the file's offset, so a kill loses
+    nothing and a restart skips the files read to their end (their conv_files row matches their
+    size and time) and goes on in the others from their offsets. [conversations]
+    watch_since_days and watch_include_projects / watch_exclude_projects limit what is read;
+    progress() says what is done and left. `self.lock` guards what both threads touch."""
 
     def __init__(self, mem: "Memory", sources=WATCH_SOURCES, persona_id=None):
         """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer.
@@ -7946,8 +7949,13 @@ class Watcher:
         self.since_days = mem.cfg.conversations.watch_since_days
         self.include = project_patterns(mem.cfg, "watch_include_projects")
         self.exclude = project_patterns(mem.cfg, "watch_exclude_projects")
+        self.lock = threading.Lock()
         self.queue: dict[Path, QueuedFile] = {}  #: the files to read (status "left")
         self.status: dict[Path, str] = {}  #: every transcript seen: done, left or skipped
+        self.taken: set[Path] = set()  #: the files a thread reads now
+        self.backlog: threading.Thread | None = None  #: the back-log thread, while it runs
+        self.threaded = False  #: run() reads the back-log on its own thread
+        self.report = None  #: report(text), when set, hears each progress line (`watch`)
         self.turns_before: int | None = None  #: turns stored before the first poll
         self.new = self.bytes = 0  #: turns stored and bytes read by this watch
         self.busy = 0.0  #: seconds spent reading
@@ -7957,14 +7965,15 @@ class Watcher:
         self.last_published: dict | None = None
 
     def poll(self, stop: threading.Event | None = None) -> dict:
-        """One look: queue the files that are new or changed since the last poll (all of them at the
-        first) within the limits and not read to their end, then read the queue newest first for up
-        to WATCH_SLICE_SECONDS or until `stop` is set (a file cut short goes on at the next poll
-        from its offset). When turns were added, the persona's briefing is rebuilt (its session
-        digests name the new turns' session; while files are queued at most every
-        WATCH_BRIEFING_SECONDS); then the progress is published. Returns {source: new turns} for the
-        sources that added any. A file whose ingestion fails (deleted between stat and read, a busy
-        database) is logged and tried again when it is found again."""
+        """One look: queue the files that are new or changed since the last poll (all of them at
+        the first) within the limits and not read to their end, then read the queue newest first
+        for up to WATCH_SLICE_SECONDS or until `stop` is set (a file cut short goes on at the next
+        poll from its offset); under run(), only the fresh files (the back-log thread reads the
+        rest). When turns were added, the persona's briefing is rebuilt (its session digests name
+        the new turns' session; while files are queued at most every WATCH_BRIEFING_SECONDS); then
+        the progress is published. Returns {source: new turns} of what this poll read. A file
+        whose ingestion fails (deleted between stat and read, a busy database) is logged and tried
+        again when it is found again."""
         look = self.polls % WATCH_GLOB_EVERY == 0
         self.polls += 1
         if self.turns_before is None:
@@ -7973,14 +7982,13 @@ class Watcher:
                 "select count(*) from conv_turns where persona_id = ?", (persona,))
         for source in self.sources:
             self._enqueue(source, self._changed(source, look))
-        out = self._drain(stop)
+        out = self._drain(stop, fresh_only=self.threaded)
         if out:
             log.info("watch: new turns %s", out)
-            self.unbriefed = True
         due = not self.queue or time.monotonic() - self.briefed >= WATCH_BRIEFING_SECONDS
         if self.unbriefed and due:
-            self.mem.build_briefing(self.persona)
             self.unbriefed, self.briefed = False, time.monotonic()
+            self.mem.build_briefing(self.persona)
         self.publish()
         return out
 
@@ -7989,7 +7997,8 @@ class Watcher:
         poll (all of them at the first); with `look`, new files of the source's location too."""
         import glob
         known = self.known[source]
-        paths = set(known)
+        with self.lock:
+            paths = set(known)
         if look:
             pattern = os.path.expanduser(self.mem.ingest_rules(source).location)
             paths |= {Path(p) for p in glob.glob(pattern)}
@@ -7998,15 +8007,17 @@ class Watcher:
             try:
                 st = p.stat()
             except OSError as e:
-                known.pop(p, None)  # deleted or rotated away, or a symlink that leads nowhere
-                self._mark(p, None)
+                with self.lock:  # deleted or rotated away, or a symlink that leads nowhere
+                    known.pop(p, None)
+                    self._mark(p, None)
                 self._broken(source, p, e)
                 continue
             self.broken.pop(p, None)
-            sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a chmod that mends it
-            if p.is_file() and known.get(p) != sig:
-                known[p] = sig
-                changed.append((p, st))
+            sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a chmod mends it
+            with self.lock:
+                if p.is_file() and known.get(p) != sig:
+                    known[p] = sig
+                    changed.append((p, st))
         return changed
 
     def _enqueue(self, source: str, changed: list) -> None:
@@ -8019,19 +8030,21 @@ class Watcher:
         resolved = {p: p.resolve() for p, _ in changed}
         read = self.mem.conv_file_offsets(source, resolved.values(), self.persona)
         horizon = now().timestamp() - self.since_days * 86400 if self.since_days else None
-        for p, st in changed:
-            row = read.get(str(resolved[p]))
-            if horizon is not None and st.st_mtime < horizon:
-                self._mark(p, "skipped")
-            elif row and row["offset"] == st.st_size and row["mtime_ns"] == st.st_mtime_ns:
-                self._mark(p, "done")
-            else:
-                start = row["offset"] if row and row["offset"] <= st.st_size else 0
-                q = QueuedFile(source, st.st_size, st.st_mtime_ns, st.st_size - start)
-                self._mark(p, "left", q)
+        with self.lock:
+            for p, st in changed:
+                row = read.get(str(resolved[p]))
+                if horizon is not None and st.st_mtime < horizon:
+                    self._mark(p, "skipped")
+                elif row and row["offset"] == st.st_size and row["mtime_ns"] == st.st_mtime_ns:
+                    self._mark(p, "done")
+                else:
+                    start = row["offset"] if row and row["offset"] <= st.st_size else 0
+                    self._mark(p, "left", QueuedFile(source, st.st_size, st.st_mtime_ns,
+                                                     st.st_size - start))
 
     def _mark(self, path: Path, status: str | None, queued: QueuedFile | None = None) -> None:
-        """Record `path`'s status (None: forgotten), queued (`queued`) only while it is left."""
+        """Record `path`'s status (None: forgotten), queued (`queued`) only while it is left.
+        Under self.lock."""
         if status is None:
             self.status.pop(path, None)
         else:
@@ -8041,25 +8054,81 @@ class Watcher:
         elif status != "left":
             self.queue.pop(path, None)
 
-    def _drain(self, stop: threading.Event | None) -> dict:
-        """Read the queued files newest first until the queue is empty, WATCH_SLICE_SECONDS are over
-        (the first file is always read, at least a batch of it) or `stop` is set; a file of a
-        project the limits leave out is skipped. Returns {source: new turns}."""
+    def _next(self, fresh: bool | None) -> tuple[Path, QueuedFile] | None:
+        """Take the newest queued file no thread reads: one changed in the last WATCH_FRESH_SECONDS
+        (`fresh` True), an older one (False) or either (None). None when there is none."""
+        cut = (time.time() - WATCH_FRESH_SECONDS) * 1e9
+        with self.lock:
+            best = None
+            for p, q in self.queue.items():
+                if p in self.taken or (fresh is not None and (q.mtime_ns >= cut) != fresh):
+                    continue
+                if best is None or q.mtime_ns > best[1].mtime_ns:
+                    best = (p, q)
+            if best is not None:
+                self.taken.add(best[0])
+            return best
+
+    def _queued(self, fresh: bool) -> bool:
+        """Whether a file no thread reads is queued that changed in the last WATCH_FRESH_SECONDS
+        (`fresh`), or one that changed before."""
+        cut = (time.time() - WATCH_FRESH_SECONDS) * 1e9
+        with self.lock:
+            return any((q.mtime_ns >= cut) == fresh for p, q in self.queue.items()
+                       if p not in self.taken)
+
+    def _drain(self, stop: threading.Event | None, fresh_only: bool) -> dict:
+        """Read queued files newest first (with `fresh_only`, only those changed in the last
+        WATCH_FRESH_SECONDS) until there is none, WATCH_SLICE_SECONDS are over (the first file is
+        always read, at least a batch of it) or `stop` is set. Returns {source: new turns}."""
         out: dict[str, int] = {}
         deadline, read = time.monotonic() + WATCH_SLICE_SECONDS, False
-        for path, q in sorted(self.queue.items(), key=lambda kv: kv[1].mtime_ns, reverse=True):
-            if (read and time.monotonic() >= deadline) or (stop is not None and stop.is_set()):
+        while not (read and time.monotonic() >= deadline) and not (stop and stop.is_set()):
+            pick = self._next(True if fresh_only else None)
+            if pick is None:
                 break
-            if (self.include or self.exclude) and not self._wanted(path, q):
-                self._mark(path, "skipped")
-                continue
-            n, read = self._read(path, q, self._pauser(deadline, stop)), True
+            path, q = pick
+            n = self._take(path, q, self._pauser(deadline, stop))
+            read = read or n is not None
             if n:
                 out[q.source] = out.get(q.source, 0) + n
-            if path in self.queue:  # cut short: the slice is over
-                break
+            with self.lock:
+                if self.queue.get(path) is q:  # cut short: the slice is over
+                    break
         self._log_progress()
         return out
+
+    def _backlog_run(self, stop: threading.Event) -> None:
+        """The back-log thread: at the lowest CPU priority, read the queued files older than
+        WATCH_FRESH_SECONDS newest first, each to its end unless `stop` is set; returns when none
+        is left (run() starts another when there are again). Never raises: a failure is logged."""
+        if lower_thread_priority():
+            log.debug("watch: the back-log thread runs at nice %d", WATCH_NICE)
+        while not stop.is_set():
+            pick = self._next(False)
+            if pick is None:
+                return
+            try:
+                self._take(pick[0], pick[1], self._pauser(math.inf, stop))
+            except Exception as e:  # the next file is tried; this one when it is found again
+                log.error("watch: reading %s failed: %s", pick[0], e)
+                with self.lock:
+                    self.known[pick[1].source].pop(pick[0], None)
+                    self._mark(pick[0], None)
+
+    def _take(self, path: Path, q: QueuedFile, pause) -> int | None:
+        """Read `path`, taken by _next, unless the limits leave its project out (then skipped,
+        None); the new turns otherwise. It is given back (self.taken) in any case."""
+        try:
+            if (self.include or self.exclude) and not self._wanted(path, q):
+                with self.lock:
+                    if self.queue.get(path) is q:
+                        self._mark(path, "skipped")
+                return None
+            return self._read(path, q, pause)
+        finally:
+            with self.lock:
+                self.taken.discard(path)
 
     def _wanted(self, path: Path, q: QueuedFile) -> bool:
         """Whether the project the transcript names is one the limits let the watch read."""
@@ -8070,9 +8139,9 @@ class Watcher:
         return project_wanted(project, self.include, self.exclude)
 
     def _pauser(self, deadline: float, stop: threading.Event | None):
-        """ingest's `pause` for one file: wait while a tool call runs; at a batch boundary, stop the
-        read (IngestInterrupted) once `stop` is set, or past the slice's `deadline` when a batch of
-        this read is done (every read gets on)."""
+        """ingest's `pause` for one file: wait while a tool call runs; at a batch boundary, stop
+        the read (IngestInterrupted) once `stop` is set, or past `deadline` when a batch of this
+        read is done (every read gets on)."""
         started = []
 
         def pause(boundary: bool) -> None:
@@ -8088,56 +8157,64 @@ class Watcher:
         return pause
 
     def _read(self, path: Path, q: QueuedFile, pause) -> int:
-        """Ingest one queued file; returns the new turns. Done, it leaves the queue; cut short, it
-        stays with the bytes still unread."""
-        t0 = time.monotonic()
+        """Ingest one queued file, counting each batch as it is stored; returns the new turns.
+        Done, it leaves the queue (unless it changed meanwhile: queued anew); cut short, it stays
+        with the bytes still unread."""
+        since = [time.monotonic()]
+
+        def stored(new: int, offset: int | None) -> None:
+            with self.lock:
+                at = time.monotonic()
+                self.busy, since[0], self.new = self.busy + at - since[0], at, self.new + new
+                if offset is not None:
+                    left = max(0, q.size - offset)
+                    self.bytes, q.left = self.bytes + max(0, q.left - left), left
+                self.unbriefed = self.unbriefed or new > 0
         try:
-            done = self.mem.ingest(q.source, [path], self.persona, pause=pause)
+            done = self.mem.ingest(q.source, [path], self.persona, pause=pause, on_stored=stored)
         except (AokunError, OSError, apsw.Error) as e:
             log.warning("watch %s: %s (tried again when it is found again)", q.source, e)
-            self.known[q.source].pop(path, None)
-            self._mark(path, None)
+            with self.lock:
+                self.known[q.source].pop(path, None)
+                self._mark(path, None)
             return 0
         finally:
-            self.busy += time.monotonic() - t0
+            with self.lock:
+                self.busy += time.monotonic() - since[0]
         for line in done["unreadable"]:  # read again when it changes (its size, times or mode)
             log.warning("watch %s: %s", q.source, line)
-        left = 0
-        if done["interrupted"]:
-            real = path.resolve()
-            row = self.mem.conv_file_offsets(q.source, [real], self.persona).get(str(real))
-            left = q.size - row["offset"] if row and row["offset"] <= q.size else q.left
-        self.new, self.bytes = self.new + done["new"], self.bytes + max(0, q.left - left)
-        if done["interrupted"]:
-            q.left = left
-        else:
-            self._mark(path, "skipped" if done["unreadable"] else "done")
+        with self.lock:
+            if not done["interrupted"] and self.queue.get(path) is q:
+                self._mark(path, "skipped" if done["unreadable"] else "done")
         return done["new"]
 
     def progress(self) -> dict:
-        """What the watch has done and has left: {files_done, files_left, files_skipped, turns_done,
-        turns_left, turns_per_second, seconds_left, searchable_after, started_at, finished_at,
-        updated_at}. Files: the transcripts seen, read to their end (also before a restart), queued,
-        or left out (outside the limits, or unreadable). turns_done: the turns stored; turns_left:
-        estimated from the bytes left at this run's turns per byte (None before a turn is stored);
-        turns_per_second: this run's turns over the time it spent reading; seconds_left: turns_left
-        at that rate; searchable_after: every transcript changed after this time is read (None when
-        none is left); finished_at: when the queue was first empty."""
-        counts: dict[str, int] = {}
-        for s in self.status.values():
-            counts[s] = counts.get(s, 0) + 1
-        left_bytes = sum(q.left for q in self.queue.values())
-        rate = self.new / self.busy if self.new and self.busy > 0 else None
+        """What the watch has done and has left: {files_done, files_left, files_skipped,
+        turns_done, turns_left, turns_per_second, seconds_left, searchable_after, started_at,
+        finished_at, updated_at}. Files: the transcripts seen, read to their end (also before a
+        restart), queued, or left out (outside the limits, or unreadable). turns_done: the turns
+        stored; turns_left: estimated from the bytes left at this run's turns per byte (None
+        before a turn is stored); turns_per_second: this run's turns over the time it spent
+        reading; seconds_left: turns_left at that rate; searchable_after: every transcript changed
+        after this time is read (None when none is left); finished_at: when the queue was first
+        empty."""
+        with self.lock:
+            counts: dict[str, int] = {}
+            for s in self.status.values():
+                counts[s] = counts.get(s, 0) + 1
+            left_bytes = sum(q.left for q in self.queue.values())
+            newest = max((q.mtime_ns for q in self.queue.values()), default=None)
+            files_left, new, read, busy = len(self.queue), self.new, self.bytes, self.busy
+        rate = new / busy if new and busy > 0 else None
         turns_left = seconds = None
-        if not self.queue:
+        if not files_left:
             turns_left = seconds = 0
-        elif self.new and self.bytes:
-            turns_left = round(left_bytes * self.new / self.bytes)
+        elif new and read:
+            turns_left = round(left_bytes * new / read)
             seconds = round(turns_left / rate) if rate else None
-        newest = max((q.mtime_ns for q in self.queue.values()), default=None)
-        return {"files_done": counts.get("done", 0), "files_left": len(self.queue),
+        return {"files_done": counts.get("done", 0), "files_left": files_left,
                 "files_skipped": counts.get("skipped", 0),
-                "turns_done": (self.turns_before or 0) + self.new, "turns_left": turns_left,
+                "turns_done": (self.turns_before or 0) + new, "turns_left": turns_left,
                 "turns_per_second": None if rate is None else round(rate, 1),
                 "seconds_left": seconds,
                 "searchable_after": None if newest is None else
@@ -8149,10 +8226,11 @@ class Watcher:
         """Give the progress to mem.watch_state (what /health, stats and the panel of this
         process show) and store it in meta watch_progress with this process as its owner, for the
         others (`stats` beside a server): when it changed, at most every WATCH_PUBLISH_SECONDS, at
-        once when the queue was just emptied."""
+        once when the queue was just emptied (logged then: the history is read)."""
         if not self.queue and self.finished_at is None:
             self.finished_at = now_iso()
             self.published = -math.inf
+            self._say(f"the history is read: {progress_text(self.progress())}")
         p = self.progress()
         self.mem.watch_state = p
         same = self.last_published is not None and \
@@ -8165,11 +8243,15 @@ class Watcher:
         self.last_published = {k: v for k, v in p.items() if k != "updated_at"}
 
     def _log_progress(self) -> None:
-        """A log line on the history left, every WATCH_LOG_SECONDS at most, while files are left."""
-        if not self.queue or time.monotonic() - self.logged < WATCH_LOG_SECONDS:
-            return
-        self.logged = time.monotonic()
-        log.info("watch: %s", progress_text(self.progress()))
+        """A progress line, every WATCH_LOG_SECONDS at most, while files are left."""
+        if self.queue and time.monotonic() - self.logged >= WATCH_LOG_SECONDS:
+            self.logged = time.monotonic()
+            self._say(progress_text(self.progress()))
+
+    def _say(self, text: str) -> None:
+        log.info("watch: %s", text)
+        if self.report is not None:
+            self.report(text)
 
     def _broken(self, source: str, path: Path, e: OSError) -> None:
         """Warn once about a transcript name that is a dangling symlink or a symlink loop (again
@@ -8183,22 +8265,36 @@ class Watcher:
             log.warning("watch %s: %s: cannot read it (%s)", source, path, why)
 
     def run(self, stop: threading.Event, interval: float, on_new=None) -> None:
-        """Poll until `stop` is set: at once again while files are queued, else every `interval`
-        seconds; first the thread lowers its CPU priority (lower_thread_priority). `on_new({source:
-        new turns})`, when given, hears each poll that added turns. Never raises: a failed poll is
-        logged and tried again after `interval`."""
-        if lower_thread_priority():
-            log.debug("watch: this thread runs at nice %d", WATCH_NICE)
-        while not stop.is_set():
-            try:
-                out = self.poll(stop)
-                if out and on_new is not None:
-                    on_new(out)
-            except Exception as e:  # the server keeps serving; the next poll tries again
-                log.error("watch failed (retried in %ss): %s", interval, e)
-                stop.wait(interval)
-                continue
-            stop.wait(0 if self.queue else interval)
+        """Poll until `stop` is set: at once again while fresh files are queued, else every
+        `interval` seconds, with a back-log thread (`aokun-watch-backlog`, _backlog_run) whenever
+        older files are queued. `on_new({source: new turns})`, when given, hears each poll that
+        added turns. Never raises: a failed poll is logged and tried again after `interval`. On
+        the way out (`stop`, or an exception such as KeyboardInterrupt) the back-log thread is
+        stopped at its next batch and waited for."""
+        self.threaded, halt = True, threading.Event()
+        try:
+            while not stop.is_set():
+                try:
+                    out = self.poll(stop)
+                    if out and on_new is not None:
+                        on_new(out)
+                    self._start_backlog(halt)
+                except Exception as e:  # the server keeps serving; the next poll tries again
+                    log.error("watch failed (retried in %ss): %s", interval, e)
+                    stop.wait(interval)
+                    continue
+                stop.wait(0 if self._queued(fresh=True) else interval)
+        finally:
+            halt.set()
+            if self.backlog is not None:
+                self.backlog.join(30)
+
+    def _start_backlog(self, stop: threading.Event) -> None:
+        """Start the back-log thread when older files are queued and it does not run."""
+        if (self.backlog is None or not self.backlog.is_alive()) and self._queued(fresh=False):
+            self.backlog = threading.Thread(target=self._backlog_run, args=(stop,),
+                                            name="aokun-watch-backlog", daemon=True)
+            self.backlog.start()
 
 
 def progress_text(p: dict) -> str:
@@ -8411,6 +8507,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
       own query-only connection (Recall._reader_rows);
     - the server's `aokun-background` thread (see _background) calls the public methods like a caller.
+    - the server's `aokun-watch` thread and its `aokun-watch-backlog` (Watcher.run) do too.
 
     Locks:
     - `self.lock` (re-entrant) guards `self.conn`, the one read-write APSW connection (not safe
@@ -9420,8 +9517,8 @@ class ServerState:
     @classmethod
     def start(cls, memory: Memory) -> "ServerState":
         """Start the background thread over `memory`, and the watch thread when [conversations] watch is
-        on (Watcher.run over the same Memory, like the background thread); the state owns the Memory
-        from then on."""
+        on (Watcher.run over the same Memory, like the background thread; it starts its back-log
+        thread itself); the state owns the Memory from then on."""
         stop = threading.Event()
         worker = threading.Thread(target=_background, args=(memory, stop), name="aokun-background", daemon=True)
         worker.start()
@@ -12432,6 +12529,7 @@ def watch(state, sources, interval, persona):
     def said(out: dict) -> None:
         for source, n in out.items():
             click.echo(f"{now_iso()} {source}: {n} new turns")
+    watcher.report = lambda text: click.echo(f"{now_iso()} {text}", err=True)  # the back-log
     try:
         watcher.run(threading.Event(), every, on_new=said)
     except KeyboardInterrupt:
