@@ -124,22 +124,29 @@ def stored_sessions(mem) -> list[tuple[str, str]]:
     return [(r["source"], r["session_id"]) for r in rows]
 
 
+def found(mem, phrase: str) -> list[str]:
+    return [h["text"] for h in mem.conversation_search(phrase, 5)["results"] if phrase in h["text"]]
+
+
 def keys(sessions) -> list[tuple[str, str]]:
     return [(s["source"], s["session_id"]) for s in sessions]
 
 
 class GateEmbedder(FakeEmbedder):
-    """A FakeEmbedder whose passage call after `after` texts waits for `go` (and sets `paused`)."""
+    """A FakeEmbedder whose passage call on the back-log thread after `after` texts of that thread
+    waits for `go` (and sets `paused`); `passages` counts the texts it embedded on any thread."""
 
     def __init__(self, after: int):
         super().__init__(16)
-        self.after, self.passages = after, 0
+        self.after, self.passages, self.backlog = after, 0, 0
         self.paused, self.go = threading.Event(), threading.Event()
 
     def embed_documents(self, texts):
-        if self.passages >= self.after and not self.go.is_set():
-            self.paused.set()
-            assert self.go.wait(120), "the test never opened the gate"
+        if threading.current_thread().name == "aokun-watch-backlog":
+            if self.backlog >= self.after and not self.go.is_set():
+                self.paused.set()
+                assert self.go.wait(120), "the test never opened the gate"
+            self.backlog += len(texts)
         self.passages += len(texts)
         return super().embed_documents(texts)
 
@@ -155,6 +162,18 @@ def wait_until(check, what: str, timeout: float = 120.0):
     raise AssertionError(f"{what}: not within {timeout} s")
 
 
+def freshen(s: dict, seconds_ago: float) -> dict:
+    """Session `s` last written `seconds_ago` (a session of today)."""
+    t = aokun.now().timestamp() - seconds_ago
+    os.utime(s["path"], (t, t))
+    s["mtime_ns"] = s["path"].stat().st_mtime_ns
+    return s
+
+
+def without_times(p: dict) -> dict:
+    return {k: v for k, v in p.items() if k not in ("updated_at", "running")}
+
+
 def server_config(tmp_path: Path, **conversations) -> aokun.Config:
     overrides = {("backup", "dir"): str(tmp_path / "backups"), ("backup", "daily"): False,
                  ("conversations", "watch_interval_seconds"): 0.05}
@@ -167,46 +186,50 @@ def test_first_start_stores_the_newest_sessions_first_and_reports_progress(tmp_p
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))
     sessions = write_history(home, claude=220, codex=40)
-    total, first = len(sessions), 30
-    monkeypatch.setattr(aokun, "WATCH_SLICE_SECONDS", 0.0)  # a poll reads one file, then publishes
-    gate = GateEmbedder(after=first * TURNS)  # stops in the 31st newest file, before its write
+    today = [freshen(sessions[100], 1800), freshen(sessions[200], 3600)]  # read at normal priority
+    sessions.sort(key=lambda s: s["mtime_ns"], reverse=True)
+    assert sessions[:2] == today
+    old, total, first = sessions[2:], len(sessions), 30
+    gate = GateEmbedder(after=first * TURNS)  # the back-log waits in its 31st file, unwritten
     mem = open_mem(tmp_path / "f.db", gate, server_config(tmp_path))
     state = aokun.ServerState.start(mem)  # the server's threads: background and watch
     try:
-        assert gate.paused.wait(120), "the watcher never reached the gate"
-        assert set(stored_sessions(mem)) == set(keys(sessions[:first]))  # both sources, newest
-        hits = mem.conversation_search(word(sessions[0]["n"]), 3)
-        assert hits["results"] and word(sessions[0]["n"]) in hits["results"][0]["text"]
+        assert gate.paused.wait(120), "the back-log never reached the gate"
+        p = wait_until(lambda: (w := mem.watch_state) and w["files_done"] == 2 + first and w, "32")
+        assert set(stored_sessions(mem)) == set(keys(sessions[:2 + first]))  # both sources, newest
+        hits = mem.conversation_search(word(old[0]["n"]), 3)
+        assert hits["results"] and word(old[0]["n"]) in hits["results"][0]["text"]
         assert any("still being read" in w for w in hits["warnings"])
-        oldest = word(sessions[-1]["n"])
-        assert not [h for h in mem.conversation_search(oldest, 3)["results"] if oldest in h["text"]]
-        p = mem.watch_state
-        assert (p["files_done"], p["files_left"], p["files_skipped"]) == (first, total - first, 0)
-        assert p["turns_done"] == first * TURNS == mem.value("select count(*) from conv_turns")
+        assert not found(mem, word(old[-1]["n"]))  # the oldest: not yet
+        assert (p["files_left"], p["files_skipped"]) == (total - 2 - first, 0)
+        stored = mem.value("select count(*) from conv_turns")
+        assert p["turns_done"] == (2 + first) * TURNS == stored
         assert isinstance(p["turns_left"], int) and p["turns_left"] > 0
         assert p["turns_per_second"] > 0 and p["seconds_left"] is not None
-        assert p["searchable_after"] == stamp(sessions[first]["mtime_ns"])  # the one being read
+        assert p["searchable_after"] == stamp(old[first]["mtime_ns"])  # the one being read
         assert p["finished_at"] is None
-        assert aokun.health(mem)["watch"] == p and mem.stats()["watch"] == dict(p, running=True)
-        assert mem.conversation_stats()["watch"]["files_left"] == total - first
+        assert without_times(aokun.health(mem)["watch"]) == without_times(p)
+        assert without_times(mem.stats()["watch"]) == without_times(p)
+        assert mem.stats()["watch"]["running"] is True
+        assert mem.conversation_stats()["watch"]["files_left"] == total - 2 - first
+        late = {"type": "user", "sessionId": old[-1]["session_id"], "cwd": old[-1]["cwd"],
+                "uuid": "late-1", "message": {"role": "user", "content": "the late gnu turn"},
+                "timestamp": aokun.now_iso()}
+        with old[-1]["path"].open("a", encoding="utf-8") as f:  # the client goes on in an old one
+            f.write(json.dumps(late) + "\n")
+        wait_until(lambda: found(mem, "gnu"), "the appended turn")
+        assert not gate.go.is_set()  # read while the back-log still waits
     finally:
         gate.go.set()
     try:
         p = wait_until(lambda: mem.watch_state["files_left"] == 0 and mem.watch_state, "all read")
-        assert stored_sessions(mem) == keys(sessions)  # in order, newest first
-        assert mem.value("select count(*) from conv_turns") == total * TURNS == p["turns_done"]
+        assert stored_sessions(mem) == keys(sessions[:2 + first] + old[-1:] + old[first:-1])
+        assert mem.value("select count(*) from conv_turns") == total * TURNS + 1 == p["turns_done"]
         assert (p["files_done"], p["files_skipped"], p["turns_left"], p["seconds_left"]) == \
             (total, 0, 0, 0)
         assert p["searchable_after"] is None and p["finished_at"]
-        assert gate.passages == total * TURNS  # every turn embedded once
-        oldest = sessions[-1]
-        late = {"type": "user", "sessionId": oldest["session_id"], "cwd": oldest["cwd"],
-                "uuid": "late-1", "message": {"role": "user", "content": "the late gnu turn"},
-                "timestamp": aokun.now_iso()}
-        with oldest["path"].open("a", encoding="utf-8") as f:  # the client takes up an old session
-            f.write(json.dumps(late) + "\n")
-        wait_until(lambda: mem.conversation_search("gnu", 3)["results"], "the appended turn")
-        assert mem.watch_state["files_done"] == total and mem.doctor() == []
+        assert gate.passages == total * TURNS + 1  # every turn embedded once
+        assert mem.doctor() == []
     finally:
         state.close()
 
@@ -313,13 +336,15 @@ def test_a_server_killed_mid_way_goes_on_where_it_stopped(tmp_path):
         wait_until(lambda: gate.exists() or proc.poll() is not None, "the gate")
         assert proc.poll() is None, "the first server exited"
         wait_port(port, proc)
-        p = watch_of(port)  # published after the third batch; the fourth waits at the gate
+        # counted batch by batch: three of the big session are stored, the fourth waits at the gate
+        p = wait_until(lambda: (w := watch_of(port)) and w["turns_done"] == after and w, "64")
         assert (p["files_done"], p["files_left"], p["files_skipped"]) == (4, len(sessions) - 4, 0)
-        assert p["turns_done"] == after and p["turns_left"] > 0 and p["turns_per_second"] > 0
+        assert p["turns_left"] > 0 and p["turns_per_second"] > 0
         assert p["seconds_left"] is not None and p["searchable_after"] == stamp(big["mtime_ns"])
         r = cli(db, ini, "stats", "--json")  # another process: it reads what the server stored
         assert r.returncode == 0, r.stderr
-        assert json.loads(r.stdout)["watch"] == dict(p, running=True)
+        assert without_times(json.loads(r.stdout)["watch"]) == without_times(p)
+        assert json.loads(r.stdout)["watch"]["running"] is True
         assert "4 files read" in cli(db, ini, "stats").stdout
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)

@@ -2,11 +2,12 @@
 ARGS...` runs aokun's CLI on ARGS (`--db … --config … serve --http …`) with the deterministic
 fakes.FakeEmbedder in place of the configured provider, and writes to LOG a line per transcript
 that ingestion opens ("read PATH") and per embedding call ("embed N"). With GATE (a path; "-" for
-none), the embedding call after AFTER texts creates GATE and blocks until the process is killed.
-Each poll reads one batch and publishes its progress (WATCH_SLICE_SECONDS and
-WATCH_PUBLISH_SECONDS at 0), so what /health and `stats` say at the gate is exact."""
+none), the back-log thread's embedding call after AFTER texts creates GATE and blocks until the
+process is killed. Every change of the progress is stored at once (WATCH_PUBLISH_SECONDS 0), so
+`stats` in another process says what /health says."""
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,16 +25,18 @@ def note(line: str) -> None:
 
 
 class GatedEmbedder(fakes.FakeEmbedder):
-    """A FakeEmbedder that counts the passages it embedded (queries aside) and stops at the gate."""
+    """A FakeEmbedder that counts the passages the back-log thread embedded and stops it at the
+    gate."""
 
     passages = 0
 
     def embed_documents(self, texts):
-        if GATE != "-" and self.passages >= AFTER:
-            Path(GATE).write_text(f"{self.passages}\n", encoding="utf-8")
-            while True:  # until SIGKILL
-                time.sleep(60)
-        self.passages += len(texts)
+        if threading.current_thread().name == "aokun-watch-backlog":
+            if GATE != "-" and self.passages >= AFTER:
+                Path(GATE).write_text(f"{self.passages}\n", encoding="utf-8")
+                while True:  # until SIGKILL
+                    time.sleep(60)
+            self.passages += len(texts)
         note(f"embed {len(texts)}")
         return super().embed_documents(texts)
 
@@ -48,6 +51,5 @@ def logged_ingest_jsonl(self, path, *args, **kwargs):
 
 aokun.make_embedder = lambda cfg: GatedEmbedder(16)
 aokun.Memory._ingest_jsonl = logged_ingest_jsonl
-aokun.WATCH_SLICE_SECONDS = 0.0
 aokun.WATCH_PUBLISH_SECONDS = 0.0
 aokun.main(sys.argv[4:])
