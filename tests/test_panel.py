@@ -422,6 +422,29 @@ def test_conversations_lists_sessions_shows_turns_in_order_and_searches(panel, t
     assert missing.status_code == 404 and "espresso" not in missing.text
 
 
+def test_health_and_conversations_show_the_watchs_progress(panel):
+    web, client, mem, _, _ = panel
+    login(web, client)
+    assert "History watch" not in client.get("/health").text  # no watch ever ran on this file
+    mem.watch_state = {"files_done": 1200, "files_left": 28800, "files_skipped": 3,
+                       "turns_done": 61000, "turns_left": 1450000, "turns_per_second": 7.5,
+                       "seconds_left": 193333, "searchable_after": "2026-11-20T08:15:00Z",
+                       "started_at": "2026-12-01T09:00:00Z", "finished_at": None,
+                       "updated_at": "2026-12-01T11:00:00Z"}
+    html = " ".join(client.get("/health").text.split())
+    for text in ("History watch", "reading the history already there",
+                 "1,200 read · 28,800 left · 3 left out", "61,000 stored · about 1,450,000 left",
+                 "7.5 turns/s", "about 53.7 h", "every session written after 2026-11-20 08:15"):
+        assert text in html, text
+    line = " ".join(client.get("/conversations").text.split())
+    assert "28,800 files left, about 53.7 h" in line and 'href="/health#watch"' in line
+    mem.watch_state = dict(mem.watch_state, files_left=0, turns_left=0, seconds_left=0,
+                           searchable_after=None, finished_at="2026-12-03T10:00:00Z")
+    html = " ".join(client.get("/health").text.split())
+    assert "following the clients" in html and "history read</dt><dd>2026-12-03 10:00" in html
+    assert "files left" not in client.get("/conversations").text
+
+
 def test_memory_page_shows_its_history_edits_and_consolidation(panel):
     web, client, mem, _, ids = panel
     mem.edit(ids["alice"], "Alice lives in Paris and drinks iced americano, no sugar")
