@@ -521,6 +521,39 @@ def test_mcp_conversation_tools_are_listed_by_default_and_answer(tmp_path, segme
     anyio.run(run)
 
 
+def test_mcp_conversation_stats_tells_the_watchs_progress_only_while_it_reads(tmp_path, segmenter):
+    cfg = aokun.Config(None, overrides={
+        ("backup", "dir"): str(tmp_path / "bk"), ("backup", "daily"): False,
+        ("server", "exposed_tools"): "all", ("conversations", "watch"): False})
+    opened = []
+
+    def factory():
+        m = aokun.Memory(tmp_path / "w.db", cfg, embedder=FakeEmbedder(16))
+        m.seg = segmenter
+        opened.append(m)
+        return m
+    reading = {"files_done": 10, "files_left": 90, "files_skipped": 0, "turns_done": 400,
+               "turns_left": 3600, "turns_per_second": 20.0, "seconds_left": 180,
+               "searchable_after": "2026-11-30T10:00:00Z", "started_at": "2026-12-01T09:00:00Z",
+               "finished_at": None, "updated_at": "2026-12-01T09:01:00Z"}
+
+    async def run():
+        async with Client(aokun.build_server(factory, cfg)) as c:
+            quiet = await c.call_tool("conversation_stats", {})
+            assert quiet.structured_content["watch"] is None
+            assert "watch" not in quiet.content[0].text  # the text leaves nulls out
+            opened[-1].watch_state = reading
+            busy = (await c.call_tool("conversation_stats", {})).structured_content["watch"]
+            assert busy == {k: reading[k] for k in aokun.WATCH_PROGRESS_MCP}  # lean: no times
+            found = await c.call_tool("conversation_search", {"query": "anything"})
+            warnings = " ".join(found.structured_content["warnings"])
+            assert "still being read, newest first" in warnings
+            opened[-1].watch_state = dict(reading, files_left=0, turns_left=0, seconds_left=0)
+            done = await c.call_tool("conversation_stats", {})
+            assert done.structured_content["watch"] is None
+    anyio.run(run)
+
+
 def _cli(db, *args):
     return subprocess.run([sys.executable, str(aokun.HERE / "aokun.py"), "--db", str(db), *args],
                           capture_output=True, text=True, timeout=300,
