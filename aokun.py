@@ -3980,13 +3980,19 @@ def token_cover(query_tokens: set, doc_tokens: set) -> float | None:
     Chinese memory shares no word with it by nature. Single-character Chinese tokens are left out
     when the query has a longer one: jieba leaves the verbs and particles of a question (有, 去, 喝,
     做) single, and they match every other memory ("下周有什么安排" is not about "我家有一只猫"); the
-    content words (安排, 上海, 咖啡) are longer. None when no query token is comparable."""
+    content words (安排, 上海, 咖啡) are longer. None when no query token is comparable. When the
+    memory has no word of the question's own script (query_script), the share is of all the
+    question's words: a Chinese question with two Latin words (a name, "Assistant") about an
+    English memory has 1 of its 13 words found when one matches, not half of its comparable ones."""
     scripts = {bool(_CJK.search(t)) for t in doc_tokens}
-    comparable = {t for t in query_tokens if bool(_CJK.search(t)) in scripts}
-    words = {t for t in comparable if len(t) > 1 or not _CJK.search(t)}
-    if any(_CJK.search(t) for t in words):
-        comparable = words
-    return len(comparable & doc_tokens) / len(comparable) if comparable else None
+    words = {t for t in query_tokens if len(t) > 1 or not _CJK.search(t)}
+    if not any(_CJK.search(t) for t in words):
+        words = set(query_tokens)  # a question of single characters only keeps them
+    comparable = {t for t in words if bool(_CJK.search(t)) in scripts}
+    if not comparable:
+        return None
+    own_script = (query_script(query_tokens) == "cjk") in scripts
+    return len(comparable & doc_tokens) / len(comparable if own_script else words)
 
 
 def query_script(tokens) -> str:
