@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here takes 0.5 s or more
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "aokun.py"
 MAX_CLASS_LINES = 700
