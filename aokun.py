@@ -1571,38 +1571,18 @@ class Store:
     """The one APSW connection and its helpers; reading memories. Every use of `self.conn` holds
     `self.lock` (see Memory); methods documented "in tx" run inside the caller's `tx()`."""
 
-    def close(self):
-        """Wait for the access bookkeeping, stop the worker threads, close the reader connections, then
-        PRAGMA optimize and close the main connection."""
-        self.wait_background()
-        self.wait_refresh()
-        if self._refresher is not None:
-            self._refresher.shutdown()
-            self._refresher = None
-        self.conn_closed = True
-        if self._toucher is not None:
-            self._toucher.shutdown()
-            self._toucher = None
-        if self._channel_pool is not None:
-            self._channel_pool.shutdown()
-            self._channel_pool = None
-        for reader in self._readers:
-            reader.close()
-        self._readers.clear()
+    def _close_connection(self) -> None:
+        """Memory.close's last step: PRAGMA optimize, then close the main connection."""
         with self.lock:
             with contextlib.suppress(apsw.Error):
                 self.conn.pragma("optimize")
             self.conn.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     @contextlib.contextmanager
-    def tx(self):
-        """One IMMEDIATE write transaction (waits up to busy_timeout_ms for other writers)."""
+    def tx(self, invalidates: bool = True):
+        """One IMMEDIATE write transaction (waits up to busy_timeout_ms for other writers). Its
+        commit counts as a change (`epoch`, what the recall cache keys on) unless `invalidates` is
+        false: a write that leaves every recall answer as it was (Recall._touch)."""
         with self.lock:
             self.conn.execute("BEGIN IMMEDIATE")
             try:
@@ -1611,7 +1591,13 @@ class Store:
                 self.conn.execute("ROLLBACK")
                 raise
             self.conn.execute("COMMIT")
-            self.epoch += 1
+            if invalidates:
+                self.epoch += 1
+
+    def _invalidate(self) -> None:
+        """Count a change made outside tx() (the file's content replaced by restore_from): cached
+        recall answers are no longer used."""
+        self.epoch += 1
 
     def rows(self, sql: str, params=()) -> list[dict]:
         """Rows of `sql` as dicts, on the main connection under the lock."""
@@ -1736,8 +1722,6 @@ class Vectors:
     """Document and graph-entry vectors: what is embedded (a memory with its session context), the
     float store and its binary vec0 index, and back-fill of what is still pending."""
 
-    last_embedding_error: str | None = None  #: the provider's last transient failure (what rebuild reports)
-
     @property
     def vectors_usable(self) -> bool:
         """True when an embedder is configured and the stored vectors fit it (see vector_problem)."""
@@ -1747,7 +1731,8 @@ class Vectors:
         """Record provider/model/dim on first use; refuse vectors from a different model or dim.
 
         A mismatch leaves every stored row untouched, sets `vector_problem` (recall degrades to the
-        keyword channels and says so) and logs the command that re-embeds."""
+        keyword channels and says so) and logs the command that re-embeds; a match clears it."""
+        self.vector_problem = None
         e = self.embedder
         if e.provider == "none":
             self.vector_problem = "no embedding provider ([embedding] provider = none)"
@@ -1960,9 +1945,6 @@ class Vectors:
                 self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-refresh")
             self._refresher.submit(self._refresh_now, ids)
 
-    _refresher: ThreadPoolExecutor | None = None  #: the background worker of _refresh_stale, started on first use
-    _refresh_lock = threading.Lock()
-
     def _refresh_now(self, ids: list[int]) -> None:
         """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows stay
         'pending' for the back-fill)."""
@@ -1972,14 +1954,29 @@ class Vectors:
         except Exception as e:  # noqa: BLE001 - a background step: the back-fill retries
             log.warning("refreshing the vectors of memories %s failed (back-filled later): %s", ids, e)
 
-    conn_closed = False  #: set by close(): a refresh still queued then does nothing
-
     def wait_refresh(self) -> None:
         """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls it)."""
         with self._refresh_lock:
             worker = self._refresher
         if worker is not None:
             worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
+
+    def _stop_refresher(self) -> None:
+        """Memory.close's step after wait_refresh: stop the refresh worker; a refresh queued later
+        does nothing (conn_closed)."""
+        if self._refresher is not None:
+            self._refresher.shutdown()
+            self._refresher = None
+        self.conn_closed = True
+
+    def _vectors_fit(self) -> None:
+        """The stored vectors were all made again with the configured embedder (rebuild --vectors):
+        no vector_problem any more."""
+        self.vector_problem = None
+
+    def _clear_embedding_error(self) -> None:
+        """Forget the provider's last transient failure (a rebuild starts afresh)."""
+        self.last_embedding_error = None
 
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_docs, computed before its transaction (so the write lock is held
@@ -4554,11 +4551,9 @@ class Recall:
         (memory_feedback). Does not empty the cache."""
         def work():
             try:
-                with self.lock:
-                    epoch = self.epoch
-                    with self.tx() as c:
-                        c.execute(self.queries["touch_documents"], {"ids": json.dumps(ids), "at": now_iso()})
-                    self.epoch = epoch  # own commits leave pragma data_version alone: the cache stays valid
+                # own commits leave pragma data_version alone: the cache stays valid
+                with self.tx(invalidates=False) as c:
+                    c.execute(self.queries["touch_documents"], {"ids": json.dumps(ids), "at": now_iso()})
             except apsw.Error as e:  # closed connection at exit, busy beyond the timeout
                 log.warning("could not record access to %s: %s", ids, e)
         with self.lock:
@@ -4570,6 +4565,18 @@ class Recall:
         """Wait for background access bookkeeping (called by close())."""
         if self._toucher is not None:
             self._toucher.submit(lambda: None).result()  # one FIFO worker: everything before it is done
+
+    def _stop_recall_workers(self) -> None:
+        """Memory.close's step: stop the touch worker and the channel workers, close the readers."""
+        if self._toucher is not None:
+            self._toucher.shutdown()
+            self._toucher = None
+        if self._channel_pool is not None:
+            self._channel_pool.shutdown()
+            self._channel_pool = None
+        for reader in self._readers:
+            reader.close()
+        self._readers.clear()
 
     # feedback: reinforcement for use ------------------------------------------------------------
 
@@ -5175,7 +5182,7 @@ class Maintenance:
                                  "binary KNN index needs a dimension divisible by 8; nothing was changed")
         expected = self.value("select count(*) from documents") + self.value(
             f"select count(*) from graph_entries where {FACT_ENTRIES_SQL}")
-        self.last_embedding_error = None
+        self._clear_embedding_error()
         step = None if progress is None else (lambda done, _total: progress(done, expected))
         if self.has_table("doc_vec") and self.meta_get("embedding_model") == self.embedder.model \
                 and self.meta_get("embedding_dim") == str(self.embedder.dim):
@@ -5256,7 +5263,7 @@ class Maintenance:
                     self._recenter()
                 else:
                     self._reindex_vectors()
-            self.vector_problem = None
+            self._vectors_fit()
             if stale:
                 self.backfill_vectors(ids=stale)
             return made, len(refused), "; the rest is back-filled once the provider answers"
@@ -5493,8 +5500,7 @@ class Maintenance:
         with self.lock:
             migrate(self.conn)
         self._upgrade_vector_index()
-        self.epoch += 1
-        self.vector_problem = None
+        self._invalidate()
         self._check_embedding_meta()
         return {"restored": str(src), "saved_previous": str(saved), **out}
 
@@ -6033,7 +6039,7 @@ class Conversations:
         unknown source."""
         if source not in CONVERSATION_SOURCES:
             raise InputError("source", f"unknown source {source!r}; choose from {', '.join(CONVERSATION_SOURCES)}")
-        cache = self.__dict__.setdefault("_ingest_rules", {})
+        cache = self._ingest_rules
         if source not in cache:
             cache[source] = load_ingest_rules(self.cfg.rule_file(f"{self.cfg.conversations.rules_dir}/{source}.toml"),
                                               source)
@@ -6819,17 +6825,13 @@ class Portable:
         ids: dict[tuple, int] = {}  # (table, uid) → id in this file
         with self._running() as claim:
             with self.tx():
-                self._import_overwrite = overwrite  # read by _import_verdict, under the tx's lock
-                try:
-                    preps = self._import_memories(by_kind["memory"], report["memory"], ids, claim,
-                                                  "docs_done" if derive_atoms else "atoms_done")
-                    self._import_atoms(by_kind["atom"], report["atom"], ids)
-                    self._import_kg(by_kind["entity"], by_kind["triple"], report, ids)
-                    self._import_conversations(by_kind["session"], by_kind["turn"], report, ids)
-                    self._import_consolidations(by_kind["consolidation"], report["consolidation"], ids)
-                    doomed = self._import_tombstones(by_kind["tombstone"], report["tombstone"])
-                finally:
-                    self._import_overwrite = frozenset()
+                preps = self._import_memories(by_kind["memory"], report["memory"], ids, claim,
+                                              "docs_done" if derive_atoms else "atoms_done", overwrite)
+                self._import_atoms(by_kind["atom"], report["atom"], ids, overwrite)
+                self._import_kg(by_kind["entity"], by_kind["triple"], report, ids, overwrite)
+                self._import_conversations(by_kind["session"], by_kind["turn"], report, ids, overwrite)
+                self._import_consolidations(by_kind["consolidation"], report["consolidation"], ids)
+                doomed = self._import_tombstones(by_kind["tombstone"], report["tombstone"])
             for at in range(0, len(preps), IMPORT_CHUNK):  # a chunk at a time: progress can tell
                 chunk = preps[at:at + IMPORT_CHUNK]
                 self.run_pipeline(chunk)
@@ -6871,7 +6873,7 @@ class Portable:
             return None
         return ids[(table, uid)]
 
-    def _import_verdict(self, table: str, rec: dict, line: int,
+    def _import_verdict(self, table: str, rec: dict, line: int, overwrite=frozenset(),
                         stamp_key: str = "updated_at") -> tuple[str, int | None]:
         """What importing `rec` into `table` does: ('kept', id) when this file has its uid with the
         same or a later time, ('skipped', None) when a tombstone here is as late, else ('updated', id)
@@ -6880,7 +6882,7 @@ class Portable:
         here = self.rows(f"select id, persona_id, {stamp_key} as stamp from {table} where uid = ?", (rec["uid"],))
         if here and here[0]["persona_id"] != rec.get("persona_id"):
             raise ImportFileError(line, f"{rec['kind']} {rec['uid']} is of another persona in this file")
-        if here and here[0]["stamp"] >= rec[stamp_key] and rec["uid"] not in getattr(self, "_import_overwrite", ()):
+        if here and here[0]["stamp"] >= rec[stamp_key] and rec["uid"] not in overwrite:
             return "kept", here[0]["id"]
         gone = self.value("select deleted_at from tombstones where uid = ?", (rec["uid"],))
         if gone is not None and gone >= rec[stamp_key]:
@@ -6902,7 +6904,8 @@ class Portable:
         except (apsw.ConstraintError, apsw.MismatchError, TypeError, apsw.BindingsError) as e:
             raise ImportFileError(line, f"{table} refuses it ({e})") from None
 
-    def _import_memories(self, recs, report: dict, ids: dict, claim, status: str = "atoms_done") -> list[Prepared]:
+    def _import_memories(self, recs, report: dict, ids: dict, claim, status: str = "atoms_done",
+                         overwrite=frozenset()) -> list[Prepared]:
         """Write the memory records (oldest first, so ids follow time) as documents rows with their
         FTS text, each with a journal row at `status` (atoms_done: the pipeline's graph stages;
         docs_done: atoms too); then merged_into, and superseded_by of the memories written (a
@@ -6911,7 +6914,7 @@ class Portable:
         c, preps, state = self.conn, [], "pending" if self.embedder.provider != "none" else "none"
         written = []
         for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
-            verdict, doc_id = self._import_verdict("documents", r, n)
+            verdict, doc_id = self._import_verdict("documents", r, n, overwrite)
             p = self.prepare(r["content"], {k: r[k] for k in ("summary", "topics", "key_facts", "participants",
                              "tags", "sentiment", "source", "importance", "session_id", "persona_id", "pinned")}
                              | {"timestamp": r["created_at"]}, f"line {n}: ")
@@ -6957,12 +6960,12 @@ class Portable:
                        ids[("documents", r["uid"])]))
         return preps
 
-    def _import_atoms(self, recs, report: dict, ids: dict) -> None:
+    def _import_atoms(self, recs, report: dict, ids: dict, overwrite=frozenset()) -> None:
         """Upsert the atom records with their sources, FTS text and supersession. In tx."""
         c = self.conn
         for n, r in recs:
             doc_id = self._uid_id("documents", r["document"], ids, r["persona_id"])
-            verdict, atom_id = self._import_verdict("memory_atoms", r, n)
+            verdict, atom_id = self._import_verdict("memory_atoms", r, n, overwrite)
             if doc_id is None or verdict in ("kept", "skipped"):
                 report["skipped" if doc_id is None else verdict] += 1
                 continue
@@ -6983,11 +6986,11 @@ class Portable:
                 c.execute("update memory_atoms set superseded_by = ? where id = ?",
                           (self._uid_id("memory_atoms", r["superseded_by"], ids, r["persona_id"]), atom_id))
 
-    def _import_kg(self, entities, triples, report: dict, ids: dict) -> None:
+    def _import_kg(self, entities, triples, report: dict, ids: dict, overwrite=frozenset()) -> None:
         """Upsert the entities (one already here under another uid, same persona and canonical name,
         is that entity) and the facts between them. In tx."""
         for n, r in entities:
-            verdict, eid = self._import_verdict("kg_entities", r, n)
+            verdict, eid = self._import_verdict("kg_entities", r, n, overwrite)
             same = self.value("select id from kg_entities where persona_id = ? and canonical = ? and uid != ?",
                               (r["persona_id"], r["canonical"], r["uid"]))
             if same is not None and eid is None:
@@ -7000,7 +7003,7 @@ class Portable:
             report["entity"][verdict] += 1
         for n, r in triples:
             sid, oid = (self._uid_id("kg_entities", r[k], ids, r["persona_id"]) for k in ("subject", "object"))
-            verdict, tid = self._import_verdict("kg_triples", r, n)
+            verdict, tid = self._import_verdict("kg_triples", r, n, overwrite)
             if sid is None or oid is None or verdict in ("kept", "skipped"):
                 report["triple"]["skipped" if sid is None or oid is None else verdict] += 1
                 continue
@@ -7011,14 +7014,15 @@ class Portable:
             self._briefing_stale(r["persona_id"])
             report["triple"][verdict] += 1
 
-    def _import_conversations(self, sessions, turns, report: dict, ids: dict) -> None:
+    def _import_conversations(self, sessions, turns, report: dict, ids: dict,
+                              overwrite=frozenset()) -> None:
         """Upsert the sessions (one already here under another uid, same persona, client and session
         id, is that session: its summary columns are refreshed) and insert the turns not here yet,
         with their FTS text; their vectors are back-filled. In tx."""
         c, merged = self.conn, set()
         state = "none" if self.embedder.provider == "none" else "pending"
         for n, r in sessions:
-            verdict, ref = self._import_verdict("conv_sessions", r, n)
+            verdict, ref = self._import_verdict("conv_sessions", r, n, overwrite)
             same = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ? "
                               "and uid != ?", (r["persona_id"], r["source"], r["session_id"], r["uid"]))
             if same is not None and ref is None:
@@ -7991,43 +7995,71 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
 
     def __init__(self, path: Path | str, cfg: Config | None = None, embedder: Embedder | None = None,
                  recover: bool = True):
-        self.cfg = cfg or load_config()
-        self.path = Path(path)
-        self.lock = threading.RLock()
+        """Open (create, migrate, upgrade) the file: every attribute any section uses is set here."""
+        # Store: the file and its connection
+        self.cfg = cfg or load_config()  # the settings
+        self.path = Path(path)  # the database file
+        self.lock = threading.RLock()  # guards conn and what changes with it (see Locks above)
         new = not self.path.exists()
         self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
                             self.backup_dir(), create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent,
-                            rank=bool(self.cfg.storage.rank_extension))
+                            rank=bool(self.cfg.storage.rank_extension))  # the one read-write connection
         if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
             print(f"aokun: created a new database {self.path}", file=sys.stderr, flush=True)
-        self.queries = load_queries()
+        self.queries = load_queries()  # the named queries of sql/*.sql
         if self.conn.aokun_rank:  # the recall channels' readers load it too (_reader_rows)
             self.queries = ranked_queries(self.queries)
+        self.epoch = 0  # commits through tx(): what the recall cache keys on (Store owns it)
+        # text and rules (Layers, Journal, Recall read them)
         t = self.cfg.text
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
-                             self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)
+                             self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)  # tokens
         if self.cfg.recall.fusion not in ("score", "rrf"):
             raise AokunError(f"[recall] fusion = {self.cfg.recall.fusion!r} is not one of score, rrf")
-        self.rules = Rules(self.cfg)
-        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)
-        self.epoch = 0
-        self.vector_problem: str | None = None
-        self._recall_cache: dict = {}
-        self._toucher: ThreadPoolExecutor | None = None
+        self.rules = Rules(self.cfg)  # atom rules, aliases, intents, time words, event dates
+        # Vectors
+        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)  # the provider
+        self.vector_problem: str | None = None  # why vectors are not used now (Vectors owns it)
+        self.last_embedding_error: str | None = None  # the provider's last transient failure
+        self._refresher: ThreadPoolExecutor | None = None  # _refresh_stale's worker, started on use
+        self._refresh_lock = threading.Lock()  # guards _refresher
+        self.conn_closed = False  # set by close(): a refresh still queued then does nothing
+        # Recall
+        self._recall_cache: dict = {}  # key -> (stamp, _cache_state, answer), least recent first
+        self._toucher: ThreadPoolExecutor | None = None  # the aokun-touch worker (Recall._touch)
         self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Recall._hamming_bound
-        self._pool_skips: dict[tuple, int] = {}  # Recall._channel_query: recalls left without the FTS pool
-        self._channel_pool: ThreadPoolExecutor | None = None
-        self._readers: list[apsw.Connection] = []
-        self._readers_lock = threading.Lock()
-        self._local = threading.local()
+        self._pool_skips: dict[tuple, int] = {}  # Recall._channel_query: recalls left without the pool
+        self._channel_pool: ThreadPoolExecutor | None = None  # aokun-recall-* channel workers
+        self._readers: list[apsw.Connection] = []  # the channel workers' query-only connections
+        self._readers_lock = threading.Lock()  # guards _readers and _channel_pool, never self.lock
+        self._local = threading.local()  # each channel worker's own reader (Recall._reader_rows)
+        # Conversations
+        self._ingest_rules: dict[str, IngestRules] = {}  # source -> its rules (ingest_rules)
+        # Journal
+        self.last_recovery: dict = {}  # what recover() did when the file was opened
         self._upgrade_vector_index()
         self._compact_vectors()
         self._upgrade_graph_entries()
         self._check_embedding_meta()
         self._requeue_refused_context()
-        self.last_recovery: dict = {}
         if recover:
             self.last_recovery = self.recover()
+
+    def close(self):
+        """Wait for the access bookkeeping (Recall) and the vector refresh (Vectors), stop the
+        worker threads, close the reader connections, then PRAGMA optimize and close the main
+        connection (Store): each section's own teardown, in that order."""
+        self.wait_background()
+        self.wait_refresh()
+        self._stop_refresher()
+        self._stop_recall_workers()
+        self._close_connection()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 # MCP server: instructions and response models ####################################################
