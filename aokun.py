@@ -725,6 +725,24 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
     return queries
 
 
+# Files: a write a reader sees whole or not at all ################################################
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so a reader sees the old file or the whole new one: a temporary file
+    `<name>.tmp` beside it, flushed to disk, then renamed over it. A failure (a full disk) removes
+    the temporary file and raises the OSError."""
+    tmp = path.with_name(f"{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
 # Text: clean and fold, segment, stop words, cut, token estimate ##################################
 
 _WORD = re.compile(r"\w", re.UNICODE)
@@ -1295,6 +1313,20 @@ def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = Fals
     return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
 
 
+GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects of one memory (each)
+GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
+GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
+
+ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
+
+
+def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
+    """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
+    of the three, so every device that derives it gives it the same uid (and an edit that keeps a
+    fact keeps its atom's uid)."""
+    return str(uuid.uuid5(ATOM_UID_NAMESPACE, "\x1f".join((persona_id, document_uid, content.strip()))))
+
+
 RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")  #: rules/relevance.toml
 
 
@@ -1429,6 +1461,54 @@ class Rules:
         return None, {}
 
 
+# Secret redaction: what is stored in place of a secret ###########################################
+
+def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
+    """((kind, compiled pattern), ...) of rules/secrets.toml, in order. Raises AokunError naming the
+    file and the entry for a missing kind or a pattern that does not compile."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    out = []
+    for i, p in enumerate(data.get("patterns", [])):
+        if not isinstance(p.get("kind"), str) or not p["kind"] or not isinstance(p.get("pattern"), str):
+            raise AokunError(f"{path.name}: patterns[{i}] needs a kind and a pattern (text)")
+        try:
+            out.append((p["kind"], re.compile(p["pattern"])))
+        except re.error as e:
+            raise AokunError(f"{path.name}: patterns[{i}] ({p['kind']}) is not a valid regular expression: {e}"
+                             ) from None
+    return tuple(out)
+
+
+def redact(text: str, patterns, counts: dict | None = None) -> str:
+    """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
+    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced.
+    `counts` ({kind: n}), when given, gets the number of replacements of each kind added."""
+    for kind, rx in patterns:
+        mark = f"[REDACTED:{kind}]"
+        if "secret" in rx.groupindex:
+            def keep_around(m, mark=mark):
+                whole, at = m.group(0), m.start()
+                return whole[: m.start("secret") - at] + mark + whole[m.end("secret") - at:]
+            text, n = rx.subn(keep_around, text)
+        else:
+            text, n = rx.subn(lambda _m, mark=mark: mark, text)
+        if n and counts is not None:
+            counts[kind] = counts.get(kind, 0) + n
+    return text
+
+
+def redaction_warning(counts: dict) -> str | None:
+    """The write-result warning for the secrets redact() replaced ({kind: n}; None when none): how
+    many, of which kinds, and the placeholders the stored text has instead. Never the secrets."""
+    n = sum(counts.values())
+    if not n:
+        return None
+    kinds = ", ".join(k if c == 1 else f"{k} ×{c}" for k, c in counts.items())
+    marks = ", ".join(f"[REDACTED:{k}]" for k in counts)
+    return (f"{n} secret{'s' if n > 1 else ''} redacted before storing ({kinds}); the stored text has "
+            f"{marks} in {'their' if n > 1 else 'its'} place")
+
+
 # Write validation: one memory, checked before anything is stored #################################
 
 @dataclass
@@ -1542,6 +1622,578 @@ def _id_list(value, name: str, limit: int) -> list[int]:
     if len(ids) > limit:
         raise InputError(name, f"{len(ids)} ids; at most {limit} at once ([recall] max_k)")
     return ids
+
+
+# Ranking: pure functions over channel rows #######################################################
+
+def rrf(ranks: dict[str, int], channels, k: int, weights: dict[str, float] | None = None) -> float:
+    """Weighted Reciprocal Rank Fusion (Cormack, Clarke & Büttcher 2009): Σ w_c/(k + rank_c + 1)
+    over the channels (0-based ranks), divided by its maximum Σ w_c/(k+1) so it lies in 0..1."""
+    w = weights or {}
+    total = sum(w.get(c, 1.0) for c in channels)
+    if not total:
+        return 0.0
+    return sum(w.get(c, 1.0) / (k + ranks[c] + 1) for c in channels if c in ranks) / (total / (k + 1))
+
+
+def normalized_scores(channel: str, rows: list[dict]) -> dict[int, float]:
+    """A channel's scores scaled to 0..1 within this answer, 1 = its best hit. Keyword channels
+    (−bm25(), the graph-keyword aggregate; 0 = no match) are divided by their maximum, so a weak
+    match keeps its share; KNN similarities (1 − cosine distance, always k hits bunched together)
+    are min-max scaled over the k neighbours."""
+    if not rows:
+        return {}
+    if channel in ("vector", "graph_vector"):
+        vals = {row["id"]: 1.0 - row["raw"] for row in rows}
+        lo, hi = min(vals.values()), max(vals.values())
+        return {i: (v - lo) / (hi - lo) if hi > lo else 1.0 for i, v in vals.items()}
+    vals = {row["id"]: -row["raw"] if channel == "bm25" else row["raw"] for row in rows}
+    hi = max(vals.values())
+    return {i: max(0.0, v) / hi if hi > 0 else 1.0 for i, v in vals.items()}
+
+
+def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, lam: float) -> list[tuple]:
+    """Maximal Marginal Relevance (Carbonell & Goldstein 1998): repeatedly pick
+    argmax λ·relevance(d) − (1−λ)·max_{s∈picked} Jaccard(d, s). Returns [(id, mmr_score)]."""
+    picked: list[tuple] = []
+    pool = list(candidates)
+    sim = dict.fromkeys(pool, 0.0)  # max similarity to the picked set, updated with each pick
+    while pool and len(picked) < k:
+        best, best_score = None, -math.inf
+        for c in pool:
+            score = lam * relevance[c] - (1 - lam) * sim[c]
+            if score > best_score:
+                best, best_score = c, score
+        picked.append((best, best_score))
+        pool.remove(best)
+        for c in pool:
+            sim[c] = max(sim[c], jaccard(tokens[c], tokens[best]))
+    return picked
+
+
+DOC_CHANNELS = ("bm25", "vector")  #: the document route's channels
+GRAPH_CHANNELS = ("graph_keyword", "graph_vector")  #: the graph route's channels
+FREQUENCY_SATURATION = 10  #: (decayed) useful marks (memory_feedback) at which the frequency term reaches 1
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Every number fusion uses, from [recall] and the query intent's spec (rules/intents.toml:
+    doc_weight, graph_weight, recency_boost). `channels` are the channels asked for that ran or
+    could run; a route without channels gets route weight 0 and the other 1."""
+    channel: dict  #: {channel: weight} (weight_bm25, weight_vector, weight_graph_keyword, ...)
+    doc_channels: tuple
+    graph_channels: tuple
+    fusion: str  #: 'score' (weighted mean of normalised channel scores) or 'rrf'
+    rrf_k: int
+    alpha: float  #: doc route: relevance
+    beta: float  #: doc route: importance
+    gamma: float  #: doc route: recency (score_gamma + the intent's recency_boost)
+    delta: float  #: doc route: frequency
+    graph_relevance: float
+    graph_importance: float
+    graph_recency: float
+    graph_confidence: float
+    temporal_floor: float  #: share of the graph route kept when every atom of the memory expired
+    recency_days: float
+    doc_route: float  #: route weights after the intent, see above
+    graph_route: float
+    cross_route_bonus: float
+    neighbour: float  #: session_neighbour_weight
+    mmr_lambda: float
+    window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window), or None
+    time_boost: float = 0.0  #: time_window_boost, added to the score of a memory created within the window
+
+    @classmethod
+    def of(cls, r, spec: dict, channels, window: tuple | None = None) -> "Weights":
+        """Weights from a [recall] section `r`, an intent spec, the channels that take part and the
+        question's time window."""
+        doc = tuple(c for c in DOC_CHANNELS if c in channels)
+        graph = tuple(c for c in GRAPH_CHANNELS if c in channels)
+        w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
+        wd, wg = (w_doc, w_graph) if doc and graph else ((1.0, 0.0) if doc else (0.0, 1.0))
+        return cls(channel={"bm25": r.weight_bm25, "vector": r.weight_vector,
+                            "graph_keyword": r.weight_graph_keyword, "graph_vector": r.weight_graph_vector},
+                   doc_channels=doc, graph_channels=graph, fusion=r.fusion, rrf_k=r.rrf_k,
+                   alpha=r.score_alpha, beta=r.score_beta, gamma=r.score_gamma + spec.get("recency_boost", 0.0),
+                   delta=r.score_delta, graph_relevance=r.graph_rrf_weight,
+                   graph_importance=r.graph_importance_weight, graph_recency=r.graph_recency_weight,
+                   graph_confidence=r.graph_confidence_weight, temporal_floor=r.temporal_floor,
+                   recency_days=r.recency_days, doc_route=wd, graph_route=wg, cross_route_bonus=r.cross_route_bonus,
+                   neighbour=r.session_neighbour_weight, mmr_lambda=r.mmr_lambda,
+                   window=window, time_boost=r.time_window_boost if window else 0.0)
+
+
+def _month_start(year: int, month: int, tz) -> dt.datetime:
+    """Local midnight on the first of a month; month may run past 1..12 (13 = January next year)."""
+    year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
+    return dt.datetime(year, month, 1, tzinfo=tz)
+
+
+def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tuple | None:
+    """(local start, local end) of one matched time-word rule (kinds: rules/timewords.toml), or None
+    when the match does not name a usable count or month."""
+    kind, offset = spec["kind"], int(spec.get("offset", 0))
+    midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
+    if kind == "day":
+        start = midnight(today + dt.timedelta(days=offset)) + dt.timedelta(hours=spec.get("start_hour", 0))
+        return start, start + dt.timedelta(hours=spec.get("hours", 24))
+    if kind == "week":
+        monday = midnight(today - dt.timedelta(days=today.weekday() - 7 * offset))
+        return monday, monday + dt.timedelta(days=7)
+    if kind == "month":
+        month = today.month + offset
+        return _month_start(today.year, month, tz), _month_start(today.year, month + 1, tz)
+    if kind == "year":
+        return _month_start(today.year + offset, 1, tz), _month_start(today.year + offset + 1, 1, tz)
+    if kind == "named_month":
+        name = m.group("month").casefold()
+        month = words["months"].get(name) or words["numbers"].get(name) or (int(name) if name.isdigit() else 0)
+        if not 1 <= month <= 12:
+            return None
+        later = month > today.month or (spec.get("strict") and month == today.month)
+        year = today.year + offset if offset else today.year - int(bool(later))
+        return _month_start(year, month, tz), _month_start(year, month + 1, tz)
+    n = m.group("n").casefold()
+    count, unit = int(n) if n.isdigit() else words["numbers"].get(n), words["units"].get(m.group("unit").casefold())
+    if count is None or unit is None:
+        return None
+    day = today - dt.timedelta(days=count * unit["days"])
+    tolerance = dt.timedelta(days=unit.get("tolerance", 0))
+    return midnight(day) - tolerance, midnight(day + dt.timedelta(days=1)) + tolerance
+
+
+class TimeWindow(tuple):
+    """(start, end, phrase) of time_window, and `keep_words`: the rule's phrase stays a search word."""
+    keep_words = False
+
+
+def window_distance_days(created_at: str, window: tuple) -> float:
+    """Days between a memory's created_at and a time window (start, end, ...): 0 within it."""
+    start, end = _parse_iso(window[0]), _parse_iso(window[1])
+    at = _parse_iso(created_at)
+    return max(0.0, (start - at).total_seconds(), (at - end).total_seconds()) / 86400.0
+
+
+def event_distance_days(event_at: str | None, event_end: str | None, window: tuple) -> float | None:
+    """Days between a memory's event time [event_at, event_end) and a time window (start, end, ...):
+    0 when they overlap; None for a memory without an event time."""
+    if not event_at or not event_end:
+        return None
+    start, end = _parse_iso(window[0]), _parse_iso(window[1])
+    a, b = _parse_iso(event_at), _parse_iso(event_end)
+    return max(0.0, (start - b).total_seconds(), (a - end).total_seconds()) / 86400.0
+
+
+def time_match(d: dict, window: tuple) -> str | None:
+    """Which time of memory `d` (created_at, event_at, event_end) falls in the question's window:
+    'written', 'event', 'written+event', or None."""
+    written = window[0] <= d["created_at"] < window[1]
+    event = event_distance_days(d.get("event_at"), d.get("event_end"), window) == 0.0
+    return "+".join(x for x, on in (("written", written), ("event", event)) if on) or None
+
+
+def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | None:
+    """The time a question asks about, from its relative-time words (rules/timewords.toml, loaded by
+    load_time_words): (start, end, phrase) with start and end ISO UTC (end exclusive) of local
+    calendar days in `tz`, relative to `ref` (now, or recall's as_of), and the matched phrase of
+    fold(query); .keep_words is the rule's keep_words. The first rule with a matching pattern wins;
+    None when no rule matches."""
+    text = fold(query)
+    today = ref.astimezone(tz).date()
+    for patterns, spec in words["rules"]:
+        for p in patterns:
+            m = p.search(text)
+            span = _time_span(spec, m, today, words, tz) if m else None
+            if span:
+                window = TimeWindow((iso(span[0]), iso(span[1]), m.group(0)))
+                window.keep_words = bool(spec.get("keep_words"))
+                return window
+    return None
+
+
+EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "day", "in", "ago", "weekday", "week", "month", "month_end", "year",
+                    "named_month")  #: rules/dates.toml rule kinds
+_ZH_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
+              "九": 9}
+_ZH_NUMERAL = "(?:[一二三四五六七八九]?十[一二三四五六七八九]?|[一二两三四五六七八九])"  #: 1..99 in Chinese numerals
+
+
+def zh_number(text: str) -> int | None:
+    """A whole number 0..99 written in digits or Chinese numerals ('15', '十五', '二十一', '三十'),
+    else None."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    if not text or any(ch not in _ZH_DIGITS and ch != "十" for ch in text):
+        return None
+    if "十" not in text:
+        return _ZH_DIGITS[text] if len(text) == 1 else None
+    tens, _, ones = text.partition("十")
+    if len(tens) > 1 or len(ones) > 1:
+        return None
+    return (_ZH_DIGITS[tens] if tens else 1) * 10 + (_ZH_DIGITS[ones] if ones else 0)
+
+
+def load_event_dates(path: Path) -> dict:
+    """rules/dates.toml, ready for event_spans: {rules: [(compiled patterns, spec)], numbers, months,
+    weekdays, units, grace_days}, with the {n}, {month}, {weekday}, {unit} and {day} placeholders
+    filled in as named groups (alternatives longest first)."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
+    months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
+    weekdays = {fold(k).casefold(): int(v) for k, v in data.get("weekdays", {}).items()}
+    units = {fold(k).casefold(): float(v) for k, v in data.get("units", {}).items()}
+
+    def alts(words):
+        return "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w)))
+    fill = {"{n}": rf"(?P<n>\d+|{_ZH_NUMERAL}|{alts(numbers)})", "{month}": f"(?:{alts(months)})",
+            "{weekday}": f"(?P<weekday>{alts(weekdays)})", "{unit}": f"(?P<unit>{alts(units)})",
+            "{day}": rf"(?:\d{{1,2}}|{_ZH_NUMERAL})"}
+    rules = pattern_rules(data, fill, EVENT_DATE_KINDS, f"{path.name}: unknown event-date kind")
+    return {"rules": rules, "numbers": numbers, "months": months, "weekdays": weekdays, "units": units,
+            "grace_days": float(data.get("grace_days", 1))}
+
+
+def _safe_date(year: int, month: int, day: int) -> dt.date | None:
+    try:
+        return dt.date(year, month, day)
+    except ValueError:
+        return None
+
+
+def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict) -> tuple[dt.date, dt.date] | None:
+    """(first day, day after the last) of one matched event-date rule (kinds: rules/dates.toml),
+    relative to the memory's local day `today`; None when the match names no real date."""
+    kind, offset = spec["kind"], int(spec.get("offset", 0))
+    g = m.groupdict()
+
+    def month_of(value):
+        if value is None:
+            return None
+        value = value.casefold()
+        return words["months"].get(value) or zh_number(value)
+
+    def month_span(year, month):
+        year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
+        first = dt.date(year, month, 1)
+        return first, dt.date(year + month // 12, month % 12 + 1, 1)
+
+    if kind == "ymd":
+        day = _safe_date(int(g["y"]), month_of(g["m"]) or 0, zh_number(g["d"]) or 0)
+        return (day, day + dt.timedelta(days=1)) if day else None
+    if kind == "dm_or_md":
+        a, b = int(g["a"]), int(g["b"])
+        if a > 12 or a == b:
+            day = _safe_date(int(g["y"]), b, a)
+        elif b > 12:
+            day = _safe_date(int(g["y"]), a, b)
+        else:
+            return None  # 03/04/2027: March 4 or 3 April
+        return (day, day + dt.timedelta(days=1)) if day else None
+    if kind == "md":
+        month, d = month_of(g["m"]) or 0, zh_number(g["d"]) or 0
+        options = [x for x in (_safe_date(today.year + k, month, d) for k in (-1, 0, 1)) if x]
+        if not options:
+            return None
+        day = min(options, key=lambda x: (abs((x - today).days), x < today))  # the nearest; a tie: ahead
+        return day, day + dt.timedelta(days=1)
+    if kind == "day":
+        day = today + dt.timedelta(days=offset)
+        return day, day + dt.timedelta(days=1)
+    if kind in ("in", "ago"):
+        n = g["n"].casefold()
+        count = words["numbers"].get(n) if n in words["numbers"] else zh_number(n)
+        unit = words["units"].get(g["unit"].casefold())
+        if count is None or unit is None:
+            return None
+        day = today + dt.timedelta(days=round(count * unit) * (1 if kind == "in" else -1))
+        return day, day + dt.timedelta(days=1)
+    monday = today - dt.timedelta(days=today.weekday())
+    if kind == "weekday":
+        day = monday + dt.timedelta(days=7 * offset + words["weekdays"][g["weekday"].casefold()])
+        return day, day + dt.timedelta(days=1)
+    if kind == "week":
+        start = monday + dt.timedelta(days=7 * offset)
+        return start, start + dt.timedelta(days=7)
+    if kind == "month":
+        return month_span(today.year, today.month + offset)
+    if kind == "month_end":
+        end = month_span(today.year, today.month + offset)[1]
+        return end - dt.timedelta(days=1), end
+    if kind == "year":
+        return dt.date(today.year + offset, 1, 1), dt.date(today.year + offset + 1, 1, 1)
+    month = month_of(g.get("month") or g.get("m"))  # named_month
+    if not month or not 1 <= month <= 12:
+        return None
+    year = today.year + offset if offset else today.year - int(month >= today.month)
+    return month_span(year, month)
+
+
+def event_spans(text: str, created_at: str, words: dict, tz) -> list[tuple[str, str, str]]:
+    """The dates `text` names (rules/dates.toml, loaded by load_event_dates), resolved against the
+    memory's own time `created_at` (ISO) in the local calendar of `tz`: [(start, end, phrase)], start
+    and end ISO UTC of local midnights (end exclusive), in the order they appear in fold(text). A
+    piece of text matched by an earlier rule is not matched again ('2027年1月15日' is one date, not
+    also '1月15日')."""
+    folded = fold(text)
+    today = _parse_iso(created_at).astimezone(tz).date()
+    taken: list[tuple[int, int]] = []
+    found = []
+    for patterns, spec in words["rules"]:
+        for p in patterns:
+            for m in p.finditer(folded):
+                if any(m.start() < b and a < m.end() for a, b in taken):
+                    continue
+                span = _event_span(spec, m, today, words)
+                if span is None:
+                    continue
+                taken.append((m.start(), m.end()))
+                start, end = (dt.datetime.combine(x, dt.time(0), tzinfo=tz) for x in span)
+                found.append((m.start(), iso(start), iso(end), m.group(0)))
+    return [(s, e, phrase) for _, s, e, phrase in sorted(found)]
+
+
+def channel_evidence(ranked: dict[str, list[dict]], graph_channels) -> tuple[dict, dict, dict]:
+    """What the channels say about each memory: (ranks {id: {channel: 0-based rank}}, scores
+    {channel: {id: 0..1}} (normalized_scores), confidence {id: best graph-entry confidence})."""
+    ranks: dict[int, dict] = {}
+    confidence: dict[int, float] = {}
+    for ch, rows in ranked.items():
+        for row in rows:
+            ranks.setdefault(row["id"], {})[ch] = row["rank"]
+            if ch in graph_channels:
+                confidence[row["id"]] = max(confidence.get(row["id"], 0.0), row["confidence"] or 0.0)
+    return ranks, {ch: normalized_scores(ch, rows) for ch, rows in ranked.items()}, confidence
+
+
+def route_relevance(i: int, ranks: dict, scores: dict, channels, w: Weights) -> float:
+    """A route's relevance for memory `i`, in 0..1: weighted RRF of its channel ranks (fusion =
+    rrf), or the weighted mean of its normalised channel scores (fusion = score, the default)."""
+    if w.fusion == "rrf":
+        return rrf(ranks, channels, w.rrf_k, w.channel) if sum(w.channel[c] for c in channels) else 0.0
+    total = part = 0.0  # one pass: fusion calls this ~900 times a recall
+    for c in channels:
+        weight = w.channel[c]
+        total += weight
+        if c in scores:
+            part += weight * scores[c].get(i, 0.0)
+    return part / total if total else 0.0
+
+
+def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None, w: Weights,
+                    ref: dt.datetime, historical: bool, source_boost: float, pin: float | None) -> dict:
+    """The score parts of one candidate (its row `d` from sql recall_candidates: importance,
+    created_at, useful_count, last_useful_at, temporal_factor), before the routes are scaled:
+
+        recency     = exp(−age_days / recency_days), age from created_at (when it happened; being
+                      returned by a recall does not make a memory recent); with time words, the
+                      days from the question's window instead (0 within it): close to when was asked,
+                      by created_at or by the event time its text names, whichever is closer
+        frequency   = min(1, ln(1 + useful_count·exp(−days since last useful / recency_days))
+                             / ln(1 + FREQUENCY_SATURATION))   (0 for as_of recall)
+        doc_route   = α·doc_relevance + β·importance + γ·recency + δ·frequency
+        graph_route = (0.55·graph_relevance + 0.20·importance + 0.15·recency + 0.10·confidence)
+                      × (temporal_floor + (1 − temporal_floor)·temporal_factor)
+        time_boost  = time_window_boost when created_at is within the question's time window or its
+                      event time overlaps it (time_match), else 0
+
+    (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours, README "How
+    recall ranks"). Returns the dict that explain shows."""
+    if w.window:
+        event = event_distance_days(d.get("event_at"), d.get("event_end"), w.window)
+        days = window_distance_days(d["created_at"], w.window)
+        recency = math.exp(-(days if event is None else min(days, event)) / w.recency_days)
+        matched = time_match(d, w.window)
+    else:
+        recency, matched = math.exp(-age_days(d["created_at"], ref) / w.recency_days), None
+    # use, not retrieval: memory_feedback counts a memory the assistant said it used; recall's
+    # own touches (access_count) would let whatever was merely returned outrank the right answer
+    frequency = 0.0 if historical or not d["last_useful_at"] else min(1.0, math.log1p(
+        d["useful_count"] * math.exp(-age_days(d["last_useful_at"], ref) / w.recency_days))
+        / math.log1p(FREQUENCY_SATURATION))
+    rel_doc = route_relevance(d["id"], ranks, scores, w.doc_channels, w)
+    rel_graph = route_relevance(d["id"], ranks, scores, w.graph_channels, w)
+    factor = d["temporal_factor"] if w.graph_channels else 1.0
+    doc_score = w.alpha * rel_doc + w.beta * d["importance"] + w.gamma * recency + w.delta * frequency
+    graph_score = (w.graph_relevance * rel_graph + w.graph_importance * d["importance"]
+                   + w.graph_recency * recency + w.graph_confidence * (confidence or 0.0))
+    return dict(ranks=ranks, doc_relevance=rel_doc, graph_relevance=rel_graph, importance=d["importance"],
+                recency=recency, frequency=frequency, useful_count=d["useful_count"], doc_route=doc_score,
+                # × the atoms' temporal factor, before scale_routes divides by the best graph route;
+                # the floor: graph evidence whose atoms all expired keeps that share of its weight
+                graph_route=graph_score * (w.temporal_floor + (1 - w.temporal_floor) * factor),
+                source_boost=source_boost, pin_similarity=pin, temporal_factor=factor, confidence=confidence,
+                time_boost=w.time_boost if matched else 0.0, time_match=matched,
+                in_doc=any(c in ranks for c in w.doc_channels), in_graph=any(c in ranks for c in w.graph_channels))
+
+
+def shortlist(ranks: dict, scores: dict, pins: dict, w: Weights, n: int) -> set:
+    """The candidates fusion scores in full (candidate_score needs a row each): the best `n` by
+    channel evidence alone, w.doc_route·α·doc relevance + w.graph_route·graph_relevance_weight·graph
+    relevance (+ cross_route_bonus when both routes found it), and every pinned or time-window one.
+    The rest (for k = 10 some 270 of the ~330 ids, the channels' tails) could only reach the MMR
+    pool on importance and recency alone; on LoCoMo and MADial the answers stay the same."""
+    if len(ranks) <= n:
+        return set(ranks) | set(pins)
+
+    def evidence(i: int) -> float:
+        r = ranks[i]
+        both = any(c in r for c in w.doc_channels) and any(c in r for c in w.graph_channels)
+        return (w.doc_route * w.alpha * route_relevance(i, r, scores, w.doc_channels, w)
+                + w.graph_route * w.graph_relevance * route_relevance(i, r, scores, w.graph_channels, w)
+                + (w.cross_route_bonus if both else 0.0))
+    best = sorted(ranks, key=lambda i: (-evidence(i), i))[:n]
+    return set(best) | set(pins) | {i for i, r in ranks.items() if "time_window" in r}
+
+
+def scale_routes(parts: dict[int, dict], w: Weights) -> None:
+    """Dual-route fusion, in place: routes = wd·doc_route/max(doc_route) + wg·graph_route/
+    max(graph_route) over all candidates, + cross_route_bonus when both routes found it."""
+    doc_max = max((p["doc_route"] for p in parts.values()), default=0) or 1.0
+    graph_max = max((p["graph_route"] for p in parts.values()), default=0) or 1.0
+    for p in parts.values():
+        p["cross_route_bonus"] = w.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
+        p["doc_share"] = w.doc_route * p["doc_route"] / doc_max  # what each route adds (explain)
+        p["graph_share"] = w.graph_route * p["graph_route"] / graph_max
+        p["routes"] = p["doc_share"] + p["graph_share"] + p["cross_route_bonus"]
+
+
+def fuse_scores(parts: dict[int, dict], neighbours: dict[int, set], w: Weights) -> list[int]:
+    """The final score, in place: fused = (routes + neighbour + time_boost) × source_boost, where
+    neighbour = session_neighbour_weight × the best routes of the turns right before/after it in its
+    session and time_boost is candidate_score's (a memory from the question's time window). Not
+    capped at 1.0 as in the seed (the cap made the top hits tie); the source boost is the second
+    seed's. Returns the ids best first (ties: lower id first)."""
+    for i, p in parts.items():
+        near = [parts[n]["routes"] for n in neighbours.get(i, ()) if n in parts]
+        p["neighbour"] = w.neighbour * max(near) if near else 0.0
+        p["fused"] = (p["routes"] + p["neighbour"] + p.get("time_boost", 0.0)) * p["source_boost"]
+    return sorted(parts, key=lambda i: (-parts[i]["fused"], i))
+
+
+def mmr_pool(order: list[int], parts: dict, pins: dict, size: int) -> list[int]:
+    """The ids whose documents MMR needs: the best `size`, plus pinned memories that matched."""
+    pool = order[:size]
+    return pool + [i for i in pins if i in parts and i not in pool]
+
+
+def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict[int, float], k: int,
+                lam: float) -> list[tuple]:
+    """The answer: MMR (λ, token Jaccard) over the `best` candidates that still exist (those in
+    `tokens`), then each pinned memory similar enough to the query (`pins`: {id: cosine
+    similarity}, best first) that MMR left out, in place of the weakest unpinned hit.
+    Returns [(id, mmr score or None for a pin put in)]."""
+    picked = mmr([i for i in best if i in tokens], {i: p["fused"] for i, p in parts.items()}, tokens, k, lam)
+    missing = [i for i in sorted(pins, key=lambda i: -pins[i]) if i in tokens and i not in {x for x, _ in picked}]
+    for i in missing:
+        unpinned = [n for n, (x, _) in enumerate(picked) if x not in pins]
+        if len(picked) < k:
+            picked.append((i, None))
+        elif unpinned:
+            picked[unpinned[-1]] = (i, None)
+    return picked
+
+
+def token_cover(query_tokens: set, doc_tokens: set) -> float | None:
+    """The share of the query's distinct search tokens found among a memory's indexed tokens, 0..1,
+    counting only query tokens of a script the memory has (CJK or not): an English question about a
+    Chinese memory shares no word with it by nature. Single-character Chinese tokens are left out
+    when the query has a longer one: jieba leaves the verbs and particles of a question (有, 去, 喝,
+    做) single, and they match every other memory ("下周有什么安排" is not about "我家有一只猫"); the
+    content words (安排, 上海, 咖啡) are longer. None when no query token is comparable."""
+    scripts = {bool(_CJK.search(t)) for t in doc_tokens}
+    comparable = {t for t in query_tokens if bool(_CJK.search(t)) in scripts}
+    words = {t for t in comparable if len(t) > 1 or not _CJK.search(t)}
+    if any(_CJK.search(t) for t in words):
+        comparable = words
+    return len(comparable & doc_tokens) / len(comparable) if comparable else None
+
+
+def query_script(tokens) -> str:
+    """'cjk' when at least half of a question's search tokens are Chinese/Japanese/Korean, else
+    'latin' (any other script). Similarities live on another scale per script: multilingual-e5-small
+    gives any two Chinese sentences a cosine of ~0.85, two unrelated English ones ~0.75."""
+    tokens = list(tokens)
+    cjk = sum(bool(_CJK.search(t)) for t in tokens)
+    return "cjk" if tokens and 2 * cjk >= len(tokens) else "latin"
+
+
+def calibrated_relevance(cos: float | None, cover: float | None, coef: dict | None) -> float | None:
+    """How likely the memory is relevant to the query, 0..1, on one scale for every query: the
+    logistic 1/(1 + exp(−(w_cos·cos + w_cover·cover + bias))) with the weights fitted for the
+    embedding model (`coef`, rules/relevance.toml says how), or its cos-only weights when `cover` is
+    None (no comparable words: another language). `cos`: cosine similarity of the query and memory
+    vectors; `cover`: token_cover. None when the model is not calibrated or the memory has no vector
+    yet (such hits are never dropped)."""
+    if coef is None or cos is None:
+        return None
+    z = coef["w_cos"] * cos + coef["w_cover"] * cover + coef["bias"] if cover is not None \
+        else coef["cos_only_w_cos"] * cos + coef["cos_only_bias"]
+    return 1.0 / (1.0 + math.exp(-z))
+
+
+def recall_hit(d: dict, p: dict) -> dict:
+    """One result of recall() from its row of sql recall_documents and its score parts."""
+    return {"id": d["id"], "score": round(p["fused"], 6), "text": d["content"], "truncated": False,
+            "summary": d["summary"],
+            "importance": d["importance"], "created_at": d["created_at"], "session_id": d["session_id"],
+            "persona_id": d["persona_id"], "participants": json.loads(d["participants"]),
+            "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
+            "archived": bool(d["archived"]), "channels": sorted(p["ranks"]),
+            "relevance": None if p.get("relevance") is None else round(p["relevance"], 4)}
+
+
+RECALL_HIT_MIN_TOKENS = 50  #: a hit cut to fit [recall] max_answer_tokens keeps this much text at least, or is left out
+
+
+def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[dict], list[int]]:
+    """The hits within the answer's limits (0 = no limit). Each text is cut to `max_chars`
+    characters (cut_text); then the texts together (estimate_tokens) stay within `max_tokens`: the
+    first hit keeps its capped text; each later one, in rank order, gets what is left less a short
+    share kept for every hit after it (RECALL_HIT_MIN_TOKENS, or that hit's whole text when
+    shorter), and at least RECALL_HIT_MIN_TOKENS itself. A hit for which not even that is left is
+    left out (a shorter one after it may still fit). `truncated` says a text was cut.
+    Returns (hits kept, ids left out)."""
+    capped = [cut_text(h["text"], max_chars) if max_chars > 0 else (h["text"], False) for h in hits]
+    costs = [estimate_tokens(text) for text, _ in capped]
+    after = [0] * (len(hits) + 1)  # after[i]: the shares kept for hits i, i + 1, … (the last: 0)
+    for i in range(len(hits) - 1, -1, -1):
+        after[i] = after[i + 1] + min(costs[i], RECALL_HIT_MIN_TOKENS)
+    kept, left_out, used = [], [], 0
+    for i, (h, (text, cut)) in enumerate(zip(hits, capped, strict=True)):
+        left = max_tokens - used
+        room = min(left, max(left - after[i + 1], RECALL_HIT_MIN_TOKENS))
+        if max_tokens > 0 and kept and costs[i] > room:
+            if room < RECALL_HIT_MIN_TOKENS:
+                left_out.append(h["id"])
+                continue
+            text, cut = cut_text(text, chars_within(text, room))[0], True
+        used += estimate_tokens(text)
+        kept.append(dict(h, text=text, truncated=cut))
+    return kept, left_out
+
+
+def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr_score) -> dict:
+    """What recall(explain=true) shows for hit `i`: its rank and normalised score per channel and
+    every part of its score, in the order they combine; with time words, the window, time_boost and
+    time_match (which of its times fell in the window: 'written', 'event' or 'written+event')."""
+    window = {"time_window": dict(zip(("start", "end", "phrase"), w.window, strict=True)),
+              "time_boost": p.get("time_boost", 0.0), "time_match": p.get("time_match")} if w.window else {}
+    return window | {"ranks": {c: p["ranks"].get(c) for c in chosen},
+            "scores": {c: scores[c][i] for c in scores if i in scores[c]}, "fusion": w.fusion,
+            "doc_rrf": rrf(p["ranks"], w.doc_channels, w.rrf_k, w.channel),
+            "graph_rrf": rrf(p["ranks"], w.graph_channels, w.rrf_k, w.channel),
+            "doc_relevance": p["doc_relevance"], "graph_relevance": p["graph_relevance"],
+            "neighbour": p["neighbour"], "importance": p["importance"], "recency": p["recency"],
+            "confidence": p["confidence"], "temporal_factor": p["temporal_factor"],
+            "frequency": p["frequency"], "useful_count": p["useful_count"], "source_boost": p["source_boost"],
+            "pin_similarity": p["pin_similarity"],
+            "doc_route": p["doc_route"], "graph_route": p["graph_route"],
+            "route_weights": [w.doc_route, w.graph_route], "doc_share": p["doc_share"],
+            "graph_share": p["graph_share"], "cross_route_bonus": p["cross_route_bonus"],
+            "intent": intent, "fused": p["fused"], "mmr": mmr_score,
+            "cosine": p.get("cosine"), "cover": p.get("cover"), "relevance": p.get("relevance")}
 
 
 # Store: the connection, transactions and reading #################################################
@@ -2253,9 +2905,6 @@ class Vectors:
 # Write stages: a memory's row and FTS, its atoms, its graph ######################################
 
 IMPORT_CHUNK = 64  #: memories an import re-derives and embeds between two progress reports
-GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects of one memory (each)
-GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
-GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
 GRAPH_LAYOUT = "2"  #: meta graph_layout of the entries _stage_graph writes (Layers._upgrade_graph_entries)
 GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph layout upgrade
 
@@ -2740,6 +3389,36 @@ class Journal:
     """Writes through the journal (memory_write_ops): every write is a row that moves pending →
     docs_done → atoms_done → graph_done → done, one transaction per stage, so a crash at any
     point is finished by recover() at the next open (seed: Reliability)."""
+
+    # secrets -------------------------------------------------------------------------------------
+
+    @property
+    def secret_patterns(self) -> tuple:
+        """The compiled patterns of [write] secrets (rules/secrets.toml), loaded on first use."""
+        if self._secret_patterns is None:
+            self._secret_patterns = load_secret_rules(self.cfg.rule_file(self.cfg.write.secrets))
+        return self._secret_patterns
+
+    def redact(self, text: str, counts: dict | None = None) -> str:
+        """`text` with API keys, tokens, passwords, private keys and connection-string passwords
+        replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text.
+        `counts` ({kind: n}), when given, gets the replacements of each kind added."""
+        return redact(text, self.secret_patterns, counts) if text else text
+
+    def redact_fields(self, values: dict, names, counts: dict | None = None) -> dict:
+        """A copy of `values` with its fields `names` redacted (a text, or each text of a list);
+        other values, and fields that are not text, are left for the caller's checks. `counts` as
+        for redact()."""
+        out = dict(values)
+        for k in names & out.keys():
+            v = out[k]
+            if isinstance(v, str):
+                out[k] = self.redact(v, counts)
+            elif isinstance(v, (list, tuple)):
+                out[k] = [self.redact(x, counts) if isinstance(x, str) else x for x in v]
+        return out
+
+    # the write path ------------------------------------------------------------------------------
 
     def prepare(self, content, metadata: dict | None = None, field_prefix: str = "") -> Prepared:
         """Validate one memorize() call into a Prepared write. The text fields keep the characters
@@ -3498,578 +4177,6 @@ class KnowledgeGraph:
                 if f["id"] not in {x["id"] for x in out}:
                     out.append(f)
         return out[:limit]
-
-
-# Ranking: pure functions over channel rows #######################################################
-
-def rrf(ranks: dict[str, int], channels, k: int, weights: dict[str, float] | None = None) -> float:
-    """Weighted Reciprocal Rank Fusion (Cormack, Clarke & Büttcher 2009): Σ w_c/(k + rank_c + 1)
-    over the channels (0-based ranks), divided by its maximum Σ w_c/(k+1) so it lies in 0..1."""
-    w = weights or {}
-    total = sum(w.get(c, 1.0) for c in channels)
-    if not total:
-        return 0.0
-    return sum(w.get(c, 1.0) / (k + ranks[c] + 1) for c in channels if c in ranks) / (total / (k + 1))
-
-
-def normalized_scores(channel: str, rows: list[dict]) -> dict[int, float]:
-    """A channel's scores scaled to 0..1 within this answer, 1 = its best hit. Keyword channels
-    (−bm25(), the graph-keyword aggregate; 0 = no match) are divided by their maximum, so a weak
-    match keeps its share; KNN similarities (1 − cosine distance, always k hits bunched together)
-    are min-max scaled over the k neighbours."""
-    if not rows:
-        return {}
-    if channel in ("vector", "graph_vector"):
-        vals = {row["id"]: 1.0 - row["raw"] for row in rows}
-        lo, hi = min(vals.values()), max(vals.values())
-        return {i: (v - lo) / (hi - lo) if hi > lo else 1.0 for i, v in vals.items()}
-    vals = {row["id"]: -row["raw"] if channel == "bm25" else row["raw"] for row in rows}
-    hi = max(vals.values())
-    return {i: max(0.0, v) / hi if hi > 0 else 1.0 for i, v in vals.items()}
-
-
-def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, lam: float) -> list[tuple]:
-    """Maximal Marginal Relevance (Carbonell & Goldstein 1998): repeatedly pick
-    argmax λ·relevance(d) − (1−λ)·max_{s∈picked} Jaccard(d, s). Returns [(id, mmr_score)]."""
-    picked: list[tuple] = []
-    pool = list(candidates)
-    sim = dict.fromkeys(pool, 0.0)  # max similarity to the picked set, updated with each pick
-    while pool and len(picked) < k:
-        best, best_score = None, -math.inf
-        for c in pool:
-            score = lam * relevance[c] - (1 - lam) * sim[c]
-            if score > best_score:
-                best, best_score = c, score
-        picked.append((best, best_score))
-        pool.remove(best)
-        for c in pool:
-            sim[c] = max(sim[c], jaccard(tokens[c], tokens[best]))
-    return picked
-
-
-DOC_CHANNELS = ("bm25", "vector")  #: the document route's channels
-GRAPH_CHANNELS = ("graph_keyword", "graph_vector")  #: the graph route's channels
-FREQUENCY_SATURATION = 10  #: (decayed) useful marks (memory_feedback) at which the frequency term reaches 1
-
-
-@dataclass(frozen=True)
-class Weights:
-    """Every number fusion uses, from [recall] and the query intent's spec (rules/intents.toml:
-    doc_weight, graph_weight, recency_boost). `channels` are the channels asked for that ran or
-    could run; a route without channels gets route weight 0 and the other 1."""
-    channel: dict  #: {channel: weight} (weight_bm25, weight_vector, weight_graph_keyword, ...)
-    doc_channels: tuple
-    graph_channels: tuple
-    fusion: str  #: 'score' (weighted mean of normalised channel scores) or 'rrf'
-    rrf_k: int
-    alpha: float  #: doc route: relevance
-    beta: float  #: doc route: importance
-    gamma: float  #: doc route: recency (score_gamma + the intent's recency_boost)
-    delta: float  #: doc route: frequency
-    graph_relevance: float
-    graph_importance: float
-    graph_recency: float
-    graph_confidence: float
-    temporal_floor: float  #: share of the graph route kept when every atom of the memory expired
-    recency_days: float
-    doc_route: float  #: route weights after the intent, see above
-    graph_route: float
-    cross_route_bonus: float
-    neighbour: float  #: session_neighbour_weight
-    mmr_lambda: float
-    window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window), or None
-    time_boost: float = 0.0  #: time_window_boost, added to the score of a memory created within the window
-
-    @classmethod
-    def of(cls, r, spec: dict, channels, window: tuple | None = None) -> "Weights":
-        """Weights from a [recall] section `r`, an intent spec, the channels that take part and the
-        question's time window."""
-        doc = tuple(c for c in DOC_CHANNELS if c in channels)
-        graph = tuple(c for c in GRAPH_CHANNELS if c in channels)
-        w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
-        wd, wg = (w_doc, w_graph) if doc and graph else ((1.0, 0.0) if doc else (0.0, 1.0))
-        return cls(channel={"bm25": r.weight_bm25, "vector": r.weight_vector,
-                            "graph_keyword": r.weight_graph_keyword, "graph_vector": r.weight_graph_vector},
-                   doc_channels=doc, graph_channels=graph, fusion=r.fusion, rrf_k=r.rrf_k,
-                   alpha=r.score_alpha, beta=r.score_beta, gamma=r.score_gamma + spec.get("recency_boost", 0.0),
-                   delta=r.score_delta, graph_relevance=r.graph_rrf_weight,
-                   graph_importance=r.graph_importance_weight, graph_recency=r.graph_recency_weight,
-                   graph_confidence=r.graph_confidence_weight, temporal_floor=r.temporal_floor,
-                   recency_days=r.recency_days, doc_route=wd, graph_route=wg, cross_route_bonus=r.cross_route_bonus,
-                   neighbour=r.session_neighbour_weight, mmr_lambda=r.mmr_lambda,
-                   window=window, time_boost=r.time_window_boost if window else 0.0)
-
-
-def _month_start(year: int, month: int, tz) -> dt.datetime:
-    """Local midnight on the first of a month; month may run past 1..12 (13 = January next year)."""
-    year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
-    return dt.datetime(year, month, 1, tzinfo=tz)
-
-
-def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tuple | None:
-    """(local start, local end) of one matched time-word rule (kinds: rules/timewords.toml), or None
-    when the match does not name a usable count or month."""
-    kind, offset = spec["kind"], int(spec.get("offset", 0))
-    midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
-    if kind == "day":
-        start = midnight(today + dt.timedelta(days=offset)) + dt.timedelta(hours=spec.get("start_hour", 0))
-        return start, start + dt.timedelta(hours=spec.get("hours", 24))
-    if kind == "week":
-        monday = midnight(today - dt.timedelta(days=today.weekday() - 7 * offset))
-        return monday, monday + dt.timedelta(days=7)
-    if kind == "month":
-        month = today.month + offset
-        return _month_start(today.year, month, tz), _month_start(today.year, month + 1, tz)
-    if kind == "year":
-        return _month_start(today.year + offset, 1, tz), _month_start(today.year + offset + 1, 1, tz)
-    if kind == "named_month":
-        name = m.group("month").casefold()
-        month = words["months"].get(name) or words["numbers"].get(name) or (int(name) if name.isdigit() else 0)
-        if not 1 <= month <= 12:
-            return None
-        later = month > today.month or (spec.get("strict") and month == today.month)
-        year = today.year + offset if offset else today.year - int(bool(later))
-        return _month_start(year, month, tz), _month_start(year, month + 1, tz)
-    n = m.group("n").casefold()
-    count, unit = int(n) if n.isdigit() else words["numbers"].get(n), words["units"].get(m.group("unit").casefold())
-    if count is None or unit is None:
-        return None
-    day = today - dt.timedelta(days=count * unit["days"])
-    tolerance = dt.timedelta(days=unit.get("tolerance", 0))
-    return midnight(day) - tolerance, midnight(day + dt.timedelta(days=1)) + tolerance
-
-
-class TimeWindow(tuple):
-    """(start, end, phrase) of time_window, and `keep_words`: the rule's phrase stays a search word."""
-    keep_words = False
-
-
-def window_distance_days(created_at: str, window: tuple) -> float:
-    """Days between a memory's created_at and a time window (start, end, ...): 0 within it."""
-    start, end = _parse_iso(window[0]), _parse_iso(window[1])
-    at = _parse_iso(created_at)
-    return max(0.0, (start - at).total_seconds(), (at - end).total_seconds()) / 86400.0
-
-
-def event_distance_days(event_at: str | None, event_end: str | None, window: tuple) -> float | None:
-    """Days between a memory's event time [event_at, event_end) and a time window (start, end, ...):
-    0 when they overlap; None for a memory without an event time."""
-    if not event_at or not event_end:
-        return None
-    start, end = _parse_iso(window[0]), _parse_iso(window[1])
-    a, b = _parse_iso(event_at), _parse_iso(event_end)
-    return max(0.0, (start - b).total_seconds(), (a - end).total_seconds()) / 86400.0
-
-
-def time_match(d: dict, window: tuple) -> str | None:
-    """Which time of memory `d` (created_at, event_at, event_end) falls in the question's window:
-    'written', 'event', 'written+event', or None."""
-    written = window[0] <= d["created_at"] < window[1]
-    event = event_distance_days(d.get("event_at"), d.get("event_end"), window) == 0.0
-    return "+".join(x for x, on in (("written", written), ("event", event)) if on) or None
-
-
-def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | None:
-    """The time a question asks about, from its relative-time words (rules/timewords.toml, loaded by
-    load_time_words): (start, end, phrase) with start and end ISO UTC (end exclusive) of local
-    calendar days in `tz`, relative to `ref` (now, or recall's as_of), and the matched phrase of
-    fold(query); .keep_words is the rule's keep_words. The first rule with a matching pattern wins;
-    None when no rule matches."""
-    text = fold(query)
-    today = ref.astimezone(tz).date()
-    for patterns, spec in words["rules"]:
-        for p in patterns:
-            m = p.search(text)
-            span = _time_span(spec, m, today, words, tz) if m else None
-            if span:
-                window = TimeWindow((iso(span[0]), iso(span[1]), m.group(0)))
-                window.keep_words = bool(spec.get("keep_words"))
-                return window
-    return None
-
-
-EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "day", "in", "ago", "weekday", "week", "month", "month_end", "year",
-                    "named_month")  #: rules/dates.toml rule kinds
-_ZH_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
-              "九": 9}
-_ZH_NUMERAL = "(?:[一二三四五六七八九]?十[一二三四五六七八九]?|[一二两三四五六七八九])"  #: 1..99 in Chinese numerals
-
-
-def zh_number(text: str) -> int | None:
-    """A whole number 0..99 written in digits or Chinese numerals ('15', '十五', '二十一', '三十'),
-    else None."""
-    text = text.strip()
-    if text.isdigit():
-        return int(text)
-    if not text or any(ch not in _ZH_DIGITS and ch != "十" for ch in text):
-        return None
-    if "十" not in text:
-        return _ZH_DIGITS[text] if len(text) == 1 else None
-    tens, _, ones = text.partition("十")
-    if len(tens) > 1 or len(ones) > 1:
-        return None
-    return (_ZH_DIGITS[tens] if tens else 1) * 10 + (_ZH_DIGITS[ones] if ones else 0)
-
-
-def load_event_dates(path: Path) -> dict:
-    """rules/dates.toml, ready for event_spans: {rules: [(compiled patterns, spec)], numbers, months,
-    weekdays, units, grace_days}, with the {n}, {month}, {weekday}, {unit} and {day} placeholders
-    filled in as named groups (alternatives longest first)."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
-    months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
-    weekdays = {fold(k).casefold(): int(v) for k, v in data.get("weekdays", {}).items()}
-    units = {fold(k).casefold(): float(v) for k, v in data.get("units", {}).items()}
-
-    def alts(words):
-        return "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w)))
-    fill = {"{n}": rf"(?P<n>\d+|{_ZH_NUMERAL}|{alts(numbers)})", "{month}": f"(?:{alts(months)})",
-            "{weekday}": f"(?P<weekday>{alts(weekdays)})", "{unit}": f"(?P<unit>{alts(units)})",
-            "{day}": rf"(?:\d{{1,2}}|{_ZH_NUMERAL})"}
-    rules = pattern_rules(data, fill, EVENT_DATE_KINDS, f"{path.name}: unknown event-date kind")
-    return {"rules": rules, "numbers": numbers, "months": months, "weekdays": weekdays, "units": units,
-            "grace_days": float(data.get("grace_days", 1))}
-
-
-def _safe_date(year: int, month: int, day: int) -> dt.date | None:
-    try:
-        return dt.date(year, month, day)
-    except ValueError:
-        return None
-
-
-def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict) -> tuple[dt.date, dt.date] | None:
-    """(first day, day after the last) of one matched event-date rule (kinds: rules/dates.toml),
-    relative to the memory's local day `today`; None when the match names no real date."""
-    kind, offset = spec["kind"], int(spec.get("offset", 0))
-    g = m.groupdict()
-
-    def month_of(value):
-        if value is None:
-            return None
-        value = value.casefold()
-        return words["months"].get(value) or zh_number(value)
-
-    def month_span(year, month):
-        year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
-        first = dt.date(year, month, 1)
-        return first, dt.date(year + month // 12, month % 12 + 1, 1)
-
-    if kind == "ymd":
-        day = _safe_date(int(g["y"]), month_of(g["m"]) or 0, zh_number(g["d"]) or 0)
-        return (day, day + dt.timedelta(days=1)) if day else None
-    if kind == "dm_or_md":
-        a, b = int(g["a"]), int(g["b"])
-        if a > 12 or a == b:
-            day = _safe_date(int(g["y"]), b, a)
-        elif b > 12:
-            day = _safe_date(int(g["y"]), a, b)
-        else:
-            return None  # 03/04/2027: March 4 or 3 April
-        return (day, day + dt.timedelta(days=1)) if day else None
-    if kind == "md":
-        month, d = month_of(g["m"]) or 0, zh_number(g["d"]) or 0
-        options = [x for x in (_safe_date(today.year + k, month, d) for k in (-1, 0, 1)) if x]
-        if not options:
-            return None
-        day = min(options, key=lambda x: (abs((x - today).days), x < today))  # the nearest; a tie: ahead
-        return day, day + dt.timedelta(days=1)
-    if kind == "day":
-        day = today + dt.timedelta(days=offset)
-        return day, day + dt.timedelta(days=1)
-    if kind in ("in", "ago"):
-        n = g["n"].casefold()
-        count = words["numbers"].get(n) if n in words["numbers"] else zh_number(n)
-        unit = words["units"].get(g["unit"].casefold())
-        if count is None or unit is None:
-            return None
-        day = today + dt.timedelta(days=round(count * unit) * (1 if kind == "in" else -1))
-        return day, day + dt.timedelta(days=1)
-    monday = today - dt.timedelta(days=today.weekday())
-    if kind == "weekday":
-        day = monday + dt.timedelta(days=7 * offset + words["weekdays"][g["weekday"].casefold()])
-        return day, day + dt.timedelta(days=1)
-    if kind == "week":
-        start = monday + dt.timedelta(days=7 * offset)
-        return start, start + dt.timedelta(days=7)
-    if kind == "month":
-        return month_span(today.year, today.month + offset)
-    if kind == "month_end":
-        end = month_span(today.year, today.month + offset)[1]
-        return end - dt.timedelta(days=1), end
-    if kind == "year":
-        return dt.date(today.year + offset, 1, 1), dt.date(today.year + offset + 1, 1, 1)
-    month = month_of(g.get("month") or g.get("m"))  # named_month
-    if not month or not 1 <= month <= 12:
-        return None
-    year = today.year + offset if offset else today.year - int(month >= today.month)
-    return month_span(year, month)
-
-
-def event_spans(text: str, created_at: str, words: dict, tz) -> list[tuple[str, str, str]]:
-    """The dates `text` names (rules/dates.toml, loaded by load_event_dates), resolved against the
-    memory's own time `created_at` (ISO) in the local calendar of `tz`: [(start, end, phrase)], start
-    and end ISO UTC of local midnights (end exclusive), in the order they appear in fold(text). A
-    piece of text matched by an earlier rule is not matched again ('2027年1月15日' is one date, not
-    also '1月15日')."""
-    folded = fold(text)
-    today = _parse_iso(created_at).astimezone(tz).date()
-    taken: list[tuple[int, int]] = []
-    found = []
-    for patterns, spec in words["rules"]:
-        for p in patterns:
-            for m in p.finditer(folded):
-                if any(m.start() < b and a < m.end() for a, b in taken):
-                    continue
-                span = _event_span(spec, m, today, words)
-                if span is None:
-                    continue
-                taken.append((m.start(), m.end()))
-                start, end = (dt.datetime.combine(x, dt.time(0), tzinfo=tz) for x in span)
-                found.append((m.start(), iso(start), iso(end), m.group(0)))
-    return [(s, e, phrase) for _, s, e, phrase in sorted(found)]
-
-
-def channel_evidence(ranked: dict[str, list[dict]], graph_channels) -> tuple[dict, dict, dict]:
-    """What the channels say about each memory: (ranks {id: {channel: 0-based rank}}, scores
-    {channel: {id: 0..1}} (normalized_scores), confidence {id: best graph-entry confidence})."""
-    ranks: dict[int, dict] = {}
-    confidence: dict[int, float] = {}
-    for ch, rows in ranked.items():
-        for row in rows:
-            ranks.setdefault(row["id"], {})[ch] = row["rank"]
-            if ch in graph_channels:
-                confidence[row["id"]] = max(confidence.get(row["id"], 0.0), row["confidence"] or 0.0)
-    return ranks, {ch: normalized_scores(ch, rows) for ch, rows in ranked.items()}, confidence
-
-
-def route_relevance(i: int, ranks: dict, scores: dict, channels, w: Weights) -> float:
-    """A route's relevance for memory `i`, in 0..1: weighted RRF of its channel ranks (fusion =
-    rrf), or the weighted mean of its normalised channel scores (fusion = score, the default)."""
-    if w.fusion == "rrf":
-        return rrf(ranks, channels, w.rrf_k, w.channel) if sum(w.channel[c] for c in channels) else 0.0
-    total = part = 0.0  # one pass: fusion calls this ~900 times a recall
-    for c in channels:
-        weight = w.channel[c]
-        total += weight
-        if c in scores:
-            part += weight * scores[c].get(i, 0.0)
-    return part / total if total else 0.0
-
-
-def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None, w: Weights,
-                    ref: dt.datetime, historical: bool, source_boost: float, pin: float | None) -> dict:
-    """The score parts of one candidate (its row `d` from sql recall_candidates: importance,
-    created_at, useful_count, last_useful_at, temporal_factor), before the routes are scaled:
-
-        recency     = exp(−age_days / recency_days), age from created_at (when it happened; being
-                      returned by a recall does not make a memory recent); with time words, the
-                      days from the question's window instead (0 within it): close to when was asked,
-                      by created_at or by the event time its text names, whichever is closer
-        frequency   = min(1, ln(1 + useful_count·exp(−days since last useful / recency_days))
-                             / ln(1 + FREQUENCY_SATURATION))   (0 for as_of recall)
-        doc_route   = α·doc_relevance + β·importance + γ·recency + δ·frequency
-        graph_route = (0.55·graph_relevance + 0.20·importance + 0.15·recency + 0.10·confidence)
-                      × (temporal_floor + (1 − temporal_floor)·temporal_factor)
-        time_boost  = time_window_boost when created_at is within the question's time window or its
-                      event time overlaps it (time_match), else 0
-
-    (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours, README "How
-    recall ranks"). Returns the dict that explain shows."""
-    if w.window:
-        event = event_distance_days(d.get("event_at"), d.get("event_end"), w.window)
-        days = window_distance_days(d["created_at"], w.window)
-        recency = math.exp(-(days if event is None else min(days, event)) / w.recency_days)
-        matched = time_match(d, w.window)
-    else:
-        recency, matched = math.exp(-age_days(d["created_at"], ref) / w.recency_days), None
-    # use, not retrieval: memory_feedback counts a memory the assistant said it used; recall's
-    # own touches (access_count) would let whatever was merely returned outrank the right answer
-    frequency = 0.0 if historical or not d["last_useful_at"] else min(1.0, math.log1p(
-        d["useful_count"] * math.exp(-age_days(d["last_useful_at"], ref) / w.recency_days))
-        / math.log1p(FREQUENCY_SATURATION))
-    rel_doc = route_relevance(d["id"], ranks, scores, w.doc_channels, w)
-    rel_graph = route_relevance(d["id"], ranks, scores, w.graph_channels, w)
-    factor = d["temporal_factor"] if w.graph_channels else 1.0
-    doc_score = w.alpha * rel_doc + w.beta * d["importance"] + w.gamma * recency + w.delta * frequency
-    graph_score = (w.graph_relevance * rel_graph + w.graph_importance * d["importance"]
-                   + w.graph_recency * recency + w.graph_confidence * (confidence or 0.0))
-    return dict(ranks=ranks, doc_relevance=rel_doc, graph_relevance=rel_graph, importance=d["importance"],
-                recency=recency, frequency=frequency, useful_count=d["useful_count"], doc_route=doc_score,
-                # × the atoms' temporal factor, before scale_routes divides by the best graph route;
-                # the floor: graph evidence whose atoms all expired keeps that share of its weight
-                graph_route=graph_score * (w.temporal_floor + (1 - w.temporal_floor) * factor),
-                source_boost=source_boost, pin_similarity=pin, temporal_factor=factor, confidence=confidence,
-                time_boost=w.time_boost if matched else 0.0, time_match=matched,
-                in_doc=any(c in ranks for c in w.doc_channels), in_graph=any(c in ranks for c in w.graph_channels))
-
-
-def shortlist(ranks: dict, scores: dict, pins: dict, w: Weights, n: int) -> set:
-    """The candidates fusion scores in full (candidate_score needs a row each): the best `n` by
-    channel evidence alone, w.doc_route·α·doc relevance + w.graph_route·graph_relevance_weight·graph
-    relevance (+ cross_route_bonus when both routes found it), and every pinned or time-window one.
-    The rest (for k = 10 some 270 of the ~330 ids, the channels' tails) could only reach the MMR
-    pool on importance and recency alone; on LoCoMo and MADial the answers stay the same."""
-    if len(ranks) <= n:
-        return set(ranks) | set(pins)
-
-    def evidence(i: int) -> float:
-        r = ranks[i]
-        both = any(c in r for c in w.doc_channels) and any(c in r for c in w.graph_channels)
-        return (w.doc_route * w.alpha * route_relevance(i, r, scores, w.doc_channels, w)
-                + w.graph_route * w.graph_relevance * route_relevance(i, r, scores, w.graph_channels, w)
-                + (w.cross_route_bonus if both else 0.0))
-    best = sorted(ranks, key=lambda i: (-evidence(i), i))[:n]
-    return set(best) | set(pins) | {i for i, r in ranks.items() if "time_window" in r}
-
-
-def scale_routes(parts: dict[int, dict], w: Weights) -> None:
-    """Dual-route fusion, in place: routes = wd·doc_route/max(doc_route) + wg·graph_route/
-    max(graph_route) over all candidates, + cross_route_bonus when both routes found it."""
-    doc_max = max((p["doc_route"] for p in parts.values()), default=0) or 1.0
-    graph_max = max((p["graph_route"] for p in parts.values()), default=0) or 1.0
-    for p in parts.values():
-        p["cross_route_bonus"] = w.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
-        p["doc_share"] = w.doc_route * p["doc_route"] / doc_max  # what each route adds (explain)
-        p["graph_share"] = w.graph_route * p["graph_route"] / graph_max
-        p["routes"] = p["doc_share"] + p["graph_share"] + p["cross_route_bonus"]
-
-
-def fuse_scores(parts: dict[int, dict], neighbours: dict[int, set], w: Weights) -> list[int]:
-    """The final score, in place: fused = (routes + neighbour + time_boost) × source_boost, where
-    neighbour = session_neighbour_weight × the best routes of the turns right before/after it in its
-    session and time_boost is candidate_score's (a memory from the question's time window). Not
-    capped at 1.0 as in the seed (the cap made the top hits tie); the source boost is the second
-    seed's. Returns the ids best first (ties: lower id first)."""
-    for i, p in parts.items():
-        near = [parts[n]["routes"] for n in neighbours.get(i, ()) if n in parts]
-        p["neighbour"] = w.neighbour * max(near) if near else 0.0
-        p["fused"] = (p["routes"] + p["neighbour"] + p.get("time_boost", 0.0)) * p["source_boost"]
-    return sorted(parts, key=lambda i: (-parts[i]["fused"], i))
-
-
-def mmr_pool(order: list[int], parts: dict, pins: dict, size: int) -> list[int]:
-    """The ids whose documents MMR needs: the best `size`, plus pinned memories that matched."""
-    pool = order[:size]
-    return pool + [i for i in pins if i in parts and i not in pool]
-
-
-def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict[int, float], k: int,
-                lam: float) -> list[tuple]:
-    """The answer: MMR (λ, token Jaccard) over the `best` candidates that still exist (those in
-    `tokens`), then each pinned memory similar enough to the query (`pins`: {id: cosine
-    similarity}, best first) that MMR left out, in place of the weakest unpinned hit.
-    Returns [(id, mmr score or None for a pin put in)]."""
-    picked = mmr([i for i in best if i in tokens], {i: p["fused"] for i, p in parts.items()}, tokens, k, lam)
-    missing = [i for i in sorted(pins, key=lambda i: -pins[i]) if i in tokens and i not in {x for x, _ in picked}]
-    for i in missing:
-        unpinned = [n for n, (x, _) in enumerate(picked) if x not in pins]
-        if len(picked) < k:
-            picked.append((i, None))
-        elif unpinned:
-            picked[unpinned[-1]] = (i, None)
-    return picked
-
-
-def token_cover(query_tokens: set, doc_tokens: set) -> float | None:
-    """The share of the query's distinct search tokens found among a memory's indexed tokens, 0..1,
-    counting only query tokens of a script the memory has (CJK or not): an English question about a
-    Chinese memory shares no word with it by nature. Single-character Chinese tokens are left out
-    when the query has a longer one: jieba leaves the verbs and particles of a question (有, 去, 喝,
-    做) single, and they match every other memory ("下周有什么安排" is not about "我家有一只猫"); the
-    content words (安排, 上海, 咖啡) are longer. None when no query token is comparable."""
-    scripts = {bool(_CJK.search(t)) for t in doc_tokens}
-    comparable = {t for t in query_tokens if bool(_CJK.search(t)) in scripts}
-    words = {t for t in comparable if len(t) > 1 or not _CJK.search(t)}
-    if any(_CJK.search(t) for t in words):
-        comparable = words
-    return len(comparable & doc_tokens) / len(comparable) if comparable else None
-
-
-def query_script(tokens) -> str:
-    """'cjk' when at least half of a question's search tokens are Chinese/Japanese/Korean, else
-    'latin' (any other script). Similarities live on another scale per script: multilingual-e5-small
-    gives any two Chinese sentences a cosine of ~0.85, two unrelated English ones ~0.75."""
-    tokens = list(tokens)
-    cjk = sum(bool(_CJK.search(t)) for t in tokens)
-    return "cjk" if tokens and 2 * cjk >= len(tokens) else "latin"
-
-
-def calibrated_relevance(cos: float | None, cover: float | None, coef: dict | None) -> float | None:
-    """How likely the memory is relevant to the query, 0..1, on one scale for every query: the
-    logistic 1/(1 + exp(−(w_cos·cos + w_cover·cover + bias))) with the weights fitted for the
-    embedding model (`coef`, rules/relevance.toml says how), or its cos-only weights when `cover` is
-    None (no comparable words: another language). `cos`: cosine similarity of the query and memory
-    vectors; `cover`: token_cover. None when the model is not calibrated or the memory has no vector
-    yet (such hits are never dropped)."""
-    if coef is None or cos is None:
-        return None
-    z = coef["w_cos"] * cos + coef["w_cover"] * cover + coef["bias"] if cover is not None \
-        else coef["cos_only_w_cos"] * cos + coef["cos_only_bias"]
-    return 1.0 / (1.0 + math.exp(-z))
-
-
-def recall_hit(d: dict, p: dict) -> dict:
-    """One result of recall() from its row of sql recall_documents and its score parts."""
-    return {"id": d["id"], "score": round(p["fused"], 6), "text": d["content"], "truncated": False,
-            "summary": d["summary"],
-            "importance": d["importance"], "created_at": d["created_at"], "session_id": d["session_id"],
-            "persona_id": d["persona_id"], "participants": json.loads(d["participants"]),
-            "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
-            "archived": bool(d["archived"]), "channels": sorted(p["ranks"]),
-            "relevance": None if p.get("relevance") is None else round(p["relevance"], 4)}
-
-
-RECALL_HIT_MIN_TOKENS = 50  #: a hit cut to fit [recall] max_answer_tokens keeps this much text at least, or is left out
-
-
-def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[dict], list[int]]:
-    """The hits within the answer's limits (0 = no limit). Each text is cut to `max_chars`
-    characters (cut_text); then the texts together (estimate_tokens) stay within `max_tokens`: the
-    first hit keeps its capped text; each later one, in rank order, gets what is left less a short
-    share kept for every hit after it (RECALL_HIT_MIN_TOKENS, or that hit's whole text when
-    shorter), and at least RECALL_HIT_MIN_TOKENS itself. A hit for which not even that is left is
-    left out (a shorter one after it may still fit). `truncated` says a text was cut.
-    Returns (hits kept, ids left out)."""
-    capped = [cut_text(h["text"], max_chars) if max_chars > 0 else (h["text"], False) for h in hits]
-    costs = [estimate_tokens(text) for text, _ in capped]
-    after = [0] * (len(hits) + 1)  # after[i]: the shares kept for hits i, i + 1, … (the last: 0)
-    for i in range(len(hits) - 1, -1, -1):
-        after[i] = after[i + 1] + min(costs[i], RECALL_HIT_MIN_TOKENS)
-    kept, left_out, used = [], [], 0
-    for i, (h, (text, cut)) in enumerate(zip(hits, capped, strict=True)):
-        left = max_tokens - used
-        room = min(left, max(left - after[i + 1], RECALL_HIT_MIN_TOKENS))
-        if max_tokens > 0 and kept and costs[i] > room:
-            if room < RECALL_HIT_MIN_TOKENS:
-                left_out.append(h["id"])
-                continue
-            text, cut = cut_text(text, chars_within(text, room))[0], True
-        used += estimate_tokens(text)
-        kept.append(dict(h, text=text, truncated=cut))
-    return kept, left_out
-
-
-def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr_score) -> dict:
-    """What recall(explain=true) shows for hit `i`: its rank and normalised score per channel and
-    every part of its score, in the order they combine; with time words, the window, time_boost and
-    time_match (which of its times fell in the window: 'written', 'event' or 'written+event')."""
-    window = {"time_window": dict(zip(("start", "end", "phrase"), w.window, strict=True)),
-              "time_boost": p.get("time_boost", 0.0), "time_match": p.get("time_match")} if w.window else {}
-    return window | {"ranks": {c: p["ranks"].get(c) for c in chosen},
-            "scores": {c: scores[c][i] for c in scores if i in scores[c]}, "fusion": w.fusion,
-            "doc_rrf": rrf(p["ranks"], w.doc_channels, w.rrf_k, w.channel),
-            "graph_rrf": rrf(p["ranks"], w.graph_channels, w.rrf_k, w.channel),
-            "doc_relevance": p["doc_relevance"], "graph_relevance": p["graph_relevance"],
-            "neighbour": p["neighbour"], "importance": p["importance"], "recency": p["recency"],
-            "confidence": p["confidence"], "temporal_factor": p["temporal_factor"],
-            "frequency": p["frequency"], "useful_count": p["useful_count"], "source_boost": p["source_boost"],
-            "pin_similarity": p["pin_similarity"],
-            "doc_route": p["doc_route"], "graph_route": p["graph_route"],
-            "route_weights": [w.doc_route, w.graph_route], "doc_share": p["doc_share"],
-            "graph_share": p["graph_share"], "cross_route_bonus": p["cross_route_bonus"],
-            "intent": intent, "fused": p["fused"], "mmr": mmr_score,
-            "cosine": p.get("cosine"), "cover": p.get("cover"), "relevance": p.get("relevance")}
 
 
 # Recall: channels, fusion, atoms, cache ##########################################################
@@ -5650,7 +5757,7 @@ class Summarizer:
         return {"memory": stored, "summary": summary}
 
 
-# Conversations: secret redaction, transcript rules and the per-source parsers #####################
+# Conversations: transcript rules and the per-source parsers ######################################
 
 CONVERSATION_SOURCES = ("claude-code", "codex", "copilot", "chatgpt")  #: what `ingest SOURCE` reads
 TURN_ROLES = ("user", "assistant")
@@ -5660,52 +5767,6 @@ INGEST_CHUNK_BYTES = 4 << 20  #: bytes of a transcript read at a time (its turns
 #: A transcript line longer than this (a tool's whole output) is skipped, counted as malformed, and
 #: never held whole: read on to its newline a chunk at a time (a 52 MB line took ingest to ~440 MB)
 INGEST_LINE_MAX_BYTES = 8 << 20
-
-
-def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
-    """((kind, compiled pattern), ...) of rules/secrets.toml, in order. Raises AokunError naming the
-    file and the entry for a missing kind or a pattern that does not compile."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    out = []
-    for i, p in enumerate(data.get("patterns", [])):
-        if not isinstance(p.get("kind"), str) or not p["kind"] or not isinstance(p.get("pattern"), str):
-            raise AokunError(f"{path.name}: patterns[{i}] needs a kind and a pattern (text)")
-        try:
-            out.append((p["kind"], re.compile(p["pattern"])))
-        except re.error as e:
-            raise AokunError(f"{path.name}: patterns[{i}] ({p['kind']}) is not a valid regular expression: {e}"
-                             ) from None
-    return tuple(out)
-
-
-def redact(text: str, patterns, counts: dict | None = None) -> str:
-    """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
-    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced.
-    `counts` ({kind: n}), when given, gets the number of replacements of each kind added."""
-    for kind, rx in patterns:
-        mark = f"[REDACTED:{kind}]"
-        if "secret" in rx.groupindex:
-            def keep_around(m, mark=mark):
-                whole, at = m.group(0), m.start()
-                return whole[: m.start("secret") - at] + mark + whole[m.end("secret") - at:]
-            text, n = rx.subn(keep_around, text)
-        else:
-            text, n = rx.subn(lambda _m, mark=mark: mark, text)
-        if n and counts is not None:
-            counts[kind] = counts.get(kind, 0) + n
-    return text
-
-
-def redaction_warning(counts: dict) -> str | None:
-    """The write-result warning for the secrets redact() replaced ({kind: n}; None when none): how
-    many, of which kinds, and the placeholders the stored text has instead. Never the secrets."""
-    n = sum(counts.values())
-    if not n:
-        return None
-    kinds = ", ".join(k if c == 1 else f"{k} ×{c}" for k, c in counts.items())
-    marks = ", ".join(f"[REDACTED:{k}]" for k in counts)
-    return (f"{n} secret{'s' if n > 1 else ''} redacted before storing ({kinds}); the stored text has "
-            f"{marks} in {'their' if n > 1 else 'its'} place")
 
 
 @dataclass(frozen=True)
@@ -6006,33 +6067,7 @@ class Conversations:
     """The conversation layer (schema/0010, sql/conversations.sql): client transcripts ingested as
     sessions and turns, with their own FTS5 index and vectors, apart from the curated memories;
     hybrid search over them, a session's turns in order, counts, briefing digests, deleting and
-    forgetting sessions. Every text stored (and memorize's) passes redact() first."""
-
-    # secrets -------------------------------------------------------------------------------------
-
-    @functools.cached_property
-    def secret_patterns(self) -> tuple:
-        """The compiled patterns of [write] secrets (rules/secrets.toml)."""
-        return load_secret_rules(self.cfg.rule_file(self.cfg.write.secrets))
-
-    def redact(self, text: str, counts: dict | None = None) -> str:
-        """`text` with API keys, tokens, passwords, private keys and connection-string passwords
-        replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text.
-        `counts` ({kind: n}), when given, gets the replacements of each kind added."""
-        return redact(text, self.secret_patterns, counts) if text else text
-
-    def redact_fields(self, values: dict, names, counts: dict | None = None) -> dict:
-        """A copy of `values` with its fields `names` redacted (a text, or each text of a list);
-        other values, and fields that are not text, are left for the caller's checks. `counts` as
-        for redact()."""
-        out = dict(values)
-        for k in names & out.keys():
-            v = out[k]
-            if isinstance(v, str):
-                out[k] = self.redact(v, counts)
-            elif isinstance(v, (list, tuple)):
-                out[k] = [self.redact(x, counts) if isinstance(x, str) else x for x in v]
-        return out
+    forgetting sessions. Every text stored (and memorize's) passes redact() (Journal) first."""
 
     def ingest_rules(self, source: str) -> IngestRules:
         """The rules of `source` ([conversations] rules_dir/<source>.toml). InputError for an
@@ -7145,16 +7180,6 @@ class SyncFileError(Exception):
     this reason, not marked applied, tried again at the next sync."""
 
 
-ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
-
-
-def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
-    """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
-    of the three, so every device that derives it gives it the same uid (and an edit that keeps a
-    fact keeps its atom's uid)."""
-    return str(uuid.uuid5(ATOM_UID_NAMESPACE, "\x1f".join((persona_id, document_uid, content.strip()))))
-
-
 def sync_hash(rec: dict) -> str:
     """The content hash of an export record: 16 hex digits of the SHA-256 of its JSON without the
     SYNC_UNHASHED fields (and the EXPORT_OPTIONAL ones that are null). Two versions with the same
@@ -7889,22 +7914,6 @@ def write_with_backup(path: Path, text: str) -> Path | None:
     return backup
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so a reader sees the old file or the whole new one: a temporary file
-    `<name>.tmp` beside it, flushed to disk, then renamed over it. A failure (a full disk) removes
-    the temporary file and raises the OSError."""
-    tmp = path.with_name(f"{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-
-
 def install_codex_notify(path: Path, value: list[str]) -> str:
     """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the top,
     where a key is top-level whatever tables follow, and the result is parsed back to check it. Returns
@@ -8036,6 +8045,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         # Conversations
         self._ingest_rules: dict[str, IngestRules] = {}  # source -> its rules (ingest_rules)
         # Journal
+        self._secret_patterns: tuple | None = None  # [write] secrets compiled (secret_patterns)
         self.last_recovery: dict = {}  # what recover() did when the file was opened
         self._upgrade_vector_index()
         self._compact_vectors()
