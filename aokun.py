@@ -61,6 +61,7 @@ import tomllib
 import unicodedata
 import uuid
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,6 +191,275 @@ def age_days(then: str | None, ref: dt.datetime) -> float:
     if not then:
         return 0.0
     return max(0.0, (ref - _parse_iso(then)).total_seconds() / 86400.0)
+
+
+# Text: clean and fold, segment, stop words, cut, token estimate ##################################
+
+_WORD = re.compile(r"\w", re.UNICODE)
+_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
+_SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
+_SPACE = re.compile(r"\s")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate made U+FFFD (`\\ud800` is a legal JSON escape but no
+    Unicode character: UTF-8 cannot encode it, so the model, SQLite and every reply would fail on it)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  #: a JSON escape of a UTF-16 surrogate (lone or in a pair)
+_SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
+
+
+def json_without_surrogates(value):
+    """A decoded JSON value with the lone surrogates of every string in it (keys too) made U+FFFD."""
+    if isinstance(value, str):
+        return without_lone_surrogates(value)
+    if isinstance(value, list):
+        return [json_without_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {without_lone_surrogates(k): json_without_surrogates(v) for k, v in value.items()}
+    return value
+
+
+def loads_json(data: str | bytes):
+    """json.loads(data), with lone surrogate escapes ("\\ud800": legal JSON) made U+FFFD in every
+    string (json_without_surrogates), so no such text reaches the model, SQLite or a reply. Raises
+    ValueError for text that is not JSON, RecursionError for nesting deeper than Python's stack."""
+    value = json.loads(data)
+    escape = _SURROGATE_ESCAPE if isinstance(data, str) else _SURROGATE_ESCAPE_BYTES
+    return json_without_surrogates(value) if escape.search(data) else value
+
+
+def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
+    """What is stored of a text argument: the given characters, with NUL bytes made spaces, lone
+    surrogates made U+FFFD (without_lone_surrogates) and the outer whitespace stripped. No folding:
+    `E = mc²`, `８０９０` and `，` stay as given (fold() is what matching sees).
+
+    Raises InputError naming `field_name` for non-strings and (unless allowed) empty text."""
+    if not isinstance(value, str):
+        raise InputError(field_name, f"expected text, got {type(value).__name__}")
+    text = without_lone_surrogates(value).replace("\x00", " ").strip()
+    if not text and not allow_empty:
+        raise InputError(field_name, "is empty")
+    return text
+
+
+def fold(text: str) -> str:
+    """What indexing and matching see of a text: NFKC (full-width ８０９０ is 8090, ² is 2, ㎏ is kg,
+    ， is ,), outer whitespace stripped. Used for the FTS text (Segmenter), queries, entity and node
+    keys, the atom rules, the content hash and what is embedded; never stored in place of the text."""
+    if text.isascii():
+        return text.strip()
+    return unicodedata.normalize("NFKC", text).strip()
+
+
+def content_hash(text: str) -> str:
+    """The deduplication key of a memory's content: SHA-256 hex of fold(text), so spellings that
+    differ only in width or compatibility forms ("８０９０" / "8090") are the same memory, and the
+    hashes in files of earlier versions (which stored folded text) still match."""
+    return hashlib.sha256(fold(text).encode("utf-8")).hexdigest()
+
+
+def query_text(value, field_name: str = "query") -> str:
+    """A search argument (a query, a topic, a predicate) as matching sees it: clean_text() then
+    fold(). Raises InputError like clean_text()."""
+    return fold(clean_text(value, field_name))
+
+
+def user_cache_dir() -> Path | None:
+    """A writable per-user cache folder: $XDG_CACHE_HOME/aokun or ~/.cache/aokun, else a per-uid
+    folder in the temp dir ($TMPDIR when set, else the system's), so two users on one host never
+    fight over jieba's cache file. None when none of them can be written (read-only home and temp
+    dir): a warning, once per process, and jieba then builds its dictionary without a cache."""
+    candidates = []
+    if os.environ.get("XDG_CACHE_HOME"):
+        candidates.append(Path(os.environ["XDG_CACHE_HOME"]) / "aokun")
+    with contextlib.suppress(RuntimeError, KeyError):  # no $HOME and no passwd entry
+        candidates.append(Path.home() / ".cache" / "aokun")
+    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    with contextlib.suppress(OSError):  # gettempdir raises when no temp dir is usable at all
+        candidates.append(Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / f"aokun-{uid}")
+    for c in candidates:
+        try:
+            c.mkdir(parents=True, exist_ok=True)
+            if os.access(c, os.W_OK):
+                return c
+        except OSError:
+            continue
+    _warn_once(f"no writable cache folder ({', '.join(map(str, candidates))}): jieba loads without its "
+               "cache (about 1 s more per start) and keyword matches rank with bm25() (the same results, "
+               "slower); set XDG_CACHE_HOME or [text] jieba_cache_dir to a writable folder")
+    return None
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """log.warning(message), only the first time this process sees that message."""
+    log.warning("%s", message)
+
+
+class Segmenter:
+    """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary.
+
+    jieba loads lazily on first use (about 1 s, from a per-user cache: `cache_dir`, else
+    user_cache_dir(); without a writable one it builds its dictionary uncached) and logs only to stderr."""
+
+    def __init__(self, stopwords_path: Path | None = None, userdict_path: Path | None = None,
+                 cache_dir: Path | None = None):
+        self.stopwords_path, self.userdict_path, self.cache_dir = stopwords_path, userdict_path, cache_dir
+        self._tk = None
+        self._lock = threading.Lock()
+        self.stopwords: frozenset[str] = frozenset()
+        # a write segments the same sentence several times (FTS of the memory, its atoms, its graph
+        # entries, the next turn's context): jieba is most of a write's CPU without a model
+        self._cut = functools.lru_cache(maxsize=4096)(self._cut_uncached)
+
+    @property
+    def loaded(self) -> bool:
+        return self._tk is not None
+
+    def _tokenizer(self):
+        if self._tk is None:
+            with self._lock:
+                if self._tk is None:
+                    import jieba
+                    logging.getLogger("jieba").setLevel(logging.WARNING)
+                    jieba.setLogLevel(logging.WARNING)
+                    tk = jieba.Tokenizer()
+                    cache = self.cache_dir or user_cache_dir()
+                    with contextlib.redirect_stdout(sys.stderr):
+                        if cache:
+                            tk.tmp_dir = str(cache)
+                            tk.initialize()
+                        else:  # what initialize() does, without reading or writing a cache file
+                            tk.FREQ, tk.total = tk.gen_pfdict(tk.get_dict_file())
+                            tk.initialized = True
+                        if self.userdict_path and self.userdict_path.exists():
+                            lines = self.userdict_path.read_text(encoding="utf-8").splitlines()
+                            kept = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+                            tk.load_userdict(io.StringIO("\n".join(kept)))
+                    if self.stopwords_path and self.stopwords_path.exists():
+                        words = self.stopwords_path.read_text(encoding="utf-8").splitlines()
+                        self.stopwords = frozenset(w.strip().lower() for w in words
+                                                   if w.strip() and not w.startswith("#"))
+                    self._tk = tk
+        return self._tk
+
+    def tokens(self, text: str, keep_stopwords: bool = False) -> list[str]:
+        """Lower-cased search tokens of fold(text): jieba's search-mode cut (words and their
+        sub-words), with punctuation-only pieces and stop words dropped. Order kept, duplicates kept."""
+        return list(self._cut(fold(text), keep_stopwords))
+
+    def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
+        tk = self._tokenizer()
+        out = []
+        for tok in tk.cut_for_search(text):
+            tok = tok.strip().lower()
+            if not tok or not _WORD.search(tok):
+                continue
+            if not keep_stopwords and tok in self.stopwords:
+                continue
+            out.append(tok)
+        return tuple(out)
+
+    def segmented(self, text: str) -> str:
+        """Tokens of fold(text) joined by spaces: what goes into the FTS5 column. Cut line by line
+        (jieba splits at newlines anyway), so a line repeated across texts, like the session context
+        that every fact entry of a memory carries, is segmented once."""
+        return " ".join(t for line in fold(text).split("\n") for t in self._cut(line, False))
+
+
+def fts_query(tokens: list[str]) -> str:
+    """An FTS5 MATCH expression that cannot be a syntax error: each distinct token double-quoted
+    (inner quotes doubled), OR-joined. Empty string when there are no tokens."""
+    seen = []
+    for t in tokens:
+        if t not in seen:
+            seen.append(t)
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in seen)
+
+
+def split_sentences(text: str, limit: int) -> list[str]:
+    """Up to `limit` sentences of 4..300 characters of `text`, for key facts when none were given.
+    The sentence ends are found where fold() would put them (a full-width ． or an ellipsis … ends
+    a sentence as its folded . does), the sentences keep the given characters."""
+    out, at = [], 0
+    for m in _SENTENCE_END.finditer(_fold_each(text)):
+        out += _sentence(text[at:m.start()])
+        at = m.end()
+        if len(out) >= limit:
+            return out[:limit]
+    return (out + _sentence(text[at:]))[:limit]
+
+
+def _sentence(piece: str) -> list[str]:
+    """[the piece stripped and cut to 300 characters], or [] when under 4 characters."""
+    piece = piece.strip()
+    return [piece[:300]] if len(piece) >= 4 else []
+
+
+def _fold_each(text: str) -> str:
+    """`text` with each character replaced by the last character of its NFKC form: the same length,
+    so a match in it is a match at the same place in `text` (… becomes ., ！ becomes !)."""
+    if text.isascii():
+        return text
+    return "".join((unicodedata.normalize("NFKC", c) or c)[-1] for c in text)
+
+
+def jaccard(a: set, b: set) -> float:
+    """Bag-of-words Jaccard |a∩b| / |a∪b| (0 when both are empty)."""
+    if not a and not b:
+        return 0.0
+    return len(a & b) / len(a | b)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    """`text` on one line (whitespace folded), cut to `limit` characters with … (for listings)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def cut_text(text: str, limit: int) -> tuple[str, bool]:
+    """(`text`, False) when it has at most `limit` characters, else (its start + "…", True) in at
+    most `limit` characters: cut at the last sentence end or line break (as split_sentences sees
+    them) in the second half of the room, else at the last whitespace there, else exactly. Without
+    its "…" the result is always a prefix of `text` (trailing whitespace dropped)."""
+    if len(text) <= limit:
+        return text, False
+    room = max(0, limit - 1)  # one character for the …
+    window, floor = text[: room + 1], room // 2  # one past the room: is a '.' at its end followed by a space?
+    ends = [m.start() for m in _SENTENCE_END.finditer(window) if floor <= m.start() <= room]
+    spaces = [m.start() for m in _SPACE.finditer(window, floor)]
+    cut = ends[-1] if ends else spaces[-1] if spaces else room
+    return text[:cut].rstrip() + "…", True
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
+    for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
+    for English), rounded up."""
+    cjk = len(_CJK.findall(text))
+    return cjk + math.ceil((len(text) - cjk) / 4)
+
+
+def chars_within(text: str, tokens: int) -> int:
+    """The length of the longest start of `text` whose estimate_tokens is at most `tokens`."""
+    lo, hi = 0, len(text)
+    while lo < hi:  # estimate_tokens grows with the length: binary search
+        mid = (lo + hi + 1) // 2
+        if estimate_tokens(text[:mid]) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 # Config ##########################################################################################
@@ -743,275 +1013,6 @@ def write_atomically(path: Path, data: bytes) -> None:
             tmp.unlink()
 
 
-# Text: clean and fold, segment, stop words, cut, token estimate ##################################
-
-_WORD = re.compile(r"\w", re.UNICODE)
-_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
-_SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
-_SPACE = re.compile(r"\s")
-
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def without_lone_surrogates(text: str) -> str:
-    """`text` with each lone UTF-16 surrogate made U+FFFD (`\\ud800` is a legal JSON escape but no
-    Unicode character: UTF-8 cannot encode it, so the model, SQLite and every reply would fail on it)."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return _LONE_SURROGATE.sub("\ufffd", text)
-
-
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  #: a JSON escape of a UTF-16 surrogate (lone or in a pair)
-_SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
-
-
-def json_without_surrogates(value):
-    """A decoded JSON value with the lone surrogates of every string in it (keys too) made U+FFFD."""
-    if isinstance(value, str):
-        return without_lone_surrogates(value)
-    if isinstance(value, list):
-        return [json_without_surrogates(v) for v in value]
-    if isinstance(value, dict):
-        return {without_lone_surrogates(k): json_without_surrogates(v) for k, v in value.items()}
-    return value
-
-
-def loads_json(data: str | bytes):
-    """json.loads(data), with lone surrogate escapes ("\\ud800": legal JSON) made U+FFFD in every
-    string (json_without_surrogates), so no such text reaches the model, SQLite or a reply. Raises
-    ValueError for text that is not JSON, RecursionError for nesting deeper than Python's stack."""
-    value = json.loads(data)
-    escape = _SURROGATE_ESCAPE if isinstance(data, str) else _SURROGATE_ESCAPE_BYTES
-    return json_without_surrogates(value) if escape.search(data) else value
-
-
-def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
-    """What is stored of a text argument: the given characters, with NUL bytes made spaces, lone
-    surrogates made U+FFFD (without_lone_surrogates) and the outer whitespace stripped. No folding:
-    `E = mc²`, `８０９０` and `，` stay as given (fold() is what matching sees).
-
-    Raises InputError naming `field_name` for non-strings and (unless allowed) empty text."""
-    if not isinstance(value, str):
-        raise InputError(field_name, f"expected text, got {type(value).__name__}")
-    text = without_lone_surrogates(value).replace("\x00", " ").strip()
-    if not text and not allow_empty:
-        raise InputError(field_name, "is empty")
-    return text
-
-
-def fold(text: str) -> str:
-    """What indexing and matching see of a text: NFKC (full-width ８０９０ is 8090, ² is 2, ㎏ is kg,
-    ， is ,), outer whitespace stripped. Used for the FTS text (Segmenter), queries, entity and node
-    keys, the atom rules, the content hash and what is embedded; never stored in place of the text."""
-    if text.isascii():
-        return text.strip()
-    return unicodedata.normalize("NFKC", text).strip()
-
-
-def content_hash(text: str) -> str:
-    """The deduplication key of a memory's content: SHA-256 hex of fold(text), so spellings that
-    differ only in width or compatibility forms ("８０９０" / "8090") are the same memory, and the
-    hashes in files of earlier versions (which stored folded text) still match."""
-    return hashlib.sha256(fold(text).encode("utf-8")).hexdigest()
-
-
-def query_text(value, field_name: str = "query") -> str:
-    """A search argument (a query, a topic, a predicate) as matching sees it: clean_text() then
-    fold(). Raises InputError like clean_text()."""
-    return fold(clean_text(value, field_name))
-
-
-def user_cache_dir() -> Path | None:
-    """A writable per-user cache folder: $XDG_CACHE_HOME/aokun or ~/.cache/aokun, else a per-uid
-    folder in the temp dir ($TMPDIR when set, else the system's), so two users on one host never
-    fight over jieba's cache file. None when none of them can be written (read-only home and temp
-    dir): a warning, once per process, and jieba then builds its dictionary without a cache."""
-    candidates = []
-    if os.environ.get("XDG_CACHE_HOME"):
-        candidates.append(Path(os.environ["XDG_CACHE_HOME"]) / "aokun")
-    with contextlib.suppress(RuntimeError, KeyError):  # no $HOME and no passwd entry
-        candidates.append(Path.home() / ".cache" / "aokun")
-    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
-    with contextlib.suppress(OSError):  # gettempdir raises when no temp dir is usable at all
-        candidates.append(Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / f"aokun-{uid}")
-    for c in candidates:
-        try:
-            c.mkdir(parents=True, exist_ok=True)
-            if os.access(c, os.W_OK):
-                return c
-        except OSError:
-            continue
-    _warn_once(f"no writable cache folder ({', '.join(map(str, candidates))}): jieba loads without its "
-               "cache (about 1 s more per start) and keyword matches rank with bm25() (the same results, "
-               "slower); set XDG_CACHE_HOME or [text] jieba_cache_dir to a writable folder")
-    return None
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-    """log.warning(message), only the first time this process sees that message."""
-    log.warning("%s", message)
-
-
-class Segmenter:
-    """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary.
-
-    jieba loads lazily on first use (about 1 s, from a per-user cache: `cache_dir`, else
-    user_cache_dir(); without a writable one it builds its dictionary uncached) and logs only to stderr."""
-
-    def __init__(self, stopwords_path: Path | None = None, userdict_path: Path | None = None,
-                 cache_dir: Path | None = None):
-        self.stopwords_path, self.userdict_path, self.cache_dir = stopwords_path, userdict_path, cache_dir
-        self._tk = None
-        self._lock = threading.Lock()
-        self.stopwords: frozenset[str] = frozenset()
-        # a write segments the same sentence several times (FTS of the memory, its atoms, its graph
-        # entries, the next turn's context): jieba is most of a write's CPU without a model
-        self._cut = functools.lru_cache(maxsize=4096)(self._cut_uncached)
-
-    @property
-    def loaded(self) -> bool:
-        return self._tk is not None
-
-    def _tokenizer(self):
-        if self._tk is None:
-            with self._lock:
-                if self._tk is None:
-                    import jieba
-                    logging.getLogger("jieba").setLevel(logging.WARNING)
-                    jieba.setLogLevel(logging.WARNING)
-                    tk = jieba.Tokenizer()
-                    cache = self.cache_dir or user_cache_dir()
-                    with contextlib.redirect_stdout(sys.stderr):
-                        if cache:
-                            tk.tmp_dir = str(cache)
-                            tk.initialize()
-                        else:  # what initialize() does, without reading or writing a cache file
-                            tk.FREQ, tk.total = tk.gen_pfdict(tk.get_dict_file())
-                            tk.initialized = True
-                        if self.userdict_path and self.userdict_path.exists():
-                            lines = self.userdict_path.read_text(encoding="utf-8").splitlines()
-                            kept = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-                            tk.load_userdict(io.StringIO("\n".join(kept)))
-                    if self.stopwords_path and self.stopwords_path.exists():
-                        words = self.stopwords_path.read_text(encoding="utf-8").splitlines()
-                        self.stopwords = frozenset(w.strip().lower() for w in words
-                                                   if w.strip() and not w.startswith("#"))
-                    self._tk = tk
-        return self._tk
-
-    def tokens(self, text: str, keep_stopwords: bool = False) -> list[str]:
-        """Lower-cased search tokens of fold(text): jieba's search-mode cut (words and their
-        sub-words), with punctuation-only pieces and stop words dropped. Order kept, duplicates kept."""
-        return list(self._cut(fold(text), keep_stopwords))
-
-    def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
-        tk = self._tokenizer()
-        out = []
-        for tok in tk.cut_for_search(text):
-            tok = tok.strip().lower()
-            if not tok or not _WORD.search(tok):
-                continue
-            if not keep_stopwords and tok in self.stopwords:
-                continue
-            out.append(tok)
-        return tuple(out)
-
-    def segmented(self, text: str) -> str:
-        """Tokens of fold(text) joined by spaces: what goes into the FTS5 column. Cut line by line
-        (jieba splits at newlines anyway), so a line repeated across texts, like the session context
-        that every fact entry of a memory carries, is segmented once."""
-        return " ".join(t for line in fold(text).split("\n") for t in self._cut(line, False))
-
-
-def fts_query(tokens: list[str]) -> str:
-    """An FTS5 MATCH expression that cannot be a syntax error: each distinct token double-quoted
-    (inner quotes doubled), OR-joined. Empty string when there are no tokens."""
-    seen = []
-    for t in tokens:
-        if t not in seen:
-            seen.append(t)
-    return " OR ".join('"' + t.replace('"', '""') + '"' for t in seen)
-
-
-def split_sentences(text: str, limit: int) -> list[str]:
-    """Up to `limit` sentences of 4..300 characters of `text`, for key facts when none were given.
-    The sentence ends are found where fold() would put them (a full-width ． or an ellipsis … ends
-    a sentence as its folded . does), the sentences keep the given characters."""
-    out, at = [], 0
-    for m in _SENTENCE_END.finditer(_fold_each(text)):
-        out += _sentence(text[at:m.start()])
-        at = m.end()
-        if len(out) >= limit:
-            return out[:limit]
-    return (out + _sentence(text[at:]))[:limit]
-
-
-def _sentence(piece: str) -> list[str]:
-    """[the piece stripped and cut to 300 characters], or [] when under 4 characters."""
-    piece = piece.strip()
-    return [piece[:300]] if len(piece) >= 4 else []
-
-
-def _fold_each(text: str) -> str:
-    """`text` with each character replaced by the last character of its NFKC form: the same length,
-    so a match in it is a match at the same place in `text` (… becomes ., ！ becomes !)."""
-    if text.isascii():
-        return text
-    return "".join((unicodedata.normalize("NFKC", c) or c)[-1] for c in text)
-
-
-def jaccard(a: set, b: set) -> float:
-    """Bag-of-words Jaccard |a∩b| / |a∪b| (0 when both are empty)."""
-    if not a and not b:
-        return 0.0
-    return len(a & b) / len(a | b)
-
-
-def _one_line(text: str, limit: int = 400) -> str:
-    """`text` on one line (whitespace folded), cut to `limit` characters with … (for listings)."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def cut_text(text: str, limit: int) -> tuple[str, bool]:
-    """(`text`, False) when it has at most `limit` characters, else (its start + "…", True) in at
-    most `limit` characters: cut at the last sentence end or line break (as split_sentences sees
-    them) in the second half of the room, else at the last whitespace there, else exactly. Without
-    its "…" the result is always a prefix of `text` (trailing whitespace dropped)."""
-    if len(text) <= limit:
-        return text, False
-    room = max(0, limit - 1)  # one character for the …
-    window, floor = text[: room + 1], room // 2  # one past the room: is a '.' at its end followed by a space?
-    ends = [m.start() for m in _SENTENCE_END.finditer(window) if floor <= m.start() <= room]
-    spaces = [m.start() for m in _SPACE.finditer(window, floor)]
-    cut = ends[-1] if ends else spaces[-1] if spaces else room
-    return text[:cut].rstrip() + "…", True
-
-
-def estimate_tokens(text: str) -> int:
-    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
-    for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
-    for English), rounded up."""
-    cjk = len(_CJK.findall(text))
-    return cjk + math.ceil((len(text) - cjk) / 4)
-
-
-def chars_within(text: str, tokens: int) -> int:
-    """The length of the longest start of `text` whose estimate_tokens is at most `tokens`."""
-    lo, hi = 0, len(text)
-    while lo < hi:  # estimate_tokens grows with the length: binary search
-        mid = (lo + hi + 1) // 2
-        if estimate_tokens(text[:mid]) <= tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 # Embeddings ######################################################################################
 
 class Embedder:
@@ -1283,347 +1284,6 @@ def make_embedder(cfg: Config) -> Embedder:
     return CachedEmbedder(inner, e.cache_size)
 
 
-# Atoms and graph rules ###########################################################################
-
-def effective_ttl_days(base_ttl_days: float, importance: float, reinforcement_count: int) -> float:
-    """ttl = base_ttl × (0.5 + importance) × (1 + 0.5 × reinforcement_count)  (seed: Memory Model)."""
-    return base_ttl_days * (0.5 + importance) * (1 + 0.5 * reinforcement_count)
-
-
-def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
-    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
-    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
-    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
-    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
-    then and had not yet expired or been superseded (needs created_at and state_changed_at).
-    Recall computes the same factor in SQL (sql recall_candidates); tests check the two agree."""
-    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])  # stored: valid
-    if historical:
-        if atom["state"] == "superseded":
-            end = min(end, _parse_iso(atom["state_changed_at"]))
-        if ref < _parse_iso(atom["created_at"]):
-            return 0.0
-    elif atom["state"] != "active":
-        return 0.0
-    if ref >= end:
-        return 0.0
-    if decay == "step":
-        return 1.0
-    ttl = max(1e-9, (end - start).total_seconds())
-    return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
-
-
-GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects of one memory (each)
-GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
-GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
-
-ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
-
-
-def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
-    """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
-    of the three, so every device that derives it gives it the same uid (and an edit that keeps a
-    fact keeps its atom's uid)."""
-    return str(uuid.uuid5(ATOM_UID_NAMESPACE, "\x1f".join((persona_id, document_uid, content.strip()))))
-
-
-RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")  #: rules/relevance.toml
-
-
-TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago")  #: rules/timewords.toml rule kinds
-
-
-def load_time_words(path: Path) -> dict:
-    """rules/timewords.toml, ready for time_window: {rules: [(compiled patterns, spec)], numbers,
-    months, units}, with the {n}, {month} and {unit} placeholders of the patterns filled in as
-    named groups (alternatives longest first, so 'twelve' is tried before 'two' and 十二 before 十)."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
-    months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
-    units = {fold(k).casefold(): v for k, v in data.get("units", {}).items()}
-
-    def group(name, words, extra=""):
-        return f"(?P<{name}>{extra}" + "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w))) + ")"
-    fill = {"{n}": group("n", numbers, r"\d+|"), "{month}": group("month", months), "{unit}": group("unit", units)}
-    rules = pattern_rules(data, fill, TIME_WORD_KINDS, f"{path.name}: unknown time-word kind")
-    return {"rules": rules, "numbers": numbers, "months": months, "units": units}
-
-
-def pattern_rules(data: dict, fill: dict, kinds: tuple, unknown: str) -> list:
-    """[(compiled patterns, spec)] of the `rules` list of a rules file's `data`, each pattern's
-    placeholders replaced by `fill` ({placeholder: regex}). AokunError "`unknown` 'x'; choose from
-    …" for a rule whose kind is not in `kinds`."""
-    rules = []
-    for spec in data.get("rules", []):
-        if spec.get("kind") not in kinds:
-            raise AokunError(f"{unknown} {spec.get('kind')!r}; choose from {kinds}")
-        patterns = []
-        for p in spec.get("patterns", []):
-            for key, value in fill.items():
-                p = p.replace(key, value)
-            patterns.append(re.compile(p))
-        rules.append((patterns, spec))
-    return rules
-
-
-class Rules:
-    """The data in rules/: atom types and classification regexes, entity aliases, query intents,
-    time words."""
-
-    def __init__(self, cfg: Config):
-        atoms = tomllib.loads(cfg.rule_file(cfg.write.atom_rules).read_text(encoding="utf-8"))
-        self.types: dict[str, dict] = atoms["types"]
-        unknown = set(self.types) - set(ATOM_TYPES)
-        if unknown:
-            raise AokunError(f"{cfg.write.atom_rules}: unknown atom types {sorted(unknown)}")
-        self.default_type = atoms.get("default_type", "factual")
-        self.default_confidence = float(atoms.get("default_confidence", 0.5))
-        self.atom_rules = [(re.compile(r["pattern"]), r["type"], float(r.get("confidence", 0.7)))
-                           for r in atoms.get("rules", [])]
-        aliases = tomllib.loads(cfg.rule_file(cfg.write.aliases).read_text(encoding="utf-8")).get("aliases", {})
-        self.alias_of: dict[str, str] = {}
-        for canonical, names in aliases.items():
-            for name in [canonical, *names]:
-                self.alias_of[self._key(name)] = canonical
-        relevance = tomllib.loads(cfg.rule_file(cfg.recall.relevance).read_text(encoding="utf-8"))
-        #: {embedding model: {w_cos, w_cover, bias, cos_only_w_cos, cos_only_bias}} of calibrated_relevance
-        self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS} for model, c in relevance.items()}
-        #: {embedding model: {script: weights}}: a model's weights for the questions of one script
-        #: (query_script), where the file has a [model.script] table; other questions use the model's
-        #: own. A script table holds w_cos, w_cover and bias: a memory of another script (cos-only,
-        #: a cross-language pair) keeps the model's own cos-only weights
-        self.relevance_by_script = {
-            model: {script: self.relevance[model] | {k: float(t[k]) for k in RELEVANCE_WEIGHTS[:3]}
-                    for script, t in c.items() if isinstance(t, dict)}
-            for model, c in relevance.items()}
-        intents = tomllib.loads(cfg.rule_file(cfg.recall.intents).read_text(encoding="utf-8")).get("intents", {})
-        self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
-                        for name, spec in intents.items()]
-        self.time_words = load_time_words(cfg.rule_file(cfg.recall.time_words))
-        self.event_dates = load_event_dates(cfg.rule_file(cfg.write.event_dates))
-
-        predicates = tomllib.loads(cfg.rule_file(cfg.forgetting.predicates).read_text(encoding="utf-8")
-                                   ).get("predicates", [])
-        self.slot_patterns = [(p["name"], re.compile(rx)) for p in predicates for rx in p.get("patterns", [])]
-        self.predicate_of: dict[str, str] = {}
-        for p in predicates:
-            for name in [p["name"], *p.get("aliases", [])]:
-                self.predicate_of[self._key(name)] = p["name"]
-
-    @staticmethod
-    def _key(name: str) -> str:
-        """The matching key of a name: fold()ed (NFKC), whitespace runs made one space, casefolded."""
-        return " ".join(fold(name).split()).casefold()
-
-    def classify(self, fact: str) -> tuple[str, float]:
-        """(atom_type, confidence) from the first rule matching fold(fact), else the default type."""
-        fact = fold(fact)
-        for pattern, atom_type, confidence in self.atom_rules:
-            if pattern.search(fact):
-                return atom_type, confidence
-        return self.default_type, self.default_confidence
-
-    def slot(self, fact: str) -> tuple[str, str, str]:
-        """(predicate, value, subject) of the first single-valued predicate pattern that matches
-        fold(fact) (rules/predicates.toml), else ('', '', ''). value and subject are canonicalised
-        like an entity (keys, not display text)."""
-        fact = fold(fact)
-        for name, pattern in self.slot_patterns:
-            m = pattern.search(fact)
-            if m and m.group("value").strip():
-                subject = (m.groupdict().get("subject") or "").strip()
-                return name, self.canonical(m.group("value").strip()), self.canonical(subject) if subject else ""
-        return "", "", ""
-
-    def canonical(self, name: str) -> str:
-        """Entity resolution: NFKC, case and whitespace folded (_key), aliases from rules/aliases.toml
-        mapped to their canonical name. Returns the key nodes are unique on."""
-        key = self._key(name)
-        return self._key(self.alias_of.get(key, key))
-
-    def display(self, name: str) -> str:
-        """The canonical spelling for display when the name is a known alias, else the name."""
-        return self.alias_of.get(self._key(name), " ".join(name.split()))
-
-    def relevance_coef(self, model: str, query_tokens) -> dict | None:
-        """The calibrated_relevance weights for a question with these search tokens: the model's
-        weights for the question's script (query_script) when rules/relevance.toml has them, else
-        the model's own; None for a model that is not calibrated."""
-        by_script = self.relevance_by_script.get(model, {})
-        return by_script.get(query_script(query_tokens)) or self.relevance.get(model)
-
-    def intent(self, query: str) -> tuple[str | None, dict]:
-        """The first intent in rules/intents.toml whose pattern matches fold(query)."""
-        query = fold(query)
-        for name, patterns, spec in self.intents:
-            if any(p.search(query) for p in patterns):
-                return name, spec
-        return None, {}
-
-
-# Secret redaction: what is stored in place of a secret ###########################################
-
-def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
-    """((kind, compiled pattern), ...) of rules/secrets.toml, in order. Raises AokunError naming the
-    file and the entry for a missing kind or a pattern that does not compile."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    out = []
-    for i, p in enumerate(data.get("patterns", [])):
-        if not isinstance(p.get("kind"), str) or not p["kind"] or not isinstance(p.get("pattern"), str):
-            raise AokunError(f"{path.name}: patterns[{i}] needs a kind and a pattern (text)")
-        try:
-            out.append((p["kind"], re.compile(p["pattern"])))
-        except re.error as e:
-            raise AokunError(f"{path.name}: patterns[{i}] ({p['kind']}) is not a valid regular expression: {e}"
-                             ) from None
-    return tuple(out)
-
-
-def redact(text: str, patterns, counts: dict | None = None) -> str:
-    """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
-    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced.
-    `counts` ({kind: n}), when given, gets the number of replacements of each kind added."""
-    for kind, rx in patterns:
-        mark = f"[REDACTED:{kind}]"
-        if "secret" in rx.groupindex:
-            def keep_around(m, mark=mark):
-                whole, at = m.group(0), m.start()
-                return whole[: m.start("secret") - at] + mark + whole[m.end("secret") - at:]
-            text, n = rx.subn(keep_around, text)
-        else:
-            text, n = rx.subn(lambda _m, mark=mark: mark, text)
-        if n and counts is not None:
-            counts[kind] = counts.get(kind, 0) + n
-    return text
-
-
-def redaction_warning(counts: dict) -> str | None:
-    """The write-result warning for the secrets redact() replaced ({kind: n}; None when none): how
-    many, of which kinds, and the placeholders the stored text has instead. Never the secrets."""
-    n = sum(counts.values())
-    if not n:
-        return None
-    kinds = ", ".join(k if c == 1 else f"{k} ×{c}" for k, c in counts.items())
-    marks = ", ".join(f"[REDACTED:{k}]" for k in counts)
-    return (f"{n} secret{'s' if n > 1 else ''} redacted before storing ({kinds}); the stored text has "
-            f"{marks} in {'their' if n > 1 else 'its'} place")
-
-
-# Write validation: one memory, checked before anything is stored #################################
-
-@dataclass
-class Prepared:
-    """One validated write on its way through the pipeline (also the journal payload)."""
-    content: str
-    persona_id: str = ""
-    session_id: str = ""
-    summary: str = ""
-    topics: list = field(default_factory=list)
-    key_facts: list = field(default_factory=list)
-    participants: list = field(default_factory=list)
-    tags: list = field(default_factory=list)
-    sentiment: str = ""
-    source: str = ""
-    importance: float = 0.5
-    pinned: bool = False
-    created_at: str = ""
-    content_hash: str = ""
-    facts: list = field(default_factory=list)  # key_facts, or sentences of the content
-    supersedes: list = field(default_factory=list)  # ids of memories it archives, linked to it
-    # pipeline state, not part of the payload
-    op: str = "insert"
-    op_id: int | None = None
-    status: str = "pending"
-    document_id: int | None = None
-    deduplicated: bool = False
-    warnings: list = field(default_factory=list)
-    embedding_truncated: bool = False
-    embedding_error: str | None = None  # why the embedding provider refused this memory's text, if it did
-    recovering: bool = False  # resumed from the journal at open: a failure is recorded, never raised
-    error: Exception | None = None  # why a write that was not stored failed (status 'failed')
-    stale: list = field(default_factory=list)  # memories whose vector context this write changed
-    given: frozenset = frozenset()  # the metadata keys the caller gave (a repeat merges only those it said)
-    changed: dict = field(default_factory=dict)  # a repeat's changes to the stored memory, {field: [old, new]}
-    may_update: list = field(default_factory=list)  # [{id, preview}] this new memory may update
-
-    PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts", "participants",
-               "tags", "sentiment", "source", "importance", "pinned", "created_at", "content_hash", "facts")
-    PAYLOAD += ("supersedes",)
-
-    def payload(self) -> str:
-        """The journal payload: the PAYLOAD fields as JSON text (what recover() rebuilds the write
-        from)."""
-        return json.dumps({k: getattr(self, k) for k in self.PAYLOAD}, ensure_ascii=False)
-
-
-MAX_LABEL_CHARS = 200  #: the longest persona_id, session_id, source or sentiment
-MAX_ITEM_CHARS = 1000  #: the longest topic, key fact, participant or tag (longer ones are cut)
-MAX_FIELD_CHARS = 10000  #: the longest summary
-METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment", "importance",
-                   "session_id", "persona_id", "source", "timestamp", "tags", "pinned"}
-
-
-def _text_list(value, name: str) -> list[str]:
-    """A list metadata field (topics, key facts, participants, tags) as stored: each item
-    clean_text()ed with its given characters and cut to MAX_ITEM_CHARS; empty items dropped, and
-    items equal once folded ("８０９０", "8090") kept once, the first spelling. A string is a list of
-    one. Raises InputError naming `name` or `name[i]`."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)):
-        raise InputError(name, f"expected a list of strings, got {type(value).__name__}")
-    out, seen = [], set()
-    for i, v in enumerate(value):
-        t = clean_text(v, f"{name}[{i}]", allow_empty=True)
-        if t and fold(t) not in seen:
-            seen.add(fold(t))
-            out.append(t[:MAX_ITEM_CHARS])
-    return out
-
-
-def _short_text(value, name: str, limit: int = MAX_FIELD_CHARS) -> str:
-    """A text field as stored (summary, sentiment): clean_text(), given characters kept; '' for None.
-    Raises InputError naming `name` when it is longer than `limit`."""
-    if value is None:
-        return ""
-    t = clean_text(value, name, allow_empty=True)
-    if len(t) > limit:
-        raise InputError(name, f"is {len(t)} characters; the limit is {limit}")
-    return t
-
-
-def _label(value, name: str, limit: int = MAX_LABEL_CHARS) -> str:
-    """An identifier (persona_id, session_id, source): clean_text() then fold(), and stored folded:
-    SQL compares it by equality, so "ａｌｉｃｅ" and "alice" stay one persona, as in the files of
-    earlier versions. '' for None. Raises InputError naming `name` when it is longer than `limit`."""
-    return "" if value is None else _short_text(fold(clean_text(value, name, allow_empty=True)), name, limit)
-
-
-def _importance(value, name: str = "importance", default: float = 0.5) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise InputError(name, f"expected a number from 0 to 1, got {value!r}")
-    if not 0 <= value <= 1:
-        raise InputError(name, f"must be between 0 and 1, got {value}")
-    return float(value)
-
-
-def _id_list(value, name: str, limit: int) -> list[int]:
-    """A non-empty list of at most `limit` memory ids (whole numbers ≥ 1), duplicates dropped, in order."""
-    if not isinstance(value, (list, tuple)) or not value:
-        raise InputError(name, f"expected a non-empty list of memory ids, got {value!r}")
-    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]
-    if bad:
-        raise InputError(name, f"memory ids are whole numbers ≥ 1, got {bad[0]!r}")
-    ids = list(dict.fromkeys(value))
-    if len(ids) > limit:
-        raise InputError(name, f"{len(ids)} ids; at most {limit} at once ([recall] max_k)")
-    return ids
-
-
 # Ranking: pure functions over channel rows #######################################################
 
 def rrf(ranks: dict[str, int], channels, k: int, weights: dict[str, float] | None = None) -> float:
@@ -1722,6 +1382,42 @@ class Weights:
                    recency_days=r.recency_days, doc_route=wd, graph_route=wg, cross_route_bonus=r.cross_route_bonus,
                    neighbour=r.session_neighbour_weight, mmr_lambda=r.mmr_lambda,
                    window=window, time_boost=r.time_window_boost if window else 0.0)
+
+
+TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago")  #: rules/timewords.toml rule kinds
+
+
+def load_time_words(path: Path) -> dict:
+    """rules/timewords.toml, ready for time_window: {rules: [(compiled patterns, spec)], numbers,
+    months, units}, with the {n}, {month} and {unit} placeholders of the patterns filled in as
+    named groups (alternatives longest first, so 'twelve' is tried before 'two' and 十二 before 十)."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
+    months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
+    units = {fold(k).casefold(): v for k, v in data.get("units", {}).items()}
+
+    def group(name, words, extra=""):
+        return f"(?P<{name}>{extra}" + "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w))) + ")"
+    fill = {"{n}": group("n", numbers, r"\d+|"), "{month}": group("month", months), "{unit}": group("unit", units)}
+    rules = pattern_rules(data, fill, TIME_WORD_KINDS, f"{path.name}: unknown time-word kind")
+    return {"rules": rules, "numbers": numbers, "months": months, "units": units}
+
+
+def pattern_rules(data: dict, fill: dict, kinds: tuple, unknown: str) -> list:
+    """[(compiled patterns, spec)] of the `rules` list of a rules file's `data`, each pattern's
+    placeholders replaced by `fill` ({placeholder: regex}). AokunError "`unknown` 'x'; choose from
+    …" for a rule whose kind is not in `kinds`."""
+    rules = []
+    for spec in data.get("rules", []):
+        if spec.get("kind") not in kinds:
+            raise AokunError(f"{unknown} {spec.get('kind')!r}; choose from {kinds}")
+        patterns = []
+        for p in spec.get("patterns", []):
+            for key, value in fill.items():
+                p = p.replace(key, value)
+            patterns.append(re.compile(p))
+        rules.append((patterns, spec))
+    return rules
 
 
 def _month_start(year: int, month: int, tz) -> dt.datetime:
@@ -2196,6 +1892,311 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
             "cosine": p.get("cosine"), "cover": p.get("cover"), "relevance": p.get("relevance")}
 
 
+# Atoms and graph rules ###########################################################################
+
+def effective_ttl_days(base_ttl_days: float, importance: float, reinforcement_count: int) -> float:
+    """ttl = base_ttl × (0.5 + importance) × (1 + 0.5 × reinforcement_count)  (seed: Memory Model)."""
+    return base_ttl_days * (0.5 + importance) * (1 + 0.5 * reinforcement_count)
+
+
+def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
+    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
+    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
+    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
+    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
+    then and had not yet expired or been superseded (needs created_at and state_changed_at).
+    Recall computes the same factor in SQL (sql recall_candidates); tests check the two agree."""
+    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])  # stored: valid
+    if historical:
+        if atom["state"] == "superseded":
+            end = min(end, _parse_iso(atom["state_changed_at"]))
+        if ref < _parse_iso(atom["created_at"]):
+            return 0.0
+    elif atom["state"] != "active":
+        return 0.0
+    if ref >= end:
+        return 0.0
+    if decay == "step":
+        return 1.0
+    ttl = max(1e-9, (end - start).total_seconds())
+    return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
+
+
+GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects of one memory (each)
+GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
+GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
+
+ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
+
+
+def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
+    """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
+    of the three, so every device that derives it gives it the same uid (and an edit that keeps a
+    fact keeps its atom's uid)."""
+    return str(uuid.uuid5(ATOM_UID_NAMESPACE, "\x1f".join((persona_id, document_uid, content.strip()))))
+
+
+RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")  #: rules/relevance.toml
+
+
+class Rules:
+    """The data in rules/: atom types and classification regexes, entity aliases, query intents,
+    time words."""
+
+    def __init__(self, cfg: Config):
+        atoms = tomllib.loads(cfg.rule_file(cfg.write.atom_rules).read_text(encoding="utf-8"))
+        self.types: dict[str, dict] = atoms["types"]
+        unknown = set(self.types) - set(ATOM_TYPES)
+        if unknown:
+            raise AokunError(f"{cfg.write.atom_rules}: unknown atom types {sorted(unknown)}")
+        self.default_type = atoms.get("default_type", "factual")
+        self.default_confidence = float(atoms.get("default_confidence", 0.5))
+        self.atom_rules = [(re.compile(r["pattern"]), r["type"], float(r.get("confidence", 0.7)))
+                           for r in atoms.get("rules", [])]
+        aliases = tomllib.loads(cfg.rule_file(cfg.write.aliases).read_text(encoding="utf-8")).get("aliases", {})
+        self.alias_of: dict[str, str] = {}
+        for canonical, names in aliases.items():
+            for name in [canonical, *names]:
+                self.alias_of[self._key(name)] = canonical
+        relevance = tomllib.loads(cfg.rule_file(cfg.recall.relevance).read_text(encoding="utf-8"))
+        #: {embedding model: {w_cos, w_cover, bias, cos_only_w_cos, cos_only_bias}} of calibrated_relevance
+        self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS} for model, c in relevance.items()}
+        #: {embedding model: {script: weights}}: a model's weights for the questions of one script
+        #: (query_script), where the file has a [model.script] table; other questions use the model's
+        #: own. A script table holds w_cos, w_cover and bias: a memory of another script (cos-only,
+        #: a cross-language pair) keeps the model's own cos-only weights
+        self.relevance_by_script = {
+            model: {script: self.relevance[model] | {k: float(t[k]) for k in RELEVANCE_WEIGHTS[:3]}
+                    for script, t in c.items() if isinstance(t, dict)}
+            for model, c in relevance.items()}
+        intents = tomllib.loads(cfg.rule_file(cfg.recall.intents).read_text(encoding="utf-8")).get("intents", {})
+        self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
+                        for name, spec in intents.items()]
+        self.time_words = load_time_words(cfg.rule_file(cfg.recall.time_words))
+        self.event_dates = load_event_dates(cfg.rule_file(cfg.write.event_dates))
+
+        predicates = tomllib.loads(cfg.rule_file(cfg.forgetting.predicates).read_text(encoding="utf-8")
+                                   ).get("predicates", [])
+        self.slot_patterns = [(p["name"], re.compile(rx)) for p in predicates for rx in p.get("patterns", [])]
+        self.predicate_of: dict[str, str] = {}
+        for p in predicates:
+            for name in [p["name"], *p.get("aliases", [])]:
+                self.predicate_of[self._key(name)] = p["name"]
+
+    @staticmethod
+    def _key(name: str) -> str:
+        """The matching key of a name: fold()ed (NFKC), whitespace runs made one space, casefolded."""
+        return " ".join(fold(name).split()).casefold()
+
+    def classify(self, fact: str) -> tuple[str, float]:
+        """(atom_type, confidence) from the first rule matching fold(fact), else the default type."""
+        fact = fold(fact)
+        for pattern, atom_type, confidence in self.atom_rules:
+            if pattern.search(fact):
+                return atom_type, confidence
+        return self.default_type, self.default_confidence
+
+    def slot(self, fact: str) -> tuple[str, str, str]:
+        """(predicate, value, subject) of the first single-valued predicate pattern that matches
+        fold(fact) (rules/predicates.toml), else ('', '', ''). value and subject are canonicalised
+        like an entity (keys, not display text)."""
+        fact = fold(fact)
+        for name, pattern in self.slot_patterns:
+            m = pattern.search(fact)
+            if m and m.group("value").strip():
+                subject = (m.groupdict().get("subject") or "").strip()
+                return name, self.canonical(m.group("value").strip()), self.canonical(subject) if subject else ""
+        return "", "", ""
+
+    def canonical(self, name: str) -> str:
+        """Entity resolution: NFKC, case and whitespace folded (_key), aliases from rules/aliases.toml
+        mapped to their canonical name. Returns the key nodes are unique on."""
+        key = self._key(name)
+        return self._key(self.alias_of.get(key, key))
+
+    def display(self, name: str) -> str:
+        """The canonical spelling for display when the name is a known alias, else the name."""
+        return self.alias_of.get(self._key(name), " ".join(name.split()))
+
+    def relevance_coef(self, model: str, query_tokens) -> dict | None:
+        """The calibrated_relevance weights for a question with these search tokens: the model's
+        weights for the question's script (query_script) when rules/relevance.toml has them, else
+        the model's own; None for a model that is not calibrated."""
+        by_script = self.relevance_by_script.get(model, {})
+        return by_script.get(query_script(query_tokens)) or self.relevance.get(model)
+
+    def intent(self, query: str) -> tuple[str | None, dict]:
+        """The first intent in rules/intents.toml whose pattern matches fold(query)."""
+        query = fold(query)
+        for name, patterns, spec in self.intents:
+            if any(p.search(query) for p in patterns):
+                return name, spec
+        return None, {}
+
+
+# Secret redaction: what is stored in place of a secret ###########################################
+
+def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
+    """((kind, compiled pattern), ...) of rules/secrets.toml, in order. Raises AokunError naming the
+    file and the entry for a missing kind or a pattern that does not compile."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    out = []
+    for i, p in enumerate(data.get("patterns", [])):
+        if not isinstance(p.get("kind"), str) or not p["kind"] or not isinstance(p.get("pattern"), str):
+            raise AokunError(f"{path.name}: patterns[{i}] needs a kind and a pattern (text)")
+        try:
+            out.append((p["kind"], re.compile(p["pattern"])))
+        except re.error as e:
+            raise AokunError(f"{path.name}: patterns[{i}] ({p['kind']}) is not a valid regular expression: {e}"
+                             ) from None
+    return tuple(out)
+
+
+def redact(text: str, patterns, counts: dict | None = None) -> str:
+    """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
+    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced.
+    `counts` ({kind: n}), when given, gets the number of replacements of each kind added."""
+    for kind, rx in patterns:
+        mark = f"[REDACTED:{kind}]"
+        if "secret" in rx.groupindex:
+            def keep_around(m, mark=mark):
+                whole, at = m.group(0), m.start()
+                return whole[: m.start("secret") - at] + mark + whole[m.end("secret") - at:]
+            text, n = rx.subn(keep_around, text)
+        else:
+            text, n = rx.subn(lambda _m, mark=mark: mark, text)
+        if n and counts is not None:
+            counts[kind] = counts.get(kind, 0) + n
+    return text
+
+
+def redaction_warning(counts: dict) -> str | None:
+    """The write-result warning for the secrets redact() replaced ({kind: n}; None when none): how
+    many, of which kinds, and the placeholders the stored text has instead. Never the secrets."""
+    n = sum(counts.values())
+    if not n:
+        return None
+    kinds = ", ".join(k if c == 1 else f"{k} ×{c}" for k, c in counts.items())
+    marks = ", ".join(f"[REDACTED:{k}]" for k in counts)
+    return (f"{n} secret{'s' if n > 1 else ''} redacted before storing ({kinds}); the stored text has "
+            f"{marks} in {'their' if n > 1 else 'its'} place")
+
+
+# Write validation: one memory, checked before anything is stored #################################
+
+@dataclass
+class Prepared:
+    """One validated write on its way through the pipeline (also the journal payload)."""
+    content: str
+    persona_id: str = ""
+    session_id: str = ""
+    summary: str = ""
+    topics: list = field(default_factory=list)
+    key_facts: list = field(default_factory=list)
+    participants: list = field(default_factory=list)
+    tags: list = field(default_factory=list)
+    sentiment: str = ""
+    source: str = ""
+    importance: float = 0.5
+    pinned: bool = False
+    created_at: str = ""
+    content_hash: str = ""
+    facts: list = field(default_factory=list)  # key_facts, or sentences of the content
+    supersedes: list = field(default_factory=list)  # ids of memories it archives, linked to it
+    # pipeline state, not part of the payload
+    op: str = "insert"
+    op_id: int | None = None
+    status: str = "pending"
+    document_id: int | None = None
+    deduplicated: bool = False
+    warnings: list = field(default_factory=list)
+    embedding_truncated: bool = False
+    embedding_error: str | None = None  # why the embedding provider refused this memory's text, if it did
+    recovering: bool = False  # resumed from the journal at open: a failure is recorded, never raised
+    error: Exception | None = None  # why a write that was not stored failed (status 'failed')
+    stale: list = field(default_factory=list)  # memories whose vector context this write changed
+    given: frozenset = frozenset()  # the metadata keys the caller gave (a repeat merges only those it said)
+    changed: dict = field(default_factory=dict)  # a repeat's changes to the stored memory, {field: [old, new]}
+    may_update: list = field(default_factory=list)  # [{id, preview}] this new memory may update
+
+    PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts", "participants",
+               "tags", "sentiment", "source", "importance", "pinned", "created_at", "content_hash", "facts")
+    PAYLOAD += ("supersedes",)
+
+    def payload(self) -> str:
+        """The journal payload: the PAYLOAD fields as JSON text (what recover() rebuilds the write
+        from)."""
+        return json.dumps({k: getattr(self, k) for k in self.PAYLOAD}, ensure_ascii=False)
+
+
+MAX_LABEL_CHARS = 200  #: the longest persona_id, session_id, source or sentiment
+MAX_ITEM_CHARS = 1000  #: the longest topic, key fact, participant or tag (longer ones are cut)
+MAX_FIELD_CHARS = 10000  #: the longest summary
+METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment", "importance",
+                   "session_id", "persona_id", "source", "timestamp", "tags", "pinned"}
+
+
+def _text_list(value, name: str) -> list[str]:
+    """A list metadata field (topics, key facts, participants, tags) as stored: each item
+    clean_text()ed with its given characters and cut to MAX_ITEM_CHARS; empty items dropped, and
+    items equal once folded ("８０９０", "8090") kept once, the first spelling. A string is a list of
+    one. Raises InputError naming `name` or `name[i]`."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise InputError(name, f"expected a list of strings, got {type(value).__name__}")
+    out, seen = [], set()
+    for i, v in enumerate(value):
+        t = clean_text(v, f"{name}[{i}]", allow_empty=True)
+        if t and fold(t) not in seen:
+            seen.add(fold(t))
+            out.append(t[:MAX_ITEM_CHARS])
+    return out
+
+
+def _short_text(value, name: str, limit: int = MAX_FIELD_CHARS) -> str:
+    """A text field as stored (summary, sentiment): clean_text(), given characters kept; '' for None.
+    Raises InputError naming `name` when it is longer than `limit`."""
+    if value is None:
+        return ""
+    t = clean_text(value, name, allow_empty=True)
+    if len(t) > limit:
+        raise InputError(name, f"is {len(t)} characters; the limit is {limit}")
+    return t
+
+
+def _label(value, name: str, limit: int = MAX_LABEL_CHARS) -> str:
+    """An identifier (persona_id, session_id, source): clean_text() then fold(), and stored folded:
+    SQL compares it by equality, so "ａｌｉｃｅ" and "alice" stay one persona, as in the files of
+    earlier versions. '' for None. Raises InputError naming `name` when it is longer than `limit`."""
+    return "" if value is None else _short_text(fold(clean_text(value, name, allow_empty=True)), name, limit)
+
+
+def _importance(value, name: str = "importance", default: float = 0.5) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InputError(name, f"expected a number from 0 to 1, got {value!r}")
+    if not 0 <= value <= 1:
+        raise InputError(name, f"must be between 0 and 1, got {value}")
+    return float(value)
+
+
+def _id_list(value, name: str, limit: int) -> list[int]:
+    """A non-empty list of at most `limit` memory ids (whole numbers ≥ 1), duplicates dropped, in order."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise InputError(name, f"expected a non-empty list of memory ids, got {value!r}")
+    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if bad:
+        raise InputError(name, f"memory ids are whole numbers ≥ 1, got {bad[0]!r}")
+    ids = list(dict.fromkeys(value))
+    if len(ids) > limit:
+        raise InputError(name, f"{len(ids)} ids; at most {limit} at once ([recall] max_k)")
+    return ids
+
+
 # Store: the connection, transactions and reading #################################################
 
 LIST_LIMIT_MAX = 1000  #: the most memories list_memories returns at once
@@ -2217,6 +2218,20 @@ MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (an
 ID_COUNTERS = {"documents": "last_document_id", "memory_atoms": "last_atom_id", "graph_nodes": "last_node_id",
                "graph_edges": "last_edge_id", "graph_entries": "last_entry_id", "kg_entities": "last_entity_id",
                "kg_triples": "last_triple_id", "memory_write_ops": "last_write_op_id"}
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What a later section adds to the work of an earlier one, which may call only the sections
+    above it (tests/test_layout.py checks): Memory.hooks names the later sections' methods, each
+    called with the Memory first. Each field says who calls it and what it gives."""
+
+    conversation_hits: Callable  #: Recall.recall(include_conversations): (query, k, persona) -> hits
+    briefing_lines: Callable  #: Briefing._briefing_text: (persona, ref) -> the session digest lines
+    counts: Callable  #: Maintenance.stats: () -> more counts
+    problems: Callable  #: Maintenance.doctor: () -> more problems
+    rebuild_vectors: Callable  #: Maintenance.rebuild(vectors): (stored model, progress) -> n | None
+    prune: Callable  #: Maintenance.maintenance_due: (ref) -> {sessions: n forgotten}
 
 
 class Store:
@@ -2272,6 +2287,11 @@ class Store:
         self.conn.execute("insert into meta(key, value) values (?, ?) "
                           "on conflict(key) do update set value = excluded.value",
                           (key, str(value)))
+
+    def _briefing_stale(self, persona: str | None) -> None:
+        """Mark the persona's stored briefing stale: memory_context rebuilds it before serving it,
+        refresh_stale_briefings in the background once it is old enough. In tx."""
+        self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
 
     def _new_id(self, table: str) -> int:
         """The id for a new row of `table` (one of ID_COUNTERS): above every id the table ever handed
@@ -2372,7 +2392,7 @@ def mean_vector(blobs) -> "np.ndarray | None":
 
 class Vectors:
     """Document and graph-entry vectors: what is embedded (a memory with its session context), the
-    float store and its binary vec0 index, and back-fill of what is still pending."""
+    float store and its binary vec0 index (Layers back-fills what is still pending)."""
 
     @property
     def vectors_usable(self) -> bool:
@@ -2585,51 +2605,6 @@ class Vectors:
                               (i,))
         return ids
 
-    def _refresh_stale(self, ids) -> None:
-        """Re-embed memories whose context changed, in the background (one worker thread, so the write
-        that changed it returns without waiting for the model; their old vector stays searchable until
-        then); when the provider fails they stay 'pending' for the next back-fill. wait_refresh() waits."""
-        ids = sorted({i for i in ids if i is not None})
-        if not ids or not self.vectors_usable:
-            return
-        with self._refresh_lock:
-            if self._refresher is None:
-                self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-refresh")
-            self._refresher.submit(self._refresh_now, ids)
-
-    def _refresh_now(self, ids: list[int]) -> None:
-        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows stay
-        'pending' for the back-fill)."""
-        try:
-            if not self.conn_closed:
-                self.backfill_vectors(ids=ids)
-        except Exception as e:  # noqa: BLE001 - a background step: the back-fill retries
-            log.warning("refreshing the vectors of memories %s failed (back-filled later): %s", ids, e)
-
-    def wait_refresh(self) -> None:
-        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls it)."""
-        with self._refresh_lock:
-            worker = self._refresher
-        if worker is not None:
-            worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
-
-    def _stop_refresher(self) -> None:
-        """Memory.close's step after wait_refresh: stop the refresh worker; a refresh queued later
-        does nothing (conn_closed)."""
-        if self._refresher is not None:
-            self._refresher.shutdown()
-            self._refresher = None
-        self.conn_closed = True
-
-    def _vectors_fit(self) -> None:
-        """The stored vectors were all made again with the configured embedder (rebuild --vectors):
-        no vector_problem any more."""
-        self.vector_problem = None
-
-    def _clear_embedding_error(self) -> None:
-        """Forget the provider's last transient failure (a rebuild starts afresh)."""
-        self.last_embedding_error = None
-
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_docs, computed before its transaction (so the write lock is held
         briefly): {id(p): the memory's contextual vector, or None when there is none (provider none
@@ -2799,94 +2774,6 @@ class Vectors:
         self.conn.execute("update graph_entries set embedding_state = 'done', embedding_error = null where id = ?",
                           (entry_id,))
 
-    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
-                         stop: threading.Event | None = None, progress=None) -> int:
-        """Embed documents and graph entries still marked 'pending' and not refused (embedding_error
-        null; only documents `ids` when given). Returns how many vectors were written. An input the
-        provider refuses for good gets its embedding_error (stays without a vector, skipped from then
-        on) and never holds up the others; stops quietly, leaving rows pending, when the provider fails
-        transiently or `stop` is set (checked before each batch: a server shutting down).
-        `progress(done, None)`, when given, is called after each batch with the vectors written so far
-        (the total is not known ahead)."""
-        if not self.vectors_usable:
-            return 0
-        done, after = 0, 0
-        while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            rows = self.rows(self.queries["pending_documents"],
-                             {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
-            if not rows:
-                break
-            after = rows[-1]["id"]
-            prepared = self._stored_vector_texts(rows)
-            out = self._embed([t for t, _ in prepared])
-            made, requeued = self._store_backfilled(rows, out, prepared)
-            done += made
-            if requeued:  # their vector text had a text refused just now: made again without it
-                after = min(after, min(requeued) - 1)
-                ids = None if ids is None else sorted({*ids, *requeued})
-            if progress:
-                progress(done, None)
-            if any(v is None for v in out):
-                return done
-        while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"], {"n": batch})]
-            pairs = self._entry_vectors("pending_entries_by_id", entry_ids) if entry_ids else []
-            if not pairs:
-                break
-            with self.tx():
-                for entry_id, vec in pairs:
-                    if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
-                        self._put_entry_vector(entry_id, vec)
-                        done += isinstance(vec, np.ndarray)
-            if progress:
-                progress(done, None)
-            if any(v is None for _, v in pairs):
-                return done
-        return done
-
-    def _store_backfilled(self, rows: list[dict], out: list, prepared: list) -> tuple[int, list[int]]:
-        """backfill_vectors' transaction for one batch of documents `rows` (pending_documents), what
-        _embed made of their texts (`out`) and [(text, cut)] (`prepared`): the vectors are stored, a
-        refusal is recorded as the memory's embedding_error and its successors in the session, whose
-        vector text contained it, are marked pending (_stale_successors) with their keyword context
-        refreshed (what this batch made for them is dropped). Rows no longer pending (edited or
-        deleted meanwhile) are left. Returns (vectors stored, ids of the successors marked)."""
-        done, requeued = 0, []
-        with self.tx():
-            for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
-                if vec is None or r["id"] in requeued or self.value(
-                        "select embedding_state from documents where id = ?", (r["id"],)) != "pending":
-                    continue  # requeued: made from a text refused just now, made again without it
-                if isinstance(vec, str):
-                    self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
-                    stale = self._stale_successors(r["id"])
-                    self._refresh_graph_context(stale)
-                    requeued += stale
-                    continue
-                self._put_doc_vector(r["id"], vec)
-                self.conn.execute("update documents set embedding_truncated = ? where id = ?",
-                                  (int(truncated), r["id"]))
-                done += 1
-        return done, requeued
-
-    REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
-
-    def _requeue_refused_context(self) -> None:
-        """Files written before a refused text was kept out of its neighbours' vector text (issue 24,
-        sql/vectors.sql session_context): once per file (meta refused_context), the memories after
-        each refused one in its session are marked pending (_stale_successors), so the back-fill
-        makes their vectors again without it (the old ones stay searchable until then). Not while the
-        provider is none (nothing to mark; done on the first open with one)."""
-        if self.meta_get("refused_context") == self.REFUSED_CONTEXT or self.embedder.provider == "none":
-            return
-        if not any(r["name"] == "embedding_error" for r in self.rows("pragma table_info(documents)")):
-            return  # a file held below schema 9 (tests build such files): done once it is migrated
-        with self.tx():
-            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:  # not done by another process
-                for r in self.rows("select id from documents where embedding_error is not null"):
-                    self._refresh_graph_context(self._stale_successors(r["id"]))
-                self._meta_set("refused_context", self.REFUSED_CONTEXT)
-
     def _stored_vector_texts(self, rows: list[dict]) -> list[tuple[str, bool]]:
         """_vector_text of stored documents (rows with id, content, persona_id, session_id,
         created_at, topics, tags, sentiment): [(text, whether the memory itself was cut)]."""
@@ -2912,7 +2799,8 @@ GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph la
 class Layers:
     """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): its FTS row
     and vector, its atoms (with reinforcement and supersession), its graph nodes, edges and
-    entries, and their removal. All run in tx."""
+    entries, and their removal, all in tx; a memory's flags (pinned, archived, superseded); the
+    back-fill of the vectors a write left pending, with its background refresh worker."""
 
     def _stage_docs(self, p: Prepared, vectors: dict) -> str | None:
         """Stage 1 of a write: the documents row (insert with a never-reused id, or update for an edit),
@@ -3288,6 +3176,183 @@ class Layers:
                     self._put_entry_text(e["id"], fact_entry_text(self._own_spelling(d[0], e), about))
         self._refresh_graph_context(docs)
 
+    # flags and superseding: a memory's row -------------------------------------------------------
+
+    def _archive_superseded(self, p: Prepared) -> None:
+        """Archive the memories write `p` supersedes (p.supersedes) and link each to p.document_id
+        (superseded_by), those of p's persona only (checked again: one may be gone since memorize
+        checked); the newer itself is never archived. Notes what it did in p.warnings. In tx."""
+        done = []
+        for old in p.supersedes:
+            mine = self.value("select 1 from documents where id = ? and persona_id = ?",
+                              (old, p.persona_id))
+            if old != p.document_id and mine:
+                self._set_flag_in_tx(old, "archived", True)
+                self.conn.execute("update documents set superseded_by = ? where id = ?",
+                                  (p.document_id, old))
+                done.append(str(old))
+        if done:
+            p.warnings.append(f"memory {', '.join(done)} archived as superseded by memory "
+                              f"{p.document_id} (restore_memory brings "
+                              f"{'them' if len(done) > 1 else 'it'} back)")
+
+    def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
+        """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
+        graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing stale
+        (the briefing lists pinned memories and leaves archived ones out). In tx."""
+        c = self.conn
+        c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
+        self._briefing_stale(self.value("select persona_id from documents where id = ?", (doc_id,)))
+        if flag == "archived":
+            c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
+            if self.has_table("doc_vec"):
+                c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
+                # one row at a time: sqlite-vec 0.1.9 rejects a bit[] table's multi-row UPDATE
+                # ("invalid float32 vector BLOB length") though the vector is not being changed
+                for (eid,) in c.execute(self.queries["document_entry_ids"], {"document_id": doc_id}).fetchall():
+                    c.execute("update graph_vec set archived = ? where entry_id = ?", (int(value), eid))
+
+    def _auto_facts(self, text: str) -> list[str]:
+        """Key facts when none were given: the content's sentences with at least two search tokens
+        (so "Hi!" and "OK." do not become atoms), at most max_auto_facts."""
+        return [s for s in split_sentences(text, 4 * self.cfg.write.max_auto_facts)
+                if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
+
+    # back-fill: the vector stage deferred, and the refresh worker --------------------------------
+
+    def _refresh_stale(self, ids) -> None:
+        """Re-embed memories whose context changed, in the background (one worker thread, so the write
+        that changed it returns without waiting for the model; their old vector stays searchable until
+        then); when the provider fails they stay 'pending' for the next back-fill. wait_refresh() waits."""
+        ids = sorted({i for i in ids if i is not None})
+        if not ids or not self.vectors_usable:
+            return
+        with self._refresh_lock:
+            if self._refresher is None:
+                self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-refresh")
+            self._refresher.submit(self._refresh_now, ids)
+
+    def _refresh_now(self, ids: list[int]) -> None:
+        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows stay
+        'pending' for the back-fill)."""
+        try:
+            if not self.conn_closed:
+                self.backfill_vectors(ids=ids)
+        except Exception as e:  # noqa: BLE001 - a background step: the back-fill retries
+            log.warning("refreshing the vectors of memories %s failed (back-filled later): %s", ids, e)
+
+    def wait_refresh(self) -> None:
+        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls it)."""
+        with self._refresh_lock:
+            worker = self._refresher
+        if worker is not None:
+            worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
+
+    def _stop_refresher(self) -> None:
+        """Memory.close's step after wait_refresh: stop the refresh worker; a refresh queued later
+        does nothing (conn_closed)."""
+        if self._refresher is not None:
+            self._refresher.shutdown()
+            self._refresher = None
+        self.conn_closed = True
+
+    def _vectors_fit(self) -> None:
+        """The stored vectors were all made again with the configured embedder (rebuild --vectors):
+        no vector_problem any more."""
+        self.vector_problem = None
+
+    def _clear_embedding_error(self) -> None:
+        """Forget the provider's last transient failure (a rebuild starts afresh)."""
+        self.last_embedding_error = None
+
+    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
+                         stop: threading.Event | None = None, progress=None) -> int:
+        """Embed documents and graph entries still marked 'pending' and not refused (embedding_error
+        null; only documents `ids` when given). Returns how many vectors were written. An input the
+        provider refuses for good gets its embedding_error (stays without a vector, skipped from then
+        on) and never holds up the others; stops quietly, leaving rows pending, when the provider fails
+        transiently or `stop` is set (checked before each batch: a server shutting down).
+        `progress(done, None)`, when given, is called after each batch with the vectors written so far
+        (the total is not known ahead)."""
+        if not self.vectors_usable:
+            return 0
+        done, after = 0, 0
+        while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
+            rows = self.rows(self.queries["pending_documents"],
+                             {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
+            if not rows:
+                break
+            after = rows[-1]["id"]
+            prepared = self._stored_vector_texts(rows)
+            out = self._embed([t for t, _ in prepared])
+            made, requeued = self._store_backfilled(rows, out, prepared)
+            done += made
+            if requeued:  # their vector text had a text refused just now: made again without it
+                after = min(after, min(requeued) - 1)
+                ids = None if ids is None else sorted({*ids, *requeued})
+            if progress:
+                progress(done, None)
+            if any(v is None for v in out):
+                return done
+        while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
+            entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"], {"n": batch})]
+            pairs = self._entry_vectors("pending_entries_by_id", entry_ids) if entry_ids else []
+            if not pairs:
+                break
+            with self.tx():
+                for entry_id, vec in pairs:
+                    if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
+                        self._put_entry_vector(entry_id, vec)
+                        done += isinstance(vec, np.ndarray)
+            if progress:
+                progress(done, None)
+            if any(v is None for _, v in pairs):
+                return done
+        return done
+
+    def _store_backfilled(self, rows: list[dict], out: list, prepared: list) -> tuple[int, list[int]]:
+        """backfill_vectors' transaction for one batch of documents `rows` (pending_documents), what
+        _embed made of their texts (`out`) and [(text, cut)] (`prepared`): the vectors are stored, a
+        refusal is recorded as the memory's embedding_error and its successors in the session, whose
+        vector text contained it, are marked pending (_stale_successors) with their keyword context
+        refreshed (what this batch made for them is dropped). Rows no longer pending (edited or
+        deleted meanwhile) are left. Returns (vectors stored, ids of the successors marked)."""
+        done, requeued = 0, []
+        with self.tx():
+            for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
+                if vec is None or r["id"] in requeued or self.value(
+                        "select embedding_state from documents where id = ?", (r["id"],)) != "pending":
+                    continue  # requeued: made from a text refused just now, made again without it
+                if isinstance(vec, str):
+                    self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
+                    stale = self._stale_successors(r["id"])
+                    self._refresh_graph_context(stale)
+                    requeued += stale
+                    continue
+                self._put_doc_vector(r["id"], vec)
+                self.conn.execute("update documents set embedding_truncated = ? where id = ?",
+                                  (int(truncated), r["id"]))
+                done += 1
+        return done, requeued
+
+    REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
+
+    def _requeue_refused_context(self) -> None:
+        """Files written before a refused text was kept out of its neighbours' vector text (issue 24,
+        sql/vectors.sql session_context): once per file (meta refused_context), the memories after
+        each refused one in its session are marked pending (_stale_successors), so the back-fill
+        makes their vectors again without it (the old ones stay searchable until then). Not while the
+        provider is none (nothing to mark; done on the first open with one)."""
+        if self.meta_get("refused_context") == self.REFUSED_CONTEXT or self.embedder.provider == "none":
+            return
+        if not any(r["name"] == "embedding_error" for r in self.rows("pragma table_info(documents)")):
+            return  # a file held below schema 9 (tests build such files): done once it is migrated
+        with self.tx():
+            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:  # not done by another process
+                for r in self.rows("select id from documents where embedding_error is not null"):
+                    self._refresh_graph_context(self._stale_successors(r["id"]))
+                self._meta_set("refused_context", self.REFUSED_CONTEXT)
+
 
 def subject_entry_text(label: str, name: str, summary: str) -> str:
     """The keyword text of a subject's graph entry: "Person: Alice. Summary: …" (label Person or
@@ -3462,12 +3527,6 @@ class Journal:
         if (said := redaction_warning(redacted)) is not None:
             p.warnings.append(said)
         return p
-
-    def _auto_facts(self, text: str) -> list[str]:
-        """Key facts when none were given: the content's sentences with at least two search tokens
-        (so "Hi!" and "OK." do not become atoms), at most max_auto_facts."""
-        return [s for s in split_sentences(text, 4 * self.cfg.write.max_auto_facts)
-                if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
 
     def memorize(self, content, metadata: dict | None = None, supersedes=None) -> dict:
         """Store one memory through the journalled pipeline (seed: Write Pipeline).
@@ -3881,15 +3940,14 @@ class Journal:
         self._refresh_stale(p.stale)
         return self._write_result(p)
 
-    def delete(self, doc_id: int, persona_id: str | None = None, purge: bool = False,
-               deleted_at: str | None = None) -> dict:
+    def delete(self, doc_id: int, persona_id: str | None = None, deleted_at: str | None = None) -> dict:
         """Remove a memory of persona `persona_id` (None: the default persona '') from every table and
         index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone (uid and
         time, no text); secure_delete zeroes the freed bytes, but its words stay in older FTS segments
-        and its pages in the WAL until `purge` (Maintenance.purge: also VACUUM and a WAL checkpoint),
+        and its pages in the WAL until purge() (Maintenance: also VACUUM and a WAL checkpoint),
         and in backups for their life. `deleted_at` (column-format time; None: now) is the tombstone's
         time: an imported deletion keeps the time it happened (the later of it and one here wins), so
-        every device orders it alike. Returns {id, uid, deleted: true} (+ purged: purge()'s answer).
+        every device orders it alike. Returns {id, uid, deleted: true}.
         Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         with self.tx() as c:
@@ -3909,10 +3967,7 @@ class Journal:
                       (d["uid"], deleted_at or now_iso()))
             self._briefing_stale(d["persona_id"])
         self._refresh_stale(stale)
-        out = {"id": doc_id, "uid": d["uid"], "deleted": True}
-        if purge:
-            out["purged"] = self.purge(d["persona_id"])
-        return out
+        return {"id": doc_id, "uid": d["uid"], "deleted": True}
 
     def set_flag(self, doc_id: int, flag: str, value: bool, persona_id: str | None = None) -> dict:
         """pin/unpin (flag='pinned') or archive/unarchive (flag='archived') a memory of persona
@@ -3933,39 +3988,6 @@ class Journal:
         self.conn.execute("update documents set merged_into = null, superseded_by = null "
                           "where id = ?", (doc_id,))
 
-    def _archive_superseded(self, p: Prepared) -> None:
-        """Archive the memories write `p` supersedes (p.supersedes) and link each to p.document_id
-        (superseded_by), those of p's persona only (checked again: one may be gone since memorize
-        checked); the newer itself is never archived. Notes what it did in p.warnings. In tx."""
-        done = []
-        for old in p.supersedes:
-            mine = self.value("select 1 from documents where id = ? and persona_id = ?",
-                              (old, p.persona_id))
-            if old != p.document_id and mine:
-                self._set_flag_in_tx(old, "archived", True)
-                self.conn.execute("update documents set superseded_by = ? where id = ?",
-                                  (p.document_id, old))
-                done.append(str(old))
-        if done:
-            p.warnings.append(f"memory {', '.join(done)} archived as superseded by memory "
-                              f"{p.document_id} (restore_memory brings "
-                              f"{'them' if len(done) > 1 else 'it'} back)")
-
-    def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
-        """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
-        graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing stale
-        (the briefing lists pinned memories and leaves archived ones out). In tx."""
-        c = self.conn
-        c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
-        self._briefing_stale(self.value("select persona_id from documents where id = ?", (doc_id,)))
-        if flag == "archived":
-            c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
-            if self.has_table("doc_vec"):
-                c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
-                # one row at a time: sqlite-vec 0.1.9 rejects a bit[] table's multi-row UPDATE
-                # ("invalid float32 vector BLOB length") though the vector is not being changed
-                for (eid,) in c.execute(self.queries["document_entry_ids"], {"document_id": doc_id}).fetchall():
-                    c.execute("update graph_vec set archived = ? where entry_id = ?", (int(value), eid))
 
 
 # Knowledge graph: temporal triples ###############################################################
@@ -4239,7 +4261,7 @@ class Recall:
         γ·recency + δ·frequency; graph route 0.55/0.20/0.15/0.10 × the atoms' temporal factor),
         scale_routes() (0.65/0.35 or the intent's weights, +0.08 when both routes hit),
         fuse_scores() (session neighbours, source boost), select_hits() (MMR λ=0.7, pins).
-        as_of answers as the memory stood then; include_conversations adds `conversations` (_conversation_hits).
+        as_of answers as the memory stood then; include_conversations adds `conversations` (hooks).
         Raises InputError for an empty query or a bad k."""
         started = time.perf_counter()
         r = self.cfg.recall
@@ -4294,7 +4316,7 @@ class Recall:
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
             if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings,
-               "conversations": self._conversation_hits(query, k, persona) if include_conversations else []}
+               "conversations": self.hooks.conversation_hits(self, query, k, persona) if include_conversations else []}
         if explain:
             out["stats"] = dict(stats, channel_rows={ch: len(rows) for ch, rows in ranked.items()})
         answer = self._answer(key, out, started)
@@ -4401,7 +4423,7 @@ class Recall:
             with self._readers_lock:
                 if self._channel_pool is None:
                     self._channel_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aokun-recall")
-        return [self._channel_pool.submit(one, ch, sql, self._reader_rows).result for ch, sql in queries]
+        return [self._channel_pool.submit(one, ch, sql, self.reader_rows).result for ch, sql in queries]
 
     def _channel_query(self, ch: str, sql: str, params: dict, rows) -> list[dict]:
         """The rows of channel `ch` (its query `sql`, run by `rows`), first with its speed bound
@@ -4465,7 +4487,7 @@ class Recall:
         seen = sorted(self._hamming_reach.get(key, ()))
         return seen[int(HAMMING_QUANTILE * (len(seen) - 1))] if len(seen) >= 8 else None
 
-    def _reader_rows(self, sql: str, params) -> list[dict]:
+    def reader_rows(self, sql: str, params) -> list[dict]:
         """rows() on this worker thread's own query-only connection (opened on first use)."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
@@ -4761,11 +4783,6 @@ class Briefing:
     """Memory for a prompt: the stored session briefing (built from SQL, no embedding) and
     memory_context within a token budget (second seed: token-budget context, session briefing)."""
 
-    def _briefing_stale(self, persona: str | None) -> None:
-        """Mark the persona's stored briefing stale: memory_context rebuilds it before serving it,
-        refresh_stale_briefings in the background once it is old enough. In tx."""
-        self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
-
     def build_briefing(self, persona_id=None, progress=None) -> dict:
         """Build and store the session briefing for a persona: pinned and important memories,
         recent memories, current KG facts, all from SQL (no embedding). Returns the stored row.
@@ -4806,7 +4823,7 @@ class Briefing:
         if recent:
             lines.append(f"## Recent ({cx.briefing_recent_days} days)")
             lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}" for d in recent]
-        lines += self._session_digest_lines(persona, ref)
+        lines += self.hooks.briefing_lines(self, persona, ref)
         if facts:
             lines.append("## Current facts")
             lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})"
@@ -5183,7 +5200,7 @@ class Maintenance:
             counts.update(self.rows(q["stats_vector_counts"])[0])
         else:
             counts.update(doc_vectors=0, graph_vectors=0, doc_index_rows=0, graph_index_rows=0)
-        counts.update(self._conversation_counts())
+        counts.update(self.hooks.counts(self))
         return {
             "database": str(self.path),
             "size_bytes": self.path.stat().st_size if self.path.exists() else 0,
@@ -5228,7 +5245,7 @@ class Maintenance:
             for r in self.rows(self.queries["doctor_vector_checks"]):
                 if r["n"]:
                     problems.append(f"{r['n']} {r['problem']}")
-        problems += self._conversation_problems()
+        problems += self.hooks.problems(self)
         if self.vector_problem and self.embedder.provider != "none":
             problems.append(self.vector_problem)
         refused = self.rows(self.queries["vectors_refused"], {"n": 3})
@@ -5261,11 +5278,8 @@ class Maintenance:
         if vectors:
             stored = self.meta_get("embedding_model"), self.meta_get("embedding_dim")
             out["vectors"] = self._rebuild_vectors(progress)
-            if self.value("select 1 from conv_turns limit 1"):  # and the ingested conversations' turns
-                if stored != (self.embedder.model, str(self.embedder.dim)):
-                    with self.tx():  # another model: the old turn vectors no longer compare
-                        self._reset_turn_vectors()
-                out["turn_vectors"] = self.backfill_turn_vectors(progress=progress)
+            if (turns := self.hooks.rebuild_vectors(self, stored, progress)) is not None:
+                out["turn_vectors"] = turns
         return out
 
     def _rebuild_vectors(self, progress=None) -> int:
@@ -5487,7 +5501,7 @@ class Maintenance:
             done["lifecycle"] = len(self.lifecycle(ref=ref)["atoms"])
         if self.cfg.backup.daily:
             done["backup"] = self.daily_backup(ref)
-        done["conversations_pruned"] = self.prune_conversations(ref)["sessions"]
+        done["conversations_pruned"] = self.hooks.prune(self, ref)["sessions"]
         done["briefings"] = self.refresh_stale_briefings()
         return done
 
@@ -7985,7 +7999,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     - callers: any thread (the MCP SDK runs each tool call in a worker thread; the CLI one thread);
     - `aokun-touch`: one worker, started on the first recall, records access (Recall._touch);
     - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
-      own query-only connection (Recall._reader_rows);
+      own query-only connection (Recall.reader_rows);
     - the server's `aokun-background` thread (see _background) calls the public methods like a caller.
 
     Locks:
@@ -8016,7 +8030,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
             print(f"aokun: created a new database {self.path}", file=sys.stderr, flush=True)
         self.queries = load_queries()  # the named queries of sql/*.sql
-        if self.conn.aokun_rank:  # the recall channels' readers load it too (_reader_rows)
+        if self.conn.aokun_rank:  # the recall channels' readers load it too (reader_rows)
             self.queries = ranked_queries(self.queries)
         self.epoch = 0  # commits through tx(): what the recall cache keys on (Store owns it)
         # text and rules (Layers, Journal, Recall read them)
@@ -8041,9 +8055,10 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._channel_pool: ThreadPoolExecutor | None = None  # aokun-recall-* channel workers
         self._readers: list[apsw.Connection] = []  # the channel workers' query-only connections
         self._readers_lock = threading.Lock()  # guards _readers and _channel_pool, never self.lock
-        self._local = threading.local()  # each channel worker's own reader (Recall._reader_rows)
+        self._local = threading.local()  # each channel worker's own reader (Recall.reader_rows)
         # Conversations
         self._ingest_rules: dict[str, IngestRules] = {}  # source -> its rules (ingest_rules)
+        self.last_maintenance: str | None = None  # the server's last maintenance run (_background)
         # Journal
         self._secret_patterns: tuple | None = None  # [write] secrets compiled (secret_patterns)
         self.last_recovery: dict = {}  # what recover() did when the file was opened
@@ -8054,6 +8069,24 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._requeue_refused_context()
         if recover:
             self.last_recovery = self.recover()
+
+    def _rebuild_turn_vectors(self, stored: tuple, progress) -> int | None:
+        """Maintenance.rebuild(vectors=True)'s step for the ingested conversations' turns (hooks):
+        their vectors are made again (reset first when `stored`, the (model, dim) of the vectors
+        before, is not the embedder's). None when no turn is stored."""
+        if not self.value("select 1 from conv_turns limit 1"):
+            return None
+        if stored != (self.embedder.model, str(self.embedder.dim)):
+            with self.tx():  # another model: the old turn vectors no longer compare
+                self._reset_turn_vectors()
+        return self.backfill_turn_vectors(progress=progress)
+
+    #: the later sections' parts of earlier ones' work (functions: no Memory -> method -> Memory cycle)
+    hooks = Hooks(conversation_hits=ConversationSearch._conversation_hits,
+                  briefing_lines=ConversationSearch._session_digest_lines,
+                  counts=ConversationSearch._conversation_counts,
+                  problems=ConversationSearch._conversation_problems,
+                  rebuild_vectors=_rebuild_turn_vectors, prune=ConversationSearch.prune_conversations)
 
     def close(self):
         """Wait for the access bookkeeping (Recall) and the vector refresh (Vectors), stop the
@@ -10471,15 +10504,15 @@ def health(mem: "Memory") -> dict:
     loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup, sync}, uptime_seconds,
     version}. ok is false when the database does not answer or vector search is off for a reason other
     than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load).
-    Read on the calling thread's query-only connection (Recall._reader_rows), never the main one: a
+    Read on the calling thread's query-only connection (Recall.reader_rows), never the main one: a
     supervisor's probe must not wait for the Memory lock that long background work holds (the
     daily backup's VACUUM INTO, a maintenance transaction, a back-fill batch)."""
     meta: dict = {}
     try:
         def one(sql: str):
-            return next(iter(mem._reader_rows(sql, ())[0].values()))
+            return next(iter(mem.reader_rows(sql, ())[0].values()))
         schema, pending = one("pragma user_version"), one(mem.queries["pending_vectors"])
-        meta = {r["key"]: r["value"] for r in mem._reader_rows(
+        meta = {r["key"]: r["value"] for r in mem.reader_rows(
             "select key, value from meta where key in ('decay_last_run', 'lifecycle_last_run', 'backup_last', "
             "'sync_last')", ())}
         db_ok = True
@@ -10999,7 +11032,10 @@ def delete(state, memory_id, persona, purge):
 
         python aokun.py delete 12 --purge
     """
-    out = state.memory().delete(memory_id, persona, purge=purge)
+    mem = state.memory()
+    out = mem.delete(memory_id, persona)
+    if purge:
+        out["purged"] = mem.purge(persona)
     click.echo(f"deleted {memory_id}")
     if purge:
         p = out["purged"]
