@@ -932,7 +932,9 @@ def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
     that already holds data is first copied (VACUUM INTO) to `backup_dir` as
     <name>-schema<N>-<time>.db, so an upgrade can always be undone.
 
-    Returns the schema version. Raises SchemaError when the file is newer than this code."""
+    Returns the schema version. Raises SchemaError when the file is newer than this code. The data
+    upgrades that need the engine (embedder, rules) follow, when Memory opens the file: DATA_STEPS,
+    numbered apart in meta data_version."""
     known = schema_version_known()
     current = conn.pragma("user_version")
     if current > known:
@@ -2427,7 +2429,8 @@ class Vectors:
     def _upgrade_vector_index(self) -> None:
         """Files made before schema 6 keep float vectors inside vec0 (doc_vec/graph_vec float[dim]):
         copy them into doc_vectors/graph_vectors and rebuild doc_vec/graph_vec as the binary index,
-        in one transaction (migrate() saved a copy of the file first)."""
+        in one transaction (migrate() saved a copy of the file first). Data step 1 (DATA_STEPS); also
+        run on a restored file (restore_from)."""
         def old_layout() -> bool:
             return "float[" in (self.value("select sql from sqlite_master where name = 'doc_vec'") or "")
         if not old_layout():
@@ -2452,18 +2455,22 @@ class Vectors:
         log.warning("vector storage upgraded: %s document and %s entry vectors re-indexed",
                     self.value("select count(*) from doc_vectors"), self.value("select count(*) from graph_vectors"))
 
-    def _compact_vectors(self) -> None:
+    def _compact_vectors(self) -> bool:
         """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in one
         transaction (migrate() saved a copy of the file first) and record meta vector_format = 'int8'.
-        The freed pages are reused by later writes; `python aokun.py vacuum` gives them back."""
-        if self.meta_get("vector_format") == "int8" or not self.has_table("doc_vectors"):
-            return
+        The freed pages are reused by later writes; `python aokun.py vacuum` gives them back. Data
+        step 2 (DATA_STEPS); False when the file is held below schema 6 (not done yet)."""
+        if self.meta_get("vector_format") == "int8":
+            return True
+        if not self.has_table("doc_vectors"):
+            return False
         with self.tx():
             if self.meta_get("vector_format") != "int8":  # another process may have just done it
                 n = self._compact_vectors_in_tx()
                 if n:
                     log.warning("vector storage compacted: %s float32 vectors stored as int8 "
                                 "(`python aokun.py vacuum` returns the freed space)", n)
+        return True
 
     def _compact_vectors_in_tx(self) -> int:
         """_compact_vectors' work: float32 rows (4 bytes per dimension) of doc_vectors/graph_vectors become
@@ -3141,7 +3148,7 @@ class Layers:
         the session context on every fact entry: rewrite them as _stage_graph writes them now (no
         vector changes: a fact's vector is the fact's), GRAPH_UPGRADE_BATCH memories a transaction
         so other processes' writes get the lock in between (a memory is whole in either layout, and
-        rewriting one twice gives the same rows), then meta graph_layout = 2."""
+        rewriting one twice gives the same rows), then meta graph_layout = 2. Data step 3 (DATA_STEPS)."""
         if self.meta_get("graph_layout") == GRAPH_LAYOUT:
             return
         with self.tx() as c:
@@ -3337,21 +3344,25 @@ class Layers:
 
     REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
 
-    def _requeue_refused_context(self) -> None:
+    def _requeue_refused_context(self) -> bool:
         """Files written before a refused text was kept out of its neighbours' vector text (issue 24,
         sql/vectors.sql session_context): once per file (meta refused_context), the memories after
         each refused one in its session are marked pending (_stale_successors), so the back-fill
         makes their vectors again without it (the old ones stay searchable until then). Not while the
-        provider is none (nothing to mark; done on the first open with one)."""
-        if self.meta_get("refused_context") == self.REFUSED_CONTEXT or self.embedder.provider == "none":
-            return
+        provider is none (nothing to mark; done on the first open with one): False, not done yet.
+        Data step 4 (DATA_STEPS)."""
+        if self.meta_get("refused_context") == self.REFUSED_CONTEXT:
+            return True
+        if self.embedder.provider == "none":
+            return False
         if not any(r["name"] == "embedding_error" for r in self.rows("pragma table_info(documents)")):
-            return  # a file held below schema 9 (tests build such files): done once it is migrated
+            return False  # a file held below schema 9 (tests build such files): done once it is migrated
         with self.tx():
             if self.meta_get("refused_context") != self.REFUSED_CONTEXT:  # not done by another process
                 for r in self.rows("select id from documents where embedding_error is not null"):
                     self._refresh_graph_context(self._stale_successors(r["id"]))
                 self._meta_set("refused_context", self.REFUSED_CONTEXT)
+        return True
 
 
 def subject_entry_text(label: str, name: str, summary: str) -> str:
@@ -7990,6 +8001,19 @@ def hook_session_files(client: str, payload: dict) -> list[Path]:
 
 # The memory engine: the sections composed ########################################################
 
+#: The data upgrades, the second half of the migration ladder: after migrate() has applied the
+#: schema/NNNN steps, Memory._upgrade_data runs each step above meta data_version once, in order,
+#: and records its number there. (number, the step, what it upgrades); a step returns False when
+#: it cannot run yet (it is tried at the next open and the later steps wait). Files upgraded before
+#: this ladder carry each step's own meta flag instead, which the step reads: it does nothing.
+DATA_STEPS = (
+    (1, Vectors._upgrade_vector_index, "float vectors in vec0 (schema < 6) to the binary index"),
+    (2, Vectors._compact_vectors, "float32 vectors (schema < 11) to int8: meta vector_format"),
+    (3, Layers._upgrade_graph_entries, "graph entries to layout 2: meta graph_layout"),
+    (4, Layers._requeue_refused_context, "refused texts out of neighbours' vectors: meta refused_context"),
+)
+
+
 class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting, Maintenance,
              Summarizer, Conversations, ConversationSearch, Portable, Sync):
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
@@ -8062,13 +8086,23 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         # Journal
         self._secret_patterns: tuple | None = None  # [write] secrets compiled (secret_patterns)
         self.last_recovery: dict = {}  # what recover() did when the file was opened
-        self._upgrade_vector_index()
-        self._compact_vectors()
-        self._upgrade_graph_entries()
         self._check_embedding_meta()
-        self._requeue_refused_context()
+        self._upgrade_data()
         if recover:
             self.last_recovery = self.recover()
+
+    def _upgrade_data(self) -> None:
+        """Run the data steps (DATA_STEPS) above meta data_version, in order, each once: its number
+        is recorded when it is done. One that cannot run yet (False) stops the ladder there."""
+        done = int(self.meta_get("data_version", 0))
+        for number, step, _what in DATA_STEPS:
+            if number <= done:
+                continue
+            if step(self) is False:
+                return
+            with self.tx():
+                if int(self.meta_get("data_version", 0)) < number:  # another process may be ahead
+                    self._meta_set("data_version", number)
 
     def _rebuild_turn_vectors(self, stored: tuple, progress) -> int | None:
         """Maintenance.rebuild(vectors=True)'s step for the ingested conversations' turns (hooks):
