@@ -100,7 +100,33 @@ log = logging.getLogger("aokun")
 # Errors ##########################################################################################
 
 class AokunError(Exception):
-    """A problem the user can act on; the message is one actionable sentence."""
+    """A problem the user can act on; the message is one actionable sentence. A sentence that names
+    what the user can do about it (list the ids, re-embed) holds `{hint0}`, `{hint1}`… there, and
+    `hints` says what: ((command, {option: value}), …) in the CLI's command words, e.g. ("rebuild",
+    {"vectors": True}). Each face spells them its own way (render): the CLI, the panel and the log
+    as a command line (command_line, what str() gives), MCP as the tool that does it (mcp_hint)."""
+
+    def __init__(self, message: str = "", hints: tuple = ()):
+        super().__init__(message)
+        self.hints = tuple(hints)
+
+    def render(self, spell) -> str:
+        """The message with each `{hintN}` replaced by spell(command, options) of hints[N]."""
+        message = str(self.args[0]) if self.args else ""
+        for i, (command, options) in enumerate(self.hints):
+            message = message.replace(f"{{hint{i}}}", spell(command, options))
+        return message
+
+    def __str__(self) -> str:
+        return self.render(command_line) if self.hints else super().__str__()
+
+
+def command_line(command: str, options: dict | None = None) -> str:
+    """A hint (AokunError.hints) as the command line that does it, in backquotes: ("rebuild",
+    {"vectors": True}) is `python aokun.py rebuild --vectors`, ("kg query ENTITY", {}) is
+    `python aokun.py kg query ENTITY`."""
+    flags = [f"--{k}" if v is True else f"--{k} {v}" for k, v in (options or {}).items()]
+    return "`" + " ".join(["python aokun.py", command, *flags]) + "`"
 
 
 class InputError(AokunError):
@@ -2319,7 +2345,7 @@ class Store:
         rows = self.rows("select * from documents where id = ? and (? is null or persona_id = ?)",
                          (doc_id, persona, persona)) if 0 < doc_id <= MAX_ID else []
         if not rows:
-            raise NotFound(f"no memory with id {doc_id}; `python aokun.py list` shows the ids")
+            raise NotFound(f"no memory with id {doc_id}; {{hint0}} shows the ids", hints=[("list", {})])
         d = rows[0]
         for k in ("topics", "key_facts", "participants", "tags"):
             d[k] = json.loads(d[k])
@@ -4096,8 +4122,8 @@ class KnowledgeGraph:
         that persona: one lookup filters by both, so another persona's fact id is not there."""
         rows = self.rows(self.queries["kg_triple"], {"id": tid, "persona_id": persona}) if 0 < tid <= MAX_ID else []
         if not rows:
-            raise NotFound(f"no fact with id {tid}; `python aokun.py kg query ENTITY` or "
-                           "`python aokun.py kg timeline ENTITY` shows the ids")
+            raise NotFound(f"no fact with id {tid}; {{hint0}} or {{hint1}} shows the ids",
+                           hints=[("kg query ENTITY", {}), ("kg timeline ENTITY", {})])
         return rows[0]
 
     def _entity(self, persona: str, entity) -> int:
@@ -4106,7 +4132,7 @@ class KnowledgeGraph:
         eid = self._entity_id(persona, entity, "entity", False)
         if eid is None:
             raise NotFound(f"no entity {clean_text(entity, 'entity')!r} in the knowledge graph; "
-                           "`python aokun.py kg add` records facts about it")
+                           "{hint0} records facts about it", hints=[("kg add", {})])
         return eid
 
     def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
@@ -6528,7 +6554,8 @@ class ConversationSearch:
         rows = self.rows(self.queries["conv_sessions_named"], {"persona_id": _label(persona_id, "persona_id"),
                                                                "session_id": sid, "source": source or ""})
         if not rows:
-            raise NotFound(f"no ingested session {sid!r}; `python aokun.py conversations list` shows them")
+            raise NotFound(f"no ingested session {sid!r}; {{hint0}} shows them",
+                           hints=[("conversations list", {})])
         if len(rows) > 1:
             raise InputError("source", f"session {sid!r} exists in {', '.join(r['source'] for r in rows)}; name one")
         return rows[0]
@@ -8640,19 +8667,21 @@ def _meta(metadata) -> dict:
 #: The CLI commands that messages name, and the MCP tool that does the same for an MCP client.
 #: list_memories is not among DEFAULT_TOOLS, so that hint names recall first; the kg hints only reach
 #: a client that called a kg tool.
-CLI_TO_TOOL = {"`python aokun.py list`": "`recall` (or `list_memories`, if exposed)",
-               "`python aokun.py show ID`": "`get_memory`",
-               "`python aokun.py kg query ENTITY`": "`kg_query`",
-               "`python aokun.py kg timeline ENTITY`": "`kg_timeline`", "`python aokun.py kg add`": "`kg_add`",
-               "`python aokun.py conversations list`": "`conversation_search` (each hit names its session)"}
+#: The MCP tool that does what a hint's CLI command does (AokunError.hints)
+HINT_TOOLS = {"list": "`recall` (or `list_memories`, if exposed)", "show ID": "`get_memory`",
+              "kg query ENTITY": "`kg_query`", "kg timeline ENTITY": "`kg_timeline`", "kg add": "`kg_add`",
+              "conversations list": "`conversation_search` (each hit names its session)"}
 
 
-def for_mcp(message: str) -> str:
-    """An AokunError message as an MCP client reads it: a CLI command that has an MCP tool
-    (CLI_TO_TOOL) named as that tool; commands without one (rebuild) stay as they are."""
-    for command, tool in CLI_TO_TOOL.items():
-        message = message.replace(command, tool)
-    return message
+def mcp_hint(command: str, options: dict) -> str:
+    """A hint as an MCP client reads it: the tool that does it (HINT_TOOLS); a command without
+    one (rebuild) stays the command line."""
+    return HINT_TOOLS.get(command) or command_line(command, options)
+
+
+def for_mcp(error: AokunError) -> str:
+    """An AokunError's message as an MCP client reads it: its hints named as tools (mcp_hint)."""
+    return error.render(mcp_hint)
 
 
 def _on_memory(ctx, fn):
@@ -8663,7 +8692,7 @@ def _on_memory(ctx, fn):
     try:
         return fn(ctx.request_context.lifespan_context.memory)
     except AokunError as e:
-        raise ToolError(for_mcp(str(e))) from None
+        raise ToolError(for_mcp(e)) from None
 
 
 # Tool families. Each tool is a sync function (the SDK runs it in a worker thread; the Memory
@@ -9135,7 +9164,7 @@ def _add_resources(server, memory) -> None:
         try:
             return compact_json(rounded(memory().get(id, persona_id)))
         except NotFound as e:
-            raise ResourceNotFoundError(for_mcp(str(e))) from None
+            raise ResourceNotFoundError(for_mcp(e)) from None
 
 
 #: MCP log levels (RFC 5424 names, as logging/setLevel takes them) -> the Python level from which a
@@ -9264,7 +9293,7 @@ def _add_completions(server, memory) -> None:
             values, total = await anyio.to_thread.run_sync(
                 lambda: memory().completions(kind, argument.value, persona or None))
         except AokunError as e:
-            raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
+            raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
         return Completion(values=values, total=total, has_more=total > len(values))
 
 
@@ -9287,7 +9316,7 @@ def _add_prompts(server, memory) -> None:
         try:
             return fn(memory())
         except AokunError as e:
-            raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
+            raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
 
     @server.prompt("session_briefing", title="Session briefing",
                    description="What Aokun remembers for the start of a session: pinned and important "
@@ -9339,9 +9368,9 @@ def _add_entity_resources(server, memory) -> None:
         try:
             return compact_json(rounded(fn(memory())))
         except NotFound as e:
-            raise ResourceNotFoundError(for_mcp(str(e))) from None
+            raise ResourceNotFoundError(for_mcp(e)) from None
         except AokunError as e:
-            raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
+            raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
 
     @server.resource(MCP_TEMPLATES[1], mime_type="application/json")
     def entity_resource(name: str, persona_id: str | None = None) -> str:
@@ -10714,7 +10743,7 @@ def _one_line_errors():
         error = _user_error(e)
         if error is None:
             raise
-        raise click.ClickException(str(error)) from None
+        raise click.ClickException(error.render(command_line)) from None
 
 
 class AokunGroup(click.Group):
@@ -10910,7 +10939,7 @@ def cli(ctx, db, config_path):
 
 # CLI: memories ###################################################################################
 
-@cli.command()
+@cli.command("memorize")
 @click.argument("text", required=False)
 @click.option("--file", "file_path", metavar="PATH", help="Read the text from this UTF-8 file (- : standard input).")
 @metadata_options
@@ -10918,7 +10947,7 @@ def cli(ctx, db, config_path):
               help="A memory this one replaces: archived, linked to the new one (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole write result as JSON.")
 @click.pass_obj
-def memorize(state, text, file_path, summary, topic, fact, participant, tag, importance, session, persona, source,
+def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag, importance, session, persona, source,
              timestamp, supersedes, as_json):
     """Store a memory and print its id. TEXT `-` reads the text from standard input (UTF-8), for
     long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To store
@@ -10941,12 +10970,12 @@ def memorize(state, text, file_path, summary, topic, fact, participant, tag, imp
 PERSONA_OF_ID_HELP = "Persona the memory belongs to (default: the default persona)."
 
 
-@cli.command()
+@cli.command("show")
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def show(state, memory_id, persona, as_json):
+def cli_show(state, memory_id, persona, as_json):
     """Show one memory with its atoms and graph entries.
 
     Example:
@@ -10977,7 +11006,7 @@ def show(state, memory_id, persona, as_json):
 @click.option("--include-archived", is_flag=True, help="Show archived memories too.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def list_cmd(state, limit, offset, persona, all_personas, session, include_archived, as_json):
+def cli_list(state, limit, offset, persona, all_personas, session, include_archived, as_json):
     """List the memories of one persona (--persona, default the default persona, as every other
     command), newest first; --all-personas lists every persona's, each row with its persona.
 
@@ -10998,14 +11027,14 @@ def list_cmd(state, limit, offset, persona, all_personas, session, include_archi
         click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} {who}{text[:LINE_PREVIEW_CHARS]}")
 
 
-@cli.command()
+@cli.command("edit")
 @click.argument("memory_id", type=int)
 @click.option("--text", help="New content (- : read it from standard input).")
 @click.option("--file", "file_path", metavar="PATH", help="Read the new content from this UTF-8 file.")
 @metadata_options
 @click.option("--json", "as_json", is_flag=True, help="Print the write result as JSON.")
 @click.pass_obj
-def edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance, session, persona,
+def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance, session, persona,
          source, timestamp, as_json):
     """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona names
     the persona the memory belongs to (a persona cannot change).
@@ -11048,13 +11077,13 @@ _flag_command("unarchive", "archived", False, "Bring an archived memory back int
               "Example:\n\n    python aokun.py unarchive 12")
 
 
-@cli.command()
+@cli.command("delete")
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
 @click.option("--purge", is_flag=True, help="Also leave no trace of it in the file and its WAL: rebuild the "
               "briefing, merge the FTS indexes, VACUUM and checkpoint (seconds on a large file).")
 @click.pass_obj
-def delete(state, memory_id, persona, purge):
+def cli_delete(state, memory_id, persona, purge):
     """Delete a memory from every table and index (a tombstone with its uid and time is kept).
 
     What remains: its freed bytes are zeroed (secure_delete), but its words stay in older FTS index
@@ -11082,7 +11111,7 @@ def delete(state, memory_id, persona, purge):
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
 @click.pass_obj
-def restore_memory_cmd(state, memory_id, persona):
+def cli_restore_memory(state, memory_id, persona):
     """Unarchive a memory, or undo the consolidation whose survivor it is.
 
     Example:
@@ -11093,12 +11122,12 @@ def restore_memory_cmd(state, memory_id, persona):
     click.echo(f"restored {', '.join(map(str, out['restored'])) or 'nothing (it was not archived)'}")
 
 
-@cli.command()
+@cli.command("summarize")
 @click.argument("file", type=click.File("r", encoding="utf-8"), default="-")
 @click.option("--persona", help="Persona.")
 @click.option("--session", help="Session id.")
 @click.pass_obj
-def summarize(state, file, persona, session):
+def cli_summarize(state, file, persona, session):
     """Distil a conversation (text, or a JSON list of {role, content}) into one memory with the
     [llm] chat model, and store it.
 
@@ -11119,7 +11148,7 @@ def summarize(state, file, persona, session):
 
 # CLI: recall, atoms, context and the knowledge graph #############################################
 
-@cli.command()
+@cli.command("recall")
 @click.argument("query")
 @click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many memories.")
 @click.option("--session", help="Only this session.")
@@ -11130,7 +11159,7 @@ def summarize(state, file, persona, session):
 @click.option("--as-of", help="Answer as the memory stood at this ISO-8601 time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
 @click.pass_obj
-def recall(state, query, k, session, persona, include_archived, explain, channels, as_of, as_json):
+def cli_recall(state, query, k, session, persona, include_archived, explain, channels, as_of, as_json):
     """Search memories by meaning, keywords and relations.
 
     Example:
@@ -11163,13 +11192,13 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
                    "`python aokun.py show ID` prints one whole", err=True)
 
 
-@cli.command()
+@cli.command("feedback")
 @click.argument("memory_ids", nargs=-1, required=True, type=click.IntRange(1), metavar="ID...")
 @click.option("--not-useful", is_flag=True, help="They were wrong or beside the point: lower their importance.")
 @click.option("--persona", help="Persona the memories belong to.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
-def feedback(state, memory_ids, not_useful, persona, as_json):
+def cli_feedback(state, memory_ids, not_useful, persona, as_json):
     """Say which recalled memories an answer used: they rank higher (frequency term, importance)
     and their atoms last longer. Being returned by recall alone earns no rank.
 
@@ -11185,13 +11214,13 @@ def feedback(state, memory_ids, not_useful, persona, as_json):
                    f"useful x{r['useful_count']:g}  atoms reinforced {r['atoms_reinforced']}")
 
 
-@cli.command()
+@cli.command("atoms")
 @click.argument("query")
 @click.option("-k", "k", default=ATOMS_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many atoms.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def atoms(state, query, k, persona, as_json):
+def cli_atoms(state, query, k, persona, as_json):
     """Search single facts (memory atoms) that are still within their shelf life.
 
     Example:
@@ -11206,14 +11235,14 @@ def atoms(state, query, k, persona, as_json):
                    f"  (memory {a['document_id']})")
 
 
-@cli.command()
+@cli.command("context")
 @click.argument("topic", required=False)
 @click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat", show_default=True)
 @click.option("--max-tokens", type=click.IntRange(CONTEXT_TOKENS_MIN), help="Token budget override.")
 @click.option("--persona", help="Persona.")
 @click.option("--refresh", is_flag=True, help="Rebuild the briefing first.")
 @click.pass_obj
-def context(state, topic, mode, max_tokens, persona, refresh):
+def cli_context(state, topic, mode, max_tokens, persona, refresh):
     """Print memory for a prompt within a token budget: the session briefing, or memories and facts
     about TOPIC.
 
@@ -11231,8 +11260,8 @@ def context(state, topic, mode, max_tokens, persona, refresh):
     click.echo(f"({out['tokens']} of {out['budget']} tokens, {out['source']}{built})", err=True)
 
 
-@cli.group()
-def kg():
+@cli.group("kg")
+def cli_kg():
     """Temporal knowledge-graph facts: subject —predicate→ object with validity windows.
 
     Example:
@@ -11249,7 +11278,7 @@ def _print_facts(facts: list[dict]) -> None:
                    f"  [{f['valid_from'][:DATE_CHARS]} .. {until}]")
 
 
-@kg.command("add")
+@cli_kg.command("add")
 @click.argument("subject")
 @click.argument("predicate")
 @click.argument("object_")
@@ -11259,7 +11288,7 @@ def _print_facts(facts: list[dict]) -> None:
 @click.option("--source-memory", type=int, help="Id of the memory this fact came from.")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def kg_add_cmd(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona):
+def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona):
     """Record a fact; a single-valued predicate closes the previous value.
 
     Example:
@@ -11272,14 +11301,14 @@ def kg_add_cmd(state, subject, predicate, object_, valid_from, valid_to, confide
         click.echo(f"closed: {', '.join(map(str, f['closed']))}")
 
 
-@kg.command("query")
+@cli_kg.command("query")
 @click.argument("entity")
 @click.option("--as-of", help="ISO-8601 instant (default now).")
 @click.option("--predicate", help="Only this predicate.")
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def kg_query_cmd(state, entity, as_of, predicate, persona, as_json):
+def cli_kg_query(state, entity, as_of, predicate, persona, as_json):
     """Facts about ENTITY valid now or at --as-of.
 
     Example:
@@ -11290,12 +11319,12 @@ def kg_query_cmd(state, entity, as_of, predicate, persona, as_json):
     _echo_json(out) if as_json else _print_facts(out["facts"])
 
 
-@kg.command("invalidate")
+@cli_kg.command("invalidate")
 @click.argument("fact_id", type=int)
 @click.option("--valid-to", help="ISO-8601 (default now).")
 @click.option("--persona", help="Persona the fact belongs to (default: the default persona).")
 @click.pass_obj
-def kg_invalidate_cmd(state, fact_id, valid_to, persona):
+def cli_kg_invalidate(state, fact_id, valid_to, persona):
     """End a fact (history is kept; a fact that has already ended keeps its end).
 
     Example:
@@ -11307,11 +11336,11 @@ def kg_invalidate_cmd(state, fact_id, valid_to, persona):
     click.echo(f["note"], err=True)
 
 
-@kg.command("delete")
+@cli_kg.command("delete")
 @click.argument("entity")
 @click.option("--persona", help="Persona the entity belongs to (default: the default persona).")
 @click.pass_obj
-def kg_delete_cmd(state, entity, persona):
+def cli_kg_delete(state, entity, persona):
     """Delete ENTITY and every fact about it (tombstones are kept). To end one fact, use invalidate.
 
     Example:
@@ -11322,12 +11351,12 @@ def kg_delete_cmd(state, entity, persona):
     click.echo(f"deleted {out['entity']} and {len(out['facts'])} facts")
 
 
-@kg.command("timeline")
+@cli_kg.command("timeline")
 @click.argument("entity")
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def kg_timeline_cmd(state, entity, persona, as_json):
+def cli_kg_timeline(state, entity, persona, as_json):
     """Every fact ever recorded about ENTITY, oldest first.
 
     Example:
@@ -11338,10 +11367,10 @@ def kg_timeline_cmd(state, entity, persona, as_json):
     _echo_json(out) if as_json else _print_facts(out["facts"])
 
 
-@kg.command("stats")
+@cli_kg.command("stats")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def kg_stats_cmd(state, persona):
+def cli_kg_stats(state, persona):
     """Entity and fact counts.
 
     Example:
@@ -11353,10 +11382,10 @@ def kg_stats_cmd(state, persona):
 
 # CLI: maintenance and the server #################################################################
 
-@cli.command()
+@cli.command("stats")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def stats(state, as_json):
+def cli_stats(state, as_json):
     """Counts for every layer and index, and the embedder's state.
 
     Example:
@@ -11381,9 +11410,9 @@ def stats(state, as_json):
         click.echo(f"{k:>32}: {v or '-'}")
 
 
-@cli.command()
+@cli.command("doctor")
 @click.pass_obj
-def doctor(state):
+def cli_doctor(state):
     """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and graph.
     Exits 1 when anything is wrong.
 
@@ -11404,12 +11433,12 @@ def doctor(state):
     click.echo("ok")
 
 
-@cli.command()
+@cli.command("rebuild")
 @click.option("--vectors", is_flag=True, help="Drop and re-embed every vector with the configured embedder.")
 @click.option("--fts", is_flag=True, help="Re-segment every full-text row.")
 @click.option("--graph", is_flag=True, help="Re-derive atoms and graph for every memory.")
 @click.pass_obj
-def rebuild(state, vectors, fts, graph):
+def cli_rebuild(state, vectors, fts, graph):
     """Rebuild derived indexes from the stored memories.
 
     Example:
@@ -11424,9 +11453,9 @@ def rebuild(state, vectors, fts, graph):
     click.echo(json.dumps(out))
 
 
-@cli.command()
+@cli.command("vacuum")
 @click.pass_obj
-def vacuum(state):
+def cli_vacuum(state):
     """Optimise the FTS indexes, checkpoint the WAL and VACUUM the file.
 
     Example:
@@ -11437,10 +11466,10 @@ def vacuum(state):
     click.echo(f"{r['before_bytes']:,} -> {r['after_bytes']:,} bytes")
 
 
-@cli.command()
+@cli.command("backup")
 @click.argument("dest", required=False, type=click.Path(dir_okay=False))
 @click.pass_obj
-def backup(state, dest):
+def cli_backup(state, dest):
     """Write a consistent copy of the database (online backup API: servers keep writing).
     Without DEST it goes to [backup] dir as <name>-manual-<time>.db.
 
@@ -11455,11 +11484,11 @@ def backup(state, dest):
     click.echo(f"{r['backup']} ({r['bytes']:,} bytes)")
 
 
-@cli.command()
+@cli.command("restore")
 @click.argument("src", type=click.Path(exists=True, dir_okay=False))
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
-def restore(state, src, yes):
+def cli_restore(state, src, yes):
     """Replace the database's content with backup SRC. SRC must pass integrity_check and not come
     from a newer Aokun; the current content is saved beside the database first (the safety copy,
     taken under the same write lock as the overwrite: every write acknowledged before the restore is
@@ -11490,7 +11519,7 @@ def restore(state, src, yes):
         click.echo("no memory was written or changed after the backup")
 
 
-@cli.command()
+@cli.command("export")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="jsonl", show_default=True,
               help="jsonl: lossless, for import; markdown: one note per memory (Obsidian).")
 @click.option("--persona", help="Only this persona (default: every persona; tombstones only then).")
@@ -11498,7 +11527,7 @@ def restore(state, src, yes):
 @click.option("--out", "out_path", metavar="PATH",
               help="The JSONL file (default: standard output), or the folder of the Markdown notes (required).")
 @click.pass_obj
-def export(state, fmt, persona, since, out_path):
+def cli_export(state, fmt, persona, since, out_path):
     """Export the memory without lock-in. JSONL (one JSON object a line, a `kind` each, a header line
     with the schema version first) holds memories with all their metadata, atom states, knowledge-graph
     facts with validity, ingested conversations, consolidations and tombstones: `import` restores it into
@@ -11540,7 +11569,7 @@ def export(state, fmt, persona, since, out_path):
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
 @click.pass_obj
-def import_cmd(state, file, as_json):
+def cli_import(state, file, as_json):
     """Import a JSONL export into this database, empty or not: uids decide (a record here with the same
     or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors are
     re-derived. A bad line is one error naming it, before anything is written.
@@ -11571,7 +11600,7 @@ def import_cmd(state, file, as_json):
 @click.option("--persona", help="With --conflicts: only this persona's (default: every persona's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
-def sync_cmd(state, folder, conflicts, persona, as_json):
+def cli_sync(state, folder, conflicts, persona, as_json):
     """Sync with your other devices through DIR, a folder they share already (Syncthing, Dropbox,
     iCloud, a USB stick, a git work tree; default [sync] dir). Writes this file's changes since its
     last sync as one changeset file `<device>-<number>.changeset` and merges the other devices' files;
@@ -11627,13 +11656,13 @@ def _print_changes(out: dict) -> None:
         click.echo(f"atom       {c['id']:>6}: {c['old']} -> {c['new']}")
 
 
-@cli.command()
+@cli.command("decay")
 @click.option("--dry-run", is_flag=True, help="List what would change; change nothing.")
 @click.option("--days", type=click.IntRange(0, DECAY_DAYS_MAX),
               help="Run this many days of decay now (default: the days due).")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def decay(state, dry_run, days, as_json):
+def cli_decay(state, dry_run, days, as_json):
     """Daily importance decay (and auto-archival when enabled), catching up missed days.
 
     Example:
@@ -11648,11 +11677,11 @@ def decay(state, dry_run, days, as_json):
                f"{len(out['importance'])} importance change(s), {len(out['archived'])} archived")
 
 
-@cli.command()
+@cli.command("lifecycle")
 @click.option("--dry-run", is_flag=True, help="List what would change; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def lifecycle(state, dry_run, as_json):
+def cli_lifecycle(state, dry_run, as_json):
     """Atom lifecycle sweep: expired, forgotten (+7 d), purged (+30 d), dormant.
 
     Example:
@@ -11666,11 +11695,11 @@ def lifecycle(state, dry_run, as_json):
     click.echo(f"{len(out['atoms'])} atom state change(s){' (dry run)' if dry_run else ''}")
 
 
-@cli.command()
+@cli.command("consolidate")
 @click.option("--apply", is_flag=True, help="Merge the clusters (default: only list them).")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def consolidate(state, apply, persona):
+def cli_consolidate(state, apply, persona):
     """Find near-duplicate memories; --apply merges each cluster (undo: restore-memory SURVIVOR).
 
     Example:
@@ -11685,12 +11714,12 @@ def consolidate(state, apply, persona):
     click.echo(f"{len(out['clusters'])} cluster(s)")
 
 
-@cli.command()
+@cli.command("serve")
 @click.option("--http", "use_http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
 @click.option("--host", help="HTTP host (default [server] host, 127.0.0.1).")
 @click.option("--port", type=click.IntRange(1, 65535), help="HTTP port (default [server] port, 5123).")
 @click.pass_obj
-def serve(state, use_http, host, port):
+def cli_serve(state, use_http, host, port):
     """Run the MCP server: stdio (what MCP clients launch) or --http. Any --host but loopback needs
     [server] token (or the variable [server] token_env names, $AOKUN_TOKEN).
 
@@ -11752,8 +11781,8 @@ async def _announce_when_started(web, panel: "Panel", host: str, port: int) -> N
     panel.state.announce(host, port, "/panel")
 
 
-@cli.group()
-def service():
+@cli.group("service")
+def cli_service():
     """Run `serve --http` under the OS's own supervisor: a systemd user unit (Linux), a launchd agent
     (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
 
@@ -11766,7 +11795,7 @@ def service():
 
 
 def _service_command(action: str, doc: str):
-    @service.command(action, help=doc)
+    @cli_service.command(action, help=doc)
     @click.option("--port", type=click.IntRange(1, 65535), help="The HTTP port (default: [server] port).")
     @click.option("--dry-run", is_flag=True, help="Print what would be written and run; change nothing.")
     @click.option("--platform", "platform", type=click.Choice(["linux", "macos", "windows"]),
@@ -11866,13 +11895,13 @@ def _open_browser_when_listening(host: str, port: int, url: str, timeout: float 
         time.sleep(0.1)
 
 
-@cli.command()
+@cli.command("panel")
 @click.option("--port", type=click.IntRange(1, 65535), default=PANEL_PORT, show_default=True, help="Port on 127.0.0.1.")
 @click.option("--no-browser", is_flag=True, help="Only print the link; do not open a browser.")
 @click.option("--link", "new_link", is_flag=True,
               help="Print a new one-time login link from the running panel or serve --http.")
 @click.pass_obj
-def panel(state, port, no_browser, new_link):
+def cli_panel(state, port, no_browser, new_link):
     """The web panel: memories (search, read, edit, delete), recall explained, the knowledge graph,
     health and maintenance, and every setting. Serves on 127.0.0.1 only; the printed link logs in
     once, and the login lasts 30 days. `--link` asks the running panel (this database; --port if
@@ -11926,7 +11955,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 # CLI: conversations (ingest, list, show, search, delete) #########################################
 
-@cli.command()
+@cli.command("ingest")
 @click.argument("source", type=click.Choice(CONVERSATION_SOURCES))
 @click.argument("paths", nargs=-1, type=click.Path(), metavar="[PATH]...")
 @click.option("--persona", help="Persona the conversations belong to.")
@@ -11935,7 +11964,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 @click.option("--json", "as_json", is_flag=True,
               help="Print {sessions, turns, new, skipped, deleted, seconds} as JSON.")
 @click.pass_obj
-def ingest(state, source, paths, persona, include_deleted, as_json):
+def cli_ingest(state, source, paths, persona, include_deleted, as_json):
     """Ingest an assistant's conversation history, incrementally (a second run adds only what is new).
 
     Without PATH, the client's standard location: claude-code ~/.claude/projects/*/*.jsonl, codex
@@ -11965,8 +11994,8 @@ def ingest(state, source, paths, persona, include_deleted, as_json):
                    f"{out['new']} new, {out['skipped']} malformed lines skipped, {deleted}{out['seconds']:.1f} s")
 
 
-@cli.group()
-def conversations():
+@cli.group("conversations")
+def cli_conversations():
     """Browse and search ingested conversations (`python aokun.py ingest` stores them).
 
     Example:
@@ -11975,14 +12004,14 @@ def conversations():
     """
 
 
-@conversations.command("list")
+@cli_conversations.command("list")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
 @click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
 @click.option("--offset", default=0, type=click.IntRange(0))
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def conversations_list(state, source, limit, offset, persona, as_json):
+def cli_conversations_list(state, source, limit, offset, persona, as_json):
     """Sessions, newest first: date, source, turns, title, session id."""
     rows = state.memory().list_sessions(limit, offset, source, persona)
     if as_json:
@@ -11993,7 +12022,7 @@ def conversations_list(state, source, limit, offset, persona, as_json):
                    f"{_one_line(r['title'] or r['first_user_message'], LINE_PREVIEW_CHARS)}  [{r['session_id']}]")
 
 
-@conversations.command("show")
+@cli_conversations.command("show")
 @click.argument("session_id")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
 @click.option("--offset", default=0, type=click.IntRange(0))
@@ -12001,7 +12030,7 @@ def conversations_list(state, source, limit, offset, persona, as_json):
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def conversations_show(state, session_id, source, offset, limit, persona, as_json):
+def cli_conversations_show(state, session_id, source, offset, limit, persona, as_json):
     """One session's turns in order."""
     out = state.memory().conversation_get_session(session_id, offset, limit, persona, source)
     if as_json:
@@ -12015,7 +12044,7 @@ def conversations_show(state, session_id, source, offset, limit, persona, as_jso
         click.echo(f"… more: --offset {out['next_offset']}", err=True)
 
 
-@conversations.command("search")
+@cli_conversations.command("search")
 @click.argument("query")
 @click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many turns.")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
@@ -12025,7 +12054,7 @@ def conversations_show(state, session_id, source, offset, limit, persona, as_jso
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
 @click.pass_obj
-def conversations_search(state, query, k, source, session, since, until, persona, as_json):
+def cli_conversations_search(state, query, k, source, session, since, until, persona, as_json):
     """Search ingested conversations by meaning and keywords.
 
     Example:
@@ -12043,24 +12072,24 @@ def conversations_search(state, query, k, source, session, since, until, persona
         click.echo(w, err=True)
 
 
-@conversations.command("delete")
+@cli_conversations.command("delete")
 @click.argument("session_id")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def conversations_delete(state, session_id, source, persona):
+def cli_conversations_delete(state, session_id, source, persona):
     """Forget one ingested session and its turns (tombstones are kept)."""
     out = state.memory().delete_session(session_id, source, persona)
     click.echo(f"deleted session {out['session_id']} ({out['source']}, {out['turns']} turns)")
 
 
-@cli.command()
+@cli.command("watch")
 @click.argument("sources", nargs=-1, type=click.Choice(WATCH_SOURCES), metavar="[SOURCE]...")
 @click.option("--interval", type=click.FloatRange(min=0, min_open=True),
               help="Seconds between polls (default [conversations] watch_interval_seconds, 2).")
 @click.option("--persona", help="Persona the conversations belong to.")
 @click.pass_obj
-def watch(state, sources, interval, persona):
+def cli_watch(state, sources, interval, persona):
     """Ingest new turns as the clients write them, until Ctrl+C: claude-code, codex and copilot
     (or the SOURCEs given), from their standard locations. What is already stored is not read
     again (each file from its stored offset). `serve` does the same on a background thread
@@ -12085,13 +12114,13 @@ def watch(state, sources, interval, persona):
         click.echo("stopped", err=True)
 
 
-@cli.command()
+@cli.command("hooks")
 @click.argument("client", type=click.Choice(HOOK_CLIENTS))
 @click.option("--install", is_flag=True, help="Merge the entry into the client's settings (a backup is kept).")
 @click.option("--file", "target", type=click.Path(dir_okay=False),
               help="The settings file (default: the client's own, under your home folder).")
 @click.pass_obj
-def hooks(state, client, install, target):
+def cli_hooks(state, client, install, target):
     """Print (or --install) the hooks that make a client feed Aokun by itself: Claude Code
     (~/.claude/settings.json: SessionStart injects the briefing, Stop and SessionEnd ingest the
     session), Codex (notify in ~/.codex/config.toml: each finished turn is ingested) and Copilot CLI
@@ -12139,12 +12168,12 @@ def hooks(state, client, install, target):
     click.echo(f"{path}: {', '.join(changed)}" + (f" (backup {backup})" if backup else ""))
 
 
-@cli.command(hidden=True)
+@cli.command("hook", hidden=True)
 @click.argument("client", type=click.Choice(HOOK_CLIENTS))
 @click.argument("event")
 @click.argument("payload", required=False)
 @click.pass_obj
-def hook(state, client, event, payload):
+def cli_hook(state, client, event, payload):
     """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: as the last
     argument). Prints only what the client reads (session-start: the hookSpecificOutput JSON with the
     briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem never
