@@ -5,20 +5,35 @@ Three layers of memory (documents, memory atoms, a knowledge graph) written by o
 pipeline; recall fuses BM25, vector KNN and graph channels (scaled scores or RRF), weighting and MMR.
 See README.md for the quick start and the design (its "Inside the code" is the map of this file).
 
-Sections, lower levels first (each under a `# Title ####` banner; grep for it):
-  imports and constants · errors · clock · config · connection and schema · named queries ·
-  text · embeddings · atoms and graph rules · write validation ·
-  the engine, one mixin class per concern, composed into `Memory` at the end (they share `self`:
-  a section calls another's methods, e.g. Journal runs the Layers stages):
-    Store (connection, transactions, reading) · Vectors (embedding, session context, binary KNN
-    index) · Layers (the write stages: a memory's row and FTS, atoms, graph) · Journal
-    (memorize, edit, delete, recovery) · KnowledgeGraph (temporal triples) · Ranking (pure
-    functions, no database) · Recall · Briefing (context within a token budget) · Forgetting
-    (decay, atom lifecycle, consolidation) · Maintenance (health, rebuild, backups) · Summarizer
-    (the only LLM use) · Conversations · Portable (export, import) · Sync (changeset files in a
-    shared folder) ·
-  MCP server (models, tools, lifespan and transport) · Panel (the settings file; the web pages over
-  the engine, templates in web/) · CLI (group, memories, recall and graph, maintenance) · main.
+Three tiers, in file order, each section under a `# Title ####` banner (grep for it). Code uses
+only what stands under its own banner or one above it; a face uses only the engine's public names
+(tests/test_layout.py checks both):
+  foundation (pure functions, small values): imports and constants · errors (AokunError and its
+  structured hints) · clock · text (clean and fold, segment, cut) · config · connection and schema
+  (migrate: the schema/NNNN steps) · named queries · files · embeddings · ranking (pure functions
+  over channel rows, time words, event dates) · atoms and graph rules · secret redaction · write
+  validation (Prepared);
+  engine: one mixin class per concern, composed into `Memory` in file order, each calling only
+  the sections before it: Store (connection, transactions, reading, the briefing's stale mark) ·
+  Vectors (embedding, session context, float store and binary KNN index) · Layers (the write
+  stages, a memory's flags, the vector back-fill and its refresh worker) · Journal (redaction,
+  memorize, edit, delete, recovery) · KnowledgeGraph · Recall · Briefing · Forgetting (decay,
+  lifecycle, consolidation) · Maintenance (stats, doctor, rebuild, vacuum, backups, restore) ·
+  Summarizer (the only LLM use) · the transcript parsers · Conversations and ConversationSearch ·
+  Portable (export, import) · Sync (changeset files in a shared folder) · Watcher and the clients'
+  hooks · the composition: DATA_STEPS (the data upgrades), `Memory` (every attribute declared in
+  its __init__; `hooks`, what the conversation sections add to recall, the briefing, stats,
+  doctor, rebuild and maintenance; close() running each section's teardown);
+  faces: MCP server (models, tools, lifespan and transport) · panel (the settings file; web pages,
+  templates in web/) · service (supervisor units, sd_notify, /health) · CLI (`cli_*` functions:
+  memories, recall and graph, maintenance, conversations) · main.
+Data flow: a write is validated (Prepared, redaction) and journalled (Journal), then its stages
+run (Layers: row and FTS, atoms, graph; vectors now or by the back-fill); recall runs the channels
+(sql/recall.sql) side by side and fuses them with the ranking functions; everything else reads
+and writes the same tables. Opening a file migrates it (schema/NNNN, PRAGMA user_version), then
+runs the data steps it has not had (DATA_STEPS, meta data_version). Threads and locks: Memory's
+docstring. Errors: an AokunError names what the user can do as `hints`, which the CLI spells as a
+command line and MCP as a tool (render).
 `import aokun` loads neither the MCP SDK nor pydantic, starlette, jinja2 or uvicorn: only `serve`
 and `panel` do.
 
@@ -27,7 +42,7 @@ shell (the recall channels, and any read with a join, an FTS5 MATCH, a KNN, a ra
 filter, an aggregate across tables, a UNION or an ORDER BY/LIMIT over a list), as `-- name: x`
 blocks with named parameters. Inline here: single-statement writes, lookups of one row or value by
 key equality (an ORDER BY … LIMIT 1 may pick which), count/existence checks and pragmas. Schema
-changes are schema/NNNN_*.sql migrations.
+changes are schema/NNNN_*.sql migrations; data upgrades that need the engine are DATA_STEPS.
 
 Text: what is stored is what was given (clean_text: NUL becomes a space, outer whitespace goes);
 fold() (NFKC) is only what indexing and matching see: the FTS text, queries, entity and node keys,
@@ -8049,6 +8064,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     Threads:
     - callers: any thread (the MCP SDK runs each tool call in a worker thread; the CLI one thread);
     - `aokun-touch`: one worker, started on the first recall, records access (Recall._touch);
+    - `aokun-refresh`: one worker, started on first use, re-embeds the memories whose session
+      context a write changed (Layers._refresh_stale); close() waits for it;
     - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
       own query-only connection (Recall.reader_rows);
     - the server's `aokun-background` thread (see _background) calls the public methods like a caller.
@@ -8061,6 +8078,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
       roll back with the rest of the write.
     - `self._readers_lock` guards the list of reader connections and the channel pool. Channel
       workers take it, never `self.lock`: the caller waiting for them may hold `self.lock`.
+    - `self._refresh_lock` guards the refresh worker's start (one per Memory).
     - Segmenter, LocalEmbedder and CachedEmbedder have their own locks (lazy model load, LRU cache).
 
     Processes: several may open the same file. Write transactions are BEGIN IMMEDIATE with a long

@@ -219,3 +219,28 @@ def test_the_layering_check_fails_on_a_bad_layout():
     assert "show (line 23), a face, touches the engine's private mem._doc" in problems[2]
     assert layering_problems(BAD_LAYOUT.replace("class Memory(Store, Recall)", "class Memory(Recall, Store)"))[0] \
         == "Memory composes ['Recall', 'Store'] but the file defines them in another order"
+
+
+def test_memory_declares_every_attribute_and_no_section_shares_state():
+    """Every attribute a section sets on `self` is declared in Memory.__init__ (with its comment),
+    and no section class holds mutable state shared by every Memory (a lock, a dict at class level):
+    class-level names are constants (immutable values, or the frozen Hooks)."""
+    tree = _tree()
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    names = [b.id for b in classes["Memory"].bases] + ["Memory"]
+    init = next(f for f in classes["Memory"].body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    declared = {n.attr for n in ast.walk(init) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+                and isinstance(n.value, ast.Name) and n.value.id == "self"}
+    undeclared, shared = [], []
+    for name in names:
+        for node in ast.walk(classes[name]):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(
+                    node.value, ast.Name) and node.value.id == "self" and node.attr not in declared:
+                undeclared.append(f"{name}: self.{node.attr} (line {node.lineno})")
+        for stmt in classes[name].body:
+            value = getattr(stmt, "value", None)
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and value is not None and not (
+                    isinstance(value, (ast.Constant, ast.Tuple)) or (isinstance(value, ast.Call) and getattr(
+                        value.func, "id", "") == "Hooks")):
+                shared.append(f"{name}: {ast.unparse(stmt)[:60]} (line {stmt.lineno})")
+    assert not undeclared and not shared, (undeclared, shared)
