@@ -8168,7 +8168,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
                   rebuild_vectors=_rebuild_turn_vectors, prune=ConversationSearch.prune_conversations)
 
     def close(self):
-        """Wait for the access bookkeeping (Recall) and the vector refresh (Vectors), stop the
+        """Wait for the access bookkeeping (Recall) and the vector refresh (Layers), stop the
         worker threads, close the reader connections, then PRAGMA optimize and close the main
         connection (Store): each section's own teardown, in that order."""
         self.wait_background()
