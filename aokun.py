@@ -5,20 +5,35 @@ Three layers of memory (documents, memory atoms, a knowledge graph) written by o
 pipeline; recall fuses BM25, vector KNN and graph channels (scaled scores or RRF), weighting and MMR.
 See README.md for the quick start and the design (its "Inside the code" is the map of this file).
 
-Sections, lower levels first (each under a `# Title ####` banner; grep for it):
-  imports and constants · errors · clock · config · connection and schema · named queries ·
-  text · embeddings · atoms and graph rules · write validation ·
-  the engine, one mixin class per concern, composed into `Memory` at the end (they share `self`:
-  a section calls another's methods, e.g. Journal runs the Layers stages):
-    Store (connection, transactions, reading) · Vectors (embedding, session context, binary KNN
-    index) · Layers (the write stages: a memory's row and FTS, atoms, graph) · Journal
-    (memorize, edit, delete, recovery) · KnowledgeGraph (temporal triples) · Ranking (pure
-    functions, no database) · Recall · Briefing (context within a token budget) · Forgetting
-    (decay, atom lifecycle, consolidation) · Maintenance (health, rebuild, backups) · Summarizer
-    (the only LLM use) · Conversations · Portable (export, import) · Sync (changeset files in a
-    shared folder) ·
-  MCP server (models, tools, lifespan and transport) · Panel (the settings file; the web pages over
-  the engine, templates in web/) · CLI (group, memories, recall and graph, maintenance) · main.
+Three tiers, in file order, each section under a `# Title ####` banner (grep for it). Code uses
+only what stands under its own banner or one above it; a face uses only the engine's public names
+(tests/test_layout.py checks both):
+  foundation (pure functions, small values): imports and constants · errors (AokunError and its
+  structured hints) · clock · text (clean and fold, segment, cut) · config · connection and schema
+  (migrate: the schema/NNNN steps) · named queries · files · embeddings · ranking (pure functions
+  over channel rows, time words, event dates) · atoms and graph rules · secret redaction · write
+  validation (Prepared);
+  engine: one mixin class per concern, composed into `Memory` in file order, each calling only
+  the sections before it: Store (connection, transactions, reading, the briefing's stale mark) ·
+  Vectors (embedding, session context, float store and binary KNN index) · Layers (the write
+  stages, a memory's flags, the vector back-fill and its refresh worker) · Journal (redaction,
+  memorize, edit, delete, recovery) · KnowledgeGraph · Recall · Briefing · Forgetting (decay,
+  lifecycle, consolidation) · Maintenance (stats, doctor, rebuild, vacuum, backups, restore) ·
+  Summarizer (the only LLM use) · the transcript parsers · Conversations and ConversationSearch ·
+  Portable (export, import) · Sync (changeset files in a shared folder) · Watcher and the clients'
+  hooks · the composition: DATA_STEPS (the data upgrades), `Memory` (every attribute declared in
+  its __init__; `hooks`, what the conversation sections add to recall, the briefing, stats,
+  doctor, rebuild and maintenance; close() running each section's teardown);
+  faces: MCP server (models, tools, lifespan and transport) · panel (the settings file; web pages,
+  templates in web/) · service (supervisor units, sd_notify, /health) · CLI (`cli_*` functions:
+  memories, recall and graph, maintenance, conversations) · main.
+Data flow: a write is validated (Prepared, redaction) and journalled (Journal), then its stages
+run (Layers: row and FTS, atoms, graph; vectors now or by the back-fill); recall runs the channels
+(sql/recall.sql) side by side and fuses them with the ranking functions; everything else reads
+and writes the same tables. Opening a file migrates it (schema/NNNN, PRAGMA user_version), then
+runs the data steps it has not had (DATA_STEPS, meta data_version). Threads and locks: Memory's
+docstring. Errors: an AokunError names what the user can do as `hints`, which the CLI spells as a
+command line and MCP as a tool (render).
 `import aokun` loads neither the MCP SDK nor pydantic, starlette, jinja2 or uvicorn: only `serve`
 and `panel` do.
 
@@ -27,7 +42,7 @@ shell (the recall channels, and any read with a join, an FTS5 MATCH, a KNN, a ra
 filter, an aggregate across tables, a UNION or an ORDER BY/LIMIT over a list), as `-- name: x`
 blocks with named parameters. Inline here: single-statement writes, lookups of one row or value by
 key equality (an ORDER BY … LIMIT 1 may pick which), count/existence checks and pragmas. Schema
-changes are schema/NNNN_*.sql migrations.
+changes are schema/NNNN_*.sql migrations; data upgrades that need the engine are DATA_STEPS.
 
 Text: what is stored is what was given (clean_text: NUL becomes a space, outer whitespace goes);
 fold() (NFKC) is only what indexing and matching see: the FTS text, queries, entity and node keys,
@@ -61,6 +76,7 @@ import tomllib
 import unicodedata
 import uuid
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,7 +115,33 @@ log = logging.getLogger("aokun")
 # Errors ##########################################################################################
 
 class AokunError(Exception):
-    """A problem the user can act on; the message is one actionable sentence."""
+    """A problem the user can act on; the message is one actionable sentence. A sentence that names
+    what the user can do about it (list the ids, re-embed) holds `{hint0}`, `{hint1}`… there, and
+    `hints` says what: ((command, {option: value}), …) in the CLI's command words, e.g. ("rebuild",
+    {"vectors": True}). Each face spells them its own way (render): the CLI, the panel and the log
+    as a command line (command_line, what str() gives), MCP as the tool that does it (mcp_hint)."""
+
+    def __init__(self, message: str = "", hints: tuple = ()):
+        super().__init__(message)
+        self.hints = tuple(hints)
+
+    def render(self, spell) -> str:
+        """The message with each `{hintN}` replaced by spell(command, options) of hints[N]."""
+        message = str(self.args[0]) if self.args else ""
+        for i, (command, options) in enumerate(self.hints):
+            message = message.replace(f"{{hint{i}}}", spell(command, options))
+        return message
+
+    def __str__(self) -> str:
+        return self.render(command_line) if self.hints else super().__str__()
+
+
+def command_line(command: str, options: dict | None = None) -> str:
+    """A hint (AokunError.hints) as the command line that does it, in backquotes: ("rebuild",
+    {"vectors": True}) is `python aokun.py rebuild --vectors`, ("kg query ENTITY", {}) is
+    `python aokun.py kg query ENTITY`."""
+    flags = [f"--{k}" if v is True else f"--{k} {v}" for k, v in (options or {}).items()]
+    return "`" + " ".join(["python aokun.py", command, *flags]) + "`"
 
 
 class InputError(AokunError):
@@ -190,6 +232,275 @@ def age_days(then: str | None, ref: dt.datetime) -> float:
     if not then:
         return 0.0
     return max(0.0, (ref - _parse_iso(then)).total_seconds() / 86400.0)
+
+
+# Text: clean and fold, segment, stop words, cut, token estimate ##################################
+
+_WORD = re.compile(r"\w", re.UNICODE)
+_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
+_SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
+_SPACE = re.compile(r"\s")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate made U+FFFD (`\\ud800` is a legal JSON escape but no
+    Unicode character: UTF-8 cannot encode it, so the model, SQLite and every reply would fail on it)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  #: a JSON escape of a UTF-16 surrogate (lone or in a pair)
+_SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
+
+
+def json_without_surrogates(value):
+    """A decoded JSON value with the lone surrogates of every string in it (keys too) made U+FFFD."""
+    if isinstance(value, str):
+        return without_lone_surrogates(value)
+    if isinstance(value, list):
+        return [json_without_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {without_lone_surrogates(k): json_without_surrogates(v) for k, v in value.items()}
+    return value
+
+
+def loads_json(data: str | bytes):
+    """json.loads(data), with lone surrogate escapes ("\\ud800": legal JSON) made U+FFFD in every
+    string (json_without_surrogates), so no such text reaches the model, SQLite or a reply. Raises
+    ValueError for text that is not JSON, RecursionError for nesting deeper than Python's stack."""
+    value = json.loads(data)
+    escape = _SURROGATE_ESCAPE if isinstance(data, str) else _SURROGATE_ESCAPE_BYTES
+    return json_without_surrogates(value) if escape.search(data) else value
+
+
+def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
+    """What is stored of a text argument: the given characters, with NUL bytes made spaces, lone
+    surrogates made U+FFFD (without_lone_surrogates) and the outer whitespace stripped. No folding:
+    `E = mc²`, `８０９０` and `，` stay as given (fold() is what matching sees).
+
+    Raises InputError naming `field_name` for non-strings and (unless allowed) empty text."""
+    if not isinstance(value, str):
+        raise InputError(field_name, f"expected text, got {type(value).__name__}")
+    text = without_lone_surrogates(value).replace("\x00", " ").strip()
+    if not text and not allow_empty:
+        raise InputError(field_name, "is empty")
+    return text
+
+
+def fold(text: str) -> str:
+    """What indexing and matching see of a text: NFKC (full-width ８０９０ is 8090, ² is 2, ㎏ is kg,
+    ， is ,), outer whitespace stripped. Used for the FTS text (Segmenter), queries, entity and node
+    keys, the atom rules, the content hash and what is embedded; never stored in place of the text."""
+    if text.isascii():
+        return text.strip()
+    return unicodedata.normalize("NFKC", text).strip()
+
+
+def content_hash(text: str) -> str:
+    """The deduplication key of a memory's content: SHA-256 hex of fold(text), so spellings that
+    differ only in width or compatibility forms ("８０９０" / "8090") are the same memory, and the
+    hashes in files of earlier versions (which stored folded text) still match."""
+    return hashlib.sha256(fold(text).encode("utf-8")).hexdigest()
+
+
+def query_text(value, field_name: str = "query") -> str:
+    """A search argument (a query, a topic, a predicate) as matching sees it: clean_text() then
+    fold(). Raises InputError like clean_text()."""
+    return fold(clean_text(value, field_name))
+
+
+def user_cache_dir() -> Path | None:
+    """A writable per-user cache folder: $XDG_CACHE_HOME/aokun or ~/.cache/aokun, else a per-uid
+    folder in the temp dir ($TMPDIR when set, else the system's), so two users on one host never
+    fight over jieba's cache file. None when none of them can be written (read-only home and temp
+    dir): a warning, once per process, and jieba then builds its dictionary without a cache."""
+    candidates = []
+    if os.environ.get("XDG_CACHE_HOME"):
+        candidates.append(Path(os.environ["XDG_CACHE_HOME"]) / "aokun")
+    with contextlib.suppress(RuntimeError, KeyError):  # no $HOME and no passwd entry
+        candidates.append(Path.home() / ".cache" / "aokun")
+    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    with contextlib.suppress(OSError):  # gettempdir raises when no temp dir is usable at all
+        candidates.append(Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / f"aokun-{uid}")
+    for c in candidates:
+        try:
+            c.mkdir(parents=True, exist_ok=True)
+            if os.access(c, os.W_OK):
+                return c
+        except OSError:
+            continue
+    _warn_once(f"no writable cache folder ({', '.join(map(str, candidates))}): jieba loads without its "
+               "cache (about 1 s more per start) and keyword matches rank with bm25() (the same results, "
+               "slower); set XDG_CACHE_HOME or [text] jieba_cache_dir to a writable folder")
+    return None
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """log.warning(message), only the first time this process sees that message."""
+    log.warning("%s", message)
+
+
+class Segmenter:
+    """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary.
+
+    jieba loads lazily on first use (about 1 s, from a per-user cache: `cache_dir`, else
+    user_cache_dir(); without a writable one it builds its dictionary uncached) and logs only to stderr."""
+
+    def __init__(self, stopwords_path: Path | None = None, userdict_path: Path | None = None,
+                 cache_dir: Path | None = None):
+        self.stopwords_path, self.userdict_path, self.cache_dir = stopwords_path, userdict_path, cache_dir
+        self._tk = None
+        self._lock = threading.Lock()
+        self.stopwords: frozenset[str] = frozenset()
+        # a write segments the same sentence several times (FTS of the memory, its atoms, its graph
+        # entries, the next turn's context): jieba is most of a write's CPU without a model
+        self._cut = functools.lru_cache(maxsize=4096)(self._cut_uncached)
+
+    @property
+    def loaded(self) -> bool:
+        return self._tk is not None
+
+    def _tokenizer(self):
+        if self._tk is None:
+            with self._lock:
+                if self._tk is None:
+                    import jieba
+                    logging.getLogger("jieba").setLevel(logging.WARNING)
+                    jieba.setLogLevel(logging.WARNING)
+                    tk = jieba.Tokenizer()
+                    cache = self.cache_dir or user_cache_dir()
+                    with contextlib.redirect_stdout(sys.stderr):
+                        if cache:
+                            tk.tmp_dir = str(cache)
+                            tk.initialize()
+                        else:  # what initialize() does, without reading or writing a cache file
+                            tk.FREQ, tk.total = tk.gen_pfdict(tk.get_dict_file())
+                            tk.initialized = True
+                        if self.userdict_path and self.userdict_path.exists():
+                            lines = self.userdict_path.read_text(encoding="utf-8").splitlines()
+                            kept = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+                            tk.load_userdict(io.StringIO("\n".join(kept)))
+                    if self.stopwords_path and self.stopwords_path.exists():
+                        words = self.stopwords_path.read_text(encoding="utf-8").splitlines()
+                        self.stopwords = frozenset(w.strip().lower() for w in words
+                                                   if w.strip() and not w.startswith("#"))
+                    self._tk = tk
+        return self._tk
+
+    def tokens(self, text: str, keep_stopwords: bool = False) -> list[str]:
+        """Lower-cased search tokens of fold(text): jieba's search-mode cut (words and their
+        sub-words), with punctuation-only pieces and stop words dropped. Order kept, duplicates kept."""
+        return list(self._cut(fold(text), keep_stopwords))
+
+    def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
+        tk = self._tokenizer()
+        out = []
+        for tok in tk.cut_for_search(text):
+            tok = tok.strip().lower()
+            if not tok or not _WORD.search(tok):
+                continue
+            if not keep_stopwords and tok in self.stopwords:
+                continue
+            out.append(tok)
+        return tuple(out)
+
+    def segmented(self, text: str) -> str:
+        """Tokens of fold(text) joined by spaces: what goes into the FTS5 column. Cut line by line
+        (jieba splits at newlines anyway), so a line repeated across texts, like the session context
+        that every fact entry of a memory carries, is segmented once."""
+        return " ".join(t for line in fold(text).split("\n") for t in self._cut(line, False))
+
+
+def fts_query(tokens: list[str]) -> str:
+    """An FTS5 MATCH expression that cannot be a syntax error: each distinct token double-quoted
+    (inner quotes doubled), OR-joined. Empty string when there are no tokens."""
+    seen = []
+    for t in tokens:
+        if t not in seen:
+            seen.append(t)
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in seen)
+
+
+def split_sentences(text: str, limit: int) -> list[str]:
+    """Up to `limit` sentences of 4..300 characters of `text`, for key facts when none were given.
+    The sentence ends are found where fold() would put them (a full-width ． or an ellipsis … ends
+    a sentence as its folded . does), the sentences keep the given characters."""
+    out, at = [], 0
+    for m in _SENTENCE_END.finditer(_fold_each(text)):
+        out += _sentence(text[at:m.start()])
+        at = m.end()
+        if len(out) >= limit:
+            return out[:limit]
+    return (out + _sentence(text[at:]))[:limit]
+
+
+def _sentence(piece: str) -> list[str]:
+    """[the piece stripped and cut to 300 characters], or [] when under 4 characters."""
+    piece = piece.strip()
+    return [piece[:300]] if len(piece) >= 4 else []
+
+
+def _fold_each(text: str) -> str:
+    """`text` with each character replaced by the last character of its NFKC form: the same length,
+    so a match in it is a match at the same place in `text` (… becomes ., ！ becomes !)."""
+    if text.isascii():
+        return text
+    return "".join((unicodedata.normalize("NFKC", c) or c)[-1] for c in text)
+
+
+def jaccard(a: set, b: set) -> float:
+    """Bag-of-words Jaccard |a∩b| / |a∪b| (0 when both are empty)."""
+    if not a and not b:
+        return 0.0
+    return len(a & b) / len(a | b)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    """`text` on one line (whitespace folded), cut to `limit` characters with … (for listings)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def cut_text(text: str, limit: int) -> tuple[str, bool]:
+    """(`text`, False) when it has at most `limit` characters, else (its start + "…", True) in at
+    most `limit` characters: cut at the last sentence end or line break (as split_sentences sees
+    them) in the second half of the room, else at the last whitespace there, else exactly. Without
+    its "…" the result is always a prefix of `text` (trailing whitespace dropped)."""
+    if len(text) <= limit:
+        return text, False
+    room = max(0, limit - 1)  # one character for the …
+    window, floor = text[: room + 1], room // 2  # one past the room: is a '.' at its end followed by a space?
+    ends = [m.start() for m in _SENTENCE_END.finditer(window) if floor <= m.start() <= room]
+    spaces = [m.start() for m in _SPACE.finditer(window, floor)]
+    cut = ends[-1] if ends else spaces[-1] if spaces else room
+    return text[:cut].rstrip() + "…", True
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
+    for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
+    for English), rounded up."""
+    cjk = len(_CJK.findall(text))
+    return cjk + math.ceil((len(text) - cjk) / 4)
+
+
+def chars_within(text: str, tokens: int) -> int:
+    """The length of the longest start of `text` whose estimate_tokens is at most `tokens`."""
+    lo, hi = 0, len(text)
+    while lo < hi:  # estimate_tokens grows with the length: binary search
+        mid = (lo + hi + 1) // 2
+        if estimate_tokens(text[:mid]) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 # Config ##########################################################################################
@@ -662,7 +973,9 @@ def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
     that already holds data is first copied (VACUUM INTO) to `backup_dir` as
     <name>-schema<N>-<time>.db, so an upgrade can always be undone.
 
-    Returns the schema version. Raises SchemaError when the file is newer than this code."""
+    Returns the schema version. Raises SchemaError when the file is newer than this code. The data
+    upgrades that need the engine (embedder, rules) follow, when Memory opens the file: DATA_STEPS,
+    numbered apart in meta data_version."""
     known = schema_version_known()
     current = conn.pragma("user_version")
     if current > known:
@@ -725,273 +1038,22 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
     return queries
 
 
-# Text: clean and fold, segment, stop words, cut, token estimate ##################################
+# Files: a write a reader sees whole or not at all ################################################
 
-_WORD = re.compile(r"\w", re.UNICODE)
-_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
-_SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
-_SPACE = re.compile(r"\s")
-
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def without_lone_surrogates(text: str) -> str:
-    """`text` with each lone UTF-16 surrogate made U+FFFD (`\\ud800` is a legal JSON escape but no
-    Unicode character: UTF-8 cannot encode it, so the model, SQLite and every reply would fail on it)."""
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so a reader sees the old file or the whole new one: a temporary file
+    `<name>.tmp` beside it, flushed to disk, then renamed over it. A failure (a full disk) removes
+    the temporary file and raises the OSError."""
+    tmp = path.with_name(f"{path.name}.tmp")
     try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return _LONE_SURROGATE.sub("\ufffd", text)
-
-
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  #: a JSON escape of a UTF-16 surrogate (lone or in a pair)
-_SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
-
-
-def json_without_surrogates(value):
-    """A decoded JSON value with the lone surrogates of every string in it (keys too) made U+FFFD."""
-    if isinstance(value, str):
-        return without_lone_surrogates(value)
-    if isinstance(value, list):
-        return [json_without_surrogates(v) for v in value]
-    if isinstance(value, dict):
-        return {without_lone_surrogates(k): json_without_surrogates(v) for k, v in value.items()}
-    return value
-
-
-def loads_json(data: str | bytes):
-    """json.loads(data), with lone surrogate escapes ("\\ud800": legal JSON) made U+FFFD in every
-    string (json_without_surrogates), so no such text reaches the model, SQLite or a reply. Raises
-    ValueError for text that is not JSON, RecursionError for nesting deeper than Python's stack."""
-    value = json.loads(data)
-    escape = _SURROGATE_ESCAPE if isinstance(data, str) else _SURROGATE_ESCAPE_BYTES
-    return json_without_surrogates(value) if escape.search(data) else value
-
-
-def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
-    """What is stored of a text argument: the given characters, with NUL bytes made spaces, lone
-    surrogates made U+FFFD (without_lone_surrogates) and the outer whitespace stripped. No folding:
-    `E = mc²`, `８０９０` and `，` stay as given (fold() is what matching sees).
-
-    Raises InputError naming `field_name` for non-strings and (unless allowed) empty text."""
-    if not isinstance(value, str):
-        raise InputError(field_name, f"expected text, got {type(value).__name__}")
-    text = without_lone_surrogates(value).replace("\x00", " ").strip()
-    if not text and not allow_empty:
-        raise InputError(field_name, "is empty")
-    return text
-
-
-def fold(text: str) -> str:
-    """What indexing and matching see of a text: NFKC (full-width ８０９０ is 8090, ² is 2, ㎏ is kg,
-    ， is ,), outer whitespace stripped. Used for the FTS text (Segmenter), queries, entity and node
-    keys, the atom rules, the content hash and what is embedded; never stored in place of the text."""
-    if text.isascii():
-        return text.strip()
-    return unicodedata.normalize("NFKC", text).strip()
-
-
-def content_hash(text: str) -> str:
-    """The deduplication key of a memory's content: SHA-256 hex of fold(text), so spellings that
-    differ only in width or compatibility forms ("８０９０" / "8090") are the same memory, and the
-    hashes in files of earlier versions (which stored folded text) still match."""
-    return hashlib.sha256(fold(text).encode("utf-8")).hexdigest()
-
-
-def query_text(value, field_name: str = "query") -> str:
-    """A search argument (a query, a topic, a predicate) as matching sees it: clean_text() then
-    fold(). Raises InputError like clean_text()."""
-    return fold(clean_text(value, field_name))
-
-
-def user_cache_dir() -> Path | None:
-    """A writable per-user cache folder: $XDG_CACHE_HOME/aokun or ~/.cache/aokun, else a per-uid
-    folder in the temp dir ($TMPDIR when set, else the system's), so two users on one host never
-    fight over jieba's cache file. None when none of them can be written (read-only home and temp
-    dir): a warning, once per process, and jieba then builds its dictionary without a cache."""
-    candidates = []
-    if os.environ.get("XDG_CACHE_HOME"):
-        candidates.append(Path(os.environ["XDG_CACHE_HOME"]) / "aokun")
-    with contextlib.suppress(RuntimeError, KeyError):  # no $HOME and no passwd entry
-        candidates.append(Path.home() / ".cache" / "aokun")
-    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
-    with contextlib.suppress(OSError):  # gettempdir raises when no temp dir is usable at all
-        candidates.append(Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / f"aokun-{uid}")
-    for c in candidates:
-        try:
-            c.mkdir(parents=True, exist_ok=True)
-            if os.access(c, os.W_OK):
-                return c
-        except OSError:
-            continue
-    _warn_once(f"no writable cache folder ({', '.join(map(str, candidates))}): jieba loads without its "
-               "cache (about 1 s more per start) and keyword matches rank with bm25() (the same results, "
-               "slower); set XDG_CACHE_HOME or [text] jieba_cache_dir to a writable folder")
-    return None
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-    """log.warning(message), only the first time this process sees that message."""
-    log.warning("%s", message)
-
-
-class Segmenter:
-    """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary.
-
-    jieba loads lazily on first use (about 1 s, from a per-user cache: `cache_dir`, else
-    user_cache_dir(); without a writable one it builds its dictionary uncached) and logs only to stderr."""
-
-    def __init__(self, stopwords_path: Path | None = None, userdict_path: Path | None = None,
-                 cache_dir: Path | None = None):
-        self.stopwords_path, self.userdict_path, self.cache_dir = stopwords_path, userdict_path, cache_dir
-        self._tk = None
-        self._lock = threading.Lock()
-        self.stopwords: frozenset[str] = frozenset()
-        # a write segments the same sentence several times (FTS of the memory, its atoms, its graph
-        # entries, the next turn's context): jieba is most of a write's CPU without a model
-        self._cut = functools.lru_cache(maxsize=4096)(self._cut_uncached)
-
-    @property
-    def loaded(self) -> bool:
-        return self._tk is not None
-
-    def _tokenizer(self):
-        if self._tk is None:
-            with self._lock:
-                if self._tk is None:
-                    import jieba
-                    logging.getLogger("jieba").setLevel(logging.WARNING)
-                    jieba.setLogLevel(logging.WARNING)
-                    tk = jieba.Tokenizer()
-                    cache = self.cache_dir or user_cache_dir()
-                    with contextlib.redirect_stdout(sys.stderr):
-                        if cache:
-                            tk.tmp_dir = str(cache)
-                            tk.initialize()
-                        else:  # what initialize() does, without reading or writing a cache file
-                            tk.FREQ, tk.total = tk.gen_pfdict(tk.get_dict_file())
-                            tk.initialized = True
-                        if self.userdict_path and self.userdict_path.exists():
-                            lines = self.userdict_path.read_text(encoding="utf-8").splitlines()
-                            kept = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-                            tk.load_userdict(io.StringIO("\n".join(kept)))
-                    if self.stopwords_path and self.stopwords_path.exists():
-                        words = self.stopwords_path.read_text(encoding="utf-8").splitlines()
-                        self.stopwords = frozenset(w.strip().lower() for w in words
-                                                   if w.strip() and not w.startswith("#"))
-                    self._tk = tk
-        return self._tk
-
-    def tokens(self, text: str, keep_stopwords: bool = False) -> list[str]:
-        """Lower-cased search tokens of fold(text): jieba's search-mode cut (words and their
-        sub-words), with punctuation-only pieces and stop words dropped. Order kept, duplicates kept."""
-        return list(self._cut(fold(text), keep_stopwords))
-
-    def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
-        tk = self._tokenizer()
-        out = []
-        for tok in tk.cut_for_search(text):
-            tok = tok.strip().lower()
-            if not tok or not _WORD.search(tok):
-                continue
-            if not keep_stopwords and tok in self.stopwords:
-                continue
-            out.append(tok)
-        return tuple(out)
-
-    def segmented(self, text: str) -> str:
-        """Tokens of fold(text) joined by spaces: what goes into the FTS5 column. Cut line by line
-        (jieba splits at newlines anyway), so a line repeated across texts, like the session context
-        that every fact entry of a memory carries, is segmented once."""
-        return " ".join(t for line in fold(text).split("\n") for t in self._cut(line, False))
-
-
-def fts_query(tokens: list[str]) -> str:
-    """An FTS5 MATCH expression that cannot be a syntax error: each distinct token double-quoted
-    (inner quotes doubled), OR-joined. Empty string when there are no tokens."""
-    seen = []
-    for t in tokens:
-        if t not in seen:
-            seen.append(t)
-    return " OR ".join('"' + t.replace('"', '""') + '"' for t in seen)
-
-
-def split_sentences(text: str, limit: int) -> list[str]:
-    """Up to `limit` sentences of 4..300 characters of `text`, for key facts when none were given.
-    The sentence ends are found where fold() would put them (a full-width ． or an ellipsis … ends
-    a sentence as its folded . does), the sentences keep the given characters."""
-    out, at = [], 0
-    for m in _SENTENCE_END.finditer(_fold_each(text)):
-        out += _sentence(text[at:m.start()])
-        at = m.end()
-        if len(out) >= limit:
-            return out[:limit]
-    return (out + _sentence(text[at:]))[:limit]
-
-
-def _sentence(piece: str) -> list[str]:
-    """[the piece stripped and cut to 300 characters], or [] when under 4 characters."""
-    piece = piece.strip()
-    return [piece[:300]] if len(piece) >= 4 else []
-
-
-def _fold_each(text: str) -> str:
-    """`text` with each character replaced by the last character of its NFKC form: the same length,
-    so a match in it is a match at the same place in `text` (… becomes ., ！ becomes !)."""
-    if text.isascii():
-        return text
-    return "".join((unicodedata.normalize("NFKC", c) or c)[-1] for c in text)
-
-
-def jaccard(a: set, b: set) -> float:
-    """Bag-of-words Jaccard |a∩b| / |a∪b| (0 when both are empty)."""
-    if not a and not b:
-        return 0.0
-    return len(a & b) / len(a | b)
-
-
-def _one_line(text: str, limit: int = 400) -> str:
-    """`text` on one line (whitespace folded), cut to `limit` characters with … (for listings)."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def cut_text(text: str, limit: int) -> tuple[str, bool]:
-    """(`text`, False) when it has at most `limit` characters, else (its start + "…", True) in at
-    most `limit` characters: cut at the last sentence end or line break (as split_sentences sees
-    them) in the second half of the room, else at the last whitespace there, else exactly. Without
-    its "…" the result is always a prefix of `text` (trailing whitespace dropped)."""
-    if len(text) <= limit:
-        return text, False
-    room = max(0, limit - 1)  # one character for the …
-    window, floor = text[: room + 1], room // 2  # one past the room: is a '.' at its end followed by a space?
-    ends = [m.start() for m in _SENTENCE_END.finditer(window) if floor <= m.start() <= room]
-    spaces = [m.start() for m in _SPACE.finditer(window, floor)]
-    cut = ends[-1] if ends else spaces[-1] if spaces else room
-    return text[:cut].rstrip() + "…", True
-
-
-def estimate_tokens(text: str) -> int:
-    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
-    for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
-    for English), rounded up."""
-    cjk = len(_CJK.findall(text))
-    return cjk + math.ceil((len(text) - cjk) / 4)
-
-
-def chars_within(text: str, tokens: int) -> int:
-    """The length of the longest start of `text` whose estimate_tokens is at most `tokens`."""
-    lo, hi = 0, len(text)
-    while lo < hi:  # estimate_tokens grows with the length: binary search
-        mid = (lo + hi + 1) // 2
-        if estimate_tokens(text[:mid]) <= tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 # Embeddings ######################################################################################
@@ -1265,2244 +1327,6 @@ def make_embedder(cfg: Config) -> Embedder:
     return CachedEmbedder(inner, e.cache_size)
 
 
-# Atoms and graph rules ###########################################################################
-
-def effective_ttl_days(base_ttl_days: float, importance: float, reinforcement_count: int) -> float:
-    """ttl = base_ttl × (0.5 + importance) × (1 + 0.5 × reinforcement_count)  (seed: Memory Model)."""
-    return base_ttl_days * (0.5 + importance) * (1 + 0.5 * reinforcement_count)
-
-
-def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
-    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
-    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
-    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
-    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
-    then and had not yet expired or been superseded (needs created_at and state_changed_at).
-    Recall computes the same factor in SQL (sql recall_candidates); tests check the two agree."""
-    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])  # stored: valid
-    if historical:
-        if atom["state"] == "superseded":
-            end = min(end, _parse_iso(atom["state_changed_at"]))
-        if ref < _parse_iso(atom["created_at"]):
-            return 0.0
-    elif atom["state"] != "active":
-        return 0.0
-    if ref >= end:
-        return 0.0
-    if decay == "step":
-        return 1.0
-    ttl = max(1e-9, (end - start).total_seconds())
-    return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
-
-
-RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")  #: rules/relevance.toml
-
-
-TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago")  #: rules/timewords.toml rule kinds
-
-
-def load_time_words(path: Path) -> dict:
-    """rules/timewords.toml, ready for time_window: {rules: [(compiled patterns, spec)], numbers,
-    months, units}, with the {n}, {month} and {unit} placeholders of the patterns filled in as
-    named groups (alternatives longest first, so 'twelve' is tried before 'two' and 十二 before 十)."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
-    months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
-    units = {fold(k).casefold(): v for k, v in data.get("units", {}).items()}
-
-    def group(name, words, extra=""):
-        return f"(?P<{name}>{extra}" + "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w))) + ")"
-    fill = {"{n}": group("n", numbers, r"\d+|"), "{month}": group("month", months), "{unit}": group("unit", units)}
-    rules = pattern_rules(data, fill, TIME_WORD_KINDS, f"{path.name}: unknown time-word kind")
-    return {"rules": rules, "numbers": numbers, "months": months, "units": units}
-
-
-def pattern_rules(data: dict, fill: dict, kinds: tuple, unknown: str) -> list:
-    """[(compiled patterns, spec)] of the `rules` list of a rules file's `data`, each pattern's
-    placeholders replaced by `fill` ({placeholder: regex}). AokunError "`unknown` 'x'; choose from
-    …" for a rule whose kind is not in `kinds`."""
-    rules = []
-    for spec in data.get("rules", []):
-        if spec.get("kind") not in kinds:
-            raise AokunError(f"{unknown} {spec.get('kind')!r}; choose from {kinds}")
-        patterns = []
-        for p in spec.get("patterns", []):
-            for key, value in fill.items():
-                p = p.replace(key, value)
-            patterns.append(re.compile(p))
-        rules.append((patterns, spec))
-    return rules
-
-
-class Rules:
-    """The data in rules/: atom types and classification regexes, entity aliases, query intents,
-    time words."""
-
-    def __init__(self, cfg: Config):
-        atoms = tomllib.loads(cfg.rule_file(cfg.write.atom_rules).read_text(encoding="utf-8"))
-        self.types: dict[str, dict] = atoms["types"]
-        unknown = set(self.types) - set(ATOM_TYPES)
-        if unknown:
-            raise AokunError(f"{cfg.write.atom_rules}: unknown atom types {sorted(unknown)}")
-        self.default_type = atoms.get("default_type", "factual")
-        self.default_confidence = float(atoms.get("default_confidence", 0.5))
-        self.atom_rules = [(re.compile(r["pattern"]), r["type"], float(r.get("confidence", 0.7)))
-                           for r in atoms.get("rules", [])]
-        aliases = tomllib.loads(cfg.rule_file(cfg.write.aliases).read_text(encoding="utf-8")).get("aliases", {})
-        self.alias_of: dict[str, str] = {}
-        for canonical, names in aliases.items():
-            for name in [canonical, *names]:
-                self.alias_of[self._key(name)] = canonical
-        relevance = tomllib.loads(cfg.rule_file(cfg.recall.relevance).read_text(encoding="utf-8"))
-        #: {embedding model: {w_cos, w_cover, bias, cos_only_w_cos, cos_only_bias}} of calibrated_relevance
-        self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS} for model, c in relevance.items()}
-        #: {embedding model: {script: weights}}: a model's weights for the questions of one script
-        #: (query_script), where the file has a [model.script] table; other questions use the model's
-        #: own. A script table holds w_cos, w_cover and bias: a memory of another script (cos-only,
-        #: a cross-language pair) keeps the model's own cos-only weights
-        self.relevance_by_script = {
-            model: {script: self.relevance[model] | {k: float(t[k]) for k in RELEVANCE_WEIGHTS[:3]}
-                    for script, t in c.items() if isinstance(t, dict)}
-            for model, c in relevance.items()}
-        intents = tomllib.loads(cfg.rule_file(cfg.recall.intents).read_text(encoding="utf-8")).get("intents", {})
-        self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
-                        for name, spec in intents.items()]
-        self.time_words = load_time_words(cfg.rule_file(cfg.recall.time_words))
-        self.event_dates = load_event_dates(cfg.rule_file(cfg.write.event_dates))
-
-        predicates = tomllib.loads(cfg.rule_file(cfg.forgetting.predicates).read_text(encoding="utf-8")
-                                   ).get("predicates", [])
-        self.slot_patterns = [(p["name"], re.compile(rx)) for p in predicates for rx in p.get("patterns", [])]
-        self.predicate_of: dict[str, str] = {}
-        for p in predicates:
-            for name in [p["name"], *p.get("aliases", [])]:
-                self.predicate_of[self._key(name)] = p["name"]
-
-    @staticmethod
-    def _key(name: str) -> str:
-        """The matching key of a name: fold()ed (NFKC), whitespace runs made one space, casefolded."""
-        return " ".join(fold(name).split()).casefold()
-
-    def classify(self, fact: str) -> tuple[str, float]:
-        """(atom_type, confidence) from the first rule matching fold(fact), else the default type."""
-        fact = fold(fact)
-        for pattern, atom_type, confidence in self.atom_rules:
-            if pattern.search(fact):
-                return atom_type, confidence
-        return self.default_type, self.default_confidence
-
-    def slot(self, fact: str) -> tuple[str, str, str]:
-        """(predicate, value, subject) of the first single-valued predicate pattern that matches
-        fold(fact) (rules/predicates.toml), else ('', '', ''). value and subject are canonicalised
-        like an entity (keys, not display text)."""
-        fact = fold(fact)
-        for name, pattern in self.slot_patterns:
-            m = pattern.search(fact)
-            if m and m.group("value").strip():
-                subject = (m.groupdict().get("subject") or "").strip()
-                return name, self.canonical(m.group("value").strip()), self.canonical(subject) if subject else ""
-        return "", "", ""
-
-    def canonical(self, name: str) -> str:
-        """Entity resolution: NFKC, case and whitespace folded (_key), aliases from rules/aliases.toml
-        mapped to their canonical name. Returns the key nodes are unique on."""
-        key = self._key(name)
-        return self._key(self.alias_of.get(key, key))
-
-    def display(self, name: str) -> str:
-        """The canonical spelling for display when the name is a known alias, else the name."""
-        return self.alias_of.get(self._key(name), " ".join(name.split()))
-
-    def relevance_coef(self, model: str, query_tokens) -> dict | None:
-        """The calibrated_relevance weights for a question with these search tokens: the model's
-        weights for the question's script (query_script) when rules/relevance.toml has them, else
-        the model's own; None for a model that is not calibrated."""
-        by_script = self.relevance_by_script.get(model, {})
-        return by_script.get(query_script(query_tokens)) or self.relevance.get(model)
-
-    def intent(self, query: str) -> tuple[str | None, dict]:
-        """The first intent in rules/intents.toml whose pattern matches fold(query)."""
-        query = fold(query)
-        for name, patterns, spec in self.intents:
-            if any(p.search(query) for p in patterns):
-                return name, spec
-        return None, {}
-
-
-# Write validation: one memory, checked before anything is stored #################################
-
-@dataclass
-class Prepared:
-    """One validated write on its way through the pipeline (also the journal payload)."""
-    content: str
-    persona_id: str = ""
-    session_id: str = ""
-    summary: str = ""
-    topics: list = field(default_factory=list)
-    key_facts: list = field(default_factory=list)
-    participants: list = field(default_factory=list)
-    tags: list = field(default_factory=list)
-    sentiment: str = ""
-    source: str = ""
-    importance: float = 0.5
-    pinned: bool = False
-    created_at: str = ""
-    content_hash: str = ""
-    facts: list = field(default_factory=list)  # key_facts, or sentences of the content
-    supersedes: list = field(default_factory=list)  # ids of memories it archives, linked to it
-    # pipeline state, not part of the payload
-    op: str = "insert"
-    op_id: int | None = None
-    status: str = "pending"
-    document_id: int | None = None
-    deduplicated: bool = False
-    warnings: list = field(default_factory=list)
-    embedding_truncated: bool = False
-    embedding_error: str | None = None  # why the embedding provider refused this memory's text, if it did
-    recovering: bool = False  # resumed from the journal at open: a failure is recorded, never raised
-    error: Exception | None = None  # why a write that was not stored failed (status 'failed')
-    stale: list = field(default_factory=list)  # memories whose vector context this write changed
-    given: frozenset = frozenset()  # the metadata keys the caller gave (a repeat merges only those it said)
-    changed: dict = field(default_factory=dict)  # a repeat's changes to the stored memory, {field: [old, new]}
-    may_update: list = field(default_factory=list)  # [{id, preview}] this new memory may update
-
-    PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts", "participants",
-               "tags", "sentiment", "source", "importance", "pinned", "created_at", "content_hash", "facts")
-    PAYLOAD += ("supersedes",)
-
-    def payload(self) -> str:
-        """The journal payload: the PAYLOAD fields as JSON text (what recover() rebuilds the write
-        from)."""
-        return json.dumps({k: getattr(self, k) for k in self.PAYLOAD}, ensure_ascii=False)
-
-
-MAX_LABEL_CHARS = 200  #: the longest persona_id, session_id, source or sentiment
-MAX_ITEM_CHARS = 1000  #: the longest topic, key fact, participant or tag (longer ones are cut)
-MAX_FIELD_CHARS = 10000  #: the longest summary
-METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment", "importance",
-                   "session_id", "persona_id", "source", "timestamp", "tags", "pinned"}
-
-
-def _text_list(value, name: str) -> list[str]:
-    """A list metadata field (topics, key facts, participants, tags) as stored: each item
-    clean_text()ed with its given characters and cut to MAX_ITEM_CHARS; empty items dropped, and
-    items equal once folded ("８０９０", "8090") kept once, the first spelling. A string is a list of
-    one. Raises InputError naming `name` or `name[i]`."""
-    if value is None:
-        return []
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)):
-        raise InputError(name, f"expected a list of strings, got {type(value).__name__}")
-    out, seen = [], set()
-    for i, v in enumerate(value):
-        t = clean_text(v, f"{name}[{i}]", allow_empty=True)
-        if t and fold(t) not in seen:
-            seen.add(fold(t))
-            out.append(t[:MAX_ITEM_CHARS])
-    return out
-
-
-def _short_text(value, name: str, limit: int = MAX_FIELD_CHARS) -> str:
-    """A text field as stored (summary, sentiment): clean_text(), given characters kept; '' for None.
-    Raises InputError naming `name` when it is longer than `limit`."""
-    if value is None:
-        return ""
-    t = clean_text(value, name, allow_empty=True)
-    if len(t) > limit:
-        raise InputError(name, f"is {len(t)} characters; the limit is {limit}")
-    return t
-
-
-def _label(value, name: str, limit: int = MAX_LABEL_CHARS) -> str:
-    """An identifier (persona_id, session_id, source): clean_text() then fold(), and stored folded:
-    SQL compares it by equality, so "ａｌｉｃｅ" and "alice" stay one persona, as in the files of
-    earlier versions. '' for None. Raises InputError naming `name` when it is longer than `limit`."""
-    return "" if value is None else _short_text(fold(clean_text(value, name, allow_empty=True)), name, limit)
-
-
-def _importance(value, name: str = "importance", default: float = 0.5) -> float:
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise InputError(name, f"expected a number from 0 to 1, got {value!r}")
-    if not 0 <= value <= 1:
-        raise InputError(name, f"must be between 0 and 1, got {value}")
-    return float(value)
-
-
-def _id_list(value, name: str, limit: int) -> list[int]:
-    """A non-empty list of at most `limit` memory ids (whole numbers ≥ 1), duplicates dropped, in order."""
-    if not isinstance(value, (list, tuple)) or not value:
-        raise InputError(name, f"expected a non-empty list of memory ids, got {value!r}")
-    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]
-    if bad:
-        raise InputError(name, f"memory ids are whole numbers ≥ 1, got {bad[0]!r}")
-    ids = list(dict.fromkeys(value))
-    if len(ids) > limit:
-        raise InputError(name, f"{len(ids)} ids; at most {limit} at once ([recall] max_k)")
-    return ids
-
-
-# Store: the connection, transactions and reading #################################################
-
-LIST_LIMIT_MAX = 1000  #: the most memories list_memories returns at once
-SUPERSEDES_MAX = 20  #: the most memories one memorize(supersedes=…) archives
-#: memorize's may_update (Journal._may_update): at most this many memories, each found by its slot
-#: (an atom of the new memory superseded one of its atoms) or by its vector: cosine at least
-#: MAY_UPDATE_COSINE and a content word in common, or at least MAY_UPDATE_COSINE_ALONE. With
-#: multilingual-e5-small unrelated short sentences reach 0.80-0.88 ("I like sushi" / "I like green
-#: tea" 0.871 sharing "like"), updates of one fact 0.89-0.95 ("My favourite coffee is a flat white"
-#: / "… is now an iced americano" 0.917); measured on 32 pairs, see the commit that added them.
-#: A model without a calibrated relevance (rules/relevance.toml) gets the slot signal only.
-MAY_UPDATE_MAX = 3
-MAY_UPDATE_COSINE = 0.89
-MAY_UPDATE_COSINE_ALONE = 0.93
-MAY_UPDATE_PREVIEW_CHARS = 80
-MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
-#: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed out:
-#: an id is never handed out twice in a file's life (deleting the newest row, or a restore, included).
-ID_COUNTERS = {"documents": "last_document_id", "memory_atoms": "last_atom_id", "graph_nodes": "last_node_id",
-               "graph_edges": "last_edge_id", "graph_entries": "last_entry_id", "kg_entities": "last_entity_id",
-               "kg_triples": "last_triple_id", "memory_write_ops": "last_write_op_id"}
-
-
-class Store:
-    """The one APSW connection and its helpers; reading memories. Every use of `self.conn` holds
-    `self.lock` (see Memory); methods documented "in tx" run inside the caller's `tx()`."""
-
-    def close(self):
-        """Wait for the access bookkeeping, stop the worker threads, close the reader connections, then
-        PRAGMA optimize and close the main connection."""
-        self.wait_background()
-        self.wait_refresh()
-        if self._refresher is not None:
-            self._refresher.shutdown()
-            self._refresher = None
-        self.conn_closed = True
-        if self._toucher is not None:
-            self._toucher.shutdown()
-            self._toucher = None
-        if self._channel_pool is not None:
-            self._channel_pool.shutdown()
-            self._channel_pool = None
-        for reader in self._readers:
-            reader.close()
-        self._readers.clear()
-        with self.lock:
-            with contextlib.suppress(apsw.Error):
-                self.conn.pragma("optimize")
-            self.conn.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    @contextlib.contextmanager
-    def tx(self):
-        """One IMMEDIATE write transaction (waits up to busy_timeout_ms for other writers)."""
-        with self.lock:
-            self.conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.conn
-            except BaseException:
-                self.conn.execute("ROLLBACK")
-                raise
-            self.conn.execute("COMMIT")
-            self.epoch += 1
-
-    def rows(self, sql: str, params=()) -> list[dict]:
-        """Rows of `sql` as dicts, on the main connection under the lock."""
-        with self.lock:
-            return fetch_dicts(self.conn, sql, params)
-
-    def value(self, sql: str, params=()):
-        """The first column of the first row of `sql` (None when no row), under the lock."""
-        with self.lock:
-            row = self.conn.execute(sql, params).fetchone()
-        return row[0] if row else None
-
-    def meta_get(self, key: str, default=None):
-        """meta(key) as text, or `default` when unset."""
-        v = self.value("select value from meta where key = ?", (key,))
-        return default if v is None else v
-
-    def _meta_set(self, key: str, value) -> None:
-        """Upsert meta(key) = str(value). In tx."""
-        self.conn.execute("insert into meta(key, value) values (?, ?) "
-                          "on conflict(key) do update set value = excluded.value",
-                          (key, str(value)))
-
-    def _new_id(self, table: str) -> int:
-        """The id for a new row of `table` (one of ID_COUNTERS): above every id the table ever handed
-        out (its counter in meta, its largest id), and recorded as the counter. In tx."""
-        key = ID_COUNTERS[table]
-        new = max(int(self.meta_get(key, 0)), self.value(f"select coalesce(max(id), 0) from {table}")) + 1
-        self._meta_set(key, new)
-        return new
-
-    def has_table(self, name: str) -> bool:
-        """True when a table (or virtual table) `name` exists in the file."""
-        return bool(self.value("select 1 from sqlite_master where name = ?", (name,)))
-
-    # reading -------------------------------------------------------------------------------------
-
-    def _doc(self, doc_id, persona: str | None = None) -> dict:
-        """The documents row of `doc_id`, JSON fields decoded. NotFound when there is none, or when
-        `persona` (a folded persona id) is given and the memory belongs to another persona: the one
-        lookup filters by both, so an id of another persona is not there, with the same message and
-        the same work. `persona` None (internal callers holding a row already) matches any persona."""
-        if isinstance(doc_id, bool) or not isinstance(doc_id, int):
-            raise InputError("id", f"expected an integer memory id, got {doc_id!r}")
-        rows = self.rows("select * from documents where id = ? and (? is null or persona_id = ?)",
-                         (doc_id, persona, persona)) if 0 < doc_id <= MAX_ID else []
-        if not rows:
-            raise NotFound(f"no memory with id {doc_id}; `python aokun.py list` shows the ids")
-        d = rows[0]
-        for k in ("topics", "key_facts", "participants", "tags"):
-            d[k] = json.loads(d[k])
-        d["pinned"], d["archived"] = bool(d["pinned"]), bool(d["archived"])
-        return d
-
-    def get(self, doc_id: int, persona_id: str | None = None) -> dict:
-        """One memory of persona `persona_id` (None: the default persona '') with its atoms and graph
-        entries, superseded_by (the newer memory's id, or None) and supersedes (ids of the memories
-        it superseded). Raises NotFound, also for an id of another persona."""
-        d = self._doc(doc_id, _label(persona_id, "persona_id"))
-        d["supersedes"] = [r["id"] for r in self.rows(
-            "select id from documents where superseded_by = ? and persona_id = ? order by id",
-            (doc_id, d["persona_id"]))]
-        d["atoms"] = self.rows(self.queries["document_atoms"], {"document_id": doc_id})
-        d["graph_entries"] = [r["text"] for r in self.rows(self.queries["document_graph_texts"],
-                                                           {"document_id": doc_id})]
-        return d
-
-    def history(self, doc_id: int, persona_id: str | None = None) -> list[dict]:
-        """What happened to a memory of persona `persona_id` (None: ''), oldest first (sql
-        document_history): [{kind: 'write' | 'merge', what: insert/edit/consolidated, status, at,
-        error, members: [ids merged into it] or None}]. Raises NotFound, also for another persona's id."""
-        self._doc(doc_id, _label(persona_id, "persona_id"))
-        rows = self.rows(self.queries["document_history"], {"document_id": doc_id})
-        for r in rows:
-            r["members"] = json.loads(r["members"]) if r["members"] else None
-        return rows
-
-    def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
-             session_id: str | None = None, include_archived: bool = False) -> list[dict]:
-        """Memories newest first (by created_at), without atoms/graph detail. Raises InputError for a
-        limit outside 1..LIST_LIMIT_MAX or an offset above MAX_ID."""
-        if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
-            raise InputError("limit", f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
-        if not isinstance(offset, int) or offset > MAX_ID:
-            raise InputError("offset", f"expected an integer from 0 to {MAX_ID}, got {offset!r}")
-        return self.rows(self.queries["list_memories"], {
-            "persona_id": persona_id, "session_id": session_id, "include_archived": int(include_archived),
-            "limit": limit, "offset": max(0, offset)})
-
-
-# Vectors: embedding, session context and the binary KNN index ####################################
-
-AFTER_EVERY_ID = 2 ** 62  #: an id above every stored one: "a memory not stored yet" in session order
-
-
-def vector_blob(vec) -> bytes:
-    """The stored form of a vector (doc_vectors, graph_vectors; see sql/vectors.sql): int8, one byte
-    per dimension, round(v · 127 / max|v|). Cosine does not see the scale, so
-    vec_distance_cosine(vec_int8(a), vec_int8(b)) is the float vectors' within ~1e-3, at a quarter of
-    float32's size."""
-    v = np.asarray(vec, np.float32).ravel()
-    top = float(np.abs(v).max()) if v.size else 0.0
-    return (np.rint(v * (127.0 / top)) if top > 0 else np.zeros_like(v)).astype(np.int8).tobytes()
-
-
-def blob_vector(blob: bytes) -> "np.ndarray":
-    """The unit float32 vector of a stored int8 vector (vector_blob's inverse up to rounding)."""
-    return _l2(np.frombuffer(blob, np.int8).astype(np.float32))
-
-
-def mean_vector(blobs) -> "np.ndarray | None":
-    """The mean (float32) of the stored vectors `blobs` (int8 blobs, vector_blob's), summed in float64;
-    None when there are none. A binary index's quantisation centre (sql/vectors.sql)."""
-    total, n = None, 0
-    for blob in blobs:
-        v = blob_vector(blob).astype(np.float64)
-        total, n = (v if total is None else total + v), n + 1
-    return None if total is None else (total / n).astype(np.float32)
-
-
-class Vectors:
-    """Document and graph-entry vectors: what is embedded (a memory with its session context), the
-    float store and its binary vec0 index, and back-fill of what is still pending."""
-
-    last_embedding_error: str | None = None  #: the provider's last transient failure (what rebuild reports)
-
-    @property
-    def vectors_usable(self) -> bool:
-        """True when an embedder is configured and the stored vectors fit it (see vector_problem)."""
-        return self.embedder.provider != "none" and self.vector_problem is None
-
-    def _check_embedding_meta(self) -> None:
-        """Record provider/model/dim on first use; refuse vectors from a different model or dim.
-
-        A mismatch leaves every stored row untouched, sets `vector_problem` (recall degrades to the
-        keyword channels and says so) and logs the command that re-embeds."""
-        e = self.embedder
-        if e.provider == "none":
-            self.vector_problem = "no embedding provider ([embedding] provider = none)"
-            return
-        stored_dim = self.meta_get("embedding_dim")
-        stored_model = self.meta_get("embedding_model")
-        if not e.dim and stored_dim and stored_model == e.model:  # only the model that made them has that dim
-            (e.inner if isinstance(e, CachedEmbedder) else e).dim = int(stored_dim)
-        if stored_dim is None:
-            if e.dim:
-                self._start_vectors()
-            return
-        if int(stored_dim) != e.dim or stored_model != e.model:
-            self.vector_problem = (
-                f"the database holds {stored_dim}-d vectors from {stored_model!r} but the configured "
-                f"embedder {e.model!r} makes {e.dim or '?'}-d vectors; run `python aokun.py rebuild --vectors` "
-                "to re-embed every memory (stored memories are untouched; recall uses keyword channels until then)")
-            log.error("%s", self.vector_problem)
-
-    def _upgrade_vector_index(self) -> None:
-        """Files made before schema 6 keep float vectors inside vec0 (doc_vec/graph_vec float[dim]):
-        copy them into doc_vectors/graph_vectors and rebuild doc_vec/graph_vec as the binary index,
-        in one transaction (migrate() saved a copy of the file first)."""
-        def old_layout() -> bool:
-            return "float[" in (self.value("select sql from sqlite_master where name = 'doc_vec'") or "")
-        if not old_layout():
-            return
-        dim = int(self.meta_get("embedding_dim"))
-        with self.tx() as c:
-            if not old_layout():  # another process upgraded it between the check and this transaction
-                return
-            c.execute("insert or replace into doc_vectors(doc_id, embedding) select doc_id, embedding from doc_vec")
-            c.execute("insert or replace into graph_vectors(entry_id, embedding) "
-                      "select entry_id, embedding from graph_vec")
-            c.execute("drop table doc_vec")
-            c.execute("drop table if exists graph_vec")
-            c.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
-            c.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
-            c.execute("delete from meta where key = 'vector_center'")
-            self._compact_vectors_in_tx()
-            if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
-                self._recenter()
-            else:
-                self._reindex_vectors()
-        log.warning("vector storage upgraded: %s document and %s entry vectors re-indexed",
-                    self.value("select count(*) from doc_vectors"), self.value("select count(*) from graph_vectors"))
-
-    def _compact_vectors(self) -> None:
-        """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in one
-        transaction (migrate() saved a copy of the file first) and record meta vector_format = 'int8'.
-        The freed pages are reused by later writes; `python aokun.py vacuum` gives them back."""
-        if self.meta_get("vector_format") == "int8" or not self.has_table("doc_vectors"):
-            return
-        with self.tx():
-            if self.meta_get("vector_format") != "int8":  # another process may have just done it
-                n = self._compact_vectors_in_tx()
-                if n:
-                    log.warning("vector storage compacted: %s float32 vectors stored as int8 "
-                                "(`python aokun.py vacuum` returns the freed space)", n)
-
-    def _compact_vectors_in_tx(self) -> int:
-        """_compact_vectors' work: float32 rows (4 bytes per dimension) of doc_vectors/graph_vectors become
-        int8 rows; the binary index is unchanged (same signs). Returns how many were rewritten. In tx."""
-        dim, n = self.meta_get("embedding_dim"), 0
-        if dim:
-            for table, key in (("doc_vectors", "doc_id"), ("graph_vectors", "entry_id")):
-                rows = self.conn.execute(f"select {key}, embedding from {table} where length(embedding) = ?",
-                                         (4 * int(dim),)).fetchall()
-                for row_id, blob in rows:
-                    self.conn.execute(f"update {table} set embedding = ? where {key} = ?",
-                                      (vector_blob(np.frombuffer(blob, np.float32)), row_id))
-                n += len(rows)
-        self._meta_set("vector_format", "int8")
-        return n
-
-    def _start_vectors(self) -> bool:
-        """Create the vec0 tables for the embedder's dimension and record it in meta. False (and
-        `vector_problem` set: recall degrades to the keyword channels) when the dimension cannot
-        be indexed."""
-        dim = int(self.embedder.dim)
-        if dim % 8:
-            self.vector_problem = (f"the embedder {self.embedder.model!r} makes {dim}-d vectors; the binary KNN index "
-                                   "needs a dimension divisible by 8 (every common embedding model has one)")
-            log.error("%s", self.vector_problem)
-            return False
-        with self.tx() as c:
-            self._vector_tables_in_tx(dim)
-            c.execute("update documents set embedding_state = 'pending' where embedding_state = 'none'")
-            c.execute("update graph_entries set embedding_state = 'pending' where embedding_state = 'none'")
-        return True
-
-    def _vector_tables_in_tx(self, dim: int) -> None:
-        """Record the embedder's provider/model/dim in meta and create the vec0 tables for `dim`. In tx."""
-        self._meta_set("embedding_provider", self.embedder.provider)
-        self._meta_set("embedding_model", self.embedder.model)
-        self._meta_set("embedding_dim", dim)
-        self._meta_set("vector_format", "int8")
-        self.conn.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
-        self.conn.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
-
-    def _embed(self, texts: list[str], warnings: list | None = None) -> list:
-        """Embed passages as fold() makes them (the vectors of earlier versions, made from stored
-        folded text, stay valid). Never fails a write: one entry per text, its vector (float32[dim]),
-        a str when the provider refused that input for good (EmbeddingRejected; the batch is split in
-        halves until only the refused inputs are left, so one bad input costs the others nothing), or
-        None when it is not embedded now (no usable provider, or a transient failure: timeout, 5xx,
-        408/429, connection refused; a warning is appended and back-fill retries it later)."""
-        if not texts or not self.vectors_usable:
-            return [None] * len(texts)
-        out = self._embed_split([fold(t) for t in texts], warnings)
-        if any(isinstance(v, np.ndarray) for v in out) and not self.has_table("doc_vec") and not self._start_vectors():
-            if warnings is not None:
-                warnings.append(self.vector_problem)
-            return [None] * len(texts)
-        return out
-
-    def _embed_split(self, texts: list[str], warnings: list | None) -> list:
-        """_embed's bisection over folded texts (see there). A vector the provider sent NaN, infinite
-        or all zeros is a failure for its text: refused (a str) when others of the call came back
-        usable, a transient failure (None, back-filled later) when none did."""
-        try:
-            vectors = list(self.embedder.embed_documents(texts))
-            bad = unusable_rows(np.asarray(vectors)) if vectors else []
-            if len(vectors) and bad.all():
-                raise EmbeddingError("the embedding provider returned unusable vectors (NaN, infinite or all zeros)")
-            return [("the embedding provider returned an unusable vector (NaN, infinite or all zeros) for this text"
-                     if b else v) for v, b in zip(vectors, bad, strict=True)]
-        except EmbeddingRejected as e:
-            if len(texts) == 1:
-                log.warning("the embedding provider refused an input for good (it stays without a vector): %s", e)
-                return [str(e)]
-            first = self._embed_split(texts[: len(texts) // 2], warnings)
-            if any(v is None for v in first):  # the endpoint went away meanwhile: the rest waits too
-                return first + [None] * (len(texts) - len(first))
-            return first + self._embed_split(texts[len(texts) // 2:], warnings)
-        except EmbeddingError as e:
-            log.warning("embedding failed, vectors will be back-filled later: %s", e)
-            self.last_embedding_error = str(e)
-            if warnings is not None:
-                warnings.append(f"embedding failed ({e}); the memory is stored and its vector will be back-filled")
-            return [None] * len(texts)
-
-    # session context -----------------------------------------------------------------------------
-
-    def _session_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int | None) -> list[tuple]:
-        """(created_at, content) of the `[embedding] context_turns` memories right before a memory in
-        its session (session order: created_at, then id), oldest first; [] outside a session.
-        doc_id None: a memory not stored yet (it comes after every stored one of the same time)."""
-        n = self.cfg.embedding.context_turns
-        if n <= 0 or not session_id:
-            return []
-        rows = self.rows(self.queries["session_context"], {
-            "session_id": session_id, "persona_id": persona_id, "created_at": created_at,
-            "id": doc_id if doc_id is not None else AFTER_EVERY_ID, "n": n})
-        return [(r["created_at"], r["content"]) for r in reversed(rows)]
-
-    def _vector_text(self, content: str, context: list[str], labels=()) -> tuple[str, bool]:
-        """What a document vector is computed from: the end (context_chars) of the preceding turns
-        of its session, a newline, then the memory itself, so a reply like "Yes, last May" is found
-        by what it answers, followed by its labels (topics, tags and sentiment: short words that say
-        what kind of memory it is). Only the embedded text changes, never the stored content: all of
-        it is fold()ed (as the query is). The memory alone when the context would push part of it out
-        of the model's window. Returns (text, whether the memory itself was cut)."""
-        content, context = fold(content), [fold(c) for c in context]
-        labels = " ".join(fold(x) for x in labels if x)
-        cut, truncated = self.embedder.prepare(content + "\n" + labels if labels else content)
-        if truncated and labels:  # no room for the labels
-            cut, truncated = self.embedder.prepare(content)
-        elif labels:
-            content = cut
-        ctx = "\n".join(context)[-self.cfg.embedding.context_chars:].lstrip() if context else ""
-        if ctx and not truncated:
-            joined, over = self.embedder.prepare(ctx + "\n" + content)
-            if not over:
-                return joined, False
-        return cut, truncated
-
-    def _stale_successors(self, doc_id: int, fresh=frozenset()) -> list[int]:
-        """The memories whose context contains memory `doc_id` (the context_turns memories right
-        after it in its session); their vectors are marked 'pending' so they are re-embedded (the old
-        vector stays searchable until then). Called inside the write transaction, before the change
-        (pass the ids to _refresh_graph_context after it). Returns their ids; those in `fresh` (this
-        batch's inserts, whose vectors already saw the whole batch as context) keep their vector. In tx."""
-        n = self.cfg.embedding.context_turns
-        if n <= 0:
-            return []
-        d = self.rows("select persona_id, session_id, created_at from documents where id = ?", (doc_id,))
-        if not d or not d[0]["session_id"]:
-            return []
-        ids = [r["id"] for r in self.rows(self.queries["session_successors"], {
-            "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"], "created_at": d[0]["created_at"],
-            "id": doc_id, "n": n})]
-        for i in ids if self.embedder.provider != "none" else ():
-            if i in fresh:
-                continue
-            self.conn.execute("update documents set embedding_state = 'pending', embedding_error = null "
-                              "where id = ? and embedding_state in ('done', 'pending')",
-                              (i,))
-        return ids
-
-    def _refresh_stale(self, ids) -> None:
-        """Re-embed memories whose context changed, in the background (one worker thread, so the write
-        that changed it returns without waiting for the model; their old vector stays searchable until
-        then); when the provider fails they stay 'pending' for the next back-fill. wait_refresh() waits."""
-        ids = sorted({i for i in ids if i is not None})
-        if not ids or not self.vectors_usable:
-            return
-        with self._refresh_lock:
-            if self._refresher is None:
-                self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-refresh")
-            self._refresher.submit(self._refresh_now, ids)
-
-    _refresher: ThreadPoolExecutor | None = None  #: the background worker of _refresh_stale, started on first use
-    _refresh_lock = threading.Lock()
-
-    def _refresh_now(self, ids: list[int]) -> None:
-        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows stay
-        'pending' for the back-fill)."""
-        try:
-            if not self.conn_closed:
-                self.backfill_vectors(ids=ids)
-        except Exception as e:  # noqa: BLE001 - a background step: the back-fill retries
-            log.warning("refreshing the vectors of memories %s failed (back-filled later): %s", ids, e)
-
-    conn_closed = False  #: set by close(): a refresh still queued then does nothing
-
-    def wait_refresh(self) -> None:
-        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls it)."""
-        with self._refresh_lock:
-            worker = self._refresher
-        if worker is not None:
-            worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
-
-    def _doc_vectors(self, todo: list[Prepared]) -> dict:
-        """The input of _stage_docs, computed before its transaction (so the write lock is held
-        briefly): {id(p): the memory's contextual vector, or None when there is none (provider none
-        or failing: the warning goes on each write)}. A text the provider refuses is no one's context
-        (see session_context): the batch's inserts that had it in theirs are embedded again without
-        it, round after round until no refusal changes a text (the first memory of a session is
-        settled in round one, the next in round two at the latest, ...; one round when none is refused)."""
-        if not self.vectors_usable:
-            return {id(p): None for p in todo}
-        batch: dict = {}  # this batch's inserts per session, [(created_at, position, content)]
-        for i, p in enumerate(todo):
-            if p.op == "insert" and p.session_id:
-                batch.setdefault((p.persona_id, p.session_id), []).append((p.created_at, i, p.content))
-        stored = [self._session_context(p.persona_id, p.session_id, p.created_at,
-                                        None if p.op == "insert" else p.document_id) for p in todo]
-        texts: list = [None] * len(todo)
-        out: list = [None] * len(todo)
-        warned: list = []
-        refused: set | None = None
-        for _ in range(len(todo) + 1):  # settles in at most one round per memory
-            if refused == (now := {i for i, v in enumerate(out) if isinstance(v, str)}):
-                break
-            refused = now
-            new = [self._batch_vector_text(todo, i, stored[i], batch, refused) for i in range(len(todo))]
-            redo = [i for i in range(len(todo)) if texts[i] is None or new[i][0] != texts[i]]
-            for i, v in zip(redo, self._embed([new[i][0] for i in redo], warned) if redo else (), strict=True):
-                texts[i], out[i] = new[i][0], v
-                todo[i].embedding_truncated = new[i][1]
-        for p, v in zip(todo, out, strict=True):
-            if isinstance(v, str):
-                p.embedding_error = v
-                p.warnings.append(f"the embedding provider refused this memory's text ({v}); it is stored and "
-                                  "found by keyword and graph search, without a vector")
-            elif v is None:
-                p.warnings.extend(warned[-1:])
-        return {id(p): (v if isinstance(v, np.ndarray) else None) for p, v in zip(todo, out, strict=True)}
-
-    def _batch_vector_text(self, todo: list[Prepared], i: int, context: list[tuple], batch: dict,
-                           refused: set) -> tuple[str, bool]:
-        """_vector_text of write todo[i] before it is stored: `context` its stored session context
-        (_session_context), to which an insert adds every insert of the batch before it in session
-        order (created_at, then id: the batch's ids follow its order), not only the earlier ones (an
-        out-of-order batch leaves no stale vectors behind), except those at positions `refused`
-        (their text was refused). Stable sort: at one time, stored memories (lower ids) come first."""
-        p = todo[i]
-        if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
-            mine = [(t, c) for t, j, c in batch.get((p.persona_id, p.session_id), [])
-                    if (t, j) < (p.created_at, i) and j not in refused]
-            context = sorted(context + mine, key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
-        return self._vector_text(p.content, [c for _, c in context], [*p.topics, *p.tags, p.sentiment])
-
-    def _fact_text_vectors(self, todo: list[Prepared]) -> dict:
-        """The vectors of the fact texts new writes `todo` will give their graph entries, computed
-        before their one transaction: {Rules._key(text): vector, refusal str or None}. One embedding per
-        distinct text: a fact of the same persona already stored with a vector (the same graph node)
-        takes that vector, copies within the batch are embedded once; a fact that is its whole memory
-        and will reuse the memory's vector (no session: no context) is left to _entry_vectors."""
-        known, todo_texts = {}, {}
-        for p in todo:
-            for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
-                key = Rules._key(fact)
-                if key in known or key in todo_texts or (fact == p.content and not p.session_id):
-                    continue
-                blob = self.value(self.queries["stored_fact_vector"], {"persona_id": p.persona_id, "canonical": key})
-                if blob is not None:
-                    known[key] = blob_vector(blob)
-                else:
-                    todo_texts[key] = fact
-        if todo_texts and self.vectors_usable:
-            known.update(zip(todo_texts, self._embed(list(todo_texts.values()), todo[0].warnings), strict=True))
-        return known
-
-    def _fact_vectors(self, todo: list[Prepared]) -> dict:
-        """The input of _stage_graph_vectors, computed before its transaction: {"entries": [(entry
-        id, vector or refusal or None)] of the writes' pending graph entries (see _entry_vectors)}."""
-        return {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id for p in todo],
-                                               todo[0].warnings)}
-
-    def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None,
-                       known: dict | None = None) -> list[tuple[int, object]]:
-        """(entry id, what _embed made: a vector, a str (the provider refused the text) or None (not
-        now)) for the pending graph entries that named query `query` finds for `ids`
-        (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's node
-        text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
-        reuses the memory's own vector instead of a second embedding, unless that vector also saw
-        its session context (the graph vector stays the fact's own). `known`: {Rules._key(fact text):
-        what _embed made for it} computed beforehand (_fact_text_vectors), used instead of embedding."""
-        rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
-        out, todo = [], []
-        for r in rows:
-            if r["embedding_state"] == "done" and self._fact_takes_memory_vector(r):
-                blob = self.value("select embedding from doc_vectors where doc_id = ?", (r["doc_id"],))
-                if blob is not None:
-                    out.append((r["id"], blob_vector(blob)))
-                    continue
-            if known is not None and Rules._key(r["t"]) in known:
-                out.append((r["id"], known[Rules._key(r["t"])]))
-                continue
-            todo.append(r)
-        if todo:
-            out += [(r["id"], v) for r, v in zip(todo, self._embed([r["t"] for r in todo], warnings), strict=True)]
-        return out
-
-    def _fact_takes_memory_vector(self, r: dict) -> bool:
-        """Whether fact entry `r` ({t: its fact, content, persona_id, session_id, created_at, doc_id of
-        its memory}) takes its memory's vector instead of an embedding of its own: the fact is the
-        whole memory and the memory's vector saw no session context (else the two texts differ)."""
-        return r["t"] == r["content"] and not self._session_context(r["persona_id"], r["session_id"],
-                                                                    r["created_at"], r["doc_id"])
-
-    # the float store and its binary index --------------------------------------------------------
-
-    def _put_doc_vector(self, doc_id: int, vec: "np.ndarray") -> None:
-        """Store a document's float vector and its binary index row. In tx."""
-        self._store_vector("doc", doc_id, vec)
-        self.conn.execute("update documents set embedding_state = 'done', embedding_error = null where id = ?",
-                          (doc_id,))
-        self._maybe_center()
-
-    def _store_vector(self, kind: str, row_id: int, vec) -> None:
-        """Store row `row_id`'s vector as int8 (put_<kind>_vector, kind doc, entry or turn) and make its
-        binary index row (index_<kind>_vector) from that int8 vector back as unit float32, so the
-        index bits are a function of what is stored: a re-index makes the same ones. In tx."""
-        stored = vector_blob(vec)
-        self.conn.execute(self.queries[f"put_{kind}_vector"], {"id": row_id, "stored": stored})
-        self.conn.execute(self.queries[f"index_{kind}_vector"],
-                          {"id": row_id, "embedding": blob_vector(stored).tobytes()})
-
-    def _maybe_center(self) -> None:
-        """Fix the quantisation centre once CENTER_AFTER document vectors exist (see sql/vectors.sql).
-        In tx."""
-        if self.value("select 1 from meta where key = 'vector_center'") is None and \
-                self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
-            self._recenter()
-
-    CENTER_AFTER = 256  #: document vectors needed before the binary index is centred on their mean
-
-    def _recenter(self) -> None:
-        """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
-        binary KNN indexes with it; no vectors, no centre. In tx."""
-        center = mean_vector(blob for _, blob in self.conn.execute(self.queries["doc_vector_blobs"]))
-        if center is not None:
-            self._meta_set("vector_center", center.tobytes().hex())
-        else:
-            self.conn.execute("delete from meta where key = 'vector_center'")
-        self._reindex_vectors()
-
-    def _reindex_vectors(self) -> None:
-        """Rebuild both binary vec0 indexes from the stored int8 vectors (after the centre changes). In tx."""
-        c = self.conn
-        c.execute("delete from doc_vec")
-        c.execute("delete from graph_vec")
-        for rows, index in (("doc_vector_blobs", "index_doc_vector"), ("entry_vector_blobs", "index_entry_vector")):
-            for row_id, blob in c.execute(self.queries[rows]).fetchall():
-                c.execute(self.queries[index], {"id": row_id, "embedding": blob_vector(blob).tobytes()})
-
-    def _put_entry_vector(self, entry_id: int, vec) -> None:
-        """Store a graph entry's float vector and its binary index row; `vec` a str: the provider
-        refused its text, recorded as its embedding_error (it stays 'pending', skipped by back-fill);
-        None: nothing (back-filled later). In tx."""
-        if isinstance(vec, str):
-            self.conn.execute("update graph_entries set embedding_error = ? where id = ?", (vec, entry_id))
-            return
-        if vec is None:
-            return
-        self._store_vector("entry", entry_id, vec)
-        self.conn.execute("update graph_entries set embedding_state = 'done', embedding_error = null where id = ?",
-                          (entry_id,))
-
-    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
-                         stop: threading.Event | None = None, progress=None) -> int:
-        """Embed documents and graph entries still marked 'pending' and not refused (embedding_error
-        null; only documents `ids` when given). Returns how many vectors were written. An input the
-        provider refuses for good gets its embedding_error (stays without a vector, skipped from then
-        on) and never holds up the others; stops quietly, leaving rows pending, when the provider fails
-        transiently or `stop` is set (checked before each batch: a server shutting down).
-        `progress(done, None)`, when given, is called after each batch with the vectors written so far
-        (the total is not known ahead)."""
-        if not self.vectors_usable:
-            return 0
-        done, after = 0, 0
-        while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            rows = self.rows(self.queries["pending_documents"],
-                             {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
-            if not rows:
-                break
-            after = rows[-1]["id"]
-            prepared = self._stored_vector_texts(rows)
-            out = self._embed([t for t, _ in prepared])
-            made, requeued = self._store_backfilled(rows, out, prepared)
-            done += made
-            if requeued:  # their vector text had a text refused just now: made again without it
-                after = min(after, min(requeued) - 1)
-                ids = None if ids is None else sorted({*ids, *requeued})
-            if progress:
-                progress(done, None)
-            if any(v is None for v in out):
-                return done
-        while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"], {"n": batch})]
-            pairs = self._entry_vectors("pending_entries_by_id", entry_ids) if entry_ids else []
-            if not pairs:
-                break
-            with self.tx():
-                for entry_id, vec in pairs:
-                    if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
-                        self._put_entry_vector(entry_id, vec)
-                        done += isinstance(vec, np.ndarray)
-            if progress:
-                progress(done, None)
-            if any(v is None for _, v in pairs):
-                return done
-        return done
-
-    def _store_backfilled(self, rows: list[dict], out: list, prepared: list) -> tuple[int, list[int]]:
-        """backfill_vectors' transaction for one batch of documents `rows` (pending_documents), what
-        _embed made of their texts (`out`) and [(text, cut)] (`prepared`): the vectors are stored, a
-        refusal is recorded as the memory's embedding_error and its successors in the session, whose
-        vector text contained it, are marked pending (_stale_successors) with their keyword context
-        refreshed (what this batch made for them is dropped). Rows no longer pending (edited or
-        deleted meanwhile) are left. Returns (vectors stored, ids of the successors marked)."""
-        done, requeued = 0, []
-        with self.tx():
-            for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
-                if vec is None or r["id"] in requeued or self.value(
-                        "select embedding_state from documents where id = ?", (r["id"],)) != "pending":
-                    continue  # requeued: made from a text refused just now, made again without it
-                if isinstance(vec, str):
-                    self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
-                    stale = self._stale_successors(r["id"])
-                    self._refresh_graph_context(stale)
-                    requeued += stale
-                    continue
-                self._put_doc_vector(r["id"], vec)
-                self.conn.execute("update documents set embedding_truncated = ? where id = ?",
-                                  (int(truncated), r["id"]))
-                done += 1
-        return done, requeued
-
-    REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
-
-    def _requeue_refused_context(self) -> None:
-        """Files written before a refused text was kept out of its neighbours' vector text (issue 24,
-        sql/vectors.sql session_context): once per file (meta refused_context), the memories after
-        each refused one in its session are marked pending (_stale_successors), so the back-fill
-        makes their vectors again without it (the old ones stay searchable until then). Not while the
-        provider is none (nothing to mark; done on the first open with one)."""
-        if self.meta_get("refused_context") == self.REFUSED_CONTEXT or self.embedder.provider == "none":
-            return
-        if not any(r["name"] == "embedding_error" for r in self.rows("pragma table_info(documents)")):
-            return  # a file held below schema 9 (tests build such files): done once it is migrated
-        with self.tx():
-            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:  # not done by another process
-                for r in self.rows("select id from documents where embedding_error is not null"):
-                    self._refresh_graph_context(self._stale_successors(r["id"]))
-                self._meta_set("refused_context", self.REFUSED_CONTEXT)
-
-    def _stored_vector_texts(self, rows: list[dict]) -> list[tuple[str, bool]]:
-        """_vector_text of stored documents (rows with id, content, persona_id, session_id,
-        created_at, topics, tags, sentiment): [(text, whether the memory itself was cut)]."""
-        return [self._vector_text(r["content"], [c for _, c in self._session_context(
-            r["persona_id"], r["session_id"], r["created_at"], r["id"])],
-            [*json.loads(r["topics"]), *json.loads(r["tags"]), r["sentiment"]]) for r in rows]
-
-    def vectors_awaited(self) -> bool:
-        """True when a document or graph entry waits for a vector that back-fill can still make
-        (pending, not refused by the provider) and the embedder fits the stored vectors."""
-        return self.vectors_usable and bool(self.value(
-            "select exists (select 1 from documents where embedding_state = 'pending' and embedding_error is null) "
-            "or exists (select 1 from graph_entries where embedding_state = 'pending' and embedding_error is null)"))
-
-
-# Write stages: a memory's row and FTS, its atoms, its graph ######################################
-
-IMPORT_CHUNK = 64  #: memories an import re-derives and embeds between two progress reports
-GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects of one memory (each)
-GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
-GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
-GRAPH_LAYOUT = "2"  #: meta graph_layout of the entries _stage_graph writes (Layers._upgrade_graph_entries)
-GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph layout upgrade
-
-
-class Layers:
-    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): its FTS row
-    and vector, its atoms (with reinforcement and supersession), its graph nodes, edges and
-    entries, and their removal. All run in tx."""
-
-    def _stage_docs(self, p: Prepared, vectors: dict) -> str | None:
-        """Stage 1 of a write: the documents row (insert with a never-reused id, or update for an edit),
-        its FTS row, its vector when one was computed, and the session context of the memories after
-        it. Returns 'done' when another process stored the same content meanwhile. In tx."""
-        c, stamp = self.conn, now_iso()
-        vec = vectors.get(id(p))
-        state = "done" if vec is not None else ("pending" if self.embedder.provider != "none" else "none")
-        cols = dict(persona_id=p.persona_id, session_id=p.session_id, content=p.content,
-                    content_hash=p.content_hash, summary=p.summary, topics=json.dumps(p.topics, ensure_ascii=False),
-                    key_facts=json.dumps(p.key_facts, ensure_ascii=False),
-                    participants=json.dumps(p.participants, ensure_ascii=False),
-                    tags=json.dumps(p.tags, ensure_ascii=False), sentiment=p.sentiment, source=p.source,
-                    importance=p.importance, pinned=int(p.pinned), created_at=p.created_at, updated_at=stamp,
-                    embedding_state=state, embedding_truncated=int(p.embedding_truncated),
-                    embedding_error=p.embedding_error, **self._event_columns(p))
-        if p.op == "insert":
-            existing = self.value("select id from documents where persona_id = ? and content_hash = ?",
-                                  (p.persona_id, p.content_hash))
-            if existing is not None:  # stored by another process meanwhile
-                p.document_id, p.deduplicated = existing, True
-                return "done"
-            cols["uid"] = str(uuid.uuid4())
-            # ids are never reused, even after deleting the newest memory (a client may still hold it)
-            cols["id"] = self._new_id("documents")
-            c.execute(f"insert into documents({', '.join(cols)}) values ({', '.join(':' + k for k in cols)})", cols)
-            p.document_id = cols["id"]
-        else:
-            archived = self.value("select archived from documents where id = ?", (p.document_id,))
-            if archived is None:
-                raise NotFound(f"memory {p.document_id} was deleted before its edit finished")
-            p.stale += self._stale_successors(p.document_id)  # its old place in the session
-            # created_at stays: a new timestamp moves the memory (its vector and graph context follow)
-            del cols["persona_id"]
-            cols["id"] = p.document_id
-            assignments = ", ".join(f"{k} = :{k}" for k in cols if k != "id")
-            c.execute(f"update documents set {assignments} where id = :id", cols)
-            c.execute("delete from documents_fts where rowid = ?", (p.document_id,))
-            c.execute("delete from doc_vectors where doc_id = ?", (p.document_id,))
-            if self.has_table("doc_vec"):
-                c.execute("delete from doc_vec where doc_id = ?", (p.document_id,))
-        c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
-                  (p.document_id, self.seg.segmented(self._doc_index_text(p))))
-        fresh = vectors.setdefault("fresh", set()) if vectors is not None else set()
-        p.stale += [i for i in self._stale_successors(p.document_id, fresh) if i not in p.stale]
-        if p.op == "insert":
-            fresh.add(p.document_id)
-            self._archive_superseded(p)
-        self._refresh_graph_context(p.stale)
-        self._briefing_stale(p.persona_id)
-        if vec is not None:
-            self._put_doc_vector(p.document_id, vec)
-
-    @staticmethod
-    def _doc_index_text(p) -> str:
-        """What BM25 sees for a document: content, summary, topics, participants and tags."""
-        get = (lambda k: getattr(p, k)) if isinstance(p, Prepared) else (lambda k: p[k])
-        extra = [get("summary"), *get("topics"), *get("participants"), *get("tags")]
-        return "\n".join([get("content"), *[x for x in extra if x]])
-
-    def _stage_atoms(self, p: Prepared, _vectors) -> None:
-        """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
-        same persona reinforces it (count +1, confidence and TTL refreshed) instead of a new row.
-        A fact of fewer than reinforce_min_tokens search tokens never reinforces: "Thanks, Melanie!"
-        said in every conversation is small talk, not a fact that recurs, and would otherwise
-        stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo). In tx."""
-        c = self.conn
-        self._clear_atoms(p.document_id)
-        # the event time again: rebuild --graph re-derives it for memories stored before schema 16
-        c.execute("update documents set event_at = :event_at, event_end = :event_end where id = :id",
-                  self._event_columns(p) | {"id": p.document_id})
-        threshold = self.cfg.write.reinforce_jaccard
-        doc_uid = self.value("select uid from documents where id = ?", (p.document_id,))
-        for fact in dict.fromkeys(p.facts):
-            atom_type, confidence = self.rules.classify(fact)
-            tokens = self.seg.tokens(fact)
-            token_set = set(tokens)
-            best, best_score = None, 0.0
-            if len(token_set) >= self.cfg.write.reinforce_min_tokens:
-                for cand in self.rows(self.queries["atom_reinforce_candidates"], {
-                        "match": fts_query(tokens), "persona_id": p.persona_id, "atom_type": atom_type}):
-                    score = jaccard(token_set, set(cand["segmented"].split()))
-                    if score > best_score:
-                        best, best_score = cand, score
-            if best is not None and best_score >= threshold:
-                if self.value("select 1 from atom_sources where atom_id = ? and document_id = ?",
-                              (best["id"], p.document_id)):
-                    continue
-                self._reinforce_atom(best, max(best["last_reinforced_at"], p.created_at), confidence,
-                                     self._atom_expiry(atom_type, fact, p, 0.0, "") if atom_type == "planned" else "")
-                c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (best["id"], p.document_id))
-                continue
-            base = float(self.rules.types[atom_type]["base_ttl_days"])
-            ttl = effective_ttl_days(base, p.importance, 0)
-            stamp = now_iso()
-            slot, slot_value, slot_subject = self.rules.slot(fact)
-            subject = slot_subject or (self.rules.canonical(p.participants[0]) if p.participants else "")
-            if slot and not subject:
-                subject = "user"
-            c.execute("insert into memory_atoms(id, uid, persona_id, document_id, atom_type, content, subject, "
-                      "confidence, importance, base_ttl_days, created_at, updated_at, last_reinforced_at, "
-                      "expires_at, state_changed_at, slot, slot_value) "
-                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("memory_atoms"), atom_uid(p.persona_id, doc_uid, fact), p.persona_id,
-                       p.document_id, atom_type, fact,
-                       subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
-                       self._atom_expiry(atom_type, fact, p, ttl, p.created_at), stamp, slot, slot_value))
-            atom_id = c.last_insert_rowid()
-            c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (atom_id, p.document_id))
-            c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)", (atom_id, " ".join(tokens)))
-            if slot:
-                self._supersede(atom_id, p.persona_id, subject, slot, slot_value, p.created_at)
-
-    def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0, event_expiry: str = "") -> None:
-        """One more reinforcement of `atom` (a memory_atoms row: id, base_ttl_days, importance,
-        reinforcement_count, expires_at) at ISO time `at`: count + 1, confidence at least
-        `confidence`, and a shelf life of effective_ttl_days from `at` (seed: Memory Model). A
-        planned atom keeps the later of that, its expiry so far and `event_expiry` (the reinforcing
-        fact's event end + grace, _atom_expiry): restating a plan does not move its date earlier. In tx."""
-        count = atom["reinforcement_count"] + 1
-        ttl = effective_ttl_days(atom["base_ttl_days"], atom["importance"], count)
-        expires = iso(parse_time(at) + dt.timedelta(days=ttl))
-        if event_expiry or atom.get("atom_type") == "planned":
-            expires = max(expires, event_expiry, atom.get("expires_at") or "")
-        self.conn.execute("update memory_atoms set reinforcement_count = ?, confidence = max(confidence, ?), "
-                          "last_reinforced_at = ?, expires_at = ?, updated_at = ? where id = ?",
-                          (count, confidence, at, expires, now_iso(), atom["id"]))
-
-    def _event_columns(self, p) -> dict:
-        """{event_at, event_end} of a memory: the first date its content names (event_spans,
-        rules/dates.toml), resolved against its own created_at in [forgetting] timezone; None each
-        when it names none."""
-        spans = self._event_spans(p.content, p.created_at)
-        return {"event_at": spans[0][0] if spans else None, "event_end": spans[0][1] if spans else None}
-
-    def _event_spans(self, text: str, created_at: str) -> list[tuple[str, str, str]]:
-        """event_spans of `text` at the memory's time `created_at` with this engine's rules and zone."""
-        return event_spans(text, created_at, self.rules.event_dates, local_tz(self.cfg.forgetting.timezone))
-
-    def _atom_expiry(self, atom_type: str, fact: str, p, ttl_days: float, start: str) -> str:
-        """When a new atom expires (ISO UTC): a planned one `grace_days` (rules/dates.toml) after the
-        end of the latest date its fact names (else of the memory's own event, _event_columns), so a
-        deadline weeks ahead is not forgotten after the type's short TTL; every other atom, and a
-        planned one without a date, `ttl_days` after `start` (effective_ttl_days; seed: Memory
-        Model). With start = '' only the event expiry is returned ('' without one)."""
-        if atom_type == "planned":
-            spans = self._event_spans(fact, p.created_at) or self._event_spans(p.content, p.created_at)[:1]
-            if spans:
-                grace = dt.timedelta(days=self.rules.event_dates["grace_days"])
-                return iso(max(_parse_iso(e) for _, e, _ in spans) + grace)
-        return iso(parse_time(start) + dt.timedelta(days=ttl_days)) if start else ""
-
-    def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str, created_at: str) -> None:
-        """Rule-based supersession: of the active atoms with this persona, subject and single-valued
-        slot, the newest (by created_at) stays active and every one with another value becomes
-        'superseded' by it. An older fact arriving late is itself superseded. In tx."""
-        c, stamp = self.conn, now_iso()
-        rivals = self.rows(self.queries["atom_rivals"],
-                           {"persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
-        for r in rivals:
-            if r["slot_value"] == value:
-                continue
-            old, new = (r["id"], atom_id) if r["created_at"] <= created_at else (atom_id, r["id"])
-            c.execute("update memory_atoms set state = 'superseded', superseded_by = ?, state_changed_at = ?, "
-                      "updated_at = ? where id = ? and state = 'active'", (new, stamp, stamp, old))
-
-    def _clear_atoms(self, doc_id: int) -> None:
-        """Undo what a document contributed to the atom layer: atoms it alone stated are deleted
-        (with their FTS rows); atoms it reinforced lose one reinforcement. In tx."""
-        c = self.conn
-        for r in self.rows(self.queries["document_atom_sources"], {"document_id": doc_id}):
-            c.execute("delete from atom_sources where atom_id = ? and document_id = ?", (r["atom_id"], doc_id))
-            other = self.value("select document_id from atom_sources where atom_id = ? order by document_id limit 1",
-                               (r["atom_id"],))
-            if other is None:
-                # what this atom superseded is current again
-                c.execute("update memory_atoms set state = 'active', superseded_by = null, state_changed_at = ?, "
-                          "updated_at = ? where superseded_by = ? and state = 'superseded' and expires_at > ?",
-                          (now_iso(), now_iso(), r["atom_id"], now_iso()))
-                c.execute("delete from memory_atoms_fts where rowid = ?", (r["atom_id"],))
-                c.execute("delete from memory_atoms where id = ?", (r["atom_id"],))
-            else:
-                a = self.rows("select base_ttl_days, importance, reinforcement_count, last_reinforced_at "
-                              "from memory_atoms where id = ?", (r["atom_id"],))[0]
-                left = max(0, a["reinforcement_count"] - 1)  # and the TTL that reinforcement added goes too
-                expires = iso(parse_time(a["last_reinforced_at"]) + dt.timedelta(
-                    days=effective_ttl_days(a["base_ttl_days"], a["importance"], left)))
-                c.execute("update memory_atoms set reinforcement_count = ?, expires_at = ?, "
-                          "document_id = case when document_id = ? then ? else document_id end, updated_at = ? "
-                          "where id = ?",
-                          (left, expires, doc_id, other, now_iso(), r["atom_id"]))
-
-    def _stage_graph(self, p: Prepared, _vectors) -> None:
-        """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and their
-        searchable entries, all tied to the source document (seed: Memory Model 3). In tx.
-        Entries: one per subject ("Person: X. Summary: …"), one per fact ("Fact: …" + "About:" the
-        subjects, which is what the describes edges say), one per fact chain link (two adjacent facts
-        searched together); describes and co_occurs_with stay edges only. The session context is
-        indexed once per memory, on its anchor entry (graph_anchor_text), not on every fact."""
-        c = self.conn
-        self._clear_graph(p.document_id)
-        doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
-        summary = (p.summary or p.content)[: self.cfg.write.graph_summary_chars]
-        context = self._graph_context(p.persona_id, p.session_id, p.created_at, p.document_id)
-        entry_state = "pending" if self.embedder.provider != "none" else "none"
-
-        def node(node_type: str, value: str) -> tuple[int, str]:
-            if node_type == "fact":
-                shown, canonical = value, Rules._key(value)
-            else:
-                shown, canonical = self.rules.display(value), self.rules.canonical(value)
-            nid = self.value("select id from graph_nodes where persona_id = ? and node_type = ? and canonical = ?",
-                             (p.persona_id, node_type, canonical))
-            if nid is None:
-                c.execute("insert into graph_nodes(id, persona_id, node_type, value, canonical) values (?, ?, ?, ?, ?)",
-                          (self._new_id("graph_nodes"), p.persona_id, node_type, shown, canonical))
-                nid = c.last_insert_rowid()
-            return nid, shown
-
-        def entry(text: str, confidence: float, node_id=None, edge_id=None, state=entry_state) -> None:
-            c.execute("insert into graph_entries(id, persona_id, session_id, document_id, node_id, edge_id, "
-                      "text, confidence, archived, embedding_state) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("graph_entries"), p.persona_id, p.session_id, p.document_id,
-                       node_id, edge_id, text, confidence, doc["archived"], state))
-            c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
-                      (c.last_insert_rowid(), self.seg.segmented(text)))
-
-        def edge(src, dst, relation: str, confidence: float) -> None:
-            c.execute("insert into graph_edges(id, persona_id, document_id, source_id, target_id, relation, "
-                      "confidence) values (?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("graph_edges"), p.persona_id, p.document_id, src[0], dst[0], relation, confidence))
-            if relation == "mentioned_in":
-                entry(f"{src[1]} mentioned in {dst[1]}", confidence, edge_id=c.last_insert_rowid(), state="skip")
-
-        subjects = [(node("person", v), "Person") for v in p.participants[:GRAPH_MAX_SUBJECTS]] + \
-                   [(node("topic", v), "Topic") for v in p.topics[:GRAPH_MAX_SUBJECTS]]
-        seen_nodes: set = set()  # two spellings of one entity ("Alice", "alice", "NYC"/"New York") = one subject
-        subjects = [s for s in subjects if s[0][0] not in seen_nodes and not seen_nodes.add(s[0][0])]
-        about = ", ".join(shown for (_, shown), _ in subjects)
-        for n, ((nid, shown), label) in enumerate(subjects):  # keyword entry points only: a name's vector says little
-            entry(graph_anchor_text(subject_entry_text(label, shown, summary), context if n == 0 else ""),
-                  GRAPH_SUBJECT_CONFIDENCE, node_id=nid, state="skip")
-        facts = []
-        for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
-            confidence = self.rules.classify(fact)[1]
-            n = node("fact", fact)
-            if any(n[0] == f[0][0] for f in facts):  # same fact up to case/whitespace
-                continue
-            anchor = not subjects and not facts  # no subject: the first fact carries the context
-            entry(graph_anchor_text(fact_entry_text(fact, about), context if anchor else ""), confidence,
-                  node_id=n[0])
-            facts.append((n, confidence))
-        for (s, _label) in subjects:
-            for f, confidence in facts:
-                edge(s, f, "describes", confidence)
-        for (a, ca), (b, cb) in zip(facts, facts[1:], strict=False):  # each fact with the next
-            edge(a, b, "mentioned_in", min(ca, cb))
-        for i, (a, _) in enumerate(subjects):
-            for b, _ in subjects[i + 1:]:
-                edge(a, b, "co_occurs_with", GRAPH_SUBJECT_CONFIDENCE)
-
-    def _clear_graph(self, doc_id: int) -> None:
-        """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes. In tx."""
-        c = self.conn
-        ids = [r["id"] for r in self.rows(self.queries["document_entry_ids"], {"document_id": doc_id})]
-        has_vec = self.has_table("graph_vec")
-        for eid in ids:
-            c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
-            c.execute("delete from graph_vectors where entry_id = ?", (eid,))
-            if has_vec:
-                c.execute("delete from graph_vec where entry_id = ?", (eid,))
-        node_ids = {r["n"] for r in self.rows(self.queries["document_graph_nodes"], {"document_id": doc_id})}
-        c.execute("delete from graph_entries where document_id = ?", (doc_id,))
-        c.execute("delete from graph_edges where document_id = ?", (doc_id,))
-        for nid in node_ids:
-            c.execute("delete from graph_nodes where id = ? "
-                      "and not exists (select 1 from graph_entries where node_id = ?) "
-                      "and not exists (select 1 from graph_edges where source_id = ? or target_id = ?)",
-                      (nid, nid, nid, nid))
-
-    def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
-        """Stage 4 of a write: the vectors of its pending graph entries, from vectors['entries']
-        (_fact_vectors); those without one (embedding failed) stay 'pending' for the back-fill. In tx."""
-        if "facts" in vectors:  # the one-transaction pipeline: fact vectors computed before it
-            vectors = {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id],
-                                                      p.warnings, vectors["facts"])}
-        if vectors.get("entries") is None:
-            return  # entries stay 'pending' and are back-filled later
-        mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"], {"document_id": p.document_id})}
-        for entry_id, vec in vectors["entries"]:  # the whole batch's entries: one query per memory, not per entry
-            if entry_id in mine:
-                self._put_entry_vector(entry_id, vec)
-
-    def _graph_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int) -> str:
-        """The end (context_chars) of the memories before a stored memory in its session: what its
-        fact entries carry for keyword search, in place of the memory's own text (BM25 has that)."""
-        context = "\n".join(c for _, c in self._session_context(persona_id, session_id, created_at, doc_id))
-        return context[-self.cfg.embedding.context_chars:].lstrip()
-
-    def _refresh_graph_context(self, ids) -> None:
-        """Inside the write transaction, after a change: the anchor entries (graph_anchor_text) of
-        memories `ids` get the keyword text of their new session context (no embedding involved:
-        fact vectors are the fact's). In tx."""
-        for i in dict.fromkeys(ids):
-            d = self.rows("select persona_id, session_id, created_at, summary, content, key_facts, participants, "
-                          "topics from documents where id = ?", (i,))
-            anchor = self.rows(self.queries["document_anchor_entry"], {"document_id": i})
-            if not d or not anchor:
-                continue
-            d, e = d[0], anchor[0]
-            summary = (d["summary"] or d["content"])[: self.cfg.write.graph_summary_chars]
-            context = self._graph_context(d["persona_id"], d["session_id"], d["created_at"], i)
-            shown = self._own_spelling(d, e)
-            base = fact_entry_text(shown, "") if e["node_type"] == "fact" else \
-                subject_entry_text(e["node_type"].title(), shown, summary)
-            self._put_entry_text(e["id"], graph_anchor_text(base, context))
-
-    def _own_spelling(self, doc: dict, entry: dict) -> str:
-        """How memory `doc` (its documents row) spells the node of its graph entry `entry` (node_type,
-        value, canonical), as _stage_graph wrote it: a node shared by several memories keeps the
-        first one's spelling as its value ("Alice likes tea" for a later "ALICE likes tea")."""
-        if entry["node_type"] == "fact":
-            facts = json.loads(doc["key_facts"]) or self._auto_facts(doc["content"])
-            return next((f for f in facts if Rules._key(f) == entry["canonical"]), entry["value"])
-        names = json.loads(doc["participants" if entry["node_type"] == "person" else "topics"])
-        return next((self.rules.display(v) for v in names if self.rules.canonical(v) == entry["canonical"]),
-                    entry["value"])
-
-    def _put_entry_text(self, entry_id: int, text: str) -> None:
-        """Replace a graph entry's keyword text and its FTS row. In tx."""
-        self.conn.execute("update graph_entries set text = ? where id = ?", (text, entry_id))
-        self.conn.execute("delete from graph_entries_fts where rowid = ?", (entry_id,))
-        self.conn.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
-                          (entry_id, self.seg.segmented(text)))
-
-    def _upgrade_graph_entries(self) -> None:
-        """Files before graph layout 2 index every describes/co_occurs_with edge as a sentence and
-        the session context on every fact entry: rewrite them as _stage_graph writes them now (no
-        vector changes: a fact's vector is the fact's), GRAPH_UPGRADE_BATCH memories a transaction
-        so other processes' writes get the lock in between (a memory is whole in either layout, and
-        rewriting one twice gives the same rows), then meta graph_layout = 2."""
-        if self.meta_get("graph_layout") == GRAPH_LAYOUT:
-            return
-        with self.tx() as c:
-            gone = [r["id"] for r in self.rows(self.queries["edge_only_entries"])]
-            for eid in gone:
-                c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
-                c.execute("delete from graph_entries where id = ?", (eid,))
-        docs = [r["id"] for r in self.rows(self.queries["documents_with_entries"])]
-        for at in range(0, len(docs), GRAPH_UPGRADE_BATCH):
-            with self.tx():
-                if self.meta_get("graph_layout") == GRAPH_LAYOUT:  # another process finished it meanwhile
-                    return
-                self._upgrade_graph_entries_of(docs[at:at + GRAPH_UPGRADE_BATCH])
-        with self.tx() as c:
-            if docs:  # merge the index's segments: every rewritten row left a deletion marker behind
-                c.execute("insert into graph_entries_fts(graph_entries_fts) values ('optimize')")
-            self._meta_set("graph_layout", GRAPH_LAYOUT)
-        if docs:
-            log.warning("graph entries upgraded to layout %s: %s memories, %s edge sentences dropped "
-                        "(`python aokun.py vacuum` returns the freed space)", GRAPH_LAYOUT, len(docs), len(gone))
-
-    def _upgrade_graph_entries_of(self, docs: list[int]) -> None:
-        """_upgrade_graph_entries' rewrite of memories `docs` (deleted meanwhile: skipped). In tx."""
-        for i in docs:
-            d = self.rows("select content, key_facts, participants, topics from documents where id = ?", (i,))
-            if not d:
-                continue
-            entries = self.rows(self.queries["document_entry_nodes"], {"document_id": i})
-            about = ", ".join(self._own_spelling(d[0], e) for e in entries if e["node_type"] != "fact")
-            for e in entries:
-                if e["node_type"] == "fact":
-                    self._put_entry_text(e["id"], fact_entry_text(self._own_spelling(d[0], e), about))
-        self._refresh_graph_context(docs)
-
-
-def subject_entry_text(label: str, name: str, summary: str) -> str:
-    """The keyword text of a subject's graph entry: "Person: Alice. Summary: …" (label Person or
-    Topic, the memory's spelling of the name, its summary)."""
-    return f"{label}: {name}. Summary: {summary}"
-
-
-def fact_entry_text(fact: str, about: str) -> str:
-    """The keyword text of a fact's graph entry: the fact, and the memory's subjects (what its
-    describes edges say, once per fact instead of one entry per edge)."""
-    return f"Fact: {fact}" + (f"\nAbout: {about}" if about else "")
-
-
-def graph_anchor_text(text: str, context: str) -> str:
-    """A memory's anchor entry (its first subject's, or with no subject its first fact's) carries
-    its session context, so a reply ("Yes, last May") is found by the words of what it answers;
-    indexed once per memory, the context does not multiply the keyword index by its fact count."""
-    return text + (f"\nContext: {context}" if context else "")
-
-
-# Write path and journal: memorize, edit, delete, recovery ########################################
-
-OWNER_STALE_SECONDS = 600  #: a journal row of another host counts as abandoned this long after its last update
-JOURNAL_ERROR_CHARS = 1000  #: the start of an error message kept on its journal row
-
-
-def process_token(pid: int) -> str:
-    """What tells one start of process `pid` from a later process given the same pid: the boot id and
-    the start time in clock ticks since boot (Linux /proc), e.g. "3f2a9c1e.123456"; "" where /proc
-    cannot say (another OS, or no such process)."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return f"{boot}.{stat[stat.rindex(')') + 2:].split()[19]}"  # field 22, starttime
-    except (OSError, ValueError, IndexError):
-        return ""
-
-
-#: this process, as recorded on the journal rows it writes: host:pid@start (the start token tells this
-#: process from an earlier one with the same pid, e.g. pid 1 in every container start)
-OWNER = f"{socket.gethostname()}:{os.getpid()}@{process_token(os.getpid()) or uuid.uuid4().hex[:12]}"
-
-
-def owner_alive(owner: str, updated_at: str | None = None) -> bool:
-    """True when `owner` (host:pid@start of a journal row; host:pid in rows of older versions) is a live
-    process on this host other than this one: its pid runs and, where /proc can tell, is still the same
-    start of that process (not a later process given the same pid). A row of this pid that is not
-    OWNER is an earlier process's (pid reuse): not alive. OWNER itself is False too: whether this
-    process is still running one of its writes is Journal._op_running's to say. A row of another host
-    (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes) after its last
-    update, then as abandoned (e.g. a file copied from a machine that crashed)."""
-    if not owner or owner == OWNER:
-        return False
-    host, _, rest = owner.rpartition(":")
-    pid, _, token = rest.partition("@")
-    if host != socket.gethostname():
-        return bool(updated_at) and age_days(updated_at, now()) * 86400 < OWNER_STALE_SECONDS
-    try:
-        if int(pid) == os.getpid():
-            return False
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        pass
-    current = process_token(int(pid))
-    return not (token and current and token != current)
-
-
-_RUNNING_OPS: set[tuple[str, int]] = set()  #: (database file, journal op id) of writes this process runs now
-_RUNNING_LOCK = threading.Lock()
-
-
-REPEAT_UNITED = ("topics", "tags", "participants", "key_facts")  #: a repeat appends its new items to these
-REPEAT_FILLED = ("summary", "sentiment", "source", "session_id")  #: a repeat fills these only when empty
-
-
-def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
-    """What memorizing the text of stored memory `d` (a Store._doc dict) again with metadata `p` adds,
-    as {metadata field: new value} for edit(), {} when nothing changes. REPEAT_UNITED lists are united
-    (stored order, new items appended); REPEAT_FILLED texts are taken only when the stored one is
-    empty; importance is the higher, counted when the caller gave it, or when `restoring` an archived
-    memory (then the default counts too, so auto-archival does not take it straight back); pinned:
-    true wins. The timestamp (its place in time) and the persona stay."""
-    out = {}
-    for k in REPEAT_UNITED:
-        new = [x for x in getattr(p, k) if x not in d[k]]
-        if new:
-            out[k] = d[k] + new
-    out |= {k: getattr(p, k) for k in REPEAT_FILLED if getattr(p, k) and not d[k]}
-    if ("importance" in p.given or restoring) and p.importance > d["importance"]:
-        out["importance"] = p.importance
-    if p.pinned and not d["pinned"]:
-        out["pinned"] = True
-    return out
-
-
-class Journal:
-    """Writes through the journal (memory_write_ops): every write is a row that moves pending →
-    docs_done → atoms_done → graph_done → done, one transaction per stage, so a crash at any
-    point is finished by recover() at the next open (seed: Reliability)."""
-
-    def prepare(self, content, metadata: dict | None = None, field_prefix: str = "") -> Prepared:
-        """Validate one memorize() call into a Prepared write. The text fields keep the characters
-        given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and source
-        are identifiers, folded (_label); content_hash is of fold(content), so "８０９０" and "8090" are
-        one memory. Secrets in the text fields are redacted first (redact()); how many of which kinds
-        is the first of p.warnings (redaction_warning). Raises InputError naming the bad field."""
-        meta = {} if metadata is None else metadata
-        if not isinstance(meta, dict):
-            raise InputError(field_prefix + "metadata", f"expected an object, got {type(meta).__name__}")
-        unknown = set(meta) - METADATA_FIELDS
-        if unknown:
-            raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
-                                                        f"known: {sorted(METADATA_FIELDS)}")
-        fp = field_prefix + "metadata."
-        redacted: dict[str, int] = {}  # {kind: secrets replaced}, reported in the write's warnings
-        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"}, redacted)  # never stored
-        text = self.redact(clean_text(content, field_prefix + "content"), redacted)
-        limit = self.cfg.write.max_content_chars
-        if len(text) > limit:
-            raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
-                                                       "([write] max_content_chars)")
-        p = Prepared(content=text, given=frozenset(k for k, v in meta.items() if v is not None))
-        p.persona_id = _label(meta.get("persona_id"), fp + "persona_id")
-        p.session_id = _label(meta.get("session_id"), fp + "session_id")
-        p.summary = _short_text(meta.get("summary"), fp + "summary")
-        p.sentiment = _short_text(meta.get("sentiment"), fp + "sentiment", MAX_LABEL_CHARS)
-        p.source = _label(meta.get("source"), fp + "source").lower()
-        p.topics = _text_list(meta.get("topics"), fp + "topics")
-        p.key_facts = _text_list(meta.get("key_facts"), fp + "key_facts")
-        p.participants = _text_list(meta.get("participants"), fp + "participants")
-        p.tags = _text_list(meta.get("tags"), fp + "tags")
-        p.importance = _importance(meta.get("importance"), fp + "importance", self.cfg.write.default_importance)
-        pinned = meta.get("pinned", False)
-        if pinned is not None and not isinstance(pinned, bool):
-            raise InputError(fp + "pinned", f"expected true or false, got {pinned!r}")
-        p.pinned = bool(pinned)
-        p.created_at = iso(parse_time(meta["timestamp"], fp + "timestamp")) if meta.get("timestamp") else now_iso()
-        p.content_hash = content_hash(text)
-        p.facts = p.key_facts or self._auto_facts(text)
-        if (said := redaction_warning(redacted)) is not None:
-            p.warnings.append(said)
-        return p
-
-    def _auto_facts(self, text: str) -> list[str]:
-        """Key facts when none were given: the content's sentences with at least two search tokens
-        (so "Hi!" and "OK." do not become atoms), at most max_auto_facts."""
-        return [s for s in split_sentences(text, 4 * self.cfg.write.max_auto_facts)
-                if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
-
-    def memorize(self, content, metadata: dict | None = None, supersedes=None) -> dict:
-        """Store one memory through the journalled pipeline (seed: Write Pipeline).
-
-        Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding, embedding_truncated,
-        warnings, changed}. The same content for the same persona is a repeat (deduplicated=true): it
-        returns the memory that holds the text, restores it when archived and merges the new metadata
-        into it (see _absorb_repeat; `changed` is {field: [old, new]}, {} for a plain repeat).
-        `supersedes` (memory ids of the same persona, at most SUPERSEDES_MAX) are archived and
-        linked to the memory stored (or repeated): documents.superseded_by, in the transaction
-        that stores it. Raises InputError for bad input, a bad `supersedes` included
-        (_superseded_ids), before anything is written. An embedding failure never fails the write."""
-        p = self.prepare(content, metadata)
-        p.supersedes = self._superseded_ids(supersedes, p)
-        return self._memorize_prepared([p])[0]
-
-    def _superseded_ids(self, value, p: Prepared) -> list[int]:
-        """memorize's `supersedes` checked against the write `p`: [] for None or []; else the ids
-        (duplicates dropped, in order). Raises InputError naming `supersedes` for a value that is
-        not a list of ids, more than SUPERSEDES_MAX, an id that is no memory of p's persona
-        (another persona's is not there, the same message), or one holding p's very text
-        (memorizing it is a repeat of that memory)."""
-        if value is None or (isinstance(value, (list, tuple)) and not value):
-            return []
-        if isinstance(value, (list, tuple)) and len(value) > SUPERSEDES_MAX:
-            raise InputError("supersedes", f"{len(value)} ids; at most {SUPERSEDES_MAX} at once")
-        ids = _id_list(value, "supersedes", SUPERSEDES_MAX)
-        found = {r["id"]: r["content_hash"] for r in self.rows(
-            "select id, content_hash from documents where persona_id = ? "
-            "and id in (select value from json_each(?))",
-            (p.persona_id, json.dumps([i for i in ids if i <= MAX_ID])))}
-        missing = [str(i) for i in ids if i not in found]
-        if missing:
-            raise InputError("supersedes", f"no memory {', '.join(missing)} in this persona; "
-                                           "nothing was stored")
-        same = [str(i) for i in ids if found[i] == p.content_hash]
-        if same:
-            raise InputError("supersedes", f"memory {', '.join(same)} holds this very text; "
-                                           "nothing was stored")
-        return ids
-
-    def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
-        """Store many memories with batched embedding (imports). Every item is validated before any
-        is written; returns one result per item, in order (memorize's shape). Copies of one new text
-        in a batch store one memory; the later copies are repeats of it (their metadata merged). An
-        item whose first stage fails is not stored (status 'failed', its error; its journal row is
-        marked failed so no recovery stores it later) and the others are; with a single item that
-        failure is raised instead (memorize)."""
-        return self._memorize_prepared([self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
-                                        for i, (c, m) in enumerate(items)])
-
-    def _memorize_prepared(self, preps: list[Prepared]) -> list[dict]:
-        """memorize_many() of writes already validated (prepare, and memorize's supersedes)."""
-        stamp = now_iso()
-        with self._running() as claim:
-            with self.tx():
-                seen: dict[tuple, Prepared] = {}
-                for p in preps:
-                    key = (p.persona_id, p.content_hash)
-                    existing = self.value("select id from documents where persona_id = ? and content_hash = ?", key)
-                    if existing is not None or key in seen:
-                        p.deduplicated, p.document_id, p.status = True, existing, "done"
-                        if existing is None:
-                            p.document_id = seen[key]  # resolved after the first copy is written
-                        continue
-                    seen[key] = p
-                    p.op_id = claim(self._journal_row("insert", p, stamp))
-            self.run_pipeline([p for p in preps if p.op_id])
-        for p in preps:
-            if isinstance(p.document_id, Prepared):
-                first = p.document_id
-                p.document_id, p.error = first.document_id, first.error
-                p.status = "failed" if first.status == "failed" else p.status
-        if len(preps) == 1 and preps[0].status == "failed":
-            e = preps[0].error
-            raise e if isinstance(e, AokunError) else AokunError(f"could not store the memory: {e}")
-        self._refresh_stale([i for p in preps for i in p.stale])
-        for p in preps:
-            self._may_update(p)
-            if p.deduplicated and p.document_id is not None:
-                self._absorb_repeat(p)
-                if p.supersedes:  # a repeat: the memory holding the text supersedes them
-                    with self.tx():
-                        self._archive_superseded(p)
-        return [self._write_result(p) for p in preps]
-
-    def _may_update(self, p: Prepared) -> None:
-        """Set p.may_update, [{id, preview: the first MAY_UPDATE_PREVIEW_CHARS characters}] of at
-        most MAY_UPDATE_MAX memories of p's persona, not archived, that new memory `p` may be an
-        update of (see MAY_UPDATE_MAX: the slot signal first, then the vector one by cosine), and
-        one warning naming them and `supersedes`. Nothing for a repeat or a failed write. Costs
-        one slot query and one KNN from the vector the write stored (no embedding). Never raises
-        for the signals: a hint is not worth failing a stored write."""
-        if p.deduplicated or p.status == "failed" or p.document_id is None or p.op != "insert":
-            return
-        try:
-            found = {r["id"]: r["content"] for r in self.rows(
-                self.queries["slot_rivals_of_document"],
-                {"document_id": p.document_id, "persona_id": p.persona_id, "k": MAY_UPDATE_MAX})}
-            blob = None
-            # the cosine bounds were measured on the calibrated local model; another model's
-            # similarities live on another scale, so it gets the slot signal alone
-            calibrated = self.rules.relevance_coef(self.embedder.model, ()) is not None
-            if len(found) < MAY_UPDATE_MAX and calibrated and self.has_table("doc_vec"):
-                blob = self.value("select embedding from doc_vectors where doc_id = ?",
-                                  (p.document_id,))
-            if blob is not None:
-                k = MAY_UPDATE_MAX + 1  # the new memory is its own nearest
-                rows = self.rows(self.queries["recall_vector"], {
-                    "embedding": blob_vector(blob).tobytes(), "query_i8": blob, "k": k,
-                    "candidates": 8 * k, "max_hamming": None, "persona_id": p.persona_id,
-                    "max_archived": 0, "as_of": ""})
-                near = [(r["id"], 1 - r["raw"]) for r in rows
-                        if r["id"] != p.document_id and r["id"] not in found]
-                texts = {r["id"]: r["content"] for r in self.rows(
-                    "select id, content from documents "
-                    "where id in (select value from json_each(?))",
-                    (json.dumps([i for i, _ in near]),))} if near else {}
-                words = set(self.seg.tokens(p.content))
-                for i, cos in near:
-                    if i in texts and (cos >= MAY_UPDATE_COSINE_ALONE or (
-                            cos >= MAY_UPDATE_COSINE and words & set(self.seg.tokens(texts[i])))):
-                        found[i] = texts[i]
-        except (apsw.Error, EmbeddingError) as e:
-            log.warning("no update hint for memory %s: %s", p.document_id, e)
-            return
-        p.may_update = [{"id": i, "preview": t[:MAY_UPDATE_PREVIEW_CHARS]}
-                        for i, t in list(found.items())[:MAY_UPDATE_MAX]]
-        if p.may_update:
-            ids = ", ".join(str(m["id"]) for m in p.may_update)
-            them = "them" if len(p.may_update) > 1 else "it"
-            p.warnings.append(f"this may update memory {ids} (may_update); if it replaces {them}, "
-                              f"memorize it again with supersedes=[{ids}] to archive {them}")
-
-    def _write_result(self, p: Prepared) -> dict:
-        """The answer of memorize and edit: {id, uid, status, deduplicated, atoms, graph_entries,
-        embedding, embedding_truncated, warnings, changed} for the memory `p` wrote (or repeated).
-        An item of memorize_many that could not be stored: {id: None, status: 'failed', error, …}
-        (nothing of it is stored, and recovery will not store it later)."""
-        if p.status == "failed":
-            return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated, "atoms": 0,
-                    "graph_entries": 0, "embedding": None, "embedding_truncated": False, "warnings": p.warnings,
-                    "changed": {}, "error": str(p.error), "may_update": []}
-        doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
-        counts = self.rows(self.queries["document_layer_counts"], {"document_id": p.document_id})[0]
-        return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
-                "deduplicated": p.deduplicated, "atoms": counts["atoms"], "graph_entries": counts["graph_entries"],
-                "embedding": doc[0]["embedding_state"] if doc else None,
-                "embedding_truncated": p.embedding_truncated, "warnings": p.warnings,
-                "changed": p.changed, "may_update": p.may_update}
-
-    # repeats: memorizing a text already stored ---------------------------------------------------
-
-    def _absorb_repeat(self, p: Prepared) -> None:
-        """Memorizing the text of a stored memory again (`p` deduplicated, p.document_id that memory).
-        The memory that holds the text answers: for one consolidation merged into another
-        (merged_into set) that is the survivor, followed to the end of the chain; the duplicate stays
-        merged and a warning names both ids and the undo (restore_memory). The holder, when archived
-        (by archive_memory or auto-archival), is restored through the flag path (vectors and graph
-        entries follow), with a warning. Then the repeat's metadata is merged into it (_repeat_updates)
-        through edit(), so every index, atom and graph entry follows; a plain repeat changes nothing
-        and costs two reads. Sets p.document_id, p.status, p.changed ({field: [old, new]},
-        archived: [true, false] for a restore) and p.warnings. Raises what edit() raises."""
-        try:
-            d = self._doc(p.document_id)
-        except NotFound:  # deleted by another process meanwhile: nothing to merge into
-            return
-        if d["merged_into"] is not None:
-            member, seen = d["id"], {d["id"]}
-            while d["merged_into"] is not None and d["merged_into"] not in seen:
-                d = self._doc(d["merged_into"])  # a foreign key: deleting the survivor clears merged_into
-                seen.add(d["id"])
-            p.warnings.append(f"this text is memory {member}, which consolidation merged into memory {d['id']}: "
-                              f"memory {d['id']} holds the fact now (its id is returned); restore_memory({member}) "
-                              f"makes memory {member} a memory of its own again, restore_memory({d['id']}) undoes "
-                              "its merge")
-        p.document_id = d["id"]
-        restoring = d["archived"]
-        if restoring:
-            with self.tx():
-                self._unarchive_in_tx(d["id"])
-                self._briefing_stale(d["persona_id"])
-            p.changed["archived"] = [True, False]
-            p.warnings.append(f"memory {d['id']} was archived; memorizing it again restored it to recall "
-                              f"(archive_memory({d['id']}) archives it again)")
-        updates = _repeat_updates(d, p, restoring)
-        if not updates:
-            return
-        r = self.edit(d["id"], None, updates, d["persona_id"])
-        p.status = r["status"]
-        p.changed.update({k: [d[k], v] for k, v in updates.items()})
-        p.warnings += r["warnings"] + [f"memory {d['id']} already held this text; the repeat's metadata was "
-                                       f"merged into it ({', '.join(updates)} changed)"]
-
-    def run_pipeline(self, preps: list[Prepared]) -> None:
-        """Advance each write from its journal status to `done`, one transaction per stage:
-        pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item records
-        the error on its journal row and stops that item only (see _record_failure), never the others."""
-        stages = [("pending", self._stage_docs, self._doc_vectors),  # (status, stage, its embeddings)
-                  ("docs_done", self._stage_atoms, None),
-                  ("atoms_done", self._stage_graph, None),
-                  ("graph_done", self._stage_graph_vectors, self._fact_vectors)]
-        new = [p for p in preps if p.status == "pending" and not p.recovering]
-        if new:
-            self._run_in_one_tx(new, stages)
-        for status, fn, inputs in stages:  # resumed writes, and new ones the single transaction could not finish
-            todo = [p for p in preps if p.status == status]
-            if not todo:
-                continue
-            vectors = inputs(todo) if inputs else None
-            try:
-                with self.tx():
-                    for p in todo:
-                        self._advance(p, status, fn, vectors)
-            except Exception as batch_error:  # retry one by one so one bad item cannot block the rest
-                if len(todo) == 1:
-                    self._record_failure(todo[0], batch_error)
-                    continue
-                for p in todo:
-                    try:
-                        with self.tx():
-                            self._advance(p, status, fn, vectors)
-                    except Exception as e:
-                        self._record_failure(p, e)
-
-    def _journal_row(self, op: str, p: Prepared, stamp: str) -> int:
-        """Insert the journal row of write `p` (op 'insert' or 'edit', at p.status, owned by this
-        process) and its payload, which lives in memory_write_payloads until the write is done (a
-        row deleted then frees its pages for the next writes; schema 11). Returns the row id. In tx."""
-        self.conn.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, status, created_at, "
-                          "updated_at, owner) values (?, ?, ?, ?, '{}', ?, ?, ?, ?)",
-                          (self._new_id("memory_write_ops"), op, p.document_id, p.persona_id, p.status, stamp, stamp,
-                           OWNER))
-        op_id = self.conn.last_insert_rowid()
-        self.conn.execute("insert into memory_write_payloads(op_id, payload) values (?, ?)", (op_id, p.payload()))
-        return op_id
-
-    def _run_in_one_tx(self, todo: list[Prepared], stages: list) -> None:
-        """Every stage of new writes `todo` in one transaction (one commit per batch, not one per
-        stage), their document and fact vectors computed first, outside it. When any stage fails the
-        transaction leaves nothing behind: the writes are back at 'pending' and run_pipeline's
-        stage-by-stage loop takes them (recording which one failed, and where)."""
-        saved = [(p.status, p.document_id, list(p.stale), list(p.warnings)) for p in todo]
-        vectors = self._doc_vectors(todo)
-        vectors["facts"] = self._fact_text_vectors(todo)
-        try:
-            with self.tx():
-                for status, fn, _inputs in stages:
-                    for p in todo:
-                        if p.status == status:
-                            self._advance(p, status, fn, vectors)
-        except Exception as e:  # noqa: BLE001 - retried stage by stage, which records the failure
-            log.info("the one-transaction write failed (%s); retrying stage by stage", e)
-            for p, (status, doc_id, stale, warnings) in zip(todo, saved, strict=True):
-                p.status, p.document_id, p.stale, p.warnings = status, doc_id, stale, warnings
-
-    def _advance(self, p: Prepared, status: str, fn, vectors) -> None:
-        """Run stage `fn` for one write if its journal row is still at `status` (another process may
-        have moved it), then record the next status on the row. In tx."""
-        row = self.rows("select status, document_id from memory_write_ops where id = ?", (p.op_id,))
-        if not row:  # the file was restored from a backup meanwhile (or the memory deleted)
-            raise JournalGone(f"write op {p.op_id} is gone from the journal (the database was restored or the "
-                              "memory deleted meanwhile); this write is not stored")
-        if row[0]["status"] != status:  # another process (recovery) already moved it
-            p.status, p.document_id = row[0]["status"], row[0]["document_id"]
-            return
-        p.status = fn(p, vectors) or JOURNAL_STAGES[JOURNAL_STAGES.index(status) + 1]
-        # a finished write's payload is dropped (schema 11): only unfinished ones are ever read back
-        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? where id = ?",
-                          (p.status, p.document_id, now_iso(), p.op_id))
-        if p.status == "done":
-            self.conn.execute("delete from memory_write_payloads where op_id = ?", (p.op_id,))
-
-    def _record_failure(self, p: Prepared, error: Exception) -> None:
-        """Stage after `p.status` failed for one write. A new memory that failed its first stage (not
-        stored at all) is marked failed, on its journal row too, so the caller is told and no later
-        recovery stores it (p.status 'failed', p.error); otherwise the error goes on the journal row
-        and recovery retries the write once this call has returned (counted in retries)."""
-        log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
-        if isinstance(error, JournalGone):  # nothing of it is in this file any more: not stored
-            p.status, p.error = "failed", error
-            p.warnings.append(f"not stored: {error}")
-            return
-        if p.status == "pending" and p.op == "insert" and not p.recovering:
-            with self.tx():  # the caller is told it failed: it must not be stored by a later recovery
-                self.conn.execute("update memory_write_ops set status = 'failed', error = ?, updated_at = ? "
-                                  "where id = ?",
-                                  (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
-            p.status, p.error = "failed", error
-            p.warnings.append(f"not stored: {error}")
-            return
-        p.warnings.append(f"stage after {p.status} failed ({error}); it is retried by recovery")
-        with self.tx():
-            self.conn.execute("update memory_write_ops set error = ?, updated_at = ? where id = ?",
-                              (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
-
-    @contextlib.contextmanager
-    def _running(self):
-        """Journal rows this process is advancing right now: `claim(op_id)` (returns op_id), called in the
-        transaction that inserts or takes over the row, marks it until the block ends, so recover()
-        (of any Memory of this process: the server's background thread, a second open) leaves it alone."""
-        key, claimed = str(self.path.resolve()), []
-
-        def claim(op_id: int) -> int:
-            with _RUNNING_LOCK:
-                _RUNNING_OPS.add((key, op_id))
-            claimed.append(op_id)
-            return op_id
-        try:
-            yield claim
-        finally:
-            with _RUNNING_LOCK:
-                _RUNNING_OPS.difference_update((key, op) for op in claimed)
-
-    def _op_running(self, op_id: int) -> bool:
-        """True while a write of this process advances journal row `op_id` (see _running)."""
-        with _RUNNING_LOCK:
-            return (str(self.path.resolve()), op_id) in _RUNNING_OPS
-
-    def recover(self, fts: bool = False) -> dict:
-        """Finish unfinished journal rows and repair index gaps (seed: Reliability).
-
-        Each unfinished row whose writer is gone (owner_alive false, and not a write this process runs
-        right now) is retried from its stage, counted in its `retries`; a row already retried
-        write_op_max_retries times is marked failed and reported. Missing FTS rows are re-segmented
-        when `fts` (doctor, rebuild --fts) or when there was an unfinished row: a write adds its FTS rows
-        in its own transaction, so only a crash mid-pipeline or a change behind the engine's back
-        leaves a gap, and the scan reads every row (0.3 s at 100k memories: not on every open).
-        Returns {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by backfill_vectors()."""
-        with self._running() as claim:
-            return self._recover(claim, fts)
-
-    def _recover(self, claim, fts: bool) -> dict:
-        """recover(), with `claim` marking each row it takes over as running (see _running)."""
-        report = {"resumed": 0, "failed": [], "fts_backfilled": 0}
-        limit = self.cfg.write.write_op_max_retries
-        with self.tx() as c:
-            rows = self.rows(self.queries["journal_unfinished"])
-            preps = []
-            for r in rows:
-                if self._op_running(r["id"]) or owner_alive(r["owner"], r["updated_at"]):
-                    continue  # a live writer (this process or another) is running it right now
-                if r["retries"] >= limit:
-                    c.execute("update memory_write_ops set status = 'failed', updated_at = ? where id = ?",
-                              (now_iso(), r["id"]))
-                    report["failed"].append(r["id"])
-                    log.error("write op %s failed %s times at stage %s and is marked failed: %s",
-                              r["id"], r["retries"], r["status"], r["error"])
-                    continue
-                c.execute("update memory_write_ops set retries = retries + 1, owner = ? where id = ?", (OWNER, r["id"]))
-                claim(r["id"])
-                payload = json.loads(r["payload"])
-                p = Prepared(**{k: payload[k] for k in Prepared.PAYLOAD if k in payload})
-                p.op, p.op_id, p.status, p.document_id = r["op"], r["id"], r["status"], r["document_id"]
-                p.recovering = True
-                preps.append(p)
-            for table, query, text_sql in () if not (fts or rows) else (
-                    ("documents_fts", "documents_missing_fts", None),
-                    ("graph_entries_fts", "graph_entries_missing_fts", "text"),
-                    ("memory_atoms_fts", "atoms_missing_fts", "content")):
-                missing = self.rows(self.queries[query])
-                for m in missing:
-                    if text_sql is None:
-                        m = dict(m, **{k: json.loads(m[k]) for k in ("topics", "participants", "tags")})
-                    text = self._doc_index_text(m) if text_sql is None else m[text_sql]
-                    c.execute(f"insert into {table}(rowid, segmented) values (?, ?)",
-                              (m["id"], self.seg.segmented(text)))
-                report["fts_backfilled"] += len(missing)
-        if preps:
-            log.info("recovering %d unfinished writes", len(preps))
-            self.run_pipeline(preps)
-            report["resumed"] = len(preps)
-        return report
-
-    # editing -------------------------------------------------------------------------------------
-
-    def edit(self, doc_id: int, content=None, metadata: dict | None = None, persona_id: str | None = None) -> dict:
-        """Change a memory of persona `persona_id` (None: the default persona '') in content and/or
-        metadata and re-run the pipeline for it: its FTS text, vector, atoms and graph output are
-        replaced, nothing stale stays searchable. Metadata keys given replace the stored ones;
-        metadata.persona_id, when given, must be `persona_id` (a persona cannot change; InputError,
-        checked before the memory is looked up). Returns the write result. Raises NotFound, also
-        for an id of another persona."""
-        persona = _label(persona_id, "persona_id")
-        metadata = dict(metadata or {})
-        if "persona_id" in metadata and _label(metadata["persona_id"], "metadata.persona_id") != persona:
-            raise InputError("metadata.persona_id", "cannot be changed by an edit; memorize it under the other "
-                                                    "persona (persona_id names the persona the memory is in)")
-        d = self._doc(doc_id, persona)
-        merged = {k: d[k] for k in ("summary", "topics", "participants", "tags", "sentiment", "source",
-                                    "importance", "session_id", "pinned")}
-        merged["key_facts"] = d["key_facts"]
-        merged["timestamp"] = d["created_at"]
-        merged["persona_id"] = d["persona_id"]
-        merged.update(metadata)
-        p = self.prepare(d["content"] if content is None else content, merged)
-        if content is not None and "key_facts" not in metadata and d["key_facts"] == []:
-            p.facts = self._auto_facts(p.content)
-        other = self.value(self.queries["same_content_elsewhere"],
-                           {"persona_id": p.persona_id, "content_hash": p.content_hash, "id": doc_id})
-        if other is not None:
-            raise InputError("content", f"memory {other} already has exactly this content; delete one of them instead")
-        p.op, p.document_id = "edit", doc_id
-        stamp = now_iso()
-        with self._running() as claim:
-            with self.tx():
-                p.op_id = claim(self._journal_row("edit", p, stamp))
-            self.run_pipeline([p])
-        if isinstance(p.error, JournalGone):
-            raise p.error
-        self._refresh_stale(p.stale)
-        return self._write_result(p)
-
-    def delete(self, doc_id: int, persona_id: str | None = None, purge: bool = False,
-               deleted_at: str | None = None) -> dict:
-        """Remove a memory of persona `persona_id` (None: the default persona '') from every table and
-        index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone (uid and
-        time, no text); secure_delete zeroes the freed bytes, but its words stay in older FTS segments
-        and its pages in the WAL until `purge` (Maintenance.purge: also VACUUM and a WAL checkpoint),
-        and in backups for their life. `deleted_at` (column-format time; None: now) is the tombstone's
-        time: an imported deletion keeps the time it happened (the later of it and one here wins), so
-        every device orders it alike. Returns {id, uid, deleted: true} (+ purged: purge()'s answer).
-        Raises NotFound, also for an id of another persona."""
-        d = self._doc(doc_id, _label(persona_id, "persona_id"))
-        with self.tx() as c:
-            stale = self._stale_successors(doc_id)
-            self._clear_atoms(doc_id)
-            self._clear_graph(doc_id)
-            c.execute("delete from documents_fts where rowid = ?", (doc_id,))
-            c.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
-            if self.has_table("doc_vec"):
-                c.execute("delete from doc_vec where doc_id = ?", (doc_id,))
-            c.execute("delete from memory_write_ops where document_id = ?", (doc_id,))
-            c.execute("delete from documents where id = ?", (doc_id,))
-            self._refresh_graph_context(stale)
-            c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, 'documents', ?) on conflict(uid) "
-                      "do update set table_name = excluded.table_name, deleted_at = "
-                      + ("max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"),
-                      (d["uid"], deleted_at or now_iso()))
-            self._briefing_stale(d["persona_id"])
-        self._refresh_stale(stale)
-        out = {"id": doc_id, "uid": d["uid"], "deleted": True}
-        if purge:
-            out["purged"] = self.purge(d["persona_id"])
-        return out
-
-    def set_flag(self, doc_id: int, flag: str, value: bool, persona_id: str | None = None) -> dict:
-        """pin/unpin (flag='pinned') or archive/unarchive (flag='archived') a memory of persona
-        `persona_id` (None: the default persona ''). Archiving also flips the archived metadata column
-        of its vectors and graph entries, so KNN filters it in SQL. Returns {id, uid, <flag>}. Raises
-        NotFound, also for an id of another persona."""
-        if flag not in ("pinned", "archived"):
-            raise ValueError(flag)
-        d = self._doc(doc_id, _label(persona_id, "persona_id"))
-        with self.tx():
-            self._set_flag_in_tx(doc_id, flag, value)
-        return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
-
-    def _unarchive_in_tx(self, doc_id: int) -> None:
-        """Bring memory `doc_id` back into recall: archived off (with its vectors and graph entries)
-        and no longer merged into another nor superseded by another. In tx."""
-        self._set_flag_in_tx(doc_id, "archived", False)
-        self.conn.execute("update documents set merged_into = null, superseded_by = null "
-                          "where id = ?", (doc_id,))
-
-    def _archive_superseded(self, p: Prepared) -> None:
-        """Archive the memories write `p` supersedes (p.supersedes) and link each to p.document_id
-        (superseded_by), those of p's persona only (checked again: one may be gone since memorize
-        checked); the newer itself is never archived. Notes what it did in p.warnings. In tx."""
-        done = []
-        for old in p.supersedes:
-            mine = self.value("select 1 from documents where id = ? and persona_id = ?",
-                              (old, p.persona_id))
-            if old != p.document_id and mine:
-                self._set_flag_in_tx(old, "archived", True)
-                self.conn.execute("update documents set superseded_by = ? where id = ?",
-                                  (p.document_id, old))
-                done.append(str(old))
-        if done:
-            p.warnings.append(f"memory {', '.join(done)} archived as superseded by memory "
-                              f"{p.document_id} (restore_memory brings "
-                              f"{'them' if len(done) > 1 else 'it'} back)")
-
-    def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
-        """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
-        graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing stale
-        (the briefing lists pinned memories and leaves archived ones out). In tx."""
-        c = self.conn
-        c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
-        self._briefing_stale(self.value("select persona_id from documents where id = ?", (doc_id,)))
-        if flag == "archived":
-            c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
-            if self.has_table("doc_vec"):
-                c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
-                # one row at a time: sqlite-vec 0.1.9 rejects a bit[] table's multi-row UPDATE
-                # ("invalid float32 vector BLOB length") though the vector is not being changed
-                for (eid,) in c.execute(self.queries["document_entry_ids"], {"document_id": doc_id}).fetchall():
-                    c.execute("update graph_vec set archived = ? where entry_id = ?", (int(value), eid))
-
-
-# Knowledge graph: temporal triples ###############################################################
-
-MAX_ENTITY_CHARS = 300  #: entity names are cut to this length
-
-
-class KnowledgeGraph:
-    """Facts as subject —predicate→ object triples with a validity window (valid_from, valid_to),
-    queried at any as_of time (second seed: temporal knowledge graph)."""
-
-    def _predicate(self, predicate) -> str:
-        p = query_text(predicate, "predicate")
-        known = self.rules.predicate_of.get(Rules._key(p))
-        return known or re.sub(r"\s+", "_", p.strip().casefold())[:100]
-
-    def _entity_id(self, persona: str, name, field_name: str, create: bool) -> int | None:
-        """The id of the knowledge-graph entity `name` resolves to (rules/aliases.toml), created when
-        missing and `create`; None when missing otherwise. Raises InputError naming `field_name`. In tx
-        when `create`."""
-        name = clean_text(name, field_name)[:MAX_ENTITY_CHARS]
-        canonical = self.rules.canonical(name)
-        eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?", (persona, canonical))
-        if eid is None and create:
-            stamp = now_iso()
-            self.conn.execute("insert into kg_entities(id, uid, persona_id, name, canonical, created_at, "
-                              "updated_at) values (?, ?, ?, ?, ?, ?, ?)",
-                              (self._new_id("kg_entities"), str(uuid.uuid4()), persona, self.rules.display(name),
-                               canonical, stamp, stamp))
-            eid = self.conn.last_insert_rowid()
-        return eid
-
-    def single_valued(self, predicate: str) -> bool:
-        """True when rules/predicates.toml makes `predicate` single-valued (a new object closes the old
-        fact)."""
-        return predicate in {name for name, _ in self.rules.slot_patterns}
-
-    def kg_add(self, subject, predicate, object, valid_from=None, valid_to=None, confidence=1.0,
-               source_memory_id: int | None = None, persona_id=None) -> dict:
-        """Record the fact subject —predicate→ object, true from valid_from (default now) until
-        valid_to (default open). Entities are created when missing and resolved like graph nodes.
-        For a single-valued predicate (rules/predicates.toml: lives_in, works_at, 住在…) a new object
-        closes the open fact's valid_to at this valid_from (fact versioning without an LLM); the same
-        object again returns the open fact. Returns {id, subject, predicate, object, valid_from,
-        valid_to, closed: [ids], existing}. source_memory_id must name a memory of the same persona
-        (NotFound otherwise, as for an id that does not exist)."""
-        persona = _label(persona_id, "persona_id")
-        subject, predicate, object = self._redacted_triple(subject, predicate, object)  # secrets are never stored
-        pred = self._predicate(predicate)
-        start = iso(parse_time(valid_from, "valid_from")) if valid_from else now_iso()
-        end = iso(parse_time(valid_to, "valid_to")) if valid_to else None
-        if end is not None and end < start:
-            raise InputError("valid_to", f"{end} is before valid_from {start}")
-        conf = _importance(confidence, "confidence", 1.0)
-        if source_memory_id is not None:
-            self._doc(source_memory_id, persona)
-        closed, stamp = [], now_iso()
-        with self.tx() as c:
-            sid = self._entity_id(persona, subject, "subject", True)
-            oid = self._entity_id(persona, object, "object", True)
-            fact = {"persona_id": persona, "subject_id": sid, "predicate": pred, "object_id": oid, "valid_from": start}
-            same = self.value(self.queries["kg_same_open_fact"], fact)
-            if same is not None and end is None:
-                return dict(self._triple(same, persona), closed=[], existing=True)
-            if self.single_valued(pred):
-                for r in self.rows(self.queries["kg_rival_facts"], fact):
-                    if r["valid_from"] <= start:
-                        c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?",
-                                  (start, stamp, r["id"]))
-                        closed.append(r["id"])
-                    elif end is None or end > r["valid_from"]:
-                        end = r["valid_from"]  # a later fact is already known: this one ends there
-            c.execute("insert into kg_triples(id, uid, persona_id, subject_id, predicate, object_id, valid_from, "
-                      "valid_to, confidence, source_memory_id, created_at, updated_at) "
-                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("kg_triples"), str(uuid.uuid4()), persona, sid, pred, oid, start, end, conf,
-                       source_memory_id, stamp, stamp))
-            tid = c.last_insert_rowid()
-            self._briefing_stale(persona)
-        return dict(self._triple(tid, persona), closed=closed, existing=False)
-
-    def _redacted_triple(self, subject, predicate, object) -> tuple:
-        """(subject, predicate, object) with secrets redacted; the object is also read as the value
-        of its predicate (predicate "password", object "hunter2secret": the object goes). Values
-        that are not text are returned as given, for the callers' checks."""
-        s, p, o = (self.redact(x) if isinstance(x, str) else x for x in (subject, predicate, object))
-        if isinstance(p, str) and isinstance(o, str):
-            both = self.redact(f"{p}={o}")
-            if both.startswith(p + "="):
-                o = both[len(p) + 1:]
-        return s, p, o
-
-    def _triple(self, tid: int, persona: str = "") -> dict:
-        """Fact `tid` of `persona` (folded) with its entities' names. NotFound when there is none in
-        that persona: one lookup filters by both, so another persona's fact id is not there."""
-        rows = self.rows(self.queries["kg_triple"], {"id": tid, "persona_id": persona}) if 0 < tid <= MAX_ID else []
-        if not rows:
-            raise NotFound(f"no fact with id {tid}; `python aokun.py kg query ENTITY` or "
-                           "`python aokun.py kg timeline ENTITY` shows the ids")
-        return rows[0]
-
-    def _entity(self, persona: str, entity) -> int:
-        """The id of entity `entity` of `persona` (aliases resolved). NotFound when there is none,
-        also when only another persona has it."""
-        eid = self._entity_id(persona, entity, "entity", False)
-        if eid is None:
-            raise NotFound(f"no entity {clean_text(entity, 'entity')!r} in the knowledge graph; "
-                           "`python aokun.py kg add` records facts about it")
-        return eid
-
-    def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
-        """Facts about `entity` (as subject or object) valid at `as_of` (default now), optionally
-        of one predicate. Returns {entity, as_of, facts: [{id, subject, predicate, object,
-        valid_from, valid_to, confidence, source_memory_id}]}. Raises NotFound for an entity that is not
-        in the persona's graph (never recorded, or deleted by kg_delete_entity)."""
-        persona = _label(persona_id, "persona_id")
-        at = iso(parse_time(as_of, "as_of")) if as_of else now_iso()
-        eid = self._entity(persona, entity)
-        facts = self.rows(self.queries["kg_facts_at"], {
-            "persona_id": persona, "entity_id": eid, "as_of": at,
-            "predicate": self._predicate(predicate) if predicate else ""})
-        return {"entity": clean_text(entity, "entity"), "as_of": at, "facts": facts}
-
-    def kg_invalidate(self, triple_id: int, valid_to=None, persona_id=None) -> dict:
-        """End fact `triple_id` of persona `persona_id` (None: the default persona ''): valid_to = the
-        given time (default now). History is kept, and an end is never moved later: a fact that has
-        ended already (valid_to now or earlier), or that is set to end by the given time, keeps its
-        valid_to. Returns the fact with already_ended (true when nothing changed) and note (what
-        happened, e.g. "already ended on 2021-05-01T00:00:00Z; its end is kept"). Raises NotFound,
-        also for a fact of another persona; InputError when valid_to is before the fact's valid_from."""
-        if isinstance(triple_id, bool) or not isinstance(triple_id, int):
-            raise InputError("id", f"expected an integer fact id, got {triple_id!r}")
-        persona = _label(persona_id, "persona_id")
-        t = self._triple(triple_id, persona)
-        stamp = now_iso()
-        end = iso(parse_time(valid_to, "valid_to")) if valid_to else stamp
-        if end < t["valid_from"]:
-            raise InputError("valid_to", f"{end} is before the fact's valid_from {t['valid_from']}")
-        if t["valid_to"] is not None and t["valid_to"] <= max(end, stamp):
-            verb = "ended" if t["valid_to"] <= stamp else "ends"
-            return dict(t, already_ended=True, note=f"already {verb} on {t['valid_to']}; its end is kept")
-        with self.tx() as c:
-            c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?", (end, stamp, triple_id))
-            self._briefing_stale(persona)
-        return dict(self._triple(triple_id, persona), already_ended=False, note=f"ended on {end}")
-
-    def kg_delete_entity(self, entity, persona_id=None) -> dict:
-        """Delete entity `entity` of persona `persona_id` (None: the default persona '') and every fact
-        it is the subject or object of, in one transaction; each leaves a tombstone, as a deleted
-        memory does. The other entities of those facts stay. Returns {entity, uid, deleted: true,
-        facts: [deleted fact ids]}. Raises NotFound for an entity not in that persona's graph."""
-        persona = _label(persona_id, "persona_id")
-        with self.tx() as c:
-            eid = self._entity(persona, entity)
-            e = self.rows("select uid, name from kg_entities where id = ?", (eid,))[0]
-            facts = [r["id"] for r in self.rows(self.queries["kg_entity_facts"], {"persona_id": persona,
-                                                                                  "entity_id": eid})]
-            stamp = now_iso()
-            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) select uid, 'kg_triples', ? "
-                      "from kg_triples where persona_id = ? and (subject_id = ? or object_id = ?)",
-                      (stamp, persona, eid, eid))
-            c.execute("delete from kg_triples where persona_id = ? and (subject_id = ? or object_id = ?)",
-                      (persona, eid, eid))
-            c.execute("delete from kg_entities where id = ?", (eid,))
-            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'kg_entities', ?)",
-                      (e["uid"], stamp))
-            self._briefing_stale(persona)
-        return {"entity": e["name"], "uid": e["uid"], "deleted": True, "facts": facts}
-
-    def kg_timeline(self, entity, persona_id=None) -> dict:
-        """Every fact ever recorded about `entity`, oldest first, with validity windows. Raises
-        NotFound for an entity that is not in the persona's graph."""
-        persona = _label(persona_id, "persona_id")
-        eid = self._entity(persona, entity)
-        facts = self.rows(self.queries["kg_timeline"], {"persona_id": persona, "entity_id": eid})
-        return {"entity": clean_text(entity, "entity"), "facts": facts}
-
-    def completions(self, kind: str, prefix: str, persona_id=None, limit: int = 100) -> tuple[list[str], int]:
-        """Stored values starting with `prefix` (ASCII case ignored), for argument completion:
-        kind "persona" (every persona id that has memories, facts or sessions), "entity" (the
-        knowledge-graph entity names of persona `persona_id`, None: '') or "session" (the ingested
-        conversation session ids of that persona). Returns (at most `limit` values, sorted; how many
-        match in all). InputError for another kind or a bad persona_id."""
-        queries = {"persona": "select persona_id as v from documents union select persona_id from kg_entities "
-                              "union select persona_id from conv_sessions",
-                   "entity": "select name as v from kg_entities where persona_id = :persona_id",
-                   "session": "select session_id as v from conv_sessions where persona_id = :persona_id"}
-        if kind not in queries:
-            raise InputError("kind", f"expected one of {', '.join(queries)}, got {kind!r}")
-        persona = _label(persona_id, "persona_id")
-        rows = self.rows(f"select distinct v from ({queries[kind]}) "
-                         "where substr(lower(v), 1, length(:prefix)) = :prefix order by v",
-                         {"persona_id": persona, "prefix": str(prefix).lower()})
-        return [r["v"] for r in rows[:limit]], len(rows)
-
-    def kg_stats(self, persona_id=None) -> dict:
-        """{entities, triples, active, expired, predicates} for one persona."""
-        persona = _label(persona_id, "persona_id")
-        return self.rows(self.queries["kg_stats"], {"persona_id": persona, "now": now_iso()})[0]
-
-    def _facts_for_text(self, text: str, persona: str, at: str, limit: int = 20) -> list[dict]:
-        """Facts valid at `at` about entities whose canonical name occurs in `text` (folded like one:
-        Rules._key)."""
-        folded = Rules._key(text)
-        out = []
-        for e in self.rows(self.queries["kg_entities_in_text"], {"persona_id": persona, "text": folded}):
-            for f in self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": e["id"],
-                                                              "as_of": at, "predicate": ""}):
-                if f["id"] not in {x["id"] for x in out}:
-                    out.append(f)
-        return out[:limit]
-
-
 # Ranking: pure functions over channel rows #######################################################
 
 def rrf(ranks: dict[str, int], channels, k: int, weights: dict[str, float] | None = None) -> float:
@@ -3601,6 +1425,42 @@ class Weights:
                    recency_days=r.recency_days, doc_route=wd, graph_route=wg, cross_route_bonus=r.cross_route_bonus,
                    neighbour=r.session_neighbour_weight, mmr_lambda=r.mmr_lambda,
                    window=window, time_boost=r.time_window_boost if window else 0.0)
+
+
+TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago")  #: rules/timewords.toml rule kinds
+
+
+def load_time_words(path: Path) -> dict:
+    """rules/timewords.toml, ready for time_window: {rules: [(compiled patterns, spec)], numbers,
+    months, units}, with the {n}, {month} and {unit} placeholders of the patterns filled in as
+    named groups (alternatives longest first, so 'twelve' is tried before 'two' and 十二 before 十)."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
+    months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
+    units = {fold(k).casefold(): v for k, v in data.get("units", {}).items()}
+
+    def group(name, words, extra=""):
+        return f"(?P<{name}>{extra}" + "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w))) + ")"
+    fill = {"{n}": group("n", numbers, r"\d+|"), "{month}": group("month", months), "{unit}": group("unit", units)}
+    rules = pattern_rules(data, fill, TIME_WORD_KINDS, f"{path.name}: unknown time-word kind")
+    return {"rules": rules, "numbers": numbers, "months": months, "units": units}
+
+
+def pattern_rules(data: dict, fill: dict, kinds: tuple, unknown: str) -> list:
+    """[(compiled patterns, spec)] of the `rules` list of a rules file's `data`, each pattern's
+    placeholders replaced by `fill` ({placeholder: regex}). AokunError "`unknown` 'x'; choose from
+    …" for a rule whose kind is not in `kinds`."""
+    rules = []
+    for spec in data.get("rules", []):
+        if spec.get("kind") not in kinds:
+            raise AokunError(f"{unknown} {spec.get('kind')!r}; choose from {kinds}")
+        patterns = []
+        for p in spec.get("patterns", []):
+            for key, value in fill.items():
+                p = p.replace(key, value)
+            patterns.append(re.compile(p))
+        rules.append((patterns, spec))
+    return rules
 
 
 def _month_start(year: int, month: int, tz) -> dt.datetime:
@@ -4081,6 +1941,2324 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
             "cosine": p.get("cosine"), "cover": p.get("cover"), "relevance": p.get("relevance")}
 
 
+# Atoms and graph rules ###########################################################################
+
+def effective_ttl_days(base_ttl_days: float, importance: float, reinforcement_count: int) -> float:
+    """ttl = base_ttl × (0.5 + importance) × (1 + 0.5 × reinforcement_count)  (seed: Memory Model)."""
+    return base_ttl_days * (0.5 + importance) * (1 + 0.5 * reinforcement_count)
+
+
+def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
+    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
+    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
+    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
+    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
+    then and had not yet expired or been superseded (needs created_at and state_changed_at).
+    Recall computes the same factor in SQL (sql recall_candidates); tests check the two agree."""
+    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])  # stored: valid
+    if historical:
+        if atom["state"] == "superseded":
+            end = min(end, _parse_iso(atom["state_changed_at"]))
+        if ref < _parse_iso(atom["created_at"]):
+            return 0.0
+    elif atom["state"] != "active":
+        return 0.0
+    if ref >= end:
+        return 0.0
+    if decay == "step":
+        return 1.0
+    ttl = max(1e-9, (end - start).total_seconds())
+    return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
+
+
+GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects of one memory (each)
+GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
+GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
+
+ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
+
+
+def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
+    """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
+    of the three, so every device that derives it gives it the same uid (and an edit that keeps a
+    fact keeps its atom's uid)."""
+    return str(uuid.uuid5(ATOM_UID_NAMESPACE, "\x1f".join((persona_id, document_uid, content.strip()))))
+
+
+RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")  #: rules/relevance.toml
+
+
+class Rules:
+    """The data in rules/: atom types and classification regexes, entity aliases, query intents,
+    time words."""
+
+    def __init__(self, cfg: Config):
+        atoms = tomllib.loads(cfg.rule_file(cfg.write.atom_rules).read_text(encoding="utf-8"))
+        self.types: dict[str, dict] = atoms["types"]
+        unknown = set(self.types) - set(ATOM_TYPES)
+        if unknown:
+            raise AokunError(f"{cfg.write.atom_rules}: unknown atom types {sorted(unknown)}")
+        self.default_type = atoms.get("default_type", "factual")
+        self.default_confidence = float(atoms.get("default_confidence", 0.5))
+        self.atom_rules = [(re.compile(r["pattern"]), r["type"], float(r.get("confidence", 0.7)))
+                           for r in atoms.get("rules", [])]
+        aliases = tomllib.loads(cfg.rule_file(cfg.write.aliases).read_text(encoding="utf-8")).get("aliases", {})
+        self.alias_of: dict[str, str] = {}
+        for canonical, names in aliases.items():
+            for name in [canonical, *names]:
+                self.alias_of[self._key(name)] = canonical
+        relevance = tomllib.loads(cfg.rule_file(cfg.recall.relevance).read_text(encoding="utf-8"))
+        #: {embedding model: {w_cos, w_cover, bias, cos_only_w_cos, cos_only_bias}} of calibrated_relevance
+        self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS} for model, c in relevance.items()}
+        #: {embedding model: {script: weights}}: a model's weights for the questions of one script
+        #: (query_script), where the file has a [model.script] table; other questions use the model's
+        #: own. A script table holds w_cos, w_cover and bias: a memory of another script (cos-only,
+        #: a cross-language pair) keeps the model's own cos-only weights
+        self.relevance_by_script = {
+            model: {script: self.relevance[model] | {k: float(t[k]) for k in RELEVANCE_WEIGHTS[:3]}
+                    for script, t in c.items() if isinstance(t, dict)}
+            for model, c in relevance.items()}
+        intents = tomllib.loads(cfg.rule_file(cfg.recall.intents).read_text(encoding="utf-8")).get("intents", {})
+        self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
+                        for name, spec in intents.items()]
+        self.time_words = load_time_words(cfg.rule_file(cfg.recall.time_words))
+        self.event_dates = load_event_dates(cfg.rule_file(cfg.write.event_dates))
+
+        predicates = tomllib.loads(cfg.rule_file(cfg.forgetting.predicates).read_text(encoding="utf-8")
+                                   ).get("predicates", [])
+        self.slot_patterns = [(p["name"], re.compile(rx)) for p in predicates for rx in p.get("patterns", [])]
+        self.predicate_of: dict[str, str] = {}
+        for p in predicates:
+            for name in [p["name"], *p.get("aliases", [])]:
+                self.predicate_of[self._key(name)] = p["name"]
+
+    @staticmethod
+    def _key(name: str) -> str:
+        """The matching key of a name: fold()ed (NFKC), whitespace runs made one space, casefolded."""
+        return " ".join(fold(name).split()).casefold()
+
+    def classify(self, fact: str) -> tuple[str, float]:
+        """(atom_type, confidence) from the first rule matching fold(fact), else the default type."""
+        fact = fold(fact)
+        for pattern, atom_type, confidence in self.atom_rules:
+            if pattern.search(fact):
+                return atom_type, confidence
+        return self.default_type, self.default_confidence
+
+    def slot(self, fact: str) -> tuple[str, str, str]:
+        """(predicate, value, subject) of the first single-valued predicate pattern that matches
+        fold(fact) (rules/predicates.toml), else ('', '', ''). value and subject are canonicalised
+        like an entity (keys, not display text)."""
+        fact = fold(fact)
+        for name, pattern in self.slot_patterns:
+            m = pattern.search(fact)
+            if m and m.group("value").strip():
+                subject = (m.groupdict().get("subject") or "").strip()
+                return name, self.canonical(m.group("value").strip()), self.canonical(subject) if subject else ""
+        return "", "", ""
+
+    def canonical(self, name: str) -> str:
+        """Entity resolution: NFKC, case and whitespace folded (_key), aliases from rules/aliases.toml
+        mapped to their canonical name. Returns the key nodes are unique on."""
+        key = self._key(name)
+        return self._key(self.alias_of.get(key, key))
+
+    def display(self, name: str) -> str:
+        """The canonical spelling for display when the name is a known alias, else the name."""
+        return self.alias_of.get(self._key(name), " ".join(name.split()))
+
+    def relevance_coef(self, model: str, query_tokens) -> dict | None:
+        """The calibrated_relevance weights for a question with these search tokens: the model's
+        weights for the question's script (query_script) when rules/relevance.toml has them, else
+        the model's own; None for a model that is not calibrated."""
+        by_script = self.relevance_by_script.get(model, {})
+        return by_script.get(query_script(query_tokens)) or self.relevance.get(model)
+
+    def intent(self, query: str) -> tuple[str | None, dict]:
+        """The first intent in rules/intents.toml whose pattern matches fold(query)."""
+        query = fold(query)
+        for name, patterns, spec in self.intents:
+            if any(p.search(query) for p in patterns):
+                return name, spec
+        return None, {}
+
+
+# Secret redaction: what is stored in place of a secret ###########################################
+
+def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
+    """((kind, compiled pattern), ...) of rules/secrets.toml, in order. Raises AokunError naming the
+    file and the entry for a missing kind or a pattern that does not compile."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    out = []
+    for i, p in enumerate(data.get("patterns", [])):
+        if not isinstance(p.get("kind"), str) or not p["kind"] or not isinstance(p.get("pattern"), str):
+            raise AokunError(f"{path.name}: patterns[{i}] needs a kind and a pattern (text)")
+        try:
+            out.append((p["kind"], re.compile(p["pattern"])))
+        except re.error as e:
+            raise AokunError(f"{path.name}: patterns[{i}] ({p['kind']}) is not a valid regular expression: {e}"
+                             ) from None
+    return tuple(out)
+
+
+def redact(text: str, patterns, counts: dict | None = None) -> str:
+    """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
+    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced.
+    `counts` ({kind: n}), when given, gets the number of replacements of each kind added."""
+    for kind, rx in patterns:
+        mark = f"[REDACTED:{kind}]"
+        if "secret" in rx.groupindex:
+            def keep_around(m, mark=mark):
+                whole, at = m.group(0), m.start()
+                return whole[: m.start("secret") - at] + mark + whole[m.end("secret") - at:]
+            text, n = rx.subn(keep_around, text)
+        else:
+            text, n = rx.subn(lambda _m, mark=mark: mark, text)
+        if n and counts is not None:
+            counts[kind] = counts.get(kind, 0) + n
+    return text
+
+
+def redaction_warning(counts: dict) -> str | None:
+    """The write-result warning for the secrets redact() replaced ({kind: n}; None when none): how
+    many, of which kinds, and the placeholders the stored text has instead. Never the secrets."""
+    n = sum(counts.values())
+    if not n:
+        return None
+    kinds = ", ".join(k if c == 1 else f"{k} ×{c}" for k, c in counts.items())
+    marks = ", ".join(f"[REDACTED:{k}]" for k in counts)
+    return (f"{n} secret{'s' if n > 1 else ''} redacted before storing ({kinds}); the stored text has "
+            f"{marks} in {'their' if n > 1 else 'its'} place")
+
+
+# Write validation: one memory, checked before anything is stored #################################
+
+@dataclass
+class Prepared:
+    """One validated write on its way through the pipeline (also the journal payload)."""
+    content: str
+    persona_id: str = ""
+    session_id: str = ""
+    summary: str = ""
+    topics: list = field(default_factory=list)
+    key_facts: list = field(default_factory=list)
+    participants: list = field(default_factory=list)
+    tags: list = field(default_factory=list)
+    sentiment: str = ""
+    source: str = ""
+    importance: float = 0.5
+    pinned: bool = False
+    created_at: str = ""
+    content_hash: str = ""
+    facts: list = field(default_factory=list)  # key_facts, or sentences of the content
+    supersedes: list = field(default_factory=list)  # ids of memories it archives, linked to it
+    # pipeline state, not part of the payload
+    op: str = "insert"
+    op_id: int | None = None
+    status: str = "pending"
+    document_id: int | None = None
+    deduplicated: bool = False
+    warnings: list = field(default_factory=list)
+    embedding_truncated: bool = False
+    embedding_error: str | None = None  # why the embedding provider refused this memory's text, if it did
+    recovering: bool = False  # resumed from the journal at open: a failure is recorded, never raised
+    error: Exception | None = None  # why a write that was not stored failed (status 'failed')
+    stale: list = field(default_factory=list)  # memories whose vector context this write changed
+    given: frozenset = frozenset()  # the metadata keys the caller gave (a repeat merges only those it said)
+    changed: dict = field(default_factory=dict)  # a repeat's changes to the stored memory, {field: [old, new]}
+    may_update: list = field(default_factory=list)  # [{id, preview}] this new memory may update
+
+    PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts", "participants",
+               "tags", "sentiment", "source", "importance", "pinned", "created_at", "content_hash", "facts")
+    PAYLOAD += ("supersedes",)
+
+    def payload(self) -> str:
+        """The journal payload: the PAYLOAD fields as JSON text (what recover() rebuilds the write
+        from)."""
+        return json.dumps({k: getattr(self, k) for k in self.PAYLOAD}, ensure_ascii=False)
+
+
+MAX_LABEL_CHARS = 200  #: the longest persona_id, session_id, source or sentiment
+MAX_ITEM_CHARS = 1000  #: the longest topic, key fact, participant or tag (longer ones are cut)
+MAX_FIELD_CHARS = 10000  #: the longest summary
+METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment", "importance",
+                   "session_id", "persona_id", "source", "timestamp", "tags", "pinned"}
+
+
+def _text_list(value, name: str) -> list[str]:
+    """A list metadata field (topics, key facts, participants, tags) as stored: each item
+    clean_text()ed with its given characters and cut to MAX_ITEM_CHARS; empty items dropped, and
+    items equal once folded ("８０９０", "8090") kept once, the first spelling. A string is a list of
+    one. Raises InputError naming `name` or `name[i]`."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise InputError(name, f"expected a list of strings, got {type(value).__name__}")
+    out, seen = [], set()
+    for i, v in enumerate(value):
+        t = clean_text(v, f"{name}[{i}]", allow_empty=True)
+        if t and fold(t) not in seen:
+            seen.add(fold(t))
+            out.append(t[:MAX_ITEM_CHARS])
+    return out
+
+
+def _short_text(value, name: str, limit: int = MAX_FIELD_CHARS) -> str:
+    """A text field as stored (summary, sentiment): clean_text(), given characters kept; '' for None.
+    Raises InputError naming `name` when it is longer than `limit`."""
+    if value is None:
+        return ""
+    t = clean_text(value, name, allow_empty=True)
+    if len(t) > limit:
+        raise InputError(name, f"is {len(t)} characters; the limit is {limit}")
+    return t
+
+
+def _label(value, name: str, limit: int = MAX_LABEL_CHARS) -> str:
+    """An identifier (persona_id, session_id, source): clean_text() then fold(), and stored folded:
+    SQL compares it by equality, so "ａｌｉｃｅ" and "alice" stay one persona, as in the files of
+    earlier versions. '' for None. Raises InputError naming `name` when it is longer than `limit`."""
+    return "" if value is None else _short_text(fold(clean_text(value, name, allow_empty=True)), name, limit)
+
+
+def _importance(value, name: str = "importance", default: float = 0.5) -> float:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise InputError(name, f"expected a number from 0 to 1, got {value!r}")
+    if not 0 <= value <= 1:
+        raise InputError(name, f"must be between 0 and 1, got {value}")
+    return float(value)
+
+
+def _id_list(value, name: str, limit: int) -> list[int]:
+    """A non-empty list of at most `limit` memory ids (whole numbers ≥ 1), duplicates dropped, in order."""
+    if not isinstance(value, (list, tuple)) or not value:
+        raise InputError(name, f"expected a non-empty list of memory ids, got {value!r}")
+    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if bad:
+        raise InputError(name, f"memory ids are whole numbers ≥ 1, got {bad[0]!r}")
+    ids = list(dict.fromkeys(value))
+    if len(ids) > limit:
+        raise InputError(name, f"{len(ids)} ids; at most {limit} at once ([recall] max_k)")
+    return ids
+
+
+# Store: the connection, transactions and reading #################################################
+
+LIST_LIMIT_MAX = 1000  #: the most memories list_memories returns at once
+SUPERSEDES_MAX = 20  #: the most memories one memorize(supersedes=…) archives
+#: memorize's may_update (Journal._may_update): at most this many memories, each found by its slot
+#: (an atom of the new memory superseded one of its atoms) or by its vector: cosine at least
+#: MAY_UPDATE_COSINE and a content word in common, or at least MAY_UPDATE_COSINE_ALONE. With
+#: multilingual-e5-small unrelated short sentences reach 0.80-0.88 ("I like sushi" / "I like green
+#: tea" 0.871 sharing "like"), updates of one fact 0.89-0.95 ("My favourite coffee is a flat white"
+#: / "… is now an iced americano" 0.917); measured on 32 pairs, see the commit that added them.
+#: A model without a calibrated relevance (rules/relevance.toml) gets the slot signal only.
+MAY_UPDATE_MAX = 3
+MAY_UPDATE_COSINE = 0.89
+MAY_UPDATE_COSINE_ALONE = 0.93
+MAY_UPDATE_PREVIEW_CHARS = 80
+MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
+#: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed out:
+#: an id is never handed out twice in a file's life (deleting the newest row, or a restore, included).
+ID_COUNTERS = {"documents": "last_document_id", "memory_atoms": "last_atom_id", "graph_nodes": "last_node_id",
+               "graph_edges": "last_edge_id", "graph_entries": "last_entry_id", "kg_entities": "last_entity_id",
+               "kg_triples": "last_triple_id", "memory_write_ops": "last_write_op_id"}
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What a later section adds to the work of an earlier one, which may call only the sections
+    above it (tests/test_layout.py checks): Memory.hooks names the later sections' methods, each
+    called with the Memory first. Each field says who calls it and what it gives."""
+
+    conversation_hits: Callable  #: Recall.recall(include_conversations): (query, k, persona) -> hits
+    briefing_lines: Callable  #: Briefing._briefing_text: (persona, ref) -> the session digest lines
+    counts: Callable  #: Maintenance.stats: () -> more counts
+    problems: Callable  #: Maintenance.doctor: () -> more problems
+    rebuild_vectors: Callable  #: Maintenance.rebuild(vectors): (stored model, progress) -> n | None
+    prune: Callable  #: Maintenance.maintenance_due: (ref) -> {sessions: n forgotten}
+
+
+class Store:
+    """The one APSW connection and its helpers; reading memories. Every use of `self.conn` holds
+    `self.lock` (see Memory); methods documented "in tx" run inside the caller's `tx()`."""
+
+    def _close_connection(self) -> None:
+        """Memory.close's last step: PRAGMA optimize, then close the main connection."""
+        with self.lock:
+            with contextlib.suppress(apsw.Error):
+                self.conn.pragma("optimize")
+            self.conn.close()
+
+    @contextlib.contextmanager
+    def tx(self, invalidates: bool = True):
+        """One IMMEDIATE write transaction (waits up to busy_timeout_ms for other writers). Its
+        commit counts as a change (`epoch`, what the recall cache keys on) unless `invalidates` is
+        false: a write that leaves every recall answer as it was (Recall._touch)."""
+        with self.lock:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.conn
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+            self.conn.execute("COMMIT")
+            if invalidates:
+                self.epoch += 1
+
+    def _invalidate(self) -> None:
+        """Count a change made outside tx() (the file's content replaced by restore_from): cached
+        recall answers are no longer used."""
+        self.epoch += 1
+
+    def rows(self, sql: str, params=()) -> list[dict]:
+        """Rows of `sql` as dicts, on the main connection under the lock."""
+        with self.lock:
+            return fetch_dicts(self.conn, sql, params)
+
+    def value(self, sql: str, params=()):
+        """The first column of the first row of `sql` (None when no row), under the lock."""
+        with self.lock:
+            row = self.conn.execute(sql, params).fetchone()
+        return row[0] if row else None
+
+    def meta_get(self, key: str, default=None):
+        """meta(key) as text, or `default` when unset."""
+        v = self.value("select value from meta where key = ?", (key,))
+        return default if v is None else v
+
+    def _meta_set(self, key: str, value) -> None:
+        """Upsert meta(key) = str(value). In tx."""
+        self.conn.execute("insert into meta(key, value) values (?, ?) "
+                          "on conflict(key) do update set value = excluded.value",
+                          (key, str(value)))
+
+    def _briefing_stale(self, persona: str | None) -> None:
+        """Mark the persona's stored briefing stale: memory_context rebuilds it before serving it,
+        refresh_stale_briefings in the background once it is old enough. In tx."""
+        self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
+
+    def _new_id(self, table: str) -> int:
+        """The id for a new row of `table` (one of ID_COUNTERS): above every id the table ever handed
+        out (its counter in meta, its largest id), and recorded as the counter. In tx."""
+        key = ID_COUNTERS[table]
+        new = max(int(self.meta_get(key, 0)), self.value(f"select coalesce(max(id), 0) from {table}")) + 1
+        self._meta_set(key, new)
+        return new
+
+    def has_table(self, name: str) -> bool:
+        """True when a table (or virtual table) `name` exists in the file."""
+        return bool(self.value("select 1 from sqlite_master where name = ?", (name,)))
+
+    # reading -------------------------------------------------------------------------------------
+
+    def _doc(self, doc_id, persona: str | None = None) -> dict:
+        """The documents row of `doc_id`, JSON fields decoded. NotFound when there is none, or when
+        `persona` (a folded persona id) is given and the memory belongs to another persona: the one
+        lookup filters by both, so an id of another persona is not there, with the same message and
+        the same work. `persona` None (internal callers holding a row already) matches any persona."""
+        if isinstance(doc_id, bool) or not isinstance(doc_id, int):
+            raise InputError("id", f"expected an integer memory id, got {doc_id!r}")
+        rows = self.rows("select * from documents where id = ? and (? is null or persona_id = ?)",
+                         (doc_id, persona, persona)) if 0 < doc_id <= MAX_ID else []
+        if not rows:
+            raise NotFound(f"no memory with id {doc_id}; {{hint0}} shows the ids", hints=[("list", {})])
+        d = rows[0]
+        for k in ("topics", "key_facts", "participants", "tags"):
+            d[k] = json.loads(d[k])
+        d["pinned"], d["archived"] = bool(d["pinned"]), bool(d["archived"])
+        return d
+
+    def get(self, doc_id: int, persona_id: str | None = None) -> dict:
+        """One memory of persona `persona_id` (None: the default persona '') with its atoms and graph
+        entries, superseded_by (the newer memory's id, or None) and supersedes (ids of the memories
+        it superseded). Raises NotFound, also for an id of another persona."""
+        d = self._doc(doc_id, _label(persona_id, "persona_id"))
+        d["supersedes"] = [r["id"] for r in self.rows(
+            "select id from documents where superseded_by = ? and persona_id = ? order by id",
+            (doc_id, d["persona_id"]))]
+        d["atoms"] = self.rows(self.queries["document_atoms"], {"document_id": doc_id})
+        d["graph_entries"] = [r["text"] for r in self.rows(self.queries["document_graph_texts"],
+                                                           {"document_id": doc_id})]
+        return d
+
+    def history(self, doc_id: int, persona_id: str | None = None) -> list[dict]:
+        """What happened to a memory of persona `persona_id` (None: ''), oldest first (sql
+        document_history): [{kind: 'write' | 'merge', what: insert/edit/consolidated, status, at,
+        error, members: [ids merged into it] or None}]. Raises NotFound, also for another persona's id."""
+        self._doc(doc_id, _label(persona_id, "persona_id"))
+        rows = self.rows(self.queries["document_history"], {"document_id": doc_id})
+        for r in rows:
+            r["members"] = json.loads(r["members"]) if r["members"] else None
+        return rows
+
+    def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
+             session_id: str | None = None, include_archived: bool = False) -> list[dict]:
+        """Memories newest first (by created_at), without atoms/graph detail. Raises InputError for a
+        limit outside 1..LIST_LIMIT_MAX or an offset above MAX_ID."""
+        if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
+            raise InputError("limit", f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
+        if not isinstance(offset, int) or offset > MAX_ID:
+            raise InputError("offset", f"expected an integer from 0 to {MAX_ID}, got {offset!r}")
+        return self.rows(self.queries["list_memories"], {
+            "persona_id": persona_id, "session_id": session_id, "include_archived": int(include_archived),
+            "limit": limit, "offset": max(0, offset)})
+
+
+# Vectors: embedding, session context and the binary KNN index ####################################
+
+AFTER_EVERY_ID = 2 ** 62  #: an id above every stored one: "a memory not stored yet" in session order
+
+
+def vector_blob(vec) -> bytes:
+    """The stored form of a vector (doc_vectors, graph_vectors; see sql/vectors.sql): int8, one byte
+    per dimension, round(v · 127 / max|v|). Cosine does not see the scale, so
+    vec_distance_cosine(vec_int8(a), vec_int8(b)) is the float vectors' within ~1e-3, at a quarter of
+    float32's size."""
+    v = np.asarray(vec, np.float32).ravel()
+    top = float(np.abs(v).max()) if v.size else 0.0
+    return (np.rint(v * (127.0 / top)) if top > 0 else np.zeros_like(v)).astype(np.int8).tobytes()
+
+
+def blob_vector(blob: bytes) -> "np.ndarray":
+    """The unit float32 vector of a stored int8 vector (vector_blob's inverse up to rounding)."""
+    return _l2(np.frombuffer(blob, np.int8).astype(np.float32))
+
+
+def mean_vector(blobs) -> "np.ndarray | None":
+    """The mean (float32) of the stored vectors `blobs` (int8 blobs, vector_blob's), summed in float64;
+    None when there are none. A binary index's quantisation centre (sql/vectors.sql)."""
+    total, n = None, 0
+    for blob in blobs:
+        v = blob_vector(blob).astype(np.float64)
+        total, n = (v if total is None else total + v), n + 1
+    return None if total is None else (total / n).astype(np.float32)
+
+
+class Vectors:
+    """Document and graph-entry vectors: what is embedded (a memory with its session context), the
+    float store and its binary vec0 index (Layers back-fills what is still pending)."""
+
+    @property
+    def vectors_usable(self) -> bool:
+        """True when an embedder is configured and the stored vectors fit it (see vector_problem)."""
+        return self.embedder.provider != "none" and self.vector_problem is None
+
+    def _check_embedding_meta(self) -> None:
+        """Record provider/model/dim on first use; refuse vectors from a different model or dim.
+
+        A mismatch leaves every stored row untouched, sets `vector_problem` (recall degrades to the
+        keyword channels and says so) and logs the command that re-embeds; a match clears it."""
+        self.vector_problem = None
+        e = self.embedder
+        if e.provider == "none":
+            self.vector_problem = "no embedding provider ([embedding] provider = none)"
+            return
+        stored_dim = self.meta_get("embedding_dim")
+        stored_model = self.meta_get("embedding_model")
+        if not e.dim and stored_dim and stored_model == e.model:  # only the model that made them has that dim
+            (e.inner if isinstance(e, CachedEmbedder) else e).dim = int(stored_dim)
+        if stored_dim is None:
+            if e.dim:
+                self._start_vectors()
+            return
+        if int(stored_dim) != e.dim or stored_model != e.model:
+            self.vector_problem = (
+                f"the database holds {stored_dim}-d vectors from {stored_model!r} but the configured "
+                f"embedder {e.model!r} makes {e.dim or '?'}-d vectors; run `python aokun.py rebuild --vectors` "
+                "to re-embed every memory (stored memories are untouched; recall uses keyword channels until then)")
+            log.error("%s", self.vector_problem)
+
+    def _upgrade_vector_index(self) -> None:
+        """Files made before schema 6 keep float vectors inside vec0 (doc_vec/graph_vec float[dim]):
+        copy them into doc_vectors/graph_vectors and rebuild doc_vec/graph_vec as the binary index,
+        in one transaction (migrate() saved a copy of the file first). Data step 1 (DATA_STEPS); also
+        run on a restored file (restore_from)."""
+        def old_layout() -> bool:
+            return "float[" in (self.value("select sql from sqlite_master where name = 'doc_vec'") or "")
+        if not old_layout():
+            return
+        dim = int(self.meta_get("embedding_dim"))
+        with self.tx() as c:
+            if not old_layout():  # another process upgraded it between the check and this transaction
+                return
+            c.execute("insert or replace into doc_vectors(doc_id, embedding) select doc_id, embedding from doc_vec")
+            c.execute("insert or replace into graph_vectors(entry_id, embedding) "
+                      "select entry_id, embedding from graph_vec")
+            c.execute("drop table doc_vec")
+            c.execute("drop table if exists graph_vec")
+            c.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
+            c.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
+            c.execute("delete from meta where key = 'vector_center'")
+            self._compact_vectors_in_tx()
+            if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
+                self._recenter()
+            else:
+                self._reindex_vectors()
+        log.warning("vector storage upgraded: %s document and %s entry vectors re-indexed",
+                    self.value("select count(*) from doc_vectors"), self.value("select count(*) from graph_vectors"))
+
+    def _compact_vectors(self) -> bool:
+        """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in one
+        transaction (migrate() saved a copy of the file first) and record meta vector_format = 'int8'.
+        The freed pages are reused by later writes; `python aokun.py vacuum` gives them back. Data
+        step 2 (DATA_STEPS); False when the file is held below schema 6 (not done yet)."""
+        if self.meta_get("vector_format") == "int8":
+            return True
+        if not self.has_table("doc_vectors"):
+            return False
+        with self.tx():
+            if self.meta_get("vector_format") != "int8":  # another process may have just done it
+                n = self._compact_vectors_in_tx()
+                if n:
+                    log.warning("vector storage compacted: %s float32 vectors stored as int8 "
+                                "(`python aokun.py vacuum` returns the freed space)", n)
+        return True
+
+    def _compact_vectors_in_tx(self) -> int:
+        """_compact_vectors' work: float32 rows (4 bytes per dimension) of doc_vectors/graph_vectors become
+        int8 rows; the binary index is unchanged (same signs). Returns how many were rewritten. In tx."""
+        dim, n = self.meta_get("embedding_dim"), 0
+        if dim:
+            for table, key in (("doc_vectors", "doc_id"), ("graph_vectors", "entry_id")):
+                rows = self.conn.execute(f"select {key}, embedding from {table} where length(embedding) = ?",
+                                         (4 * int(dim),)).fetchall()
+                for row_id, blob in rows:
+                    self.conn.execute(f"update {table} set embedding = ? where {key} = ?",
+                                      (vector_blob(np.frombuffer(blob, np.float32)), row_id))
+                n += len(rows)
+        self._meta_set("vector_format", "int8")
+        return n
+
+    def _start_vectors(self) -> bool:
+        """Create the vec0 tables for the embedder's dimension and record it in meta. False (and
+        `vector_problem` set: recall degrades to the keyword channels) when the dimension cannot
+        be indexed."""
+        dim = int(self.embedder.dim)
+        if dim % 8:
+            self.vector_problem = (f"the embedder {self.embedder.model!r} makes {dim}-d vectors; the binary KNN index "
+                                   "needs a dimension divisible by 8 (every common embedding model has one)")
+            log.error("%s", self.vector_problem)
+            return False
+        with self.tx() as c:
+            self._vector_tables_in_tx(dim)
+            c.execute("update documents set embedding_state = 'pending' where embedding_state = 'none'")
+            c.execute("update graph_entries set embedding_state = 'pending' where embedding_state = 'none'")
+        return True
+
+    def _vector_tables_in_tx(self, dim: int) -> None:
+        """Record the embedder's provider/model/dim in meta and create the vec0 tables for `dim`. In tx."""
+        self._meta_set("embedding_provider", self.embedder.provider)
+        self._meta_set("embedding_model", self.embedder.model)
+        self._meta_set("embedding_dim", dim)
+        self._meta_set("vector_format", "int8")
+        self.conn.execute(self.queries["create_doc_vec"].replace("{dim}", str(dim)))
+        self.conn.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
+
+    def _embed(self, texts: list[str], warnings: list | None = None) -> list:
+        """Embed passages as fold() makes them (the vectors of earlier versions, made from stored
+        folded text, stay valid). Never fails a write: one entry per text, its vector (float32[dim]),
+        a str when the provider refused that input for good (EmbeddingRejected; the batch is split in
+        halves until only the refused inputs are left, so one bad input costs the others nothing), or
+        None when it is not embedded now (no usable provider, or a transient failure: timeout, 5xx,
+        408/429, connection refused; a warning is appended and back-fill retries it later)."""
+        if not texts or not self.vectors_usable:
+            return [None] * len(texts)
+        out = self._embed_split([fold(t) for t in texts], warnings)
+        if any(isinstance(v, np.ndarray) for v in out) and not self.has_table("doc_vec") and not self._start_vectors():
+            if warnings is not None:
+                warnings.append(self.vector_problem)
+            return [None] * len(texts)
+        return out
+
+    def _embed_split(self, texts: list[str], warnings: list | None) -> list:
+        """_embed's bisection over folded texts (see there). A vector the provider sent NaN, infinite
+        or all zeros is a failure for its text: refused (a str) when others of the call came back
+        usable, a transient failure (None, back-filled later) when none did."""
+        try:
+            vectors = list(self.embedder.embed_documents(texts))
+            bad = unusable_rows(np.asarray(vectors)) if vectors else []
+            if len(vectors) and bad.all():
+                raise EmbeddingError("the embedding provider returned unusable vectors (NaN, infinite or all zeros)")
+            return [("the embedding provider returned an unusable vector (NaN, infinite or all zeros) for this text"
+                     if b else v) for v, b in zip(vectors, bad, strict=True)]
+        except EmbeddingRejected as e:
+            if len(texts) == 1:
+                log.warning("the embedding provider refused an input for good (it stays without a vector): %s", e)
+                return [str(e)]
+            first = self._embed_split(texts[: len(texts) // 2], warnings)
+            if any(v is None for v in first):  # the endpoint went away meanwhile: the rest waits too
+                return first + [None] * (len(texts) - len(first))
+            return first + self._embed_split(texts[len(texts) // 2:], warnings)
+        except EmbeddingError as e:
+            log.warning("embedding failed, vectors will be back-filled later: %s", e)
+            self.last_embedding_error = str(e)
+            if warnings is not None:
+                warnings.append(f"embedding failed ({e}); the memory is stored and its vector will be back-filled")
+            return [None] * len(texts)
+
+    # session context -----------------------------------------------------------------------------
+
+    def _session_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int | None) -> list[tuple]:
+        """(created_at, content) of the `[embedding] context_turns` memories right before a memory in
+        its session (session order: created_at, then id), oldest first; [] outside a session.
+        doc_id None: a memory not stored yet (it comes after every stored one of the same time)."""
+        n = self.cfg.embedding.context_turns
+        if n <= 0 or not session_id:
+            return []
+        rows = self.rows(self.queries["session_context"], {
+            "session_id": session_id, "persona_id": persona_id, "created_at": created_at,
+            "id": doc_id if doc_id is not None else AFTER_EVERY_ID, "n": n})
+        return [(r["created_at"], r["content"]) for r in reversed(rows)]
+
+    def _vector_text(self, content: str, context: list[str], labels=()) -> tuple[str, bool]:
+        """What a document vector is computed from: the end (context_chars) of the preceding turns
+        of its session, a newline, then the memory itself, so a reply like "Yes, last May" is found
+        by what it answers, followed by its labels (topics, tags and sentiment: short words that say
+        what kind of memory it is). Only the embedded text changes, never the stored content: all of
+        it is fold()ed (as the query is). The memory alone when the context would push part of it out
+        of the model's window. Returns (text, whether the memory itself was cut)."""
+        content, context = fold(content), [fold(c) for c in context]
+        labels = " ".join(fold(x) for x in labels if x)
+        cut, truncated = self.embedder.prepare(content + "\n" + labels if labels else content)
+        if truncated and labels:  # no room for the labels
+            cut, truncated = self.embedder.prepare(content)
+        elif labels:
+            content = cut
+        ctx = "\n".join(context)[-self.cfg.embedding.context_chars:].lstrip() if context else ""
+        if ctx and not truncated:
+            joined, over = self.embedder.prepare(ctx + "\n" + content)
+            if not over:
+                return joined, False
+        return cut, truncated
+
+    def _stale_successors(self, doc_id: int, fresh=frozenset()) -> list[int]:
+        """The memories whose context contains memory `doc_id` (the context_turns memories right
+        after it in its session); their vectors are marked 'pending' so they are re-embedded (the old
+        vector stays searchable until then). Called inside the write transaction, before the change
+        (pass the ids to _refresh_graph_context after it). Returns their ids; those in `fresh` (this
+        batch's inserts, whose vectors already saw the whole batch as context) keep their vector. In tx."""
+        n = self.cfg.embedding.context_turns
+        if n <= 0:
+            return []
+        d = self.rows("select persona_id, session_id, created_at from documents where id = ?", (doc_id,))
+        if not d or not d[0]["session_id"]:
+            return []
+        ids = [r["id"] for r in self.rows(self.queries["session_successors"], {
+            "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"], "created_at": d[0]["created_at"],
+            "id": doc_id, "n": n})]
+        for i in ids if self.embedder.provider != "none" else ():
+            if i in fresh:
+                continue
+            self.conn.execute("update documents set embedding_state = 'pending', embedding_error = null "
+                              "where id = ? and embedding_state in ('done', 'pending')",
+                              (i,))
+        return ids
+
+    def _doc_vectors(self, todo: list[Prepared]) -> dict:
+        """The input of _stage_docs, computed before its transaction (so the write lock is held
+        briefly): {id(p): the memory's contextual vector, or None when there is none (provider none
+        or failing: the warning goes on each write)}. A text the provider refuses is no one's context
+        (see session_context): the batch's inserts that had it in theirs are embedded again without
+        it, round after round until no refusal changes a text (the first memory of a session is
+        settled in round one, the next in round two at the latest, ...; one round when none is refused)."""
+        if not self.vectors_usable:
+            return {id(p): None for p in todo}
+        batch: dict = {}  # this batch's inserts per session, [(created_at, position, content)]
+        for i, p in enumerate(todo):
+            if p.op == "insert" and p.session_id:
+                batch.setdefault((p.persona_id, p.session_id), []).append((p.created_at, i, p.content))
+        stored = [self._session_context(p.persona_id, p.session_id, p.created_at,
+                                        None if p.op == "insert" else p.document_id) for p in todo]
+        texts: list = [None] * len(todo)
+        out: list = [None] * len(todo)
+        warned: list = []
+        refused: set | None = None
+        for _ in range(len(todo) + 1):  # settles in at most one round per memory
+            if refused == (now := {i for i, v in enumerate(out) if isinstance(v, str)}):
+                break
+            refused = now
+            new = [self._batch_vector_text(todo, i, stored[i], batch, refused) for i in range(len(todo))]
+            redo = [i for i in range(len(todo)) if texts[i] is None or new[i][0] != texts[i]]
+            for i, v in zip(redo, self._embed([new[i][0] for i in redo], warned) if redo else (), strict=True):
+                texts[i], out[i] = new[i][0], v
+                todo[i].embedding_truncated = new[i][1]
+        for p, v in zip(todo, out, strict=True):
+            if isinstance(v, str):
+                p.embedding_error = v
+                p.warnings.append(f"the embedding provider refused this memory's text ({v}); it is stored and "
+                                  "found by keyword and graph search, without a vector")
+            elif v is None:
+                p.warnings.extend(warned[-1:])
+        return {id(p): (v if isinstance(v, np.ndarray) else None) for p, v in zip(todo, out, strict=True)}
+
+    def _batch_vector_text(self, todo: list[Prepared], i: int, context: list[tuple], batch: dict,
+                           refused: set) -> tuple[str, bool]:
+        """_vector_text of write todo[i] before it is stored: `context` its stored session context
+        (_session_context), to which an insert adds every insert of the batch before it in session
+        order (created_at, then id: the batch's ids follow its order), not only the earlier ones (an
+        out-of-order batch leaves no stale vectors behind), except those at positions `refused`
+        (their text was refused). Stable sort: at one time, stored memories (lower ids) come first."""
+        p = todo[i]
+        if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
+            mine = [(t, c) for t, j, c in batch.get((p.persona_id, p.session_id), [])
+                    if (t, j) < (p.created_at, i) and j not in refused]
+            context = sorted(context + mine, key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
+        return self._vector_text(p.content, [c for _, c in context], [*p.topics, *p.tags, p.sentiment])
+
+    def _fact_text_vectors(self, todo: list[Prepared]) -> dict:
+        """The vectors of the fact texts new writes `todo` will give their graph entries, computed
+        before their one transaction: {Rules._key(text): vector, refusal str or None}. One embedding per
+        distinct text: a fact of the same persona already stored with a vector (the same graph node)
+        takes that vector, copies within the batch are embedded once; a fact that is its whole memory
+        and will reuse the memory's vector (no session: no context) is left to _entry_vectors."""
+        known, todo_texts = {}, {}
+        for p in todo:
+            for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
+                key = Rules._key(fact)
+                if key in known or key in todo_texts or (fact == p.content and not p.session_id):
+                    continue
+                blob = self.value(self.queries["stored_fact_vector"], {"persona_id": p.persona_id, "canonical": key})
+                if blob is not None:
+                    known[key] = blob_vector(blob)
+                else:
+                    todo_texts[key] = fact
+        if todo_texts and self.vectors_usable:
+            known.update(zip(todo_texts, self._embed(list(todo_texts.values()), todo[0].warnings), strict=True))
+        return known
+
+    def _fact_vectors(self, todo: list[Prepared]) -> dict:
+        """The input of _stage_graph_vectors, computed before its transaction: {"entries": [(entry
+        id, vector or refusal or None)] of the writes' pending graph entries (see _entry_vectors)}."""
+        return {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id for p in todo],
+                                               todo[0].warnings)}
+
+    def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None,
+                       known: dict | None = None) -> list[tuple[int, object]]:
+        """(entry id, what _embed made: a vector, a str (the provider refused the text) or None (not
+        now)) for the pending graph entries that named query `query` finds for `ids`
+        (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's node
+        text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
+        reuses the memory's own vector instead of a second embedding, unless that vector also saw
+        its session context (the graph vector stays the fact's own). `known`: {Rules._key(fact text):
+        what _embed made for it} computed beforehand (_fact_text_vectors), used instead of embedding."""
+        rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
+        out, todo = [], []
+        for r in rows:
+            if r["embedding_state"] == "done" and self._fact_takes_memory_vector(r):
+                blob = self.value("select embedding from doc_vectors where doc_id = ?", (r["doc_id"],))
+                if blob is not None:
+                    out.append((r["id"], blob_vector(blob)))
+                    continue
+            if known is not None and Rules._key(r["t"]) in known:
+                out.append((r["id"], known[Rules._key(r["t"])]))
+                continue
+            todo.append(r)
+        if todo:
+            out += [(r["id"], v) for r, v in zip(todo, self._embed([r["t"] for r in todo], warnings), strict=True)]
+        return out
+
+    def _fact_takes_memory_vector(self, r: dict) -> bool:
+        """Whether fact entry `r` ({t: its fact, content, persona_id, session_id, created_at, doc_id of
+        its memory}) takes its memory's vector instead of an embedding of its own: the fact is the
+        whole memory and the memory's vector saw no session context (else the two texts differ)."""
+        return r["t"] == r["content"] and not self._session_context(r["persona_id"], r["session_id"],
+                                                                    r["created_at"], r["doc_id"])
+
+    # the float store and its binary index --------------------------------------------------------
+
+    def _put_doc_vector(self, doc_id: int, vec: "np.ndarray") -> None:
+        """Store a document's float vector and its binary index row. In tx."""
+        self._store_vector("doc", doc_id, vec)
+        self.conn.execute("update documents set embedding_state = 'done', embedding_error = null where id = ?",
+                          (doc_id,))
+        self._maybe_center()
+
+    def _store_vector(self, kind: str, row_id: int, vec) -> None:
+        """Store row `row_id`'s vector as int8 (put_<kind>_vector, kind doc, entry or turn) and make its
+        binary index row (index_<kind>_vector) from that int8 vector back as unit float32, so the
+        index bits are a function of what is stored: a re-index makes the same ones. In tx."""
+        stored = vector_blob(vec)
+        self.conn.execute(self.queries[f"put_{kind}_vector"], {"id": row_id, "stored": stored})
+        self.conn.execute(self.queries[f"index_{kind}_vector"],
+                          {"id": row_id, "embedding": blob_vector(stored).tobytes()})
+
+    def _maybe_center(self) -> None:
+        """Fix the quantisation centre once CENTER_AFTER document vectors exist (see sql/vectors.sql).
+        In tx."""
+        if self.value("select 1 from meta where key = 'vector_center'") is None and \
+                self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
+            self._recenter()
+
+    CENTER_AFTER = 256  #: document vectors needed before the binary index is centred on their mean
+
+    def _recenter(self) -> None:
+        """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
+        binary KNN indexes with it; no vectors, no centre. In tx."""
+        center = mean_vector(blob for _, blob in self.conn.execute(self.queries["doc_vector_blobs"]))
+        if center is not None:
+            self._meta_set("vector_center", center.tobytes().hex())
+        else:
+            self.conn.execute("delete from meta where key = 'vector_center'")
+        self._reindex_vectors()
+
+    def _reindex_vectors(self) -> None:
+        """Rebuild both binary vec0 indexes from the stored int8 vectors (after the centre changes). In tx."""
+        c = self.conn
+        c.execute("delete from doc_vec")
+        c.execute("delete from graph_vec")
+        for rows, index in (("doc_vector_blobs", "index_doc_vector"), ("entry_vector_blobs", "index_entry_vector")):
+            for row_id, blob in c.execute(self.queries[rows]).fetchall():
+                c.execute(self.queries[index], {"id": row_id, "embedding": blob_vector(blob).tobytes()})
+
+    def _put_entry_vector(self, entry_id: int, vec) -> None:
+        """Store a graph entry's float vector and its binary index row; `vec` a str: the provider
+        refused its text, recorded as its embedding_error (it stays 'pending', skipped by back-fill);
+        None: nothing (back-filled later). In tx."""
+        if isinstance(vec, str):
+            self.conn.execute("update graph_entries set embedding_error = ? where id = ?", (vec, entry_id))
+            return
+        if vec is None:
+            return
+        self._store_vector("entry", entry_id, vec)
+        self.conn.execute("update graph_entries set embedding_state = 'done', embedding_error = null where id = ?",
+                          (entry_id,))
+
+    def _stored_vector_texts(self, rows: list[dict]) -> list[tuple[str, bool]]:
+        """_vector_text of stored documents (rows with id, content, persona_id, session_id,
+        created_at, topics, tags, sentiment): [(text, whether the memory itself was cut)]."""
+        return [self._vector_text(r["content"], [c for _, c in self._session_context(
+            r["persona_id"], r["session_id"], r["created_at"], r["id"])],
+            [*json.loads(r["topics"]), *json.loads(r["tags"]), r["sentiment"]]) for r in rows]
+
+    def vectors_awaited(self) -> bool:
+        """True when a document or graph entry waits for a vector that back-fill can still make
+        (pending, not refused by the provider) and the embedder fits the stored vectors."""
+        return self.vectors_usable and bool(self.value(
+            "select exists (select 1 from documents where embedding_state = 'pending' and embedding_error is null) "
+            "or exists (select 1 from graph_entries where embedding_state = 'pending' and embedding_error is null)"))
+
+
+# Write stages: a memory's row and FTS, its atoms, its graph ######################################
+
+IMPORT_CHUNK = 64  #: memories an import re-derives and embeds between two progress reports
+GRAPH_LAYOUT = "2"  #: meta graph_layout of the entries _stage_graph writes (Layers._upgrade_graph_entries)
+GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph layout upgrade
+
+
+class Layers:
+    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): its FTS row
+    and vector, its atoms (with reinforcement and supersession), its graph nodes, edges and
+    entries, and their removal, all in tx; a memory's flags (pinned, archived, superseded); the
+    back-fill of the vectors a write left pending, with its background refresh worker."""
+
+    def _stage_docs(self, p: Prepared, vectors: dict) -> str | None:
+        """Stage 1 of a write: the documents row (insert with a never-reused id, or update for an edit),
+        its FTS row, its vector when one was computed, and the session context of the memories after
+        it. Returns 'done' when another process stored the same content meanwhile. In tx."""
+        c, stamp = self.conn, now_iso()
+        vec = vectors.get(id(p))
+        state = "done" if vec is not None else ("pending" if self.embedder.provider != "none" else "none")
+        cols = dict(persona_id=p.persona_id, session_id=p.session_id, content=p.content,
+                    content_hash=p.content_hash, summary=p.summary, topics=json.dumps(p.topics, ensure_ascii=False),
+                    key_facts=json.dumps(p.key_facts, ensure_ascii=False),
+                    participants=json.dumps(p.participants, ensure_ascii=False),
+                    tags=json.dumps(p.tags, ensure_ascii=False), sentiment=p.sentiment, source=p.source,
+                    importance=p.importance, pinned=int(p.pinned), created_at=p.created_at, updated_at=stamp,
+                    embedding_state=state, embedding_truncated=int(p.embedding_truncated),
+                    embedding_error=p.embedding_error, **self._event_columns(p))
+        if p.op == "insert":
+            existing = self.value("select id from documents where persona_id = ? and content_hash = ?",
+                                  (p.persona_id, p.content_hash))
+            if existing is not None:  # stored by another process meanwhile
+                p.document_id, p.deduplicated = existing, True
+                return "done"
+            cols["uid"] = str(uuid.uuid4())
+            # ids are never reused, even after deleting the newest memory (a client may still hold it)
+            cols["id"] = self._new_id("documents")
+            c.execute(f"insert into documents({', '.join(cols)}) values ({', '.join(':' + k for k in cols)})", cols)
+            p.document_id = cols["id"]
+        else:
+            archived = self.value("select archived from documents where id = ?", (p.document_id,))
+            if archived is None:
+                raise NotFound(f"memory {p.document_id} was deleted before its edit finished")
+            p.stale += self._stale_successors(p.document_id)  # its old place in the session
+            # created_at stays: a new timestamp moves the memory (its vector and graph context follow)
+            del cols["persona_id"]
+            cols["id"] = p.document_id
+            assignments = ", ".join(f"{k} = :{k}" for k in cols if k != "id")
+            c.execute(f"update documents set {assignments} where id = :id", cols)
+            c.execute("delete from documents_fts where rowid = ?", (p.document_id,))
+            c.execute("delete from doc_vectors where doc_id = ?", (p.document_id,))
+            if self.has_table("doc_vec"):
+                c.execute("delete from doc_vec where doc_id = ?", (p.document_id,))
+        c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
+                  (p.document_id, self.seg.segmented(self._doc_index_text(p))))
+        fresh = vectors.setdefault("fresh", set()) if vectors is not None else set()
+        p.stale += [i for i in self._stale_successors(p.document_id, fresh) if i not in p.stale]
+        if p.op == "insert":
+            fresh.add(p.document_id)
+            self._archive_superseded(p)
+        self._refresh_graph_context(p.stale)
+        self._briefing_stale(p.persona_id)
+        if vec is not None:
+            self._put_doc_vector(p.document_id, vec)
+
+    @staticmethod
+    def _doc_index_text(p) -> str:
+        """What BM25 sees for a document: content, summary, topics, participants and tags."""
+        get = (lambda k: getattr(p, k)) if isinstance(p, Prepared) else (lambda k: p[k])
+        extra = [get("summary"), *get("topics"), *get("participants"), *get("tags")]
+        return "\n".join([get("content"), *[x for x in extra if x]])
+
+    def _stage_atoms(self, p: Prepared, _vectors) -> None:
+        """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
+        same persona reinforces it (count +1, confidence and TTL refreshed) instead of a new row.
+        A fact of fewer than reinforce_min_tokens search tokens never reinforces: "Thanks, Melanie!"
+        said in every conversation is small talk, not a fact that recurs, and would otherwise
+        stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo). In tx."""
+        c = self.conn
+        self._clear_atoms(p.document_id)
+        # the event time again: rebuild --graph re-derives it for memories stored before schema 16
+        c.execute("update documents set event_at = :event_at, event_end = :event_end where id = :id",
+                  self._event_columns(p) | {"id": p.document_id})
+        threshold = self.cfg.write.reinforce_jaccard
+        doc_uid = self.value("select uid from documents where id = ?", (p.document_id,))
+        for fact in dict.fromkeys(p.facts):
+            atom_type, confidence = self.rules.classify(fact)
+            tokens = self.seg.tokens(fact)
+            token_set = set(tokens)
+            best, best_score = None, 0.0
+            if len(token_set) >= self.cfg.write.reinforce_min_tokens:
+                for cand in self.rows(self.queries["atom_reinforce_candidates"], {
+                        "match": fts_query(tokens), "persona_id": p.persona_id, "atom_type": atom_type}):
+                    score = jaccard(token_set, set(cand["segmented"].split()))
+                    if score > best_score:
+                        best, best_score = cand, score
+            if best is not None and best_score >= threshold:
+                if self.value("select 1 from atom_sources where atom_id = ? and document_id = ?",
+                              (best["id"], p.document_id)):
+                    continue
+                self._reinforce_atom(best, max(best["last_reinforced_at"], p.created_at), confidence,
+                                     self._atom_expiry(atom_type, fact, p, 0.0, "") if atom_type == "planned" else "")
+                c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (best["id"], p.document_id))
+                continue
+            base = float(self.rules.types[atom_type]["base_ttl_days"])
+            ttl = effective_ttl_days(base, p.importance, 0)
+            stamp = now_iso()
+            slot, slot_value, slot_subject = self.rules.slot(fact)
+            subject = slot_subject or (self.rules.canonical(p.participants[0]) if p.participants else "")
+            if slot and not subject:
+                subject = "user"
+            c.execute("insert into memory_atoms(id, uid, persona_id, document_id, atom_type, content, subject, "
+                      "confidence, importance, base_ttl_days, created_at, updated_at, last_reinforced_at, "
+                      "expires_at, state_changed_at, slot, slot_value) "
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("memory_atoms"), atom_uid(p.persona_id, doc_uid, fact), p.persona_id,
+                       p.document_id, atom_type, fact,
+                       subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
+                       self._atom_expiry(atom_type, fact, p, ttl, p.created_at), stamp, slot, slot_value))
+            atom_id = c.last_insert_rowid()
+            c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (atom_id, p.document_id))
+            c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)", (atom_id, " ".join(tokens)))
+            if slot:
+                self._supersede(atom_id, p.persona_id, subject, slot, slot_value, p.created_at)
+
+    def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0, event_expiry: str = "") -> None:
+        """One more reinforcement of `atom` (a memory_atoms row: id, base_ttl_days, importance,
+        reinforcement_count, expires_at) at ISO time `at`: count + 1, confidence at least
+        `confidence`, and a shelf life of effective_ttl_days from `at` (seed: Memory Model). A
+        planned atom keeps the later of that, its expiry so far and `event_expiry` (the reinforcing
+        fact's event end + grace, _atom_expiry): restating a plan does not move its date earlier. In tx."""
+        count = atom["reinforcement_count"] + 1
+        ttl = effective_ttl_days(atom["base_ttl_days"], atom["importance"], count)
+        expires = iso(parse_time(at) + dt.timedelta(days=ttl))
+        if event_expiry or atom.get("atom_type") == "planned":
+            expires = max(expires, event_expiry, atom.get("expires_at") or "")
+        self.conn.execute("update memory_atoms set reinforcement_count = ?, confidence = max(confidence, ?), "
+                          "last_reinforced_at = ?, expires_at = ?, updated_at = ? where id = ?",
+                          (count, confidence, at, expires, now_iso(), atom["id"]))
+
+    def _event_columns(self, p) -> dict:
+        """{event_at, event_end} of a memory: the first date its content names (event_spans,
+        rules/dates.toml), resolved against its own created_at in [forgetting] timezone; None each
+        when it names none."""
+        spans = self._event_spans(p.content, p.created_at)
+        return {"event_at": spans[0][0] if spans else None, "event_end": spans[0][1] if spans else None}
+
+    def _event_spans(self, text: str, created_at: str) -> list[tuple[str, str, str]]:
+        """event_spans of `text` at the memory's time `created_at` with this engine's rules and zone."""
+        return event_spans(text, created_at, self.rules.event_dates, local_tz(self.cfg.forgetting.timezone))
+
+    def _atom_expiry(self, atom_type: str, fact: str, p, ttl_days: float, start: str) -> str:
+        """When a new atom expires (ISO UTC): a planned one `grace_days` (rules/dates.toml) after the
+        end of the latest date its fact names (else of the memory's own event, _event_columns), so a
+        deadline weeks ahead is not forgotten after the type's short TTL; every other atom, and a
+        planned one without a date, `ttl_days` after `start` (effective_ttl_days; seed: Memory
+        Model). With start = '' only the event expiry is returned ('' without one)."""
+        if atom_type == "planned":
+            spans = self._event_spans(fact, p.created_at) or self._event_spans(p.content, p.created_at)[:1]
+            if spans:
+                grace = dt.timedelta(days=self.rules.event_dates["grace_days"])
+                return iso(max(_parse_iso(e) for _, e, _ in spans) + grace)
+        return iso(parse_time(start) + dt.timedelta(days=ttl_days)) if start else ""
+
+    def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str, created_at: str) -> None:
+        """Rule-based supersession: of the active atoms with this persona, subject and single-valued
+        slot, the newest (by created_at) stays active and every one with another value becomes
+        'superseded' by it. An older fact arriving late is itself superseded. In tx."""
+        c, stamp = self.conn, now_iso()
+        rivals = self.rows(self.queries["atom_rivals"],
+                           {"persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
+        for r in rivals:
+            if r["slot_value"] == value:
+                continue
+            old, new = (r["id"], atom_id) if r["created_at"] <= created_at else (atom_id, r["id"])
+            c.execute("update memory_atoms set state = 'superseded', superseded_by = ?, state_changed_at = ?, "
+                      "updated_at = ? where id = ? and state = 'active'", (new, stamp, stamp, old))
+
+    def _clear_atoms(self, doc_id: int) -> None:
+        """Undo what a document contributed to the atom layer: atoms it alone stated are deleted
+        (with their FTS rows); atoms it reinforced lose one reinforcement. In tx."""
+        c = self.conn
+        for r in self.rows(self.queries["document_atom_sources"], {"document_id": doc_id}):
+            c.execute("delete from atom_sources where atom_id = ? and document_id = ?", (r["atom_id"], doc_id))
+            other = self.value("select document_id from atom_sources where atom_id = ? order by document_id limit 1",
+                               (r["atom_id"],))
+            if other is None:
+                # what this atom superseded is current again
+                c.execute("update memory_atoms set state = 'active', superseded_by = null, state_changed_at = ?, "
+                          "updated_at = ? where superseded_by = ? and state = 'superseded' and expires_at > ?",
+                          (now_iso(), now_iso(), r["atom_id"], now_iso()))
+                c.execute("delete from memory_atoms_fts where rowid = ?", (r["atom_id"],))
+                c.execute("delete from memory_atoms where id = ?", (r["atom_id"],))
+            else:
+                a = self.rows("select base_ttl_days, importance, reinforcement_count, last_reinforced_at "
+                              "from memory_atoms where id = ?", (r["atom_id"],))[0]
+                left = max(0, a["reinforcement_count"] - 1)  # and the TTL that reinforcement added goes too
+                expires = iso(parse_time(a["last_reinforced_at"]) + dt.timedelta(
+                    days=effective_ttl_days(a["base_ttl_days"], a["importance"], left)))
+                c.execute("update memory_atoms set reinforcement_count = ?, expires_at = ?, "
+                          "document_id = case when document_id = ? then ? else document_id end, updated_at = ? "
+                          "where id = ?",
+                          (left, expires, doc_id, other, now_iso(), r["atom_id"]))
+
+    def _stage_graph(self, p: Prepared, _vectors) -> None:
+        """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and their
+        searchable entries, all tied to the source document (seed: Memory Model 3). In tx.
+        Entries: one per subject ("Person: X. Summary: …"), one per fact ("Fact: …" + "About:" the
+        subjects, which is what the describes edges say), one per fact chain link (two adjacent facts
+        searched together); describes and co_occurs_with stay edges only. The session context is
+        indexed once per memory, on its anchor entry (graph_anchor_text), not on every fact."""
+        c = self.conn
+        self._clear_graph(p.document_id)
+        doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
+        summary = (p.summary or p.content)[: self.cfg.write.graph_summary_chars]
+        context = self._graph_context(p.persona_id, p.session_id, p.created_at, p.document_id)
+        entry_state = "pending" if self.embedder.provider != "none" else "none"
+
+        def node(node_type: str, value: str) -> tuple[int, str]:
+            if node_type == "fact":
+                shown, canonical = value, Rules._key(value)
+            else:
+                shown, canonical = self.rules.display(value), self.rules.canonical(value)
+            nid = self.value("select id from graph_nodes where persona_id = ? and node_type = ? and canonical = ?",
+                             (p.persona_id, node_type, canonical))
+            if nid is None:
+                c.execute("insert into graph_nodes(id, persona_id, node_type, value, canonical) values (?, ?, ?, ?, ?)",
+                          (self._new_id("graph_nodes"), p.persona_id, node_type, shown, canonical))
+                nid = c.last_insert_rowid()
+            return nid, shown
+
+        def entry(text: str, confidence: float, node_id=None, edge_id=None, state=entry_state) -> None:
+            c.execute("insert into graph_entries(id, persona_id, session_id, document_id, node_id, edge_id, "
+                      "text, confidence, archived, embedding_state) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("graph_entries"), p.persona_id, p.session_id, p.document_id,
+                       node_id, edge_id, text, confidence, doc["archived"], state))
+            c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
+                      (c.last_insert_rowid(), self.seg.segmented(text)))
+
+        def edge(src, dst, relation: str, confidence: float) -> None:
+            c.execute("insert into graph_edges(id, persona_id, document_id, source_id, target_id, relation, "
+                      "confidence) values (?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("graph_edges"), p.persona_id, p.document_id, src[0], dst[0], relation, confidence))
+            if relation == "mentioned_in":
+                entry(f"{src[1]} mentioned in {dst[1]}", confidence, edge_id=c.last_insert_rowid(), state="skip")
+
+        subjects = [(node("person", v), "Person") for v in p.participants[:GRAPH_MAX_SUBJECTS]] + \
+                   [(node("topic", v), "Topic") for v in p.topics[:GRAPH_MAX_SUBJECTS]]
+        seen_nodes: set = set()  # two spellings of one entity ("Alice", "alice", "NYC"/"New York") = one subject
+        subjects = [s for s in subjects if s[0][0] not in seen_nodes and not seen_nodes.add(s[0][0])]
+        about = ", ".join(shown for (_, shown), _ in subjects)
+        for n, ((nid, shown), label) in enumerate(subjects):  # keyword entry points only: a name's vector says little
+            entry(graph_anchor_text(subject_entry_text(label, shown, summary), context if n == 0 else ""),
+                  GRAPH_SUBJECT_CONFIDENCE, node_id=nid, state="skip")
+        facts = []
+        for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
+            confidence = self.rules.classify(fact)[1]
+            n = node("fact", fact)
+            if any(n[0] == f[0][0] for f in facts):  # same fact up to case/whitespace
+                continue
+            anchor = not subjects and not facts  # no subject: the first fact carries the context
+            entry(graph_anchor_text(fact_entry_text(fact, about), context if anchor else ""), confidence,
+                  node_id=n[0])
+            facts.append((n, confidence))
+        for (s, _label) in subjects:
+            for f, confidence in facts:
+                edge(s, f, "describes", confidence)
+        for (a, ca), (b, cb) in zip(facts, facts[1:], strict=False):  # each fact with the next
+            edge(a, b, "mentioned_in", min(ca, cb))
+        for i, (a, _) in enumerate(subjects):
+            for b, _ in subjects[i + 1:]:
+                edge(a, b, "co_occurs_with", GRAPH_SUBJECT_CONFIDENCE)
+
+    def _clear_graph(self, doc_id: int) -> None:
+        """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes. In tx."""
+        c = self.conn
+        ids = [r["id"] for r in self.rows(self.queries["document_entry_ids"], {"document_id": doc_id})]
+        has_vec = self.has_table("graph_vec")
+        for eid in ids:
+            c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
+            c.execute("delete from graph_vectors where entry_id = ?", (eid,))
+            if has_vec:
+                c.execute("delete from graph_vec where entry_id = ?", (eid,))
+        node_ids = {r["n"] for r in self.rows(self.queries["document_graph_nodes"], {"document_id": doc_id})}
+        c.execute("delete from graph_entries where document_id = ?", (doc_id,))
+        c.execute("delete from graph_edges where document_id = ?", (doc_id,))
+        for nid in node_ids:
+            c.execute("delete from graph_nodes where id = ? "
+                      "and not exists (select 1 from graph_entries where node_id = ?) "
+                      "and not exists (select 1 from graph_edges where source_id = ? or target_id = ?)",
+                      (nid, nid, nid, nid))
+
+    def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
+        """Stage 4 of a write: the vectors of its pending graph entries, from vectors['entries']
+        (_fact_vectors); those without one (embedding failed) stay 'pending' for the back-fill. In tx."""
+        if "facts" in vectors:  # the one-transaction pipeline: fact vectors computed before it
+            vectors = {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id],
+                                                      p.warnings, vectors["facts"])}
+        if vectors.get("entries") is None:
+            return  # entries stay 'pending' and are back-filled later
+        mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"], {"document_id": p.document_id})}
+        for entry_id, vec in vectors["entries"]:  # the whole batch's entries: one query per memory, not per entry
+            if entry_id in mine:
+                self._put_entry_vector(entry_id, vec)
+
+    def _graph_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int) -> str:
+        """The end (context_chars) of the memories before a stored memory in its session: what its
+        fact entries carry for keyword search, in place of the memory's own text (BM25 has that)."""
+        context = "\n".join(c for _, c in self._session_context(persona_id, session_id, created_at, doc_id))
+        return context[-self.cfg.embedding.context_chars:].lstrip()
+
+    def _refresh_graph_context(self, ids) -> None:
+        """Inside the write transaction, after a change: the anchor entries (graph_anchor_text) of
+        memories `ids` get the keyword text of their new session context (no embedding involved:
+        fact vectors are the fact's). In tx."""
+        for i in dict.fromkeys(ids):
+            d = self.rows("select persona_id, session_id, created_at, summary, content, key_facts, participants, "
+                          "topics from documents where id = ?", (i,))
+            anchor = self.rows(self.queries["document_anchor_entry"], {"document_id": i})
+            if not d or not anchor:
+                continue
+            d, e = d[0], anchor[0]
+            summary = (d["summary"] or d["content"])[: self.cfg.write.graph_summary_chars]
+            context = self._graph_context(d["persona_id"], d["session_id"], d["created_at"], i)
+            shown = self._own_spelling(d, e)
+            base = fact_entry_text(shown, "") if e["node_type"] == "fact" else \
+                subject_entry_text(e["node_type"].title(), shown, summary)
+            self._put_entry_text(e["id"], graph_anchor_text(base, context))
+
+    def _own_spelling(self, doc: dict, entry: dict) -> str:
+        """How memory `doc` (its documents row) spells the node of its graph entry `entry` (node_type,
+        value, canonical), as _stage_graph wrote it: a node shared by several memories keeps the
+        first one's spelling as its value ("Alice likes tea" for a later "ALICE likes tea")."""
+        if entry["node_type"] == "fact":
+            facts = json.loads(doc["key_facts"]) or self._auto_facts(doc["content"])
+            return next((f for f in facts if Rules._key(f) == entry["canonical"]), entry["value"])
+        names = json.loads(doc["participants" if entry["node_type"] == "person" else "topics"])
+        return next((self.rules.display(v) for v in names if self.rules.canonical(v) == entry["canonical"]),
+                    entry["value"])
+
+    def _put_entry_text(self, entry_id: int, text: str) -> None:
+        """Replace a graph entry's keyword text and its FTS row. In tx."""
+        self.conn.execute("update graph_entries set text = ? where id = ?", (text, entry_id))
+        self.conn.execute("delete from graph_entries_fts where rowid = ?", (entry_id,))
+        self.conn.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
+                          (entry_id, self.seg.segmented(text)))
+
+    def _upgrade_graph_entries(self) -> None:
+        """Files before graph layout 2 index every describes/co_occurs_with edge as a sentence and
+        the session context on every fact entry: rewrite them as _stage_graph writes them now (no
+        vector changes: a fact's vector is the fact's), GRAPH_UPGRADE_BATCH memories a transaction
+        so other processes' writes get the lock in between (a memory is whole in either layout, and
+        rewriting one twice gives the same rows), then meta graph_layout = 2. Data step 3 (DATA_STEPS)."""
+        if self.meta_get("graph_layout") == GRAPH_LAYOUT:
+            return
+        with self.tx() as c:
+            gone = [r["id"] for r in self.rows(self.queries["edge_only_entries"])]
+            for eid in gone:
+                c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
+                c.execute("delete from graph_entries where id = ?", (eid,))
+        docs = [r["id"] for r in self.rows(self.queries["documents_with_entries"])]
+        for at in range(0, len(docs), GRAPH_UPGRADE_BATCH):
+            with self.tx():
+                if self.meta_get("graph_layout") == GRAPH_LAYOUT:  # another process finished it meanwhile
+                    return
+                self._upgrade_graph_entries_of(docs[at:at + GRAPH_UPGRADE_BATCH])
+        with self.tx() as c:
+            if docs:  # merge the index's segments: every rewritten row left a deletion marker behind
+                c.execute("insert into graph_entries_fts(graph_entries_fts) values ('optimize')")
+            self._meta_set("graph_layout", GRAPH_LAYOUT)
+        if docs:
+            log.warning("graph entries upgraded to layout %s: %s memories, %s edge sentences dropped "
+                        "(`python aokun.py vacuum` returns the freed space)", GRAPH_LAYOUT, len(docs), len(gone))
+
+    def _upgrade_graph_entries_of(self, docs: list[int]) -> None:
+        """_upgrade_graph_entries' rewrite of memories `docs` (deleted meanwhile: skipped). In tx."""
+        for i in docs:
+            d = self.rows("select content, key_facts, participants, topics from documents where id = ?", (i,))
+            if not d:
+                continue
+            entries = self.rows(self.queries["document_entry_nodes"], {"document_id": i})
+            about = ", ".join(self._own_spelling(d[0], e) for e in entries if e["node_type"] != "fact")
+            for e in entries:
+                if e["node_type"] == "fact":
+                    self._put_entry_text(e["id"], fact_entry_text(self._own_spelling(d[0], e), about))
+        self._refresh_graph_context(docs)
+
+    # flags and superseding: a memory's row -------------------------------------------------------
+
+    def _archive_superseded(self, p: Prepared) -> None:
+        """Archive the memories write `p` supersedes (p.supersedes) and link each to p.document_id
+        (superseded_by), those of p's persona only (checked again: one may be gone since memorize
+        checked); the newer itself is never archived. Notes what it did in p.warnings. In tx."""
+        done = []
+        for old in p.supersedes:
+            mine = self.value("select 1 from documents where id = ? and persona_id = ?",
+                              (old, p.persona_id))
+            if old != p.document_id and mine:
+                self._set_flag_in_tx(old, "archived", True)
+                self.conn.execute("update documents set superseded_by = ? where id = ?",
+                                  (p.document_id, old))
+                done.append(str(old))
+        if done:
+            p.warnings.append(f"memory {', '.join(done)} archived as superseded by memory "
+                              f"{p.document_id} (restore_memory brings "
+                              f"{'them' if len(done) > 1 else 'it'} back)")
+
+    def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
+        """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
+        graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing stale
+        (the briefing lists pinned memories and leaves archived ones out). In tx."""
+        c = self.conn
+        c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
+        self._briefing_stale(self.value("select persona_id from documents where id = ?", (doc_id,)))
+        if flag == "archived":
+            c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
+            if self.has_table("doc_vec"):
+                c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
+                # one row at a time: sqlite-vec 0.1.9 rejects a bit[] table's multi-row UPDATE
+                # ("invalid float32 vector BLOB length") though the vector is not being changed
+                for (eid,) in c.execute(self.queries["document_entry_ids"], {"document_id": doc_id}).fetchall():
+                    c.execute("update graph_vec set archived = ? where entry_id = ?", (int(value), eid))
+
+    def _auto_facts(self, text: str) -> list[str]:
+        """Key facts when none were given: the content's sentences with at least two search tokens
+        (so "Hi!" and "OK." do not become atoms), at most max_auto_facts."""
+        return [s for s in split_sentences(text, 4 * self.cfg.write.max_auto_facts)
+                if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
+
+    # back-fill: the vector stage deferred, and the refresh worker --------------------------------
+
+    def _refresh_stale(self, ids) -> None:
+        """Re-embed memories whose context changed, in the background (one worker thread, so the write
+        that changed it returns without waiting for the model; their old vector stays searchable until
+        then); when the provider fails they stay 'pending' for the next back-fill. wait_refresh() waits."""
+        ids = sorted({i for i in ids if i is not None})
+        if not ids or not self.vectors_usable:
+            return
+        with self._refresh_lock:
+            if self._refresher is None:
+                self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-refresh")
+            self._refresher.submit(self._refresh_now, ids)
+
+    def _refresh_now(self, ids: list[int]) -> None:
+        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows stay
+        'pending' for the back-fill)."""
+        try:
+            if not self.conn_closed:
+                self.backfill_vectors(ids=ids)
+        except Exception as e:  # noqa: BLE001 - a background step: the back-fill retries
+            log.warning("refreshing the vectors of memories %s failed (back-filled later): %s", ids, e)
+
+    def wait_refresh(self) -> None:
+        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls it)."""
+        with self._refresh_lock:
+            worker = self._refresher
+        if worker is not None:
+            worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
+
+    def _stop_refresher(self) -> None:
+        """Memory.close's step after wait_refresh: stop the refresh worker; a refresh queued later
+        does nothing (conn_closed)."""
+        if self._refresher is not None:
+            self._refresher.shutdown()
+            self._refresher = None
+        self.conn_closed = True
+
+    def _vectors_fit(self) -> None:
+        """The stored vectors were all made again with the configured embedder (rebuild --vectors):
+        no vector_problem any more."""
+        self.vector_problem = None
+
+    def _clear_embedding_error(self) -> None:
+        """Forget the provider's last transient failure (a rebuild starts afresh)."""
+        self.last_embedding_error = None
+
+    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
+                         stop: threading.Event | None = None, progress=None) -> int:
+        """Embed documents and graph entries still marked 'pending' and not refused (embedding_error
+        null; only documents `ids` when given). Returns how many vectors were written. An input the
+        provider refuses for good gets its embedding_error (stays without a vector, skipped from then
+        on) and never holds up the others; stops quietly, leaving rows pending, when the provider fails
+        transiently or `stop` is set (checked before each batch: a server shutting down).
+        `progress(done, None)`, when given, is called after each batch with the vectors written so far
+        (the total is not known ahead)."""
+        if not self.vectors_usable:
+            return 0
+        done, after = 0, 0
+        while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
+            rows = self.rows(self.queries["pending_documents"],
+                             {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
+            if not rows:
+                break
+            after = rows[-1]["id"]
+            prepared = self._stored_vector_texts(rows)
+            out = self._embed([t for t, _ in prepared])
+            made, requeued = self._store_backfilled(rows, out, prepared)
+            done += made
+            if requeued:  # their vector text had a text refused just now: made again without it
+                after = min(after, min(requeued) - 1)
+                ids = None if ids is None else sorted({*ids, *requeued})
+            if progress:
+                progress(done, None)
+            if any(v is None for v in out):
+                return done
+        while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
+            entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"], {"n": batch})]
+            pairs = self._entry_vectors("pending_entries_by_id", entry_ids) if entry_ids else []
+            if not pairs:
+                break
+            with self.tx():
+                for entry_id, vec in pairs:
+                    if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
+                        self._put_entry_vector(entry_id, vec)
+                        done += isinstance(vec, np.ndarray)
+            if progress:
+                progress(done, None)
+            if any(v is None for _, v in pairs):
+                return done
+        return done
+
+    def _store_backfilled(self, rows: list[dict], out: list, prepared: list) -> tuple[int, list[int]]:
+        """backfill_vectors' transaction for one batch of documents `rows` (pending_documents), what
+        _embed made of their texts (`out`) and [(text, cut)] (`prepared`): the vectors are stored, a
+        refusal is recorded as the memory's embedding_error and its successors in the session, whose
+        vector text contained it, are marked pending (_stale_successors) with their keyword context
+        refreshed (what this batch made for them is dropped). Rows no longer pending (edited or
+        deleted meanwhile) are left. Returns (vectors stored, ids of the successors marked)."""
+        done, requeued = 0, []
+        with self.tx():
+            for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
+                if vec is None or r["id"] in requeued or self.value(
+                        "select embedding_state from documents where id = ?", (r["id"],)) != "pending":
+                    continue  # requeued: made from a text refused just now, made again without it
+                if isinstance(vec, str):
+                    self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
+                    stale = self._stale_successors(r["id"])
+                    self._refresh_graph_context(stale)
+                    requeued += stale
+                    continue
+                self._put_doc_vector(r["id"], vec)
+                self.conn.execute("update documents set embedding_truncated = ? where id = ?",
+                                  (int(truncated), r["id"]))
+                done += 1
+        return done, requeued
+
+    REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
+
+    def _requeue_refused_context(self) -> bool:
+        """Files written before a refused text was kept out of its neighbours' vector text (issue 24,
+        sql/vectors.sql session_context): once per file (meta refused_context), the memories after
+        each refused one in its session are marked pending (_stale_successors), so the back-fill
+        makes their vectors again without it (the old ones stay searchable until then). Not while the
+        provider is none (nothing to mark; done on the first open with one): False, not done yet.
+        Data step 4 (DATA_STEPS)."""
+        if self.meta_get("refused_context") == self.REFUSED_CONTEXT:
+            return True
+        if self.embedder.provider == "none":
+            return False
+        if not any(r["name"] == "embedding_error" for r in self.rows("pragma table_info(documents)")):
+            return False  # a file held below schema 9 (tests build such files): done once it is migrated
+        with self.tx():
+            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:  # not done by another process
+                for r in self.rows("select id from documents where embedding_error is not null"):
+                    self._refresh_graph_context(self._stale_successors(r["id"]))
+                self._meta_set("refused_context", self.REFUSED_CONTEXT)
+        return True
+
+
+def subject_entry_text(label: str, name: str, summary: str) -> str:
+    """The keyword text of a subject's graph entry: "Person: Alice. Summary: …" (label Person or
+    Topic, the memory's spelling of the name, its summary)."""
+    return f"{label}: {name}. Summary: {summary}"
+
+
+def fact_entry_text(fact: str, about: str) -> str:
+    """The keyword text of a fact's graph entry: the fact, and the memory's subjects (what its
+    describes edges say, once per fact instead of one entry per edge)."""
+    return f"Fact: {fact}" + (f"\nAbout: {about}" if about else "")
+
+
+def graph_anchor_text(text: str, context: str) -> str:
+    """A memory's anchor entry (its first subject's, or with no subject its first fact's) carries
+    its session context, so a reply ("Yes, last May") is found by the words of what it answers;
+    indexed once per memory, the context does not multiply the keyword index by its fact count."""
+    return text + (f"\nContext: {context}" if context else "")
+
+
+# Write path and journal: memorize, edit, delete, recovery ########################################
+
+OWNER_STALE_SECONDS = 600  #: a journal row of another host counts as abandoned this long after its last update
+JOURNAL_ERROR_CHARS = 1000  #: the start of an error message kept on its journal row
+
+
+def process_token(pid: int) -> str:
+    """What tells one start of process `pid` from a later process given the same pid: the boot id and
+    the start time in clock ticks since boot (Linux /proc), e.g. "3f2a9c1e.123456"; "" where /proc
+    cannot say (another OS, or no such process)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return f"{boot}.{stat[stat.rindex(')') + 2:].split()[19]}"  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+#: this process, as recorded on the journal rows it writes: host:pid@start (the start token tells this
+#: process from an earlier one with the same pid, e.g. pid 1 in every container start)
+OWNER = f"{socket.gethostname()}:{os.getpid()}@{process_token(os.getpid()) or uuid.uuid4().hex[:12]}"
+
+
+def owner_alive(owner: str, updated_at: str | None = None) -> bool:
+    """True when `owner` (host:pid@start of a journal row; host:pid in rows of older versions) is a live
+    process on this host other than this one: its pid runs and, where /proc can tell, is still the same
+    start of that process (not a later process given the same pid). A row of this pid that is not
+    OWNER is an earlier process's (pid reuse): not alive. OWNER itself is False too: whether this
+    process is still running one of its writes is Journal._op_running's to say. A row of another host
+    (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes) after its last
+    update, then as abandoned (e.g. a file copied from a machine that crashed)."""
+    if not owner or owner == OWNER:
+        return False
+    host, _, rest = owner.rpartition(":")
+    pid, _, token = rest.partition("@")
+    if host != socket.gethostname():
+        return bool(updated_at) and age_days(updated_at, now()) * 86400 < OWNER_STALE_SECONDS
+    try:
+        if int(pid) == os.getpid():
+            return False
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        pass
+    current = process_token(int(pid))
+    return not (token and current and token != current)
+
+
+_RUNNING_OPS: set[tuple[str, int]] = set()  #: (database file, journal op id) of writes this process runs now
+_RUNNING_LOCK = threading.Lock()
+
+
+REPEAT_UNITED = ("topics", "tags", "participants", "key_facts")  #: a repeat appends its new items to these
+REPEAT_FILLED = ("summary", "sentiment", "source", "session_id")  #: a repeat fills these only when empty
+
+
+def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
+    """What memorizing the text of stored memory `d` (a Store._doc dict) again with metadata `p` adds,
+    as {metadata field: new value} for edit(), {} when nothing changes. REPEAT_UNITED lists are united
+    (stored order, new items appended); REPEAT_FILLED texts are taken only when the stored one is
+    empty; importance is the higher, counted when the caller gave it, or when `restoring` an archived
+    memory (then the default counts too, so auto-archival does not take it straight back); pinned:
+    true wins. The timestamp (its place in time) and the persona stay."""
+    out = {}
+    for k in REPEAT_UNITED:
+        new = [x for x in getattr(p, k) if x not in d[k]]
+        if new:
+            out[k] = d[k] + new
+    out |= {k: getattr(p, k) for k in REPEAT_FILLED if getattr(p, k) and not d[k]}
+    if ("importance" in p.given or restoring) and p.importance > d["importance"]:
+        out["importance"] = p.importance
+    if p.pinned and not d["pinned"]:
+        out["pinned"] = True
+    return out
+
+
+class Journal:
+    """Writes through the journal (memory_write_ops): every write is a row that moves pending →
+    docs_done → atoms_done → graph_done → done, one transaction per stage, so a crash at any
+    point is finished by recover() at the next open (seed: Reliability)."""
+
+    # secrets -------------------------------------------------------------------------------------
+
+    @property
+    def secret_patterns(self) -> tuple:
+        """The compiled patterns of [write] secrets (rules/secrets.toml), loaded on first use."""
+        if self._secret_patterns is None:
+            self._secret_patterns = load_secret_rules(self.cfg.rule_file(self.cfg.write.secrets))
+        return self._secret_patterns
+
+    def redact(self, text: str, counts: dict | None = None) -> str:
+        """`text` with API keys, tokens, passwords, private keys and connection-string passwords
+        replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text.
+        `counts` ({kind: n}), when given, gets the replacements of each kind added."""
+        return redact(text, self.secret_patterns, counts) if text else text
+
+    def redact_fields(self, values: dict, names, counts: dict | None = None) -> dict:
+        """A copy of `values` with its fields `names` redacted (a text, or each text of a list);
+        other values, and fields that are not text, are left for the caller's checks. `counts` as
+        for redact()."""
+        out = dict(values)
+        for k in names & out.keys():
+            v = out[k]
+            if isinstance(v, str):
+                out[k] = self.redact(v, counts)
+            elif isinstance(v, (list, tuple)):
+                out[k] = [self.redact(x, counts) if isinstance(x, str) else x for x in v]
+        return out
+
+    # the write path ------------------------------------------------------------------------------
+
+    def prepare(self, content, metadata: dict | None = None, field_prefix: str = "") -> Prepared:
+        """Validate one memorize() call into a Prepared write. The text fields keep the characters
+        given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and source
+        are identifiers, folded (_label); content_hash is of fold(content), so "８０９０" and "8090" are
+        one memory. Secrets in the text fields are redacted first (redact()); how many of which kinds
+        is the first of p.warnings (redaction_warning). Raises InputError naming the bad field."""
+        meta = {} if metadata is None else metadata
+        if not isinstance(meta, dict):
+            raise InputError(field_prefix + "metadata", f"expected an object, got {type(meta).__name__}")
+        unknown = set(meta) - METADATA_FIELDS
+        if unknown:
+            raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
+                                                        f"known: {sorted(METADATA_FIELDS)}")
+        fp = field_prefix + "metadata."
+        redacted: dict[str, int] = {}  # {kind: secrets replaced}, reported in the write's warnings
+        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"}, redacted)  # never stored
+        text = self.redact(clean_text(content, field_prefix + "content"), redacted)
+        limit = self.cfg.write.max_content_chars
+        if len(text) > limit:
+            raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
+                                                       "([write] max_content_chars)")
+        p = Prepared(content=text, given=frozenset(k for k, v in meta.items() if v is not None))
+        p.persona_id = _label(meta.get("persona_id"), fp + "persona_id")
+        p.session_id = _label(meta.get("session_id"), fp + "session_id")
+        p.summary = _short_text(meta.get("summary"), fp + "summary")
+        p.sentiment = _short_text(meta.get("sentiment"), fp + "sentiment", MAX_LABEL_CHARS)
+        p.source = _label(meta.get("source"), fp + "source").lower()
+        p.topics = _text_list(meta.get("topics"), fp + "topics")
+        p.key_facts = _text_list(meta.get("key_facts"), fp + "key_facts")
+        p.participants = _text_list(meta.get("participants"), fp + "participants")
+        p.tags = _text_list(meta.get("tags"), fp + "tags")
+        p.importance = _importance(meta.get("importance"), fp + "importance", self.cfg.write.default_importance)
+        pinned = meta.get("pinned", False)
+        if pinned is not None and not isinstance(pinned, bool):
+            raise InputError(fp + "pinned", f"expected true or false, got {pinned!r}")
+        p.pinned = bool(pinned)
+        p.created_at = iso(parse_time(meta["timestamp"], fp + "timestamp")) if meta.get("timestamp") else now_iso()
+        p.content_hash = content_hash(text)
+        p.facts = p.key_facts or self._auto_facts(text)
+        if (said := redaction_warning(redacted)) is not None:
+            p.warnings.append(said)
+        return p
+
+    def memorize(self, content, metadata: dict | None = None, supersedes=None) -> dict:
+        """Store one memory through the journalled pipeline (seed: Write Pipeline).
+
+        Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding, embedding_truncated,
+        warnings, changed}. The same content for the same persona is a repeat (deduplicated=true): it
+        returns the memory that holds the text, restores it when archived and merges the new metadata
+        into it (see _absorb_repeat; `changed` is {field: [old, new]}, {} for a plain repeat).
+        `supersedes` (memory ids of the same persona, at most SUPERSEDES_MAX) are archived and
+        linked to the memory stored (or repeated): documents.superseded_by, in the transaction
+        that stores it. Raises InputError for bad input, a bad `supersedes` included
+        (_superseded_ids), before anything is written. An embedding failure never fails the write."""
+        p = self.prepare(content, metadata)
+        p.supersedes = self._superseded_ids(supersedes, p)
+        return self._memorize_prepared([p])[0]
+
+    def _superseded_ids(self, value, p: Prepared) -> list[int]:
+        """memorize's `supersedes` checked against the write `p`: [] for None or []; else the ids
+        (duplicates dropped, in order). Raises InputError naming `supersedes` for a value that is
+        not a list of ids, more than SUPERSEDES_MAX, an id that is no memory of p's persona
+        (another persona's is not there, the same message), or one holding p's very text
+        (memorizing it is a repeat of that memory)."""
+        if value is None or (isinstance(value, (list, tuple)) and not value):
+            return []
+        if isinstance(value, (list, tuple)) and len(value) > SUPERSEDES_MAX:
+            raise InputError("supersedes", f"{len(value)} ids; at most {SUPERSEDES_MAX} at once")
+        ids = _id_list(value, "supersedes", SUPERSEDES_MAX)
+        found = {r["id"]: r["content_hash"] for r in self.rows(
+            "select id, content_hash from documents where persona_id = ? "
+            "and id in (select value from json_each(?))",
+            (p.persona_id, json.dumps([i for i in ids if i <= MAX_ID])))}
+        missing = [str(i) for i in ids if i not in found]
+        if missing:
+            raise InputError("supersedes", f"no memory {', '.join(missing)} in this persona; "
+                                           "nothing was stored")
+        same = [str(i) for i in ids if found[i] == p.content_hash]
+        if same:
+            raise InputError("supersedes", f"memory {', '.join(same)} holds this very text; "
+                                           "nothing was stored")
+        return ids
+
+    def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
+        """Store many memories with batched embedding (imports). Every item is validated before any
+        is written; returns one result per item, in order (memorize's shape). Copies of one new text
+        in a batch store one memory; the later copies are repeats of it (their metadata merged). An
+        item whose first stage fails is not stored (status 'failed', its error; its journal row is
+        marked failed so no recovery stores it later) and the others are; with a single item that
+        failure is raised instead (memorize)."""
+        return self._memorize_prepared([self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
+                                        for i, (c, m) in enumerate(items)])
+
+    def _memorize_prepared(self, preps: list[Prepared]) -> list[dict]:
+        """memorize_many() of writes already validated (prepare, and memorize's supersedes)."""
+        stamp = now_iso()
+        with self._running() as claim:
+            with self.tx():
+                seen: dict[tuple, Prepared] = {}
+                for p in preps:
+                    key = (p.persona_id, p.content_hash)
+                    existing = self.value("select id from documents where persona_id = ? and content_hash = ?", key)
+                    if existing is not None or key in seen:
+                        p.deduplicated, p.document_id, p.status = True, existing, "done"
+                        if existing is None:
+                            p.document_id = seen[key]  # resolved after the first copy is written
+                        continue
+                    seen[key] = p
+                    p.op_id = claim(self._journal_row("insert", p, stamp))
+            self.run_pipeline([p for p in preps if p.op_id])
+        for p in preps:
+            if isinstance(p.document_id, Prepared):
+                first = p.document_id
+                p.document_id, p.error = first.document_id, first.error
+                p.status = "failed" if first.status == "failed" else p.status
+        if len(preps) == 1 and preps[0].status == "failed":
+            e = preps[0].error
+            raise e if isinstance(e, AokunError) else AokunError(f"could not store the memory: {e}")
+        self._refresh_stale([i for p in preps for i in p.stale])
+        for p in preps:
+            self._may_update(p)
+            if p.deduplicated and p.document_id is not None:
+                self._absorb_repeat(p)
+                if p.supersedes:  # a repeat: the memory holding the text supersedes them
+                    with self.tx():
+                        self._archive_superseded(p)
+        return [self._write_result(p) for p in preps]
+
+    def _may_update(self, p: Prepared) -> None:
+        """Set p.may_update, [{id, preview: the first MAY_UPDATE_PREVIEW_CHARS characters}] of at
+        most MAY_UPDATE_MAX memories of p's persona, not archived, that new memory `p` may be an
+        update of (see MAY_UPDATE_MAX: the slot signal first, then the vector one by cosine), and
+        one warning naming them and `supersedes`. Nothing for a repeat or a failed write. Costs
+        one slot query and one KNN from the vector the write stored (no embedding). Never raises
+        for the signals: a hint is not worth failing a stored write."""
+        if p.deduplicated or p.status == "failed" or p.document_id is None or p.op != "insert":
+            return
+        try:
+            found = {r["id"]: r["content"] for r in self.rows(
+                self.queries["slot_rivals_of_document"],
+                {"document_id": p.document_id, "persona_id": p.persona_id, "k": MAY_UPDATE_MAX})}
+            blob = None
+            # the cosine bounds were measured on the calibrated local model; another model's
+            # similarities live on another scale, so it gets the slot signal alone
+            calibrated = self.rules.relevance_coef(self.embedder.model, ()) is not None
+            if len(found) < MAY_UPDATE_MAX and calibrated and self.has_table("doc_vec"):
+                blob = self.value("select embedding from doc_vectors where doc_id = ?",
+                                  (p.document_id,))
+            if blob is not None:
+                k = MAY_UPDATE_MAX + 1  # the new memory is its own nearest
+                rows = self.rows(self.queries["recall_vector"], {
+                    "embedding": blob_vector(blob).tobytes(), "query_i8": blob, "k": k,
+                    "candidates": 8 * k, "max_hamming": None, "persona_id": p.persona_id,
+                    "max_archived": 0, "as_of": ""})
+                near = [(r["id"], 1 - r["raw"]) for r in rows
+                        if r["id"] != p.document_id and r["id"] not in found]
+                texts = {r["id"]: r["content"] for r in self.rows(
+                    "select id, content from documents "
+                    "where id in (select value from json_each(?))",
+                    (json.dumps([i for i, _ in near]),))} if near else {}
+                words = set(self.seg.tokens(p.content))
+                for i, cos in near:
+                    if i in texts and (cos >= MAY_UPDATE_COSINE_ALONE or (
+                            cos >= MAY_UPDATE_COSINE and words & set(self.seg.tokens(texts[i])))):
+                        found[i] = texts[i]
+        except (apsw.Error, EmbeddingError) as e:
+            log.warning("no update hint for memory %s: %s", p.document_id, e)
+            return
+        p.may_update = [{"id": i, "preview": t[:MAY_UPDATE_PREVIEW_CHARS]}
+                        for i, t in list(found.items())[:MAY_UPDATE_MAX]]
+        if p.may_update:
+            ids = ", ".join(str(m["id"]) for m in p.may_update)
+            them = "them" if len(p.may_update) > 1 else "it"
+            p.warnings.append(f"this may update memory {ids} (may_update); if it replaces {them}, "
+                              f"memorize it again with supersedes=[{ids}] to archive {them}")
+
+    def _write_result(self, p: Prepared) -> dict:
+        """The answer of memorize and edit: {id, uid, status, deduplicated, atoms, graph_entries,
+        embedding, embedding_truncated, warnings, changed} for the memory `p` wrote (or repeated).
+        An item of memorize_many that could not be stored: {id: None, status: 'failed', error, …}
+        (nothing of it is stored, and recovery will not store it later)."""
+        if p.status == "failed":
+            return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated, "atoms": 0,
+                    "graph_entries": 0, "embedding": None, "embedding_truncated": False, "warnings": p.warnings,
+                    "changed": {}, "error": str(p.error), "may_update": []}
+        doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
+        counts = self.rows(self.queries["document_layer_counts"], {"document_id": p.document_id})[0]
+        return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
+                "deduplicated": p.deduplicated, "atoms": counts["atoms"], "graph_entries": counts["graph_entries"],
+                "embedding": doc[0]["embedding_state"] if doc else None,
+                "embedding_truncated": p.embedding_truncated, "warnings": p.warnings,
+                "changed": p.changed, "may_update": p.may_update}
+
+    # repeats: memorizing a text already stored ---------------------------------------------------
+
+    def _absorb_repeat(self, p: Prepared) -> None:
+        """Memorizing the text of a stored memory again (`p` deduplicated, p.document_id that memory).
+        The memory that holds the text answers: for one consolidation merged into another
+        (merged_into set) that is the survivor, followed to the end of the chain; the duplicate stays
+        merged and a warning names both ids and the undo (restore_memory). The holder, when archived
+        (by archive_memory or auto-archival), is restored through the flag path (vectors and graph
+        entries follow), with a warning. Then the repeat's metadata is merged into it (_repeat_updates)
+        through edit(), so every index, atom and graph entry follows; a plain repeat changes nothing
+        and costs two reads. Sets p.document_id, p.status, p.changed ({field: [old, new]},
+        archived: [true, false] for a restore) and p.warnings. Raises what edit() raises."""
+        try:
+            d = self._doc(p.document_id)
+        except NotFound:  # deleted by another process meanwhile: nothing to merge into
+            return
+        if d["merged_into"] is not None:
+            member, seen = d["id"], {d["id"]}
+            while d["merged_into"] is not None and d["merged_into"] not in seen:
+                d = self._doc(d["merged_into"])  # a foreign key: deleting the survivor clears merged_into
+                seen.add(d["id"])
+            p.warnings.append(f"this text is memory {member}, which consolidation merged into memory {d['id']}: "
+                              f"memory {d['id']} holds the fact now (its id is returned); restore_memory({member}) "
+                              f"makes memory {member} a memory of its own again, restore_memory({d['id']}) undoes "
+                              "its merge")
+        p.document_id = d["id"]
+        restoring = d["archived"]
+        if restoring:
+            with self.tx():
+                self._unarchive_in_tx(d["id"])
+                self._briefing_stale(d["persona_id"])
+            p.changed["archived"] = [True, False]
+            p.warnings.append(f"memory {d['id']} was archived; memorizing it again restored it to recall "
+                              f"(archive_memory({d['id']}) archives it again)")
+        updates = _repeat_updates(d, p, restoring)
+        if not updates:
+            return
+        r = self.edit(d["id"], None, updates, d["persona_id"])
+        p.status = r["status"]
+        p.changed.update({k: [d[k], v] for k, v in updates.items()})
+        p.warnings += r["warnings"] + [f"memory {d['id']} already held this text; the repeat's metadata was "
+                                       f"merged into it ({', '.join(updates)} changed)"]
+
+    def run_pipeline(self, preps: list[Prepared]) -> None:
+        """Advance each write from its journal status to `done`, one transaction per stage:
+        pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item records
+        the error on its journal row and stops that item only (see _record_failure), never the others."""
+        stages = [("pending", self._stage_docs, self._doc_vectors),  # (status, stage, its embeddings)
+                  ("docs_done", self._stage_atoms, None),
+                  ("atoms_done", self._stage_graph, None),
+                  ("graph_done", self._stage_graph_vectors, self._fact_vectors)]
+        new = [p for p in preps if p.status == "pending" and not p.recovering]
+        if new:
+            self._run_in_one_tx(new, stages)
+        for status, fn, inputs in stages:  # resumed writes, and new ones the single transaction could not finish
+            todo = [p for p in preps if p.status == status]
+            if not todo:
+                continue
+            vectors = inputs(todo) if inputs else None
+            try:
+                with self.tx():
+                    for p in todo:
+                        self._advance(p, status, fn, vectors)
+            except Exception as batch_error:  # retry one by one so one bad item cannot block the rest
+                if len(todo) == 1:
+                    self._record_failure(todo[0], batch_error)
+                    continue
+                for p in todo:
+                    try:
+                        with self.tx():
+                            self._advance(p, status, fn, vectors)
+                    except Exception as e:
+                        self._record_failure(p, e)
+
+    def _journal_row(self, op: str, p: Prepared, stamp: str) -> int:
+        """Insert the journal row of write `p` (op 'insert' or 'edit', at p.status, owned by this
+        process) and its payload, which lives in memory_write_payloads until the write is done (a
+        row deleted then frees its pages for the next writes; schema 11). Returns the row id. In tx."""
+        self.conn.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, status, created_at, "
+                          "updated_at, owner) values (?, ?, ?, ?, '{}', ?, ?, ?, ?)",
+                          (self._new_id("memory_write_ops"), op, p.document_id, p.persona_id, p.status, stamp, stamp,
+                           OWNER))
+        op_id = self.conn.last_insert_rowid()
+        self.conn.execute("insert into memory_write_payloads(op_id, payload) values (?, ?)", (op_id, p.payload()))
+        return op_id
+
+    def _run_in_one_tx(self, todo: list[Prepared], stages: list) -> None:
+        """Every stage of new writes `todo` in one transaction (one commit per batch, not one per
+        stage), their document and fact vectors computed first, outside it. When any stage fails the
+        transaction leaves nothing behind: the writes are back at 'pending' and run_pipeline's
+        stage-by-stage loop takes them (recording which one failed, and where)."""
+        saved = [(p.status, p.document_id, list(p.stale), list(p.warnings)) for p in todo]
+        vectors = self._doc_vectors(todo)
+        vectors["facts"] = self._fact_text_vectors(todo)
+        try:
+            with self.tx():
+                for status, fn, _inputs in stages:
+                    for p in todo:
+                        if p.status == status:
+                            self._advance(p, status, fn, vectors)
+        except Exception as e:  # noqa: BLE001 - retried stage by stage, which records the failure
+            log.info("the one-transaction write failed (%s); retrying stage by stage", e)
+            for p, (status, doc_id, stale, warnings) in zip(todo, saved, strict=True):
+                p.status, p.document_id, p.stale, p.warnings = status, doc_id, stale, warnings
+
+    def _advance(self, p: Prepared, status: str, fn, vectors) -> None:
+        """Run stage `fn` for one write if its journal row is still at `status` (another process may
+        have moved it), then record the next status on the row. In tx."""
+        row = self.rows("select status, document_id from memory_write_ops where id = ?", (p.op_id,))
+        if not row:  # the file was restored from a backup meanwhile (or the memory deleted)
+            raise JournalGone(f"write op {p.op_id} is gone from the journal (the database was restored or the "
+                              "memory deleted meanwhile); this write is not stored")
+        if row[0]["status"] != status:  # another process (recovery) already moved it
+            p.status, p.document_id = row[0]["status"], row[0]["document_id"]
+            return
+        p.status = fn(p, vectors) or JOURNAL_STAGES[JOURNAL_STAGES.index(status) + 1]
+        # a finished write's payload is dropped (schema 11): only unfinished ones are ever read back
+        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? where id = ?",
+                          (p.status, p.document_id, now_iso(), p.op_id))
+        if p.status == "done":
+            self.conn.execute("delete from memory_write_payloads where op_id = ?", (p.op_id,))
+
+    def _record_failure(self, p: Prepared, error: Exception) -> None:
+        """Stage after `p.status` failed for one write. A new memory that failed its first stage (not
+        stored at all) is marked failed, on its journal row too, so the caller is told and no later
+        recovery stores it (p.status 'failed', p.error); otherwise the error goes on the journal row
+        and recovery retries the write once this call has returned (counted in retries)."""
+        log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
+        if isinstance(error, JournalGone):  # nothing of it is in this file any more: not stored
+            p.status, p.error = "failed", error
+            p.warnings.append(f"not stored: {error}")
+            return
+        if p.status == "pending" and p.op == "insert" and not p.recovering:
+            with self.tx():  # the caller is told it failed: it must not be stored by a later recovery
+                self.conn.execute("update memory_write_ops set status = 'failed', error = ?, updated_at = ? "
+                                  "where id = ?",
+                                  (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
+            p.status, p.error = "failed", error
+            p.warnings.append(f"not stored: {error}")
+            return
+        p.warnings.append(f"stage after {p.status} failed ({error}); it is retried by recovery")
+        with self.tx():
+            self.conn.execute("update memory_write_ops set error = ?, updated_at = ? where id = ?",
+                              (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
+
+    @contextlib.contextmanager
+    def _running(self):
+        """Journal rows this process is advancing right now: `claim(op_id)` (returns op_id), called in the
+        transaction that inserts or takes over the row, marks it until the block ends, so recover()
+        (of any Memory of this process: the server's background thread, a second open) leaves it alone."""
+        key, claimed = str(self.path.resolve()), []
+
+        def claim(op_id: int) -> int:
+            with _RUNNING_LOCK:
+                _RUNNING_OPS.add((key, op_id))
+            claimed.append(op_id)
+            return op_id
+        try:
+            yield claim
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING_OPS.difference_update((key, op) for op in claimed)
+
+    def _op_running(self, op_id: int) -> bool:
+        """True while a write of this process advances journal row `op_id` (see _running)."""
+        with _RUNNING_LOCK:
+            return (str(self.path.resolve()), op_id) in _RUNNING_OPS
+
+    def recover(self, fts: bool = False) -> dict:
+        """Finish unfinished journal rows and repair index gaps (seed: Reliability).
+
+        Each unfinished row whose writer is gone (owner_alive false, and not a write this process runs
+        right now) is retried from its stage, counted in its `retries`; a row already retried
+        write_op_max_retries times is marked failed and reported. Missing FTS rows are re-segmented
+        when `fts` (doctor, rebuild --fts) or when there was an unfinished row: a write adds its FTS rows
+        in its own transaction, so only a crash mid-pipeline or a change behind the engine's back
+        leaves a gap, and the scan reads every row (0.3 s at 100k memories: not on every open).
+        Returns {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by backfill_vectors()."""
+        with self._running() as claim:
+            return self._recover(claim, fts)
+
+    def _recover(self, claim, fts: bool) -> dict:
+        """recover(), with `claim` marking each row it takes over as running (see _running)."""
+        report = {"resumed": 0, "failed": [], "fts_backfilled": 0}
+        limit = self.cfg.write.write_op_max_retries
+        with self.tx() as c:
+            rows = self.rows(self.queries["journal_unfinished"])
+            preps = []
+            for r in rows:
+                if self._op_running(r["id"]) or owner_alive(r["owner"], r["updated_at"]):
+                    continue  # a live writer (this process or another) is running it right now
+                if r["retries"] >= limit:
+                    c.execute("update memory_write_ops set status = 'failed', updated_at = ? where id = ?",
+                              (now_iso(), r["id"]))
+                    report["failed"].append(r["id"])
+                    log.error("write op %s failed %s times at stage %s and is marked failed: %s",
+                              r["id"], r["retries"], r["status"], r["error"])
+                    continue
+                c.execute("update memory_write_ops set retries = retries + 1, owner = ? where id = ?", (OWNER, r["id"]))
+                claim(r["id"])
+                payload = json.loads(r["payload"])
+                p = Prepared(**{k: payload[k] for k in Prepared.PAYLOAD if k in payload})
+                p.op, p.op_id, p.status, p.document_id = r["op"], r["id"], r["status"], r["document_id"]
+                p.recovering = True
+                preps.append(p)
+            for table, query, text_sql in () if not (fts or rows) else (
+                    ("documents_fts", "documents_missing_fts", None),
+                    ("graph_entries_fts", "graph_entries_missing_fts", "text"),
+                    ("memory_atoms_fts", "atoms_missing_fts", "content")):
+                missing = self.rows(self.queries[query])
+                for m in missing:
+                    if text_sql is None:
+                        m = dict(m, **{k: json.loads(m[k]) for k in ("topics", "participants", "tags")})
+                    text = self._doc_index_text(m) if text_sql is None else m[text_sql]
+                    c.execute(f"insert into {table}(rowid, segmented) values (?, ?)",
+                              (m["id"], self.seg.segmented(text)))
+                report["fts_backfilled"] += len(missing)
+        if preps:
+            log.info("recovering %d unfinished writes", len(preps))
+            self.run_pipeline(preps)
+            report["resumed"] = len(preps)
+        return report
+
+    # editing -------------------------------------------------------------------------------------
+
+    def edit(self, doc_id: int, content=None, metadata: dict | None = None, persona_id: str | None = None) -> dict:
+        """Change a memory of persona `persona_id` (None: the default persona '') in content and/or
+        metadata and re-run the pipeline for it: its FTS text, vector, atoms and graph output are
+        replaced, nothing stale stays searchable. Metadata keys given replace the stored ones;
+        metadata.persona_id, when given, must be `persona_id` (a persona cannot change; InputError,
+        checked before the memory is looked up). Returns the write result. Raises NotFound, also
+        for an id of another persona."""
+        persona = _label(persona_id, "persona_id")
+        metadata = dict(metadata or {})
+        if "persona_id" in metadata and _label(metadata["persona_id"], "metadata.persona_id") != persona:
+            raise InputError("metadata.persona_id", "cannot be changed by an edit; memorize it under the other "
+                                                    "persona (persona_id names the persona the memory is in)")
+        d = self._doc(doc_id, persona)
+        merged = {k: d[k] for k in ("summary", "topics", "participants", "tags", "sentiment", "source",
+                                    "importance", "session_id", "pinned")}
+        merged["key_facts"] = d["key_facts"]
+        merged["timestamp"] = d["created_at"]
+        merged["persona_id"] = d["persona_id"]
+        merged.update(metadata)
+        p = self.prepare(d["content"] if content is None else content, merged)
+        if content is not None and "key_facts" not in metadata and d["key_facts"] == []:
+            p.facts = self._auto_facts(p.content)
+        other = self.value(self.queries["same_content_elsewhere"],
+                           {"persona_id": p.persona_id, "content_hash": p.content_hash, "id": doc_id})
+        if other is not None:
+            raise InputError("content", f"memory {other} already has exactly this content; delete one of them instead")
+        p.op, p.document_id = "edit", doc_id
+        stamp = now_iso()
+        with self._running() as claim:
+            with self.tx():
+                p.op_id = claim(self._journal_row("edit", p, stamp))
+            self.run_pipeline([p])
+        if isinstance(p.error, JournalGone):
+            raise p.error
+        self._refresh_stale(p.stale)
+        return self._write_result(p)
+
+    def delete(self, doc_id: int, persona_id: str | None = None, deleted_at: str | None = None) -> dict:
+        """Remove a memory of persona `persona_id` (None: the default persona '') from every table and
+        index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone (uid and
+        time, no text); secure_delete zeroes the freed bytes, but its words stay in older FTS segments
+        and its pages in the WAL until purge() (Maintenance: also VACUUM and a WAL checkpoint),
+        and in backups for their life. `deleted_at` (column-format time; None: now) is the tombstone's
+        time: an imported deletion keeps the time it happened (the later of it and one here wins), so
+        every device orders it alike. Returns {id, uid, deleted: true}.
+        Raises NotFound, also for an id of another persona."""
+        d = self._doc(doc_id, _label(persona_id, "persona_id"))
+        with self.tx() as c:
+            stale = self._stale_successors(doc_id)
+            self._clear_atoms(doc_id)
+            self._clear_graph(doc_id)
+            c.execute("delete from documents_fts where rowid = ?", (doc_id,))
+            c.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
+            if self.has_table("doc_vec"):
+                c.execute("delete from doc_vec where doc_id = ?", (doc_id,))
+            c.execute("delete from memory_write_ops where document_id = ?", (doc_id,))
+            c.execute("delete from documents where id = ?", (doc_id,))
+            self._refresh_graph_context(stale)
+            c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, 'documents', ?) on conflict(uid) "
+                      "do update set table_name = excluded.table_name, deleted_at = "
+                      + ("max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"),
+                      (d["uid"], deleted_at or now_iso()))
+            self._briefing_stale(d["persona_id"])
+        self._refresh_stale(stale)
+        return {"id": doc_id, "uid": d["uid"], "deleted": True}
+
+    def set_flag(self, doc_id: int, flag: str, value: bool, persona_id: str | None = None) -> dict:
+        """pin/unpin (flag='pinned') or archive/unarchive (flag='archived') a memory of persona
+        `persona_id` (None: the default persona ''). Archiving also flips the archived metadata column
+        of its vectors and graph entries, so KNN filters it in SQL. Returns {id, uid, <flag>}. Raises
+        NotFound, also for an id of another persona."""
+        if flag not in ("pinned", "archived"):
+            raise ValueError(flag)
+        d = self._doc(doc_id, _label(persona_id, "persona_id"))
+        with self.tx():
+            self._set_flag_in_tx(doc_id, flag, value)
+        return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
+
+    def _unarchive_in_tx(self, doc_id: int) -> None:
+        """Bring memory `doc_id` back into recall: archived off (with its vectors and graph entries)
+        and no longer merged into another nor superseded by another. In tx."""
+        self._set_flag_in_tx(doc_id, "archived", False)
+        self.conn.execute("update documents set merged_into = null, superseded_by = null "
+                          "where id = ?", (doc_id,))
+
+
+
+# Knowledge graph: temporal triples ###############################################################
+
+MAX_ENTITY_CHARS = 300  #: entity names are cut to this length
+
+
+class KnowledgeGraph:
+    """Facts as subject —predicate→ object triples with a validity window (valid_from, valid_to),
+    queried at any as_of time (second seed: temporal knowledge graph)."""
+
+    def _predicate(self, predicate) -> str:
+        p = query_text(predicate, "predicate")
+        known = self.rules.predicate_of.get(Rules._key(p))
+        return known or re.sub(r"\s+", "_", p.strip().casefold())[:100]
+
+    def _entity_id(self, persona: str, name, field_name: str, create: bool) -> int | None:
+        """The id of the knowledge-graph entity `name` resolves to (rules/aliases.toml), created when
+        missing and `create`; None when missing otherwise. Raises InputError naming `field_name`. In tx
+        when `create`."""
+        name = clean_text(name, field_name)[:MAX_ENTITY_CHARS]
+        canonical = self.rules.canonical(name)
+        eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?", (persona, canonical))
+        if eid is None and create:
+            stamp = now_iso()
+            self.conn.execute("insert into kg_entities(id, uid, persona_id, name, canonical, created_at, "
+                              "updated_at) values (?, ?, ?, ?, ?, ?, ?)",
+                              (self._new_id("kg_entities"), str(uuid.uuid4()), persona, self.rules.display(name),
+                               canonical, stamp, stamp))
+            eid = self.conn.last_insert_rowid()
+        return eid
+
+    def single_valued(self, predicate: str) -> bool:
+        """True when rules/predicates.toml makes `predicate` single-valued (a new object closes the old
+        fact)."""
+        return predicate in {name for name, _ in self.rules.slot_patterns}
+
+    def kg_add(self, subject, predicate, object, valid_from=None, valid_to=None, confidence=1.0,
+               source_memory_id: int | None = None, persona_id=None) -> dict:
+        """Record the fact subject —predicate→ object, true from valid_from (default now) until
+        valid_to (default open). Entities are created when missing and resolved like graph nodes.
+        For a single-valued predicate (rules/predicates.toml: lives_in, works_at, 住在…) a new object
+        closes the open fact's valid_to at this valid_from (fact versioning without an LLM); the same
+        object again returns the open fact. Returns {id, subject, predicate, object, valid_from,
+        valid_to, closed: [ids], existing}. source_memory_id must name a memory of the same persona
+        (NotFound otherwise, as for an id that does not exist)."""
+        persona = _label(persona_id, "persona_id")
+        subject, predicate, object = self._redacted_triple(subject, predicate, object)  # secrets are never stored
+        pred = self._predicate(predicate)
+        start = iso(parse_time(valid_from, "valid_from")) if valid_from else now_iso()
+        end = iso(parse_time(valid_to, "valid_to")) if valid_to else None
+        if end is not None and end < start:
+            raise InputError("valid_to", f"{end} is before valid_from {start}")
+        conf = _importance(confidence, "confidence", 1.0)
+        if source_memory_id is not None:
+            self._doc(source_memory_id, persona)
+        closed, stamp = [], now_iso()
+        with self.tx() as c:
+            sid = self._entity_id(persona, subject, "subject", True)
+            oid = self._entity_id(persona, object, "object", True)
+            fact = {"persona_id": persona, "subject_id": sid, "predicate": pred, "object_id": oid, "valid_from": start}
+            same = self.value(self.queries["kg_same_open_fact"], fact)
+            if same is not None and end is None:
+                return dict(self._triple(same, persona), closed=[], existing=True)
+            if self.single_valued(pred):
+                for r in self.rows(self.queries["kg_rival_facts"], fact):
+                    if r["valid_from"] <= start:
+                        c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?",
+                                  (start, stamp, r["id"]))
+                        closed.append(r["id"])
+                    elif end is None or end > r["valid_from"]:
+                        end = r["valid_from"]  # a later fact is already known: this one ends there
+            c.execute("insert into kg_triples(id, uid, persona_id, subject_id, predicate, object_id, valid_from, "
+                      "valid_to, confidence, source_memory_id, created_at, updated_at) "
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("kg_triples"), str(uuid.uuid4()), persona, sid, pred, oid, start, end, conf,
+                       source_memory_id, stamp, stamp))
+            tid = c.last_insert_rowid()
+            self._briefing_stale(persona)
+        return dict(self._triple(tid, persona), closed=closed, existing=False)
+
+    def _redacted_triple(self, subject, predicate, object) -> tuple:
+        """(subject, predicate, object) with secrets redacted; the object is also read as the value
+        of its predicate (predicate "password", object "hunter2secret": the object goes). Values
+        that are not text are returned as given, for the callers' checks."""
+        s, p, o = (self.redact(x) if isinstance(x, str) else x for x in (subject, predicate, object))
+        if isinstance(p, str) and isinstance(o, str):
+            both = self.redact(f"{p}={o}")
+            if both.startswith(p + "="):
+                o = both[len(p) + 1:]
+        return s, p, o
+
+    def _triple(self, tid: int, persona: str = "") -> dict:
+        """Fact `tid` of `persona` (folded) with its entities' names. NotFound when there is none in
+        that persona: one lookup filters by both, so another persona's fact id is not there."""
+        rows = self.rows(self.queries["kg_triple"], {"id": tid, "persona_id": persona}) if 0 < tid <= MAX_ID else []
+        if not rows:
+            raise NotFound(f"no fact with id {tid}; {{hint0}} or {{hint1}} shows the ids",
+                           hints=[("kg query ENTITY", {}), ("kg timeline ENTITY", {})])
+        return rows[0]
+
+    def _entity(self, persona: str, entity) -> int:
+        """The id of entity `entity` of `persona` (aliases resolved). NotFound when there is none,
+        also when only another persona has it."""
+        eid = self._entity_id(persona, entity, "entity", False)
+        if eid is None:
+            raise NotFound(f"no entity {clean_text(entity, 'entity')!r} in the knowledge graph; "
+                           "{hint0} records facts about it", hints=[("kg add", {})])
+        return eid
+
+    def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
+        """Facts about `entity` (as subject or object) valid at `as_of` (default now), optionally
+        of one predicate. Returns {entity, as_of, facts: [{id, subject, predicate, object,
+        valid_from, valid_to, confidence, source_memory_id}]}. Raises NotFound for an entity that is not
+        in the persona's graph (never recorded, or deleted by kg_delete_entity)."""
+        persona = _label(persona_id, "persona_id")
+        at = iso(parse_time(as_of, "as_of")) if as_of else now_iso()
+        eid = self._entity(persona, entity)
+        facts = self.rows(self.queries["kg_facts_at"], {
+            "persona_id": persona, "entity_id": eid, "as_of": at,
+            "predicate": self._predicate(predicate) if predicate else ""})
+        return {"entity": clean_text(entity, "entity"), "as_of": at, "facts": facts}
+
+    def kg_invalidate(self, triple_id: int, valid_to=None, persona_id=None) -> dict:
+        """End fact `triple_id` of persona `persona_id` (None: the default persona ''): valid_to = the
+        given time (default now). History is kept, and an end is never moved later: a fact that has
+        ended already (valid_to now or earlier), or that is set to end by the given time, keeps its
+        valid_to. Returns the fact with already_ended (true when nothing changed) and note (what
+        happened, e.g. "already ended on 2021-05-01T00:00:00Z; its end is kept"). Raises NotFound,
+        also for a fact of another persona; InputError when valid_to is before the fact's valid_from."""
+        if isinstance(triple_id, bool) or not isinstance(triple_id, int):
+            raise InputError("id", f"expected an integer fact id, got {triple_id!r}")
+        persona = _label(persona_id, "persona_id")
+        t = self._triple(triple_id, persona)
+        stamp = now_iso()
+        end = iso(parse_time(valid_to, "valid_to")) if valid_to else stamp
+        if end < t["valid_from"]:
+            raise InputError("valid_to", f"{end} is before the fact's valid_from {t['valid_from']}")
+        if t["valid_to"] is not None and t["valid_to"] <= max(end, stamp):
+            verb = "ended" if t["valid_to"] <= stamp else "ends"
+            return dict(t, already_ended=True, note=f"already {verb} on {t['valid_to']}; its end is kept")
+        with self.tx() as c:
+            c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?", (end, stamp, triple_id))
+            self._briefing_stale(persona)
+        return dict(self._triple(triple_id, persona), already_ended=False, note=f"ended on {end}")
+
+    def kg_delete_entity(self, entity, persona_id=None) -> dict:
+        """Delete entity `entity` of persona `persona_id` (None: the default persona '') and every fact
+        it is the subject or object of, in one transaction; each leaves a tombstone, as a deleted
+        memory does. The other entities of those facts stay. Returns {entity, uid, deleted: true,
+        facts: [deleted fact ids]}. Raises NotFound for an entity not in that persona's graph."""
+        persona = _label(persona_id, "persona_id")
+        with self.tx() as c:
+            eid = self._entity(persona, entity)
+            e = self.rows("select uid, name from kg_entities where id = ?", (eid,))[0]
+            facts = [r["id"] for r in self.rows(self.queries["kg_entity_facts"], {"persona_id": persona,
+                                                                                  "entity_id": eid})]
+            stamp = now_iso()
+            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) select uid, 'kg_triples', ? "
+                      "from kg_triples where persona_id = ? and (subject_id = ? or object_id = ?)",
+                      (stamp, persona, eid, eid))
+            c.execute("delete from kg_triples where persona_id = ? and (subject_id = ? or object_id = ?)",
+                      (persona, eid, eid))
+            c.execute("delete from kg_entities where id = ?", (eid,))
+            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'kg_entities', ?)",
+                      (e["uid"], stamp))
+            self._briefing_stale(persona)
+        return {"entity": e["name"], "uid": e["uid"], "deleted": True, "facts": facts}
+
+    def kg_timeline(self, entity, persona_id=None) -> dict:
+        """Every fact ever recorded about `entity`, oldest first, with validity windows. Raises
+        NotFound for an entity that is not in the persona's graph."""
+        persona = _label(persona_id, "persona_id")
+        eid = self._entity(persona, entity)
+        facts = self.rows(self.queries["kg_timeline"], {"persona_id": persona, "entity_id": eid})
+        return {"entity": clean_text(entity, "entity"), "facts": facts}
+
+    def completions(self, kind: str, prefix: str, persona_id=None, limit: int = 100) -> tuple[list[str], int]:
+        """Stored values starting with `prefix` (ASCII case ignored), for argument completion:
+        kind "persona" (every persona id that has memories, facts or sessions), "entity" (the
+        knowledge-graph entity names of persona `persona_id`, None: '') or "session" (the ingested
+        conversation session ids of that persona). Returns (at most `limit` values, sorted; how many
+        match in all). InputError for another kind or a bad persona_id."""
+        queries = {"persona": "select persona_id as v from documents union select persona_id from kg_entities "
+                              "union select persona_id from conv_sessions",
+                   "entity": "select name as v from kg_entities where persona_id = :persona_id",
+                   "session": "select session_id as v from conv_sessions where persona_id = :persona_id"}
+        if kind not in queries:
+            raise InputError("kind", f"expected one of {', '.join(queries)}, got {kind!r}")
+        persona = _label(persona_id, "persona_id")
+        rows = self.rows(f"select distinct v from ({queries[kind]}) "
+                         "where substr(lower(v), 1, length(:prefix)) = :prefix order by v",
+                         {"persona_id": persona, "prefix": str(prefix).lower()})
+        return [r["v"] for r in rows[:limit]], len(rows)
+
+    def kg_stats(self, persona_id=None) -> dict:
+        """{entities, triples, active, expired, predicates} for one persona."""
+        persona = _label(persona_id, "persona_id")
+        return self.rows(self.queries["kg_stats"], {"persona_id": persona, "now": now_iso()})[0]
+
+    def _facts_for_text(self, text: str, persona: str, at: str, limit: int = 20) -> list[dict]:
+        """Facts valid at `at` about entities whose canonical name occurs in `text` (folded like one:
+        Rules._key)."""
+        folded = Rules._key(text)
+        out = []
+        for e in self.rows(self.queries["kg_entities_in_text"], {"persona_id": persona, "text": folded}):
+            for f in self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": e["id"],
+                                                              "as_of": at, "predicate": ""}):
+                if f["id"] not in {x["id"] for x in out}:
+                    out.append(f)
+        return out[:limit]
+
+
 # Recall: channels, fusion, atoms, cache ##########################################################
 
 CHANNEL_MAX_K = 4096  #: cap of a channel query's k (sqlite-vec 0.1.9 refuses KNN k above 4096)
@@ -4141,7 +4319,7 @@ class Recall:
         γ·recency + δ·frequency; graph route 0.55/0.20/0.15/0.10 × the atoms' temporal factor),
         scale_routes() (0.65/0.35 or the intent's weights, +0.08 when both routes hit),
         fuse_scores() (session neighbours, source boost), select_hits() (MMR λ=0.7, pins).
-        as_of answers as the memory stood then; include_conversations adds `conversations` (_conversation_hits).
+        as_of answers as the memory stood then; include_conversations adds `conversations` (hooks).
         Raises InputError for an empty query or a bad k."""
         started = time.perf_counter()
         r = self.cfg.recall
@@ -4196,7 +4374,7 @@ class Recall:
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
             if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings,
-               "conversations": self._conversation_hits(query, k, persona) if include_conversations else []}
+               "conversations": self.hooks.conversation_hits(self, query, k, persona) if include_conversations else []}
         if explain:
             out["stats"] = dict(stats, channel_rows={ch: len(rows) for ch, rows in ranked.items()})
         answer = self._answer(key, out, started)
@@ -4303,7 +4481,7 @@ class Recall:
             with self._readers_lock:
                 if self._channel_pool is None:
                     self._channel_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aokun-recall")
-        return [self._channel_pool.submit(one, ch, sql, self._reader_rows).result for ch, sql in queries]
+        return [self._channel_pool.submit(one, ch, sql, self.reader_rows).result for ch, sql in queries]
 
     def _channel_query(self, ch: str, sql: str, params: dict, rows) -> list[dict]:
         """The rows of channel `ch` (its query `sql`, run by `rows`), first with its speed bound
@@ -4367,7 +4545,7 @@ class Recall:
         seen = sorted(self._hamming_reach.get(key, ()))
         return seen[int(HAMMING_QUANTILE * (len(seen) - 1))] if len(seen) >= 8 else None
 
-    def _reader_rows(self, sql: str, params) -> list[dict]:
+    def reader_rows(self, sql: str, params) -> list[dict]:
         """rows() on this worker thread's own query-only connection (opened on first use)."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
@@ -4560,11 +4738,9 @@ class Recall:
         (memory_feedback). Does not empty the cache."""
         def work():
             try:
-                with self.lock:
-                    epoch = self.epoch
-                    with self.tx() as c:
-                        c.execute(self.queries["touch_documents"], {"ids": json.dumps(ids), "at": now_iso()})
-                    self.epoch = epoch  # own commits leave pragma data_version alone: the cache stays valid
+                # own commits leave pragma data_version alone: the cache stays valid
+                with self.tx(invalidates=False) as c:
+                    c.execute(self.queries["touch_documents"], {"ids": json.dumps(ids), "at": now_iso()})
             except apsw.Error as e:  # closed connection at exit, busy beyond the timeout
                 log.warning("could not record access to %s: %s", ids, e)
         with self.lock:
@@ -4576,6 +4752,18 @@ class Recall:
         """Wait for background access bookkeeping (called by close())."""
         if self._toucher is not None:
             self._toucher.submit(lambda: None).result()  # one FIFO worker: everything before it is done
+
+    def _stop_recall_workers(self) -> None:
+        """Memory.close's step: stop the touch worker and the channel workers, close the readers."""
+        if self._toucher is not None:
+            self._toucher.shutdown()
+            self._toucher = None
+        if self._channel_pool is not None:
+            self._channel_pool.shutdown()
+            self._channel_pool = None
+        for reader in self._readers:
+            reader.close()
+        self._readers.clear()
 
     # feedback: reinforcement for use ------------------------------------------------------------
 
@@ -4653,11 +4841,6 @@ class Briefing:
     """Memory for a prompt: the stored session briefing (built from SQL, no embedding) and
     memory_context within a token budget (second seed: token-budget context, session briefing)."""
 
-    def _briefing_stale(self, persona: str | None) -> None:
-        """Mark the persona's stored briefing stale: memory_context rebuilds it before serving it,
-        refresh_stale_briefings in the background once it is old enough. In tx."""
-        self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
-
     def build_briefing(self, persona_id=None, progress=None) -> dict:
         """Build and store the session briefing for a persona: pinned and important memories,
         recent memories, current KG facts, all from SQL (no embedding). Returns the stored row.
@@ -4698,7 +4881,7 @@ class Briefing:
         if recent:
             lines.append(f"## Recent ({cx.briefing_recent_days} days)")
             lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}" for d in recent]
-        lines += self._session_digest_lines(persona, ref)
+        lines += self.hooks.briefing_lines(self, persona, ref)
         if facts:
             lines.append("## Current facts")
             lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})"
@@ -5075,7 +5258,7 @@ class Maintenance:
             counts.update(self.rows(q["stats_vector_counts"])[0])
         else:
             counts.update(doc_vectors=0, graph_vectors=0, doc_index_rows=0, graph_index_rows=0)
-        counts.update(self._conversation_counts())
+        counts.update(self.hooks.counts(self))
         return {
             "database": str(self.path),
             "size_bytes": self.path.stat().st_size if self.path.exists() else 0,
@@ -5120,7 +5303,7 @@ class Maintenance:
             for r in self.rows(self.queries["doctor_vector_checks"]):
                 if r["n"]:
                     problems.append(f"{r['n']} {r['problem']}")
-        problems += self._conversation_problems()
+        problems += self.hooks.problems(self)
         if self.vector_problem and self.embedder.provider != "none":
             problems.append(self.vector_problem)
         refused = self.rows(self.queries["vectors_refused"], {"n": 3})
@@ -5153,11 +5336,8 @@ class Maintenance:
         if vectors:
             stored = self.meta_get("embedding_model"), self.meta_get("embedding_dim")
             out["vectors"] = self._rebuild_vectors(progress)
-            if self.value("select 1 from conv_turns limit 1"):  # and the ingested conversations' turns
-                if stored != (self.embedder.model, str(self.embedder.dim)):
-                    with self.tx():  # another model: the old turn vectors no longer compare
-                        self._reset_turn_vectors()
-                out["turn_vectors"] = self.backfill_turn_vectors(progress=progress)
+            if (turns := self.hooks.rebuild_vectors(self, stored, progress)) is not None:
+                out["turn_vectors"] = turns
         return out
 
     def _rebuild_vectors(self, progress=None) -> int:
@@ -5181,7 +5361,7 @@ class Maintenance:
                                  "binary KNN index needs a dimension divisible by 8; nothing was changed")
         expected = self.value("select count(*) from documents") + self.value(
             f"select count(*) from graph_entries where {FACT_ENTRIES_SQL}")
-        self.last_embedding_error = None
+        self._clear_embedding_error()
         step = None if progress is None else (lambda done, _total: progress(done, expected))
         if self.has_table("doc_vec") and self.meta_get("embedding_model") == self.embedder.model \
                 and self.meta_get("embedding_dim") == str(self.embedder.dim):
@@ -5262,7 +5442,7 @@ class Maintenance:
                     self._recenter()
                 else:
                     self._reindex_vectors()
-            self.vector_problem = None
+            self._vectors_fit()
             if stale:
                 self.backfill_vectors(ids=stale)
             return made, len(refused), "; the rest is back-filled once the provider answers"
@@ -5379,7 +5559,7 @@ class Maintenance:
             done["lifecycle"] = len(self.lifecycle(ref=ref)["atoms"])
         if self.cfg.backup.daily:
             done["backup"] = self.daily_backup(ref)
-        done["conversations_pruned"] = self.prune_conversations(ref)["sessions"]
+        done["conversations_pruned"] = self.hooks.prune(self, ref)["sessions"]
         done["briefings"] = self.refresh_stale_briefings()
         return done
 
@@ -5499,8 +5679,7 @@ class Maintenance:
         with self.lock:
             migrate(self.conn)
         self._upgrade_vector_index()
-        self.epoch += 1
-        self.vector_problem = None
+        self._invalidate()
         self._check_embedding_meta()
         return {"restored": str(src), "saved_previous": str(saved), **out}
 
@@ -5650,7 +5829,7 @@ class Summarizer:
         return {"memory": stored, "summary": summary}
 
 
-# Conversations: secret redaction, transcript rules and the per-source parsers #####################
+# Conversations: transcript rules and the per-source parsers ######################################
 
 CONVERSATION_SOURCES = ("claude-code", "codex", "copilot", "chatgpt")  #: what `ingest SOURCE` reads
 TURN_ROLES = ("user", "assistant")
@@ -5660,52 +5839,6 @@ INGEST_CHUNK_BYTES = 4 << 20  #: bytes of a transcript read at a time (its turns
 #: A transcript line longer than this (a tool's whole output) is skipped, counted as malformed, and
 #: never held whole: read on to its newline a chunk at a time (a 52 MB line took ingest to ~440 MB)
 INGEST_LINE_MAX_BYTES = 8 << 20
-
-
-def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
-    """((kind, compiled pattern), ...) of rules/secrets.toml, in order. Raises AokunError naming the
-    file and the entry for a missing kind or a pattern that does not compile."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    out = []
-    for i, p in enumerate(data.get("patterns", [])):
-        if not isinstance(p.get("kind"), str) or not p["kind"] or not isinstance(p.get("pattern"), str):
-            raise AokunError(f"{path.name}: patterns[{i}] needs a kind and a pattern (text)")
-        try:
-            out.append((p["kind"], re.compile(p["pattern"])))
-        except re.error as e:
-            raise AokunError(f"{path.name}: patterns[{i}] ({p['kind']}) is not a valid regular expression: {e}"
-                             ) from None
-    return tuple(out)
-
-
-def redact(text: str, patterns, counts: dict | None = None) -> str:
-    """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
-    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced.
-    `counts` ({kind: n}), when given, gets the number of replacements of each kind added."""
-    for kind, rx in patterns:
-        mark = f"[REDACTED:{kind}]"
-        if "secret" in rx.groupindex:
-            def keep_around(m, mark=mark):
-                whole, at = m.group(0), m.start()
-                return whole[: m.start("secret") - at] + mark + whole[m.end("secret") - at:]
-            text, n = rx.subn(keep_around, text)
-        else:
-            text, n = rx.subn(lambda _m, mark=mark: mark, text)
-        if n and counts is not None:
-            counts[kind] = counts.get(kind, 0) + n
-    return text
-
-
-def redaction_warning(counts: dict) -> str | None:
-    """The write-result warning for the secrets redact() replaced ({kind: n}; None when none): how
-    many, of which kinds, and the placeholders the stored text has instead. Never the secrets."""
-    n = sum(counts.values())
-    if not n:
-        return None
-    kinds = ", ".join(k if c == 1 else f"{k} ×{c}" for k, c in counts.items())
-    marks = ", ".join(f"[REDACTED:{k}]" for k in counts)
-    return (f"{n} secret{'s' if n > 1 else ''} redacted before storing ({kinds}); the stored text has "
-            f"{marks} in {'their' if n > 1 else 'its'} place")
 
 
 @dataclass(frozen=True)
@@ -6006,40 +6139,14 @@ class Conversations:
     """The conversation layer (schema/0010, sql/conversations.sql): client transcripts ingested as
     sessions and turns, with their own FTS5 index and vectors, apart from the curated memories;
     hybrid search over them, a session's turns in order, counts, briefing digests, deleting and
-    forgetting sessions. Every text stored (and memorize's) passes redact() first."""
-
-    # secrets -------------------------------------------------------------------------------------
-
-    @functools.cached_property
-    def secret_patterns(self) -> tuple:
-        """The compiled patterns of [write] secrets (rules/secrets.toml)."""
-        return load_secret_rules(self.cfg.rule_file(self.cfg.write.secrets))
-
-    def redact(self, text: str, counts: dict | None = None) -> str:
-        """`text` with API keys, tokens, passwords, private keys and connection-string passwords
-        replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text.
-        `counts` ({kind: n}), when given, gets the replacements of each kind added."""
-        return redact(text, self.secret_patterns, counts) if text else text
-
-    def redact_fields(self, values: dict, names, counts: dict | None = None) -> dict:
-        """A copy of `values` with its fields `names` redacted (a text, or each text of a list);
-        other values, and fields that are not text, are left for the caller's checks. `counts` as
-        for redact()."""
-        out = dict(values)
-        for k in names & out.keys():
-            v = out[k]
-            if isinstance(v, str):
-                out[k] = self.redact(v, counts)
-            elif isinstance(v, (list, tuple)):
-                out[k] = [self.redact(x, counts) if isinstance(x, str) else x for x in v]
-        return out
+    forgetting sessions. Every text stored (and memorize's) passes redact() (Journal) first."""
 
     def ingest_rules(self, source: str) -> IngestRules:
         """The rules of `source` ([conversations] rules_dir/<source>.toml). InputError for an
         unknown source."""
         if source not in CONVERSATION_SOURCES:
             raise InputError("source", f"unknown source {source!r}; choose from {', '.join(CONVERSATION_SOURCES)}")
-        cache = self.__dict__.setdefault("_ingest_rules", {})
+        cache = self._ingest_rules
         if source not in cache:
             cache[source] = load_ingest_rules(self.cfg.rule_file(f"{self.cfg.conversations.rules_dir}/{source}.toml"),
                                               source)
@@ -6468,7 +6575,8 @@ class ConversationSearch:
         rows = self.rows(self.queries["conv_sessions_named"], {"persona_id": _label(persona_id, "persona_id"),
                                                                "session_id": sid, "source": source or ""})
         if not rows:
-            raise NotFound(f"no ingested session {sid!r}; `python aokun.py conversations list` shows them")
+            raise NotFound(f"no ingested session {sid!r}; {{hint0}} shows them",
+                           hints=[("conversations list", {})])
         if len(rows) > 1:
             raise InputError("source", f"session {sid!r} exists in {', '.join(r['source'] for r in rows)}; name one")
         return rows[0]
@@ -6825,17 +6933,13 @@ class Portable:
         ids: dict[tuple, int] = {}  # (table, uid) → id in this file
         with self._running() as claim:
             with self.tx():
-                self._import_overwrite = overwrite  # read by _import_verdict, under the tx's lock
-                try:
-                    preps = self._import_memories(by_kind["memory"], report["memory"], ids, claim,
-                                                  "docs_done" if derive_atoms else "atoms_done")
-                    self._import_atoms(by_kind["atom"], report["atom"], ids)
-                    self._import_kg(by_kind["entity"], by_kind["triple"], report, ids)
-                    self._import_conversations(by_kind["session"], by_kind["turn"], report, ids)
-                    self._import_consolidations(by_kind["consolidation"], report["consolidation"], ids)
-                    doomed = self._import_tombstones(by_kind["tombstone"], report["tombstone"])
-                finally:
-                    self._import_overwrite = frozenset()
+                preps = self._import_memories(by_kind["memory"], report["memory"], ids, claim,
+                                              "docs_done" if derive_atoms else "atoms_done", overwrite)
+                self._import_atoms(by_kind["atom"], report["atom"], ids, overwrite)
+                self._import_kg(by_kind["entity"], by_kind["triple"], report, ids, overwrite)
+                self._import_conversations(by_kind["session"], by_kind["turn"], report, ids, overwrite)
+                self._import_consolidations(by_kind["consolidation"], report["consolidation"], ids)
+                doomed = self._import_tombstones(by_kind["tombstone"], report["tombstone"])
             for at in range(0, len(preps), IMPORT_CHUNK):  # a chunk at a time: progress can tell
                 chunk = preps[at:at + IMPORT_CHUNK]
                 self.run_pipeline(chunk)
@@ -6877,7 +6981,7 @@ class Portable:
             return None
         return ids[(table, uid)]
 
-    def _import_verdict(self, table: str, rec: dict, line: int,
+    def _import_verdict(self, table: str, rec: dict, line: int, overwrite=frozenset(),
                         stamp_key: str = "updated_at") -> tuple[str, int | None]:
         """What importing `rec` into `table` does: ('kept', id) when this file has its uid with the
         same or a later time, ('skipped', None) when a tombstone here is as late, else ('updated', id)
@@ -6886,7 +6990,7 @@ class Portable:
         here = self.rows(f"select id, persona_id, {stamp_key} as stamp from {table} where uid = ?", (rec["uid"],))
         if here and here[0]["persona_id"] != rec.get("persona_id"):
             raise ImportFileError(line, f"{rec['kind']} {rec['uid']} is of another persona in this file")
-        if here and here[0]["stamp"] >= rec[stamp_key] and rec["uid"] not in getattr(self, "_import_overwrite", ()):
+        if here and here[0]["stamp"] >= rec[stamp_key] and rec["uid"] not in overwrite:
             return "kept", here[0]["id"]
         gone = self.value("select deleted_at from tombstones where uid = ?", (rec["uid"],))
         if gone is not None and gone >= rec[stamp_key]:
@@ -6908,7 +7012,8 @@ class Portable:
         except (apsw.ConstraintError, apsw.MismatchError, TypeError, apsw.BindingsError) as e:
             raise ImportFileError(line, f"{table} refuses it ({e})") from None
 
-    def _import_memories(self, recs, report: dict, ids: dict, claim, status: str = "atoms_done") -> list[Prepared]:
+    def _import_memories(self, recs, report: dict, ids: dict, claim, status: str = "atoms_done",
+                         overwrite=frozenset()) -> list[Prepared]:
         """Write the memory records (oldest first, so ids follow time) as documents rows with their
         FTS text, each with a journal row at `status` (atoms_done: the pipeline's graph stages;
         docs_done: atoms too); then merged_into, and superseded_by of the memories written (a
@@ -6917,7 +7022,7 @@ class Portable:
         c, preps, state = self.conn, [], "pending" if self.embedder.provider != "none" else "none"
         written = []
         for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
-            verdict, doc_id = self._import_verdict("documents", r, n)
+            verdict, doc_id = self._import_verdict("documents", r, n, overwrite)
             p = self.prepare(r["content"], {k: r[k] for k in ("summary", "topics", "key_facts", "participants",
                              "tags", "sentiment", "source", "importance", "session_id", "persona_id", "pinned")}
                              | {"timestamp": r["created_at"]}, f"line {n}: ")
@@ -6963,12 +7068,12 @@ class Portable:
                        ids[("documents", r["uid"])]))
         return preps
 
-    def _import_atoms(self, recs, report: dict, ids: dict) -> None:
+    def _import_atoms(self, recs, report: dict, ids: dict, overwrite=frozenset()) -> None:
         """Upsert the atom records with their sources, FTS text and supersession. In tx."""
         c = self.conn
         for n, r in recs:
             doc_id = self._uid_id("documents", r["document"], ids, r["persona_id"])
-            verdict, atom_id = self._import_verdict("memory_atoms", r, n)
+            verdict, atom_id = self._import_verdict("memory_atoms", r, n, overwrite)
             if doc_id is None or verdict in ("kept", "skipped"):
                 report["skipped" if doc_id is None else verdict] += 1
                 continue
@@ -6989,11 +7094,11 @@ class Portable:
                 c.execute("update memory_atoms set superseded_by = ? where id = ?",
                           (self._uid_id("memory_atoms", r["superseded_by"], ids, r["persona_id"]), atom_id))
 
-    def _import_kg(self, entities, triples, report: dict, ids: dict) -> None:
+    def _import_kg(self, entities, triples, report: dict, ids: dict, overwrite=frozenset()) -> None:
         """Upsert the entities (one already here under another uid, same persona and canonical name,
         is that entity) and the facts between them. In tx."""
         for n, r in entities:
-            verdict, eid = self._import_verdict("kg_entities", r, n)
+            verdict, eid = self._import_verdict("kg_entities", r, n, overwrite)
             same = self.value("select id from kg_entities where persona_id = ? and canonical = ? and uid != ?",
                               (r["persona_id"], r["canonical"], r["uid"]))
             if same is not None and eid is None:
@@ -7006,7 +7111,7 @@ class Portable:
             report["entity"][verdict] += 1
         for n, r in triples:
             sid, oid = (self._uid_id("kg_entities", r[k], ids, r["persona_id"]) for k in ("subject", "object"))
-            verdict, tid = self._import_verdict("kg_triples", r, n)
+            verdict, tid = self._import_verdict("kg_triples", r, n, overwrite)
             if sid is None or oid is None or verdict in ("kept", "skipped"):
                 report["triple"]["skipped" if sid is None or oid is None else verdict] += 1
                 continue
@@ -7017,14 +7122,15 @@ class Portable:
             self._briefing_stale(r["persona_id"])
             report["triple"][verdict] += 1
 
-    def _import_conversations(self, sessions, turns, report: dict, ids: dict) -> None:
+    def _import_conversations(self, sessions, turns, report: dict, ids: dict,
+                              overwrite=frozenset()) -> None:
         """Upsert the sessions (one already here under another uid, same persona, client and session
         id, is that session: its summary columns are refreshed) and insert the turns not here yet,
         with their FTS text; their vectors are back-filled. In tx."""
         c, merged = self.conn, set()
         state = "none" if self.embedder.provider == "none" else "pending"
         for n, r in sessions:
-            verdict, ref = self._import_verdict("conv_sessions", r, n)
+            verdict, ref = self._import_verdict("conv_sessions", r, n, overwrite)
             same = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ? "
                               "and uid != ?", (r["persona_id"], r["source"], r["session_id"], r["uid"]))
             if same is not None and ref is None:
@@ -7145,16 +7251,6 @@ create table records(kind text, uid text, stamp text, hash text, body text, prim
 class SyncFileError(Exception):
     """A changeset file that cannot be applied now (truncated, damaged, foreign, newer): skipped with
     this reason, not marked applied, tried again at the next sync."""
-
-
-ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
-
-
-def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
-    """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
-    of the three, so every device that derives it gives it the same uid (and an edit that keeps a
-    fact keeps its atom's uid)."""
-    return str(uuid.uuid5(ATOM_UID_NAMESPACE, "\x1f".join((persona_id, document_uid, content.strip()))))
 
 
 def sync_hash(rec: dict) -> str:
@@ -7891,22 +7987,6 @@ def write_with_backup(path: Path, text: str) -> Path | None:
     return backup
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so a reader sees the old file or the whole new one: a temporary file
-    `<name>.tmp` beside it, flushed to disk, then renamed over it. A failure (a full disk) removes
-    the temporary file and raises the OSError."""
-    tmp = path.with_name(f"{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-
-
 def install_codex_notify(path: Path, value: list[str]) -> str:
     """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the top,
     where a key is top-level whatever tables follow, and the result is parsed back to check it. Returns
@@ -7969,6 +8049,19 @@ def hook_session_files(client: str, payload: dict) -> list[Path]:
 
 # The memory engine: the sections composed ########################################################
 
+#: The data upgrades, the second half of the migration ladder: after migrate() has applied the
+#: schema/NNNN steps, Memory._upgrade_data runs each step above meta data_version once, in order,
+#: and records its number there. (number, the step, what it upgrades); a step returns False when
+#: it cannot run yet (it is tried at the next open and the later steps wait). Files upgraded before
+#: this ladder carry each step's own meta flag instead, which the step reads: it does nothing.
+DATA_STEPS = (
+    (1, Vectors._upgrade_vector_index, "float vectors in vec0 (schema < 6) to the binary index"),
+    (2, Vectors._compact_vectors, "float32 vectors (schema < 11) to int8: meta vector_format"),
+    (3, Layers._upgrade_graph_entries, "graph entries to layout 2: meta graph_layout"),
+    (4, Layers._requeue_refused_context, "refused texts out of neighbours' vectors: meta refused_context"),
+)
+
+
 class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting, Maintenance,
              Summarizer, Conversations, ConversationSearch, Portable, Sync):
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
@@ -7977,8 +8070,10 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     Threads:
     - callers: any thread (the MCP SDK runs each tool call in a worker thread; the CLI one thread);
     - `aokun-touch`: one worker, started on the first recall, records access (Recall._touch);
+    - `aokun-refresh`: one worker, started on first use, re-embeds the memories whose session
+      context a write changed (Layers._refresh_stale); close() waits for it;
     - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
-      own query-only connection (Recall._reader_rows);
+      own query-only connection (Recall.reader_rows);
     - the server's `aokun-background` thread (see _background) calls the public methods like a caller.
 
     Locks:
@@ -7989,6 +8084,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
       roll back with the rest of the write.
     - `self._readers_lock` guards the list of reader connections and the channel pool. Channel
       workers take it, never `self.lock`: the caller waiting for them may hold `self.lock`.
+    - `self._refresh_lock` guards the refresh worker's start (one per Memory).
     - Segmenter, LocalEmbedder and CachedEmbedder have their own locks (lazy model load, LRU cache).
 
     Processes: several may open the same file. Write transactions are BEGIN IMMEDIATE with a long
@@ -7997,43 +8093,101 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
 
     def __init__(self, path: Path | str, cfg: Config | None = None, embedder: Embedder | None = None,
                  recover: bool = True):
-        self.cfg = cfg or load_config()
-        self.path = Path(path)
-        self.lock = threading.RLock()
+        """Open (create, migrate, upgrade) the file: every attribute any section uses is set here."""
+        # Store: the file and its connection
+        self.cfg = cfg or load_config()  # the settings
+        self.path = Path(path)  # the database file
+        self.lock = threading.RLock()  # guards conn and what changes with it (see Locks above)
         new = not self.path.exists()
         self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
                             self.backup_dir(), create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent,
-                            rank=bool(self.cfg.storage.rank_extension))
+                            rank=bool(self.cfg.storage.rank_extension))  # the one read-write connection
         if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
             print(f"aokun: created a new database {self.path}", file=sys.stderr, flush=True)
-        self.queries = load_queries()
-        if self.conn.aokun_rank:  # the recall channels' readers load it too (_reader_rows)
+        self.queries = load_queries()  # the named queries of sql/*.sql
+        if self.conn.aokun_rank:  # the recall channels' readers load it too (reader_rows)
             self.queries = ranked_queries(self.queries)
+        self.epoch = 0  # commits through tx(): what the recall cache keys on (Store owns it)
+        # text and rules (Layers, Journal, Recall read them)
         t = self.cfg.text
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
-                             self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)
+                             self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)  # tokens
         if self.cfg.recall.fusion not in ("score", "rrf"):
             raise AokunError(f"[recall] fusion = {self.cfg.recall.fusion!r} is not one of score, rrf")
-        self.rules = Rules(self.cfg)
-        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)
-        self.epoch = 0
-        self.vector_problem: str | None = None
-        self._recall_cache: dict = {}
-        self._toucher: ThreadPoolExecutor | None = None
+        self.rules = Rules(self.cfg)  # atom rules, aliases, intents, time words, event dates
+        # Vectors
+        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)  # the provider
+        self.vector_problem: str | None = None  # why vectors are not used now (Vectors owns it)
+        self.last_embedding_error: str | None = None  # the provider's last transient failure
+        self._refresher: ThreadPoolExecutor | None = None  # _refresh_stale's worker, started on use
+        self._refresh_lock = threading.Lock()  # guards _refresher
+        self.conn_closed = False  # set by close(): a refresh still queued then does nothing
+        # Recall
+        self._recall_cache: dict = {}  # key -> (stamp, _cache_state, answer), least recent first
+        self._toucher: ThreadPoolExecutor | None = None  # the aokun-touch worker (Recall._touch)
         self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Recall._hamming_bound
-        self._pool_skips: dict[tuple, int] = {}  # Recall._channel_query: recalls left without the FTS pool
-        self._channel_pool: ThreadPoolExecutor | None = None
-        self._readers: list[apsw.Connection] = []
-        self._readers_lock = threading.Lock()
-        self._local = threading.local()
-        self._upgrade_vector_index()
-        self._compact_vectors()
-        self._upgrade_graph_entries()
+        self._pool_skips: dict[tuple, int] = {}  # Recall._channel_query: recalls left without the pool
+        self._channel_pool: ThreadPoolExecutor | None = None  # aokun-recall-* channel workers
+        self._readers: list[apsw.Connection] = []  # the channel workers' query-only connections
+        self._readers_lock = threading.Lock()  # guards _readers and _channel_pool, never self.lock
+        self._local = threading.local()  # each channel worker's own reader (Recall.reader_rows)
+        # Conversations
+        self._ingest_rules: dict[str, IngestRules] = {}  # source -> its rules (ingest_rules)
+        self.last_maintenance: str | None = None  # the server's last maintenance run (_background)
+        # Journal
+        self._secret_patterns: tuple | None = None  # [write] secrets compiled (secret_patterns)
+        self.last_recovery: dict = {}  # what recover() did when the file was opened
         self._check_embedding_meta()
-        self._requeue_refused_context()
-        self.last_recovery: dict = {}
+        self._upgrade_data()
         if recover:
             self.last_recovery = self.recover()
+
+    def _upgrade_data(self) -> None:
+        """Run the data steps (DATA_STEPS) above meta data_version, in order, each once: its number
+        is recorded when it is done. One that cannot run yet (False) stops the ladder there."""
+        done = int(self.meta_get("data_version", 0))
+        for number, step, _what in DATA_STEPS:
+            if number <= done:
+                continue
+            if step(self) is False:
+                return
+            with self.tx():
+                if int(self.meta_get("data_version", 0)) < number:  # another process may be ahead
+                    self._meta_set("data_version", number)
+
+    def _rebuild_turn_vectors(self, stored: tuple, progress) -> int | None:
+        """Maintenance.rebuild(vectors=True)'s step for the ingested conversations' turns (hooks):
+        their vectors are made again (reset first when `stored`, the (model, dim) of the vectors
+        before, is not the embedder's). None when no turn is stored."""
+        if not self.value("select 1 from conv_turns limit 1"):
+            return None
+        if stored != (self.embedder.model, str(self.embedder.dim)):
+            with self.tx():  # another model: the old turn vectors no longer compare
+                self._reset_turn_vectors()
+        return self.backfill_turn_vectors(progress=progress)
+
+    #: the later sections' parts of earlier ones' work (functions: no Memory -> method -> Memory cycle)
+    hooks = Hooks(conversation_hits=ConversationSearch._conversation_hits,
+                  briefing_lines=ConversationSearch._session_digest_lines,
+                  counts=ConversationSearch._conversation_counts,
+                  problems=ConversationSearch._conversation_problems,
+                  rebuild_vectors=_rebuild_turn_vectors, prune=ConversationSearch.prune_conversations)
+
+    def close(self):
+        """Wait for the access bookkeeping (Recall) and the vector refresh (Layers), stop the
+        worker threads, close the reader connections, then PRAGMA optimize and close the main
+        connection (Store): each section's own teardown, in that order."""
+        self.wait_background()
+        self.wait_refresh()
+        self._stop_refresher()
+        self._stop_recall_workers()
+        self._close_connection()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 # MCP server: instructions and response models ####################################################
@@ -8537,19 +8691,21 @@ def _meta(metadata) -> dict:
 #: The CLI commands that messages name, and the MCP tool that does the same for an MCP client.
 #: list_memories is not among DEFAULT_TOOLS, so that hint names recall first; the kg hints only reach
 #: a client that called a kg tool.
-CLI_TO_TOOL = {"`python aokun.py list`": "`recall` (or `list_memories`, if exposed)",
-               "`python aokun.py show ID`": "`get_memory`",
-               "`python aokun.py kg query ENTITY`": "`kg_query`",
-               "`python aokun.py kg timeline ENTITY`": "`kg_timeline`", "`python aokun.py kg add`": "`kg_add`",
-               "`python aokun.py conversations list`": "`conversation_search` (each hit names its session)"}
+#: The MCP tool that does what a hint's CLI command does (AokunError.hints)
+HINT_TOOLS = {"list": "`recall` (or `list_memories`, if exposed)", "show ID": "`get_memory`",
+              "kg query ENTITY": "`kg_query`", "kg timeline ENTITY": "`kg_timeline`", "kg add": "`kg_add`",
+              "conversations list": "`conversation_search` (each hit names its session)"}
 
 
-def for_mcp(message: str) -> str:
-    """An AokunError message as an MCP client reads it: a CLI command that has an MCP tool
-    (CLI_TO_TOOL) named as that tool; commands without one (rebuild) stay as they are."""
-    for command, tool in CLI_TO_TOOL.items():
-        message = message.replace(command, tool)
-    return message
+def mcp_hint(command: str, options: dict) -> str:
+    """A hint as an MCP client reads it: the tool that does it (HINT_TOOLS); a command without
+    one (rebuild) stays the command line."""
+    return HINT_TOOLS.get(command) or command_line(command, options)
+
+
+def for_mcp(error: AokunError) -> str:
+    """An AokunError's message as an MCP client reads it: its hints named as tools (mcp_hint)."""
+    return error.render(mcp_hint)
 
 
 def _on_memory(ctx, fn):
@@ -8560,7 +8716,7 @@ def _on_memory(ctx, fn):
     try:
         return fn(ctx.request_context.lifespan_context.memory)
     except AokunError as e:
-        raise ToolError(for_mcp(str(e))) from None
+        raise ToolError(for_mcp(e)) from None
 
 
 # Tool families. Each tool is a sync function (the SDK runs it in a worker thread; the Memory
@@ -9032,7 +9188,7 @@ def _add_resources(server, memory) -> None:
         try:
             return compact_json(rounded(memory().get(id, persona_id)))
         except NotFound as e:
-            raise ResourceNotFoundError(for_mcp(str(e))) from None
+            raise ResourceNotFoundError(for_mcp(e)) from None
 
 
 #: MCP log levels (RFC 5424 names, as logging/setLevel takes them) -> the Python level from which a
@@ -9161,7 +9317,7 @@ def _add_completions(server, memory) -> None:
             values, total = await anyio.to_thread.run_sync(
                 lambda: memory().completions(kind, argument.value, persona or None))
         except AokunError as e:
-            raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
+            raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
         return Completion(values=values, total=total, has_more=total > len(values))
 
 
@@ -9184,7 +9340,7 @@ def _add_prompts(server, memory) -> None:
         try:
             return fn(memory())
         except AokunError as e:
-            raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
+            raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
 
     @server.prompt("session_briefing", title="Session briefing",
                    description="What Aokun remembers for the start of a session: pinned and important "
@@ -9236,9 +9392,9 @@ def _add_entity_resources(server, memory) -> None:
         try:
             return compact_json(rounded(fn(memory())))
         except NotFound as e:
-            raise ResourceNotFoundError(for_mcp(str(e))) from None
+            raise ResourceNotFoundError(for_mcp(e)) from None
         except AokunError as e:
-            raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
+            raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
 
     @server.resource(MCP_TEMPLATES[1], mime_type="application/json")
     def entity_resource(name: str, persona_id: str | None = None) -> str:
@@ -10435,15 +10591,15 @@ def health(mem: "Memory") -> dict:
     loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup, sync}, uptime_seconds,
     version}. ok is false when the database does not answer or vector search is off for a reason other
     than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load).
-    Read on the calling thread's query-only connection (Recall._reader_rows), never the main one: a
+    Read on the calling thread's query-only connection (Recall.reader_rows), never the main one: a
     supervisor's probe must not wait for the Memory lock that long background work holds (the
     daily backup's VACUUM INTO, a maintenance transaction, a back-fill batch)."""
     meta: dict = {}
     try:
         def one(sql: str):
-            return next(iter(mem._reader_rows(sql, ())[0].values()))
+            return next(iter(mem.reader_rows(sql, ())[0].values()))
         schema, pending = one("pragma user_version"), one(mem.queries["pending_vectors"])
-        meta = {r["key"]: r["value"] for r in mem._reader_rows(
+        meta = {r["key"]: r["value"] for r in mem.reader_rows(
             "select key, value from meta where key in ('decay_last_run', 'lifecycle_last_run', 'backup_last', "
             "'sync_last')", ())}
         db_ok = True
@@ -10611,7 +10767,7 @@ def _one_line_errors():
         error = _user_error(e)
         if error is None:
             raise
-        raise click.ClickException(str(error)) from None
+        raise click.ClickException(error.render(command_line)) from None
 
 
 class AokunGroup(click.Group):
@@ -10807,7 +10963,7 @@ def cli(ctx, db, config_path):
 
 # CLI: memories ###################################################################################
 
-@cli.command()
+@cli.command("memorize")
 @click.argument("text", required=False)
 @click.option("--file", "file_path", metavar="PATH", help="Read the text from this UTF-8 file (- : standard input).")
 @metadata_options
@@ -10815,7 +10971,7 @@ def cli(ctx, db, config_path):
               help="A memory this one replaces: archived, linked to the new one (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole write result as JSON.")
 @click.pass_obj
-def memorize(state, text, file_path, summary, topic, fact, participant, tag, importance, session, persona, source,
+def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag, importance, session, persona, source,
              timestamp, supersedes, as_json):
     """Store a memory and print its id. TEXT `-` reads the text from standard input (UTF-8), for
     long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To store
@@ -10838,12 +10994,12 @@ def memorize(state, text, file_path, summary, topic, fact, participant, tag, imp
 PERSONA_OF_ID_HELP = "Persona the memory belongs to (default: the default persona)."
 
 
-@cli.command()
+@cli.command("show")
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def show(state, memory_id, persona, as_json):
+def cli_show(state, memory_id, persona, as_json):
     """Show one memory with its atoms and graph entries.
 
     Example:
@@ -10874,7 +11030,7 @@ def show(state, memory_id, persona, as_json):
 @click.option("--include-archived", is_flag=True, help="Show archived memories too.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def list_cmd(state, limit, offset, persona, all_personas, session, include_archived, as_json):
+def cli_list(state, limit, offset, persona, all_personas, session, include_archived, as_json):
     """List the memories of one persona (--persona, default the default persona, as every other
     command), newest first; --all-personas lists every persona's, each row with its persona.
 
@@ -10895,14 +11051,14 @@ def list_cmd(state, limit, offset, persona, all_personas, session, include_archi
         click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} {who}{text[:LINE_PREVIEW_CHARS]}")
 
 
-@cli.command()
+@cli.command("edit")
 @click.argument("memory_id", type=int)
 @click.option("--text", help="New content (- : read it from standard input).")
 @click.option("--file", "file_path", metavar="PATH", help="Read the new content from this UTF-8 file.")
 @metadata_options
 @click.option("--json", "as_json", is_flag=True, help="Print the write result as JSON.")
 @click.pass_obj
-def edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance, session, persona,
+def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance, session, persona,
          source, timestamp, as_json):
     """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona names
     the persona the memory belongs to (a persona cannot change).
@@ -10945,13 +11101,13 @@ _flag_command("unarchive", "archived", False, "Bring an archived memory back int
               "Example:\n\n    python aokun.py unarchive 12")
 
 
-@cli.command()
+@cli.command("delete")
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
 @click.option("--purge", is_flag=True, help="Also leave no trace of it in the file and its WAL: rebuild the "
               "briefing, merge the FTS indexes, VACUUM and checkpoint (seconds on a large file).")
 @click.pass_obj
-def delete(state, memory_id, persona, purge):
+def cli_delete(state, memory_id, persona, purge):
     """Delete a memory from every table and index (a tombstone with its uid and time is kept).
 
     What remains: its freed bytes are zeroed (secure_delete), but its words stay in older FTS index
@@ -10963,7 +11119,10 @@ def delete(state, memory_id, persona, purge):
 
         python aokun.py delete 12 --purge
     """
-    out = state.memory().delete(memory_id, persona, purge=purge)
+    mem = state.memory()
+    out = mem.delete(memory_id, persona)
+    if purge:
+        out["purged"] = mem.purge(persona)
     click.echo(f"deleted {memory_id}")
     if purge:
         p = out["purged"]
@@ -10976,7 +11135,7 @@ def delete(state, memory_id, persona, purge):
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
 @click.pass_obj
-def restore_memory_cmd(state, memory_id, persona):
+def cli_restore_memory(state, memory_id, persona):
     """Unarchive a memory, or undo the consolidation whose survivor it is.
 
     Example:
@@ -10987,12 +11146,12 @@ def restore_memory_cmd(state, memory_id, persona):
     click.echo(f"restored {', '.join(map(str, out['restored'])) or 'nothing (it was not archived)'}")
 
 
-@cli.command()
+@cli.command("summarize")
 @click.argument("file", type=click.File("r", encoding="utf-8"), default="-")
 @click.option("--persona", help="Persona.")
 @click.option("--session", help="Session id.")
 @click.pass_obj
-def summarize(state, file, persona, session):
+def cli_summarize(state, file, persona, session):
     """Distil a conversation (text, or a JSON list of {role, content}) into one memory with the
     [llm] chat model, and store it.
 
@@ -11013,7 +11172,7 @@ def summarize(state, file, persona, session):
 
 # CLI: recall, atoms, context and the knowledge graph #############################################
 
-@cli.command()
+@cli.command("recall")
 @click.argument("query")
 @click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many memories.")
 @click.option("--session", help="Only this session.")
@@ -11024,7 +11183,7 @@ def summarize(state, file, persona, session):
 @click.option("--as-of", help="Answer as the memory stood at this ISO-8601 time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
 @click.pass_obj
-def recall(state, query, k, session, persona, include_archived, explain, channels, as_of, as_json):
+def cli_recall(state, query, k, session, persona, include_archived, explain, channels, as_of, as_json):
     """Search memories by meaning, keywords and relations.
 
     Example:
@@ -11057,13 +11216,13 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
                    "`python aokun.py show ID` prints one whole", err=True)
 
 
-@cli.command()
+@cli.command("feedback")
 @click.argument("memory_ids", nargs=-1, required=True, type=click.IntRange(1), metavar="ID...")
 @click.option("--not-useful", is_flag=True, help="They were wrong or beside the point: lower their importance.")
 @click.option("--persona", help="Persona the memories belong to.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
-def feedback(state, memory_ids, not_useful, persona, as_json):
+def cli_feedback(state, memory_ids, not_useful, persona, as_json):
     """Say which recalled memories an answer used: they rank higher (frequency term, importance)
     and their atoms last longer. Being returned by recall alone earns no rank.
 
@@ -11079,13 +11238,13 @@ def feedback(state, memory_ids, not_useful, persona, as_json):
                    f"useful x{r['useful_count']:g}  atoms reinforced {r['atoms_reinforced']}")
 
 
-@cli.command()
+@cli.command("atoms")
 @click.argument("query")
 @click.option("-k", "k", default=ATOMS_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many atoms.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def atoms(state, query, k, persona, as_json):
+def cli_atoms(state, query, k, persona, as_json):
     """Search single facts (memory atoms) that are still within their shelf life.
 
     Example:
@@ -11100,14 +11259,14 @@ def atoms(state, query, k, persona, as_json):
                    f"  (memory {a['document_id']})")
 
 
-@cli.command()
+@cli.command("context")
 @click.argument("topic", required=False)
 @click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat", show_default=True)
 @click.option("--max-tokens", type=click.IntRange(CONTEXT_TOKENS_MIN), help="Token budget override.")
 @click.option("--persona", help="Persona.")
 @click.option("--refresh", is_flag=True, help="Rebuild the briefing first.")
 @click.pass_obj
-def context(state, topic, mode, max_tokens, persona, refresh):
+def cli_context(state, topic, mode, max_tokens, persona, refresh):
     """Print memory for a prompt within a token budget: the session briefing, or memories and facts
     about TOPIC.
 
@@ -11125,8 +11284,8 @@ def context(state, topic, mode, max_tokens, persona, refresh):
     click.echo(f"({out['tokens']} of {out['budget']} tokens, {out['source']}{built})", err=True)
 
 
-@cli.group()
-def kg():
+@cli.group("kg")
+def cli_kg():
     """Temporal knowledge-graph facts: subject —predicate→ object with validity windows.
 
     Example:
@@ -11143,7 +11302,7 @@ def _print_facts(facts: list[dict]) -> None:
                    f"  [{f['valid_from'][:DATE_CHARS]} .. {until}]")
 
 
-@kg.command("add")
+@cli_kg.command("add")
 @click.argument("subject")
 @click.argument("predicate")
 @click.argument("object_")
@@ -11153,7 +11312,7 @@ def _print_facts(facts: list[dict]) -> None:
 @click.option("--source-memory", type=int, help="Id of the memory this fact came from.")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def kg_add_cmd(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona):
+def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona):
     """Record a fact; a single-valued predicate closes the previous value.
 
     Example:
@@ -11166,14 +11325,14 @@ def kg_add_cmd(state, subject, predicate, object_, valid_from, valid_to, confide
         click.echo(f"closed: {', '.join(map(str, f['closed']))}")
 
 
-@kg.command("query")
+@cli_kg.command("query")
 @click.argument("entity")
 @click.option("--as-of", help="ISO-8601 instant (default now).")
 @click.option("--predicate", help="Only this predicate.")
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def kg_query_cmd(state, entity, as_of, predicate, persona, as_json):
+def cli_kg_query(state, entity, as_of, predicate, persona, as_json):
     """Facts about ENTITY valid now or at --as-of.
 
     Example:
@@ -11184,12 +11343,12 @@ def kg_query_cmd(state, entity, as_of, predicate, persona, as_json):
     _echo_json(out) if as_json else _print_facts(out["facts"])
 
 
-@kg.command("invalidate")
+@cli_kg.command("invalidate")
 @click.argument("fact_id", type=int)
 @click.option("--valid-to", help="ISO-8601 (default now).")
 @click.option("--persona", help="Persona the fact belongs to (default: the default persona).")
 @click.pass_obj
-def kg_invalidate_cmd(state, fact_id, valid_to, persona):
+def cli_kg_invalidate(state, fact_id, valid_to, persona):
     """End a fact (history is kept; a fact that has already ended keeps its end).
 
     Example:
@@ -11201,11 +11360,11 @@ def kg_invalidate_cmd(state, fact_id, valid_to, persona):
     click.echo(f["note"], err=True)
 
 
-@kg.command("delete")
+@cli_kg.command("delete")
 @click.argument("entity")
 @click.option("--persona", help="Persona the entity belongs to (default: the default persona).")
 @click.pass_obj
-def kg_delete_cmd(state, entity, persona):
+def cli_kg_delete(state, entity, persona):
     """Delete ENTITY and every fact about it (tombstones are kept). To end one fact, use invalidate.
 
     Example:
@@ -11216,12 +11375,12 @@ def kg_delete_cmd(state, entity, persona):
     click.echo(f"deleted {out['entity']} and {len(out['facts'])} facts")
 
 
-@kg.command("timeline")
+@cli_kg.command("timeline")
 @click.argument("entity")
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def kg_timeline_cmd(state, entity, persona, as_json):
+def cli_kg_timeline(state, entity, persona, as_json):
     """Every fact ever recorded about ENTITY, oldest first.
 
     Example:
@@ -11232,10 +11391,10 @@ def kg_timeline_cmd(state, entity, persona, as_json):
     _echo_json(out) if as_json else _print_facts(out["facts"])
 
 
-@kg.command("stats")
+@cli_kg.command("stats")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def kg_stats_cmd(state, persona):
+def cli_kg_stats(state, persona):
     """Entity and fact counts.
 
     Example:
@@ -11247,10 +11406,10 @@ def kg_stats_cmd(state, persona):
 
 # CLI: maintenance and the server #################################################################
 
-@cli.command()
+@cli.command("stats")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def stats(state, as_json):
+def cli_stats(state, as_json):
     """Counts for every layer and index, and the embedder's state.
 
     Example:
@@ -11275,9 +11434,9 @@ def stats(state, as_json):
         click.echo(f"{k:>32}: {v or '-'}")
 
 
-@cli.command()
+@cli.command("doctor")
 @click.pass_obj
-def doctor(state):
+def cli_doctor(state):
     """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and graph.
     Exits 1 when anything is wrong.
 
@@ -11298,12 +11457,12 @@ def doctor(state):
     click.echo("ok")
 
 
-@cli.command()
+@cli.command("rebuild")
 @click.option("--vectors", is_flag=True, help="Drop and re-embed every vector with the configured embedder.")
 @click.option("--fts", is_flag=True, help="Re-segment every full-text row.")
 @click.option("--graph", is_flag=True, help="Re-derive atoms and graph for every memory.")
 @click.pass_obj
-def rebuild(state, vectors, fts, graph):
+def cli_rebuild(state, vectors, fts, graph):
     """Rebuild derived indexes from the stored memories.
 
     Example:
@@ -11318,9 +11477,9 @@ def rebuild(state, vectors, fts, graph):
     click.echo(json.dumps(out))
 
 
-@cli.command()
+@cli.command("vacuum")
 @click.pass_obj
-def vacuum(state):
+def cli_vacuum(state):
     """Optimise the FTS indexes, checkpoint the WAL and VACUUM the file.
 
     Example:
@@ -11331,10 +11490,10 @@ def vacuum(state):
     click.echo(f"{r['before_bytes']:,} -> {r['after_bytes']:,} bytes")
 
 
-@cli.command()
+@cli.command("backup")
 @click.argument("dest", required=False, type=click.Path(dir_okay=False))
 @click.pass_obj
-def backup(state, dest):
+def cli_backup(state, dest):
     """Write a consistent copy of the database (online backup API: servers keep writing).
     Without DEST it goes to [backup] dir as <name>-manual-<time>.db.
 
@@ -11349,11 +11508,11 @@ def backup(state, dest):
     click.echo(f"{r['backup']} ({r['bytes']:,} bytes)")
 
 
-@cli.command()
+@cli.command("restore")
 @click.argument("src", type=click.Path(exists=True, dir_okay=False))
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
-def restore(state, src, yes):
+def cli_restore(state, src, yes):
     """Replace the database's content with backup SRC. SRC must pass integrity_check and not come
     from a newer Aokun; the current content is saved beside the database first (the safety copy,
     taken under the same write lock as the overwrite: every write acknowledged before the restore is
@@ -11384,7 +11543,7 @@ def restore(state, src, yes):
         click.echo("no memory was written or changed after the backup")
 
 
-@cli.command()
+@cli.command("export")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="jsonl", show_default=True,
               help="jsonl: lossless, for import; markdown: one note per memory (Obsidian).")
 @click.option("--persona", help="Only this persona (default: every persona; tombstones only then).")
@@ -11392,7 +11551,7 @@ def restore(state, src, yes):
 @click.option("--out", "out_path", metavar="PATH",
               help="The JSONL file (default: standard output), or the folder of the Markdown notes (required).")
 @click.pass_obj
-def export(state, fmt, persona, since, out_path):
+def cli_export(state, fmt, persona, since, out_path):
     """Export the memory without lock-in. JSONL (one JSON object a line, a `kind` each, a header line
     with the schema version first) holds memories with all their metadata, atom states, knowledge-graph
     facts with validity, ingested conversations, consolidations and tombstones: `import` restores it into
@@ -11434,7 +11593,7 @@ def export(state, fmt, persona, since, out_path):
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
 @click.pass_obj
-def import_cmd(state, file, as_json):
+def cli_import(state, file, as_json):
     """Import a JSONL export into this database, empty or not: uids decide (a record here with the same
     or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors are
     re-derived. A bad line is one error naming it, before anything is written.
@@ -11465,7 +11624,7 @@ def import_cmd(state, file, as_json):
 @click.option("--persona", help="With --conflicts: only this persona's (default: every persona's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
-def sync_cmd(state, folder, conflicts, persona, as_json):
+def cli_sync(state, folder, conflicts, persona, as_json):
     """Sync with your other devices through DIR, a folder they share already (Syncthing, Dropbox,
     iCloud, a USB stick, a git work tree; default [sync] dir). Writes this file's changes since its
     last sync as one changeset file `<device>-<number>.changeset` and merges the other devices' files;
@@ -11521,13 +11680,13 @@ def _print_changes(out: dict) -> None:
         click.echo(f"atom       {c['id']:>6}: {c['old']} -> {c['new']}")
 
 
-@cli.command()
+@cli.command("decay")
 @click.option("--dry-run", is_flag=True, help="List what would change; change nothing.")
 @click.option("--days", type=click.IntRange(0, DECAY_DAYS_MAX),
               help="Run this many days of decay now (default: the days due).")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def decay(state, dry_run, days, as_json):
+def cli_decay(state, dry_run, days, as_json):
     """Daily importance decay (and auto-archival when enabled), catching up missed days.
 
     Example:
@@ -11542,11 +11701,11 @@ def decay(state, dry_run, days, as_json):
                f"{len(out['importance'])} importance change(s), {len(out['archived'])} archived")
 
 
-@cli.command()
+@cli.command("lifecycle")
 @click.option("--dry-run", is_flag=True, help="List what would change; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def lifecycle(state, dry_run, as_json):
+def cli_lifecycle(state, dry_run, as_json):
     """Atom lifecycle sweep: expired, forgotten (+7 d), purged (+30 d), dormant.
 
     Example:
@@ -11560,11 +11719,11 @@ def lifecycle(state, dry_run, as_json):
     click.echo(f"{len(out['atoms'])} atom state change(s){' (dry run)' if dry_run else ''}")
 
 
-@cli.command()
+@cli.command("consolidate")
 @click.option("--apply", is_flag=True, help="Merge the clusters (default: only list them).")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def consolidate(state, apply, persona):
+def cli_consolidate(state, apply, persona):
     """Find near-duplicate memories; --apply merges each cluster (undo: restore-memory SURVIVOR).
 
     Example:
@@ -11579,12 +11738,12 @@ def consolidate(state, apply, persona):
     click.echo(f"{len(out['clusters'])} cluster(s)")
 
 
-@cli.command()
+@cli.command("serve")
 @click.option("--http", "use_http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
 @click.option("--host", help="HTTP host (default [server] host, 127.0.0.1).")
 @click.option("--port", type=click.IntRange(1, 65535), help="HTTP port (default [server] port, 5123).")
 @click.pass_obj
-def serve(state, use_http, host, port):
+def cli_serve(state, use_http, host, port):
     """Run the MCP server: stdio (what MCP clients launch) or --http. Any --host but loopback needs
     [server] token (or the variable [server] token_env names, $AOKUN_TOKEN).
 
@@ -11646,8 +11805,8 @@ async def _announce_when_started(web, panel: "Panel", host: str, port: int) -> N
     panel.state.announce(host, port, "/panel")
 
 
-@cli.group()
-def service():
+@cli.group("service")
+def cli_service():
     """Run `serve --http` under the OS's own supervisor: a systemd user unit (Linux), a launchd agent
     (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
 
@@ -11660,7 +11819,7 @@ def service():
 
 
 def _service_command(action: str, doc: str):
-    @service.command(action, help=doc)
+    @cli_service.command(action, help=doc)
     @click.option("--port", type=click.IntRange(1, 65535), help="The HTTP port (default: [server] port).")
     @click.option("--dry-run", is_flag=True, help="Print what would be written and run; change nothing.")
     @click.option("--platform", "platform", type=click.Choice(["linux", "macos", "windows"]),
@@ -11760,13 +11919,13 @@ def _open_browser_when_listening(host: str, port: int, url: str, timeout: float 
         time.sleep(0.1)
 
 
-@cli.command()
+@cli.command("panel")
 @click.option("--port", type=click.IntRange(1, 65535), default=PANEL_PORT, show_default=True, help="Port on 127.0.0.1.")
 @click.option("--no-browser", is_flag=True, help="Only print the link; do not open a browser.")
 @click.option("--link", "new_link", is_flag=True,
               help="Print a new one-time login link from the running panel or serve --http.")
 @click.pass_obj
-def panel(state, port, no_browser, new_link):
+def cli_panel(state, port, no_browser, new_link):
     """The web panel: memories (search, read, edit, delete), recall explained, the knowledge graph,
     health and maintenance, and every setting. Serves on 127.0.0.1 only; the printed link logs in
     once, and the login lasts 30 days. `--link` asks the running panel (this database; --port if
@@ -11820,7 +11979,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 # CLI: conversations (ingest, list, show, search, delete) #########################################
 
-@cli.command()
+@cli.command("ingest")
 @click.argument("source", type=click.Choice(CONVERSATION_SOURCES))
 @click.argument("paths", nargs=-1, type=click.Path(), metavar="[PATH]...")
 @click.option("--persona", help="Persona the conversations belong to.")
@@ -11829,7 +11988,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 @click.option("--json", "as_json", is_flag=True,
               help="Print {sessions, turns, new, skipped, deleted, seconds} as JSON.")
 @click.pass_obj
-def ingest(state, source, paths, persona, include_deleted, as_json):
+def cli_ingest(state, source, paths, persona, include_deleted, as_json):
     """Ingest an assistant's conversation history, incrementally (a second run adds only what is new).
 
     Without PATH, the client's standard location: claude-code ~/.claude/projects/*/*.jsonl, codex
@@ -11859,8 +12018,8 @@ def ingest(state, source, paths, persona, include_deleted, as_json):
                    f"{out['new']} new, {out['skipped']} malformed lines skipped, {deleted}{out['seconds']:.1f} s")
 
 
-@cli.group()
-def conversations():
+@cli.group("conversations")
+def cli_conversations():
     """Browse and search ingested conversations (`python aokun.py ingest` stores them).
 
     Example:
@@ -11869,14 +12028,14 @@ def conversations():
     """
 
 
-@conversations.command("list")
+@cli_conversations.command("list")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
 @click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
 @click.option("--offset", default=0, type=click.IntRange(0))
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def conversations_list(state, source, limit, offset, persona, as_json):
+def cli_conversations_list(state, source, limit, offset, persona, as_json):
     """Sessions, newest first: date, source, turns, title, session id."""
     rows = state.memory().list_sessions(limit, offset, source, persona)
     if as_json:
@@ -11887,7 +12046,7 @@ def conversations_list(state, source, limit, offset, persona, as_json):
                    f"{_one_line(r['title'] or r['first_user_message'], LINE_PREVIEW_CHARS)}  [{r['session_id']}]")
 
 
-@conversations.command("show")
+@cli_conversations.command("show")
 @click.argument("session_id")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
 @click.option("--offset", default=0, type=click.IntRange(0))
@@ -11895,7 +12054,7 @@ def conversations_list(state, source, limit, offset, persona, as_json):
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def conversations_show(state, session_id, source, offset, limit, persona, as_json):
+def cli_conversations_show(state, session_id, source, offset, limit, persona, as_json):
     """One session's turns in order."""
     out = state.memory().conversation_get_session(session_id, offset, limit, persona, source)
     if as_json:
@@ -11909,7 +12068,7 @@ def conversations_show(state, session_id, source, offset, limit, persona, as_jso
         click.echo(f"… more: --offset {out['next_offset']}", err=True)
 
 
-@conversations.command("search")
+@cli_conversations.command("search")
 @click.argument("query")
 @click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many turns.")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
@@ -11919,7 +12078,7 @@ def conversations_show(state, session_id, source, offset, limit, persona, as_jso
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
 @click.pass_obj
-def conversations_search(state, query, k, source, session, since, until, persona, as_json):
+def cli_conversations_search(state, query, k, source, session, since, until, persona, as_json):
     """Search ingested conversations by meaning and keywords.
 
     Example:
@@ -11937,24 +12096,24 @@ def conversations_search(state, query, k, source, session, since, until, persona
         click.echo(w, err=True)
 
 
-@conversations.command("delete")
+@cli_conversations.command("delete")
 @click.argument("session_id")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def conversations_delete(state, session_id, source, persona):
+def cli_conversations_delete(state, session_id, source, persona):
     """Forget one ingested session and its turns (tombstones are kept)."""
     out = state.memory().delete_session(session_id, source, persona)
     click.echo(f"deleted session {out['session_id']} ({out['source']}, {out['turns']} turns)")
 
 
-@cli.command()
+@cli.command("watch")
 @click.argument("sources", nargs=-1, type=click.Choice(WATCH_SOURCES), metavar="[SOURCE]...")
 @click.option("--interval", type=click.FloatRange(min=0, min_open=True),
               help="Seconds between polls (default [conversations] watch_interval_seconds, 2).")
 @click.option("--persona", help="Persona the conversations belong to.")
 @click.pass_obj
-def watch(state, sources, interval, persona):
+def cli_watch(state, sources, interval, persona):
     """Ingest new turns as the clients write them, until Ctrl+C: claude-code, codex and copilot
     (or the SOURCEs given), from their standard locations. What is already stored is not read
     again (each file from its stored offset). `serve` does the same on a background thread
@@ -11979,13 +12138,13 @@ def watch(state, sources, interval, persona):
         click.echo("stopped", err=True)
 
 
-@cli.command()
+@cli.command("hooks")
 @click.argument("client", type=click.Choice(HOOK_CLIENTS))
 @click.option("--install", is_flag=True, help="Merge the entry into the client's settings (a backup is kept).")
 @click.option("--file", "target", type=click.Path(dir_okay=False),
               help="The settings file (default: the client's own, under your home folder).")
 @click.pass_obj
-def hooks(state, client, install, target):
+def cli_hooks(state, client, install, target):
     """Print (or --install) the hooks that make a client feed Aokun by itself: Claude Code
     (~/.claude/settings.json: SessionStart injects the briefing, Stop and SessionEnd ingest the
     session), Codex (notify in ~/.codex/config.toml: each finished turn is ingested) and Copilot CLI
@@ -12033,12 +12192,12 @@ def hooks(state, client, install, target):
     click.echo(f"{path}: {', '.join(changed)}" + (f" (backup {backup})" if backup else ""))
 
 
-@cli.command(hidden=True)
+@cli.command("hook", hidden=True)
 @click.argument("client", type=click.Choice(HOOK_CLIENTS))
 @click.argument("event")
 @click.argument("payload", required=False)
 @click.pass_obj
-def hook(state, client, event, payload):
+def cli_hook(state, client, event, payload):
     """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: as the last
     argument). Prints only what the client reads (session-start: the hookSpecificOutput JSON with the
     briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem never

@@ -370,7 +370,7 @@ def test_an_older_file_requeues_the_neighbours_of_a_refused_text_once(tmp_path, 
     m.memorize(f"Where is the {MARK} key?", {"session_id": "s"})
     b = m.memorize("Under the blue flower pot.", {"session_id": "s"})["id"]
     with m.tx():  # as a file written before: the neighbour's vector made with the refused text
-        m.conn.execute("delete from meta where key = 'refused_context'")
+        m.conn.execute("delete from meta where key in ('refused_context', 'data_version')")
     m.close()
     m = open_mem(tmp_path / "r.db", e)
     assert m.value("select embedding_state from documents where id = ?", (b,)) == "pending"

@@ -938,14 +938,14 @@ def test_query_embedding_runs_while_the_keyword_channels_do(make, tmp_path):
     m = make(tmp_path / "c.db", **{"recall.parallel_channels": 4, "recall.reinforce_on_recall": False})
     for text, meta in EXPLAIN_CORPUS:
         m.memorize(text, meta)
-    reader_rows = m._reader_rows
+    reader_rows = m.reader_rows
 
     def spy(sql, params):
         out = reader_rows(sql, params)
         if sql == m.queries["recall_bm25"]:
             started.set()
         return out
-    m._reader_rows = spy
+    m.reader_rows = spy
     seen = []
     embed_query = m.embedder.embed_query
 

@@ -102,7 +102,7 @@ def _make_schema5_file(path, dim=16):
                   "where id = ?", (v.tobytes(), i))
     c.execute("drop table doc_vectors")
     c.execute("drop table graph_vectors")
-    c.execute("delete from meta where key = 'vector_center'")
+    c.execute("delete from meta where key in ('vector_center', 'data_version')")  # no ladder yet
     drop_schema_15_and_16(c)
     c.execute("alter table documents drop column embedding_error")  # schema 9
     c.execute("alter table graph_entries drop column embedding_error")
@@ -217,7 +217,7 @@ def test_float32_file_is_compacted_at_open_and_vacuum_gives_the_space_back(db_pa
                           (aokun.blob_vector(blob).tobytes(), row_id))
         c.execute("update memory_write_ops set payload = json_object('content', (select content from documents "
                   "where id = document_id), 'pad', hex(randomblob(500)))")
-        c.execute("delete from meta where key = 'vector_format'")
+        c.execute("delete from meta where key in ('vector_format', 'data_version')")
         drop_schema_15_and_16(c)
         c.execute("pragma user_version = 10")
     c.execute("vacuum")

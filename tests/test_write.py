@@ -670,7 +670,7 @@ def test_an_old_graph_layout_is_rewritten_when_the_file_is_opened(db_path, open_
                   "archived, embedding_state) values (999, '', 's', ?, ?, "
                   "'Alice describes Alice loves iced americano.', 0.9, 0, 'skip')", (b, edge))
         c.execute("insert into graph_entries_fts(rowid, segmented) values (999, 'alice describes alice')")
-        c.execute("delete from meta where key = 'graph_layout'")
+        c.execute("delete from meta where key in ('graph_layout', 'data_version')")
     mem.close()
     monkeypatch.setattr(aokun, "GRAPH_UPGRADE_BATCH", 1)  # one memory a transaction: the lock is let go between
     mem = open_mem(db_path)
