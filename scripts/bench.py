@@ -403,19 +403,7 @@ def recall(sizes, queries, k, channels, db_dir, rebuild):
     rows, builds, embed_rows, channel_rows, count_rows = [], [], [], [], []
     print(machine())
     for size in size_list:
-        db = db_dir / f"bench-{size}.db"
-        marker = db.with_suffix(".built.json")
-        info = json.loads(marker.read_text()) if marker.exists() and db.exists() and not rebuild else None
-        if info is None or info.get("version") != CORPUS_VERSION:
-            for p in db.parent.glob(db.name + "*"):
-                p.unlink()
-            marker.unlink(missing_ok=True)
-            print(f"recall: building {size:,} memories in {db} ...", file=sys.stderr, flush=True)
-            info = run_child(["_build-one", "--size", str(size), "--db", str(db)])
-            marker.write_text(json.dumps(info))
-            info["cached"] = False
-        else:
-            info["cached"] = True
+        db, info = recall_corpus(db_dir, size, rebuild)
         builds.append([f"{size:,}", info["seconds"], info["per_second"], info["peak_rss_mb"], info["db_mb"],
                        "cached" if info["cached"] else "built now"])
         print(f"recall: timing {size:,} ...", file=sys.stderr, flush=True)
@@ -448,6 +436,24 @@ def recall(sizes, queries, k, channels, db_dir, rebuild):
     print("\nlocal-model query embedding alone, and the recall process's peak RSS")
     print(table(["memories", "embed p50 ms", "embed p95 ms", "peak RSS MB"], embed_rows))
     print(machine())
+
+
+def recall_corpus(db_dir: Path, size: int, rebuild: bool) -> tuple[Path, dict]:
+    """The cached `size`-memory recall corpus (random vectors) and its build info, built first
+    when missing, of an older CORPUS_VERSION, or with `rebuild`."""
+    db = db_dir / f"bench-{size}.db"
+    marker = db.with_suffix(".built.json")
+    fresh = marker.exists() and db.exists() and not rebuild
+    info = json.loads(marker.read_text()) if fresh else None
+    if info is not None and info.get("version") == CORPUS_VERSION:
+        return db, dict(info, cached=True)
+    for p in db.parent.glob(db.name + "*"):
+        p.unlink()
+    marker.unlink(missing_ok=True)
+    print(f"recall: building {size:,} memories in {db} ...", file=sys.stderr, flush=True)
+    info = run_child(["_build-one", "--size", str(size), "--db", str(db)])
+    marker.write_text(json.dumps(info))
+    return db, dict(info, cached=False)
 
 
 @cli.command("_build-one", hidden=True)
@@ -896,6 +902,133 @@ def conv_time_one(db, queries, k):
     print(json.dumps(dict(figures, file_bytes_per_turn=round(size / turns),
                           text_bytes_per_turn=round(text / turns),
                           bytes_per_turn=round((size - text) / turns), db_mb=round(size / 1e6, 1))))
+
+
+# The first start #################################################################################
+
+class BacklogEmbedder(RealQueryCostEmbedder):
+    """RealQueryCostEmbedder for passages too: the local model embeds each text (its true cost, on
+    the calling thread, a few texts a call as LocalEmbedder's pause_every) and the random vector
+    is returned, so the random-vector recall corpus stays consistent while a back-log of turns
+    costs what it costs with the model."""
+
+    pause_every = aokun.LocalEmbedder.pause_every
+    passages = 0  #: texts embedded as passages: the back-log's progress, text by text
+
+    def embed_documents(self, texts):
+        self.local.embed_documents(texts)
+        self.passages += len(texts)
+        return super().embed_documents(texts)
+
+
+@cli.command("first-start")
+@click.option("--memories", type=int, default=10000, show_default=True,
+              help="Memories of the recall corpus (cached under --db-dir as `recall` builds it).")
+@click.option("--turns", type=int, default=3000, show_default=True,
+              help="Turns of the Claude Code history the watcher finds at its first start.")
+@click.option("--queries", type=int, default=60, show_default=True, help="Recalls timed per phase.")
+@click.option("--gap", type=float, default=0.3, show_default=True,
+              help="Seconds between two recalls (an assistant calls recall now and then).")
+@click.option("--alone", type=float, default=30.0, show_default=True,
+              help="Seconds the back-log runs alone (no recall) to time its own rate.")
+@click.option("--plain", is_flag=True, help="Without the measures: normal priority, no yielding.")
+@click.option("--db-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DB_DIR,
+              show_default=True, help="Where built corpora are cached between runs.")
+def first_start(memories, turns, queries, gap, alone, plain, db_dir):
+    """Recall while the watcher reads a back-log: recall p50/p95 with the machine idle, then while
+    the real watcher thread (Watcher.run, as `serve` starts it) ingests a synthetic Claude Code
+    history with the local model, and the ratio; the back-log's turns/s alone and beside the
+    recalls. Recalls go through the MCP tools' path (_on_memory: marked in flight) and embed the
+    query with the local model; the corpus has random vectors (BacklogEmbedder).
+
+    Example: python scripts/bench.py first-start --memories 10000 --turns 3000
+    """
+    db_dir.mkdir(parents=True, exist_ok=True)
+    db, _ = recall_corpus(db_dir, memories, False)
+    print(machine())
+    with tempfile.TemporaryDirectory(prefix="aokun-bench-first-") as tmp:
+        r = run_child(["_first-start-one", "--db", str(db), "--dir", tmp, "--turns", str(turns),
+                       "--queries", str(queries), "--gap", str(gap), "--alone", str(alone)]
+                      + (["--plain"] if plain else []))
+    mode = "plain: normal priority, no yielding" if plain else "nice 19, yielding to tool calls"
+    print(f"\nrecall while the watcher reads {turns:,} turns of history ({memories:,} memories, "
+          f"k=10, {queries} recalls {gap:g} s apart per phase, local-model query embedding; "
+          f"back-log {mode}; turns/s: turns embedded by the back-log)")
+    print(table(["phase", "recall p50 ms", "recall p95 ms", "ratio p50", "back-log turns/s"],
+                [["idle", r["idle_p50_ms"], r["idle_p95_ms"], 1.0, "-"],
+                 ["back-log alone", "-", "-", "-", r["alone_per_s"]],
+                 ["during the back-log", r["busy_p50_ms"], r["busy_p95_ms"], r["ratio"],
+                  r["busy_per_s"]]]))
+    print(f"load average at the start {r['load_start']}, at the end {r['load_end']}; back-log "
+          f"still reading at the end: {r['still_reading']}")
+    print(machine())
+
+
+def timed_recalls(mem, qs: list[str], gap: float) -> list[float]:
+    """ms of each recall of `qs` through _on_memory (as a tool call), `gap` seconds apart."""
+    from types import SimpleNamespace
+    state = SimpleNamespace(memory=mem)
+    ctx = SimpleNamespace(request_context=SimpleNamespace(lifespan_context=state))
+    out = []
+    for q in qs:
+        time.sleep(gap)
+        t0 = time.perf_counter()
+        aokun._on_memory(ctx, lambda m, q=q: m.recall(q, k=10, persona_id=PERSONA))
+        out.append((time.perf_counter() - t0) * 1000)
+        mem.wait_background()
+    return out
+
+
+@cli.command("_first-start-one", hidden=True)
+@click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--turns", type=int, required=True)
+@click.option("--queries", type=int, required=True)
+@click.option("--gap", type=float, required=True)
+@click.option("--alone", type=float, required=True)
+@click.option("--plain", is_flag=True)
+def first_start_one(db, folder, turns, queries, gap, alone, plain):
+    import shutil
+    import threading
+    os.environ["HOME"] = str(folder / "home")
+    paths = write_transcripts(folder / "home" / ".claude" / "projects", turns)
+    for i, path in enumerate(paths):  # oldest first, two years up to two days ago: all back-log
+        t = time.time() - 2 * 86400 - 728 * 86400 * (len(paths) - 1 - i) / max(1, len(paths) - 1)
+        os.utime(path, (t, t))
+    shutil.copy(db, folder / "m.db")
+    emb = BacklogEmbedder()
+    mem = aokun.Memory(folder / "m.db", make_cfg("none"), embedder=emb)
+    if plain:
+        aokun.lower_thread_priority = lambda: False
+        mem.yield_to_foreground = lambda *a, **k: None
+    mem.seg.tokens("warm up 预热")
+    emb.local.embed_documents(["warm up"])
+    qs = synthetic_queries(2 * queries)
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    idle = timed_recalls(mem, qs[:queries], gap)
+    stop = threading.Event()
+    watcher = aokun.Watcher(mem)
+    thread = threading.Thread(target=watcher.run, args=(stop, 2.0), name="aokun-watch", daemon=True)
+    thread.start()
+    while not emb.passages:
+        time.sleep(0.1)
+    t0, n0 = time.perf_counter(), emb.passages
+    time.sleep(alone)
+    t1, n1 = time.perf_counter(), emb.passages
+    busy = timed_recalls(mem, qs[queries:], gap)
+    t2, n2 = time.perf_counter(), emb.passages
+    still = bool(watcher.queue)
+    stop.set()
+    thread.join(60)
+    mem.close()
+    p50 = lambda t: round(pctl(t, 0.5), 1)  # noqa: E731
+    print(json.dumps({"idle_p50_ms": p50(idle), "idle_p95_ms": round(pctl(idle, 0.95), 1),
+                      "busy_p50_ms": p50(busy), "busy_p95_ms": round(pctl(busy, 0.95), 1),
+                      "ratio": round(pctl(busy, 0.5) / pctl(idle, 0.5), 2),
+                      "alone_per_s": round((n1 - n0) / (t1 - t0), 1),
+                      "busy_per_s": round((n2 - n1) / (t2 - t1), 1), "still_reading": still,
+                      "load_start": load_start,
+                      "load_end": [round(x, 2) for x in os.getloadavg()]}))
 
 
 if __name__ == "__main__":
