@@ -5,20 +5,35 @@ Three layers of memory (documents, memory atoms, a knowledge graph) written by o
 pipeline; recall fuses BM25, vector KNN and graph channels (scaled scores or RRF), weighting and MMR.
 See README.md for the quick start and the design (its "Inside the code" is the map of this file).
 
-Sections, lower levels first (each under a `# Title ####` banner; grep for it):
-  imports and constants · errors · clock · config · connection and schema · named queries ·
-  text · embeddings · atoms and graph rules · write validation ·
-  the engine, one mixin class per concern, composed into `Memory` at the end (they share `self`:
-  a section calls another's methods, e.g. Journal runs the Layers stages):
-    Store (connection, transactions, reading) · Vectors (embedding, session context, binary KNN
-    index) · Layers (the write stages: a memory's row and FTS, atoms, graph) · Journal
-    (memorize, edit, delete, recovery) · KnowledgeGraph (temporal triples) · Ranking (pure
-    functions, no database) · Recall · Briefing (context within a token budget) · Forgetting
-    (decay, atom lifecycle, consolidation) · Maintenance (health, rebuild, backups) · Summarizer
-    (the only LLM use) · Conversations · Portable (export, import) · Sync (changeset files in a
-    shared folder) ·
-  MCP server (models, tools, lifespan and transport) · Panel (the settings file; the web pages over
-  the engine, templates in web/) · CLI (group, memories, recall and graph, maintenance) · main.
+Three tiers, in file order, each section under a `# Title ####` banner (grep for it). Code uses
+only what stands under its own banner or one above it; a face uses only the engine's public names
+(tests/test_layout.py checks both):
+  foundation (pure functions, small values): imports and constants · errors (AokunError and its
+  structured hints) · clock · text (clean and fold, segment, cut) · config · connection and schema
+  (migrate: the schema/NNNN steps) · named queries · files · embeddings · ranking (pure functions
+  over channel rows, time words, event dates) · atoms and graph rules · secret redaction · write
+  validation (Prepared);
+  engine: one mixin class per concern, composed into `Memory` in file order, each calling only
+  the sections before it: Store (connection, transactions, reading, the briefing's stale mark) ·
+  Vectors (embedding, session context, float store and binary KNN index) · Layers (the write
+  stages, a memory's flags, the vector back-fill and its refresh worker) · Journal (redaction,
+  memorize, edit, delete, recovery) · KnowledgeGraph · Recall · Briefing · Forgetting (decay,
+  lifecycle, consolidation) · Maintenance (stats, doctor, rebuild, vacuum, backups, restore) ·
+  Summarizer (the only LLM use) · the transcript parsers · Conversations and ConversationSearch ·
+  Portable (export, import) · Sync (changeset files in a shared folder) · Watcher and the clients'
+  hooks · the composition: DATA_STEPS (the data upgrades), `Memory` (every attribute declared in
+  its __init__; `hooks`, what the conversation sections add to recall, the briefing, stats,
+  doctor, rebuild and maintenance; close() running each section's teardown);
+  faces: MCP server (models, tools, lifespan and transport) · panel (the settings file; web pages,
+  templates in web/) · service (supervisor units, sd_notify, /health) · CLI (`cli_*` functions:
+  memories, recall and graph, maintenance, conversations) · main.
+Data flow: a write is validated (Prepared, redaction) and journalled (Journal), then its stages
+run (Layers: row and FTS, atoms, graph; vectors now or by the back-fill); recall runs the channels
+(sql/recall.sql) side by side and fuses them with the ranking functions; everything else reads
+and writes the same tables. Opening a file migrates it (schema/NNNN, PRAGMA user_version), then
+runs the data steps it has not had (DATA_STEPS, meta data_version). Threads and locks: Memory's
+docstring. Errors: an AokunError names what the user can do as `hints`, which the CLI spells as a
+command line and MCP as a tool (render).
 `import aokun` loads neither the MCP SDK nor pydantic, starlette, jinja2 or uvicorn: only `serve`
 and `panel` do.
 
@@ -27,7 +42,7 @@ shell (the recall channels, and any read with a join, an FTS5 MATCH, a KNN, a ra
 filter, an aggregate across tables, a UNION or an ORDER BY/LIMIT over a list), as `-- name: x`
 blocks with named parameters. Inline here: single-statement writes, lookups of one row or value by
 key equality (an ORDER BY … LIMIT 1 may pick which), count/existence checks and pragmas. Schema
-changes are schema/NNNN_*.sql migrations.
+changes are schema/NNNN_*.sql migrations; data upgrades that need the engine are DATA_STEPS.
 
 Text: what is stored is what was given (clean_text: NUL becomes a space, outer whitespace goes);
 fold() (NFKC) is only what indexing and matching see: the FTS text, queries, entity and node keys,
@@ -62,6 +77,7 @@ import tomllib
 import unicodedata
 import uuid
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,7 +116,33 @@ log = logging.getLogger("aokun")
 # Errors ##########################################################################################
 
 class AokunError(Exception):
-    """A problem the user can act on; the message is one actionable sentence."""
+    """A problem the user can act on; the message is one actionable sentence. A sentence that names
+    what the user can do about it (list the ids, re-embed) holds `{hint0}`, `{hint1}`… there, and
+    `hints` says what: ((command, {option: value}), …) in the CLI's command words, e.g. ("rebuild",
+    {"vectors": True}). Each face spells them its own way (render): the CLI, the panel and the log
+    as a command line (command_line, what str() gives), MCP as the tool that does it (mcp_hint)."""
+
+    def __init__(self, message: str = "", hints: tuple = ()):
+        super().__init__(message)
+        self.hints = tuple(hints)
+
+    def render(self, spell) -> str:
+        """The message with each `{hintN}` replaced by spell(command, options) of hints[N]."""
+        message = str(self.args[0]) if self.args else ""
+        for i, (command, options) in enumerate(self.hints):
+            message = message.replace(f"{{hint{i}}}", spell(command, options))
+        return message
+
+    def __str__(self) -> str:
+        return self.render(command_line) if self.hints else super().__str__()
+
+
+def command_line(command: str, options: dict | None = None) -> str:
+    """A hint (AokunError.hints) as the command line that does it, in backquotes: ("rebuild",
+    {"vectors": True}) is `python aokun.py rebuild --vectors`, ("kg query ENTITY", {}) is
+    `python aokun.py kg query ENTITY`."""
+    flags = [f"--{k}" if v is True else f"--{k} {v}" for k, v in (options or {}).items()]
+    return "`" + " ".join(["python aokun.py", command, *flags]) + "`"
 
 
 class InputError(AokunError):
@@ -191,6 +233,284 @@ def age_days(then: str | None, ref: dt.datetime) -> float:
     if not then:
         return 0.0
     return max(0.0, (ref - _parse_iso(then)).total_seconds() / 86400.0)
+
+
+# Text: clean and fold, segment, stop words, cut, token estimate ##################################
+
+_WORD = re.compile(r"\w", re.UNICODE)
+_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
+_SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
+_SPACE = re.compile(r"\s")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate made U+FFFD (`\\ud800` is a legal JSON escape but no
+    Unicode character: UTF-8 cannot encode it, so the model, SQLite and every reply would fail on it)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  #: a JSON escape of a UTF-16 surrogate (lone or in a pair)
+_SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
+
+
+def json_without_surrogates(value):
+    """A decoded JSON value with the lone surrogates of every string in it (keys too) made U+FFFD."""
+    if isinstance(value, str):
+        return without_lone_surrogates(value)
+    if isinstance(value, list):
+        return [json_without_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {without_lone_surrogates(k): json_without_surrogates(v) for k, v in value.items()}
+    return value
+
+
+def loads_json(data: str | bytes):
+    """json.loads(data), with lone surrogate escapes ("\\ud800": legal JSON) made U+FFFD in every
+    string (json_without_surrogates), so no such text reaches the model, SQLite or a reply. Raises
+    ValueError for text that is not JSON, RecursionError for nesting deeper than Python's stack."""
+    value = json.loads(data)
+    escape = _SURROGATE_ESCAPE if isinstance(data, str) else _SURROGATE_ESCAPE_BYTES
+    return json_without_surrogates(value) if escape.search(data) else value
+
+
+def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
+    """What is stored of a text argument: the given characters, with NUL bytes made spaces, lone
+    surrogates made U+FFFD (without_lone_surrogates) and the outer whitespace stripped. No folding:
+    `E = mc²`, `８０９０` and `，` stay as given (fold() is what matching sees).
+
+    Raises InputError naming `field_name` for non-strings and (unless allowed) empty text."""
+    if not isinstance(value, str):
+        raise InputError(field_name, f"expected text, got {type(value).__name__}")
+    text = without_lone_surrogates(value).replace("\x00", " ").strip()
+    if not text and not allow_empty:
+        raise InputError(field_name, "is empty")
+    return text
+
+
+def fold(text: str) -> str:
+    """What indexing and matching see of a text: NFKC (full-width ８０９０ is 8090, ² is 2, ㎏ is kg,
+    ， is ,), outer whitespace stripped. Used for the FTS text (Segmenter), queries, entity and node
+    keys, the atom rules, the content hash and what is embedded; never stored in place of the text."""
+    if text.isascii():
+        return text.strip()
+    return unicodedata.normalize("NFKC", text).strip()
+
+
+def content_hash(text: str) -> str:
+    """The deduplication key of a memory's content: SHA-256 hex of fold(text), so spellings that
+    differ only in width or compatibility forms ("８０９０" / "8090") are the same memory, and the
+    hashes in files of earlier versions (which stored folded text) still match."""
+    return hashlib.sha256(fold(text).encode("utf-8")).hexdigest()
+
+
+def query_text(value, field_name: str = "query") -> str:
+    """A search argument (a query, a topic, a predicate) as matching sees it: clean_text() then
+    fold(). Raises InputError like clean_text()."""
+    return fold(clean_text(value, field_name))
+
+
+def user_cache_dir() -> Path | None:
+    """A writable per-user cache folder: $XDG_CACHE_HOME/aokun or ~/.cache/aokun, else a per-uid
+    folder in the temp dir ($TMPDIR when set, else the system's), so two users on one host never
+    fight over jieba's cache file. None when none of them can be written (read-only home and temp
+    dir): a warning, once per process, and jieba then builds its dictionary without a cache."""
+    candidates = []
+    if os.environ.get("XDG_CACHE_HOME"):
+        candidates.append(Path(os.environ["XDG_CACHE_HOME"]) / "aokun")
+    with contextlib.suppress(RuntimeError, KeyError):  # no $HOME and no passwd entry
+        candidates.append(Path.home() / ".cache" / "aokun")
+    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    with contextlib.suppress(OSError):  # gettempdir raises when no temp dir is usable at all
+        candidates.append(Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / f"aokun-{uid}")
+    for c in candidates:
+        try:
+            c.mkdir(parents=True, exist_ok=True)
+            if os.access(c, os.W_OK):
+                return c
+        except OSError:
+            continue
+    _warn_once(f"no writable cache folder ({', '.join(map(str, candidates))}): jieba loads without its "
+               "cache (about 1 s more per start) and keyword matches rank with bm25() (the same results, "
+               "slower); set XDG_CACHE_HOME or [text] jieba_cache_dir to a writable folder")
+    return None
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """log.warning(message), only the first time this process sees that message."""
+    log.warning("%s", message)
+
+
+class Segmenter:
+    """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary.
+
+    jieba loads lazily on first use (about 1 s, from a per-user cache: `cache_dir`, else
+    user_cache_dir(); without a writable one it builds its dictionary uncached) and logs only to stderr."""
+
+    def __init__(self, stopwords_path: Path | None = None, userdict_path: Path | None = None,
+                 cache_dir: Path | None = None):
+        self.stopwords_path, self.userdict_path, self.cache_dir = stopwords_path, userdict_path, cache_dir
+        self._tk = None
+        self._lock = threading.Lock()
+        self.stopwords: frozenset[str] = frozenset()
+        # a write segments the same sentence several times (FTS of the memory, its atoms, its graph
+        # entries, the next turn's context): jieba is most of a write's CPU without a model
+        self._cut = functools.lru_cache(maxsize=4096)(self._cut_uncached)
+
+    @property
+    def loaded(self) -> bool:
+        return self._tk is not None
+
+    def _tokenizer(self):
+        if self._tk is None:
+            with self._lock:
+                if self._tk is None:
+                    import jieba
+                    logging.getLogger("jieba").setLevel(logging.WARNING)
+                    jieba.setLogLevel(logging.WARNING)
+                    tk = jieba.Tokenizer()
+                    cache = self.cache_dir or user_cache_dir()
+                    with contextlib.redirect_stdout(sys.stderr):
+                        if cache:
+                            tk.tmp_dir = str(cache)
+                            tk.initialize()
+                        else:  # what initialize() does, without reading or writing a cache file
+                            tk.FREQ, tk.total = tk.gen_pfdict(tk.get_dict_file())
+                            tk.initialized = True
+                        if self.userdict_path and self.userdict_path.exists():
+                            lines = self.userdict_path.read_text(encoding="utf-8").splitlines()
+                            kept = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+                            tk.load_userdict(io.StringIO("\n".join(kept)))
+                    if self.stopwords_path and self.stopwords_path.exists():
+                        words = self.stopwords_path.read_text(encoding="utf-8").splitlines()
+                        self.stopwords = frozenset(w.strip().lower() for w in words
+                                                   if w.strip() and not w.startswith("#"))
+                    self._tk = tk
+        return self._tk
+
+    def tokens(self, text: str, keep_stopwords: bool = False) -> list[str]:
+        """Lower-cased search tokens of fold(text): jieba's search-mode cut (words and their
+        sub-words), with punctuation-only pieces and stop words dropped. Order kept, duplicates kept."""
+        return list(self._cut(fold(text), keep_stopwords))
+
+    def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
+        tk = self._tokenizer()
+        out = []
+        for tok in tk.cut_for_search(text):
+            tok = tok.strip().lower()
+            if not tok or not _WORD.search(tok):
+                continue
+            if not keep_stopwords and tok in self.stopwords:
+                continue
+            out.append(tok)
+        return tuple(out)
+
+    def segmented(self, text: str) -> str:
+        """Tokens of fold(text) joined by spaces: what goes into the FTS5 column. Cut line by line
+        (jieba splits at newlines anyway), so a line repeated across texts, like the session context
+        that every fact entry of a memory carries, is segmented once."""
+        return " ".join(t for line in fold(text).split("\n") for t in self._cut(line, False))
+
+
+def fts_query(tokens: list[str]) -> str:
+    """An FTS5 MATCH expression that cannot be a syntax error: each distinct token double-quoted
+    (inner quotes doubled), OR-joined. Empty string when there are no tokens."""
+    seen = []
+    for t in tokens:
+        if t not in seen:
+            seen.append(t)
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in seen)
+
+
+def split_sentences(text: str, limit: int) -> list[str]:
+    """Up to `limit` sentences of 4..300 characters of `text`, for key facts when none were given.
+    The sentence ends are found where fold() would put them (a full-width ． or an ellipsis … ends
+    a sentence as its folded . does), the sentences keep the given characters."""
+    out, at = [], 0
+    for m in _SENTENCE_END.finditer(_fold_each(text)):
+        out += _sentence(text[at:m.start()])
+        at = m.end()
+        if len(out) >= limit:
+            return out[:limit]
+    return (out + _sentence(text[at:]))[:limit]
+
+
+def _sentence(piece: str) -> list[str]:
+    """[the piece stripped and cut to 300 characters], or [] when under 4 characters."""
+    piece = piece.strip()
+    return [piece[:300]] if len(piece) >= 4 else []
+
+
+def _fold_each(text: str) -> str:
+    """`text` with each character replaced by the last character of its NFKC form: the same length,
+    so a match in it is a match at the same place in `text` (… becomes ., ！ becomes !)."""
+    if text.isascii():
+        return text
+    return "".join((unicodedata.normalize("NFKC", c) or c)[-1] for c in text)
+
+
+def jaccard(a: set, b: set) -> float:
+    """Bag-of-words Jaccard |a∩b| / |a∪b| (0 when both are empty)."""
+    if not a and not b:
+        return 0.0
+    return len(a & b) / len(a | b)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    """`text` on one line (whitespace folded), cut to `limit` characters with … (for listings)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def cut_text(text: str, limit: int) -> tuple[str, bool]:
+    """(`text`, False) when it has at most `limit` characters, else (its start + "…", True) in at
+    most `limit` characters: cut at the last sentence end or line break (as split_sentences sees
+    them) in the second half of the room, else at the last whitespace there, else exactly. Without
+    its "…" the result is always a prefix of `text` (trailing whitespace dropped)."""
+    if len(text) <= limit:
+        return text, False
+    room = max(0, limit - 1)  # one character for the …
+    window, floor = text[: room + 1], room // 2  # one past the room: is a '.' at its end followed by a space?
+    ends = [m.start() for m in _SENTENCE_END.finditer(window) if floor <= m.start() <= room]
+    spaces = [m.start() for m in _SPACE.finditer(window, floor)]
+    cut = ends[-1] if ends else spaces[-1] if spaces else room
+    return text[:cut].rstrip() + "…", True
+
+
+def duration_text(seconds: float) -> str:
+    """`seconds` as a short duration: 45 s, 12 min, 3.5 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
+    for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
+    for English), rounded up."""
+    cjk = len(_CJK.findall(text))
+    return cjk + math.ceil((len(text) - cjk) / 4)
+
+
+def chars_within(text: str, tokens: int) -> int:
+    """The length of the longest start of `text` whose estimate_tokens is at most `tokens`."""
+    lo, hi = 0, len(text)
+    while lo < hi:  # estimate_tokens grows with the length: binary search
+        mid = (lo + hi + 1) // 2
+        if estimate_tokens(text[:mid]) <= tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 # Config ##########################################################################################
@@ -667,7 +987,9 @@ def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
     that already holds data is first copied (VACUUM INTO) to `backup_dir` as
     <name>-schema<N>-<time>.db, so an upgrade can always be undone.
 
-    Returns the schema version. Raises SchemaError when the file is newer than this code."""
+    Returns the schema version. Raises SchemaError when the file is newer than this code. The data
+    upgrades that need the engine (embedder, rules) follow, when Memory opens the file: DATA_STEPS,
+    numbered apart in meta data_version."""
     known = schema_version_known()
     current = conn.pragma("user_version")
     if current > known:
@@ -730,273 +1052,22 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
     return queries
 
 
-# Text: clean and fold, segment, stop words, cut, token estimate ##################################
+# Files: a write a reader sees whole or not at all ################################################
 
-_WORD = re.compile(r"\w", re.UNICODE)
-_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
-_SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
-_SPACE = re.compile(r"\s")
-
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def without_lone_surrogates(text: str) -> str:
-    """`text` with each lone UTF-16 surrogate made U+FFFD (`\\ud800` is a legal JSON escape but no
-    Unicode character: UTF-8 cannot encode it, so the model, SQLite and every reply would fail on it)."""
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so a reader sees the old file or the whole new one: a temporary file
+    `<name>.tmp` beside it, flushed to disk, then renamed over it. A failure (a full disk) removes
+    the temporary file and raises the OSError."""
+    tmp = path.with_name(f"{path.name}.tmp")
     try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return _LONE_SURROGATE.sub("\ufffd", text)
-
-
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  #: a JSON escape of a UTF-16 surrogate (lone or in a pair)
-_SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
-
-
-def json_without_surrogates(value):
-    """A decoded JSON value with the lone surrogates of every string in it (keys too) made U+FFFD."""
-    if isinstance(value, str):
-        return without_lone_surrogates(value)
-    if isinstance(value, list):
-        return [json_without_surrogates(v) for v in value]
-    if isinstance(value, dict):
-        return {without_lone_surrogates(k): json_without_surrogates(v) for k, v in value.items()}
-    return value
-
-
-def loads_json(data: str | bytes):
-    """json.loads(data), with lone surrogate escapes ("\\ud800": legal JSON) made U+FFFD in every
-    string (json_without_surrogates), so no such text reaches the model, SQLite or a reply. Raises
-    ValueError for text that is not JSON, RecursionError for nesting deeper than Python's stack."""
-    value = json.loads(data)
-    escape = _SURROGATE_ESCAPE if isinstance(data, str) else _SURROGATE_ESCAPE_BYTES
-    return json_without_surrogates(value) if escape.search(data) else value
-
-
-def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
-    """What is stored of a text argument: the given characters, with NUL bytes made spaces, lone
-    surrogates made U+FFFD (without_lone_surrogates) and the outer whitespace stripped. No folding:
-    `E = mc²`, `８０９０` and `，` stay as given (fold() is what matching sees).
-
-    Raises InputError naming `field_name` for non-strings and (unless allowed) empty text."""
-    if not isinstance(value, str):
-        raise InputError(field_name, f"expected text, got {type(value).__name__}")
-    text = without_lone_surrogates(value).replace("\x00", " ").strip()
-    if not text and not allow_empty:
-        raise InputError(field_name, "is empty")
-    return text
-
-
-def fold(text: str) -> str:
-    """What indexing and matching see of a text: NFKC (full-width ８０９０ is 8090, ² is 2, ㎏ is kg,
-    ， is ,), outer whitespace stripped. Used for the FTS text (Segmenter), queries, entity and node
-    keys, the atom rules, the content hash and what is embedded; never stored in place of the text."""
-    if text.isascii():
-        return text.strip()
-    return unicodedata.normalize("NFKC", text).strip()
-
-
-def content_hash(text: str) -> str:
-    """The deduplication key of a memory's content: SHA-256 hex of fold(text), so spellings that
-    differ only in width or compatibility forms ("８０９０" / "8090") are the same memory, and the
-    hashes in files of earlier versions (which stored folded text) still match."""
-    return hashlib.sha256(fold(text).encode("utf-8")).hexdigest()
-
-
-def query_text(value, field_name: str = "query") -> str:
-    """A search argument (a query, a topic, a predicate) as matching sees it: clean_text() then
-    fold(). Raises InputError like clean_text()."""
-    return fold(clean_text(value, field_name))
-
-
-def user_cache_dir() -> Path | None:
-    """A writable per-user cache folder: $XDG_CACHE_HOME/aokun or ~/.cache/aokun, else a per-uid
-    folder in the temp dir ($TMPDIR when set, else the system's), so two users on one host never
-    fight over jieba's cache file. None when none of them can be written (read-only home and temp
-    dir): a warning, once per process, and jieba then builds its dictionary without a cache."""
-    candidates = []
-    if os.environ.get("XDG_CACHE_HOME"):
-        candidates.append(Path(os.environ["XDG_CACHE_HOME"]) / "aokun")
-    with contextlib.suppress(RuntimeError, KeyError):  # no $HOME and no passwd entry
-        candidates.append(Path.home() / ".cache" / "aokun")
-    uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
-    with contextlib.suppress(OSError):  # gettempdir raises when no temp dir is usable at all
-        candidates.append(Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / f"aokun-{uid}")
-    for c in candidates:
-        try:
-            c.mkdir(parents=True, exist_ok=True)
-            if os.access(c, os.W_OK):
-                return c
-        except OSError:
-            continue
-    _warn_once(f"no writable cache folder ({', '.join(map(str, candidates))}): jieba loads without its "
-               "cache (about 1 s more per start) and keyword matches rank with bm25() (the same results, "
-               "slower); set XDG_CACHE_HOME or [text] jieba_cache_dir to a writable folder")
-    return None
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-    """log.warning(message), only the first time this process sees that message."""
-    log.warning("%s", message)
-
-
-class Segmenter:
-    """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary.
-
-    jieba loads lazily on first use (about 1 s, from a per-user cache: `cache_dir`, else
-    user_cache_dir(); without a writable one it builds its dictionary uncached) and logs only to stderr."""
-
-    def __init__(self, stopwords_path: Path | None = None, userdict_path: Path | None = None,
-                 cache_dir: Path | None = None):
-        self.stopwords_path, self.userdict_path, self.cache_dir = stopwords_path, userdict_path, cache_dir
-        self._tk = None
-        self._lock = threading.Lock()
-        self.stopwords: frozenset[str] = frozenset()
-        # a write segments the same sentence several times (FTS of the memory, its atoms, its graph
-        # entries, the next turn's context): jieba is most of a write's CPU without a model
-        self._cut = functools.lru_cache(maxsize=4096)(self._cut_uncached)
-
-    @property
-    def loaded(self) -> bool:
-        return self._tk is not None
-
-    def _tokenizer(self):
-        if self._tk is None:
-            with self._lock:
-                if self._tk is None:
-                    import jieba
-                    logging.getLogger("jieba").setLevel(logging.WARNING)
-                    jieba.setLogLevel(logging.WARNING)
-                    tk = jieba.Tokenizer()
-                    cache = self.cache_dir or user_cache_dir()
-                    with contextlib.redirect_stdout(sys.stderr):
-                        if cache:
-                            tk.tmp_dir = str(cache)
-                            tk.initialize()
-                        else:  # what initialize() does, without reading or writing a cache file
-                            tk.FREQ, tk.total = tk.gen_pfdict(tk.get_dict_file())
-                            tk.initialized = True
-                        if self.userdict_path and self.userdict_path.exists():
-                            lines = self.userdict_path.read_text(encoding="utf-8").splitlines()
-                            kept = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-                            tk.load_userdict(io.StringIO("\n".join(kept)))
-                    if self.stopwords_path and self.stopwords_path.exists():
-                        words = self.stopwords_path.read_text(encoding="utf-8").splitlines()
-                        self.stopwords = frozenset(w.strip().lower() for w in words
-                                                   if w.strip() and not w.startswith("#"))
-                    self._tk = tk
-        return self._tk
-
-    def tokens(self, text: str, keep_stopwords: bool = False) -> list[str]:
-        """Lower-cased search tokens of fold(text): jieba's search-mode cut (words and their
-        sub-words), with punctuation-only pieces and stop words dropped. Order kept, duplicates kept."""
-        return list(self._cut(fold(text), keep_stopwords))
-
-    def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
-        tk = self._tokenizer()
-        out = []
-        for tok in tk.cut_for_search(text):
-            tok = tok.strip().lower()
-            if not tok or not _WORD.search(tok):
-                continue
-            if not keep_stopwords and tok in self.stopwords:
-                continue
-            out.append(tok)
-        return tuple(out)
-
-    def segmented(self, text: str) -> str:
-        """Tokens of fold(text) joined by spaces: what goes into the FTS5 column. Cut line by line
-        (jieba splits at newlines anyway), so a line repeated across texts, like the session context
-        that every fact entry of a memory carries, is segmented once."""
-        return " ".join(t for line in fold(text).split("\n") for t in self._cut(line, False))
-
-
-def fts_query(tokens: list[str]) -> str:
-    """An FTS5 MATCH expression that cannot be a syntax error: each distinct token double-quoted
-    (inner quotes doubled), OR-joined. Empty string when there are no tokens."""
-    seen = []
-    for t in tokens:
-        if t not in seen:
-            seen.append(t)
-    return " OR ".join('"' + t.replace('"', '""') + '"' for t in seen)
-
-
-def split_sentences(text: str, limit: int) -> list[str]:
-    """Up to `limit` sentences of 4..300 characters of `text`, for key facts when none were given.
-    The sentence ends are found where fold() would put them (a full-width ． or an ellipsis … ends
-    a sentence as its folded . does), the sentences keep the given characters."""
-    out, at = [], 0
-    for m in _SENTENCE_END.finditer(_fold_each(text)):
-        out += _sentence(text[at:m.start()])
-        at = m.end()
-        if len(out) >= limit:
-            return out[:limit]
-    return (out + _sentence(text[at:]))[:limit]
-
-
-def _sentence(piece: str) -> list[str]:
-    """[the piece stripped and cut to 300 characters], or [] when under 4 characters."""
-    piece = piece.strip()
-    return [piece[:300]] if len(piece) >= 4 else []
-
-
-def _fold_each(text: str) -> str:
-    """`text` with each character replaced by the last character of its NFKC form: the same length,
-    so a match in it is a match at the same place in `text` (… becomes ., ！ becomes !)."""
-    if text.isascii():
-        return text
-    return "".join((unicodedata.normalize("NFKC", c) or c)[-1] for c in text)
-
-
-def jaccard(a: set, b: set) -> float:
-    """Bag-of-words Jaccard |a∩b| / |a∪b| (0 when both are empty)."""
-    if not a and not b:
-        return 0.0
-    return len(a & b) / len(a | b)
-
-
-def _one_line(text: str, limit: int = 400) -> str:
-    """`text` on one line (whitespace folded), cut to `limit` characters with … (for listings)."""
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def cut_text(text: str, limit: int) -> tuple[str, bool]:
-    """(`text`, False) when it has at most `limit` characters, else (its start + "…", True) in at
-    most `limit` characters: cut at the last sentence end or line break (as split_sentences sees
-    them) in the second half of the room, else at the last whitespace there, else exactly. Without
-    its "…" the result is always a prefix of `text` (trailing whitespace dropped)."""
-    if len(text) <= limit:
-        return text, False
-    room = max(0, limit - 1)  # one character for the …
-    window, floor = text[: room + 1], room // 2  # one past the room: is a '.' at its end followed by a space?
-    ends = [m.start() for m in _SENTENCE_END.finditer(window) if floor <= m.start() <= room]
-    spaces = [m.start() for m in _SPACE.finditer(window, floor)]
-    cut = ends[-1] if ends else spaces[-1] if spaces else room
-    return text[:cut].rstrip() + "…", True
-
-
-def estimate_tokens(text: str) -> int:
-    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
-    for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
-    for English), rounded up."""
-    cjk = len(_CJK.findall(text))
-    return cjk + math.ceil((len(text) - cjk) / 4)
-
-
-def chars_within(text: str, tokens: int) -> int:
-    """The length of the longest start of `text` whose estimate_tokens is at most `tokens`."""
-    lo, hi = 0, len(text)
-    while lo < hi:  # estimate_tokens grows with the length: binary search
-        mid = (lo + hi + 1) // 2
-        if estimate_tokens(text[:mid]) <= tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 # Embeddings ######################################################################################
@@ -1274,37 +1345,104 @@ def make_embedder(cfg: Config) -> Embedder:
     return CachedEmbedder(inner, e.cache_size)
 
 
-# Atoms and graph rules ###########################################################################
+# Ranking: pure functions over channel rows #######################################################
 
-def effective_ttl_days(base_ttl_days: float, importance: float, reinforcement_count: int) -> float:
-    """ttl = base_ttl × (0.5 + importance) × (1 + 0.5 × reinforcement_count)  (seed: Memory Model)."""
-    return base_ttl_days * (0.5 + importance) * (1 + 0.5 * reinforcement_count)
-
-
-def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
-    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
-    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
-    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
-    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
-    then and had not yet expired or been superseded (needs created_at and state_changed_at).
-    Recall computes the same factor in SQL (sql recall_candidates); tests check the two agree."""
-    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])  # stored: valid
-    if historical:
-        if atom["state"] == "superseded":
-            end = min(end, _parse_iso(atom["state_changed_at"]))
-        if ref < _parse_iso(atom["created_at"]):
-            return 0.0
-    elif atom["state"] != "active":
+def rrf(ranks: dict[str, int], channels, k: int, weights: dict[str, float] | None = None) -> float:
+    """Weighted Reciprocal Rank Fusion (Cormack, Clarke & Büttcher 2009): Σ w_c/(k + rank_c + 1)
+    over the channels (0-based ranks), divided by its maximum Σ w_c/(k+1) so it lies in 0..1."""
+    w = weights or {}
+    total = sum(w.get(c, 1.0) for c in channels)
+    if not total:
         return 0.0
-    if ref >= end:
-        return 0.0
-    if decay == "step":
-        return 1.0
-    ttl = max(1e-9, (end - start).total_seconds())
-    return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
+    return sum(w.get(c, 1.0) / (k + ranks[c] + 1) for c in channels if c in ranks) / (total / (k + 1))
 
 
-RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")  #: rules/relevance.toml
+def normalized_scores(channel: str, rows: list[dict]) -> dict[int, float]:
+    """A channel's scores scaled to 0..1 within this answer, 1 = its best hit. Keyword channels
+    (−bm25(), the graph-keyword aggregate; 0 = no match) are divided by their maximum, so a weak
+    match keeps its share; KNN similarities (1 − cosine distance, always k hits bunched together)
+    are min-max scaled over the k neighbours."""
+    if not rows:
+        return {}
+    if channel in ("vector", "graph_vector"):
+        vals = {row["id"]: 1.0 - row["raw"] for row in rows}
+        lo, hi = min(vals.values()), max(vals.values())
+        return {i: (v - lo) / (hi - lo) if hi > lo else 1.0 for i, v in vals.items()}
+    vals = {row["id"]: -row["raw"] if channel == "bm25" else row["raw"] for row in rows}
+    hi = max(vals.values())
+    return {i: max(0.0, v) / hi if hi > 0 else 1.0 for i, v in vals.items()}
+
+
+def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, lam: float) -> list[tuple]:
+    """Maximal Marginal Relevance (Carbonell & Goldstein 1998): repeatedly pick
+    argmax λ·relevance(d) − (1−λ)·max_{s∈picked} Jaccard(d, s). Returns [(id, mmr_score)]."""
+    picked: list[tuple] = []
+    pool = list(candidates)
+    sim = dict.fromkeys(pool, 0.0)  # max similarity to the picked set, updated with each pick
+    while pool and len(picked) < k:
+        best, best_score = None, -math.inf
+        for c in pool:
+            score = lam * relevance[c] - (1 - lam) * sim[c]
+            if score > best_score:
+                best, best_score = c, score
+        picked.append((best, best_score))
+        pool.remove(best)
+        for c in pool:
+            sim[c] = max(sim[c], jaccard(tokens[c], tokens[best]))
+    return picked
+
+
+DOC_CHANNELS = ("bm25", "vector")  #: the document route's channels
+GRAPH_CHANNELS = ("graph_keyword", "graph_vector")  #: the graph route's channels
+FREQUENCY_SATURATION = 10  #: (decayed) useful marks (memory_feedback) at which the frequency term reaches 1
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Every number fusion uses, from [recall] and the query intent's spec (rules/intents.toml:
+    doc_weight, graph_weight, recency_boost). `channels` are the channels asked for that ran or
+    could run; a route without channels gets route weight 0 and the other 1."""
+    channel: dict  #: {channel: weight} (weight_bm25, weight_vector, weight_graph_keyword, ...)
+    doc_channels: tuple
+    graph_channels: tuple
+    fusion: str  #: 'score' (weighted mean of normalised channel scores) or 'rrf'
+    rrf_k: int
+    alpha: float  #: doc route: relevance
+    beta: float  #: doc route: importance
+    gamma: float  #: doc route: recency (score_gamma + the intent's recency_boost)
+    delta: float  #: doc route: frequency
+    graph_relevance: float
+    graph_importance: float
+    graph_recency: float
+    graph_confidence: float
+    temporal_floor: float  #: share of the graph route kept when every atom of the memory expired
+    recency_days: float
+    doc_route: float  #: route weights after the intent, see above
+    graph_route: float
+    cross_route_bonus: float
+    neighbour: float  #: session_neighbour_weight
+    mmr_lambda: float
+    window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window), or None
+    time_boost: float = 0.0  #: time_window_boost, added to the score of a memory created within the window
+
+    @classmethod
+    def of(cls, r, spec: dict, channels, window: tuple | None = None) -> "Weights":
+        """Weights from a [recall] section `r`, an intent spec, the channels that take part and the
+        question's time window."""
+        doc = tuple(c for c in DOC_CHANNELS if c in channels)
+        graph = tuple(c for c in GRAPH_CHANNELS if c in channels)
+        w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
+        wd, wg = (w_doc, w_graph) if doc and graph else ((1.0, 0.0) if doc else (0.0, 1.0))
+        return cls(channel={"bm25": r.weight_bm25, "vector": r.weight_vector,
+                            "graph_keyword": r.weight_graph_keyword, "graph_vector": r.weight_graph_vector},
+                   doc_channels=doc, graph_channels=graph, fusion=r.fusion, rrf_k=r.rrf_k,
+                   alpha=r.score_alpha, beta=r.score_beta, gamma=r.score_gamma + spec.get("recency_boost", 0.0),
+                   delta=r.score_delta, graph_relevance=r.graph_rrf_weight,
+                   graph_importance=r.graph_importance_weight, graph_recency=r.graph_recency_weight,
+                   graph_confidence=r.graph_confidence_weight, temporal_floor=r.temporal_floor,
+                   recency_days=r.recency_days, doc_route=wd, graph_route=wg, cross_route_bonus=r.cross_route_bonus,
+                   neighbour=r.session_neighbour_weight, mmr_lambda=r.mmr_lambda,
+                   window=window, time_boost=r.time_window_boost if window else 0.0)
 
 
 TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago")  #: rules/timewords.toml rule kinds
@@ -1341,6 +1479,531 @@ def pattern_rules(data: dict, fill: dict, kinds: tuple, unknown: str) -> list:
             patterns.append(re.compile(p))
         rules.append((patterns, spec))
     return rules
+
+
+def _month_start(year: int, month: int, tz) -> dt.datetime:
+    """Local midnight on the first of a month; month may run past 1..12 (13 = January next year)."""
+    year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
+    return dt.datetime(year, month, 1, tzinfo=tz)
+
+
+def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tuple | None:
+    """(local start, local end) of one matched time-word rule (kinds: rules/timewords.toml), or None
+    when the match does not name a usable count or month."""
+    kind, offset = spec["kind"], int(spec.get("offset", 0))
+    midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
+    if kind == "day":
+        start = midnight(today + dt.timedelta(days=offset)) + dt.timedelta(hours=spec.get("start_hour", 0))
+        return start, start + dt.timedelta(hours=spec.get("hours", 24))
+    if kind == "week":
+        monday = midnight(today - dt.timedelta(days=today.weekday() - 7 * offset))
+        return monday, monday + dt.timedelta(days=7)
+    if kind == "month":
+        month = today.month + offset
+        return _month_start(today.year, month, tz), _month_start(today.year, month + 1, tz)
+    if kind == "year":
+        return _month_start(today.year + offset, 1, tz), _month_start(today.year + offset + 1, 1, tz)
+    if kind == "named_month":
+        name = m.group("month").casefold()
+        month = words["months"].get(name) or words["numbers"].get(name) or (int(name) if name.isdigit() else 0)
+        if not 1 <= month <= 12:
+            return None
+        later = month > today.month or (spec.get("strict") and month == today.month)
+        year = today.year + offset if offset else today.year - int(bool(later))
+        return _month_start(year, month, tz), _month_start(year, month + 1, tz)
+    n = m.group("n").casefold()
+    count, unit = int(n) if n.isdigit() else words["numbers"].get(n), words["units"].get(m.group("unit").casefold())
+    if count is None or unit is None:
+        return None
+    day = today - dt.timedelta(days=count * unit["days"])
+    tolerance = dt.timedelta(days=unit.get("tolerance", 0))
+    return midnight(day) - tolerance, midnight(day + dt.timedelta(days=1)) + tolerance
+
+
+class TimeWindow(tuple):
+    """(start, end, phrase) of time_window, and `keep_words`: the rule's phrase stays a search word."""
+    keep_words = False
+
+
+def window_distance_days(created_at: str, window: tuple) -> float:
+    """Days between a memory's created_at and a time window (start, end, ...): 0 within it."""
+    start, end = _parse_iso(window[0]), _parse_iso(window[1])
+    at = _parse_iso(created_at)
+    return max(0.0, (start - at).total_seconds(), (at - end).total_seconds()) / 86400.0
+
+
+def event_distance_days(event_at: str | None, event_end: str | None, window: tuple) -> float | None:
+    """Days between a memory's event time [event_at, event_end) and a time window (start, end, ...):
+    0 when they overlap; None for a memory without an event time."""
+    if not event_at or not event_end:
+        return None
+    start, end = _parse_iso(window[0]), _parse_iso(window[1])
+    a, b = _parse_iso(event_at), _parse_iso(event_end)
+    return max(0.0, (start - b).total_seconds(), (a - end).total_seconds()) / 86400.0
+
+
+def time_match(d: dict, window: tuple) -> str | None:
+    """Which time of memory `d` (created_at, event_at, event_end) falls in the question's window:
+    'written', 'event', 'written+event', or None."""
+    written = window[0] <= d["created_at"] < window[1]
+    event = event_distance_days(d.get("event_at"), d.get("event_end"), window) == 0.0
+    return "+".join(x for x, on in (("written", written), ("event", event)) if on) or None
+
+
+def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | None:
+    """The time a question asks about, from its relative-time words (rules/timewords.toml, loaded by
+    load_time_words): (start, end, phrase) with start and end ISO UTC (end exclusive) of local
+    calendar days in `tz`, relative to `ref` (now, or recall's as_of), and the matched phrase of
+    fold(query); .keep_words is the rule's keep_words. The first rule with a matching pattern wins;
+    None when no rule matches."""
+    text = fold(query)
+    today = ref.astimezone(tz).date()
+    for patterns, spec in words["rules"]:
+        for p in patterns:
+            m = p.search(text)
+            span = _time_span(spec, m, today, words, tz) if m else None
+            if span:
+                window = TimeWindow((iso(span[0]), iso(span[1]), m.group(0)))
+                window.keep_words = bool(spec.get("keep_words"))
+                return window
+    return None
+
+
+EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "day", "in", "ago", "weekday", "week", "month", "month_end", "year",
+                    "named_month")  #: rules/dates.toml rule kinds
+_ZH_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
+              "九": 9}
+_ZH_NUMERAL = "(?:[一二三四五六七八九]?十[一二三四五六七八九]?|[一二两三四五六七八九])"  #: 1..99 in Chinese numerals
+
+
+def zh_number(text: str) -> int | None:
+    """A whole number 0..99 written in digits or Chinese numerals ('15', '十五', '二十一', '三十'),
+    else None."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    if not text or any(ch not in _ZH_DIGITS and ch != "十" for ch in text):
+        return None
+    if "十" not in text:
+        return _ZH_DIGITS[text] if len(text) == 1 else None
+    tens, _, ones = text.partition("十")
+    if len(tens) > 1 or len(ones) > 1:
+        return None
+    return (_ZH_DIGITS[tens] if tens else 1) * 10 + (_ZH_DIGITS[ones] if ones else 0)
+
+
+def load_event_dates(path: Path) -> dict:
+    """rules/dates.toml, ready for event_spans: {rules: [(compiled patterns, spec)], numbers, months,
+    weekdays, units, grace_days}, with the {n}, {month}, {weekday}, {unit} and {day} placeholders
+    filled in as named groups (alternatives longest first)."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
+    months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
+    weekdays = {fold(k).casefold(): int(v) for k, v in data.get("weekdays", {}).items()}
+    units = {fold(k).casefold(): float(v) for k, v in data.get("units", {}).items()}
+
+    def alts(words):
+        return "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w)))
+    fill = {"{n}": rf"(?P<n>\d+|{_ZH_NUMERAL}|{alts(numbers)})", "{month}": f"(?:{alts(months)})",
+            "{weekday}": f"(?P<weekday>{alts(weekdays)})", "{unit}": f"(?P<unit>{alts(units)})",
+            "{day}": rf"(?:\d{{1,2}}|{_ZH_NUMERAL})"}
+    rules = pattern_rules(data, fill, EVENT_DATE_KINDS, f"{path.name}: unknown event-date kind")
+    return {"rules": rules, "numbers": numbers, "months": months, "weekdays": weekdays, "units": units,
+            "grace_days": float(data.get("grace_days", 1))}
+
+
+def _safe_date(year: int, month: int, day: int) -> dt.date | None:
+    try:
+        return dt.date(year, month, day)
+    except ValueError:
+        return None
+
+
+def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict) -> tuple[dt.date, dt.date] | None:
+    """(first day, day after the last) of one matched event-date rule (kinds: rules/dates.toml),
+    relative to the memory's local day `today`; None when the match names no real date."""
+    kind, offset = spec["kind"], int(spec.get("offset", 0))
+    g = m.groupdict()
+
+    def month_of(value):
+        if value is None:
+            return None
+        value = value.casefold()
+        return words["months"].get(value) or zh_number(value)
+
+    def month_span(year, month):
+        year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
+        first = dt.date(year, month, 1)
+        return first, dt.date(year + month // 12, month % 12 + 1, 1)
+
+    if kind == "ymd":
+        day = _safe_date(int(g["y"]), month_of(g["m"]) or 0, zh_number(g["d"]) or 0)
+        return (day, day + dt.timedelta(days=1)) if day else None
+    if kind == "dm_or_md":
+        a, b = int(g["a"]), int(g["b"])
+        if a > 12 or a == b:
+            day = _safe_date(int(g["y"]), b, a)
+        elif b > 12:
+            day = _safe_date(int(g["y"]), a, b)
+        else:
+            return None  # 03/04/2027: March 4 or 3 April
+        return (day, day + dt.timedelta(days=1)) if day else None
+    if kind == "md":
+        month, d = month_of(g["m"]) or 0, zh_number(g["d"]) or 0
+        options = [x for x in (_safe_date(today.year + k, month, d) for k in (-1, 0, 1)) if x]
+        if not options:
+            return None
+        day = min(options, key=lambda x: (abs((x - today).days), x < today))  # the nearest; a tie: ahead
+        return day, day + dt.timedelta(days=1)
+    if kind == "day":
+        day = today + dt.timedelta(days=offset)
+        return day, day + dt.timedelta(days=1)
+    if kind in ("in", "ago"):
+        n = g["n"].casefold()
+        count = words["numbers"].get(n) if n in words["numbers"] else zh_number(n)
+        unit = words["units"].get(g["unit"].casefold())
+        if count is None or unit is None:
+            return None
+        day = today + dt.timedelta(days=round(count * unit) * (1 if kind == "in" else -1))
+        return day, day + dt.timedelta(days=1)
+    monday = today - dt.timedelta(days=today.weekday())
+    if kind == "weekday":
+        day = monday + dt.timedelta(days=7 * offset + words["weekdays"][g["weekday"].casefold()])
+        return day, day + dt.timedelta(days=1)
+    if kind == "week":
+        start = monday + dt.timedelta(days=7 * offset)
+        return start, start + dt.timedelta(days=7)
+    if kind == "month":
+        return month_span(today.year, today.month + offset)
+    if kind == "month_end":
+        end = month_span(today.year, today.month + offset)[1]
+        return end - dt.timedelta(days=1), end
+    if kind == "year":
+        return dt.date(today.year + offset, 1, 1), dt.date(today.year + offset + 1, 1, 1)
+    month = month_of(g.get("month") or g.get("m"))  # named_month
+    if not month or not 1 <= month <= 12:
+        return None
+    year = today.year + offset if offset else today.year - int(month >= today.month)
+    return month_span(year, month)
+
+
+def event_spans(text: str, created_at: str, words: dict, tz) -> list[tuple[str, str, str]]:
+    """The dates `text` names (rules/dates.toml, loaded by load_event_dates), resolved against the
+    memory's own time `created_at` (ISO) in the local calendar of `tz`: [(start, end, phrase)], start
+    and end ISO UTC of local midnights (end exclusive), in the order they appear in fold(text). A
+    piece of text matched by an earlier rule is not matched again ('2027年1月15日' is one date, not
+    also '1月15日')."""
+    folded = fold(text)
+    today = _parse_iso(created_at).astimezone(tz).date()
+    taken: list[tuple[int, int]] = []
+    found = []
+    for patterns, spec in words["rules"]:
+        for p in patterns:
+            for m in p.finditer(folded):
+                if any(m.start() < b and a < m.end() for a, b in taken):
+                    continue
+                span = _event_span(spec, m, today, words)
+                if span is None:
+                    continue
+                taken.append((m.start(), m.end()))
+                start, end = (dt.datetime.combine(x, dt.time(0), tzinfo=tz) for x in span)
+                found.append((m.start(), iso(start), iso(end), m.group(0)))
+    return [(s, e, phrase) for _, s, e, phrase in sorted(found)]
+
+
+def channel_evidence(ranked: dict[str, list[dict]], graph_channels) -> tuple[dict, dict, dict]:
+    """What the channels say about each memory: (ranks {id: {channel: 0-based rank}}, scores
+    {channel: {id: 0..1}} (normalized_scores), confidence {id: best graph-entry confidence})."""
+    ranks: dict[int, dict] = {}
+    confidence: dict[int, float] = {}
+    for ch, rows in ranked.items():
+        for row in rows:
+            ranks.setdefault(row["id"], {})[ch] = row["rank"]
+            if ch in graph_channels:
+                confidence[row["id"]] = max(confidence.get(row["id"], 0.0), row["confidence"] or 0.0)
+    return ranks, {ch: normalized_scores(ch, rows) for ch, rows in ranked.items()}, confidence
+
+
+def route_relevance(i: int, ranks: dict, scores: dict, channels, w: Weights) -> float:
+    """A route's relevance for memory `i`, in 0..1: weighted RRF of its channel ranks (fusion =
+    rrf), or the weighted mean of its normalised channel scores (fusion = score, the default)."""
+    if w.fusion == "rrf":
+        return rrf(ranks, channels, w.rrf_k, w.channel) if sum(w.channel[c] for c in channels) else 0.0
+    total = part = 0.0  # one pass: fusion calls this ~900 times a recall
+    for c in channels:
+        weight = w.channel[c]
+        total += weight
+        if c in scores:
+            part += weight * scores[c].get(i, 0.0)
+    return part / total if total else 0.0
+
+
+def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None, w: Weights,
+                    ref: dt.datetime, historical: bool, source_boost: float, pin: float | None) -> dict:
+    """The score parts of one candidate (its row `d` from sql recall_candidates: importance,
+    created_at, useful_count, last_useful_at, temporal_factor), before the routes are scaled:
+
+        recency     = exp(−age_days / recency_days), age from created_at (when it happened; being
+                      returned by a recall does not make a memory recent); with time words, the
+                      days from the question's window instead (0 within it): close to when was asked,
+                      by created_at or by the event time its text names, whichever is closer
+        frequency   = min(1, ln(1 + useful_count·exp(−days since last useful / recency_days))
+                             / ln(1 + FREQUENCY_SATURATION))   (0 for as_of recall)
+        doc_route   = α·doc_relevance + β·importance + γ·recency + δ·frequency
+        graph_route = (0.55·graph_relevance + 0.20·importance + 0.15·recency + 0.10·confidence)
+                      × (temporal_floor + (1 − temporal_floor)·temporal_factor)
+        time_boost  = time_window_boost when created_at is within the question's time window or its
+                      event time overlaps it (time_match), else 0
+
+    (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours, README "How
+    recall ranks"). Returns the dict that explain shows."""
+    if w.window:
+        event = event_distance_days(d.get("event_at"), d.get("event_end"), w.window)
+        days = window_distance_days(d["created_at"], w.window)
+        recency = math.exp(-(days if event is None else min(days, event)) / w.recency_days)
+        matched = time_match(d, w.window)
+    else:
+        recency, matched = math.exp(-age_days(d["created_at"], ref) / w.recency_days), None
+    # use, not retrieval: memory_feedback counts a memory the assistant said it used; recall's
+    # own touches (access_count) would let whatever was merely returned outrank the right answer
+    frequency = 0.0 if historical or not d["last_useful_at"] else min(1.0, math.log1p(
+        d["useful_count"] * math.exp(-age_days(d["last_useful_at"], ref) / w.recency_days))
+        / math.log1p(FREQUENCY_SATURATION))
+    rel_doc = route_relevance(d["id"], ranks, scores, w.doc_channels, w)
+    rel_graph = route_relevance(d["id"], ranks, scores, w.graph_channels, w)
+    factor = d["temporal_factor"] if w.graph_channels else 1.0
+    doc_score = w.alpha * rel_doc + w.beta * d["importance"] + w.gamma * recency + w.delta * frequency
+    graph_score = (w.graph_relevance * rel_graph + w.graph_importance * d["importance"]
+                   + w.graph_recency * recency + w.graph_confidence * (confidence or 0.0))
+    return dict(ranks=ranks, doc_relevance=rel_doc, graph_relevance=rel_graph, importance=d["importance"],
+                recency=recency, frequency=frequency, useful_count=d["useful_count"], doc_route=doc_score,
+                # × the atoms' temporal factor, before scale_routes divides by the best graph route;
+                # the floor: graph evidence whose atoms all expired keeps that share of its weight
+                graph_route=graph_score * (w.temporal_floor + (1 - w.temporal_floor) * factor),
+                source_boost=source_boost, pin_similarity=pin, temporal_factor=factor, confidence=confidence,
+                time_boost=w.time_boost if matched else 0.0, time_match=matched,
+                in_doc=any(c in ranks for c in w.doc_channels), in_graph=any(c in ranks for c in w.graph_channels))
+
+
+def shortlist(ranks: dict, scores: dict, pins: dict, w: Weights, n: int) -> set:
+    """The candidates fusion scores in full (candidate_score needs a row each): the best `n` by
+    channel evidence alone, w.doc_route·α·doc relevance + w.graph_route·graph_relevance_weight·graph
+    relevance (+ cross_route_bonus when both routes found it), and every pinned or time-window one.
+    The rest (for k = 10 some 270 of the ~330 ids, the channels' tails) could only reach the MMR
+    pool on importance and recency alone; on LoCoMo and MADial the answers stay the same."""
+    if len(ranks) <= n:
+        return set(ranks) | set(pins)
+
+    def evidence(i: int) -> float:
+        r = ranks[i]
+        both = any(c in r for c in w.doc_channels) and any(c in r for c in w.graph_channels)
+        return (w.doc_route * w.alpha * route_relevance(i, r, scores, w.doc_channels, w)
+                + w.graph_route * w.graph_relevance * route_relevance(i, r, scores, w.graph_channels, w)
+                + (w.cross_route_bonus if both else 0.0))
+    best = sorted(ranks, key=lambda i: (-evidence(i), i))[:n]
+    return set(best) | set(pins) | {i for i, r in ranks.items() if "time_window" in r}
+
+
+def scale_routes(parts: dict[int, dict], w: Weights) -> None:
+    """Dual-route fusion, in place: routes = wd·doc_route/max(doc_route) + wg·graph_route/
+    max(graph_route) over all candidates, + cross_route_bonus when both routes found it."""
+    doc_max = max((p["doc_route"] for p in parts.values()), default=0) or 1.0
+    graph_max = max((p["graph_route"] for p in parts.values()), default=0) or 1.0
+    for p in parts.values():
+        p["cross_route_bonus"] = w.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
+        p["doc_share"] = w.doc_route * p["doc_route"] / doc_max  # what each route adds (explain)
+        p["graph_share"] = w.graph_route * p["graph_route"] / graph_max
+        p["routes"] = p["doc_share"] + p["graph_share"] + p["cross_route_bonus"]
+
+
+def fuse_scores(parts: dict[int, dict], neighbours: dict[int, set], w: Weights) -> list[int]:
+    """The final score, in place: fused = (routes + neighbour + time_boost) × source_boost, where
+    neighbour = session_neighbour_weight × the best routes of the turns right before/after it in its
+    session and time_boost is candidate_score's (a memory from the question's time window). Not
+    capped at 1.0 as in the seed (the cap made the top hits tie); the source boost is the second
+    seed's. Returns the ids best first (ties: lower id first)."""
+    for i, p in parts.items():
+        near = [parts[n]["routes"] for n in neighbours.get(i, ()) if n in parts]
+        p["neighbour"] = w.neighbour * max(near) if near else 0.0
+        p["fused"] = (p["routes"] + p["neighbour"] + p.get("time_boost", 0.0)) * p["source_boost"]
+    return sorted(parts, key=lambda i: (-parts[i]["fused"], i))
+
+
+def mmr_pool(order: list[int], parts: dict, pins: dict, size: int) -> list[int]:
+    """The ids whose documents MMR needs: the best `size`, plus pinned memories that matched."""
+    pool = order[:size]
+    return pool + [i for i in pins if i in parts and i not in pool]
+
+
+def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict[int, float], k: int,
+                lam: float) -> list[tuple]:
+    """The answer: MMR (λ, token Jaccard) over the `best` candidates that still exist (those in
+    `tokens`), then each pinned memory similar enough to the query (`pins`: {id: cosine
+    similarity}, best first) that MMR left out, in place of the weakest unpinned hit.
+    Returns [(id, mmr score or None for a pin put in)]."""
+    picked = mmr([i for i in best if i in tokens], {i: p["fused"] for i, p in parts.items()}, tokens, k, lam)
+    missing = [i for i in sorted(pins, key=lambda i: -pins[i]) if i in tokens and i not in {x for x, _ in picked}]
+    for i in missing:
+        unpinned = [n for n, (x, _) in enumerate(picked) if x not in pins]
+        if len(picked) < k:
+            picked.append((i, None))
+        elif unpinned:
+            picked[unpinned[-1]] = (i, None)
+    return picked
+
+
+def token_cover(query_tokens: set, doc_tokens: set) -> float | None:
+    """The share of the query's distinct search tokens found among a memory's indexed tokens, 0..1,
+    counting only query tokens of a script the memory has (CJK or not): an English question about a
+    Chinese memory shares no word with it by nature. Single-character Chinese tokens are left out
+    when the query has a longer one: jieba leaves the verbs and particles of a question (有, 去, 喝,
+    做) single, and they match every other memory ("下周有什么安排" is not about "我家有一只猫"); the
+    content words (安排, 上海, 咖啡) are longer. None when no query token is comparable. When the
+    memory has no word of the question's own script (query_script), the share is of all the
+    question's words: a Chinese question with two Latin words (a name, "Assistant") about an
+    English memory has 1 of its 13 words found when one matches, not half of its comparable ones."""
+    scripts = {bool(_CJK.search(t)) for t in doc_tokens}
+    words = {t for t in query_tokens if len(t) > 1 or not _CJK.search(t)}
+    if not any(_CJK.search(t) for t in words):
+        words = set(query_tokens)  # a question of single characters only keeps them
+    comparable = {t for t in words if bool(_CJK.search(t)) in scripts}
+    if not comparable:
+        return None
+    own_script = (query_script(query_tokens) == "cjk") in scripts
+    return len(comparable & doc_tokens) / len(comparable if own_script else words)
+
+
+def query_script(tokens) -> str:
+    """'cjk' when at least half of a question's search tokens are Chinese/Japanese/Korean, else
+    'latin' (any other script). Similarities live on another scale per script: multilingual-e5-small
+    gives any two Chinese sentences a cosine of ~0.85, two unrelated English ones ~0.75."""
+    tokens = list(tokens)
+    cjk = sum(bool(_CJK.search(t)) for t in tokens)
+    return "cjk" if tokens and 2 * cjk >= len(tokens) else "latin"
+
+
+def calibrated_relevance(cos: float | None, cover: float | None, coef: dict | None) -> float | None:
+    """How likely the memory is relevant to the query, 0..1, on one scale for every query: the
+    logistic 1/(1 + exp(−(w_cos·cos + w_cover·cover + bias))) with the weights fitted for the
+    embedding model (`coef`, rules/relevance.toml says how), or its cos-only weights when `cover` is
+    None (no comparable words: another language). `cos`: cosine similarity of the query and memory
+    vectors; `cover`: token_cover. None when the model is not calibrated or the memory has no vector
+    yet (such hits are never dropped)."""
+    if coef is None or cos is None:
+        return None
+    z = coef["w_cos"] * cos + coef["w_cover"] * cover + coef["bias"] if cover is not None \
+        else coef["cos_only_w_cos"] * cos + coef["cos_only_bias"]
+    return 1.0 / (1.0 + math.exp(-z))
+
+
+def recall_hit(d: dict, p: dict) -> dict:
+    """One result of recall() from its row of sql recall_documents and its score parts."""
+    return {"id": d["id"], "score": round(p["fused"], 6), "text": d["content"], "truncated": False,
+            "summary": d["summary"],
+            "importance": d["importance"], "created_at": d["created_at"], "session_id": d["session_id"],
+            "persona_id": d["persona_id"], "participants": json.loads(d["participants"]),
+            "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
+            "archived": bool(d["archived"]), "channels": sorted(p["ranks"]),
+            "relevance": None if p.get("relevance") is None else round(p["relevance"], 4)}
+
+
+RECALL_HIT_MIN_TOKENS = 50  #: a hit cut to fit [recall] max_answer_tokens keeps this much text at least, or is left out
+
+
+def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[dict], list[int]]:
+    """The hits within the answer's limits (0 = no limit). Each text is cut to `max_chars`
+    characters (cut_text); then the texts together (estimate_tokens) stay within `max_tokens`: the
+    first hit keeps its capped text; each later one, in rank order, gets what is left less a short
+    share kept for every hit after it (RECALL_HIT_MIN_TOKENS, or that hit's whole text when
+    shorter), and at least RECALL_HIT_MIN_TOKENS itself. A hit for which not even that is left is
+    left out (a shorter one after it may still fit). `truncated` says a text was cut.
+    Returns (hits kept, ids left out)."""
+    capped = [cut_text(h["text"], max_chars) if max_chars > 0 else (h["text"], False) for h in hits]
+    costs = [estimate_tokens(text) for text, _ in capped]
+    after = [0] * (len(hits) + 1)  # after[i]: the shares kept for hits i, i + 1, … (the last: 0)
+    for i in range(len(hits) - 1, -1, -1):
+        after[i] = after[i + 1] + min(costs[i], RECALL_HIT_MIN_TOKENS)
+    kept, left_out, used = [], [], 0
+    for i, (h, (text, cut)) in enumerate(zip(hits, capped, strict=True)):
+        left = max_tokens - used
+        room = min(left, max(left - after[i + 1], RECALL_HIT_MIN_TOKENS))
+        if max_tokens > 0 and kept and costs[i] > room:
+            if room < RECALL_HIT_MIN_TOKENS:
+                left_out.append(h["id"])
+                continue
+            text, cut = cut_text(text, chars_within(text, room))[0], True
+        used += estimate_tokens(text)
+        kept.append(dict(h, text=text, truncated=cut))
+    return kept, left_out
+
+
+def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr_score) -> dict:
+    """What recall(explain=true) shows for hit `i`: its rank and normalised score per channel and
+    every part of its score, in the order they combine; with time words, the window, time_boost and
+    time_match (which of its times fell in the window: 'written', 'event' or 'written+event')."""
+    window = {"time_window": dict(zip(("start", "end", "phrase"), w.window, strict=True)),
+              "time_boost": p.get("time_boost", 0.0), "time_match": p.get("time_match")} if w.window else {}
+    return window | {"ranks": {c: p["ranks"].get(c) for c in chosen},
+            "scores": {c: scores[c][i] for c in scores if i in scores[c]}, "fusion": w.fusion,
+            "doc_rrf": rrf(p["ranks"], w.doc_channels, w.rrf_k, w.channel),
+            "graph_rrf": rrf(p["ranks"], w.graph_channels, w.rrf_k, w.channel),
+            "doc_relevance": p["doc_relevance"], "graph_relevance": p["graph_relevance"],
+            "neighbour": p["neighbour"], "importance": p["importance"], "recency": p["recency"],
+            "confidence": p["confidence"], "temporal_factor": p["temporal_factor"],
+            "frequency": p["frequency"], "useful_count": p["useful_count"], "source_boost": p["source_boost"],
+            "pin_similarity": p["pin_similarity"],
+            "doc_route": p["doc_route"], "graph_route": p["graph_route"],
+            "route_weights": [w.doc_route, w.graph_route], "doc_share": p["doc_share"],
+            "graph_share": p["graph_share"], "cross_route_bonus": p["cross_route_bonus"],
+            "intent": intent, "fused": p["fused"], "mmr": mmr_score,
+            "cosine": p.get("cosine"), "cover": p.get("cover"), "relevance": p.get("relevance")}
+
+
+# Atoms and graph rules ###########################################################################
+
+def effective_ttl_days(base_ttl_days: float, importance: float, reinforcement_count: int) -> float:
+    """ttl = base_ttl × (0.5 + importance) × (1 + 0.5 × reinforcement_count)  (seed: Memory Model)."""
+    return base_ttl_days * (0.5 + importance) * (1 + 0.5 * reinforcement_count)
+
+
+def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
+    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
+    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
+    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
+    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
+    then and had not yet expired or been superseded (needs created_at and state_changed_at).
+    Recall computes the same factor in SQL (sql recall_candidates); tests check the two agree."""
+    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])  # stored: valid
+    if historical:
+        if atom["state"] == "superseded":
+            end = min(end, _parse_iso(atom["state_changed_at"]))
+        if ref < _parse_iso(atom["created_at"]):
+            return 0.0
+    elif atom["state"] != "active":
+        return 0.0
+    if ref >= end:
+        return 0.0
+    if decay == "step":
+        return 1.0
+    ttl = max(1e-9, (end - start).total_seconds())
+    return math.exp(-max(0.0, (ref - start).total_seconds()) / ttl)
+
+
+GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects of one memory (each)
+GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
+GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
+
+ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
+
+
+def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
+    """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
+    of the three, so every device that derives it gives it the same uid (and an edit that keeps a
+    fact keeps its atom's uid)."""
+    return str(uuid.uuid5(ATOM_UID_NAMESPACE, "\x1f".join((persona_id, document_uid, content.strip()))))
+
+
+RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")  #: rules/relevance.toml
 
 
 class Rules:
@@ -1436,6 +2099,54 @@ class Rules:
             if any(p.search(query) for p in patterns):
                 return name, spec
         return None, {}
+
+
+# Secret redaction: what is stored in place of a secret ###########################################
+
+def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
+    """((kind, compiled pattern), ...) of rules/secrets.toml, in order. Raises AokunError naming the
+    file and the entry for a missing kind or a pattern that does not compile."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    out = []
+    for i, p in enumerate(data.get("patterns", [])):
+        if not isinstance(p.get("kind"), str) or not p["kind"] or not isinstance(p.get("pattern"), str):
+            raise AokunError(f"{path.name}: patterns[{i}] needs a kind and a pattern (text)")
+        try:
+            out.append((p["kind"], re.compile(p["pattern"])))
+        except re.error as e:
+            raise AokunError(f"{path.name}: patterns[{i}] ({p['kind']}) is not a valid regular expression: {e}"
+                             ) from None
+    return tuple(out)
+
+
+def redact(text: str, patterns, counts: dict | None = None) -> str:
+    """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
+    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced.
+    `counts` ({kind: n}), when given, gets the number of replacements of each kind added."""
+    for kind, rx in patterns:
+        mark = f"[REDACTED:{kind}]"
+        if "secret" in rx.groupindex:
+            def keep_around(m, mark=mark):
+                whole, at = m.group(0), m.start()
+                return whole[: m.start("secret") - at] + mark + whole[m.end("secret") - at:]
+            text, n = rx.subn(keep_around, text)
+        else:
+            text, n = rx.subn(lambda _m, mark=mark: mark, text)
+        if n and counts is not None:
+            counts[kind] = counts.get(kind, 0) + n
+    return text
+
+
+def redaction_warning(counts: dict) -> str | None:
+    """The write-result warning for the secrets redact() replaced ({kind: n}; None when none): how
+    many, of which kinds, and the placeholders the stored text has instead. Never the secrets."""
+    n = sum(counts.values())
+    if not n:
+        return None
+    kinds = ", ".join(k if c == 1 else f"{k} ×{c}" for k, c in counts.items())
+    marks = ", ".join(f"[REDACTED:{k}]" for k in counts)
+    return (f"{n} secret{'s' if n > 1 else ''} redacted before storing ({kinds}); the stored text has "
+            f"{marks} in {'their' if n > 1 else 'its'} place")
 
 
 # Write validation: one memory, checked before anything is stored #################################
@@ -1580,42 +2291,37 @@ ID_COUNTERS = {"documents": "last_document_id", "memory_atoms": "last_atom_id", 
 FOREGROUND_WAIT_SECONDS = 1.0
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """What a later section adds to the work of an earlier one, which may call only the sections
+    above it (tests/test_layout.py checks): Memory.hooks names the later sections' methods, each
+    called with the Memory first. Each field says who calls it and what it gives."""
+
+    conversation_hits: Callable  #: Recall.recall(include_conversations): (query, k, persona) -> hits
+    briefing_lines: Callable  #: Briefing._briefing_text: (persona, ref) -> the session digest lines
+    counts: Callable  #: Maintenance.stats: () -> more counts
+    problems: Callable  #: Maintenance.doctor: () -> more problems
+    rebuild_vectors: Callable  #: Maintenance.rebuild(vectors): (stored model, progress) -> n | None
+    prune: Callable  #: Maintenance.maintenance_due: (ref) -> {sessions: n forgotten}
+    watch: Callable  #: Maintenance.stats: () -> the watch's progress, None when none ran
+
+
 class Store:
     """The one APSW connection and its helpers; reading memories. Every use of `self.conn` holds
     `self.lock` (see Memory); methods documented "in tx" run inside the caller's `tx()`."""
 
-    def close(self):
-        """Wait for the access bookkeeping, stop the worker threads, close the reader connections, then
-        PRAGMA optimize and close the main connection."""
-        self.wait_background()
-        self.wait_refresh()
-        if self._refresher is not None:
-            self._refresher.shutdown()
-            self._refresher = None
-        self.conn_closed = True
-        if self._toucher is not None:
-            self._toucher.shutdown()
-            self._toucher = None
-        if self._channel_pool is not None:
-            self._channel_pool.shutdown()
-            self._channel_pool = None
-        for reader in self._readers:
-            reader.close()
-        self._readers.clear()
+    def _close_connection(self) -> None:
+        """Memory.close's last step: PRAGMA optimize, then close the main connection."""
         with self.lock:
             with contextlib.suppress(apsw.Error):
                 self.conn.pragma("optimize")
             self.conn.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     @contextlib.contextmanager
-    def tx(self):
-        """One IMMEDIATE write transaction (waits up to busy_timeout_ms for other writers)."""
+    def tx(self, invalidates: bool = True):
+        """One IMMEDIATE write transaction (waits up to busy_timeout_ms for other writers). Its
+        commit counts as a change (`epoch`, what the recall cache keys on) unless `invalidates` is
+        false: a write that leaves every recall answer as it was (Recall._touch)."""
         with self.lock:
             self.conn.execute("BEGIN IMMEDIATE")
             try:
@@ -1624,7 +2330,13 @@ class Store:
                 self.conn.execute("ROLLBACK")
                 raise
             self.conn.execute("COMMIT")
-            self.epoch += 1
+            if invalidates:
+                self.epoch += 1
+
+    def _invalidate(self) -> None:
+        """Count a change made outside tx() (the file's content replaced by restore_from): cached
+        recall answers are no longer used."""
+        self.epoch += 1
 
     @contextlib.contextmanager
     def foreground(self):
@@ -1667,6 +2379,11 @@ class Store:
                           "on conflict(key) do update set value = excluded.value",
                           (key, str(value)))
 
+    def _briefing_stale(self, persona: str | None) -> None:
+        """Mark the persona's stored briefing stale: memory_context rebuilds it before serving it,
+        refresh_stale_briefings in the background once it is old enough. In tx."""
+        self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
+
     def _new_id(self, table: str) -> int:
         """The id for a new row of `table` (one of ID_COUNTERS): above every id the table ever handed
         out (its counter in meta, its largest id), and recorded as the counter. In tx."""
@@ -1691,7 +2408,7 @@ class Store:
         rows = self.rows("select * from documents where id = ? and (? is null or persona_id = ?)",
                          (doc_id, persona, persona)) if 0 < doc_id <= MAX_ID else []
         if not rows:
-            raise NotFound(f"no memory with id {doc_id}; `python aokun.py list` shows the ids")
+            raise NotFound(f"no memory with id {doc_id}; {{hint0}} shows the ids", hints=[("list", {})])
         d = rows[0]
         for k in ("topics", "key_facts", "participants", "tags"):
             d[k] = json.loads(d[k])
@@ -1766,9 +2483,7 @@ def mean_vector(blobs) -> "np.ndarray | None":
 
 class Vectors:
     """Document and graph-entry vectors: what is embedded (a memory with its session context), the
-    float store and its binary vec0 index, and back-fill of what is still pending."""
-
-    last_embedding_error: str | None = None  #: the provider's last transient failure (what rebuild reports)
+    float store and its binary vec0 index (Layers back-fills what is still pending)."""
 
     @property
     def vectors_usable(self) -> bool:
@@ -1779,7 +2494,8 @@ class Vectors:
         """Record provider/model/dim on first use; refuse vectors from a different model or dim.
 
         A mismatch leaves every stored row untouched, sets `vector_problem` (recall degrades to the
-        keyword channels and says so) and logs the command that re-embeds."""
+        keyword channels and says so) and logs the command that re-embeds; a match clears it."""
+        self.vector_problem = None
         e = self.embedder
         if e.provider == "none":
             self.vector_problem = "no embedding provider ([embedding] provider = none)"
@@ -1802,7 +2518,8 @@ class Vectors:
     def _upgrade_vector_index(self) -> None:
         """Files made before schema 6 keep float vectors inside vec0 (doc_vec/graph_vec float[dim]):
         copy them into doc_vectors/graph_vectors and rebuild doc_vec/graph_vec as the binary index,
-        in one transaction (migrate() saved a copy of the file first)."""
+        in one transaction (migrate() saved a copy of the file first). Data step 1 (DATA_STEPS); also
+        run on a restored file (restore_from)."""
         def old_layout() -> bool:
             return "float[" in (self.value("select sql from sqlite_master where name = 'doc_vec'") or "")
         if not old_layout():
@@ -1827,18 +2544,22 @@ class Vectors:
         log.warning("vector storage upgraded: %s document and %s entry vectors re-indexed",
                     self.value("select count(*) from doc_vectors"), self.value("select count(*) from graph_vectors"))
 
-    def _compact_vectors(self) -> None:
+    def _compact_vectors(self) -> bool:
         """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in one
         transaction (migrate() saved a copy of the file first) and record meta vector_format = 'int8'.
-        The freed pages are reused by later writes; `python aokun.py vacuum` gives them back."""
-        if self.meta_get("vector_format") == "int8" or not self.has_table("doc_vectors"):
-            return
+        The freed pages are reused by later writes; `python aokun.py vacuum` gives them back. Data
+        step 2 (DATA_STEPS); False when the file is held below schema 6 (not done yet)."""
+        if self.meta_get("vector_format") == "int8":
+            return True
+        if not self.has_table("doc_vectors"):
+            return False
         with self.tx():
             if self.meta_get("vector_format") != "int8":  # another process may have just done it
                 n = self._compact_vectors_in_tx()
                 if n:
                     log.warning("vector storage compacted: %s float32 vectors stored as int8 "
                                 "(`python aokun.py vacuum` returns the freed space)", n)
+        return True
 
     def _compact_vectors_in_tx(self) -> int:
         """_compact_vectors' work: float32 rows (4 bytes per dimension) of doc_vectors/graph_vectors become
@@ -1979,39 +2700,6 @@ class Vectors:
                               "where id = ? and embedding_state in ('done', 'pending')",
                               (i,))
         return ids
-
-    def _refresh_stale(self, ids) -> None:
-        """Re-embed memories whose context changed, in the background (one worker thread, so the write
-        that changed it returns without waiting for the model; their old vector stays searchable until
-        then); when the provider fails they stay 'pending' for the next back-fill. wait_refresh() waits."""
-        ids = sorted({i for i in ids if i is not None})
-        if not ids or not self.vectors_usable:
-            return
-        with self._refresh_lock:
-            if self._refresher is None:
-                self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-refresh")
-            self._refresher.submit(self._refresh_now, ids)
-
-    _refresher: ThreadPoolExecutor | None = None  #: the background worker of _refresh_stale, started on first use
-    _refresh_lock = threading.Lock()
-
-    def _refresh_now(self, ids: list[int]) -> None:
-        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows stay
-        'pending' for the back-fill)."""
-        try:
-            if not self.conn_closed:
-                self.backfill_vectors(ids=ids)
-        except Exception as e:  # noqa: BLE001 - a background step: the back-fill retries
-            log.warning("refreshing the vectors of memories %s failed (back-filled later): %s", ids, e)
-
-    conn_closed = False  #: set by close(): a refresh still queued then does nothing
-
-    def wait_refresh(self) -> None:
-        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls it)."""
-        with self._refresh_lock:
-            worker = self._refresher
-        if worker is not None:
-            worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
 
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_docs, computed before its transaction (so the write lock is held
@@ -2182,94 +2870,6 @@ class Vectors:
         self.conn.execute("update graph_entries set embedding_state = 'done', embedding_error = null where id = ?",
                           (entry_id,))
 
-    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
-                         stop: threading.Event | None = None, progress=None) -> int:
-        """Embed documents and graph entries still marked 'pending' and not refused (embedding_error
-        null; only documents `ids` when given). Returns how many vectors were written. An input the
-        provider refuses for good gets its embedding_error (stays without a vector, skipped from then
-        on) and never holds up the others; stops quietly, leaving rows pending, when the provider fails
-        transiently or `stop` is set (checked before each batch: a server shutting down).
-        `progress(done, None)`, when given, is called after each batch with the vectors written so far
-        (the total is not known ahead)."""
-        if not self.vectors_usable:
-            return 0
-        done, after = 0, 0
-        while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            rows = self.rows(self.queries["pending_documents"],
-                             {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
-            if not rows:
-                break
-            after = rows[-1]["id"]
-            prepared = self._stored_vector_texts(rows)
-            out = self._embed([t for t, _ in prepared])
-            made, requeued = self._store_backfilled(rows, out, prepared)
-            done += made
-            if requeued:  # their vector text had a text refused just now: made again without it
-                after = min(after, min(requeued) - 1)
-                ids = None if ids is None else sorted({*ids, *requeued})
-            if progress:
-                progress(done, None)
-            if any(v is None for v in out):
-                return done
-        while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"], {"n": batch})]
-            pairs = self._entry_vectors("pending_entries_by_id", entry_ids) if entry_ids else []
-            if not pairs:
-                break
-            with self.tx():
-                for entry_id, vec in pairs:
-                    if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
-                        self._put_entry_vector(entry_id, vec)
-                        done += isinstance(vec, np.ndarray)
-            if progress:
-                progress(done, None)
-            if any(v is None for _, v in pairs):
-                return done
-        return done
-
-    def _store_backfilled(self, rows: list[dict], out: list, prepared: list) -> tuple[int, list[int]]:
-        """backfill_vectors' transaction for one batch of documents `rows` (pending_documents), what
-        _embed made of their texts (`out`) and [(text, cut)] (`prepared`): the vectors are stored, a
-        refusal is recorded as the memory's embedding_error and its successors in the session, whose
-        vector text contained it, are marked pending (_stale_successors) with their keyword context
-        refreshed (what this batch made for them is dropped). Rows no longer pending (edited or
-        deleted meanwhile) are left. Returns (vectors stored, ids of the successors marked)."""
-        done, requeued = 0, []
-        with self.tx():
-            for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
-                if vec is None or r["id"] in requeued or self.value(
-                        "select embedding_state from documents where id = ?", (r["id"],)) != "pending":
-                    continue  # requeued: made from a text refused just now, made again without it
-                if isinstance(vec, str):
-                    self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
-                    stale = self._stale_successors(r["id"])
-                    self._refresh_graph_context(stale)
-                    requeued += stale
-                    continue
-                self._put_doc_vector(r["id"], vec)
-                self.conn.execute("update documents set embedding_truncated = ? where id = ?",
-                                  (int(truncated), r["id"]))
-                done += 1
-        return done, requeued
-
-    REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
-
-    def _requeue_refused_context(self) -> None:
-        """Files written before a refused text was kept out of its neighbours' vector text (issue 24,
-        sql/vectors.sql session_context): once per file (meta refused_context), the memories after
-        each refused one in its session are marked pending (_stale_successors), so the back-fill
-        makes their vectors again without it (the old ones stay searchable until then). Not while the
-        provider is none (nothing to mark; done on the first open with one)."""
-        if self.meta_get("refused_context") == self.REFUSED_CONTEXT or self.embedder.provider == "none":
-            return
-        if not any(r["name"] == "embedding_error" for r in self.rows("pragma table_info(documents)")):
-            return  # a file held below schema 9 (tests build such files): done once it is migrated
-        with self.tx():
-            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:  # not done by another process
-                for r in self.rows("select id from documents where embedding_error is not null"):
-                    self._refresh_graph_context(self._stale_successors(r["id"]))
-                self._meta_set("refused_context", self.REFUSED_CONTEXT)
-
     def _stored_vector_texts(self, rows: list[dict]) -> list[tuple[str, bool]]:
         """_vector_text of stored documents (rows with id, content, persona_id, session_id,
         created_at, topics, tags, sentiment): [(text, whether the memory itself was cut)]."""
@@ -2288,9 +2888,6 @@ class Vectors:
 # Write stages: a memory's row and FTS, its atoms, its graph ######################################
 
 IMPORT_CHUNK = 64  #: memories an import re-derives and embeds between two progress reports
-GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects of one memory (each)
-GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
-GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
 GRAPH_LAYOUT = "2"  #: meta graph_layout of the entries _stage_graph writes (Layers._upgrade_graph_entries)
 GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph layout upgrade
 
@@ -2298,7 +2895,8 @@ GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph la
 class Layers:
     """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): its FTS row
     and vector, its atoms (with reinforcement and supersession), its graph nodes, edges and
-    entries, and their removal. All run in tx."""
+    entries, and their removal, all in tx; a memory's flags (pinned, archived, superseded); the
+    back-fill of the vectors a write left pending, with its background refresh worker."""
 
     def _stage_docs(self, p: Prepared, vectors: dict) -> str | None:
         """Stage 1 of a write: the documents row (insert with a never-reused id, or update for an edit),
@@ -2639,7 +3237,7 @@ class Layers:
         the session context on every fact entry: rewrite them as _stage_graph writes them now (no
         vector changes: a fact's vector is the fact's), GRAPH_UPGRADE_BATCH memories a transaction
         so other processes' writes get the lock in between (a memory is whole in either layout, and
-        rewriting one twice gives the same rows), then meta graph_layout = 2."""
+        rewriting one twice gives the same rows), then meta graph_layout = 2. Data step 3 (DATA_STEPS)."""
         if self.meta_get("graph_layout") == GRAPH_LAYOUT:
             return
         with self.tx() as c:
@@ -2673,6 +3271,187 @@ class Layers:
                 if e["node_type"] == "fact":
                     self._put_entry_text(e["id"], fact_entry_text(self._own_spelling(d[0], e), about))
         self._refresh_graph_context(docs)
+
+    # flags and superseding: a memory's row -------------------------------------------------------
+
+    def _archive_superseded(self, p: Prepared) -> None:
+        """Archive the memories write `p` supersedes (p.supersedes) and link each to p.document_id
+        (superseded_by), those of p's persona only (checked again: one may be gone since memorize
+        checked); the newer itself is never archived. Notes what it did in p.warnings. In tx."""
+        done = []
+        for old in p.supersedes:
+            mine = self.value("select 1 from documents where id = ? and persona_id = ?",
+                              (old, p.persona_id))
+            if old != p.document_id and mine:
+                self._set_flag_in_tx(old, "archived", True)
+                self.conn.execute("update documents set superseded_by = ? where id = ?",
+                                  (p.document_id, old))
+                done.append(str(old))
+        if done:
+            p.warnings.append(f"memory {', '.join(done)} archived as superseded by memory "
+                              f"{p.document_id} (restore_memory brings "
+                              f"{'them' if len(done) > 1 else 'it'} back)")
+
+    def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
+        """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
+        graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing stale
+        (the briefing lists pinned memories and leaves archived ones out). In tx."""
+        c = self.conn
+        c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
+        self._briefing_stale(self.value("select persona_id from documents where id = ?", (doc_id,)))
+        if flag == "archived":
+            c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
+            if self.has_table("doc_vec"):
+                c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
+                # one row at a time: sqlite-vec 0.1.9 rejects a bit[] table's multi-row UPDATE
+                # ("invalid float32 vector BLOB length") though the vector is not being changed
+                for (eid,) in c.execute(self.queries["document_entry_ids"], {"document_id": doc_id}).fetchall():
+                    c.execute("update graph_vec set archived = ? where entry_id = ?", (int(value), eid))
+
+    def _auto_facts(self, text: str) -> list[str]:
+        """Key facts when none were given: the content's sentences with at least two search tokens
+        (so "Hi!" and "OK." do not become atoms), at most max_auto_facts."""
+        return [s for s in split_sentences(text, 4 * self.cfg.write.max_auto_facts)
+                if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
+
+    # back-fill: the vector stage deferred, and the refresh worker --------------------------------
+
+    def _refresh_stale(self, ids) -> None:
+        """Re-embed memories whose context changed, in the background (one worker thread, so the write
+        that changed it returns without waiting for the model; their old vector stays searchable until
+        then); when the provider fails they stay 'pending' for the next back-fill. wait_refresh() waits."""
+        ids = sorted({i for i in ids if i is not None})
+        if not ids or not self.vectors_usable:
+            return
+        with self._refresh_lock:
+            if self._refresher is None:
+                self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-refresh")
+            self._refresher.submit(self._refresh_now, ids)
+
+    def _refresh_now(self, ids: list[int]) -> None:
+        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows stay
+        'pending' for the back-fill)."""
+        try:
+            if not self.conn_closed:
+                self.backfill_vectors(ids=ids)
+        except Exception as e:  # noqa: BLE001 - a background step: the back-fill retries
+            log.warning("refreshing the vectors of memories %s failed (back-filled later): %s", ids, e)
+
+    def wait_refresh(self) -> None:
+        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls it)."""
+        with self._refresh_lock:
+            worker = self._refresher
+        if worker is not None:
+            worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
+
+    def _stop_refresher(self) -> None:
+        """Memory.close's step after wait_refresh: stop the refresh worker; a refresh queued later
+        does nothing (conn_closed)."""
+        if self._refresher is not None:
+            self._refresher.shutdown()
+            self._refresher = None
+        self.conn_closed = True
+
+    def _vectors_fit(self) -> None:
+        """The stored vectors were all made again with the configured embedder (rebuild --vectors):
+        no vector_problem any more."""
+        self.vector_problem = None
+
+    def _clear_embedding_error(self) -> None:
+        """Forget the provider's last transient failure (a rebuild starts afresh)."""
+        self.last_embedding_error = None
+
+    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
+                         stop: threading.Event | None = None, progress=None) -> int:
+        """Embed documents and graph entries still marked 'pending' and not refused (embedding_error
+        null; only documents `ids` when given). Returns how many vectors were written. An input the
+        provider refuses for good gets its embedding_error (stays without a vector, skipped from then
+        on) and never holds up the others; stops quietly, leaving rows pending, when the provider fails
+        transiently or `stop` is set (checked before each batch: a server shutting down).
+        `progress(done, None)`, when given, is called after each batch with the vectors written so far
+        (the total is not known ahead)."""
+        if not self.vectors_usable:
+            return 0
+        done, after = 0, 0
+        while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
+            rows = self.rows(self.queries["pending_documents"],
+                             {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
+            if not rows:
+                break
+            after = rows[-1]["id"]
+            prepared = self._stored_vector_texts(rows)
+            out = self._embed([t for t, _ in prepared])
+            made, requeued = self._store_backfilled(rows, out, prepared)
+            done += made
+            if requeued:  # their vector text had a text refused just now: made again without it
+                after = min(after, min(requeued) - 1)
+                ids = None if ids is None else sorted({*ids, *requeued})
+            if progress:
+                progress(done, None)
+            if any(v is None for v in out):
+                return done
+        while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
+            entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"], {"n": batch})]
+            pairs = self._entry_vectors("pending_entries_by_id", entry_ids) if entry_ids else []
+            if not pairs:
+                break
+            with self.tx():
+                for entry_id, vec in pairs:
+                    if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
+                        self._put_entry_vector(entry_id, vec)
+                        done += isinstance(vec, np.ndarray)
+            if progress:
+                progress(done, None)
+            if any(v is None for _, v in pairs):
+                return done
+        return done
+
+    def _store_backfilled(self, rows: list[dict], out: list, prepared: list) -> tuple[int, list[int]]:
+        """backfill_vectors' transaction for one batch of documents `rows` (pending_documents), what
+        _embed made of their texts (`out`) and [(text, cut)] (`prepared`): the vectors are stored, a
+        refusal is recorded as the memory's embedding_error and its successors in the session, whose
+        vector text contained it, are marked pending (_stale_successors) with their keyword context
+        refreshed (what this batch made for them is dropped). Rows no longer pending (edited or
+        deleted meanwhile) are left. Returns (vectors stored, ids of the successors marked)."""
+        done, requeued = 0, []
+        with self.tx():
+            for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
+                if vec is None or r["id"] in requeued or self.value(
+                        "select embedding_state from documents where id = ?", (r["id"],)) != "pending":
+                    continue  # requeued: made from a text refused just now, made again without it
+                if isinstance(vec, str):
+                    self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
+                    stale = self._stale_successors(r["id"])
+                    self._refresh_graph_context(stale)
+                    requeued += stale
+                    continue
+                self._put_doc_vector(r["id"], vec)
+                self.conn.execute("update documents set embedding_truncated = ? where id = ?",
+                                  (int(truncated), r["id"]))
+                done += 1
+        return done, requeued
+
+    REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
+
+    def _requeue_refused_context(self) -> bool:
+        """Files written before a refused text was kept out of its neighbours' vector text (issue 24,
+        sql/vectors.sql session_context): once per file (meta refused_context), the memories after
+        each refused one in its session are marked pending (_stale_successors), so the back-fill
+        makes their vectors again without it (the old ones stay searchable until then). Not while the
+        provider is none (nothing to mark; done on the first open with one): False, not done yet.
+        Data step 4 (DATA_STEPS)."""
+        if self.meta_get("refused_context") == self.REFUSED_CONTEXT:
+            return True
+        if self.embedder.provider == "none":
+            return False
+        if not any(r["name"] == "embedding_error" for r in self.rows("pragma table_info(documents)")):
+            return False  # a file held below schema 9 (tests build such files): done once it is migrated
+        with self.tx():
+            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:  # not done by another process
+                for r in self.rows("select id from documents where embedding_error is not null"):
+                    self._refresh_graph_context(self._stale_successors(r["id"]))
+                self._meta_set("refused_context", self.REFUSED_CONTEXT)
+        return True
 
 
 def subject_entry_text(label: str, name: str, summary: str) -> str:
@@ -2776,6 +3555,36 @@ class Journal:
     docs_done → atoms_done → graph_done → done, one transaction per stage, so a crash at any
     point is finished by recover() at the next open (seed: Reliability)."""
 
+    # secrets -------------------------------------------------------------------------------------
+
+    @property
+    def secret_patterns(self) -> tuple:
+        """The compiled patterns of [write] secrets (rules/secrets.toml), loaded on first use."""
+        if self._secret_patterns is None:
+            self._secret_patterns = load_secret_rules(self.cfg.rule_file(self.cfg.write.secrets))
+        return self._secret_patterns
+
+    def redact(self, text: str, counts: dict | None = None) -> str:
+        """`text` with API keys, tokens, passwords, private keys and connection-string passwords
+        replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text.
+        `counts` ({kind: n}), when given, gets the replacements of each kind added."""
+        return redact(text, self.secret_patterns, counts) if text else text
+
+    def redact_fields(self, values: dict, names, counts: dict | None = None) -> dict:
+        """A copy of `values` with its fields `names` redacted (a text, or each text of a list);
+        other values, and fields that are not text, are left for the caller's checks. `counts` as
+        for redact()."""
+        out = dict(values)
+        for k in names & out.keys():
+            v = out[k]
+            if isinstance(v, str):
+                out[k] = self.redact(v, counts)
+            elif isinstance(v, (list, tuple)):
+                out[k] = [self.redact(x, counts) if isinstance(x, str) else x for x in v]
+        return out
+
+    # the write path ------------------------------------------------------------------------------
+
     def prepare(self, content, metadata: dict | None = None, field_prefix: str = "") -> Prepared:
         """Validate one memorize() call into a Prepared write. The text fields keep the characters
         given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and source
@@ -2818,12 +3627,6 @@ class Journal:
         if (said := redaction_warning(redacted)) is not None:
             p.warnings.append(said)
         return p
-
-    def _auto_facts(self, text: str) -> list[str]:
-        """Key facts when none were given: the content's sentences with at least two search tokens
-        (so "Hi!" and "OK." do not become atoms), at most max_auto_facts."""
-        return [s for s in split_sentences(text, 4 * self.cfg.write.max_auto_facts)
-                if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
 
     def memorize(self, content, metadata: dict | None = None, supersedes=None) -> dict:
         """Store one memory through the journalled pipeline (seed: Write Pipeline).
@@ -3237,15 +4040,14 @@ class Journal:
         self._refresh_stale(p.stale)
         return self._write_result(p)
 
-    def delete(self, doc_id: int, persona_id: str | None = None, purge: bool = False,
-               deleted_at: str | None = None) -> dict:
+    def delete(self, doc_id: int, persona_id: str | None = None, deleted_at: str | None = None) -> dict:
         """Remove a memory of persona `persona_id` (None: the default persona '') from every table and
         index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone (uid and
         time, no text); secure_delete zeroes the freed bytes, but its words stay in older FTS segments
-        and its pages in the WAL until `purge` (Maintenance.purge: also VACUUM and a WAL checkpoint),
+        and its pages in the WAL until purge() (Maintenance: also VACUUM and a WAL checkpoint),
         and in backups for their life. `deleted_at` (column-format time; None: now) is the tombstone's
         time: an imported deletion keeps the time it happened (the later of it and one here wins), so
-        every device orders it alike. Returns {id, uid, deleted: true} (+ purged: purge()'s answer).
+        every device orders it alike. Returns {id, uid, deleted: true}.
         Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         with self.tx() as c:
@@ -3265,10 +4067,7 @@ class Journal:
                       (d["uid"], deleted_at or now_iso()))
             self._briefing_stale(d["persona_id"])
         self._refresh_stale(stale)
-        out = {"id": doc_id, "uid": d["uid"], "deleted": True}
-        if purge:
-            out["purged"] = self.purge(d["persona_id"])
-        return out
+        return {"id": doc_id, "uid": d["uid"], "deleted": True}
 
     def set_flag(self, doc_id: int, flag: str, value: bool, persona_id: str | None = None) -> dict:
         """pin/unpin (flag='pinned') or archive/unarchive (flag='archived') a memory of persona
@@ -3289,39 +4088,6 @@ class Journal:
         self.conn.execute("update documents set merged_into = null, superseded_by = null "
                           "where id = ?", (doc_id,))
 
-    def _archive_superseded(self, p: Prepared) -> None:
-        """Archive the memories write `p` supersedes (p.supersedes) and link each to p.document_id
-        (superseded_by), those of p's persona only (checked again: one may be gone since memorize
-        checked); the newer itself is never archived. Notes what it did in p.warnings. In tx."""
-        done = []
-        for old in p.supersedes:
-            mine = self.value("select 1 from documents where id = ? and persona_id = ?",
-                              (old, p.persona_id))
-            if old != p.document_id and mine:
-                self._set_flag_in_tx(old, "archived", True)
-                self.conn.execute("update documents set superseded_by = ? where id = ?",
-                                  (p.document_id, old))
-                done.append(str(old))
-        if done:
-            p.warnings.append(f"memory {', '.join(done)} archived as superseded by memory "
-                              f"{p.document_id} (restore_memory brings "
-                              f"{'them' if len(done) > 1 else 'it'} back)")
-
-    def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
-        """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
-        graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing stale
-        (the briefing lists pinned memories and leaves archived ones out). In tx."""
-        c = self.conn
-        c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
-        self._briefing_stale(self.value("select persona_id from documents where id = ?", (doc_id,)))
-        if flag == "archived":
-            c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
-            if self.has_table("doc_vec"):
-                c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
-                # one row at a time: sqlite-vec 0.1.9 rejects a bit[] table's multi-row UPDATE
-                # ("invalid float32 vector BLOB length") though the vector is not being changed
-                for (eid,) in c.execute(self.queries["document_entry_ids"], {"document_id": doc_id}).fetchall():
-                    c.execute("update graph_vec set archived = ? where entry_id = ?", (int(value), eid))
 
 
 # Knowledge graph: temporal triples ###############################################################
@@ -3419,8 +4185,8 @@ class KnowledgeGraph:
         that persona: one lookup filters by both, so another persona's fact id is not there."""
         rows = self.rows(self.queries["kg_triple"], {"id": tid, "persona_id": persona}) if 0 < tid <= MAX_ID else []
         if not rows:
-            raise NotFound(f"no fact with id {tid}; `python aokun.py kg query ENTITY` or "
-                           "`python aokun.py kg timeline ENTITY` shows the ids")
+            raise NotFound(f"no fact with id {tid}; {{hint0}} or {{hint1}} shows the ids",
+                           hints=[("kg query ENTITY", {}), ("kg timeline ENTITY", {})])
         return rows[0]
 
     def _entity(self, persona: str, entity) -> int:
@@ -3429,7 +4195,7 @@ class KnowledgeGraph:
         eid = self._entity_id(persona, entity, "entity", False)
         if eid is None:
             raise NotFound(f"no entity {clean_text(entity, 'entity')!r} in the knowledge graph; "
-                           "`python aokun.py kg add` records facts about it")
+                           "{hint0} records facts about it", hints=[("kg add", {})])
         return eid
 
     def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
@@ -3535,578 +4301,6 @@ class KnowledgeGraph:
         return out[:limit]
 
 
-# Ranking: pure functions over channel rows #######################################################
-
-def rrf(ranks: dict[str, int], channels, k: int, weights: dict[str, float] | None = None) -> float:
-    """Weighted Reciprocal Rank Fusion (Cormack, Clarke & Büttcher 2009): Σ w_c/(k + rank_c + 1)
-    over the channels (0-based ranks), divided by its maximum Σ w_c/(k+1) so it lies in 0..1."""
-    w = weights or {}
-    total = sum(w.get(c, 1.0) for c in channels)
-    if not total:
-        return 0.0
-    return sum(w.get(c, 1.0) / (k + ranks[c] + 1) for c in channels if c in ranks) / (total / (k + 1))
-
-
-def normalized_scores(channel: str, rows: list[dict]) -> dict[int, float]:
-    """A channel's scores scaled to 0..1 within this answer, 1 = its best hit. Keyword channels
-    (−bm25(), the graph-keyword aggregate; 0 = no match) are divided by their maximum, so a weak
-    match keeps its share; KNN similarities (1 − cosine distance, always k hits bunched together)
-    are min-max scaled over the k neighbours."""
-    if not rows:
-        return {}
-    if channel in ("vector", "graph_vector"):
-        vals = {row["id"]: 1.0 - row["raw"] for row in rows}
-        lo, hi = min(vals.values()), max(vals.values())
-        return {i: (v - lo) / (hi - lo) if hi > lo else 1.0 for i, v in vals.items()}
-    vals = {row["id"]: -row["raw"] if channel == "bm25" else row["raw"] for row in rows}
-    hi = max(vals.values())
-    return {i: max(0.0, v) / hi if hi > 0 else 1.0 for i, v in vals.items()}
-
-
-def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, lam: float) -> list[tuple]:
-    """Maximal Marginal Relevance (Carbonell & Goldstein 1998): repeatedly pick
-    argmax λ·relevance(d) − (1−λ)·max_{s∈picked} Jaccard(d, s). Returns [(id, mmr_score)]."""
-    picked: list[tuple] = []
-    pool = list(candidates)
-    sim = dict.fromkeys(pool, 0.0)  # max similarity to the picked set, updated with each pick
-    while pool and len(picked) < k:
-        best, best_score = None, -math.inf
-        for c in pool:
-            score = lam * relevance[c] - (1 - lam) * sim[c]
-            if score > best_score:
-                best, best_score = c, score
-        picked.append((best, best_score))
-        pool.remove(best)
-        for c in pool:
-            sim[c] = max(sim[c], jaccard(tokens[c], tokens[best]))
-    return picked
-
-
-DOC_CHANNELS = ("bm25", "vector")  #: the document route's channels
-GRAPH_CHANNELS = ("graph_keyword", "graph_vector")  #: the graph route's channels
-FREQUENCY_SATURATION = 10  #: (decayed) useful marks (memory_feedback) at which the frequency term reaches 1
-
-
-@dataclass(frozen=True)
-class Weights:
-    """Every number fusion uses, from [recall] and the query intent's spec (rules/intents.toml:
-    doc_weight, graph_weight, recency_boost). `channels` are the channels asked for that ran or
-    could run; a route without channels gets route weight 0 and the other 1."""
-    channel: dict  #: {channel: weight} (weight_bm25, weight_vector, weight_graph_keyword, ...)
-    doc_channels: tuple
-    graph_channels: tuple
-    fusion: str  #: 'score' (weighted mean of normalised channel scores) or 'rrf'
-    rrf_k: int
-    alpha: float  #: doc route: relevance
-    beta: float  #: doc route: importance
-    gamma: float  #: doc route: recency (score_gamma + the intent's recency_boost)
-    delta: float  #: doc route: frequency
-    graph_relevance: float
-    graph_importance: float
-    graph_recency: float
-    graph_confidence: float
-    temporal_floor: float  #: share of the graph route kept when every atom of the memory expired
-    recency_days: float
-    doc_route: float  #: route weights after the intent, see above
-    graph_route: float
-    cross_route_bonus: float
-    neighbour: float  #: session_neighbour_weight
-    mmr_lambda: float
-    window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window), or None
-    time_boost: float = 0.0  #: time_window_boost, added to the score of a memory created within the window
-
-    @classmethod
-    def of(cls, r, spec: dict, channels, window: tuple | None = None) -> "Weights":
-        """Weights from a [recall] section `r`, an intent spec, the channels that take part and the
-        question's time window."""
-        doc = tuple(c for c in DOC_CHANNELS if c in channels)
-        graph = tuple(c for c in GRAPH_CHANNELS if c in channels)
-        w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
-        wd, wg = (w_doc, w_graph) if doc and graph else ((1.0, 0.0) if doc else (0.0, 1.0))
-        return cls(channel={"bm25": r.weight_bm25, "vector": r.weight_vector,
-                            "graph_keyword": r.weight_graph_keyword, "graph_vector": r.weight_graph_vector},
-                   doc_channels=doc, graph_channels=graph, fusion=r.fusion, rrf_k=r.rrf_k,
-                   alpha=r.score_alpha, beta=r.score_beta, gamma=r.score_gamma + spec.get("recency_boost", 0.0),
-                   delta=r.score_delta, graph_relevance=r.graph_rrf_weight,
-                   graph_importance=r.graph_importance_weight, graph_recency=r.graph_recency_weight,
-                   graph_confidence=r.graph_confidence_weight, temporal_floor=r.temporal_floor,
-                   recency_days=r.recency_days, doc_route=wd, graph_route=wg, cross_route_bonus=r.cross_route_bonus,
-                   neighbour=r.session_neighbour_weight, mmr_lambda=r.mmr_lambda,
-                   window=window, time_boost=r.time_window_boost if window else 0.0)
-
-
-def _month_start(year: int, month: int, tz) -> dt.datetime:
-    """Local midnight on the first of a month; month may run past 1..12 (13 = January next year)."""
-    year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
-    return dt.datetime(year, month, 1, tzinfo=tz)
-
-
-def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tuple | None:
-    """(local start, local end) of one matched time-word rule (kinds: rules/timewords.toml), or None
-    when the match does not name a usable count or month."""
-    kind, offset = spec["kind"], int(spec.get("offset", 0))
-    midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
-    if kind == "day":
-        start = midnight(today + dt.timedelta(days=offset)) + dt.timedelta(hours=spec.get("start_hour", 0))
-        return start, start + dt.timedelta(hours=spec.get("hours", 24))
-    if kind == "week":
-        monday = midnight(today - dt.timedelta(days=today.weekday() - 7 * offset))
-        return monday, monday + dt.timedelta(days=7)
-    if kind == "month":
-        month = today.month + offset
-        return _month_start(today.year, month, tz), _month_start(today.year, month + 1, tz)
-    if kind == "year":
-        return _month_start(today.year + offset, 1, tz), _month_start(today.year + offset + 1, 1, tz)
-    if kind == "named_month":
-        name = m.group("month").casefold()
-        month = words["months"].get(name) or words["numbers"].get(name) or (int(name) if name.isdigit() else 0)
-        if not 1 <= month <= 12:
-            return None
-        later = month > today.month or (spec.get("strict") and month == today.month)
-        year = today.year + offset if offset else today.year - int(bool(later))
-        return _month_start(year, month, tz), _month_start(year, month + 1, tz)
-    n = m.group("n").casefold()
-    count, unit = int(n) if n.isdigit() else words["numbers"].get(n), words["units"].get(m.group("unit").casefold())
-    if count is None or unit is None:
-        return None
-    day = today - dt.timedelta(days=count * unit["days"])
-    tolerance = dt.timedelta(days=unit.get("tolerance", 0))
-    return midnight(day) - tolerance, midnight(day + dt.timedelta(days=1)) + tolerance
-
-
-class TimeWindow(tuple):
-    """(start, end, phrase) of time_window, and `keep_words`: the rule's phrase stays a search word."""
-    keep_words = False
-
-
-def window_distance_days(created_at: str, window: tuple) -> float:
-    """Days between a memory's created_at and a time window (start, end, ...): 0 within it."""
-    start, end = _parse_iso(window[0]), _parse_iso(window[1])
-    at = _parse_iso(created_at)
-    return max(0.0, (start - at).total_seconds(), (at - end).total_seconds()) / 86400.0
-
-
-def event_distance_days(event_at: str | None, event_end: str | None, window: tuple) -> float | None:
-    """Days between a memory's event time [event_at, event_end) and a time window (start, end, ...):
-    0 when they overlap; None for a memory without an event time."""
-    if not event_at or not event_end:
-        return None
-    start, end = _parse_iso(window[0]), _parse_iso(window[1])
-    a, b = _parse_iso(event_at), _parse_iso(event_end)
-    return max(0.0, (start - b).total_seconds(), (a - end).total_seconds()) / 86400.0
-
-
-def time_match(d: dict, window: tuple) -> str | None:
-    """Which time of memory `d` (created_at, event_at, event_end) falls in the question's window:
-    'written', 'event', 'written+event', or None."""
-    written = window[0] <= d["created_at"] < window[1]
-    event = event_distance_days(d.get("event_at"), d.get("event_end"), window) == 0.0
-    return "+".join(x for x, on in (("written", written), ("event", event)) if on) or None
-
-
-def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | None:
-    """The time a question asks about, from its relative-time words (rules/timewords.toml, loaded by
-    load_time_words): (start, end, phrase) with start and end ISO UTC (end exclusive) of local
-    calendar days in `tz`, relative to `ref` (now, or recall's as_of), and the matched phrase of
-    fold(query); .keep_words is the rule's keep_words. The first rule with a matching pattern wins;
-    None when no rule matches."""
-    text = fold(query)
-    today = ref.astimezone(tz).date()
-    for patterns, spec in words["rules"]:
-        for p in patterns:
-            m = p.search(text)
-            span = _time_span(spec, m, today, words, tz) if m else None
-            if span:
-                window = TimeWindow((iso(span[0]), iso(span[1]), m.group(0)))
-                window.keep_words = bool(spec.get("keep_words"))
-                return window
-    return None
-
-
-EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "day", "in", "ago", "weekday", "week", "month", "month_end", "year",
-                    "named_month")  #: rules/dates.toml rule kinds
-_ZH_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
-              "九": 9}
-_ZH_NUMERAL = "(?:[一二三四五六七八九]?十[一二三四五六七八九]?|[一二两三四五六七八九])"  #: 1..99 in Chinese numerals
-
-
-def zh_number(text: str) -> int | None:
-    """A whole number 0..99 written in digits or Chinese numerals ('15', '十五', '二十一', '三十'),
-    else None."""
-    text = text.strip()
-    if text.isdigit():
-        return int(text)
-    if not text or any(ch not in _ZH_DIGITS and ch != "十" for ch in text):
-        return None
-    if "十" not in text:
-        return _ZH_DIGITS[text] if len(text) == 1 else None
-    tens, _, ones = text.partition("十")
-    if len(tens) > 1 or len(ones) > 1:
-        return None
-    return (_ZH_DIGITS[tens] if tens else 1) * 10 + (_ZH_DIGITS[ones] if ones else 0)
-
-
-def load_event_dates(path: Path) -> dict:
-    """rules/dates.toml, ready for event_spans: {rules: [(compiled patterns, spec)], numbers, months,
-    weekdays, units, grace_days}, with the {n}, {month}, {weekday}, {unit} and {day} placeholders
-    filled in as named groups (alternatives longest first)."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
-    months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
-    weekdays = {fold(k).casefold(): int(v) for k, v in data.get("weekdays", {}).items()}
-    units = {fold(k).casefold(): float(v) for k, v in data.get("units", {}).items()}
-
-    def alts(words):
-        return "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w)))
-    fill = {"{n}": rf"(?P<n>\d+|{_ZH_NUMERAL}|{alts(numbers)})", "{month}": f"(?:{alts(months)})",
-            "{weekday}": f"(?P<weekday>{alts(weekdays)})", "{unit}": f"(?P<unit>{alts(units)})",
-            "{day}": rf"(?:\d{{1,2}}|{_ZH_NUMERAL})"}
-    rules = pattern_rules(data, fill, EVENT_DATE_KINDS, f"{path.name}: unknown event-date kind")
-    return {"rules": rules, "numbers": numbers, "months": months, "weekdays": weekdays, "units": units,
-            "grace_days": float(data.get("grace_days", 1))}
-
-
-def _safe_date(year: int, month: int, day: int) -> dt.date | None:
-    try:
-        return dt.date(year, month, day)
-    except ValueError:
-        return None
-
-
-def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict) -> tuple[dt.date, dt.date] | None:
-    """(first day, day after the last) of one matched event-date rule (kinds: rules/dates.toml),
-    relative to the memory's local day `today`; None when the match names no real date."""
-    kind, offset = spec["kind"], int(spec.get("offset", 0))
-    g = m.groupdict()
-
-    def month_of(value):
-        if value is None:
-            return None
-        value = value.casefold()
-        return words["months"].get(value) or zh_number(value)
-
-    def month_span(year, month):
-        year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
-        first = dt.date(year, month, 1)
-        return first, dt.date(year + month // 12, month % 12 + 1, 1)
-
-    if kind == "ymd":
-        day = _safe_date(int(g["y"]), month_of(g["m"]) or 0, zh_number(g["d"]) or 0)
-        return (day, day + dt.timedelta(days=1)) if day else None
-    if kind == "dm_or_md":
-        a, b = int(g["a"]), int(g["b"])
-        if a > 12 or a == b:
-            day = _safe_date(int(g["y"]), b, a)
-        elif b > 12:
-            day = _safe_date(int(g["y"]), a, b)
-        else:
-            return None  # 03/04/2027: March 4 or 3 April
-        return (day, day + dt.timedelta(days=1)) if day else None
-    if kind == "md":
-        month, d = month_of(g["m"]) or 0, zh_number(g["d"]) or 0
-        options = [x for x in (_safe_date(today.year + k, month, d) for k in (-1, 0, 1)) if x]
-        if not options:
-            return None
-        day = min(options, key=lambda x: (abs((x - today).days), x < today))  # the nearest; a tie: ahead
-        return day, day + dt.timedelta(days=1)
-    if kind == "day":
-        day = today + dt.timedelta(days=offset)
-        return day, day + dt.timedelta(days=1)
-    if kind in ("in", "ago"):
-        n = g["n"].casefold()
-        count = words["numbers"].get(n) if n in words["numbers"] else zh_number(n)
-        unit = words["units"].get(g["unit"].casefold())
-        if count is None or unit is None:
-            return None
-        day = today + dt.timedelta(days=round(count * unit) * (1 if kind == "in" else -1))
-        return day, day + dt.timedelta(days=1)
-    monday = today - dt.timedelta(days=today.weekday())
-    if kind == "weekday":
-        day = monday + dt.timedelta(days=7 * offset + words["weekdays"][g["weekday"].casefold()])
-        return day, day + dt.timedelta(days=1)
-    if kind == "week":
-        start = monday + dt.timedelta(days=7 * offset)
-        return start, start + dt.timedelta(days=7)
-    if kind == "month":
-        return month_span(today.year, today.month + offset)
-    if kind == "month_end":
-        end = month_span(today.year, today.month + offset)[1]
-        return end - dt.timedelta(days=1), end
-    if kind == "year":
-        return dt.date(today.year + offset, 1, 1), dt.date(today.year + offset + 1, 1, 1)
-    month = month_of(g.get("month") or g.get("m"))  # named_month
-    if not month or not 1 <= month <= 12:
-        return None
-    year = today.year + offset if offset else today.year - int(month >= today.month)
-    return month_span(year, month)
-
-
-def event_spans(text: str, created_at: str, words: dict, tz) -> list[tuple[str, str, str]]:
-    """The dates `text` names (rules/dates.toml, loaded by load_event_dates), resolved against the
-    memory's own time `created_at` (ISO) in the local calendar of `tz`: [(start, end, phrase)], start
-    and end ISO UTC of local midnights (end exclusive), in the order they appear in fold(text). A
-    piece of text matched by an earlier rule is not matched again ('2027年1月15日' is one date, not
-    also '1月15日')."""
-    folded = fold(text)
-    today = _parse_iso(created_at).astimezone(tz).date()
-    taken: list[tuple[int, int]] = []
-    found = []
-    for patterns, spec in words["rules"]:
-        for p in patterns:
-            for m in p.finditer(folded):
-                if any(m.start() < b and a < m.end() for a, b in taken):
-                    continue
-                span = _event_span(spec, m, today, words)
-                if span is None:
-                    continue
-                taken.append((m.start(), m.end()))
-                start, end = (dt.datetime.combine(x, dt.time(0), tzinfo=tz) for x in span)
-                found.append((m.start(), iso(start), iso(end), m.group(0)))
-    return [(s, e, phrase) for _, s, e, phrase in sorted(found)]
-
-
-def channel_evidence(ranked: dict[str, list[dict]], graph_channels) -> tuple[dict, dict, dict]:
-    """What the channels say about each memory: (ranks {id: {channel: 0-based rank}}, scores
-    {channel: {id: 0..1}} (normalized_scores), confidence {id: best graph-entry confidence})."""
-    ranks: dict[int, dict] = {}
-    confidence: dict[int, float] = {}
-    for ch, rows in ranked.items():
-        for row in rows:
-            ranks.setdefault(row["id"], {})[ch] = row["rank"]
-            if ch in graph_channels:
-                confidence[row["id"]] = max(confidence.get(row["id"], 0.0), row["confidence"] or 0.0)
-    return ranks, {ch: normalized_scores(ch, rows) for ch, rows in ranked.items()}, confidence
-
-
-def route_relevance(i: int, ranks: dict, scores: dict, channels, w: Weights) -> float:
-    """A route's relevance for memory `i`, in 0..1: weighted RRF of its channel ranks (fusion =
-    rrf), or the weighted mean of its normalised channel scores (fusion = score, the default)."""
-    if w.fusion == "rrf":
-        return rrf(ranks, channels, w.rrf_k, w.channel) if sum(w.channel[c] for c in channels) else 0.0
-    total = part = 0.0  # one pass: fusion calls this ~900 times a recall
-    for c in channels:
-        weight = w.channel[c]
-        total += weight
-        if c in scores:
-            part += weight * scores[c].get(i, 0.0)
-    return part / total if total else 0.0
-
-
-def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None, w: Weights,
-                    ref: dt.datetime, historical: bool, source_boost: float, pin: float | None) -> dict:
-    """The score parts of one candidate (its row `d` from sql recall_candidates: importance,
-    created_at, useful_count, last_useful_at, temporal_factor), before the routes are scaled:
-
-        recency     = exp(−age_days / recency_days), age from created_at (when it happened; being
-                      returned by a recall does not make a memory recent); with time words, the
-                      days from the question's window instead (0 within it): close to when was asked,
-                      by created_at or by the event time its text names, whichever is closer
-        frequency   = min(1, ln(1 + useful_count·exp(−days since last useful / recency_days))
-                             / ln(1 + FREQUENCY_SATURATION))   (0 for as_of recall)
-        doc_route   = α·doc_relevance + β·importance + γ·recency + δ·frequency
-        graph_route = (0.55·graph_relevance + 0.20·importance + 0.15·recency + 0.10·confidence)
-                      × (temporal_floor + (1 − temporal_floor)·temporal_factor)
-        time_boost  = time_window_boost when created_at is within the question's time window or its
-                      event time overlaps it (time_match), else 0
-
-    (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours, README "How
-    recall ranks"). Returns the dict that explain shows."""
-    if w.window:
-        event = event_distance_days(d.get("event_at"), d.get("event_end"), w.window)
-        days = window_distance_days(d["created_at"], w.window)
-        recency = math.exp(-(days if event is None else min(days, event)) / w.recency_days)
-        matched = time_match(d, w.window)
-    else:
-        recency, matched = math.exp(-age_days(d["created_at"], ref) / w.recency_days), None
-    # use, not retrieval: memory_feedback counts a memory the assistant said it used; recall's
-    # own touches (access_count) would let whatever was merely returned outrank the right answer
-    frequency = 0.0 if historical or not d["last_useful_at"] else min(1.0, math.log1p(
-        d["useful_count"] * math.exp(-age_days(d["last_useful_at"], ref) / w.recency_days))
-        / math.log1p(FREQUENCY_SATURATION))
-    rel_doc = route_relevance(d["id"], ranks, scores, w.doc_channels, w)
-    rel_graph = route_relevance(d["id"], ranks, scores, w.graph_channels, w)
-    factor = d["temporal_factor"] if w.graph_channels else 1.0
-    doc_score = w.alpha * rel_doc + w.beta * d["importance"] + w.gamma * recency + w.delta * frequency
-    graph_score = (w.graph_relevance * rel_graph + w.graph_importance * d["importance"]
-                   + w.graph_recency * recency + w.graph_confidence * (confidence or 0.0))
-    return dict(ranks=ranks, doc_relevance=rel_doc, graph_relevance=rel_graph, importance=d["importance"],
-                recency=recency, frequency=frequency, useful_count=d["useful_count"], doc_route=doc_score,
-                # × the atoms' temporal factor, before scale_routes divides by the best graph route;
-                # the floor: graph evidence whose atoms all expired keeps that share of its weight
-                graph_route=graph_score * (w.temporal_floor + (1 - w.temporal_floor) * factor),
-                source_boost=source_boost, pin_similarity=pin, temporal_factor=factor, confidence=confidence,
-                time_boost=w.time_boost if matched else 0.0, time_match=matched,
-                in_doc=any(c in ranks for c in w.doc_channels), in_graph=any(c in ranks for c in w.graph_channels))
-
-
-def shortlist(ranks: dict, scores: dict, pins: dict, w: Weights, n: int) -> set:
-    """The candidates fusion scores in full (candidate_score needs a row each): the best `n` by
-    channel evidence alone, w.doc_route·α·doc relevance + w.graph_route·graph_relevance_weight·graph
-    relevance (+ cross_route_bonus when both routes found it), and every pinned or time-window one.
-    The rest (for k = 10 some 270 of the ~330 ids, the channels' tails) could only reach the MMR
-    pool on importance and recency alone; on LoCoMo and MADial the answers stay the same."""
-    if len(ranks) <= n:
-        return set(ranks) | set(pins)
-
-    def evidence(i: int) -> float:
-        r = ranks[i]
-        both = any(c in r for c in w.doc_channels) and any(c in r for c in w.graph_channels)
-        return (w.doc_route * w.alpha * route_relevance(i, r, scores, w.doc_channels, w)
-                + w.graph_route * w.graph_relevance * route_relevance(i, r, scores, w.graph_channels, w)
-                + (w.cross_route_bonus if both else 0.0))
-    best = sorted(ranks, key=lambda i: (-evidence(i), i))[:n]
-    return set(best) | set(pins) | {i for i, r in ranks.items() if "time_window" in r}
-
-
-def scale_routes(parts: dict[int, dict], w: Weights) -> None:
-    """Dual-route fusion, in place: routes = wd·doc_route/max(doc_route) + wg·graph_route/
-    max(graph_route) over all candidates, + cross_route_bonus when both routes found it."""
-    doc_max = max((p["doc_route"] for p in parts.values()), default=0) or 1.0
-    graph_max = max((p["graph_route"] for p in parts.values()), default=0) or 1.0
-    for p in parts.values():
-        p["cross_route_bonus"] = w.cross_route_bonus if p["in_doc"] and p["in_graph"] else 0.0
-        p["doc_share"] = w.doc_route * p["doc_route"] / doc_max  # what each route adds (explain)
-        p["graph_share"] = w.graph_route * p["graph_route"] / graph_max
-        p["routes"] = p["doc_share"] + p["graph_share"] + p["cross_route_bonus"]
-
-
-def fuse_scores(parts: dict[int, dict], neighbours: dict[int, set], w: Weights) -> list[int]:
-    """The final score, in place: fused = (routes + neighbour + time_boost) × source_boost, where
-    neighbour = session_neighbour_weight × the best routes of the turns right before/after it in its
-    session and time_boost is candidate_score's (a memory from the question's time window). Not
-    capped at 1.0 as in the seed (the cap made the top hits tie); the source boost is the second
-    seed's. Returns the ids best first (ties: lower id first)."""
-    for i, p in parts.items():
-        near = [parts[n]["routes"] for n in neighbours.get(i, ()) if n in parts]
-        p["neighbour"] = w.neighbour * max(near) if near else 0.0
-        p["fused"] = (p["routes"] + p["neighbour"] + p.get("time_boost", 0.0)) * p["source_boost"]
-    return sorted(parts, key=lambda i: (-parts[i]["fused"], i))
-
-
-def mmr_pool(order: list[int], parts: dict, pins: dict, size: int) -> list[int]:
-    """The ids whose documents MMR needs: the best `size`, plus pinned memories that matched."""
-    pool = order[:size]
-    return pool + [i for i in pins if i in parts and i not in pool]
-
-
-def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict[int, float], k: int,
-                lam: float) -> list[tuple]:
-    """The answer: MMR (λ, token Jaccard) over the `best` candidates that still exist (those in
-    `tokens`), then each pinned memory similar enough to the query (`pins`: {id: cosine
-    similarity}, best first) that MMR left out, in place of the weakest unpinned hit.
-    Returns [(id, mmr score or None for a pin put in)]."""
-    picked = mmr([i for i in best if i in tokens], {i: p["fused"] for i, p in parts.items()}, tokens, k, lam)
-    missing = [i for i in sorted(pins, key=lambda i: -pins[i]) if i in tokens and i not in {x for x, _ in picked}]
-    for i in missing:
-        unpinned = [n for n, (x, _) in enumerate(picked) if x not in pins]
-        if len(picked) < k:
-            picked.append((i, None))
-        elif unpinned:
-            picked[unpinned[-1]] = (i, None)
-    return picked
-
-
-def token_cover(query_tokens: set, doc_tokens: set) -> float | None:
-    """The share of the query's distinct search tokens found among a memory's indexed tokens, 0..1,
-    counting only query tokens of a script the memory has (CJK or not): an English question about a
-    Chinese memory shares no word with it by nature. Single-character Chinese tokens are left out
-    when the query has a longer one: jieba leaves the verbs and particles of a question (有, 去, 喝,
-    做) single, and they match every other memory ("下周有什么安排" is not about "我家有一只猫"); the
-    content words (安排, 上海, 咖啡) are longer. None when no query token is comparable."""
-    scripts = {bool(_CJK.search(t)) for t in doc_tokens}
-    comparable = {t for t in query_tokens if bool(_CJK.search(t)) in scripts}
-    words = {t for t in comparable if len(t) > 1 or not _CJK.search(t)}
-    if any(_CJK.search(t) for t in words):
-        comparable = words
-    return len(comparable & doc_tokens) / len(comparable) if comparable else None
-
-
-def query_script(tokens) -> str:
-    """'cjk' when at least half of a question's search tokens are Chinese/Japanese/Korean, else
-    'latin' (any other script). Similarities live on another scale per script: multilingual-e5-small
-    gives any two Chinese sentences a cosine of ~0.85, two unrelated English ones ~0.75."""
-    tokens = list(tokens)
-    cjk = sum(bool(_CJK.search(t)) for t in tokens)
-    return "cjk" if tokens and 2 * cjk >= len(tokens) else "latin"
-
-
-def calibrated_relevance(cos: float | None, cover: float | None, coef: dict | None) -> float | None:
-    """How likely the memory is relevant to the query, 0..1, on one scale for every query: the
-    logistic 1/(1 + exp(−(w_cos·cos + w_cover·cover + bias))) with the weights fitted for the
-    embedding model (`coef`, rules/relevance.toml says how), or its cos-only weights when `cover` is
-    None (no comparable words: another language). `cos`: cosine similarity of the query and memory
-    vectors; `cover`: token_cover. None when the model is not calibrated or the memory has no vector
-    yet (such hits are never dropped)."""
-    if coef is None or cos is None:
-        return None
-    z = coef["w_cos"] * cos + coef["w_cover"] * cover + coef["bias"] if cover is not None \
-        else coef["cos_only_w_cos"] * cos + coef["cos_only_bias"]
-    return 1.0 / (1.0 + math.exp(-z))
-
-
-def recall_hit(d: dict, p: dict) -> dict:
-    """One result of recall() from its row of sql recall_documents and its score parts."""
-    return {"id": d["id"], "score": round(p["fused"], 6), "text": d["content"], "truncated": False,
-            "summary": d["summary"],
-            "importance": d["importance"], "created_at": d["created_at"], "session_id": d["session_id"],
-            "persona_id": d["persona_id"], "participants": json.loads(d["participants"]),
-            "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
-            "archived": bool(d["archived"]), "channels": sorted(p["ranks"]),
-            "relevance": None if p.get("relevance") is None else round(p["relevance"], 4)}
-
-
-RECALL_HIT_MIN_TOKENS = 50  #: a hit cut to fit [recall] max_answer_tokens keeps this much text at least, or is left out
-
-
-def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[dict], list[int]]:
-    """The hits within the answer's limits (0 = no limit). Each text is cut to `max_chars`
-    characters (cut_text); then the texts together (estimate_tokens) stay within `max_tokens`: the
-    first hit keeps its capped text; each later one, in rank order, gets what is left less a short
-    share kept for every hit after it (RECALL_HIT_MIN_TOKENS, or that hit's whole text when
-    shorter), and at least RECALL_HIT_MIN_TOKENS itself. A hit for which not even that is left is
-    left out (a shorter one after it may still fit). `truncated` says a text was cut.
-    Returns (hits kept, ids left out)."""
-    capped = [cut_text(h["text"], max_chars) if max_chars > 0 else (h["text"], False) for h in hits]
-    costs = [estimate_tokens(text) for text, _ in capped]
-    after = [0] * (len(hits) + 1)  # after[i]: the shares kept for hits i, i + 1, … (the last: 0)
-    for i in range(len(hits) - 1, -1, -1):
-        after[i] = after[i + 1] + min(costs[i], RECALL_HIT_MIN_TOKENS)
-    kept, left_out, used = [], [], 0
-    for i, (h, (text, cut)) in enumerate(zip(hits, capped, strict=True)):
-        left = max_tokens - used
-        room = min(left, max(left - after[i + 1], RECALL_HIT_MIN_TOKENS))
-        if max_tokens > 0 and kept and costs[i] > room:
-            if room < RECALL_HIT_MIN_TOKENS:
-                left_out.append(h["id"])
-                continue
-            text, cut = cut_text(text, chars_within(text, room))[0], True
-        used += estimate_tokens(text)
-        kept.append(dict(h, text=text, truncated=cut))
-    return kept, left_out
-
-
-def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr_score) -> dict:
-    """What recall(explain=true) shows for hit `i`: its rank and normalised score per channel and
-    every part of its score, in the order they combine; with time words, the window, time_boost and
-    time_match (which of its times fell in the window: 'written', 'event' or 'written+event')."""
-    window = {"time_window": dict(zip(("start", "end", "phrase"), w.window, strict=True)),
-              "time_boost": p.get("time_boost", 0.0), "time_match": p.get("time_match")} if w.window else {}
-    return window | {"ranks": {c: p["ranks"].get(c) for c in chosen},
-            "scores": {c: scores[c][i] for c in scores if i in scores[c]}, "fusion": w.fusion,
-            "doc_rrf": rrf(p["ranks"], w.doc_channels, w.rrf_k, w.channel),
-            "graph_rrf": rrf(p["ranks"], w.graph_channels, w.rrf_k, w.channel),
-            "doc_relevance": p["doc_relevance"], "graph_relevance": p["graph_relevance"],
-            "neighbour": p["neighbour"], "importance": p["importance"], "recency": p["recency"],
-            "confidence": p["confidence"], "temporal_factor": p["temporal_factor"],
-            "frequency": p["frequency"], "useful_count": p["useful_count"], "source_boost": p["source_boost"],
-            "pin_similarity": p["pin_similarity"],
-            "doc_route": p["doc_route"], "graph_route": p["graph_route"],
-            "route_weights": [w.doc_route, w.graph_route], "doc_share": p["doc_share"],
-            "graph_share": p["graph_share"], "cross_route_bonus": p["cross_route_bonus"],
-            "intent": intent, "fused": p["fused"], "mmr": mmr_score,
-            "cosine": p.get("cosine"), "cover": p.get("cover"), "relevance": p.get("relevance")}
-
-
 # Recall: channels, fusion, atoms, cache ##########################################################
 
 CHANNEL_MAX_K = 4096  #: cap of a channel query's k (sqlite-vec 0.1.9 refuses KNN k above 4096)
@@ -4167,7 +4361,7 @@ class Recall:
         γ·recency + δ·frequency; graph route 0.55/0.20/0.15/0.10 × the atoms' temporal factor),
         scale_routes() (0.65/0.35 or the intent's weights, +0.08 when both routes hit),
         fuse_scores() (session neighbours, source boost), select_hits() (MMR λ=0.7, pins).
-        as_of answers as the memory stood then; include_conversations adds `conversations` (_conversation_hits).
+        as_of answers as the memory stood then; include_conversations adds `conversations` (hooks).
         Raises InputError for an empty query or a bad k."""
         started = time.perf_counter()
         r = self.cfg.recall
@@ -4222,7 +4416,7 @@ class Recall:
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
             if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings,
-               "conversations": self._conversation_hits(query, k, persona) if include_conversations else []}
+               "conversations": self.hooks.conversation_hits(self, query, k, persona) if include_conversations else []}
         if explain:
             out["stats"] = dict(stats, channel_rows={ch: len(rows) for ch, rows in ranked.items()})
         answer = self._answer(key, out, started)
@@ -4329,7 +4523,7 @@ class Recall:
             with self._readers_lock:
                 if self._channel_pool is None:
                     self._channel_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aokun-recall")
-        return [self._channel_pool.submit(one, ch, sql, self._reader_rows).result for ch, sql in queries]
+        return [self._channel_pool.submit(one, ch, sql, self.reader_rows).result for ch, sql in queries]
 
     def _channel_query(self, ch: str, sql: str, params: dict, rows) -> list[dict]:
         """The rows of channel `ch` (its query `sql`, run by `rows`), first with its speed bound
@@ -4393,7 +4587,7 @@ class Recall:
         seen = sorted(self._hamming_reach.get(key, ()))
         return seen[int(HAMMING_QUANTILE * (len(seen) - 1))] if len(seen) >= 8 else None
 
-    def _reader_rows(self, sql: str, params) -> list[dict]:
+    def reader_rows(self, sql: str, params) -> list[dict]:
         """rows() on this worker thread's own query-only connection (opened on first use)."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
@@ -4586,11 +4780,9 @@ class Recall:
         (memory_feedback). Does not empty the cache."""
         def work():
             try:
-                with self.lock:
-                    epoch = self.epoch
-                    with self.tx() as c:
-                        c.execute(self.queries["touch_documents"], {"ids": json.dumps(ids), "at": now_iso()})
-                    self.epoch = epoch  # own commits leave pragma data_version alone: the cache stays valid
+                # own commits leave pragma data_version alone: the cache stays valid
+                with self.tx(invalidates=False) as c:
+                    c.execute(self.queries["touch_documents"], {"ids": json.dumps(ids), "at": now_iso()})
             except apsw.Error as e:  # closed connection at exit, busy beyond the timeout
                 log.warning("could not record access to %s: %s", ids, e)
         with self.lock:
@@ -4602,6 +4794,18 @@ class Recall:
         """Wait for background access bookkeeping (called by close())."""
         if self._toucher is not None:
             self._toucher.submit(lambda: None).result()  # one FIFO worker: everything before it is done
+
+    def _stop_recall_workers(self) -> None:
+        """Memory.close's step: stop the touch worker and the channel workers, close the readers."""
+        if self._toucher is not None:
+            self._toucher.shutdown()
+            self._toucher = None
+        if self._channel_pool is not None:
+            self._channel_pool.shutdown()
+            self._channel_pool = None
+        for reader in self._readers:
+            reader.close()
+        self._readers.clear()
 
     # feedback: reinforcement for use ------------------------------------------------------------
 
@@ -4679,11 +4883,6 @@ class Briefing:
     """Memory for a prompt: the stored session briefing (built from SQL, no embedding) and
     memory_context within a token budget (second seed: token-budget context, session briefing)."""
 
-    def _briefing_stale(self, persona: str | None) -> None:
-        """Mark the persona's stored briefing stale: memory_context rebuilds it before serving it,
-        refresh_stale_briefings in the background once it is old enough. In tx."""
-        self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
-
     def build_briefing(self, persona_id=None, progress=None) -> dict:
         """Build and store the session briefing for a persona: pinned and important memories,
         recent memories, current KG facts, all from SQL (no embedding). Returns the stored row.
@@ -4724,7 +4923,7 @@ class Briefing:
         if recent:
             lines.append(f"## Recent ({cx.briefing_recent_days} days)")
             lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}" for d in recent]
-        lines += self._session_digest_lines(persona, ref)
+        lines += self.hooks.briefing_lines(self, persona, ref)
         if facts:
             lines.append("## Current facts")
             lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})"
@@ -5102,7 +5301,7 @@ class Maintenance:
             counts.update(self.rows(q["stats_vector_counts"])[0])
         else:
             counts.update(doc_vectors=0, graph_vectors=0, doc_index_rows=0, graph_index_rows=0)
-        counts.update(self._conversation_counts())
+        counts.update(self.hooks.counts(self))
         return {
             "database": str(self.path),
             "size_bytes": self.path.stat().st_size if self.path.exists() else 0,
@@ -5119,7 +5318,7 @@ class Maintenance:
                           "stored_dim": int(self.meta_get("embedding_dim") or 0) or None,
                           "problem": self.vector_problem},
             "keyword_ranking": self.ranking,
-            "watch": self.watch_progress(),
+            "watch": self.hooks.watch(self),
         }
 
     @property
@@ -5148,7 +5347,7 @@ class Maintenance:
             for r in self.rows(self.queries["doctor_vector_checks"]):
                 if r["n"]:
                     problems.append(f"{r['n']} {r['problem']}")
-        problems += self._conversation_problems()
+        problems += self.hooks.problems(self)
         if self.vector_problem and self.embedder.provider != "none":
             problems.append(self.vector_problem)
         refused = self.rows(self.queries["vectors_refused"], {"n": 3})
@@ -5181,11 +5380,8 @@ class Maintenance:
         if vectors:
             stored = self.meta_get("embedding_model"), self.meta_get("embedding_dim")
             out["vectors"] = self._rebuild_vectors(progress)
-            if self.value("select 1 from conv_turns limit 1"):  # and the ingested conversations' turns
-                if stored != (self.embedder.model, str(self.embedder.dim)):
-                    with self.tx():  # another model: the old turn vectors no longer compare
-                        self._reset_turn_vectors()
-                out["turn_vectors"] = self.backfill_turn_vectors(progress=progress)
+            if (turns := self.hooks.rebuild_vectors(self, stored, progress)) is not None:
+                out["turn_vectors"] = turns
         return out
 
     def _rebuild_vectors(self, progress=None) -> int:
@@ -5209,7 +5405,7 @@ class Maintenance:
                                  "binary KNN index needs a dimension divisible by 8; nothing was changed")
         expected = self.value("select count(*) from documents") + self.value(
             f"select count(*) from graph_entries where {FACT_ENTRIES_SQL}")
-        self.last_embedding_error = None
+        self._clear_embedding_error()
         step = None if progress is None else (lambda done, _total: progress(done, expected))
         if self.has_table("doc_vec") and self.meta_get("embedding_model") == self.embedder.model \
                 and self.meta_get("embedding_dim") == str(self.embedder.dim):
@@ -5290,7 +5486,7 @@ class Maintenance:
                     self._recenter()
                 else:
                     self._reindex_vectors()
-            self.vector_problem = None
+            self._vectors_fit()
             if stale:
                 self.backfill_vectors(ids=stale)
             return made, len(refused), "; the rest is back-filled once the provider answers"
@@ -5407,7 +5603,7 @@ class Maintenance:
             done["lifecycle"] = len(self.lifecycle(ref=ref)["atoms"])
         if self.cfg.backup.daily:
             done["backup"] = self.daily_backup(ref)
-        done["conversations_pruned"] = self.prune_conversations(ref)["sessions"]
+        done["conversations_pruned"] = self.hooks.prune(self, ref)["sessions"]
         done["briefings"] = self.refresh_stale_briefings()
         return done
 
@@ -5527,8 +5723,7 @@ class Maintenance:
         with self.lock:
             migrate(self.conn)
         self._upgrade_vector_index()
-        self.epoch += 1
-        self.vector_problem = None
+        self._invalidate()
         self._check_embedding_meta()
         return {"restored": str(src), "saved_previous": str(saved), **out}
 
@@ -5678,7 +5873,7 @@ class Summarizer:
         return {"memory": stored, "summary": summary}
 
 
-# Conversations: secret redaction, transcript rules and the per-source parsers #####################
+# Conversations: transcript rules and the per-source parsers ######################################
 
 CONVERSATION_SOURCES = ("claude-code", "codex", "copilot", "chatgpt")  #: what `ingest SOURCE` reads
 TURN_ROLES = ("user", "assistant")
@@ -5693,52 +5888,6 @@ INGEST_LINE_MAX_BYTES = 8 << 20
 class IngestInterrupted(Exception):
     """Raised by an ingest `pause` callback to stop the run between two batches of turns (the
     watcher: its time slice is over, or the server is stopping); ingest returns interrupted."""
-
-
-def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
-    """((kind, compiled pattern), ...) of rules/secrets.toml, in order. Raises AokunError naming the
-    file and the entry for a missing kind or a pattern that does not compile."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    out = []
-    for i, p in enumerate(data.get("patterns", [])):
-        if not isinstance(p.get("kind"), str) or not p["kind"] or not isinstance(p.get("pattern"), str):
-            raise AokunError(f"{path.name}: patterns[{i}] needs a kind and a pattern (text)")
-        try:
-            out.append((p["kind"], re.compile(p["pattern"])))
-        except re.error as e:
-            raise AokunError(f"{path.name}: patterns[{i}] ({p['kind']}) is not a valid regular expression: {e}"
-                             ) from None
-    return tuple(out)
-
-
-def redact(text: str, patterns, counts: dict | None = None) -> str:
-    """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
-    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced.
-    `counts` ({kind: n}), when given, gets the number of replacements of each kind added."""
-    for kind, rx in patterns:
-        mark = f"[REDACTED:{kind}]"
-        if "secret" in rx.groupindex:
-            def keep_around(m, mark=mark):
-                whole, at = m.group(0), m.start()
-                return whole[: m.start("secret") - at] + mark + whole[m.end("secret") - at:]
-            text, n = rx.subn(keep_around, text)
-        else:
-            text, n = rx.subn(lambda _m, mark=mark: mark, text)
-        if n and counts is not None:
-            counts[kind] = counts.get(kind, 0) + n
-    return text
-
-
-def redaction_warning(counts: dict) -> str | None:
-    """The write-result warning for the secrets redact() replaced ({kind: n}; None when none): how
-    many, of which kinds, and the placeholders the stored text has instead. Never the secrets."""
-    n = sum(counts.values())
-    if not n:
-        return None
-    kinds = ", ".join(k if c == 1 else f"{k} ×{c}" for k, c in counts.items())
-    marks = ", ".join(f"[REDACTED:{k}]" for k in counts)
-    return (f"{n} secret{'s' if n > 1 else ''} redacted before storing ({kinds}); the stored text has "
-            f"{marks} in {'their' if n > 1 else 'its'} place")
 
 
 @dataclass(frozen=True)
@@ -6039,40 +6188,14 @@ class Conversations:
     """The conversation layer (schema/0010, sql/conversations.sql): client transcripts ingested as
     sessions and turns, with their own FTS5 index and vectors, apart from the curated memories;
     hybrid search over them, a session's turns in order, counts, briefing digests, deleting and
-    forgetting sessions. Every text stored (and memorize's) passes redact() first."""
-
-    # secrets -------------------------------------------------------------------------------------
-
-    @functools.cached_property
-    def secret_patterns(self) -> tuple:
-        """The compiled patterns of [write] secrets (rules/secrets.toml)."""
-        return load_secret_rules(self.cfg.rule_file(self.cfg.write.secrets))
-
-    def redact(self, text: str, counts: dict | None = None) -> str:
-        """`text` with API keys, tokens, passwords, private keys and connection-string passwords
-        replaced by [REDACTED:kind] (rules/secrets.toml): what is stored instead of the text.
-        `counts` ({kind: n}), when given, gets the replacements of each kind added."""
-        return redact(text, self.secret_patterns, counts) if text else text
-
-    def redact_fields(self, values: dict, names, counts: dict | None = None) -> dict:
-        """A copy of `values` with its fields `names` redacted (a text, or each text of a list);
-        other values, and fields that are not text, are left for the caller's checks. `counts` as
-        for redact()."""
-        out = dict(values)
-        for k in names & out.keys():
-            v = out[k]
-            if isinstance(v, str):
-                out[k] = self.redact(v, counts)
-            elif isinstance(v, (list, tuple)):
-                out[k] = [self.redact(x, counts) if isinstance(x, str) else x for x in v]
-        return out
+    forgetting sessions. Every text stored (and memorize's) passes redact() (Journal) first."""
 
     def ingest_rules(self, source: str) -> IngestRules:
         """The rules of `source` ([conversations] rules_dir/<source>.toml). InputError for an
         unknown source."""
         if source not in CONVERSATION_SOURCES:
             raise InputError("source", f"unknown source {source!r}; choose from {', '.join(CONVERSATION_SOURCES)}")
-        cache = self.__dict__.setdefault("_ingest_rules", {})
+        cache = self._ingest_rules
         if source not in cache:
             cache[source] = load_ingest_rules(self.cfg.rule_file(f"{self.cfg.conversations.rules_dir}/{source}.toml"),
                                               source)
@@ -6559,7 +6682,8 @@ class ConversationSearch:
         rows = self.rows(self.queries["conv_sessions_named"], {"persona_id": _label(persona_id, "persona_id"),
                                                                "session_id": sid, "source": source or ""})
         if not rows:
-            raise NotFound(f"no ingested session {sid!r}; `python aokun.py conversations list` shows them")
+            raise NotFound(f"no ingested session {sid!r}; {{hint0}} shows them",
+                           hints=[("conversations list", {})])
         if len(rows) > 1:
             raise InputError("source", f"session {sid!r} exists in {', '.join(r['source'] for r in rows)}; name one")
         return rows[0]
@@ -6944,17 +7068,13 @@ class Portable:
         ids: dict[tuple, int] = {}  # (table, uid) → id in this file
         with self._running() as claim:
             with self.tx():
-                self._import_overwrite = overwrite  # read by _import_verdict, under the tx's lock
-                try:
-                    preps = self._import_memories(by_kind["memory"], report["memory"], ids, claim,
-                                                  "docs_done" if derive_atoms else "atoms_done")
-                    self._import_atoms(by_kind["atom"], report["atom"], ids)
-                    self._import_kg(by_kind["entity"], by_kind["triple"], report, ids)
-                    self._import_conversations(by_kind["session"], by_kind["turn"], report, ids)
-                    self._import_consolidations(by_kind["consolidation"], report["consolidation"], ids)
-                    doomed = self._import_tombstones(by_kind["tombstone"], report["tombstone"])
-                finally:
-                    self._import_overwrite = frozenset()
+                preps = self._import_memories(by_kind["memory"], report["memory"], ids, claim,
+                                              "docs_done" if derive_atoms else "atoms_done", overwrite)
+                self._import_atoms(by_kind["atom"], report["atom"], ids, overwrite)
+                self._import_kg(by_kind["entity"], by_kind["triple"], report, ids, overwrite)
+                self._import_conversations(by_kind["session"], by_kind["turn"], report, ids, overwrite)
+                self._import_consolidations(by_kind["consolidation"], report["consolidation"], ids)
+                doomed = self._import_tombstones(by_kind["tombstone"], report["tombstone"])
             for at in range(0, len(preps), IMPORT_CHUNK):  # a chunk at a time: progress can tell
                 chunk = preps[at:at + IMPORT_CHUNK]
                 self.run_pipeline(chunk)
@@ -6996,7 +7116,7 @@ class Portable:
             return None
         return ids[(table, uid)]
 
-    def _import_verdict(self, table: str, rec: dict, line: int,
+    def _import_verdict(self, table: str, rec: dict, line: int, overwrite=frozenset(),
                         stamp_key: str = "updated_at") -> tuple[str, int | None]:
         """What importing `rec` into `table` does: ('kept', id) when this file has its uid with the
         same or a later time, ('skipped', None) when a tombstone here is as late, else ('updated', id)
@@ -7005,7 +7125,7 @@ class Portable:
         here = self.rows(f"select id, persona_id, {stamp_key} as stamp from {table} where uid = ?", (rec["uid"],))
         if here and here[0]["persona_id"] != rec.get("persona_id"):
             raise ImportFileError(line, f"{rec['kind']} {rec['uid']} is of another persona in this file")
-        if here and here[0]["stamp"] >= rec[stamp_key] and rec["uid"] not in getattr(self, "_import_overwrite", ()):
+        if here and here[0]["stamp"] >= rec[stamp_key] and rec["uid"] not in overwrite:
             return "kept", here[0]["id"]
         gone = self.value("select deleted_at from tombstones where uid = ?", (rec["uid"],))
         if gone is not None and gone >= rec[stamp_key]:
@@ -7027,7 +7147,8 @@ class Portable:
         except (apsw.ConstraintError, apsw.MismatchError, TypeError, apsw.BindingsError) as e:
             raise ImportFileError(line, f"{table} refuses it ({e})") from None
 
-    def _import_memories(self, recs, report: dict, ids: dict, claim, status: str = "atoms_done") -> list[Prepared]:
+    def _import_memories(self, recs, report: dict, ids: dict, claim, status: str = "atoms_done",
+                         overwrite=frozenset()) -> list[Prepared]:
         """Write the memory records (oldest first, so ids follow time) as documents rows with their
         FTS text, each with a journal row at `status` (atoms_done: the pipeline's graph stages;
         docs_done: atoms too); then merged_into, and superseded_by of the memories written (a
@@ -7036,7 +7157,7 @@ class Portable:
         c, preps, state = self.conn, [], "pending" if self.embedder.provider != "none" else "none"
         written = []
         for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
-            verdict, doc_id = self._import_verdict("documents", r, n)
+            verdict, doc_id = self._import_verdict("documents", r, n, overwrite)
             p = self.prepare(r["content"], {k: r[k] for k in ("summary", "topics", "key_facts", "participants",
                              "tags", "sentiment", "source", "importance", "session_id", "persona_id", "pinned")}
                              | {"timestamp": r["created_at"]}, f"line {n}: ")
@@ -7082,12 +7203,12 @@ class Portable:
                        ids[("documents", r["uid"])]))
         return preps
 
-    def _import_atoms(self, recs, report: dict, ids: dict) -> None:
+    def _import_atoms(self, recs, report: dict, ids: dict, overwrite=frozenset()) -> None:
         """Upsert the atom records with their sources, FTS text and supersession. In tx."""
         c = self.conn
         for n, r in recs:
             doc_id = self._uid_id("documents", r["document"], ids, r["persona_id"])
-            verdict, atom_id = self._import_verdict("memory_atoms", r, n)
+            verdict, atom_id = self._import_verdict("memory_atoms", r, n, overwrite)
             if doc_id is None or verdict in ("kept", "skipped"):
                 report["skipped" if doc_id is None else verdict] += 1
                 continue
@@ -7108,11 +7229,11 @@ class Portable:
                 c.execute("update memory_atoms set superseded_by = ? where id = ?",
                           (self._uid_id("memory_atoms", r["superseded_by"], ids, r["persona_id"]), atom_id))
 
-    def _import_kg(self, entities, triples, report: dict, ids: dict) -> None:
+    def _import_kg(self, entities, triples, report: dict, ids: dict, overwrite=frozenset()) -> None:
         """Upsert the entities (one already here under another uid, same persona and canonical name,
         is that entity) and the facts between them. In tx."""
         for n, r in entities:
-            verdict, eid = self._import_verdict("kg_entities", r, n)
+            verdict, eid = self._import_verdict("kg_entities", r, n, overwrite)
             same = self.value("select id from kg_entities where persona_id = ? and canonical = ? and uid != ?",
                               (r["persona_id"], r["canonical"], r["uid"]))
             if same is not None and eid is None:
@@ -7125,7 +7246,7 @@ class Portable:
             report["entity"][verdict] += 1
         for n, r in triples:
             sid, oid = (self._uid_id("kg_entities", r[k], ids, r["persona_id"]) for k in ("subject", "object"))
-            verdict, tid = self._import_verdict("kg_triples", r, n)
+            verdict, tid = self._import_verdict("kg_triples", r, n, overwrite)
             if sid is None or oid is None or verdict in ("kept", "skipped"):
                 report["triple"]["skipped" if sid is None or oid is None else verdict] += 1
                 continue
@@ -7136,14 +7257,15 @@ class Portable:
             self._briefing_stale(r["persona_id"])
             report["triple"][verdict] += 1
 
-    def _import_conversations(self, sessions, turns, report: dict, ids: dict) -> None:
+    def _import_conversations(self, sessions, turns, report: dict, ids: dict,
+                              overwrite=frozenset()) -> None:
         """Upsert the sessions (one already here under another uid, same persona, client and session
         id, is that session: its summary columns are refreshed) and insert the turns not here yet,
         with their FTS text; their vectors are back-filled. In tx."""
         c, merged = self.conn, set()
         state = "none" if self.embedder.provider == "none" else "pending"
         for n, r in sessions:
-            verdict, ref = self._import_verdict("conv_sessions", r, n)
+            verdict, ref = self._import_verdict("conv_sessions", r, n, overwrite)
             same = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ? "
                               "and uid != ?", (r["persona_id"], r["source"], r["session_id"], r["uid"]))
             if same is not None and ref is None:
@@ -7264,16 +7386,6 @@ create table records(kind text, uid text, stamp text, hash text, body text, prim
 class SyncFileError(Exception):
     """A changeset file that cannot be applied now (truncated, damaged, foreign, newer): skipped with
     this reason, not marked applied, tried again at the next sync."""
-
-
-ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
-
-
-def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
-    """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
-    of the three, so every device that derives it gives it the same uid (and an edit that keeps a
-    fact keeps its atom's uid)."""
-    return str(uuid.uuid5(ATOM_UID_NAMESPACE, "\x1f".join((persona_id, document_uid, content.strip()))))
 
 
 def sync_hash(rec: dict) -> str:
@@ -8345,15 +8457,6 @@ def progress_text(p: dict) -> str:
     return out
 
 
-def duration_text(seconds: float) -> str:
-    """`seconds` as a short duration: 45 s, 12 min, 3.5 h."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 #: What a hook runs: aokun imported from its folder (the argument after the code), not run as a
 #: script: Python caches an imported module's bytecode, while a script is compiled on every start
 #: (~0.1 s, paid on each answer). No quotes inside, so every shell passes it as it is.
@@ -8448,22 +8551,6 @@ def write_with_backup(path: Path, text: str) -> Path | None:
     return backup
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so a reader sees the old file or the whole new one: a temporary file
-    `<name>.tmp` beside it, flushed to disk, then renamed over it. A failure (a full disk) removes
-    the temporary file and raises the OSError."""
-    tmp = path.with_name(f"{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-
-
 def install_codex_notify(path: Path, value: list[str]) -> str:
     """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the top,
     where a key is top-level whatever tables follow, and the result is parsed back to check it. Returns
@@ -8526,6 +8613,19 @@ def hook_session_files(client: str, payload: dict) -> list[Path]:
 
 # The memory engine: the sections composed ########################################################
 
+#: The data upgrades, the second half of the migration ladder: after migrate() has applied the
+#: schema/NNNN steps, Memory._upgrade_data runs each step above meta data_version once, in order,
+#: and records its number there. (number, the step, what it upgrades); a step returns False when
+#: it cannot run yet (it is tried at the next open and the later steps wait). Files upgraded before
+#: this ladder carry each step's own meta flag instead, which the step reads: it does nothing.
+DATA_STEPS = (
+    (1, Vectors._upgrade_vector_index, "float vectors in vec0 (schema < 6) to the binary index"),
+    (2, Vectors._compact_vectors, "float32 vectors (schema < 11) to int8: meta vector_format"),
+    (3, Layers._upgrade_graph_entries, "graph entries to layout 2: meta graph_layout"),
+    (4, Layers._requeue_refused_context, "refused texts out of neighbours' vectors: meta refused_context"),
+)
+
+
 class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting, Maintenance,
              Summarizer, Conversations, ConversationSearch, Portable, Sync):
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
@@ -8534,8 +8634,10 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     Threads:
     - callers: any thread (the MCP SDK runs each tool call in a worker thread; the CLI one thread);
     - `aokun-touch`: one worker, started on the first recall, records access (Recall._touch);
+    - `aokun-refresh`: one worker, started on first use, re-embeds the memories whose session
+      context a write changed (Layers._refresh_stale); close() waits for it;
     - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
-      own query-only connection (Recall._reader_rows);
+      own query-only connection (Recall.reader_rows);
     - the server's `aokun-background` thread (see _background) calls the public methods like a caller.
     - the server's `aokun-watch` thread and its `aokun-watch-backlog` (Watcher.run) do too.
 
@@ -8547,6 +8649,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
       roll back with the rest of the write.
     - `self._readers_lock` guards the list of reader connections and the channel pool. Channel
       workers take it, never `self.lock`: the caller waiting for them may hold `self.lock`.
+    - `self._refresh_lock` guards the refresh worker's start (one per Memory).
     - `self._calls` (a Condition) counts the tool calls in flight (foreground()); the watcher's
       back-log waits on it between its steps (yield_to_foreground), never holding `self.lock`.
     - Segmenter, LocalEmbedder and CachedEmbedder have their own locks (lazy model load, LRU cache).
@@ -8557,46 +8660,105 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
 
     def __init__(self, path: Path | str, cfg: Config | None = None, embedder: Embedder | None = None,
                  recover: bool = True):
-        self.cfg = cfg or load_config()
-        self.path = Path(path)
-        self.lock = threading.RLock()
+        """Open (create, migrate, upgrade) the file: every attribute any section uses is set here."""
+        # Store: the file and its connection
+        self.cfg = cfg or load_config()  # the settings
+        self.path = Path(path)  # the database file
+        self.lock = threading.RLock()  # guards conn and what changes with it (see Locks above)
         new = not self.path.exists()
         self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
                             self.backup_dir(), create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent,
-                            rank=bool(self.cfg.storage.rank_extension))
+                            rank=bool(self.cfg.storage.rank_extension))  # the one read-write connection
         if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
             print(f"aokun: created a new database {self.path}", file=sys.stderr, flush=True)
-        self.queries = load_queries()
-        if self.conn.aokun_rank:  # the recall channels' readers load it too (_reader_rows)
+        self.queries = load_queries()  # the named queries of sql/*.sql
+        if self.conn.aokun_rank:  # the recall channels' readers load it too (reader_rows)
             self.queries = ranked_queries(self.queries)
+        self.epoch = 0  # commits through tx(): what the recall cache keys on (Store owns it)
+        # text and rules (Layers, Journal, Recall read them)
         t = self.cfg.text
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
-                             self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)
+                             self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)  # tokens
         if self.cfg.recall.fusion not in ("score", "rrf"):
             raise AokunError(f"[recall] fusion = {self.cfg.recall.fusion!r} is not one of score, rrf")
-        self.rules = Rules(self.cfg)
-        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)
-        self.epoch = 0
-        self.vector_problem: str | None = None
-        self._recall_cache: dict = {}
-        self._toucher: ThreadPoolExecutor | None = None
+        self.rules = Rules(self.cfg)  # atom rules, aliases, intents, time words, event dates
+        # Vectors
+        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)  # the provider
+        self.vector_problem: str | None = None  # why vectors are not used now (Vectors owns it)
+        self.last_embedding_error: str | None = None  # the provider's last transient failure
+        self._refresher: ThreadPoolExecutor | None = None  # _refresh_stale's worker, started on use
+        self._refresh_lock = threading.Lock()  # guards _refresher
+        self.conn_closed = False  # set by close(): a refresh still queued then does nothing
+        # Recall
+        self._recall_cache: dict = {}  # key -> (stamp, _cache_state, answer), least recent first
+        self._toucher: ThreadPoolExecutor | None = None  # the aokun-touch worker (Recall._touch)
         self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Recall._hamming_bound
-        self._pool_skips: dict[tuple, int] = {}  # Recall._channel_query: recalls left without the FTS pool
-        self._channel_pool: ThreadPoolExecutor | None = None
-        self._readers: list[apsw.Connection] = []
-        self._readers_lock = threading.Lock()
-        self._local = threading.local()
+        self._pool_skips: dict[tuple, int] = {}  # Recall._channel_query: recalls left without the pool
+        self._channel_pool: ThreadPoolExecutor | None = None  # aokun-recall-* channel workers
+        self._readers: list[apsw.Connection] = []  # the channel workers' query-only connections
+        self._readers_lock = threading.Lock()  # guards _readers and _channel_pool, never self.lock
+        self._local = threading.local()  # each channel worker's own reader (Recall.reader_rows)
         self._calls = threading.Condition()  # foreground(): the tool calls in flight
-        self._calls_in_flight = 0
+        self._calls_in_flight = 0  # how many (foreground), guarded by _calls
+        # Conversations
         self.watch_state: dict | None = None  # this process's Watcher's progress (Watcher.publish)
-        self._upgrade_vector_index()
-        self._compact_vectors()
-        self._upgrade_graph_entries()
+        self._ingest_rules: dict[str, IngestRules] = {}  # source -> its rules (ingest_rules)
+        self.last_maintenance: str | None = None  # the server's last maintenance run (_background)
+        # Journal
+        self._secret_patterns: tuple | None = None  # [write] secrets compiled (secret_patterns)
+        self.last_recovery: dict = {}  # what recover() did when the file was opened
         self._check_embedding_meta()
-        self._requeue_refused_context()
-        self.last_recovery: dict = {}
+        self._upgrade_data()
         if recover:
             self.last_recovery = self.recover()
+
+    def _upgrade_data(self) -> None:
+        """Run the data steps (DATA_STEPS) above meta data_version, in order, each once: its number
+        is recorded when it is done. One that cannot run yet (False) stops the ladder there."""
+        done = int(self.meta_get("data_version", 0))
+        for number, step, _what in DATA_STEPS:
+            if number <= done:
+                continue
+            if step(self) is False:
+                return
+            with self.tx():
+                if int(self.meta_get("data_version", 0)) < number:  # another process may be ahead
+                    self._meta_set("data_version", number)
+
+    def _rebuild_turn_vectors(self, stored: tuple, progress) -> int | None:
+        """Maintenance.rebuild(vectors=True)'s step for the ingested conversations' turns (hooks):
+        their vectors are made again (reset first when `stored`, the (model, dim) of the vectors
+        before, is not the embedder's). None when no turn is stored."""
+        if not self.value("select 1 from conv_turns limit 1"):
+            return None
+        if stored != (self.embedder.model, str(self.embedder.dim)):
+            with self.tx():  # another model: the old turn vectors no longer compare
+                self._reset_turn_vectors()
+        return self.backfill_turn_vectors(progress=progress)
+
+    #: the later sections' parts of earlier ones' work (functions: no Memory -> method -> Memory cycle)
+    hooks = Hooks(conversation_hits=ConversationSearch._conversation_hits,
+                  briefing_lines=ConversationSearch._session_digest_lines,
+                  counts=ConversationSearch._conversation_counts,
+                  problems=ConversationSearch._conversation_problems,
+                  rebuild_vectors=_rebuild_turn_vectors, prune=ConversationSearch.prune_conversations,
+                  watch=ConversationSearch.watch_progress)
+
+    def close(self):
+        """Wait for the access bookkeeping (Recall) and the vector refresh (Layers), stop the
+        worker threads, close the reader connections, then PRAGMA optimize and close the main
+        connection (Store): each section's own teardown, in that order."""
+        self.wait_background()
+        self.wait_refresh()
+        self._stop_refresher()
+        self._stop_recall_workers()
+        self._close_connection()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 # MCP server: instructions and response models ####################################################
@@ -9100,19 +9262,21 @@ def _meta(metadata) -> dict:
 #: The CLI commands that messages name, and the MCP tool that does the same for an MCP client.
 #: list_memories is not among DEFAULT_TOOLS, so that hint names recall first; the kg hints only reach
 #: a client that called a kg tool.
-CLI_TO_TOOL = {"`python aokun.py list`": "`recall` (or `list_memories`, if exposed)",
-               "`python aokun.py show ID`": "`get_memory`",
-               "`python aokun.py kg query ENTITY`": "`kg_query`",
-               "`python aokun.py kg timeline ENTITY`": "`kg_timeline`", "`python aokun.py kg add`": "`kg_add`",
-               "`python aokun.py conversations list`": "`conversation_search` (each hit names its session)"}
+#: The MCP tool that does what a hint's CLI command does (AokunError.hints)
+HINT_TOOLS = {"list": "`recall` (or `list_memories`, if exposed)", "show ID": "`get_memory`",
+              "kg query ENTITY": "`kg_query`", "kg timeline ENTITY": "`kg_timeline`", "kg add": "`kg_add`",
+              "conversations list": "`conversation_search` (each hit names its session)"}
 
 
-def for_mcp(message: str) -> str:
-    """An AokunError message as an MCP client reads it: a CLI command that has an MCP tool
-    (CLI_TO_TOOL) named as that tool; commands without one (rebuild) stay as they are."""
-    for command, tool in CLI_TO_TOOL.items():
-        message = message.replace(command, tool)
-    return message
+def mcp_hint(command: str, options: dict) -> str:
+    """A hint as an MCP client reads it: the tool that does it (HINT_TOOLS); a command without
+    one (rebuild) stays the command line."""
+    return HINT_TOOLS.get(command) or command_line(command, options)
+
+
+def for_mcp(error: AokunError) -> str:
+    """An AokunError's message as an MCP client reads it: its hints named as tools (mcp_hint)."""
+    return error.render(mcp_hint)
 
 
 def _on_memory(ctx, fn):
@@ -9126,7 +9290,7 @@ def _on_memory(ctx, fn):
         with memory.foreground():  # the watcher's back-log waits meanwhile
             return fn(memory)
     except AokunError as e:
-        raise ToolError(for_mcp(str(e))) from None
+        raise ToolError(for_mcp(e)) from None
 
 
 # Tool families. Each tool is a sync function (the SDK runs it in a worker thread; the Memory
@@ -9607,7 +9771,7 @@ def _add_resources(server, memory) -> None:
         try:
             return compact_json(rounded(memory().get(id, persona_id)))
         except NotFound as e:
-            raise ResourceNotFoundError(for_mcp(str(e))) from None
+            raise ResourceNotFoundError(for_mcp(e)) from None
 
 
 #: MCP log levels (RFC 5424 names, as logging/setLevel takes them) -> the Python level from which a
@@ -9736,7 +9900,7 @@ def _add_completions(server, memory) -> None:
             values, total = await anyio.to_thread.run_sync(
                 lambda: memory().completions(kind, argument.value, persona or None))
         except AokunError as e:
-            raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
+            raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
         return Completion(values=values, total=total, has_more=total > len(values))
 
 
@@ -9759,7 +9923,7 @@ def _add_prompts(server, memory) -> None:
         try:
             return fn(memory())
         except AokunError as e:
-            raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
+            raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
 
     @server.prompt("session_briefing", title="Session briefing",
                    description="What Aokun remembers for the start of a session: pinned and important "
@@ -9811,9 +9975,9 @@ def _add_entity_resources(server, memory) -> None:
         try:
             return compact_json(rounded(fn(memory())))
         except NotFound as e:
-            raise ResourceNotFoundError(for_mcp(str(e))) from None
+            raise ResourceNotFoundError(for_mcp(e)) from None
         except AokunError as e:
-            raise MCPError(INVALID_PARAMS, for_mcp(str(e))) from None
+            raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
 
     @server.resource(MCP_TEMPLATES[1], mime_type="application/json")
     def entity_resource(name: str, persona_id: str | None = None) -> str:
@@ -11015,15 +11179,15 @@ def health(mem: "Memory") -> dict:
     left; null with [conversations] watch off), uptime_seconds, version}. ok is false when the
     database does not answer or vector search is off for a reason other than [embedding] provider
     = none (vector_problem: a model mismatch, a provider that failed to load). Read on the calling
-    thread's query-only connection (Recall._reader_rows), never the main one: a supervisor's probe
+    thread's query-only connection (Recall.reader_rows), never the main one: a supervisor's probe
     must not wait for the Memory lock that long background work holds (the daily backup's VACUUM
     INTO, a maintenance transaction, a back-fill batch)."""
     meta: dict = {}
     try:
         def one(sql: str):
-            return next(iter(mem._reader_rows(sql, ())[0].values()))
+            return next(iter(mem.reader_rows(sql, ())[0].values()))
         schema, pending = one("pragma user_version"), one(mem.queries["pending_vectors"])
-        meta = {r["key"]: r["value"] for r in mem._reader_rows(
+        meta = {r["key"]: r["value"] for r in mem.reader_rows(
             "select key, value from meta where key in ('decay_last_run', 'lifecycle_last_run', 'backup_last', "
             "'sync_last')", ())}
         db_ok = True
@@ -11192,7 +11356,7 @@ def _one_line_errors():
         error = _user_error(e)
         if error is None:
             raise
-        raise click.ClickException(str(error)) from None
+        raise click.ClickException(error.render(command_line)) from None
 
 
 class AokunGroup(click.Group):
@@ -11388,7 +11552,7 @@ def cli(ctx, db, config_path):
 
 # CLI: memories ###################################################################################
 
-@cli.command()
+@cli.command("memorize")
 @click.argument("text", required=False)
 @click.option("--file", "file_path", metavar="PATH", help="Read the text from this UTF-8 file (- : standard input).")
 @metadata_options
@@ -11396,7 +11560,7 @@ def cli(ctx, db, config_path):
               help="A memory this one replaces: archived, linked to the new one (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole write result as JSON.")
 @click.pass_obj
-def memorize(state, text, file_path, summary, topic, fact, participant, tag, importance, session, persona, source,
+def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag, importance, session, persona, source,
              timestamp, supersedes, as_json):
     """Store a memory and print its id. TEXT `-` reads the text from standard input (UTF-8), for
     long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To store
@@ -11419,12 +11583,12 @@ def memorize(state, text, file_path, summary, topic, fact, participant, tag, imp
 PERSONA_OF_ID_HELP = "Persona the memory belongs to (default: the default persona)."
 
 
-@cli.command()
+@cli.command("show")
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def show(state, memory_id, persona, as_json):
+def cli_show(state, memory_id, persona, as_json):
     """Show one memory with its atoms and graph entries.
 
     Example:
@@ -11455,7 +11619,7 @@ def show(state, memory_id, persona, as_json):
 @click.option("--include-archived", is_flag=True, help="Show archived memories too.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def list_cmd(state, limit, offset, persona, all_personas, session, include_archived, as_json):
+def cli_list(state, limit, offset, persona, all_personas, session, include_archived, as_json):
     """List the memories of one persona (--persona, default the default persona, as every other
     command), newest first; --all-personas lists every persona's, each row with its persona.
 
@@ -11476,14 +11640,14 @@ def list_cmd(state, limit, offset, persona, all_personas, session, include_archi
         click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} {who}{text[:LINE_PREVIEW_CHARS]}")
 
 
-@cli.command()
+@cli.command("edit")
 @click.argument("memory_id", type=int)
 @click.option("--text", help="New content (- : read it from standard input).")
 @click.option("--file", "file_path", metavar="PATH", help="Read the new content from this UTF-8 file.")
 @metadata_options
 @click.option("--json", "as_json", is_flag=True, help="Print the write result as JSON.")
 @click.pass_obj
-def edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance, session, persona,
+def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance, session, persona,
          source, timestamp, as_json):
     """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona names
     the persona the memory belongs to (a persona cannot change).
@@ -11526,13 +11690,13 @@ _flag_command("unarchive", "archived", False, "Bring an archived memory back int
               "Example:\n\n    python aokun.py unarchive 12")
 
 
-@cli.command()
+@cli.command("delete")
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
 @click.option("--purge", is_flag=True, help="Also leave no trace of it in the file and its WAL: rebuild the "
               "briefing, merge the FTS indexes, VACUUM and checkpoint (seconds on a large file).")
 @click.pass_obj
-def delete(state, memory_id, persona, purge):
+def cli_delete(state, memory_id, persona, purge):
     """Delete a memory from every table and index (a tombstone with its uid and time is kept).
 
     What remains: its freed bytes are zeroed (secure_delete), but its words stay in older FTS index
@@ -11544,7 +11708,10 @@ def delete(state, memory_id, persona, purge):
 
         python aokun.py delete 12 --purge
     """
-    out = state.memory().delete(memory_id, persona, purge=purge)
+    mem = state.memory()
+    out = mem.delete(memory_id, persona)
+    if purge:
+        out["purged"] = mem.purge(persona)
     click.echo(f"deleted {memory_id}")
     if purge:
         p = out["purged"]
@@ -11557,7 +11724,7 @@ def delete(state, memory_id, persona, purge):
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
 @click.pass_obj
-def restore_memory_cmd(state, memory_id, persona):
+def cli_restore_memory(state, memory_id, persona):
     """Unarchive a memory, or undo the consolidation whose survivor it is.
 
     Example:
@@ -11568,12 +11735,12 @@ def restore_memory_cmd(state, memory_id, persona):
     click.echo(f"restored {', '.join(map(str, out['restored'])) or 'nothing (it was not archived)'}")
 
 
-@cli.command()
+@cli.command("summarize")
 @click.argument("file", type=click.File("r", encoding="utf-8"), default="-")
 @click.option("--persona", help="Persona.")
 @click.option("--session", help="Session id.")
 @click.pass_obj
-def summarize(state, file, persona, session):
+def cli_summarize(state, file, persona, session):
     """Distil a conversation (text, or a JSON list of {role, content}) into one memory with the
     [llm] chat model, and store it.
 
@@ -11594,7 +11761,7 @@ def summarize(state, file, persona, session):
 
 # CLI: recall, atoms, context and the knowledge graph #############################################
 
-@cli.command()
+@cli.command("recall")
 @click.argument("query")
 @click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many memories.")
 @click.option("--session", help="Only this session.")
@@ -11605,7 +11772,7 @@ def summarize(state, file, persona, session):
 @click.option("--as-of", help="Answer as the memory stood at this ISO-8601 time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
 @click.pass_obj
-def recall(state, query, k, session, persona, include_archived, explain, channels, as_of, as_json):
+def cli_recall(state, query, k, session, persona, include_archived, explain, channels, as_of, as_json):
     """Search memories by meaning, keywords and relations.
 
     Example:
@@ -11638,13 +11805,13 @@ def recall(state, query, k, session, persona, include_archived, explain, channel
                    "`python aokun.py show ID` prints one whole", err=True)
 
 
-@cli.command()
+@cli.command("feedback")
 @click.argument("memory_ids", nargs=-1, required=True, type=click.IntRange(1), metavar="ID...")
 @click.option("--not-useful", is_flag=True, help="They were wrong or beside the point: lower their importance.")
 @click.option("--persona", help="Persona the memories belong to.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
-def feedback(state, memory_ids, not_useful, persona, as_json):
+def cli_feedback(state, memory_ids, not_useful, persona, as_json):
     """Say which recalled memories an answer used: they rank higher (frequency term, importance)
     and their atoms last longer. Being returned by recall alone earns no rank.
 
@@ -11660,13 +11827,13 @@ def feedback(state, memory_ids, not_useful, persona, as_json):
                    f"useful x{r['useful_count']:g}  atoms reinforced {r['atoms_reinforced']}")
 
 
-@cli.command()
+@cli.command("atoms")
 @click.argument("query")
 @click.option("-k", "k", default=ATOMS_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many atoms.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def atoms(state, query, k, persona, as_json):
+def cli_atoms(state, query, k, persona, as_json):
     """Search single facts (memory atoms) that are still within their shelf life.
 
     Example:
@@ -11681,14 +11848,14 @@ def atoms(state, query, k, persona, as_json):
                    f"  (memory {a['document_id']})")
 
 
-@cli.command()
+@cli.command("context")
 @click.argument("topic", required=False)
 @click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat", show_default=True)
 @click.option("--max-tokens", type=click.IntRange(CONTEXT_TOKENS_MIN), help="Token budget override.")
 @click.option("--persona", help="Persona.")
 @click.option("--refresh", is_flag=True, help="Rebuild the briefing first.")
 @click.pass_obj
-def context(state, topic, mode, max_tokens, persona, refresh):
+def cli_context(state, topic, mode, max_tokens, persona, refresh):
     """Print memory for a prompt within a token budget: the session briefing, or memories and facts
     about TOPIC.
 
@@ -11706,8 +11873,8 @@ def context(state, topic, mode, max_tokens, persona, refresh):
     click.echo(f"({out['tokens']} of {out['budget']} tokens, {out['source']}{built})", err=True)
 
 
-@cli.group()
-def kg():
+@cli.group("kg")
+def cli_kg():
     """Temporal knowledge-graph facts: subject —predicate→ object with validity windows.
 
     Example:
@@ -11724,7 +11891,7 @@ def _print_facts(facts: list[dict]) -> None:
                    f"  [{f['valid_from'][:DATE_CHARS]} .. {until}]")
 
 
-@kg.command("add")
+@cli_kg.command("add")
 @click.argument("subject")
 @click.argument("predicate")
 @click.argument("object_")
@@ -11734,7 +11901,7 @@ def _print_facts(facts: list[dict]) -> None:
 @click.option("--source-memory", type=int, help="Id of the memory this fact came from.")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def kg_add_cmd(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona):
+def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona):
     """Record a fact; a single-valued predicate closes the previous value.
 
     Example:
@@ -11747,14 +11914,14 @@ def kg_add_cmd(state, subject, predicate, object_, valid_from, valid_to, confide
         click.echo(f"closed: {', '.join(map(str, f['closed']))}")
 
 
-@kg.command("query")
+@cli_kg.command("query")
 @click.argument("entity")
 @click.option("--as-of", help="ISO-8601 instant (default now).")
 @click.option("--predicate", help="Only this predicate.")
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def kg_query_cmd(state, entity, as_of, predicate, persona, as_json):
+def cli_kg_query(state, entity, as_of, predicate, persona, as_json):
     """Facts about ENTITY valid now or at --as-of.
 
     Example:
@@ -11765,12 +11932,12 @@ def kg_query_cmd(state, entity, as_of, predicate, persona, as_json):
     _echo_json(out) if as_json else _print_facts(out["facts"])
 
 
-@kg.command("invalidate")
+@cli_kg.command("invalidate")
 @click.argument("fact_id", type=int)
 @click.option("--valid-to", help="ISO-8601 (default now).")
 @click.option("--persona", help="Persona the fact belongs to (default: the default persona).")
 @click.pass_obj
-def kg_invalidate_cmd(state, fact_id, valid_to, persona):
+def cli_kg_invalidate(state, fact_id, valid_to, persona):
     """End a fact (history is kept; a fact that has already ended keeps its end).
 
     Example:
@@ -11782,11 +11949,11 @@ def kg_invalidate_cmd(state, fact_id, valid_to, persona):
     click.echo(f["note"], err=True)
 
 
-@kg.command("delete")
+@cli_kg.command("delete")
 @click.argument("entity")
 @click.option("--persona", help="Persona the entity belongs to (default: the default persona).")
 @click.pass_obj
-def kg_delete_cmd(state, entity, persona):
+def cli_kg_delete(state, entity, persona):
     """Delete ENTITY and every fact about it (tombstones are kept). To end one fact, use invalidate.
 
     Example:
@@ -11797,12 +11964,12 @@ def kg_delete_cmd(state, entity, persona):
     click.echo(f"deleted {out['entity']} and {len(out['facts'])} facts")
 
 
-@kg.command("timeline")
+@cli_kg.command("timeline")
 @click.argument("entity")
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def kg_timeline_cmd(state, entity, persona, as_json):
+def cli_kg_timeline(state, entity, persona, as_json):
     """Every fact ever recorded about ENTITY, oldest first.
 
     Example:
@@ -11813,10 +11980,10 @@ def kg_timeline_cmd(state, entity, persona, as_json):
     _echo_json(out) if as_json else _print_facts(out["facts"])
 
 
-@kg.command("stats")
+@cli_kg.command("stats")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def kg_stats_cmd(state, persona):
+def cli_kg_stats(state, persona):
     """Entity and fact counts.
 
     Example:
@@ -11828,10 +11995,10 @@ def kg_stats_cmd(state, persona):
 
 # CLI: maintenance and the server #################################################################
 
-@cli.command()
+@cli.command("stats")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def stats(state, as_json):
+def cli_stats(state, as_json):
     """Counts for every layer and index, and the embedder's state.
 
     Example:
@@ -11859,9 +12026,9 @@ def stats(state, as_json):
         click.echo(f"{'history watch':>32}: {who}: {progress_text(w)}")
 
 
-@cli.command()
+@cli.command("doctor")
 @click.pass_obj
-def doctor(state):
+def cli_doctor(state):
     """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and graph.
     Exits 1 when anything is wrong.
 
@@ -11882,12 +12049,12 @@ def doctor(state):
     click.echo("ok")
 
 
-@cli.command()
+@cli.command("rebuild")
 @click.option("--vectors", is_flag=True, help="Drop and re-embed every vector with the configured embedder.")
 @click.option("--fts", is_flag=True, help="Re-segment every full-text row.")
 @click.option("--graph", is_flag=True, help="Re-derive atoms and graph for every memory.")
 @click.pass_obj
-def rebuild(state, vectors, fts, graph):
+def cli_rebuild(state, vectors, fts, graph):
     """Rebuild derived indexes from the stored memories.
 
     Example:
@@ -11902,9 +12069,9 @@ def rebuild(state, vectors, fts, graph):
     click.echo(json.dumps(out))
 
 
-@cli.command()
+@cli.command("vacuum")
 @click.pass_obj
-def vacuum(state):
+def cli_vacuum(state):
     """Optimise the FTS indexes, checkpoint the WAL and VACUUM the file.
 
     Example:
@@ -11915,10 +12082,10 @@ def vacuum(state):
     click.echo(f"{r['before_bytes']:,} -> {r['after_bytes']:,} bytes")
 
 
-@cli.command()
+@cli.command("backup")
 @click.argument("dest", required=False, type=click.Path(dir_okay=False))
 @click.pass_obj
-def backup(state, dest):
+def cli_backup(state, dest):
     """Write a consistent copy of the database (online backup API: servers keep writing).
     Without DEST it goes to [backup] dir as <name>-manual-<time>.db.
 
@@ -11933,11 +12100,11 @@ def backup(state, dest):
     click.echo(f"{r['backup']} ({r['bytes']:,} bytes)")
 
 
-@cli.command()
+@cli.command("restore")
 @click.argument("src", type=click.Path(exists=True, dir_okay=False))
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
-def restore(state, src, yes):
+def cli_restore(state, src, yes):
     """Replace the database's content with backup SRC. SRC must pass integrity_check and not come
     from a newer Aokun; the current content is saved beside the database first (the safety copy,
     taken under the same write lock as the overwrite: every write acknowledged before the restore is
@@ -11968,7 +12135,7 @@ def restore(state, src, yes):
         click.echo("no memory was written or changed after the backup")
 
 
-@cli.command()
+@cli.command("export")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="jsonl", show_default=True,
               help="jsonl: lossless, for import; markdown: one note per memory (Obsidian).")
 @click.option("--persona", help="Only this persona (default: every persona; tombstones only then).")
@@ -11976,7 +12143,7 @@ def restore(state, src, yes):
 @click.option("--out", "out_path", metavar="PATH",
               help="The JSONL file (default: standard output), or the folder of the Markdown notes (required).")
 @click.pass_obj
-def export(state, fmt, persona, since, out_path):
+def cli_export(state, fmt, persona, since, out_path):
     """Export the memory without lock-in. JSONL (one JSON object a line, a `kind` each, a header line
     with the schema version first) holds memories with all their metadata, atom states, knowledge-graph
     facts with validity, ingested conversations, consolidations and tombstones: `import` restores it into
@@ -12018,7 +12185,7 @@ def export(state, fmt, persona, since, out_path):
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
 @click.pass_obj
-def import_cmd(state, file, as_json):
+def cli_import(state, file, as_json):
     """Import a JSONL export into this database, empty or not: uids decide (a record here with the same
     or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors are
     re-derived. A bad line is one error naming it, before anything is written.
@@ -12049,7 +12216,7 @@ def import_cmd(state, file, as_json):
 @click.option("--persona", help="With --conflicts: only this persona's (default: every persona's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
-def sync_cmd(state, folder, conflicts, persona, as_json):
+def cli_sync(state, folder, conflicts, persona, as_json):
     """Sync with your other devices through DIR, a folder they share already (Syncthing, Dropbox,
     iCloud, a USB stick, a git work tree; default [sync] dir). Writes this file's changes since its
     last sync as one changeset file `<device>-<number>.changeset` and merges the other devices' files;
@@ -12105,13 +12272,13 @@ def _print_changes(out: dict) -> None:
         click.echo(f"atom       {c['id']:>6}: {c['old']} -> {c['new']}")
 
 
-@cli.command()
+@cli.command("decay")
 @click.option("--dry-run", is_flag=True, help="List what would change; change nothing.")
 @click.option("--days", type=click.IntRange(0, DECAY_DAYS_MAX),
               help="Run this many days of decay now (default: the days due).")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def decay(state, dry_run, days, as_json):
+def cli_decay(state, dry_run, days, as_json):
     """Daily importance decay (and auto-archival when enabled), catching up missed days.
 
     Example:
@@ -12126,11 +12293,11 @@ def decay(state, dry_run, days, as_json):
                f"{len(out['importance'])} importance change(s), {len(out['archived'])} archived")
 
 
-@cli.command()
+@cli.command("lifecycle")
 @click.option("--dry-run", is_flag=True, help="List what would change; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def lifecycle(state, dry_run, as_json):
+def cli_lifecycle(state, dry_run, as_json):
     """Atom lifecycle sweep: expired, forgotten (+7 d), purged (+30 d), dormant.
 
     Example:
@@ -12144,11 +12311,11 @@ def lifecycle(state, dry_run, as_json):
     click.echo(f"{len(out['atoms'])} atom state change(s){' (dry run)' if dry_run else ''}")
 
 
-@cli.command()
+@cli.command("consolidate")
 @click.option("--apply", is_flag=True, help="Merge the clusters (default: only list them).")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def consolidate(state, apply, persona):
+def cli_consolidate(state, apply, persona):
     """Find near-duplicate memories; --apply merges each cluster (undo: restore-memory SURVIVOR).
 
     Example:
@@ -12163,12 +12330,12 @@ def consolidate(state, apply, persona):
     click.echo(f"{len(out['clusters'])} cluster(s)")
 
 
-@cli.command()
+@cli.command("serve")
 @click.option("--http", "use_http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
 @click.option("--host", help="HTTP host (default [server] host, 127.0.0.1).")
 @click.option("--port", type=click.IntRange(1, 65535), help="HTTP port (default [server] port, 5123).")
 @click.pass_obj
-def serve(state, use_http, host, port):
+def cli_serve(state, use_http, host, port):
     """Run the MCP server: stdio (what MCP clients launch) or --http. Any --host but loopback needs
     [server] token (or the variable [server] token_env names, $AOKUN_TOKEN).
 
@@ -12231,8 +12398,8 @@ async def _announce_when_started(web, panel: "Panel", host: str, port: int) -> N
     panel.state.announce(host, port, "/panel")
 
 
-@cli.group()
-def service():
+@cli.group("service")
+def cli_service():
     """Run `serve --http` under the OS's own supervisor: a systemd user unit (Linux), a launchd agent
     (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
 
@@ -12245,7 +12412,7 @@ def service():
 
 
 def _service_command(action: str, doc: str):
-    @service.command(action, help=doc)
+    @cli_service.command(action, help=doc)
     @click.option("--port", type=click.IntRange(1, 65535), help="The HTTP port (default: [server] port).")
     @click.option("--dry-run", is_flag=True, help="Print what would be written and run; change nothing.")
     @click.option("--platform", "platform", type=click.Choice(["linux", "macos", "windows"]),
@@ -12345,13 +12512,13 @@ def _open_browser_when_listening(host: str, port: int, url: str, timeout: float 
         time.sleep(0.1)
 
 
-@cli.command()
+@cli.command("panel")
 @click.option("--port", type=click.IntRange(1, 65535), default=PANEL_PORT, show_default=True, help="Port on 127.0.0.1.")
 @click.option("--no-browser", is_flag=True, help="Only print the link; do not open a browser.")
 @click.option("--link", "new_link", is_flag=True,
               help="Print a new one-time login link from the running panel or serve --http.")
 @click.pass_obj
-def panel(state, port, no_browser, new_link):
+def cli_panel(state, port, no_browser, new_link):
     """The web panel: memories (search, read, edit, delete), recall explained, the knowledge graph,
     health and maintenance, and every setting. Serves on 127.0.0.1 only; the printed link logs in
     once, and the login lasts 30 days. `--link` asks the running panel (this database; --port if
@@ -12405,7 +12572,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 # CLI: conversations (ingest, list, show, search, delete) #########################################
 
-@cli.command()
+@cli.command("ingest")
 @click.argument("source", type=click.Choice(CONVERSATION_SOURCES))
 @click.argument("paths", nargs=-1, type=click.Path(), metavar="[PATH]...")
 @click.option("--persona", help="Persona the conversations belong to.")
@@ -12414,7 +12581,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 @click.option("--json", "as_json", is_flag=True,
               help="Print {sessions, turns, new, skipped, deleted, seconds} as JSON.")
 @click.pass_obj
-def ingest(state, source, paths, persona, include_deleted, as_json):
+def cli_ingest(state, source, paths, persona, include_deleted, as_json):
     """Ingest an assistant's conversation history, incrementally (a second run adds only what is new).
 
     Without PATH, the client's standard location: claude-code ~/.claude/projects/*/*.jsonl, codex
@@ -12444,8 +12611,8 @@ def ingest(state, source, paths, persona, include_deleted, as_json):
                    f"{out['new']} new, {out['skipped']} malformed lines skipped, {deleted}{out['seconds']:.1f} s")
 
 
-@cli.group()
-def conversations():
+@cli.group("conversations")
+def cli_conversations():
     """Browse and search ingested conversations (`python aokun.py ingest` stores them).
 
     Example:
@@ -12454,14 +12621,14 @@ def conversations():
     """
 
 
-@conversations.command("list")
+@cli_conversations.command("list")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
 @click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
 @click.option("--offset", default=0, type=click.IntRange(0))
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def conversations_list(state, source, limit, offset, persona, as_json):
+def cli_conversations_list(state, source, limit, offset, persona, as_json):
     """Sessions, newest first: date, source, turns, title, session id."""
     rows = state.memory().list_sessions(limit, offset, source, persona)
     if as_json:
@@ -12472,7 +12639,7 @@ def conversations_list(state, source, limit, offset, persona, as_json):
                    f"{_one_line(r['title'] or r['first_user_message'], LINE_PREVIEW_CHARS)}  [{r['session_id']}]")
 
 
-@conversations.command("show")
+@cli_conversations.command("show")
 @click.argument("session_id")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
 @click.option("--offset", default=0, type=click.IntRange(0))
@@ -12480,7 +12647,7 @@ def conversations_list(state, source, limit, offset, persona, as_json):
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def conversations_show(state, session_id, source, offset, limit, persona, as_json):
+def cli_conversations_show(state, session_id, source, offset, limit, persona, as_json):
     """One session's turns in order."""
     out = state.memory().conversation_get_session(session_id, offset, limit, persona, source)
     if as_json:
@@ -12494,7 +12661,7 @@ def conversations_show(state, session_id, source, offset, limit, persona, as_jso
         click.echo(f"… more: --offset {out['next_offset']}", err=True)
 
 
-@conversations.command("search")
+@cli_conversations.command("search")
 @click.argument("query")
 @click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many turns.")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
@@ -12504,7 +12671,7 @@ def conversations_show(state, session_id, source, offset, limit, persona, as_jso
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
 @click.pass_obj
-def conversations_search(state, query, k, source, session, since, until, persona, as_json):
+def cli_conversations_search(state, query, k, source, session, since, until, persona, as_json):
     """Search ingested conversations by meaning and keywords.
 
     Example:
@@ -12522,24 +12689,24 @@ def conversations_search(state, query, k, source, session, since, until, persona
         click.echo(w, err=True)
 
 
-@conversations.command("delete")
+@cli_conversations.command("delete")
 @click.argument("session_id")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def conversations_delete(state, session_id, source, persona):
+def cli_conversations_delete(state, session_id, source, persona):
     """Forget one ingested session and its turns (tombstones are kept)."""
     out = state.memory().delete_session(session_id, source, persona)
     click.echo(f"deleted session {out['session_id']} ({out['source']}, {out['turns']} turns)")
 
 
-@cli.command()
+@cli.command("watch")
 @click.argument("sources", nargs=-1, type=click.Choice(WATCH_SOURCES), metavar="[SOURCE]...")
 @click.option("--interval", type=click.FloatRange(min=0, min_open=True),
               help="Seconds between polls (default [conversations] watch_interval_seconds, 2).")
 @click.option("--persona", help="Persona the conversations belong to.")
 @click.pass_obj
-def watch(state, sources, interval, persona):
+def cli_watch(state, sources, interval, persona):
     """Ingest new turns as the clients write them, until Ctrl+C: claude-code, codex and copilot
     (or the SOURCEs given), from their standard locations. What is already stored is not read
     again (each file from its stored offset). `serve` does the same on a background thread
@@ -12566,13 +12733,13 @@ def watch(state, sources, interval, persona):
         click.echo("stopped", err=True)
 
 
-@cli.command()
+@cli.command("hooks")
 @click.argument("client", type=click.Choice(HOOK_CLIENTS))
 @click.option("--install", is_flag=True, help="Merge the entry into the client's settings (a backup is kept).")
 @click.option("--file", "target", type=click.Path(dir_okay=False),
               help="The settings file (default: the client's own, under your home folder).")
 @click.pass_obj
-def hooks(state, client, install, target):
+def cli_hooks(state, client, install, target):
     """Print (or --install) the hooks that make a client feed Aokun by itself: Claude Code
     (~/.claude/settings.json: SessionStart injects the briefing, Stop and SessionEnd ingest the
     session), Codex (notify in ~/.codex/config.toml: each finished turn is ingested) and Copilot CLI
@@ -12620,12 +12787,12 @@ def hooks(state, client, install, target):
     click.echo(f"{path}: {', '.join(changed)}" + (f" (backup {backup})" if backup else ""))
 
 
-@cli.command(hidden=True)
+@cli.command("hook", hidden=True)
 @click.argument("client", type=click.Choice(HOOK_CLIENTS))
 @click.argument("event")
 @click.argument("payload", required=False)
 @click.pass_obj
-def hook(state, client, event, payload):
+def cli_hook(state, client, event, payload):
     """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: as the last
     argument). Prints only what the client reads (session-start: the hookSpecificOutput JSON with the
     briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem never

@@ -424,6 +424,38 @@ def other_persona(sut, ds: Dataset) -> dict | None:
     return {"n": len(pairs), "empty": empty, "empty_rate": empty / max(1, len(pairs)), "how": split}
 
 
+def cross_language(db_dir: Path, data_dir: Path, provider: str, config) -> dict:
+    """Other persona across languages: on a copy of the LoCoMo database with MADial's memories
+    added, every MADial (Chinese) question asked of a LoCoMo persona (English memories) and every
+    LoCoMo question of the MADial persona. Another person's memories in another language: how often
+    each comes back empty ({"zh_of_en": {n, empty, empty_rate}, "en_of_zh": …})."""
+    import shutil
+
+    copy = db_dir / "cross-language.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{copy}{suffix}").unlink(missing_ok=True)
+        if Path(f"{db_dir / 'locomo.db'}{suffix}").exists():
+            shutil.copyfile(f"{db_dir / 'locomo.db'}{suffix}", f"{copy}{suffix}")
+    locomo, madial = load_locomo(data_dir), load_madial(data_dir)
+    sut = EngineSUT(copy, provider=provider, touch=False, config=config)
+    try:
+        ingest(sut, madial)
+        out = {}
+        for key, questions, personas in (
+                ("zh_of_en", madial.questions, sorted({q.persona_id for q in locomo.questions})),
+                ("en_of_zh", locomo.questions, sorted({q.persona_id for q in madial.questions}))):
+            empty = sum(not (sut.recall(q.query, RECALL_K, personas[n % len(personas)], None)
+                             .get("results") or []) for n, q in enumerate(questions))
+            out[key] = {"n": len(questions), "empty": empty, "empty_rate": empty / max(1, len(questions))}
+    finally:
+        sut.close()
+    print(f"asked of another persona in the other language (hybrid): Chinese questions of an English "
+          f"persona {out['zh_of_en']['empty']} of {out['zh_of_en']['n']} empty "
+          f"({out['zh_of_en']['empty_rate']:.1%}), English questions of the Chinese persona "
+          f"{out['en_of_zh']['empty']} of {out['en_of_zh']['n']} ({out['en_of_zh']['empty_rate']:.1%})")
+    return out
+
+
 def mean_of(values: list) -> float | None:
     """Mean of the values that are not None (None when there are none)."""
     kept = [v for v in values if v is not None]
@@ -604,12 +636,16 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
             texts = {(p, key): content for p, key, content, _ in ds.items}
             report(ds, info, results, misses, texts, others)
             summaries.append(summary_json(ds, info, results, others))
+        cross = cross_language(db_dir, data_dir, provider, config) \
+            if names == ["locomo", "madial"] and "all" in settings and not via_mcp \
+            and limit_questions is None else None
     finally:
         if tmp is not None:
             tmp.cleanup()
     if as_json:
         print(json.dumps({"system": MCPSUT.name if via_mcp else EngineSUT.name, "provider": provider,
-                          "now": now_iso, "touch": touch, "passes": passes, "datasets": summaries},
+                          "now": now_iso, "touch": touch, "passes": passes, "datasets": summaries,
+                          "cross_language": cross},
                          ensure_ascii=False, indent=2, default=str))
 
 

@@ -42,6 +42,7 @@ def _db(path):
     return sqlite3.connect(path)
 
 
+@pytest.mark.slow
 def test_memorize_prints_an_id_and_show_list_work(run):
     r = run("memorize", "Alice 喜欢冰美式", "--participant", "Alice", "--topic", "coffee", "--importance", "0.8")
     assert r.output.strip() == "1"
@@ -187,6 +188,7 @@ def test_version():
     assert r.exit_code == 0 and aokun.__version__ in r.output
 
 
+@pytest.mark.slow
 def test_config_outside_the_repo_uses_the_bundled_rules(tmp_path):
     p = tmp_path / "only-provider.ini"
     p.write_text("[embedding]\nprovider = none\n", encoding="utf-8")

@@ -10,6 +10,8 @@ import pytest
 
 from mcp_procs import AOKUN, REPO, child_env, write_ini
 
+pytestmark = pytest.mark.slow  # every test here takes 0.5 s or more
+
 
 @pytest.fixture
 def aokun_cli(tmp_path):

@@ -7,8 +7,12 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 import aokun
 from fakes import FakeEmbedder, count
+
+pytestmark = pytest.mark.slow  # every test here takes 0.5 s or more
 
 TESTS = Path(__file__).resolve().parent
 N = 200

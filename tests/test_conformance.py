@@ -11,6 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import conformance  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here takes 0.5 s or more
+
 SUITE = Path(os.environ.get("AOKUN_CONFORMANCE_DIR", "/tmp/conf"))
 
 

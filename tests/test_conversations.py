@@ -207,6 +207,7 @@ def local_conversations(tmp_path_factory, segmenter):
     m.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("query, expected", [
     ("高铁票订好了吗", "顺便问一下，我们下周三去杭州出差的高铁票订好了吗？"),
     ("why is the KNN k limited to 4096", "Why does the vec0 KNN query refuse k above 4096?"),
@@ -485,6 +486,7 @@ def test_no_field_of_memorize_edit_or_kg_add_keeps_a_secret_in_the_db_or_wal(tmp
 
 # the MCP tools and the CLI --------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_mcp_conversation_tools_are_listed_by_default_and_answer(tmp_path, segmenter):
     db = tmp_path / "m.db"
     cfg = aokun.Config(None, overrides={("backup", "dir"): str(tmp_path / "bk"), ("backup", "daily"): False})
@@ -560,6 +562,7 @@ def _cli(db, *args):
                           env={"PATH": "/usr/bin:/bin", "HOME": str(db.parent), "AOKUN_LOG_LEVEL": "WARNING"})
 
 
+@pytest.mark.slow
 def test_cli_ingest_json_summary_then_nothing_new_and_browse(tmp_path):
     db = tmp_path / "cli.db"
     (tmp_path / "aokun.ini").write_text("[embedding]\nprovider = none\n", encoding="utf-8")
@@ -632,6 +635,7 @@ def test_a_deleted_session_stays_deleted_when_a_new_file_holds_it(mem, tmp_path)
     assert mem.ingest("chatgpt", [CHATGPT])["deleted"] == 0 and len(mem.list_sessions()) == 2
 
 
+@pytest.mark.slow
 def test_cli_ingest_skips_a_deleted_session_unless_asked(tmp_path):
     db, ini = tmp_path / "cli.db", tmp_path / "aokun.ini"
     ini.write_text("[embedding]\nprovider = none\n", encoding="utf-8")

@@ -79,6 +79,7 @@ CASES = [("insert", "pending", "journal", "onetx")] + \
          ("insert", "graph_done", "uncommitted", "onetx"), ("edit", "atoms_done", "uncommitted", "onetx")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op, stage, when, mode", CASES, ids=["-".join(c) for c in CASES])
 def test_kill_at_stage_then_recover(tmp_path, op, stage, when, mode):
     db = tmp_path / "crash.db"
@@ -155,6 +156,7 @@ def _journal_row(mem, text, retries, status="pending"):
         return c.last_insert_rowid()
 
 
+@pytest.mark.slow
 def test_journal_row_past_max_retries_is_marked_failed(db_path, open_mem):
     m = open_mem(db_path)
     m.memorize("an ordinary memory")
@@ -176,6 +178,7 @@ def test_journal_row_past_max_retries_is_marked_failed(db_path, open_mem):
     assert m2.stats()["journal"] == {"done": 2, "failed": 1}
 
 
+@pytest.mark.slow
 def test_poison_journal_row_does_not_block_opening(db_path, open_mem):
     """A journal row whose stage raises at recovery must not make the database unopenable, nor stop
     the other unfinished rows: the error is recorded and the row retried, then marked failed."""
@@ -269,6 +272,7 @@ def test_owner_of_an_earlier_process_with_this_pid_is_not_alive():
     assert not aokun.owner_alive(f"{host}:{child.pid}@{token}")
 
 
+@pytest.mark.slow
 def test_earlier_start_with_this_pid_is_recovered(db_path, open_mem):
     import os
     import socket

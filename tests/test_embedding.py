@@ -156,6 +156,7 @@ def _openai_config(url):
                                           ("embedding", "max_retries"): 1, ("embedding", "timeout_seconds"): 5.0})
 
 
+@pytest.mark.slow
 def test_endpoint_down_still_stores_then_backfills(db_path, segmenter):
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
@@ -242,6 +243,7 @@ def test_reopen_with_same_embedder_has_no_problem(db_path, open_mem):
     assert m.vector_problem is None and m.doctor() == []
 
 
+@pytest.mark.slow
 def test_local_model_vectors_carry_meaning(local_mem):
     mem = local_mem
     texts = {
@@ -268,6 +270,7 @@ def test_local_model_vectors_carry_meaning(local_mem):
     assert nearest("web proxy configuration") == ids["port"]
 
 
+@pytest.mark.slow
 def test_local_model_truncates_long_text(db_path, open_mem):
     # the real tokenizer decides the cut; a 64-token window keeps the test fast (512 costs seconds)
     mem = open_mem(db_path, aokun.LocalEmbedder(max_tokens=64))
@@ -405,6 +408,7 @@ def test_backfill_goes_through_every_batch(db_path, open_mem):
     assert mem.doctor() == []
 
 
+@pytest.mark.slow
 def test_server_background_backfill_stops_when_the_server_stops(db_path, open_mem):
     """A server shutting down must not first embed every pending memory: the background thread's
     back-fill checks the stop event between batches (the lifespan waits for it up to 30 s and a
@@ -559,6 +563,7 @@ def test_rebuild_vectors_to_another_model_builds_before_dropping(db_path, open_m
         mem.close()
 
 
+@pytest.mark.slow
 def test_cli_rebuild_vectors_exits_nonzero_with_one_line(tmp_path, server, segmenter):
     import subprocess
     import sys

@@ -76,6 +76,7 @@ def test_export_import_export_is_identical(tmp_path, open_mem):
     assert dst.restore_memory(dst.value("select id from documents where content like 'Bob 修好%'"))["restored"]
 
 
+@pytest.mark.slow
 def test_import_into_a_file_with_data_lets_uids_decide(tmp_path, open_mem, monkeypatch):
     src = open_mem(tmp_path / "a.db")
     ids = fill(src)
@@ -182,6 +183,7 @@ def test_markdown_notes_have_safe_names_and_front_matter(tmp_path, open_mem):
     assert "Alice 住在北京，她喜欢冰美式。" in body and "## Key facts" in body
 
 
+@pytest.mark.slow
 def test_cli_round_trip_through_files(tmp_path):
     ini = tmp_path / "aokun.ini"
     ini.write_text("[embedding]\nprovider = none\n", encoding="utf-8")

@@ -85,6 +85,7 @@ def _ranks(m, ids, k=5) -> list[int]:
 
 # asking again ####################################################################################
 
+@pytest.mark.slow
 def test_asking_the_same_questions_again_ranks_every_answer_no_lower(tmp_path, open_mem, local_mem):
     """Before the fix every recall's hits gained recency (age from the touch) and frequency (access
     count), so memories that were merely returned, relevant or not, outranked the answers: already
@@ -229,6 +230,7 @@ def test_feedback_useful_must_be_a_boolean_and_ids_are_capped(mem):
 
 # schema 7 ########################################################################################
 
+@pytest.mark.slow
 def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, monkeypatch, segmenter):
     """A file made by migrations 1-6 (this code up to 0006) opens with 0007 applied: every row
     kept, the new columns at their defaults, the old file saved, and feedback works on it."""

@@ -492,6 +492,7 @@ def test_forget_preview_shows_only_the_asking_persona(make, clock):
 
 # backups -----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_online_backup_under_concurrent_writes(make, tmp_path, monkeypatch):
     path = tmp_path / "busy.db"
     steps, real_sleep, mark = [], time.sleep, {}

@@ -301,6 +301,7 @@ EN = ("In the project review we discussed the database migration, the cache stra
       "system for three months as a fallback. ")
 
 
+@pytest.mark.slow
 def test_memory_context_stays_within_budget_for_long_chinese_and_english(make, clock):
     m = make()
     for i in range(6):
@@ -622,6 +623,7 @@ def chat_server():
     t.join()
 
 
+@pytest.mark.slow
 def test_summarize_memory_through_an_openai_compatible_endpoint(make, clock, chat_server, monkeypatch):
     handler, base_url = chat_server
     monkeypatch.setenv("TEST_LLM_KEY", "sk-local-test")
@@ -672,6 +674,7 @@ async def _ok(client, tool, args=None) -> dict:
     return r.structured_content
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_mcp_kg_context_preview_consolidation_and_briefing(tmp_path, segmenter, monkeypatch):
     monkeypatch.setenv("AOKUN_NOW", aokun.iso(NOW))

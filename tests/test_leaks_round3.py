@@ -75,6 +75,7 @@ def _plant(records: list[dict]) -> set[str]:
     return done
 
 
+@pytest.mark.slow
 def test_import_redacts_turns_titles_atoms_and_entities(tmp_path):
     a, b = tmp_path / "a.db", tmp_path / "b.db"
     assert _cli(tmp_path, "--db", a, "memorize", "Alice prefers iced americano", "--participant", "Alice")[0] == 0
@@ -170,6 +171,7 @@ def test_the_watcher_warns_once_per_bad_file_and_ingests_the_rest(tmp_path, open
     assert watcher.poll() == {"claude-code": 1}
 
 
+@pytest.mark.slow
 def test_cli_ingest_names_each_bad_file_on_one_line_and_reads_the_rest(tmp_path):
     folder = tmp_path / "t"
     folder.mkdir()
@@ -190,6 +192,7 @@ CODEX = FIXTURES / "codex" / "sessions" / "2026" / "03" / "03" / \
     "rollout-2026-03-03T08-15-02-0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b.jsonl"
 
 
+@pytest.mark.slow
 def test_a_file_another_source_read_first_is_still_read_by_its_own(tmp_path):
     folder = tmp_path / "t"
     folder.mkdir()
@@ -254,6 +257,7 @@ print(json.dumps({"new": out["new"], "skipped": out["skipped"], "again": again["
 """
 
 
+@pytest.mark.slow
 def test_a_52_mb_tool_output_line_is_skipped_without_being_held_whole(tmp_path):
     sid = "5b0c2f4e-7d1a-4c3b-9e8f-1a2b3c4d5e6f"
     folder = tmp_path / "t"
@@ -359,13 +363,14 @@ def test_rebuild_vectors_remakes_the_neighbours_of_a_refused_text(tmp_path, open
     assert m.vectors_awaited() is False
 
 
+@pytest.mark.slow
 def test_an_older_file_requeues_the_neighbours_of_a_refused_text_once(tmp_path, open_mem):
     e = RefusingEmbedder(MARK)
     m = open_mem(tmp_path / "r.db", e)
     m.memorize(f"Where is the {MARK} key?", {"session_id": "s"})
     b = m.memorize("Under the blue flower pot.", {"session_id": "s"})["id"]
     with m.tx():  # as a file written before: the neighbour's vector made with the refused text
-        m.conn.execute("delete from meta where key = 'refused_context'")
+        m.conn.execute("delete from meta where key in ('refused_context', 'data_version')")
     m.close()
     m = open_mem(tmp_path / "r.db", e)
     assert m.value("select embedding_state from documents where id = ?", (b,)) == "pending"
@@ -424,6 +429,7 @@ def _last_progress(screen: str, label: str) -> str:
     return tail.split("\n")[0].strip()
 
 
+@pytest.mark.slow
 def test_ingest_shows_its_progress_per_turn_on_a_terminal_and_nowhere_else(tmp_path):
     path = _transcript(tmp_path, 300)
     code, out, screen = _on_a_terminal(tmp_path, "--db", tmp_path / "t.db", "ingest", "claude-code", path)
@@ -444,6 +450,7 @@ def test_ingest_shows_its_progress_per_turn_on_a_terminal_and_nowhere_else(tmp_p
     assert code == 0 and "ingesting" not in screen and json.loads(out)["turns"] == 300, screen
 
 
+@pytest.mark.slow
 def test_import_and_rebuild_vectors_show_their_progress_on_a_terminal(tmp_path, open_mem):
     m = open_mem(tmp_path / "a.db")
     m.memorize_many([(f"Memory {i} about the quokka colony.", {"session_id": "s"}) for i in range(70)])

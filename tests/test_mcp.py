@@ -270,6 +270,7 @@ EVERY_TOOL = [
 ]
 
 
+@pytest.mark.slow
 async def test_every_tool_answers_compact_text(client):
     assert {t for t, _ in EVERY_TOOL} | {"summarize_memory"} == set(aokun.MCP_TOOLS)
     for tool, args in EVERY_TOOL:
@@ -320,6 +321,7 @@ async def test_memorize_repeat_restores_an_archived_memory_and_merges_metadata(c
     assert (await counts(client))[0] == 1
 
 
+@pytest.mark.slow
 async def test_recall_finds_the_right_memory(client):
     ids = {}
     for text in (ALICE, BOB, CAROL):
@@ -468,6 +470,7 @@ async def test_archive_excludes_from_recall_unless_include_archived(client):
     assert (await ok(client, "memory_stats"))["counts"]["archived"] == 1
 
 
+@pytest.mark.slow
 async def test_memory_stats(client):
     empty = await ok(client, "memory_stats")
     assert empty["counts"]["documents"] == 0 and empty["server_version"] == aokun.__version__
@@ -533,6 +536,7 @@ BAD = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool,args,field", BAD, ids=[f"{t}-{f}-{i}" for i, (t, _, f) in enumerate(BAD)])
 async def test_bad_input_names_the_field_and_writes_nothing(client, db, tool, args, field):
     first = await ok(client, "memorize", {"content": ALICE})
@@ -574,6 +578,7 @@ NULLS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool,args", NULLS, ids=[f"{t}-{i}" for i, (t, _) in enumerate(NULLS)])
 async def test_optional_arguments_may_be_null(frozen_now, client, tool, args):
     # frozen clock: the two answers' scores (recency, ttl_factor) depend on the time they are made
@@ -601,6 +606,7 @@ async def test_omitted_optionals_use_the_defaults(client):
 
 # Unicode, NUL, big content --------------------------------------------------------------------------
 
+@pytest.mark.slow
 async def test_emoji_chinese_and_nul_round_trip(client):
     text = "周末和小王去西湖划船🚣‍♀️，他说下个月要搬到杭州。\x00Emoji: 😀👍🏽 and 中文混排 OK"
     w = await ok(client, "memorize", {"content": text, "metadata": {
@@ -633,6 +639,7 @@ async def test_stored_text_is_byte_identical(client):
     assert again["deduplicated"] is True and again["id"] == w["id"]
 
 
+@pytest.mark.slow
 async def test_300_kb_content(client):
     para = "Paragraph {i}: the quarterly report covers revenue, hiring and the roadmap. 季度报告涵盖收入与招聘。\n"
     text = "".join(para.format(i=i) for i in range(3200)) + "The secret codeword is xylophonic."
@@ -647,6 +654,7 @@ async def test_300_kb_content(client):
     assert len(hit["text"]) <= 1500 and hit["text"].endswith("招聘。…") and text.startswith(hit["text"][:-1])
 
 
+@pytest.mark.slow
 async def test_recall_caps_each_hit_and_get_memory_gives_the_whole(client):
     big = " ".join(f"Day {i}: the ferry to the island left late because of the fog." for i in range(3000))
     w = await ok(client, "memorize", {"content": big})
@@ -673,6 +681,7 @@ async def test_content_over_the_limit_is_refused(make_server, cfg_for):
 
 # cache, explain ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 async def test_recall_sees_writes_immediately(client):
     miss = await ok(client, "recall", {"query": "zeppelin"})
     assert miss["results"] == [] and miss["cached"] is False
@@ -702,6 +711,7 @@ async def until_cached(client, query):
     pytest.fail("an unchanged database never answered recall from the cache")
 
 
+@pytest.mark.slow
 async def test_recall_sees_writes_from_another_connection(client, db):
     """Another process (a second server, the CLI) writes: the next recall must not come from the
     cache. (Regression: the cache once used apsw's data_version(), which misses other connections'
@@ -740,6 +750,7 @@ async def test_explain_gives_ranks_and_score_parts(client):
 
 # concurrency and the legacy handshake --------------------------------------------------------------
 
+@pytest.mark.slow
 async def test_concurrent_calls_in_one_session(client):
     results = {}
 
@@ -759,6 +770,7 @@ async def test_concurrent_calls_in_one_session(client):
     assert len((await ok(client, "recall", {"query": "sheep", "limit": 50}))["results"]) == 20
 
 
+@pytest.mark.slow
 async def test_legacy_initialize_handshake(make_server):
     async with Client(make_server(), mode="legacy") as c:
         assert c.server_info.name == "aokun"
@@ -820,6 +832,7 @@ def test_online_backup_uses_the_connection_only_under_its_lock(db, segmenter, tm
     assert [name for name, locked in seen if not locked] == []
 
 
+@pytest.mark.slow
 def test_tool_calls_survive_backups_in_the_background(db, segmenter, tmp_path):
     """The same race end to end: while another thread takes backups in a loop, what the
     recall/memory_stats tool calls run must not fail."""

@@ -65,6 +65,7 @@ async def memorize_and_recall(url: str, headers: dict | None = None, text: str =
             return w.structured_content["id"]
 
 
+@pytest.mark.slow
 async def test_http_client_memorize_and_recall(tmp_path):
     with anyio.fail_after(90), http_server(tmp_path) as (url, port, db, ini):
         doc_id = await memorize_and_recall(url)
@@ -87,6 +88,7 @@ async def test_http_client_memorize_and_recall(tmp_path):
         assert m.doctor() == []
 
 
+@pytest.mark.slow
 async def test_http_bearer_token(tmp_path):
     with anyio.fail_after(90), http_server(tmp_path, token="s3cret") as (url, port, db, ini):
         none = await post_initialize(url, {})
@@ -111,6 +113,7 @@ async def test_http_bearer_token(tmp_path):
         assert [r["content"] for r in m.rows("select content from documents")] == ["HTTP 记忆: 小李喜欢滑雪 ⛷️"]
 
 
+@pytest.mark.slow
 async def test_http_token_from_environment(tmp_path):
     with anyio.fail_after(60), http_server(tmp_path, env={"MY_MEMORY_TOKEN": "from-env"},
                                            token_env="MY_MEMORY_TOKEN") as (url, port, db, ini):
@@ -118,6 +121,7 @@ async def test_http_token_from_environment(tmp_path):
         assert (await post_initialize(url, {"Authorization": "Bearer from-env"})).status_code == 200
 
 
+@pytest.mark.slow
 async def test_http_allowed_hosts(tmp_path):
     with anyio.fail_after(60), http_server(tmp_path, allowed_hosts="memory.lan:*, box.local:*") as (url, port, db, ini):
         assert (await post_initialize(url, {"Host": f"memory.lan:{port}"})).status_code == 200
@@ -126,6 +130,7 @@ async def test_http_allowed_hosts(tmp_path):
         assert (await post_initialize(url, {"Host": f"evil.example:{port}"})).status_code == 421
 
 
+@pytest.mark.slow
 async def test_http_origin_must_be_the_servers_own(tmp_path):
     """A browser page on another local port (or scheme) must not drive the server: only the server's
     own origin passes; requests without Origin (non-browser clients) still work."""
@@ -140,6 +145,7 @@ async def test_http_origin_must_be_the_servers_own(tmp_path):
         assert (await post_initialize(url, {})).status_code == 200
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.7", "myhost.example"])
 def test_http_refuses_a_non_loopback_bind_without_a_token(tmp_path, host):
     ini = write_ini(tmp_path, "none")

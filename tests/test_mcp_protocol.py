@@ -71,6 +71,7 @@ async def test_capabilities_advertise_what_works_and_nothing_else(server):
         assert caps.tools.list_changed is False and caps.prompts.list_changed is False
 
 
+@pytest.mark.slow
 async def test_set_level_sends_aokun_records_at_or_above_it_and_none_before(server, caplog):
     caplog.set_level(10, logger="aokun")  # what `serve` does with [server] log_level = DEBUG
     got = []
@@ -103,6 +104,7 @@ async def test_set_level_sends_aokun_records_at_or_above_it_and_none_before(serv
         assert (got[1].level, got[1].data) == ("info", "an info line")
 
 
+@pytest.mark.slow
 async def test_consolidate_reports_progress_to_a_progress_token(server):
     seen = []
 
@@ -126,6 +128,7 @@ async def values(c, ref, name, value, persona=None):
     return r.completion.values
 
 
+@pytest.mark.slow
 async def test_completion_values_stay_in_the_persona_asked(server):
     about = PromptReference(type="ref/prompt", name="remember_about")
     entity = ResourceTemplateReference(type="ref/resource", uri=ENTITY_T)

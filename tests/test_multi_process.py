@@ -15,6 +15,8 @@ from mcp.client.stdio import stdio_client
 import aokun
 from mcp_procs import REPO, child_env, cli, serve_args, write_ini
 
+pytestmark = pytest.mark.slow  # every test here takes 0.5 s or more
+
 PER_SERVER = 50
 CLI_WRITES = 20
 

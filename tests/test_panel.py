@@ -78,6 +78,7 @@ def test_the_token_becomes_a_strict_httponly_cookie_and_works_once(panel):
     assert web.login_token == ""
 
 
+@pytest.mark.slow
 def test_every_page_answers_once_logged_in(panel):
     web, client, _, _, ids = panel
     login(web, client)
@@ -360,6 +361,7 @@ def test_ini_set_keeps_everything_else():
 
 # serve --http at /panel ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_serve_http_serves_the_panel_behind_its_own_login(tmp_path):
     import httpx
     db, ini = tmp_path / "h.db", write_ini(tmp_path, "none", server={"token": "s3cret"})
@@ -489,6 +491,7 @@ def test_a_hand_written_value_with_u2028_stays_one_line_on_the_next_save(tmp_pat
     assert "\ttab" == aokun.ini_set("[a]\nk = 1\n", {("a", "k"): "x\ttab"}).split("x")[1].rstrip("\n")
 
 
+@pytest.mark.slow
 def test_a_second_panel_on_a_busy_port_is_one_line_and_prints_no_link(tmp_path):
     db, ini, port = tmp_path / "p.db", write_ini(tmp_path), free_port()
     cmd = [sys.executable, aokun.__file__, "--db", str(db), "--config", str(ini), "panel", "--port", str(port),

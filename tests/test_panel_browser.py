@@ -17,6 +17,8 @@ import pytest
 import aokun
 from mcp_procs import AOKUN, REPO, child_env, free_port, stop, wait_port
 
+pytestmark = pytest.mark.slow  # every test here takes 0.5 s or more
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]

@@ -17,6 +17,8 @@ from starlette.testclient import TestClient
 import aokun
 from mcp_procs import REPO, child_env, cli, free_port, serve_args, stop, wait_port, write_ini
 
+pytestmark = pytest.mark.slow  # every test here takes 0.5 s or more
+
 LINK = re.compile(r"http://127\.0\.0\.1:\d+(/panel)?/\?token=[\w-]+")
 
 

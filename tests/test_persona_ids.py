@@ -14,7 +14,7 @@ import aokun
 from fakes import FakeEmbedder
 from mcp_procs import cli, write_ini
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # slow: every test here takes 0.5 s or more
 
 MISSING = 987654  #: an id no row has
 WORK_TEXT = "Lena climbs the Matterhorn every August with her brother Jonas."

@@ -3,6 +3,7 @@
 the WAL, so the raw bytes of the database file and its WAL hold no trace of the deleted memory."""
 
 import apsw
+import pytest
 
 import aokun
 from fakes import FakeEmbedder
@@ -23,6 +24,7 @@ def _traces(raw: bytes) -> list[str]:
     return [name for name, form in forms.items() if form in raw]
 
 
+@pytest.mark.slow
 def test_delete_purge_leaves_no_trace_in_the_file_or_the_wal(tmp_path):
     db, ini = tmp_path / "p.db", write_ini(tmp_path, "none")
     m = aokun.Memory(db, aokun.load_config(str(ini)))
@@ -46,6 +48,7 @@ def test_delete_purge_leaves_no_trace_in_the_file_or_the_wal(tmp_path):
     assert cli(db, ini, "doctor").stdout.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_secure_delete_zeroes_freed_text_and_vectors_without_a_vacuum(tmp_path, open_mem):
     """Without VACUUM: once the FTS segments holding its words are merged away, neither its text
     (documents, FTS5 shadow tables, atoms, graph entries) nor its float vector (doc_vectors) nor its

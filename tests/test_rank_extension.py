@@ -46,6 +46,7 @@ def ranked(tmp_path, open_mem):
     return mem
 
 
+@pytest.mark.slow
 def test_aokun_bm25_scores_what_bm25_scores_before_and_after_writes(ranked):
     m = ranked
     assert m.conn.aokun_rank and "aokun_bm25(" in m.queries["recall_graph_keyword"]
@@ -62,6 +63,7 @@ def test_aokun_bm25_scores_what_bm25_scores_before_and_after_writes(ranked):
         m.conn.execute("delete from documents_fts where rowid = 9999")
 
 
+@pytest.mark.slow
 def test_the_fallback_ranks_the_same_as_the_extension(ranked, tmp_path, open_mem, monkeypatch):
     """The same file through both paths: identical recall ids and scores (1e-9)."""
     ranked.close()

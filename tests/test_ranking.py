@@ -492,6 +492,12 @@ def test_token_cover_counts_query_tokens_of_a_script_the_memory_has():
     assert token_cover({"business", "trip"}, {"杭州", "出差"}) is None
     # a mixed memory: only the query's Chinese tokens are compared with a Chinese-only memory
     assert token_cover({"杭州", "trip"}, {"杭州", "出差"}) == 1.0
+    # a Chinese question with Latin words about an English memory: 1 of its 5 words found, not
+    # "half the question" because one of its 2 Latin words matched
+    assert token_cover({"bart", "assistant", "环境", "味道", "丰富"}, {"assistant", "manager"}) == 0.2
+    # single-character Chinese words are left out beside longer ones
+    assert token_cover({"有", "安排"}, {"我", "有", "猫"}) == 0.0
+    assert token_cover({"小明", "kyoto", "trip"}, {"小明", "kyoto", "visit"}) == pytest.approx(2 / 3)
     assert token_cover(set(), {"a"}) is None
 
 

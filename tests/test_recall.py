@@ -170,6 +170,7 @@ def test_mmr_removes_near_duplicates(make, lam, monkeypatch):
 
 # 4. filters --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_persona_filter_never_leaks_even_for_small_k(make):
     m = make(**{"recall.reinforce_on_recall": False})
     m.memorize_many([(f"Falcon deploy status note {i}: the pipeline is green again", {"persona_id": "A"})
@@ -192,6 +193,7 @@ def test_persona_filter_never_leaks_even_for_small_k(make):
     assert m.recall("Falcon deploy status pipeline green", k=5)["results"] == []  # the default persona has none
 
 
+@pytest.mark.slow
 def test_speed_bounds_never_change_a_channel_answer(make):
     """The keyword channels rank only the best FTS_POOL_FACTOR × k matches before filtering, the vector
     channels take candidates within a learnt Hamming bound (sql/recall.sql :pool, :max_hamming).
@@ -233,6 +235,7 @@ def bound_runs(m, query: str, param: str) -> list:
     return runs
 
 
+@pytest.mark.slow
 def test_a_hamming_bound_is_dropped_when_fewer_vectors_than_candidates_are_left(make):
     """A persona learns a Hamming bound, then most of its memories are archived: fewer live vectors
     than `candidates` are left, so no bound can be complete. The first recall after that runs its
@@ -256,6 +259,7 @@ def test_a_hamming_bound_is_dropped_when_fewer_vectors_than_candidates_are_left(
     assert m._hamming_bound(key) is None
 
 
+@pytest.mark.slow
 def test_a_short_fts_pool_is_not_tried_again_for_the_next_recalls(make):
     """A small session (or persona) behind many matches of others: the FTS pool falls short and the
     keyword channel runs twice. After such a miss the next FTS_POOL_SKIP recalls with those filters
@@ -277,6 +281,7 @@ def test_a_short_fts_pool_is_not_tried_again_for_the_next_recalls(make):
     assert runs == [4 * 2]
 
 
+@pytest.mark.slow
 def test_hamming_bound_is_learnt_from_recent_recalls(make):
     """After 8 recalls a vector channel's bound is the 0.9 quantile of their reach (the Hamming
     distance of the farthest candidate taken), and the bounded answers equal the unbounded ones."""
@@ -299,6 +304,7 @@ def test_hamming_bound_is_learnt_from_recent_recalls(make):
             m.rows(m.queries["recall_vector"], p), q
 
 
+@pytest.mark.slow
 def test_session_filter_and_neighbours_stay_in_persona_and_session(make):
     m = make(**{"recall.reinforce_on_recall": False})
     s1 = [m.memorize(f"Heron survey {i} at the quarry lake",
@@ -351,6 +357,7 @@ def test_graph_hop_skips_hub_nodes(make):
     assert set(ids(m.recall("spare quokka keys", k=10, channels=gk))) == {hit, same_topic}
 
 
+@pytest.mark.slow
 def test_archived_excluded_unless_include_archived_in_every_channel(make):
     m = make(**{"recall.reinforce_on_recall": False})
     target = m.memorize("Marta keeps the spare quokka keys in the blue drawer",
@@ -371,6 +378,7 @@ def test_archived_excluded_unless_include_archived_in_every_channel(make):
 
 # 5. k ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_k_above_the_cap_is_capped_with_a_warning(make):
     m = make(**{"recall.max_k": 3})
     for i in range(6):
@@ -410,6 +418,7 @@ def closed_port() -> int:
     return port
 
 
+@pytest.mark.slow
 def test_embedding_endpoint_down_degrades_to_keyword_channels(make):
     m = make(embedder=FROM_CONFIG, **{"embedding.provider": "openai", "embedding.model": "x",
                                       "embedding.base_url": f"http://127.0.0.1:{closed_port()}/v1",
@@ -485,6 +494,7 @@ def test_cache_sees_a_write_by_another_memory_object(make, tmp_path):
     assert out["cached"] is False and wid in ids(out)
 
 
+@pytest.mark.slow
 def test_cache_sees_a_write_that_lands_before_the_access_bookkeeping(make, tmp_path):
     """The other writer commits after a recall answered but before that recall's background
     access update ran (e.g. the update waited for the other writer's lock): the cached answer is
@@ -500,6 +510,7 @@ def test_cache_sees_a_write_that_lands_before_the_access_bookkeeping(make, tmp_p
     assert out["cached"] is False and wid in ids(out), "a stale cached answer hid another connection's write"
 
 
+@pytest.mark.slow
 def test_cache_ttl_expires(make):
     m = make(**{"recall.cache_ttl_seconds": 0.0})
     m.memorize("Dana flew in a zeppelin")
@@ -522,6 +533,7 @@ def sentences(word: str, chars: int) -> str:
     return " ".join(out)
 
 
+@pytest.mark.slow
 def test_huge_memory_comes_back_capped_at_a_sentence_end_and_get_returns_it_whole(mem):
     big = sentences("lighthouse", 200_000)
     doc = mem.memorize(big)["id"]
@@ -537,6 +549,7 @@ def test_huge_memory_comes_back_capped_at_a_sentence_end_and_get_returns_it_whol
     assert hits[short]["truncated"] is False and hits[short]["text"] == "The lighthouse keeper waves at every ferry."
 
 
+@pytest.mark.slow
 def test_answer_budget_cuts_later_hits_and_leaves_out_what_does_not_fit(make, frozen_now):
     # frozen clock: the scores compared below are of two recalls, and recency depends on the time
     m = make(**{"recall.max_answer_tokens": 1000, "recall.reinforce_on_recall": False})
@@ -681,6 +694,7 @@ def test_session_neighbour_joins_with_a_share_of_the_hit(make, weight):
 
 # 10. fusion and its helpers -----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_rrf_fusion_gives_results(make):
     m = make(**{"recall.fusion": "rrf"})
     wid = m.memorize("Alice loves iced americano", {"participants": ["Alice"]})["id"]
@@ -797,6 +811,7 @@ def test_recall_cli_json_explain_and_channel_errors(cli):
     assert "Traceback" not in bad.output
 
 
+@pytest.mark.slow
 def test_recall_cli_marks_cut_texts(cli):
     big = sentences("lantern", 3000)
     assert cli("memorize", big).exit_code == 0
@@ -889,6 +904,7 @@ def test_temporal_factor_in_sql_matches_ttl_factor(make, historical):
     assert len(seen) >= 3 and 0.0 in seen  # gone (expired/forgotten/superseded), fresh and decayed all occur
 
 
+@pytest.mark.slow
 def test_parallel_channels_answer_as_serial_ones_and_a_failing_channel_degrades(make, tmp_path, monkeypatch):
     """Channels on worker connections (parallel_channels > 1) give exactly the serial answer; a
     channel whose SQL fails is named in `degraded` while the others still answer."""
@@ -911,6 +927,7 @@ def test_parallel_channels_answer_as_serial_ones_and_a_failing_channel_degrades(
         assert "no_such_table" in out["degraded"][0]["reason"] and out["results"]
 
 
+@pytest.mark.slow
 def test_query_embedding_runs_while_the_keyword_channels_do(make, tmp_path):
     """The keyword channels start before the query is embedded, on the reader pool: an embedder
     that waits for the BM25 channel to have run gets to see it (it waited in vain when the query
@@ -921,14 +938,14 @@ def test_query_embedding_runs_while_the_keyword_channels_do(make, tmp_path):
     m = make(tmp_path / "c.db", **{"recall.parallel_channels": 4, "recall.reinforce_on_recall": False})
     for text, meta in EXPLAIN_CORPUS:
         m.memorize(text, meta)
-    reader_rows = m._reader_rows
+    reader_rows = m.reader_rows
 
     def spy(sql, params):
         out = reader_rows(sql, params)
         if sql == m.queries["recall_bm25"]:
             started.set()
         return out
-    m._reader_rows = spy
+    m.reader_rows = spy
     seen = []
     embed_query = m.embedder.embed_query
 

@@ -1,6 +1,8 @@
 """Calibrated relevance with the real local model: an unrelated query comes back empty and says so,
 pinned memories join only when relevant, related queries keep their hits (issue 11, items 2-3)."""
 
+import pytest
+
 import aokun
 
 PERSONA = "relevance-test"  #: local_mem is shared by the session: these memories stay in their persona
@@ -18,6 +20,7 @@ def _store(mem):
         mem.memorize(text, dict(meta, persona_id=PERSONA))
 
 
+@pytest.mark.slow
 def test_an_unrelated_query_returns_nothing_and_says_so(local_mem):
     _store(local_mem)
     out = local_mem.recall("lattice quantum chromodynamics gluon propagator", k=5, persona_id=PERSONA)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import apsw
+import pytest
 
 import aokun
 from mcp_procs import AOKUN, REPO, child_env, cli, stop, write_ini
@@ -48,6 +49,7 @@ def _ids(path: Path) -> dict:
         c.close()
 
 
+@pytest.mark.slow
 def test_no_id_is_handed_out_twice_across_a_restore(open_mem, tmp_path):
     m = open_mem(tmp_path / "ids.db")
     birthday = m.memorize("My sister's birthday is on 3 May.", {"participants": ["Sister"], "topics": ["family"]})["id"]
@@ -89,6 +91,7 @@ def test_ids_stay_unique_after_deleting_the_newest_rows(open_mem, tmp_path):
         assert min(after[table]) > high, table
 
 
+@pytest.mark.slow
 def test_restore_under_a_live_writer_loses_no_acknowledged_write(tmp_path):
     db, ini, stop_file = tmp_path / "live.db", write_ini(tmp_path, "none"), tmp_path / "stop"
     for i in range(3):
@@ -138,6 +141,7 @@ def _documents(path: Path) -> dict:
     return _ids(path)["content"]
 
 
+@pytest.mark.slow
 def test_restore_without_a_terminal_says_yes_is_needed_and_changes_nothing(tmp_path):
     db, ini = tmp_path / "m.db", write_ini(tmp_path)
     assert cli(db, ini, "memorize", "Before the backup").returncode == 0
@@ -152,6 +156,7 @@ def test_restore_without_a_terminal_says_yes_is_needed_and_changes_nothing(tmp_p
     assert _documents(db) == before
 
 
+@pytest.mark.slow
 def test_restore_answered_no_on_a_terminal_changes_nothing(tmp_path):
     import os
     import pty

@@ -3,6 +3,8 @@ index becomes contentless. Every graph row, vector and index match of a schema-1
 and dropping the old tables cascades to nothing (migrate() turns foreign keys off meanwhile)."""
 
 
+import pytest
+
 import aokun
 from fakes import FakeEmbedder, default_graph_columns_of_schema12, event_columns, fts_ids, open_at_schema
 
@@ -10,6 +12,7 @@ GRAPH = ("graph_nodes", "graph_edges", "graph_entries")
 DROPPED = {"uid", "created_at", "updated_at"}
 
 
+@pytest.mark.slow
 def test_a_schema12_file_keeps_every_graph_row_vector_and_match(tmp_path, monkeypatch, segmenter):
     m = open_at_schema(tmp_path, monkeypatch, segmenter, 12, "twelve.db")
     path = m.path

@@ -39,6 +39,7 @@ def file_in(out: str) -> str:
     return "\n".join(lines[start + 1:end]) + "\n"
 
 
+@pytest.mark.slow
 def test_systemd_unit_is_valid_and_supervised(tmp_path):
     out = dry_run(tmp_path, "linux")
     assert "run systemctl --user daemon-reload" in out and "run systemctl --user enable --now aokun.service" in out
@@ -70,6 +71,7 @@ def test_launchd_plist_keeps_the_server_alive():
                              str(aokun.Path.home() / "Library" / "LaunchAgents" / "io.aokun.server.plist")]]
 
 
+@pytest.mark.slow
 def test_windows_task_starts_at_logon_and_on_wake_and_restarts(tmp_path):
     out = dry_run(tmp_path, "windows")
     assert "run schtasks /Create /TN Aokun /XML" in out
@@ -89,6 +91,7 @@ def test_watchdog_interval_is_half_of_watchdog_usec():
     assert aokun.watchdog_interval({"WATCHDOG_USEC": "60000000", "WATCHDOG_PID": "1"}) is None
 
 
+@pytest.mark.slow
 @unix_only
 def test_pings_arrive_while_the_loop_runs_and_stop_while_it_is_blocked(tmp_path):
     path = str(tmp_path / "notify")
@@ -185,6 +188,7 @@ def test_health_answers_while_long_background_work_holds_the_memory_lock(open_me
         probe.join(10)
 
 
+@pytest.mark.slow
 def test_serve_http_tells_systemd_it_is_ready_and_alive_and_answers_health(tmp_path):
     path = str(tmp_path / "notify")
     sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -37,18 +37,21 @@ def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_an_ini_without_a_section_header(tmp_path):
     ini = tmp_path / "headless.ini"
     ini.write_text("db = data/x.db\n[storage]\n", encoding="utf-8")
     one_line_error(run("--db", tmp_path / "a.db", "--config", ini, "stats"), str(ini), "line 1", "[section]")
 
 
+@pytest.mark.slow
 def test_an_ini_with_a_repeated_section(tmp_path):
     ini = tmp_path / "twice.ini"
     ini.write_text("[storage]\n[storage]\n", encoding="utf-8")
     one_line_error(run("--db", tmp_path / "a.db", "--config", ini, "stats"), str(ini), "storage")
 
 
+@pytest.mark.slow
 def test_db_that_is_not_an_sqlite_file(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("just some notes, not a database\n" * 50, encoding="utf-8")
@@ -56,6 +59,7 @@ def test_db_that_is_not_an_sqlite_file(tmp_path):
     assert notes.read_text(encoding="utf-8").startswith("just some notes")
 
 
+@pytest.mark.slow
 def test_db_in_a_folder_that_cannot_be_created(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x", encoding="utf-8")
@@ -63,11 +67,13 @@ def test_db_in_a_folder_that_cannot_be_created(tmp_path):
     one_line_error(run("--db", db, "--config", write_ini(tmp_path), "memorize", "hello"), str(db), "folder")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/dev/null"), reason="needs /dev/null")
 def test_db_that_is_a_device(tmp_path):
     one_line_error(run("--db", "/dev/null", "--config", write_ini(tmp_path), "stats"), "/dev/null", "cannot be opened")
 
 
+@pytest.mark.slow
 def test_backup_to_a_folder_that_cannot_be_created_or_written(tmp_path):
     db, ini = tmp_path / "r.db", write_ini(tmp_path)
     assert run("--db", db, "--config", ini, "memorize", "hello").returncode == 0
@@ -79,12 +85,14 @@ def test_backup_to_a_folder_that_cannot_be_created_or_written(tmp_path):
         one_line_error(run("--db", db, "--config", ini, "backup", "/proc/x/y.db"), "/proc/x")
 
 
+@pytest.mark.slow
 def test_port_out_of_range_in_the_ini(tmp_path):
     ini = write_ini(tmp_path, server={"port": 99999})
     one_line_error(run("--db", tmp_path / "a.db", "--config", ini, "serve", "--http"),
                    str(ini), "[server] port", "1..65535")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("section", "key", "value", "allowed"), [
     ("recall", "recency_days", "0", "> 0"),
     ("recall", "recency_days", "nan", "> 0"),
@@ -114,16 +122,19 @@ def test_every_numeric_setting_has_a_range_its_default_is_in(tmp_path):
     assert (edges.recall.min_relevance, edges.recall.mmr_lambda, edges.server.port) == (1.0, 0.0, 65535)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [("show", BIG), ("delete", BIG), ("pin", BIG), ("feedback", BIG),
                                   ("edit", BIG, "--summary", "x"), ("kg", "invalidate", BIG)])
 def test_ids_beyond_sqlite_rowids_on_the_cli(tmp_path, args):
     one_line_error(run("--db", tmp_path / "a.db", "--config", write_ini(tmp_path), *args), str(BIG))
 
 
+@pytest.mark.slow
 def test_list_offset_beyond_sqlite_integers(tmp_path):
     one_line_error(run("--db", tmp_path / "a.db", "--config", write_ini(tmp_path), "list", "--offset", BIG), "offset")
 
 
+@pytest.mark.slow
 def test_hints_name_a_command_that_exists(tmp_path):
     line = one_line_error(run("--db", tmp_path / "a.db", "--config", write_ini(tmp_path), "show", "42"),
                           "no memory with id 42", "`python aokun.py list`")
@@ -138,6 +149,7 @@ def anyio_backend():
     return "asyncio"
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_mcp_ids_and_offsets_beyond_sqlite_integers_are_tool_errors(tmp_path, segmenter):
     cfg = aokun.Config(None, overrides={("server", "exposed_tools"): "all", ("backup", "dir"): str(tmp_path / "bk"),
@@ -180,6 +192,7 @@ def unwritable_folder(tmp_path):
     return blocker
 
 
+@pytest.mark.slow
 def test_no_writable_home_or_temp_dir_still_memorizes_and_recalls(tmp_path):
     nowhere = unwritable_folder(tmp_path)
     env = child_env(HOME=nowhere, TMPDIR=nowhere)
@@ -196,6 +209,7 @@ def test_no_writable_home_or_temp_dir_still_memorizes_and_recalls(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if "jieba" in p.name or "aokun-" in p.name] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("http", [False, True])
 def test_serve_on_a_file_that_is_not_a_database(tmp_path, http):
     notes = tmp_path / "notes.txt"
@@ -204,6 +218,7 @@ def test_serve_on_a_file_that_is_not_a_database(tmp_path, http):
     one_line_error(run("--db", notes, "--config", write_ini(tmp_path), "serve", *args), str(notes), "not an SQLite")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("by_env", [False, True])
 def test_a_db_in_a_missing_folder_is_refused_and_nothing_is_made(tmp_path, by_env):
     ini, db = write_ini(tmp_path), tmp_path / "dta" / "aokun.db"  # a typo of data/
@@ -215,6 +230,7 @@ def test_a_db_in_a_missing_folder_is_refused_and_nothing_is_made(tmp_path, by_en
     assert not db.parent.exists()
 
 
+@pytest.mark.slow
 def test_a_new_database_file_is_announced_on_stderr_only(tmp_path):
     ini, db = write_ini(tmp_path), tmp_path / "new.db"
     r = run("--db", db, "--config", ini, "list", "--json")
@@ -224,6 +240,7 @@ def test_a_new_database_file_is_announced_on_stderr_only(tmp_path):
     assert again.returncode == 0 and again.stderr == "" and again.stdout == r.stdout
 
 
+@pytest.mark.slow
 def test_the_default_data_folder_is_still_made(tmp_path):
     (tmp_path / "conf").mkdir()
     ini = write_ini(tmp_path / "conf")  # no [storage] db: data/aokun.db beside the config file
@@ -233,6 +250,7 @@ def test_the_default_data_folder_is_still_made(tmp_path):
     assert r.stderr.strip() == f"{CREATED}{tmp_path / 'conf' / 'data' / 'aokun.db'}"
 
 
+@pytest.mark.slow
 def test_the_stdio_server_announces_a_new_file_on_stderr_not_its_stdout(tmp_path):
     db = tmp_path / "fresh.db"
     hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize",

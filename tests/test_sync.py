@@ -80,6 +80,7 @@ def three(tmp_path, open_mem, monkeypatch):
     return a, b, c, share, ids, uids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_three_copies_converge_in_any_order(three, monkeypatch, seed):
     a, b, c, share, ids, uids = three
@@ -120,6 +121,7 @@ def test_three_copies_converge_in_any_order(three, monkeypatch, seed):
         assert not [x for x in m.sync_conflicts() if x["uid"] != uids["edited"]]
 
 
+@pytest.mark.slow
 def test_same_second_edits_are_decided_alike(three, monkeypatch):
     a, b, _c, share, ids, uids = three
     at(monkeypatch, "2026-05-03T08:00:00Z")
@@ -131,6 +133,7 @@ def test_same_second_edits_are_decided_alike(three, monkeypatch):
     assert len(kept) == 1 and kept < {"Edited on A in the same second", "Edited on B in the same second"}
 
 
+@pytest.mark.slow
 def test_edit_after_delete_survives(three, monkeypatch):
     a, b, _c, share, ids, uids = three
     at(monkeypatch, "2026-05-03T08:00:00Z")
@@ -143,6 +146,7 @@ def test_edit_after_delete_survives(three, monkeypatch):
         assert [x["kind"] for x in m.sync_conflicts()] == ["tombstone"]
 
 
+@pytest.mark.slow
 def test_truncated_changeset_waits_until_complete(three, monkeypatch):
     a, b, _c, share, _ids, _uids = three
     first = a.memorize("Written on A before the cut", {})["uid"]
@@ -162,6 +166,7 @@ def test_truncated_changeset_waits_until_complete(three, monkeypatch):
     assert {first, second} <= set(memories(b))
 
 
+@pytest.mark.slow
 def test_foreign_files_are_skipped_and_own_sync_goes_on(three):
     a, b, _c, share, _ids, _uids = three
     (share / "notes.txt").write_text("not ours", encoding="utf-8")  # other files are left alone
@@ -201,6 +206,7 @@ def _changeset_file(share: Path, device: str, seq: int, payload: bytes) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_zip_bomb_a_pipe_and_dev_zero_are_skipped_in_bounded_memory(tmp_path, open_mem):
     """A changeset's payload inflates to a bounded size, and only regular files are read: a FIFO under
     a changeset's name used to block the sync for good, /dev/zero (or a zip bomb: 2 MB of zlib that
@@ -231,6 +237,7 @@ def test_a_zip_bomb_a_pipe_and_dev_zero_are_skipped_in_bounded_memory(tmp_path, 
     assert done[0]["written"] in b.sync(share)["applied"] and mine in memories(b)
 
 
+@pytest.mark.slow
 def test_a_changeset_that_compresses_too_well_is_written_stored(three, monkeypatch):
     """What the reader's zip-bomb bound would refuse is never written: a changeset that compresses
     past the bound is written with zlib level 0, and applies on the other device."""
@@ -243,6 +250,7 @@ def test_a_changeset_that_compresses_too_well_is_written_stored(three, monkeypat
     assert name in r["applied"] and not r["skipped"] and uid in memories(b)
 
 
+@pytest.mark.slow
 def test_a_folder_gone_mid_sync_is_one_line_and_the_next_sync_finishes(three, tmp_path, monkeypatch):
     """The shared folder vanishing after this device's file was written (a USB stick pulled) used to
     end the sync with a FileNotFoundError traceback; now one line, and the next sync goes on."""
@@ -267,6 +275,7 @@ def test_a_folder_gone_mid_sync_is_one_line_and_the_next_sync_finishes(three, tm
     assert uid in memories(b)
 
 
+@pytest.mark.slow
 def test_a_changeset_stamp_not_in_the_column_format_is_refused(three):
     """Versions are ordered by their stamps as text, so a stamp with an offset ("…T10:00:00+08:00",
     02:00 UTC) sorted after a later UTC one and won; such a file is skipped now, and an import
@@ -291,6 +300,7 @@ def test_a_changeset_stamp_not_in_the_column_format_is_refused(three):
     assert b.value("select updated_at from documents where uid = ?", (uids["edited"],)) == "2026-05-02T02:00:00Z"
 
 
+@pytest.mark.slow
 def test_a_newer_changeset_version_is_skipped(three):
     a, b, _c, share, _ids, _uids = three
     a.memorize("From a future Aokun", {})
@@ -302,6 +312,7 @@ def test_a_newer_changeset_version_is_skipped(three):
     assert "newer" in r["skipped"][0]["reason"] and name not in r["applied"]
 
 
+@pytest.mark.slow
 def test_a_restored_backup_gets_its_own_later_changes_back(three, tmp_path):
     a, _b, _c, share, _ids, _uids = three
     shutil.copy(tmp_path / "a.db", tmp_path / "a-backup.db")  # a backup of A, taken now
@@ -360,6 +371,7 @@ CHILD = textwrap.dedent(r'''
 ''')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", ["written", "imported", "pipeline", "timed"])
 def test_kill_9_during_sync_leaves_both_files_consistent(three, tmp_path, point):
     a, b, _c, share, ids, _uids = three
@@ -391,6 +403,7 @@ def test_kill_9_during_sync_leaves_both_files_consistent(three, tmp_path, point)
         b.close()
 
 
+@pytest.mark.slow
 def test_one_sync_at_a_time(three):
     a, _b, _c, share, _ids, _uids = three
     with a._sync_claim():
@@ -399,6 +412,7 @@ def test_one_sync_at_a_time(three):
     assert a.sync(share)["device"]
 
 
+@pytest.mark.slow
 def test_serve_syncs_on_its_timer(tmp_path, open_mem):
     share = tmp_path / "share"
     share.mkdir()
@@ -431,6 +445,7 @@ def test_sync_settings_are_checked(tmp_path):
         aokun.Config(ini)
 
 
+@pytest.mark.slow
 def test_cli_sync_and_conflicts(three, tmp_path, monkeypatch, segmenter):
     a, b, _c, share, ids, _uids = three
     at(monkeypatch, "2026-05-04T08:00:00Z")
@@ -459,6 +474,7 @@ def test_cli_sync_and_conflicts(three, tmp_path, monkeypatch, segmenter):
 
 
 
+@pytest.mark.slow
 def test_a_disk_full_while_writing_leaves_no_half_file_and_the_next_sync_sends_it(three, monkeypatch):
     a, b, _c, share, _ids, _uids = three
     uid = a.memorize("Written while the shared disk was full", {})["uid"]
@@ -484,6 +500,7 @@ def _cli(cwd: Path, *args, env=None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, encoding="utf-8", timeout=120, stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.slow
 def test_a_relative_sync_dir_is_the_current_folders_and_the_settings_the_config_files(tmp_path):
     here, conf = tmp_path / "here", tmp_path / "conf"
     for d in (here / "share", conf / "shared"):
@@ -515,6 +532,7 @@ def _record_changeset(share: Path, device: str, rec: dict) -> str:
     return _changeset_file(share, device, 1, aokun.zlib.compress(session.changeset())).name
 
 
+@pytest.mark.slow
 def test_a_changeset_of_a_newer_schema_or_with_unknown_fields_applies_nothing(three):
     a, b, _c, share, _ids, uids = three
     uid = a.memorize("From an Aokun with a newer schema", {})["uid"]
@@ -539,6 +557,7 @@ def test_a_changeset_of_a_newer_schema_or_with_unknown_fields_applies_nothing(th
     assert name in b.sync(share)["applied"] and uid in memories(b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", ["schema", "field"])
 def test_an_export_of_a_newer_schema_or_with_unknown_fields_imports_nothing(tmp_path, change):
     ini = tmp_path / "aokun.ini"
@@ -571,6 +590,7 @@ def _tombstones(mem) -> dict:
     return {r["uid"]: r["deleted_at"] for r in mem.export_records(kinds=("tombstone",)) if r["kind"] == "tombstone"}
 
 
+@pytest.mark.slow
 def test_a_synced_deletion_keeps_the_time_it_happened(three, monkeypatch):
     a, b, _c, share, ids, uids = three
     at(monkeypatch, "2026-05-02T08:00:00Z")
@@ -590,6 +610,7 @@ def test_a_synced_deletion_keeps_the_time_it_happened(three, monkeypatch):
     assert theirs == mine and content(a) == content(b)
 
 
+@pytest.mark.slow
 def test_an_imported_tombstone_keeps_its_time(tmp_path):
     ini = tmp_path / "aokun.ini"
     ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n[conversations]\nwatch = false\n",

@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 import apsw
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here takes 0.5 s or more
 
 TESTS = Path(__file__).resolve().parent
 #: per device by nature: each device counts its own reads (usage bookkeeping; they travel with the

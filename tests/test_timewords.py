@@ -139,6 +139,7 @@ def test_time_words_alone_answer_from_the_window(dated, query, phrase):
     assert top["explain"]["time_boost"] == m.cfg.recall.time_window_boost
 
 
+@pytest.mark.slow
 def test_memories_of_the_window_pass_the_relevance_gate(dated):
     m, ids = dated
     m.rules.relevance[m.embedder.model] = {"w_cos": 0.0, "w_cover": 0.0, "bias": -50.0,  # nothing passes
@@ -246,6 +247,7 @@ def test_candidate_score_and_fuse_add_the_time_boost():
     assert parts[2]["fused"] == pytest.approx(parts[2]["routes"])
 
 
+@pytest.mark.slow
 def test_with_the_real_model_time_words_answer_despite_the_relevance_gate(open_mem, tmp_path, monkeypatch):
     """With a calibrated embedding model a question like 'what happened yesterday' is relevant to
     nothing by its words; yesterday's memories still answer it, and only they."""

@@ -3,6 +3,7 @@ re-scored by cosine; the upgrade of files that kept float vectors inside vec0 (s
 
 import apsw
 import numpy as np
+import pytest
 import sqlite_vec
 
 import aokun
@@ -58,6 +59,7 @@ def test_index_is_centred_once_enough_vectors_exist(db_path, open_mem):
     assert mem.doctor() == []
 
 
+@pytest.mark.slow
 def test_vector_channel_is_exact_knn_when_candidates_cover_the_file(db_path, open_mem):
     mem = open_mem(db_path)
     mem.CENTER_AFTER = 20
@@ -100,7 +102,7 @@ def _make_schema5_file(path, dim=16):
                   "where id = ?", (v.tobytes(), i))
     c.execute("drop table doc_vectors")
     c.execute("drop table graph_vectors")
-    c.execute("delete from meta where key = 'vector_center'")
+    c.execute("delete from meta where key in ('vector_center', 'data_version')")  # no ladder yet
     drop_schema_15_and_16(c)
     c.execute("alter table documents drop column embedding_error")  # schema 9
     c.execute("alter table graph_entries drop column embedding_error")
@@ -114,6 +116,7 @@ def _make_schema5_file(path, dim=16):
     return ids, docs, entries
 
 
+@pytest.mark.slow
 def test_schema5_file_is_upgraded_without_losing_a_vector(tmp_path):
     path = tmp_path / "old.db"
     ids, docs, entries = _make_schema5_file(path)
@@ -153,6 +156,7 @@ def test_dimension_not_divisible_by_8_degrades_to_keywords_and_keeps_the_memory(
     assert all("divisible by 8" in d["reason"] for d in out["degraded"])
 
 
+@pytest.mark.slow
 def test_schema5_upgrade_raced_by_another_process_opens_cleanly(tmp_path):
     """Two servers started on a schema-5 file: the second may read the old layout just before the
     first one's upgrade commits; it must then find the work done, not copy the binary index rows
@@ -193,6 +197,7 @@ def test_vectors_are_stored_as_int8(db_path, open_mem):
     assert all(max(abs(x) for x in np.frombuffer(b, np.int8)) == 127 for b in blobs)  # scaled to the range
 
 
+@pytest.mark.slow
 def test_float32_file_is_compacted_at_open_and_vacuum_gives_the_space_back(db_path, open_mem):
     """A file of schema < 11 (float32 vectors, every finished journal payload kept) is converted when
     it is opened: int8 vectors, the same recall answers, done payloads dropped; vacuum shrinks it."""
@@ -212,7 +217,7 @@ def test_float32_file_is_compacted_at_open_and_vacuum_gives_the_space_back(db_pa
                           (aokun.blob_vector(blob).tobytes(), row_id))
         c.execute("update memory_write_ops set payload = json_object('content', (select content from documents "
                   "where id = document_id), 'pad', hex(randomblob(500)))")
-        c.execute("delete from meta where key = 'vector_format'")
+        c.execute("delete from meta where key in ('vector_format', 'data_version')")
         drop_schema_15_and_16(c)
         c.execute("pragma user_version = 10")
     c.execute("vacuum")

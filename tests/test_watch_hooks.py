@@ -95,6 +95,7 @@ def follow_a_transcript(db, ini, home, proc):
                                   (f"%{other.stem}%",)), DEADLINE, proc, "the rebuilt briefing")
 
 
+@pytest.mark.slow
 def test_watch_follows_appended_turns_half_lines_and_rotation(tmp_path):
     home, db, ini = home_with_clients(tmp_path), tmp_path / "w.db", write_ini(tmp_path, "none")
     err = (tmp_path / "watch-stderr.txt").open("w+", encoding="utf-8")
@@ -112,6 +113,7 @@ def test_watch_follows_appended_turns_half_lines_and_rotation(tmp_path):
     assert "Traceback" not in err.read()
 
 
+@pytest.mark.slow
 def test_serve_stdio_watches_the_clients_in_the_background(tmp_path):
     home, db = home_with_clients(tmp_path), tmp_path / "s.db"
     ini = write_ini(tmp_path, "none", conversations={"watch": "true"})  # write_ini turns it off by default
@@ -148,6 +150,7 @@ def aokun_commands(settings: dict, event: str) -> list[str]:
             if "import aokun" in h["command"]]
 
 
+@pytest.mark.slow
 def test_hooks_claude_code_install_keeps_other_settings_and_is_idempotent(tmp_path):
     home = tmp_path / "home"
     settings = home / ".claude" / "settings.json"
@@ -180,6 +183,7 @@ def test_hooks_claude_code_install_keeps_other_settings_and_is_idempotent(tmp_pa
     assert settings.read_bytes() == before and len(list(settings.parent.glob("settings.json.aokun-backup-*"))) == 1
 
 
+@pytest.mark.slow
 def test_hooks_install_replaces_an_older_aokun_py_hook_in_place(tmp_path):
     """Hooks installed by an older Aokun ran `python …/aokun.py … hook …`: installing again turns each
     into the HOOK_LAUNCHER command in the same place, adding none beside it."""
@@ -196,6 +200,7 @@ def test_hooks_install_replaces_an_older_aokun_py_hook_in_place(tmp_path):
     assert stop_hooks == ["notify-send done", aokun.hook_command("claude-code", "stop", str(db), str(ini))]
 
 
+@pytest.mark.slow
 def test_hooks_install_refuses_a_broken_settings_file(tmp_path):
     settings = tmp_path / "settings.json"
     settings.write_text("{ not json", encoding="utf-8")
@@ -209,6 +214,7 @@ CODEX_CONFIG = 'model = "gpt-5-codex"\napproval_policy = "on-request"\n\n[mcp_se
                'args = ["aokun.py", "serve"]\n\n[tui]\nnotifications = true\n'
 
 
+@pytest.mark.slow
 def test_hooks_codex_install_sets_notify_once_and_keeps_the_rest(tmp_path):
     home = tmp_path / "home"
     config = home / ".codex" / "config.toml"
@@ -237,6 +243,7 @@ def test_hooks_codex_install_leaves_another_notify_alone(tmp_path):
     assert config.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_hooks_copilot_install_writes_its_own_hook_file(tmp_path):
     home = tmp_path / "home"
     db, ini, env = tmp_path / "p.db", write_ini(tmp_path, "none"), child_env(HOME=home)
@@ -264,6 +271,7 @@ def run_hook(db, ini, home, client, event, *extra, stdin: str = "") -> tuple[sub
     return r, time.perf_counter() - started
 
 
+@pytest.mark.slow
 def test_claude_stop_hook_ingests_the_transcript_it_names(tmp_path):
     home, db, ini = home_with_clients(tmp_path), tmp_path / "k.db", write_ini(tmp_path, None)  # the local model
     path = transcript(home)
@@ -284,6 +292,7 @@ def test_claude_stop_hook_ingests_the_transcript_it_names(tmp_path):
         assert mem.value("select count(*) from conv_turns") == 7 and found(mem, "kookaburra")
 
 
+@pytest.mark.slow
 def test_claude_session_start_hook_prints_the_briefing_as_additional_context(tmp_path):
     home, db, ini = tmp_path / "home", tmp_path / "b.db", write_ini(tmp_path, None)
     w = cli(db, ini, "memorize", "Alice prefers tabs over spaces in every project", "--importance", "0.9")
@@ -299,6 +308,7 @@ def test_claude_session_start_hook_prints_the_briefing_as_additional_context(tmp
     print(f"session-start hook: {seconds:.2f} s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stdin", ["{ not json", "[1, 2]"])
 def test_a_hook_never_fails_the_client(tmp_path, stdin):
     r, _ = run_hook(tmp_path / "e.db", write_ini(tmp_path, "none"), tmp_path, "claude-code", "stop", stdin=stdin)
@@ -310,6 +320,7 @@ def test_a_hook_never_fails_the_client(tmp_path, stdin):
     assert r.returncode == 0 and r.stdout == "" and "unknown section" in r.stderr
 
 
+@pytest.mark.slow
 def test_codex_notify_hook_ingests_the_threads_rollout(tmp_path):
     home, db, ini = home_with_clients(tmp_path), tmp_path / "n.db", write_ini(tmp_path, "none")
     payload = {"type": "agent-turn-complete", "thread-id": CODEX_SID, "turn-id": "12345",
@@ -321,6 +332,7 @@ def test_codex_notify_hook_ingests_the_threads_rollout(tmp_path):
         assert [s["session_id"] for s in mem.list_sessions()] == [CODEX_SID]
 
 
+@pytest.mark.slow
 def test_copilot_session_end_hook_ingests_that_session(tmp_path):
     home, db, ini = home_with_clients(tmp_path), tmp_path / "p.db", write_ini(tmp_path, "none")
     payload = {"sessionId": COPILOT_SID, "timestamp": 1772632800000, "cwd": "/home/dev/aokun", "reason": "complete"}

@@ -371,6 +371,7 @@ def _big_english() -> str:
     return text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make, end_word", [(_big_chinese, "潜艇"), (_big_english, "zanzibarquokka")],
                          ids=["40k-chinese", "200KB-english"])
 def test_big_text_stored_fully(mem, fake_embedder, make, end_word):
@@ -388,6 +389,7 @@ def test_big_text_stored_fully(mem, fake_embedder, make, end_word):
     assert mem.doctor() == []
 
 
+@pytest.mark.slow
 def test_content_over_the_limit_is_refused(mem):
     text = "x" * (mem.cfg.write.max_content_chars + 1)
     with pytest.raises(aokun.InputError) as e:
@@ -396,6 +398,7 @@ def test_content_over_the_limit_is_refused(mem):
     assert count(mem, "documents") == 0
 
 
+@pytest.mark.slow
 def test_mixed_chinese_english_token_found_by_each_part(mem):
     target = mem.memorize("重跑gen-itgc后 报表数据恢复正常")
     mem.memorize("今天的 gen 报告还没出来")
@@ -407,6 +410,7 @@ def test_mixed_chinese_english_token_found_by_each_part(mem):
     assert fts_ids(mem, "documents_fts", "重跑") == [target["id"]]
 
 
+@pytest.mark.slow
 def test_atom_reinforcement_recomputes_ttl(mem):
     fact1 = "Bob lives in the Pudong district of Shanghai near the river"
     fact2 = "Bob lives in the Pudong district of Shanghai near the big river"
@@ -445,6 +449,7 @@ def test_reinforcement_is_by_type_and_threshold(mem):
     assert mem.value("select max(reinforcement_count) from memory_atoms") == 0
 
 
+@pytest.mark.slow
 def test_small_talk_never_reinforces(mem):
     """Short repeated phrases are separate atoms that expire on their own; a real fact said again
     (enough tokens) still reinforces."""
@@ -457,6 +462,7 @@ def test_small_talk_never_reinforces(mem):
     assert mem.value("select max(reinforcement_count) from memory_atoms") == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fact, atom_type", [
     ("I will fly to Tokyo next week", "planned"),
     ("明天下午三点和客户开会", "planned"),
@@ -534,6 +540,7 @@ def test_bad_item_in_a_batch_writes_nothing(mem):
     assert count(mem, "documents") == 0 and count(mem, "memory_write_ops") == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content", ["", "   \n\t", "\x00\x00", None, 42])
 def test_empty_or_non_text_content_rejected(mem, content):
     with pytest.raises(aokun.InputError) as e:
@@ -542,6 +549,7 @@ def test_empty_or_non_text_content_rejected(mem, content):
     assert count(mem, "documents") == 0
 
 
+@pytest.mark.slow
 def test_provider_none_stores_without_vectors(db_path, open_mem):
     m = open_mem(db_path, aokun.Embedder())
     r = m.memorize("no vectors here", {"participants": ["Eve"]})
@@ -561,6 +569,7 @@ def test_facts_equal_up_to_case_are_one_fact(mem):
     assert mem.doctor() == []
 
 
+@pytest.mark.slow
 def test_finished_writes_keep_no_payload(db_path, open_mem):
     """The journal keeps a finished write's row, not a copy of the memory: the payload lives in
     memory_write_payloads only until the write is done, so the journal stays a few pages."""
@@ -574,6 +583,7 @@ def test_finished_writes_keep_no_payload(db_path, open_mem):
     assert journal_bytes <= 4 * 4096, journal_bytes  # 61 payloads of 1.4 KB would take 20+ pages
 
 
+@pytest.mark.slow
 def test_a_fact_text_is_embedded_once(db_path, open_mem):
     """One embedding per distinct text: a fact sentence already stored for the persona takes the
     stored vector, and copies within a batch are embedded once."""
@@ -610,6 +620,7 @@ def test_session_context_is_indexed_once_per_memory_on_its_anchor(mem):
     assert b in [h["id"] for h in mem.recall("hiking May", k=5, channels="graph_keyword")["results"]]
 
 
+@pytest.mark.slow
 def test_a_refreshed_anchor_keeps_its_own_spelling_as_a_fresh_write_and_rebuild_do(db_path, open_mem):
     """A node shared by two memories keeps the first one's spelling; refreshing a later memory's
     anchor after an edit before it (and upgrading an old layout) used to write that spelling
@@ -637,6 +648,7 @@ def test_a_refreshed_anchor_keeps_its_own_spelling_as_a_fresh_write_and_rebuild_
     assert texts() == live
 
 
+@pytest.mark.slow
 def test_an_old_graph_layout_is_rewritten_when_the_file_is_opened(db_path, open_mem, monkeypatch):
     """Files before graph layout 2 indexed every describes/co_occurs_with edge as a sentence and the
     context on every fact: opening one rewrites its entries as a new write makes them (vectors kept)."""
@@ -658,7 +670,7 @@ def test_an_old_graph_layout_is_rewritten_when_the_file_is_opened(db_path, open_
                   "archived, embedding_state) values (999, '', 's', ?, ?, "
                   "'Alice describes Alice loves iced americano.', 0.9, 0, 'skip')", (b, edge))
         c.execute("insert into graph_entries_fts(rowid, segmented) values (999, 'alice describes alice')")
-        c.execute("delete from meta where key = 'graph_layout'")
+        c.execute("delete from meta where key in ('graph_layout', 'data_version')")
     mem.close()
     monkeypatch.setattr(aokun, "GRAPH_UPGRADE_BATCH", 1)  # one memory a transaction: the lock is let go between
     mem = open_mem(db_path)

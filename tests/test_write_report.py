@@ -50,6 +50,7 @@ async def call(client, tool, args) -> dict:
     return r.structured_content
 
 
+@pytest.mark.slow
 async def test_memorize_reports_the_redacted_secrets_by_kind_never_the_secret(server_on):
     text = f"Deploy notes: DB_PASSWORD={SECRET_PW} and OPENAI_API_KEY={SECRET_KEY} for staging."
     async with Client(server_on()) as c:
@@ -73,6 +74,7 @@ async def test_memorize_reports_the_redacted_secrets_by_kind_never_the_secret(se
     assert stored["summary"] == "pwd: [REDACTED:password]"
 
 
+@pytest.mark.slow
 def test_a_repeat_and_a_batch_item_report_their_own_redactions(mem):
     first = mem.memorize(f"token: {SECRET_PW}")
     again = mem.memorize(f"token: {SECRET_PW}")
@@ -88,6 +90,7 @@ FLAT = "My favourite coffee is a flat white."
 ICED = "My favourite coffee is now an iced americano."
 
 
+@pytest.mark.slow
 async def test_supersedes_archives_the_older_with_a_link_both_ways(server_on):
     async with Client(server_on()) as c:
         old = await call(c, "memorize", {"content": FLAT})
@@ -113,6 +116,7 @@ async def test_supersedes_archives_the_older_with_a_link_both_ways(server_on):
         assert old["id"] in [h["id"] for h in hits["results"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["missing", "other persona", "same text", "not ids"])
 async def test_bad_supersedes_is_one_line_naming_it_and_nothing_is_stored(server_on, bad):
     async with Client(server_on()) as c:
@@ -141,6 +145,7 @@ def test_supersedes_on_a_repeat_links_the_memory_holding_the_text(mem):
     assert mem.get(old)["superseded_by"] is None and mem.get(old)["archived"] is True
 
 
+@pytest.mark.slow
 def test_export_import_round_trip_keeps_the_link(tmp_path, open_mem):
     a = open_mem(tmp_path / "a.db")
     old = a.memorize(FLAT, {"persona_id": "p"})["id"]
@@ -168,6 +173,7 @@ def test_export_import_round_trip_keeps_the_link(tmp_path, open_mem):
     assert c.value("select count(*) from documents where superseded_by is not null") == 0
 
 
+@pytest.mark.slow
 async def test_may_update_names_the_older_memory_with_the_real_model(server_on, local_embedder):
     async with Client(server_on(local_embedder)) as c:
         flat = await call(c, "memorize", {"content": FLAT, "metadata": {"persona_id": "p"}})
