@@ -523,6 +523,7 @@ def test_mcp_conversation_tools_are_listed_by_default_and_answer(tmp_path, segme
     anyio.run(run)
 
 
+@pytest.mark.slow
 def test_mcp_conversation_stats_tells_the_watchs_progress_only_while_it_reads(tmp_path, segmenter):
     cfg = aokun.Config(None, overrides={
         ("backup", "dir"): str(tmp_path / "bk"), ("backup", "daily"): False,

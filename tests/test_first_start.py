@@ -181,6 +181,7 @@ def server_config(tmp_path: Path, **conversations) -> aokun.Config:
     return aokun.Config(None, overrides=overrides)
 
 
+@pytest.mark.slow
 def test_first_start_stores_the_newest_sessions_first_and_reports_progress(tmp_path, monkeypatch,
                                                                           open_mem):
     home = tmp_path / "home"
@@ -234,6 +235,7 @@ def test_first_start_stores_the_newest_sessions_first_and_reports_progress(tmp_p
         state.close()
 
 
+@pytest.mark.slow
 def test_the_limits_leave_out_old_sessions_and_other_projects(tmp_path, monkeypatch, open_mem):
     home = tmp_path / "home"
     monkeypatch.setenv("HOME", str(home))
@@ -261,6 +263,7 @@ def test_the_limits_leave_out_old_sessions_and_other_projects(tmp_path, monkeypa
     assert (old["source"], old["session_id"]) in stored_sessions(mem)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key, value", [("watch_exclude_projects", "~/work/x, myproject"),
                                         ("watch_include_projects", "work/*")])
 def test_a_project_pattern_that_cannot_match_is_refused_naming_the_setting(tmp_path, key, value):
@@ -321,6 +324,7 @@ def long_session(home: Path, s: dict, turns: int) -> list[int]:
     return offsets
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_way_goes_on_where_it_stopped(tmp_path):
     home = tmp_path / "home"
     sessions = write_history(home, claude=140, codex=20, seed=11)

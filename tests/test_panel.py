@@ -424,6 +424,7 @@ def test_conversations_lists_sessions_shows_turns_in_order_and_searches(panel, t
     assert missing.status_code == 404 and "espresso" not in missing.text
 
 
+@pytest.mark.slow
 def test_health_and_conversations_show_the_watchs_progress(panel):
     web, client, mem, _, _ = panel
     login(web, client)
