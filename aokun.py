@@ -2459,6 +2459,18 @@ class Layers:
                           "where id = ?",
                           (left, expires, doc_id, other, now_iso(), r["atom_id"]))
 
+    def _drop_atom_in_tx(self, uid: str) -> None:
+        """Delete atom `uid` (if here) with its FTS row and sources; what it superseded keeps its
+        state, superseded by nothing. In tx."""
+        atom_id = self.value("select id from memory_atoms where uid = ?", (uid,))
+        if atom_id is not None:
+            c = self.conn
+            c.execute("update memory_atoms set superseded_by = null where superseded_by = ?",
+                      (atom_id,))
+            c.execute("delete from memory_atoms_fts where rowid = ?", (atom_id,))
+            c.execute("delete from atom_sources where atom_id = ?", (atom_id,))
+            c.execute("delete from memory_atoms where id = ?", (atom_id,))
+
     def _stage_graph(self, p: Prepared, _vectors) -> None:
         """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and their
         searchable entries, all tied to the source document (seed: Memory Model 3). In tx.
@@ -6805,8 +6817,10 @@ class Portable:
         base rows with a journal row each and re-derived through the pipeline (FTS, graph, vectors
         back-filled); atoms, facts, conversations and tombstones as rows. A tombstone deletes the row
         it names when that was not changed after the deletion. Everything but the re-derivation is one
-        transaction. `derive_atoms` re-derives the memories' atoms too (sync, which does not carry
-        them) instead of taking the atom records; `overwrite` (uids) are written over the row here
+        transaction. `derive_atoms` re-derives the memories' atoms too (a sync file of version 1,
+        which does not carry them) instead of taking the atom records; else an atom a memory written
+        over here first stated and no longer states goes (_drop_unstated_atoms). `overwrite` (uids)
+        are written over the row here
         even when it is as late (sync's tie-break decided). `progress(done, total)`, when given,
         hears the memories re-derived and embedded so far (IMPORT_CHUNK at a time) of those
         written, then (done, None) the conversation turns embedded. Returns {kind: {added,
@@ -6824,6 +6838,10 @@ class Portable:
                     preps = self._import_memories(by_kind["memory"], report["memory"], ids, claim,
                                                   "docs_done" if derive_atoms else "atoms_done")
                     self._import_atoms(by_kind["atom"], report["atom"], ids)
+                    if not derive_atoms:  # the memories written over here and those of the atoms
+                        self._drop_unstated_atoms({p.document_id for p in preps} | {
+                            ids[("documents", r["document"])] for _, r in by_kind["atom"]
+                            if ("documents", r["document"]) in ids})
                     self._import_kg(by_kind["entity"], by_kind["triple"], report, ids)
                     self._import_conversations(by_kind["session"], by_kind["turn"], report, ids)
                     self._import_consolidations(by_kind["consolidation"], report["consolidation"], ids)
@@ -6970,8 +6988,10 @@ class Portable:
             cols |= {"document_id": doc_id, "superseded_by": None}
             atom_id = ids[("memory_atoms", r["uid"])] = self._import_row("memory_atoms", cols, atom_id, n)
             c.execute("delete from memory_atoms_fts where rowid = ?", (atom_id,))
-            c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)",
-                      (atom_id, " ".join(self.seg.tokens(_record_value(r, "content", n, (str,))))))
+            if r["state"] != "forgotten":  # never retrieved: no FTS row (lifecycle.sql)
+                tokens = self.seg.tokens(_record_value(r, "content", n, (str,)))
+                c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)",
+                          (atom_id, " ".join(tokens)))
             c.execute("delete from atom_sources where atom_id = ?", (atom_id,))
             for uid in [r["document"], *_record_value(r, "sources", n, (list,))]:
                 if (src := self._uid_id("documents", uid, ids, r["persona_id"])) is not None:
@@ -6982,6 +7002,25 @@ class Portable:
             if atom_id is not None and r["superseded_by"] is not None:
                 c.execute("update memory_atoms set superseded_by = ? where id = ?",
                           (self._uid_id("memory_atoms", r["superseded_by"], ids, r["persona_id"]), atom_id))
+
+    def _drop_unstated_atoms(self, doc_ids) -> None:
+        """The atoms that a memory of `doc_ids` first stated (their uid is its atom_uid) and alone
+        sources, but whose fact it no longer states (in its key facts; without key facts, in its
+        text): gone, as the edit that dropped the fact removed them where it was made. Without this
+        an atom changed on one device while another edited its memory would outlive the edit: atoms
+        come as their own records, not derived again. In tx."""
+        for doc_id in sorted(doc_ids):
+            d = self.rows("select uid, persona_id, content, key_facts from documents where id = ?",
+                          (doc_id,))
+            if not d:
+                continue
+            d, facts = d[0], json.loads(d[0]["key_facts"])
+            for a in self.rows("select a.uid, a.content from memory_atoms a where a.document_id = "
+                               ":doc and not exists (select 1 from atom_sources s where "
+                               "s.atom_id = a.id and s.document_id != :doc)", {"doc": doc_id}):
+                stated = a["content"] in facts if facts else a["content"] in d["content"]
+                if not stated and a["uid"] == atom_uid(d["persona_id"], d["uid"], a["content"]):
+                    self._drop_atom_in_tx(a["uid"])
 
     def _import_kg(self, entities, triples, report: dict, ids: dict) -> None:
         """Upsert the entities (one already here under another uid, same persona and canonical name,
@@ -7103,15 +7142,26 @@ class Portable:
 # Sync between devices: changeset files in a shared folder ########################################
 
 SYNC_FORMAT = "aokun-changeset"  #: a changeset file's header `format`
-SYNC_VERSION = 1  #: the changeset file layout; a file of a newer one is skipped (upgrade Aokun)
+#: The changeset file layout; a file of a newer one is skipped (upgrade Aokun). 2: atoms travel
+#: with their lifecycle state (a file of 1 has none: this device derives the atoms of its memories).
+SYNC_VERSION = 2
 #: The name this device gives its changeset files: `<device id (a uuid4)>-<sequence number>.changeset`.
 #: Only a hint: a file is known by its header (a sync tool may rename it, `….sync-conflict-….changeset`).
 SYNC_NAME = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(\d{8,})\.changeset$")
 #: The export kinds that travel: kind → (the field it is keyed by, the time that orders its versions).
-#: Atoms do not: they are derived, each device re-derives them from the memories it merges.
-SYNC_KINDS = {"memory": ("uid", "updated_at"), "entity": ("uid", "updated_at"), "triple": ("uid", "updated_at"),
+#: Atoms too: derived from their memories, but their lifecycle (reinforcements, expiry, dormancy,
+#: supersession) is what happened to them on the devices, which deriving them anew would lose.
+SYNC_KINDS = {"memory": ("uid", "updated_at"), "atom": ("uid", "updated_at"),
+              "entity": ("uid", "updated_at"), "triple": ("uid", "updated_at"),
               "session": ("uid", "updated_at"), "turn": ("uid", "created_at"),
               "consolidation": ("survivor", "created_at"), "tombstone": ("uid", "deleted_at")}
+#: The table of each kind whose rows carry an updated_at (what _sync_order_successors moves).
+SYNC_TABLES = {"memory": "documents", "atom": "memory_atoms", "entity": "kg_entities",
+               "triple": "kg_triples", "session": "conv_sessions"}
+#: An atom's reinforcement (what merge_atoms takes from the more reinforced version) and its state
+#: (what it takes from the later state change).
+ATOM_REINFORCEMENT = ("reinforcement_count", "last_reinforced_at", "expires_at")
+ATOM_STATE = ("state_changed_at", "state", "superseded_by")
 #: Fields a record's content hash leaves out: its times and the usage bookkeeping each device keeps
 #: itself (daily decay, access counts). Alone they make no change to send; they travel with one.
 SYNC_UNHASHED = ("updated_at", "created_at", "deleted_at", "importance", "access_count", "last_access_at",
@@ -7159,6 +7209,31 @@ def sync_hash(rec: dict) -> str:
     body = {k: v for k, v in rec.items()
             if k not in SYNC_UNHASHED and not (k in optional and v is None)}
     return hashlib.sha256(json.dumps(body, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def merge_atoms(a: dict, b: dict) -> dict:
+    """The version of an atom every device keeps when two devices each changed it (atom records `a`
+    and `b` of one uid) since they last agreed: the later version (updated_at, then the rest of its
+    content) with the reinforcement (count, last reinforced, expiry) of the more reinforced one, the
+    higher confidence, the sources of both, and the state (state, since when, superseded by) of the
+    later state change, unless that is an expiry the other's reinforcement postponed past it (a
+    reinforcement it did not know of: the other state stands). Each part is the larger of the two by
+    an order of its own, so every device merges the two alike, and merging the merge with either
+    gives the merge."""
+    merged = (*ATOM_REINFORCEMENT, *ATOM_STATE, "confidence", "sources")
+    out = dict(max(a, b, key=lambda r: (r["updated_at"], json.dumps(
+        {k: v for k, v in r.items() if k not in merged}, ensure_ascii=False, sort_keys=True))))
+    more = max(a, b, key=lambda r: tuple(r[k] for k in ATOM_REINFORCEMENT))
+    out.update({k: more[k] for k in ATOM_REINFORCEMENT},
+               confidence=max(a["confidence"], b["confidence"]),
+               sources=sorted(set(a["sources"]) | set(b["sources"])))
+    states = sorted((a, b), key=lambda r: tuple(r[k] or "" for k in ATOM_STATE), reverse=True)
+    held = [r for r in states if r["state"] not in ("expired", "forgotten")
+            or out["expires_at"] <= r["state_changed_at"]]
+    out.update({k: held[0][k] for k in ATOM_STATE} if held else  # both expiries postponed
+               {"state": "active", "state_changed_at": states[0]["state_changed_at"],
+                "superseded_by": None})
+    return out
 
 
 def sync_inflate_limit(compressed: int) -> int:
@@ -7453,10 +7528,10 @@ class Sync:
         in this sync (it goes next time)."""
         behind = s.execute("select c.kind, c.uid, c.stamp, c.hash, b.stamp, c.body from current c join base0 b "
                            "on b.kind = c.kind and b.uid = c.uid where (c.stamp, c.hash) < (b.stamp, b.hash) "
-                           "and c.kind in ('memory', 'entity', 'triple', 'session')").fetchall()
-        for kind, uid, stamp, _digest, after, body in behind:
-            table = {"memory": "documents", "entity": "kg_entities", "triple": "kg_triples",
-                     "session": "conv_sessions"}[kind]
+                           "and c.kind in (select value from json_each(?))",
+                           (json.dumps(list(SYNC_TABLES)),))
+        for kind, uid, stamp, _digest, after, body in behind.fetchall():
+            table = SYNC_TABLES[kind]
             later = iso(parse_time(after) + dt.timedelta(seconds=1))
             with self.tx() as c:
                 c.execute(f"update {table} set updated_at = ? where uid = ? and updated_at = ?", (later, uid, stamp))
@@ -7546,7 +7621,8 @@ class Sync:
                     break
                 try:
                     h, changes = self._sync_read(found[key], *key)
-                    self._sync_merge(changes, (*key[:2], h["sha256"]), s, report, h.get("resend") is True)
+                    self._sync_merge(changes, (*key[:2], h["sha256"]), s, report,
+                                     h.get("resend") is True, derive_atoms=h["version"] < 2)
                 except SyncFileError as e:
                     report["skipped"].append({"file": found[key].name, "reason": str(e)})
                     break
@@ -7558,8 +7634,9 @@ class Sync:
         SHA-256 `digest`, as scan_changesets found it), checked: the header line (format, version,
         device, number, length, SHA-256), then each change (table `records`, a record of a synced kind
         matching its key, one the import reads). Returns (the header, [(op, kind, uid,
-        stamp, hash, record or None (a delete), (old stamp, old hash) or None (not an update))]).
-        Raises SyncFileError with the reason."""
+        stamp, hash, record or None (a delete: the stamp and hash it had), (old stamp, old hash) or
+        None (not an update))]). A file of version 1 (no atoms) is read as well. Raises
+        SyncFileError with the reason."""
         head, payload, on_disk = read_changeset_file(path)
         try:
             h = json.loads(head) if head.endswith(b"\n") else None
@@ -7585,7 +7662,7 @@ class Sync:
                 if ch.name != "records" or ch.column_count != 5:
                     raise SyncFileError(f"foreign changeset (table {ch.name!r})")
                 if ch.op == "DELETE":
-                    changes.append(("DELETE", *ch.old[:3], None, None, None))
+                    changes.append(("DELETE", *ch.old[:4], None, None))
                     continue
                 kind, uid = (ch.new if ch.op == "INSERT" else ch.old)[:2]
                 stamp, rec = _change_value(ch, 2), json.loads(ch.new[4])  # no_change: the stamp stayed
@@ -7611,85 +7688,175 @@ class Sync:
         return h, changes
 
     def _sync_merge(self, changes: list[tuple], key: tuple, s: apsw.Connection, report: dict,
-                    resend: bool = False) -> None:
+                    resend: bool = False, derive_atoms: bool = False) -> None:
         """Merge the changes of file `key` (device, seq, sha256); `resend`: a file that sends again
-        what its device had (_sync_new_device), whose losing versions are no new conflicts. Per record
-        the version here and the incoming one are ordered by (stamp, hash) and the later wins, on
-        every device alike; a record deleted here
-        at or after the incoming stamp stays deleted. When both sides changed it since they last
-        agreed (the incoming update was not made on the version here, and the incoming version is not
-        one this file sent or merged before) and the contents differ, the losing version goes into
-        sync_conflicts. The winners are imported (memories re-derived, atoms included); then the file is
-        marked applied. Each step is a transaction (repeated after a crash, it changes nothing)."""
-        winners, known, conflicts, drops, ties = [], [], [], [], set()
-        mine, dev = self.meta_get("sync_device"), key[0]
-
-        def lost(loser: dict, kind: str, uid: str, loser_stamp: str, winner_stamp: str, source: str) -> None:
-            if not (resend and source == dev):
-                conflicts.append({"kind": kind, "uid": uid, "persona_id": loser.get("persona_id"),
-                                  "loser_from": source, "winner_stamp": winner_stamp, "loser_stamp": loser_stamp,
-                                  "loser": json.dumps(loser, ensure_ascii=False)})
-
-        for _op, kind, uid, stamp, digest, rec, old in changes:
-            if rec is None:  # a delete: a tombstone says what was deleted, and when; an undone consolidation goes
-                if kind == "consolidation":
-                    drops.append({"uid": uid, "stamp": stamp})
-                continue
-            here = s.execute("select stamp, hash, body from current where kind = ? and uid = ?", (kind, uid)).fetchone()
-            base = s.execute("select stamp, hash from base0 where kind = ? and uid = ?", (kind, uid)).fetchone()
-            version = (stamp, digest)
-            if here is not None and tuple(here[:2]) == version:
-                known.append({"kind": kind, "uid": uid, "stamp": stamp, "hash": digest})
-                continue
-            if here is None:
-                gone = s.execute("select stamp, body from current where kind = 'tombstone' and uid = ?",
-                                 (uid,)).fetchone() if kind in TOMBSTONE_KINDS.values() else None
-                if gone is not None and gone[0] >= stamp:  # deleted here as late: it stays deleted
-                    if base is None or tuple(base) != version:
-                        lost(rec, kind, uid, stamp, gone[0], dev)
-                    continue
-                if gone is not None:  # changed there after it was deleted here: it comes back
-                    lost(json.loads(gone[1]), "tombstone", uid, gone[0], stamp, mine)
-            elif version > tuple(here[:2]):
-                if (old is None or tuple(old) != tuple(here[:2])) and here[1] != digest:
-                    lost(json.loads(here[2]), kind, uid, here[0], stamp, mine)
-                if stamp == here[0]:
-                    ties.add(uid)
-            else:
-                if (base is None or tuple(base) != version) and here[1] != digest:
-                    lost(rec, kind, uid, stamp, here[0], dev)
-                continue
-            if kind == "tombstone" and (named := TOMBSTONE_KINDS.get(str(rec["table_name"]))):
-                row = s.execute("select stamp from current where kind = ? and uid = ?", (named, uid)).fetchone()
-                if row is not None and row[0] > stamp:  # changed here after it was deleted there: it stays
-                    lost(rec, kind, uid, stamp, row[0], dev)
-            winners.append((kind, uid, stamp, digest, rec))
-            known.append({"kind": kind, "uid": uid, "stamp": stamp, "hash": digest})
+        what its device had (_sync_new_device), whose losing versions are no new conflicts;
+        `derive_atoms`: a file of SYNC_VERSION 1, which carries no atoms (this device derives those
+        of the memories it merges). Each record is decided by _sync_decide; the winners are
+        imported (memories re-derived, atoms taken as they come), then the atoms settled
+        (_sync_settle_atoms), then the file is marked applied. Each step is a transaction
+        (repeated after a crash, it changes nothing)."""
+        plan = SyncPlan(mine=self.meta_get("sync_device"), dev=key[0], resend=resend)
+        for change in changes:
+            self._sync_decide(change, s, plan)
         with self.tx() as c:
-            for x in conflicts:
+            for x in plan.conflicts:
                 c.execute(self.queries["sync_conflict_add"], x | {"now": now_iso()})
                 report["conflicts"] += c.changes()
-            for d in drops:
+            for d in plan.drops:
                 c.execute(self.queries["sync_consolidation_drop"], d)
-        if winners:
+        if plan.winners:
             header = {"kind": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION}
+            lines = [json.dumps(header), *(json.dumps(w[4], ensure_ascii=False)
+                                           for w in plan.winners)]
             try:
-                r = self.import_export([json.dumps(header), *(json.dumps(w[4], ensure_ascii=False) for w in winners)],
-                                       derive_atoms=True, overwrite=frozenset(ties))
+                r = self.import_export(lines, derive_atoms=derive_atoms,
+                                       overwrite=frozenset(plan.ties))
             except ImportFileError as e:
                 raise SyncFileError(f"the import refuses it ({e})") from None
             for kind, counts in r.items():
                 if kind != "deleted":
                     for k in report["merged"]:
                         report["merged"][k] += counts[k]
+        self._sync_settle_atoms(plan, s)
         with self.tx() as c:
-            for k in known:
+            for k in plan.known:
                 c.execute(self.queries["sync_base_set"], k)
-            c.execute(self.queries["sync_applied_add"], {"device": dev, "seq": key[1], "sha256": key[2],
-                                                         "now": now_iso()})
+            c.execute(self.queries["sync_applied_add"], {"device": plan.dev, "seq": key[1],
+                                                         "sha256": key[2], "now": now_iso()})
+
+    def _sync_decide(self, change: tuple, s: apsw.Connection, plan: "SyncPlan") -> None:
+        """Decide one change of a file (a _sync_read change) into `plan`. Per record the version
+        here (scratch `current`) and the incoming one are ordered by (stamp, hash) and the later
+        wins, on every device alike; a record deleted here at or after the incoming stamp stays
+        deleted. When both sides changed it since they last agreed (the incoming update was not
+        made on the version here, and the incoming version is not one this file sent or merged
+        before) and the contents differ, the losing version goes into sync_conflicts; but two
+        versions of an atom merge (merge_atoms: derived data, each side's change is kept). An atom
+        deleted there goes here when it is here as it was there; changed here since, it stays
+        (_sync_settle_atoms)."""
+        _op, kind, uid, stamp, digest, rec, old = change
+        one = "select stamp, hash, body from current where kind = ? and uid = ?"
+        if rec is None:  # a delete: a tombstone says what was deleted and when; an undone
+            if kind == "consolidation":  # consolidation goes
+                plan.drops.append({"uid": uid, "stamp": stamp})
+            elif kind == "atom" and (here := s.execute(one, (kind, uid)).fetchone()) is not None:
+                as_there = tuple(here[:2]) == (stamp, digest)
+                (plan.atoms_gone if as_there else plan.atoms_kept).append(uid)
+            return
+        here = s.execute(one, (kind, uid)).fetchone()
+        base = s.execute("select stamp, hash from base0 where kind = ? and uid = ?",
+                         (kind, uid)).fetchone()
+        version = (stamp, digest)
+        incoming = {"kind": kind, "uid": uid, "stamp": stamp, "hash": digest}
+        if here is not None and tuple(here[:2]) == version:
+            plan.known.append(incoming)
+            return
+        if here is None:
+            gone = s.execute(one, ("tombstone", uid)).fetchone() \
+                if kind in TOMBSTONE_KINDS.values() else None
+            if gone is not None and gone[0] >= stamp:  # deleted here as late: it stays deleted
+                if base is None or tuple(base) != version:
+                    plan.lost(rec, kind, uid, stamp, gone[0], plan.dev)
+                return
+            if gone is not None:  # changed there after it was deleted here: it comes back
+                plan.lost(json.loads(gone[2]), "tombstone", uid, gone[0], stamp, plan.mine)
+        elif here[1] != digest and (
+                version > tuple(here[:2]) and (old is None or tuple(old) != tuple(here[:2]))
+                or version < tuple(here[:2]) and (base is None or tuple(base) != version)):
+            if kind == "atom":  # both changed it: the merge of the two, over the version here
+                rec = merge_atoms(json.loads(here[2]), rec)
+                stamp, digest = rec["updated_at"], sync_hash(rec)
+                if (stamp, digest) == tuple(here[:2]):
+                    plan.known.append(incoming)
+                    return
+            elif version > tuple(here[:2]):
+                plan.lost(json.loads(here[2]), kind, uid, here[0], stamp, plan.mine)
+            else:
+                plan.lost(rec, kind, uid, stamp, here[0], plan.dev)
+                return
+        elif version < tuple(here[:2]):
+            return
+        if here is not None and stamp == here[0]:
+            plan.ties.add(uid)
+        if kind == "tombstone" and (named := TOMBSTONE_KINDS.get(str(rec["table_name"]))):
+            row = s.execute(one, (named, uid)).fetchone()
+            if row is not None and row[0] > stamp:  # changed here after it was deleted there: stays
+                plan.lost(rec, kind, uid, stamp, row[0], plan.dev)
+        plan.winners.append((kind, uid, stamp, digest, rec))
+        plan.known.append(incoming)
+
+    def _sync_settle_atoms(self, plan: "SyncPlan", s: apsw.Connection) -> None:
+        """After a file's winners are imported: the atoms deleted there that are here as they were
+        there go; those changed here since stay, and are sent whole again at the next sync (their
+        base is dropped), so the device that deleted them gets them back; where each device gave a
+        single-valued slot a new value apart, the newest stays (_sync_supersede). The scratch
+        `current` learns the winners and what went (also atoms the import dropped)."""
+        exists = "select 1 from memory_atoms where uid = ?"
+        with self.tx() as c:
+            for uid in plan.atoms_gone:
+                self._drop_atom_in_tx(uid)
+                c.execute(self.queries["sync_base_drop"], {"kind": "atom", "uid": uid})
+            for uid in plan.atoms_kept:
+                if self.value(exists, (uid,)):
+                    c.execute(self.queries["sync_base_drop"], {"kind": "atom", "uid": uid})
+            self._sync_supersede([w[1] for w in plan.winners if w[0] == "atom"])
+        docs = [w[1] for w in plan.winners if w[0] == "memory" or w[0] == "tombstone"
+                and w[4]["table_name"] == "documents"]  # whose atoms the import may have dropped
+        held = s.execute("select uid from current where kind = 'atom' and json_extract(body, "
+                         "'$.document') in (select value from json_each(?))", (json.dumps(docs),))
+        gone = plan.atoms_gone + [u for (u,) in held.fetchall() if not self.value(exists, (u,))]
         with s:
             s.executemany("insert or replace into current values (?, ?, ?, ?, ?)",
-                          [(*w[:4], json.dumps(w[4], ensure_ascii=False)) for w in winners])
+                          [(*w[:4], json.dumps(w[4], ensure_ascii=False)) for w in plan.winners])
+            s.executemany("delete from current where kind = 'atom' and uid = ?",
+                          [(u,) for u in gone])
+
+    def _sync_supersede(self, uids) -> None:
+        """Where two devices each gave a single-valued slot a new value apart, the atoms `uids`
+        merged in leave both active: as Layers._supersede does on a write, the newest (by
+        created_at, then uid, so every device picks the same) stays active and those of other
+        values are superseded by it. In tx."""
+        groups, stamp = set(), now_iso()
+        for uid in uids:
+            groups.update(tuple(r.values()) for r in self.rows(
+                "select persona_id, subject, slot from memory_atoms where uid = ? "
+                "and state = 'active' and slot != ''", (uid,)))
+        for persona, subject, slot in sorted(groups):
+            active = self.rows("select id, uid, slot_value, created_at from memory_atoms where "
+                               "persona_id = ? and subject = ? and slot = ? and state = 'active'",
+                               (persona, subject, slot))
+            newest = max(active, key=lambda r: (r["created_at"], r["uid"]))
+            for r in active:
+                if r["slot_value"] != newest["slot_value"]:
+                    self.conn.execute("update memory_atoms set state = 'superseded', "
+                                      "superseded_by = ?, state_changed_at = ?, updated_at = ? "
+                                      "where id = ?",
+                                      (newest["id"], stamp, stamp, r["id"]))
+
+
+@dataclass
+class SyncPlan:
+    """What merging one changeset file does: Sync._sync_decide fills it in, _sync_merge does it."""
+    mine: str | None  #: this file's device id
+    dev: str  #: the device id of the file
+    resend: bool = False  #: a file sending again what its device had: its losers are no conflicts
+    winners: list = field(default_factory=list)  #: (kind, uid, stamp, hash, record) to import
+    known: list = field(default_factory=list)  #: {kind, uid, stamp, hash}: held on both sides now
+    conflicts: list = field(default_factory=list)  #: sync_conflict_add rows
+    drops: list = field(default_factory=list)  #: {uid, stamp}: consolidations undone there
+    ties: set = field(default_factory=set)  #: uids imported over a version here as late as theirs
+    atoms_gone: list = field(default_factory=list)  #: atoms deleted there as they are here
+    atoms_kept: list = field(default_factory=list)  #: atoms deleted there but changed here since
+
+    def lost(self, loser: dict, kind: str, uid: str, loser_stamp: str, winner_stamp: str,
+             source: str) -> None:
+        """Keep `loser`, the version of `source` (a device id) that lost a conflict."""
+        if not (self.resend and source == self.dev):
+            self.conflicts.append({"kind": kind, "uid": uid, "persona_id": loser.get("persona_id"),
+                                   "loser_from": source, "winner_stamp": winner_stamp,
+                                   "loser_stamp": loser_stamp,
+                                   "loser": json.dumps(loser, ensure_ascii=False)})
 
 
 # Conversations: watching the clients' folders, and the clients' hooks ###########################
