@@ -7162,10 +7162,16 @@ SYNC_TABLES = {"memory": "documents", "atom": "memory_atoms", "entity": "kg_enti
 #: (what it takes from the later state change).
 ATOM_REINFORCEMENT = ("reinforcement_count", "last_reinforced_at", "expires_at")
 ATOM_STATE = ("state_changed_at", "state", "superseded_by")
-#: Fields a record's content hash leaves out: its times and the usage bookkeeping each device keeps
-#: itself (daily decay, access counts). Alone they make no change to send; they travel with one.
+#: Fields a record's content hash leaves out: its times and its usage bookkeeping (SYNC_USAGE).
 SYNC_UNHASHED = ("updated_at", "created_at", "deleted_at", "importance", "access_count", "last_access_at",
                  "useful_count", "last_useful_at", "turn_count")
+#: The usage bookkeeping: what changes without a new version (the daily decay lowers importance
+#: and halves access counts, a recall counts an access). A change of it alone is sent too
+#: (sync_usage) and merged (merge_usage), never a conflict.
+SYNC_USAGE = ("importance", "access_count", "last_access_at", "useful_count", "last_useful_at",
+              "turn_count")
+#: The usage counts each device keeps apart (accesses, uses, turns): a merge takes the larger.
+SYNC_COUNTERS = ("access_count", "last_access_at", "useful_count", "last_useful_at", "turn_count")
 #: The synced kind of the row a tombstone's table_name names.
 TOMBSTONE_KINDS = {"documents": "memory", "kg_entities": "entity", "kg_triples": "triple",
                    "conv_sessions": "session", "conv_turns": "turn"}
@@ -7180,8 +7186,9 @@ SYNC_DEVICE_RX = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0
 _SYNC_RUNNING: set[str] = set()  #: database files this process is syncing now
 _SYNC_LOCK = threading.Lock()
 _SYNC_TABLES = """
-create table base0(kind text, uid text, stamp text, hash text, primary key(kind, uid));
-create table current(kind text, uid text, stamp text, hash text, body text, primary key(kind, uid));
+create table base0(kind text, uid text, stamp text, hash text, usage text, primary key(kind, uid));
+create table current(kind text, uid text, stamp text, hash text, body text, usage text,
+                     primary key(kind, uid));
 create table records(kind text, uid text, stamp text, hash text, body text, primary key(kind, uid));
 """
 
@@ -7209,6 +7216,30 @@ def sync_hash(rec: dict) -> str:
     body = {k: v for k, v in rec.items()
             if k not in SYNC_UNHASHED and not (k in optional and v is None)}
     return hashlib.sha256(json.dumps(body, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sync_usage(rec: dict) -> str:
+    """The hash of export record `rec`'s usage bookkeeping (its SYNC_USAGE fields): 16 hex digits,
+    '' for a kind without any."""
+    usage = {k: rec[k] for k in SYNC_USAGE if k in rec}
+    if not usage:
+        return ""
+    return hashlib.sha256(json.dumps(usage, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def merge_usage(a: dict, b: dict, winner: dict) -> dict:
+    """`winner` (one of `a` and `b`, two versions of a record, or what merged them) with the usage
+    of both: the larger of each count and the later of each time (SYNC_COUNTERS: what each device
+    counted apart), and, when `a` and `b` are the same version (they differ in usage only), the
+    lower importance (only the daily decay changes it without a new version, and only lowers it)."""
+    out = dict(winner)
+    for k in SYNC_COUNTERS:
+        if k in a and k in b:
+            out[k] = b[k] if a[k] is None else a[k] if b[k] is None else max(a[k], b[k])
+    same = (a.get("updated_at"), sync_hash(a)) == (b.get("updated_at"), sync_hash(b))
+    if "importance" in a and same:
+        out["importance"] = min(a["importance"], b["importance"])
+    return out
 
 
 def merge_atoms(a: dict, b: dict) -> dict:
@@ -7502,7 +7533,7 @@ class Sync:
         s = apsw.Connection("")
         s.execute(_SYNC_TABLES)
         with s:
-            s.executemany("insert into base0 values (:kind, :uid, :stamp, :hash)",
+            s.executemany("insert into base0 values (:kind, :uid, :stamp, :hash, :usage)",
                           self.rows(self.queries["sync_base_all"]))
             if not self.meta_get("sync_resend"):  # else records starts empty: everything is sent
                 s.execute("insert into records select kind, uid, stamp, hash, null from base0")
@@ -7512,8 +7543,9 @@ class Sync:
                     for rec in self.export_records(kinds=SYNC_KINDS):
                         if rec["kind"] != "header":
                             key, stamp = SYNC_KINDS[rec["kind"]]
-                            s.execute("insert into current values (?, ?, ?, ?, ?)", (
-                                rec["kind"], rec[key], rec[stamp], sync_hash(rec), json.dumps(rec, ensure_ascii=False)))
+                            s.execute("insert into current values (?, ?, ?, ?, ?, ?)", (
+                                rec["kind"], rec[key], rec[stamp], sync_hash(rec),
+                                json.dumps(rec, ensure_ascii=False), sync_usage(rec)))
                 finally:
                     self.conn.execute("COMMIT")
         self._sync_order_successors(s)
@@ -7542,14 +7574,15 @@ class Sync:
                     s.execute("update current set stamp = ?, body = ? where kind = ? and uid = ?",
                               (later, json.dumps(rec, ensure_ascii=False), kind, uid))
                 else:
-                    s.execute("update current set stamp = b.stamp, hash = b.hash from base0 b where b.kind = "
-                              "current.kind and b.uid = current.uid and current.kind = ? and current.uid = ?",
-                              (kind, uid))
+                    s.execute("update current set stamp = b.stamp, hash = b.hash, usage = b.usage "
+                              "from base0 b where b.kind = current.kind and b.uid = current.uid "
+                              "and current.kind = ? and current.uid = ?", (kind, uid))
 
     def _sync_write(self, folder: Path, device: str, s: apsw.Connection, found: dict) -> tuple[str | None, int]:
         """Make the changeset base → current (a session on the scratch `records` table while it is
         brought to `current`: inserts carry the whole record, updates the new stamp, hash and body,
-        deletes only the key), write it into `folder` as this device's next file (a temporary name,
+        also of a record whose usage alone changed, deletes only the key), write it into `folder` as
+        this device's next file (a temporary name,
         then renamed: never a partial file under the final name), then record it as sent. Its number
         follows this device's files in `found` (scan_changesets) too. Returns (file name, records) or
         (None, 0) when nothing changed."""
@@ -7559,10 +7592,13 @@ class Sync:
             s.execute("delete from records where not exists "
                       "(select 1 from current c where c.kind = records.kind and c.uid = records.uid)")
             s.execute("update records set stamp = c.stamp, hash = c.hash, body = c.body from current c "
+                      "join base0 b on b.kind = c.kind and b.uid = c.uid "
                       "where c.kind = records.kind and c.uid = records.uid "
-                      "and (c.stamp != records.stamp or c.hash != records.hash)")
-            s.execute("insert into records select * from current c where not exists "
-                      "(select 1 from records r where r.kind = c.kind and r.uid = c.uid)")
+                      "and (c.stamp != records.stamp or c.hash != records.hash "
+                      "or c.usage != b.usage)")
+            s.execute("insert into records select kind, uid, stamp, hash, body from current c "
+                      "where not exists (select 1 from records r where r.kind = c.kind "
+                      "and r.uid = c.uid)")
         changeset = session.changeset()
         session.close()
         if not changeset:
@@ -7593,9 +7629,11 @@ class Sync:
                 if op == "DELETE":
                     c.execute(self.queries["sync_base_drop"], {"kind": kind, "uid": uid})
                 else:
-                    stamp, digest = s.execute("select stamp, hash from records where kind = ? and uid = ?",
-                                              (kind, uid)).fetchone()
-                    c.execute(self.queries["sync_base_set"], {"kind": kind, "uid": uid, "stamp": stamp, "hash": digest})
+                    stamp, digest, usage = s.execute("select stamp, hash, usage from current where "
+                                                     "kind = ? and uid = ?", (kind, uid)).fetchone()
+                    c.execute(self.queries["sync_base_set"], {"kind": kind, "uid": uid,
+                                                              "stamp": stamp, "hash": digest,
+                                                              "usage": usage})
             c.execute(self.queries["sync_applied_add"], {"device": device, "seq": seq, "now": now_iso(),
                                                          "sha256": header["sha256"]})
             self._meta_set("sync_next_seq", seq + 1)
@@ -7705,6 +7743,12 @@ class Sync:
                 report["conflicts"] += c.changes()
             for d in plan.drops:
                 c.execute(self.queries["sync_consolidation_drop"], d)
+            for rec in plan.usages:
+                self._sync_set_usage(rec)
+        with s:
+            s.executemany("update current set body = ?, usage = ? where kind = ? and uid = ?",
+                          [(json.dumps(r, ensure_ascii=False), sync_usage(r), r["kind"],
+                            r[SYNC_KINDS[r["kind"]][0]]) for r in plan.usages])
         if plan.winners:
             header = {"kind": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION}
             lines = [json.dumps(header), *(json.dumps(w[4], ensure_ascii=False)
@@ -7732,11 +7776,12 @@ class Sync:
         deleted. When both sides changed it since they last agreed (the incoming update was not
         made on the version here, and the incoming version is not one this file sent or merged
         before) and the contents differ, the losing version goes into sync_conflicts; but two
-        versions of an atom merge (merge_atoms: derived data, each side's change is kept). An atom
-        deleted there goes here when it is here as it was there; changed here since, it stays
-        (_sync_settle_atoms)."""
+        versions of an atom merge (merge_atoms: derived data, each side's change is kept). Whichever
+        wins keeps the usage counts of both, and the same version differing in usage alone takes
+        the merge of the two (merge_usage). An atom deleted there goes here when it is here as it
+        was there; changed here since, it stays (_sync_settle_atoms)."""
         _op, kind, uid, stamp, digest, rec, old = change
-        one = "select stamp, hash, body from current where kind = ? and uid = ?"
+        one = "select stamp, hash, body, usage from current where kind = ? and uid = ?"
         if rec is None:  # a delete: a tombstone says what was deleted and when; an undone
             if kind == "consolidation":  # consolidation goes
                 plan.drops.append({"uid": uid, "stamp": stamp})
@@ -7747,10 +7792,13 @@ class Sync:
         here = s.execute(one, (kind, uid)).fetchone()
         base = s.execute("select stamp, hash from base0 where kind = ? and uid = ?",
                          (kind, uid)).fetchone()
-        version = (stamp, digest)
-        incoming = {"kind": kind, "uid": uid, "stamp": stamp, "hash": digest}
+        version, ours = (stamp, digest), None if here is None else json.loads(here[2])
+        incoming = {"kind": kind, "uid": uid, "stamp": stamp, "hash": digest,
+                    "usage": sync_usage(rec)}
         if here is not None and tuple(here[:2]) == version:
             plan.known.append(incoming)
+            if here[3] != incoming["usage"]:  # the usage alone differs: the merge of both
+                plan.usage(ours, merge_usage(ours, rec, ours))
             return
         if here is None:
             gone = s.execute(one, ("tombstone", uid)).fetchone() \
@@ -7765,26 +7813,39 @@ class Sync:
                 version > tuple(here[:2]) and (old is None or tuple(old) != tuple(here[:2]))
                 or version < tuple(here[:2]) and (base is None or tuple(base) != version)):
             if kind == "atom":  # both changed it: the merge of the two, over the version here
-                rec = merge_atoms(json.loads(here[2]), rec)
+                rec = merge_atoms(ours, rec)
                 stamp, digest = rec["updated_at"], sync_hash(rec)
                 if (stamp, digest) == tuple(here[:2]):
                     plan.known.append(incoming)
                     return
             elif version > tuple(here[:2]):
-                plan.lost(json.loads(here[2]), kind, uid, here[0], stamp, plan.mine)
+                plan.lost(ours, kind, uid, here[0], stamp, plan.mine)
             else:
                 plan.lost(rec, kind, uid, stamp, here[0], plan.dev)
+                plan.usage(ours, merge_usage(ours, rec, ours))  # the counts of both
                 return
         elif version < tuple(here[:2]):
             return
-        if here is not None and stamp == here[0]:
-            plan.ties.add(uid)
+        if here is not None:  # the counts of both
+            rec = merge_usage(ours, rec, rec)
+            if stamp == here[0]:
+                plan.ties.add(uid)
         if kind == "tombstone" and (named := TOMBSTONE_KINDS.get(str(rec["table_name"]))):
             row = s.execute(one, (named, uid)).fetchone()
             if row is not None and row[0] > stamp:  # changed here after it was deleted there: stays
                 plan.lost(rec, kind, uid, stamp, row[0], plan.dev)
         plan.winners.append((kind, uid, stamp, digest, rec))
         plan.known.append(incoming)
+
+    def _sync_set_usage(self, rec: dict) -> None:
+        """Write the usage (SYNC_USAGE fields) of export record `rec` over its row here, nothing
+        else: no new version, nothing derived again. In tx."""
+        cols = [k for k in SYNC_USAGE if k in rec]
+        sets = ", ".join(f"{k} = :{k}" for k in cols)
+        self.conn.execute(f"update {SYNC_TABLES[rec['kind']]} set {sets} where uid = :uid",
+                          {k: rec[k] for k in cols} | {"uid": rec["uid"]})
+        if rec["kind"] == "memory":  # the briefing lists the important memories
+            self._briefing_stale(rec["persona_id"])
 
     def _sync_settle_atoms(self, plan: "SyncPlan", s: apsw.Connection) -> None:
         """After a file's winners are imported: the atoms deleted there that are here as they were
@@ -7807,8 +7868,9 @@ class Sync:
                          "'$.document') in (select value from json_each(?))", (json.dumps(docs),))
         gone = plan.atoms_gone + [u for (u,) in held.fetchall() if not self.value(exists, (u,))]
         with s:
-            s.executemany("insert or replace into current values (?, ?, ?, ?, ?)",
-                          [(*w[:4], json.dumps(w[4], ensure_ascii=False)) for w in plan.winners])
+            s.executemany("insert or replace into current values (?, ?, ?, ?, ?, ?)",
+                          [(*w[:4], json.dumps(w[4], ensure_ascii=False), sync_usage(w[4]))
+                           for w in plan.winners])
             s.executemany("delete from current where kind = 'atom' and uid = ?",
                           [(u,) for u in gone])
 
@@ -7848,6 +7910,12 @@ class SyncPlan:
     ties: set = field(default_factory=set)  #: uids imported over a version here as late as theirs
     atoms_gone: list = field(default_factory=list)  #: atoms deleted there as they are here
     atoms_kept: list = field(default_factory=list)  #: atoms deleted there but changed here since
+    usages: list = field(default_factory=list)  #: records here whose usage alone changes
+
+    def usage(self, here: dict, merged: dict) -> None:
+        """Write the usage of `merged` over `here` (the record here) when it differs."""
+        if merged != here:
+            self.usages.append(merged)
 
     def lost(self, loser: dict, kind: str, uid: str, loser_stamp: str, winner_stamp: str,
              source: str) -> None:
