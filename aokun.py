@@ -4813,6 +4813,42 @@ class Forgetting:
         self.conn.execute("update briefings set stale = 1")  # their "important" lists go by importance
         self._meta_set("decay_last_run", day.isoformat())
 
+    def decayed_usage(self, rec: dict, since: str | None, until: str | None) -> dict | None:
+        """Memory record `rec` with the importance and access count the daily decay of the days
+        after `since` up to `until` (ISO dates: decay_last_run values) gives it, as sql/decay.sql
+        decay_day and decay_day_access_only compute them, to the bit; None when a day is unknown
+        or `until` is before `since`. Sync uses it to bring a memory as another device sent it to
+        this file's decay day, and to tell a usage change the decay alone explains (not sent)."""
+        if since is None or until is None or until < since:
+            return None
+        f = self.cfg.forgetting
+        imp, count, last, day = rec["importance"], rec["access_count"], rec["last_access_at"], since
+        while (day := (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()) <= until:
+            at = dt.datetime.combine(dt.date.fromisoformat(day),
+                                     dt.time(f.decay_hour, f.decay_minute), self._tz())
+            recent = count if last is not None and last >= iso(
+                at - dt.timedelta(days=f.access_decay_window_days)) else 0
+            if not rec["pinned"] and imp > 0.05:  # decay_day: the same operations in the same order
+                rate = f.decay_rate * max(0.3, 1 - 0.1 * min(recent, 10))
+                imp, count = max(0.05, imp * (1 - rate)), count * f.access_count_decay_multiplier
+            if (rec["pinned"] or imp <= 0.05) and count > 0:  # decay_day_access_only
+                count = count * f.access_count_decay_multiplier
+        return rec | {"importance": imp, "access_count": count}
+
+    def _catch_up_decay(self, until: str) -> None:
+        """Run the daily decay of the days after this file's decay_last_run up to ISO date `until`
+        (none before a first decay: the schedule starts at `until`), one transaction each, without
+        the auto-archival. Sync does it before merging what a device that decayed further sent."""
+        last = self.meta_get("decay_last_run")
+        if last is None:
+            with self.tx():
+                self._meta_set("decay_last_run", until)
+            return
+        day = dt.date.fromisoformat(last)
+        while (day := day + dt.timedelta(days=1)) <= dt.date.fromisoformat(until):
+            with self.tx():
+                self._decay_day(day)
+
     def _lifecycle_sweep(self, ref: dt.datetime) -> None:
         """One atom state-machine sweep at `ref` (sql/lifecycle.sql). In tx."""
         f, at = self.cfg.forgetting, iso(ref)
@@ -7166,8 +7202,8 @@ ATOM_STATE = ("state_changed_at", "state", "superseded_by")
 SYNC_UNHASHED = ("updated_at", "created_at", "deleted_at", "importance", "access_count", "last_access_at",
                  "useful_count", "last_useful_at", "turn_count")
 #: The usage bookkeeping: what changes without a new version (the daily decay lowers importance
-#: and halves access counts, a recall counts an access). A change of it alone is sent too
-#: (sync_usage) and merged (merge_usage), never a conflict.
+#: and halves access counts, a recall counts an access). A change of it alone that the decay does
+#: not explain is sent too (Sync._sync_usage_changed) and merged (merge_usage), never a conflict.
 SYNC_USAGE = ("importance", "access_count", "last_access_at", "useful_count", "last_useful_at",
               "turn_count")
 #: The usage counts each device keeps apart (accesses, uses, turns): a merge takes the larger.
@@ -7218,13 +7254,11 @@ def sync_hash(rec: dict) -> str:
     return hashlib.sha256(json.dumps(body, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def sync_usage(rec: dict) -> str:
-    """The hash of export record `rec`'s usage bookkeeping (its SYNC_USAGE fields): 16 hex digits,
-    '' for a kind without any."""
+def sync_usage(rec: dict, day: str | None) -> str:
+    """Export record `rec`'s usage bookkeeping (its SYNC_USAGE fields) as of decay day `day` (a
+    decay_last_run date, or None), as JSON text; '' for a kind without any."""
     usage = {k: rec[k] for k in SYNC_USAGE if k in rec}
-    if not usage:
-        return ""
-    return hashlib.sha256(json.dumps(usage, sort_keys=True).encode()).hexdigest()[:16]
+    return json.dumps({"day": day, **usage}, sort_keys=True) if usage else ""
 
 
 def merge_usage(a: dict, b: dict, winner: dict) -> dict:
@@ -7351,6 +7385,16 @@ def scan_changesets(folder: Path, skipped: list) -> dict[tuple[str, int, str], P
     return found
 
 
+def changeset_decayed(header) -> str | None:
+    """The decay day (ISO date) changeset header `header` says its device's memories were decayed
+    to when it was written, or None (a file of version 1, a device that never ran the decay)."""
+    day = header.get("decayed") if isinstance(header, dict) else None
+    try:
+        return dt.date.fromisoformat(day).isoformat() if isinstance(day, str) else None
+    except ValueError:
+        return None
+
+
 def read_changeset_file(path: Path) -> tuple[bytes, bytes, int]:
     """(header line, payload, payload bytes on disk) of changeset file `path`, reading at most its
     header line (SYNC_HEADER_BYTES) and the payload length that header names: a regular file only (a
@@ -7415,6 +7459,7 @@ class Sync:
                 report["device"], report["new_device"] = self._sync_new_device(
                     report["device"], f"changeset files in {folder} carry its device id but it did not write "
                     "them (a restored backup, or a copy that synced); it sends everything again", resend=True)
+            self._sync_align_decay(found)
             scratch = self._sync_snapshot()
             try:
                 report["written"], report["sent"] = self._sync_write(folder, report["device"], scratch, found)
@@ -7461,6 +7506,22 @@ class Sync:
         finally:
             with _SYNC_LOCK:
                 _SYNC_RUNNING.discard(key)
+
+    def _sync_align_decay(self, found: dict) -> None:
+        """Before merging: when a file not applied yet says its device decayed to a later day than
+        this file (its header's `decayed`), run this file's decay up to that day (at most to today's
+        due day here), so what it sent is not decayed a second time for those days here."""
+        applied, days = self._sync_applied(), []
+        for key, path in found.items():
+            if not self._sync_done(key, applied):
+                with contextlib.suppress(SyncFileError, OSError):
+                    with _regular_file(path) as (f, _):
+                        head = f.readline(SYNC_HEADER_BYTES)
+                    with contextlib.suppress(ValueError):
+                        days.append(changeset_decayed(json.loads(head)))
+        days = [d for d in days if d is not None]
+        if days:
+            self._catch_up_decay(min(max(days), self._decay_due(now()).isoformat()))
 
     def _sync_witness(self) -> str:
         """What tells this file from a copy of it: its inode number (a copy, on this disk or another
@@ -7529,7 +7590,9 @@ class Sync:
     def _sync_snapshot(self) -> apsw.Connection:
         """A scratch database (a private temporary file) holding base0 (sync_base: the records as of
         the last sync), current (every synced record now, read in one read transaction, so references
-        agree) and records (a copy of base0, what the changeset is made on)."""
+        agree; its usage as of this file's decay day) and records (a copy of base0, what the
+        changeset is made on)."""
+        day = self.meta_get("decay_last_run")
         s = apsw.Connection("")
         s.execute(_SYNC_TABLES)
         with s:
@@ -7545,7 +7608,7 @@ class Sync:
                             key, stamp = SYNC_KINDS[rec["kind"]]
                             s.execute("insert into current values (?, ?, ?, ?, ?, ?)", (
                                 rec["kind"], rec[key], rec[stamp], sync_hash(rec),
-                                json.dumps(rec, ensure_ascii=False), sync_usage(rec)))
+                                json.dumps(rec, ensure_ascii=False), sync_usage(rec, day)))
                 finally:
                     self.conn.execute("COMMIT")
         self._sync_order_successors(s)
@@ -7578,6 +7641,25 @@ class Sync:
                               "from base0 b where b.kind = current.kind and b.uid = current.uid "
                               "and current.kind = ? and current.uid = ?", (kind, uid))
 
+    def _sync_usage_changed(self, s: apsw.Connection) -> list[tuple[str, str, str]]:
+        """[(body, kind, uid)] of the records in scratch `s` whose version is as sent or merged last
+        (base0) but whose usage changed, unless the daily decay alone explains the change (the
+        memory as it was then, decayed to this file's decay day: decayed_usage): every device runs
+        the decay, so that would only send every memory every day."""
+        out = []
+        for kind, uid, body, usage, was in s.execute(
+                "select c.kind, c.uid, c.body, c.usage, b.usage from current c join base0 b on "
+                "b.kind = c.kind and b.uid = c.uid where c.stamp = b.stamp and c.hash = b.hash "
+                "and c.usage != b.usage"):
+            rec, then, day = json.loads(body), json.loads(was or "{}"), json.loads(usage)["day"]
+            fields = [k for k in SYNC_USAGE if k in rec]
+            sent = rec | {k: then.get(k) for k in fields}  # the record as sent or merged then
+            if kind == "memory":
+                sent = self.decayed_usage(sent, then.get("day"), day) or sent
+            if any(sent[k] != rec[k] for k in fields):
+                out.append((body, kind, uid))
+        return out
+
     def _sync_write(self, folder: Path, device: str, s: apsw.Connection, found: dict) -> tuple[str | None, int]:
         """Make the changeset base → current (a session on the scratch `records` table while it is
         brought to `current`: inserts carry the whole record, updates the new stamp, hash and body,
@@ -7592,10 +7674,10 @@ class Sync:
             s.execute("delete from records where not exists "
                       "(select 1 from current c where c.kind = records.kind and c.uid = records.uid)")
             s.execute("update records set stamp = c.stamp, hash = c.hash, body = c.body from current c "
-                      "join base0 b on b.kind = c.kind and b.uid = c.uid "
                       "where c.kind = records.kind and c.uid = records.uid "
-                      "and (c.stamp != records.stamp or c.hash != records.hash "
-                      "or c.usage != b.usage)")
+                      "and (c.stamp != records.stamp or c.hash != records.hash)")
+            s.executemany("update records set body = ? where kind = ? and uid = ? and body is null",
+                          self._sync_usage_changed(s))
             s.execute("insert into records select kind, uid, stamp, hash, body from current c "
                       "where not exists (select 1 from records r where r.kind = c.kind "
                       "and r.uid = c.uid)")
@@ -7621,6 +7703,7 @@ class Sync:
                       "sha256": hashlib.sha256(payload).hexdigest()}
             if self.meta_get("sync_resend"):
                 header["resend"] = True  # versions sent before: a loser of them is no new conflict
+            header["decayed"] = self.meta_get("decay_last_run")  # the day its usage is as of
             write_atomically(folder / name, json.dumps(header).encode() + b"\n" + payload)
         except OSError as e:
             raise AokunError(f"cannot write the changeset into {folder}: {e.strerror or e}") from None
@@ -7660,7 +7743,8 @@ class Sync:
                 try:
                     h, changes = self._sync_read(found[key], *key)
                     self._sync_merge(changes, (*key[:2], h["sha256"]), s, report,
-                                     h.get("resend") is True, derive_atoms=h["version"] < 2)
+                                     h.get("resend") is True, derive_atoms=h["version"] < 2,
+                                     decayed=changeset_decayed(h))
                 except SyncFileError as e:
                     report["skipped"].append({"file": found[key].name, "reason": str(e)})
                     break
@@ -7726,15 +7810,19 @@ class Sync:
         return h, changes
 
     def _sync_merge(self, changes: list[tuple], key: tuple, s: apsw.Connection, report: dict,
-                    resend: bool = False, derive_atoms: bool = False) -> None:
+                    resend: bool = False, derive_atoms: bool = False,
+                    decayed: str | None = None) -> None:
         """Merge the changes of file `key` (device, seq, sha256); `resend`: a file that sends again
         what its device had (_sync_new_device), whose losing versions are no new conflicts;
         `derive_atoms`: a file of SYNC_VERSION 1, which carries no atoms (this device derives those
-        of the memories it merges). Each record is decided by _sync_decide; the winners are
+        of the memories it merges); `decayed`: the decay day its memories' usage is as of (None:
+        unknown), brought to this file's (the days between decayed as this file did them). Each
+        record is decided by _sync_decide; the winners are
         imported (memories re-derived, atoms taken as they come), then the atoms settled
         (_sync_settle_atoms), then the file is marked applied. Each step is a transaction
         (repeated after a crash, it changes nothing)."""
-        plan = SyncPlan(mine=self.meta_get("sync_device"), dev=key[0], resend=resend)
+        plan = SyncPlan(mine=self.meta_get("sync_device"), dev=key[0], resend=resend, since=decayed,
+                        until=self.meta_get("decay_last_run"))
         for change in changes:
             self._sync_decide(change, s, plan)
         with self.tx() as c:
@@ -7747,7 +7835,7 @@ class Sync:
                 self._sync_set_usage(rec)
         with s:
             s.executemany("update current set body = ?, usage = ? where kind = ? and uid = ?",
-                          [(json.dumps(r, ensure_ascii=False), sync_usage(r), r["kind"],
+                          [(json.dumps(r, ensure_ascii=False), sync_usage(r, plan.until), r["kind"],
                             r[SYNC_KINDS[r["kind"]][0]]) for r in plan.usages])
         if plan.winners:
             header = {"kind": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION}
@@ -7794,11 +7882,12 @@ class Sync:
                          (kind, uid)).fetchone()
         version, ours = (stamp, digest), None if here is None else json.loads(here[2])
         incoming = {"kind": kind, "uid": uid, "stamp": stamp, "hash": digest,
-                    "usage": sync_usage(rec)}
+                    "usage": sync_usage(rec, plan.since)}  # as it was sent
+        if kind == "memory" and plan.since is not None and plan.since < (plan.until or ""):
+            rec = self.decayed_usage(rec, plan.since, plan.until)  # to this file's decay day
         if here is not None and tuple(here[:2]) == version:
             plan.known.append(incoming)
-            if here[3] != incoming["usage"]:  # the usage alone differs: the merge of both
-                plan.usage(ours, merge_usage(ours, rec, ours))
+            plan.usage(ours, merge_usage(ours, rec, ours))  # the usage may differ: merge both
             return
         if here is None:
             gone = s.execute(one, ("tombstone", uid)).fetchone() \
@@ -7869,8 +7958,8 @@ class Sync:
         gone = plan.atoms_gone + [u for (u,) in held.fetchall() if not self.value(exists, (u,))]
         with s:
             s.executemany("insert or replace into current values (?, ?, ?, ?, ?, ?)",
-                          [(*w[:4], json.dumps(w[4], ensure_ascii=False), sync_usage(w[4]))
-                           for w in plan.winners])
+                          [(*w[:4], json.dumps(w[4], ensure_ascii=False),
+                            sync_usage(w[4], plan.until)) for w in plan.winners])
             s.executemany("delete from current where kind = 'atom' and uid = ?",
                           [(u,) for u in gone])
 
@@ -7911,6 +8000,8 @@ class SyncPlan:
     atoms_gone: list = field(default_factory=list)  #: atoms deleted there as they are here
     atoms_kept: list = field(default_factory=list)  #: atoms deleted there but changed here since
     usages: list = field(default_factory=list)  #: records here whose usage alone changes
+    since: str | None = None  #: the decay day the file's usage is as of (None: unknown)
+    until: str | None = None  #: this file's decay day
 
     def usage(self, here: dict, merged: dict) -> None:
         """Write the usage of `merged` over `here` (the record here) when it differs."""
