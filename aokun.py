@@ -3329,8 +3329,8 @@ class KnowledgeGraph:
             stamp = now_iso()
             self.conn.execute("insert into kg_entities(id, uid, persona_id, name, canonical, created_at, "
                               "updated_at) values (?, ?, ?, ?, ?, ?, ?)",
-                              (self._new_id("kg_entities"), str(uuid.uuid4()), persona, self.rules.display(name),
-                               canonical, stamp, stamp))
+                              (self._new_id("kg_entities"), entity_uid(persona, canonical), persona,
+                               self.rules.display(name), canonical, stamp, stamp))
             eid = self.conn.last_insert_rowid()
         return eid
 
@@ -7059,14 +7059,20 @@ class Portable:
                     self._drop_atom_in_tx(a["uid"])
 
     def _import_kg(self, entities, triples, report: dict, ids: dict) -> None:
-        """Upsert the entities (one already here under another uid, same persona and canonical name,
-        is that entity) and the facts between them. In tx."""
+        """Upsert the entities and the facts between them. One already here under another uid (same
+        persona and canonical name: added apart before entity uids were entity_uid) is that entity,
+        under the smaller of the two uids, so every device ends with the same one. In tx."""
         for n, r in entities:
             verdict, eid = self._import_verdict("kg_entities", r, n)
-            same = self.value("select id from kg_entities where persona_id = ? and canonical = ? and uid != ?",
-                              (r["persona_id"], r["canonical"], r["uid"]))
-            if same is not None and eid is None:
-                ids[("kg_entities", r["uid"])], verdict = same, "kept"
+            same = self.rows("select id, uid from kg_entities where persona_id = ? "
+                             "and canonical = ? and uid != ?",
+                             (r["persona_id"], r["canonical"], r["uid"]))
+            if same and eid is None and verdict != "skipped" and r["uid"] < same[0]["uid"]:
+                self.conn.execute("update kg_entities set uid = ? where id = ?",
+                                  (r["uid"], same[0]["id"]))
+                verdict, eid = self._import_verdict("kg_entities", r, n)
+            elif same and eid is None:
+                ids[("kg_entities", r["uid"])], verdict = same[0]["id"], "kept"
             if verdict in ("kept", "skipped"):
                 report["entity"][verdict] += 1
                 continue
@@ -7235,6 +7241,13 @@ class SyncFileError(Exception):
 
 
 ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
+ENTITY_UID_NAMESPACE = uuid.UUID("9e2d4c61-7a3b-4f05-b8c2-3d6e1f0a5b97")  #: entity_uid's namespace
+
+
+def entity_uid(persona_id: str, canonical: str) -> str:
+    """The uid of the knowledge-graph entity of `persona_id` with canonical name `canonical`: a
+    uuid5 of the two, so the entity two devices each add apart is one entity when they sync."""
+    return str(uuid.uuid5(ENTITY_UID_NAMESPACE, "\x1f".join((persona_id, canonical))))
 
 
 def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
