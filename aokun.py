@@ -2332,7 +2332,10 @@ class Layers:
         same persona reinforces it (count +1, confidence and TTL refreshed) instead of a new row.
         A fact of fewer than reinforce_min_tokens search tokens never reinforces: "Thanks, Melanie!"
         said in every conversation is small talk, not a fact that recurs, and would otherwise
-        stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo). In tx."""
+        stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo).
+        A fact whose atom (atom_uid: this memory's) outlived an edit through another memory's
+        reinforcement reinforces it when it is active, else a new atom replaces the dead one.
+        In tx."""
         c = self.conn
         self._clear_atoms(p.document_id)
         # the event time again: rebuild --graph re-derives it for memories stored before schema 16
@@ -2351,6 +2354,12 @@ class Layers:
                     score = jaccard(token_set, set(cand["segmented"].split()))
                     if score > best_score:
                         best, best_score = cand, score
+            uid = atom_uid(p.persona_id, doc_uid, fact)
+            held = self.rows(self.queries["atom_by_uid"], {"uid": uid})
+            if held and held[0]["state"] == "active":  # another memory kept it: stated again
+                best, best_score = held[0], 1.0
+            elif held:  # a dead atom of this fact that another memory kept: a new one takes its uid
+                self._drop_atom_in_tx(uid)
             if best is not None and best_score >= threshold:
                 if self.value("select 1 from atom_sources where atom_id = ? and document_id = ?",
                               (best["id"], p.document_id)):
@@ -2370,7 +2379,7 @@ class Layers:
                       "confidence, importance, base_ttl_days, created_at, updated_at, last_reinforced_at, "
                       "expires_at, state_changed_at, slot, slot_value) "
                       "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("memory_atoms"), atom_uid(p.persona_id, doc_uid, fact), p.persona_id,
+                      (self._new_id("memory_atoms"), uid, p.persona_id,
                        p.document_id, atom_type, fact,
                        subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
                        self._atom_expiry(atom_type, fact, p, ttl, p.created_at), stamp, slot, slot_value))
