@@ -1994,6 +1994,13 @@ GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
 GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
 
 ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
+ENTITY_UID_NAMESPACE = uuid.UUID("9e2d4c61-7a3b-4f05-b8c2-3d6e1f0a5b97")  #: entity_uid's namespace
+
+
+def entity_uid(persona_id: str, canonical: str) -> str:
+    """The uid of the knowledge-graph entity of `persona_id` with canonical name `canonical`: a
+    uuid5 of the two, so the entity two devices each add apart is one entity when they sync."""
+    return str(uuid.uuid5(ENTITY_UID_NAMESPACE, "\x1f".join((persona_id, canonical))))
 
 
 def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
@@ -2962,7 +2969,10 @@ class Layers:
         same persona reinforces it (count +1, confidence and TTL refreshed) instead of a new row.
         A fact of fewer than reinforce_min_tokens search tokens never reinforces: "Thanks, Melanie!"
         said in every conversation is small talk, not a fact that recurs, and would otherwise
-        stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo). In tx."""
+        stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo).
+        A fact whose atom (atom_uid: this memory's) outlived an edit through another memory's
+        reinforcement reinforces it when it is active, else a new atom replaces the dead one.
+        In tx."""
         c = self.conn
         self._clear_atoms(p.document_id)
         # the event time again: rebuild --graph re-derives it for memories stored before schema 16
@@ -2981,6 +2991,12 @@ class Layers:
                     score = jaccard(token_set, set(cand["segmented"].split()))
                     if score > best_score:
                         best, best_score = cand, score
+            uid = atom_uid(p.persona_id, doc_uid, fact)
+            held = self.rows(self.queries["atom_by_uid"], {"uid": uid})
+            if held and held[0]["state"] == "active":  # another memory kept it: stated again
+                best, best_score = held[0], 1.0
+            elif held:  # a dead atom of this fact that another memory kept: a new one takes its uid
+                self._drop_atom_in_tx(uid)
             if best is not None and best_score >= threshold:
                 if self.value("select 1 from atom_sources where atom_id = ? and document_id = ?",
                               (best["id"], p.document_id)):
@@ -3000,7 +3016,7 @@ class Layers:
                       "confidence, importance, base_ttl_days, created_at, updated_at, last_reinforced_at, "
                       "expires_at, state_changed_at, slot, slot_value) "
                       "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("memory_atoms"), atom_uid(p.persona_id, doc_uid, fact), p.persona_id,
+                      (self._new_id("memory_atoms"), uid, p.persona_id,
                        p.document_id, atom_type, fact,
                        subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
                        self._atom_expiry(atom_type, fact, p, ttl, p.created_at), stamp, slot, slot_value))
@@ -3088,6 +3104,18 @@ class Layers:
                           "document_id = case when document_id = ? then ? else document_id end, updated_at = ? "
                           "where id = ?",
                           (left, expires, doc_id, other, now_iso(), r["atom_id"]))
+
+    def _drop_atom_in_tx(self, uid: str) -> None:
+        """Delete atom `uid` (if here) with its FTS row and sources; what it superseded keeps its
+        state, superseded by nothing. In tx."""
+        atom_id = self.value("select id from memory_atoms where uid = ?", (uid,))
+        if atom_id is not None:
+            c = self.conn
+            c.execute("update memory_atoms set superseded_by = null where superseded_by = ?",
+                      (atom_id,))
+            c.execute("delete from memory_atoms_fts where rowid = ?", (atom_id,))
+            c.execute("delete from atom_sources where atom_id = ?", (atom_id,))
+            c.execute("delete from memory_atoms where id = ?", (atom_id,))
 
     def _stage_graph(self, p: Prepared, _vectors) -> None:
         """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and their
@@ -4115,8 +4143,8 @@ class KnowledgeGraph:
             stamp = now_iso()
             self.conn.execute("insert into kg_entities(id, uid, persona_id, name, canonical, created_at, "
                               "updated_at) values (?, ?, ?, ?, ?, ?, ?)",
-                              (self._new_id("kg_entities"), str(uuid.uuid4()), persona, self.rules.display(name),
-                               canonical, stamp, stamp))
+                              (self._new_id("kg_entities"), entity_uid(persona, canonical), persona,
+                               self.rules.display(name), canonical, stamp, stamp))
             eid = self.conn.last_insert_rowid()
         return eid
 
@@ -5031,6 +5059,42 @@ class Forgetting:
         self.conn.execute(self.queries["decay_day_access_only"], {"access_multiplier": params["access_multiplier"]})
         self.conn.execute("update briefings set stale = 1")  # their "important" lists go by importance
         self._meta_set("decay_last_run", day.isoformat())
+
+    def decayed_usage(self, rec: dict, since: str | None, until: str | None) -> dict | None:
+        """Memory record `rec` with the importance and access count the daily decay of the days
+        after `since` up to `until` (ISO dates: decay_last_run values) gives it, as sql/decay.sql
+        decay_day and decay_day_access_only compute them, to the bit; None when a day is unknown
+        or `until` is before `since`. Sync uses it to bring a memory as another device sent it to
+        this file's decay day, and to tell a usage change the decay alone explains (not sent)."""
+        if since is None or until is None or until < since:
+            return None
+        f = self.cfg.forgetting
+        imp, count, last, day = rec["importance"], rec["access_count"], rec["last_access_at"], since
+        while (day := (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()) <= until:
+            at = dt.datetime.combine(dt.date.fromisoformat(day),
+                                     dt.time(f.decay_hour, f.decay_minute), self._tz())
+            recent = count if last is not None and last >= iso(
+                at - dt.timedelta(days=f.access_decay_window_days)) else 0
+            if not rec["pinned"] and imp > 0.05:  # decay_day: the same operations in the same order
+                rate = f.decay_rate * max(0.3, 1 - 0.1 * min(recent, 10))
+                imp, count = max(0.05, imp * (1 - rate)), count * f.access_count_decay_multiplier
+            if (rec["pinned"] or imp <= 0.05) and count > 0:  # decay_day_access_only
+                count = count * f.access_count_decay_multiplier
+        return rec | {"importance": imp, "access_count": count}
+
+    def _catch_up_decay(self, until: str) -> None:
+        """Run the daily decay of the days after this file's decay_last_run up to ISO date `until`
+        (none before a first decay: the schedule starts at `until`), one transaction each, without
+        the auto-archival. Sync does it before merging what a device that decayed further sent."""
+        last = self.meta_get("decay_last_run")
+        if last is None:
+            with self.tx():
+                self._meta_set("decay_last_run", until)
+            return
+        day = dt.date.fromisoformat(last)
+        while (day := day + dt.timedelta(days=1)) <= dt.date.fromisoformat(until):
+            with self.tx():
+                self._decay_day(day)
 
     def _lifecycle_sweep(self, ref: dt.datetime) -> None:
         """One atom state-machine sweep at `ref` (sql/lifecycle.sql). In tx."""
@@ -7054,8 +7118,10 @@ class Portable:
         base rows with a journal row each and re-derived through the pipeline (FTS, graph, vectors
         back-filled); atoms, facts, conversations and tombstones as rows. A tombstone deletes the row
         it names when that was not changed after the deletion. Everything but the re-derivation is one
-        transaction. `derive_atoms` re-derives the memories' atoms too (sync, which does not carry
-        them) instead of taking the atom records; `overwrite` (uids) are written over the row here
+        transaction. `derive_atoms` re-derives the memories' atoms too (a sync file of version 1,
+        which does not carry them) instead of taking the atom records; else an atom a memory written
+        over here first stated and no longer states goes (_drop_unstated_atoms). `overwrite` (uids)
+        are written over the row here
         even when it is as late (sync's tie-break decided). `progress(done, total)`, when given,
         hears the memories re-derived and embedded so far (IMPORT_CHUNK at a time) of those
         written, then (done, None) the conversation turns embedded. Returns {kind: {added,
@@ -7071,6 +7137,10 @@ class Portable:
                 preps = self._import_memories(by_kind["memory"], report["memory"], ids, claim,
                                               "docs_done" if derive_atoms else "atoms_done", overwrite)
                 self._import_atoms(by_kind["atom"], report["atom"], ids, overwrite)
+                if not derive_atoms:  # the memories written over here and those of the atoms
+                    self._drop_unstated_atoms({p.document_id for p in preps} | {
+                        ids[("documents", r["document"])] for _, r in by_kind["atom"]
+                        if ("documents", r["document"]) in ids})
                 self._import_kg(by_kind["entity"], by_kind["triple"], report, ids, overwrite)
                 self._import_conversations(by_kind["session"], by_kind["turn"], report, ids, overwrite)
                 self._import_consolidations(by_kind["consolidation"], report["consolidation"], ids)
@@ -7216,8 +7286,10 @@ class Portable:
             cols |= {"document_id": doc_id, "superseded_by": None}
             atom_id = ids[("memory_atoms", r["uid"])] = self._import_row("memory_atoms", cols, atom_id, n)
             c.execute("delete from memory_atoms_fts where rowid = ?", (atom_id,))
-            c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)",
-                      (atom_id, " ".join(self.seg.tokens(_record_value(r, "content", n, (str,))))))
+            if r["state"] != "forgotten":  # never retrieved: no FTS row (lifecycle.sql)
+                tokens = self.seg.tokens(_record_value(r, "content", n, (str,)))
+                c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)",
+                          (atom_id, " ".join(tokens)))
             c.execute("delete from atom_sources where atom_id = ?", (atom_id,))
             for uid in [r["document"], *_record_value(r, "sources", n, (list,))]:
                 if (src := self._uid_id("documents", uid, ids, r["persona_id"])) is not None:
@@ -7229,15 +7301,41 @@ class Portable:
                 c.execute("update memory_atoms set superseded_by = ? where id = ?",
                           (self._uid_id("memory_atoms", r["superseded_by"], ids, r["persona_id"]), atom_id))
 
-    def _import_kg(self, entities, triples, report: dict, ids: dict, overwrite=frozenset()) -> None:
-        """Upsert the entities (one already here under another uid, same persona and canonical name,
-        is that entity) and the facts between them. In tx."""
+    def _drop_unstated_atoms(self, doc_ids) -> None:
+        """The atoms that a memory of `doc_ids` first stated (their uid is its atom_uid) and alone
+        sources, but whose fact it no longer states (in its key facts; without key facts, in its
+        text): gone, as the edit that dropped the fact removed them where it was made. Without this
+        an atom changed on one device while another edited its memory would outlive the edit: atoms
+        come as their own records, not derived again. In tx."""
+        for doc_id in sorted(doc_ids):
+            d = self.rows("select uid, persona_id, content, key_facts from documents where id = ?",
+                          (doc_id,))
+            if not d:
+                continue
+            d, facts = d[0], json.loads(d[0]["key_facts"])
+            for a in self.rows("select a.uid, a.content from memory_atoms a where a.document_id = "
+                               ":doc and not exists (select 1 from atom_sources s where "
+                               "s.atom_id = a.id and s.document_id != :doc)", {"doc": doc_id}):
+                stated = a["content"] in facts if facts else a["content"] in d["content"]
+                if not stated and a["uid"] == atom_uid(d["persona_id"], d["uid"], a["content"]):
+                    self._drop_atom_in_tx(a["uid"])
+
+    def _import_kg(self, entities, triples, report: dict, ids: dict,
+                   overwrite=frozenset()) -> None:
+        """Upsert the entities and the facts between them. One already here under another uid (same
+        persona and canonical name: added apart before entity uids were entity_uid) is that entity,
+        under the smaller of the two uids, so every device ends with the same one. In tx."""
         for n, r in entities:
             verdict, eid = self._import_verdict("kg_entities", r, n, overwrite)
-            same = self.value("select id from kg_entities where persona_id = ? and canonical = ? and uid != ?",
-                              (r["persona_id"], r["canonical"], r["uid"]))
-            if same is not None and eid is None:
-                ids[("kg_entities", r["uid"])], verdict = same, "kept"
+            same = self.rows("select id, uid from kg_entities where persona_id = ? "
+                             "and canonical = ? and uid != ?",
+                             (r["persona_id"], r["canonical"], r["uid"]))
+            if same and eid is None and verdict != "skipped" and r["uid"] < same[0]["uid"]:
+                self.conn.execute("update kg_entities set uid = ? where id = ?",
+                                  (r["uid"], same[0]["id"]))
+                verdict, eid = self._import_verdict("kg_entities", r, n, overwrite)
+            elif same and eid is None:
+                ids[("kg_entities", r["uid"])], verdict = same[0]["id"], "kept"
             if verdict in ("kept", "skipped"):
                 report["entity"][verdict] += 1
                 continue
@@ -7350,19 +7448,36 @@ class Portable:
 # Sync between devices: changeset files in a shared folder ########################################
 
 SYNC_FORMAT = "aokun-changeset"  #: a changeset file's header `format`
-SYNC_VERSION = 1  #: the changeset file layout; a file of a newer one is skipped (upgrade Aokun)
+#: The changeset file layout; a file of a newer one is skipped (upgrade Aokun). 2: atoms travel
+#: with their lifecycle state (a file of 1 has none: this device derives the atoms of its memories).
+SYNC_VERSION = 2
 #: The name this device gives its changeset files: `<device id (a uuid4)>-<sequence number>.changeset`.
 #: Only a hint: a file is known by its header (a sync tool may rename it, `….sync-conflict-….changeset`).
 SYNC_NAME = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(\d{8,})\.changeset$")
 #: The export kinds that travel: kind → (the field it is keyed by, the time that orders its versions).
-#: Atoms do not: they are derived, each device re-derives them from the memories it merges.
-SYNC_KINDS = {"memory": ("uid", "updated_at"), "entity": ("uid", "updated_at"), "triple": ("uid", "updated_at"),
+#: Atoms too: derived from their memories, but their lifecycle (reinforcements, expiry, dormancy,
+#: supersession) is what happened to them on the devices, which deriving them anew would lose.
+SYNC_KINDS = {"memory": ("uid", "updated_at"), "atom": ("uid", "updated_at"),
+              "entity": ("uid", "updated_at"), "triple": ("uid", "updated_at"),
               "session": ("uid", "updated_at"), "turn": ("uid", "created_at"),
               "consolidation": ("survivor", "created_at"), "tombstone": ("uid", "deleted_at")}
-#: Fields a record's content hash leaves out: its times and the usage bookkeeping each device keeps
-#: itself (daily decay, access counts). Alone they make no change to send; they travel with one.
+#: The table of each kind whose rows carry an updated_at (what _sync_order_successors moves).
+SYNC_TABLES = {"memory": "documents", "atom": "memory_atoms", "entity": "kg_entities",
+               "triple": "kg_triples", "session": "conv_sessions"}
+#: An atom's reinforcement (what merge_atoms takes from the more reinforced version) and its state
+#: (what it takes from the later state change).
+ATOM_REINFORCEMENT = ("reinforcement_count", "last_reinforced_at", "expires_at")
+ATOM_STATE = ("state_changed_at", "state", "superseded_by")
+#: Fields a record's content hash leaves out: its times and its usage bookkeeping (SYNC_USAGE).
 SYNC_UNHASHED = ("updated_at", "created_at", "deleted_at", "importance", "access_count", "last_access_at",
                  "useful_count", "last_useful_at", "turn_count")
+#: The usage bookkeeping: what changes without a new version (the daily decay lowers importance
+#: and halves access counts, a recall counts an access). A change of it alone that the decay does
+#: not explain is sent too (Sync._sync_usage_changed) and merged (merge_usage), never a conflict.
+SYNC_USAGE = ("importance", "access_count", "last_access_at", "useful_count", "last_useful_at",
+              "turn_count")
+#: The usage counts each device keeps apart (accesses, uses, turns): a merge takes the larger.
+SYNC_COUNTERS = ("access_count", "last_access_at", "useful_count", "last_useful_at", "turn_count")
 #: The synced kind of the row a tombstone's table_name names.
 TOMBSTONE_KINDS = {"documents": "memory", "kg_entities": "entity", "kg_triples": "triple",
                    "conv_sessions": "session", "conv_turns": "turn"}
@@ -7377,8 +7492,9 @@ SYNC_DEVICE_RX = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0
 _SYNC_RUNNING: set[str] = set()  #: database files this process is syncing now
 _SYNC_LOCK = threading.Lock()
 _SYNC_TABLES = """
-create table base0(kind text, uid text, stamp text, hash text, primary key(kind, uid));
-create table current(kind text, uid text, stamp text, hash text, body text, primary key(kind, uid));
+create table base0(kind text, uid text, stamp text, hash text, usage text, primary key(kind, uid));
+create table current(kind text, uid text, stamp text, hash text, body text, usage text,
+                     primary key(kind, uid));
 create table records(kind text, uid text, stamp text, hash text, body text, primary key(kind, uid));
 """
 
@@ -7396,6 +7512,53 @@ def sync_hash(rec: dict) -> str:
     body = {k: v for k, v in rec.items()
             if k not in SYNC_UNHASHED and not (k in optional and v is None)}
     return hashlib.sha256(json.dumps(body, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sync_usage(rec: dict, day: str | None) -> str:
+    """Export record `rec`'s usage bookkeeping (its SYNC_USAGE fields) as of decay day `day` (a
+    decay_last_run date, or None), as JSON text; '' for a kind without any."""
+    usage = {k: rec[k] for k in SYNC_USAGE if k in rec}
+    return json.dumps({"day": day, **usage}, sort_keys=True) if usage else ""
+
+
+def merge_usage(a: dict, b: dict, winner: dict) -> dict:
+    """`winner` (one of `a` and `b`, two versions of a record, or what merged them) with the usage
+    of both: the larger of each count and the later of each time (SYNC_COUNTERS: what each device
+    counted apart), and, when `a` and `b` are the same version (they differ in usage only), the
+    lower importance (only the daily decay changes it without a new version, and only lowers it)."""
+    out = dict(winner)
+    for k in SYNC_COUNTERS:
+        if k in a and k in b:
+            out[k] = b[k] if a[k] is None else a[k] if b[k] is None else max(a[k], b[k])
+    same = (a.get("updated_at"), sync_hash(a)) == (b.get("updated_at"), sync_hash(b))
+    if "importance" in a and same:
+        out["importance"] = min(a["importance"], b["importance"])
+    return out
+
+
+def merge_atoms(a: dict, b: dict) -> dict:
+    """The version of an atom every device keeps when two devices each changed it (atom records `a`
+    and `b` of one uid) since they last agreed: the later version (updated_at, then the rest of its
+    content) with the reinforcement (count, last reinforced, expiry) of the more reinforced one, the
+    higher confidence, the sources of both, and the state (state, since when, superseded by) of the
+    later state change, unless that is an expiry the other's reinforcement postponed past it (a
+    reinforcement it did not know of: the other state stands). Each part is the larger of the two by
+    an order of its own, so every device merges the two alike, and merging the merge with either
+    gives the merge."""
+    merged = (*ATOM_REINFORCEMENT, *ATOM_STATE, "confidence", "sources")
+    out = dict(max(a, b, key=lambda r: (r["updated_at"], json.dumps(
+        {k: v for k, v in r.items() if k not in merged}, ensure_ascii=False, sort_keys=True))))
+    more = max(a, b, key=lambda r: tuple(r[k] for k in ATOM_REINFORCEMENT))
+    out.update({k: more[k] for k in ATOM_REINFORCEMENT},
+               confidence=max(a["confidence"], b["confidence"]),
+               sources=sorted(set(a["sources"]) | set(b["sources"])))
+    states = sorted((a, b), key=lambda r: tuple(r[k] or "" for k in ATOM_STATE), reverse=True)
+    held = [r for r in states if r["state"] not in ("expired", "forgotten")
+            or out["expires_at"] <= r["state_changed_at"]]
+    out.update({k: held[0][k] for k in ATOM_STATE} if held else  # both expiries postponed
+               {"state": "active", "state_changed_at": states[0]["state_changed_at"],
+                "superseded_by": None})
+    return out
 
 
 def sync_inflate_limit(compressed: int) -> int:
@@ -7482,6 +7645,16 @@ def scan_changesets(folder: Path, skipped: list) -> dict[tuple[str, int, str], P
     return found
 
 
+def changeset_decayed(header) -> str | None:
+    """The decay day (ISO date) changeset header `header` says its device's memories were decayed
+    to when it was written, or None (a file of version 1, a device that never ran the decay)."""
+    day = header.get("decayed") if isinstance(header, dict) else None
+    try:
+        return dt.date.fromisoformat(day).isoformat() if isinstance(day, str) else None
+    except ValueError:
+        return None
+
+
 def read_changeset_file(path: Path) -> tuple[bytes, bytes, int]:
     """(header line, payload, payload bytes on disk) of changeset file `path`, reading at most its
     header line (SYNC_HEADER_BYTES) and the payload length that header names: a regular file only (a
@@ -7546,6 +7719,7 @@ class Sync:
                 report["device"], report["new_device"] = self._sync_new_device(
                     report["device"], f"changeset files in {folder} carry its device id but it did not write "
                     "them (a restored backup, or a copy that synced); it sends everything again", resend=True)
+            self._sync_align_decay(found)
             scratch = self._sync_snapshot()
             try:
                 report["written"], report["sent"] = self._sync_write(folder, report["device"], scratch, found)
@@ -7592,6 +7766,22 @@ class Sync:
         finally:
             with _SYNC_LOCK:
                 _SYNC_RUNNING.discard(key)
+
+    def _sync_align_decay(self, found: dict) -> None:
+        """Before merging: when a file not applied yet says its device decayed to a later day than
+        this file (its header's `decayed`), run this file's decay up to that day (at most to today's
+        due day here), so what it sent is not decayed a second time for those days here."""
+        applied, days = self._sync_applied(), []
+        for key, path in found.items():
+            if not self._sync_done(key, applied):
+                with contextlib.suppress(SyncFileError, OSError):
+                    with _regular_file(path) as (f, _):
+                        head = f.readline(SYNC_HEADER_BYTES)
+                    with contextlib.suppress(ValueError):
+                        days.append(changeset_decayed(json.loads(head)))
+        days = [d for d in days if d is not None]
+        if days:
+            self._catch_up_decay(min(max(days), self._decay_due(now()).isoformat()))
 
     def _sync_witness(self) -> str:
         """What tells this file from a copy of it: its inode number (a copy, on this disk or another
@@ -7660,11 +7850,13 @@ class Sync:
     def _sync_snapshot(self) -> apsw.Connection:
         """A scratch database (a private temporary file) holding base0 (sync_base: the records as of
         the last sync), current (every synced record now, read in one read transaction, so references
-        agree) and records (a copy of base0, what the changeset is made on)."""
+        agree; its usage as of this file's decay day) and records (a copy of base0, what the
+        changeset is made on)."""
+        day = self.meta_get("decay_last_run")
         s = apsw.Connection("")
         s.execute(_SYNC_TABLES)
         with s:
-            s.executemany("insert into base0 values (:kind, :uid, :stamp, :hash)",
+            s.executemany("insert into base0 values (:kind, :uid, :stamp, :hash, :usage)",
                           self.rows(self.queries["sync_base_all"]))
             if not self.meta_get("sync_resend"):  # else records starts empty: everything is sent
                 s.execute("insert into records select kind, uid, stamp, hash, null from base0")
@@ -7674,8 +7866,9 @@ class Sync:
                     for rec in self.export_records(kinds=SYNC_KINDS):
                         if rec["kind"] != "header":
                             key, stamp = SYNC_KINDS[rec["kind"]]
-                            s.execute("insert into current values (?, ?, ?, ?, ?)", (
-                                rec["kind"], rec[key], rec[stamp], sync_hash(rec), json.dumps(rec, ensure_ascii=False)))
+                            s.execute("insert into current values (?, ?, ?, ?, ?, ?)", (
+                                rec["kind"], rec[key], rec[stamp], sync_hash(rec),
+                                json.dumps(rec, ensure_ascii=False), sync_usage(rec, day)))
                 finally:
                     self.conn.execute("COMMIT")
         self._sync_order_successors(s)
@@ -7690,10 +7883,10 @@ class Sync:
         in this sync (it goes next time)."""
         behind = s.execute("select c.kind, c.uid, c.stamp, c.hash, b.stamp, c.body from current c join base0 b "
                            "on b.kind = c.kind and b.uid = c.uid where (c.stamp, c.hash) < (b.stamp, b.hash) "
-                           "and c.kind in ('memory', 'entity', 'triple', 'session')").fetchall()
-        for kind, uid, stamp, _digest, after, body in behind:
-            table = {"memory": "documents", "entity": "kg_entities", "triple": "kg_triples",
-                     "session": "conv_sessions"}[kind]
+                           "and c.kind in (select value from json_each(?))",
+                           (json.dumps(list(SYNC_TABLES)),))
+        for kind, uid, stamp, _digest, after, body in behind.fetchall():
+            table = SYNC_TABLES[kind]
             later = iso(parse_time(after) + dt.timedelta(seconds=1))
             with self.tx() as c:
                 c.execute(f"update {table} set updated_at = ? where uid = ? and updated_at = ?", (later, uid, stamp))
@@ -7704,14 +7897,34 @@ class Sync:
                     s.execute("update current set stamp = ?, body = ? where kind = ? and uid = ?",
                               (later, json.dumps(rec, ensure_ascii=False), kind, uid))
                 else:
-                    s.execute("update current set stamp = b.stamp, hash = b.hash from base0 b where b.kind = "
-                              "current.kind and b.uid = current.uid and current.kind = ? and current.uid = ?",
-                              (kind, uid))
+                    s.execute("update current set stamp = b.stamp, hash = b.hash, usage = b.usage "
+                              "from base0 b where b.kind = current.kind and b.uid = current.uid "
+                              "and current.kind = ? and current.uid = ?", (kind, uid))
+
+    def _sync_usage_changed(self, s: apsw.Connection) -> list[tuple[str, str, str]]:
+        """[(body, kind, uid)] of the records in scratch `s` whose version is as sent or merged last
+        (base0) but whose usage changed, unless the daily decay alone explains the change (the
+        memory as it was then, decayed to this file's decay day: decayed_usage): every device runs
+        the decay, so that would only send every memory every day."""
+        out = []
+        for kind, uid, body, usage, was in s.execute(
+                "select c.kind, c.uid, c.body, c.usage, b.usage from current c join base0 b on "
+                "b.kind = c.kind and b.uid = c.uid where c.stamp = b.stamp and c.hash = b.hash "
+                "and c.usage != b.usage"):
+            rec, then, day = json.loads(body), json.loads(was or "{}"), json.loads(usage)["day"]
+            fields = [k for k in SYNC_USAGE if k in rec]
+            sent = rec | {k: then.get(k) for k in fields}  # the record as sent or merged then
+            if kind == "memory":
+                sent = self.decayed_usage(sent, then.get("day"), day) or sent
+            if any(sent[k] != rec[k] for k in fields):
+                out.append((body, kind, uid))
+        return out
 
     def _sync_write(self, folder: Path, device: str, s: apsw.Connection, found: dict) -> tuple[str | None, int]:
         """Make the changeset base → current (a session on the scratch `records` table while it is
         brought to `current`: inserts carry the whole record, updates the new stamp, hash and body,
-        deletes only the key), write it into `folder` as this device's next file (a temporary name,
+        also of a record whose usage alone changed, deletes only the key), write it into `folder` as
+        this device's next file (a temporary name,
         then renamed: never a partial file under the final name), then record it as sent. Its number
         follows this device's files in `found` (scan_changesets) too. Returns (file name, records) or
         (None, 0) when nothing changed."""
@@ -7723,8 +7936,11 @@ class Sync:
             s.execute("update records set stamp = c.stamp, hash = c.hash, body = c.body from current c "
                       "where c.kind = records.kind and c.uid = records.uid "
                       "and (c.stamp != records.stamp or c.hash != records.hash)")
-            s.execute("insert into records select * from current c where not exists "
-                      "(select 1 from records r where r.kind = c.kind and r.uid = c.uid)")
+            s.executemany("update records set body = ? where kind = ? and uid = ? and body is null",
+                          self._sync_usage_changed(s))
+            s.execute("insert into records select kind, uid, stamp, hash, body from current c "
+                      "where not exists (select 1 from records r where r.kind = c.kind "
+                      "and r.uid = c.uid)")
         changeset = session.changeset()
         session.close()
         if not changeset:
@@ -7747,6 +7963,7 @@ class Sync:
                       "sha256": hashlib.sha256(payload).hexdigest()}
             if self.meta_get("sync_resend"):
                 header["resend"] = True  # versions sent before: a loser of them is no new conflict
+            header["decayed"] = self.meta_get("decay_last_run")  # the day its usage is as of
             write_atomically(folder / name, json.dumps(header).encode() + b"\n" + payload)
         except OSError as e:
             raise AokunError(f"cannot write the changeset into {folder}: {e.strerror or e}") from None
@@ -7755,9 +7972,11 @@ class Sync:
                 if op == "DELETE":
                     c.execute(self.queries["sync_base_drop"], {"kind": kind, "uid": uid})
                 else:
-                    stamp, digest = s.execute("select stamp, hash from records where kind = ? and uid = ?",
-                                              (kind, uid)).fetchone()
-                    c.execute(self.queries["sync_base_set"], {"kind": kind, "uid": uid, "stamp": stamp, "hash": digest})
+                    stamp, digest, usage = s.execute("select stamp, hash, usage from current where "
+                                                     "kind = ? and uid = ?", (kind, uid)).fetchone()
+                    c.execute(self.queries["sync_base_set"], {"kind": kind, "uid": uid,
+                                                              "stamp": stamp, "hash": digest,
+                                                              "usage": usage})
             c.execute(self.queries["sync_applied_add"], {"device": device, "seq": seq, "now": now_iso(),
                                                          "sha256": header["sha256"]})
             self._meta_set("sync_next_seq", seq + 1)
@@ -7783,7 +8002,9 @@ class Sync:
                     break
                 try:
                     h, changes = self._sync_read(found[key], *key)
-                    self._sync_merge(changes, (*key[:2], h["sha256"]), s, report, h.get("resend") is True)
+                    self._sync_merge(changes, (*key[:2], h["sha256"]), s, report,
+                                     h.get("resend") is True, derive_atoms=h["version"] < 2,
+                                     decayed=changeset_decayed(h))
                 except SyncFileError as e:
                     report["skipped"].append({"file": found[key].name, "reason": str(e)})
                     break
@@ -7795,8 +8016,9 @@ class Sync:
         SHA-256 `digest`, as scan_changesets found it), checked: the header line (format, version,
         device, number, length, SHA-256), then each change (table `records`, a record of a synced kind
         matching its key, one the import reads). Returns (the header, [(op, kind, uid,
-        stamp, hash, record or None (a delete), (old stamp, old hash) or None (not an update))]).
-        Raises SyncFileError with the reason."""
+        stamp, hash, record or None (a delete: the stamp and hash it had), (old stamp, old hash) or
+        None (not an update))]). A file of version 1 (no atoms) is read as well. Raises
+        SyncFileError with the reason."""
         head, payload, on_disk = read_changeset_file(path)
         try:
             h = json.loads(head) if head.endswith(b"\n") else None
@@ -7822,7 +8044,7 @@ class Sync:
                 if ch.name != "records" or ch.column_count != 5:
                     raise SyncFileError(f"foreign changeset (table {ch.name!r})")
                 if ch.op == "DELETE":
-                    changes.append(("DELETE", *ch.old[:3], None, None, None))
+                    changes.append(("DELETE", *ch.old[:4], None, None))
                     continue
                 kind, uid = (ch.new if ch.op == "INSERT" else ch.old)[:2]
                 stamp, rec = _change_value(ch, 2), json.loads(ch.new[4])  # no_change: the stamp stayed
@@ -7848,85 +8070,212 @@ class Sync:
         return h, changes
 
     def _sync_merge(self, changes: list[tuple], key: tuple, s: apsw.Connection, report: dict,
-                    resend: bool = False) -> None:
+                    resend: bool = False, derive_atoms: bool = False,
+                    decayed: str | None = None) -> None:
         """Merge the changes of file `key` (device, seq, sha256); `resend`: a file that sends again
-        what its device had (_sync_new_device), whose losing versions are no new conflicts. Per record
-        the version here and the incoming one are ordered by (stamp, hash) and the later wins, on
-        every device alike; a record deleted here
-        at or after the incoming stamp stays deleted. When both sides changed it since they last
-        agreed (the incoming update was not made on the version here, and the incoming version is not
-        one this file sent or merged before) and the contents differ, the losing version goes into
-        sync_conflicts. The winners are imported (memories re-derived, atoms included); then the file is
-        marked applied. Each step is a transaction (repeated after a crash, it changes nothing)."""
-        winners, known, conflicts, drops, ties = [], [], [], [], set()
-        mine, dev = self.meta_get("sync_device"), key[0]
-
-        def lost(loser: dict, kind: str, uid: str, loser_stamp: str, winner_stamp: str, source: str) -> None:
-            if not (resend and source == dev):
-                conflicts.append({"kind": kind, "uid": uid, "persona_id": loser.get("persona_id"),
-                                  "loser_from": source, "winner_stamp": winner_stamp, "loser_stamp": loser_stamp,
-                                  "loser": json.dumps(loser, ensure_ascii=False)})
-
-        for _op, kind, uid, stamp, digest, rec, old in changes:
-            if rec is None:  # a delete: a tombstone says what was deleted, and when; an undone consolidation goes
-                if kind == "consolidation":
-                    drops.append({"uid": uid, "stamp": stamp})
-                continue
-            here = s.execute("select stamp, hash, body from current where kind = ? and uid = ?", (kind, uid)).fetchone()
-            base = s.execute("select stamp, hash from base0 where kind = ? and uid = ?", (kind, uid)).fetchone()
-            version = (stamp, digest)
-            if here is not None and tuple(here[:2]) == version:
-                known.append({"kind": kind, "uid": uid, "stamp": stamp, "hash": digest})
-                continue
-            if here is None:
-                gone = s.execute("select stamp, body from current where kind = 'tombstone' and uid = ?",
-                                 (uid,)).fetchone() if kind in TOMBSTONE_KINDS.values() else None
-                if gone is not None and gone[0] >= stamp:  # deleted here as late: it stays deleted
-                    if base is None or tuple(base) != version:
-                        lost(rec, kind, uid, stamp, gone[0], dev)
-                    continue
-                if gone is not None:  # changed there after it was deleted here: it comes back
-                    lost(json.loads(gone[1]), "tombstone", uid, gone[0], stamp, mine)
-            elif version > tuple(here[:2]):
-                if (old is None or tuple(old) != tuple(here[:2])) and here[1] != digest:
-                    lost(json.loads(here[2]), kind, uid, here[0], stamp, mine)
-                if stamp == here[0]:
-                    ties.add(uid)
-            else:
-                if (base is None or tuple(base) != version) and here[1] != digest:
-                    lost(rec, kind, uid, stamp, here[0], dev)
-                continue
-            if kind == "tombstone" and (named := TOMBSTONE_KINDS.get(str(rec["table_name"]))):
-                row = s.execute("select stamp from current where kind = ? and uid = ?", (named, uid)).fetchone()
-                if row is not None and row[0] > stamp:  # changed here after it was deleted there: it stays
-                    lost(rec, kind, uid, stamp, row[0], dev)
-            winners.append((kind, uid, stamp, digest, rec))
-            known.append({"kind": kind, "uid": uid, "stamp": stamp, "hash": digest})
+        what its device had (_sync_new_device), whose losing versions are no new conflicts;
+        `derive_atoms`: a file of SYNC_VERSION 1, which carries no atoms (this device derives those
+        of the memories it merges); `decayed`: the decay day its memories' usage is as of (None:
+        unknown), brought to this file's (the days between decayed as this file did them). Each
+        record is decided by _sync_decide; the winners are
+        imported (memories re-derived, atoms taken as they come), then the atoms settled
+        (_sync_settle_atoms), then the file is marked applied. Each step is a transaction
+        (repeated after a crash, it changes nothing)."""
+        plan = SyncPlan(mine=self.meta_get("sync_device"), dev=key[0], resend=resend, since=decayed,
+                        until=self.meta_get("decay_last_run"))
+        for change in changes:
+            self._sync_decide(change, s, plan)
         with self.tx() as c:
-            for x in conflicts:
+            for x in plan.conflicts:
                 c.execute(self.queries["sync_conflict_add"], x | {"now": now_iso()})
                 report["conflicts"] += c.changes()
-            for d in drops:
+            for d in plan.drops:
                 c.execute(self.queries["sync_consolidation_drop"], d)
-        if winners:
+            for rec in plan.usages:
+                self._sync_set_usage(rec)
+        with s:
+            s.executemany("update current set body = ?, usage = ? where kind = ? and uid = ?",
+                          [(json.dumps(r, ensure_ascii=False), sync_usage(r, plan.until), r["kind"],
+                            r[SYNC_KINDS[r["kind"]][0]]) for r in plan.usages])
+        if plan.winners:
             header = {"kind": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION}
+            lines = [json.dumps(header), *(json.dumps(w[4], ensure_ascii=False)
+                                           for w in plan.winners)]
             try:
-                r = self.import_export([json.dumps(header), *(json.dumps(w[4], ensure_ascii=False) for w in winners)],
-                                       derive_atoms=True, overwrite=frozenset(ties))
+                r = self.import_export(lines, derive_atoms=derive_atoms,
+                                       overwrite=frozenset(plan.ties))
             except ImportFileError as e:
                 raise SyncFileError(f"the import refuses it ({e})") from None
             for kind, counts in r.items():
                 if kind != "deleted":
                     for k in report["merged"]:
                         report["merged"][k] += counts[k]
+        self._sync_settle_atoms(plan, s)
         with self.tx() as c:
-            for k in known:
+            for k in plan.known:
                 c.execute(self.queries["sync_base_set"], k)
-            c.execute(self.queries["sync_applied_add"], {"device": dev, "seq": key[1], "sha256": key[2],
-                                                         "now": now_iso()})
+            c.execute(self.queries["sync_applied_add"], {"device": plan.dev, "seq": key[1],
+                                                         "sha256": key[2], "now": now_iso()})
+
+    def _sync_decide(self, change: tuple, s: apsw.Connection, plan: "SyncPlan") -> None:
+        """Decide one change of a file (a _sync_read change) into `plan`. Per record the version
+        here (scratch `current`) and the incoming one are ordered by (stamp, hash) and the later
+        wins, on every device alike; a record deleted here at or after the incoming stamp stays
+        deleted. When both sides changed it since they last agreed (the incoming update was not
+        made on the version here, and the incoming version is not one this file sent or merged
+        before) and the contents differ, the losing version goes into sync_conflicts; but two
+        versions of an atom merge (merge_atoms: derived data, each side's change is kept). Whichever
+        wins keeps the usage counts of both, and the same version differing in usage alone takes
+        the merge of the two (merge_usage). An atom deleted there goes here when it is here as it
+        was there; changed here since, it stays (_sync_settle_atoms)."""
+        _op, kind, uid, stamp, digest, rec, old = change
+        one = "select stamp, hash, body, usage from current where kind = ? and uid = ?"
+        if rec is None:  # a delete: a tombstone says what was deleted and when; an undone
+            if kind == "consolidation":  # consolidation goes
+                plan.drops.append({"uid": uid, "stamp": stamp})
+            elif kind == "atom" and (here := s.execute(one, (kind, uid)).fetchone()) is not None:
+                as_there = tuple(here[:2]) == (stamp, digest)
+                (plan.atoms_gone if as_there else plan.atoms_kept).append(uid)
+            return
+        here = s.execute(one, (kind, uid)).fetchone()
+        base = s.execute("select stamp, hash from base0 where kind = ? and uid = ?",
+                         (kind, uid)).fetchone()
+        version, ours = (stamp, digest), None if here is None else json.loads(here[2])
+        incoming = {"kind": kind, "uid": uid, "stamp": stamp, "hash": digest,
+                    "usage": sync_usage(rec, plan.since)}  # as it was sent
+        if kind == "memory" and plan.since is not None and plan.since < (plan.until or ""):
+            rec = self.decayed_usage(rec, plan.since, plan.until)  # to this file's decay day
+        if here is not None and tuple(here[:2]) == version:
+            plan.known.append(incoming)
+            plan.usage(ours, merge_usage(ours, rec, ours))  # the usage may differ: merge both
+            return
+        if here is None:
+            gone = s.execute(one, ("tombstone", uid)).fetchone() \
+                if kind in TOMBSTONE_KINDS.values() else None
+            if gone is not None and gone[0] >= stamp:  # deleted here as late: it stays deleted
+                if base is None or tuple(base) != version:
+                    plan.lost(rec, kind, uid, stamp, gone[0], plan.dev)
+                return
+            if gone is not None:  # changed there after it was deleted here: it comes back
+                plan.lost(json.loads(gone[2]), "tombstone", uid, gone[0], stamp, plan.mine)
+        elif here[1] != digest and (
+                version > tuple(here[:2]) and (old is None or tuple(old) != tuple(here[:2]))
+                or version < tuple(here[:2]) and (base is None or tuple(base) != version)):
+            if kind == "atom":  # both changed it: the merge of the two, over the version here
+                rec = merge_atoms(ours, rec)
+                stamp, digest = rec["updated_at"], sync_hash(rec)
+                if (stamp, digest) == tuple(here[:2]):
+                    plan.known.append(incoming)
+                    return
+            elif version > tuple(here[:2]):
+                plan.lost(ours, kind, uid, here[0], stamp, plan.mine)
+            else:
+                plan.lost(rec, kind, uid, stamp, here[0], plan.dev)
+                plan.usage(ours, merge_usage(ours, rec, ours))  # the counts of both
+                return
+        elif version < tuple(here[:2]):
+            return
+        if here is not None:  # the counts of both
+            rec = merge_usage(ours, rec, rec)
+            if stamp == here[0]:
+                plan.ties.add(uid)
+        if kind == "tombstone" and (named := TOMBSTONE_KINDS.get(str(rec["table_name"]))):
+            row = s.execute(one, (named, uid)).fetchone()
+            if row is not None and row[0] > stamp:  # changed here after it was deleted there: stays
+                plan.lost(rec, kind, uid, stamp, row[0], plan.dev)
+        plan.winners.append((kind, uid, stamp, digest, rec))
+        plan.known.append(incoming)
+
+    def _sync_set_usage(self, rec: dict) -> None:
+        """Write the usage (SYNC_USAGE fields) of export record `rec` over its row here, nothing
+        else: no new version, nothing derived again. In tx."""
+        cols = [k for k in SYNC_USAGE if k in rec]
+        sets = ", ".join(f"{k} = :{k}" for k in cols)
+        self.conn.execute(f"update {SYNC_TABLES[rec['kind']]} set {sets} where uid = :uid",
+                          {k: rec[k] for k in cols} | {"uid": rec["uid"]})
+        if rec["kind"] == "memory":  # the briefing lists the important memories
+            self._briefing_stale(rec["persona_id"])
+
+    def _sync_settle_atoms(self, plan: "SyncPlan", s: apsw.Connection) -> None:
+        """After a file's winners are imported: the atoms deleted there that are here as they were
+        there go; those changed here since stay, and are sent whole again at the next sync (their
+        base is dropped), so the device that deleted them gets them back; where each device gave a
+        single-valued slot a new value apart, the newest stays (_sync_supersede). The scratch
+        `current` learns the winners and what went (also atoms the import dropped)."""
+        exists = "select 1 from memory_atoms where uid = ?"
+        with self.tx() as c:
+            for uid in plan.atoms_gone:
+                self._drop_atom_in_tx(uid)
+                c.execute(self.queries["sync_base_drop"], {"kind": "atom", "uid": uid})
+            for uid in plan.atoms_kept:
+                if self.value(exists, (uid,)):
+                    c.execute(self.queries["sync_base_drop"], {"kind": "atom", "uid": uid})
+            self._sync_supersede([w[1] for w in plan.winners if w[0] == "atom"])
+        docs = [w[1] for w in plan.winners if w[0] == "memory" or w[0] == "tombstone"
+                and w[4]["table_name"] == "documents"]  # whose atoms the import may have dropped
+        held = s.execute("select uid from current where kind = 'atom' and json_extract(body, "
+                         "'$.document') in (select value from json_each(?))", (json.dumps(docs),))
+        gone = plan.atoms_gone + [u for (u,) in held.fetchall() if not self.value(exists, (u,))]
         with s:
-            s.executemany("insert or replace into current values (?, ?, ?, ?, ?)",
-                          [(*w[:4], json.dumps(w[4], ensure_ascii=False)) for w in winners])
+            s.executemany("insert or replace into current values (?, ?, ?, ?, ?, ?)",
+                          [(*w[:4], json.dumps(w[4], ensure_ascii=False),
+                            sync_usage(w[4], plan.until)) for w in plan.winners])
+            s.executemany("delete from current where kind = 'atom' and uid = ?",
+                          [(u,) for u in gone])
+
+    def _sync_supersede(self, uids) -> None:
+        """Where two devices each gave a single-valued slot a new value apart, the atoms `uids`
+        merged in leave both active: as Layers._supersede does on a write, the newest (by
+        created_at, then uid, so every device picks the same) stays active and those of other
+        values are superseded by it. In tx."""
+        groups, stamp = set(), now_iso()
+        for uid in uids:
+            groups.update(tuple(r.values()) for r in self.rows(
+                "select persona_id, subject, slot from memory_atoms where uid = ? "
+                "and state = 'active' and slot != ''", (uid,)))
+        for persona, subject, slot in sorted(groups):
+            active = self.rows("select id, uid, slot_value, created_at from memory_atoms where "
+                               "persona_id = ? and subject = ? and slot = ? and state = 'active'",
+                               (persona, subject, slot))
+            newest = max(active, key=lambda r: (r["created_at"], r["uid"]))
+            for r in active:
+                if r["slot_value"] != newest["slot_value"]:
+                    self.conn.execute("update memory_atoms set state = 'superseded', "
+                                      "superseded_by = ?, state_changed_at = ?, updated_at = ? "
+                                      "where id = ?",
+                                      (newest["id"], stamp, stamp, r["id"]))
+
+
+@dataclass
+class SyncPlan:
+    """What merging one changeset file does: Sync._sync_decide fills it in, _sync_merge does it."""
+    mine: str | None  #: this file's device id
+    dev: str  #: the device id of the file
+    resend: bool = False  #: a file sending again what its device had: its losers are no conflicts
+    winners: list = field(default_factory=list)  #: (kind, uid, stamp, hash, record) to import
+    known: list = field(default_factory=list)  #: {kind, uid, stamp, hash}: held on both sides now
+    conflicts: list = field(default_factory=list)  #: sync_conflict_add rows
+    drops: list = field(default_factory=list)  #: {uid, stamp}: consolidations undone there
+    ties: set = field(default_factory=set)  #: uids imported over a version here as late as theirs
+    atoms_gone: list = field(default_factory=list)  #: atoms deleted there as they are here
+    atoms_kept: list = field(default_factory=list)  #: atoms deleted there but changed here since
+    usages: list = field(default_factory=list)  #: records here whose usage alone changes
+    since: str | None = None  #: the decay day the file's usage is as of (None: unknown)
+    until: str | None = None  #: this file's decay day
+
+    def usage(self, here: dict, merged: dict) -> None:
+        """Write the usage of `merged` over `here` (the record here) when it differs."""
+        if merged != here:
+            self.usages.append(merged)
+
+    def lost(self, loser: dict, kind: str, uid: str, loser_stamp: str, winner_stamp: str,
+             source: str) -> None:
+        """Keep `loser`, the version of `source` (a device id) that lost a conflict."""
+        if not (self.resend and source == self.dev):
+            self.conflicts.append({"kind": kind, "uid": uid, "persona_id": loser.get("persona_id"),
+                                   "loser_from": source, "winner_stamp": winner_stamp,
+                                   "loser_stamp": loser_stamp,
+                                   "loser": json.dumps(loser, ensure_ascii=False)})
 
 
 # Conversations: watching the clients' folders, and the clients' hooks ###########################

@@ -15,6 +15,12 @@ where memory_atoms_fts match :match and a.persona_id = :persona_id and a.state =
 order by rank
 limit 20;
 
+-- name: atom_by_uid
+-- The atom with uid :uid (atom_uid: a memory's fact), with what a reinforcement of it reads.
+select id, atom_type, base_ttl_days, importance, reinforcement_count, confidence,
+       last_reinforced_at, expires_at, state
+from memory_atoms where uid = :uid;
+
 -- name: atom_rivals
 -- The other active atoms (not :id) of the same persona, subject and single-valued slot: the ones
 -- a new value of the slot supersedes, or is superseded by.

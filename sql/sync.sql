@@ -2,13 +2,16 @@
 -- shared folder. Records are keyed by (kind, uid) as in the JSONL export; see schema/0012_sync.sql.
 
 -- name: sync_base_all
--- Every synced record's stamp and hash as of the last sync: what the next changeset is computed against.
-select kind, uid, stamp, hash from sync_base;
+-- Every synced record's stamp, hash and usage hash as of the last sync: what the next changeset is
+-- computed against.
+select kind, uid, stamp, hash, usage from sync_base;
 
 -- name: sync_base_set
--- Record that (kind, uid) is at version (:stamp, :hash) here and there (sent, or received and merged).
-insert into sync_base(kind, uid, stamp, hash) values (:kind, :uid, :stamp, :hash)
-on conflict(kind, uid) do update set stamp = excluded.stamp, hash = excluded.hash;
+-- Record that (kind, uid) is at version (:stamp, :hash) with usage :usage here and there (sent, or
+-- received and merged).
+insert into sync_base(kind, uid, stamp, hash, usage) values (:kind, :uid, :stamp, :hash, :usage)
+on conflict(kind, uid) do update
+set stamp = excluded.stamp, hash = excluded.hash, usage = excluded.usage;
 
 -- name: sync_base_drop
 delete from sync_base where kind = :kind and uid = :uid;

@@ -462,6 +462,32 @@ def test_small_talk_never_reinforces(mem):
     assert mem.value("select max(reinforcement_count) from memory_atoms") == 1
 
 
+def test_a_fact_stated_again_after_its_atom_outlived_the_edit_keeps_one_atom(mem, monkeypatch):
+    """An atom's uid is its memory's (atom_uid): when another memory's reinforcement kept it past
+    an edit that dropped the fact, stating the fact again reinforces it while it is active, and
+    takes over its uid once it expired; the write never fails on the uid."""
+    fact = "Bob likes green tea every single morning"
+    monkeypatch.setenv("AOKUN_NOW", "2026-05-01T08:00:00Z")
+    first = mem.memorize("First: " + fact, {"key_facts": [fact]})["id"]
+    mem.memorize("Second: " + fact, {"key_facts": [fact]})
+    uid = mem.value("select uid from memory_atoms")
+    mem.edit(first, "First, changed", {"key_facts": ["Bob owns a red bicycle"]})
+    assert mem.value("select reinforcement_count from memory_atoms where uid = ?", (uid,)) == 0
+    r = mem.edit(first, "First again: " + fact, {"key_facts": [fact]})
+    assert r["status"] == "done" and r["warnings"] == []
+    assert mem.rows("select reinforcement_count, state from memory_atoms where uid = ?", (uid,)) == [
+        {"reinforcement_count": 1, "state": "active"}]
+    mem.edit(first, "First, changed", {"key_facts": ["Bob owns a red bicycle"]})
+    monkeypatch.setenv("AOKUN_NOW", "2027-05-01T08:00:00Z")
+    mem.lifecycle()
+    assert mem.value("select state from memory_atoms where uid = ?", (uid,)) == "expired"
+    r = mem.edit(first, "First once more: " + fact, {"key_facts": [fact]})
+    assert r["status"] == "done" and r["warnings"] == []
+    assert mem.rows("select state, document_id, reinforcement_count from memory_atoms where uid = ?",
+                    (uid,)) == [{"state": "active", "document_id": first, "reinforcement_count": 0}]
+    assert mem.doctor() == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fact, atom_type", [
     ("I will fly to Tokyo next week", "planned"),
