@@ -16,11 +16,13 @@ TEXTS = [f"{name} {verb} {thing} in {place}" for name in ("Alice", "Bob", "Carme
 
 
 def drop_schema_15_and_16(c):
-    """What schema 15 (superseded_by) and 16 (event dates) added to documents, dropped on `c`."""
+    """What schema 15 (superseded_by) and 16 (event dates) added to documents, and schema 19
+    (usage) to sync_base, dropped on `c`: an older file has none of them."""
     for index in ("documents_superseded_by", "documents_event"):
         c.execute(f"drop index {index}")
     for column in ("superseded_by", "event_at", "event_end"):
         c.execute(f"alter table documents drop column {column}")
+    c.execute("alter table sync_base drop column usage")
 
 def _floats(mem, table="doc_vectors", key="doc_id"):
     return {r[key]: aokun.blob_vector(r["embedding"])
