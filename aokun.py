@@ -2,8 +2,9 @@
 """Aokun: long-term memory for AI assistants, served over MCP, kept in one SQLite file.
 
 Three layers of memory (documents, memory atoms, a knowledge graph) written by one journalled
-pipeline; recall fuses BM25, vector KNN and graph channels (scaled scores or RRF), weighting and MMR.
-See README.md for the quick start and the design (its "Inside the code" is the map of this file).
+pipeline; recall fuses BM25, vector KNN and graph channels (scaled scores or RRF), weighting and
+MMR. See README.md for the quick start and the design (its "Inside the code" is the map of this
+file).
 
 Three tiers, in file order, each section under a `# Title ####` banner (grep for it). Code uses
 only what stands under its own banner or one above it; a face uses only the engine's public names
@@ -107,8 +108,9 @@ ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emo
 DATE_CHARS = len("2026-11-30")  #: the date part of an ISO-8601 timestamp
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
 #: Tools listed by default: the frequent ones. [server] exposed_tools lists more, or `all`.
-DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "get_memory", "edit_memory", "delete_memory",
-                 "memory_context", "conversation_search", "conversation_get_session")
+DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "get_memory", "edit_memory",
+                 "delete_memory", "memory_context", "conversation_search",
+                 "conversation_get_session")
 
 log = logging.getLogger("aokun")
 
@@ -199,13 +201,15 @@ def parse_time(value, field_name: str = "timestamp") -> dt.datetime:
 
     Raises InputError naming `field_name` when it is not a valid time."""
     if isinstance(value, dt.datetime):
-        return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+        utc = dt.timezone.utc
+        return value.replace(tzinfo=utc) if value.tzinfo is None else value.astimezone(utc)
+    problem = f"expected an ISO-8601 time like 2026-11-30T08:15:00Z, got {value!r}"
     if not isinstance(value, str) or not value.strip():
-        raise InputError(field_name, f"expected an ISO-8601 time like 2026-11-30T08:15:00Z, got {value!r}")
+        raise InputError(field_name, problem)
     try:
         return _parse_iso(value)
     except ValueError:
-        raise InputError(field_name, f"expected an ISO-8601 time like 2026-11-30T08:15:00Z, got {value!r}") from None
+        raise InputError(field_name, problem) from None
 
 
 @functools.lru_cache(maxsize=65536)
@@ -248,7 +252,8 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 def without_lone_surrogates(text: str) -> str:
     """`text` with each lone UTF-16 surrogate made U+FFFD (`\\ud800` is a legal JSON escape but no
-    Unicode character: UTF-8 cannot encode it, so the model, SQLite and every reply would fail on it)."""
+    Unicode character: UTF-8 cannot encode it, so the model, SQLite and every reply would fail on
+    it)."""
     try:
         text.encode("utf-8")
         return text
@@ -256,12 +261,14 @@ def without_lone_surrogates(text: str) -> str:
         return _LONE_SURROGATE.sub("\ufffd", text)
 
 
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  #: a JSON escape of a UTF-16 surrogate (lone or in a pair)
+#: a JSON escape of a UTF-16 surrogate (lone or in a pair)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
 
 
 def json_without_surrogates(value):
-    """A decoded JSON value with the lone surrogates of every string in it (keys too) made U+FFFD."""
+    """A decoded JSON value with the lone surrogates of every string in it (keys too) made
+    U+FFFD."""
     if isinstance(value, str):
         return without_lone_surrogates(value)
     if isinstance(value, list):
@@ -295,9 +302,10 @@ def clean_text(value, field_name: str = "content", allow_empty: bool = False) ->
 
 
 def fold(text: str) -> str:
-    """What indexing and matching see of a text: NFKC (full-width ８０９０ is 8090, ² is 2, ㎏ is kg,
-    ， is ,), outer whitespace stripped. Used for the FTS text (Segmenter), queries, entity and node
-    keys, the atom rules, the content hash and what is embedded; never stored in place of the text."""
+    """What indexing and matching see of a text: NFKC (full-width ８０９０ is 8090, ² is 2, ㎏ is
+    kg, ， is ,), outer whitespace stripped. Used for the FTS text (Segmenter), queries, entity and
+    node keys, the atom rules, the content hash and what is embedded; never stored in place of the
+    text."""
     if text.isascii():
         return text.strip()
     return unicodedata.normalize("NFKC", text).strip()
@@ -328,7 +336,8 @@ def user_cache_dir() -> Path | None:
         candidates.append(Path.home() / ".cache" / "aokun")
     uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     with contextlib.suppress(OSError):  # gettempdir raises when no temp dir is usable at all
-        candidates.append(Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / f"aokun-{uid}")
+        temp = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())
+        candidates.append(temp / f"aokun-{uid}")
     for c in candidates:
         try:
             c.mkdir(parents=True, exist_ok=True)
@@ -336,9 +345,10 @@ def user_cache_dir() -> Path | None:
                 return c
         except OSError:
             continue
-    _warn_once(f"no writable cache folder ({', '.join(map(str, candidates))}): jieba loads without its "
-               "cache (about 1 s more per start) and keyword matches rank with bm25() (the same results, "
-               "slower); set XDG_CACHE_HOME or [text] jieba_cache_dir to a writable folder")
+    _warn_once(f"no writable cache folder ({', '.join(map(str, candidates))}): jieba loads "
+               "without its cache (about 1 s more per start) and keyword matches rank with "
+               "bm25() (the same results, slower); set XDG_CACHE_HOME or [text] jieba_cache_dir "
+               "to a writable folder")
     return None
 
 
@@ -352,11 +362,13 @@ class Segmenter:
     """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary.
 
     jieba loads lazily on first use (about 1 s, from a per-user cache: `cache_dir`, else
-    user_cache_dir(); without a writable one it builds its dictionary uncached) and logs only to stderr."""
+    user_cache_dir(); without a writable one it builds its dictionary uncached) and logs only to
+    stderr."""
 
     def __init__(self, stopwords_path: Path | None = None, userdict_path: Path | None = None,
                  cache_dir: Path | None = None):
-        self.stopwords_path, self.userdict_path, self.cache_dir = stopwords_path, userdict_path, cache_dir
+        self.stopwords_path, self.userdict_path = stopwords_path, userdict_path
+        self.cache_dir = cache_dir
         self._tk = None
         self._lock = threading.Lock()
         self.stopwords: frozenset[str] = frozenset()
@@ -386,7 +398,8 @@ class Segmenter:
                             tk.initialized = True
                         if self.userdict_path and self.userdict_path.exists():
                             lines = self.userdict_path.read_text(encoding="utf-8").splitlines()
-                            kept = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+                            kept = [ln for ln in lines
+                                    if ln.strip() and not ln.lstrip().startswith("#")]
                             tk.load_userdict(io.StringIO("\n".join(kept)))
                     if self.stopwords_path and self.stopwords_path.exists():
                         words = self.stopwords_path.read_text(encoding="utf-8").splitlines()
@@ -397,7 +410,8 @@ class Segmenter:
 
     def tokens(self, text: str, keep_stopwords: bool = False) -> list[str]:
         """Lower-cased search tokens of fold(text): jieba's search-mode cut (words and their
-        sub-words), with punctuation-only pieces and stop words dropped. Order kept, duplicates kept."""
+        sub-words), with punctuation-only pieces and stop words dropped. Order kept, duplicates
+        kept."""
         return list(self._cut(fold(text), keep_stopwords))
 
     def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
@@ -414,8 +428,8 @@ class Segmenter:
 
     def segmented(self, text: str) -> str:
         """Tokens of fold(text) joined by spaces: what goes into the FTS5 column. Cut line by line
-        (jieba splits at newlines anyway), so a line repeated across texts, like the session context
-        that every fact entry of a memory carries, is segmented once."""
+        (jieba splits at newlines anyway), so a line repeated across texts, like the session
+        context that every fact entry of a memory carries, is segmented once."""
         return " ".join(t for line in fold(text).split("\n") for t in self._cut(line, False))
 
 
@@ -477,7 +491,8 @@ def cut_text(text: str, limit: int) -> tuple[str, bool]:
     if len(text) <= limit:
         return text, False
     room = max(0, limit - 1)  # one character for the …
-    window, floor = text[: room + 1], room // 2  # one past the room: is a '.' at its end followed by a space?
+    # one past the room: is a '.' at its end followed by a space?
+    window, floor = text[: room + 1], room // 2
     ends = [m.start() for m in _SENTENCE_END.finditer(window) if floor <= m.start() <= room]
     spaces = [m.start() for m in _SPACE.finditer(window, floor)]
     cut = ends[-1] if ends else spaces[-1] if spaces else room
@@ -494,9 +509,9 @@ def duration_text(seconds: float) -> str:
 
 
 def estimate_tokens(text: str) -> int:
-    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give 0.6–1.2
-    for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule of thumb
-    for English), rounded up."""
+    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give
+    0.6–1.2 for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule
+    of thumb for English), rounded up."""
     cjk = len(_CJK.findall(text))
     return cjk + math.ceil((len(text) - cjk) / 4)
 
@@ -678,29 +693,34 @@ DEFAULTS: dict[str, dict[str, object]] = {
 #: from the ini file outside it is an AokunError naming [section] key and the range.
 RANGES: dict[str, dict[str, str]] = {
     "storage": {"busy_timeout_ms": ">= 0"},
-    "embedding": {"dimensions": ">= 0", "batch_size": ">= 1", "timeout_seconds": "> 0", "max_retries": ">= 0",
-                  "max_chars": ">= 1", "max_tokens": ">= 1", "cache_size": ">= 0", "context_turns": ">= 0",
-                  "context_chars": ">= 0"},
-    "write": {"write_op_max_retries": ">= 0", "reinforce_jaccard": "0..1", "reinforce_min_tokens": ">= 0",
-              "max_auto_facts": ">= 0", "default_importance": "0..1", "max_content_chars": ">= 1",
+    "embedding": {"dimensions": ">= 0", "batch_size": ">= 1", "timeout_seconds": "> 0",
+                  "max_retries": ">= 0", "max_chars": ">= 1", "max_tokens": ">= 1",
+                  "cache_size": ">= 0", "context_turns": ">= 0", "context_chars": ">= 0"},
+    "write": {"write_op_max_retries": ">= 0", "reinforce_jaccard": "0..1",
+              "reinforce_min_tokens": ">= 0", "max_auto_facts": ">= 0",
+              "default_importance": "0..1", "max_content_chars": ">= 1",
               "graph_summary_chars": ">= 1"},
-    "recall": {"rrf_k": ">= 1", "channel_k": ">= 1", "vector_candidates": ">= 1", "parallel_channels": ">= 1",
-               "weight_bm25": ">= 0", "weight_vector": ">= 0", "weight_graph_keyword": ">= 0",
-               "weight_graph_vector": ">= 0", "session_neighbour_weight": ">= 0", "temporal_floor": "0..1",
-               "score_alpha": ">= 0", "score_beta": ">= 0", "score_gamma": ">= 0", "graph_rrf_weight": ">= 0",
+    "recall": {"rrf_k": ">= 1", "channel_k": ">= 1", "vector_candidates": ">= 1",
+               "parallel_channels": ">= 1", "weight_bm25": ">= 0", "weight_vector": ">= 0",
+               "weight_graph_keyword": ">= 0", "weight_graph_vector": ">= 0",
+               "session_neighbour_weight": ">= 0", "temporal_floor": "0..1", "score_alpha": ">= 0",
+               "score_beta": ">= 0", "score_gamma": ">= 0", "graph_rrf_weight": ">= 0",
                "graph_importance_weight": ">= 0", "graph_recency_weight": ">= 0",
-               "graph_confidence_weight": ">= 0", "doc_route_weight": ">= 0", "graph_route_weight": ">= 0",
-               "cross_route_bonus": ">= 0", "time_window_boost": ">= 0", "min_relevance": "0..1",
-               "recency_days": "> 0", "mmr_lambda": "0..1", "graph_expansion_limit": ">= 0",
-               "graph_hub_limit": ">= 1", "graph_extra_entry_boost": ">= 0", "cache_ttl_seconds": ">= 0",
-               "cache_size": ">= 0", "max_k": ">= 1", "score_delta": ">= 0", "source_boost_chat": ">= 0",
-               "source_boost_import": ">= 0", "source_boost_default": ">= 0", "pin_similarity_threshold": "-1..1",
-               "query_last_line_weight": ">= 0", "max_chars_per_hit": ">= 0", "max_answer_tokens": ">= 0",
+               "graph_confidence_weight": ">= 0", "doc_route_weight": ">= 0",
+               "graph_route_weight": ">= 0", "cross_route_bonus": ">= 0",
+               "time_window_boost": ">= 0", "min_relevance": "0..1", "recency_days": "> 0",
+               "mmr_lambda": "0..1", "graph_expansion_limit": ">= 0", "graph_hub_limit": ">= 1",
+               "graph_extra_entry_boost": ">= 0", "cache_ttl_seconds": ">= 0", "cache_size": ">= 0",
+               "max_k": ">= 1", "score_delta": ">= 0", "source_boost_chat": ">= 0",
+               "source_boost_import": ">= 0", "source_boost_default": ">= 0",
+               "pin_similarity_threshold": "-1..1", "query_last_line_weight": ">= 0",
+               "max_chars_per_hit": ">= 0", "max_answer_tokens": ">= 0",
                "feedback_importance_step": "0..1"},
     # the token budgets: at least CONTEXT_TOKENS_MIN, what memory_context accepts as max_tokens
-    "context": {"quick_tokens": ">= 50", "chat_tokens": ">= 50", "coding_tokens": ">= 50", "project_tokens": ">= 50",
-                "briefing_regen_interval_minutes": ">= 0", "briefing_recent_days": ">= 0",
-                "briefing_max_recent": ">= 0", "briefing_importance": "0..1"},
+    "context": {"quick_tokens": ">= 50", "chat_tokens": ">= 50", "coding_tokens": ">= 50",
+                "project_tokens": ">= 50", "briefing_regen_interval_minutes": ">= 0",
+                "briefing_recent_days": ">= 0", "briefing_max_recent": ">= 0",
+                "briefing_importance": "0..1"},
     "llm": {"timeout_seconds": "> 0", "max_retries": ">= 0"},
     "forgetting": {"decay_rate": "0..1", "decay_hour": "0..23", "decay_minute": "0..59",
                    "access_decay_window_days": ">= 0", "access_count_decay_multiplier": ">= 0",
@@ -708,9 +728,10 @@ RANGES: dict[str, dict[str, str]] = {
                    "atom_maintenance_interval_hours": ">= 0", "atom_forget_delay_days": ">= 0",
                    "atom_purge_delay_days": ">= 0", "scheduler_interval_seconds": "> 0"},
     "backup": {"keep_days": ">= 1"},
-    "conversations": {"keep_days": ">= 0", "batch_size": ">= 1", "max_turn_chars": ">= 1", "max_chars_per_hit": ">= 0",
-                      "max_chars_per_turn": ">= 0", "briefing_sessions": ">= 0",
-                      "watch_interval_seconds": "> 0", "watch_since_days": ">= 0"},
+    "conversations": {"keep_days": ">= 0", "batch_size": ">= 1", "max_turn_chars": ">= 1",
+                      "max_chars_per_hit": ">= 0", "max_chars_per_turn": ">= 0",
+                      "briefing_sessions": ">= 0", "watch_interval_seconds": "> 0",
+                      "watch_since_days": ">= 0"},
     "sync": {"interval": ">= 1"},
     "server": {"port": "1..65535"},
 }
@@ -737,12 +758,14 @@ class Config:
         parser = configparser.ConfigParser(interpolation=None)
         if path:
             if not path.exists():
-                raise AokunError(f"config file {path} does not exist; copy aokun.example.ini to create one")
+                raise AokunError(f"config file {path} does not exist; copy aokun.example.ini to "
+                                 "create one")
             self._parse(parser, path)
         values: dict[str, dict[str, object]] = {s: dict(kv) for s, kv in DEFAULTS.items()}
         for section in parser.sections():
             if section not in DEFAULTS:
-                raise AokunError(f"{path}: unknown section [{section}]; known: {', '.join(DEFAULTS)}")
+                raise AokunError(f"{path}: unknown section [{section}]; "
+                                 f"known: {', '.join(DEFAULTS)}")
             for key, raw in parser.items(section):
                 if key not in DEFAULTS[section]:
                     raise AokunError(f"{path}: unknown setting {key!r} in [{section}]")
@@ -754,17 +777,20 @@ class Config:
 
     @staticmethod
     def _parse(parser: configparser.ConfigParser, path: Path) -> None:
-        """Read the ini file at `path` into `parser`. AokunError in one line for a file that cannot be
-        read or is not an ini file (a setting before any [section], a line without `=`, a repeat)."""
+        """Read the ini file at `path` into `parser`. AokunError in one line for a file that cannot
+        be read or is not an ini file (a setting before any [section], a line without `=`, a
+        repeat)."""
         try:
             parser.read_string(path.read_text(encoding="utf-8"), source=str(path))
         except configparser.MissingSectionHeaderError as e:
-            raise AokunError(f"{path} line {e.lineno}: {e.line.strip()!r} comes before any [section] header; "
-                             "settings go under one, like [storage]") from None
+            raise AokunError(f"{path} line {e.lineno}: {e.line.strip()!r} comes before any "
+                             "[section] header; settings go under one, like [storage]") from None
         except configparser.Error as e:
-            raise AokunError(f"{path} is not a valid ini file: {_one_line(str(e), 300)}") from None
+            problem = _one_line(str(e), 300)
+            raise AokunError(f"{path} is not a valid ini file: {problem}") from None
         except (OSError, UnicodeDecodeError) as e:
-            raise AokunError(f"config file {path} cannot be read: {_one_line(str(e), 300)}") from None
+            problem = _one_line(str(e), 300)
+            raise AokunError(f"config file {path} cannot be read: {problem}") from None
 
     def _coerce(self, section: str, key: str, raw: str):
         default = DEFAULTS[section][key]
@@ -774,14 +800,16 @@ class Config:
                 if low not in ("true", "false", "yes", "no", "on", "off", "1", "0"):
                     raise ValueError(raw)
                 return low in ("true", "yes", "on", "1")
-            value = int(raw) if isinstance(default, int) else float(raw) if isinstance(default, float) else None
+            if not isinstance(default, int | float):
+                return raw.strip()
+            value = (int if isinstance(default, int) else float)(raw)
         except ValueError:
-            raise AokunError(f"{self.path}: [{section}] {key} = {raw!r} is not a {type(default).__name__}") from None
-        if value is None:
-            return raw.strip()
+            raise AokunError(f"{self.path}: [{section}] {key} = {raw!r} is not a "
+                             f"{type(default).__name__}") from None
         allowed = RANGES[section][key]
         if not math.isfinite(value) or not in_range(value, allowed):
-            raise AokunError(f"{self.path}: [{section}] {key} = {raw.strip()} is out of range; allowed: {allowed}")
+            raise AokunError(f"{self.path}: [{section}] {key} = {raw.strip()} is out of range; "
+                             f"allowed: {allowed}")
         return value
 
     def resolve(self, value: str) -> Path:
@@ -795,7 +823,8 @@ class Config:
         for p in (self.resolve(value), HERE / value):
             if p.exists():
                 return p
-        raise AokunError(f"rules file {value!r} not found beside {self.path or HERE} nor in {HERE}")
+        raise AokunError(f"rules file {value!r} not found beside {self.path or HERE} "
+                         f"nor in {HERE}")
 
     def secret(self, section: str, key: str, env_key: str) -> str:
         """A secret given directly in the ini, or read from the environment variable it names."""
@@ -818,8 +847,8 @@ def find_config(path: str | None = None) -> Path | None:
 
 
 def load_config(path: str | None = None, overrides: dict | None = None) -> Config:
-    """The Config from find_config(path) (or defaults only), with `overrides` {(section, key): value}
-    on top. Raises AokunError for a missing file or a bad setting."""
+    """The Config from find_config(path) (or defaults only), with `overrides`
+    {(section, key): value} on top. Raises AokunError for a missing file or a bad setting."""
     return Config(find_config(path), overrides)
 
 
