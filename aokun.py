@@ -1401,7 +1401,8 @@ def rrf(ranks: dict[str, int], channels, k: int, weights: dict[str, float] | Non
     total = sum(w.get(c, 1.0) for c in channels)
     if not total:
         return 0.0
-    return sum(w.get(c, 1.0) / (k + ranks[c] + 1) for c in channels if c in ranks) / (total / (k + 1))
+    fused = sum(w.get(c, 1.0) / (k + ranks[c] + 1) for c in channels if c in ranks)
+    return fused / (total / (k + 1))
 
 
 def normalized_scores(channel: str, rows: list[dict]) -> dict[int, float]:
@@ -1420,7 +1421,8 @@ def normalized_scores(channel: str, rows: list[dict]) -> dict[int, float]:
     return {i: max(0.0, v) / hi if hi > 0 else 1.0 for i, v in vals.items()}
 
 
-def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, lam: float) -> list[tuple]:
+def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int,
+        lam: float) -> list[tuple]:
     """Maximal Marginal Relevance (Carbonell & Goldstein 1998): repeatedly pick
     argmax λ·relevance(d) − (1−λ)·max_{s∈picked} Jaccard(d, s). Returns [(id, mmr_score)]."""
     picked: list[tuple] = []
@@ -1441,7 +1443,8 @@ def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int, la
 
 DOC_CHANNELS = ("bm25", "vector")  #: the document route's channels
 GRAPH_CHANNELS = ("graph_keyword", "graph_vector")  #: the graph route's channels
-FREQUENCY_SATURATION = 10  #: (decayed) useful marks (memory_feedback) at which the frequency term reaches 1
+#: (decayed) useful marks (memory_feedback) at which the frequency term reaches 1
+FREQUENCY_SATURATION = 10
 
 
 @dataclass(frozen=True)
@@ -1469,8 +1472,10 @@ class Weights:
     cross_route_bonus: float
     neighbour: float  #: session_neighbour_weight
     mmr_lambda: float
-    window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window), or None
-    time_boost: float = 0.0  #: time_window_boost, added to the score of a memory created within the window
+    #: (start, end, phrase) of the question's time words (time_window), or None
+    window: tuple | None = None
+    #: time_window_boost, added to the score of a memory created within the window
+    time_boost: float = 0.0
 
     @classmethod
     def of(cls, r, spec: dict, channels, window: tuple | None = None) -> "Weights":
@@ -1478,35 +1483,42 @@ class Weights:
         question's time window."""
         doc = tuple(c for c in DOC_CHANNELS if c in channels)
         graph = tuple(c for c in GRAPH_CHANNELS if c in channels)
-        w_doc, w_graph = spec.get("doc_weight", r.doc_route_weight), spec.get("graph_weight", r.graph_route_weight)
+        w_doc = spec.get("doc_weight", r.doc_route_weight)
+        w_graph = spec.get("graph_weight", r.graph_route_weight)
         wd, wg = (w_doc, w_graph) if doc and graph else ((1.0, 0.0) if doc else (0.0, 1.0))
-        return cls(channel={"bm25": r.weight_bm25, "vector": r.weight_vector,
-                            "graph_keyword": r.weight_graph_keyword, "graph_vector": r.weight_graph_vector},
-                   doc_channels=doc, graph_channels=graph, fusion=r.fusion, rrf_k=r.rrf_k,
-                   alpha=r.score_alpha, beta=r.score_beta, gamma=r.score_gamma + spec.get("recency_boost", 0.0),
-                   delta=r.score_delta, graph_relevance=r.graph_rrf_weight,
-                   graph_importance=r.graph_importance_weight, graph_recency=r.graph_recency_weight,
-                   graph_confidence=r.graph_confidence_weight, temporal_floor=r.temporal_floor,
-                   recency_days=r.recency_days, doc_route=wd, graph_route=wg, cross_route_bonus=r.cross_route_bonus,
+        channel = {"bm25": r.weight_bm25, "vector": r.weight_vector,
+                   "graph_keyword": r.weight_graph_keyword, "graph_vector": r.weight_graph_vector}
+        return cls(channel=channel, doc_channels=doc, graph_channels=graph,
+                   fusion=r.fusion, rrf_k=r.rrf_k,
+                   alpha=r.score_alpha, beta=r.score_beta,
+                   gamma=r.score_gamma + spec.get("recency_boost", 0.0), delta=r.score_delta,
+                   graph_relevance=r.graph_rrf_weight, graph_importance=r.graph_importance_weight,
+                   graph_recency=r.graph_recency_weight, graph_confidence=r.graph_confidence_weight,
+                   temporal_floor=r.temporal_floor, recency_days=r.recency_days,
+                   doc_route=wd, graph_route=wg, cross_route_bonus=r.cross_route_bonus,
                    neighbour=r.session_neighbour_weight, mmr_lambda=r.mmr_lambda,
                    window=window, time_boost=r.time_window_boost if window else 0.0)
 
 
-TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago")  #: rules/timewords.toml rule kinds
+#: rules/timewords.toml rule kinds
+TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago")
 
 
 def load_time_words(path: Path) -> dict:
     """rules/timewords.toml, ready for time_window: {rules: [(compiled patterns, spec)], numbers,
     months, units}, with the {n}, {month} and {unit} placeholders of the patterns filled in as
-    named groups (alternatives longest first, so 'twelve' is tried before 'two' and 十二 before 十)."""
+    named groups (alternatives longest first, so 'twelve' is tried before 'two' and 十二 before
+    十)."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
     months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
     units = {fold(k).casefold(): v for k, v in data.get("units", {}).items()}
 
     def group(name, words, extra=""):
-        return f"(?P<{name}>{extra}" + "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w))) + ")"
-    fill = {"{n}": group("n", numbers, r"\d+|"), "{month}": group("month", months), "{unit}": group("unit", units)}
+        longest_first = sorted(words, key=lambda w: (-len(w), w))
+        return f"(?P<{name}>{extra}" + "|".join(re.escape(w) for w in longest_first) + ")"
+    fill = {"{n}": group("n", numbers, r"\d+|"), "{month}": group("month", months),
+            "{unit}": group("unit", units)}
     rules = pattern_rules(data, fill, TIME_WORD_KINDS, f"{path.name}: unknown time-word kind")
     return {"rules": rules, "numbers": numbers, "months": months, "units": units}
 
@@ -1540,7 +1552,8 @@ def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tupl
     kind, offset = spec["kind"], int(spec.get("offset", 0))
     midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
     if kind == "day":
-        start = midnight(today + dt.timedelta(days=offset)) + dt.timedelta(hours=spec.get("start_hour", 0))
+        day_start = midnight(today + dt.timedelta(days=offset))
+        start = day_start + dt.timedelta(hours=spec.get("start_hour", 0))
         return start, start + dt.timedelta(hours=spec.get("hours", 24))
     if kind == "week":
         monday = midnight(today - dt.timedelta(days=today.weekday() - 7 * offset))
@@ -1549,17 +1562,20 @@ def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tupl
         month = today.month + offset
         return _month_start(today.year, month, tz), _month_start(today.year, month + 1, tz)
     if kind == "year":
-        return _month_start(today.year + offset, 1, tz), _month_start(today.year + offset + 1, 1, tz)
+        year = today.year + offset
+        return _month_start(year, 1, tz), _month_start(year + 1, 1, tz)
     if kind == "named_month":
         name = m.group("month").casefold()
-        month = words["months"].get(name) or words["numbers"].get(name) or (int(name) if name.isdigit() else 0)
+        month = (words["months"].get(name) or words["numbers"].get(name)
+                 or (int(name) if name.isdigit() else 0))
         if not 1 <= month <= 12:
             return None
         later = month > today.month or (spec.get("strict") and month == today.month)
         year = today.year + offset if offset else today.year - int(bool(later))
         return _month_start(year, month, tz), _month_start(year, month + 1, tz)
     n = m.group("n").casefold()
-    count, unit = int(n) if n.isdigit() else words["numbers"].get(n), words["units"].get(m.group("unit").casefold())
+    count = int(n) if n.isdigit() else words["numbers"].get(n)
+    unit = words["units"].get(m.group("unit").casefold())
     if count is None or unit is None:
         return None
     day = today - dt.timedelta(days=count * unit["days"])
@@ -1568,7 +1584,8 @@ def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tupl
 
 
 class TimeWindow(tuple):
-    """(start, end, phrase) of time_window, and `keep_words`: the rule's phrase stays a search word."""
+    """(start, end, phrase) of time_window, and `keep_words`: the rule's phrase stays a search
+    word."""
     keep_words = False
 
 
@@ -1616,11 +1633,13 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
     return None
 
 
-EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "day", "in", "ago", "weekday", "week", "month", "month_end", "year",
-                    "named_month")  #: rules/dates.toml rule kinds
-_ZH_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6, "七": 7, "八": 8,
-              "九": 9}
-_ZH_NUMERAL = "(?:[一二三四五六七八九]?十[一二三四五六七八九]?|[一二两三四五六七八九])"  #: 1..99 in Chinese numerals
+#: rules/dates.toml rule kinds
+EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "day", "in", "ago", "weekday", "week", "month",
+                    "month_end", "year", "named_month")
+_ZH_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6,
+              "七": 7, "八": 8, "九": 9}
+#: 1..99 in Chinese numerals
+_ZH_NUMERAL = "(?:[一二三四五六七八九]?十[一二三四五六七八九]?|[一二两三四五六七八九])"
 
 
 def zh_number(text: str) -> int | None:
@@ -1640,9 +1659,9 @@ def zh_number(text: str) -> int | None:
 
 
 def load_event_dates(path: Path) -> dict:
-    """rules/dates.toml, ready for event_spans: {rules: [(compiled patterns, spec)], numbers, months,
-    weekdays, units, grace_days}, with the {n}, {month}, {weekday}, {unit} and {day} placeholders
-    filled in as named groups (alternatives longest first)."""
+    """rules/dates.toml, ready for event_spans: {rules: [(compiled patterns, spec)], numbers,
+    months, weekdays, units, grace_days}, with the {n}, {month}, {weekday}, {unit} and {day}
+    placeholders filled in as named groups (alternatives longest first)."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
     months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
@@ -1655,8 +1674,8 @@ def load_event_dates(path: Path) -> dict:
             "{weekday}": f"(?P<weekday>{alts(weekdays)})", "{unit}": f"(?P<unit>{alts(units)})",
             "{day}": rf"(?:\d{{1,2}}|{_ZH_NUMERAL})"}
     rules = pattern_rules(data, fill, EVENT_DATE_KINDS, f"{path.name}: unknown event-date kind")
-    return {"rules": rules, "numbers": numbers, "months": months, "weekdays": weekdays, "units": units,
-            "grace_days": float(data.get("grace_days", 1))}
+    return {"rules": rules, "numbers": numbers, "months": months, "weekdays": weekdays,
+            "units": units, "grace_days": float(data.get("grace_days", 1))}
 
 
 def _safe_date(year: int, month: int, day: int) -> dt.date | None:
@@ -1666,7 +1685,8 @@ def _safe_date(year: int, month: int, day: int) -> dt.date | None:
         return None
 
 
-def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict) -> tuple[dt.date, dt.date] | None:
+def _event_span(spec: dict, m: re.Match, today: dt.date,
+                words: dict) -> tuple[dt.date, dt.date] | None:
     """(first day, day after the last) of one matched event-date rule (kinds: rules/dates.toml),
     relative to the memory's local day `today`; None when the match names no real date."""
     kind, offset = spec["kind"], int(spec.get("offset", 0))
@@ -1700,7 +1720,8 @@ def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict) -> tuple[d
         options = [x for x in (_safe_date(today.year + k, month, d) for k in (-1, 0, 1)) if x]
         if not options:
             return None
-        day = min(options, key=lambda x: (abs((x - today).days), x < today))  # the nearest; a tie: ahead
+        # the nearest; a tie: ahead
+        day = min(options, key=lambda x: (abs((x - today).days), x < today))
         return day, day + dt.timedelta(days=1)
     if kind == "day":
         day = today + dt.timedelta(days=offset)
@@ -1736,10 +1757,10 @@ def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict) -> tuple[d
 
 def event_spans(text: str, created_at: str, words: dict, tz) -> list[tuple[str, str, str]]:
     """The dates `text` names (rules/dates.toml, loaded by load_event_dates), resolved against the
-    memory's own time `created_at` (ISO) in the local calendar of `tz`: [(start, end, phrase)], start
-    and end ISO UTC of local midnights (end exclusive), in the order they appear in fold(text). A
-    piece of text matched by an earlier rule is not matched again ('2027年1月15日' is one date, not
-    also '1月15日')."""
+    memory's own time `created_at` (ISO) in the local calendar of `tz`: [(start, end, phrase)],
+    start and end ISO UTC of local midnights (end exclusive), in the order they appear in
+    fold(text). A piece of text matched by an earlier rule is not matched again ('2027年1月15日'
+    is one date, not also '1月15日')."""
     folded = fold(text)
     today = _parse_iso(created_at).astimezone(tz).date()
     taken: list[tuple[int, int]] = []
@@ -1767,7 +1788,8 @@ def channel_evidence(ranked: dict[str, list[dict]], graph_channels) -> tuple[dic
         for row in rows:
             ranks.setdefault(row["id"], {})[ch] = row["rank"]
             if ch in graph_channels:
-                confidence[row["id"]] = max(confidence.get(row["id"], 0.0), row["confidence"] or 0.0)
+                best = confidence.get(row["id"], 0.0)
+                confidence[row["id"]] = max(best, row["confidence"] or 0.0)
     return ranks, {ch: normalized_scores(ch, rows) for ch, rows in ranked.items()}, confidence
 
 
@@ -1775,7 +1797,8 @@ def route_relevance(i: int, ranks: dict, scores: dict, channels, w: Weights) -> 
     """A route's relevance for memory `i`, in 0..1: weighted RRF of its channel ranks (fusion =
     rrf), or the weighted mean of its normalised channel scores (fusion = score, the default)."""
     if w.fusion == "rrf":
-        return rrf(ranks, channels, w.rrf_k, w.channel) if sum(w.channel[c] for c in channels) else 0.0
+        weighted = sum(w.channel[c] for c in channels)
+        return rrf(ranks, channels, w.rrf_k, w.channel) if weighted else 0.0
     total = part = 0.0  # one pass: fusion calls this ~900 times a recall
     for c in channels:
         weight = w.channel[c]
@@ -1786,14 +1809,15 @@ def route_relevance(i: int, ranks: dict, scores: dict, channels, w: Weights) -> 
 
 
 def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None, w: Weights,
-                    ref: dt.datetime, historical: bool, source_boost: float, pin: float | None) -> dict:
+                    ref: dt.datetime, historical: bool, source_boost: float,
+                    pin: float | None) -> dict:
     """The score parts of one candidate (its row `d` from sql recall_candidates: importance,
     created_at, useful_count, last_useful_at, temporal_factor), before the routes are scaled:
 
         recency     = exp(−age_days / recency_days), age from created_at (when it happened; being
                       returned by a recall does not make a memory recent); with time words, the
-                      days from the question's window instead (0 within it): close to when was asked,
-                      by created_at or by the event time its text names, whichever is closer
+                      days from the question's window instead (0 within it): close to when was
+                      asked, by created_at or by the event time its text names, whichever is closer
         frequency   = min(1, ln(1 + useful_count·exp(−days since last useful / recency_days))
                              / ln(1 + FREQUENCY_SATURATION))   (0 for as_of recall)
         doc_route   = α·doc_relevance + β·importance + γ·recency + δ·frequency
@@ -1819,17 +1843,20 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
     rel_doc = route_relevance(d["id"], ranks, scores, w.doc_channels, w)
     rel_graph = route_relevance(d["id"], ranks, scores, w.graph_channels, w)
     factor = d["temporal_factor"] if w.graph_channels else 1.0
-    doc_score = w.alpha * rel_doc + w.beta * d["importance"] + w.gamma * recency + w.delta * frequency
+    doc_score = (w.alpha * rel_doc + w.beta * d["importance"] + w.gamma * recency
+                 + w.delta * frequency)
     graph_score = (w.graph_relevance * rel_graph + w.graph_importance * d["importance"]
                    + w.graph_recency * recency + w.graph_confidence * (confidence or 0.0))
-    return dict(ranks=ranks, doc_relevance=rel_doc, graph_relevance=rel_graph, importance=d["importance"],
-                recency=recency, frequency=frequency, useful_count=d["useful_count"], doc_route=doc_score,
+    return dict(ranks=ranks, doc_relevance=rel_doc, graph_relevance=rel_graph,
+                importance=d["importance"], recency=recency, frequency=frequency,
+                useful_count=d["useful_count"], doc_route=doc_score,
                 # × the atoms' temporal factor, before scale_routes divides by the best graph route;
                 # the floor: graph evidence whose atoms all expired keeps that share of its weight
                 graph_route=graph_score * (w.temporal_floor + (1 - w.temporal_floor) * factor),
-                source_boost=source_boost, pin_similarity=pin, temporal_factor=factor, confidence=confidence,
-                time_boost=w.time_boost if matched else 0.0, time_match=matched,
-                in_doc=any(c in ranks for c in w.doc_channels), in_graph=any(c in ranks for c in w.graph_channels))
+                source_boost=source_boost, pin_similarity=pin, temporal_factor=factor,
+                confidence=confidence, time_boost=w.time_boost if matched else 0.0,
+                time_match=matched, in_doc=any(c in ranks for c in w.doc_channels),
+                in_graph=any(c in ranks for c in w.graph_channels))
 
 
 def shortlist(ranks: dict, scores: dict, pins: dict, w: Weights, n: int) -> set:
@@ -1844,8 +1871,9 @@ def shortlist(ranks: dict, scores: dict, pins: dict, w: Weights, n: int) -> set:
     def evidence(i: int) -> float:
         r = ranks[i]
         both = any(c in r for c in w.doc_channels) and any(c in r for c in w.graph_channels)
-        return (w.doc_route * w.alpha * route_relevance(i, r, scores, w.doc_channels, w)
-                + w.graph_route * w.graph_relevance * route_relevance(i, r, scores, w.graph_channels, w)
+        doc = route_relevance(i, r, scores, w.doc_channels, w)
+        graph = route_relevance(i, r, scores, w.graph_channels, w)
+        return (w.doc_route * w.alpha * doc + w.graph_route * w.graph_relevance * graph
                 + (w.cross_route_bonus if both else 0.0))
     best = sorted(ranks, key=lambda i: (-evidence(i), i))[:n]
     return set(best) | set(pins) | {i for i, r in ranks.items() if "time_window" in r}
@@ -1882,14 +1910,17 @@ def mmr_pool(order: list[int], parts: dict, pins: dict, size: int) -> list[int]:
     return pool + [i for i in pins if i in parts and i not in pool]
 
 
-def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict[int, float], k: int,
-                lam: float) -> list[tuple]:
+def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict[int, float],
+                k: int, lam: float) -> list[tuple]:
     """The answer: MMR (λ, token Jaccard) over the `best` candidates that still exist (those in
     `tokens`), then each pinned memory similar enough to the query (`pins`: {id: cosine
     similarity}, best first) that MMR left out, in place of the weakest unpinned hit.
     Returns [(id, mmr score or None for a pin put in)]."""
-    picked = mmr([i for i in best if i in tokens], {i: p["fused"] for i, p in parts.items()}, tokens, k, lam)
-    missing = [i for i in sorted(pins, key=lambda i: -pins[i]) if i in tokens and i not in {x for x, _ in picked}]
+    fused = {i: p["fused"] for i, p in parts.items()}
+    picked = mmr([i for i in best if i in tokens], fused, tokens, k, lam)
+    picked_ids = {x for x, _ in picked}
+    pins_best_first = sorted(pins, key=lambda i: -pins[i])
+    missing = [i for i in pins_best_first if i in tokens and i not in picked_ids]
     for i in missing:
         unpinned = [n for n, (x, _) in enumerate(picked) if x not in pins]
         if len(picked) < k:
@@ -1903,12 +1934,13 @@ def token_cover(query_tokens: set, doc_tokens: set) -> float | None:
     """The share of the query's distinct search tokens found among a memory's indexed tokens, 0..1,
     counting only query tokens of a script the memory has (CJK or not): an English question about a
     Chinese memory shares no word with it by nature. Single-character Chinese tokens are left out
-    when the query has a longer one: jieba leaves the verbs and particles of a question (有, 去, 喝,
-    做) single, and they match every other memory ("下周有什么安排" is not about "我家有一只猫"); the
-    content words (安排, 上海, 咖啡) are longer. None when no query token is comparable. When the
-    memory has no word of the question's own script (query_script), the share is of all the
-    question's words: a Chinese question with two Latin words (a name, "Assistant") about an
-    English memory has 1 of its 13 words found when one matches, not half of its comparable ones."""
+    when the query has a longer one: jieba leaves the verbs and particles of a question (有, 去,
+    喝, 做) single, and they match every other memory ("下周有什么安排" is not about
+    "我家有一只猫"); the content words (安排, 上海, 咖啡) are longer. None when no query token is
+    comparable. When the memory has no word of the question's own script (query_script), the share
+    is of all the question's words: a Chinese question with two Latin words (a name, "Assistant")
+    about an English memory has 1 of its 13 words found when one matches, not half of its
+    comparable ones."""
     scripts = {bool(_CJK.search(t)) for t in doc_tokens}
     words = {t for t in query_tokens if len(t) > 1 or not _CJK.search(t)}
     if not any(_CJK.search(t) for t in words):
@@ -1946,15 +1978,16 @@ def calibrated_relevance(cos: float | None, cover: float | None, coef: dict | No
 def recall_hit(d: dict, p: dict) -> dict:
     """One result of recall() from its row of sql recall_documents and its score parts."""
     return {"id": d["id"], "score": round(p["fused"], 6), "text": d["content"], "truncated": False,
-            "summary": d["summary"],
-            "importance": d["importance"], "created_at": d["created_at"], "session_id": d["session_id"],
-            "persona_id": d["persona_id"], "participants": json.loads(d["participants"]),
+            "summary": d["summary"], "importance": d["importance"], "created_at": d["created_at"],
+            "session_id": d["session_id"], "persona_id": d["persona_id"],
+            "participants": json.loads(d["participants"]),
             "topics": json.loads(d["topics"]), "source": d["source"], "pinned": bool(d["pinned"]),
             "archived": bool(d["archived"]), "channels": sorted(p["ranks"]),
             "relevance": None if p.get("relevance") is None else round(p["relevance"], 4)}
 
 
-RECALL_HIT_MIN_TOKENS = 50  #: a hit cut to fit [recall] max_answer_tokens keeps this much text at least, or is left out
+#: a hit cut to fit [recall] max_answer_tokens keeps this much text at least, or is left out
+RECALL_HIT_MIN_TOKENS = 50
 
 
 def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[dict], list[int]]:
@@ -1989,7 +2022,8 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
     every part of its score, in the order they combine; with time words, the window, time_boost and
     time_match (which of its times fell in the window: 'written', 'event' or 'written+event')."""
     window = {"time_window": dict(zip(("start", "end", "phrase"), w.window, strict=True)),
-              "time_boost": p.get("time_boost", 0.0), "time_match": p.get("time_match")} if w.window else {}
+              "time_boost": p.get("time_boost", 0.0),
+              "time_match": p.get("time_match")} if w.window else {}
     return window | {"ranks": {c: p["ranks"].get(c) for c in chosen},
             "scores": {c: scores[c][i] for c in scores if i in scores[c]}, "fusion": w.fusion,
             "doc_rrf": rrf(p["ranks"], w.doc_channels, w.rrf_k, w.channel),
@@ -1997,8 +2031,8 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
             "doc_relevance": p["doc_relevance"], "graph_relevance": p["graph_relevance"],
             "neighbour": p["neighbour"], "importance": p["importance"], "recency": p["recency"],
             "confidence": p["confidence"], "temporal_factor": p["temporal_factor"],
-            "frequency": p["frequency"], "useful_count": p["useful_count"], "source_boost": p["source_boost"],
-            "pin_similarity": p["pin_similarity"],
+            "frequency": p["frequency"], "useful_count": p["useful_count"],
+            "source_boost": p["source_boost"], "pin_similarity": p["pin_similarity"],
             "doc_route": p["doc_route"], "graph_route": p["graph_route"],
             "route_weights": [w.doc_route, w.graph_route], "doc_share": p["doc_share"],
             "graph_share": p["graph_share"], "cross_route_bonus": p["cross_route_bonus"],
