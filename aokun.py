@@ -2043,7 +2043,8 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
 # Atoms and graph rules ###########################################################################
 
 def effective_ttl_days(base_ttl_days: float, importance: float, reinforcement_count: int) -> float:
-    """ttl = base_ttl × (0.5 + importance) × (1 + 0.5 × reinforcement_count)  (seed: Memory Model)."""
+    """ttl = base_ttl × (0.5 + importance) × (1 + 0.5 × reinforcement_count)
+    (seed: Memory Model)."""
     return base_ttl_days * (0.5 + importance) * (1 + 0.5 * reinforcement_count)
 
 
@@ -2054,7 +2055,8 @@ def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = Fals
     historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
     then and had not yet expired or been superseded (needs created_at and state_changed_at).
     Recall computes the same factor in SQL (sql recall_candidates); tests check the two agree."""
-    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])  # stored: valid
+    # stored, so valid
+    start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])
     if historical:
         if atom["state"] == "superseded":
             end = min(end, _parse_iso(atom["state_changed_at"]))
@@ -2074,7 +2076,8 @@ GRAPH_MAX_SUBJECTS = 8  #: participants, and topics, that become graph subjects 
 GRAPH_MAX_FACTS = 8  #: fact sentences of one memory that become graph facts
 GRAPH_SUBJECT_CONFIDENCE = 0.9  #: confidence of person/topic entries and co_occurs_with edges
 
-ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")  #: atom_uid's uuid5 namespace
+#: atom_uid's uuid5 namespace
+ATOM_UID_NAMESPACE = uuid.UUID("5b0c7a52-3d1e-4f7b-9a41-0a6f6b2d1c24")
 ENTITY_UID_NAMESPACE = uuid.UUID("9e2d4c61-7a3b-4f05-b8c2-3d6e1f0a5b97")  #: entity_uid's namespace
 
 
@@ -2088,10 +2091,12 @@ def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
     """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
     of the three, so every device that derives it gives it the same uid (and an edit that keeps a
     fact keeps its atom's uid)."""
-    return str(uuid.uuid5(ATOM_UID_NAMESPACE, "\x1f".join((persona_id, document_uid, content.strip()))))
+    key = "\x1f".join((persona_id, document_uid, content.strip()))
+    return str(uuid.uuid5(ATOM_UID_NAMESPACE, key))
 
 
-RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")  #: rules/relevance.toml
+#: rules/relevance.toml
+RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")
 
 
 class Rules:
@@ -2099,7 +2104,10 @@ class Rules:
     time words."""
 
     def __init__(self, cfg: Config):
-        atoms = tomllib.loads(cfg.rule_file(cfg.write.atom_rules).read_text(encoding="utf-8"))
+        def read(setting: str) -> dict:
+            return tomllib.loads(cfg.rule_file(setting).read_text(encoding="utf-8"))
+
+        atoms = read(cfg.write.atom_rules)
         self.types: dict[str, dict] = atoms["types"]
         unknown = set(self.types) - set(ATOM_TYPES)
         if unknown:
@@ -2108,31 +2116,33 @@ class Rules:
         self.default_confidence = float(atoms.get("default_confidence", 0.5))
         self.atom_rules = [(re.compile(r["pattern"]), r["type"], float(r.get("confidence", 0.7)))
                            for r in atoms.get("rules", [])]
-        aliases = tomllib.loads(cfg.rule_file(cfg.write.aliases).read_text(encoding="utf-8")).get("aliases", {})
+        aliases = read(cfg.write.aliases).get("aliases", {})
         self.alias_of: dict[str, str] = {}
         for canonical, names in aliases.items():
             for name in [canonical, *names]:
                 self.alias_of[self._key(name)] = canonical
-        relevance = tomllib.loads(cfg.rule_file(cfg.recall.relevance).read_text(encoding="utf-8"))
-        #: {embedding model: {w_cos, w_cover, bias, cos_only_w_cos, cos_only_bias}} of calibrated_relevance
-        self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS} for model, c in relevance.items()}
+        relevance = read(cfg.recall.relevance)
+        #: {embedding model: {w_cos, w_cover, bias, cos_only_w_cos, cos_only_bias}} of
+        #: calibrated_relevance
+        self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS}
+                          for model, c in relevance.items()}
         #: {embedding model: {script: weights}}: a model's weights for the questions of one script
-        #: (query_script), where the file has a [model.script] table; other questions use the model's
-        #: own. A script table holds w_cos, w_cover and bias: a memory of another script (cos-only,
-        #: a cross-language pair) keeps the model's own cos-only weights
+        #: (query_script), where the file has a [model.script] table; other questions use the
+        #: model's own. A script table holds w_cos, w_cover and bias: a memory of another script
+        #: (cos-only, a cross-language pair) keeps the model's own cos-only weights
         self.relevance_by_script = {
             model: {script: self.relevance[model] | {k: float(t[k]) for k in RELEVANCE_WEIGHTS[:3]}
                     for script, t in c.items() if isinstance(t, dict)}
             for model, c in relevance.items()}
-        intents = tomllib.loads(cfg.rule_file(cfg.recall.intents).read_text(encoding="utf-8")).get("intents", {})
+        intents = read(cfg.recall.intents).get("intents", {})
         self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
                         for name, spec in intents.items()]
         self.time_words = load_time_words(cfg.rule_file(cfg.recall.time_words))
         self.event_dates = load_event_dates(cfg.rule_file(cfg.write.event_dates))
 
-        predicates = tomllib.loads(cfg.rule_file(cfg.forgetting.predicates).read_text(encoding="utf-8")
-                                   ).get("predicates", [])
-        self.slot_patterns = [(p["name"], re.compile(rx)) for p in predicates for rx in p.get("patterns", [])]
+        predicates = read(cfg.forgetting.predicates).get("predicates", [])
+        self.slot_patterns = [(p["name"], re.compile(rx))
+                              for p in predicates for rx in p.get("patterns", [])]
         self.predicate_of: dict[str, str] = {}
         for p in predicates:
             for name in [p["name"], *p.get("aliases", [])]:
@@ -2140,11 +2150,13 @@ class Rules:
 
     @staticmethod
     def _key(name: str) -> str:
-        """The matching key of a name: fold()ed (NFKC), whitespace runs made one space, casefolded."""
+        """The matching key of a name: fold()ed (NFKC), whitespace runs made one space,
+        casefolded."""
         return " ".join(fold(name).split()).casefold()
 
     def classify(self, fact: str) -> tuple[str, float]:
-        """(atom_type, confidence) from the first rule matching fold(fact), else the default type."""
+        """(atom_type, confidence) from the first rule matching fold(fact), else the default
+        type."""
         fact = fold(fact)
         for pattern, atom_type, confidence in self.atom_rules:
             if pattern.search(fact):
@@ -2160,12 +2172,13 @@ class Rules:
             m = pattern.search(fact)
             if m and m.group("value").strip():
                 subject = (m.groupdict().get("subject") or "").strip()
-                return name, self.canonical(m.group("value").strip()), self.canonical(subject) if subject else ""
+                value = self.canonical(m.group("value").strip())
+                return name, value, self.canonical(subject) if subject else ""
         return "", "", ""
 
     def canonical(self, name: str) -> str:
-        """Entity resolution: NFKC, case and whitespace folded (_key), aliases from rules/aliases.toml
-        mapped to their canonical name. Returns the key nodes are unique on."""
+        """Entity resolution: NFKC, case and whitespace folded (_key), aliases from
+        rules/aliases.toml mapped to their canonical name. Returns the key nodes are unique on."""
         key = self._key(name)
         return self._key(self.alias_of.get(key, key))
 
@@ -2197,13 +2210,14 @@ def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     out = []
     for i, p in enumerate(data.get("patterns", [])):
-        if not isinstance(p.get("kind"), str) or not p["kind"] or not isinstance(p.get("pattern"), str):
+        named = isinstance(p.get("kind"), str) and p["kind"]
+        if not named or not isinstance(p.get("pattern"), str):
             raise AokunError(f"{path.name}: patterns[{i}] needs a kind and a pattern (text)")
         try:
             out.append((p["kind"], re.compile(p["pattern"])))
         except re.error as e:
-            raise AokunError(f"{path.name}: patterns[{i}] ({p['kind']}) is not a valid regular expression: {e}"
-                             ) from None
+            raise AokunError(f"{path.name}: patterns[{i}] ({p['kind']}) is not a valid regular "
+                             f"expression: {e}") from None
     return tuple(out)
 
 
@@ -2233,8 +2247,8 @@ def redaction_warning(counts: dict) -> str | None:
         return None
     kinds = ", ".join(k if c == 1 else f"{k} ×{c}" for k, c in counts.items())
     marks = ", ".join(f"[REDACTED:{k}]" for k in counts)
-    return (f"{n} secret{'s' if n > 1 else ''} redacted before storing ({kinds}); the stored text has "
-            f"{marks} in {'their' if n > 1 else 'its'} place")
+    return (f"{n} secret{'s' if n > 1 else ''} redacted before storing ({kinds}); the stored text "
+            f"has {marks} in {'their' if n > 1 else 'its'} place")
 
 
 # Write validation: one memory, checked before anything is stored #################################
@@ -2266,16 +2280,21 @@ class Prepared:
     deduplicated: bool = False
     warnings: list = field(default_factory=list)
     embedding_truncated: bool = False
-    embedding_error: str | None = None  # why the embedding provider refused this memory's text, if it did
-    recovering: bool = False  # resumed from the journal at open: a failure is recorded, never raised
+    # why the embedding provider refused this memory's text, if it did
+    embedding_error: str | None = None
+    # resumed from the journal at open: a failure is recorded, never raised
+    recovering: bool = False
     error: Exception | None = None  # why a write that was not stored failed (status 'failed')
     stale: list = field(default_factory=list)  # memories whose vector context this write changed
-    given: frozenset = frozenset()  # the metadata keys the caller gave (a repeat merges only those it said)
-    changed: dict = field(default_factory=dict)  # a repeat's changes to the stored memory, {field: [old, new]}
+    # the metadata keys the caller gave (a repeat merges only those it said)
+    given: frozenset = frozenset()
+    # a repeat's changes to the stored memory, {field: [old, new]}
+    changed: dict = field(default_factory=dict)
     may_update: list = field(default_factory=list)  # [{id, preview}] this new memory may update
 
-    PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts", "participants",
-               "tags", "sentiment", "source", "importance", "pinned", "created_at", "content_hash", "facts")
+    PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts",
+               "participants", "tags", "sentiment", "source", "importance", "pinned", "created_at",
+               "content_hash", "facts")
     PAYLOAD += ("supersedes",)
 
     def payload(self) -> str:
@@ -2294,8 +2313,8 @@ METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment"
 def _text_list(value, name: str) -> list[str]:
     """A list metadata field (topics, key facts, participants, tags) as stored: each item
     clean_text()ed with its given characters and cut to MAX_ITEM_CHARS; empty items dropped, and
-    items equal once folded ("８０９０", "8090") kept once, the first spelling. A string is a list of
-    one. Raises InputError naming `name` or `name[i]`."""
+    items equal once folded ("８０９０", "8090") kept once, the first spelling. A string is a list
+    of one. Raises InputError naming `name` or `name[i]`."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -2312,8 +2331,8 @@ def _text_list(value, name: str) -> list[str]:
 
 
 def _short_text(value, name: str, limit: int = MAX_FIELD_CHARS) -> str:
-    """A text field as stored (summary, sentiment): clean_text(), given characters kept; '' for None.
-    Raises InputError naming `name` when it is longer than `limit`."""
+    """A text field as stored (summary, sentiment): clean_text(), given characters kept; '' for
+    None. Raises InputError naming `name` when it is longer than `limit`."""
     if value is None:
         return ""
     t = clean_text(value, name, allow_empty=True)
@@ -2325,8 +2344,11 @@ def _short_text(value, name: str, limit: int = MAX_FIELD_CHARS) -> str:
 def _label(value, name: str, limit: int = MAX_LABEL_CHARS) -> str:
     """An identifier (persona_id, session_id, source): clean_text() then fold(), and stored folded:
     SQL compares it by equality, so "ａｌｉｃｅ" and "alice" stay one persona, as in the files of
-    earlier versions. '' for None. Raises InputError naming `name` when it is longer than `limit`."""
-    return "" if value is None else _short_text(fold(clean_text(value, name, allow_empty=True)), name, limit)
+    earlier versions. '' for None. Raises InputError naming `name` when it is longer than
+    `limit`."""
+    if value is None:
+        return ""
+    return _short_text(fold(clean_text(value, name, allow_empty=True)), name, limit)
 
 
 def _importance(value, name: str = "importance", default: float = 0.5) -> float:
@@ -2340,7 +2362,8 @@ def _importance(value, name: str = "importance", default: float = 0.5) -> float:
 
 
 def _id_list(value, name: str, limit: int) -> list[int]:
-    """A non-empty list of at most `limit` memory ids (whole numbers ≥ 1), duplicates dropped, in order."""
+    """A non-empty list of at most `limit` memory ids (whole numbers ≥ 1), duplicates dropped, in
+    order."""
     if not isinstance(value, (list, tuple)) or not value:
         raise InputError(name, f"expected a non-empty list of memory ids, got {value!r}")
     bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]
