@@ -10602,25 +10602,33 @@ def http_app(server, cfg: Config, host: str, port: int, panel=None):
 
 # Panel: the settings file, read with its help text and edited in place ###########################
 
-EXAMPLE_INI = HERE / "aokun.example.ini"  #: every setting with its default and help text (the ini comments)
+#: every setting with its default and help text (the ini comments)
+EXAMPLE_INI = HERE / "aokun.example.ini"
 PANEL_PORT = 8765  #: `python aokun.py panel` serves here by default
 #: Settings that take one of a few words, as the code reading them accepts them (Memory, connect,
 #: make_embedder, logging); the panel offers them as a choice and refuses any other.
 SETTING_CHOICES = {("storage", "synchronous"): ("full", "normal"),
-                   ("embedding", "provider"): ("local", "openai", "none"), ("recall", "fusion"): ("score", "rrf"),
+                   ("embedding", "provider"): ("local", "openai", "none"),
+                   ("recall", "fusion"): ("score", "rrf"),
                    ("server", "log_level"): ("DEBUG", "INFO", "WARNING", "ERROR")}
 #: Secrets: shown as set or not, never echoed into the page; an empty field leaves them unchanged.
 SECRET_SETTINGS = {("embedding", "api_key"), ("llm", "api_key"), ("server", "token")}
-#: What a change needs besides a restart (every setting is read once, when a process opens the database).
+#: What a change needs besides a restart (every setting is read once, when a process opens the
+#: database).
 SETTING_NOTES = {
     ("storage", "db"): "another database file: the memories of the old one stay there",
-    ("embedding", "provider"): "vectors of another model are unusable: then run `python aokun.py rebuild --vectors`",
+    ("embedding", "provider"): "vectors of another model are unusable: "
+                               "then run `python aokun.py rebuild --vectors`",
     ("embedding", "model"): "then run `python aokun.py rebuild --vectors`",
     ("embedding", "dimensions"): "then run `python aokun.py rebuild --vectors`",
-    ("embedding", "context_turns"): "applies to vectors written afterwards; `rebuild --vectors` recomputes all",
-    ("embedding", "context_chars"): "applies to vectors written afterwards; `rebuild --vectors` recomputes all",
-    ("text", "userdict"): "the full-text index keeps its old words until `python aokun.py rebuild --fts`",
-    ("text", "stopwords"): "the full-text index keeps its old words until `python aokun.py rebuild --fts`",
+    ("embedding", "context_turns"): "applies to vectors written afterwards; "
+                                    "`rebuild --vectors` recomputes all",
+    ("embedding", "context_chars"): "applies to vectors written afterwards; "
+                                    "`rebuild --vectors` recomputes all",
+    ("text", "userdict"): "the full-text index keeps its old words until "
+                          "`python aokun.py rebuild --fts`",
+    ("text", "stopwords"): "the full-text index keeps its old words until "
+                           "`python aokun.py rebuild --fts`",
 }
 _INI_SECTION = re.compile(r"\[([^\]]+)\]\s*$")
 _INI_KEY = re.compile(r"([^\s;#=:\[][^=:]*?)\s*[=:]")
@@ -10632,8 +10640,8 @@ def setting_text(value) -> str:
 
 
 def ini_layout(text: str) -> list[dict]:
-    """The sections of an ini text (aokun.example.ini) in file order, each {name, groups}: a group is
-    a comment block and the run of settings right below it, {help, keys: [(key, value text)]}
+    """The sections of an ini text (aokun.example.ini) in file order, each {name, groups}: a group
+    is a comment block and the run of settings right below it, {help, keys: [(key, value text)]}
     (help '' for settings with no comment above them). The comments before the first section are
     left out."""
     sections: list[dict] = []
@@ -10697,7 +10705,8 @@ def ini_set(text: str, changes: dict[tuple[str, str], str]) -> str:
         at = last[section] + 1
         out[at:at] = [_ini_line(k, changes[(s, k)]) for s, k in missing if s == section]
     for section in dict.fromkeys(s for s, _ in missing if s not in last):
-        out += ["", f"[{section}]"] + [_ini_line(k, changes[(s, k)]) for s, k in missing if s == section]
+        out += ["", f"[{section}]"]
+        out += [_ini_line(k, changes[(s, k)]) for s, k in missing if s == section]
     return nl.join(out) + nl
 
 
@@ -10710,7 +10719,8 @@ def setting_line(section: str, key: str, value: str) -> None:
     category Cc)."""
     for c in value:
         if (c != "\t" and unicodedata.category(c) == "Cc") or len(f"a{c}a".splitlines()) > 1:
-            raise InputError(f"[{section}] {key}", f"the value holds U+{ord(c):04X}, a line break or control "
+            raise InputError(f"[{section}] {key}",
+                             f"the value holds U+{ord(c):04X}, a line break or control "
                              "character; a setting's value is one line of text")
 
 
@@ -10719,9 +10729,9 @@ def _ini_line(key: str, value: str) -> str:
 
 
 def check_settings(cfg: Config) -> None:
-    """What the server checks of a loaded Config before it serves, beyond Config itself: the one-word
-    settings (SETTING_CHOICES), [server] exposed_tools and the watch's project patterns. Raises
-    AokunError naming the setting."""
+    """What the server checks of a loaded Config before it serves, beyond Config itself: the
+    one-word settings (SETTING_CHOICES), [server] exposed_tools and the watch's project patterns.
+    Raises AokunError naming the setting."""
     for (section, key), allowed in SETTING_CHOICES.items():
         value = getattr(cfg, section)[key]
         if (value.upper() if key == "log_level" else value) not in allowed:
@@ -10740,7 +10750,7 @@ def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
         if key not in DEFAULTS.get(section, {}):
             raise InputError("setting", f"there is no setting [{section}] {key}")
     try:
-        old = path.read_text(encoding="utf-8") if path.exists() else EXAMPLE_INI.read_text(encoding="utf-8")
+        old = (path if path.exists() else EXAMPLE_INI).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise AokunError(f"config file {path} cannot be read: {_one_line(str(e), 300)}") from None
     new = ini_set(old, changes)
@@ -10766,9 +10776,9 @@ def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
 
 def settings_form(cfg: Config) -> list[dict]:
     """Every setting for the panel's settings page, as aokun.example.ini groups them: sections
-    [{name, groups: [{help, settings: [{key, value, default, kind, choices, range, secret, note}]}]}];
-    `value` is the setting in `cfg` as ini text, `kind` bool/int/float/str. Settings of DEFAULTS
-    that the example file lacks come last in their section, without help."""
+    [{name, groups: [{help, settings: [{key, value, default, kind, choices, range, secret,
+    note}]}]}]; `value` is the setting in `cfg` as ini text, `kind` bool/int/float/str. Settings
+    of DEFAULTS that the example file lacks come last in their section, without help."""
     sections = ini_layout(EXAMPLE_INI.read_text(encoding="utf-8"))
     seen = {(s["name"], k) for s in sections for g in s["groups"] for k, _ in g["keys"]}
     for name, kv in DEFAULTS.items():
@@ -10782,7 +10792,8 @@ def settings_form(cfg: Config) -> list[dict]:
     for sec in sections:
         values = getattr(cfg, sec["name"], {})
         for g in sec["groups"]:
-            g["settings"] = [_setting(sec["name"], k, values.get(k)) for k, _ in g.pop("keys") if k in values]
+            g["settings"] = [_setting(sec["name"], k, values.get(k))
+                             for k, _ in g.pop("keys") if k in values]
     return sections
 
 
@@ -10795,9 +10806,10 @@ def _setting(section: str, key: str, value) -> dict:
         lo, hi = allowed.split("..")
     elif allowed and allowed.startswith(">="):
         lo = allowed.split()[1]
-    return {"key": key, "value": setting_text(value), "default": setting_text(default), "kind": kind,
-            "choices": SETTING_CHOICES.get((section, key)), "range": allowed, "min": lo, "max": hi,
-            "secret": (section, key) in SECRET_SETTINGS, "note": SETTING_NOTES.get((section, key), "")}
+    return {"key": key, "value": setting_text(value), "default": setting_text(default),
+            "kind": kind, "choices": SETTING_CHOICES.get((section, key)), "range": allowed,
+            "min": lo, "max": hi, "secret": (section, key) in SECRET_SETTINGS,
+            "note": SETTING_NOTES.get((section, key), "")}
 
 
 # Panel: web pages over the engine ################################################################
@@ -10807,41 +10819,48 @@ PANEL_PAGE_SIZE = 50  #: memories listed per page
 PANEL_RECALL_K = 10  #: hits the recall page asks for by default
 #: The parts of a recall score the panel draws, in bar order: (explain-derived key, label).
 SCORE_PARTS = (("relevance", "relevance"), ("importance", "importance"), ("recency", "recency"),
-               ("frequency", "frequency"), ("confidence", "graph confidence"), ("cross", "both routes"),
-               ("neighbour", "session neighbour"), ("time", "time window"))
+               ("frequency", "frequency"), ("confidence", "graph confidence"),
+               ("cross", "both routes"), ("neighbour", "session neighbour"),
+               ("time", "time window"))
 #: The maintenance commands of the health page: name -> what it does, in a line.
 MAINTENANCE = {"decay": "daily importance decay (and auto-archival when enabled), the days due",
                "lifecycle": "atom lifecycle sweep: expired, forgotten, purged, dormant",
-               "consolidate": "merge near-duplicate memories of this persona (undo: restore on the survivor)",
+               "consolidate": "merge near-duplicate memories of this persona "
+                              "(undo: restore on the survivor)",
                "backup": "a consistent copy of the database into [backup] dir",
                "vacuum": "optimise the full-text indexes, checkpoint the WAL and VACUUM the file"}
 
 
 def score_bar(e: dict, score: float, r) -> list[dict]:
-    """A recall hit's score as the segments of a stacked bar, [{part, label, value}] in SCORE_PARTS
-    order, summing to `score` (the hit's fused score), from its `explain` parts (explain_parts) and
-    the [recall] section `r` the Memory ranked with: each route's scaled share (doc_share,
-    graph_share) split in proportion to its terms, then the cross-route bonus, the session neighbour
-    and the time boost; all × the source boost. A pinned memory put in by similarity keeps its
-    score's parts."""
+    """A recall hit's score as the segments of a stacked bar, [{part, label, value}] in
+    SCORE_PARTS order, summing to `score` (the hit's fused score), from its `explain` parts
+    (explain_parts) and the [recall] section `r` the Memory ranked with: each route's scaled share
+    (doc_share, graph_share) split in proportion to its terms, then the cross-route bonus, the
+    session neighbour and the time boost; all × the source boost. A pinned memory put in by
+    similarity keeps its score's parts."""
     doc, graph = e.get("doc_share", 0.0), e.get("graph_share", 0.0)
-    d_terms = {"relevance": r.score_alpha * e["doc_relevance"], "importance": r.score_beta * e["importance"],
+    d_terms = {"relevance": r.score_alpha * e["doc_relevance"],
+               "importance": r.score_beta * e["importance"],
                "frequency": r.score_delta * e["frequency"]}
-    d_terms["recency"] = max(0.0, e["doc_route"] - sum(d_terms.values()))  # γ includes the intent's recency_boost
-    g_terms = {"relevance": r.graph_rrf_weight * e["graph_relevance"], "importance": r.graph_importance_weight
-               * e["importance"], "recency": r.graph_recency_weight * e["recency"],
+    # γ includes the intent's recency_boost
+    d_terms["recency"] = max(0.0, e["doc_route"] - sum(d_terms.values()))
+    g_terms = {"relevance": r.graph_rrf_weight * e["graph_relevance"],
+               "importance": r.graph_importance_weight * e["importance"],
+               "recency": r.graph_recency_weight * e["recency"],
                "confidence": r.graph_confidence_weight * (e["confidence"] or 0.0)}
     parts = dict.fromkeys((k for k, _ in SCORE_PARTS), 0.0)
     for share, terms in ((doc, d_terms), (graph, g_terms)):
         total = sum(terms.values())
         for k, v in terms.items():
             parts[k] += share * v / total if total else 0.0
-    parts |= {"cross": e["cross_route_bonus"], "neighbour": e["neighbour"], "time": e.get("time_boost", 0.0)}
+    parts |= {"cross": e["cross_route_bonus"], "neighbour": e["neighbour"],
+              "time": e.get("time_boost", 0.0)}
     boost = e["source_boost"]
     labels = dict(SCORE_PARTS)
     out = [{"part": k, "label": labels[k], "value": v * boost} for k, v in parts.items() if v > 0]
     total = sum(p["value"] for p in out)
-    if total and abs(total - score) > 1e-6 * max(1.0, score):  # rounding of `score`: keep the bar its length
+    # rounding of `score`: keep the bar its length
+    if total and abs(total - score) > 1e-6 * max(1.0, score):
         for p in out:
             p["value"] *= score / total
     return out
@@ -10871,21 +10890,27 @@ class PanelFilter:
 
     @classmethod
     def of(cls, params) -> "PanelFilter":
-        """The filters in query parameters `params` (a mapping); unknown values fall back to the default."""
-        page = params.get("page", "0")
+        """The filters in query parameters `params` (a mapping); unknown values fall back to the
+        default."""
+        page, archived = params.get("page", "0"), params.get("archived")
         return cls(persona=params.get("persona", ""), q=params.get("q", "").strip(),
-                   session=params.get("session", "").strip(), source=params.get("source", "").strip(),
-                   archived=params.get("archived") if params.get("archived") in ("all", "only") else "live",
-                   pinned=params.get("pinned") == "1", date_from=params.get("from", "")[:DATE_CHARS],
-                   date_to=params.get("to", "")[:DATE_CHARS], page=int(page) if page.isdigit() else 0)
+                   session=params.get("session", "").strip(),
+                   source=params.get("source", "").strip(),
+                   archived=archived if archived in ("all", "only") else "live",
+                   pinned=params.get("pinned") == "1",
+                   date_from=params.get("from", "")[:DATE_CHARS],
+                   date_to=params.get("to", "")[:DATE_CHARS],
+                   page=int(page) if page.isdigit() else 0)
 
     def keeps(self, row: dict) -> bool:
         """Whether memory `row` (of list_memories or recall) passes the filters recall and
         list_memories do not apply themselves (source, pinned, archived only, dates)."""
         day = row["created_at"][:DATE_CHARS]
-        return ((not self.source or fold(row["source"]) == fold(self.source)) and (row["pinned"] or not self.pinned)
+        return ((not self.source or fold(row["source"]) == fold(self.source))
+                and (row["pinned"] or not self.pinned)
                 and (row["archived"] or self.archived != "only")
-                and (not self.date_from or day >= self.date_from) and (not self.date_to or day <= self.date_to))
+                and (not self.date_from or day >= self.date_from)
+                and (not self.date_to or day <= self.date_to))
 
 
 #: A panel login (its cookie's Max-Age) lasts this long, restarts included.
@@ -11052,28 +11077,32 @@ class Panel:
         import secrets
 
         import jinja2
-        from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+        from mcp.server import transport_security
         self.memory, self.config_path = memory, config_path
         self.login_token = secrets.token_urlsafe(24)  # the start link's: once, until a restart
         self.links: dict[str, float] = {}  # sha256 of a minted login token -> its expiry
         self.state = PanelState(state)
         self.cookie = f"aokun_panel_{port}"
         self.origins = origins
-        self.security = TransportSecurityMiddleware(TransportSecuritySettings(
-            enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins))
+        self.security = transport_security.TransportSecurityMiddleware(
+            transport_security.TransportSecuritySettings(
+                enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins))
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(WEB_DIR), autoescape=True,
-                                      undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                                      undefined=jinja2.StrictUndefined, trim_blocks=True,
+                                      lstrip_blocks=True)
         self.env.filters["duration"] = duration_text
 
     def app(self):
-        """The Starlette app of the panel's pages (mount it anywhere: links follow the root path)."""
+        """The Starlette app of the panel's pages (mount it anywhere: links follow the root
+        path)."""
         from starlette.applications import Starlette
         from starlette.routing import Route
         get, post = ["GET"], ["POST"]
         routes = [Route("/", self._page(self.home), methods=get),
                   Route("/memories", self._page(self.memories), methods=get),
                   Route("/memories/{id:int}", self._page(self.memory_page), methods=get),
-                  Route("/memories/{id:int}/{action:str}", self._page(self.memory_action), methods=post),
+                  Route("/memories/{id:int}/{action:str}", self._page(self.memory_action),
+                        methods=post),
                   Route("/recall", self._page(self.recall_page), methods=get),
                   Route("/graph", self._page(self.graph_page), methods=get),
                   Route("/health", self._page(self.health_page), methods=get),
@@ -11086,12 +11115,12 @@ class Panel:
                   Route("/link", self.mint_link, methods=post)]
         return Starlette(routes=routes)
 
-    # the guard: Host, Origin, login token, session cookie, CSRF -----------------------------------
+    # the guard: Host, Origin, login token, session cookie, CSRF -------------------------------
 
     def _page(self, view):
-        """The endpoint for `view(request, form)` (form: the POST fields, {} for GET): the guard first,
-        then the view in a worker thread (Memory calls block). An AokunError becomes the page's error
-        (400, 404 for NotFound)."""
+        """The endpoint for `view(request, form)` (form: the POST fields, {} for GET): the guard
+        first, then the view in a worker thread (Memory calls block). An AokunError becomes the
+        page's error (400, 404 for NotFound)."""
         from starlette.concurrency import run_in_threadpool
 
         async def endpoint(request):
@@ -11103,29 +11132,33 @@ class Panel:
                 form = dict(await request.form())
                 csrf = self.csrf(request)
                 if not csrf or not _same(form.get("csrf", ""), csrf):
-                    return self._plain(403, "missing or wrong CSRF token: reload the page and try again")
+                    return self._plain(403, "missing or wrong CSRF token: "
+                                            "reload the page and try again")
             try:
                 return await run_in_threadpool(view, request, form)
             except AokunError as e:
-                return self.render(request, "error.html", {"message": str(e)}, 404 if isinstance(e, NotFound) else 400)
+                return self.render(request, "error.html", {"message": str(e)},
+                                   404 if isinstance(e, NotFound) else 400)
         return endpoint
 
     async def _refused(self, request):
-        """None when `request` may go on, else the response refusing it: 421/403 from the Host/Origin
-        check, 403 for a POST without an Origin, a redirect setting the session cookie for the right
-        login token, 401 for no session."""
+        """None when `request` may go on, else the response refusing it: 421/403 from the
+        Host/Origin check, 403 for a POST without an Origin, a redirect setting the session cookie
+        for the right login token, 401 for no session."""
         from starlette.responses import RedirectResponse
         bad = await self.security.validate_request(request, is_post=False)
         if bad is not None:
             return bad
         if request.method == "POST" and request.headers.get("origin") not in self.origins:
-            return self._plain(403, "a change must come from a page of this panel (Origin header missing or foreign)")
+            return self._plain(403, "a change must come from a page of this panel "
+                                    "(Origin header missing or foreign)")
         if self.csrf(request):
             return None
         if request.method == "GET" and self._spend(request.query_params.get("token", "")):
             session = self.state.new_session()
             params = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            url = request.url.path + ("?" + "&".join(f"{k}={_q(v)}" for k, v in params) if params else "")
+            query = "&".join(f"{k}={_q(v)}" for k, v in params)
+            url = request.url.path + ("?" + query if params else "")
             response = RedirectResponse(url, status_code=303)
             response.set_cookie(self.cookie, session, max_age=PANEL_SESSION_SECONDS, httponly=True,
                                 samesite="strict", path=request.scope.get("root_path") or "/")
@@ -11135,8 +11168,8 @@ class Panel:
                                 "panel")
 
     def _spend(self, token: str) -> bool:
-        """Whether `token` is an unused login token (the start link's or a minted one not expired);
-        it is used up either way."""
+        """Whether `token` is an unused login token (the start link's or a minted one not
+        expired); it is used up either way."""
         if not token:
             return False
         if self.login_token and _same(token, self.login_token):
@@ -11147,8 +11180,8 @@ class Panel:
         return self.links.pop(_sha256(token), 0.0) > now
 
     def csrf(self, request) -> str:
-        """The CSRF token of `request`'s session ('' when its cookie is no live session): an HMAC of
-        the session token, so nothing but the session's hash needs keeping."""
+        """The CSRF token of `request`'s session ('' when its cookie is no live session): an HMAC
+        of the session token, so nothing but the session's hash needs keeping."""
         import hmac
         session = request.cookies.get(self.cookie, "")
         if not self.state.live(session):
@@ -11179,10 +11212,12 @@ class Panel:
 
     @staticmethod
     def _headers() -> dict:
-        return {"Content-Security-Policy": "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; "
-                                           "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-                "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin", "Cache-Control": "no-store",
-                "X-Content-Type-Options": "nosniff"}
+        return {"Content-Security-Policy": "default-src 'none'; style-src 'self'; "
+                                           "script-src 'self'; img-src 'self'; "
+                                           "form-action 'self'; frame-ancestors 'none'; "
+                                           "base-uri 'none'",
+                "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
+                "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
     def render(self, request, template: str, context: dict, status: int = 200):
         """`template` (in web/) with `context`, plus what every page uses: base (the root path),
@@ -11193,22 +11228,25 @@ class Panel:
 
         def url(path: str, **params) -> str:
             params = {"persona": persona} | params
-            query = "&".join(f"{k}={_q(str(v))}" for k, v in params.items() if v not in (None, "", False))
+            query = "&".join(f"{k}={_q(str(v))}" for k, v in params.items()
+                             if v not in (None, "", False))
             return base + path + ("?" + query if query else "")
 
-        page = dict(base=base, persona=persona, url=url, path=request.url.path.removeprefix(base) or "/",
-                    csrf=self.csrf(request),
-                    msg=request.query_params.get("msg", ""), error=request.query_params.get("error", ""),
-                    version=__version__)
+        page = dict(base=base, persona=persona, url=url,
+                    path=request.url.path.removeprefix(base) or "/", csrf=self.csrf(request),
+                    msg=request.query_params.get("msg", ""),
+                    error=request.query_params.get("error", ""), version=__version__)
         html = self.env.get_template(template).render(page | context)
         return HTMLResponse(html, status_code=status, headers=self._headers())
 
     def back(self, request, path: str, persona: str, **params):
-        """A 303 redirect to `path` of the panel (after a POST), with `persona` and `params` in its query."""
+        """A 303 redirect to `path` of the panel (after a POST), with `persona` and `params` in its
+        query."""
         from starlette.responses import RedirectResponse
         params = {"persona": persona} | params
         query = "&".join(f"{k}={_q(str(v))}" for k, v in params.items() if v not in (None, ""))
-        return RedirectResponse(request.scope.get("root_path", "") + path + ("?" + query if query else ""), 303)
+        root = request.scope.get("root_path", "")
+        return RedirectResponse(root + path + ("?" + query if query else ""), 303)
 
     async def static(self, request):
         """web/panel.css, web/panel.js or web/favicon.svg (nothing else)."""
@@ -11219,9 +11257,10 @@ class Panel:
         name = request.path_params["name"]
         if name not in ("panel.css", "panel.js", "favicon.svg"):
             return self._plain(404, "no such file")
-        return FileResponse(WEB_DIR / name, headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+        return FileResponse(WEB_DIR / name, headers={"Cache-Control": "no-cache",
+                                                     "X-Content-Type-Options": "nosniff"})
 
-    # pages -----------------------------------------------------------------------------------------
+    # pages -------------------------------------------------------------------------------------
 
     def home(self, request, form):
         from starlette.responses import RedirectResponse
@@ -11234,41 +11273,48 @@ class Panel:
         f = PanelFilter.of(request.query_params)
         mem = self.memory()
         if f.q:
-            out = mem.recall(f.q, min(mem.cfg.recall.max_k, PANEL_PAGE_SIZE), f.persona, f.session or None,
-                             f.archived != "live")
-            rows, more, warnings = [dict(h, content=h["text"]) for h in out["results"] if f.keeps(h)], False, \
-                out["warnings"]
+            out = mem.recall(f.q, min(mem.cfg.recall.max_k, PANEL_PAGE_SIZE), f.persona,
+                             f.session or None, f.archived != "live")
+            rows = [dict(h, content=h["text"]) for h in out["results"] if f.keeps(h)]
+            more, warnings = False, out["warnings"]
         else:
             rows, more, warnings = self._browse(mem, f), False, []
             more = len(rows) > PANEL_PAGE_SIZE
             rows = rows[:PANEL_PAGE_SIZE]
-        return self.render(request, "memories.html", {"f": f, "rows": rows, "more": more, "warnings": warnings})
+        return self.render(request, "memories.html",
+                           {"f": f, "rows": rows, "more": more, "warnings": warnings})
 
     @staticmethod
     def _browse(mem, f: PanelFilter) -> list[dict]:
-        """The rows of page f.page (and one more, to tell whether there is a next page): list_memories
-        in batches, newest first, through the filters; stops at the first memory older than f.date_from."""
+        """The rows of page f.page (and one more, to tell whether there is a next page):
+        list_memories in batches, newest first, through the filters; stops at the first memory
+        older than f.date_from."""
         want, kept, offset = (f.page + 1) * PANEL_PAGE_SIZE + 1, [], 0
         while len(kept) < want:
-            batch = mem.list_memories(LIST_LIMIT_MAX, offset, f.persona, f.session or None, f.archived != "live")
+            batch = mem.list_memories(LIST_LIMIT_MAX, offset, f.persona, f.session or None,
+                                      f.archived != "live")
             kept += [r for r in batch if f.keeps(r)]
-            if len(batch) < LIST_LIMIT_MAX or (f.date_from and batch[-1]["created_at"][:DATE_CHARS] < f.date_from):
+            if len(batch) < LIST_LIMIT_MAX or (
+                    f.date_from and batch[-1]["created_at"][:DATE_CHARS] < f.date_from):
                 break
             offset += LIST_LIMIT_MAX
         return kept[f.page * PANEL_PAGE_SIZE:want]
 
     def memory_page(self, request, form):
-        """One memory (get): text, metadata, atoms with their state and time left, graph entries, what it
-        was merged into, its history (edits, consolidation), and the forms that change it."""
+        """One memory (get): text, metadata, atoms with their state and time left, graph entries,
+        what it was merged into, its history (edits, consolidation), and the forms that change
+        it."""
         persona = request.query_params.get("persona", "")
         d = self.memory().get(request.path_params["id"], persona)
         for a in d["atoms"]:
             a["time_left"] = _time_left(a["expires_at"])
-        return self.render(request, "memory.html", {"m": d, "history": self.memory().history(d["id"], persona)})
+        return self.render(request, "memory.html",
+                           {"m": d, "history": self.memory().history(d["id"], persona)})
 
     def memory_action(self, request, form):
-        """A change to one memory, each the MCP tool's Memory call: edit, delete, pin, unpin, archive,
-        restore, importance. Redirects to the memory (to the list after delete) with what happened."""
+        """A change to one memory, each the MCP tool's Memory call: edit, delete, pin, unpin,
+        archive, restore, importance. Redirects to the memory (to the list after delete) with what
+        happened."""
         mem, i, persona = self.memory(), request.path_params["id"], form.get("persona", "")
         action = request.path_params["action"]
         if action == "edit":
@@ -11281,17 +11327,21 @@ class Panel:
             mem.delete(i, persona)
             return self.back(request, "/memories", persona, msg=f"memory {i} deleted")
         elif action in ("pin", "unpin", "archive"):
-            mem.set_flag(i, "archived" if action == "archive" else "pinned", action != "unpin", persona)
-            msg = f"{action}ned" if action != "archive" else "archived: left out of recall unless asked for"
+            mem.set_flag(i, "archived" if action == "archive" else "pinned", action != "unpin",
+                         persona)
+            msg = (f"{action}ned" if action != "archive"
+                   else "archived: left out of recall unless asked for")
         elif action == "restore":
             out = mem.restore_memory(i, persona)
-            msg = "restored" + (f", with {len(out['restored'])} merged memories" if out["restored"] else "")
+            merged = f", with {len(out['restored'])} merged memories" if out["restored"] else ""
+            msg = "restored" + merged
         elif action == "importance":
             raw = form.get("importance", "")
             try:
                 value = float(raw)
             except ValueError:
-                raise InputError("importance", f"expected a number from 0 to 1, got {raw!r}") from None
+                raise InputError("importance",
+                                 f"expected a number from 0 to 1, got {raw!r}") from None
             out = mem.set_importance(i, value, persona)
             msg = f"importance {out['old']:.2f} → {out['new']:.2f}"
         else:
@@ -11299,22 +11349,22 @@ class Panel:
         return self.back(request, f"/memories/{i}", persona, msg=msg)
 
     def recall_page(self, request, form):
-        """Recall explained: recall(explain=True) and, per hit, its rank and score in every channel and
-        its score drawn as a stacked bar (score_bar)."""
+        """Recall explained: recall(explain=True) and, per hit, its rank and score in every channel
+        and its score drawn as a stacked bar (score_bar)."""
         p, mem = request.query_params, self.memory()
         q, k = p.get("q", "").strip(), p.get("k", str(PANEL_RECALL_K))
-        args = {"q": q, "k": k, "session": p.get("session", ""), "archived": p.get("archived") == "1",
-                "as_of": p.get("as_of", "")}
+        args = {"q": q, "k": k, "session": p.get("session", ""),
+                "archived": p.get("archived") == "1", "as_of": p.get("as_of", "")}
         out = None
         if q:
             if not k.isdigit():
                 raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
-            out = mem.recall(q, int(k), p.get("persona", ""), args["session"] or None, args["archived"], True,
-                             None, args["as_of"] or None)
+            out = mem.recall(q, int(k), p.get("persona", ""), args["session"] or None,
+                             args["archived"], True, None, args["as_of"] or None)
             top = max((h["score"] for h in out["results"]), default=0) or 1.0
             for h in out["results"]:
-                h["bar"] = [dict(s, width=100 * s["value"] / top) for s in score_bar(h["explain"], h["score"],
-                                                                                      mem.cfg.recall)]
+                bar = score_bar(h["explain"], h["score"], mem.cfg.recall)
+                h["bar"] = [dict(s, width=100 * s["value"] / top) for s in bar]
         return self.render(request, "recall.html", {"args": args, "out": out, "parts": SCORE_PARTS,
                                                     "channels": Recall.CHANNELS})
 
@@ -11322,35 +11372,41 @@ class Panel:
         """An entity's facts: kg_timeline (every fact, drawn on a time line) and kg_query at `as_of`
         (the slider), with kg_stats."""
         p, mem = request.query_params, self.memory()
-        persona, entity, as_of = p.get("persona", ""), p.get("entity", "").strip(), p.get("as_of", "").strip()
+        persona = p.get("persona", "")
+        entity, as_of = p.get("entity", "").strip(), p.get("as_of", "").strip()
         timeline, current, span = None, None, None
         if entity:
             timeline = mem.kg_timeline(entity, persona)
             current = mem.kg_query(entity, as_of or None, None, persona)
             held = {f["id"] for f in current["facts"]}
             start = min((_parse_iso(f["valid_from"]) for f in timeline["facts"]), default=now())
-            end = max([now()] + [_parse_iso(f["valid_to"]) for f in timeline["facts"] if f["valid_to"]])
+            end = max([now()] + [_parse_iso(f["valid_to"]) for f in timeline["facts"]
+                                 if f["valid_to"]])
             days = max(1.0, (end - start).total_seconds() / 86400)
             for f in timeline["facts"]:
                 f["holds"] = f["id"] in held
                 a = (_parse_iso(f["valid_from"]) - start).total_seconds() / 86400
-                b = ((_parse_iso(f["valid_to"]) if f["valid_to"] else end) - start).total_seconds() / 86400
+                to = _parse_iso(f["valid_to"]) if f["valid_to"] else end
+                b = (to - start).total_seconds() / 86400
                 f["x"], f["w"] = 100 * a / days, max(0.6, 100 * (b - a) / days)
             at = (_parse_iso(current["as_of"]) - start).total_seconds() / 86400
-            span = {"start": start.date().isoformat(), "end": end.date().isoformat(), "days": round(days),
-                    "at": round(at), "x": min(100.0, max(0.0, 100 * at / days))}
-        return self.render(request, "graph.html", {"entity": entity, "as_of": as_of, "timeline": timeline,
-                                                   "current": current, "span": span,
-                                                   "stats": mem.kg_stats(persona)})
+            span = {"start": start.date().isoformat(), "end": end.date().isoformat(),
+                    "days": round(days), "at": round(at),
+                    "x": min(100.0, max(0.0, 100 * at / days))}
+        return self.render(request, "graph.html", {"entity": entity, "as_of": as_of,
+                                                   "timeline": timeline, "current": current,
+                                                   "span": span, "stats": mem.kg_stats(persona)})
 
     def health_page(self, request, form):
         """doctor() and stats(), and the maintenance commands (each opens its dry run)."""
         mem = self.memory()
         return self.render(request, "health.html", {"problems": mem.doctor(), "s": mem.stats(),
-                                                    "recovery": mem.last_recovery, "commands": MAINTENANCE})
+                                                    "recovery": mem.last_recovery,
+                                                    "commands": MAINTENANCE})
 
     def _maintenance(self, command: str, persona: str, dry_run: bool) -> dict:
-        """Run maintenance `command` (dry run: what it would do, nothing changed) through its Memory call."""
+        """Run maintenance `command` (dry run: what it would do, nothing changed) through its
+        Memory call."""
         mem = self.memory()
         if command == "decay":
             return mem.decay(dry_run=dry_run)
@@ -11360,7 +11416,9 @@ class Panel:
             return mem.consolidate(dry_run=dry_run, persona_id=persona)
         if command == "backup":
             dest = mem.manual_backup_path()
-            return {"backup": str(dest), "bytes": mem.stats()["size_bytes"]} if dry_run else mem.online_backup(dest)
+            if dry_run:
+                return {"backup": str(dest), "bytes": mem.stats()["size_bytes"]}
+            return mem.online_backup(dest)
         if command == "vacuum":
             return {"before_bytes": mem.stats()["size_bytes"]} if dry_run else mem.vacuum()
         raise NotFound(f"no maintenance command {command!r}; known: {', '.join(MAINTENANCE)}")
@@ -11369,33 +11427,39 @@ class Panel:
         """The dry run of one maintenance command, and the form that runs it for real."""
         command, persona = request.path_params["command"], request.query_params.get("persona", "")
         out = self._maintenance(command, persona, dry_run=True)
-        return self.render(request, "maintenance.html", {"command": command, "what": MAINTENANCE[command],
-                                                         "out": out, "done": False})
+        return self.render(request, "maintenance.html",
+                           {"command": command, "what": MAINTENANCE[command], "out": out,
+                            "done": False})
 
     def maintenance_run(self, request, form):
         """Run one maintenance command (the confirm button of its dry run) and show what it did."""
         command, persona = request.path_params["command"], form.get("persona", "")
         out = self._maintenance(command, persona, dry_run=False)
-        return self.render(request, "maintenance.html", {"command": command, "what": MAINTENANCE[command],
-                                                         "out": out, "done": True})
+        return self.render(request, "maintenance.html",
+                           {"command": command, "what": MAINTENANCE[command], "out": out,
+                            "done": True})
 
-    def settings_page(self, request, form, values: dict | None = None, error: str = "", status: int = 200):
-        """Every setting (settings_form) as the file the server reads has it, grouped and explained;
-        `values` (the fields of a refused save) are shown instead, with `error`."""
+    def settings_page(self, request, form, values: dict | None = None, error: str = "",
+                      status: int = 200):
+        """Every setting (settings_form) as the file the server reads has it, grouped and
+        explained; `values` (the fields of a refused save) are shown instead, with `error`."""
         cfg = Config(self.config_path) if self.config_path.exists() else Config(None)
         sections = settings_form(cfg)
-        named = re.search(r"\[(\w+)\] (\w+)(?: = |: )", error)  # the setting the loader's message names
+        # the setting the loader's message names
+        named = re.search(r"\[(\w+)\] (\w+)(?: = |: )", error)
         for sec in sections:
             for g in sec["groups"]:
                 for s in g["settings"]:
                     s["shown"] = (values or {}).get(f"{sec['name']}.{s['key']}", s["value"])
                     s["refused"] = bool(named) and named.groups() == (sec["name"], s["key"])
-        return self.render(request, "settings.html", {"sections": sections, "file": str(self.config_path),
-                                                      "exists": self.config_path.exists(), "refused": error}, status)
+        return self.render(request, "settings.html",
+                           {"sections": sections, "file": str(self.config_path),
+                            "exists": self.config_path.exists(), "refused": error}, status)
 
     def settings_save(self, request, form):
-        """Save the changed settings (fields `section.key`) to the config file with save_settings; a
-        refused value shows the page again with the loader's message and the values typed (400)."""
+        """Save the changed settings (fields `section.key`) to the config file with save_settings;
+        a refused value shows the page again with the loader's message and the values typed
+        (400)."""
         cfg = Config(self.config_path) if self.config_path.exists() else Config(None)
         changes = {}
         for name, value in form.items():
@@ -11414,31 +11478,36 @@ class Panel:
             return self.settings_page(request, form, values=form, error=str(e), status=400)
         names = ", ".join(f"[{s}] {k}" for s, k in changes)
         return self.back(request, "/settings", form.get("persona", ""),
-                         msg=f"saved {names} to {self.config_path.name}; restart the MCP clients' servers "
-                             "(and this panel) to use it")
+                         msg=f"saved {names} to {self.config_path.name}; "
+                             "restart the MCP clients' servers (and this panel) to use it")
 
     def conversations_page(self, request, form):
         """Ingested conversations: conversation_stats by source, the sessions newest first
         (list_sessions, filtered by source, CONVERSATION_PANEL_PAGE a page), one session's turns in
-        order (conversation_get_session, paged) or the turns matching a query (conversation_search)."""
+        order (conversation_get_session, paged) or the turns matching a query
+        (conversation_search)."""
         p, mem = request.query_params, self.memory()
         persona, source = p.get("persona", ""), p.get("source", "").strip()
         session, query = p.get("session", "").strip(), p.get("q", "").strip()
         offset = int(p["offset"]) if p.get("offset", "").isdigit() else 0
-        ctx = {"stats": mem.conversation_stats(persona), "source": source, "session": session, "q": query,
-               "offset": offset, "turns": None, "hits": None, "sessions": None}
+        ctx = {"stats": mem.conversation_stats(persona), "source": source, "session": session,
+               "q": query, "offset": offset, "turns": None, "hits": None, "sessions": None}
         if session:
-            ctx["turns"] = mem.conversation_get_session(session, min(offset, MAX_ID), CONVERSATION_PANEL_PAGE,
-                                                        persona, source or None)
+            ctx["turns"] = mem.conversation_get_session(session, min(offset, MAX_ID),
+                                                        CONVERSATION_PANEL_PAGE, persona,
+                                                        source or None)
         elif query:
-            ctx["hits"] = mem.conversation_search(query, 20, source or None, None, None, None, persona)
+            ctx["hits"] = mem.conversation_search(query, 20, source or None, None, None, None,
+                                                  persona)
         else:
             rows = mem.list_sessions(CONVERSATION_PANEL_PAGE + 1, offset, source or None, persona)
-            ctx["sessions"], ctx["more"] = rows[:CONVERSATION_PANEL_PAGE], len(rows) > CONVERSATION_PANEL_PAGE
+            ctx["sessions"] = rows[:CONVERSATION_PANEL_PAGE]
+            ctx["more"] = len(rows) > CONVERSATION_PANEL_PAGE
         return self.render(request, "conversations.html", ctx)
 
 
-CONVERSATION_PANEL_PAGE = 50  #: sessions, or a session's turns, per page of the panel's Conversations
+#: sessions, or a session's turns, per page of the panel's Conversations
+CONVERSATION_PANEL_PAGE = 50
 
 
 def _same(a: str, b: str) -> bool:
