@@ -11536,17 +11536,20 @@ def panel_app(memory, cfg: Config, config_path: Path, host: str, port: int,
 
 SERVICE_NAME = "aokun"  #: the systemd unit aokun.service, the Task Scheduler task Aokun
 LAUNCHD_LABEL = "io.aokun.server"  #: the launchd agent's label and plist name
-WATCHDOG_SECONDS = 60  #: systemd WatchdogSec: no WATCHDOG=1 for this long and the server is restarted
+#: systemd WatchdogSec: no WATCHDOG=1 for this long and the server is restarted
+WATCHDOG_SECONDS = 60
 RESTART_SECONDS = 5  #: how long a supervisor waits before starting a failed server again
-SERVER_STARTED = time.monotonic()  #: uptime in /health counts from here (monotonic: sleep and clock jumps aside)
+#: uptime in /health counts from here (monotonic: sleep and clock jumps aside)
+SERVER_STARTED = time.monotonic()
 
 
 def sd_notify(message: str, address: str | None = None) -> bool:
     """Send `message` (e.g. "READY=1", "WATCHDOG=1") to systemd over the unix datagram socket in
-    $NOTIFY_SOCKET (or `address`; a leading @ is Linux's abstract namespace). Returns False, sending
-    nothing, when there is no socket (not started by systemd) or the send fails. Never blocks: the
-    watchdog pings from the event loop, and a supervisor that stops reading (its socket's queue
-    full: a blocking send would wait) must not freeze the server; that ping is dropped (False)."""
+    $NOTIFY_SOCKET (or `address`; a leading @ is Linux's abstract namespace). Returns False,
+    sending nothing, when there is no socket (not started by systemd) or the send fails. Never
+    blocks: the watchdog pings from the event loop, and a supervisor that stops reading (its
+    socket's queue full: a blocking send would wait) must not freeze the server; that ping is
+    dropped (False)."""
     address = address or os.environ.get("NOTIFY_SOCKET")
     if not address or not hasattr(socket, "AF_UNIX"):
         return False
@@ -11557,7 +11560,8 @@ def sd_notify(message: str, address: str | None = None) -> bool:
             s.sendto(message.encode("utf-8"), target)
         return True
     except BlockingIOError:
-        log.debug("sd_notify %s to %s dropped: the supervisor is not reading its socket", message, address)
+        log.debug("sd_notify %s to %s dropped: the supervisor is not reading its socket",
+                  message, address)
         return False
     except OSError as e:
         log.warning("sd_notify %s to %s failed: %s", message, address, e)
@@ -11565,8 +11569,9 @@ def sd_notify(message: str, address: str | None = None) -> bool:
 
 
 def watchdog_interval(environ=None) -> float | None:
-    """Seconds between WATCHDOG=1 pings: half of $WATCHDOG_USEC (what systemd sets from WatchdogSec),
-    or None when no watchdog is asked for (or it is meant for another process: $WATCHDOG_PID)."""
+    """Seconds between WATCHDOG=1 pings: half of $WATCHDOG_USEC (what systemd sets from
+    WatchdogSec), or None when no watchdog is asked for (or it is meant for another process:
+    $WATCHDOG_PID)."""
     env = os.environ if environ is None else environ
     usec, pid = env.get("WATCHDOG_USEC"), env.get("WATCHDOG_PID")
     if not usec or (pid and pid != str(os.getpid())):
@@ -11579,8 +11584,9 @@ def watchdog_interval(environ=None) -> float | None:
 
 async def notify_supervisor(started, interval: float | None, address: str | None = None) -> None:
     """An asyncio task of the server's event loop: once `started()` is true, send READY=1, then
-    WATCHDOG=1 every `interval` seconds (None: READY only). Being on the loop that serves requests, a
-    blocked loop stops the pings and systemd's watchdog restarts the server. Runs until cancelled."""
+    WATCHDOG=1 every `interval` seconds (None: READY only). Being on the loop that serves
+    requests, a blocked loop stops the pings and systemd's watchdog restarts the server. Runs until
+    cancelled."""
     import asyncio
     while not started():
         await asyncio.sleep(0.05)
@@ -11606,8 +11612,8 @@ def health(mem: "Memory") -> dict:
             return next(iter(mem.reader_rows(sql, ())[0].values()))
         schema, pending = one("pragma user_version"), one(mem.queries["pending_vectors"])
         meta = {r["key"]: r["value"] for r in mem.reader_rows(
-            "select key, value from meta where key in ('decay_last_run', 'lifecycle_last_run', 'backup_last', "
-            "'sync_last')", ())}
+            "select key, value from meta where key in ('decay_last_run', 'lifecycle_last_run', "
+            "'backup_last', 'sync_last')", ())}
         db_ok = True
     except (apsw.Error, AokunError) as e:
         schema, pending, db_ok = None, None, False
@@ -11615,18 +11621,20 @@ def health(mem: "Memory") -> dict:
     e = mem.embedder
     return {"ok": db_ok and (mem.vector_problem is None or e.provider == "none"),
             "database": {"path": str(mem.path), "ok": db_ok, "schema_version": schema},
-            "embedder": {"provider": e.provider, "model": e.model, "loaded": e.loaded, "problem": mem.vector_problem},
+            "embedder": {"provider": e.provider, "model": e.model, "loaded": e.loaded,
+                         "problem": mem.vector_problem},
             "pending_vectors": pending, "keyword_ranking": mem.ranking,
             "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
                                  **{k: meta.get(f"{k}_last_run") for k in ("decay", "lifecycle")},
                                  "backup": meta.get("backup_last"), "sync": meta.get("sync_last")},
-            "watch": mem.watch_state, "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1),
+            "watch": mem.watch_state,
+            "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1),
             "version": __version__}
 
 
 def _add_health_route(server, memory) -> None:
-    """GET /health on `server`'s HTTP app: health(memory()) as JSON (503 when not ok or not open yet),
-    read in a worker thread so the event loop never waits for the database."""
+    """GET /health on `server`'s HTTP app: health(memory()) as JSON (503 when not ok or not open
+    yet), read in a worker thread so the event loop never waits for the database."""
     from anyio import to_thread
     from starlette.responses import JSONResponse
 
@@ -11643,13 +11651,16 @@ def _add_health_route(server, memory) -> None:
 def _systemd_quote(arg: str) -> str:
     """One ExecStart argument quoted for systemd: in double quotes, with \\ and " escaped, % as %%
     (specifiers) and $ as $$ (variables)."""
-    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$") + '"'
+    quoted = arg.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + quoted.replace("%", "%%").replace("$", "$$") + '"'
 
 
 def service_command(db: Path, config: Path | None, port: int) -> list[str]:
-    """The command line a supervisor runs: this Python, aokun.py, --db, --config, serve --http --port."""
+    """The command line a supervisor runs: this Python, aokun.py, --db, --config, serve --http
+    --port."""
     cmd = [sys.executable, str(HERE / "aokun.py"), "--db", str(db)]
-    return cmd + (["--config", str(config)] if config else []) + ["serve", "--http", "--port", str(port)]
+    cmd += ["--config", str(config)] if config else []
+    return cmd + ["serve", "--http", "--port", str(port)]
 
 
 def systemd_unit(cmd: list[str]) -> str:
@@ -11657,7 +11668,8 @@ def systemd_unit(cmd: list[str]) -> str:
     WATCHDOG=1 stops), Restart=on-failure."""
     return "\n".join([
         "[Unit]", "Description=Aokun memory server (MCP over HTTP)", "After=network.target", "",
-        "[Service]", "Type=notify", "NotifyAccess=main", "ExecStart=" + " ".join(map(_systemd_quote, cmd)),
+        "[Service]", "Type=notify", "NotifyAccess=main",
+        "ExecStart=" + " ".join(map(_systemd_quote, cmd)),
         "Restart=on-failure", f"RestartSec={RESTART_SECONDS}", f"WatchdogSec={WATCHDOG_SECONDS}",
         "TimeoutStartSec=120", "Environment=PYTHONUNBUFFERED=1", "",
         "[Install]", "WantedBy=default.target", ""])
@@ -11669,13 +11681,14 @@ def launchd_plist(cmd: list[str], log_dir: Path) -> bytes:
     import plistlib
     return plistlib.dumps({
         "Label": LAUNCHD_LABEL, "ProgramArguments": cmd, "RunAtLoad": True,
-        "KeepAlive": {"SuccessfulExit": False}, "ThrottleInterval": RESTART_SECONDS, "ProcessType": "Background",
-        "StandardOutPath": str(log_dir / "aokun-server.log"), "StandardErrorPath": str(log_dir / "aokun-server.log")})
+        "KeepAlive": {"SuccessfulExit": False}, "ThrottleInterval": RESTART_SECONDS,
+        "ProcessType": "Background", "StandardOutPath": str(log_dir / "aokun-server.log"),
+        "StandardErrorPath": str(log_dir / "aokun-server.log")})
 
 
 def windows_task_xml(cmd: list[str]) -> str:
-    """The Task Scheduler task: started at logon and on resume from sleep (Power-Troubleshooter event 1),
-    restarted on failure every minute, never stopped for running long or on battery."""
+    """The Task Scheduler task: started at logon and on resume from sleep (Power-Troubleshooter
+    event 1), restarted on failure every minute, never stopped for running long or on battery."""
     import xml.etree.ElementTree as ET
     ns = "http://schemas.microsoft.com/windows/2004/02/mit/task"
     task = ET.Element("Task", version="1.2", xmlns=ns)
@@ -11687,9 +11700,11 @@ def windows_task_xml(cmd: list[str]) -> str:
     ET.SubElement(wake, "Enabled").text = "true"
     ET.SubElement(wake, "Subscription").text = (
         '<QueryList><Query Id="0" Path="System"><Select Path="System">*[System[Provider['
-        "@Name='Microsoft-Windows-Power-Troubleshooter'] and EventID=1]]</Select></Query></QueryList>")
+        "@Name='Microsoft-Windows-Power-Troubleshooter'] and EventID=1]]</Select></Query>"
+        "</QueryList>")
     settings = ET.SubElement(task, "Settings")
-    for tag, value in (("MultipleInstancesPolicy", "IgnoreNew"), ("DisallowStartIfOnBatteries", "false"),
+    for tag, value in (("MultipleInstancesPolicy", "IgnoreNew"),
+                       ("DisallowStartIfOnBatteries", "false"),
                        ("StopIfGoingOnBatteries", "false"), ("ExecutionTimeLimit", "PT0S"),
                        ("StartWhenAvailable", "true")):
         ET.SubElement(settings, tag).text = value
@@ -11703,20 +11718,26 @@ def windows_task_xml(cmd: list[str]) -> str:
     return '<?xml version="1.0" encoding="UTF-16"?>\n' + ET.tostring(task, encoding="unicode")
 
 
-def service_plan(platform: str, action: str, cmd: list[str], data_dir: Path) -> tuple[list, list[list[str]]]:
-    """What `service ACTION` does on `platform` (linux, macos, windows): ([(path, content)] to write
-    (install) or remove (uninstall), [commands to run]). Raises InputError for another platform."""
+def service_plan(platform: str, action: str, cmd: list[str],
+                 data_dir: Path) -> tuple[list, list[list[str]]]:
+    """What `service ACTION` does on `platform` (linux, macos, windows): ([(path, content)] to
+    write (install) or remove (uninstall), [commands to run]). Raises InputError for another
+    platform."""
     if platform == "linux":
         unit = Path.home() / ".config" / "systemd" / "user" / f"{SERVICE_NAME}.service"
         ctl = ["systemctl", "--user"]
         return ([(unit, systemd_unit(cmd))] if action in ("install", "uninstall") else [], {
-            "install": [ctl + ["daemon-reload"], ctl + ["enable", "--now", f"{SERVICE_NAME}.service"]],
-            "uninstall": [ctl + ["disable", "--now", f"{SERVICE_NAME}.service"], ctl + ["daemon-reload"]],
+            "install": [ctl + ["daemon-reload"],
+                        ctl + ["enable", "--now", f"{SERVICE_NAME}.service"]],
+            "uninstall": [ctl + ["disable", "--now", f"{SERVICE_NAME}.service"],
+                          ctl + ["daemon-reload"]],
             "start": [ctl + ["start", SERVICE_NAME]], "stop": [ctl + ["stop", SERVICE_NAME]],
             "status": [ctl + ["is-active", SERVICE_NAME]]}[action])
     if platform == "macos":
-        plist, domain = Path.home() / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist", f"gui/{os.getuid()}"
-        return ([(plist, launchd_plist(cmd, data_dir))] if action in ("install", "uninstall") else [], {
+        plist = Path.home() / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist"
+        domain = f"gui/{os.getuid()}"
+        files = [(plist, launchd_plist(cmd, data_dir))] if action in ("install", "uninstall") else []
+        return (files, {
             "install": [["launchctl", "bootstrap", domain, str(plist)]],
             "uninstall": [["launchctl", "bootout", f"{domain}/{LAUNCHD_LABEL}"]],
             "start": [["launchctl", "kickstart", f"{domain}/{LAUNCHD_LABEL}"]],
@@ -11728,8 +11749,10 @@ def service_plan(platform: str, action: str, cmd: list[str], data_dir: Path) -> 
         return ([(xml, windows_task_xml(cmd))] if action in ("install", "uninstall") else [], {
             "install": [["schtasks", "/Create", "/TN", name, "/XML", str(xml), "/F"],
                         ["schtasks", "/Run", "/TN", name]],
-            "uninstall": [["schtasks", "/End", "/TN", name], ["schtasks", "/Delete", "/TN", name, "/F"]],
-            "start": [["schtasks", "/Run", "/TN", name]], "stop": [["schtasks", "/End", "/TN", name]],
+            "uninstall": [["schtasks", "/End", "/TN", name],
+                          ["schtasks", "/Delete", "/TN", name, "/F"]],
+            "start": [["schtasks", "/Run", "/TN", name]],
+            "stop": [["schtasks", "/End", "/TN", name]],
             "status": [["schtasks", "/Query", "/TN", name]]}[action])
     raise InputError("--platform", f"expected linux, macos or windows, got {platform!r}")
 
@@ -11751,8 +11774,9 @@ HIT_PREVIEW_CHARS = 200  #: text shown per hit by `recall` and `atoms`
 
 
 def _user_error(exc: BaseException) -> AokunError | None:
-    """The AokunError behind `exc`: `exc` itself, or the first one in an exception group made only of
-    AokunErrors (how the MCP server's task groups report a failure in its lifespan); else None."""
+    """The AokunError behind `exc`: `exc` itself, or the first one in an exception group made only
+    of AokunErrors (how the MCP server's task groups report a failure in its lifespan); else
+    None."""
     if isinstance(exc, AokunError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
@@ -11791,8 +11815,8 @@ class AokunGroup(click.Group):
 
 
 class _State:
-    """What the commands share (`ctx.obj`): the --db/--config arguments and the Memory, opened on first
-    use and closed when the CLI exits."""
+    """What the commands share (`ctx.obj`): the --db/--config arguments and the Memory, opened on
+    first use and closed when the CLI exits."""
 
     def __init__(self, db: str | None, config: str | None):
         self.db_arg, self.config_arg, self._mem = db, config, None
@@ -11810,8 +11834,8 @@ class _State:
         return self._mem
 
     def close(self) -> None:
-        """Close the Memory if one was opened. click calls this when it leaves the root context, after
-        AokunGroup.invoke has returned, so it converts AokunError itself."""
+        """Close the Memory if one was opened. click calls this when it leaves the root context,
+        after AokunGroup.invoke has returned, so it converts AokunError itself."""
         if self._mem is not None:
             with _one_line_errors():
                 self._mem.close()
@@ -11887,27 +11911,30 @@ def _echo_json(obj) -> None:
     click.echo(json.dumps(obj, ensure_ascii=False, indent=2, default=str))
 
 
-def _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag=(), pinned=None):
-    """The metadata dict for Memory.memorize/edit from the option values, without the options not given."""
+def _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp,
+              tag=(), pinned=None):
+    """The metadata dict for Memory.memorize/edit from the option values, without the options not
+    given."""
     meta = {"summary": summary, "topics": list(topic) or None, "key_facts": list(fact) or None,
-            "participants": list(participant) or None, "importance": importance, "session_id": session,
-            "persona_id": persona, "source": source, "timestamp": timestamp, "tags": list(tag) or None,
-            "pinned": pinned}
+            "participants": list(participant) or None, "importance": importance,
+            "session_id": session, "persona_id": persona, "source": source,
+            "timestamp": timestamp, "tags": list(tag) or None, "pinned": pinned}
     return {k: v for k, v in meta.items() if v is not None}
 
 
 def _content_arg(text: str | None, file_path: str | None, max_chars: int, required: bool = True,
                  text_name: str = "TEXT") -> str | None:
     """The memory text a command was given: TEXT as typed, `-` for standard input, or --file PATH
-    (`-` too means standard input); both read as UTF-8 (a leading BOM dropped). None when neither was
-    given and not `required`. Raises click.UsageError for both or (when required) neither, InputError
-    (naming --file, or `text_name` for standard input) for an unreadable, non-UTF-8, empty or oversized
-    (over 4 bytes per character of `max_chars`) input."""
+    (`-` too means standard input); both read as UTF-8 (a leading BOM dropped). None when neither
+    was given and not `required`. Raises click.UsageError for both or (when required) neither,
+    InputError (naming --file, or `text_name` for standard input) for an unreadable, non-UTF-8,
+    empty or oversized (over 4 bytes per character of `max_chars`) input."""
     if text is not None and file_path is not None:
         raise click.UsageError("give the text or --file, not both")
     if file_path is None and text != "-":
         if text is None and required:
-            raise click.UsageError("give the text, - to read it from standard input, or --file PATH")
+            raise click.UsageError("give the text, - to read it from standard input, "
+                                   "or --file PATH")
         return text
     name = "--file" if file_path not in (None, "-") else text_name
     limit = 4 * max_chars  # UTF-8 takes at most 4 bytes a character
@@ -11921,12 +11948,14 @@ def _content_arg(text: str | None, file_path: str | None, max_chars: int, requir
         raise InputError("--file", f"cannot read {file_path}: {e.strerror or e}") from None
     where = file_path if name == "--file" else "standard input"
     if len(raw) > limit:
-        raise InputError(name, f"{where} is over {limit:,} bytes; the limit is {max_chars:,} characters "
+        raise InputError(name, f"{where} is over {limit:,} bytes; "
+                               f"the limit is {max_chars:,} characters "
                                "([write] max_content_chars)")
     try:
         content = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise InputError(name, f"{where} is not UTF-8 text (invalid byte at offset {e.start})") from None
+        raise InputError(name, f"{where} is not UTF-8 text "
+                               f"(invalid byte at offset {e.start})") from None
     if not content.strip():
         raise InputError(name, f"{where} is empty")
     return content
@@ -11952,8 +11981,10 @@ def metadata_options(fn):
 
 @click.group(cls=AokunGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="aokun")
-@click.option("--db", envvar="AOKUN_DB", help="Database file (default: [storage] db of the config, data/aokun.db).")
-@click.option("--config", "config_path", help="Config file (default: $AOKUN_CONFIG, else aokun.ini beside aokun.py).")
+@click.option("--db", envvar="AOKUN_DB",
+              help="Database file (default: [storage] db of the config, data/aokun.db).")
+@click.option("--config", "config_path",
+              help="Config file (default: $AOKUN_CONFIG, else aokun.ini beside aokun.py).")
 @click.pass_context
 def cli(ctx, db, config_path):
     """Aokun: long-term memory for AI assistants in one SQLite file.
