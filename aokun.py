@@ -12003,17 +12003,18 @@ def cli(ctx, db, config_path):
 
 @cli.command("memorize")
 @click.argument("text", required=False)
-@click.option("--file", "file_path", metavar="PATH", help="Read the text from this UTF-8 file (- : standard input).")
+@click.option("--file", "file_path", metavar="PATH",
+              help="Read the text from this UTF-8 file (- : standard input).")
 @metadata_options
 @click.option("--supersedes", multiple=True, type=int, metavar="ID",
               help="A memory this one replaces: archived, linked to the new one (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole write result as JSON.")
 @click.pass_obj
-def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag, importance, session, persona, source,
-             timestamp, supersedes, as_json):
+def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag, importance,
+                 session, persona, source, timestamp, supersedes, as_json):
     """Store a memory and print its id. TEXT `-` reads the text from standard input (UTF-8), for
-    long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To store
-    a lone "-", pipe it: echo - | python aokun.py memorize -
+    long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To
+    store a lone "-", pipe it: echo - | python aokun.py memorize -
 
     Example:
 
@@ -12022,7 +12023,8 @@ def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag,
         python aokun.py memorize --file notes/meeting.md --topic work
     """
     text = _content_arg(text, file_path, state.cfg.write.max_content_chars)
-    meta = _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag)
+    meta = _metadata(summary, topic, fact, participant, importance, session, persona, source,
+                     timestamp, tag)
     result = state.memory().memorize(text, meta, list(supersedes))
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)
@@ -12047,23 +12049,26 @@ def cli_show(state, memory_id, persona, as_json):
     d = state.memory().get(memory_id, persona)
     if as_json:
         return _echo_json(d)
-    for k in ("id", "persona_id", "session_id", "created_at", "updated_at", "importance", "pinned", "archived",
-              "source", "summary", "topics", "participants", "key_facts", "tags", "embedding_state",
-              "superseded_by", "supersedes"):
+    for k in ("id", "persona_id", "session_id", "created_at", "updated_at", "importance", "pinned",
+              "archived", "source", "summary", "topics", "participants", "key_facts", "tags",
+              "embedding_state", "superseded_by", "supersedes"):
         if d[k] not in ("", [], None):
             click.echo(f"{k:>15}: {d[k]}")
     click.echo(f"{'content':>15}: {d['content']}")
     for a in d["atoms"]:
-        click.echo(f"{'atom':>15}: [{a['atom_type']}, {a['state']}, x{a['reinforcement_count']}] {a['content']}")
+        click.echo(f"{'atom':>15}: [{a['atom_type']}, {a['state']}, x{a['reinforcement_count']}] "
+                   f"{a['content']}")
     for e in d["graph_entries"]:
         click.echo(f"{'graph':>15}: {e}")
 
 
 @cli.command("list")
-@click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
+@click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True,
+              type=click.IntRange(1, LIST_LIMIT_MAX))
 @click.option("--offset", default=0, type=click.IntRange(0))
 @click.option("--persona", help="This persona's memories (default: the default persona '').")
-@click.option("--all-personas", is_flag=True, help="Every persona's memories, each row naming its persona.")
+@click.option("--all-personas", is_flag=True,
+              help="Every persona's memories, each row naming its persona.")
 @click.option("--session", help="Only this session.")
 @click.option("--include-archived", is_flag=True, help="Show archived memories too.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
@@ -12078,28 +12083,30 @@ def cli_list(state, limit, offset, persona, all_personas, session, include_archi
     """
     if all_personas and persona is not None:
         raise click.UsageError("give --persona or --all-personas, not both")
-    rows = state.memory().list_memories(limit, offset, None if all_personas else _label(persona, "--persona"),
-                                        session, include_archived)
+    whose = None if all_personas else _label(persona, "--persona")
+    rows = state.memory().list_memories(limit, offset, whose, session, include_archived)
     if as_json:
         return _echo_json(rows)
     for r in rows:
         flags = ("P" if r["pinned"] else " ") + ("A" if r["archived"] else " ")
         text = r["content"].replace("\n", " ")
         who = "[" + (r["persona_id"] or "''") + "] " if all_personas else ""
-        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} {who}{text[:LINE_PREVIEW_CHARS]}")
+        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} "
+                   f"{who}{text[:LINE_PREVIEW_CHARS]}")
 
 
 @cli.command("edit")
 @click.argument("memory_id", type=int)
 @click.option("--text", help="New content (- : read it from standard input).")
-@click.option("--file", "file_path", metavar="PATH", help="Read the new content from this UTF-8 file.")
+@click.option("--file", "file_path", metavar="PATH",
+              help="Read the new content from this UTF-8 file.")
 @metadata_options
 @click.option("--json", "as_json", is_flag=True, help="Print the write result as JSON.")
 @click.pass_obj
-def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance, session, persona,
-         source, timestamp, as_json):
-    """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona names
-    the persona the memory belongs to (a persona cannot change).
+def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance,
+             session, persona, source, timestamp, as_json):
+    """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona
+    names the persona the memory belongs to (a persona cannot change).
 
     Example:
 
@@ -12107,10 +12114,12 @@ def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participan
 
         python aokun.py edit 12 --file notes/meeting.md
     """
-    meta = _metadata(summary, topic, fact, participant, importance, session, None, source, timestamp, tag)
+    meta = _metadata(summary, topic, fact, participant, importance, session, None, source,
+                     timestamp, tag)
     if text is not None and file_path is not None:
         raise click.UsageError("give --text or --file, not both")
-    text = _content_arg(text, file_path, state.cfg.write.max_content_chars, required=False, text_name="--text")
+    text = _content_arg(text, file_path, state.cfg.write.max_content_chars, required=False,
+                        text_name="--text")
     if text is None and not meta:
         raise click.UsageError("give --text, --file and/or a metadata option to change")
     result = state.memory().edit(memory_id, text, meta, persona)
@@ -12118,7 +12127,8 @@ def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participan
 
 
 def _flag_command(name: str, flag: str, value: bool, doc: str):
-    """Register command `name` that sets memory flag `flag` (pinned or archived) to `value`; `doc` is its help."""
+    """Register command `name` that sets memory flag `flag` (pinned or archived) to `value`; `doc`
+    is its help."""
     @cli.command(name, help=doc)
     @click.argument("memory_id", type=int)
     @click.option("--persona", help=PERSONA_OF_ID_HELP)
@@ -12129,8 +12139,8 @@ def _flag_command(name: str, flag: str, value: bool, doc: str):
     return command
 
 
-_flag_command("pin", "pinned", True,
-              "Pin a memory: immune to decay, kept in context.\n\nExample:\n\n    python aokun.py pin 12")
+_flag_command("pin", "pinned", True, "Pin a memory: immune to decay, kept in context.\n\n"
+              "Example:\n\n    python aokun.py pin 12")
 _flag_command("unpin", "pinned", False, "Unpin a memory.\n\nExample:\n\n    python aokun.py unpin 12")
 _flag_command("archive", "archived", True,
               "Archive a memory: kept, but out of recall unless archived ones are asked for.\n\n"
@@ -12142,16 +12152,17 @@ _flag_command("unarchive", "archived", False, "Bring an archived memory back int
 @cli.command("delete")
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
-@click.option("--purge", is_flag=True, help="Also leave no trace of it in the file and its WAL: rebuild the "
+@click.option("--purge", is_flag=True,
+              help="Also leave no trace of it in the file and its WAL: rebuild the "
               "briefing, merge the FTS indexes, VACUUM and checkpoint (seconds on a large file).")
 @click.pass_obj
 def cli_delete(state, memory_id, persona, purge):
     """Delete a memory from every table and index (a tombstone with its uid and time is kept).
 
-    What remains: its freed bytes are zeroed (secure_delete), but its words stay in older FTS index
-    segments and its old pages in the WAL file until `vacuum` or --purge; its text stays in every
-    backup made while it existed (daily backups for [backup] keep_days, manual, before-restore and
-    upgrade copies) until you delete those files.
+    What remains: its freed bytes are zeroed (secure_delete), but its words stay in older FTS
+    index segments and its old pages in the WAL file until `vacuum` or --purge; its text stays in
+    every backup made while it existed (daily backups for [backup] keep_days, manual,
+    before-restore and upgrade copies) until you delete those files.
 
     Example:
 
@@ -12165,8 +12176,9 @@ def cli_delete(state, memory_id, persona, purge):
     if purge:
         p = out["purged"]
         click.echo(f"purged: {p['before_bytes']:,} -> {p['after_bytes']:,} bytes"
-                   + ("" if p["wal_truncated"] else "; another process is reading, so the WAL keeps old pages "
-                      "until its next checkpoint (run `python aokun.py vacuum` when it is idle)"))
+                   + ("" if p["wal_truncated"]
+                      else "; another process is reading, so the WAL keeps old pages until its "
+                           "next checkpoint (run `python aokun.py vacuum` when it is idle)"))
 
 
 @cli.command("restore-memory")
@@ -12181,7 +12193,8 @@ def cli_restore_memory(state, memory_id, persona):
         python aokun.py restore-memory 12
     """
     out = state.memory().restore_memory(memory_id, persona)
-    click.echo(f"restored {', '.join(map(str, out['restored'])) or 'nothing (it was not archived)'}")
+    restored = ", ".join(map(str, out["restored"])) or "nothing (it was not archived)"
+    click.echo(f"restored {restored}")
 
 
 @cli.command("summarize")
