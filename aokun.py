@@ -12223,25 +12223,42 @@ def cli_summarize(state, file, persona, session):
 
 # CLI: recall, atoms, context and the knowledge graph #############################################
 
+def _explain_line(e: dict) -> str:
+    """The line `recall --explain` prints under a hit: its channel ranks and score parts."""
+    ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
+    window = ""
+    if "time_window" in e:
+        w = e["time_window"]
+        window = (f" | {w['phrase']!r} {w['start']}..{w['end']}"
+                  f" boost {e['time_boost']:.2f} ({e.get('time_match') or 'outside'})")
+    return (f"        ranks {ranks} | doc {e['doc_route']:.3f} graph {e['graph_route']:.3f} "
+            f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}"
+            + window)
+
+
 @cli.command("recall")
 @click.argument("query")
-@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many memories.")
+@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1),
+              help="How many memories.")
 @click.option("--session", help="Only this session.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--include-archived", is_flag=True, help="Search archived memories too.")
 @click.option("--explain", is_flag=True, help="Show each hit's channel ranks and score parts.")
-@click.option("--channels", help="Comma list for ablation: bm25, vector, graph (or graph_keyword, graph_vector).")
+@click.option("--channels",
+              help="Comma list for ablation: bm25, vector, graph (or graph_keyword, graph_vector).")
 @click.option("--as-of", help="Answer as the memory stood at this ISO-8601 time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
 @click.pass_obj
-def cli_recall(state, query, k, session, persona, include_archived, explain, channels, as_of, as_json):
+def cli_recall(state, query, k, session, persona, include_archived, explain, channels, as_of,
+               as_json):
     """Search memories by meaning, keywords and relations.
 
     Example:
 
         python aokun.py recall "what does Alice drink" -k 3 --explain
     """
-    out = state.memory().recall(query, k, persona, session, include_archived, explain, channels, as_of)
+    out = state.memory().recall(query, k, persona, session, include_archived, explain, channels,
+                                as_of)
     if as_json:
         return _echo_json(out)
     for w in out["warnings"]:
@@ -12249,16 +12266,12 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
     for d in out["degraded"]:
         click.echo(f"degraded: {d['channel']}: {d['reason']}", err=True)
     for h in out["results"]:
-        text = h["text"] if len(h["text"]) <= HIT_PREVIEW_CHARS else h["text"][:HIT_PREVIEW_CHARS - 1] + "…"
+        text = h["text"]
+        if len(text) > HIT_PREVIEW_CHARS:
+            text = text[:HIT_PREVIEW_CHARS - 1] + "…"
         click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {text}")
         if explain:
-            e = h["explain"]
-            ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
-            click.echo(f"        ranks {ranks} | doc {e['doc_route']:.3f} graph {e['graph_route']:.3f} "
-                       f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}"
-                       + (f" | {e['time_window']['phrase']!r} {e['time_window']['start']}..{e['time_window']['end']}"
-                          f" boost {e['time_boost']:.2f} ({e.get('time_match') or 'outside'})"
-                          if "time_window" in e else ""))
+            click.echo(_explain_line(h["explain"]))
     if not out["results"]:
         click.echo("no memories found", err=True)
     cut = [str(h["id"]) for h in out["results"] if h["truncated"]]
@@ -12269,7 +12282,8 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
 
 @cli.command("feedback")
 @click.argument("memory_ids", nargs=-1, required=True, type=click.IntRange(1), metavar="ID...")
-@click.option("--not-useful", is_flag=True, help="They were wrong or beside the point: lower their importance.")
+@click.option("--not-useful", is_flag=True,
+              help="They were wrong or beside the point: lower their importance.")
 @click.option("--persona", help="Persona the memories belong to.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
@@ -12291,7 +12305,8 @@ def cli_feedback(state, memory_ids, not_useful, persona, as_json):
 
 @cli.command("atoms")
 @click.argument("query")
-@click.option("-k", "k", default=ATOMS_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many atoms.")
+@click.option("-k", "k", default=ATOMS_K_DEFAULT, show_default=True, type=click.IntRange(1),
+              help="How many atoms.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
@@ -12306,20 +12321,21 @@ def cli_atoms(state, query, k, persona, as_json):
     if as_json:
         return _echo_json(out)
     for a in out["results"]:
-        click.echo(f"{a['id']:>6}  {a['score']:.3f}  {a['atom_type']:<10} {a['content'][:HIT_PREVIEW_CHARS]}"
-                   f"  (memory {a['document_id']})")
+        click.echo(f"{a['id']:>6}  {a['score']:.3f}  {a['atom_type']:<10} "
+                   f"{a['content'][:HIT_PREVIEW_CHARS]}  (memory {a['document_id']})")
 
 
 @cli.command("context")
 @click.argument("topic", required=False)
-@click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat", show_default=True)
+@click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat",
+              show_default=True)
 @click.option("--max-tokens", type=click.IntRange(CONTEXT_TOKENS_MIN), help="Token budget override.")
 @click.option("--persona", help="Persona.")
 @click.option("--refresh", is_flag=True, help="Rebuild the briefing first.")
 @click.pass_obj
 def cli_context(state, topic, mode, max_tokens, persona, refresh):
-    """Print memory for a prompt within a token budget: the session briefing, or memories and facts
-    about TOPIC.
+    """Print memory for a prompt within a token budget: the session briefing, or memories and
+    facts about TOPIC.
 
     Example:
 
@@ -12363,14 +12379,16 @@ def _print_facts(facts: list[dict]) -> None:
 @click.option("--source-memory", type=int, help="Id of the memory this fact came from.")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona):
+def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory,
+               persona):
     """Record a fact; a single-valued predicate closes the previous value.
 
     Example:
 
         python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01
     """
-    f = state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona)
+    f = state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence,
+                              source_memory, persona)
     _print_facts([f])
     if f["closed"]:
         click.echo(f"closed: {', '.join(map(str, f['closed']))}")
@@ -12416,7 +12434,8 @@ def cli_kg_invalidate(state, fact_id, valid_to, persona):
 @click.option("--persona", help="Persona the entity belongs to (default: the default persona).")
 @click.pass_obj
 def cli_kg_delete(state, entity, persona):
-    """Delete ENTITY and every fact about it (tombstones are kept). To end one fact, use invalidate.
+    """Delete ENTITY and every fact about it (tombstones are kept). To end one fact, use
+    invalidate.
 
     Example:
 
