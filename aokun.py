@@ -12489,7 +12489,8 @@ def cli_stats(state, as_json):
     s = state.memory().stats()
     if as_json:
         return _echo_json(s)
-    click.echo(f"database: {s['database']} ({s['size_bytes']:,} bytes, schema {s['schema_version']})")
+    click.echo(f"database: {s['database']} ({s['size_bytes']:,} bytes, "
+               f"schema {s['schema_version']})")
     for k, v in s["counts"].items():
         click.echo(f"{k:>32}: {v}")
     click.echo(f"{'atoms by state':>32}: {s['atoms_by_state']}")
@@ -12510,8 +12511,8 @@ def cli_stats(state, as_json):
 @cli.command("doctor")
 @click.pass_obj
 def cli_doctor(state):
-    """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and graph.
-    Exits 1 when anything is wrong.
+    """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and
+    graph. Exits 1 when anything is wrong.
 
     Example:
 
@@ -12531,7 +12532,8 @@ def cli_doctor(state):
 
 
 @cli.command("rebuild")
-@click.option("--vectors", is_flag=True, help="Drop and re-embed every vector with the configured embedder.")
+@click.option("--vectors", is_flag=True,
+              help="Drop and re-embed every vector with the configured embedder.")
 @click.option("--fts", is_flag=True, help="Re-segment every full-text row.")
 @click.option("--graph", is_flag=True, help="Re-derive atoms and graph for every memory.")
 @click.pass_obj
@@ -12588,47 +12590,54 @@ def cli_backup(state, dest):
 def cli_restore(state, src, yes):
     """Replace the database's content with backup SRC. SRC must pass integrity_check and not come
     from a newer Aokun; the current content is saved beside the database first (the safety copy,
-    taken under the same write lock as the overwrite: every write acknowledged before the restore is
-    in one of the two). Prints the safety copy and the memories written or changed after the backup,
-    which only it holds. Ids stay unique: new memories get ids above any the file ever gave.
+    taken under the same write lock as the overwrite: every write acknowledged before the restore
+    is in one of the two). Prints the safety copy and the memories written or changed after the
+    backup, which only it holds. Ids stay unique: new memories get ids above any the file ever
+    gave.
 
     Example:
 
         python aokun.py restore data/backups/aokun-daily-2026-11-29.db
     """
     if not yes and not sys.stdin.isatty():  # no one to ask: click.confirm would only say "Aborted!"
-        raise AokunError(f"restore replaces every memory with the content of {src}: no terminal to confirm "
-                         "it, so nothing was changed; run it again with --yes")
+        raise AokunError(f"restore replaces every memory with the content of {src}: "
+                         "no terminal to confirm it, so nothing was changed; run it again with --yes")
     mem = state.memory()
     if not yes:
         try:
-            click.confirm(f"Replace every memory in {mem.path} with the content of {src}?", abort=True)
+            click.confirm(f"Replace every memory in {mem.path} with the content of {src}?",
+                          abort=True)
         except click.Abort:
-            raise AokunError("restore not confirmed, nothing was changed; answer y, or give --yes") from None
+            raise AokunError("restore not confirmed, nothing was changed; "
+                             "answer y, or give --yes") from None
     r = mem.restore_from(src)
     click.echo(f"restored {r['restored']}; the previous content is in {r['saved_previous']}")
     lost = r["only_in_previous"]
     if lost:
-        click.echo(f"{len(lost)} memories written or changed after the backup ({r['previous_added']} new, "
-                   f"{r['previous_changed']} changed) are only in {r['saved_previous']}: ids "
-                   f"{', '.join(map(str, lost))}")
+        click.echo(f"{len(lost)} memories written or changed after the backup "
+                   f"({r['previous_added']} new, {r['previous_changed']} changed) "
+                   f"are only in {r['saved_previous']}: ids {', '.join(map(str, lost))}")
     else:
         click.echo("no memory was written or changed after the backup")
 
 
 @cli.command("export")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="jsonl", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="jsonl",
+              show_default=True,
               help="jsonl: lossless, for import; markdown: one note per memory (Obsidian).")
-@click.option("--persona", help="Only this persona (default: every persona; tombstones only then).")
+@click.option("--persona",
+              help="Only this persona (default: every persona; tombstones only then).")
 @click.option("--since", help="Only what changed at or after this ISO-8601 time.")
 @click.option("--out", "out_path", metavar="PATH",
-              help="The JSONL file (default: standard output), or the folder of the Markdown notes (required).")
+              help="The JSONL file (default: standard output), "
+              "or the folder of the Markdown notes (required).")
 @click.pass_obj
 def cli_export(state, fmt, persona, since, out_path):
-    """Export the memory without lock-in. JSONL (one JSON object a line, a `kind` each, a header line
-    with the schema version first) holds memories with all their metadata, atom states, knowledge-graph
-    facts with validity, ingested conversations, consolidations and tombstones: `import` restores it into
-    any file. Markdown writes one note per memory with YAML front matter.
+    """Export the memory without lock-in. JSONL (one JSON object a line, a `kind` each, a header
+    line with the schema version first) holds memories with all their metadata, atom states,
+    knowledge-graph facts with validity, ingested conversations, consolidations and tombstones:
+    `import` restores it into any file. Markdown writes one note per memory with YAML front
+    matter.
 
     Example:
 
@@ -12643,7 +12652,8 @@ def cli_export(state, fmt, persona, since, out_path):
         r = mem.export_markdown(Path(out_path).expanduser(), persona, since)
         click.echo(f"{r['files']} notes in {r['folder']}")
         return
-    lines = (json.dumps(rec, ensure_ascii=False) + "\n" for rec in mem.export_records(persona, since))
+    lines = (json.dumps(rec, ensure_ascii=False) + "\n"
+             for rec in mem.export_records(persona, since))
     if not out_path:
         for line in lines:
             click.echo(line, nl=False)
@@ -12667,9 +12677,9 @@ def cli_export(state, fmt, persona, since, out_path):
 @click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
 @click.pass_obj
 def cli_import(state, file, as_json):
-    """Import a JSONL export into this database, empty or not: uids decide (a record here with the same
-    or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors are
-    re-derived. A bad line is one error naming it, before anything is written.
+    """Import a JSONL export into this database, empty or not: uids decide (a record here with the
+    same or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors
+    are re-derived. A bad line is one error naming it, before anything is written.
 
     Example:
 
@@ -12680,7 +12690,8 @@ def cli_import(state, file, as_json):
                 terminal_progress("importing", ("memories", "turn vectors"), as_json) as bar:
             r = state.memory().import_export(f, progress=bar)
     except UnicodeDecodeError as e:
-        raise InputError("FILE", f"{file} is not UTF-8 text (invalid byte at offset {e.start})") from None
+        raise InputError("FILE", f"{file} is not UTF-8 text "
+                                 f"(invalid byte at offset {e.start})") from None
     if as_json:
         _echo_json(r)
         return
@@ -12693,17 +12704,19 @@ def cli_import(state, file, as_json):
 
 @cli.command("sync")
 @click.argument("folder", required=False, metavar="DIR")
-@click.option("--conflicts", is_flag=True, help="List the versions that lost a conflict instead of syncing.")
-@click.option("--persona", help="With --conflicts: only this persona's (default: every persona's).")
+@click.option("--conflicts", is_flag=True,
+              help="List the versions that lost a conflict instead of syncing.")
+@click.option("--persona",
+              help="With --conflicts: only this persona's (default: every persona's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def cli_sync(state, folder, conflicts, persona, as_json):
     """Sync with your other devices through DIR, a folder they share already (Syncthing, Dropbox,
     iCloud, a USB stick, a git work tree; default [sync] dir). Writes this file's changes since its
-    last sync as one changeset file `<device>-<number>.changeset` and merges the other devices' files;
-    never a live database in DIR. A record changed on two devices keeps the later version; the other
-    is kept and listed by `sync --conflicts`. A truncated or foreign file is skipped, and tried again
-    next time.
+    last sync as one changeset file `<device>-<number>.changeset` and merges the other devices'
+    files; never a live database in DIR. A record changed on two devices keeps the later version;
+    the other is kept and listed by `sync --conflicts`. A truncated or foreign file is skipped, and
+    tried again next time.
 
     Example:
 
@@ -12718,8 +12731,10 @@ def cli_sync(state, folder, conflicts, persona, as_json):
             _echo_json(rows)
             return
         for r in rows:
-            shown = r["loser"].get("content") or r["loser"].get("name") or r["loser"].get("predicate") or ""
-            click.echo(f"{r['detected_at']} {r['kind']} {r['uid']}: the version of {r['loser_stamp']} from "
+            loser = r["loser"]
+            shown = loser.get("content") or loser.get("name") or loser.get("predicate") or ""
+            click.echo(f"{r['detected_at']} {r['kind']} {r['uid']}: "
+                       f"the version of {r['loser_stamp']} from "
                        f"{r['loser_from'][:8]} lost to {r['winner_stamp']}"
                        + (f": {_one_line(str(shown), LINE_PREVIEW_CHARS)}" if shown else ""))
         click.echo(f"{len(rows)} conflict(s)")
@@ -12727,13 +12742,16 @@ def cli_sync(state, folder, conflicts, persona, as_json):
     if not folder and not state.cfg.sync.dir:
         raise InputError("DIR", "give the shared folder, or set [sync] dir in the settings")
     # DIR as typed is relative to the current folder, [sync] dir to the config file's folder
-    r = mem.sync(Path(folder).expanduser().resolve() if folder else state.cfg.resolve(state.cfg.sync.dir))
+    r = mem.sync(Path(folder).expanduser().resolve() if folder
+                 else state.cfg.resolve(state.cfg.sync.dir))
     if as_json:
         _echo_json(r)
         return
     if r["new_device"]:
-        click.echo(f"this file syncs as device {r['device']} (new: first sync, or the file was copied or moved)")
-    click.echo(f"wrote {r['written']} ({r['sent']} records)" if r["written"] else "nothing new to send")
+        click.echo(f"this file syncs as device {r['device']} "
+                   "(new: first sync, or the file was copied or moved)")
+    click.echo(f"wrote {r['written']} ({r['sent']} records)" if r["written"]
+               else "nothing new to send")
     m = r["merged"]
     click.echo(f"applied {len(r['applied'])} file(s): {m['added']} added, {m['updated']} updated, "
                f"{m['kept']} kept, {m['skipped']} skipped; {r['conflicts']} new conflict(s)")
@@ -12744,7 +12762,8 @@ def cli_sync(state, folder, conflicts, persona, as_json):
 
 
 def _print_changes(out: dict) -> None:
-    """Print the importance, archive and atom-state changes of a decay or lifecycle result, one a line."""
+    """Print the importance, archive and atom-state changes of a decay or lifecycle result, one a
+    line."""
     for c in out.get("importance", []):
         click.echo(f"importance {c['id']:>6}: {c['old']:.4f} -> {c['new']:.4f}")
     for i in out.get("archived", []):
