@@ -12826,18 +12826,21 @@ def cli_consolidate(state, apply, persona):
     for cl in out["clusters"]:
         click.echo(f"survivor {cl['survivor']}: {cl['texts'][cl['survivor']][:LINE_PREVIEW_CHARS]}")
         for m in cl["members"]:
-            click.echo(f"   {'merged' if apply else 'would merge'} {m}: {cl['texts'][m][:LINE_PREVIEW_CHARS]}")
+            click.echo(f"   {'merged' if apply else 'would merge'} {m}: "
+                       f"{cl['texts'][m][:LINE_PREVIEW_CHARS]}")
     click.echo(f"{len(out['clusters'])} cluster(s)")
 
 
 @cli.command("serve")
-@click.option("--http", "use_http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
+@click.option("--http", "use_http", is_flag=True,
+              help="Serve streamable HTTP at /mcp instead of stdio.")
 @click.option("--host", help="HTTP host (default [server] host, 127.0.0.1).")
-@click.option("--port", type=click.IntRange(1, 65535), help="HTTP port (default [server] port, 5123).")
+@click.option("--port", type=click.IntRange(1, 65535),
+              help="HTTP port (default [server] port, 5123).")
 @click.pass_obj
 def cli_serve(state, use_http, host, port):
-    """Run the MCP server: stdio (what MCP clients launch) or --http. Any --host but loopback needs
-    [server] token (or the variable [server] token_env names, $AOKUN_TOKEN).
+    """Run the MCP server: stdio (what MCP clients launch) or --http. Any --host but loopback
+    needs [server] token (or the variable [server] token_env names, $AOKUN_TOKEN).
 
     Example:
 
@@ -12872,9 +12875,11 @@ def cli_serve(state, use_http, host, port):
         log.warning("Aokun web panel at http://%s:%s/panel/?token=%s (the link logs in once; "
                     "`python aokun.py panel --link` prints a new one)",
                     "[::1]" if host == "::1" else host, port, panel[0].login_token)
-    web = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=cfg.server.log_level.lower()))
+    web = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
+                                        log_level=cfg.server.log_level.lower()))
 
-    async def run() -> None:  # READY=1 and WATCHDOG=1 to systemd from the loop that serves (no-op elsewhere)
+    # READY=1 and WATCHDOG=1 to systemd from the loop that serves (no-op elsewhere)
+    async def run() -> None:
         import asyncio
         pings = asyncio.create_task(notify_supervisor(lambda: web.started, watchdog_interval()))
         tasks = [pings]
@@ -12900,8 +12905,8 @@ async def _announce_when_started(web, panel: "Panel", host: str, port: int) -> N
 
 @cli.group("service")
 def cli_service():
-    """Run `serve --http` under the OS's own supervisor: a systemd user unit (Linux), a launchd agent
-    (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
+    """Run `serve --http` under the OS's own supervisor: a systemd user unit (Linux), a launchd
+    agent (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
 
     Example:
 
@@ -12913,8 +12918,10 @@ def cli_service():
 
 def _service_command(action: str, doc: str):
     @cli_service.command(action, help=doc)
-    @click.option("--port", type=click.IntRange(1, 65535), help="The HTTP port (default: [server] port).")
-    @click.option("--dry-run", is_flag=True, help="Print what would be written and run; change nothing.")
+    @click.option("--port", type=click.IntRange(1, 65535),
+                  help="The HTTP port (default: [server] port).")
+    @click.option("--dry-run", is_flag=True,
+                  help="Print what would be written and run; change nothing.")
     @click.option("--platform", "platform", type=click.Choice(["linux", "macos", "windows"]),
                   help="Which supervisor (default: this machine's).")
     @click.pass_obj
@@ -12923,15 +12930,15 @@ def _service_command(action: str, doc: str):
         port = port or cfg.server.port
         db = database_path(cfg, state.db_arg).resolve()
         config = Path(state.config_arg).resolve() if state.config_arg else None
-        files, commands = service_plan(platform or this_platform(), action, service_command(db, config, port),
-                                       db.parent)
+        files, commands = service_plan(platform or this_platform(), action,
+                                       service_command(db, config, port), db.parent)
         if action == "status" and not dry_run:
             _service_status(cfg, port, commands)
             return
         for path, content in files:
             verb = "write" if action == "install" else "remove"
-            click.echo(f"{verb} {path}" + (":\n" + (content.decode() if isinstance(content, bytes) else content)
-                                           if dry_run and action == "install" else ""))
+            text = content.decode() if isinstance(content, bytes) else content
+            click.echo(f"{verb} {path}" + (":\n" + text if dry_run and action == "install" else ""))
         for c in commands:
             click.echo("run " + " ".join(c))
         if not dry_run:
@@ -12964,8 +12971,8 @@ def _service_apply(action: str, files: list, commands: list[list[str]]) -> None:
 
 
 def _service_status(cfg: Config, port: int, commands: list[list[str]]) -> None:
-    """Print the server's /health on 127.0.0.1:`port` (and the supervisor's own word when its tool is
-    here); exit 1 when it does not answer or is not ok."""
+    """Print the server's /health on 127.0.0.1:`port` (and the supervisor's own word when its tool
+    is here); exit 1 when it does not answer or is not ok."""
     import shutil
     import subprocess
 
@@ -12976,7 +12983,8 @@ def _service_status(cfg: Config, port: int, commands: list[list[str]]) -> None:
         click.echo(f"supervisor: {said[0] if said else f'exit {r.returncode}'}")
     token = cfg.secret("server", "token", "token_env")
     try:
-        r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5, trust_env=False,  # no proxy for loopback
+        r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5,
+                      trust_env=False,  # no proxy for loopback
                       headers={"Authorization": f"Bearer {token}"} if token else {})
         out = r.json()
     except (httpx.HTTPError, ValueError) as e:
@@ -12987,7 +12995,8 @@ def _service_status(cfg: Config, port: int, commands: list[list[str]]) -> None:
         raise click.exceptions.Exit(1)
 
 
-for _action, _doc in (("install", "Write the unit/agent/task and register it (started now and at login)."),
+for _action, _doc in (("install",
+                       "Write the unit/agent/task and register it (started now and at login)."),
                       ("uninstall", "Stop and unregister the service and remove its file."),
                       ("start", "Start the service."), ("stop", "Stop the service."),
                       ("status", "The server's /health (database, embedder, pending vectors, last "
@@ -12996,12 +13005,13 @@ for _action, _doc in (("install", "Write the unit/agent/task and register it (st
 
 
 def config_target(config_arg: str | None) -> Path:
-    """The ini file the panel saves settings to: the one the server reads (find_config), else a new
-    aokun.ini beside aokun.py."""
+    """The ini file the panel saves settings to: the one the server reads (find_config), else a
+    new aokun.ini beside aokun.py."""
     return find_config(config_arg) or HERE / "aokun.ini"
 
 
-def _open_browser_when_listening(host: str, port: int, url: str, timeout: float = 30.0) -> None:
+def _open_browser_when_listening(host: str, port: int, url: str,
+                                 timeout: float = 30.0) -> None:
     """Open `url` in the default browser (webbrowser) once `host`:`port` accepts connections."""
     import webbrowser
     deadline = time.monotonic() + timeout
@@ -13013,17 +13023,18 @@ def _open_browser_when_listening(host: str, port: int, url: str, timeout: float 
 
 
 @cli.command("panel")
-@click.option("--port", type=click.IntRange(1, 65535), default=PANEL_PORT, show_default=True, help="Port on 127.0.0.1.")
+@click.option("--port", type=click.IntRange(1, 65535), default=PANEL_PORT, show_default=True,
+              help="Port on 127.0.0.1.")
 @click.option("--no-browser", is_flag=True, help="Only print the link; do not open a browser.")
 @click.option("--link", "new_link", is_flag=True,
               help="Print a new one-time login link from the running panel or serve --http.")
 @click.pass_obj
 def cli_panel(state, port, no_browser, new_link):
-    """The web panel: memories (search, read, edit, delete), recall explained, the knowledge graph,
-    health and maintenance, and every setting. Serves on 127.0.0.1 only; the printed link logs in
-    once, and the login lasts 30 days. `--link` asks the running panel (this database; --port if
-    given, else any) for a new link, e.g. for another browser. scripts/panel.bat and panel.command
-    start it.
+    """The web panel: memories (search, read, edit, delete), recall explained, the knowledge
+    graph, health and maintenance, and every setting. Serves on 127.0.0.1 only; the printed link
+    logs in once, and the login lasts 30 days. `--link` asks the running panel (this database;
+    --port if given, else any) for a new link, e.g. for another browser. scripts/panel.bat and
+    panel.command start it.
 
     Example:
 
@@ -13039,22 +13050,25 @@ def cli_panel(state, port, no_browser, new_link):
         given = source != click.core.ParameterSource.DEFAULT
         click.echo(request_panel_link(db, port if given else None))
         return
-    sock = listening_socket(host, port)  # before the link: a link for a port another process holds fails
+    # before the link: a link for a port another process holds fails
+    sock = listening_socket(host, port)
     mem = state.memory()
     web, app = panel_app(lambda: mem, cfg, config_target(state.config_arg), host, port,
                          panel_state_path(db, port))
     web.state.announce(host, port, "")
     url = f"http://{host}:{port}/?token={web.login_token}"
-    click.echo(f"Aokun panel: {url}\nThe link logs in once; `python aokun.py panel --link` prints "
-               "a new one. Ctrl+C stops the panel.")
+    click.echo(f"Aokun panel: {url}\nThe link logs in once; `python aokun.py panel --link` "
+               "prints a new one. Ctrl+C stops the panel.")
     if not no_browser:
-        threading.Thread(target=_open_browser_when_listening, args=(host, port, url), daemon=True).start()
+        threading.Thread(target=_open_browser_when_listening, args=(host, port, url),
+                         daemon=True).start()
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to `host`:`port` (IPv4; SO_REUSEADDR off Windows, as uvicorn binds), for
-    uvicorn to serve on. Raises AokunError (one line) when the port is taken or cannot be bound."""
+    """A TCP socket bound to `host`:`port` (IPv4; SO_REUSEADDR off Windows, as uvicorn binds),
+    for uvicorn to serve on. Raises AokunError (one line) when the port is taken or cannot be
+    bound."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         if os.name != "nt":
@@ -13064,8 +13078,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.close()
         why = "is in use (a panel or server runs there already?)" if e.errno == errno.EADDRINUSE \
             else f"cannot be bound ({e.strerror or e})"
-        raise AokunError(f"port {port} on {host} {why}; open the link that one printed, or give another "
-                         "--port") from None
+        raise AokunError(f"port {port} on {host} {why}; "
+                         "open the link that one printed, or give another --port") from None
     sock.set_inheritable(True)
     return sock
 
