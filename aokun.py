@@ -11723,10 +11723,11 @@ def service_plan(platform: str, action: str, cmd: list[str],
     """What `service ACTION` does on `platform` (linux, macos, windows): ([(path, content)] to
     write (install) or remove (uninstall), [commands to run]). Raises InputError for another
     platform."""
+    writes = action in ("install", "uninstall")
     if platform == "linux":
         unit = Path.home() / ".config" / "systemd" / "user" / f"{SERVICE_NAME}.service"
         ctl = ["systemctl", "--user"]
-        return ([(unit, systemd_unit(cmd))] if action in ("install", "uninstall") else [], {
+        return ([(unit, systemd_unit(cmd))] if writes else [], {
             "install": [ctl + ["daemon-reload"],
                         ctl + ["enable", "--now", f"{SERVICE_NAME}.service"]],
             "uninstall": [ctl + ["disable", "--now", f"{SERVICE_NAME}.service"],
@@ -11736,8 +11737,7 @@ def service_plan(platform: str, action: str, cmd: list[str],
     if platform == "macos":
         plist = Path.home() / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist"
         domain = f"gui/{os.getuid()}"
-        files = [(plist, launchd_plist(cmd, data_dir))] if action in ("install", "uninstall") else []
-        return (files, {
+        return ([(plist, launchd_plist(cmd, data_dir))] if writes else [], {
             "install": [["launchctl", "bootstrap", domain, str(plist)]],
             "uninstall": [["launchctl", "bootout", f"{domain}/{LAUNCHD_LABEL}"]],
             "start": [["launchctl", "kickstart", f"{domain}/{LAUNCHD_LABEL}"]],
@@ -11746,7 +11746,7 @@ def service_plan(platform: str, action: str, cmd: list[str],
     if platform == "windows":
         xml = data_dir / "aokun-task.xml"
         name = SERVICE_NAME.capitalize()
-        return ([(xml, windows_task_xml(cmd))] if action in ("install", "uninstall") else [], {
+        return ([(xml, windows_task_xml(cmd))] if writes else [], {
             "install": [["schtasks", "/Create", "/TN", name, "/XML", str(xml), "/F"],
                         ["schtasks", "/Run", "/TN", name]],
             "uninstall": [["schtasks", "/End", "/TN", name],
@@ -12141,7 +12141,8 @@ def _flag_command(name: str, flag: str, value: bool, doc: str):
 
 _flag_command("pin", "pinned", True, "Pin a memory: immune to decay, kept in context.\n\n"
               "Example:\n\n    python aokun.py pin 12")
-_flag_command("unpin", "pinned", False, "Unpin a memory.\n\nExample:\n\n    python aokun.py unpin 12")
+_flag_command("unpin", "pinned", False,
+              "Unpin a memory.\n\nExample:\n\n    python aokun.py unpin 12")
 _flag_command("archive", "archived", True,
               "Archive a memory: kept, but out of recall unless archived ones are asked for.\n\n"
               "Example:\n\n    python aokun.py archive 12")
@@ -12329,7 +12330,8 @@ def cli_atoms(state, query, k, persona, as_json):
 @click.argument("topic", required=False)
 @click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat",
               show_default=True)
-@click.option("--max-tokens", type=click.IntRange(CONTEXT_TOKENS_MIN), help="Token budget override.")
+@click.option("--max-tokens", type=click.IntRange(CONTEXT_TOKENS_MIN),
+              help="Token budget override.")
 @click.option("--persona", help="Persona.")
 @click.option("--refresh", is_flag=True, help="Rebuild the briefing first.")
 @click.pass_obj
@@ -12601,7 +12603,8 @@ def cli_restore(state, src, yes):
     """
     if not yes and not sys.stdin.isatty():  # no one to ask: click.confirm would only say "Aborted!"
         raise AokunError(f"restore replaces every memory with the content of {src}: "
-                         "no terminal to confirm it, so nothing was changed; run it again with --yes")
+                         "no terminal to confirm it, so nothing was changed; "
+                         "run it again with --yes")
     mem = state.memory()
     if not yes:
         try:
@@ -12964,7 +12967,8 @@ def _service_apply(action: str, files: list, commands: list[list[str]]) -> None:
             raise AokunError(f"cannot run {c[0]}: {e.strerror or e}") from None
         if r.returncode != 0 and not (action == "uninstall" and c is not commands[-1]):
             said = (r.stderr or r.stdout).strip().splitlines()
-            raise AokunError(f"{' '.join(c)} failed: {said[-1] if said else f'exit {r.returncode}'}")
+            why = said[-1] if said else f"exit {r.returncode}"
+            raise AokunError(f"{' '.join(c)} failed: {why}")
     if action == "uninstall":
         for path, _ in files:
             path.unlink(missing_ok=True)
@@ -13091,17 +13095,19 @@ def listening_socket(host: str, port: int) -> socket.socket:
 @click.argument("paths", nargs=-1, type=click.Path(), metavar="[PATH]...")
 @click.option("--persona", help="Persona the conversations belong to.")
 @click.option("--include-deleted", is_flag=True,
-              help="Ingest sessions deleted before (`conversations delete`) again, clearing their tombstones.")
+              help="Ingest sessions deleted before (`conversations delete`) again, "
+              "clearing their tombstones.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print {sessions, turns, new, skipped, deleted, seconds} as JSON.")
 @click.pass_obj
 def cli_ingest(state, source, paths, persona, include_deleted, as_json):
-    """Ingest an assistant's conversation history, incrementally (a second run adds only what is new).
+    """Ingest an assistant's conversation history, incrementally (a second run adds only what is
+    new).
 
     Without PATH, the client's standard location: claude-code ~/.claude/projects/*/*.jsonl, codex
-    ~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl, copilot ~/.copilot/session-state/<id>/events.jsonl;
-    chatgpt needs the conversations.json of a data export, or the export's zip. A PATH folder is
-    searched for the source's files.
+    ~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl, copilot
+    ~/.copilot/session-state/<id>/events.jsonl; chatgpt needs the conversations.json of a data
+    export, or the export's zip. A PATH folder is searched for the source's files.
 
     Example:
 
@@ -13110,19 +13116,22 @@ def cli_ingest(state, source, paths, persona, include_deleted, as_json):
         python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip
     """
     mem = state.memory()
-    unreadable: list[str] = []  # names that fit but lead nowhere, then the files that failed to open
+    # names that fit but lead nowhere, then the files that failed to open
+    unreadable: list[str] = []
     files = mem.transcript_files(source, paths, unreadable)
     with terminal_progress(f"ingesting {source}", ("turns", "turn vectors"), as_json) as bar:
         out = mem.ingest(source, files, persona, progress=bar, include_deleted=include_deleted)
     for line in unreadable + out["unreadable"]:
         click.echo(f"warning: {line}", err=True)
     if as_json:
-        _echo_json({k: out[k] for k in ("sessions", "turns", "new", "skipped", "deleted", "seconds")})
+        _echo_json({k: out[k]
+                    for k in ("sessions", "turns", "new", "skipped", "deleted", "seconds")})
     else:
         deleted = f"{out['deleted']} sessions skipped: deleted (--include-deleted ingests them), " \
             if out["deleted"] else ""
-        click.echo(f"{source}: {out['files']} files, {out['sessions']} sessions, {out['turns']} turns read, "
-                   f"{out['new']} new, {out['skipped']} malformed lines skipped, {deleted}{out['seconds']:.1f} s")
+        click.echo(f"{source}: {out['files']} files, {out['sessions']} sessions, "
+                   f"{out['turns']} turns read, {out['new']} new, "
+                   f"{out['skipped']} malformed lines skipped, {deleted}{out['seconds']:.1f} s")
 
 
 @cli.group("conversations")
@@ -13137,7 +13146,8 @@ def cli_conversations():
 
 @cli_conversations.command("list")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
-@click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
+@click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True,
+              type=click.IntRange(1, LIST_LIMIT_MAX))
 @click.option("--offset", default=0, type=click.IntRange(0))
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
@@ -13149,15 +13159,18 @@ def cli_conversations_list(state, source, limit, offset, persona, as_json):
         _echo_json(rows)
         return
     for r in rows:
+        title = _one_line(r["title"] or r["first_user_message"], LINE_PREVIEW_CHARS)
         click.echo(f"{r['ended_at'][:DATE_CHARS]}  {r['source']:<11} {r['turn_count']:>5} turns  "
-                   f"{_one_line(r['title'] or r['first_user_message'], LINE_PREVIEW_CHARS)}  [{r['session_id']}]")
+                   f"{title}  [{r['session_id']}]")
 
 
 @cli_conversations.command("show")
 @click.argument("session_id")
-@click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
+@click.option("--source", type=click.Choice(CONVERSATION_SOURCES),
+              help="When several clients have this id.")
 @click.option("--offset", default=0, type=click.IntRange(0))
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, CONVERSATION_PAGE_MAX))
+@click.option("--limit", default=50, show_default=True,
+              type=click.IntRange(1, CONVERSATION_PAGE_MAX))
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
@@ -13168,7 +13181,8 @@ def cli_conversations_show(state, session_id, source, offset, limit, persona, as
         _echo_json(out)
         return
     s = out["session"]
-    click.echo(f"# {s['title'] or s['session_id']}  ({s['source']}, {s['turn_count']} turns, {s['project']})")
+    click.echo(f"# {s['title'] or s['session_id']}  "
+               f"({s['source']}, {s['turn_count']} turns, {s['project']})")
     for t in out["turns"]:
         click.echo(f"[{t['created_at']}] {t['role']}: {t['text']}")
     if out["next_offset"] is not None:
@@ -13177,7 +13191,8 @@ def cli_conversations_show(state, session_id, source, offset, limit, persona, as
 
 @cli_conversations.command("search")
 @click.argument("query")
-@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many turns.")
+@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1),
+              help="How many turns.")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
 @click.option("--session", help="Only this session.")
 @click.option("--since", help="Only turns at or after this ISO-8601 time.")
@@ -13205,7 +13220,8 @@ def cli_conversations_search(state, query, k, source, session, since, until, per
 
 @cli_conversations.command("delete")
 @click.argument("session_id")
-@click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
+@click.option("--source", type=click.Choice(CONVERSATION_SOURCES),
+              help="When several clients have this id.")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
 def cli_conversations_delete(state, session_id, source, persona):
@@ -13249,16 +13265,17 @@ def cli_watch(state, sources, interval, persona):
 
 @cli.command("hooks")
 @click.argument("client", type=click.Choice(HOOK_CLIENTS))
-@click.option("--install", is_flag=True, help="Merge the entry into the client's settings (a backup is kept).")
+@click.option("--install", is_flag=True,
+              help="Merge the entry into the client's settings (a backup is kept).")
 @click.option("--file", "target", type=click.Path(dir_okay=False),
               help="The settings file (default: the client's own, under your home folder).")
 @click.pass_obj
 def cli_hooks(state, client, install, target):
     """Print (or --install) the hooks that make a client feed Aokun by itself: Claude Code
     (~/.claude/settings.json: SessionStart injects the briefing, Stop and SessionEnd ingest the
-    session), Codex (notify in ~/.codex/config.toml: each finished turn is ingested) and Copilot CLI
-    (~/.copilot/hooks/aokun.json: sessionEnd and agentStop ingest the session). Installing twice
-    changes nothing; other settings are kept as they are.
+    session), Codex (notify in ~/.codex/config.toml: each finished turn is ingested) and Copilot
+    CLI (~/.copilot/hooks/aokun.json: sessionEnd and agentStop ingest the session). Installing
+    twice changes nothing; other settings are kept as they are.
 
     Example:
 
@@ -13289,7 +13306,8 @@ def cli_hooks(state, client, install, target):
         try:
             settings = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
         except (ValueError, OSError) as e:
-            raise AokunError(f"{path} cannot be read as JSON ({e}); fix it first, nothing was changed") from None
+            raise AokunError(f"{path} cannot be read as JSON ({e}); "
+                             "fix it first, nothing was changed") from None
         if not isinstance(settings, dict):
             raise AokunError(f"{path} is not a JSON object; nothing was changed")
         changed = merge_claude_hooks(settings, entry)
@@ -13307,20 +13325,22 @@ def cli_hooks(state, client, install, target):
 @click.argument("payload", required=False)
 @click.pass_obj
 def cli_hook(state, client, event, payload):
-    """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: as the last
-    argument). Prints only what the client reads (session-start: the hookSpecificOutput JSON with the
-    briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem never
-    fails the client.
+    """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: as the
+    last argument). Prints only what the client reads (session-start: the hookSpecificOutput JSON
+    with the briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem
+    never fails the client.
 
     Example:
 
-        echo '{"transcript_path": "/home/me/.claude/projects/p/s.jsonl"}' | python aokun.py hook claude-code stop
+        echo '{"transcript_path": "/home/me/.claude/projects/p/s.jsonl"}' \
+| python aokun.py hook claude-code stop
     """
     started = time.perf_counter()
     try:
         out = run_hook(state, client, event, read_hook_payload(payload))
     except Exception as e:  # never fail the client: say it on stderr, exit 0
-        click.echo(f"aokun hook {client} {event}: {_one_line(str(e) or type(e).__name__, 300)}", err=True)
+        click.echo(f"aokun hook {client} {event}: {_one_line(str(e) or type(e).__name__, 300)}",
+                   err=True)
         return
     if out is not None:
         click.echo(json.dumps(out, ensure_ascii=False))
@@ -13331,18 +13351,21 @@ def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
     """One hook event. session-start (Claude Code): the stored briefing (SQL only, no model load),
     as {hookSpecificOutput: {hookEventName: SessionStart, additionalContext}}. stop / session-end /
     notify: ingest the session the payload names (else the client's standard location), from its
-    stored offset; the embedder gets HOOK_EMBED_TIMEOUT_SECONDS and no retries, so a slow one leaves
-    the new turns pending for the back-fill instead of holding up the client. InputError for an
-    event the client has no hook for."""
+    stored offset; the embedder gets HOOK_EMBED_TIMEOUT_SECONDS and no retries, so a slow one
+    leaves the new turns pending for the back-fill instead of holding up the client. InputError for
+    an event the client has no hook for."""
     if event not in HOOK_EVENTS[client]:
-        raise InputError("EVENT", f"{client} hooks are {', '.join(HOOK_EVENTS[client])}, not {event!r}")
-    overrides = {("embedding", "timeout_seconds"): HOOK_EMBED_TIMEOUT_SECONDS, ("embedding", "max_retries"): 0}
+        raise InputError("EVENT",
+                         f"{client} hooks are {', '.join(HOOK_EVENTS[client])}, not {event!r}")
+    overrides = {("embedding", "timeout_seconds"): HOOK_EMBED_TIMEOUT_SECONDS,
+                 ("embedding", "max_retries"): 0}
     cfg = load_config(state.config_arg, overrides)
     mem = Memory(database_path(cfg, state.db_arg), cfg, recover=False)
     try:
         if event == "session-start":
             text = mem.memory_context(None, "project")["text"]
-            return {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": text}}
+            return {"hookSpecificOutput": {"hookEventName": "SessionStart",
+                                           "additionalContext": text}}
         out = mem.ingest(client, hook_session_files(client, payload))
         for line in out["unreadable"]:
             log.warning("hook %s %s: %s", client, event, line)
@@ -13357,9 +13380,10 @@ def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
 # Main ############################################################################################
 
 def main(argv=None):
-    """The entry point: logging to stderr at $AOKUN_LOG_LEVEL (default WARNING), then the CLI on `argv`."""
-    logging.basicConfig(level=os.environ.get("AOKUN_LOG_LEVEL", "WARNING").upper(), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    """The entry point: logging to stderr at $AOKUN_LOG_LEVEL (default WARNING), then the CLI on
+    `argv`."""
+    logging.basicConfig(level=os.environ.get("AOKUN_LOG_LEVEL", "WARNING").upper(),
+                        stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cli.main(args=argv, prog_name="aokun")
 
 
