@@ -10706,25 +10706,33 @@ def http_app(server, cfg: Config, host: str, port: int, panel=None):
 
 # Panel: the settings file, read with its help text and edited in place ###########################
 
-EXAMPLE_INI = HERE / "aokun.example.ini"  #: every setting with its default and help text (the ini comments)
+#: every setting with its default and help text (the ini comments)
+EXAMPLE_INI = HERE / "aokun.example.ini"
 PANEL_PORT = 8765  #: `python aokun.py panel` serves here by default
 #: Settings that take one of a few words, as the code reading them accepts them (Memory, connect,
 #: make_embedder, logging); the panel offers them as a choice and refuses any other.
 SETTING_CHOICES = {("storage", "synchronous"): ("full", "normal"),
-                   ("embedding", "provider"): ("local", "openai", "none"), ("recall", "fusion"): ("score", "rrf"),
+                   ("embedding", "provider"): ("local", "openai", "none"),
+                   ("recall", "fusion"): ("score", "rrf"),
                    ("server", "log_level"): ("DEBUG", "INFO", "WARNING", "ERROR")}
 #: Secrets: shown as set or not, never echoed into the page; an empty field leaves them unchanged.
 SECRET_SETTINGS = {("embedding", "api_key"), ("llm", "api_key"), ("server", "token")}
-#: What a change needs besides a restart (every setting is read once, when a process opens the database).
+#: What a change needs besides a restart (every setting is read once, when a process opens the
+#: database).
 SETTING_NOTES = {
     ("storage", "db"): "another database file: the memories of the old one stay there",
-    ("embedding", "provider"): "vectors of another model are unusable: then run `python aokun.py rebuild --vectors`",
+    ("embedding", "provider"): "vectors of another model are unusable: "
+                               "then run `python aokun.py rebuild --vectors`",
     ("embedding", "model"): "then run `python aokun.py rebuild --vectors`",
     ("embedding", "dimensions"): "then run `python aokun.py rebuild --vectors`",
-    ("embedding", "context_turns"): "applies to vectors written afterwards; `rebuild --vectors` recomputes all",
-    ("embedding", "context_chars"): "applies to vectors written afterwards; `rebuild --vectors` recomputes all",
-    ("text", "userdict"): "the full-text index keeps its old words until `python aokun.py rebuild --fts`",
-    ("text", "stopwords"): "the full-text index keeps its old words until `python aokun.py rebuild --fts`",
+    ("embedding", "context_turns"): "applies to vectors written afterwards; "
+                                    "`rebuild --vectors` recomputes all",
+    ("embedding", "context_chars"): "applies to vectors written afterwards; "
+                                    "`rebuild --vectors` recomputes all",
+    ("text", "userdict"): "the full-text index keeps its old words until "
+                          "`python aokun.py rebuild --fts`",
+    ("text", "stopwords"): "the full-text index keeps its old words until "
+                           "`python aokun.py rebuild --fts`",
 }
 _INI_SECTION = re.compile(r"\[([^\]]+)\]\s*$")
 _INI_KEY = re.compile(r"([^\s;#=:\[][^=:]*?)\s*[=:]")
@@ -10736,8 +10744,8 @@ def setting_text(value) -> str:
 
 
 def ini_layout(text: str) -> list[dict]:
-    """The sections of an ini text (aokun.example.ini) in file order, each {name, groups}: a group is
-    a comment block and the run of settings right below it, {help, keys: [(key, value text)]}
+    """The sections of an ini text (aokun.example.ini) in file order, each {name, groups}: a group
+    is a comment block and the run of settings right below it, {help, keys: [(key, value text)]}
     (help '' for settings with no comment above them). The comments before the first section are
     left out."""
     sections: list[dict] = []
@@ -10801,7 +10809,8 @@ def ini_set(text: str, changes: dict[tuple[str, str], str]) -> str:
         at = last[section] + 1
         out[at:at] = [_ini_line(k, changes[(s, k)]) for s, k in missing if s == section]
     for section in dict.fromkeys(s for s, _ in missing if s not in last):
-        out += ["", f"[{section}]"] + [_ini_line(k, changes[(s, k)]) for s, k in missing if s == section]
+        out += ["", f"[{section}]"]
+        out += [_ini_line(k, changes[(s, k)]) for s, k in missing if s == section]
     return nl.join(out) + nl
 
 
@@ -10814,7 +10823,8 @@ def setting_line(section: str, key: str, value: str) -> None:
     category Cc)."""
     for c in value:
         if (c != "\t" and unicodedata.category(c) == "Cc") or len(f"a{c}a".splitlines()) > 1:
-            raise InputError(f"[{section}] {key}", f"the value holds U+{ord(c):04X}, a line break or control "
+            raise InputError(f"[{section}] {key}",
+                             f"the value holds U+{ord(c):04X}, a line break or control "
                              "character; a setting's value is one line of text")
 
 
@@ -10823,9 +10833,9 @@ def _ini_line(key: str, value: str) -> str:
 
 
 def check_settings(cfg: Config) -> None:
-    """What the server checks of a loaded Config before it serves, beyond Config itself: the one-word
-    settings (SETTING_CHOICES), [server] exposed_tools and the watch's project patterns. Raises
-    AokunError naming the setting."""
+    """What the server checks of a loaded Config before it serves, beyond Config itself: the
+    one-word settings (SETTING_CHOICES), [server] exposed_tools and the watch's project patterns.
+    Raises AokunError naming the setting."""
     for (section, key), allowed in SETTING_CHOICES.items():
         value = getattr(cfg, section)[key]
         if (value.upper() if key == "log_level" else value) not in allowed:
@@ -10844,7 +10854,7 @@ def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
         if key not in DEFAULTS.get(section, {}):
             raise InputError("setting", f"there is no setting [{section}] {key}")
     try:
-        old = path.read_text(encoding="utf-8") if path.exists() else EXAMPLE_INI.read_text(encoding="utf-8")
+        old = (path if path.exists() else EXAMPLE_INI).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise AokunError(f"config file {path} cannot be read: {_one_line(str(e), 300)}") from None
     new = ini_set(old, changes)
@@ -10870,9 +10880,9 @@ def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
 
 def settings_form(cfg: Config) -> list[dict]:
     """Every setting for the panel's settings page, as aokun.example.ini groups them: sections
-    [{name, groups: [{help, settings: [{key, value, default, kind, choices, range, secret, note}]}]}];
-    `value` is the setting in `cfg` as ini text, `kind` bool/int/float/str. Settings of DEFAULTS
-    that the example file lacks come last in their section, without help."""
+    [{name, groups: [{help, settings: [{key, value, default, kind, choices, range, secret,
+    note}]}]}]; `value` is the setting in `cfg` as ini text, `kind` bool/int/float/str. Settings
+    of DEFAULTS that the example file lacks come last in their section, without help."""
     sections = ini_layout(EXAMPLE_INI.read_text(encoding="utf-8"))
     seen = {(s["name"], k) for s in sections for g in s["groups"] for k, _ in g["keys"]}
     for name, kv in DEFAULTS.items():
@@ -10886,7 +10896,8 @@ def settings_form(cfg: Config) -> list[dict]:
     for sec in sections:
         values = getattr(cfg, sec["name"], {})
         for g in sec["groups"]:
-            g["settings"] = [_setting(sec["name"], k, values.get(k)) for k, _ in g.pop("keys") if k in values]
+            g["settings"] = [_setting(sec["name"], k, values.get(k))
+                             for k, _ in g.pop("keys") if k in values]
     return sections
 
 
@@ -10899,9 +10910,10 @@ def _setting(section: str, key: str, value) -> dict:
         lo, hi = allowed.split("..")
     elif allowed and allowed.startswith(">="):
         lo = allowed.split()[1]
-    return {"key": key, "value": setting_text(value), "default": setting_text(default), "kind": kind,
-            "choices": SETTING_CHOICES.get((section, key)), "range": allowed, "min": lo, "max": hi,
-            "secret": (section, key) in SECRET_SETTINGS, "note": SETTING_NOTES.get((section, key), "")}
+    return {"key": key, "value": setting_text(value), "default": setting_text(default),
+            "kind": kind, "choices": SETTING_CHOICES.get((section, key)), "range": allowed,
+            "min": lo, "max": hi, "secret": (section, key) in SECRET_SETTINGS,
+            "note": SETTING_NOTES.get((section, key), "")}
 
 
 # Panel: web pages over the engine ################################################################
@@ -10911,41 +10923,48 @@ PANEL_PAGE_SIZE = 50  #: memories listed per page
 PANEL_RECALL_K = 10  #: hits the recall page asks for by default
 #: The parts of a recall score the panel draws, in bar order: (explain-derived key, label).
 SCORE_PARTS = (("relevance", "relevance"), ("importance", "importance"), ("recency", "recency"),
-               ("frequency", "frequency"), ("confidence", "graph confidence"), ("cross", "both routes"),
-               ("neighbour", "session neighbour"), ("time", "time window"))
+               ("frequency", "frequency"), ("confidence", "graph confidence"),
+               ("cross", "both routes"), ("neighbour", "session neighbour"),
+               ("time", "time window"))
 #: The maintenance commands of the health page: name -> what it does, in a line.
 MAINTENANCE = {"decay": "daily importance decay (and auto-archival when enabled), the days due",
                "lifecycle": "atom lifecycle sweep: expired, forgotten, purged, dormant",
-               "consolidate": "merge near-duplicate memories of this persona (undo: restore on the survivor)",
+               "consolidate": "merge near-duplicate memories of this persona "
+                              "(undo: restore on the survivor)",
                "backup": "a consistent copy of the database into [backup] dir",
                "vacuum": "optimise the full-text indexes, checkpoint the WAL and VACUUM the file"}
 
 
 def score_bar(e: dict, score: float, r) -> list[dict]:
-    """A recall hit's score as the segments of a stacked bar, [{part, label, value}] in SCORE_PARTS
-    order, summing to `score` (the hit's fused score), from its `explain` parts (explain_parts) and
-    the [recall] section `r` the Memory ranked with: each route's scaled share (doc_share,
-    graph_share) split in proportion to its terms, then the cross-route bonus, the session neighbour
-    and the time boost; all × the source boost. A pinned memory put in by similarity keeps its
-    score's parts."""
+    """A recall hit's score as the segments of a stacked bar, [{part, label, value}] in
+    SCORE_PARTS order, summing to `score` (the hit's fused score), from its `explain` parts
+    (explain_parts) and the [recall] section `r` the Memory ranked with: each route's scaled share
+    (doc_share, graph_share) split in proportion to its terms, then the cross-route bonus, the
+    session neighbour and the time boost; all × the source boost. A pinned memory put in by
+    similarity keeps its score's parts."""
     doc, graph = e.get("doc_share", 0.0), e.get("graph_share", 0.0)
-    d_terms = {"relevance": r.score_alpha * e["doc_relevance"], "importance": r.score_beta * e["importance"],
+    d_terms = {"relevance": r.score_alpha * e["doc_relevance"],
+               "importance": r.score_beta * e["importance"],
                "frequency": r.score_delta * e["frequency"]}
-    d_terms["recency"] = max(0.0, e["doc_route"] - sum(d_terms.values()))  # γ includes the intent's recency_boost
-    g_terms = {"relevance": r.graph_rrf_weight * e["graph_relevance"], "importance": r.graph_importance_weight
-               * e["importance"], "recency": r.graph_recency_weight * e["recency"],
+    # γ includes the intent's recency_boost
+    d_terms["recency"] = max(0.0, e["doc_route"] - sum(d_terms.values()))
+    g_terms = {"relevance": r.graph_rrf_weight * e["graph_relevance"],
+               "importance": r.graph_importance_weight * e["importance"],
+               "recency": r.graph_recency_weight * e["recency"],
                "confidence": r.graph_confidence_weight * (e["confidence"] or 0.0)}
     parts = dict.fromkeys((k for k, _ in SCORE_PARTS), 0.0)
     for share, terms in ((doc, d_terms), (graph, g_terms)):
         total = sum(terms.values())
         for k, v in terms.items():
             parts[k] += share * v / total if total else 0.0
-    parts |= {"cross": e["cross_route_bonus"], "neighbour": e["neighbour"], "time": e.get("time_boost", 0.0)}
+    parts |= {"cross": e["cross_route_bonus"], "neighbour": e["neighbour"],
+              "time": e.get("time_boost", 0.0)}
     boost = e["source_boost"]
     labels = dict(SCORE_PARTS)
     out = [{"part": k, "label": labels[k], "value": v * boost} for k, v in parts.items() if v > 0]
     total = sum(p["value"] for p in out)
-    if total and abs(total - score) > 1e-6 * max(1.0, score):  # rounding of `score`: keep the bar its length
+    # rounding of `score`: keep the bar its length
+    if total and abs(total - score) > 1e-6 * max(1.0, score):
         for p in out:
             p["value"] *= score / total
     return out
@@ -10975,21 +10994,27 @@ class PanelFilter:
 
     @classmethod
     def of(cls, params) -> "PanelFilter":
-        """The filters in query parameters `params` (a mapping); unknown values fall back to the default."""
-        page = params.get("page", "0")
+        """The filters in query parameters `params` (a mapping); unknown values fall back to the
+        default."""
+        page, archived = params.get("page", "0"), params.get("archived")
         return cls(persona=params.get("persona", ""), q=params.get("q", "").strip(),
-                   session=params.get("session", "").strip(), source=params.get("source", "").strip(),
-                   archived=params.get("archived") if params.get("archived") in ("all", "only") else "live",
-                   pinned=params.get("pinned") == "1", date_from=params.get("from", "")[:DATE_CHARS],
-                   date_to=params.get("to", "")[:DATE_CHARS], page=int(page) if page.isdigit() else 0)
+                   session=params.get("session", "").strip(),
+                   source=params.get("source", "").strip(),
+                   archived=archived if archived in ("all", "only") else "live",
+                   pinned=params.get("pinned") == "1",
+                   date_from=params.get("from", "")[:DATE_CHARS],
+                   date_to=params.get("to", "")[:DATE_CHARS],
+                   page=int(page) if page.isdigit() else 0)
 
     def keeps(self, row: dict) -> bool:
         """Whether memory `row` (of list_memories or recall) passes the filters recall and
         list_memories do not apply themselves (source, pinned, archived only, dates)."""
         day = row["created_at"][:DATE_CHARS]
-        return ((not self.source or fold(row["source"]) == fold(self.source)) and (row["pinned"] or not self.pinned)
+        return ((not self.source or fold(row["source"]) == fold(self.source))
+                and (row["pinned"] or not self.pinned)
                 and (row["archived"] or self.archived != "only")
-                and (not self.date_from or day >= self.date_from) and (not self.date_to or day <= self.date_to))
+                and (not self.date_from or day >= self.date_from)
+                and (not self.date_to or day <= self.date_to))
 
 
 #: A panel login (its cookie's Max-Age) lasts this long, restarts included.
@@ -11156,28 +11181,32 @@ class Panel:
         import secrets
 
         import jinja2
-        from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+        from mcp.server import transport_security
         self.memory, self.config_path = memory, config_path
         self.login_token = secrets.token_urlsafe(24)  # the start link's: once, until a restart
         self.links: dict[str, float] = {}  # sha256 of a minted login token -> its expiry
         self.state = PanelState(state)
         self.cookie = f"aokun_panel_{port}"
         self.origins = origins
-        self.security = TransportSecurityMiddleware(TransportSecuritySettings(
-            enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins))
+        self.security = transport_security.TransportSecurityMiddleware(
+            transport_security.TransportSecuritySettings(
+                enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins))
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(WEB_DIR), autoescape=True,
-                                      undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                                      undefined=jinja2.StrictUndefined, trim_blocks=True,
+                                      lstrip_blocks=True)
         self.env.filters["duration"] = duration_text
 
     def app(self):
-        """The Starlette app of the panel's pages (mount it anywhere: links follow the root path)."""
+        """The Starlette app of the panel's pages (mount it anywhere: links follow the root
+        path)."""
         from starlette.applications import Starlette
         from starlette.routing import Route
         get, post = ["GET"], ["POST"]
         routes = [Route("/", self._page(self.home), methods=get),
                   Route("/memories", self._page(self.memories), methods=get),
                   Route("/memories/{id:int}", self._page(self.memory_page), methods=get),
-                  Route("/memories/{id:int}/{action:str}", self._page(self.memory_action), methods=post),
+                  Route("/memories/{id:int}/{action:str}", self._page(self.memory_action),
+                        methods=post),
                   Route("/recall", self._page(self.recall_page), methods=get),
                   Route("/graph", self._page(self.graph_page), methods=get),
                   Route("/health", self._page(self.health_page), methods=get),
@@ -11190,12 +11219,12 @@ class Panel:
                   Route("/link", self.mint_link, methods=post)]
         return Starlette(routes=routes)
 
-    # the guard: Host, Origin, login token, session cookie, CSRF -----------------------------------
+    # the guard: Host, Origin, login token, session cookie, CSRF -------------------------------
 
     def _page(self, view):
-        """The endpoint for `view(request, form)` (form: the POST fields, {} for GET): the guard first,
-        then the view in a worker thread (Memory calls block). An AokunError becomes the page's error
-        (400, 404 for NotFound)."""
+        """The endpoint for `view(request, form)` (form: the POST fields, {} for GET): the guard
+        first, then the view in a worker thread (Memory calls block). An AokunError becomes the
+        page's error (400, 404 for NotFound)."""
         from starlette.concurrency import run_in_threadpool
 
         async def endpoint(request):
@@ -11207,29 +11236,33 @@ class Panel:
                 form = dict(await request.form())
                 csrf = self.csrf(request)
                 if not csrf or not _same(form.get("csrf", ""), csrf):
-                    return self._plain(403, "missing or wrong CSRF token: reload the page and try again")
+                    return self._plain(403, "missing or wrong CSRF token: "
+                                            "reload the page and try again")
             try:
                 return await run_in_threadpool(view, request, form)
             except AokunError as e:
-                return self.render(request, "error.html", {"message": str(e)}, 404 if isinstance(e, NotFound) else 400)
+                return self.render(request, "error.html", {"message": str(e)},
+                                   404 if isinstance(e, NotFound) else 400)
         return endpoint
 
     async def _refused(self, request):
-        """None when `request` may go on, else the response refusing it: 421/403 from the Host/Origin
-        check, 403 for a POST without an Origin, a redirect setting the session cookie for the right
-        login token, 401 for no session."""
+        """None when `request` may go on, else the response refusing it: 421/403 from the
+        Host/Origin check, 403 for a POST without an Origin, a redirect setting the session cookie
+        for the right login token, 401 for no session."""
         from starlette.responses import RedirectResponse
         bad = await self.security.validate_request(request, is_post=False)
         if bad is not None:
             return bad
         if request.method == "POST" and request.headers.get("origin") not in self.origins:
-            return self._plain(403, "a change must come from a page of this panel (Origin header missing or foreign)")
+            return self._plain(403, "a change must come from a page of this panel "
+                                    "(Origin header missing or foreign)")
         if self.csrf(request):
             return None
         if request.method == "GET" and self._spend(request.query_params.get("token", "")):
             session = self.state.new_session()
             params = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            url = request.url.path + ("?" + "&".join(f"{k}={_q(v)}" for k, v in params) if params else "")
+            query = "&".join(f"{k}={_q(v)}" for k, v in params)
+            url = request.url.path + ("?" + query if params else "")
             response = RedirectResponse(url, status_code=303)
             response.set_cookie(self.cookie, session, max_age=PANEL_SESSION_SECONDS, httponly=True,
                                 samesite="strict", path=request.scope.get("root_path") or "/")
@@ -11239,8 +11272,8 @@ class Panel:
                                 "panel")
 
     def _spend(self, token: str) -> bool:
-        """Whether `token` is an unused login token (the start link's or a minted one not expired);
-        it is used up either way."""
+        """Whether `token` is an unused login token (the start link's or a minted one not
+        expired); it is used up either way."""
         if not token:
             return False
         if self.login_token and _same(token, self.login_token):
@@ -11251,8 +11284,8 @@ class Panel:
         return self.links.pop(_sha256(token), 0.0) > now
 
     def csrf(self, request) -> str:
-        """The CSRF token of `request`'s session ('' when its cookie is no live session): an HMAC of
-        the session token, so nothing but the session's hash needs keeping."""
+        """The CSRF token of `request`'s session ('' when its cookie is no live session): an HMAC
+        of the session token, so nothing but the session's hash needs keeping."""
         import hmac
         session = request.cookies.get(self.cookie, "")
         if not self.state.live(session):
@@ -11283,10 +11316,12 @@ class Panel:
 
     @staticmethod
     def _headers() -> dict:
-        return {"Content-Security-Policy": "default-src 'none'; style-src 'self'; script-src 'self'; img-src 'self'; "
-                                           "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-                "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin", "Cache-Control": "no-store",
-                "X-Content-Type-Options": "nosniff"}
+        return {"Content-Security-Policy": "default-src 'none'; style-src 'self'; "
+                                           "script-src 'self'; img-src 'self'; "
+                                           "form-action 'self'; frame-ancestors 'none'; "
+                                           "base-uri 'none'",
+                "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
+                "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
     def render(self, request, template: str, context: dict, status: int = 200):
         """`template` (in web/) with `context`, plus what every page uses: base (the root path),
@@ -11297,22 +11332,25 @@ class Panel:
 
         def url(path: str, **params) -> str:
             params = {"persona": persona} | params
-            query = "&".join(f"{k}={_q(str(v))}" for k, v in params.items() if v not in (None, "", False))
+            query = "&".join(f"{k}={_q(str(v))}" for k, v in params.items()
+                             if v not in (None, "", False))
             return base + path + ("?" + query if query else "")
 
-        page = dict(base=base, persona=persona, url=url, path=request.url.path.removeprefix(base) or "/",
-                    csrf=self.csrf(request),
-                    msg=request.query_params.get("msg", ""), error=request.query_params.get("error", ""),
-                    version=__version__)
+        page = dict(base=base, persona=persona, url=url,
+                    path=request.url.path.removeprefix(base) or "/", csrf=self.csrf(request),
+                    msg=request.query_params.get("msg", ""),
+                    error=request.query_params.get("error", ""), version=__version__)
         html = self.env.get_template(template).render(page | context)
         return HTMLResponse(html, status_code=status, headers=self._headers())
 
     def back(self, request, path: str, persona: str, **params):
-        """A 303 redirect to `path` of the panel (after a POST), with `persona` and `params` in its query."""
+        """A 303 redirect to `path` of the panel (after a POST), with `persona` and `params` in its
+        query."""
         from starlette.responses import RedirectResponse
         params = {"persona": persona} | params
         query = "&".join(f"{k}={_q(str(v))}" for k, v in params.items() if v not in (None, ""))
-        return RedirectResponse(request.scope.get("root_path", "") + path + ("?" + query if query else ""), 303)
+        root = request.scope.get("root_path", "")
+        return RedirectResponse(root + path + ("?" + query if query else ""), 303)
 
     async def static(self, request):
         """web/panel.css, web/panel.js or web/favicon.svg (nothing else)."""
@@ -11323,9 +11361,10 @@ class Panel:
         name = request.path_params["name"]
         if name not in ("panel.css", "panel.js", "favicon.svg"):
             return self._plain(404, "no such file")
-        return FileResponse(WEB_DIR / name, headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+        return FileResponse(WEB_DIR / name, headers={"Cache-Control": "no-cache",
+                                                     "X-Content-Type-Options": "nosniff"})
 
-    # pages -----------------------------------------------------------------------------------------
+    # pages -------------------------------------------------------------------------------------
 
     def home(self, request, form):
         from starlette.responses import RedirectResponse
@@ -11338,41 +11377,48 @@ class Panel:
         f = PanelFilter.of(request.query_params)
         mem = self.memory()
         if f.q:
-            out = mem.recall(f.q, min(mem.cfg.recall.max_k, PANEL_PAGE_SIZE), f.persona, f.session or None,
-                             f.archived != "live")
-            rows, more, warnings = [dict(h, content=h["text"]) for h in out["results"] if f.keeps(h)], False, \
-                out["warnings"]
+            out = mem.recall(f.q, min(mem.cfg.recall.max_k, PANEL_PAGE_SIZE), f.persona,
+                             f.session or None, f.archived != "live")
+            rows = [dict(h, content=h["text"]) for h in out["results"] if f.keeps(h)]
+            more, warnings = False, out["warnings"]
         else:
             rows, more, warnings = self._browse(mem, f), False, []
             more = len(rows) > PANEL_PAGE_SIZE
             rows = rows[:PANEL_PAGE_SIZE]
-        return self.render(request, "memories.html", {"f": f, "rows": rows, "more": more, "warnings": warnings})
+        return self.render(request, "memories.html",
+                           {"f": f, "rows": rows, "more": more, "warnings": warnings})
 
     @staticmethod
     def _browse(mem, f: PanelFilter) -> list[dict]:
-        """The rows of page f.page (and one more, to tell whether there is a next page): list_memories
-        in batches, newest first, through the filters; stops at the first memory older than f.date_from."""
+        """The rows of page f.page (and one more, to tell whether there is a next page):
+        list_memories in batches, newest first, through the filters; stops at the first memory
+        older than f.date_from."""
         want, kept, offset = (f.page + 1) * PANEL_PAGE_SIZE + 1, [], 0
         while len(kept) < want:
-            batch = mem.list_memories(LIST_LIMIT_MAX, offset, f.persona, f.session or None, f.archived != "live")
+            batch = mem.list_memories(LIST_LIMIT_MAX, offset, f.persona, f.session or None,
+                                      f.archived != "live")
             kept += [r for r in batch if f.keeps(r)]
-            if len(batch) < LIST_LIMIT_MAX or (f.date_from and batch[-1]["created_at"][:DATE_CHARS] < f.date_from):
+            if len(batch) < LIST_LIMIT_MAX or (
+                    f.date_from and batch[-1]["created_at"][:DATE_CHARS] < f.date_from):
                 break
             offset += LIST_LIMIT_MAX
         return kept[f.page * PANEL_PAGE_SIZE:want]
 
     def memory_page(self, request, form):
-        """One memory (get): text, metadata, atoms with their state and time left, graph entries, what it
-        was merged into, its history (edits, consolidation), and the forms that change it."""
+        """One memory (get): text, metadata, atoms with their state and time left, graph entries,
+        what it was merged into, its history (edits, consolidation), and the forms that change
+        it."""
         persona = request.query_params.get("persona", "")
         d = self.memory().get(request.path_params["id"], persona)
         for a in d["atoms"]:
             a["time_left"] = _time_left(a["expires_at"])
-        return self.render(request, "memory.html", {"m": d, "history": self.memory().history(d["id"], persona)})
+        return self.render(request, "memory.html",
+                           {"m": d, "history": self.memory().history(d["id"], persona)})
 
     def memory_action(self, request, form):
-        """A change to one memory, each the MCP tool's Memory call: edit, delete, pin, unpin, archive,
-        restore, importance. Redirects to the memory (to the list after delete) with what happened."""
+        """A change to one memory, each the MCP tool's Memory call: edit, delete, pin, unpin,
+        archive, restore, importance. Redirects to the memory (to the list after delete) with what
+        happened."""
         mem, i, persona = self.memory(), request.path_params["id"], form.get("persona", "")
         action = request.path_params["action"]
         if action == "edit":
@@ -11385,17 +11431,21 @@ class Panel:
             mem.delete(i, persona)
             return self.back(request, "/memories", persona, msg=f"memory {i} deleted")
         elif action in ("pin", "unpin", "archive"):
-            mem.set_flag(i, "archived" if action == "archive" else "pinned", action != "unpin", persona)
-            msg = f"{action}ned" if action != "archive" else "archived: left out of recall unless asked for"
+            mem.set_flag(i, "archived" if action == "archive" else "pinned", action != "unpin",
+                         persona)
+            msg = (f"{action}ned" if action != "archive"
+                   else "archived: left out of recall unless asked for")
         elif action == "restore":
             out = mem.restore_memory(i, persona)
-            msg = "restored" + (f", with {len(out['restored'])} merged memories" if out["restored"] else "")
+            merged = f", with {len(out['restored'])} merged memories" if out["restored"] else ""
+            msg = "restored" + merged
         elif action == "importance":
             raw = form.get("importance", "")
             try:
                 value = float(raw)
             except ValueError:
-                raise InputError("importance", f"expected a number from 0 to 1, got {raw!r}") from None
+                raise InputError("importance",
+                                 f"expected a number from 0 to 1, got {raw!r}") from None
             out = mem.set_importance(i, value, persona)
             msg = f"importance {out['old']:.2f} → {out['new']:.2f}"
         else:
@@ -11403,22 +11453,22 @@ class Panel:
         return self.back(request, f"/memories/{i}", persona, msg=msg)
 
     def recall_page(self, request, form):
-        """Recall explained: recall(explain=True) and, per hit, its rank and score in every channel and
-        its score drawn as a stacked bar (score_bar)."""
+        """Recall explained: recall(explain=True) and, per hit, its rank and score in every channel
+        and its score drawn as a stacked bar (score_bar)."""
         p, mem = request.query_params, self.memory()
         q, k = p.get("q", "").strip(), p.get("k", str(PANEL_RECALL_K))
-        args = {"q": q, "k": k, "session": p.get("session", ""), "archived": p.get("archived") == "1",
-                "as_of": p.get("as_of", "")}
+        args = {"q": q, "k": k, "session": p.get("session", ""),
+                "archived": p.get("archived") == "1", "as_of": p.get("as_of", "")}
         out = None
         if q:
             if not k.isdigit():
                 raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
-            out = mem.recall(q, int(k), p.get("persona", ""), args["session"] or None, args["archived"], True,
-                             None, args["as_of"] or None)
+            out = mem.recall(q, int(k), p.get("persona", ""), args["session"] or None,
+                             args["archived"], True, None, args["as_of"] or None)
             top = max((h["score"] for h in out["results"]), default=0) or 1.0
             for h in out["results"]:
-                h["bar"] = [dict(s, width=100 * s["value"] / top) for s in score_bar(h["explain"], h["score"],
-                                                                                      mem.cfg.recall)]
+                bar = score_bar(h["explain"], h["score"], mem.cfg.recall)
+                h["bar"] = [dict(s, width=100 * s["value"] / top) for s in bar]
         return self.render(request, "recall.html", {"args": args, "out": out, "parts": SCORE_PARTS,
                                                     "channels": Recall.CHANNELS})
 
@@ -11426,35 +11476,41 @@ class Panel:
         """An entity's facts: kg_timeline (every fact, drawn on a time line) and kg_query at `as_of`
         (the slider), with kg_stats."""
         p, mem = request.query_params, self.memory()
-        persona, entity, as_of = p.get("persona", ""), p.get("entity", "").strip(), p.get("as_of", "").strip()
+        persona = p.get("persona", "")
+        entity, as_of = p.get("entity", "").strip(), p.get("as_of", "").strip()
         timeline, current, span = None, None, None
         if entity:
             timeline = mem.kg_timeline(entity, persona)
             current = mem.kg_query(entity, as_of or None, None, persona)
             held = {f["id"] for f in current["facts"]}
             start = min((_parse_iso(f["valid_from"]) for f in timeline["facts"]), default=now())
-            end = max([now()] + [_parse_iso(f["valid_to"]) for f in timeline["facts"] if f["valid_to"]])
+            end = max([now()] + [_parse_iso(f["valid_to"]) for f in timeline["facts"]
+                                 if f["valid_to"]])
             days = max(1.0, (end - start).total_seconds() / 86400)
             for f in timeline["facts"]:
                 f["holds"] = f["id"] in held
                 a = (_parse_iso(f["valid_from"]) - start).total_seconds() / 86400
-                b = ((_parse_iso(f["valid_to"]) if f["valid_to"] else end) - start).total_seconds() / 86400
+                to = _parse_iso(f["valid_to"]) if f["valid_to"] else end
+                b = (to - start).total_seconds() / 86400
                 f["x"], f["w"] = 100 * a / days, max(0.6, 100 * (b - a) / days)
             at = (_parse_iso(current["as_of"]) - start).total_seconds() / 86400
-            span = {"start": start.date().isoformat(), "end": end.date().isoformat(), "days": round(days),
-                    "at": round(at), "x": min(100.0, max(0.0, 100 * at / days))}
-        return self.render(request, "graph.html", {"entity": entity, "as_of": as_of, "timeline": timeline,
-                                                   "current": current, "span": span,
-                                                   "stats": mem.kg_stats(persona)})
+            span = {"start": start.date().isoformat(), "end": end.date().isoformat(),
+                    "days": round(days), "at": round(at),
+                    "x": min(100.0, max(0.0, 100 * at / days))}
+        return self.render(request, "graph.html", {"entity": entity, "as_of": as_of,
+                                                   "timeline": timeline, "current": current,
+                                                   "span": span, "stats": mem.kg_stats(persona)})
 
     def health_page(self, request, form):
         """doctor() and stats(), and the maintenance commands (each opens its dry run)."""
         mem = self.memory()
         return self.render(request, "health.html", {"problems": mem.doctor(), "s": mem.stats(),
-                                                    "recovery": mem.last_recovery, "commands": MAINTENANCE})
+                                                    "recovery": mem.last_recovery,
+                                                    "commands": MAINTENANCE})
 
     def _maintenance(self, command: str, persona: str, dry_run: bool) -> dict:
-        """Run maintenance `command` (dry run: what it would do, nothing changed) through its Memory call."""
+        """Run maintenance `command` (dry run: what it would do, nothing changed) through its
+        Memory call."""
         mem = self.memory()
         if command == "decay":
             return mem.decay(dry_run=dry_run)
@@ -11464,7 +11520,9 @@ class Panel:
             return mem.consolidate(dry_run=dry_run, persona_id=persona)
         if command == "backup":
             dest = mem.manual_backup_path()
-            return {"backup": str(dest), "bytes": mem.stats()["size_bytes"]} if dry_run else mem.online_backup(dest)
+            if dry_run:
+                return {"backup": str(dest), "bytes": mem.stats()["size_bytes"]}
+            return mem.online_backup(dest)
         if command == "vacuum":
             return {"before_bytes": mem.stats()["size_bytes"]} if dry_run else mem.vacuum()
         raise NotFound(f"no maintenance command {command!r}; known: {', '.join(MAINTENANCE)}")
@@ -11473,33 +11531,39 @@ class Panel:
         """The dry run of one maintenance command, and the form that runs it for real."""
         command, persona = request.path_params["command"], request.query_params.get("persona", "")
         out = self._maintenance(command, persona, dry_run=True)
-        return self.render(request, "maintenance.html", {"command": command, "what": MAINTENANCE[command],
-                                                         "out": out, "done": False})
+        return self.render(request, "maintenance.html",
+                           {"command": command, "what": MAINTENANCE[command], "out": out,
+                            "done": False})
 
     def maintenance_run(self, request, form):
         """Run one maintenance command (the confirm button of its dry run) and show what it did."""
         command, persona = request.path_params["command"], form.get("persona", "")
         out = self._maintenance(command, persona, dry_run=False)
-        return self.render(request, "maintenance.html", {"command": command, "what": MAINTENANCE[command],
-                                                         "out": out, "done": True})
+        return self.render(request, "maintenance.html",
+                           {"command": command, "what": MAINTENANCE[command], "out": out,
+                            "done": True})
 
-    def settings_page(self, request, form, values: dict | None = None, error: str = "", status: int = 200):
-        """Every setting (settings_form) as the file the server reads has it, grouped and explained;
-        `values` (the fields of a refused save) are shown instead, with `error`."""
+    def settings_page(self, request, form, values: dict | None = None, error: str = "",
+                      status: int = 200):
+        """Every setting (settings_form) as the file the server reads has it, grouped and
+        explained; `values` (the fields of a refused save) are shown instead, with `error`."""
         cfg = Config(self.config_path) if self.config_path.exists() else Config(None)
         sections = settings_form(cfg)
-        named = re.search(r"\[(\w+)\] (\w+)(?: = |: )", error)  # the setting the loader's message names
+        # the setting the loader's message names
+        named = re.search(r"\[(\w+)\] (\w+)(?: = |: )", error)
         for sec in sections:
             for g in sec["groups"]:
                 for s in g["settings"]:
                     s["shown"] = (values or {}).get(f"{sec['name']}.{s['key']}", s["value"])
                     s["refused"] = bool(named) and named.groups() == (sec["name"], s["key"])
-        return self.render(request, "settings.html", {"sections": sections, "file": str(self.config_path),
-                                                      "exists": self.config_path.exists(), "refused": error}, status)
+        return self.render(request, "settings.html",
+                           {"sections": sections, "file": str(self.config_path),
+                            "exists": self.config_path.exists(), "refused": error}, status)
 
     def settings_save(self, request, form):
-        """Save the changed settings (fields `section.key`) to the config file with save_settings; a
-        refused value shows the page again with the loader's message and the values typed (400)."""
+        """Save the changed settings (fields `section.key`) to the config file with save_settings;
+        a refused value shows the page again with the loader's message and the values typed
+        (400)."""
         cfg = Config(self.config_path) if self.config_path.exists() else Config(None)
         changes = {}
         for name, value in form.items():
@@ -11518,31 +11582,36 @@ class Panel:
             return self.settings_page(request, form, values=form, error=str(e), status=400)
         names = ", ".join(f"[{s}] {k}" for s, k in changes)
         return self.back(request, "/settings", form.get("persona", ""),
-                         msg=f"saved {names} to {self.config_path.name}; restart the MCP clients' servers "
-                             "(and this panel) to use it")
+                         msg=f"saved {names} to {self.config_path.name}; "
+                             "restart the MCP clients' servers (and this panel) to use it")
 
     def conversations_page(self, request, form):
         """Ingested conversations: conversation_stats by source, the sessions newest first
         (list_sessions, filtered by source, CONVERSATION_PANEL_PAGE a page), one session's turns in
-        order (conversation_get_session, paged) or the turns matching a query (conversation_search)."""
+        order (conversation_get_session, paged) or the turns matching a query
+        (conversation_search)."""
         p, mem = request.query_params, self.memory()
         persona, source = p.get("persona", ""), p.get("source", "").strip()
         session, query = p.get("session", "").strip(), p.get("q", "").strip()
         offset = int(p["offset"]) if p.get("offset", "").isdigit() else 0
-        ctx = {"stats": mem.conversation_stats(persona), "source": source, "session": session, "q": query,
-               "offset": offset, "turns": None, "hits": None, "sessions": None}
+        ctx = {"stats": mem.conversation_stats(persona), "source": source, "session": session,
+               "q": query, "offset": offset, "turns": None, "hits": None, "sessions": None}
         if session:
-            ctx["turns"] = mem.conversation_get_session(session, min(offset, MAX_ID), CONVERSATION_PANEL_PAGE,
-                                                        persona, source or None)
+            ctx["turns"] = mem.conversation_get_session(session, min(offset, MAX_ID),
+                                                        CONVERSATION_PANEL_PAGE, persona,
+                                                        source or None)
         elif query:
-            ctx["hits"] = mem.conversation_search(query, 20, source or None, None, None, None, persona)
+            ctx["hits"] = mem.conversation_search(query, 20, source or None, None, None, None,
+                                                  persona)
         else:
             rows = mem.list_sessions(CONVERSATION_PANEL_PAGE + 1, offset, source or None, persona)
-            ctx["sessions"], ctx["more"] = rows[:CONVERSATION_PANEL_PAGE], len(rows) > CONVERSATION_PANEL_PAGE
+            ctx["sessions"] = rows[:CONVERSATION_PANEL_PAGE]
+            ctx["more"] = len(rows) > CONVERSATION_PANEL_PAGE
         return self.render(request, "conversations.html", ctx)
 
 
-CONVERSATION_PANEL_PAGE = 50  #: sessions, or a session's turns, per page of the panel's Conversations
+#: sessions, or a session's turns, per page of the panel's Conversations
+CONVERSATION_PANEL_PAGE = 50
 
 
 def _same(a: str, b: str) -> bool:
@@ -11571,17 +11640,20 @@ def panel_app(memory, cfg: Config, config_path: Path, host: str, port: int,
 
 SERVICE_NAME = "aokun"  #: the systemd unit aokun.service, the Task Scheduler task Aokun
 LAUNCHD_LABEL = "io.aokun.server"  #: the launchd agent's label and plist name
-WATCHDOG_SECONDS = 60  #: systemd WatchdogSec: no WATCHDOG=1 for this long and the server is restarted
+#: systemd WatchdogSec: no WATCHDOG=1 for this long and the server is restarted
+WATCHDOG_SECONDS = 60
 RESTART_SECONDS = 5  #: how long a supervisor waits before starting a failed server again
-SERVER_STARTED = time.monotonic()  #: uptime in /health counts from here (monotonic: sleep and clock jumps aside)
+#: uptime in /health counts from here (monotonic: sleep and clock jumps aside)
+SERVER_STARTED = time.monotonic()
 
 
 def sd_notify(message: str, address: str | None = None) -> bool:
     """Send `message` (e.g. "READY=1", "WATCHDOG=1") to systemd over the unix datagram socket in
-    $NOTIFY_SOCKET (or `address`; a leading @ is Linux's abstract namespace). Returns False, sending
-    nothing, when there is no socket (not started by systemd) or the send fails. Never blocks: the
-    watchdog pings from the event loop, and a supervisor that stops reading (its socket's queue
-    full: a blocking send would wait) must not freeze the server; that ping is dropped (False)."""
+    $NOTIFY_SOCKET (or `address`; a leading @ is Linux's abstract namespace). Returns False,
+    sending nothing, when there is no socket (not started by systemd) or the send fails. Never
+    blocks: the watchdog pings from the event loop, and a supervisor that stops reading (its
+    socket's queue full: a blocking send would wait) must not freeze the server; that ping is
+    dropped (False)."""
     address = address or os.environ.get("NOTIFY_SOCKET")
     if not address or not hasattr(socket, "AF_UNIX"):
         return False
@@ -11592,7 +11664,8 @@ def sd_notify(message: str, address: str | None = None) -> bool:
             s.sendto(message.encode("utf-8"), target)
         return True
     except BlockingIOError:
-        log.debug("sd_notify %s to %s dropped: the supervisor is not reading its socket", message, address)
+        log.debug("sd_notify %s to %s dropped: the supervisor is not reading its socket",
+                  message, address)
         return False
     except OSError as e:
         log.warning("sd_notify %s to %s failed: %s", message, address, e)
@@ -11600,8 +11673,9 @@ def sd_notify(message: str, address: str | None = None) -> bool:
 
 
 def watchdog_interval(environ=None) -> float | None:
-    """Seconds between WATCHDOG=1 pings: half of $WATCHDOG_USEC (what systemd sets from WatchdogSec),
-    or None when no watchdog is asked for (or it is meant for another process: $WATCHDOG_PID)."""
+    """Seconds between WATCHDOG=1 pings: half of $WATCHDOG_USEC (what systemd sets from
+    WatchdogSec), or None when no watchdog is asked for (or it is meant for another process:
+    $WATCHDOG_PID)."""
     env = os.environ if environ is None else environ
     usec, pid = env.get("WATCHDOG_USEC"), env.get("WATCHDOG_PID")
     if not usec or (pid and pid != str(os.getpid())):
@@ -11614,8 +11688,9 @@ def watchdog_interval(environ=None) -> float | None:
 
 async def notify_supervisor(started, interval: float | None, address: str | None = None) -> None:
     """An asyncio task of the server's event loop: once `started()` is true, send READY=1, then
-    WATCHDOG=1 every `interval` seconds (None: READY only). Being on the loop that serves requests, a
-    blocked loop stops the pings and systemd's watchdog restarts the server. Runs until cancelled."""
+    WATCHDOG=1 every `interval` seconds (None: READY only). Being on the loop that serves
+    requests, a blocked loop stops the pings and systemd's watchdog restarts the server. Runs until
+    cancelled."""
     import asyncio
     while not started():
         await asyncio.sleep(0.05)
@@ -11641,8 +11716,8 @@ def health(mem: "Memory") -> dict:
             return next(iter(mem.reader_rows(sql, ())[0].values()))
         schema, pending = one("pragma user_version"), one(mem.queries["pending_vectors"])
         meta = {r["key"]: r["value"] for r in mem.reader_rows(
-            "select key, value from meta where key in ('decay_last_run', 'lifecycle_last_run', 'backup_last', "
-            "'sync_last')", ())}
+            "select key, value from meta where key in ('decay_last_run', 'lifecycle_last_run', "
+            "'backup_last', 'sync_last')", ())}
         db_ok = True
     except (apsw.Error, AokunError) as e:
         schema, pending, db_ok = None, None, False
@@ -11650,18 +11725,20 @@ def health(mem: "Memory") -> dict:
     e = mem.embedder
     return {"ok": db_ok and (mem.vector_problem is None or e.provider == "none"),
             "database": {"path": str(mem.path), "ok": db_ok, "schema_version": schema},
-            "embedder": {"provider": e.provider, "model": e.model, "loaded": e.loaded, "problem": mem.vector_problem},
+            "embedder": {"provider": e.provider, "model": e.model, "loaded": e.loaded,
+                         "problem": mem.vector_problem},
             "pending_vectors": pending, "keyword_ranking": mem.ranking,
             "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
                                  **{k: meta.get(f"{k}_last_run") for k in ("decay", "lifecycle")},
                                  "backup": meta.get("backup_last"), "sync": meta.get("sync_last")},
-            "watch": mem.watch_state, "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1),
+            "watch": mem.watch_state,
+            "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1),
             "version": __version__}
 
 
 def _add_health_route(server, memory) -> None:
-    """GET /health on `server`'s HTTP app: health(memory()) as JSON (503 when not ok or not open yet),
-    read in a worker thread so the event loop never waits for the database."""
+    """GET /health on `server`'s HTTP app: health(memory()) as JSON (503 when not ok or not open
+    yet), read in a worker thread so the event loop never waits for the database."""
     from anyio import to_thread
     from starlette.responses import JSONResponse
 
@@ -11678,13 +11755,16 @@ def _add_health_route(server, memory) -> None:
 def _systemd_quote(arg: str) -> str:
     """One ExecStart argument quoted for systemd: in double quotes, with \\ and " escaped, % as %%
     (specifiers) and $ as $$ (variables)."""
-    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$") + '"'
+    quoted = arg.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + quoted.replace("%", "%%").replace("$", "$$") + '"'
 
 
 def service_command(db: Path, config: Path | None, port: int) -> list[str]:
-    """The command line a supervisor runs: this Python, aokun.py, --db, --config, serve --http --port."""
+    """The command line a supervisor runs: this Python, aokun.py, --db, --config, serve --http
+    --port."""
     cmd = [sys.executable, str(HERE / "aokun.py"), "--db", str(db)]
-    return cmd + (["--config", str(config)] if config else []) + ["serve", "--http", "--port", str(port)]
+    cmd += ["--config", str(config)] if config else []
+    return cmd + ["serve", "--http", "--port", str(port)]
 
 
 def systemd_unit(cmd: list[str]) -> str:
@@ -11692,7 +11772,8 @@ def systemd_unit(cmd: list[str]) -> str:
     WATCHDOG=1 stops), Restart=on-failure."""
     return "\n".join([
         "[Unit]", "Description=Aokun memory server (MCP over HTTP)", "After=network.target", "",
-        "[Service]", "Type=notify", "NotifyAccess=main", "ExecStart=" + " ".join(map(_systemd_quote, cmd)),
+        "[Service]", "Type=notify", "NotifyAccess=main",
+        "ExecStart=" + " ".join(map(_systemd_quote, cmd)),
         "Restart=on-failure", f"RestartSec={RESTART_SECONDS}", f"WatchdogSec={WATCHDOG_SECONDS}",
         "TimeoutStartSec=120", "Environment=PYTHONUNBUFFERED=1", "",
         "[Install]", "WantedBy=default.target", ""])
@@ -11704,13 +11785,14 @@ def launchd_plist(cmd: list[str], log_dir: Path) -> bytes:
     import plistlib
     return plistlib.dumps({
         "Label": LAUNCHD_LABEL, "ProgramArguments": cmd, "RunAtLoad": True,
-        "KeepAlive": {"SuccessfulExit": False}, "ThrottleInterval": RESTART_SECONDS, "ProcessType": "Background",
-        "StandardOutPath": str(log_dir / "aokun-server.log"), "StandardErrorPath": str(log_dir / "aokun-server.log")})
+        "KeepAlive": {"SuccessfulExit": False}, "ThrottleInterval": RESTART_SECONDS,
+        "ProcessType": "Background", "StandardOutPath": str(log_dir / "aokun-server.log"),
+        "StandardErrorPath": str(log_dir / "aokun-server.log")})
 
 
 def windows_task_xml(cmd: list[str]) -> str:
-    """The Task Scheduler task: started at logon and on resume from sleep (Power-Troubleshooter event 1),
-    restarted on failure every minute, never stopped for running long or on battery."""
+    """The Task Scheduler task: started at logon and on resume from sleep (Power-Troubleshooter
+    event 1), restarted on failure every minute, never stopped for running long or on battery."""
     import xml.etree.ElementTree as ET
     ns = "http://schemas.microsoft.com/windows/2004/02/mit/task"
     task = ET.Element("Task", version="1.2", xmlns=ns)
@@ -11722,9 +11804,11 @@ def windows_task_xml(cmd: list[str]) -> str:
     ET.SubElement(wake, "Enabled").text = "true"
     ET.SubElement(wake, "Subscription").text = (
         '<QueryList><Query Id="0" Path="System"><Select Path="System">*[System[Provider['
-        "@Name='Microsoft-Windows-Power-Troubleshooter'] and EventID=1]]</Select></Query></QueryList>")
+        "@Name='Microsoft-Windows-Power-Troubleshooter'] and EventID=1]]</Select></Query>"
+        "</QueryList>")
     settings = ET.SubElement(task, "Settings")
-    for tag, value in (("MultipleInstancesPolicy", "IgnoreNew"), ("DisallowStartIfOnBatteries", "false"),
+    for tag, value in (("MultipleInstancesPolicy", "IgnoreNew"),
+                       ("DisallowStartIfOnBatteries", "false"),
                        ("StopIfGoingOnBatteries", "false"), ("ExecutionTimeLimit", "PT0S"),
                        ("StartWhenAvailable", "true")):
         ET.SubElement(settings, tag).text = value
@@ -11738,20 +11822,26 @@ def windows_task_xml(cmd: list[str]) -> str:
     return '<?xml version="1.0" encoding="UTF-16"?>\n' + ET.tostring(task, encoding="unicode")
 
 
-def service_plan(platform: str, action: str, cmd: list[str], data_dir: Path) -> tuple[list, list[list[str]]]:
-    """What `service ACTION` does on `platform` (linux, macos, windows): ([(path, content)] to write
-    (install) or remove (uninstall), [commands to run]). Raises InputError for another platform."""
+def service_plan(platform: str, action: str, cmd: list[str],
+                 data_dir: Path) -> tuple[list, list[list[str]]]:
+    """What `service ACTION` does on `platform` (linux, macos, windows): ([(path, content)] to
+    write (install) or remove (uninstall), [commands to run]). Raises InputError for another
+    platform."""
+    writes = action in ("install", "uninstall")
     if platform == "linux":
         unit = Path.home() / ".config" / "systemd" / "user" / f"{SERVICE_NAME}.service"
         ctl = ["systemctl", "--user"]
-        return ([(unit, systemd_unit(cmd))] if action in ("install", "uninstall") else [], {
-            "install": [ctl + ["daemon-reload"], ctl + ["enable", "--now", f"{SERVICE_NAME}.service"]],
-            "uninstall": [ctl + ["disable", "--now", f"{SERVICE_NAME}.service"], ctl + ["daemon-reload"]],
+        return ([(unit, systemd_unit(cmd))] if writes else [], {
+            "install": [ctl + ["daemon-reload"],
+                        ctl + ["enable", "--now", f"{SERVICE_NAME}.service"]],
+            "uninstall": [ctl + ["disable", "--now", f"{SERVICE_NAME}.service"],
+                          ctl + ["daemon-reload"]],
             "start": [ctl + ["start", SERVICE_NAME]], "stop": [ctl + ["stop", SERVICE_NAME]],
             "status": [ctl + ["is-active", SERVICE_NAME]]}[action])
     if platform == "macos":
-        plist, domain = Path.home() / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist", f"gui/{os.getuid()}"
-        return ([(plist, launchd_plist(cmd, data_dir))] if action in ("install", "uninstall") else [], {
+        plist = Path.home() / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist"
+        domain = f"gui/{os.getuid()}"
+        return ([(plist, launchd_plist(cmd, data_dir))] if writes else [], {
             "install": [["launchctl", "bootstrap", domain, str(plist)]],
             "uninstall": [["launchctl", "bootout", f"{domain}/{LAUNCHD_LABEL}"]],
             "start": [["launchctl", "kickstart", f"{domain}/{LAUNCHD_LABEL}"]],
@@ -11760,11 +11850,13 @@ def service_plan(platform: str, action: str, cmd: list[str], data_dir: Path) -> 
     if platform == "windows":
         xml = data_dir / "aokun-task.xml"
         name = SERVICE_NAME.capitalize()
-        return ([(xml, windows_task_xml(cmd))] if action in ("install", "uninstall") else [], {
+        return ([(xml, windows_task_xml(cmd))] if writes else [], {
             "install": [["schtasks", "/Create", "/TN", name, "/XML", str(xml), "/F"],
                         ["schtasks", "/Run", "/TN", name]],
-            "uninstall": [["schtasks", "/End", "/TN", name], ["schtasks", "/Delete", "/TN", name, "/F"]],
-            "start": [["schtasks", "/Run", "/TN", name]], "stop": [["schtasks", "/End", "/TN", name]],
+            "uninstall": [["schtasks", "/End", "/TN", name],
+                          ["schtasks", "/Delete", "/TN", name, "/F"]],
+            "start": [["schtasks", "/Run", "/TN", name]],
+            "stop": [["schtasks", "/End", "/TN", name]],
             "status": [["schtasks", "/Query", "/TN", name]]}[action])
     raise InputError("--platform", f"expected linux, macos or windows, got {platform!r}")
 
@@ -11786,8 +11878,9 @@ HIT_PREVIEW_CHARS = 200  #: text shown per hit by `recall` and `atoms`
 
 
 def _user_error(exc: BaseException) -> AokunError | None:
-    """The AokunError behind `exc`: `exc` itself, or the first one in an exception group made only of
-    AokunErrors (how the MCP server's task groups report a failure in its lifespan); else None."""
+    """The AokunError behind `exc`: `exc` itself, or the first one in an exception group made only
+    of AokunErrors (how the MCP server's task groups report a failure in its lifespan); else
+    None."""
     if isinstance(exc, AokunError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
@@ -11826,8 +11919,8 @@ class AokunGroup(click.Group):
 
 
 class _State:
-    """What the commands share (`ctx.obj`): the --db/--config arguments and the Memory, opened on first
-    use and closed when the CLI exits."""
+    """What the commands share (`ctx.obj`): the --db/--config arguments and the Memory, opened on
+    first use and closed when the CLI exits."""
 
     def __init__(self, db: str | None, config: str | None):
         self.db_arg, self.config_arg, self._mem = db, config, None
@@ -11845,8 +11938,8 @@ class _State:
         return self._mem
 
     def close(self) -> None:
-        """Close the Memory if one was opened. click calls this when it leaves the root context, after
-        AokunGroup.invoke has returned, so it converts AokunError itself."""
+        """Close the Memory if one was opened. click calls this when it leaves the root context,
+        after AokunGroup.invoke has returned, so it converts AokunError itself."""
         if self._mem is not None:
             with _one_line_errors():
                 self._mem.close()
@@ -11922,27 +12015,30 @@ def _echo_json(obj) -> None:
     click.echo(json.dumps(obj, ensure_ascii=False, indent=2, default=str))
 
 
-def _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag=(), pinned=None):
-    """The metadata dict for Memory.memorize/edit from the option values, without the options not given."""
+def _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp,
+              tag=(), pinned=None):
+    """The metadata dict for Memory.memorize/edit from the option values, without the options not
+    given."""
     meta = {"summary": summary, "topics": list(topic) or None, "key_facts": list(fact) or None,
-            "participants": list(participant) or None, "importance": importance, "session_id": session,
-            "persona_id": persona, "source": source, "timestamp": timestamp, "tags": list(tag) or None,
-            "pinned": pinned}
+            "participants": list(participant) or None, "importance": importance,
+            "session_id": session, "persona_id": persona, "source": source,
+            "timestamp": timestamp, "tags": list(tag) or None, "pinned": pinned}
     return {k: v for k, v in meta.items() if v is not None}
 
 
 def _content_arg(text: str | None, file_path: str | None, max_chars: int, required: bool = True,
                  text_name: str = "TEXT") -> str | None:
     """The memory text a command was given: TEXT as typed, `-` for standard input, or --file PATH
-    (`-` too means standard input); both read as UTF-8 (a leading BOM dropped). None when neither was
-    given and not `required`. Raises click.UsageError for both or (when required) neither, InputError
-    (naming --file, or `text_name` for standard input) for an unreadable, non-UTF-8, empty or oversized
-    (over 4 bytes per character of `max_chars`) input."""
+    (`-` too means standard input); both read as UTF-8 (a leading BOM dropped). None when neither
+    was given and not `required`. Raises click.UsageError for both or (when required) neither,
+    InputError (naming --file, or `text_name` for standard input) for an unreadable, non-UTF-8,
+    empty or oversized (over 4 bytes per character of `max_chars`) input."""
     if text is not None and file_path is not None:
         raise click.UsageError("give the text or --file, not both")
     if file_path is None and text != "-":
         if text is None and required:
-            raise click.UsageError("give the text, - to read it from standard input, or --file PATH")
+            raise click.UsageError("give the text, - to read it from standard input, "
+                                   "or --file PATH")
         return text
     name = "--file" if file_path not in (None, "-") else text_name
     limit = 4 * max_chars  # UTF-8 takes at most 4 bytes a character
@@ -11956,12 +12052,14 @@ def _content_arg(text: str | None, file_path: str | None, max_chars: int, requir
         raise InputError("--file", f"cannot read {file_path}: {e.strerror or e}") from None
     where = file_path if name == "--file" else "standard input"
     if len(raw) > limit:
-        raise InputError(name, f"{where} is over {limit:,} bytes; the limit is {max_chars:,} characters "
+        raise InputError(name, f"{where} is over {limit:,} bytes; "
+                               f"the limit is {max_chars:,} characters "
                                "([write] max_content_chars)")
     try:
         content = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise InputError(name, f"{where} is not UTF-8 text (invalid byte at offset {e.start})") from None
+        raise InputError(name, f"{where} is not UTF-8 text "
+                               f"(invalid byte at offset {e.start})") from None
     if not content.strip():
         raise InputError(name, f"{where} is empty")
     return content
@@ -11987,8 +12085,10 @@ def metadata_options(fn):
 
 @click.group(cls=AokunGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="aokun")
-@click.option("--db", envvar="AOKUN_DB", help="Database file (default: [storage] db of the config, data/aokun.db).")
-@click.option("--config", "config_path", help="Config file (default: $AOKUN_CONFIG, else aokun.ini beside aokun.py).")
+@click.option("--db", envvar="AOKUN_DB",
+              help="Database file (default: [storage] db of the config, data/aokun.db).")
+@click.option("--config", "config_path",
+              help="Config file (default: $AOKUN_CONFIG, else aokun.ini beside aokun.py).")
 @click.pass_context
 def cli(ctx, db, config_path):
     """Aokun: long-term memory for AI assistants in one SQLite file.
@@ -12007,17 +12107,18 @@ def cli(ctx, db, config_path):
 
 @cli.command("memorize")
 @click.argument("text", required=False)
-@click.option("--file", "file_path", metavar="PATH", help="Read the text from this UTF-8 file (- : standard input).")
+@click.option("--file", "file_path", metavar="PATH",
+              help="Read the text from this UTF-8 file (- : standard input).")
 @metadata_options
 @click.option("--supersedes", multiple=True, type=int, metavar="ID",
               help="A memory this one replaces: archived, linked to the new one (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole write result as JSON.")
 @click.pass_obj
-def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag, importance, session, persona, source,
-             timestamp, supersedes, as_json):
+def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag, importance,
+                 session, persona, source, timestamp, supersedes, as_json):
     """Store a memory and print its id. TEXT `-` reads the text from standard input (UTF-8), for
-    long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To store
-    a lone "-", pipe it: echo - | python aokun.py memorize -
+    long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To
+    store a lone "-", pipe it: echo - | python aokun.py memorize -
 
     Example:
 
@@ -12026,7 +12127,8 @@ def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag,
         python aokun.py memorize --file notes/meeting.md --topic work
     """
     text = _content_arg(text, file_path, state.cfg.write.max_content_chars)
-    meta = _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp, tag)
+    meta = _metadata(summary, topic, fact, participant, importance, session, persona, source,
+                     timestamp, tag)
     result = state.memory().memorize(text, meta, list(supersedes))
     for w in result["warnings"]:
         click.echo(f"warning: {w}", err=True)
@@ -12051,23 +12153,26 @@ def cli_show(state, memory_id, persona, as_json):
     d = state.memory().get(memory_id, persona)
     if as_json:
         return _echo_json(d)
-    for k in ("id", "persona_id", "session_id", "created_at", "updated_at", "importance", "pinned", "archived",
-              "source", "summary", "topics", "participants", "key_facts", "tags", "embedding_state",
-              "superseded_by", "supersedes"):
+    for k in ("id", "persona_id", "session_id", "created_at", "updated_at", "importance", "pinned",
+              "archived", "source", "summary", "topics", "participants", "key_facts", "tags",
+              "embedding_state", "superseded_by", "supersedes"):
         if d[k] not in ("", [], None):
             click.echo(f"{k:>15}: {d[k]}")
     click.echo(f"{'content':>15}: {d['content']}")
     for a in d["atoms"]:
-        click.echo(f"{'atom':>15}: [{a['atom_type']}, {a['state']}, x{a['reinforcement_count']}] {a['content']}")
+        click.echo(f"{'atom':>15}: [{a['atom_type']}, {a['state']}, x{a['reinforcement_count']}] "
+                   f"{a['content']}")
     for e in d["graph_entries"]:
         click.echo(f"{'graph':>15}: {e}")
 
 
 @cli.command("list")
-@click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
+@click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True,
+              type=click.IntRange(1, LIST_LIMIT_MAX))
 @click.option("--offset", default=0, type=click.IntRange(0))
 @click.option("--persona", help="This persona's memories (default: the default persona '').")
-@click.option("--all-personas", is_flag=True, help="Every persona's memories, each row naming its persona.")
+@click.option("--all-personas", is_flag=True,
+              help="Every persona's memories, each row naming its persona.")
 @click.option("--session", help="Only this session.")
 @click.option("--include-archived", is_flag=True, help="Show archived memories too.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
@@ -12082,28 +12187,30 @@ def cli_list(state, limit, offset, persona, all_personas, session, include_archi
     """
     if all_personas and persona is not None:
         raise click.UsageError("give --persona or --all-personas, not both")
-    rows = state.memory().list_memories(limit, offset, None if all_personas else _label(persona, "--persona"),
-                                        session, include_archived)
+    whose = None if all_personas else _label(persona, "--persona")
+    rows = state.memory().list_memories(limit, offset, whose, session, include_archived)
     if as_json:
         return _echo_json(rows)
     for r in rows:
         flags = ("P" if r["pinned"] else " ") + ("A" if r["archived"] else " ")
         text = r["content"].replace("\n", " ")
         who = "[" + (r["persona_id"] or "''") + "] " if all_personas else ""
-        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} {who}{text[:LINE_PREVIEW_CHARS]}")
+        click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} "
+                   f"{who}{text[:LINE_PREVIEW_CHARS]}")
 
 
 @cli.command("edit")
 @click.argument("memory_id", type=int)
 @click.option("--text", help="New content (- : read it from standard input).")
-@click.option("--file", "file_path", metavar="PATH", help="Read the new content from this UTF-8 file.")
+@click.option("--file", "file_path", metavar="PATH",
+              help="Read the new content from this UTF-8 file.")
 @metadata_options
 @click.option("--json", "as_json", is_flag=True, help="Print the write result as JSON.")
 @click.pass_obj
-def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance, session, persona,
-         source, timestamp, as_json):
-    """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona names
-    the persona the memory belongs to (a persona cannot change).
+def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance,
+             session, persona, source, timestamp, as_json):
+    """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona
+    names the persona the memory belongs to (a persona cannot change).
 
     Example:
 
@@ -12111,10 +12218,12 @@ def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participan
 
         python aokun.py edit 12 --file notes/meeting.md
     """
-    meta = _metadata(summary, topic, fact, participant, importance, session, None, source, timestamp, tag)
+    meta = _metadata(summary, topic, fact, participant, importance, session, None, source,
+                     timestamp, tag)
     if text is not None and file_path is not None:
         raise click.UsageError("give --text or --file, not both")
-    text = _content_arg(text, file_path, state.cfg.write.max_content_chars, required=False, text_name="--text")
+    text = _content_arg(text, file_path, state.cfg.write.max_content_chars, required=False,
+                        text_name="--text")
     if text is None and not meta:
         raise click.UsageError("give --text, --file and/or a metadata option to change")
     result = state.memory().edit(memory_id, text, meta, persona)
@@ -12122,7 +12231,8 @@ def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participan
 
 
 def _flag_command(name: str, flag: str, value: bool, doc: str):
-    """Register command `name` that sets memory flag `flag` (pinned or archived) to `value`; `doc` is its help."""
+    """Register command `name` that sets memory flag `flag` (pinned or archived) to `value`; `doc`
+    is its help."""
     @cli.command(name, help=doc)
     @click.argument("memory_id", type=int)
     @click.option("--persona", help=PERSONA_OF_ID_HELP)
@@ -12133,9 +12243,10 @@ def _flag_command(name: str, flag: str, value: bool, doc: str):
     return command
 
 
-_flag_command("pin", "pinned", True,
-              "Pin a memory: immune to decay, kept in context.\n\nExample:\n\n    python aokun.py pin 12")
-_flag_command("unpin", "pinned", False, "Unpin a memory.\n\nExample:\n\n    python aokun.py unpin 12")
+_flag_command("pin", "pinned", True, "Pin a memory: immune to decay, kept in context.\n\n"
+              "Example:\n\n    python aokun.py pin 12")
+_flag_command("unpin", "pinned", False,
+              "Unpin a memory.\n\nExample:\n\n    python aokun.py unpin 12")
 _flag_command("archive", "archived", True,
               "Archive a memory: kept, but out of recall unless archived ones are asked for.\n\n"
               "Example:\n\n    python aokun.py archive 12")
@@ -12146,16 +12257,17 @@ _flag_command("unarchive", "archived", False, "Bring an archived memory back int
 @cli.command("delete")
 @click.argument("memory_id", type=int)
 @click.option("--persona", help=PERSONA_OF_ID_HELP)
-@click.option("--purge", is_flag=True, help="Also leave no trace of it in the file and its WAL: rebuild the "
+@click.option("--purge", is_flag=True,
+              help="Also leave no trace of it in the file and its WAL: rebuild the "
               "briefing, merge the FTS indexes, VACUUM and checkpoint (seconds on a large file).")
 @click.pass_obj
 def cli_delete(state, memory_id, persona, purge):
     """Delete a memory from every table and index (a tombstone with its uid and time is kept).
 
-    What remains: its freed bytes are zeroed (secure_delete), but its words stay in older FTS index
-    segments and its old pages in the WAL file until `vacuum` or --purge; its text stays in every
-    backup made while it existed (daily backups for [backup] keep_days, manual, before-restore and
-    upgrade copies) until you delete those files.
+    What remains: its freed bytes are zeroed (secure_delete), but its words stay in older FTS
+    index segments and its old pages in the WAL file until `vacuum` or --purge; its text stays in
+    every backup made while it existed (daily backups for [backup] keep_days, manual,
+    before-restore and upgrade copies) until you delete those files.
 
     Example:
 
@@ -12169,8 +12281,9 @@ def cli_delete(state, memory_id, persona, purge):
     if purge:
         p = out["purged"]
         click.echo(f"purged: {p['before_bytes']:,} -> {p['after_bytes']:,} bytes"
-                   + ("" if p["wal_truncated"] else "; another process is reading, so the WAL keeps old pages "
-                      "until its next checkpoint (run `python aokun.py vacuum` when it is idle)"))
+                   + ("" if p["wal_truncated"]
+                      else "; another process is reading, so the WAL keeps old pages until its "
+                           "next checkpoint (run `python aokun.py vacuum` when it is idle)"))
 
 
 @cli.command("restore-memory")
@@ -12185,7 +12298,8 @@ def cli_restore_memory(state, memory_id, persona):
         python aokun.py restore-memory 12
     """
     out = state.memory().restore_memory(memory_id, persona)
-    click.echo(f"restored {', '.join(map(str, out['restored'])) or 'nothing (it was not archived)'}")
+    restored = ", ".join(map(str, out["restored"])) or "nothing (it was not archived)"
+    click.echo(f"restored {restored}")
 
 
 @cli.command("summarize")
@@ -12214,25 +12328,42 @@ def cli_summarize(state, file, persona, session):
 
 # CLI: recall, atoms, context and the knowledge graph #############################################
 
+def _explain_line(e: dict) -> str:
+    """The line `recall --explain` prints under a hit: its channel ranks and score parts."""
+    ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
+    window = ""
+    if "time_window" in e:
+        w = e["time_window"]
+        window = (f" | {w['phrase']!r} {w['start']}..{w['end']}"
+                  f" boost {e['time_boost']:.2f} ({e.get('time_match') or 'outside'})")
+    return (f"        ranks {ranks} | doc {e['doc_route']:.3f} graph {e['graph_route']:.3f} "
+            f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}"
+            + window)
+
+
 @cli.command("recall")
 @click.argument("query")
-@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many memories.")
+@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1),
+              help="How many memories.")
 @click.option("--session", help="Only this session.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--include-archived", is_flag=True, help="Search archived memories too.")
 @click.option("--explain", is_flag=True, help="Show each hit's channel ranks and score parts.")
-@click.option("--channels", help="Comma list for ablation: bm25, vector, graph (or graph_keyword, graph_vector).")
+@click.option("--channels",
+              help="Comma list for ablation: bm25, vector, graph (or graph_keyword, graph_vector).")
 @click.option("--as-of", help="Answer as the memory stood at this ISO-8601 time.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
 @click.pass_obj
-def cli_recall(state, query, k, session, persona, include_archived, explain, channels, as_of, as_json):
+def cli_recall(state, query, k, session, persona, include_archived, explain, channels, as_of,
+               as_json):
     """Search memories by meaning, keywords and relations.
 
     Example:
 
         python aokun.py recall "what does Alice drink" -k 3 --explain
     """
-    out = state.memory().recall(query, k, persona, session, include_archived, explain, channels, as_of)
+    out = state.memory().recall(query, k, persona, session, include_archived, explain, channels,
+                                as_of)
     if as_json:
         return _echo_json(out)
     for w in out["warnings"]:
@@ -12240,16 +12371,12 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
     for d in out["degraded"]:
         click.echo(f"degraded: {d['channel']}: {d['reason']}", err=True)
     for h in out["results"]:
-        text = h["text"] if len(h["text"]) <= HIT_PREVIEW_CHARS else h["text"][:HIT_PREVIEW_CHARS - 1] + "…"
+        text = h["text"]
+        if len(text) > HIT_PREVIEW_CHARS:
+            text = text[:HIT_PREVIEW_CHARS - 1] + "…"
         click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {text}")
         if explain:
-            e = h["explain"]
-            ranks = " ".join(f"{c}={'-' if r is None else r}" for c, r in e["ranks"].items())
-            click.echo(f"        ranks {ranks} | doc {e['doc_route']:.3f} graph {e['graph_route']:.3f} "
-                       f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}"
-                       + (f" | {e['time_window']['phrase']!r} {e['time_window']['start']}..{e['time_window']['end']}"
-                          f" boost {e['time_boost']:.2f} ({e.get('time_match') or 'outside'})"
-                          if "time_window" in e else ""))
+            click.echo(_explain_line(h["explain"]))
     if not out["results"]:
         click.echo("no memories found", err=True)
     cut = [str(h["id"]) for h in out["results"] if h["truncated"]]
@@ -12260,7 +12387,8 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
 
 @cli.command("feedback")
 @click.argument("memory_ids", nargs=-1, required=True, type=click.IntRange(1), metavar="ID...")
-@click.option("--not-useful", is_flag=True, help="They were wrong or beside the point: lower their importance.")
+@click.option("--not-useful", is_flag=True,
+              help="They were wrong or beside the point: lower their importance.")
 @click.option("--persona", help="Persona the memories belong to.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
@@ -12282,7 +12410,8 @@ def cli_feedback(state, memory_ids, not_useful, persona, as_json):
 
 @cli.command("atoms")
 @click.argument("query")
-@click.option("-k", "k", default=ATOMS_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many atoms.")
+@click.option("-k", "k", default=ATOMS_K_DEFAULT, show_default=True, type=click.IntRange(1),
+              help="How many atoms.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
@@ -12297,20 +12426,22 @@ def cli_atoms(state, query, k, persona, as_json):
     if as_json:
         return _echo_json(out)
     for a in out["results"]:
-        click.echo(f"{a['id']:>6}  {a['score']:.3f}  {a['atom_type']:<10} {a['content'][:HIT_PREVIEW_CHARS]}"
-                   f"  (memory {a['document_id']})")
+        click.echo(f"{a['id']:>6}  {a['score']:.3f}  {a['atom_type']:<10} "
+                   f"{a['content'][:HIT_PREVIEW_CHARS]}  (memory {a['document_id']})")
 
 
 @cli.command("context")
 @click.argument("topic", required=False)
-@click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat", show_default=True)
-@click.option("--max-tokens", type=click.IntRange(CONTEXT_TOKENS_MIN), help="Token budget override.")
+@click.option("--mode", type=click.Choice(["quick", "chat", "coding", "project"]), default="chat",
+              show_default=True)
+@click.option("--max-tokens", type=click.IntRange(CONTEXT_TOKENS_MIN),
+              help="Token budget override.")
 @click.option("--persona", help="Persona.")
 @click.option("--refresh", is_flag=True, help="Rebuild the briefing first.")
 @click.pass_obj
 def cli_context(state, topic, mode, max_tokens, persona, refresh):
-    """Print memory for a prompt within a token budget: the session briefing, or memories and facts
-    about TOPIC.
+    """Print memory for a prompt within a token budget: the session briefing, or memories and
+    facts about TOPIC.
 
     Example:
 
@@ -12354,14 +12485,16 @@ def _print_facts(facts: list[dict]) -> None:
 @click.option("--source-memory", type=int, help="Id of the memory this fact came from.")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
-def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona):
+def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confidence, source_memory,
+               persona):
     """Record a fact; a single-valued predicate closes the previous value.
 
     Example:
 
         python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01
     """
-    f = state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence, source_memory, persona)
+    f = state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence,
+                              source_memory, persona)
     _print_facts([f])
     if f["closed"]:
         click.echo(f"closed: {', '.join(map(str, f['closed']))}")
@@ -12407,7 +12540,8 @@ def cli_kg_invalidate(state, fact_id, valid_to, persona):
 @click.option("--persona", help="Persona the entity belongs to (default: the default persona).")
 @click.pass_obj
 def cli_kg_delete(state, entity, persona):
-    """Delete ENTITY and every fact about it (tombstones are kept). To end one fact, use invalidate.
+    """Delete ENTITY and every fact about it (tombstones are kept). To end one fact, use
+    invalidate.
 
     Example:
 
@@ -12461,7 +12595,8 @@ def cli_stats(state, as_json):
     s = state.memory().stats()
     if as_json:
         return _echo_json(s)
-    click.echo(f"database: {s['database']} ({s['size_bytes']:,} bytes, schema {s['schema_version']})")
+    click.echo(f"database: {s['database']} ({s['size_bytes']:,} bytes, "
+               f"schema {s['schema_version']})")
     for k, v in s["counts"].items():
         click.echo(f"{k:>32}: {v}")
     click.echo(f"{'atoms by state':>32}: {s['atoms_by_state']}")
@@ -12482,8 +12617,8 @@ def cli_stats(state, as_json):
 @cli.command("doctor")
 @click.pass_obj
 def cli_doctor(state):
-    """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and graph.
-    Exits 1 when anything is wrong.
+    """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and
+    graph. Exits 1 when anything is wrong.
 
     Example:
 
@@ -12503,7 +12638,8 @@ def cli_doctor(state):
 
 
 @cli.command("rebuild")
-@click.option("--vectors", is_flag=True, help="Drop and re-embed every vector with the configured embedder.")
+@click.option("--vectors", is_flag=True,
+              help="Drop and re-embed every vector with the configured embedder.")
 @click.option("--fts", is_flag=True, help="Re-segment every full-text row.")
 @click.option("--graph", is_flag=True, help="Re-derive atoms and graph for every memory.")
 @click.pass_obj
@@ -12560,47 +12696,55 @@ def cli_backup(state, dest):
 def cli_restore(state, src, yes):
     """Replace the database's content with backup SRC. SRC must pass integrity_check and not come
     from a newer Aokun; the current content is saved beside the database first (the safety copy,
-    taken under the same write lock as the overwrite: every write acknowledged before the restore is
-    in one of the two). Prints the safety copy and the memories written or changed after the backup,
-    which only it holds. Ids stay unique: new memories get ids above any the file ever gave.
+    taken under the same write lock as the overwrite: every write acknowledged before the restore
+    is in one of the two). Prints the safety copy and the memories written or changed after the
+    backup, which only it holds. Ids stay unique: new memories get ids above any the file ever
+    gave.
 
     Example:
 
         python aokun.py restore data/backups/aokun-daily-2026-11-29.db
     """
     if not yes and not sys.stdin.isatty():  # no one to ask: click.confirm would only say "Aborted!"
-        raise AokunError(f"restore replaces every memory with the content of {src}: no terminal to confirm "
-                         "it, so nothing was changed; run it again with --yes")
+        raise AokunError(f"restore replaces every memory with the content of {src}: "
+                         "no terminal to confirm it, so nothing was changed; "
+                         "run it again with --yes")
     mem = state.memory()
     if not yes:
         try:
-            click.confirm(f"Replace every memory in {mem.path} with the content of {src}?", abort=True)
+            click.confirm(f"Replace every memory in {mem.path} with the content of {src}?",
+                          abort=True)
         except click.Abort:
-            raise AokunError("restore not confirmed, nothing was changed; answer y, or give --yes") from None
+            raise AokunError("restore not confirmed, nothing was changed; "
+                             "answer y, or give --yes") from None
     r = mem.restore_from(src)
     click.echo(f"restored {r['restored']}; the previous content is in {r['saved_previous']}")
     lost = r["only_in_previous"]
     if lost:
-        click.echo(f"{len(lost)} memories written or changed after the backup ({r['previous_added']} new, "
-                   f"{r['previous_changed']} changed) are only in {r['saved_previous']}: ids "
-                   f"{', '.join(map(str, lost))}")
+        click.echo(f"{len(lost)} memories written or changed after the backup "
+                   f"({r['previous_added']} new, {r['previous_changed']} changed) "
+                   f"are only in {r['saved_previous']}: ids {', '.join(map(str, lost))}")
     else:
         click.echo("no memory was written or changed after the backup")
 
 
 @cli.command("export")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="jsonl", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="jsonl",
+              show_default=True,
               help="jsonl: lossless, for import; markdown: one note per memory (Obsidian).")
-@click.option("--persona", help="Only this persona (default: every persona; tombstones only then).")
+@click.option("--persona",
+              help="Only this persona (default: every persona; tombstones only then).")
 @click.option("--since", help="Only what changed at or after this ISO-8601 time.")
 @click.option("--out", "out_path", metavar="PATH",
-              help="The JSONL file (default: standard output), or the folder of the Markdown notes (required).")
+              help="The JSONL file (default: standard output), "
+              "or the folder of the Markdown notes (required).")
 @click.pass_obj
 def cli_export(state, fmt, persona, since, out_path):
-    """Export the memory without lock-in. JSONL (one JSON object a line, a `kind` each, a header line
-    with the schema version first) holds memories with all their metadata, atom states, knowledge-graph
-    facts with validity, ingested conversations, consolidations and tombstones: `import` restores it into
-    any file. Markdown writes one note per memory with YAML front matter.
+    """Export the memory without lock-in. JSONL (one JSON object a line, a `kind` each, a header
+    line with the schema version first) holds memories with all their metadata, atom states,
+    knowledge-graph facts with validity, ingested conversations, consolidations and tombstones:
+    `import` restores it into any file. Markdown writes one note per memory with YAML front
+    matter.
 
     Example:
 
@@ -12615,7 +12759,8 @@ def cli_export(state, fmt, persona, since, out_path):
         r = mem.export_markdown(Path(out_path).expanduser(), persona, since)
         click.echo(f"{r['files']} notes in {r['folder']}")
         return
-    lines = (json.dumps(rec, ensure_ascii=False) + "\n" for rec in mem.export_records(persona, since))
+    lines = (json.dumps(rec, ensure_ascii=False) + "\n"
+             for rec in mem.export_records(persona, since))
     if not out_path:
         for line in lines:
             click.echo(line, nl=False)
@@ -12639,9 +12784,9 @@ def cli_export(state, fmt, persona, since, out_path):
 @click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
 @click.pass_obj
 def cli_import(state, file, as_json):
-    """Import a JSONL export into this database, empty or not: uids decide (a record here with the same
-    or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors are
-    re-derived. A bad line is one error naming it, before anything is written.
+    """Import a JSONL export into this database, empty or not: uids decide (a record here with the
+    same or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors
+    are re-derived. A bad line is one error naming it, before anything is written.
 
     Example:
 
@@ -12652,7 +12797,8 @@ def cli_import(state, file, as_json):
                 terminal_progress("importing", ("memories", "turn vectors"), as_json) as bar:
             r = state.memory().import_export(f, progress=bar)
     except UnicodeDecodeError as e:
-        raise InputError("FILE", f"{file} is not UTF-8 text (invalid byte at offset {e.start})") from None
+        raise InputError("FILE", f"{file} is not UTF-8 text "
+                                 f"(invalid byte at offset {e.start})") from None
     if as_json:
         _echo_json(r)
         return
@@ -12665,17 +12811,19 @@ def cli_import(state, file, as_json):
 
 @cli.command("sync")
 @click.argument("folder", required=False, metavar="DIR")
-@click.option("--conflicts", is_flag=True, help="List the versions that lost a conflict instead of syncing.")
-@click.option("--persona", help="With --conflicts: only this persona's (default: every persona's).")
+@click.option("--conflicts", is_flag=True,
+              help="List the versions that lost a conflict instead of syncing.")
+@click.option("--persona",
+              help="With --conflicts: only this persona's (default: every persona's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def cli_sync(state, folder, conflicts, persona, as_json):
     """Sync with your other devices through DIR, a folder they share already (Syncthing, Dropbox,
     iCloud, a USB stick, a git work tree; default [sync] dir). Writes this file's changes since its
-    last sync as one changeset file `<device>-<number>.changeset` and merges the other devices' files;
-    never a live database in DIR. A record changed on two devices keeps the later version; the other
-    is kept and listed by `sync --conflicts`. A truncated or foreign file is skipped, and tried again
-    next time.
+    last sync as one changeset file `<device>-<number>.changeset` and merges the other devices'
+    files; never a live database in DIR. A record changed on two devices keeps the later version;
+    the other is kept and listed by `sync --conflicts`. A truncated or foreign file is skipped, and
+    tried again next time.
 
     Example:
 
@@ -12690,8 +12838,10 @@ def cli_sync(state, folder, conflicts, persona, as_json):
             _echo_json(rows)
             return
         for r in rows:
-            shown = r["loser"].get("content") or r["loser"].get("name") or r["loser"].get("predicate") or ""
-            click.echo(f"{r['detected_at']} {r['kind']} {r['uid']}: the version of {r['loser_stamp']} from "
+            loser = r["loser"]
+            shown = loser.get("content") or loser.get("name") or loser.get("predicate") or ""
+            click.echo(f"{r['detected_at']} {r['kind']} {r['uid']}: "
+                       f"the version of {r['loser_stamp']} from "
                        f"{r['loser_from'][:8]} lost to {r['winner_stamp']}"
                        + (f": {_one_line(str(shown), LINE_PREVIEW_CHARS)}" if shown else ""))
         click.echo(f"{len(rows)} conflict(s)")
@@ -12699,13 +12849,16 @@ def cli_sync(state, folder, conflicts, persona, as_json):
     if not folder and not state.cfg.sync.dir:
         raise InputError("DIR", "give the shared folder, or set [sync] dir in the settings")
     # DIR as typed is relative to the current folder, [sync] dir to the config file's folder
-    r = mem.sync(Path(folder).expanduser().resolve() if folder else state.cfg.resolve(state.cfg.sync.dir))
+    r = mem.sync(Path(folder).expanduser().resolve() if folder
+                 else state.cfg.resolve(state.cfg.sync.dir))
     if as_json:
         _echo_json(r)
         return
     if r["new_device"]:
-        click.echo(f"this file syncs as device {r['device']} (new: first sync, or the file was copied or moved)")
-    click.echo(f"wrote {r['written']} ({r['sent']} records)" if r["written"] else "nothing new to send")
+        click.echo(f"this file syncs as device {r['device']} "
+                   "(new: first sync, or the file was copied or moved)")
+    click.echo(f"wrote {r['written']} ({r['sent']} records)" if r["written"]
+               else "nothing new to send")
     m = r["merged"]
     click.echo(f"applied {len(r['applied'])} file(s): {m['added']} added, {m['updated']} updated, "
                f"{m['kept']} kept, {m['skipped']} skipped; {r['conflicts']} new conflict(s)")
@@ -12716,7 +12869,8 @@ def cli_sync(state, folder, conflicts, persona, as_json):
 
 
 def _print_changes(out: dict) -> None:
-    """Print the importance, archive and atom-state changes of a decay or lifecycle result, one a line."""
+    """Print the importance, archive and atom-state changes of a decay or lifecycle result, one a
+    line."""
     for c in out.get("importance", []):
         click.echo(f"importance {c['id']:>6}: {c['old']:.4f} -> {c['new']:.4f}")
     for i in out.get("archived", []):
@@ -12779,18 +12933,21 @@ def cli_consolidate(state, apply, persona):
     for cl in out["clusters"]:
         click.echo(f"survivor {cl['survivor']}: {cl['texts'][cl['survivor']][:LINE_PREVIEW_CHARS]}")
         for m in cl["members"]:
-            click.echo(f"   {'merged' if apply else 'would merge'} {m}: {cl['texts'][m][:LINE_PREVIEW_CHARS]}")
+            click.echo(f"   {'merged' if apply else 'would merge'} {m}: "
+                       f"{cl['texts'][m][:LINE_PREVIEW_CHARS]}")
     click.echo(f"{len(out['clusters'])} cluster(s)")
 
 
 @cli.command("serve")
-@click.option("--http", "use_http", is_flag=True, help="Serve streamable HTTP at /mcp instead of stdio.")
+@click.option("--http", "use_http", is_flag=True,
+              help="Serve streamable HTTP at /mcp instead of stdio.")
 @click.option("--host", help="HTTP host (default [server] host, 127.0.0.1).")
-@click.option("--port", type=click.IntRange(1, 65535), help="HTTP port (default [server] port, 5123).")
+@click.option("--port", type=click.IntRange(1, 65535),
+              help="HTTP port (default [server] port, 5123).")
 @click.pass_obj
 def cli_serve(state, use_http, host, port):
-    """Run the MCP server: stdio (what MCP clients launch) or --http. Any --host but loopback needs
-    [server] token (or the variable [server] token_env names, $AOKUN_TOKEN).
+    """Run the MCP server: stdio (what MCP clients launch) or --http. Any --host but loopback
+    needs [server] token (or the variable [server] token_env names, $AOKUN_TOKEN).
 
     Example:
 
@@ -12825,9 +12982,11 @@ def cli_serve(state, use_http, host, port):
         log.warning("Aokun web panel at http://%s:%s/panel/?token=%s (the link logs in once; "
                     "`python aokun.py panel --link` prints a new one)",
                     "[::1]" if host == "::1" else host, port, panel[0].login_token)
-    web = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=cfg.server.log_level.lower()))
+    web = uvicorn.Server(uvicorn.Config(app, host=host, port=port,
+                                        log_level=cfg.server.log_level.lower()))
 
-    async def run() -> None:  # READY=1 and WATCHDOG=1 to systemd from the loop that serves (no-op elsewhere)
+    # READY=1 and WATCHDOG=1 to systemd from the loop that serves (no-op elsewhere)
+    async def run() -> None:
         import asyncio
         pings = asyncio.create_task(notify_supervisor(lambda: web.started, watchdog_interval()))
         tasks = [pings]
@@ -12853,8 +13012,8 @@ async def _announce_when_started(web, panel: "Panel", host: str, port: int) -> N
 
 @cli.group("service")
 def cli_service():
-    """Run `serve --http` under the OS's own supervisor: a systemd user unit (Linux), a launchd agent
-    (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
+    """Run `serve --http` under the OS's own supervisor: a systemd user unit (Linux), a launchd
+    agent (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
 
     Example:
 
@@ -12866,8 +13025,10 @@ def cli_service():
 
 def _service_command(action: str, doc: str):
     @cli_service.command(action, help=doc)
-    @click.option("--port", type=click.IntRange(1, 65535), help="The HTTP port (default: [server] port).")
-    @click.option("--dry-run", is_flag=True, help="Print what would be written and run; change nothing.")
+    @click.option("--port", type=click.IntRange(1, 65535),
+                  help="The HTTP port (default: [server] port).")
+    @click.option("--dry-run", is_flag=True,
+                  help="Print what would be written and run; change nothing.")
     @click.option("--platform", "platform", type=click.Choice(["linux", "macos", "windows"]),
                   help="Which supervisor (default: this machine's).")
     @click.pass_obj
@@ -12876,15 +13037,15 @@ def _service_command(action: str, doc: str):
         port = port or cfg.server.port
         db = database_path(cfg, state.db_arg).resolve()
         config = Path(state.config_arg).resolve() if state.config_arg else None
-        files, commands = service_plan(platform or this_platform(), action, service_command(db, config, port),
-                                       db.parent)
+        files, commands = service_plan(platform or this_platform(), action,
+                                       service_command(db, config, port), db.parent)
         if action == "status" and not dry_run:
             _service_status(cfg, port, commands)
             return
         for path, content in files:
             verb = "write" if action == "install" else "remove"
-            click.echo(f"{verb} {path}" + (":\n" + (content.decode() if isinstance(content, bytes) else content)
-                                           if dry_run and action == "install" else ""))
+            text = content.decode() if isinstance(content, bytes) else content
+            click.echo(f"{verb} {path}" + (":\n" + text if dry_run and action == "install" else ""))
         for c in commands:
             click.echo("run " + " ".join(c))
         if not dry_run:
@@ -12910,15 +13071,16 @@ def _service_apply(action: str, files: list, commands: list[list[str]]) -> None:
             raise AokunError(f"cannot run {c[0]}: {e.strerror or e}") from None
         if r.returncode != 0 and not (action == "uninstall" and c is not commands[-1]):
             said = (r.stderr or r.stdout).strip().splitlines()
-            raise AokunError(f"{' '.join(c)} failed: {said[-1] if said else f'exit {r.returncode}'}")
+            why = said[-1] if said else f"exit {r.returncode}"
+            raise AokunError(f"{' '.join(c)} failed: {why}")
     if action == "uninstall":
         for path, _ in files:
             path.unlink(missing_ok=True)
 
 
 def _service_status(cfg: Config, port: int, commands: list[list[str]]) -> None:
-    """Print the server's /health on 127.0.0.1:`port` (and the supervisor's own word when its tool is
-    here); exit 1 when it does not answer or is not ok."""
+    """Print the server's /health on 127.0.0.1:`port` (and the supervisor's own word when its tool
+    is here); exit 1 when it does not answer or is not ok."""
     import shutil
     import subprocess
 
@@ -12929,7 +13091,8 @@ def _service_status(cfg: Config, port: int, commands: list[list[str]]) -> None:
         click.echo(f"supervisor: {said[0] if said else f'exit {r.returncode}'}")
     token = cfg.secret("server", "token", "token_env")
     try:
-        r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5, trust_env=False,  # no proxy for loopback
+        r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5,
+                      trust_env=False,  # no proxy for loopback
                       headers={"Authorization": f"Bearer {token}"} if token else {})
         out = r.json()
     except (httpx.HTTPError, ValueError) as e:
@@ -12940,7 +13103,8 @@ def _service_status(cfg: Config, port: int, commands: list[list[str]]) -> None:
         raise click.exceptions.Exit(1)
 
 
-for _action, _doc in (("install", "Write the unit/agent/task and register it (started now and at login)."),
+for _action, _doc in (("install",
+                       "Write the unit/agent/task and register it (started now and at login)."),
                       ("uninstall", "Stop and unregister the service and remove its file."),
                       ("start", "Start the service."), ("stop", "Stop the service."),
                       ("status", "The server's /health (database, embedder, pending vectors, last "
@@ -12949,12 +13113,13 @@ for _action, _doc in (("install", "Write the unit/agent/task and register it (st
 
 
 def config_target(config_arg: str | None) -> Path:
-    """The ini file the panel saves settings to: the one the server reads (find_config), else a new
-    aokun.ini beside aokun.py."""
+    """The ini file the panel saves settings to: the one the server reads (find_config), else a
+    new aokun.ini beside aokun.py."""
     return find_config(config_arg) or HERE / "aokun.ini"
 
 
-def _open_browser_when_listening(host: str, port: int, url: str, timeout: float = 30.0) -> None:
+def _open_browser_when_listening(host: str, port: int, url: str,
+                                 timeout: float = 30.0) -> None:
     """Open `url` in the default browser (webbrowser) once `host`:`port` accepts connections."""
     import webbrowser
     deadline = time.monotonic() + timeout
@@ -12966,17 +13131,18 @@ def _open_browser_when_listening(host: str, port: int, url: str, timeout: float 
 
 
 @cli.command("panel")
-@click.option("--port", type=click.IntRange(1, 65535), default=PANEL_PORT, show_default=True, help="Port on 127.0.0.1.")
+@click.option("--port", type=click.IntRange(1, 65535), default=PANEL_PORT, show_default=True,
+              help="Port on 127.0.0.1.")
 @click.option("--no-browser", is_flag=True, help="Only print the link; do not open a browser.")
 @click.option("--link", "new_link", is_flag=True,
               help="Print a new one-time login link from the running panel or serve --http.")
 @click.pass_obj
 def cli_panel(state, port, no_browser, new_link):
-    """The web panel: memories (search, read, edit, delete), recall explained, the knowledge graph,
-    health and maintenance, and every setting. Serves on 127.0.0.1 only; the printed link logs in
-    once, and the login lasts 30 days. `--link` asks the running panel (this database; --port if
-    given, else any) for a new link, e.g. for another browser. scripts/panel.bat and panel.command
-    start it.
+    """The web panel: memories (search, read, edit, delete), recall explained, the knowledge
+    graph, health and maintenance, and every setting. Serves on 127.0.0.1 only; the printed link
+    logs in once, and the login lasts 30 days. `--link` asks the running panel (this database;
+    --port if given, else any) for a new link, e.g. for another browser. scripts/panel.bat and
+    panel.command start it.
 
     Example:
 
@@ -12992,22 +13158,25 @@ def cli_panel(state, port, no_browser, new_link):
         given = source != click.core.ParameterSource.DEFAULT
         click.echo(request_panel_link(db, port if given else None))
         return
-    sock = listening_socket(host, port)  # before the link: a link for a port another process holds fails
+    # before the link: a link for a port another process holds fails
+    sock = listening_socket(host, port)
     mem = state.memory()
     web, app = panel_app(lambda: mem, cfg, config_target(state.config_arg), host, port,
                          panel_state_path(db, port))
     web.state.announce(host, port, "")
     url = f"http://{host}:{port}/?token={web.login_token}"
-    click.echo(f"Aokun panel: {url}\nThe link logs in once; `python aokun.py panel --link` prints "
-               "a new one. Ctrl+C stops the panel.")
+    click.echo(f"Aokun panel: {url}\nThe link logs in once; `python aokun.py panel --link` "
+               "prints a new one. Ctrl+C stops the panel.")
     if not no_browser:
-        threading.Thread(target=_open_browser_when_listening, args=(host, port, url), daemon=True).start()
+        threading.Thread(target=_open_browser_when_listening, args=(host, port, url),
+                         daemon=True).start()
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to `host`:`port` (IPv4; SO_REUSEADDR off Windows, as uvicorn binds), for
-    uvicorn to serve on. Raises AokunError (one line) when the port is taken or cannot be bound."""
+    """A TCP socket bound to `host`:`port` (IPv4; SO_REUSEADDR off Windows, as uvicorn binds),
+    for uvicorn to serve on. Raises AokunError (one line) when the port is taken or cannot be
+    bound."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         if os.name != "nt":
@@ -13017,8 +13186,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.close()
         why = "is in use (a panel or server runs there already?)" if e.errno == errno.EADDRINUSE \
             else f"cannot be bound ({e.strerror or e})"
-        raise AokunError(f"port {port} on {host} {why}; open the link that one printed, or give another "
-                         "--port") from None
+        raise AokunError(f"port {port} on {host} {why}; "
+                         "open the link that one printed, or give another --port") from None
     sock.set_inheritable(True)
     return sock
 
@@ -13030,17 +13199,19 @@ def listening_socket(host: str, port: int) -> socket.socket:
 @click.argument("paths", nargs=-1, type=click.Path(), metavar="[PATH]...")
 @click.option("--persona", help="Persona the conversations belong to.")
 @click.option("--include-deleted", is_flag=True,
-              help="Ingest sessions deleted before (`conversations delete`) again, clearing their tombstones.")
+              help="Ingest sessions deleted before (`conversations delete`) again, "
+              "clearing their tombstones.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print {sessions, turns, new, skipped, deleted, seconds} as JSON.")
 @click.pass_obj
 def cli_ingest(state, source, paths, persona, include_deleted, as_json):
-    """Ingest an assistant's conversation history, incrementally (a second run adds only what is new).
+    """Ingest an assistant's conversation history, incrementally (a second run adds only what is
+    new).
 
     Without PATH, the client's standard location: claude-code ~/.claude/projects/*/*.jsonl, codex
-    ~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl, copilot ~/.copilot/session-state/<id>/events.jsonl;
-    chatgpt needs the conversations.json of a data export, or the export's zip. A PATH folder is
-    searched for the source's files.
+    ~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl, copilot
+    ~/.copilot/session-state/<id>/events.jsonl; chatgpt needs the conversations.json of a data
+    export, or the export's zip. A PATH folder is searched for the source's files.
 
     Example:
 
@@ -13049,19 +13220,22 @@ def cli_ingest(state, source, paths, persona, include_deleted, as_json):
         python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip
     """
     mem = state.memory()
-    unreadable: list[str] = []  # names that fit but lead nowhere, then the files that failed to open
+    # names that fit but lead nowhere, then the files that failed to open
+    unreadable: list[str] = []
     files = mem.transcript_files(source, paths, unreadable)
     with terminal_progress(f"ingesting {source}", ("turns", "turn vectors"), as_json) as bar:
         out = mem.ingest(source, files, persona, progress=bar, include_deleted=include_deleted)
     for line in unreadable + out["unreadable"]:
         click.echo(f"warning: {line}", err=True)
     if as_json:
-        _echo_json({k: out[k] for k in ("sessions", "turns", "new", "skipped", "deleted", "seconds")})
+        _echo_json({k: out[k]
+                    for k in ("sessions", "turns", "new", "skipped", "deleted", "seconds")})
     else:
         deleted = f"{out['deleted']} sessions skipped: deleted (--include-deleted ingests them), " \
             if out["deleted"] else ""
-        click.echo(f"{source}: {out['files']} files, {out['sessions']} sessions, {out['turns']} turns read, "
-                   f"{out['new']} new, {out['skipped']} malformed lines skipped, {deleted}{out['seconds']:.1f} s")
+        click.echo(f"{source}: {out['files']} files, {out['sessions']} sessions, "
+                   f"{out['turns']} turns read, {out['new']} new, "
+                   f"{out['skipped']} malformed lines skipped, {deleted}{out['seconds']:.1f} s")
 
 
 @cli.group("conversations")
@@ -13076,7 +13250,8 @@ def cli_conversations():
 
 @cli_conversations.command("list")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
-@click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True, type=click.IntRange(1, LIST_LIMIT_MAX))
+@click.option("--limit", default=LIST_LIMIT_DEFAULT, show_default=True,
+              type=click.IntRange(1, LIST_LIMIT_MAX))
 @click.option("--offset", default=0, type=click.IntRange(0))
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
@@ -13088,15 +13263,18 @@ def cli_conversations_list(state, source, limit, offset, persona, as_json):
         _echo_json(rows)
         return
     for r in rows:
+        title = _one_line(r["title"] or r["first_user_message"], LINE_PREVIEW_CHARS)
         click.echo(f"{r['ended_at'][:DATE_CHARS]}  {r['source']:<11} {r['turn_count']:>5} turns  "
-                   f"{_one_line(r['title'] or r['first_user_message'], LINE_PREVIEW_CHARS)}  [{r['session_id']}]")
+                   f"{title}  [{r['session_id']}]")
 
 
 @cli_conversations.command("show")
 @click.argument("session_id")
-@click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
+@click.option("--source", type=click.Choice(CONVERSATION_SOURCES),
+              help="When several clients have this id.")
 @click.option("--offset", default=0, type=click.IntRange(0))
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, CONVERSATION_PAGE_MAX))
+@click.option("--limit", default=50, show_default=True,
+              type=click.IntRange(1, CONVERSATION_PAGE_MAX))
 @click.option("--persona", help="Persona.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
@@ -13107,7 +13285,8 @@ def cli_conversations_show(state, session_id, source, offset, limit, persona, as
         _echo_json(out)
         return
     s = out["session"]
-    click.echo(f"# {s['title'] or s['session_id']}  ({s['source']}, {s['turn_count']} turns, {s['project']})")
+    click.echo(f"# {s['title'] or s['session_id']}  "
+               f"({s['source']}, {s['turn_count']} turns, {s['project']})")
     for t in out["turns"]:
         click.echo(f"[{t['created_at']}] {t['role']}: {t['text']}")
     if out["next_offset"] is not None:
@@ -13116,7 +13295,8 @@ def cli_conversations_show(state, session_id, source, offset, limit, persona, as
 
 @cli_conversations.command("search")
 @click.argument("query")
-@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1), help="How many turns.")
+@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1),
+              help="How many turns.")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
 @click.option("--session", help="Only this session.")
 @click.option("--since", help="Only turns at or after this ISO-8601 time.")
@@ -13144,7 +13324,8 @@ def cli_conversations_search(state, query, k, source, session, since, until, per
 
 @cli_conversations.command("delete")
 @click.argument("session_id")
-@click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="When several clients have this id.")
+@click.option("--source", type=click.Choice(CONVERSATION_SOURCES),
+              help="When several clients have this id.")
 @click.option("--persona", help="Persona.")
 @click.pass_obj
 def cli_conversations_delete(state, session_id, source, persona):
@@ -13188,16 +13369,17 @@ def cli_watch(state, sources, interval, persona):
 
 @cli.command("hooks")
 @click.argument("client", type=click.Choice(HOOK_CLIENTS))
-@click.option("--install", is_flag=True, help="Merge the entry into the client's settings (a backup is kept).")
+@click.option("--install", is_flag=True,
+              help="Merge the entry into the client's settings (a backup is kept).")
 @click.option("--file", "target", type=click.Path(dir_okay=False),
               help="The settings file (default: the client's own, under your home folder).")
 @click.pass_obj
 def cli_hooks(state, client, install, target):
     """Print (or --install) the hooks that make a client feed Aokun by itself: Claude Code
     (~/.claude/settings.json: SessionStart injects the briefing, Stop and SessionEnd ingest the
-    session), Codex (notify in ~/.codex/config.toml: each finished turn is ingested) and Copilot CLI
-    (~/.copilot/hooks/aokun.json: sessionEnd and agentStop ingest the session). Installing twice
-    changes nothing; other settings are kept as they are.
+    session), Codex (notify in ~/.codex/config.toml: each finished turn is ingested) and Copilot
+    CLI (~/.copilot/hooks/aokun.json: sessionEnd and agentStop ingest the session). Installing
+    twice changes nothing; other settings are kept as they are.
 
     Example:
 
@@ -13228,7 +13410,8 @@ def cli_hooks(state, client, install, target):
         try:
             settings = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
         except (ValueError, OSError) as e:
-            raise AokunError(f"{path} cannot be read as JSON ({e}); fix it first, nothing was changed") from None
+            raise AokunError(f"{path} cannot be read as JSON ({e}); "
+                             "fix it first, nothing was changed") from None
         if not isinstance(settings, dict):
             raise AokunError(f"{path} is not a JSON object; nothing was changed")
         changed = merge_claude_hooks(settings, entry)
@@ -13246,20 +13429,22 @@ def cli_hooks(state, client, install, target):
 @click.argument("payload", required=False)
 @click.pass_obj
 def cli_hook(state, client, event, payload):
-    """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: as the last
-    argument). Prints only what the client reads (session-start: the hookSpecificOutput JSON with the
-    briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem never
-    fails the client.
+    """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: as the
+    last argument). Prints only what the client reads (session-start: the hookSpecificOutput JSON
+    with the briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem
+    never fails the client.
 
     Example:
 
-        echo '{"transcript_path": "/home/me/.claude/projects/p/s.jsonl"}' | python aokun.py hook claude-code stop
+        echo '{"transcript_path": "/home/me/.claude/projects/p/s.jsonl"}' \
+| python aokun.py hook claude-code stop
     """
     started = time.perf_counter()
     try:
         out = run_hook(state, client, event, read_hook_payload(payload))
     except Exception as e:  # never fail the client: say it on stderr, exit 0
-        click.echo(f"aokun hook {client} {event}: {_one_line(str(e) or type(e).__name__, 300)}", err=True)
+        click.echo(f"aokun hook {client} {event}: {_one_line(str(e) or type(e).__name__, 300)}",
+                   err=True)
         return
     if out is not None:
         click.echo(json.dumps(out, ensure_ascii=False))
@@ -13270,18 +13455,21 @@ def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
     """One hook event. session-start (Claude Code): the stored briefing (SQL only, no model load),
     as {hookSpecificOutput: {hookEventName: SessionStart, additionalContext}}. stop / session-end /
     notify: ingest the session the payload names (else the client's standard location), from its
-    stored offset; the embedder gets HOOK_EMBED_TIMEOUT_SECONDS and no retries, so a slow one leaves
-    the new turns pending for the back-fill instead of holding up the client. InputError for an
-    event the client has no hook for."""
+    stored offset; the embedder gets HOOK_EMBED_TIMEOUT_SECONDS and no retries, so a slow one
+    leaves the new turns pending for the back-fill instead of holding up the client. InputError for
+    an event the client has no hook for."""
     if event not in HOOK_EVENTS[client]:
-        raise InputError("EVENT", f"{client} hooks are {', '.join(HOOK_EVENTS[client])}, not {event!r}")
-    overrides = {("embedding", "timeout_seconds"): HOOK_EMBED_TIMEOUT_SECONDS, ("embedding", "max_retries"): 0}
+        raise InputError("EVENT",
+                         f"{client} hooks are {', '.join(HOOK_EVENTS[client])}, not {event!r}")
+    overrides = {("embedding", "timeout_seconds"): HOOK_EMBED_TIMEOUT_SECONDS,
+                 ("embedding", "max_retries"): 0}
     cfg = load_config(state.config_arg, overrides)
     mem = Memory(database_path(cfg, state.db_arg), cfg, recover=False)
     try:
         if event == "session-start":
             text = mem.memory_context(None, "project")["text"]
-            return {"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": text}}
+            return {"hookSpecificOutput": {"hookEventName": "SessionStart",
+                                           "additionalContext": text}}
         out = mem.ingest(client, hook_session_files(client, payload))
         for line in out["unreadable"]:
             log.warning("hook %s %s: %s", client, event, line)
@@ -13296,9 +13484,10 @@ def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
 # Main ############################################################################################
 
 def main(argv=None):
-    """The entry point: logging to stderr at $AOKUN_LOG_LEVEL (default WARNING), then the CLI on `argv`."""
-    logging.basicConfig(level=os.environ.get("AOKUN_LOG_LEVEL", "WARNING").upper(), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    """The entry point: logging to stderr at $AOKUN_LOG_LEVEL (default WARNING), then the CLI on
+    `argv`."""
+    logging.basicConfig(level=os.environ.get("AOKUN_LOG_LEVEL", "WARNING").upper(),
+                        stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cli.main(args=argv, prog_name="aokun")
 
 
