@@ -13436,8 +13436,7 @@ def cli_hook(state, client, event, payload):
 
     Example:
 
-        echo '{"transcript_path": "/home/me/.claude/projects/p/s.jsonl"}' \
-| python aokun.py hook claude-code stop
+        echo '{"transcript_path": "/home/me/s.jsonl"}' | python aokun.py hook claude-code stop
     """
     started = time.perf_counter()
     try:
