@@ -8280,13 +8280,16 @@ class SyncPlan:
 
 # Conversations: watching the clients' folders, and the clients' hooks ###########################
 
-WATCH_SOURCES = ("claude-code", "codex", "copilot")  #: the clients with local history (ChatGPT has none)
+#: the clients with local history (ChatGPT has none)
+WATCH_SOURCES = ("claude-code", "codex", "copilot")
 WATCH_GLOB_EVERY = 3  #: polls between two looks for new transcript files (known files: every poll)
 HOOK_CLIENTS = ("claude-code", "codex", "copilot")
-HOOK_EVENTS = {"claude-code": ("session-start", "stop"), "codex": ("notify",), "copilot": ("session-end",)}
+HOOK_EVENTS = {"claude-code": ("session-start", "stop"), "codex": ("notify",),
+               "copilot": ("session-end",)}
 HOOK_TIMEOUT_SECONDS = 30  #: the timeout written into the clients' hook entries
 HOOK_EMBED_TIMEOUT_SECONDS = 5.0  #: a hook's embedding budget; past it turns wait for the back-fill
-HOOK_ID_RX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  #: a session id a hook may put in a glob
+#: a session id a hook may put in a glob
+HOOK_ID_RX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 WATCH_SLICE_SECONDS = 2.0  #: the queued history a poll reads before it looks at the files again
@@ -8497,7 +8500,8 @@ class Watcher:
                 known.pop(p, None)
                 self._mark(p, None)
             for p, st in seen:
-                sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a chmod mends it
+                # ctime: a chmod mends it
+                sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
                 if known.get(p) != sig and stat.S_ISREG(st.st_mode):
                     known[p] = sig
                     changed.append((p, st))
@@ -8812,7 +8816,8 @@ def progress_text(p: dict) -> str:
 HOOK_LAUNCHER = "import sys; sys.path.insert(0, sys.argv.pop(1)); import aokun; aokun.main()"
 
 
-def hook_command(client: str, event: str, db: str | None, config: str | None, shell: str = "posix") -> str:
+def hook_command(client: str, event: str, db: str | None, config: str | None,
+                 shell: str = "posix") -> str:
     """The shell command a client runs for `event`: this Python, `-c` HOOK_LAUNCHER, this aokun.py's
     folder (absolute), the --db/--config the hooks were made with, then `hook CLIENT EVENT`; quoted
     for a POSIX shell or, with shell="powershell", for PowerShell."""
@@ -8831,8 +8836,8 @@ def claude_hooks_entry(db=None, config=None) -> dict:
     """The `hooks` of ~/.claude/settings.json: SessionStart injects the briefing, Stop (each answer)
     and SessionEnd ingest that session's transcript."""
     def group(event, matcher=None):
-        g = {"hooks": [{"type": "command", "command": hook_command("claude-code", event, db, config),
-                        "timeout": HOOK_TIMEOUT_SECONDS}]}
+        command = hook_command("claude-code", event, db, config)
+        g = {"hooks": [{"type": "command", "command": command, "timeout": HOOK_TIMEOUT_SECONDS}]}
         return {"matcher": matcher, **g} if matcher else g
     return {"SessionStart": [group("session-start", "startup|resume|clear|compact")],
             "Stop": [group("stop")], "SessionEnd": [group("stop")]}
@@ -8858,14 +8863,16 @@ def codex_notify_value(db=None, config=None) -> list[str]:
 def _is_ours(command: str, client: str, event: str) -> bool:
     """Whether a hook command is Aokun's for client/event: HOOK_LAUNCHER's, or an older one that
     ran aokun.py as a script (an install updates either)."""
-    return ("import aokun" in command or "aokun.py" in command) and f" hook {client} {event}" in command
+    return (("import aokun" in command or "aokun.py" in command)
+            and f" hook {client} {event}" in command)
 
 
 def merge_claude_hooks(settings: dict, entry: dict) -> list[str]:
-    """Merge `entry` (claude_hooks_entry) into the parsed settings.json in place, leaving every other
-    key and hook alone: an Aokun hook already there (its command runs aokun.py hook claude-code …)
-    is updated when its command differs, else kept; a missing one is appended. Returns what changed
-    (empty: nothing to do). AokunError when `hooks` or an event in it is not the documented shape."""
+    """Merge `entry` (claude_hooks_entry) into the parsed settings.json in place, leaving every
+    other key and hook alone: an Aokun hook already there (its command runs aokun.py hook
+    claude-code …) is updated when its command differs, else kept; a missing one is appended.
+    Returns what changed (empty: nothing to do). AokunError when `hooks` or an event in it is not
+    the documented shape."""
     hooks = settings.setdefault("hooks", {})
     if not isinstance(hooks, dict):
         raise AokunError("settings.json: `hooks` is not an object; fix it by hand first")
@@ -8876,8 +8883,10 @@ def merge_claude_hooks(settings: dict, entry: dict) -> list[str]:
         have = hooks.setdefault(event, [])
         if not isinstance(have, list):
             raise AokunError(f"settings.json: hooks.{event} is not a list; fix it by hand first")
-        found = [h for g in have if isinstance(g, dict) and isinstance(g.get("hooks"), list) for h in g["hooks"]
-                 if isinstance(h, dict) and _is_ours(str(h.get("command", "")), "claude-code", verb)]
+        found = [h for g in have if isinstance(g, dict) and isinstance(g.get("hooks"), list)
+                 for h in g["hooks"]
+                 if isinstance(h, dict)
+                 and _is_ours(str(h.get("command", "")), "claude-code", verb)]
         if not found:
             have.append(groups[0])
             changed.append(f"added {event}")
@@ -8901,9 +8910,10 @@ def write_with_backup(path: Path, text: str) -> Path | None:
 
 
 def install_codex_notify(path: Path, value: list[str]) -> str:
-    """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the top,
-    where a key is top-level whatever tables follow, and the result is parsed back to check it. Returns
-    what was done. AokunError when the file is not TOML or already has another `notify` (kept as it is)."""
+    """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the
+    top, where a key is top-level whatever tables follow, and the result is parsed back to check it.
+    Returns what was done. AokunError when the file is not TOML or already has another `notify`
+    (kept as it is)."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     try:
         current = tomllib.loads(text).get("notify")
@@ -8912,23 +8922,28 @@ def install_codex_notify(path: Path, value: list[str]) -> str:
     if current == value:
         return f"{path}: notify already runs Aokun; nothing changed"
     if current is not None and not _is_ours(" ".join(map(str, current)), "codex", "notify"):
-        raise AokunError(f"{path} already has notify = {current!r}; Codex runs only one, so it was left as it "
-                         "is. Use `python aokun.py watch` (or the server's [conversations] watch) instead")
+        raise AokunError(f"{path} already has notify = {current!r}; Codex runs only one, so it was "
+                         "left as it is. Use `python aokun.py watch` (or the server's "
+                         "[conversations] watch) instead")
     line = "notify = [" + ", ".join(json.dumps(a, ensure_ascii=False) for a in value) + "]"
     if current is not None:  # an older Aokun line (another path): replace that line only
         new = re.sub(r"(?m)^notify\s*=.*$", lambda _m: line, text, count=1)
     else:
         new = f"# Aokun: ingest each finished turn (python aokun.py hooks codex)\n{line}\n\n{text}"
     if tomllib.loads(new).get("notify") != value:
-        raise AokunError(f"{path}: could not place notify safely; add this line at the top by hand: {line}")
+        raise AokunError(f"{path}: could not place notify safely; add this line at the top by "
+                         f"hand: {line}")
     backup = write_with_backup(path, new)
     return f"{path}: notify set" + (f" (backup {backup})" if backup else "")
 
 
 def read_hook_payload(arg: str | None) -> dict:
-    """The hook's JSON: `arg` (Codex passes it as the last argument), else standard input (Claude Code,
-    Copilot CLI). {} when there is none; InputError when it is not a JSON object."""
-    raw = arg if arg is not None else ("" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read())
+    """The hook's JSON: `arg` (Codex passes it as the last argument), else standard input (Claude
+    Code, Copilot CLI). {} when there is none; InputError when it is not a JSON object."""
+    if arg is not None:
+        raw = arg
+    else:
+        raw = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
     if not raw.strip():
         return {}
     try:
@@ -8971,12 +8986,13 @@ DATA_STEPS = (
     (1, Vectors._upgrade_vector_index, "float vectors in vec0 (schema < 6) to the binary index"),
     (2, Vectors._compact_vectors, "float32 vectors (schema < 11) to int8: meta vector_format"),
     (3, Layers._upgrade_graph_entries, "graph entries to layout 2: meta graph_layout"),
-    (4, Layers._requeue_refused_context, "refused texts out of neighbours' vectors: meta refused_context"),
+    (4, Layers._requeue_refused_context,
+     "refused texts out of neighbours' vectors: meta refused_context"),
 )
 
 
-class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting, Maintenance,
-             Summarizer, Conversations, ConversationSearch, Portable, Sync):
+class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting,
+             Maintenance, Summarizer, Conversations, ConversationSearch, Portable, Sync):
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
     path (created and migrated when needed), optionally a Config and an Embedder; close() it.
 
@@ -8987,7 +9003,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
       context a write changed (Layers._refresh_stale); close() waits for it;
     - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
       own query-only connection (Recall.reader_rows);
-    - the server's `aokun-background` thread (see _background) calls the public methods like a caller.
+    - the server's `aokun-background` thread (see _background) calls the public methods like a
+      caller.
     - the server's `aokun-watch` thread and its `aokun-watch-backlog` (Watcher.run) do too.
 
     Locks:
@@ -9007,17 +9024,21 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     busy timeout, so callers never see "database is locked" under ordinary contention; the journal
     records which process (OWNER) runs each write."""
 
-    def __init__(self, path: Path | str, cfg: Config | None = None, embedder: Embedder | None = None,
-                 recover: bool = True):
-        """Open (create, migrate, upgrade) the file: every attribute any section uses is set here."""
+    def __init__(self, path: Path | str, cfg: Config | None = None,
+                 embedder: Embedder | None = None, recover: bool = True):
+        """Open (create, migrate, upgrade) the file: every attribute any section uses is set
+        here."""
         # Store: the file and its connection
         self.cfg = cfg or load_config()  # the settings
         self.path = Path(path)  # the database file
         self.lock = threading.RLock()  # guards conn and what changes with it (see Locks above)
         new = not self.path.exists()
-        self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
-                            self.backup_dir(), create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent,
-                            rank=bool(self.cfg.storage.rank_extension))  # the one read-write connection
+        storage = self.cfg.storage
+        # the one read-write connection
+        self.conn = connect(self.path, storage.busy_timeout_ms, storage.synchronous,
+                            self.backup_dir(),
+                            create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent,
+                            rank=bool(storage.rank_extension))
         if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
             print(f"aokun: created a new database {self.path}", file=sys.stderr, flush=True)
         self.queries = load_queries()  # the named queries of sql/*.sql
@@ -9026,13 +9047,16 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self.epoch = 0  # commits through tx(): what the recall cache keys on (Store owns it)
         # text and rules (Layers, Journal, Recall read them)
         t = self.cfg.text
+        jieba_cache = self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
-                             self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)  # tokens
+                             jieba_cache)  # tokens
         if self.cfg.recall.fusion not in ("score", "rrf"):
-            raise AokunError(f"[recall] fusion = {self.cfg.recall.fusion!r} is not one of score, rrf")
+            raise AokunError(f"[recall] fusion = {self.cfg.recall.fusion!r} is not one of "
+                             "score, rrf")
         self.rules = Rules(self.cfg)  # atom rules, aliases, intents, time words, event dates
         # Vectors
-        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)  # the provider
+        # the provider
+        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)
         self.vector_problem: str | None = None  # why vectors are not used now (Vectors owns it)
         self.last_embedding_error: str | None = None  # the provider's last transient failure
         self._refresher: ThreadPoolExecutor | None = None  # _refresh_stale's worker, started on use
@@ -9042,7 +9066,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._recall_cache: dict = {}  # key -> (stamp, _cache_state, answer), least recent first
         self._toucher: ThreadPoolExecutor | None = None  # the aokun-touch worker (Recall._touch)
         self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Recall._hamming_bound
-        self._pool_skips: dict[tuple, int] = {}  # Recall._channel_query: recalls left without the pool
+        # Recall._channel_query: recalls left without the pool
+        self._pool_skips: dict[tuple, int] = {}
         self._channel_pool: ThreadPoolExecutor | None = None  # aokun-recall-* channel workers
         self._readers: list[apsw.Connection] = []  # the channel workers' query-only connections
         self._readers_lock = threading.Lock()  # guards _readers and _channel_pool, never self.lock
@@ -9085,12 +9110,14 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
                 self._reset_turn_vectors()
         return self.backfill_turn_vectors(progress=progress)
 
-    #: the later sections' parts of earlier ones' work (functions: no Memory -> method -> Memory cycle)
+    #: the later sections' parts of earlier ones' work (functions: no Memory -> method -> Memory
+    #: cycle)
     hooks = Hooks(conversation_hits=ConversationSearch._conversation_hits,
                   briefing_lines=ConversationSearch._session_digest_lines,
                   counts=ConversationSearch._conversation_counts,
                   problems=ConversationSearch._conversation_problems,
-                  rebuild_vectors=_rebuild_turn_vectors, prune=ConversationSearch.prune_conversations,
+                  rebuild_vectors=_rebuild_turn_vectors,
+                  prune=ConversationSearch.prune_conversations,
                   watch=ConversationSearch.watch_progress)
 
     def close(self):
