@@ -9201,7 +9201,8 @@ def text_view(value):
         out = {}
         for name, spec in type(value).model_fields.items():
             v = getattr(value, name)
-            # false says nothing, but for a field that may be null (Flagged.pinned: false = unpinned)
+            # false says nothing, but for a field that may be null (Flagged.pinned: false =
+            # unpinned)
             if name in omit or name in TEXT_OMITTED or (v is False and spec.default is not None):
                 continue
             v = text_view(v)
@@ -9288,19 +9289,23 @@ def _write_models():
     class WriteResult(BaseModel):
         id: int = Field(description="Memory id.")
         uid: str | None = None
-        status: str = Field(description="Journal stage reached; 'done' when every layer is written.")
-        deduplicated: bool = Field(description="True when identical content was already stored: its id is returned "
-                                               "(or, for a memory consolidation merged into another, the survivor's).")
+        status: str = Field(
+            description="Journal stage reached; 'done' when every layer is written.")
+        deduplicated: bool = Field(
+            description="True when identical content was already stored: its id is returned (or, "
+                        "for a memory consolidation merged into another, the survivor's).")
         atoms: int = Field(description="Memory atoms this memory stated or reinforced.")
         graph_entries: int
         embedding: str | None = Field(description="done, pending (back-filled later) or none.")
-        embedding_truncated: bool = Field(description="True when only the start of the text was embedded.")
+        embedding_truncated: bool = Field(
+            description="True when only the start of the text was embedded.")
         warnings: list[str] = []
         may_update: list[dict] = Field([], description="Memories it may update: {id, preview}")
         changed: dict[str, list] = Field(default={}, description=(
-            "What a repeat (deduplicated) changed on the stored memory, {field: [old, new]}: new topics, tags, "
-            "participants or key_facts appended, a higher importance, an empty summary/sentiment/source/session_id "
-            "filled, pinned; archived: [true, false] when it restored an archived memory. {} otherwise."))
+            "What a repeat (deduplicated) changed on the stored memory, {field: [old, new]}: new "
+            "topics, tags, participants or key_facts appended, a higher importance, an empty "
+            "summary/sentiment/source/session_id filled, pinned; archived: [true, false] when it "
+            "restored an archived memory. {} otherwise."))
 
     class Deleted(BaseModel):
         id: int
@@ -9323,8 +9328,8 @@ def _write_models():
         id: int
         uid: str
         archived: bool
-        restored: list[int] = Field(description="Memories brought back (the merged ones, for a consolidation "
-                                                "survivor).")
+        restored: list[int] = Field(
+            description="Memories brought back (the merged ones, for a consolidation survivor).")
 
     class FeedbackItem(BaseModel):
         id: int
@@ -9339,7 +9344,8 @@ def _write_models():
         useful: bool
         results: list[FeedbackItem]
 
-    return _named(Metadata, WriteResult, Deleted, Flagged, ImportanceSet, Restored, FeedbackItem, Feedback)
+    return _named(Metadata, WriteResult, Deleted, Flagged, ImportanceSet, Restored, FeedbackItem,
+                  Feedback)
 
 
 @functools.cache
@@ -9381,7 +9387,8 @@ def _search_models():
             (when relevance stands for it)."""
             if self.explain is not None:
                 return HIT_METADATA
-            return HIT_METADATA | {"channels"} | ({"score"} if self.relevance is not None else set())
+            score = {"score"} if self.relevance is not None else set()
+            return HIT_METADATA | {"channels"} | score
 
     class Degraded(BaseModel):
         channel: str
@@ -9399,15 +9406,18 @@ def _search_models():
 
     class RecallResult(BaseModel):
         results: list[Hit]
-        facts: list[Fact] = Field([], description="Knowledge-graph facts valid now (or at as_of) about named entities.")
-        degraded: list[Degraded] = Field(description="Channels that could not run; the answer came from the rest.")
-        intent: str | None = Field(description="Detected query intent: relational, temporal, factual or null.")
+        facts: list[Fact] = Field(
+            [], description="Knowledge-graph facts valid now (or at as_of) about named entities.")
+        degraded: list[Degraded] = Field(
+            description="Channels that could not run; the answer came from the rest.")
+        intent: str | None = Field(
+            description="Detected query intent: relational, temporal, factual or null.")
         warnings: list[str] = []
         took_ms: float
         cached: bool = False
         conversations: list[_conversation_models().TurnHit] = Field(
-            [], description="With include_conversations: the best turns of ingested conversations, apart from "
-                            "the memories (their score × the bulk-import source boost).")
+            [], description="With include_conversations: the best turns of ingested conversations, "
+                            "apart from the memories (their score × the bulk-import source boost).")
 
     return _named(Hit, Degraded, Fact, RecallResult)
 
@@ -9504,7 +9514,8 @@ def _browse_models():
         atoms_by_state: dict[str, int]
         atoms_by_type: dict[str, int]
         journal: dict[str, int]
-        maintenance: dict[str, str | None] = Field(description="Last decay day, atom sweep and backup.")
+        maintenance: dict[str, str | None] = Field(
+            description="Last decay day, atom sweep and backup.")
         embedding: dict[str, Any]
 
     return _named(MemoryRow, MemoryList, MemoryDetail, Stats)
@@ -9520,13 +9531,16 @@ def _kg_models():
     Fact = _search_models().Fact
 
     class FactAdded(Fact):
-        closed: list[int] = Field(description="Facts this one closed (single-valued predicate, new object).")
+        closed: list[int] = Field(
+            description="Facts this one closed (single-valued predicate, new object).")
         existing: bool = Field(description="True when the same open fact was already recorded.")
 
     class FactEnded(Fact):
-        already_ended: bool = Field(description="True when the fact had ended already (or ends by valid_to): "
-                                                "its valid_to is kept, nothing changed.")
-        note: str = Field(description="What happened, e.g. 'already ended on 2021-05-01T00:00:00Z; its end is kept'.")
+        already_ended: bool = Field(
+            description="True when the fact had ended already (or ends by valid_to): its valid_to "
+                        "is kept, nothing changed.")
+        note: str = Field(description="What happened, e.g. 'already ended on 2021-05-01T00:00:00Z; "
+                                      "its end is kept'.")
 
     class Facts(BaseModel):
         entity: str
@@ -9551,10 +9565,10 @@ def _kg_models():
 
 @functools.cache
 def _context_models():
-    """Result models of the context and upkeep tools: ContextBlob (memory_context, refresh_briefing;
-    budget and tokens in estimated tokens), Consolidation {clusters: [Cluster], dry_run}, Summarized
-    {memory: WriteResult, summary} and ForgetPreview, whose Change {id, old, new} holds an
-    importance (0..1) or an atom state name."""
+    """Result models of the context and upkeep tools: ContextBlob (memory_context,
+    refresh_briefing; budget and tokens in estimated tokens), Consolidation {clusters: [Cluster],
+    dry_run}, Summarized {memory: WriteResult, summary} and ForgetPreview, whose Change {id, old,
+    new} holds an importance (0..1) or an atom state name."""
     from typing import Any, ClassVar
 
     from pydantic import BaseModel, Field
@@ -9563,14 +9577,18 @@ def _context_models():
 
     class ContextBlob(BaseModel):
         text: str = Field(description="Ready to put in a prompt.")
-        tokens: int = Field(description="Estimated tokens (1 per CJK character, 1 per 4 other characters).")
+        tokens: int = Field(
+            description="Estimated tokens (1 per CJK character, 1 per 4 other characters).")
         budget: int
         mode: str
-        source: str = Field(description="briefing (pre-built, no search) or dynamic (searched for the topic).")
-        stale: bool = Field(description="True only when the briefing could not be rebuilt after a change (it is "
-                                        "rebuilt before serving whenever memory changed since).")
+        source: str = Field(
+            description="briefing (pre-built, no search) or dynamic (searched for the topic).")
+        stale: bool = Field(description="True only when the briefing could not be rebuilt after a "
+                                        "change (it is rebuilt before serving whenever memory "
+                                        "changed since).")
         generated_at: str = Field(description="When the text was built, ISO-8601 UTC.")
-        age_seconds: int = Field(description="Seconds since generated_at (0 for a dynamic context).")
+        age_seconds: int = Field(
+            description="Seconds since generated_at (0 for a dynamic context).")
 
     class Cluster(BaseModel):
         survivor: int
@@ -9594,9 +9612,11 @@ def _context_models():
         text_omit: ClassVar = frozenset({"days"})  # every day up to as_of: only as_of matters
         as_of: str = Field(description="The moment previewed (now + days), ISO-8601 UTC.")
         days: list[str] = Field(description="Decay days that would run.")
-        importance: list[Change] = Field(description="Memories whose importance would drop (old -> new).")
+        importance: list[Change] = Field(
+            description="Memories whose importance would drop (old -> new).")
         archived: list[int] = Field(description="Memories that would be auto-archived.")
-        atoms: list[Change] = Field(description="Atoms whose state would change (active/expired/forgotten/purged).")
+        atoms: list[Change] = Field(
+            description="Atoms whose state would change (active/expired/forgotten/purged).")
 
     return _named(ContextBlob, Cluster, Consolidation, Summarized, Change, ForgetPreview)
 
@@ -9631,16 +9651,18 @@ def _tool_args():
 
 
 def _meta(metadata) -> dict:
-    """A Metadata argument (or None) as the dict Memory takes: the fields given, None ones left out."""
+    """A Metadata argument (or None) as the dict Memory takes: the fields given, None ones left
+    out."""
     return {} if metadata is None else metadata.model_dump(exclude_none=True)
 
 
 #: The CLI commands that messages name, and the MCP tool that does the same for an MCP client.
-#: list_memories is not among DEFAULT_TOOLS, so that hint names recall first; the kg hints only reach
-#: a client that called a kg tool.
+#: list_memories is not among DEFAULT_TOOLS, so that hint names recall first; the kg hints only
+#: reach a client that called a kg tool.
 #: The MCP tool that does what a hint's CLI command does (AokunError.hints)
 HINT_TOOLS = {"list": "`recall` (or `list_memories`, if exposed)", "show ID": "`get_memory`",
-              "kg query ENTITY": "`kg_query`", "kg timeline ENTITY": "`kg_timeline`", "kg add": "`kg_add`",
+              "kg query ENTITY": "`kg_query`", "kg timeline ENTITY": "`kg_timeline`",
+              "kg add": "`kg_add`",
               "conversations list": "`conversation_search` (each hit names its session)"}
 
 
