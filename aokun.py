@@ -9261,12 +9261,8 @@ def lean_schema(schema, output: bool = False):
 
 
 @functools.cache
-def _write_models():
-    """Models of the write tools: Metadata, the optional `metadata` argument of memorize,
-    edit_memory and summarize_memory (unknown keys refused, importance 0..1); the results
-    WriteResult (memorize, edit_memory), Deleted, Flagged (pin/unpin/archive: the flag changed, the
-    other null), ImportanceSet (old and new importance, 0..1), Restored (restored: memory ids) and
-    Feedback (memory_feedback: per memory, FeedbackItem)."""
+def _metadata_model():
+    """Metadata, the optional `metadata` argument of memorize, edit_memory and summarize_memory."""
     from pydantic import BaseModel, ConfigDict, Field
 
     class Metadata(BaseModel):
@@ -9285,6 +9281,19 @@ def _write_models():
         timestamp: str | None = Field(None, description="When it happened (ISO-8601).")
         tags: list[str] | None = None
         pinned: bool | None = Field(None, description="Never decays.")
+
+    return Metadata
+
+
+@functools.cache
+def _write_models():
+    """Models of the write tools: Metadata (_metadata_model: unknown keys refused, importance
+    0..1); the results WriteResult (memorize, edit_memory), Deleted, Flagged (pin/unpin/archive:
+    the flag changed, the other null), ImportanceSet (old and new importance, 0..1), Restored
+    (restored: memory ids) and Feedback (memory_feedback: per memory, FeedbackItem)."""
+    from pydantic import BaseModel, Field
+
+    Metadata = _metadata_model()
 
     class WriteResult(BaseModel):
         id: int = Field(description="Memory id.")
