@@ -9700,6 +9700,20 @@ def _on_memory(ctx, fn):
         raise ToolError(for_mcp(e)) from None
 
 
+def _edit_metadata(metadata: dict | None):
+    """edit_memory's metadata checked against memorize's Metadata (None stays None): a ToolError
+    names each refused field. Checked here, not by the schema, so the schema sent to the model
+    carries that model once, in memorize."""
+    from mcp.server.mcpserver.exceptions import ToolError
+    from pydantic import ValidationError
+    try:
+        return None if metadata is None else _metadata_model().model_validate(metadata)
+    except ValidationError as e:
+        raise ToolError("edit_memory: " + "; ".join(
+            f"metadata.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
+            for err in e.errors(include_url=False))) from None
+
+
 # Tool families. Each tool is a sync function (the SDK runs it in a worker thread; the Memory
 # serialises calls on its connection lock) whose first parameter is the SDK Context, which the SDK
 # injects and leaves out of the input schema. Its docstring is the tool's description, its other
@@ -9715,7 +9729,7 @@ def _write_tools():
 
     from mcp.server.mcpserver import Context
     from mcp.server.mcpserver.exceptions import ToolError
-    from pydantic import Field, ValidationError
+    from pydantic import Field
 
     A, M = _tool_args(), _write_models()
 
@@ -9725,8 +9739,8 @@ def _write_tools():
                  supersedes: Annotated[list[int] | None,
                                        Field(description="Ids it replaces (archived).")] = None,
                  ) -> M.WriteResult:
-        """Store a fact, preference, decision, event or plan worth keeping for weeks, written to make
-        sense alone (names, not pronouns)."""
+        """Store a fact, preference, decision, event or plan worth keeping for weeks, written to
+        make sense alone (names, not pronouns)."""
         return M.WriteResult(**_on_memory(ctx, lambda m: m.memorize(content, _meta(metadata),
                                                                     supersedes)))
 
@@ -9735,17 +9749,11 @@ def _write_tools():
                         description="Fields of memorize's metadata.")] = None,
                     persona_id: A.Owner = None) -> M.WriteResult:
         """Correct a memory's text and/or metadata (given fields replace the stored ones)."""
-        # metadata is checked here against memorize's Metadata model, so the schema sent to the
-        # model carries that model once, in memorize
         if content is None and metadata is None:
             raise ToolError("content: give new content and/or metadata to change")
-        try:
-            meta = None if metadata is None else M.Metadata.model_validate(metadata)
-        except ValidationError as e:
-            raise ToolError("edit_memory: " + "; ".join(
-                f"metadata.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
-                for err in e.errors(include_url=False))) from None
-        return M.WriteResult(**_on_memory(ctx, lambda m: m.edit(id, content, _meta(meta), persona_id)))
+        meta = _edit_metadata(metadata)
+        return M.WriteResult(**_on_memory(ctx, lambda m: m.edit(id, content, _meta(meta),
+                                                                persona_id)))
 
     def delete_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Deleted:
         """Forget a memory completely, e.g. when the user asks you to."""
@@ -9761,7 +9769,8 @@ def _write_tools():
 
     def archive_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Flagged:
         """Archive a memory: kept, but out of recall unless include_archived."""
-        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "archived", True, persona_id)))
+        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "archived", True,
+                                                                persona_id)))
 
     def restore_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Restored:
         """Bring an archived, superseded or merged memory back into recall (undoes a consolidation
@@ -9772,24 +9781,26 @@ def _write_tools():
                        importance: Annotated[float, Field(ge=0, le=1)],
                        persona_id: A.Owner = None) -> M.ImportanceSet:
         """Set a memory's importance (0..1): important memories rank higher and fade slower."""
-        return M.ImportanceSet(**_on_memory(ctx, lambda m: m.set_importance(id, importance, persona_id)))
+        return M.ImportanceSet(**_on_memory(ctx, lambda m: m.set_importance(id, importance,
+                                                                            persona_id)))
 
     def memory_feedback(ctx: Context,
                         ids: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)],
                         useful: Annotated[bool, _nullable(True)] = True,
                         persona_id: A.Persona = None) -> M.Feedback:
-        """After answering, pass the ids of recalled memories you used (useful=false: wrong ones): they
-        rank higher."""
-        return M.Feedback(**_on_memory(ctx, lambda m: m.memory_feedback(ids, useful, persona_id)))
+        """After answering, pass the ids of recalled memories you used (useful=false: wrong ones):
+        they rank higher."""
+        return M.Feedback(**_on_memory(ctx, lambda m: m.memory_feedback(ids, useful,
+                                                                        persona_id)))
 
-    return _named(memorize, edit_memory, delete_memory, pin_memory, unpin_memory, archive_memory, restore_memory,
-                  set_importance, memory_feedback)
+    return _named(memorize, edit_memory, delete_memory, pin_memory, unpin_memory, archive_memory,
+                  restore_memory, set_importance, memory_feedback)
 
 
 @functools.cache
 def _read_tools():
-    """The tools that search and read memories: recall, search_atoms, list_memories, get_memory and
-    memory_stats (results: _search_models() and _browse_models())."""
+    """The tools that search and read memories: recall, search_atoms, list_memories, get_memory
+    and memory_stats (results: _search_models() and _browse_models())."""
     from typing import Annotated
 
     from mcp.server.mcpserver import Context
@@ -9805,13 +9816,14 @@ def _read_tools():
                include_archived: Annotated[bool, _nullable(False)] = False,
                explain: Annotated[bool, Field(description="Per-channel ranks and score parts."),
                                   _nullable(False)] = False,
-               as_of: Annotated[str | None, Field(description="ISO-8601: memory as it stood then.")] = None,
+               as_of: Annotated[str | None,
+                                Field(description="ISO-8601: memory as it stood then.")] = None,
                include_conversations: Annotated[bool, Field(description="Also ingested turns."),
                                                 _nullable(False)] = False
                ) -> S.RecallResult:
-        """Search memory by meaning, keywords and relations, in any language; call it before answering
-        when earlier conversations may matter. A hit with truncated: true is cut short (get_memory
-        reads it whole)."""
+        """Search memory by meaning, keywords and relations, in any language; call it before
+        answering when earlier conversations may matter. A hit with truncated: true is cut short
+        (get_memory reads it whole)."""
         return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(
             query, limit, persona_id, session_id, include_archived, explain, None, as_of,
             include_conversations=include_conversations)))
@@ -9828,10 +9840,11 @@ def _read_tools():
                       offset: Annotated[int, Field(ge=0), _nullable(0)] = 0,
                       persona_id: A.Persona = None,
                       session_id: A.Session = None,
-                      include_archived: Annotated[bool, _nullable(False)] = False) -> B.MemoryList:
+                      include_archived: Annotated[bool, _nullable(False)] = False
+                      ) -> B.MemoryList:
         """List memories newest first (to browse; recall searches)."""
-        rows = _on_memory(ctx, lambda m: m.list_memories(limit, offset, persona_id or "", session_id,
-                                                         include_archived))
+        rows = _on_memory(ctx, lambda m: m.list_memories(limit, offset, persona_id or "",
+                                                         session_id, include_archived))
         return B.MemoryList(memories=[B.MemoryRow(**r) for r in rows])
 
     def get_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> B.MemoryDetail:
@@ -9847,8 +9860,8 @@ def _read_tools():
 
 @functools.cache
 def _kg_tools():
-    """The temporal knowledge-graph tools: kg_add, kg_query, kg_invalidate, kg_timeline, kg_stats and
-    kg_delete_entity (results: _kg_models())."""
+    """The temporal knowledge-graph tools: kg_add, kg_query, kg_invalidate, kg_timeline, kg_stats
+    and kg_delete_entity (results: _kg_models())."""
     from typing import Annotated
 
     from mcp.server.mcpserver import Context
@@ -9862,21 +9875,24 @@ def _kg_tools():
                confidence: Annotated[float, Field(ge=0, le=1), _nullable(1.0)] = 1.0,
                source_memory_id: int | None = None,
                persona_id: A.Persona = None) -> K.FactAdded:
-        """Record a fact as a triple with a validity window, e.g. (Alice, lives_in, Paris); a new value
-        of a single-valued predicate (lives_in, works_at, 住在…) closes the old fact."""
-        return K.FactAdded(**_on_memory(ctx, lambda m: m.kg_add(subject, predicate, object, valid_from, valid_to,
-                                                                confidence, source_memory_id, persona_id)))
+        """Record a fact as a triple with a validity window, e.g. (Alice, lives_in, Paris); a new
+        value of a single-valued predicate (lives_in, works_at, 住在…) closes the old fact."""
+        return K.FactAdded(**_on_memory(ctx, lambda m: m.kg_add(
+            subject, predicate, object, valid_from, valid_to, confidence, source_memory_id,
+            persona_id)))
 
     def kg_query(ctx: Context, entity: A.Entity, as_of: A.When = None,
                  predicate: str | None = None,
                  persona_id: A.Persona = None) -> K.Facts:
         """Facts about an entity that hold now, or at as_of."""
-        return K.Facts(**_on_memory(ctx, lambda m: m.kg_query(entity, as_of, predicate, persona_id)))
+        return K.Facts(**_on_memory(ctx, lambda m: m.kg_query(entity, as_of, predicate,
+                                                              persona_id)))
 
     def kg_invalidate(ctx: Context, id: Annotated[int, Field(ge=1, description="Fact id.")],
                       valid_to: A.When = None, persona_id: A.Owner = None) -> K.FactEnded:
         """End a fact from valid_to (default now); its history is kept."""
-        return K.FactEnded(**_on_memory(ctx, lambda m: m.kg_invalidate(id, valid_to, persona_id)))
+        return K.FactEnded(**_on_memory(ctx, lambda m: m.kg_invalidate(id, valid_to,
+                                                                       persona_id)))
 
     def kg_timeline(ctx: Context, entity: A.Entity, persona_id: A.Persona = None) -> K.Facts:
         """Every fact ever recorded about an entity, oldest first."""
@@ -9886,10 +9902,12 @@ def _kg_tools():
         """Counts of entities and facts (active and expired)."""
         return K.KGStats(**_on_memory(ctx, lambda m: m.kg_stats(persona_id)))
 
-    def kg_delete_entity(ctx: Context, entity: A.Entity, persona_id: A.Owner = None) -> K.EntityDeleted:
-        """Delete an entity and every fact about it for good (to record that a fact stopped being true,
-        use kg_invalidate)."""
-        return K.EntityDeleted(**_on_memory(ctx, lambda m: m.kg_delete_entity(entity, persona_id)))
+    def kg_delete_entity(ctx: Context, entity: A.Entity,
+                         persona_id: A.Owner = None) -> K.EntityDeleted:
+        """Delete an entity and every fact about it for good (to record that a fact stopped being
+        true, use kg_invalidate)."""
+        return K.EntityDeleted(**_on_memory(ctx, lambda m: m.kg_delete_entity(entity,
+                                                                              persona_id)))
 
     return _named(kg_add, kg_query, kg_invalidate, kg_timeline, kg_stats, kg_delete_entity)
 
@@ -9907,13 +9925,15 @@ def _context_tools():
 
     def memory_context(ctx: Context,
                        topic: str | None = None,
-                       mode: Annotated[str, Field(description="quick, chat, coding or project: the "
-                                                              "budget."), _nullable("chat")] = "chat",
+                       mode: Annotated[str, Field(description="quick, chat, coding or project: "
+                                                              "the budget."),
+                                       _nullable("chat")] = "chat",
                        max_tokens: Annotated[int | None, Field(ge=CONTEXT_TOKENS_MIN)] = None,
                        persona_id: A.Persona = None) -> C.ContextBlob:
         """Memory for a session start or a new topic, within a token budget; no topic: the session
         briefing."""
-        return C.ContextBlob(**_on_memory(ctx, lambda m: m.memory_context(topic, mode, max_tokens, persona_id)))
+        return C.ContextBlob(**_on_memory(ctx, lambda m: m.memory_context(topic, mode, max_tokens,
+                                                                          persona_id)))
 
     def refresh_briefing(ctx: Context, persona_id: A.Persona = None) -> C.ContextBlob:
         """Rebuild the session briefing now (it is also rebuilt after changes)."""
@@ -9932,8 +9952,8 @@ def _context_tools():
     def consolidate(ctx: Context,
                     dry_run: Annotated[bool, _nullable(True)] = True,
                     persona_id: A.Persona = None) -> C.Consolidation:
-        """Find near-duplicate memories; with dry_run=false merge each cluster into one (restore_memory
-        on the survivor undoes it)."""
+        """Find near-duplicate memories; with dry_run=false merge each cluster into one
+        (restore_memory on the survivor undoes it)."""
         return C.Consolidation(**_on_memory(ctx, lambda m: m.consolidate(
             dry_run, persona_id, progress=_tool_progress(ctx))))
 
@@ -9951,17 +9971,18 @@ def _context_tools():
 
 @functools.cache
 def _conversation_models():
-    """Result models of the conversation tools: TurnHit (a conversation_search hit, also in recall's
-    `conversations`), TurnSearch {results, degraded, warnings, took_ms}, SessionTurns (one session's
-    turns in order, a page of them) and ConversationStats (counts and first/last turn times,
-    ISO-8601 or null, per source)."""
+    """Result models of the conversation tools: TurnHit (a conversation_search hit, also in
+    recall's `conversations`), TurnSearch {results, degraded, warnings, took_ms}, SessionTurns (one
+    session's turns in order, a page of them) and ConversationStats (counts and first/last turn
+    times, ISO-8601 or null, per source)."""
     from typing import Any
 
     from pydantic import BaseModel, Field
 
     class TurnHit(BaseModel):
         turn_id: int
-        session_id: str = Field(description="The client's session id: conversation_get_session reads it.")
+        session_id: str = Field(
+            description="The client's session id: conversation_get_session reads it.")
         source: str = Field(description="claude-code, codex, copilot or chatgpt.")
         role: str = Field(description="user or assistant.")
         created_at: str
@@ -9992,7 +10013,8 @@ def _conversation_models():
         turns: list[Turn]
         offset: int
         limit: int
-        next_offset: int | None = Field(description="Pass as offset for the next page; null at the end.")
+        next_offset: int | None = Field(
+            description="Pass as offset for the next page; null at the end.")
 
     class ConversationStats(BaseModel):
         sessions: int
@@ -10027,7 +10049,8 @@ def _conversation_tools():
                             since: Annotated[str | None, Field(description="ISO-8601.")] = None,
                             until: Annotated[str | None, Field(description="ISO-8601.")] = None,
                             persona_id: A.Persona = None) -> C.TurnSearch:
-        """Search past conversations with the user's assistants (Claude Code, Codex, Copilot, ChatGPT)."""
+        """Search past conversations with the user's assistants (Claude Code, Codex, Copilot,
+        ChatGPT)."""
         return C.TurnSearch(**_on_memory(ctx, lambda m: m.conversation_search(
             query, limit, source, session_id, since, until, persona_id)))
 
@@ -10057,7 +10080,8 @@ def _conversation_tools():
 WATCH_PROGRESS_MCP = ("files_done", "files_left", "turns_done", "turns_left", "turns_per_second",
                       "seconds_left", "searchable_after")
 
-#: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they stand for.
+#: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they
+#: stand for.
 #: Only hints that differ from the spec's defaults are sent (readOnlyHint false, destructiveHint
 #: true, idempotentHint false, openWorldHint true; the last three mean something only for a write).
 TOOL_KINDS = {
@@ -10069,8 +10093,9 @@ TOOL_KINDS = {
     "cumulative": dict(destructive_hint=False, open_world_hint=False),
 }
 
-#: Every MCP tool, in tools/list order: name -> (the cached family factory that defines its function,
-#: annotation kind from TOOL_KINDS). build_server registers those that exposed_tools picks.
+#: Every MCP tool, in tools/list order: name -> (the cached family factory that defines its
+#: function, annotation kind from TOOL_KINDS). build_server registers those that exposed_tools
+#: picks.
 MCP_TOOLS = {
     "memorize": (_write_tools, "write"),
     "recall": (_read_tools, "read-only"),
