@@ -10138,15 +10138,17 @@ class ServerState:
     memory: Memory
     worker: threading.Thread
     stop: threading.Event
-    watcher: threading.Thread | None = None  #: `aokun-watch`, polling the clients' history ([conversations] watch)
+    #: `aokun-watch`, polling the clients' history ([conversations] watch)
+    watcher: threading.Thread | None = None
 
     @classmethod
     def start(cls, memory: Memory) -> "ServerState":
-        """Start the background thread over `memory`, and the watch thread when [conversations] watch is
-        on (Watcher.run over the same Memory, like the background thread; it starts its back-log
-        thread itself); the state owns the Memory from then on."""
+        """Start the background thread over `memory`, and the watch thread when [conversations]
+        watch is on (Watcher.run over the same Memory, like the background thread; it starts its
+        back-log thread itself); the state owns the Memory from then on."""
         stop = threading.Event()
-        worker = threading.Thread(target=_background, args=(memory, stop), name="aokun-background", daemon=True)
+        worker = threading.Thread(target=_background, args=(memory, stop), name="aokun-background",
+                                  daemon=True)
         worker.start()
         watcher = None
         if memory.cfg.conversations.watch:
@@ -10156,8 +10158,8 @@ class ServerState:
         return cls(memory, worker, stop, watcher)
 
     def close(self) -> None:
-        """Stop the background and watch threads (waiting up to 30 s for their current step), then close
-        the Memory."""
+        """Stop the background and watch threads (waiting up to 30 s for their current step), then
+        close the Memory."""
         self.stop.set()
         for t in (self.worker, self.watcher):
             if t is not None:
@@ -10215,28 +10217,31 @@ MCP_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "notice": loggin
 
 class McpLogRelay(logging.Handler):
     """A logging handler on the `aokun` logger that sends each record, as `notifications/message`
-    {level, logger, data: the message}, to every MCP session that asked for that level or a lower one
-    with logging/setLevel. A session that never set a level gets nothing. Records come from any
+    {level, logger, data: the message}, to every MCP session that asked for that level or a lower
+    one with logging/setLevel. A session that never set a level gets nothing. Records come from any
     thread (the background back-fill, maintenance and sync, tool worker threads): each is handed to
-    the session's event loop without waiting, and a session whose loop or stream is gone is dropped.
-    What reaches it is bounded by [server] log_level (the `aokun` logger's level, INFO by default)."""
+    the session's event loop without waiting, and a session whose loop or stream is gone is
+    dropped. What reaches it is bounded by [server] log_level (the `aokun` logger's level, INFO by
+    default)."""
 
     def __init__(self):
         super().__init__()
         import weakref
-        #: SDK Connection (one per client session; weak: an ended session drops out) -> (level no, loop)
+        #: SDK Connection (one per client session; weak: an ended session drops out) -> (level no,
+        #: loop)
         self.sessions: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def subscribe(self, connection, level: str, loop) -> None:
-        """Send `connection` (the SDK Connection of a client session) the records at or above MCP level
-        `level` (a key of MCP_LOG_LEVELS) from now on, scheduled on `loop` (the asyncio loop serving
-        it); a later call replaces the level."""
+        """Send `connection` (the SDK Connection of a client session) the records at or above MCP
+        level `level` (a key of MCP_LOG_LEVELS) from now on, scheduled on `loop` (the asyncio loop
+        serving it); a later call replaces the level."""
         self.sessions[connection] = (MCP_LOG_LEVELS[level], loop)
 
     def emit(self, record: logging.LogRecord) -> None:
         """Schedule `record` to every subscribed session whose level it reaches; never raises."""
         import asyncio
-        targets = [(s, loop) for s, (no, loop) in list(self.sessions.items()) if record.levelno >= no]
+        targets = [(s, loop) for s, (no, loop) in list(self.sessions.items())
+                   if record.levelno >= no]
         if not targets:
             return
         level = [name for name, no in MCP_LOG_LEVELS.items() if record.levelno >= no][-1]
@@ -10246,13 +10251,15 @@ class McpLogRelay(logging.Handler):
             data = str(record.msg)
         for session, loop in targets:
             try:
-                asyncio.run_coroutine_threadsafe(self._send(session, level, record.name, data), loop)
+                asyncio.run_coroutine_threadsafe(self._send(session, level, record.name, data),
+                                                 loop)
             except RuntimeError:  # the loop is closed: that session has ended
                 self.sessions.pop(session, None)
 
     async def _send(self, connection, level: str, logger: str, data: str) -> None:
         try:  # Connection.notify drops the message when the stream is closed
-            await connection.notify("notifications/message", {"level": level, "logger": logger, "data": data})
+            await connection.notify("notifications/message",
+                                    {"level": level, "logger": logger, "data": data})
         except Exception:
             self.sessions.pop(connection, None)
 
@@ -10266,9 +10273,9 @@ def _log_relay() -> McpLogRelay:
 
 
 def _add_logging(server) -> None:
-    """Serve logging/setLevel on `server` (which advertises the logging capability from then on): the
-    session that sends it gets the `aokun` log records at or above that level (McpLogRelay); before
-    it sends one, none. An unknown level is refused by the SDK (-32602, naming `level`)."""
+    """Serve logging/setLevel on `server` (which advertises the logging capability from then on):
+    the session that sends it gets the `aokun` log records at or above that level (McpLogRelay);
+    before it sends one, none. An unknown level is refused by the SDK (-32602, naming `level`)."""
     import asyncio
 
     import mcp.types as types
@@ -10279,19 +10286,21 @@ def _add_logging(server) -> None:
         _log_relay().subscribe(ctx.session._connection, params.level, asyncio.get_running_loop())
         return types.EmptyResult()
 
-    server._lowlevel_server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
+    server._lowlevel_server.add_request_handler("logging/setLevel", types.SetLevelRequestParams,
+                                                set_level)
 
 
-#: seconds between two progress notifications of one tool call (the last one, done == total, always goes)
+#: seconds between two progress notifications of one tool call (the last one, done == total,
+#: always goes)
 PROGRESS_INTERVAL_SECONDS = 0.2
 
 
 def _tool_progress(ctx):
     """A progress(done, total=None) callback for the engine, called from the tool's worker thread:
-    it sends `notifications/progress` for the tool call `ctx` serves (nothing when the client sent no
-    progressToken: the SDK drops it), at most one per PROGRESS_INTERVAL_SECONDS except the final one
-    (done == total). It blocks the worker until the notification is queued; a failure to send is
-    logged at debug level and never stops the tool."""
+    it sends `notifications/progress` for the tool call `ctx` serves (nothing when the client sent
+    no progressToken: the SDK drops it), at most one per PROGRESS_INTERVAL_SECONDS except the final
+    one (done == total). It blocks the worker until the notification is queued; a failure to send
+    is logged at debug level and never stops the tool."""
     import anyio.from_thread
 
     last = [-math.inf]
@@ -10344,10 +10353,10 @@ MCP_TEMPLATES = ("memory://memories/{id}{?persona_id}", "memory://entities/{name
 
 
 def _add_prompts(server, memory) -> None:
-    """Register the prompts on `server`: session_briefing (the session briefing, what memory_context
-    without a topic returns) and remember_about (recall of `topic` plus the knowledge-graph facts
-    about it, as one text), both with an optional persona_id. A bad argument is a -32602 error naming
-    the field. `memory()` is the open lifespan's Memory."""
+    """Register the prompts on `server`: session_briefing (the session briefing, what
+    memory_context without a topic returns) and remember_about (recall of `topic` plus the
+    knowledge-graph facts about it, as one text), both with an optional persona_id. A bad argument
+    is a -32602 error naming the field. `memory()` is the open lifespan's Memory."""
     from mcp import MCPError
     from mcp.types import INVALID_PARAMS
 
@@ -10358,8 +10367,8 @@ def _add_prompts(server, memory) -> None:
             raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
 
     @server.prompt("session_briefing", title="Session briefing",
-                   description="What Aokun remembers for the start of a session: pinned and important "
-                               "memories, recent ones and current facts.")
+                   description="What Aokun remembers for the start of a session: pinned and "
+                               "important memories, recent ones and current facts.")
     def session_briefing(persona_id: str | None = None) -> str:
         """What Aokun remembers for the start of a session: pinned and important memories, recent
         ones and current facts."""
@@ -10367,17 +10376,18 @@ def _add_prompts(server, memory) -> None:
         return "Here is what you remember from earlier sessions; use it where it helps:\n\n" + text
 
     @server.prompt("remember_about", title="What do you remember about…",
-                   description="What Aokun remembers about a topic (a person, project, place…): the "
-                               "memories recall finds and the facts about it that hold now.")
+                   description="What Aokun remembers about a topic (a person, project, place…): "
+                               "the memories recall finds and the facts about it that hold now.")
     def remember_about(topic: str, persona_id: str | None = None) -> str:
-        """What Aokun remembers about `topic` (a person, project, place…): the memories recall finds for
-        it and the knowledge-graph facts about it that hold now."""
+        """What Aokun remembers about `topic` (a person, project, place…): the memories recall
+        finds for it and the knowledge-graph facts about it that hold now."""
         return answer(lambda m: _remember_about_text(m, topic, persona_id or None))
 
 
 def _remember_about_text(m: "Memory", topic: str, persona_id: str | None) -> str:
-    """The remember_about prompt's text: recall(topic) hits (id, date, one line each) and the current
-    facts of the entity `topic` when the knowledge graph has it. InputError for an empty topic."""
+    """The remember_about prompt's text: recall(topic) hits (id, date, one line each) and the
+    current facts of the entity `topic` when the knowledge graph has it. InputError for an empty
+    topic."""
     if not str(topic or "").strip():
         raise InputError("topic", "give what to remember about, e.g. a name")
     hits = m.recall(topic, persona_id=persona_id)["results"]
@@ -10386,19 +10396,20 @@ def _remember_about_text(m: "Memory", topic: str, persona_id: str | None) -> str
     except NotFound:
         facts = []
     lines = [f"What do you remember about {topic}? This is what memory holds:", "", "## Memories"]
-    lines += [f"- [{h['id']}] {str(h.get('created_at') or '')[:10]} {_one_line(h['text'])}" for h in hits] \
-        or ["- (none found)"]
+    lines += [f"- [{h['id']}] {str(h.get('created_at') or '')[:10]} {_one_line(h['text'])}"
+              for h in hits] or ["- (none found)"]
     lines += ["", "## Facts that hold now"]
-    lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts] \
-        or ["- (none recorded)"]
+    lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})"
+              for f in facts] or ["- (none recorded)"]
     return "\n".join(lines)
 
 
 def _add_entity_resources(server, memory) -> None:
-    """Register the templates memory://entities/{name}{?persona_id} (JSON: kg_query of the entity, its
-    facts that hold now) and memory://sessions/{session_id}{?persona_id} (JSON: the first page of an
-    ingested conversation session, conversation_get_session). An unknown name or session, or one of
-    another persona, is a ResourceNotFoundError; a bad argument a -32602 error naming the field."""
+    """Register the templates memory://entities/{name}{?persona_id} (JSON: kg_query of the entity,
+    its facts that hold now) and memory://sessions/{session_id}{?persona_id} (JSON: the first page
+    of an ingested conversation session, conversation_get_session). An unknown name or session, or
+    one of another persona, is a ResourceNotFoundError; a bad argument a -32602 error naming the
+    field."""
     from mcp import MCPError
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError
     from mcp.types import INVALID_PARAMS
