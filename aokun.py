@@ -10454,21 +10454,24 @@ def build_server(memory_factory, cfg: Config):
                 for t in await super().list_tools()]
 
         async def call_tool(self, name, arguments, context=None):
-            """MCPServer.call_tool, with arguments the tool's schema refuses reported in one line that
-            names each field ("recall: k: Input should be a valid integer"), not pydantic's report."""
+            """MCPServer.call_tool, with arguments the tool's schema refuses reported in one line
+            that names each field ("recall: k: Input should be a valid integer"), not pydantic's
+            report."""
             try:
                 return await super().call_tool(name, arguments, context)
             except ToolError as e:
-                if isinstance(e, UnexpectedToolError) or not isinstance(e.__cause__, ValidationError):
+                if (isinstance(e, UnexpectedToolError)
+                        or not isinstance(e.__cause__, ValidationError)):
                     raise
                 raise ToolError(f"{name}: " + "; ".join(
                     f"{'.'.join(str(x) for x in err['loc']) or 'arguments'}: {err['msg']}"
                     for err in e.__cause__.errors(include_url=False))) from e.__cause__
 
     running: list[ServerState] = []
+    # no subscriptions/listen: nothing publishes list or resource changes
     server = Server("aokun", instructions=SERVER_INSTRUCTIONS, version=__version__,
-                       lifespan=_lifespan(memory_factory, running), log_level=cfg.server.log_level.upper(),
-                       subscriptions=False)  # no subscriptions/listen: nothing publishes list or resource changes
+                    lifespan=_lifespan(memory_factory, running),
+                    log_level=cfg.server.log_level.upper(), subscriptions=False)
     for name in exposed_tools(cfg, MCP_TOOLS):
         family, kind = MCP_TOOLS[name]
         fn = getattr(family(), name)
@@ -10492,7 +10495,8 @@ def _answering(fn):
     @functools.wraps(fn)
     def tool(*args, **kwargs):
         model = fn(*args, **kwargs)
-        return CallToolResult(content=[TextContent(type="text", text=compact_json(text_view(model)))],
+        text = TextContent(type="text", text=compact_json(text_view(model)))
+        return CallToolResult(content=[text],
                               structured_content=rounded(model.model_dump(mode="json")))
     return tool
 
@@ -10505,21 +10509,23 @@ def exposed_tools(cfg: Config, tools: dict) -> list[str]:
         return list(tools)
     unknown = [t for t in wanted if t not in tools]
     if unknown:
-        raise AokunError(f"[server] exposed_tools names unknown tools {unknown}; known: {', '.join(tools)} or all")
+        raise AokunError(f"[server] exposed_tools names unknown tools {unknown}; known: "
+                         f"{', '.join(tools)} or all")
     return wanted
 
 
-#: seconds between back-fill tries while vectors are awaited and the provider fails (the last repeats);
-#: once nothing is awaited, the back-fill looks again every scheduler_interval_seconds
+#: seconds between back-fill tries while vectors are awaited and the provider fails (the last
+#: repeats); once nothing is awaited, the back-fill looks again every scheduler_interval_seconds
 BACKFILL_RETRY_SECONDS = (15.0, 30.0, 60.0, 120.0, 300.0)
 
 
 def _background(mem: "Memory", stop: threading.Event) -> None:
     """The server's background thread, off the request path: load jieba and the embedding model,
-    take the version-change backup, then back-fill missing vectors (again after BACKFILL_RETRY_SECONDS
-    while the provider fails, so vectors come back within minutes of it answering) and every
-    scheduler_interval_seconds run the maintenance that is due (decay, atom sweep, daily backup), and
-    with [sync] dir set, every [sync] interval seconds a sync (_sync_step).
+    take the version-change backup, then back-fill missing vectors (again after
+    BACKFILL_RETRY_SECONDS while the provider fails, so vectors come back within minutes of it
+    answering) and every scheduler_interval_seconds run the maintenance that is due (decay, atom
+    sweep, daily backup), and with [sync] dir set, every [sync] interval seconds a sync
+    (_sync_step).
     Tool calls wait only for the short transactions, never for the whole job. Returns once `stop`
     is set (the back-fill checks it between batches); never raises: a failed warm-up is logged as
     a warning, a failed maintenance run as an error and retried at the next interval."""
@@ -10539,7 +10545,8 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
             next_sync = time.monotonic() + mem.cfg.sync.interval
         if time.monotonic() >= next_backfill:
             failures = _backfill_step(mem, stop, failures)
-            wait = BACKFILL_RETRY_SECONDS[min(failures, len(BACKFILL_RETRY_SECONDS)) - 1] if failures else interval
+            wait = (BACKFILL_RETRY_SECONDS[min(failures, len(BACKFILL_RETRY_SECONDS)) - 1]
+                    if failures else interval)
             next_backfill = time.monotonic() + wait
         if time.monotonic() >= next_maintenance:
             try:
@@ -10555,23 +10562,24 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
 
 
 def _sync_step(mem: "Memory") -> None:
-    """One timed sync of _background with [sync] dir: a summary line when something moved, one error
-    line when it failed (tried again at the next interval), a warning per skipped file."""
+    """One timed sync of _background with [sync] dir: a summary line when something moved, one
+    error line when it failed (tried again at the next interval), a warning per skipped file."""
     try:
         r = mem.sync(mem.cfg.resolve(mem.cfg.sync.dir))
     except Exception as e:
-        log.error("sync with %s failed (tried again in %ss): %s", mem.cfg.sync.dir, mem.cfg.sync.interval, e)
+        log.error("sync with %s failed (tried again in %ss): %s", mem.cfg.sync.dir,
+                  mem.cfg.sync.interval, e)
         return
     if r["written"] or r["applied"] or r["conflicts"]:
-        log.info("sync: wrote %s, applied %d file(s) %s, %d new conflict(s)", r["written"] or "nothing",
-                 len(r["applied"]), r["merged"], r["conflicts"])
+        log.info("sync: wrote %s, applied %d file(s) %s, %d new conflict(s)",
+                 r["written"] or "nothing", len(r["applied"]), r["merged"], r["conflicts"])
     for x in r["skipped"]:
         log.warning("sync: skipped %s: %s", x["file"], x["reason"])
 
 
 def _backfill_step(mem: "Memory", stop: threading.Event, failures: int) -> int:
-    """One back-fill try of _background: embed what is awaited. Returns the tries in a row that left
-    vectors awaited (0 once nothing is, or when stopping)."""
+    """One back-fill try of _background: embed what is awaited. Returns the tries in a row that
+    left vectors awaited (0 once nothing is, or when stopping)."""
     if not mem.vectors_awaited():
         return 0
     try:
@@ -10589,21 +10597,25 @@ class BearerToken:
     """ASGI wrapper: every HTTP request needs `Authorization: Bearer <token>` (401 otherwise)."""
 
     def __init__(self, app, token: str, unguarded: str = ""):
-        """Guard the ASGI `app` with `token` (the scheme is case-insensitive, the token is not); paths
-        under `unguarded` (the web panel's /panel, which has its own login) are let through."""
+        """Guard the ASGI `app` with `token` (the scheme is case-insensitive, the token is not);
+        paths under `unguarded` (the web panel's /panel, which has its own login) are let
+        through."""
         self.app, self.expected, self.unguarded = app, f"bearer {token}".encode(), unguarded
 
     async def __call__(self, scope, receive, send):
-        """An HTTP request with the right header (compared in constant time) and every non-HTTP scope
-        (lifespan) go on to the app; any other request gets 401 text/plain, `WWW-Authenticate: Bearer`."""
+        """An HTTP request with the right header (compared in constant time) and every non-HTTP
+        scope (lifespan) go on to the app; any other request gets 401 text/plain,
+        `WWW-Authenticate: Bearer`."""
         import hmac
         path = scope.get("path", "")
-        if scope["type"] == "http" and not (self.unguarded and (path + "/").startswith(self.unguarded + "/")):
+        let_through = self.unguarded and (path + "/").startswith(self.unguarded + "/")
+        if scope["type"] == "http" and not let_through:
             got = dict(scope["headers"]).get(b"authorization", b"")
             scheme, _, token = got.partition(b" ")  # the scheme is case-insensitive (RFC 7235)
             if not hmac.compare_digest(scheme.lower() + b" " + token.strip(), self.expected):
                 await send({"type": "http.response.start", "status": 401,
-                            "headers": [(b"content-type", b"text/plain"), (b"www-authenticate", b"Bearer")]})
+                            "headers": [(b"content-type", b"text/plain"),
+                                        (b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": b"missing or wrong bearer token"})
                 return
         await self.app(scope, receive, send)
@@ -10611,7 +10623,8 @@ class BearerToken:
 
 def is_loopback(host: str) -> bool:
     """True when `host` (a bind address or Host name, brackets allowed: "[::1]") is loopback only:
-    localhost, 127.0.0.0/8 or ::1. A wildcard (0.0.0.0, ::), a LAN address or another name is not."""
+    localhost, 127.0.0.0/8 or ::1. A wildcard (0.0.0.0, ::), a LAN address or another name is
+    not."""
     import ipaddress
     name = host.strip().removeprefix("[").removesuffix("]").lower()
     if name == "localhost":
@@ -10626,10 +10639,14 @@ def http_allowed(cfg: Config, host: str, port: int) -> tuple[list[str], list[str
     """(Host header patterns, Origin values) serve --http accepts on `host`:`port` (see http_app),
     in the SDK's TransportSecuritySettings form ("127.0.0.1:*" is any port)."""
     loopback = ["127.0.0.1", "localhost", "[::1]"]
-    bind = [] if host in ("0.0.0.0", "::", "") or is_loopback(host) else [f"[{host}]" if ":" in host else host]
+    if host in ("0.0.0.0", "::", "") or is_loopback(host):
+        bind = []
+    else:
+        bind = [f"[{host}]" if ":" in host else host]
     extra = [h.strip() for h in cfg.server.allowed_hosts.split(",") if h.strip()]
     hosts = [f"{h}:*" for h in loopback + bind] + extra
-    origins = [f"http://{h}:{port}" for h in loopback + bind] + [f"{s}://{h}" for h in extra for s in ("http", "https")]
+    origins = ([f"http://{h}:{port}" for h in loopback + bind]
+               + [f"{s}://{h}" for h in extra for s in ("http", "https")])
     return hosts, origins
 
 
@@ -10659,20 +10676,22 @@ async def serve_stdio(server) -> None:
     import anyio
     from mcp.server.stdio import stdio_server
 
-    stdin = anyio.wrap_file(SurrogateSafeLines(sys.stdin.buffer, encoding="utf-8", errors="replace"))
+    stdin = anyio.wrap_file(SurrogateSafeLines(sys.stdin.buffer, encoding="utf-8",
+                                               errors="replace"))
     async with stdio_server(stdin=stdin) as (read_stream, write_stream):
         low = server._lowlevel_server  # what MCPServer.run_stdio_async runs, given our stdin
         await low.run(read_stream, write_stream, low.create_initialization_options())
 
 
 def http_app(server, cfg: Config, host: str, port: int, panel=None):
-    """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host`:`port`, with the SDK's
-    DNS-rebinding protection: the Host header must be a loopback name (any port), the bind address
-    (unless a wildcard) or an entry of the comma list [server] allowed_hosts (421 otherwise); an
-    Origin header, when sent (browsers do), must be the server's own origin, http://<loopback or
-    bind address>:`port` (not another local port), or http(s)://<an allowed_hosts entry> (403
-    otherwise). A bearer token is required (BearerToken, 401) when [server] token / token_env is set.
-    `panel` (the web panel's ASGI app, or None) is mounted at /panel, behind its own login.
+    """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host`:`port`, with the
+    SDK's DNS-rebinding protection: the Host header must be a loopback name (any port), the bind
+    address (unless a wildcard) or an entry of the comma list [server] allowed_hosts (421
+    otherwise); an Origin header, when sent (browsers do), must be the server's own origin,
+    http://<loopback or bind address>:`port` (not another local port), or http(s)://<an
+    allowed_hosts entry> (403 otherwise). A bearer token is required (BearerToken, 401) when
+    [server] token / token_env is set. `panel` (the web panel's ASGI app, or None) is mounted at
+    /panel, behind its own login.
 
     Raises AokunError when `host` is not loopback and no token is set: anyone who can reach the
     port would get full read, write and delete."""
@@ -10682,8 +10701,8 @@ def http_app(server, cfg: Config, host: str, port: int, panel=None):
     if not token and not is_loopback(host):
         env = cfg.server.token_env
         raise AokunError(f"serving HTTP on {host} (not loopback) needs a token: set [server] token"
-                         + (f" or ${env}" if env else "") + " (clients send Authorization: Bearer <token>), "
-                         "or serve on 127.0.0.1")
+                         + (f" or ${env}" if env else "")
+                         + " (clients send Authorization: Bearer <token>), or serve on 127.0.0.1")
     hosts, origins = http_allowed(cfg, host, port)
     security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
                                          allowed_origins=origins)
