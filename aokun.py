@@ -9701,9 +9701,7 @@ def _on_memory(ctx, fn):
 
 
 def _edit_metadata(metadata: dict | None):
-    """edit_memory's metadata checked against memorize's Metadata (None stays None): a ToolError
-    names each refused field. Checked here, not by the schema, so the schema sent to the model
-    carries that model once, in memorize."""
+    """edit_memory's metadata dict as a Metadata (None stays None); a ToolError names bad fields."""
     from mcp.server.mcpserver.exceptions import ToolError
     from pydantic import ValidationError
     try:
@@ -9749,6 +9747,8 @@ def _write_tools():
                         description="Fields of memorize's metadata.")] = None,
                     persona_id: A.Owner = None) -> M.WriteResult:
         """Correct a memory's text and/or metadata (given fields replace the stored ones)."""
+        # metadata is checked here against memorize's Metadata model, so the schema sent to the
+        # model carries that model once, in memorize
         if content is None and metadata is None:
             raise ToolError("content: give new content and/or metadata to change")
         meta = _edit_metadata(metadata)
