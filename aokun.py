@@ -8384,13 +8384,16 @@ class SyncPlan:
 
 # Conversations: watching the clients' folders, and the clients' hooks ###########################
 
-WATCH_SOURCES = ("claude-code", "codex", "copilot")  #: the clients with local history (ChatGPT has none)
+#: the clients with local history (ChatGPT has none)
+WATCH_SOURCES = ("claude-code", "codex", "copilot")
 WATCH_GLOB_EVERY = 3  #: polls between two looks for new transcript files (known files: every poll)
 HOOK_CLIENTS = ("claude-code", "codex", "copilot")
-HOOK_EVENTS = {"claude-code": ("session-start", "stop"), "codex": ("notify",), "copilot": ("session-end",)}
+HOOK_EVENTS = {"claude-code": ("session-start", "stop"), "codex": ("notify",),
+               "copilot": ("session-end",)}
 HOOK_TIMEOUT_SECONDS = 30  #: the timeout written into the clients' hook entries
 HOOK_EMBED_TIMEOUT_SECONDS = 5.0  #: a hook's embedding budget; past it turns wait for the back-fill
-HOOK_ID_RX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  #: a session id a hook may put in a glob
+#: a session id a hook may put in a glob
+HOOK_ID_RX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 WATCH_SLICE_SECONDS = 2.0  #: the queued history a poll reads before it looks at the files again
@@ -8601,7 +8604,8 @@ class Watcher:
                 known.pop(p, None)
                 self._mark(p, None)
             for p, st in seen:
-                sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)  # ctime: a chmod mends it
+                # ctime: a chmod mends it
+                sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
                 if known.get(p) != sig and stat.S_ISREG(st.st_mode):
                     known[p] = sig
                     changed.append((p, st))
@@ -8916,7 +8920,8 @@ def progress_text(p: dict) -> str:
 HOOK_LAUNCHER = "import sys; sys.path.insert(0, sys.argv.pop(1)); import aokun; aokun.main()"
 
 
-def hook_command(client: str, event: str, db: str | None, config: str | None, shell: str = "posix") -> str:
+def hook_command(client: str, event: str, db: str | None, config: str | None,
+                 shell: str = "posix") -> str:
     """The shell command a client runs for `event`: this Python, `-c` HOOK_LAUNCHER, this aokun.py's
     folder (absolute), the --db/--config the hooks were made with, then `hook CLIENT EVENT`; quoted
     for a POSIX shell or, with shell="powershell", for PowerShell."""
@@ -8935,8 +8940,8 @@ def claude_hooks_entry(db=None, config=None) -> dict:
     """The `hooks` of ~/.claude/settings.json: SessionStart injects the briefing, Stop (each answer)
     and SessionEnd ingest that session's transcript."""
     def group(event, matcher=None):
-        g = {"hooks": [{"type": "command", "command": hook_command("claude-code", event, db, config),
-                        "timeout": HOOK_TIMEOUT_SECONDS}]}
+        command = hook_command("claude-code", event, db, config)
+        g = {"hooks": [{"type": "command", "command": command, "timeout": HOOK_TIMEOUT_SECONDS}]}
         return {"matcher": matcher, **g} if matcher else g
     return {"SessionStart": [group("session-start", "startup|resume|clear|compact")],
             "Stop": [group("stop")], "SessionEnd": [group("stop")]}
@@ -8962,14 +8967,16 @@ def codex_notify_value(db=None, config=None) -> list[str]:
 def _is_ours(command: str, client: str, event: str) -> bool:
     """Whether a hook command is Aokun's for client/event: HOOK_LAUNCHER's, or an older one that
     ran aokun.py as a script (an install updates either)."""
-    return ("import aokun" in command or "aokun.py" in command) and f" hook {client} {event}" in command
+    return (("import aokun" in command or "aokun.py" in command)
+            and f" hook {client} {event}" in command)
 
 
 def merge_claude_hooks(settings: dict, entry: dict) -> list[str]:
-    """Merge `entry` (claude_hooks_entry) into the parsed settings.json in place, leaving every other
-    key and hook alone: an Aokun hook already there (its command runs aokun.py hook claude-code …)
-    is updated when its command differs, else kept; a missing one is appended. Returns what changed
-    (empty: nothing to do). AokunError when `hooks` or an event in it is not the documented shape."""
+    """Merge `entry` (claude_hooks_entry) into the parsed settings.json in place, leaving every
+    other key and hook alone: an Aokun hook already there (its command runs aokun.py hook
+    claude-code …) is updated when its command differs, else kept; a missing one is appended.
+    Returns what changed (empty: nothing to do). AokunError when `hooks` or an event in it is not
+    the documented shape."""
     hooks = settings.setdefault("hooks", {})
     if not isinstance(hooks, dict):
         raise AokunError("settings.json: `hooks` is not an object; fix it by hand first")
@@ -8980,8 +8987,10 @@ def merge_claude_hooks(settings: dict, entry: dict) -> list[str]:
         have = hooks.setdefault(event, [])
         if not isinstance(have, list):
             raise AokunError(f"settings.json: hooks.{event} is not a list; fix it by hand first")
-        found = [h for g in have if isinstance(g, dict) and isinstance(g.get("hooks"), list) for h in g["hooks"]
-                 if isinstance(h, dict) and _is_ours(str(h.get("command", "")), "claude-code", verb)]
+        found = [h for g in have if isinstance(g, dict) and isinstance(g.get("hooks"), list)
+                 for h in g["hooks"]
+                 if isinstance(h, dict)
+                 and _is_ours(str(h.get("command", "")), "claude-code", verb)]
         if not found:
             have.append(groups[0])
             changed.append(f"added {event}")
@@ -9005,9 +9014,10 @@ def write_with_backup(path: Path, text: str) -> Path | None:
 
 
 def install_codex_notify(path: Path, value: list[str]) -> str:
-    """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the top,
-    where a key is top-level whatever tables follow, and the result is parsed back to check it. Returns
-    what was done. AokunError when the file is not TOML or already has another `notify` (kept as it is)."""
+    """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the
+    top, where a key is top-level whatever tables follow, and the result is parsed back to check it.
+    Returns what was done. AokunError when the file is not TOML or already has another `notify`
+    (kept as it is)."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     try:
         current = tomllib.loads(text).get("notify")
@@ -9016,23 +9026,28 @@ def install_codex_notify(path: Path, value: list[str]) -> str:
     if current == value:
         return f"{path}: notify already runs Aokun; nothing changed"
     if current is not None and not _is_ours(" ".join(map(str, current)), "codex", "notify"):
-        raise AokunError(f"{path} already has notify = {current!r}; Codex runs only one, so it was left as it "
-                         "is. Use `python aokun.py watch` (or the server's [conversations] watch) instead")
+        raise AokunError(f"{path} already has notify = {current!r}; Codex runs only one, so it was "
+                         "left as it is. Use `python aokun.py watch` (or the server's "
+                         "[conversations] watch) instead")
     line = "notify = [" + ", ".join(json.dumps(a, ensure_ascii=False) for a in value) + "]"
     if current is not None:  # an older Aokun line (another path): replace that line only
         new = re.sub(r"(?m)^notify\s*=.*$", lambda _m: line, text, count=1)
     else:
         new = f"# Aokun: ingest each finished turn (python aokun.py hooks codex)\n{line}\n\n{text}"
     if tomllib.loads(new).get("notify") != value:
-        raise AokunError(f"{path}: could not place notify safely; add this line at the top by hand: {line}")
+        raise AokunError(f"{path}: could not place notify safely; add this line at the top by "
+                         f"hand: {line}")
     backup = write_with_backup(path, new)
     return f"{path}: notify set" + (f" (backup {backup})" if backup else "")
 
 
 def read_hook_payload(arg: str | None) -> dict:
-    """The hook's JSON: `arg` (Codex passes it as the last argument), else standard input (Claude Code,
-    Copilot CLI). {} when there is none; InputError when it is not a JSON object."""
-    raw = arg if arg is not None else ("" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read())
+    """The hook's JSON: `arg` (Codex passes it as the last argument), else standard input (Claude
+    Code, Copilot CLI). {} when there is none; InputError when it is not a JSON object."""
+    if arg is not None:
+        raw = arg
+    else:
+        raw = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
     if not raw.strip():
         return {}
     try:
@@ -9075,12 +9090,13 @@ DATA_STEPS = (
     (1, Vectors._upgrade_vector_index, "float vectors in vec0 (schema < 6) to the binary index"),
     (2, Vectors._compact_vectors, "float32 vectors (schema < 11) to int8: meta vector_format"),
     (3, Layers._upgrade_graph_entries, "graph entries to layout 2: meta graph_layout"),
-    (4, Layers._requeue_refused_context, "refused texts out of neighbours' vectors: meta refused_context"),
+    (4, Layers._requeue_refused_context,
+     "refused texts out of neighbours' vectors: meta refused_context"),
 )
 
 
-class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting, Maintenance,
-             Summarizer, Conversations, ConversationSearch, Portable, Sync):
+class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting,
+             Maintenance, Summarizer, Conversations, ConversationSearch, Portable, Sync):
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
     path (created and migrated when needed), optionally a Config and an Embedder; close() it.
 
@@ -9091,7 +9107,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
       context a write changed (Layers._refresh_stale); close() waits for it;
     - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
       own query-only connection (Recall.reader_rows);
-    - the server's `aokun-background` thread (see _background) calls the public methods like a caller.
+    - the server's `aokun-background` thread (see _background) calls the public methods like a
+      caller.
     - the server's `aokun-watch` thread and its `aokun-watch-backlog` (Watcher.run) do too.
 
     Locks:
@@ -9111,17 +9128,21 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     busy timeout, so callers never see "database is locked" under ordinary contention; the journal
     records which process (OWNER) runs each write."""
 
-    def __init__(self, path: Path | str, cfg: Config | None = None, embedder: Embedder | None = None,
-                 recover: bool = True):
-        """Open (create, migrate, upgrade) the file: every attribute any section uses is set here."""
+    def __init__(self, path: Path | str, cfg: Config | None = None,
+                 embedder: Embedder | None = None, recover: bool = True):
+        """Open (create, migrate, upgrade) the file: every attribute any section uses is set
+        here."""
         # Store: the file and its connection
         self.cfg = cfg or load_config()  # the settings
         self.path = Path(path)  # the database file
         self.lock = threading.RLock()  # guards conn and what changes with it (see Locks above)
         new = not self.path.exists()
-        self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms, self.cfg.storage.synchronous,
-                            self.backup_dir(), create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent,
-                            rank=bool(self.cfg.storage.rank_extension))  # the one read-write connection
+        storage = self.cfg.storage
+        # the one read-write connection
+        self.conn = connect(self.path, storage.busy_timeout_ms, storage.synchronous,
+                            self.backup_dir(),
+                            create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent,
+                            rank=bool(storage.rank_extension))
         if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
             print(f"aokun: created a new database {self.path}", file=sys.stderr, flush=True)
         self.queries = load_queries()  # the named queries of sql/*.sql
@@ -9130,13 +9151,16 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self.epoch = 0  # commits through tx(): what the recall cache keys on (Store owns it)
         # text and rules (Layers, Journal, Recall read them)
         t = self.cfg.text
+        jieba_cache = self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
-                             self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None)  # tokens
+                             jieba_cache)  # tokens
         if self.cfg.recall.fusion not in ("score", "rrf"):
-            raise AokunError(f"[recall] fusion = {self.cfg.recall.fusion!r} is not one of score, rrf")
+            raise AokunError(f"[recall] fusion = {self.cfg.recall.fusion!r} is not one of "
+                             "score, rrf")
         self.rules = Rules(self.cfg)  # atom rules, aliases, intents, time words, event dates
         # Vectors
-        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)  # the provider
+        # the provider
+        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)
         self.vector_problem: str | None = None  # why vectors are not used now (Vectors owns it)
         self.last_embedding_error: str | None = None  # the provider's last transient failure
         self._refresher: ThreadPoolExecutor | None = None  # _refresh_stale's worker, started on use
@@ -9146,7 +9170,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._recall_cache: dict = {}  # key -> (stamp, _cache_state, answer), least recent first
         self._toucher: ThreadPoolExecutor | None = None  # the aokun-touch worker (Recall._touch)
         self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Recall._hamming_bound
-        self._pool_skips: dict[tuple, int] = {}  # Recall._channel_query: recalls left without the pool
+        # Recall._channel_query: recalls left without the pool
+        self._pool_skips: dict[tuple, int] = {}
         self._channel_pool: ThreadPoolExecutor | None = None  # aokun-recall-* channel workers
         self._readers: list[apsw.Connection] = []  # the channel workers' query-only connections
         self._readers_lock = threading.Lock()  # guards _readers and _channel_pool, never self.lock
@@ -9189,12 +9214,14 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
                 self._reset_turn_vectors()
         return self.backfill_turn_vectors(progress=progress)
 
-    #: the later sections' parts of earlier ones' work (functions: no Memory -> method -> Memory cycle)
+    #: the later sections' parts of earlier ones' work (functions: no Memory -> method -> Memory
+    #: cycle)
     hooks = Hooks(conversation_hits=ConversationSearch._conversation_hits,
                   briefing_lines=ConversationSearch._session_digest_lines,
                   counts=ConversationSearch._conversation_counts,
                   problems=ConversationSearch._conversation_problems,
-                  rebuild_vectors=_rebuild_turn_vectors, prune=ConversationSearch.prune_conversations,
+                  rebuild_vectors=_rebuild_turn_vectors,
+                  prune=ConversationSearch.prune_conversations,
                   watch=ConversationSearch.watch_progress)
 
     def close(self):
@@ -9278,7 +9305,8 @@ def text_view(value):
         out = {}
         for name, spec in type(value).model_fields.items():
             v = getattr(value, name)
-            # false says nothing, but for a field that may be null (Flagged.pinned: false = unpinned)
+            # false says nothing, but for a field that may be null (Flagged.pinned: false =
+            # unpinned)
             if name in omit or name in TEXT_OMITTED or (v is False and spec.default is not None):
                 continue
             v = text_view(v)
@@ -9337,12 +9365,8 @@ def lean_schema(schema, output: bool = False):
 
 
 @functools.cache
-def _write_models():
-    """Models of the write tools: Metadata, the optional `metadata` argument of memorize,
-    edit_memory and summarize_memory (unknown keys refused, importance 0..1); the results
-    WriteResult (memorize, edit_memory), Deleted, Flagged (pin/unpin/archive: the flag changed, the
-    other null), ImportanceSet (old and new importance, 0..1), Restored (restored: memory ids) and
-    Feedback (memory_feedback: per memory, FeedbackItem)."""
+def _metadata_model():
+    """Metadata, the optional `metadata` argument of memorize, edit_memory and summarize_memory."""
     from pydantic import BaseModel, ConfigDict, Field
 
     class Metadata(BaseModel):
@@ -9362,22 +9386,39 @@ def _write_models():
         tags: list[str] | None = None
         pinned: bool | None = Field(None, description="Never decays.")
 
+    return Metadata
+
+
+@functools.cache
+def _write_models():
+    """Models of the write tools: Metadata (_metadata_model: unknown keys refused, importance
+    0..1); the results WriteResult (memorize, edit_memory), Deleted, Flagged (pin/unpin/archive:
+    the flag changed, the other null), ImportanceSet (old and new importance, 0..1), Restored
+    (restored: memory ids) and Feedback (memory_feedback: per memory, FeedbackItem)."""
+    from pydantic import BaseModel, Field
+
+    Metadata = _metadata_model()
+
     class WriteResult(BaseModel):
         id: int = Field(description="Memory id.")
         uid: str | None = None
-        status: str = Field(description="Journal stage reached; 'done' when every layer is written.")
-        deduplicated: bool = Field(description="True when identical content was already stored: its id is returned "
-                                               "(or, for a memory consolidation merged into another, the survivor's).")
+        status: str = Field(
+            description="Journal stage reached; 'done' when every layer is written.")
+        deduplicated: bool = Field(
+            description="True when identical content was already stored: its id is returned (or, "
+                        "for a memory consolidation merged into another, the survivor's).")
         atoms: int = Field(description="Memory atoms this memory stated or reinforced.")
         graph_entries: int
         embedding: str | None = Field(description="done, pending (back-filled later) or none.")
-        embedding_truncated: bool = Field(description="True when only the start of the text was embedded.")
+        embedding_truncated: bool = Field(
+            description="True when only the start of the text was embedded.")
         warnings: list[str] = []
         may_update: list[dict] = Field([], description="Memories it may update: {id, preview}")
         changed: dict[str, list] = Field(default={}, description=(
-            "What a repeat (deduplicated) changed on the stored memory, {field: [old, new]}: new topics, tags, "
-            "participants or key_facts appended, a higher importance, an empty summary/sentiment/source/session_id "
-            "filled, pinned; archived: [true, false] when it restored an archived memory. {} otherwise."))
+            "What a repeat (deduplicated) changed on the stored memory, {field: [old, new]}: new "
+            "topics, tags, participants or key_facts appended, a higher importance, an empty "
+            "summary/sentiment/source/session_id filled, pinned; archived: [true, false] when it "
+            "restored an archived memory. {} otherwise."))
 
     class Deleted(BaseModel):
         id: int
@@ -9400,8 +9441,8 @@ def _write_models():
         id: int
         uid: str
         archived: bool
-        restored: list[int] = Field(description="Memories brought back (the merged ones, for a consolidation "
-                                                "survivor).")
+        restored: list[int] = Field(
+            description="Memories brought back (the merged ones, for a consolidation survivor).")
 
     class FeedbackItem(BaseModel):
         id: int
@@ -9416,7 +9457,8 @@ def _write_models():
         useful: bool
         results: list[FeedbackItem]
 
-    return _named(Metadata, WriteResult, Deleted, Flagged, ImportanceSet, Restored, FeedbackItem, Feedback)
+    return _named(Metadata, WriteResult, Deleted, Flagged, ImportanceSet, Restored, FeedbackItem,
+                  Feedback)
 
 
 @functools.cache
@@ -9458,7 +9500,8 @@ def _search_models():
             (when relevance stands for it)."""
             if self.explain is not None:
                 return HIT_METADATA
-            return HIT_METADATA | {"channels"} | ({"score"} if self.relevance is not None else set())
+            score = {"score"} if self.relevance is not None else set()
+            return HIT_METADATA | {"channels"} | score
 
     class Degraded(BaseModel):
         channel: str
@@ -9476,15 +9519,18 @@ def _search_models():
 
     class RecallResult(BaseModel):
         results: list[Hit]
-        facts: list[Fact] = Field([], description="Knowledge-graph facts valid now (or at as_of) about named entities.")
-        degraded: list[Degraded] = Field(description="Channels that could not run; the answer came from the rest.")
-        intent: str | None = Field(description="Detected query intent: relational, temporal, factual or null.")
+        facts: list[Fact] = Field(
+            [], description="Knowledge-graph facts valid now (or at as_of) about named entities.")
+        degraded: list[Degraded] = Field(
+            description="Channels that could not run; the answer came from the rest.")
+        intent: str | None = Field(
+            description="Detected query intent: relational, temporal, factual or null.")
         warnings: list[str] = []
         took_ms: float
         cached: bool = False
         conversations: list[_conversation_models().TurnHit] = Field(
-            [], description="With include_conversations: the best turns of ingested conversations, apart from "
-                            "the memories (their score × the bulk-import source boost).")
+            [], description="With include_conversations: the best turns of ingested conversations, "
+                            "apart from the memories (their score × the bulk-import source boost).")
 
     return _named(Hit, Degraded, Fact, RecallResult)
 
@@ -9581,7 +9627,8 @@ def _browse_models():
         atoms_by_state: dict[str, int]
         atoms_by_type: dict[str, int]
         journal: dict[str, int]
-        maintenance: dict[str, str | None] = Field(description="Last decay day, atom sweep and backup.")
+        maintenance: dict[str, str | None] = Field(
+            description="Last decay day, atom sweep and backup.")
         embedding: dict[str, Any]
 
     return _named(MemoryRow, MemoryList, MemoryDetail, Stats)
@@ -9597,13 +9644,16 @@ def _kg_models():
     Fact = _search_models().Fact
 
     class FactAdded(Fact):
-        closed: list[int] = Field(description="Facts this one closed (single-valued predicate, new object).")
+        closed: list[int] = Field(
+            description="Facts this one closed (single-valued predicate, new object).")
         existing: bool = Field(description="True when the same open fact was already recorded.")
 
     class FactEnded(Fact):
-        already_ended: bool = Field(description="True when the fact had ended already (or ends by valid_to): "
-                                                "its valid_to is kept, nothing changed.")
-        note: str = Field(description="What happened, e.g. 'already ended on 2021-05-01T00:00:00Z; its end is kept'.")
+        already_ended: bool = Field(
+            description="True when the fact had ended already (or ends by valid_to): its valid_to "
+                        "is kept, nothing changed.")
+        note: str = Field(description="What happened, e.g. 'already ended on 2021-05-01T00:00:00Z; "
+                                      "its end is kept'.")
 
     class Facts(BaseModel):
         entity: str
@@ -9628,10 +9678,10 @@ def _kg_models():
 
 @functools.cache
 def _context_models():
-    """Result models of the context and upkeep tools: ContextBlob (memory_context, refresh_briefing;
-    budget and tokens in estimated tokens), Consolidation {clusters: [Cluster], dry_run}, Summarized
-    {memory: WriteResult, summary} and ForgetPreview, whose Change {id, old, new} holds an
-    importance (0..1) or an atom state name."""
+    """Result models of the context and upkeep tools: ContextBlob (memory_context,
+    refresh_briefing; budget and tokens in estimated tokens), Consolidation {clusters: [Cluster],
+    dry_run}, Summarized {memory: WriteResult, summary} and ForgetPreview, whose Change {id, old,
+    new} holds an importance (0..1) or an atom state name."""
     from typing import Any, ClassVar
 
     from pydantic import BaseModel, Field
@@ -9640,14 +9690,18 @@ def _context_models():
 
     class ContextBlob(BaseModel):
         text: str = Field(description="Ready to put in a prompt.")
-        tokens: int = Field(description="Estimated tokens (1 per CJK character, 1 per 4 other characters).")
+        tokens: int = Field(
+            description="Estimated tokens (1 per CJK character, 1 per 4 other characters).")
         budget: int
         mode: str
-        source: str = Field(description="briefing (pre-built, no search) or dynamic (searched for the topic).")
-        stale: bool = Field(description="True only when the briefing could not be rebuilt after a change (it is "
-                                        "rebuilt before serving whenever memory changed since).")
+        source: str = Field(
+            description="briefing (pre-built, no search) or dynamic (searched for the topic).")
+        stale: bool = Field(description="True only when the briefing could not be rebuilt after a "
+                                        "change (it is rebuilt before serving whenever memory "
+                                        "changed since).")
         generated_at: str = Field(description="When the text was built, ISO-8601 UTC.")
-        age_seconds: int = Field(description="Seconds since generated_at (0 for a dynamic context).")
+        age_seconds: int = Field(
+            description="Seconds since generated_at (0 for a dynamic context).")
 
     class Cluster(BaseModel):
         survivor: int
@@ -9671,9 +9725,11 @@ def _context_models():
         text_omit: ClassVar = frozenset({"days"})  # every day up to as_of: only as_of matters
         as_of: str = Field(description="The moment previewed (now + days), ISO-8601 UTC.")
         days: list[str] = Field(description="Decay days that would run.")
-        importance: list[Change] = Field(description="Memories whose importance would drop (old -> new).")
+        importance: list[Change] = Field(
+            description="Memories whose importance would drop (old -> new).")
         archived: list[int] = Field(description="Memories that would be auto-archived.")
-        atoms: list[Change] = Field(description="Atoms whose state would change (active/expired/forgotten/purged).")
+        atoms: list[Change] = Field(
+            description="Atoms whose state would change (active/expired/forgotten/purged).")
 
     return _named(ContextBlob, Cluster, Consolidation, Summarized, Change, ForgetPreview)
 
@@ -9708,16 +9764,18 @@ def _tool_args():
 
 
 def _meta(metadata) -> dict:
-    """A Metadata argument (or None) as the dict Memory takes: the fields given, None ones left out."""
+    """A Metadata argument (or None) as the dict Memory takes: the fields given, None ones left
+    out."""
     return {} if metadata is None else metadata.model_dump(exclude_none=True)
 
 
 #: The CLI commands that messages name, and the MCP tool that does the same for an MCP client.
-#: list_memories is not among DEFAULT_TOOLS, so that hint names recall first; the kg hints only reach
-#: a client that called a kg tool.
+#: list_memories is not among DEFAULT_TOOLS, so that hint names recall first; the kg hints only
+#: reach a client that called a kg tool.
 #: The MCP tool that does what a hint's CLI command does (AokunError.hints)
 HINT_TOOLS = {"list": "`recall` (or `list_memories`, if exposed)", "show ID": "`get_memory`",
-              "kg query ENTITY": "`kg_query`", "kg timeline ENTITY": "`kg_timeline`", "kg add": "`kg_add`",
+              "kg query ENTITY": "`kg_query`", "kg timeline ENTITY": "`kg_timeline`",
+              "kg add": "`kg_add`",
               "conversations list": "`conversation_search` (each hit names its session)"}
 
 
@@ -9746,6 +9804,18 @@ def _on_memory(ctx, fn):
         raise ToolError(for_mcp(e)) from None
 
 
+def _edit_metadata(metadata: dict | None):
+    """edit_memory's metadata dict as a Metadata (None stays None); a ToolError names bad fields."""
+    from mcp.server.mcpserver.exceptions import ToolError
+    from pydantic import ValidationError
+    try:
+        return None if metadata is None else _metadata_model().model_validate(metadata)
+    except ValidationError as e:
+        raise ToolError("edit_memory: " + "; ".join(
+            f"metadata.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
+            for err in e.errors(include_url=False))) from None
+
+
 # Tool families. Each tool is a sync function (the SDK runs it in a worker thread; the Memory
 # serialises calls on its connection lock) whose first parameter is the SDK Context, which the SDK
 # injects and leaves out of the input schema. Its docstring is the tool's description, its other
@@ -9761,7 +9831,7 @@ def _write_tools():
 
     from mcp.server.mcpserver import Context
     from mcp.server.mcpserver.exceptions import ToolError
-    from pydantic import Field, ValidationError
+    from pydantic import Field
 
     A, M = _tool_args(), _write_models()
 
@@ -9771,8 +9841,8 @@ def _write_tools():
                  supersedes: Annotated[list[int] | None,
                                        Field(description="Ids it replaces (archived).")] = None,
                  ) -> M.WriteResult:
-        """Store a fact, preference, decision, event or plan worth keeping for weeks, written to make
-        sense alone (names, not pronouns)."""
+        """Store a fact, preference, decision, event or plan worth keeping for weeks, written to
+        make sense alone (names, not pronouns)."""
         return M.WriteResult(**_on_memory(ctx, lambda m: m.memorize(content, _meta(metadata),
                                                                     supersedes)))
 
@@ -9785,13 +9855,9 @@ def _write_tools():
         # model carries that model once, in memorize
         if content is None and metadata is None:
             raise ToolError("content: give new content and/or metadata to change")
-        try:
-            meta = None if metadata is None else M.Metadata.model_validate(metadata)
-        except ValidationError as e:
-            raise ToolError("edit_memory: " + "; ".join(
-                f"metadata.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
-                for err in e.errors(include_url=False))) from None
-        return M.WriteResult(**_on_memory(ctx, lambda m: m.edit(id, content, _meta(meta), persona_id)))
+        meta = _edit_metadata(metadata)
+        return M.WriteResult(**_on_memory(ctx, lambda m: m.edit(id, content, _meta(meta),
+                                                                persona_id)))
 
     def delete_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Deleted:
         """Forget a memory completely, e.g. when the user asks you to."""
@@ -9807,7 +9873,8 @@ def _write_tools():
 
     def archive_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Flagged:
         """Archive a memory: kept, but out of recall unless include_archived."""
-        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "archived", True, persona_id)))
+        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "archived", True,
+                                                                persona_id)))
 
     def restore_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Restored:
         """Bring an archived, superseded or merged memory back into recall (undoes a consolidation
@@ -9818,24 +9885,26 @@ def _write_tools():
                        importance: Annotated[float, Field(ge=0, le=1)],
                        persona_id: A.Owner = None) -> M.ImportanceSet:
         """Set a memory's importance (0..1): important memories rank higher and fade slower."""
-        return M.ImportanceSet(**_on_memory(ctx, lambda m: m.set_importance(id, importance, persona_id)))
+        return M.ImportanceSet(**_on_memory(ctx, lambda m: m.set_importance(id, importance,
+                                                                            persona_id)))
 
     def memory_feedback(ctx: Context,
                         ids: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)],
                         useful: Annotated[bool, _nullable(True)] = True,
                         persona_id: A.Persona = None) -> M.Feedback:
-        """After answering, pass the ids of recalled memories you used (useful=false: wrong ones): they
-        rank higher."""
-        return M.Feedback(**_on_memory(ctx, lambda m: m.memory_feedback(ids, useful, persona_id)))
+        """After answering, pass the ids of recalled memories you used (useful=false: wrong ones):
+        they rank higher."""
+        return M.Feedback(**_on_memory(ctx, lambda m: m.memory_feedback(ids, useful,
+                                                                        persona_id)))
 
-    return _named(memorize, edit_memory, delete_memory, pin_memory, unpin_memory, archive_memory, restore_memory,
-                  set_importance, memory_feedback)
+    return _named(memorize, edit_memory, delete_memory, pin_memory, unpin_memory, archive_memory,
+                  restore_memory, set_importance, memory_feedback)
 
 
 @functools.cache
 def _read_tools():
-    """The tools that search and read memories: recall, search_atoms, list_memories, get_memory and
-    memory_stats (results: _search_models() and _browse_models())."""
+    """The tools that search and read memories: recall, search_atoms, list_memories, get_memory
+    and memory_stats (results: _search_models() and _browse_models())."""
     from typing import Annotated
 
     from mcp.server.mcpserver import Context
@@ -9851,13 +9920,14 @@ def _read_tools():
                include_archived: Annotated[bool, _nullable(False)] = False,
                explain: Annotated[bool, Field(description="Per-channel ranks and score parts."),
                                   _nullable(False)] = False,
-               as_of: Annotated[str | None, Field(description="ISO-8601: memory as it stood then.")] = None,
+               as_of: Annotated[str | None,
+                                Field(description="ISO-8601: memory as it stood then.")] = None,
                include_conversations: Annotated[bool, Field(description="Also ingested turns."),
                                                 _nullable(False)] = False
                ) -> S.RecallResult:
-        """Search memory by meaning, keywords and relations, in any language; call it before answering
-        when earlier conversations may matter. A hit with truncated: true is cut short (get_memory
-        reads it whole)."""
+        """Search memory by meaning, keywords and relations, in any language; call it before
+        answering when earlier conversations may matter. A hit with truncated: true is cut short
+        (get_memory reads it whole)."""
         return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(
             query, limit, persona_id, session_id, include_archived, explain, None, as_of,
             include_conversations=include_conversations)))
@@ -9874,10 +9944,11 @@ def _read_tools():
                       offset: Annotated[int, Field(ge=0), _nullable(0)] = 0,
                       persona_id: A.Persona = None,
                       session_id: A.Session = None,
-                      include_archived: Annotated[bool, _nullable(False)] = False) -> B.MemoryList:
+                      include_archived: Annotated[bool, _nullable(False)] = False
+                      ) -> B.MemoryList:
         """List memories newest first (to browse; recall searches)."""
-        rows = _on_memory(ctx, lambda m: m.list_memories(limit, offset, persona_id or "", session_id,
-                                                         include_archived))
+        rows = _on_memory(ctx, lambda m: m.list_memories(limit, offset, persona_id or "",
+                                                         session_id, include_archived))
         return B.MemoryList(memories=[B.MemoryRow(**r) for r in rows])
 
     def get_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> B.MemoryDetail:
@@ -9893,8 +9964,8 @@ def _read_tools():
 
 @functools.cache
 def _kg_tools():
-    """The temporal knowledge-graph tools: kg_add, kg_query, kg_invalidate, kg_timeline, kg_stats and
-    kg_delete_entity (results: _kg_models())."""
+    """The temporal knowledge-graph tools: kg_add, kg_query, kg_invalidate, kg_timeline, kg_stats
+    and kg_delete_entity (results: _kg_models())."""
     from typing import Annotated
 
     from mcp.server.mcpserver import Context
@@ -9908,21 +9979,24 @@ def _kg_tools():
                confidence: Annotated[float, Field(ge=0, le=1), _nullable(1.0)] = 1.0,
                source_memory_id: int | None = None,
                persona_id: A.Persona = None) -> K.FactAdded:
-        """Record a fact as a triple with a validity window, e.g. (Alice, lives_in, Paris); a new value
-        of a single-valued predicate (lives_in, works_at, 住在…) closes the old fact."""
-        return K.FactAdded(**_on_memory(ctx, lambda m: m.kg_add(subject, predicate, object, valid_from, valid_to,
-                                                                confidence, source_memory_id, persona_id)))
+        """Record a fact as a triple with a validity window, e.g. (Alice, lives_in, Paris); a new
+        value of a single-valued predicate (lives_in, works_at, 住在…) closes the old fact."""
+        return K.FactAdded(**_on_memory(ctx, lambda m: m.kg_add(
+            subject, predicate, object, valid_from, valid_to, confidence, source_memory_id,
+            persona_id)))
 
     def kg_query(ctx: Context, entity: A.Entity, as_of: A.When = None,
                  predicate: str | None = None,
                  persona_id: A.Persona = None) -> K.Facts:
         """Facts about an entity that hold now, or at as_of."""
-        return K.Facts(**_on_memory(ctx, lambda m: m.kg_query(entity, as_of, predicate, persona_id)))
+        return K.Facts(**_on_memory(ctx, lambda m: m.kg_query(entity, as_of, predicate,
+                                                              persona_id)))
 
     def kg_invalidate(ctx: Context, id: Annotated[int, Field(ge=1, description="Fact id.")],
                       valid_to: A.When = None, persona_id: A.Owner = None) -> K.FactEnded:
         """End a fact from valid_to (default now); its history is kept."""
-        return K.FactEnded(**_on_memory(ctx, lambda m: m.kg_invalidate(id, valid_to, persona_id)))
+        return K.FactEnded(**_on_memory(ctx, lambda m: m.kg_invalidate(id, valid_to,
+                                                                       persona_id)))
 
     def kg_timeline(ctx: Context, entity: A.Entity, persona_id: A.Persona = None) -> K.Facts:
         """Every fact ever recorded about an entity, oldest first."""
@@ -9932,10 +10006,12 @@ def _kg_tools():
         """Counts of entities and facts (active and expired)."""
         return K.KGStats(**_on_memory(ctx, lambda m: m.kg_stats(persona_id)))
 
-    def kg_delete_entity(ctx: Context, entity: A.Entity, persona_id: A.Owner = None) -> K.EntityDeleted:
-        """Delete an entity and every fact about it for good (to record that a fact stopped being true,
-        use kg_invalidate)."""
-        return K.EntityDeleted(**_on_memory(ctx, lambda m: m.kg_delete_entity(entity, persona_id)))
+    def kg_delete_entity(ctx: Context, entity: A.Entity,
+                         persona_id: A.Owner = None) -> K.EntityDeleted:
+        """Delete an entity and every fact about it for good (to record that a fact stopped being
+        true, use kg_invalidate)."""
+        return K.EntityDeleted(**_on_memory(ctx, lambda m: m.kg_delete_entity(entity,
+                                                                              persona_id)))
 
     return _named(kg_add, kg_query, kg_invalidate, kg_timeline, kg_stats, kg_delete_entity)
 
@@ -9953,13 +10029,15 @@ def _context_tools():
 
     def memory_context(ctx: Context,
                        topic: str | None = None,
-                       mode: Annotated[str, Field(description="quick, chat, coding or project: the "
-                                                              "budget."), _nullable("chat")] = "chat",
+                       mode: Annotated[str, Field(description="quick, chat, coding or project: "
+                                                              "the budget."),
+                                       _nullable("chat")] = "chat",
                        max_tokens: Annotated[int | None, Field(ge=CONTEXT_TOKENS_MIN)] = None,
                        persona_id: A.Persona = None) -> C.ContextBlob:
         """Memory for a session start or a new topic, within a token budget; no topic: the session
         briefing."""
-        return C.ContextBlob(**_on_memory(ctx, lambda m: m.memory_context(topic, mode, max_tokens, persona_id)))
+        return C.ContextBlob(**_on_memory(ctx, lambda m: m.memory_context(topic, mode, max_tokens,
+                                                                          persona_id)))
 
     def refresh_briefing(ctx: Context, persona_id: A.Persona = None) -> C.ContextBlob:
         """Rebuild the session briefing now (it is also rebuilt after changes)."""
@@ -9978,8 +10056,8 @@ def _context_tools():
     def consolidate(ctx: Context,
                     dry_run: Annotated[bool, _nullable(True)] = True,
                     persona_id: A.Persona = None) -> C.Consolidation:
-        """Find near-duplicate memories; with dry_run=false merge each cluster into one (restore_memory
-        on the survivor undoes it)."""
+        """Find near-duplicate memories; with dry_run=false merge each cluster into one
+        (restore_memory on the survivor undoes it)."""
         return C.Consolidation(**_on_memory(ctx, lambda m: m.consolidate(
             dry_run, persona_id, progress=_tool_progress(ctx))))
 
@@ -9997,17 +10075,18 @@ def _context_tools():
 
 @functools.cache
 def _conversation_models():
-    """Result models of the conversation tools: TurnHit (a conversation_search hit, also in recall's
-    `conversations`), TurnSearch {results, degraded, warnings, took_ms}, SessionTurns (one session's
-    turns in order, a page of them) and ConversationStats (counts and first/last turn times,
-    ISO-8601 or null, per source)."""
+    """Result models of the conversation tools: TurnHit (a conversation_search hit, also in
+    recall's `conversations`), TurnSearch {results, degraded, warnings, took_ms}, SessionTurns (one
+    session's turns in order, a page of them) and ConversationStats (counts and first/last turn
+    times, ISO-8601 or null, per source)."""
     from typing import Any
 
     from pydantic import BaseModel, Field
 
     class TurnHit(BaseModel):
         turn_id: int
-        session_id: str = Field(description="The client's session id: conversation_get_session reads it.")
+        session_id: str = Field(
+            description="The client's session id: conversation_get_session reads it.")
         source: str = Field(description="claude-code, codex, copilot or chatgpt.")
         role: str = Field(description="user or assistant.")
         created_at: str
@@ -10038,7 +10117,8 @@ def _conversation_models():
         turns: list[Turn]
         offset: int
         limit: int
-        next_offset: int | None = Field(description="Pass as offset for the next page; null at the end.")
+        next_offset: int | None = Field(
+            description="Pass as offset for the next page; null at the end.")
 
     class ConversationStats(BaseModel):
         sessions: int
@@ -10073,7 +10153,8 @@ def _conversation_tools():
                             since: Annotated[str | None, Field(description="ISO-8601.")] = None,
                             until: Annotated[str | None, Field(description="ISO-8601.")] = None,
                             persona_id: A.Persona = None) -> C.TurnSearch:
-        """Search past conversations with the user's assistants (Claude Code, Codex, Copilot, ChatGPT)."""
+        """Search past conversations with the user's assistants (Claude Code, Codex, Copilot,
+        ChatGPT)."""
         return C.TurnSearch(**_on_memory(ctx, lambda m: m.conversation_search(
             query, limit, source, session_id, since, until, persona_id)))
 
@@ -10103,7 +10184,8 @@ def _conversation_tools():
 WATCH_PROGRESS_MCP = ("files_done", "files_left", "turns_done", "turns_left", "turns_per_second",
                       "seconds_left", "searchable_after")
 
-#: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they stand for.
+#: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they
+#: stand for.
 #: Only hints that differ from the spec's defaults are sent (readOnlyHint false, destructiveHint
 #: true, idempotentHint false, openWorldHint true; the last three mean something only for a write).
 TOOL_KINDS = {
@@ -10115,8 +10197,9 @@ TOOL_KINDS = {
     "cumulative": dict(destructive_hint=False, open_world_hint=False),
 }
 
-#: Every MCP tool, in tools/list order: name -> (the cached family factory that defines its function,
-#: annotation kind from TOOL_KINDS). build_server registers those that exposed_tools picks.
+#: Every MCP tool, in tools/list order: name -> (the cached family factory that defines its
+#: function, annotation kind from TOOL_KINDS). build_server registers those that exposed_tools
+#: picks.
 MCP_TOOLS = {
     "memorize": (_write_tools, "write"),
     "recall": (_read_tools, "read-only"),
@@ -10159,15 +10242,17 @@ class ServerState:
     memory: Memory
     worker: threading.Thread
     stop: threading.Event
-    watcher: threading.Thread | None = None  #: `aokun-watch`, polling the clients' history ([conversations] watch)
+    #: `aokun-watch`, polling the clients' history ([conversations] watch)
+    watcher: threading.Thread | None = None
 
     @classmethod
     def start(cls, memory: Memory) -> "ServerState":
-        """Start the background thread over `memory`, and the watch thread when [conversations] watch is
-        on (Watcher.run over the same Memory, like the background thread; it starts its back-log
-        thread itself); the state owns the Memory from then on."""
+        """Start the background thread over `memory`, and the watch thread when [conversations]
+        watch is on (Watcher.run over the same Memory, like the background thread; it starts its
+        back-log thread itself); the state owns the Memory from then on."""
         stop = threading.Event()
-        worker = threading.Thread(target=_background, args=(memory, stop), name="aokun-background", daemon=True)
+        worker = threading.Thread(target=_background, args=(memory, stop), name="aokun-background",
+                                  daemon=True)
         worker.start()
         watcher = None
         if memory.cfg.conversations.watch:
@@ -10177,8 +10262,8 @@ class ServerState:
         return cls(memory, worker, stop, watcher)
 
     def close(self) -> None:
-        """Stop the background and watch threads (waiting up to 30 s for their current step), then close
-        the Memory."""
+        """Stop the background and watch threads (waiting up to 30 s for their current step), then
+        close the Memory."""
         self.stop.set()
         for t in (self.worker, self.watcher):
             if t is not None:
@@ -10236,28 +10321,31 @@ MCP_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "notice": loggin
 
 class McpLogRelay(logging.Handler):
     """A logging handler on the `aokun` logger that sends each record, as `notifications/message`
-    {level, logger, data: the message}, to every MCP session that asked for that level or a lower one
-    with logging/setLevel. A session that never set a level gets nothing. Records come from any
+    {level, logger, data: the message}, to every MCP session that asked for that level or a lower
+    one with logging/setLevel. A session that never set a level gets nothing. Records come from any
     thread (the background back-fill, maintenance and sync, tool worker threads): each is handed to
-    the session's event loop without waiting, and a session whose loop or stream is gone is dropped.
-    What reaches it is bounded by [server] log_level (the `aokun` logger's level, INFO by default)."""
+    the session's event loop without waiting, and a session whose loop or stream is gone is
+    dropped. What reaches it is bounded by [server] log_level (the `aokun` logger's level, INFO by
+    default)."""
 
     def __init__(self):
         super().__init__()
         import weakref
-        #: SDK Connection (one per client session; weak: an ended session drops out) -> (level no, loop)
+        #: SDK Connection (one per client session; weak: an ended session drops out) -> (level no,
+        #: loop)
         self.sessions: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def subscribe(self, connection, level: str, loop) -> None:
-        """Send `connection` (the SDK Connection of a client session) the records at or above MCP level
-        `level` (a key of MCP_LOG_LEVELS) from now on, scheduled on `loop` (the asyncio loop serving
-        it); a later call replaces the level."""
+        """Send `connection` (the SDK Connection of a client session) the records at or above MCP
+        level `level` (a key of MCP_LOG_LEVELS) from now on, scheduled on `loop` (the asyncio loop
+        serving it); a later call replaces the level."""
         self.sessions[connection] = (MCP_LOG_LEVELS[level], loop)
 
     def emit(self, record: logging.LogRecord) -> None:
         """Schedule `record` to every subscribed session whose level it reaches; never raises."""
         import asyncio
-        targets = [(s, loop) for s, (no, loop) in list(self.sessions.items()) if record.levelno >= no]
+        targets = [(s, loop) for s, (no, loop) in list(self.sessions.items())
+                   if record.levelno >= no]
         if not targets:
             return
         level = [name for name, no in MCP_LOG_LEVELS.items() if record.levelno >= no][-1]
@@ -10267,13 +10355,15 @@ class McpLogRelay(logging.Handler):
             data = str(record.msg)
         for session, loop in targets:
             try:
-                asyncio.run_coroutine_threadsafe(self._send(session, level, record.name, data), loop)
+                asyncio.run_coroutine_threadsafe(self._send(session, level, record.name, data),
+                                                 loop)
             except RuntimeError:  # the loop is closed: that session has ended
                 self.sessions.pop(session, None)
 
     async def _send(self, connection, level: str, logger: str, data: str) -> None:
         try:  # Connection.notify drops the message when the stream is closed
-            await connection.notify("notifications/message", {"level": level, "logger": logger, "data": data})
+            await connection.notify("notifications/message",
+                                    {"level": level, "logger": logger, "data": data})
         except Exception:
             self.sessions.pop(connection, None)
 
@@ -10287,9 +10377,9 @@ def _log_relay() -> McpLogRelay:
 
 
 def _add_logging(server) -> None:
-    """Serve logging/setLevel on `server` (which advertises the logging capability from then on): the
-    session that sends it gets the `aokun` log records at or above that level (McpLogRelay); before
-    it sends one, none. An unknown level is refused by the SDK (-32602, naming `level`)."""
+    """Serve logging/setLevel on `server` (which advertises the logging capability from then on):
+    the session that sends it gets the `aokun` log records at or above that level (McpLogRelay);
+    before it sends one, none. An unknown level is refused by the SDK (-32602, naming `level`)."""
     import asyncio
 
     import mcp.types as types
@@ -10300,19 +10390,21 @@ def _add_logging(server) -> None:
         _log_relay().subscribe(ctx.session._connection, params.level, asyncio.get_running_loop())
         return types.EmptyResult()
 
-    server._lowlevel_server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
+    server._lowlevel_server.add_request_handler("logging/setLevel", types.SetLevelRequestParams,
+                                                set_level)
 
 
-#: seconds between two progress notifications of one tool call (the last one, done == total, always goes)
+#: seconds between two progress notifications of one tool call (the last one, done == total,
+#: always goes)
 PROGRESS_INTERVAL_SECONDS = 0.2
 
 
 def _tool_progress(ctx):
     """A progress(done, total=None) callback for the engine, called from the tool's worker thread:
-    it sends `notifications/progress` for the tool call `ctx` serves (nothing when the client sent no
-    progressToken: the SDK drops it), at most one per PROGRESS_INTERVAL_SECONDS except the final one
-    (done == total). It blocks the worker until the notification is queued; a failure to send is
-    logged at debug level and never stops the tool."""
+    it sends `notifications/progress` for the tool call `ctx` serves (nothing when the client sent
+    no progressToken: the SDK drops it), at most one per PROGRESS_INTERVAL_SECONDS except the final
+    one (done == total). It blocks the worker until the notification is queued; a failure to send
+    is logged at debug level and never stops the tool."""
     import anyio.from_thread
 
     last = [-math.inf]
@@ -10365,10 +10457,10 @@ MCP_TEMPLATES = ("memory://memories/{id}{?persona_id}", "memory://entities/{name
 
 
 def _add_prompts(server, memory) -> None:
-    """Register the prompts on `server`: session_briefing (the session briefing, what memory_context
-    without a topic returns) and remember_about (recall of `topic` plus the knowledge-graph facts
-    about it, as one text), both with an optional persona_id. A bad argument is a -32602 error naming
-    the field. `memory()` is the open lifespan's Memory."""
+    """Register the prompts on `server`: session_briefing (the session briefing, what
+    memory_context without a topic returns) and remember_about (recall of `topic` plus the
+    knowledge-graph facts about it, as one text), both with an optional persona_id. A bad argument
+    is a -32602 error naming the field. `memory()` is the open lifespan's Memory."""
     from mcp import MCPError
     from mcp.types import INVALID_PARAMS
 
@@ -10379,8 +10471,8 @@ def _add_prompts(server, memory) -> None:
             raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
 
     @server.prompt("session_briefing", title="Session briefing",
-                   description="What Aokun remembers for the start of a session: pinned and important "
-                               "memories, recent ones and current facts.")
+                   description="What Aokun remembers for the start of a session: pinned and "
+                               "important memories, recent ones and current facts.")
     def session_briefing(persona_id: str | None = None) -> str:
         """What Aokun remembers for the start of a session: pinned and important memories, recent
         ones and current facts."""
@@ -10388,17 +10480,18 @@ def _add_prompts(server, memory) -> None:
         return "Here is what you remember from earlier sessions; use it where it helps:\n\n" + text
 
     @server.prompt("remember_about", title="What do you remember about…",
-                   description="What Aokun remembers about a topic (a person, project, place…): the "
-                               "memories recall finds and the facts about it that hold now.")
+                   description="What Aokun remembers about a topic (a person, project, place…): "
+                               "the memories recall finds and the facts about it that hold now.")
     def remember_about(topic: str, persona_id: str | None = None) -> str:
-        """What Aokun remembers about `topic` (a person, project, place…): the memories recall finds for
-        it and the knowledge-graph facts about it that hold now."""
+        """What Aokun remembers about `topic` (a person, project, place…): the memories recall
+        finds for it and the knowledge-graph facts about it that hold now."""
         return answer(lambda m: _remember_about_text(m, topic, persona_id or None))
 
 
 def _remember_about_text(m: "Memory", topic: str, persona_id: str | None) -> str:
-    """The remember_about prompt's text: recall(topic) hits (id, date, one line each) and the current
-    facts of the entity `topic` when the knowledge graph has it. InputError for an empty topic."""
+    """The remember_about prompt's text: recall(topic) hits (id, date, one line each) and the
+    current facts of the entity `topic` when the knowledge graph has it. InputError for an empty
+    topic."""
     if not str(topic or "").strip():
         raise InputError("topic", "give what to remember about, e.g. a name")
     hits = m.recall(topic, persona_id=persona_id)["results"]
@@ -10407,19 +10500,20 @@ def _remember_about_text(m: "Memory", topic: str, persona_id: str | None) -> str
     except NotFound:
         facts = []
     lines = [f"What do you remember about {topic}? This is what memory holds:", "", "## Memories"]
-    lines += [f"- [{h['id']}] {str(h.get('created_at') or '')[:10]} {_one_line(h['text'])}" for h in hits] \
-        or ["- (none found)"]
+    lines += [f"- [{h['id']}] {str(h.get('created_at') or '')[:10]} {_one_line(h['text'])}"
+              for h in hits] or ["- (none found)"]
     lines += ["", "## Facts that hold now"]
-    lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts] \
-        or ["- (none recorded)"]
+    lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})"
+              for f in facts] or ["- (none recorded)"]
     return "\n".join(lines)
 
 
 def _add_entity_resources(server, memory) -> None:
-    """Register the templates memory://entities/{name}{?persona_id} (JSON: kg_query of the entity, its
-    facts that hold now) and memory://sessions/{session_id}{?persona_id} (JSON: the first page of an
-    ingested conversation session, conversation_get_session). An unknown name or session, or one of
-    another persona, is a ResourceNotFoundError; a bad argument a -32602 error naming the field."""
+    """Register the templates memory://entities/{name}{?persona_id} (JSON: kg_query of the entity,
+    its facts that hold now) and memory://sessions/{session_id}{?persona_id} (JSON: the first page
+    of an ingested conversation session, conversation_get_session). An unknown name or session, or
+    one of another persona, is a ResourceNotFoundError; a bad argument a -32602 error naming the
+    field."""
     from mcp import MCPError
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError
     from mcp.types import INVALID_PARAMS
@@ -10464,21 +10558,24 @@ def build_server(memory_factory, cfg: Config):
                 for t in await super().list_tools()]
 
         async def call_tool(self, name, arguments, context=None):
-            """MCPServer.call_tool, with arguments the tool's schema refuses reported in one line that
-            names each field ("recall: k: Input should be a valid integer"), not pydantic's report."""
+            """MCPServer.call_tool, with arguments the tool's schema refuses reported in one line
+            that names each field ("recall: k: Input should be a valid integer"), not pydantic's
+            report."""
             try:
                 return await super().call_tool(name, arguments, context)
             except ToolError as e:
-                if isinstance(e, UnexpectedToolError) or not isinstance(e.__cause__, ValidationError):
+                if (isinstance(e, UnexpectedToolError)
+                        or not isinstance(e.__cause__, ValidationError)):
                     raise
                 raise ToolError(f"{name}: " + "; ".join(
                     f"{'.'.join(str(x) for x in err['loc']) or 'arguments'}: {err['msg']}"
                     for err in e.__cause__.errors(include_url=False))) from e.__cause__
 
     running: list[ServerState] = []
+    # no subscriptions/listen: nothing publishes list or resource changes
     server = Server("aokun", instructions=SERVER_INSTRUCTIONS, version=__version__,
-                       lifespan=_lifespan(memory_factory, running), log_level=cfg.server.log_level.upper(),
-                       subscriptions=False)  # no subscriptions/listen: nothing publishes list or resource changes
+                    lifespan=_lifespan(memory_factory, running),
+                    log_level=cfg.server.log_level.upper(), subscriptions=False)
     for name in exposed_tools(cfg, MCP_TOOLS):
         family, kind = MCP_TOOLS[name]
         fn = getattr(family(), name)
@@ -10502,7 +10599,8 @@ def _answering(fn):
     @functools.wraps(fn)
     def tool(*args, **kwargs):
         model = fn(*args, **kwargs)
-        return CallToolResult(content=[TextContent(type="text", text=compact_json(text_view(model)))],
+        text = TextContent(type="text", text=compact_json(text_view(model)))
+        return CallToolResult(content=[text],
                               structured_content=rounded(model.model_dump(mode="json")))
     return tool
 
@@ -10515,21 +10613,23 @@ def exposed_tools(cfg: Config, tools: dict) -> list[str]:
         return list(tools)
     unknown = [t for t in wanted if t not in tools]
     if unknown:
-        raise AokunError(f"[server] exposed_tools names unknown tools {unknown}; known: {', '.join(tools)} or all")
+        raise AokunError(f"[server] exposed_tools names unknown tools {unknown}; known: "
+                         f"{', '.join(tools)} or all")
     return wanted
 
 
-#: seconds between back-fill tries while vectors are awaited and the provider fails (the last repeats);
-#: once nothing is awaited, the back-fill looks again every scheduler_interval_seconds
+#: seconds between back-fill tries while vectors are awaited and the provider fails (the last
+#: repeats); once nothing is awaited, the back-fill looks again every scheduler_interval_seconds
 BACKFILL_RETRY_SECONDS = (15.0, 30.0, 60.0, 120.0, 300.0)
 
 
 def _background(mem: "Memory", stop: threading.Event) -> None:
     """The server's background thread, off the request path: load jieba and the embedding model,
-    take the version-change backup, then back-fill missing vectors (again after BACKFILL_RETRY_SECONDS
-    while the provider fails, so vectors come back within minutes of it answering) and every
-    scheduler_interval_seconds run the maintenance that is due (decay, atom sweep, daily backup), and
-    with [sync] dir set, every [sync] interval seconds a sync (_sync_step).
+    take the version-change backup, then back-fill missing vectors (again after
+    BACKFILL_RETRY_SECONDS while the provider fails, so vectors come back within minutes of it
+    answering) and every scheduler_interval_seconds run the maintenance that is due (decay, atom
+    sweep, daily backup), and with [sync] dir set, every [sync] interval seconds a sync
+    (_sync_step).
     Tool calls wait only for the short transactions, never for the whole job. Returns once `stop`
     is set (the back-fill checks it between batches); never raises: a failed warm-up is logged as
     a warning, a failed maintenance run as an error and retried at the next interval."""
@@ -10549,7 +10649,8 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
             next_sync = time.monotonic() + mem.cfg.sync.interval
         if time.monotonic() >= next_backfill:
             failures = _backfill_step(mem, stop, failures)
-            wait = BACKFILL_RETRY_SECONDS[min(failures, len(BACKFILL_RETRY_SECONDS)) - 1] if failures else interval
+            wait = (BACKFILL_RETRY_SECONDS[min(failures, len(BACKFILL_RETRY_SECONDS)) - 1]
+                    if failures else interval)
             next_backfill = time.monotonic() + wait
         if time.monotonic() >= next_maintenance:
             try:
@@ -10565,23 +10666,24 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
 
 
 def _sync_step(mem: "Memory") -> None:
-    """One timed sync of _background with [sync] dir: a summary line when something moved, one error
-    line when it failed (tried again at the next interval), a warning per skipped file."""
+    """One timed sync of _background with [sync] dir: a summary line when something moved, one
+    error line when it failed (tried again at the next interval), a warning per skipped file."""
     try:
         r = mem.sync(mem.cfg.resolve(mem.cfg.sync.dir))
     except Exception as e:
-        log.error("sync with %s failed (tried again in %ss): %s", mem.cfg.sync.dir, mem.cfg.sync.interval, e)
+        log.error("sync with %s failed (tried again in %ss): %s", mem.cfg.sync.dir,
+                  mem.cfg.sync.interval, e)
         return
     if r["written"] or r["applied"] or r["conflicts"]:
-        log.info("sync: wrote %s, applied %d file(s) %s, %d new conflict(s)", r["written"] or "nothing",
-                 len(r["applied"]), r["merged"], r["conflicts"])
+        log.info("sync: wrote %s, applied %d file(s) %s, %d new conflict(s)",
+                 r["written"] or "nothing", len(r["applied"]), r["merged"], r["conflicts"])
     for x in r["skipped"]:
         log.warning("sync: skipped %s: %s", x["file"], x["reason"])
 
 
 def _backfill_step(mem: "Memory", stop: threading.Event, failures: int) -> int:
-    """One back-fill try of _background: embed what is awaited. Returns the tries in a row that left
-    vectors awaited (0 once nothing is, or when stopping)."""
+    """One back-fill try of _background: embed what is awaited. Returns the tries in a row that
+    left vectors awaited (0 once nothing is, or when stopping)."""
     if not mem.vectors_awaited():
         return 0
     try:
@@ -10599,21 +10701,25 @@ class BearerToken:
     """ASGI wrapper: every HTTP request needs `Authorization: Bearer <token>` (401 otherwise)."""
 
     def __init__(self, app, token: str, unguarded: str = ""):
-        """Guard the ASGI `app` with `token` (the scheme is case-insensitive, the token is not); paths
-        under `unguarded` (the web panel's /panel, which has its own login) are let through."""
+        """Guard the ASGI `app` with `token` (the scheme is case-insensitive, the token is not);
+        paths under `unguarded` (the web panel's /panel, which has its own login) are let
+        through."""
         self.app, self.expected, self.unguarded = app, f"bearer {token}".encode(), unguarded
 
     async def __call__(self, scope, receive, send):
-        """An HTTP request with the right header (compared in constant time) and every non-HTTP scope
-        (lifespan) go on to the app; any other request gets 401 text/plain, `WWW-Authenticate: Bearer`."""
+        """An HTTP request with the right header (compared in constant time) and every non-HTTP
+        scope (lifespan) go on to the app; any other request gets 401 text/plain,
+        `WWW-Authenticate: Bearer`."""
         import hmac
         path = scope.get("path", "")
-        if scope["type"] == "http" and not (self.unguarded and (path + "/").startswith(self.unguarded + "/")):
+        let_through = self.unguarded and (path + "/").startswith(self.unguarded + "/")
+        if scope["type"] == "http" and not let_through:
             got = dict(scope["headers"]).get(b"authorization", b"")
             scheme, _, token = got.partition(b" ")  # the scheme is case-insensitive (RFC 7235)
             if not hmac.compare_digest(scheme.lower() + b" " + token.strip(), self.expected):
                 await send({"type": "http.response.start", "status": 401,
-                            "headers": [(b"content-type", b"text/plain"), (b"www-authenticate", b"Bearer")]})
+                            "headers": [(b"content-type", b"text/plain"),
+                                        (b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": b"missing or wrong bearer token"})
                 return
         await self.app(scope, receive, send)
@@ -10621,7 +10727,8 @@ class BearerToken:
 
 def is_loopback(host: str) -> bool:
     """True when `host` (a bind address or Host name, brackets allowed: "[::1]") is loopback only:
-    localhost, 127.0.0.0/8 or ::1. A wildcard (0.0.0.0, ::), a LAN address or another name is not."""
+    localhost, 127.0.0.0/8 or ::1. A wildcard (0.0.0.0, ::), a LAN address or another name is
+    not."""
     import ipaddress
     name = host.strip().removeprefix("[").removesuffix("]").lower()
     if name == "localhost":
@@ -10636,10 +10743,14 @@ def http_allowed(cfg: Config, host: str, port: int) -> tuple[list[str], list[str
     """(Host header patterns, Origin values) serve --http accepts on `host`:`port` (see http_app),
     in the SDK's TransportSecuritySettings form ("127.0.0.1:*" is any port)."""
     loopback = ["127.0.0.1", "localhost", "[::1]"]
-    bind = [] if host in ("0.0.0.0", "::", "") or is_loopback(host) else [f"[{host}]" if ":" in host else host]
+    if host in ("0.0.0.0", "::", "") or is_loopback(host):
+        bind = []
+    else:
+        bind = [f"[{host}]" if ":" in host else host]
     extra = [h.strip() for h in cfg.server.allowed_hosts.split(",") if h.strip()]
     hosts = [f"{h}:*" for h in loopback + bind] + extra
-    origins = [f"http://{h}:{port}" for h in loopback + bind] + [f"{s}://{h}" for h in extra for s in ("http", "https")]
+    origins = ([f"http://{h}:{port}" for h in loopback + bind]
+               + [f"{s}://{h}" for h in extra for s in ("http", "https")])
     return hosts, origins
 
 
@@ -10669,20 +10780,22 @@ async def serve_stdio(server) -> None:
     import anyio
     from mcp.server.stdio import stdio_server
 
-    stdin = anyio.wrap_file(SurrogateSafeLines(sys.stdin.buffer, encoding="utf-8", errors="replace"))
+    stdin = anyio.wrap_file(SurrogateSafeLines(sys.stdin.buffer, encoding="utf-8",
+                                               errors="replace"))
     async with stdio_server(stdin=stdin) as (read_stream, write_stream):
         low = server._lowlevel_server  # what MCPServer.run_stdio_async runs, given our stdin
         await low.run(read_stream, write_stream, low.create_initialization_options())
 
 
 def http_app(server, cfg: Config, host: str, port: int, panel=None):
-    """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host`:`port`, with the SDK's
-    DNS-rebinding protection: the Host header must be a loopback name (any port), the bind address
-    (unless a wildcard) or an entry of the comma list [server] allowed_hosts (421 otherwise); an
-    Origin header, when sent (browsers do), must be the server's own origin, http://<loopback or
-    bind address>:`port` (not another local port), or http(s)://<an allowed_hosts entry> (403
-    otherwise). A bearer token is required (BearerToken, 401) when [server] token / token_env is set.
-    `panel` (the web panel's ASGI app, or None) is mounted at /panel, behind its own login.
+    """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host`:`port`, with the
+    SDK's DNS-rebinding protection: the Host header must be a loopback name (any port), the bind
+    address (unless a wildcard) or an entry of the comma list [server] allowed_hosts (421
+    otherwise); an Origin header, when sent (browsers do), must be the server's own origin,
+    http://<loopback or bind address>:`port` (not another local port), or http(s)://<an
+    allowed_hosts entry> (403 otherwise). A bearer token is required (BearerToken, 401) when
+    [server] token / token_env is set. `panel` (the web panel's ASGI app, or None) is mounted at
+    /panel, behind its own login.
 
     Raises AokunError when `host` is not loopback and no token is set: anyone who can reach the
     port would get full read, write and delete."""
@@ -10692,8 +10805,8 @@ def http_app(server, cfg: Config, host: str, port: int, panel=None):
     if not token and not is_loopback(host):
         env = cfg.server.token_env
         raise AokunError(f"serving HTTP on {host} (not loopback) needs a token: set [server] token"
-                         + (f" or ${env}" if env else "") + " (clients send Authorization: Bearer <token>), "
-                         "or serve on 127.0.0.1")
+                         + (f" or ${env}" if env else "")
+                         + " (clients send Authorization: Bearer <token>), or serve on 127.0.0.1")
     hosts, origins = http_allowed(cfg, host, port)
     security = TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
                                          allowed_origins=origins)
