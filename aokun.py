@@ -8720,7 +8720,7 @@ class Watcher:
         """Read `path`, taken by _next, unless the limits leave its project out (then skipped,
         None); the new turns otherwise. It is given back (self.taken) in any case."""
         try:
-            if (self.include or self.exclude) and not self._wanted(path, q):
+            if not self.wants(path, q.source):
                 with self.lock:
                     if self.queue.get(path) is q:
                         self._mark(path, "skipped")
@@ -8730,10 +8730,13 @@ class Watcher:
             with self.lock:
                 self.taken.discard(path)
 
-    def _wanted(self, path: Path, q: QueuedFile) -> bool:
-        """Whether the project the transcript names is one the limits let the watch read."""
+    def wants(self, path: Path, source: str) -> bool:
+        """Whether transcript `path` of `source` names a project the limits (include / exclude)
+        let the watch read; True when there are none, or it cannot be read (ingest says why)."""
+        if not (self.include or self.exclude):
+            return True
         try:
-            project = transcript_project(path, self.mem.ingest_rules(q.source))
+            project = transcript_project(path, self.mem.ingest_rules(source))
         except OSError:
             return True  # ingest says why it cannot be read
         return project_wanted(project, self.include, self.exclude)
@@ -9061,8 +9064,8 @@ def read_hook_payload(arg: str | None) -> dict:
 
 def hook_session_files(client: str, payload: dict) -> list[Path]:
     """The transcript a hook event names: Claude Code's transcript_path, the Codex rollout of the
-    thread-id, Copilot's session-state/<sessionId>/events.jsonl. [] when it names none that exists
-    (then the client's whole standard location is ingested, incrementally)."""
+    thread-id, Copilot's session-state/<sessionId>/events.jsonl. [] when it names none that
+    exists."""
     import glob
     if client == "claude-code":
         p = payload.get("transcript_path")
@@ -13566,8 +13569,9 @@ def cli_hook(state, client, event, payload):
 def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
     """One hook event. session-start (Claude Code): the stored briefing (SQL only, no model load),
     as {hookSpecificOutput: {hookEventName: SessionStart, additionalContext}}. stop / session-end /
-    notify: ingest the session the payload names (else the client's standard location), from its
-    stored offset; the embedder gets HOOK_EMBED_TIMEOUT_SECONDS and no retries, so a slow one
+    notify: ingest the session the payload names, from its stored offset, unless the watch's
+    project limits leave it out (nothing when it names none: a warning, the server's watch reads
+    the folder); the embedder gets HOOK_EMBED_TIMEOUT_SECONDS and no retries, so a slow one
     leaves the new turns pending for the back-fill instead of holding up the client. InputError for
     an event the client has no hook for."""
     if event not in HOOK_EVENTS[client]:
@@ -13582,7 +13586,13 @@ def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
             text = mem.memory_context(None, "project")["text"]
             return {"hookSpecificOutput": {"hookEventName": "SessionStart",
                                            "additionalContext": text}}
-        out = mem.ingest(client, hook_session_files(client, payload))
+        named = hook_session_files(client, payload)
+        if not named:  # reading the client's whole folder here would hold the client up
+            log.warning("hook %s %s: the event names no transcript there is; the server's watch "
+                        "reads the client's folder", client, event)
+            return None
+        watch = Watcher(mem, (client,))
+        out = mem.ingest(client, [p for p in named if watch.wants(p, client)])
         for line in out["unreadable"]:
             log.warning("hook %s %s: %s", client, event, line)
         if out["new"]:

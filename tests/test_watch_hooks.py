@@ -341,3 +341,27 @@ def test_copilot_session_end_hook_ingests_that_session(tmp_path):
     with aokun.Memory(db, aokun.Config(ini)) as mem:
         assert [s["session_id"] for s in mem.list_sessions()] == [COPILOT_SID]
         assert mem.value("select count(*) from conv_turns") == 4
+
+
+@pytest.mark.slow
+def test_a_hook_reads_only_what_it_names_and_the_watch_limits_let_in(tmp_path):
+    """Issue 26: a hook event that names no transcript reads nothing (not the client's whole
+    history, past the client's hook timeout), and a named transcript of a project the watch
+    leaves out is not read."""
+    home = home_with_clients(tmp_path)
+    plain = write_ini(tmp_path, "none")
+    r, _ = run_hook(tmp_path / "a.db", plain, home, "claude-code", "stop",
+                    stdin=json.dumps({"session_id": "gone", "hook_event_name": "Stop"}))
+    assert r.returncode == 0 and r.stdout == "" and "names no transcript" in r.stderr, r.stderr
+    with aokun.Memory(tmp_path / "a.db", aokun.Config(plain)) as mem:
+        assert mem.value("select count(*) from conv_turns") == 0
+    stop_event = {"session_id": CLAUDE_SID, "transcript_path": str(transcript(home)),
+                  "hook_event_name": "Stop"}
+    for excluded, turns in (("*/aokun", 0), ("*/elsewhere", 6)):
+        ini = write_ini(tmp_path, "none", f"{turns}.ini",
+                        conversations={"watch_exclude_projects": excluded})
+        db = tmp_path / f"{turns}.db"
+        r, _ = run_hook(db, ini, home, "claude-code", "stop", stdin=json.dumps(stop_event))
+        assert r.returncode == 0 and r.stdout == "", r.stderr
+        with aokun.Memory(db, aokun.Config(ini)) as mem:
+            assert mem.value("select count(*) from conv_turns") == turns, excluded
