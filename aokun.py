@@ -2287,10 +2287,12 @@ MAY_UPDATE_COSINE = 0.89
 MAY_UPDATE_COSINE_ALONE = 0.93
 MAY_UPDATE_PREVIEW_CHARS = 80
 MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
-#: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed out:
-#: an id is never handed out twice in a file's life (deleting the newest row, or a restore, included).
-ID_COUNTERS = {"documents": "last_document_id", "memory_atoms": "last_atom_id", "graph_nodes": "last_node_id",
-               "graph_edges": "last_edge_id", "graph_entries": "last_entry_id", "kg_entities": "last_entity_id",
+#: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed
+#: out: an id is never handed out twice in a file's life (deleting the newest row, or a restore,
+#: included).
+ID_COUNTERS = {"documents": "last_document_id", "memory_atoms": "last_atom_id",
+               "graph_nodes": "last_node_id", "graph_edges": "last_edge_id",
+               "graph_entries": "last_entry_id", "kg_entities": "last_entity_id",
                "kg_triples": "last_triple_id", "memory_write_ops": "last_write_op_id"}
 
 
@@ -2304,7 +2306,8 @@ class Hooks:
     above it (tests/test_layout.py checks): Memory.hooks names the later sections' methods, each
     called with the Memory first. Each field says who calls it and what it gives."""
 
-    conversation_hits: Callable  #: Recall.recall(include_conversations): (query, k, persona) -> hits
+    #: Recall.recall(include_conversations): (query, k, persona) -> hits
+    conversation_hits: Callable
     briefing_lines: Callable  #: Briefing._briefing_text: (persona, ref) -> the session digest lines
     counts: Callable  #: Maintenance.stats: () -> more counts
     problems: Callable  #: Maintenance.doctor: () -> more problems
@@ -2392,10 +2395,11 @@ class Store:
         self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
 
     def _new_id(self, table: str) -> int:
-        """The id for a new row of `table` (one of ID_COUNTERS): above every id the table ever handed
-        out (its counter in meta, its largest id), and recorded as the counter. In tx."""
+        """The id for a new row of `table` (one of ID_COUNTERS): above every id the table ever
+        handed out (its counter in meta, its largest id), and recorded as the counter. In tx."""
         key = ID_COUNTERS[table]
-        new = max(int(self.meta_get(key, 0)), self.value(f"select coalesce(max(id), 0) from {table}")) + 1
+        largest = self.value(f"select coalesce(max(id), 0) from {table}")
+        new = max(int(self.meta_get(key, 0)), largest) + 1
         self._meta_set(key, new)
         return new
 
@@ -2409,13 +2413,15 @@ class Store:
         """The documents row of `doc_id`, JSON fields decoded. NotFound when there is none, or when
         `persona` (a folded persona id) is given and the memory belongs to another persona: the one
         lookup filters by both, so an id of another persona is not there, with the same message and
-        the same work. `persona` None (internal callers holding a row already) matches any persona."""
+        the same work. `persona` None (internal callers holding a row already) matches any
+        persona."""
         if isinstance(doc_id, bool) or not isinstance(doc_id, int):
             raise InputError("id", f"expected an integer memory id, got {doc_id!r}")
         rows = self.rows("select * from documents where id = ? and (? is null or persona_id = ?)",
                          (doc_id, persona, persona)) if 0 < doc_id <= MAX_ID else []
         if not rows:
-            raise NotFound(f"no memory with id {doc_id}; {{hint0}} shows the ids", hints=[("list", {})])
+            raise NotFound(f"no memory with id {doc_id}; {{hint0}} shows the ids",
+                           hints=[("list", {})])
         d = rows[0]
         for k in ("topics", "key_facts", "participants", "tags"):
             d[k] = json.loads(d[k])
@@ -2423,9 +2429,9 @@ class Store:
         return d
 
     def get(self, doc_id: int, persona_id: str | None = None) -> dict:
-        """One memory of persona `persona_id` (None: the default persona '') with its atoms and graph
-        entries, superseded_by (the newer memory's id, or None) and supersedes (ids of the memories
-        it superseded). Raises NotFound, also for an id of another persona."""
+        """One memory of persona `persona_id` (None: the default persona '') with its atoms and
+        graph entries, superseded_by (the newer memory's id, or None) and supersedes (ids of the
+        memories it superseded). Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         d["supersedes"] = [r["id"] for r in self.rows(
             "select id from documents where superseded_by = ? and persona_id = ? order by id",
@@ -2438,7 +2444,8 @@ class Store:
     def history(self, doc_id: int, persona_id: str | None = None) -> list[dict]:
         """What happened to a memory of persona `persona_id` (None: ''), oldest first (sql
         document_history): [{kind: 'write' | 'merge', what: insert/edit/consolidated, status, at,
-        error, members: [ids merged into it] or None}]. Raises NotFound, also for another persona's id."""
+        error, members: [ids merged into it] or None}]. Raises NotFound, also for another persona's
+        id."""
         self._doc(doc_id, _label(persona_id, "persona_id"))
         rows = self.rows(self.queries["document_history"], {"document_id": doc_id})
         for r in rows:
@@ -2447,30 +2454,33 @@ class Store:
 
     def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
              session_id: str | None = None, include_archived: bool = False) -> list[dict]:
-        """Memories newest first (by created_at), without atoms/graph detail. Raises InputError for a
-        limit outside 1..LIST_LIMIT_MAX or an offset above MAX_ID."""
+        """Memories newest first (by created_at), without atoms/graph detail. Raises InputError for
+        a limit outside 1..LIST_LIMIT_MAX or an offset above MAX_ID."""
         if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
-            raise InputError("limit", f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
+            raise InputError("limit",
+                             f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
         if not isinstance(offset, int) or offset > MAX_ID:
             raise InputError("offset", f"expected an integer from 0 to {MAX_ID}, got {offset!r}")
         return self.rows(self.queries["list_memories"], {
-            "persona_id": persona_id, "session_id": session_id, "include_archived": int(include_archived),
-            "limit": limit, "offset": max(0, offset)})
+            "persona_id": persona_id, "session_id": session_id,
+            "include_archived": int(include_archived), "limit": limit, "offset": max(0, offset)})
 
 
 # Vectors: embedding, session context and the binary KNN index ####################################
 
-AFTER_EVERY_ID = 2 ** 62  #: an id above every stored one: "a memory not stored yet" in session order
+#: an id above every stored one: "a memory not stored yet" in session order
+AFTER_EVERY_ID = 2 ** 62
 
 
 def vector_blob(vec) -> bytes:
-    """The stored form of a vector (doc_vectors, graph_vectors; see sql/vectors.sql): int8, one byte
-    per dimension, round(v · 127 / max|v|). Cosine does not see the scale, so
-    vec_distance_cosine(vec_int8(a), vec_int8(b)) is the float vectors' within ~1e-3, at a quarter of
-    float32's size."""
+    """The stored form of a vector (doc_vectors, graph_vectors; see sql/vectors.sql): int8, one
+    byte per dimension, round(v · 127 / max|v|). Cosine does not see the scale, so
+    vec_distance_cosine(vec_int8(a), vec_int8(b)) is the float vectors' within ~1e-3, at a quarter
+    of float32's size."""
     v = np.asarray(vec, np.float32).ravel()
     top = float(np.abs(v).max()) if v.size else 0.0
-    return (np.rint(v * (127.0 / top)) if top > 0 else np.zeros_like(v)).astype(np.int8).tobytes()
+    scaled = np.rint(v * (127.0 / top)) if top > 0 else np.zeros_like(v)
+    return scaled.astype(np.int8).tobytes()
 
 
 def blob_vector(blob: bytes) -> "np.ndarray":
@@ -2479,8 +2489,8 @@ def blob_vector(blob: bytes) -> "np.ndarray":
 
 
 def mean_vector(blobs) -> "np.ndarray | None":
-    """The mean (float32) of the stored vectors `blobs` (int8 blobs, vector_blob's), summed in float64;
-    None when there are none. A binary index's quantisation centre (sql/vectors.sql)."""
+    """The mean (float32) of the stored vectors `blobs` (int8 blobs, vector_blob's), summed in
+    float64; None when there are none. A binary index's quantisation centre (sql/vectors.sql)."""
     total, n = None, 0
     for blob in blobs:
         v = blob_vector(blob).astype(np.float64)
@@ -2509,7 +2519,8 @@ class Vectors:
             return
         stored_dim = self.meta_get("embedding_dim")
         stored_model = self.meta_get("embedding_model")
-        if not e.dim and stored_dim and stored_model == e.model:  # only the model that made them has that dim
+        # only the model that made them has that dim
+        if not e.dim and stored_dim and stored_model == e.model:
             (e.inner if isinstance(e, CachedEmbedder) else e).dim = int(stored_dim)
         if stored_dim is None:
             if e.dim:
@@ -2518,24 +2529,27 @@ class Vectors:
         if int(stored_dim) != e.dim or stored_model != e.model:
             self.vector_problem = (
                 f"the database holds {stored_dim}-d vectors from {stored_model!r} but the configured "
-                f"embedder {e.model!r} makes {e.dim or '?'}-d vectors; run `python aokun.py rebuild --vectors` "
-                "to re-embed every memory (stored memories are untouched; recall uses keyword channels until then)")
+                f"embedder {e.model!r} makes {e.dim or '?'}-d vectors; "
+                "run `python aokun.py rebuild --vectors` to re-embed every memory "
+                "(stored memories are untouched; recall uses keyword channels until then)")
             log.error("%s", self.vector_problem)
 
     def _upgrade_vector_index(self) -> None:
-        """Files made before schema 6 keep float vectors inside vec0 (doc_vec/graph_vec float[dim]):
-        copy them into doc_vectors/graph_vectors and rebuild doc_vec/graph_vec as the binary index,
-        in one transaction (migrate() saved a copy of the file first). Data step 1 (DATA_STEPS); also
-        run on a restored file (restore_from)."""
+        """Files made before schema 6 keep float vectors inside vec0 (doc_vec/graph_vec
+        float[dim]): copy them into doc_vectors/graph_vectors and rebuild doc_vec/graph_vec as the
+        binary index, in one transaction (migrate() saved a copy of the file first). Data step 1
+        (DATA_STEPS); also run on a restored file (restore_from)."""
         def old_layout() -> bool:
-            return "float[" in (self.value("select sql from sqlite_master where name = 'doc_vec'") or "")
+            doc_vec_sql = self.value("select sql from sqlite_master where name = 'doc_vec'")
+            return "float[" in (doc_vec_sql or "")
         if not old_layout():
             return
         dim = int(self.meta_get("embedding_dim"))
         with self.tx() as c:
-            if not old_layout():  # another process upgraded it between the check and this transaction
+            if not old_layout():  # another process upgraded it between the check and this tx
                 return
-            c.execute("insert or replace into doc_vectors(doc_id, embedding) select doc_id, embedding from doc_vec")
+            c.execute("insert or replace into doc_vectors(doc_id, embedding) "
+                      "select doc_id, embedding from doc_vec")
             c.execute("insert or replace into graph_vectors(entry_id, embedding) "
                       "select entry_id, embedding from graph_vec")
             c.execute("drop table doc_vec")
@@ -2549,13 +2563,14 @@ class Vectors:
             else:
                 self._reindex_vectors()
         log.warning("vector storage upgraded: %s document and %s entry vectors re-indexed",
-                    self.value("select count(*) from doc_vectors"), self.value("select count(*) from graph_vectors"))
+                    self.value("select count(*) from doc_vectors"),
+                    self.value("select count(*) from graph_vectors"))
 
     def _compact_vectors(self) -> bool:
-        """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in one
-        transaction (migrate() saved a copy of the file first) and record meta vector_format = 'int8'.
-        The freed pages are reused by later writes; `python aokun.py vacuum` gives them back. Data
-        step 2 (DATA_STEPS); False when the file is held below schema 6 (not done yet)."""
+        """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in
+        one transaction (migrate() saved a copy of the file first) and record meta vector_format =
+        'int8'. The freed pages are reused by later writes; `python aokun.py vacuum` gives them
+        back. Data step 2 (DATA_STEPS); False when the file is held below schema 6 (not done yet)."""
         if self.meta_get("vector_format") == "int8":
             return True
         if not self.has_table("doc_vectors"):
@@ -2569,12 +2584,14 @@ class Vectors:
         return True
 
     def _compact_vectors_in_tx(self) -> int:
-        """_compact_vectors' work: float32 rows (4 bytes per dimension) of doc_vectors/graph_vectors become
-        int8 rows; the binary index is unchanged (same signs). Returns how many were rewritten. In tx."""
+        """_compact_vectors' work: float32 rows (4 bytes per dimension) of
+        doc_vectors/graph_vectors become int8 rows; the binary index is unchanged (same signs).
+        Returns how many were rewritten. In tx."""
         dim, n = self.meta_get("embedding_dim"), 0
         if dim:
             for table, key in (("doc_vectors", "doc_id"), ("graph_vectors", "entry_id")):
-                rows = self.conn.execute(f"select {key}, embedding from {table} where length(embedding) = ?",
+                rows = self.conn.execute(f"select {key}, embedding from {table} "
+                                         "where length(embedding) = ?",
                                          (4 * int(dim),)).fetchall()
                 for row_id, blob in rows:
                     self.conn.execute(f"update {table} set embedding = ? where {key} = ?",
@@ -2589,18 +2606,22 @@ class Vectors:
         be indexed."""
         dim = int(self.embedder.dim)
         if dim % 8:
-            self.vector_problem = (f"the embedder {self.embedder.model!r} makes {dim}-d vectors; the binary KNN index "
-                                   "needs a dimension divisible by 8 (every common embedding model has one)")
+            self.vector_problem = (f"the embedder {self.embedder.model!r} makes {dim}-d vectors; "
+                                   "the binary KNN index needs a dimension divisible by 8 "
+                                   "(every common embedding model has one)")
             log.error("%s", self.vector_problem)
             return False
         with self.tx() as c:
             self._vector_tables_in_tx(dim)
-            c.execute("update documents set embedding_state = 'pending' where embedding_state = 'none'")
-            c.execute("update graph_entries set embedding_state = 'pending' where embedding_state = 'none'")
+            c.execute("update documents set embedding_state = 'pending' "
+                      "where embedding_state = 'none'")
+            c.execute("update graph_entries set embedding_state = 'pending' "
+                      "where embedding_state = 'none'")
         return True
 
     def _vector_tables_in_tx(self, dim: int) -> None:
-        """Record the embedder's provider/model/dim in meta and create the vec0 tables for `dim`. In tx."""
+        """Record the embedder's provider/model/dim in meta and create the vec0 tables for `dim`.
+        In tx."""
         self._meta_set("embedding_provider", self.embedder.provider)
         self._meta_set("embedding_model", self.embedder.model)
         self._meta_set("embedding_dim", dim)
@@ -2610,34 +2631,39 @@ class Vectors:
 
     def _embed(self, texts: list[str], warnings: list | None = None) -> list:
         """Embed passages as fold() makes them (the vectors of earlier versions, made from stored
-        folded text, stay valid). Never fails a write: one entry per text, its vector (float32[dim]),
-        a str when the provider refused that input for good (EmbeddingRejected; the batch is split in
-        halves until only the refused inputs are left, so one bad input costs the others nothing), or
-        None when it is not embedded now (no usable provider, or a transient failure: timeout, 5xx,
-        408/429, connection refused; a warning is appended and back-fill retries it later)."""
+        folded text, stay valid). Never fails a write: one entry per text, its vector
+        (float32[dim]), a str when the provider refused that input for good (EmbeddingRejected; the
+        batch is split in halves until only the refused inputs are left, so one bad input costs the
+        others nothing), or None when it is not embedded now (no usable provider, or a transient
+        failure: timeout, 5xx, 408/429, connection refused; a warning is appended and back-fill
+        retries it later)."""
         if not texts or not self.vectors_usable:
             return [None] * len(texts)
         out = self._embed_split([fold(t) for t in texts], warnings)
-        if any(isinstance(v, np.ndarray) for v in out) and not self.has_table("doc_vec") and not self._start_vectors():
+        first_vectors = any(isinstance(v, np.ndarray) for v in out) and not self.has_table("doc_vec")
+        if first_vectors and not self._start_vectors():
             if warnings is not None:
                 warnings.append(self.vector_problem)
             return [None] * len(texts)
         return out
 
     def _embed_split(self, texts: list[str], warnings: list | None) -> list:
-        """_embed's bisection over folded texts (see there). A vector the provider sent NaN, infinite
-        or all zeros is a failure for its text: refused (a str) when others of the call came back
-        usable, a transient failure (None, back-filled later) when none did."""
+        """_embed's bisection over folded texts (see there). A vector the provider sent NaN,
+        infinite or all zeros is a failure for its text: refused (a str) when others of the call
+        came back usable, a transient failure (None, back-filled later) when none did."""
         try:
             vectors = list(self.embedder.embed_documents(texts))
             bad = unusable_rows(np.asarray(vectors)) if vectors else []
             if len(vectors) and bad.all():
-                raise EmbeddingError("the embedding provider returned unusable vectors (NaN, infinite or all zeros)")
-            return [("the embedding provider returned an unusable vector (NaN, infinite or all zeros) for this text"
-                     if b else v) for v, b in zip(vectors, bad, strict=True)]
+                raise EmbeddingError("the embedding provider returned unusable vectors "
+                                     "(NaN, infinite or all zeros)")
+            unusable = ("the embedding provider returned an unusable vector "
+                        "(NaN, infinite or all zeros) for this text")
+            return [unusable if b else v for v, b in zip(vectors, bad, strict=True)]
         except EmbeddingRejected as e:
             if len(texts) == 1:
-                log.warning("the embedding provider refused an input for good (it stays without a vector): %s", e)
+                log.warning("the embedding provider refused an input for good "
+                            "(it stays without a vector): %s", e)
                 return [str(e)]
             first = self._embed_split(texts[: len(texts) // 2], warnings)
             if any(v is None for v in first):  # the endpoint went away meanwhile: the rest waits too
@@ -2647,14 +2673,16 @@ class Vectors:
             log.warning("embedding failed, vectors will be back-filled later: %s", e)
             self.last_embedding_error = str(e)
             if warnings is not None:
-                warnings.append(f"embedding failed ({e}); the memory is stored and its vector will be back-filled")
+                warnings.append(f"embedding failed ({e}); the memory is stored "
+                                "and its vector will be back-filled")
             return [None] * len(texts)
 
     # session context -----------------------------------------------------------------------------
 
-    def _session_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int | None) -> list[tuple]:
-        """(created_at, content) of the `[embedding] context_turns` memories right before a memory in
-        its session (session order: created_at, then id), oldest first; [] outside a session.
+    def _session_context(self, persona_id: str, session_id: str, created_at: str,
+                         doc_id: int | None) -> list[tuple]:
+        """(created_at, content) of the `[embedding] context_turns` memories right before a memory
+        in its session (session order: created_at, then id), oldest first; [] outside a session.
         doc_id None: a memory not stored yet (it comes after every stored one of the same time)."""
         n = self.cfg.embedding.context_turns
         if n <= 0 or not session_id:
@@ -2667,10 +2695,10 @@ class Vectors:
     def _vector_text(self, content: str, context: list[str], labels=()) -> tuple[str, bool]:
         """What a document vector is computed from: the end (context_chars) of the preceding turns
         of its session, a newline, then the memory itself, so a reply like "Yes, last May" is found
-        by what it answers, followed by its labels (topics, tags and sentiment: short words that say
-        what kind of memory it is). Only the embedded text changes, never the stored content: all of
-        it is fold()ed (as the query is). The memory alone when the context would push part of it out
-        of the model's window. Returns (text, whether the memory itself was cut)."""
+        by what it answers, followed by its labels (topics, tags and sentiment: short words that
+        say what kind of memory it is). Only the embedded text changes, never the stored content:
+        all of it is fold()ed (as the query is). The memory alone when the context would push part
+        of it out of the model's window. Returns (text, whether the memory itself was cut)."""
         content, context = fold(content), [fold(c) for c in context]
         labels = " ".join(fold(x) for x in labels if x)
         cut, truncated = self.embedder.prepare(content + "\n" + labels if labels else content)
@@ -2687,23 +2715,26 @@ class Vectors:
 
     def _stale_successors(self, doc_id: int, fresh=frozenset()) -> list[int]:
         """The memories whose context contains memory `doc_id` (the context_turns memories right
-        after it in its session); their vectors are marked 'pending' so they are re-embedded (the old
-        vector stays searchable until then). Called inside the write transaction, before the change
-        (pass the ids to _refresh_graph_context after it). Returns their ids; those in `fresh` (this
-        batch's inserts, whose vectors already saw the whole batch as context) keep their vector. In tx."""
+        after it in its session); their vectors are marked 'pending' so they are re-embedded (the
+        old vector stays searchable until then). Called inside the write transaction, before the
+        change (pass the ids to _refresh_graph_context after it). Returns their ids; those in
+        `fresh` (this batch's inserts, whose vectors already saw the whole batch as context) keep
+        their vector. In tx."""
         n = self.cfg.embedding.context_turns
         if n <= 0:
             return []
-        d = self.rows("select persona_id, session_id, created_at from documents where id = ?", (doc_id,))
+        d = self.rows("select persona_id, session_id, created_at from documents where id = ?",
+                      (doc_id,))
         if not d or not d[0]["session_id"]:
             return []
         ids = [r["id"] for r in self.rows(self.queries["session_successors"], {
-            "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"], "created_at": d[0]["created_at"],
-            "id": doc_id, "n": n})]
+            "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"],
+            "created_at": d[0]["created_at"], "id": doc_id, "n": n})]
         for i in ids if self.embedder.provider != "none" else ():
             if i in fresh:
                 continue
-            self.conn.execute("update documents set embedding_state = 'pending', embedding_error = null "
+            self.conn.execute("update documents set embedding_state = 'pending', "
+                              "embedding_error = null "
                               "where id = ? and embedding_state in ('done', 'pending')",
                               (i,))
         return ids
@@ -2711,16 +2742,18 @@ class Vectors:
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_docs, computed before its transaction (so the write lock is held
         briefly): {id(p): the memory's contextual vector, or None when there is none (provider none
-        or failing: the warning goes on each write)}. A text the provider refuses is no one's context
-        (see session_context): the batch's inserts that had it in theirs are embedded again without
-        it, round after round until no refusal changes a text (the first memory of a session is
-        settled in round one, the next in round two at the latest, ...; one round when none is refused)."""
+        or failing: the warning goes on each write)}. A text the provider refuses is no one's
+        context (see session_context): the batch's inserts that had it in theirs are embedded again
+        without it, round after round until no refusal changes a text (the first memory of a
+        session is settled in round one, the next in round two at the latest, ...; one round when
+        none is refused)."""
         if not self.vectors_usable:
             return {id(p): None for p in todo}
         batch: dict = {}  # this batch's inserts per session, [(created_at, position, content)]
         for i, p in enumerate(todo):
             if p.op == "insert" and p.session_id:
-                batch.setdefault((p.persona_id, p.session_id), []).append((p.created_at, i, p.content))
+                session = batch.setdefault((p.persona_id, p.session_id), [])
+                session.append((p.created_at, i, p.content))
         stored = [self._session_context(p.persona_id, p.session_id, p.created_at,
                                         None if p.op == "insert" else p.document_id) for p in todo]
         texts: list = [None] * len(todo)
@@ -2731,75 +2764,88 @@ class Vectors:
             if refused == (now := {i for i, v in enumerate(out) if isinstance(v, str)}):
                 break
             refused = now
-            new = [self._batch_vector_text(todo, i, stored[i], batch, refused) for i in range(len(todo))]
+            new = [self._batch_vector_text(todo, i, stored[i], batch, refused)
+                   for i in range(len(todo))]
             redo = [i for i in range(len(todo)) if texts[i] is None or new[i][0] != texts[i]]
-            for i, v in zip(redo, self._embed([new[i][0] for i in redo], warned) if redo else (), strict=True):
+            made = self._embed([new[i][0] for i in redo], warned) if redo else ()
+            for i, v in zip(redo, made, strict=True):
                 texts[i], out[i] = new[i][0], v
                 todo[i].embedding_truncated = new[i][1]
         for p, v in zip(todo, out, strict=True):
             if isinstance(v, str):
                 p.embedding_error = v
-                p.warnings.append(f"the embedding provider refused this memory's text ({v}); it is stored and "
-                                  "found by keyword and graph search, without a vector")
+                p.warnings.append(f"the embedding provider refused this memory's text ({v}); "
+                                  "it is stored and found by keyword and graph search, "
+                                  "without a vector")
             elif v is None:
                 p.warnings.extend(warned[-1:])
-        return {id(p): (v if isinstance(v, np.ndarray) else None) for p, v in zip(todo, out, strict=True)}
+        return {id(p): (v if isinstance(v, np.ndarray) else None)
+                for p, v in zip(todo, out, strict=True)}
 
     def _batch_vector_text(self, todo: list[Prepared], i: int, context: list[tuple], batch: dict,
                            refused: set) -> tuple[str, bool]:
         """_vector_text of write todo[i] before it is stored: `context` its stored session context
         (_session_context), to which an insert adds every insert of the batch before it in session
-        order (created_at, then id: the batch's ids follow its order), not only the earlier ones (an
-        out-of-order batch leaves no stale vectors behind), except those at positions `refused`
-        (their text was refused). Stable sort: at one time, stored memories (lower ids) come first."""
+        order (created_at, then id: the batch's ids follow its order), not only the earlier ones
+        (an out-of-order batch leaves no stale vectors behind), except those at positions `refused`
+        (their text was refused). Stable sort: at one time, stored memories (lower ids) come
+        first."""
         p = todo[i]
-        if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
+        turns = self.cfg.embedding.context_turns
+        if p.op == "insert" and p.session_id and turns > 0:
             mine = [(t, c) for t, j, c in batch.get((p.persona_id, p.session_id), [])
                     if (t, j) < (p.created_at, i) and j not in refused]
-            context = sorted(context + mine, key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
-        return self._vector_text(p.content, [c for _, c in context], [*p.topics, *p.tags, p.sentiment])
+            context = sorted(context + mine, key=lambda x: x[0])[-turns:]
+        return self._vector_text(p.content, [c for _, c in context],
+                                 [*p.topics, *p.tags, p.sentiment])
 
     def _fact_text_vectors(self, todo: list[Prepared]) -> dict:
         """The vectors of the fact texts new writes `todo` will give their graph entries, computed
-        before their one transaction: {Rules._key(text): vector, refusal str or None}. One embedding per
-        distinct text: a fact of the same persona already stored with a vector (the same graph node)
-        takes that vector, copies within the batch are embedded once; a fact that is its whole memory
-        and will reuse the memory's vector (no session: no context) is left to _entry_vectors."""
+        before their one transaction: {Rules._key(text): vector, refusal str or None}. One
+        embedding per distinct text: a fact of the same persona already stored with a vector (the
+        same graph node) takes that vector, copies within the batch are embedded once; a fact that
+        is its whole memory and will reuse the memory's vector (no session: no context) is left to
+        _entry_vectors."""
         known, todo_texts = {}, {}
         for p in todo:
             for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
                 key = Rules._key(fact)
                 if key in known or key in todo_texts or (fact == p.content and not p.session_id):
                     continue
-                blob = self.value(self.queries["stored_fact_vector"], {"persona_id": p.persona_id, "canonical": key})
+                blob = self.value(self.queries["stored_fact_vector"],
+                                  {"persona_id": p.persona_id, "canonical": key})
                 if blob is not None:
                     known[key] = blob_vector(blob)
                 else:
                     todo_texts[key] = fact
         if todo_texts and self.vectors_usable:
-            known.update(zip(todo_texts, self._embed(list(todo_texts.values()), todo[0].warnings), strict=True))
+            made = self._embed(list(todo_texts.values()), todo[0].warnings)
+            known.update(zip(todo_texts, made, strict=True))
         return known
 
     def _fact_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_graph_vectors, computed before its transaction: {"entries": [(entry
         id, vector or refusal or None)] of the writes' pending graph entries (see _entry_vectors)}."""
-        return {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id for p in todo],
+        ids = [p.document_id for p in todo]
+        return {"entries": self._entry_vectors("pending_entries_of_documents", ids,
                                                todo[0].warnings)}
 
     def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None,
                        known: dict | None = None) -> list[tuple[int, object]]:
-        """(entry id, what _embed made: a vector, a str (the provider refused the text) or None (not
-        now)) for the pending graph entries that named query `query` finds for `ids`
-        (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's node
-        text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
-        reuses the memory's own vector instead of a second embedding, unless that vector also saw
-        its session context (the graph vector stays the fact's own). `known`: {Rules._key(fact text):
-        what _embed made for it} computed beforehand (_fact_text_vectors), used instead of embedding."""
+        """(entry id, what _embed made: a vector, a str (the provider refused the text) or None
+        (not now)) for the pending graph entries that named query `query` finds for `ids`
+        (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's
+        node text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the
+        whole memory reuses the memory's own vector instead of a second embedding, unless that
+        vector also saw its session context (the graph vector stays the fact's own). `known`:
+        {Rules._key(fact text): what _embed made for it} computed beforehand (_fact_text_vectors),
+        used instead of embedding."""
         rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
         out, todo = [], []
         for r in rows:
             if r["embedding_state"] == "done" and self._fact_takes_memory_vector(r):
-                blob = self.value("select embedding from doc_vectors where doc_id = ?", (r["doc_id"],))
+                blob = self.value("select embedding from doc_vectors where doc_id = ?",
+                                  (r["doc_id"],))
                 if blob is not None:
                     out.append((r["id"], blob_vector(blob)))
                     continue
@@ -2808,37 +2854,39 @@ class Vectors:
                 continue
             todo.append(r)
         if todo:
-            out += [(r["id"], v) for r, v in zip(todo, self._embed([r["t"] for r in todo], warnings), strict=True)]
+            made = self._embed([r["t"] for r in todo], warnings)
+            out += [(r["id"], v) for r, v in zip(todo, made, strict=True)]
         return out
 
     def _fact_takes_memory_vector(self, r: dict) -> bool:
-        """Whether fact entry `r` ({t: its fact, content, persona_id, session_id, created_at, doc_id of
-        its memory}) takes its memory's vector instead of an embedding of its own: the fact is the
-        whole memory and the memory's vector saw no session context (else the two texts differ)."""
-        return r["t"] == r["content"] and not self._session_context(r["persona_id"], r["session_id"],
-                                                                    r["created_at"], r["doc_id"])
+        """Whether fact entry `r` ({t: its fact, content, persona_id, session_id, created_at, doc_id
+        of its memory}) takes its memory's vector instead of an embedding of its own: the fact is
+        the whole memory and the memory's vector saw no session context (else the two texts
+        differ)."""
+        return r["t"] == r["content"] and not self._session_context(
+            r["persona_id"], r["session_id"], r["created_at"], r["doc_id"])
 
     # the float store and its binary index --------------------------------------------------------
 
     def _put_doc_vector(self, doc_id: int, vec: "np.ndarray") -> None:
         """Store a document's float vector and its binary index row. In tx."""
         self._store_vector("doc", doc_id, vec)
-        self.conn.execute("update documents set embedding_state = 'done', embedding_error = null where id = ?",
-                          (doc_id,))
+        self.conn.execute("update documents set embedding_state = 'done', embedding_error = null "
+                          "where id = ?", (doc_id,))
         self._maybe_center()
 
     def _store_vector(self, kind: str, row_id: int, vec) -> None:
-        """Store row `row_id`'s vector as int8 (put_<kind>_vector, kind doc, entry or turn) and make its
-        binary index row (index_<kind>_vector) from that int8 vector back as unit float32, so the
-        index bits are a function of what is stored: a re-index makes the same ones. In tx."""
+        """Store row `row_id`'s vector as int8 (put_<kind>_vector, kind doc, entry or turn) and make
+        its binary index row (index_<kind>_vector) from that int8 vector back as unit float32, so
+        the index bits are a function of what is stored: a re-index makes the same ones. In tx."""
         stored = vector_blob(vec)
         self.conn.execute(self.queries[f"put_{kind}_vector"], {"id": row_id, "stored": stored})
         self.conn.execute(self.queries[f"index_{kind}_vector"],
                           {"id": row_id, "embedding": blob_vector(stored).tobytes()})
 
     def _maybe_center(self) -> None:
-        """Fix the quantisation centre once CENTER_AFTER document vectors exist (see sql/vectors.sql).
-        In tx."""
+        """Fix the quantisation centre once CENTER_AFTER document vectors exist (see
+        sql/vectors.sql). In tx."""
         if self.value("select 1 from meta where key = 'vector_center'") is None and \
                 self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
             self._recenter()
@@ -2856,26 +2904,30 @@ class Vectors:
         self._reindex_vectors()
 
     def _reindex_vectors(self) -> None:
-        """Rebuild both binary vec0 indexes from the stored int8 vectors (after the centre changes). In tx."""
+        """Rebuild both binary vec0 indexes from the stored int8 vectors (after the centre
+        changes). In tx."""
         c = self.conn
         c.execute("delete from doc_vec")
         c.execute("delete from graph_vec")
-        for rows, index in (("doc_vector_blobs", "index_doc_vector"), ("entry_vector_blobs", "index_entry_vector")):
+        for rows, index in (("doc_vector_blobs", "index_doc_vector"),
+                            ("entry_vector_blobs", "index_entry_vector")):
             for row_id, blob in c.execute(self.queries[rows]).fetchall():
-                c.execute(self.queries[index], {"id": row_id, "embedding": blob_vector(blob).tobytes()})
+                c.execute(self.queries[index],
+                          {"id": row_id, "embedding": blob_vector(blob).tobytes()})
 
     def _put_entry_vector(self, entry_id: int, vec) -> None:
         """Store a graph entry's float vector and its binary index row; `vec` a str: the provider
         refused its text, recorded as its embedding_error (it stays 'pending', skipped by back-fill);
         None: nothing (back-filled later). In tx."""
         if isinstance(vec, str):
-            self.conn.execute("update graph_entries set embedding_error = ? where id = ?", (vec, entry_id))
+            self.conn.execute("update graph_entries set embedding_error = ? where id = ?",
+                              (vec, entry_id))
             return
         if vec is None:
             return
         self._store_vector("entry", entry_id, vec)
-        self.conn.execute("update graph_entries set embedding_state = 'done', embedding_error = null where id = ?",
-                          (entry_id,))
+        self.conn.execute("update graph_entries set embedding_state = 'done', "
+                          "embedding_error = null where id = ?", (entry_id,))
 
     def _stored_vector_texts(self, rows: list[dict]) -> list[tuple[str, bool]]:
         """_vector_text of stored documents (rows with id, content, persona_id, session_id,
@@ -2888,37 +2940,43 @@ class Vectors:
         """True when a document or graph entry waits for a vector that back-fill can still make
         (pending, not refused by the provider) and the embedder fits the stored vectors."""
         return self.vectors_usable and bool(self.value(
-            "select exists (select 1 from documents where embedding_state = 'pending' and embedding_error is null) "
-            "or exists (select 1 from graph_entries where embedding_state = 'pending' and embedding_error is null)"))
+            "select exists (select 1 from documents "
+            "where embedding_state = 'pending' and embedding_error is null) "
+            "or exists (select 1 from graph_entries "
+            "where embedding_state = 'pending' and embedding_error is null)"))
 
 
 # Write stages: a memory's row and FTS, its atoms, its graph ######################################
 
 IMPORT_CHUNK = 64  #: memories an import re-derives and embeds between two progress reports
-GRAPH_LAYOUT = "2"  #: meta graph_layout of the entries _stage_graph writes (Layers._upgrade_graph_entries)
+#: meta graph_layout of the entries _stage_graph writes (Layers._upgrade_graph_entries)
+GRAPH_LAYOUT = "2"
 GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph layout upgrade
 
 
 class Layers:
-    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): its FTS row
-    and vector, its atoms (with reinforcement and supersession), its graph nodes, edges and
+    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): its FTS
+    row and vector, its atoms (with reinforcement and supersession), its graph nodes, edges and
     entries, and their removal, all in tx; a memory's flags (pinned, archived, superseded); the
     back-fill of the vectors a write left pending, with its background refresh worker."""
 
     def _stage_docs(self, p: Prepared, vectors: dict) -> str | None:
-        """Stage 1 of a write: the documents row (insert with a never-reused id, or update for an edit),
-        its FTS row, its vector when one was computed, and the session context of the memories after
-        it. Returns 'done' when another process stored the same content meanwhile. In tx."""
+        """Stage 1 of a write: the documents row (insert with a never-reused id, or update for an
+        edit), its FTS row, its vector when one was computed, and the session context of the
+        memories after it. Returns 'done' when another process stored the same content meanwhile.
+        In tx."""
         c, stamp = self.conn, now_iso()
         vec = vectors.get(id(p))
-        state = "done" if vec is not None else ("pending" if self.embedder.provider != "none" else "none")
+        unembedded = "pending" if self.embedder.provider != "none" else "none"
+        state = "done" if vec is not None else unembedded
+        as_json = functools.partial(json.dumps, ensure_ascii=False)
         cols = dict(persona_id=p.persona_id, session_id=p.session_id, content=p.content,
-                    content_hash=p.content_hash, summary=p.summary, topics=json.dumps(p.topics, ensure_ascii=False),
-                    key_facts=json.dumps(p.key_facts, ensure_ascii=False),
-                    participants=json.dumps(p.participants, ensure_ascii=False),
-                    tags=json.dumps(p.tags, ensure_ascii=False), sentiment=p.sentiment, source=p.source,
-                    importance=p.importance, pinned=int(p.pinned), created_at=p.created_at, updated_at=stamp,
-                    embedding_state=state, embedding_truncated=int(p.embedding_truncated),
+                    content_hash=p.content_hash, summary=p.summary, topics=as_json(p.topics),
+                    key_facts=as_json(p.key_facts), participants=as_json(p.participants),
+                    tags=as_json(p.tags), sentiment=p.sentiment, source=p.source,
+                    importance=p.importance, pinned=int(p.pinned), created_at=p.created_at,
+                    updated_at=stamp, embedding_state=state,
+                    embedding_truncated=int(p.embedding_truncated),
                     embedding_error=p.embedding_error, **self._event_columns(p))
         if p.op == "insert":
             existing = self.value("select id from documents where persona_id = ? and content_hash = ?",
@@ -2927,16 +2985,19 @@ class Layers:
                 p.document_id, p.deduplicated = existing, True
                 return "done"
             cols["uid"] = str(uuid.uuid4())
-            # ids are never reused, even after deleting the newest memory (a client may still hold it)
+            # ids are never reused, even after deleting the newest memory (a client may still
+            # hold it)
             cols["id"] = self._new_id("documents")
-            c.execute(f"insert into documents({', '.join(cols)}) values ({', '.join(':' + k for k in cols)})", cols)
+            names, params = ", ".join(cols), ", ".join(":" + k for k in cols)
+            c.execute(f"insert into documents({names}) values ({params})", cols)
             p.document_id = cols["id"]
         else:
             archived = self.value("select archived from documents where id = ?", (p.document_id,))
             if archived is None:
                 raise NotFound(f"memory {p.document_id} was deleted before its edit finished")
             p.stale += self._stale_successors(p.document_id)  # its old place in the session
-            # created_at stays: a new timestamp moves the memory (its vector and graph context follow)
+            # created_at stays: a new timestamp moves the memory (its vector and graph context
+            # follow)
             del cols["persona_id"]
             cols["id"] = p.document_id
             assignments = ", ".join(f"{k} = :{k}" for k in cols if k != "id")
@@ -2964,20 +3025,50 @@ class Layers:
         extra = [get("summary"), *get("topics"), *get("participants"), *get("tags")]
         return "\n".join([get("content"), *[x for x in extra if x]])
 
+    def _new_atom(self, p: Prepared, fact: str, uid: str, atom_type: str, confidence: float,
+                  tokens: list[str]) -> None:
+        """_stage_atoms' new atom of `fact`: its row, source and FTS row, then its slot's
+        supersession. In tx."""
+        c = self.conn
+        base = float(self.rules.types[atom_type]["base_ttl_days"])
+        ttl = effective_ttl_days(base, p.importance, 0)
+        stamp = now_iso()
+        slot, slot_value, slot_subject = self.rules.slot(fact)
+        subject = slot_subject or (self.rules.canonical(p.participants[0])
+                                   if p.participants else "")
+        if slot and not subject:
+            subject = "user"
+        c.execute("insert into memory_atoms(id, uid, persona_id, document_id, atom_type, content, "
+                  "subject, confidence, importance, base_ttl_days, created_at, updated_at, "
+                  "last_reinforced_at, expires_at, state_changed_at, slot, slot_value) "
+                  "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                  (self._new_id("memory_atoms"), uid, p.persona_id,
+                   p.document_id, atom_type, fact,
+                   subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
+                   self._atom_expiry(atom_type, fact, p, ttl, p.created_at), stamp, slot,
+                   slot_value))
+        atom_id = c.last_insert_rowid()
+        c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)",
+                  (atom_id, p.document_id))
+        c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)",
+                  (atom_id, " ".join(tokens)))
+        if slot:
+            self._supersede(atom_id, p.persona_id, subject, slot, slot_value, p.created_at)
+
     def _stage_atoms(self, p: Prepared, _vectors) -> None:
         """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
         same persona reinforces it (count +1, confidence and TTL refreshed) instead of a new row.
-        A fact of fewer than reinforce_min_tokens search tokens never reinforces: "Thanks, Melanie!"
-        said in every conversation is small talk, not a fact that recurs, and would otherwise
-        stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo).
+        A fact of fewer than reinforce_min_tokens search tokens never reinforces: "Thanks,
+        Melanie!" said in every conversation is small talk, not a fact that recurs, and would
+        otherwise stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo).
         A fact whose atom (atom_uid: this memory's) outlived an edit through another memory's
         reinforcement reinforces it when it is active, else a new atom replaces the dead one.
         In tx."""
         c = self.conn
         self._clear_atoms(p.document_id)
         # the event time again: rebuild --graph re-derives it for memories stored before schema 16
-        c.execute("update documents set event_at = :event_at, event_end = :event_end where id = :id",
-                  self._event_columns(p) | {"id": p.document_id})
+        c.execute("update documents set event_at = :event_at, event_end = :event_end "
+                  "where id = :id", self._event_columns(p) | {"id": p.document_id})
         threshold = self.cfg.write.reinforce_jaccard
         doc_uid = self.value("select uid from documents where id = ?", (p.document_id,))
         for fact in dict.fromkeys(p.facts):
@@ -2987,7 +3078,8 @@ class Layers:
             best, best_score = None, 0.0
             if len(token_set) >= self.cfg.write.reinforce_min_tokens:
                 for cand in self.rows(self.queries["atom_reinforce_candidates"], {
-                        "match": fts_query(tokens), "persona_id": p.persona_id, "atom_type": atom_type}):
+                        "match": fts_query(tokens), "persona_id": p.persona_id,
+                        "atom_type": atom_type}):
                     score = jaccard(token_set, set(cand["segmented"].split()))
                     if score > best_score:
                         best, best_score = cand, score
@@ -3001,43 +3093,30 @@ class Layers:
                 if self.value("select 1 from atom_sources where atom_id = ? and document_id = ?",
                               (best["id"], p.document_id)):
                     continue
-                self._reinforce_atom(best, max(best["last_reinforced_at"], p.created_at), confidence,
-                                     self._atom_expiry(atom_type, fact, p, 0.0, "") if atom_type == "planned" else "")
-                c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (best["id"], p.document_id))
+                planned = atom_type == "planned"
+                event_expiry = self._atom_expiry(atom_type, fact, p, 0.0, "") if planned else ""
+                self._reinforce_atom(best, max(best["last_reinforced_at"], p.created_at),
+                                     confidence, event_expiry)
+                c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)",
+                          (best["id"], p.document_id))
                 continue
-            base = float(self.rules.types[atom_type]["base_ttl_days"])
-            ttl = effective_ttl_days(base, p.importance, 0)
-            stamp = now_iso()
-            slot, slot_value, slot_subject = self.rules.slot(fact)
-            subject = slot_subject or (self.rules.canonical(p.participants[0]) if p.participants else "")
-            if slot and not subject:
-                subject = "user"
-            c.execute("insert into memory_atoms(id, uid, persona_id, document_id, atom_type, content, subject, "
-                      "confidence, importance, base_ttl_days, created_at, updated_at, last_reinforced_at, "
-                      "expires_at, state_changed_at, slot, slot_value) "
-                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("memory_atoms"), uid, p.persona_id,
-                       p.document_id, atom_type, fact,
-                       subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
-                       self._atom_expiry(atom_type, fact, p, ttl, p.created_at), stamp, slot, slot_value))
-            atom_id = c.last_insert_rowid()
-            c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (atom_id, p.document_id))
-            c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)", (atom_id, " ".join(tokens)))
-            if slot:
-                self._supersede(atom_id, p.persona_id, subject, slot, slot_value, p.created_at)
+            self._new_atom(p, fact, uid, atom_type, confidence, tokens)
 
-    def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0, event_expiry: str = "") -> None:
+    def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0,
+                        event_expiry: str = "") -> None:
         """One more reinforcement of `atom` (a memory_atoms row: id, base_ttl_days, importance,
         reinforcement_count, expires_at) at ISO time `at`: count + 1, confidence at least
         `confidence`, and a shelf life of effective_ttl_days from `at` (seed: Memory Model). A
         planned atom keeps the later of that, its expiry so far and `event_expiry` (the reinforcing
-        fact's event end + grace, _atom_expiry): restating a plan does not move its date earlier. In tx."""
+        fact's event end + grace, _atom_expiry): restating a plan does not move its date earlier.
+        In tx."""
         count = atom["reinforcement_count"] + 1
         ttl = effective_ttl_days(atom["base_ttl_days"], atom["importance"], count)
         expires = iso(parse_time(at) + dt.timedelta(days=ttl))
         if event_expiry or atom.get("atom_type") == "planned":
             expires = max(expires, event_expiry, atom.get("expires_at") or "")
-        self.conn.execute("update memory_atoms set reinforcement_count = ?, confidence = max(confidence, ?), "
+        self.conn.execute("update memory_atoms set reinforcement_count = ?, "
+                          "confidence = max(confidence, ?), "
                           "last_reinforced_at = ?, expires_at = ?, updated_at = ? where id = ?",
                           (count, confidence, at, expires, now_iso(), atom["id"]))
 
@@ -3046,64 +3125,75 @@ class Layers:
         rules/dates.toml), resolved against its own created_at in [forgetting] timezone; None each
         when it names none."""
         spans = self._event_spans(p.content, p.created_at)
-        return {"event_at": spans[0][0] if spans else None, "event_end": spans[0][1] if spans else None}
+        return {"event_at": spans[0][0] if spans else None,
+                "event_end": spans[0][1] if spans else None}
 
     def _event_spans(self, text: str, created_at: str) -> list[tuple[str, str, str]]:
-        """event_spans of `text` at the memory's time `created_at` with this engine's rules and zone."""
-        return event_spans(text, created_at, self.rules.event_dates, local_tz(self.cfg.forgetting.timezone))
+        """event_spans of `text` at the memory's time `created_at` with this engine's rules and
+        zone."""
+        return event_spans(text, created_at, self.rules.event_dates,
+                           local_tz(self.cfg.forgetting.timezone))
 
     def _atom_expiry(self, atom_type: str, fact: str, p, ttl_days: float, start: str) -> str:
-        """When a new atom expires (ISO UTC): a planned one `grace_days` (rules/dates.toml) after the
-        end of the latest date its fact names (else of the memory's own event, _event_columns), so a
-        deadline weeks ahead is not forgotten after the type's short TTL; every other atom, and a
-        planned one without a date, `ttl_days` after `start` (effective_ttl_days; seed: Memory
-        Model). With start = '' only the event expiry is returned ('' without one)."""
+        """When a new atom expires (ISO UTC): a planned one `grace_days` (rules/dates.toml) after
+        the end of the latest date its fact names (else of the memory's own event, _event_columns),
+        so a deadline weeks ahead is not forgotten after the type's short TTL; every other atom,
+        and a planned one without a date, `ttl_days` after `start` (effective_ttl_days; seed:
+        Memory Model). With start = '' only the event expiry is returned ('' without one)."""
         if atom_type == "planned":
-            spans = self._event_spans(fact, p.created_at) or self._event_spans(p.content, p.created_at)[:1]
+            spans = (self._event_spans(fact, p.created_at)
+                     or self._event_spans(p.content, p.created_at)[:1])
             if spans:
                 grace = dt.timedelta(days=self.rules.event_dates["grace_days"])
                 return iso(max(_parse_iso(e) for _, e, _ in spans) + grace)
         return iso(parse_time(start) + dt.timedelta(days=ttl_days)) if start else ""
 
-    def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str, created_at: str) -> None:
-        """Rule-based supersession: of the active atoms with this persona, subject and single-valued
-        slot, the newest (by created_at) stays active and every one with another value becomes
-        'superseded' by it. An older fact arriving late is itself superseded. In tx."""
+    def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str,
+                   created_at: str) -> None:
+        """Rule-based supersession: of the active atoms with this persona, subject and
+        single-valued slot, the newest (by created_at) stays active and every one with another
+        value becomes 'superseded' by it. An older fact arriving late is itself superseded. In
+        tx."""
         c, stamp = self.conn, now_iso()
-        rivals = self.rows(self.queries["atom_rivals"],
-                           {"persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
+        rivals = self.rows(self.queries["atom_rivals"], {
+            "persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
         for r in rivals:
             if r["slot_value"] == value:
                 continue
             old, new = (r["id"], atom_id) if r["created_at"] <= created_at else (atom_id, r["id"])
-            c.execute("update memory_atoms set state = 'superseded', superseded_by = ?, state_changed_at = ?, "
-                      "updated_at = ? where id = ? and state = 'active'", (new, stamp, stamp, old))
+            c.execute("update memory_atoms set state = 'superseded', superseded_by = ?, "
+                      "state_changed_at = ?, updated_at = ? where id = ? and state = 'active'",
+                      (new, stamp, stamp, old))
 
     def _clear_atoms(self, doc_id: int) -> None:
         """Undo what a document contributed to the atom layer: atoms it alone stated are deleted
         (with their FTS rows); atoms it reinforced lose one reinforcement. In tx."""
         c = self.conn
         for r in self.rows(self.queries["document_atom_sources"], {"document_id": doc_id}):
-            c.execute("delete from atom_sources where atom_id = ? and document_id = ?", (r["atom_id"], doc_id))
-            other = self.value("select document_id from atom_sources where atom_id = ? order by document_id limit 1",
-                               (r["atom_id"],))
+            atom_id = r["atom_id"]
+            c.execute("delete from atom_sources where atom_id = ? and document_id = ?",
+                      (atom_id, doc_id))
+            other = self.value("select document_id from atom_sources where atom_id = ? "
+                               "order by document_id limit 1", (atom_id,))
             if other is None:
                 # what this atom superseded is current again
-                c.execute("update memory_atoms set state = 'active', superseded_by = null, state_changed_at = ?, "
-                          "updated_at = ? where superseded_by = ? and state = 'superseded' and expires_at > ?",
-                          (now_iso(), now_iso(), r["atom_id"], now_iso()))
-                c.execute("delete from memory_atoms_fts where rowid = ?", (r["atom_id"],))
-                c.execute("delete from memory_atoms where id = ?", (r["atom_id"],))
+                c.execute("update memory_atoms set state = 'active', superseded_by = null, "
+                          "state_changed_at = ?, updated_at = ? "
+                          "where superseded_by = ? and state = 'superseded' and expires_at > ?",
+                          (now_iso(), now_iso(), atom_id, now_iso()))
+                c.execute("delete from memory_atoms_fts where rowid = ?", (atom_id,))
+                c.execute("delete from memory_atoms where id = ?", (atom_id,))
             else:
-                a = self.rows("select base_ttl_days, importance, reinforcement_count, last_reinforced_at "
-                              "from memory_atoms where id = ?", (r["atom_id"],))[0]
-                left = max(0, a["reinforcement_count"] - 1)  # and the TTL that reinforcement added goes too
+                a = self.rows("select base_ttl_days, importance, reinforcement_count, "
+                              "last_reinforced_at from memory_atoms where id = ?", (atom_id,))[0]
+                # and the TTL that reinforcement added goes too
+                left = max(0, a["reinforcement_count"] - 1)
                 expires = iso(parse_time(a["last_reinforced_at"]) + dt.timedelta(
                     days=effective_ttl_days(a["base_ttl_days"], a["importance"], left)))
                 c.execute("update memory_atoms set reinforcement_count = ?, expires_at = ?, "
-                          "document_id = case when document_id = ? then ? else document_id end, updated_at = ? "
-                          "where id = ?",
-                          (left, expires, doc_id, other, now_iso(), r["atom_id"]))
+                          "document_id = case when document_id = ? then ? else document_id end, "
+                          "updated_at = ? where id = ?",
+                          (left, expires, doc_id, other, now_iso(), atom_id))
 
     def _drop_atom_in_tx(self, uid: str) -> None:
         """Delete atom `uid` (if here) with its FTS row and sources; what it superseded keeps its
@@ -3117,55 +3207,69 @@ class Layers:
             c.execute("delete from atom_sources where atom_id = ?", (atom_id,))
             c.execute("delete from memory_atoms where id = ?", (atom_id,))
 
+    def _graph_node(self, persona_id: str, node_type: str, value: str) -> tuple[int, str]:
+        """(id, shown value) of the persona's graph node `value` of `node_type`, made if new. In tx."""
+        if node_type == "fact":
+            shown, canonical = value, Rules._key(value)
+        else:
+            shown, canonical = self.rules.display(value), self.rules.canonical(value)
+        nid = self.value("select id from graph_nodes "
+                         "where persona_id = ? and node_type = ? and canonical = ?",
+                         (persona_id, node_type, canonical))
+        if nid is None:
+            self.conn.execute("insert into graph_nodes(id, persona_id, node_type, value, canonical) "
+                              "values (?, ?, ?, ?, ?)",
+                              (self._new_id("graph_nodes"), persona_id, node_type, shown,
+                               canonical))
+            nid = self.conn.last_insert_rowid()
+        return nid, shown
+
     def _stage_graph(self, p: Prepared, _vectors) -> None:
         """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and their
         searchable entries, all tied to the source document (seed: Memory Model 3). In tx.
         Entries: one per subject ("Person: X. Summary: …"), one per fact ("Fact: …" + "About:" the
-        subjects, which is what the describes edges say), one per fact chain link (two adjacent facts
-        searched together); describes and co_occurs_with stay edges only. The session context is
-        indexed once per memory, on its anchor entry (graph_anchor_text), not on every fact."""
+        subjects, which is what the describes edges say), one per fact chain link (two adjacent
+        facts searched together); describes and co_occurs_with stay edges only. The session
+        context is indexed once per memory, on its anchor entry (graph_anchor_text), not on every
+        fact."""
         c = self.conn
         self._clear_graph(p.document_id)
         doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
         summary = (p.summary or p.content)[: self.cfg.write.graph_summary_chars]
         context = self._graph_context(p.persona_id, p.session_id, p.created_at, p.document_id)
         entry_state = "pending" if self.embedder.provider != "none" else "none"
+        node = functools.partial(self._graph_node, p.persona_id)
 
-        def node(node_type: str, value: str) -> tuple[int, str]:
-            if node_type == "fact":
-                shown, canonical = value, Rules._key(value)
-            else:
-                shown, canonical = self.rules.display(value), self.rules.canonical(value)
-            nid = self.value("select id from graph_nodes where persona_id = ? and node_type = ? and canonical = ?",
-                             (p.persona_id, node_type, canonical))
-            if nid is None:
-                c.execute("insert into graph_nodes(id, persona_id, node_type, value, canonical) values (?, ?, ?, ?, ?)",
-                          (self._new_id("graph_nodes"), p.persona_id, node_type, shown, canonical))
-                nid = c.last_insert_rowid()
-            return nid, shown
-
-        def entry(text: str, confidence: float, node_id=None, edge_id=None, state=entry_state) -> None:
-            c.execute("insert into graph_entries(id, persona_id, session_id, document_id, node_id, edge_id, "
-                      "text, confidence, archived, embedding_state) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        def entry(text: str, confidence: float, node_id=None, edge_id=None,
+                  state=entry_state) -> None:
+            c.execute("insert into graph_entries(id, persona_id, session_id, document_id, node_id, "
+                      "edge_id, text, confidence, archived, embedding_state) "
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                       (self._new_id("graph_entries"), p.persona_id, p.session_id, p.document_id,
                        node_id, edge_id, text, confidence, doc["archived"], state))
             c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
                       (c.last_insert_rowid(), self.seg.segmented(text)))
 
         def edge(src, dst, relation: str, confidence: float) -> None:
-            c.execute("insert into graph_edges(id, persona_id, document_id, source_id, target_id, relation, "
-                      "confidence) values (?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("graph_edges"), p.persona_id, p.document_id, src[0], dst[0], relation, confidence))
+            c.execute("insert into graph_edges(id, persona_id, document_id, source_id, target_id, "
+                      "relation, confidence) values (?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("graph_edges"), p.persona_id, p.document_id, src[0], dst[0],
+                       relation, confidence))
             if relation == "mentioned_in":
-                entry(f"{src[1]} mentioned in {dst[1]}", confidence, edge_id=c.last_insert_rowid(), state="skip")
+                entry(f"{src[1]} mentioned in {dst[1]}", confidence,
+                      edge_id=c.last_insert_rowid(), state="skip")
 
         subjects = [(node("person", v), "Person") for v in p.participants[:GRAPH_MAX_SUBJECTS]] + \
                    [(node("topic", v), "Topic") for v in p.topics[:GRAPH_MAX_SUBJECTS]]
-        seen_nodes: set = set()  # two spellings of one entity ("Alice", "alice", "NYC"/"New York") = one subject
-        subjects = [s for s in subjects if s[0][0] not in seen_nodes and not seen_nodes.add(s[0][0])]
+        # two spellings of one entity ("Alice", "alice", "NYC"/"New York") = one subject
+        seen_nodes: set = set()
+        subjects = [s for s in subjects
+                    if s[0][0] not in seen_nodes and not seen_nodes.add(s[0][0])]
         about = ", ".join(shown for (_, shown), _ in subjects)
-        for n, ((nid, shown), label) in enumerate(subjects):  # keyword entry points only: a name's vector says little
-            entry(graph_anchor_text(subject_entry_text(label, shown, summary), context if n == 0 else ""),
+        # keyword entry points only: a name's vector says little
+        for n, ((nid, shown), label) in enumerate(subjects):
+            entry(graph_anchor_text(subject_entry_text(label, shown, summary),
+                                    context if n == 0 else ""),
                   GRAPH_SUBJECT_CONFIDENCE, node_id=nid, state="skip")
         facts = []
         for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
@@ -3174,8 +3278,8 @@ class Layers:
             if any(n[0] == f[0][0] for f in facts):  # same fact up to case/whitespace
                 continue
             anchor = not subjects and not facts  # no subject: the first fact carries the context
-            entry(graph_anchor_text(fact_entry_text(fact, about), context if anchor else ""), confidence,
-                  node_id=n[0])
+            entry(graph_anchor_text(fact_entry_text(fact, about), context if anchor else ""),
+                  confidence, node_id=n[0])
             facts.append((n, confidence))
         for (s, _label) in subjects:
             for f, confidence in facts:
@@ -3187,41 +3291,51 @@ class Layers:
                 edge(a, b, "co_occurs_with", GRAPH_SUBJECT_CONFIDENCE)
 
     def _clear_graph(self, doc_id: int) -> None:
-        """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes. In tx."""
+        """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes. In
+        tx."""
         c = self.conn
-        ids = [r["id"] for r in self.rows(self.queries["document_entry_ids"], {"document_id": doc_id})]
+        of_doc = {"document_id": doc_id}
+        ids = [r["id"] for r in self.rows(self.queries["document_entry_ids"], of_doc)]
         has_vec = self.has_table("graph_vec")
         for eid in ids:
             c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
             c.execute("delete from graph_vectors where entry_id = ?", (eid,))
             if has_vec:
                 c.execute("delete from graph_vec where entry_id = ?", (eid,))
-        node_ids = {r["n"] for r in self.rows(self.queries["document_graph_nodes"], {"document_id": doc_id})}
+        node_ids = {r["n"] for r in self.rows(self.queries["document_graph_nodes"], of_doc)}
         c.execute("delete from graph_entries where document_id = ?", (doc_id,))
         c.execute("delete from graph_edges where document_id = ?", (doc_id,))
         for nid in node_ids:
             c.execute("delete from graph_nodes where id = ? "
                       "and not exists (select 1 from graph_entries where node_id = ?) "
-                      "and not exists (select 1 from graph_edges where source_id = ? or target_id = ?)",
+                      "and not exists (select 1 from graph_edges "
+                      "where source_id = ? or target_id = ?)",
                       (nid, nid, nid, nid))
 
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
         """Stage 4 of a write: the vectors of its pending graph entries, from vectors['entries']
-        (_fact_vectors); those without one (embedding failed) stay 'pending' for the back-fill. In tx."""
+        (_fact_vectors); those without one (embedding failed) stay 'pending' for the back-fill. In
+        tx."""
         if "facts" in vectors:  # the one-transaction pipeline: fact vectors computed before it
-            vectors = {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id],
-                                                      p.warnings, vectors["facts"])}
+            vectors = {"entries": self._entry_vectors("pending_entries_of_documents",
+                                                      [p.document_id], p.warnings,
+                                                      vectors["facts"])}
         if vectors.get("entries") is None:
             return  # entries stay 'pending' and are back-filled later
-        mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"], {"document_id": p.document_id})}
-        for entry_id, vec in vectors["entries"]:  # the whole batch's entries: one query per memory, not per entry
+        mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"],
+                                           {"document_id": p.document_id})}
+        # the whole batch's entries: one query per memory, not per entry
+        for entry_id, vec in vectors["entries"]:
             if entry_id in mine:
                 self._put_entry_vector(entry_id, vec)
 
-    def _graph_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int) -> str:
+    def _graph_context(self, persona_id: str, session_id: str, created_at: str,
+                       doc_id: int) -> str:
         """The end (context_chars) of the memories before a stored memory in its session: what its
-        fact entries carry for keyword search, in place of the memory's own text (BM25 has that)."""
-        context = "\n".join(c for _, c in self._session_context(persona_id, session_id, created_at, doc_id))
+        fact entries carry for keyword search, in place of the memory's own text (BM25 has
+        that)."""
+        before = self._session_context(persona_id, session_id, created_at, doc_id)
+        context = "\n".join(c for _, c in before)
         return context[-self.cfg.embedding.context_chars:].lstrip()
 
     def _refresh_graph_context(self, ids) -> None:
@@ -3229,8 +3343,8 @@ class Layers:
         memories `ids` get the keyword text of their new session context (no embedding involved:
         fact vectors are the fact's). In tx."""
         for i in dict.fromkeys(ids):
-            d = self.rows("select persona_id, session_id, created_at, summary, content, key_facts, participants, "
-                          "topics from documents where id = ?", (i,))
+            d = self.rows("select persona_id, session_id, created_at, summary, content, key_facts, "
+                          "participants, topics from documents where id = ?", (i,))
             anchor = self.rows(self.queries["document_anchor_entry"], {"document_id": i})
             if not d or not anchor:
                 continue
@@ -3243,15 +3357,16 @@ class Layers:
             self._put_entry_text(e["id"], graph_anchor_text(base, context))
 
     def _own_spelling(self, doc: dict, entry: dict) -> str:
-        """How memory `doc` (its documents row) spells the node of its graph entry `entry` (node_type,
-        value, canonical), as _stage_graph wrote it: a node shared by several memories keeps the
-        first one's spelling as its value ("Alice likes tea" for a later "ALICE likes tea")."""
+        """How memory `doc` (its documents row) spells the node of its graph entry `entry`
+        (node_type, value, canonical), as _stage_graph wrote it: a node shared by several memories
+        keeps the first one's spelling as its value ("Alice likes tea" for a later "ALICE likes
+        tea")."""
         if entry["node_type"] == "fact":
             facts = json.loads(doc["key_facts"]) or self._auto_facts(doc["content"])
             return next((f for f in facts if Rules._key(f) == entry["canonical"]), entry["value"])
         names = json.loads(doc["participants" if entry["node_type"] == "person" else "topics"])
-        return next((self.rules.display(v) for v in names if self.rules.canonical(v) == entry["canonical"]),
-                    entry["value"])
+        return next((self.rules.display(v) for v in names
+                     if self.rules.canonical(v) == entry["canonical"]), entry["value"])
 
     def _put_entry_text(self, entry_id: int, text: str) -> None:
         """Replace a graph entry's keyword text and its FTS row. In tx."""
@@ -3265,7 +3380,8 @@ class Layers:
         the session context on every fact entry: rewrite them as _stage_graph writes them now (no
         vector changes: a fact's vector is the fact's), GRAPH_UPGRADE_BATCH memories a transaction
         so other processes' writes get the lock in between (a memory is whole in either layout, and
-        rewriting one twice gives the same rows), then meta graph_layout = 2. Data step 3 (DATA_STEPS)."""
+        rewriting one twice gives the same rows), then meta graph_layout = 2. Data step 3
+        (DATA_STEPS)."""
         if self.meta_get("graph_layout") == GRAPH_LAYOUT:
             return
         with self.tx() as c:
@@ -3276,28 +3392,35 @@ class Layers:
         docs = [r["id"] for r in self.rows(self.queries["documents_with_entries"])]
         for at in range(0, len(docs), GRAPH_UPGRADE_BATCH):
             with self.tx():
-                if self.meta_get("graph_layout") == GRAPH_LAYOUT:  # another process finished it meanwhile
+                # another process finished it meanwhile
+                if self.meta_get("graph_layout") == GRAPH_LAYOUT:
                     return
                 self._upgrade_graph_entries_of(docs[at:at + GRAPH_UPGRADE_BATCH])
         with self.tx() as c:
-            if docs:  # merge the index's segments: every rewritten row left a deletion marker behind
+            # merge the index's segments: every rewritten row left a deletion marker behind
+            if docs:
                 c.execute("insert into graph_entries_fts(graph_entries_fts) values ('optimize')")
             self._meta_set("graph_layout", GRAPH_LAYOUT)
         if docs:
-            log.warning("graph entries upgraded to layout %s: %s memories, %s edge sentences dropped "
-                        "(`python aokun.py vacuum` returns the freed space)", GRAPH_LAYOUT, len(docs), len(gone))
+            log.warning("graph entries upgraded to layout %s: %s memories, "
+                        "%s edge sentences dropped "
+                        "(`python aokun.py vacuum` returns the freed space)",
+                        GRAPH_LAYOUT, len(docs), len(gone))
 
     def _upgrade_graph_entries_of(self, docs: list[int]) -> None:
         """_upgrade_graph_entries' rewrite of memories `docs` (deleted meanwhile: skipped). In tx."""
         for i in docs:
-            d = self.rows("select content, key_facts, participants, topics from documents where id = ?", (i,))
+            d = self.rows("select content, key_facts, participants, topics from documents "
+                          "where id = ?", (i,))
             if not d:
                 continue
             entries = self.rows(self.queries["document_entry_nodes"], {"document_id": i})
-            about = ", ".join(self._own_spelling(d[0], e) for e in entries if e["node_type"] != "fact")
+            about = ", ".join(self._own_spelling(d[0], e) for e in entries
+                              if e["node_type"] != "fact")
             for e in entries:
                 if e["node_type"] == "fact":
-                    self._put_entry_text(e["id"], fact_entry_text(self._own_spelling(d[0], e), about))
+                    text = fact_entry_text(self._own_spelling(d[0], e), about)
+                    self._put_entry_text(e["id"], text)
         self._refresh_graph_context(docs)
 
     # flags and superseding: a memory's row -------------------------------------------------------
