@@ -2504,7 +2504,8 @@ class Vectors:
 
     @property
     def vectors_usable(self) -> bool:
-        """True when an embedder is configured and the stored vectors fit it (see vector_problem)."""
+        """True when an embedder is configured and the stored vectors fit it (see
+        vector_problem)."""
         return self.embedder.provider != "none" and self.vector_problem is None
 
     def _check_embedding_meta(self) -> None:
@@ -2528,8 +2529,8 @@ class Vectors:
             return
         if int(stored_dim) != e.dim or stored_model != e.model:
             self.vector_problem = (
-                f"the database holds {stored_dim}-d vectors from {stored_model!r} but the configured "
-                f"embedder {e.model!r} makes {e.dim or '?'}-d vectors; "
+                f"the database holds {stored_dim}-d vectors from {stored_model!r} "
+                f"but the configured embedder {e.model!r} makes {e.dim or '?'}-d vectors; "
                 "run `python aokun.py rebuild --vectors` to re-embed every memory "
                 "(stored memories are untouched; recall uses keyword channels until then)")
             log.error("%s", self.vector_problem)
@@ -2570,7 +2571,8 @@ class Vectors:
         """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in
         one transaction (migrate() saved a copy of the file first) and record meta vector_format =
         'int8'. The freed pages are reused by later writes; `python aokun.py vacuum` gives them
-        back. Data step 2 (DATA_STEPS); False when the file is held below schema 6 (not done yet)."""
+        back. Data step 2 (DATA_STEPS); False when the file is held below schema 6 (not done
+        yet)."""
         if self.meta_get("vector_format") == "int8":
             return True
         if not self.has_table("doc_vectors"):
@@ -2640,8 +2642,8 @@ class Vectors:
         if not texts or not self.vectors_usable:
             return [None] * len(texts)
         out = self._embed_split([fold(t) for t in texts], warnings)
-        first_vectors = any(isinstance(v, np.ndarray) for v in out) and not self.has_table("doc_vec")
-        if first_vectors and not self._start_vectors():
+        made_vector = any(isinstance(v, np.ndarray) for v in out)
+        if made_vector and not self.has_table("doc_vec") and not self._start_vectors():
             if warnings is not None:
                 warnings.append(self.vector_problem)
             return [None] * len(texts)
@@ -2666,7 +2668,8 @@ class Vectors:
                             "(it stays without a vector): %s", e)
                 return [str(e)]
             first = self._embed_split(texts[: len(texts) // 2], warnings)
-            if any(v is None for v in first):  # the endpoint went away meanwhile: the rest waits too
+            # the endpoint went away meanwhile: the rest waits too
+            if any(v is None for v in first):
                 return first + [None] * (len(texts) - len(first))
             return first + self._embed_split(texts[len(texts) // 2:], warnings)
         except EmbeddingError as e:
@@ -2825,7 +2828,8 @@ class Vectors:
 
     def _fact_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_graph_vectors, computed before its transaction: {"entries": [(entry
-        id, vector or refusal or None)] of the writes' pending graph entries (see _entry_vectors)}."""
+        id, vector or refusal or None)] of the writes' pending graph entries (see
+        _entry_vectors)}."""
         ids = [p.document_id for p in todo]
         return {"entries": self._entry_vectors("pending_entries_of_documents", ids,
                                                todo[0].warnings)}
@@ -2896,7 +2900,8 @@ class Vectors:
     def _recenter(self) -> None:
         """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
         binary KNN indexes with it; no vectors, no centre. In tx."""
-        center = mean_vector(blob for _, blob in self.conn.execute(self.queries["doc_vector_blobs"]))
+        stored = self.conn.execute(self.queries["doc_vector_blobs"])
+        center = mean_vector(blob for _, blob in stored)
         if center is not None:
             self._meta_set("vector_center", center.tobytes().hex())
         else:
@@ -2917,8 +2922,8 @@ class Vectors:
 
     def _put_entry_vector(self, entry_id: int, vec) -> None:
         """Store a graph entry's float vector and its binary index row; `vec` a str: the provider
-        refused its text, recorded as its embedding_error (it stays 'pending', skipped by back-fill);
-        None: nothing (back-filled later). In tx."""
+        refused its text, recorded as its embedding_error (it stays 'pending', skipped by
+        back-fill); None: nothing (back-filled later). In tx."""
         if isinstance(vec, str):
             self.conn.execute("update graph_entries set embedding_error = ? where id = ?",
                               (vec, entry_id))
@@ -2979,7 +2984,8 @@ class Layers:
                     embedding_truncated=int(p.embedding_truncated),
                     embedding_error=p.embedding_error, **self._event_columns(p))
         if p.op == "insert":
-            existing = self.value("select id from documents where persona_id = ? and content_hash = ?",
+            existing = self.value("select id from documents "
+                                  "where persona_id = ? and content_hash = ?",
                                   (p.persona_id, p.content_hash))
             if existing is not None:  # stored by another process meanwhile
                 p.document_id, p.deduplicated = existing, True
@@ -3208,7 +3214,8 @@ class Layers:
             c.execute("delete from memory_atoms where id = ?", (atom_id,))
 
     def _graph_node(self, persona_id: str, node_type: str, value: str) -> tuple[int, str]:
-        """(id, shown value) of the persona's graph node `value` of `node_type`, made if new. In tx."""
+        """(id, shown value) of the persona's graph node `value` of `node_type`, made when new.
+        In tx."""
         if node_type == "fact":
             shown, canonical = value, Rules._key(value)
         else:
@@ -3217,8 +3224,8 @@ class Layers:
                          "where persona_id = ? and node_type = ? and canonical = ?",
                          (persona_id, node_type, canonical))
         if nid is None:
-            self.conn.execute("insert into graph_nodes(id, persona_id, node_type, value, canonical) "
-                              "values (?, ?, ?, ?, ?)",
+            self.conn.execute("insert into graph_nodes(id, persona_id, node_type, value, "
+                              "canonical) values (?, ?, ?, ?, ?)",
                               (self._new_id("graph_nodes"), persona_id, node_type, shown,
                                canonical))
             nid = self.conn.last_insert_rowid()
@@ -3408,7 +3415,8 @@ class Layers:
                         GRAPH_LAYOUT, len(docs), len(gone))
 
     def _upgrade_graph_entries_of(self, docs: list[int]) -> None:
-        """_upgrade_graph_entries' rewrite of memories `docs` (deleted meanwhile: skipped). In tx."""
+        """_upgrade_graph_entries' rewrite of memories `docs` (deleted meanwhile: skipped). In
+        tx."""
         for i in docs:
             d = self.rows("select content, key_facts, participants, topics from documents "
                           "where id = ?", (i,))
@@ -3444,20 +3452,26 @@ class Layers:
                               f"{'them' if len(done) > 1 else 'it'} back)")
 
     def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
-        """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
-        graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing stale
-        (the briefing lists pinned memories and leaves archived ones out). In tx."""
+        """Set documents.pinned or .archived; archiving also flips the archived column of the
+        memory's graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing
+        stale (the briefing lists pinned memories and leaves archived ones out). In tx."""
         c = self.conn
-        c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
-        self._briefing_stale(self.value("select persona_id from documents where id = ?", (doc_id,)))
+        c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?",
+                  (int(value), now_iso(), doc_id))
+        self._briefing_stale(self.value("select persona_id from documents where id = ?",
+                                        (doc_id,)))
         if flag == "archived":
-            c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
+            c.execute("update graph_entries set archived = ? where document_id = ?",
+                      (int(value), doc_id))
             if self.has_table("doc_vec"):
                 c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
                 # one row at a time: sqlite-vec 0.1.9 rejects a bit[] table's multi-row UPDATE
                 # ("invalid float32 vector BLOB length") though the vector is not being changed
-                for (eid,) in c.execute(self.queries["document_entry_ids"], {"document_id": doc_id}).fetchall():
-                    c.execute("update graph_vec set archived = ? where entry_id = ?", (int(value), eid))
+                entries = c.execute(self.queries["document_entry_ids"],
+                                    {"document_id": doc_id}).fetchall()
+                for (eid,) in entries:
+                    c.execute("update graph_vec set archived = ? where entry_id = ?",
+                              (int(value), eid))
 
     def _auto_facts(self, text: str) -> list[str]:
         """Key facts when none were given: the content's sentences with at least two search tokens
@@ -3468,28 +3482,32 @@ class Layers:
     # back-fill: the vector stage deferred, and the refresh worker --------------------------------
 
     def _refresh_stale(self, ids) -> None:
-        """Re-embed memories whose context changed, in the background (one worker thread, so the write
-        that changed it returns without waiting for the model; their old vector stays searchable until
-        then); when the provider fails they stay 'pending' for the next back-fill. wait_refresh() waits."""
+        """Re-embed memories whose context changed, in the background (one worker thread, so the
+        write that changed it returns without waiting for the model; their old vector stays
+        searchable until then); when the provider fails they stay 'pending' for the next back-fill.
+        wait_refresh() waits."""
         ids = sorted({i for i in ids if i is not None})
         if not ids or not self.vectors_usable:
             return
         with self._refresh_lock:
             if self._refresher is None:
-                self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-refresh")
+                self._refresher = ThreadPoolExecutor(max_workers=1,
+                                                     thread_name_prefix="aokun-refresh")
             self._refresher.submit(self._refresh_now, ids)
 
     def _refresh_now(self, ids: list[int]) -> None:
-        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows stay
-        'pending' for the back-fill)."""
+        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows
+        stay 'pending' for the back-fill)."""
         try:
             if not self.conn_closed:
                 self.backfill_vectors(ids=ids)
         except Exception as e:  # noqa: BLE001 - a background step: the back-fill retries
-            log.warning("refreshing the vectors of memories %s failed (back-filled later): %s", ids, e)
+            log.warning("refreshing the vectors of memories %s failed (back-filled later): %s",
+                        ids, e)
 
     def wait_refresh(self) -> None:
-        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls it)."""
+        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls
+        it)."""
         with self._refresh_lock:
             worker = self._refresher
         if worker is not None:
@@ -3512,21 +3530,26 @@ class Layers:
         """Forget the provider's last transient failure (a rebuild starts afresh)."""
         self.last_embedding_error = None
 
-    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
-                         stop: threading.Event | None = None, progress=None) -> int:
-        """Embed documents and graph entries still marked 'pending' and not refused (embedding_error
-        null; only documents `ids` when given). Returns how many vectors were written. An input the
-        provider refuses for good gets its embedding_error (stays without a vector, skipped from then
-        on) and never holds up the others; stops quietly, leaving rows pending, when the provider fails
-        transiently or `stop` is set (checked before each batch: a server shutting down).
-        `progress(done, None)`, when given, is called after each batch with the vectors written so far
-        (the total is not known ahead)."""
+    def backfill_vectors(self, batch: int = 64, limit: int | None = None,
+                         ids: list[int] | None = None, stop: threading.Event | None = None,
+                         progress=None) -> int:
+        """Embed documents and graph entries still marked 'pending' and not refused
+        (embedding_error null; only documents `ids` when given). Returns how many vectors were
+        written. An input the provider refuses for good gets its embedding_error (stays without a
+        vector, skipped from then on) and never holds up the others; stops quietly, leaving rows
+        pending, when the provider fails transiently or `stop` is set (checked before each batch: a
+        server shutting down). `progress(done, None)`, when given, is called after each batch with
+        the vectors written so far (the total is not known ahead)."""
         if not self.vectors_usable:
             return 0
         done, after = 0, 0
-        while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
+
+        def going() -> bool:
+            return (limit is None or done < limit) and not (stop is not None and stop.is_set())
+        while going():
             rows = self.rows(self.queries["pending_documents"],
-                             {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
+                             {"after": after, "ids": None if ids is None else json.dumps(ids),
+                              "n": batch})
             if not rows:
                 break
             after = rows[-1]["id"]
@@ -3541,14 +3564,17 @@ class Layers:
                 progress(done, None)
             if any(v is None for v in out):
                 return done
-        while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"], {"n": batch})]
+        while ids is None and going():
+            entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"],
+                                                    {"n": batch})]
             pairs = self._entry_vectors("pending_entries_by_id", entry_ids) if entry_ids else []
             if not pairs:
                 break
             with self.tx():
                 for entry_id, vec in pairs:
-                    if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
+                    state = self.value("select embedding_state from graph_entries where id = ?",
+                                       (entry_id,))
+                    if state == "pending":
                         self._put_entry_vector(entry_id, vec)
                         done += isinstance(vec, np.ndarray)
             if progress:
@@ -3557,21 +3583,25 @@ class Layers:
                 return done
         return done
 
-    def _store_backfilled(self, rows: list[dict], out: list, prepared: list) -> tuple[int, list[int]]:
+    def _store_backfilled(self, rows: list[dict], out: list,
+                          prepared: list) -> tuple[int, list[int]]:
         """backfill_vectors' transaction for one batch of documents `rows` (pending_documents), what
         _embed made of their texts (`out`) and [(text, cut)] (`prepared`): the vectors are stored, a
-        refusal is recorded as the memory's embedding_error and its successors in the session, whose
-        vector text contained it, are marked pending (_stale_successors) with their keyword context
-        refreshed (what this batch made for them is dropped). Rows no longer pending (edited or
-        deleted meanwhile) are left. Returns (vectors stored, ids of the successors marked)."""
+        refusal is recorded as the memory's embedding_error and its successors in the session,
+        whose vector text contained it, are marked pending (_stale_successors) with their keyword
+        context refreshed (what this batch made for them is dropped). Rows no longer pending
+        (edited or deleted meanwhile) are left. Returns (vectors stored, ids of the successors
+        marked)."""
         done, requeued = 0, []
         with self.tx():
             for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
                 if vec is None or r["id"] in requeued or self.value(
-                        "select embedding_state from documents where id = ?", (r["id"],)) != "pending":
+                        "select embedding_state from documents where id = ?",
+                        (r["id"],)) != "pending":
                     continue  # requeued: made from a text refused just now, made again without it
                 if isinstance(vec, str):
-                    self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
+                    self.conn.execute("update documents set embedding_error = ? where id = ?",
+                                      (vec, r["id"]))
                     stale = self._stale_successors(r["id"])
                     self._refresh_graph_context(stale)
                     requeued += stale
@@ -3585,20 +3615,23 @@ class Layers:
     REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
 
     def _requeue_refused_context(self) -> bool:
-        """Files written before a refused text was kept out of its neighbours' vector text (issue 24,
-        sql/vectors.sql session_context): once per file (meta refused_context), the memories after
-        each refused one in its session are marked pending (_stale_successors), so the back-fill
-        makes their vectors again without it (the old ones stay searchable until then). Not while the
-        provider is none (nothing to mark; done on the first open with one): False, not done yet.
-        Data step 4 (DATA_STEPS)."""
+        """Files written before a refused text was kept out of its neighbours' vector text (issue
+        24, sql/vectors.sql session_context): once per file (meta refused_context), the memories
+        after each refused one in its session are marked pending (_stale_successors), so the
+        back-fill makes their vectors again without it (the old ones stay searchable until then).
+        Not while the provider is none (nothing to mark; done on the first open with one): False,
+        not done yet. Data step 4 (DATA_STEPS)."""
         if self.meta_get("refused_context") == self.REFUSED_CONTEXT:
             return True
         if self.embedder.provider == "none":
             return False
-        if not any(r["name"] == "embedding_error" for r in self.rows("pragma table_info(documents)")):
-            return False  # a file held below schema 9 (tests build such files): done once it is migrated
+        columns = self.rows("pragma table_info(documents)")
+        if not any(r["name"] == "embedding_error" for r in columns):
+            # a file held below schema 9 (tests build such files): done once it is migrated
+            return False
         with self.tx():
-            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:  # not done by another process
+            # not done by another process
+            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:
                 for r in self.rows("select id from documents where embedding_error is not null"):
                     self._refresh_graph_context(self._stale_successors(r["id"]))
                 self._meta_set("refused_context", self.REFUSED_CONTEXT)
@@ -3626,14 +3659,15 @@ def graph_anchor_text(text: str, context: str) -> str:
 
 # Write path and journal: memorize, edit, delete, recovery ########################################
 
-OWNER_STALE_SECONDS = 600  #: a journal row of another host counts as abandoned this long after its last update
+#: a journal row of another host counts as abandoned this long after its last update
+OWNER_STALE_SECONDS = 600
 JOURNAL_ERROR_CHARS = 1000  #: the start of an error message kept on its journal row
 
 
 def process_token(pid: int) -> str:
-    """What tells one start of process `pid` from a later process given the same pid: the boot id and
-    the start time in clock ticks since boot (Linux /proc), e.g. "3f2a9c1e.123456"; "" where /proc
-    cannot say (another OS, or no such process)."""
+    """What tells one start of process `pid` from a later process given the same pid: the boot id
+    and the start time in clock ticks since boot (Linux /proc), e.g. "3f2a9c1e.123456"; "" where
+    /proc cannot say (another OS, or no such process)."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -3642,19 +3676,20 @@ def process_token(pid: int) -> str:
         return ""
 
 
-#: this process, as recorded on the journal rows it writes: host:pid@start (the start token tells this
-#: process from an earlier one with the same pid, e.g. pid 1 in every container start)
-OWNER = f"{socket.gethostname()}:{os.getpid()}@{process_token(os.getpid()) or uuid.uuid4().hex[:12]}"
+#: this process, as recorded on the journal rows it writes: host:pid@start (the start token tells
+#: this process from an earlier one with the same pid, e.g. pid 1 in every container start)
+OWNER = (f"{socket.gethostname()}:{os.getpid()}@"
+         f"{process_token(os.getpid()) or uuid.uuid4().hex[:12]}")
 
 
 def owner_alive(owner: str, updated_at: str | None = None) -> bool:
-    """True when `owner` (host:pid@start of a journal row; host:pid in rows of older versions) is a live
-    process on this host other than this one: its pid runs and, where /proc can tell, is still the same
-    start of that process (not a later process given the same pid). A row of this pid that is not
-    OWNER is an earlier process's (pid reuse): not alive. OWNER itself is False too: whether this
-    process is still running one of its writes is Journal._op_running's to say. A row of another host
-    (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes) after its last
-    update, then as abandoned (e.g. a file copied from a machine that crashed)."""
+    """True when `owner` (host:pid@start of a journal row; host:pid in rows of older versions) is a
+    live process on this host other than this one: its pid runs and, where /proc can tell, is still
+    the same start of that process (not a later process given the same pid). A row of this pid that
+    is not OWNER is an earlier process's (pid reuse): not alive. OWNER itself is False too: whether
+    this process is still running one of its writes is Journal._op_running's to say. A row of
+    another host (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes)
+    after its last update, then as abandoned (e.g. a file copied from a machine that crashed)."""
     if not owner or owner == OWNER:
         return False
     host, _, rest = owner.rpartition(":")
@@ -3673,21 +3708,24 @@ def owner_alive(owner: str, updated_at: str | None = None) -> bool:
     return not (token and current and token != current)
 
 
-_RUNNING_OPS: set[tuple[str, int]] = set()  #: (database file, journal op id) of writes this process runs now
+#: (database file, journal op id) of writes this process runs now
+_RUNNING_OPS: set[tuple[str, int]] = set()
 _RUNNING_LOCK = threading.Lock()
 
 
-REPEAT_UNITED = ("topics", "tags", "participants", "key_facts")  #: a repeat appends its new items to these
-REPEAT_FILLED = ("summary", "sentiment", "source", "session_id")  #: a repeat fills these only when empty
+#: a repeat appends its new items to these
+REPEAT_UNITED = ("topics", "tags", "participants", "key_facts")
+#: a repeat fills these only when empty
+REPEAT_FILLED = ("summary", "sentiment", "source", "session_id")
 
 
 def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
-    """What memorizing the text of stored memory `d` (a Store._doc dict) again with metadata `p` adds,
-    as {metadata field: new value} for edit(), {} when nothing changes. REPEAT_UNITED lists are united
-    (stored order, new items appended); REPEAT_FILLED texts are taken only when the stored one is
-    empty; importance is the higher, counted when the caller gave it, or when `restoring` an archived
-    memory (then the default counts too, so auto-archival does not take it straight back); pinned:
-    true wins. The timestamp (its place in time) and the persona stay."""
+    """What memorizing the text of stored memory `d` (a Store._doc dict) again with metadata `p`
+    adds, as {metadata field: new value} for edit(), {} when nothing changes. REPEAT_UNITED lists
+    are united (stored order, new items appended); REPEAT_FILLED texts are taken only when the
+    stored one is empty; importance is the higher, counted when the caller gave it, or when
+    `restoring` an archived memory (then the default counts too, so auto-archival does not take it
+    straight back); pinned: true wins. The timestamp (its place in time) and the persona stay."""
     out = {}
     for k in REPEAT_UNITED:
         new = [x for x in getattr(p, k) if x not in d[k]]
@@ -3738,25 +3776,29 @@ class Journal:
 
     def prepare(self, content, metadata: dict | None = None, field_prefix: str = "") -> Prepared:
         """Validate one memorize() call into a Prepared write. The text fields keep the characters
-        given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and source
-        are identifiers, folded (_label); content_hash is of fold(content), so "８０９０" and "8090" are
-        one memory. Secrets in the text fields are redacted first (redact()); how many of which kinds
-        is the first of p.warnings (redaction_warning). Raises InputError naming the bad field."""
+        given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and
+        source are identifiers, folded (_label); content_hash is of fold(content), so "８０９０" and
+        "8090" are one memory. Secrets in the text fields are redacted first (redact()); how many
+        of which kinds is the first of p.warnings (redaction_warning). Raises InputError naming the
+        bad field."""
         meta = {} if metadata is None else metadata
         if not isinstance(meta, dict):
-            raise InputError(field_prefix + "metadata", f"expected an object, got {type(meta).__name__}")
+            raise InputError(field_prefix + "metadata",
+                             f"expected an object, got {type(meta).__name__}")
         unknown = set(meta) - METADATA_FIELDS
         if unknown:
             raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
                                                         f"known: {sorted(METADATA_FIELDS)}")
         fp = field_prefix + "metadata."
         redacted: dict[str, int] = {}  # {kind: secrets replaced}, reported in the write's warnings
-        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"}, redacted)  # never stored
+        # never stored
+        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"}, redacted)
         text = self.redact(clean_text(content, field_prefix + "content"), redacted)
         limit = self.cfg.write.max_content_chars
         if len(text) > limit:
-            raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
-                                                       "([write] max_content_chars)")
+            raise InputError(field_prefix + "content",
+                             f"is {len(text)} characters; the limit is {limit} "
+                             "([write] max_content_chars)")
         p = Prepared(content=text, given=frozenset(k for k, v in meta.items() if v is not None))
         p.persona_id = _label(meta.get("persona_id"), fp + "persona_id")
         p.session_id = _label(meta.get("session_id"), fp + "session_id")
@@ -3767,12 +3809,14 @@ class Journal:
         p.key_facts = _text_list(meta.get("key_facts"), fp + "key_facts")
         p.participants = _text_list(meta.get("participants"), fp + "participants")
         p.tags = _text_list(meta.get("tags"), fp + "tags")
-        p.importance = _importance(meta.get("importance"), fp + "importance", self.cfg.write.default_importance)
+        p.importance = _importance(meta.get("importance"), fp + "importance",
+                                   self.cfg.write.default_importance)
         pinned = meta.get("pinned", False)
         if pinned is not None and not isinstance(pinned, bool):
             raise InputError(fp + "pinned", f"expected true or false, got {pinned!r}")
         p.pinned = bool(pinned)
-        p.created_at = iso(parse_time(meta["timestamp"], fp + "timestamp")) if meta.get("timestamp") else now_iso()
+        p.created_at = (iso(parse_time(meta["timestamp"], fp + "timestamp"))
+                        if meta.get("timestamp") else now_iso())
         p.content_hash = content_hash(text)
         p.facts = p.key_facts or self._auto_facts(text)
         if (said := redaction_warning(redacted)) is not None:
@@ -3782,14 +3826,15 @@ class Journal:
     def memorize(self, content, metadata: dict | None = None, supersedes=None) -> dict:
         """Store one memory through the journalled pipeline (seed: Write Pipeline).
 
-        Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding, embedding_truncated,
-        warnings, changed}. The same content for the same persona is a repeat (deduplicated=true): it
-        returns the memory that holds the text, restores it when archived and merges the new metadata
-        into it (see _absorb_repeat; `changed` is {field: [old, new]}, {} for a plain repeat).
-        `supersedes` (memory ids of the same persona, at most SUPERSEDES_MAX) are archived and
-        linked to the memory stored (or repeated): documents.superseded_by, in the transaction
-        that stores it. Raises InputError for bad input, a bad `supersedes` included
-        (_superseded_ids), before anything is written. An embedding failure never fails the write."""
+        Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding,
+        embedding_truncated, warnings, changed}. The same content for the same persona is a repeat
+        (deduplicated=true): it returns the memory that holds the text, restores it when archived
+        and merges the new metadata into it (see _absorb_repeat; `changed` is {field: [old, new]},
+        {} for a plain repeat). `supersedes` (memory ids of the same persona, at most
+        SUPERSEDES_MAX) are archived and linked to the memory stored (or repeated):
+        documents.superseded_by, in the transaction that stores it. Raises InputError for bad
+        input, a bad `supersedes` included (_superseded_ids), before anything is written. An
+        embedding failure never fails the write."""
         p = self.prepare(content, metadata)
         p.supersedes = self._superseded_ids(supersedes, p)
         return self._memorize_prepared([p])[0]
@@ -3821,13 +3866,14 @@ class Journal:
 
     def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
         """Store many memories with batched embedding (imports). Every item is validated before any
-        is written; returns one result per item, in order (memorize's shape). Copies of one new text
-        in a batch store one memory; the later copies are repeats of it (their metadata merged). An
-        item whose first stage fails is not stored (status 'failed', its error; its journal row is
-        marked failed so no recovery stores it later) and the others are; with a single item that
-        failure is raised instead (memorize)."""
-        return self._memorize_prepared([self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
-                                        for i, (c, m) in enumerate(items)])
+        is written; returns one result per item, in order (memorize's shape). Copies of one new
+        text in a batch store one memory; the later copies are repeats of it (their metadata
+        merged). An item whose first stage fails is not stored (status 'failed', its error; its
+        journal row is marked failed so no recovery stores it later) and the others are; with a
+        single item that failure is raised instead (memorize)."""
+        return self._memorize_prepared([
+            self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
+            for i, (c, m) in enumerate(items)])
 
     def _memorize_prepared(self, preps: list[Prepared]) -> list[dict]:
         """memorize_many() of writes already validated (prepare, and memorize's supersedes)."""
@@ -3837,7 +3883,8 @@ class Journal:
                 seen: dict[tuple, Prepared] = {}
                 for p in preps:
                     key = (p.persona_id, p.content_hash)
-                    existing = self.value("select id from documents where persona_id = ? and content_hash = ?", key)
+                    existing = self.value("select id from documents "
+                                          "where persona_id = ? and content_hash = ?", key)
                     if existing is not None or key in seen:
                         p.deduplicated, p.document_id, p.status = True, existing, "done"
                         if existing is None:
@@ -3853,7 +3900,8 @@ class Journal:
                 p.status = "failed" if first.status == "failed" else p.status
         if len(preps) == 1 and preps[0].status == "failed":
             e = preps[0].error
-            raise e if isinstance(e, AokunError) else AokunError(f"could not store the memory: {e}")
+            raise (e if isinstance(e, AokunError)
+                   else AokunError(f"could not store the memory: {e}"))
         self._refresh_stale([i for p in preps for i in p.stale])
         for p in preps:
             self._may_update(p)
@@ -3918,13 +3966,16 @@ class Journal:
         An item of memorize_many that could not be stored: {id: None, status: 'failed', error, …}
         (nothing of it is stored, and recovery will not store it later)."""
         if p.status == "failed":
-            return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated, "atoms": 0,
-                    "graph_entries": 0, "embedding": None, "embedding_truncated": False, "warnings": p.warnings,
-                    "changed": {}, "error": str(p.error), "may_update": []}
+            return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated,
+                    "atoms": 0, "graph_entries": 0, "embedding": None,
+                    "embedding_truncated": False, "warnings": p.warnings, "changed": {},
+                    "error": str(p.error), "may_update": []}
         doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
-        counts = self.rows(self.queries["document_layer_counts"], {"document_id": p.document_id})[0]
+        counts = self.rows(self.queries["document_layer_counts"],
+                           {"document_id": p.document_id})[0]
         return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
-                "deduplicated": p.deduplicated, "atoms": counts["atoms"], "graph_entries": counts["graph_entries"],
+                "deduplicated": p.deduplicated, "atoms": counts["atoms"],
+                "graph_entries": counts["graph_entries"],
                 "embedding": doc[0]["embedding_state"] if doc else None,
                 "embedding_truncated": p.embedding_truncated, "warnings": p.warnings,
                 "changed": p.changed, "may_update": p.may_update}
@@ -3932,15 +3983,16 @@ class Journal:
     # repeats: memorizing a text already stored ---------------------------------------------------
 
     def _absorb_repeat(self, p: Prepared) -> None:
-        """Memorizing the text of a stored memory again (`p` deduplicated, p.document_id that memory).
-        The memory that holds the text answers: for one consolidation merged into another
-        (merged_into set) that is the survivor, followed to the end of the chain; the duplicate stays
-        merged and a warning names both ids and the undo (restore_memory). The holder, when archived
-        (by archive_memory or auto-archival), is restored through the flag path (vectors and graph
-        entries follow), with a warning. Then the repeat's metadata is merged into it (_repeat_updates)
-        through edit(), so every index, atom and graph entry follows; a plain repeat changes nothing
-        and costs two reads. Sets p.document_id, p.status, p.changed ({field: [old, new]},
-        archived: [true, false] for a restore) and p.warnings. Raises what edit() raises."""
+        """Memorizing the text of a stored memory again (`p` deduplicated, p.document_id that
+        memory). The memory that holds the text answers: for one consolidation merged into another
+        (merged_into set) that is the survivor, followed to the end of the chain; the duplicate
+        stays merged and a warning names both ids and the undo (restore_memory). The holder, when
+        archived (by archive_memory or auto-archival), is restored through the flag path (vectors
+        and graph entries follow), with a warning. Then the repeat's metadata is merged into it
+        (_repeat_updates) through edit(), so every index, atom and graph entry follows; a plain
+        repeat changes nothing and costs two reads. Sets p.document_id, p.status, p.changed
+        ({field: [old, new]}, archived: [true, false] for a restore) and p.warnings. Raises what
+        edit() raises."""
         try:
             d = self._doc(p.document_id)
         except NotFound:  # deleted by another process meanwhile: nothing to merge into
@@ -3948,12 +4000,14 @@ class Journal:
         if d["merged_into"] is not None:
             member, seen = d["id"], {d["id"]}
             while d["merged_into"] is not None and d["merged_into"] not in seen:
-                d = self._doc(d["merged_into"])  # a foreign key: deleting the survivor clears merged_into
+                # a foreign key: deleting the survivor clears merged_into
+                d = self._doc(d["merged_into"])
                 seen.add(d["id"])
-            p.warnings.append(f"this text is memory {member}, which consolidation merged into memory {d['id']}: "
-                              f"memory {d['id']} holds the fact now (its id is returned); restore_memory({member}) "
-                              f"makes memory {member} a memory of its own again, restore_memory({d['id']}) undoes "
-                              "its merge")
+            p.warnings.append(f"this text is memory {member}, which consolidation merged into "
+                              f"memory {d['id']}: memory {d['id']} holds the fact now "
+                              f"(its id is returned); restore_memory({member}) makes memory "
+                              f"{member} a memory of its own again, restore_memory({d['id']}) "
+                              "undoes its merge")
         p.document_id = d["id"]
         restoring = d["archived"]
         if restoring:
@@ -3961,29 +4015,33 @@ class Journal:
                 self._unarchive_in_tx(d["id"])
                 self._briefing_stale(d["persona_id"])
             p.changed["archived"] = [True, False]
-            p.warnings.append(f"memory {d['id']} was archived; memorizing it again restored it to recall "
-                              f"(archive_memory({d['id']}) archives it again)")
+            p.warnings.append(f"memory {d['id']} was archived; memorizing it again restored it "
+                              f"to recall (archive_memory({d['id']}) archives it again)")
         updates = _repeat_updates(d, p, restoring)
         if not updates:
             return
         r = self.edit(d["id"], None, updates, d["persona_id"])
         p.status = r["status"]
         p.changed.update({k: [d[k], v] for k, v in updates.items()})
-        p.warnings += r["warnings"] + [f"memory {d['id']} already held this text; the repeat's metadata was "
-                                       f"merged into it ({', '.join(updates)} changed)"]
+        merged = (f"memory {d['id']} already held this text; the repeat's metadata was "
+                  f"merged into it ({', '.join(updates)} changed)")
+        p.warnings += r["warnings"] + [merged]
 
     def run_pipeline(self, preps: list[Prepared]) -> None:
         """Advance each write from its journal status to `done`, one transaction per stage:
-        pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item records
-        the error on its journal row and stops that item only (see _record_failure), never the others."""
-        stages = [("pending", self._stage_docs, self._doc_vectors),  # (status, stage, its embeddings)
+        pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item
+        records the error on its journal row and stops that item only (see _record_failure), never
+        the others."""
+        # (status, stage, its embeddings)
+        stages = [("pending", self._stage_docs, self._doc_vectors),
                   ("docs_done", self._stage_atoms, None),
                   ("atoms_done", self._stage_graph, None),
                   ("graph_done", self._stage_graph_vectors, self._fact_vectors)]
         new = [p for p in preps if p.status == "pending" and not p.recovering]
         if new:
             self._run_in_one_tx(new, stages)
-        for status, fn, inputs in stages:  # resumed writes, and new ones the single transaction could not finish
+        # resumed writes, and new ones the single transaction could not finish
+        for status, fn, inputs in stages:
             todo = [p for p in preps if p.status == status]
             if not todo:
                 continue
@@ -3992,7 +4050,8 @@ class Journal:
                 with self.tx():
                     for p in todo:
                         self._advance(p, status, fn, vectors)
-            except Exception as batch_error:  # retry one by one so one bad item cannot block the rest
+            # retry one by one so one bad item cannot block the rest
+            except Exception as batch_error:
                 if len(todo) == 1:
                     self._record_failure(todo[0], batch_error)
                     continue
@@ -4006,19 +4065,22 @@ class Journal:
     def _journal_row(self, op: str, p: Prepared, stamp: str) -> int:
         """Insert the journal row of write `p` (op 'insert' or 'edit', at p.status, owned by this
         process) and its payload, which lives in memory_write_payloads until the write is done (a
-        row deleted then frees its pages for the next writes; schema 11). Returns the row id. In tx."""
-        self.conn.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, status, created_at, "
-                          "updated_at, owner) values (?, ?, ?, ?, '{}', ?, ?, ?, ?)",
-                          (self._new_id("memory_write_ops"), op, p.document_id, p.persona_id, p.status, stamp, stamp,
-                           OWNER))
+        row deleted then frees its pages for the next writes; schema 11). Returns the row id. In
+        tx."""
+        self.conn.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, "
+                          "status, created_at, updated_at, owner) "
+                          "values (?, ?, ?, ?, '{}', ?, ?, ?, ?)",
+                          (self._new_id("memory_write_ops"), op, p.document_id, p.persona_id,
+                           p.status, stamp, stamp, OWNER))
         op_id = self.conn.last_insert_rowid()
-        self.conn.execute("insert into memory_write_payloads(op_id, payload) values (?, ?)", (op_id, p.payload()))
+        self.conn.execute("insert into memory_write_payloads(op_id, payload) values (?, ?)",
+                          (op_id, p.payload()))
         return op_id
 
     def _run_in_one_tx(self, todo: list[Prepared], stages: list) -> None:
         """Every stage of new writes `todo` in one transaction (one commit per batch, not one per
-        stage), their document and fact vectors computed first, outside it. When any stage fails the
-        transaction leaves nothing behind: the writes are back at 'pending' and run_pipeline's
+        stage), their document and fact vectors computed first, outside it. When any stage fails
+        the transaction leaves nothing behind: the writes are back at 'pending' and run_pipeline's
         stage-by-stage loop takes them (recording which one failed, and where)."""
         saved = [(p.status, p.document_id, list(p.stale), list(p.warnings)) for p in todo]
         vectors = self._doc_vectors(todo)
@@ -4035,36 +4097,40 @@ class Journal:
                 p.status, p.document_id, p.stale, p.warnings = status, doc_id, stale, warnings
 
     def _advance(self, p: Prepared, status: str, fn, vectors) -> None:
-        """Run stage `fn` for one write if its journal row is still at `status` (another process may
-        have moved it), then record the next status on the row. In tx."""
-        row = self.rows("select status, document_id from memory_write_ops where id = ?", (p.op_id,))
+        """Run stage `fn` for one write if its journal row is still at `status` (another process
+        may have moved it), then record the next status on the row. In tx."""
+        row = self.rows("select status, document_id from memory_write_ops where id = ?",
+                        (p.op_id,))
         if not row:  # the file was restored from a backup meanwhile (or the memory deleted)
-            raise JournalGone(f"write op {p.op_id} is gone from the journal (the database was restored or the "
-                              "memory deleted meanwhile); this write is not stored")
+            raise JournalGone(f"write op {p.op_id} is gone from the journal "
+                              "(the database was restored or the memory deleted meanwhile); "
+                              "this write is not stored")
         if row[0]["status"] != status:  # another process (recovery) already moved it
             p.status, p.document_id = row[0]["status"], row[0]["document_id"]
             return
         p.status = fn(p, vectors) or JOURNAL_STAGES[JOURNAL_STAGES.index(status) + 1]
         # a finished write's payload is dropped (schema 11): only unfinished ones are ever read back
-        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? where id = ?",
-                          (p.status, p.document_id, now_iso(), p.op_id))
+        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? "
+                          "where id = ?", (p.status, p.document_id, now_iso(), p.op_id))
         if p.status == "done":
             self.conn.execute("delete from memory_write_payloads where op_id = ?", (p.op_id,))
 
     def _record_failure(self, p: Prepared, error: Exception) -> None:
-        """Stage after `p.status` failed for one write. A new memory that failed its first stage (not
-        stored at all) is marked failed, on its journal row too, so the caller is told and no later
-        recovery stores it (p.status 'failed', p.error); otherwise the error goes on the journal row
-        and recovery retries the write once this call has returned (counted in retries)."""
+        """Stage after `p.status` failed for one write. A new memory that failed its first stage
+        (not stored at all) is marked failed, on its journal row too, so the caller is told and no
+        later recovery stores it (p.status 'failed', p.error); otherwise the error goes on the
+        journal row and recovery retries the write once this call has returned (counted in
+        retries)."""
         log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
         if isinstance(error, JournalGone):  # nothing of it is in this file any more: not stored
             p.status, p.error = "failed", error
             p.warnings.append(f"not stored: {error}")
             return
         if p.status == "pending" and p.op == "insert" and not p.recovering:
-            with self.tx():  # the caller is told it failed: it must not be stored by a later recovery
-                self.conn.execute("update memory_write_ops set status = 'failed', error = ?, updated_at = ? "
-                                  "where id = ?",
+            # the caller is told it failed: it must not be stored by a later recovery
+            with self.tx():
+                self.conn.execute("update memory_write_ops set status = 'failed', error = ?, "
+                                  "updated_at = ? where id = ?",
                                   (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
             p.status, p.error = "failed", error
             p.warnings.append(f"not stored: {error}")
@@ -4076,9 +4142,10 @@ class Journal:
 
     @contextlib.contextmanager
     def _running(self):
-        """Journal rows this process is advancing right now: `claim(op_id)` (returns op_id), called in the
-        transaction that inserts or takes over the row, marks it until the block ends, so recover()
-        (of any Memory of this process: the server's background thread, a second open) leaves it alone."""
+        """Journal rows this process is advancing right now: `claim(op_id)` (returns op_id), called
+        in the transaction that inserts or takes over the row, marks it until the block ends, so
+        recover() (of any Memory of this process: the server's background thread, a second open)
+        leaves it alone."""
         key, claimed = str(self.path.resolve()), []
 
         def claim(op_id: int) -> int:
@@ -4100,13 +4167,14 @@ class Journal:
     def recover(self, fts: bool = False) -> dict:
         """Finish unfinished journal rows and repair index gaps (seed: Reliability).
 
-        Each unfinished row whose writer is gone (owner_alive false, and not a write this process runs
-        right now) is retried from its stage, counted in its `retries`; a row already retried
+        Each unfinished row whose writer is gone (owner_alive false, and not a write this process
+        runs right now) is retried from its stage, counted in its `retries`; a row already retried
         write_op_max_retries times is marked failed and reported. Missing FTS rows are re-segmented
-        when `fts` (doctor, rebuild --fts) or when there was an unfinished row: a write adds its FTS rows
-        in its own transaction, so only a crash mid-pipeline or a change behind the engine's back
-        leaves a gap, and the scan reads every row (0.3 s at 100k memories: not on every open).
-        Returns {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by backfill_vectors()."""
+        when `fts` (doctor, rebuild --fts) or when there was an unfinished row: a write adds its FTS
+        rows in its own transaction, so only a crash mid-pipeline or a change behind the engine's
+        back leaves a gap, and the scan reads every row (0.3 s at 100k memories: not on every
+        open). Returns {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by
+        backfill_vectors()."""
         with self._running() as claim:
             return self._recover(claim, fts)
 
@@ -4121,17 +4189,19 @@ class Journal:
                 if self._op_running(r["id"]) or owner_alive(r["owner"], r["updated_at"]):
                     continue  # a live writer (this process or another) is running it right now
                 if r["retries"] >= limit:
-                    c.execute("update memory_write_ops set status = 'failed', updated_at = ? where id = ?",
-                              (now_iso(), r["id"]))
+                    c.execute("update memory_write_ops set status = 'failed', updated_at = ? "
+                              "where id = ?", (now_iso(), r["id"]))
                     report["failed"].append(r["id"])
                     log.error("write op %s failed %s times at stage %s and is marked failed: %s",
                               r["id"], r["retries"], r["status"], r["error"])
                     continue
-                c.execute("update memory_write_ops set retries = retries + 1, owner = ? where id = ?", (OWNER, r["id"]))
+                c.execute("update memory_write_ops set retries = retries + 1, owner = ? "
+                          "where id = ?", (OWNER, r["id"]))
                 claim(r["id"])
                 payload = json.loads(r["payload"])
                 p = Prepared(**{k: payload[k] for k in Prepared.PAYLOAD if k in payload})
-                p.op, p.op_id, p.status, p.document_id = r["op"], r["id"], r["status"], r["document_id"]
+                p.op, p.op_id = r["op"], r["id"]
+                p.status, p.document_id = r["status"], r["document_id"]
                 p.recovering = True
                 preps.append(p)
             for table, query, text_sql in () if not (fts or rows) else (
@@ -4141,7 +4211,8 @@ class Journal:
                 missing = self.rows(self.queries[query])
                 for m in missing:
                     if text_sql is None:
-                        m = dict(m, **{k: json.loads(m[k]) for k in ("topics", "participants", "tags")})
+                        m = dict(m, **{k: json.loads(m[k])
+                                       for k in ("topics", "participants", "tags")})
                     text = self._doc_index_text(m) if text_sql is None else m[text_sql]
                     c.execute(f"insert into {table}(rowid, segmented) values (?, ?)",
                               (m["id"], self.seg.segmented(text)))
@@ -4154,7 +4225,8 @@ class Journal:
 
     # editing -------------------------------------------------------------------------------------
 
-    def edit(self, doc_id: int, content=None, metadata: dict | None = None, persona_id: str | None = None) -> dict:
+    def edit(self, doc_id: int, content=None, metadata: dict | None = None,
+             persona_id: str | None = None) -> dict:
         """Change a memory of persona `persona_id` (None: the default persona '') in content and/or
         metadata and re-run the pipeline for it: its FTS text, vector, atoms and graph output are
         replaced, nothing stale stays searchable. Metadata keys given replace the stored ones;
@@ -4163,12 +4235,14 @@ class Journal:
         for an id of another persona."""
         persona = _label(persona_id, "persona_id")
         metadata = dict(metadata or {})
-        if "persona_id" in metadata and _label(metadata["persona_id"], "metadata.persona_id") != persona:
-            raise InputError("metadata.persona_id", "cannot be changed by an edit; memorize it under the other "
-                                                    "persona (persona_id names the persona the memory is in)")
+        if ("persona_id" in metadata
+                and _label(metadata["persona_id"], "metadata.persona_id") != persona):
+            raise InputError("metadata.persona_id",
+                             "cannot be changed by an edit; memorize it under the other "
+                             "persona (persona_id names the persona the memory is in)")
         d = self._doc(doc_id, persona)
-        merged = {k: d[k] for k in ("summary", "topics", "participants", "tags", "sentiment", "source",
-                                    "importance", "session_id", "pinned")}
+        merged = {k: d[k] for k in ("summary", "topics", "participants", "tags", "sentiment",
+                                    "source", "importance", "session_id", "pinned")}
         merged["key_facts"] = d["key_facts"]
         merged["timestamp"] = d["created_at"]
         merged["persona_id"] = d["persona_id"]
@@ -4176,10 +4250,11 @@ class Journal:
         p = self.prepare(d["content"] if content is None else content, merged)
         if content is not None and "key_facts" not in metadata and d["key_facts"] == []:
             p.facts = self._auto_facts(p.content)
-        other = self.value(self.queries["same_content_elsewhere"],
-                           {"persona_id": p.persona_id, "content_hash": p.content_hash, "id": doc_id})
+        other = self.value(self.queries["same_content_elsewhere"], {
+            "persona_id": p.persona_id, "content_hash": p.content_hash, "id": doc_id})
         if other is not None:
-            raise InputError("content", f"memory {other} already has exactly this content; delete one of them instead")
+            raise InputError("content", f"memory {other} already has exactly this content; "
+                                        "delete one of them instead")
         p.op, p.document_id = "edit", doc_id
         stamp = now_iso()
         with self._running() as claim:
@@ -4191,14 +4266,15 @@ class Journal:
         self._refresh_stale(p.stale)
         return self._write_result(p)
 
-    def delete(self, doc_id: int, persona_id: str | None = None, deleted_at: str | None = None) -> dict:
-        """Remove a memory of persona `persona_id` (None: the default persona '') from every table and
-        index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone (uid and
-        time, no text); secure_delete zeroes the freed bytes, but its words stay in older FTS segments
-        and its pages in the WAL until purge() (Maintenance: also VACUUM and a WAL checkpoint),
-        and in backups for their life. `deleted_at` (column-format time; None: now) is the tombstone's
-        time: an imported deletion keeps the time it happened (the later of it and one here wins), so
-        every device orders it alike. Returns {id, uid, deleted: true}.
+    def delete(self, doc_id: int, persona_id: str | None = None,
+               deleted_at: str | None = None) -> dict:
+        """Remove a memory of persona `persona_id` (None: the default persona '') from every table
+        and index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone
+        (uid and time, no text); secure_delete zeroes the freed bytes, but its words stay in older
+        FTS segments and its pages in the WAL until purge() (Maintenance: also VACUUM and a WAL
+        checkpoint), and in backups for their life. `deleted_at` (column-format time; None: now) is
+        the tombstone's time: an imported deletion keeps the time it happened (the later of it and
+        one here wins), so every device orders it alike. Returns {id, uid, deleted: true}.
         Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         with self.tx() as c:
@@ -4212,19 +4288,21 @@ class Journal:
             c.execute("delete from memory_write_ops where document_id = ?", (doc_id,))
             c.execute("delete from documents where id = ?", (doc_id,))
             self._refresh_graph_context(stale)
-            c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, 'documents', ?) on conflict(uid) "
-                      "do update set table_name = excluded.table_name, deleted_at = "
-                      + ("max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"),
+            kept = "max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"
+            c.execute("insert into tombstones(uid, table_name, deleted_at) "
+                      "values (?, 'documents', ?) on conflict(uid) "
+                      "do update set table_name = excluded.table_name, deleted_at = " + kept,
                       (d["uid"], deleted_at or now_iso()))
             self._briefing_stale(d["persona_id"])
         self._refresh_stale(stale)
         return {"id": doc_id, "uid": d["uid"], "deleted": True}
 
-    def set_flag(self, doc_id: int, flag: str, value: bool, persona_id: str | None = None) -> dict:
+    def set_flag(self, doc_id: int, flag: str, value: bool,
+                 persona_id: str | None = None) -> dict:
         """pin/unpin (flag='pinned') or archive/unarchive (flag='archived') a memory of persona
-        `persona_id` (None: the default persona ''). Archiving also flips the archived metadata column
-        of its vectors and graph entries, so KNN filters it in SQL. Returns {id, uid, <flag>}. Raises
-        NotFound, also for an id of another persona."""
+        `persona_id` (None: the default persona ''). Archiving also flips the archived metadata
+        column of its vectors and graph entries, so KNN filters it in SQL. Returns {id, uid,
+        <flag>}. Raises NotFound, also for an id of another persona."""
         if flag not in ("pinned", "archived"):
             raise ValueError(flag)
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
