@@ -3791,8 +3791,8 @@ class Journal:
                                                         f"known: {sorted(METADATA_FIELDS)}")
         fp = field_prefix + "metadata."
         redacted: dict[str, int] = {}  # {kind: secrets replaced}, reported in the write's warnings
-        # never stored
-        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"}, redacted)
+        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"},
+                                  redacted)  # never stored
         text = self.redact(clean_text(content, field_prefix + "content"), redacted)
         limit = self.cfg.write.max_content_chars
         if len(text) > limit:
@@ -4050,8 +4050,8 @@ class Journal:
                 with self.tx():
                     for p in todo:
                         self._advance(p, status, fn, vectors)
-            # retry one by one so one bad item cannot block the rest
             except Exception as batch_error:
+                # retry one by one so one bad item cannot block the rest
                 if len(todo) == 1:
                     self._record_failure(todo[0], batch_error)
                     continue
