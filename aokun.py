@@ -2391,10 +2391,12 @@ MAY_UPDATE_COSINE = 0.89
 MAY_UPDATE_COSINE_ALONE = 0.93
 MAY_UPDATE_PREVIEW_CHARS = 80
 MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
-#: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed out:
-#: an id is never handed out twice in a file's life (deleting the newest row, or a restore, included).
-ID_COUNTERS = {"documents": "last_document_id", "memory_atoms": "last_atom_id", "graph_nodes": "last_node_id",
-               "graph_edges": "last_edge_id", "graph_entries": "last_entry_id", "kg_entities": "last_entity_id",
+#: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed
+#: out: an id is never handed out twice in a file's life (deleting the newest row, or a restore,
+#: included).
+ID_COUNTERS = {"documents": "last_document_id", "memory_atoms": "last_atom_id",
+               "graph_nodes": "last_node_id", "graph_edges": "last_edge_id",
+               "graph_entries": "last_entry_id", "kg_entities": "last_entity_id",
                "kg_triples": "last_triple_id", "memory_write_ops": "last_write_op_id"}
 
 
@@ -2408,7 +2410,8 @@ class Hooks:
     above it (tests/test_layout.py checks): Memory.hooks names the later sections' methods, each
     called with the Memory first. Each field says who calls it and what it gives."""
 
-    conversation_hits: Callable  #: Recall.recall(include_conversations): (query, k, persona) -> hits
+    #: Recall.recall(include_conversations): (query, k, persona) -> hits
+    conversation_hits: Callable
     briefing_lines: Callable  #: Briefing._briefing_text: (persona, ref) -> the session digest lines
     counts: Callable  #: Maintenance.stats: () -> more counts
     problems: Callable  #: Maintenance.doctor: () -> more problems
@@ -2496,10 +2499,11 @@ class Store:
         self.conn.execute("update briefings set stale = 1 where persona_id = ?", (persona or "",))
 
     def _new_id(self, table: str) -> int:
-        """The id for a new row of `table` (one of ID_COUNTERS): above every id the table ever handed
-        out (its counter in meta, its largest id), and recorded as the counter. In tx."""
+        """The id for a new row of `table` (one of ID_COUNTERS): above every id the table ever
+        handed out (its counter in meta, its largest id), and recorded as the counter. In tx."""
         key = ID_COUNTERS[table]
-        new = max(int(self.meta_get(key, 0)), self.value(f"select coalesce(max(id), 0) from {table}")) + 1
+        largest = self.value(f"select coalesce(max(id), 0) from {table}")
+        new = max(int(self.meta_get(key, 0)), largest) + 1
         self._meta_set(key, new)
         return new
 
@@ -2513,13 +2517,15 @@ class Store:
         """The documents row of `doc_id`, JSON fields decoded. NotFound when there is none, or when
         `persona` (a folded persona id) is given and the memory belongs to another persona: the one
         lookup filters by both, so an id of another persona is not there, with the same message and
-        the same work. `persona` None (internal callers holding a row already) matches any persona."""
+        the same work. `persona` None (internal callers holding a row already) matches any
+        persona."""
         if isinstance(doc_id, bool) or not isinstance(doc_id, int):
             raise InputError("id", f"expected an integer memory id, got {doc_id!r}")
         rows = self.rows("select * from documents where id = ? and (? is null or persona_id = ?)",
                          (doc_id, persona, persona)) if 0 < doc_id <= MAX_ID else []
         if not rows:
-            raise NotFound(f"no memory with id {doc_id}; {{hint0}} shows the ids", hints=[("list", {})])
+            raise NotFound(f"no memory with id {doc_id}; {{hint0}} shows the ids",
+                           hints=[("list", {})])
         d = rows[0]
         for k in ("topics", "key_facts", "participants", "tags"):
             d[k] = json.loads(d[k])
@@ -2527,9 +2533,9 @@ class Store:
         return d
 
     def get(self, doc_id: int, persona_id: str | None = None) -> dict:
-        """One memory of persona `persona_id` (None: the default persona '') with its atoms and graph
-        entries, superseded_by (the newer memory's id, or None) and supersedes (ids of the memories
-        it superseded). Raises NotFound, also for an id of another persona."""
+        """One memory of persona `persona_id` (None: the default persona '') with its atoms and
+        graph entries, superseded_by (the newer memory's id, or None) and supersedes (ids of the
+        memories it superseded). Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         d["supersedes"] = [r["id"] for r in self.rows(
             "select id from documents where superseded_by = ? and persona_id = ? order by id",
@@ -2542,7 +2548,8 @@ class Store:
     def history(self, doc_id: int, persona_id: str | None = None) -> list[dict]:
         """What happened to a memory of persona `persona_id` (None: ''), oldest first (sql
         document_history): [{kind: 'write' | 'merge', what: insert/edit/consolidated, status, at,
-        error, members: [ids merged into it] or None}]. Raises NotFound, also for another persona's id."""
+        error, members: [ids merged into it] or None}]. Raises NotFound, also for another persona's
+        id."""
         self._doc(doc_id, _label(persona_id, "persona_id"))
         rows = self.rows(self.queries["document_history"], {"document_id": doc_id})
         for r in rows:
@@ -2551,30 +2558,33 @@ class Store:
 
     def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
              session_id: str | None = None, include_archived: bool = False) -> list[dict]:
-        """Memories newest first (by created_at), without atoms/graph detail. Raises InputError for a
-        limit outside 1..LIST_LIMIT_MAX or an offset above MAX_ID."""
+        """Memories newest first (by created_at), without atoms/graph detail. Raises InputError for
+        a limit outside 1..LIST_LIMIT_MAX or an offset above MAX_ID."""
         if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
-            raise InputError("limit", f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
+            raise InputError("limit",
+                             f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
         if not isinstance(offset, int) or offset > MAX_ID:
             raise InputError("offset", f"expected an integer from 0 to {MAX_ID}, got {offset!r}")
         return self.rows(self.queries["list_memories"], {
-            "persona_id": persona_id, "session_id": session_id, "include_archived": int(include_archived),
-            "limit": limit, "offset": max(0, offset)})
+            "persona_id": persona_id, "session_id": session_id,
+            "include_archived": int(include_archived), "limit": limit, "offset": max(0, offset)})
 
 
 # Vectors: embedding, session context and the binary KNN index ####################################
 
-AFTER_EVERY_ID = 2 ** 62  #: an id above every stored one: "a memory not stored yet" in session order
+#: an id above every stored one: "a memory not stored yet" in session order
+AFTER_EVERY_ID = 2 ** 62
 
 
 def vector_blob(vec) -> bytes:
-    """The stored form of a vector (doc_vectors, graph_vectors; see sql/vectors.sql): int8, one byte
-    per dimension, round(v · 127 / max|v|). Cosine does not see the scale, so
-    vec_distance_cosine(vec_int8(a), vec_int8(b)) is the float vectors' within ~1e-3, at a quarter of
-    float32's size."""
+    """The stored form of a vector (doc_vectors, graph_vectors; see sql/vectors.sql): int8, one
+    byte per dimension, round(v · 127 / max|v|). Cosine does not see the scale, so
+    vec_distance_cosine(vec_int8(a), vec_int8(b)) is the float vectors' within ~1e-3, at a quarter
+    of float32's size."""
     v = np.asarray(vec, np.float32).ravel()
     top = float(np.abs(v).max()) if v.size else 0.0
-    return (np.rint(v * (127.0 / top)) if top > 0 else np.zeros_like(v)).astype(np.int8).tobytes()
+    scaled = np.rint(v * (127.0 / top)) if top > 0 else np.zeros_like(v)
+    return scaled.astype(np.int8).tobytes()
 
 
 def blob_vector(blob: bytes) -> "np.ndarray":
@@ -2583,8 +2593,8 @@ def blob_vector(blob: bytes) -> "np.ndarray":
 
 
 def mean_vector(blobs) -> "np.ndarray | None":
-    """The mean (float32) of the stored vectors `blobs` (int8 blobs, vector_blob's), summed in float64;
-    None when there are none. A binary index's quantisation centre (sql/vectors.sql)."""
+    """The mean (float32) of the stored vectors `blobs` (int8 blobs, vector_blob's), summed in
+    float64; None when there are none. A binary index's quantisation centre (sql/vectors.sql)."""
     total, n = None, 0
     for blob in blobs:
         v = blob_vector(blob).astype(np.float64)
@@ -2598,7 +2608,8 @@ class Vectors:
 
     @property
     def vectors_usable(self) -> bool:
-        """True when an embedder is configured and the stored vectors fit it (see vector_problem)."""
+        """True when an embedder is configured and the stored vectors fit it (see
+        vector_problem)."""
         return self.embedder.provider != "none" and self.vector_problem is None
 
     def _check_embedding_meta(self) -> None:
@@ -2613,7 +2624,8 @@ class Vectors:
             return
         stored_dim = self.meta_get("embedding_dim")
         stored_model = self.meta_get("embedding_model")
-        if not e.dim and stored_dim and stored_model == e.model:  # only the model that made them has that dim
+        # only the model that made them has that dim
+        if not e.dim and stored_dim and stored_model == e.model:
             (e.inner if isinstance(e, CachedEmbedder) else e).dim = int(stored_dim)
         if stored_dim is None:
             if e.dim:
@@ -2621,25 +2633,28 @@ class Vectors:
             return
         if int(stored_dim) != e.dim or stored_model != e.model:
             self.vector_problem = (
-                f"the database holds {stored_dim}-d vectors from {stored_model!r} but the configured "
-                f"embedder {e.model!r} makes {e.dim or '?'}-d vectors; run `python aokun.py rebuild --vectors` "
-                "to re-embed every memory (stored memories are untouched; recall uses keyword channels until then)")
+                f"the database holds {stored_dim}-d vectors from {stored_model!r} "
+                f"but the configured embedder {e.model!r} makes {e.dim or '?'}-d vectors; "
+                "run `python aokun.py rebuild --vectors` to re-embed every memory "
+                "(stored memories are untouched; recall uses keyword channels until then)")
             log.error("%s", self.vector_problem)
 
     def _upgrade_vector_index(self) -> None:
-        """Files made before schema 6 keep float vectors inside vec0 (doc_vec/graph_vec float[dim]):
-        copy them into doc_vectors/graph_vectors and rebuild doc_vec/graph_vec as the binary index,
-        in one transaction (migrate() saved a copy of the file first). Data step 1 (DATA_STEPS); also
-        run on a restored file (restore_from)."""
+        """Files made before schema 6 keep float vectors inside vec0 (doc_vec/graph_vec
+        float[dim]): copy them into doc_vectors/graph_vectors and rebuild doc_vec/graph_vec as the
+        binary index, in one transaction (migrate() saved a copy of the file first). Data step 1
+        (DATA_STEPS); also run on a restored file (restore_from)."""
         def old_layout() -> bool:
-            return "float[" in (self.value("select sql from sqlite_master where name = 'doc_vec'") or "")
+            doc_vec_sql = self.value("select sql from sqlite_master where name = 'doc_vec'")
+            return "float[" in (doc_vec_sql or "")
         if not old_layout():
             return
         dim = int(self.meta_get("embedding_dim"))
         with self.tx() as c:
-            if not old_layout():  # another process upgraded it between the check and this transaction
+            if not old_layout():  # another process upgraded it between the check and this tx
                 return
-            c.execute("insert or replace into doc_vectors(doc_id, embedding) select doc_id, embedding from doc_vec")
+            c.execute("insert or replace into doc_vectors(doc_id, embedding) "
+                      "select doc_id, embedding from doc_vec")
             c.execute("insert or replace into graph_vectors(entry_id, embedding) "
                       "select entry_id, embedding from graph_vec")
             c.execute("drop table doc_vec")
@@ -2653,13 +2668,15 @@ class Vectors:
             else:
                 self._reindex_vectors()
         log.warning("vector storage upgraded: %s document and %s entry vectors re-indexed",
-                    self.value("select count(*) from doc_vectors"), self.value("select count(*) from graph_vectors"))
+                    self.value("select count(*) from doc_vectors"),
+                    self.value("select count(*) from graph_vectors"))
 
     def _compact_vectors(self) -> bool:
-        """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in one
-        transaction (migrate() saved a copy of the file first) and record meta vector_format = 'int8'.
-        The freed pages are reused by later writes; `python aokun.py vacuum` gives them back. Data
-        step 2 (DATA_STEPS); False when the file is held below schema 6 (not done yet)."""
+        """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in
+        one transaction (migrate() saved a copy of the file first) and record meta vector_format =
+        'int8'. The freed pages are reused by later writes; `python aokun.py vacuum` gives them
+        back. Data step 2 (DATA_STEPS); False when the file is held below schema 6 (not done
+        yet)."""
         if self.meta_get("vector_format") == "int8":
             return True
         if not self.has_table("doc_vectors"):
@@ -2673,12 +2690,14 @@ class Vectors:
         return True
 
     def _compact_vectors_in_tx(self) -> int:
-        """_compact_vectors' work: float32 rows (4 bytes per dimension) of doc_vectors/graph_vectors become
-        int8 rows; the binary index is unchanged (same signs). Returns how many were rewritten. In tx."""
+        """_compact_vectors' work: float32 rows (4 bytes per dimension) of
+        doc_vectors/graph_vectors become int8 rows; the binary index is unchanged (same signs).
+        Returns how many were rewritten. In tx."""
         dim, n = self.meta_get("embedding_dim"), 0
         if dim:
             for table, key in (("doc_vectors", "doc_id"), ("graph_vectors", "entry_id")):
-                rows = self.conn.execute(f"select {key}, embedding from {table} where length(embedding) = ?",
+                rows = self.conn.execute(f"select {key}, embedding from {table} "
+                                         "where length(embedding) = ?",
                                          (4 * int(dim),)).fetchall()
                 for row_id, blob in rows:
                     self.conn.execute(f"update {table} set embedding = ? where {key} = ?",
@@ -2693,18 +2712,22 @@ class Vectors:
         be indexed."""
         dim = int(self.embedder.dim)
         if dim % 8:
-            self.vector_problem = (f"the embedder {self.embedder.model!r} makes {dim}-d vectors; the binary KNN index "
-                                   "needs a dimension divisible by 8 (every common embedding model has one)")
+            self.vector_problem = (f"the embedder {self.embedder.model!r} makes {dim}-d vectors; "
+                                   "the binary KNN index needs a dimension divisible by 8 "
+                                   "(every common embedding model has one)")
             log.error("%s", self.vector_problem)
             return False
         with self.tx() as c:
             self._vector_tables_in_tx(dim)
-            c.execute("update documents set embedding_state = 'pending' where embedding_state = 'none'")
-            c.execute("update graph_entries set embedding_state = 'pending' where embedding_state = 'none'")
+            c.execute("update documents set embedding_state = 'pending' "
+                      "where embedding_state = 'none'")
+            c.execute("update graph_entries set embedding_state = 'pending' "
+                      "where embedding_state = 'none'")
         return True
 
     def _vector_tables_in_tx(self, dim: int) -> None:
-        """Record the embedder's provider/model/dim in meta and create the vec0 tables for `dim`. In tx."""
+        """Record the embedder's provider/model/dim in meta and create the vec0 tables for `dim`.
+        In tx."""
         self._meta_set("embedding_provider", self.embedder.provider)
         self._meta_set("embedding_model", self.embedder.model)
         self._meta_set("embedding_dim", dim)
@@ -2714,51 +2737,59 @@ class Vectors:
 
     def _embed(self, texts: list[str], warnings: list | None = None) -> list:
         """Embed passages as fold() makes them (the vectors of earlier versions, made from stored
-        folded text, stay valid). Never fails a write: one entry per text, its vector (float32[dim]),
-        a str when the provider refused that input for good (EmbeddingRejected; the batch is split in
-        halves until only the refused inputs are left, so one bad input costs the others nothing), or
-        None when it is not embedded now (no usable provider, or a transient failure: timeout, 5xx,
-        408/429, connection refused; a warning is appended and back-fill retries it later)."""
+        folded text, stay valid). Never fails a write: one entry per text, its vector
+        (float32[dim]), a str when the provider refused that input for good (EmbeddingRejected; the
+        batch is split in halves until only the refused inputs are left, so one bad input costs the
+        others nothing), or None when it is not embedded now (no usable provider, or a transient
+        failure: timeout, 5xx, 408/429, connection refused; a warning is appended and back-fill
+        retries it later)."""
         if not texts or not self.vectors_usable:
             return [None] * len(texts)
         out = self._embed_split([fold(t) for t in texts], warnings)
-        if any(isinstance(v, np.ndarray) for v in out) and not self.has_table("doc_vec") and not self._start_vectors():
+        made_vector = any(isinstance(v, np.ndarray) for v in out)
+        if made_vector and not self.has_table("doc_vec") and not self._start_vectors():
             if warnings is not None:
                 warnings.append(self.vector_problem)
             return [None] * len(texts)
         return out
 
     def _embed_split(self, texts: list[str], warnings: list | None) -> list:
-        """_embed's bisection over folded texts (see there). A vector the provider sent NaN, infinite
-        or all zeros is a failure for its text: refused (a str) when others of the call came back
-        usable, a transient failure (None, back-filled later) when none did."""
+        """_embed's bisection over folded texts (see there). A vector the provider sent NaN,
+        infinite or all zeros is a failure for its text: refused (a str) when others of the call
+        came back usable, a transient failure (None, back-filled later) when none did."""
         try:
             vectors = list(self.embedder.embed_documents(texts))
             bad = unusable_rows(np.asarray(vectors)) if vectors else []
             if len(vectors) and bad.all():
-                raise EmbeddingError("the embedding provider returned unusable vectors (NaN, infinite or all zeros)")
-            return [("the embedding provider returned an unusable vector (NaN, infinite or all zeros) for this text"
-                     if b else v) for v, b in zip(vectors, bad, strict=True)]
+                raise EmbeddingError("the embedding provider returned unusable vectors "
+                                     "(NaN, infinite or all zeros)")
+            unusable = ("the embedding provider returned an unusable vector "
+                        "(NaN, infinite or all zeros) for this text")
+            return [unusable if b else v for v, b in zip(vectors, bad, strict=True)]
         except EmbeddingRejected as e:
             if len(texts) == 1:
-                log.warning("the embedding provider refused an input for good (it stays without a vector): %s", e)
+                log.warning("the embedding provider refused an input for good "
+                            "(it stays without a vector): %s", e)
                 return [str(e)]
             first = self._embed_split(texts[: len(texts) // 2], warnings)
-            if any(v is None for v in first):  # the endpoint went away meanwhile: the rest waits too
+            # the endpoint went away meanwhile: the rest waits too
+            if any(v is None for v in first):
                 return first + [None] * (len(texts) - len(first))
             return first + self._embed_split(texts[len(texts) // 2:], warnings)
         except EmbeddingError as e:
             log.warning("embedding failed, vectors will be back-filled later: %s", e)
             self.last_embedding_error = str(e)
             if warnings is not None:
-                warnings.append(f"embedding failed ({e}); the memory is stored and its vector will be back-filled")
+                warnings.append(f"embedding failed ({e}); the memory is stored "
+                                "and its vector will be back-filled")
             return [None] * len(texts)
 
     # session context -----------------------------------------------------------------------------
 
-    def _session_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int | None) -> list[tuple]:
-        """(created_at, content) of the `[embedding] context_turns` memories right before a memory in
-        its session (session order: created_at, then id), oldest first; [] outside a session.
+    def _session_context(self, persona_id: str, session_id: str, created_at: str,
+                         doc_id: int | None) -> list[tuple]:
+        """(created_at, content) of the `[embedding] context_turns` memories right before a memory
+        in its session (session order: created_at, then id), oldest first; [] outside a session.
         doc_id None: a memory not stored yet (it comes after every stored one of the same time)."""
         n = self.cfg.embedding.context_turns
         if n <= 0 or not session_id:
@@ -2771,10 +2802,10 @@ class Vectors:
     def _vector_text(self, content: str, context: list[str], labels=()) -> tuple[str, bool]:
         """What a document vector is computed from: the end (context_chars) of the preceding turns
         of its session, a newline, then the memory itself, so a reply like "Yes, last May" is found
-        by what it answers, followed by its labels (topics, tags and sentiment: short words that say
-        what kind of memory it is). Only the embedded text changes, never the stored content: all of
-        it is fold()ed (as the query is). The memory alone when the context would push part of it out
-        of the model's window. Returns (text, whether the memory itself was cut)."""
+        by what it answers, followed by its labels (topics, tags and sentiment: short words that
+        say what kind of memory it is). Only the embedded text changes, never the stored content:
+        all of it is fold()ed (as the query is). The memory alone when the context would push part
+        of it out of the model's window. Returns (text, whether the memory itself was cut)."""
         content, context = fold(content), [fold(c) for c in context]
         labels = " ".join(fold(x) for x in labels if x)
         cut, truncated = self.embedder.prepare(content + "\n" + labels if labels else content)
@@ -2791,23 +2822,26 @@ class Vectors:
 
     def _stale_successors(self, doc_id: int, fresh=frozenset()) -> list[int]:
         """The memories whose context contains memory `doc_id` (the context_turns memories right
-        after it in its session); their vectors are marked 'pending' so they are re-embedded (the old
-        vector stays searchable until then). Called inside the write transaction, before the change
-        (pass the ids to _refresh_graph_context after it). Returns their ids; those in `fresh` (this
-        batch's inserts, whose vectors already saw the whole batch as context) keep their vector. In tx."""
+        after it in its session); their vectors are marked 'pending' so they are re-embedded (the
+        old vector stays searchable until then). Called inside the write transaction, before the
+        change (pass the ids to _refresh_graph_context after it). Returns their ids; those in
+        `fresh` (this batch's inserts, whose vectors already saw the whole batch as context) keep
+        their vector. In tx."""
         n = self.cfg.embedding.context_turns
         if n <= 0:
             return []
-        d = self.rows("select persona_id, session_id, created_at from documents where id = ?", (doc_id,))
+        d = self.rows("select persona_id, session_id, created_at from documents where id = ?",
+                      (doc_id,))
         if not d or not d[0]["session_id"]:
             return []
         ids = [r["id"] for r in self.rows(self.queries["session_successors"], {
-            "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"], "created_at": d[0]["created_at"],
-            "id": doc_id, "n": n})]
+            "session_id": d[0]["session_id"], "persona_id": d[0]["persona_id"],
+            "created_at": d[0]["created_at"], "id": doc_id, "n": n})]
         for i in ids if self.embedder.provider != "none" else ():
             if i in fresh:
                 continue
-            self.conn.execute("update documents set embedding_state = 'pending', embedding_error = null "
+            self.conn.execute("update documents set embedding_state = 'pending', "
+                              "embedding_error = null "
                               "where id = ? and embedding_state in ('done', 'pending')",
                               (i,))
         return ids
@@ -2815,16 +2849,18 @@ class Vectors:
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_docs, computed before its transaction (so the write lock is held
         briefly): {id(p): the memory's contextual vector, or None when there is none (provider none
-        or failing: the warning goes on each write)}. A text the provider refuses is no one's context
-        (see session_context): the batch's inserts that had it in theirs are embedded again without
-        it, round after round until no refusal changes a text (the first memory of a session is
-        settled in round one, the next in round two at the latest, ...; one round when none is refused)."""
+        or failing: the warning goes on each write)}. A text the provider refuses is no one's
+        context (see session_context): the batch's inserts that had it in theirs are embedded again
+        without it, round after round until no refusal changes a text (the first memory of a
+        session is settled in round one, the next in round two at the latest, ...; one round when
+        none is refused)."""
         if not self.vectors_usable:
             return {id(p): None for p in todo}
         batch: dict = {}  # this batch's inserts per session, [(created_at, position, content)]
         for i, p in enumerate(todo):
             if p.op == "insert" and p.session_id:
-                batch.setdefault((p.persona_id, p.session_id), []).append((p.created_at, i, p.content))
+                session = batch.setdefault((p.persona_id, p.session_id), [])
+                session.append((p.created_at, i, p.content))
         stored = [self._session_context(p.persona_id, p.session_id, p.created_at,
                                         None if p.op == "insert" else p.document_id) for p in todo]
         texts: list = [None] * len(todo)
@@ -2835,75 +2871,89 @@ class Vectors:
             if refused == (now := {i for i, v in enumerate(out) if isinstance(v, str)}):
                 break
             refused = now
-            new = [self._batch_vector_text(todo, i, stored[i], batch, refused) for i in range(len(todo))]
+            new = [self._batch_vector_text(todo, i, stored[i], batch, refused)
+                   for i in range(len(todo))]
             redo = [i for i in range(len(todo)) if texts[i] is None or new[i][0] != texts[i]]
-            for i, v in zip(redo, self._embed([new[i][0] for i in redo], warned) if redo else (), strict=True):
+            made = self._embed([new[i][0] for i in redo], warned) if redo else ()
+            for i, v in zip(redo, made, strict=True):
                 texts[i], out[i] = new[i][0], v
                 todo[i].embedding_truncated = new[i][1]
         for p, v in zip(todo, out, strict=True):
             if isinstance(v, str):
                 p.embedding_error = v
-                p.warnings.append(f"the embedding provider refused this memory's text ({v}); it is stored and "
-                                  "found by keyword and graph search, without a vector")
+                p.warnings.append(f"the embedding provider refused this memory's text ({v}); "
+                                  "it is stored and found by keyword and graph search, "
+                                  "without a vector")
             elif v is None:
                 p.warnings.extend(warned[-1:])
-        return {id(p): (v if isinstance(v, np.ndarray) else None) for p, v in zip(todo, out, strict=True)}
+        return {id(p): (v if isinstance(v, np.ndarray) else None)
+                for p, v in zip(todo, out, strict=True)}
 
     def _batch_vector_text(self, todo: list[Prepared], i: int, context: list[tuple], batch: dict,
                            refused: set) -> tuple[str, bool]:
         """_vector_text of write todo[i] before it is stored: `context` its stored session context
         (_session_context), to which an insert adds every insert of the batch before it in session
-        order (created_at, then id: the batch's ids follow its order), not only the earlier ones (an
-        out-of-order batch leaves no stale vectors behind), except those at positions `refused`
-        (their text was refused). Stable sort: at one time, stored memories (lower ids) come first."""
+        order (created_at, then id: the batch's ids follow its order), not only the earlier ones
+        (an out-of-order batch leaves no stale vectors behind), except those at positions `refused`
+        (their text was refused). Stable sort: at one time, stored memories (lower ids) come
+        first."""
         p = todo[i]
-        if p.op == "insert" and p.session_id and self.cfg.embedding.context_turns > 0:
+        turns = self.cfg.embedding.context_turns
+        if p.op == "insert" and p.session_id and turns > 0:
             mine = [(t, c) for t, j, c in batch.get((p.persona_id, p.session_id), [])
                     if (t, j) < (p.created_at, i) and j not in refused]
-            context = sorted(context + mine, key=lambda x: x[0])[-self.cfg.embedding.context_turns:]
-        return self._vector_text(p.content, [c for _, c in context], [*p.topics, *p.tags, p.sentiment])
+            context = sorted(context + mine, key=lambda x: x[0])[-turns:]
+        return self._vector_text(p.content, [c for _, c in context],
+                                 [*p.topics, *p.tags, p.sentiment])
 
     def _fact_text_vectors(self, todo: list[Prepared]) -> dict:
         """The vectors of the fact texts new writes `todo` will give their graph entries, computed
-        before their one transaction: {Rules._key(text): vector, refusal str or None}. One embedding per
-        distinct text: a fact of the same persona already stored with a vector (the same graph node)
-        takes that vector, copies within the batch are embedded once; a fact that is its whole memory
-        and will reuse the memory's vector (no session: no context) is left to _entry_vectors."""
+        before their one transaction: {Rules._key(text): vector, refusal str or None}. One
+        embedding per distinct text: a fact of the same persona already stored with a vector (the
+        same graph node) takes that vector, copies within the batch are embedded once; a fact that
+        is its whole memory and will reuse the memory's vector (no session: no context) is left to
+        _entry_vectors."""
         known, todo_texts = {}, {}
         for p in todo:
             for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
                 key = Rules._key(fact)
                 if key in known or key in todo_texts or (fact == p.content and not p.session_id):
                     continue
-                blob = self.value(self.queries["stored_fact_vector"], {"persona_id": p.persona_id, "canonical": key})
+                blob = self.value(self.queries["stored_fact_vector"],
+                                  {"persona_id": p.persona_id, "canonical": key})
                 if blob is not None:
                     known[key] = blob_vector(blob)
                 else:
                     todo_texts[key] = fact
         if todo_texts and self.vectors_usable:
-            known.update(zip(todo_texts, self._embed(list(todo_texts.values()), todo[0].warnings), strict=True))
+            made = self._embed(list(todo_texts.values()), todo[0].warnings)
+            known.update(zip(todo_texts, made, strict=True))
         return known
 
     def _fact_vectors(self, todo: list[Prepared]) -> dict:
         """The input of _stage_graph_vectors, computed before its transaction: {"entries": [(entry
-        id, vector or refusal or None)] of the writes' pending graph entries (see _entry_vectors)}."""
-        return {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id for p in todo],
+        id, vector or refusal or None)] of the writes' pending graph entries (see
+        _entry_vectors)}."""
+        ids = [p.document_id for p in todo]
+        return {"entries": self._entry_vectors("pending_entries_of_documents", ids,
                                                todo[0].warnings)}
 
     def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None,
                        known: dict | None = None) -> list[tuple[int, object]]:
-        """(entry id, what _embed made: a vector, a str (the provider refused the text) or None (not
-        now)) for the pending graph entries that named query `query` finds for `ids`
-        (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's node
-        text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the whole memory
-        reuses the memory's own vector instead of a second embedding, unless that vector also saw
-        its session context (the graph vector stays the fact's own). `known`: {Rules._key(fact text):
-        what _embed made for it} computed beforehand (_fact_text_vectors), used instead of embedding."""
+        """(entry id, what _embed made: a vector, a str (the provider refused the text) or None
+        (not now)) for the pending graph entries that named query `query` finds for `ids`
+        (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's
+        node text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the
+        whole memory reuses the memory's own vector instead of a second embedding, unless that
+        vector also saw its session context (the graph vector stays the fact's own). `known`:
+        {Rules._key(fact text): what _embed made for it} computed beforehand (_fact_text_vectors),
+        used instead of embedding."""
         rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
         out, todo = [], []
         for r in rows:
             if r["embedding_state"] == "done" and self._fact_takes_memory_vector(r):
-                blob = self.value("select embedding from doc_vectors where doc_id = ?", (r["doc_id"],))
+                blob = self.value("select embedding from doc_vectors where doc_id = ?",
+                                  (r["doc_id"],))
                 if blob is not None:
                     out.append((r["id"], blob_vector(blob)))
                     continue
@@ -2912,37 +2962,39 @@ class Vectors:
                 continue
             todo.append(r)
         if todo:
-            out += [(r["id"], v) for r, v in zip(todo, self._embed([r["t"] for r in todo], warnings), strict=True)]
+            made = self._embed([r["t"] for r in todo], warnings)
+            out += [(r["id"], v) for r, v in zip(todo, made, strict=True)]
         return out
 
     def _fact_takes_memory_vector(self, r: dict) -> bool:
-        """Whether fact entry `r` ({t: its fact, content, persona_id, session_id, created_at, doc_id of
-        its memory}) takes its memory's vector instead of an embedding of its own: the fact is the
-        whole memory and the memory's vector saw no session context (else the two texts differ)."""
-        return r["t"] == r["content"] and not self._session_context(r["persona_id"], r["session_id"],
-                                                                    r["created_at"], r["doc_id"])
+        """Whether fact entry `r` ({t: its fact, content, persona_id, session_id, created_at, doc_id
+        of its memory}) takes its memory's vector instead of an embedding of its own: the fact is
+        the whole memory and the memory's vector saw no session context (else the two texts
+        differ)."""
+        return r["t"] == r["content"] and not self._session_context(
+            r["persona_id"], r["session_id"], r["created_at"], r["doc_id"])
 
     # the float store and its binary index --------------------------------------------------------
 
     def _put_doc_vector(self, doc_id: int, vec: "np.ndarray") -> None:
         """Store a document's float vector and its binary index row. In tx."""
         self._store_vector("doc", doc_id, vec)
-        self.conn.execute("update documents set embedding_state = 'done', embedding_error = null where id = ?",
-                          (doc_id,))
+        self.conn.execute("update documents set embedding_state = 'done', embedding_error = null "
+                          "where id = ?", (doc_id,))
         self._maybe_center()
 
     def _store_vector(self, kind: str, row_id: int, vec) -> None:
-        """Store row `row_id`'s vector as int8 (put_<kind>_vector, kind doc, entry or turn) and make its
-        binary index row (index_<kind>_vector) from that int8 vector back as unit float32, so the
-        index bits are a function of what is stored: a re-index makes the same ones. In tx."""
+        """Store row `row_id`'s vector as int8 (put_<kind>_vector, kind doc, entry or turn) and make
+        its binary index row (index_<kind>_vector) from that int8 vector back as unit float32, so
+        the index bits are a function of what is stored: a re-index makes the same ones. In tx."""
         stored = vector_blob(vec)
         self.conn.execute(self.queries[f"put_{kind}_vector"], {"id": row_id, "stored": stored})
         self.conn.execute(self.queries[f"index_{kind}_vector"],
                           {"id": row_id, "embedding": blob_vector(stored).tobytes()})
 
     def _maybe_center(self) -> None:
-        """Fix the quantisation centre once CENTER_AFTER document vectors exist (see sql/vectors.sql).
-        In tx."""
+        """Fix the quantisation centre once CENTER_AFTER document vectors exist (see
+        sql/vectors.sql). In tx."""
         if self.value("select 1 from meta where key = 'vector_center'") is None and \
                 self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
             self._recenter()
@@ -2952,7 +3004,8 @@ class Vectors:
     def _recenter(self) -> None:
         """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
         binary KNN indexes with it; no vectors, no centre. In tx."""
-        center = mean_vector(blob for _, blob in self.conn.execute(self.queries["doc_vector_blobs"]))
+        stored = self.conn.execute(self.queries["doc_vector_blobs"])
+        center = mean_vector(blob for _, blob in stored)
         if center is not None:
             self._meta_set("vector_center", center.tobytes().hex())
         else:
@@ -2960,26 +3013,30 @@ class Vectors:
         self._reindex_vectors()
 
     def _reindex_vectors(self) -> None:
-        """Rebuild both binary vec0 indexes from the stored int8 vectors (after the centre changes). In tx."""
+        """Rebuild both binary vec0 indexes from the stored int8 vectors (after the centre
+        changes). In tx."""
         c = self.conn
         c.execute("delete from doc_vec")
         c.execute("delete from graph_vec")
-        for rows, index in (("doc_vector_blobs", "index_doc_vector"), ("entry_vector_blobs", "index_entry_vector")):
+        for rows, index in (("doc_vector_blobs", "index_doc_vector"),
+                            ("entry_vector_blobs", "index_entry_vector")):
             for row_id, blob in c.execute(self.queries[rows]).fetchall():
-                c.execute(self.queries[index], {"id": row_id, "embedding": blob_vector(blob).tobytes()})
+                c.execute(self.queries[index],
+                          {"id": row_id, "embedding": blob_vector(blob).tobytes()})
 
     def _put_entry_vector(self, entry_id: int, vec) -> None:
         """Store a graph entry's float vector and its binary index row; `vec` a str: the provider
-        refused its text, recorded as its embedding_error (it stays 'pending', skipped by back-fill);
-        None: nothing (back-filled later). In tx."""
+        refused its text, recorded as its embedding_error (it stays 'pending', skipped by
+        back-fill); None: nothing (back-filled later). In tx."""
         if isinstance(vec, str):
-            self.conn.execute("update graph_entries set embedding_error = ? where id = ?", (vec, entry_id))
+            self.conn.execute("update graph_entries set embedding_error = ? where id = ?",
+                              (vec, entry_id))
             return
         if vec is None:
             return
         self._store_vector("entry", entry_id, vec)
-        self.conn.execute("update graph_entries set embedding_state = 'done', embedding_error = null where id = ?",
-                          (entry_id,))
+        self.conn.execute("update graph_entries set embedding_state = 'done', "
+                          "embedding_error = null where id = ?", (entry_id,))
 
     def _stored_vector_texts(self, rows: list[dict]) -> list[tuple[str, bool]]:
         """_vector_text of stored documents (rows with id, content, persona_id, session_id,
@@ -2992,55 +3049,65 @@ class Vectors:
         """True when a document or graph entry waits for a vector that back-fill can still make
         (pending, not refused by the provider) and the embedder fits the stored vectors."""
         return self.vectors_usable and bool(self.value(
-            "select exists (select 1 from documents where embedding_state = 'pending' and embedding_error is null) "
-            "or exists (select 1 from graph_entries where embedding_state = 'pending' and embedding_error is null)"))
+            "select exists (select 1 from documents "
+            "where embedding_state = 'pending' and embedding_error is null) "
+            "or exists (select 1 from graph_entries "
+            "where embedding_state = 'pending' and embedding_error is null)"))
 
 
 # Write stages: a memory's row and FTS, its atoms, its graph ######################################
 
 IMPORT_CHUNK = 64  #: memories an import re-derives and embeds between two progress reports
-GRAPH_LAYOUT = "2"  #: meta graph_layout of the entries _stage_graph writes (Layers._upgrade_graph_entries)
+#: meta graph_layout of the entries _stage_graph writes (Layers._upgrade_graph_entries)
+GRAPH_LAYOUT = "2"
 GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph layout upgrade
 
 
 class Layers:
-    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): its FTS row
-    and vector, its atoms (with reinforcement and supersession), its graph nodes, edges and
+    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): its FTS
+    row and vector, its atoms (with reinforcement and supersession), its graph nodes, edges and
     entries, and their removal, all in tx; a memory's flags (pinned, archived, superseded); the
     back-fill of the vectors a write left pending, with its background refresh worker."""
 
     def _stage_docs(self, p: Prepared, vectors: dict) -> str | None:
-        """Stage 1 of a write: the documents row (insert with a never-reused id, or update for an edit),
-        its FTS row, its vector when one was computed, and the session context of the memories after
-        it. Returns 'done' when another process stored the same content meanwhile. In tx."""
+        """Stage 1 of a write: the documents row (insert with a never-reused id, or update for an
+        edit), its FTS row, its vector when one was computed, and the session context of the
+        memories after it. Returns 'done' when another process stored the same content meanwhile.
+        In tx."""
         c, stamp = self.conn, now_iso()
         vec = vectors.get(id(p))
-        state = "done" if vec is not None else ("pending" if self.embedder.provider != "none" else "none")
+        unembedded = "pending" if self.embedder.provider != "none" else "none"
+        state = "done" if vec is not None else unembedded
+        as_json = functools.partial(json.dumps, ensure_ascii=False)
         cols = dict(persona_id=p.persona_id, session_id=p.session_id, content=p.content,
-                    content_hash=p.content_hash, summary=p.summary, topics=json.dumps(p.topics, ensure_ascii=False),
-                    key_facts=json.dumps(p.key_facts, ensure_ascii=False),
-                    participants=json.dumps(p.participants, ensure_ascii=False),
-                    tags=json.dumps(p.tags, ensure_ascii=False), sentiment=p.sentiment, source=p.source,
-                    importance=p.importance, pinned=int(p.pinned), created_at=p.created_at, updated_at=stamp,
-                    embedding_state=state, embedding_truncated=int(p.embedding_truncated),
+                    content_hash=p.content_hash, summary=p.summary, topics=as_json(p.topics),
+                    key_facts=as_json(p.key_facts), participants=as_json(p.participants),
+                    tags=as_json(p.tags), sentiment=p.sentiment, source=p.source,
+                    importance=p.importance, pinned=int(p.pinned), created_at=p.created_at,
+                    updated_at=stamp, embedding_state=state,
+                    embedding_truncated=int(p.embedding_truncated),
                     embedding_error=p.embedding_error, **self._event_columns(p))
         if p.op == "insert":
-            existing = self.value("select id from documents where persona_id = ? and content_hash = ?",
+            existing = self.value("select id from documents "
+                                  "where persona_id = ? and content_hash = ?",
                                   (p.persona_id, p.content_hash))
             if existing is not None:  # stored by another process meanwhile
                 p.document_id, p.deduplicated = existing, True
                 return "done"
             cols["uid"] = str(uuid.uuid4())
-            # ids are never reused, even after deleting the newest memory (a client may still hold it)
+            # ids are never reused, even after deleting the newest memory (a client may still
+            # hold it)
             cols["id"] = self._new_id("documents")
-            c.execute(f"insert into documents({', '.join(cols)}) values ({', '.join(':' + k for k in cols)})", cols)
+            names, params = ", ".join(cols), ", ".join(":" + k for k in cols)
+            c.execute(f"insert into documents({names}) values ({params})", cols)
             p.document_id = cols["id"]
         else:
             archived = self.value("select archived from documents where id = ?", (p.document_id,))
             if archived is None:
                 raise NotFound(f"memory {p.document_id} was deleted before its edit finished")
             p.stale += self._stale_successors(p.document_id)  # its old place in the session
-            # created_at stays: a new timestamp moves the memory (its vector and graph context follow)
+            # created_at stays: a new timestamp moves the memory (its vector and graph context
+            # follow)
             del cols["persona_id"]
             cols["id"] = p.document_id
             assignments = ", ".join(f"{k} = :{k}" for k in cols if k != "id")
@@ -3068,20 +3135,50 @@ class Layers:
         extra = [get("summary"), *get("topics"), *get("participants"), *get("tags")]
         return "\n".join([get("content"), *[x for x in extra if x]])
 
+    def _new_atom(self, p: Prepared, fact: str, uid: str, atom_type: str, confidence: float,
+                  tokens: list[str]) -> None:
+        """_stage_atoms' new atom of `fact`: its row, source and FTS row, then its slot's
+        supersession. In tx."""
+        c = self.conn
+        base = float(self.rules.types[atom_type]["base_ttl_days"])
+        ttl = effective_ttl_days(base, p.importance, 0)
+        stamp = now_iso()
+        slot, slot_value, slot_subject = self.rules.slot(fact)
+        subject = slot_subject or (self.rules.canonical(p.participants[0])
+                                   if p.participants else "")
+        if slot and not subject:
+            subject = "user"
+        c.execute("insert into memory_atoms(id, uid, persona_id, document_id, atom_type, content, "
+                  "subject, confidence, importance, base_ttl_days, created_at, updated_at, "
+                  "last_reinforced_at, expires_at, state_changed_at, slot, slot_value) "
+                  "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                  (self._new_id("memory_atoms"), uid, p.persona_id,
+                   p.document_id, atom_type, fact,
+                   subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
+                   self._atom_expiry(atom_type, fact, p, ttl, p.created_at), stamp, slot,
+                   slot_value))
+        atom_id = c.last_insert_rowid()
+        c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)",
+                  (atom_id, p.document_id))
+        c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)",
+                  (atom_id, " ".join(tokens)))
+        if slot:
+            self._supersede(atom_id, p.persona_id, subject, slot, slot_value, p.created_at)
+
     def _stage_atoms(self, p: Prepared, _vectors) -> None:
         """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
         same persona reinforces it (count +1, confidence and TTL refreshed) instead of a new row.
-        A fact of fewer than reinforce_min_tokens search tokens never reinforces: "Thanks, Melanie!"
-        said in every conversation is small talk, not a fact that recurs, and would otherwise
-        stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo).
+        A fact of fewer than reinforce_min_tokens search tokens never reinforces: "Thanks,
+        Melanie!" said in every conversation is small talk, not a fact that recurs, and would
+        otherwise stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo).
         A fact whose atom (atom_uid: this memory's) outlived an edit through another memory's
         reinforcement reinforces it when it is active, else a new atom replaces the dead one.
         In tx."""
         c = self.conn
         self._clear_atoms(p.document_id)
         # the event time again: rebuild --graph re-derives it for memories stored before schema 16
-        c.execute("update documents set event_at = :event_at, event_end = :event_end where id = :id",
-                  self._event_columns(p) | {"id": p.document_id})
+        c.execute("update documents set event_at = :event_at, event_end = :event_end "
+                  "where id = :id", self._event_columns(p) | {"id": p.document_id})
         threshold = self.cfg.write.reinforce_jaccard
         doc_uid = self.value("select uid from documents where id = ?", (p.document_id,))
         for fact in dict.fromkeys(p.facts):
@@ -3091,7 +3188,8 @@ class Layers:
             best, best_score = None, 0.0
             if len(token_set) >= self.cfg.write.reinforce_min_tokens:
                 for cand in self.rows(self.queries["atom_reinforce_candidates"], {
-                        "match": fts_query(tokens), "persona_id": p.persona_id, "atom_type": atom_type}):
+                        "match": fts_query(tokens), "persona_id": p.persona_id,
+                        "atom_type": atom_type}):
                     score = jaccard(token_set, set(cand["segmented"].split()))
                     if score > best_score:
                         best, best_score = cand, score
@@ -3105,43 +3203,30 @@ class Layers:
                 if self.value("select 1 from atom_sources where atom_id = ? and document_id = ?",
                               (best["id"], p.document_id)):
                     continue
-                self._reinforce_atom(best, max(best["last_reinforced_at"], p.created_at), confidence,
-                                     self._atom_expiry(atom_type, fact, p, 0.0, "") if atom_type == "planned" else "")
-                c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (best["id"], p.document_id))
+                planned = atom_type == "planned"
+                event_expiry = self._atom_expiry(atom_type, fact, p, 0.0, "") if planned else ""
+                self._reinforce_atom(best, max(best["last_reinforced_at"], p.created_at),
+                                     confidence, event_expiry)
+                c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)",
+                          (best["id"], p.document_id))
                 continue
-            base = float(self.rules.types[atom_type]["base_ttl_days"])
-            ttl = effective_ttl_days(base, p.importance, 0)
-            stamp = now_iso()
-            slot, slot_value, slot_subject = self.rules.slot(fact)
-            subject = slot_subject or (self.rules.canonical(p.participants[0]) if p.participants else "")
-            if slot and not subject:
-                subject = "user"
-            c.execute("insert into memory_atoms(id, uid, persona_id, document_id, atom_type, content, subject, "
-                      "confidence, importance, base_ttl_days, created_at, updated_at, last_reinforced_at, "
-                      "expires_at, state_changed_at, slot, slot_value) "
-                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("memory_atoms"), uid, p.persona_id,
-                       p.document_id, atom_type, fact,
-                       subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
-                       self._atom_expiry(atom_type, fact, p, ttl, p.created_at), stamp, slot, slot_value))
-            atom_id = c.last_insert_rowid()
-            c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)", (atom_id, p.document_id))
-            c.execute("insert into memory_atoms_fts(rowid, segmented) values (?, ?)", (atom_id, " ".join(tokens)))
-            if slot:
-                self._supersede(atom_id, p.persona_id, subject, slot, slot_value, p.created_at)
+            self._new_atom(p, fact, uid, atom_type, confidence, tokens)
 
-    def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0, event_expiry: str = "") -> None:
+    def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0,
+                        event_expiry: str = "") -> None:
         """One more reinforcement of `atom` (a memory_atoms row: id, base_ttl_days, importance,
         reinforcement_count, expires_at) at ISO time `at`: count + 1, confidence at least
         `confidence`, and a shelf life of effective_ttl_days from `at` (seed: Memory Model). A
         planned atom keeps the later of that, its expiry so far and `event_expiry` (the reinforcing
-        fact's event end + grace, _atom_expiry): restating a plan does not move its date earlier. In tx."""
+        fact's event end + grace, _atom_expiry): restating a plan does not move its date earlier.
+        In tx."""
         count = atom["reinforcement_count"] + 1
         ttl = effective_ttl_days(atom["base_ttl_days"], atom["importance"], count)
         expires = iso(parse_time(at) + dt.timedelta(days=ttl))
         if event_expiry or atom.get("atom_type") == "planned":
             expires = max(expires, event_expiry, atom.get("expires_at") or "")
-        self.conn.execute("update memory_atoms set reinforcement_count = ?, confidence = max(confidence, ?), "
+        self.conn.execute("update memory_atoms set reinforcement_count = ?, "
+                          "confidence = max(confidence, ?), "
                           "last_reinforced_at = ?, expires_at = ?, updated_at = ? where id = ?",
                           (count, confidence, at, expires, now_iso(), atom["id"]))
 
@@ -3150,64 +3235,75 @@ class Layers:
         rules/dates.toml), resolved against its own created_at in [forgetting] timezone; None each
         when it names none."""
         spans = self._event_spans(p.content, p.created_at)
-        return {"event_at": spans[0][0] if spans else None, "event_end": spans[0][1] if spans else None}
+        return {"event_at": spans[0][0] if spans else None,
+                "event_end": spans[0][1] if spans else None}
 
     def _event_spans(self, text: str, created_at: str) -> list[tuple[str, str, str]]:
-        """event_spans of `text` at the memory's time `created_at` with this engine's rules and zone."""
-        return event_spans(text, created_at, self.rules.event_dates, local_tz(self.cfg.forgetting.timezone))
+        """event_spans of `text` at the memory's time `created_at` with this engine's rules and
+        zone."""
+        return event_spans(text, created_at, self.rules.event_dates,
+                           local_tz(self.cfg.forgetting.timezone))
 
     def _atom_expiry(self, atom_type: str, fact: str, p, ttl_days: float, start: str) -> str:
-        """When a new atom expires (ISO UTC): a planned one `grace_days` (rules/dates.toml) after the
-        end of the latest date its fact names (else of the memory's own event, _event_columns), so a
-        deadline weeks ahead is not forgotten after the type's short TTL; every other atom, and a
-        planned one without a date, `ttl_days` after `start` (effective_ttl_days; seed: Memory
-        Model). With start = '' only the event expiry is returned ('' without one)."""
+        """When a new atom expires (ISO UTC): a planned one `grace_days` (rules/dates.toml) after
+        the end of the latest date its fact names (else of the memory's own event, _event_columns),
+        so a deadline weeks ahead is not forgotten after the type's short TTL; every other atom,
+        and a planned one without a date, `ttl_days` after `start` (effective_ttl_days; seed:
+        Memory Model). With start = '' only the event expiry is returned ('' without one)."""
         if atom_type == "planned":
-            spans = self._event_spans(fact, p.created_at) or self._event_spans(p.content, p.created_at)[:1]
+            spans = (self._event_spans(fact, p.created_at)
+                     or self._event_spans(p.content, p.created_at)[:1])
             if spans:
                 grace = dt.timedelta(days=self.rules.event_dates["grace_days"])
                 return iso(max(_parse_iso(e) for _, e, _ in spans) + grace)
         return iso(parse_time(start) + dt.timedelta(days=ttl_days)) if start else ""
 
-    def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str, created_at: str) -> None:
-        """Rule-based supersession: of the active atoms with this persona, subject and single-valued
-        slot, the newest (by created_at) stays active and every one with another value becomes
-        'superseded' by it. An older fact arriving late is itself superseded. In tx."""
+    def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str,
+                   created_at: str) -> None:
+        """Rule-based supersession: of the active atoms with this persona, subject and
+        single-valued slot, the newest (by created_at) stays active and every one with another
+        value becomes 'superseded' by it. An older fact arriving late is itself superseded. In
+        tx."""
         c, stamp = self.conn, now_iso()
-        rivals = self.rows(self.queries["atom_rivals"],
-                           {"persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
+        rivals = self.rows(self.queries["atom_rivals"], {
+            "persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
         for r in rivals:
             if r["slot_value"] == value:
                 continue
             old, new = (r["id"], atom_id) if r["created_at"] <= created_at else (atom_id, r["id"])
-            c.execute("update memory_atoms set state = 'superseded', superseded_by = ?, state_changed_at = ?, "
-                      "updated_at = ? where id = ? and state = 'active'", (new, stamp, stamp, old))
+            c.execute("update memory_atoms set state = 'superseded', superseded_by = ?, "
+                      "state_changed_at = ?, updated_at = ? where id = ? and state = 'active'",
+                      (new, stamp, stamp, old))
 
     def _clear_atoms(self, doc_id: int) -> None:
         """Undo what a document contributed to the atom layer: atoms it alone stated are deleted
         (with their FTS rows); atoms it reinforced lose one reinforcement. In tx."""
         c = self.conn
         for r in self.rows(self.queries["document_atom_sources"], {"document_id": doc_id}):
-            c.execute("delete from atom_sources where atom_id = ? and document_id = ?", (r["atom_id"], doc_id))
-            other = self.value("select document_id from atom_sources where atom_id = ? order by document_id limit 1",
-                               (r["atom_id"],))
+            atom_id = r["atom_id"]
+            c.execute("delete from atom_sources where atom_id = ? and document_id = ?",
+                      (atom_id, doc_id))
+            other = self.value("select document_id from atom_sources where atom_id = ? "
+                               "order by document_id limit 1", (atom_id,))
             if other is None:
                 # what this atom superseded is current again
-                c.execute("update memory_atoms set state = 'active', superseded_by = null, state_changed_at = ?, "
-                          "updated_at = ? where superseded_by = ? and state = 'superseded' and expires_at > ?",
-                          (now_iso(), now_iso(), r["atom_id"], now_iso()))
-                c.execute("delete from memory_atoms_fts where rowid = ?", (r["atom_id"],))
-                c.execute("delete from memory_atoms where id = ?", (r["atom_id"],))
+                c.execute("update memory_atoms set state = 'active', superseded_by = null, "
+                          "state_changed_at = ?, updated_at = ? "
+                          "where superseded_by = ? and state = 'superseded' and expires_at > ?",
+                          (now_iso(), now_iso(), atom_id, now_iso()))
+                c.execute("delete from memory_atoms_fts where rowid = ?", (atom_id,))
+                c.execute("delete from memory_atoms where id = ?", (atom_id,))
             else:
-                a = self.rows("select base_ttl_days, importance, reinforcement_count, last_reinforced_at "
-                              "from memory_atoms where id = ?", (r["atom_id"],))[0]
-                left = max(0, a["reinforcement_count"] - 1)  # and the TTL that reinforcement added goes too
+                a = self.rows("select base_ttl_days, importance, reinforcement_count, "
+                              "last_reinforced_at from memory_atoms where id = ?", (atom_id,))[0]
+                # and the TTL that reinforcement added goes too
+                left = max(0, a["reinforcement_count"] - 1)
                 expires = iso(parse_time(a["last_reinforced_at"]) + dt.timedelta(
                     days=effective_ttl_days(a["base_ttl_days"], a["importance"], left)))
                 c.execute("update memory_atoms set reinforcement_count = ?, expires_at = ?, "
-                          "document_id = case when document_id = ? then ? else document_id end, updated_at = ? "
-                          "where id = ?",
-                          (left, expires, doc_id, other, now_iso(), r["atom_id"]))
+                          "document_id = case when document_id = ? then ? else document_id end, "
+                          "updated_at = ? where id = ?",
+                          (left, expires, doc_id, other, now_iso(), atom_id))
 
     def _drop_atom_in_tx(self, uid: str) -> None:
         """Delete atom `uid` (if here) with its FTS row and sources; what it superseded keeps its
@@ -3221,55 +3317,70 @@ class Layers:
             c.execute("delete from atom_sources where atom_id = ?", (atom_id,))
             c.execute("delete from memory_atoms where id = ?", (atom_id,))
 
+    def _graph_node(self, persona_id: str, node_type: str, value: str) -> tuple[int, str]:
+        """(id, shown value) of the persona's graph node `value` of `node_type`, made when new.
+        In tx."""
+        if node_type == "fact":
+            shown, canonical = value, Rules._key(value)
+        else:
+            shown, canonical = self.rules.display(value), self.rules.canonical(value)
+        nid = self.value("select id from graph_nodes "
+                         "where persona_id = ? and node_type = ? and canonical = ?",
+                         (persona_id, node_type, canonical))
+        if nid is None:
+            self.conn.execute("insert into graph_nodes(id, persona_id, node_type, value, "
+                              "canonical) values (?, ?, ?, ?, ?)",
+                              (self._new_id("graph_nodes"), persona_id, node_type, shown,
+                               canonical))
+            nid = self.conn.last_insert_rowid()
+        return nid, shown
+
     def _stage_graph(self, p: Prepared, _vectors) -> None:
         """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and their
         searchable entries, all tied to the source document (seed: Memory Model 3). In tx.
         Entries: one per subject ("Person: X. Summary: …"), one per fact ("Fact: …" + "About:" the
-        subjects, which is what the describes edges say), one per fact chain link (two adjacent facts
-        searched together); describes and co_occurs_with stay edges only. The session context is
-        indexed once per memory, on its anchor entry (graph_anchor_text), not on every fact."""
+        subjects, which is what the describes edges say), one per fact chain link (two adjacent
+        facts searched together); describes and co_occurs_with stay edges only. The session
+        context is indexed once per memory, on its anchor entry (graph_anchor_text), not on every
+        fact."""
         c = self.conn
         self._clear_graph(p.document_id)
         doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
         summary = (p.summary or p.content)[: self.cfg.write.graph_summary_chars]
         context = self._graph_context(p.persona_id, p.session_id, p.created_at, p.document_id)
         entry_state = "pending" if self.embedder.provider != "none" else "none"
+        node = functools.partial(self._graph_node, p.persona_id)
 
-        def node(node_type: str, value: str) -> tuple[int, str]:
-            if node_type == "fact":
-                shown, canonical = value, Rules._key(value)
-            else:
-                shown, canonical = self.rules.display(value), self.rules.canonical(value)
-            nid = self.value("select id from graph_nodes where persona_id = ? and node_type = ? and canonical = ?",
-                             (p.persona_id, node_type, canonical))
-            if nid is None:
-                c.execute("insert into graph_nodes(id, persona_id, node_type, value, canonical) values (?, ?, ?, ?, ?)",
-                          (self._new_id("graph_nodes"), p.persona_id, node_type, shown, canonical))
-                nid = c.last_insert_rowid()
-            return nid, shown
-
-        def entry(text: str, confidence: float, node_id=None, edge_id=None, state=entry_state) -> None:
-            c.execute("insert into graph_entries(id, persona_id, session_id, document_id, node_id, edge_id, "
-                      "text, confidence, archived, embedding_state) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        def entry(text: str, confidence: float, node_id=None, edge_id=None,
+                  state=entry_state) -> None:
+            c.execute("insert into graph_entries(id, persona_id, session_id, document_id, node_id, "
+                      "edge_id, text, confidence, archived, embedding_state) "
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                       (self._new_id("graph_entries"), p.persona_id, p.session_id, p.document_id,
                        node_id, edge_id, text, confidence, doc["archived"], state))
             c.execute("insert into graph_entries_fts(rowid, segmented) values (?, ?)",
                       (c.last_insert_rowid(), self.seg.segmented(text)))
 
         def edge(src, dst, relation: str, confidence: float) -> None:
-            c.execute("insert into graph_edges(id, persona_id, document_id, source_id, target_id, relation, "
-                      "confidence) values (?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("graph_edges"), p.persona_id, p.document_id, src[0], dst[0], relation, confidence))
+            c.execute("insert into graph_edges(id, persona_id, document_id, source_id, target_id, "
+                      "relation, confidence) values (?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("graph_edges"), p.persona_id, p.document_id, src[0], dst[0],
+                       relation, confidence))
             if relation == "mentioned_in":
-                entry(f"{src[1]} mentioned in {dst[1]}", confidence, edge_id=c.last_insert_rowid(), state="skip")
+                entry(f"{src[1]} mentioned in {dst[1]}", confidence,
+                      edge_id=c.last_insert_rowid(), state="skip")
 
         subjects = [(node("person", v), "Person") for v in p.participants[:GRAPH_MAX_SUBJECTS]] + \
                    [(node("topic", v), "Topic") for v in p.topics[:GRAPH_MAX_SUBJECTS]]
-        seen_nodes: set = set()  # two spellings of one entity ("Alice", "alice", "NYC"/"New York") = one subject
-        subjects = [s for s in subjects if s[0][0] not in seen_nodes and not seen_nodes.add(s[0][0])]
+        # two spellings of one entity ("Alice", "alice", "NYC"/"New York") = one subject
+        seen_nodes: set = set()
+        subjects = [s for s in subjects
+                    if s[0][0] not in seen_nodes and not seen_nodes.add(s[0][0])]
         about = ", ".join(shown for (_, shown), _ in subjects)
-        for n, ((nid, shown), label) in enumerate(subjects):  # keyword entry points only: a name's vector says little
-            entry(graph_anchor_text(subject_entry_text(label, shown, summary), context if n == 0 else ""),
+        # keyword entry points only: a name's vector says little
+        for n, ((nid, shown), label) in enumerate(subjects):
+            entry(graph_anchor_text(subject_entry_text(label, shown, summary),
+                                    context if n == 0 else ""),
                   GRAPH_SUBJECT_CONFIDENCE, node_id=nid, state="skip")
         facts = []
         for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
@@ -3278,8 +3389,8 @@ class Layers:
             if any(n[0] == f[0][0] for f in facts):  # same fact up to case/whitespace
                 continue
             anchor = not subjects and not facts  # no subject: the first fact carries the context
-            entry(graph_anchor_text(fact_entry_text(fact, about), context if anchor else ""), confidence,
-                  node_id=n[0])
+            entry(graph_anchor_text(fact_entry_text(fact, about), context if anchor else ""),
+                  confidence, node_id=n[0])
             facts.append((n, confidence))
         for (s, _label) in subjects:
             for f, confidence in facts:
@@ -3291,41 +3402,51 @@ class Layers:
                 edge(a, b, "co_occurs_with", GRAPH_SUBJECT_CONFIDENCE)
 
     def _clear_graph(self, doc_id: int) -> None:
-        """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes. In tx."""
+        """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes. In
+        tx."""
         c = self.conn
-        ids = [r["id"] for r in self.rows(self.queries["document_entry_ids"], {"document_id": doc_id})]
+        of_doc = {"document_id": doc_id}
+        ids = [r["id"] for r in self.rows(self.queries["document_entry_ids"], of_doc)]
         has_vec = self.has_table("graph_vec")
         for eid in ids:
             c.execute("delete from graph_entries_fts where rowid = ?", (eid,))
             c.execute("delete from graph_vectors where entry_id = ?", (eid,))
             if has_vec:
                 c.execute("delete from graph_vec where entry_id = ?", (eid,))
-        node_ids = {r["n"] for r in self.rows(self.queries["document_graph_nodes"], {"document_id": doc_id})}
+        node_ids = {r["n"] for r in self.rows(self.queries["document_graph_nodes"], of_doc)}
         c.execute("delete from graph_entries where document_id = ?", (doc_id,))
         c.execute("delete from graph_edges where document_id = ?", (doc_id,))
         for nid in node_ids:
             c.execute("delete from graph_nodes where id = ? "
                       "and not exists (select 1 from graph_entries where node_id = ?) "
-                      "and not exists (select 1 from graph_edges where source_id = ? or target_id = ?)",
+                      "and not exists (select 1 from graph_edges "
+                      "where source_id = ? or target_id = ?)",
                       (nid, nid, nid, nid))
 
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
         """Stage 4 of a write: the vectors of its pending graph entries, from vectors['entries']
-        (_fact_vectors); those without one (embedding failed) stay 'pending' for the back-fill. In tx."""
+        (_fact_vectors); those without one (embedding failed) stay 'pending' for the back-fill. In
+        tx."""
         if "facts" in vectors:  # the one-transaction pipeline: fact vectors computed before it
-            vectors = {"entries": self._entry_vectors("pending_entries_of_documents", [p.document_id],
-                                                      p.warnings, vectors["facts"])}
+            vectors = {"entries": self._entry_vectors("pending_entries_of_documents",
+                                                      [p.document_id], p.warnings,
+                                                      vectors["facts"])}
         if vectors.get("entries") is None:
             return  # entries stay 'pending' and are back-filled later
-        mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"], {"document_id": p.document_id})}
-        for entry_id, vec in vectors["entries"]:  # the whole batch's entries: one query per memory, not per entry
+        mine = {r["id"] for r in self.rows(self.queries["document_pending_entry_ids"],
+                                           {"document_id": p.document_id})}
+        # the whole batch's entries: one query per memory, not per entry
+        for entry_id, vec in vectors["entries"]:
             if entry_id in mine:
                 self._put_entry_vector(entry_id, vec)
 
-    def _graph_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int) -> str:
+    def _graph_context(self, persona_id: str, session_id: str, created_at: str,
+                       doc_id: int) -> str:
         """The end (context_chars) of the memories before a stored memory in its session: what its
-        fact entries carry for keyword search, in place of the memory's own text (BM25 has that)."""
-        context = "\n".join(c for _, c in self._session_context(persona_id, session_id, created_at, doc_id))
+        fact entries carry for keyword search, in place of the memory's own text (BM25 has
+        that)."""
+        before = self._session_context(persona_id, session_id, created_at, doc_id)
+        context = "\n".join(c for _, c in before)
         return context[-self.cfg.embedding.context_chars:].lstrip()
 
     def _refresh_graph_context(self, ids) -> None:
@@ -3333,8 +3454,8 @@ class Layers:
         memories `ids` get the keyword text of their new session context (no embedding involved:
         fact vectors are the fact's). In tx."""
         for i in dict.fromkeys(ids):
-            d = self.rows("select persona_id, session_id, created_at, summary, content, key_facts, participants, "
-                          "topics from documents where id = ?", (i,))
+            d = self.rows("select persona_id, session_id, created_at, summary, content, key_facts, "
+                          "participants, topics from documents where id = ?", (i,))
             anchor = self.rows(self.queries["document_anchor_entry"], {"document_id": i})
             if not d or not anchor:
                 continue
@@ -3347,15 +3468,16 @@ class Layers:
             self._put_entry_text(e["id"], graph_anchor_text(base, context))
 
     def _own_spelling(self, doc: dict, entry: dict) -> str:
-        """How memory `doc` (its documents row) spells the node of its graph entry `entry` (node_type,
-        value, canonical), as _stage_graph wrote it: a node shared by several memories keeps the
-        first one's spelling as its value ("Alice likes tea" for a later "ALICE likes tea")."""
+        """How memory `doc` (its documents row) spells the node of its graph entry `entry`
+        (node_type, value, canonical), as _stage_graph wrote it: a node shared by several memories
+        keeps the first one's spelling as its value ("Alice likes tea" for a later "ALICE likes
+        tea")."""
         if entry["node_type"] == "fact":
             facts = json.loads(doc["key_facts"]) or self._auto_facts(doc["content"])
             return next((f for f in facts if Rules._key(f) == entry["canonical"]), entry["value"])
         names = json.loads(doc["participants" if entry["node_type"] == "person" else "topics"])
-        return next((self.rules.display(v) for v in names if self.rules.canonical(v) == entry["canonical"]),
-                    entry["value"])
+        return next((self.rules.display(v) for v in names
+                     if self.rules.canonical(v) == entry["canonical"]), entry["value"])
 
     def _put_entry_text(self, entry_id: int, text: str) -> None:
         """Replace a graph entry's keyword text and its FTS row. In tx."""
@@ -3369,7 +3491,8 @@ class Layers:
         the session context on every fact entry: rewrite them as _stage_graph writes them now (no
         vector changes: a fact's vector is the fact's), GRAPH_UPGRADE_BATCH memories a transaction
         so other processes' writes get the lock in between (a memory is whole in either layout, and
-        rewriting one twice gives the same rows), then meta graph_layout = 2. Data step 3 (DATA_STEPS)."""
+        rewriting one twice gives the same rows), then meta graph_layout = 2. Data step 3
+        (DATA_STEPS)."""
         if self.meta_get("graph_layout") == GRAPH_LAYOUT:
             return
         with self.tx() as c:
@@ -3380,28 +3503,36 @@ class Layers:
         docs = [r["id"] for r in self.rows(self.queries["documents_with_entries"])]
         for at in range(0, len(docs), GRAPH_UPGRADE_BATCH):
             with self.tx():
-                if self.meta_get("graph_layout") == GRAPH_LAYOUT:  # another process finished it meanwhile
+                # another process finished it meanwhile
+                if self.meta_get("graph_layout") == GRAPH_LAYOUT:
                     return
                 self._upgrade_graph_entries_of(docs[at:at + GRAPH_UPGRADE_BATCH])
         with self.tx() as c:
-            if docs:  # merge the index's segments: every rewritten row left a deletion marker behind
+            # merge the index's segments: every rewritten row left a deletion marker behind
+            if docs:
                 c.execute("insert into graph_entries_fts(graph_entries_fts) values ('optimize')")
             self._meta_set("graph_layout", GRAPH_LAYOUT)
         if docs:
-            log.warning("graph entries upgraded to layout %s: %s memories, %s edge sentences dropped "
-                        "(`python aokun.py vacuum` returns the freed space)", GRAPH_LAYOUT, len(docs), len(gone))
+            log.warning("graph entries upgraded to layout %s: %s memories, "
+                        "%s edge sentences dropped "
+                        "(`python aokun.py vacuum` returns the freed space)",
+                        GRAPH_LAYOUT, len(docs), len(gone))
 
     def _upgrade_graph_entries_of(self, docs: list[int]) -> None:
-        """_upgrade_graph_entries' rewrite of memories `docs` (deleted meanwhile: skipped). In tx."""
+        """_upgrade_graph_entries' rewrite of memories `docs` (deleted meanwhile: skipped). In
+        tx."""
         for i in docs:
-            d = self.rows("select content, key_facts, participants, topics from documents where id = ?", (i,))
+            d = self.rows("select content, key_facts, participants, topics from documents "
+                          "where id = ?", (i,))
             if not d:
                 continue
             entries = self.rows(self.queries["document_entry_nodes"], {"document_id": i})
-            about = ", ".join(self._own_spelling(d[0], e) for e in entries if e["node_type"] != "fact")
+            about = ", ".join(self._own_spelling(d[0], e) for e in entries
+                              if e["node_type"] != "fact")
             for e in entries:
                 if e["node_type"] == "fact":
-                    self._put_entry_text(e["id"], fact_entry_text(self._own_spelling(d[0], e), about))
+                    text = fact_entry_text(self._own_spelling(d[0], e), about)
+                    self._put_entry_text(e["id"], text)
         self._refresh_graph_context(docs)
 
     # flags and superseding: a memory's row -------------------------------------------------------
@@ -3425,20 +3556,26 @@ class Layers:
                               f"{'them' if len(done) > 1 else 'it'} back)")
 
     def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
-        """Set documents.pinned or .archived; archiving also flips the archived column of the memory's
-        graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing stale
-        (the briefing lists pinned memories and leaves archived ones out). In tx."""
+        """Set documents.pinned or .archived; archiving also flips the archived column of the
+        memory's graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing
+        stale (the briefing lists pinned memories and leaves archived ones out). In tx."""
         c = self.conn
-        c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?", (int(value), now_iso(), doc_id))
-        self._briefing_stale(self.value("select persona_id from documents where id = ?", (doc_id,)))
+        c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?",
+                  (int(value), now_iso(), doc_id))
+        self._briefing_stale(self.value("select persona_id from documents where id = ?",
+                                        (doc_id,)))
         if flag == "archived":
-            c.execute("update graph_entries set archived = ? where document_id = ?", (int(value), doc_id))
+            c.execute("update graph_entries set archived = ? where document_id = ?",
+                      (int(value), doc_id))
             if self.has_table("doc_vec"):
                 c.execute("update doc_vec set archived = ? where doc_id = ?", (int(value), doc_id))
                 # one row at a time: sqlite-vec 0.1.9 rejects a bit[] table's multi-row UPDATE
                 # ("invalid float32 vector BLOB length") though the vector is not being changed
-                for (eid,) in c.execute(self.queries["document_entry_ids"], {"document_id": doc_id}).fetchall():
-                    c.execute("update graph_vec set archived = ? where entry_id = ?", (int(value), eid))
+                entries = c.execute(self.queries["document_entry_ids"],
+                                    {"document_id": doc_id}).fetchall()
+                for (eid,) in entries:
+                    c.execute("update graph_vec set archived = ? where entry_id = ?",
+                              (int(value), eid))
 
     def _auto_facts(self, text: str) -> list[str]:
         """Key facts when none were given: the content's sentences with at least two search tokens
@@ -3449,28 +3586,32 @@ class Layers:
     # back-fill: the vector stage deferred, and the refresh worker --------------------------------
 
     def _refresh_stale(self, ids) -> None:
-        """Re-embed memories whose context changed, in the background (one worker thread, so the write
-        that changed it returns without waiting for the model; their old vector stays searchable until
-        then); when the provider fails they stay 'pending' for the next back-fill. wait_refresh() waits."""
+        """Re-embed memories whose context changed, in the background (one worker thread, so the
+        write that changed it returns without waiting for the model; their old vector stays
+        searchable until then); when the provider fails they stay 'pending' for the next back-fill.
+        wait_refresh() waits."""
         ids = sorted({i for i in ids if i is not None})
         if not ids or not self.vectors_usable:
             return
         with self._refresh_lock:
             if self._refresher is None:
-                self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-refresh")
+                self._refresher = ThreadPoolExecutor(max_workers=1,
+                                                     thread_name_prefix="aokun-refresh")
             self._refresher.submit(self._refresh_now, ids)
 
     def _refresh_now(self, ids: list[int]) -> None:
-        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows stay
-        'pending' for the back-fill)."""
+        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows
+        stay 'pending' for the back-fill)."""
         try:
             if not self.conn_closed:
                 self.backfill_vectors(ids=ids)
         except Exception as e:  # noqa: BLE001 - a background step: the back-fill retries
-            log.warning("refreshing the vectors of memories %s failed (back-filled later): %s", ids, e)
+            log.warning("refreshing the vectors of memories %s failed (back-filled later): %s",
+                        ids, e)
 
     def wait_refresh(self) -> None:
-        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls it)."""
+        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls
+        it)."""
         with self._refresh_lock:
             worker = self._refresher
         if worker is not None:
@@ -3493,21 +3634,26 @@ class Layers:
         """Forget the provider's last transient failure (a rebuild starts afresh)."""
         self.last_embedding_error = None
 
-    def backfill_vectors(self, batch: int = 64, limit: int | None = None, ids: list[int] | None = None,
-                         stop: threading.Event | None = None, progress=None) -> int:
-        """Embed documents and graph entries still marked 'pending' and not refused (embedding_error
-        null; only documents `ids` when given). Returns how many vectors were written. An input the
-        provider refuses for good gets its embedding_error (stays without a vector, skipped from then
-        on) and never holds up the others; stops quietly, leaving rows pending, when the provider fails
-        transiently or `stop` is set (checked before each batch: a server shutting down).
-        `progress(done, None)`, when given, is called after each batch with the vectors written so far
-        (the total is not known ahead)."""
+    def backfill_vectors(self, batch: int = 64, limit: int | None = None,
+                         ids: list[int] | None = None, stop: threading.Event | None = None,
+                         progress=None) -> int:
+        """Embed documents and graph entries still marked 'pending' and not refused
+        (embedding_error null; only documents `ids` when given). Returns how many vectors were
+        written. An input the provider refuses for good gets its embedding_error (stays without a
+        vector, skipped from then on) and never holds up the others; stops quietly, leaving rows
+        pending, when the provider fails transiently or `stop` is set (checked before each batch: a
+        server shutting down). `progress(done, None)`, when given, is called after each batch with
+        the vectors written so far (the total is not known ahead)."""
         if not self.vectors_usable:
             return 0
         done, after = 0, 0
-        while (limit is None or done < limit) and not (stop is not None and stop.is_set()):
+
+        def going() -> bool:
+            return (limit is None or done < limit) and not (stop is not None and stop.is_set())
+        while going():
             rows = self.rows(self.queries["pending_documents"],
-                             {"after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
+                             {"after": after, "ids": None if ids is None else json.dumps(ids),
+                              "n": batch})
             if not rows:
                 break
             after = rows[-1]["id"]
@@ -3522,14 +3668,17 @@ class Layers:
                 progress(done, None)
             if any(v is None for v in out):
                 return done
-        while ids is None and (limit is None or done < limit) and not (stop is not None and stop.is_set()):
-            entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"], {"n": batch})]
+        while ids is None and going():
+            entry_ids = [r["id"] for r in self.rows(self.queries["pending_entry_ids"],
+                                                    {"n": batch})]
             pairs = self._entry_vectors("pending_entries_by_id", entry_ids) if entry_ids else []
             if not pairs:
                 break
             with self.tx():
                 for entry_id, vec in pairs:
-                    if self.value("select embedding_state from graph_entries where id = ?", (entry_id,)) == "pending":
+                    state = self.value("select embedding_state from graph_entries where id = ?",
+                                       (entry_id,))
+                    if state == "pending":
                         self._put_entry_vector(entry_id, vec)
                         done += isinstance(vec, np.ndarray)
             if progress:
@@ -3538,21 +3687,25 @@ class Layers:
                 return done
         return done
 
-    def _store_backfilled(self, rows: list[dict], out: list, prepared: list) -> tuple[int, list[int]]:
+    def _store_backfilled(self, rows: list[dict], out: list,
+                          prepared: list) -> tuple[int, list[int]]:
         """backfill_vectors' transaction for one batch of documents `rows` (pending_documents), what
         _embed made of their texts (`out`) and [(text, cut)] (`prepared`): the vectors are stored, a
-        refusal is recorded as the memory's embedding_error and its successors in the session, whose
-        vector text contained it, are marked pending (_stale_successors) with their keyword context
-        refreshed (what this batch made for them is dropped). Rows no longer pending (edited or
-        deleted meanwhile) are left. Returns (vectors stored, ids of the successors marked)."""
+        refusal is recorded as the memory's embedding_error and its successors in the session,
+        whose vector text contained it, are marked pending (_stale_successors) with their keyword
+        context refreshed (what this batch made for them is dropped). Rows no longer pending
+        (edited or deleted meanwhile) are left. Returns (vectors stored, ids of the successors
+        marked)."""
         done, requeued = 0, []
         with self.tx():
             for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
                 if vec is None or r["id"] in requeued or self.value(
-                        "select embedding_state from documents where id = ?", (r["id"],)) != "pending":
+                        "select embedding_state from documents where id = ?",
+                        (r["id"],)) != "pending":
                     continue  # requeued: made from a text refused just now, made again without it
                 if isinstance(vec, str):
-                    self.conn.execute("update documents set embedding_error = ? where id = ?", (vec, r["id"]))
+                    self.conn.execute("update documents set embedding_error = ? where id = ?",
+                                      (vec, r["id"]))
                     stale = self._stale_successors(r["id"])
                     self._refresh_graph_context(stale)
                     requeued += stale
@@ -3566,20 +3719,23 @@ class Layers:
     REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
 
     def _requeue_refused_context(self) -> bool:
-        """Files written before a refused text was kept out of its neighbours' vector text (issue 24,
-        sql/vectors.sql session_context): once per file (meta refused_context), the memories after
-        each refused one in its session are marked pending (_stale_successors), so the back-fill
-        makes their vectors again without it (the old ones stay searchable until then). Not while the
-        provider is none (nothing to mark; done on the first open with one): False, not done yet.
-        Data step 4 (DATA_STEPS)."""
+        """Files written before a refused text was kept out of its neighbours' vector text (issue
+        24, sql/vectors.sql session_context): once per file (meta refused_context), the memories
+        after each refused one in its session are marked pending (_stale_successors), so the
+        back-fill makes their vectors again without it (the old ones stay searchable until then).
+        Not while the provider is none (nothing to mark; done on the first open with one): False,
+        not done yet. Data step 4 (DATA_STEPS)."""
         if self.meta_get("refused_context") == self.REFUSED_CONTEXT:
             return True
         if self.embedder.provider == "none":
             return False
-        if not any(r["name"] == "embedding_error" for r in self.rows("pragma table_info(documents)")):
-            return False  # a file held below schema 9 (tests build such files): done once it is migrated
+        columns = self.rows("pragma table_info(documents)")
+        if not any(r["name"] == "embedding_error" for r in columns):
+            # a file held below schema 9 (tests build such files): done once it is migrated
+            return False
         with self.tx():
-            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:  # not done by another process
+            # not done by another process
+            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:
                 for r in self.rows("select id from documents where embedding_error is not null"):
                     self._refresh_graph_context(self._stale_successors(r["id"]))
                 self._meta_set("refused_context", self.REFUSED_CONTEXT)
@@ -3607,14 +3763,15 @@ def graph_anchor_text(text: str, context: str) -> str:
 
 # Write path and journal: memorize, edit, delete, recovery ########################################
 
-OWNER_STALE_SECONDS = 600  #: a journal row of another host counts as abandoned this long after its last update
+#: a journal row of another host counts as abandoned this long after its last update
+OWNER_STALE_SECONDS = 600
 JOURNAL_ERROR_CHARS = 1000  #: the start of an error message kept on its journal row
 
 
 def process_token(pid: int) -> str:
-    """What tells one start of process `pid` from a later process given the same pid: the boot id and
-    the start time in clock ticks since boot (Linux /proc), e.g. "3f2a9c1e.123456"; "" where /proc
-    cannot say (another OS, or no such process)."""
+    """What tells one start of process `pid` from a later process given the same pid: the boot id
+    and the start time in clock ticks since boot (Linux /proc), e.g. "3f2a9c1e.123456"; "" where
+    /proc cannot say (another OS, or no such process)."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -3623,19 +3780,20 @@ def process_token(pid: int) -> str:
         return ""
 
 
-#: this process, as recorded on the journal rows it writes: host:pid@start (the start token tells this
-#: process from an earlier one with the same pid, e.g. pid 1 in every container start)
-OWNER = f"{socket.gethostname()}:{os.getpid()}@{process_token(os.getpid()) or uuid.uuid4().hex[:12]}"
+#: this process, as recorded on the journal rows it writes: host:pid@start (the start token tells
+#: this process from an earlier one with the same pid, e.g. pid 1 in every container start)
+OWNER = (f"{socket.gethostname()}:{os.getpid()}@"
+         f"{process_token(os.getpid()) or uuid.uuid4().hex[:12]}")
 
 
 def owner_alive(owner: str, updated_at: str | None = None) -> bool:
-    """True when `owner` (host:pid@start of a journal row; host:pid in rows of older versions) is a live
-    process on this host other than this one: its pid runs and, where /proc can tell, is still the same
-    start of that process (not a later process given the same pid). A row of this pid that is not
-    OWNER is an earlier process's (pid reuse): not alive. OWNER itself is False too: whether this
-    process is still running one of its writes is Journal._op_running's to say. A row of another host
-    (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes) after its last
-    update, then as abandoned (e.g. a file copied from a machine that crashed)."""
+    """True when `owner` (host:pid@start of a journal row; host:pid in rows of older versions) is a
+    live process on this host other than this one: its pid runs and, where /proc can tell, is still
+    the same start of that process (not a later process given the same pid). A row of this pid that
+    is not OWNER is an earlier process's (pid reuse): not alive. OWNER itself is False too: whether
+    this process is still running one of its writes is Journal._op_running's to say. A row of
+    another host (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes)
+    after its last update, then as abandoned (e.g. a file copied from a machine that crashed)."""
     if not owner or owner == OWNER:
         return False
     host, _, rest = owner.rpartition(":")
@@ -3654,21 +3812,24 @@ def owner_alive(owner: str, updated_at: str | None = None) -> bool:
     return not (token and current and token != current)
 
 
-_RUNNING_OPS: set[tuple[str, int]] = set()  #: (database file, journal op id) of writes this process runs now
+#: (database file, journal op id) of writes this process runs now
+_RUNNING_OPS: set[tuple[str, int]] = set()
 _RUNNING_LOCK = threading.Lock()
 
 
-REPEAT_UNITED = ("topics", "tags", "participants", "key_facts")  #: a repeat appends its new items to these
-REPEAT_FILLED = ("summary", "sentiment", "source", "session_id")  #: a repeat fills these only when empty
+#: a repeat appends its new items to these
+REPEAT_UNITED = ("topics", "tags", "participants", "key_facts")
+#: a repeat fills these only when empty
+REPEAT_FILLED = ("summary", "sentiment", "source", "session_id")
 
 
 def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
-    """What memorizing the text of stored memory `d` (a Store._doc dict) again with metadata `p` adds,
-    as {metadata field: new value} for edit(), {} when nothing changes. REPEAT_UNITED lists are united
-    (stored order, new items appended); REPEAT_FILLED texts are taken only when the stored one is
-    empty; importance is the higher, counted when the caller gave it, or when `restoring` an archived
-    memory (then the default counts too, so auto-archival does not take it straight back); pinned:
-    true wins. The timestamp (its place in time) and the persona stay."""
+    """What memorizing the text of stored memory `d` (a Store._doc dict) again with metadata `p`
+    adds, as {metadata field: new value} for edit(), {} when nothing changes. REPEAT_UNITED lists
+    are united (stored order, new items appended); REPEAT_FILLED texts are taken only when the
+    stored one is empty; importance is the higher, counted when the caller gave it, or when
+    `restoring` an archived memory (then the default counts too, so auto-archival does not take it
+    straight back); pinned: true wins. The timestamp (its place in time) and the persona stay."""
     out = {}
     for k in REPEAT_UNITED:
         new = [x for x in getattr(p, k) if x not in d[k]]
@@ -3719,25 +3880,29 @@ class Journal:
 
     def prepare(self, content, metadata: dict | None = None, field_prefix: str = "") -> Prepared:
         """Validate one memorize() call into a Prepared write. The text fields keep the characters
-        given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and source
-        are identifiers, folded (_label); content_hash is of fold(content), so "８０９０" and "8090" are
-        one memory. Secrets in the text fields are redacted first (redact()); how many of which kinds
-        is the first of p.warnings (redaction_warning). Raises InputError naming the bad field."""
+        given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and
+        source are identifiers, folded (_label); content_hash is of fold(content), so "８０９０" and
+        "8090" are one memory. Secrets in the text fields are redacted first (redact()); how many
+        of which kinds is the first of p.warnings (redaction_warning). Raises InputError naming the
+        bad field."""
         meta = {} if metadata is None else metadata
         if not isinstance(meta, dict):
-            raise InputError(field_prefix + "metadata", f"expected an object, got {type(meta).__name__}")
+            raise InputError(field_prefix + "metadata",
+                             f"expected an object, got {type(meta).__name__}")
         unknown = set(meta) - METADATA_FIELDS
         if unknown:
             raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
                                                         f"known: {sorted(METADATA_FIELDS)}")
         fp = field_prefix + "metadata."
         redacted: dict[str, int] = {}  # {kind: secrets replaced}, reported in the write's warnings
-        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"}, redacted)  # never stored
+        meta = self.redact_fields(meta, METADATA_FIELDS - {"persona_id", "timestamp"},
+                                  redacted)  # never stored
         text = self.redact(clean_text(content, field_prefix + "content"), redacted)
         limit = self.cfg.write.max_content_chars
         if len(text) > limit:
-            raise InputError(field_prefix + "content", f"is {len(text)} characters; the limit is {limit} "
-                                                       "([write] max_content_chars)")
+            raise InputError(field_prefix + "content",
+                             f"is {len(text)} characters; the limit is {limit} "
+                             "([write] max_content_chars)")
         p = Prepared(content=text, given=frozenset(k for k, v in meta.items() if v is not None))
         p.persona_id = _label(meta.get("persona_id"), fp + "persona_id")
         p.session_id = _label(meta.get("session_id"), fp + "session_id")
@@ -3748,12 +3913,14 @@ class Journal:
         p.key_facts = _text_list(meta.get("key_facts"), fp + "key_facts")
         p.participants = _text_list(meta.get("participants"), fp + "participants")
         p.tags = _text_list(meta.get("tags"), fp + "tags")
-        p.importance = _importance(meta.get("importance"), fp + "importance", self.cfg.write.default_importance)
+        p.importance = _importance(meta.get("importance"), fp + "importance",
+                                   self.cfg.write.default_importance)
         pinned = meta.get("pinned", False)
         if pinned is not None and not isinstance(pinned, bool):
             raise InputError(fp + "pinned", f"expected true or false, got {pinned!r}")
         p.pinned = bool(pinned)
-        p.created_at = iso(parse_time(meta["timestamp"], fp + "timestamp")) if meta.get("timestamp") else now_iso()
+        p.created_at = (iso(parse_time(meta["timestamp"], fp + "timestamp"))
+                        if meta.get("timestamp") else now_iso())
         p.content_hash = content_hash(text)
         p.facts = p.key_facts or self._auto_facts(text)
         if (said := redaction_warning(redacted)) is not None:
@@ -3763,14 +3930,15 @@ class Journal:
     def memorize(self, content, metadata: dict | None = None, supersedes=None) -> dict:
         """Store one memory through the journalled pipeline (seed: Write Pipeline).
 
-        Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding, embedding_truncated,
-        warnings, changed}. The same content for the same persona is a repeat (deduplicated=true): it
-        returns the memory that holds the text, restores it when archived and merges the new metadata
-        into it (see _absorb_repeat; `changed` is {field: [old, new]}, {} for a plain repeat).
-        `supersedes` (memory ids of the same persona, at most SUPERSEDES_MAX) are archived and
-        linked to the memory stored (or repeated): documents.superseded_by, in the transaction
-        that stores it. Raises InputError for bad input, a bad `supersedes` included
-        (_superseded_ids), before anything is written. An embedding failure never fails the write."""
+        Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding,
+        embedding_truncated, warnings, changed}. The same content for the same persona is a repeat
+        (deduplicated=true): it returns the memory that holds the text, restores it when archived
+        and merges the new metadata into it (see _absorb_repeat; `changed` is {field: [old, new]},
+        {} for a plain repeat). `supersedes` (memory ids of the same persona, at most
+        SUPERSEDES_MAX) are archived and linked to the memory stored (or repeated):
+        documents.superseded_by, in the transaction that stores it. Raises InputError for bad
+        input, a bad `supersedes` included (_superseded_ids), before anything is written. An
+        embedding failure never fails the write."""
         p = self.prepare(content, metadata)
         p.supersedes = self._superseded_ids(supersedes, p)
         return self._memorize_prepared([p])[0]
@@ -3802,13 +3970,14 @@ class Journal:
 
     def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
         """Store many memories with batched embedding (imports). Every item is validated before any
-        is written; returns one result per item, in order (memorize's shape). Copies of one new text
-        in a batch store one memory; the later copies are repeats of it (their metadata merged). An
-        item whose first stage fails is not stored (status 'failed', its error; its journal row is
-        marked failed so no recovery stores it later) and the others are; with a single item that
-        failure is raised instead (memorize)."""
-        return self._memorize_prepared([self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
-                                        for i, (c, m) in enumerate(items)])
+        is written; returns one result per item, in order (memorize's shape). Copies of one new
+        text in a batch store one memory; the later copies are repeats of it (their metadata
+        merged). An item whose first stage fails is not stored (status 'failed', its error; its
+        journal row is marked failed so no recovery stores it later) and the others are; with a
+        single item that failure is raised instead (memorize)."""
+        return self._memorize_prepared([
+            self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
+            for i, (c, m) in enumerate(items)])
 
     def _memorize_prepared(self, preps: list[Prepared]) -> list[dict]:
         """memorize_many() of writes already validated (prepare, and memorize's supersedes)."""
@@ -3818,7 +3987,8 @@ class Journal:
                 seen: dict[tuple, Prepared] = {}
                 for p in preps:
                     key = (p.persona_id, p.content_hash)
-                    existing = self.value("select id from documents where persona_id = ? and content_hash = ?", key)
+                    existing = self.value("select id from documents "
+                                          "where persona_id = ? and content_hash = ?", key)
                     if existing is not None or key in seen:
                         p.deduplicated, p.document_id, p.status = True, existing, "done"
                         if existing is None:
@@ -3834,7 +4004,8 @@ class Journal:
                 p.status = "failed" if first.status == "failed" else p.status
         if len(preps) == 1 and preps[0].status == "failed":
             e = preps[0].error
-            raise e if isinstance(e, AokunError) else AokunError(f"could not store the memory: {e}")
+            raise (e if isinstance(e, AokunError)
+                   else AokunError(f"could not store the memory: {e}"))
         self._refresh_stale([i for p in preps for i in p.stale])
         for p in preps:
             self._may_update(p)
@@ -3899,13 +4070,16 @@ class Journal:
         An item of memorize_many that could not be stored: {id: None, status: 'failed', error, …}
         (nothing of it is stored, and recovery will not store it later)."""
         if p.status == "failed":
-            return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated, "atoms": 0,
-                    "graph_entries": 0, "embedding": None, "embedding_truncated": False, "warnings": p.warnings,
-                    "changed": {}, "error": str(p.error), "may_update": []}
+            return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated,
+                    "atoms": 0, "graph_entries": 0, "embedding": None,
+                    "embedding_truncated": False, "warnings": p.warnings, "changed": {},
+                    "error": str(p.error), "may_update": []}
         doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
-        counts = self.rows(self.queries["document_layer_counts"], {"document_id": p.document_id})[0]
+        counts = self.rows(self.queries["document_layer_counts"],
+                           {"document_id": p.document_id})[0]
         return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
-                "deduplicated": p.deduplicated, "atoms": counts["atoms"], "graph_entries": counts["graph_entries"],
+                "deduplicated": p.deduplicated, "atoms": counts["atoms"],
+                "graph_entries": counts["graph_entries"],
                 "embedding": doc[0]["embedding_state"] if doc else None,
                 "embedding_truncated": p.embedding_truncated, "warnings": p.warnings,
                 "changed": p.changed, "may_update": p.may_update}
@@ -3913,15 +4087,16 @@ class Journal:
     # repeats: memorizing a text already stored ---------------------------------------------------
 
     def _absorb_repeat(self, p: Prepared) -> None:
-        """Memorizing the text of a stored memory again (`p` deduplicated, p.document_id that memory).
-        The memory that holds the text answers: for one consolidation merged into another
-        (merged_into set) that is the survivor, followed to the end of the chain; the duplicate stays
-        merged and a warning names both ids and the undo (restore_memory). The holder, when archived
-        (by archive_memory or auto-archival), is restored through the flag path (vectors and graph
-        entries follow), with a warning. Then the repeat's metadata is merged into it (_repeat_updates)
-        through edit(), so every index, atom and graph entry follows; a plain repeat changes nothing
-        and costs two reads. Sets p.document_id, p.status, p.changed ({field: [old, new]},
-        archived: [true, false] for a restore) and p.warnings. Raises what edit() raises."""
+        """Memorizing the text of a stored memory again (`p` deduplicated, p.document_id that
+        memory). The memory that holds the text answers: for one consolidation merged into another
+        (merged_into set) that is the survivor, followed to the end of the chain; the duplicate
+        stays merged and a warning names both ids and the undo (restore_memory). The holder, when
+        archived (by archive_memory or auto-archival), is restored through the flag path (vectors
+        and graph entries follow), with a warning. Then the repeat's metadata is merged into it
+        (_repeat_updates) through edit(), so every index, atom and graph entry follows; a plain
+        repeat changes nothing and costs two reads. Sets p.document_id, p.status, p.changed
+        ({field: [old, new]}, archived: [true, false] for a restore) and p.warnings. Raises what
+        edit() raises."""
         try:
             d = self._doc(p.document_id)
         except NotFound:  # deleted by another process meanwhile: nothing to merge into
@@ -3929,12 +4104,14 @@ class Journal:
         if d["merged_into"] is not None:
             member, seen = d["id"], {d["id"]}
             while d["merged_into"] is not None and d["merged_into"] not in seen:
-                d = self._doc(d["merged_into"])  # a foreign key: deleting the survivor clears merged_into
+                # a foreign key: deleting the survivor clears merged_into
+                d = self._doc(d["merged_into"])
                 seen.add(d["id"])
-            p.warnings.append(f"this text is memory {member}, which consolidation merged into memory {d['id']}: "
-                              f"memory {d['id']} holds the fact now (its id is returned); restore_memory({member}) "
-                              f"makes memory {member} a memory of its own again, restore_memory({d['id']}) undoes "
-                              "its merge")
+            p.warnings.append(f"this text is memory {member}, which consolidation merged into "
+                              f"memory {d['id']}: memory {d['id']} holds the fact now "
+                              f"(its id is returned); restore_memory({member}) makes memory "
+                              f"{member} a memory of its own again, restore_memory({d['id']}) "
+                              "undoes its merge")
         p.document_id = d["id"]
         restoring = d["archived"]
         if restoring:
@@ -3942,29 +4119,33 @@ class Journal:
                 self._unarchive_in_tx(d["id"])
                 self._briefing_stale(d["persona_id"])
             p.changed["archived"] = [True, False]
-            p.warnings.append(f"memory {d['id']} was archived; memorizing it again restored it to recall "
-                              f"(archive_memory({d['id']}) archives it again)")
+            p.warnings.append(f"memory {d['id']} was archived; memorizing it again restored it "
+                              f"to recall (archive_memory({d['id']}) archives it again)")
         updates = _repeat_updates(d, p, restoring)
         if not updates:
             return
         r = self.edit(d["id"], None, updates, d["persona_id"])
         p.status = r["status"]
         p.changed.update({k: [d[k], v] for k, v in updates.items()})
-        p.warnings += r["warnings"] + [f"memory {d['id']} already held this text; the repeat's metadata was "
-                                       f"merged into it ({', '.join(updates)} changed)"]
+        merged = (f"memory {d['id']} already held this text; the repeat's metadata was "
+                  f"merged into it ({', '.join(updates)} changed)")
+        p.warnings += r["warnings"] + [merged]
 
     def run_pipeline(self, preps: list[Prepared]) -> None:
         """Advance each write from its journal status to `done`, one transaction per stage:
-        pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item records
-        the error on its journal row and stops that item only (see _record_failure), never the others."""
-        stages = [("pending", self._stage_docs, self._doc_vectors),  # (status, stage, its embeddings)
+        pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item
+        records the error on its journal row and stops that item only (see _record_failure), never
+        the others."""
+        # (status, stage, its embeddings)
+        stages = [("pending", self._stage_docs, self._doc_vectors),
                   ("docs_done", self._stage_atoms, None),
                   ("atoms_done", self._stage_graph, None),
                   ("graph_done", self._stage_graph_vectors, self._fact_vectors)]
         new = [p for p in preps if p.status == "pending" and not p.recovering]
         if new:
             self._run_in_one_tx(new, stages)
-        for status, fn, inputs in stages:  # resumed writes, and new ones the single transaction could not finish
+        # resumed writes, and new ones the single transaction could not finish
+        for status, fn, inputs in stages:
             todo = [p for p in preps if p.status == status]
             if not todo:
                 continue
@@ -3973,7 +4154,8 @@ class Journal:
                 with self.tx():
                     for p in todo:
                         self._advance(p, status, fn, vectors)
-            except Exception as batch_error:  # retry one by one so one bad item cannot block the rest
+            except Exception as batch_error:
+                # retry one by one so one bad item cannot block the rest
                 if len(todo) == 1:
                     self._record_failure(todo[0], batch_error)
                     continue
@@ -3987,19 +4169,22 @@ class Journal:
     def _journal_row(self, op: str, p: Prepared, stamp: str) -> int:
         """Insert the journal row of write `p` (op 'insert' or 'edit', at p.status, owned by this
         process) and its payload, which lives in memory_write_payloads until the write is done (a
-        row deleted then frees its pages for the next writes; schema 11). Returns the row id. In tx."""
-        self.conn.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, status, created_at, "
-                          "updated_at, owner) values (?, ?, ?, ?, '{}', ?, ?, ?, ?)",
-                          (self._new_id("memory_write_ops"), op, p.document_id, p.persona_id, p.status, stamp, stamp,
-                           OWNER))
+        row deleted then frees its pages for the next writes; schema 11). Returns the row id. In
+        tx."""
+        self.conn.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, "
+                          "status, created_at, updated_at, owner) "
+                          "values (?, ?, ?, ?, '{}', ?, ?, ?, ?)",
+                          (self._new_id("memory_write_ops"), op, p.document_id, p.persona_id,
+                           p.status, stamp, stamp, OWNER))
         op_id = self.conn.last_insert_rowid()
-        self.conn.execute("insert into memory_write_payloads(op_id, payload) values (?, ?)", (op_id, p.payload()))
+        self.conn.execute("insert into memory_write_payloads(op_id, payload) values (?, ?)",
+                          (op_id, p.payload()))
         return op_id
 
     def _run_in_one_tx(self, todo: list[Prepared], stages: list) -> None:
         """Every stage of new writes `todo` in one transaction (one commit per batch, not one per
-        stage), their document and fact vectors computed first, outside it. When any stage fails the
-        transaction leaves nothing behind: the writes are back at 'pending' and run_pipeline's
+        stage), their document and fact vectors computed first, outside it. When any stage fails
+        the transaction leaves nothing behind: the writes are back at 'pending' and run_pipeline's
         stage-by-stage loop takes them (recording which one failed, and where)."""
         saved = [(p.status, p.document_id, list(p.stale), list(p.warnings)) for p in todo]
         vectors = self._doc_vectors(todo)
@@ -4016,36 +4201,40 @@ class Journal:
                 p.status, p.document_id, p.stale, p.warnings = status, doc_id, stale, warnings
 
     def _advance(self, p: Prepared, status: str, fn, vectors) -> None:
-        """Run stage `fn` for one write if its journal row is still at `status` (another process may
-        have moved it), then record the next status on the row. In tx."""
-        row = self.rows("select status, document_id from memory_write_ops where id = ?", (p.op_id,))
+        """Run stage `fn` for one write if its journal row is still at `status` (another process
+        may have moved it), then record the next status on the row. In tx."""
+        row = self.rows("select status, document_id from memory_write_ops where id = ?",
+                        (p.op_id,))
         if not row:  # the file was restored from a backup meanwhile (or the memory deleted)
-            raise JournalGone(f"write op {p.op_id} is gone from the journal (the database was restored or the "
-                              "memory deleted meanwhile); this write is not stored")
+            raise JournalGone(f"write op {p.op_id} is gone from the journal "
+                              "(the database was restored or the memory deleted meanwhile); "
+                              "this write is not stored")
         if row[0]["status"] != status:  # another process (recovery) already moved it
             p.status, p.document_id = row[0]["status"], row[0]["document_id"]
             return
         p.status = fn(p, vectors) or JOURNAL_STAGES[JOURNAL_STAGES.index(status) + 1]
         # a finished write's payload is dropped (schema 11): only unfinished ones are ever read back
-        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? where id = ?",
-                          (p.status, p.document_id, now_iso(), p.op_id))
+        self.conn.execute("update memory_write_ops set status = ?, document_id = ?, updated_at = ? "
+                          "where id = ?", (p.status, p.document_id, now_iso(), p.op_id))
         if p.status == "done":
             self.conn.execute("delete from memory_write_payloads where op_id = ?", (p.op_id,))
 
     def _record_failure(self, p: Prepared, error: Exception) -> None:
-        """Stage after `p.status` failed for one write. A new memory that failed its first stage (not
-        stored at all) is marked failed, on its journal row too, so the caller is told and no later
-        recovery stores it (p.status 'failed', p.error); otherwise the error goes on the journal row
-        and recovery retries the write once this call has returned (counted in retries)."""
+        """Stage after `p.status` failed for one write. A new memory that failed its first stage
+        (not stored at all) is marked failed, on its journal row too, so the caller is told and no
+        later recovery stores it (p.status 'failed', p.error); otherwise the error goes on the
+        journal row and recovery retries the write once this call has returned (counted in
+        retries)."""
         log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
         if isinstance(error, JournalGone):  # nothing of it is in this file any more: not stored
             p.status, p.error = "failed", error
             p.warnings.append(f"not stored: {error}")
             return
         if p.status == "pending" and p.op == "insert" and not p.recovering:
-            with self.tx():  # the caller is told it failed: it must not be stored by a later recovery
-                self.conn.execute("update memory_write_ops set status = 'failed', error = ?, updated_at = ? "
-                                  "where id = ?",
+            # the caller is told it failed: it must not be stored by a later recovery
+            with self.tx():
+                self.conn.execute("update memory_write_ops set status = 'failed', error = ?, "
+                                  "updated_at = ? where id = ?",
                                   (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
             p.status, p.error = "failed", error
             p.warnings.append(f"not stored: {error}")
@@ -4057,9 +4246,10 @@ class Journal:
 
     @contextlib.contextmanager
     def _running(self):
-        """Journal rows this process is advancing right now: `claim(op_id)` (returns op_id), called in the
-        transaction that inserts or takes over the row, marks it until the block ends, so recover()
-        (of any Memory of this process: the server's background thread, a second open) leaves it alone."""
+        """Journal rows this process is advancing right now: `claim(op_id)` (returns op_id), called
+        in the transaction that inserts or takes over the row, marks it until the block ends, so
+        recover() (of any Memory of this process: the server's background thread, a second open)
+        leaves it alone."""
         key, claimed = str(self.path.resolve()), []
 
         def claim(op_id: int) -> int:
@@ -4081,13 +4271,14 @@ class Journal:
     def recover(self, fts: bool = False) -> dict:
         """Finish unfinished journal rows and repair index gaps (seed: Reliability).
 
-        Each unfinished row whose writer is gone (owner_alive false, and not a write this process runs
-        right now) is retried from its stage, counted in its `retries`; a row already retried
+        Each unfinished row whose writer is gone (owner_alive false, and not a write this process
+        runs right now) is retried from its stage, counted in its `retries`; a row already retried
         write_op_max_retries times is marked failed and reported. Missing FTS rows are re-segmented
-        when `fts` (doctor, rebuild --fts) or when there was an unfinished row: a write adds its FTS rows
-        in its own transaction, so only a crash mid-pipeline or a change behind the engine's back
-        leaves a gap, and the scan reads every row (0.3 s at 100k memories: not on every open).
-        Returns {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by backfill_vectors()."""
+        when `fts` (doctor, rebuild --fts) or when there was an unfinished row: a write adds its FTS
+        rows in its own transaction, so only a crash mid-pipeline or a change behind the engine's
+        back leaves a gap, and the scan reads every row (0.3 s at 100k memories: not on every
+        open). Returns {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by
+        backfill_vectors()."""
         with self._running() as claim:
             return self._recover(claim, fts)
 
@@ -4102,17 +4293,19 @@ class Journal:
                 if self._op_running(r["id"]) or owner_alive(r["owner"], r["updated_at"]):
                     continue  # a live writer (this process or another) is running it right now
                 if r["retries"] >= limit:
-                    c.execute("update memory_write_ops set status = 'failed', updated_at = ? where id = ?",
-                              (now_iso(), r["id"]))
+                    c.execute("update memory_write_ops set status = 'failed', updated_at = ? "
+                              "where id = ?", (now_iso(), r["id"]))
                     report["failed"].append(r["id"])
                     log.error("write op %s failed %s times at stage %s and is marked failed: %s",
                               r["id"], r["retries"], r["status"], r["error"])
                     continue
-                c.execute("update memory_write_ops set retries = retries + 1, owner = ? where id = ?", (OWNER, r["id"]))
+                c.execute("update memory_write_ops set retries = retries + 1, owner = ? "
+                          "where id = ?", (OWNER, r["id"]))
                 claim(r["id"])
                 payload = json.loads(r["payload"])
                 p = Prepared(**{k: payload[k] for k in Prepared.PAYLOAD if k in payload})
-                p.op, p.op_id, p.status, p.document_id = r["op"], r["id"], r["status"], r["document_id"]
+                p.op, p.op_id = r["op"], r["id"]
+                p.status, p.document_id = r["status"], r["document_id"]
                 p.recovering = True
                 preps.append(p)
             for table, query, text_sql in () if not (fts or rows) else (
@@ -4122,7 +4315,8 @@ class Journal:
                 missing = self.rows(self.queries[query])
                 for m in missing:
                     if text_sql is None:
-                        m = dict(m, **{k: json.loads(m[k]) for k in ("topics", "participants", "tags")})
+                        m = dict(m, **{k: json.loads(m[k])
+                                       for k in ("topics", "participants", "tags")})
                     text = self._doc_index_text(m) if text_sql is None else m[text_sql]
                     c.execute(f"insert into {table}(rowid, segmented) values (?, ?)",
                               (m["id"], self.seg.segmented(text)))
@@ -4135,7 +4329,8 @@ class Journal:
 
     # editing -------------------------------------------------------------------------------------
 
-    def edit(self, doc_id: int, content=None, metadata: dict | None = None, persona_id: str | None = None) -> dict:
+    def edit(self, doc_id: int, content=None, metadata: dict | None = None,
+             persona_id: str | None = None) -> dict:
         """Change a memory of persona `persona_id` (None: the default persona '') in content and/or
         metadata and re-run the pipeline for it: its FTS text, vector, atoms and graph output are
         replaced, nothing stale stays searchable. Metadata keys given replace the stored ones;
@@ -4144,12 +4339,14 @@ class Journal:
         for an id of another persona."""
         persona = _label(persona_id, "persona_id")
         metadata = dict(metadata or {})
-        if "persona_id" in metadata and _label(metadata["persona_id"], "metadata.persona_id") != persona:
-            raise InputError("metadata.persona_id", "cannot be changed by an edit; memorize it under the other "
-                                                    "persona (persona_id names the persona the memory is in)")
+        if ("persona_id" in metadata
+                and _label(metadata["persona_id"], "metadata.persona_id") != persona):
+            raise InputError("metadata.persona_id",
+                             "cannot be changed by an edit; memorize it under the other "
+                             "persona (persona_id names the persona the memory is in)")
         d = self._doc(doc_id, persona)
-        merged = {k: d[k] for k in ("summary", "topics", "participants", "tags", "sentiment", "source",
-                                    "importance", "session_id", "pinned")}
+        merged = {k: d[k] for k in ("summary", "topics", "participants", "tags", "sentiment",
+                                    "source", "importance", "session_id", "pinned")}
         merged["key_facts"] = d["key_facts"]
         merged["timestamp"] = d["created_at"]
         merged["persona_id"] = d["persona_id"]
@@ -4157,10 +4354,11 @@ class Journal:
         p = self.prepare(d["content"] if content is None else content, merged)
         if content is not None and "key_facts" not in metadata and d["key_facts"] == []:
             p.facts = self._auto_facts(p.content)
-        other = self.value(self.queries["same_content_elsewhere"],
-                           {"persona_id": p.persona_id, "content_hash": p.content_hash, "id": doc_id})
+        other = self.value(self.queries["same_content_elsewhere"], {
+            "persona_id": p.persona_id, "content_hash": p.content_hash, "id": doc_id})
         if other is not None:
-            raise InputError("content", f"memory {other} already has exactly this content; delete one of them instead")
+            raise InputError("content", f"memory {other} already has exactly this content; "
+                                        "delete one of them instead")
         p.op, p.document_id = "edit", doc_id
         stamp = now_iso()
         with self._running() as claim:
@@ -4172,14 +4370,15 @@ class Journal:
         self._refresh_stale(p.stale)
         return self._write_result(p)
 
-    def delete(self, doc_id: int, persona_id: str | None = None, deleted_at: str | None = None) -> dict:
-        """Remove a memory of persona `persona_id` (None: the default persona '') from every table and
-        index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone (uid and
-        time, no text); secure_delete zeroes the freed bytes, but its words stay in older FTS segments
-        and its pages in the WAL until purge() (Maintenance: also VACUUM and a WAL checkpoint),
-        and in backups for their life. `deleted_at` (column-format time; None: now) is the tombstone's
-        time: an imported deletion keeps the time it happened (the later of it and one here wins), so
-        every device orders it alike. Returns {id, uid, deleted: true}.
+    def delete(self, doc_id: int, persona_id: str | None = None,
+               deleted_at: str | None = None) -> dict:
+        """Remove a memory of persona `persona_id` (None: the default persona '') from every table
+        and index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone
+        (uid and time, no text); secure_delete zeroes the freed bytes, but its words stay in older
+        FTS segments and its pages in the WAL until purge() (Maintenance: also VACUUM and a WAL
+        checkpoint), and in backups for their life. `deleted_at` (column-format time; None: now) is
+        the tombstone's time: an imported deletion keeps the time it happened (the later of it and
+        one here wins), so every device orders it alike. Returns {id, uid, deleted: true}.
         Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         with self.tx() as c:
@@ -4193,19 +4392,21 @@ class Journal:
             c.execute("delete from memory_write_ops where document_id = ?", (doc_id,))
             c.execute("delete from documents where id = ?", (doc_id,))
             self._refresh_graph_context(stale)
-            c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, 'documents', ?) on conflict(uid) "
-                      "do update set table_name = excluded.table_name, deleted_at = "
-                      + ("max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"),
+            kept = "max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"
+            c.execute("insert into tombstones(uid, table_name, deleted_at) "
+                      "values (?, 'documents', ?) on conflict(uid) "
+                      "do update set table_name = excluded.table_name, deleted_at = " + kept,
                       (d["uid"], deleted_at or now_iso()))
             self._briefing_stale(d["persona_id"])
         self._refresh_stale(stale)
         return {"id": doc_id, "uid": d["uid"], "deleted": True}
 
-    def set_flag(self, doc_id: int, flag: str, value: bool, persona_id: str | None = None) -> dict:
+    def set_flag(self, doc_id: int, flag: str, value: bool,
+                 persona_id: str | None = None) -> dict:
         """pin/unpin (flag='pinned') or archive/unarchive (flag='archived') a memory of persona
-        `persona_id` (None: the default persona ''). Archiving also flips the archived metadata column
-        of its vectors and graph entries, so KNN filters it in SQL. Returns {id, uid, <flag>}. Raises
-        NotFound, also for an id of another persona."""
+        `persona_id` (None: the default persona ''). Archiving also flips the archived metadata
+        column of its vectors and graph entries, so KNN filters it in SQL. Returns {id, uid,
+        <flag>}. Raises NotFound, also for an id of another persona."""
         if flag not in ("pinned", "archived"):
             raise ValueError(flag)
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
