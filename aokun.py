@@ -13793,7 +13793,11 @@ def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
                         "reads the client's folder", client, event)
             return None
         watch = Watcher(mem, (client,))
-        out = mem.ingest(client, [p for p in named if watch.wants(p, client)])
+        wanted = [p for p in named if watch.wants(p, client)]
+        if not wanted:  # (no paths would mean the whole folder to ingest)
+            log.info("hook %s %s: the watch limits leave its project out", client, event)
+            return None
+        out = mem.ingest(client, wanted)
         for line in out["unreadable"]:
             log.warning("hook %s %s: %s", client, event, line)
         if out["new"]:
