@@ -11540,9 +11540,14 @@ class Panel:
 
     def _page(self, view):
         """The endpoint for `view(request, form)` (form: the POST fields, {} for GET): the guard
-        first, then the view in a worker thread (Memory calls block). An AokunError becomes the
-        page's error (400, 404 for NotFound)."""
+        first, then the view in a worker thread (Memory calls block), marked foreground (the
+        watcher's back-log waits meanwhile, as for a tool call). An AokunError becomes the page's
+        error (400, 404 for NotFound)."""
         from starlette.concurrency import run_in_threadpool
+
+        def run(request, form):
+            with self.memory().foreground():
+                return view(request, form)
 
         async def endpoint(request):
             refused = await self._refused(request)
@@ -11556,7 +11561,7 @@ class Panel:
                     return self._plain(403, "missing or wrong CSRF token: "
                                             "reload the page and try again")
             try:
-                return await run_in_threadpool(view, request, form)
+                return await run_in_threadpool(run, request, form)
             except AokunError as e:
                 return self.render(request, "error.html", {"message": str(e)},
                                    404 if isinstance(e, NotFound) else 400)

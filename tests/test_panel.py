@@ -516,3 +516,18 @@ def test_a_second_panel_on_a_busy_port_is_one_line_and_prints_no_link(tmp_path):
         assert "token=" not in second.stderr
     finally:
         stop(first)
+
+
+def test_a_page_holds_the_watchers_back_log_as_a_tool_call_does(panel, monkeypatch):
+    """Issue 26: the back-log waits (yield_to_foreground) while a panel page runs."""
+    web, client, mem, _, _ = panel
+    login(web, client)
+    seen = []
+    recall = mem.recall
+
+    def spy(*args, **kwargs):
+        seen.append(mem._calls_in_flight)
+        return recall(*args, **kwargs)
+    monkeypatch.setattr(mem, "recall", spy)
+    assert client.get("/recall?q=Alice").status_code == 200
+    assert seen == [1] and mem._calls_in_flight == 0
