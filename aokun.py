@@ -8731,7 +8731,8 @@ class Watcher:
         self.known: dict[str, dict[Path, tuple]] = {s: {} for s in self.sources}
         self.broken: dict[Path, str] = {}  #: symlinks that lead nowhere, warned about once each
         self.polls = 0
-        self.since_days = mem.cfg.conversations.watch_since_days
+        conv = mem.cfg.conversations  # a session past keep_days would be forgotten once read
+        self.since_days = min((d for d in (conv.watch_since_days, conv.keep_days) if d), default=0)
         self.include = project_patterns(mem.cfg, "watch_include_projects")
         self.exclude = project_patterns(mem.cfg, "watch_exclude_projects")
         self.lock = threading.Lock()

@@ -264,6 +264,26 @@ def test_the_limits_leave_out_old_sessions_and_other_projects(tmp_path, monkeypa
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("since, keep", [(0, 30), (60, 30), (30, 60)])
+def test_what_keep_days_would_forget_is_not_read(tmp_path, monkeypatch, open_mem, since, keep):
+    """The horizon is the sooner of watch_since_days and keep_days (a session past keep_days
+    would be forgotten by the next maintenance once read)."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    sessions = write_history(home, claude=30, codex=0, seed=9)
+    horizon = aokun.now().timestamp() - 30 * DAY
+    wanted = [s for s in sessions if s["mtime_ns"] / 1e9 >= horizon]
+    assert 3 < len(wanted) < len(sessions) - 3
+    cfg = server_config(tmp_path, watch_since_days=since, keep_days=keep)
+    mem = open_mem(tmp_path / "k.db", cfg=cfg)
+    watcher = aokun.Watcher(mem)
+    watcher.poll()
+    while watcher.queue:
+        watcher.poll()
+    assert set(stored_sessions(mem)) == set(keys(wanted))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("key, value", [("watch_exclude_projects", "~/work/x, myproject"),
                                         ("watch_include_projects", "work/*")])
 def test_a_project_pattern_that_cannot_match_is_refused_naming_the_setting(tmp_path, key, value):
