@@ -4133,37 +4133,39 @@ class KnowledgeGraph:
         return known or re.sub(r"\s+", "_", p.strip().casefold())[:100]
 
     def _entity_id(self, persona: str, name, field_name: str, create: bool) -> int | None:
-        """The id of the knowledge-graph entity `name` resolves to (rules/aliases.toml), created when
-        missing and `create`; None when missing otherwise. Raises InputError naming `field_name`. In tx
-        when `create`."""
+        """The id of the knowledge-graph entity `name` resolves to (rules/aliases.toml), created
+        when missing and `create`; None when missing otherwise. Raises InputError naming
+        `field_name`. In tx when `create`."""
         name = clean_text(name, field_name)[:MAX_ENTITY_CHARS]
         canonical = self.rules.canonical(name)
-        eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?", (persona, canonical))
+        eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?",
+                         (persona, canonical))
         if eid is None and create:
             stamp = now_iso()
-            self.conn.execute("insert into kg_entities(id, uid, persona_id, name, canonical, created_at, "
-                              "updated_at) values (?, ?, ?, ?, ?, ?, ?)",
+            self.conn.execute("insert into kg_entities(id, uid, persona_id, name, canonical, "
+                              "created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?)",
                               (self._new_id("kg_entities"), entity_uid(persona, canonical), persona,
                                self.rules.display(name), canonical, stamp, stamp))
             eid = self.conn.last_insert_rowid()
         return eid
 
     def single_valued(self, predicate: str) -> bool:
-        """True when rules/predicates.toml makes `predicate` single-valued (a new object closes the old
-        fact)."""
+        """True when rules/predicates.toml makes `predicate` single-valued (a new object closes the
+        old fact)."""
         return predicate in {name for name, _ in self.rules.slot_patterns}
 
     def kg_add(self, subject, predicate, object, valid_from=None, valid_to=None, confidence=1.0,
                source_memory_id: int | None = None, persona_id=None) -> dict:
         """Record the fact subject —predicate→ object, true from valid_from (default now) until
         valid_to (default open). Entities are created when missing and resolved like graph nodes.
-        For a single-valued predicate (rules/predicates.toml: lives_in, works_at, 住在…) a new object
-        closes the open fact's valid_to at this valid_from (fact versioning without an LLM); the same
-        object again returns the open fact. Returns {id, subject, predicate, object, valid_from,
-        valid_to, closed: [ids], existing}. source_memory_id must name a memory of the same persona
-        (NotFound otherwise, as for an id that does not exist)."""
+        For a single-valued predicate (rules/predicates.toml: lives_in, works_at, 住在…) a new
+        object closes the open fact's valid_to at this valid_from (fact versioning without an LLM);
+        the same object again returns the open fact. Returns {id, subject, predicate, object,
+        valid_from, valid_to, closed: [ids], existing}. source_memory_id must name a memory of the
+        same persona (NotFound otherwise, as for an id that does not exist)."""
         persona = _label(persona_id, "persona_id")
-        subject, predicate, object = self._redacted_triple(subject, predicate, object)  # secrets are never stored
+        # secrets are never stored
+        subject, predicate, object = self._redacted_triple(subject, predicate, object)
         pred = self._predicate(predicate)
         start = iso(parse_time(valid_from, "valid_from")) if valid_from else now_iso()
         end = iso(parse_time(valid_to, "valid_to")) if valid_to else None
@@ -4176,7 +4178,8 @@ class KnowledgeGraph:
         with self.tx() as c:
             sid = self._entity_id(persona, subject, "subject", True)
             oid = self._entity_id(persona, object, "object", True)
-            fact = {"persona_id": persona, "subject_id": sid, "predicate": pred, "object_id": oid, "valid_from": start}
+            fact = {"persona_id": persona, "subject_id": sid, "predicate": pred, "object_id": oid,
+                    "valid_from": start}
             same = self.value(self.queries["kg_same_open_fact"], fact)
             if same is not None and end is None:
                 return dict(self._triple(same, persona), closed=[], existing=True)
@@ -4188,11 +4191,11 @@ class KnowledgeGraph:
                         closed.append(r["id"])
                     elif end is None or end > r["valid_from"]:
                         end = r["valid_from"]  # a later fact is already known: this one ends there
-            c.execute("insert into kg_triples(id, uid, persona_id, subject_id, predicate, object_id, valid_from, "
-                      "valid_to, confidence, source_memory_id, created_at, updated_at) "
-                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("kg_triples"), str(uuid.uuid4()), persona, sid, pred, oid, start, end, conf,
-                       source_memory_id, stamp, stamp))
+            c.execute("insert into kg_triples(id, uid, persona_id, subject_id, predicate, "
+                      "object_id, valid_from, valid_to, confidence, source_memory_id, created_at, "
+                      "updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("kg_triples"), str(uuid.uuid4()), persona, sid, pred, oid,
+                       start, end, conf, source_memory_id, stamp, stamp))
             tid = c.last_insert_rowid()
             self._briefing_stale(persona)
         return dict(self._triple(tid, persona), closed=closed, existing=False)
@@ -4201,7 +4204,8 @@ class KnowledgeGraph:
         """(subject, predicate, object) with secrets redacted; the object is also read as the value
         of its predicate (predicate "password", object "hunter2secret": the object goes). Values
         that are not text are returned as given, for the callers' checks."""
-        s, p, o = (self.redact(x) if isinstance(x, str) else x for x in (subject, predicate, object))
+        s, p, o = (self.redact(x) if isinstance(x, str) else x
+                   for x in (subject, predicate, object))
         if isinstance(p, str) and isinstance(o, str):
             both = self.redact(f"{p}={o}")
             if both.startswith(p + "="):
@@ -4211,7 +4215,8 @@ class KnowledgeGraph:
     def _triple(self, tid: int, persona: str = "") -> dict:
         """Fact `tid` of `persona` (folded) with its entities' names. NotFound when there is none in
         that persona: one lookup filters by both, so another persona's fact id is not there."""
-        rows = self.rows(self.queries["kg_triple"], {"id": tid, "persona_id": persona}) if 0 < tid <= MAX_ID else []
+        rows = (self.rows(self.queries["kg_triple"], {"id": tid, "persona_id": persona})
+                if 0 < tid <= MAX_ID else [])
         if not rows:
             raise NotFound(f"no fact with id {tid}; {{hint0}} or {{hint1}} shows the ids",
                            hints=[("kg query ENTITY", {}), ("kg timeline ENTITY", {})])
@@ -4229,8 +4234,8 @@ class KnowledgeGraph:
     def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
         """Facts about `entity` (as subject or object) valid at `as_of` (default now), optionally
         of one predicate. Returns {entity, as_of, facts: [{id, subject, predicate, object,
-        valid_from, valid_to, confidence, source_memory_id}]}. Raises NotFound for an entity that is not
-        in the persona's graph (never recorded, or deleted by kg_delete_entity)."""
+        valid_from, valid_to, confidence, source_memory_id}]}. Raises NotFound for an entity that
+        is not in the persona's graph (never recorded, or deleted by kg_delete_entity)."""
         persona = _label(persona_id, "persona_id")
         at = iso(parse_time(as_of, "as_of")) if as_of else now_iso()
         eid = self._entity(persona, entity)
@@ -4240,12 +4245,13 @@ class KnowledgeGraph:
         return {"entity": clean_text(entity, "entity"), "as_of": at, "facts": facts}
 
     def kg_invalidate(self, triple_id: int, valid_to=None, persona_id=None) -> dict:
-        """End fact `triple_id` of persona `persona_id` (None: the default persona ''): valid_to = the
-        given time (default now). History is kept, and an end is never moved later: a fact that has
-        ended already (valid_to now or earlier), or that is set to end by the given time, keeps its
-        valid_to. Returns the fact with already_ended (true when nothing changed) and note (what
+        """End fact `triple_id` of persona `persona_id` (None: the default persona ''): valid_to =
+        the given time (default now). History is kept, and an end is never moved later: a fact that
+        has ended already (valid_to now or earlier), or that is set to end by the given time, keeps
+        its valid_to. Returns the fact with already_ended (true when nothing changed) and note (what
         happened, e.g. "already ended on 2021-05-01T00:00:00Z; its end is kept"). Raises NotFound,
-        also for a fact of another persona; InputError when valid_to is before the fact's valid_from."""
+        also for a fact of another persona; InputError when valid_to is before the fact's
+        valid_from."""
         if isinstance(triple_id, bool) or not isinstance(triple_id, int):
             raise InputError("id", f"expected an integer fact id, got {triple_id!r}")
         persona = _label(persona_id, "persona_id")
@@ -4256,32 +4262,37 @@ class KnowledgeGraph:
             raise InputError("valid_to", f"{end} is before the fact's valid_from {t['valid_from']}")
         if t["valid_to"] is not None and t["valid_to"] <= max(end, stamp):
             verb = "ended" if t["valid_to"] <= stamp else "ends"
-            return dict(t, already_ended=True, note=f"already {verb} on {t['valid_to']}; its end is kept")
+            return dict(t, already_ended=True,
+                        note=f"already {verb} on {t['valid_to']}; its end is kept")
         with self.tx() as c:
-            c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?", (end, stamp, triple_id))
+            c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?",
+                      (end, stamp, triple_id))
             self._briefing_stale(persona)
         return dict(self._triple(triple_id, persona), already_ended=False, note=f"ended on {end}")
 
     def kg_delete_entity(self, entity, persona_id=None) -> dict:
-        """Delete entity `entity` of persona `persona_id` (None: the default persona '') and every fact
-        it is the subject or object of, in one transaction; each leaves a tombstone, as a deleted
-        memory does. The other entities of those facts stay. Returns {entity, uid, deleted: true,
-        facts: [deleted fact ids]}. Raises NotFound for an entity not in that persona's graph."""
+        """Delete entity `entity` of persona `persona_id` (None: the default persona '') and every
+        fact it is the subject or object of, in one transaction; each leaves a tombstone, as a
+        deleted memory does. The other entities of those facts stay. Returns {entity, uid, deleted:
+        true, facts: [deleted fact ids]}. Raises NotFound for an entity not in that persona's
+        graph."""
         persona = _label(persona_id, "persona_id")
         with self.tx() as c:
             eid = self._entity(persona, entity)
             e = self.rows("select uid, name from kg_entities where id = ?", (eid,))[0]
-            facts = [r["id"] for r in self.rows(self.queries["kg_entity_facts"], {"persona_id": persona,
-                                                                                  "entity_id": eid})]
+            params = {"persona_id": persona, "entity_id": eid}
+            facts = [r["id"] for r in self.rows(self.queries["kg_entity_facts"], params)]
             stamp = now_iso()
-            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) select uid, 'kg_triples', ? "
+            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) "
+                      "select uid, 'kg_triples', ? "
                       "from kg_triples where persona_id = ? and (subject_id = ? or object_id = ?)",
                       (stamp, persona, eid, eid))
-            c.execute("delete from kg_triples where persona_id = ? and (subject_id = ? or object_id = ?)",
+            c.execute("delete from kg_triples "
+                      "where persona_id = ? and (subject_id = ? or object_id = ?)",
                       (persona, eid, eid))
             c.execute("delete from kg_entities where id = ?", (eid,))
-            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'kg_entities', ?)",
-                      (e["uid"], stamp))
+            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) "
+                      "values (?, 'kg_entities', ?)", (e["uid"], stamp))
             self._briefing_stale(persona)
         return {"entity": e["name"], "uid": e["uid"], "deleted": True, "facts": facts}
 
@@ -4293,16 +4304,19 @@ class KnowledgeGraph:
         facts = self.rows(self.queries["kg_timeline"], {"persona_id": persona, "entity_id": eid})
         return {"entity": clean_text(entity, "entity"), "facts": facts}
 
-    def completions(self, kind: str, prefix: str, persona_id=None, limit: int = 100) -> tuple[list[str], int]:
+    def completions(self, kind: str, prefix: str, persona_id=None,
+                    limit: int = 100) -> tuple[list[str], int]:
         """Stored values starting with `prefix` (ASCII case ignored), for argument completion:
         kind "persona" (every persona id that has memories, facts or sessions), "entity" (the
         knowledge-graph entity names of persona `persona_id`, None: '') or "session" (the ingested
         conversation session ids of that persona). Returns (at most `limit` values, sorted; how many
         match in all). InputError for another kind or a bad persona_id."""
-        queries = {"persona": "select persona_id as v from documents union select persona_id from kg_entities "
+        queries = {"persona": "select persona_id as v from documents "
+                              "union select persona_id from kg_entities "
                               "union select persona_id from conv_sessions",
                    "entity": "select name as v from kg_entities where persona_id = :persona_id",
-                   "session": "select session_id as v from conv_sessions where persona_id = :persona_id"}
+                   "session": "select session_id as v from conv_sessions "
+                              "where persona_id = :persona_id"}
         if kind not in queries:
             raise InputError("kind", f"expected one of {', '.join(queries)}, got {kind!r}")
         persona = _label(persona_id, "persona_id")
@@ -4317,13 +4331,16 @@ class KnowledgeGraph:
         return self.rows(self.queries["kg_stats"], {"persona_id": persona, "now": now_iso()})[0]
 
     def _facts_for_text(self, text: str, persona: str, at: str, limit: int = 20) -> list[dict]:
-        """Facts valid at `at` about entities whose canonical name occurs in `text` (folded like one:
-        Rules._key)."""
+        """Facts valid at `at` about entities whose canonical name occurs in `text` (folded like
+        one: Rules._key)."""
         folded = Rules._key(text)
         out = []
-        for e in self.rows(self.queries["kg_entities_in_text"], {"persona_id": persona, "text": folded}):
-            for f in self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": e["id"],
-                                                              "as_of": at, "predicate": ""}):
+        for e in self.rows(self.queries["kg_entities_in_text"],
+                           {"persona_id": persona, "text": folded}):
+            facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona,
+                                                            "entity_id": e["id"],
+                                                            "as_of": at, "predicate": ""})
+            for f in facts:
                 if f["id"] not in {x["id"] for x in out}:
                     out.append(f)
         return out[:limit]
