@@ -4350,16 +4350,23 @@ class KnowledgeGraph:
 
 CHANNEL_MAX_K = 4096  #: cap of a channel query's k (sqlite-vec 0.1.9 refuses KNN k above 4096)
 GRAPH_HOP_DISCOUNT = 0.5  #: a memory one graph hop from a hit node scores this share of the hit
-FTS_POOL_FACTOR = 4  #: the keyword channels rank the best FTS_POOL_FACTOR × k matches before filtering (:pool)
-FTS_POOL_SKIP = 8  #: after the pool fell short for a channel's filters, their next this many recalls go without it
-HAMMING_HISTORY = 32  #: a vector channel's Hamming bound is learnt from the reach of this many recent recalls
+#: the keyword channels rank the best FTS_POOL_FACTOR × k matches before filtering (:pool)
+FTS_POOL_FACTOR = 4
+#: after the pool fell short for a channel's filters, their next this many recalls go without it
+FTS_POOL_SKIP = 8
+#: a vector channel's Hamming bound is learnt from the reach of this many recent recalls
+HAMMING_HISTORY = 32
 HAMMING_QUANTILE = 0.9  #: ... as this quantile of them: ~1 recall in 10 runs its binary KNN twice
-HAMMING_KEYS = 256  #: at most this many such histories (channel × persona × session × …), pool skips too
-MMR_POOL_MIN = 30  #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
-FUSION_SCORED_MIN = 60  #: fusion scores in full the best max(2 × MMR pool, this) candidates (shortlist)
+#: at most this many such histories (channel × persona × session × …), pool skips too
+HAMMING_KEYS = 256
+#: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
+MMR_POOL_MIN = 30
+#: fusion scores in full the best max(2 × MMR pool, this) candidates (shortlist)
+FUSION_SCORED_MIN = 60
 ATOM_OVERFETCH = 4  #: search_atoms reads this many × k atoms before dropping expired ones
 ATOM_BM25_SCALE = 8.0  #: the seed's atom score 1/(1 + exp(−raw/8)) (seed: Retrieval IV)
-FEEDBACK_ATOM_INTERVAL_DAYS = 1.0  #: memory_feedback reinforces one atom at most once in this many days
+#: memory_feedback reinforces one atom at most once in this many days
+FEEDBACK_ATOM_INTERVAL_DAYS = 1.0
 
 
 @dataclass
@@ -4378,7 +4385,8 @@ class RecallQuery:
     tokens: set  #: the query's search tokens (without its time words)
     warnings: list  #: the answer's warnings; fusion adds "nothing relevant"
     window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window)
-    stats: dict = field(default_factory=dict)  #: what the recall did (explain's `stats`), filled by fusion
+    #: what the recall did (explain's `stats`), filled by fusion
+    stats: dict = field(default_factory=dict)
 
 
 class Recall:
@@ -4388,17 +4396,60 @@ class Recall:
 
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
 
-    def recall(self, query, k: int = 5, persona_id: str | None = None, session_id: str | None = None,
-               include_archived: bool = False, explain: bool = False, channels=None, as_of=None,
-               max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None, include_conversations=False):
+    def _channel_params(self, tokens: list[str], window, k: int, persona: str, session: str,
+                        include_archived, as_of_iso: str) -> dict:
+        """The SQL parameters of one recall's channel queries (sql/recall.sql)."""
+        r = self.cfg.recall
+        return {"match": fts_query(tokens), "persona_id": persona, "session_id": session,
+                "max_archived": int(bool(include_archived)), "as_of": as_of_iso,
+                "window_start": window[0] if window else "",
+                "window_end": window[1] if window else "",
+                "k": min(CHANNEL_MAX_K, max(r.channel_k, 2 * k)),
+                "expansion": r.graph_expansion_limit,
+                "candidates": min(CHANNEL_MAX_K, max(r.vector_candidates, r.channel_k, 2 * k)),
+                "hub_limit": r.graph_hub_limit, "extra": r.graph_extra_entry_boost,
+                "hop": GRAPH_HOP_DISCOUNT}
+
+    def _pins(self, embedding: bytes, params: dict) -> dict:
+        """{id: cosine similarity} of the pinned memories at least [recall]
+        pin_similarity_threshold similar to the query vector (`embedding`, a float32 blob)."""
+        query_i8 = vector_blob(np.frombuffer(embedding, np.float32))
+        rows = self.rows(self.queries["recall_pinned"],
+                         dict(params, embedding=embedding, query_i8=query_i8))
+        return {row["id"]: 1.0 - row["distance"] for row in rows
+                if 1.0 - row["distance"] >= self.cfg.recall.pin_similarity_threshold}
+
+    def _question_intent(self, query: str) -> tuple[str | None, dict]:
+        """(intent, its weights) of the question itself: the last line of a multi-line query (a
+        conversation); (None, {}) unless [recall] dynamic_route_weighting."""
+        if not self.cfg.recall.dynamic_route_weighting:
+            return None, {}
+        return self.rules.intent(query.rsplit("\n", 1)[-1])
+
+    def _recall_extras(self, query: str, k: int, persona: str, as_of_iso: str,
+                       include_conversations) -> tuple[list[dict], list]:
+        """(facts, conversations) of a recall's answer: the knowledge-graph facts about the
+        entities the query names, and the conversation hits (hooks) when include_conversations."""
+        has_graph = self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,))
+        facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) if has_graph else []
+        conversations = (self.hooks.conversation_hits(self, query, k, persona)
+                         if include_conversations else [])
+        return facts, conversations
+
+    def recall(self, query, k: int = 5, persona_id: str | None = None,
+               session_id: str | None = None, include_archived: bool = False,
+               explain: bool = False, channels=None, as_of=None,
+               max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None,
+               include_conversations=False):
         """Hybrid recall (seed: Retrieval Pipeline). Returns
         {results: [{id, score, text, truncated, summary, importance, created_at, ...}], facts,
-        degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each hit
-        also carries `explain` (explain_parts): its rank in every channel and every part of its score,
-        and the answer `stats` {channel_ms, channel_rows: {channel: ms/rows}, candidates, scored, pool}.
-        Texts are bounded by bound_hits: max_chars_per_hit and max_answer_tokens (None: the [recall]
-        settings, 0: no limit); `truncated` marks a cut text (get() reads it whole), a warning names
-        the hits left out. The bounds come after ranking: scores and explain are the same.
+        degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each
+        hit also carries `explain` (explain_parts): its rank in every channel and every part of its
+        score, and the answer `stats` {channel_ms, channel_rows: {channel: ms/rows}, candidates,
+        scored, pool}. Texts are bounded by bound_hits: max_chars_per_hit and max_answer_tokens
+        (None: the [recall] settings, 0: no limit); `truncated` marks a cut text (get() reads it
+        whole), a warning names the hits left out. The bounds come after ranking: scores and
+        explain are the same.
 
         The channels (sql/recall.sql) run side by side, the query embedding beside the keyword ones;
         _fuse() ranks their rows with the Ranking functions: shortlist() (the best by channel
@@ -4412,7 +4463,7 @@ class Recall:
         r = self.cfg.recall
         query = query_text(query, "query")
         warnings = []
-        asked = k  # the cache key keeps the k asked for, so the cap warning stays with the answers it belongs to
+        asked = k  # the cache key keeps the k asked for: the cap warning stays with its answers
         k = self._capped_k(k, warnings)
         chosen = self._channels(channels)
         persona = _label(persona_id, "persona_id")
@@ -4423,49 +4474,46 @@ class Recall:
         key = (query, asked, persona, session, flags, chosen, as_of_iso, bounds)
         cached = self._cache_get(key)
         if cached is not None:
-            return dict(cached, took_ms=round((time.perf_counter() - started) * 1000, 2), cached=True)
+            took_ms = round((time.perf_counter() - started) * 1000, 2)
+            return dict(cached, took_ms=took_ms, cached=True)
 
         ref = parse_time(as_of_iso) if as_of_iso else now()
         tokens, window = self._search_words(query, ref)
         if not tokens and not window:  # punctuation or stop words only
-            return self._answer(key, {"results": [], "degraded": [], "intent": None,
-                                      "warnings": warnings + ["the query has no searchable words"]}, started)
-        params = {"match": fts_query(tokens), "persona_id": persona, "session_id": session,
-                  "max_archived": int(bool(include_archived)), "as_of": as_of_iso,
-                  "window_start": window[0] if window else "", "window_end": window[1] if window else "",
-                  "k": min(CHANNEL_MAX_K, max(r.channel_k, 2 * k)), "expansion": r.graph_expansion_limit,
-                  "candidates": min(CHANNEL_MAX_K, max(r.vector_candidates, r.channel_k, 2 * k)),
-                  "hub_limit": r.graph_hub_limit, "extra": r.graph_extra_entry_boost, "hop": GRAPH_HOP_DISCOUNT}
+            nothing = {"results": [], "degraded": [], "intent": None,
+                       "warnings": warnings + ["the query has no searchable words"]}
+            return self._answer(key, nothing, started)
+        params = self._channel_params(tokens, window, k, persona, session, include_archived,
+                                      as_of_iso)
         degraded: list[dict] = []
-        searched = chosen if tokens else ()  # time words alone: the window's memories answer, nothing else
-        ranked, embedding = self._channel_rows(searched, query, params, degraded, stats := {})
+        stats: dict = {}
+        searched = chosen if tokens else ()  # time words alone: only the window's memories answer
+        ranked, embedding = self._channel_rows(searched, query, params, degraded, stats)
         if window:  # its memories join the candidates; candidate_score boosts them
             ranked["time_window"] = self.rows(self.queries["recall_time_window"], params)
-        pins = {}
-        if embedding is not None:
-            pins = {row["id"]: 1.0 - row["distance"] for row in self.rows(self.queries["recall_pinned"], dict(
-                params, embedding=embedding, query_i8=vector_blob(np.frombuffer(embedding, np.float32))))
-                if 1.0 - row["distance"] >= r.pin_similarity_threshold}
-        # the intent of the question itself: the last line of a multi-line query (a conversation)
-        intent, spec = self.rules.intent(query.rsplit("\n", 1)[-1]) if r.dynamic_route_weighting else (None, {})
-        ran = tuple(c for c in chosen if c in ranked or c not in {d["channel"] for d in degraded})
+        pins = {} if embedding is None else self._pins(embedding, params)
+        intent, spec = self._question_intent(query)
+        failed = {d["channel"] for d in degraded}
+        ran = tuple(c for c in chosen if c in ranked or c not in failed)
+        vector = None if embedding is None else np.frombuffer(embedding, np.float32)
         results = self._fuse(ranked, RecallQuery(
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
-            vector=None if embedding is None else np.frombuffer(embedding, np.float32), tokens=set(tokens),
-            warnings=warnings, stats=stats))
+            vector=vector, tokens=set(tokens), warnings=warnings, stats=stats))
         results, left_out = bound_hits(results, *bounds)
         if left_out:
-            warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the answer's texts within "
-                            f"{bounds[1]} tokens ([recall] max_answer_tokens); get_memory reads each whole")
-        facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
-            if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
-        out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings,
-               "conversations": self.hooks.conversation_hits(self, query, k, persona) if include_conversations else []}
+            warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the answer's "
+                            f"texts within {bounds[1]} tokens ([recall] max_answer_tokens); "
+                            "get_memory reads each whole")
+        facts, conversations = self._recall_extras(query, k, persona, as_of_iso,
+                                                    include_conversations)
+        out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent,
+               "warnings": warnings, "conversations": conversations}
         if explain:
             out["stats"] = dict(stats, channel_rows={ch: len(rows) for ch, rows in ranked.items()})
         answer = self._answer(key, out, started)
-        if results and r.reinforce_on_recall and not as_of_iso:  # after caching: the touch takes the lock
+        # after caching: the touch takes the lock
+        if results and r.reinforce_on_recall and not as_of_iso:
             self._touch([h["id"] for h in results])
         return answer
 
