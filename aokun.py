@@ -4502,9 +4502,9 @@ class Recall:
             vector=vector, tokens=set(tokens), warnings=warnings, stats=stats))
         results, left_out = bound_hits(results, *bounds)
         if left_out:
-            warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the answer's "
-                            f"texts within {bounds[1]} tokens ([recall] max_answer_tokens); "
-                            "get_memory reads each whole")
+            warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the "
+                            f"answer's texts within {bounds[1]} tokens ([recall] "
+                            "max_answer_tokens); get_memory reads each whole")
         facts, conversations = self._recall_extras(query, k, persona, as_of_iso,
                                                     include_conversations)
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent,
@@ -4529,9 +4529,9 @@ class Recall:
 
     def _search_words(self, query: str, ref: dt.datetime) -> tuple[list[str], tuple | None]:
         """(search tokens, time window) of a query: the window of the time words of its last line
-        (time_window, rules/timewords.toml), and the tokens of the query without that phrase unless its
-        rule keeps them ('3 days ago' says when, not what: a memory that says "ago" is no better for it;
-        'in June' also says what)."""
+        (time_window, rules/timewords.toml), and the tokens of the query without that phrase unless
+        its rule keeps them ('3 days ago' says when, not what: a memory that says "ago" is no better
+        for it; 'in June' also says what)."""
         window = time_window(query.rsplit("\n", 1)[-1], ref, self.rules.time_words,
                              local_tz(self.cfg.forgetting.timezone))
         if window is None or window.keep_words:
@@ -4543,7 +4543,8 @@ class Recall:
         """(max characters per hit, max tokens of the answer's texts) for bound_hits: the arguments,
         or the [recall] settings for None; 0 = no limit. Raises InputError for a bad one."""
         r, out = self.cfg.recall, []
-        for name, value in (("max_chars_per_hit", max_chars_per_hit), ("max_answer_tokens", max_answer_tokens)):
+        for name, value in (("max_chars_per_hit", max_chars_per_hit),
+                            ("max_answer_tokens", max_answer_tokens)):
             value = r[name] if value is None else value
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InputError(name, f"expected a whole number ≥ 0 (0 = no limit), got {value!r}")
@@ -4561,7 +4562,8 @@ class Recall:
                 return self._query_vector(query).astype(np.float32).tobytes()
             except EmbeddingError as e:
                 reason = f"query embedding failed: {e}"
-        degraded += [{"channel": ch, "reason": reason} for ch in ("vector", "graph_vector") if ch in chosen]
+        degraded += [{"channel": ch, "reason": reason} for ch in ("vector", "graph_vector")
+                     if ch in chosen]
         return None
 
     def _channel_rows(self, chosen, query: str, params: dict, degraded: list,
@@ -4569,23 +4571,28 @@ class Recall:
         """({channel: rows} of the chosen channels that can run, the query vector blob or None).
         The keyword channels start first; the query is embedded meanwhile on this thread
         (_embedding_for: ONNX and httpx release the GIL), then the vector channels start. A channel
-        whose SQL fails is logged and appended to `degraded`; stats['channel_ms'] gets {channel: ms}."""
+        whose SQL fails is logged and appended to `degraded`; stats['channel_ms'] gets
+        {channel: ms}."""
         timings = stats.setdefault("channel_ms", {})
-        names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "graph_vector": "recall_graph_vector",
+        names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword",
+                 "graph_vector": "recall_graph_vector",
                  "vector": "recall_vector_session" if params["session_id"] else "recall_vector"}
-        # the slowest channel first: with fewer workers than channels the others queue behind it, not it behind them
+        # the slowest channel first: with fewer workers than channels the others queue behind it,
+        # not it behind them
         keyword = sorted((ch for ch in chosen if ch not in ("vector", "graph_vector")),
                          key=lambda ch: ch != "graph_keyword")
         vectors = [ch for ch in chosen if ch in ("vector", "graph_vector")]
         concurrent = len(chosen) > 1
         params = dict(params, embedding=None, query_i8=None)
-        started = self._run_channels([(ch, self.queries[names[ch]]) for ch in keyword], params, concurrent)
+        started = self._run_channels([(ch, self.queries[names[ch]]) for ch in keyword], params,
+                                     concurrent)
         embedding = self._embedding_for(query, chosen, degraded)
         if embedding is None:
             vectors = []
         query_i8 = None if embedding is None else vector_blob(np.frombuffer(embedding, np.float32))
+        vector_params = dict(params, embedding=embedding, query_i8=query_i8)
         started += self._run_channels([(ch, self.queries[names[ch]]) for ch in vectors],
-                                      dict(params, embedding=embedding, query_i8=query_i8), concurrent)
+                                      vector_params, concurrent)
         ranked = {}
         for ch, run in zip(keyword + vectors, started, strict=True):
             out, timings[ch] = run()
@@ -4597,10 +4604,11 @@ class Recall:
         return ranked, embedding
 
     def _run_channels(self, queries: list[tuple[str, str]], params: dict, concurrent: bool) -> list:
-        """Start the (channel, SQL) queries (_channel_query): each on its own query-only connection in
-        a worker thread when `concurrent` and [recall] parallel_channels > 1, at most one worker per
-        CPU (SQLite runs them side by side; APSW releases the GIL), else one after another on the
-        main connection, now. Returns per query a function giving (rows or the apsw.Error, ms)."""
+        """Start the (channel, SQL) queries (_channel_query): each on its own query-only connection
+        in a worker thread when `concurrent` and [recall] parallel_channels > 1, at most one worker
+        per CPU (SQLite runs them side by side; APSW releases the GIL), else one after another on
+        the main connection, now. Returns per query a function giving
+        (rows or the apsw.Error, ms)."""
         def one(ch, sql, rows):
             t0 = time.perf_counter()
             try:
@@ -4608,15 +4616,18 @@ class Recall:
             except apsw.Error as e:
                 out = e
             return out, round((time.perf_counter() - t0) * 1000, 2)
-        workers = min(self.cfg.recall.parallel_channels, os.cpu_count() or 1)  # more threads than cores: slower
+        # more threads than cores: slower
+        workers = min(self.cfg.recall.parallel_channels, os.cpu_count() or 1)
         if workers <= 1 or not concurrent:
             done = [one(ch, sql, self.rows) for ch, sql in queries]
             return [lambda r=r: r for r in done]
         if self._channel_pool is None:
             with self._readers_lock:
                 if self._channel_pool is None:
-                    self._channel_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aokun-recall")
-        return [self._channel_pool.submit(one, ch, sql, self.reader_rows).result for ch, sql in queries]
+                    self._channel_pool = ThreadPoolExecutor(max_workers=workers,
+                                                            thread_name_prefix="aokun-recall")
+        return [self._channel_pool.submit(one, ch, sql, self.reader_rows).result
+                for ch, sql in queries]
 
     def _channel_query(self, ch: str, sql: str, params: dict, rows) -> list[dict]:
         """The rows of channel `ch` (its query `sql`, run by `rows`), first with its speed bound
@@ -4672,11 +4683,11 @@ class Recall:
 
     def _hamming_bound(self, key: tuple) -> float | None:
         """The Hamming bound for a vector channel query (`key`: channel, persona, session, archived,
-        candidates): the HAMMING_QUANTILE of the reach (the candidates-th nearest Hamming distance) of
-        its last HAMMING_HISTORY recalls, None (no bound) before 8 of them. Why a bound: sqlite-vec
-        0.1.9 picks a chunk's k nearest by k passes over the chunk (min_idx), so its KNN costs
-        n × k; with the bound only the few candidates within it are picked (graph vectors at 100k
-        memories: 32 ms → 11 ms)."""
+        candidates): the HAMMING_QUANTILE of the reach (the candidates-th nearest Hamming distance)
+        of its last HAMMING_HISTORY recalls, None (no bound) before 8 of them. Why a bound:
+        sqlite-vec 0.1.9 picks a chunk's k nearest by k passes over the chunk (min_idx), so its KNN
+        costs n × k; with the bound only the few candidates within it are picked (graph vectors at
+        100k memories: 32 ms → 11 ms)."""
         seen = sorted(self._hamming_reach.get(key, ()))
         return seen[int(HAMMING_QUANTILE * (len(seen) - 1))] if len(seen) >= 8 else None
 
@@ -4686,14 +4697,15 @@ class Recall:
         if conn is None:
             conn = self._local.conn = connect(self.path, self.cfg.storage.busy_timeout_ms,
                                               reader=True, rank=self.conn.aokun_rank or False)
-            with self._readers_lock:  # not self.lock: a caller may hold it while waiting for this thread
+            # not self.lock: a caller may hold it while waiting for this thread
+            with self._readers_lock:
                 self._readers.append(conn)
         return fetch_dicts(conn, sql, params)
 
     def _query_vector(self, query: str) -> "np.ndarray":
-        """The query's vector. A multi-line query (a conversation so far) is embedded whole, plus its
-        last line again × query_last_line_weight: the latest turn is what the recall is for, the
-        earlier ones its context."""
+        """The query's vector. A multi-line query (a conversation so far) is embedded whole, plus
+        its last line again × query_last_line_weight: the latest turn is what the recall is for,
+        the earlier ones its context."""
         v = self.embedder.embed_query(self.embedder.prepare(query)[0])
         lines = [x for x in query.splitlines() if x.strip()]
         w = self.cfg.recall.query_last_line_weight
@@ -4711,8 +4723,8 @@ class Recall:
             expanded = {"graph": ["graph_keyword", "graph_vector"], "keyword": ["bm25"]}.get(c, [c])
             for e in expanded:
                 if e not in self.CHANNELS:
-                    raise InputError("channels", f"unknown channel {c!r}; choose from bm25, vector, graph, "
-                                                 "graph_keyword, graph_vector")
+                    raise InputError("channels", f"unknown channel {c!r}; choose from bm25, "
+                                                 "vector, graph, graph_keyword, graph_vector")
                 if e not in out:
                     out.append(e)
         if not out:
@@ -4720,19 +4732,19 @@ class Recall:
         return tuple(out)
 
     def _fuse(self, ranked: dict[str, list[dict]], q: RecallQuery) -> list[dict]:
-        """The channel rows `ranked` ({channel: rows}) → the q.k hits, best first (README "How recall
-        ranks"). The formulas are the Ranking functions above; this method only fetches what they
-        need: each candidate's row (sql recall_candidates, with the atoms' temporal factor at q.ref),
-        the session neighbours of the strongest, and the documents of the MMR pool, whose calibrated
-        relevance decides which may be answered at all ([recall] min_relevance)."""
+        """The channel rows `ranked` ({channel: rows}) → the q.k hits, best first (README "How
+        recall ranks"). The formulas are the Ranking functions above; this method only fetches what
+        they need: each candidate's row (sql recall_candidates, with the atoms' temporal factor at
+        q.ref), the session neighbours of the strongest, and the documents of the MMR pool, whose
+        calibrated relevance decides which may be answered at all ([recall] min_relevance)."""
         w = Weights.of(self.cfg.recall, q.spec, q.chosen, q.window)
         ranks, scores, confidence = channel_evidence(ranked, w.graph_channels)
         if not ranks and not q.pins:
             return []
         parts: dict[int, dict] = {}
         pool_size = max(3 * q.k, MMR_POOL_MIN)
-        self._score_candidates(shortlist(ranks, scores, q.pins, w, max(FUSION_SCORED_MIN, 2 * pool_size)), parts,
-                               ranks, scores, confidence, w, q)
+        short = shortlist(ranks, scores, q.pins, w, max(FUSION_SCORED_MIN, 2 * pool_size))
+        self._score_candidates(short, parts, ranks, scores, confidence, w, q)
         q.stats["candidates"] = len(ranks)
         scale_routes(parts, w)
         neighbours = {}
@@ -4741,30 +4753,33 @@ class Recall:
             # candidates' neighbours could not reach the pool with 0.3 of a weak score
             strong = sorted(parts, key=lambda i: (-parts[i]["routes"], i))[:pool_size]
             neighbours = self._session_neighbours(strong, q.params)
-            self._score_candidates({n for ns in neighbours.values() for n in ns}, parts, ranks, scores, confidence,
-                                   w, q)
+            around = {n for ns in neighbours.values() for n in ns}
+            self._score_candidates(around, parts, ranks, scores, confidence, w, q)
             scale_routes(parts, w)
         order = fuse_scores(parts, neighbours, w)
         pool = mmr_pool(order, parts, q.pins, pool_size)
         q.stats.update(scored=len(parts), pool=len(pool))
-        docs = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(pool)})}
+        rows = self.rows(self.queries["recall_documents"], {"ids": json.dumps(pool)})
+        docs = {d["id"]: d for d in rows}
         tokens = self._relevant(pool, docs, parts, q)  # deleted meanwhile or irrelevant: left out
         out = []
-        for i, mmr_score in select_hits(order[:pool_size], parts, tokens, q.pins, q.k, w.mmr_lambda):
+        hits = select_hits(order[:pool_size], parts, tokens, q.pins, q.k, w.mmr_lambda)
+        for i, mmr_score in hits:
             hit = recall_hit(docs[i], parts[i])
             if q.explain:
-                hit["explain"] = explain_parts(i, parts[i], scores, q.chosen, w, q.intent, mmr_score)
+                hit["explain"] = explain_parts(i, parts[i], scores, q.chosen, w, q.intent,
+                                               mmr_score)
             out.append(hit)
         return out
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
-        """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not less
-        relevant than [recall] min_relevance (calibrated_relevance, also put in their parts) or made
-        within the question's time window (time_boost). When nothing is left, a warning says so and
-        gives the best relevance."""
+        """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not
+        less relevant than [recall] min_relevance (calibrated_relevance, also put in their parts) or
+        made within the question's time window (time_boost). When nothing is left, a warning says
+        so and gives the best relevance."""
         coef = self.rules.relevance_coef(self.embedder.model, q.tokens)
-        stored = [] if q.vector is None else self.rows(self.queries["recall_vectors_of"],
-                                                       {"ids": json.dumps([i for i in pool if i in docs])})
+        stored = [] if q.vector is None else self.rows(
+            self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         kept = {}
         for i in pool:
@@ -4784,24 +4799,30 @@ class Recall:
                               f"[recall] min_relevance = {self.cfg.recall.min_relevance}")
         return kept
 
-    def _score_candidates(self, ids, parts: dict, ranks: dict, scores: dict, confidence: dict, w: Weights,
-                          q: RecallQuery) -> None:
-        """candidate_score() of every id in `ids` not scored yet, into `parts`; deleted ids are skipped."""
+    def _score_candidates(self, ids, parts: dict, ranks: dict, scores: dict, confidence: dict,
+                          w: Weights, q: RecallQuery) -> None:
+        """candidate_score() of every id in `ids` not scored yet, into `parts`; deleted ids are
+        skipped."""
         default = self.rules.types[self.rules.default_type]
         batch = sorted(set(ids) - set(parts))
-        for d in self.rows(self.queries["recall_candidates"], {
-                "ids": json.dumps(batch), "ref": iso(q.ref), "historical": int(q.historical),
-                "default_ttl": float(default["base_ttl_days"]), "default_step": int(default["decay"] == "step"),
-                "step_types": json.dumps([t for t, v in self.rules.types.items() if v["decay"] == "step"])}):
+        step_types = [t for t, v in self.rules.types.items() if v["decay"] == "step"]
+        params = {"ids": json.dumps(batch), "ref": iso(q.ref), "historical": int(q.historical),
+                  "default_ttl": float(default["base_ttl_days"]),
+                  "default_step": int(default["decay"] == "step"),
+                  "step_types": json.dumps(step_types)}
+        for d in self.rows(self.queries["recall_candidates"], params):
             i = d["id"]
-            parts[i] = candidate_score(d, ranks.setdefault(i, {}), scores, confidence.get(i), w, q.ref, q.historical,
-                                       self._source_boost(d["source"]), q.pins.get(i))
+            parts[i] = candidate_score(d, ranks.setdefault(i, {}), scores, confidence.get(i), w,
+                                       q.ref, q.historical, self._source_boost(d["source"]),
+                                       q.pins.get(i))
 
     def _session_neighbours(self, ids, params: dict) -> dict[int, set]:
         """{memory id: ids of the memories right before/after it in its session} for the candidates
         and, symmetrically, for those neighbours (sql recall_session_neighbours)."""
         out: dict[int, set] = {}
-        for row in self.rows(self.queries["recall_session_neighbours"], dict(params, ids=json.dumps(sorted(ids)))):
+        rows = self.rows(self.queries["recall_session_neighbours"],
+                         dict(params, ids=json.dumps(sorted(ids))))
+        for row in rows:
             for n in (row["prev_id"], row["next_id"]):
                 if n is not None:
                     out.setdefault(row["id"], set()).add(n)
@@ -4811,12 +4832,14 @@ class Recall:
     def _source_boost(self, source: str) -> float:
         """Source-aware ranking (second seed): chat 1.10, import 0.90, anything else 1.0."""
         r = self.cfg.recall
-        return {"chat": r.source_boost_chat, "import": r.source_boost_import}.get(source, r.source_boost_default)
+        boosts = {"chat": r.source_boost_chat, "import": r.source_boost_import}
+        return boosts.get(source, r.source_boost_default)
 
     def search_atoms(self, query, k: int = 10, persona_id: str | None = None) -> dict:
         """Atom BM25 × TTL factor (seed: Retrieval IV): only active atoms; exp(−age/ttl) while
         unexpired (age from last reinforcement), planned atoms 1 until their deadline, 0 after.
-        Returns {results: [{id, document_id, atom_type, content, score, bm25, ttl_factor, expires_at}]}."""
+        Returns {results: [{id, document_id, atom_type, content, score, bm25, ttl_factor,
+        expires_at}]}."""
         started = time.perf_counter()
         query = query_text(query, "query")
         k = self._capped_k(k, [])  # the answer has no warnings to carry the cap's
@@ -4825,17 +4848,21 @@ class Recall:
             return {"results": [], "took_ms": 0.0}
         persona = _label(persona_id, "persona_id")
         ref = now()
-        rows = self.rows(self.queries["search_atoms"], {"match": fts_query(tokens), "persona_id": persona,
-                                                        "k": min(CHANNEL_MAX_K, ATOM_OVERFETCH * k)})
+        rows = self.rows(self.queries["search_atoms"],
+                         {"match": fts_query(tokens), "persona_id": persona,
+                          "k": min(CHANNEL_MAX_K, ATOM_OVERFETCH * k)})
         out = []
         for a in rows:
-            factor = ttl_factor(a | {"state": "active"}, self.rules.types[a["atom_type"]]["decay"], ref)
+            decay = self.rules.types[a["atom_type"]]["decay"]
+            factor = ttl_factor(a | {"state": "active"}, decay, ref)
             if factor <= 0:
                 continue
-            norm = 1.0 / (1.0 + math.exp(a["raw"] / ATOM_BM25_SCALE))  # seed 1/(1+exp(−s/8)), s = −bm25() = −raw
+            # seed 1/(1+exp(−s/8)), s = −bm25() = −raw
+            norm = 1.0 / (1.0 + math.exp(a["raw"] / ATOM_BM25_SCALE))
             out.append({"id": a["id"], "document_id": a["document_id"], "atom_type": a["atom_type"],
                         "content": a["content"], "confidence": a["confidence"],
-                        "reinforcement_count": a["reinforcement_count"], "expires_at": a["expires_at"],
+                        "reinforcement_count": a["reinforcement_count"],
+                        "expires_at": a["expires_at"],
                         "bm25": a["raw"], "ttl_factor": factor, "score": round(norm * factor, 6)})
         out.sort(key=lambda x: -x["score"])
         return {"results": out[:k], "took_ms": round((time.perf_counter() - started) * 1000, 2)}
@@ -4853,7 +4880,8 @@ class Recall:
             if not hit:
                 return None
             stamp, state, value = hit
-            if time.monotonic() - stamp > self.cfg.recall.cache_ttl_seconds or state != self._cache_state():
+            expired = time.monotonic() - stamp > self.cfg.recall.cache_ttl_seconds
+            if expired or state != self._cache_state():
                 del self._recall_cache[key]
                 return None
             self._recall_cache[key] = self._recall_cache.pop(key)  # most recently used last
@@ -4869,24 +4897,27 @@ class Recall:
     def _touch(self, ids: list[int]) -> None:
         """Refresh last_access_at/access_count of recalled memories in a background thread, so the
         answer is not delayed (seed: post-recall reinforcement). Only the daily decay reads them (it
-        slows for accessed memories); ranking does not: being returned earns no rank, being used does
-        (memory_feedback). Does not empty the cache."""
+        slows for accessed memories); ranking does not: being returned earns no rank, being used
+        does (memory_feedback). Does not empty the cache."""
         def work():
             try:
                 # own commits leave pragma data_version alone: the cache stays valid
                 with self.tx(invalidates=False) as c:
-                    c.execute(self.queries["touch_documents"], {"ids": json.dumps(ids), "at": now_iso()})
+                    c.execute(self.queries["touch_documents"],
+                              {"ids": json.dumps(ids), "at": now_iso()})
             except apsw.Error as e:  # closed connection at exit, busy beyond the timeout
                 log.warning("could not record access to %s: %s", ids, e)
         with self.lock:
-            if self._toucher is None:  # one worker thread, started on first use, kept for the next recalls
+            # one worker thread, started on first use, kept for the next recalls
+            if self._toucher is None:
                 self._toucher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-touch")
             self._toucher.submit(work)
 
     def wait_background(self) -> None:
         """Wait for background access bookkeeping (called by close())."""
         if self._toucher is not None:
-            self._toucher.submit(lambda: None).result()  # one FIFO worker: everything before it is done
+            # one FIFO worker: everything before it is done
+            self._toucher.submit(lambda: None).result()
 
     def _stop_recall_workers(self) -> None:
         """Memory.close's step: stop the touch worker and the channel workers, close the readers."""
@@ -4926,13 +4957,17 @@ class Recall:
         with self.tx() as c:
             for d in [self._doc(i, persona) for i in ids]:
                 old = d["importance"]
-                new, count, last = (min(1.0, old + step), d["useful_count"] + 1, iso(at)) if useful \
-                    else (max(0.0, old - step), d["useful_count"], d["last_useful_at"])
-                c.execute("update documents set importance = ?, useful_count = ?, last_useful_at = ?, updated_at = ? "
-                          "where id = ?", (new, count, last, iso(at), d["id"]))
+                if useful:
+                    new, count, last = min(1.0, old + step), d["useful_count"] + 1, iso(at)
+                else:
+                    new, count, last = max(0.0, old - step), d["useful_count"], d["last_useful_at"]
+                c.execute("update documents set importance = ?, useful_count = ?, "
+                          "last_useful_at = ?, updated_at = ? where id = ?",
+                          (new, count, last, iso(at), d["id"]))
                 atoms = self._reinforce_atoms(d["id"], at) if useful else 0
-                out.append({"id": d["id"], "uid": d["uid"], "old_importance": old, "importance": new,
-                            "useful_count": count, "last_useful_at": last, "atoms_reinforced": atoms})
+                out.append({"id": d["id"], "uid": d["uid"], "old_importance": old,
+                            "importance": new, "useful_count": count, "last_useful_at": last,
+                            "atoms_reinforced": atoms})
             self._briefing_stale(persona)
         return {"useful": useful, "results": out}
 
@@ -4989,9 +5024,10 @@ class Briefing:
             text, ref = self._briefing_text(persona)
             if progress:
                 progress(1, 2)
-            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) values (?, ?, ?, ?, 0) "
-                      "on conflict(persona_id) do update set text = excluded.text, tokens = excluded.tokens, "
-                      "generated_at = excluded.generated_at, stale = 0",
+            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) "
+                      "values (?, ?, ?, ?, 0) "
+                      "on conflict(persona_id) do update set text = excluded.text, "
+                      "tokens = excluded.tokens, generated_at = excluded.generated_at, stale = 0",
                       (persona, text, estimate_tokens(text), iso(ref)))
         if progress:
             progress(2, 2)
@@ -5005,8 +5041,8 @@ class Briefing:
                         {"persona_id": persona, "min_importance": cx.briefing_importance})
         recent = self.rows(self.queries["briefing_recent_memories"],
                            {"persona_id": persona, "since": since, "n": cx.briefing_max_recent})
-        facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": 0, "as_of": iso(ref),
-                                                        "predicate": ""})
+        facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": 0,
+                                                        "as_of": iso(ref), "predicate": ""})
         lines = [f"# Memory briefing ({iso(ref)})"]
         if key:
             lines.append("## Pinned and important")
@@ -5015,12 +5051,13 @@ class Briefing:
         recent = [d for d in recent if d["id"] not in shown]
         if recent:
             lines.append(f"## Recent ({cx.briefing_recent_days} days)")
-            lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}" for d in recent]
+            lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}"
+                      for d in recent]
         lines += self.hooks.briefing_lines(self, persona, ref)
         if facts:
             lines.append("## Current facts")
-            lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})"
-                      for f in facts[:BRIEFING_MAX_FACTS]]
+            lines += [f"- {f['subject']} {f['predicate']} {f['object']} "
+                      f"(since {f['valid_from'][:10]})" for f in facts[:BRIEFING_MAX_FACTS]]
         return "\n".join(lines), ref
 
     def refresh_stale_briefings(self) -> int:
@@ -5032,20 +5069,23 @@ class Briefing:
             self.build_briefing(r["persona_id"])
         return len(stale)
 
-    def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None, persona_id=None) -> dict:
+    def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None,
+                       persona_id=None) -> dict:
         """One text blob of memory for a prompt, within a token budget (estimate_tokens).
         Without a topic: the stored session briefing (no embedding work), rebuilt first when it is
         missing or stale (_current_briefing); `age_seconds` says how old it is.
         With a topic: pinned memories first, then recall(topic) results, then current KG facts
         about entities named in the topic. Modes set the budget and how many results:
         quick 400, chat 1500, coding 2000, project 3000 tokens ([context] *_tokens).
-        Returns {text, tokens, budget, mode, source: briefing|dynamic, stale, generated_at, age_seconds}."""
-        budgets = {"quick": self.cfg.context.quick_tokens, "chat": self.cfg.context.chat_tokens,
-                   "coding": self.cfg.context.coding_tokens, "project": self.cfg.context.project_tokens}
+        Returns {text, tokens, budget, mode, source: briefing|dynamic, stale, generated_at,
+        age_seconds}."""
+        cx = self.cfg.context
+        budgets = {"quick": cx.quick_tokens, "chat": cx.chat_tokens, "coding": cx.coding_tokens,
+                   "project": cx.project_tokens}
         if mode not in budgets:
             raise InputError("mode", f"expected one of {', '.join(budgets)}, got {mode!r}")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
-                                       or max_tokens < CONTEXT_TOKENS_MIN):
+        whole = isinstance(max_tokens, int) and not isinstance(max_tokens, bool)
+        if max_tokens is not None and (not whole or max_tokens < CONTEXT_TOKENS_MIN):
             raise InputError("max_tokens", f"expected a whole number ≥ 50, got {max_tokens!r}")
         budget = max_tokens or budgets[mode]
         persona = _label(persona_id, "persona_id")
@@ -5054,21 +5094,24 @@ class Briefing:
             text = fit_tokens(brief["text"].split("\n"), budget)
             age = (now() - parse_time(brief["generated_at"], "generated_at")).total_seconds()
             return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
-                    "source": "briefing", "stale": bool(brief["stale"]), "generated_at": brief["generated_at"],
-                    "age_seconds": max(0, int(age))}
+                    "source": "briefing", "stale": bool(brief["stale"]),
+                    "generated_at": brief["generated_at"], "age_seconds": max(0, int(age))}
         topic = clean_text(topic, "topic")
         k = CONTEXT_RECALL_K[mode]
         lines = ["# Relevant memories"]
         pinned = self.rows(self.queries["context_pinned"], {"persona_id": persona})
         lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pinned]
         seen = {d["id"] for d in pinned}
-        for h in self.recall(topic, k=k, persona_id=persona, max_answer_tokens=0)["results"]:  # fit_tokens bounds
+        # max_answer_tokens=0: fit_tokens bounds the text
+        hits = self.recall(topic, k=k, persona_id=persona, max_answer_tokens=0)["results"]
+        for h in hits:
             if h["id"] not in seen:
                 lines.append(f"- {h['created_at'][:10]} [{h['id']}] {_one_line(h['text'])}")
         facts = self._facts_for_text(topic, persona, now_iso())
         if facts:
             lines.append("# Current facts")
-            lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts]
+            lines += [f"- {f['subject']} {f['predicate']} {f['object']} "
+                      f"(since {f['valid_from'][:10]})" for f in facts]
         text = fit_tokens(lines, budget)
         return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
                 "source": "dynamic", "stale": False, "generated_at": now_iso(), "age_seconds": 0}
