@@ -5129,13 +5129,15 @@ class Briefing:
         except apsw.Error as e:
             if not row:
                 raise
-            log.warning("serving the stale briefing of persona %r: rebuilding it failed: %s", persona, e)
+            log.warning("serving the stale briefing of persona %r: rebuilding it failed: %s",
+                        persona, e)
             return row[0]
 
 
 # Forgetting and lifecycle: decay, atom states, consolidation #####################################
 
-DECAY_DAYS_MAX = 3650  #: the most days decay() runs, or forget_preview() looks ahead, at once (ten years)
+#: the most days decay() runs, or forget_preview() looks ahead, at once (ten years)
+DECAY_DAYS_MAX = 3650
 CONSOLIDATE_NEIGHBOURS = 8  #: nearest memories (by vector, and by BM25) compared with each memory
 CONSOLIDATE_QUERY_TOKENS = 64  #: tokens of a memory used as its BM25 query
 CONSOLIDATE_JACCARD_ALONE = 0.8  #: token Jaccard that makes two memories duplicates without vectors
@@ -5164,8 +5166,10 @@ class Forgetting:
         params = {"decay_rate": f.decay_rate, "access_multiplier": f.access_count_decay_multiplier,
                   "window_start": iso(at - dt.timedelta(days=f.access_decay_window_days))}
         self.conn.execute(self.queries["decay_day"], params)
-        self.conn.execute(self.queries["decay_day_access_only"], {"access_multiplier": params["access_multiplier"]})
-        self.conn.execute("update briefings set stale = 1")  # their "important" lists go by importance
+        self.conn.execute(self.queries["decay_day_access_only"],
+                          {"access_multiplier": params["access_multiplier"]})
+        # their "important" lists go by importance
+        self.conn.execute("update briefings set stale = 1")
         self._meta_set("decay_last_run", day.isoformat())
 
     def decayed_usage(self, rec: dict, since: str | None, until: str | None) -> dict | None:
@@ -5211,28 +5215,33 @@ class Forgetting:
         c.execute(q["lifecycle_expire"], {"now": at})
         c.execute(q["lifecycle_dormant"], {"now": at})
         c.execute(q["lifecycle_wake"], {"now": at})
-        for r in self.rows(q["lifecycle_forget_ids"], {"now": at, "forget_delay_days": f.atom_forget_delay_days}):
+        for r in self.rows(q["lifecycle_forget_ids"],
+                           {"now": at, "forget_delay_days": f.atom_forget_delay_days}):
             c.execute("delete from memory_atoms_fts where rowid = ?", (r["id"],))
-            c.execute("update memory_atoms set state = 'forgotten', state_changed_at = ?, updated_at = ? where id = ?",
-                      (at, at, r["id"]))
-        for r in self.rows(q["lifecycle_purge_ids"], {"now": at, "purge_delay_days": f.atom_purge_delay_days}):
-            c.execute("update memory_atoms set superseded_by = null where superseded_by = ?", (r["id"],))
+            c.execute("update memory_atoms set state = 'forgotten', state_changed_at = ?, "
+                      "updated_at = ? where id = ?", (at, at, r["id"]))
+        for r in self.rows(q["lifecycle_purge_ids"],
+                           {"now": at, "purge_delay_days": f.atom_purge_delay_days}):
+            c.execute("update memory_atoms set superseded_by = null where superseded_by = ?",
+                      (r["id"],))
             c.execute("delete from memory_atoms where id = ?", (r["id"],))
         self._meta_set("lifecycle_last_run", at)
 
     def _auto_archive(self, ref: dt.datetime) -> None:
         """Archive the memories sql auto_archive_candidates finds at `ref` (older than
-        cleanup_days_threshold, importance below cleanup_importance_threshold, not pinned). In tx."""
+        cleanup_days_threshold, importance below cleanup_importance_threshold, not pinned). In
+        tx."""
         f = self.cfg.forgetting
         cutoff = iso(ref - dt.timedelta(days=f.cleanup_days_threshold))
-        for r in self.rows(self.queries["auto_archive_candidates"],
-                           {"cutoff": cutoff, "importance_threshold": f.cleanup_importance_threshold}):
+        params = {"cutoff": cutoff, "importance_threshold": f.cleanup_importance_threshold}
+        for r in self.rows(self.queries["auto_archive_candidates"], params):
             self._set_flag_in_tx(r["id"], "archived", True)
 
     def _snapshot(self, persona: str | None = None) -> tuple[dict, dict]:
         """({doc id: (importance, archived)}, {atom id: state}): what _changes compares around a
         maintenance step; only persona `persona`'s memories and atoms unless it is None."""
-        docs = {r["id"]: (r["importance"], r["archived"]) for r in self.rows(self.queries["document_states"])
+        docs = {r["id"]: (r["importance"], r["archived"])
+                for r in self.rows(self.queries["document_states"])
                 if persona is None or r["persona_id"] == persona}
         atoms = {r["id"]: r["state"] for r in self.rows(self.queries["atom_states"])
                  if persona is None or r["persona_id"] == persona}
@@ -5241,7 +5250,8 @@ class Forgetting:
     @staticmethod
     def _changes(before, after) -> dict:
         (d0, a0), (d1, a1) = before, after
-        importance = [{"id": i, "old": d0[i][0], "new": d1[i][0]} for i in sorted(d1) if d1[i][0] != d0[i][0]]
+        importance = [{"id": i, "old": d0[i][0], "new": d1[i][0]} for i in sorted(d1)
+                      if d1[i][0] != d0[i][0]]
         archived = [i for i in sorted(d1) if d1[i][1] and not d0[i][1]]
         atoms = [{"id": i, "old": a0[i], "new": a1.get(i, "purged")} for i in sorted(a0)
                  if a1.get(i, "purged") != a0[i]]
@@ -5258,7 +5268,8 @@ class Forgetting:
         """Run maintenance steps, each in its own transaction (a crash mid-way loses no finished
         step), or for a dry run all in one transaction that is rolled back, so a preview computes
         exactly the changes a real run makes and keeps none. Returns (snapshot before, after), of
-        persona `persona` only for a dry run that names one (the steps themselves cover every persona)."""
+        persona `persona` only for a dry run that names one (the steps themselves cover every
+        persona)."""
         with self.lock:
             before = self._snapshot(persona if dry_run else None)
             if dry_run:
@@ -5274,7 +5285,8 @@ class Forgetting:
                     step()
             return before, self._snapshot()
 
-    def decay(self, dry_run: bool = False, days: int | None = None, ref: dt.datetime | None = None) -> dict:
+    def decay(self, dry_run: bool = False, days: int | None = None,
+              ref: dt.datetime | None = None) -> dict:
         """Daily importance decay (seed: Forgetting & Lifecycle): run every day whose decay time has
         passed since meta('decay_last_run'), one day per transaction, then auto-archival when
         [forgetting] auto_cleanup_enabled. `days` runs that many days now instead of the schedule.
@@ -5284,7 +5296,8 @@ class Forgetting:
         ref = ref or now()
         if days is not None and (isinstance(days, bool) or not isinstance(days, int)
                                  or not 0 <= days <= DECAY_DAYS_MAX):
-            raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, got {days!r}")
+            raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, "
+                                     f"got {days!r}")
         last = self.meta_get("decay_last_run")
         due = self._decay_due(ref)
         if days is not None:
@@ -5305,7 +5318,8 @@ class Forgetting:
 
     def lifecycle(self, dry_run: bool = False, ref: dt.datetime | None = None) -> dict:
         """One atom lifecycle sweep now: active → expired → forgotten (+7 d) → purged (+30 d), and
-        dormant while every source memory is archived. Returns {atoms: [{id, old, new}], dry_run}."""
+        dormant while every source memory is archived. Returns {atoms: [{id, old, new}],
+        dry_run}."""
         ref = ref or now()
         before, after = self._run_steps([lambda: self._lifecycle_sweep(ref)], dry_run)
         return {"atoms": self._changes(before, after)["atoms"], "dry_run": dry_run}
@@ -5317,26 +5331,52 @@ class Forgetting:
         archived, atoms}."""
         persona = _label(persona_id, "persona_id")
         if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= DECAY_DAYS_MAX:
-            raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, got {days!r}")
+            raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, "
+                                     f"got {days!r}")
         ref = now() + dt.timedelta(days=days)
         last = self.meta_get("decay_last_run")
-        first = (dt.date.fromisoformat(last) if last else self._decay_due(now())) + dt.timedelta(days=1)
-        todo = [first + dt.timedelta(days=i) for i in range((self._decay_due(ref) - first).days + 1)]
+        after_day = dt.date.fromisoformat(last) if last else self._decay_due(now())
+        first = after_day + dt.timedelta(days=1)
+        last_due = self._decay_due(ref)
+        todo = [first + dt.timedelta(days=i) for i in range((last_due - first).days + 1)]
         steps = self._decay_steps(todo, ref) + [lambda: self._lifecycle_sweep(ref)]
         before, after = self._run_steps(steps, dry_run=True, persona=persona)
-        return {"as_of": iso(ref), "days": [d.isoformat() for d in todo], **self._changes(before, after)}
+        return {"as_of": iso(ref), "days": [d.isoformat() for d in todo],
+                **self._changes(before, after)}
 
     def set_importance(self, doc_id: int, importance, persona_id: str | None = None) -> dict:
-        """Set the importance (0..1) of a memory of persona `persona_id` (None: the default persona '').
-        Returns {id, uid, old, new}. Raises NotFound, also for an id of another persona."""
+        """Set the importance (0..1) of a memory of persona `persona_id` (None: the default persona
+        ''). Returns {id, uid, old, new}. Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         value = _importance(importance)
         with self.tx() as c:
-            c.execute("update documents set importance = ?, updated_at = ? where id = ?", (value, now_iso(), doc_id))
+            c.execute("update documents set importance = ?, updated_at = ? where id = ?",
+                      (value, now_iso(), doc_id))
             self._briefing_stale(d["persona_id"])
         return {"id": doc_id, "uid": d["uid"], "old": d["importance"], "new": value}
 
     # consolidation -------------------------------------------------------------------------------
+
+    def _near_duplicates(self, i: int, docs: dict, tokens: dict, persona: str, similarity: float,
+                         min_jaccard: float, use_vectors: bool) -> list[int]:
+        """The memories of `docs` that memory `i` is a near-duplicate of, as consolidate tells."""
+        pairs = []
+        vec = (self.value("select embedding from doc_vectors where doc_id = ?", (i,))
+               if use_vectors else None)
+        if vec is not None:
+            params = {"embedding": blob_vector(vec).tobytes(), "query_i8": vec,
+                      "k": CONSOLIDATE_NEIGHBOURS, "candidates": 8 * CONSOLIDATE_NEIGHBOURS,
+                      "max_hamming": None, "persona_id": persona, "max_archived": 0, "as_of": ""}
+            cands = [(r["id"], 1 - r["raw"])
+                     for r in self.rows(self.queries["recall_vector"], params) if r["id"] != i]
+            pairs = [j for j, sim in cands if j in docs and sim >= similarity
+                     and jaccard(tokens[i], tokens[j]) >= min_jaccard]
+        q = fts_query(sorted(tokens[i])[:CONSOLIDATE_QUERY_TOKENS])
+        cands = [] if not q else [r["rowid"] for r in self.rows(
+            self.queries["consolidate_fts_candidates"], {"match": q, "k": CONSOLIDATE_NEIGHBOURS})]
+        pairs += [j for j in cands if j != i and j in docs
+                  and jaccard(tokens[i], tokens[j]) >= CONSOLIDATE_JACCARD_ALONE]
+        return pairs
 
     def consolidate(self, dry_run: bool = True, persona_id=None, similarity: float = 0.92,
                     min_jaccard: float = 0.5, progress=None) -> dict:
@@ -5347,12 +5387,14 @@ class Forgetting:
         run merges each cluster into its longest memory (union of topics, key facts and
         participants, max importance, earliest created_at) and archives the others with
         merged_into = survivor; restore_memory(survivor) undoes it.
-        Returns {clusters: [{survivor, members: [ids], texts}], dry_run}. `progress(done, total)`, when
-        given, is called after each memory compared (total: the live memories) and each cluster merged
-        (total grows by the clusters), from the calling thread."""
+        Returns {clusters: [{survivor, members: [ids], texts}], dry_run}. `progress(done, total)`,
+        when given, is called after each memory compared (total: the live memories) and each
+        cluster merged (total grows by the clusters), from the calling thread."""
         persona = _label(persona_id, "persona_id")
-        docs = {d["id"]: d for d in self.rows(self.queries["consolidate_documents"], {"persona_id": persona})}
-        tokens = {i: set(self.seg.tokens(d["content"])) for i, d in docs.items()}  # the words, not the labels
+        live = self.rows(self.queries["consolidate_documents"], {"persona_id": persona})
+        docs = {d["id"]: d for d in live}
+        # the words, not the labels
+        tokens = {i: set(self.seg.tokens(d["content"])) for i, d in docs.items()}
         parent = {i: i for i in docs}
 
         def find(i):
@@ -5365,20 +5407,8 @@ class Forgetting:
         for n, i in enumerate(docs, 1):
             if progress:
                 progress(n - 1, len(docs))
-            pairs = []
-            vec = self.value("select embedding from doc_vectors where doc_id = ?", (i,)) if use_vectors else None
-            if vec is not None:
-                cands = [(r["id"], 1 - r["raw"]) for r in self.rows(self.queries["recall_vector"], {
-                    "embedding": blob_vector(vec).tobytes(), "query_i8": vec,
-                    "k": CONSOLIDATE_NEIGHBOURS, "candidates": 8 * CONSOLIDATE_NEIGHBOURS, "max_hamming": None,
-                    "persona_id": persona, "max_archived": 0, "as_of": ""}) if r["id"] != i]
-                pairs = [j for j, sim in cands
-                         if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
-            q = fts_query(sorted(tokens[i])[:CONSOLIDATE_QUERY_TOKENS])
-            cands = [r["rowid"] for r in self.rows(self.queries["consolidate_fts_candidates"],
-                                                   {"match": q, "k": CONSOLIDATE_NEIGHBOURS})] if q else []
-            pairs += [j for j in cands
-                      if j != i and j in docs and jaccard(tokens[i], tokens[j]) >= CONSOLIDATE_JACCARD_ALONE]
+            pairs = self._near_duplicates(i, docs, tokens, persona, similarity, min_jaccard,
+                                          use_vectors)
             for j in pairs:
                 parent[find(i)] = find(j)
         groups: dict[int, list[int]] = {}
@@ -5410,30 +5440,34 @@ class Forgetting:
         # moves it to the earliest time: atoms, context and successors follow
         self.edit(survivor, None, merged, s["persona_id"])
         with self.tx() as c:
-            c.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) "
-                      "values (?, ?, ?, ?)",
-                      (survivor, json.dumps(previous, ensure_ascii=False), json.dumps(members), now_iso()))
+            c.execute("insert or replace into consolidations(survivor_id, previous, members, "
+                      "created_at) values (?, ?, ?, ?)",
+                      (survivor, json.dumps(previous, ensure_ascii=False), json.dumps(members),
+                       now_iso()))
             for m in members:
                 self._set_flag_in_tx(m, "archived", True)
                 c.execute("update documents set merged_into = ? where id = ?", (survivor, m))
             self._briefing_stale(s["persona_id"])
 
     def restore_memory(self, doc_id: int, persona_id: str | None = None) -> dict:
-        """Undo archival of a memory of persona `persona_id` (None: the default persona ''): an archived
-        memory comes back into recall; a consolidation survivor gets its previous metadata back and the
-        memories merged into it are restored. Returns {id, uid, archived: false, restored: [ids]}.
-        Raises NotFound, also for an id of another persona."""
+        """Undo archival of a memory of persona `persona_id` (None: the default persona ''): an
+        archived memory comes back into recall; a consolidation survivor gets its previous metadata
+        back and the memories merged into it are restored. Returns {id, uid, archived: false,
+        restored: [ids]}. Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         cons = self.rows("select * from consolidations where survivor_id = ?", (doc_id,))
         restored = []
         if cons:
             prev = json.loads(cons[0]["previous"])
-            back = {k: prev[k] for k in ("topics", "key_facts", "participants", "tags", "importance")}
-            self.edit(doc_id, None, back | {"timestamp": prev["created_at"]},  # back to its time, atoms and
-                      d["persona_id"])                                         # context included
+            back = {k: prev[k]
+                    for k in ("topics", "key_facts", "participants", "tags", "importance")}
+            # back to its time, atoms and context included
+            self.edit(doc_id, None, back | {"timestamp": prev["created_at"]}, d["persona_id"])
             with self.tx() as c:
-                for m in json.loads(cons[0]["members"]):  # the survivor's persona's only, whatever the row says
-                    if self.value("select 1 from documents where id = ? and persona_id = ?", (m, d["persona_id"])):
+                # the survivor's persona's only, whatever the row says
+                for m in json.loads(cons[0]["members"]):
+                    if self.value("select 1 from documents where id = ? and persona_id = ?",
+                                  (m, d["persona_id"])):
                         self._unarchive_in_tx(m)
                         restored.append(m)
                 c.execute("delete from consolidations where survivor_id = ?", (doc_id,))
