@@ -5480,9 +5480,11 @@ class Forgetting:
 
 # Maintenance and backups: health, rebuild, vacuum, backup, restore ###############################
 
-FACT_ENTRIES_SQL = "node_id in (select id from graph_nodes where node_type = 'fact')"  #: entries with a vector
+#: entries with a vector
+FACT_ENTRIES_SQL = "node_id in (select id from graph_nodes where node_type = 'fact')"
 BACKUP_STEP_PAGES = 256  #: pages the online backup copies per step (the lock is held per step)
-BACKUP_MAX_RESTARTS = 20  #: after this many restarts (writes elsewhere) the copy finishes under the lock
+#: after this many restarts (writes elsewhere) the copy finishes under the lock
+BACKUP_MAX_RESTARTS = 20
 
 
 def _backup_folder(dest: Path) -> None:
@@ -5517,10 +5519,11 @@ class Maintenance:
             "atoms_by_state": {r["state"]: r["n"] for r in self.rows(q["stats_atoms_by_state"])},
             "atoms_by_type": {r["atom_type"]: r["n"] for r in self.rows(q["stats_atoms_by_type"])},
             "journal": {r["status"]: r["n"] for r in self.rows(q["stats_journal"])},
-            "maintenance": {k: self.meta_get(k) for k in ("decay_last_run", "lifecycle_last_run", "backup_last",
-                                                          "backup_last_file")},
-            "embedding": {"provider": self.embedder.provider, "model": self.embedder.model, "dim": self.embedder.dim,
-                          "loaded": self.embedder.loaded, "stored_model": self.meta_get("embedding_model"),
+            "maintenance": {k: self.meta_get(k) for k in ("decay_last_run", "lifecycle_last_run",
+                                                          "backup_last", "backup_last_file")},
+            "embedding": {"provider": self.embedder.provider, "model": self.embedder.model,
+                          "dim": self.embedder.dim, "loaded": self.embedder.loaded,
+                          "stored_model": self.meta_get("embedding_model"),
                           "stored_dim": int(self.meta_get("embedding_dim") or 0) or None,
                           "problem": self.vector_problem},
             "keyword_ranking": self.ranking,
@@ -5560,10 +5563,12 @@ class Maintenance:
         for kind, plural in (("memory", "memories"), ("graph entry", "graph entries")):
             mine = [r for r in refused if r["kind"] == kind]
             if mine:
-                examples = "; ".join(f"{kind} {r['id']}: {' '.join(r['error'].split())[:160]}" for r in mine)
-                problems.append(f"{mine[0]['total']} {plural} without a vector: the embedding provider refused their "
-                                f"text for good ({examples}{'; …' if mine[0]['total'] > len(mine) else ''}); they are "
-                                "found by keyword and graph search; edit them, or run "
+                examples = "; ".join(f"{kind} {r['id']}: {' '.join(r['error'].split())[:160]}"
+                                     for r in mine)
+                more = "; …" if mine[0]["total"] > len(mine) else ""
+                problems.append(f"{mine[0]['total']} {plural} without a vector: the embedding "
+                                f"provider refused their text for good ({examples}{more}); they "
+                                "are found by keyword and graph search; edit them, or run "
                                 "`python aokun.py rebuild --vectors` to try again")
         return problems
 
@@ -5591,56 +5596,64 @@ class Maintenance:
         return out
 
     def _rebuild_vectors(self, progress=None) -> int:
-        """rebuild --vectors: re-embed every memory and fact entry with the configured embedder, never
-        leaving fewer vectors than there were. The model and dim of the stored vectors: each one is
-        replaced where a new one is made and kept where not (marked pending for the back-fill).
-        Another model or dim: the new vectors are made first, in temporary tables, and replace the
-        old ones (and the recorded model/dim) in one transaction only when there are at least as many;
-        otherwise nothing changes. Texts the provider refused before are tried again. Returns how many
-        vectors were written; `progress(made, of)` hears how far it is. Raises EmbeddingError, one
-        line saying how many of how many and why, when fewer were made than there are memories and
-        fact entries."""
+        """rebuild --vectors: re-embed every memory and fact entry with the configured embedder,
+        never leaving fewer vectors than there were. The model and dim of the stored vectors: each
+        one is replaced where a new one is made and kept where not (marked pending for the
+        back-fill). Another model or dim: the new vectors are made first, in temporary tables, and
+        replace the old ones (and the recorded model/dim) in one transaction only when there are at
+        least as many; otherwise nothing changes. Texts the provider refused before are tried again.
+        Returns how many vectors were written; `progress(made, of)` hears how far it is. Raises
+        EmbeddingError, one line saying how many of how many and why, when fewer were made than
+        there are memories and fact entries."""
         if self.embedder.provider == "none":
-            raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
+            raise AokunError("[embedding] provider is none; "
+                             "set a provider before `rebuild --vectors`")
         self.wait_refresh()  # a background refresh of successors would race it for the same rows
         if not self.embedder.dim:  # CachedEmbedder.dim is read-only: set it on the inner embedder
             e = self.embedder.inner if isinstance(self.embedder, CachedEmbedder) else self.embedder
             e.dim = len(self.embedder.embed_query("dimension probe"))
         if self.embedder.dim % 8:
-            raise EmbeddingError(f"the embedder {self.embedder.model!r} makes {self.embedder.dim}-d vectors; the "
-                                 "binary KNN index needs a dimension divisible by 8; nothing was changed")
+            raise EmbeddingError(f"the embedder {self.embedder.model!r} makes "
+                                 f"{self.embedder.dim}-d vectors; the binary KNN index needs a "
+                                 "dimension divisible by 8; nothing was changed")
         expected = self.value("select count(*) from documents") + self.value(
             f"select count(*) from graph_entries where {FACT_ENTRIES_SQL}")
         self._clear_embedding_error()
         step = None if progress is None else (lambda done, _total: progress(done, expected))
-        if self.has_table("doc_vec") and self.meta_get("embedding_model") == self.embedder.model \
-                and self.meta_get("embedding_dim") == str(self.embedder.dim):
+        same_vectors = (self.has_table("doc_vec")
+                        and self.meta_get("embedding_model") == self.embedder.model
+                        and self.meta_get("embedding_dim") == str(self.embedder.dim))
+        if same_vectors:
             with self.tx() as c:  # the old vectors stay searchable until each is replaced
                 for table, index, key in (("doc_vectors", "doc_vec", "doc_id"),
                                           ("graph_vectors", "graph_vec", "entry_id")):
-                    unusable = f"select {key} from {table} where vec_distance_cosine(vec_int8(embedding), " \
-                               "vec_int8(embedding)) is null"  # NaN/zero ones (older files): never kept
+                    # NaN/zero ones (older files): never kept
+                    unusable = f"select {key} from {table} where vec_distance_cosine(" \
+                               "vec_int8(embedding), vec_int8(embedding)) is null"
                     c.execute(f"delete from {index} where {key} in ({unusable})")
                     c.execute(f"delete from {table} where {key} in ({unusable})")
-                c.execute("update documents set embedding_state = 'pending', embedding_error = null")
-                c.execute(f"update graph_entries set embedding_state = 'pending', embedding_error = null "
-                          f"where {FACT_ENTRIES_SQL}")
+                c.execute("update documents "
+                          "set embedding_state = 'pending', embedding_error = null")
+                c.execute("update graph_entries set embedding_state = 'pending', "
+                          f"embedding_error = null where {FACT_ENTRIES_SQL}")
             made = self.backfill_vectors(progress=step)
             if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
                 with self.tx():
                     self._recenter()
-            refused = self.value("select count(*) from documents where embedding_error is not null") + \
+            refused = self.value("select count(*) from documents "
+                                 "where embedding_error is not null") + \
                 self.value("select count(*) from graph_entries where embedding_error is not null")
-            kept = "; the old vectors of the others are kept and they are back-filled once the provider answers"
+            kept = ("; the old vectors of the others are kept and they are back-filled once the "
+                    "provider answers")
         else:
             made, refused, kept = self._swap_in_new_vectors(step)
         if made < expected:
-            why = [f"the provider refused {refused} texts for good (`python aokun.py doctor` lists them)"
-                   ] if refused else []
+            why = [f"the provider refused {refused} texts for good "
+                   "(`python aokun.py doctor` lists them)"] if refused else []
             if made + refused < expected:
                 why.append(f"the provider failed ({self.last_embedding_error or 'see the log'})")
-            raise EmbeddingError(f"rebuild --vectors embedded {made} of {expected} memories and fact entries: "
-                                 + "; ".join(why) + kept)
+            raise EmbeddingError(f"rebuild --vectors embedded {made} of {expected} memories and "
+                                 "fact entries: " + "; ".join(why) + kept)
         return made
 
     def _swap_in_new_vectors(self, progress=None) -> tuple[int, int, str]:
@@ -5649,43 +5662,52 @@ class Maintenance:
         each batch). Returns (vectors made, texts refused, what happened to the old vectors as the
         end of a sentence)."""
         with self.lock:
-            self.conn.execute("create temp table if not exists new_doc_vectors(doc_id integer primary key, "
-                              "embedding blob not null, truncated integer not null)")
-            self.conn.execute("create temp table if not exists new_entry_vectors(entry_id integer primary key, "
-                              "embedding blob not null)")
-        was_refused = {r["id"] for r in self.rows("select id from documents where embedding_error is not null")}
+            self.conn.execute("create temp table if not exists new_doc_vectors("
+                              "doc_id integer primary key, embedding blob not null, "
+                              "truncated integer not null)")
+            self.conn.execute("create temp table if not exists new_entry_vectors("
+                              "entry_id integer primary key, embedding blob not null)")
+        was_refused = {r["id"] for r in self.rows("select id from documents "
+                                                  "where embedding_error is not null")}
         try:
             refused = self._embed_all_into_temp(progress=progress)
-            found = self.value("select count(*) from doc_vectors") + self.value("select count(*) from graph_vectors")
+            found = self.value("select count(*) from doc_vectors") + \
+                self.value("select count(*) from graph_vectors")
             made = self.value("select count(*) from temp.new_doc_vectors") + \
                 self.value("select count(*) from temp.new_entry_vectors")
             if made < found:
-                return made, len(refused), f"; the {found} stored vectors are kept and nothing was changed"
+                return made, len(refused), (f"; the {found} stored vectors are kept and nothing "
+                                            "was changed")
             with self.tx() as c:
                 for t in ("doc_vec", "graph_vec"):
                     c.execute(f"drop table if exists {t}")
                 c.execute("delete from doc_vectors")
                 c.execute("delete from graph_vectors")
-                c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', 'embedding_dim', "
-                          "'vector_center')")
+                c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', "
+                          "'embedding_dim', 'vector_center')")
                 self._vector_tables_in_tx(int(self.embedder.dim))
                 c.execute("insert into doc_vectors(doc_id, embedding) "
                           "select doc_id, embedding from temp.new_doc_vectors")
                 c.execute("insert into graph_vectors(entry_id, embedding) "
                           "select entry_id, embedding from temp.new_entry_vectors")
-                c.execute("update documents set embedding_state = 'pending', embedding_error = null")
+                c.execute("update documents "
+                          "set embedding_state = 'pending', embedding_error = null")
                 c.execute("update documents set embedding_state = 'done', embedding_truncated = "
-                          "(select truncated from temp.new_doc_vectors where doc_id = documents.id) "
+                          "(select truncated from temp.new_doc_vectors "
+                          "where doc_id = documents.id) "
                           "where id in (select doc_id from temp.new_doc_vectors)")
-                c.execute(f"update graph_entries set embedding_state = 'pending', embedding_error = null "
-                          f"where {FACT_ENTRIES_SQL}")
+                c.execute("update graph_entries set embedding_state = 'pending', "
+                          f"embedding_error = null where {FACT_ENTRIES_SQL}")
                 c.execute("update graph_entries set embedding_state = 'done' "
                           "where id in (select entry_id from temp.new_entry_vectors)")
                 for (table, row_id), reason in refused.items():
-                    c.execute(f"update {table} set embedding_error = ? where id = ?", (reason, row_id))
-                # the texts were made with the old refusals left out of the context: a memory refused
-                # now or no longer gets its successors' vectors made again (the new ones stay till then)
-                changed = was_refused ^ {row_id for (table, row_id) in refused if table == "documents"}
+                    c.execute(f"update {table} set embedding_error = ? where id = ?",
+                              (reason, row_id))
+                # the texts were made with the old refusals left out of the context: a memory
+                # refused now or no longer gets its successors' vectors made again (the new ones
+                # stay till then)
+                refused_now = {row_id for (table, row_id) in refused if table == "documents"}
+                changed = was_refused ^ refused_now
                 stale = sorted({j for i in changed for j in self._stale_successors(i)})
                 self._refresh_graph_context(stale)
                 if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
@@ -5707,13 +5729,16 @@ class Maintenance:
         `progress(made, None)` after each batch. Returns {(table, id): reason} of the texts the
         provider refused."""
         refused: dict = {}
-        for query, table in (("documents_to_embed", "documents"), ("fact_entries_to_embed", "graph_entries")):
+        for query, table in (("documents_to_embed", "documents"),
+                             ("fact_entries_to_embed", "graph_entries")):
             after = 0
             while rows := self.rows(self.queries[query], {"after": after, "n": batch}):
                 after = rows[-1]["id"]
-                if table == "graph_entries":  # a fact that is its whole memory may take the memory's vector
+                # a fact that is its whole memory may take the memory's vector
+                if table == "graph_entries":
                     rows = [r for r in rows if not self._reuse_new_doc_vector(r)]
-                texts = self._stored_vector_texts(rows) if table == "documents" else [(r["t"], False) for r in rows]
+                texts = (self._stored_vector_texts(rows) if table == "documents"
+                         else [(r["t"], False) for r in rows])
                 out = self._embed_split([fold(t) for t, _ in texts], None)
                 with self.lock:
                     for r, v, (_, cut) in zip(rows, out, texts, strict=True):
@@ -5724,7 +5749,8 @@ class Maintenance:
                             self.conn.execute("insert into temp.new_doc_vectors values (?, ?, ?)",
                                               (r["id"], blob, int(cut)))
                         elif blob:
-                            self.conn.execute("insert into temp.new_entry_vectors values (?, ?)", (r["id"], blob))
+                            self.conn.execute("insert into temp.new_entry_vectors values (?, ?)",
+                                              (r["id"], blob))
                 if progress is not None:  # counting two temp tables: nothing next to the embedding
                     progress(self.value("select count(*) from temp.new_doc_vectors")
                              + self.value("select count(*) from temp.new_entry_vectors"), None)
@@ -5733,12 +5759,13 @@ class Maintenance:
         return refused
 
     def _reuse_new_doc_vector(self, r: dict) -> bool:
-        """For _embed_all_into_temp: copy the new vector of fact entry r's memory as the entry's when
-        it takes it (_fact_takes_memory_vector). True when it did."""
+        """For _embed_all_into_temp: copy the new vector of fact entry r's memory as the entry's
+        when it takes it (_fact_takes_memory_vector). True when it did."""
         if not self._fact_takes_memory_vector(r):
             return False
         with self.lock:
-            blob = self.value("select embedding from temp.new_doc_vectors where doc_id = ?", (r["doc_id"],))
+            blob = self.value("select embedding from temp.new_doc_vectors where doc_id = ?",
+                              (r["doc_id"],))
             if blob is not None:
                 self.conn.execute("insert into temp.new_entry_vectors values (?, ?)", (r["id"], blob))
         return blob is not None
