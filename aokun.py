@@ -5767,19 +5767,21 @@ class Maintenance:
             blob = self.value("select embedding from temp.new_doc_vectors where doc_id = ?",
                               (r["doc_id"],))
             if blob is not None:
-                self.conn.execute("insert into temp.new_entry_vectors values (?, ?)", (r["id"], blob))
+                self.conn.execute("insert into temp.new_entry_vectors values (?, ?)",
+                                  (r["id"], blob))
         return blob is not None
 
     def _rebuild_graph(self) -> int:
-        """rebuild --graph: re-derive atoms and graph of every document through the journal (edit rows
-        from docs_done). Returns how many documents."""
+        """rebuild --graph: re-derive atoms and graph of every document through the journal (edit
+        rows from docs_done). Returns how many documents."""
         stamp, preps = now_iso(), []
+        fields = ("summary", "topics", "participants", "tags", "sentiment", "source", "importance",
+                  "session_id", "persona_id", "key_facts")
         with self._running() as claim:
             with self.tx():
                 for d in self.rows(self.queries["all_document_ids"]):
                     doc = self._doc(d["id"])
-                    p = self.prepare(doc["content"], {k: doc[k] for k in ("summary", "topics", "participants", "tags",
-                                     "sentiment", "source", "importance", "session_id", "persona_id", "key_facts")}
+                    p = self.prepare(doc["content"], {k: doc[k] for k in fields}
                                      | {"timestamp": doc["created_at"]})
                     p.op, p.document_id, p.status = "edit", d["id"], "docs_done"
                     p.op_id = claim(self._journal_row("edit", p, stamp))
@@ -5801,11 +5803,11 @@ class Maintenance:
                 "wal_truncated": not busy and wal_frames == 0}
 
     def purge(self, persona_id=None) -> dict:
-        """Leave no deleted text in the database file or its WAL (after delete): rebuild the persona's
-        stored briefing (it may quote a deleted memory), then vacuum(): the FTS merge drops a deleted
-        row's words from older index segments, VACUUM drops the free pages (secure_delete has zeroed
-        the freed cells), the checkpoint empties the WAL. Backups keep what they hold. Returns
-        vacuum()'s answer; seconds on a large file (VACUUM rewrites it)."""
+        """Leave no deleted text in the database file or its WAL (after delete): rebuild the
+        persona's stored briefing (it may quote a deleted memory), then vacuum(): the FTS merge
+        drops a deleted row's words from older index segments, VACUUM drops the free pages
+        (secure_delete has zeroed the freed cells), the checkpoint empties the WAL. Backups keep
+        what they hold. Returns vacuum()'s answer; seconds on a large file (VACUUM rewrites it)."""
         persona = _label(persona_id, "persona_id")
         if self.value("select 1 from briefings where persona_id = ?", (persona,)):
             self.build_briefing(persona)
@@ -5844,7 +5846,9 @@ class Maintenance:
 
     def backup_dir(self) -> Path:
         """[backup] dir, or a `backups` folder beside the database file when it is empty."""
-        return self.cfg.resolve(self.cfg.backup.dir) if self.cfg.backup.dir else self.path.parent / "backups"
+        if self.cfg.backup.dir:
+            return self.cfg.resolve(self.cfg.backup.dir)
+        return self.path.parent / "backups"
 
     def manual_backup_path(self) -> Path:
         """Where a backup asked for by hand goes (CLI `backup` without DEST, the panel's button):
@@ -5859,12 +5863,14 @@ class Maintenance:
         if dest.exists():
             raise AokunError(f"{dest} already exists; choose a new file name for the backup")
         _backup_folder(dest)
-        tmp = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")  # one per writer
+        # one per writer
+        tmp = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
         tmp.unlink(missing_ok=True)
         try:
             target = apsw.Connection(str(tmp))
         except apsw.CantOpenError as e:
-            raise AokunError(f"cannot write the backup {dest} ({e}); choose a writable folder") from None
+            raise AokunError(f"cannot write the backup {dest} ({e}); "
+                             "choose a writable folder") from None
         try:
             with self.lock:
                 b = target.backup("main", self.conn, "main")
@@ -5875,7 +5881,8 @@ class Maintenance:
                         done = b.step(BACKUP_STEP_PAGES if restarts < BACKUP_MAX_RESTARTS else -1)
                     if done:
                         break
-                    if left is not None and b.remaining >= left:  # a write elsewhere restarted the copy
+                    # a write elsewhere restarted the copy
+                    if left is not None and b.remaining >= left:
                         restarts += 1
                     left = b.remaining
                     time.sleep(0.001)
@@ -5907,7 +5914,8 @@ class Maintenance:
         made = None
         if not dest.exists():
             made = self.online_backup(dest)["backup"]
-        keep = day - dt.timedelta(days=max(1, self.cfg.backup.keep_days) - 1)  # keep_days files, today included
+        # keep_days files, today included
+        keep = day - dt.timedelta(days=max(1, self.cfg.backup.keep_days) - 1)
         for old in folder.glob(f"{self.path.stem}-daily-*.db"):
             with contextlib.suppress(ValueError):
                 if dt.date.fromisoformat(old.stem.rsplit("-daily-", 1)[1]) < keep:
@@ -5922,7 +5930,8 @@ class Maintenance:
         if recorded is not None and recorded != __version__ and self.cfg.backup.on_version_change \
                 and self.value("select count(*) from documents"):
             stamp = now().strftime("%Y%m%dT%H%M%SZ")
-            made = self.online_backup(self.backup_dir() / f"{self.path.stem}-v{recorded}-{stamp}.db")["backup"]
+            dest = self.backup_dir() / f"{self.path.stem}-v{recorded}-{stamp}.db"
+            made = self.online_backup(dest)["backup"]
         if recorded != __version__:
             with self.tx():
                 self._meta_set("server_version", __version__)
@@ -5937,7 +5946,8 @@ class Maintenance:
         <name>.before-restore-<time>.db, every id counter (ID_COUNTERS) of the staged copy is raised
         to what the current file has handed out, so no id is handed out twice, and the copy replaces
         the content. Returns {restored, saved_previous, only_in_previous: [memory ids written or
-        changed after the backup, kept only in the saved copy], previous_added, previous_changed}."""
+        changed after the backup, kept only in the saved copy], previous_added,
+        previous_changed}."""
         src = Path(src).expanduser().resolve()
         if not src.exists():
             raise AokunError(f"{src} does not exist")
@@ -5951,7 +5961,8 @@ class Maintenance:
             finally:
                 staging.close()
         finally:
-            for f in (stage, stage.with_name(stage.name + "-wal"), stage.with_name(stage.name + "-shm")):
+            for f in (stage, stage.with_name(stage.name + "-wal"),
+                      stage.with_name(stage.name + "-shm")):
                 f.unlink(missing_ok=True)
         with self.lock:
             migrate(self.conn)
@@ -5961,8 +5972,8 @@ class Maintenance:
         return {"restored": str(src), "saved_previous": str(saved), **out}
 
     def _stage_restore(self, src: Path, stage: Path) -> apsw.Connection:
-        """Copy backup `src` to the new file `stage` after checking it (integrity_check, a schema not
-        newer than this code) and migrate the copy; returns the open connection on `stage`."""
+        """Copy backup `src` to the new file `stage` after checking it (integrity_check, a schema
+        not newer than this code) and migrate the copy; returns the open connection on `stage`."""
         source = apsw.Connection(str(src), flags=apsw.SQLITE_OPEN_READONLY)
         try:
             try:
@@ -5971,10 +5982,12 @@ class Maintenance:
             except apsw.Error as e:
                 raise AokunError(f"{src} is not a readable SQLite database ({e})") from None
             if ok != ["ok"]:
-                raise AokunError(f"{src} fails integrity_check ({'; '.join(ok[:3])}); not restoring it")
+                raise AokunError(f"{src} fails integrity_check ({'; '.join(ok[:3])}); "
+                                 "not restoring it")
             if version > schema_version_known():
-                raise SchemaError(f"{src} has schema version {version}, newer than this Aokun knows "
-                                  f"({schema_version_known()}); upgrade Aokun before restoring it")
+                raise SchemaError(f"{src} has schema version {version}, newer than this Aokun "
+                                  f"knows ({schema_version_known()}); upgrade Aokun before "
+                                  "restoring it")
             target = apsw.Connection(str(stage))
             try:
                 with target.backup("main", source, "main") as b:
@@ -5986,10 +5999,11 @@ class Maintenance:
         return connect(stage, self.cfg.storage.busy_timeout_ms)
 
     def _swap_in(self, staging: apsw.Connection, saved: Path) -> dict:
-        """Overwrite the database with `staging` while holding its write lock from before the safety
-        copy `saved` is taken until the overwrite commits: the backup into this connection takes the
-        lock at its first (empty) step and keeps it to the last. Raises the staged id counters to the
-        current file's. Returns what only the saved copy holds (see restore_from)."""
+        """Overwrite the database with `staging` while holding its write lock from before the
+        safety copy `saved` is taken until the overwrite commits: the backup into this connection
+        takes the lock at its first (empty) step and keeps it to the last. Raises the staged id
+        counters to the current file's. Returns what only the saved copy holds (see
+        restore_from)."""
         with self.lock:
             b = self.conn.backup("main", staging, "main")
             try:
@@ -5999,11 +6013,14 @@ class Maintenance:
                 try:
                     self._copy_to(live, saved)
                     for table, key in ID_COUNTERS.items():
-                        counter = live.execute("select value from meta where key = ?", (key,)).fetchone()
-                        high = max(int(counter[0]) if counter else 0,
-                                   live.execute(f"select coalesce(max(id), 0) from {table}").fetchone()[0])
-                        staging.execute("insert into meta(key, value) values (?, ?) on conflict(key) do update "
-                                        "set value = max(cast(value as integer), excluded.value)", (key, high))
+                        counter = live.execute("select value from meta where key = ?",
+                                               (key,)).fetchone()
+                        top_id = live.execute(f"select coalesce(max(id), 0) from {table}")
+                        high = max(int(counter[0]) if counter else 0, top_id.fetchone()[0])
+                        staging.execute("insert into meta(key, value) values (?, ?) "
+                                        "on conflict(key) do update "
+                                        "set value = max(cast(value as integer), excluded.value)",
+                                        (key, high))
                     live.execute("attach ? as restored", (staging.filename,))
                     lost = fetch_dicts(live, self.queries["restore_only_in_previous"])
                 finally:
