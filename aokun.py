@@ -6082,8 +6082,9 @@ class Summarizer:
 
         llm = self.cfg.llm
         if not llm.base_url or not llm.model:
-            raise AokunError("summarize_memory needs a chat endpoint: set [llm] base_url and model (and api_key_env) "
-                             "in aokun.ini, e.g. base_url = https://api.deepseek.com/v1, model = deepseek-chat")
+            raise AokunError("summarize_memory needs a chat endpoint: set [llm] base_url and model "
+                             "(and api_key_env) in aokun.ini, e.g. "
+                             "base_url = https://api.deepseek.com/v1, model = deepseek-chat")
         transcript = conversation_text(conversation)
         key = self.cfg.secret("llm", "api_key", "api_key_env")
         if progress:
@@ -6091,14 +6092,15 @@ class Summarizer:
         prompt = ("Distil this conversation into one long-term memory. Reply with JSON only: "
                   '{"summary": str, "topics": [str], "key_facts": [str], "participants": [str], '
                   '"sentiment": "positive"|"neutral"|"negative", "importance": number 0..1}. '
-                  "key_facts are short self-contained sentences worth remembering for months; use the "
-                  "conversation's language.")
+                  "key_facts are short self-contained sentences worth remembering for months; "
+                  "use the conversation's language.")
         with httpx.Client(base_url=llm.base_url.rstrip("/") + "/", timeout=llm.timeout_seconds,
                           headers={"Authorization": f"Bearer {key}"} if key else {}) as http:
-            reply = post_json(http, "chat/completions", {
-                "model": llm.model, "temperature": 0,
-                "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": transcript}]},
-                llm.max_retries, "chat", "[llm]")
+            messages = [{"role": "system", "content": prompt},
+                        {"role": "user", "content": transcript}]
+            reply = post_json(http, "chat/completions",
+                              {"model": llm.model, "temperature": 0, "messages": messages},
+                              llm.max_retries, "chat", "[llm]")
         try:
             raw = reply["choices"][0]["message"]["content"]
             data = json.loads(re.sub(r"^```(?:json)?\s*|\s*```$", "", raw.strip()))
@@ -6129,7 +6131,8 @@ CONVERSATION_SOURCES = ("claude-code", "codex", "copilot", "chatgpt")  #: what `
 TURN_ROLES = ("user", "assistant")
 INGEST_FORMATS = ("jsonl", "chatgpt")
 HEAD_BYTES = 1024  #: bytes of a transcript's start whose hash identifies the file between runs
-INGEST_CHUNK_BYTES = 4 << 20  #: bytes of a transcript read at a time (its turns are stored before the next)
+#: bytes of a transcript read at a time (its turns are stored before the next)
+INGEST_CHUNK_BYTES = 4 << 20
 #: A transcript line longer than this (a tool's whole output) is skipped, counted as malformed, and
 #: never held whole: read on to its newline a chunk at a time (a 52 MB line took ingest to ~440 MB)
 INGEST_LINE_MAX_BYTES = 8 << 20
@@ -6142,13 +6145,15 @@ class IngestInterrupted(Exception):
 
 @dataclass(frozen=True)
 class IngestRules:
-    """One rules/ingest/<source>.toml, checked and compiled (its header comment documents the keys)."""
+    """One rules/ingest/<source>.toml, checked and compiled (its header comment documents the
+    keys)."""
     source: str
     format: str  #: jsonl or chatgpt
     location: str  #: the client's history, a glob (~ expanded)
     session_from: str  #: file_stem or parent_dir: a record's session id when no record named one
     fields: dict  #: {session_id|turn_key|timestamp|project: [dotted paths]}
-    records: tuple  #: ({match, skip_if, role, text, blocks, reduce, session_id, project, title}, ...)
+    #: ({match, skip_if, role, text, blocks, reduce, session_id, project, title}, ...)
+    records: tuple
     strip: tuple  #: compiled patterns removed from every turn text
     drop: tuple  #: compiled patterns: a matching turn is not kept
     reduce: tuple  #: (compiled pattern, line): a matching turn becomes the line
@@ -6185,13 +6190,16 @@ def load_ingest_rules(path: Path, source: str) -> IngestRules:
             raise bad(f"records[{i}].role must be one of {', '.join(TURN_ROLES)}")
         if r.get("role") and not (r.get("text") or r.get("reduce")):
             raise bad(f"records[{i}] has a role but neither text nor reduce")
-        records.append({"match": r["match"], "skip_if": r.get("skip_if") or {}, "role": r.get("role"),
-                        "text": r.get("text"), "blocks": tuple(r.get("blocks", ())), "reduce": r.get("reduce"),
-                        "session_id": r.get("session_id"), "project": r.get("project"), "title": r.get("title")})
+        records.append({"match": r["match"], "skip_if": r.get("skip_if") or {},
+                        "role": r.get("role"), "text": r.get("text"),
+                        "blocks": tuple(r.get("blocks", ())), "reduce": r.get("reduce"),
+                        "session_id": r.get("session_id"), "project": r.get("project"),
+                        "title": r.get("title")})
     return IngestRules(source=source, format=data["format"], location=data.get("location", ""),
-                       session_from=data.get("session_from", "file_stem"), fields=fields, records=tuple(records),
-                       strip=tuple(p for p, _ in compiled(data, "strip")),
-                       drop=tuple(p for p, _ in compiled(data, "drop")), reduce=tuple(compiled(data, "reduce")))
+                       session_from=data.get("session_from", "file_stem"), fields=fields,
+                       records=tuple(records), strip=tuple(p for p, _ in compiled(data, "strip")),
+                       drop=tuple(p for p, _ in compiled(data, "drop")),
+                       reduce=tuple(compiled(data, "reduce")))
 
 
 def _path_get(obj, path: str | None):
@@ -6242,7 +6250,8 @@ def content_text(value, blocks: tuple = ()) -> str:
     for b in value:
         if isinstance(b, str):
             parts.append(b)
-        elif isinstance(b, dict) and (not blocks or b.get("type") in blocks) and isinstance(b.get("text"), str):
+        elif (isinstance(b, dict) and (not blocks or b.get("type") in blocks)
+              and isinstance(b.get("text"), str)):
             parts.append(b["text"])
     return "\n".join(p for p in parts if p.strip())
 
@@ -6275,10 +6284,11 @@ def turn_time(value, fallback: str) -> str:
 
 
 def interpret_record(record: dict, rules: IngestRules, ctx: dict, seq: int) -> dict | None:
-    """One transcript record → a turn {session_id, project, turn_key, seq, role, created_at, text},
-    or None when the rules keep nothing of it. `ctx` carries what earlier records said to later ones
-    (session_id, project, the last time, titles {session id: title}) and is updated in place.
-    `seq` orders the record in its session (its byte offset, or its place in a conversation)."""
+    """One transcript record → a turn {session_id, project, turn_key, seq, role, created_at,
+    text}, or None when the rules keep nothing of it. `ctx` carries what earlier records said to
+    later ones (session_id, project, the last time, titles {session id: title}) and is updated in
+    place. `seq` orders the record in its session (its byte offset, or its place in a
+    conversation)."""
     f = rules.fields
     for key in ("session_id", "project"):
         v = _first_field(record, f.get(key))
@@ -6297,16 +6307,18 @@ def interpret_record(record: dict, rules: IngestRules, ctx: dict, seq: int) -> d
         ctx.setdefault("titles", {})[ctx["session_id"]] = title.strip()
     if not rule["role"]:
         return None
-    text = rule["reduce"] or shape_turn(content_text(_path_get(record, rule["text"]), rule["blocks"]), rules)
+    text = rule["reduce"] or shape_turn(content_text(_path_get(record, rule["text"]),
+                                                     rule["blocks"]), rules)
     if not text:
         return None
     key = _first_field(record, f.get("turn_key"))
     return {"session_id": ctx["session_id"], "project": ctx.get("project", ""),
-            "turn_key": str(key) if key not in (None, "") else f"L{seq}", "seq": seq, "role": rule["role"],
-            "created_at": ctx["time"], "text": text}
+            "turn_key": str(key) if key not in (None, "") else f"L{seq}", "seq": seq,
+            "role": rule["role"], "created_at": ctx["time"], "text": text}
 
 
-def parse_jsonl(data: bytes, base: int, rules: IngestRules, ctx: dict) -> tuple[list[dict], int, int]:
+def parse_jsonl(data: bytes, base: int, rules: IngestRules,
+                ctx: dict) -> tuple[list[dict], int, int]:
     """The turns of the complete lines of `data`, a piece of a JSONL transcript starting at byte
     offset `base`. Returns (turns, bytes consumed, malformed lines skipped). A last line without
     its newline that is not (yet) valid JSON is not consumed: the client is still writing it, the
@@ -6322,7 +6334,8 @@ def parse_jsonl(data: bytes, base: int, rules: IngestRules, ctx: dict) -> tuple[
                 if not isinstance(record, dict):
                     raise ValueError("not an object")
                 turn = interpret_record(record, rules, ctx, base + at)
-            except (ValueError, TypeError, AttributeError, RecursionError):  # RecursionError: nested too deep
+            # RecursionError: nested too deep
+            except (ValueError, TypeError, AttributeError, RecursionError):
                 if nl < 0:
                     break  # half-written: left for the next run
                 skipped += 1
@@ -6340,7 +6353,8 @@ def chatgpt_branch(conversation: dict) -> list[dict]:
     node = conversation.get("current_node")
     if node not in mapping:  # no current node: the latest leaf
         leaves = [k for k, v in mapping.items() if isinstance(v, dict) and not v.get("children")]
-        node = max(leaves, key=lambda k: (_path_get(mapping[k], "message.create_time") or 0), default=None)
+        node = max(leaves, key=lambda k: (_path_get(mapping[k], "message.create_time") or 0),
+                   default=None)
     out, seen = [], set()
     while node in mapping and node not in seen:
         seen.add(node)
@@ -6357,11 +6371,13 @@ def parse_chatgpt(data: bytes, rules: IngestRules) -> tuple[list[dict], dict, in
     try:
         conversations = loads_json(data)
     except RecursionError:
-        raise InputError("PATH", "is not a ChatGPT conversations.json (nested too deeply)") from None
+        raise InputError("PATH",
+                         "is not a ChatGPT conversations.json (nested too deeply)") from None
     except ValueError as e:
         raise InputError("PATH", f"is not a ChatGPT conversations.json (not JSON: {e})") from None
     if not isinstance(conversations, list):
-        raise InputError("PATH", "is not a ChatGPT conversations.json (expected a list of conversations)")
+        raise InputError("PATH", "is not a ChatGPT conversations.json "
+                                 "(expected a list of conversations)")
     turns, titles, skipped = [], {}, 0
     for conv in conversations:
         sid = conv.get("conversation_id") or conv.get("id") if isinstance(conv, dict) else None
@@ -6392,7 +6408,8 @@ def read_chatgpt_export(path: Path) -> bytes:
     with zipfile.ZipFile(path) as z:
         names = [n for n in z.namelist() if n.rsplit("/", 1)[-1] == "conversations.json"]
         if not names:
-            raise InputError("PATH", f"{path} is a zip without a conversations.json (is it a ChatGPT data export?)")
+            raise InputError("PATH", f"{path} is a zip without a conversations.json "
+                                     "(is it a ChatGPT data export?)")
         return z.read(min(names, key=len))
 
 
