@@ -6384,7 +6384,8 @@ def parse_chatgpt(data: bytes, rules: IngestRules) -> tuple[list[dict], dict, in
         if not isinstance(sid, str) or not isinstance(conv.get("mapping"), dict):
             skipped += 1
             continue
-        ctx = {"session_id": sid, "project": "", "time": turn_time(conv.get("create_time"), now_iso())}
+        ctx = {"session_id": sid, "project": "",
+               "time": turn_time(conv.get("create_time"), now_iso())}
         if isinstance(conv.get("title"), str) and conv["title"].strip():
             titles[sid] = conv["title"].strip()
         for i, message in enumerate(chatgpt_branch(conv)):
@@ -6446,7 +6447,8 @@ def _transcript_file(path: Path, problems: list | None) -> bool:
 # Conversations: sessions and turns, ingestion, search and upkeep #################################
 
 CONVERSATION_PAGE_MAX = 200  #: the most turns conversation_get_session returns at once
-CONVERSATION_TITLE_CHARS = 120  #: a session's title when none was given: its first user message, cut
+#: a session's title when none was given: its first user message, cut
+CONVERSATION_TITLE_CHARS = 120
 CONVERSATION_FIRST_CHARS = 500  #: the first user message kept on the session row
 TURN_CENTER_AFTER = 256  #: turn vectors needed before the turn index is centred on their mean
 
@@ -6461,11 +6463,12 @@ class Conversations:
         """The rules of `source` ([conversations] rules_dir/<source>.toml). InputError for an
         unknown source."""
         if source not in CONVERSATION_SOURCES:
-            raise InputError("source", f"unknown source {source!r}; choose from {', '.join(CONVERSATION_SOURCES)}")
+            raise InputError("source", f"unknown source {source!r}; "
+                                       f"choose from {', '.join(CONVERSATION_SOURCES)}")
         cache = self._ingest_rules
         if source not in cache:
-            cache[source] = load_ingest_rules(self.cfg.rule_file(f"{self.cfg.conversations.rules_dir}/{source}.toml"),
-                                              source)
+            path = self.cfg.rule_file(f"{self.cfg.conversations.rules_dir}/{source}.toml")
+            cache[source] = load_ingest_rules(path, source)
         return cache[source]
 
     # ingestion -----------------------------------------------------------------------------------
@@ -6529,7 +6532,8 @@ class Conversations:
                     self._ingest_export(path, rules, persona, stats)
                 else:
                     self._ingest_jsonl(path, rules, persona, stats)
-            except OSError as e:  # what was stored of it stays, with its offset; the next file is read
+            # what was stored of it stays, with its offset; the next file is read
+            except OSError as e:
                 unreadable.append(f"{path}: cannot read it ({e.strerror or e})")
                 stats["files"] -= 1
             except IngestInterrupted:
@@ -6543,8 +6547,9 @@ class Conversations:
             self.backfill_turn_vectors()
         for key in ("include_deleted", "progress", "pause", "on_stored"):
             stats.pop(key)
-        return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]), unreadable=unreadable,
-                    interrupted=interrupted, seconds=round(time.perf_counter() - started, 3))
+        return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]),
+                    unreadable=unreadable, interrupted=interrupted,
+                    seconds=round(time.perf_counter() - started, 3))
 
     def conv_file_offsets(self, source: str, paths, persona_id=None) -> dict[str, dict]:
         """{path: {size, mtime_ns, offset}} of the conv_files rows of `source` for `paths` (resolved
@@ -6558,7 +6563,8 @@ class Conversations:
     def _file_state(self, path: Path, persona: str, source: str) -> dict | None:
         """How far `source` has read `path` for `persona` (its conv_files row), or None: each source
         keeps its own progress in a file (schema 17)."""
-        rows = self.rows("select * from conv_files where persona_id = ? and source = ? and path = ?",
+        rows = self.rows("select * from conv_files "
+                         "where persona_id = ? and source = ? and path = ?",
                          (persona, source, str(path)))
         return rows[0] if rows else None
 
@@ -6573,16 +6579,18 @@ class Conversations:
         st = path.stat()
         state = None if stats["include_deleted"] else self._file_state(path, persona, rules.source)
         start = 0
-        ctx = {"session_id": path.stem if rules.session_from == "file_stem" else path.parent.name, "project": ""}
-        if state and st.st_size >= state["offset"] and state["head_hash"] == self._head_hash(path, state["head_bytes"]):
+        session = path.stem if rules.session_from == "file_stem" else path.parent.name
+        ctx = {"session_id": session, "project": ""}
+        if state and st.st_size >= state["offset"] \
+                and state["head_hash"] == self._head_hash(path, state["head_bytes"]):
             start = state["offset"]
             ctx.update(session_id=state["session_id"] or ctx["session_id"], project=state["project"])
         if start == st.st_size and state:
             return
         head = min(HEAD_BYTES, st.st_size)
-        file_row = {"persona_id": persona, "path": str(path), "source": rules.source, "size": st.st_size,
-                    "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "head_bytes": head,
-                    "head_hash": self._head_hash(path, head)}
+        file_row = {"persona_id": persona, "path": str(path), "source": rules.source,
+                    "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+                    "head_bytes": head, "head_hash": self._head_hash(path, head)}
         with path.open("rb") as f:
             f.seek(start)
             at, carry = start, b""
@@ -6592,7 +6600,8 @@ class Conversations:
                 turns, used, skipped = parse_jsonl(data, at, rules, ctx)
                 at, carry = at + used, data[used:]
                 stats["skipped"] += skipped
-                if len(carry) > INGEST_LINE_MAX_BYTES:  # a huge line (a tool's output): never held whole
+                # a huge line (a tool's output): never held whole
+                if len(carry) > INGEST_LINE_MAX_BYTES:
                     rest = _past_newline(f)
                     if rest is None:  # still being written: the next run looks again from its start
                         carry = b""
@@ -6616,16 +6625,18 @@ class Conversations:
             return
         turns, titles, skipped = parse_chatgpt(data, rules)
         stats["skipped"] += skipped
-        file_row = {"persona_id": persona, "path": str(path), "source": rules.source, "size": st.st_size,
-                    "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "head_bytes": len(data), "head_hash": digest,
-                    "offset": st.st_size, "session_id": "", "project": ""}
-        self._store_turns(rules.source, persona, turns, {"titles": titles}, file_row, stats)  # it batches
+        file_row = {"persona_id": persona, "path": str(path), "source": rules.source,
+                    "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+                    "head_bytes": len(data), "head_hash": digest, "offset": st.st_size,
+                    "session_id": "", "project": ""}
+        # it batches
+        self._store_turns(rules.source, persona, turns, {"titles": titles}, file_row, stats)
 
-    def _store_turns(self, source: str, persona: str, turns: list[dict], ctx: dict, file_row: dict | None,
-                     stats: dict, by_offset: bool = False) -> None:
-        """Store the turns not stored yet, in batches of [conversations] batch_size: each batch's new
-        texts embedded (one vector per turn) and segmented before one transaction that writes the
-        sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset; then
+    def _store_turns(self, source: str, persona: str, turns: list[dict], ctx: dict,
+                     file_row: dict | None, stats: dict, by_offset: bool = False) -> None:
+        """Store the turns not stored yet, in batches of [conversations] batch_size: each batch's
+        new texts embedded (one vector per turn) and segmented before one transaction that writes
+        the sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset; then
         stats['progress'] (ingest's `progress`), when set, hears the turns read so far. With
         `by_offset` (a JSONL file: a turn's seq is its line's byte offset) every batch records the
         offset of the next batch's first line, so a run stopped between batches (a kill, ingest's
@@ -6654,10 +6665,10 @@ class Conversations:
                 stats["new"] += added
                 if row is not None:
                     self.conn.execute(
-                        "insert or replace into conv_files(persona_id, path, source, size, mtime_ns, inode, "
-                        "head_bytes, head_hash, offset, session_id, project, updated_at) values (:persona_id, "
-                        ":path, :source, :size, :mtime_ns, :inode, :head_bytes, :head_hash, :offset, :session_id, "
-                        ":project, :now)",
+                        "insert or replace into conv_files(persona_id, path, source, size, "
+                        "mtime_ns, inode, head_bytes, head_hash, offset, session_id, project, "
+                        "updated_at) values (:persona_id, :path, :source, :size, :mtime_ns, "
+                        ":inode, :head_bytes, :head_hash, :offset, :session_id, :project, :now)",
                         dict(row, session_id=self.redact(row["session_id"]),
                              project=self.redact(row["project"]), now=now_iso()))
             if stats.get("on_stored") is not None:
