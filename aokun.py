@@ -6584,7 +6584,8 @@ class Conversations:
         if state and st.st_size >= state["offset"] \
                 and state["head_hash"] == self._head_hash(path, state["head_bytes"]):
             start = state["offset"]
-            ctx.update(session_id=state["session_id"] or ctx["session_id"], project=state["project"])
+            ctx.update(session_id=state["session_id"] or ctx["session_id"],
+                       project=state["project"])
         if start == st.st_size and state:
             return
         head = min(HEAD_BYTES, st.st_size)
@@ -6722,20 +6723,24 @@ class Conversations:
         return out
 
     def _turn_stored(self, source: str, persona: str, turn: dict) -> bool:
-        ref = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ?",
+        ref = self.value("select id from conv_sessions "
+                         "where persona_id = ? and source = ? and session_id = ?",
                          (persona, source, turn["session_id"]))
         return ref is not None and bool(self.value(
-            "select 1 from conv_turns where session_ref = ? and turn_key = ?", (ref, turn["turn_key"])))
+            "select 1 from conv_turns where session_ref = ? and turn_key = ?",
+            (ref, turn["turn_key"])))
 
     def _session_ref(self, source: str, persona: str, turn: dict, titles: dict) -> int:
         """The conv_sessions id of the turn's session, created when new. In tx."""
         sid = turn["session_id"]
-        ref = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ?",
+        ref = self.value("select id from conv_sessions "
+                         "where persona_id = ? and source = ? and session_id = ?",
                          (persona, source, sid))
         if ref is None:
             stamp = now_iso()
-            self.conn.execute("insert into conv_sessions(uid, persona_id, source, session_id, project, started_at, "
-                              "ended_at, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            self.conn.execute("insert into conv_sessions(uid, persona_id, source, session_id, "
+                              "project, started_at, ended_at, created_at, updated_at) "
+                              "values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                               (str(uuid.uuid4()), persona, source, sid, self.redact(turn["project"]),
                                turn["created_at"], turn["created_at"], stamp, stamp))
             ref = self.conn.last_insert_rowid()
@@ -6756,22 +6761,24 @@ class Conversations:
         for i, t in enumerate(turns):
             ref = self._session_ref(source, persona, t, titles)
             touched.add(ref)
-            c.execute("insert or ignore into conv_turns(uid, session_ref, persona_id, source, turn_key, seq, role, "
-                      "created_at, text, embedding_state) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (str(uuid.uuid4()), ref, persona, source, t["turn_key"], t["seq"], t["role"], t["created_at"],
-                       t["text"], state))
+            c.execute("insert or ignore into conv_turns(uid, session_ref, persona_id, source, "
+                      "turn_key, seq, role, created_at, text, embedding_state) "
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (str(uuid.uuid4()), ref, persona, source, t["turn_key"], t["seq"], t["role"],
+                       t["created_at"], t["text"], state))
             if not c.changes():
                 continue
             turn_id, n = c.last_insert_rowid(), n + 1
             c.execute("insert into conv_turns_fts(rowid, segmented) values (?, ?)",
                       (turn_id, t.get("segmented") or self.seg.segmented(t["text"])))
-            if vectors is not None and isinstance(vectors[i], np.ndarray) and self._turn_index_ready():
+            has_vector = vectors is not None and isinstance(vectors[i], np.ndarray)
+            if has_vector and self._turn_index_ready():
                 self._put_turn_vector(turn_id, vectors[i])
         for ref in touched:
-            c.execute(self.queries["conv_session_refresh"], {"id": ref, "chars": CONVERSATION_FIRST_CHARS,
-                                                            "now": now_iso()})
-            c.execute("update conv_sessions set title = substr(first_user_message, 1, ?) where id = ? and title = ''",
-                      (CONVERSATION_TITLE_CHARS, ref))
+            c.execute(self.queries["conv_session_refresh"],
+                      {"id": ref, "chars": CONVERSATION_FIRST_CHARS, "now": now_iso()})
+            c.execute("update conv_sessions set title = substr(first_user_message, 1, ?) "
+                      "where id = ? and title = ''", (CONVERSATION_TITLE_CHARS, ref))
         return n
 
     # turn vectors --------------------------------------------------------------------------------
@@ -6788,22 +6795,26 @@ class Conversations:
         return True
 
     def _put_turn_vector(self, turn_id: int, vec) -> None:
-        """Store a turn's vector (int8, vector_blob, as memories') and its binary index row. In tx."""
+        """Store a turn's vector (int8, vector_blob, as memories') and its binary index row. In
+        tx."""
         self._store_vector("turn", turn_id, vec)
         self.conn.execute("update conv_turns set embedding_state = 'done' where id = ?", (turn_id,))
 
     def _center_turn_index(self) -> None:
         """Once TURN_CENTER_AFTER turn vectors exist, centre the binary turn index on their mean
         (meta turn_vector_center, as doc_vec is on vector_center) and rebuild it."""
-        if self.meta_get("turn_vector_center") is not None or not self.has_table("conv_turn_vec") or \
-                self.value("select count(*) from conv_turn_vectors") < TURN_CENTER_AFTER:
+        if self.meta_get("turn_vector_center") is not None \
+                or not self.has_table("conv_turn_vec") \
+                or self.value("select count(*) from conv_turn_vectors") < TURN_CENTER_AFTER:
             return
         with self.tx() as c:
-            stored = self.rows(self.queries["turn_vector_blobs"])  # int8 blobs: a quarter of float32's bytes
-            self._meta_set("turn_vector_center", mean_vector(r["embedding"] for r in stored).tobytes().hex())
+            # int8 blobs: a quarter of float32's bytes
+            stored = self.rows(self.queries["turn_vector_blobs"])
+            center = mean_vector(r["embedding"] for r in stored)
+            self._meta_set("turn_vector_center", center.tobytes().hex())
             for r in stored:
-                c.execute(self.queries["index_turn_vector"], {"id": r["turn_id"],
-                                                              "embedding": blob_vector(r["embedding"]).tobytes()})
+                c.execute(self.queries["index_turn_vector"],
+                          {"id": r["turn_id"], "embedding": blob_vector(r["embedding"]).tobytes()})
 
     def backfill_turn_vectors(self, batch: int = 64, progress=None) -> int:
         """Embed the turns still marked 'pending' (embedding failed, or a model change). Returns how
@@ -6815,12 +6826,14 @@ class Conversations:
             if not rows:
                 break
             after = rows[-1]["id"]
-            m = self._embed([r["text"] for r in rows])  # per text: a vector, or None/str (later, refused)
+            # per text: a vector, or None/str (later, refused)
+            m = self._embed([r["text"] for r in rows])
             if not any(isinstance(v, np.ndarray) for v in m) or not self._turn_index_ready():
                 break  # the provider is away: the rest waits for the next back-fill
             with self.tx():
                 for r, vec in zip(rows, m, strict=True):
-                    if isinstance(vec, np.ndarray):  # a refused text stays pending, skipped by `after`
+                    # a refused text stays pending, skipped by `after`
+                    if isinstance(vec, np.ndarray):
                         self._put_turn_vector(r["id"], vec)
                         done += 1
             if progress is not None:
@@ -6830,7 +6843,8 @@ class Conversations:
         return done
 
     def _reset_turn_vectors(self) -> None:
-        """Drop every turn vector and mark the turns pending (rebuild --vectors: a new model). In tx."""
+        """Drop every turn vector and mark the turns pending (rebuild --vectors: a new model). In
+        tx."""
         c = self.conn
         c.execute("drop table if exists conv_turn_vec")
         c.execute("delete from conv_turn_vectors")
