@@ -6741,8 +6741,9 @@ class Conversations:
             self.conn.execute("insert into conv_sessions(uid, persona_id, source, session_id, "
                               "project, started_at, ended_at, created_at, updated_at) "
                               "values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                              (str(uuid.uuid4()), persona, source, sid, self.redact(turn["project"]),
-                               turn["created_at"], turn["created_at"], stamp, stamp))
+                              (str(uuid.uuid4()), persona, source, sid,
+                               self.redact(turn["project"]), turn["created_at"],
+                               turn["created_at"], stamp, stamp))
             ref = self.conn.last_insert_rowid()
         elif turn["project"]:
             self.conn.execute("update conv_sessions set project = ? where id = ? and project = ''",
@@ -6857,25 +6858,29 @@ class ConversationSearch:
     recall fuses its document channels), conversation_get_session, conversation_stats, listings,
     the briefing's session digests, and removing sessions (delete, keep_days)."""
 
-    def conversation_search(self, query, k: int = 5, source=None, session_id=None, since=None, until=None,
-                            persona_id=None, max_chars_per_hit: int | None = None) -> dict:
+    def conversation_search(self, query, k: int = 5, source=None, session_id=None, since=None,
+                            until=None, persona_id=None,
+                            max_chars_per_hit: int | None = None) -> dict:
         """Hybrid search over ingested turns: the BM25 channel (conv_turns_fts) and the vector
-        channel (conv_turn_vec, re-scored by exact cosine) of one persona, filtered in SQL by source,
-        session id and time (since/until ISO-8601), fused like recall's document channels ([recall]
-        fusion, weight_bm25, weight_vector), with recall's calibrated relevance ([recall]
-        min_relevance drops the unrelated). Each hit's text is cut to max_chars_per_hit ([conversations]
-        max_chars_per_hit; 0 = whole). Returns {results: [{turn_id, session_id, source, role,
-        created_at, text, truncated, score, relevance, channels, title, project}], degraded, warnings,
-        took_ms}. InputError for an empty query, a bad k, source or time."""
+        channel (conv_turn_vec, re-scored by exact cosine) of one persona, filtered in SQL by
+        source, session id and time (since/until ISO-8601), fused like recall's document channels
+        ([recall] fusion, weight_bm25, weight_vector), with recall's calibrated relevance ([recall]
+        min_relevance drops the unrelated). Each hit's text is cut to max_chars_per_hit
+        ([conversations] max_chars_per_hit; 0 = whole). Returns {results: [{turn_id, session_id,
+        source, role, created_at, text, truncated, score, relevance, channels, title, project}],
+        degraded, warnings, took_ms}. InputError for an empty query, a bad k, source or time."""
         started = time.perf_counter()
         query = query_text(query, "query")
         warnings: list[str] = []
         k = self._capped_k(k, warnings)
         if source is not None and source not in CONVERSATION_SOURCES:
-            raise InputError("source", f"unknown source {source!r}; choose from {', '.join(CONVERSATION_SOURCES)}")
-        limit = self.cfg.conversations.max_chars_per_hit if max_chars_per_hit is None else max_chars_per_hit
+            raise InputError("source", f"unknown source {source!r}; "
+                                       f"choose from {', '.join(CONVERSATION_SOURCES)}")
+        limit = (self.cfg.conversations.max_chars_per_hit if max_chars_per_hit is None
+                 else max_chars_per_hit)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise InputError("max_chars_per_hit", f"expected a whole number ≥ 0 (0 = no limit), got {limit!r}")
+            raise InputError("max_chars_per_hit",
+                             f"expected a whole number ≥ 0 (0 = no limit), got {limit!r}")
         tokens = self.seg.tokens(query)
         params = {"match": fts_query(tokens), "persona_id": _label(persona_id, "persona_id"),
                   "source": source or "", "session_id": _label(session_id, "session_id"),
@@ -6914,7 +6919,8 @@ class ConversationSearch:
         sql = self.queries["conv_bm25"]
         if not params["session_id"]:
             narrow = params["source"] or params["since"] or params["until"]
-            out = self.rows(sql, dict(params, pool=(FTS_POOL_FACTOR if narrow else 1) * params["k"]))
+            pool = (FTS_POOL_FACTOR if narrow else 1) * params["k"]
+            out = self.rows(sql, dict(params, pool=pool))
             if out and out[0]["complete"]:  # no rows: nothing matched in the pool, or none passed
                 return out
         return self.rows(sql, dict(params, pool=0))
@@ -6926,7 +6932,8 @@ class ConversationSearch:
             degraded.append({"channel": "vector", "reason": reason})
             return None
         try:
-            return usable_query_vector(self.embedder.embed_query(self.embedder.prepare(query)[0])).astype(np.float32)
+            v = self.embedder.embed_query(self.embedder.prepare(query)[0])
+            return usable_query_vector(v).astype(np.float32)
         except EmbeddingError as e:
             degraded.append({"channel": "vector", "reason": f"query embedding failed: {e}"})
             return None
@@ -6941,7 +6948,8 @@ class ConversationSearch:
         w = Weights.of(r, {}, tuple(ranked))  # the document route's channel weights and fusion
         fused = {i: route_relevance(i, rk, scores, w.doc_channels, w) for i, rk in ranks.items()}
         pool = sorted(fused, key=lambda i: (-fused[i], i))[: max(3 * k, MMR_POOL_MIN)]
-        rows = {row["id"]: row for row in self.rows(self.queries["conv_hits"], {"ids": json.dumps(pool)})}
+        hits = self.rows(self.queries["conv_hits"], {"ids": json.dumps(pool)})
+        rows = {row["id"]: row for row in hits}
         coef = self.rules.relevance_coef(self.embedder.model, tokens)
         out, best = [], None
         for i in pool:
@@ -6950,14 +6958,17 @@ class ConversationSearch:
                 continue
             cos = float(np.dot(blob_vector(row["embedding"]), vector)) \
                 if vector is not None and row["embedding"] is not None else None
-            rel = calibrated_relevance(cos, token_cover(tokens, set(row["segmented"].split())), coef)
+            cover = token_cover(tokens, set(row["segmented"].split()))
+            rel = calibrated_relevance(cos, cover, coef)
             best = rel if best is None or (rel is not None and rel > best) else best
             if rel is not None and rel < r.min_relevance:
                 continue
-            out.append({"turn_id": i, "session_id": row["session_id"], "source": row["source"], "role": row["role"],
-                        "created_at": row["created_at"], "text": row["text"], "truncated": False,
-                        "score": round(fused[i], 6), "relevance": None if rel is None else round(rel, 4),
-                        "channels": sorted(ranks[i]), "title": row["title"], "project": row["project"]})
+            out.append({"turn_id": i, "session_id": row["session_id"], "source": row["source"],
+                        "role": row["role"], "created_at": row["created_at"], "text": row["text"],
+                        "truncated": False, "score": round(fused[i], 6),
+                        "relevance": None if rel is None else round(rel, 4),
+                        "channels": sorted(ranks[i]), "title": row["title"],
+                        "project": row["project"]})
             if len(out) == k:
                 break
         if rows and not out and best is not None:
@@ -6966,51 +6977,58 @@ class ConversationSearch:
         return out
 
     def _named_session(self, session_id, source, persona_id) -> dict:
-        """The conv_sessions row of a client session id. NotFound when there is none in the persona;
-        InputError when several sources have that id and no source was given."""
+        """The conv_sessions row of a client session id. NotFound when there is none in the
+        persona; InputError when several sources have that id and no source was given."""
         sid = _label(session_id, "session_id")
         if not sid:
             raise InputError("session_id", "is empty")
-        rows = self.rows(self.queries["conv_sessions_named"], {"persona_id": _label(persona_id, "persona_id"),
-                                                               "session_id": sid, "source": source or ""})
+        rows = self.rows(self.queries["conv_sessions_named"],
+                         {"persona_id": _label(persona_id, "persona_id"), "session_id": sid,
+                          "source": source or ""})
         if not rows:
             raise NotFound(f"no ingested session {sid!r}; {{hint0}} shows them",
                            hints=[("conversations list", {})])
         if len(rows) > 1:
-            raise InputError("source", f"session {sid!r} exists in {', '.join(r['source'] for r in rows)}; name one")
+            sources = ", ".join(r["source"] for r in rows)
+            raise InputError("source", f"session {sid!r} exists in {sources}; name one")
         return rows[0]
 
-    def conversation_get_session(self, session_id, offset: int = 0, limit: int = 50, persona_id=None,
-                                 source=None) -> dict:
-        """One ingested session's turns in order: `limit` (1..CONVERSATION_PAGE_MAX) from `offset`,
-        each text cut to [conversations] max_chars_per_turn. Returns {session: {source, session_id,
-        project, title, first_user_message, started_at, ended_at, turn_count}, turns: [{turn_id, seq,
-        role, created_at, text, truncated}], offset, limit, next_offset (null at the end)}. NotFound
-        for an unknown session; InputError for a bad offset or limit."""
-        for name, value, low, high in (("offset", offset, 0, MAX_ID), ("limit", limit, 1, CONVERSATION_PAGE_MAX)):
+    def conversation_get_session(self, session_id, offset: int = 0, limit: int = 50,
+                                 persona_id=None, source=None) -> dict:
+        """One ingested session's turns in order: `limit` (1..CONVERSATION_PAGE_MAX) from
+        `offset`, each text cut to [conversations] max_chars_per_turn. Returns {session: {source,
+        session_id, project, title, first_user_message, started_at, ended_at, turn_count}, turns:
+        [{turn_id, seq, role, created_at, text, truncated}], offset, limit, next_offset (null at
+        the end)}. NotFound for an unknown session; InputError for a bad offset or limit."""
+        for name, value, low, high in (("offset", offset, 0, MAX_ID),
+                                       ("limit", limit, 1, CONVERSATION_PAGE_MAX)):
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise InputError(name, f"expected a whole number from {low} to {high}, got {value!r}")
+                raise InputError(name,
+                                 f"expected a whole number from {low} to {high}, got {value!r}")
         s = self._named_session(session_id, source, persona_id)
-        rows = self.rows(self.queries["conv_session_turns"], {"session_ref": s["id"], "limit": limit, "offset": offset})
+        rows = self.rows(self.queries["conv_session_turns"],
+                         {"session_ref": s["id"], "limit": limit, "offset": offset})
         cap = self.cfg.conversations.max_chars_per_turn
         turns = []
         for t in rows:
             text, cut = cut_text(t["text"], cap) if cap else (t["text"], False)
-            turns.append({"turn_id": t["id"], "seq": t["seq"], "role": t["role"], "created_at": t["created_at"],
-                          "text": text, "truncated": cut})
+            turns.append({"turn_id": t["id"], "seq": t["seq"], "role": t["role"],
+                          "created_at": t["created_at"], "text": text, "truncated": cut})
         more = offset + len(rows) < s["turn_count"]
-        session = {k: s[k] for k in ("source", "session_id", "project", "title", "first_user_message", "started_at",
-                                     "ended_at", "turn_count")}
+        session = {k: s[k] for k in ("source", "session_id", "project", "title",
+                                     "first_user_message", "started_at", "ended_at", "turn_count")}
         return {"session": session, "turns": turns, "offset": offset, "limit": limit,
                 "next_offset": offset + len(rows) if more else None}
 
-    def list_sessions(self, limit: int = 20, offset: int = 0, source=None, persona_id=None) -> list[dict]:
+    def list_sessions(self, limit: int = 20, offset: int = 0, source=None,
+                      persona_id=None) -> list[dict]:
         """Ingested sessions newest first (by their last turn)."""
         if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
-            raise InputError("limit", f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
-        return self.rows(self.queries["conv_list_sessions"], {"persona_id": _label(persona_id, "persona_id"),
-                                                              "source": source or "", "limit": limit,
-                                                              "offset": max(0, offset)})
+            raise InputError("limit",
+                             f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
+        return self.rows(self.queries["conv_list_sessions"],
+                         {"persona_id": _label(persona_id, "persona_id"), "source": source or "",
+                          "limit": limit, "offset": max(0, offset)})
 
     def watch_progress(self) -> dict | None:
         """The watch's progress (Watcher.progress) with `running`: this process's own watcher's,
@@ -7040,15 +7058,20 @@ class ConversationSearch:
 
     def conversation_stats(self, persona_id=None) -> dict:
         """Ingestion statistics of a persona: {sessions, turns, first_turn_at, last_turn_at,
-        by_source: {source: {sessions, turns, first_turn_at, last_turn_at}}, turns_awaiting_vectors,
-        files, watch} (times ISO-8601 or null; watch: watch_progress(), null when none ran)."""
+        by_source: {source: {sessions, turns, first_turn_at, last_turn_at}},
+        turns_awaiting_vectors, files, watch} (times ISO-8601 or null; watch: watch_progress(),
+        null when none ran)."""
         persona = _label(persona_id, "persona_id")
-        by = {r.pop("source"): r for r in self.rows(self.queries["conv_stats_by_source"], {"persona_id": persona})}
+        sources = self.rows(self.queries["conv_stats_by_source"], {"persona_id": persona})
+        by = {r.pop("source"): r for r in sources}
         firsts = [v["first_turn_at"] for v in by.values() if v["first_turn_at"]]
         lasts = [v["last_turn_at"] for v in by.values() if v["last_turn_at"]]
-        return {"sessions": sum(v["sessions"] for v in by.values()), "turns": sum(v["turns"] for v in by.values()),
-                "first_turn_at": min(firsts, default=None), "last_turn_at": max(lasts, default=None), "by_source": by,
-                "turns_awaiting_vectors": self.value("select count(*) from conv_turns where persona_id = ? and "
+        return {"sessions": sum(v["sessions"] for v in by.values()),
+                "turns": sum(v["turns"] for v in by.values()),
+                "first_turn_at": min(firsts, default=None),
+                "last_turn_at": max(lasts, default=None), "by_source": by,
+                "turns_awaiting_vectors": self.value("select count(*) from conv_turns "
+                                                     "where persona_id = ? and "
                                                      "embedding_state = 'pending'", (persona,)),
                 "files": self.value("select count(*) from conv_files where persona_id = ?",
                                     (persona,)),
@@ -7056,13 +7079,15 @@ class ConversationSearch:
 
     def _session_digest_lines(self, persona: str, ref: dt.datetime) -> list[str]:
         """The briefing's "Recent sessions" lines: the sessions of the last [context]
-        briefing_recent_days (at most [conversations] briefing_sessions), newest first, each with its
-        date, source, turn count, title or first user message, and session id for drill-down."""
+        briefing_recent_days (at most [conversations] briefing_sessions), newest first, each with
+        its date, source, turn count, title or first user message, and session id for
+        drill-down."""
         n = self.cfg.conversations.briefing_sessions
         if n <= 0:
             return []
         since = iso(ref - dt.timedelta(days=self.cfg.context.briefing_recent_days))
-        rows = self.rows(self.queries["conv_recent_sessions"], {"persona_id": persona, "since": since, "n": n})
+        rows = self.rows(self.queries["conv_recent_sessions"],
+                         {"persona_id": persona, "since": since, "n": n})
         if not rows:
             return []
         lines = [f"## Recent sessions ({self.cfg.context.briefing_recent_days} days; "
@@ -7074,15 +7099,17 @@ class ConversationSearch:
 
     def _conversation_hits(self, query: str, k: int, persona: str) -> list[dict]:
         """recall's include_conversations: conversation_search's hits with their score × the source
-        boost of bulk imports ([recall] source_boost_import): history ranks below what was memorized."""
+        boost of bulk imports ([recall] source_boost_import): history ranks below what was
+        memorized."""
         hits = self.conversation_search(query, k, persona_id=persona)["results"]
         boost = self._source_boost("import")
         return [dict(h, score=round(h["score"] * boost, 6)) for h in hits]
 
     def delete_session(self, session_id, source=None, persona_id=None) -> dict:
         """Remove an ingested session and its turns from every table and index, leaving tombstones
-        (the session's and each turn's uid). Its files' offsets stay: ingesting them again adds only
-        what the client writes later. Returns {session_id, source, turns}. NotFound when unknown."""
+        (the session's and each turn's uid). Its files' offsets stay: ingesting them again adds
+        only what the client writes later. Returns {session_id, source, turns}. NotFound when
+        unknown."""
         s = self._named_session(session_id, source, persona_id)
         with self.tx():
             n = self._delete_session_in_tx(s["id"])
@@ -7090,8 +7117,8 @@ class ConversationSearch:
         return {"session_id": s["session_id"], "source": s["source"], "turns": n}
 
     def _delete_session_in_tx(self, ref: int, deleted_at: str | None = None) -> int:
-        """Delete session row `ref` with its turns, FTS rows and vectors; tombstones at `deleted_at`
-        (an imported deletion's time; None: now). In tx."""
+        """Delete session row `ref` with its turns, FTS rows and vectors; tombstones at
+        `deleted_at` (an imported deletion's time; None: now). In tx."""
         c, stamp = self.conn, deleted_at or now_iso()
         has_vec = self.has_table("conv_turn_vec")
         turns = self.rows(self.queries["conv_session_turn_ids"], {"session_ref": ref})
@@ -7099,17 +7126,22 @@ class ConversationSearch:
             c.execute("delete from conv_turns_fts where rowid = ?", (t["id"],))
             if has_vec:
                 c.execute("delete from conv_turn_vec where turn_id = ?", (t["id"],))
-            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_turns', ?)",
-                      (t["uid"], stamp))
-        s = self.rows("select uid, persona_id, source, session_id from conv_sessions where id = ?", (ref,))[0]
+            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) "
+                      "values (?, 'conv_turns', ?)", (t["uid"], stamp))
+        s = self.rows("select uid, persona_id, source, session_id from conv_sessions where id = ?",
+                      (ref,))[0]
         uid = s["uid"]
-        c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_session_keys', ?)",
+        c.execute("insert or replace into tombstones(uid, table_name, deleted_at) "
+                  "values (?, 'conv_session_keys', ?)",
                   (self._session_key_uid(s["persona_id"], s["source"], s["session_id"]), stamp))
-        c.execute("delete from conv_turns where session_ref = ?", (ref,))  # conv_turn_vectors cascade
+        # conv_turn_vectors cascade
+        c.execute("delete from conv_turns where session_ref = ?", (ref,))
         c.execute("delete from conv_sessions where id = ?", (ref,))
-        c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, 'conv_sessions', ?) on conflict(uid) "
-                  "do update set table_name = excluded.table_name, deleted_at = "
-                  + ("max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"), (uid, stamp))
+        latest = "max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"
+        c.execute("insert into tombstones(uid, table_name, deleted_at) "
+                  "values (?, 'conv_sessions', ?) on conflict(uid) "
+                  "do update set table_name = excluded.table_name, deleted_at = " + latest,
+                  (uid, stamp))
         return len(turns)
 
     def prune_conversations(self, ref: dt.datetime | None = None, dry_run: bool = False) -> dict:
@@ -7120,8 +7152,10 @@ class ConversationSearch:
         if days <= 0:
             return {"sessions": 0, "turns": 0, "dry_run": dry_run}
         cutoff = iso((ref or now()) - dt.timedelta(days=days))
-        refs = [r["id"] for r in self.rows(self.queries["conv_expired_sessions"], {"cutoff": cutoff})]
-        turns = sum(self.value("select turn_count from conv_sessions where id = ?", (i,)) for i in refs)
+        expired = self.rows(self.queries["conv_expired_sessions"], {"cutoff": cutoff})
+        refs = [r["id"] for r in expired]
+        turns = sum(self.value("select turn_count from conv_sessions where id = ?", (i,))
+                    for i in refs)
         if refs and not dry_run:
             with self.tx():
                 for i in refs:
