@@ -4438,37 +4438,39 @@ class KnowledgeGraph:
         return known or re.sub(r"\s+", "_", p.strip().casefold())[:100]
 
     def _entity_id(self, persona: str, name, field_name: str, create: bool) -> int | None:
-        """The id of the knowledge-graph entity `name` resolves to (rules/aliases.toml), created when
-        missing and `create`; None when missing otherwise. Raises InputError naming `field_name`. In tx
-        when `create`."""
+        """The id of the knowledge-graph entity `name` resolves to (rules/aliases.toml), created
+        when missing and `create`; None when missing otherwise. Raises InputError naming
+        `field_name`. In tx when `create`."""
         name = clean_text(name, field_name)[:MAX_ENTITY_CHARS]
         canonical = self.rules.canonical(name)
-        eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?", (persona, canonical))
+        eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?",
+                         (persona, canonical))
         if eid is None and create:
             stamp = now_iso()
-            self.conn.execute("insert into kg_entities(id, uid, persona_id, name, canonical, created_at, "
-                              "updated_at) values (?, ?, ?, ?, ?, ?, ?)",
+            self.conn.execute("insert into kg_entities(id, uid, persona_id, name, canonical, "
+                              "created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?)",
                               (self._new_id("kg_entities"), entity_uid(persona, canonical), persona,
                                self.rules.display(name), canonical, stamp, stamp))
             eid = self.conn.last_insert_rowid()
         return eid
 
     def single_valued(self, predicate: str) -> bool:
-        """True when rules/predicates.toml makes `predicate` single-valued (a new object closes the old
-        fact)."""
+        """True when rules/predicates.toml makes `predicate` single-valued (a new object closes the
+        old fact)."""
         return predicate in {name for name, _ in self.rules.slot_patterns}
 
     def kg_add(self, subject, predicate, object, valid_from=None, valid_to=None, confidence=1.0,
                source_memory_id: int | None = None, persona_id=None) -> dict:
         """Record the fact subject —predicate→ object, true from valid_from (default now) until
         valid_to (default open). Entities are created when missing and resolved like graph nodes.
-        For a single-valued predicate (rules/predicates.toml: lives_in, works_at, 住在…) a new object
-        closes the open fact's valid_to at this valid_from (fact versioning without an LLM); the same
-        object again returns the open fact. Returns {id, subject, predicate, object, valid_from,
-        valid_to, closed: [ids], existing}. source_memory_id must name a memory of the same persona
-        (NotFound otherwise, as for an id that does not exist)."""
+        For a single-valued predicate (rules/predicates.toml: lives_in, works_at, 住在…) a new
+        object closes the open fact's valid_to at this valid_from (fact versioning without an LLM);
+        the same object again returns the open fact. Returns {id, subject, predicate, object,
+        valid_from, valid_to, closed: [ids], existing}. source_memory_id must name a memory of the
+        same persona (NotFound otherwise, as for an id that does not exist)."""
         persona = _label(persona_id, "persona_id")
-        subject, predicate, object = self._redacted_triple(subject, predicate, object)  # secrets are never stored
+        # secrets are never stored
+        subject, predicate, object = self._redacted_triple(subject, predicate, object)
         pred = self._predicate(predicate)
         start = iso(parse_time(valid_from, "valid_from")) if valid_from else now_iso()
         end = iso(parse_time(valid_to, "valid_to")) if valid_to else None
@@ -4481,7 +4483,8 @@ class KnowledgeGraph:
         with self.tx() as c:
             sid = self._entity_id(persona, subject, "subject", True)
             oid = self._entity_id(persona, object, "object", True)
-            fact = {"persona_id": persona, "subject_id": sid, "predicate": pred, "object_id": oid, "valid_from": start}
+            fact = {"persona_id": persona, "subject_id": sid, "predicate": pred, "object_id": oid,
+                    "valid_from": start}
             same = self.value(self.queries["kg_same_open_fact"], fact)
             if same is not None and end is None:
                 return dict(self._triple(same, persona), closed=[], existing=True)
@@ -4493,11 +4496,11 @@ class KnowledgeGraph:
                         closed.append(r["id"])
                     elif end is None or end > r["valid_from"]:
                         end = r["valid_from"]  # a later fact is already known: this one ends there
-            c.execute("insert into kg_triples(id, uid, persona_id, subject_id, predicate, object_id, valid_from, "
-                      "valid_to, confidence, source_memory_id, created_at, updated_at) "
-                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (self._new_id("kg_triples"), str(uuid.uuid4()), persona, sid, pred, oid, start, end, conf,
-                       source_memory_id, stamp, stamp))
+            c.execute("insert into kg_triples(id, uid, persona_id, subject_id, predicate, "
+                      "object_id, valid_from, valid_to, confidence, source_memory_id, created_at, "
+                      "updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (self._new_id("kg_triples"), str(uuid.uuid4()), persona, sid, pred, oid,
+                       start, end, conf, source_memory_id, stamp, stamp))
             tid = c.last_insert_rowid()
             self._briefing_stale(persona)
         return dict(self._triple(tid, persona), closed=closed, existing=False)
@@ -4506,7 +4509,8 @@ class KnowledgeGraph:
         """(subject, predicate, object) with secrets redacted; the object is also read as the value
         of its predicate (predicate "password", object "hunter2secret": the object goes). Values
         that are not text are returned as given, for the callers' checks."""
-        s, p, o = (self.redact(x) if isinstance(x, str) else x for x in (subject, predicate, object))
+        s, p, o = (self.redact(x) if isinstance(x, str) else x
+                   for x in (subject, predicate, object))
         if isinstance(p, str) and isinstance(o, str):
             both = self.redact(f"{p}={o}")
             if both.startswith(p + "="):
@@ -4516,7 +4520,8 @@ class KnowledgeGraph:
     def _triple(self, tid: int, persona: str = "") -> dict:
         """Fact `tid` of `persona` (folded) with its entities' names. NotFound when there is none in
         that persona: one lookup filters by both, so another persona's fact id is not there."""
-        rows = self.rows(self.queries["kg_triple"], {"id": tid, "persona_id": persona}) if 0 < tid <= MAX_ID else []
+        rows = (self.rows(self.queries["kg_triple"], {"id": tid, "persona_id": persona})
+                if 0 < tid <= MAX_ID else [])
         if not rows:
             raise NotFound(f"no fact with id {tid}; {{hint0}} or {{hint1}} shows the ids",
                            hints=[("kg query ENTITY", {}), ("kg timeline ENTITY", {})])
@@ -4534,8 +4539,8 @@ class KnowledgeGraph:
     def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
         """Facts about `entity` (as subject or object) valid at `as_of` (default now), optionally
         of one predicate. Returns {entity, as_of, facts: [{id, subject, predicate, object,
-        valid_from, valid_to, confidence, source_memory_id}]}. Raises NotFound for an entity that is not
-        in the persona's graph (never recorded, or deleted by kg_delete_entity)."""
+        valid_from, valid_to, confidence, source_memory_id}]}. Raises NotFound for an entity that
+        is not in the persona's graph (never recorded, or deleted by kg_delete_entity)."""
         persona = _label(persona_id, "persona_id")
         at = iso(parse_time(as_of, "as_of")) if as_of else now_iso()
         eid = self._entity(persona, entity)
@@ -4545,12 +4550,13 @@ class KnowledgeGraph:
         return {"entity": clean_text(entity, "entity"), "as_of": at, "facts": facts}
 
     def kg_invalidate(self, triple_id: int, valid_to=None, persona_id=None) -> dict:
-        """End fact `triple_id` of persona `persona_id` (None: the default persona ''): valid_to = the
-        given time (default now). History is kept, and an end is never moved later: a fact that has
-        ended already (valid_to now or earlier), or that is set to end by the given time, keeps its
-        valid_to. Returns the fact with already_ended (true when nothing changed) and note (what
+        """End fact `triple_id` of persona `persona_id` (None: the default persona ''): valid_to =
+        the given time (default now). History is kept, and an end is never moved later: a fact that
+        has ended already (valid_to now or earlier), or that is set to end by the given time, keeps
+        its valid_to. Returns the fact with already_ended (true when nothing changed) and note (what
         happened, e.g. "already ended on 2021-05-01T00:00:00Z; its end is kept"). Raises NotFound,
-        also for a fact of another persona; InputError when valid_to is before the fact's valid_from."""
+        also for a fact of another persona; InputError when valid_to is before the fact's
+        valid_from."""
         if isinstance(triple_id, bool) or not isinstance(triple_id, int):
             raise InputError("id", f"expected an integer fact id, got {triple_id!r}")
         persona = _label(persona_id, "persona_id")
@@ -4561,32 +4567,37 @@ class KnowledgeGraph:
             raise InputError("valid_to", f"{end} is before the fact's valid_from {t['valid_from']}")
         if t["valid_to"] is not None and t["valid_to"] <= max(end, stamp):
             verb = "ended" if t["valid_to"] <= stamp else "ends"
-            return dict(t, already_ended=True, note=f"already {verb} on {t['valid_to']}; its end is kept")
+            return dict(t, already_ended=True,
+                        note=f"already {verb} on {t['valid_to']}; its end is kept")
         with self.tx() as c:
-            c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?", (end, stamp, triple_id))
+            c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?",
+                      (end, stamp, triple_id))
             self._briefing_stale(persona)
         return dict(self._triple(triple_id, persona), already_ended=False, note=f"ended on {end}")
 
     def kg_delete_entity(self, entity, persona_id=None) -> dict:
-        """Delete entity `entity` of persona `persona_id` (None: the default persona '') and every fact
-        it is the subject or object of, in one transaction; each leaves a tombstone, as a deleted
-        memory does. The other entities of those facts stay. Returns {entity, uid, deleted: true,
-        facts: [deleted fact ids]}. Raises NotFound for an entity not in that persona's graph."""
+        """Delete entity `entity` of persona `persona_id` (None: the default persona '') and every
+        fact it is the subject or object of, in one transaction; each leaves a tombstone, as a
+        deleted memory does. The other entities of those facts stay. Returns {entity, uid, deleted:
+        true, facts: [deleted fact ids]}. Raises NotFound for an entity not in that persona's
+        graph."""
         persona = _label(persona_id, "persona_id")
         with self.tx() as c:
             eid = self._entity(persona, entity)
             e = self.rows("select uid, name from kg_entities where id = ?", (eid,))[0]
-            facts = [r["id"] for r in self.rows(self.queries["kg_entity_facts"], {"persona_id": persona,
-                                                                                  "entity_id": eid})]
+            params = {"persona_id": persona, "entity_id": eid}
+            facts = [r["id"] for r in self.rows(self.queries["kg_entity_facts"], params)]
             stamp = now_iso()
-            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) select uid, 'kg_triples', ? "
+            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) "
+                      "select uid, 'kg_triples', ? "
                       "from kg_triples where persona_id = ? and (subject_id = ? or object_id = ?)",
                       (stamp, persona, eid, eid))
-            c.execute("delete from kg_triples where persona_id = ? and (subject_id = ? or object_id = ?)",
+            c.execute("delete from kg_triples "
+                      "where persona_id = ? and (subject_id = ? or object_id = ?)",
                       (persona, eid, eid))
             c.execute("delete from kg_entities where id = ?", (eid,))
-            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'kg_entities', ?)",
-                      (e["uid"], stamp))
+            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) "
+                      "values (?, 'kg_entities', ?)", (e["uid"], stamp))
             self._briefing_stale(persona)
         return {"entity": e["name"], "uid": e["uid"], "deleted": True, "facts": facts}
 
@@ -4598,16 +4609,19 @@ class KnowledgeGraph:
         facts = self.rows(self.queries["kg_timeline"], {"persona_id": persona, "entity_id": eid})
         return {"entity": clean_text(entity, "entity"), "facts": facts}
 
-    def completions(self, kind: str, prefix: str, persona_id=None, limit: int = 100) -> tuple[list[str], int]:
+    def completions(self, kind: str, prefix: str, persona_id=None,
+                    limit: int = 100) -> tuple[list[str], int]:
         """Stored values starting with `prefix` (ASCII case ignored), for argument completion:
         kind "persona" (every persona id that has memories, facts or sessions), "entity" (the
         knowledge-graph entity names of persona `persona_id`, None: '') or "session" (the ingested
         conversation session ids of that persona). Returns (at most `limit` values, sorted; how many
         match in all). InputError for another kind or a bad persona_id."""
-        queries = {"persona": "select persona_id as v from documents union select persona_id from kg_entities "
+        queries = {"persona": "select persona_id as v from documents "
+                              "union select persona_id from kg_entities "
                               "union select persona_id from conv_sessions",
                    "entity": "select name as v from kg_entities where persona_id = :persona_id",
-                   "session": "select session_id as v from conv_sessions where persona_id = :persona_id"}
+                   "session": "select session_id as v from conv_sessions "
+                              "where persona_id = :persona_id"}
         if kind not in queries:
             raise InputError("kind", f"expected one of {', '.join(queries)}, got {kind!r}")
         persona = _label(persona_id, "persona_id")
@@ -4622,13 +4636,16 @@ class KnowledgeGraph:
         return self.rows(self.queries["kg_stats"], {"persona_id": persona, "now": now_iso()})[0]
 
     def _facts_for_text(self, text: str, persona: str, at: str, limit: int = 20) -> list[dict]:
-        """Facts valid at `at` about entities whose canonical name occurs in `text` (folded like one:
-        Rules._key)."""
+        """Facts valid at `at` about entities whose canonical name occurs in `text` (folded like
+        one: Rules._key)."""
         folded = Rules._key(text)
         out = []
-        for e in self.rows(self.queries["kg_entities_in_text"], {"persona_id": persona, "text": folded}):
-            for f in self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": e["id"],
-                                                              "as_of": at, "predicate": ""}):
+        for e in self.rows(self.queries["kg_entities_in_text"],
+                           {"persona_id": persona, "text": folded}):
+            facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona,
+                                                            "entity_id": e["id"],
+                                                            "as_of": at, "predicate": ""})
+            for f in facts:
                 if f["id"] not in {x["id"] for x in out}:
                     out.append(f)
         return out[:limit]
@@ -4638,16 +4655,23 @@ class KnowledgeGraph:
 
 CHANNEL_MAX_K = 4096  #: cap of a channel query's k (sqlite-vec 0.1.9 refuses KNN k above 4096)
 GRAPH_HOP_DISCOUNT = 0.5  #: a memory one graph hop from a hit node scores this share of the hit
-FTS_POOL_FACTOR = 4  #: the keyword channels rank the best FTS_POOL_FACTOR × k matches before filtering (:pool)
-FTS_POOL_SKIP = 8  #: after the pool fell short for a channel's filters, their next this many recalls go without it
-HAMMING_HISTORY = 32  #: a vector channel's Hamming bound is learnt from the reach of this many recent recalls
+#: the keyword channels rank the best FTS_POOL_FACTOR × k matches before filtering (:pool)
+FTS_POOL_FACTOR = 4
+#: after the pool fell short for a channel's filters, their next this many recalls go without it
+FTS_POOL_SKIP = 8
+#: a vector channel's Hamming bound is learnt from the reach of this many recent recalls
+HAMMING_HISTORY = 32
 HAMMING_QUANTILE = 0.9  #: ... as this quantile of them: ~1 recall in 10 runs its binary KNN twice
-HAMMING_KEYS = 256  #: at most this many such histories (channel × persona × session × …), pool skips too
-MMR_POOL_MIN = 30  #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
-FUSION_SCORED_MIN = 60  #: fusion scores in full the best max(2 × MMR pool, this) candidates (shortlist)
+#: at most this many such histories (channel × persona × session × …), pool skips too
+HAMMING_KEYS = 256
+#: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
+MMR_POOL_MIN = 30
+#: fusion scores in full the best max(2 × MMR pool, this) candidates (shortlist)
+FUSION_SCORED_MIN = 60
 ATOM_OVERFETCH = 4  #: search_atoms reads this many × k atoms before dropping expired ones
 ATOM_BM25_SCALE = 8.0  #: the seed's atom score 1/(1 + exp(−raw/8)) (seed: Retrieval IV)
-FEEDBACK_ATOM_INTERVAL_DAYS = 1.0  #: memory_feedback reinforces one atom at most once in this many days
+#: memory_feedback reinforces one atom at most once in this many days
+FEEDBACK_ATOM_INTERVAL_DAYS = 1.0
 
 
 @dataclass
@@ -4666,7 +4690,8 @@ class RecallQuery:
     tokens: set  #: the query's search tokens (without its time words)
     warnings: list  #: the answer's warnings; fusion adds "nothing relevant"
     window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window)
-    stats: dict = field(default_factory=dict)  #: what the recall did (explain's `stats`), filled by fusion
+    #: what the recall did (explain's `stats`), filled by fusion
+    stats: dict = field(default_factory=dict)
 
 
 class Recall:
@@ -4676,17 +4701,60 @@ class Recall:
 
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
 
-    def recall(self, query, k: int = 5, persona_id: str | None = None, session_id: str | None = None,
-               include_archived: bool = False, explain: bool = False, channels=None, as_of=None,
-               max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None, include_conversations=False):
+    def _channel_params(self, tokens: list[str], window, k: int, persona: str, session: str,
+                        include_archived, as_of_iso: str) -> dict:
+        """The SQL parameters of one recall's channel queries (sql/recall.sql)."""
+        r = self.cfg.recall
+        return {"match": fts_query(tokens), "persona_id": persona, "session_id": session,
+                "max_archived": int(bool(include_archived)), "as_of": as_of_iso,
+                "window_start": window[0] if window else "",
+                "window_end": window[1] if window else "",
+                "k": min(CHANNEL_MAX_K, max(r.channel_k, 2 * k)),
+                "expansion": r.graph_expansion_limit,
+                "candidates": min(CHANNEL_MAX_K, max(r.vector_candidates, r.channel_k, 2 * k)),
+                "hub_limit": r.graph_hub_limit, "extra": r.graph_extra_entry_boost,
+                "hop": GRAPH_HOP_DISCOUNT}
+
+    def _pins(self, embedding: bytes, params: dict) -> dict:
+        """{id: cosine similarity} of the pinned memories at least [recall]
+        pin_similarity_threshold similar to the query vector (`embedding`, a float32 blob)."""
+        query_i8 = vector_blob(np.frombuffer(embedding, np.float32))
+        rows = self.rows(self.queries["recall_pinned"],
+                         dict(params, embedding=embedding, query_i8=query_i8))
+        return {row["id"]: 1.0 - row["distance"] for row in rows
+                if 1.0 - row["distance"] >= self.cfg.recall.pin_similarity_threshold}
+
+    def _question_intent(self, query: str) -> tuple[str | None, dict]:
+        """(intent, its weights) of the question itself: the last line of a multi-line query (a
+        conversation); (None, {}) unless [recall] dynamic_route_weighting."""
+        if not self.cfg.recall.dynamic_route_weighting:
+            return None, {}
+        return self.rules.intent(query.rsplit("\n", 1)[-1])
+
+    def _recall_extras(self, query: str, k: int, persona: str, as_of_iso: str,
+                       include_conversations) -> tuple[list[dict], list]:
+        """(facts, conversations) of a recall's answer: the knowledge-graph facts about the
+        entities the query names, and the conversation hits (hooks) when include_conversations."""
+        has_graph = self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,))
+        facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) if has_graph else []
+        conversations = (self.hooks.conversation_hits(self, query, k, persona)
+                         if include_conversations else [])
+        return facts, conversations
+
+    def recall(self, query, k: int = 5, persona_id: str | None = None,
+               session_id: str | None = None, include_archived: bool = False,
+               explain: bool = False, channels=None, as_of=None,
+               max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None,
+               include_conversations=False):
         """Hybrid recall (seed: Retrieval Pipeline). Returns
         {results: [{id, score, text, truncated, summary, importance, created_at, ...}], facts,
-        degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each hit
-        also carries `explain` (explain_parts): its rank in every channel and every part of its score,
-        and the answer `stats` {channel_ms, channel_rows: {channel: ms/rows}, candidates, scored, pool}.
-        Texts are bounded by bound_hits: max_chars_per_hit and max_answer_tokens (None: the [recall]
-        settings, 0: no limit); `truncated` marks a cut text (get() reads it whole), a warning names
-        the hits left out. The bounds come after ranking: scores and explain are the same.
+        degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each
+        hit also carries `explain` (explain_parts): its rank in every channel and every part of its
+        score, and the answer `stats` {channel_ms, channel_rows: {channel: ms/rows}, candidates,
+        scored, pool}. Texts are bounded by bound_hits: max_chars_per_hit and max_answer_tokens
+        (None: the [recall] settings, 0: no limit); `truncated` marks a cut text (get() reads it
+        whole), a warning names the hits left out. The bounds come after ranking: scores and
+        explain are the same.
 
         The channels (sql/recall.sql) run side by side, the query embedding beside the keyword ones;
         _fuse() ranks their rows with the Ranking functions: shortlist() (the best by channel
@@ -4700,7 +4768,7 @@ class Recall:
         r = self.cfg.recall
         query = query_text(query, "query")
         warnings = []
-        asked = k  # the cache key keeps the k asked for, so the cap warning stays with the answers it belongs to
+        asked = k  # the cache key keeps the k asked for: the cap warning stays with its answers
         k = self._capped_k(k, warnings)
         chosen = self._channels(channels)
         persona = _label(persona_id, "persona_id")
@@ -4711,49 +4779,46 @@ class Recall:
         key = (query, asked, persona, session, flags, chosen, as_of_iso, bounds)
         cached = self._cache_get(key)
         if cached is not None:
-            return dict(cached, took_ms=round((time.perf_counter() - started) * 1000, 2), cached=True)
+            took_ms = round((time.perf_counter() - started) * 1000, 2)
+            return dict(cached, took_ms=took_ms, cached=True)
 
         ref = parse_time(as_of_iso) if as_of_iso else now()
         tokens, window = self._search_words(query, ref)
         if not tokens and not window:  # punctuation or stop words only
-            return self._answer(key, {"results": [], "degraded": [], "intent": None,
-                                      "warnings": warnings + ["the query has no searchable words"]}, started)
-        params = {"match": fts_query(tokens), "persona_id": persona, "session_id": session,
-                  "max_archived": int(bool(include_archived)), "as_of": as_of_iso,
-                  "window_start": window[0] if window else "", "window_end": window[1] if window else "",
-                  "k": min(CHANNEL_MAX_K, max(r.channel_k, 2 * k)), "expansion": r.graph_expansion_limit,
-                  "candidates": min(CHANNEL_MAX_K, max(r.vector_candidates, r.channel_k, 2 * k)),
-                  "hub_limit": r.graph_hub_limit, "extra": r.graph_extra_entry_boost, "hop": GRAPH_HOP_DISCOUNT}
+            nothing = {"results": [], "degraded": [], "intent": None,
+                       "warnings": warnings + ["the query has no searchable words"]}
+            return self._answer(key, nothing, started)
+        params = self._channel_params(tokens, window, k, persona, session, include_archived,
+                                      as_of_iso)
         degraded: list[dict] = []
-        searched = chosen if tokens else ()  # time words alone: the window's memories answer, nothing else
-        ranked, embedding = self._channel_rows(searched, query, params, degraded, stats := {})
+        stats: dict = {}
+        searched = chosen if tokens else ()  # time words alone: only the window's memories answer
+        ranked, embedding = self._channel_rows(searched, query, params, degraded, stats)
         if window:  # its memories join the candidates; candidate_score boosts them
             ranked["time_window"] = self.rows(self.queries["recall_time_window"], params)
-        pins = {}
-        if embedding is not None:
-            pins = {row["id"]: 1.0 - row["distance"] for row in self.rows(self.queries["recall_pinned"], dict(
-                params, embedding=embedding, query_i8=vector_blob(np.frombuffer(embedding, np.float32))))
-                if 1.0 - row["distance"] >= r.pin_similarity_threshold}
-        # the intent of the question itself: the last line of a multi-line query (a conversation)
-        intent, spec = self.rules.intent(query.rsplit("\n", 1)[-1]) if r.dynamic_route_weighting else (None, {})
-        ran = tuple(c for c in chosen if c in ranked or c not in {d["channel"] for d in degraded})
+        pins = {} if embedding is None else self._pins(embedding, params)
+        intent, spec = self._question_intent(query)
+        failed = {d["channel"] for d in degraded}
+        ran = tuple(c for c in chosen if c in ranked or c not in failed)
+        vector = None if embedding is None else np.frombuffer(embedding, np.float32)
         results = self._fuse(ranked, RecallQuery(
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
-            vector=None if embedding is None else np.frombuffer(embedding, np.float32), tokens=set(tokens),
-            warnings=warnings, stats=stats))
+            vector=vector, tokens=set(tokens), warnings=warnings, stats=stats))
         results, left_out = bound_hits(results, *bounds)
         if left_out:
-            warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the answer's texts within "
-                            f"{bounds[1]} tokens ([recall] max_answer_tokens); get_memory reads each whole")
-        facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) \
-            if self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else []
-        out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent, "warnings": warnings,
-               "conversations": self.hooks.conversation_hits(self, query, k, persona) if include_conversations else []}
+            warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the "
+                            f"answer's texts within {bounds[1]} tokens ([recall] "
+                            "max_answer_tokens); get_memory reads each whole")
+        facts, conversations = self._recall_extras(query, k, persona, as_of_iso,
+                                                    include_conversations)
+        out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent,
+               "warnings": warnings, "conversations": conversations}
         if explain:
             out["stats"] = dict(stats, channel_rows={ch: len(rows) for ch, rows in ranked.items()})
         answer = self._answer(key, out, started)
-        if results and r.reinforce_on_recall and not as_of_iso:  # after caching: the touch takes the lock
+        # after caching: the touch takes the lock
+        if results and r.reinforce_on_recall and not as_of_iso:
             self._touch([h["id"] for h in results])
         return answer
 
@@ -4769,9 +4834,9 @@ class Recall:
 
     def _search_words(self, query: str, ref: dt.datetime) -> tuple[list[str], tuple | None]:
         """(search tokens, time window) of a query: the window of the time words of its last line
-        (time_window, rules/timewords.toml), and the tokens of the query without that phrase unless its
-        rule keeps them ('3 days ago' says when, not what: a memory that says "ago" is no better for it;
-        'in June' also says what)."""
+        (time_window, rules/timewords.toml), and the tokens of the query without that phrase unless
+        its rule keeps them ('3 days ago' says when, not what: a memory that says "ago" is no better
+        for it; 'in June' also says what)."""
         window = time_window(query.rsplit("\n", 1)[-1], ref, self.rules.time_words,
                              local_tz(self.cfg.forgetting.timezone))
         if window is None or window.keep_words:
@@ -4783,7 +4848,8 @@ class Recall:
         """(max characters per hit, max tokens of the answer's texts) for bound_hits: the arguments,
         or the [recall] settings for None; 0 = no limit. Raises InputError for a bad one."""
         r, out = self.cfg.recall, []
-        for name, value in (("max_chars_per_hit", max_chars_per_hit), ("max_answer_tokens", max_answer_tokens)):
+        for name, value in (("max_chars_per_hit", max_chars_per_hit),
+                            ("max_answer_tokens", max_answer_tokens)):
             value = r[name] if value is None else value
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InputError(name, f"expected a whole number ≥ 0 (0 = no limit), got {value!r}")
@@ -4801,7 +4867,8 @@ class Recall:
                 return self._query_vector(query).astype(np.float32).tobytes()
             except EmbeddingError as e:
                 reason = f"query embedding failed: {e}"
-        degraded += [{"channel": ch, "reason": reason} for ch in ("vector", "graph_vector") if ch in chosen]
+        degraded += [{"channel": ch, "reason": reason} for ch in ("vector", "graph_vector")
+                     if ch in chosen]
         return None
 
     def _channel_rows(self, chosen, query: str, params: dict, degraded: list,
@@ -4809,23 +4876,28 @@ class Recall:
         """({channel: rows} of the chosen channels that can run, the query vector blob or None).
         The keyword channels start first; the query is embedded meanwhile on this thread
         (_embedding_for: ONNX and httpx release the GIL), then the vector channels start. A channel
-        whose SQL fails is logged and appended to `degraded`; stats['channel_ms'] gets {channel: ms}."""
+        whose SQL fails is logged and appended to `degraded`; stats['channel_ms'] gets
+        {channel: ms}."""
         timings = stats.setdefault("channel_ms", {})
-        names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "graph_vector": "recall_graph_vector",
+        names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword",
+                 "graph_vector": "recall_graph_vector",
                  "vector": "recall_vector_session" if params["session_id"] else "recall_vector"}
-        # the slowest channel first: with fewer workers than channels the others queue behind it, not it behind them
+        # the slowest channel first: with fewer workers than channels the others queue behind it,
+        # not it behind them
         keyword = sorted((ch for ch in chosen if ch not in ("vector", "graph_vector")),
                          key=lambda ch: ch != "graph_keyword")
         vectors = [ch for ch in chosen if ch in ("vector", "graph_vector")]
         concurrent = len(chosen) > 1
         params = dict(params, embedding=None, query_i8=None)
-        started = self._run_channels([(ch, self.queries[names[ch]]) for ch in keyword], params, concurrent)
+        started = self._run_channels([(ch, self.queries[names[ch]]) for ch in keyword], params,
+                                     concurrent)
         embedding = self._embedding_for(query, chosen, degraded)
         if embedding is None:
             vectors = []
         query_i8 = None if embedding is None else vector_blob(np.frombuffer(embedding, np.float32))
+        vector_params = dict(params, embedding=embedding, query_i8=query_i8)
         started += self._run_channels([(ch, self.queries[names[ch]]) for ch in vectors],
-                                      dict(params, embedding=embedding, query_i8=query_i8), concurrent)
+                                      vector_params, concurrent)
         ranked = {}
         for ch, run in zip(keyword + vectors, started, strict=True):
             out, timings[ch] = run()
@@ -4837,10 +4909,11 @@ class Recall:
         return ranked, embedding
 
     def _run_channels(self, queries: list[tuple[str, str]], params: dict, concurrent: bool) -> list:
-        """Start the (channel, SQL) queries (_channel_query): each on its own query-only connection in
-        a worker thread when `concurrent` and [recall] parallel_channels > 1, at most one worker per
-        CPU (SQLite runs them side by side; APSW releases the GIL), else one after another on the
-        main connection, now. Returns per query a function giving (rows or the apsw.Error, ms)."""
+        """Start the (channel, SQL) queries (_channel_query): each on its own query-only connection
+        in a worker thread when `concurrent` and [recall] parallel_channels > 1, at most one worker
+        per CPU (SQLite runs them side by side; APSW releases the GIL), else one after another on
+        the main connection, now. Returns per query a function giving
+        (rows or the apsw.Error, ms)."""
         def one(ch, sql, rows):
             t0 = time.perf_counter()
             try:
@@ -4848,15 +4921,18 @@ class Recall:
             except apsw.Error as e:
                 out = e
             return out, round((time.perf_counter() - t0) * 1000, 2)
-        workers = min(self.cfg.recall.parallel_channels, os.cpu_count() or 1)  # more threads than cores: slower
+        # more threads than cores: slower
+        workers = min(self.cfg.recall.parallel_channels, os.cpu_count() or 1)
         if workers <= 1 or not concurrent:
             done = [one(ch, sql, self.rows) for ch, sql in queries]
             return [lambda r=r: r for r in done]
         if self._channel_pool is None:
             with self._readers_lock:
                 if self._channel_pool is None:
-                    self._channel_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aokun-recall")
-        return [self._channel_pool.submit(one, ch, sql, self.reader_rows).result for ch, sql in queries]
+                    self._channel_pool = ThreadPoolExecutor(max_workers=workers,
+                                                            thread_name_prefix="aokun-recall")
+        return [self._channel_pool.submit(one, ch, sql, self.reader_rows).result
+                for ch, sql in queries]
 
     def _channel_query(self, ch: str, sql: str, params: dict, rows) -> list[dict]:
         """The rows of channel `ch` (its query `sql`, run by `rows`), first with its speed bound
@@ -4912,11 +4988,11 @@ class Recall:
 
     def _hamming_bound(self, key: tuple) -> float | None:
         """The Hamming bound for a vector channel query (`key`: channel, persona, session, archived,
-        candidates): the HAMMING_QUANTILE of the reach (the candidates-th nearest Hamming distance) of
-        its last HAMMING_HISTORY recalls, None (no bound) before 8 of them. Why a bound: sqlite-vec
-        0.1.9 picks a chunk's k nearest by k passes over the chunk (min_idx), so its KNN costs
-        n × k; with the bound only the few candidates within it are picked (graph vectors at 100k
-        memories: 32 ms → 11 ms)."""
+        candidates): the HAMMING_QUANTILE of the reach (the candidates-th nearest Hamming distance)
+        of its last HAMMING_HISTORY recalls, None (no bound) before 8 of them. Why a bound:
+        sqlite-vec 0.1.9 picks a chunk's k nearest by k passes over the chunk (min_idx), so its KNN
+        costs n × k; with the bound only the few candidates within it are picked (graph vectors at
+        100k memories: 32 ms → 11 ms)."""
         seen = sorted(self._hamming_reach.get(key, ()))
         return seen[int(HAMMING_QUANTILE * (len(seen) - 1))] if len(seen) >= 8 else None
 
@@ -4926,14 +5002,15 @@ class Recall:
         if conn is None:
             conn = self._local.conn = connect(self.path, self.cfg.storage.busy_timeout_ms,
                                               reader=True, rank=self.conn.aokun_rank or False)
-            with self._readers_lock:  # not self.lock: a caller may hold it while waiting for this thread
+            # not self.lock: a caller may hold it while waiting for this thread
+            with self._readers_lock:
                 self._readers.append(conn)
         return fetch_dicts(conn, sql, params)
 
     def _query_vector(self, query: str) -> "np.ndarray":
-        """The query's vector. A multi-line query (a conversation so far) is embedded whole, plus its
-        last line again × query_last_line_weight: the latest turn is what the recall is for, the
-        earlier ones its context."""
+        """The query's vector. A multi-line query (a conversation so far) is embedded whole, plus
+        its last line again × query_last_line_weight: the latest turn is what the recall is for,
+        the earlier ones its context."""
         v = self.embedder.embed_query(self.embedder.prepare(query)[0])
         lines = [x for x in query.splitlines() if x.strip()]
         w = self.cfg.recall.query_last_line_weight
@@ -4951,8 +5028,8 @@ class Recall:
             expanded = {"graph": ["graph_keyword", "graph_vector"], "keyword": ["bm25"]}.get(c, [c])
             for e in expanded:
                 if e not in self.CHANNELS:
-                    raise InputError("channels", f"unknown channel {c!r}; choose from bm25, vector, graph, "
-                                                 "graph_keyword, graph_vector")
+                    raise InputError("channels", f"unknown channel {c!r}; choose from bm25, "
+                                                 "vector, graph, graph_keyword, graph_vector")
                 if e not in out:
                     out.append(e)
         if not out:
@@ -4960,19 +5037,19 @@ class Recall:
         return tuple(out)
 
     def _fuse(self, ranked: dict[str, list[dict]], q: RecallQuery) -> list[dict]:
-        """The channel rows `ranked` ({channel: rows}) → the q.k hits, best first (README "How recall
-        ranks"). The formulas are the Ranking functions above; this method only fetches what they
-        need: each candidate's row (sql recall_candidates, with the atoms' temporal factor at q.ref),
-        the session neighbours of the strongest, and the documents of the MMR pool, whose calibrated
-        relevance decides which may be answered at all ([recall] min_relevance)."""
+        """The channel rows `ranked` ({channel: rows}) → the q.k hits, best first (README "How
+        recall ranks"). The formulas are the Ranking functions above; this method only fetches what
+        they need: each candidate's row (sql recall_candidates, with the atoms' temporal factor at
+        q.ref), the session neighbours of the strongest, and the documents of the MMR pool, whose
+        calibrated relevance decides which may be answered at all ([recall] min_relevance)."""
         w = Weights.of(self.cfg.recall, q.spec, q.chosen, q.window)
         ranks, scores, confidence = channel_evidence(ranked, w.graph_channels)
         if not ranks and not q.pins:
             return []
         parts: dict[int, dict] = {}
         pool_size = max(3 * q.k, MMR_POOL_MIN)
-        self._score_candidates(shortlist(ranks, scores, q.pins, w, max(FUSION_SCORED_MIN, 2 * pool_size)), parts,
-                               ranks, scores, confidence, w, q)
+        short = shortlist(ranks, scores, q.pins, w, max(FUSION_SCORED_MIN, 2 * pool_size))
+        self._score_candidates(short, parts, ranks, scores, confidence, w, q)
         q.stats["candidates"] = len(ranks)
         scale_routes(parts, w)
         neighbours = {}
@@ -4981,30 +5058,33 @@ class Recall:
             # candidates' neighbours could not reach the pool with 0.3 of a weak score
             strong = sorted(parts, key=lambda i: (-parts[i]["routes"], i))[:pool_size]
             neighbours = self._session_neighbours(strong, q.params)
-            self._score_candidates({n for ns in neighbours.values() for n in ns}, parts, ranks, scores, confidence,
-                                   w, q)
+            around = {n for ns in neighbours.values() for n in ns}
+            self._score_candidates(around, parts, ranks, scores, confidence, w, q)
             scale_routes(parts, w)
         order = fuse_scores(parts, neighbours, w)
         pool = mmr_pool(order, parts, q.pins, pool_size)
         q.stats.update(scored=len(parts), pool=len(pool))
-        docs = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(pool)})}
+        rows = self.rows(self.queries["recall_documents"], {"ids": json.dumps(pool)})
+        docs = {d["id"]: d for d in rows}
         tokens = self._relevant(pool, docs, parts, q)  # deleted meanwhile or irrelevant: left out
         out = []
-        for i, mmr_score in select_hits(order[:pool_size], parts, tokens, q.pins, q.k, w.mmr_lambda):
+        hits = select_hits(order[:pool_size], parts, tokens, q.pins, q.k, w.mmr_lambda)
+        for i, mmr_score in hits:
             hit = recall_hit(docs[i], parts[i])
             if q.explain:
-                hit["explain"] = explain_parts(i, parts[i], scores, q.chosen, w, q.intent, mmr_score)
+                hit["explain"] = explain_parts(i, parts[i], scores, q.chosen, w, q.intent,
+                                               mmr_score)
             out.append(hit)
         return out
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
-        """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not less
-        relevant than [recall] min_relevance (calibrated_relevance, also put in their parts) or made
-        within the question's time window (time_boost). When nothing is left, a warning says so and
-        gives the best relevance."""
+        """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not
+        less relevant than [recall] min_relevance (calibrated_relevance, also put in their parts) or
+        made within the question's time window (time_boost). When nothing is left, a warning says
+        so and gives the best relevance."""
         coef = self.rules.relevance_coef(self.embedder.model, q.tokens)
-        stored = [] if q.vector is None else self.rows(self.queries["recall_vectors_of"],
-                                                       {"ids": json.dumps([i for i in pool if i in docs])})
+        stored = [] if q.vector is None else self.rows(
+            self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         kept = {}
         for i in pool:
@@ -5024,24 +5104,30 @@ class Recall:
                               f"[recall] min_relevance = {self.cfg.recall.min_relevance}")
         return kept
 
-    def _score_candidates(self, ids, parts: dict, ranks: dict, scores: dict, confidence: dict, w: Weights,
-                          q: RecallQuery) -> None:
-        """candidate_score() of every id in `ids` not scored yet, into `parts`; deleted ids are skipped."""
+    def _score_candidates(self, ids, parts: dict, ranks: dict, scores: dict, confidence: dict,
+                          w: Weights, q: RecallQuery) -> None:
+        """candidate_score() of every id in `ids` not scored yet, into `parts`; deleted ids are
+        skipped."""
         default = self.rules.types[self.rules.default_type]
         batch = sorted(set(ids) - set(parts))
-        for d in self.rows(self.queries["recall_candidates"], {
-                "ids": json.dumps(batch), "ref": iso(q.ref), "historical": int(q.historical),
-                "default_ttl": float(default["base_ttl_days"]), "default_step": int(default["decay"] == "step"),
-                "step_types": json.dumps([t for t, v in self.rules.types.items() if v["decay"] == "step"])}):
+        step_types = [t for t, v in self.rules.types.items() if v["decay"] == "step"]
+        params = {"ids": json.dumps(batch), "ref": iso(q.ref), "historical": int(q.historical),
+                  "default_ttl": float(default["base_ttl_days"]),
+                  "default_step": int(default["decay"] == "step"),
+                  "step_types": json.dumps(step_types)}
+        for d in self.rows(self.queries["recall_candidates"], params):
             i = d["id"]
-            parts[i] = candidate_score(d, ranks.setdefault(i, {}), scores, confidence.get(i), w, q.ref, q.historical,
-                                       self._source_boost(d["source"]), q.pins.get(i))
+            parts[i] = candidate_score(d, ranks.setdefault(i, {}), scores, confidence.get(i), w,
+                                       q.ref, q.historical, self._source_boost(d["source"]),
+                                       q.pins.get(i))
 
     def _session_neighbours(self, ids, params: dict) -> dict[int, set]:
         """{memory id: ids of the memories right before/after it in its session} for the candidates
         and, symmetrically, for those neighbours (sql recall_session_neighbours)."""
         out: dict[int, set] = {}
-        for row in self.rows(self.queries["recall_session_neighbours"], dict(params, ids=json.dumps(sorted(ids)))):
+        rows = self.rows(self.queries["recall_session_neighbours"],
+                         dict(params, ids=json.dumps(sorted(ids))))
+        for row in rows:
             for n in (row["prev_id"], row["next_id"]):
                 if n is not None:
                     out.setdefault(row["id"], set()).add(n)
@@ -5051,12 +5137,14 @@ class Recall:
     def _source_boost(self, source: str) -> float:
         """Source-aware ranking (second seed): chat 1.10, import 0.90, anything else 1.0."""
         r = self.cfg.recall
-        return {"chat": r.source_boost_chat, "import": r.source_boost_import}.get(source, r.source_boost_default)
+        boosts = {"chat": r.source_boost_chat, "import": r.source_boost_import}
+        return boosts.get(source, r.source_boost_default)
 
     def search_atoms(self, query, k: int = 10, persona_id: str | None = None) -> dict:
         """Atom BM25 × TTL factor (seed: Retrieval IV): only active atoms; exp(−age/ttl) while
         unexpired (age from last reinforcement), planned atoms 1 until their deadline, 0 after.
-        Returns {results: [{id, document_id, atom_type, content, score, bm25, ttl_factor, expires_at}]}."""
+        Returns {results: [{id, document_id, atom_type, content, score, bm25, ttl_factor,
+        expires_at}]}."""
         started = time.perf_counter()
         query = query_text(query, "query")
         k = self._capped_k(k, [])  # the answer has no warnings to carry the cap's
@@ -5065,17 +5153,21 @@ class Recall:
             return {"results": [], "took_ms": 0.0}
         persona = _label(persona_id, "persona_id")
         ref = now()
-        rows = self.rows(self.queries["search_atoms"], {"match": fts_query(tokens), "persona_id": persona,
-                                                        "k": min(CHANNEL_MAX_K, ATOM_OVERFETCH * k)})
+        rows = self.rows(self.queries["search_atoms"],
+                         {"match": fts_query(tokens), "persona_id": persona,
+                          "k": min(CHANNEL_MAX_K, ATOM_OVERFETCH * k)})
         out = []
         for a in rows:
-            factor = ttl_factor(a | {"state": "active"}, self.rules.types[a["atom_type"]]["decay"], ref)
+            decay = self.rules.types[a["atom_type"]]["decay"]
+            factor = ttl_factor(a | {"state": "active"}, decay, ref)
             if factor <= 0:
                 continue
-            norm = 1.0 / (1.0 + math.exp(a["raw"] / ATOM_BM25_SCALE))  # seed 1/(1+exp(−s/8)), s = −bm25() = −raw
+            # seed 1/(1+exp(−s/8)), s = −bm25() = −raw
+            norm = 1.0 / (1.0 + math.exp(a["raw"] / ATOM_BM25_SCALE))
             out.append({"id": a["id"], "document_id": a["document_id"], "atom_type": a["atom_type"],
                         "content": a["content"], "confidence": a["confidence"],
-                        "reinforcement_count": a["reinforcement_count"], "expires_at": a["expires_at"],
+                        "reinforcement_count": a["reinforcement_count"],
+                        "expires_at": a["expires_at"],
                         "bm25": a["raw"], "ttl_factor": factor, "score": round(norm * factor, 6)})
         out.sort(key=lambda x: -x["score"])
         return {"results": out[:k], "took_ms": round((time.perf_counter() - started) * 1000, 2)}
@@ -5093,7 +5185,8 @@ class Recall:
             if not hit:
                 return None
             stamp, state, value = hit
-            if time.monotonic() - stamp > self.cfg.recall.cache_ttl_seconds or state != self._cache_state():
+            expired = time.monotonic() - stamp > self.cfg.recall.cache_ttl_seconds
+            if expired or state != self._cache_state():
                 del self._recall_cache[key]
                 return None
             self._recall_cache[key] = self._recall_cache.pop(key)  # most recently used last
@@ -5109,24 +5202,27 @@ class Recall:
     def _touch(self, ids: list[int]) -> None:
         """Refresh last_access_at/access_count of recalled memories in a background thread, so the
         answer is not delayed (seed: post-recall reinforcement). Only the daily decay reads them (it
-        slows for accessed memories); ranking does not: being returned earns no rank, being used does
-        (memory_feedback). Does not empty the cache."""
+        slows for accessed memories); ranking does not: being returned earns no rank, being used
+        does (memory_feedback). Does not empty the cache."""
         def work():
             try:
                 # own commits leave pragma data_version alone: the cache stays valid
                 with self.tx(invalidates=False) as c:
-                    c.execute(self.queries["touch_documents"], {"ids": json.dumps(ids), "at": now_iso()})
+                    c.execute(self.queries["touch_documents"],
+                              {"ids": json.dumps(ids), "at": now_iso()})
             except apsw.Error as e:  # closed connection at exit, busy beyond the timeout
                 log.warning("could not record access to %s: %s", ids, e)
         with self.lock:
-            if self._toucher is None:  # one worker thread, started on first use, kept for the next recalls
+            # one worker thread, started on first use, kept for the next recalls
+            if self._toucher is None:
                 self._toucher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aokun-touch")
             self._toucher.submit(work)
 
     def wait_background(self) -> None:
         """Wait for background access bookkeeping (called by close())."""
         if self._toucher is not None:
-            self._toucher.submit(lambda: None).result()  # one FIFO worker: everything before it is done
+            # one FIFO worker: everything before it is done
+            self._toucher.submit(lambda: None).result()
 
     def _stop_recall_workers(self) -> None:
         """Memory.close's step: stop the touch worker and the channel workers, close the readers."""
@@ -5166,13 +5262,17 @@ class Recall:
         with self.tx() as c:
             for d in [self._doc(i, persona) for i in ids]:
                 old = d["importance"]
-                new, count, last = (min(1.0, old + step), d["useful_count"] + 1, iso(at)) if useful \
-                    else (max(0.0, old - step), d["useful_count"], d["last_useful_at"])
-                c.execute("update documents set importance = ?, useful_count = ?, last_useful_at = ?, updated_at = ? "
-                          "where id = ?", (new, count, last, iso(at), d["id"]))
+                if useful:
+                    new, count, last = min(1.0, old + step), d["useful_count"] + 1, iso(at)
+                else:
+                    new, count, last = max(0.0, old - step), d["useful_count"], d["last_useful_at"]
+                c.execute("update documents set importance = ?, useful_count = ?, "
+                          "last_useful_at = ?, updated_at = ? where id = ?",
+                          (new, count, last, iso(at), d["id"]))
                 atoms = self._reinforce_atoms(d["id"], at) if useful else 0
-                out.append({"id": d["id"], "uid": d["uid"], "old_importance": old, "importance": new,
-                            "useful_count": count, "last_useful_at": last, "atoms_reinforced": atoms})
+                out.append({"id": d["id"], "uid": d["uid"], "old_importance": old,
+                            "importance": new, "useful_count": count, "last_useful_at": last,
+                            "atoms_reinforced": atoms})
             self._briefing_stale(persona)
         return {"useful": useful, "results": out}
 
@@ -5229,9 +5329,10 @@ class Briefing:
             text, ref = self._briefing_text(persona)
             if progress:
                 progress(1, 2)
-            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) values (?, ?, ?, ?, 0) "
-                      "on conflict(persona_id) do update set text = excluded.text, tokens = excluded.tokens, "
-                      "generated_at = excluded.generated_at, stale = 0",
+            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) "
+                      "values (?, ?, ?, ?, 0) "
+                      "on conflict(persona_id) do update set text = excluded.text, "
+                      "tokens = excluded.tokens, generated_at = excluded.generated_at, stale = 0",
                       (persona, text, estimate_tokens(text), iso(ref)))
         if progress:
             progress(2, 2)
@@ -5245,8 +5346,8 @@ class Briefing:
                         {"persona_id": persona, "min_importance": cx.briefing_importance})
         recent = self.rows(self.queries["briefing_recent_memories"],
                            {"persona_id": persona, "since": since, "n": cx.briefing_max_recent})
-        facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": 0, "as_of": iso(ref),
-                                                        "predicate": ""})
+        facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": 0,
+                                                        "as_of": iso(ref), "predicate": ""})
         lines = [f"# Memory briefing ({iso(ref)})"]
         if key:
             lines.append("## Pinned and important")
@@ -5255,12 +5356,13 @@ class Briefing:
         recent = [d for d in recent if d["id"] not in shown]
         if recent:
             lines.append(f"## Recent ({cx.briefing_recent_days} days)")
-            lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}" for d in recent]
+            lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}"
+                      for d in recent]
         lines += self.hooks.briefing_lines(self, persona, ref)
         if facts:
             lines.append("## Current facts")
-            lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})"
-                      for f in facts[:BRIEFING_MAX_FACTS]]
+            lines += [f"- {f['subject']} {f['predicate']} {f['object']} "
+                      f"(since {f['valid_from'][:10]})" for f in facts[:BRIEFING_MAX_FACTS]]
         return "\n".join(lines), ref
 
     def refresh_stale_briefings(self) -> int:
@@ -5272,20 +5374,23 @@ class Briefing:
             self.build_briefing(r["persona_id"])
         return len(stale)
 
-    def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None, persona_id=None) -> dict:
+    def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None,
+                       persona_id=None) -> dict:
         """One text blob of memory for a prompt, within a token budget (estimate_tokens).
         Without a topic: the stored session briefing (no embedding work), rebuilt first when it is
         missing or stale (_current_briefing); `age_seconds` says how old it is.
         With a topic: pinned memories first, then recall(topic) results, then current KG facts
         about entities named in the topic. Modes set the budget and how many results:
         quick 400, chat 1500, coding 2000, project 3000 tokens ([context] *_tokens).
-        Returns {text, tokens, budget, mode, source: briefing|dynamic, stale, generated_at, age_seconds}."""
-        budgets = {"quick": self.cfg.context.quick_tokens, "chat": self.cfg.context.chat_tokens,
-                   "coding": self.cfg.context.coding_tokens, "project": self.cfg.context.project_tokens}
+        Returns {text, tokens, budget, mode, source: briefing|dynamic, stale, generated_at,
+        age_seconds}."""
+        cx = self.cfg.context
+        budgets = {"quick": cx.quick_tokens, "chat": cx.chat_tokens, "coding": cx.coding_tokens,
+                   "project": cx.project_tokens}
         if mode not in budgets:
             raise InputError("mode", f"expected one of {', '.join(budgets)}, got {mode!r}")
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
-                                       or max_tokens < CONTEXT_TOKENS_MIN):
+        whole = isinstance(max_tokens, int) and not isinstance(max_tokens, bool)
+        if max_tokens is not None and (not whole or max_tokens < CONTEXT_TOKENS_MIN):
             raise InputError("max_tokens", f"expected a whole number ≥ 50, got {max_tokens!r}")
         budget = max_tokens or budgets[mode]
         persona = _label(persona_id, "persona_id")
@@ -5294,21 +5399,24 @@ class Briefing:
             text = fit_tokens(brief["text"].split("\n"), budget)
             age = (now() - parse_time(brief["generated_at"], "generated_at")).total_seconds()
             return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
-                    "source": "briefing", "stale": bool(brief["stale"]), "generated_at": brief["generated_at"],
-                    "age_seconds": max(0, int(age))}
+                    "source": "briefing", "stale": bool(brief["stale"]),
+                    "generated_at": brief["generated_at"], "age_seconds": max(0, int(age))}
         topic = clean_text(topic, "topic")
         k = CONTEXT_RECALL_K[mode]
         lines = ["# Relevant memories"]
         pinned = self.rows(self.queries["context_pinned"], {"persona_id": persona})
         lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pinned]
         seen = {d["id"] for d in pinned}
-        for h in self.recall(topic, k=k, persona_id=persona, max_answer_tokens=0)["results"]:  # fit_tokens bounds
+        # max_answer_tokens=0: fit_tokens bounds the text
+        hits = self.recall(topic, k=k, persona_id=persona, max_answer_tokens=0)["results"]
+        for h in hits:
             if h["id"] not in seen:
                 lines.append(f"- {h['created_at'][:10]} [{h['id']}] {_one_line(h['text'])}")
         facts = self._facts_for_text(topic, persona, now_iso())
         if facts:
             lines.append("# Current facts")
-            lines += [f"- {f['subject']} {f['predicate']} {f['object']} (since {f['valid_from'][:10]})" for f in facts]
+            lines += [f"- {f['subject']} {f['predicate']} {f['object']} "
+                      f"(since {f['valid_from'][:10]})" for f in facts]
         text = fit_tokens(lines, budget)
         return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
                 "source": "dynamic", "stale": False, "generated_at": now_iso(), "age_seconds": 0}
@@ -5326,13 +5434,15 @@ class Briefing:
         except apsw.Error as e:
             if not row:
                 raise
-            log.warning("serving the stale briefing of persona %r: rebuilding it failed: %s", persona, e)
+            log.warning("serving the stale briefing of persona %r: rebuilding it failed: %s",
+                        persona, e)
             return row[0]
 
 
 # Forgetting and lifecycle: decay, atom states, consolidation #####################################
 
-DECAY_DAYS_MAX = 3650  #: the most days decay() runs, or forget_preview() looks ahead, at once (ten years)
+#: the most days decay() runs, or forget_preview() looks ahead, at once (ten years)
+DECAY_DAYS_MAX = 3650
 CONSOLIDATE_NEIGHBOURS = 8  #: nearest memories (by vector, and by BM25) compared with each memory
 CONSOLIDATE_QUERY_TOKENS = 64  #: tokens of a memory used as its BM25 query
 CONSOLIDATE_JACCARD_ALONE = 0.8  #: token Jaccard that makes two memories duplicates without vectors
@@ -5361,8 +5471,10 @@ class Forgetting:
         params = {"decay_rate": f.decay_rate, "access_multiplier": f.access_count_decay_multiplier,
                   "window_start": iso(at - dt.timedelta(days=f.access_decay_window_days))}
         self.conn.execute(self.queries["decay_day"], params)
-        self.conn.execute(self.queries["decay_day_access_only"], {"access_multiplier": params["access_multiplier"]})
-        self.conn.execute("update briefings set stale = 1")  # their "important" lists go by importance
+        self.conn.execute(self.queries["decay_day_access_only"],
+                          {"access_multiplier": params["access_multiplier"]})
+        # their "important" lists go by importance
+        self.conn.execute("update briefings set stale = 1")
         self._meta_set("decay_last_run", day.isoformat())
 
     def decayed_usage(self, rec: dict, since: str | None, until: str | None) -> dict | None:
@@ -5408,28 +5520,33 @@ class Forgetting:
         c.execute(q["lifecycle_expire"], {"now": at})
         c.execute(q["lifecycle_dormant"], {"now": at})
         c.execute(q["lifecycle_wake"], {"now": at})
-        for r in self.rows(q["lifecycle_forget_ids"], {"now": at, "forget_delay_days": f.atom_forget_delay_days}):
+        for r in self.rows(q["lifecycle_forget_ids"],
+                           {"now": at, "forget_delay_days": f.atom_forget_delay_days}):
             c.execute("delete from memory_atoms_fts where rowid = ?", (r["id"],))
-            c.execute("update memory_atoms set state = 'forgotten', state_changed_at = ?, updated_at = ? where id = ?",
-                      (at, at, r["id"]))
-        for r in self.rows(q["lifecycle_purge_ids"], {"now": at, "purge_delay_days": f.atom_purge_delay_days}):
-            c.execute("update memory_atoms set superseded_by = null where superseded_by = ?", (r["id"],))
+            c.execute("update memory_atoms set state = 'forgotten', state_changed_at = ?, "
+                      "updated_at = ? where id = ?", (at, at, r["id"]))
+        for r in self.rows(q["lifecycle_purge_ids"],
+                           {"now": at, "purge_delay_days": f.atom_purge_delay_days}):
+            c.execute("update memory_atoms set superseded_by = null where superseded_by = ?",
+                      (r["id"],))
             c.execute("delete from memory_atoms where id = ?", (r["id"],))
         self._meta_set("lifecycle_last_run", at)
 
     def _auto_archive(self, ref: dt.datetime) -> None:
         """Archive the memories sql auto_archive_candidates finds at `ref` (older than
-        cleanup_days_threshold, importance below cleanup_importance_threshold, not pinned). In tx."""
+        cleanup_days_threshold, importance below cleanup_importance_threshold, not pinned). In
+        tx."""
         f = self.cfg.forgetting
         cutoff = iso(ref - dt.timedelta(days=f.cleanup_days_threshold))
-        for r in self.rows(self.queries["auto_archive_candidates"],
-                           {"cutoff": cutoff, "importance_threshold": f.cleanup_importance_threshold}):
+        params = {"cutoff": cutoff, "importance_threshold": f.cleanup_importance_threshold}
+        for r in self.rows(self.queries["auto_archive_candidates"], params):
             self._set_flag_in_tx(r["id"], "archived", True)
 
     def _snapshot(self, persona: str | None = None) -> tuple[dict, dict]:
         """({doc id: (importance, archived)}, {atom id: state}): what _changes compares around a
         maintenance step; only persona `persona`'s memories and atoms unless it is None."""
-        docs = {r["id"]: (r["importance"], r["archived"]) for r in self.rows(self.queries["document_states"])
+        docs = {r["id"]: (r["importance"], r["archived"])
+                for r in self.rows(self.queries["document_states"])
                 if persona is None or r["persona_id"] == persona}
         atoms = {r["id"]: r["state"] for r in self.rows(self.queries["atom_states"])
                  if persona is None or r["persona_id"] == persona}
@@ -5438,7 +5555,8 @@ class Forgetting:
     @staticmethod
     def _changes(before, after) -> dict:
         (d0, a0), (d1, a1) = before, after
-        importance = [{"id": i, "old": d0[i][0], "new": d1[i][0]} for i in sorted(d1) if d1[i][0] != d0[i][0]]
+        importance = [{"id": i, "old": d0[i][0], "new": d1[i][0]} for i in sorted(d1)
+                      if d1[i][0] != d0[i][0]]
         archived = [i for i in sorted(d1) if d1[i][1] and not d0[i][1]]
         atoms = [{"id": i, "old": a0[i], "new": a1.get(i, "purged")} for i in sorted(a0)
                  if a1.get(i, "purged") != a0[i]]
@@ -5455,7 +5573,8 @@ class Forgetting:
         """Run maintenance steps, each in its own transaction (a crash mid-way loses no finished
         step), or for a dry run all in one transaction that is rolled back, so a preview computes
         exactly the changes a real run makes and keeps none. Returns (snapshot before, after), of
-        persona `persona` only for a dry run that names one (the steps themselves cover every persona)."""
+        persona `persona` only for a dry run that names one (the steps themselves cover every
+        persona)."""
         with self.lock:
             before = self._snapshot(persona if dry_run else None)
             if dry_run:
@@ -5471,7 +5590,8 @@ class Forgetting:
                     step()
             return before, self._snapshot()
 
-    def decay(self, dry_run: bool = False, days: int | None = None, ref: dt.datetime | None = None) -> dict:
+    def decay(self, dry_run: bool = False, days: int | None = None,
+              ref: dt.datetime | None = None) -> dict:
         """Daily importance decay (seed: Forgetting & Lifecycle): run every day whose decay time has
         passed since meta('decay_last_run'), one day per transaction, then auto-archival when
         [forgetting] auto_cleanup_enabled. `days` runs that many days now instead of the schedule.
@@ -5481,7 +5601,8 @@ class Forgetting:
         ref = ref or now()
         if days is not None and (isinstance(days, bool) or not isinstance(days, int)
                                  or not 0 <= days <= DECAY_DAYS_MAX):
-            raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, got {days!r}")
+            raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, "
+                                     f"got {days!r}")
         last = self.meta_get("decay_last_run")
         due = self._decay_due(ref)
         if days is not None:
@@ -5502,7 +5623,8 @@ class Forgetting:
 
     def lifecycle(self, dry_run: bool = False, ref: dt.datetime | None = None) -> dict:
         """One atom lifecycle sweep now: active → expired → forgotten (+7 d) → purged (+30 d), and
-        dormant while every source memory is archived. Returns {atoms: [{id, old, new}], dry_run}."""
+        dormant while every source memory is archived. Returns {atoms: [{id, old, new}],
+        dry_run}."""
         ref = ref or now()
         before, after = self._run_steps([lambda: self._lifecycle_sweep(ref)], dry_run)
         return {"atoms": self._changes(before, after)["atoms"], "dry_run": dry_run}
@@ -5514,26 +5636,52 @@ class Forgetting:
         archived, atoms}."""
         persona = _label(persona_id, "persona_id")
         if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= DECAY_DAYS_MAX:
-            raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, got {days!r}")
+            raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, "
+                                     f"got {days!r}")
         ref = now() + dt.timedelta(days=days)
         last = self.meta_get("decay_last_run")
-        first = (dt.date.fromisoformat(last) if last else self._decay_due(now())) + dt.timedelta(days=1)
-        todo = [first + dt.timedelta(days=i) for i in range((self._decay_due(ref) - first).days + 1)]
+        after_day = dt.date.fromisoformat(last) if last else self._decay_due(now())
+        first = after_day + dt.timedelta(days=1)
+        last_due = self._decay_due(ref)
+        todo = [first + dt.timedelta(days=i) for i in range((last_due - first).days + 1)]
         steps = self._decay_steps(todo, ref) + [lambda: self._lifecycle_sweep(ref)]
         before, after = self._run_steps(steps, dry_run=True, persona=persona)
-        return {"as_of": iso(ref), "days": [d.isoformat() for d in todo], **self._changes(before, after)}
+        return {"as_of": iso(ref), "days": [d.isoformat() for d in todo],
+                **self._changes(before, after)}
 
     def set_importance(self, doc_id: int, importance, persona_id: str | None = None) -> dict:
-        """Set the importance (0..1) of a memory of persona `persona_id` (None: the default persona '').
-        Returns {id, uid, old, new}. Raises NotFound, also for an id of another persona."""
+        """Set the importance (0..1) of a memory of persona `persona_id` (None: the default persona
+        ''). Returns {id, uid, old, new}. Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         value = _importance(importance)
         with self.tx() as c:
-            c.execute("update documents set importance = ?, updated_at = ? where id = ?", (value, now_iso(), doc_id))
+            c.execute("update documents set importance = ?, updated_at = ? where id = ?",
+                      (value, now_iso(), doc_id))
             self._briefing_stale(d["persona_id"])
         return {"id": doc_id, "uid": d["uid"], "old": d["importance"], "new": value}
 
     # consolidation -------------------------------------------------------------------------------
+
+    def _near_duplicates(self, i: int, docs: dict, tokens: dict, persona: str, similarity: float,
+                         min_jaccard: float, use_vectors: bool) -> list[int]:
+        """The memories of `docs` that memory `i` is a near-duplicate of, as consolidate tells."""
+        pairs = []
+        vec = (self.value("select embedding from doc_vectors where doc_id = ?", (i,))
+               if use_vectors else None)
+        if vec is not None:
+            params = {"embedding": blob_vector(vec).tobytes(), "query_i8": vec,
+                      "k": CONSOLIDATE_NEIGHBOURS, "candidates": 8 * CONSOLIDATE_NEIGHBOURS,
+                      "max_hamming": None, "persona_id": persona, "max_archived": 0, "as_of": ""}
+            cands = [(r["id"], 1 - r["raw"])
+                     for r in self.rows(self.queries["recall_vector"], params) if r["id"] != i]
+            pairs = [j for j, sim in cands if j in docs and sim >= similarity
+                     and jaccard(tokens[i], tokens[j]) >= min_jaccard]
+        q = fts_query(sorted(tokens[i])[:CONSOLIDATE_QUERY_TOKENS])
+        cands = [] if not q else [r["rowid"] for r in self.rows(
+            self.queries["consolidate_fts_candidates"], {"match": q, "k": CONSOLIDATE_NEIGHBOURS})]
+        pairs += [j for j in cands if j != i and j in docs
+                  and jaccard(tokens[i], tokens[j]) >= CONSOLIDATE_JACCARD_ALONE]
+        return pairs
 
     def consolidate(self, dry_run: bool = True, persona_id=None, similarity: float = 0.92,
                     min_jaccard: float = 0.5, progress=None) -> dict:
@@ -5544,12 +5692,14 @@ class Forgetting:
         run merges each cluster into its longest memory (union of topics, key facts and
         participants, max importance, earliest created_at) and archives the others with
         merged_into = survivor; restore_memory(survivor) undoes it.
-        Returns {clusters: [{survivor, members: [ids], texts}], dry_run}. `progress(done, total)`, when
-        given, is called after each memory compared (total: the live memories) and each cluster merged
-        (total grows by the clusters), from the calling thread."""
+        Returns {clusters: [{survivor, members: [ids], texts}], dry_run}. `progress(done, total)`,
+        when given, is called after each memory compared (total: the live memories) and each
+        cluster merged (total grows by the clusters), from the calling thread."""
         persona = _label(persona_id, "persona_id")
-        docs = {d["id"]: d for d in self.rows(self.queries["consolidate_documents"], {"persona_id": persona})}
-        tokens = {i: set(self.seg.tokens(d["content"])) for i, d in docs.items()}  # the words, not the labels
+        live = self.rows(self.queries["consolidate_documents"], {"persona_id": persona})
+        docs = {d["id"]: d for d in live}
+        # the words, not the labels
+        tokens = {i: set(self.seg.tokens(d["content"])) for i, d in docs.items()}
         parent = {i: i for i in docs}
 
         def find(i):
@@ -5562,20 +5712,8 @@ class Forgetting:
         for n, i in enumerate(docs, 1):
             if progress:
                 progress(n - 1, len(docs))
-            pairs = []
-            vec = self.value("select embedding from doc_vectors where doc_id = ?", (i,)) if use_vectors else None
-            if vec is not None:
-                cands = [(r["id"], 1 - r["raw"]) for r in self.rows(self.queries["recall_vector"], {
-                    "embedding": blob_vector(vec).tobytes(), "query_i8": vec,
-                    "k": CONSOLIDATE_NEIGHBOURS, "candidates": 8 * CONSOLIDATE_NEIGHBOURS, "max_hamming": None,
-                    "persona_id": persona, "max_archived": 0, "as_of": ""}) if r["id"] != i]
-                pairs = [j for j, sim in cands
-                         if j in docs and sim >= similarity and jaccard(tokens[i], tokens[j]) >= min_jaccard]
-            q = fts_query(sorted(tokens[i])[:CONSOLIDATE_QUERY_TOKENS])
-            cands = [r["rowid"] for r in self.rows(self.queries["consolidate_fts_candidates"],
-                                                   {"match": q, "k": CONSOLIDATE_NEIGHBOURS})] if q else []
-            pairs += [j for j in cands
-                      if j != i and j in docs and jaccard(tokens[i], tokens[j]) >= CONSOLIDATE_JACCARD_ALONE]
+            pairs = self._near_duplicates(i, docs, tokens, persona, similarity, min_jaccard,
+                                          use_vectors)
             for j in pairs:
                 parent[find(i)] = find(j)
         groups: dict[int, list[int]] = {}
@@ -5607,30 +5745,34 @@ class Forgetting:
         # moves it to the earliest time: atoms, context and successors follow
         self.edit(survivor, None, merged, s["persona_id"])
         with self.tx() as c:
-            c.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) "
-                      "values (?, ?, ?, ?)",
-                      (survivor, json.dumps(previous, ensure_ascii=False), json.dumps(members), now_iso()))
+            c.execute("insert or replace into consolidations(survivor_id, previous, members, "
+                      "created_at) values (?, ?, ?, ?)",
+                      (survivor, json.dumps(previous, ensure_ascii=False), json.dumps(members),
+                       now_iso()))
             for m in members:
                 self._set_flag_in_tx(m, "archived", True)
                 c.execute("update documents set merged_into = ? where id = ?", (survivor, m))
             self._briefing_stale(s["persona_id"])
 
     def restore_memory(self, doc_id: int, persona_id: str | None = None) -> dict:
-        """Undo archival of a memory of persona `persona_id` (None: the default persona ''): an archived
-        memory comes back into recall; a consolidation survivor gets its previous metadata back and the
-        memories merged into it are restored. Returns {id, uid, archived: false, restored: [ids]}.
-        Raises NotFound, also for an id of another persona."""
+        """Undo archival of a memory of persona `persona_id` (None: the default persona ''): an
+        archived memory comes back into recall; a consolidation survivor gets its previous metadata
+        back and the memories merged into it are restored. Returns {id, uid, archived: false,
+        restored: [ids]}. Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         cons = self.rows("select * from consolidations where survivor_id = ?", (doc_id,))
         restored = []
         if cons:
             prev = json.loads(cons[0]["previous"])
-            back = {k: prev[k] for k in ("topics", "key_facts", "participants", "tags", "importance")}
-            self.edit(doc_id, None, back | {"timestamp": prev["created_at"]},  # back to its time, atoms and
-                      d["persona_id"])                                         # context included
+            back = {k: prev[k]
+                    for k in ("topics", "key_facts", "participants", "tags", "importance")}
+            # back to its time, atoms and context included
+            self.edit(doc_id, None, back | {"timestamp": prev["created_at"]}, d["persona_id"])
             with self.tx() as c:
-                for m in json.loads(cons[0]["members"]):  # the survivor's persona's only, whatever the row says
-                    if self.value("select 1 from documents where id = ? and persona_id = ?", (m, d["persona_id"])):
+                # the survivor's persona's only, whatever the row says
+                for m in json.loads(cons[0]["members"]):
+                    if self.value("select 1 from documents where id = ? and persona_id = ?",
+                                  (m, d["persona_id"])):
                         self._unarchive_in_tx(m)
                         restored.append(m)
                 c.execute("delete from consolidations where survivor_id = ?", (doc_id,))
@@ -5643,9 +5785,11 @@ class Forgetting:
 
 # Maintenance and backups: health, rebuild, vacuum, backup, restore ###############################
 
-FACT_ENTRIES_SQL = "node_id in (select id from graph_nodes where node_type = 'fact')"  #: entries with a vector
+#: entries with a vector
+FACT_ENTRIES_SQL = "node_id in (select id from graph_nodes where node_type = 'fact')"
 BACKUP_STEP_PAGES = 256  #: pages the online backup copies per step (the lock is held per step)
-BACKUP_MAX_RESTARTS = 20  #: after this many restarts (writes elsewhere) the copy finishes under the lock
+#: after this many restarts (writes elsewhere) the copy finishes under the lock
+BACKUP_MAX_RESTARTS = 20
 
 
 def _backup_folder(dest: Path) -> None:
@@ -5680,10 +5824,11 @@ class Maintenance:
             "atoms_by_state": {r["state"]: r["n"] for r in self.rows(q["stats_atoms_by_state"])},
             "atoms_by_type": {r["atom_type"]: r["n"] for r in self.rows(q["stats_atoms_by_type"])},
             "journal": {r["status"]: r["n"] for r in self.rows(q["stats_journal"])},
-            "maintenance": {k: self.meta_get(k) for k in ("decay_last_run", "lifecycle_last_run", "backup_last",
-                                                          "backup_last_file")},
-            "embedding": {"provider": self.embedder.provider, "model": self.embedder.model, "dim": self.embedder.dim,
-                          "loaded": self.embedder.loaded, "stored_model": self.meta_get("embedding_model"),
+            "maintenance": {k: self.meta_get(k) for k in ("decay_last_run", "lifecycle_last_run",
+                                                          "backup_last", "backup_last_file")},
+            "embedding": {"provider": self.embedder.provider, "model": self.embedder.model,
+                          "dim": self.embedder.dim, "loaded": self.embedder.loaded,
+                          "stored_model": self.meta_get("embedding_model"),
                           "stored_dim": int(self.meta_get("embedding_dim") or 0) or None,
                           "problem": self.vector_problem},
             "keyword_ranking": self.ranking,
@@ -5723,10 +5868,12 @@ class Maintenance:
         for kind, plural in (("memory", "memories"), ("graph entry", "graph entries")):
             mine = [r for r in refused if r["kind"] == kind]
             if mine:
-                examples = "; ".join(f"{kind} {r['id']}: {' '.join(r['error'].split())[:160]}" for r in mine)
-                problems.append(f"{mine[0]['total']} {plural} without a vector: the embedding provider refused their "
-                                f"text for good ({examples}{'; …' if mine[0]['total'] > len(mine) else ''}); they are "
-                                "found by keyword and graph search; edit them, or run "
+                examples = "; ".join(f"{kind} {r['id']}: {' '.join(r['error'].split())[:160]}"
+                                     for r in mine)
+                more = "; …" if mine[0]["total"] > len(mine) else ""
+                problems.append(f"{mine[0]['total']} {plural} without a vector: the embedding "
+                                f"provider refused their text for good ({examples}{more}); they "
+                                "are found by keyword and graph search; edit them, or run "
                                 "`python aokun.py rebuild --vectors` to try again")
         return problems
 
@@ -5754,56 +5901,64 @@ class Maintenance:
         return out
 
     def _rebuild_vectors(self, progress=None) -> int:
-        """rebuild --vectors: re-embed every memory and fact entry with the configured embedder, never
-        leaving fewer vectors than there were. The model and dim of the stored vectors: each one is
-        replaced where a new one is made and kept where not (marked pending for the back-fill).
-        Another model or dim: the new vectors are made first, in temporary tables, and replace the
-        old ones (and the recorded model/dim) in one transaction only when there are at least as many;
-        otherwise nothing changes. Texts the provider refused before are tried again. Returns how many
-        vectors were written; `progress(made, of)` hears how far it is. Raises EmbeddingError, one
-        line saying how many of how many and why, when fewer were made than there are memories and
-        fact entries."""
+        """rebuild --vectors: re-embed every memory and fact entry with the configured embedder,
+        never leaving fewer vectors than there were. The model and dim of the stored vectors: each
+        one is replaced where a new one is made and kept where not (marked pending for the
+        back-fill). Another model or dim: the new vectors are made first, in temporary tables, and
+        replace the old ones (and the recorded model/dim) in one transaction only when there are at
+        least as many; otherwise nothing changes. Texts the provider refused before are tried again.
+        Returns how many vectors were written; `progress(made, of)` hears how far it is. Raises
+        EmbeddingError, one line saying how many of how many and why, when fewer were made than
+        there are memories and fact entries."""
         if self.embedder.provider == "none":
-            raise AokunError("[embedding] provider is none; set a provider before `rebuild --vectors`")
+            raise AokunError("[embedding] provider is none; "
+                             "set a provider before `rebuild --vectors`")
         self.wait_refresh()  # a background refresh of successors would race it for the same rows
         if not self.embedder.dim:  # CachedEmbedder.dim is read-only: set it on the inner embedder
             e = self.embedder.inner if isinstance(self.embedder, CachedEmbedder) else self.embedder
             e.dim = len(self.embedder.embed_query("dimension probe"))
         if self.embedder.dim % 8:
-            raise EmbeddingError(f"the embedder {self.embedder.model!r} makes {self.embedder.dim}-d vectors; the "
-                                 "binary KNN index needs a dimension divisible by 8; nothing was changed")
+            raise EmbeddingError(f"the embedder {self.embedder.model!r} makes "
+                                 f"{self.embedder.dim}-d vectors; the binary KNN index needs a "
+                                 "dimension divisible by 8; nothing was changed")
         expected = self.value("select count(*) from documents") + self.value(
             f"select count(*) from graph_entries where {FACT_ENTRIES_SQL}")
         self._clear_embedding_error()
         step = None if progress is None else (lambda done, _total: progress(done, expected))
-        if self.has_table("doc_vec") and self.meta_get("embedding_model") == self.embedder.model \
-                and self.meta_get("embedding_dim") == str(self.embedder.dim):
+        same_vectors = (self.has_table("doc_vec")
+                        and self.meta_get("embedding_model") == self.embedder.model
+                        and self.meta_get("embedding_dim") == str(self.embedder.dim))
+        if same_vectors:
             with self.tx() as c:  # the old vectors stay searchable until each is replaced
                 for table, index, key in (("doc_vectors", "doc_vec", "doc_id"),
                                           ("graph_vectors", "graph_vec", "entry_id")):
-                    unusable = f"select {key} from {table} where vec_distance_cosine(vec_int8(embedding), " \
-                               "vec_int8(embedding)) is null"  # NaN/zero ones (older files): never kept
+                    # NaN/zero ones (older files): never kept
+                    unusable = f"select {key} from {table} where vec_distance_cosine(" \
+                               "vec_int8(embedding), vec_int8(embedding)) is null"
                     c.execute(f"delete from {index} where {key} in ({unusable})")
                     c.execute(f"delete from {table} where {key} in ({unusable})")
-                c.execute("update documents set embedding_state = 'pending', embedding_error = null")
-                c.execute(f"update graph_entries set embedding_state = 'pending', embedding_error = null "
-                          f"where {FACT_ENTRIES_SQL}")
+                c.execute("update documents "
+                          "set embedding_state = 'pending', embedding_error = null")
+                c.execute("update graph_entries set embedding_state = 'pending', "
+                          f"embedding_error = null where {FACT_ENTRIES_SQL}")
             made = self.backfill_vectors(progress=step)
             if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
                 with self.tx():
                     self._recenter()
-            refused = self.value("select count(*) from documents where embedding_error is not null") + \
+            refused = self.value("select count(*) from documents "
+                                 "where embedding_error is not null") + \
                 self.value("select count(*) from graph_entries where embedding_error is not null")
-            kept = "; the old vectors of the others are kept and they are back-filled once the provider answers"
+            kept = ("; the old vectors of the others are kept and they are back-filled once the "
+                    "provider answers")
         else:
             made, refused, kept = self._swap_in_new_vectors(step)
         if made < expected:
-            why = [f"the provider refused {refused} texts for good (`python aokun.py doctor` lists them)"
-                   ] if refused else []
+            why = [f"the provider refused {refused} texts for good "
+                   "(`python aokun.py doctor` lists them)"] if refused else []
             if made + refused < expected:
                 why.append(f"the provider failed ({self.last_embedding_error or 'see the log'})")
-            raise EmbeddingError(f"rebuild --vectors embedded {made} of {expected} memories and fact entries: "
-                                 + "; ".join(why) + kept)
+            raise EmbeddingError(f"rebuild --vectors embedded {made} of {expected} memories and "
+                                 "fact entries: " + "; ".join(why) + kept)
         return made
 
     def _swap_in_new_vectors(self, progress=None) -> tuple[int, int, str]:
@@ -5812,43 +5967,52 @@ class Maintenance:
         each batch). Returns (vectors made, texts refused, what happened to the old vectors as the
         end of a sentence)."""
         with self.lock:
-            self.conn.execute("create temp table if not exists new_doc_vectors(doc_id integer primary key, "
-                              "embedding blob not null, truncated integer not null)")
-            self.conn.execute("create temp table if not exists new_entry_vectors(entry_id integer primary key, "
-                              "embedding blob not null)")
-        was_refused = {r["id"] for r in self.rows("select id from documents where embedding_error is not null")}
+            self.conn.execute("create temp table if not exists new_doc_vectors("
+                              "doc_id integer primary key, embedding blob not null, "
+                              "truncated integer not null)")
+            self.conn.execute("create temp table if not exists new_entry_vectors("
+                              "entry_id integer primary key, embedding blob not null)")
+        was_refused = {r["id"] for r in self.rows("select id from documents "
+                                                  "where embedding_error is not null")}
         try:
             refused = self._embed_all_into_temp(progress=progress)
-            found = self.value("select count(*) from doc_vectors") + self.value("select count(*) from graph_vectors")
+            found = self.value("select count(*) from doc_vectors") + \
+                self.value("select count(*) from graph_vectors")
             made = self.value("select count(*) from temp.new_doc_vectors") + \
                 self.value("select count(*) from temp.new_entry_vectors")
             if made < found:
-                return made, len(refused), f"; the {found} stored vectors are kept and nothing was changed"
+                return made, len(refused), (f"; the {found} stored vectors are kept and nothing "
+                                            "was changed")
             with self.tx() as c:
                 for t in ("doc_vec", "graph_vec"):
                     c.execute(f"drop table if exists {t}")
                 c.execute("delete from doc_vectors")
                 c.execute("delete from graph_vectors")
-                c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', 'embedding_dim', "
-                          "'vector_center')")
+                c.execute("delete from meta where key in ('embedding_provider', 'embedding_model', "
+                          "'embedding_dim', 'vector_center')")
                 self._vector_tables_in_tx(int(self.embedder.dim))
                 c.execute("insert into doc_vectors(doc_id, embedding) "
                           "select doc_id, embedding from temp.new_doc_vectors")
                 c.execute("insert into graph_vectors(entry_id, embedding) "
                           "select entry_id, embedding from temp.new_entry_vectors")
-                c.execute("update documents set embedding_state = 'pending', embedding_error = null")
+                c.execute("update documents "
+                          "set embedding_state = 'pending', embedding_error = null")
                 c.execute("update documents set embedding_state = 'done', embedding_truncated = "
-                          "(select truncated from temp.new_doc_vectors where doc_id = documents.id) "
+                          "(select truncated from temp.new_doc_vectors "
+                          "where doc_id = documents.id) "
                           "where id in (select doc_id from temp.new_doc_vectors)")
-                c.execute(f"update graph_entries set embedding_state = 'pending', embedding_error = null "
-                          f"where {FACT_ENTRIES_SQL}")
+                c.execute("update graph_entries set embedding_state = 'pending', "
+                          f"embedding_error = null where {FACT_ENTRIES_SQL}")
                 c.execute("update graph_entries set embedding_state = 'done' "
                           "where id in (select entry_id from temp.new_entry_vectors)")
                 for (table, row_id), reason in refused.items():
-                    c.execute(f"update {table} set embedding_error = ? where id = ?", (reason, row_id))
-                # the texts were made with the old refusals left out of the context: a memory refused
-                # now or no longer gets its successors' vectors made again (the new ones stay till then)
-                changed = was_refused ^ {row_id for (table, row_id) in refused if table == "documents"}
+                    c.execute(f"update {table} set embedding_error = ? where id = ?",
+                              (reason, row_id))
+                # the texts were made with the old refusals left out of the context: a memory
+                # refused now or no longer gets its successors' vectors made again (the new ones
+                # stay till then)
+                refused_now = {row_id for (table, row_id) in refused if table == "documents"}
+                changed = was_refused ^ refused_now
                 stale = sorted({j for i in changed for j in self._stale_successors(i)})
                 self._refresh_graph_context(stale)
                 if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
@@ -5870,13 +6034,16 @@ class Maintenance:
         `progress(made, None)` after each batch. Returns {(table, id): reason} of the texts the
         provider refused."""
         refused: dict = {}
-        for query, table in (("documents_to_embed", "documents"), ("fact_entries_to_embed", "graph_entries")):
+        for query, table in (("documents_to_embed", "documents"),
+                             ("fact_entries_to_embed", "graph_entries")):
             after = 0
             while rows := self.rows(self.queries[query], {"after": after, "n": batch}):
                 after = rows[-1]["id"]
-                if table == "graph_entries":  # a fact that is its whole memory may take the memory's vector
+                # a fact that is its whole memory may take the memory's vector
+                if table == "graph_entries":
                     rows = [r for r in rows if not self._reuse_new_doc_vector(r)]
-                texts = self._stored_vector_texts(rows) if table == "documents" else [(r["t"], False) for r in rows]
+                texts = (self._stored_vector_texts(rows) if table == "documents"
+                         else [(r["t"], False) for r in rows])
                 out = self._embed_split([fold(t) for t, _ in texts], None)
                 with self.lock:
                     for r, v, (_, cut) in zip(rows, out, texts, strict=True):
@@ -5887,7 +6054,8 @@ class Maintenance:
                             self.conn.execute("insert into temp.new_doc_vectors values (?, ?, ?)",
                                               (r["id"], blob, int(cut)))
                         elif blob:
-                            self.conn.execute("insert into temp.new_entry_vectors values (?, ?)", (r["id"], blob))
+                            self.conn.execute("insert into temp.new_entry_vectors values (?, ?)",
+                                              (r["id"], blob))
                 if progress is not None:  # counting two temp tables: nothing next to the embedding
                     progress(self.value("select count(*) from temp.new_doc_vectors")
                              + self.value("select count(*) from temp.new_entry_vectors"), None)
@@ -5896,26 +6064,29 @@ class Maintenance:
         return refused
 
     def _reuse_new_doc_vector(self, r: dict) -> bool:
-        """For _embed_all_into_temp: copy the new vector of fact entry r's memory as the entry's when
-        it takes it (_fact_takes_memory_vector). True when it did."""
+        """For _embed_all_into_temp: copy the new vector of fact entry r's memory as the entry's
+        when it takes it (_fact_takes_memory_vector). True when it did."""
         if not self._fact_takes_memory_vector(r):
             return False
         with self.lock:
-            blob = self.value("select embedding from temp.new_doc_vectors where doc_id = ?", (r["doc_id"],))
+            blob = self.value("select embedding from temp.new_doc_vectors where doc_id = ?",
+                              (r["doc_id"],))
             if blob is not None:
-                self.conn.execute("insert into temp.new_entry_vectors values (?, ?)", (r["id"], blob))
+                self.conn.execute("insert into temp.new_entry_vectors values (?, ?)",
+                                  (r["id"], blob))
         return blob is not None
 
     def _rebuild_graph(self) -> int:
-        """rebuild --graph: re-derive atoms and graph of every document through the journal (edit rows
-        from docs_done). Returns how many documents."""
+        """rebuild --graph: re-derive atoms and graph of every document through the journal (edit
+        rows from docs_done). Returns how many documents."""
         stamp, preps = now_iso(), []
+        fields = ("summary", "topics", "participants", "tags", "sentiment", "source", "importance",
+                  "session_id", "persona_id", "key_facts")
         with self._running() as claim:
             with self.tx():
                 for d in self.rows(self.queries["all_document_ids"]):
                     doc = self._doc(d["id"])
-                    p = self.prepare(doc["content"], {k: doc[k] for k in ("summary", "topics", "participants", "tags",
-                                     "sentiment", "source", "importance", "session_id", "persona_id", "key_facts")}
+                    p = self.prepare(doc["content"], {k: doc[k] for k in fields}
                                      | {"timestamp": doc["created_at"]})
                     p.op, p.document_id, p.status = "edit", d["id"], "docs_done"
                     p.op_id = claim(self._journal_row("edit", p, stamp))
@@ -5937,11 +6108,11 @@ class Maintenance:
                 "wal_truncated": not busy and wal_frames == 0}
 
     def purge(self, persona_id=None) -> dict:
-        """Leave no deleted text in the database file or its WAL (after delete): rebuild the persona's
-        stored briefing (it may quote a deleted memory), then vacuum(): the FTS merge drops a deleted
-        row's words from older index segments, VACUUM drops the free pages (secure_delete has zeroed
-        the freed cells), the checkpoint empties the WAL. Backups keep what they hold. Returns
-        vacuum()'s answer; seconds on a large file (VACUUM rewrites it)."""
+        """Leave no deleted text in the database file or its WAL (after delete): rebuild the
+        persona's stored briefing (it may quote a deleted memory), then vacuum(): the FTS merge
+        drops a deleted row's words from older index segments, VACUUM drops the free pages
+        (secure_delete has zeroed the freed cells), the checkpoint empties the WAL. Backups keep
+        what they hold. Returns vacuum()'s answer; seconds on a large file (VACUUM rewrites it)."""
         persona = _label(persona_id, "persona_id")
         if self.value("select 1 from briefings where persona_id = ?", (persona,)):
             self.build_briefing(persona)
@@ -5980,7 +6151,9 @@ class Maintenance:
 
     def backup_dir(self) -> Path:
         """[backup] dir, or a `backups` folder beside the database file when it is empty."""
-        return self.cfg.resolve(self.cfg.backup.dir) if self.cfg.backup.dir else self.path.parent / "backups"
+        if self.cfg.backup.dir:
+            return self.cfg.resolve(self.cfg.backup.dir)
+        return self.path.parent / "backups"
 
     def manual_backup_path(self) -> Path:
         """Where a backup asked for by hand goes (CLI `backup` without DEST, the panel's button):
@@ -5995,12 +6168,14 @@ class Maintenance:
         if dest.exists():
             raise AokunError(f"{dest} already exists; choose a new file name for the backup")
         _backup_folder(dest)
-        tmp = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")  # one per writer
+        # one per writer
+        tmp = dest.with_name(f"{dest.name}.{os.getpid()}.{threading.get_ident()}.part")
         tmp.unlink(missing_ok=True)
         try:
             target = apsw.Connection(str(tmp))
         except apsw.CantOpenError as e:
-            raise AokunError(f"cannot write the backup {dest} ({e}); choose a writable folder") from None
+            raise AokunError(f"cannot write the backup {dest} ({e}); "
+                             "choose a writable folder") from None
         try:
             with self.lock:
                 b = target.backup("main", self.conn, "main")
@@ -6011,7 +6186,8 @@ class Maintenance:
                         done = b.step(BACKUP_STEP_PAGES if restarts < BACKUP_MAX_RESTARTS else -1)
                     if done:
                         break
-                    if left is not None and b.remaining >= left:  # a write elsewhere restarted the copy
+                    # a write elsewhere restarted the copy
+                    if left is not None and b.remaining >= left:
                         restarts += 1
                     left = b.remaining
                     time.sleep(0.001)
@@ -6043,7 +6219,8 @@ class Maintenance:
         made = None
         if not dest.exists():
             made = self.online_backup(dest)["backup"]
-        keep = day - dt.timedelta(days=max(1, self.cfg.backup.keep_days) - 1)  # keep_days files, today included
+        # keep_days files, today included
+        keep = day - dt.timedelta(days=max(1, self.cfg.backup.keep_days) - 1)
         for old in folder.glob(f"{self.path.stem}-daily-*.db"):
             with contextlib.suppress(ValueError):
                 if dt.date.fromisoformat(old.stem.rsplit("-daily-", 1)[1]) < keep:
@@ -6058,7 +6235,8 @@ class Maintenance:
         if recorded is not None and recorded != __version__ and self.cfg.backup.on_version_change \
                 and self.value("select count(*) from documents"):
             stamp = now().strftime("%Y%m%dT%H%M%SZ")
-            made = self.online_backup(self.backup_dir() / f"{self.path.stem}-v{recorded}-{stamp}.db")["backup"]
+            dest = self.backup_dir() / f"{self.path.stem}-v{recorded}-{stamp}.db"
+            made = self.online_backup(dest)["backup"]
         if recorded != __version__:
             with self.tx():
                 self._meta_set("server_version", __version__)
@@ -6073,7 +6251,8 @@ class Maintenance:
         <name>.before-restore-<time>.db, every id counter (ID_COUNTERS) of the staged copy is raised
         to what the current file has handed out, so no id is handed out twice, and the copy replaces
         the content. Returns {restored, saved_previous, only_in_previous: [memory ids written or
-        changed after the backup, kept only in the saved copy], previous_added, previous_changed}."""
+        changed after the backup, kept only in the saved copy], previous_added,
+        previous_changed}."""
         src = Path(src).expanduser().resolve()
         if not src.exists():
             raise AokunError(f"{src} does not exist")
@@ -6087,7 +6266,8 @@ class Maintenance:
             finally:
                 staging.close()
         finally:
-            for f in (stage, stage.with_name(stage.name + "-wal"), stage.with_name(stage.name + "-shm")):
+            for f in (stage, stage.with_name(stage.name + "-wal"),
+                      stage.with_name(stage.name + "-shm")):
                 f.unlink(missing_ok=True)
         with self.lock:
             migrate(self.conn)
@@ -6097,8 +6277,8 @@ class Maintenance:
         return {"restored": str(src), "saved_previous": str(saved), **out}
 
     def _stage_restore(self, src: Path, stage: Path) -> apsw.Connection:
-        """Copy backup `src` to the new file `stage` after checking it (integrity_check, a schema not
-        newer than this code) and migrate the copy; returns the open connection on `stage`."""
+        """Copy backup `src` to the new file `stage` after checking it (integrity_check, a schema
+        not newer than this code) and migrate the copy; returns the open connection on `stage`."""
         source = apsw.Connection(str(src), flags=apsw.SQLITE_OPEN_READONLY)
         try:
             try:
@@ -6107,10 +6287,12 @@ class Maintenance:
             except apsw.Error as e:
                 raise AokunError(f"{src} is not a readable SQLite database ({e})") from None
             if ok != ["ok"]:
-                raise AokunError(f"{src} fails integrity_check ({'; '.join(ok[:3])}); not restoring it")
+                raise AokunError(f"{src} fails integrity_check ({'; '.join(ok[:3])}); "
+                                 "not restoring it")
             if version > schema_version_known():
-                raise SchemaError(f"{src} has schema version {version}, newer than this Aokun knows "
-                                  f"({schema_version_known()}); upgrade Aokun before restoring it")
+                raise SchemaError(f"{src} has schema version {version}, newer than this Aokun "
+                                  f"knows ({schema_version_known()}); upgrade Aokun before "
+                                  "restoring it")
             target = apsw.Connection(str(stage))
             try:
                 with target.backup("main", source, "main") as b:
@@ -6122,10 +6304,11 @@ class Maintenance:
         return connect(stage, self.cfg.storage.busy_timeout_ms)
 
     def _swap_in(self, staging: apsw.Connection, saved: Path) -> dict:
-        """Overwrite the database with `staging` while holding its write lock from before the safety
-        copy `saved` is taken until the overwrite commits: the backup into this connection takes the
-        lock at its first (empty) step and keeps it to the last. Raises the staged id counters to the
-        current file's. Returns what only the saved copy holds (see restore_from)."""
+        """Overwrite the database with `staging` while holding its write lock from before the
+        safety copy `saved` is taken until the overwrite commits: the backup into this connection
+        takes the lock at its first (empty) step and keeps it to the last. Raises the staged id
+        counters to the current file's. Returns what only the saved copy holds (see
+        restore_from)."""
         with self.lock:
             b = self.conn.backup("main", staging, "main")
             try:
@@ -6135,11 +6318,14 @@ class Maintenance:
                 try:
                     self._copy_to(live, saved)
                     for table, key in ID_COUNTERS.items():
-                        counter = live.execute("select value from meta where key = ?", (key,)).fetchone()
-                        high = max(int(counter[0]) if counter else 0,
-                                   live.execute(f"select coalesce(max(id), 0) from {table}").fetchone()[0])
-                        staging.execute("insert into meta(key, value) values (?, ?) on conflict(key) do update "
-                                        "set value = max(cast(value as integer), excluded.value)", (key, high))
+                        counter = live.execute("select value from meta where key = ?",
+                                               (key,)).fetchone()
+                        top_id = live.execute(f"select coalesce(max(id), 0) from {table}")
+                        high = max(int(counter[0]) if counter else 0, top_id.fetchone()[0])
+                        staging.execute("insert into meta(key, value) values (?, ?) "
+                                        "on conflict(key) do update "
+                                        "set value = max(cast(value as integer), excluded.value)",
+                                        (key, high))
                     live.execute("attach ? as restored", (staging.filename,))
                     lost = fetch_dicts(live, self.queries["restore_only_in_previous"])
                 finally:
@@ -6201,8 +6387,9 @@ class Summarizer:
 
         llm = self.cfg.llm
         if not llm.base_url or not llm.model:
-            raise AokunError("summarize_memory needs a chat endpoint: set [llm] base_url and model (and api_key_env) "
-                             "in aokun.ini, e.g. base_url = https://api.deepseek.com/v1, model = deepseek-chat")
+            raise AokunError("summarize_memory needs a chat endpoint: set [llm] base_url and model "
+                             "(and api_key_env) in aokun.ini, e.g. "
+                             "base_url = https://api.deepseek.com/v1, model = deepseek-chat")
         transcript = conversation_text(conversation)
         key = self.cfg.secret("llm", "api_key", "api_key_env")
         if progress:
@@ -6210,14 +6397,15 @@ class Summarizer:
         prompt = ("Distil this conversation into one long-term memory. Reply with JSON only: "
                   '{"summary": str, "topics": [str], "key_facts": [str], "participants": [str], '
                   '"sentiment": "positive"|"neutral"|"negative", "importance": number 0..1}. '
-                  "key_facts are short self-contained sentences worth remembering for months; use the "
-                  "conversation's language.")
+                  "key_facts are short self-contained sentences worth remembering for months; "
+                  "use the conversation's language.")
         with httpx.Client(base_url=llm.base_url.rstrip("/") + "/", timeout=llm.timeout_seconds,
                           headers={"Authorization": f"Bearer {key}"} if key else {}) as http:
-            reply = post_json(http, "chat/completions", {
-                "model": llm.model, "temperature": 0,
-                "messages": [{"role": "system", "content": prompt}, {"role": "user", "content": transcript}]},
-                llm.max_retries, "chat", "[llm]")
+            messages = [{"role": "system", "content": prompt},
+                        {"role": "user", "content": transcript}]
+            reply = post_json(http, "chat/completions",
+                              {"model": llm.model, "temperature": 0, "messages": messages},
+                              llm.max_retries, "chat", "[llm]")
         try:
             raw = reply["choices"][0]["message"]["content"]
             data = json.loads(re.sub(r"^```(?:json)?\s*|\s*```$", "", raw.strip()))
@@ -6248,7 +6436,8 @@ CONVERSATION_SOURCES = ("claude-code", "codex", "copilot", "chatgpt")  #: what `
 TURN_ROLES = ("user", "assistant")
 INGEST_FORMATS = ("jsonl", "chatgpt")
 HEAD_BYTES = 1024  #: bytes of a transcript's start whose hash identifies the file between runs
-INGEST_CHUNK_BYTES = 4 << 20  #: bytes of a transcript read at a time (its turns are stored before the next)
+#: bytes of a transcript read at a time (its turns are stored before the next)
+INGEST_CHUNK_BYTES = 4 << 20
 #: A transcript line longer than this (a tool's whole output) is skipped, counted as malformed, and
 #: never held whole: read on to its newline a chunk at a time (a 52 MB line took ingest to ~440 MB)
 INGEST_LINE_MAX_BYTES = 8 << 20
@@ -6261,13 +6450,15 @@ class IngestInterrupted(Exception):
 
 @dataclass(frozen=True)
 class IngestRules:
-    """One rules/ingest/<source>.toml, checked and compiled (its header comment documents the keys)."""
+    """One rules/ingest/<source>.toml, checked and compiled (its header comment documents the
+    keys)."""
     source: str
     format: str  #: jsonl or chatgpt
     location: str  #: the client's history, a glob (~ expanded)
     session_from: str  #: file_stem or parent_dir: a record's session id when no record named one
     fields: dict  #: {session_id|turn_key|timestamp|project: [dotted paths]}
-    records: tuple  #: ({match, skip_if, role, text, blocks, reduce, session_id, project, title}, ...)
+    #: ({match, skip_if, role, text, blocks, reduce, session_id, project, title}, ...)
+    records: tuple
     strip: tuple  #: compiled patterns removed from every turn text
     drop: tuple  #: compiled patterns: a matching turn is not kept
     reduce: tuple  #: (compiled pattern, line): a matching turn becomes the line
@@ -6304,13 +6495,16 @@ def load_ingest_rules(path: Path, source: str) -> IngestRules:
             raise bad(f"records[{i}].role must be one of {', '.join(TURN_ROLES)}")
         if r.get("role") and not (r.get("text") or r.get("reduce")):
             raise bad(f"records[{i}] has a role but neither text nor reduce")
-        records.append({"match": r["match"], "skip_if": r.get("skip_if") or {}, "role": r.get("role"),
-                        "text": r.get("text"), "blocks": tuple(r.get("blocks", ())), "reduce": r.get("reduce"),
-                        "session_id": r.get("session_id"), "project": r.get("project"), "title": r.get("title")})
+        records.append({"match": r["match"], "skip_if": r.get("skip_if") or {},
+                        "role": r.get("role"), "text": r.get("text"),
+                        "blocks": tuple(r.get("blocks", ())), "reduce": r.get("reduce"),
+                        "session_id": r.get("session_id"), "project": r.get("project"),
+                        "title": r.get("title")})
     return IngestRules(source=source, format=data["format"], location=data.get("location", ""),
-                       session_from=data.get("session_from", "file_stem"), fields=fields, records=tuple(records),
-                       strip=tuple(p for p, _ in compiled(data, "strip")),
-                       drop=tuple(p for p, _ in compiled(data, "drop")), reduce=tuple(compiled(data, "reduce")))
+                       session_from=data.get("session_from", "file_stem"), fields=fields,
+                       records=tuple(records), strip=tuple(p for p, _ in compiled(data, "strip")),
+                       drop=tuple(p for p, _ in compiled(data, "drop")),
+                       reduce=tuple(compiled(data, "reduce")))
 
 
 def _path_get(obj, path: str | None):
@@ -6361,7 +6555,8 @@ def content_text(value, blocks: tuple = ()) -> str:
     for b in value:
         if isinstance(b, str):
             parts.append(b)
-        elif isinstance(b, dict) and (not blocks or b.get("type") in blocks) and isinstance(b.get("text"), str):
+        elif (isinstance(b, dict) and (not blocks or b.get("type") in blocks)
+              and isinstance(b.get("text"), str)):
             parts.append(b["text"])
     return "\n".join(p for p in parts if p.strip())
 
@@ -6394,10 +6589,11 @@ def turn_time(value, fallback: str) -> str:
 
 
 def interpret_record(record: dict, rules: IngestRules, ctx: dict, seq: int) -> dict | None:
-    """One transcript record → a turn {session_id, project, turn_key, seq, role, created_at, text},
-    or None when the rules keep nothing of it. `ctx` carries what earlier records said to later ones
-    (session_id, project, the last time, titles {session id: title}) and is updated in place.
-    `seq` orders the record in its session (its byte offset, or its place in a conversation)."""
+    """One transcript record → a turn {session_id, project, turn_key, seq, role, created_at,
+    text}, or None when the rules keep nothing of it. `ctx` carries what earlier records said to
+    later ones (session_id, project, the last time, titles {session id: title}) and is updated in
+    place. `seq` orders the record in its session (its byte offset, or its place in a
+    conversation)."""
     f = rules.fields
     for key in ("session_id", "project"):
         v = _first_field(record, f.get(key))
@@ -6416,16 +6612,18 @@ def interpret_record(record: dict, rules: IngestRules, ctx: dict, seq: int) -> d
         ctx.setdefault("titles", {})[ctx["session_id"]] = title.strip()
     if not rule["role"]:
         return None
-    text = rule["reduce"] or shape_turn(content_text(_path_get(record, rule["text"]), rule["blocks"]), rules)
+    text = rule["reduce"] or shape_turn(content_text(_path_get(record, rule["text"]),
+                                                     rule["blocks"]), rules)
     if not text:
         return None
     key = _first_field(record, f.get("turn_key"))
     return {"session_id": ctx["session_id"], "project": ctx.get("project", ""),
-            "turn_key": str(key) if key not in (None, "") else f"L{seq}", "seq": seq, "role": rule["role"],
-            "created_at": ctx["time"], "text": text}
+            "turn_key": str(key) if key not in (None, "") else f"L{seq}", "seq": seq,
+            "role": rule["role"], "created_at": ctx["time"], "text": text}
 
 
-def parse_jsonl(data: bytes, base: int, rules: IngestRules, ctx: dict) -> tuple[list[dict], int, int]:
+def parse_jsonl(data: bytes, base: int, rules: IngestRules,
+                ctx: dict) -> tuple[list[dict], int, int]:
     """The turns of the complete lines of `data`, a piece of a JSONL transcript starting at byte
     offset `base`. Returns (turns, bytes consumed, malformed lines skipped). A last line without
     its newline that is not (yet) valid JSON is not consumed: the client is still writing it, the
@@ -6441,7 +6639,8 @@ def parse_jsonl(data: bytes, base: int, rules: IngestRules, ctx: dict) -> tuple[
                 if not isinstance(record, dict):
                     raise ValueError("not an object")
                 turn = interpret_record(record, rules, ctx, base + at)
-            except (ValueError, TypeError, AttributeError, RecursionError):  # RecursionError: nested too deep
+            # RecursionError: nested too deep
+            except (ValueError, TypeError, AttributeError, RecursionError):
                 if nl < 0:
                     break  # half-written: left for the next run
                 skipped += 1
@@ -6459,7 +6658,8 @@ def chatgpt_branch(conversation: dict) -> list[dict]:
     node = conversation.get("current_node")
     if node not in mapping:  # no current node: the latest leaf
         leaves = [k for k, v in mapping.items() if isinstance(v, dict) and not v.get("children")]
-        node = max(leaves, key=lambda k: (_path_get(mapping[k], "message.create_time") or 0), default=None)
+        node = max(leaves, key=lambda k: (_path_get(mapping[k], "message.create_time") or 0),
+                   default=None)
     out, seen = [], set()
     while node in mapping and node not in seen:
         seen.add(node)
@@ -6476,18 +6676,21 @@ def parse_chatgpt(data: bytes, rules: IngestRules) -> tuple[list[dict], dict, in
     try:
         conversations = loads_json(data)
     except RecursionError:
-        raise InputError("PATH", "is not a ChatGPT conversations.json (nested too deeply)") from None
+        raise InputError("PATH",
+                         "is not a ChatGPT conversations.json (nested too deeply)") from None
     except ValueError as e:
         raise InputError("PATH", f"is not a ChatGPT conversations.json (not JSON: {e})") from None
     if not isinstance(conversations, list):
-        raise InputError("PATH", "is not a ChatGPT conversations.json (expected a list of conversations)")
+        raise InputError("PATH", "is not a ChatGPT conversations.json "
+                                 "(expected a list of conversations)")
     turns, titles, skipped = [], {}, 0
     for conv in conversations:
         sid = conv.get("conversation_id") or conv.get("id") if isinstance(conv, dict) else None
         if not isinstance(sid, str) or not isinstance(conv.get("mapping"), dict):
             skipped += 1
             continue
-        ctx = {"session_id": sid, "project": "", "time": turn_time(conv.get("create_time"), now_iso())}
+        ctx = {"session_id": sid, "project": "",
+               "time": turn_time(conv.get("create_time"), now_iso())}
         if isinstance(conv.get("title"), str) and conv["title"].strip():
             titles[sid] = conv["title"].strip()
         for i, message in enumerate(chatgpt_branch(conv)):
@@ -6511,7 +6714,8 @@ def read_chatgpt_export(path: Path) -> bytes:
     with zipfile.ZipFile(path) as z:
         names = [n for n in z.namelist() if n.rsplit("/", 1)[-1] == "conversations.json"]
         if not names:
-            raise InputError("PATH", f"{path} is a zip without a conversations.json (is it a ChatGPT data export?)")
+            raise InputError("PATH", f"{path} is a zip without a conversations.json "
+                                     "(is it a ChatGPT data export?)")
         return z.read(min(names, key=len))
 
 
@@ -6548,7 +6752,8 @@ def _transcript_file(path: Path, problems: list | None) -> bool:
 # Conversations: sessions and turns, ingestion, search and upkeep #################################
 
 CONVERSATION_PAGE_MAX = 200  #: the most turns conversation_get_session returns at once
-CONVERSATION_TITLE_CHARS = 120  #: a session's title when none was given: its first user message, cut
+#: a session's title when none was given: its first user message, cut
+CONVERSATION_TITLE_CHARS = 120
 CONVERSATION_FIRST_CHARS = 500  #: the first user message kept on the session row
 TURN_CENTER_AFTER = 256  #: turn vectors needed before the turn index is centred on their mean
 
@@ -6563,11 +6768,12 @@ class Conversations:
         """The rules of `source` ([conversations] rules_dir/<source>.toml). InputError for an
         unknown source."""
         if source not in CONVERSATION_SOURCES:
-            raise InputError("source", f"unknown source {source!r}; choose from {', '.join(CONVERSATION_SOURCES)}")
+            raise InputError("source", f"unknown source {source!r}; "
+                                       f"choose from {', '.join(CONVERSATION_SOURCES)}")
         cache = self._ingest_rules
         if source not in cache:
-            cache[source] = load_ingest_rules(self.cfg.rule_file(f"{self.cfg.conversations.rules_dir}/{source}.toml"),
-                                              source)
+            path = self.cfg.rule_file(f"{self.cfg.conversations.rules_dir}/{source}.toml")
+            cache[source] = load_ingest_rules(path, source)
         return cache[source]
 
     # ingestion -----------------------------------------------------------------------------------
@@ -6631,7 +6837,8 @@ class Conversations:
                     self._ingest_export(path, rules, persona, stats)
                 else:
                     self._ingest_jsonl(path, rules, persona, stats)
-            except OSError as e:  # what was stored of it stays, with its offset; the next file is read
+            # what was stored of it stays, with its offset; the next file is read
+            except OSError as e:
                 unreadable.append(f"{path}: cannot read it ({e.strerror or e})")
                 stats["files"] -= 1
             except IngestInterrupted:
@@ -6645,8 +6852,9 @@ class Conversations:
             self.backfill_turn_vectors()
         for key in ("include_deleted", "progress", "pause", "on_stored"):
             stats.pop(key)
-        return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]), unreadable=unreadable,
-                    interrupted=interrupted, seconds=round(time.perf_counter() - started, 3))
+        return dict(stats, sessions=len(stats["sessions"]), deleted=len(stats["deleted"]),
+                    unreadable=unreadable, interrupted=interrupted,
+                    seconds=round(time.perf_counter() - started, 3))
 
     def conv_file_offsets(self, source: str, paths, persona_id=None) -> dict[str, dict]:
         """{path: {size, mtime_ns, offset}} of the conv_files rows of `source` for `paths` (resolved
@@ -6660,7 +6868,8 @@ class Conversations:
     def _file_state(self, path: Path, persona: str, source: str) -> dict | None:
         """How far `source` has read `path` for `persona` (its conv_files row), or None: each source
         keeps its own progress in a file (schema 17)."""
-        rows = self.rows("select * from conv_files where persona_id = ? and source = ? and path = ?",
+        rows = self.rows("select * from conv_files "
+                         "where persona_id = ? and source = ? and path = ?",
                          (persona, source, str(path)))
         return rows[0] if rows else None
 
@@ -6675,16 +6884,19 @@ class Conversations:
         st = path.stat()
         state = None if stats["include_deleted"] else self._file_state(path, persona, rules.source)
         start = 0
-        ctx = {"session_id": path.stem if rules.session_from == "file_stem" else path.parent.name, "project": ""}
-        if state and st.st_size >= state["offset"] and state["head_hash"] == self._head_hash(path, state["head_bytes"]):
+        session = path.stem if rules.session_from == "file_stem" else path.parent.name
+        ctx = {"session_id": session, "project": ""}
+        if state and st.st_size >= state["offset"] \
+                and state["head_hash"] == self._head_hash(path, state["head_bytes"]):
             start = state["offset"]
-            ctx.update(session_id=state["session_id"] or ctx["session_id"], project=state["project"])
+            ctx.update(session_id=state["session_id"] or ctx["session_id"],
+                       project=state["project"])
         if start == st.st_size and state:
             return
         head = min(HEAD_BYTES, st.st_size)
-        file_row = {"persona_id": persona, "path": str(path), "source": rules.source, "size": st.st_size,
-                    "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "head_bytes": head,
-                    "head_hash": self._head_hash(path, head)}
+        file_row = {"persona_id": persona, "path": str(path), "source": rules.source,
+                    "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+                    "head_bytes": head, "head_hash": self._head_hash(path, head)}
         with path.open("rb") as f:
             f.seek(start)
             at, carry = start, b""
@@ -6694,7 +6906,8 @@ class Conversations:
                 turns, used, skipped = parse_jsonl(data, at, rules, ctx)
                 at, carry = at + used, data[used:]
                 stats["skipped"] += skipped
-                if len(carry) > INGEST_LINE_MAX_BYTES:  # a huge line (a tool's output): never held whole
+                # a huge line (a tool's output): never held whole
+                if len(carry) > INGEST_LINE_MAX_BYTES:
                     rest = _past_newline(f)
                     if rest is None:  # still being written: the next run looks again from its start
                         carry = b""
@@ -6718,16 +6931,18 @@ class Conversations:
             return
         turns, titles, skipped = parse_chatgpt(data, rules)
         stats["skipped"] += skipped
-        file_row = {"persona_id": persona, "path": str(path), "source": rules.source, "size": st.st_size,
-                    "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "head_bytes": len(data), "head_hash": digest,
-                    "offset": st.st_size, "session_id": "", "project": ""}
-        self._store_turns(rules.source, persona, turns, {"titles": titles}, file_row, stats)  # it batches
+        file_row = {"persona_id": persona, "path": str(path), "source": rules.source,
+                    "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino,
+                    "head_bytes": len(data), "head_hash": digest, "offset": st.st_size,
+                    "session_id": "", "project": ""}
+        # it batches
+        self._store_turns(rules.source, persona, turns, {"titles": titles}, file_row, stats)
 
-    def _store_turns(self, source: str, persona: str, turns: list[dict], ctx: dict, file_row: dict | None,
-                     stats: dict, by_offset: bool = False) -> None:
-        """Store the turns not stored yet, in batches of [conversations] batch_size: each batch's new
-        texts embedded (one vector per turn) and segmented before one transaction that writes the
-        sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset; then
+    def _store_turns(self, source: str, persona: str, turns: list[dict], ctx: dict,
+                     file_row: dict | None, stats: dict, by_offset: bool = False) -> None:
+        """Store the turns not stored yet, in batches of [conversations] batch_size: each batch's
+        new texts embedded (one vector per turn) and segmented before one transaction that writes
+        the sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset; then
         stats['progress'] (ingest's `progress`), when set, hears the turns read so far. With
         `by_offset` (a JSONL file: a turn's seq is its line's byte offset) every batch records the
         offset of the next batch's first line, so a run stopped between batches (a kill, ingest's
@@ -6756,10 +6971,10 @@ class Conversations:
                 stats["new"] += added
                 if row is not None:
                     self.conn.execute(
-                        "insert or replace into conv_files(persona_id, path, source, size, mtime_ns, inode, "
-                        "head_bytes, head_hash, offset, session_id, project, updated_at) values (:persona_id, "
-                        ":path, :source, :size, :mtime_ns, :inode, :head_bytes, :head_hash, :offset, :session_id, "
-                        ":project, :now)",
+                        "insert or replace into conv_files(persona_id, path, source, size, "
+                        "mtime_ns, inode, head_bytes, head_hash, offset, session_id, project, "
+                        "updated_at) values (:persona_id, :path, :source, :size, :mtime_ns, "
+                        ":inode, :head_bytes, :head_hash, :offset, :session_id, :project, :now)",
                         dict(row, session_id=self.redact(row["session_id"]),
                              project=self.redact(row["project"]), now=now_iso()))
             if stats.get("on_stored") is not None:
@@ -6813,22 +7028,27 @@ class Conversations:
         return out
 
     def _turn_stored(self, source: str, persona: str, turn: dict) -> bool:
-        ref = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ?",
+        ref = self.value("select id from conv_sessions "
+                         "where persona_id = ? and source = ? and session_id = ?",
                          (persona, source, turn["session_id"]))
         return ref is not None and bool(self.value(
-            "select 1 from conv_turns where session_ref = ? and turn_key = ?", (ref, turn["turn_key"])))
+            "select 1 from conv_turns where session_ref = ? and turn_key = ?",
+            (ref, turn["turn_key"])))
 
     def _session_ref(self, source: str, persona: str, turn: dict, titles: dict) -> int:
         """The conv_sessions id of the turn's session, created when new. In tx."""
         sid = turn["session_id"]
-        ref = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ?",
+        ref = self.value("select id from conv_sessions "
+                         "where persona_id = ? and source = ? and session_id = ?",
                          (persona, source, sid))
         if ref is None:
             stamp = now_iso()
-            self.conn.execute("insert into conv_sessions(uid, persona_id, source, session_id, project, started_at, "
-                              "ended_at, created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                              (str(uuid.uuid4()), persona, source, sid, self.redact(turn["project"]),
-                               turn["created_at"], turn["created_at"], stamp, stamp))
+            self.conn.execute("insert into conv_sessions(uid, persona_id, source, session_id, "
+                              "project, started_at, ended_at, created_at, updated_at) "
+                              "values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                              (str(uuid.uuid4()), persona, source, sid,
+                               self.redact(turn["project"]), turn["created_at"],
+                               turn["created_at"], stamp, stamp))
             ref = self.conn.last_insert_rowid()
         elif turn["project"]:
             self.conn.execute("update conv_sessions set project = ? where id = ? and project = ''",
@@ -6847,22 +7067,24 @@ class Conversations:
         for i, t in enumerate(turns):
             ref = self._session_ref(source, persona, t, titles)
             touched.add(ref)
-            c.execute("insert or ignore into conv_turns(uid, session_ref, persona_id, source, turn_key, seq, role, "
-                      "created_at, text, embedding_state) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                      (str(uuid.uuid4()), ref, persona, source, t["turn_key"], t["seq"], t["role"], t["created_at"],
-                       t["text"], state))
+            c.execute("insert or ignore into conv_turns(uid, session_ref, persona_id, source, "
+                      "turn_key, seq, role, created_at, text, embedding_state) "
+                      "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                      (str(uuid.uuid4()), ref, persona, source, t["turn_key"], t["seq"], t["role"],
+                       t["created_at"], t["text"], state))
             if not c.changes():
                 continue
             turn_id, n = c.last_insert_rowid(), n + 1
             c.execute("insert into conv_turns_fts(rowid, segmented) values (?, ?)",
                       (turn_id, t.get("segmented") or self.seg.segmented(t["text"])))
-            if vectors is not None and isinstance(vectors[i], np.ndarray) and self._turn_index_ready():
+            has_vector = vectors is not None and isinstance(vectors[i], np.ndarray)
+            if has_vector and self._turn_index_ready():
                 self._put_turn_vector(turn_id, vectors[i])
         for ref in touched:
-            c.execute(self.queries["conv_session_refresh"], {"id": ref, "chars": CONVERSATION_FIRST_CHARS,
-                                                            "now": now_iso()})
-            c.execute("update conv_sessions set title = substr(first_user_message, 1, ?) where id = ? and title = ''",
-                      (CONVERSATION_TITLE_CHARS, ref))
+            c.execute(self.queries["conv_session_refresh"],
+                      {"id": ref, "chars": CONVERSATION_FIRST_CHARS, "now": now_iso()})
+            c.execute("update conv_sessions set title = substr(first_user_message, 1, ?) "
+                      "where id = ? and title = ''", (CONVERSATION_TITLE_CHARS, ref))
         return n
 
     # turn vectors --------------------------------------------------------------------------------
@@ -6879,22 +7101,26 @@ class Conversations:
         return True
 
     def _put_turn_vector(self, turn_id: int, vec) -> None:
-        """Store a turn's vector (int8, vector_blob, as memories') and its binary index row. In tx."""
+        """Store a turn's vector (int8, vector_blob, as memories') and its binary index row. In
+        tx."""
         self._store_vector("turn", turn_id, vec)
         self.conn.execute("update conv_turns set embedding_state = 'done' where id = ?", (turn_id,))
 
     def _center_turn_index(self) -> None:
         """Once TURN_CENTER_AFTER turn vectors exist, centre the binary turn index on their mean
         (meta turn_vector_center, as doc_vec is on vector_center) and rebuild it."""
-        if self.meta_get("turn_vector_center") is not None or not self.has_table("conv_turn_vec") or \
-                self.value("select count(*) from conv_turn_vectors") < TURN_CENTER_AFTER:
+        if self.meta_get("turn_vector_center") is not None \
+                or not self.has_table("conv_turn_vec") \
+                or self.value("select count(*) from conv_turn_vectors") < TURN_CENTER_AFTER:
             return
         with self.tx() as c:
-            stored = self.rows(self.queries["turn_vector_blobs"])  # int8 blobs: a quarter of float32's bytes
-            self._meta_set("turn_vector_center", mean_vector(r["embedding"] for r in stored).tobytes().hex())
+            # int8 blobs: a quarter of float32's bytes
+            stored = self.rows(self.queries["turn_vector_blobs"])
+            center = mean_vector(r["embedding"] for r in stored)
+            self._meta_set("turn_vector_center", center.tobytes().hex())
             for r in stored:
-                c.execute(self.queries["index_turn_vector"], {"id": r["turn_id"],
-                                                              "embedding": blob_vector(r["embedding"]).tobytes()})
+                c.execute(self.queries["index_turn_vector"],
+                          {"id": r["turn_id"], "embedding": blob_vector(r["embedding"]).tobytes()})
 
     def backfill_turn_vectors(self, batch: int = 64, progress=None) -> int:
         """Embed the turns still marked 'pending' (embedding failed, or a model change). Returns how
@@ -6906,12 +7132,14 @@ class Conversations:
             if not rows:
                 break
             after = rows[-1]["id"]
-            m = self._embed([r["text"] for r in rows])  # per text: a vector, or None/str (later, refused)
+            # per text: a vector, or None/str (later, refused)
+            m = self._embed([r["text"] for r in rows])
             if not any(isinstance(v, np.ndarray) for v in m) or not self._turn_index_ready():
                 break  # the provider is away: the rest waits for the next back-fill
             with self.tx():
                 for r, vec in zip(rows, m, strict=True):
-                    if isinstance(vec, np.ndarray):  # a refused text stays pending, skipped by `after`
+                    # a refused text stays pending, skipped by `after`
+                    if isinstance(vec, np.ndarray):
                         self._put_turn_vector(r["id"], vec)
                         done += 1
             if progress is not None:
@@ -6921,7 +7149,8 @@ class Conversations:
         return done
 
     def _reset_turn_vectors(self) -> None:
-        """Drop every turn vector and mark the turns pending (rebuild --vectors: a new model). In tx."""
+        """Drop every turn vector and mark the turns pending (rebuild --vectors: a new model). In
+        tx."""
         c = self.conn
         c.execute("drop table if exists conv_turn_vec")
         c.execute("delete from conv_turn_vectors")
@@ -6934,25 +7163,29 @@ class ConversationSearch:
     recall fuses its document channels), conversation_get_session, conversation_stats, listings,
     the briefing's session digests, and removing sessions (delete, keep_days)."""
 
-    def conversation_search(self, query, k: int = 5, source=None, session_id=None, since=None, until=None,
-                            persona_id=None, max_chars_per_hit: int | None = None) -> dict:
+    def conversation_search(self, query, k: int = 5, source=None, session_id=None, since=None,
+                            until=None, persona_id=None,
+                            max_chars_per_hit: int | None = None) -> dict:
         """Hybrid search over ingested turns: the BM25 channel (conv_turns_fts) and the vector
-        channel (conv_turn_vec, re-scored by exact cosine) of one persona, filtered in SQL by source,
-        session id and time (since/until ISO-8601), fused like recall's document channels ([recall]
-        fusion, weight_bm25, weight_vector), with recall's calibrated relevance ([recall]
-        min_relevance drops the unrelated). Each hit's text is cut to max_chars_per_hit ([conversations]
-        max_chars_per_hit; 0 = whole). Returns {results: [{turn_id, session_id, source, role,
-        created_at, text, truncated, score, relevance, channels, title, project}], degraded, warnings,
-        took_ms}. InputError for an empty query, a bad k, source or time."""
+        channel (conv_turn_vec, re-scored by exact cosine) of one persona, filtered in SQL by
+        source, session id and time (since/until ISO-8601), fused like recall's document channels
+        ([recall] fusion, weight_bm25, weight_vector), with recall's calibrated relevance ([recall]
+        min_relevance drops the unrelated). Each hit's text is cut to max_chars_per_hit
+        ([conversations] max_chars_per_hit; 0 = whole). Returns {results: [{turn_id, session_id,
+        source, role, created_at, text, truncated, score, relevance, channels, title, project}],
+        degraded, warnings, took_ms}. InputError for an empty query, a bad k, source or time."""
         started = time.perf_counter()
         query = query_text(query, "query")
         warnings: list[str] = []
         k = self._capped_k(k, warnings)
         if source is not None and source not in CONVERSATION_SOURCES:
-            raise InputError("source", f"unknown source {source!r}; choose from {', '.join(CONVERSATION_SOURCES)}")
-        limit = self.cfg.conversations.max_chars_per_hit if max_chars_per_hit is None else max_chars_per_hit
+            raise InputError("source", f"unknown source {source!r}; "
+                                       f"choose from {', '.join(CONVERSATION_SOURCES)}")
+        limit = (self.cfg.conversations.max_chars_per_hit if max_chars_per_hit is None
+                 else max_chars_per_hit)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise InputError("max_chars_per_hit", f"expected a whole number ≥ 0 (0 = no limit), got {limit!r}")
+            raise InputError("max_chars_per_hit",
+                             f"expected a whole number ≥ 0 (0 = no limit), got {limit!r}")
         tokens = self.seg.tokens(query)
         params = {"match": fts_query(tokens), "persona_id": _label(persona_id, "persona_id"),
                   "source": source or "", "session_id": _label(session_id, "session_id"),
@@ -6991,7 +7224,8 @@ class ConversationSearch:
         sql = self.queries["conv_bm25"]
         if not params["session_id"]:
             narrow = params["source"] or params["since"] or params["until"]
-            out = self.rows(sql, dict(params, pool=(FTS_POOL_FACTOR if narrow else 1) * params["k"]))
+            pool = (FTS_POOL_FACTOR if narrow else 1) * params["k"]
+            out = self.rows(sql, dict(params, pool=pool))
             if out and out[0]["complete"]:  # no rows: nothing matched in the pool, or none passed
                 return out
         return self.rows(sql, dict(params, pool=0))
@@ -7003,7 +7237,8 @@ class ConversationSearch:
             degraded.append({"channel": "vector", "reason": reason})
             return None
         try:
-            return usable_query_vector(self.embedder.embed_query(self.embedder.prepare(query)[0])).astype(np.float32)
+            v = self.embedder.embed_query(self.embedder.prepare(query)[0])
+            return usable_query_vector(v).astype(np.float32)
         except EmbeddingError as e:
             degraded.append({"channel": "vector", "reason": f"query embedding failed: {e}"})
             return None
@@ -7018,7 +7253,8 @@ class ConversationSearch:
         w = Weights.of(r, {}, tuple(ranked))  # the document route's channel weights and fusion
         fused = {i: route_relevance(i, rk, scores, w.doc_channels, w) for i, rk in ranks.items()}
         pool = sorted(fused, key=lambda i: (-fused[i], i))[: max(3 * k, MMR_POOL_MIN)]
-        rows = {row["id"]: row for row in self.rows(self.queries["conv_hits"], {"ids": json.dumps(pool)})}
+        hits = self.rows(self.queries["conv_hits"], {"ids": json.dumps(pool)})
+        rows = {row["id"]: row for row in hits}
         coef = self.rules.relevance_coef(self.embedder.model, tokens)
         out, best = [], None
         for i in pool:
@@ -7027,14 +7263,17 @@ class ConversationSearch:
                 continue
             cos = float(np.dot(blob_vector(row["embedding"]), vector)) \
                 if vector is not None and row["embedding"] is not None else None
-            rel = calibrated_relevance(cos, token_cover(tokens, set(row["segmented"].split())), coef)
+            cover = token_cover(tokens, set(row["segmented"].split()))
+            rel = calibrated_relevance(cos, cover, coef)
             best = rel if best is None or (rel is not None and rel > best) else best
             if rel is not None and rel < r.min_relevance:
                 continue
-            out.append({"turn_id": i, "session_id": row["session_id"], "source": row["source"], "role": row["role"],
-                        "created_at": row["created_at"], "text": row["text"], "truncated": False,
-                        "score": round(fused[i], 6), "relevance": None if rel is None else round(rel, 4),
-                        "channels": sorted(ranks[i]), "title": row["title"], "project": row["project"]})
+            out.append({"turn_id": i, "session_id": row["session_id"], "source": row["source"],
+                        "role": row["role"], "created_at": row["created_at"], "text": row["text"],
+                        "truncated": False, "score": round(fused[i], 6),
+                        "relevance": None if rel is None else round(rel, 4),
+                        "channels": sorted(ranks[i]), "title": row["title"],
+                        "project": row["project"]})
             if len(out) == k:
                 break
         if rows and not out and best is not None:
@@ -7043,51 +7282,58 @@ class ConversationSearch:
         return out
 
     def _named_session(self, session_id, source, persona_id) -> dict:
-        """The conv_sessions row of a client session id. NotFound when there is none in the persona;
-        InputError when several sources have that id and no source was given."""
+        """The conv_sessions row of a client session id. NotFound when there is none in the
+        persona; InputError when several sources have that id and no source was given."""
         sid = _label(session_id, "session_id")
         if not sid:
             raise InputError("session_id", "is empty")
-        rows = self.rows(self.queries["conv_sessions_named"], {"persona_id": _label(persona_id, "persona_id"),
-                                                               "session_id": sid, "source": source or ""})
+        rows = self.rows(self.queries["conv_sessions_named"],
+                         {"persona_id": _label(persona_id, "persona_id"), "session_id": sid,
+                          "source": source or ""})
         if not rows:
             raise NotFound(f"no ingested session {sid!r}; {{hint0}} shows them",
                            hints=[("conversations list", {})])
         if len(rows) > 1:
-            raise InputError("source", f"session {sid!r} exists in {', '.join(r['source'] for r in rows)}; name one")
+            sources = ", ".join(r["source"] for r in rows)
+            raise InputError("source", f"session {sid!r} exists in {sources}; name one")
         return rows[0]
 
-    def conversation_get_session(self, session_id, offset: int = 0, limit: int = 50, persona_id=None,
-                                 source=None) -> dict:
-        """One ingested session's turns in order: `limit` (1..CONVERSATION_PAGE_MAX) from `offset`,
-        each text cut to [conversations] max_chars_per_turn. Returns {session: {source, session_id,
-        project, title, first_user_message, started_at, ended_at, turn_count}, turns: [{turn_id, seq,
-        role, created_at, text, truncated}], offset, limit, next_offset (null at the end)}. NotFound
-        for an unknown session; InputError for a bad offset or limit."""
-        for name, value, low, high in (("offset", offset, 0, MAX_ID), ("limit", limit, 1, CONVERSATION_PAGE_MAX)):
+    def conversation_get_session(self, session_id, offset: int = 0, limit: int = 50,
+                                 persona_id=None, source=None) -> dict:
+        """One ingested session's turns in order: `limit` (1..CONVERSATION_PAGE_MAX) from
+        `offset`, each text cut to [conversations] max_chars_per_turn. Returns {session: {source,
+        session_id, project, title, first_user_message, started_at, ended_at, turn_count}, turns:
+        [{turn_id, seq, role, created_at, text, truncated}], offset, limit, next_offset (null at
+        the end)}. NotFound for an unknown session; InputError for a bad offset or limit."""
+        for name, value, low, high in (("offset", offset, 0, MAX_ID),
+                                       ("limit", limit, 1, CONVERSATION_PAGE_MAX)):
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise InputError(name, f"expected a whole number from {low} to {high}, got {value!r}")
+                raise InputError(name,
+                                 f"expected a whole number from {low} to {high}, got {value!r}")
         s = self._named_session(session_id, source, persona_id)
-        rows = self.rows(self.queries["conv_session_turns"], {"session_ref": s["id"], "limit": limit, "offset": offset})
+        rows = self.rows(self.queries["conv_session_turns"],
+                         {"session_ref": s["id"], "limit": limit, "offset": offset})
         cap = self.cfg.conversations.max_chars_per_turn
         turns = []
         for t in rows:
             text, cut = cut_text(t["text"], cap) if cap else (t["text"], False)
-            turns.append({"turn_id": t["id"], "seq": t["seq"], "role": t["role"], "created_at": t["created_at"],
-                          "text": text, "truncated": cut})
+            turns.append({"turn_id": t["id"], "seq": t["seq"], "role": t["role"],
+                          "created_at": t["created_at"], "text": text, "truncated": cut})
         more = offset + len(rows) < s["turn_count"]
-        session = {k: s[k] for k in ("source", "session_id", "project", "title", "first_user_message", "started_at",
-                                     "ended_at", "turn_count")}
+        session = {k: s[k] for k in ("source", "session_id", "project", "title",
+                                     "first_user_message", "started_at", "ended_at", "turn_count")}
         return {"session": session, "turns": turns, "offset": offset, "limit": limit,
                 "next_offset": offset + len(rows) if more else None}
 
-    def list_sessions(self, limit: int = 20, offset: int = 0, source=None, persona_id=None) -> list[dict]:
+    def list_sessions(self, limit: int = 20, offset: int = 0, source=None,
+                      persona_id=None) -> list[dict]:
         """Ingested sessions newest first (by their last turn)."""
         if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
-            raise InputError("limit", f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
-        return self.rows(self.queries["conv_list_sessions"], {"persona_id": _label(persona_id, "persona_id"),
-                                                              "source": source or "", "limit": limit,
-                                                              "offset": max(0, offset)})
+            raise InputError("limit",
+                             f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
+        return self.rows(self.queries["conv_list_sessions"],
+                         {"persona_id": _label(persona_id, "persona_id"), "source": source or "",
+                          "limit": limit, "offset": max(0, offset)})
 
     def watch_progress(self) -> dict | None:
         """The watch's progress (Watcher.progress) with `running`: this process's own watcher's,
@@ -7117,15 +7363,20 @@ class ConversationSearch:
 
     def conversation_stats(self, persona_id=None) -> dict:
         """Ingestion statistics of a persona: {sessions, turns, first_turn_at, last_turn_at,
-        by_source: {source: {sessions, turns, first_turn_at, last_turn_at}}, turns_awaiting_vectors,
-        files, watch} (times ISO-8601 or null; watch: watch_progress(), null when none ran)."""
+        by_source: {source: {sessions, turns, first_turn_at, last_turn_at}},
+        turns_awaiting_vectors, files, watch} (times ISO-8601 or null; watch: watch_progress(),
+        null when none ran)."""
         persona = _label(persona_id, "persona_id")
-        by = {r.pop("source"): r for r in self.rows(self.queries["conv_stats_by_source"], {"persona_id": persona})}
+        sources = self.rows(self.queries["conv_stats_by_source"], {"persona_id": persona})
+        by = {r.pop("source"): r for r in sources}
         firsts = [v["first_turn_at"] for v in by.values() if v["first_turn_at"]]
         lasts = [v["last_turn_at"] for v in by.values() if v["last_turn_at"]]
-        return {"sessions": sum(v["sessions"] for v in by.values()), "turns": sum(v["turns"] for v in by.values()),
-                "first_turn_at": min(firsts, default=None), "last_turn_at": max(lasts, default=None), "by_source": by,
-                "turns_awaiting_vectors": self.value("select count(*) from conv_turns where persona_id = ? and "
+        return {"sessions": sum(v["sessions"] for v in by.values()),
+                "turns": sum(v["turns"] for v in by.values()),
+                "first_turn_at": min(firsts, default=None),
+                "last_turn_at": max(lasts, default=None), "by_source": by,
+                "turns_awaiting_vectors": self.value("select count(*) from conv_turns "
+                                                     "where persona_id = ? and "
                                                      "embedding_state = 'pending'", (persona,)),
                 "files": self.value("select count(*) from conv_files where persona_id = ?",
                                     (persona,)),
@@ -7133,13 +7384,15 @@ class ConversationSearch:
 
     def _session_digest_lines(self, persona: str, ref: dt.datetime) -> list[str]:
         """The briefing's "Recent sessions" lines: the sessions of the last [context]
-        briefing_recent_days (at most [conversations] briefing_sessions), newest first, each with its
-        date, source, turn count, title or first user message, and session id for drill-down."""
+        briefing_recent_days (at most [conversations] briefing_sessions), newest first, each with
+        its date, source, turn count, title or first user message, and session id for
+        drill-down."""
         n = self.cfg.conversations.briefing_sessions
         if n <= 0:
             return []
         since = iso(ref - dt.timedelta(days=self.cfg.context.briefing_recent_days))
-        rows = self.rows(self.queries["conv_recent_sessions"], {"persona_id": persona, "since": since, "n": n})
+        rows = self.rows(self.queries["conv_recent_sessions"],
+                         {"persona_id": persona, "since": since, "n": n})
         if not rows:
             return []
         lines = [f"## Recent sessions ({self.cfg.context.briefing_recent_days} days; "
@@ -7151,15 +7404,17 @@ class ConversationSearch:
 
     def _conversation_hits(self, query: str, k: int, persona: str) -> list[dict]:
         """recall's include_conversations: conversation_search's hits with their score × the source
-        boost of bulk imports ([recall] source_boost_import): history ranks below what was memorized."""
+        boost of bulk imports ([recall] source_boost_import): history ranks below what was
+        memorized."""
         hits = self.conversation_search(query, k, persona_id=persona)["results"]
         boost = self._source_boost("import")
         return [dict(h, score=round(h["score"] * boost, 6)) for h in hits]
 
     def delete_session(self, session_id, source=None, persona_id=None) -> dict:
         """Remove an ingested session and its turns from every table and index, leaving tombstones
-        (the session's and each turn's uid). Its files' offsets stay: ingesting them again adds only
-        what the client writes later. Returns {session_id, source, turns}. NotFound when unknown."""
+        (the session's and each turn's uid). Its files' offsets stay: ingesting them again adds
+        only what the client writes later. Returns {session_id, source, turns}. NotFound when
+        unknown."""
         s = self._named_session(session_id, source, persona_id)
         with self.tx():
             n = self._delete_session_in_tx(s["id"])
@@ -7167,8 +7422,8 @@ class ConversationSearch:
         return {"session_id": s["session_id"], "source": s["source"], "turns": n}
 
     def _delete_session_in_tx(self, ref: int, deleted_at: str | None = None) -> int:
-        """Delete session row `ref` with its turns, FTS rows and vectors; tombstones at `deleted_at`
-        (an imported deletion's time; None: now). In tx."""
+        """Delete session row `ref` with its turns, FTS rows and vectors; tombstones at
+        `deleted_at` (an imported deletion's time; None: now). In tx."""
         c, stamp = self.conn, deleted_at or now_iso()
         has_vec = self.has_table("conv_turn_vec")
         turns = self.rows(self.queries["conv_session_turn_ids"], {"session_ref": ref})
@@ -7176,17 +7431,22 @@ class ConversationSearch:
             c.execute("delete from conv_turns_fts where rowid = ?", (t["id"],))
             if has_vec:
                 c.execute("delete from conv_turn_vec where turn_id = ?", (t["id"],))
-            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_turns', ?)",
-                      (t["uid"], stamp))
-        s = self.rows("select uid, persona_id, source, session_id from conv_sessions where id = ?", (ref,))[0]
+            c.execute("insert or replace into tombstones(uid, table_name, deleted_at) "
+                      "values (?, 'conv_turns', ?)", (t["uid"], stamp))
+        s = self.rows("select uid, persona_id, source, session_id from conv_sessions where id = ?",
+                      (ref,))[0]
         uid = s["uid"]
-        c.execute("insert or replace into tombstones(uid, table_name, deleted_at) values (?, 'conv_session_keys', ?)",
+        c.execute("insert or replace into tombstones(uid, table_name, deleted_at) "
+                  "values (?, 'conv_session_keys', ?)",
                   (self._session_key_uid(s["persona_id"], s["source"], s["session_id"]), stamp))
-        c.execute("delete from conv_turns where session_ref = ?", (ref,))  # conv_turn_vectors cascade
+        # conv_turn_vectors cascade
+        c.execute("delete from conv_turns where session_ref = ?", (ref,))
         c.execute("delete from conv_sessions where id = ?", (ref,))
-        c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, 'conv_sessions', ?) on conflict(uid) "
-                  "do update set table_name = excluded.table_name, deleted_at = "
-                  + ("max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"), (uid, stamp))
+        latest = "max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"
+        c.execute("insert into tombstones(uid, table_name, deleted_at) "
+                  "values (?, 'conv_sessions', ?) on conflict(uid) "
+                  "do update set table_name = excluded.table_name, deleted_at = " + latest,
+                  (uid, stamp))
         return len(turns)
 
     def prune_conversations(self, ref: dt.datetime | None = None, dry_run: bool = False) -> dict:
@@ -7197,8 +7457,10 @@ class ConversationSearch:
         if days <= 0:
             return {"sessions": 0, "turns": 0, "dry_run": dry_run}
         cutoff = iso((ref or now()) - dt.timedelta(days=days))
-        refs = [r["id"] for r in self.rows(self.queries["conv_expired_sessions"], {"cutoff": cutoff})]
-        turns = sum(self.value("select turn_count from conv_sessions where id = ?", (i,)) for i in refs)
+        expired = self.rows(self.queries["conv_expired_sessions"], {"cutoff": cutoff})
+        refs = [r["id"] for r in expired]
+        turns = sum(self.value("select turn_count from conv_sessions where id = ?", (i,))
+                    for i in refs)
         if refs and not dry_run:
             with self.tx():
                 for i in refs:
