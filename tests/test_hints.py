@@ -13,7 +13,8 @@ def test_a_not_found_memory_names_the_list_action(db_path, open_mem):
     e = caught.value
     assert e.hints == (("list", {}),)
     assert str(e) == "no memory with id 42; `python aokun.py list` shows the ids"
-    assert aokun.for_mcp(e) == "no memory with id 42; `recall` (or `list_memories`, if exposed) shows the ids"
+    assert aokun.for_mcp(e) == \
+        "no memory with id 42; `recall` (or `list_memories`, if exposed) shows the ids"
 
 
 def test_each_face_spells_a_hint_its_own_way():
@@ -21,7 +22,8 @@ def test_each_face_spells_a_hint_its_own_way():
                          hints=[("rebuild", {"vectors": True}), ("kg query ENTITY", {})])
     assert str(e) == "vectors differ; run `python aokun.py rebuild --vectors`, or see " \
                      "`python aokun.py kg query ENTITY`"
-    assert aokun.for_mcp(e) == "vectors differ; run `python aokun.py rebuild --vectors`, or see `kg_query`"
+    assert aokun.for_mcp(e) == \
+        "vectors differ; run `python aokun.py rebuild --vectors`, or see `kg_query`"
     assert e.render(lambda command, options: f"<{command} {sorted(options)}>") == \
         "vectors differ; run <rebuild ['vectors']>, or see <kg query ENTITY []>"
     assert str(aokun.AokunError("plain")) == aokun.for_mcp(aokun.AokunError("plain")) == "plain"
@@ -34,8 +36,10 @@ def test_engine_errors_spell_no_command_line_themselves():
     src = aokun.Path(aokun.__file__).read_text(encoding="utf-8")
     tree = ast.parse(src)
     top = {n.name: n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
-    skip = set(range(top["install_codex_notify"].lineno, top["install_codex_notify"].end_lineno + 1))
+    codex = top["install_codex_notify"]
+    skip = set(range(codex.lineno, codex.end_lineno + 1))
     spelled = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Raise) and n.exc is not None
-               and top["Store"].lineno <= n.lineno <= top["Memory"].end_lineno and n.lineno not in skip
+               and top["Store"].lineno <= n.lineno <= top["Memory"].end_lineno
+               and n.lineno not in skip
                and "aokun.py" in (ast.get_source_segment(src, n.exc) or "")]
     assert spelled == []

@@ -42,8 +42,10 @@ def _largest(kind):
 
 
 def test_import_loads_no_server_stack():
-    code = f"import aokun, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    code = ("import aokun, sys; "
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"`import aokun` loaded: {out.stdout.strip()}"
 
@@ -52,11 +54,13 @@ def test_stats_loads_no_numpy(tmp_path):
     """The start path stays lean: opening a file and printing its stats (what `aokun stats` does,
     and what the MCP server does before it answers `initialize`) imports neither numpy nor the
     sqlite_vec package (only its extension is loaded); the first vector work imports numpy."""
-    code = ("import aokun, sys, pathlib; m = aokun.Memory(pathlib.Path(sys.argv[1]), aokun.Config(None)); "
-            "m.stats(); print(sorted(x for x in sys.modules if x.split('.')[0] in ('numpy', 'sqlite_vec'))); "
+    code = ("import aokun, sys, pathlib; "
+            "m = aokun.Memory(pathlib.Path(sys.argv[1]), aokun.Config(None)); "
+            "m.stats(); "
+            "print(sorted(x for x in sys.modules if x.split('.')[0] in ('numpy', 'sqlite_vec'))); "
             "print(m.value('select vec_version()')[:1], type(aokun._l2([3.0, 4.0])).__module__)")
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.db")], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s.db")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["[]", "v numpy"], out.stdout
 
@@ -78,8 +82,8 @@ def test_every_banner_heads_a_definition():
     # top-level definitions: classes, functions (from their first decorator) and assignments
     starts = sorted(min([s.lineno] + [d.lineno for d in getattr(s, "decorator_list", [])])
                     for s in _tree().body
-                    if isinstance(s, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Assign,
-                                      ast.AnnAssign)))
+                    if isinstance(s, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef,
+                                      ast.Assign, ast.AnnAssign)))
     empty = []
     for at, end in zip(banners, banners[1:] + [len(lines) + 1], strict=True):
         if not any(at < s < end for s in starts):
@@ -95,7 +99,8 @@ def _bound_names(fn) -> set[str]:
     for node in ast.walk(fn):
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             bound.add(node.id)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not fn:
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and node is not fn:
             bound.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
@@ -146,8 +151,9 @@ def layering_problems(source: str) -> list[str]:
 
     defined = {}
     for s in tree.body:
-        names = [s.name] if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else \
-            [t.id for t in getattr(s, "targets", [getattr(s, "target", None)]) if isinstance(t, ast.Name)]
+        names = [s.name] if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+            else [t.id for t in getattr(s, "targets", [getattr(s, "target", None)])
+                  if isinstance(t, ast.Name)]
         for name in names:
             defined[name] = s.lineno
     engine_end = memory.end_lineno
@@ -157,28 +163,31 @@ def layering_problems(source: str) -> list[str]:
             continue
         for name, line in _free_names(s):
             if name in defined and banner_of(defined[name]) > banner_of(s.lineno):
-                problems.append(f"{where} (line {line}) uses {name}, defined further down (line {defined[name]})")
+                problems.append(f"{where} (line {line}) uses {name}, defined further down "
+                                f"(line {defined[name]})")
         if s.name in order if isinstance(s, ast.ClassDef) else False:
             for node in ast.walk(s):
-                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                        and node.value.id == "self":
                     target = owner(node.attr)
                     if target is not None and order[target] > order[s.name]:
-                        problems.append(f"{s.name} (line {node.lineno}) calls self.{node.attr} of {target}, "
-                                        "a section composed after it")
+                        problems.append(f"{s.name} (line {node.lineno}) calls self.{node.attr} of "
+                                        f"{target}, a section composed after it")
     private = set()
     for name in mro:
-        private |= {m for m in _methods(classes[name]) if m.startswith("_") and not m.startswith("__")}
+        private |= {m for m in _methods(classes[name])
+                    if m.startswith("_") and not m.startswith("__")}
         private |= {n.attr for n in ast.walk(classes[name]) if isinstance(n, ast.Attribute)
-                    and isinstance(n.value, ast.Name) and n.value.id == "self" and n.attr.startswith("_")
-                    and not n.attr.startswith("__")}
+                    and isinstance(n.value, ast.Name) and n.value.id == "self"
+                    and n.attr.startswith("_") and not n.attr.startswith("__")}
     for s in tree.body:
         if s.lineno <= engine_end:
             continue
         for node in ast.walk(s):
             if isinstance(node, ast.Attribute) and node.attr in private and not (
                     isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
-                problems.append(f"{getattr(s, 'name', s.lineno)} (line {node.lineno}), a face, touches the "
-                                f"engine's private {ast.unparse(node)}")
+                problems.append(f"{getattr(s, 'name', s.lineno)} (line {node.lineno}), a face, "
+                                f"touches the engine's private {ast.unparse(node)}")
     return problems
 
 
@@ -219,7 +228,8 @@ def test_the_layering_check_fails_on_a_bad_layout():
     assert "clean (line 4) uses later, defined further down" in problems[0]
     assert "Store (line 8) calls self.wait_background of Recall" in problems[1]
     assert "show (line 23), a face, touches the engine's private mem._doc" in problems[2]
-    assert layering_problems(BAD_LAYOUT.replace("class Memory(Store, Recall)", "class Memory(Recall, Store)"))[0] \
+    reordered = BAD_LAYOUT.replace("class Memory(Store, Recall)", "class Memory(Recall, Store)")
+    assert layering_problems(reordered)[0] \
         == "Memory composes ['Recall', 'Store'] but the file defines them in another order"
 
 
@@ -230,8 +240,10 @@ def test_memory_declares_every_attribute_and_no_section_shares_state():
     tree = _tree()
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     names = [b.id for b in classes["Memory"].bases] + ["Memory"]
-    init = next(f for f in classes["Memory"].body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
-    declared = {n.attr for n in ast.walk(init) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+    init = next(f for f in classes["Memory"].body
+                if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    declared = {n.attr for n in ast.walk(init)
+                if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
                 and isinstance(n.value, ast.Name) and n.value.id == "self"}
     undeclared, shared = [], []
     for name in names:
@@ -242,7 +254,7 @@ def test_memory_declares_every_attribute_and_no_section_shares_state():
         for stmt in classes[name].body:
             value = getattr(stmt, "value", None)
             if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and value is not None and not (
-                    isinstance(value, (ast.Constant, ast.Tuple)) or (isinstance(value, ast.Call) and getattr(
-                        value.func, "id", "") == "Hooks")):
+                    isinstance(value, (ast.Constant, ast.Tuple))
+                    or (isinstance(value, ast.Call) and getattr(value.func, "id", "") == "Hooks")):
                 shared.append(f"{name}: {ast.unparse(stmt)[:60]} (line {stmt.lineno})")
     assert not undeclared and not shared, (undeclared, shared)

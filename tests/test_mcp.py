@@ -15,10 +15,11 @@ from fakes import FakeEmbedder
 
 pytestmark = pytest.mark.anyio
 
-ALL_TOOLS = ["memorize", "recall", "search_atoms", "list_memories", "get_memory", "edit_memory", "delete_memory",
-             "pin_memory", "unpin_memory", "archive_memory", "memory_stats"]
-DEFAULT_TOOLS = ["memorize", "recall", "memory_feedback", "get_memory", "edit_memory", "delete_memory",
-                 "memory_context", "conversation_search", "conversation_get_session"]
+ALL_TOOLS = ["memorize", "recall", "search_atoms", "list_memories", "get_memory", "edit_memory",
+             "delete_memory", "pin_memory", "unpin_memory", "archive_memory", "memory_stats"]
+DEFAULT_TOOLS = ["memorize", "recall", "memory_feedback", "get_memory", "edit_memory",
+                 "delete_memory", "memory_context", "conversation_search",
+                 "conversation_get_session"]
 READ_ONLY = {"recall", "search_atoms", "list_memories", "get_memory", "memory_stats"}
 DESTRUCTIVE = {"edit_memory", "delete_memory"}
 
@@ -44,7 +45,8 @@ def cfg_for(tmp_path):
     calls (test_tool_calls_during_an_online_backup)."""
     def make(exposed="all", more=None):
         return aokun.Config(None, overrides={("server", "exposed_tools"): exposed,
-                                             ("backup", "dir"): str(tmp_path / "backups"), ("backup", "daily"): False,
+                                             ("backup", "dir"): str(tmp_path / "backups"),
+                                             ("backup", "daily"): False,
                                              **(more or {})})
     return make
 
@@ -128,7 +130,8 @@ def names_field(message: str, field: str) -> bool:
 
 async def test_default_exposure_is_exactly_the_frequent_tools(make_server, tmp_path):
     assert aokun.DEFAULT_TOOLS == tuple(DEFAULT_TOOLS)
-    async with Client(make_server(aokun.Config(None, overrides={("backup", "dir"): str(tmp_path)}))) as c:
+    cfg = aokun.Config(None, overrides={("backup", "dir"): str(tmp_path)})
+    async with Client(make_server(cfg)) as c:
         names = [t.name for t in (await c.list_tools()).tools]
     assert sorted(names) == sorted(DEFAULT_TOOLS) and len(names) == 9
 
@@ -138,7 +141,8 @@ def test_example_ini_names_every_tool_and_the_default_set():
     server = text[text.index("[server]"):text.index("exposed_tools =")]
     listed = re.findall(r"[a-z_]+", server.split("Available:")[1].replace(";", " "))
     assert listed == list(aokun.MCP_TOOLS)
-    assert aokun.exposed_tools(aokun.Config(aokun.HERE / "aokun.example.ini"), aokun.MCP_TOOLS) == DEFAULT_TOOLS
+    example = aokun.Config(aokun.HERE / "aokun.example.ini")
+    assert aokun.exposed_tools(example, aokun.MCP_TOOLS) == DEFAULT_TOOLS
 
 
 async def test_all_exposes_every_tool(client):
@@ -157,12 +161,13 @@ async def test_every_tool_has_description_annotations_and_schemas(client):
     tools = {t.name: t for t in (await client.list_tools()).tools}
     assert set(ALL_TOOLS) <= set(tools)
     for name, t in tools.items():
-        assert t.description and len(t.description) >= 10 and t.description.strip() == t.description, name
+        assert t.description and len(t.description) >= 10, name
+        assert t.description.strip() == t.description, name
         a = t.annotations
         assert a is not None, name
         # only hints that differ from the spec's defaults are sent
-        spec_defaults = {"read_only_hint": False, "destructive_hint": True, "idempotent_hint": False,
-                         "open_world_hint": True}
+        spec_defaults = {"read_only_hint": False, "destructive_hint": True,
+                         "idempotent_hint": False, "open_world_hint": True}
         for hint, default in spec_defaults.items():
             assert getattr(a, hint) in (None, not default), (name, hint)
         hints = {h: d if getattr(a, h) is None else getattr(a, h) for h, d in spec_defaults.items()}
@@ -185,17 +190,18 @@ async def test_server_info_and_instructions(client):
     assert "recall" in client.instructions and "memorize" in client.instructions
 
 
-# what the assistant pays for: the tool list and the answers ----------------------------------------
+# what the assistant pays for: the tool list and the answers ---------------------------------------
 
 def tools_list_chars(tools) -> int:
     """Characters of tools/list's tools as json.dumps writes them (with its default ", " and ": ",
     so a little more than the compact JSON the transports send)."""
-    return len(json.dumps([t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in tools],
-                          ensure_ascii=False))
+    return len(json.dumps([t.model_dump(by_alias=True, exclude_none=True, mode="json")
+                           for t in tools], ensure_ascii=False))
 
 
 async def test_tools_list_fits_the_schema_budget(make_server, cfg_for, tmp_path):
-    async with Client(make_server(aokun.Config(None, overrides={("backup", "dir"): str(tmp_path)}))) as c:
+    cfg = aokun.Config(None, overrides={("backup", "dir"): str(tmp_path)})
+    async with Client(make_server(cfg)) as c:
         default = (await c.list_tools()).tools
     async with Client(make_server(cfg_for("all"))) as c:
         every = (await c.list_tools()).tools
@@ -215,11 +221,14 @@ def non_text_chars(hit: dict) -> int:
 
 
 async def test_a_recall_hit_costs_little_beyond_its_text(client):
-    meta = {"session_id": "5f0c6a8e-2b1d-4a57-9c3e-0d1e2f3a4b5c", "topics": ["coffee", "mornings", "cafés"],
+    meta = {"session_id": "5f0c6a8e-2b1d-4a57-9c3e-0d1e2f3a4b5c",
+            "topics": ["coffee", "mornings", "cafés"],
             "participants": ["Alice", "Bob"], "source": "chat", "tags": ["food"], "importance": 0.8,
             "summary": "Alice's coffee."}
-    await ok(client, "memorize", {"content": "Alice loves iced americano every morning.", "metadata": meta})
-    await ok(client, "memorize", {"content": "Bob drinks his coffee black.", "metadata": {"importance": 0.3}})
+    await ok(client, "memorize", {"content": "Alice loves iced americano every morning.",
+                                  "metadata": meta})
+    await ok(client, "memorize", {"content": "Bob drinks his coffee black.",
+                                  "metadata": {"importance": 0.3}})
     r = await client.call_tool("recall", {"query": "coffee Alice Bob", "limit": 5})
     hits = json.loads(r.content[0].text)["results"]
     assert len(hits) == 2
@@ -227,9 +236,11 @@ async def test_a_recall_hit_costs_little_beyond_its_text(client):
         assert non_text_chars(hit) <= 150, hit
         assert "persona_id" not in hit and "channels" not in hit and "truncated" not in hit
     full = r.structured_content["results"]
-    assert full[0]["session_id"] == meta["session_id"] or full[1]["session_id"] == meta["session_id"]
+    session = meta["session_id"]
+    assert full[0]["session_id"] == session or full[1]["session_id"] == session
     assert all(isinstance(h["score"], float) and h["score"] == round(h["score"], 3) for h in full)
-    explained = json.loads((await client.call_tool("recall", {"query": "coffee", "explain": True})).content[0].text)
+    answer = await client.call_tool("recall", {"query": "coffee", "explain": True})
+    explained = json.loads(answer.content[0].text)
     assert "channels" in explained["results"][0] and "explain" in explained["results"][0]
 
 
@@ -292,7 +303,8 @@ async def test_every_tool_answers_compact_text(client):
 async def test_memorize_returns_write_result_and_deduplicates(client):
     r = await ok(client, "memorize", {"content": ALICE, "metadata": {
         "participants": ["Alice"], "topics": ["coffee"], "importance": 0.8, "session_id": "s1",
-        "key_facts": ["Alice loves iced americano"], "tags": ["drink"], "source": "chat", "summary": "Alice's coffee",
+        "key_facts": ["Alice loves iced americano"], "tags": ["drink"], "source": "chat",
+        "summary": "Alice's coffee",
         "sentiment": "positive", "timestamp": "2026-03-01T10:00:00+08:00", "pinned": False}})
     assert r["id"] == 1 and r["status"] == "done" and r["deduplicated"] is False
     assert r["embedding"] == "done" and r["embedding_truncated"] is False and r["warnings"] == []
@@ -307,14 +319,16 @@ async def test_memorize_repeat_restores_an_archived_memory_and_merges_metadata(c
     assert a["changed"] == {}
     await ok(client, "archive_memory", {"id": a["id"]})
     r = await ok(client, "memorize", {"content": ALICE})
-    assert (r["id"], r["deduplicated"], r["changed"]) == (a["id"], True, {"archived": [True, False]})
-    assert r["warnings"] == [f"memory {a['id']} was archived; memorizing it again restored it to recall "
-                             f"(archive_memory({a['id']}) archives it again)"]
+    assert (r["id"], r["deduplicated"], r["changed"]) == \
+        (a["id"], True, {"archived": [True, False]})
+    assert r["warnings"] == [f"memory {a['id']} was archived; memorizing it again restored it to "
+                             f"recall (archive_memory({a['id']}) archives it again)"]
     assert keyword_ids(await ok(client, "recall", {"query": "americano"})) == [a["id"]]
-    r = await ok(client, "memorize", {"content": ALICE, "metadata": {"topics": ["barista"], "importance": 0.9}})
+    r = await ok(client, "memorize", {"content": ALICE,
+                                      "metadata": {"topics": ["barista"], "importance": 0.9}})
     assert r["changed"] == {"topics": [["coffee"], ["coffee", "barista"]], "importance": [0.5, 0.9]}
-    assert r["warnings"] == [f"memory {a['id']} already held this text; the repeat's metadata was merged into it "
-                             "(topics, importance changed)"]
+    assert r["warnings"] == [f"memory {a['id']} already held this text; the repeat's metadata was "
+                             "merged into it (topics, importance changed)"]
     assert keyword_ids(await ok(client, "recall", {"query": "barista"})) == [a["id"]]
     plain = await ok(client, "memorize", {"content": ALICE})
     assert (plain["deduplicated"], plain["warnings"], plain["changed"]) == (True, [], {})
@@ -325,7 +339,8 @@ async def test_memorize_repeat_restores_an_archived_memory_and_merges_metadata(c
 async def test_recall_finds_the_right_memory(client):
     ids = {}
     for text in (ALICE, BOB, CAROL):
-        w = await ok(client, "memorize", {"content": text, "metadata": {"participants": [text.split()[0]]}})
+        w = await ok(client, "memorize", {"content": text,
+                                          "metadata": {"participants": [text.split()[0]]}})
         ids[text] = w["id"]
     r = await ok(client, "recall", {"query": "cello", "limit": 3})
     assert r["results"] and r["results"][0]["id"] == ids[BOB]
@@ -339,7 +354,8 @@ async def test_recall_finds_the_right_memory(client):
 
 
 async def test_search_atoms_finds_a_fact(client):
-    doc = await ok(client, "memorize", {"content": ALICE, "metadata": {"key_facts": ["Alice prefers oat milk"]}})
+    doc = await ok(client, "memorize", {"content": ALICE,
+                                        "metadata": {"key_facts": ["Alice prefers oat milk"]}})
     r = await ok(client, "search_atoms", {"query": "oat milk", "limit": 5})
     assert len(r["results"]) == 1
     a = r["results"][0]
@@ -350,12 +366,14 @@ async def test_search_atoms_finds_a_fact(client):
 
 async def test_list_memories_newest_first_with_limit_and_offset(client):
     for i, text in enumerate((ALICE, BOB, CAROL)):
-        await ok(client, "memorize", {"content": text, "metadata": {"timestamp": f"2026-01-0{i + 1}T00:00:00Z"}})
+        await ok(client, "memorize", {"content": text,
+                                      "metadata": {"timestamp": f"2026-01-0{i + 1}T00:00:00Z"}})
     r = await ok(client, "list_memories")
     assert [m["content"] for m in r["memories"]] == [CAROL, BOB, ALICE]
     page = await ok(client, "list_memories", {"limit": 1, "offset": 1})
     assert [m["content"] for m in page["memories"]] == [BOB]
-    assert set(page["memories"][0]) >= {"id", "uid", "created_at", "pinned", "archived", "importance"}
+    assert set(page["memories"][0]) >= {"id", "uid", "created_at", "pinned", "archived",
+                                        "importance"}
 
 
 async def test_get_memory_in_full(client):
@@ -372,7 +390,8 @@ async def test_get_memory_in_full(client):
 
 async def test_edit_memory_replaces_what_is_searchable(client):
     w = await ok(client, "memorize", {"content": ALICE})
-    assert [h["id"] for h in (await ok(client, "recall", {"query": "americano"}))["results"]] == [w["id"]]
+    found = await ok(client, "recall", {"query": "americano"})
+    assert [h["id"] for h in found["results"]] == [w["id"]]
     e = await ok(client, "edit_memory", {"id": w["id"], "content": "Alice switched to green tea.",
                                          "metadata": {"importance": 0.7}})
     assert e["id"] == w["id"] and e["status"] == "done" and e["deduplicated"] is False
@@ -393,7 +412,8 @@ async def test_delete_memory_forgets_everywhere(client):
     await ok(client, "memorize", {"content": BOB})
     d = await ok(client, "delete_memory", {"id": w["id"]})
     assert d == {"id": w["id"], "uid": w["uid"], "deleted": True}
-    assert all(h["id"] != w["id"] for h in (await ok(client, "recall", {"query": "americano"}))["results"])
+    found = await ok(client, "recall", {"query": "americano"})
+    assert all(h["id"] != w["id"] for h in found["results"])
     assert (await ok(client, "search_atoms", {"query": "americano"}))["results"] == []
     assert "no memory with id" in await err(client, "get_memory", {"id": w["id"]})
     assert "no memory with id" in await err(client, "delete_memory", {"id": w["id"]})
@@ -413,8 +433,9 @@ async def test_pin_and_unpin(client):
 
 
 async def test_memory_feedback_ranks_a_used_memory_above_an_equal_one(db, segmenter, cfg_for):
-    """Two memories the keyword channels score alike (no embedder: min-max over two KNN neighbours
-    would set them apart); feedback on the one ranked second puts it first (the write empties the cache)."""
+    """Two memories the keyword channels score alike (no embedder: min-max over two KNN
+    neighbours would set them apart); feedback on the one ranked second puts it first (the write
+    empties the cache)."""
     cfg = cfg_for(more={("embedding", "provider"): "none"})
 
     def factory():
@@ -423,12 +444,15 @@ async def test_memory_feedback_ranks_a_used_memory_above_an_equal_one(db, segmen
         return m
     async with Client(aokun.build_server(factory, cfg)) as client:
         t = {t.name: t for t in (await client.list_tools()).tools}["memory_feedback"]
-        assert "ids of recalled memories you used" in t.description and t.input_schema["required"] == ["ids"]
-        assert not t.annotations.idempotent_hint and not t.annotations.read_only_hint  # spec default: false
+        assert "ids of recalled memories you used" in t.description
+        assert t.input_schema["required"] == ["ids"]
+        # spec default: false
+        assert not t.annotations.idempotent_hint and not t.annotations.read_only_hint
         assert t.annotations.destructive_hint is False and t.annotations.open_world_hint is False
         assert "memory_feedback" in client.instructions
         w = {(await ok(client, "memorize", {"content": text}))["id"]: text
-             for text in ("Nadia grows jasmine tea in her garden", "Omar grows jasmine tea in his garden")}
+             for text in ("Nadia grows jasmine tea in her garden",
+                          "Omar grows jasmine tea in his garden")}
         first = (await ok(client, "recall", {"query": "jasmine tea garden", "limit": 2}))["results"]
         assert first[0]["score"] == pytest.approx(first[1]["score"], abs=1e-6)
         top, used = first[0]["id"], first[1]["id"]
@@ -437,23 +461,28 @@ async def test_memory_feedback_ranks_a_used_memory_above_an_equal_one(db, segmen
         assert out == {"useful": True, "results": [{
             "id": used, "uid": uid, "old_importance": 0.5, "importance": 0.55, "useful_count": 1.0,
             "last_useful_at": out["results"][0]["last_useful_at"], "atoms_reinforced": 0}]}
-        again = await ok(client, "recall", {"query": "jasmine tea garden", "limit": 2, "explain": True})
+        again = await ok(client, "recall", {"query": "jasmine tea garden", "limit": 2,
+                                            "explain": True})
         assert again["cached"] is False and [h["id"] for h in again["results"]] == [used, top]
         assert again["results"][0]["score"] > again["results"][1]["score"]
-        assert again["results"][0]["explain"]["useful_count"] == 1 and w[used] == again["results"][0]["text"]
+        assert again["results"][0]["explain"]["useful_count"] == 1
+        assert w[used] == again["results"][0]["text"]
         d = await ok(client, "get_memory", {"id": used})
         assert d["useful_count"] == 1 and d["last_useful_at"] == out["results"][0]["last_useful_at"]
         down = await ok(client, "memory_feedback", {"ids": [top], "useful": False})
-        assert down["results"][0]["importance"] == pytest.approx(0.45) and down["results"][0]["useful_count"] == 0
+        assert down["results"][0]["importance"] == pytest.approx(0.45)
+        assert down["results"][0]["useful_count"] == 0
         assert "no memory with id 42" in await err(client, "memory_feedback", {"ids": [used, 42]})
-        assert "no memory with id" in await err(client, "memory_feedback", {"ids": [top], "persona_id": "x"})
+        assert "no memory with id" in await err(client, "memory_feedback",
+                                                {"ids": [top], "persona_id": "x"})
         assert (await ok(client, "get_memory", {"id": used}))["useful_count"] == 1  # all or nothing
 
 
 async def test_archive_excludes_from_recall_unless_include_archived(client):
     a = await ok(client, "memorize", {"content": ALICE})
     b = await ok(client, "memorize", {"content": "Alice also likes espresso."})
-    assert {h["id"] for h in (await ok(client, "recall", {"query": "Alice"}))["results"]} == {a["id"], b["id"]}
+    found = await ok(client, "recall", {"query": "Alice"})
+    assert {h["id"] for h in found["results"]} == {a["id"], b["id"]}
     assert (await ok(client, "archive_memory", {"id": a["id"]})) == \
         {"id": a["id"], "uid": a["uid"], "pinned": None, "archived": True}
     r = await ok(client, "recall", {"query": "Alice"})
@@ -477,7 +506,8 @@ async def test_memory_stats(client):
     assert empty["schema_version"] == aokun.schema_version_known()
     await ok(client, "memorize", {"content": ALICE})
     s = await ok(client, "memory_stats")
-    assert s["counts"]["documents"] == 1 and s["counts"]["doc_vectors"] == 1 and s["counts"]["atoms"] == 2
+    assert s["counts"]["documents"] == 1 and s["counts"]["doc_vectors"] == 1
+    assert s["counts"]["atoms"] == 2
     assert s["embedding"]["provider"] == "fake" and s["embedding"]["dim"] == 16
     assert s["embedding"]["stored_dim"] == 16 and s["embedding"]["problem"] is None
     assert s["journal"] == {"done": 1} and s["size_bytes"] > 0 and s["database"].endswith("m.db")
@@ -488,7 +518,8 @@ async def test_memory_stats(client):
 async def test_resources_stats_and_memory(client):
     listed = {str(r.uri): r for r in (await client.list_resources()).resources}
     assert "memory://stats" in listed and listed["memory://stats"].mime_type == "application/json"
-    templates = {t.uri_template for t in (await client.list_resource_templates()).resource_templates}
+    templates = {t.uri_template
+                 for t in (await client.list_resource_templates()).resource_templates}
     assert "memory://memories/{id}{?persona_id}" in templates
 
     w = await ok(client, "memorize", {"content": "咖啡 ☕ " + ALICE})
@@ -537,7 +568,8 @@ BAD = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tool,args,field", BAD, ids=[f"{t}-{f}-{i}" for i, (t, _, f) in enumerate(BAD)])
+@pytest.mark.parametrize("tool,args,field", BAD,
+                         ids=[f"{t}-{f}-{i}" for i, (t, _, f) in enumerate(BAD)])
 async def test_bad_input_names_the_field_and_writes_nothing(client, db, tool, args, field):
     first = await ok(client, "memorize", {"content": ALICE})
     assert first["id"] == 1
@@ -548,7 +580,8 @@ async def test_bad_input_names_the_field_and_writes_nothing(client, db, tool, ar
     # one line, also when the SDK's schema check refused the arguments (no pydantic report)
     assert "\n" not in msg.strip() and "pydantic" not in msg, msg
     assert await counts(client) == before == (1, 1)
-    assert (await ok(client, "get_memory", {"id": 1}))["content"] == ALICE  # the edit did not happen
+    # the edit did not happen
+    assert (await ok(client, "get_memory", {"id": 1}))["content"] == ALICE
     # a fresh connection to the file agrees
     with aokun.Memory(db, aokun.Config(None), embedder=FakeEmbedder(16), recover=False) as m:
         assert m.value("select count(*) from documents") == 1
@@ -559,16 +592,17 @@ async def test_unknown_tool_is_an_error(client):
     assert "forget_everything" in await err(client, "forget_everything", {})
 
 
-# optional arguments: omitted or null ---------------------------------------------------------------
+# optional arguments: omitted or null --------------------------------------------------------------
 
 NULLS = [
     ("memorize", {"content": "null metadata", "metadata": None}),
     ("memorize", {"content": "null keys", "metadata": {k: None for k in
-                                                       ("summary", "topics", "key_facts", "participants", "sentiment",
-                                                        "importance", "session_id", "persona_id", "source",
+                                                       ("summary", "topics", "key_facts",
+                                                        "participants", "sentiment", "importance",
+                                                        "session_id", "persona_id", "source",
                                                         "timestamp", "tags", "pinned")}}),
-    ("recall", {"query": "Alice", "limit": None, "session_id": None, "persona_id": None, "include_archived": None,
-                "explain": None}),
+    ("recall", {"query": "Alice", "limit": None, "session_id": None, "persona_id": None,
+                "include_archived": None, "explain": None}),
     ("search_atoms", {"query": "Alice", "limit": None, "persona_id": None}),
     ("list_memories", {"limit": None, "offset": None, "persona_id": None, "session_id": None,
                        "include_archived": None}),
@@ -582,10 +616,12 @@ NULLS = [
 @pytest.mark.parametrize("tool,args", NULLS, ids=[f"{t}-{i}" for i, (t, _) in enumerate(NULLS)])
 async def test_optional_arguments_may_be_null(frozen_now, client, tool, args):
     # frozen clock: the two answers' scores (recency, ttl_factor) depend on the time they are made
-    await ok(client, "memorize", {"content": ALICE, "metadata": {"key_facts": ["Alice loves iced americano"]}})
+    await ok(client, "memorize", {"content": ALICE,
+                                  "metadata": {"key_facts": ["Alice loves iced americano"]}})
     omitted = {k: v for k, v in args.items() if v is not None}
     r_null = await ok(client, tool, args)
-    if tool in ("recall", "search_atoms", "list_memories"):  # read-only: same answer as omitting them
+    # read-only: same answer as omitting them
+    if tool in ("recall", "search_atoms", "list_memories"):
         r_omit = await ok(client, tool, omitted)
         for r in (r_null, r_omit):
             r.pop("took_ms", None)
@@ -604,7 +640,7 @@ async def test_omitted_optionals_use_the_defaults(client):
     assert len((await ok(client, "list_memories", {}))["memories"]) == 7
 
 
-# Unicode, NUL, big content --------------------------------------------------------------------------
+# Unicode, NUL, big content ------------------------------------------------------------------------
 
 @pytest.mark.slow
 async def test_emoji_chinese_and_nul_round_trip(client):
@@ -615,11 +651,14 @@ async def test_emoji_chinese_and_nul_round_trip(client):
     stored = text.replace("\x00", " ")  # as given: the full-width comma stays, the NUL is a space
     assert d["content"] == stored and "，" in stored and "🚣\u200d♀" in stored
     assert unicodedata.normalize("NFKC", stored) != stored
-    assert d["participants"] == ["小王"] and d["topics"] == ["旅行"] and d["summary"] == "西湖🚣 划船"
+    assert d["participants"] == ["小王"] and d["topics"] == ["旅行"]
+    assert d["summary"] == "西湖🚣 划船"
     r = await ok(client, "recall", {"query": "西湖划船"})
-    assert r["results"] and r["results"][0]["id"] == w["id"] and r["results"][0]["text"] == d["content"]
+    assert r["results"] and r["results"][0]["id"] == w["id"]
+    assert r["results"][0]["text"] == d["content"]
     assert (await ok(client, "recall", {"query": "杭州"}))["results"][0]["id"] == w["id"]
-    assert any(a["document_id"] == w["id"] for a in (await ok(client, "search_atoms", {"query": "杭州"}))["results"])
+    atoms = await ok(client, "search_atoms", {"query": "杭州"})
+    assert any(a["document_id"] == w["id"] for a in atoms["results"])
     # the same text with the NUL is the same memory
     assert (await ok(client, "memorize", {"content": text}))["deduplicated"] is True
 
@@ -632,7 +671,8 @@ async def test_stored_text_is_byte_identical(client):
     assert d["content"].encode("utf-8") == keep.encode("utf-8")
     assert {k: d[k] for k in meta} == meta and [a["content"] for a in d["atoms"]] == [keep]
     hit = (await ok(client, "recall", {"query": "mc2 kg"}))["results"][0]
-    assert hit["id"] == w["id"] and hit["text"].encode("utf-8") == keep.encode("utf-8") and hit["summary"] == keep
+    assert hit["id"] == w["id"] and hit["text"].encode("utf-8") == keep.encode("utf-8")
+    assert hit["summary"] == keep
     assert (await ok(client, "search_atoms", {"query": "mc2"}))["results"][0]["content"] == keep
     # the half-width spelling is the same memory (deduplication compares the folded text)
     again = await ok(client, "memorize", {"content": "E = mc2 1⁄2 1 TM kg,"})
@@ -641,7 +681,8 @@ async def test_stored_text_is_byte_identical(client):
 
 @pytest.mark.slow
 async def test_300_kb_content(client):
-    para = "Paragraph {i}: the quarterly report covers revenue, hiring and the roadmap. 季度报告涵盖收入与招聘。\n"
+    para = ("Paragraph {i}: the quarterly report covers revenue, hiring and the roadmap. "
+            "季度报告涵盖收入与招聘。\n")
     text = "".join(para.format(i=i) for i in range(3200)) + "The secret codeword is xylophonic."
     assert len(text.encode("utf-8")) > 300_000
     w = await ok(client, "memorize", {"content": text})
@@ -650,13 +691,16 @@ async def test_300_kb_content(client):
     assert d["content"] == text.strip()
     r = await ok(client, "recall", {"query": "xylophonic", "limit": 1})
     [hit] = r["results"]
-    assert hit["id"] == w["id"] and hit["truncated"] is True  # capped ([recall] max_chars_per_hit), at a line end
-    assert len(hit["text"]) <= 1500 and hit["text"].endswith("招聘。…") and text.startswith(hit["text"][:-1])
+    # capped ([recall] max_chars_per_hit), at a line end
+    assert hit["id"] == w["id"] and hit["truncated"] is True
+    assert len(hit["text"]) <= 1500 and hit["text"].endswith("招聘。…")
+    assert text.startswith(hit["text"][:-1])
 
 
 @pytest.mark.slow
 async def test_recall_caps_each_hit_and_get_memory_gives_the_whole(client):
-    big = " ".join(f"Day {i}: the ferry to the island left late because of the fog." for i in range(3000))
+    big = " ".join(f"Day {i}: the ferry to the island left late because of the fog."
+                   for i in range(3000))
     w = await ok(client, "memorize", {"content": big})
     short = await ok(client, "memorize", {"content": "The island ferry has a new captain."})
     r = await ok(client, "recall", {"query": "island ferry fog", "limit": 2})
@@ -669,7 +713,8 @@ async def test_recall_caps_each_hit_and_get_memory_gives_the_whole(client):
     tools = {t.name: t for t in (await client.list_tools()).tools}
     hit_schema = tools["recall"].output_schema["$defs"]["Hit"]
     assert hit_schema["properties"]["truncated"]["type"] == "boolean"
-    assert "truncated: true" in tools["recall"].description and "get_memory" in tools["recall"].description
+    assert "truncated: true" in tools["recall"].description
+    assert "get_memory" in tools["recall"].description
 
 
 async def test_content_over_the_limit_is_refused(make_server, cfg_for):
@@ -679,7 +724,7 @@ async def test_content_over_the_limit_is_refused(make_server, cfg_for):
         assert (await counts(c)) == (0, 0)
 
 
-# cache, explain ----------------------------------------------------------------------------------------
+# cache, explain -----------------------------------------------------------------------------------
 
 @pytest.mark.slow
 async def test_recall_sees_writes_immediately(client):
@@ -691,11 +736,13 @@ async def test_recall_sees_writes_immediately(client):
     assert [h["id"] for h in hit["results"]] == [w["id"]] and hit["cached"] is False
     await ok(client, "edit_memory", {"id": w["id"], "content": "Dana flew in a hot-air balloon."})
     assert keyword_ids(await ok(client, "recall", {"query": "zeppelin"})) == []
-    assert [h["id"] for h in (await ok(client, "recall", {"query": "balloon"}))["results"]] == [w["id"]]
+    found = await ok(client, "recall", {"query": "balloon"})
+    assert [h["id"] for h in found["results"]] == [w["id"]]
     await ok(client, "archive_memory", {"id": w["id"]})
     assert (await ok(client, "recall", {"query": "balloon"}))["results"] == []
     w2 = await ok(client, "memorize", {"content": "Another balloon ride is planned."})
-    assert [h["id"] for h in (await ok(client, "recall", {"query": "balloon"}))["results"]] == [w2["id"]]
+    found = await ok(client, "recall", {"query": "balloon"})
+    assert [h["id"] for h in found["results"]] == [w2["id"]]
     await ok(client, "delete_memory", {"id": w2["id"]})
     assert (await ok(client, "recall", {"query": "balloon"}))["results"] == []
 
@@ -736,8 +783,9 @@ async def test_explain_gives_ranks_and_score_parts(client):
         assert set(hit["channels"]) == {c for c, v in ex["ranks"].items() if v is not None}
         for v in ex["ranks"].values():
             assert v is None or (isinstance(v, int) and v >= 0)
-        for key in ("doc_rrf", "graph_rrf", "importance", "recency", "doc_route", "graph_route", "fused", "mmr",
-                    "route_weights", "cross_route_bonus", "temporal_factor", "intent"):
+        for key in ("doc_rrf", "graph_rrf", "importance", "recency", "doc_route", "graph_route",
+                    "fused", "mmr", "route_weights", "cross_route_bonus", "temporal_factor",
+                    "intent"):
             assert key in ex, key
         assert hit["score"] == pytest.approx(ex["fused"], abs=1e-5)
         if ex["ranks"]["bm25"] is not None:
@@ -748,14 +796,15 @@ async def test_explain_gives_ranks_and_score_parts(client):
     assert all(h["explain"] is None for h in plain["results"])
 
 
-# concurrency and the legacy handshake --------------------------------------------------------------
+# concurrency and the legacy handshake -------------------------------------------------------------
 
 @pytest.mark.slow
 async def test_concurrent_calls_in_one_session(client):
     results = {}
 
     async def write(i):
-        results[i] = await ok(client, "memorize", {"content": f"Parallel memory {i}: Frank counted {i} sheep."})
+        results[i] = await ok(client, "memorize",
+                              {"content": f"Parallel memory {i}: Frank counted {i} sheep."})
 
     async def read():
         await ok(client, "recall", {"query": "sheep", "limit": 3})
@@ -791,7 +840,8 @@ async def test_lifespan_closes_and_reopens_the_database(make_server, db):
 
 # the background thread's online backup against tool calls ----------------------------------------
 
-def test_online_backup_uses_the_connection_only_under_its_lock(db, segmenter, tmp_path, monkeypatch):
+def test_online_backup_uses_the_connection_only_under_its_lock(db, segmenter, tmp_path,
+                                                               monkeypatch):
     """Tool calls run in SDK worker threads while the server's background thread takes its online
     backup; APSW refuses concurrent use of one connection, so every backup call that touches the
     source connection (step and finish) must hold Memory.lock. Checked deterministically by
@@ -906,8 +956,9 @@ def checked_server(db, segmenter, cfg_for):
 async def test_tool_calls_use_the_connection_only_under_the_lock(checked_server):
     server, unlocked = checked_server
     async with Client(server) as c:
-        w = await ok(c, "memorize", {"content": ALICE, "metadata": {"key_facts": ["Alice loves iced americano"],
-                                                                   "participants": ["Alice"]}})
+        w = await ok(c, "memorize", {"content": ALICE,
+                                     "metadata": {"key_facts": ["Alice loves iced americano"],
+                                                  "participants": ["Alice"]}})
         await ok(c, "memorize", {"content": BOB})
         await ok(c, "recall", {"query": "Alice americano", "explain": True})
         await ok(c, "recall", {"query": "Alice americano", "explain": True})  # cached

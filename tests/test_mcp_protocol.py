@@ -15,7 +15,8 @@ from mcp.types import PromptReference, ResourceTemplateReference
 import aokun
 from fakes import FakeEmbedder
 
-pytestmark = [pytest.mark.anyio, pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")]
+pytestmark = [pytest.mark.anyio,
+              pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")]
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "conversations"
 CLAUDE = FIXTURES / "claude-code" / "-home-dev-aokun" / "5b0c2f4e-7d1a-4c3b-9e8f-1a2b3c4d5e6f.jsonl"
@@ -34,7 +35,8 @@ def server(tmp_path, segmenter):
     """An MCPServer over a database holding: Alice's memory and facts in the default persona,
     Alfred's fact and the Claude Code fixture session in persona p1."""
     db = tmp_path / "m.db"
-    cfg = aokun.Config(None, overrides={("server", "exposed_tools"): "all", ("backup", "daily"): False,
+    cfg = aokun.Config(None, overrides={("server", "exposed_tools"): "all",
+                                        ("backup", "daily"): False,
                                         ("backup", "dir"): str(tmp_path / "backups")})
 
     def factory():
@@ -95,7 +97,8 @@ async def test_set_level_sends_aokun_records_at_or_above_it_and_none_before(serv
             while not got:
                 await anyio.sleep(0.02)
         await anyio.sleep(0.2)
-        assert [(p.level, p.logger, p.data) for p in got] == [("error", "aokun", "back-fill failed: test")]
+        assert [(p.level, p.logger, p.data) for p in got] == \
+            [("error", "aokun", "back-fill failed: test")]
         await c.set_logging_level("debug")
         from_a_thread(20, "an info line")
         with anyio.fail_after(5):
@@ -119,7 +122,8 @@ async def test_consolidate_reports_progress_to_a_progress_token(server):
         seen.clear()
         r = await c.call_tool("refresh_briefing", {}, progress_callback=on_progress)
         assert r.is_error is False and seen[-1] == (2, 2)
-        assert (await c.call_tool("consolidate", {})).is_error is False  # no token: no progress, no error
+        # no token: no progress, no error
+        assert (await c.call_tool("consolidate", {})).is_error is False
 
 
 async def values(c, ref, name, value, persona=None):
@@ -151,7 +155,8 @@ async def test_prompts_briefing_and_remember_about(server):
         assert "# Memory briefing" in brief and "Alice lives_in Paris" in brief
         about = (await c.get_prompt("remember_about", {"topic": "Alice"})).messages[0].content.text
         assert "iced americano" in about and "- Alice lives_in Paris" in about
-        p1 = (await c.get_prompt("remember_about", {"topic": "Alice", "persona_id": "p1"})).messages[0].content.text
+        prompt = await c.get_prompt("remember_about", {"topic": "Alice", "persona_id": "p1"})
+        p1 = prompt.messages[0].content.text
         assert "iced americano" not in p1 and "(none recorded)" in p1
         with pytest.raises(MCPError, match="topic"):
             await c.get_prompt("remember_about", {"topic": "  "})
@@ -161,7 +166,8 @@ async def test_entity_and_session_templates(server):
     async with Client(server, mode="legacy") as c:
         r = await c.read_resource("memory://entities/Alice")
         facts = json.loads(r.contents[0].text)["facts"]
-        assert [(f["subject"], f["predicate"], f["object"]) for f in facts] == [("Alice", "lives_in", "Paris")]
+        assert [(f["subject"], f["predicate"], f["object"]) for f in facts] == \
+            [("Alice", "lives_in", "Paris")]
         with pytest.raises(MCPError):
             await c.read_resource("memory://entities/Alfred")  # p1's, not the default persona's
         r = await c.read_resource("memory://entities/Alfred?persona_id=p1")

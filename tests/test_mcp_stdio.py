@@ -19,8 +19,9 @@ from mcp.client.stdio import stdio_client
 import aokun
 from mcp_procs import REPO, child_env, cli, serve_args, stop, write_ini
 
-DEFAULT_TOOLS = {"memorize", "recall", "memory_feedback", "get_memory", "edit_memory", "delete_memory",
-                 "memory_context", "conversation_search", "conversation_get_session"}
+DEFAULT_TOOLS = {"memorize", "recall", "memory_feedback", "get_memory", "edit_memory",
+                 "delete_memory", "memory_context", "conversation_search",
+                 "conversation_get_session"}
 
 
 @pytest.fixture
@@ -43,16 +44,18 @@ async def test_sdk_stdio_client_memorize_then_recall(tmp_path):
         async with Client(stdio_client(params(db, ini), errlog=errlog)) as c:
             assert c.server_info.name == "aokun" and c.server_info.version == aokun.__version__
             assert {t.name for t in (await c.list_tools()).tools} == DEFAULT_TOOLS
-            w = await c.call_tool("memorize", {"content": text, "metadata": {"participants": ["小王"],
-                                                                             "topics": ["茶"]}})
+            metadata = {"participants": ["小王"], "topics": ["茶"]}
+            w = await c.call_tool("memorize", {"content": text, "metadata": metadata})
             assert w.is_error is False, w.content[0].text
             assert w.structured_content["id"] == 1 and w.structured_content["status"] == "done"
             assert w.structured_content["embedding"] == "none"  # provider none
             r = await c.call_tool("recall", {"query": "龙井茶"})
             assert r.is_error is False, r.content[0].text
             hits = r.structured_content["results"]
-            assert [h["id"] for h in hits] == [1] and hits[0]["text"] == text and hits[0]["participants"] == ["小王"]
-            assert {d["channel"] for d in r.structured_content["degraded"]} == {"vector", "graph_vector"}
+            assert [h["id"] for h in hits] == [1] and hits[0]["text"] == text
+            assert hits[0]["participants"] == ["小王"]
+            assert {d["channel"] for d in r.structured_content["degraded"]} == \
+                {"vector", "graph_vector"}
             bad = await c.call_tool("recall", {"query": "tea", "limit": "abc"})
             assert bad.is_error is True and re.search(r"\blimit\b", bad.content[0].text)
 
@@ -73,7 +76,8 @@ class RawServer:
     def __init__(self, db, ini, env):
         self.stderr = open(db.parent / "raw-stderr.txt", "w+b")
         self.proc = subprocess.Popen([sys.executable, *serve_args(db, ini)], cwd=REPO, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr)
         self.lines: list[bytes] = []
         self._q: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -167,8 +171,9 @@ def test_raw_jsonrpc_stdout_is_pure_utf8_jsonrpc_with_cp936_and_the_local_embedd
         assert w["isError"] is False, w
         assert w["structuredContent"]["id"] == 1 and w["structuredContent"]["embedding"] == "done"
         # the text the model reads: compact, without the empty fields the structured content has
-        assert json.loads(w["content"][0]["text"]) == {k: v for k, v in w["structuredContent"].items()
-                                                       if k != "uid" and v not in (False, [], {}, None, "")}
+        compact = {k: v for k, v in w["structuredContent"].items()
+                   if k != "uid" and v not in (False, [], {}, None, "")}
+        assert json.loads(w["content"][0]["text"]) == compact
 
         r = s.call(3, "recall", {"query": "杭州出差", "explain": True})
         assert r["isError"] is False, r
@@ -178,7 +183,8 @@ def test_raw_jsonrpc_stdout_is_pure_utf8_jsonrpc_with_cp936_and_the_local_embedd
         assert json.loads(r["content"][0]["text"])["results"][0]["text"] == stored
 
         # meaning, not keywords: the real model finds it from an English paraphrase
-        assert s.call(40, "memorize", {"content": "Alice bought a red bicycle for her daughter."})["isError"] is False
+        bicycle = {"content": "Alice bought a red bicycle for her daughter."}
+        assert s.call(40, "memorize", bicycle)["isError"] is False
         r = s.call(4, "recall", {"query": "business trip next Wednesday", "limit": 1})
         assert [h["id"] for h in r["structuredContent"]["results"]] == [1]
         channels = set(r["structuredContent"]["results"][0]["channels"])
@@ -215,9 +221,10 @@ def test_raw_lone_surrogate_is_answered(tmp_path):
     s = RawServer(db, ini, child_env())
     try:
         s.initialize()
-        for i, (tool, args) in enumerate([("memorize", '{"content": "bad \\ud800 text"}'),
-                                          ("recall", '{"query": "bad \\udfff text"}'),
-                                          ("conversation_search", '{"query": "bad \\ud800"}')], start=1):
+        calls = [("memorize", '{"content": "bad \\ud800 text"}'),
+                 ("recall", '{"query": "bad \\udfff text"}'),
+                 ("conversation_search", '{"query": "bad \\ud800"}')]
+        for i, (tool, args) in enumerate(calls, start=1):
             s.send('{"jsonrpc": "2.0", "id": %d, "method": "tools/call", '
                    '"params": {"name": "%s", "arguments": %s}}' % (i, tool, args))
             got = s.reply(i)["result"]
@@ -254,11 +261,12 @@ async def test_python_m_aokun_from_another_folder_serves_as_readme_configures_cl
     caches an imported module's bytecode; a script is compiled on every start): from any working
     folder that answers like `python aokun.py serve`."""
     db, ini = tmp_path / "m.db", write_ini(tmp_path, "none")
-    p = StdioServerParameters(command=sys.executable, args=["-m", "aokun", "--db", str(db), "--config", str(ini),
-                                                            "serve"],
+    p = StdioServerParameters(command=sys.executable,
+                              args=["-m", "aokun", "--db", str(db), "--config", str(ini), "serve"],
                               cwd=str(tmp_path), env=child_env(PYTHONPATH=str(REPO)))
     with anyio.fail_after(90):
-        async with Client(stdio_client(p, errlog=(tmp_path / "stderr.txt").open("w+", encoding="utf-8"))) as c:
+        errlog = (tmp_path / "stderr.txt").open("w+", encoding="utf-8")
+        async with Client(stdio_client(p, errlog=errlog)) as c:
             assert {t.name for t in (await c.list_tools()).tools} == DEFAULT_TOOLS
             w = await c.call_tool("memorize", {"content": "Started as a module"})
             assert w.is_error is False and w.structured_content["id"] == 1
@@ -277,17 +285,21 @@ def test_raw_log_notifications_keep_stdout_pure_jsonrpc(tmp_path):
     try:
         s.initialize()
         time.sleep(1.5)  # a failed sync or two, before any setLevel
-        assert not [m for m in assert_only_jsonrpc(s.lines) if m.get("method") == "notifications/message"]
-        s.send({"jsonrpc": "2.0", "id": 1, "method": "logging/setLevel", "params": {"level": "debug"}})
+        assert not [m for m in assert_only_jsonrpc(s.lines)
+                    if m.get("method") == "notifications/message"]
+        s.send({"jsonrpc": "2.0", "id": 1, "method": "logging/setLevel",
+                "params": {"level": "debug"}})
         assert s.reply(1)["result"] == {}
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not any(b"notifications/message" in x for x in s.lines):
+        while time.monotonic() < deadline and not any(b"notifications/message" in x
+                                                      for x in s.lines):
             time.sleep(0.1)
         ok = s.call(2, "memorize", {"content": "a memory between log lines"})
         assert ok["isError"] is False
     finally:
         rc = s.close()
     assert rc == 0
-    logs = [m["params"] for m in assert_only_jsonrpc(s.lines) if m.get("method") == "notifications/message"]
+    logs = [m["params"] for m in assert_only_jsonrpc(s.lines)
+            if m.get("method") == "notifications/message"]
     assert logs and logs[0]["logger"] == "aokun" and logs[0]["level"] == "error", logs
     assert "sync with" in logs[0]["data"] and "failed" in logs[0]["data"]

@@ -16,18 +16,20 @@ import aokun
 from mcp_procs import REPO, child_env, free_port, serve_args, stop, wait_port, write_ini
 
 ORIGIN = "http://127.0.0.1:8765"
-XSS_TEXT = 'Mallory wrote <script>window.__xss=1</script> and "><img src=x onerror="window.__xss=2"> here'
-GET_PAGES = ["/memories", "/memories/{id}", "/recall?q=Alice", "/graph?entity=Alice", "/health", "/health/decay",
-             "/health/lifecycle", "/health/consolidate", "/health/backup", "/health/vacuum", "/settings",
-             "/conversations"]
+XSS_TEXT = ('Mallory wrote <script>window.__xss=1</script> and '
+            '"><img src=x onerror="window.__xss=2"> here')
+GET_PAGES = ["/memories", "/memories/{id}", "/recall?q=Alice", "/graph?entity=Alice", "/health",
+             "/health/decay", "/health/lifecycle", "/health/consolidate", "/health/backup",
+             "/health/vacuum", "/settings", "/conversations"]
 
 
 @pytest.fixture
 def panel(mem, tmp_path):
-    """(Panel, a logged-out TestClient, the Memory, the ini path, {name: memory id}) on a Memory with
-    three memories (one of persona p2, one with markup) and a fact history about Alice."""
+    """(Panel, a logged-out TestClient, the Memory, the ini path, {name: memory id}) on a Memory
+    with three memories (one of persona p2, one with markup) and a fact history about Alice."""
     ids = {"alice": mem.memorize("Alice lives in Paris and drinks iced americano",
-                                 {"participants": ["Alice"], "source": "chat", "session_id": "s1"})["id"],
+                                 {"participants": ["Alice"], "source": "chat",
+                                  "session_id": "s1"})["id"],
            "xss": mem.memorize(XSS_TEXT, {"summary": 'odd <b>"quoted"</b>'})["id"],
            "p2": mem.memorize("Persona two keeps this one", {"persona_id": "p2"})["id"]}
     mem.kg_add("Alice", "lives_in", "London", valid_from="2020-01-01")
@@ -68,7 +70,8 @@ def test_the_token_becomes_a_strict_httponly_cookie_and_works_once(panel):
     web, client, _, _, _ = panel
     token = web.login_token
     r = client.get(f"/health?token={token}&persona=p2", follow_redirects=False)
-    assert r.status_code == 303 and r.headers["location"] == "/health?persona=p2"  # the token leaves the URL
+    # the token leaves the URL
+    assert r.status_code == 303 and r.headers["location"] == "/health?persona=p2"
     cookie = r.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie and "path=/" in cookie
     client.cookies = r.cookies
@@ -96,11 +99,13 @@ def test_every_page_answers_once_logged_in(panel):
 def test_foreign_host_and_origin_are_refused(panel):
     web, client, _, _, ids = panel
     csrf = login(web, client)
-    assert client.get("/memories", headers={"Host": "evil.example:8765"}).status_code == 421  # DNS rebinding
+    # DNS rebinding
+    assert client.get("/memories", headers={"Host": "evil.example:8765"}).status_code == 421
     assert client.get("/memories", headers={"Origin": "http://evil.example"}).status_code == 403
     assert client.get("/memories", headers={"Origin": "http://127.0.0.1:9999"}).status_code == 403
     path, data = f"/memories/{ids['alice']}/pin", {"csrf": csrf, "persona": ""}
-    assert post(client, path, data, origin=None).status_code == 403  # a POST must say where it comes from
+    # a POST must say where it comes from
+    assert post(client, path, data, origin=None).status_code == 403
     assert post(client, path, data, origin="http://evil.example").status_code == 403
     assert post(client, path, data, origin="null").status_code == 403
     assert not panel[2].get(ids["alice"])["pinned"]
@@ -117,7 +122,8 @@ def test_a_post_needs_the_sessions_csrf_token(panel):
     assert r.status_code == 403 and "CSRF" in r.text
     assert mem.get(ids["alice"])["id"] == ids["alice"]
     anonymous = TestClient(client.app, base_url=ORIGIN)
-    assert post(anonymous, path, {"confirm": "yes", "csrf": csrf}).status_code == 401  # no session cookie
+    # no session cookie
+    assert post(anonymous, path, {"confirm": "yes", "csrf": csrf}).status_code == 401
 
 
 # memories -----------------------------------------------------------------------------------------
@@ -127,10 +133,12 @@ def test_memory_actions_go_through_the_engine(panel):
     csrf = login(web, client)
     i = ids["alice"]
     base = {"csrf": csrf, "persona": ""}
-    r = post(client, f"/memories/{i}/edit", base | {"content": "Alice lives in Lyon now", "summary": "moved"})
+    r = post(client, f"/memories/{i}/edit",
+             base | {"content": "Alice lives in Lyon now", "summary": "moved"})
     assert r.status_code == 303 and r.headers["location"].startswith(f"/memories/{i}?")
     assert mem.get(i)["content"] == "Alice lives in Lyon now" and mem.get(i)["summary"] == "moved"
-    assert [h["id"] for h in mem.recall("Lyon", channels=["bm25"])["results"]] == [i]  # its index was rebuilt
+    # its index was rebuilt
+    assert [h["id"] for h in mem.recall("Lyon", channels=["bm25"])["results"]] == [i]
     assert mem.recall("Paris", channels=["bm25"])["results"] == []
     post(client, f"/memories/{i}/importance", base | {"importance": "0.9"})
     assert mem.get(i)["importance"] == 0.9
@@ -162,9 +170,11 @@ def test_a_persona_sees_and_changes_only_its_own(panel):
     assert "Persona two" not in client.get("/memories").text
     listed = client.get("/memories?persona=p2").text
     assert "Persona two" in listed and "Alice" not in listed
-    r = post(client, f"/memories/{ids['p2']}/delete", {"csrf": csrf, "persona": "", "confirm": "yes"})
+    r = post(client, f"/memories/{ids['p2']}/delete",
+             {"csrf": csrf, "persona": "", "confirm": "yes"})
     assert r.status_code == 404 and mem.get(ids["p2"], "p2")
-    r = post(client, f"/memories/{ids['p2']}/delete", {"csrf": csrf, "persona": "p2", "confirm": "yes"})
+    r = post(client, f"/memories/{ids['p2']}/delete",
+             {"csrf": csrf, "persona": "p2", "confirm": "yes"})
     assert r.status_code == 303 and "persona=p2" in r.headers["location"]
     with pytest.raises(aokun.NotFound):
         mem.get(ids["p2"], "p2")
@@ -197,8 +207,10 @@ def test_memory_page_shows_atoms_and_graph(panel):
     assert 'class="state active"' in page and "Graph entries" in page
     assert 'href="/graph?entity=Alice"' in page
     assert aokun._time_left(None) == "no end"
-    assert aokun._time_left(aokun.iso(aokun.now() + aokun.dt.timedelta(days=3, hours=1))) == "in 3 d"
-    assert aokun._time_left(aokun.iso(aokun.now() - aokun.dt.timedelta(hours=5, minutes=1))) == "ended 5 h ago"
+    in_3_days = aokun.now() + aokun.dt.timedelta(days=3, hours=1)
+    assert aokun._time_left(aokun.iso(in_3_days)) == "in 3 d"
+    five_hours_ago = aokun.now() - aokun.dt.timedelta(hours=5, minutes=1)
+    assert aokun._time_left(aokun.iso(five_hours_ago)) == "ended 5 h ago"
 
 
 def test_memory_text_is_never_rendered_unescaped(panel):
@@ -207,9 +219,11 @@ def test_memory_text_is_never_rendered_unescaped(panel):
     for page in ["/memories", "/memories/{id}", "/recall?q=Mallory", "/memories?q=Mallory"]:
         html = client.get(page.format(id=ids["xss"])).text
         assert "Mallory" in html, page
-        assert "<script>window" not in html and "<img src=x" not in html and '<b>"quoted' not in html, page
+        assert "<script>window" not in html and "<img src=x" not in html, page
+        assert '<b>"quoted' not in html, page
         assert "&lt;script&gt;" in html or "&lt;img" in html, page
-    html = client.get("/graph?entity=%3Cscript%3Ex").text  # an unknown entity named in markup: its message
+    # an unknown entity named in markup: its message
+    html = client.get("/graph?entity=%3Cscript%3Ex").text
     assert "<script>x" not in html
 
 
@@ -258,7 +272,8 @@ def test_health_maintenance_dry_run_then_confirm(panel, tmp_path):
     assert r.status_code == 200 and "Wrote" in r.text
     assert len(list(mem.backup_dir().glob("*manual*.db"))) == 1
     for command in ("decay", "lifecycle", "consolidate", "vacuum"):
-        assert post(client, f"/health/{command}", {"csrf": csrf, "persona": ""}).status_code == 200, command
+        assert post(client, f"/health/{command}",
+                    {"csrf": csrf, "persona": ""}).status_code == 200, command
     assert client.get("/health/explode").status_code == 404
     assert post(client, "/health/vacuum", {"persona": ""}).status_code == 403
 
@@ -286,8 +301,9 @@ def test_saving_a_setting_edits_the_file_in_place(panel):
     web, client, _, ini, _ = panel
     csrf = login(web, client)
     before = ini.read_text(encoding="utf-8").splitlines()
-    r = post(client, "/settings", {"csrf": csrf, "persona": "", "recall.mmr_lambda": "0.5", "recall.fusion": "rrf",
-                                   "recall.rrf_k": "60", "forgetting.timezone": "Asia/Shanghai"})
+    r = post(client, "/settings", {"csrf": csrf, "persona": "", "recall.mmr_lambda": "0.5",
+                                   "recall.fusion": "rrf", "recall.rrf_k": "60",
+                                   "forgetting.timezone": "Asia/Shanghai"})
     assert r.status_code == 303 and "saved" in r.headers["location"]
     after = ini.read_text(encoding="utf-8").splitlines()
     assert len(after) == len(before)
@@ -297,7 +313,8 @@ def test_saving_a_setting_edits_the_file_in_place(panel):
     cfg = aokun.Config(ini)
     assert cfg.recall.mmr_lambda == 0.5 and cfg.recall.fusion == "rrf"
     r = post(client, "/settings", {"csrf": csrf, "persona": "", "recall.mmr_lambda": "0.5"})
-    assert "nothing+changed" in r.headers["location"] or "nothing%20changed" in r.headers["location"]
+    location = r.headers["location"]
+    assert "nothing+changed" in location or "nothing%20changed" in location
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -312,11 +329,14 @@ def test_a_bad_setting_is_refused_with_the_loaders_message(panel, field, value, 
     web, client, _, ini, _ = panel
     csrf = login(web, client)
     before = ini.read_text(encoding="utf-8")
-    r = post(client, "/settings", {"csrf": csrf, "persona": "", field: value, "recall.score_alpha": "0.6"})
+    r = post(client, "/settings", {"csrf": csrf, "persona": "", field: value,
+                                   "recall.score_alpha": "0.6"})
     assert r.status_code == 400
     assert message in r.text
-    assert 'name="recall.score_alpha" type="number" step="any" min="0" value="0.6"' in r.text  # what was typed stays
-    if field not in ("recall.fusion", "backup.daily"):  # (a select cannot show a value it does not offer)
+    # what was typed stays
+    assert 'name="recall.score_alpha" type="number" step="any" min="0" value="0.6"' in r.text
+    # (a select cannot show a value it does not offer)
+    if field not in ("recall.fusion", "backup.daily"):
         assert f'value="{value}"' in r.text
     assert ini.read_text(encoding="utf-8") == before  # nothing written
     assert not [p for p in ini.parent.iterdir() if p.name.endswith(".tmp")]
@@ -344,19 +364,22 @@ def test_saving_without_an_ini_starts_from_the_example(mem, tmp_path):
 
 
 def test_ini_set_keeps_everything_else():
-    text = "; top\n[recall]\n; help\nmmr_lambda = 0.7\nweird = a\n  continued\nmax_k=3\n\n[text]\nuserdict = x\n"
-    out = aokun.ini_set(text, {("recall", "weird"): "b", ("recall", "max_k"): "9", ("recall", "rrf_k"): "61",
+    text = ("; top\n[recall]\n; help\nmmr_lambda = 0.7\nweird = a\n  continued\nmax_k=3\n\n"
+            "[text]\nuserdict = x\n")
+    out = aokun.ini_set(text, {("recall", "weird"): "b", ("recall", "max_k"): "9",
+                               ("recall", "rrf_k"): "61",
                                ("text", "stopwords"): "s.txt", ("backup", "dir"): ""})
-    assert out == ("; top\n[recall]\n; help\nmmr_lambda = 0.7\nweird = b\nmax_k = 9\nrrf_k = 61\n\n[text]\n"
-                   "userdict = x\nstopwords = s.txt\n\n[backup]\ndir =\n")
+    assert out == ("; top\n[recall]\n; help\nmmr_lambda = 0.7\nweird = b\nmax_k = 9\nrrf_k = 61\n\n"
+                   "[text]\nuserdict = x\nstopwords = s.txt\n\n[backup]\ndir =\n")
     assert aokun.ini_set("[a]\r\nk = 1\r\n", {("a", "k"): "2"}) == "[a]\r\nk = 2\r\n"
     with pytest.raises(aokun.InputError):
         aokun.ini_set(text, {("recall", "max_k"): "1\n[server]"})
     layout = aokun.ini_layout(aokun.EXAMPLE_INI.read_text(encoding="utf-8"))
     recall = next(s for s in layout if s["name"] == "recall")
-    weights = next(g for g in recall["groups"] if g["help"] == "Channel weights inside their route.")
-    assert [k for k, _ in weights["keys"]] == ["weight_bm25", "weight_vector", "weight_graph_keyword",
-                                               "weight_graph_vector"]
+    weights = next(g for g in recall["groups"]
+                   if g["help"] == "Channel weights inside their route.")
+    assert [k for k, _ in weights["keys"]] == ["weight_bm25", "weight_vector",
+                                               "weight_graph_keyword", "weight_graph_vector"]
 
 
 # serve --http at /panel ---------------------------------------------------------------------------
@@ -368,8 +391,9 @@ def test_serve_http_serves_the_panel_behind_its_own_login(tmp_path):
     port = free_port()
     err_path = tmp_path / "stderr.txt"
     with err_path.open("wb") as err:
-        proc = subprocess.Popen([sys.executable, *serve_args(db, ini, "--http", "--port", str(port))], cwd=REPO,
-                                env=child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+        args = serve_args(db, ini, "--http", "--port", str(port))
+        proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=child_env(),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
         try:
             wait_port(port, proc)
             deadline = time.monotonic() + 20
@@ -378,7 +402,8 @@ def test_serve_http_serves_the_panel_behind_its_own_login(tmp_path):
             token = re.search(r"/panel/\?token=(\S+)", err_path.read_text()).group(1)
             base = f"http://127.0.0.1:{port}"
             with httpx.Client(base_url=base) as h:
-                assert h.post("/mcp", json={}).status_code == 401  # the MCP endpoint keeps its bearer token
+                # the MCP endpoint keeps its bearer token
+                assert h.post("/mcp", json={}).status_code == 401
                 assert h.get("/panel/health").status_code == 401
                 r = h.get(f"/panel/health?token={token}", follow_redirects=False)
                 assert r.status_code == 303 and r.headers["location"] == "/panel/health"
@@ -391,7 +416,7 @@ def test_serve_http_serves_the_panel_behind_its_own_login(tmp_path):
     assert "Traceback" not in err_path.read_text()
 
 
-# conversations -------------------------------------------------------------------------------------
+# conversations ------------------------------------------------------------------------------------
 
 def test_conversations_lists_sessions_shows_turns_in_order_and_searches(panel, tmp_path):
     web, client, mem, _, _ = panel
@@ -414,7 +439,8 @@ def test_conversations_lists_sessions_shows_turns_in_order_and_searches(panel, t
     listing = client.get("/conversations").text
     assert "Which espresso grinder" in listing and "claude-code" in listing and "3 turns" in listing
     page = client.get(f"/conversations?session={sid}&source=claude-code").text
-    assert page.index("Which espresso grinder") < page.index("Niche Zero") < page.index("And the beans?")
+    assert page.index("Which espresso grinder") < page.index("Niche Zero") \
+        < page.index("And the beans?")
     assert "<script>window.__xss" not in page and "&lt;script&gt;" in page
     found = client.get("/conversations?q=espresso+grinder").text
     assert "Which espresso grinder" in found
@@ -460,13 +486,15 @@ def test_memory_page_shows_its_history_edits_and_consolidation(panel):
     with pytest.raises(aokun.NotFound):
         mem.history(ids["alice"], "p2")  # another persona's id is not there
     merged = mem.consolidate(dry_run=False, similarity=0.0, min_jaccard=0.5)
-    survivor = next((c["survivor"] for c in merged["clusters"] if other in c["members"] + [c["survivor"]]), None)
+    survivor = next((c["survivor"] for c in merged["clusters"]
+                     if other in c["members"] + [c["survivor"]]), None)
     assert survivor is not None, merged
     page = client.get(f"/memories/{survivor}").text
     assert "consolidated:" in page and "Restore undoes it" in page
 
 
-@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\u0085", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x00", "\x1b"])
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\u0085", "\v", "\f", "\x1c", "\x1d", "\x1e",
+                                  "\x00", "\x1b"])
 def test_a_setting_with_a_line_break_of_any_kind_is_refused(panel, char):
     web, client, _, ini, _ = panel
     csrf = login(web, client)
@@ -477,7 +505,8 @@ def test_a_setting_with_a_line_break_of_any_kind_is_refused(panel, char):
     assert f"[server] allowed_hosts: the value holds U+{ord(char):04X}" in r.text
     assert ini.read_text(encoding="utf-8") == before
     # a later save of another setting does not turn anything into lines either
-    assert post(client, "/settings", {"csrf": csrf, "persona": "", "recall.max_k": "40"}).status_code == 303
+    assert post(client, "/settings",
+                {"csrf": csrf, "persona": "", "recall.max_k": "40"}).status_code == 303
     cfg = aokun.Config(ini)
     assert cfg.recall.max_k == 40 and cfg.server.token == aokun.Config(None).server.token
     assert "attacker" not in ini.read_text(encoding="utf-8")
@@ -485,20 +514,24 @@ def test_a_setting_with_a_line_break_of_any_kind_is_refused(panel, char):
 
 def test_a_hand_written_value_with_u2028_stays_one_line_on_the_next_save(tmp_path):
     ini = tmp_path / "aokun.ini"
-    ini.write_text("[server]\nallowed_hosts = a\u2028[server]\u2028token = attacker\n", encoding="utf-8")
+    ini.write_text("[server]\nallowed_hosts = a\u2028[server]\u2028token = attacker\n",
+                   encoding="utf-8")
     aokun.save_settings(ini, {("recall", "max_k"): "40"})
     cfg = aokun.Config(ini)
-    assert cfg.server.token != "attacker" and cfg.server.allowed_hosts == "a\u2028[server]\u2028token = attacker"
-    assert "\ttab" == aokun.ini_set("[a]\nk = 1\n", {("a", "k"): "x\ttab"}).split("x")[1].rstrip("\n")
+    assert cfg.server.token != "attacker"
+    assert cfg.server.allowed_hosts == "a\u2028[server]\u2028token = attacker"
+    assert "\ttab" == \
+        aokun.ini_set("[a]\nk = 1\n", {("a", "k"): "x\ttab"}).split("x")[1].rstrip("\n")
 
 
 @pytest.mark.slow
 def test_a_second_panel_on_a_busy_port_is_one_line_and_prints_no_link(tmp_path):
     db, ini, port = tmp_path / "p.db", write_ini(tmp_path), free_port()
-    cmd = [sys.executable, aokun.__file__, "--db", str(db), "--config", str(ini), "panel", "--port", str(port),
-           "--no-browser"]
-    first = subprocess.Popen(cmd, cwd=REPO, env=child_env(PYTHONUNBUFFERED=1), stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    cmd = [sys.executable, aokun.__file__, "--db", str(db), "--config", str(ini), "panel",
+           "--port", str(port), "--no-browser"]
+    first = subprocess.Popen(cmd, cwd=REPO, env=child_env(PYTHONUNBUFFERED=1),
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
     try:
         wait_port(port, first)
         link = first.stdout.readline().split()[-1]
@@ -507,8 +540,8 @@ def test_a_second_panel_on_a_busy_port_is_one_line_and_prints_no_link(tmp_path):
         conn.request("GET", link.split(str(port), 1)[1])
         assert conn.getresponse().status == 303  # the first one's link logs in
         conn.close()
-        second = subprocess.run(cmd, cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, capture_output=True,
-                                text=True, timeout=60)
+        second = subprocess.run(cmd, cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=60)
         assert second.returncode == 1 and second.stdout == "", second.stdout
         assert "Traceback" not in second.stderr
         [line] = second.stderr.strip().splitlines()

@@ -1,9 +1,9 @@
-"""The web panel in a real browser: Debian's chromium, headless, driven by Playwright for Python (never
-`playwright install`: the system browser is used), against a real `python aokun.py panel` child
-process on a temp database. Each page is loaded (and photographed into $PANEL_SHOTS, default the
-test's temp folder), a setting is edited, a memory is deleted through the confirm dialog, and the
-database and ini file are checked afterwards. With CI=true a missing browser fails; elsewhere these
-tests skip, saying why."""
+"""The web panel in a real browser: Debian's chromium, headless, driven by Playwright for Python
+(never `playwright install`: the system browser is used), against a real `python aokun.py panel`
+child process on a temp database. Each page is loaded (and photographed into $PANEL_SHOTS, default
+the test's temp folder), a setting is edited, a memory is deleted through the confirm dialog, and
+the database and ini file are checked afterwards. With CI=true a missing browser fails; elsewhere
+these tests skip, saying why."""
 
 import os
 import re
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow  # every test here takes 0.5 s or more
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-XSS_TEXT = 'Mallory wrote <script>window.__xss=1</script> and "><img src=x onerror="window.__xss=2"> here'
+XSS_TEXT = ('Mallory wrote <script>window.__xss=1</script> and '
+            '"><img src=x onerror="window.__xss=2"> here')
 
 
 def _browser_missing() -> str | None:
@@ -54,8 +55,9 @@ def shots(tmp_path) -> Path:
 
 @pytest.fixture
 def served(browser_ok, tmp_path, segmenter):
-    """A `python aokun.py panel --no-browser` child on a database of four memories and a fact history;
-    yields (login URL, db path, ini path, {name: memory id}). The child is always stopped."""
+    """A `python aokun.py panel --no-browser` child on a database of four memories and a fact
+    history; yields (login URL, db path, ini path, {name: memory id}). The child is always
+    stopped."""
     db, ini = tmp_path / "p.db", tmp_path / "aokun.ini"  # the example file, as a user copies it
     ini.write_text(aokun.ini_set(aokun.EXAMPLE_INI.read_text(encoding="utf-8"), {
         ("embedding", "provider"): "none", ("backup", "dir"): str(tmp_path / "backups"),
@@ -65,9 +67,11 @@ def served(browser_ok, tmp_path, segmenter):
     ids = {"alice": m.memorize("Alice lives in Paris and drinks iced americano every morning",
                                {"participants": ["Alice"], "topics": ["coffee"], "source": "chat",
                                 "summary": "Alice's coffee"})["id"],
-           "bob": m.memorize("Bob started learning the cello last spring", {"participants": ["Bob"]})["id"],
+           "bob": m.memorize("Bob started learning the cello last spring",
+                             {"participants": ["Bob"]})["id"],
            "xss": m.memorize(XSS_TEXT)["id"],
-           "doomed": m.memorize("Forget me: the old wifi password was hunter2", {"importance": 0.2})["id"]}
+           "doomed": m.memorize("Forget me: the old wifi password was hunter2",
+                                {"importance": 0.2})["id"]}
     m.kg_add("Alice", "lives_in", "London", valid_from="2020-01-01")
     m.kg_add("Alice", "lives_in", "Paris", valid_from="2023-06-01")
     m.kg_add("Alice", "likes", "iced americano", valid_from="2022-03-01")
@@ -75,8 +79,9 @@ def served(browser_ok, tmp_path, segmenter):
     port = free_port()
     out = (tmp_path / "panel-stdout.txt").open("wb")
     err = (tmp_path / "panel-stderr.txt").open("wb")
-    proc = subprocess.Popen([sys.executable, AOKUN, "--db", str(db), "--config", str(ini), "panel", "--no-browser",
-                             "--port", str(port)], cwd=REPO, env=child_env(PYTHONUNBUFFERED=1),
+    proc = subprocess.Popen([sys.executable, AOKUN, "--db", str(db), "--config", str(ini), "panel",
+                             "--no-browser", "--port", str(port)],
+                            cwd=REPO, env=child_env(PYTHONUNBUFFERED=1),
                             stdin=subprocess.DEVNULL, stdout=out, stderr=err)
     try:
         wait_port(port, proc)
@@ -99,7 +104,8 @@ def page(served, tmp_path):
     from playwright.sync_api import sync_playwright
     url = served[0]
     with sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM,
+        context = p.chromium.launch_persistent_context(str(tmp_path / "profile"),
+                                                       executable_path=CHROMIUM,
                                                        headless=True, args=CHROMIUM_ARGS,
                                                        viewport={"width": 1280, "height": 900})
         try:
@@ -122,13 +128,16 @@ def origin(url: str) -> str:
 def test_every_page_loads_and_looks_right(served, page, shots):
     base = origin(served[0])
     ids = served[3]
-    pages = {"memories": "/memories", "memory": f"/memories/{ids['alice']}", "recall": "/recall?q=Alice+coffee",
+    pages = {"memories": "/memories", "memory": f"/memories/{ids['alice']}",
+             "recall": "/recall?q=Alice+coffee",
              "graph": "/graph?entity=Alice", "health": "/health", "health-decay": "/health/decay",
-             "settings": "/settings", "conversations": "/conversations", "search": "/memories?q=cello"}
+             "settings": "/settings", "conversations": "/conversations",
+             "search": "/memories?q=cello"}
     for name, path in pages.items():
         page.goto(base + path)
         assert page.locator("header.top nav a[aria-current=page]").count() == 1, name
-        assert page.evaluate("getComputedStyle(document.body).fontFamily").startswith("system-ui"), name  # CSS loaded
+        font = page.evaluate("getComputedStyle(document.body).fontFamily")
+        assert font.startswith("system-ui"), name  # CSS loaded
         page.screenshot(path=str(shots / f"{name}.png"), full_page=name != "settings")
     page.goto(base + "/recall?q=Alice+coffee")
     assert page.locator("svg.bar rect.seg").count() >= 2
@@ -136,7 +145,8 @@ def test_every_page_loads_and_looks_right(served, page, shots):
     for name, path in (("phone-memories", "/memories"), ("phone-recall", "/recall?q=Alice+coffee"),
                        ("phone-settings", "/settings")):
         page.goto(base + path)
-        assert page.evaluate("document.documentElement.scrollWidth <= innerWidth + 1"), name  # no sideways scroll
+        # no sideways scroll
+        assert page.evaluate("document.documentElement.scrollWidth <= innerWidth + 1"), name
         page.screenshot(path=str(shots / f"{name}.png"))
     page.emulate_media(color_scheme="dark")
     page.set_viewport_size({"width": 1280, "height": 900})
@@ -149,7 +159,8 @@ def test_every_page_loads_and_looks_right(served, page, shots):
 
 def test_memory_markup_never_runs(served, page):
     base, ids = origin(served[0]), served[3]
-    for path in ("/memories", f"/memories/{ids['xss']}", "/recall?q=Mallory", "/memories?q=Mallory"):
+    for path in ("/memories", f"/memories/{ids['xss']}", "/recall?q=Mallory",
+                 "/memories?q=Mallory"):
         page.goto(base + path)
         assert page.get_by_text("window.__xss=1", exact=False).count() >= 1, path  # shown as text
         assert page.evaluate("window.__xss === undefined"), path
@@ -162,12 +173,14 @@ def test_edit_a_setting_in_the_browser(served, page, shots):
     page.goto(base + "/settings")
     field = page.locator('[name="recall.mmr_lambda"]')
     field.fill("2")
-    assert page.locator(".setting.changed").count() == 1 and page.locator("#changed-count").inner_text() == "1 changed"
+    assert page.locator(".setting.changed").count() == 1
+    assert page.locator("#changed-count").inner_text() == "1 changed"
     page.get_by_role("button", name="Save changed settings").click()
     alert = page.locator("p.flash.bad")
     assert "[recall] mmr_lambda = 2 is out of range; allowed: 0..1" in alert.inner_text()
     page.screenshot(path=str(shots / "settings-refused.png"))
-    assert page.errors == ["Failed to load resource: the server responded with a status of 400 (Bad Request)"]
+    assert page.errors == [
+        "Failed to load resource: the server responded with a status of 400 (Bad Request)"]
     page.errors.clear()  # the refusal's status, as intended
     assert "mmr_lambda = 0.7" in ini.read_text(encoding="utf-8")
     page.locator('[name="recall.mmr_lambda"]').fill("0.55")

@@ -1,6 +1,7 @@
 """Deleted text does not linger: secure_delete zeroes freed bytes (on every connection), and
-`delete --purge` (the real CLI) also rebuilds the briefing, merges the FTS indexes, VACUUMs and empties
-the WAL, so the raw bytes of the database file and its WAL hold no trace of the deleted memory."""
+`delete --purge` (the real CLI) also rebuilds the briefing, merges the FTS indexes, VACUUMs and
+empties the WAL, so the raw bytes of the database file and its WAL hold no trace of the deleted
+memory."""
 
 import apsw
 import pytest
@@ -19,8 +20,10 @@ def _raw(db) -> bytes:
 
 
 def _traces(raw: bytes) -> list[str]:
-    """Which spellings of MARKER `raw` holds: as stored, folded/lower-cased (FTS terms), or UTF-16."""
-    forms = {"stored": MARKER.encode(), "lower": MARKER.lower().encode(), "utf16": MARKER.encode("utf-16-le")}
+    """Which spellings of MARKER `raw` holds: as stored, folded/lower-cased (FTS terms), or
+    UTF-16."""
+    forms = {"stored": MARKER.encode(), "lower": MARKER.lower().encode(),
+             "utf16": MARKER.encode("utf-16-le")}
     return [name for name, form in forms.items() if form in raw]
 
 
@@ -28,15 +31,18 @@ def _traces(raw: bytes) -> list[str]:
 def test_delete_purge_leaves_no_trace_in_the_file_or_the_wal(tmp_path):
     db, ini = tmp_path / "p.db", write_ini(tmp_path, "none")
     m = aokun.Memory(db, aokun.load_config(str(ini)))
-    m.memorize_many([(f"Note {i}: Ines watered the ferns on day {i}.", {"participants": ["Ines"], "topics": ["plants"]})
+    m.memorize_many([(f"Note {i}: Ines watered the ferns on day {i}.",
+                      {"participants": ["Ines"], "topics": ["plants"]})
                      for i in range(30)])  # other memories around it, sharing its person and topic
     secret = m.memorize(f"The vault code word is {MARKER}, Ines said. {MARKER} opens the safe.",
-                        {"participants": ["Ines"], "topics": ["plants"], "key_facts": [f"The code word is {MARKER}."],
+                        {"participants": ["Ines"], "topics": ["plants"],
+                         "key_facts": [f"The code word is {MARKER}."],
                          "summary": f"code word {MARKER}", "tags": [MARKER], "pinned": True})["id"]
     assert MARKER in m.memory_context()["text"]  # the stored briefing quotes it
     m.close()
     assert _traces(_raw(db))
-    keep = apsw.Connection(str(db))  # another connection keeps the WAL file from being removed at close
+    # another connection keeps the WAL file from being removed at close
+    keep = apsw.Connection(str(db))
     try:
         r = cli(db, ini, "delete", str(secret), "--purge")
         assert r.returncode == 0, r.stderr
@@ -55,9 +61,12 @@ def test_secure_delete_zeroes_freed_text_and_vectors_without_a_vacuum(tmp_path, 
     bit vector (vec0 chunks) is left in the file's free space."""
     m = open_mem(tmp_path / "s.db", FakeEmbedder(384))
     assert m.conn.pragma("secure_delete") == 1
-    m.memorize_many([(f"Note {i}: Ines watered the ferns on day {i}.", {"participants": ["Ines"]}) for i in range(30)])
-    secret = m.memorize(f"The vault code word is {MARKER}. " + "It opens the old safe downstairs. " * 200,
-                        {"participants": ["Ines"], "key_facts": [f"The code word is {MARKER}."]})["id"]
+    m.memorize_many([(f"Note {i}: Ines watered the ferns on day {i}.", {"participants": ["Ines"]})
+                     for i in range(30)])
+    filler = "It opens the old safe downstairs. " * 200
+    secret = m.memorize(f"The vault code word is {MARKER}. " + filler,
+                        {"participants": ["Ines"],
+                         "key_facts": [f"The code word is {MARKER}."]})["id"]
     vectors = [m.value("select embedding from doc_vectors where doc_id = ?", (secret,)),
                m.value("select embedding from doc_vec where doc_id = ?", (secret,))]
     keep = apsw.Connection(str(m.path))

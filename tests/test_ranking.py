@@ -67,7 +67,8 @@ def candidate(i, importance=0.5, created=0.0, useful=None, count=0, factor=1.0):
 
 def test_rrf_is_weighted_and_normalised_to_its_maximum():
     # two channels of weight 1, ranks 0 and 2, k = 60: (1/61 + 1/63) / (2/61)
-    assert rrf({"bm25": 0, "vector": 2}, ("bm25", "vector"), 60) == pytest.approx((1 / 61 + 1 / 63) / (2 / 61))
+    assert rrf({"bm25": 0, "vector": 2}, ("bm25", "vector"), 60) == \
+        pytest.approx((1 / 61 + 1 / 63) / (2 / 61))
     # rank 0 everywhere is the maximum, 1.0; a channel that did not find it contributes nothing
     assert rrf({"bm25": 0, "vector": 0}, ("bm25", "vector"), 60) == pytest.approx(1.0)
     assert rrf({"bm25": 0}, ("bm25", "vector"), 60) == pytest.approx(0.5)
@@ -83,11 +84,13 @@ def test_normalized_scores_keyword_divides_by_max_knn_is_min_max():
     assert normalized_scores("bm25", [row(1, 0, -4.0), row(2, 1, -2.0), row(3, 2, 0.0)]) \
         == pytest.approx({1: 1.0, 2: 0.5, 3: 0.0})
     # graph keyword raw is a positive aggregate: 3, 1.5 → 1, 0.5
-    assert normalized_scores("graph_keyword", [row(1, 0, 3.0), row(2, 1, 1.5)]) == pytest.approx({1: 1.0, 2: 0.5})
+    assert normalized_scores("graph_keyword", [row(1, 0, 3.0), row(2, 1, 1.5)]) \
+        == pytest.approx({1: 1.0, 2: 0.5})
     # KNN raw is a cosine distance: similarities 0.8, 0.5, 0.4 → min-max (s − 0.4) / 0.4
     assert normalized_scores("vector", [row(1, 0, 0.2), row(2, 1, 0.5), row(3, 2, 0.6)]) \
         == pytest.approx({1: 1.0, 2: 0.25, 3: 0.0})
-    assert normalized_scores("graph_vector", [row(7, 0, 0.3)]) == {7: 1.0}  # one neighbour: 1, not 0/0
+    # one neighbour: 1, not 0/0
+    assert normalized_scores("graph_vector", [row(7, 0, 0.3)]) == {7: 1.0}
     assert normalized_scores("bm25", []) == {}
 
 
@@ -97,7 +100,8 @@ def test_ttl_factor_exponential_step_expired_and_historical():
     # ttl = expires − reinforced = 30 days, age 10 days → exp(−10/30)
     assert ttl_factor(atom, "exponential", REF) == pytest.approx(math.exp(-1 / 3))
     assert ttl_factor(atom, "step", REF) == 1.0
-    assert ttl_factor(atom, "exponential", REF + dt.timedelta(days=20)) == 0.0  # at expires_at: gone
+    # at expires_at: gone
+    assert ttl_factor(atom, "exponential", REF + dt.timedelta(days=20)) == 0.0
     assert ttl_factor(atom | {"state": "forgotten"}, "exponential", REF) == 0.0
     # historical (as_of): superseded 5 days ago counts before that, not after; not before it existed
     sup = atom | {"state": "superseded", "state_changed_at": ago(5)}
@@ -110,11 +114,13 @@ def test_ttl_factor_exponential_step_expired_and_historical():
 
 def test_weights_of_defaults():
     w = weights()
-    assert (w.doc_channels, w.graph_channels) == (("bm25", "vector"), ("graph_keyword", "graph_vector"))
+    assert (w.doc_channels, w.graph_channels) == (("bm25", "vector"),
+                                                  ("graph_keyword", "graph_vector"))
     assert w.channel == {"bm25": 1.0, "vector": 1.0, "graph_keyword": 0.5, "graph_vector": 0.3}
     assert (w.doc_route, w.graph_route) == (0.65, 0.35)
     assert (w.alpha, w.beta, w.gamma, w.delta) == (0.5, 0.25, 0.25, 0.10)
-    assert (w.graph_relevance, w.graph_importance, w.graph_recency, w.graph_confidence) == (0.55, 0.20, 0.15, 0.10)
+    assert (w.graph_relevance, w.graph_importance, w.graph_recency, w.graph_confidence) \
+        == (0.55, 0.20, 0.15, 0.10)
     assert (w.fusion, w.rrf_k, w.temporal_floor, w.cross_route_bonus, w.neighbour, w.mmr_lambda) \
         == ("score", 60, 0.5, 0.08, 0.3, 0.7)
 
@@ -132,7 +138,8 @@ def test_weights_of_intent_spec_overrides_route_weights_and_adds_recency_boost()
     (("graph_keyword", "graph_vector"), (0.0, 1.0)),
 ])
 def test_weights_of_route_without_channels_gets_zero(channels, routes):
-    w = weights(channels, spec={"doc_weight": 0.45, "graph_weight": 0.55})  # the spec cannot revive a dead route
+    # the spec cannot revive a dead route
+    w = weights(channels, spec={"doc_weight": 0.45, "graph_weight": 0.55})
     assert (w.doc_route, w.graph_route) == routes
     assert w.doc_channels + w.graph_channels == channels
 
@@ -144,12 +151,14 @@ def test_channel_evidence_ranks_scores_and_best_graph_confidence():
               "graph_keyword": [row(2, 0, 4.0, confidence=0.9), row(3, 1, 2.0, confidence=None)],
               "graph_vector": [row(2, 0, 0.1, confidence=0.6), row(1, 1, 0.4, confidence=0.3)]}
     ranks, scores, confidence = channel_evidence(ranked, ("graph_keyword", "graph_vector"))
-    assert ranks == {1: {"bm25": 0, "graph_vector": 1}, 2: {"bm25": 1, "graph_keyword": 0, "graph_vector": 0},
+    assert ranks == {1: {"bm25": 0, "graph_vector": 1},
+                     2: {"bm25": 1, "graph_keyword": 0, "graph_vector": 0},
                      3: {"graph_keyword": 1}}
     assert scores["bm25"] == pytest.approx({1: 1.0, 2: 0.5})
     assert scores["graph_keyword"] == pytest.approx({2: 1.0, 3: 0.5})
     assert scores["graph_vector"] == pytest.approx({2: 1.0, 1: 0.0})
-    # 2: max(0.9, then 0.6); 1: only its graph row counts (its bm25 "confidence" 1.0 is not graph evidence);
+    # 2: max(0.9, then 0.6); 1: only its graph row counts (its bm25 "confidence" 1.0 is not graph
+    # evidence);
     # 3: None → 0
     assert confidence == pytest.approx({1: 0.3, 2: 0.9, 3: 0.0})
 
@@ -170,12 +179,15 @@ def test_shortlist_keeps_the_best_by_evidence_and_every_pin_and_window_memory():
 
 def test_route_relevance_score_fusion_is_weighted_mean_of_normalised_scores():
     w = weights()
-    scores = {"bm25": {1: 1.0, 2: 0.5}, "vector": {1: 0.25}, "graph_keyword": {1: 1.0}, "graph_vector": {1: 0.5}}
-    # doc route, weights 1 and 1: id 1 (1.0 + 0.25)/2; id 2 (0.5 + nothing)/2 — a missing channel counts as 0
+    scores = {"bm25": {1: 1.0, 2: 0.5}, "vector": {1: 0.25}, "graph_keyword": {1: 1.0},
+              "graph_vector": {1: 0.5}}
+    # doc route, weights 1 and 1: id 1 (1.0 + 0.25)/2; id 2 (0.5 + nothing)/2 — a missing channel
+    # counts as 0
     assert route_relevance(1, {}, scores, w.doc_channels, w) == pytest.approx((1.0 + 0.25) / 2)
     assert route_relevance(2, {}, scores, w.doc_channels, w) == pytest.approx(0.5 / 2)
     # graph route, weights 0.5 and 0.3: (0.5·1.0 + 0.3·0.5) / 0.8
-    assert route_relevance(1, {}, scores, w.graph_channels, w) == pytest.approx((0.5 * 1.0 + 0.3 * 0.5) / 0.8)
+    assert route_relevance(1, {}, scores, w.graph_channels, w) == \
+        pytest.approx((0.5 * 1.0 + 0.3 * 0.5) / 0.8)
     assert route_relevance(1, {}, scores, (), w) == 0.0
 
 
@@ -184,9 +196,11 @@ def test_route_relevance_rrf_fusion_uses_ranks():
     assert w.fusion == "rrf"
     ranks = {"bm25": 0, "vector": 1, "graph_keyword": 2}
     scores = {"bm25": {1: 0.1}, "vector": {1: 0.1}}  # ignored under rrf
-    assert route_relevance(1, ranks, scores, w.doc_channels, w) == pytest.approx((1 / 61 + 1 / 62) / (2 / 61))
+    assert route_relevance(1, ranks, scores, w.doc_channels, w) == \
+        pytest.approx((1 / 61 + 1 / 62) / (2 / 61))
     # graph kw (0.5) at rank 2, graph vec absent: (0.5/63) / (0.8/61)
-    assert route_relevance(1, ranks, scores, w.graph_channels, w) == pytest.approx((0.5 / 63) / (0.8 / 61))
+    assert route_relevance(1, ranks, scores, w.graph_channels, w) == \
+        pytest.approx((0.5 / 63) / (0.8 / 61))
 
 
 # candidate_score ################################################################################
@@ -198,19 +212,22 @@ def test_candidate_score_doc_route_and_graph_route_with_temporal_floor():
     scores = {"bm25": {1: 1.0}, "vector": {}, "graph_keyword": {1: 0.8}, "graph_vector": {}}
     p = candidate_score(d, ranks, scores, 0.9, w, REF, False, 1.1, None)
 
-    recency = math.exp(-40 / 30)  # from created_at (40 d): being used 10 days ago does not make it recent
+    # from created_at (40 d): being used 10 days ago does not make it recent
+    recency = math.exp(-40 / 30)
     frequency = math.log1p(4 * math.exp(-10 / 30)) / LN11  # 4 useful marks, the last 10 days ago
     rel_doc = (1.0 * 1.0 + 1.0 * 0.0) / 2.0  # vector did not find it
     rel_graph = (0.5 * 0.8 + 0.3 * 0.0) / 0.8
     assert p["recency"] == pytest.approx(recency)
     assert p["frequency"] == pytest.approx(frequency) and p["useful_count"] == 4
     assert (p["doc_relevance"], p["graph_relevance"]) == pytest.approx((0.5, 0.5))
-    assert p["doc_route"] == pytest.approx(0.5 * rel_doc + 0.25 * 0.6 + 0.25 * recency + 0.10 * frequency)
+    assert p["doc_route"] == \
+        pytest.approx(0.5 * rel_doc + 0.25 * 0.6 + 0.25 * recency + 0.10 * frequency)
     # graph route × (floor + (1 − floor)·factor) = × (0.5 + 0.5·0.5)
     assert p["graph_route"] == pytest.approx(
         (0.55 * rel_graph + 0.20 * 0.6 + 0.15 * recency + 0.10 * 0.9) * (0.5 + 0.5 * 0.5))
     assert p["in_doc"] and p["in_graph"]
-    assert (p["source_boost"], p["pin_similarity"], p["temporal_factor"], p["confidence"]) == (1.1, None, 0.5, 0.9)
+    assert (p["source_boost"], p["pin_similarity"], p["temporal_factor"], p["confidence"]) == \
+        (1.1, None, 0.5, 0.9)
     assert p["ranks"] is ranks
 
 
@@ -233,12 +250,15 @@ def test_candidate_score_frequency_zero_when_never_useful_and_capped_at_one():
     assert never["frequency"] == 0.0
     assert never["recency"] == pytest.approx(math.exp(-15 / 30))
     assert not never["in_doc"] and not never["in_graph"]
-    # 50 useful marks today: ln(1 + 50)/ln(11) ≈ 1.64 → capped at 1; recency stays that of created_at
-    busy = candidate_score(candidate(1, created=15, useful=0, count=50), {}, {}, None, w, REF, False, 1.0, None)
+    # 50 useful marks today: ln(1 + 50)/ln(11) ≈ 1.64 → capped at 1; recency stays that of
+    # created_at
+    busy = candidate_score(candidate(1, created=15, useful=0, count=50), {}, {}, None, w, REF,
+                           False, 1.0, None)
     assert busy["frequency"] == 1.0
     assert busy["recency"] == pytest.approx(math.exp(-15 / 30))
     # 2 useful marks, the last 30 days ago, created 60 days ago: ln(1 + 2·e^−1)/ln(11), recency e^−2
-    old = candidate_score(candidate(1, created=60, useful=30, count=2), {}, {}, None, w, REF, False, 1.0, None)
+    old = candidate_score(candidate(1, created=60, useful=30, count=2), {}, {}, None, w, REF, False,
+                          1.0, None)
     assert old["frequency"] == pytest.approx(math.log1p(2 * math.exp(-1)) / LN11)
     assert old["recency"] == pytest.approx(math.exp(-2))
 
@@ -257,7 +277,8 @@ def test_candidate_score_ignores_recall_access_bookkeeping():
 
 def test_candidate_score_ignores_temporal_factor_without_graph_channels():
     w = weights(("bm25", "vector"))
-    p = candidate_score(candidate(1, importance=0.4, factor=0.0), {"bm25": 0}, {"bm25": {1: 1.0}}, None, w,
+    p = candidate_score(candidate(1, importance=0.4, factor=0.0), {"bm25": 0}, {"bm25": {1: 1.0}},
+                        None, w,
                         REF, False, 1.0, None)
     assert p["temporal_factor"] == 1.0
     assert p["graph_route"] == pytest.approx(0.20 * 0.4 + 0.15 * 1.0)  # × (0.5 + 0.5·1) = × 1
@@ -296,7 +317,8 @@ def test_stale_graph_evidence_keeps_the_floor_share_of_a_fresh_one():
                             {"graph_keyword": {1: 1.0, 2: 1.0}}, 1.0, w, REF, False, 1.0, None)
     parts = {1: fresh, 2: stale}
     scale_routes(parts, w)
-    graph_share = {i: p["routes"] - 0.65 * p["doc_route"] / max(fresh["doc_route"], stale["doc_route"])
+    graph_share = {i: p["routes"] - 0.65 * p["doc_route"] / max(fresh["doc_route"],
+                                                                stale["doc_route"])
                    for i, p in parts.items()}
     assert graph_share[1] == pytest.approx(0.35)
     assert graph_share[2] == pytest.approx(0.35 * 0.5)
@@ -338,7 +360,8 @@ def test_select_hits_mmr_prefers_a_distinct_hit_over_a_near_duplicate():
     parts = fused(i1=1.0, i2=0.95, i3=0.8)
     tokens = {1: {"a", "b", "c", "d"}, 2: {"a", "b", "c", "d"}, 3: {"x", "y"}}
     # pick 1 (0.7·1.0); then 2: 0.7·0.95 − 0.3·Jaccard 1.0 = 0.365 < 3: 0.7·0.8 − 0 = 0.56
-    assert select_hits([1, 2, 3], parts, tokens, {}, 2, 0.7) == [(1, pytest.approx(0.7)), (3, pytest.approx(0.56))]
+    assert select_hits([1, 2, 3], parts, tokens, {}, 2, 0.7) == [(1, pytest.approx(0.7)),
+                                                                 (3, pytest.approx(0.56))]
     # λ = 1 is pure relevance: the duplicate comes second
     assert [i for i, _ in select_hits([1, 2, 3], parts, tokens, {}, 2, 1.0)] == [1, 2]
 
@@ -346,7 +369,8 @@ def test_select_hits_mmr_prefers_a_distinct_hit_over_a_near_duplicate():
 def test_select_hits_pins_replace_the_weakest_unpinned_hits_when_k_is_full():
     parts = fused(i1=0.9, i2=0.8, i3=0.7, i7=0.1, i9=0.05)
     tokens = {1: {"a"}, 2: {"b"}, 3: {"c"}, 7: {"g"}, 9: {"h"}}
-    # MMR picks 1, 2, 3; pins go in best similarity first: 9 (0.8) replaces 3, then 7 (0.45) replaces 2
+    # MMR picks 1, 2, 3; pins go in best similarity first: 9 (0.8) replaces 3, then 7 (0.45)
+    # replaces 2
     hits = select_hits([1, 2, 3], parts, tokens, {7: 0.45, 9: 0.8}, 3, 0.7)
     assert [i for i, _ in hits] == [1, 7, 9]
     assert hits[1][1] is None and hits[2][1] is None
@@ -367,29 +391,37 @@ def test_select_hits_appends_pins_when_there_is_room_and_never_returns_deleted_i
 # recall_hit and explain_parts ###################################################################
 
 def test_recall_hit_from_document_row_and_parts():
-    d = {"id": 4, "content": "text", "summary": "s", "importance": 0.5, "created_at": ago(1), "session_id": "s1",
-         "persona_id": "p", "participants": '["Ann"]', "topics": '["tea"]', "source": "chat", "pinned": 1,
+    d = {"id": 4, "content": "text", "summary": "s", "importance": 0.5, "created_at": ago(1),
+         "session_id": "s1", "persona_id": "p", "participants": '["Ann"]', "topics": '["tea"]',
+         "source": "chat", "pinned": 1,
          "archived": 0, "segmented": "text"}
     hit = recall_hit(d, {"fused": 0.12345678, "ranks": {"vector": 1, "bm25": 0}})
-    assert hit == {"id": 4, "score": 0.123457, "text": "text", "truncated": False, "summary": "s", "importance": 0.5,
-                   "created_at": ago(1), "session_id": "s1", "persona_id": "p", "participants": ["Ann"],
+    assert hit == {"id": 4, "score": 0.123457, "text": "text", "truncated": False, "summary": "s",
+                   "importance": 0.5, "created_at": ago(1), "session_id": "s1", "persona_id": "p",
+                   "participants": ["Ann"],
                    "topics": ["tea"], "source": "chat", "pinned": True, "archived": False,
                    "channels": ["bm25", "vector"], "relevance": None}
     assert recall_hit(d, {"fused": 0.1, "ranks": {}, "relevance": 0.876543})["relevance"] == 0.8765
 
 
-# bounded answers: cut_text, bound_hits -------------------------------------------------------------
+# bounded answers: cut_text, bound_hits ------------------------------------------------------------
 
 @pytest.mark.parametrize("text, limit, want", [
     ("One. Two three. Four five six.", 100, "One. Two three. Four five six."),  # short: untouched
-    ("The cat sat. The dog ran. The bird flew away.", 30, "The cat sat. The dog ran.…"),  # last sentence end
-    ("The cat sat! The dog ran? The bird flew away.", 26, "The cat sat! The dog ran?…"),  # the end at the room's edge
+    # last sentence end
+    ("The cat sat. The dog ran. The bird flew away.", 30, "The cat sat. The dog ran.…"),
+    # the end at the room's edge
+    ("The cat sat! The dog ran? The bird flew away.", 26, "The cat sat! The dog ran?…"),
     ("first line\nsecond line\nthird line", 25, "first line\nsecond line…"),  # a line break
-    ("Pi is 3.14159 and e is 2.71828 and more", 20, "Pi is 3.14159 and e…"),  # no sentence end: a word boundary
-    ("Hi. " + "word " * 20, 40, "Hi. word word word word word word word…"),  # an end in the first half is too early
+    # no sentence end: a word boundary
+    ("Pi is 3.14159 and e is 2.71828 and more", 20, "Pi is 3.14159 and e…"),
+    # an end in the first half is too early
+    ("Hi. " + "word " * 20, 40, "Hi. word word word word word word word…"),
     ("x" * 50, 10, "x" * 9 + "…"),  # no boundary at all: the hard cap
-    ("我们讨论了迁移。决定下个季度上线，保留旧系统三个月。", 14, "我们讨论了迁移。…"),  # a CJK full stop
-    ("我们讨论了迁移，决定下个季度上线，保留旧系统三个月。", 12, "我们讨论了迁移，决定下…"),  # CJK, no end: hard cap
+    # a CJK full stop
+    ("我们讨论了迁移。决定下个季度上线，保留旧系统三个月。", 14, "我们讨论了迁移。…"),
+    # CJK, no end: hard cap
+    ("我们讨论了迁移，决定下个季度上线，保留旧系统三个月。", 12, "我们讨论了迁移，决定下…"),
 ])
 def test_cut_text_cuts_at_a_sentence_end_then_a_word_then_hard(text, limit, want):
     got, cut = cut_text(text, limit)
@@ -414,7 +446,8 @@ def test_chars_within_is_the_longest_start_within_the_tokens():
 
 
 def long_hit(i: int, sentences: int = 100) -> dict:
-    return {"id": i, "text": " ".join(f"Memory {i} sentence {n} is here." for n in range(sentences)),
+    return {"id": i, "text": " ".join(f"Memory {i} sentence {n} is here."
+                                      for n in range(sentences)),
             "truncated": False}
 
 
@@ -422,7 +455,8 @@ def test_bound_hits_caps_every_text_and_keeps_short_ones():
     hits = [long_hit(1), {"id": 2, "text": "Short.", "truncated": False}]
     kept, left_out = bound_hits(hits, 200, 0)
     assert left_out == [] and [h["id"] for h in kept] == [1, 2]
-    assert kept[0]["truncated"] is True and len(kept[0]["text"]) <= 200 and kept[0]["text"].endswith("here.…")
+    assert kept[0]["truncated"] is True and len(kept[0]["text"]) <= 200
+    assert kept[0]["text"].endswith("here.…")
     assert kept[1] == hits[1] and hits[0]["truncated"] is False  # the input is not changed
     assert bound_hits(hits, 0, 0) == (hits, [])  # 0 = no limits
 
@@ -444,9 +478,11 @@ def test_bound_hits_fits_the_answer_budget_in_rank_order():
 
 @pytest.mark.parametrize("budget, count", [(4000, 10), (2000, 10), (1400, 5), (1000, 1)])
 def test_bound_hits_stays_within_the_budget_and_leaves_out_the_tail(budget, count):
-    chinese = [{"id": i, "text": "".join(f"第{i}条记录第{n}句话。" for n in range(300)), "truncated": False}
+    chinese = [{"id": i, "text": "".join(f"第{i}条记录第{n}句话。" for n in range(300)),
+                "truncated": False}
                for i in range(10)]
-    kept, left_out = bound_hits(chinese, 1500, budget)  # 1 token a character: each capped text ~1,500 tokens
+    # 1 token a character: each capped text ~1,500 tokens
+    kept, left_out = bound_hits(chinese, 1500, budget)
     tokens = [estimate_tokens(h["text"]) for h in kept]
     assert [h["id"] for h in kept] == list(range(count)) and left_out == list(range(count, 10))
     assert sum(tokens) <= max(budget, tokens[0]) and all(h["truncated"] for h in kept)
@@ -460,18 +496,20 @@ def test_bound_hits_first_hit_alone_may_pass_the_budget():
 
 def test_explain_parts_keys_values_and_route_weights():
     w = weights(spec={"doc_weight": 0.70, "graph_weight": 0.30})
-    ranks, scores, confidence = channel_evidence({"bm25": [row(1, 0, -2.0)],
-                                                  "graph_keyword": [row(1, 3, 1.0, confidence=0.7)]},
-                                                 w.graph_channels)
-    parts = {1: candidate_score(candidate(1), ranks[1], scores, confidence[1], w, REF, False, 1.0, 0.42)}
+    ranks, scores, confidence = channel_evidence(
+        {"bm25": [row(1, 0, -2.0)], "graph_keyword": [row(1, 3, 1.0, confidence=0.7)]},
+        w.graph_channels)
+    parts = {1: candidate_score(candidate(1), ranks[1], scores, confidence[1], w, REF, False, 1.0,
+                                0.42)}
     scale_routes(parts, w)
     fuse_scores(parts, {}, w)
     e = explain_parts(1, parts[1], scores, ALL, w, "factual", 0.61)
-    assert list(e) == ["ranks", "scores", "fusion", "doc_rrf", "graph_rrf", "doc_relevance", "graph_relevance",
-                       "neighbour", "importance", "recency", "confidence", "temporal_factor", "frequency",
-                       "useful_count", "source_boost", "pin_similarity", "doc_route", "graph_route", "route_weights",
-                       "doc_share", "graph_share", "cross_route_bonus", "intent", "fused", "mmr", "cosine", "cover",
-                       "relevance"]
+    assert list(e) == ["ranks", "scores", "fusion", "doc_rrf", "graph_rrf", "doc_relevance",
+                       "graph_relevance", "neighbour", "importance", "recency", "confidence",
+                       "temporal_factor", "frequency", "useful_count", "source_boost",
+                       "pin_similarity", "doc_route", "graph_route", "route_weights", "doc_share",
+                       "graph_share", "cross_route_bonus", "intent", "fused", "mmr", "cosine",
+                       "cover", "relevance"]
     assert e["ranks"] == {"bm25": 0, "vector": None, "graph_keyword": 3, "graph_vector": None}
     assert e["scores"] == {"bm25": 1.0, "graph_keyword": 1.0}
     assert e["route_weights"] == [0.70, 0.30]
@@ -494,15 +532,18 @@ def test_token_cover_counts_query_tokens_of_a_script_the_memory_has():
     assert token_cover({"杭州", "trip"}, {"杭州", "出差"}) == 1.0
     # a Chinese question with Latin words about an English memory: 1 of its 5 words found, not
     # "half the question" because one of its 2 Latin words matched
-    assert token_cover({"bart", "assistant", "环境", "味道", "丰富"}, {"assistant", "manager"}) == 0.2
+    assert token_cover({"bart", "assistant", "环境", "味道", "丰富"},
+                       {"assistant", "manager"}) == 0.2
     # single-character Chinese words are left out beside longer ones
     assert token_cover({"有", "安排"}, {"我", "有", "猫"}) == 0.0
-    assert token_cover({"小明", "kyoto", "trip"}, {"小明", "kyoto", "visit"}) == pytest.approx(2 / 3)
+    assert token_cover({"小明", "kyoto", "trip"}, {"小明", "kyoto", "visit"}) == \
+        pytest.approx(2 / 3)
     assert token_cover(set(), {"a"}) is None
 
 
 def test_calibrated_relevance_is_the_fitted_logistic_and_none_when_uncalibrated():
-    coef = {"w_cos": 100.0, "w_cover": 10.0, "bias": -85.0, "cos_only_w_cos": 110.0, "cos_only_bias": -90.0}
+    coef = {"w_cos": 100.0, "w_cover": 10.0, "bias": -85.0, "cos_only_w_cos": 110.0,
+            "cos_only_bias": -90.0}
     # z = 100·0.8 + 10·0.5 − 85 = 0: exactly one half
     assert calibrated_relevance(0.8, 0.5, coef) == pytest.approx(0.5)
     assert calibrated_relevance(0.85, 0.5, coef) == pytest.approx(1 / (1 + math.exp(-5.0)))
@@ -518,22 +559,27 @@ def test_chain_two_channels_to_hits():
     chosen = ("bm25", "vector")
     w = Weights.of(recall_cfg(), {}, chosen)  # no graph channel: routes 1.0 / 0.0
     ranked = {"bm25": [row(1, 0, -6.0), row(2, 1, -4.5)],  # → 1: 1.0, 2: 0.75
-              "vector": [row(3, 0, 0.1), row(2, 1, 0.3), row(1, 2, 0.5)]}  # sims .9 .7 .5 → 3: 1, 2: .5, 1: 0
+              # sims .9 .7 .5 → 3: 1, 2: .5, 1: 0
+              "vector": [row(3, 0, 0.1), row(2, 1, 0.3), row(1, 2, 0.5)]}
     ranks, scores, confidence = channel_evidence(ranked, w.graph_channels)
-    rows = {1: candidate(1, importance=0.5), 2: candidate(2, importance=0.5), 3: candidate(3, importance=0.9)}
+    rows = {1: candidate(1, importance=0.5), 2: candidate(2, importance=0.5),
+            3: candidate(3, importance=0.9)}
     boost = {1: 1.0, 2: 0.9, 3: 1.0}  # 2 is an import
-    parts = {i: candidate_score(d, ranks.setdefault(i, {}), scores, confidence.get(i), w, REF, False, boost[i], None)
+    parts = {i: candidate_score(d, ranks.setdefault(i, {}), scores, confidence.get(i), w, REF,
+                                False, boost[i], None)
              for i, d in rows.items()}
     scale_routes(parts, w)
     order = fuse_scores(parts, {}, w)
 
-    # relevance = mean of the two normalised scores; created now, never marked useful: recency 1, frequency 0
+    # relevance = mean of the two normalised scores; created now, never marked useful: recency 1,
+    # frequency 0
     doc = {1: 0.5 * (1.0 + 0.0) / 2 + 0.25 * 0.5 + 0.25,  # 0.625
            2: 0.5 * (0.75 + 0.5) / 2 + 0.25 * 0.5 + 0.25,  # 0.6875
            3: 0.5 * (0.0 + 1.0) / 2 + 0.25 * 0.9 + 0.25}  # 0.725
     for i in rows:
         assert parts[i]["doc_route"] == pytest.approx(doc[i])
-        assert parts[i]["fused"] == pytest.approx(doc[i] / 0.725 * boost[i])  # 1: 0.862, 2: 0.853, 3: 1.0
+        # 1: 0.862, 2: 0.853, 3: 1.0
+        assert parts[i]["fused"] == pytest.approx(doc[i] / 0.725 * boost[i])
     assert order == [3, 1, 2]  # without the import discount 2 (0.948) would beat 1
 
     pool = mmr_pool(order, parts, {}, max(3 * 2, aokun.MMR_POOL_MIN))

@@ -19,7 +19,8 @@ import aokun
 from fakes import FakeEmbedder
 
 KEYWORD = ("bm25", "graph_keyword")  #: the channels that run without an embedder
-CHANNEL_QUERY = {"bm25": "recall_bm25", "vector": "recall_vector", "graph_keyword": "recall_graph_keyword",
+CHANNEL_QUERY = {"bm25": "recall_bm25", "vector": "recall_vector",
+                 "graph_keyword": "recall_graph_keyword",
                  "graph_vector": "recall_graph_vector"}
 COLUMNS = ["id", "channel", "rank", "raw", "confidence", "complete", "reach"]
 T0 = dt.datetime(2026, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
@@ -33,8 +34,8 @@ def make(tmp_path, open_mem):
     FROM_CONFIG = whatever [embedding] says). Shares the session's loaded jieba; closed after."""
     def factory(path=None, embedder=None, **overrides):
         cfg = aokun.Config(None, overrides={tuple(k.split(".")): v for k, v in overrides.items()})
-        return open_mem(path or tmp_path / "r.db", aokun.make_embedder(cfg) if embedder is FROM_CONFIG else embedder,
-                        cfg=cfg)
+        chosen = aokun.make_embedder(cfg) if embedder is FROM_CONFIG else embedder
+        return open_mem(path or tmp_path / "r.db", chosen, cfg=cfg)
     return factory
 
 
@@ -42,15 +43,18 @@ def ids(out) -> list[int]:
     return [h["id"] for h in out["results"]]
 
 
-def channel_params(m, query: str, k: int = 5, persona: str = "", session: str = "", archived: bool = False) -> dict:
+def channel_params(m, query: str, k: int = 5, persona: str = "", session: str = "",
+                   archived: bool = False) -> dict:
     """The parameters recall() binds to the channel queries, built independently here."""
     r = m.cfg.recall
     emb = m.embedder.embed_query(m.embedder.prepare(query)[0]).astype("float32").tobytes() \
         if m.embedder.provider != "none" else None
-    return {"match": aokun.fts_query(m.seg.tokens(query)), "persona_id": persona, "session_id": session,
+    return {"match": aokun.fts_query(m.seg.tokens(query)), "persona_id": persona,
+            "session_id": session,
             "max_archived": int(archived), "as_of": "", "k": min(4096, max(r.channel_k, 2 * k)),
-            "expansion": r.graph_expansion_limit, "extra": r.graph_extra_entry_boost, "hop": 0.5, "embedding": emb,
-            "candidates": r.vector_candidates, "hub_limit": r.graph_hub_limit, "pool": 0, "max_hamming": None,
+            "expansion": r.graph_expansion_limit, "extra": r.graph_extra_entry_boost, "hop": 0.5,
+            "embedding": emb, "candidates": r.vector_candidates, "hub_limit": r.graph_hub_limit,
+            "pool": 0, "max_hamming": None,
             "query_i8": None if emb is None else aokun.vector_blob(np.frombuffer(emb, np.float32))}
 
 
@@ -66,8 +70,9 @@ CORPUS = {
     "rain": "it's raining in Hamburg",
     "not": "Do NOT reboot the router",
 }
-WORD_QUERIES = [("ORDER-7731", "order"), ("multi-agent", "agent"), ("order:7731", "order"), ("NOT", "not"),
-                ("50%", "sale"), (r"C:\temp", "temp"), ("ops@example.org", "mail"), ("口令", "secret"),
+WORD_QUERIES = [("ORDER-7731", "order"), ("multi-agent", "agent"), ("order:7731", "order"),
+                ("NOT", "not"), ("50%", "sale"), (r"C:\temp", "temp"), ("ops@example.org", "mail"),
+                ("口令", "secret"),
                 ("闪电阻尼器", "secret")]
 NO_WORD_QUERIES = ["(", "*", '"', "...", "!!!",
                    "AND", "it's"]  # stop words only: not indexed either, so nothing can match them
@@ -110,9 +115,11 @@ def test_hostile_queries_never_raise_and_find_their_memory(keyword_mem, query, e
 
 def test_channels_return_the_same_columns(make):
     m = make()
-    for i, text in enumerate(["Alice reviewed the Falcon deploy checklist.", "The Falcon deploy failed on Friday.",
+    for i, text in enumerate(["Alice reviewed the Falcon deploy checklist.",
+                              "The Falcon deploy failed on Friday.",
                               "Bob fixed the Falcon deploy script."]):
-        m.memorize(text, {"session_id": "s1", "participants": ["Alice"], "topics": ["Falcon deploy"],
+        m.memorize(text, {"session_id": "s1", "participants": ["Alice"],
+                          "topics": ["Falcon deploy"],
                           "timestamp": aokun.iso(T0 + dt.timedelta(minutes=i))})
     params = channel_params(m, "Falcon deploy", session="s1")
     names = dict(CHANNEL_QUERY, vector_session="recall_vector_session")
@@ -129,7 +136,8 @@ def test_channels_return_the_same_columns(make):
                 assert 0.0 <= row["confidence"] <= 1.0
                 assert m.value("select 1 from documents where id = ?", (row["id"],)) == 1
             assert [r["rank"] for r in rows] == list(range(len(rows))), name
-            raws = [r["raw"] for r in rows]  # rank 0 = best: bm25/distance ascending, graph keyword descending
+            # rank 0 = best: bm25/distance ascending, graph keyword descending
+            raws = [r["raw"] for r in rows]
             assert raws == sorted(raws, reverse=(channel == "graph_keyword")), (name, raws)
             assert len({r["id"] for r in rows}) == len(rows), f"{name} repeats a memory"
 
@@ -138,12 +146,14 @@ def test_channels_return_the_same_columns(make):
 
 DUPS = [f"The Falcon deploy pipeline failed at the lint step on {d}"
         for d in ("Monday", "Tuesday", "Wednesday", "Thursday")]
-DISTINCT = ["Falcon deploy rollback uses a blue green switch", "Ask Priya before any Falcon deploy to production"]
+DISTINCT = ["Falcon deploy rollback uses a blue green switch",
+            "Ask Priya before any Falcon deploy to production"]
 
 
 @pytest.mark.parametrize("lam", [0.7, 1.0])
 def test_mmr_removes_near_duplicates(make, lam, monkeypatch):
-    monkeypatch.setenv("AOKUN_NOW", aokun.iso(T0))  # equal ages: relevance alone orders the duplicates
+    # equal ages: relevance alone orders the duplicates
+    monkeypatch.setenv("AOKUN_NOW", aokun.iso(T0))
     m = make(**{"recall.mmr_lambda": lam, "recall.reinforce_on_recall": False})
     dup_ids = {m.memorize(t)["id"] for t in DUPS}
     distinct_ids = {m.memorize(t)["id"] for t in DISTINCT}
@@ -158,7 +168,8 @@ def test_mmr_removes_near_duplicates(make, lam, monkeypatch):
     if lam == 1.0:
         assert set(top) <= dup_ids
         assert top == sorted(dup_ids, key=lambda i: -fused[i])[:3]  # pure relevance order
-        assert [h["explain"]["mmr"] for h in out["results"]] == [h["explain"]["fused"] for h in out["results"]]
+        assert [h["explain"]["mmr"] for h in out["results"]] == \
+            [h["explain"]["fused"] for h in out["results"]]
     else:
         assert len(set(top) & dup_ids) <= 2, [h["text"] for h in out["results"]]
         assert set(top) & distinct_ids
@@ -173,7 +184,8 @@ def test_mmr_removes_near_duplicates(make, lam, monkeypatch):
 @pytest.mark.slow
 def test_persona_filter_never_leaks_even_for_small_k(make):
     m = make(**{"recall.reinforce_on_recall": False})
-    m.memorize_many([(f"Falcon deploy status note {i}: the pipeline is green again", {"persona_id": "A"})
+    m.memorize_many([(f"Falcon deploy status note {i}: the pipeline is green again",
+                      {"persona_id": "A"})
                      for i in range(60)])
     b_ids = {r["id"] for r in m.memorize_many([
         ("Falcon deploy status note: the pipeline is green", {"persona_id": "B"}),
@@ -185,34 +197,44 @@ def test_persona_filter_never_leaks_even_for_small_k(make):
         assert got == (b_ids if k >= 2 else got) and len(got) == min(k, 2), (k, got)
         assert all(h["persona_id"] == "B" for h in out["results"])
         for ch in aokun.Memory.CHANNELS:  # each channel on its own, the vector ones included
-            only = m.recall("Falcon deploy status pipeline green", k=k, persona_id="B", channels=[ch])
+            only = m.recall("Falcon deploy status pipeline green", k=k, persona_id="B",
+                            channels=[ch])
             assert set(ids(only)) <= b_ids, (ch, k)
         a = m.recall("Falcon deploy status pipeline green", k=k, persona_id="A")
         assert len(a["results"]) == k and not set(ids(a)) & b_ids
-    assert not set(ids(m.recall("Falcon deploy status pipeline green", k=100, persona_id="A"))) & b_ids
-    assert m.recall("Falcon deploy status pipeline green", k=5)["results"] == []  # the default persona has none
+    everyone = m.recall("Falcon deploy status pipeline green", k=100, persona_id="A")
+    assert not set(ids(everyone)) & b_ids
+    # the default persona has none
+    assert m.recall("Falcon deploy status pipeline green", k=5)["results"] == []
 
 
 @pytest.mark.slow
 def test_speed_bounds_never_change_a_channel_answer(make):
-    """The keyword channels rank only the best FTS_POOL_FACTOR × k matches before filtering, the vector
-    channels take candidates within a learnt Hamming bound (sql/recall.sql :pool, :max_hamming).
+    """The keyword channels rank only the best FTS_POOL_FACTOR × k matches before filtering, the
+    vector channels take candidates within a learnt Hamming bound (sql/recall.sql :pool,
+    :max_hamming).
     Whatever the bound, each channel gives the rows of its unbounded query: here persona A's
     strong matches fill the pool, and a bound of 0 leaves the binary KNN nearly empty."""
-    m = make(**{"recall.reinforce_on_recall": False, "recall.channel_k": 2, "recall.vector_candidates": 4})
-    m.memorize_many([(f"Falcon deploy Falcon deploy pipeline note {i}", {"persona_id": "A", "participants": ["Ann"]})
+    m = make(**{"recall.reinforce_on_recall": False, "recall.channel_k": 2,
+                "recall.vector_candidates": 4})
+    m.memorize_many([(f"Falcon deploy Falcon deploy pipeline note {i}",
+                      {"persona_id": "A", "participants": ["Ann"]})
                      for i in range(30)])
     b_ids = {r["id"] for r in m.memorize_many([
-        ("the Falcon deploy went out after lunch, then a long talk about other things entirely", {"persona_id": "B"}),
-        ("notes from a meeting in which someone once mentioned a Falcon deploy", {"persona_id": "B"})])}
-    names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword", "vector": "recall_vector",
+        ("the Falcon deploy went out after lunch, then a long talk about other things entirely",
+         {"persona_id": "B"}),
+        ("notes from a meeting in which someone once mentioned a Falcon deploy",
+         {"persona_id": "B"})])}
+    names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword",
+             "vector": "recall_vector",
              "graph_vector": "recall_graph_vector"}
     for persona in ("A", "B"):
         p = dict(channel_params(m, "Falcon deploy", k=1, persona=persona), candidates=4)
         for ch, name in names.items():
             unbounded = m.rows(m.queries[name], p)
             assert unbounded, (ch, persona)
-            if ch in KEYWORD:  # the pool alone: A's matches crowd B's out of it, and the rows say so
+            # the pool alone: A's matches crowd B's out of it, and the rows say so
+            if ch in KEYWORD:
                 pooled = m.rows(m.queries[name], dict(p, pool=aokun.FTS_POOL_FACTOR * p["k"]))
                 assert persona == "A" or not (pooled and pooled[0]["complete"]), (ch, pooled)
             else:
@@ -254,7 +276,8 @@ def test_a_hamming_bound_is_dropped_when_fewer_vectors_than_candidates_are_left(
     runs = bound_runs(m, "recall_vector", "max_hamming")
     for q in ["coffee", "tea", "walk"]:
         p = dict(channel_params(m, q, k=2), candidates=8)
-        assert ids(m.recall(q, k=2, channels=["vector"])) and len(m.rows(m.queries["recall_vector"], p)) == 4
+        assert ids(m.recall(q, k=2, channels=["vector"]))
+        assert len(m.rows(m.queries["recall_vector"], p)) == 4
     assert runs == [bound] + [None] * 6  # each recall's KNN, then the direct query beside it
     assert m._hamming_bound(key) is None
 
@@ -266,8 +289,10 @@ def test_a_short_fts_pool_is_not_tried_again_for_the_next_recalls(make):
     run the unbounded query alone (one run each, the same rows), then the pool is tried again; a
     query that matches nothing there counts as no miss."""
     m = make(**{"recall.reinforce_on_recall": False, "recall.cache_size": 0, "recall.channel_k": 2})
-    m.memorize_many([(f"Falcon deploy pipeline note {i}", {"session_id": "big"}) for i in range(60)])
-    mine = {m.memorize("a long note that says Falcon deploy once, in session s", {"session_id": "s"})["id"]}
+    m.memorize_many([(f"Falcon deploy pipeline note {i}", {"session_id": "big"})
+                     for i in range(60)])
+    mine = {m.memorize("a long note that says Falcon deploy once, in session s",
+                       {"session_id": "s"})["id"]}
     runs = bound_runs(m, "recall_bm25", "pool")
     for _ in range(3):
         assert m.recall("zebra", k=1, session_id="s", channels=["bm25"])["results"] == []
@@ -277,7 +302,8 @@ def test_a_short_fts_pool_is_not_tried_again_for_the_next_recalls(make):
         assert set(ids(m.recall("Falcon deploy", k=1, session_id="s", channels=["bm25"]))) == mine
     assert runs == [4 * 2, 0] + [0] * aokun.FTS_POOL_SKIP + [4 * 2, 0]
     runs.clear()
-    assert ids(m.recall("Falcon deploy", k=1, session_id="big", channels=["bm25"]))  # other filters: the pool
+    # other filters: the pool
+    assert ids(m.recall("Falcon deploy", k=1, session_id="big", channels=["bm25"]))
     assert runs == [4 * 2]
 
 
@@ -285,19 +311,24 @@ def test_a_short_fts_pool_is_not_tried_again_for_the_next_recalls(make):
 def test_hamming_bound_is_learnt_from_recent_recalls(make):
     """After 8 recalls a vector channel's bound is the 0.9 quantile of their reach (the Hamming
     distance of the farthest candidate taken), and the bounded answers equal the unbounded ones."""
-    m = make(**{"recall.reinforce_on_recall": False, "recall.vector_candidates": 6, "recall.channel_k": 6})
-    m.memorize_many([(f"note {i}: {w} on day {i}", {"session_id": f"s{i % 3}"}) for i, w in enumerate(
-        ["coffee with Ann", "a bike ride", "tea at noon", "the Falcon deploy", "a long walk", "piano lessons"] * 5)])
+    m = make(**{"recall.reinforce_on_recall": False, "recall.vector_candidates": 6,
+                "recall.channel_k": 6})
+    notes = ["coffee with Ann", "a bike ride", "tea at noon", "the Falcon deploy", "a long walk",
+             "piano lessons"] * 5
+    m.memorize_many([(f"note {i}: {w} on day {i}", {"session_id": f"s{i % 3}"})
+                     for i, w in enumerate(notes)])
     key = ("vector", "", "", 0, 6)
     assert m._hamming_bound(key) is None
     queries = ["coffee", "bike ride", "tea", "deploy", "walk", "piano", "note 3", "day 12", "Ann"]
     for q in queries:
         m.recall(q, k=3, channels=["vector"])
     reach = sorted(m._hamming_reach[key])
-    assert len(reach) == len(queries) and m._hamming_bound(key) == reach[int(0.9 * (len(reach) - 1))]
+    assert len(reach) == len(queries)
+    assert m._hamming_bound(key) == reach[int(0.9 * (len(reach) - 1))]
     assert m.recall("coffee", k=3, channels=["graph_vector"], session_id="s1")["results"]
     # graph_vector filters sessions after its KNN: its history is the one of every session
-    assert ("graph_vector", "", "", 0, 6) in m._hamming_reach and not [k for k in m._hamming_reach if "s1" in k]
+    assert ("graph_vector", "", "", 0, 6) in m._hamming_reach
+    assert not [k for k in m._hamming_reach if "s1" in k]
     for q in queries + ["something else entirely"]:
         p = dict(channel_params(m, q, k=3), candidates=6)
         assert m._channel_query("vector", m.queries["recall_vector"], p, m.rows) == \
@@ -308,20 +339,24 @@ def test_hamming_bound_is_learnt_from_recent_recalls(make):
 def test_session_filter_and_neighbours_stay_in_persona_and_session(make):
     m = make(**{"recall.reinforce_on_recall": False})
     s1 = [m.memorize(f"Heron survey {i} at the quarry lake",
-                     {"session_id": "s1", "timestamp": aokun.iso(T0 + dt.timedelta(minutes=i))})["id"]
+                     {"session_id": "s1",
+                      "timestamp": aokun.iso(T0 + dt.timedelta(minutes=i))})["id"]
           for i in range(3)]
-    s2 = [m.memorize(f"Heron count {i} by the quarry", {"session_id": "s2",
-                                                       "timestamp": aokun.iso(T0 + dt.timedelta(minutes=10 + i))})["id"]
+    s2 = [m.memorize(f"Heron count {i} by the quarry",
+                     {"session_id": "s2",
+                      "timestamp": aokun.iso(T0 + dt.timedelta(minutes=10 + i))})["id"]
           for i in range(30)]
     # another persona's turn in the same session id, right after a hit: no neighbour across personas
-    other = m.memorize("Thanks, noted.", {"session_id": "s1", "persona_id": "X",
-                                          "timestamp": aokun.iso(T0 + dt.timedelta(minutes=1, seconds=30))})["id"]
+    other = m.memorize("Thanks, noted.", {
+        "session_id": "s1", "persona_id": "X",
+        "timestamp": aokun.iso(T0 + dt.timedelta(minutes=1, seconds=30))})["id"]
     for k in (1, 2, 3, 5):
         out = m.recall("heron quarry", k=k, session_id="s1", explain=True)
         assert set(ids(out)) <= set(s1) and len(out["results"]) == min(k, 3), (k, ids(out))
         assert all(h["session_id"] == "s1" for h in out["results"])
         for ch in aokun.Memory.CHANNELS:
-            assert set(ids(m.recall("heron quarry", k=k, session_id="s1", channels=[ch]))) <= set(s1), ch
+            found = m.recall("heron quarry", k=k, session_id="s1", channels=[ch])
+            assert set(ids(found)) <= set(s1), ch
     assert set(ids(m.recall("heron quarry", k=40, session_id="s2"))) == set(s2)
     assert other not in ids(m.recall("heron quarry noted thanks", k=40))
 
@@ -330,30 +365,39 @@ def test_graph_expansion_respects_session_and_archive_filters(make):
     """The graph keyword channel reaches memories one hop from a hit node (a shared person): that
     hop must not carry a memory of another session, or an archived one, into the answer."""
     m = make(embedder=aokun.Embedder(), **{"recall.reinforce_on_recall": False})
-    hit = m.memorize("Marta keeps the spare quokka keys", {"participants": ["Marta"], "session_id": "s1"})["id"]
-    other_session = m.memorize("Lunch was pasta again", {"participants": ["Marta"], "session_id": "s2"})["id"]
-    archived = m.memorize("The weather turned cold", {"participants": ["Marta"], "session_id": "s1"})["id"]
+    hit = m.memorize("Marta keeps the spare quokka keys",
+                     {"participants": ["Marta"], "session_id": "s1"})["id"]
+    other_session = m.memorize("Lunch was pasta again",
+                               {"participants": ["Marta"], "session_id": "s2"})["id"]
+    archived = m.memorize("The weather turned cold",
+                          {"participants": ["Marta"], "session_id": "s1"})["id"]
     query, gk = "spare quokka keys", ["graph_keyword"]
-    assert set(ids(m.recall(query, k=10, channels=gk))) == {hit, other_session, archived}  # the hop works
+    # the hop works
+    assert set(ids(m.recall(query, k=10, channels=gk))) == {hit, other_session, archived}
     assert set(ids(m.recall(query, k=10, channels=gk, session_id="s1"))) == {hit, archived}
     m.set_flag(archived, "archived", True)
     assert set(ids(m.recall(query, k=10, channels=gk))) == {hit, other_session}
     assert set(ids(m.recall(query, k=10, channels=gk, session_id="s1"))) == {hit}
-    assert set(ids(m.recall(query, k=10, channels=gk, include_archived=True))) == {hit, other_session, archived}
+    assert set(ids(m.recall(query, k=10, channels=gk, include_archived=True))) == \
+        {hit, other_session, archived}
 
 
 def test_graph_hop_skips_hub_nodes(make):
     """A node in more than graph_hub_limit entries (a speaker of every turn) is no hop start: it
     would pull in arbitrary memories of that person."""
-    m = make(embedder=aokun.Embedder(), **{"recall.reinforce_on_recall": False, "recall.graph_hub_limit": 3})
-    hit = m.memorize("Marta keeps the spare quokka keys", {"participants": ["Marta"], "topics": ["keys"]})["id"]
+    m = make(embedder=aokun.Embedder(), **{"recall.reinforce_on_recall": False,
+                                           "recall.graph_hub_limit": 3})
+    hit = m.memorize("Marta keeps the spare quokka keys",
+                     {"participants": ["Marta"], "topics": ["keys"]})["id"]
     same_topic = m.memorize("Lost and found opens at nine", {"topics": ["keys"]})["id"]
-    chatter = [m.memorize(t, {"participants": ["Marta"]})["id"] for t in ("Lunch was pasta again", "It rained")]
+    chatter = [m.memorize(t, {"participants": ["Marta"]})["id"]
+               for t in ("Lunch was pasta again", "It rained")]
     gk = ["graph_keyword"]
     # Marta is in 3 person entries (not above the limit): both hops work
     assert set(ids(m.recall("spare quokka keys", k=10, channels=gk))) == {hit, same_topic, *chatter}
     chatter.append(m.memorize("The bus was late", {"participants": ["Marta"]})["id"])
-    # now Marta is a hub: her other memories are not reached (the topic entry matches by its own words)
+    # now Marta is a hub: her other memories are not reached (the topic entry matches by its own
+    # words)
     assert set(ids(m.recall("spare quokka keys", k=10, channels=gk))) == {hit, same_topic}
 
 
@@ -365,11 +409,13 @@ def test_archived_excluded_unless_include_archived_in_every_channel(make):
     m.memorize("The quokka enclosure opens at nine")
     query = "Marta spare quokka keys blue drawer"
     for ch in aokun.Memory.CHANNELS:
-        assert target in ids(m.recall(query, k=5, channels=[ch])), f"{ch} does not find it before archiving"
+        assert target in ids(m.recall(query, k=5, channels=[ch])), \
+            f"{ch} does not find it before archiving"
     m.set_flag(target, "pinned", True)  # pinned memories join by similarity: not when archived
     m.set_flag(target, "archived", True)
     for ch in aokun.Memory.CHANNELS:
-        assert target not in ids(m.recall(query, k=5, channels=[ch])), f"{ch} returned an archived memory"
+        assert target not in ids(m.recall(query, k=5, channels=[ch])), \
+            f"{ch} returned an archived memory"
         back = m.recall(query, k=5, channels=[ch], include_archived=True)
         assert target in ids(back), f"{ch} ignores include_archived"
         assert next(h for h in back["results"] if h["id"] == target)["archived"] is True
@@ -384,10 +430,12 @@ def test_k_above_the_cap_is_capped_with_a_warning(make):
     for i in range(6):
         m.memorize(f"Osprey sighting number {i} over the marsh")
     assert m.recall("osprey marsh", k=3)["warnings"] == []
-    for _ in range(2):  # the capped answer is cached under the k asked for: each says what it was asked
+    # the capped answer is cached under the k asked for: each says what it was asked
+    for _ in range(2):
         out = m.recall("osprey marsh", k=5000)
         assert len(out["results"]) == 3
-        assert any("5000" in w and "max_k" in w and "3" in w for w in out["warnings"]), out["warnings"]
+        assert any("5000" in w and "max_k" in w and "3" in w for w in out["warnings"]), \
+            out["warnings"]
         assert m.recall("osprey marsh", k=3)["warnings"] == []
 
 
@@ -395,7 +443,8 @@ def test_k_default_cap_is_named(mem):
     mem.memorize("Osprey sighting over the marsh")
     out = mem.recall("osprey", k=5000)
     assert len(out["results"]) <= aokun.DEFAULTS["recall"]["max_k"]
-    assert any("5000" in w and "max_k" in w and "100" in w for w in out["warnings"]), out["warnings"]
+    assert any("5000" in w and "max_k" in w and "100" in w for w in out["warnings"]), \
+        out["warnings"]
 
 
 @pytest.mark.parametrize("k", [0, -1, "3", True, 2.5, None])
@@ -470,7 +519,8 @@ def test_cache_hit_and_invalidation_by_every_write(mem):
     out = mem.recall(q)
     hits = {h["id"]: h for h in out["results"]}
     assert out["cached"] is False and ids(out)[0] == first
-    assert hits[new]["text"] == "A second airship ride is booked" and "bm25" not in hits[new]["channels"]
+    assert hits[new]["text"] == "A second airship ride is booked"
+    assert "bm25" not in hits[new]["channels"]
     assert mem.recall(q)["cached"] is True
 
     mem.set_flag(first, "pinned", True)
@@ -507,7 +557,8 @@ def test_cache_sees_a_write_that_lands_before_the_access_bookkeeping(make, tmp_p
         wid = b.memorize("A second heron was seen at the quarry lake")["id"]
     a.wait_background()
     out = a.recall("quarry lake")
-    assert out["cached"] is False and wid in ids(out), "a stale cached answer hid another connection's write"
+    assert out["cached"] is False and wid in ids(out), \
+        "a stale cached answer hid another connection's write"
 
 
 @pytest.mark.slow
@@ -522,7 +573,7 @@ def test_cache_ttl_expires(make):
     assert other.recall("zeppelin")["cached"] is True
 
 
-# bounded answers: each hit capped, the whole answer within a token budget --------------------------
+# bounded answers: each hit capped, the whole answer within a token budget -------------------------
 
 def sentences(word: str, chars: int) -> str:
     """About `chars` characters of numbered English sentences mentioning `word`."""
@@ -546,7 +597,8 @@ def test_huge_memory_comes_back_capped_at_a_sentence_end_and_get_returns_it_whol
     assert hit["text"].endswith("supplies.…") and big.startswith(hit["text"][:-1])
     assert mem.get(doc)["content"] == big  # stored and read whole
     hits = {h["id"]: h for h in mem.recall("lighthouse", k=2)["results"]}
-    assert hits[short]["truncated"] is False and hits[short]["text"] == "The lighthouse keeper waves at every ferry."
+    assert hits[short]["truncated"] is False
+    assert hits[short]["text"] == "The lighthouse keeper waves at every ferry."
 
 
 @pytest.mark.slow
@@ -561,12 +613,15 @@ def test_answer_budget_cuts_later_hits_and_leaves_out_what_does_not_fit(make, fr
     tokens = [aokun.estimate_tokens(h["text"]) for h in kept]
     assert ids(out) == ids(full) and out["warnings"] == []  # all six, in rank order
     assert all(h["truncated"] for h in kept) and sum(tokens) <= 1000
-    for h, whole in zip(kept[:2], full["results"], strict=False):  # the first two fit with their capped texts
+    # the first two fit with their capped texts
+    for h, whole in zip(kept[:2], full["results"], strict=False):
         assert h["text"] == aokun.cut_text(whole["text"], 1500)[0] and len(h["text"]) > 1400
-    assert tokens[2] < tokens[1] and min(tokens) >= aokun.RECALL_HIT_MIN_TOKENS // 2  # later ones cut further
+    # later ones cut further
+    assert tokens[2] < tokens[1] and min(tokens) >= aokun.RECALL_HIT_MIN_TOKENS // 2
     for h, whole in zip(kept, full["results"], strict=True):
         assert whole["text"].startswith(h["text"][:-1]) and h["text"].endswith(".…")
-        assert (h["score"], h["explain"]) == (whole["score"], whole["explain"])  # ranking and explain unchanged
+        # ranking and explain unchanged
+        assert (h["score"], h["explain"]) == (whole["score"], whole["explain"])
     tight = m.recall("harbour", k=6, max_answer_tokens=400)  # the first alone takes ~375 tokens
     assert ids(tight) == ids(full)[:1] and tight["results"][0]["text"] == kept[0]["text"]
     [warning] = tight["warnings"]
@@ -581,7 +636,8 @@ def test_cache_never_mixes_capped_and_uncapped_answers(make):
     assert capped["cached"] is False and capped["results"][0]["truncated"] is True
     whole = m.recall("glacier", max_chars_per_hit=0)
     assert whole["cached"] is False and whole["results"][0]["text"] == m.get(doc)["content"]
-    assert m.recall("glacier")["cached"] is True and m.recall("glacier")["results"] == capped["results"]
+    assert m.recall("glacier")["cached"] is True
+    assert m.recall("glacier")["results"] == capped["results"]
     assert m.recall("glacier", max_chars_per_hit=0)["results"] == whole["results"]
     m.cfg.recall["max_chars_per_hit"] = 300  # a changed setting is a different answer too
     again = m.recall("glacier")
@@ -599,7 +655,8 @@ def test_bad_bounds_are_input_errors_naming_them(mem, name, value):
 # 8. explain ---------------------------------------------------------------------------------------
 
 EXPLAIN_CORPUS = [
-    ("Alice loves iced americano and drinks it every morning", {"participants": ["Alice"], "topics": ["coffee"]}),
+    ("Alice loves iced americano and drinks it every morning",
+     {"participants": ["Alice"], "topics": ["coffee"]}),
     ("Alice also likes espresso after lunch", {"participants": ["Alice"], "topics": ["coffee"]}),
     ("Bob is learning the cello and practises on Sundays", {"participants": ["Bob"]}),
     ("The coffee machine in the office is broken", {"topics": ["office"]}),
@@ -620,7 +677,8 @@ def test_explain_is_consistent_with_the_ranking(make, fusion, monkeypatch):
     hits = out["results"]
     assert len(hits) == k
     r = m.cfg.recall
-    weights = {"bm25": r.weight_bm25, "vector": r.weight_vector, "graph_keyword": r.weight_graph_keyword,
+    weights = {"bm25": r.weight_bm25, "vector": r.weight_vector,
+               "graph_keyword": r.weight_graph_keyword,
                "graph_vector": r.weight_graph_vector}
     params = channel_params(m, query, k=k)
     direct = {ch: {row["id"]: row["rank"] for row in m.rows(m.queries[name], params)}
@@ -634,27 +692,33 @@ def test_explain_is_consistent_with_the_ranking(make, fusion, monkeypatch):
         assert h["channels"] == sorted(c for c, v in ex["ranks"].items() if v is not None)
         assert h["score"] == round(ex["fused"], 6)
         ranks = {c: v for c, v in ex["ranks"].items() if v is not None}
-        assert ex["doc_rrf"] == pytest.approx(aokun.rrf(ranks, ["bm25", "vector"], r.rrf_k, weights))
-        assert ex["graph_rrf"] == pytest.approx(aokun.rrf(ranks, ["graph_keyword", "graph_vector"], r.rrf_k, weights))
+        assert ex["doc_rrf"] == pytest.approx(aokun.rrf(ranks, ["bm25", "vector"], r.rrf_k,
+                                                        weights))
+        assert ex["graph_rrf"] == pytest.approx(aokun.rrf(ranks, ["graph_keyword", "graph_vector"],
+                                                          r.rrf_k, weights))
         if fusion == "rrf":
             assert ex["doc_relevance"] == pytest.approx(ex["doc_rrf"])
         else:
             doc = ("bm25", "vector")
-            expect = sum(weights[c] * ex["scores"].get(c, 0.0) for c in doc) / sum(weights[c] for c in doc)
+            expect = sum(weights[c] * ex["scores"].get(c, 0.0) for c in doc) \
+                / sum(weights[c] for c in doc)
             assert ex["doc_relevance"] == pytest.approx(expect)
         assert set(ex["scores"]) == set(ranks)
     # MMR order: each hit is the best λ·fused − (1−λ)·max Jaccard to the hits before it
     seg = {row["rowid"]: set(row["segmented"].split()) for row in m.rows(
-        "select rowid, segmented from documents_fts where rowid in (select value from json_each(?))",
+        "select rowid, segmented from documents_fts"
+        " where rowid in (select value from json_each(?))",
         (json.dumps(ids(out)),))}
     lam = r.mmr_lambda
     for i, h in enumerate(hits):
         def mmr_at(j, i=i):
-            sim = max((aokun.jaccard(seg[hits[j]["id"]], seg[hits[p]["id"]]) for p in range(i)), default=0.0)
+            sim = max((aokun.jaccard(seg[hits[j]["id"]], seg[hits[p]["id"]]) for p in range(i)),
+                      default=0.0)
             return lam * hits[j]["explain"]["fused"] - (1 - lam) * sim
         assert h["explain"]["mmr"] == pytest.approx(mmr_at(i))
         for j in range(i + 1, len(hits)):
-            assert mmr_at(j) <= h["explain"]["mmr"] + 1e-12, f"hit {j} should have been picked before hit {i}"
+            assert mmr_at(j) <= h["explain"]["mmr"] + 1e-12, \
+                f"hit {j} should have been picked before hit {i}"
     # the answer without explain ranks the same
     assert ids(m.recall(query, k=k)) == ids(out)
 
@@ -666,7 +730,8 @@ def _conversation(m):
              "Sounds good, I will book the room",  # no query word; right after the strong hit
              "Lunch was pasta again",
              "The weather turned cold"]
-    return [m.memorize(t, {"session_id": "chat-1", "timestamp": aokun.iso(T0 + dt.timedelta(minutes=i))})["id"]
+    return [m.memorize(t, {"session_id": "chat-1",
+                           "timestamp": aokun.iso(T0 + dt.timedelta(minutes=i))})["id"]
             for i, t in enumerate(turns)]
 
 
@@ -674,7 +739,8 @@ def _conversation(m):
 def test_session_neighbour_joins_with_a_share_of_the_hit(make, weight):
     # without turn context in the index, so `b` can only join through the neighbour step
     m = make(embedder=aokun.Embedder(), **{"recall.session_neighbour_weight": weight,
-                                          "recall.reinforce_on_recall": False, "embedding.context_turns": 0})
+                                           "recall.reinforce_on_recall": False,
+                                           "embedding.context_turns": 0})
     a, b, c, d = _conversation(m)
     out = m.recall("Falcon release checklist", k=5, explain=True)
     got = {h["id"]: h for h in out["results"]}
@@ -708,18 +774,21 @@ def test_rrf_fusion_gives_results(make):
 def test_rrf_unit():
     chans = ["bm25", "vector"]
     assert aokun.rrf({"bm25": 0, "vector": 0}, chans, 60) == pytest.approx(1.0)
-    assert aokun.rrf({"bm25": 0, "vector": 0}, chans, 60, {"bm25": 1.0, "vector": 0.5}) == pytest.approx(1.0)
+    assert aokun.rrf({"bm25": 0, "vector": 0}, chans, 60, {"bm25": 1.0, "vector": 0.5}) == \
+        pytest.approx(1.0)
     assert aokun.rrf({"bm25": 0}, chans, 60) == pytest.approx(0.5)
     assert aokun.rrf({"bm25": 0}, chans, 60, {"bm25": 1.0, "vector": 0.5}) == pytest.approx(1 / 1.5)
     assert aokun.rrf({"bm25": 9}, ["bm25"], 60) == pytest.approx(61 / 70)
     assert aokun.rrf({}, chans, 60) == 0.0
     assert aokun.rrf({"bm25": 0}, chans, 60, {"bm25": 0.0, "vector": 0.0}) == 0.0
-    assert aokun.rrf({"bm25": 0, "vector": 3}, chans, 60) > aokun.rrf({"bm25": 1, "vector": 3}, chans, 60)
+    assert aokun.rrf({"bm25": 0, "vector": 3}, chans, 60) > \
+        aokun.rrf({"bm25": 1, "vector": 3}, chans, 60)
 
 
 def test_normalized_scores_unit():
     bm25 = [{"id": 1, "raw": -4.0}, {"id": 2, "raw": -2.0}, {"id": 3, "raw": -1.0}]
-    assert aokun.normalized_scores("bm25", bm25) == pytest.approx({1: 1.0, 2: 0.5, 3: 0.25})  # ÷ max, not min-max
+    # ÷ max, not min-max
+    assert aokun.normalized_scores("bm25", bm25) == pytest.approx({1: 1.0, 2: 0.5, 3: 0.25})
     gk = [{"id": 5, "raw": 8.0}, {"id": 6, "raw": 2.0}]
     assert aokun.normalized_scores("graph_keyword", gk) == pytest.approx({5: 1.0, 6: 0.25})
     vec = [{"id": 1, "raw": 0.1}, {"id": 2, "raw": 0.3}, {"id": 3, "raw": 0.5}]  # cosine distances
@@ -757,12 +826,14 @@ def test_search_atoms_bm25_times_ttl_and_planned_deadline(make, monkeypatch):
     assert set(res) == {plan, fact}
     assert res[plan]["ttl_factor"] == 1.0  # step decay: full weight until the deadline
     f = atoms[fact]
-    ttl = (aokun.parse_time(f["expires_at"]) - aokun.parse_time(f["last_reinforced_at"])).total_seconds()
+    ttl = (aokun.parse_time(f["expires_at"])
+           - aokun.parse_time(f["last_reinforced_at"])).total_seconds()
     assert res[fact]["ttl_factor"] == pytest.approx(math.exp(-12 * 3600 / ttl))
     assert res[fact]["ttl_factor"] < 1.0
     for a in res.values():
         assert a["bm25"] < 0
-        assert a["score"] == pytest.approx(a["ttl_factor"] / (1 + math.exp(a["bm25"] / 8)), abs=1e-6)
+        assert a["score"] == pytest.approx(a["ttl_factor"] / (1 + math.exp(a["bm25"] / 8)),
+                                           abs=1e-6)
     scores = [a["score"] for a in m.search_atoms("dentist")["results"]]
     assert scores == sorted(scores, reverse=True)
 
@@ -778,7 +849,7 @@ def test_search_atoms_bm25_times_ttl_and_planned_deadline(make, monkeypatch):
     assert m.search_atoms("dentist", persona_id="other")["results"] == []
 
 
-# 12. CLI -------------------------------------------------------------------------------------------
+# 12. CLI ------------------------------------------------------------------------------------------
 
 @pytest.fixture
 def cli(tmp_path, monkeypatch, segmenter):
@@ -821,17 +892,19 @@ def test_recall_cli_marks_cut_texts(cli):
     assert flags == {big[:20]: True, "A short lantern note": False}
     r = cli("recall", "lantern")
     lines = r.stdout.splitlines()
-    assert len(lines) == 2 and {line[-1] for line in lines} == {"…", "e"}  # the big one cut for the screen
+    # the big one cut for the screen
+    assert len(lines) == 2 and {line[-1] for line in lines} == {"…", "e"}
     assert "truncated" in r.stderr and "python aokun.py show" in r.stderr
 
 
 def test_context_cli_says_the_briefing_age(cli):
     assert cli("memorize", "Alice prefers green tea", "--importance", "0.9").exit_code == 0
     r = cli("context")
-    assert "Alice prefers green tea" in r.stdout and re.search(r"briefing, built \d+ s ago\)", r.stderr), r.stderr
+    assert "Alice prefers green tea" in r.stdout, r.stderr
+    assert re.search(r"briefing, built \d+ s ago\)", r.stderr), r.stderr
 
 
-# 13. the example config -----------------------------------------------------------------------------
+# 13. the example config ---------------------------------------------------------------------------
 
 EXAMPLE = aokun.HERE / "aokun.example.ini"
 
@@ -850,9 +923,11 @@ def test_example_config_documents_every_setting_with_its_default():
                 f"[{section}] {key} = {value!r}, default {default!r}"
 
 
-@pytest.mark.parametrize("text,key", [("[recall]\nrrf_kk = 60\n", "rrf_kk"), ("[recall]\nrrf_k = abc\n", "rrf_k"),
+@pytest.mark.parametrize("text,key", [("[recall]\nrrf_kk = 60\n", "rrf_kk"),
+                                      ("[recall]\nrrf_k = abc\n", "rrf_k"),
                                       ("[recall]\nmax_k = 1.5\n", "max_k"),
-                                      ("[recall]\nreinforce_on_recall = maybe\n", "reinforce_on_recall"),
+                                      ("[recall]\nreinforce_on_recall = maybe\n",
+                                       "reinforce_on_recall"),
                                       ("[recal]\nrrf_k = 60\n", "recal")])
 def test_config_rejects_unknown_keys_and_wrong_types(tmp_path, text, key):
     p = tmp_path / "bad.ini"
@@ -878,21 +953,26 @@ def test_temporal_factor_in_sql_matches_ttl_factor(make, historical):
         "recent2": ("Marta counted the quokka family", -30, {}),
         "later": ("Marta opened the quokka café", -5, {}),
     }
-    got = {name: m.memorize(t, {"timestamp": at(days), **extra})["id"] for name, (t, days, extra) in texts.items()}
+    got = {name: m.memorize(t, {"timestamp": at(days), **extra})["id"]
+           for name, (t, days, extra) in texts.items()}
     with m.tx() as c:  # one atom superseded, one forgotten, one memory without atoms
-        c.execute("update memory_atoms set state = 'superseded', state_changed_at = ? where document_id = ?",
+        c.execute("update memory_atoms set state = 'superseded', state_changed_at = ?"
+                  " where document_id = ?",
                   (at(-12), got["pref"]))
-        c.execute("update memory_atoms set state = 'forgotten' where document_id = ?", (got["recent2"],))
+        c.execute("update memory_atoms set state = 'forgotten' where document_id = ?",
+                  (got["recent2"],))
         c.execute("delete from atom_sources where document_id = ?", (got["recent"],))
     as_of = at(-10) if historical else None
     out = m.recall("quokka", k=20, explain=True, as_of=as_of)
     ref = aokun.parse_time(as_of) if as_of else aokun.now()
     seen = set()
     for h in out["results"]:
-        atoms = m.rows("select a.* from atom_sources s join memory_atoms a on a.id = s.atom_id where s.document_id = ?",
+        atoms = m.rows("select a.* from atom_sources s join memory_atoms a on a.id = s.atom_id"
+                       " where s.document_id = ?",
                        (h["id"],))
         if atoms:
-            want = max(aokun.ttl_factor(a, m.rules.types[a["atom_type"]]["decay"], ref, historical) for a in atoms)
+            want = max(aokun.ttl_factor(a, m.rules.types[a["atom_type"]]["decay"], ref, historical)
+                       for a in atoms)
         else:
             d = m.get(h["id"])
             default = m.rules.types[m.rules.default_type]
@@ -901,17 +981,21 @@ def test_temporal_factor_in_sql_matches_ttl_factor(make, historical):
             want = 0.0 if age >= ttl or (historical and age < 0) else math.exp(-max(0.0, age) / ttl)
         assert h["explain"]["temporal_factor"] == pytest.approx(want, abs=1e-6), h["text"]
         seen.add(round(want, 6))
-    assert len(seen) >= 3 and 0.0 in seen  # gone (expired/forgotten/superseded), fresh and decayed all occur
+    # gone (expired/forgotten/superseded), fresh and decayed all occur
+    assert len(seen) >= 3 and 0.0 in seen
 
 
 @pytest.mark.slow
-def test_parallel_channels_answer_as_serial_ones_and_a_failing_channel_degrades(make, tmp_path, monkeypatch):
+def test_parallel_channels_answer_as_serial_ones_and_a_failing_channel_degrades(make, tmp_path,
+                                                                                monkeypatch):
     """Channels on worker connections (parallel_channels > 1) give exactly the serial answer; a
     channel whose SQL fails is named in `degraded` while the others still answer."""
     # one clock for both files: memories stamped a second apart would differ in recency
     monkeypatch.setenv("AOKUN_NOW", "2026-11-30T08:00:00Z")
-    serial = make(tmp_path / "s.db", **{"recall.parallel_channels": 1, "recall.reinforce_on_recall": False})
-    parallel = make(tmp_path / "p.db", **{"recall.parallel_channels": 4, "recall.reinforce_on_recall": False})
+    serial = make(tmp_path / "s.db", **{"recall.parallel_channels": 1,
+                                        "recall.reinforce_on_recall": False})
+    parallel = make(tmp_path / "p.db", **{"recall.parallel_channels": 4,
+                                          "recall.reinforce_on_recall": False})
     for m in (serial, parallel):
         for text, meta in EXPLAIN_CORPUS:
             m.memorize(text, meta)
@@ -935,7 +1019,8 @@ def test_query_embedding_runs_while_the_keyword_channels_do(make, tmp_path):
     many candidates fusion saw, scored in full and pooled."""
     import threading
     started = threading.Event()
-    m = make(tmp_path / "c.db", **{"recall.parallel_channels": 4, "recall.reinforce_on_recall": False})
+    m = make(tmp_path / "c.db", **{"recall.parallel_channels": 4,
+                                   "recall.reinforce_on_recall": False})
     for text, meta in EXPLAIN_CORPUS:
         m.memorize(text, meta)
     reader_rows = m.reader_rows

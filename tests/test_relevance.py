@@ -5,11 +5,13 @@ import pytest
 
 import aokun
 
-PERSONA = "relevance-test"  #: local_mem is shared by the session: these memories stay in their persona
+#: local_mem is shared by the session: these memories stay in their persona
+PERSONA = "relevance-test"
 MEMORIES = [
     ("Alice drinks an iced americano every morning before work.", {"participants": ["Alice"]}),
     ("Alice is allergic to peanuts.", {"participants": ["Alice"], "pinned": True}),
-    ("Bob and Alice are planning a hiking trip to the Alps in July.", {"participants": ["Bob", "Alice"]}),
+    ("Bob and Alice are planning a hiking trip to the Alps in July.",
+     {"participants": ["Bob", "Alice"]}),
     ("The team moved the weekly standup to Tuesdays at 10.", {"topics": ["work"]}),
     ("老王下周三去杭州出差，记得订高铁票。", {"participants": ["老王"]}),
 ]
@@ -23,14 +25,17 @@ def _store(mem):
 @pytest.mark.slow
 def test_an_unrelated_query_returns_nothing_and_says_so(local_mem):
     _store(local_mem)
-    out = local_mem.recall("lattice quantum chromodynamics gluon propagator", k=5, persona_id=PERSONA)
+    out = local_mem.recall("lattice quantum chromodynamics gluon propagator", k=5,
+                           persona_id=PERSONA)
     assert out["results"] == []
-    assert any(w.startswith("nothing relevant") and "min_relevance" in w for w in out["warnings"]), out["warnings"]
+    assert any(w.startswith("nothing relevant") and "min_relevance" in w
+               for w in out["warnings"]), out["warnings"]
 
 
 def test_pinned_memory_joins_only_when_relevant(local_mem):
     _store(local_mem)
-    unrelated = local_mem.recall("what time is the weekly standup", k=5, persona_id=PERSONA, explain=True)
+    unrelated = local_mem.recall("what time is the weekly standup", k=5, persona_id=PERSONA,
+                                 explain=True)
     texts = [h["text"] for h in unrelated["results"]]
     assert "The team moved the weekly standup to Tuesdays at 10." in texts
     assert "Alice is allergic to peanuts." not in texts  # pinned, but not about the standup
@@ -48,7 +53,8 @@ def test_related_queries_keep_hits_with_a_relevance_on_one_scale(local_mem):
         assert hits and hits[0]["text"] == expected, (query, [h["text"] for h in hits])
         for h in hits:
             assert cfg.min_relevance <= h["relevance"] <= 1.0
-            assert h["explain"]["relevance"] == h["relevance"] or abs(h["explain"]["relevance"] - h["relevance"]) < 1e-4
+            explained = h["explain"]["relevance"]
+            assert explained == h["relevance"] or abs(explained - h["relevance"]) < 1e-4
 
 
 def test_min_relevance_zero_keeps_every_hit(local_mem, segmenter):
@@ -69,8 +75,10 @@ def test_the_script_of_a_question_picks_its_weights(tmp_path):
     assert aokun.query_script(["python", "教程"]) == "cjk"  # half or more: the Chinese scale
     assert aokun.query_script([]) == "latin"
     rules = tmp_path / "relevance.toml"
-    rules.write_text('["m"]\nw_cos = 1\nw_cover = 2\nbias = 3\ncos_only_w_cos = 4\ncos_only_bias = 5\n'
-                     '["m".cjk]\nw_cos = 6\nw_cover = 7\nbias = 8\ncos_only_w_cos = 9\ncos_only_bias = 10\n',
+    rules.write_text('["m"]\nw_cos = 1\nw_cover = 2\nbias = 3\n'
+                     'cos_only_w_cos = 4\ncos_only_bias = 5\n'
+                     '["m".cjk]\nw_cos = 6\nw_cover = 7\nbias = 8\n'
+                     'cos_only_w_cos = 9\ncos_only_bias = 10\n',
                      encoding="utf-8")
     ini = tmp_path / "aokun.ini"
     ini.write_text(f"[recall]\nrelevance = {rules}\n", encoding="utf-8")
@@ -85,7 +93,8 @@ SMALL_TALK_ZH = ["你好", "谢谢", "讲个笑话"]
 
 def test_chinese_small_talk_returns_nothing(local_mem):
     _store(local_mem)
-    for text in ["我最喜欢喝拿铁咖啡，不加糖。", "周末和朋友去爬山了。", "我在一家互联网公司上班。"]:
+    for text in ["我最喜欢喝拿铁咖啡，不加糖。", "周末和朋友去爬山了。",
+                 "我在一家互联网公司上班。"]:
         local_mem.memorize(text, {"persona_id": PERSONA})
     for query in SMALL_TALK_ZH:
         out = local_mem.recall(query, k=5, persona_id=PERSONA)

@@ -1,7 +1,7 @@
-"""Restore keeps ids unique and loses no acknowledged write: every id counter of the restored file is
-raised to what the live file handed out, and the safety copy and the overwrite happen under one
-write lock, so a write acknowledged before the restore is in the restored file or in the safety copy.
-With a real second process writing through the whole restore, and the real CLI."""
+"""Restore keeps ids unique and loses no acknowledged write: every id counter of the restored file
+is raised to what the live file handed out, and the safety copy and the overwrite happen under one
+write lock, so a write acknowledged before the restore is in the restored file or in the safety
+copy. With a real second process writing through the whole restore, and the real CLI."""
 
 import re
 import subprocess
@@ -34,8 +34,8 @@ m.close()
 """
 
 
-TABLES = ("documents", "memory_atoms", "graph_nodes", "graph_edges", "graph_entries", "kg_entities", "kg_triples",
-          "memory_write_ops")  #: every table whose ids users or other rows hold
+TABLES = ("documents", "memory_atoms", "graph_nodes", "graph_edges", "graph_entries", "kg_entities",
+          "kg_triples", "memory_write_ops")  #: every table whose ids users or other rows hold
 
 
 def _ids(path: Path) -> dict:
@@ -52,7 +52,8 @@ def _ids(path: Path) -> dict:
 @pytest.mark.slow
 def test_no_id_is_handed_out_twice_across_a_restore(open_mem, tmp_path):
     m = open_mem(tmp_path / "ids.db")
-    birthday = m.memorize("My sister's birthday is on 3 May.", {"participants": ["Sister"], "topics": ["family"]})["id"]
+    birthday = m.memorize("My sister's birthday is on 3 May.",
+                          {"participants": ["Sister"], "topics": ["family"]})["id"]
     m.kg_add("Sister", "lives_in", "Lyon")
     backup = tmp_path / "before.db"
     m.online_backup(backup)
@@ -66,7 +67,8 @@ def test_no_id_is_handed_out_twice_across_a_restore(open_mem, tmp_path):
 
     out = m.restore_from(backup)
     assert [r["id"] for r in m.rows("select id from documents")] == [birthday]
-    new = m.memorize("Bought a new umbrella.", {"participants": ["Ren"], "topics": ["shopping"]})["id"]
+    new = m.memorize("Bought a new umbrella.",
+                     {"participants": ["Ren"], "topics": ["shopping"]})["id"]
     m.kg_add("Ren", "likes", "umbrellas")
     m.edit(birthday, "My sister's birthday is on 4 May.")  # new atoms, graph entries, a journal row
     after = _ids(m.path)
@@ -95,18 +97,20 @@ def test_ids_stay_unique_after_deleting_the_newest_rows(open_mem, tmp_path):
 def test_restore_under_a_live_writer_loses_no_acknowledged_write(tmp_path):
     db, ini, stop_file = tmp_path / "live.db", write_ini(tmp_path, "none"), tmp_path / "stop"
     for i in range(3):
-        assert cli(db, ini, "memorize", f"Before the backup {i}: a note about owls.").returncode == 0
+        assert cli(db, ini, "memorize",
+                   f"Before the backup {i}: a note about owls.").returncode == 0
     backup = tmp_path / "backup.db"
     assert cli(db, ini, "backup", str(backup)).returncode == 0
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(db), str(ini), str(stop_file)], cwd=REPO,
-                              env=child_env(PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(db), str(ini), str(stop_file)],
+                              cwd=REPO, env=child_env(PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, encoding="utf-8")
     acked = []
     try:
         while len(acked) < 5:  # the writer is writing after the backup
             acked.append(writer.stdout.readline())
-        restore = subprocess.Popen([sys.executable, AOKUN, "--db", str(db), "--config", str(ini), "restore",
-                                    str(backup), "--yes"], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+        restore = subprocess.Popen([sys.executable, AOKUN, "--db", str(db), "--config", str(ini),
+                                    "restore", str(backup), "--yes"],
+                                   cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, encoding="utf-8")
         while restore.poll() is None:  # the writer keeps writing while the restore runs
             acked.append(writer.stdout.readline())
@@ -133,7 +137,8 @@ def test_restore_under_a_live_writer_loses_no_acknowledged_write(tmp_path):
     lost = re.search(r"(\d+) memories written or changed after the backup .* ids ([\d, ]+)", out)
     assert lost, out
     assert only_saved and set(only_saved) <= {int(x) for x in lost.group(2).split(", ")}
-    assert any(restored.get(int(i)) == text for i, text in writes)  # writes after the restore are in it
+    # writes after the restore are in it
+    assert any(restored.get(int(i)) == text for i, text in writes)
     assert cli(db, ini, "doctor").stdout.strip() == "ok"
 
 
@@ -169,11 +174,12 @@ def test_restore_answered_no_on_a_terminal_changes_nothing(tmp_path):
     try:
         os.write(master, b"n\n")
         r = subprocess.run([sys.executable, AOKUN, "--db", str(db), "--config", str(ini), "restore",
-                            str(tmp_path / "b.db")], cwd=REPO, stdin=slave, capture_output=True, text=True,
-                           encoding="utf-8", timeout=60, env=child_env())
+                            str(tmp_path / "b.db")], cwd=REPO, stdin=slave, capture_output=True,
+                           text=True, encoding="utf-8", timeout=60, env=child_env())
     finally:
         os.close(slave)
         os.close(master)
     assert r.returncode == 1 and "Replace every memory" in r.stdout, (r.stdout, r.stderr)
-    assert r.stderr.strip() == "Error: restore not confirmed, nothing was changed; answer y, or give --yes"
+    assert r.stderr.strip() == \
+        "Error: restore not confirmed, nothing was changed; answer y, or give --yes"
     assert _documents(db) == before

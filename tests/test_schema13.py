@@ -6,7 +6,13 @@ and dropping the old tables cascades to nothing (migrate() turns foreign keys of
 import pytest
 
 import aokun
-from fakes import FakeEmbedder, default_graph_columns_of_schema12, event_columns, fts_ids, open_at_schema
+from fakes import (
+    FakeEmbedder,
+    default_graph_columns_of_schema12,
+    event_columns,
+    fts_ids,
+    open_at_schema,
+)
 
 GRAPH = ("graph_nodes", "graph_edges", "graph_entries")
 DROPPED = {"uid", "created_at", "updated_at"}
@@ -20,13 +26,17 @@ def test_a_schema12_file_keeps_every_graph_row_vector_and_match(tmp_path, monkey
         default_graph_columns_of_schema12(m)
         event_columns(m)
     meta = {"session_id": "s", "participants": ["Alice"], "topics": ["coffee"]}
-    ids = [m.memorize(t, meta | {"timestamp": f"2025-01-01T10:0{i}:00Z"})["id"] for i, t in enumerate(
-        ["Alice loves iced americano. She drinks two a day.", "Alice will visit Tokyo in May. She booked a hotel.",
-         "Bob fixed the coffee machine. It had a broken valve."])]
-    before = {t: [{k: v for k, v in r.items() if k not in DROPPED} for r in m.rows(f"select * from {t} order by id")]
+    texts = ["Alice loves iced americano. She drinks two a day.",
+             "Alice will visit Tokyo in May. She booked a hotel.",
+             "Bob fixed the coffee machine. It had a broken valve."]
+    ids = [m.memorize(t, meta | {"timestamp": f"2025-01-01T10:0{i}:00Z"})["id"]
+           for i, t in enumerate(texts)]
+    before = {t: [{k: v for k, v in r.items() if k not in DROPPED}
+                  for r in m.rows(f"select * from {t} order by id")]
               for t in GRAPH}
     vectors = m.rows("select entry_id, embedding from graph_vectors order by entry_id")
-    matches = {w: fts_ids(m, "graph_entries_fts", w) for w in ("americano", "tokyo", "valve", "alice")}
+    matches = {w: fts_ids(m, "graph_entries_fts", w)
+               for w in ("americano", "tokyo", "valve", "alice")}
     assert vectors and all(matches.values())
     with m.tx():
         event_columns(m, add=False)
@@ -44,16 +54,19 @@ def test_a_schema12_file_keeps_every_graph_row_vector_and_match(tmp_path, monkey
         assert m.rows("select entry_id, embedding from graph_vectors order by entry_id") == vectors
         assert {w: fts_ids(m, "graph_entries_fts", w) for w in matches} == matches
         assert m.value("pragma foreign_keys") == 1 and m.rows("pragma foreign_key_check") == []
-        assert m.value("select sql from sqlite_master where name = 'graph_entries_fts'").count("content = ''") == 1
+        fts_sql = m.value("select sql from sqlite_master where name = 'graph_entries_fts'")
+        assert fts_sql.count("content = ''") == 1
         # the new tables work: a new memory, an edit, a delete
-        new = m.memorize("Alice prefers oat milk now.", meta | {"timestamp": "2025-01-01T10:09:00Z"})["id"]
+        new = m.memorize("Alice prefers oat milk now.",
+                         meta | {"timestamp": "2025-01-01T10:09:00Z"})["id"]
         m.edit(ids[1], content="Alice will visit Kyoto in May.")
         m.delete(ids[2])
 
         def docs(word):
             return {m.value("select document_id from graph_entries where id = ?", (e,))
                     for e in fts_ids(m, "graph_entries_fts", word)}
-        assert docs("oat") == {new} and docs("kyoto") == {ids[1], new}  # the new one: in its context
+        # the new one: in its context
+        assert docs("oat") == {new} and docs("kyoto") == {ids[1], new}
         assert docs("tokyo") == set() and docs("valve") == set()
         assert m.value("select count(*) from graph_entries where document_id = ?", (ids[2],)) == 0
         m.wait_refresh()  # the edit's successor is re-embedded in the background

@@ -21,7 +21,8 @@ import aokun
 from mcp_procs import REPO, child_env, cli, free_port, serve_args, stop, wait_port, write_ini
 
 TASK_NS = {"t": "http://schemas.microsoft.com/windows/2004/02/mit/task"}
-unix_only = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="sd_notify is a unix socket protocol")
+unix_only = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"),
+                               reason="sd_notify is a unix socket protocol")
 
 
 def dry_run(tmp_path, platform: str) -> str:
@@ -42,21 +43,25 @@ def file_in(out: str) -> str:
 @pytest.mark.slow
 def test_systemd_unit_is_valid_and_supervised(tmp_path):
     out = dry_run(tmp_path, "linux")
-    assert "run systemctl --user daemon-reload" in out and "run systemctl --user enable --now aokun.service" in out
+    assert "run systemctl --user daemon-reload" in out
+    assert "run systemctl --user enable --now aokun.service" in out
     unit = file_in(out)
     for line in ("Type=notify", "Restart=on-failure", f"WatchdogSec={aokun.WATCHDOG_SECONDS}",
                  "WantedBy=default.target"):
         assert line in unit.splitlines()
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    assert '"serve" "--http" "--port" "5199"' in exec_start and "s d%%$$.db" in exec_start  # quoted, escaped
+    # quoted, escaped
+    assert '"serve" "--http" "--port" "5199"' in exec_start and "s d%%$$.db" in exec_start
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed: the unit text was checked, not verified")
     path = tmp_path / "aokun.service"
     path.write_text(unit, encoding="utf-8")
-    r = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=120)
+    verify = ["systemd-analyze", "verify", str(path)]
+    r = subprocess.run(verify, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and str(path) not in r.stdout + r.stderr, r.stdout + r.stderr
-    path.write_text(unit.replace("Restart=on-failure", "Restart=sometimes"), encoding="utf-8")  # it can fail
-    r = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True, timeout=120)
+    # it can fail
+    path.write_text(unit.replace("Restart=on-failure", "Restart=sometimes"), encoding="utf-8")
+    r = subprocess.run(verify, capture_output=True, text=True, timeout=120)
     assert str(path) in r.stdout + r.stderr
 
 
@@ -67,8 +72,8 @@ def test_launchd_plist_keeps_the_server_alive():
     assert plist["KeepAlive"] == {"SuccessfulExit": False} and plist["ProgramArguments"] == cmd
     if hasattr(os, "getuid"):  # the gui/<uid> domain
         _, commands = aokun.service_plan("macos", "install", cmd, aokun.HERE / "data")
-        assert commands == [["launchctl", "bootstrap", f"gui/{os.getuid()}",
-                             str(aokun.Path.home() / "Library" / "LaunchAgents" / "io.aokun.server.plist")]]
+        plist_path = aokun.Path.home() / "Library" / "LaunchAgents" / "io.aokun.server.plist"
+        assert commands == [["launchctl", "bootstrap", f"gui/{os.getuid()}", str(plist_path)]]
 
 
 @pytest.mark.slow
@@ -146,7 +151,8 @@ def test_sd_notify_never_blocks_when_the_supervisor_stops_reading(tmp_path):
                 for _ in range(100_000):
                     fill.sendto(b"WATCHDOG=1", path)
         sent: list = []
-        t = threading.Thread(target=lambda: sent.append(aokun.sd_notify("WATCHDOG=1", path)), daemon=True)
+        t = threading.Thread(target=lambda: sent.append(aokun.sd_notify("WATCHDOG=1", path)),
+                             daemon=True)
         t.start()
         t.join(5)
         assert sent == [False], "sd_notify blocked on a full socket"
@@ -197,7 +203,8 @@ def test_serve_http_tells_systemd_it_is_ready_and_alive_and_answers_health(tmp_p
     db, ini = tmp_path / "h.db", write_ini(tmp_path, "none")
     port = free_port()
     err = (tmp_path / "stderr.txt").open("wb")
-    proc = subprocess.Popen([sys.executable, *serve_args(db, ini, "--http", "--port", str(port))], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, *serve_args(db, ini, "--http", "--port", str(port))],
+                            cwd=REPO,
                             env=child_env(NOTIFY_SOCKET=path, WATCHDOG_USEC="200000"),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
     try:
@@ -206,14 +213,18 @@ def test_serve_http_tells_systemd_it_is_ready_and_alive_and_answers_health(tmp_p
         wait_port(port, proc)
         h = httpx.get(f"http://127.0.0.1:{port}/health", timeout=20, trust_env=False)
         out = h.json()
-        assert h.status_code == 200 and out["ok"] is True and out["database"]["path"] == str(db), out
+        assert h.status_code == 200 and out["ok"] is True, out
+        assert out["database"]["path"] == str(db), out
         assert out["database"]["ok"] and out["pending_vectors"] == 0 and out["uptime_seconds"] >= 0
-        assert out["embedder"]["provider"] == "none" and set(out["last_maintenance"]) >= {"decay", "backup"}
+        assert out["embedder"]["provider"] == "none"
+        assert set(out["last_maintenance"]) >= {"decay", "backup"}
         status = cli(db, ini, "service", "status", "--port", str(port))
-        assert status.returncode == 0 and json.loads(status.stdout[status.stdout.index("{"):])["ok"] is True
+        assert status.returncode == 0
+        assert json.loads(status.stdout[status.stdout.index("{"):])["ok"] is True
     finally:
         stop(proc)
         err.close()
         sink.close()
     down = cli(db, ini, "service", "status", "--port", str(port))
-    assert down.returncode == 1 and "no server answers" in down.stderr and "Traceback" not in down.stderr
+    assert down.returncode == 1 and "no server answers" in down.stderr
+    assert "Traceback" not in down.stderr

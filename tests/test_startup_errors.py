@@ -21,8 +21,9 @@ CREATED = "aokun: created a new database "
 
 def run(*args, env=None) -> subprocess.CompletedProcess:
     """`python aokun.py ARGS...` as a child process, text output captured."""
-    return subprocess.run([sys.executable, AOKUN, *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          encoding="utf-8", timeout=120, stdin=subprocess.DEVNULL, env=env or child_env())
+    return subprocess.run([sys.executable, AOKUN, *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, encoding="utf-8", timeout=120, stdin=subprocess.DEVNULL,
+                          env=env or child_env())
 
 
 def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
@@ -41,7 +42,8 @@ def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> str:
 def test_an_ini_without_a_section_header(tmp_path):
     ini = tmp_path / "headless.ini"
     ini.write_text("db = data/x.db\n[storage]\n", encoding="utf-8")
-    one_line_error(run("--db", tmp_path / "a.db", "--config", ini, "stats"), str(ini), "line 1", "[section]")
+    one_line_error(run("--db", tmp_path / "a.db", "--config", ini, "stats"),
+                   str(ini), "line 1", "[section]")
 
 
 @pytest.mark.slow
@@ -55,7 +57,8 @@ def test_an_ini_with_a_repeated_section(tmp_path):
 def test_db_that_is_not_an_sqlite_file(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("just some notes, not a database\n" * 50, encoding="utf-8")
-    one_line_error(run("--db", notes, "--config", write_ini(tmp_path), "stats"), str(notes), "not an SQLite database")
+    one_line_error(run("--db", notes, "--config", write_ini(tmp_path), "stats"),
+                   str(notes), "not an SQLite database")
     assert notes.read_text(encoding="utf-8").startswith("just some notes")
 
 
@@ -64,13 +67,15 @@ def test_db_in_a_folder_that_cannot_be_created(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x", encoding="utf-8")
     db = blocker / "sub" / "m.db"
-    one_line_error(run("--db", db, "--config", write_ini(tmp_path), "memorize", "hello"), str(db), "folder")
+    one_line_error(run("--db", db, "--config", write_ini(tmp_path), "memorize", "hello"),
+                   str(db), "folder")
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/dev/null"), reason="needs /dev/null")
 def test_db_that_is_a_device(tmp_path):
-    one_line_error(run("--db", "/dev/null", "--config", write_ini(tmp_path), "stats"), "/dev/null", "cannot be opened")
+    one_line_error(run("--db", "/dev/null", "--config", write_ini(tmp_path), "stats"),
+                   "/dev/null", "cannot be opened")
 
 
 @pytest.mark.slow
@@ -79,9 +84,11 @@ def test_backup_to_a_folder_that_cannot_be_created_or_written(tmp_path):
     assert run("--db", db, "--config", ini, "memorize", "hello").returncode == 0
     blocker = tmp_path / "a-file"
     blocker.write_text("x", encoding="utf-8")
-    one_line_error(run("--db", db, "--config", ini, "backup", blocker / "sub" / "b.db"), str(blocker / "sub"))
+    one_line_error(run("--db", db, "--config", ini, "backup", blocker / "sub" / "b.db"),
+                   str(blocker / "sub"))
     if os.path.isdir("/proc/self"):  # a folder no one (root neither) can create files in
-        one_line_error(run("--db", db, "--config", ini, "backup", "/proc/aokun-b.db"), "/proc/aokun-b.db")
+        one_line_error(run("--db", db, "--config", ini, "backup", "/proc/aokun-b.db"),
+                       "/proc/aokun-b.db")
         one_line_error(run("--db", db, "--config", ini, "backup", "/proc/x/y.db"), "/proc/x")
 
 
@@ -117,9 +124,12 @@ def test_every_numeric_setting_has_a_range_its_default_is_in(tmp_path):
                if isinstance(v, int | float) and not isinstance(v, bool)}
     ranged = {(s, k) for s, kv in aokun.RANGES.items() for k in kv}
     assert numeric == ranged
-    assert [sk for sk in numeric if not aokun.in_range(aokun.DEFAULTS[sk[0]][sk[1]], aokun.RANGES[sk[0]][sk[1]])] == []
-    edges = aokun.Config(write_ini(tmp_path, recall={"min_relevance": 1, "mmr_lambda": 0}, server={"port": 65535}))
-    assert (edges.recall.min_relevance, edges.recall.mmr_lambda, edges.server.port) == (1.0, 0.0, 65535)
+    assert [sk for sk in numeric
+            if not aokun.in_range(aokun.DEFAULTS[sk[0]][sk[1]], aokun.RANGES[sk[0]][sk[1]])] == []
+    edges = aokun.Config(write_ini(tmp_path, recall={"min_relevance": 1, "mmr_lambda": 0},
+                                   server={"port": 65535}))
+    assert (edges.recall.min_relevance, edges.recall.mmr_lambda, edges.server.port) == \
+        (1.0, 0.0, 65535)
 
 
 @pytest.mark.slow
@@ -131,16 +141,19 @@ def test_ids_beyond_sqlite_rowids_on_the_cli(tmp_path, args):
 
 @pytest.mark.slow
 def test_list_offset_beyond_sqlite_integers(tmp_path):
-    one_line_error(run("--db", tmp_path / "a.db", "--config", write_ini(tmp_path), "list", "--offset", BIG), "offset")
+    one_line_error(run("--db", tmp_path / "a.db", "--config", write_ini(tmp_path), "list",
+                       "--offset", BIG), "offset")
 
 
 @pytest.mark.slow
 def test_hints_name_a_command_that_exists(tmp_path):
-    line = one_line_error(run("--db", tmp_path / "a.db", "--config", write_ini(tmp_path), "show", "42"),
+    line = one_line_error(run("--db", tmp_path / "a.db", "--config", write_ini(tmp_path),
+                              "show", "42"),
                           "no memory with id 42", "`python aokun.py list`")
     assert "`aokun " not in line
     hints = [line for p in [aokun.__file__, *aokun.SQL_DIR.glob("*.sql")]
-             for line in open(p, encoding="utf-8") if "`aokun " in line and not line.lstrip().startswith("--")]
+             for line in open(p, encoding="utf-8")
+             if "`aokun " in line and not line.lstrip().startswith("--")]
     assert hints == []
 
 
@@ -152,7 +165,8 @@ def anyio_backend():
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_mcp_ids_and_offsets_beyond_sqlite_integers_are_tool_errors(tmp_path, segmenter):
-    cfg = aokun.Config(None, overrides={("server", "exposed_tools"): "all", ("backup", "dir"): str(tmp_path / "bk"),
+    cfg = aokun.Config(None, overrides={("server", "exposed_tools"): "all",
+                                        ("backup", "dir"): str(tmp_path / "bk"),
                                         ("backup", "daily"): False})
 
     def factory():
@@ -169,10 +183,12 @@ async def test_mcp_ids_and_offsets_beyond_sqlite_integers_are_tool_errors(tmp_pa
                 r = await c.call_tool(tool, args)
                 assert r.is_error is True, (tool, r)
                 text = r.content[0].text
-                assert needle in text and "Traceback" not in text and "OverflowError" not in text, (tool, text)
+                assert needle in text and "Traceback" not in text, (tool, text)
+                assert "OverflowError" not in text, (tool, text)
             # over MCP the hint names the tool, not a shell command
             text = (await c.call_tool("get_memory", {"id": 42})).content[0].text
-            assert "`recall` (or `list_memories`, if exposed)" in text and "aokun.py" not in text, text
+            assert "`recall` (or `list_memories`, if exposed)" in text, text
+            assert "aokun.py" not in text, text
 
 
 def unwritable_folder(tmp_path):
@@ -203,7 +219,8 @@ def test_no_writable_home_or_temp_dir_still_memorizes_and_recalls(tmp_path):
     r = run("--db", db, "--config", ini, "recall", "滑雪", env=env)
     for out in (w, r):
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
-        [warning] = [line for line in out.stderr.splitlines() if " WARNING " in line]  # once (degraded: … too)
+        # once (degraded: … too)
+        [warning] = [line for line in out.stderr.splitlines() if " WARNING " in line]
         assert "no writable cache folder" in warning and str(nowhere) in warning, warning
     assert w.stdout.strip() == "1" and "小李周末喜欢去滑雪" in r.stdout
     assert [p.name for p in tmp_path.iterdir() if "jieba" in p.name or "aokun-" in p.name] == []
@@ -215,14 +232,18 @@ def test_serve_on_a_file_that_is_not_a_database(tmp_path, http):
     notes = tmp_path / "notes.txt"
     notes.write_text("not a database\n" * 50, encoding="utf-8")
     args = ["--http", "--port", str(free_port())] if http else []
-    one_line_error(run("--db", notes, "--config", write_ini(tmp_path), "serve", *args), str(notes), "not an SQLite")
+    one_line_error(run("--db", notes, "--config", write_ini(tmp_path), "serve", *args),
+                   str(notes), "not an SQLite")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("by_env", [False, True])
 def test_a_db_in_a_missing_folder_is_refused_and_nothing_is_made(tmp_path, by_env):
     ini, db = write_ini(tmp_path), tmp_path / "dta" / "aokun.db"  # a typo of data/
-    args, env = (("--config", ini), child_env(AOKUN_DB=str(db))) if by_env else (("--db", db, "--config", ini), None)
+    if by_env:
+        args, env = ("--config", ini), child_env(AOKUN_DB=str(db))
+    else:
+        args, env = ("--db", db, "--config", ini), None
     for cmd in (("recall", "alice"), ("memorize", "hello"), ("list", "--json")):
         r = run(*args, *cmd, env=env)
         assert r.stdout == ""
@@ -256,7 +277,8 @@ def test_the_stdio_server_announces_a_new_file_on_stderr_not_its_stdout(tmp_path
     hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
              "params": {"protocolVersion": "2025-06-18", "capabilities": {},
                         "clientInfo": {"name": "t", "version": "0"}}}
-    r = subprocess.run([sys.executable, AOKUN, "--db", str(db), "--config", str(write_ini(tmp_path)), "serve"],
+    r = subprocess.run([sys.executable, AOKUN, "--db", str(db),
+                        "--config", str(write_ini(tmp_path)), "serve"],
                        cwd=REPO, input=json.dumps(hello) + "\n", capture_output=True, text=True,
                        encoding="utf-8", timeout=120, env=child_env())
     out = [json.loads(line) for line in r.stdout.splitlines()]  # every stdout line is JSON-RPC

@@ -68,12 +68,14 @@ def test_time_window_of_each_phrase(monkeypatch, words, query, start, end):
 def test_last_night_is_the_evening_before(monkeypatch, words):
     monkeypatch.setenv("AOKUN_NOW", NOW)
     for q in ("what did we talk about last night", "昨晚"):
-        assert aokun.time_window(q, aokun.now(), words, UTC)[:2] == ("2026-11-29T18:00:00Z", "2026-11-30T06:00:00Z")
+        assert aokun.time_window(q, aokun.now(), words, UTC)[:2] == ("2026-11-29T18:00:00Z",
+                                                                     "2026-11-30T06:00:00Z")
 
 
 def test_windows_are_local_days_of_the_timezone(monkeypatch, words):
     monkeypatch.setenv("AOKUN_NOW", NOW)
-    shanghai = aokun.local_tz("Asia/Shanghai")  # 16:00 there: its yesterday starts at 16:00Z two days back
+    # 16:00 there: its yesterday starts at 16:00Z two days back
+    shanghai = aokun.local_tz("Asia/Shanghai")
     assert aokun.time_window("yesterday", aokun.now(), words, shanghai) == (
         "2026-11-28T16:00:00Z", "2026-11-29T16:00:00Z", "yesterday")
 
@@ -87,15 +89,17 @@ def test_the_phrase_is_returned_and_the_longest_rule_wins(words):
     assert not aokun.time_window("3 days ago", ref, words, UTC).keep_words
 
 
-@pytest.mark.parametrize("query", ["when did we meet", "may I ask about painting", "what happened in May 2025",
-                                   "几月去的", "a day at the lake", "2025年五月", "last time we spoke"])
+@pytest.mark.parametrize("query", ["when did we meet", "may I ask about painting",
+                                   "what happened in May 2025", "几月去的", "a day at the lake",
+                                   "2025年五月", "last time we spoke"])
 def test_no_window_without_relative_time_words(words, query):
     assert aokun.time_window(query, aokun.parse_time(NOW), words, UTC) is None
 
 
 def test_as_of_is_the_reference(words):
-    assert aokun.time_window("yesterday", aokun.parse_time("2023-07-01T12:00:00Z"), words, UTC)[:2] == _days(
-        "2023-06-30", "2023-07-01")
+    as_of = aokun.parse_time("2023-07-01T12:00:00Z")
+    assert aokun.time_window("yesterday", as_of, words, UTC)[:2] == \
+        _days("2023-06-30", "2023-07-01")
 
 
 # end to end ------------------------------------------------------------------------------------
@@ -113,8 +117,10 @@ def dated(open_mem, tmp_path, monkeypatch):
     ids = {}
     for key, day, text in [
             ("fence", "2026-11-29", "We repaired the garden fence and planted tulips."),
-            ("anna", "2026-11-27", "Dinner with Anna at the noodle bar, she talked about her trip to Kyoto."),
-            ("ben", "2026-11-28", "Dinner with Ben at the pizza place, he talked about his new job."),
+            ("anna", "2026-11-27",
+             "Dinner with Anna at the noodle bar, she talked about her trip to Kyoto."),
+            ("ben", "2026-11-28",
+             "Dinner with Ben at the pizza place, he talked about his new job."),
             ("安娜", "2026-11-27", "和安娜一起吃晚饭，她聊了京都的旅行。"),
             ("本", "2026-11-28", "和本一起吃晚饭，他聊了新工作。"),
             ("novel", "2026-10-20", "Read a novel about the sea; the garden needs watering."),
@@ -126,7 +132,8 @@ def dated(open_mem, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("query, phrase", [("what happened yesterday?", "yesterday"),
-                                           ("anything from yesterday", "yesterday"), ("昨天发生了什么", "昨天")])
+                                           ("anything from yesterday", "yesterday"),
+                                           ("昨天发生了什么", "昨天")])
 def test_time_words_alone_answer_from_the_window(dated, query, phrase):
     m, ids = dated
     r = m.recall(query, explain=True)
@@ -134,7 +141,8 @@ def test_time_words_alone_answer_from_the_window(dated, query, phrase):
     top = r["results"][0]
     assert top["id"] == ids["fence"]
     assert "time_window" in top["channels"]
-    assert top["explain"]["time_window"] == {"start": "2026-11-29T00:00:00Z", "end": "2026-11-30T00:00:00Z",
+    assert top["explain"]["time_window"] == {"start": "2026-11-29T00:00:00Z",
+                                             "end": "2026-11-30T00:00:00Z",
                                              "phrase": phrase}
     assert top["explain"]["time_boost"] == m.cfg.recall.time_window_boost
 
@@ -142,7 +150,8 @@ def test_time_words_alone_answer_from_the_window(dated, query, phrase):
 @pytest.mark.slow
 def test_memories_of_the_window_pass_the_relevance_gate(dated):
     m, ids = dated
-    m.rules.relevance[m.embedder.model] = {"w_cos": 0.0, "w_cover": 0.0, "bias": -50.0,  # nothing passes
+    m.rules.relevance[m.embedder.model] = {"w_cos": 0.0, "w_cover": 0.0,
+                                           "bias": -50.0,  # nothing passes
                                            "cos_only_w_cos": 0.0, "cos_only_bias": -50.0}
     assert [h["id"] for h in m.recall("yesterday")["results"]] == [ids["fence"]]
     assert [h["id"] for h in m.recall("what happened yesterday")["results"]] == [ids["fence"]]
@@ -152,11 +161,14 @@ def test_memories_of_the_window_pass_the_relevance_gate(dated):
 
 def test_the_window_channel_keeps_to_persona_session_and_archive(dated):
     m, ids = dated
-    other = m.memorize("Yesterday in another persona.", {"timestamp": _at("2026-11-29"), "persona_id": "work"})["id"]
-    in_session = m.memorize("A chat in session s1.", {"timestamp": _at("2026-11-29"), "session_id": "s1"})["id"]
+    other = m.memorize("Yesterday in another persona.",
+                       {"timestamp": _at("2026-11-29"), "persona_id": "work"})["id"]
+    in_session = m.memorize("A chat in session s1.",
+                            {"timestamp": _at("2026-11-29"), "session_id": "s1"})["id"]
     m.set_flag(ids["fence"], "archived", True)
     assert {h["id"] for h in m.recall("yesterday")["results"]} == {in_session}
-    assert {h["id"] for h in m.recall("yesterday", include_archived=True)["results"]} == {in_session, ids["fence"]}
+    assert {h["id"] for h in m.recall("yesterday", include_archived=True)["results"]} == \
+        {in_session, ids["fence"]}
     assert {h["id"] for h in m.recall("yesterday", session_id="s1")["results"]} == {in_session}
     assert {h["id"] for h in m.recall("yesterday", persona_id="work")["results"]} == {other}
 
@@ -173,7 +185,8 @@ def test_n_days_ago_boosts_the_memory_from_then(dated, query, key):
     m, ids = dated
     r = m.recall(query, explain=True)
     assert r["results"][0]["id"] == ids[key]
-    rival = ids["ben" if key == "anna" else "本"]  # the same words, the day after: newer, but not when asked
+    # the same words, the day after: newer, but not when asked
+    rival = ids["ben" if key == "anna" else "本"]
     assert rival in {h["id"] for h in r["results"]}
     boosted = {h["id"] for h in r["results"] if h["explain"]["time_boost"] > 0}
     assert boosted <= {ids["anna"], ids["安娜"]} and ids[key] in boosted
@@ -209,9 +222,11 @@ def test_as_of_moves_the_reference(dated):
 def test_query_without_time_words_is_unchanged(dated):
     m, ids = dated
     r = m.recall("garden", k=5, explain=True)
-    assert all("time_window" not in h["channels"] and "time_window" not in h["explain"] for h in r["results"])
+    assert all("time_window" not in h["channels"] and "time_window" not in h["explain"]
+               for h in r["results"])
     # the same answer as with the boost switched off: without time words nothing changes
-    off = aokun.Config(None, overrides={("forgetting", "timezone"): "UTC", ("recall", "time_window_boost"): 0.0})
+    off = aokun.Config(None, overrides={("forgetting", "timezone"): "UTC",
+                                        ("recall", "time_window_boost"): 0.0})
     m.cfg = off
     m._recall_cache.clear()
     assert [h["id"] for h in m.recall("garden", k=5)["results"]] == [h["id"] for h in r["results"]]
@@ -233,12 +248,14 @@ def test_candidate_score_and_fuse_add_the_time_boost():
     row = {"id": 1, "importance": 0.5, "created_at": "2026-11-29T12:00:00Z", "useful_count": 0,
            "last_useful_at": None, "temporal_factor": 1.0, "source": "chat"}
     inside = aokun.candidate_score(row, {}, {}, None, w, ref, False, 1.0, None)
-    outside = aokun.candidate_score(dict(row, id=2, created_at="2026-11-30T00:00:00Z"), {}, {}, None, w, ref, False,
-                                    1.0, None)
-    assert inside["time_boost"] == 0.25 and outside["time_boost"] == 0.0  # the end is exclusive
-    assert inside["recency"] == 1.0 and outside["recency"] == 1.0  # days from the window, not from now
-    far = aokun.candidate_score(dict(row, id=3, created_at="2026-10-30T00:00:00Z"), {}, {}, None, w, ref, False,
-                                1.0, None)
+    outside = aokun.candidate_score(dict(row, id=2, created_at="2026-11-30T00:00:00Z"), {}, {},
+                                    None, w, ref, False, 1.0, None)
+    # the end is exclusive
+    assert inside["time_boost"] == 0.25 and outside["time_boost"] == 0.0
+    # days from the window, not from now
+    assert inside["recency"] == 1.0 and outside["recency"] == 1.0
+    far = aokun.candidate_score(dict(row, id=3, created_at="2026-10-30T00:00:00Z"), {}, {}, None,
+                                w, ref, False, 1.0, None)
     assert far["recency"] == pytest.approx(math.exp(-30 / w.recency_days))
     parts = {1: inside, 2: outside}
     aokun.scale_routes(parts, w)
@@ -248,14 +265,16 @@ def test_candidate_score_and_fuse_add_the_time_boost():
 
 
 @pytest.mark.slow
-def test_with_the_real_model_time_words_answer_despite_the_relevance_gate(open_mem, tmp_path, monkeypatch):
+def test_with_the_real_model_time_words_answer_despite_the_relevance_gate(open_mem, tmp_path,
+                                                                          monkeypatch):
     """With a calibrated embedding model a question like 'what happened yesterday' is relevant to
     nothing by its words; yesterday's memories still answer it, and only they."""
     monkeypatch.setenv("AOKUN_NOW", NOW)
     m = open_mem(tmp_path / "real.db", embedder=aokun.LocalEmbedder(),
                  cfg=aokun.Config(None, overrides={("forgetting", "timezone"): "UTC"}))
     assert m.embedder.model in m.rules.relevance  # the gate is on
-    fence = m.memorize("We repaired the garden fence and planted tulips.", {"timestamp": _at("2026-11-29")})["id"]
+    fence = m.memorize("We repaired the garden fence and planted tulips.",
+                       {"timestamp": _at("2026-11-29")})["id"]
     m.memorize("Budget meeting with the finance team.", {"timestamp": _at("2026-11-20")})
     for q in ("what happened yesterday", "昨天发生了什么"):
         assert [h["id"] for h in m.recall(q)["results"]] == [fence], q

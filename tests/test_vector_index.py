@@ -36,7 +36,8 @@ def _bits(v: np.ndarray) -> bytes:
 
 def _params(mem, query: str, k: int, candidates: int) -> dict:
     vec = np.asarray(mem.embedder.embed_query(query), np.float32)
-    return {"embedding": vec.tobytes(), "query_i8": aokun.vector_blob(vec), "k": k, "candidates": candidates,
+    return {"embedding": vec.tobytes(), "query_i8": aokun.vector_blob(vec), "k": k,
+            "candidates": candidates,
             "persona_id": "", "max_archived": 0, "as_of": "", "max_hamming": None}
 
 
@@ -53,11 +54,14 @@ def test_index_is_centred_once_enough_vectors_exist(db_path, open_mem):
     floats = _floats(mem)
     np.testing.assert_allclose(center, np.mean(list(floats.values()), axis=0), atol=1e-6)
     for doc_id, v in floats.items():  # every row re-quantised around the centre, old and new
-        assert mem.value("select embedding from doc_vec where doc_id = ?", (doc_id,)) == _bits(v - center)
+        assert mem.value("select embedding from doc_vec where doc_id = ?", (doc_id,)) == \
+            _bits(v - center)
     for entry_id, v in _floats(mem, "graph_vectors", "entry_id").items():
-        assert mem.value("select embedding from graph_vec where entry_id = ?", (entry_id,)) == _bits(v - center)
+        assert mem.value("select embedding from graph_vec where entry_id = ?", (entry_id,)) == \
+            _bits(v - center)
     later = mem.memorize(TEXTS[10])["id"]  # later vectors use the same centre
-    assert mem.value("select embedding from doc_vec where doc_id = ?", (later,)) == _bits(_floats(mem)[later] - center)
+    assert mem.value("select embedding from doc_vec where doc_id = ?", (later,)) == \
+        _bits(_floats(mem)[later] - center)
     assert mem.doctor() == []
 
 
@@ -69,13 +73,16 @@ def test_vector_channel_is_exact_knn_when_candidates_cover_the_file(db_path, ope
         mem.memorize(t)
     floats = _floats(mem)
     for query in ("Who painted the fence in Kyoto?", "bike sales", "Carmen tea"):
-        q = aokun.blob_vector(aokun.vector_blob(mem.embedder.embed_query(query)))  # the query as int8 too
+        # the query as int8 too
+        q = aokun.blob_vector(aokun.vector_blob(mem.embedder.embed_query(query)))
         rows = mem.rows(mem.queries["recall_vector"], _params(mem, query, 10, len(TEXTS)))
-        # the 10 smallest cosine distances, each the distance of the memory it names (ties in any order)
-        np.testing.assert_allclose([r["raw"] for r in rows], sorted(1 - float(v @ q) for v in floats.values())[:10],
-                                   atol=1e-4)
+        # the 10 smallest cosine distances, each the distance of the memory it names (ties in any
+        # order)
+        nearest = sorted(1 - float(v @ q) for v in floats.values())[:10]
+        np.testing.assert_allclose([r["raw"] for r in rows], nearest, atol=1e-4)
         assert all(abs(1 - float(floats[r["id"]] @ q) - r["raw"]) < 1e-4 for r in rows)
-        # with fewer candidates the answer is still exact distances, best first, from the nearest bits
+        # with fewer candidates the answer is still exact distances, best first, from the nearest
+        # bits
         few = mem.rows(mem.queries["recall_vector"], _params(mem, query, 5, 12))
         assert len(few) == 5 and [r["raw"] for r in few] == sorted(r["raw"] for r in few)
         assert [r["rank"] for r in few] == list(range(5))
@@ -94,14 +101,15 @@ def _make_schema5_file(path, dim=16):
     c.execute("drop table doc_vec")
     c.execute("drop table graph_vec")
     for table, key in (("doc_vec", "doc_id"), ("graph_vec", "entry_id")):
-        c.execute(f"create virtual table {table} using vec0({key} integer primary key, embedding float[{dim}] "
-                  "distance_metric=cosine, persona_id text, session_id text, archived integer)")
+        c.execute(f"create virtual table {table} using vec0({key} integer primary key, "
+                  f"embedding float[{dim}] distance_metric=cosine, persona_id text, "
+                  "session_id text, archived integer)")
     for i, v in docs.items():
-        c.execute("insert into doc_vec select id, ?, persona_id, session_id, archived from documents where id = ?",
-                  (v.tobytes(), i))
+        c.execute("insert into doc_vec select id, ?, persona_id, session_id, archived"
+                  " from documents where id = ?", (v.tobytes(), i))
     for i, v in entries.items():
-        c.execute("insert into graph_vec select id, ?, persona_id, session_id, archived from graph_entries "
-                  "where id = ?", (v.tobytes(), i))
+        c.execute("insert into graph_vec select id, ?, persona_id, session_id, archived"
+                  " from graph_entries where id = ?", (v.tobytes(), i))
     c.execute("drop table doc_vectors")
     c.execute("drop table graph_vectors")
     c.execute("delete from meta where key in ('vector_center', 'data_version')")  # no ladder yet
@@ -110,7 +118,8 @@ def _make_schema5_file(path, dim=16):
     c.execute("alter table graph_entries drop column embedding_error")
     c.execute("alter table documents drop column useful_count")  # schema 7
     c.execute("alter table documents drop column last_useful_at")
-    for table in ("conv_turn_vectors", "conv_turns_fts", "conv_turns", "conv_sessions", "conv_files"):  # schema 10
+    for table in ("conv_turn_vectors", "conv_turns_fts", "conv_turns", "conv_sessions",
+                  "conv_files"):  # schema 10
         c.execute(f"drop table {table}")
     c.execute("pragma user_version = 5")
     c.execute("commit")
@@ -140,7 +149,8 @@ def test_schema5_file_is_upgraded_without_losing_a_vector(tmp_path):
         assert new["embedding"] == "done" and count(mem, "doc_vectors") == len(docs) + 1
     finally:
         mem.close()
-    reopened = aokun.Memory(path, aokun.Config(None), embedder=FakeEmbedder(16))  # upgrading twice is a no-op
+    # upgrading twice is a no-op
+    reopened = aokun.Memory(path, aokun.Config(None), embedder=FakeEmbedder(16))
     try:
         assert count(reopened, "doc_vectors") == len(docs) + 1 and reopened.doctor() == []
     finally:
@@ -183,7 +193,8 @@ def test_schema5_upgrade_raced_by_another_process_opens_cleanly(tmp_path):
             np.testing.assert_array_equal(v, docs[i])
         assert _floats(mem).keys() == docs.keys() and count(mem, "graph_vec") == len(entries)
         assert mem.doctor() == []
-        assert [h["id"] for h in mem.recall(TEXTS[3], k=1, channels="vector")["results"]] == [ids[3]]
+        assert [h["id"] for h in mem.recall(TEXTS[3], k=1, channels="vector")["results"]] == \
+            [ids[3]]
     finally:
         mem.close()
 
@@ -196,18 +207,21 @@ def test_vectors_are_stored_as_int8(db_path, open_mem):
     blobs = [r["embedding"] for r in mem.rows("select embedding from doc_vectors union all "
                                               "select embedding from graph_vectors")]
     assert len(blobs) >= 3 and all(len(b) == 16 for b in blobs)
-    assert all(max(abs(x) for x in np.frombuffer(b, np.int8)) == 127 for b in blobs)  # scaled to the range
+    # scaled to the range
+    assert all(max(abs(x) for x in np.frombuffer(b, np.int8)) == 127 for b in blobs)
 
 
 @pytest.mark.slow
 def test_float32_file_is_compacted_at_open_and_vacuum_gives_the_space_back(db_path, open_mem):
-    """A file of schema < 11 (float32 vectors, every finished journal payload kept) is converted when
-    it is opened: int8 vectors, the same recall answers, done payloads dropped; vacuum shrinks it."""
+    """A file of schema < 11 (float32 vectors, every finished journal payload kept) is converted
+    when it is opened: int8 vectors, the same recall answers, done payloads dropped; vacuum shrinks
+    it."""
     dim = 256  # big vectors, so the float32 pages dominate the file
     mem = open_mem(db_path, FakeEmbedder(dim))
     mem.CENTER_AFTER = 10
     mem.memorize_many([(t, None) for t in TEXTS])
-    top = [r["id"] for r in mem.recall("Carmen painted the fence", k=5, channels=["vector"])["results"]]
+    top = [r["id"] for r in mem.recall("Carmen painted the fence", k=5,
+                                       channels=["vector"])["results"]]
     mem.close()
     c = apsw.Connection(str(db_path))
     c.enable_load_extension(True)
@@ -217,8 +231,9 @@ def test_float32_file_is_compacted_at_open_and_vacuum_gives_the_space_back(db_pa
             for row_id, blob in c.execute(f"select {key}, embedding from {table}").fetchall():
                 c.execute(f"update {table} set embedding = ? where {key} = ?",
                           (aokun.blob_vector(blob).tobytes(), row_id))
-        c.execute("update memory_write_ops set payload = json_object('content', (select content from documents "
-                  "where id = document_id), 'pad', hex(randomblob(500)))")
+        c.execute("update memory_write_ops set payload = json_object('content', "
+                  "(select content from documents where id = document_id), "
+                  "'pad', hex(randomblob(500)))")
         c.execute("delete from meta where key in ('vector_format', 'data_version')")
         drop_schema_15_and_16(c)
         c.execute("pragma user_version = 10")
@@ -231,7 +246,8 @@ def test_float32_file_is_compacted_at_open_and_vacuum_gives_the_space_back(db_pa
     assert mem.value("select count(*) from doc_vectors where length(embedding) != ?", (dim,)) == 0
     assert mem.value("select count(*) from graph_vectors where length(embedding) != ?", (dim,)) == 0
     assert mem.value("select count(*) from memory_write_ops where payload != '{}'") == 0
-    assert [r["id"] for r in mem.recall("Carmen painted the fence", k=5, channels=["vector"])["results"]] == top
+    assert [r["id"] for r in mem.recall("Carmen painted the fence", k=5,
+                                        channels=["vector"])["results"]] == top
     sizes = mem.vacuum()
     assert sizes["after_bytes"] < sizes["before_bytes"] - 0.5 * before
     assert mem.value(vector_bytes) <= 0.4 * before and mem.value("pragma freelist_count") == 0

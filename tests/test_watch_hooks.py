@@ -23,8 +23,10 @@ COPILOT_SID = "3f6c9d2a-1b4e-4f7a-8c5d-6e7f8a9b0c1d"
 DEADLINE = 5.0  #: seconds within which an appended turn must be searchable (the issue's bar)
 
 
-def claude_line(uuid: str, text: str, sid: str = CLAUDE_SID, ts: str = "2026-03-02T11:00:00.000Z") -> str:
-    return json.dumps({"parentUuid": None, "isSidechain": False, "sessionId": sid, "cwd": "/home/dev/aokun",
+def claude_line(uuid: str, text: str, sid: str = CLAUDE_SID,
+                ts: str = "2026-03-02T11:00:00.000Z") -> str:
+    return json.dumps({"parentUuid": None, "isSidechain": False, "sessionId": sid,
+                       "cwd": "/home/dev/aokun",
                        "type": "user", "message": {"role": "user", "content": text}, "uuid": uuid,
                        "timestamp": ts}, ensure_ascii=False) + "\n"
 
@@ -47,7 +49,8 @@ def wait_for(check, timeout: float, proc=None, what="the condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the child exited with {proc.returncode} while waiting for {what}")
+            raise AssertionError(f"the child exited with {proc.returncode} while waiting for "
+                                 f"{what}")
         got = check()
         if got:
             return got
@@ -68,7 +71,8 @@ def follow_a_transcript(db, ini, home, proc):
     """Shared by the watch and serve tests: wait for the history, append a turn and a half-written
     line, complete it, then rotate the file and add a session, each picked up within DEADLINE."""
     with aokun.Memory(db, aokun.Config(ini)) as mem:
-        wait_for(lambda: mem.value("select count(*) from conv_turns") >= 15, 60, proc, "the first ingestion")
+        wait_for(lambda: mem.value("select count(*) from conv_turns") >= 15, 60, proc,
+                 "the first ingestion")
         path = transcript(home)
         append(path, claude_line("u-new-1", "记得 quokka 在罗特尼斯岛"))
         wait_for(lambda: found(mem, "quokka"), DEADLINE, proc, "the appended turn")
@@ -79,19 +83,23 @@ def follow_a_transcript(db, ini, home, proc):
         append(path, half[25:])
         wait_for(lambda: found(mem, "wombat"), DEADLINE, proc, "the completed line")
         path.unlink()  # rotated: the client starts the file anew
-        path.write_text(claude_line("u-new-3", "the platypus came after the rotation"), encoding="utf-8")
+        path.write_text(claude_line("u-new-3", "the platypus came after the rotation"),
+                        encoding="utf-8")
         wait_for(lambda: found(mem, "platypus"), DEADLINE, proc, "the rotated file's turn")
         other = path.parent / "9e9e9e9e-0000-4000-8000-000000000001.jsonl"
         today = aokun.now_iso()  # a session of today: the briefing's "Recent sessions" lists it
-        other.write_text(claude_line("u-other", "a new session about the echidna", other.stem, today),
-                         encoding="utf-8")
+        other.write_text(claude_line("u-other", "a new session about the echidna", other.stem,
+                                     today), encoding="utf-8")
         wait_for(lambda: found(mem, "echidna"), 3 * DEADLINE, proc, "the new session's turn")
-        assert mem.value("select count(*) from conv_turns where text like '%quokka%'") == 1  # no duplicates
+        # no duplicates
+        assert mem.value("select count(*) from conv_turns where text like '%quokka%'") == 1
         assert mem.doctor() == []
         sessions = {s["session_id"] for s in mem.list_sessions(limit=20)}
         assert {CLAUDE_SID, CODEX_SID, COPILOT_SID, other.stem} <= sessions
-        # the watcher rebuilt the stored briefing itself (stale = 0), with the new session in its digests
-        wait_for(lambda: mem.rows("select 1 from briefings where persona_id = '' and stale = 0 and text like ?",
+        # the watcher rebuilt the stored briefing itself (stale = 0), with the new session in its
+        # digests
+        wait_for(lambda: mem.rows("select 1 from briefings"
+                                  " where persona_id = '' and stale = 0 and text like ?",
                                   (f"%{other.stem}%",)), DEADLINE, proc, "the rebuilt briefing")
 
 
@@ -99,9 +107,9 @@ def follow_a_transcript(db, ini, home, proc):
 def test_watch_follows_appended_turns_half_lines_and_rotation(tmp_path):
     home, db, ini = home_with_clients(tmp_path), tmp_path / "w.db", write_ini(tmp_path, "none")
     err = (tmp_path / "watch-stderr.txt").open("w+", encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, AOKUN, "--db", str(db), "--config", str(ini), "watch"], cwd=REPO,
-                            env=child_env(HOME=home), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, AOKUN, "--db", str(db), "--config", str(ini), "watch"],
+                            cwd=REPO, env=child_env(HOME=home), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         follow_a_transcript(db, ini, home, proc)
         assert proc.poll() is None  # survived the deletion and the half-written line
@@ -116,9 +124,11 @@ def test_watch_follows_appended_turns_half_lines_and_rotation(tmp_path):
 @pytest.mark.slow
 def test_serve_stdio_watches_the_clients_in_the_background(tmp_path):
     home, db = home_with_clients(tmp_path), tmp_path / "s.db"
-    ini = write_ini(tmp_path, "none", conversations={"watch": "true"})  # write_ini turns it off by default
+    # write_ini turns it off by default
+    ini = write_ini(tmp_path, "none", conversations={"watch": "true"})
     err = (tmp_path / "serve-stderr.txt").open("w+", encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, *serve_args(db, ini)], cwd=REPO, env=child_env(HOME=home),
+    proc = subprocess.Popen([sys.executable, *serve_args(db, ini)], cwd=REPO,
+                            env=child_env(HOME=home),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
     try:
         follow_a_transcript(db, ini, home, proc)
@@ -138,8 +148,10 @@ OTHER_SETTINGS = {
     "env": {"CLAUDE_CODE_ENABLE_TELEMETRY": "0", "FOO": "bar"},
     "model": "opus",
     "hooks": {
-        "SessionStart": [{"matcher": "startup", "hooks": [{"type": "command", "command": "echo hi"}]}],
-        "PostToolUse": [{"matcher": "Write|Edit", "hooks": [{"type": "command", "command": "prettier --write"}]}],
+        "SessionStart": [{"matcher": "startup",
+                          "hooks": [{"type": "command", "command": "echo hi"}]}],
+        "PostToolUse": [{"matcher": "Write|Edit",
+                         "hooks": [{"type": "command", "command": "prettier --write"}]}],
         "Stop": [{"hooks": [{"type": "command", "command": "notify-send done", "timeout": 5}]}],
     },
 }
@@ -162,7 +174,8 @@ def test_hooks_claude_code_install_keeps_other_settings_and_is_idempotent(tmp_pa
     printed = cli(db, ini, "hooks", "claude-code", env=env)
     assert printed.returncode == 0, printed.stderr
     entry = json.loads(printed.stdout)["hooks"]
-    assert set(entry) == {"SessionStart", "Stop", "SessionEnd"} and settings.read_text(encoding="utf-8") == original
+    assert set(entry) == {"SessionStart", "Stop", "SessionEnd"}
+    assert settings.read_text(encoding="utf-8") == original
 
     r = cli(db, ini, "hooks", "claude-code", "--install", env=env)
     assert r.returncode == 0, r.stderr
@@ -172,7 +185,8 @@ def test_hooks_claude_code_install_keeps_other_settings_and_is_idempotent(tmp_pa
     for event, groups in OTHER_SETTINGS["hooks"].items():
         assert got["hooks"][event][: len(groups)] == groups  # the user's hooks first, untouched
     start = aokun_commands(got, "SessionStart")
-    assert len(start) == 1 and start[0].endswith("hook claude-code session-start") and f"--db {db}" in start[0]
+    assert len(start) == 1 and start[0].endswith("hook claude-code session-start")
+    assert f"--db {db}" in start[0]
     assert len(aokun_commands(got, "Stop")) == 1 and len(aokun_commands(got, "SessionEnd")) == 1
     backups = list(settings.parent.glob("settings.json.aokun-backup-*"))
     assert len(backups) == 1 and backups[0].read_text(encoding="utf-8") == original
@@ -180,13 +194,14 @@ def test_hooks_claude_code_install_keeps_other_settings_and_is_idempotent(tmp_pa
     before = settings.read_bytes()
     again = cli(db, ini, "hooks", "claude-code", "--install", env=env)
     assert again.returncode == 0 and "nothing changed" in again.stdout
-    assert settings.read_bytes() == before and len(list(settings.parent.glob("settings.json.aokun-backup-*"))) == 1
+    assert settings.read_bytes() == before
+    assert len(list(settings.parent.glob("settings.json.aokun-backup-*"))) == 1
 
 
 @pytest.mark.slow
 def test_hooks_install_replaces_an_older_aokun_py_hook_in_place(tmp_path):
-    """Hooks installed by an older Aokun ran `python …/aokun.py … hook …`: installing again turns each
-    into the HOOK_LAUNCHER command in the same place, adding none beside it."""
+    """Hooks installed by an older Aokun ran `python …/aokun.py … hook …`: installing again turns
+    each into the HOOK_LAUNCHER command in the same place, adding none beside it."""
     settings = tmp_path / "settings.json"
     old = f"{sys.executable} /old/place/aokun.py --db /old/x.db hook claude-code stop"
     settings.write_text(json.dumps({"hooks": {"Stop": [
@@ -195,22 +210,25 @@ def test_hooks_install_replaces_an_older_aokun_py_hook_in_place(tmp_path):
     db, ini = tmp_path / "h.db", write_ini(tmp_path, "none")
     r = cli(db, ini, "hooks", "claude-code", "--install", "--file", str(settings))
     assert r.returncode == 0, r.stderr
-    stop_hooks = [h["command"] for g in json.loads(settings.read_text(encoding="utf-8"))["hooks"]["Stop"]
+    stop_hooks = [h["command"]
+                  for g in json.loads(settings.read_text(encoding="utf-8"))["hooks"]["Stop"]
                   for h in g["hooks"]]
-    assert stop_hooks == ["notify-send done", aokun.hook_command("claude-code", "stop", str(db), str(ini))]
+    assert stop_hooks == ["notify-send done",
+                          aokun.hook_command("claude-code", "stop", str(db), str(ini))]
 
 
 @pytest.mark.slow
 def test_hooks_install_refuses_a_broken_settings_file(tmp_path):
     settings = tmp_path / "settings.json"
     settings.write_text("{ not json", encoding="utf-8")
-    r = cli(tmp_path / "x.db", write_ini(tmp_path, "none"), "hooks", "claude-code", "--install", "--file",
-            str(settings))
+    r = cli(tmp_path / "x.db", write_ini(tmp_path, "none"), "hooks", "claude-code", "--install",
+            "--file", str(settings))
     assert r.returncode == 1 and "Traceback" not in r.stderr and "nothing was changed" in r.stderr
     assert settings.read_text(encoding="utf-8") == "{ not json"
 
 
-CODEX_CONFIG = 'model = "gpt-5-codex"\napproval_policy = "on-request"\n\n[mcp_servers.aokun]\ncommand = "python"\n' \
+CODEX_CONFIG = 'model = "gpt-5-codex"\napproval_policy = "on-request"\n\n' \
+               '[mcp_servers.aokun]\ncommand = "python"\n' \
                'args = ["aokun.py", "serve"]\n\n[tui]\nnotifications = true\n'
 
 
@@ -226,19 +244,22 @@ def test_hooks_codex_install_sets_notify_once_and_keeps_the_rest(tmp_path):
     got = tomllib.loads(config.read_text(encoding="utf-8"))
     assert got["notify"][-3:] == ["hook", "codex", "notify"] and got["notify"][1] == "-c"
     assert got["notify"][2:4] == [aokun.HOOK_LAUNCHER, str(REPO)]
-    assert got["model"] == "gpt-5-codex" and got["mcp_servers"]["aokun"]["args"] == ["aokun.py", "serve"]
+    assert got["model"] == "gpt-5-codex"
+    assert got["mcp_servers"]["aokun"]["args"] == ["aokun.py", "serve"]
     assert got["tui"] == {"notifications": True}
     assert config.read_text(encoding="utf-8").endswith(CODEX_CONFIG)
     before = config.read_bytes()
     again = cli(db, ini, "hooks", "codex", "--install", env=env)
-    assert again.returncode == 0 and "nothing changed" in again.stdout and config.read_bytes() == before
+    assert again.returncode == 0 and "nothing changed" in again.stdout
+    assert config.read_bytes() == before
 
 
 def test_hooks_codex_install_leaves_another_notify_alone(tmp_path):
     config = tmp_path / "config.toml"
     config.write_text('notify = ["notify-send", "codex"]\n' + CODEX_CONFIG, encoding="utf-8")
     before = config.read_bytes()
-    r = cli(tmp_path / "c.db", write_ini(tmp_path, "none"), "hooks", "codex", "--install", "--file", str(config))
+    r = cli(tmp_path / "c.db", write_ini(tmp_path, "none"), "hooks", "codex", "--install",
+            "--file", str(config))
     assert r.returncode == 1 and "already has notify" in r.stderr and "watch" in r.stderr
     assert config.read_bytes() == before
 
@@ -258,32 +279,38 @@ def test_hooks_copilot_install_writes_its_own_hook_file(tmp_path):
 
 # hooks: the events ------------------------------------------------------------------------------
 
-def run_hook(db, ini, home, client, event, *extra, stdin: str = "") -> tuple[subprocess.CompletedProcess, float]:
+def run_hook(db, ini, home, client, event, *extra,
+             stdin: str = "") -> tuple[subprocess.CompletedProcess, float]:
     """Run a hook as its client does: the very command `hooks --install` writes (a POSIX shell line;
     Codex's notify argv, the event's JSON appended), from another folder than Aokun's."""
     if client == "codex":
         argv = aokun.codex_notify_value(str(db), str(ini)) + list(extra)
     else:
-        argv = ["sh", "-c", aokun.hook_command(client, event, str(db), str(ini)) + "".join(f" {a}" for a in extra)]
+        command = aokun.hook_command(client, event, str(db), str(ini))
+        argv = ["sh", "-c", command + "".join(f" {a}" for a in extra)]
     started = time.perf_counter()
-    r = subprocess.run(argv, cwd=home if Path(home).is_dir() else REPO.parent, input=stdin, capture_output=True,
-                       text=True, encoding="utf-8", timeout=60, env=child_env(HOME=home))
+    r = subprocess.run(argv, cwd=home if Path(home).is_dir() else REPO.parent, input=stdin,
+                       capture_output=True, text=True, encoding="utf-8", timeout=60,
+                       env=child_env(HOME=home))
     return r, time.perf_counter() - started
 
 
 @pytest.mark.slow
 def test_claude_stop_hook_ingests_the_transcript_it_names(tmp_path):
-    home, db, ini = home_with_clients(tmp_path), tmp_path / "k.db", write_ini(tmp_path, None)  # the local model
+    # the local model
+    home, db, ini = home_with_clients(tmp_path), tmp_path / "k.db", write_ini(tmp_path, None)
     path = transcript(home)
     stop_event = {"session_id": CLAUDE_SID, "transcript_path": str(path), "cwd": "/home/dev/aokun",
-                  "permission_mode": "default", "hook_event_name": "Stop", "stop_hook_active": False}
+                  "permission_mode": "default", "hook_event_name": "Stop",
+                  "stop_hook_active": False}
     r, _ = run_hook(db, ini, home, "claude-code", "stop", stdin=json.dumps(stop_event))
     assert r.returncode == 0 and r.stdout == "", r.stderr
     with aokun.Memory(db, aokun.Config(ini)) as mem:
         assert mem.list_sessions()[0]["session_id"] == CLAUDE_SID
         assert mem.value("select count(*) from conv_turns") == 6
         assert mem.value("select count(*) from conv_turns where embedding_state = 'done'") == 6
-        assert mem.value("select count(*) from conv_sessions where source != 'claude-code'") == 0  # only that one
+        # only that one
+        assert mem.value("select count(*) from conv_sessions where source != 'claude-code'") == 0
     append(path, claude_line("u-hook", "the Stop hook brought the kookaburra in"))
     end_event = dict(stop_event, hook_event_name="SessionEnd", reason="prompt_input_exit")
     r, _ = run_hook(db, ini, home, "claude-code", "stop", stdin=json.dumps(end_event))
@@ -295,9 +322,11 @@ def test_claude_stop_hook_ingests_the_transcript_it_names(tmp_path):
 @pytest.mark.slow
 def test_claude_session_start_hook_prints_the_briefing_as_additional_context(tmp_path):
     home, db, ini = tmp_path / "home", tmp_path / "b.db", write_ini(tmp_path, None)
-    w = cli(db, ini, "memorize", "Alice prefers tabs over spaces in every project", "--importance", "0.9")
+    w = cli(db, ini, "memorize", "Alice prefers tabs over spaces in every project",
+            "--importance", "0.9")
     assert w.returncode == 0, w.stderr
-    start = {"session_id": "abc", "transcript_path": str(tmp_path / "abc.jsonl"), "cwd": str(tmp_path),
+    start = {"session_id": "abc", "transcript_path": str(tmp_path / "abc.jsonl"),
+             "cwd": str(tmp_path),
              "hook_event_name": "SessionStart", "source": "startup"}
     r, seconds = run_hook(db, ini, home, "claude-code", "session-start", stdin=json.dumps(start))
     assert r.returncode == 0, r.stderr
@@ -311,12 +340,14 @@ def test_claude_session_start_hook_prints_the_briefing_as_additional_context(tmp
 @pytest.mark.slow
 @pytest.mark.parametrize("stdin", ["{ not json", "[1, 2]"])
 def test_a_hook_never_fails_the_client(tmp_path, stdin):
-    r, _ = run_hook(tmp_path / "e.db", write_ini(tmp_path, "none"), tmp_path, "claude-code", "stop", stdin=stdin)
+    r, _ = run_hook(tmp_path / "e.db", write_ini(tmp_path, "none"), tmp_path, "claude-code", "stop",
+                    stdin=stdin)
     assert r.returncode == 0 and r.stdout == "" and "aokun hook claude-code stop" in r.stderr
     assert "Traceback" not in r.stderr
     bad_config = tmp_path / "bad.ini"
     bad_config.write_text("[nope]\nx = 1\n", encoding="utf-8")
-    r, _ = run_hook(tmp_path / "e.db", bad_config, tmp_path, "claude-code", "session-start", stdin="{}")
+    r, _ = run_hook(tmp_path / "e.db", bad_config, tmp_path, "claude-code", "session-start",
+                    stdin="{}")
     assert r.returncode == 0 and r.stdout == "" and "unknown section" in r.stderr
 
 
@@ -335,7 +366,8 @@ def test_codex_notify_hook_ingests_the_threads_rollout(tmp_path):
 @pytest.mark.slow
 def test_copilot_session_end_hook_ingests_that_session(tmp_path):
     home, db, ini = home_with_clients(tmp_path), tmp_path / "p.db", write_ini(tmp_path, "none")
-    payload = {"sessionId": COPILOT_SID, "timestamp": 1772632800000, "cwd": "/home/dev/aokun", "reason": "complete"}
+    payload = {"sessionId": COPILOT_SID, "timestamp": 1772632800000, "cwd": "/home/dev/aokun",
+               "reason": "complete"}
     r, _ = run_hook(db, ini, home, "copilot", "session-end", stdin=json.dumps(payload))
     assert r.returncode == 0 and r.stdout == "", r.stderr
     with aokun.Memory(db, aokun.Config(ini)) as mem:

@@ -19,7 +19,8 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
                              "session_id": "s1", "timestamp": "2026-03-01T10:00:00+08:00"})
     doc_id = r["id"]
     assert isinstance(doc_id, int)
-    assert (r["status"], r["deduplicated"], r["embedding"], r["warnings"]) == ("done", False, "done", [])
+    assert (r["status"], r["deduplicated"], r["embedding"], r["warnings"]) == \
+        ("done", False, "done", [])
     assert r["atoms"] == 2
 
     # layer 1: the document, its FTS row and its vector
@@ -33,15 +34,19 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
     assert "americano" in seg.split() and "tokyo" in seg.split() and "coffee" in seg.split()
     assert fts_ids(mem, "documents_fts", "americano") == [doc_id]
     # the vector text is the memory followed by its labels (topics, tags, sentiment)
-    np.testing.assert_allclose(doc_vector(mem, doc_id), fake_embedder.vector(ALICE + "\ncoffee"), atol=0.01)
-    assert mem.rows("select persona_id, session_id, archived from doc_vec where doc_id = ?", (doc_id,)) == \
+    np.testing.assert_allclose(doc_vector(mem, doc_id), fake_embedder.vector(ALICE + "\ncoffee"),
+                               atol=0.01)
+    assert mem.rows("select persona_id, session_id, archived from doc_vec where doc_id = ?",
+                    (doc_id,)) == \
         [{"persona_id": "", "session_id": "s1", "archived": 0}]
 
     # layer 2: one atom per sentence, each with its source and FTS row
     atoms = mem.rows("select * from memory_atoms order by id")
-    assert [a["content"] for a in atoms] == ["Alice loves iced americano.", "She will visit Tokyo next week."]
+    assert [a["content"] for a in atoms] == ["Alice loves iced americano.",
+                                             "She will visit Tokyo next week."]
     assert [a["atom_type"] for a in atoms] == ["preference", "planned"]
-    assert all(a["document_id"] == doc_id and a["state"] == "active" and a["subject"] == "alice" for a in atoms)
+    assert all(a["document_id"] == doc_id and a["state"] == "active" and a["subject"] == "alice"
+               for a in atoms)
     assert mem.rows("select atom_id, document_id from atom_sources order by atom_id") == \
         [{"atom_id": a["id"], "document_id": doc_id} for a in atoms]
     assert [r["rowid"] for r in mem.rows("select rowid from memory_atoms_fts order by rowid")] == \
@@ -50,10 +55,11 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
 
     # layer 3: nodes, edges, entries (+FTS; vectors for fact entries: the fact sentence embedded)
     nodes = {(n["node_type"], n["canonical"]) for n in mem.rows("select * from graph_nodes")}
-    assert nodes == {("person", "alice"), ("topic", "coffee"), ("fact", "alice loves iced americano."),
+    assert nodes == {("person", "alice"), ("topic", "coffee"),
+                     ("fact", "alice loves iced americano."),
                      ("fact", "she will visit tokyo next week.")}
-    edges = mem.rows("select relation, count(*) n from graph_edges where document_id = ? group by relation "
-                     "order by relation", (doc_id,))
+    edges = mem.rows("select relation, count(*) n from graph_edges where document_id = ?"
+                     " group by relation order by relation", (doc_id,))
     # 2 subjects x 2 facts describe, 1 fact chain, 1 subject pair
     assert edges == [{"relation": "co_occurs_with", "n": 1}, {"relation": "describes", "n": 4},
                      {"relation": "mentioned_in", "n": 1}]
@@ -69,15 +75,19 @@ def test_memorize_fills_every_layer(mem, fake_embedder):
     assert [e["text"] for e in node_entries if e not in fact_entries] == \
         ["Person: Alice. Summary: " + ALICE, "Topic: coffee. Summary: " + ALICE]
     # a fact entry names the memory's subjects (what its describes edges say)
-    assert [e["text"] for e in fact_entries] == ["Fact: Alice loves iced americano.\nAbout: Alice, coffee",
-                                                 "Fact: She will visit Tokyo next week.\nAbout: Alice, coffee"]
+    assert [e["text"] for e in fact_entries] == [
+        "Fact: Alice loves iced americano.\nAbout: Alice, coffee",
+        "Fact: She will visit Tokyo next week.\nAbout: Alice, coffee"]
     assert [e["text"] for e in entries if e["edge_id"] is not None] == \
         ["Alice loves iced americano. mentioned in She will visit Tokyo next week."]
     assert [r["rowid"] for r in mem.rows("select rowid from graph_entries_fts order by rowid")] == \
         [e["id"] for e in entries]
-    assert [r["entry_id"] for r in mem.rows("select entry_id from graph_vec order by entry_id")] == \
+    assert [r["entry_id"]
+            for r in mem.rows("select entry_id from graph_vec order by entry_id")] == \
         [e["id"] for e in fact_entries]
-    for e, fact in zip(fact_entries, ["Alice loves iced americano.", "She will visit Tokyo next week."], strict=True):
+    for e, fact in zip(fact_entries,
+                       ["Alice loves iced americano.", "She will visit Tokyo next week."],
+                       strict=True):
         blob = mem.value("select embedding from graph_vectors where entry_id = ?", (e["id"],))
         np.testing.assert_allclose(aokun.blob_vector(blob), fake_embedder.vector(fact), atol=0.01)
 
@@ -109,7 +119,8 @@ def test_dedup_is_per_persona(mem):
     assert mem.memorize("the wifi password is hunter2", {"persona_id": "home"})["id"] == b["id"]
     assert count(mem, "documents") == 3
     # atoms never reinforce across personas
-    assert [r["persona_id"] for r in mem.rows("select persona_id from memory_atoms order by id")] == \
+    assert [r["persona_id"]
+            for r in mem.rows("select persona_id from memory_atoms order by id")] == \
         ["work", "home", ""]
     assert mem.value("select max(reinforcement_count) from memory_atoms") == 0
 
@@ -121,21 +132,25 @@ def test_memorize_many_dedups_within_the_batch(mem):
     assert count(mem, "documents") == 2 and mem.doctor() == []
 
 
-# repeats: the text of a stored memory again --------------------------------------------------------
+# repeats: the text of a stored memory again -------------------------------------------------------
 
 def keyword_hits(mem, query: str, **kw) -> list[int]:
     return [h["id"] for h in mem.recall(query, k=10, **kw)["results"] if "bm25" in h["channels"]]
 
 
 def test_plain_repeat_changes_nothing_and_embeds_nothing(mem, fake_embedder):
-    first = mem.memorize(ALICE, {"topics": ["coffee", "travel"], "tags": ["drink"], "importance": 0.7,
+    first = mem.memorize(ALICE, {"topics": ["coffee", "travel"], "tags": ["drink"],
+                                 "importance": 0.7,
                                  "summary": "Alice's coffee", "session_id": "s1"})
     calls, before = fake_embedder.calls, table_counts(mem)
-    # the same metadata (in another order), a lower importance, another summary/session/time: all kept
-    again = mem.memorize(ALICE, {"topics": ["travel", "coffee"], "tags": ["drink"], "importance": 0.2,
+    # the same metadata (in another order), a lower importance, another summary/session/time: all
+    # kept
+    again = mem.memorize(ALICE, {"topics": ["travel", "coffee"], "tags": ["drink"],
+                                 "importance": 0.2,
                                  "summary": "something else", "session_id": "s2",
                                  "timestamp": "2020-01-01T00:00:00Z"})
-    assert (again["id"], again["deduplicated"], again["warnings"], again["changed"]) == (first["id"], True, [], {})
+    assert (again["id"], again["deduplicated"], again["warnings"], again["changed"]) == \
+        (first["id"], True, [], {})
     assert fake_embedder.calls == calls and table_counts(mem) == before
     d = mem._doc(first["id"])
     assert (d["summary"], d["session_id"], d["importance"]) == ("Alice's coffee", "s1", 0.7)
@@ -149,10 +164,11 @@ def test_repeat_of_an_archived_memory_restores_it(mem):
     assert keyword_hits(mem, "americano") == []
     r = mem.memorize(ALICE)
     assert (r["id"], r["deduplicated"], r["changed"]) == (kept, True, {"archived": [True, False]})
-    assert r["warnings"] == [f"memory {kept} was archived; memorizing it again restored it to recall "
-                             f"(archive_memory({kept}) archives it again)"]
+    assert r["warnings"] == [f"memory {kept} was archived; memorizing it again restored it to "
+                             f"recall (archive_memory({kept}) archives it again)"]
     assert keyword_hits(mem, "americano") == [kept]
-    assert mem._doc(kept)["archived"] is False and mem._doc(kept)["importance"] == 0.8  # the higher stays
+    # the higher stays
+    assert mem._doc(kept)["archived"] is False and mem._doc(kept)["importance"] == 0.8
     # the flag path: its vector and graph entries are live again for KNN and the graph channel
     assert mem.value("select archived from doc_vec where doc_id = ?", (kept,)) == 0
     assert mem.value("select max(archived) from graph_entries where document_id = ?", (kept,)) == 0
@@ -173,29 +189,35 @@ def test_repeat_with_new_metadata_is_merged(mem, fake_embedder):
                                  "importance": 0.4, "session_id": "s1"})
     assert keyword_hits(mem, "barista") == []
     calls = fake_embedder.calls
-    r = mem.memorize(ALICE, {"topics": ["barista", "coffee"], "tags": ["morning"], "participants": ["Bob"],
+    r = mem.memorize(ALICE, {"topics": ["barista", "coffee"], "tags": ["morning"],
+                             "participants": ["Bob"],
                              "importance": 0.9, "summary": "Alice's coffee habit", "source": "chat",
                              "session_id": "s2", "key_facts": ["Alice loves iced americano."]})
     assert (r["id"], r["deduplicated"]) == (first["id"], True)
-    assert r["changed"] == {"topics": [["coffee"], ["coffee", "barista"]], "tags": [["drink"], ["drink", "morning"]],
+    assert r["changed"] == {"topics": [["coffee"], ["coffee", "barista"]],
+                            "tags": [["drink"], ["drink", "morning"]],
                             "participants": [["Alice"], ["Alice", "Bob"]],
                             "key_facts": [[], ["Alice loves iced americano."]],
                             "summary": ["", "Alice's coffee habit"], "source": ["", "chat"],
                             "importance": [0.4, 0.9]}
-    assert r["warnings"] == [f"memory {first['id']} already held this text; the repeat's metadata was merged into "
-                             "it (topics, tags, participants, key_facts, summary, source, importance changed)"]
+    assert r["warnings"] == [f"memory {first['id']} already held this text; the repeat's metadata "
+                             "was merged into it (topics, tags, participants, key_facts, summary, "
+                             "source, importance changed)"]
     d = mem._doc(first["id"])
-    assert d["topics"] == ["coffee", "barista"] and d["session_id"] == "s1" and d["importance"] == 0.9
+    assert d["topics"] == ["coffee", "barista"] and d["session_id"] == "s1"
+    assert d["importance"] == 0.9
     assert fake_embedder.calls > calls  # re-derived through edit(): the vector sees the new labels
     assert keyword_hits(mem, "barista") == [first["id"]]
-    assert [a["content"] for a in mem.rows("select content from memory_atoms")] == ["Alice loves iced americano."]
+    assert [a["content"] for a in mem.rows("select content from memory_atoms")] == \
+        ["Alice loves iced americano."]
     assert count(mem, "documents") == 1 and mem.doctor() == []
 
 
 def test_repeat_fills_an_empty_session_and_pins(mem):
     doc = mem.memorize(ALICE)["id"]
     r = mem.memorize(ALICE, {"session_id": "s9", "pinned": True, "sentiment": "positive"})
-    assert r["changed"] == {"sentiment": ["", "positive"], "session_id": ["", "s9"], "pinned": [False, True]}
+    assert r["changed"] == {"sentiment": ["", "positive"], "session_id": ["", "s9"],
+                            "pinned": [False, True]}
     d = mem._doc(doc)
     assert (d["session_id"], d["pinned"], d["sentiment"]) == ("s9", True, "positive")
     assert mem.memorize(ALICE, {"pinned": False})["changed"] == {}  # a repeat never unpins
@@ -227,7 +249,8 @@ FULL_WIDTH = "服务跑在端口８０９０上，ＡＰＩ　ｋｅｙ 在 vaul
 
 def test_stored_text_is_byte_identical(mem):
     assert all(unicodedata.normalize("NFKC", c) != c for c in KEEP if not c.isascii())
-    meta = {"summary": KEEP, "topics": [KEEP], "participants": [KEEP], "key_facts": [KEEP], "tags": [KEEP]}
+    meta = {"summary": KEEP, "topics": [KEEP], "participants": [KEEP], "key_facts": [KEEP],
+            "tags": [KEEP]}
     r = mem.memorize(KEEP, meta)
     d = mem.get(r["id"])
     assert d["content"].encode("utf-8") == KEEP.encode("utf-8")
@@ -254,19 +277,23 @@ def test_full_width_is_stored_as_given_and_indexed_folded(mem, fake_embedder):
     assert [h["id"] for h in mem.recall("端口８０９０", channels="vector")["results"]] == [r["id"]]
     hits = mem.rows("select rowid from documents_fts where documents_fts match ?", ('"8090"',))
     assert [h["rowid"] for h in hits] == [r["id"]]  # the FTS text is folded
-    assert fts_ids(mem, "documents_fts", "８０９０") == fts_ids(mem, "documents_fts", "api key") == [r["id"]]
+    assert fts_ids(mem, "documents_fts", "８０９０") == fts_ids(mem, "documents_fts", "api key") \
+        == [r["id"]]
     # the full-width and half-width spellings are the same memory (the hash is of the folded text)
     again = mem.memorize("服务跑在端口8090上,API key 在 vault 里")
     assert again["deduplicated"] is True and again["id"] == r["id"]
     assert mem.get(r["id"])["content"] == FULL_WIDTH  # the first spelling stays
-    assert mem.memorize(folded)["id"] == r["id"]  # what an earlier version stored of it: the same hash
+    # what an earlier version stored of it: the same hash
+    assert mem.memorize(folded)["id"] == r["id"]
     with pytest.raises(aokun.InputError, match="already has exactly this content"):
         mem.edit(mem.memorize("another memory")["id"], "服务跑在端口8090上，API key 在 vault 里")
 
 
 def test_full_and_half_width_match_both_ways(mem):
-    full = mem.memorize("端口８０９０给ＡＰＩ网关用", {"key_facts": ["ＡＰＩ网关用端口８０９０"]})["id"]
-    half = mem.memorize("port 7070 serves the admin UI", {"key_facts": ["the admin UI is on port 7070"]})["id"]
+    full = mem.memorize("端口８０９０给ＡＰＩ网关用",
+                        {"key_facts": ["ＡＰＩ网关用端口８０９０"]})["id"]
+    half = mem.memorize("port 7070 serves the admin UI",
+                        {"key_facts": ["the admin UI is on port 7070"]})["id"]
     for query, doc in (("8090", full), ("api", full), ("７０７０", half), ("ＵＩ", half)):
         assert [h["id"] for h in mem.recall(query)["results"]][:1] == [doc], query
         atoms = mem.search_atoms(query)["results"]
@@ -288,7 +315,8 @@ def test_chinese_punctuation_kept_and_found_without_it(mem):
     d = mem.get(r["id"])
     assert d["content"] == text and all(c in d["content"] for c in "，。！")
     # the sentences (atoms, fact nodes) keep the punctuation too
-    assert [a["content"] for a in d["atoms"]] == ["今天和老王去西湖划船，风景很美。", "下次还要带上小李一起去！"]
+    assert [a["content"] for a in d["atoms"]] == ["今天和老王去西湖划船，风景很美。",
+                                                  "下次还要带上小李一起去！"]
     for query in ("西湖划船 风景很美", "小李一起去", "和老王去西湖划船,风景很美"):
         assert [h["id"] for h in mem.recall(query)["results"]][:1] == [r["id"]], query
         assert mem.search_atoms(query)["results"], query
@@ -296,38 +324,45 @@ def test_chinese_punctuation_kept_and_found_without_it(mem):
 
 def test_sentences_end_where_the_folded_text_ends_them(mem):
     text = "The first thing to remember．Then a second one… and a third one ﹒ last"
-    assert aokun.split_sentences(text, 8) == ["The first thing to remember．Then a second one…", "and a third one ﹒",
-                                              "last"]
-    assert aokun.split_sentences("甲乙丙丁｡戊己庚辛？壬癸子丑", 8) == ["甲乙丙丁｡", "戊己庚辛？", "壬癸子丑"]
+    assert aokun.split_sentences(text, 8) == ["The first thing to remember．Then a second one…",
+                                              "and a third one ﹒", "last"]
+    assert aokun.split_sentences("甲乙丙丁｡戊己庚辛？壬癸子丑", 8) == \
+        ["甲乙丙丁｡", "戊己庚辛？", "壬癸子丑"]
 
 
 def test_metadata_keeps_its_characters(mem):
-    meta = {"summary": "Ｅ = mc²，概要", "topics": ["物理，相对论", "ＡＩ"], "participants": ["Ｅｉｎｓｔｅｉｎ"],
+    meta = {"summary": "Ｅ = mc²，概要", "topics": ["物理，相对论", "ＡＩ"],
+            "participants": ["Ｅｉｎｓｔｅｉｎ"],
             "key_facts": ["E = mc² ½"], "tags": ["①"], "sentiment": "好！"}
     r = mem.memorize("Einstein and the famous formula", meta)
     d = mem.get(r["id"])
     assert {k: d[k] for k in meta} == meta
     assert [a["content"] for a in d["atoms"]] == ["E = mc² ½"]
-    # the person node shows the given name; its key is folded, so the half-width spelling is the same node
+    # the person node shows the given name; its key is folded, so the half-width spelling is the
+    # same node
     assert mem.rows("select value, canonical from graph_nodes where node_type = 'person'") == \
         [{"value": "Ｅｉｎｓｔｅｉｎ", "canonical": "einstein"}]
     mem.memorize("Einstein again", {"participants": ["einstein"]})
     assert mem.value("select count(*) from graph_nodes where node_type = 'person'") == 1
     assert fts_ids(mem, "documents_fts", "AI") == [r["id"]]  # labels are indexed folded
     # items equal once folded are one item, the first spelling
-    assert mem.get(mem.memorize("x y z w", {"topics": ["ＡＩ", "AI", "ai"]})["id"])["topics"] == ["ＡＩ", "ai"]
+    doc = mem.memorize("x y z w", {"topics": ["ＡＩ", "AI", "ai"]})["id"]
+    assert mem.get(doc)["topics"] == ["ＡＩ", "ai"]
 
 
 def test_atom_slots_match_the_folded_fact(mem):
     mem.memorize("我现在住在ＮＹＣ。", {"timestamp": "2026-01-01T00:00:00Z"})
     mem.memorize("我现在住在上海！", {"timestamp": "2026-02-01T00:00:00Z"})
-    atoms = mem.rows("select content, slot_value, state from memory_atoms where slot = 'lives_in' order by id")
-    assert atoms == [{"content": "我现在住在ＮＹＣ。", "slot_value": "new york", "state": "superseded"},
+    atoms = mem.rows("select content, slot_value, state from memory_atoms"
+                     " where slot = 'lives_in' order by id")
+    assert atoms == [{"content": "我现在住在ＮＹＣ。", "slot_value": "new york",
+                      "state": "superseded"},
                      {"content": "我现在住在上海！", "slot_value": "shanghai", "state": "active"}]
 
 
 def test_identifiers_are_folded(mem):
-    a = mem.memorize("persona note one", {"persona_id": "ａｌｉｃｅ", "session_id": "ｓ１", "source": "ＣＨＡＴ"})
+    a = mem.memorize("persona note one",
+                     {"persona_id": "ａｌｉｃｅ", "session_id": "ｓ１", "source": "ＣＨＡＴ"})
     d = mem.get(a["id"], "ａｌｉｃｅ")  # the persona is matched folded, as recall's is
     assert (d["persona_id"], d["session_id"], d["source"]) == ("alice", "s1", "chat")
     assert [h["id"] for h in mem.recall("persona note", persona_id="alice")["results"]] == [a["id"]]
@@ -336,17 +371,20 @@ def test_identifiers_are_folded(mem):
 
 
 def test_nul_bytes_become_spaces(mem):
-    r = mem.memorize("null\x00byte in the\x00 middle", {"summary": "sum\x00mary", "topics": ["to\x00pic"]})
+    r = mem.memorize("null\x00byte in the\x00 middle",
+                     {"summary": "sum\x00mary", "topics": ["to\x00pic"]})
     d = mem.get(r["id"])
     assert d["content"] == "null byte in the  middle"
     assert d["summary"] == "sum mary" and d["topics"] == ["to pic"]
-    assert "\x00" not in mem.value("select segmented from documents_fts where rowid = ?", (r["id"],))
+    assert "\x00" not in mem.value("select segmented from documents_fts where rowid = ?",
+                                   (r["id"],))
     assert fts_ids(mem, "documents_fts", "byte") == [r["id"]]
     assert mem.memorize("null byte in the  middle")["deduplicated"] is True
 
 
 def test_lone_surrogates_are_stored_as_replacement_characters(mem, fake_embedder):
-    r = mem.memorize("bad \ud800 surrogate", {"summary": "bad \udfff", "topics": ["ok", "bad \ud800"]})
+    r = mem.memorize("bad \ud800 surrogate",
+                     {"summary": "bad \udfff", "topics": ["ok", "bad \ud800"]})
     d = mem.get(r["id"])
     assert d["content"] == "bad \ufffd surrogate" and d["summary"] == "bad \ufffd"
     assert d["topics"] == ["ok", "bad \ufffd"]
@@ -372,20 +410,23 @@ def _big_english() -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make, end_word", [(_big_chinese, "潜艇"), (_big_english, "zanzibarquokka")],
+@pytest.mark.parametrize("make, end_word",
+                         [(_big_chinese, "潜艇"), (_big_english, "zanzibarquokka")],
                          ids=["40k-chinese", "200KB-english"])
 def test_big_text_stored_fully(mem, fake_embedder, make, end_word):
     text = make()
     other = mem.memorize("a small unrelated memory")
     r = mem.memorize(text)
     assert r["status"] == "done" and r["embedding_truncated"] is True and r["embedding"] == "done"
-    row = mem.rows("select content, length(content) n, embedding_truncated from documents where id = ?", (r["id"],))[0]
+    row = mem.rows("select content, length(content) n, embedding_truncated from documents"
+                   " where id = ?", (r["id"],))[0]
     assert row["n"] == len(text) and row["content"] == text
     assert row["embedding_truncated"] == 1
     assert fts_ids(mem, "documents_fts", end_word) == [r["id"]]  # indexed to the very end
     assert other["id"] not in fts_ids(mem, "documents_fts", end_word)
     # the vector sees only what the embedder takes (the first max_chars)
-    np.testing.assert_allclose(doc_vector(mem, r["id"]), fake_embedder.vector(text[:8000]), atol=0.01)
+    np.testing.assert_allclose(doc_vector(mem, r["id"]), fake_embedder.vector(text[:8000]),
+                               atol=0.01)
     assert mem.doctor() == []
 
 
@@ -415,7 +456,8 @@ def test_atom_reinforcement_recomputes_ttl(mem):
     fact1 = "Bob lives in the Pudong district of Shanghai near the river"
     fact2 = "Bob lives in the Pudong district of Shanghai near the big river"
     s1, s2 = set(mem.seg.tokens(fact1)), set(mem.seg.tokens(fact2))
-    assert 0.6 <= aokun.jaccard(s1, s2) < 1.0, "precondition: the facts are near-identical, not equal"
+    assert 0.6 <= aokun.jaccard(s1, s2) < 1.0, \
+        "precondition: the facts are near-identical, not equal"
     a = mem.memorize("first note about Bob", {"key_facts": [fact1], "importance": 0.8,
                                               "timestamp": "2026-01-01T00:00:00Z"})
     atom0 = mem.rows("select * from memory_atoms")[0]
@@ -432,10 +474,12 @@ def test_atom_reinforcement_recomputes_ttl(mem):
     assert atom["last_reinforced_at"] == "2026-01-10T00:00:00Z"
     ttl = 180 * (0.5 + 0.8) * (1 + 0.5 * 1)  # the atom keeps its own importance
     assert ttl == aokun.effective_ttl_days(180, 0.8, 1)
-    assert atom["expires_at"] == aokun.iso(dt.datetime(2026, 1, 10, tzinfo=dt.timezone.utc) + dt.timedelta(days=ttl))
+    written = dt.datetime(2026, 1, 10, tzinfo=dt.timezone.utc)
+    assert atom["expires_at"] == aokun.iso(written + dt.timedelta(days=ttl))
     assert b["atoms"] == 1
-    assert {r["document_id"] for r in mem.rows("select document_id from atom_sources where atom_id = ?",
-                                               (atom["id"],))} == {a["id"], b["id"]}
+    assert {r["document_id"]
+            for r in mem.rows("select document_id from atom_sources where atom_id = ?",
+                              (atom["id"],))} == {a["id"], b["id"]}
     # a different fact about Bob is a new atom
     mem.memorize("third note", {"key_facts": ["Bob bought a red bicycle yesterday"]})
     assert count(mem, "memory_atoms") == 2
@@ -444,7 +488,8 @@ def test_atom_reinforcement_recomputes_ttl(mem):
 
 def test_reinforcement_is_by_type_and_threshold(mem):
     mem.memorize("n1", {"key_facts": ["Dana works at the Hangzhou office of Acme"]})
-    mem.memorize("n2", {"key_facts": ["Dana visited the Hangzhou zoo with friends on Sunday"]})  # low overlap
+    # low overlap
+    mem.memorize("n2", {"key_facts": ["Dana visited the Hangzhou zoo with friends on Sunday"]})
     assert count(mem, "memory_atoms") == 2
     assert mem.value("select max(reinforcement_count) from memory_atoms") == 0
 
@@ -453,7 +498,8 @@ def test_reinforcement_is_by_type_and_threshold(mem):
 def test_small_talk_never_reinforces(mem):
     """Short repeated phrases are separate atoms that expire on their own; a real fact said again
     (enough tokens) still reinforces."""
-    for i, text in enumerate(["Thanks, Melanie!", "thanks melanie :)", "Thanks Melanie.", "THANKS, MELANIE"]):
+    for i, text in enumerate(["Thanks, Melanie!", "thanks melanie :)", "Thanks Melanie.",
+                              "THANKS, MELANIE"]):
         mem.memorize(text, {"session_id": f"s{i}"})
     assert mem.value("select max(reinforcement_count) from memory_atoms") == 0
     assert count(mem, "memory_atoms") == 4
@@ -475,7 +521,8 @@ def test_a_fact_stated_again_after_its_atom_outlived_the_edit_keeps_one_atom(mem
     assert mem.value("select reinforcement_count from memory_atoms where uid = ?", (uid,)) == 0
     r = mem.edit(first, "First again: " + fact, {"key_facts": [fact]})
     assert r["status"] == "done" and r["warnings"] == []
-    assert mem.rows("select reinforcement_count, state from memory_atoms where uid = ?", (uid,)) == [
+    assert mem.rows("select reinforcement_count, state from memory_atoms where uid = ?",
+                    (uid,)) == [
         {"reinforcement_count": 1, "state": "active"}]
     mem.edit(first, "First, changed", {"key_facts": ["Bob owns a red bicycle"]})
     monkeypatch.setenv("AOKUN_NOW", "2027-05-01T08:00:00Z")
@@ -483,7 +530,8 @@ def test_a_fact_stated_again_after_its_atom_outlived_the_edit_keeps_one_atom(mem
     assert mem.value("select state from memory_atoms where uid = ?", (uid,)) == "expired"
     r = mem.edit(first, "First once more: " + fact, {"key_facts": [fact]})
     assert r["status"] == "done" and r["warnings"] == []
-    assert mem.rows("select state, document_id, reinforcement_count from memory_atoms where uid = ?",
+    assert mem.rows("select state, document_id, reinforcement_count from memory_atoms"
+                    " where uid = ?",
                     (uid,)) == [{"state": "active", "document_id": first, "reinforcement_count": 0}]
     assert mem.doctor() == []
 
@@ -500,34 +548,41 @@ def test_a_fact_stated_again_after_its_atom_outlived_the_edit_keeps_one_atom(mem
     ("The office printer model is HP 4200", "factual"),
 ])
 def test_atom_types_classify(mem, fact, atom_type):
-    mem.memorize(f"note: {fact}", {"key_facts": [fact], "importance": 0.5, "timestamp": "2026-05-01T00:00:00Z"})
+    mem.memorize(f"note: {fact}", {"key_facts": [fact], "importance": 0.5,
+                                   "timestamp": "2026-05-01T00:00:00Z"})
     atom = mem.rows("select * from memory_atoms")[0]
     assert atom["content"] == fact and atom["atom_type"] == atom_type
     base = mem.rules.types[atom_type]["base_ttl_days"]
     assert atom["base_ttl_days"] == base
     by_ttl = aokun.iso(dt.datetime(2026, 5, 1, tzinfo=dt.timezone.utc) + dt.timedelta(days=base))
-    if atom_type == "planned":  # both plans name their day: they last until after it, beyond the TTL
+    # both plans name their day: they last until after it, beyond the TTL
+    if atom_type == "planned":
         assert atom["expires_at"] > by_ttl
     else:
         assert atom["expires_at"] == by_ttl
 
 
 def test_entity_resolution_one_node(mem):
-    assert mem.rules.canonical("NYC") == mem.rules.canonical("纽约") == "new york"  # rules/aliases.toml
-    m1 = mem.memorize("lunch with Alice in NYC", {"participants": ["Alice", " alice "], "topics": ["NYC"]})
-    m2 = mem.memorize("Alice flew back to New York", {"participants": ["ALICE"], "topics": ["New  York", "纽约"]})
+    # rules/aliases.toml
+    assert mem.rules.canonical("NYC") == mem.rules.canonical("纽约") == "new york"
+    m1 = mem.memorize("lunch with Alice in NYC",
+                      {"participants": ["Alice", " alice "], "topics": ["NYC"]})
+    m2 = mem.memorize("Alice flew back to New York",
+                      {"participants": ["ALICE"], "topics": ["New  York", "纽约"]})
     persons = mem.rows("select * from graph_nodes where node_type = 'person'")
     assert [(p["canonical"], p["value"]) for p in persons] == [("alice", "Alice")]
     topics = mem.rows("select * from graph_nodes where node_type = 'topic'")
     assert [(t["canonical"], t["value"]) for t in topics] == [("new york", "New York")]
     for doc in (m1["id"], m2["id"]):
-        used = {r["n"] for r in mem.rows("select node_id n from graph_entries where document_id = ? and node_id "
-                                         "is not null", (doc,))}
+        used = {r["n"] for r in mem.rows("select node_id n from graph_entries"
+                                         " where document_id = ? and node_id is not null",
+                                         (doc,))}
         assert persons[0]["id"] in used and topics[0]["id"] in used
-    # two spellings of one entity in one memory are one subject: no self-loop edge, one entry per node
+    # two spellings of one entity in one memory are one subject: no self-loop edge, one entry per
+    # node
     assert count(mem, "graph_edges", "source_id = target_id") == 0
-    per_node = mem.rows("select document_id, node_id, count(*) n from graph_entries where node_id is not null "
-                        "group by document_id, node_id having n > 1")
+    per_node = mem.rows("select document_id, node_id, count(*) n from graph_entries"
+                        " where node_id is not null group by document_id, node_id having n > 1")
     assert per_node == []
     assert mem.doctor() == []
 
@@ -581,8 +636,9 @@ def test_provider_none_stores_without_vectors(db_path, open_mem):
     r = m.memorize("no vectors here", {"participants": ["Eve"]})
     assert r["embedding"] == "none" and r["status"] == "done"
     assert not m.has_table("doc_vec")
-    assert {e["embedding_state"] for e in m.rows("select embedding_state from graph_entries where node_id in "
-                                                 "(select id from graph_nodes where node_type = 'fact')")} == {"none"}
+    fact_states = m.rows("select embedding_state from graph_entries where node_id in "
+                         "(select id from graph_nodes where node_type = 'fact')")
+    assert {e["embedding_state"] for e in fact_states} == {"none"}
     assert fts_ids(m, "documents_fts", "vectors") == [r["id"]]
     assert m.doctor() == []
 
@@ -604,7 +660,8 @@ def test_finished_writes_keep_no_payload(db_path, open_mem):
     mem.memorize_many([(f"{i}: {long}", {"session_id": "s"}) for i in range(60)])
     mem.memorize(f"one more: {long}")
     assert mem.value("select count(*) from memory_write_payloads") == 0
-    assert mem.value("select count(*) from memory_write_ops where status = 'done' and payload = '{}'") == 61
+    assert mem.value("select count(*) from memory_write_ops"
+                     " where status = 'done' and payload = '{}'") == 61
     journal_bytes = mem.value("select sum(pgsize) from dbstat where name = 'memory_write_ops'")
     assert journal_bytes <= 4 * 4096, journal_bytes  # 61 payloads of 1.4 KB would take 20+ pages
 
@@ -623,8 +680,9 @@ def test_a_fact_text_is_embedded_once(db_path, open_mem):
     mem.memorize("Alice likes green tea. Carol painted the fence.", {"session_id": "s2"})
     assert "Alice likes green tea." not in seen and "Carol painted the fence." in seen
     vectors = {r["entry_id"]: bytes(r["embedding"]) for r in mem.rows(
-        "select v.entry_id, v.embedding from graph_vectors v join graph_entries e on e.id = v.entry_id "
-        "join graph_nodes n on n.id = e.node_id where n.value = 'Alice likes green tea.'")}
+        "select v.entry_id, v.embedding from graph_vectors v"
+        " join graph_entries e on e.id = v.entry_id join graph_nodes n on n.id = e.node_id"
+        " where n.value = 'Alice likes green tea.'")}
     assert len(vectors) == 2 and len(set(vectors.values())) == 1
     seen.clear()
     mem.memorize_many([("Dan flew to Oslo today. Erin baked fresh bread.", {"session_id": "s3"}),
@@ -637,26 +695,33 @@ def test_session_context_is_indexed_once_per_memory_on_its_anchor(mem):
     only, not on every fact entry: indexed once, and a reply is still found by what it answers."""
     meta = {"session_id": "trip", "participants": ["Bob"]}
     mem.memorize("Where did you go hiking last May?", meta | {"timestamp": "2025-06-01T10:00:00Z"})
-    b = mem.memorize("We hiked the Dolomites. It rained every day.", meta | {"timestamp": "2025-06-01T10:01:00Z"})["id"]
-    texts = [r["text"] for r in mem.rows("select text from graph_entries where document_id = ? and edge_id is null "
-                                         "order by id", (b,))]
+    b = mem.memorize("We hiked the Dolomites. It rained every day.",
+                     meta | {"timestamp": "2025-06-01T10:01:00Z"})["id"]
+    texts = [r["text"] for r in mem.rows("select text from graph_entries"
+                                         " where document_id = ? and edge_id is null order by id",
+                                         (b,))]
     assert texts == ["Person: Bob. Summary: We hiked the Dolomites. It rained every day.\n"
                      "Context: Where did you go hiking last May?",
-                     "Fact: We hiked the Dolomites.\nAbout: Bob", "Fact: It rained every day.\nAbout: Bob"]
-    assert b in [h["id"] for h in mem.recall("hiking May", k=5, channels="graph_keyword")["results"]]
+                     "Fact: We hiked the Dolomites.\nAbout: Bob",
+                     "Fact: It rained every day.\nAbout: Bob"]
+    hits = mem.recall("hiking May", k=5, channels="graph_keyword")["results"]
+    assert b in [h["id"] for h in hits]
 
 
 @pytest.mark.slow
-def test_a_refreshed_anchor_keeps_its_own_spelling_as_a_fresh_write_and_rebuild_do(db_path, open_mem):
+def test_a_refreshed_anchor_keeps_its_own_spelling_as_a_fresh_write_and_rebuild_do(db_path,
+                                                                                   open_mem):
     """A node shared by two memories keeps the first one's spelling; refreshing a later memory's
     anchor after an edit before it (and upgrading an old layout) used to write that spelling
     ("Fact: Alice likes tea" for the memory that said "ALICE   likes tea"), unlike its own write and
     `rebuild --graph`."""
     mem = open_mem(db_path)
     s = {"session_id": "s"}
-    x = mem.memorize("Alice likes tea, she said.", s | {"timestamp": "2025-01-01T10:00:00Z", "participants": ["carol"],
+    x = mem.memorize("Alice likes tea, she said.",
+                     s | {"timestamp": "2025-01-01T10:00:00Z", "participants": ["carol"],
                                                      "key_facts": ["Alice likes tea"]})["id"]
-    mem.memorize("Indeed.", s | {"timestamp": "2025-01-01T10:01:00Z", "key_facts": ["ALICE   likes tea"]})
+    mem.memorize("Indeed.",
+                 s | {"timestamp": "2025-01-01T10:01:00Z", "key_facts": ["ALICE   likes tea"]})
     mem.memorize("Later.", s | {"timestamp": "2025-01-01T10:02:00Z", "participants": ["Carol"]})
     mem.edit(x, content="Alice likes green tea, she said.")
 
@@ -676,8 +741,9 @@ def test_a_refreshed_anchor_keeps_its_own_spelling_as_a_fresh_write_and_rebuild_
 
 @pytest.mark.slow
 def test_an_old_graph_layout_is_rewritten_when_the_file_is_opened(db_path, open_mem, monkeypatch):
-    """Files before graph layout 2 indexed every describes/co_occurs_with edge as a sentence and the
-    context on every fact: opening one rewrites its entries as a new write makes them (vectors kept)."""
+    """Files before graph layout 2 indexed every describes/co_occurs_with edge as a sentence and
+    the context on every fact: opening one rewrites its entries as a new write makes them (vectors
+    kept)."""
     mem = open_mem(db_path)
     meta = {"session_id": "s", "participants": ["Alice"], "topics": ["coffee"]}
     mem.memorize("We met at the cafe.", meta | {"timestamp": "2025-01-01T10:00:00Z"})
@@ -685,20 +751,26 @@ def test_an_old_graph_layout_is_rewritten_when_the_file_is_opened(db_path, open_
     fresh = mem.rows("select id, text from graph_entries order by id")
     vectors = mem.rows("select entry_id, embedding from graph_vectors order by entry_id")
     with mem.tx() as c:  # what the old layout wrote for memory b
-        for e in mem.rows("select e.id, n.value from graph_entries e join graph_nodes n on n.id = e.node_id "
-                          "where e.document_id = ? and n.node_type = 'fact'", (b,)):
+        for e in mem.rows("select e.id, n.value from graph_entries e"
+                          " join graph_nodes n on n.id = e.node_id"
+                          " where e.document_id = ? and n.node_type = 'fact'", (b,)):
             mem._put_entry_text(e["id"], f"Fact: {e['value']}\nContext: We met at the cafe.")
-        mem._put_entry_text(fresh[[r["id"] for r in fresh].index(min(
-            r["id"] for r in fresh if r["text"].startswith("Person: Alice. Summary: Alice")))]["id"],
-            "Person: Alice. Summary: " + ALICE)
-        edge = mem.value("select id from graph_edges where document_id = ? and relation = 'describes'", (b,))
-        c.execute("insert into graph_entries(id, persona_id, session_id, document_id, edge_id, text, confidence, "
-                  "archived, embedding_state) values (999, '', 's', ?, ?, "
-                  "'Alice describes Alice loves iced americano.', 0.9, 0, 'skip')", (b, edge))
-        c.execute("insert into graph_entries_fts(rowid, segmented) values (999, 'alice describes alice')")
+        first_id = min(r["id"] for r in fresh
+                       if r["text"].startswith("Person: Alice. Summary: Alice"))
+        mem._put_entry_text(fresh[[r["id"] for r in fresh].index(first_id)]["id"],
+                            "Person: Alice. Summary: " + ALICE)
+        edge = mem.value("select id from graph_edges"
+                         " where document_id = ? and relation = 'describes'", (b,))
+        c.execute("insert into graph_entries(id, persona_id, session_id, document_id, edge_id,"
+                  " text, confidence, archived, embedding_state)"
+                  " values (999, '', 's', ?, ?, 'Alice describes Alice loves iced americano.',"
+                  " 0.9, 0, 'skip')", (b, edge))
+        c.execute("insert into graph_entries_fts(rowid, segmented)"
+                  " values (999, 'alice describes alice')")
         c.execute("delete from meta where key in ('graph_layout', 'data_version')")
     mem.close()
-    monkeypatch.setattr(aokun, "GRAPH_UPGRADE_BATCH", 1)  # one memory a transaction: the lock is let go between
+    # one memory a transaction: the lock is let go between
+    monkeypatch.setattr(aokun, "GRAPH_UPGRADE_BATCH", 1)
     mem = open_mem(db_path)
     assert mem.meta_get("graph_layout") == aokun.GRAPH_LAYOUT
     assert mem.rows("select id, text from graph_entries order by id") == fresh
