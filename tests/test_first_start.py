@@ -181,6 +181,15 @@ def server_config(tmp_path: Path, **conversations) -> aokun.Config:
     return aokun.Config(None, overrides=overrides)
 
 
+def watched_to_the_end(mem) -> aokun.Watcher:
+    """A Watcher of `mem` polled until its queue is empty."""
+    watcher = aokun.Watcher(mem)
+    watcher.poll()
+    while watcher.queue:
+        watcher.poll()
+    return watcher
+
+
 @pytest.mark.slow
 def test_first_start_stores_the_newest_sessions_first_and_reports_progress(tmp_path, monkeypatch,
                                                                           open_mem):
@@ -248,10 +257,7 @@ def test_the_limits_leave_out_old_sessions_and_other_projects(tmp_path, monkeypa
     cfg = server_config(tmp_path, watch_since_days=100, watch_include_projects="~/work/*",
                         watch_exclude_projects="~/work/beta")  # beta and the folders inside it
     mem = open_mem(tmp_path / "l.db", cfg=cfg)
-    watcher = aokun.Watcher(mem)
-    watcher.poll()
-    while watcher.queue:
-        watcher.poll()
+    watcher = watched_to_the_end(mem)
     assert set(stored_sessions(mem)) == set(keys(wanted))
     p = watcher.progress()
     assert (p["files_done"], p["files_left"]) == (len(wanted), 0)
@@ -276,10 +282,7 @@ def test_what_keep_days_would_forget_is_not_read(tmp_path, monkeypatch, open_mem
     assert 3 < len(wanted) < len(sessions) - 3
     cfg = server_config(tmp_path, watch_since_days=since, keep_days=keep)
     mem = open_mem(tmp_path / "k.db", cfg=cfg)
-    watcher = aokun.Watcher(mem)
-    watcher.poll()
-    while watcher.queue:
-        watcher.poll()
+    watcher = watched_to_the_end(mem)
     assert set(stored_sessions(mem)) == set(keys(wanted))
 
 
