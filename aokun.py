@@ -833,7 +833,13 @@ class Config:
 
 
 class _Section(dict):
-    __getattr__ = dict.__getitem__
+    """One ini section's settings, read as attributes too (cfg.recall.k)."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError:  # getattr(section, name, default), hasattr and copy need AttributeError
+            raise AttributeError(name) from None
 
 
 def find_config(path: str | None = None) -> Path | None:

@@ -284,3 +284,10 @@ def test_the_stdio_server_announces_a_new_file_on_stderr_not_its_stdout(tmp_path
     out = [json.loads(line) for line in r.stdout.splitlines()]  # every stdout line is JSON-RPC
     assert out and out[0]["id"] == 1 and "result" in out[0], r.stdout
     assert f"{CREATED}{db}" in r.stderr.splitlines(), r.stderr
+
+
+def test_a_config_section_reads_as_attributes_and_a_missing_one_is_an_attribute_error():
+    section = aokun.Config(None).recall
+    assert section.rrf_k == section["rrf_k"] and getattr(section, "no_such", 7) == 7
+    with pytest.raises(AttributeError, match="no_such"):
+        section.no_such
