@@ -282,7 +282,7 @@ def test_what_keep_days_would_forget_is_not_read(tmp_path, monkeypatch, open_mem
     assert 3 < len(wanted) < len(sessions) - 3
     cfg = server_config(tmp_path, watch_since_days=since, keep_days=keep)
     mem = open_mem(tmp_path / "k.db", cfg=cfg)
-    watcher = watched_to_the_end(mem)
+    watched_to_the_end(mem)
     assert set(stored_sessions(mem)) == set(keys(wanted))
 
 
