@@ -290,4 +290,4 @@ def test_a_config_section_reads_as_attributes_and_a_missing_one_is_an_attribute_
     section = aokun.Config(None).recall
     assert section.rrf_k == section["rrf_k"] and getattr(section, "no_such", 7) == 7
     with pytest.raises(AttributeError, match="no_such"):
-        section.no_such
+        _ = section.no_such
