@@ -36,7 +36,8 @@ class FakeEmbedder(aokun.Embedder):
         v = np.zeros(self.dim, np.float32)
         s = f"  {self.prepare(text)[0].lower()}  "
         for i in range(len(s) - 2):
-            h = int.from_bytes(hashlib.blake2b(s[i:i + 3].encode("utf-8"), digest_size=8).digest(), "little")
+            h = int.from_bytes(hashlib.blake2b(s[i:i + 3].encode("utf-8"), digest_size=8).digest(),
+                               "little")
             v[h % self.dim] += 1.0 if (h >> 32) & 1 else -1.0
         if not v.any():
             v[0] = 1.0
@@ -68,7 +69,8 @@ class RefusingEmbedder(FakeEmbedder):
         bad = [t for t in texts if self.marker.lower() in t.lower()]
         if bad:
             self.refused += bad
-            raise aokun.EmbeddingRejected(f"400 Bad Request: input rejected ({len(bad)} of {len(texts)})")
+            raise aokun.EmbeddingRejected(f"400 Bad Request: input rejected ({len(bad)} of "
+                                          f"{len(texts)})")
         return super().embed_documents(texts)
 
 
@@ -80,9 +82,9 @@ def open_memory(path, dim: int = 16, **kw) -> "aokun.Memory":
 # helpers shared by the test files --------------------------------------------------------------
 
 #: Every table a memory leaves rows in (the two vec0 tables included).
-ALL_TABLES = ("documents", "documents_fts", "doc_vec", "doc_vectors", "memory_atoms", "atom_sources",
-              "memory_atoms_fts", "graph_nodes", "graph_edges", "graph_entries", "graph_entries_fts", "graph_vec",
-              "graph_vectors", "memory_write_ops")
+ALL_TABLES = ("documents", "documents_fts", "doc_vec", "doc_vectors", "memory_atoms",
+              "atom_sources", "memory_atoms_fts", "graph_nodes", "graph_edges", "graph_entries",
+              "graph_entries_fts", "graph_vec", "graph_vectors", "memory_write_ops")
 
 
 def count(mem, table: str, where: str = "", params=()) -> int:
@@ -97,7 +99,9 @@ def fts_ids(mem, table: str, query: str) -> list[int]:
     """Rowids of `table` (an FTS5 table) matching the user query segmented the way recall does."""
     match = aokun.fts_query(mem.seg.tokens(query))
     assert match, f"query {query!r} has no tokens"
-    return [r["rowid"] for r in mem.rows(f"select rowid from {table} where {table} match ? order by rowid", (match,))]
+    return [r["rowid"]
+            for r in mem.rows(f"select rowid from {table} where {table} match ? order by rowid",
+                              (match,))]
 
 
 def doc_vector(mem, doc_id: int):

@@ -52,7 +52,8 @@ def test_two_processes_write_at_once(tmp_path):
     script.write_text(WRITER, encoding="utf-8")
     go = tmp_path / "go"
     procs = [subprocess.Popen([sys.executable, str(script), str(db), name, str(N), str(go)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in ("a", "b")]
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"go.{n}").exists() for n in ("a", "b")):
         assert time.monotonic() < deadline, "writers did not start"
