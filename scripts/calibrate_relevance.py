@@ -55,7 +55,8 @@ def features(sut: ev.EngineSUT, ds: ev.Dataset, id_map: dict) -> list[dict]:
 
 
 def logistic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Weights (last one the bias) of a logistic regression with balanced classes (Newton's method)."""
+    """Weights (last one the bias) of a logistic regression with balanced classes (Newton's
+    method)."""
     x = np.c_[x, np.ones(len(x))]
     w = np.where(y == 1, 0.5 / max(1, y.sum()), 0.5 / max(1, (1 - y).sum()))
     beta = np.zeros(x.shape[1])
@@ -70,8 +71,8 @@ def logistic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def threshold_table(rows: list[dict], ds: ev.Dataset, relevance) -> list[list]:
-    """[threshold, in-persona R@5, R@10, the R@10 drop, answerable questions left empty, other-persona
-    empty rate] for each threshold."""
+    """[threshold, in-persona R@5, R@10, the R@10 drop, answerable questions left empty,
+    other-persona empty rate] for each threshold."""
     by_q: dict[tuple, list] = {}
     for r in rows:
         by_q.setdefault((r["kind"], r["q"]), []).append(r)

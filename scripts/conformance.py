@@ -79,7 +79,8 @@ def run_suite(suite_dir: Path, timeout: float = 600) -> dict[str, str]:
             server.wait(30)
     results = {}
     for name, _, failed in SUMMARY.findall(out.stdout):
-        results[name] = "pass" if failed == "0" else "needs-fixtures" if name in NEEDS_FIXTURES else "fail"
+        results[name] = "pass" if failed == "0" \
+            else "needs-fixtures" if name in NEEDS_FIXTURES else "fail"
     if not results:
         raise click.ClickException("the suite printed no summary:\n"
                                    + (out.stdout + out.stderr)[-1000:])

@@ -157,7 +157,8 @@ def madial_time(value) -> str | None:
 def load_madial(data_dir: Path) -> Dataset:
     """memory.jsonl: one `{"<id>": {time, scene, emotion, event, user-id, id}}` per line;
     dialogue.jsonl: `dialogue` lines (first `<BOD>`), `test-turn` (indexes into `dialogue`, counting
-    the `<BOD>` line), `relevant-id`, `user-id`. The query is every line before the first test turn."""
+    the `<BOD>` line), `relevant-id`, `user-id`. The query is every line before the first test
+    turn."""
     folder = data_dir / "madial-zh-dev"
     ds = Dataset("madial", MADIAL_KS)
     unparseable = 0
@@ -200,10 +201,10 @@ def load_madial(data_dir: Path) -> Dataset:
 
 
 def split_personas(ds: Dataset) -> None:
-    """Negatives for a dataset with one persona (MADial dev holds user 1 only): a copy of its memories
-    split into two personas by memory order (even and odd positions, so both halves span the same
-    time), and for every question the half that holds none of its gold memories: asked there,
-    nothing is the answer. Questions whose gold falls in both halves get no negative."""
+    """Negatives for a dataset with one persona (MADial dev holds user 1 only): a copy of its
+    memories split into two personas by memory order (even and odd positions, so both halves span
+    the same time), and for every question the half that holds none of its gold memories: asked
+    there, nothing is the answer. Questions whose gold falls in both halves get no negative."""
     personas = {q.persona_id for q in ds.questions}
     if len(personas) != 1:
         return
@@ -226,9 +227,9 @@ def split_personas(ds: Dataset) -> None:
 class EngineSUT:
     """Aokun's engine in-process. The evaluation calls only `memorize_many`, `recall` and `close`.
 
-    With `touch` (the default) it runs the shipped settings: recall records access to what it returns
-    ([recall] reinforce_on_recall), as it does for a user. touch=False turns that off and clears
-    earlier access bookkeeping, for comparison."""
+    With `touch` (the default) it runs the shipped settings: recall records access to what it
+    returns ([recall] reinforce_on_recall), as it does for a user. touch=False turns that off and
+    clears earlier access bookkeeping, for comparison."""
 
     name = "engine"
 
@@ -254,7 +255,8 @@ class EngineSUT:
         return self.mem.memorize_many(items)
 
     def recall(self, query: str, k: int, persona_id: str, channels) -> dict:
-        """→ {"results": [{"id", "text", ...}], "degraded": [...], "took_ms"}; channels None = all."""
+        """→ {"results": [{"id", "text", ...}], "degraded": [...], "took_ms"}; channels None =
+        all."""
         return self.mem.recall(query, k=k, persona_id=persona_id, channels=channels)
 
     def close(self) -> None:
@@ -322,7 +324,8 @@ def channel_spec(setting: str):
 def ingest(sut, ds: Dataset) -> tuple[dict, dict]:
     """Store every memory in batches; returns ({memory id: {local keys}}, timing info).
 
-    Identical texts within a persona become one memory: its id maps to every key that produced it."""
+    Identical texts within a persona become one memory: its id maps to every key that produced
+    it."""
     id_map: dict[int, set] = {}
     started, new = time.perf_counter(), 0
     for i in range(0, len(ds.items), BATCH):
@@ -355,8 +358,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 def session_recall_any(q: Question, hits: list[dict], k: int) -> float | None:
-    """LoCoMo's session-level recall_any@k: 1 when a session of an evidence turn is among the first k
-    distinct sessions of the ranking, else 0; None for a question without sessions (MADial)."""
+    """LoCoMo's session-level recall_any@k: 1 when a session of an evidence turn is among the first
+    k distinct sessions of the ranking, else 0; None for a question without sessions (MADial)."""
     if not q.gold_sessions:
         return None
     sessions = list(dict.fromkeys(h.get("session_id") for h in hits))[:k]
@@ -435,8 +438,8 @@ def other_persona(sut, ds: Dataset) -> dict | None:
             print(f"\r  [{ds.name}] other persona: {n}/{len(pairs)} questions", end="",
                   file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    split = " (one persona: its memories split in two, each question asked of the half without its gold)" \
-        if ds.split_other else ""
+    split = (" (one persona: its memories split in two, each question asked of the half without "
+             "its gold)") if ds.split_other else ""
     return {"n": len(pairs), "empty": empty, "empty_rate": empty / max(1, len(pairs)), "how": split}
 
 
@@ -502,7 +505,8 @@ def table(headers: list[str], rows: list[list]) -> str:
 def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: dict,
            others: dict | None) -> None:
     """Print the tables for one dataset: every setting and pass, the hybrid per category and pass,
-    session recall_any, the other-persona empty rate, and (with `misses`) questions found nothing for."""
+    session recall_any, the other-persona empty rate, and (with `misses`) questions found nothing
+    for."""
     print(f"\n== {ds.name} ==")
     for note in ds.notes:
         print(note)
@@ -555,7 +559,8 @@ def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: di
 
 
 def print_misses(ds: Dataset, result: dict, misses: int, texts: dict) -> None:
-    """The first `misses` questions of `result` with nothing relevant in the top k, with gold and hits."""
+    """The first `misses` questions of `result` with nothing relevant in the top k, with gold and
+    hits."""
     kmax = ds.ks[-1]
     print(f"\nfirst {misses} questions with R@{kmax} = 0 (last pass):")
     shown = 0
@@ -631,7 +636,8 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
     Example: python scripts/eval_recall.py --dataset locomo --limit-questions 50
     """
     if config and via_mcp:
-        raise click.UsageError("--config applies to the in-process engine; drop --via-mcp to use it")
+        raise click.UsageError("--config applies to the in-process engine; "
+                               "drop --via-mcp to use it")
     if now_iso:
         import aokun
         aokun.parse_time(now_iso, "--now")

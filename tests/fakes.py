@@ -57,8 +57,8 @@ class FakeEmbedder(aokun.Embedder):
 
 
 class RefusingEmbedder(FakeEmbedder):
-    """A FakeEmbedder that refuses for good any text containing `marker` (aokun.EmbeddingRejected, as
-    an OpenAI-compatible server answers 400 for an input), the whole call failing as one request
+    """A FakeEmbedder that refuses for good any text containing `marker` (aokun.EmbeddingRejected,
+    as an OpenAI-compatible server answers 400 for an input), the whole call failing as one request
     does; `refused` lists the texts it refused."""
 
     def __init__(self, marker: str = "REFUSE-ME", **kw):
@@ -111,8 +111,8 @@ def doc_vector(mem, doc_id: int):
 
 
 def open_at_schema(tmp_path, monkeypatch, segmenter, upto: int, name: str) -> "aokun.Memory":
-    """A Memory on a new file `tmp_path/name` made by migrations 1..`upto` only (SCHEMA_DIR points at
-    a copy of them until the test sets it back), with a fake 16-d embedder and no recovery."""
+    """A Memory on a new file `tmp_path/name` made by migrations 1..`upto` only (SCHEMA_DIR points
+    at a copy of them until the test sets it back), with a fake 16-d embedder and no recovery."""
     import shutil
     old = tmp_path / f"schema{upto}"
     old.mkdir()
@@ -132,15 +132,16 @@ EVENT_COLUMNS = ("event_at", "event_end")
 
 
 def event_columns(mem, add: bool = True) -> None:
-    """Add (or with add=False drop) schema 16's documents.event_at/event_end in an older file. In tx."""
+    """Add (or with add=False drop) schema 16's documents.event_at/event_end in an older file. In
+    tx."""
     for column in EVENT_COLUMNS:
         mem.conn.execute(f"alter table documents add column {column} text" if add
                          else f"alter table documents drop column {column}")
 
 
 def default_graph_columns_of_schema12(mem) -> None:
-    """This code no longer writes graph_nodes/edges/entries' uid, created_at and updated_at (schema 13
-    drops them): give them defaults in an older file so it can write there. In tx."""
+    """This code no longer writes graph_nodes/edges/entries' uid, created_at and updated_at (schema
+    13 drops them): give them defaults in an older file so it can write there. In tx."""
     import re
     for table in ("graph_entries", "graph_edges", "graph_nodes"):
         sql = mem.value("select sql from sqlite_master where name = ?", (table,))

@@ -106,7 +106,8 @@ def test_stats_json_and_doctor(run):
 
 def test_pin_unpin_archive_unarchive_delete(run):
     run("memorize", "flag me")
-    flags = lambda: _db(run.db).execute("select pinned, archived from documents where id = 1").fetchone()  # noqa: E731
+    flags = lambda: _db(run.db).execute(  # noqa: E731
+        "select pinned, archived from documents where id = 1").fetchone()
     assert run("pin", "1").output.strip() == "pinned 1" and flags() == (1, 0)
     assert run("unpin", "1").output.strip() == "unpinned 1" and flags() == (0, 0)
     assert run("archive", "1").output.strip() == "archived 1" and flags() == (0, 1)

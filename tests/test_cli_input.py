@@ -34,7 +34,8 @@ def _content(aokun_cli, memory_id) -> str:
 
 
 def test_memorize_reads_standard_input_and_a_large_file(aokun_cli, tmp_path):
-    text = "Notes from the long meeting with Aiko.\n第二段：我们讨论了预算。\n" + "Budget line item, 预算. " * 12000
+    text = "Notes from the long meeting with Aiko.\n第二段：我们讨论了预算。\n" \
+        + "Budget line item, 预算. " * 12000
     assert len(text.encode("utf-8")) > 300_000  # far beyond what one argument may hold (~128 KB)
     big = tmp_path / "meeting.md"
     big.write_bytes(text.encode("utf-8"))

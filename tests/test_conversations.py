@@ -22,7 +22,8 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "conversations"
 CLAUDE = FIXTURES / "claude-code" / "-home-dev-aokun" / "5b0c2f4e-7d1a-4c3b-9e8f-1a2b3c4d5e6f.jsonl"
 CODEX = FIXTURES / "codex" / "sessions" / "2026" / "03" / "03" / \
     "rollout-2026-03-03T08-15-02-0199a1b2-3c4d-7e5f-8a9b-0c1d2e3f4a5b.jsonl"
-COPILOT = FIXTURES / "copilot" / "session-state" / "3f6c9d2a-1b4e-4f7a-8c5d-6e7f8a9b0c1d" / "events.jsonl"
+COPILOT = FIXTURES / "copilot" / "session-state" / "3f6c9d2a-1b4e-4f7a-8c5d-6e7f8a9b0c1d" \
+    / "events.jsonl"
 CHATGPT = FIXTURES / "chatgpt" / "conversations.json"
 
 #: source -> (fixture folder or file, {session id: [(role, start of text)] in order})
@@ -162,7 +163,8 @@ def test_appended_lines_are_the_only_ones_added(mem, tmp_path):
     turns = all_turns(mem)["5b0c2f4e-7d1a-4c3b-9e8f-1a2b3c4d5e6f"]
     assert len(turns) == 8 \
         and turns[-1] == ("assistant", "Done: 手冲咖啡 is in rules/userdict.txt.")
-    assert mem.conversation_get_session("5b0c2f4e-7d1a-4c3b-9e8f-1a2b3c4d5e6f")["session"]["turn_count"] == 8
+    session = mem.conversation_get_session("5b0c2f4e-7d1a-4c3b-9e8f-1a2b3c4d5e6f")["session"]
+    assert session["turn_count"] == 8
 
 
 def test_a_half_written_last_line_waits_for_the_next_run(mem, tmp_path):
@@ -397,12 +399,13 @@ SECRETS = {
     "sk-ant-api03-q8Zr4TnW2mXv9LpK3bYc7HdJ6fGa1sEo5uIqWnVt0MxKyZrBdCeF-gHiJ": "anthropic_key",
     "AKIAQ3EGRT5YL7XWNZPD": "aws_access_key",
     "ghp_R8tZk2Lm9QvX4nWb7Yc1Hd6Jf3Ga5sEo0uIq": "github_token",
-    "github_pat_11ABCDEFG0aBcDeFgHiJkL_mNoPqRsTuVwXyZ0123456789abcdefghijklmnopqrstuvwxyzAB": "github_token",
+    "github_pat_11ABCDEFG0aBcDeFgHiJkL_mNoPqRsTuVwXyZ0123456789"
+    "abcdefghijklmnopqrstuvwxyzAB": "github_token",
     "xoxb-2847561093-5829301746-Qm8Tz2Lk9RvX4nWb7Yc1Hd6J": "slack_token",
     "AIzaSyD8fK2mQ9vX4nWb7Yc1Hd6Jf3Ga5sEo0uI": "google_api_key",
     "sk_live_51H8fK2mQ9vX4nWb7Yc1Hd6Jf3Ga5sEo0uIqWnVt": "stripe_key",
-    "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkFsaWNlIn0.8fK2mQ9vX4nWb7Yc1Hd6Jf3Ga5":
-        "jwt",
+    "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9."
+    "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkFsaWNlIn0.8fK2mQ9vX4nWb7Yc1Hd6Jf3Ga5": "jwt",
 }
 PEM = ("-----BEGIN RSA PRIVATE KEY-----\n"
        "MIIEowIBAAKCAQEA7xK2mQ9vX4nWb7Yc1Hd6Jf3Ga5sEo0uIqWnVt0MxKyZrBdCeF\n"
@@ -427,7 +430,8 @@ def test_redact_replaces_each_kind_of_secret():
         '"api_key": "[REDACTED:password]"'
     assert aokun.redact(f"postgres://app:{DB_URL_PASSWORD}@db:5432/x", mem_patterns) == \
         "postgres://app:[REDACTED:connection_string]@db:5432/x"
-    ordinary = "Use sk-learn? No: scikit-learn 1.5, 4096-d vectors, AKIA is a prefix, the token budget is 400."
+    ordinary = ("Use sk-learn? No: scikit-learn 1.5, 4096-d vectors, AKIA is a prefix, "
+                "the token budget is 400.")
     assert aokun.redact(ordinary, mem_patterns) == ordinary
 
 
@@ -664,7 +668,8 @@ def test_rebuild_vectors_re_embeds_the_turns_with_the_new_model(tmp_path, open_m
 
 def test_a_lone_surrogate_or_a_deeply_nested_line_costs_only_that_line(mem, tmp_path):
     """A `\\ud800` escape (legal JSON, no Unicode character) is stored as U+FFFD; a line nested too
-    deep for Python's parser is skipped and counted; the other file and the other lines are stored."""
+    deep for Python's parser is skipped and counted; the other file and the other lines are
+    stored."""
     folder = tmp_path / "projects" / "-home-dev-aokun"
     folder.mkdir(parents=True)
     shutil.copy(CLAUDE, folder / CLAUDE.name)
@@ -672,7 +677,8 @@ def test_a_lone_surrogate_or_a_deeply_nested_line_costs_only_that_line(mem, tmp_
     lines = CLAUDE.read_text(encoding="utf-8").replace(CLAUDE.stem, other).splitlines(keepends=True)
     bad = claude_record("dddddddd-0000-4000-8000-000000000001", "broken SURROGATE text").replace(
         CLAUDE.stem, other).replace("SURROGATE", "\\ud800")
-    deep = '{"type": "user", "message": {"role": "user", "content": ' + "[" * 100000 + "]" * 100000 + "}}\n"
+    deep = '{"type": "user", "message": {"role": "user", "content": ' \
+        + "[" * 100000 + "]" * 100000 + "}}\n"
     (folder / f"{other}.jsonl").write_text("".join(lines[:3]) + bad + "\n" + deep
                                            + "".join(lines[3:]), encoding="utf-8")
     out = mem.ingest("claude-code", [tmp_path / "projects"])

@@ -15,8 +15,10 @@ FACT_ENTRIES = "node_id in (select id from graph_nodes where node_type = 'fact')
 TESTS = Path(__file__).resolve().parent
 STAGES = ("pending", "docs_done", "atoms_done", "graph_done")
 BACKGROUND = "Background: Alice met Bob at the Shanghai office"
-TARGET = "Target memory: Carol will present the zephyrine roadmap next Friday. She feels nervous about it."
-EDITED = "Target memory, edited: Carol presented the quillback roadmap on Friday. The launch review went smoothly."
+TARGET = ("Target memory: Carol will present the zephyrine roadmap next Friday. "
+          "She feels nervous about it.")
+EDITED = ("Target memory, edited: Carol presented the quillback roadmap on Friday. "
+          "The launch review went smoothly.")
 
 CHILD = textwrap.dedent(r'''
     import os, signal, sys
@@ -24,7 +26,8 @@ CHILD = textwrap.dedent(r'''
     from fakes import aokun, open_memory
 
     db, op, stage, when, mode = sys.argv[1:6]
-    if mode == "stagewise":  # one transaction per stage, as a resumed write runs (a new one runs in one)
+    # one transaction per stage, as a resumed write runs (a new one runs in one)
+    if mode == "stagewise":
         aokun.Memory._run_in_one_tx = lambda self, todo, stages: None
     m = open_memory(db)
     m.memorize({background!r}, {{"participants": ["Alice", "Bob"], "topics": ["office"]}})
@@ -36,7 +39,8 @@ CHILD = textwrap.dedent(r'''
         sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
 
-    if when == "journal":  # right after the journal row is committed, before any stage (or embedding)
+    # right after the journal row is committed, before any stage (or embedding)
+    if when == "journal":
         def run_pipeline(self, preps):
             die()
         aokun.Memory.run_pipeline = run_pipeline
@@ -263,7 +267,8 @@ def test_recovery_leaves_this_process_running_writes_alone(db_path, open_mem, ca
 
 def test_owner_of_an_earlier_process_with_this_pid_is_not_alive():
     """pid reuse: a row of this pid that is not OWNER (an earlier start, e.g. pid 1 in a container)
-    and a row naming a live pid with another start token are abandoned; a live process's own is not."""
+    and a row naming a live pid with another start token are abandoned; a live process's own is
+    not."""
     import os
     import socket
     host = socket.gethostname()
@@ -302,8 +307,8 @@ def test_earlier_start_with_this_pid_is_recovered(db_path, open_mem):
 
 
 def test_memorize_many_reports_what_is_stored(db_path, open_mem):
-    """One item of a batch failing its first stage: the others are stored, the failed one is reported
-    failed and its journal row marked failed, so no recovery stores it later."""
+    """One item of a batch failing its first stage: the others are stored, the failed one is
+    reported failed and its journal row marked failed, so no recovery stores it later."""
     m = open_mem(db_path)
     real = aokun.Memory._stage_docs
 

@@ -157,7 +157,8 @@ def test_a_repeat_does_not_move_the_deadline_earlier(open_mem, tmp_path, monkeyp
                          {"timestamp": "2026-12-02T10:00:00Z"})["id"]
     mem.memorize("Reminder: the Falcon launch deadline is 2027-01-15!",
                  {"timestamp": "2026-12-05T10:00:00Z"})
-    rows = mem.rows("select reinforcement_count, expires_at from memory_atoms where document_id = ?", (first,))
+    rows = mem.rows("select reinforcement_count, expires_at from memory_atoms "
+                    "where document_id = ?", (first,))
     assert rows == [{"reinforcement_count": 1, "expires_at": "2027-01-17T00:00:00Z"}]
 
 

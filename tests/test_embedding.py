@@ -56,8 +56,8 @@ class FakeOpenAI:
                                       [("Retry-After", "0")])
                 inputs = body["input"]
                 if outer.reject and any(outer.reject in t for t in inputs):
-                    return self._send(400,
-                                      {"error": {"message": f"input {outer.reject} is not allowed"}})
+                    error = {"message": f"input {outer.reject} is not allowed"}
+                    return self._send(400, {"error": error})
                 data = [{"object": "embedding", "index": i,
                          "embedding": [float(x) * 3 for x in outer.vectors.vector(t)]}
                         for i, t in enumerate(inputs)]
@@ -336,7 +336,8 @@ def test_switch_to_endpoint_with_other_native_dim_then_rebuild(db_path, open_mem
 
 
 def test_rebuild_vectors_probes_the_dimension(db_path, open_mem, server, segmenter):
-    """A file written with provider none, then `rebuild --vectors` with a dimension-less endpoint."""
+    """A file written with provider none, then `rebuild --vectors` with a dimension-less
+    endpoint."""
     open_mem(db_path, aokun.Embedder()).memorize("Rita studies Portuguese on the train")
     mem = aokun.Memory(db_path, _openai_config(server.url))
     mem.seg = segmenter
@@ -633,7 +634,8 @@ def test_cli_rebuild_vectors_exits_nonzero_with_one_line(tmp_path, server, segme
     mem.close()
     ini = tmp_path / "aokun.ini"
     ini.write_text(f"[embedding]\nprovider = openai\nbase_url = {server.url}\n"
-                   "model = remote-embed\napi_key = sk-test\nmax_retries = 0\ntimeout_seconds = 5\n", encoding="utf-8")
+                   "model = remote-embed\napi_key = sk-test\nmax_retries = 0\n"
+                   "timeout_seconds = 5\n", encoding="utf-8")
     server.down = True
     r = subprocess.run([sys.executable, str(aokun.HERE / "aokun.py"), "--db", str(db), "--config",
                         str(ini), "rebuild", "--vectors"], capture_output=True, text=True,

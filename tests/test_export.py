@@ -87,7 +87,8 @@ def test_export_import_export_is_identical(tmp_path, open_mem):
     assert [(f["valid_from"][:4], f["valid_to"] and f["valid_to"][:4]) for f in facts] == [
         ("2025", "2026"), ("2026", None)]
     assert [f["object"] for f in facts] == [f["object"] for f in src.kg_timeline("Alice")["facts"]]
-    assert dst.restore_memory(dst.value("select id from documents where content like 'Bob 修好%'"))["restored"]
+    fixed = dst.value("select id from documents where content like 'Bob 修好%'")
+    assert dst.restore_memory(fixed)["restored"]
 
 
 @pytest.mark.slow
@@ -152,7 +153,8 @@ def test_a_bad_line_is_one_error_and_writes_nothing(tmp_path, open_mem):
 def test_a_record_never_moves_or_reaches_another_personas_rows(tmp_path, open_mem):
     """An import (or a sync) record that names a uid of another persona's entity, fact, session or
     memory is refused, and a reference to another persona's row is not followed: before, a later
-    entity or fact record with another persona_id moved that row (and what hung on it) to its persona."""
+    entity or fact record with another persona_id moved that row (and what hung on it) to its
+    persona."""
     mem = open_mem(tmp_path / "a.db")
     fill(mem)
     dump = [json.loads(x) for x in lines_of(mem)]

@@ -127,7 +127,8 @@ def test_touches_still_slow_the_daily_decay(mem):
 # memory_feedback ################################################################################
 
 def _twins(m) -> tuple[int, int]:
-    """Two memories BM25 scores equally for 'jasmine tea garden' (as many words, same age and importance)."""
+    """Two memories BM25 scores equally for 'jasmine tea garden' (as many words, same age and
+    importance)."""
     ts = aokun.iso(aokun.now() - dt.timedelta(days=3))
     a = m.memorize("Nadia grows jasmine tea in her garden", {"timestamp": ts})["id"]
     b = m.memorize("Omar grows jasmine tea in his garden", {"timestamp": ts})["id"]
@@ -168,8 +169,8 @@ def test_feedback_importance_is_bounded_and_not_useful_lowers_it(mem):
         == [(a, 1.0, pytest.approx(0.95)), (b, 0.03, 0.0)]
     assert [r["useful_count"] for r in down["results"]] == [2, 0]  # not useful: nothing counted
     assert mem.get(b)["last_useful_at"] is None and mem.get(b)["importance"] == 0.0
-    step = aokun.Config(None, overrides={("recall",
-                                          "feedback_importance_step"): 0.2}).recall.feedback_importance_step
+    cfg = aokun.Config(None, overrides={("recall", "feedback_importance_step"): 0.2})
+    step = cfg.recall.feedback_importance_step
     assert step == 0.2
 
 

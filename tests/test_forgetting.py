@@ -101,12 +101,13 @@ class DecayModel:
     """The seed's decay formula, in Python, one memory at a time."""
 
     def __init__(self, importance, access_count=0.0, last_access_at=None, pinned=False):
-        self.importance, self.access_count, self.last, self.pinned = importance, access_count, last_access_at, pinned
+        self.importance, self.access_count = importance, access_count
+        self.last, self.pinned = last_access_at, pinned
 
     def day(self, day: dt.date, rate=0.01, window_days=30, multiplier=0.5, hour=0, minute=5):
         at = dt.datetime.combine(day, dt.time(hour, minute), dt.timezone.utc)
-        recent = self.access_count if self.last and aokun.parse_time(self.last) >= at - dt.timedelta(days=window_days) \
-            else 0
+        since = at - dt.timedelta(days=window_days)
+        recent = self.access_count if self.last and aokun.parse_time(self.last) >= since else 0
         effective = rate * max(0.3, 1 - 0.1 * min(recent, 10))
         if not self.pinned and self.importance > 0.05:
             self.importance = max(0.05, self.importance * (1 - effective))
@@ -372,13 +373,14 @@ def test_an_older_fact_arriving_late_is_itself_superseded(make, clock):
 
 def test_auto_archive_old_unimportant_memories(make, clock):
     m = make(**{"forgetting.auto_cleanup_enabled": True})
-    old_low = m.memorize("Lighthouse keeper chat from long ago.", {"importance": 0.05,
-                                                                   "timestamp": "2025-06-01T00:00:00Z"})["id"]
-    old_high = m.memorize("Lighthouse restoration plan, very important.", {"importance": 0.9,
-                                                                           "timestamp": "2025-06-01T00:00:00Z"})["id"]
+    old_low = m.memorize("Lighthouse keeper chat from long ago.",
+                         {"importance": 0.05, "timestamp": "2025-06-01T00:00:00Z"})["id"]
+    old_high = m.memorize("Lighthouse restoration plan, very important.",
+                          {"importance": 0.9, "timestamp": "2025-06-01T00:00:00Z"})["id"]
     new_low = m.memorize("Lighthouse postcard bought last week.", {"importance": 0.05})["id"]
-    old_pinned = m.memorize("Lighthouse address, pinned.", {"importance": 0.05, "pinned": True,
-                                                            "timestamp": "2025-06-01T00:00:00Z"})["id"]
+    old_pinned = m.memorize("Lighthouse address, pinned.",
+                            {"importance": 0.05, "pinned": True,
+                             "timestamp": "2025-06-01T00:00:00Z"})["id"]
     everything = {old_low, old_high, new_low, old_pinned}
     hits = {h["id"] for h in m.recall("lighthouse", k=10)["results"]}
     assert hits == everything
@@ -415,8 +417,8 @@ def test_repeat_of_an_auto_archived_memory_restores_it_for_good(make, clock):
 
 def test_auto_archive_is_off_by_default(make, clock):
     m = make()
-    old_low = m.memorize("Lighthouse keeper chat from long ago.", {"importance": 0.05,
-                                                                   "timestamp": "2025-06-01T00:00:00Z"})["id"]
+    old_low = m.memorize("Lighthouse keeper chat from long ago.",
+                         {"importance": 0.05, "timestamp": "2025-06-01T00:00:00Z"})["id"]
     assert m.decay()["archived"] == []
     assert m.value("select archived from documents where id = ?", (old_low,)) == 0
 
@@ -430,8 +432,8 @@ def _setup_for_dry_runs(make, clock, path):
                              {"importance": 0.5, "key_facts": [MUSEUM]})["id"],
         "dentist": m.memorize(DENTIST, {"importance": 0.5})["id"],
         "tea": m.memorize("Alice prefers green tea in the afternoon.", {"importance": 0.6})["id"],
-        "old": m.memorize("An old unimportant note about parking.", {"importance": 0.06,
-                                                                     "timestamp": "2025-01-01T00:00:00Z"})["id"],
+        "old": m.memorize("An old unimportant note about parking.",
+                          {"importance": 0.06, "timestamp": "2025-01-01T00:00:00Z"})["id"],
         "pinned": m.memorize("Pinned rule: always answer in English.", {"pinned": True})["id"],
     }
     m.decay()
@@ -587,7 +589,8 @@ def test_online_backup_under_concurrent_writes(make, tmp_path, monkeypatch):
     finally:
         b.close()
     # each pass is ceil(pages/256) steps; at most 20 restarts, then the rest in one step
-    assert len(steps) <= 21 * math.ceil(pages / 256) + 1, f"{len(steps)} backup steps for {pages} pages"
+    assert len(steps) <= 21 * math.ceil(pages / 256) + 1, \
+        f"{len(steps)} backup steps for {pages} pages"
     assert out["backup"] == str(dest) and dest.exists() \
         and not dest.with_name(dest.name + ".part").exists()
     b = apsw.Connection(str(dest), flags=apsw.SQLITE_OPEN_READONLY)
