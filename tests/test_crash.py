@@ -243,8 +243,8 @@ def test_recovery_leaves_this_process_running_writes_alone(db_path, open_mem, ca
     m.memorize("A quick first memory about the harbour.")
     limit = m.cfg.write.write_op_max_retries
     emb.block, results = True, []
-    writer = threading.Thread(target=lambda: results.append(m.memorize("A slow memory about the "
-                                                                       "lighthouse.")))
+    slow = "A slow memory about the lighthouse."
+    writer = threading.Thread(target=lambda: results.append(m.memorize(slow)))
     caplog.set_level("INFO", logger="aokun")
     writer.start()
     try:

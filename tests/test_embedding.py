@@ -435,8 +435,8 @@ def test_vector_text_carries_labels(db_path, open_mem):
                        fake.vector("Went skating with Tom.\nsport winter happy"), atol=0.01)
     assert mem.get(i)["content"] == "Went skating with Tom."
     mem.rebuild(vectors=True)
-    assert np.allclose(aokun.blob_vector(mem.value("select embedding from doc_vectors where doc_id "
-                                                   "= ?", (i,))),
+    stored = mem.value("select embedding from doc_vectors where doc_id = ?", (i,))
+    assert np.allclose(aokun.blob_vector(stored),
                        fake.vector("Went skating with Tom.\nsport winter happy"), atol=0.01)
 
 

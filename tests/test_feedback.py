@@ -68,10 +68,9 @@ QUESTIONS = [  # (question, index in CORPUS of the memory that answers it)
 
 def _story(m) -> list[int]:
     ref = aokun.now()
-    return [r["id"] for r in m.memorize_many([(text,
-                                               {"timestamp": aokun.iso(ref
-                                                                       - dt.timedelta(days=days))})
-                                             for text, days in CORPUS])]
+    items = [(text, {"timestamp": aokun.iso(ref - dt.timedelta(days=days))})
+             for text, days in CORPUS]
+    return [r["id"] for r in m.memorize_many(items)]
 
 
 def _ranks(m, ids, k=5) -> list[int]:
@@ -176,11 +175,8 @@ def test_feedback_importance_is_bounded_and_not_useful_lowers_it(mem):
 
 def test_feedback_reinforces_the_memory_atoms_like_a_repeat_once_a_day(mem, monkeypatch):
     ts = aokun.iso(aokun.now() - dt.timedelta(days=10))
-    d = mem.memorize("Priya keeps her bonsai collection on the balcony", {"timestamp": ts,
-                                                                          "key_facts": ["Priya "
-                                                                                        "collects "
-                                                                                        "bonsai "
-                                                                                        "trees"]})
+    d = mem.memorize("Priya keeps her bonsai collection on the balcony",
+                     {"timestamp": ts, "key_facts": ["Priya collects bonsai trees"]})
     def atom():
         [a] = mem.rows("select * from memory_atoms where document_id = ?", (d["id"],))
         return a
