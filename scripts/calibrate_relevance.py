@@ -47,20 +47,23 @@ def features(sut: ev.EngineSUT, ds: ev.Dataset, id_map: dict) -> list[dict]:
             for rank, h in enumerate(ans["results"]):
                 e = h["explain"]
                 gold = kind == "in" and bool(id_map.get(h["id"], set()) & q.gold)
-                rows.append({"q": n, "kind": kind, "rank": rank, "gold": gold, "cos": e["cosine"], "cover": e["cover"]})
+                rows.append({"q": n, "kind": kind, "rank": rank, "gold": gold, "cos": e["cosine"],
+                             "cover": e["cover"]})
         print(f"\r  {n + 1}/{len(ds.questions)} questions", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     return rows
 
 
 def logistic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Weights (last one the bias) of a logistic regression with balanced classes (Newton's method)."""
+    """Weights (last one the bias) of a logistic regression with balanced classes (Newton's
+    method)."""
     x = np.c_[x, np.ones(len(x))]
     w = np.where(y == 1, 0.5 / max(1, y.sum()), 0.5 / max(1, (1 - y).sum()))
     beta = np.zeros(x.shape[1])
     for _ in range(100):
         p = 1 / (1 + np.exp(-x @ beta))
-        step = np.linalg.solve((x * (w * p * (1 - p))[:, None]).T @ x + 1e-9 * np.eye(len(beta)), x.T @ (w * (y - p)))
+        step = np.linalg.solve((x * (w * p * (1 - p))[:, None]).T @ x + 1e-9 * np.eye(len(beta)),
+                               x.T @ (w * (y - p)))
         beta += step
         if np.abs(step).max() < 1e-9:
             break
@@ -68,8 +71,8 @@ def logistic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def threshold_table(rows: list[dict], ds: ev.Dataset, relevance) -> list[list]:
-    """[threshold, in-persona R@5, R@10, the R@10 drop, answerable questions left empty, other-persona
-    empty rate] for each threshold."""
+    """[threshold, in-persona R@5, R@10, the R@10 drop, answerable questions left empty,
+    other-persona empty rate] for each threshold."""
     by_q: dict[tuple, list] = {}
     for r in rows:
         by_q.setdefault((r["kind"], r["q"]), []).append(r)
@@ -86,17 +89,20 @@ def threshold_table(rows: list[dict], ds: ev.Dataset, relevance) -> list[list]:
                 answered += bool(kept)
             else:
                 answered_other += bool(kept)
-        table.append([t, float(np.sum(r5) / len(ds.questions)), float(np.sum(r10) / len(ds.questions)),
-                      1 - answered / len(ds.questions), 1 - answered_other / max(1, n_other)])
+        table.append([t, float(np.sum(r5) / len(ds.questions)),
+                      float(np.sum(r10) / len(ds.questions)), 1 - answered / len(ds.questions),
+                      1 - answered_other / max(1, n_other)])
     return [[t, r5, r10, table[0][2] - r10, e, o] for t, r5, r10, e, o in table]
 
 
 @click.command()
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=ev.DEFAULT_DATA,
-              show_default=True, help="Folder with locomo-dev.json and madial-zh-dev/.")
-@click.option("--dataset", type=click.Choice(["locomo", "madial"]), default="locomo", show_default=True,
-              help="locomo fits the model's weights (English); madial its [model.cjk] weights (Chinese "
-                   "questions, negatives from the memories split into two personas).")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=ev.DEFAULT_DATA, show_default=True,
+              help="Folder with locomo-dev.json and madial-zh-dev/.")
+@click.option("--dataset", type=click.Choice(["locomo", "madial"]), default="locomo",
+              show_default=True,
+              help="locomo fits the model's weights (English); madial its [model.cjk] weights "
+                   "(Chinese questions, negatives from the memories split into two personas).")
 @click.option("--db-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where eval_recall keeps its locomo.db (reused; default: a temporary folder).")
 def main(data_dir, db_dir, dataset):
@@ -126,9 +132,13 @@ def main(data_dir, db_dir, dataset):
     print(f'\n["{model}"]' if dataset == "locomo" else f'\n["{model}".cjk]')
     for k, v in coef.items():
         print(f"{k} = {v:.2f}")
-    print(f"\n{len(train)} hits ({int(y.sum())} relevant); what [recall] min_relevance costs and buys:")
-    print(ev.table(["min_relevance", "in-persona R@5", "R@10", "R@10 drop", "answerable empty", "other persona empty"],
-                   threshold_table(rows, ds, lambda h: aokun.calibrated_relevance(h["cos"], h["cover"], coef) or 0.0)))
+    print(f"\n{len(train)} hits ({int(y.sum())} relevant); what [recall] min_relevance costs and "
+          "buys:")
+    print(ev.table(["min_relevance", "in-persona R@5", "R@10", "R@10 drop", "answerable empty",
+                    "other persona empty"],
+                   threshold_table(rows, ds,
+                                   lambda h: aokun.calibrated_relevance(h["cos"], h["cover"], coef)
+                                   or 0.0)))
     if tmp:
         tmp.cleanup()
 

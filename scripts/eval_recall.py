@@ -36,10 +36,13 @@ import click
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  #: ../shared/data beside the repo
+#: ../shared/data beside the repo
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 DEFAULT_CHANNELS = "bm25,vector,graph_keyword,graph_vector,all"  #: single channels, then the hybrid
-LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
-LOCOMO_DEFAULT_CATEGORIES = (1, 2, 3, 4)  #: the protocol; 5 (adversarial) has no answer in the conversation
+LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop",
+                     5: "adversarial"}
+#: the protocol; 5 (adversarial) has no answer in the conversation
+LOCOMO_DEFAULT_CATEGORIES = (1, 2, 3, 4)
 LOCOMO_KS = (1, 5, 10)
 MADIAL_KS = (1, 3, 5, 10)
 RECALL_K = 10  #: one recall per question and channel setting; every smaller k is cut from it
@@ -58,7 +61,8 @@ class Question:
     gold: set  #: local gold keys (LoCoMo dia_ids, MADial memory ids)
     category: str = ""
     answer: str = ""
-    gold_sessions: set = field(default_factory=set)  #: LoCoMo: the session ids of the evidence turns
+    #: LoCoMo: the session ids of the evidence turns
+    gold_sessions: set = field(default_factory=set)
 
 
 @dataclass
@@ -95,12 +99,14 @@ def gold_ids(evidence) -> list[str]:
 
 def load_locomo(data_dir: Path, categories=LOCOMO_DEFAULT_CATEGORIES) -> Dataset:
     """One memory per turn, one persona per conversation; questions of `categories` (1-4)."""
-    ds = Dataset("locomo", LOCOMO_KS, categories=[f"{c} {LOCOMO_CATEGORIES[c]}" for c in sorted(categories)])
+    ds = Dataset("locomo", LOCOMO_KS, categories=[f"{c} {LOCOMO_CATEGORIES[c]}"
+                                                  for c in sorted(categories)])
     conversations = json.loads((data_dir / "locomo-dev.json").read_text(encoding="utf-8"))
     dropped_gold = skipped = total = in_categories = 0
     for conv in conversations:
         sid, c = conv["sample_id"], conv["conversation"]
-        sessions = sorted((int(m.group(1)) for key in c if (m := re.fullmatch(r"session_(\d+)", key))))
+        sessions = sorted((int(m.group(1)) for key in c
+                           if (m := re.fullmatch(r"session_(\d+)", key))))
         known, session_of = set(), {}
         for n in sessions:
             stamp = locomo_time(c[f"session_{n}_date_time"])
@@ -128,9 +134,10 @@ def load_locomo(data_dir: Path, categories=LOCOMO_DEFAULT_CATEGORIES) -> Dataset
                                          f"{qa['category']} {LOCOMO_CATEGORIES[qa['category']]}",
                                          str(qa.get("answer", "")), {session_of[g] for g in gold}))
     cats = ",".join(map(str, sorted(categories)))
-    ds.notes.append(f"{len(conversations)} conversations, {len(ds.items)} turns; {total} QA pairs in the file, "
-                    f"{in_categories} in categories {cats}, {skipped} skipped with no gold in the conversation "
-                    f"({dropped_gold} gold ids not in the conversation dropped) -> {len(ds.questions)} questions")
+    ds.notes.append(f"{len(conversations)} conversations, {len(ds.items)} turns; {total} QA pairs "
+                    f"in the file, {in_categories} in categories {cats}, {skipped} skipped with no "
+                    f"gold in the conversation ({dropped_gold} gold ids not in the conversation "
+                    f"dropped) -> {len(ds.questions)} questions")
     return ds
 
 
@@ -150,7 +157,8 @@ def madial_time(value) -> str | None:
 def load_madial(data_dir: Path) -> Dataset:
     """memory.jsonl: one `{"<id>": {time, scene, emotion, event, user-id, id}}` per line;
     dialogue.jsonl: `dialogue` lines (first `<BOD>`), `test-turn` (indexes into `dialogue`, counting
-    the `<BOD>` line), `relevant-id`, `user-id`. The query is every line before the first test turn."""
+    the `<BOD>` line), `relevant-id`, `user-id`. The query is every line before the first test
+    turn."""
     folder = data_dir / "madial-zh-dev"
     ds = Dataset("madial", MADIAL_KS)
     unparseable = 0
@@ -185,18 +193,18 @@ def load_madial(data_dir: Path) -> Dataset:
             skipped += 1
             continue
         ds.questions.append(Question(f"dialogue {d['id']}", persona, query, gold))
-    ds.notes.append(f"{len(ds.items)} memories ({unparseable} with an unparseable time, stored without a "
-                    f"timestamp), {len(ds.questions)} dialogues ({skipped} skipped, "
+    ds.notes.append(f"{len(ds.items)} memories ({unparseable} with an unparseable time, stored "
+                    f"without a timestamp), {len(ds.questions)} dialogues ({skipped} skipped, "
                     f"{missing} gold ids not in the pool)")
     split_personas(ds)
     return ds
 
 
 def split_personas(ds: Dataset) -> None:
-    """Negatives for a dataset with one persona (MADial dev holds user 1 only): a copy of its memories
-    split into two personas by memory order (even and odd positions, so both halves span the same
-    time), and for every question the half that holds none of its gold memories: asked there,
-    nothing is the answer. Questions whose gold falls in both halves get no negative."""
+    """Negatives for a dataset with one persona (MADial dev holds user 1 only): a copy of its
+    memories split into two personas by memory order (even and odd positions, so both halves span
+    the same time), and for every question the half that holds none of its gold memories: asked
+    there, nothing is the answer. Questions whose gold falls in both halves get no negative."""
     personas = {q.persona_id for q in ds.questions}
     if len(personas) != 1:
         return
@@ -219,13 +227,14 @@ def split_personas(ds: Dataset) -> None:
 class EngineSUT:
     """Aokun's engine in-process. The evaluation calls only `memorize_many`, `recall` and `close`.
 
-    With `touch` (the default) it runs the shipped settings: recall records access to what it returns
-    ([recall] reinforce_on_recall), as it does for a user. touch=False turns that off and clears
-    earlier access bookkeeping, for comparison."""
+    With `touch` (the default) it runs the shipped settings: recall records access to what it
+    returns ([recall] reinforce_on_recall), as it does for a user. touch=False turns that off and
+    clears earlier access bookkeeping, for comparison."""
 
     name = "engine"
 
-    def __init__(self, db_path: Path, provider: str = "local", touch: bool = True, config: Path | None = None):
+    def __init__(self, db_path: Path, provider: str = "local", touch: bool = True,
+                 config: Path | None = None):
         import aokun
 
         overrides = {("recall", "cache_ttl_seconds"): 0.0}
@@ -246,7 +255,8 @@ class EngineSUT:
         return self.mem.memorize_many(items)
 
     def recall(self, query: str, k: int, persona_id: str, channels) -> dict:
-        """→ {"results": [{"id", "text", ...}], "degraded": [...], "took_ms"}; channels None = all."""
+        """→ {"results": [{"id", "text", ...}], "degraded": [...], "took_ms"}; channels None =
+        all."""
         return self.mem.recall(query, k=k, persona_id=persona_id, channels=channels)
 
     def close(self) -> None:
@@ -267,14 +277,17 @@ class MCPSUT:
 
         self._dir = tempfile.TemporaryDirectory(prefix="aokun-eval-mcp-")
         ini = Path(self._dir.name) / "aokun.ini"
-        # cache_ttl_seconds = 0: a repeated question is answered afresh (the second pass measures what
-        # the first pass's access bookkeeping did, not the cache); reinforcement stays at its default
+        # cache_ttl_seconds = 0: a repeated question is answered afresh (the second pass measures
+        # what the first pass's access bookkeeping did, not the cache); reinforcement stays at its
+        # default
         ini.write_text("[embedding]\nprovider = %s\n[recall]\ncache_ttl_seconds = 0\n%s"
-                       "[server]\nexposed_tools = memorize, recall\nlog_level = WARNING\n[backup]\ndaily = false\n"
-                       % (provider, "" if touch else "reinforce_on_recall = false\n"), encoding="utf-8")
+                       "[server]\nexposed_tools = memorize, recall\nlog_level = WARNING\n[backup]\n"
+                       "daily = false\n"
+                       % (provider, "" if touch else "reinforce_on_recall = false\n"),
+                       encoding="utf-8")
         params = StdioServerParameters(command=sys.executable, cwd=str(REPO),
-                                       args=[str(REPO / "aokun.py"), "--db", str(db_path), "--config", str(ini),
-                                             "serve"])
+                                       args=[str(REPO / "aokun.py"), "--db", str(db_path),
+                                             "--config", str(ini), "serve"])
         self._portal_cm = start_blocking_portal()
         self._portal = self._portal_cm.__enter__()
         self._client_cm = self._portal.wrap_async_context_manager(Client(params))
@@ -311,7 +324,8 @@ def channel_spec(setting: str):
 def ingest(sut, ds: Dataset) -> tuple[dict, dict]:
     """Store every memory in batches; returns ({memory id: {local keys}}, timing info).
 
-    Identical texts within a persona become one memory: its id maps to every key that produced it."""
+    Identical texts within a persona become one memory: its id maps to every key that produced
+    it."""
     id_map: dict[int, set] = {}
     started, new = time.perf_counter(), 0
     for i in range(0, len(ds.items), BATCH):
@@ -322,11 +336,13 @@ def ingest(sut, ds: Dataset) -> tuple[dict, dict]:
             new += not r.get("deduplicated")
         done = min(i + BATCH, len(ds.items))
         rate = done / max(1e-9, time.perf_counter() - started)
-        print(f"\r  [{ds.name}] ingested {done}/{len(ds.items)} ({rate:.1f}/s)", end="", file=sys.stderr, flush=True)
+        print(f"\r  [{ds.name}] ingested {done}/{len(ds.items)} ({rate:.1f}/s)", end="",
+              file=sys.stderr, flush=True)
     print(file=sys.stderr)
     seconds = time.perf_counter() - started
     return id_map, {"seconds": round(seconds, 2), "memories": len(ds.items), "new": new,
-                    "distinct_ids": len(id_map), "per_second": round(len(ds.items) / max(seconds, 1e-9), 1)}
+                    "distinct_ids": len(id_map),
+                    "per_second": round(len(ds.items) / max(seconds, 1e-9), 1)}
 
 
 def fractional_recall(gold: set, retrieved_keys: list[set], k: int) -> float:
@@ -342,8 +358,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 def session_recall_any(q: Question, hits: list[dict], k: int) -> float | None:
-    """LoCoMo's session-level recall_any@k: 1 when a session of an evidence turn is among the first k
-    distinct sessions of the ranking, else 0; None for a question without sessions (MADial)."""
+    """LoCoMo's session-level recall_any@k: 1 when a session of an evidence turn is among the first
+    k distinct sessions of the ranking, else 0; None for a question without sessions (MADial)."""
     if not q.gold_sessions:
         return None
     sessions = list(dict.fromkeys(h.get("session_id") for h in hits))[:k]
@@ -356,7 +372,8 @@ def evaluate(sut, ds: Dataset, id_map: dict, settings: list[str], passes: int = 
     every k in ds.ks. Returns {setting: [one result per pass]}."""
     out = {}
     for setting in settings:
-        if ds.questions:  # untimed warm-up: loads the embedding model and jieba before the clock runs
+        # untimed warm-up: loads the embedding model and jieba before the clock runs
+        if ds.questions:
             q = ds.questions[0]
             sut.recall(q.query + " warm-up", RECALL_K, q.persona_id, channel_spec(setting))
         out[setting] = [one_pass(sut, ds, id_map, setting, n) for n in range(1, passes + 1)]
@@ -378,13 +395,15 @@ def one_pass(sut, ds: Dataset, id_map: dict, setting: str, number: int) -> dict:
         empty += not hits
         keys = [id_map.get(h["id"], set()) for h in hits]
         per_q.append({"q": q, "recall": {k: fractional_recall(q.gold, keys, k) for k in ds.ks},
-                      "sessions": {k: session_recall_any(q, hits, k) for k in SESSION_KS}, "hits": hits})
+                      "sessions": {k: session_recall_any(q, hits, k) for k in SESSION_KS},
+                      "hits": hits})
         if n % 25 == 0 or n == len(ds.questions):
-            print(f"\r  [{ds.name}] {setting} pass {number}: {n}/{len(ds.questions)} questions", end="",
-                  file=sys.stderr, flush=True)
+            print(f"\r  [{ds.name}] {setting} pass {number}: {n}/{len(ds.questions)} questions",
+                  end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     result = {"n": len(per_q), "recall": mean_recall(per_q, ds.ks), "by_category": {},
-              "session_recall_any": {k: mean_of([r["sessions"][k] for r in per_q]) for k in SESSION_KS},
+              "session_recall_any": {k: mean_of([r["sessions"][k] for r in per_q])
+                                     for k in SESSION_KS},
               "empty_results": empty, "degraded": degraded,
               "query_seconds": round(time.perf_counter() - started, 2),
               "took_ms_p50": round(pct(took, 0.5), 2), "took_ms_p95": round(pct(took, 0.95), 2),
@@ -416,11 +435,11 @@ def other_persona(sut, ds: Dataset) -> dict | None:
     for n, (q, persona) in enumerate(pairs, 1):
         empty += not (sut.recall(q.query, RECALL_K, persona, None).get("results") or [])
         if n % 25 == 0 or n == len(pairs):
-            print(f"\r  [{ds.name}] other persona: {n}/{len(pairs)} questions", end="", file=sys.stderr,
-                  flush=True)
+            print(f"\r  [{ds.name}] other persona: {n}/{len(pairs)} questions", end="",
+                  file=sys.stderr, flush=True)
     print(file=sys.stderr)
-    split = " (one persona: its memories split in two, each question asked of the half without its gold)" \
-        if ds.split_other else ""
+    split = (" (one persona: its memories split in two, each question asked of the half without "
+             "its gold)") if ds.split_other else ""
     return {"n": len(pairs), "empty": empty, "empty_rate": empty / max(1, len(pairs)), "how": split}
 
 
@@ -446,13 +465,15 @@ def cross_language(db_dir: Path, data_dir: Path, provider: str, config) -> dict:
                 ("en_of_zh", locomo.questions, sorted({q.persona_id for q in madial.questions}))):
             empty = sum(not (sut.recall(q.query, RECALL_K, personas[n % len(personas)], None)
                              .get("results") or []) for n, q in enumerate(questions))
-            out[key] = {"n": len(questions), "empty": empty, "empty_rate": empty / max(1, len(questions))}
+            out[key] = {"n": len(questions), "empty": empty,
+                        "empty_rate": empty / max(1, len(questions))}
     finally:
         sut.close()
-    print(f"asked of another persona in the other language (hybrid): Chinese questions of an English "
-          f"persona {out['zh_of_en']['empty']} of {out['zh_of_en']['n']} empty "
+    print("asked of another persona in the other language (hybrid): Chinese questions of an "
+          f"English persona {out['zh_of_en']['empty']} of {out['zh_of_en']['n']} empty "
           f"({out['zh_of_en']['empty_rate']:.1%}), English questions of the Chinese persona "
-          f"{out['en_of_zh']['empty']} of {out['en_of_zh']['n']} ({out['en_of_zh']['empty_rate']:.1%})")
+          f"{out['en_of_zh']['empty']} of {out['en_of_zh']['n']} "
+          f"({out['en_of_zh']['empty_rate']:.1%})")
     return out
 
 
@@ -469,31 +490,39 @@ def mean_recall(rows: list[dict], ks) -> dict:
 # Report ##########################################################################################
 
 def table(headers: list[str], rows: list[list]) -> str:
-    cells = [[str(c) for c in headers]] + [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    cells = [[str(c) for c in headers]] + [[f"{c:.3f}" if isinstance(c, float) else str(c)
+                                            for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 
     def line(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths, strict=True)))
 
-    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in cells[1:]])
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths)]
+                     + [line(r) for r in cells[1:]])
 
 
-def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: dict, others: dict | None) -> None:
+def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: dict,
+           others: dict | None) -> None:
     """Print the tables for one dataset: every setting and pass, the hybrid per category and pass,
-    session recall_any, the other-persona empty rate, and (with `misses`) questions found nothing for."""
+    session recall_any, the other-persona empty rate, and (with `misses`) questions found nothing
+    for."""
     print(f"\n== {ds.name} ==")
     for note in ds.notes:
         print(note)
     print(f"questions evaluated: {len(ds.questions)}")
     info = ingest_info
-    print(f"ingest: {info['memories']} memories in {info['seconds']:.1f} s ({info['per_second']:.1f}/s; "
-          f"{info['new']} newly stored, {info['distinct_ids']} distinct ids)")
+    print(f"ingest: {info['memories']} memories in {info['seconds']:.1f} s "
+          f"({info['per_second']:.1f}/s; {info['new']} newly stored, {info['distinct_ids']} "
+          "distinct ids)")
     ks = ds.ks
     rows = [(f"{s} pass {n}", r) for s, passes in results.items() for n, r in enumerate(passes, 1)]
     print()
     print(table(["channels"] + [f"R@{k}" for k in ks] + ["empty", "p50 ms", "p95 ms", "total s"],
-                [[label] + [r["recall"][k] for k in ks] + [r["empty_results"], r["took_ms_p50"], r["took_ms_p95"],
-                                                           r["query_seconds"]] for label, r in rows]))
+                [[label] + [r["recall"][k] for k in ks]
+                 + [r["empty_results"], r["took_ms_p50"], r["took_ms_p95"],
+                                                           r["query_seconds"]]
+                 for label, r in rows]))
     for s, passes in results.items():
         for ch, reason in passes[0]["degraded"].items():
             print(f"  degraded in {s!r}: {ch}: {reason}")
@@ -501,30 +530,37 @@ def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: di
     if ds.categories:
         print(f"\nper category ({hybrid}, each pass):")
         print(table(["category", "pass", "n"] + [f"R@{k}" for k in ks],
-                    [[c, n, v["n"]] + [v["recall"][k] for k in ks] for n, r in enumerate(results[hybrid], 1)
+                    [[c, n, v["n"]] + [v["recall"][k] for k in ks]
+                     for n, r in enumerate(results[hybrid], 1)
                      for c, v in r["by_category"].items() if v["n"]]))
         kmax = ks[-1]
         print(f"\nR@{kmax} per category and channel setting:")
         print(table(["channels"] + ds.categories,
-                    [[label] + [r["by_category"][c]["recall"][kmax] for c in ds.categories] for label, r in rows]))
+                    [[label] + [r["by_category"][c]["recall"][kmax] for c in ds.categories]
+                     for label, r in rows]))
     if any(r["session_recall_any"][k] is not None for _, r in rows for k in SESSION_KS):
-        print("\nsession-level recall_any@k (an evidence turn's session among the first k distinct sessions):")
+        print("\nsession-level recall_any@k (an evidence turn's session among the first k distinct "
+              "sessions):")
         print(table(["channels"] + [f"any@{k}" for k in SESSION_KS],
-                    [[label] + [r["session_recall_any"][k] for k in SESSION_KS] for label, r in rows]))
+                    [[label] + [r["session_recall_any"][k] for k in SESSION_KS]
+                     for label, r in rows]))
     last = results[hybrid][-1]
     rk = "  ".join(f"R@{k} {last['recall'][k]:.3f}" for k in ks)
-    print(f"\nsummary ({hybrid}, last pass): {rk}  |  answerable empty {last['empty_results'] / max(1, last['n']):.1%}"
+    print(f"\nsummary ({hybrid}, last pass): {rk}  |  answerable empty "
+          f"{last['empty_results'] / max(1, last['n']):.1%}"
           + (f"  |  other persona empty {others['empty_rate']:.1%}" if others is not None else ""))
-    print(f"answerable questions answered empty ({hybrid}, last pass): {last['empty_results']} of {last['n']}")
+    print(f"answerable questions answered empty ({hybrid}, last pass): {last['empty_results']} of "
+          f"{last['n']}")
     if others is not None:
-        print(f"asked against another persona ({hybrid}){others.get('how', '')}: {others['empty']} of "
-              f"{others['n']} answers empty ({others['empty_rate']:.1%})")
+        print(f"asked against another persona ({hybrid}){others.get('how', '')}: {others['empty']} "
+              f"of {others['n']} answers empty ({others['empty_rate']:.1%})")
     if misses:
         print_misses(ds, results[hybrid][-1], misses, texts)
 
 
 def print_misses(ds: Dataset, result: dict, misses: int, texts: dict) -> None:
-    """The first `misses` questions of `result` with nothing relevant in the top k, with gold and hits."""
+    """The first `misses` questions of `result` with nothing relevant in the top k, with gold and
+    hits."""
     kmax = ds.ks[-1]
     print(f"\nfirst {misses} questions with R@{kmax} = 0 (last pass):")
     shown = 0
@@ -545,7 +581,8 @@ def print_misses(ds: Dataset, result: dict, misses: int, texts: dict) -> None:
 
 def summary_json(ds: Dataset, ingest_info: dict, results: dict, others: dict | None) -> dict:
     """The figures of one dataset as JSON-ready data (no per-question rows)."""
-    return {"dataset": ds.name, "questions": len(ds.questions), "ingest": ingest_info, "other_persona": others,
+    return {"dataset": ds.name, "questions": len(ds.questions), "ingest": ingest_info,
+            "other_persona": others,
             "settings": {s: [{k: v for k, v in r.items() if k != "_rows"} for r in passes]
                          for s, passes in results.items()}}
 
@@ -553,62 +590,77 @@ def summary_json(ds: Dataset, ingest_info: dict, results: dict, others: dict | N
 # CLI #############################################################################################
 
 @click.command()
-@click.option("--dataset", type=click.Choice(["locomo", "madial", "all"]), default="all", show_default=True)
+@click.option("--dataset", type=click.Choice(["locomo", "madial", "all"]), default="all",
+              show_default=True)
 @click.option("--channels", default=DEFAULT_CHANNELS, show_default=True,
-              help="Comma-separated channel settings to evaluate: bm25, vector, graph_keyword, graph_vector, "
-                   "graph, all (full hybrid); join channels with '+' for a combination, e.g. bm25+vector.")
-@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DATA,
-              show_default=True, help="Folder with locomo-dev.json and madial-zh-dev/.")
+              help="Comma-separated channel settings to evaluate: bm25, vector, graph_keyword, "
+                   "graph_vector, graph, all (full hybrid); join channels with '+' for a "
+                   "combination, e.g. bm25+vector.")
+@click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=DEFAULT_DATA, show_default=True,
+              help="Folder with locomo-dev.json and madial-zh-dev/.")
 @click.option("--db-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep one database per dataset here and reuse it (ingest then only re-checks; "
-                   "identical content is deduplicated). Default: a temporary folder, deleted afterwards.")
-@click.option("--limit-questions", type=int, default=None, help="Evaluate only the first N questions per dataset.")
-@click.option("--provider", type=click.Choice(["local", "none"]), default="local", show_default=True,
+                   "identical content is deduplicated). Default: a temporary folder, deleted "
+                   "afterwards.")
+@click.option("--limit-questions", type=int, default=None,
+              help="Evaluate only the first N questions per dataset.")
+@click.option("--provider", type=click.Choice(["local", "none"]), default="local",
+              show_default=True,
               help="Embedding provider for the engine (none disables the vector channels).")
 @click.option("--now", "now_iso", default=None,
               help="Fix the engine's clock (sets AOKUN_NOW), e.g. 2023-11-01T00:00:00Z.")
 @click.option("--touch/--no-touch", default=True, show_default=True,
-              help="Recall records access to what it returns, as shipped ([recall] reinforce_on_recall); "
-                   "--no-touch turns it off, for comparison.")
+              help="Recall records access to what it returns, as shipped ([recall] "
+                   "reinforce_on_recall); --no-touch turns it off, for comparison.")
 @click.option("--passes", type=click.IntRange(1, 5), default=PASSES, show_default=True,
-              help="Ask every question this many times (the cache emptied): pass 2 shows what use did to recall.")
-@click.option("--misses", type=int, default=0, help="Print N hybrid questions with nothing found in the top 10.")
+              help="Ask every question this many times (the cache emptied): pass 2 shows what use "
+                   "did to recall.")
+@click.option("--misses", type=int, default=0,
+              help="Print N hybrid questions with nothing found in the top 10.")
 @click.option("--categories", default="1,2,3,4", show_default=True,
-              help="LoCoMo question categories (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial).")
-@click.option("--config", "config", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="An aokun.ini whose [recall] etc. settings the engine uses "
+              help="LoCoMo question categories (1 multi-hop, 2 temporal, 3 open-domain, 4 "
+                   "single-hop, 5 adversarial).")
+@click.option("--config", "config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="An aokun.ini whose [recall] etc. settings the engine uses "
                    "(to compare settings; not with --via-mcp).")
-@click.option("--json", "as_json", is_flag=True, help="Also print a machine-readable summary at the end.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Also print a machine-readable summary at the end.")
 @click.option("--via-mcp", is_flag=True,
-              help="Go through a real stdio MCP session (memorize every turn, recall every question); hybrid only.")
-def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso, touch, passes, misses, categories,
-         config, as_json, via_mcp):
+              help="Go through a real stdio MCP session (memorize every turn, recall every "
+                   "question); hybrid only.")
+def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso, touch, passes,
+         misses, categories, config, as_json, via_mcp):
     """Recall@k of Aokun on LoCoMo and MADial-Bench zh (protocol: ../shared/data/README.md).
 
     Example: python scripts/eval_recall.py --dataset locomo --limit-questions 50
     """
     if config and via_mcp:
-        raise click.UsageError("--config applies to the in-process engine; drop --via-mcp to use it")
+        raise click.UsageError("--config applies to the in-process engine; "
+                               "drop --via-mcp to use it")
     if now_iso:
         import aokun
         aokun.parse_time(now_iso, "--now")
         os.environ["AOKUN_NOW"] = now_iso
     if not (data_dir / "locomo-dev.json").exists() or not (data_dir / "madial-zh-dev").is_dir():
-        raise click.ClickException(f"no evaluation data in {data_dir}; pass --data pointing at shared/data")
+        raise click.ClickException(f"no evaluation data in {data_dir}; pass --data pointing at "
+                                   "shared/data")
     settings = [s.strip() for s in channels.split(",") if s.strip()]
     if via_mcp:
         settings = ["all"]
     known = {"bm25", "vector", "graph_keyword", "graph_vector", "graph", "keyword"}
     for s in settings:
         if s != "all" and not set(s.split("+")) <= known:
-            raise click.ClickException(f"--channels: unknown setting {s!r}; use {', '.join(sorted(known))}, "
-                                       "all, or channels joined with '+'")
+            raise click.ClickException(f"--channels: unknown setting {s!r}; use "
+                                       f"{', '.join(sorted(known))}, all, or channels joined with "
+                                       "'+'")
     try:
         cats = tuple(sorted({int(c) for c in categories.split(",") if c.strip()}))
     except ValueError:
         cats = ()
     if not cats or not set(cats) <= set(LOCOMO_CATEGORIES):
-        raise click.ClickException(f"--categories {categories!r}: give numbers from 1 to 5, e.g. 1,2,3,4")
+        raise click.ClickException(f"--categories {categories!r}: give numbers from 1 to 5, e.g. "
+                                   "1,2,3,4")
     names = ["locomo", "madial"] if dataset == "all" else [dataset]
     tmp = None
     if db_dir is None:
@@ -622,12 +674,14 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
             if limit_questions is not None:
                 ds.questions = ds.questions[:limit_questions]
             db_path = db_dir / f"{name}.db"
-            print(f"[{name}] database {db_path}{' (reused)' if db_path.exists() else ''}", file=sys.stderr)
+            print(f"[{name}] database {db_path}{' (reused)' if db_path.exists() else ''}",
+                  file=sys.stderr)
             sut = MCPSUT(db_path, provider=provider, touch=touch) if via_mcp else \
                 EngineSUT(db_path, provider=provider, touch=touch, config=config)
             try:
                 id_map, info = ingest(sut, ds)
-                if ds.split_items and "all" in settings:  # the split personas' copy, for other_persona
+                # the split personas' copy, for other_persona
+                if ds.split_items and "all" in settings:
                     ingest(sut, Dataset(f"{ds.name} split", ds.ks, items=ds.split_items))
                 results = evaluate(sut, ds, id_map, settings, passes)
                 others = other_persona(sut, ds) if "all" in settings else None
@@ -643,9 +697,9 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
         if tmp is not None:
             tmp.cleanup()
     if as_json:
-        print(json.dumps({"system": MCPSUT.name if via_mcp else EngineSUT.name, "provider": provider,
-                          "now": now_iso, "touch": touch, "passes": passes, "datasets": summaries,
-                          "cross_language": cross},
+        print(json.dumps({"system": MCPSUT.name if via_mcp else EngineSUT.name,
+                          "provider": provider, "now": now_iso, "touch": touch, "passes": passes,
+                          "datasets": summaries, "cross_language": cross},
                          ensure_ascii=False, indent=2, default=str))
 
 

@@ -36,7 +36,8 @@ class FakeEmbedder(aokun.Embedder):
         v = np.zeros(self.dim, np.float32)
         s = f"  {self.prepare(text)[0].lower()}  "
         for i in range(len(s) - 2):
-            h = int.from_bytes(hashlib.blake2b(s[i:i + 3].encode("utf-8"), digest_size=8).digest(), "little")
+            h = int.from_bytes(hashlib.blake2b(s[i:i + 3].encode("utf-8"), digest_size=8).digest(),
+                               "little")
             v[h % self.dim] += 1.0 if (h >> 32) & 1 else -1.0
         if not v.any():
             v[0] = 1.0
@@ -56,8 +57,8 @@ class FakeEmbedder(aokun.Embedder):
 
 
 class RefusingEmbedder(FakeEmbedder):
-    """A FakeEmbedder that refuses for good any text containing `marker` (aokun.EmbeddingRejected, as
-    an OpenAI-compatible server answers 400 for an input), the whole call failing as one request
+    """A FakeEmbedder that refuses for good any text containing `marker` (aokun.EmbeddingRejected,
+    as an OpenAI-compatible server answers 400 for an input), the whole call failing as one request
     does; `refused` lists the texts it refused."""
 
     def __init__(self, marker: str = "REFUSE-ME", **kw):
@@ -68,7 +69,8 @@ class RefusingEmbedder(FakeEmbedder):
         bad = [t for t in texts if self.marker.lower() in t.lower()]
         if bad:
             self.refused += bad
-            raise aokun.EmbeddingRejected(f"400 Bad Request: input rejected ({len(bad)} of {len(texts)})")
+            raise aokun.EmbeddingRejected(f"400 Bad Request: input rejected ({len(bad)} of "
+                                          f"{len(texts)})")
         return super().embed_documents(texts)
 
 
@@ -80,9 +82,9 @@ def open_memory(path, dim: int = 16, **kw) -> "aokun.Memory":
 # helpers shared by the test files --------------------------------------------------------------
 
 #: Every table a memory leaves rows in (the two vec0 tables included).
-ALL_TABLES = ("documents", "documents_fts", "doc_vec", "doc_vectors", "memory_atoms", "atom_sources",
-              "memory_atoms_fts", "graph_nodes", "graph_edges", "graph_entries", "graph_entries_fts", "graph_vec",
-              "graph_vectors", "memory_write_ops")
+ALL_TABLES = ("documents", "documents_fts", "doc_vec", "doc_vectors", "memory_atoms",
+              "atom_sources", "memory_atoms_fts", "graph_nodes", "graph_edges", "graph_entries",
+              "graph_entries_fts", "graph_vec", "graph_vectors", "memory_write_ops")
 
 
 def count(mem, table: str, where: str = "", params=()) -> int:
@@ -97,7 +99,9 @@ def fts_ids(mem, table: str, query: str) -> list[int]:
     """Rowids of `table` (an FTS5 table) matching the user query segmented the way recall does."""
     match = aokun.fts_query(mem.seg.tokens(query))
     assert match, f"query {query!r} has no tokens"
-    return [r["rowid"] for r in mem.rows(f"select rowid from {table} where {table} match ? order by rowid", (match,))]
+    return [r["rowid"]
+            for r in mem.rows(f"select rowid from {table} where {table} match ? order by rowid",
+                              (match,))]
 
 
 def doc_vector(mem, doc_id: int):
@@ -107,8 +111,8 @@ def doc_vector(mem, doc_id: int):
 
 
 def open_at_schema(tmp_path, monkeypatch, segmenter, upto: int, name: str) -> "aokun.Memory":
-    """A Memory on a new file `tmp_path/name` made by migrations 1..`upto` only (SCHEMA_DIR points at
-    a copy of them until the test sets it back), with a fake 16-d embedder and no recovery."""
+    """A Memory on a new file `tmp_path/name` made by migrations 1..`upto` only (SCHEMA_DIR points
+    at a copy of them until the test sets it back), with a fake 16-d embedder and no recovery."""
     import shutil
     old = tmp_path / f"schema{upto}"
     old.mkdir()
@@ -128,15 +132,16 @@ EVENT_COLUMNS = ("event_at", "event_end")
 
 
 def event_columns(mem, add: bool = True) -> None:
-    """Add (or with add=False drop) schema 16's documents.event_at/event_end in an older file. In tx."""
+    """Add (or with add=False drop) schema 16's documents.event_at/event_end in an older file. In
+    tx."""
     for column in EVENT_COLUMNS:
         mem.conn.execute(f"alter table documents add column {column} text" if add
                          else f"alter table documents drop column {column}")
 
 
 def default_graph_columns_of_schema12(mem) -> None:
-    """This code no longer writes graph_nodes/edges/entries' uid, created_at and updated_at (schema 13
-    drops them): give them defaults in an older file so it can write there. In tx."""
+    """This code no longer writes graph_nodes/edges/entries' uid, created_at and updated_at (schema
+    13 drops them): give them defaults in an older file so it can write there. In tx."""
     import re
     for table in ("graph_entries", "graph_edges", "graph_nodes"):
         sql = mem.value("select sql from sqlite_master where name = ?", (table,))

@@ -12,17 +12,20 @@ REPO = Path(__file__).resolve().parent.parent
 AOKUN = str(REPO / "aokun.py")
 
 
-def write_ini(folder: Path, provider: str | None = "none", name: str = "aokun.ini", **sections) -> Path:
+def write_ini(folder: Path, provider: str | None = "none", name: str = "aokun.ini",
+              **sections) -> Path:
     """An ini in `folder`: the given embedding provider (None: the default, local), backups inside
     `folder` with the start-up daily backup off, the server's watch of the clients' history off (it
     would read the real home folder), then `sections` ({"server": {"token": "x"}})."""
-    values: dict[str, dict[str, str]] = {"backup": {"dir": str(folder / "backups"), "daily": "false"},
+    values: dict[str, dict[str, str]] = {"backup": {"dir": str(folder / "backups"),
+                                                    "daily": "false"},
                                          "conversations": {"watch": "false"}}
     if provider is not None:
         values["embedding"] = {"provider": provider}
     for section, kv in sections.items():
         values.setdefault(section, {}).update({k: str(v) for k, v in kv.items()})
-    text = "".join(f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items()) + "\n" for s, kv in values.items())
+    text = "".join(f"[{s}]\n" + "".join(f"{k} = {v}\n" for k, v in kv.items()) + "\n"
+                   for s, kv in values.items())
     path = folder / name
     path.write_text(text, encoding="utf-8")
     return path
@@ -40,11 +43,12 @@ def serve_args(db: Path, ini: Path, *more: str) -> list[str]:
     return [AOKUN, "--db", str(db), "--config", str(ini), "serve", *more]
 
 
-def cli(db: Path, ini: Path, *args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
+def cli(db: Path, ini: Path, *args: str, timeout: float = 60,
+        env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `python aokun.py --db DB --config INI ARGS...`, capturing text output."""
-    return subprocess.run([sys.executable, AOKUN, "--db", str(db), "--config", str(ini), *args], cwd=REPO,
-                          capture_output=True, text=True, encoding="utf-8", timeout=timeout, stdin=subprocess.DEVNULL,
-                          env=env or child_env())
+    return subprocess.run([sys.executable, AOKUN, "--db", str(db), "--config", str(ini), *args],
+                          cwd=REPO, capture_output=True, text=True, encoding="utf-8",
+                          timeout=timeout, stdin=subprocess.DEVNULL, env=env or child_env())
 
 
 def free_port() -> int:

@@ -44,7 +44,8 @@ def _db(path):
 
 @pytest.mark.slow
 def test_memorize_prints_an_id_and_show_list_work(run):
-    r = run("memorize", "Alice 喜欢冰美式", "--participant", "Alice", "--topic", "coffee", "--importance", "0.8")
+    r = run("memorize", "Alice 喜欢冰美式", "--participant", "Alice", "--topic", "coffee",
+            "--importance", "0.8")
     assert r.output.strip() == "1"
     r = run("memorize", "Bob fixed the 8090 port clash", "--json")
     out = json.loads(r.output)
@@ -55,7 +56,8 @@ def test_memorize_prints_an_id_and_show_list_work(run):
     assert "Alice 喜欢冰美式" in show and "coffee" in show and "0.8" in show
     assert "[preference, active, x0]" in show  # its atom
     js = json.loads(run("show", "1", "--json").output)
-    assert js["content"] == "Alice 喜欢冰美式" and js["participants"] == ["Alice"] and js["graph_entries"]
+    assert js["content"] == "Alice 喜欢冰美式" and js["participants"] == ["Alice"] \
+        and js["graph_entries"]
 
     lines = run("list").output.strip().splitlines()
     assert len(lines) == 2 and "Bob fixed the 8090 port clash" in lines[0] + lines[1]
@@ -65,17 +67,19 @@ def test_memorize_prints_an_id_and_show_list_work(run):
 
 def test_stored_text_is_byte_identical(run):
     keep = "E = mc² ½ ① ™ ㎏，"  # NFKC would make it "E = mc2 1⁄2 1 TM kg,"
-    out = json.loads(run("memorize", keep, "--summary", keep, "--topic", keep, "--participant", keep,
-                         "--fact", keep, "--json").output)
+    out = json.loads(run("memorize", keep, "--summary", keep, "--topic", keep, "--participant",
+                         keep, "--fact", keep, "--json").output)
     js = json.loads(run("show", str(out["id"]), "--json").output)
     assert js["content"].encode("utf-8") == keep.encode("utf-8")
-    assert (js["summary"], js["topics"], js["participants"], js["key_facts"]) == (keep, [keep], [keep], [keep])
+    assert (js["summary"], js["topics"], js["participants"], js["key_facts"]) == \
+        (keep, [keep], [keep], [keep])
     assert [a["content"] for a in js["atoms"]] == [keep]
     assert keep in run("show", str(out["id"])).output
     hits = json.loads(run("recall", "mc2 kg", "--json").output)["results"]
     assert hits[0]["id"] == out["id"] and hits[0]["text"] == keep
     with _db(run.db) as c:  # the bytes in the file
-        assert c.execute("select content from documents").fetchone()[0].encode("utf-8") == keep.encode("utf-8")
+        assert c.execute("select content from documents").fetchone()[0].encode("utf-8") == \
+            keep.encode("utf-8")
 
 
 def test_stats_json_and_doctor(run):
@@ -93,8 +97,8 @@ def test_stats_json_and_doctor(run):
     out = run("doctor").output
     assert "repaired: " in out and "'fts_backfilled': 1" in out and out.strip().endswith("ok")
     with _db(run.db) as c:  # something recovery does not repair
-        c.execute("insert into memory_write_ops(op, payload, status, error, created_at, updated_at) "
-                  "values ('insert', '{}', 'failed', 'boom', 'x', 'x')")
+        c.execute("insert into memory_write_ops(op, payload, status, error, created_at, "
+                  "updated_at) values ('insert', '{}', 'failed', 'boom', 'x', 'x')")
     r = run("doctor", ok=False)
     assert r.exit_code == 1
     assert "problem: 1 failed writes in the journal" in r.output and "ok" not in r.output.split()
@@ -102,7 +106,8 @@ def test_stats_json_and_doctor(run):
 
 def test_pin_unpin_archive_unarchive_delete(run):
     run("memorize", "flag me")
-    flags = lambda: _db(run.db).execute("select pinned, archived from documents where id = 1").fetchone()  # noqa: E731
+    flags = lambda: _db(run.db).execute(  # noqa: E731
+        "select pinned, archived from documents where id = 1").fetchone()
     assert run("pin", "1").output.strip() == "pinned 1" and flags() == (1, 0)
     assert run("unpin", "1").output.strip() == "unpinned 1" and flags() == (0, 0)
     assert run("archive", "1").output.strip() == "archived 1" and flags() == (0, 1)
@@ -119,7 +124,8 @@ def test_pin_unpin_archive_unarchive_delete(run):
 
 def test_edit(run):
     run("memorize", "old words here")
-    assert run("edit", "1", "--text", "new words there", "--importance", "0.9").output.strip() == "1"
+    assert run("edit", "1", "--text", "new words there", "--importance", "0.9").output.strip() == \
+        "1"
     js = json.loads(run("show", "1", "--json").output)
     assert js["content"] == "new words there" and js["importance"] == 0.9
     r = run("edit", "1", ok=False)
@@ -195,7 +201,8 @@ def test_config_outside_the_repo_uses_the_bundled_rules(tmp_path):
     cfg = aokun.Config(p)
     assert cfg.rule_file(cfg.write.atom_rules) == RULES / "atoms.toml"
     assert cfg.rule_file(cfg.text.stopwords) == RULES / "stopwords.txt"
-    r = CliRunner().invoke(aokun.cli, ["--db", str(tmp_path / "x.db"), "--config", str(p), "memorize", "hello"])
+    r = CliRunner().invoke(aokun.cli, ["--db", str(tmp_path / "x.db"), "--config", str(p),
+                                       "memorize", "hello"])
     assert r.exit_code == 0 and r.stdout.strip() == "1"
     assert r.stderr == f"aokun: created a new database {tmp_path / 'x.db'}\n"
 
@@ -209,6 +216,7 @@ def test_feedback_marks_memories_useful_or_not(run):
     assert js["results"][0]["useful_count"] == 1
     missing = run("feedback", "7", ok=False)
     assert missing.exit_code != 0 and "no memory with id 7" in missing.output
-    assert run("feedback", "1", "--persona", "work", ok=False).exit_code != 0  # another persona's id
+    # another persona's id
+    assert run("feedback", "1", "--persona", "work", ok=False).exit_code != 0
     assert run("feedback", ok=False).exit_code != 0  # an id is required
     assert run("feedback", "0", ok=False).exit_code != 0

@@ -20,8 +20,10 @@ def aokun_cli(tmp_path):
     db, ini = tmp_path / "in.db", write_ini(tmp_path, "none")
 
     def run(*args, input=b""):
-        return subprocess.run([sys.executable, AOKUN, "--db", str(db), "--config", str(ini), *map(str, args)],
-                              cwd=REPO, input=input, capture_output=True, env=child_env(), timeout=120)
+        return subprocess.run([sys.executable, AOKUN, "--db", str(db), "--config", str(ini),
+                               *map(str, args)],
+                              cwd=REPO, input=input, capture_output=True, env=child_env(),
+                              timeout=120)
     return run
 
 
@@ -32,7 +34,8 @@ def _content(aokun_cli, memory_id) -> str:
 
 
 def test_memorize_reads_standard_input_and_a_large_file(aokun_cli, tmp_path):
-    text = "Notes from the long meeting with Aiko.\n第二段：我们讨论了预算。\n" + "Budget line item, 预算. " * 12000
+    text = "Notes from the long meeting with Aiko.\n第二段：我们讨论了预算。\n" \
+        + "Budget line item, 预算. " * 12000
     assert len(text.encode("utf-8")) > 300_000  # far beyond what one argument may hold (~128 KB)
     big = tmp_path / "meeting.md"
     big.write_bytes(text.encode("utf-8"))
@@ -50,7 +53,8 @@ def test_memorize_reads_standard_input_and_a_large_file(aokun_cli, tmp_path):
     assert r.returncode == 0, r.stderr
     assert _content(aokun_cli, int(r.stdout)) == "-"
 
-    r = aokun_cli("edit", piped_id, "--text", "-", input="Aiko now prefers oolong, 乌龙茶.".encode("utf-8"))
+    r = aokun_cli("edit", piped_id, "--text", "-",
+                  input="Aiko now prefers oolong, 乌龙茶.".encode("utf-8"))
     assert r.returncode == 0, r.stderr
     assert _content(aokun_cli, piped_id) == "Aiko now prefers oolong, 乌龙茶."
     edited = tmp_path / "edit.txt"
@@ -60,12 +64,14 @@ def test_memorize_reads_standard_input_and_a_large_file(aokun_cli, tmp_path):
 
 
 @pytest.mark.parametrize("args, given, needle", [
-    (("memorize", "--file", "{tmp}/missing.txt"), b"", "--file: cannot read {tmp}/missing.txt: No such file"),
+    (("memorize", "--file", "{tmp}/missing.txt"), b"",
+     "--file: cannot read {tmp}/missing.txt: No such file"),
     (("memorize", "--file", "{tmp}"), b"", "--file: cannot read {tmp}: Is a directory"),
     (("memorize", "--file", "{tmp}/latin1.txt"), b"", "--file: {tmp}/latin1.txt is not UTF-8 text"),
     (("memorize", "--file", "{tmp}/blank.txt"), b"", "--file: {tmp}/blank.txt is empty"),
     (("memorize", "-"), b"  \n", "TEXT: standard input is empty"),
-    (("memorize", "-"), b"caf\xe9", "TEXT: standard input is not UTF-8 text (invalid byte at offset 3)"),
+    (("memorize", "-"), b"caf\xe9",
+     "TEXT: standard input is not UTF-8 text (invalid byte at offset 3)"),
     (("edit", "1", "--text", "-"), b"", "--text: standard input is empty"),
 ])
 def test_bad_input_is_one_error_line(aokun_cli, tmp_path, args, given, needle):

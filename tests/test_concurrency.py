@@ -31,16 +31,20 @@ WRITER = textwrap.dedent(r'''
         time.sleep(0.005)
     stamps, ids = [], []
     for i in range(n):
-        r = m.memorize(f"writer {{name}} memory {{i}}: note about project {{i % 17}} and person P{{i % 5}}",
+        r = m.memorize(f"writer {{name}} memory {{i}}: note about project {{i % 17}} "
+                       f"and person P{{i % 5}}",
                        {{"participants": [f"P{{i % 5}}"], "topics": [f"project-{{i % 17}}"],
                          "persona_id": "shared"}})
         assert r["status"] == "done" and not r["deduplicated"], r
         ids.append(r["id"])
         stamps.append(time.time())
-        deadline = time.time() + 60   # after the first write, wait for the other writer's first
+        # after the first write, wait for the other writer's first (a loaded machine may start it
+        # late): the writes then overlap
+        deadline = time.time() + 60
         while i == 0 and time.time() < deadline and not m.value(
-                "select 1 from documents where content like ? limit 1", ("writer " + other + " %",)):
-            time.sleep(0.005)         # (a loaded machine may start it late): the writes then overlap
+                "select 1 from documents where content like ? limit 1",
+                ("writer " + other + " %",)):
+            time.sleep(0.005)
     m.close()
     print(json.dumps({{"first": stamps[0], "last": stamps[-1], "ids": ids}}))
 ''').format(tests=str(TESTS))
@@ -52,7 +56,8 @@ def test_two_processes_write_at_once(tmp_path):
     script.write_text(WRITER, encoding="utf-8")
     go = tmp_path / "go"
     procs = [subprocess.Popen([sys.executable, str(script), str(db), name, str(N), str(go)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in ("a", "b")]
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"go.{n}").exists() for n in ("a", "b")):
         assert time.monotonic() < deadline, "writers did not start"

@@ -18,8 +18,10 @@ SUITE = Path(os.environ.get("AOKUN_CONFORMANCE_DIR", "/tmp/conf"))
 
 @pytest.mark.skipif(not (SUITE / "node_modules" / ".bin" / "conformance").exists(),
                     reason=f"the MCP conformance suite is not installed in {SUITE} "
-                           "(npm i node@22 @modelcontextprotocol/conformance there, or set AOKUN_CONFORMANCE_DIR)")
+                           "(npm i node@22 @modelcontextprotocol/conformance there, or set "
+                           "AOKUN_CONFORMANCE_DIR)")
 def test_every_scenario_without_fixtures_passes():
     results = conformance.run_suite(SUITE)
-    assert {"server-initialize", "logging-set-level", "completion-complete", "prompts-list"} <= set(results)
+    assert {"server-initialize", "logging-set-level", "completion-complete",
+            "prompts-list"} <= set(results)
     assert [name for name, r in results.items() if r == "fail"] == []

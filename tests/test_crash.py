@@ -15,8 +15,10 @@ FACT_ENTRIES = "node_id in (select id from graph_nodes where node_type = 'fact')
 TESTS = Path(__file__).resolve().parent
 STAGES = ("pending", "docs_done", "atoms_done", "graph_done")
 BACKGROUND = "Background: Alice met Bob at the Shanghai office"
-TARGET = "Target memory: Carol will present the zephyrine roadmap next Friday. She feels nervous about it."
-EDITED = "Target memory, edited: Carol presented the quillback roadmap on Friday. The launch review went smoothly."
+TARGET = ("Target memory: Carol will present the zephyrine roadmap next Friday. "
+          "She feels nervous about it.")
+EDITED = ("Target memory, edited: Carol presented the quillback roadmap on Friday. "
+          "The launch review went smoothly.")
 
 CHILD = textwrap.dedent(r'''
     import os, signal, sys
@@ -24,7 +26,8 @@ CHILD = textwrap.dedent(r'''
     from fakes import aokun, open_memory
 
     db, op, stage, when, mode = sys.argv[1:6]
-    if mode == "stagewise":  # one transaction per stage, as a resumed write runs (a new one runs in one)
+    # one transaction per stage, as a resumed write runs (a new one runs in one)
+    if mode == "stagewise":
         aokun.Memory._run_in_one_tx = lambda self, todo, stages: None
     m = open_memory(db)
     m.memorize({background!r}, {{"participants": ["Alice", "Bob"], "topics": ["office"]}})
@@ -36,7 +39,8 @@ CHILD = textwrap.dedent(r'''
         sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
 
-    if when == "journal":  # right after the journal row is committed, before any stage (or embedding)
+    # right after the journal row is committed, before any stage (or embedding)
+    if when == "journal":
         def run_pipeline(self, preps):
             die()
         aokun.Memory.run_pipeline = run_pipeline
@@ -75,8 +79,10 @@ def run_child(tmp_path, db, op, stage, when, mode="stagewise"):
 # the single transaction of a new write: killed inside it, nothing of it was committed
 CASES = [("insert", "pending", "journal", "onetx")] + \
         [("insert", s, w, "stagewise") for s in STAGES for w in ("committed", "uncommitted")] + \
-        [("edit", "pending", "committed", "stagewise"), ("edit", "atoms_done", "uncommitted", "stagewise"),
-         ("insert", "graph_done", "uncommitted", "onetx"), ("edit", "atoms_done", "uncommitted", "onetx")]
+        [("edit", "pending", "committed", "stagewise"),
+         ("edit", "atoms_done", "uncommitted", "stagewise"),
+         ("insert", "graph_done", "uncommitted", "onetx"),
+         ("edit", "atoms_done", "uncommitted", "onetx")]
 
 
 @pytest.mark.slow
@@ -119,16 +125,20 @@ def test_kill_at_stage_then_recover(tmp_path, op, stage, when, mode):
 
         # every layer of the recovered memory is complete
         d = mem.get(doc_id)
-        assert d["embedding_state"] == "done" and count(mem, "doc_vec", "doc_id = ?", (doc_id,)) == 1
+        assert d["embedding_state"] == "done" \
+            and count(mem, "doc_vec", "doc_id = ?", (doc_id,)) == 1
         expected_atoms = mem._auto_facts(final)  # sentences with at least two search tokens
         assert sorted(a["content"] for a in d["atoms"]) == sorted(expected_atoms)
         assert count(mem, "memory_atoms_fts") == count(mem, "memory_atoms")
         entries = mem.rows("select e.node_id, e.embedding_state, n.node_type from graph_entries e "
-                           "left join graph_nodes n on n.id = e.node_id where e.document_id = ?", (doc_id,))
+                           "left join graph_nodes n on n.id = e.node_id where e.document_id = ?",
+                           (doc_id,))
         # nodes Carol, roadmap and 2 facts; edges 2x2 describes + 1 fact chain + 1 subject pair
         assert count(mem, "graph_edges", "document_id = ?", (doc_id,)) == 6
-        assert len(entries) == 4 + 1  # describes and co_occurs_with are edges only, the fact chain has an entry
-        assert all(e["embedding_state"] == ("done" if e["node_type"] == "fact" else "skip") for e in entries)
+        # describes and co_occurs_with are edges only, the fact chain has an entry
+        assert len(entries) == 4 + 1
+        assert all(e["embedding_state"] == ("done" if e["node_type"] == "fact" else "skip")
+                   for e in entries)
         assert count(mem, "graph_vec") == count(mem, "graph_entries", FACT_ENTRIES)
         assert count(mem, "graph_nodes", "canonical = 'carol'") == 1
 
@@ -136,7 +146,8 @@ def test_kill_at_stage_then_recover(tmp_path, op, stage, when, mode):
         if op == "insert":
             again = mem.memorize(TARGET, {"participants": ["Carol"], "topics": ["roadmap"]})
             assert again["deduplicated"] is True and again["id"] == doc_id
-        before = {t: count(mem, t) for t in ("documents", "memory_atoms", "graph_entries", "graph_nodes")}
+        before = {t: count(mem, t) for t in ("documents", "memory_atoms", "graph_entries",
+                                             "graph_nodes")}
     finally:
         mem.close()
 
@@ -150,8 +161,9 @@ def test_kill_at_stage_then_recover(tmp_path, op, stage, when, mode):
 def _journal_row(mem, text, retries, status="pending"):
     p = mem.prepare(text)
     with mem.tx() as c:
-        c.execute("insert into memory_write_ops(op, persona_id, payload, status, retries, created_at, updated_at) "
-                  "values ('insert', '', ?, ?, ?, '2026-01-01T00:00:00Z', '2026-01-01T00:00:00Z')",
+        c.execute("insert into memory_write_ops(op, persona_id, payload, status, retries, "
+                  "created_at, updated_at) values ('insert', '', ?, ?, ?, '2026-01-01T00:00:00Z', "
+                  "'2026-01-01T00:00:00Z')",
                   (p.payload(), status, retries))
         return c.last_insert_rowid()
 
@@ -186,8 +198,8 @@ def test_poison_journal_row_does_not_block_opening(db_path, open_mem):
     p = m.prepare("poison: importance out of range")
     p.importance = 5  # violates the documents CHECK constraint at the docs stage
     with m.tx() as c:
-        c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, updated_at) "
-                  "values ('insert', '', ?, 'pending', 'x', 'x')", (p.payload(),))
+        c.execute("insert into memory_write_ops(op, persona_id, payload, status, created_at, "
+                  "updated_at) values ('insert', '', ?, 'pending', 'x', 'x')", (p.payload(),))
         poison = c.last_insert_rowid()
     good = _journal_row(m, "a good unfinished write", 0)
     m.close()
@@ -195,7 +207,8 @@ def test_poison_journal_row_does_not_block_opening(db_path, open_mem):
     limit = aokun.Config(None).write.write_op_max_retries
     for attempt in range(1, limit + 1):
         m = open_mem(db_path)  # must not raise
-        row = m.rows("select status, retries, error from memory_write_ops where id = ?", (poison,))[0]
+        row = m.rows("select status, retries, error from memory_write_ops where id = ?",
+                     (poison,))[0]
         assert row["status"] == "pending" and row["retries"] == attempt
         assert "CHECK constraint failed" in row["error"]
         assert m.value("select status from memory_write_ops where id = ?", (good,)) == "done"
@@ -230,7 +243,8 @@ def test_recovery_leaves_this_process_running_writes_alone(db_path, open_mem, ca
     m.memorize("A quick first memory about the harbour.")
     limit = m.cfg.write.write_op_max_retries
     emb.block, results = True, []
-    writer = threading.Thread(target=lambda: results.append(m.memorize("A slow memory about the lighthouse.")))
+    slow = "A slow memory about the lighthouse."
+    writer = threading.Thread(target=lambda: results.append(m.memorize(slow)))
     caplog.set_level("INFO", logger="aokun")
     writer.start()
     try:
@@ -245,19 +259,22 @@ def test_recovery_leaves_this_process_running_writes_alone(db_path, open_mem, ca
         gate.set()
         writer.join(30)
     assert results and results[0]["status"] == "done" and results[0]["embedding"] == "done"
-    assert m.rows("select status, retries from memory_write_ops") == [{"status": "done", "retries": 0}] * 2
+    assert m.rows("select status, retries from memory_write_ops") == \
+        [{"status": "done", "retries": 0}] * 2
     assert not [r for r in caplog.records if "recovering" in r.getMessage()]
     assert m.doctor() == []
 
 
 def test_owner_of_an_earlier_process_with_this_pid_is_not_alive():
     """pid reuse: a row of this pid that is not OWNER (an earlier start, e.g. pid 1 in a container)
-    and a row naming a live pid with another start token are abandoned; a live process's own is not."""
+    and a row naming a live pid with another start token are abandoned; a live process's own is
+    not."""
     import os
     import socket
     host = socket.gethostname()
     assert not aokun.owner_alive(aokun.OWNER)  # this process's rows: _op_running decides
-    assert not aokun.owner_alive(f"{host}:{os.getpid()}")  # written before start tokens, by an earlier start
+    # written before start tokens, by an earlier start
+    assert not aokun.owner_alive(f"{host}:{os.getpid()}")
     assert not aokun.owner_alive(f"{host}:{os.getpid()}@0.1")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -265,7 +282,8 @@ def test_owner_of_an_earlier_process_with_this_pid_is_not_alive():
         assert token and token != aokun.process_token(os.getpid())
         assert aokun.owner_alive(f"{host}:{child.pid}@{token}")
         assert aokun.owner_alive(f"{host}:{child.pid}")  # no token to compare: the pid decides
-        assert not aokun.owner_alive(f"{host}:{child.pid}@{token}0")  # the pid now runs another process
+        # the pid now runs another process
+        assert not aokun.owner_alive(f"{host}:{child.pid}@{token}0")
     finally:
         child.kill()
         child.wait()
@@ -279,7 +297,8 @@ def test_earlier_start_with_this_pid_is_recovered(db_path, open_mem):
     m = open_mem(db_path)
     op = _journal_row(m, "left behind by an earlier start of this pid", 0)
     with m.tx() as c:
-        c.execute("update memory_write_ops set owner = ? where id = ?", (f"{socket.gethostname()}:{os.getpid()}", op))
+        c.execute("update memory_write_ops set owner = ? where id = ?",
+                  (f"{socket.gethostname()}:{os.getpid()}", op))
     m.close()
     again = open_mem(db_path)
     assert again.last_recovery["resumed"] == 1
@@ -288,8 +307,8 @@ def test_earlier_start_with_this_pid_is_recovered(db_path, open_mem):
 
 
 def test_memorize_many_reports_what_is_stored(db_path, open_mem):
-    """One item of a batch failing its first stage: the others are stored, the failed one is reported
-    failed and its journal row marked failed, so no recovery stores it later."""
+    """One item of a batch failing its first stage: the others are stored, the failed one is
+    reported failed and its journal row marked failed, so no recovery stores it later."""
     m = open_mem(db_path)
     real = aokun.Memory._stage_docs
 
@@ -300,18 +319,20 @@ def test_memorize_many_reports_what_is_stored(db_path, open_mem):
 
     aokun.Memory._stage_docs = stage_docs
     try:
-        res = m.memorize_many([("first good memory", None), ("a poison memory", None), ("second good memory", None),
-                               ("a poison memory", None)])
+        res = m.memorize_many([("first good memory", None), ("a poison memory", None),
+                               ("second good memory", None), ("a poison memory", None)])
         with pytest.raises(aokun.AokunError, match="disk on fire"):
             m.memorize("another poison memory")
     finally:
         aokun.Memory._stage_docs = real
     assert [r["status"] for r in res] == ["done", "failed", "done", "failed"]
     assert res[1]["id"] is None and "disk on fire" in res[1]["error"]
-    assert {m.get(r["id"])["content"] for r in res if r["id"]} == {"first good memory", "second good memory"}
+    assert {m.get(r["id"])["content"] for r in res if r["id"]} == \
+        {"first good memory", "second good memory"}
     assert m.recover()["resumed"] == 0
     m.close()
     again = open_mem(db_path)
     assert again.last_recovery["resumed"] == 0
-    assert count(again, "documents") == 2 and count(again, "documents", "content like '%poison%'") == 0
+    assert count(again, "documents") == 2 \
+        and count(again, "documents", "content like '%poison%'") == 0
     assert again.stats()["journal"] == {"done": 2, "failed": 2}

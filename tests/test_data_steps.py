@@ -14,7 +14,8 @@ def _counting(monkeypatch):
             calls[n] += 1
             return step(mem)
         return run
-    monkeypatch.setattr(aokun, "DATA_STEPS", tuple((n, counted(n, step), what) for n, step, what in aokun.DATA_STEPS))
+    monkeypatch.setattr(aokun, "DATA_STEPS",
+                        tuple((n, counted(n, step), what) for n, step, what in aokun.DATA_STEPS))
     return calls
 
 

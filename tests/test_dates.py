@@ -28,7 +28,8 @@ def _utc(cfg_text: str, tmp_path):
 
 
 @pytest.mark.parametrize("text, written, day, end", [
-    ("The Falcon launch deadline is 2027-01-15.", "2026-12-02T10:00:00Z", "2027-01-15", "2027-01-16"),
+    ("The Falcon launch deadline is 2027-01-15.", "2026-12-02T10:00:00Z", "2027-01-15",
+     "2027-01-16"),
     ("Deadline: Jan 15 2027", TUESDAY, "2027-01-15", "2027-01-16"),
     ("due January 15th, 2027", TUESDAY, "2027-01-15", "2027-01-16"),
     ("due 15 January 2027", TUESDAY, "2027-01-15", "2027-01-16"),
@@ -58,18 +59,21 @@ def test_every_date_form_resolves_against_the_memory_time(words, text, written, 
     assert spans and spans[0][:2] == (f"{day}T00:00:00Z", f"{end}T00:00:00Z"), spans
 
 
-@pytest.mark.parametrize("text", ["due 03/04/2027", "I may come", "she said the 5 was late", "你好"])
+@pytest.mark.parametrize("text", ["due 03/04/2027", "I may come", "she said the 5 was late",
+                                  "你好"])
 def test_ambiguous_or_no_dates_give_nothing(words, text):
     assert aokun.event_spans(text, TUESDAY, words, UTC) == []
 
 
 def test_a_full_date_is_one_mention(words):
-    assert [p for *_, p in aokun.event_spans("截止2027年1月15日", TUESDAY, words, UTC)] == ["2027年1月15日"]
+    assert [p for *_, p in aokun.event_spans("截止2027年1月15日", TUESDAY, words, UTC)] == \
+        ["2027年1月15日"]
 
 
 def test_the_local_calendar_decides_the_day(words):
     # 23:30 UTC on Tuesday is Wednesday in Shanghai: "tomorrow" is Thursday there
-    spans = aokun.event_spans("tomorrow", "2026-12-01T23:30:00Z", words, aokun.local_tz("Asia/Shanghai"))
+    spans = aokun.event_spans("tomorrow", "2026-12-01T23:30:00Z", words,
+                              aokun.local_tz("Asia/Shanghai"))
     assert spans[0][:2] == ("2026-12-02T16:00:00Z", "2026-12-03T16:00:00Z")
 
 
@@ -79,7 +83,8 @@ def test_zh_number():
 
 
 def _atom(mem, doc_id):
-    return mem.rows("select atom_type, expires_at from memory_atoms where document_id = ?", (doc_id,))[0]
+    return mem.rows("select atom_type, expires_at from memory_atoms where document_id = ?",
+                    (doc_id,))[0]
 
 
 @pytest.mark.parametrize("text, written, expires", [
@@ -92,7 +97,8 @@ def _atom(mem, doc_id):
     ("月底前我要去交房租", TUESDAY, "2027-01-02T00:00:00Z"),
     ("I'll call mum tomorrow", TUESDAY, "2026-12-04T00:00:00Z"),
 ])
-def test_a_planned_atom_expires_after_its_event(open_mem, tmp_path, monkeypatch, text, written, expires):
+def test_a_planned_atom_expires_after_its_event(open_mem, tmp_path, monkeypatch, text, written,
+                                                expires):
     monkeypatch.setenv("AOKUN_NOW", written)
     mem = open_mem(tmp_path / "t.db", cfg=_utc("", tmp_path))
     doc = mem.memorize(text, {"timestamp": written})["id"]
@@ -109,26 +115,32 @@ def test_a_planned_atom_expires_after_its_event(open_mem, tmp_path, monkeypatch,
 def test_forget_preview_waits_for_the_event(open_mem, tmp_path, monkeypatch):
     monkeypatch.setenv("AOKUN_NOW", "2026-12-02T10:00:00Z")
     mem = open_mem(tmp_path / "t.db", cfg=_utc("", tmp_path))
-    doc = mem.memorize("The Falcon launch deadline is 2027-01-15.", {"timestamp": "2026-12-02T10:00:00Z"})["id"]
+    doc = mem.memorize("The Falcon launch deadline is 2027-01-15.",
+                       {"timestamp": "2026-12-02T10:00:00Z"})["id"]
     zh = mem.memorize("我下周三去上海出差", {"timestamp": TUESDAY})["id"]
-    atoms = {d: mem.value("select id from memory_atoms where document_id = ?", (d,)) for d in (doc, zh)}
+    atoms = {d: mem.value("select id from memory_atoms where document_id = ?", (d,))
+             for d in (doc, zh)}
 
     def offered(days):
         return {a["id"] for a in mem.forget_preview(days)["atoms"]}
 
     assert not offered(7) & set(atoms.values())  # the old TTL of 2 days would have offered both
-    assert atoms[zh] in offered(9) and atoms[doc] not in offered(9)  # Friday the 11th: the trip is over
+    # Friday the 11th: the trip is over
+    assert atoms[zh] in offered(9) and atoms[doc] not in offered(9)
     assert atoms[doc] in offered(46)  # 2027-01-17
 
 
 def test_without_a_date_a_plan_keeps_its_ttl(open_mem, tmp_path, monkeypatch):
     monkeypatch.setenv("AOKUN_NOW", TUESDAY)
     mem = open_mem(tmp_path / "t.db", cfg=_utc("", tmp_path))
-    doc = mem.memorize("I plan to repaint the fence", {"timestamp": TUESDAY, "importance": 0.5})["id"]
-    assert _atom(mem, doc) == {"atom_type": "planned", "expires_at": "2026-12-03T10:00:00Z"}  # 2 d × (0.5 + 0.5)
+    doc = mem.memorize("I plan to repaint the fence",
+                       {"timestamp": TUESDAY, "importance": 0.5})["id"]
+    # 2 d × (0.5 + 0.5)
+    assert _atom(mem, doc) == {"atom_type": "planned", "expires_at": "2026-12-03T10:00:00Z"}
 
 
-@pytest.mark.parametrize("text, day", [("we moved last May", "2026-05-01"), ("我们去年五月搬家了", "2025-05-01")])
+@pytest.mark.parametrize("text, day", [("we moved last May", "2026-05-01"),
+                                       ("我们去年五月搬家了", "2025-05-01")])
 def test_a_past_event_is_dated_in_the_past(open_mem, tmp_path, monkeypatch, text, day):
     monkeypatch.setenv("AOKUN_NOW", TUESDAY)
     mem = open_mem(tmp_path / "t.db", cfg=_utc("", tmp_path))
@@ -141,9 +153,12 @@ def test_a_past_event_is_dated_in_the_past(open_mem, tmp_path, monkeypatch, text
 def test_a_repeat_does_not_move_the_deadline_earlier(open_mem, tmp_path, monkeypatch):
     monkeypatch.setenv("AOKUN_NOW", "2026-12-02T10:00:00Z")
     mem = open_mem(tmp_path / "t.db", cfg=_utc("", tmp_path))
-    first = mem.memorize("The Falcon launch deadline is 2027-01-15.", {"timestamp": "2026-12-02T10:00:00Z"})["id"]
-    mem.memorize("Reminder: the Falcon launch deadline is 2027-01-15!", {"timestamp": "2026-12-05T10:00:00Z"})
-    rows = mem.rows("select reinforcement_count, expires_at from memory_atoms where document_id = ?", (first,))
+    first = mem.memorize("The Falcon launch deadline is 2027-01-15.",
+                         {"timestamp": "2026-12-02T10:00:00Z"})["id"]
+    mem.memorize("Reminder: the Falcon launch deadline is 2027-01-15!",
+                 {"timestamp": "2026-12-05T10:00:00Z"})
+    rows = mem.rows("select reinforcement_count, expires_at from memory_atoms "
+                    "where document_id = ?", (first,))
     assert rows == [{"reinforcement_count": 1, "expires_at": "2027-01-17T00:00:00Z"}]
 
 
@@ -157,7 +172,8 @@ def test_export_and_import_carry_the_event(open_mem, tmp_path, monkeypatch):
     dst.import_export(lines)
     assert dst.rows("select event_at, event_end from documents") == [
         {"event_at": "2026-12-09T00:00:00Z", "event_end": "2026-12-10T00:00:00Z"}]
-    assert dst.rows("select expires_at from memory_atoms") == [{"expires_at": "2026-12-11T00:00:00Z"}]
+    assert dst.rows("select expires_at from memory_atoms") == \
+        [{"expires_at": "2026-12-11T00:00:00Z"}]
 
 
 @pytest.mark.parametrize("query", ["What's on next week?", "下周有什么安排"])
@@ -179,7 +195,8 @@ def test_explain_says_written_when_made_in_the_window(open_mem, tmp_path, monkey
     monkeypatch.setenv("AOKUN_NOW", "2026-12-02T09:00:00Z")
     mem = open_mem(tmp_path / "t.db", cfg=_utc("", tmp_path))
     doc = mem.memorize("I baked bread", {"timestamp": TUESDAY})["id"]
-    hit = next(h for h in mem.recall("what did I do yesterday", k=3, explain=True)["results"] if h["id"] == doc)
+    hit = next(h for h in mem.recall("what did I do yesterday", k=3, explain=True)["results"]
+               if h["id"] == doc)
     assert hit["explain"]["time_match"] == "written"
 
 

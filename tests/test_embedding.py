@@ -44,23 +44,28 @@ class FakeOpenAI:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
+                outer.requests.append({"path": self.path, "auth": self.headers.get("Authorization"),
+                                       "body": body})
                 if self.path != "/v1/embeddings":
                     return self._send(404, {"error": {"message": "not found"}})
                 if outer.script:
                     status, headers = outer.script.pop(0)
                     return self._send(status, {"error": {"message": f"scripted {status}"}}, headers)
                 if outer.down:
-                    return self._send(503, {"error": {"message": "down for maintenance"}}, [("Retry-After", "0")])
+                    return self._send(503, {"error": {"message": "down for maintenance"}},
+                                      [("Retry-After", "0")])
                 inputs = body["input"]
                 if outer.reject and any(outer.reject in t for t in inputs):
-                    return self._send(400, {"error": {"message": f"input {outer.reject} is not allowed"}})
+                    error = {"message": f"input {outer.reject} is not allowed"}
+                    return self._send(400, {"error": error})
                 data = [{"object": "embedding", "index": i,
                          "embedding": [float(x) * 3 for x in outer.vectors.vector(t)]}
                         for i, t in enumerate(inputs)]
                 for d, t in zip(data, inputs, strict=True):
-                    if outer.unusable and (outer.unusable_marker is None or outer.unusable_marker in t):
-                        d["embedding"] = [float("nan") if outer.unusable == "nan" else 0.0] * outer.dim
+                    if outer.unusable and (outer.unusable_marker is None
+                                           or outer.unusable_marker in t):
+                        d["embedding"] = [float("nan") if outer.unusable == "nan"
+                                          else 0.0] * outer.dim
                 self._send(200, {"object": "list", "data": data[::-1], "model": body["model"],
                                  "usage": {"prompt_tokens": 1, "total_tokens": 1}})
 
@@ -151,9 +156,12 @@ def test_wrong_dimension_from_endpoint_is_an_error(server):
 
 
 def _openai_config(url):
-    return aokun.Config(None, overrides={("embedding", "provider"): "openai", ("embedding", "base_url"): url,
-                                          ("embedding", "model"): "remote-embed", ("embedding", "api_key"): "sk-test",
-                                          ("embedding", "max_retries"): 1, ("embedding", "timeout_seconds"): 5.0})
+    return aokun.Config(None, overrides={("embedding", "provider"): "openai",
+                                         ("embedding", "base_url"): url,
+                                          ("embedding", "model"): "remote-embed",
+                                         ("embedding", "api_key"): "sk-test",
+                                          ("embedding", "max_retries"): 1,
+                                         ("embedding", "timeout_seconds"): 5.0})
 
 
 @pytest.mark.slow
@@ -167,7 +175,8 @@ def test_endpoint_down_still_stores_then_backfills(db_path, segmenter):
         assert isinstance(mem.embedder, aokun.CachedEmbedder) and mem.embedder.provider == "openai"
         r = mem.memorize("The deploy key lives in the team vault", {"participants": ["Lena"]})
         assert r["status"] == "done" and r["embedding"] == "pending"
-        assert r["warnings"] and "embedding failed" in r["warnings"][0] and "back-filled" in r["warnings"][0]
+        assert r["warnings"] and "embedding failed" in r["warnings"][0] \
+            and "back-filled" in r["warnings"][0]
         assert fts_ids(mem, "documents_fts", "vault") == [r["id"]]  # keyword search works meanwhile
         assert count(mem, "memory_atoms") == 1 and count(mem, "graph_entries") > 0
         assert any("awaiting vectors" in p for p in mem.doctor())
@@ -176,12 +185,15 @@ def test_endpoint_down_still_stores_then_backfills(db_path, segmenter):
         srv = FakeOpenAI(port=port)
         try:
             n = mem.backfill_vectors()
-            entries = count(mem, "graph_entries", "node_id in (select id from graph_nodes where node_type = 'fact')")
+            entries = count(mem, "graph_entries",
+                            "node_id in (select id from graph_nodes where node_type = 'fact')")
             assert n == 1 + entries
-            assert mem.value("select embedding_state from documents where id = ?", (r["id"],)) == "done"
+            assert mem.value("select embedding_state from documents where id = ?", (r["id"],)) == \
+                "done"
             assert count(mem, "doc_vec") == 1 and count(mem, "graph_vec") == entries
             assert count(mem, "doc_vectors") == 1 and count(mem, "graph_vectors") == entries
-            assert mem.meta_get("embedding_dim") == "8" and mem.meta_get("embedding_model") == "remote-embed"
+            assert mem.meta_get("embedding_dim") == "8" \
+                and mem.meta_get("embedding_model") == "remote-embed"
             assert mem.doctor() == []
             r2 = mem.memorize("A second memory while the endpoint is up")
             assert r2["embedding"] == "done" and r2["warnings"] == []
@@ -197,7 +209,8 @@ def _snapshot(mem):
             mem.rows("select entry_id, embedding from graph_vectors order by entry_id"))
 
 
-@pytest.mark.parametrize("new", [FakeEmbedder(8), FakeEmbedder(16, model="other-16")], ids=["dim", "model"])
+@pytest.mark.parametrize("new", [FakeEmbedder(8), FakeEmbedder(16, model="other-16")],
+                         ids=["dim", "model"])
 def test_dimension_or_model_mismatch_then_rebuild(db_path, open_mem, new):
     m16 = open_mem(db_path, FakeEmbedder(16))
     for text in ("Mira plays the cello", "Nate fixes old radios", "Oslo trip in June"):
@@ -208,7 +221,8 @@ def test_dimension_or_model_mismatch_then_rebuild(db_path, open_mem, new):
     m = open_mem(db_path, new)
     problem = m.vector_problem
     assert problem and "rebuild --vectors" in problem
-    assert "16" in problem and str(new.dim) in problem and new.model in problem and "fake-16" in problem
+    assert "16" in problem and str(new.dim) in problem and new.model in problem \
+        and "fake-16" in problem
     assert not m.vectors_usable
     assert _snapshot(m) == before  # stored rows untouched
     assert m.meta_get("embedding_dim") == "16" and m.meta_get("embedding_model") == "fake-16"
@@ -219,16 +233,19 @@ def test_dimension_or_model_mismatch_then_rebuild(db_path, open_mem, new):
     assert count(m, "doc_vec") == 3
 
     out = m.rebuild(vectors=True)
-    entries = count(m, "graph_entries", "node_id in (select id from graph_nodes where node_type = 'fact')")
+    entries = count(m, "graph_entries",
+                    "node_id in (select id from graph_nodes where node_type = 'fact')")
     assert out == {"vectors": 4 + entries}
     assert m.vector_problem is None and m.vectors_usable
-    assert m.meta_get("embedding_dim") == str(new.dim) and m.meta_get("embedding_model") == new.model
+    assert m.meta_get("embedding_dim") == str(new.dim) \
+        and m.meta_get("embedding_model") == new.model
     blobs = m.rows("select doc_id, embedding from doc_vectors order by doc_id")
     assert len(blobs) == 4 and all(len(b["embedding"]) == new.dim for b in blobs)
     for b in blobs:
         text = m.value("select content from documents where id = ?", (b["doc_id"],))
         np.testing.assert_allclose(aokun.blob_vector(b["embedding"]), new.vector(text), atol=0.01)
-    assert count(m, "graph_vec") == entries == count(m, "graph_vectors") and count(m, "doc_vec") == 4
+    assert count(m, "graph_vec") == entries == count(m, "graph_vectors") \
+        and count(m, "doc_vec") == 4
     assert [d["content"] for d in _snapshot(m)[0][:3]] == [d["content"] for d in before[0]]
     assert m.doctor() == []
     m.close()
@@ -258,9 +275,11 @@ def test_local_model_vectors_carry_meaning(local_mem):
 
     def nearest(query):
         v = np.asarray(mem.embedder.embed_query(query), np.float32)
-        rows = mem.rows(mem.queries["recall_vector"], {"embedding": v.tobytes(), "query_i8": aokun.vector_blob(v),
+        rows = mem.rows(mem.queries["recall_vector"],
+                        {"embedding": v.tobytes(), "query_i8": aokun.vector_blob(v),
                                                       "k": 20, "candidates": 20, "persona_id": "",
-                                                      "max_archived": 0, "as_of": "", "max_hamming": None})
+                                                      "max_archived": 0, "as_of": "",
+                         "max_hamming": None})
         return [r["id"] for r in rows if r["id"] in ids.values()][0]
 
     # no shared keywords between query and memory: only the meaning connects them
@@ -286,19 +305,24 @@ def test_local_model_truncates_long_text(db_path, open_mem):
     assert mem.doctor() == []
 
 
-def test_switch_to_endpoint_with_other_native_dim_then_rebuild(db_path, open_mem, server, segmenter):
+def test_switch_to_endpoint_with_other_native_dim_then_rebuild(db_path, open_mem, server,
+                                                               segmenter):
     """16-d fake vectors stored; the new OpenAI-compatible endpoint (no `dimensions` set) makes
     8-d vectors. The stored dim must not be forced onto the new model, and rebuild must work."""
-    open_mem(db_path, FakeEmbedder(16)).memorize("Quinn collects vinyl records", {"participants": ["Quinn"]})
+    open_mem(db_path, FakeEmbedder(16)).memorize("Quinn collects vinyl records",
+                                                 {"participants": ["Quinn"]})
     mem = aokun.Memory(db_path, _openai_config(server.url))
     mem.seg = segmenter
     try:
-        assert mem.vector_problem and "fake-16" in mem.vector_problem and "remote-embed" in mem.vector_problem
+        assert mem.vector_problem and "fake-16" in mem.vector_problem \
+            and "remote-embed" in mem.vector_problem
         assert "makes 16-d" not in mem.vector_problem  # the new model's dim is not known yet
         out = mem.rebuild(vectors=True)
-        entries = count(mem, "graph_entries", "node_id in (select id from graph_nodes where node_type = 'fact')")
+        entries = count(mem, "graph_entries",
+                        "node_id in (select id from graph_nodes where node_type = 'fact')")
         assert out == {"vectors": 1 + entries}
-        assert mem.meta_get("embedding_dim") == "8" and mem.meta_get("embedding_model") == "remote-embed"
+        assert mem.meta_get("embedding_dim") == "8" \
+            and mem.meta_get("embedding_model") == "remote-embed"
         assert all(len(r["embedding"]) == 8 for r in mem.rows("select embedding from doc_vectors"))
         assert mem.doctor() == []
     finally:
@@ -312,7 +336,8 @@ def test_switch_to_endpoint_with_other_native_dim_then_rebuild(db_path, open_mem
 
 
 def test_rebuild_vectors_probes_the_dimension(db_path, open_mem, server, segmenter):
-    """A file written with provider none, then `rebuild --vectors` with a dimension-less endpoint."""
+    """A file written with provider none, then `rebuild --vectors` with a dimension-less
+    endpoint."""
     open_mem(db_path, aokun.Embedder()).memorize("Rita studies Portuguese on the train")
     mem = aokun.Memory(db_path, _openai_config(server.url))
     mem.seg = segmenter
@@ -320,7 +345,8 @@ def test_rebuild_vectors_probes_the_dimension(db_path, open_mem, server, segment
         assert mem.embedder.dim == 0 and not mem.has_table("doc_vec")
         out = mem.rebuild(vectors=True)
         assert out["vectors"] == 1 + count(mem, "graph_entries",
-                                           "node_id in (select id from graph_nodes where node_type = 'fact')")
+                                           "node_id in (select id from graph_nodes where node_type "
+                                           "= 'fact')")
         assert mem.embedder.dim == 8 and mem.meta_get("embedding_dim") == "8"
         assert count(mem, "documents", "embedding_state = 'done'") == 1
         assert mem.doctor() == []
@@ -335,7 +361,8 @@ def test_contextual_vectors_follow_the_session(db_path, open_mem):
     mem = open_mem(db_path, fake)
 
     def vec(doc_id):
-        return aokun.blob_vector(mem.value("select embedding from doc_vectors where doc_id = ?", (doc_id,)))
+        return aokun.blob_vector(mem.value("select embedding from doc_vectors where doc_id = ?",
+                                           (doc_id,)))
 
     def meta(i):
         return {"session_id": "s1", "timestamp": f"2024-01-01T00:00:0{i}Z"}
@@ -346,23 +373,39 @@ def test_contextual_vectors_follow_the_session(db_path, open_mem):
     alone = mem.memorize("No session: embedded alone.")["id"]
     assert mem.get(b)["content"] == "We went hiking in the Alps."
     assert np.allclose(vec(a), fake.vector("Where did you go last May?"), atol=0.01)
-    assert np.allclose(vec(b), fake.vector("Where did you go last May?\nWe went hiking in the Alps."), atol=0.01)
-    assert np.allclose(vec(c), fake.vector("We went hiking in the Alps.\nIt rained every single day."), atol=0.01)
+    assert np.allclose(vec(b),
+                       fake.vector("Where did you go last May?\nWe went hiking in the Alps."),
+                       atol=0.01)
+    assert np.allclose(vec(c),
+                       fake.vector("We went hiking in the Alps.\nIt rained every single day."),
+                       atol=0.01)
     assert np.allclose(vec(alone), fake.vector("No session: embedded alone."), atol=0.01)
     # an out-of-order insert becomes the context of the memory after it
-    d = mem.memorize("Then we took the train home.", meta(2) | {"timestamp": "2024-01-01T00:00:02.5Z"})["id"]
+    d = mem.memorize("Then we took the train home.",
+                     meta(2) | {"timestamp": "2024-01-01T00:00:02.5Z"})["id"]
     mem.wait_refresh()
-    assert np.allclose(vec(d), fake.vector("We went hiking in the Alps.\nThen we took the train home."), atol=0.01)
-    assert np.allclose(vec(c), fake.vector("Then we took the train home.\nIt rained every single day."), atol=0.01)
-    assert "Fact: It rained every single day.\nContext: Then we took the train home." in mem.get(c)["graph_entries"]
+    assert np.allclose(vec(d),
+                       fake.vector("We went hiking in the Alps.\nThen we took the train home."),
+                       atol=0.01)
+    assert np.allclose(vec(c),
+                       fake.vector("Then we took the train home.\nIt rained every single day."),
+                       atol=0.01)
+    assert "Fact: It rained every single day.\nContext: Then we took the train home." \
+        in mem.get(c)["graph_entries"]
     mem.edit(a, content="Where did you go last June?")
     mem.wait_refresh()
-    assert np.allclose(vec(b), fake.vector("Where did you go last June?\nWe went hiking in the Alps."), atol=0.01)
-    assert "Fact: We went hiking in the Alps.\nContext: Where did you go last June?" in mem.get(b)["graph_entries"]
+    assert np.allclose(vec(b),
+                       fake.vector("Where did you go last June?\nWe went hiking in the Alps."),
+                       atol=0.01)
+    assert "Fact: We went hiking in the Alps.\nContext: Where did you go last June?" \
+        in mem.get(b)["graph_entries"]
     mem.delete(d)
     mem.wait_refresh()
-    assert np.allclose(vec(c), fake.vector("We went hiking in the Alps.\nIt rained every single day."), atol=0.01)
-    assert "Fact: It rained every single day.\nContext: We went hiking in the Alps." in mem.get(c)["graph_entries"]
+    assert np.allclose(vec(c),
+                       fake.vector("We went hiking in the Alps.\nIt rained every single day."),
+                       atol=0.01)
+    assert "Fact: It rained every single day.\nContext: We went hiking in the Alps." \
+        in mem.get(c)["graph_entries"]
     assert [i for i in mem.recall("train", k=5, channels="graph_keyword")["results"]] == []
     assert mem.value("select count(*) from documents where embedding_state != 'done'") == 0
     before = {i: vec(i) for i in (a, b, c, alone)}
@@ -373,7 +416,8 @@ def test_contextual_vectors_follow_the_session(db_path, open_mem):
 
 def test_contextual_vectors_off(db_path, open_mem):
     fake = FakeEmbedder(16)
-    mem = open_mem(db_path, fake, cfg=aokun.Config(None, overrides={("embedding", "context_turns"): 0}))
+    mem = open_mem(db_path, fake, cfg=aokun.Config(None,
+                                                   overrides={("embedding", "context_turns"): 0}))
     ids = [r["id"] for r in mem.memorize_many([("first turn here", {"session_id": "s"}),
                                                ("second turn here", {"session_id": "s"})])]
     blob = mem.value("select embedding from doc_vectors where doc_id = ?", (ids[1],))
@@ -384,12 +428,15 @@ def test_vector_text_carries_labels(db_path, open_mem):
     """Topics, tags and sentiment follow the memory in its vector text (not in its stored text)."""
     fake = FakeEmbedder(16)
     mem = open_mem(db_path, fake)
-    i = mem.memorize("Went skating with Tom.", {"topics": ["sport"], "tags": ["winter"], "sentiment": "happy"})["id"]
+    i = mem.memorize("Went skating with Tom.",
+                     {"topics": ["sport"], "tags": ["winter"], "sentiment": "happy"})["id"]
     blob = mem.value("select embedding from doc_vectors where doc_id = ?", (i,))
-    assert np.allclose(aokun.blob_vector(blob), fake.vector("Went skating with Tom.\nsport winter happy"), atol=0.01)
+    assert np.allclose(aokun.blob_vector(blob),
+                       fake.vector("Went skating with Tom.\nsport winter happy"), atol=0.01)
     assert mem.get(i)["content"] == "Went skating with Tom."
     mem.rebuild(vectors=True)
-    assert np.allclose(aokun.blob_vector(mem.value("select embedding from doc_vectors where doc_id = ?", (i,))),
+    stored = mem.value("select embedding from doc_vectors where doc_id = ?", (i,))
+    assert np.allclose(aokun.blob_vector(stored),
                        fake.vector("Went skating with Tom.\nsport winter happy"), atol=0.01)
 
 
@@ -400,7 +447,8 @@ def test_backfill_goes_through_every_batch(db_path, open_mem):
         mem.memorize(f"Fact number {i} is here. Another sentence {i} follows.", {"session_id": "s"})
     with mem.tx() as c:
         c.execute("update documents set embedding_state = 'pending'")
-        c.execute("update graph_entries set embedding_state = 'pending' where embedding_state = 'done'")
+        c.execute("update graph_entries set embedding_state = 'pending' where embedding_state = "
+                  "'done'")
     pending = mem.value("select count(*) from documents where embedding_state = 'pending'") + \
         mem.value("select count(*) from graph_entries where embedding_state = 'pending'")
     assert mem.backfill_vectors(batch=2) == pending > 4
@@ -434,7 +482,8 @@ def test_server_background_backfill_stops_when_the_server_stops(db_path, open_me
     started = time.monotonic()
     worker.join(timeout=10)
     assert not worker.is_alive() and time.monotonic() - started < 1.0
-    assert mem.value("select count(*) from documents where embedding_state = 'pending'") > 0  # left for later
+    # left for later
+    assert mem.value("select count(*) from documents where embedding_state = 'pending'") > 0
     mem.backfill_vectors()  # the next start finishes it
     assert mem.doctor() == []
 
@@ -444,7 +493,8 @@ def test_server_background_backfill_stops_when_the_server_stops(db_path, open_me
 POISON = "POISONPILL"
 
 
-@pytest.mark.parametrize("status, refused", [(400, True), (413, True), (422, True), (404, False), (408, False)])
+@pytest.mark.parametrize("status, refused",
+                         [(400, True), (413, True), (422, True), (404, False), (408, False)])
 def test_4xx_about_the_input_is_a_refusal(server, status, refused):
     server.script = [(status, [("Retry-After", "0")])] * 5
     with pytest.raises(aokun.EmbeddingError) as e:
@@ -463,7 +513,8 @@ def remote(db_path, server, segmenter):
 
 
 def _fact_entries(mem, where="1"):
-    return count(mem, "graph_entries", f"node_id in (select id from graph_nodes where node_type = 'fact') and {where}")
+    return count(mem, "graph_entries",
+                 f"node_id in (select id from graph_nodes where node_type = 'fact') and {where}")
 
 
 def test_refused_memory_is_marked_and_never_blocks_the_others(remote, server):
@@ -475,17 +526,21 @@ def test_refused_memory_is_marked_and_never_blocks_the_others(remote, server):
     assert [r["status"] for r in res] == ["done"] * 6
     bad = res[2]
     assert any("refused" in w and "400" in w for w in bad["warnings"]) and res[0]["warnings"] == []
-    assert remote.value("select embedding_error from documents where id = ?", (bad["id"],)).startswith(
+    assert remote.value("select embedding_error from documents where id = ?",
+                        (bad["id"],)).startswith(
         "embedding endpoint answered 400")
-    assert count(remote, "doc_vectors") == 5 and _fact_entries(remote, "embedding_state = 'done'") == 5
+    assert count(remote, "doc_vectors") == 5 \
+        and _fact_entries(remote, "embedding_state = 'done'") == 5
     assert remote.stats()["counts"]["documents_refused_vectors"] == 1
     assert remote.stats()["counts"]["documents_awaiting_vectors"] == 0
     problems = remote.doctor()
     assert len(problems) == 2, problems  # the memory and its fact entry
-    assert problems[0].startswith("1 memories without a vector") and f"memory {bad['id']}: " in problems[0]
+    assert problems[0].startswith("1 memories without a vector") \
+        and f"memory {bad['id']}: " in problems[0]
     assert "400" in problems[0] and "rebuild --vectors" in problems[0]
     server.requests.clear()
-    assert remote.backfill_vectors() == 0 and server.requests == []  # a refused text is not sent again
+    # a refused text is not sent again
+    assert remote.backfill_vectors() == 0 and server.requests == []
     # editing it to a text the endpoint takes gives it a vector and clears the reason
     r = remote.edit(bad["id"], content="Now an ordinary memory too.")
     assert r["embedding"] == "done" and remote.doctor() == []
@@ -493,7 +548,8 @@ def test_refused_memory_is_marked_and_never_blocks_the_others(remote, server):
 
 def test_backfill_after_an_outage_skips_the_refused_one(remote, server):
     server.down = True
-    res = remote.memorize_many([("First memory from the outage.", None), (f"The {POISON} one.", None),
+    res = remote.memorize_many([("First memory from the outage.", None),
+                                (f"The {POISON} one.", None),
                                 ("Third memory from the outage.", None)])
     assert [r["embedding"] for r in res] == ["pending"] * 3
     assert all("embedding failed" in r["warnings"][0] for r in res)
@@ -503,7 +559,8 @@ def test_backfill_after_an_outage_skips_the_refused_one(remote, server):
     server.down, server.reject = False, POISON
     n = remote.backfill_vectors(batch=2)
     assert n == 2 + _fact_entries(remote, "embedding_state = 'done'") == 4
-    assert remote.value("select id from documents where embedding_error is not null") == res[1]["id"]
+    assert remote.value("select id from documents where embedding_error is not null") == \
+        res[1]["id"]
     assert not remote.vectors_awaited()
 
 
@@ -537,7 +594,8 @@ def test_rebuild_vectors_refused_text_fails_only_that_one(remote, server):
     assert count(remote, "documents", "embedding_state = 'done'") == 2
 
 
-def test_rebuild_vectors_to_another_model_builds_before_dropping(db_path, open_mem, server, segmenter):
+def test_rebuild_vectors_to_another_model_builds_before_dropping(db_path, open_mem, server,
+                                                                 segmenter):
     old = open_mem(db_path, FakeEmbedder(16))
     old.memorize_many([(f"Memory {i} about the night train.", None) for i in range(3)])
     before = _snapshot(old)
@@ -546,8 +604,10 @@ def test_rebuild_vectors_to_another_model_builds_before_dropping(db_path, open_m
     mem.seg = segmenter
     try:
         assert mem.vector_problem
-        server.reject = "Memory 2"  # the new model refuses one text: fewer new vectors than old ones
-        with pytest.raises(aokun.EmbeddingError, match=r"embedded 4 of 6 .*refused 2 texts.*6 stored vectors are kept"):
+        # the new model refuses one text: fewer new vectors than old ones
+        server.reject = "Memory 2"
+        with pytest.raises(aokun.EmbeddingError,
+                           match=r"embedded 4 of 6 .*refused 2 texts.*6 stored vectors are kept"):
             mem.rebuild(vectors=True)
         assert _snapshot(mem) == before and mem.meta_get("embedding_model") == "fake-16"
         assert count(mem, "doc_vec") == 3 and mem.vector_problem
@@ -573,11 +633,13 @@ def test_cli_rebuild_vectors_exits_nonzero_with_one_line(tmp_path, server, segme
     mem.memorize("The only memory, about the ferry timetable.")
     mem.close()
     ini = tmp_path / "aokun.ini"
-    ini.write_text(f"[embedding]\nprovider = openai\nbase_url = {server.url}\nmodel = remote-embed\n"
-                   "api_key = sk-test\nmax_retries = 0\ntimeout_seconds = 5\n", encoding="utf-8")
+    ini.write_text(f"[embedding]\nprovider = openai\nbase_url = {server.url}\n"
+                   "model = remote-embed\napi_key = sk-test\nmax_retries = 0\n"
+                   "timeout_seconds = 5\n", encoding="utf-8")
     server.down = True
-    r = subprocess.run([sys.executable, str(aokun.HERE / "aokun.py"), "--db", str(db), "--config", str(ini),
-                        "rebuild", "--vectors"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, str(aokun.HERE / "aokun.py"), "--db", str(db), "--config",
+                        str(ini), "rebuild", "--vectors"], capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode != 0, r
     errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "embedded 0 of 2" in errors[0] and "Traceback" not in r.stderr
@@ -600,11 +662,13 @@ def test_running_server_backfills_once_the_endpoint_is_back(remote, server, monk
     worker.start()
     try:
         deadline = time.monotonic() + 30
-        while len(server.requests) < 3 and time.monotonic() < deadline:  # it keeps trying while down
+        # it keeps trying while down
+        while len(server.requests) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert count(remote, "documents", "embedding_state = 'pending'") == 2
         server.down = False
-        while count(remote, "documents", "embedding_state = 'pending'") and time.monotonic() < deadline:
+        while count(remote, "documents",
+                    "embedding_state = 'pending'") and time.monotonic() < deadline:
             time.sleep(0.01)
     finally:
         stop.set()
@@ -621,18 +685,22 @@ def test_nan_or_zero_vectors_are_a_provider_failure(remote, server, mode):
     r = remote.memorize("The lighthouse lamp needs new oil every week.")
     assert r["embedding"] == "pending" and any("unusable" in w for w in r["warnings"])
     remote.embedder._cache.clear()
-    out = remote.recall("lighthouse", k=5)  # the query vector is unusable too: keyword channels answer
+    # the query vector is unusable too: keyword channels answer
+    out = remote.recall("lighthouse", k=5)
     assert {h["id"] for h in out["results"]} >= {r["id"]}
-    assert any(d["channel"] == "vector" and "unusable query vector" in d["reason"] for d in out["degraded"])
+    assert any(d["channel"] == "vector" and "unusable query vector" in d["reason"]
+               for d in out["degraded"])
     with pytest.raises(aokun.EmbeddingError, match="unusable"):
         remote.rebuild(vectors=True)  # keeps the good vectors, writes no NaN
     assert count(remote, "doc_vectors") == 1 and remote.backfill_vectors() == 0
     assert not [p for p in remote.doctor() if "unusable" in p]
     # only one input unusable: that text is refused, the others of the batch get their vectors
     server.unusable_marker = "BADVEC"
-    res = remote.memorize_many([("A BADVEC memory about the pier.", None), ("The pier was painted blue.", None)])
+    res = remote.memorize_many([("A BADVEC memory about the pier.", None),
+                                ("The pier was painted blue.", None)])
     assert [x["embedding"] for x in res] == ["pending", "done"]
-    assert "unusable vector" in remote.value("select embedding_error from documents where id = ?", (res[0]["id"],))
+    assert "unusable vector" \
+        in remote.value("select embedding_error from documents where id = ?", (res[0]["id"],))
     server.unusable = None
     remote.embedder._cache.clear()
     assert remote.backfill_vectors() >= 1
@@ -642,19 +710,23 @@ def test_nan_or_zero_vectors_are_a_provider_failure(remote, server, mode):
 
 def test_stored_unusable_vector_is_skipped_flagged_and_dropped(remote, server):
     ids = [remote.memorize(t)["id"] for t in ("The lighthouse keeper logs the weather.",
-                                              f"The {POISON} lighthouse lamp.", "The lighthouse stairs.")]
+                                              f"The {POISON} lighthouse lamp.",
+                                              "The lighthouse stairs.")]
     with remote.tx() as c:  # as an older version stored a NaN vector (int8: all zeros)
         c.execute("update doc_vectors set embedding = zeroblob(8) where doc_id = ?", (ids[1],))
         c.execute("update graph_vectors set embedding = zeroblob(8)")
     out = remote.recall("lighthouse", k=5)  # no TypeError: the NULL distance is skipped
     assert ids[1] in {h["id"] for h in out["results"]} and out["degraded"] == []
     problems = remote.doctor()
-    assert any(p.startswith("1 unusable (NaN or all-zero) document vectors") for p in problems), problems
-    assert any(p.startswith("3 unusable (NaN or all-zero) graph entry vectors") for p in problems), problems
+    assert any(p.startswith("1 unusable (NaN or all-zero) document vectors")
+               for p in problems), problems
+    assert any(p.startswith("3 unusable (NaN or all-zero) graph entry vectors")
+               for p in problems), problems
     server.reject = POISON
     remote.embedder._cache.clear()
     with pytest.raises(aokun.EmbeddingError, match="refused"):
         remote.rebuild(vectors=True)
-    assert count(remote, "doc_vectors", f"doc_id = {ids[1]}") == 0  # refused: its old NaN vector is gone
+    # refused: its old NaN vector is gone
+    assert count(remote, "doc_vectors", f"doc_id = {ids[1]}") == 0
     assert count(remote, "doc_vec", f"doc_id = {ids[1]}") == 0
     assert not [p for p in remote.doctor() if "unusable" in p]

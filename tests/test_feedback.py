@@ -14,7 +14,8 @@ from fakes import FakeEmbedder, default_graph_columns_of_schema12, open_at_schem
 # MADial conversations): one memory answers each question, two or three near the same topic do
 # not, and a few are about nothing asked. (text, days ago)
 CORPUS = [
-    ("Alice switched from iced americano to oat-milk lattes after her stomach trouble in spring.", 345),
+    ("Alice switched from iced americano to oat-milk lattes after her stomach trouble in spring.",
+     345),
     ("Alice's colleague Ben drinks black coffee and hates milk in it.", 315),
     ("The café near Alice's office sells an americano for three euros.", 330),
     ("Alice spent two weeks hiking in Patagonia last November with her sister Mia.", 340),
@@ -67,8 +68,9 @@ QUESTIONS = [  # (question, index in CORPUS of the memory that answers it)
 
 def _story(m) -> list[int]:
     ref = aokun.now()
-    return [r["id"] for r in m.memorize_many([(text, {"timestamp": aokun.iso(ref - dt.timedelta(days=days))})
-                                             for text, days in CORPUS])]
+    items = [(text, {"timestamp": aokun.iso(ref - dt.timedelta(days=days))})
+             for text, days in CORPUS]
+    return [r["id"] for r in m.memorize_many(items)]
 
 
 def _ranks(m, ids, k=5) -> list[int]:
@@ -104,7 +106,8 @@ def test_asking_the_same_questions_again_ranks_every_answer_no_lower(tmp_path, o
     for _ in range(2):
         again = _ranks(m, ids)
         assert all(b <= a for a, b in zip(first, again, strict=True)), (first, again)
-    assert m.value("select count(*) from documents where access_count >= 3") >= 10  # the touches were recorded
+    # the touches were recorded
+    assert m.value("select count(*) from documents where access_count >= 3") >= 10
     assert m.value("select sum(useful_count) from documents") == 0
 
 
@@ -123,7 +126,8 @@ def test_touches_still_slow_the_daily_decay(mem):
 # memory_feedback ################################################################################
 
 def _twins(m) -> tuple[int, int]:
-    """Two memories BM25 scores equally for 'jasmine tea garden' (as many words, same age and importance)."""
+    """Two memories BM25 scores equally for 'jasmine tea garden' (as many words, same age and
+    importance)."""
     ts = aokun.iso(aokun.now() - dt.timedelta(days=3))
     a = m.memorize("Nadia grows jasmine tea in her garden", {"timestamp": ts})["id"]
     b = m.memorize("Omar grows jasmine tea in his garden", {"timestamp": ts})["id"]
@@ -139,8 +143,10 @@ def test_feedback_raises_a_used_memory_above_an_equal_competitor(mem):
     assert out["useful"] is True
     [r] = out["results"]
     assert (r["id"], r["old_importance"], r["importance"], r["useful_count"]) == (b, 0.5, 0.55, 1)
-    assert r["last_useful_at"] <= aokun.now_iso() and r["atoms_reinforced"] == 1  # the sentence, as an atom
-    after = mem.recall("jasmine tea garden", k=2, explain=True, channels="bm25")["results"]  # cache emptied
+    # the sentence, as an atom
+    assert r["last_useful_at"] <= aokun.now_iso() and r["atoms_reinforced"] == 1
+    # cache emptied
+    after = mem.recall("jasmine tea garden", k=2, explain=True, channels="bm25")["results"]
     assert [h["id"] for h in after] == [b, a]
     e = after[0]["explain"]
     assert e["useful_count"] == 1 and e["frequency"] == pytest.approx(math.log(2) / math.log(11))
@@ -162,14 +168,15 @@ def test_feedback_importance_is_bounded_and_not_useful_lowers_it(mem):
         == [(a, 1.0, pytest.approx(0.95)), (b, 0.03, 0.0)]
     assert [r["useful_count"] for r in down["results"]] == [2, 0]  # not useful: nothing counted
     assert mem.get(b)["last_useful_at"] is None and mem.get(b)["importance"] == 0.0
-    step = aokun.Config(None, overrides={("recall", "feedback_importance_step"): 0.2}).recall.feedback_importance_step
+    cfg = aokun.Config(None, overrides={("recall", "feedback_importance_step"): 0.2})
+    step = cfg.recall.feedback_importance_step
     assert step == 0.2
 
 
 def test_feedback_reinforces_the_memory_atoms_like_a_repeat_once_a_day(mem, monkeypatch):
     ts = aokun.iso(aokun.now() - dt.timedelta(days=10))
-    d = mem.memorize("Priya keeps her bonsai collection on the balcony", {"timestamp": ts,
-                                                                          "key_facts": ["Priya collects bonsai trees"]})
+    d = mem.memorize("Priya keeps her bonsai collection on the balcony",
+                     {"timestamp": ts, "key_facts": ["Priya collects bonsai trees"]})
     def atom():
         [a] = mem.rows("select * from memory_atoms where document_id = ?", (d["id"],))
         return a
@@ -179,8 +186,10 @@ def test_feedback_reinforces_the_memory_atoms_like_a_repeat_once_a_day(mem, monk
     assert out["atoms_reinforced"] == 1
     after = atom()
     ttl = aokun.effective_ttl_days(before["base_ttl_days"], before["importance"], 1)  # × 1.5
-    assert after["reinforcement_count"] == 1 and after["last_reinforced_at"] == out["last_useful_at"]
-    assert after["expires_at"] == aokun.iso(aokun.parse_time(out["last_useful_at"]) + dt.timedelta(days=ttl))
+    assert after["reinforcement_count"] == 1 \
+        and after["last_reinforced_at"] == out["last_useful_at"]
+    assert after["expires_at"] == \
+        aokun.iso(aokun.parse_time(out["last_useful_at"]) + dt.timedelta(days=ttl))
     assert after["confidence"] == before["confidence"] and after["state"] == "active"
     # again the same day: counted and importance raised, the shelf life not stretched again
     again = mem.memory_feedback([d["id"]])["results"][0]
@@ -206,7 +215,8 @@ def test_feedback_checks_the_persona_and_changes_nothing_when_an_id_is_missing(m
     with pytest.raises(aokun.NotFound):
         mem.memory_feedback([mine, other], persona_id="work")  # all or nothing
     assert mem.get(mine, "work")["useful_count"] == 0 and mem.get(mine, "work")["importance"] == 0.5
-    assert mem.memory_feedback([mine, mine], persona_id="work")["results"][0]["useful_count"] == 1  # once
+    # once
+    assert mem.memory_feedback([mine, mine], persona_id="work")["results"][0]["useful_count"] == 1
     assert mem.memory_feedback([other], persona_id="home")["results"][0]["id"] == other
 
 
@@ -231,30 +241,36 @@ def test_feedback_useful_must_be_a_boolean_and_ids_are_capped(mem):
 # schema 7 ########################################################################################
 
 @pytest.mark.slow
-def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, monkeypatch, segmenter):
+def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, monkeypatch,
+                                                                     segmenter):
     """A file made by migrations 1-6 (this code up to 0006) opens with 0007 applied: every row
     kept, the new columns at their defaults, the old file saved, and feedback works on it."""
     m = open_at_schema(tmp_path, monkeypatch, segmenter, 6, "six.db")
     path = m.path
     assert "useful_count" not in {r["name"] for r in m.rows("pragma table_info(documents)")}
-    later = [("documents", "embedding_error"), ("graph_entries", "embedding_error"),  # schema 9, which this code writes
-             ("documents", "superseded_by"), ("documents", "event_at"), ("documents", "event_end")]  # 15, 16
+    # schema 9, which this code writes
+    later = [("documents", "embedding_error"), ("graph_entries", "embedding_error"),
+             # 15, 16
+             ("documents", "superseded_by"), ("documents", "event_at"), ("documents", "event_end")]
     with m.tx() as c:
         for table, column in later:
             c.execute(f"alter table {table} add column {column} text")
-        c.execute("create index documents_superseded_by on documents(superseded_by) where superseded_by is not null")
-        c.execute("create table memory_write_payloads(op_id integer primary key, payload text)")  # schema 11
+        c.execute("create index documents_superseded_by on documents(superseded_by) where "
+                  "superseded_by is not null")
+        # schema 11
+        c.execute("create table memory_write_payloads(op_id integer primary key, payload text)")
         default_graph_columns_of_schema12(m)
     ids = [r["id"] for r in m.memorize_many([(text, None) for text, _ in CORPUS[:8]])]
     with m.tx() as c:
-        c.execute("update documents set access_count = 3, last_access_at = ? where id = ?", (aokun.now_iso(), ids[0]))
+        c.execute("update documents set access_count = 3, last_access_at = ? where id = ?",
+                  (aokun.now_iso(), ids[0]))
         for table, column in later:
             if column == "superseded_by":
                 c.execute("drop index documents_superseded_by")
             c.execute(f"alter table {table} drop column {column}")
         c.execute("drop table memory_write_payloads")
-    tables = ("documents", "memory_atoms", "atom_sources", "graph_nodes", "graph_entries", "doc_vectors",
-              "memory_write_ops")
+    tables = ("documents", "memory_atoms", "atom_sources", "graph_nodes", "graph_entries",
+              "doc_vectors", "memory_write_ops")
     before = {t: m.rows(f"select * from {t} order by 1, 2") for t in tables}
     m.close()
 

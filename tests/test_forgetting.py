@@ -62,7 +62,8 @@ def cfg_of(tmp_path):
 def make(tmp_path, cfg_of, open_mem):
     """make(path=None, cfg=None, **settings) -> Memory with the fake 16-d embedder and the session's
     jieba; every Memory opened is closed after the test."""
-    return lambda path=None, cfg=None, **more: open_mem(path or tmp_path / "f.db", cfg=cfg or cfg_of(**more))
+    return lambda path=None, cfg=None, **more: open_mem(path or tmp_path / "f.db",
+                                                        cfg=cfg or cfg_of(**more))
 
 
 def sha256(path: Path) -> str:
@@ -86,7 +87,9 @@ def atom(m, atom_id):
 
 
 def atom_ids(m, doc_id):
-    return [r["atom_id"] for r in m.rows("select atom_id from atom_sources where document_id = ? order by atom_id",
+    return [r["atom_id"]
+            for r in m.rows("select atom_id from atom_sources where document_id = ? order by "
+                            "atom_id",
                                          (doc_id,))]
 
 
@@ -98,12 +101,13 @@ class DecayModel:
     """The seed's decay formula, in Python, one memory at a time."""
 
     def __init__(self, importance, access_count=0.0, last_access_at=None, pinned=False):
-        self.importance, self.access_count, self.last, self.pinned = importance, access_count, last_access_at, pinned
+        self.importance, self.access_count = importance, access_count
+        self.last, self.pinned = last_access_at, pinned
 
     def day(self, day: dt.date, rate=0.01, window_days=30, multiplier=0.5, hour=0, minute=5):
         at = dt.datetime.combine(day, dt.time(hour, minute), dt.timezone.utc)
-        recent = self.access_count if self.last and aokun.parse_time(self.last) >= at - dt.timedelta(days=window_days) \
-            else 0
+        since = at - dt.timedelta(days=window_days)
+        recent = self.access_count if self.last and aokun.parse_time(self.last) >= since else 0
         effective = rate * max(0.3, 1 - 0.1 * min(recent, 10))
         if not self.pinned and self.importance > 0.05:
             self.importance = max(0.05, self.importance * (1 - effective))
@@ -117,20 +121,26 @@ def test_decay_follows_the_formula_for_accessed_and_unaccessed_memories(make, cl
     spec = {  # content: (importance, access_count, last_access_at)
         "Never accessed, about green tea.": (0.8, 0, None),
         "Accessed six times yesterday, about coffee.": (0.6, 6, "2026-02-28T10:00:00Z"),
-        "Accessed long ago, about orange juice.": (0.7, 6, "2026-01-01T00:00:00Z"),  # outside the 30-day window
-        "Accessed until the window passes it, about cocoa.": (0.7, 4, "2026-02-03T00:00:00Z"),  # in for 3 days
-        "Accessed very often, about water.": (0.9, 25, "2026-03-01T09:00:00Z"),  # min(.,10) -> 0.3 floor
+        # outside the 30-day window
+        "Accessed long ago, about orange juice.": (0.7, 6, "2026-01-01T00:00:00Z"),
+        # in for 3 days
+        "Accessed until the window passes it, about cocoa.": (0.7, 4, "2026-02-03T00:00:00Z"),
+        # min(.,10) -> 0.3 floor
+        "Accessed very often, about water.": (0.9, 25, "2026-03-01T09:00:00Z"),
         "Nearly forgotten, about lemonade.": (0.0502, 0, None),  # hits the 0.05 floor
-        "At the floor already, about milk.": (0.04, 3, "2026-03-01T09:00:00Z"),  # below the floor: untouched
+        # below the floor: untouched
+        "At the floor already, about milk.": (0.04, 3, "2026-03-01T09:00:00Z"),
     }
     ids, model = {}, {}
     for text, (importance, _, _) in spec.items():
         ids[text] = m.memorize(text, {"importance": importance})["id"]
-    assert m.decay() == {"days": [], "importance": [], "archived": [], "dry_run": False}  # starts the schedule
+    # starts the schedule
+    assert m.decay() == {"days": [], "importance": [], "archived": [], "dry_run": False}
     assert m.meta_get("decay_last_run") == "2026-03-01"
     with m.tx() as c:
         for text, (importance, n, last) in spec.items():
-            c.execute("update documents set access_count = ?, last_access_at = ? where id = ?", (n, last, ids[text]))
+            c.execute("update documents set access_count = ?, last_access_at = ? where id = ?",
+                      (n, last, ids[text]))
             model[text] = DecayModel(importance, n, last)
     for day in range(2, 9):
         clock.set(dt.datetime(2026, 3, day, 12, 0, tzinfo=dt.timezone.utc))
@@ -139,7 +149,8 @@ def test_decay_follows_the_formula_for_accessed_and_unaccessed_memories(make, cl
         assert out["days"] == [f"2026-03-{day:02d}"]
         for text, mdl in model.items():
             mdl.day(dt.date(2026, 3, day))
-            row = m.rows("select importance, access_count from documents where id = ?", (ids[text],))[0]
+            row = m.rows("select importance, access_count from documents where id = ?",
+                         (ids[text],))[0]
             assert row["importance"] == pytest.approx(mdl.importance, abs=1e-9), (day, text)
             assert row["access_count"] == pytest.approx(mdl.access_count, abs=1e-9), (day, text)
         changed = {c["id"]: (c["old"], c["new"]) for c in out["importance"]}
@@ -150,10 +161,12 @@ def test_decay_follows_the_formula_for_accessed_and_unaccessed_memories(make, cl
     assert model["Accessed six times yesterday, about coffee."].importance / first > \
         model["Never accessed, about green tea."].importance / 0.8
     assert model["Nearly forgotten, about lemonade."].importance == 0.05
-    assert m.value("select importance from documents where id = ?", (ids["At the floor already, about milk."],)) == 0.04
+    assert m.value("select importance from documents where id = ?",
+                   (ids["At the floor already, about milk."],)) == 0.04
 
 
-def test_first_decay_on_a_new_file_runs_no_day_and_a_dry_run_does_not_start_the_schedule(make, clock):
+def test_first_decay_on_a_new_file_runs_no_day_and_a_dry_run_does_not_start_the_schedule(make,
+                                                                                         clock):
     m = make()
     i = m.memorize("A memory about sailing boats.", {"importance": 0.5})["id"]
     assert m.decay(dry_run=True)["days"] == []
@@ -165,7 +178,8 @@ def test_first_decay_on_a_new_file_runs_no_day_and_a_dry_run_does_not_start_the_
     assert m.meta_get("decay_last_run") == "2026-03-04"
     clock.advance(days=1)
     assert m.decay()["days"] == ["2026-03-05"]
-    assert m.value("select importance from documents where id = ?", (i,)) == pytest.approx(0.5 * 0.99, abs=1e-12)
+    assert m.value("select importance from documents where id = ?", (i,)) == \
+        pytest.approx(0.5 * 0.99, abs=1e-12)
     assert m.decay()["days"] == []  # the same day again: nothing left to do
 
 
@@ -178,7 +192,8 @@ def test_catching_up_five_missed_days_equals_five_daily_runs(make, clock, tmp_pa
         for text, importance, n, last in items:
             i = m.memorize(text, {"importance": importance})["id"]
             with m.tx() as c:
-                c.execute("update documents set access_count = ?, last_access_at = ? where id = ?", (n, last, i))
+                c.execute("update documents set access_count = ?, last_access_at = ? where id = ?",
+                          (n, last, i))
         assert m.decay()["days"] == []
     for _ in range(5):
         clock.advance(days=1)
@@ -197,18 +212,22 @@ def test_catching_up_five_missed_days_equals_five_daily_runs(make, clock, tmp_pa
 
 def test_pinned_memories_do_not_decay(make, clock):
     m = make()
-    pinned = m.memorize("Pinned: my passport number is in the blue folder.", {"importance": 0.7, "pinned": True})["id"]
+    pinned = m.memorize("Pinned: my passport number is in the blue folder.",
+                        {"importance": 0.7, "pinned": True})["id"]
     other = m.memorize("Unpinned memory about the blue folder.", {"importance": 0.7})["id"]
     m.decay()
     with m.tx() as c:
-        c.execute("update documents set access_count = 8, last_access_at = ? where id = ?", (aokun.iso(T0), pinned))
+        c.execute("update documents set access_count = 8, last_access_at = ? where id = ?",
+                  (aokun.iso(T0), pinned))
     clock.advance(days=10)
     out = m.decay()
     assert len(out["days"]) == 10
     assert m.value("select importance from documents where id = ?", (pinned,)) == 0.7
     assert pinned not in [c["id"] for c in out["importance"]]
-    assert m.value("select importance from documents where id = ?", (other,)) == pytest.approx(0.7 * 0.99 ** 10)
-    assert m.value("select access_count from documents where id = ?", (pinned,)) == pytest.approx(8 / 2 ** 10)
+    assert m.value("select importance from documents where id = ?", (other,)) == \
+        pytest.approx(0.7 * 0.99 ** 10)
+    assert m.value("select access_count from documents where id = ?", (pinned,)) == \
+        pytest.approx(8 / 2 ** 10)
 
 
 def test_decay_waits_for_decay_hour_and_minute(make, clock):
@@ -226,7 +245,8 @@ def test_decay_waits_for_decay_hour_and_minute(make, clock):
 
 
 def test_decay_time_is_local_to_the_configured_timezone(make, clock):
-    m = make(**{"forgetting.timezone": "Asia/Shanghai"})  # UTC+8: 00:05 local = 16:05 UTC the day before
+    # UTC+8: 00:05 local = 16:05 UTC the day before
+    m = make(**{"forgetting.timezone": "Asia/Shanghai"})
     m.memorize("A memory about dumplings.", {"importance": 0.5})
     m.decay()
     assert m.meta_get("decay_last_run") == "2026-03-01"  # 20:00 local on 1 March
@@ -250,7 +270,8 @@ def test_atom_walks_active_expired_forgotten_purged(make, clock):
     [aid] = atom_ids(m, first)
     a = atom(m, aid)
     assert a["atom_type"] == "episodic" and a["importance"] == 0.9
-    assert a["expires_at"] == aokun.iso(T0 + dt.timedelta(days=7 * 1.4))  # base × (0.5 + importance)
+    # base × (0.5 + importance)
+    assert a["expires_at"] == aokun.iso(T0 + dt.timedelta(days=7 * 1.4))
     t1 = clock.advance(days=1)
     second = m.memorize("Museum recap.", {"importance": 0.3, "key_facts": [MUSEUM]})["id"]
     assert atom_ids(m, second) == [aid]  # reinforced, not a new atom
@@ -288,7 +309,8 @@ def test_atom_walks_active_expired_forgotten_purged(make, clock):
     assert m.lifecycle()["atoms"] == [{"id": aid, "old": "forgotten", "new": "purged"}]
     assert atom(m, aid) is None
     assert count(m, "atom_sources", "atom_id = ?", (aid,)) == 0
-    assert m.get(first)["atoms"] == [] and m.get(second)["content"] == "Museum recap."  # memories stay
+    # memories stay
+    assert m.get(first)["atoms"] == [] and m.get(second)["content"] == "Museum recap."
     assert m.doctor() == []
 
 
@@ -298,7 +320,8 @@ def test_planned_atom_is_a_step_until_its_deadline(make, clock):
     [aid] = atom_ids(m, doc)
     a = atom(m, aid)
     assert a["atom_type"] == "planned"
-    # tomorrow (March 2, UTC) ends at midnight; rules/dates.toml's grace_days = 1 keeps it a day longer
+    # tomorrow (March 2, UTC) ends at midnight; rules/dates.toml's grace_days = 1 keeps it a day
+    # longer
     deadline = dt.datetime(2026, 3, 4, tzinfo=dt.timezone.utc)
     assert a["expires_at"] == aokun.iso(deadline)
     clock.set(deadline - dt.timedelta(seconds=1))
@@ -310,7 +333,8 @@ def test_planned_atom_is_a_step_until_its_deadline(make, clock):
     assert aid not in [r["id"] for r in m.search_atoms("dentist")["results"]]
     # contrast: an exponential atom is already below 1 long before its expiry
     e = dict(a, expires_at=aokun.iso(T0 + dt.timedelta(days=10)))
-    assert aokun.ttl_factor(e, "exponential", T0 + dt.timedelta(days=1)) == pytest.approx(math.exp(-0.1))
+    assert aokun.ttl_factor(e, "exponential", T0 + dt.timedelta(days=1)) == \
+        pytest.approx(math.exp(-0.1))
 
 
 def test_supersession_and_undo_by_deleting_the_newer_memory(make, clock):
@@ -326,7 +350,8 @@ def test_supersession_and_undo_by_deleting_the_newer_memory(make, clock):
     assert not found(m, "Bob Paris", old) and found(m, "Bob Berlin", new)
     # a superseded atom follows the forget clock (preview only here)
     later = aokun.parse_time(atom(m, old)["state_changed_at"]) + dt.timedelta(days=7)
-    assert {"id": old, "old": "superseded", "new": "forgotten"} in m.lifecycle(dry_run=True, ref=later)["atoms"]
+    assert {"id": old, "old": "superseded", "new": "forgotten"} \
+        in m.lifecycle(dry_run=True, ref=later)["atoms"]
     assert atom(m, old)["state"] == "superseded"
 
     m.delete(berlin)
@@ -339,7 +364,8 @@ def test_supersession_and_undo_by_deleting_the_newer_memory(make, clock):
 def test_an_older_fact_arriving_late_is_itself_superseded(make, clock):
     m = make()
     berlin = m.memorize("Bob moved to Berlin.", {"participants": ["Bob"]})["id"]
-    paris = m.memorize("Bob lives in Paris.", {"participants": ["Bob"], "timestamp": "2025-01-01T00:00:00Z"})["id"]
+    paris = m.memorize("Bob lives in Paris.",
+                       {"participants": ["Bob"], "timestamp": "2025-01-01T00:00:00Z"})["id"]
     [new], [old] = atom_ids(m, berlin), atom_ids(m, paris)
     assert atom(m, new)["state"] == "active"
     assert atom(m, old)["state"] == "superseded" and atom(m, old)["superseded_by"] == new
@@ -347,13 +373,14 @@ def test_an_older_fact_arriving_late_is_itself_superseded(make, clock):
 
 def test_auto_archive_old_unimportant_memories(make, clock):
     m = make(**{"forgetting.auto_cleanup_enabled": True})
-    old_low = m.memorize("Lighthouse keeper chat from long ago.", {"importance": 0.05,
-                                                                   "timestamp": "2025-06-01T00:00:00Z"})["id"]
-    old_high = m.memorize("Lighthouse restoration plan, very important.", {"importance": 0.9,
-                                                                           "timestamp": "2025-06-01T00:00:00Z"})["id"]
+    old_low = m.memorize("Lighthouse keeper chat from long ago.",
+                         {"importance": 0.05, "timestamp": "2025-06-01T00:00:00Z"})["id"]
+    old_high = m.memorize("Lighthouse restoration plan, very important.",
+                          {"importance": 0.9, "timestamp": "2025-06-01T00:00:00Z"})["id"]
     new_low = m.memorize("Lighthouse postcard bought last week.", {"importance": 0.05})["id"]
-    old_pinned = m.memorize("Lighthouse address, pinned.", {"importance": 0.05, "pinned": True,
-                                                            "timestamp": "2025-06-01T00:00:00Z"})["id"]
+    old_pinned = m.memorize("Lighthouse address, pinned.",
+                            {"importance": 0.05, "pinned": True,
+                             "timestamp": "2025-06-01T00:00:00Z"})["id"]
     everything = {old_low, old_high, new_low, old_pinned}
     hits = {h["id"] for h in m.recall("lighthouse", k=10)["results"]}
     assert hits == everything
@@ -364,7 +391,8 @@ def test_auto_archive_old_unimportant_memories(make, clock):
     assert out["archived"] == [old_low]
     assert {r["id"] for r in m.rows("select id from documents where archived = 1")} == {old_low}
     assert {h["id"] for h in m.recall("lighthouse", k=10)["results"]} == everything - {old_low}
-    assert {h["id"] for h in m.recall("lighthouse", k=10, include_archived=True)["results"]} == everything
+    assert {h["id"] for h in m.recall("lighthouse", k=10, include_archived=True)["results"]} == \
+        everything
     assert m.decay()["archived"] == []  # already archived: not listed again
     m.restore_memory(old_low)
     assert {h["id"] for h in m.recall("lighthouse", k=10)["results"]} == everything
@@ -379,7 +407,8 @@ def test_repeat_of_an_auto_archived_memory_restores_it_for_good(make, clock):
     assert (r["id"], r["deduplicated"]) == (old_low, True)
     # restored, and at the default importance: the next auto-archival does not take it straight back
     assert r["changed"] == {"archived": [True, False], "importance": [0.05, 0.5]}
-    assert r["warnings"][0].startswith(f"memory {old_low} was archived; memorizing it again restored it")
+    assert r["warnings"][0].startswith(f"memory {old_low} was archived; memorizing it again "
+                                       "restored it")
     assert [h["id"] for h in m.recall("lighthouse")["results"]] == [old_low]
     clock.advance(days=1)
     assert m.decay()["archived"] == []
@@ -388,8 +417,8 @@ def test_repeat_of_an_auto_archived_memory_restores_it_for_good(make, clock):
 
 def test_auto_archive_is_off_by_default(make, clock):
     m = make()
-    old_low = m.memorize("Lighthouse keeper chat from long ago.", {"importance": 0.05,
-                                                                   "timestamp": "2025-06-01T00:00:00Z"})["id"]
+    old_low = m.memorize("Lighthouse keeper chat from long ago.",
+                         {"importance": 0.05, "timestamp": "2025-06-01T00:00:00Z"})["id"]
     assert m.decay()["archived"] == []
     assert m.value("select archived from documents where id = ?", (old_low,)) == 0
 
@@ -399,16 +428,18 @@ def test_auto_archive_is_off_by_default(make, clock):
 def _setup_for_dry_runs(make, clock, path):
     m = make(path)
     ids = {
-        "museum": m.memorize("Museum day with Tom.", {"importance": 0.5, "key_facts": [MUSEUM]})["id"],
+        "museum": m.memorize("Museum day with Tom.",
+                             {"importance": 0.5, "key_facts": [MUSEUM]})["id"],
         "dentist": m.memorize(DENTIST, {"importance": 0.5})["id"],
         "tea": m.memorize("Alice prefers green tea in the afternoon.", {"importance": 0.6})["id"],
-        "old": m.memorize("An old unimportant note about parking.", {"importance": 0.06,
-                                                                     "timestamp": "2025-01-01T00:00:00Z"})["id"],
+        "old": m.memorize("An old unimportant note about parking.",
+                          {"importance": 0.06, "timestamp": "2025-01-01T00:00:00Z"})["id"],
         "pinned": m.memorize("Pinned rule: always answer in English.", {"pinned": True})["id"],
     }
     m.decay()
     with m.tx() as c:
-        c.execute("update documents set access_count = 5, last_access_at = ? where id = ?", (aokun.iso(T0), ids["tea"]))
+        c.execute("update documents set access_count = 5, last_access_at = ? where id = ?",
+                  (aokun.iso(T0), ids["tea"]))
     m.close()
     return ids
 
@@ -433,12 +464,15 @@ def test_dry_runs_change_nothing_and_list_exactly_what_the_real_run_does(make, c
 
     # what the dry runs listed
     assert len(dry_decay["days"]) == 10 and dry_decay["dry_run"] is True
-    assert {c["id"] for c in dry_decay["importance"]} == {ids["museum"], ids["dentist"], ids["tea"], ids["old"]}
+    assert {c["id"] for c in dry_decay["importance"]} == \
+        {ids["museum"], ids["dentist"], ids["tea"], ids["old"]}
     assert dry_decay["archived"] == [ids["old"]]
-    museum_atom, dentist_atom, old_atom = (atom_ids_from_dump(d0, ids[k]) for k in ("museum", "dentist", "old"))
+    museum_atom, dentist_atom, old_atom = (atom_ids_from_dump(d0, ids[k])
+                                           for k in ("museum", "dentist", "old"))
     # the old note's atom expired in 2025 (180 × 0.56 days after 2025-01-01); the others did by now
     assert {c["id"]: (c["old"], c["new"]) for c in dry_life["atoms"]} == {
-        museum_atom: ("active", "expired"), dentist_atom: ("active", "expired"), old_atom: ("active", "expired")}
+        museum_atom: ("active", "expired"), dentist_atom: ("active", "expired"),
+        old_atom: ("active", "expired")}
     assert len(preview["days"]) == 40 and preview["as_of"] == aokun.iso(T0 + dt.timedelta(days=40))
     assert {"id": museum_atom, "old": "active", "new": "expired"} in preview["atoms"]
 
@@ -481,8 +515,10 @@ def test_forget_preview_is_read_only_and_shows_expiries(make, clock):
 
 def test_forget_preview_shows_only_the_asking_persona(make, clock):
     m = make()
-    mine = m.memorize("Museum day with Tom.", {"importance": 0.5, "key_facts": [MUSEUM], "persona_id": "home"})["id"]
-    theirs = m.memorize("Museum day with Ann.", {"importance": 0.5, "key_facts": [MUSEUM], "persona_id": "work"})["id"]
+    mine = m.memorize("Museum day with Tom.",
+                      {"importance": 0.5, "key_facts": [MUSEUM], "persona_id": "home"})["id"]
+    theirs = m.memorize("Museum day with Ann.",
+                        {"importance": 0.5, "key_facts": [MUSEUM], "persona_id": "work"})["id"]
     m.decay()
     p = m.forget_preview(8, "home")
     assert [c["id"] for c in p["importance"]] == [mine]
@@ -508,8 +544,10 @@ def test_online_backup_under_concurrent_writes(make, tmp_path, monkeypatch):
 
     monkeypatch.setattr(aokun.time, "sleep", counting_sleep)
     m = make(path)
-    m.memorize_many([(f"Preloaded memory {i} about the harbour and its boats.", None) for i in range(30)])
-    with m.tx() as c:  # ~3 MB of pages, so the copy takes many 256-page steps while the writer commits
+    m.memorize_many([(f"Preloaded memory {i} about the harbour and its boats.", None)
+                     for i in range(30)])
+    # ~3 MB of pages, so the copy takes many 256-page steps while the writer commits
+    with m.tx() as c:
         c.execute("create table test_padding(b blob)")
         c.execute("with recursive n(i) as (select 1 union all select i + 1 from n where i < 30) "
                   "insert into test_padding select zeroblob(100000) from n")
@@ -551,8 +589,10 @@ def test_online_backup_under_concurrent_writes(make, tmp_path, monkeypatch):
     finally:
         b.close()
     # each pass is ceil(pages/256) steps; at most 20 restarts, then the rest in one step
-    assert len(steps) <= 21 * math.ceil(pages / 256) + 1, f"{len(steps)} backup steps for {pages} pages"
-    assert out["backup"] == str(dest) and dest.exists() and not dest.with_name(dest.name + ".part").exists()
+    assert len(steps) <= 21 * math.ceil(pages / 256) + 1, \
+        f"{len(steps)} backup steps for {pages} pages"
+    assert out["backup"] == str(dest) and dest.exists() \
+        and not dest.with_name(dest.name + ".part").exists()
     b = apsw.Connection(str(dest), flags=apsw.SQLITE_OPEN_READONLY)
     try:
         assert [r[0] for r in b.execute("pragma integrity_check")] == ["ok"]
@@ -586,9 +626,11 @@ def test_online_backup_finishes_after_twenty_restarts(make, tmp_path, monkeypatc
         if threading.current_thread() is threading.main_thread():
             calls.append(seconds)
             if len(calls) > 300:
-                raise AssertionError("online_backup keeps restarting while another connection writes")
+                raise AssertionError("online_backup keeps restarting while another connection "
+                                     "writes")
             other.execute("insert into meta(key, value) values ('test_tick', ?) "
-                          "on conflict(key) do update set value = excluded.value", (str(len(calls)),))
+                          "on conflict(key) do update set value = excluded.value",
+                          (str(len(calls)),))
         real_sleep(seconds)
 
     monkeypatch.setattr(aokun.time, "sleep", write_between_steps)
@@ -601,13 +643,15 @@ def test_online_backup_finishes_after_twenty_restarts(make, tmp_path, monkeypatc
     b = apsw.Connection(str(dest), flags=apsw.SQLITE_OPEN_READONLY)
     try:
         assert [r[0] for r in b.execute("pragma integrity_check")] == ["ok"]
-        assert b.execute("select value from meta where key = 'test_tick'").fetchone() == (str(len(calls)),)  # last
+        assert b.execute("select value from meta where key = 'test_tick'").fetchone() == \
+            (str(len(calls)),)  # last
         assert b.execute("select count(*) from documents").fetchone() == (1,)
     finally:
         b.close()
 
 
-def test_restore_from_refuses_newer_and_corrupt_files_and_restores_a_good_one(make, clock, tmp_path):
+def test_restore_from_refuses_newer_and_corrupt_files_and_restores_a_good_one(make, clock,
+                                                                              tmp_path):
     m = make(tmp_path / "main.db")
     for i in range(3):
         m.memorize(f"Restorable memory number {i} about violins.")
@@ -635,7 +679,8 @@ def test_restore_from_refuses_newer_and_corrupt_files_and_restores_a_good_one(ma
     damaged = tmp_path / "damaged.db"
     raw = bytearray(good.read_bytes())
     page = 4096
-    for p in range(2, len(raw) // page):  # wreck every page after the first two (schema stays readable)
+    # wreck every page after the first two (schema stays readable)
+    for p in range(2, len(raw) // page):
         raw[p * page: p * page + 64] = b"\xff" * 64
     damaged.write_bytes(bytes(raw))
     with pytest.raises(aokun.AokunError):
@@ -690,8 +735,10 @@ def test_version_backup_on_a_version_change(make, clock, tmp_path):
     assert m.meta_get("server_version") == aokun.__version__
     b = apsw.Connection(made, flags=apsw.SQLITE_OPEN_READONLY)
     try:
-        assert b.execute("select content from documents").fetchall() == [("A memory from the old version.",)]
-        assert b.execute("select value from meta where key = 'server_version'").fetchone() == ("0.0.1",)
+        assert b.execute("select content from documents").fetchall() == \
+            [("A memory from the old version.",)]
+        assert b.execute("select value from meta where key = 'server_version'").fetchone() == \
+            ("0.0.1",)
     finally:
         b.close()
     assert m.version_backup() is None  # same version now
@@ -710,7 +757,8 @@ def cli(tmp_path, monkeypatch, segmenter):
     runner = CliRunner()
 
     def invoke(*args, ok=True, input=None):
-        r = runner.invoke(aokun.cli, ["--db", str(tmp_path / "cli.db"), "--config", str(ini), *map(str, args)],
+        r = runner.invoke(aokun.cli, ["--db", str(tmp_path / "cli.db"), "--config", str(ini),
+                                      *map(str, args)],
                           input=input, catch_exceptions=False)
         if ok:
             assert r.exit_code == 0, r.output
@@ -720,7 +768,8 @@ def cli(tmp_path, monkeypatch, segmenter):
 
 
 def _importance(cli):
-    return {d["content"]: d["importance"] for d in json.loads(cli("list", "--json", "--include-archived").output)}
+    return {d["content"]: d["importance"]
+            for d in json.loads(cli("list", "--json", "--include-archived").output)}
 
 
 def test_cli_decay_lifecycle_backup_restore(cli, clock, tmp_path):
@@ -741,7 +790,8 @@ def test_cli_decay_lifecycle_backup_restore(cli, clock, tmp_path):
     life = json.loads(cli("lifecycle", "--dry-run", "--json").output)
     assert [(c["old"], c["new"]) for c in life["atoms"]] == [("active", "expired")]
     assert "(dry run)" in cli("lifecycle", "--dry-run").output
-    assert json.loads(cli("lifecycle", "--dry-run", "--json").output) == life  # still nothing changed
+    # still nothing changed
+    assert json.loads(cli("lifecycle", "--dry-run", "--json").output) == life
     assert json.loads(cli("lifecycle", "--json").output) == dict(life, dry_run=False)
     assert json.loads(cli("lifecycle", "--json").output)["atoms"] == []
 
