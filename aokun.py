@@ -7464,8 +7464,8 @@ SYNC_KINDS = {"memory": ("uid", "updated_at"), "atom": ("uid", "updated_at"),
 #: The table of each kind whose rows carry an updated_at (what _sync_order_successors moves).
 SYNC_TABLES = {"memory": "documents", "atom": "memory_atoms", "entity": "kg_entities",
                "triple": "kg_triples", "session": "conv_sessions"}
-#: An atom's reinforcement (what merge_atoms takes from the more reinforced version) and its state
-#: (what it takes from the later state change).
+#: An atom's reinforcement (what merge_reinforcement takes from the more reinforced version) and
+#: its state (what merge_atoms takes from the later state change).
 ATOM_REINFORCEMENT = ("reinforcement_count", "last_reinforced_at", "expires_at")
 ATOM_STATE = ("state_changed_at", "state", "superseded_by")
 #: Fields a record's content hash leaves out: its times and its usage bookkeeping (SYNC_USAGE).
@@ -7539,19 +7539,18 @@ def merge_usage(a: dict, b: dict, winner: dict) -> dict:
 def merge_atoms(a: dict, b: dict) -> dict:
     """The version of an atom every device keeps when two devices each changed it (atom records `a`
     and `b` of one uid) since they last agreed: the later version (updated_at, then the rest of its
-    content) with the reinforcement (count, last reinforced, expiry) of the more reinforced one, the
-    higher confidence, the sources of both, and the state (state, since when, superseded by) of the
-    later state change, unless that is an expiry the other's reinforcement postponed past it (a
-    reinforcement it did not know of: the other state stands). Each part is the larger of the two by
-    an order of its own, so every device merges the two alike, and merging the merge with either
-    gives the merge."""
+    content) with the higher confidence, the sources of both, the reinforcement of both
+    (merge_reinforcement) and the state (state, since when, superseded by) of the later state
+    change, unless that is an expiry the other's reinforcement postponed past it (a reinforcement
+    it did not know of: the other state stands). Each part is the larger of the two by an order of
+    its own, so every device merges the two alike, and merging the merge with either gives the
+    merge."""
     merged = (*ATOM_REINFORCEMENT, *ATOM_STATE, "confidence", "sources")
     out = dict(max(a, b, key=lambda r: (r["updated_at"], json.dumps(
         {k: v for k, v in r.items() if k not in merged}, ensure_ascii=False, sort_keys=True))))
-    more = max(a, b, key=lambda r: tuple(r[k] for k in ATOM_REINFORCEMENT))
-    out.update({k: more[k] for k in ATOM_REINFORCEMENT},
-               confidence=max(a["confidence"], b["confidence"]),
+    out.update(confidence=max(a["confidence"], b["confidence"]),
                sources=sorted(set(a["sources"]) | set(b["sources"])))
+    out.update(merge_reinforcement(a, b, out))
     states = sorted((a, b), key=lambda r: tuple(r[k] or "" for k in ATOM_STATE), reverse=True)
     held = [r for r in states if r["state"] not in ("expired", "forgotten")
             or out["expires_at"] <= r["state_changed_at"]]
@@ -7559,6 +7558,24 @@ def merge_atoms(a: dict, b: dict) -> dict:
                {"state": "active", "state_changed_at": states[0]["state_changed_at"],
                 "superseded_by": None})
     return out
+
+
+def merge_reinforcement(a: dict, b: dict, out: dict) -> dict:
+    """{reinforcement_count, last_reinforced_at, expires_at} of the merge `out` of atom records `a`
+    and `b` (merge_atoms; its sources are those of both): the more reinforced one's, except that
+    every source memory but the first is a reinforcement (two devices that each restated the fact
+    in a memory of their own reinforced it twice, not once): a count of sources − 1 beyond both
+    counts is taken, with a shelf life (effective_ttl_days of `out`'s base TTL and importance) from
+    the later of the two last reinforcements, or the later expiry of the two when that is later."""
+    more = max(a, b, key=lambda r: tuple(r[k] for k in ATOM_REINFORCEMENT))
+    count = len(out["sources"]) - 1
+    if count <= more["reinforcement_count"]:
+        return {k: more[k] for k in ATOM_REINFORCEMENT}
+    last = max(a["last_reinforced_at"], b["last_reinforced_at"])
+    ttl = effective_ttl_days(out["base_ttl_days"], out["importance"], count)
+    expires = max(a["expires_at"], b["expires_at"],
+                  iso(parse_time(last) + dt.timedelta(days=ttl)))
+    return {"reinforcement_count": count, "last_reinforced_at": last, "expires_at": expires}
 
 
 def sync_inflate_limit(compressed: int) -> int:
@@ -8085,6 +8102,9 @@ class Sync:
                         until=self.meta_get("decay_last_run"))
         for change in changes:
             self._sync_decide(change, s, plan)
+        self._sync_twins(plan, s)
+        for doc_id, persona in plan.twins:  # a twin here under the larger uid: it goes
+            self.delete(doc_id, persona)
         with self.tx() as c:
             for x in plan.conflicts:
                 c.execute(self.queries["sync_conflict_add"], x | {"now": now_iso()})
@@ -8110,6 +8130,7 @@ class Sync:
                 if kind != "deleted":
                     for k in report["merged"]:
                         report["merged"][k] += counts[k]
+        self._sync_orphans(plan)
         self._sync_settle_atoms(plan, s)
         with self.tx() as c:
             for k in plan.known:
@@ -8186,6 +8207,45 @@ class Sync:
         plan.winners.append((kind, uid, stamp, digest, rec))
         plan.known.append(incoming)
 
+    def _sync_twins(self, plan: "SyncPlan", s: apsw.Connection) -> None:
+        """Memories of one text that two devices wrote apart (two uids; a persona holds a text
+        once): every device keeps the one of the smaller uid. An incoming memory new here whose
+        twin here has the smaller uid is passed over (its atoms too: _sync_orphans); a twin here of
+        the larger uid goes into plan.twins, deleted before the incoming one is imported (its
+        tombstone travels). A loser that differs from the winner in more than its uid and times
+        goes into sync_conflicts."""
+        one = "select body from current where kind = 'memory' and uid = ?"
+        for w in [w for w in plan.winners if w[0] == "memory"]:
+            rec = w[4]
+            twin = None if self.value("select 1 from documents where uid = ?", (w[1],)) else \
+                self.rows(self.queries["sync_twin"], {"persona": rec["persona_id"], "uid": w[1],
+                                                      "hash": content_hash(rec["content"])})
+            body = s.execute(one, (twin[0]["uid"],)).fetchone() if twin else None
+            if body is None:
+                continue
+            ours = json.loads(body[0])
+            differs = sync_hash(ours | {"uid": w[1]}) != w[3]
+            if twin[0]["uid"] < w[1]:
+                plan.winners.remove(w)
+                plan.known = [k for k in plan.known if (k["kind"], k["uid"]) != ("memory", w[1])]
+                if differs:
+                    plan.lost(rec, "memory", w[1], w[2], ours["updated_at"], plan.dev)
+            else:
+                plan.twins.append((twin[0]["id"], rec["persona_id"]))
+                if differs:
+                    plan.lost(ours, "memory", ours["uid"], ours["updated_at"], w[2], plan.mine)
+
+    def _sync_orphans(self, plan: "SyncPlan") -> None:
+        """After a file's winners are imported: an atom the import passed over because its memory
+        is not here (deleted here, or a twin kept here under another uid: _sync_twins) is not held
+        here, so neither sync_base nor scratch `current` records it: this device sends no delete
+        of it back, and the device that changed it keeps it."""
+        missing = {w[1] for w in plan.winners if w[0] == "atom"
+                   and not self.value("select 1 from memory_atoms where uid = ?", (w[1],))
+                   and not self.value("select 1 from documents where uid = ?", (w[4]["document"],))}
+        plan.winners = [w for w in plan.winners if w[0] != "atom" or w[1] not in missing]
+        plan.known = [k for k in plan.known if k["kind"] != "atom" or k["uid"] not in missing]
+
     def _sync_set_usage(self, rec: dict) -> None:
         """Write the usage (SYNC_USAGE fields) of export record `rec` over its row here, nothing
         else: no new version, nothing derived again. In tx."""
@@ -8260,6 +8320,7 @@ class SyncPlan:
     atoms_gone: list = field(default_factory=list)  #: atoms deleted there as they are here
     atoms_kept: list = field(default_factory=list)  #: atoms deleted there but changed here since
     usages: list = field(default_factory=list)  #: records here whose usage alone changes
+    twins: list = field(default_factory=list)  #: (id, persona): twins here that go (_sync_twins)
     since: str | None = None  #: the decay day the file's usage is as of (None: unknown)
     until: str | None = None  #: this file's decay day
 
