@@ -106,15 +106,6 @@ def converge(tmp: Path, machines: list[Machine], rounds: int = 6) -> list[dict]:
     raise AssertionError(f"no fixpoint after {rounds} rounds")
 
 
-def synced(export: list[dict]) -> list[dict]:
-    """The export without the atoms' derived state: each device derives the atoms of what it merges
-    itself, with the same uids (atom_uid) but at its own time and in its own order (so which atom
-    supersedes which may differ). Issue 24 item 9 wants those identical too: not done yet."""
-    derived = ("created_at", "updated_at", "last_reinforced_at", "expires_at", "state_changed_at", "state",
-               "superseded_by")
-    return [{k: v for k, v in r.items() if r["kind"] != "atom" or k not in derived} for r in export]
-
-
 def memory_texts(export: list[dict]) -> set[str]:
     return {r["content"] for r in export if r["kind"] == "memory"}
 
