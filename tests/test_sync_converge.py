@@ -25,7 +25,7 @@ def memorize(tmp: Path, db: Path, text: str, *args) -> dict:
 
 def two_devices(tmp: Path, *memories: tuple) -> tuple[Machine, Machine, list[dict]]:
     """Machine one with `memories` ((text, *memorize args)) and decay 3 days behind (asleep over a
-    weekend), synced once, then its file copied to machine two: (one, two, their memorize reports)."""
+    weekend), synced once, then its file copied to machine two: (one, two, the memorize reports)."""
     one, two = (Machine(tmp, name, tmp / name / "live.db") for name in ("one", "two"))
     docs = [memorize(tmp, one.disk, *m) for m in memories]
     con = apsw.Connection(str(one.disk))
@@ -79,7 +79,8 @@ def test_edits_deletes_and_new_values_written_apart_converge(tmp_path):
     export, losers = converged(tmp_path, one, two)
     assert memory_texts(export) == {
         "Alice lives in Beijing. Alice works at Agora.", "小王住在上海。小王喜欢喝冰美式。",
-        "Bob 现在喜欢乌龙茶。", "周末和小李去西湖划船。", "Alice moved to Shanghai.", "小王搬到了深圳。"}
+        "Bob 现在喜欢乌龙茶。", "周末和小李去西湖划船。", "Alice moved to Shanghai.",
+        "小王搬到了深圳。"}
     assert docs[3]["uid"] in {r["uid"] for r in export if r["kind"] == "tombstone"}
     assert {"Bob prefers jasmine tea now.", "The team offsite moved to Suzhou."} <= {
         r.get("content") for r in losers}
