@@ -7494,19 +7494,22 @@ EXPORT_FORMAT = "aokun-export"  #: the header's `format`
 EXPORT_VERSION = 1  #: the JSONL record layout; import refuses a newer one
 #: The fields of each JSONL kind, in the order they are written (references are uids, never ids).
 EXPORT_FIELDS = {
-    "memory": ("uid", "persona_id", "session_id", "content", "summary", "topics", "key_facts", "participants",
-               "tags", "sentiment", "source", "importance", "pinned", "archived", "merged_into",
-               "superseded_by", "created_at", "updated_at", "last_access_at", "access_count",
-               "useful_count", "last_useful_at"),
-    "atom": ("uid", "persona_id", "document", "sources", "atom_type", "content", "subject", "confidence",
-             "importance", "base_ttl_days", "reinforcement_count", "state", "superseded_by", "slot", "slot_value",
-             "created_at", "updated_at", "last_reinforced_at", "expires_at", "state_changed_at"),
+    "memory": ("uid", "persona_id", "session_id", "content", "summary", "topics", "key_facts",
+               "participants", "tags", "sentiment", "source", "importance", "pinned", "archived",
+               "merged_into", "superseded_by", "created_at", "updated_at", "last_access_at",
+               "access_count", "useful_count", "last_useful_at"),
+    "atom": ("uid", "persona_id", "document", "sources", "atom_type", "content", "subject",
+             "confidence", "importance", "base_ttl_days", "reinforcement_count", "state",
+             "superseded_by", "slot", "slot_value", "created_at", "updated_at",
+             "last_reinforced_at", "expires_at", "state_changed_at"),
     "entity": ("uid", "persona_id", "name", "canonical", "created_at", "updated_at"),
-    "triple": ("uid", "persona_id", "subject", "predicate", "object", "valid_from", "valid_to", "confidence",
-               "source_memory", "created_at", "updated_at"),
-    "session": ("uid", "persona_id", "source", "session_id", "project", "title", "first_user_message",
-                "started_at", "ended_at", "turn_count", "created_at", "updated_at"),
-    "turn": ("uid", "session", "persona_id", "source", "turn_key", "seq", "role", "created_at", "text"),
+    "triple": ("uid", "persona_id", "subject", "predicate", "object", "valid_from", "valid_to",
+               "confidence", "source_memory", "created_at", "updated_at"),
+    "session": ("uid", "persona_id", "source", "session_id", "project", "title",
+                "first_user_message", "started_at", "ended_at", "turn_count", "created_at",
+                "updated_at"),
+    "turn": ("uid", "session", "persona_id", "source", "turn_key", "seq", "role", "created_at",
+             "text"),
     "consolidation": ("survivor", "members", "previous", "created_at"),
     "tombstone": ("uid", "table_name", "deleted_at"),
 }
@@ -7515,13 +7518,17 @@ EXPORT_FIELDS = {
 EXPORT_OPTIONAL = {"memory": ("superseded_by",)}
 #: The text fields import redacts, by kind (memories pass the write pipeline, which redacts them).
 IMPORT_REDACTED = {"session": {"project", "title", "first_user_message"}, "turn": {"text"},
-                   "atom": {"content", "subject", "slot_value"}, "entity": {"name"}, "triple": {"predicate"}}
+                   "atom": {"content", "subject", "slot_value"}, "entity": {"name"},
+                   "triple": {"predicate"}}
 #: Export column → record field where they differ (the uid a reference resolves to).
-_EXPORT_RENAMES = {"merged_into_uid": "merged_into", "document_uid": "document", "source_uids": "sources",
-                   "superseded_by_uid": "superseded_by", "subject_uid": "subject", "object_uid": "object",
-                   "source_memory_uid": "source_memory", "session_uid": "session", "survivor_uid": "survivor"}
-_EXPORT_QUERIES = (("memory", "export_documents"), ("atom", "export_atoms"), ("entity", "export_entities"),
-                   ("triple", "export_triples"), ("session", "export_sessions"), ("turn", "export_turns"),
+_EXPORT_RENAMES = {"merged_into_uid": "merged_into", "document_uid": "document",
+                   "source_uids": "sources", "superseded_by_uid": "superseded_by",
+                   "subject_uid": "subject", "object_uid": "object",
+                   "source_memory_uid": "source_memory", "session_uid": "session",
+                   "survivor_uid": "survivor"}
+_EXPORT_QUERIES = (("memory", "export_documents"), ("atom", "export_atoms"),
+                   ("entity", "export_entities"), ("triple", "export_triples"),
+                   ("session", "export_sessions"), ("turn", "export_turns"),
                    ("consolidation", "export_consolidations"), ("tombstone", "export_tombstones"))
 _JSON_COLUMNS = ("topics", "key_facts", "participants", "tags", "sources", "previous")
 MARKDOWN_SLUG_CHARS = 48  #: the most characters of a memory's title in its Markdown file name
@@ -7555,14 +7562,15 @@ def markdown_note(memory: dict) -> str:
     JSON scalar or flow list, which YAML reads as the same value; `tags` lose their spaces, as
     Obsidian tags must."""
     m = memory
-    props = {"uid": m["uid"], "created": m["created_at"], "updated": m["updated_at"], "persona": m["persona_id"],
-             "session": m["session_id"], "source": m["source"], "importance": m["importance"],
-             "pinned": m["pinned"], "archived": m["archived"], "merged_into": m["merged_into"],
-             "superseded_by": m["superseded_by"],
+    props = {"uid": m["uid"], "created": m["created_at"], "updated": m["updated_at"],
+             "persona": m["persona_id"], "session": m["session_id"], "source": m["source"],
+             "importance": m["importance"], "pinned": m["pinned"], "archived": m["archived"],
+             "merged_into": m["merged_into"], "superseded_by": m["superseded_by"],
              "summary": m["summary"], "sentiment": m["sentiment"], "topics": m["topics"],
              "participants": m["participants"], "key_facts": m["key_facts"],
              "tags": [re.sub(r"\s+", "_", t) for t in m["tags"]]}
-    lines = ["---", *(f"{k}: {json.dumps(v, ensure_ascii=False)}" for k, v in props.items()), "---", ""]
+    lines = ["---", *(f"{k}: {json.dumps(v, ensure_ascii=False)}" for k, v in props.items()),
+             "---", ""]
     if m["summary"]:
         lines += [f"# {m['summary']}", ""]
     lines.append(m["content"])
@@ -7582,9 +7590,11 @@ def _record_value(rec: dict, key: str, line: int, kinds: tuple, nullable: bool =
     """rec[key], checked to be of one of the types `kinds` (or None when `nullable`). Raises
     ImportFileError naming the line and the field."""
     v = rec.get(key)
-    if (v is None and nullable) or (isinstance(v, kinds) and not (isinstance(v, bool) and bool not in kinds)):
+    if (v is None and nullable) or (isinstance(v, kinds)
+                                    and not (isinstance(v, bool) and bool not in kinds)):
         return v
-    raise ImportFileError(line, f"{rec.get('kind')} field {key!r}: expected {'/'.join(k.__name__ for k in kinds)}"
+    names = "/".join(k.__name__ for k in kinds)
+    raise ImportFileError(line, f"{rec.get('kind')} field {key!r}: expected {names}"
                                 f"{' or null' if nullable else ''}, got {v!r}")
 
 
@@ -7605,15 +7615,17 @@ def read_export(lines) -> list[tuple[int, dict]]:
             raise ImportFileError(n, "is not a JSON object")
         if header is None:
             if rec.get("kind") != "header" or rec.get("format") != EXPORT_FORMAT:
-                raise ImportFileError(n, f"is not an Aokun export header (kind 'header', format {EXPORT_FORMAT!r})")
+                raise ImportFileError(n, "is not an Aokun export header (kind 'header', format "
+                                         f"{EXPORT_FORMAT!r})")
             if not isinstance(rec.get("version"), int) or rec["version"] > EXPORT_VERSION:
-                raise ImportFileError(n, f"export version {rec.get('version')!r} is newer than this Aokun reads "
-                                         f"({EXPORT_VERSION}); upgrade Aokun")
+                raise ImportFileError(n, f"export version {rec.get('version')!r} is newer than "
+                                         f"this Aokun reads ({EXPORT_VERSION}); upgrade Aokun")
             schema = rec.get("schema")
             if schema is not None and (type(schema) is not int or schema > schema_version_known()):
-                raise ImportFileError(n, f"written by an Aokun of schema {schema!r}, newer than this one "
-                                         f"({schema_version_known()}): its records may hold what this Aokun "
-                                         "would drop; upgrade Aokun, nothing was imported")
+                raise ImportFileError(n, f"written by an Aokun of schema {schema!r}, newer than "
+                                         f"this one ({schema_version_known()}): its records may "
+                                         "hold what this Aokun would drop; upgrade Aokun, nothing "
+                                         "was imported")
             header = rec
             continue
         kind = rec.get("kind")
@@ -7621,8 +7633,9 @@ def read_export(lines) -> list[tuple[int, dict]]:
             raise ImportFileError(n, f"unknown kind {kind!r}; known: {', '.join(EXPORT_FIELDS)}")
         unknown = [k for k in rec if k != "kind" and k not in EXPORT_FIELDS[kind]]
         if unknown:
-            raise ImportFileError(n, f"{kind} has field(s) this Aokun does not know ({', '.join(unknown)[:200]}) "
-                                     "and would drop; upgrade Aokun, nothing was imported")
+            raise ImportFileError(n, f"{kind} has field(s) this Aokun does not know "
+                                     f"({', '.join(unknown)[:200]}) and would drop; upgrade Aokun, "
+                                     "nothing was imported")
         optional = EXPORT_OPTIONAL.get(kind, ())
         missing = [k for k in EXPORT_FIELDS[kind] if k not in rec and k not in optional]
         if missing:
@@ -7630,7 +7643,7 @@ def read_export(lines) -> list[tuple[int, dict]]:
         for k in optional:
             rec.setdefault(k, None)
         for k in ("created_at", "updated_at", "deleted_at", "valid_from"):
-            if k in rec:  # in the column format: times are compared as text ("…+08:00" sorted wrong)
+            if k in rec:  # in the column format: times compare as text ("…+08:00" sorted wrong)
                 rec[k] = iso(parse_time(_record_value(rec, k, n, (str,)), f"line {n}: {k}"))
         records.append((n, rec))
     if header is None:
@@ -7657,12 +7670,13 @@ class Portable:
                "tombstones": persona is None}
         params = {"persona": persona, "since": since}
         for kind, query in _EXPORT_QUERIES:
-            if (kind == "tombstone" and persona is not None) or (kinds is not None and kind not in kinds):
+            if (kind == "tombstone" and persona is not None) or (kinds is not None
+                                                                 and kind not in kinds):
                 continue
             for row in self.rows(self.queries[query], params):
                 if kind == "consolidation":
-                    row["members"] = [r["uid"] for r in self.rows(self.queries["export_member_uids"],
-                                                                  {"ids": row["members"]})]
+                    row["members"] = [r["uid"] for r in self.rows(
+                        self.queries["export_member_uids"], {"ids": row["members"]})]
                 yield export_record(kind, row)
 
     def export_markdown(self, out: Path, persona_id=None, since=None) -> dict:
@@ -7677,7 +7691,8 @@ class Portable:
                     (out / markdown_name(rec)).write_text(markdown_note(rec), encoding="utf-8")
                     n += 1
         except OSError as e:
-            raise AokunError(f"cannot write the Markdown export into {out}: {e.strerror or e}") from None
+            raise AokunError(f"cannot write the Markdown export into {out}: "
+                             f"{e.strerror or e}") from None
         return {"folder": str(out), "files": n}
 
     # import --------------------------------------------------------------------------------------
@@ -7686,20 +7701,20 @@ class Portable:
                       progress=None) -> dict:
         """Import an export (the lines of a JSONL file) into this file, whatever it holds already:
         uids decide. A record whose uid is here with the same or a later updated_at is kept as it is
-        here; one deleted here (a tombstone at or after its updated_at) stays deleted; a memory whose
-        text this persona holds under another uid is a duplicate, left out. Memories are written as
-        base rows with a journal row each and re-derived through the pipeline (FTS, graph, vectors
-        back-filled); atoms, facts, conversations and tombstones as rows. A tombstone deletes the row
-        it names when that was not changed after the deletion. Everything but the re-derivation is one
-        transaction. `derive_atoms` re-derives the memories' atoms too (a sync file of version 1,
-        which does not carry them) instead of taking the atom records; else an atom a memory written
-        over here first stated and no longer states goes (_drop_unstated_atoms). `overwrite` (uids)
-        are written over the row here
-        even when it is as late (sync's tie-break decided). `progress(done, total)`, when given,
-        hears the memories re-derived and embedded so far (IMPORT_CHUNK at a time) of those
-        written, then (done, None) the conversation turns embedded. Returns {kind: {added,
-        updated, kept, skipped}, deleted}. Raises ImportFileError (the line) for a line that is
-        not a record, before anything is written."""
+        here; one deleted here (a tombstone at or after its updated_at) stays deleted; a memory
+        whose text this persona holds under another uid is a duplicate, left out. Memories are
+        written as base rows with a journal row each and re-derived through the pipeline (FTS,
+        graph, vectors back-filled); atoms, facts, conversations and tombstones as rows. A tombstone
+        deletes the row it names when that was not changed after the deletion. Everything but the
+        re-derivation is one transaction. `derive_atoms` re-derives the memories' atoms too (a sync
+        file of version 1, which does not carry them) instead of taking the atom records; else an
+        atom a memory written over here first stated and no longer states goes
+        (_drop_unstated_atoms). `overwrite` (uids) are written over the row here even when it is as
+        late (sync's tie-break decided). `progress(done, total)`, when given, hears the memories
+        re-derived and embedded so far (IMPORT_CHUNK at a time) of those written, then (done, None)
+        the conversation turns embedded. Returns {kind: {added, updated, kept, skipped}, deleted}.
+        Raises ImportFileError (the line) for a line that is not a record, before anything is
+        written."""
         records = read_export(lines)
         report = {k: {"added": 0, "updated": 0, "kept": 0, "skipped": 0} for k in EXPORT_FIELDS}
         by_kind = {k: [(n, self._redacted_record(k, r)) for n, r in records if r["kind"] == k]
@@ -7708,14 +7723,16 @@ class Portable:
         with self._running() as claim:
             with self.tx():
                 preps = self._import_memories(by_kind["memory"], report["memory"], ids, claim,
-                                              "docs_done" if derive_atoms else "atoms_done", overwrite)
+                                              "docs_done" if derive_atoms else "atoms_done",
+                                              overwrite)
                 self._import_atoms(by_kind["atom"], report["atom"], ids, overwrite)
                 if not derive_atoms:  # the memories written over here and those of the atoms
                     self._drop_unstated_atoms({p.document_id for p in preps} | {
                         ids[("documents", r["document"])] for _, r in by_kind["atom"]
                         if ("documents", r["document"]) in ids})
                 self._import_kg(by_kind["entity"], by_kind["triple"], report, ids, overwrite)
-                self._import_conversations(by_kind["session"], by_kind["turn"], report, ids, overwrite)
+                self._import_conversations(by_kind["session"], by_kind["turn"], report, ids,
+                                           overwrite)
                 self._import_consolidations(by_kind["consolidation"], report["consolidation"], ids)
                 doomed = self._import_tombstones(by_kind["tombstone"], report["tombstone"])
             for at in range(0, len(preps), IMPORT_CHUNK):  # a chunk at a time: progress can tell
@@ -7725,7 +7742,7 @@ class Portable:
                 if progress is not None:
                     progress(at + len(chunk), len(preps))
         for doc_id, persona, at in doomed:
-            self.delete(doc_id, persona, deleted_at=at)  # the tombstone keeps the time of the deletion
+            self.delete(doc_id, persona, deleted_at=at)  # the tombstone keeps the deletion's time
         report["deleted"] = len(doomed)
         self.backfill_turn_vectors(progress=progress)
         return report
@@ -7762,12 +7779,14 @@ class Portable:
     def _import_verdict(self, table: str, rec: dict, line: int, overwrite=frozenset(),
                         stamp_key: str = "updated_at") -> tuple[str, int | None]:
         """What importing `rec` into `table` does: ('kept', id) when this file has its uid with the
-        same or a later time, ('skipped', None) when a tombstone here is as late, else ('updated', id)
-        or ('added', None). Raises ImportFileError when the uid is another persona's here (a record
-        never moves a row to another persona, nor overwrites one of another persona)."""
-        here = self.rows(f"select id, persona_id, {stamp_key} as stamp from {table} where uid = ?", (rec["uid"],))
+        same or a later time, ('skipped', None) when a tombstone here is as late, else ('updated',
+        id) or ('added', None). Raises ImportFileError when the uid is another persona's here (a
+        record never moves a row to another persona, nor overwrites one of another persona)."""
+        here = self.rows(f"select id, persona_id, {stamp_key} as stamp from {table} where uid = ?",
+                         (rec["uid"],))
         if here and here[0]["persona_id"] != rec.get("persona_id"):
-            raise ImportFileError(line, f"{rec['kind']} {rec['uid']} is of another persona in this file")
+            raise ImportFileError(line, f"{rec['kind']} {rec['uid']} is of another persona in this "
+                                        "file")
         if here and here[0]["stamp"] >= rec[stamp_key] and rec["uid"] not in overwrite:
             return "kept", here[0]["id"]
         gone = self.value("select deleted_at from tombstones where uid = ?", (rec["uid"],))
@@ -7776,16 +7795,16 @@ class Portable:
         return ("updated", here[0]["id"]) if here else ("added", None)
 
     def _import_row(self, table: str, cols: dict, row_id: int | None, line: int) -> int:
-        """Insert `cols` into `table` with a new id (row_id None) or update row `row_id`. Returns the
-        id. A value the schema refuses becomes ImportFileError naming the line. In tx."""
+        """Insert `cols` into `table` with a new id (row_id None) or update row `row_id`. Returns
+        the id. A value the schema refuses becomes ImportFileError naming the line. In tx."""
         try:
             if row_id is None:
                 cols = {"id": self._new_id(table) if table in ID_COUNTERS else None, **cols}
                 self.conn.execute(f"insert into {table}({', '.join(cols)}) values "
                                   f"({', '.join(':' + k for k in cols)})", cols)
                 return self.conn.last_insert_rowid()
-            self.conn.execute(f"update {table} set {', '.join(f'{k} = :{k}' for k in cols)} where id = :id",
-                              dict(cols, id=row_id))
+            sets = ", ".join(f"{k} = :{k}" for k in cols)
+            self.conn.execute(f"update {table} set {sets} where id = :id", dict(cols, id=row_id))
             return row_id
         except (apsw.ConstraintError, apsw.MismatchError, TypeError, apsw.BindingsError) as e:
             raise ImportFileError(line, f"{table} refuses it ({e})") from None
@@ -7801,22 +7820,25 @@ class Portable:
         written = []
         for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
             verdict, doc_id = self._import_verdict("documents", r, n, overwrite)
-            p = self.prepare(r["content"], {k: r[k] for k in ("summary", "topics", "key_facts", "participants",
-                             "tags", "sentiment", "source", "importance", "session_id", "persona_id", "pinned")}
-                             | {"timestamp": r["created_at"]}, f"line {n}: ")
-            dup = self.value("select id from documents where persona_id = ? and content_hash = ? and uid != ?",
-                             (p.persona_id, p.content_hash, r["uid"]))
+            p = self.prepare(r["content"], {k: r[k] for k in (
+                "summary", "topics", "key_facts", "participants", "tags", "sentiment", "source",
+                "importance", "session_id", "persona_id", "pinned")}
+                | {"timestamp": r["created_at"]}, f"line {n}: ")
+            dup = self.value("select id from documents where persona_id = ? and content_hash = ? "
+                             "and uid != ?", (p.persona_id, p.content_hash, r["uid"]))
             if verdict in ("kept", "skipped") or dup is not None:
                 report["skipped" if dup is not None or verdict == "skipped" else "kept"] += 1
                 if (doc_id or dup) is not None:
                     ids[("documents", r["uid"])] = doc_id or dup
                 continue
-            cols = {k: getattr(p, k) for k in ("persona_id", "session_id", "content", "content_hash", "summary",
-                                                "sentiment", "source", "importance", "created_at")}
+            cols = {k: getattr(p, k) for k in (
+                "persona_id", "session_id", "content", "content_hash", "summary", "sentiment",
+                "source", "importance", "created_at")}
             cols |= {k: json.dumps(getattr(p, k), ensure_ascii=False)
                      for k in ("topics", "key_facts", "participants", "tags")}
             cols |= {"uid": _record_value(r, "uid", n, (str,)), "pinned": int(p.pinned),
-                     "archived": int(_record_value(r, "archived", n, (bool,))), "updated_at": r["updated_at"],
+                     "archived": int(_record_value(r, "archived", n, (bool,))),
+                     "updated_at": r["updated_at"],
                      "last_access_at": _record_value(r, "last_access_at", n, (str,), True),
                      "access_count": _record_value(r, "access_count", n, (int, float)),
                      "useful_count": _record_value(r, "useful_count", n, (int, float)),
@@ -7827,19 +7849,23 @@ class Portable:
                 c.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
                 if self.has_table("doc_vec"):
                     c.execute("delete from doc_vec where doc_id = ?", (doc_id,))
-            p.document_id = ids[("documents", r["uid"])] = self._import_row("documents", cols, doc_id, n)
+            p.document_id = ids[("documents", r["uid"])] = self._import_row("documents", cols,
+                                                                            doc_id, n)
             c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
                       (p.document_id, self.seg.segmented(self._doc_index_text(p))))
             p.op, p.status, stamp = "edit", status, now_iso()
-            p.op_id = claim(self._journal_row("edit", p, stamp))  # its payload in memory_write_payloads
+            # its payload goes into memory_write_payloads
+            p.op_id = claim(self._journal_row("edit", p, stamp))
             self._briefing_stale(p.persona_id)
             preps.append(p)
             written.append(r)
             report[verdict] += 1
         for _, r in recs:
-            if r["merged_into"] is not None and (doc_id := self._uid_id("documents", r["uid"], ids)) is not None:
+            doc_id = None if r["merged_into"] is None else self._uid_id("documents", r["uid"], ids)
+            if doc_id is not None:
                 c.execute("update documents set merged_into = ? where id = ?",
-                          (self._uid_id("documents", r["merged_into"], ids, r["persona_id"]), doc_id))
+                          (self._uid_id("documents", r["merged_into"], ids, r["persona_id"]),
+                           doc_id))
         for r in written:  # the newer memory by uid, of the same persona only (else no link)
             c.execute("update documents set superseded_by = ? where id = ?",
                       (self._uid_id("documents", r["superseded_by"], ids, r["persona_id"]),
@@ -7855,9 +7881,11 @@ class Portable:
             if doc_id is None or verdict in ("kept", "skipped"):
                 report["skipped" if doc_id is None else verdict] += 1
                 continue
-            cols = {k: r[k] for k in EXPORT_FIELDS["atom"] if k not in ("document", "sources", "superseded_by")}
+            cols = {k: r[k] for k in EXPORT_FIELDS["atom"]
+                    if k not in ("document", "sources", "superseded_by")}
             cols |= {"document_id": doc_id, "superseded_by": None}
-            atom_id = ids[("memory_atoms", r["uid"])] = self._import_row("memory_atoms", cols, atom_id, n)
+            atom_id = ids[("memory_atoms", r["uid"])] = self._import_row("memory_atoms", cols,
+                                                                         atom_id, n)
             c.execute("delete from memory_atoms_fts where rowid = ?", (atom_id,))
             if r["state"] != "forgotten":  # never retrieved: no FTS row (lifecycle.sql)
                 tokens = self.seg.tokens(_record_value(r, "content", n, (str,)))
@@ -7866,13 +7894,15 @@ class Portable:
             c.execute("delete from atom_sources where atom_id = ?", (atom_id,))
             for uid in [r["document"], *_record_value(r, "sources", n, (list,))]:
                 if (src := self._uid_id("documents", uid, ids, r["persona_id"])) is not None:
-                    c.execute("insert or ignore into atom_sources(atom_id, document_id) values (?, ?)", (atom_id, src))
+                    c.execute("insert or ignore into atom_sources(atom_id, document_id) "
+                              "values (?, ?)", (atom_id, src))
             report[verdict] += 1
         for _, r in recs:
             atom_id = ids.get(("memory_atoms", r["uid"]))
             if atom_id is not None and r["superseded_by"] is not None:
                 c.execute("update memory_atoms set superseded_by = ? where id = ?",
-                          (self._uid_id("memory_atoms", r["superseded_by"], ids, r["persona_id"]), atom_id))
+                          (self._uid_id("memory_atoms", r["superseded_by"], ids, r["persona_id"]),
+                           atom_id))
 
     def _drop_unstated_atoms(self, doc_ids) -> None:
         """The atoms that a memory of `doc_ids` first stated (their uid is its atom_uid) and alone
@@ -7916,14 +7946,17 @@ class Portable:
                 "kg_entities", {k: r[k] for k in EXPORT_FIELDS["entity"]}, eid, n)
             report["entity"][verdict] += 1
         for n, r in triples:
-            sid, oid = (self._uid_id("kg_entities", r[k], ids, r["persona_id"]) for k in ("subject", "object"))
+            sid, oid = (self._uid_id("kg_entities", r[k], ids, r["persona_id"])
+                        for k in ("subject", "object"))
             verdict, tid = self._import_verdict("kg_triples", r, n, overwrite)
             if sid is None or oid is None or verdict in ("kept", "skipped"):
                 report["triple"]["skipped" if sid is None or oid is None else verdict] += 1
                 continue
-            cols = {k: r[k] for k in EXPORT_FIELDS["triple"] if k not in ("subject", "object", "source_memory")}
+            cols = {k: r[k] for k in EXPORT_FIELDS["triple"]
+                    if k not in ("subject", "object", "source_memory")}
             cols |= {"subject_id": sid, "object_id": oid,
-                     "source_memory_id": self._uid_id("documents", r["source_memory"], ids, r["persona_id"])}
+                     "source_memory_id": self._uid_id("documents", r["source_memory"], ids,
+                                                      r["persona_id"])}
             self._import_row("kg_triples", cols, tid, n)
             self._briefing_stale(r["persona_id"])
             report["triple"][verdict] += 1
@@ -7937,8 +7970,9 @@ class Portable:
         state = "none" if self.embedder.provider == "none" else "pending"
         for n, r in sessions:
             verdict, ref = self._import_verdict("conv_sessions", r, n, overwrite)
-            same = self.value("select id from conv_sessions where persona_id = ? and source = ? and session_id = ? "
-                              "and uid != ?", (r["persona_id"], r["source"], r["session_id"], r["uid"]))
+            same = self.value("select id from conv_sessions where persona_id = ? and source = ? "
+                              "and session_id = ? and uid != ?",
+                              (r["persona_id"], r["source"], r["session_id"], r["uid"]))
             if same is not None and ref is None:
                 ids[("conv_sessions", r["uid"])], verdict = same, "kept"
                 merged.add(same)
@@ -7951,61 +7985,68 @@ class Portable:
         for n, r in turns:
             ref = self._uid_id("conv_sessions", r["session"], ids, r["persona_id"])
             gone = self.value("select 1 from tombstones where uid = ?", (r["uid"],))
-            if ref is None or gone or self.value("select 1 from conv_turns where uid = ? or (session_ref = ? and "
-                                                 "turn_key = ?)", (r["uid"], ref, r["turn_key"])):
+            if ref is None or gone or self.value(
+                    "select 1 from conv_turns where uid = ? or (session_ref = ? and turn_key = ?)",
+                    (r["uid"], ref, r["turn_key"])):
                 report["turn"]["skipped" if ref is None or gone else "kept"] += 1
                 continue
-            cols = {k: r[k] for k in EXPORT_FIELDS["turn"] if k != "session"} | {"session_ref": ref,
-                                                                                  "embedding_state": state}
+            cols = {k: r[k] for k in EXPORT_FIELDS["turn"] if k != "session"}
+            cols |= {"session_ref": ref, "embedding_state": state}
             turn_id = self._import_row("conv_turns", cols, None, n)
             c.execute("insert into conv_turns_fts(rowid, segmented) values (?, ?)",
                       (turn_id, self.seg.segmented(_record_value(r, "text", n, (str,)))))
             report["turn"]["added"] += 1
         for ref in merged:
-            c.execute(self.queries["conv_session_refresh"], {"id": ref, "chars": CONVERSATION_FIRST_CHARS,
-                                                            "now": now_iso()})
+            c.execute(self.queries["conv_session_refresh"],
+                      {"id": ref, "chars": CONVERSATION_FIRST_CHARS, "now": now_iso()})
 
     def _import_consolidations(self, recs, report: dict, ids: dict) -> None:
-        """Record each consolidation (what restore_memory undoes) whose survivor is here, unless this
-        file records a later one for it. In tx."""
+        """Record each consolidation (what restore_memory undoes) whose survivor is here, unless
+        this file records a later one for it. In tx."""
         for n, r in recs:
             survivor = self._uid_id("documents", r["survivor"], ids)
-            here = self.value("select created_at from consolidations where survivor_id = ?", (survivor,))
+            here = self.value("select created_at from consolidations where survivor_id = ?",
+                              (survivor,))
             if survivor is None or (here is not None and here >= r["created_at"]):
                 report["skipped" if survivor is None else "kept"] += 1
                 continue
             persona = self.value("select persona_id from documents where id = ?", (survivor,))
             members = [m for u in _record_value(r, "members", n, (list,))
                        if (m := self._uid_id("documents", u, ids, persona)) is not None]
-            self.conn.execute("insert or replace into consolidations(survivor_id, previous, members, created_at) "
-                              "values (?, ?, ?, ?)", (survivor, json.dumps(r["previous"], ensure_ascii=False),
-                                                      json.dumps(members), r["created_at"]))
+            self.conn.execute("insert or replace into consolidations(survivor_id, previous, "
+                              "members, created_at) values (?, ?, ?, ?)",
+                              (survivor, json.dumps(r["previous"], ensure_ascii=False),
+                               json.dumps(members), r["created_at"]))
             report["added"] += 1
 
     def _import_tombstones(self, recs, report: dict) -> list[tuple[int, str, str]]:
-        """Record the tombstones (the later deletion time wins) and delete what they name here when it
-        was not changed after the deletion: facts, entities without facts and sessions at once, turns
-        too; the memories are returned [(id, persona, deleted_at)] for delete() after the transaction.
-        In tx."""
+        """Record the tombstones (the later deletion time wins) and delete what they name here when
+        it was not changed after the deletion: facts, entities without facts and sessions at once,
+        turns too; the memories are returned [(id, persona, deleted_at)] for delete() after the
+        transaction. In tx."""
         c, doomed = self.conn, []
         for n, r in recs:
             uid, at = _record_value(r, "uid", n, (str,)), r["deleted_at"]
-            c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, ?, ?) on conflict(uid) do "
-                      "update set deleted_at = max(deleted_at, excluded.deleted_at)",
+            c.execute("insert into tombstones(uid, table_name, deleted_at) values (?, ?, ?) "
+                      "on conflict(uid) do update "
+                      "set deleted_at = max(deleted_at, excluded.deleted_at)",
                       (uid, _record_value(r, "table_name", n, (str,)), at))
             report["added"] += 1
             table = r["table_name"]
             if table == "documents":
                 doomed += [(d["id"], d["persona_id"], at) for d in self.rows(
-                    "select id, persona_id from documents where uid = ? and updated_at <= ?", (uid, at))]
+                    "select id, persona_id from documents where uid = ? and updated_at <= ?",
+                    (uid, at))]
             elif table == "kg_triples":
                 c.execute("delete from kg_triples where uid = ? and updated_at <= ?", (uid, at))
             elif table == "kg_entities":
-                c.execute("delete from kg_entities where uid = ? and updated_at <= ? and not exists (select 1 "
-                          "from kg_triples t where t.subject_id = kg_entities.id or t.object_id = kg_entities.id)",
+                c.execute("delete from kg_entities where uid = ? and updated_at <= ? "
+                          "and not exists (select 1 from kg_triples t where "
+                          "t.subject_id = kg_entities.id or t.object_id = kg_entities.id)",
                           (uid, at))
             elif table == "conv_sessions":
-                ref = self.value("select id from conv_sessions where uid = ? and updated_at <= ?", (uid, at))
+                ref = self.value("select id from conv_sessions where uid = ? and updated_at <= ?",
+                                 (uid, at))
                 if ref is not None:
                     self._delete_session_in_tx(ref, at)
             elif table == "conv_turns":
@@ -8024,10 +8065,13 @@ SYNC_FORMAT = "aokun-changeset"  #: a changeset file's header `format`
 #: The changeset file layout; a file of a newer one is skipped (upgrade Aokun). 2: atoms travel
 #: with their lifecycle state (a file of 1 has none: this device derives the atoms of its memories).
 SYNC_VERSION = 2
-#: The name this device gives its changeset files: `<device id (a uuid4)>-<sequence number>.changeset`.
-#: Only a hint: a file is known by its header (a sync tool may rename it, `….sync-conflict-….changeset`).
-SYNC_NAME = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-(\d{8,})\.changeset$")
-#: The export kinds that travel: kind → (the field it is keyed by, the time that orders its versions).
+#: The name this device gives its changeset files:
+#: `<device id (a uuid4)>-<sequence number>.changeset`. Only a hint: a file is known by its header
+#: (a sync tool may rename it, `….sync-conflict-….changeset`).
+SYNC_NAME = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+                       r"-(\d{8,})\.changeset$")
+#: The export kinds that travel: kind → (the field it is keyed by, the time that orders its
+#: versions).
 #: Atoms too: derived from their memories, but their lifecycle (reinforcements, expiry, dormancy,
 #: supersession) is what happened to them on the devices, which deriving them anew would lose.
 SYNC_KINDS = {"memory": ("uid", "updated_at"), "atom": ("uid", "updated_at"),
@@ -8037,13 +8081,13 @@ SYNC_KINDS = {"memory": ("uid", "updated_at"), "atom": ("uid", "updated_at"),
 #: The table of each kind whose rows carry an updated_at (what _sync_order_successors moves).
 SYNC_TABLES = {"memory": "documents", "atom": "memory_atoms", "entity": "kg_entities",
                "triple": "kg_triples", "session": "conv_sessions"}
-#: An atom's reinforcement (what merge_atoms takes from the more reinforced version) and its state
-#: (what it takes from the later state change).
+#: An atom's reinforcement (what merge_reinforcement takes from the more reinforced version) and
+#: its state (what merge_atoms takes from the later state change).
 ATOM_REINFORCEMENT = ("reinforcement_count", "last_reinforced_at", "expires_at")
 ATOM_STATE = ("state_changed_at", "state", "superseded_by")
 #: Fields a record's content hash leaves out: its times and its usage bookkeeping (SYNC_USAGE).
-SYNC_UNHASHED = ("updated_at", "created_at", "deleted_at", "importance", "access_count", "last_access_at",
-                 "useful_count", "last_useful_at", "turn_count")
+SYNC_UNHASHED = ("updated_at", "created_at", "deleted_at", "importance", "access_count",
+                 "last_access_at", "useful_count", "last_useful_at", "turn_count")
 #: The usage bookkeeping: what changes without a new version (the daily decay lowers importance
 #: and halves access counts, a recall counts an access). A change of it alone that the decay does
 #: not explain is sent too (Sync._sync_usage_changed) and merged (merge_usage), never a conflict.
@@ -8056,12 +8100,14 @@ TOMBSTONE_KINDS = {"documents": "memory", "kg_entities": "entity", "kg_triples":
                    "conv_sessions": "session", "conv_turns": "turn"}
 SYNC_CONFLICTS_LIMIT = 1000  #: the most conflicts `sync --conflicts` lists
 SYNC_HEADER_BYTES = 4096  #: the most a changeset file's header line may take
-#: A changeset's payload may inflate to at most max(this many bytes, SYNC_INFLATE_RATIO × its compressed
-#: size): a zip bomb (2 MB of zlib inflate to 2 GB) is refused before it fills the memory. A changeset
-#: that compresses better than that is written uncompressed (zlib level 0), which every reader takes.
+#: A changeset's payload may inflate to at most max(this many bytes, SYNC_INFLATE_RATIO × its
+#: compressed size): a zip bomb (2 MB of zlib inflate to 2 GB) is refused before it fills the
+#: memory. A changeset that compresses better than that is written uncompressed (zlib level 0),
+#: which every reader takes.
 SYNC_INFLATE_FLOOR = 64 << 20
 SYNC_INFLATE_RATIO = 64
-SYNC_DEVICE_RX = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  #: a device id
+#: a device id
+SYNC_DEVICE_RX = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _SYNC_RUNNING: set[str] = set()  #: database files this process is syncing now
 _SYNC_LOCK = threading.Lock()
 _SYNC_TABLES = """
@@ -8073,8 +8119,8 @@ create table records(kind text, uid text, stamp text, hash text, body text, prim
 
 
 class SyncFileError(Exception):
-    """A changeset file that cannot be applied now (truncated, damaged, foreign, newer): skipped with
-    this reason, not marked applied, tried again at the next sync."""
+    """A changeset file that cannot be applied now (truncated, damaged, foreign, newer): skipped
+    with this reason, not marked applied, tried again at the next sync."""
 
 
 def sync_hash(rec: dict) -> str:
@@ -8084,7 +8130,8 @@ def sync_hash(rec: dict) -> str:
     optional = EXPORT_OPTIONAL.get(rec.get("kind"), ())
     body = {k: v for k, v in rec.items()
             if k not in SYNC_UNHASHED and not (k in optional and v is None)}
-    return hashlib.sha256(json.dumps(body, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+    text = json.dumps(body, ensure_ascii=False, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def sync_usage(rec: dict, day: str | None) -> str:
@@ -8112,19 +8159,18 @@ def merge_usage(a: dict, b: dict, winner: dict) -> dict:
 def merge_atoms(a: dict, b: dict) -> dict:
     """The version of an atom every device keeps when two devices each changed it (atom records `a`
     and `b` of one uid) since they last agreed: the later version (updated_at, then the rest of its
-    content) with the reinforcement (count, last reinforced, expiry) of the more reinforced one, the
-    higher confidence, the sources of both, and the state (state, since when, superseded by) of the
-    later state change, unless that is an expiry the other's reinforcement postponed past it (a
-    reinforcement it did not know of: the other state stands). Each part is the larger of the two by
-    an order of its own, so every device merges the two alike, and merging the merge with either
-    gives the merge."""
+    content) with the higher confidence, the sources of both, the reinforcement of both
+    (merge_reinforcement) and the state (state, since when, superseded by) of the later state
+    change, unless that is an expiry the other's reinforcement postponed past it (a reinforcement
+    it did not know of: the other state stands). Each part is the larger of the two by an order of
+    its own, so every device merges the two alike, and merging the merge with either gives the
+    merge."""
     merged = (*ATOM_REINFORCEMENT, *ATOM_STATE, "confidence", "sources")
     out = dict(max(a, b, key=lambda r: (r["updated_at"], json.dumps(
         {k: v for k, v in r.items() if k not in merged}, ensure_ascii=False, sort_keys=True))))
-    more = max(a, b, key=lambda r: tuple(r[k] for k in ATOM_REINFORCEMENT))
-    out.update({k: more[k] for k in ATOM_REINFORCEMENT},
-               confidence=max(a["confidence"], b["confidence"]),
+    out.update(confidence=max(a["confidence"], b["confidence"]),
                sources=sorted(set(a["sources"]) | set(b["sources"])))
+    out.update(merge_reinforcement(a, b, out))
     states = sorted((a, b), key=lambda r: tuple(r[k] or "" for k in ATOM_STATE), reverse=True)
     held = [r for r in states if r["state"] not in ("expired", "forgotten")
             or out["expires_at"] <= r["state_changed_at"]]
@@ -8132,6 +8178,24 @@ def merge_atoms(a: dict, b: dict) -> dict:
                {"state": "active", "state_changed_at": states[0]["state_changed_at"],
                 "superseded_by": None})
     return out
+
+
+def merge_reinforcement(a: dict, b: dict, out: dict) -> dict:
+    """{reinforcement_count, last_reinforced_at, expires_at} of the merge `out` of atom records `a`
+    and `b` (merge_atoms; its sources are those of both): the more reinforced one's, except that
+    every source memory but the first is a reinforcement (two devices that each restated the fact
+    in a memory of their own reinforced it twice, not once): a count of sources − 1 beyond both
+    counts is taken, with a shelf life (effective_ttl_days of `out`'s base TTL and importance) from
+    the later of the two last reinforcements, or the later expiry of the two when that is later."""
+    more = max(a, b, key=lambda r: tuple(r[k] for k in ATOM_REINFORCEMENT))
+    count = len(out["sources"]) - 1
+    if count <= more["reinforcement_count"]:
+        return {k: more[k] for k in ATOM_REINFORCEMENT}
+    last = max(a["last_reinforced_at"], b["last_reinforced_at"])
+    ttl = effective_ttl_days(out["base_ttl_days"], out["importance"], count)
+    expires = max(a["expires_at"], b["expires_at"],
+                  iso(parse_time(last) + dt.timedelta(days=ttl)))
+    return {"reinforcement_count": count, "last_reinforced_at": last, "expires_at": expires}
 
 
 def sync_inflate_limit(compressed: int) -> int:
@@ -8184,7 +8248,8 @@ def read_changeset_header(path: Path) -> tuple[str, int, str] | None:
     if not isinstance(h, dict) or h.get("format") != SYNC_FORMAT:
         return None
     device, seq, digest = h.get("device"), h.get("seq"), h.get("sha256")
-    if not isinstance(device, str) or not SYNC_DEVICE_RX.fullmatch(device) or type(seq) is not int or seq < 1 \
+    if not isinstance(device, str) or not SYNC_DEVICE_RX.fullmatch(device) \
+            or type(seq) is not int or seq < 1 \
             or not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
         return None
     return device, seq, digest
@@ -8198,7 +8263,7 @@ def scan_changesets(folder: Path, skipped: list) -> dict[tuple[str, int, str], P
     added to `skipped` with the reason. Raises AokunError when the folder cannot be listed."""
     try:
         listing = sorted(folder.iterdir())
-    except OSError as e:  # the folder went away (a USB stick pulled) after this device's file was written
+    except OSError as e:  # the folder went away (a USB stick pulled) after this device wrote
         raise AokunError(f"cannot read the folder {folder}: {e.strerror or e}") from None
     found: dict[tuple[str, int, str], Path] = {}
     for f in listing:
@@ -8259,56 +8324,125 @@ def _change_value(change, i: int):
     return change.old[i] if v is apsw.no_change else v
 
 
+def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> dict:
+    """The header of a changeset file (read_changeset_file's header line, payload and payload bytes
+    on disk), checked: format, version, schema, that it is the file `key` (device, seq, sha256 or
+    '' when unknown) and that its payload is whole (length, SHA-256). Raises SyncFileError with the
+    reason."""
+    device, seq, digest = key
+    try:
+        h = json.loads(head) if head.endswith(b"\n") else None
+    except ValueError:
+        h = None
+    if not isinstance(h, dict) or h.get("format") != SYNC_FORMAT:
+        raise SyncFileError("not an Aokun changeset (no header line)" if head
+                            else "empty (still being copied?)")
+    if not isinstance(h.get("version"), int) or h["version"] > SYNC_VERSION:
+        raise SyncFileError(f"changeset version {h.get('version')!r} is newer than this Aokun "
+                            "reads; upgrade Aokun")
+    if h.get("schema") is not None and (type(h["schema"]) is not int
+                                        or h["schema"] > schema_version_known()):
+        raise SyncFileError(f"written by an Aokun of schema {h['schema']!r}, newer than this one "
+                            f"({schema_version_known()}); upgrade Aokun")
+    if h.get("device") != device or h.get("seq") != seq or digest not in ("", h.get("sha256")):
+        raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
+    length = h.get("length")
+    if not isinstance(length, int) or on_disk < length:
+        raise SyncFileError(f"truncated ({on_disk} of {length} bytes; still being copied?)")
+    if len(payload) != length or hashlib.sha256(payload).hexdigest() != h.get("sha256"):
+        raise SyncFileError("damaged (its checksum does not match)")
+    return h
+
+
+def changeset_changes(payload: bytes) -> list[tuple]:
+    """The changes of a changeset file's checked `payload` (changeset_header), each checked (table
+    `records`, a record of a synced kind matching its key, a stamp in the column format): [(op,
+    kind, uid, stamp, hash, record or None (a delete: the stamp and hash it had), (old stamp, old
+    hash) or None (not an update))]. Raises SyncFileError with the reason."""
+    changes = []
+    try:
+        for ch in apsw.Changeset.iter(sync_inflate(payload)):
+            if ch.name != "records" or ch.column_count != 5:
+                raise SyncFileError(f"foreign changeset (table {ch.name!r})")
+            if ch.op == "DELETE":
+                changes.append(("DELETE", *ch.old[:4], None, None))
+                continue
+            kind, uid = (ch.new if ch.op == "INSERT" else ch.old)[:2]
+            # no_change: the stamp stayed
+            stamp, rec = _change_value(ch, 2), json.loads(ch.new[4])
+            key, field = SYNC_KINDS.get(kind, ("", ""))
+            if kind not in SYNC_KINDS or not isinstance(rec, dict) or rec.get("kind") != kind \
+                    or rec.get(key) != uid \
+                    or (stamp is not apsw.no_change and rec.get(field) != stamp):
+                raise SyncFileError(f"a change does not hold the record it names ({kind} {uid})")
+            stamp = rec[field]
+            if not isinstance(stamp, str) or _parse_iso_text(stamp) != stamp:  # compared as text
+                raise SyncFileError(f"{kind} {uid}: {field} {stamp!r} is not a time like "
+                                    "2026-11-30T08:15:00Z")
+            digest = sync_hash(rec)
+            old = None if ch.op == "INSERT" else tuple(  # the version the change was made on
+                mine if v is apsw.no_change else v
+                for v, mine in zip(ch.old[2:4], (stamp, digest), strict=True))
+            changes.append((ch.op, kind, uid, stamp, digest, rec, old))
+    except (apsw.Error, zlib.error, ValueError, TypeError, IndexError) as e:
+        raise SyncFileError(f"damaged changeset ({_one_line(str(e), 200)})") from None
+    return changes
+
+
 class Sync:
-    """Sync between devices without a server: each device writes its changes since its last sync into
-    a folder the user shares anyway (Syncthing, Dropbox, a USB stick, a git work tree) as changeset
-    files, and merges the other devices' files. A changeset is made by SQLite's session extension
-    (APSW) over a uid-keyed table of export records, so it never names a local id; merging goes
-    through the import (uids decide, derived data re-derived). The state (what was sent, which files
-    were applied, the conflicts' losing versions) is in this file (schema 0012), never in the folder.
-    Versions of a record are ordered by (stamp, content hash): the later wins everywhere."""
+    """Sync between devices without a server: each device writes its changes since its last sync
+    into a folder the user shares anyway (Syncthing, Dropbox, a USB stick, a git work tree) as
+    changeset files, and merges the other devices' files. A changeset is made by SQLite's session
+    extension (APSW) over a uid-keyed table of export records, so it never names a local id; merging
+    goes through the import (uids decide, derived data re-derived). The state (what was sent, which
+    files were applied, the conflicts' losing versions) is in this file (schema 0012), never in the
+    folder. Versions of a record are ordered by (stamp, content hash): the later wins everywhere."""
 
     def sync(self, folder) -> dict:
-        """Sync with the other devices through `folder`: write this file's changes since its last sync
-        as `<device>-<seq>.changeset` (none when nothing changed), then apply the other devices' files
-        not applied here yet, each device's in sequence order (a missing number waits for its file).
-        Files are known by their headers (device, number, checksum), whatever their names. A file
-        that is truncated, damaged, foreign or from a newer Aokun is skipped with its reason and tried
-        again next time. Returns {folder, device, new_device: bool (a copy of the file, or one whose
-        id another file wrote under too, gets an id of its own; said on stderr), written: file name
-        or None, sent: records, applied: [file names], merged: {added, updated, kept, skipped},
-        skipped: [{file, reason}], waiting: [file names], conflicts: new ones}. Raises InputError
-        when `folder` is not a folder, AokunError when another sync of this file is running or the
-        folder cannot be read or written."""
+        """Sync with the other devices through `folder`: write this file's changes since its last
+        sync as `<device>-<seq>.changeset` (none when nothing changed), then apply the other
+        devices' files not applied here yet, each device's in sequence order (a missing number waits
+        for its file). Files are known by their headers (device, number, checksum), whatever their
+        names. A file that is truncated, damaged, foreign or from a newer Aokun is skipped with its
+        reason and tried again next time. Returns {folder, device, new_device: bool (a copy of the
+        file, or one whose id another file wrote under too, gets an id of its own; said on stderr),
+        written: file name or None, sent: records, applied: [file names], merged: {added, updated,
+        kept, skipped}, skipped: [{file, reason}], waiting: [file names], conflicts: new ones}.
+        Raises InputError when `folder` is not a folder, AokunError when another sync of this file
+        is running or the folder cannot be read or written."""
         folder = Path(folder).expanduser()
         if not folder.is_dir():
             raise InputError("DIR", f"{folder} is not a folder; give the folder the devices share")
-        report = {"folder": str(folder), "written": None, "sent": 0, "applied": [], "skipped": [], "waiting": [],
-                  "merged": {"added": 0, "updated": 0, "kept": 0, "skipped": 0}, "conflicts": 0}
+        report = {"folder": str(folder), "written": None, "sent": 0, "applied": [], "skipped": [],
+                  "waiting": [], "merged": {"added": 0, "updated": 0, "kept": 0, "skipped": 0},
+                  "conflicts": 0}
         with self._sync_claim():
             report["device"], report["new_device"] = self._sync_device()
             found = scan_changesets(folder, report["skipped"])
             if self._sync_forked(found, report["device"]):
                 report["device"], report["new_device"] = self._sync_new_device(
-                    report["device"], f"changeset files in {folder} carry its device id but it did not write "
-                    "them (a restored backup, or a copy that synced); it sends everything again", resend=True)
+                    report["device"], f"changeset files in {folder} carry its device id but it "
+                    "did not write them (a restored backup, or a copy that synced); it sends "
+                    "everything again", resend=True)
             self._sync_align_decay(found)
             scratch = self._sync_snapshot()
             try:
-                report["written"], report["sent"] = self._sync_write(folder, report["device"], scratch, found)
+                report["written"], report["sent"] = self._sync_write(folder, report["device"],
+                                                                     scratch, found)
                 self._sync_apply(found, scratch, report)
             finally:
                 scratch.close()
-            if report["applied"] and self.vectors_awaited():  # also what a crashed sync left unembedded
+            # also what a crashed sync left unembedded
+            if report["applied"] and self.vectors_awaited():
                 self.backfill_vectors()
             with self.tx():
                 self._meta_set("sync_last", now_iso())
         return report
 
     def sync_conflicts(self, persona_id=None, limit: int = SYNC_CONFLICTS_LIMIT) -> list[dict]:
-        """The versions that lost a conflict, newest first: [{id, kind, uid, persona_id, winner_stamp,
-        loser_stamp, loser_from (device id), loser (the export record), detected_at}]. `persona_id`
-        None lists every persona's (and the tombstones'), else only that persona's."""
+        """The versions that lost a conflict, newest first: [{id, kind, uid, persona_id,
+        winner_stamp, loser_stamp, loser_from (device id), loser (the export record), detected_at}].
+        `persona_id` None lists every persona's (and the tombstones'), else only that persona's."""
         persona = None if persona_id is None else _label(persona_id, "persona")
         rows = self.rows(self.queries["sync_conflicts_list"], {"persona": persona, "limit": limit})
         for r in rows:
@@ -8318,24 +8452,28 @@ class Sync:
     @contextlib.contextmanager
     def _sync_claim(self):
         """Hold this file's sync: one at a time per file, across threads (a set) and processes (meta
-        sync_owner, taken over from a process that is gone). Raises AokunError while another runs."""
+        sync_owner, taken over from a process that is gone). Raises AokunError while another
+        runs."""
         key = str(self.path.resolve())
         with _SYNC_LOCK:
             if key in _SYNC_RUNNING:
-                raise AokunError("a sync of this file is running in this process; try again when it ends")
+                raise AokunError("a sync of this file is running in this process; try again when "
+                                 "it ends")
             _SYNC_RUNNING.add(key)
         try:
             with self.tx():
                 owner = self.meta_get("sync_owner")
                 if owner and owner_alive(owner, self.meta_get("sync_owner_at")):
-                    raise AokunError(f"another process ({owner}) is syncing this file; try again when it ends")
+                    raise AokunError(f"another process ({owner}) is syncing this file; try again "
+                                     "when it ends")
                 self._meta_set("sync_owner", OWNER)
                 self._meta_set("sync_owner_at", now_iso())
             try:
                 yield
             finally:
                 with self.tx():
-                    self.conn.execute("delete from meta where key in ('sync_owner', 'sync_owner_at')")
+                    self.conn.execute("delete from meta "
+                                      "where key in ('sync_owner', 'sync_owner_at')")
         finally:
             with _SYNC_LOCK:
                 _SYNC_RUNNING.discard(key)
@@ -8370,8 +8508,10 @@ class Sync:
         kept with the witness of the file that took it (_sync_witness): a copy, or the file moved to
         another disk, takes a new id (two devices writing under one id would shadow each other's
         files); its earlier files keep the old id, and what it had synced stays valid."""
-        device, held, here = self.meta_get("sync_device"), self.meta_get("sync_device_witness"), self._sync_witness()
-        home = f"{socket.gethostname()}|{self.path.resolve()}"  # what an Aokun before schema 18 kept
+        device, held = self.meta_get("sync_device"), self.meta_get("sync_device_witness")
+        here = self._sync_witness()
+        # what an Aokun before schema 18 kept
+        home = f"{socket.gethostname()}|{self.path.resolve()}"
         if device and held is None and self.meta_get("sync_device_home") == home:
             held = here  # the same host name and path: the inode is the witness from now on
             with self.tx():
@@ -8379,7 +8519,8 @@ class Sync:
         if device and held == here:
             return device, False
         if device:
-            return self._sync_new_device(device, "it is a copy of that file (or was moved to another disk)")
+            return self._sync_new_device(device, "it is a copy of that file (or was moved to "
+                                                 "another disk)")
         return self._sync_new_device(None, "")
 
     def _sync_new_device(self, old: str | None, why: str, resend: bool = False) -> tuple[str, bool]:
@@ -8396,18 +8537,20 @@ class Sync:
             if resend:
                 self._meta_set("sync_resend", 1)
         if old:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
-            print(f"aokun: {self.path} synced as device {old}, but {why}: it syncs as the new device {device} "
-                  "from now on", file=sys.stderr, flush=True)
+            print(f"aokun: {self.path} synced as device {old}, but {why}: it syncs as the new "
+                  f"device {device} from now on", file=sys.stderr, flush=True)
         return device, True
 
     def _sync_applied(self) -> set[tuple[str, int, str]]:
         """The changeset files applied here (written here included), (device, seq, sha256)."""
-        return {(r["device"], r["seq"], r["sha256"]) for r in self.rows(self.queries["sync_applied_all"])}
+        return {(r["device"], r["seq"], r["sha256"])
+                for r in self.rows(self.queries["sync_applied_all"])}
 
     @staticmethod
     def _sync_done(key: tuple[str, int, str], applied: set) -> bool:
-        """Whether the file `key` (device, seq, sha256 or '' when its header is unread) is applied here:
-        that content, or any content of its number recorded before schema 18 (or when unread)."""
+        """Whether the file `key` (device, seq, sha256 or '' when its header is unread) is applied
+        here: that content, or any content of its number recorded before schema 18 (or when
+        unread)."""
         dev, seq, digest = key
         return key in applied or (dev, seq, "") in applied or (
             digest == "" and any(a[0] == dev and a[1] == seq for a in applied))
@@ -8415,16 +8558,16 @@ class Sync:
     def _sync_forked(self, found: dict, device: str) -> bool:
         """Whether the folder holds a file under this file's device id that this file did not write:
         a restored backup's own later files, or a copy's that the inode check could not tell (a disk
-        image), both writing under the id. Such a file is applied like another device's, and this file
-        takes a new id, so the two never write under one id again."""
+        image), both writing under the id. Such a file is applied like another device's, and this
+        file takes a new id, so the two never write under one id again."""
         applied = self._sync_applied()
         return any(k[0] == device and not self._sync_done(k, applied) for k in found)
 
     def _sync_snapshot(self) -> apsw.Connection:
         """A scratch database (a private temporary file) holding base0 (sync_base: the records as of
-        the last sync), current (every synced record now, read in one read transaction, so references
-        agree; its usage as of this file's decay day) and records (a copy of base0, what the
-        changeset is made on)."""
+        the last sync), current (every synced record now, read in one read transaction, so
+        references agree; its usage as of this file's decay day) and records (a copy of base0, what
+        the changeset is made on)."""
         day = self.meta_get("decay_last_run")
         s = apsw.Connection("")
         s.execute(_SYNC_TABLES)
@@ -8449,20 +8592,22 @@ class Sync:
 
     def _sync_order_successors(self, s: apsw.Connection) -> None:
         """Make every record changed here since the last sync order after the version it was changed
-        from, as versions are ordered everywhere (stamp, then hash): one changed within the same second
-        (with a smaller hash) or under a clock behind the other device's gets updated_at = that
-        version's stamp + 1 s, here and in the snapshot. Without it the other devices would keep the
-        older version and this one its own, for good. A row changed meanwhile keeps its old version
-        in this sync (it goes next time)."""
-        behind = s.execute("select c.kind, c.uid, c.stamp, c.hash, b.stamp, c.body from current c join base0 b "
-                           "on b.kind = c.kind and b.uid = c.uid where (c.stamp, c.hash) < (b.stamp, b.hash) "
+        from, as versions are ordered everywhere (stamp, then hash): one changed within the same
+        second (with a smaller hash) or under a clock behind the other device's gets updated_at =
+        that version's stamp + 1 s, here and in the snapshot. Without it the other devices would
+        keep the older version and this one its own, for good. A row changed meanwhile keeps its old
+        version in this sync (it goes next time)."""
+        behind = s.execute("select c.kind, c.uid, c.stamp, c.hash, b.stamp, c.body from current c "
+                           "join base0 b on b.kind = c.kind and b.uid = c.uid "
+                           "where (c.stamp, c.hash) < (b.stamp, b.hash) "
                            "and c.kind in (select value from json_each(?))",
                            (json.dumps(list(SYNC_TABLES)),))
         for kind, uid, stamp, _digest, after, body in behind.fetchall():
             table = SYNC_TABLES[kind]
             later = iso(parse_time(after) + dt.timedelta(seconds=1))
             with self.tx() as c:
-                c.execute(f"update {table} set updated_at = ? where uid = ? and updated_at = ?", (later, uid, stamp))
+                c.execute(f"update {table} set updated_at = ? where uid = ? and updated_at = ?",
+                          (later, uid, stamp))
                 moved = c.changes()
             rec = json.loads(body) | {"updated_at": later}
             with s:
@@ -8493,21 +8638,21 @@ class Sync:
                 out.append((body, kind, uid))
         return out
 
-    def _sync_write(self, folder: Path, device: str, s: apsw.Connection, found: dict) -> tuple[str | None, int]:
+    def _sync_write(self, folder: Path, device: str, s: apsw.Connection,
+                    found: dict) -> tuple[str | None, int]:
         """Make the changeset base → current (a session on the scratch `records` table while it is
         brought to `current`: inserts carry the whole record, updates the new stamp, hash and body,
         also of a record whose usage alone changed, deletes only the key), write it into `folder` as
-        this device's next file (a temporary name,
-        then renamed: never a partial file under the final name), then record it as sent. Its number
-        follows this device's files in `found` (scan_changesets) too. Returns (file name, records) or
-        (None, 0) when nothing changed."""
+        this device's next file (a temporary name, then renamed: never a partial file under the
+        final name), then record it as sent. Its number follows this device's files in `found`
+        (scan_changesets) too. Returns (file name, records) or (None, 0) when nothing changed."""
         session = apsw.Session(s, "main")
         session.attach("records")
         with s:
-            s.execute("delete from records where not exists "
-                      "(select 1 from current c where c.kind = records.kind and c.uid = records.uid)")
-            s.execute("update records set stamp = c.stamp, hash = c.hash, body = c.body from current c "
-                      "where c.kind = records.kind and c.uid = records.uid "
+            s.execute("delete from records where not exists (select 1 from current c "
+                      "where c.kind = records.kind and c.uid = records.uid)")
+            s.execute("update records set stamp = c.stamp, hash = c.hash, body = c.body "
+                      "from current c where c.kind = records.kind and c.uid = records.uid "
                       "and (c.stamp != records.stamp or c.hash != records.hash)")
             s.executemany("update records set body = ? where kind = ? and uid = ? and body is null",
                           self._sync_usage_changed(s))
@@ -8524,13 +8669,16 @@ class Sync:
         changes = [(ch.op, *(ch.new if ch.op == "INSERT" else ch.old)[:2])
                    for ch in apsw.Changeset.iter(changeset)]  # (op, kind, uid)
         try:
-            # a file of ours already there under the next number: written before a crash, never recorded
-            seq = max([int(self.meta_get("sync_next_seq", 1)), *(k[1] + 1 for k in found if k[0] == device)])
+            # a file of ours already there under the next number: written before a crash, never
+            # recorded
+            seq = max([int(self.meta_get("sync_next_seq", 1)),
+                       *(k[1] + 1 for k in found if k[0] == device)])
             name = f"{device}-{seq:08d}.changeset"
             payload = zlib.compress(changeset)
-            if len(changeset) > sync_inflate_limit(len(payload)):  # readers would take it for a zip bomb
+            if len(changeset) > sync_inflate_limit(len(payload)):  # readers would see a zip bomb
                 payload = zlib.compress(changeset, 0)
-            header = {"format": SYNC_FORMAT, "version": SYNC_VERSION, "export_version": EXPORT_VERSION,
+            header = {"format": SYNC_FORMAT, "version": SYNC_VERSION,
+                      "export_version": EXPORT_VERSION,
                       "schema": self.value("pragma user_version"), "device": device, "seq": seq,
                       "created_at": now_iso(), "records": len(changes), "length": len(payload),
                       "sha256": hashlib.sha256(payload).hexdigest()}
@@ -8539,7 +8687,8 @@ class Sync:
             header["decayed"] = self.meta_get("decay_last_run")  # the day its usage is as of
             write_atomically(folder / name, json.dumps(header).encode() + b"\n" + payload)
         except OSError as e:
-            raise AokunError(f"cannot write the changeset into {folder}: {e.strerror or e}") from None
+            raise AokunError(f"cannot write the changeset into {folder}: "
+                             f"{e.strerror or e}") from None
         with self.tx() as c:
             for op, kind, uid in changes:
                 if op == "DELETE":
@@ -8550,7 +8699,8 @@ class Sync:
                     c.execute(self.queries["sync_base_set"], {"kind": kind, "uid": uid,
                                                               "stamp": stamp, "hash": digest,
                                                               "usage": usage})
-            c.execute(self.queries["sync_applied_add"], {"device": device, "seq": seq, "now": now_iso(),
+            c.execute(self.queries["sync_applied_add"], {"device": device, "seq": seq,
+                                                         "now": now_iso(),
                                                          "sha256": header["sha256"]})
             self._meta_set("sync_next_seq", seq + 1)
             c.execute("delete from meta where key = 'sync_resend'")
@@ -8558,8 +8708,8 @@ class Sync:
 
     def _sync_apply(self, found: dict, s: apsw.Connection, report: dict) -> None:
         """Apply the changeset files `found` (scan_changesets) not applied here, each device's in
-        sequence order (two files of one number, two copies that wrote under one id, both in turn). A
-        gap waits for its file; a file that fails to read stops its device's later files until the
+        sequence order (two files of one number, two copies that wrote under one id, both in turn).
+        A gap waits for its file; a file that fails to read stops its device's later files until the
         next sync. A copy of a file applied here, under any name, is passed over."""
         applied = self._sync_applied()
         by_device: dict[str, list[tuple]] = {}
@@ -8584,60 +8734,22 @@ class Sync:
                 report["applied"].append(found[key].name)
                 expected = max(expected, key[1] + 1)
 
-    def _sync_read(self, path: Path, device: str, seq: int, digest: str = "") -> tuple[dict, list[tuple]]:
+    def _sync_read(self, path: Path, device: str, seq: int,
+                   digest: str = "") -> tuple[dict, list[tuple]]:
         """The changes of changeset file `path` (of `device`, number `seq` and, unless '', payload
-        SHA-256 `digest`, as scan_changesets found it), checked: the header line (format, version,
-        device, number, length, SHA-256), then each change (table `records`, a record of a synced kind
-        matching its key, one the import reads). Returns (the header, [(op, kind, uid,
-        stamp, hash, record or None (a delete: the stamp and hash it had), (old stamp, old hash) or
-        None (not an update))]). A file of version 1 (no atoms) is read as well. Raises
-        SyncFileError with the reason."""
+        SHA-256 `digest`, as scan_changesets found it), checked: the header line (changeset_header),
+        then each change (changeset_changes), then that the import reads every record. Returns (the
+        header, the changes). A file of version 1 (no atoms) is read as well. Raises SyncFileError
+        with the reason."""
         head, payload, on_disk = read_changeset_file(path)
+        h = changeset_header(head, payload, on_disk, (device, seq, digest))
+        changes = changeset_changes(payload)
         try:
-            h = json.loads(head) if head.endswith(b"\n") else None
-        except ValueError:
-            h = None
-        if not isinstance(h, dict) or h.get("format") != SYNC_FORMAT:
-            raise SyncFileError("not an Aokun changeset (no header line)" if head else "empty (still being copied?)")
-        if not isinstance(h.get("version"), int) or h["version"] > SYNC_VERSION:
-            raise SyncFileError(f"changeset version {h.get('version')!r} is newer than this Aokun reads; upgrade Aokun")
-        if h.get("schema") is not None and (type(h["schema"]) is not int or h["schema"] > schema_version_known()):
-            raise SyncFileError(f"written by an Aokun of schema {h['schema']!r}, newer than this one "
-                                f"({schema_version_known()}); upgrade Aokun")
-        if h.get("device") != device or h.get("seq") != seq or digest not in ("", h.get("sha256")):
-            raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
-        length = h.get("length")
-        if not isinstance(length, int) or on_disk < length:
-            raise SyncFileError(f"truncated ({on_disk} of {length} bytes; still being copied?)")
-        if len(payload) != length or hashlib.sha256(payload).hexdigest() != h.get("sha256"):
-            raise SyncFileError("damaged (its checksum does not match)")
-        changes = []
-        try:
-            for ch in apsw.Changeset.iter(sync_inflate(payload)):
-                if ch.name != "records" or ch.column_count != 5:
-                    raise SyncFileError(f"foreign changeset (table {ch.name!r})")
-                if ch.op == "DELETE":
-                    changes.append(("DELETE", *ch.old[:4], None, None))
-                    continue
-                kind, uid = (ch.new if ch.op == "INSERT" else ch.old)[:2]
-                stamp, rec = _change_value(ch, 2), json.loads(ch.new[4])  # no_change: the stamp stayed
-                key, field = SYNC_KINDS.get(kind, ("", ""))
-                if kind not in SYNC_KINDS or not isinstance(rec, dict) or rec.get("kind") != kind or \
-                        rec.get(key) != uid or (stamp is not apsw.no_change and rec.get(field) != stamp):
-                    raise SyncFileError(f"a change does not hold the record it names ({kind} {uid})")
-                stamp = rec[field]
-                if not isinstance(stamp, str) or _parse_iso_text(stamp) != stamp:  # compared as text
-                    raise SyncFileError(f"{kind} {uid}: {field} {stamp!r} is not a time like 2026-11-30T08:15:00Z")
-                digest = sync_hash(rec)
-                old = None if ch.op == "INSERT" else tuple(  # the version the change was made on
-                    mine if v is apsw.no_change else v for v, mine in zip(ch.old[2:4], (stamp, digest), strict=True))
-                changes.append((ch.op, kind, uid, stamp, digest, rec, old))
-        except (apsw.Error, zlib.error, ValueError, TypeError, IndexError) as e:
-            raise SyncFileError(f"damaged changeset ({_one_line(str(e), 200)})") from None
-        try:
-            read_export([json.dumps({"kind": "header", "format": EXPORT_FORMAT, "version": h.get("export_version"),
+            read_export([json.dumps({"kind": "header", "format": EXPORT_FORMAT,
+                                     "version": h.get("export_version"),
                                      "schema": h.get("schema")}),
-                         *(json.dumps(c[5], ensure_ascii=False) for c in changes if c[5] is not None)])
+                         *(json.dumps(c[5], ensure_ascii=False) for c in changes
+                           if c[5] is not None)])
         except ImportFileError as e:
             raise SyncFileError(f"holds a record this Aokun does not read ({e})") from None
         return h, changes
@@ -8650,14 +8762,18 @@ class Sync:
         `derive_atoms`: a file of SYNC_VERSION 1, which carries no atoms (this device derives those
         of the memories it merges); `decayed`: the decay day its memories' usage is as of (None:
         unknown), brought to this file's (the days between decayed as this file did them). Each
-        record is decided by _sync_decide; the winners are
-        imported (memories re-derived, atoms taken as they come), then the atoms settled
-        (_sync_settle_atoms), then the file is marked applied. Each step is a transaction
-        (repeated after a crash, it changes nothing)."""
+        record is decided by _sync_decide, memories of one text written apart by _sync_twins; the
+        winners are imported (memories re-derived, atoms taken as they come), atoms whose memory is
+        not here are left out (_sync_orphans), then the atoms settled (_sync_settle_atoms), then the
+        file is marked applied. Each step is a transaction (repeated after a crash, it changes
+        nothing)."""
         plan = SyncPlan(mine=self.meta_get("sync_device"), dev=key[0], resend=resend, since=decayed,
                         until=self.meta_get("decay_last_run"))
         for change in changes:
             self._sync_decide(change, s, plan)
+        self._sync_twins(plan, s)
+        for doc_id, persona in plan.twins:  # a twin here under the larger uid: it goes
+            self.delete(doc_id, persona)
         with self.tx() as c:
             for x in plan.conflicts:
                 c.execute(self.queries["sync_conflict_add"], x | {"now": now_iso()})
@@ -8683,6 +8799,7 @@ class Sync:
                 if kind != "deleted":
                     for k in report["merged"]:
                         report["merged"][k] += counts[k]
+        self._sync_orphans(plan)
         self._sync_settle_atoms(plan, s)
         with self.tx() as c:
             for k in plan.known:
@@ -8759,6 +8876,45 @@ class Sync:
         plan.winners.append((kind, uid, stamp, digest, rec))
         plan.known.append(incoming)
 
+    def _sync_twins(self, plan: "SyncPlan", s: apsw.Connection) -> None:
+        """Memories of one text that two devices wrote apart (two uids; a persona holds a text
+        once): every device keeps the one of the smaller uid. An incoming memory new here whose
+        twin here has the smaller uid is passed over (its atoms too: _sync_orphans); a twin here of
+        the larger uid goes into plan.twins, deleted before the incoming one is imported (its
+        tombstone travels). A loser that differs from the winner in more than its uid and times
+        goes into sync_conflicts."""
+        one = "select body from current where kind = 'memory' and uid = ?"
+        for w in [w for w in plan.winners if w[0] == "memory"]:
+            rec = w[4]
+            twin = None if self.value("select 1 from documents where uid = ?", (w[1],)) else \
+                self.rows(self.queries["sync_twin"], {"persona": rec["persona_id"], "uid": w[1],
+                                                      "hash": content_hash(rec["content"])})
+            body = s.execute(one, (twin[0]["uid"],)).fetchone() if twin else None
+            if body is None:
+                continue
+            ours = json.loads(body[0])
+            differs = sync_hash(ours | {"uid": w[1]}) != w[3]
+            if twin[0]["uid"] < w[1]:
+                plan.winners.remove(w)
+                plan.known = [k for k in plan.known if (k["kind"], k["uid"]) != ("memory", w[1])]
+                if differs:
+                    plan.lost(rec, "memory", w[1], w[2], ours["updated_at"], plan.dev)
+            else:
+                plan.twins.append((twin[0]["id"], rec["persona_id"]))
+                if differs:
+                    plan.lost(ours, "memory", ours["uid"], ours["updated_at"], w[2], plan.mine)
+
+    def _sync_orphans(self, plan: "SyncPlan") -> None:
+        """After a file's winners are imported: an atom the import passed over because its memory
+        is not here (deleted here, or a twin kept here under another uid: _sync_twins) is not held
+        here, so neither sync_base nor scratch `current` records it: this device sends no delete
+        of it back, and the device that changed it keeps it."""
+        missing = {w[1] for w in plan.winners if w[0] == "atom"
+                   and not self.value("select 1 from memory_atoms where uid = ?", (w[1],))
+                   and not self.value("select 1 from documents where uid = ?", (w[4]["document"],))}
+        plan.winners = [w for w in plan.winners if w[0] != "atom" or w[1] not in missing]
+        plan.known = [k for k in plan.known if k["kind"] != "atom" or k["uid"] not in missing]
+
     def _sync_set_usage(self, rec: dict) -> None:
         """Write the usage (SYNC_USAGE fields) of export record `rec` over its row here, nothing
         else: no new version, nothing derived again. In tx."""
@@ -8833,6 +8989,7 @@ class SyncPlan:
     atoms_gone: list = field(default_factory=list)  #: atoms deleted there as they are here
     atoms_kept: list = field(default_factory=list)  #: atoms deleted there but changed here since
     usages: list = field(default_factory=list)  #: records here whose usage alone changes
+    twins: list = field(default_factory=list)  #: (id, persona): twins here that go (_sync_twins)
     since: str | None = None  #: the decay day the file's usage is as of (None: unknown)
     until: str | None = None  #: this file's decay day
 

@@ -41,3 +41,8 @@ limit :limit;
 -- A consolidation undone on another device: gone here too unless this file recorded another since.
 delete from consolidations
 where survivor_id = (select id from documents where uid = :uid) and created_at = :stamp;
+
+-- name: sync_twin
+-- The memory of :persona other than :uid whose content has hash :hash (a persona holds a text
+-- once): the twin here of a memory of that text another device wrote apart.
+select id, uid from documents where persona_id = :persona and content_hash = :hash and uid != :uid;

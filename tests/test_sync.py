@@ -1,7 +1,7 @@
-"""Sync between devices through a shared folder (issue 16 item 2): three copies of a file diverge and
-converge whatever the order of their syncs, the conflict's losing version is kept and listed, a
-truncated or foreign changeset is skipped until it is whole, a kill -9 in the middle of a sync leaves
-both files consistent, and serve syncs on its timer."""
+"""Sync between devices through a shared folder (issue 16 item 2): three copies of a file diverge
+and converge whatever the order of their syncs, the conflict's losing version is kept and listed, a
+truncated or foreign changeset is skipped until it is whole, a kill -9 in the middle of a sync
+leaves both files consistent, and serve syncs on its timer."""
 
 import json
 import os
@@ -31,13 +31,15 @@ def content(mem) -> dict:
     out = {}
     for r in mem.export_records(kinds=aokun.SYNC_KINDS):
         if r["kind"] != "header":
-            out[(r["kind"], r[aokun.SYNC_KINDS[r["kind"]][0]])] = {k: v for k, v in r.items() if k not in LOCAL_FIELDS}
+            out[(r["kind"], r[aokun.SYNC_KINDS[r["kind"]][0]])] = {
+                k: v for k, v in r.items() if k not in LOCAL_FIELDS}
     return out
 
 
 def memories(mem) -> dict:
     """{uid: content} of the memories."""
-    return {r["uid"]: r["content"] for r in mem.export_records(kinds=("memory",)) if r["kind"] == "memory"}
+    return {r["uid"]: r["content"] for r in mem.export_records(kinds=("memory",))
+            if r["kind"] == "memory"}
 
 
 def at(monkeypatch, t: str) -> None:
@@ -107,7 +109,8 @@ def test_three_copies_converge_in_any_order(three, monkeypatch, seed):
     mems = memories(a)
     assert mems[uids["edited"]] == "Alice 住在东京 (B's version)"
     assert {a_new, b_new, c_new} <= set(mems) and uids["deleted"] not in mems
-    pins = {r["uid"] for r in a.export_records(kinds=("memory",)) if r["kind"] == "memory" and r["pinned"]}
+    pins = {r["uid"] for r in a.export_records(kinds=("memory",))
+            if r["kind"] == "memory" and r["pinned"]}
     assert pins == {uids["pinned"], c_new}
     facts = {(r["predicate"], r["valid_to"] is None) for r in a.export_records(kinds=("triple",))
              if r["kind"] == "triple"}
@@ -116,7 +119,8 @@ def test_three_copies_converge_in_any_order(three, monkeypatch, seed):
         assert [h["id"] for h in m.recall("东京")["results"]][:1] == [m.value(
             "select id from documents where uid = ?", (uids["edited"],))]
         lost = [x for x in m.sync_conflicts() if x["uid"] == uids["edited"]]
-        assert len(lost) == 1 and lost[0]["loser"]["content"] == "Alice 住在上海 (A's version)", lost
+        assert len(lost) == 1, lost
+        assert lost[0]["loser"]["content"] == "Alice 住在上海 (A's version)", lost
         assert m.value("pragma integrity_check") == "ok"
         assert not [x for x in m.sync_conflicts() if x["uid"] != uids["edited"]]
 
@@ -130,7 +134,8 @@ def test_same_second_edits_are_decided_alike(three, monkeypatch):
     sync_until_fixpoint([a, b], share, random.Random(0))
     assert memories(a)[uids["edited"]] == memories(b)[uids["edited"]]
     kept = {x["loser"]["content"] for m in (a, b) for x in m.sync_conflicts()}
-    assert len(kept) == 1 and kept < {"Edited on A in the same second", "Edited on B in the same second"}
+    assert len(kept) == 1
+    assert kept < {"Edited on A in the same second", "Edited on B in the same second"}
 
 
 @pytest.mark.slow
@@ -141,7 +146,8 @@ def test_edit_after_delete_survives(three, monkeypatch):
     at(monkeypatch, "2026-05-03T09:00:00Z")
     b.edit(ids["deleted"], "Edited on B after A deleted it")
     sync_until_fixpoint([a, b], share, random.Random(0))
-    assert memories(a)[uids["deleted"]] == memories(b)[uids["deleted"]] == "Edited on B after A deleted it"
+    assert memories(a)[uids["deleted"]] == memories(b)[uids["deleted"]] \
+        == "Edited on B after A deleted it"
     for m in (a, b):  # the deletion that lost is kept on both sides
         assert [x["kind"] for x in m.sync_conflicts()] == ["tombstone"]
 
@@ -179,9 +185,11 @@ def test_foreign_files_are_skipped_and_own_sync_goes_on(three):
     session.attach("t")
     other.execute("insert into t values (1, 2)")
     payload = aokun.zlib.compress(session.changeset())
-    header = {"format": aokun.SYNC_FORMAT, "version": 1, "export_version": 1, "device": stranger, "seq": 2,
-              "length": len(payload), "sha256": aokun.hashlib.sha256(payload).hexdigest()}
-    (share / f"{stranger}-00000002.changeset").write_bytes(json.dumps(header).encode() + b"\n" + payload)
+    header = {"format": aokun.SYNC_FORMAT, "version": 1, "export_version": 1, "device": stranger,
+              "seq": 2, "length": len(payload),
+              "sha256": aokun.hashlib.sha256(payload).hexdigest()}
+    (share / f"{stranger}-00000002.changeset").write_bytes(
+        json.dumps(header).encode() + b"\n" + payload)
     mine = a.memorize("Still synced next to strangers", {})["uid"]
     assert a.sync(share)["written"]
     r = b.sync(share)
@@ -191,16 +199,19 @@ def test_foreign_files_are_skipped_and_own_sync_goes_on(three):
     assert mine in memories(b)
     (share / f"{stranger}-00000001.changeset").unlink()  # (a gap would make its number 2 wait)
     header["seq"] = 1
-    (share / f"{stranger}-00000001.changeset").write_bytes(json.dumps(header).encode() + b"\n" + payload)
+    (share / f"{stranger}-00000001.changeset").write_bytes(
+        json.dumps(header).encode() + b"\n" + payload)
     r = b.sync(share)
-    assert "foreign changeset" in {x["file"]: x["reason"] for x in r["skipped"]}[f"{stranger}-00000001.changeset"]
+    reasons = {x["file"]: x["reason"] for x in r["skipped"]}
+    assert "foreign changeset" in reasons[f"{stranger}-00000001.changeset"]
     assert (share / "notes.txt").read_text(encoding="utf-8") == "not ours"
 
 
 def _changeset_file(share: Path, device: str, seq: int, payload: bytes) -> Path:
     """Write a changeset file with a header that matches `payload` (length, checksum)."""
-    header = {"format": aokun.SYNC_FORMAT, "version": 1, "export_version": 1, "device": device, "seq": seq,
-              "length": len(payload), "sha256": aokun.hashlib.sha256(payload).hexdigest()}
+    header = {"format": aokun.SYNC_FORMAT, "version": 1, "export_version": 1, "device": device,
+              "seq": seq, "length": len(payload),
+              "sha256": aokun.hashlib.sha256(payload).hexdigest()}
     path = share / f"{device}-{seq:08d}.changeset"
     path.write_bytes(json.dumps(header).encode() + b"\n" + payload)
     return path
@@ -208,16 +219,17 @@ def _changeset_file(share: Path, device: str, seq: int, payload: bytes) -> Path:
 
 @pytest.mark.slow
 def test_a_zip_bomb_a_pipe_and_dev_zero_are_skipped_in_bounded_memory(tmp_path, open_mem):
-    """A changeset's payload inflates to a bounded size, and only regular files are read: a FIFO under
-    a changeset's name used to block the sync for good, /dev/zero (or a zip bomb: 2 MB of zlib that
-    inflate to 2 GB) to fill the memory."""
+    """A changeset's payload inflates to a bounded size, and only regular files are read: a FIFO
+    under a changeset's name used to block the sync for good, /dev/zero (or a zip bomb: 2 MB of zlib
+    that inflate to 2 GB) to fill the memory."""
     import resource
     share = tmp_path / "share"
     share.mkdir()
     a = open_mem(tmp_path / "a.db")
     mine = a.memorize("Synced beside a zip bomb", {})["uid"]
     z = aokun.zlib.compressobj(9)
-    bomb = b"".join(z.compress(bytes(1 << 20)) for _ in range(1024)) + z.flush()  # 1 GiB of zeros, ~1 MB
+    # 1 GiB of zeros in ~1 MB
+    bomb = b"".join(z.compress(bytes(1 << 20)) for _ in range(1024)) + z.flush()
     _changeset_file(share, "0b6f9c1e-0000-4000-8000-000000000001", 1, bomb)
     os.mkfifo(share / "0b6f9c1e-0000-4000-8000-000000000002-00000001.changeset")
     os.symlink("/dev/zero", share / "0b6f9c1e-0000-4000-8000-000000000003-00000001.changeset")
@@ -251,7 +263,8 @@ def test_a_changeset_that_compresses_too_well_is_written_stored(three, monkeypat
 
 
 @pytest.mark.slow
-def test_a_folder_gone_mid_sync_is_one_line_and_the_next_sync_finishes(three, tmp_path, monkeypatch):
+def test_a_folder_gone_mid_sync_is_one_line_and_the_next_sync_finishes(three, tmp_path,
+                                                                       monkeypatch):
     """The shared folder vanishing after this device's file was written (a USB stick pulled) used to
     end the sync with a FileNotFoundError traceback; now one line, and the next sync goes on."""
     a, b, _c, share, _ids, _uids = three
@@ -265,7 +278,7 @@ def test_a_folder_gone_mid_sync_is_one_line_and_the_next_sync_finishes(three, tm
     b.memorize("On B, so A has a file to read", {})
     b.sync(share)
     monkeypatch.setattr(aokun.Sync, "_sync_write", write_then_pull)
-    r = a.sync(share)  # the folder was listed before: what it cannot read now is skipped, one line each
+    r = a.sync(share)  # the folder was listed before: what it cannot read now is skipped
     assert r["written"] and r["skipped"] and not r["applied"]
     assert {x["reason"][:14] for x in r["skipped"]} == {"cannot be read"}, r["skipped"]
     monkeypatch.setattr(aokun.Sync, "_sync_write", real)
@@ -288,16 +301,19 @@ def test_a_changeset_stamp_not_in_the_column_format_is_refused(three):
     session = aokun.apsw.Session(scratch, "main")
     session.attach("records")
     scratch.execute("insert into records values ('memory', ?, ?, ?, ?)",
-                    (rec["uid"], rec["updated_at"], aokun.sync_hash(rec), json.dumps(rec, ensure_ascii=False)))
+                    (rec["uid"], rec["updated_at"], aokun.sync_hash(rec),
+                     json.dumps(rec, ensure_ascii=False)))
     name = _changeset_file(share, "0b6f9c1e-0000-4000-8000-000000000009", 1,
                            aokun.zlib.compress(session.changeset())).name
     r = b.sync(share)
-    assert name not in r["applied"] and "is not a time like" in {x["file"]: x["reason"] for x in r["skipped"]}[name]
+    assert name not in r["applied"]
+    assert "is not a time like" in {x["file"]: x["reason"] for x in r["skipped"]}[name]
     assert memories(b)[uids["edited"]] == "Alice 住在北京"
     header = {"kind": "header", "format": aokun.EXPORT_FORMAT, "version": 1}
     rec |= {"updated_at": "2026-05-02T10:00:00+08:00"}
     b.import_export([json.dumps(header), json.dumps(rec, ensure_ascii=False)])
-    assert b.value("select updated_at from documents where uid = ?", (uids["edited"],)) == "2026-05-02T02:00:00Z"
+    assert b.value("select updated_at from documents where uid = ?",
+                   (uids["edited"],)) == "2026-05-02T02:00:00Z"
 
 
 @pytest.mark.slow
@@ -332,7 +348,8 @@ def test_a_restored_backup_gets_its_own_later_changes_back(three, tmp_path):
         # a file under its id it did not write: it cannot tell a restore from a copy that synced, so
         # it takes a new id (a copy and the original would write the same numbers) and sends it all
         old = lost.split("-00000002.")[0]
-        assert r["new_device"] and r["device"] != old and r["written"] == f"{r['device']}-00000001.changeset"
+        assert r["new_device"] and r["device"] != old
+        assert r["written"] == f"{r['device']}-00000001.changeset"
         assert r["sent"] == had
         restored.memorize("After the restore", {})
         assert restored.sync(share)["written"] == f"{r['device']}-00000002.changeset"
@@ -358,7 +375,7 @@ CHILD = textwrap.dedent(r'''
             if str(dst).endswith(".changeset"):
                 die()
         aokun.os.replace = killing_replace
-    elif point in ("imported", "pipeline"):  # the merge committed (or its rows only), not marked applied
+    elif point in ("imported", "pipeline"):  # the merge (or its rows only) committed, not applied
         name = "import_export" if point == "imported" else "run_pipeline"
         original = getattr(aokun.Memory, name)
         def killing(self, *a, **k):
@@ -376,7 +393,8 @@ CHILD = textwrap.dedent(r'''
 def test_kill_9_during_sync_leaves_both_files_consistent(three, tmp_path, point):
     a, b, _c, share, ids, _uids = three
     for i in range(40):
-        a.memorize(f"Memory {i} written on A: Alice met Bob in room {i}", {"participants": ["Alice", "Bob"]})
+        a.memorize(f"Memory {i} written on A: Alice met Bob in room {i}",
+                   {"participants": ["Alice", "Bob"]})
     a.edit(ids["edited"], "Edited on A before the crash")
     b.memorize("Written on B before the crash", {})
     b.close()
@@ -460,7 +478,8 @@ def test_cli_sync_and_conflicts(three, tmp_path, monkeypatch, segmenter):
     runner = CliRunner()
 
     def run(*args):
-        r = runner.invoke(aokun.cli, ["--db", str(tmp_path / "b.db"), *args], catch_exceptions=False)
+        r = runner.invoke(aokun.cli, ["--db", str(tmp_path / "b.db"), *args],
+                          catch_exceptions=False)
         assert r.exit_code == 0, r.output
         return r.output
 
@@ -469,13 +488,15 @@ def test_cli_sync_and_conflicts(three, tmp_path, monkeypatch, segmenter):
     listed = run("sync", "--conflicts")
     assert "The CLI's losing version" in listed and "1 conflict(s)" in listed
     assert "0 conflict(s)" in run("sync", "--conflicts", "--persona", "work")
-    r = runner.invoke(aokun.cli, ["--db", str(tmp_path / "b.db"), "sync", str(tmp_path / "nowhere")])
+    r = runner.invoke(aokun.cli, ["--db", str(tmp_path / "b.db"), "sync",
+                                  str(tmp_path / "nowhere")])
     assert r.exit_code != 0 and "is not a folder" in r.output and "Traceback" not in r.output
 
 
 
 @pytest.mark.slow
-def test_a_disk_full_while_writing_leaves_no_half_file_and_the_next_sync_sends_it(three, monkeypatch):
+def test_a_disk_full_while_writing_leaves_no_half_file_and_the_next_sync_sends_it(
+        three, monkeypatch):
     a, b, _c, share, _ids, _uids = three
     uid = a.memorize("Written while the shared disk was full", {})["uid"]
     real_fsync = os.fsync
@@ -485,7 +506,7 @@ def test_a_disk_full_while_writing_leaves_no_half_file_and_the_next_sync_sends_i
     monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(aokun.AokunError, match="cannot write the changeset"):
         a.sync(share)
-    assert not list(share.glob("*.tmp"))  # no half-written file left for the other devices to trip on
+    assert not list(share.glob("*.tmp"))  # no half-written file for the other devices to trip on
     monkeypatch.setattr(os, "fsync", real_fsync)
     assert a.sync(share)["written"]  # nothing was recorded as sent: the change goes out now
     b.sync(share)
@@ -496,8 +517,9 @@ def _cli(cwd: Path, *args, env=None) -> subprocess.CompletedProcess:
     """`python aokun.py ARGS` as a child process run in `cwd`, without the test's AOKUN_ variables
     (with `env`'s on top)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AOKUN_")} | (env or {})
-    return subprocess.run([sys.executable, str(TESTS.parent / "aokun.py"), *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, encoding="utf-8", timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run([sys.executable, str(TESTS.parent / "aokun.py"), *map(str, args)],
+                          cwd=cwd, env=env, capture_output=True, text=True, encoding="utf-8",
+                          timeout=120, stdin=subprocess.DEVNULL)
 
 
 @pytest.mark.slow
@@ -509,13 +531,14 @@ def test_a_relative_sync_dir_is_the_current_folders_and_the_settings_the_config_
     ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n[sync]\ndir = shared\n"
                    "[conversations]\nwatch = false\n", encoding="utf-8")
     db = tmp_path / "a.db"
-    assert _cli(here, "--db", db, "--config", ini, "memorize", "Alice likes green tea").returncode == 0
+    assert _cli(here, "--db", db, "--config", ini, "memorize",
+                "Alice likes green tea").returncode == 0
     r = _cli(here, "--db", db, "--config", ini, "sync", "share", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["folder"] == str(here / "share")
     assert [p.suffix for p in (here / "share").iterdir()] == [".changeset"]
     assert not (TESTS.parent / "share").exists()
-    r = _cli(here, "--db", db, "--config", ini, "sync", "--json")  # [sync] dir: beside the config file
+    r = _cli(here, "--db", db, "--config", ini, "sync", "--json")  # [sync] dir: beside the config
     assert r.returncode == 0 and json.loads(r.stdout)["folder"] == str(conf / "shared"), r.stderr
     missing = _cli(here, "--db", db, "--config", ini, "sync", "nowhere")
     assert missing.returncode == 1 and str(here / "nowhere") in missing.stderr, missing.stderr
@@ -527,8 +550,9 @@ def _record_changeset(share: Path, device: str, rec: dict) -> str:
     scratch.execute(aokun._SYNC_TABLES)
     session = aokun.apsw.Session(scratch, "main")
     session.attach("records")
-    scratch.execute("insert into records values (?, ?, ?, ?, ?)", (rec["kind"], rec["uid"], rec["updated_at"],
-                                                                   aokun.sync_hash(rec), json.dumps(rec)))
+    scratch.execute("insert into records values (?, ?, ?, ?, ?)",
+                    (rec["kind"], rec["uid"], rec["updated_at"], aokun.sync_hash(rec),
+                     json.dumps(rec)))
     return _changeset_file(share, device, 1, aokun.zlib.compress(session.changeset())).name
 
 
@@ -540,20 +564,23 @@ def test_a_changeset_of_a_newer_schema_or_with_unknown_fields_applies_nothing(th
     head, _, payload = (share / name).read_bytes().partition(b"\n")
     h = json.loads(head)
     assert h["schema"] == aokun.schema_version_known()
-    (share / name).write_bytes(json.dumps(h | {"schema": h["schema"] + 1}).encode() + b"\n" + payload)
+    (share / name).write_bytes(
+        json.dumps(h | {"schema": h["schema"] + 1}).encode() + b"\n" + payload)
     r = b.sync(share)
     reason = {x["file"]: x["reason"] for x in r["skipped"]}[name]
     assert f"schema {h['schema'] + 1}, newer than this one" in reason and "upgrade Aokun" in reason
     assert name not in r["applied"] and uid not in memories(b)
     rec = next(r for r in a.export_records(kinds=("memory",)) if r.get("uid") == uids["edited"])
-    rec |= {"content": "with a field from the future", "updated_at": "2026-06-01T00:00:00Z", "mood": "sunny"}
+    rec |= {"content": "with a field from the future", "updated_at": "2026-06-01T00:00:00Z",
+            "mood": "sunny"}
     odd = _record_changeset(share, "0b6f9c1e-0000-4000-8000-00000000000a", rec)
     r = b.sync(share)
     reason = {x["file"]: x["reason"] for x in r["skipped"]}[odd]
     assert "does not know (mood)" in reason, reason
     assert memories(b)[uids["edited"]] == "Alice 住在北京"
     (share / odd).unlink()
-    (share / name).write_bytes(json.dumps(h).encode() + b"\n" + payload)  # the newer Aokun's file, readable now
+    # the newer Aokun's file, readable now
+    (share / name).write_bytes(json.dumps(h).encode() + b"\n" + payload)
     assert name in b.sync(share)["applied"] and uid in memories(b)
 
 
@@ -561,8 +588,8 @@ def test_a_changeset_of_a_newer_schema_or_with_unknown_fields_applies_nothing(th
 @pytest.mark.parametrize("change", ["schema", "field"])
 def test_an_export_of_a_newer_schema_or_with_unknown_fields_imports_nothing(tmp_path, change):
     ini = tmp_path / "aokun.ini"
-    ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n[conversations]\nwatch = false\n",
-                   encoding="utf-8")
+    ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n"
+                   "[conversations]\nwatch = false\n", encoding="utf-8")
     src, dst, out = tmp_path / "src.db", tmp_path / "dst.db", tmp_path / "x.jsonl"
     for text in ("First exported memory", "Second exported memory"):
         assert _cli(tmp_path, "--db", src, "--config", ini, "memorize", text).returncode == 0
@@ -572,7 +599,8 @@ def test_an_export_of_a_newer_schema_or_with_unknown_fields_imports_nothing(tmp_
         lines[0]["schema"] += 1
     else:
         lines[-1]["mood"] = "sunny"  # the last record; every one before it is fine
-    out.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines), encoding="utf-8")
+    out.write_text("".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines),
+                   encoding="utf-8")
     r = _cli(tmp_path, "--db", dst, "--config", ini, "import", out)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     [line] = [x for x in r.stderr.splitlines() if not x.startswith("aokun: created")]
@@ -587,7 +615,8 @@ CLAUDE = TESTS / "fixtures" / "conversations" / "claude-code" / "-home-dev-aokun
 
 
 def _tombstones(mem) -> dict:
-    return {r["uid"]: r["deleted_at"] for r in mem.export_records(kinds=("tombstone",)) if r["kind"] == "tombstone"}
+    return {r["uid"]: r["deleted_at"] for r in mem.export_records(kinds=("tombstone",))
+            if r["kind"] == "tombstone"}
 
 
 @pytest.mark.slow
@@ -600,7 +629,8 @@ def test_a_synced_deletion_keeps_the_time_it_happened(three, monkeypatch):
     [session] = [r["uid"] for r in b.export_records(kinds=("session",)) if r["kind"] == "session"]
     at(monkeypatch, "2026-05-03T08:00:00Z")  # deleted on A
     a.delete(ids["deleted"])
-    a.delete_session(next(r["session_id"] for r in a.export_records(kinds=("session",)) if r["kind"] == "session"))
+    a.delete_session(next(r["session_id"] for r in a.export_records(kinds=("session",))
+                          if r["kind"] == "session"))
     a.sync(share)
     at(monkeypatch, "2026-05-09T08:00:00Z")  # merged on B days later
     b.sync(share)
@@ -613,20 +643,25 @@ def test_a_synced_deletion_keeps_the_time_it_happened(three, monkeypatch):
 @pytest.mark.slow
 def test_an_imported_tombstone_keeps_its_time(tmp_path):
     ini = tmp_path / "aokun.ini"
-    ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n[conversations]\nwatch = false\n",
-                   encoding="utf-8")
-    a, b, full, dump = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "full.jsonl", tmp_path / "gone.jsonl"
+    ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n"
+                   "[conversations]\nwatch = false\n", encoding="utf-8")
+    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    full, dump = tmp_path / "full.jsonl", tmp_path / "gone.jsonl"
     env = {"AOKUN_NOW": "2026-05-01T08:00:00Z"}
-    assert _cli(tmp_path, "--db", a, "--config", ini, "memorize", "Soon deleted", env=env).returncode == 0
-    assert _cli(tmp_path, "--db", a, "--config", ini, "export", "--out", full, env=env).returncode == 0
+    assert _cli(tmp_path, "--db", a, "--config", ini, "memorize", "Soon deleted",
+                env=env).returncode == 0
+    assert _cli(tmp_path, "--db", a, "--config", ini, "export", "--out", full,
+                env=env).returncode == 0
     assert _cli(tmp_path, "--db", b, "--config", ini, "import", full, env=env).returncode == 0
     env["AOKUN_NOW"] = "2026-05-03T08:00:00Z"
     assert _cli(tmp_path, "--db", a, "--config", ini, "delete", "1", env=env).returncode == 0
-    assert _cli(tmp_path, "--db", a, "--config", ini, "export", "--out", dump, env=env).returncode == 0
+    assert _cli(tmp_path, "--db", a, "--config", ini, "export", "--out", dump,
+                env=env).returncode == 0
     env["AOKUN_NOW"] = "2026-05-09T08:00:00Z"
     r = _cli(tmp_path, "--db", b, "--config", ini, "import", dump, env=env)
     assert r.returncode == 0 and "1 memories deleted by tombstones" in r.stdout, r.stdout + r.stderr
-    [stone] = [x for x in map(json.loads, dump.read_text(encoding="utf-8").splitlines()) if x["kind"] == "tombstone"]
+    [stone] = [x for x in map(json.loads, dump.read_text(encoding="utf-8").splitlines())
+               if x["kind"] == "tombstone"]
     assert stone["deleted_at"] == "2026-05-03T08:00:00Z"
     c = aokun.apsw.Connection(str(b))
     assert c.execute("select deleted_at from tombstones").fetchall() == [("2026-05-03T08:00:00Z",)]

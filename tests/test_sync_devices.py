@@ -25,14 +25,15 @@ INI = "[embedding]\nprovider = none\n[backup]\ndaily = false\n[conversations]\nw
 
 
 def run(tmp: Path, db: Path, *args) -> subprocess.CompletedProcess:
-    """`python aokun.py --db DB --config INI ARGS`, a child process; fails the test when it fails."""
+    """`python aokun.py --db DB --config INI ARGS`, a child process; fails the test when it
+    fails."""
     ini = tmp / "aokun.ini"
     if not ini.exists():
         ini.write_text(INI, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AOKUN_")}
-    r = subprocess.run([sys.executable, str(TESTS.parent / "aokun.py"), "--db", str(db), "--config", str(ini),
-                        *map(str, args)], env=env, capture_output=True, text=True, encoding="utf-8", timeout=180,
-                       stdin=subprocess.DEVNULL)
+    r = subprocess.run([sys.executable, str(TESTS.parent / "aokun.py"), "--db", str(db),
+                        "--config", str(ini), *map(str, args)], env=env, capture_output=True,
+                       text=True, encoding="utf-8", timeout=180, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, (args, r.stdout, r.stderr)
     return r
 
@@ -44,7 +45,8 @@ def sync(tmp: Path, db: Path, share: Path) -> tuple[dict, list[str]]:
 
 
 def exported(tmp: Path, db: Path) -> list[dict]:
-    """The file's JSONL export (`export --out`), without the PER_DEVICE fields, in a stable order."""
+    """The file's JSONL export (`export --out`), without the PER_DEVICE fields, in a stable
+    order."""
     out = tmp / "export.jsonl"
     run(tmp, db, "export", "--out", out)
     recs = [{k: v for k, v in json.loads(line).items() if k not in PER_DEVICE}
@@ -59,7 +61,8 @@ def replicate(one: Path, two: Path) -> None:
     for f in sorted(two.iterdir()):
         mine = one / f.name
         if mine.exists() and mine.read_bytes() != f.read_bytes():
-            renamed = f.name.replace(".changeset", ".sync-conflict-20261201-120000-MACHINEB.changeset")
+            renamed = f.name.replace(".changeset",
+                                     ".sync-conflict-20261201-120000-MACHINEB.changeset")
             shutil.copy(f, one / renamed)
             shutil.copy(mine, f)
             shutil.copy(one / renamed, two / renamed)
@@ -71,9 +74,9 @@ def replicate(one: Path, two: Path) -> None:
 
 
 class Machine:
-    """A machine whose file lives at the same path as every other machine's (`live`): while it runs
-    its file is renamed into place (a rename keeps the inode, as the file on that machine's disk does),
-    and parked on `disk` afterwards; `share` is its replica of the shared folder."""
+    """A machine whose file lives at the same path as every other machine's (`live`): while it
+    runs its file is renamed into place (a rename keeps the inode, as the file on that machine's
+    disk does), and parked on `disk` afterwards; `share` is its replica of the shared folder."""
 
     def __init__(self, tmp: Path, name: str, live: Path):
         self.tmp, self.live, self.disk = tmp, live, tmp / name / "aokun.db"
@@ -85,7 +88,7 @@ class Machine:
         return self.live
 
     def __exit__(self, *exc) -> None:
-        for side in ("-wal", "-shm"):  # the children closed the file: nothing of it is left beside it
+        for side in ("-wal", "-shm"):  # the children closed the file: nothing of it is beside it
             assert not Path(f"{self.live}{side}").exists()
         os.replace(self.live, self.disk)
 
@@ -106,15 +109,6 @@ def converge(tmp: Path, machines: list[Machine], rounds: int = 6) -> list[dict]:
     raise AssertionError(f"no fixpoint after {rounds} rounds")
 
 
-def synced(export: list[dict]) -> list[dict]:
-    """The export without the atoms' derived state: each device derives the atoms of what it merges
-    itself, with the same uids (atom_uid) but at its own time and in its own order (so which atom
-    supersedes which may differ). Issue 24 item 9 wants those identical too: not done yet."""
-    derived = ("created_at", "updated_at", "last_reinforced_at", "expires_at", "state_changed_at", "state",
-               "superseded_by")
-    return [{k: v for k, v in r.items() if r["kind"] != "atom" or k not in derived} for r in export]
-
-
 def memory_texts(export: list[dict]) -> set[str]:
     return {r["content"] for r in export if r["kind"] == "memory"}
 
@@ -132,7 +126,8 @@ def test_a_copy_with_the_same_host_and_path_takes_a_new_id_and_both_converge(tmp
         run(tmp_path, db, "memorize", "Bob prefers tea. Bob lives in Tokyo.")
         r, err = sync(tmp_path, db, two.share)
     assert r["new_device"] and r["device"] != first["device"]
-    assert len(err) == 1 and first["device"] in err[0] and r["device"] in err[0] and "copy" in err[0], err
+    assert len(err) == 1 and first["device"] in err[0] and r["device"] in err[0], err
+    assert "copy" in err[0], err
     with one as db:  # the original keeps its id, silently
         run(tmp_path, db, "memorize", "Carol owns a red bicycle. Carol lives in Paris.")
         r, err = sync(tmp_path, db, one.share)
@@ -142,10 +137,11 @@ def test_a_copy_with_the_same_host_and_path_takes_a_new_id_and_both_converge(tmp
         a = exported(tmp_path, db)
     with two as db:
         b = exported(tmp_path, db)
-    assert memory_texts(a) == {"Alice lives in Beijing. Alice works at Agora.", "Bob prefers tea. Bob lives in Tokyo.",
+    assert memory_texts(a) == {"Alice lives in Beijing. Alice works at Agora.",
+                               "Bob prefers tea. Bob lives in Tokyo.",
                                "Carol owns a red bicycle. Carol lives in Paris."}
     assert [r for r in a if r["kind"] == "atom"], "the memories' key facts made atoms"
-    assert synced(a) == synced(b)
+    assert a == b
 
 
 def test_a_changeset_renamed_by_a_sync_tool_is_applied_once(tmp_path):
@@ -160,7 +156,8 @@ def test_a_changeset_renamed_by_a_sync_tool_is_applied_once(tmp_path):
     os.replace(share / two, share / renamed)
     r = sync(tmp_path, b, share)[0]
     assert r["applied"] == [one, renamed] and not r["skipped"] and not r["waiting"], r
-    shutil.copy(share / one, share / one.replace(".changeset", " (conflicted copy 2026-12-01).changeset"))
+    shutil.copy(share / one,
+                share / one.replace(".changeset", " (conflicted copy 2026-12-01).changeset"))
     shutil.copy(share / renamed, share / "copy of it.changeset")
     r = sync(tmp_path, b, share)[0]
     assert r["applied"] == [] and r["skipped"] == [] and r["merged"]["added"] == 0, r
@@ -181,7 +178,8 @@ def test_two_files_that_wrote_under_one_id_both_take_new_ids_and_lose_nothing(tm
     con = apsw.Connection(str(two.disk))
     con.execute("update meta set value = ? where key = 'sync_device_witness'", (witness,))
     con.close()
-    for m, text in ((one, "Written on one after the image"), (two, "Written on two after the image")):
+    for m, text in ((one, "Written on one after the image"),
+                    (two, "Written on two after the image")):
         with m as db:
             run(tmp_path, db, "memorize", text)
             r, err = sync(tmp_path, db, m.share)
@@ -204,5 +202,5 @@ def test_two_files_that_wrote_under_one_id_both_take_new_ids_and_lose_nothing(tm
         b = exported(tmp_path, db)
     assert memory_texts(a) == {"Before the image was taken", "Written on one after the image",
                                "Written on two after the image"}
-    assert synced(a) == synced(b)
+    assert a == b
     assert json.loads(conflicts) == []  # sending everything again is no conflict
