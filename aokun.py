@@ -21,8 +21,8 @@ only what stands under its own banner or one above it; a face uses only the engi
   memorize, edit, delete, recovery) · KnowledgeGraph · Recall · Briefing · Forgetting (decay,
   lifecycle, consolidation) · Maintenance (stats, doctor, rebuild, vacuum, backups, restore) ·
   Summarizer (the only LLM use) · the transcript parsers · Conversations and ConversationSearch ·
-  Portable (export, import) · Sync (changeset files in a shared folder) · Watcher and the clients'
-  hooks · the composition: DATA_STEPS (the data upgrades), `Memory` (every attribute declared in
+  Watcher and the clients' hooks · Portable (export, import) · Sync (changeset files in a shared
+  folder) · the composition: DATA_STEPS (the data upgrades), `Memory` (every attribute declared in
   its __init__; `hooks`, what the conversation sections add to recall, the briefing, stats,
   doctor, rebuild and maintenance; close() running each section's teardown);
   faces: MCP server (models, tools, lifespan and transport) · panel (the settings file; web pages,
@@ -7488,6 +7488,707 @@ class ConversationSearch:
         return [f"{r['n']} {r['problem']}" for r in rows if r["n"]]
 
 
+# Conversations: watching the clients' folders, and the clients' hooks ###########################
+
+#: the clients with local history (ChatGPT has none)
+WATCH_SOURCES = ("claude-code", "codex", "copilot")
+WATCH_GLOB_EVERY = 3  #: polls between two looks for new transcript files (known files: every poll)
+HOOK_CLIENTS = ("claude-code", "codex", "copilot")
+HOOK_EVENTS = {"claude-code": ("session-start", "stop"), "codex": ("notify",),
+               "copilot": ("session-end",)}
+HOOK_TIMEOUT_SECONDS = 30  #: the timeout written into the clients' hook entries
+HOOK_EMBED_TIMEOUT_SECONDS = 5.0  #: a hook's embedding budget; past it turns wait for the back-fill
+#: a session id a hook may put in a glob
+HOOK_ID_RX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+WATCH_SLICE_SECONDS = 2.0  #: the queued history a poll reads before it looks at the files again
+WATCH_LOG_SECONDS = 60.0  #: a log line on the history left to read, at most this often
+WATCH_BRIEFING_SECONDS = 60.0  #: with history left, the briefing is rebuilt at most this often
+WATCH_PUBLISH_SECONDS = 5.0  #: the progress is stored (meta watch_progress) at most this often
+WATCH_FRESH_SECONDS = 86400.0  #: run() reads a file changed this recently itself, at normal speed
+WATCH_NICE = 19  #: the back-log thread's nice value on Linux: the lowest CPU priority
+PROJECT_PEEK_BYTES = 64 << 10  #: bytes of a transcript's start searched for its project folder
+
+
+def project_patterns(cfg: Config, key: str) -> tuple[str, ...]:
+    """The globs of [conversations] `key` (watch_include_projects, watch_exclude_projects): comma-
+    separated, ~ expanded, without a trailing separator. Raises AokunError naming the setting for a
+    pattern that can never match a project, which is an absolute folder path."""
+    out = []
+    for raw in str(cfg.conversations[key]).split(","):
+        pattern = os.path.expanduser(raw.strip())
+        if not pattern:
+            continue
+        absolute = os.path.isabs(pattern) or re.match(r"[A-Za-z]:[\\/]", pattern)
+        if not (absolute or pattern[0] in "*?[/\\"):
+            raise AokunError(f"[conversations] {key}: {raw.strip()!r} never matches a project, "
+                             f"which is an absolute folder path; write */{raw.strip()} or the "
+                             "whole path")
+        out.append(pattern.rstrip("/\\") or pattern)
+    return tuple(out)
+
+
+def project_wanted(project: str, include: tuple, exclude: tuple) -> bool:
+    """Whether the watch reads a session of folder `project` ('' when its transcript names none):
+    a pattern fits the folder or a folder it lies in (fnmatch); with `include` patterns one must
+    fit (a session without a folder is then not read), and no `exclude` pattern may."""
+    import fnmatch
+    folders, p = [], project.rstrip("/\\") or project
+    while p and p not in folders:
+        folders.append(p)
+        p = os.path.dirname(p)
+
+    def fits(patterns):
+        return any(fnmatch.fnmatch(f, pat) for pat in patterns for f in folders)
+    return (not include or fits(include)) and not fits(exclude)
+
+
+def resolved_paths(paths) -> dict[Path, Path]:
+    """{path: path.resolve()}, as ingest stores paths: each folder resolved once (Path.resolve
+    looks at every component of every path: 9 s for 30,000 transcripts), a symlink on its own."""
+    folders: dict[Path, Path] = {}
+    out = {}
+    for p in paths:
+        if p.is_symlink():
+            out[p] = p.resolve()
+            continue
+        if p.parent not in folders:
+            folders[p.parent] = p.parent.resolve()
+        out[p] = folders[p.parent] / p.name
+    return out
+
+
+def check_watch_limits(cfg: Config) -> None:
+    """Refuse (AokunError naming the setting) a watch project pattern that cannot match: what
+    serve, watch and the panel's settings check before anything else."""
+    for key in ("watch_include_projects", "watch_exclude_projects"):
+        project_patterns(cfg, key)
+
+
+def transcript_project(path: Path, rules: IngestRules) -> str:
+    """The project folder a JSONL transcript names first (the source's project fields), from its
+    first PROJECT_PEEK_BYTES; '' when none is named there."""
+    with path.open("rb") as f:
+        data = f.read(PROJECT_PEEK_BYTES)
+    ctx = {"session_id": "", "project": ""}
+    for i, line in enumerate(data.split(b"\n")[:-1]):  # complete lines only
+        with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+            record = loads_json(line)
+            if isinstance(record, dict):
+                interpret_record(record, rules, ctx, i)
+        if ctx["project"]:
+            return ctx["project"]
+    return ""
+
+
+def lower_thread_priority() -> bool:
+    """Give the calling thread, and the threads it starts from now on (the local model's OpenMP
+    workers: a thread inherits its creator's), the lowest CPU priority where the OS has one per
+    thread: Linux, whose nice value is a thread's own (setpriority on the thread id) and never
+    raised again without privileges. Elsewhere the nice value is the whole process's: nothing is
+    done. Returns whether it was lowered."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+        return False
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WATCH_NICE)
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class QueuedFile:
+    """A transcript the watch has yet to read: its source, size and modification time when it was
+    seen, and the bytes of it not read yet."""
+    source: str
+    size: int
+    mtime_ns: int
+    left: int
+
+
+class Watcher:
+    """Polls the clients' standard locations (rules/ingest/<source>.toml `location`) and ingests
+    what changed through Memory.ingest, which reads each file from its stored byte offset: the
+    stdlib has no portable file-system watcher (inotify is not in it), so this stats the known
+    transcripts (size, mtime, inode) every poll and globs for new ones every WATCH_GLOB_EVERY
+    polls. A file that vanished is forgotten (a rotated one is read from the start, without
+    duplicates); a half-written last line is left for the next poll, since the client's next write
+    changes the file's size.
+
+    The first start: every transcript already there is queued and the queue is read newest first
+    (by modification time, across the sources). run() reads the files changed in the last
+    WATCH_FRESH_SECONDS itself, at normal priority, a WATCH_SLICE_SECONDS slice per poll (today's
+    sessions are searchable within a poll or two, and a file a client writes meanwhile is fresh
+    again), and leaves the older ones, the back-log, to a second thread at the lowest CPU priority
+    (lower_thread_priority). Both wait between their steps while a tool call runs
+    (Memory.yield_to_foreground); ingestion embeds a few texts at a time and segments outside the
+    write transaction. Each batch of turns is committed with the file's offset, so a kill loses
+    nothing and a restart skips the files read to their end (their conv_files row matches their
+    size and time) and goes on in the others from their offsets. [conversations]
+    watch_since_days and watch_include_projects / watch_exclude_projects limit what is read;
+    progress() says what is done and left. `self.lock` guards what both threads touch."""
+
+    def __init__(self, mem: "Memory", sources=WATCH_SOURCES, persona_id=None):
+        """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer.
+        Raises AokunError for a project pattern that cannot match (project_patterns)."""
+        self.mem, self.sources, self.persona = mem, tuple(sources), persona_id
+        self.known: dict[str, dict[Path, tuple]] = {s: {} for s in self.sources}
+        self.broken: dict[Path, str] = {}  #: symlinks that lead nowhere, warned about once each
+        self.polls = 0
+        conv = mem.cfg.conversations  # a session past keep_days would be forgotten once read
+        self.since_days = min((d for d in (conv.watch_since_days, conv.keep_days) if d), default=0)
+        self.include = project_patterns(mem.cfg, "watch_include_projects")
+        self.exclude = project_patterns(mem.cfg, "watch_exclude_projects")
+        self.lock = threading.Lock()
+        self.queue: dict[Path, QueuedFile] = {}  #: the files to read (status "left")
+        self.order: list[tuple[int, str, Path]] = []  #: (-mtime_ns, name, path) of queue, sorted
+        self.left_bytes = 0  #: the bytes of the queued files not read yet
+        self.status: dict[Path, str] = {}  #: every transcript seen: done, left or skipped
+        self.counts = {"done": 0, "left": 0, "skipped": 0}  #: of status
+        self.taken: set[Path] = set()  #: the files a thread reads now
+        self.backlog: threading.Thread | None = None  #: the back-log thread, while it runs
+        self.threaded = False  #: run() reads the back-log on its own thread
+        self.report = None  #: report(text), when set, hears each progress line (`watch`)
+        self.turns_before: int | None = None  #: turns stored before the first poll
+        self.new = self.bytes = 0  #: turns stored and bytes read by this watch
+        self.busy = 0.0  #: seconds spent reading
+        self.started_at, self.finished_at = now_iso(), None  #: finished: the queue first empty
+        self.unbriefed = False  #: turns were added since the briefing was last rebuilt
+        self.logged = self.briefed = self.published = -math.inf
+        self.last_published: dict | None = None
+
+    def poll(self, stop: threading.Event | None = None) -> dict:
+        """One look: queue the files that are new or changed since the last poll (all of them at
+        the first) within the limits and not read to their end, then read the queue newest first
+        for up to WATCH_SLICE_SECONDS or until `stop` is set (a file cut short goes on at the next
+        poll from its offset); under run(), only the fresh files (the back-log thread reads the
+        rest). When turns were added, the persona's briefing is rebuilt (its session digests name
+        the new turns' session; while files are queued at most every WATCH_BRIEFING_SECONDS); then
+        the progress is published. Returns {source: new turns} of what this poll read. A file
+        whose ingestion fails (deleted between stat and read, a busy database) is logged and tried
+        again when it is found again."""
+        look = self.polls % WATCH_GLOB_EVERY == 0
+        self.polls += 1
+        if self.turns_before is None:
+            persona = _label(self.persona, "persona_id")
+            self.turns_before = self.mem.value(
+                "select count(*) from conv_turns where persona_id = ?", (persona,))
+        for source in self.sources:
+            self._enqueue(source, self._changed(source, look))
+        out = self._drain(stop, fresh_only=self.threaded)
+        if out:
+            log.info("watch: new turns %s", out)
+        due = not self.queue or time.monotonic() - self.briefed >= WATCH_BRIEFING_SECONDS
+        if self.unbriefed and due:
+            self.unbriefed, self.briefed = False, time.monotonic()
+            self.mem.build_briefing(self.persona)
+        self.publish()
+        return out
+
+    def _changed(self, source: str, look: bool) -> list[tuple[Path, os.stat_result]]:
+        """(path, stat) of the files of `source` whose (size, mtime, inode) differ from the last
+        poll (all of them at the first); with `look`, new files of the source's location too."""
+        import glob
+        known = self.known[source]
+        with self.lock:
+            paths = set(known)
+        if look:
+            pattern = os.path.expanduser(self.mem.ingest_rules(source).location)
+            paths |= {Path(p) for p in glob.glob(pattern)}
+        seen, gone = [], []
+        for p in paths:
+            try:
+                seen.append((p, p.stat()))
+            except OSError as e:  # deleted or rotated away, or a symlink that leads nowhere
+                gone.append(p)
+                self._broken(source, p, e)
+                continue
+            self.broken.pop(p, None)
+        changed = []
+        with self.lock:
+            for p in gone:
+                known.pop(p, None)
+                self._mark(p, None)
+            for p, st in seen:
+                # ctime: a chmod mends it
+                sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+                if known.get(p) != sig and stat.S_ISREG(st.st_mode):
+                    known[p] = sig
+                    changed.append((p, st))
+        return changed
+
+    def _enqueue(self, source: str, changed: list) -> None:
+        """Queue the `changed` files of `source` ((path, stat) pairs) that are to be read: not
+        those changed before the watch_since_days horizon (skipped) nor those read to their end
+        (their conv_files row has their time and its offset at their end: a restart does not
+        read them again)."""
+        if not changed:
+            return
+        resolved = resolved_paths([p for p, _ in changed])
+        read = self.mem.conv_file_offsets(source, resolved.values(), self.persona)
+        horizon = now().timestamp() - self.since_days * 86400 if self.since_days else None
+        with self.lock:
+            for p, st in changed:
+                row = read.get(str(resolved[p]))
+                if horizon is not None and st.st_mtime < horizon:
+                    self._mark(p, "skipped")
+                elif row and row["offset"] == st.st_size and row["mtime_ns"] == st.st_mtime_ns:
+                    self._mark(p, "done")
+                else:
+                    start = row["offset"] if row and row["offset"] <= st.st_size else 0
+                    self._mark(p, "left", QueuedFile(source, st.st_size, st.st_mtime_ns,
+                                                     st.st_size - start))
+
+    def _mark(self, path: Path, status: str | None, queued: QueuedFile | None = None) -> None:
+        """Record `path`'s status (None: forgotten), queued (`queued`, which replaces what was
+        queued of it) only while it is left; keeps counts, order and left_bytes. Under self.lock."""
+        old = self.status.pop(path, None)
+        if old is not None:
+            self.counts[old] -= 1
+        if status is not None:
+            self.status[path] = status
+            self.counts[status] += 1
+        prev = self.queue.get(path)
+        if prev is not None and (queued is not None or status != "left"):
+            del self.queue[path]
+            self.order.pop(bisect.bisect_left(self.order, (-prev.mtime_ns, str(path), path)))
+            self.left_bytes -= prev.left
+        if queued is not None:
+            self.queue[path] = queued
+            bisect.insort(self.order, (-queued.mtime_ns, str(path), path))
+            self.left_bytes += queued.left
+
+    def _fresh_end(self) -> int:
+        """Where the files changed in the last WATCH_FRESH_SECONDS end in self.order. Under lock."""
+        return bisect.bisect_right(self.order, -(time.time() - WATCH_FRESH_SECONDS) * 1e9,
+                                   key=lambda e: e[0])
+
+    def _next(self, fresh: bool | None, take: bool = True) -> tuple[Path, QueuedFile] | None:
+        """The newest queued file no thread reads (taken for the caller with `take`): one changed
+        in the last WATCH_FRESH_SECONDS (`fresh` True), an older one (False) or either (None).
+        None when there is none."""
+        with self.lock:
+            end = self._fresh_end()
+            span = range(0, end) if fresh else range(end if fresh is False else 0, len(self.order))
+            for i in span:
+                path = self.order[i][2]
+                if path not in self.taken:
+                    if take:
+                        self.taken.add(path)
+                    return path, self.queue[path]
+            return None
+
+    def _queued(self, fresh: bool) -> bool:
+        """Whether a file no thread reads is queued that changed in the last WATCH_FRESH_SECONDS
+        (`fresh`), or one that changed before."""
+        return self._next(fresh, take=False) is not None
+
+    def _drain(self, stop: threading.Event | None, fresh_only: bool) -> dict:
+        """Read queued files newest first (with `fresh_only`, only those changed in the last
+        WATCH_FRESH_SECONDS) until there is none, WATCH_SLICE_SECONDS are over (the first file is
+        always read, at least a batch of it) or `stop` is set. Returns {source: new turns}."""
+        out: dict[str, int] = {}
+        deadline, read = time.monotonic() + WATCH_SLICE_SECONDS, False
+        while not (read and time.monotonic() >= deadline) and not (stop and stop.is_set()):
+            pick = self._next(True if fresh_only else None)
+            if pick is None:
+                break
+            path, q = pick
+            n = self._take(path, q, self._pauser(deadline, stop))
+            read = read or n is not None
+            if n:
+                out[q.source] = out.get(q.source, 0) + n
+            with self.lock:
+                if self.queue.get(path) is q:  # cut short: the slice is over
+                    break
+        self._log_progress()
+        return out
+
+    def _backlog_run(self, stop: threading.Event) -> None:
+        """The back-log thread: at the lowest CPU priority, read the queued files older than
+        WATCH_FRESH_SECONDS newest first, each to its end unless `stop` is set; returns when none
+        is left (run() starts another when there are again). Never raises: a failure is logged."""
+        if lower_thread_priority():
+            log.debug("watch: the back-log thread runs at nice %d", WATCH_NICE)
+        while not stop.is_set():
+            pick = self._next(False)
+            if pick is None:
+                return
+            try:
+                self._take(pick[0], pick[1], self._pauser(math.inf, stop))
+            except Exception as e:  # the next file is tried; this one when it is found again
+                log.error("watch: reading %s failed: %s", pick[0], e)
+                with self.lock:
+                    self.known[pick[1].source].pop(pick[0], None)
+                    self._mark(pick[0], None)
+
+    def _take(self, path: Path, q: QueuedFile, pause) -> int | None:
+        """Read `path`, taken by _next, unless the limits leave its project out (then skipped,
+        None); the new turns otherwise. It is given back (self.taken) in any case."""
+        try:
+            if not self.wants(path, q.source):
+                with self.lock:
+                    if self.queue.get(path) is q:
+                        self._mark(path, "skipped")
+                return None
+            return self._read(path, q, pause)
+        finally:
+            with self.lock:
+                self.taken.discard(path)
+
+    def wants(self, path: Path, source: str) -> bool:
+        """Whether transcript `path` of `source` names a project the limits (include / exclude)
+        let the watch read; True when there are none, or it cannot be read (ingest says why)."""
+        if not (self.include or self.exclude):
+            return True
+        try:
+            project = transcript_project(path, self.mem.ingest_rules(source))
+        except OSError:
+            return True  # ingest says why it cannot be read
+        return project_wanted(project, self.include, self.exclude)
+
+    def _pauser(self, deadline: float, stop: threading.Event | None):
+        """ingest's `pause` for one file: wait while a tool call runs; at a batch boundary, stop
+        the read (IngestInterrupted) once `stop` is set, or past `deadline` when a batch of this
+        read is done (every read gets on)."""
+        started = []
+
+        def pause(boundary: bool) -> None:
+            if stop is not None and stop.is_set():
+                if boundary:
+                    raise IngestInterrupted
+                return
+            self.mem.yield_to_foreground()
+            if boundary:
+                if started and time.monotonic() >= deadline:
+                    raise IngestInterrupted
+                started.append(True)
+        return pause
+
+    def _read(self, path: Path, q: QueuedFile, pause) -> int:
+        """Ingest one queued file, counting each batch as it is stored; returns the new turns.
+        Done, it leaves the queue (unless it changed meanwhile: queued anew); cut short, it stays
+        with the bytes still unread."""
+        since = [time.monotonic()]
+
+        def stored(new: int, offset: int | None) -> None:
+            with self.lock:
+                at = time.monotonic()
+                self.busy, since[0], self.new = self.busy + at - since[0], at, self.new + new
+                if offset is not None:
+                    left = max(0, q.size - offset)
+                    if self.queue.get(path) is q:  # (else its bytes left the count already)
+                        self.left_bytes -= q.left - left
+                    self.bytes, q.left = self.bytes + max(0, q.left - left), left
+                self.unbriefed = self.unbriefed or new > 0
+        try:
+            done = self.mem.ingest(q.source, [path], self.persona, pause=pause, on_stored=stored)
+        except (AokunError, OSError, apsw.Error) as e:
+            log.warning("watch %s: %s (tried again when it is found again)", q.source, e)
+            with self.lock:
+                self.known[q.source].pop(path, None)
+                self._mark(path, None)
+            return 0
+        finally:
+            with self.lock:
+                self.busy += time.monotonic() - since[0]
+        for line in done["unreadable"]:  # read again when it changes (its size, times or mode)
+            log.warning("watch %s: %s", q.source, line)
+        with self.lock:
+            if not done["interrupted"] and self.queue.get(path) is q:
+                self._mark(path, "skipped" if done["unreadable"] else "done")
+        return done["new"]
+
+    def progress(self) -> dict:
+        """What the watch has done and has left: {files_done, files_left, files_skipped,
+        turns_done, turns_left, turns_per_second, seconds_left, searchable_after, started_at,
+        finished_at, updated_at}. Files: the transcripts seen, read to their end (also before a
+        restart), queued, or left out (outside the limits, or unreadable). turns_done: the turns
+        stored; turns_left: estimated from the bytes left at this run's turns per byte (None
+        before a turn is stored); turns_per_second: this run's turns over the time it spent
+        reading; seconds_left: turns_left at that rate; searchable_after: every transcript changed
+        after this time is read (None when none is left); finished_at: when the queue was first
+        empty."""
+        with self.lock:
+            counts, left_bytes = dict(self.counts), self.left_bytes
+            newest = -self.order[0][0] if self.order else None
+            files_left, new, read, busy = len(self.queue), self.new, self.bytes, self.busy
+        rate = new / busy if new and busy > 0 else None
+        turns_left = seconds = None
+        if not files_left:
+            turns_left = seconds = 0
+        elif new and read:
+            turns_left = round(left_bytes * new / read)
+            seconds = round(turns_left / rate) if rate else None
+        return {"files_done": counts.get("done", 0), "files_left": files_left,
+                "files_skipped": counts.get("skipped", 0),
+                "turns_done": (self.turns_before or 0) + new, "turns_left": turns_left,
+                "turns_per_second": None if rate is None else round(rate, 1),
+                "seconds_left": seconds,
+                "searchable_after": None if newest is None else
+                iso(dt.datetime.fromtimestamp(newest / 1e9, dt.timezone.utc)),
+                "started_at": self.started_at, "finished_at": self.finished_at,
+                "updated_at": now_iso()}
+
+    def publish(self) -> None:
+        """Give the progress to mem.watch_state (what /health, stats and the panel of this
+        process show) and store it in meta watch_progress with this process as its owner, for the
+        others (`stats` beside a server): when it changed, at most every WATCH_PUBLISH_SECONDS, at
+        once when the queue was just emptied (logged then: the history is read)."""
+        if not self.queue and self.finished_at is None:
+            self.finished_at = now_iso()
+            self.published = -math.inf
+            self._say(f"the history is read: {progress_text(self.progress())}")
+        p = self.progress()
+        self.mem.watch_state = p
+        same = self.last_published is not None and \
+            {k: v for k, v in p.items() if k != "updated_at"} == self.last_published
+        if same or time.monotonic() - self.published < WATCH_PUBLISH_SECONDS:
+            return
+        with self.mem.tx():
+            self.mem._meta_set("watch_progress", json.dumps(dict(p, owner=OWNER)))
+        self.published = time.monotonic()
+        self.last_published = {k: v for k, v in p.items() if k != "updated_at"}
+
+    def _log_progress(self) -> None:
+        """A progress line, every WATCH_LOG_SECONDS at most, while files are left."""
+        if self.queue and time.monotonic() - self.logged >= WATCH_LOG_SECONDS:
+            self.logged = time.monotonic()
+            self._say(progress_text(self.progress()))
+
+    def _say(self, text: str) -> None:
+        log.info("watch: %s", text)
+        if self.report is not None:
+            self.report(text)
+
+    def _broken(self, source: str, path: Path, e: OSError) -> None:
+        """Warn once about a transcript name that is a dangling symlink or a symlink loop (again
+        only after it was mended or changed); a file that vanished is no news."""
+        if not path.is_symlink():
+            self.broken.pop(path, None)
+            return
+        why = "a symlink loop" if e.errno == errno.ELOOP else "a dangling symlink"
+        if self.broken.get(path) != why:
+            self.broken[path] = why
+            log.warning("watch %s: %s: cannot read it (%s)", source, path, why)
+
+    def run(self, stop: threading.Event, interval: float, on_new=None) -> None:
+        """Poll until `stop` is set: at once again while fresh files are queued, else every
+        `interval` seconds, with a back-log thread (`aokun-watch-backlog`, _backlog_run) whenever
+        older files are queued. `on_new({source: new turns})`, when given, hears each poll that
+        added turns. Never raises: a failed poll is logged and tried again after `interval`. On
+        the way out (`stop`, or an exception such as KeyboardInterrupt) the back-log thread is
+        stopped at its next batch and waited for."""
+        self.threaded, halt = True, threading.Event()
+        try:
+            while not stop.is_set():
+                try:
+                    out = self.poll(stop)
+                    if out and on_new is not None:
+                        on_new(out)
+                    self._start_backlog(halt)
+                except Exception as e:  # the server keeps serving; the next poll tries again
+                    log.error("watch failed (retried in %ss): %s", interval, e)
+                    stop.wait(interval)
+                    continue
+                stop.wait(0 if self._queued(fresh=True) else interval)
+        finally:
+            halt.set()
+            if self.backlog is not None:
+                self.backlog.join(30)
+
+    def _start_backlog(self, stop: threading.Event) -> None:
+        """Start the back-log thread when older files are queued and it does not run."""
+        if (self.backlog is None or not self.backlog.is_alive()) and self._queued(fresh=False):
+            self.backlog = threading.Thread(target=self._backlog_run, args=(stop,),
+                                            name="aokun-watch-backlog", daemon=True)
+            self.backlog.start()
+
+
+def progress_text(p: dict) -> str:
+    """A Watcher.progress() in one line: files and turns done and left, the rate, the time left."""
+    out = f"{p['files_done']:,} files read, {p['files_left']:,} left"
+    if p["files_skipped"]:
+        out += f", {p['files_skipped']:,} left out"
+    out += f"; {p['turns_done']:,} turns stored"
+    if p["files_left"]:
+        known = p["turns_left"] is not None
+        out += f", ~{p['turns_left']:,} left" if known else ", turns left not known yet"
+    if p["turns_per_second"]:
+        out += f"; {p['turns_per_second']:,} turns/s"
+    if p["files_left"] and p["seconds_left"] is not None:
+        out += f", about {duration_text(p['seconds_left'])} left"
+    if p["searchable_after"]:
+        out += f"; everything after {p['searchable_after'][:16].replace('T', ' ')} searchable"
+    return out
+
+
+#: What a hook runs: aokun imported from its folder (the argument after the code), not run as a
+#: script: Python caches an imported module's bytecode, while a script is compiled on every start
+#: (~0.1 s, paid on each answer). No quotes inside, so every shell passes it as it is.
+HOOK_LAUNCHER = "import sys; sys.path.insert(0, sys.argv.pop(1)); import aokun; aokun.main()"
+
+
+def hook_command(client: str, event: str, db: str | None, config: str | None,
+                 shell: str = "posix") -> str:
+    """The shell command a client runs for `event`: this Python, `-c` HOOK_LAUNCHER, this aokun.py's
+    folder (absolute), the --db/--config the hooks were made with, then `hook CLIENT EVENT`; quoted
+    for a POSIX shell or, with shell="powershell", for PowerShell."""
+    args = [sys.executable, "-c", HOOK_LAUNCHER, str(HERE)]
+    for opt, value in (("--db", db), ("--config", config)):
+        if value:
+            args += [opt, str(Path(value).expanduser().resolve())]
+    args += ["hook", client, event]
+    if shell == "powershell":
+        return "& " + " ".join("'" + a.replace("'", "''") + "'" for a in args)
+    import shlex
+    return " ".join(shlex.quote(a) for a in args)
+
+
+def claude_hooks_entry(db=None, config=None) -> dict:
+    """The `hooks` of ~/.claude/settings.json: SessionStart injects the briefing, Stop (each answer)
+    and SessionEnd ingest that session's transcript."""
+    def group(event, matcher=None):
+        command = hook_command("claude-code", event, db, config)
+        g = {"hooks": [{"type": "command", "command": command, "timeout": HOOK_TIMEOUT_SECONDS}]}
+        return {"matcher": matcher, **g} if matcher else g
+    return {"SessionStart": [group("session-start", "startup|resume|clear|compact")],
+            "Stop": [group("stop")], "SessionEnd": [group("stop")]}
+
+
+def copilot_hooks_file(db=None, config=None) -> dict:
+    """~/.copilot/hooks/aokun.json, a Copilot CLI user-level hook file (version 1): sessionEnd and
+    agentStop (each answer) ingest that session's events.jsonl."""
+    def entry():
+        return [{"type": "command", "bash": hook_command("copilot", "session-end", db, config),
+                 "powershell": hook_command("copilot", "session-end", db, config, "powershell"),
+                 "timeoutSec": HOOK_TIMEOUT_SECONDS}]
+    return {"version": 1, "hooks": {"sessionEnd": entry(), "agentStop": entry()}}
+
+
+def codex_notify_value(db=None, config=None) -> list[str]:
+    """The `notify` of ~/.codex/config.toml: Codex runs it after each turn with the event's JSON as
+    the last argument."""
+    import shlex
+    return shlex.split(hook_command("codex", "notify", db, config))
+
+
+def _is_ours(command: str, client: str, event: str) -> bool:
+    """Whether a hook command is Aokun's for client/event: HOOK_LAUNCHER's, or an older one that
+    ran aokun.py as a script (an install updates either)."""
+    return (("import aokun" in command or "aokun.py" in command)
+            and f" hook {client} {event}" in command)
+
+
+def merge_claude_hooks(settings: dict, entry: dict) -> list[str]:
+    """Merge `entry` (claude_hooks_entry) into the parsed settings.json in place, leaving every
+    other key and hook alone: an Aokun hook already there (its command runs aokun.py hook
+    claude-code …) is updated when its command differs, else kept; a missing one is appended.
+    Returns what changed (empty: nothing to do). AokunError when `hooks` or an event in it is not
+    the documented shape."""
+    hooks = settings.setdefault("hooks", {})
+    if not isinstance(hooks, dict):
+        raise AokunError("settings.json: `hooks` is not an object; fix it by hand first")
+    changed = []
+    for event, groups in entry.items():
+        mine = groups[0]["hooks"][0]
+        verb = mine["command"].rsplit(" ", 1)[-1]
+        have = hooks.setdefault(event, [])
+        if not isinstance(have, list):
+            raise AokunError(f"settings.json: hooks.{event} is not a list; fix it by hand first")
+        found = [h for g in have if isinstance(g, dict) and isinstance(g.get("hooks"), list)
+                 for h in g["hooks"]
+                 if isinstance(h, dict)
+                 and _is_ours(str(h.get("command", "")), "claude-code", verb)]
+        if not found:
+            have.append(groups[0])
+            changed.append(f"added {event}")
+        elif found[0].get("command") != mine["command"]:
+            found[0].update(mine)
+            changed.append(f"updated {event}")
+    return changed
+
+
+def write_with_backup(path: Path, text: str) -> Path | None:
+    """Write `text` to `path` atomically (a temporary file beside it, then a rename), first copying
+    the old file to <name>.aokun-backup-<UTC time> when there was one. Returns the backup's path."""
+    import shutil
+    backup = None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        backup = path.with_name(f"{path.name}.aokun-backup-{now().strftime('%Y%m%dT%H%M%S%fZ')}")
+        shutil.copy2(path, backup)
+    write_atomically(path, text.encode("utf-8"))
+    return backup
+
+
+def install_codex_notify(path: Path, value: list[str]) -> str:
+    """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the
+    top, where a key is top-level whatever tables follow, and the result is parsed back to check it.
+    Returns what was done. AokunError when the file is not TOML or already has another `notify`
+    (kept as it is)."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    try:
+        current = tomllib.loads(text).get("notify")
+    except tomllib.TOMLDecodeError as e:
+        raise AokunError(f"{path} is not valid TOML ({e}); fix it first") from None
+    if current == value:
+        return f"{path}: notify already runs Aokun; nothing changed"
+    if current is not None and not _is_ours(" ".join(map(str, current)), "codex", "notify"):
+        raise AokunError(f"{path} already has notify = {current!r}; Codex runs only one, so it was "
+                         "left as it is. Use `python aokun.py watch` (or the server's "
+                         "[conversations] watch) instead")
+    line = "notify = [" + ", ".join(json.dumps(a, ensure_ascii=False) for a in value) + "]"
+    if current is not None:  # an older Aokun line (another path): replace that line only
+        new = re.sub(r"(?m)^notify\s*=.*$", lambda _m: line, text, count=1)
+    else:
+        new = f"# Aokun: ingest each finished turn (python aokun.py hooks codex)\n{line}\n\n{text}"
+    if tomllib.loads(new).get("notify") != value:
+        raise AokunError(f"{path}: could not place notify safely; add this line at the top by "
+                         f"hand: {line}")
+    backup = write_with_backup(path, new)
+    return f"{path}: notify set" + (f" (backup {backup})" if backup else "")
+
+
+def read_hook_payload(arg: str | None) -> dict:
+    """The hook's JSON: `arg` (Codex passes it as the last argument), else standard input (Claude
+    Code, Copilot CLI). {} when there is none; InputError when it is not a JSON object."""
+    if arg is not None:
+        raw = arg
+    else:
+        raw = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise InputError("payload", f"the hook's input is not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise InputError("payload", "the hook's input is not a JSON object")
+    return data
+
+
+def hook_session_files(client: str, payload: dict) -> list[Path]:
+    """The transcript a hook event names: Claude Code's transcript_path, the Codex rollout of the
+    thread-id, Copilot's session-state/<sessionId>/events.jsonl. [] when it names none that
+    exists."""
+    import glob
+    if client == "claude-code":
+        p = payload.get("transcript_path")
+        p = Path(p).expanduser() if isinstance(p, str) and p.endswith(".jsonl") else None
+        return [p] if p is not None and p.is_file() else []
+    key = "thread-id" if client == "codex" else "sessionId"
+    sid = payload.get(key) or payload.get("session_id")
+    if not isinstance(sid, str) or not HOOK_ID_RX.fullmatch(sid):
+        return []
+    if client == "codex":
+        pattern = os.path.expanduser(f"~/.codex/sessions/*/*/*/rollout-*-{glob.escape(sid)}.jsonl")
+    else:
+        pattern = os.path.expanduser(f"~/.copilot/session-state/{glob.escape(sid)}/events.jsonl")
+    return sorted(Path(p) for p in glob.glob(pattern))
+
+
 # Export and import: lossless JSONL, Markdown for Obsidian ########################################
 
 EXPORT_FORMAT = "aokun-export"  #: the header's `format`
@@ -9006,707 +9707,6 @@ class SyncPlan:
                                    "loser_from": source, "winner_stamp": winner_stamp,
                                    "loser_stamp": loser_stamp,
                                    "loser": json.dumps(loser, ensure_ascii=False)})
-
-
-# Conversations: watching the clients' folders, and the clients' hooks ###########################
-
-#: the clients with local history (ChatGPT has none)
-WATCH_SOURCES = ("claude-code", "codex", "copilot")
-WATCH_GLOB_EVERY = 3  #: polls between two looks for new transcript files (known files: every poll)
-HOOK_CLIENTS = ("claude-code", "codex", "copilot")
-HOOK_EVENTS = {"claude-code": ("session-start", "stop"), "codex": ("notify",),
-               "copilot": ("session-end",)}
-HOOK_TIMEOUT_SECONDS = 30  #: the timeout written into the clients' hook entries
-HOOK_EMBED_TIMEOUT_SECONDS = 5.0  #: a hook's embedding budget; past it turns wait for the back-fill
-#: a session id a hook may put in a glob
-HOOK_ID_RX = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-
-
-WATCH_SLICE_SECONDS = 2.0  #: the queued history a poll reads before it looks at the files again
-WATCH_LOG_SECONDS = 60.0  #: a log line on the history left to read, at most this often
-WATCH_BRIEFING_SECONDS = 60.0  #: with history left, the briefing is rebuilt at most this often
-WATCH_PUBLISH_SECONDS = 5.0  #: the progress is stored (meta watch_progress) at most this often
-WATCH_FRESH_SECONDS = 86400.0  #: run() reads a file changed this recently itself, at normal speed
-WATCH_NICE = 19  #: the back-log thread's nice value on Linux: the lowest CPU priority
-PROJECT_PEEK_BYTES = 64 << 10  #: bytes of a transcript's start searched for its project folder
-
-
-def project_patterns(cfg: Config, key: str) -> tuple[str, ...]:
-    """The globs of [conversations] `key` (watch_include_projects, watch_exclude_projects): comma-
-    separated, ~ expanded, without a trailing separator. Raises AokunError naming the setting for a
-    pattern that can never match a project, which is an absolute folder path."""
-    out = []
-    for raw in str(cfg.conversations[key]).split(","):
-        pattern = os.path.expanduser(raw.strip())
-        if not pattern:
-            continue
-        absolute = os.path.isabs(pattern) or re.match(r"[A-Za-z]:[\\/]", pattern)
-        if not (absolute or pattern[0] in "*?[/\\"):
-            raise AokunError(f"[conversations] {key}: {raw.strip()!r} never matches a project, "
-                             f"which is an absolute folder path; write */{raw.strip()} or the "
-                             "whole path")
-        out.append(pattern.rstrip("/\\") or pattern)
-    return tuple(out)
-
-
-def project_wanted(project: str, include: tuple, exclude: tuple) -> bool:
-    """Whether the watch reads a session of folder `project` ('' when its transcript names none):
-    a pattern fits the folder or a folder it lies in (fnmatch); with `include` patterns one must
-    fit (a session without a folder is then not read), and no `exclude` pattern may."""
-    import fnmatch
-    folders, p = [], project.rstrip("/\\") or project
-    while p and p not in folders:
-        folders.append(p)
-        p = os.path.dirname(p)
-
-    def fits(patterns):
-        return any(fnmatch.fnmatch(f, pat) for pat in patterns for f in folders)
-    return (not include or fits(include)) and not fits(exclude)
-
-
-def resolved_paths(paths) -> dict[Path, Path]:
-    """{path: path.resolve()}, as ingest stores paths: each folder resolved once (Path.resolve
-    looks at every component of every path: 9 s for 30,000 transcripts), a symlink on its own."""
-    folders: dict[Path, Path] = {}
-    out = {}
-    for p in paths:
-        if p.is_symlink():
-            out[p] = p.resolve()
-            continue
-        if p.parent not in folders:
-            folders[p.parent] = p.parent.resolve()
-        out[p] = folders[p.parent] / p.name
-    return out
-
-
-def check_watch_limits(cfg: Config) -> None:
-    """Refuse (AokunError naming the setting) a watch project pattern that cannot match: what
-    serve, watch and the panel's settings check before anything else."""
-    for key in ("watch_include_projects", "watch_exclude_projects"):
-        project_patterns(cfg, key)
-
-
-def transcript_project(path: Path, rules: IngestRules) -> str:
-    """The project folder a JSONL transcript names first (the source's project fields), from its
-    first PROJECT_PEEK_BYTES; '' when none is named there."""
-    with path.open("rb") as f:
-        data = f.read(PROJECT_PEEK_BYTES)
-    ctx = {"session_id": "", "project": ""}
-    for i, line in enumerate(data.split(b"\n")[:-1]):  # complete lines only
-        with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
-            record = loads_json(line)
-            if isinstance(record, dict):
-                interpret_record(record, rules, ctx, i)
-        if ctx["project"]:
-            return ctx["project"]
-    return ""
-
-
-def lower_thread_priority() -> bool:
-    """Give the calling thread, and the threads it starts from now on (the local model's OpenMP
-    workers: a thread inherits its creator's), the lowest CPU priority where the OS has one per
-    thread: Linux, whose nice value is a thread's own (setpriority on the thread id) and never
-    raised again without privileges. Elsewhere the nice value is the whole process's: nothing is
-    done. Returns whether it was lowered."""
-    if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
-        return False
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WATCH_NICE)
-    except OSError:
-        return False
-    return True
-
-
-@dataclass
-class QueuedFile:
-    """A transcript the watch has yet to read: its source, size and modification time when it was
-    seen, and the bytes of it not read yet."""
-    source: str
-    size: int
-    mtime_ns: int
-    left: int
-
-
-class Watcher:
-    """Polls the clients' standard locations (rules/ingest/<source>.toml `location`) and ingests
-    what changed through Memory.ingest, which reads each file from its stored byte offset: the
-    stdlib has no portable file-system watcher (inotify is not in it), so this stats the known
-    transcripts (size, mtime, inode) every poll and globs for new ones every WATCH_GLOB_EVERY
-    polls. A file that vanished is forgotten (a rotated one is read from the start, without
-    duplicates); a half-written last line is left for the next poll, since the client's next write
-    changes the file's size.
-
-    The first start: every transcript already there is queued and the queue is read newest first
-    (by modification time, across the sources). run() reads the files changed in the last
-    WATCH_FRESH_SECONDS itself, at normal priority, a WATCH_SLICE_SECONDS slice per poll (today's
-    sessions are searchable within a poll or two, and a file a client writes meanwhile is fresh
-    again), and leaves the older ones, the back-log, to a second thread at the lowest CPU priority
-    (lower_thread_priority). Both wait between their steps while a tool call runs
-    (Memory.yield_to_foreground); ingestion embeds a few texts at a time and segments outside the
-    write transaction. Each batch of turns is committed with the file's offset, so a kill loses
-    nothing and a restart skips the files read to their end (their conv_files row matches their
-    size and time) and goes on in the others from their offsets. [conversations]
-    watch_since_days and watch_include_projects / watch_exclude_projects limit what is read;
-    progress() says what is done and left. `self.lock` guards what both threads touch."""
-
-    def __init__(self, mem: "Memory", sources=WATCH_SOURCES, persona_id=None):
-        """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer.
-        Raises AokunError for a project pattern that cannot match (project_patterns)."""
-        self.mem, self.sources, self.persona = mem, tuple(sources), persona_id
-        self.known: dict[str, dict[Path, tuple]] = {s: {} for s in self.sources}
-        self.broken: dict[Path, str] = {}  #: symlinks that lead nowhere, warned about once each
-        self.polls = 0
-        conv = mem.cfg.conversations  # a session past keep_days would be forgotten once read
-        self.since_days = min((d for d in (conv.watch_since_days, conv.keep_days) if d), default=0)
-        self.include = project_patterns(mem.cfg, "watch_include_projects")
-        self.exclude = project_patterns(mem.cfg, "watch_exclude_projects")
-        self.lock = threading.Lock()
-        self.queue: dict[Path, QueuedFile] = {}  #: the files to read (status "left")
-        self.order: list[tuple[int, str, Path]] = []  #: (-mtime_ns, name, path) of queue, sorted
-        self.left_bytes = 0  #: the bytes of the queued files not read yet
-        self.status: dict[Path, str] = {}  #: every transcript seen: done, left or skipped
-        self.counts = {"done": 0, "left": 0, "skipped": 0}  #: of status
-        self.taken: set[Path] = set()  #: the files a thread reads now
-        self.backlog: threading.Thread | None = None  #: the back-log thread, while it runs
-        self.threaded = False  #: run() reads the back-log on its own thread
-        self.report = None  #: report(text), when set, hears each progress line (`watch`)
-        self.turns_before: int | None = None  #: turns stored before the first poll
-        self.new = self.bytes = 0  #: turns stored and bytes read by this watch
-        self.busy = 0.0  #: seconds spent reading
-        self.started_at, self.finished_at = now_iso(), None  #: finished: the queue first empty
-        self.unbriefed = False  #: turns were added since the briefing was last rebuilt
-        self.logged = self.briefed = self.published = -math.inf
-        self.last_published: dict | None = None
-
-    def poll(self, stop: threading.Event | None = None) -> dict:
-        """One look: queue the files that are new or changed since the last poll (all of them at
-        the first) within the limits and not read to their end, then read the queue newest first
-        for up to WATCH_SLICE_SECONDS or until `stop` is set (a file cut short goes on at the next
-        poll from its offset); under run(), only the fresh files (the back-log thread reads the
-        rest). When turns were added, the persona's briefing is rebuilt (its session digests name
-        the new turns' session; while files are queued at most every WATCH_BRIEFING_SECONDS); then
-        the progress is published. Returns {source: new turns} of what this poll read. A file
-        whose ingestion fails (deleted between stat and read, a busy database) is logged and tried
-        again when it is found again."""
-        look = self.polls % WATCH_GLOB_EVERY == 0
-        self.polls += 1
-        if self.turns_before is None:
-            persona = _label(self.persona, "persona_id")
-            self.turns_before = self.mem.value(
-                "select count(*) from conv_turns where persona_id = ?", (persona,))
-        for source in self.sources:
-            self._enqueue(source, self._changed(source, look))
-        out = self._drain(stop, fresh_only=self.threaded)
-        if out:
-            log.info("watch: new turns %s", out)
-        due = not self.queue or time.monotonic() - self.briefed >= WATCH_BRIEFING_SECONDS
-        if self.unbriefed and due:
-            self.unbriefed, self.briefed = False, time.monotonic()
-            self.mem.build_briefing(self.persona)
-        self.publish()
-        return out
-
-    def _changed(self, source: str, look: bool) -> list[tuple[Path, os.stat_result]]:
-        """(path, stat) of the files of `source` whose (size, mtime, inode) differ from the last
-        poll (all of them at the first); with `look`, new files of the source's location too."""
-        import glob
-        known = self.known[source]
-        with self.lock:
-            paths = set(known)
-        if look:
-            pattern = os.path.expanduser(self.mem.ingest_rules(source).location)
-            paths |= {Path(p) for p in glob.glob(pattern)}
-        seen, gone = [], []
-        for p in paths:
-            try:
-                seen.append((p, p.stat()))
-            except OSError as e:  # deleted or rotated away, or a symlink that leads nowhere
-                gone.append(p)
-                self._broken(source, p, e)
-                continue
-            self.broken.pop(p, None)
-        changed = []
-        with self.lock:
-            for p in gone:
-                known.pop(p, None)
-                self._mark(p, None)
-            for p, st in seen:
-                # ctime: a chmod mends it
-                sig = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
-                if known.get(p) != sig and stat.S_ISREG(st.st_mode):
-                    known[p] = sig
-                    changed.append((p, st))
-        return changed
-
-    def _enqueue(self, source: str, changed: list) -> None:
-        """Queue the `changed` files of `source` ((path, stat) pairs) that are to be read: not
-        those changed before the watch_since_days horizon (skipped) nor those read to their end
-        (their conv_files row has their time and its offset at their end: a restart does not
-        read them again)."""
-        if not changed:
-            return
-        resolved = resolved_paths([p for p, _ in changed])
-        read = self.mem.conv_file_offsets(source, resolved.values(), self.persona)
-        horizon = now().timestamp() - self.since_days * 86400 if self.since_days else None
-        with self.lock:
-            for p, st in changed:
-                row = read.get(str(resolved[p]))
-                if horizon is not None and st.st_mtime < horizon:
-                    self._mark(p, "skipped")
-                elif row and row["offset"] == st.st_size and row["mtime_ns"] == st.st_mtime_ns:
-                    self._mark(p, "done")
-                else:
-                    start = row["offset"] if row and row["offset"] <= st.st_size else 0
-                    self._mark(p, "left", QueuedFile(source, st.st_size, st.st_mtime_ns,
-                                                     st.st_size - start))
-
-    def _mark(self, path: Path, status: str | None, queued: QueuedFile | None = None) -> None:
-        """Record `path`'s status (None: forgotten), queued (`queued`, which replaces what was
-        queued of it) only while it is left; keeps counts, order and left_bytes. Under self.lock."""
-        old = self.status.pop(path, None)
-        if old is not None:
-            self.counts[old] -= 1
-        if status is not None:
-            self.status[path] = status
-            self.counts[status] += 1
-        prev = self.queue.get(path)
-        if prev is not None and (queued is not None or status != "left"):
-            del self.queue[path]
-            self.order.pop(bisect.bisect_left(self.order, (-prev.mtime_ns, str(path), path)))
-            self.left_bytes -= prev.left
-        if queued is not None:
-            self.queue[path] = queued
-            bisect.insort(self.order, (-queued.mtime_ns, str(path), path))
-            self.left_bytes += queued.left
-
-    def _fresh_end(self) -> int:
-        """Where the files changed in the last WATCH_FRESH_SECONDS end in self.order. Under lock."""
-        return bisect.bisect_right(self.order, -(time.time() - WATCH_FRESH_SECONDS) * 1e9,
-                                   key=lambda e: e[0])
-
-    def _next(self, fresh: bool | None, take: bool = True) -> tuple[Path, QueuedFile] | None:
-        """The newest queued file no thread reads (taken for the caller with `take`): one changed
-        in the last WATCH_FRESH_SECONDS (`fresh` True), an older one (False) or either (None).
-        None when there is none."""
-        with self.lock:
-            end = self._fresh_end()
-            span = range(0, end) if fresh else range(end if fresh is False else 0, len(self.order))
-            for i in span:
-                path = self.order[i][2]
-                if path not in self.taken:
-                    if take:
-                        self.taken.add(path)
-                    return path, self.queue[path]
-            return None
-
-    def _queued(self, fresh: bool) -> bool:
-        """Whether a file no thread reads is queued that changed in the last WATCH_FRESH_SECONDS
-        (`fresh`), or one that changed before."""
-        return self._next(fresh, take=False) is not None
-
-    def _drain(self, stop: threading.Event | None, fresh_only: bool) -> dict:
-        """Read queued files newest first (with `fresh_only`, only those changed in the last
-        WATCH_FRESH_SECONDS) until there is none, WATCH_SLICE_SECONDS are over (the first file is
-        always read, at least a batch of it) or `stop` is set. Returns {source: new turns}."""
-        out: dict[str, int] = {}
-        deadline, read = time.monotonic() + WATCH_SLICE_SECONDS, False
-        while not (read and time.monotonic() >= deadline) and not (stop and stop.is_set()):
-            pick = self._next(True if fresh_only else None)
-            if pick is None:
-                break
-            path, q = pick
-            n = self._take(path, q, self._pauser(deadline, stop))
-            read = read or n is not None
-            if n:
-                out[q.source] = out.get(q.source, 0) + n
-            with self.lock:
-                if self.queue.get(path) is q:  # cut short: the slice is over
-                    break
-        self._log_progress()
-        return out
-
-    def _backlog_run(self, stop: threading.Event) -> None:
-        """The back-log thread: at the lowest CPU priority, read the queued files older than
-        WATCH_FRESH_SECONDS newest first, each to its end unless `stop` is set; returns when none
-        is left (run() starts another when there are again). Never raises: a failure is logged."""
-        if lower_thread_priority():
-            log.debug("watch: the back-log thread runs at nice %d", WATCH_NICE)
-        while not stop.is_set():
-            pick = self._next(False)
-            if pick is None:
-                return
-            try:
-                self._take(pick[0], pick[1], self._pauser(math.inf, stop))
-            except Exception as e:  # the next file is tried; this one when it is found again
-                log.error("watch: reading %s failed: %s", pick[0], e)
-                with self.lock:
-                    self.known[pick[1].source].pop(pick[0], None)
-                    self._mark(pick[0], None)
-
-    def _take(self, path: Path, q: QueuedFile, pause) -> int | None:
-        """Read `path`, taken by _next, unless the limits leave its project out (then skipped,
-        None); the new turns otherwise. It is given back (self.taken) in any case."""
-        try:
-            if not self.wants(path, q.source):
-                with self.lock:
-                    if self.queue.get(path) is q:
-                        self._mark(path, "skipped")
-                return None
-            return self._read(path, q, pause)
-        finally:
-            with self.lock:
-                self.taken.discard(path)
-
-    def wants(self, path: Path, source: str) -> bool:
-        """Whether transcript `path` of `source` names a project the limits (include / exclude)
-        let the watch read; True when there are none, or it cannot be read (ingest says why)."""
-        if not (self.include or self.exclude):
-            return True
-        try:
-            project = transcript_project(path, self.mem.ingest_rules(source))
-        except OSError:
-            return True  # ingest says why it cannot be read
-        return project_wanted(project, self.include, self.exclude)
-
-    def _pauser(self, deadline: float, stop: threading.Event | None):
-        """ingest's `pause` for one file: wait while a tool call runs; at a batch boundary, stop
-        the read (IngestInterrupted) once `stop` is set, or past `deadline` when a batch of this
-        read is done (every read gets on)."""
-        started = []
-
-        def pause(boundary: bool) -> None:
-            if stop is not None and stop.is_set():
-                if boundary:
-                    raise IngestInterrupted
-                return
-            self.mem.yield_to_foreground()
-            if boundary:
-                if started and time.monotonic() >= deadline:
-                    raise IngestInterrupted
-                started.append(True)
-        return pause
-
-    def _read(self, path: Path, q: QueuedFile, pause) -> int:
-        """Ingest one queued file, counting each batch as it is stored; returns the new turns.
-        Done, it leaves the queue (unless it changed meanwhile: queued anew); cut short, it stays
-        with the bytes still unread."""
-        since = [time.monotonic()]
-
-        def stored(new: int, offset: int | None) -> None:
-            with self.lock:
-                at = time.monotonic()
-                self.busy, since[0], self.new = self.busy + at - since[0], at, self.new + new
-                if offset is not None:
-                    left = max(0, q.size - offset)
-                    if self.queue.get(path) is q:  # (else its bytes left the count already)
-                        self.left_bytes -= q.left - left
-                    self.bytes, q.left = self.bytes + max(0, q.left - left), left
-                self.unbriefed = self.unbriefed or new > 0
-        try:
-            done = self.mem.ingest(q.source, [path], self.persona, pause=pause, on_stored=stored)
-        except (AokunError, OSError, apsw.Error) as e:
-            log.warning("watch %s: %s (tried again when it is found again)", q.source, e)
-            with self.lock:
-                self.known[q.source].pop(path, None)
-                self._mark(path, None)
-            return 0
-        finally:
-            with self.lock:
-                self.busy += time.monotonic() - since[0]
-        for line in done["unreadable"]:  # read again when it changes (its size, times or mode)
-            log.warning("watch %s: %s", q.source, line)
-        with self.lock:
-            if not done["interrupted"] and self.queue.get(path) is q:
-                self._mark(path, "skipped" if done["unreadable"] else "done")
-        return done["new"]
-
-    def progress(self) -> dict:
-        """What the watch has done and has left: {files_done, files_left, files_skipped,
-        turns_done, turns_left, turns_per_second, seconds_left, searchable_after, started_at,
-        finished_at, updated_at}. Files: the transcripts seen, read to their end (also before a
-        restart), queued, or left out (outside the limits, or unreadable). turns_done: the turns
-        stored; turns_left: estimated from the bytes left at this run's turns per byte (None
-        before a turn is stored); turns_per_second: this run's turns over the time it spent
-        reading; seconds_left: turns_left at that rate; searchable_after: every transcript changed
-        after this time is read (None when none is left); finished_at: when the queue was first
-        empty."""
-        with self.lock:
-            counts, left_bytes = dict(self.counts), self.left_bytes
-            newest = -self.order[0][0] if self.order else None
-            files_left, new, read, busy = len(self.queue), self.new, self.bytes, self.busy
-        rate = new / busy if new and busy > 0 else None
-        turns_left = seconds = None
-        if not files_left:
-            turns_left = seconds = 0
-        elif new and read:
-            turns_left = round(left_bytes * new / read)
-            seconds = round(turns_left / rate) if rate else None
-        return {"files_done": counts.get("done", 0), "files_left": files_left,
-                "files_skipped": counts.get("skipped", 0),
-                "turns_done": (self.turns_before or 0) + new, "turns_left": turns_left,
-                "turns_per_second": None if rate is None else round(rate, 1),
-                "seconds_left": seconds,
-                "searchable_after": None if newest is None else
-                iso(dt.datetime.fromtimestamp(newest / 1e9, dt.timezone.utc)),
-                "started_at": self.started_at, "finished_at": self.finished_at,
-                "updated_at": now_iso()}
-
-    def publish(self) -> None:
-        """Give the progress to mem.watch_state (what /health, stats and the panel of this
-        process show) and store it in meta watch_progress with this process as its owner, for the
-        others (`stats` beside a server): when it changed, at most every WATCH_PUBLISH_SECONDS, at
-        once when the queue was just emptied (logged then: the history is read)."""
-        if not self.queue and self.finished_at is None:
-            self.finished_at = now_iso()
-            self.published = -math.inf
-            self._say(f"the history is read: {progress_text(self.progress())}")
-        p = self.progress()
-        self.mem.watch_state = p
-        same = self.last_published is not None and \
-            {k: v for k, v in p.items() if k != "updated_at"} == self.last_published
-        if same or time.monotonic() - self.published < WATCH_PUBLISH_SECONDS:
-            return
-        with self.mem.tx():
-            self.mem._meta_set("watch_progress", json.dumps(dict(p, owner=OWNER)))
-        self.published = time.monotonic()
-        self.last_published = {k: v for k, v in p.items() if k != "updated_at"}
-
-    def _log_progress(self) -> None:
-        """A progress line, every WATCH_LOG_SECONDS at most, while files are left."""
-        if self.queue and time.monotonic() - self.logged >= WATCH_LOG_SECONDS:
-            self.logged = time.monotonic()
-            self._say(progress_text(self.progress()))
-
-    def _say(self, text: str) -> None:
-        log.info("watch: %s", text)
-        if self.report is not None:
-            self.report(text)
-
-    def _broken(self, source: str, path: Path, e: OSError) -> None:
-        """Warn once about a transcript name that is a dangling symlink or a symlink loop (again
-        only after it was mended or changed); a file that vanished is no news."""
-        if not path.is_symlink():
-            self.broken.pop(path, None)
-            return
-        why = "a symlink loop" if e.errno == errno.ELOOP else "a dangling symlink"
-        if self.broken.get(path) != why:
-            self.broken[path] = why
-            log.warning("watch %s: %s: cannot read it (%s)", source, path, why)
-
-    def run(self, stop: threading.Event, interval: float, on_new=None) -> None:
-        """Poll until `stop` is set: at once again while fresh files are queued, else every
-        `interval` seconds, with a back-log thread (`aokun-watch-backlog`, _backlog_run) whenever
-        older files are queued. `on_new({source: new turns})`, when given, hears each poll that
-        added turns. Never raises: a failed poll is logged and tried again after `interval`. On
-        the way out (`stop`, or an exception such as KeyboardInterrupt) the back-log thread is
-        stopped at its next batch and waited for."""
-        self.threaded, halt = True, threading.Event()
-        try:
-            while not stop.is_set():
-                try:
-                    out = self.poll(stop)
-                    if out and on_new is not None:
-                        on_new(out)
-                    self._start_backlog(halt)
-                except Exception as e:  # the server keeps serving; the next poll tries again
-                    log.error("watch failed (retried in %ss): %s", interval, e)
-                    stop.wait(interval)
-                    continue
-                stop.wait(0 if self._queued(fresh=True) else interval)
-        finally:
-            halt.set()
-            if self.backlog is not None:
-                self.backlog.join(30)
-
-    def _start_backlog(self, stop: threading.Event) -> None:
-        """Start the back-log thread when older files are queued and it does not run."""
-        if (self.backlog is None or not self.backlog.is_alive()) and self._queued(fresh=False):
-            self.backlog = threading.Thread(target=self._backlog_run, args=(stop,),
-                                            name="aokun-watch-backlog", daemon=True)
-            self.backlog.start()
-
-
-def progress_text(p: dict) -> str:
-    """A Watcher.progress() in one line: files and turns done and left, the rate, the time left."""
-    out = f"{p['files_done']:,} files read, {p['files_left']:,} left"
-    if p["files_skipped"]:
-        out += f", {p['files_skipped']:,} left out"
-    out += f"; {p['turns_done']:,} turns stored"
-    if p["files_left"]:
-        known = p["turns_left"] is not None
-        out += f", ~{p['turns_left']:,} left" if known else ", turns left not known yet"
-    if p["turns_per_second"]:
-        out += f"; {p['turns_per_second']:,} turns/s"
-    if p["files_left"] and p["seconds_left"] is not None:
-        out += f", about {duration_text(p['seconds_left'])} left"
-    if p["searchable_after"]:
-        out += f"; everything after {p['searchable_after'][:16].replace('T', ' ')} searchable"
-    return out
-
-
-#: What a hook runs: aokun imported from its folder (the argument after the code), not run as a
-#: script: Python caches an imported module's bytecode, while a script is compiled on every start
-#: (~0.1 s, paid on each answer). No quotes inside, so every shell passes it as it is.
-HOOK_LAUNCHER = "import sys; sys.path.insert(0, sys.argv.pop(1)); import aokun; aokun.main()"
-
-
-def hook_command(client: str, event: str, db: str | None, config: str | None,
-                 shell: str = "posix") -> str:
-    """The shell command a client runs for `event`: this Python, `-c` HOOK_LAUNCHER, this aokun.py's
-    folder (absolute), the --db/--config the hooks were made with, then `hook CLIENT EVENT`; quoted
-    for a POSIX shell or, with shell="powershell", for PowerShell."""
-    args = [sys.executable, "-c", HOOK_LAUNCHER, str(HERE)]
-    for opt, value in (("--db", db), ("--config", config)):
-        if value:
-            args += [opt, str(Path(value).expanduser().resolve())]
-    args += ["hook", client, event]
-    if shell == "powershell":
-        return "& " + " ".join("'" + a.replace("'", "''") + "'" for a in args)
-    import shlex
-    return " ".join(shlex.quote(a) for a in args)
-
-
-def claude_hooks_entry(db=None, config=None) -> dict:
-    """The `hooks` of ~/.claude/settings.json: SessionStart injects the briefing, Stop (each answer)
-    and SessionEnd ingest that session's transcript."""
-    def group(event, matcher=None):
-        command = hook_command("claude-code", event, db, config)
-        g = {"hooks": [{"type": "command", "command": command, "timeout": HOOK_TIMEOUT_SECONDS}]}
-        return {"matcher": matcher, **g} if matcher else g
-    return {"SessionStart": [group("session-start", "startup|resume|clear|compact")],
-            "Stop": [group("stop")], "SessionEnd": [group("stop")]}
-
-
-def copilot_hooks_file(db=None, config=None) -> dict:
-    """~/.copilot/hooks/aokun.json, a Copilot CLI user-level hook file (version 1): sessionEnd and
-    agentStop (each answer) ingest that session's events.jsonl."""
-    def entry():
-        return [{"type": "command", "bash": hook_command("copilot", "session-end", db, config),
-                 "powershell": hook_command("copilot", "session-end", db, config, "powershell"),
-                 "timeoutSec": HOOK_TIMEOUT_SECONDS}]
-    return {"version": 1, "hooks": {"sessionEnd": entry(), "agentStop": entry()}}
-
-
-def codex_notify_value(db=None, config=None) -> list[str]:
-    """The `notify` of ~/.codex/config.toml: Codex runs it after each turn with the event's JSON as
-    the last argument."""
-    import shlex
-    return shlex.split(hook_command("codex", "notify", db, config))
-
-
-def _is_ours(command: str, client: str, event: str) -> bool:
-    """Whether a hook command is Aokun's for client/event: HOOK_LAUNCHER's, or an older one that
-    ran aokun.py as a script (an install updates either)."""
-    return (("import aokun" in command or "aokun.py" in command)
-            and f" hook {client} {event}" in command)
-
-
-def merge_claude_hooks(settings: dict, entry: dict) -> list[str]:
-    """Merge `entry` (claude_hooks_entry) into the parsed settings.json in place, leaving every
-    other key and hook alone: an Aokun hook already there (its command runs aokun.py hook
-    claude-code …) is updated when its command differs, else kept; a missing one is appended.
-    Returns what changed (empty: nothing to do). AokunError when `hooks` or an event in it is not
-    the documented shape."""
-    hooks = settings.setdefault("hooks", {})
-    if not isinstance(hooks, dict):
-        raise AokunError("settings.json: `hooks` is not an object; fix it by hand first")
-    changed = []
-    for event, groups in entry.items():
-        mine = groups[0]["hooks"][0]
-        verb = mine["command"].rsplit(" ", 1)[-1]
-        have = hooks.setdefault(event, [])
-        if not isinstance(have, list):
-            raise AokunError(f"settings.json: hooks.{event} is not a list; fix it by hand first")
-        found = [h for g in have if isinstance(g, dict) and isinstance(g.get("hooks"), list)
-                 for h in g["hooks"]
-                 if isinstance(h, dict)
-                 and _is_ours(str(h.get("command", "")), "claude-code", verb)]
-        if not found:
-            have.append(groups[0])
-            changed.append(f"added {event}")
-        elif found[0].get("command") != mine["command"]:
-            found[0].update(mine)
-            changed.append(f"updated {event}")
-    return changed
-
-
-def write_with_backup(path: Path, text: str) -> Path | None:
-    """Write `text` to `path` atomically (a temporary file beside it, then a rename), first copying
-    the old file to <name>.aokun-backup-<UTC time> when there was one. Returns the backup's path."""
-    import shutil
-    backup = None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        backup = path.with_name(f"{path.name}.aokun-backup-{now().strftime('%Y%m%dT%H%M%S%fZ')}")
-        shutil.copy2(path, backup)
-    write_atomically(path, text.encode("utf-8"))
-    return backup
-
-
-def install_codex_notify(path: Path, value: list[str]) -> str:
-    """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the
-    top, where a key is top-level whatever tables follow, and the result is parsed back to check it.
-    Returns what was done. AokunError when the file is not TOML or already has another `notify`
-    (kept as it is)."""
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    try:
-        current = tomllib.loads(text).get("notify")
-    except tomllib.TOMLDecodeError as e:
-        raise AokunError(f"{path} is not valid TOML ({e}); fix it first") from None
-    if current == value:
-        return f"{path}: notify already runs Aokun; nothing changed"
-    if current is not None and not _is_ours(" ".join(map(str, current)), "codex", "notify"):
-        raise AokunError(f"{path} already has notify = {current!r}; Codex runs only one, so it was "
-                         "left as it is. Use `python aokun.py watch` (or the server's "
-                         "[conversations] watch) instead")
-    line = "notify = [" + ", ".join(json.dumps(a, ensure_ascii=False) for a in value) + "]"
-    if current is not None:  # an older Aokun line (another path): replace that line only
-        new = re.sub(r"(?m)^notify\s*=.*$", lambda _m: line, text, count=1)
-    else:
-        new = f"# Aokun: ingest each finished turn (python aokun.py hooks codex)\n{line}\n\n{text}"
-    if tomllib.loads(new).get("notify") != value:
-        raise AokunError(f"{path}: could not place notify safely; add this line at the top by "
-                         f"hand: {line}")
-    backup = write_with_backup(path, new)
-    return f"{path}: notify set" + (f" (backup {backup})" if backup else "")
-
-
-def read_hook_payload(arg: str | None) -> dict:
-    """The hook's JSON: `arg` (Codex passes it as the last argument), else standard input (Claude
-    Code, Copilot CLI). {} when there is none; InputError when it is not a JSON object."""
-    if arg is not None:
-        raw = arg
-    else:
-        raw = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
-    if not raw.strip():
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError as e:
-        raise InputError("payload", f"the hook's input is not JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise InputError("payload", "the hook's input is not a JSON object")
-    return data
-
-
-def hook_session_files(client: str, payload: dict) -> list[Path]:
-    """The transcript a hook event names: Claude Code's transcript_path, the Codex rollout of the
-    thread-id, Copilot's session-state/<sessionId>/events.jsonl. [] when it names none that
-    exists."""
-    import glob
-    if client == "claude-code":
-        p = payload.get("transcript_path")
-        p = Path(p).expanduser() if isinstance(p, str) and p.endswith(".jsonl") else None
-        return [p] if p is not None and p.is_file() else []
-    key = "thread-id" if client == "codex" else "sessionId"
-    sid = payload.get(key) or payload.get("session_id")
-    if not isinstance(sid, str) or not HOOK_ID_RX.fullmatch(sid):
-        return []
-    if client == "codex":
-        pattern = os.path.expanduser(f"~/.codex/sessions/*/*/*/rollout-*-{glob.escape(sid)}.jsonl")
-    else:
-        pattern = os.path.expanduser(f"~/.copilot/session-state/{glob.escape(sid)}/events.jsonl")
-    return sorted(Path(p) for p in glob.glob(pattern))
 
 
 # The memory engine: the sections composed ########################################################
