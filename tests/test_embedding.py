@@ -367,43 +367,35 @@ def test_contextual_vectors_follow_the_session(db_path, open_mem):
     def meta(i):
         return {"session_id": "s1", "timestamp": f"2024-01-01T00:00:0{i}Z"}
 
+    def embedded(doc_id, *lines):
+        """Whether the memory's vector is the embedding of `lines` (its context, then itself)."""
+        return np.allclose(vec(doc_id), fake.vector("\n".join(lines)), atol=0.01)
+
     a, b = (r["id"] for r in mem.memorize_many([("Where did you go last May?", meta(1)),
                                                  ("We went hiking in the Alps.", meta(2))]))
     c = mem.memorize("It rained every single day.", meta(3))["id"]
     alone = mem.memorize("No session: embedded alone.")["id"]
     assert mem.get(b)["content"] == "We went hiking in the Alps."
-    assert np.allclose(vec(a), fake.vector("Where did you go last May?"), atol=0.01)
-    assert np.allclose(vec(b),
-                       fake.vector("Where did you go last May?\nWe went hiking in the Alps."),
-                       atol=0.01)
-    assert np.allclose(vec(c),
-                       fake.vector("We went hiking in the Alps.\nIt rained every single day."),
-                       atol=0.01)
-    assert np.allclose(vec(alone), fake.vector("No session: embedded alone."), atol=0.01)
+    assert embedded(a, "Where did you go last May?")
+    assert embedded(b, "Where did you go last May?", "We went hiking in the Alps.")
+    assert embedded(c, "We went hiking in the Alps.", "It rained every single day.")
+    assert embedded(alone, "No session: embedded alone.")
     # an out-of-order insert becomes the context of the memory after it
     d = mem.memorize("Then we took the train home.",
                      meta(2) | {"timestamp": "2024-01-01T00:00:02.5Z"})["id"]
     mem.wait_refresh()
-    assert np.allclose(vec(d),
-                       fake.vector("We went hiking in the Alps.\nThen we took the train home."),
-                       atol=0.01)
-    assert np.allclose(vec(c),
-                       fake.vector("Then we took the train home.\nIt rained every single day."),
-                       atol=0.01)
+    assert embedded(d, "We went hiking in the Alps.", "Then we took the train home.")
+    assert embedded(c, "Then we took the train home.", "It rained every single day.")
     assert "Fact: It rained every single day.\nContext: Then we took the train home." \
         in mem.get(c)["graph_entries"]
     mem.edit(a, content="Where did you go last June?")
     mem.wait_refresh()
-    assert np.allclose(vec(b),
-                       fake.vector("Where did you go last June?\nWe went hiking in the Alps."),
-                       atol=0.01)
+    assert embedded(b, "Where did you go last June?", "We went hiking in the Alps.")
     assert "Fact: We went hiking in the Alps.\nContext: Where did you go last June?" \
         in mem.get(b)["graph_entries"]
     mem.delete(d)
     mem.wait_refresh()
-    assert np.allclose(vec(c),
-                       fake.vector("We went hiking in the Alps.\nIt rained every single day."),
-                       atol=0.01)
+    assert embedded(c, "We went hiking in the Alps.", "It rained every single day.")
     assert "Fact: It rained every single day.\nContext: We went hiking in the Alps." \
         in mem.get(c)["graph_entries"]
     assert [i for i in mem.recall("train", k=5, channels="graph_keyword")["results"]] == []
