@@ -9580,17 +9580,17 @@ class Sync:
 
     def _sync_twins(self, plan: "SyncPlan", s: apsw.Connection) -> None:
         """Memories of one text that two devices wrote apart (two uids; a persona holds a text
-        once): every device keeps the one of the smaller uid. An incoming memory new here whose
-        twin here has the smaller uid is passed over (its atoms too: _sync_orphans); a twin here of
-        the larger uid goes into plan.twins, deleted before the incoming one is imported (its
-        tombstone travels). A loser that differs from the winner in more than its uid and times
+        once), new or edited into it: every device keeps the one of the smaller uid. An incoming
+        memory whose twin here has the smaller uid is passed over (its atoms too: _sync_orphans),
+        and its older version here, if any, goes into plan.twins; a twin here of the larger uid
+        goes into plan.twins. Those are deleted before the incoming ones are imported (their
+        tombstones travel). A loser that differs from the winner in more than its uid and times
         goes into sync_conflicts."""
         one = "select body from current where kind = 'memory' and uid = ?"
         for w in [w for w in plan.winners if w[0] == "memory"]:
             rec = w[4]
-            twin = None if self.value("select 1 from documents where uid = ?", (w[1],)) else \
-                self.rows(self.queries["sync_twin"], {"persona": rec["persona_id"], "uid": w[1],
-                                                      "hash": content_hash(rec["content"])})
+            twin = self.rows(self.queries["sync_twin"], {"persona": rec["persona_id"], "uid": w[1],
+                                                        "hash": content_hash(rec["content"])})
             body = s.execute(one, (twin[0]["uid"],)).fetchone() if twin else None
             if body is None:
                 continue
@@ -9599,6 +9599,9 @@ class Sync:
             if twin[0]["uid"] < w[1]:
                 plan.winners.remove(w)
                 plan.known = [k for k in plan.known if (k["kind"], k["uid"]) != ("memory", w[1])]
+                older = self.value("select id from documents where uid = ?", (w[1],))
+                if older is not None:  # edited there into the twin's text: it goes here too
+                    plan.twins.append((older, rec["persona_id"]))
                 if differs:
                     plan.lost(rec, "memory", w[1], w[2], ours["updated_at"], plan.dev)
             else:

@@ -131,3 +131,30 @@ def test_one_text_written_on_both_devices_is_one_memory_everywhere(tmp_path):
     assert {r["document"] for r in export if r["kind"] == "atom"} <= set(kept.values())
     assert [(r["uid"], r["tags"]) for r in losers] == [  # the tagged one differs: kept as a loser
         (max(mine[1], theirs[1]), ["travel"] if theirs[1] > mine[1] else [])]
+
+
+def test_memories_edited_apart_into_one_text_are_one_memory_everywhere(tmp_path):
+    """Two memories edited into one text on two devices, and a memory edited on one into the text
+    of a memory new on the other (four pairs: either uid may be the smaller): one memory of each
+    text everywhere, under the smaller uid; nothing edited comes back, no version is lost
+    unlisted."""
+    bases = [f"Base {n} original" for n in range(10)]
+    one, two, docs = two_devices(tmp_path, *((b,) for b in bases))
+    with one as db:
+        run(tmp_path, db, "edit", docs[1]["id"], "--text", "Cross text", "--tag", "one")
+        new = [memorize(tmp_path, db, f"新的 text {n}", "--tag", "one")["uid"] for n in range(4)]
+        sync(tmp_path, db, one.share)
+    with two as db:
+        run(tmp_path, db, "edit", docs[0]["id"], "--text", "Cross text", "--tag", "two")
+        for n in range(4):
+            run(tmp_path, db, "edit", docs[2 + n]["id"], "--text", f"新的 text {n}", "--tag", "two")
+    export, losers = converged(tmp_path, one, two)
+    kept = {r["content"]: r["uid"] for r in export if r["kind"] == "memory"}
+    assert set(kept) == {"Cross text", *(f"新的 text {n}" for n in range(4)), *bases[6:]}
+    assert kept["Cross text"] == min(docs[0]["uid"], docs[1]["uid"])
+    assert [kept[f"新的 text {n}"] for n in range(4)] == [
+        min(u, docs[2 + n]["uid"]) for n, u in enumerate(new)]
+    gone = {r["uid"] for r in export if r["kind"] == "tombstone"}
+    assert gone == {max(docs[0]["uid"], docs[1]["uid"]),
+                    *(max(u, docs[2 + n]["uid"]) for n, u in enumerate(new))}
+    assert len(losers) == 5  # each pair's other version (its tag differs) is listed
