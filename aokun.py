@@ -7510,6 +7510,7 @@ WATCH_PUBLISH_SECONDS = 5.0  #: the progress is stored (meta watch_progress) at 
 WATCH_FRESH_SECONDS = 86400.0  #: run() reads a file changed this recently itself, at normal speed
 WATCH_NICE = 19  #: the back-log thread's nice value on Linux: the lowest CPU priority
 PROJECT_PEEK_BYTES = 64 << 10  #: bytes of a transcript's start searched for its project folder
+PROJECT_LINE_MAX = 16 << 20  #: but its first line is read whole up to this many bytes
 
 
 def project_patterns(cfg: Config, key: str) -> tuple[str, ...]:
@@ -7569,17 +7570,23 @@ def check_watch_limits(cfg: Config) -> None:
 
 def transcript_project(path: Path, rules: IngestRules) -> str:
     """The project folder a JSONL transcript names first (the source's project fields), from its
-    first PROJECT_PEEK_BYTES; '' when none is named there."""
-    with path.open("rb") as f:
-        data = f.read(PROJECT_PEEK_BYTES)
+    complete lines in the first PROJECT_PEEK_BYTES, the first line whole up to PROJECT_LINE_MAX
+    (a long first message must not hide the project from the watch's limits); '' when none is
+    named there."""
     ctx = {"session_id": "", "project": ""}
-    for i, line in enumerate(data.split(b"\n")[:-1]):  # complete lines only
-        with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
-            record = loads_json(line)
-            if isinstance(record, dict):
-                interpret_record(record, rules, ctx, i)
-        if ctx["project"]:
-            return ctx["project"]
+    read = 0
+    with path.open("rb") as f:
+        for i in range(PROJECT_PEEK_BYTES):  # (each line is a byte at least)
+            line = f.readline(PROJECT_LINE_MAX if i == 0 else max(PROJECT_PEEK_BYTES - read, 0))
+            read += len(line)
+            if not line.endswith(b"\n"):  # the end, past the peek, or a first line past the cap
+                return ""
+            with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+                record = loads_json(line)
+                if isinstance(record, dict):
+                    interpret_record(record, rules, ctx, i)
+            if ctx["project"]:
+                return ctx["project"]
     return ""
 
 

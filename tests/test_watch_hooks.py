@@ -397,3 +397,17 @@ def test_a_hook_reads_only_what_it_names_and_the_watch_limits_let_in(tmp_path):
         assert r.returncode == 0 and r.stdout == "", r.stderr
         with aokun.Memory(db, aokun.Config(ini)) as mem:
             assert mem.value("select count(*) from conv_turns") == turns, excluded
+
+
+def test_a_long_first_line_does_not_hide_the_project_from_the_limits(tmp_path):
+    """A first message past the 64 KB peek still names the transcript's project (an excluded
+    project must stay unread)."""
+    path = tmp_path / "long.jsonl"
+    first = json.loads(claude_line("u-1", "x" * (200 << 10)))
+    path.write_text(json.dumps(dict(first, cwd="/home/dev/secret")) + "\n"
+                    + claude_line("u-2", "short"), encoding="utf-8")
+    with aokun.Memory(tmp_path / "p.db", aokun.Config(write_ini(tmp_path, "none"))) as mem:
+        rules = mem.ingest_rules("claude-code")
+        assert aokun.transcript_project(path, rules) == "/home/dev/secret"
+        path.write_text(claude_line("u-3", "y" * 100) * 1000, encoding="utf-8")  # past the peek
+        assert aokun.transcript_project(path, rules) == "/home/dev/aokun"
