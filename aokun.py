@@ -4668,6 +4668,12 @@ FTS_POOL_SKIP = 8
 #: a vector channel's Hamming bound is learnt from the reach of this many recent recalls
 HAMMING_HISTORY = 32
 HAMMING_QUANTILE = 0.9  #: ... as this quantile of them: ~1 recall in 10 runs its binary KNN twice
+#: a missed bound's second try: the history's largest reach plus this many bits (graph vectors at
+#: 300k memories: 41 ms within the reach, 44 ms within 8 bits more, 118 ms unbounded)
+HAMMING_SLACK = 8
+#: the histories are kept in meta hamming_reach once this many new reaches were learnt, so a new
+#: process (a client's next session) starts with them instead of 8 unbounded recalls
+HAMMING_SAVE_EVERY = 8
 #: at most this many such histories (channel × persona × session × …), pool skips too
 HAMMING_KEYS = 256
 #: MMR (and the session-neighbour step) look at the best max(3·k, MMR_POOL_MIN) candidates
@@ -4823,9 +4829,8 @@ class Recall:
         if explain:
             out["stats"] = dict(stats, channel_rows={ch: len(rows) for ch, rows in ranked.items()})
         answer = self._answer(key, out, started)
-        # after caching: the touch takes the lock
-        if results and r.reinforce_on_recall and not as_of_iso:
-            self._touch([h["id"] for h in results])
+        # after caching: the touch takes the lock (and keeps the Hamming histories when due)
+        self._touch([h["id"] for h in results] if r.reinforce_on_recall and not as_of_iso else [])
         return answer
 
     def _capped_k(self, k, warnings: list) -> int:
@@ -4971,18 +4976,24 @@ class Recall:
 
     def _bounded_knn(self, key: tuple, sql: str, unbounded: dict, rows) -> list[dict]:
         """The rows of vector channel query `sql` (its :max_hamming None in `unbounded`), first
-        within the Hamming bound learnt for `key` (_hamming_bound), again without it when the rows
-        say it cut them short; a complete answer's reach goes into the history of `key`."""
+        within the Hamming bound learnt for `key` (_hamming_bound); when the rows say it cut them
+        short, again within the history's largest reach + HAMMING_SLACK, then without a bound. A
+        complete answer's reach goes into the history of `key`."""
         bound = self._hamming_bound(key)
         out = rows(sql, dict(unbounded, max_hamming=bound))
         if bound is not None and not (out and out[0]["complete"]):
-            out = rows(sql, unbounded)
+            looser = max(self._hamming_reach.get(key, (bound,))) + HAMMING_SLACK
+            if looser > bound:
+                out = rows(sql, dict(unbounded, max_hamming=looser))
+            if not (out and out[0]["complete"]):
+                out = rows(sql, unbounded)
             if not (out and out[0]["complete"]):  # fewer vectors than candidates: no bound can help
                 self._hamming_reach.pop(key, None)
         if out and out[0]["complete"]:
             # a tuple replaced whole: recalls on other threads read it while this one writes
             seen = self._hamming_reach.get(key, ()) + (out[0]["reach"],)
             self._keep(self._hamming_reach, key, seen[-HAMMING_HISTORY:])
+            self._hamming_learnt += 1  # a lost count between threads only delays a save
         return out
 
     @staticmethod
@@ -4992,6 +5003,28 @@ class Recall:
         if len(store) >= HAMMING_KEYS and key not in store:
             store.clear()
         store[key] = value
+
+    def _hamming_json(self) -> str:
+        """The vector channels' Hamming histories as meta hamming_reach stores them:
+        {"model": embedder model, "dim": its dimension, "reach": [[key as a list, [reach, ...]],
+        ...]} (_load_hamming reads it back)."""
+        return json.dumps({"model": self.embedder.model, "dim": self.embedder.dim,
+                           "reach": [[list(k), list(v)] for k, v in
+                                     list(self._hamming_reach.items())]}, separators=(",", ":"))
+
+    def _load_hamming(self) -> None:
+        """The histories of meta hamming_reach (_hamming_json) into this process, unless they were
+        learnt with another embedding model or are not what _hamming_json writes (then ignored:
+        the bounds are learnt again)."""
+        try:
+            saved = json.loads(self.meta_get("hamming_reach", "{}"))
+            if (saved.get("model"), saved.get("dim")) != (self.embedder.model, self.embedder.dim):
+                return
+            for key, seen in saved["reach"][:HAMMING_KEYS]:
+                if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in seen):
+                    self._hamming_reach[tuple(key)] = tuple(seen)[-HAMMING_HISTORY:]
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            log.warning("meta hamming_reach ignored: %s", e)
 
     def _hamming_bound(self, key: tuple) -> float | None:
         """The Hamming bound for a vector channel query (`key`: channel, persona, session, archived,
@@ -5210,13 +5243,21 @@ class Recall:
         """Refresh last_access_at/access_count of recalled memories in a background thread, so the
         answer is not delayed (seed: post-recall reinforcement). Only the daily decay reads them (it
         slows for accessed memories); ranking does not: being returned earns no rank, being used
-        does (memory_feedback). Does not empty the cache."""
+        does (memory_feedback). The same write keeps the Hamming histories (meta hamming_reach)
+        once HAMMING_SAVE_EVERY new reaches were learnt. Does not empty the cache."""
+        if not ids and self._hamming_learnt < HAMMING_SAVE_EVERY:
+            return
+
         def work():
             try:
                 # own commits leave pragma data_version alone: the cache stays valid
                 with self.tx(invalidates=False) as c:
-                    c.execute(self.queries["touch_documents"],
-                              {"ids": json.dumps(ids), "at": now_iso()})
+                    if ids:
+                        c.execute(self.queries["touch_documents"],
+                                  {"ids": json.dumps(ids), "at": now_iso()})
+                    if self._hamming_learnt >= HAMMING_SAVE_EVERY:
+                        self._hamming_learnt = 0
+                        self._meta_set("hamming_reach", self._hamming_json())
             except apsw.Error as e:  # closed connection at exit, busy beyond the timeout
                 log.warning("could not record access to %s: %s", ids, e)
         with self.lock:
@@ -9811,6 +9852,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._recall_cache: dict = {}  # key -> (stamp, _cache_state, answer), least recent first
         self._toucher: ThreadPoolExecutor | None = None  # the aokun-touch worker (Recall._touch)
         self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Recall._hamming_bound
+        self._hamming_learnt = 0  # reaches learnt since meta hamming_reach was written
         # Recall._channel_query: recalls left without the pool
         self._pool_skips: dict[tuple, int] = {}
         self._channel_pool: ThreadPoolExecutor | None = None  # aokun-recall-* channel workers
@@ -9827,6 +9869,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._secret_patterns: tuple | None = None  # [write] secrets compiled (secret_patterns)
         self.last_recovery: dict = {}  # what recover() did when the file was opened
         self._check_embedding_meta()
+        self._load_hamming()
         self._upgrade_data()
         if recover:
             self.last_recovery = self.recover()

@@ -273,12 +273,14 @@ def test_a_hamming_bound_is_dropped_when_fewer_vectors_than_candidates_are_left(
     assert bound is not None
     for d in docs[5:]:
         m.set_flag(d["id"], "archived", True)
+    looser = max(m._hamming_reach[key]) + aokun.HAMMING_SLACK
     runs = bound_runs(m, "recall_vector", "max_hamming")
     for q in ["coffee", "tea", "walk"]:
         p = dict(channel_params(m, q, k=2), candidates=8)
         assert ids(m.recall(q, k=2, channels=["vector"]))
         assert len(m.rows(m.queries["recall_vector"], p)) == 4
-    assert runs == [bound] + [None] * 6  # each recall's KNN, then the direct query beside it
+    # the first recall tries its bound, a looser one, then none; each after it once, unbounded
+    assert runs == [bound, looser] + [None] * 6  # (and the direct query beside each recall)
     assert m._hamming_bound(key) is None
 
 
@@ -333,6 +335,65 @@ def test_hamming_bound_is_learnt_from_recent_recalls(make):
         p = dict(channel_params(m, q, k=3), candidates=6)
         assert m._channel_query("vector", m.queries["recall_vector"], p, m.rows) == \
             m.rows(m.queries["recall_vector"], p), q
+
+
+def test_a_missed_hamming_bound_tries_the_largest_reach_plus_slack_before_none(make,
+                                                                              monkeypatch):
+    """A bound that cuts the candidates short is tried again at the history's largest reach +
+    HAMMING_SLACK (a few more bits cost little; no bound costs n × k), and only then without one;
+    the rows are the unbounded ones either way."""
+    m = make(**{"recall.reinforce_on_recall": False, "recall.vector_candidates": 6,
+                "recall.channel_k": 6})
+    m.memorize_many([(f"note {i}: {w}", {}) for i, w in enumerate(
+        ["coffee with Ann", "a bike ride", "tea at noon", "the Falcon deploy"] * 6)])
+    p = dict(channel_params(m, "coffee", k=3), candidates=6)
+    sql = m.queries["recall_vector"]
+    unbounded = m.rows(sql, p)
+    reach = unbounded[0]["reach"]
+    key = ("vector", "", "", 0, 6)
+    assert reach >= 2
+    for slack, history, expected in [(8, (0.0,) * 8 + (reach,), [0.0, reach + 8]),
+                                     (1, (0.0,) * 8 + (reach - 2,), [0.0, reach - 1, None])]:
+        monkeypatch.setattr(aokun, "HAMMING_SLACK", slack)
+        m._hamming_reach[key] = history
+        runs = bound_runs(m, "recall_vector", "max_hamming")
+        assert m._channel_query("vector", sql, p, m.rows) == unbounded
+        assert runs == expected
+        assert m._hamming_reach[key] == history + (reach,)
+        del m.rows  # bound_runs' spy
+
+
+def test_hamming_histories_are_kept_in_the_file_for_the_next_process(make, tmp_path, caplog):
+    """Once HAMMING_SAVE_EVERY reaches were learnt (reinforce_on_recall off: no touch to ride on),
+    meta hamming_reach holds the histories; the next Memory on the file starts with the same
+    bounds. Histories of another embedding model, or a meta value that is not one, are ignored."""
+    path = tmp_path / "h.db"
+    over = {"recall.reinforce_on_recall": False, "recall.vector_candidates": 6,
+            "recall.channel_k": 6, "recall.cache_size": 0}
+    m = make(path, **over)
+    m.memorize_many([(f"note {i}: {w}", {}) for i, w in enumerate(
+        ["coffee with Ann", "a bike ride", "tea at noon", "the Falcon deploy"] * 6)])
+    key = ("vector", "", "", 0, 6)
+    for q in ["coffee", "bike", "tea", "deploy", "Ann", "noon", "ride", "note 3", "note 4"]:
+        m.recall(q, k=3, channels=["vector"])
+    m.wait_background()
+    bound = m._hamming_bound(key)
+    assert bound is not None and m.meta_get("hamming_reach")
+    m.close()
+    again = make(path, **over)
+    assert again._hamming_bound(key) == bound
+    again.close()
+    other = make(path, embedder=FakeEmbedder(16, model="another-model"), **over)
+    assert other._hamming_bound(key) is None
+    other.close()
+    m3 = make(path, **over)
+    with m3.tx():
+        m3._meta_set("hamming_reach", '{"model": "fake-16", "dim": 16, "reach": 7}')
+    m3.close()
+    with caplog.at_level("WARNING", logger="aokun"):
+        m4 = make(path, **over)
+    assert m4._hamming_bound(key) is None and "hamming_reach ignored" in caplog.text
+    assert ids(m4.recall("coffee", k=3, channels=["vector"]))
 
 
 @pytest.mark.slow
