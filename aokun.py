@@ -13766,6 +13766,8 @@ def cli_serve(state, use_http, host, port):
 
     def memory_factory() -> Memory:
         opened[:] = [first.pop() if first else Memory(path, cfg)]
+        if not use_http:  # stderr: a shell user sees that it waits, a client's log for which file
+            log.info("Aokun MCP on stdio (database %s): waiting for a client; Ctrl-C stops", path)
         return opened[0]
 
     server = build_server(memory_factory, cfg)

@@ -245,6 +245,15 @@ def test_raw_lone_surrogate_is_answered(tmp_path):
     assert_only_jsonrpc(s.lines)
 
 
+def test_serve_says_on_stderr_that_it_waits_and_for_which_file(tmp_path):
+    """A user who runs the quick start's `serve` in a shell sees why nothing happens; stdout (the
+    MCP wire) stays empty; stdin at its end stops the server cleanly."""
+    db = tmp_path / "w.db"
+    r = cli(db, write_ini(tmp_path), "serve", timeout=60)
+    assert r.returncode == 0 and r.stdout == "", r.stdout
+    assert f"Aokun MCP on stdio (database {db}): waiting for a client" in r.stderr, r.stderr
+
+
 def test_serve_with_a_bad_config_fails_cleanly(tmp_path):
     bad = tmp_path / "bad.ini"
     bad.write_text("[server]\nbogus = 1\n", encoding="utf-8")

@@ -384,7 +384,12 @@ CHILD = textwrap.dedent(r'''
         setattr(aokun.Memory, name, killing)
     m = open_memory(db)
     m.sync(share)
-    print("SYNCED")
+    print("SYNCED", flush=True)
+    n = 0
+    while point == "timed":  # writes and syncs until the kill, however fast this machine is
+        n += 1
+        m.memorize(f"Written on B after the first sync, {{n}}", {{}})
+        m.sync(share)
 ''')
 
 
