@@ -5259,7 +5259,8 @@ class Recall:
                         self._hamming_learnt = 0
                         self._meta_set("hamming_reach", self._hamming_json())
             except apsw.Error as e:  # closed connection at exit, busy beyond the timeout
-                log.warning("could not record access to %s: %s", ids, e)
+                log.warning("could not record %s: %s", f"access to {ids}" if ids
+                            else "the Hamming histories", e)
         with self.lock:
             # one worker thread, started on first use, kept for the next recalls
             if self._toucher is None:
