@@ -242,6 +242,7 @@ def age_days(then: str | None, ref: dt.datetime) -> float:
 # Text: clean and fold, segment, stop words, cut, token estimate ##################################
 
 _WORD = re.compile(r"\w", re.UNICODE)
+_LETTER = re.compile(r"[^\W\d_]")  #: a letter of any script
 _CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
 _SPACE = re.compile(r"\s")
@@ -431,6 +432,25 @@ class Segmenter:
         (jieba splits at newlines anyway), so a line repeated across texts, like the session
         context that every fact entry of a memory carries, is segmented once."""
         return " ".join(t for line in fold(text).split("\n") for t in self._cut(line, False))
+
+    def weight(self, token: str) -> float:
+        """What a search token says, for token_cover: a Chinese word's inverse document frequency
+        in the dictionary jieba ships (log(total / freq), a general corpus) less COVER_IDF_COMMON,
+        within [COVER_WEIGHT_MIN, COVER_WEIGHT_MAX], so 工作 weighs 0.8, 妹妹 4.2 and a word
+        jieba has never seen (a name) the most; any other token weighs COVER_WEIGHT_OTHER (no
+        frequency list ships for English; its everyday words are stop words)."""
+        if not _CJK.search(token):
+            return COVER_WEIGHT_OTHER
+        tk = self._tokenizer()
+        freq = tk.FREQ.get(token) or 0
+        idf = math.log(tk.total / freq) if freq > 0 else COVER_WEIGHT_MAX + COVER_IDF_COMMON
+        return min(COVER_WEIGHT_MAX, max(COVER_WEIGHT_MIN, idf - COVER_IDF_COMMON))
+
+
+#: Segmenter.weight: IDF at which a Chinese word starts to count (工作 6.8, 什么 6.9, 妹妹 10.2)
+COVER_IDF_COMMON = 6.0
+COVER_WEIGHT_MIN, COVER_WEIGHT_MAX = 0.5, 6.0  #: Segmenter.weight's bounds
+COVER_WEIGHT_OTHER = 4.0  #: Segmenter.weight of a non-CJK token: about a Chinese content word's
 
 
 def fts_query(tokens: list[str]) -> str:
@@ -1936,10 +1956,12 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
     return picked
 
 
-def token_cover(query_tokens: set, doc_tokens: set) -> float | None:
-    """The share of the query's distinct search tokens found among a memory's indexed tokens, 0..1,
-    counting only query tokens of a script the memory has (CJK or not): an English question about a
-    Chinese memory shares no word with it by nature. Single-character Chinese tokens are left out
+def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None:
+    """The weighted share of the query's distinct search tokens found among a memory's indexed
+    tokens, 0..1, counting only query tokens of a script the memory has (CJK or not): an English
+    question about a Chinese memory shares no word with it by nature. `weight(token)` (default 1)
+    is what a word says (Segmenter.weight: 妹妹 more than 工作), so a memory that shares only an
+    everyday word of the question covers little of it. Single-character Chinese tokens are left out
     when the query has a longer one: jieba leaves the verbs and particles of a question (有, 去,
     喝, 做) single, and they match every other memory ("下周有什么安排" is not about
     "我家有一只猫"); the content words (安排, 上海, 咖啡) are longer. None when no query token is
@@ -1947,6 +1969,7 @@ def token_cover(query_tokens: set, doc_tokens: set) -> float | None:
     is of all the question's words: a Chinese question with two Latin words (a name, "Assistant")
     about an English memory has 1 of its 13 words found when one matches, not half of its
     comparable ones."""
+    weight = weight or (lambda t: 1.0)
     scripts = {bool(_CJK.search(t)) for t in doc_tokens}
     words = {t for t in query_tokens if len(t) > 1 or not _CJK.search(t)}
     if not any(_CJK.search(t) for t in words):
@@ -1955,7 +1978,14 @@ def token_cover(query_tokens: set, doc_tokens: set) -> float | None:
     if not comparable:
         return None
     own_script = (query_script(query_tokens) == "cjk") in scripts
-    return len(comparable & doc_tokens) / len(comparable if own_script else words)
+    whole = comparable if own_script else words
+    return sum(map(weight, comparable & doc_tokens)) / sum(map(weight, whole))
+
+
+def has_words(tokens) -> bool:
+    """Whether indexed tokens hold a word (a letter or a CJK character): a memory of emoji,
+    punctuation or a bare number has none, and no keyword can say it is relevant."""
+    return any(_LETTER.search(t) for t in tokens)
 
 
 def query_script(tokens) -> str:
@@ -1967,17 +1997,21 @@ def query_script(tokens) -> str:
     return "cjk" if tokens and 2 * cjk >= len(tokens) else "latin"
 
 
-def calibrated_relevance(cos: float | None, cover: float | None, coef: dict | None) -> float | None:
-    """How likely the memory is relevant to the query, 0..1, on one scale for every query: the
-    logistic 1/(1 + exp(−(w_cos·cos + w_cover·cover + bias))) with the weights fitted for the
-    embedding model (`coef`, rules/relevance.toml says how), or its cos-only weights when `cover` is
-    None (no comparable words: another language). `cos`: cosine similarity of the query and memory
-    vectors; `cover`: token_cover. None when the model is not calibrated or the memory has no vector
-    yet (such hits are never dropped)."""
-    if coef is None or cos is None:
+def calibrated_relevance(margin: float | None, cover: float | None,
+                         coef: dict | None) -> float | None:
+    """How likely the memory is relevant to the query, 0..1, on one scale for every query and
+    memory size: the logistic 1/(1 + exp(−(w_margin·margin + w_cover·cover + bias))) with the
+    weights fitted for the embedding model and the question's script (`coef`, rules/relevance.toml
+    says how), or its margin-only weights when `cover` is None (no comparable words: another
+    language). `margin`: the query–memory cosine less the query's background (its mean cosine with
+    ordinary memories of the memory's script, Recall.background), so a question that is close to
+    everything (a greeting, "tell me a joke") is close to nothing in particular; `cover`:
+    token_cover. None when the model is not calibrated or the memory has no vector yet (such hits
+    are never dropped)."""
+    if coef is None or margin is None:
         return None
-    z = coef["w_cos"] * cos + coef["w_cover"] * cover + coef["bias"] if cover is not None \
-        else coef["cos_only_w_cos"] * cos + coef["cos_only_bias"]
+    z = coef["w_margin"] * margin + coef["w_cover"] * cover + coef["bias"] if cover is not None \
+        else coef["margin_only_w"] * margin + coef["margin_only_bias"]
     return 1.0 / (1.0 + math.exp(-z))
 
 
@@ -2043,7 +2077,8 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
             "route_weights": [w.doc_route, w.graph_route], "doc_share": p["doc_share"],
             "graph_share": p["graph_share"], "cross_route_bonus": p["cross_route_bonus"],
             "intent": intent, "fused": p["fused"], "mmr": mmr_score,
-            "cosine": p.get("cosine"), "cover": p.get("cover"), "relevance": p.get("relevance")}
+            "cosine": p.get("cosine"), "margin": p.get("margin"), "cover": p.get("cover"),
+            "relevance": p.get("relevance")}
 
 
 # Atoms and graph rules ###########################################################################
@@ -2102,7 +2137,7 @@ def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
 
 
 #: rules/relevance.toml
-RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")
+RELEVANCE_WEIGHTS = ("w_margin", "w_cover", "bias", "margin_only_w", "margin_only_bias")
 
 
 class Rules:
@@ -2127,17 +2162,19 @@ class Rules:
         for canonical, names in aliases.items():
             for name in [canonical, *names]:
                 self.alias_of[self._key(name)] = canonical
-        relevance = read(cfg.recall.relevance)
-        #: {embedding model: {w_cos, w_cover, bias, cos_only_w_cos, cos_only_bias}} of
+        relevance = dict(read(cfg.recall.relevance))
+        #: {script: [ordinary memories]} whose mean cosine with a question is its background
+        #: (Recall.background)
+        self.anchors = {k: list(v) for k, v in relevance.pop("anchors", {}).items()}
+        #: {embedding model: {w_margin, w_cover, bias, margin_only_w, margin_only_bias}} of
         #: calibrated_relevance
         self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS}
                           for model, c in relevance.items()}
         #: {embedding model: {script: weights}}: a model's weights for the questions of one script
-        #: (query_script), where the file has a [model.script] table; other questions use the
-        #: model's own. A script table holds w_cos, w_cover and bias: a memory of another script
-        #: (cos-only, a cross-language pair) keeps the model's own cos-only weights
+        #: (query_script), where the file has a [model.script] table (any weight it leaves out is
+        #: the model's own); other questions use the model's own
         self.relevance_by_script = {
-            model: {script: self.relevance[model] | {k: float(t[k]) for k in RELEVANCE_WEIGHTS[:3]}
+            model: {script: self.relevance[model] | {k: float(v) for k, v in t.items()}
                     for script, t in c.items() if isinstance(t, dict)}
             for model, c in relevance.items()}
         intents = read(cfg.recall.intents).get("intents", {})
@@ -5119,8 +5156,9 @@ class Recall:
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not
-        less relevant than [recall] min_relevance (calibrated_relevance, also put in their parts) or
-        made within the question's time window (time_boost). When nothing is left, a warning says
+        less relevant than [recall] min_relevance (relevance_parts, also put in their parts) or
+        made within the time window of a question of time words alone (time_boost). When nothing
+        is left, a warning says
         so and gives the best relevance."""
         coef = self.rules.relevance_coef(self.embedder.model, q.tokens)
         stored = [] if q.vector is None else self.rows(
@@ -5131,18 +5169,50 @@ class Recall:
             if i not in docs:
                 continue
             doc_tokens = set(docs[i]["segmented"].split())
-            cos = float(np.dot(vectors[i], q.vector)) if i in vectors else None
-            cover = token_cover(q.tokens, doc_tokens)
-            rel = calibrated_relevance(cos, cover, coef)
-            parts[i].update(cosine=cos, cover=cover, relevance=rel)
-            # made when the question says ("what happened yesterday?"): the time is the relevance
-            if rel is None or rel >= self.cfg.recall.min_relevance or parts[i]["time_boost"]:
+            parts[i].update(self.relevance_parts(q.tokens, q.vector, doc_tokens, vectors.get(i),
+                                                 coef))
+            rel = parts[i]["relevance"]
+            # made when a question of time words alone says ("what happened yesterday?"): the
+            # time is the relevance; "what's the weather today?" has a word to judge it by
+            if rel is None or rel >= self.cfg.recall.min_relevance or (
+                    parts[i]["time_boost"] and not has_words(q.tokens)):
                 kept[i] = doc_tokens
         if docs and not kept:  # every one has a relevance, all below the threshold
             best = max(parts[i]["relevance"] for i in pool if i in docs)
             q.warnings.append(f"nothing relevant: the best memory's relevance is {best:.2f}, below "
                               f"[recall] min_relevance = {self.cfg.recall.min_relevance}")
         return kept
+
+    def relevance_parts(self, q_tokens, q_vector, doc_tokens: set, doc_vector,
+                        coef: dict | None) -> dict:
+        """{cosine, margin, cover, relevance} of a memory (or turn) for a question: its search
+        tokens and vector (None: no vector), the memory's indexed tokens and stored vector (None:
+        none yet), and the question's calibrated_relevance weights. A memory without a word
+        (has_words: emoji, punctuation, a bare number) has relevance 0: a vector alone never says
+        it is relevant."""
+        cos = None if q_vector is None or doc_vector is None else float(np.dot(doc_vector,
+                                                                                q_vector))
+        cover = token_cover(q_tokens, doc_tokens, self.seg.weight)
+        margin = None if cos is None else cos - self.background(q_vector)[query_script(doc_tokens)]
+        rel = 0.0 if coef is not None and not has_words(doc_tokens) else \
+            calibrated_relevance(margin, cover, coef)
+        return {"cosine": cos, "margin": margin, "cover": cover, "relevance": rel}
+
+    def background(self, q_vector) -> dict[str, float]:
+        """{script: the mean cosine of question vector `q_vector` with rules/relevance.toml's
+        ordinary memories of that script} ('latin', 'cjk'): how close the question is to any memory
+        at all, which calibrated_relevance takes off its cosine with one. The anchors are embedded
+        once per process and model (about 0.3 s with the local model); 0.0 for a script without
+        anchors."""
+        model = self.embedder.model
+        if model not in self._anchor_vectors:
+            self._anchor_vectors[model] = {
+                script: self.embedder.embed_documents(texts)
+                for script, texts in self.rules.anchors.items() if texts}
+        out = {"latin": 0.0, "cjk": 0.0}
+        for script, vectors in self._anchor_vectors[model].items():
+            out[script] = float(np.mean(vectors @ q_vector))
+        return out
 
     def _score_candidates(self, ids, parts: dict, ranks: dict, scores: dict, confidence: dict,
                           w: Weights, q: RecallQuery) -> None:
@@ -7310,10 +7380,9 @@ class ConversationSearch:
             row = rows.get(i)
             if row is None:
                 continue
-            cos = float(np.dot(blob_vector(row["embedding"]), vector)) \
-                if vector is not None and row["embedding"] is not None else None
-            cover = token_cover(tokens, set(row["segmented"].split()))
-            rel = calibrated_relevance(cos, cover, coef)
+            vec = None if row["embedding"] is None else blob_vector(row["embedding"])
+            rel = self.relevance_parts(tokens, vector, set(row["segmented"].split()), vec,
+                                       coef)["relevance"]
             best = rel if best is None or (rel is not None and rel > best) else best
             if rel is not None and rel < r.min_relevance:
                 continue
@@ -9854,6 +9923,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._toucher: ThreadPoolExecutor | None = None  # the aokun-touch worker (Recall._touch)
         self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Recall._hamming_bound
         self._hamming_learnt = 0  # reaches learnt since meta hamming_reach was written
+        self._anchor_vectors: dict[str, dict] = {}  # model -> {script: vectors} (background)
         # Recall._channel_query: recalls left without the pool
         self._pool_skips: dict[tuple, int] = {}
         self._channel_pool: ThreadPoolExecutor | None = None  # aokun-recall-* channel workers

@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 #: ../shared/data beside the repo
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+PEOPLE = REPO / "tests" / "fixtures" / "evalsets"  #: the project's own sets (load_people)
 DEFAULT_CHANNELS = "bm25,vector,graph_keyword,graph_vector,all"  #: single channels, then the hybrid
 LOCOMO_CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop",
                      5: "adversarial"}
@@ -63,6 +64,8 @@ class Question:
     answer: str = ""
     #: LoCoMo: the session ids of the evidence turns
     gold_sessions: set = field(default_factory=set)
+    lang: str = ""  #: people: the question's language, "→" the gold's when it differs ("en→zh")
+    generic: bool = False  #: people: could be asked of anyone ("Where do I live?")
 
 
 @dataclass
@@ -78,6 +81,7 @@ class Dataset:
     #: copy of the memories split into two personas, and per question the half without its gold
     split_items: list = field(default_factory=list)
     split_other: dict = field(default_factory=dict)  #: qid → the split persona that lacks its gold
+    offtopic: list = field(default_factory=list)  #: (query, lang) no memory answers
 
 
 def locomo_time(text: str) -> str:
@@ -197,6 +201,44 @@ def load_madial(data_dir: Path) -> Dataset:
                     f"without a timestamp), {len(ds.questions)} dialogues ({skipped} skipped, "
                     f"{missing} gold ids not in the pool)")
     split_personas(ds)
+    return ds
+
+
+def text_lang(text: str) -> str:
+    """'zh' when at least a third of the letters are CJK, else 'en'."""
+    letters = [c for c in text if c.isalpha()]
+    cjk = sum("\u4e00" <= c <= "\u9fff" for c in letters)
+    return "zh" if letters and 3 * cjk >= len(letters) else "en"
+
+
+def load_people(folder: Path) -> Dataset:
+    """The project's own small bilingual memories of made-up people (tests/fixtures/evalsets,
+    written for this by someone who had not read the code): people.json, a list of {persona,
+    memories: [{id, text, created_at, participants, topics}], questions: [{q, lang, gold, kind,
+    generic}]}, and offtopic.json, [{q, lang}] that no memory answers. A question's language group
+    is its own, "→" its gold's when that differs ("en→zh")."""
+    ds = Dataset("people", MADIAL_KS, categories=["fact", "person", "update", "cross"])
+    people = json.loads((folder / "people.json").read_text(encoding="utf-8"))
+    for person in people:
+        persona = f"people-{person['persona']}"
+        texts = {}
+        for m in person["memories"]:
+            meta = {"participants": m.get("participants", []), "topics": m.get("topics", []),
+                    "timestamp": m["created_at"], "persona_id": persona}
+            ds.items.append((persona, m["id"], m["text"], meta))
+            texts[m["id"]] = m["text"]
+        for n, q in enumerate(person["questions"]):
+            gold = {g for g in q["gold"] if g in texts}
+            if not gold:
+                continue
+            langs = {text_lang(texts[g]) for g in gold}
+            lang = q["lang"] if langs == {q["lang"]} else f"{q['lang']}→{'+'.join(sorted(langs))}"
+            ds.questions.append(Question(f"{persona}#{n}", persona, q["q"], gold, q["kind"],
+                                         lang=lang, generic=bool(q.get("generic"))))
+    ds.offtopic = [(q["q"], q["lang"]) for q in
+                   json.loads((folder / "offtopic.json").read_text(encoding="utf-8"))]
+    ds.notes.append(f"{len(people)} people, {len(ds.items)} memories, {len(ds.questions)} "
+                    f"questions, {len(ds.offtopic)} off-topic questions")
     return ds
 
 
@@ -421,26 +463,60 @@ def other_personas(ds: Dataset) -> list[tuple[Question, str]]:
     personas = list(dict.fromkeys(q.persona_id for q in ds.questions))
     if len(personas) >= 2:
         other = {p: personas[(i + 1) % len(personas)] for i, p in enumerate(personas)}
-        return [(q, other[q.persona_id]) for q in ds.questions]
+        return [(q, other[q.persona_id]) for q in ds.questions if not q.generic]
     return [(q, ds.split_other[q.qid]) for q in ds.questions if q.qid in ds.split_other]
 
 
 def other_persona(sut, ds: Dataset) -> dict | None:
     """Every question asked against a persona where its answer is not (other_personas: another
-    conversation, or the other half of a split): how often the answer is empty. None without any."""
+    conversation, or the other half of a split): how often the answer is empty, overall and per
+    question language (`by_lang`). With off-topic questions (people), each is asked of every
+    persona too (`offtopic`). None without any."""
     pairs = other_personas(ds)
     if not pairs:
         return None
-    empty = 0
+    empty, by_lang = 0, {}
     for n, (q, persona) in enumerate(pairs, 1):
-        empty += not (sut.recall(q.query, RECALL_K, persona, None).get("results") or [])
+        none = not (sut.recall(q.query, RECALL_K, persona, None).get("results") or [])
+        empty += none
+        by_lang.setdefault(q.lang.split("→")[0], []).append(none)
         if n % 25 == 0 or n == len(pairs):
             print(f"\r  [{ds.name}] other persona: {n}/{len(pairs)} questions", end="",
                   file=sys.stderr, flush=True)
     print(file=sys.stderr)
     split = (" (one persona: its memories split in two, each question asked of the half without "
              "its gold)") if ds.split_other else ""
-    return {"n": len(pairs), "empty": empty, "empty_rate": empty / max(1, len(pairs)), "how": split}
+    offtopic = {}
+    for query, lang in ds.offtopic:
+        for persona in dict.fromkeys(q.persona_id for q in ds.questions):
+            hits = sut.recall(query, RECALL_K, persona, None).get("results") or []
+            offtopic.setdefault(lang, []).append(not hits)
+            if hits and len(offtopic[lang]) % 7 == 1:  # a sample of what came back
+                print(f"  off-topic {query[:40]!r} in {persona}: {hits[0]['text'][:50]!r} "
+                      f"({hits[0].get('relevance')})", file=sys.stderr)
+    return {"n": len(pairs), "empty": empty, "empty_rate": empty / max(1, len(pairs)), "how": split,
+            "by_lang": {k: sum(v) / len(v) for k, v in by_lang.items()},
+            "offtopic": {k: sum(v) / len(v) for k, v in offtopic.items()}}
+
+
+def by_language(ds: Dataset, result: dict, others: dict | None) -> None:
+    """Per question language group (people): n, R@k, answerable empty, and the other-persona and
+    off-topic empty rates of the question language."""
+    groups: dict[str, list] = {}
+    for r in result["_rows"]:
+        groups.setdefault(r["q"].lang, []).append(r)
+    rows = []
+    for lang, rs in sorted(groups.items()):
+        base = lang.split("→")[0]
+        other = (others or {}).get("by_lang", {}).get(base) if "→" not in lang else None
+        off = (others or {}).get("offtopic", {}).get(base) if "→" not in lang else None
+        rows.append([lang, len(rs)] + [mean_recall(rs, ds.ks)[k] for k in ds.ks]
+                    + [sum(not x["hits"] for x in rs) / len(rs),
+                       "" if other is None else other, "" if off is None else off])
+    print("\nper language (hybrid, last pass; other persona: non-generic questions asked of the "
+          "next person; off-topic: each asked of every person):")
+    print(table(["lang", "n"] + [f"R@{k}" for k in ds.ks]
+                + ["answerable empty", "other persona empty", "off-topic empty"], rows))
 
 
 def cross_language(db_dir: Path, data_dir: Path, provider: str, config) -> dict:
@@ -554,6 +630,8 @@ def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: di
     if others is not None:
         print(f"asked against another persona ({hybrid}){others.get('how', '')}: {others['empty']} "
               f"of {others['n']} answers empty ({others['empty_rate']:.1%})")
+    if any(q.lang for q in ds.questions):
+        by_language(ds, last, others)
     if misses:
         print_misses(ds, results[hybrid][-1], misses, texts)
 
@@ -590,7 +668,7 @@ def summary_json(ds: Dataset, ingest_info: dict, results: dict, others: dict | N
 # CLI #############################################################################################
 
 @click.command()
-@click.option("--dataset", type=click.Choice(["locomo", "madial", "all"]), default="all",
+@click.option("--dataset", type=click.Choice(["people", "locomo", "madial", "all"]), default="all",
               show_default=True)
 @click.option("--channels", default=DEFAULT_CHANNELS, show_default=True,
               help="Comma-separated channel settings to evaluate: bm25, vector, graph_keyword, "
@@ -642,9 +720,16 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
         import aokun
         aokun.parse_time(now_iso, "--now")
         os.environ["AOKUN_NOW"] = now_iso
-    if not (data_dir / "locomo-dev.json").exists() or not (data_dir / "madial-zh-dev").is_dir():
-        raise click.ClickException(f"no evaluation data in {data_dir}; pass --data pointing at "
-                                   "shared/data")
+    names = ["people", "locomo", "madial"] if dataset == "all" else [dataset]
+    if names != ["people"] and (not (data_dir / "locomo-dev.json").exists()
+                                or not (data_dir / "madial-zh-dev").is_dir()):
+        if dataset != "all":
+            raise click.ClickException(f"no LoCoMo/MADial data in {data_dir}; pass --data "
+                                       "pointing at a folder with locomo-dev.json and "
+                                       "madial-zh-dev/")
+        print(f"no LoCoMo/MADial data in {data_dir} (--data): the project's own sets only",
+              file=sys.stderr)
+        names = ["people"]
     settings = [s.strip() for s in channels.split(",") if s.strip()]
     if via_mcp:
         settings = ["all"]
@@ -661,7 +746,6 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
     if not cats or not set(cats) <= set(LOCOMO_CATEGORIES):
         raise click.ClickException(f"--categories {categories!r}: give numbers from 1 to 5, e.g. "
                                    "1,2,3,4")
-    names = ["locomo", "madial"] if dataset == "all" else [dataset]
     tmp = None
     if db_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="aokun-eval-")
@@ -670,7 +754,8 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
     summaries = []
     try:
         for name in names:
-            ds = load_locomo(data_dir, cats) if name == "locomo" else load_madial(data_dir)
+            ds = load_people(PEOPLE) if name == "people" else \
+                load_locomo(data_dir, cats) if name == "locomo" else load_madial(data_dir)
             if limit_questions is not None:
                 ds.questions = ds.questions[:limit_questions]
             db_path = db_dir / f"{name}.db"
@@ -691,7 +776,7 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
             report(ds, info, results, misses, texts, others)
             summaries.append(summary_json(ds, info, results, others))
         cross = cross_language(db_dir, data_dir, provider, config) \
-            if names == ["locomo", "madial"] and "all" in settings and not via_mcp \
+            if names[-2:] == ["locomo", "madial"] and "all" in settings and not via_mcp \
             and limit_questions is None else None
     finally:
         if tmp is not None:

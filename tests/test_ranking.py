@@ -539,15 +539,25 @@ def test_token_cover_counts_query_tokens_of_a_script_the_memory_has():
     assert token_cover({"小明", "kyoto", "trip"}, {"小明", "kyoto", "visit"}) == \
         pytest.approx(2 / 3)
     assert token_cover(set(), {"a"}) is None
+    # weighted: a shared everyday word covers less of the question than a telling one
+    weight = {"妹妹": 4.0, "工作": 1.0}.get
+    assert token_cover({"妹妹", "工作"}, {"预算", "工作"}, weight) == pytest.approx(0.2)
+    assert token_cover({"妹妹", "工作"}, {"妹妹", "银行"}, weight) == pytest.approx(0.8)
+
+
+def test_a_memory_without_words_has_none():
+    assert not aokun.has_words(["👍"]) and not aokun.has_words(["42", "……"])
+    assert not aokun.has_words([])
+    assert aokun.has_words(["ok"]) and aokun.has_words(["好"])
 
 
 def test_calibrated_relevance_is_the_fitted_logistic_and_none_when_uncalibrated():
-    coef = {"w_cos": 100.0, "w_cover": 10.0, "bias": -85.0, "cos_only_w_cos": 110.0,
-            "cos_only_bias": -90.0}
+    coef = {"w_margin": 100.0, "w_cover": 10.0, "bias": -85.0, "margin_only_w": 110.0,
+            "margin_only_bias": -90.0}
     # z = 100·0.8 + 10·0.5 − 85 = 0: exactly one half
     assert calibrated_relevance(0.8, 0.5, coef) == pytest.approx(0.5)
     assert calibrated_relevance(0.85, 0.5, coef) == pytest.approx(1 / (1 + math.exp(-5.0)))
-    # no comparable words: the cos-only weights, z = 110·0.8 − 90 = −2
+    # no comparable words: the margin-only weights, z = 110·0.8 − 90 = −2
     assert calibrated_relevance(0.8, None, coef) == pytest.approx(1 / (1 + math.exp(2.0)))
     assert calibrated_relevance(0.8, 0.5, None) is None  # the embedding model is not calibrated
     assert calibrated_relevance(None, 0.5, coef) is None  # the memory has no vector yet

@@ -75,16 +75,18 @@ def test_the_script_of_a_question_picks_its_weights(tmp_path):
     assert aokun.query_script(["python", "教程"]) == "cjk"  # half or more: the Chinese scale
     assert aokun.query_script([]) == "latin"
     rules = tmp_path / "relevance.toml"
-    rules.write_text('["m"]\nw_cos = 1\nw_cover = 2\nbias = 3\n'
-                     'cos_only_w_cos = 4\ncos_only_bias = 5\n'
-                     '["m".cjk]\nw_cos = 6\nw_cover = 7\nbias = 8\n'
-                     'cos_only_w_cos = 9\ncos_only_bias = 10\n',
+    rules.write_text('[anchors]\nlatin = ["a memory"]\n'
+                     '["m"]\nw_margin = 1\nw_cover = 2\nbias = 3\n'
+                     'margin_only_w = 4\nmargin_only_bias = 5\n'
+                     '["m".cjk]\nw_margin = 6\nw_cover = 7\nbias = 8\n',
                      encoding="utf-8")
     ini = tmp_path / "aokun.ini"
     ini.write_text(f"[recall]\nrelevance = {rules}\n", encoding="utf-8")
     r = aokun.Rules(aokun.Config(ini))
-    assert r.relevance_coef("m", {"咖啡"})["w_cos"] == 6.0
-    assert r.relevance_coef("m", {"coffee"})["w_cos"] == 1.0
+    assert r.relevance_coef("m", {"咖啡"})["w_margin"] == 6.0
+    assert r.relevance_coef("m", {"咖啡"})["margin_only_w"] == 4.0  # the model's own
+    assert r.relevance_coef("m", {"coffee"})["w_margin"] == 1.0
+    assert r.anchors == {"latin": ["a memory"]}
     assert r.relevance_coef("other", {"咖啡"}) is None
 
 
@@ -109,3 +111,52 @@ def test_chinese_question_words_do_not_outrank_the_content_word(local_mem):
     assert out["results"] and "咖啡" in out["results"][0]["text"]
     out = local_mem.recall("我在哪里出差？", k=5, persona_id=PERSONA)
     assert out["results"] and "出差" in out["results"][0]["text"]
+
+
+#: a week of everyday facts, as an assistant stores them (issue 32): its own persona
+SMALL = "relevance-small"
+SMALL_MEMORIES = [
+    ("User is allergic to penicillin.", {"pinned": True, "topics": ["health"]}),
+    ("我妹妹在杭州一家银行工作。", {"participants": ["妹妹"]}),
+    ("下周三上午开预算会议，讨论明年的工作计划。", {"topics": ["工作"]}),
+    ("User's cat is named Mochi.", {}),
+    ("用户每天早上喝一杯冰美式。", {}),
+    ("👍", {}),
+    ("……", {}),
+    ("42", {}),
+]
+OFF_TOPIC = ["tell me a joke", "hi", "thanks!", "How do I reverse a list in Python?",
+             "What is the capital of France?", "讲个笑话", "你好", "程序员一般几点下班",
+             "今天天气怎么样"]
+
+
+@pytest.fixture
+def small(local_mem):
+    for text, meta in SMALL_MEMORIES:
+        local_mem.memorize(text, dict(meta, persona_id=SMALL))
+    return local_mem
+
+
+@pytest.mark.slow
+def test_off_topic_questions_of_a_small_memory_come_back_empty(small):
+    for query in OFF_TOPIC:
+        out = small.recall(query, k=5, persona_id=SMALL)
+        assert out["results"] == [], (query, [(h["text"], h["relevance"]) for h in out["results"]])
+        assert any(w.startswith("nothing relevant") for w in out["warnings"])
+
+
+@pytest.mark.slow
+def test_a_memory_without_words_is_never_relevant(small):
+    for query in ("What's my cat called?", "我每天早上喝什么", "thanks!", "你好"):
+        out = small.recall(query, k=5, persona_id=SMALL, explain=True)
+        for h in out["results"]:
+            assert h["text"] not in ("👍", "……", "42"), query
+    hit = small.recall("What's my cat called?", k=5, persona_id=SMALL)["results"]
+    assert hit and hit[0]["text"] == "User's cat is named Mochi."
+
+
+@pytest.mark.slow
+def test_an_everyday_word_shared_is_not_relevance(small):
+    hits = small.recall("我妹妹在哪里工作？", k=5, persona_id=SMALL, explain=True)["results"]
+    assert hits and hits[0]["text"] == "我妹妹在杭州一家银行工作。"
+    assert all("预算" not in h["text"] for h in hits), [(h["text"], h["relevance"]) for h in hits]

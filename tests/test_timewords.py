@@ -150,12 +150,14 @@ def test_time_words_alone_answer_from_the_window(dated, query, phrase):
 @pytest.mark.slow
 def test_memories_of_the_window_pass_the_relevance_gate(dated):
     m, ids = dated
-    m.rules.relevance[m.embedder.model] = {"w_cos": 0.0, "w_cover": 0.0,
+    m.rules.relevance[m.embedder.model] = {"w_margin": 0.0, "w_cover": 0.0,
                                            "bias": -50.0,  # nothing passes
-                                           "cos_only_w_cos": 0.0, "cos_only_bias": -50.0}
+                                           "margin_only_w": 0.0, "margin_only_bias": -50.0}
     assert [h["id"] for h in m.recall("yesterday")["results"]] == [ids["fence"]]
     assert [h["id"] for h in m.recall("what happened yesterday")["results"]] == [ids["fence"]]
-    assert [h["id"] for h in m.recall("garden yesterday")["results"]] == [ids["fence"]]
+    # a word beside the time words is what the gate judges: "the weather yesterday" is not about
+    # every memory of yesterday
+    assert m.recall("garden yesterday")["results"] == []
     assert m.recall("garden")["results"] == []  # without time words the gate holds
 
 
