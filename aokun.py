@@ -2103,6 +2103,8 @@ def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
 
 #: what may follow a known name in a Latin-script slot value that is still that name (slot_value)
 MODEL_SUFFIX = re.compile(r"(?:\s+(?:\d+\w*|pro|max|plus|mini|ultra|air|se))+$")
+#: the possessive before a relative that Rules.slot drops from a subject (my sister, 用户的妹妹)
+SUBJECT_OWNER = re.compile(r"^(?:(?:my|our|(?:the )?user's)\s+|(?:我|用户)的?(?=.))")
 #: rules/relevance.toml
 RELEVANCE_WEIGHTS = ("w_cos", "w_cover", "bias", "cos_only_w_cos", "cos_only_bias")
 
@@ -2170,6 +2172,8 @@ class Rules:
                              for w in [who, *words] if w}
         self.slot_thing = {self._key(w): thing for thing, words in data.get("things", {}).items()
                            for w in [thing, *words]}
+        self.slot_alias = {self._key(w): self._key(v) for v, words in data.get("values", {}).items()
+                           for w in words}
         self.slot_category = {self.canonical(v): (cat, bool(c.get("exclusive")))
                               for cat, c in data.get("categories", {}).items()
                               for v in c.get("values", [])}
@@ -2218,6 +2222,8 @@ class Rules:
         name (a [categories] value or an alias, at a word boundary in Latin script) is that name:
         上海浦东 is shanghai, "iPhone 15" is iphone."""
         key = self.canonical(re.sub(r"(?i)^(?:a|an|the|my)\s+", "", value.strip()))
+        if key in self.slot_alias:
+            return self.slot_alias[key]
         for n in range(len(key), 1, -1):
             if n < len(key) and key[n - 1].isascii() and not MODEL_SUFFIX.match(key[n:]):
                 continue  # Latin script: a name, then only a model's number ("iphone 15 pro")
@@ -2254,10 +2260,11 @@ class Rules:
         who = g.get("subject")
         if not who:
             return name, value, "user"
-        key = re.sub(r"'s$", "", self._key(who))
-        subject = self.slot_subject.get(self._key(who), self.slot_subject.get(key))
+        key = self._key(who)
+        rest = SUBJECT_OWNER.sub("", re.sub(r"'s$", "", key))
+        subject = self.slot_subject.get(key, self.slot_subject.get(rest))
         if subject is None:
-            subject = self.canonical(key)
+            subject = self.canonical(rest) if rest else "user"
         return name, value, subject or None
 
     def canonical(self, name: str) -> str:
@@ -2469,11 +2476,11 @@ SUPERSEDE_JACCARD = 0.25
 #: memorize's may_update (Journal._may_update): at most this many memories, each found by its slot
 #: (an atom of the new memory superseded one of its atoms) or as the same event changed: the new
 #: memory says so ([events] of rules/predicates.toml) and shares at least EVENT_SHARED_TOKENS
-#: search tokens, and EVENT_JACCARD of them, with an older memory that names a time. (A vector
+#: search tokens, and EVENT_JACCARD of them, with an older memory. (A vector
 #: signal, cosine ≥ 0.89, named two preferences of one person as updates: dropped for precision.)
 MAY_UPDATE_MAX = 3
-EVENT_SHARED_TOKENS = 2
-EVENT_JACCARD = 0.2
+EVENT_SHARED_TOKENS = 1
+EVENT_JACCARD = 0.1
 MAY_UPDATE_PREVIEW_CHARS = 80
 MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
 #: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed
@@ -4141,7 +4148,7 @@ class Journal:
         theirs: same subject and slot, another value, in either language; done already, recall
         marks them replaced_by p) and the event one (p says an event changed, rules/predicates.toml
         [events], and shares EVENT_SHARED_TOKENS search tokens and EVENT_JACCARD of them with an
-        older memory that names a time: supersedes=[id] marks it replaced). Nothing for a repeat,
+        older memory: supersedes=[id] marks it replaced). Nothing for a repeat,
         an edit or a failed write. Never raises for the signals: a hint is not worth failing a
         stored write."""
         if p.deduplicated or p.status == "failed" or p.document_id is None or p.op != "insert":
@@ -4171,9 +4178,11 @@ class Journal:
     def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
         """may_update's event signal: [(id, content)] of the older memories of p's persona, not
         archived, not in `skip`, that name a time and share enough search tokens with `p`, when
-        p's content says an event changed (rules/predicates.toml [events])."""
+        p's content says an event changed (rules/predicates.toml [events]); the shared tokens leave
+        out the [events] words (change and time words, the user)."""
         if not any(rx.search(fold(p.content)) for rx in self.rules.event_change):
             return []
+        # the older one need not name a time: "training for a 10K" → "… instead of the 10K"
         words = set(self.seg.tokens(p.content)) - self.rules.event_words
         out = []
         for r in self.rows(self.queries["event_rivals"], {

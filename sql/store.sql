@@ -90,11 +90,10 @@ where state = 'superseded' and expires_at > :now
 
 -- name: event_rivals
 -- may_update's event signal: the best BM25 matches (:match, an FTS5 expression) among the memories
--- of :persona_id other than :document_id, not archived, that name a time (event_at, schema 16),
--- with their segmented text.
+-- of :persona_id other than :document_id, not archived, with their segmented text.
 select d.id, d.content, f.segmented
 from documents_fts f join documents d on d.id = f.rowid
 where documents_fts match :match and d.persona_id = :persona_id and d.id != :document_id
-  and d.archived = 0 and d.event_at is not null
+  and d.archived = 0
 order by rank
 limit :k;

@@ -1,6 +1,7 @@
 """What a write says happened (issue 22): secrets redacted (kinds and counts, never the secret),
 memories the new one may update (may_update), and memorize(supersedes=[ids]) marking the older
-replaced with a link both ways (its contradicted facts retired, the memory kept), through the MCP server in-process and the engine."""
+replaced with a link both ways (its contradicted facts retired, the memory kept), through the MCP
+server in-process and the engine."""
 
 import json
 
