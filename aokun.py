@@ -10732,8 +10732,8 @@ def _write_tools():
     def memorize(ctx: Context,
                  content: str,
                  metadata: M.Metadata | None = None,
-                 supersedes: Annotated[list[int] | None,
-                                       Field(description="Ids it replaces (archived).")] = None,
+                 supersedes: Annotated[list[int] | None, Field(
+                     description="Ids it replaces (marked; facts it contradicts retire).")] = None,
                  ) -> M.WriteResult:
         """Store a fact, preference, decision, event or plan worth keeping for weeks, written to
         make sense alone (names, not pronouns)."""
