@@ -2136,6 +2136,10 @@ def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
     return str(uuid.uuid5(ATOM_UID_NAMESPACE, key))
 
 
+#: what may follow a known name in a Latin-script slot value that is still that name (slot_value)
+MODEL_SUFFIX = re.compile(r"(?:\s+(?:\d+\w*|pro|max|plus|mini|ultra|air|se))+$")
+#: the possessive before a relative that Rules.slot drops from a subject (my sister, 用户的妹妹)
+SUBJECT_OWNER = re.compile(r"^(?:(?:my|our|(?:the )?user's)\s+|(?:我|用户)的?(?=.))")
 #: rules/relevance.toml
 RELEVANCE_WEIGHTS = ("w_margin", "w_cover", "bias", "margin_only_w", "margin_only_bias")
 
@@ -2183,13 +2187,43 @@ class Rules:
         self.time_words = load_time_words(cfg.rule_file(cfg.recall.time_words))
         self.event_dates = load_event_dates(cfg.rule_file(cfg.write.event_dates))
 
-        predicates = read(cfg.forgetting.predicates).get("predicates", [])
-        self.slot_patterns = [(p["name"], re.compile(rx))
+        self._slot_rules(read(cfg.forgetting.predicates))
+
+    def _slot_rules(self, data: dict) -> None:
+        """The single-valued slots of rules/predicates.toml: patterns with their [defs] pieces
+        expanded, as (name, thing mode, not_category, regex); [subjects], [things] and
+        [categories] as lookups by key."""
+        defs: dict[str, str] = {}
+        for name, piece in data.get("defs", {}).items():
+            defs[name] = self._expand(piece, defs)
+        predicates = data.get("predicates", [])
+        self.slot_patterns = [(p["name"], p.get("thing", "none"),
+                               frozenset(p.get("not_category", ())),
+                               re.compile(self._expand(rx, defs)))
                               for p in predicates for rx in p.get("patterns", [])]
         self.predicate_of: dict[str, str] = {}
         for p in predicates:
             for name in [p["name"], *p.get("aliases", [])]:
                 self.predicate_of[self._key(name)] = p["name"]
+        self.slot_subject = {self._key(w): who for who, words in data.get("subjects", {}).items()
+                             for w in [who, *words] if w}
+        self.slot_thing = {self._key(w): thing for thing, words in data.get("things", {}).items()
+                           for w in [thing, *words]}
+        self.slot_alias = {self._key(w): self._key(v) for v, words in data.get("values", {}).items()
+                           for w in words}
+        self.slot_category = {self.canonical(v): (cat, bool(c.get("exclusive")))
+                              for cat, c in data.get("categories", {}).items()
+                              for v in c.get("values", [])}
+        events = data.get("events", {})
+        self.event_change = [re.compile(rx) for rx in events.get("change", [])]
+        self.event_words = {self._key(w) for w in events.get("words", [])}
+
+    @staticmethod
+    def _expand(rx: str, defs: dict[str, str]) -> str:
+        """`rx` with each {name} of `defs` replaced by its piece."""
+        for name, piece in defs.items():
+            rx = rx.replace("{" + name + "}", piece)
+        return rx
 
     @staticmethod
     def _key(name: str) -> str:
@@ -2206,18 +2240,69 @@ class Rules:
                 return atom_type, confidence
         return self.default_type, self.default_confidence
 
-    def slot(self, fact: str) -> tuple[str, str, str]:
-        """(predicate, value, subject) of the first single-valued predicate pattern that matches
-        fold(fact) (rules/predicates.toml), else ('', '', ''). value and subject are canonicalised
-        like an entity (keys, not display text)."""
+    def slot(self, fact: str) -> tuple[str, str, str | None]:
+        """(slot, value, subject) of the first single-valued slot pattern that matches fold(fact)
+        (rules/predicates.toml), else ('', '', ''). slot is the predicate, with the thing where
+        the entry has one ("prefers:tea", "prefers:language/scripting"); value a canonical key
+        (slot_value); subject a [subjects] canonical ("user" when the pattern names none), a
+        name's key, or None for he/she (the memory's first participant)."""
         fact = fold(fact)
-        for name, pattern in self.slot_patterns:
-            m = pattern.search(fact)
-            if m and m.group("value").strip():
-                subject = (m.groupdict().get("subject") or "").strip()
-                value = self.canonical(m.group("value").strip())
-                return name, value, self.canonical(subject) if subject else ""
+        for name, mode, not_category, pattern in self.slot_patterns:
+            for m in pattern.finditer(fact):
+                got = self._slot_of(m, name, mode, not_category)
+                if got:
+                    return got
         return "", "", ""
+
+    def slot_value(self, value: str) -> str:
+        """A slot value's key: an article dropped, then canonical(); a value starting with a known
+        name (a [categories] value or an alias, at a word boundary in Latin script) is that name:
+        上海浦东 is shanghai, "iPhone 15" is iphone."""
+        key = self.canonical(re.sub(r"(?i)^(?:a|an|the|my)\s+", "", value.strip()))
+        if key in self.slot_alias:
+            return self.slot_alias[key]
+        for n in range(len(key), 1, -1):
+            if n < len(key) and key[n - 1].isascii() and not MODEL_SUFFIX.match(key[n:]):
+                continue  # Latin script: a name, then only a model's number ("iphone 15 pro")
+            head = key[:n].strip()
+            if head in self.alias_of:
+                return self.canonical(head)
+            if head in self.slot_category:
+                return head
+        return key
+
+    def _slot_of(self, m: re.Match, name: str, mode: str,
+                 not_category: frozenset) -> tuple[str, str, str | None] | None:
+        """slot()'s answer for one match of predicate `name`'s pattern, or None when it makes no
+        slot (an empty value, a thing the mode needs and lacks, a value of a not_category)."""
+        g = m.groupdict()
+        value = self.slot_value(g["value"] or "")
+        if not value:
+            return None
+        category, exclusive = self.slot_category.get(value, ("", False))
+        if category in not_category:
+            return None
+        if mode != "none":
+            named = g.get("thing")
+            thing = self.slot_thing.get(self._key(named), self._key(named)) if named else ""
+            if mode == "exclusive" and not exclusive or mode != "either" and not category:
+                return None
+            thing = (thing if mode == "either" else "") or category
+            if not thing:
+                return None
+            use = g.get("use")
+            if use:
+                thing += "/" + self.slot_thing.get(self._key(use), self._key(use))
+            name = f"{name}:{thing}"
+        who = g.get("subject")
+        if not who:
+            return name, value, "user"
+        key = self._key(who)
+        rest = SUBJECT_OWNER.sub("", re.sub(r"'s$", "", key))
+        subject = self.slot_subject.get(key, self.slot_subject.get(rest))
+        if subject is None:
+            subject = self.canonical(rest) if rest else "user"
+        return name, value, subject or None
 
     def canonical(self, name: str) -> str:
         """Entity resolution: NFKC, case and whitespace folded (_key), aliases from
@@ -2421,17 +2506,18 @@ def _id_list(value, name: str, limit: int) -> list[int]:
 # Store: the connection, transactions and reading #################################################
 
 LIST_LIMIT_MAX = 1000  #: the most memories list_memories returns at once
-SUPERSEDES_MAX = 20  #: the most memories one memorize(supersedes=…) archives
+SUPERSEDES_MAX = 20  #: the most memories one memorize(supersedes=…) replaces
+#: memorize(supersedes): an atom of a superseded memory without the new one's slot retires when it
+#: shares this much (Jaccard) of its search tokens with an atom of the new one
+SUPERSEDE_JACCARD = 0.25
 #: memorize's may_update (Journal._may_update): at most this many memories, each found by its slot
-#: (an atom of the new memory superseded one of its atoms) or by its vector: cosine at least
-#: MAY_UPDATE_COSINE and a content word in common, or at least MAY_UPDATE_COSINE_ALONE. With
-#: multilingual-e5-small unrelated short sentences reach 0.80-0.88 ("I like sushi" / "I like green
-#: tea" 0.871 sharing "like"), updates of one fact 0.89-0.95 ("My favourite coffee is a flat white"
-#: / "… is now an iced americano" 0.917); measured on 32 pairs, see the commit that added them.
-#: A model without a calibrated relevance (rules/relevance.toml) gets the slot signal only.
+#: (an atom of the new memory superseded one of its atoms) or as the same event changed: the new
+#: memory says so ([events] of rules/predicates.toml) and shares at least EVENT_SHARED_TOKENS
+#: search tokens, and EVENT_JACCARD of them, with an older memory. (A vector
+#: signal, cosine ≥ 0.89, named two preferences of one person as updates: dropped for precision.)
 MAY_UPDATE_MAX = 3
-MAY_UPDATE_COSINE = 0.89
-MAY_UPDATE_COSINE_ALONE = 0.93
+EVENT_SHARED_TOKENS = 1
+EVENT_JACCARD = 0.1
 MAY_UPDATE_PREVIEW_CHARS = 80
 MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
 #: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed
@@ -3165,7 +3251,7 @@ class Layers:
         p.stale += [i for i in self._stale_successors(p.document_id, fresh) if i not in p.stale]
         if p.op == "insert":
             fresh.add(p.document_id)
-            self._archive_superseded(p)
+            self._link_superseded(p)
         self._refresh_graph_context(p.stale)
         self._briefing_stale(p.persona_id)
         if vec is not None:
@@ -3178,19 +3264,25 @@ class Layers:
         extra = [get("summary"), *get("topics"), *get("participants"), *get("tags")]
         return "\n".join([get("content"), *[x for x in extra if x]])
 
+    def _fact_slot(self, p: Prepared, fact: str) -> tuple[str, str, str]:
+        """(slot, value, subject) of one fact of write `p` (Rules.slot): he/she is the memory's
+        first participant (else the user); a fact without a slot is about that participant or
+        no one."""
+        slot, value, subject = self.rules.slot(fact)
+        if subject is None or not slot:
+            first = self.rules.canonical(p.participants[0]) if p.participants else ""
+            subject = first or ("user" if slot else "")
+        return slot, value, subject
+
     def _new_atom(self, p: Prepared, fact: str, uid: str, atom_type: str, confidence: float,
-                  tokens: list[str]) -> None:
-        """_stage_atoms' new atom of `fact`: its row, source and FTS row, then its slot's
-        supersession. In tx."""
+                  tokens: list[str], slotted: tuple[str, str, str]) -> None:
+        """_stage_atoms' new atom of `fact` with its (slot, value, subject): its row, source and
+        FTS row, then its slot's supersession. In tx."""
         c = self.conn
         base = float(self.rules.types[atom_type]["base_ttl_days"])
         ttl = effective_ttl_days(base, p.importance, 0)
         stamp = now_iso()
-        slot, slot_value, slot_subject = self.rules.slot(fact)
-        subject = slot_subject or (self.rules.canonical(p.participants[0])
-                                   if p.participants else "")
-        if slot and not subject:
-            subject = "user"
+        slot, slot_value, subject = slotted
         c.execute("insert into memory_atoms(id, uid, persona_id, document_id, atom_type, content, "
                   "subject, confidence, importance, base_ttl_days, created_at, updated_at, "
                   "last_reinforced_at, expires_at, state_changed_at, slot, slot_value) "
@@ -3210,7 +3302,9 @@ class Layers:
 
     def _stage_atoms(self, p: Prepared, _vectors) -> None:
         """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
-        same persona reinforces it (count +1, confidence and TTL refreshed) instead of a new row.
+        same persona reinforces it (count +1, confidence and TTL refreshed) instead of a new row,
+        unless the two hold the same single-valued slot (Rules.slot) with another value or subject:
+        a changed value is a new fact, which supersedes the old (_supersede).
         A fact of fewer than reinforce_min_tokens search tokens never reinforces: "Thanks,
         Melanie!" said in every conversation is small talk, not a fact that recurs, and would
         otherwise stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo).
@@ -3228,11 +3322,15 @@ class Layers:
             atom_type, confidence = self.rules.classify(fact)
             tokens = self.seg.tokens(fact)
             token_set = set(tokens)
+            slotted = self._fact_slot(p, fact)
             best, best_score = None, 0.0
             if len(token_set) >= self.cfg.write.reinforce_min_tokens:
                 for cand in self.rows(self.queries["atom_reinforce_candidates"], {
                         "match": fts_query(tokens), "persona_id": p.persona_id,
                         "atom_type": atom_type}):
+                    if slotted[0] and cand["slot"] == slotted[0] and (
+                            cand["slot_value"], cand["subject"]) != slotted[1:]:
+                        continue  # another value of the slot: a new fact
                     score = jaccard(token_set, set(cand["segmented"].split()))
                     if score > best_score:
                         best, best_score = cand, score
@@ -3253,7 +3351,8 @@ class Layers:
                 c.execute("insert into atom_sources(atom_id, document_id) values (?, ?)",
                           (best["id"], p.document_id))
                 continue
-            self._new_atom(p, fact, uid, atom_type, confidence, tokens)
+            self._new_atom(p, fact, uid, atom_type, confidence, tokens, slotted)
+        self._retire_contradicted(p.document_id)
 
     def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0,
                         event_expiry: str = "") -> None:
@@ -3580,23 +3679,42 @@ class Layers:
 
     # flags and superseding: a memory's row -------------------------------------------------------
 
-    def _archive_superseded(self, p: Prepared) -> None:
-        """Archive the memories write `p` supersedes (p.supersedes) and link each to p.document_id
-        (superseded_by), those of p's persona only (checked again: one may be gone since memorize
-        checked); the newer itself is never archived. Notes what it did in p.warnings. In tx."""
+    def _link_superseded(self, p: Prepared) -> None:
+        """memorize(supersedes): link each memory write `p` supersedes (p.supersedes, of p's
+        persona only: checked again, one may be gone since memorize checked) to p.document_id
+        (superseded_by). It is not archived: recall ranks it below the newer and marks it
+        `replaced_by`; the facts the newer contradicts retire (_retire_contradicted), its others
+        stay findable. Notes what it did in p.warnings. In tx."""
         done = []
         for old in p.supersedes:
             mine = self.value("select 1 from documents where id = ? and persona_id = ?",
                               (old, p.persona_id))
             if old != p.document_id and mine:
-                self._set_flag_in_tx(old, "archived", True)
-                self.conn.execute("update documents set superseded_by = ? where id = ?",
-                                  (p.document_id, old))
+                self.conn.execute("update documents set superseded_by = ?, updated_at = ? "
+                                  "where id = ?", (p.document_id, now_iso(), old))
+                self._briefing_stale(p.persona_id)
                 done.append(str(old))
         if done:
-            p.warnings.append(f"memory {', '.join(done)} archived as superseded by memory "
-                              f"{p.document_id} (restore_memory brings "
-                              f"{'them' if len(done) > 1 else 'it'} back)")
+            p.warnings.append(f"memory {', '.join(done)} replaced by memory {p.document_id}: the "
+                              "facts it contradicts are retired, the rest stay (restore_memory "
+                              "undoes)")
+
+    def _retire_contradicted(self, doc_id: int) -> None:
+        """The atoms that memory `doc_id` contradicts in the memories it supersedes (superseded_by
+        = doc_id) retire, superseded by its atom: one of the same slot and subject already did
+        (_supersede); one without, when it shares SUPERSEDE_JACCARD of its search tokens with one
+        of doc_id's atoms (the same fact or event, changed). The others stay active: the older
+        memory's other facts. In tx."""
+        new = [(r["id"], set(r["segmented"].split())) for r in self.rows(
+            self.queries["document_atom_texts"], {"document_id": doc_id})]
+        stamp = now_iso()
+        for o in self.rows(self.queries["superseded_atom_texts"], {"document_id": doc_id}):
+            words = set(o["segmented"].split())
+            score, by = max(((jaccard(words, w), i) for i, w in new), default=(0.0, None))
+            if score >= SUPERSEDE_JACCARD:
+                self.conn.execute("update memory_atoms set state = 'superseded', "
+                                  "superseded_by = ?, state_changed_at = ?, updated_at = ? "
+                                  "where id = ? and state = 'active'", (by, stamp, stamp, o["id"]))
 
     def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
         """Set documents.pinned or .archived; archiving also flips the archived column of the
@@ -4056,56 +4174,62 @@ class Journal:
                 self._absorb_repeat(p)
                 if p.supersedes:  # a repeat: the memory holding the text supersedes them
                     with self.tx():
-                        self._archive_superseded(p)
+                        self._link_superseded(p)
+                        self._retire_contradicted(p.document_id)
         return [self._write_result(p) for p in preps]
 
     def _may_update(self, p: Prepared) -> None:
         """Set p.may_update, [{id, preview: the first MAY_UPDATE_PREVIEW_CHARS characters}] of at
-        most MAY_UPDATE_MAX memories of p's persona, not archived, that new memory `p` may be an
-        update of (see MAY_UPDATE_MAX: the slot signal first, then the vector one by cosine), and
-        one warning naming them and `supersedes`. Nothing for a repeat or a failed write. Costs
-        one slot query and one KNN from the vector the write stored (no embedding). Never raises
-        for the signals: a hint is not worth failing a stored write."""
+        most MAY_UPDATE_MAX memories of p's persona, not archived, that new memory `p` updates,
+        and one warning naming them. Two signals: the slot one (an atom of `p` superseded one of
+        theirs: same subject and slot, another value, in either language; done already, recall
+        marks them replaced_by p) and the event one (p says an event changed, rules/predicates.toml
+        [events], and shares EVENT_SHARED_TOKENS search tokens and EVENT_JACCARD of them with an
+        older memory: supersedes=[id] marks it replaced). Nothing for a repeat,
+        an edit or a failed write. Never raises for the signals: a hint is not worth failing a
+        stored write."""
         if p.deduplicated or p.status == "failed" or p.document_id is None or p.op != "insert":
             return
         try:
-            found = {r["id"]: r["content"] for r in self.rows(
+            slotted = {r["id"]: r["content"] for r in self.rows(
                 self.queries["slot_rivals_of_document"],
                 {"document_id": p.document_id, "persona_id": p.persona_id, "k": MAY_UPDATE_MAX})}
-            blob = None
-            # the cosine bounds were measured on the calibrated local model; another model's
-            # similarities live on another scale, so it gets the slot signal alone
-            calibrated = self.rules.relevance_coef(self.embedder.model, ()) is not None
-            if len(found) < MAY_UPDATE_MAX and calibrated and self.has_table("doc_vec"):
-                blob = self.value("select embedding from doc_vectors where doc_id = ?",
-                                  (p.document_id,))
-            if blob is not None:
-                k = MAY_UPDATE_MAX + 1  # the new memory is its own nearest
-                rows = self.rows(self.queries["recall_vector"], {
-                    "embedding": blob_vector(blob).tobytes(), "query_i8": blob, "k": k,
-                    "candidates": 8 * k, "max_hamming": None, "persona_id": p.persona_id,
-                    "max_archived": 0, "as_of": ""})
-                near = [(r["id"], 1 - r["raw"]) for r in rows
-                        if r["id"] != p.document_id and r["id"] not in found]
-                texts = {r["id"]: r["content"] for r in self.rows(
-                    "select id, content from documents "
-                    "where id in (select value from json_each(?))",
-                    (json.dumps([i for i, _ in near]),))} if near else {}
-                words = set(self.seg.tokens(p.content))
-                for i, cos in near:
-                    if i in texts and (cos >= MAY_UPDATE_COSINE_ALONE or (
-                            cos >= MAY_UPDATE_COSINE and words & set(self.seg.tokens(texts[i])))):
-                        found[i] = texts[i]
-        except (apsw.Error, EmbeddingError) as e:
+            events = self._event_rivals(p, set(slotted))
+        except apsw.Error as e:
             log.warning("no update hint for memory %s: %s", p.document_id, e)
             return
+        found = list(slotted.items()) + events
         p.may_update = [{"id": i, "preview": t[:MAY_UPDATE_PREVIEW_CHARS]}
-                        for i, t in list(found.items())[:MAY_UPDATE_MAX]]
-        if p.may_update:
-            ids = ", ".join(str(m["id"]) for m in p.may_update)
-            them = "them" if len(p.may_update) > 1 else "it"
-            p.warnings.append(f"this may update memory {ids} (may_update); if it replaces {them}, "
-                              f"memorize it again with supersedes=[{ids}] to archive {them}")
+                        for i, t in found[:MAY_UPDATE_MAX]]
+        said = [str(i) for i in slotted][:MAY_UPDATE_MAX]
+        if said:
+            p.warnings.append(f"this updates memory {', '.join(said)} (may_update): its older "
+                              f"value is retired, recall marks it replaced_by {p.document_id}")
+        asked = [str(i) for i, _ in events][:MAY_UPDATE_MAX - len(said)]
+        if asked:
+            them = "them" if len(asked) > 1 else "it"
+            p.warnings.append(f"this may change the event of memory {', '.join(asked)} "
+                              f"(may_update); if so, memorize it again with "
+                              f"supersedes=[{', '.join(asked)}] to mark {them} replaced")
+
+    def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
+        """may_update's event signal: [(id, content)] of the older memories of p's persona, not
+        archived, not in `skip`, that name a time and share enough search tokens with `p`, when
+        p's content says an event changed (rules/predicates.toml [events]); the shared tokens leave
+        out the [events] words (change and time words, the user)."""
+        if not any(rx.search(fold(p.content)) for rx in self.rules.event_change):
+            return []
+        # the older one need not name a time: "training for a 10K" → "… instead of the 10K"
+        words = set(self.seg.tokens(p.content)) - self.rules.event_words
+        out = []
+        for r in self.rows(self.queries["event_rivals"], {
+                "match": fts_query(sorted(words)), "persona_id": p.persona_id,
+                "document_id": p.document_id, "k": 4 * MAY_UPDATE_MAX}):
+            theirs = set(r["segmented"].split()) - self.rules.event_words
+            if r["id"] not in skip and len(words & theirs) >= EVENT_SHARED_TOKENS and (
+                    jaccard(words, theirs) >= EVENT_JACCARD):
+                out.append((r["id"], r["content"]))
+        return out
 
     def _write_result(self, p: Prepared) -> dict:
         """The answer of memorize and edit: {id, uid, status, deduplicated, atoms, graph_entries,
@@ -4458,11 +4582,14 @@ class Journal:
         return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
 
     def _unarchive_in_tx(self, doc_id: int) -> None:
-        """Bring memory `doc_id` back into recall: archived off (with its vectors and graph entries)
-        and no longer merged into another nor superseded by another. In tx."""
+        """Bring memory `doc_id` back into recall: archived off (with its vectors and graph
+        entries), no longer merged into another nor superseded by another, and its retired facts
+        (atoms another memory superseded, unexpired) current again. In tx."""
         self._set_flag_in_tx(doc_id, "archived", False)
         self.conn.execute("update documents set merged_into = null, superseded_by = null "
                           "where id = ?", (doc_id,))
+        self.conn.execute(self.queries["reactivate_document_atoms"],
+                          {"document_id": doc_id, "now": now_iso()})
 
 
 
@@ -4500,7 +4627,7 @@ class KnowledgeGraph:
     def single_valued(self, predicate: str) -> bool:
         """True when rules/predicates.toml makes `predicate` single-valued (a new object closes the
         old fact)."""
-        return predicate in {name for name, _ in self.rules.slot_patterns}
+        return predicate in {p[0] for p in self.rules.slot_patterns}
 
     def kg_add(self, subject, predicate, object, valid_from=None, valid_to=None, confidence=1.0,
                source_memory_id: int | None = None, persona_id=None) -> dict:
@@ -4717,6 +4844,7 @@ HAMMING_KEYS = 256
 MMR_POOL_MIN = 30
 #: fusion scores in full the best max(2 × MMR pool, this) candidates (shortlist)
 FUSION_SCORED_MIN = 60
+REPLACED_HOPS = 8  #: Recall.replacements follows a chain of newer memories this far at most
 ATOM_OVERFETCH = 4  #: search_atoms reads this many × k atoms before dropping expired ones
 ATOM_BM25_SCALE = 8.0  #: the seed's atom score 1/(1 + exp(−raw/8)) (seed: Retrieval IV)
 #: memory_feedback reinforces one atom at most once in this many days
@@ -4854,6 +4982,8 @@ class Recall:
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
             vector=vector, tokens=set(tokens), warnings=warnings, stats=stats))
+        if not as_of_iso:
+            results = self._newer_first(results, k, include_archived)
         results, left_out = bound_hits(results, *bounds)
         if left_out:
             warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the "
@@ -4869,6 +4999,50 @@ class Recall:
         # after caching: the touch takes the lock (and keeps the Hamming histories when due)
         self._touch([h["id"] for h in results] if r.reinforce_on_recall and not as_of_iso else [])
         return answer
+
+    def replacements(self, ids) -> dict[int, int]:
+        """{memory id: the memory that replaced it} for the memories of `ids` a newer one replaced
+        (sql replacements: a newer value of a slot, or memorize's supersedes), followed to the
+        newest of the chain (at most REPLACED_HOPS hops): Hangzhou → Shanghai → Beijing names
+        Beijing for both."""
+        out: dict[int, int] = {}
+        ask, hops = sorted(set(ids)), 0
+        while ask and hops < REPLACED_HOPS:
+            best: dict[int, tuple] = {}
+            for r in self.rows(self.queries["replacements"], {"ids": json.dumps(ask)}):
+                best[r["id"]] = max(best.get(r["id"], ("", 0)), (r["created_at"], r["by"]))
+            step = {i: by for i, (_, by) in best.items()}
+            for i, by in out.items():
+                out[i] = step.get(by, by)
+            out |= {i: by for i, by in step.items() if i not in out}
+            ask, hops = sorted(set(step.values()) - set(step)), hops + 1
+        return {i: by for i, by in out.items() if by != i}
+
+    def _newer_first(self, hits: list[dict], k: int, include_archived) -> list[dict]:
+        """recall's hits with each replaced memory marked `replaced_by` the newer one
+        (replacements) and that one ranked right above it: moved up when it is a hit below,
+        added (the older one's score and relevance, no channels) when it is not. At most k."""
+        by = self.replacements([h["id"] for h in hits])
+        if not by:
+            return hits
+        out = list(hits)
+        missing = {by[h["id"]] for h in hits if h["id"] in by} - {h["id"] for h in hits}
+        rows = {d["id"]: d for d in self.rows(self.queries["recall_documents"],
+                                              {"ids": json.dumps(sorted(missing))})}
+        for h in hits:
+            new = by.get(h["id"])
+            if new is None:
+                continue
+            h["replaced_by"] = new
+            at = next(i for i, x in enumerate(out) if x is h)
+            there = next((i for i, x in enumerate(out) if x["id"] == new), None)
+            if there is not None and there > at:
+                out.insert(at, out.pop(there))
+            elif there is None and new in rows and (include_archived or
+                                                   not rows[new]["archived"]):
+                parts = {"fused": h["score"], "ranks": {}, "relevance": h["relevance"]}
+                out.insert(at, recall_hit(rows[new], parts))
+        return out[:k]
 
     def _capped_k(self, k, warnings: list) -> int:
         """`k` checked (InputError unless a whole number ≥ 1) and capped at [recall] max_k, with a
@@ -5431,6 +5605,33 @@ BRIEFING_MAX_FACTS = 50  #: current knowledge-graph facts listed in a briefing
 CONTEXT_RECALL_K = {"quick": 3, "chat": 8, "coding": 10, "project": 15}
 
 
+def memory_tag(doc_id: int, hit: dict) -> str:
+    """How memory_context and the briefing name a memory: [12], or [12 replaced_by 15] when a newer
+    memory replaced it (Recall.replacements)."""
+    by = hit.get("replaced_by")
+    return f"[{doc_id} replaced_by {by}]" if by else f"[{doc_id}]"
+
+
+def newer_first(rows: list[dict], by: dict[int, int]) -> list[dict]:
+    """`rows` (each with an id) in order, except that a row replaced by another row of them
+    (`by`: {id: newer id}) comes right after that newer one."""
+    ids = {d["id"] for d in rows}
+    held = {}
+    for d in rows:
+        if by.get(d["id"]) in ids:
+            held.setdefault(by[d["id"]], []).append(d)
+    out = []
+
+    def put(d):
+        out.append(d)
+        for older in held.pop(d["id"], []):
+            put(older)
+    for d in rows:
+        if by.get(d["id"]) not in ids:
+            put(d)
+    return out
+
+
 class Briefing:
     """Memory for a prompt: the stored session briefing (built from SQL, no embedding) and
     memory_context within a token budget (second seed: token-budget context, session briefing)."""
@@ -5468,15 +5669,18 @@ class Briefing:
         facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": 0,
                                                         "as_of": iso(ref), "predicate": ""})
         lines = [f"# Memory briefing ({iso(ref)})"]
+        by = self.replacements([d["id"] for d in key + recent])
         if key:
             lines.append("## Pinned and important")
-            lines += [f"- [{d['id']}] {_one_line(d['content'])}" for d in key]
+            lines += [f"- {memory_tag(d['id'], {'replaced_by': by.get(d['id'])})} "
+                      f"{_one_line(d['content'])}" for d in newer_first(key, by)]
         shown = {d["id"] for d in key}
         recent = [d for d in recent if d["id"] not in shown]
         if recent:
             lines.append(f"## Recent ({cx.briefing_recent_days} days)")
-            lines += [f"- {d['created_at'][:10]} [{d['id']}] {_one_line(d['content'])}"
-                      for d in recent]
+            lines += [f"- {d['created_at'][:10]} "
+                      f"{memory_tag(d['id'], {'replaced_by': by.get(d['id'])})} "
+                      f"{_one_line(d['content'])}" for d in newer_first(recent, by)]
         lines += self.hooks.briefing_lines(self, persona, ref)
         if facts:
             lines.append("## Current facts")
@@ -5530,7 +5734,8 @@ class Briefing:
         hits = self.recall(topic, k=k, persona_id=persona, max_answer_tokens=0)["results"]
         for h in hits:
             if h["id"] not in seen:
-                lines.append(f"- {h['created_at'][:10]} [{h['id']}] {_one_line(h['text'])}")
+                lines.append(f"- {h['created_at'][:10]} {memory_tag(h['id'], h)} "
+                             f"{_one_line(h['text'])}")
         facts = self._facts_for_text(topic, persona, now_iso())
         if facts:
             lines.append("# Current facts")
@@ -5875,8 +6080,9 @@ class Forgetting:
 
     def restore_memory(self, doc_id: int, persona_id: str | None = None) -> dict:
         """Undo archival of a memory of persona `persona_id` (None: the default persona ''): an
-        archived memory comes back into recall; a consolidation survivor gets its previous metadata
-        back and the memories merged into it are restored. Returns {id, uid, archived: false,
+        archived memory comes back into recall, a replaced one gets its retired facts back; a
+        consolidation survivor gets its previous metadata back and the memories merged into it are
+        restored. Returns {id, uid, archived: false,
         restored: [ids]}. Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         cons = self.rows("select * from consolidations where survivor_id = ?", (doc_id,))
@@ -5895,7 +6101,8 @@ class Forgetting:
                         self._unarchive_in_tx(m)
                         restored.append(m)
                 c.execute("delete from consolidations where survivor_id = ?", (doc_id,))
-        if d["archived"]:
+        retired = self.value(self.queries["document_retired_atoms"], {"document_id": doc_id})
+        if d["archived"] or d["superseded_by"] or retired:
             with self.tx():
                 self._unarchive_in_tx(doc_id)
             restored.append(doc_id)
@@ -10231,7 +10438,8 @@ def _search_models():
         # sentence end, line or word, ending in …): get_memory gives it whole. channels: bm25,
         # vector, graph_keyword, graph_vector; time_window: made when the question says.
         # relevance: how likely it is relevant, 0..1, one scale for every query (null when the
-        # embedding model is not calibrated).
+        # embedding model is not calibrated). replaced_by: a newer memory (ranked above) gives
+        # another value of a fact this one states, or supersedes it.
         id: int
         score: float
         text: str
@@ -10248,6 +10456,7 @@ def _search_models():
         archived: bool
         channels: list[str]
         relevance: float | None = None
+        replaced_by: int | None = None
         explain: dict[str, Any] | None = None
 
         def text_omit(self) -> frozenset:
@@ -10593,8 +10802,8 @@ def _write_tools():
     def memorize(ctx: Context,
                  content: str,
                  metadata: M.Metadata | None = None,
-                 supersedes: Annotated[list[int] | None,
-                                       Field(description="Ids it replaces (archived).")] = None,
+                 supersedes: Annotated[list[int] | None, Field(
+                     description="Ids it replaces (marked; facts it contradicts retire).")] = None,
                  ) -> M.WriteResult:
         """Store a fact, preference, decision, event or plan worth keeping for weeks, written to
         make sense alone (names, not pronouns)."""

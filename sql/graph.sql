@@ -5,10 +5,10 @@
 
 -- name: atom_reinforce_candidates
 -- The 20 best BM25 matches (:match, an FTS5 expression) among the active atoms of :persona_id of
--- type :atom_type, with their segmented text: Jaccard (in Python) decides which one a new fact
--- reinforces.
+-- type :atom_type, with their segmented text and slot: Jaccard (in Python) decides which one a new
+-- fact reinforces (never one holding the fact's slot with another value or subject).
 select a.id, a.atom_type, a.base_ttl_days, a.importance, a.reinforcement_count, a.confidence, a.last_reinforced_at,
-       a.expires_at, f.segmented
+       a.expires_at, a.subject, a.slot, a.slot_value, f.segmented
 from memory_atoms_fts f join memory_atoms a on a.id = f.rowid
 where memory_atoms_fts match :match and a.persona_id = :persona_id and a.state = 'active'
   and a.atom_type = :atom_type

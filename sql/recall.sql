@@ -336,3 +336,19 @@ where c.id in (select value from json_each(:ids)) and c.session_id != '' and +c.
 -- The stored vectors (int8, see sql/vectors.sql) of the memories in the JSON array :ids (the MMR
 -- pool), for their calibrated relevance (cosine similarity to the query, computed in Python).
 select doc_id, embedding from doc_vectors where doc_id in (select value from json_each(:ids));
+
+-- name: replacements
+-- For each memory of :ids (a JSON array) replaced by a newer one, the newer memory (by) and when
+-- it was written: one whose atom superseded an atom this memory states (a new value of its slot,
+-- or a fact memorize(supersedes) retired), or the one it is linked to by documents.superseded_by
+-- (memorize's supersedes). Recall ranks the newer first and marks this one replaced_by it.
+select s.document_id as id, n.document_id as by, nd.created_at
+from atom_sources s
+join memory_atoms o on o.id = s.atom_id and o.state = 'superseded'
+join memory_atoms n on n.id = o.superseded_by
+join documents nd on nd.id = n.document_id
+where s.document_id in (select value from json_each(:ids)) and n.document_id != s.document_id
+union
+select d.id, d.superseded_by, nd.created_at
+from documents d join documents nd on nd.id = d.superseded_by
+where d.id in (select value from json_each(:ids));

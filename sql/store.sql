@@ -58,3 +58,42 @@ where n.document_id = :document_id and n.slot != '' and d.persona_id = :persona_
   and d.archived = 0 and d.id != :document_id
 order by d.id desc
 limit :k;
+
+-- name: document_atom_texts
+-- The active atoms memory :document_id states, with their segmented text (_retire_contradicted).
+select a.id, f.segmented
+from atom_sources s join memory_atoms a on a.id = s.atom_id and a.state = 'active'
+join memory_atoms_fts f on f.rowid = a.id
+where s.document_id = :document_id;
+
+-- name: superseded_atom_texts
+-- The active atoms of the memories :document_id supersedes (documents.superseded_by, memorize's
+-- supersedes) that it does not state itself, with their segmented text: what it may contradict.
+select distinct a.id, f.segmented
+from documents d join atom_sources s on s.document_id = d.id
+join memory_atoms a on a.id = s.atom_id and a.state = 'active'
+join memory_atoms_fts f on f.rowid = a.id
+where d.superseded_by = :document_id
+  and not exists (select 1 from atom_sources t where t.atom_id = a.id and t.document_id = :document_id);
+
+-- name: document_retired_atoms
+-- How many atoms memory :document_id states that another memory's atom superseded.
+select count(*) from atom_sources s join memory_atoms a on a.id = s.atom_id
+where s.document_id = :document_id and a.state = 'superseded';
+
+-- name: reactivate_document_atoms
+-- restore_memory: the superseded atoms memory :document_id states are current again (unexpired
+-- at :now).
+update memory_atoms set state = 'active', superseded_by = null, state_changed_at = :now, updated_at = :now
+where state = 'superseded' and expires_at > :now
+  and id in (select atom_id from atom_sources where document_id = :document_id);
+
+-- name: event_rivals
+-- may_update's event signal: the best BM25 matches (:match, an FTS5 expression) among the memories
+-- of :persona_id other than :document_id, not archived, with their segmented text.
+select d.id, d.content, f.segmented
+from documents_fts f join documents d on d.id = f.rowid
+where documents_fts match :match and d.persona_id = :persona_id and d.id != :document_id
+  and d.archived = 0
+order by rank
+limit :k;

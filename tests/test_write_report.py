@@ -1,6 +1,7 @@
 """What a write says happened (issue 22): secrets redacted (kinds and counts, never the secret),
-memories the new one may update (may_update), and memorize(supersedes=[ids]) archiving the older
-with a link both ways, through the MCP server in-process and the engine."""
+memories the new one may update (may_update), and memorize(supersedes=[ids]) marking the older
+replaced with a link both ways (its contradicted facts retired, the memory kept), through the MCP
+server in-process and the engine."""
 
 import json
 
@@ -91,19 +92,19 @@ ICED = "My favourite coffee is now an iced americano."
 
 
 @pytest.mark.slow
-async def test_supersedes_archives_the_older_with_a_link_both_ways(server_on):
+async def test_supersedes_marks_the_older_replaced_with_a_link_both_ways(server_on):
     async with Client(server_on()) as c:
         old = await call(c, "memorize", {"content": FLAT})
         other = await call(c, "memorize", {"content": "Bob practises the cello on Sundays."})
         new = await call(c, "memorize", {"content": ICED, "supersedes": [old["id"]]})
-        said = f"memory {old['id']} archived as superseded by memory {new['id']}"
+        said = f"memory {old['id']} replaced by memory {new['id']}"
         assert any(said in w for w in new["warnings"])
-        hits = await call(c, "recall", {"query": "favourite coffee"})
-        found = [h["id"] for h in hits["results"]]
-        assert new["id"] in found and old["id"] not in found
+        hits = (await call(c, "recall", {"query": "favourite coffee"}))["results"]
+        assert [h["id"] for h in hits][:2] == [new["id"], old["id"]]
+        assert hits[1]["replaced_by"] == new["id"] and hits[0].get("replaced_by") is None
         was = await call(c, "get_memory", {"id": old["id"]})
         now = await call(c, "get_memory", {"id": new["id"]})
-        assert was["archived"] is True and was["superseded_by"] == new["id"]
+        assert was["archived"] is False and was["superseded_by"] == new["id"]
         assert was["supersedes"] == []
         assert now["archived"] is False and now["superseded_by"] is None
         assert now["supersedes"] == [old["id"]]
@@ -140,9 +141,9 @@ def test_supersedes_on_a_repeat_links_the_memory_holding_the_text(mem):
     new = mem.memorize(ICED)["id"]
     r = mem.memorize(ICED, None, [old])
     assert r["deduplicated"] and r["id"] == new
-    assert mem.get(old)["superseded_by"] == new and mem.get(old)["archived"] is True
-    mem.delete(new)  # the foreign key clears the link; the older stays archived
-    assert mem.get(old)["superseded_by"] is None and mem.get(old)["archived"] is True
+    assert mem.get(old)["superseded_by"] == new and mem.get(old)["archived"] is False
+    mem.delete(new)  # the foreign key clears the link
+    assert mem.get(old)["superseded_by"] is None and mem.get(old)["archived"] is False
 
 
 @pytest.mark.slow
@@ -162,7 +163,7 @@ def test_export_import_round_trip_keeps_the_link(tmp_path, open_mem):
     ids = {r["content"]: r["id"] for r in b.list_memories(persona_id="p", include_archived=True)}
     assert ids[FLAT] != old and ids[ICED] != new
     was = b.get(ids[FLAT], "p")
-    assert was["superseded_by"] == ids[ICED] and was["archived"] is True
+    assert was["superseded_by"] == ids[ICED] and was["archived"] is False
     assert b.get(ids[ICED], "p")["supersedes"] == [ids[FLAT]]
     # an export without the field (older Aokun) still imports, unlinked
     older = [lines[0], *(json.dumps({k: v for k, v in r.items()
@@ -185,9 +186,9 @@ async def test_may_update_names_the_older_memory_with_the_real_model(server_on, 
         await call(c, "archive_memory", {"id": shelved["id"], "persona_id": "r"})
         iced = await call(c, "memorize", {"content": ICED, "metadata": {"persona_id": "p"}})
         assert iced["may_update"] == [{"id": flat["id"], "preview": FLAT}]
-        assert [w for w in iced["warnings"] if "may update" in w] == [
-            f"this may update memory {flat['id']} (may_update); if it replaces it, memorize it "
-            f"again with supersedes=[{flat['id']}] to archive it"]
+        assert [w for w in iced["warnings"] if "updates" in w] == [
+            f"this updates memory {flat['id']} (may_update): its older value is retired, recall "
+            f"marks it replaced_by {iced['id']}"]
         # persona q's own flat white is named for q (so p's answer above left it out for its
         # persona, not for its text); persona r's is archived: not named
         q = await call(c, "memorize", {"content": ICED, "metadata": {"persona_id": "q"}})

@@ -1,0 +1,147 @@
+"""A newer memory updates an older one (issue 32, items 2-5), through the MCP server in-process:
+the newer is served first and the older marked replaced_by it, in English, Chinese and across;
+supersession retires facts, not memories; a changed value is a new atom; may_update names an older
+memory only for the same subject and slot. The fake embedder: meaning comes from the slot rules."""
+
+import pytest
+from mcp import Client
+
+import aokun
+from fakes import FakeEmbedder
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def server(tmp_path, segmenter):
+    """An MCPServer over a Memory on a temp file, fake 16-d embedder, every tool exposed."""
+    cfg = aokun.Config(None, overrides={("server", "exposed_tools"): "all",
+                                        ("backup", "daily"): False,
+                                        ("backup", "dir"): str(tmp_path / "backups")})
+
+    def factory():
+        m = aokun.Memory(tmp_path / "m.db", cfg, embedder=FakeEmbedder(16))
+        m.seg = segmenter
+        return m
+    return aokun.build_server(factory, cfg)
+
+
+async def call(client, tool, args) -> dict:
+    r = await client.call_tool(tool, args)
+    assert r.is_error is False, r.content[0].text if r.content else r
+    return r.structured_content
+
+
+async def hits(c, query: str) -> list[dict]:
+    return (await call(c, "recall", {"query": query}))["results"]
+
+
+@pytest.mark.parametrize("old_text, new_text, query", [
+    ("I live in Hangzhou, near the lake.", "I moved from Hangzhou to Shanghai last month.",
+     "Hangzhou"),
+    ("我住在杭州，在阿里工作。", "我去年搬到了上海。", "杭州"),
+    ("我住在杭州，在阿里工作。", "I moved from Hangzhou to Shanghai last month.", "杭州"),
+    ("I live in Hangzhou, near the lake.", "我搬到了上海。", "Hangzhou"),
+], ids=["en", "zh", "zh-en", "en-zh"])
+async def test_the_newer_comes_first_and_the_older_is_marked(server, old_text, new_text, query):
+    async with Client(server) as c:
+        old = await call(c, "memorize", {"content": old_text})
+        new = await call(c, "memorize", {"content": new_text})
+        assert new["may_update"] == [{"id": old["id"], "preview": old_text}]
+        found = await hits(c, query)
+        assert [h["id"] for h in found][:2] == [new["id"], old["id"]]
+        assert found[1]["replaced_by"] == new["id"] and found[0].get("replaced_by") is None
+        text = (await c.call_tool("recall", {"query": query})).content[0].text
+        assert f'"replaced_by":{new["id"]}' in text
+        context = await call(c, "memory_context", {"topic": query})
+        assert f"[{old['id']} replaced_by {new['id']}]" in context["text"]
+        assert context["text"].index(f"[{new['id']}]") < context["text"].index(
+            f"[{old['id']} replaced_by")
+        briefing = await call(c, "memory_context", {})
+        assert f"[{old['id']} replaced_by {new['id']}]" in briefing["text"]
+
+
+async def test_a_preference_changed_without_following_the_hint(server):
+    async with Client(server) as c:
+        dark = await call(c, "memorize", {"content": "I prefer dark mode in my editor."})
+        light = await call(c, "memorize", {"content": "I now prefer light mode."})
+        assert [m["id"] for m in light["may_update"]] == [dark["id"]]
+        found = await hits(c, "mode")
+        assert [h["id"] for h in found] == [light["id"], dark["id"]]
+        assert found[1]["replaced_by"] == light["id"]
+
+
+async def test_supersedes_retires_the_contradicted_fact_and_keeps_the_others(server):
+    async with Client(server) as c:
+        old = await call(c, "memorize", {
+            "content": "I prefer dark mode in my editor. I use Vim keybindings every day."})
+        new = await call(c, "memorize", {"content": "I now prefer light mode.",
+                                         "supersedes": [old["id"]]})
+        assert (await call(c, "get_memory", {"id": old["id"]}))["archived"] is False
+        vim = await hits(c, "Vim keybindings")
+        assert old["id"] in [h["id"] for h in vim]
+        atoms = (await call(c, "search_atoms", {"query": "Vim keybindings"}))["results"]
+        assert [a["document_id"] for a in atoms] == [old["id"]]
+        dark = (await call(c, "search_atoms", {"query": "dark mode"}))["results"]
+        assert all("dark" not in a["content"] for a in dark)
+        assert [a["document_id"] for a in dark] == [new["id"]]  # light mode: the current one
+
+
+async def test_supersedes_of_an_event_retires_the_old_date(server):
+    async with Client(server) as c:
+        old = await call(c, "memorize", {"content": "Dentist appointment with Dr Chen on "
+                                                    "Thursday at 3pm."})
+        new = await call(c, "memorize", {"content": "The dentist appointment with Dr Chen was "
+                                                    "moved to Friday at 10am."})
+        assert [m["id"] for m in new["may_update"]] == [old["id"]]
+        again = await call(c, "memorize", {"content": "The dentist appointment with Dr Chen was "
+                                                      "moved to Friday at 10am.",
+                                           "supersedes": [old["id"]]})
+        assert again["deduplicated"] and again["id"] == new["id"]
+        atoms = (await call(c, "search_atoms", {"query": "dentist appointment"}))["results"]
+        assert [a["document_id"] for a in atoms] == [new["id"]]
+        found = await hits(c, "dentist appointment")
+        assert [h["id"] for h in found][:2] == [new["id"], old["id"]]
+
+
+@pytest.mark.parametrize("old_text, new_text, new_word, old_word", [
+    ("Alice's favourite tea is jasmine.", "Alice's favourite tea is oolong now.",
+     "oolong", "jasmine"),
+    ("Alice最喜欢的茶是茉莉花茶。", "Alice's favourite tea is oolong now.", "oolong", "茉莉花茶"),
+], ids=["en", "zh-en"])
+async def test_a_changed_value_is_a_new_atom(server, old_text, new_text, new_word, old_word):
+    async with Client(server) as c:
+        old = await call(c, "memorize", {"content": old_text})
+        new = await call(c, "memorize", {"content": new_text})
+        assert [m["id"] for m in new["may_update"]] == [old["id"]]
+        now = (await call(c, "search_atoms", {"query": new_word}))["results"]
+        assert [a["document_id"] for a in now] == [new["id"]]
+        assert now[0]["reinforcement_count"] == 0
+        assert (await call(c, "search_atoms", {"query": old_word}))["results"] == []
+        same = await call(c, "memorize", {"content": "Alice's favourite tea is still oolong."})
+        assert same["may_update"] == []
+        again = (await call(c, "search_atoms", {"query": new_word}))["results"]
+        assert [a["reinforcement_count"] for a in again] == [1]
+
+
+@pytest.mark.parametrize("first, second", [
+    ("I prefer dark mode in my editor.", "I prefer Python for scripts."),
+    ("User's favourite film is Spirited Away.", "User's favourite book is Dune."),
+    ("我喜欢深色模式。", "我更喜欢用Python写脚本。"),
+    ("I like sushi.", "I like ramen."),
+    ("我住在上海。", "My sister lives in Hangzhou."),
+    ("I live in Shanghai.", "我在上海住了八年了。"),
+], ids=["en", "en-things", "zh", "likes", "zh-en-subject", "en-zh-same"])
+async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, second):
+    async with Client(server) as c:
+        one = await call(c, "memorize", {"content": first})
+        two = await call(c, "memorize", {"content": second})
+        assert two["may_update"] == []
+        found = await hits(c, first.split()[0] if first.isascii() else first[:2])
+        assert all(h.get("replaced_by") is None for h in found)
+        assert one["id"] != two["id"]
