@@ -447,6 +447,15 @@ class Segmenter:
         return min(COVER_WEIGHT_MAX, max(COVER_WEIGHT_MIN, idf - COVER_IDF_COMMON))
 
 
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter per Memory, few tokens)
+    def pinyin(self, token: str) -> str:
+        """A Chinese token's pinyin, toneless and unspaced (pypinyin, imported on first use):
+        王芳 → wangfang. How a name written in Latin letters meets its Chinese memory."""
+        from pypinyin import lazy_pinyin
+
+        return "".join(lazy_pinyin(token)).lower()
+
+
 #: Segmenter.weight: IDF at which a Chinese word starts to count (工作 6.8, 什么 6.9, 妹妹 10.2)
 COVER_IDF_COMMON = 6.0
 COVER_WEIGHT_MIN, COVER_WEIGHT_MAX = 0.5, 6.0  #: Segmenter.weight's bounds
@@ -1988,6 +1997,37 @@ def has_words(tokens) -> bool:
     return any(_LETTER.search(t) for t in tokens)
 
 
+#: a run of capitalised words inside a sentence: after a lower-case letter, a digit or a comma and
+#: a space, or after a CJK character ("What is Wang Fang allergic to", "邻居 Gwen 养了什么猫")
+_NAME = re.compile(r"(?:(?<=[a-z0-9,]\s)|(?<=[\u4e00-\u9fff])\s?)[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*")
+_NAME_WORD = re.compile(r"\b[A-Z][a-z]+")
+
+
+def query_names(query: str) -> set[str]:
+    """The names a question gives, lower-cased, a name's words joined by a space: its runs of
+    capitalised words inside a sentence ("What is Wang Fang allergic to?" → {"wang fang"}), or, in
+    a Chinese question, every run of capitalised Latin words ("Rachel 是干什么的" → {"rachel"});
+    never an English question's first word or "I". A memory that holds none of them (names_in) is
+    about someone or something else (Recall.relevance_parts)."""
+    text = fold(query)
+    if 2 * len(_CJK.findall(text)) >= len(re.findall(r"[A-Za-z]", text)):
+        runs = [m.group(0) for m in re.finditer(r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*", text)]
+    else:
+        runs = [m.group(0) for m in _NAME.finditer(text)]
+    return {" ".join(_NAME_WORD.findall(r)).lower() for r in runs}
+
+
+def names_in(names, doc_tokens: set, pinyin) -> bool:
+    """Whether a memory of these indexed tokens holds one of a question's `names` (query_names):
+    one of a name's words among its tokens, or the whole name as the pinyin of one of its Chinese
+    tokens (`pinyin(token)`, Segmenter.pinyin: "Wang Fang" is 王芳, "Xiaoyu" 小雨)."""
+    words = {w for n in names for w in n.split()}
+    if words & doc_tokens:
+        return True
+    keys = {n.replace(" ", "") for n in names}
+    return any(pinyin(t) in keys for t in doc_tokens if _CJK.search(t))
+
+
 def query_script(tokens) -> str:
     """'cjk' when at least half of a question's search tokens are Chinese/Japanese/Korean, else
     'latin' (any other script). Similarities live on another scale per script: multilingual-e5-small
@@ -2078,7 +2118,7 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
             "graph_share": p["graph_share"], "cross_route_bonus": p["cross_route_bonus"],
             "intent": intent, "fused": p["fused"], "mmr": mmr_score,
             "cosine": p.get("cosine"), "margin": p.get("margin"), "cover": p.get("cover"),
-            "relevance": p.get("relevance")}
+            "evidence": p.get("evidence"), "relevance": p.get("relevance")}
 
 
 # Atoms and graph rules ###########################################################################
@@ -2170,6 +2210,11 @@ class Rules:
         #: {script: [ordinary memories]} whose mean cosine with a question is its background
         #: (Recall.background)
         self.anchors = {k: list(v) for k, v in relevance.pop("anchors", {}).items()}
+        personal = relevance.pop("personal", {})
+        #: Rules.personal: words that speak of the user, and the requests to the assistant whose
+        #: "I" and "me" do not ("how do I", "tell me", 帮我)
+        self._speaks_of_user = re.compile(personal.get("user", r"(?!)"))
+        self._request = re.compile(personal.get("requests", r"(?!)"))
         #: {embedding model: {w_margin, w_cover, bias, margin_only_w, margin_only_bias}} of
         #: calibrated_relevance
         self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS}
@@ -2320,6 +2365,12 @@ class Rules:
         the model's own; None for a model that is not calibrated."""
         by_script = self.relevance_by_script.get(model, {})
         return by_script.get(query_script(query_tokens)) or self.relevance.get(model)
+
+    def personal(self, query: str) -> bool:
+        """Whether a question speaks of the user (rules/relevance.toml [personal]: I, my, 我, 用户…)
+        once its requests to the assistant are taken out ("How do I reverse a list?", "tell me a
+        joke", "帮我写首诗" do not; "告诉我我住在哪" does)."""
+        return bool(self._speaks_of_user.search(self._request.sub(" ", fold(query))))
 
     def intent(self, query: str) -> tuple[str | None, dict]:
         """The first intent in rules/intents.toml whose pattern matches fold(query)."""
@@ -4867,6 +4918,8 @@ class RecallQuery:
     tokens: set  #: the query's search tokens (without its time words)
     warnings: list  #: the answer's warnings; fusion adds "nothing relevant"
     window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window)
+    personal: bool = True  #: the question speaks of the user (Rules.personal)
+    names: frozenset = frozenset()  #: the names the question gives (query_names)
     #: what the recall did (explain's `stats`), filled by fusion
     stats: dict = field(default_factory=dict)
 
@@ -4981,7 +5034,8 @@ class Recall:
         results = self._fuse(ranked, RecallQuery(
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
-            vector=vector, tokens=set(tokens), warnings=warnings, stats=stats))
+            vector=vector, tokens=set(tokens), warnings=warnings, stats=stats,
+            personal=self.rules.personal(query), names=frozenset(query_names(query))))
         if not as_of_iso:
             results = self._newer_first(results, k, include_archived)
         results, left_out = bound_hits(results, *bounds)
@@ -5021,7 +5075,8 @@ class Recall:
     def _newer_first(self, hits: list[dict], k: int, include_archived) -> list[dict]:
         """recall's hits with each replaced memory marked `replaced_by` the newer one
         (replacements) and that one ranked right above it: moved up when it is a hit below,
-        added (the older one's score and relevance, no channels) when it is not. At most k."""
+        added (the older one's score, relevance and explain, no channels) when it is not. At most
+        k."""
         by = self.replacements([h["id"] for h in hits])
         if not by:
             return hits
@@ -5042,6 +5097,8 @@ class Recall:
                                                    not rows[new]["archived"]):
                 parts = {"fused": h["score"], "ranks": {}, "relevance": h["relevance"]}
                 out.insert(at, recall_hit(rows[new], parts))
+                if "explain" in h:  # the older one's parts, which it stands on
+                    out[at]["explain"] = dict(h["explain"], replaces=h["id"])
         return out[:k]
 
     def _capped_k(self, k, warnings: list) -> int:
@@ -5344,7 +5401,7 @@ class Recall:
                 continue
             doc_tokens = set(docs[i]["segmented"].split())
             parts[i].update(self.relevance_parts(q.tokens, q.vector, doc_tokens, vectors.get(i),
-                                                 coef))
+                                                 coef, q.personal, q.names))
             rel = parts[i]["relevance"]
             # made when a question of time words alone says ("what happened yesterday?"): the
             # time is the relevance; "what's the weather today?" has a word to judge it by
@@ -5358,19 +5415,32 @@ class Recall:
         return kept
 
     def relevance_parts(self, q_tokens, q_vector, doc_tokens: set, doc_vector,
-                        coef: dict | None) -> dict:
-        """{cosine, margin, cover, relevance} of a memory (or turn) for a question: its search
+                        coef: dict | None, personal: bool = True, names=frozenset()) -> dict:
+        """{cosine, margin, cover, evidence, relevance} of a memory (or turn) for a question: its search
         tokens and vector (None: no vector), the memory's indexed tokens and stored vector (None:
-        none yet), and the question's calibrated_relevance weights. A memory without a word
-        (has_words: emoji, punctuation, a bare number) has relevance 0: a vector alone never says
-        it is relevant."""
+        none yet), and the question's calibrated_relevance weights. Cover is None (meaning alone
+        decides) when the two are of different scripts (query_script). Relevance is 0 for a
+        memory without a word (has_words: emoji, punctuation, a bare number), and for one that
+        shares no word with a question that does not speak of the user (`personal`, Rules.personal:
+        "What is the capital of France?", "tell me a joke"): meaning alone never makes a general
+        question about the person the memory is of; and for one that holds none of the `names`
+        the question gives (query_names, names_in, across scripts by pinyin): "What is Wang Fang
+        allergic to?" is answered by 王芳's allergy, never by the user's own."""
         cos = None if q_vector is None or doc_vector is None else float(np.dot(doc_vector,
                                                                                 q_vector))
-        cover = token_cover(q_tokens, doc_tokens, self.seg.weight)
-        margin = None if cos is None else cos - self.background(q_vector)[query_script(doc_tokens)]
-        rel = 0.0 if coef is not None and not has_words(doc_tokens) else \
+        script = query_script(doc_tokens)
+        # a question and a memory of different scripts are judged by meaning alone: an English
+        # topic word in a Chinese memory's context is no keyword evidence either way
+        shared = token_cover(q_tokens, doc_tokens, self.seg.weight)
+        cover = shared if script == query_script(q_tokens) else None
+        margin = None if cos is None else cos - self.background(q_vector)[script]
+        named = bool(names) and names_in(names, doc_tokens, self.seg.pinyin)
+        evidence = has_words(doc_tokens) and (named or not names) and (
+            personal or named or bool(shared))
+        rel = 0.0 if coef is not None and not evidence else \
             calibrated_relevance(margin, cover, coef)
-        return {"cosine": cos, "margin": margin, "cover": cover, "relevance": rel}
+        return {"cosine": cos, "margin": margin, "cover": cover, "evidence": evidence,
+                "relevance": rel}
 
     def background(self, q_vector) -> dict[str, float]:
         """{script: the mean cosine of question vector `q_vector` with rules/relevance.toml's
@@ -7533,7 +7603,8 @@ class ConversationSearch:
             else:  # the binary index: within a Hamming bound learnt as recall's vector channels do
                 key = ("turn_vector", params["persona_id"], params["source"], params["candidates"])
                 ranked["vector"] = self._bounded_knn(key, self.queries[name], params, self.rows)
-        hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings)
+        hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings,
+                                (self.rules.personal(query), frozenset(query_names(query))))
         if (note := self._watch_warning()) is not None:
             warnings.append(note)
         for h in hits:
@@ -7569,9 +7640,11 @@ class ConversationSearch:
             degraded.append({"channel": "vector", "reason": f"query embedding failed: {e}"})
             return None
 
-    def _fuse_turns(self, ranked: dict, vector, tokens: set, k: int, warnings: list) -> list[dict]:
+    def _fuse_turns(self, ranked: dict, vector, tokens: set, k: int, warnings: list,
+                    about: tuple) -> list[dict]:
         """The k best turns of the channel rows: RRF or the weighted mean of normalized_scores
-        ([recall] fusion), then calibrated_relevance against [recall] min_relevance."""
+        ([recall] fusion), then relevance_parts (`about`: whether the question speaks of the user,
+        and the names it gives) against [recall] min_relevance."""
         r = self.cfg.recall
         ranks, scores, _ = channel_evidence(ranked, ())
         if not ranks:
@@ -7589,7 +7662,7 @@ class ConversationSearch:
                 continue
             vec = None if row["embedding"] is None else blob_vector(row["embedding"])
             rel = self.relevance_parts(tokens, vector, set(row["segmented"].split()), vec,
-                                       coef)["relevance"]
+                                       coef, *about)["relevance"]
             best = rel if best is None or (rel is not None and rel > best) else best
             if rel is not None and rel < r.min_relevance:
                 continue
@@ -11999,7 +12072,7 @@ WEB_DIR = HERE / "web"  #: the panel's templates, its one stylesheet and script,
 PANEL_PAGE_SIZE = 50  #: memories listed per page
 PANEL_RECALL_K = 10  #: hits the recall page asks for by default
 #: The parts of a recall score the panel draws, in bar order: (explain-derived key, label).
-SCORE_PARTS = (("relevance", "relevance"), ("importance", "importance"), ("recency", "recency"),
+SCORE_PARTS = (("relevance", "channel match"), ("importance", "importance"), ("recency", "recency"),
                ("frequency", "frequency"), ("confidence", "graph confidence"),
                ("cross", "both routes"), ("neighbour", "session neighbour"),
                ("time", "time window"))

@@ -509,7 +509,7 @@ def test_explain_parts_keys_values_and_route_weights():
                        "temporal_factor", "frequency", "useful_count", "source_boost",
                        "pin_similarity", "doc_route", "graph_route", "route_weights", "doc_share",
                        "graph_share", "cross_route_bonus", "intent", "fused", "mmr", "cosine",
-                       "cover", "relevance"]
+                       "margin", "cover", "evidence", "relevance"]
     assert e["ranks"] == {"bm25": 0, "vector": None, "graph_keyword": 3, "graph_vector": None}
     assert e["scores"] == {"bm25": 1.0, "graph_keyword": 1.0}
     assert e["route_weights"] == [0.70, 0.30]

@@ -117,6 +117,7 @@ def test_chinese_question_words_do_not_outrank_the_content_word(local_mem):
 SMALL = "relevance-small"
 SMALL_MEMORIES = [
     ("User is allergic to penicillin.", {"pinned": True, "topics": ["health"]}),
+    ("王芳对花生过敏。", {"participants": ["王芳"]}),
     ("我妹妹在杭州一家银行工作。", {"participants": ["妹妹"]}),
     ("下周三上午开预算会议，讨论明年的工作计划。", {"topics": ["工作"]}),
     ("User's cat is named Mochi.", {}),
@@ -160,3 +161,43 @@ def test_an_everyday_word_shared_is_not_relevance(small):
     hits = small.recall("我妹妹在哪里工作？", k=5, persona_id=SMALL, explain=True)["results"]
     assert hits and hits[0]["text"] == "我妹妹在杭州一家银行工作。"
     assert all("预算" not in h["text"] for h in hits), [(h["text"], h["relevance"]) for h in hits]
+
+
+@pytest.mark.parametrize("query, names", [
+    ("What is Wang Fang allergic to?", {"wang fang"}),
+    ("Rachel 是干什么的？", {"rachel"}),
+    ("邻居 Gwen 养了什么猫？", {"gwen"}),
+    ("Where do I live?", set()),
+    ("Tell me about Paris", {"paris"}),
+    ("Caroline went hiking", set()),  # the first word of an English question
+])
+def test_the_names_a_question_gives(query, names):
+    assert aokun.query_names(query) == names
+
+
+def test_a_name_meets_its_memory_by_word_or_by_pinyin():
+    pinyin = {"王芳": "wangfang", "过敏": "guomin", "小雨": "xiaoyu"}.get
+    assert aokun.names_in({"wang fang"}, {"王芳", "过敏"}, pinyin)
+    assert aokun.names_in({"wang fang"}, {"wang", "photographer"}, pinyin)
+    assert not aokun.names_in({"wang fang"}, {"user", "allergic", "penicillin"}, pinyin)
+    assert not aokun.names_in({"xiaoyu"}, {"王芳", "过敏"}, pinyin)
+
+
+@pytest.mark.parametrize("query, personal", [
+    ("Where do I live?", True), ("我妹妹在哪里工作？", True), ("用户住哪", True),
+    ("告诉我我住在哪", True), ("How do I get to my sister's place?", True),
+    ("tell me a joke", False), ("How do I reverse a list in Python?", False),
+    ("帮我写一首诗", False), ("What is the capital of France?", False),
+    ("程序员一般几点下班", False),
+])
+def test_whether_a_question_speaks_of_the_user(query, personal):
+    assert aokun.Rules(aokun.Config(None)).personal(query) is personal
+
+
+@pytest.mark.slow
+def test_a_question_about_someone_gets_their_fact_not_the_users(small):
+    hits = small.recall("What is Wang Fang allergic to?", k=5, persona_id=SMALL)["results"]
+    # hers, across languages, when its meaning is close enough; never the user's own
+    assert {h["text"] for h in hits} <= {"王芳对花生过敏。"}
+    hits = small.recall("What am I allergic to?", k=5, persona_id=SMALL)["results"]
+    assert hits and hits[0]["text"] == "User is allergic to penicillin."
