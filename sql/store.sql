@@ -97,3 +97,14 @@ where documents_fts match :match and d.persona_id = :persona_id and d.id != :doc
   and d.archived = 0
 order by rank
 limit :k;
+
+-- name: near_rival
+-- may_update's meaning signal: the content of memory :id, and whether it agrees with memory
+-- :document_id: each states an active atom of one subject, slot and value (or the same atom).
+select d.content, exists (
+    select 1 from atom_sources s join memory_atoms n on n.id = s.atom_id and n.slot != ''
+    join memory_atoms o on o.persona_id = n.persona_id and o.subject = n.subject
+                       and o.slot = n.slot and o.slot_value = n.slot_value and o.state = 'active'
+    join atom_sources t on t.atom_id = o.id and t.document_id = d.id
+    where s.document_id = :document_id) as agrees
+from documents d where d.id = :id;

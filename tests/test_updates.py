@@ -3,6 +3,7 @@ the newer is served first and the older marked replaced_by it, in English, Chine
 supersession retires facts, not memories; a changed value is a new atom; may_update names an older
 memory only for the same subject and slot. The fake embedder: meaning comes from the slot rules."""
 
+import numpy as np
 import pytest
 from mcp import Client
 
@@ -145,3 +146,70 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
         found = await hits(c, first.split()[0] if first.isascii() else first[:2])
         assert all(h.get("replaced_by") is None for h in found)
         assert one["id"] != two["id"]
+
+
+@pytest.mark.parametrize("old_text, new_text", [
+    ("用户的男朋友在上海工作。", "User's boyfriend got transferred to the Singapore office."),
+    ("My sister works in Dublin.", "我妹妹被调到了伦敦办公室。"),
+    ("User's dog is called Rex.", "User renamed the dog Max."),
+    ("用户的猫叫咪咪。", "用户把猫改名叫豆豆了。"),
+    ("用户目前没有养宠物。", "User adopted a kitten named Tofu."),
+    ("I have no pets.", "我养了一只小狗。"),
+    ("用户每天早上喝美式咖啡。", "用户戒咖啡了。"),
+    ("I drink coffee every morning.", "I quit coffee."),
+    ("用户早餐喝豆浆。", "User now has oatmeal for breakfast."),
+    ("User's gym day is Monday.", "用户现在周三去健身。"),
+    ("User's father works as an engineer at Boeing.", "User's father retired last month."),
+    ("用户的老板是刘总。", "用户的直属领导换成了孙经理。"),
+    ("User uses an iPhone 14.", "用户换了一部华为 Mate 60。"),
+    ("用户用 IntelliJ IDEA 写 Java。", "用户写 Java 现在用 VS Code 了。"),
+], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
+        "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
+        "model-en-zh", "latin-name-zh"])
+def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
+    old = mem.memorize(old_text, {"persona_id": "p"})
+    new = mem.memorize(new_text, {"persona_id": "p"})
+    assert [m["id"] for m in new["may_update"]] == [old["id"]]
+
+
+@pytest.mark.parametrize("first, second", [
+    ("User has a dog named Bobo.", "用户新养了一只兔子。"),
+    ("用户的妈妈每天喝茶。", "用户每天喝咖啡。"),
+    ("I go to the gym on Mondays.", "My wife goes to the gym on Fridays."),
+], ids=["pets-both", "habits-two-things", "schedule-two-people"])
+def test_slots_silent_for_facts_that_both_hold(mem, first, second):
+    mem.memorize(first, {"persona_id": "p"})
+    assert mem.memorize(second, {"persona_id": "p"})["may_update"] == []
+
+
+class MeaningEmbedder(FakeEmbedder):
+    """Vectors by meaning, whatever the language: a text's vector is its topic's (`topics`, the
+    first word of it the text holds), a little apart per text."""
+
+    topics = {"guitar": 0, "吉他": 0, "visa": 1, "签证": 1}
+
+    def vector(self, text):
+        v = super().vector(text) * 0.1
+        for word, axis in self.topics.items():
+            if word in text.lower():
+                v[axis] += 1.0
+                break
+        return (v / np.linalg.norm(v)).astype(np.float32)
+
+
+@pytest.mark.parametrize("old_text, new_text, named", [
+    ("用户周日上午上吉他课。", "User's guitar lesson moved to Saturday afternoon.", True),
+    ("User's visa interview is on March 5.", "签证面试改到了 3 月 19 日。", True),
+    ("用户周日上午上吉他课。", "User also takes a guitar lesson on Saturdays.", False),
+    ("用户周日上午上吉他课。", "User's guitar teacher is from Spain.", False),
+    ("用户周日上午上吉他课。", "User's visa interview was moved to Friday.", False),
+], ids=["zh-en", "en-zh", "also", "no-change", "another-topic"])
+def test_the_meaning_signal_names_a_change_of_the_nearest_memory(
+        open_mem, tmp_path, monkeypatch, old_text, new_text, named):
+    embedder = MeaningEmbedder(16)
+    monkeypatch.setitem(aokun.MAY_UPDATE_COSINE, embedder.model,
+                        {"latin": 0.9, "han": 0.9, "mixed": 0.9})
+    m = open_mem(tmp_path / "m.db", embedder=embedder)
+    old = m.memorize(old_text, {"persona_id": "p"})
+    new = m.memorize(new_text, {"persona_id": "p"})
+    assert [x["id"] for x in new["may_update"]] == ([old["id"]] if named else [])
