@@ -1945,13 +1945,19 @@ def mmr_pool(order: list[int], parts: dict, pins: dict, size: int) -> list[int]:
     return pool + [i for i in pins if i in parts and i not in pool]
 
 
+RELEVANCE_RANK = 0.5  #: select_hits: the share of a hit's ranking weight its relevance sets
+
+
 def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict[int, float],
                 k: int, lam: float) -> list[tuple]:
     """The answer: MMR (λ, token Jaccard) over the `best` candidates that still exist (those in
     `tokens`), then each pinned memory similar enough to the query (`pins`: {id: cosine
     similarity}, best first) that MMR left out, in place of the weakest unpinned hit.
-    Returns [(id, mmr score or None for a pin put in)]."""
-    fused = {i: p["fused"] for i, p in parts.items()}
+    MMR weighs each memory's fused score by its calibrated relevance, fused × (1 − RELEVANCE_RANK
+    + RELEVANCE_RANK·relevance) (none: × 1), so of two memories the channels rank alike the one
+    more likely to answer comes first. Returns [(id, mmr score or None for a pin put in)]."""
+    fused = {i: p["fused"] * (1 - RELEVANCE_RANK + RELEVANCE_RANK * p["relevance"])
+             if p.get("relevance") is not None else p["fused"] for i, p in parts.items()}
     picked = mmr([i for i in best if i in tokens], fused, tokens, k, lam)
     picked_ids = {x for x, _ in picked}
     pins_best_first = sorted(pins, key=lambda i: -pins[i])
@@ -2006,26 +2012,27 @@ _NAME_WORD = re.compile(r"\b[A-Z][a-z]+")
 def query_names(query: str) -> set[str]:
     """The names a question gives, lower-cased, a name's words joined by a space: its runs of
     capitalised words inside a sentence ("What is Wang Fang allergic to?" → {"wang fang"}), or, in
-    a Chinese question, every run of capitalised Latin words ("Rachel 是干什么的" → {"rachel"});
-    never an English question's first word or "I". A memory that holds none of them (names_in) is
-    about someone or something else (Recall.relevance_parts)."""
+    a Chinese question or one of capitalised words only, every run ("Rachel 是干什么的" →
+    {"rachel"}, "Hangzhou" → {"hangzhou"}); never an English question's first word or "I". A
+    memory that holds none of them is about someone or something else (names_found,
+    hit_relevance)."""
     text = fold(query)
-    if 2 * len(_CJK.findall(text)) >= len(re.findall(r"[A-Za-z]", text)):
+    keywords = not re.search(r"\b[a-z]", text)  # "Hangzhou", "Wang Fang": a name search
+    if keywords or 2 * len(_CJK.findall(text)) >= len(re.findall(r"[A-Za-z]", text)):
         runs = [m.group(0) for m in re.finditer(r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*", text)]
     else:
         runs = [m.group(0) for m in _NAME.finditer(text)]
     return {" ".join(_NAME_WORD.findall(r)).lower() for r in runs}
 
 
-def names_in(names, doc_tokens: set, pinyin) -> bool:
-    """Whether a memory of these indexed tokens holds one of a question's `names` (query_names):
-    one of a name's words among its tokens, or the whole name as the pinyin of one of its Chinese
-    tokens (`pinyin(token)`, Segmenter.pinyin: "Wang Fang" is 王芳, "Xiaoyu" 小雨)."""
-    words = {w for n in names for w in n.split()}
-    if words & doc_tokens:
-        return True
-    keys = {n.replace(" ", "") for n in names}
-    return any(pinyin(t) in keys for t in doc_tokens if _CJK.search(t))
+def names_found(names, doc_tokens: set, pinyin) -> set[str]:
+    """The words of a question's `names` (query_names) that a memory of these indexed tokens holds:
+    a name's word among its tokens, or all of a name's words when the whole name is the pinyin of
+    one of its Chinese tokens (`pinyin(token)`, Segmenter.pinyin: "Wang Fang" is 王芳, "Xiaoyu"
+    小雨)."""
+    found = {w for n in names for w in n.split()} & doc_tokens
+    spelt = {pinyin(t) for t in doc_tokens if _CJK.search(t)}
+    return found | {w for n in names if n.replace(" ", "") in spelt for w in n.split()}
 
 
 def query_script(tokens) -> str:
@@ -2053,6 +2060,40 @@ def calibrated_relevance(margin: float | None, cover: float | None,
     z = coef["w_margin"] * margin + coef["w_cover"] * cover + coef["bias"] if cover is not None \
         else coef["margin_only_w"] * margin + coef["margin_only_bias"]
     return 1.0 / (1.0 + math.exp(-z))
+
+
+def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg) -> dict:
+    """{cosine, margin, cover, evidence, relevance} of a memory (or turn) for a question `q`
+    ({tokens, vector (None: none), background: Vectors.background of it, personal:
+    Rules.personal, names: query_names}), the memory's indexed tokens and stored vector (None:
+    none yet), the question's calibrated_relevance weights and the Segmenter `seg` (weight,
+    pinyin). Across scripts (query_script) cover is 1 when the memory holds a name the question
+    gives ("TideLog", "Wang Fang" for 王芳: names_found; the only word that can compare), else None
+    and meaning alone decides (an English topic word in a Chinese memory's context is no keyword
+    evidence).
+    Relevance is 0 without evidence: for a memory without a word (has_words: emoji, punctuation,
+    a bare number); for one that shares no word with a question that does not speak of the user
+    ("What is the capital of France?", "tell me a joke": meaning alone never makes a general
+    question about the person the memory is of); for one of the question's script that holds none
+    of the names the question gives: "What is Wang Fang allergic to?" is answered by 王芳's
+    allergy, never by the user's own (across scripts a name not found proves nothing: West Lake
+    is 西湖)."""
+    vector, names = q["vector"], q["names"]
+    cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
+    script = query_script(doc_tokens)
+    shared = token_cover(q["tokens"], doc_tokens, seg.weight)
+    found = names_found(names, doc_tokens, seg.pinyin) if names else set()
+    margin = None if cos is None else cos - q["background"][script]
+    if script == query_script(q["tokens"]):
+        cover = shared
+        evidence = (found or not names) and (q["personal"] or found or shared)
+    else:  # no word compares across scripts, but a name can; one not found proves nothing
+        cover = 1.0 if found else None
+        evidence = q["personal"] or found or shared
+    evidence = bool(evidence) and has_words(doc_tokens)
+    rel = 0.0 if coef is not None and not evidence else calibrated_relevance(margin, cover, coef)
+    return {"cosine": cos, "margin": margin, "cover": cover, "evidence": evidence,
+            "relevance": rel}
 
 
 def recall_hit(d: dict, p: dict) -> dict:
@@ -3254,6 +3295,47 @@ class Vectors:
             "or exists (select 1 from graph_entries "
             "where embedding_state = 'pending' and embedding_error is null)"))
 
+    def wait_refresh(self) -> None:
+        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls
+        it)."""
+        with self._refresh_lock:
+            worker = self._refresher
+        if worker is not None:
+            worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
+
+    def _stop_refresher(self) -> None:
+        """Memory.close's step after wait_refresh: stop the refresh worker; a refresh queued later
+        does nothing (conn_closed)."""
+        if self._refresher is not None:
+            self._refresher.shutdown()
+            self._refresher = None
+        self.conn_closed = True
+
+    def _vectors_fit(self) -> None:
+        """The stored vectors were all made again with the configured embedder (rebuild --vectors):
+        no vector_problem any more."""
+        self.vector_problem = None
+
+    def _clear_embedding_error(self) -> None:
+        """Forget the provider's last transient failure (a rebuild starts afresh)."""
+        self.last_embedding_error = None
+
+    def background(self, q_vector) -> dict[str, float]:
+        """{script: the mean cosine of question vector `q_vector` with rules/relevance.toml's
+        ordinary memories of that script} ('latin', 'cjk'): how close the question is to any memory
+        at all, which calibrated_relevance takes off its cosine with one. The anchors are embedded
+        once per process and model (about 0.3 s with the local model); 0.0 for a script without
+        anchors."""
+        model = self.embedder.model
+        if model not in self._anchor_vectors:
+            self._anchor_vectors[model] = {
+                script: self.embedder.embed_documents(texts)
+                for script, texts in self.rules.anchors.items() if texts}
+        out = {"latin": 0.0, "cjk": 0.0}
+        for script, vectors in self._anchor_vectors[model].items():
+            out[script] = float(np.mean(vectors @ q_vector))
+        return out
+
 
 # Write stages: a memory's row and FTS, its atoms, its graph ######################################
 
@@ -3840,31 +3922,6 @@ class Layers:
         except Exception as e:  # noqa: BLE001 - a background step: the back-fill retries
             log.warning("refreshing the vectors of memories %s failed (back-filled later): %s",
                         ids, e)
-
-    def wait_refresh(self) -> None:
-        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls
-        it)."""
-        with self._refresh_lock:
-            worker = self._refresher
-        if worker is not None:
-            worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
-
-    def _stop_refresher(self) -> None:
-        """Memory.close's step after wait_refresh: stop the refresh worker; a refresh queued later
-        does nothing (conn_closed)."""
-        if self._refresher is not None:
-            self._refresher.shutdown()
-            self._refresher = None
-        self.conn_closed = True
-
-    def _vectors_fit(self) -> None:
-        """The stored vectors were all made again with the configured embedder (rebuild --vectors):
-        no vector_problem any more."""
-        self.vector_problem = None
-
-    def _clear_embedding_error(self) -> None:
-        """Forget the provider's last transient failure (a rebuild starts afresh)."""
-        self.last_embedding_error = None
 
     def backfill_vectors(self, batch: int = 64, limit: int | None = None,
                          ids: list[int] | None = None, stop: threading.Event | None = None,
@@ -4970,8 +5027,7 @@ class RecallQuery:
     tokens: set  #: the query's search tokens (without its time words)
     warnings: list  #: the answer's warnings; fusion adds "nothing relevant"
     window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window)
-    personal: bool = True  #: the question speaks of the user (Rules.personal)
-    names: frozenset = frozenset()  #: the names the question gives (query_names)
+    text: str = ""  #: the question as asked (Rules.personal, query_names)
     #: what the recall did (explain's `stats`), filled by fusion
     stats: dict = field(default_factory=dict)
 
@@ -5086,10 +5142,7 @@ class Recall:
         results = self._fuse(ranked, RecallQuery(
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
-            vector=vector, tokens=set(tokens), warnings=warnings, stats=stats,
-            personal=self.rules.personal(query), names=frozenset(query_names(query))))
-        if not as_of_iso:
-            results = self._newer_first(results, k, include_archived)
+            vector=vector, tokens=set(tokens), warnings=warnings, stats=stats, text=query))
         results, left_out = bound_hits(results, *bounds)
         if left_out:
             warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the "
@@ -5435,80 +5488,38 @@ class Recall:
                 hit["explain"] = explain_parts(i, parts[i], scores, q.chosen, w, q.intent,
                                                mmr_score)
             out.append(hit)
-        return out
+        return out if q.historical else self._newer_first(out, q.k, q.params["max_archived"])
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not
-        less relevant than [recall] min_relevance (relevance_parts, also put in their parts) or
-        made within the time window of a question of time words alone (time_boost). When nothing
-        is left, a warning says
+        less relevant than [recall] min_relevance (hit_relevance, also put in their parts) or
+        made within the time window of a question that speaks of the user or holds nothing but its
+        time words (time_boost). When nothing is left, a warning says
         so and gives the best relevance."""
         coef = self.rules.relevance_coef(self.embedder.model, q.tokens)
         stored = [] if q.vector is None else self.rows(
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
+        about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
+                 "names": frozenset(query_names(q.text)),
+                 "background": None if q.vector is None else self.background(q.vector)}
         kept = {}
         for i in pool:
             if i not in docs:
                 continue
             doc_tokens = set(docs[i]["segmented"].split())
-            parts[i].update(self.relevance_parts(q.tokens, q.vector, doc_tokens, vectors.get(i),
-                                                 coef, q.personal, q.names))
+            parts[i].update(hit_relevance(about, doc_tokens, vectors.get(i), coef, self.seg))
             rel = parts[i]["relevance"]
-            # made when a question of time words alone says ("what happened yesterday?"): the
-            # time is the relevance; "what's the weather today?" has a word to judge it by
-            if rel is None or rel >= self.cfg.recall.min_relevance or (
-                    parts[i]["time_boost"] and not has_words(q.tokens)):
+            # made when a question of the user's days says ("what did I do yesterday?", "what
+            # happened last week?"): the time is the relevance; "what's the weather today?" is not
+            if rel is None or rel >= self.cfg.recall.min_relevance or (parts[i]["time_boost"] and (
+                    about["personal"] or not has_words(q.tokens))):
                 kept[i] = doc_tokens
         if docs and not kept:  # every one has a relevance, all below the threshold
             best = max(parts[i]["relevance"] for i in pool if i in docs)
             q.warnings.append(f"nothing relevant: the best memory's relevance is {best:.2f}, below "
                               f"[recall] min_relevance = {self.cfg.recall.min_relevance}")
         return kept
-
-    def relevance_parts(self, q_tokens, q_vector, doc_tokens: set, doc_vector,
-                        coef: dict | None, personal: bool = True, names=frozenset()) -> dict:
-        """{cosine, margin, cover, evidence, relevance} of a memory (or turn) for a question: its search
-        tokens and vector (None: no vector), the memory's indexed tokens and stored vector (None:
-        none yet), and the question's calibrated_relevance weights. Cover is None (meaning alone
-        decides) when the two are of different scripts (query_script). Relevance is 0 for a
-        memory without a word (has_words: emoji, punctuation, a bare number), and for one that
-        shares no word with a question that does not speak of the user (`personal`, Rules.personal:
-        "What is the capital of France?", "tell me a joke"): meaning alone never makes a general
-        question about the person the memory is of; and for one that holds none of the `names`
-        the question gives (query_names, names_in, across scripts by pinyin): "What is Wang Fang
-        allergic to?" is answered by 王芳's allergy, never by the user's own."""
-        cos = None if q_vector is None or doc_vector is None else float(np.dot(doc_vector,
-                                                                                q_vector))
-        script = query_script(doc_tokens)
-        # a question and a memory of different scripts are judged by meaning alone: an English
-        # topic word in a Chinese memory's context is no keyword evidence either way
-        shared = token_cover(q_tokens, doc_tokens, self.seg.weight)
-        cover = shared if script == query_script(q_tokens) else None
-        margin = None if cos is None else cos - self.background(q_vector)[script]
-        named = bool(names) and names_in(names, doc_tokens, self.seg.pinyin)
-        evidence = has_words(doc_tokens) and (named or not names) and (
-            personal or named or bool(shared))
-        rel = 0.0 if coef is not None and not evidence else \
-            calibrated_relevance(margin, cover, coef)
-        return {"cosine": cos, "margin": margin, "cover": cover, "evidence": evidence,
-                "relevance": rel}
-
-    def background(self, q_vector) -> dict[str, float]:
-        """{script: the mean cosine of question vector `q_vector` with rules/relevance.toml's
-        ordinary memories of that script} ('latin', 'cjk'): how close the question is to any memory
-        at all, which calibrated_relevance takes off its cosine with one. The anchors are embedded
-        once per process and model (about 0.3 s with the local model); 0.0 for a script without
-        anchors."""
-        model = self.embedder.model
-        if model not in self._anchor_vectors:
-            self._anchor_vectors[model] = {
-                script: self.embedder.embed_documents(texts)
-                for script, texts in self.rules.anchors.items() if texts}
-        out = {"latin": 0.0, "cjk": 0.0}
-        for script, vectors in self._anchor_vectors[model].items():
-            out[script] = float(np.mean(vectors @ q_vector))
-        return out
 
     def _score_candidates(self, ids, parts: dict, ranks: dict, scores: dict, confidence: dict,
                           w: Weights, q: RecallQuery) -> None:
@@ -7656,7 +7667,8 @@ class ConversationSearch:
                 key = ("turn_vector", params["persona_id"], params["source"], params["candidates"])
                 ranked["vector"] = self._bounded_knn(key, self.queries[name], params, self.rows)
         hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings,
-                                (self.rules.personal(query), frozenset(query_names(query))))
+                                {"personal": self.rules.personal(query),
+                                 "names": frozenset(query_names(query))})
         if (note := self._watch_warning()) is not None:
             warnings.append(note)
         for h in hits:
@@ -7693,10 +7705,10 @@ class ConversationSearch:
             return None
 
     def _fuse_turns(self, ranked: dict, vector, tokens: set, k: int, warnings: list,
-                    about: tuple) -> list[dict]:
+                    about: dict) -> list[dict]:
         """The k best turns of the channel rows: RRF or the weighted mean of normalized_scores
-        ([recall] fusion), then relevance_parts (`about`: whether the question speaks of the user,
-        and the names it gives) against [recall] min_relevance."""
+        ([recall] fusion), then hit_relevance (`about`: {personal, names} of the question) against
+        [recall] min_relevance."""
         r = self.cfg.recall
         ranks, scores, _ = channel_evidence(ranked, ())
         if not ranks:
@@ -7707,14 +7719,16 @@ class ConversationSearch:
         hits = self.rows(self.queries["conv_hits"], {"ids": json.dumps(pool)})
         rows = {row["id"]: row for row in hits}
         coef = self.rules.relevance_coef(self.embedder.model, tokens)
+        about = dict(about, tokens=tokens, vector=vector,
+                     background=None if vector is None else self.background(vector))
         out, best = [], None
         for i in pool:
             row = rows.get(i)
             if row is None:
                 continue
             vec = None if row["embedding"] is None else blob_vector(row["embedding"])
-            rel = self.relevance_parts(tokens, vector, set(row["segmented"].split()), vec,
-                                       coef, *about)["relevance"]
+            rel = hit_relevance(about, set(row["segmented"].split()), vec, coef,
+                                self.seg)["relevance"]
             best = rel if best is None or (rel is not None and rel > best) else best
             if rel is not None and rel < r.min_relevance:
                 continue

@@ -238,7 +238,8 @@ def local_conversations(tmp_path_factory, segmenter):
     ("高铁票订好了吗", "顺便问一下，我们下周三去杭州出差的高铁票订好了吗？"),
     ("why is the KNN k limited to 4096", "Why does the vec0 KNN query refuse k above 4096?"),
     # English → Chinese
-    ("temples near West Lake, how to plan the visit", "我想去西湖和灵隐寺，怎么安排比较好？"),
+    ("how should I plan my visit to the temples near West Lake",
+     "我想去西湖和灵隐寺，怎么安排比较好？"),
 ])
 def test_conversation_search_finds_a_turn_by_a_chinese_and_an_english_phrase(local_conversations,
                                                                              query, expected):
@@ -253,7 +254,7 @@ def test_conversation_search_filters_by_source_session_and_time(local_conversati
     m = local_conversations
     only = m.conversation_search("KNN k 4096", k=5, source="copilot", persona_id="conv")["results"]
     assert all(h["source"] == "copilot" for h in only)
-    session = m.conversation_search("杭州", k=5, session_id="67c1a2b3-0000-8000-9000-00000000a001",
+    session = m.conversation_search("西湖", k=5, session_id="67c1a2b3-0000-8000-9000-00000000a001",
                                     persona_id="conv")["results"]
     assert session \
         and {h["session_id"] for h in session} == {"67c1a2b3-0000-8000-9000-00000000a001"}

@@ -170,6 +170,7 @@ def test_an_everyday_word_shared_is_not_relevance(small):
     ("Where do I live?", set()),
     ("Tell me about Paris", {"paris"}),
     ("Caroline went hiking", set()),  # the first word of an English question
+    ("Hangzhou", {"hangzhou"}),  # capitalised words only: a name search
 ])
 def test_the_names_a_question_gives(query, names):
     assert aokun.query_names(query) == names
@@ -177,10 +178,10 @@ def test_the_names_a_question_gives(query, names):
 
 def test_a_name_meets_its_memory_by_word_or_by_pinyin():
     pinyin = {"王芳": "wangfang", "过敏": "guomin", "小雨": "xiaoyu"}.get
-    assert aokun.names_in({"wang fang"}, {"王芳", "过敏"}, pinyin)
-    assert aokun.names_in({"wang fang"}, {"wang", "photographer"}, pinyin)
-    assert not aokun.names_in({"wang fang"}, {"user", "allergic", "penicillin"}, pinyin)
-    assert not aokun.names_in({"xiaoyu"}, {"王芳", "过敏"}, pinyin)
+    assert aokun.names_found({"wang fang"}, {"王芳", "过敏"}, pinyin) == {"wang", "fang"}
+    assert aokun.names_found({"wang fang"}, {"wang", "photographer"}, pinyin) == {"wang"}
+    assert not aokun.names_found({"wang fang"}, {"user", "allergic", "penicillin"}, pinyin)
+    assert not aokun.names_found({"xiaoyu"}, {"王芳", "过敏"}, pinyin)
 
 
 @pytest.mark.parametrize("query, personal", [
