@@ -6,8 +6,8 @@ en-zh or zh-en, why}) is stored through the engine's public API with the shipped
 persona of its own: the old memory, then the new one. The pair is predicted an update when the new
 memory's may_update names the old one. Prints precision and recall per language (en, zh, across:
 en-zh and zh-en) and overall, for the pairs of even index (the half the slot rules were developed
-on), of odd index (held out) and all. The provider is `none` (the slot and event signals) unless
---provider local is given (and the meaning signal, Journal._near_rival, with them).
+on), of odd index (held out) and all. The provider is the shipped `local` model (slot, event and
+meaning signals, Journal._near_rival); --provider none leaves the slot and event signals alone.
 
 Example:
 
@@ -52,6 +52,40 @@ def predict(pairs: list[dict], provider: str) -> list[bool]:
             mem.close()
 
 
+def among_people(provider: str) -> dict:
+    """may_update where memories live among others: every memory of the people sets
+    (tests/fixtures/evalsets/people.json) stored in order, one persona per person; the memories
+    marked `updates` name the older one they change. Returns {hints, right, updates, found,
+    precision, recall}: of the hints given, how many name the marked older memory, and of the
+    marked updates, how many get that hint."""
+    import aokun
+
+    people = json.loads((DEFAULT_PAIRS.parent / "people.json").read_text(encoding="utf-8"))
+    hints = right = updates = found = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = aokun.Config(None, overrides={("embedding", "provider"): provider,
+                                            ("backup", "daily"): False})
+        mem = aokun.Memory(Path(tmp) / "people.db", cfg)
+        try:
+            for person in people:
+                ids = {}
+                for m in person["memories"]:
+                    got = mem.memorize(m["text"], {"persona_id": person["persona"],
+                                                   "timestamp": m["created_at"]})
+                    ids[m["id"]] = got["id"]
+                    named = {h["id"] for h in got["may_update"]}
+                    older = ids.get(m.get("updates"))
+                    hints += len(named)
+                    right += older in named
+                    updates += older is not None
+                    found += older is not None and older in named
+        finally:
+            mem.close()
+    return {"hints": hints, "right": right, "updates": updates, "found": found,
+            "precision": round(right / hints, 3) if hints else None,
+            "recall": round(found / updates, 3) if updates else None}
+
+
 def scores(rows: list[tuple[dict, bool]]) -> dict:
     """{n, tp, fp, fn, precision, recall} of predictions `rows` [(pair, predicted)]."""
     tp = sum(1 for p, y in rows if y and p["label"] == "update")
@@ -79,21 +113,32 @@ def report(pairs: list[dict], predicted: list[bool], halves: list[str]) -> dict:
               default=DEFAULT_PAIRS, show_default=True, help="The labelled pairs (JSON list).")
 @click.option("--half", type=click.Choice(["even", "odd", "all", "both"]), default="both",
               show_default=True, help="Which pairs to score; both: even, odd and all.")
-@click.option("--provider", type=click.Choice(["none", "local"]), default="none",
-              show_default=True, help="Embedding provider of the temporary database.")
+@click.option("--provider", type=click.Choice(["local", "none"]), default="local",
+              show_default=True, help="Embedding provider of the temporary database (local: the "
+              "shipped default; none: the slot and event signals alone).")
 @click.option("--show-errors", is_flag=True, help="List the pairs predicted wrong.")
+@click.option("--people", is_flag=True,
+              help="Also score the hints among the people sets' memories (among_people).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def main(path: Path, half: str, provider: str, show_errors: bool, as_json: bool) -> None:
+def main(path: Path, half: str, provider: str, show_errors: bool, people: bool,
+         as_json: bool) -> None:
     """Score may_update on labelled update / non-update pairs (EN, ZH and across)."""
     pairs = json.loads(path.read_text(encoding="utf-8"))
     predicted = predict(pairs, provider)
     halves = ["even", "odd", "all"] if half == "both" else [half]
     figures = report(pairs, predicted, halves)
+    if people:
+        figures["people"] = {"overall": among_people(provider)}
     if as_json:
         click.echo(json.dumps(figures, ensure_ascii=False))
     else:
         for h, groups in figures.items():
             for g, s in groups.items():
+                if h == "people":
+                    click.echo(f"among people: {s['hints']} hints, {s['right']} naming the "
+                               f"memory it changes; {s['found']} of {s['updates']} updates "
+                               f"hinted: precision={s['precision']} recall={s['recall']}")
+                    continue
                 click.echo(f"{h:5} {g:8} n={s['n']:3} tp={s['tp']:3} fp={s['fp']:3} "
                            f"fn={s['fn']:3} precision={s['precision']} recall={s['recall']}")
     if show_errors:

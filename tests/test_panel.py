@@ -235,6 +235,10 @@ def test_recall_page_draws_the_explain_parts(panel):
     html = client.get("/recall?q=Alice+Paris&k=3").text
     assert 'class="seg relevance"' in html and "route weights" in html and "bm25" in html
     out = mem.recall("Alice Paris", 3, explain=True)
+    # the head of each hit shows the MCP answer's relevance (— for an uncalibrated model)
+    shown = ["—" if h["relevance"] is None else f"{h['relevance']:.2f}" for h in out["results"]]
+    assert html.count('title="relevance: how likely') == len(shown) and shown
+    assert all(f">{x}</span>" in html for x in shown)
     for h in out["results"]:
         bar = aokun.score_bar(h["explain"], h["score"], mem.cfg.recall)
         assert bar and {p["part"] for p in bar} <= {k for k, _ in aokun.SCORE_PARTS}
