@@ -2062,22 +2062,23 @@ def calibrated_relevance(margin: float | None, cover: float | None,
     return 1.0 / (1.0 + math.exp(-z))
 
 
-def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg) -> dict:
+def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
+                  content: str) -> dict:
     """{cosine, margin, cover, evidence, relevance} of a memory (or turn) for a question `q`
     ({tokens, vector (None: none), background: Vectors.background of it, personal:
-    Rules.personal, names: query_names}), the memory's indexed tokens and stored vector (None:
-    none yet), the question's calibrated_relevance weights and the Segmenter `seg` (weight,
+    Rules.personal, names: query_names}), the memory's indexed tokens, stored vector (None: none
+    yet) and text, the question's calibrated_relevance weights and the Segmenter `seg` (weight,
     pinyin). Across scripts (query_script) cover is 1 when the memory holds a name the question
     gives ("TideLog", "Wang Fang" for 王芳: names_found; the only word that can compare), else None
     and meaning alone decides (an English topic word in a Chinese memory's context is no keyword
     evidence).
-    Relevance is 0 without evidence: for a memory without a word (has_words: emoji, punctuation,
-    a bare number); for one that shares no word with a question that does not speak of the user
-    ("What is the capital of France?", "tell me a joke": meaning alone never makes a general
-    question about the person the memory is of); for one of the question's script that holds none
-    of the names the question gives: "What is Wang Fang allergic to?" is answered by 王芳's
-    allergy, never by the user's own (across scripts a name not found proves nothing: West Lake
-    is 西湖)."""
+    Relevance is 0 without evidence: for a memory whose text has no word (has_words: emoji,
+    punctuation, a bare number; the topics it was given are not its words); for one that shares
+    no word with a question that does not speak of the user ("What is the capital of France?",
+    "tell me a joke": meaning alone never makes a general question about the person the memory is
+    of); for one of the question's script that holds none of the names the question gives: "What
+    is Wang Fang allergic to?" is answered by 王芳's allergy, never by the user's own (across
+    scripts a name not found proves nothing: West Lake is 西湖)."""
     vector, names = q["vector"], q["names"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(doc_tokens)
@@ -2090,7 +2091,7 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg) 
     else:  # no word compares across scripts, but a name can; one not found proves nothing
         cover = 1.0 if found else None
         evidence = q["personal"] or found or shared
-    evidence = bool(evidence) and has_words(doc_tokens)
+    evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
     rel = 0.0 if coef is not None and not evidence else calibrated_relevance(margin, cover, coef)
     return {"cosine": cos, "margin": margin, "cover": cover, "evidence": evidence,
             "relevance": rel}
@@ -2220,6 +2221,9 @@ def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
 #: what may follow a known name in a Latin-script slot value that is still that name (slot_value)
 MODEL_SUFFIX = re.compile(r"(?:\s+(?:[a-z]{0,2}\d+\w*|pro|max|plus|mini|ultra|air|se))+$")
 #: the possessive before a relative that Rules.slot drops from a subject (my sister, 用户的妹妹)
+#: Rules._slot_of: a clause that speaks of a plan, not of what holds now ("明年退休")
+SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计划|"
+                         r"\b(?:will|going\s+to|plans?\s+to|next\s+(?:year|month|week))\b")
 SUBJECT_OWNER = re.compile(r"^(?:(?:my|our|(?:the )?user's)\s+|(?:我|用户)的?(?=.))")
 #: rules/relevance.toml
 RELEVANCE_WEIGHTS = ("w_margin", "w_cover", "bias", "margin_only_w", "margin_only_bias")
@@ -2293,6 +2297,13 @@ class Rules:
                 self.predicate_of[self._key(name)] = p["name"]
         self.slot_subject = {self._key(w): who for who, words in data.get("subjects", {}).items()
                              for w in [who, *words] if w}
+        others = sorted((w for w, who in self.slot_subject.items() if who not in ("user", "")),
+                        key=len, reverse=True)
+        #: _slot_of: someone other than the user named in the clause before a match whose pattern
+        #: names no subject ("我爸爸明年退休" is not the user's retirement)
+        self._other_subject = re.compile(
+            "|".join(rf"\b{re.escape(w)}\b" if w.isascii() else re.escape(w) for w in others)
+            or r"(?!)", re.IGNORECASE)
         self.slot_thing = {self._key(w): thing for thing, words in data.get("things", {}).items()
                            for w in [thing, *words]}
         self.slot_alias = {self._key(w): self._key(v) for v, words in data.get("values", {}).items()
@@ -2386,7 +2397,10 @@ class Rules:
                 thing += "/" + self._thing(use)
             name = f"{name}:{thing}"
         who = g.get("subject")
-        if not who:
+        if not who:  # the user, unless the clause before it names someone else or a future
+            clause = re.split(r"[，。；！？,.;!?]", m.string[:m.start()])[-1]
+            if self._other_subject.search(clause) or SLOT_FUTURE.search(clause):
+                return None
             return name, value, "user"
         key = self._key(who)
         rest = SUBJECT_OWNER.sub("", re.sub(r"'s$", "", key))
@@ -5508,7 +5522,8 @@ class Recall:
             if i not in docs:
                 continue
             doc_tokens = set(docs[i]["segmented"].split())
-            parts[i].update(hit_relevance(about, doc_tokens, vectors.get(i), coef, self.seg))
+            parts[i].update(hit_relevance(about, doc_tokens, vectors.get(i), coef, self.seg,
+                                          docs[i]["content"]))
             rel = parts[i]["relevance"]
             # made when a question of the user's days says ("what did I do yesterday?", "what
             # happened last week?"): the time is the relevance; "what's the weather today?" is not
@@ -7727,8 +7742,8 @@ class ConversationSearch:
             if row is None:
                 continue
             vec = None if row["embedding"] is None else blob_vector(row["embedding"])
-            rel = hit_relevance(about, set(row["segmented"].split()), vec, coef,
-                                self.seg)["relevance"]
+            rel = hit_relevance(about, set(row["segmented"].split()), vec, coef, self.seg,
+                                row["text"])["relevance"]
             best = rel if best is None or (rel is not None and rel > best) else best
             if rel is not None and rel < r.min_relevance:
                 continue

@@ -213,3 +213,34 @@ def test_the_meaning_signal_names_a_change_of_the_nearest_memory(
     old = m.memorize(old_text, {"persona_id": "p"})
     new = m.memorize(new_text, {"persona_id": "p"})
     assert [x["id"] for x in new["may_update"]] == ([old["id"]] if named else [])
+
+
+@pytest.mark.parametrize("old_text, new_text", [
+    ("I'm a backend engineer at Cargolane.", "我爸爸明年退休，他想去云南旅行。"),
+    ("我在阿里工作。", "我妈妈下个月退休。"),
+    ("I live in Lyon.", "I will move to Berlin next year."),
+    ("我住在杭州。", "我打算明年搬到上海。"),
+], ids=["relative-zh", "relative-future-zh", "future-en", "future-zh"])
+async def test_someone_elses_change_or_a_plan_retires_nothing(server, old_text, new_text):
+    async with Client(server) as c:
+        old = await call(c, "memorize", {"content": old_text})
+        new = await call(c, "memorize", {"content": new_text})
+        assert not new.get("may_update"), new
+        found = {h["id"]: h for h in await hits(c, old_text)}
+        assert old["id"] in found and found[old["id"]].get("replaced_by") is None
+
+
+@pytest.mark.parametrize("old_text, new_text, query", [
+    ("I live in a small flat in Lyon with two cats.", "I moved to Rotterdam last month.",
+     "Lyon"),
+    ("I work at Cargolane as a backend engineer.",
+     "I started a new job at Brightwave Labs last week.", "Cargolane"),
+], ids=["flat-in", "new-job-at"])
+async def test_everyday_phrasings_of_a_move_and_a_new_job(server, old_text, new_text, query):
+    async with Client(server) as c:
+        old = await call(c, "memorize", {"content": old_text})
+        new = await call(c, "memorize", {"content": new_text})
+        assert [m["id"] for m in new["may_update"]] == [old["id"]]
+        found = await hits(c, query)
+        assert [h["id"] for h in found][:2] == [new["id"], old["id"]]
+        assert found[1]["replaced_by"] == new["id"]
