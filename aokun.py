@@ -4336,9 +4336,10 @@ class Journal:
             slotted = {r["id"]: r["content"] for r in self.rows(
                 self.queries["slot_rivals_of_document"],
                 {"document_id": p.document_id, "persona_id": p.persona_id, "k": MAY_UPDATE_MAX})}
-            events = self._event_rivals(p, set(slotted))
+            told = set(slotted) | set(p.supersedes)  # what supersedes named is done already
+            events = self._event_rivals(p, told)
             if len(slotted) + len(events) < MAY_UPDATE_MAX:
-                events += self._near_rival(p, set(slotted) | {i for i, _ in events})
+                events += self._near_rival(p, told | {i for i, _ in events})
         except (apsw.Error, EmbeddingError) as e:
             log.warning("no update hint for memory %s: %s", p.document_id, e)
             return

@@ -244,3 +244,13 @@ async def test_everyday_phrasings_of_a_move_and_a_new_job(server, old_text, new_
         found = await hits(c, query)
         assert [h["id"] for h in found][:2] == [new["id"], old["id"]]
         assert found[1]["replaced_by"] == new["id"]
+
+
+async def test_what_supersedes_names_is_no_hint_again(server):
+    async with Client(server) as c:
+        old = await call(c, "memorize", {"content": "The team offsite is on 12 March in Leeds."})
+        new = await call(c, "memorize", {
+            "content": "The team offsite moved to 19 March in Leeds instead.",
+            "supersedes": [old["id"]]})
+        assert not new.get("may_update")
+        assert not any("supersedes=" in w for w in new.get("warnings") or [])
