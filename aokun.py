@@ -2076,9 +2076,9 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     punctuation, a bare number; the topics it was given are not its words); for one that shares
     no word with a question that does not speak of the user ("What is the capital of France?",
     "tell me a joke": meaning alone never makes a general question about the person the memory is
-    of); for one of the question's script that holds none of the names the question gives: "What
-    is Wang Fang allergic to?" is answered by 王芳's allergy, never by the user's own (across
-    scripts a name not found proves nothing: West Lake is 西湖)."""
+    of); for one that holds none of the names the question gives: "What is Wang Fang allergic
+    to?" is answered by 王芳's allergy, never by the user's own (unless the question is English
+    and the memory Chinese: a name not found there proves nothing, West Lake is 西湖)."""
     vector, names = q["vector"], q["names"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(doc_tokens)
@@ -2088,9 +2088,9 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     if script == query_script(q["tokens"]):
         cover = shared
         evidence = (found or not names) and (q["personal"] or found or shared)
-    else:  # no word compares across scripts, but a name can; one not found proves nothing
-        cover = 1.0 if found else None
-        evidence = q["personal"] or found or shared
+    else:  # no word compares across scripts, but a name can; one not found in a Chinese
+        cover = 1.0 if found else None  # memory proves nothing (West Lake is 西湖)
+        evidence = (found or not names or script == "cjk") and (q["personal"] or found or shared)
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
     rel = 0.0 if coef is not None and not evidence else calibrated_relevance(margin, cover, coef)
     return {"cosine": cos, "margin": margin, "cover": cover, "evidence": evidence,
