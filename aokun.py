@@ -2220,10 +2220,13 @@ def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
 
 #: what may follow a known name in a Latin-script slot value that is still that name (slot_value)
 MODEL_SUFFIX = re.compile(r"(?:\s+(?:[a-z]{0,2}\d+\w*|pro|max|plus|mini|ultra|air|se))+$")
+#: Rules._slot_of: what may stand before a match whose pattern names no subject, in its clause:
+#: the user and words of when. Anything else may be someone else or a plan ("用户的好朋友老周
+#: 住在苏州", "王芳住在顺义", "我爸爸明年退休"): the user gets no value from it
+SLOT_BARE_CLAUSE = re.compile(r"(?:\s|我们?|用户|(?i:the\s+user|user|i|we)\b|现在|目前|如今|"
+                              r"已经|最近|刚刚?|也|还是|仍然|一直|终于|后来|今年|去年|上个?月|"
+                              r"上周|前几天)*")
 #: the possessive before a relative that Rules.slot drops from a subject (my sister, 用户的妹妹)
-#: Rules._slot_of: a clause that speaks of a plan, not of what holds now ("明年退休")
-SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计划|"
-                         r"\b(?:will|going\s+to|plans?\s+to|next\s+(?:year|month|week))\b")
 SUBJECT_OWNER = re.compile(r"^(?:(?:my|our|(?:the )?user's)\s+|(?:我|用户)的?(?=.))")
 #: rules/relevance.toml
 RELEVANCE_WEIGHTS = ("w_margin", "w_cover", "bias", "margin_only_w", "margin_only_bias")
@@ -2297,13 +2300,6 @@ class Rules:
                 self.predicate_of[self._key(name)] = p["name"]
         self.slot_subject = {self._key(w): who for who, words in data.get("subjects", {}).items()
                              for w in [who, *words] if w}
-        others = sorted((w for w, who in self.slot_subject.items() if who not in ("user", "")),
-                        key=len, reverse=True)
-        #: _slot_of: someone other than the user named in the clause before a match whose pattern
-        #: names no subject ("我爸爸明年退休" is not the user's retirement)
-        self._other_subject = re.compile(
-            "|".join(rf"\b{re.escape(w)}\b" if w.isascii() else re.escape(w) for w in others)
-            or r"(?!)", re.IGNORECASE)
         self.slot_thing = {self._key(w): thing for thing, words in data.get("things", {}).items()
                            for w in [thing, *words]}
         self.slot_alias = {self._key(w): self._key(v) for v, words in data.get("values", {}).items()
@@ -2397,11 +2393,9 @@ class Rules:
                 thing += "/" + self._thing(use)
             name = f"{name}:{thing}"
         who = g.get("subject")
-        if not who:  # the user, unless the clause before it names someone else or a future
+        if not who:  # the user, when nothing but time words stands before it in its clause
             clause = re.split(r"[，。；！？,.;!?]", m.string[:m.start()])[-1]
-            if self._other_subject.search(clause) or SLOT_FUTURE.search(clause):
-                return None
-            return name, value, "user"
+            return (name, value, "user") if SLOT_BARE_CLAUSE.fullmatch(clause) else None
         key = self._key(who)
         rest = SUBJECT_OWNER.sub("", re.sub(r"'s$", "", key))
         subject = self.slot_subject.get(key, self.slot_subject.get(rest))
@@ -2637,7 +2631,7 @@ SUPERSEDE_JACCARD = 0.25
 #: search tokens, and EVENT_JACCARD of them, with an older memory; or by meaning (_near_rival).
 MAY_UPDATE_MAX = 3
 EVENT_SHARED_TOKENS = 1
-EVENT_JACCARD = 0.1
+EVENT_JACCARD = 0.2
 MAY_UPDATE_PREVIEW_CHARS = 80
 #: may_update's meaning signal (_near_rival): {embedding model: {scripts: the least cosine}} of the
 #: nearest older memory and the new one, their scripts "han" (Chinese), "latin" or "mixed" (one of

@@ -220,7 +220,9 @@ def test_the_meaning_signal_names_a_change_of_the_nearest_memory(
     ("我在阿里工作。", "我妈妈下个月退休。"),
     ("I live in Lyon.", "I will move to Berlin next year."),
     ("我住在杭州。", "我打算明年搬到上海。"),
-], ids=["relative-zh", "relative-future-zh", "future-en", "future-zh"])
+    ("用户住在上海浦东。", "用户的好朋友老周住在苏州，开了一家咖啡馆。"),
+    ("用户住在北京朝阳区。", "王芳住在顺义，离用户挺远。"),
+], ids=["relative-zh", "relative-future-zh", "future-en", "future-zh", "friend-zh", "name-zh"])
 async def test_someone_elses_change_or_a_plan_retires_nothing(server, old_text, new_text):
     async with Client(server) as c:
         old = await call(c, "memorize", {"content": old_text})
