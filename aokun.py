@@ -2220,12 +2220,15 @@ def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
 
 #: what may follow a known name in a Latin-script slot value that is still that name (slot_value)
 MODEL_SUFFIX = re.compile(r"(?:\s+(?:[a-z]{0,2}\d+\w*|pro|max|plus|mini|ultra|air|se))+$")
-#: Rules._slot_of: what may stand before a match whose pattern names no subject, in its clause:
-#: the user and words of when. Anything else may be someone else or a plan ("用户的好朋友老周
-#: 住在苏州", "王芳住在顺义", "我爸爸明年退休"): the user gets no value from it
-SLOT_BARE_CLAUSE = re.compile(r"(?:\s|我们?|用户|(?i:the\s+user|user|i|we)\b|现在|目前|如今|"
-                              r"已经|最近|刚刚?|也|还是|仍然|一直|终于|后来|今年|去年|上个?月|"
-                              r"上周|前几天)*")
+#: Rules._slot_of, of a match whose pattern names no subject: its clause holds for the user when
+#: what stands before the match is time words only, or the user and no one else and no plan
+#: ("用户写 Java 现在用 VS Code 了"); not "用户的好朋友老周住在苏州", "王芳住在顺义",
+#: "我爸爸明年退休"
+SLOT_BARE_CLAUSE = re.compile(r"(?:\s|现在|目前|如今|已经|最近|刚刚?|也|还是|仍然|一直|终于|后来|"
+                              r"今年|去年|上个?月|上周|前几天)*")
+SLOT_USER_LEAD = re.compile(r"\s*(?:我们?|用户|(?i:the\s+user|user|i|we)\b)(?!的|'s)")
+SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计划|"
+                         r"\b(?:will|going\s+to|plans?\s+to|next\s+(?:year|month|week))\b")
 #: the possessive before a relative that Rules.slot drops from a subject (my sister, 用户的妹妹)
 SUBJECT_OWNER = re.compile(r"^(?:(?:my|our|(?:the )?user's)\s+|(?:我|用户)的?(?=.))")
 #: rules/relevance.toml
@@ -2300,6 +2303,12 @@ class Rules:
                 self.predicate_of[self._key(name)] = p["name"]
         self.slot_subject = {self._key(w): who for who, words in data.get("subjects", {}).items()
                              for w in [who, *words] if w}
+        others = sorted((w for w, who in self.slot_subject.items() if who not in ("user", "")),
+                        key=len, reverse=True)
+        #: _slot_of: someone other than the user, named before a match that names no subject
+        self._other_subject = re.compile("|".join(
+            rf"\b{re.escape(w)}\b" if w.isascii() else re.escape(w) for w in others) or r"(?!)",
+            re.IGNORECASE)
         self.slot_thing = {self._key(w): thing for thing, words in data.get("things", {}).items()
                            for w in [thing, *words]}
         self.slot_alias = {self._key(w): self._key(v) for v, words in data.get("values", {}).items()
@@ -2393,9 +2402,14 @@ class Rules:
                 thing += "/" + self._thing(use)
             name = f"{name}:{thing}"
         who = g.get("subject")
-        if not who:  # the user, when nothing but time words stands before it in its clause
+        if not who:  # the user, when its clause says so (SLOT_BARE_CLAUSE)
             clause = re.split(r"[，。；！？,.;!?]", m.string[:m.start()])[-1]
-            return (name, value, "user") if SLOT_BARE_CLAUSE.fullmatch(clause) else None
+            lead = SLOT_USER_LEAD.match(clause)
+            bare = SLOT_BARE_CLAUSE.fullmatch(clause[lead.end():] if lead else clause)
+            if bare or lead and not (self._other_subject.search(clause)
+                                     or SLOT_FUTURE.search(clause)):
+                return name, value, "user"
+            return None
         key = self._key(who)
         rest = SUBJECT_OWNER.sub("", re.sub(r"'s$", "", key))
         subject = self.slot_subject.get(key, self.slot_subject.get(rest))
