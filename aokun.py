@@ -2084,7 +2084,7 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     script = query_script(doc_tokens)
     shared = token_cover(q["tokens"], doc_tokens, seg.weight)
     found = names_found(names, doc_tokens, seg.pinyin) if names else set()
-    margin = None if cos is None else cos - q["background"][script]
+    margin = None if cos is None or q["background"] is None else cos - q["background"][script]
     if script == query_script(q["tokens"]):
         cover = shared
         evidence = (found or not names) and (q["personal"] or found or shared)
@@ -2266,6 +2266,7 @@ class Rules:
         #: "I" and "me" do not ("how do I", "tell me", 帮我)
         self._speaks_of_user = re.compile(personal.get("user", r"(?!)"))
         self._request = re.compile(personal.get("requests", r"(?!)"))
+        self._asks = re.compile(personal.get("asks", r"(?!)"))
         #: {embedding model: {w_margin, w_cover, bias, margin_only_w, margin_only_bias}} of
         #: calibrated_relevance
         self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS}
@@ -2402,14 +2403,13 @@ class Rules:
                 thing += "/" + self._thing(use)
             name = f"{name}:{thing}"
         who = g.get("subject")
-        if not who:  # the user, when its clause says so (SLOT_BARE_CLAUSE)
+        if not who:  # the user when its clause says so (SLOT_BARE_CLAUSE), else a name in it
             clause = re.split(r"[，。；！？,.;!?]", m.string[:m.start()])[-1]
             lead = SLOT_USER_LEAD.match(clause)
+            if self._other_subject.search(clause) or SLOT_FUTURE.search(clause):
+                return None
             bare = SLOT_BARE_CLAUSE.fullmatch(clause[lead.end():] if lead else clause)
-            if bare or lead and not (self._other_subject.search(clause)
-                                     or SLOT_FUTURE.search(clause)):
-                return name, value, "user"
-            return None
+            return name, value, "user" if bare or lead else None
         key = self._key(who)
         rest = SUBJECT_OWNER.sub("", re.sub(r"'s$", "", key))
         subject = self.slot_subject.get(key, self.slot_subject.get(rest))
@@ -2445,10 +2445,14 @@ class Rules:
         return by_script.get(query_script(query_tokens)) or self.relevance.get(model)
 
     def personal(self, query: str) -> bool:
-        """Whether a question speaks of the user (rules/relevance.toml [personal]: I, my, 我, 用户…)
-        once its requests to the assistant are taken out ("How do I reverse a list?", "tell me a
-        joke", "帮我写首诗" do not; "告诉我我住在哪" does)."""
-        return bool(self._speaks_of_user.search(self._request.sub(" ", fold(query))))
+        """Whether meaning alone may answer a question (rules/relevance.toml [personal]): it speaks
+        of the user (I, my, 我, 用户…) once its requests to the assistant are taken out ("How do I
+        reverse a list?", "tell me a joke", "帮我写首诗" do not; "告诉我我住在哪" does), or it is a
+        search by topic, without a question's or a request's form ("business trip next
+        Wednesday")."""
+        text = fold(query)
+        return bool(self._speaks_of_user.search(self._request.sub(" ", text))
+                    or not self._asks.search(text))
 
     def intent(self, query: str) -> tuple[str | None, dict]:
         """The first intent in rules/intents.toml whose pattern matches fold(query)."""
@@ -2528,7 +2532,7 @@ class Prepared:
     created_at: str = ""
     content_hash: str = ""
     facts: list = field(default_factory=list)  # key_facts, or sentences of the content
-    supersedes: list = field(default_factory=list)  # ids of memories it archives, linked to it
+    supersedes: list = field(default_factory=list)  # ids of memories it replaces, linked to it
     # pipeline state, not part of the payload
     op: str = "insert"
     op_id: int | None = None
@@ -3440,13 +3444,17 @@ class Layers:
         return "\n".join([get("content"), *[x for x in extra if x]])
 
     def _fact_slot(self, p: Prepared, fact: str) -> tuple[str, str, str]:
-        """(slot, value, subject) of one fact of write `p` (Rules.slot): he/she is the memory's
-        first participant (else the user); a fact without a slot is about that participant or
-        no one."""
+        """(slot, value, subject) of one fact of write `p` (Rules.slot): he, she or a name is the
+        participant the fact names, else the memory's first (no slot when there is none, or it is
+        the user); a fact without a slot is about the first participant or no one."""
         slot, value, subject = self.rules.slot(fact)
-        if subject is None or not slot:
-            first = self.rules.canonical(p.participants[0]) if p.participants else ""
-            subject = first or ("user" if slot else "")
+        if not slot:
+            return "", "", self.rules.canonical(p.participants[0]) if p.participants else ""
+        if subject is None:  # he, she or a name: the participant the fact names, else the first
+            named = [x for x in p.participants if x and x in fact] or p.participants[:1]
+            subject = self.rules.canonical(named[0]) if named else ""
+            if subject in ("", "user"):  # no one to give the value to
+                return "", "", subject
         return slot, value, subject
 
     def _new_atom(self, p: Prepared, fact: str, uid: str, atom_type: str, confidence: float,
@@ -3527,7 +3535,8 @@ class Layers:
                           (best["id"], p.document_id))
                 continue
             self._new_atom(p, fact, uid, atom_type, confidence, tokens, slotted)
-        self._retire_contradicted(p.document_id)
+        if p.supersedes:  # what it contradicts in the memories it replaces retires
+            self._retire_contradicted(p.document_id)
 
     def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0,
                         event_expiry: str = "") -> None:
@@ -5525,7 +5534,8 @@ class Recall:
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
                  "names": frozenset(query_names(q.text)),
-                 "background": None if q.vector is None else self.background(q.vector)}
+                 "background": None if q.vector is None or coef is None
+                 else self.background(q.vector)}
         kept = {}
         for i in pool:
             if i not in docs:
@@ -7744,7 +7754,7 @@ class ConversationSearch:
         rows = {row["id"]: row for row in hits}
         coef = self.rules.relevance_coef(self.embedder.model, tokens)
         about = dict(about, tokens=tokens, vector=vector,
-                     background=None if vector is None else self.background(vector))
+                     background=None if vector is None or coef is None else self.background(vector))
         out, best = [], None
         for i in pool:
             row = rows.get(i)

@@ -190,9 +190,10 @@ def test_a_name_meets_its_memory_by_word_or_by_pinyin():
     ("告诉我我住在哪", True), ("How do I get to my sister's place?", True),
     ("tell me a joke", False), ("How do I reverse a list in Python?", False),
     ("帮我写一首诗", False), ("What is the capital of France?", False),
-    ("程序员一般几点下班", False),
+    ("程序员一般几点下班", False), ("hi", False), ("谢谢", False),
+    ("business trip next Wednesday", True), ("杭州 出差", True),  # a search by topic
 ])
-def test_whether_a_question_speaks_of_the_user(query, personal):
+def test_whether_meaning_alone_may_answer_a_question(query, personal):
     assert aokun.Rules(aokun.Config(None)).personal(query) is personal
 
 
