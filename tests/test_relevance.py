@@ -149,7 +149,8 @@ def test_off_topic_questions_of_a_small_memory_come_back_empty(small):
 
 @pytest.mark.slow
 def test_a_memory_without_words_is_never_relevant(small):
-    for query in ("What's my cat called?", "我每天早上喝什么", "我在学什么乐器？", "thanks!", "你好"):
+    for query in ("What's my cat called?", "我每天早上喝什么", "我在学什么乐器？", "thanks!",
+                  "你好"):
         out = small.recall(query, k=5, persona_id=SMALL, explain=True)
         for h in out["results"]:
             assert h["text"] not in ("👍", "🎻🐱", "……", "42"), query
