@@ -13366,7 +13366,8 @@ def cli(ctx, db, config_path):
               help="Read the text from this UTF-8 file (- : standard input).")
 @metadata_options
 @click.option("--supersedes", multiple=True, type=int, metavar="ID",
-              help="A memory this one replaces: archived, linked to the new one (repeatable).")
+              help="A memory this one replaces: marked replaced by it, the facts it contradicts "
+                   "retired (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole write result as JSON.")
 @click.pass_obj
 def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag, importance,
