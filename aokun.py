@@ -2027,10 +2027,15 @@ def query_names(query: str) -> set[str]:
 
 def names_found(names, doc_tokens: set, pinyin) -> set[str]:
     """The words of a question's `names` (query_names) that a memory of these indexed tokens holds:
-    a name's word among its tokens, or all of a name's words when the whole name is the pinyin of
-    one of its Chinese tokens (`pinyin(token)`, Segmenter.pinyin: "Wang Fang" is 王芳, "Xiaoyu"
-    小雨)."""
-    found = {w for n in names for w in n.split()} & doc_tokens
+    a name's word among its tokens, or one that begins the other (of 3 letters or more: Mel is
+    Melanie, Alex Alexander), or all of a name's words when the whole name is the pinyin of one of
+    its Chinese tokens (`pinyin(token)`, Segmenter.pinyin: "Wang Fang" is 王芳, "Xiaoyu" 小雨)."""
+    words = {w for n in names for w in n.split()}
+    found = words & doc_tokens
+    if words - found:  # a short form of a name, or the name of a short form
+        latin = [t for t in doc_tokens if len(t) >= 3 and t.isascii() and t.isalpha()]
+        found |= {w for w in words - found if len(w) >= 3
+                  and any(t.startswith(w) or w.startswith(t) for t in latin)}
     spelt = {pinyin(t) for t in doc_tokens if _CJK.search(t)}
     return found | {w for n in names if n.replace(" ", "") in spelt for w in n.split()}
 

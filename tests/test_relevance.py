@@ -184,6 +184,10 @@ def test_a_name_meets_its_memory_by_word_or_by_pinyin():
     assert aokun.names_found({"wang fang"}, {"wang", "photographer"}, pinyin) == {"wang"}
     assert not aokun.names_found({"wang fang"}, {"user", "allergic", "penicillin"}, pinyin)
     assert not aokun.names_found({"xiaoyu"}, {"王芳", "过敏"}, pinyin)
+    # a short form of a name, and the name of a short form
+    assert aokun.names_found({"mel"}, {"melanie", "pottery"}, pinyin) == {"mel"}
+    assert aokun.names_found({"melanie"}, {"mel", "kids"}, pinyin) == {"melanie"}
+    assert not aokun.names_found({"mel"}, {"me", "kids"}, pinyin)
 
 
 @pytest.mark.parametrize("query, personal", [
