@@ -1971,6 +1971,29 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
     return picked
 
 
+def newer_first(rows: list[dict], by: dict[int, int]) -> list[dict]:
+    """`rows` (each with an id) in order, but a row that another of them replaced (`by`: {id: newer
+    id}, Recall.replacements) comes right after the newer one, the two at the first place of
+    either: [old, x, new] → [new, old, x]."""
+    index = {d["id"]: d for d in rows}
+    older: dict[int, list] = {}
+    for d in rows:
+        if by.get(d["id"]) in index:
+            older.setdefault(by[d["id"]], []).append(d)
+    out, done = [], set()
+
+    def put(d: dict) -> None:
+        if d["id"] not in done:
+            done.add(d["id"])
+            out.append(d)
+            for o in older.get(d["id"], []):
+                put(o)
+    for d in rows:
+        put(index.get(by.get(d["id"]), d))
+        put(d)
+    return out
+
+
 def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None:
     """The weighted share of the query's distinct search tokens found among a memory's indexed
     tokens, 0..1, counting only query tokens of a script the memory has (CJK or not): an English
@@ -5216,32 +5239,24 @@ class Recall:
 
     def _newer_first(self, hits: list[dict], k: int, include_archived) -> list[dict]:
         """recall's hits with each replaced memory marked `replaced_by` the newer one
-        (replacements) and that one ranked right above it: moved up when it is a hit below,
-        added (the older one's score, relevance and explain, no channels) when it is not. At most
-        k."""
+        (replacements) and that one right above it (newer_first), added when it is not a hit (with
+        the older one's score, relevance and explain, no channels). At most k."""
         by = self.replacements([h["id"] for h in hits])
         if not by:
             return hits
-        out = list(hits)
-        missing = {by[h["id"]] for h in hits if h["id"] in by} - {h["id"] for h in hits}
-        rows = {d["id"]: d for d in self.rows(self.queries["recall_documents"],
-                                              {"ids": json.dumps(sorted(missing))})}
-        for h in hits:
-            new = by.get(h["id"])
-            if new is None:
-                continue
-            h["replaced_by"] = new
-            at = next(i for i, x in enumerate(out) if x is h)
-            there = next((i for i, x in enumerate(out) if x["id"] == new), None)
-            if there is not None and there > at:
-                out.insert(at, out.pop(there))
-            elif there is None and new in rows and (include_archived or
-                                                   not rows[new]["archived"]):
-                parts = {"fused": h["score"], "ranks": {}, "relevance": h["relevance"]}
-                out.insert(at, recall_hit(rows[new], parts))
+        have = {h["id"] for h in hits}
+        rows = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {
+            "ids": json.dumps(sorted({by[i] for i in have if i in by} - have))})}
+        added = []
+        for h in (h for h in hits if h["id"] in by):
+            new = h["replaced_by"] = by[h["id"]]
+            if new in rows and new not in have and (include_archived or not rows[new]["archived"]):
+                have.add(new)
+                added.append(recall_hit(rows[new], {"fused": h["score"], "ranks": {},
+                                                    "relevance": h["relevance"]}))
                 if "explain" in h:  # the older one's parts, which it stands on
-                    out[at]["explain"] = dict(h["explain"], replaces=h["id"])
-        return out[:k]
+                    added[-1]["explain"] = dict(h["explain"], replaces=h["id"])
+        return newer_first(hits + added, by)[:k]
 
     def _capped_k(self, k, warnings: list) -> int:
         """`k` checked (InputError unless a whole number ≥ 1) and capped at [recall] max_k, with a
@@ -5777,31 +5792,10 @@ BRIEFING_MAX_FACTS = 50  #: current knowledge-graph facts listed in a briefing
 CONTEXT_RECALL_K = {"quick": 3, "chat": 8, "coding": 10, "project": 15}
 
 
-def memory_tag(doc_id: int, hit: dict) -> str:
+def memory_tag(doc_id: int, replaced_by: int | None) -> str:
     """How memory_context and the briefing name a memory: [12], or [12 replaced_by 15] when a newer
     memory replaced it (Recall.replacements)."""
-    by = hit.get("replaced_by")
-    return f"[{doc_id} replaced_by {by}]" if by else f"[{doc_id}]"
-
-
-def newer_first(rows: list[dict], by: dict[int, int]) -> list[dict]:
-    """`rows` (each with an id) in order, except that a row replaced by another row of them
-    (`by`: {id: newer id}) comes right after that newer one."""
-    ids = {d["id"] for d in rows}
-    held = {}
-    for d in rows:
-        if by.get(d["id"]) in ids:
-            held.setdefault(by[d["id"]], []).append(d)
-    out = []
-
-    def put(d):
-        out.append(d)
-        for older in held.pop(d["id"], []):
-            put(older)
-    for d in rows:
-        if by.get(d["id"]) not in ids:
-            put(d)
-    return out
+    return f"[{doc_id} replaced_by {replaced_by}]" if replaced_by else f"[{doc_id}]"
 
 
 class Briefing:
@@ -5844,14 +5838,13 @@ class Briefing:
         by = self.replacements([d["id"] for d in key + recent])
         if key:
             lines.append("## Pinned and important")
-            lines += [f"- {memory_tag(d['id'], {'replaced_by': by.get(d['id'])})} "
-                      f"{_one_line(d['content'])}" for d in newer_first(key, by)]
+            lines += [f"- {memory_tag(d['id'], by.get(d['id']))} {_one_line(d['content'])}"
+                      for d in newer_first(key, by)]
         shown = {d["id"] for d in key}
         recent = [d for d in recent if d["id"] not in shown]
         if recent:
             lines.append(f"## Recent ({cx.briefing_recent_days} days)")
-            lines += [f"- {d['created_at'][:10]} "
-                      f"{memory_tag(d['id'], {'replaced_by': by.get(d['id'])})} "
+            lines += [f"- {d['created_at'][:10]} {memory_tag(d['id'], by.get(d['id']))} "
                       f"{_one_line(d['content'])}" for d in newer_first(recent, by)]
         lines += self.hooks.briefing_lines(self, persona, ref)
         if facts:
@@ -5906,8 +5899,8 @@ class Briefing:
         hits = self.recall(topic, k=k, persona_id=persona, max_answer_tokens=0)["results"]
         for h in hits:
             if h["id"] not in seen:
-                lines.append(f"- {h['created_at'][:10]} {memory_tag(h['id'], h)} "
-                             f"{_one_line(h['text'])}")
+                tag = memory_tag(h["id"], h.get("replaced_by"))
+                lines.append(f"- {h['created_at'][:10]} {tag} {_one_line(h['text'])}")
         facts = self._facts_for_text(topic, persona, now_iso())
         if facts:
             lines.append("# Current facts")

@@ -599,3 +599,13 @@ def test_chain_two_channels_to_hits():
     # 3 first; then 1: 0.7·0.862 − 0.3·Jaccard(1,3)=1/3 → 0.503 vs 2: 0.7·0.853 − 0 = 0.597: 2 wins
     assert [i for i, _ in hits] == [3, 2]
     assert hits[1][1] == pytest.approx(0.7 * 0.6875 / 0.725 * 0.9)
+
+
+def test_newer_first_puts_a_replaced_row_right_after_the_newer_at_the_first_place():
+    rows = [{"id": i} for i in (1, 2, 3, 4)]
+    order = lambda by: [d["id"] for d in aokun.newer_first(rows, by)]  # noqa: E731
+    assert order({}) == [1, 2, 3, 4]
+    assert order({1: 3}) == [3, 1, 2, 4]  # the older ranked higher: the pair takes its place
+    assert order({3: 1}) == [1, 3, 2, 4]
+    assert order({1: 4, 2: 4}) == [4, 1, 2, 3]  # two replaced by one, in their order
+    assert order({1: 9}) == [1, 2, 3, 4]  # the newer is not among them
