@@ -446,7 +446,6 @@ class Segmenter:
         idf = math.log(tk.total / freq) if freq > 0 else COVER_WEIGHT_MAX + COVER_IDF_COMMON
         return min(COVER_WEIGHT_MAX, max(COVER_WEIGHT_MIN, idf - COVER_IDF_COMMON))
 
-
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter per Memory, few tokens)
     def pinyin(self, token: str) -> str:
         """A Chinese token's pinyin, toneless and unspaced (pypinyin, imported on first use):
@@ -2079,7 +2078,7 @@ def calibrated_relevance(margin: float | None, cover: float | None,
     weights fitted for the embedding model and the question's script (`coef`, rules/relevance.toml
     says how), or its margin-only weights when `cover` is None (no comparable words: another
     language). `margin`: the query–memory cosine less the query's background (its mean cosine with
-    ordinary memories of the memory's script, Recall.background), so a question that is close to
+    ordinary memories of the memory's script, Vectors.background), so a question that is close to
     everything (a greeting, "tell me a joke") is close to nothing in particular; `cover`:
     token_cover. None when the model is not calibrated or the memory has no vector yet (such hits
     are never dropped)."""
@@ -2287,7 +2286,7 @@ class Rules:
                 self.alias_of[self._key(name)] = canonical
         relevance = dict(read(cfg.recall.relevance))
         #: {script: [ordinary memories]} whose mean cosine with a question is its background
-        #: (Recall.background)
+        #: (Vectors.background)
         self.anchors = {k: list(v) for k, v in relevance.pop("anchors", {}).items()}
         personal = relevance.pop("personal", {})
         #: Rules.personal: words that speak of the user, and the requests to the assistant whose
@@ -3377,18 +3376,16 @@ class Vectors:
     def background(self, q_vector) -> dict[str, float]:
         """{script: the mean cosine of question vector `q_vector` with rules/relevance.toml's
         ordinary memories of that script} ('latin', 'cjk'): how close the question is to any memory
-        at all, which calibrated_relevance takes off its cosine with one. The anchors are embedded
-        once per process and model (about 0.3 s with the local model); 0.0 for a script without
-        anchors."""
+        at all, which calibrated_relevance takes off its cosine with one. A mean of cosines is the
+        cosine with the mean vector, so each script keeps one, embedded once per process and model
+        (about 0.3 s with the local model); 0.0 for a script without anchors."""
         model = self.embedder.model
         if model not in self._anchor_vectors:
             self._anchor_vectors[model] = {
-                script: self.embedder.embed_documents(texts)
+                script: self.embedder.embed_documents(texts).mean(axis=0)
                 for script, texts in self.rules.anchors.items() if texts}
-        out = {"latin": 0.0, "cjk": 0.0}
-        for script, vectors in self._anchor_vectors[model].items():
-            out[script] = float(np.mean(vectors @ q_vector))
-        return out
+        return {"latin": 0.0, "cjk": 0.0} | {
+            script: float(mean @ q_vector) for script, mean in self._anchor_vectors[model].items()}
 
 
 # Write stages: a memory's row and FTS, its atoms, its graph ######################################
@@ -4368,13 +4365,12 @@ class Journal:
     def _may_update(self, p: Prepared) -> None:
         """Set p.may_update, [{id, preview: the first MAY_UPDATE_PREVIEW_CHARS characters}] of at
         most MAY_UPDATE_MAX memories of p's persona, not archived, that new memory `p` updates,
-        and one warning naming them. Two signals: the slot one (an atom of `p` superseded one of
+        and one warning naming them. Three signals: the slot one (an atom of `p` superseded one of
         theirs: same subject and slot, another value, in either language; done already, recall
-        marks them replaced_by p) and the event one (p says an event changed, rules/predicates.toml
-        [events], and shares EVENT_SHARED_TOKENS search tokens and EVENT_JACCARD of them with an
-        older memory: supersedes=[id] marks it replaced). Nothing for a repeat,
-        an edit or a failed write. Never raises for the signals: a hint is not worth failing a
-        stored write."""
+        marks them replaced_by p), then the event one (_event_rivals) and the meaning one
+        (_near_rival), whose memories supersedes=[id] marks replaced. Nothing for a repeat, an edit
+        or a failed write. Never raises for the signals: a hint is not worth failing a stored
+        write."""
         if p.deduplicated or p.status == "failed" or p.document_id is None or p.op != "insert":
             return
         try:
@@ -4434,12 +4430,12 @@ class Journal:
 
     def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
         """may_update's event signal: [(id, content)] of the older memories of p's persona, not
-        archived, not in `skip`, that name a time and share enough search tokens with `p`, when
-        p's content says an event changed (rules/predicates.toml [events]); the shared tokens leave
-        out the [events] words (change and time words, the user)."""
+        archived, not in `skip`, that share EVENT_SHARED_TOKENS search tokens and EVENT_JACCARD of
+        them with `p`, when p's content says an event changed (rules/predicates.toml [events]); the
+        shared tokens leave out the [events] words (change and time words, the user). The older
+        one need not name a time: "training for a 10K" → "… instead of the 10K"."""
         if not any(rx.search(fold(p.content)) for rx in self.rules.event_change):
             return []
-        # the older one need not name a time: "training for a 10K" → "… instead of the 10K"
         words = set(self.seg.tokens(p.content)) - self.rules.event_words
         out = []
         for r in self.rows(self.queries["event_rivals"], {
@@ -5546,8 +5542,8 @@ class Recall:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not
         less relevant than [recall] min_relevance (hit_relevance, also put in their parts) or
         made within the time window of a question that speaks of the user or holds nothing but its
-        time words (time_boost). When nothing is left, a warning says
-        so and gives the best relevance."""
+        time words (time_boost). When nothing is left, a warning says so and gives the best
+        relevance."""
         coef = self.rules.relevance_coef(self.embedder.model, q.tokens)
         stored = [] if q.vector is None else self.rows(
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
@@ -6247,8 +6243,8 @@ class Forgetting:
         """Undo archival of a memory of persona `persona_id` (None: the default persona ''): an
         archived memory comes back into recall, a replaced one gets its retired facts back; a
         consolidation survivor gets its previous metadata back and the memories merged into it are
-        restored. Returns {id, uid, archived: false,
-        restored: [ids]}. Raises NotFound, also for an id of another persona."""
+        restored. Returns {id, uid, archived: false, restored: [ids]}. Raises NotFound, also for an
+        id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         cons = self.rows("select * from consolidations where survivor_id = ?", (doc_id,))
         restored = []
@@ -10301,7 +10297,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self._toucher: ThreadPoolExecutor | None = None  # the aokun-touch worker (Recall._touch)
         self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Recall._hamming_bound
         self._hamming_learnt = 0  # reaches learnt since meta hamming_reach was written
-        self._anchor_vectors: dict[str, dict] = {}  # model -> {script: vectors} (background)
+        self._anchor_vectors: dict[str, dict] = {}  # model -> {script: mean vector} (background)
         # Recall._channel_query: recalls left without the pool
         self._pool_skips: dict[tuple, int] = {}
         self._channel_pool: ThreadPoolExecutor | None = None  # aokun-recall-* channel workers
