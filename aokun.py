@@ -2387,10 +2387,11 @@ class Rules:
         return "", "", ""
 
     def slot_value(self, value: str) -> str:
-        """A slot value's key: an article dropped, then canonical(); a value starting with a known
-        name (a [categories] value or an alias, at a word boundary in Latin script) is that name:
-        上海浦东 is shanghai, "iPhone 15" is iphone."""
-        key = self.canonical(re.sub(r"(?i)^(?:a|an|the|my)\s+", "", value.strip()))
+        """A slot value's key: an article and a model year dropped, then canonical(); a value
+        starting with a known name (a [categories] value or an alias, at a word boundary in Latin
+        script) is that name: 上海浦东 is shanghai, "iPhone 15" is iphone."""
+        key = self.canonical(re.sub(r"(?i)^(?:(?:a|an|the|my)\s+)?(?:(?:19|20)\d\d\s+)?", "",
+                                         value.strip()))
         if key in self.slot_alias:
             return self.slot_alias[key]
         for n in range(len(key), 1, -1):
@@ -2407,14 +2408,18 @@ class Rules:
                  categories: tuple) -> tuple[str, str, str | None] | None:
         """slot()'s answer for one match of predicate `name`'s pattern, or None when it makes no
         slot (an empty value, a thing the mode needs and lacks, a value of a not_category or not
-        of the entry's categories). A pattern without a value group states a yes/no fact: "no"
-        when its group `no` matched, else "yes"."""
+        of the entry's categories). A value of an exclusive category's name and more words is of
+        that category ("honda civic" is a car). A pattern without a value group states a yes/no
+        fact: "no" when its group `no` matched, else "yes"."""
         g = m.groupdict()
         value = ("no" if g.get("no") else "yes") if "value" not in g else (
             self.slot_value(g["value"] or ""))
         if not value:
             return None
-        category, exclusive = self.slot_category.get(value, ("", False))
+        category, exclusive = self.slot_category.get(value) or (  # a brand and its model
+            self.slot_category.get(value.split()[0], ("", False)) if " " in value else ("", False))
+        if not exclusive and category and value not in self.slot_category:
+            category = ""
         if category in categories[0] or categories[1] and category not in categories[1]:
             return None
         if mode != "none":

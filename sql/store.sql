@@ -100,11 +100,17 @@ limit :k;
 
 -- name: near_rival
 -- may_update's meaning signal: the content of memory :id, and whether it agrees with memory
--- :document_id: each states an active atom of one subject, slot and value (or the same atom).
-select d.content, exists (
-    select 1 from atom_sources s join memory_atoms n on n.id = s.atom_id and n.slot != ''
-    join memory_atoms o on o.persona_id = n.persona_id and o.subject = n.subject
-                       and o.slot = n.slot and o.slot_value = n.slot_value and o.state = 'active'
-    join atom_sources t on t.atom_id = o.id and t.document_id = d.id
-    where s.document_id = :document_id) as agrees
+-- :document_id: each states an active atom of one subject, slot and value (or the same atom),
+-- or each states a slot of someone else (my brother lives in Perth; I moved to Adelaide).
+with pairs as (
+    select n.subject = o.subject as same_subject, o.slot_value = n.slot_value as same_value,
+           o.state = 'active' as active
+    from atom_sources s join memory_atoms n on n.id = s.atom_id and n.slot != ''
+    join memory_atoms o on o.persona_id = n.persona_id and o.slot = n.slot
+    join atom_sources t on t.atom_id = o.id and t.document_id = :id
+    where s.document_id = :document_id)
+select d.content,
+       exists (select 1 from pairs where same_subject and same_value and active)
+       or exists (select 1 from pairs) and not exists (select 1 from pairs where same_subject)
+       as agrees
 from documents d where d.id = :id;

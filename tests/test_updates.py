@@ -171,9 +171,18 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("用户的老板是刘总。", "用户的直属领导换成了孙经理。"),
     ("User uses an iPhone 14.", "用户换了一部华为 Mate 60。"),
     ("用户用 IntelliJ IDEA 写 Java。", "用户写 Java 现在用 VS Code 了。"),
+    ("User drives a 2015 Honda Civic.", "User traded in the Civic for a Tesla Model 3."),
+    ("用户开一辆大众朗逸。", "用户把朗逸卖了，买了一辆比亚迪汉。"),
+    ("User weighs 82 kg.", "用户减到了 76 公斤。"),
+    ("User pays 1,450 EUR rent per month.", "User's rent went up to 1,600 EUR."),
+    ("User reports to Karen Liu.", "Since the reorg, user's manager is David Osei."),
+    ("用户的儿子在育才中学读初二。", "用户的儿子转学到了实验二中。"),
+    ("用户目前单身。", "用户最近交了个男朋友。"),
+    ("用户是产品经理。", "用户转岗做了数据分析师。"),
 ], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
         "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
-        "model-en-zh", "latin-name-zh"])
+        "model-en-zh", "latin-name-zh", "car-model-en", "car-sold-zh", "weight-en-zh", "rent-en",
+        "manager-en", "child-school-zh", "dating-zh", "title-zh"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
@@ -211,7 +220,9 @@ class MeaningEmbedder(FakeEmbedder):
     ("用户周日上午上吉他课。", "User also takes a guitar lesson on Saturdays.", False),
     ("用户周日上午上吉他课。", "User's guitar teacher is from Spain.", False),
     ("用户周日上午上吉他课。", "User's visa interview was moved to Friday.", False),
-], ids=["zh-en", "en-zh", "also", "no-change", "another-topic"])
+    ("User's brother lives in Perth and teaches guitar.",
+     "User moved to Adelaide to teach guitar.", False),
+], ids=["zh-en", "en-zh", "also", "no-change", "another-topic", "another-subject"])
 def test_the_meaning_signal_names_a_change_of_the_nearest_memory(
         open_mem, tmp_path, monkeypatch, old_text, new_text, named):
     embedder = MeaningEmbedder(16)
