@@ -68,6 +68,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import socket
 import stat
 import sys
@@ -104,6 +105,7 @@ SCHEMA_DIR = HERE / "schema"  #: forward-only migrations NNNN_name.sql
 SQL_DIR = HERE / "sql"  #: named queries, `-- name: x`
 RULES_DIR = HERE / "rules"  #: stop words, user dictionary, atom rules, aliases, intents, time words
 APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
+DISK_FULL_BYTES = 1 << 20  #: free bytes below which the disk holding the database counts as full
 ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
 DATE_CHARS = len("2026-11-30")  #: the date part of an ISO-8601 timestamp
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
@@ -165,6 +167,15 @@ class SchemaError(AokunError):
 
 class JournalGone(AokunError):
     """A write's journal row vanished mid-write (the file was restored): the write is not stored."""
+
+
+class DamagedFile(AokunError):
+    """The database file is damaged (SQLite found it corrupt): writes are refused until it is
+    restored from a backup or recovered into a new file (Store.damaged says how)."""
+
+
+class DiskFull(AokunError):
+    """The disk holding the database is full: the write was rolled back, nothing was stored."""
 
 
 class EmbeddingError(AokunError):
@@ -971,6 +982,7 @@ class Connection(apsw.Connection):
     """An APSW connection that knows whether aokun_bm25 is loaded in it."""
 
     aokun_rank: str | None = None  #: the path of the aokun_bm25 extension loaded, or None
+    damage: str | None = None  #: what SQLite said when the file proved corrupt at open, or None
 
 
 def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
@@ -1013,16 +1025,25 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
         if rank:  # once the file is known to be a database: a bad file gets its one line only
             conn.aokun_rank = load_rank_extension(conn, rank if isinstance(rank, str) else None)
         conn.enable_load_extension(False)
+    except apsw.CorruptError as e:  # a database, damaged: Memory opens it to say so
+        conn.enable_load_extension(False)
+        conn.damage = str(e)
+        return conn
     except (apsw.NotADBError, apsw.CantOpenError, apsw.IOError) as e:  # IOError: /dev/null…
         not_db = isinstance(e, apsw.NotADBError)
         what = "is not an SQLite database" if not_db else "cannot be opened"
+        if not not_db and shutil.disk_usage(path.parent).free < DISK_FULL_BYTES:
+            what += ": the disk holding it is full, free some space"
         raise AokunError(f"database {path} {what} ({e}); "
                          "choose another --db or [storage] db") from None
     conn.pragma("synchronous", {"full": 2, "normal": 1}.get(synchronous, 2))
     if reader:
         conn.pragma("query_only", True)
     else:
-        migrate(conn, backup_dir)
+        try:
+            migrate(conn, backup_dir)
+        except apsw.CorruptError as e:
+            conn.damage = str(e)
     return conn
 
 
@@ -1034,6 +1055,33 @@ def fetch_dicts(conn: apsw.Connection, sql: str, params=()) -> list[dict]:
     except apsw.ExecutionCompleteError:
         return []
     return [dict(zip(names, r, strict=True)) for r in cur]
+
+
+def readable_rows(conn: apsw.Connection, table: str, columns: list[str], failed: list,
+                  rowid: bool = True):
+    """Yield the rows (`columns`) of `table` that SQLite can still read from a damaged file: a read
+    that meets a damaged page starts again after the last row it read, past the damage by a rowid
+    step that doubles (what `.recover` aims at, at the SQL level: rows on a damaged page are lost,
+    and some beside them). A WITHOUT ROWID table (`rowid` false) is read up to its first damaged
+    page. `failed` gets `table` appended when a read failed."""
+    cols = ", ".join(f'"{c}"' for c in columns)
+    after, step = 0, 1
+    while after < 2 ** 63:
+        try:
+            if not rowid:
+                yield from conn.execute(f'select {cols} from "{table}"')
+                return
+            for row in conn.execute(f'select rowid, {cols} from "{table}" where rowid > ? '
+                                    "order by rowid", (after,)):
+                after, step = row[0], 1
+                yield row[1:]
+            return
+        except apsw.CorruptError:
+            after, step = after + step, step * 2
+        if table not in failed:
+            failed.append(table)
+        if not rowid:
+            return
 
 
 def migrations() -> list[tuple[int, Path]]:
@@ -2734,17 +2782,80 @@ class Store:
     def tx(self, invalidates: bool = True):
         """One IMMEDIATE write transaction (waits up to busy_timeout_ms for other writers). Its
         commit counts as a change (`epoch`, what the recall cache keys on) unless `invalidates` is
-        false: a write that leaves every recall answer as it was (Recall._touch)."""
-        with self.lock:
+        false: a write that leaves every recall answer as it was (Recall._touch). Raises
+        DamagedFile, before anything is written, on a file known to be damaged, and DiskFull when
+        the disk fills up (the transaction is rolled back)."""
+        with self.lock, self.sqlite_errors():
+            if self.damage:
+                raise self.damaged(self.damage)
             self.conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self.conn
+                self.conn.execute("COMMIT")
             except BaseException:
-                self.conn.execute("ROLLBACK")
+                if self.conn.in_transaction:  # SQLITE_FULL may have rolled it back already
+                    self.conn.execute("ROLLBACK")
                 raise
-            self.conn.execute("COMMIT")
             if invalidates:
                 self.epoch += 1
+
+    @contextlib.contextmanager
+    def sqlite_errors(self):
+        """Turn SQLite's errors about the file itself into the AokunError a user can act on:
+        a corrupt file into DamagedFile (recorded: writes are refused from then on), a full disk
+        into DiskFull. Other errors pass as they are."""
+        try:
+            yield
+        except apsw.Error as e:
+            if isinstance(e, (apsw.CorruptError, apsw.NotADBError)):
+                raise self.damaged(e) from None
+            if isinstance(e, apsw.FullError):
+                raise DiskFull(f"the disk holding {self.path} is full; nothing was stored: free "
+                               "some space and try again") from None
+            raise
+
+    def backup_dir(self) -> Path:
+        """[backup] dir, or a `backups` folder beside the database file when it is empty."""
+        if self.cfg.backup.dir:
+            return self.cfg.resolve(self.cfg.backup.dir)
+        return self.path.parent / "backups"
+
+    @property
+    def damage_marker(self) -> Path:
+        """`<database>-damaged`, beside it like its -wal: the file was found damaged (it holds
+        what SQLite said), so every process refuses writes; restore_from removes it, and so does a
+        doctor() that finds the file sound again."""
+        return self.path.with_name(self.path.name + "-damaged")
+
+    @property
+    def damage(self) -> str | None:
+        """Why the file is damaged (what SQLite said), found here or by another process (the
+        marker), or None."""
+        if self._damage is None and self.damage_marker.exists():
+            with contextlib.suppress(OSError):
+                self._damage = self.damage_marker.read_text(encoding="utf-8")[:200] or "damaged"
+        return self._damage
+
+    def damaged(self, why) -> DamagedFile:
+        """Record that the file is damaged (`why`: SQLite's error or a sentence; the marker tells
+        other processes) and return the DamagedFile that names the way out: restore the newest
+        backup in backup_dir(), or salvage what is readable into a new file."""
+        why = " ".join(str(why).split())[:200]
+        if self._damage is None:
+            self._damage = why
+            log.debug("database %s is damaged: %s; writes are refused", self.path, why)
+            with contextlib.suppress(OSError):
+                self.damage_marker.write_text(why, encoding="utf-8")
+        backups = [f for f in self.backup_dir().glob("*.db") if f.is_file()]
+        newest = max(backups, key=lambda f: f.stat().st_mtime, default=None)
+        salvage = ("recover NEW.db", {})
+        if newest is None:
+            return DamagedFile(f"database {self.path} is damaged ({why}) and {self.backup_dir()} "
+                               "holds no backup; writes are refused: {hint0} saves what is "
+                               "readable into a new file", hints=[salvage])
+        return DamagedFile(f"database {self.path} is damaged ({why}); writes are refused: {{hint0}}"
+                           " puts back the newest backup, or {hint1} saves what is readable into "
+                           "a new file", hints=[(f"restore {newest}", {"yes": True}), salvage])
 
     def _invalidate(self) -> None:
         """Count a change made outside tx() (the file's content replaced by restore_from): cached
@@ -2772,12 +2883,12 @@ class Store:
 
     def rows(self, sql: str, params=()) -> list[dict]:
         """Rows of `sql` as dicts, on the main connection under the lock."""
-        with self.lock:
+        with self.lock, self.sqlite_errors():
             return fetch_dicts(self.conn, sql, params)
 
     def value(self, sql: str, params=()):
         """The first column of the first row of `sql` (None when no row), under the lock."""
-        with self.lock:
+        with self.lock, self.sqlite_errors():
             row = self.conn.execute(sql, params).fetchone()
         return row[0] if row else None
 
@@ -4613,7 +4724,8 @@ class Journal:
         later recovery stores it (p.status 'failed', p.error); otherwise the error goes on the
         journal row and recovery retries the write once this call has returned (counted in
         retries)."""
-        log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
+        if not isinstance(error, (DamagedFile, DiskFull)):  # those say it in their one line
+            log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
         if isinstance(error, JournalGone):  # nothing of it is in this file any more: not stored
             p.status, p.error = "failed", error
             p.warnings.append(f"not stored: {error}")
@@ -5471,7 +5583,8 @@ class Recall:
             # not self.lock: a caller may hold it while waiting for this thread
             with self._readers_lock:
                 self._readers.append(conn)
-        return fetch_dicts(conn, sql, params)
+        with self.sqlite_errors():
+            return fetch_dicts(conn, sql, params)
 
     def _query_vector(self, query: str) -> "np.ndarray":
         """The query's vector. A multi-line query (a conversation so far) is embedded whole, plus
@@ -6279,6 +6392,8 @@ class Forgetting:
 
 #: entries with a vector
 FACT_ENTRIES_SQL = "node_id in (select id from graph_nodes where node_type = 'fact')"
+#: base tables salvage() does not copy: vectors, made again from the text
+SALVAGE_SKIP = ("doc_vectors", "graph_vectors", "conv_turn_vectors")
 BACKUP_STEP_PAGES = 256  #: pages the online backup copies per step (the lock is held per step)
 #: after this many restarts (writes elsewhere) the copy finishes under the lock
 BACKUP_MAX_RESTARTS = 20
@@ -6340,12 +6455,23 @@ class Maintenance:
     def doctor(self) -> list[str]:
         """Every inconsistency found: integrity_check, documents vs FTS vs vectors, atoms and graph
         entries vs their FTS, orphans, unfinished or failed journal rows, embedding mismatch, texts
-        the embedding provider refused (with the first reasons). Empty list means healthy."""
-        problems = []
+        the embedding provider refused (with the first reasons), a full disk. Empty list means
+        healthy. A damaged file is one problem, the DamagedFile line (what to do), and is marked
+        damaged; a file marked damaged that integrity_check finds sound is no longer."""
         with self.lock:
-            integrity = [r[0] for r in self.conn.execute("pragma integrity_check")]
+            try:
+                integrity = [r[0] for r in self.conn.execute("pragma integrity_check(5)")]
+            except apsw.Error as e:  # too damaged to check
+                integrity = [str(e)]
         if integrity != ["ok"]:
-            problems.append("integrity_check: " + "; ".join(integrity[:5]))
+            return [str(self.damaged("integrity_check: " + "; ".join(integrity)))]
+        if self.damage:
+            self.damage_marker.unlink(missing_ok=True)
+            self._damage = None
+        problems = []
+        if (free := shutil.disk_usage(self.path.parent).free) < DISK_FULL_BYTES:
+            problems.append(f"the disk holding {self.path} is full ({free:,} bytes free): "
+                            "writes fail until space is freed")
         for r in self.rows(self.queries["doctor_checks"]):
             if r["n"]:
                 problems.append(f"{r['n']} {r['problem']}")
@@ -6641,12 +6767,6 @@ class Maintenance:
 
     # backups -------------------------------------------------------------------------------------
 
-    def backup_dir(self) -> Path:
-        """[backup] dir, or a `backups` folder beside the database file when it is empty."""
-        if self.cfg.backup.dir:
-            return self.cfg.resolve(self.cfg.backup.dir)
-        return self.path.parent / "backups"
-
     def manual_backup_path(self) -> Path:
         """Where a backup asked for by hand goes (CLI `backup` without DEST, the panel's button):
         backup_dir()/<db name>-manual-<UTC time>.db."""
@@ -6744,7 +6864,9 @@ class Maintenance:
         to what the current file has handed out, so no id is handed out twice, and the copy replaces
         the content. Returns {restored, saved_previous, only_in_previous: [memory ids written or
         changed after the backup, kept only in the saved copy], previous_added,
-        previous_changed}."""
+        previous_changed}. Over a damaged file (known, or found by the safety copy) the file is
+        never read: it and its -wal and -shm are renamed to <name>.damaged-<time>.db (the
+        saved_previous then; only_in_previous None) and the staged copy takes its place."""
         src = Path(src).expanduser().resolve()
         if not src.exists():
             raise AokunError(f"{src} does not exist")
@@ -6754,9 +6876,14 @@ class Maintenance:
         try:
             staging = self._stage_restore(src, stage)
             try:
-                out = self._swap_in(staging, saved)
+                out = None if self.damage else self._swap_in(staging, saved)
+            except DamagedFile:
+                out = None
             finally:
                 staging.close()
+            if out is None:
+                saved = saved.with_name(f"{self.path.stem}.damaged-{stamp}.db")
+                out = self._replace_damaged(stage, saved)
         finally:
             for f in (stage, stage.with_name(stage.name + "-wal"),
                       stage.with_name(stage.name + "-shm")):
@@ -6829,21 +6956,95 @@ class Maintenance:
                 "previous_added": sum(r["change"] == "added" for r in lost),
                 "previous_changed": sum(r["change"] == "changed" for r in lost)}
 
-    @staticmethod
-    def _copy_to(source: apsw.Connection, dest: Path) -> None:
+    def _replace_damaged(self, stage: Path, aside: Path) -> dict:
+        """restore_from over a damaged file: the database and its -wal and -shm are renamed to
+        `aside` (never read: a damaged file must not block the restore), the staged copy `stage`
+        (closed) takes its place, and the connections are opened on it."""
+        with self.lock:
+            self._stop_recall_workers()
+            self.conn.close()
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.with_name(self.path.name + suffix).rename(
+                        aside.with_name(aside.name + suffix))
+            stage.rename(self.path)
+            self.conn = connect(self.path, self.cfg.storage.busy_timeout_ms,
+                                self.cfg.storage.synchronous)
+            self.damage_marker.unlink(missing_ok=True)
+            self._damage = None
+        return {"only_in_previous": None, "previous_added": 0, "previous_changed": 0}
+
+    def salvage(self, dest: Path | str) -> dict:
+        """Copy what SQLite can still read of this file (damaged) into the new file `dest`, which
+        gets this code's schema: every row of every base table that a read reaches (readable_rows;
+        the columns both have). The derived indexes are not copied but made again: keyword indexes
+        from the text, vectors back-filled (every memory and fact entry is marked pending; the
+        vector settings are left out of meta). This file is only read. Returns {salvaged: dest,
+        rows: {table: rows copied}, damaged: [tables some rows of which were unreadable]}."""
+        dest = Path(dest).expanduser().resolve()
+        if dest.exists():
+            raise AokunError(f"{dest} already exists; choose a new file name")
+        _backup_folder(dest)
+        target = connect(dest, self.cfg.storage.busy_timeout_ms)
+        # writable_schema: a file cut short is read up to where it ends (SQLite's own rule)
+        src = apsw.Connection(str(self.path), flags=apsw.SQLITE_OPEN_READONLY)
+        src.pragma("writable_schema", True)
+        copied, failed = {}, []
+        try:
+            tables = target.execute("select name, sql from sqlite_schema where type = 'table' "
+                                    "and name not like 'sqlite%'").fetchall()
+            virtual = [n for n, sql in tables if sql.upper().startswith("CREATE VIRTUAL")]
+            target.pragma("foreign_keys", False)  # a reference whose row was lost stays
+            with target:
+                for name, sql in tables:
+                    if name in virtual or name in SALVAGE_SKIP or any(
+                            name.startswith(v + "_") for v in virtual):
+                        continue
+                    try:
+                        mine = {r[1] for r in src.execute(f'pragma table_info("{name}")')}
+                    except apsw.Error:
+                        mine = set()
+                    if not mine:  # its schema row is unreadable
+                        failed.append(name)
+                        continue
+                    cols = [r[1] for r in target.execute(f'pragma table_info("{name}")')
+                            if r[1] in mine]
+                    insert = (f'insert or replace into "{name}"({", ".join(cols)}) '
+                              f'values ({", ".join("?" * len(cols))})')
+                    rows = list(readable_rows(src, name, cols, failed,
+                                              "WITHOUT ROWID" not in sql.upper()))
+                    target.executemany(insert, rows)
+                    copied[name] = len(rows)
+                target.execute("delete from meta where key in ('embedding_provider', "
+                               "'embedding_model', 'embedding_dim', 'vector_center')")
+                for table in ("documents", "graph_entries", "conv_turns"):
+                    target.execute(f"update {table} set embedding_state = 'pending'")
+                for turn_id, text in target.execute("select id, text from conv_turns").fetchall():
+                    target.execute("insert into conv_turns_fts(rowid, segmented) values (?, ?)",
+                                   (turn_id, self.seg.segmented(text)))
+        finally:
+            src.close()
+            target.close()
+        return {"salvaged": str(dest), "rows": copied, "damaged": failed}
+
+    def _copy_to(self, source: apsw.Connection, dest: Path) -> None:
         """Copy the database of `source` into the new file `dest` in one backup step (a .part file
-        renamed when done), checked by integrity_check, in rollback-journal mode."""
-        tmp = dest.with_name(dest.name + ".part")
+        renamed when done), checked by integrity_check, in rollback-journal mode. DamagedFile when
+        the copy fails it (the database is damaged; no .part is left)."""
+        tmp, done = dest.with_name(dest.name + ".part"), False
         target = apsw.Connection(str(tmp))
         try:
-            with target.backup("main", source, "main") as b:
+            with self.sqlite_errors(), target.backup("main", source, "main") as b:
                 b.step(-1)
-            ok = [r[0] for r in target.execute("pragma integrity_check")]
+            ok = [r[0] for r in target.execute("pragma integrity_check(3)")]
             if ok != ["ok"]:
-                raise AokunError(f"the copy {dest} failed integrity_check: {ok[:3]}")
+                raise self.damaged("integrity_check: " + "; ".join(ok))
             target.pragma("journal_mode", "delete")
+            done = True
         finally:
             target.close()
+            if not done:
+                tmp.unlink(missing_ok=True)
         tmp.rename(dest)
 
 
@@ -8943,6 +9144,7 @@ class Portable:
         for doc_id, persona, at in doomed:
             self.delete(doc_id, persona, deleted_at=at)  # the tombstone keeps the deletion's time
         report["deleted"] = len(doomed)
+        self.backfill_vectors()  # and those an import cut short left without vectors
         self.backfill_turn_vectors(progress=progress)
         return report
 
@@ -10269,6 +10471,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self.lock = threading.RLock()  # guards conn and what changes with it (see Locks above)
         new = not self.path.exists()
         storage = self.cfg.storage
+        self._damage: str | None = None  # why the file is damaged (Store.damage), None: sound
         # the one read-write connection
         self.conn = connect(self.path, storage.busy_timeout_ms, storage.synchronous,
                             self.backup_dir(),
@@ -10318,11 +10521,17 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         # Journal
         self._secret_patterns: tuple | None = None  # [write] secrets compiled (secret_patterns)
         self.last_recovery: dict = {}  # what recover() did when the file was opened
-        self._check_embedding_meta()
-        self._load_hamming()
-        self._upgrade_data()
-        if recover:
-            self.last_recovery = self.recover()
+        try:  # a damaged file stays open, refusing writes, for doctor, restore and recover
+            with self.sqlite_errors():
+                if self.conn.damage:
+                    raise self.damaged(self.conn.damage)
+                self._check_embedding_meta()
+                self._load_hamming()
+                self._upgrade_data()
+                if recover:
+                    self.last_recovery = self.recover()
+        except (DamagedFile, DiskFull) as e:
+            log.debug("%s", e)
 
     def _upgrade_data(self) -> None:
         """Run the data steps (DATA_STEPS) above meta data_version, in order, each once: its number
@@ -10934,7 +11143,7 @@ def _on_memory(ctx, fn):
     from mcp.server.mcpserver.exceptions import ToolError
     memory = ctx.request_context.lifespan_context.memory
     try:
-        with memory.foreground():  # the watcher's back-log waits meanwhile
+        with memory.foreground(), memory.sqlite_errors():  # the watcher's back-log waits meanwhile
             return fn(memory)
     except AokunError as e:
         raise ToolError(for_mcp(e)) from None
@@ -13880,10 +14089,13 @@ def cli_doctor(state):
         python aokun.py doctor
     """
     mem = state.memory()
-    repaired = dict(mem.last_recovery, fts_backfilled=mem.recover(fts=True)["fts_backfilled"]
-                    + mem.last_recovery.get("fts_backfilled", 0))
+    repaired = {}
+    with contextlib.suppress(DamagedFile, DiskFull):  # doctor() names them
+        repaired = dict(mem.last_recovery, fts_backfilled=mem.recover(fts=True)["fts_backfilled"]
+                        + mem.last_recovery.get("fts_backfilled", 0),
+                        vectors_backfilled=mem.backfill_vectors())  # what a journal left awaiting
     problems = mem.doctor()
-    if repaired.get("resumed") or repaired.get("fts_backfilled"):
+    if any(repaired.get(k) for k in ("resumed", "fts_backfilled", "vectors_backfilled")):
         click.echo(f"repaired: {repaired}")
     for p in problems:
         click.echo(f"problem: {p}")
@@ -13973,14 +14185,42 @@ def cli_restore(state, src, yes):
             raise AokunError("restore not confirmed, nothing was changed; "
                              "answer y, or give --yes") from None
     r = mem.restore_from(src)
-    click.echo(f"restored {r['restored']}; the previous content is in {r['saved_previous']}")
     lost = r["only_in_previous"]
+    if lost is None:
+        click.echo(f"restored {r['restored']}; the damaged file is kept as {r['saved_previous']}")
+        return
+    click.echo(f"restored {r['restored']}; the previous content is in {r['saved_previous']}")
     if lost:
         click.echo(f"{len(lost)} memories written or changed after the backup "
                    f"({r['previous_added']} new, {r['previous_changed']} changed) "
                    f"are only in {r['saved_previous']}: ids {', '.join(map(str, lost))}")
     else:
         click.echo("no memory was written or changed after the backup")
+
+
+@cli.command("recover")
+@click.argument("dest", type=click.Path(dir_okay=False))
+@click.pass_obj
+def cli_recover(state, dest):
+    """Save what SQLite can still read of a damaged database into the new file DEST (the damaged
+    file is only read), then rebuild DEST's keyword indexes; its vectors are back-filled by the
+    server, `doctor` or `rebuild --vectors`. Use it when no backup is recent enough; check DEST
+    with `--db DEST doctor`, then put it in place.
+
+    Example:
+
+        python aokun.py recover ~/aokun-salvaged.db
+    """
+    r = state.memory(recover=False).salvage(dest)
+    with Memory(Path(r["salvaged"]), state.cfg) as saved:
+        saved.recover(fts=True)
+        problems = saved.doctor()
+    click.echo(f"{sum(r['rows'].values()):,} rows in {r['salvaged']}: "
+               f"{r['rows'].get('documents', 0):,} memories")
+    if r["damaged"]:
+        click.echo(f"rows were unreadable in: {', '.join(r['damaged'])}")
+    for p in problems:
+        click.echo(f"problem in the new file: {p}")
 
 
 @cli.command("export")
@@ -14217,8 +14457,15 @@ def cli_serve(state, use_http, host, port):
     first: list[Memory] = []  # --http: opened before uvicorn, whose lifespan would log a traceback
     opened: list[Memory] = []  # the lifespan's Memory, which the web panel at /panel uses too
 
+    def open_memory() -> Memory:  # a damaged file: one line and exit 1, not a server refusing
+        mem = Memory(path, cfg)   # every write (README: Backup and sync)
+        if mem.damage:
+            mem.close()
+            raise mem.damaged(mem.damage)
+        return mem
+
     def memory_factory() -> Memory:
-        opened[:] = [first.pop() if first else Memory(path, cfg)]
+        opened[:] = [first.pop() if first else open_memory()]
         if not use_http:  # stderr: a shell user sees that it waits, a client's log for which file
             log.info("Aokun MCP on stdio (database %s): waiting for a client; Ctrl-C stops", path)
         return opened[0]
@@ -14233,7 +14480,7 @@ def cli_serve(state, use_http, host, port):
     panel = panel_app(lambda: opened[0], cfg, config_target(state.config_arg), host, port,
                       panel_state_path(path, port)) if is_loopback(host) else None
     app = http_app(server, cfg, host, port, panel and panel[1])
-    first.append(Memory(path, cfg))
+    first.append(open_memory())
     log.warning("Aokun MCP over HTTP at http://%s:%s/mcp (database %s)", host, port, path)
     if panel:
         log.warning("Aokun web panel at http://%s:%s/panel/?token=%s (the link logs in once; "

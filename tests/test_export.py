@@ -227,3 +227,47 @@ def test_cli_round_trip_through_files(tmp_path):
     assert out["memory"]["added"] == 1 and out["triple"]["added"] == 1
     assert cli("b.db", "export") == (tmp_path / "a.jsonl").read_text(encoding="utf-8")
     assert "1 notes" in cli("b.db", "export", "--format", "markdown", "--out", str(tmp_path / "md"))
+
+
+STALLING_IMPORT = r"""
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from fakes import FakeEmbedder  # puts the repository on sys.path
+import aokun
+
+class Stalls(FakeEmbedder):
+    def embed_documents(self, texts):
+        if self.calls == 4:  # the fifth batch: the import is killed while it waits
+            print("stalled", flush=True)
+            time.sleep(600)
+        return super().embed_documents(texts)
+
+m = aokun.Memory(Path(sys.argv[1]), aokun.Config(None), embedder=Stalls(16))
+with open(sys.argv[2], encoding="utf-8") as f:
+    m.import_export(f)
+"""
+
+
+@pytest.mark.slow
+def test_an_import_killed_midway_then_run_again_ends_with_doctor_clean(tmp_path, open_mem):
+    source = open_mem(tmp_path / "source.db")
+    source.memorize_many([(f"Note {i}: the heron count at the lake was {i}.", None)
+                          for i in range(300)])
+    export = tmp_path / "notes.jsonl"
+    export.write_text("\n".join(lines_of(source)) + "\n", encoding="utf-8")
+    script = tmp_path / "stall.py"
+    script.write_text(STALLING_IMPORT, encoding="utf-8")
+    db = tmp_path / "target.db"
+    child = subprocess.Popen([sys.executable, str(script), str(db), str(export),
+                              str(Path(__file__).parent)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "stalled"
+    finally:
+        child.kill()  # SIGKILL: no cleanup runs
+        child.wait()
+    target = open_mem(db)
+    assert target.value("select count(*) from documents where embedding_state = 'pending'")
+    target.import_export(export.read_text(encoding="utf-8").splitlines())
+    assert target.doctor() == []
+    assert target.value("select count(*) from documents") == 300

@@ -1,0 +1,195 @@
+"""A damaged file and a full disk, made for real: flipped bytes in a table's pages, a truncated
+copy, a small tmpfs in a mount namespace. Damage is found at open when SQLite can tell (a file cut
+short) and on the first corrupt read anywhere; from then on every process refuses writes with one
+line naming `restore` and the newest backup; doctor names it, restore puts a backup over it (the
+damaged file kept aside, never read) and recover salvages what SQLite can read into a new file. A
+full disk is one line, "the disk is full; nothing was stored", and loses nothing acknowledged."""
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import apsw
+import pytest
+
+import aokun
+from fakes import FakeEmbedder
+from mcp_procs import AOKUN, REPO, child_env, cli, write_ini
+
+TEXTS = [f"Memory {i}: Mika counted {i} herons by the lake in Lyon; the weather was fine."
+         for i in range(200)]
+
+
+def _made(path: Path, cfg: aokun.Config, segmenter) -> Path:
+    """A file at `path` holding TEXTS, with one backup in [backup] dir; returns the backup."""
+    m = aokun.Memory(path, cfg, embedder=FakeEmbedder(16))
+    m.seg = segmenter
+    m.memorize_many([(t, None) for t in TEXTS])
+    backup = m.online_backup(m.manual_backup_path())["backup"]
+    m.close()
+    return Path(backup)
+
+
+def _flip_table_pages(path: Path, table: str) -> None:
+    """Overwrite part of every page of `table` (its b-tree, found through dbstat) with junk."""
+    c = apsw.Connection(str(path))
+    c.pragma("wal_checkpoint(TRUNCATE)")
+    pages = [r[0] for r in c.execute("select pageno from dbstat where name = ?", (table,))]
+    size = c.pragma("page_size")
+    c.close()
+    with open(path, "r+b") as f:
+        for page in pages[1:]:
+            f.seek((page - 1) * size + 8)
+            f.write(random.Random(page).randbytes(size // 2))  # the same junk every run
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return aokun.Config(None, overrides={("backup", "dir"): str(tmp_path / "backups"),
+                                         ("backup", "daily"): False})
+
+
+def test_the_first_corrupt_read_refuses_writes_in_every_process(tmp_path, cfg, segmenter,
+                                                                 open_mem):
+    db = tmp_path / "a.db"
+    backup = _made(db, cfg, segmenter)
+    _flip_table_pages(db, "documents")
+    m = open_mem(db, cfg=cfg)
+    assert m.damage is None  # not found at open: only a full check would read every page
+    with pytest.raises(aokun.DamagedFile) as read:
+        m.rows("select content from documents")
+    with pytest.raises(aokun.DamagedFile) as write:
+        m.memorize("Bought a new umbrella.")
+    for e in (read.value, write.value):
+        assert "damaged" in str(e) and f"restore {backup} --yes" in str(e)
+        assert "recover NEW.db" in str(e) and "\n" not in str(e)
+    other = open_mem(db, cfg=cfg)  # another process: the marker tells it
+    with pytest.raises(aokun.DamagedFile):
+        other.memorize("Bought a new umbrella.")
+    assert other.doctor() and "damaged" in other.doctor()[0]
+
+
+def test_recover_salvages_what_is_readable_into_a_new_file(tmp_path, cfg, segmenter, open_mem):
+    db = tmp_path / "a.db"
+    _made(db, cfg, segmenter)
+    _flip_table_pages(db, "graph_entries")
+    out = open_mem(db, cfg=cfg).salvage(tmp_path / "saved.db")
+    assert out["rows"]["documents"] == len(TEXTS) and "graph_entries" in out["damaged"]
+    saved = open_mem(tmp_path / "saved.db", cfg=cfg)
+    saved.recover(fts=True)
+    saved.backfill_vectors()
+    assert saved.recall("how many herons did Mika count, memory 7")["results"]
+    assert saved.value("select count(*) from documents") == len(TEXTS)
+    with pytest.raises(aokun.AokunError, match="already exists"):
+        open_mem(db, cfg=cfg).salvage(tmp_path / "saved.db")
+
+
+@pytest.mark.slow
+def test_the_cli_names_the_damage_restores_over_it_and_recovers(tmp_path, segmenter):
+    ini = write_ini(tmp_path)
+    db = tmp_path / "a.db"
+    backup = _made(db, aokun.load_config(str(ini)), segmenter)
+    _flip_table_pages(db, "documents")
+    doctor = cli(db, ini, "doctor")
+    assert doctor.returncode == 1 and "Traceback" not in doctor.stderr, doctor.stderr
+    assert "problem: database" in doctor.stdout and f"restore {backup} --yes" in doctor.stdout
+    write = cli(db, ini, "memorize", "Bought a new umbrella.")
+    assert write.returncode == 1 and write.stderr.count("\n") == 1 and "damaged" in write.stderr
+    salvaged = cli(db, ini, "recover", str(tmp_path / "saved.db"))
+    assert salvaged.returncode == 0 and "memories" in salvaged.stdout, salvaged.stderr
+    restored = cli(db, ini, "restore", str(backup), "--yes")
+    assert restored.returncode == 0, restored.stderr
+    assert "the damaged file is kept as" in restored.stdout
+    assert [p.suffix for p in tmp_path.glob("a.damaged-*")] == [".db"]  # kept, never read
+    assert not list(tmp_path.glob("*.part")) and not (tmp_path / "a.db-damaged").exists()
+    assert cli(db, ini, "doctor").stdout.strip().endswith("ok")
+    assert cli(db, ini, "list", "--json").stdout.count("herons") >= 20
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [["serve"], ["stats"], ["doctor"]])
+def test_a_truncated_file_is_one_line(tmp_path, segmenter, args):
+    ini = write_ini(tmp_path)
+    good = tmp_path / "good.db"
+    _made(good, aokun.load_config(str(ini)), segmenter)
+    db = tmp_path / "cut.db"
+    db.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    r = cli(db, ini, *args)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    said = (r.stdout + r.stderr).strip().splitlines()
+    assert len(said) == 1 and "is damaged" in said[0] and "restore" in said[0], said
+
+
+FULL_DISK = r"""
+import json, os, subprocess, sys
+from pathlib import Path
+import anyio
+from mcp import Client
+sys.path.insert(0, sys.argv[3])
+from fakes import FakeEmbedder  # puts the repository on sys.path
+import aokun
+
+mnt, out = Path(sys.argv[1]), Path(sys.argv[2])
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
+cfg = aokun.Config(None, overrides={("backup", "dir"): str(mnt / "backups"),
+                                    ("backup", "daily"): False})
+server = aokun.build_server(lambda: aokun.Memory(mnt / "a.db", cfg, embedder=FakeEmbedder(16)),
+                            cfg)
+said, stored = [], []
+
+async def main():
+    async with Client(server) as c:
+        for i in range(400):
+            r = await c.call_tool("memorize", {"content": f"note {i} " + os.urandom(3000).hex()})
+            if r.is_error:
+                said.append(r.content[0].text)
+                if len(said) == 3:
+                    break
+            else:
+                stored.append(r.structured_content["id"])
+anyio.run(main)
+doctor = subprocess.run([sys.executable, sys.argv[4], "--db", str(mnt / "a.db"), "--config",
+                         sys.argv[5], "doctor"], capture_output=True, text=True)
+m = aokun.Memory(mnt / "a.db", cfg, embedder=FakeEmbedder(16))
+kept = [r["id"] for r in m.rows("select id from documents order by id")]
+m.close()
+out.write_text(json.dumps({"said": said, "stored": stored, "kept": kept,
+                           "doctor": [doctor.returncode, doctor.stdout, doctor.stderr]}))
+"""
+
+
+def _namespaces() -> str | None:
+    """Why a tmpfs cannot be mounted in a new mount namespace here, or None when it can."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("unshare"):
+        return "needs root and unshare(1) to mount a small tmpfs in a mount namespace"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"],
+                           capture_output=True, text=True)
+    return None if probe.returncode == 0 else f"unshare -m cannot mount here: {probe.stderr}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_namespaces() is not None, reason=str(_namespaces()))
+def test_a_full_disk_is_one_line_and_loses_nothing_acknowledged(tmp_path):
+    (tmp_path / "mnt").mkdir()
+    script = tmp_path / "full.py"
+    script.write_text(FULL_DISK, encoding="utf-8")
+    ini = write_ini(tmp_path)
+    r = subprocess.run(["unshare", "-m", sys.executable, str(script), str(tmp_path / "mnt"),
+                        str(tmp_path / "out.json"), str(Path(__file__).parent), AOKUN, str(ini)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300, env=child_env())
+    assert r.returncode == 0, r.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["stored"] and out["said"], out
+    for line in out["said"]:
+        assert "the disk holding" in line and "is full; nothing was stored" in line, line
+        assert "\n" not in line
+    assert set(out["stored"]) <= set(out["kept"])  # every acknowledged write stayed
+    code, stdout, stderr = out["doctor"]
+    assert "Traceback" not in stderr and code == 1, (stdout, stderr)
+    assert "is full" in stdout or "is full" in stderr, (stdout, stderr)
+    assert len((stdout + stderr).strip().splitlines()) <= 2, (stdout, stderr)
+
