@@ -56,6 +56,7 @@ __version__ = "0.1.0"
 # Imports and constants ###########################################################################
 
 import bisect
+import calendar
 import configparser
 import contextlib
 import datetime as dt
@@ -1668,48 +1669,49 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
 
 
 #: rules/dates.toml rule kinds
-EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "day", "in", "ago", "weekday", "week", "month",
-                    "month_end", "year", "named_month")
-_ZH_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6,
-              "七": 7, "八": 8, "九": 9}
+EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "dom", "ym", "y", "day", "in", "ago", "weekday",
+                    "weekday_near", "week", "weekend", "month", "month_start", "month_end", "year",
+                    "year_end", "named_month", "lunar", "festival")
 #: 1..99 in Chinese numerals
 _ZH_NUMERAL = "(?:[一二三四五六七八九]?十[一二三四五六七八九]?|[一二两三四五六七八九])"
 
 
 def zh_number(text: str) -> int | None:
-    """A whole number 0..99 written in digits or Chinese numerals ('15', '十五', '二十一', '三十'),
-    else None."""
+    """A whole number written in digits or Chinese numerals ('15', '十五', '二十一', '二〇二七',
+    read by cn2an), else None."""
+    import cn2an  # 0.2 s to import: only when a text names a date in Chinese numerals
     text = text.strip()
     if text.isdigit():
         return int(text)
-    if not text or any(ch not in _ZH_DIGITS and ch != "十" for ch in text):
+    try:
+        value = cn2an.cn2an(text.replace("廿", "二十"), "smart")
+    except ValueError:
         return None
-    if "十" not in text:
-        return _ZH_DIGITS[text] if len(text) == 1 else None
-    tens, _, ones = text.partition("十")
-    if len(tens) > 1 or len(ones) > 1:
-        return None
-    return (_ZH_DIGITS[tens] if tens else 1) * 10 + (_ZH_DIGITS[ones] if ones else 0)
+    return int(value) if value == int(value) else None
 
 
 def load_event_dates(path: Path) -> dict:
     """rules/dates.toml, ready for event_spans: {rules: [(compiled patterns, spec)], numbers,
-    months, weekdays, units, grace_days}, with the {n}, {month}, {weekday}, {unit} and {day}
-    placeholders filled in as named groups (alternatives longest first)."""
+    months, weekdays, units, year_words, festivals, tense {past, future, range} (compiled),
+    grace_days}, with the placeholders of the patterns filled in (alternatives longest first)."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
-    numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
-    months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
-    weekdays = {fold(k).casefold(): int(v) for k, v in data.get("weekdays", {}).items()}
-    units = {fold(k).casefold(): float(v) for k, v in data.get("units", {}).items()}
+    table = {name: {fold(k).casefold(): v for k, v in data.get(name, {}).items()}
+             for name in ("numbers", "months", "weekdays", "units", "year_words", "festivals")}
 
     def alts(words):
         return "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w)))
-    fill = {"{n}": rf"(?P<n>\d+|{_ZH_NUMERAL}|{alts(numbers)})", "{month}": f"(?:{alts(months)})",
-            "{weekday}": f"(?P<weekday>{alts(weekdays)})", "{unit}": f"(?P<unit>{alts(units)})",
-            "{day}": rf"(?:\d{{1,2}}|{_ZH_NUMERAL})"}
+    fill = {"{n}": rf"(?P<n>\d+|{_ZH_NUMERAL}|{alts(table['numbers'])})",
+            "{month}": f"(?:{alts(table['months'])})",
+            "{weekday}": f"(?P<weekday>{alts(table['weekdays'])})",
+            "{unit}": f"(?P<unit>{alts(table['units'])})",
+            "{yo}": f"(?P<yo>{alts(table['year_words'])})",
+            "{festival}": f"(?P<festival>{alts(table['festivals'])})",
+            "{zm}": "(?:1[0-2]|0?[1-9]|十[一二]?|[一二三四五六七八九])",
+            "{day}": rf"(?:[1-3]?\d|{_ZH_NUMERAL})"}
     rules = pattern_rules(data, fill, EVENT_DATE_KINDS, f"{path.name}: unknown event-date kind")
-    return {"rules": rules, "numbers": numbers, "months": months, "weekdays": weekdays,
-            "units": units, "grace_days": float(data.get("grace_days", 1))}
+    tense = {k: re.compile(v) for k, v in data.get("tense", {}).items()}
+    return table | {"rules": rules, "tense": tense,
+                    "grace_days": float(data.get("grace_days", 1))}
 
 
 def _safe_date(year: int, month: int, day: int) -> dt.date | None:
@@ -1719,84 +1721,173 @@ def _safe_date(year: int, month: int, day: int) -> dt.date | None:
         return None
 
 
-def _event_span(spec: dict, m: re.Match, today: dt.date,
-                words: dict) -> tuple[dt.date, dt.date] | None:
+def _add_months(day: dt.date, months: int) -> dt.date:
+    """The same day `months` calendar months later (earlier when negative), the month's last day
+    when it is shorter (Jan 31 + 1 month = Feb 28)."""
+    year, month = divmod(day.month - 1 + months, 12)
+    year, month = day.year + year, month + 1
+    return dt.date(year, month, min(day.day, calendar.monthrange(year, month)[1]))
+
+
+def _lunar_day(year: int, month: int, day: int, offset: int = 0) -> dt.date | None:
+    """The solar day of lunar `year`/`month`/`day` (+ `offset` days) by lunar-python, None when
+    that lunar month has no such day (the 30th of a short month)."""
+    from lunar_python import Lunar
+    try:
+        solar = Lunar.fromYmd(year, month, day).getSolar()
+    except Exception:  # noqa: BLE001 — lunar-python raises a bare Exception for a day it lacks
+        return None
+    return dt.date(solar.getYear(), solar.getMonth(), solar.getDay()) + dt.timedelta(days=offset)
+
+
+def _pick(options, today: dt.date, tense: int):
+    """Of candidate spans (first day, day after the last) the one a sentence of `tense` means: the
+    latest that started before `today` (-1, a past event), the first that has not ended (1, a
+    plan), else the nearest (a tie: ahead). None without candidates."""
+    options = sorted(x for x in options if x and x[0])
+    if tense < 0:
+        options = [x for x in options if x[0] < today][-1:]
+    elif tense > 0:
+        options = [x for x in options if x[1] > today][:1]
+    return min(options, key=lambda x: (max((x[0] - today).days, (today - x[1]).days + 1, 0),
+                                       x[0] < today), default=None)
+
+
+def _one(day: dt.date | None) -> tuple[dt.date, dt.date] | None:
+    return (day, day + dt.timedelta(days=1)) if day else None
+
+
+def _month_span(year: int, month: int) -> tuple[dt.date, dt.date]:
+    year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
+    return dt.date(year, month, 1), _add_months(dt.date(year, month, 1), 1)
+
+
+def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict,
+                tense: int) -> tuple[dt.date, dt.date] | None:
     """(first day, day after the last) of one matched event-date rule (kinds: rules/dates.toml),
-    relative to the memory's local day `today`; None when the match names no real date."""
+    relative to the memory's local day `today` and the sentence's `tense` (-1 past, 1 plan, 0
+    none); None when the match names no real date."""
     kind, offset = spec["kind"], int(spec.get("offset", 0))
     g = m.groupdict()
-
-    def month_of(value):
-        if value is None:
-            return None
-        value = value.casefold()
-        return words["months"].get(value) or zh_number(value)
-
-    def month_span(year, month):
-        year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
-        first = dt.date(year, month, 1)
-        return first, dt.date(year + month // 12, month % 12 + 1, 1)
-
+    tense = tense or (1 if spec.get("lean") == "ahead" else 0)
+    month = g.get("m") and (words["months"].get(g["m"].casefold()) or zh_number(g["m"]))
+    d = zh_number(g["d"].lstrip("初")) if g.get("d") else None
+    year = today.year + int(words["year_words"][g["yo"].casefold()]) if g.get("yo") else None
+    year = zh_number(g["y"]) if g.get("y") else year
     if kind == "ymd":
-        day = _safe_date(int(g["y"]), month_of(g["m"]) or 0, zh_number(g["d"]) or 0)
-        return (day, day + dt.timedelta(days=1)) if day else None
+        return _one(_safe_date(year, month or 0, d or 0))
     if kind == "dm_or_md":
         a, b = int(g["a"]), int(g["b"])
-        if a > 12 or a == b:
-            day = _safe_date(int(g["y"]), b, a)
-        elif b > 12:
-            day = _safe_date(int(g["y"]), a, b)
-        else:
+        if a <= 12 and b <= 12 and a != b:
             return None  # 03/04/2027: March 4 or 3 April
-        return (day, day + dt.timedelta(days=1)) if day else None
-    if kind == "md":
-        month, d = month_of(g["m"]) or 0, zh_number(g["d"]) or 0
-        options = [x for x in (_safe_date(today.year + k, month, d) for k in (-1, 0, 1)) if x]
-        if not options:
+        return _one(_safe_date(int(g["y"]), *((b, a) if a > 12 or a == b else (a, b))))
+    if kind in ("md", "lunar"):
+        if kind == "lunar":
+            base = _lunar_of(today)
+            years = (year,) if year else (base - 1, base, base + 1)
+            return _pick([_one(_lunar_day(y, month or 0, d or 0)) for y in years], today, tense)
+        return _pick([_one(_safe_date(today.year + k, month or 0, d or 0)) for k in (-1, 0, 1)],
+                     today, tense)
+    if kind == "festival":
+        fest = words["festivals"][g["festival"].casefold()]
+        base = today.year if "solar" in fest else _lunar_of(today)
+        years = (year,) if year else (base - 1, base, base + 1)
+        fm, fd = fest.get("solar") or fest["lunar"]
+        days = [_safe_date(y, fm, fd) if "solar" in fest else _lunar_day(y, fm, fd)
+                for y in years]
+        return _pick([_one(x + dt.timedelta(days=fest.get("offset", 0))) for x in days if x],
+                     today, tense)
+    if kind == "dom":
+        if "offset" in spec:
+            first = _add_months(today.replace(day=1), offset)
+            return _one(_safe_date(first.year, first.month, d or 0))
+        firsts = [_add_months(today.replace(day=1), k) for k in (-1, 0, 1)]
+        return _pick([_one(_safe_date(f.year, f.month, d or 0)) for f in firsts], today, tense)
+    if kind == "ym":
+        if not month or not 1 <= month <= 12:
             return None
-        # the nearest; a tie: ahead
-        day = min(options, key=lambda x: (abs((x - today).days), x < today))
-        return day, day + dt.timedelta(days=1)
+        if year:
+            return _month_span(year, month)
+        return _pick([_month_span(today.year + k, month) for k in (-1, 0, 1)], today, tense)
+    if kind == "y":
+        return (dt.date(year, 1, 1), dt.date(year + 1, 1, 1)) if 1000 <= year <= 9999 else None
+    return _relative_span(spec, g, today, words, tense)
+
+
+def _lunar_of(day: dt.date) -> int:
+    """The lunar year that solar `day` falls in (lunar-python)."""
+    from lunar_python import Solar
+    return Solar.fromYmd(day.year, day.month, day.day).getLunar().getYear()
+
+
+def _relative_span(spec: dict, g: dict, today: dt.date, words: dict,
+                   tense: int) -> tuple[dt.date, dt.date] | None:
+    """_event_span of the kinds relative to the memory's day: day, in, ago, weekday(_near), week,
+    weekend, month(_start, _end), year(_end), named_month."""
+    kind, offset = spec["kind"], int(spec.get("offset", 0))
     if kind == "day":
-        day = today + dt.timedelta(days=offset)
-        return day, day + dt.timedelta(days=1)
+        return _one(today + dt.timedelta(days=offset))
     if kind in ("in", "ago"):
         n = g["n"].casefold()
         count = words["numbers"].get(n) if n in words["numbers"] else zh_number(n)
         unit = words["units"].get(g["unit"].casefold())
         if count is None or unit is None:
             return None
-        day = today + dt.timedelta(days=round(count * unit) * (1 if kind == "in" else -1))
-        return day, day + dt.timedelta(days=1)
+        sign = 1 if kind == "in" else -1
+        if unit in (30, 365):  # calendar months and years
+            return _one(_add_months(today, sign * count * (1 if unit == 30 else 12)))
+        return _one(today + dt.timedelta(days=round(count * unit) * sign))
     monday = today - dt.timedelta(days=today.weekday())
-    if kind == "weekday":
-        day = monday + dt.timedelta(days=7 * offset + words["weekdays"][g["weekday"].casefold()])
-        return day, day + dt.timedelta(days=1)
-    if kind == "week":
-        start = monday + dt.timedelta(days=7 * offset)
-        return start, start + dt.timedelta(days=7)
-    if kind == "month":
-        return month_span(today.year, today.month + offset)
-    if kind == "month_end":
-        end = month_span(today.year, today.month + offset)[1]
-        return end - dt.timedelta(days=1), end
-    if kind == "year":
-        return dt.date(today.year + offset, 1, 1), dt.date(today.year + offset + 1, 1, 1)
-    month = month_of(g.get("month") or g.get("m"))  # named_month
+    if kind in ("weekday", "weekday_near"):
+        weekday = int(words["weekdays"][g["weekday"].casefold()])
+        if kind == "weekday":
+            return _one(monday + dt.timedelta(days=7 * offset + weekday))
+        ahead = (weekday - today.weekday()) % 7
+        if spec.get("nth", 1) > 1:
+            return _one(today + dt.timedelta(days=(ahead or 7) + 7 * (int(spec["nth"]) - 1)))
+        if tense < 0:
+            return _one(today - dt.timedelta(days=(today.weekday() - weekday) % 7 or 7))
+        return _one(today + dt.timedelta(days=ahead))
+    if kind in ("week", "weekend"):
+        start = monday + dt.timedelta(days=7 * offset + (5 if kind == "weekend" else 0))
+        return start, start + dt.timedelta(days=2 if kind == "weekend" else 7)
+    if kind in ("month", "month_start", "month_end"):
+        first, end = _month_span(today.year, today.month + offset)
+        return {"month": (first, end), "month_start": _one(first),
+                "month_end": _one(end - dt.timedelta(days=1))}[kind]
+    if kind in ("year", "year_end"):
+        end = dt.date(today.year + offset + 1, 1, 1)
+        return (end.replace(year=end.year - 1), end) if kind == "year" else _one(
+            end - dt.timedelta(days=1))
+    name = (g.get("month") or g.get("m") or "").casefold()  # named_month
+    month = words["months"].get(name) or zh_number(name)
     if not month or not 1 <= month <= 12:
         return None
     year = today.year + offset if offset else today.year - int(month >= today.month)
-    return month_span(year, month)
+    return _month_span(year, month)
 
 
-def event_spans(text: str, created_at: str, words: dict, tz) -> list[tuple[str, str, str]]:
+def sentence_tense(text: str, words: dict) -> int:
+    """-1 when fold(text) is about the past (rules/dates.toml [tense] past, and not future), 1 when
+    it is a plan (future), else 0."""
+    tense = words.get("tense", {})
+    if "future" in tense and tense["future"].search(text):
+        return 1
+    return -1 if "past" in tense and tense["past"].search(text) else 0
+
+
+def event_spans(text: str, created_at: str, words: dict, tz,
+                skipped: list | None = None) -> list[tuple[str, str, str]]:
     """The dates `text` names (rules/dates.toml, loaded by load_event_dates), resolved against the
-    memory's own time `created_at` (ISO) in the local calendar of `tz`: [(start, end, phrase)],
-    start and end ISO UTC of local midnights (end exclusive), in the order they appear in
-    fold(text). A piece of text matched by an earlier rule is not matched again ('2027年1月15日'
-    is one date, not also '1月15日')."""
+    memory's own time `created_at` (ISO) in the local calendar of `tz` and the sentence's tense
+    (sentence_tense): [(start, end, phrase)], start and end ISO UTC of local midnights (end
+    exclusive), in the order they appear in fold(text); two joined by a range word ('to', '至')
+    are one. A piece of text matched by an earlier rule is not matched again ('2027年1月15日'
+    is one date, not also '1月15日'). Ambiguous dates (03/04/2027) are left out and, given a list
+    `skipped`, added to it as (phrase, why)."""
     folded = fold(text)
     today = _parse_iso(created_at).astimezone(tz).date()
+    tense = sentence_tense(folded, words)
     taken: list[tuple[int, int]] = []
     found = []
     for patterns, spec in words["rules"]:
@@ -1804,13 +1895,29 @@ def event_spans(text: str, created_at: str, words: dict, tz) -> list[tuple[str, 
             for m in p.finditer(folded):
                 if any(m.start() < b and a < m.end() for a, b in taken):
                     continue
-                span = _event_span(spec, m, today, words)
+                span = _event_span(spec, m, today, words, tense)
                 if span is None:
+                    if spec["kind"] == "dm_or_md" and skipped is not None:
+                        skipped.append((m.group(0), "ambiguous: day and month could be either"))
                     continue
                 taken.append((m.start(), m.end()))
-                start, end = (dt.datetime.combine(x, dt.time(0), tzinfo=tz) for x in span)
-                found.append((m.start(), iso(start), iso(end), m.group(0)))
-    return [(s, e, phrase) for _, s, e, phrase in sorted(found)]
+                bare = spec["kind"] == "dom" and "offset" not in spec  # "5日" of "3月3日至5日"
+                found.append([m.start(), m.end(), *span, m.group(0), bare and m.group("d")])
+    found.sort()
+    merged = found[:1]
+    joiner = words.get("tense", {}).get("range")
+    for f in found[1:]:
+        last = merged[-1]
+        if joiner and joiner.search(folded[last[1]:f[0]]):
+            if f[5]:  # a day alone ends a range in the month it starts in
+                f[2:4] = _one(_safe_date(last[2].year, last[2].month, zh_number(f[5]) or 0)
+                              or f[2]) or f[2:4]
+            if f[3] > last[2]:
+                last[1], last[3], last[4] = f[1], f[3], folded[last[0]:f[1]]
+                continue
+        merged.append(f)
+    midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
+    return [(iso(midnight(f[2])), iso(midnight(f[3])), f[4]) for f in merged]
 
 
 def channel_evidence(ranked: dict[str, list[dict]], graph_channels) -> tuple[dict, dict, dict]:
