@@ -2470,12 +2470,12 @@ class Rules:
         casefolded."""
         return " ".join(fold(name).split()).casefold()
 
-    def classify(self, fact: str) -> tuple[str, float]:
-        """(atom_type, confidence) from the first rule matching fold(fact), else the default
-        type."""
+    def classify(self, fact: str, skip: str = "") -> tuple[str, float]:
+        """(atom_type, confidence) from the first rule matching fold(fact) whose type is not
+        `skip`, else the default type."""
         fact = fold(fact)
         for pattern, atom_type, confidence in self.atom_rules:
-            if pattern.search(fact):
+            if atom_type != skip and pattern.search(fact):
                 return atom_type, confidence
         return self.default_type, self.default_confidence
 
@@ -3634,7 +3634,7 @@ class Layers:
         threshold = self.cfg.write.reinforce_jaccard
         doc_uid = self.value("select uid from documents where id = ?", (p.document_id,))
         for fact in dict.fromkeys(p.facts):
-            atom_type, confidence = self.rules.classify(fact)
+            atom_type, confidence = self._atom_role(fact, p)
             tokens = self.seg.tokens(fact)
             token_set = set(tokens)
             slotted = self._fact_slot(p, fact)
@@ -3688,6 +3688,28 @@ class Layers:
                           "last_reinforced_at = ?, expires_at = ?, updated_at = ? where id = ?",
                           (count, confidence, at, expires, now_iso(), atom["id"]))
 
+    def _atom_role(self, fact: str, p) -> tuple[str, float]:
+        """(atom_type, confidence) of a fact (Rules.classify) with the dates it names (else its
+        memory's first): a planned fact whose dates all ended before the memory's day is a past
+        event (its type without the planned rules: "the deadline was 2025-01-15"); one naming a
+        later day is planned when said as a plan (sentence_tense), or of the default or episodic
+        type and not said in the past ("三天后交季度报告")."""
+        atom_type, confidence = self.rules.classify(fact)
+        spans = (self._event_spans(fact, p.created_at)
+                 or self._event_spans(p.content, p.created_at)[:1])
+        if not spans:
+            return atom_type, confidence
+        tz = local_tz(self.cfg.forgetting.timezone)
+        day = _parse_iso(p.created_at).astimezone(tz).date()
+        today = iso(dt.datetime.combine(day, dt.time(0), tzinfo=tz))
+        if atom_type == "planned" and all(e <= today for _, e, _ in spans):
+            return self.rules.classify(fact, skip="planned")
+        tense = sentence_tense(fold(fact), self.rules.event_dates)
+        if any(s > today for s, *_ in spans) and (tense > 0 or tense == 0 and atom_type in (
+                self.rules.default_type, "episodic")):
+            return "planned", confidence
+        return atom_type, confidence
+
     def _event_columns(self, p) -> dict:
         """{event_at, event_end} of a memory: the first date its content names (event_spans,
         rules/dates.toml), resolved against its own created_at in [forgetting] timezone; None each
@@ -3711,9 +3733,10 @@ class Layers:
         if atom_type == "planned":
             spans = (self._event_spans(fact, p.created_at)
                      or self._event_spans(p.content, p.created_at)[:1])
-            if spans:
+            if spans:  # never before the memory was written
                 grace = dt.timedelta(days=self.rules.event_dates["grace_days"])
-                return iso(max(_parse_iso(e) for _, e, _ in spans) + grace)
+                return iso(max([_parse_iso(e) for _, e, _ in spans]
+                               + [_parse_iso(p.created_at)]) + grace)
         return iso(parse_time(start) + dt.timedelta(days=ttl_days)) if start else ""
 
     def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str,
