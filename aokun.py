@@ -1536,7 +1536,7 @@ class Weights:
 
 
 #: rules/timewords.toml rule kinds
-TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago")
+TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago", "before", "dates")
 
 
 def load_time_words(path: Path) -> dict:
@@ -1618,6 +1618,24 @@ def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tupl
     return midnight(day) - tolerance, midnight(day + dt.timedelta(days=1)) + tolerance
 
 
+def _dated_window(spec: dict, m: re.Match, ref: dt.datetime, dates: dict | None,
+                  tz) -> tuple | None:
+    """(local start, local end, phrase) of a time question's dates (event_spans of rules/dates.toml,
+    the question read as of `ref`): kind 'dates' from the first to the end of the last ("in March
+    2025", "between March and May"); kind 'before' from today up to a coming date ("before
+    February", "3月之前"; with `inclusive`, through it: "by Friday"). None when no date is named
+    (or the 'before' date is not ahead)."""
+    spans = event_spans(m.group(0), iso(ref), dates, tz) if dates else []
+    if not spans:
+        return None
+    start, end = _parse_iso(spans[0][0]), _parse_iso(spans[-1][1])
+    phrase = spans[0][2] if len(spans) == 1 else f"{spans[0][2]} … {spans[-1][2]}"
+    if spec["kind"] == "dates":
+        return start, end, phrase
+    today = dt.datetime.combine(ref.astimezone(tz).date(), dt.time(0), tzinfo=tz)
+    return (today, end if spec.get("inclusive") else start, phrase) if start > today else None
+
+
 class TimeWindow(tuple):
     """(start, end, phrase) of time_window, and `keep_words`: the rule's phrase stays a search
     word."""
@@ -1660,9 +1678,12 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
     for patterns, spec in words["rules"]:
         for p in patterns:
             m = p.search(text)
-            span = _time_span(spec, m, today, words, tz) if m else None
+            if m and spec["kind"] in ("before", "dates"):
+                span = _dated_window(spec, m, ref, words.get("dates"), tz)
+            else:
+                span = _time_span(spec, m, today, words, tz) if m else None
             if span:
-                window = TimeWindow((iso(span[0]), iso(span[1]), m.group(0)))
+                window = TimeWindow((iso(span[0]), iso(span[1]), span[2] if span[2:] else m[0]))
                 window.keep_words = bool(spec.get("keep_words"))
                 return window
     return None
@@ -1806,9 +1827,11 @@ def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict,
     if kind == "ym":
         if not month or not 1 <= month <= 12:
             return None
-        if year:
-            return _month_span(year, month)
-        return _pick([_month_span(today.year + k, month) for k in (-1, 0, 1)], today, tense)
+        first, end = _month_span(year, month) if year else _pick(
+            [_month_span(today.year + k, month) for k in (-1, 0, 1)], today, tense)
+        part = spec.get("part")
+        return _one(end - dt.timedelta(days=1)) if part == "end" else (
+            _one(first) if part == "start" else (first, end))
     if kind == "y":
         return (dt.date(year, 1, 1), dt.date(year + 1, 1, 1)) if 1000 <= year <= 9999 else None
     return _relative_span(spec, g, today, words, tense)
@@ -1997,6 +2020,8 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
                 source_boost=source_boost, pin_similarity=pin, temporal_factor=factor,
                 confidence=confidence, time_boost=w.time_boost if matched else 0.0,
                 time_match=matched, in_doc=any(c in ranks for c in w.doc_channels),
+                time_event={"start": d["event_at"], "end": d["event_end"]}
+                if matched and "event" in matched else None,
                 in_graph=any(c in ranks for c in w.graph_channels))
 
 
@@ -2276,10 +2301,12 @@ def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[
 def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr_score) -> dict:
     """What recall(explain=true) shows for hit `i`: its rank and normalised score per channel and
     every part of its score, in the order they combine; with time words, the window, time_boost and
-    time_match (which of its times fell in the window: 'written', 'event' or 'written+event')."""
+    time_match (which of its times fell in the window: 'written', 'event' or 'written+event') and
+    time_event (the event time that matched: {start, end})."""
     window = {"time_window": dict(zip(("start", "end", "phrase"), w.window, strict=True)),
               "time_boost": p.get("time_boost", 0.0),
-              "time_match": p.get("time_match")} if w.window else {}
+              "time_match": p.get("time_match"),
+              "time_event": p.get("time_event")} if w.window else {}
     return window | {"ranks": {c: p["ranks"].get(c) for c in chosen},
             "scores": {c: scores[c][i] for c in scores if i in scores[c]}, "fusion": w.fusion,
             "doc_rrf": rrf(p["ranks"], w.doc_channels, w.rrf_k, w.channel),
@@ -2417,6 +2444,7 @@ class Rules:
                         for name, spec in intents.items()]
         self.time_words = load_time_words(cfg.rule_file(cfg.recall.time_words))
         self.event_dates = load_event_dates(cfg.rule_file(cfg.write.event_dates))
+        self.time_words["dates"] = self.event_dates  # time_window's kinds 'before' and 'dates'
 
         self._slot_rules(read(cfg.forgetting.predicates))
 
@@ -13715,7 +13743,8 @@ def _explain_line(e: dict) -> str:
     if "time_window" in e:
         w = e["time_window"]
         window = (f" | {w['phrase']!r} {w['start']}..{w['end']}"
-                  f" boost {e['time_boost']:.2f} ({e.get('time_match') or 'outside'})")
+                  f" boost {e['time_boost']:.2f} ({e.get('time_match') or 'outside'}"
+                  + (f" {e['time_event']['start']}" if e.get("time_event") else "") + ")")
     return (f"        ranks {ranks} | doc {e['doc_route']:.3f} graph {e['graph_route']:.3f} "
             f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}"
             + window)
