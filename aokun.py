@@ -1581,9 +1581,11 @@ def _month_start(year: int, month: int, tz) -> dt.datetime:
     return dt.datetime(year, month, 1, tzinfo=tz)
 
 
-def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tuple | None:
+def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz,
+               ahead: bool = False) -> tuple | None:
     """(local start, local end) of one matched time-word rule (kinds: rules/timewords.toml), or None
-    when the match does not name a usable count or month."""
+    when the match does not name a usable count or month; `ahead`: a named month is the coming one
+    (a question about plans)."""
     kind, offset = spec["kind"], int(spec.get("offset", 0))
     midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
     if kind == "day":
@@ -1607,6 +1609,8 @@ def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tupl
             return None
         later = month > today.month or (spec.get("strict") and month == today.month)
         year = today.year + offset if offset else today.year - int(bool(later))
+        if ahead and not offset and not spec.get("strict"):
+            year = today.year + int(month < today.month)
         return _month_start(year, month, tz), _month_start(year, month + 1, tz)
     n = m.group("n").casefold()
     count = int(n) if n.isdigit() else words["numbers"].get(n)
@@ -1671,28 +1675,35 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
     """The time a question asks about, from its relative-time words (rules/timewords.toml, loaded by
     load_time_words): (start, end, phrase) with start and end ISO UTC (end exclusive) of local
     calendar days in `tz`, relative to `ref` (now, or recall's as_of), and the matched phrase of
-    fold(query); .keep_words is the rule's keep_words. The first rule with a matching pattern wins;
-    None when no rule matches."""
+    fold(query); .keep_words is the rule's keep_words. The first rule with a matching pattern wins,
+    unless a rule of kind 'dates' names a narrower time within its window ("去年国庆节": the day,
+    not the year); a month alone in a question about plans (sentence_tense) is the coming one. None
+    when no rule matches."""
     text = fold(query)
     today = ref.astimezone(tz).date()
+    ahead = "dates" in words and sentence_tense(text, words["dates"]) > 0
+    found = []
     for patterns, spec in words["rules"]:
-        for p in patterns:
+        for p in patterns if not found or spec["kind"] == "dates" else ():
             m = p.search(text)
             if m and spec["kind"] in ("before", "dates"):
                 span = _dated_window(spec, m, ref, words.get("dates"), tz)
             else:
-                span = _time_span(spec, m, today, words, tz) if m else None
+                span = _time_span(spec, m, today, words, tz, ahead) if m else None
             if span:
                 window = TimeWindow((iso(span[0]), iso(span[1]), span[2] if span[2:] else m[0]))
                 window.keep_words = bool(spec.get("keep_words"))
-                return window
-    return None
+                found.append((window, spec["kind"]))
+                break
+    narrower = [w for w, _ in found[1:] if found[0][1] != "before"
+                and found[0][0][0] <= w[0] and w[1] <= found[0][0][1] and w[:2] != found[0][0][:2]]
+    return (narrower or [found[0][0]] if found else [None])[0]
 
 
 #: rules/dates.toml rule kinds
-EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "dom", "ym", "y", "day", "in", "ago", "weekday",
-                    "weekday_near", "week", "weekend", "month", "month_start", "month_end", "year",
-                    "year_end", "named_month", "lunar", "festival")
+EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "dom", "ym", "y", "quarter", "day", "in", "ago",
+                    "weekday", "weekday_near", "week", "weekend", "month", "month_start",
+                    "month_end", "year", "year_end", "named_month", "lunar", "festival")
 #: 1..99 in Chinese numerals
 _ZH_NUMERAL = "(?:[一二三四五六七八九]?十[一二三四五六七八九]?|[一二两三四五六七八九])"
 
@@ -1806,9 +1817,17 @@ def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict,
         if kind == "lunar":
             base = _lunar_of(today)
             years = (year,) if year else (base - 1, base, base + 1)
-            return _pick([_one(_lunar_day(y, month or 0, d or 0)) for y in years], today, tense)
-        return _pick([_one(_safe_date(today.year + k, month or 0, d or 0)) for k in (-1, 0, 1)],
-                     today, tense)
+            return _pick([_one(_lunar_day(y, month or 0, d or 0)) for y in years], today,
+                         0 if year else tense)
+        day = _pick([_one(_safe_date(today.year + k, month or 0, d or 0)) for k in (-1, 0, 1)],
+                    today, tense)
+        last = g.get("d2") and day and _safe_date(day[0].year, day[0].month, int(g["d2"]))
+        if last and last >= day[0]:  # March 23-25
+            return day[0], last + dt.timedelta(days=1)
+        if day and spec.get("part") == "week":
+            monday = day[0] - dt.timedelta(days=day[0].weekday())
+            return monday, monday + dt.timedelta(days=7)
+        return day
     if kind == "festival":
         fest = words["festivals"][g["festival"].casefold()]
         base = today.year if "solar" in fest else _lunar_of(today)
@@ -1817,7 +1836,7 @@ def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict,
         days = [_safe_date(y, fm, fd) if "solar" in fest else _lunar_day(y, fm, fd)
                 for y in years]
         return _pick([_one(x + dt.timedelta(days=fest.get("offset", 0))) for x in days if x],
-                     today, tense)
+                     today, 0 if year else tense)
     if kind == "dom":
         if "offset" in spec:
             first = _add_months(today.replace(day=1), offset)
@@ -1831,9 +1850,13 @@ def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict,
             [_month_span(today.year + k, month) for k in (-1, 0, 1)], today, tense)
         part = spec.get("part")
         return _one(end - dt.timedelta(days=1)) if part == "end" else (
-            _one(first) if part == "start" else (first, end))
+            (first, first + dt.timedelta(days=10)) if part == "start" else (first, end))
     if kind == "y":
         return (dt.date(year, 1, 1), dt.date(year + 1, 1, 1)) if 1000 <= year <= 9999 else None
+    if kind == "quarter":
+        first = 6 * (spec["half"] - 1) + 1 if "half" in spec else 3 * (zh_number(g["q"]) - 1) + 1
+        return (dt.date(year or today.year, first, 1),
+                _add_months(dt.date(year or today.year, first, 1), 6 if "half" in spec else 3))
     return _relative_span(spec, g, today, words, tense)
 
 
@@ -1862,7 +1885,8 @@ def _relative_span(spec: dict, g: dict, today: dt.date, words: dict,
         return _one(today + dt.timedelta(days=round(count * unit) * sign))
     monday = today - dt.timedelta(days=today.weekday())
     if kind in ("weekday", "weekday_near"):
-        weekday = int(words["weekdays"][g["weekday"].casefold()])
+        weekday = int(words["weekdays"][g["weekday"].casefold()] if g.get("weekday")
+                      else spec["weekday"])
         if kind == "weekday":
             return _one(monday + dt.timedelta(days=7 * offset + weekday))
         ahead = (weekday - today.weekday()) % 7
@@ -1876,7 +1900,7 @@ def _relative_span(spec: dict, g: dict, today: dt.date, words: dict,
         return start, start + dt.timedelta(days=2 if kind == "weekend" else 7)
     if kind in ("month", "month_start", "month_end"):
         first, end = _month_span(today.year, today.month + offset)
-        return {"month": (first, end), "month_start": _one(first),
+        return {"month": (first, end), "month_start": (first, first + dt.timedelta(days=10)),
                 "month_end": _one(end - dt.timedelta(days=1))}[kind]
     if kind in ("year", "year_end"):
         end = dt.date(today.year + offset + 1, 1, 1)
@@ -1905,9 +1929,9 @@ def event_spans(text: str, created_at: str, words: dict, tz,
     memory's own time `created_at` (ISO) in the local calendar of `tz` and the sentence's tense
     (sentence_tense): [(start, end, phrase)], start and end ISO UTC of local midnights (end
     exclusive), in the order they appear in fold(text); two joined by a range word ('to', '至')
-    are one. A piece of text matched by an earlier rule is not matched again ('2027年1月15日'
-    is one date, not also '1月15日'). Ambiguous dates (03/04/2027) are left out and, given a list
-    `skipped`, added to it as (phrase, why)."""
+    are one, and one holding a narrower one is left out. A piece of text matched by an earlier
+    rule is not matched again ('2027年1月15日' is one date, not also '1月15日'). Ambiguous dates
+    (03/04/2027) are left out and, given a list `skipped`, added to it as (phrase, why)."""
     folded = fold(text)
     today = _parse_iso(created_at).astimezone(tz).date()
     tense = sentence_tense(folded, words)
@@ -1939,6 +1963,9 @@ def event_spans(text: str, created_at: str, words: dict, tz,
                 last[1], last[3], last[4] = f[1], f[3], folded[last[0]:f[1]]
                 continue
         merged.append(f)
+    # a span holding a narrower one only qualifies it ("今年…三月初八")
+    merged = [f for f in merged if not any(
+        g[2] >= f[2] and g[3] <= f[3] and g[3] - g[2] < f[3] - f[2] for g in merged)]
     midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
     return [(iso(midnight(f[2])), iso(midnight(f[3])), f[4]) for f in merged]
 
@@ -3720,8 +3747,9 @@ class Layers:
         """(atom_type, confidence) of a fact (Rules.classify) with the dates it names (else its
         memory's first): a planned fact whose dates all ended before the memory's day is a past
         event (its type without the planned rules: "the deadline was 2025-01-15"); one naming a
-        later day is planned when said as a plan (sentence_tense), or of the default or episodic
-        type and not said in the past ("三天后交季度报告")."""
+        day not yet over is planned when said as a plan (sentence_tense), or of the default,
+        episodic or relational type and not said in the past ("三天后交季度报告"); one saying
+        when something holds or lapses (rules/dates.toml [tense] state: "expires") is not."""
         atom_type, confidence = self.rules.classify(fact)
         spans = (self._event_spans(fact, p.created_at)
                  or self._event_spans(p.content, p.created_at)[:1])
@@ -3730,11 +3758,14 @@ class Layers:
         tz = local_tz(self.cfg.forgetting.timezone)
         day = _parse_iso(p.created_at).astimezone(tz).date()
         today = iso(dt.datetime.combine(day, dt.time(0), tzinfo=tz))
-        if atom_type == "planned" and all(e <= today for _, e, _ in spans):
+        state = self.rules.event_dates["tense"].get("state")
+        if atom_type == "planned" and (all(e <= today for _, e, _ in spans)
+                                       or state and state.search(fold(fact))):
             return self.rules.classify(fact, skip="planned")
         tense = sentence_tense(fold(fact), self.rules.event_dates)
-        if any(s > today for s, *_ in spans) and (tense > 0 or tense == 0 and atom_type in (
-                self.rules.default_type, "episodic")):
+        if atom_type != "planned" and any(e > today for _, e, _ in spans) and not (
+                state and state.search(fold(fact))) and (tense > 0 or tense == 0 and atom_type in (
+                    self.rules.default_type, "episodic", "relational")):
             return "planned", confidence
         return atom_type, confidence
 
