@@ -1970,6 +1970,14 @@ def event_spans(text: str, created_at: str, words: dict, tz,
     return [(iso(midnight(f[2])), iso(midnight(f[3])), f[4]) for f in merged]
 
 
+def dates_skipped(text: str, created_at: str, words: dict, tz) -> list[str]:
+    """The dates event_spans left out of `text` as ambiguous, each "phrase: why" (what `show` and
+    recall's explain say: 03/04/2027 is March 4 or 3 April)."""
+    skipped: list = []
+    event_spans(text, created_at, words, tz, skipped)
+    return [f"{phrase}: {why}" for phrase, why in skipped]
+
+
 def channel_evidence(ranked: dict[str, list[dict]], graph_channels) -> tuple[dict, dict, dict]:
     """What the channels say about each memory: (ranks {id: {channel: 0-based rank}}, scores
     {channel: {id: 0..1}} (normalized_scores), confidence {id: best graph-entry confidence})."""
@@ -2999,6 +3007,8 @@ class Store:
         d["atoms"] = self.rows(self.queries["document_atoms"], {"document_id": doc_id})
         d["graph_entries"] = [r["text"] for r in self.rows(self.queries["document_graph_texts"],
                                                            {"document_id": doc_id})]
+        d["dates_skipped"] = dates_skipped(d["content"], d["created_at"], self.rules.event_dates,
+                                           local_tz(self.cfg.forgetting.timezone))
         return d
 
     def history(self, doc_id: int, persona_id: str | None = None) -> list[dict]:
@@ -5723,7 +5733,9 @@ class Recall:
             hit = recall_hit(docs[i], parts[i])
             if q.explain:
                 hit["explain"] = explain_parts(i, parts[i], scores, q.chosen, w, q.intent,
-                                               mmr_score)
+                                               mmr_score) | {"dates_skipped": dates_skipped(
+                    docs[i]["content"], docs[i]["created_at"], self.rules.event_dates,
+                    local_tz(self.cfg.forgetting.timezone)) or None}
             out.append(hit)
         return out if q.historical else self._newer_first(out, q.k, q.params["max_archived"])
 
@@ -13594,8 +13606,9 @@ def cli_show(state, memory_id, persona, as_json):
         return _echo_json(d)
     for k in ("id", "persona_id", "session_id", "created_at", "updated_at", "importance", "pinned",
               "archived", "source", "summary", "topics", "participants", "key_facts", "tags",
-              "embedding_state", "superseded_by", "supersedes"):
-        if d[k] not in ("", [], None):
+              "embedding_state", "superseded_by", "supersedes", "event_at", "event_end",
+              "dates_skipped"):
+        if d.get(k) not in ("", [], None):
             click.echo(f"{k:>15}: {d[k]}")
     click.echo(f"{'content':>15}: {d['content']}")
     for a in d["atoms"]:

@@ -261,3 +261,20 @@ def test_a_lunar_birthday_plan_expires_after_its_solar_day_next_year(open_mem, t
     assert mem.search_atoms("给妈妈过生日", k=3)["results"]
     monkeypatch.setenv("AOKUN_NOW", "2027-09-17T01:00:00Z")
     assert not mem.search_atoms("给妈妈过生日", k=3)["results"]
+
+
+def test_show_and_explain_say_an_ambiguous_date_was_skipped(open_mem, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    monkeypatch.setenv("AOKUN_NOW", TUESDAY)
+    db, cfg = tmp_path / "t.db", _utc("", tmp_path)
+    mem = open_mem(db, cfg=cfg)
+    doc = mem.memorize("Meet the Falcon auditors on 03/04/2027", {"timestamp": TUESDAY})["id"]
+    assert mem.rows("select event_at from documents") == [{"event_at": None}]  # not guessed
+    why = ["03/04/2027: ambiguous: day and month could be either"]
+    assert mem.get(doc)["dates_skipped"] == why
+    hit = mem.recall("Falcon auditors", k=3, explain=True)["results"][0]
+    assert hit["explain"]["dates_skipped"] == why
+    mem.close()
+    out = CliRunner().invoke(aokun.cli, ["--db", str(db), "--config", str(tmp_path / "aokun.ini"),
+                                         "show", str(doc)])
+    assert out.exit_code == 0 and "dates_skipped" in out.output and "ambiguous" in out.output
