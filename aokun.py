@@ -56,6 +56,7 @@ __version__ = "0.1.0"
 # Imports and constants ###########################################################################
 
 import bisect
+import calendar
 import configparser
 import contextlib
 import datetime as dt
@@ -1583,7 +1584,7 @@ class Weights:
 
 
 #: rules/timewords.toml rule kinds
-TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago")
+TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago", "before", "dates")
 
 
 def load_time_words(path: Path) -> dict:
@@ -1628,9 +1629,11 @@ def _month_start(year: int, month: int, tz) -> dt.datetime:
     return dt.datetime(year, month, 1, tzinfo=tz)
 
 
-def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tuple | None:
+def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz,
+               ahead: bool = False) -> tuple | None:
     """(local start, local end) of one matched time-word rule (kinds: rules/timewords.toml), or None
-    when the match does not name a usable count or month."""
+    when the match does not name a usable count or month; `ahead`: a named month is the coming one
+    (a question about plans)."""
     kind, offset = spec["kind"], int(spec.get("offset", 0))
     midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
     if kind == "day":
@@ -1654,6 +1657,8 @@ def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tupl
             return None
         later = month > today.month or (spec.get("strict") and month == today.month)
         year = today.year + offset if offset else today.year - int(bool(later))
+        if ahead and not offset and not spec.get("strict"):
+            year = today.year + int(month < today.month)
         return _month_start(year, month, tz), _month_start(year, month + 1, tz)
     n = m.group("n").casefold()
     count = int(n) if n.isdigit() else words["numbers"].get(n)
@@ -1663,6 +1668,24 @@ def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz) -> tupl
     day = today - dt.timedelta(days=count * unit["days"])
     tolerance = dt.timedelta(days=unit.get("tolerance", 0))
     return midnight(day) - tolerance, midnight(day + dt.timedelta(days=1)) + tolerance
+
+
+def _dated_window(spec: dict, m: re.Match, ref: dt.datetime, dates: dict | None,
+                  tz) -> tuple | None:
+    """(local start, local end, phrase) of a time question's dates (event_spans of rules/dates.toml,
+    the question read as of `ref`): kind 'dates' from the first to the end of the last ("in March
+    2025", "between March and May"); kind 'before' from today up to a coming date ("before
+    February", "3月之前"; with `inclusive`, through it: "by Friday"). None when no date is named
+    (or the 'before' date is not ahead)."""
+    spans = event_spans(m.group(0), iso(ref), dates, tz) if dates else []
+    if not spans:
+        return None
+    start, end = _parse_iso(spans[0][0]), _parse_iso(spans[-1][1])
+    phrase = spans[0][2] if len(spans) == 1 else f"{spans[0][2]} … {spans[-1][2]}"
+    if spec["kind"] == "dates":
+        return start, end, phrase
+    today = dt.datetime.combine(ref.astimezone(tz).date(), dt.time(0), tzinfo=tz)
+    return (today, end if spec.get("inclusive") else start, phrase) if start > today else None
 
 
 class TimeWindow(tuple):
@@ -1700,64 +1723,75 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
     """The time a question asks about, from its relative-time words (rules/timewords.toml, loaded by
     load_time_words): (start, end, phrase) with start and end ISO UTC (end exclusive) of local
     calendar days in `tz`, relative to `ref` (now, or recall's as_of), and the matched phrase of
-    fold(query); .keep_words is the rule's keep_words. The first rule with a matching pattern wins;
-    None when no rule matches."""
+    fold(query); .keep_words is the rule's keep_words. The first rule with a matching pattern wins,
+    unless a rule of kind 'dates' names a narrower time within its window ("去年国庆节": the day,
+    not the year); a month alone in a question about plans (sentence_tense) is the coming one. None
+    when no rule matches."""
     text = fold(query)
     today = ref.astimezone(tz).date()
+    ahead = "dates" in words and sentence_tense(text, words["dates"]) > 0
+    found = []
     for patterns, spec in words["rules"]:
-        for p in patterns:
+        for p in patterns if not found or spec["kind"] == "dates" else ():
             m = p.search(text)
-            span = _time_span(spec, m, today, words, tz) if m else None
+            if m and spec["kind"] in ("before", "dates"):
+                span = _dated_window(spec, m, ref, words.get("dates"), tz)
+            else:
+                span = _time_span(spec, m, today, words, tz, ahead) if m else None
             if span:
-                window = TimeWindow((iso(span[0]), iso(span[1]), m.group(0)))
+                window = TimeWindow((iso(span[0]), iso(span[1]), span[2] if span[2:] else m[0]))
                 window.keep_words = bool(spec.get("keep_words"))
-                return window
-    return None
+                found.append((window, spec["kind"]))
+                break
+    narrower = [w for w, _ in found[1:] if found[0][1] != "before"
+                and found[0][0][0] <= w[0] and w[1] <= found[0][0][1] and w[:2] != found[0][0][:2]]
+    return (narrower or [found[0][0]] if found else [None])[0]
 
 
 #: rules/dates.toml rule kinds
-EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "day", "in", "ago", "weekday", "week", "month",
-                    "month_end", "year", "named_month")
-_ZH_DIGITS = {"零": 0, "〇": 0, "一": 1, "二": 2, "两": 2, "三": 3, "四": 4, "五": 5, "六": 6,
-              "七": 7, "八": 8, "九": 9}
+EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "dom", "ym", "y", "quarter", "day", "in", "ago",
+                    "weekday", "weekday_near", "week", "weekend", "month", "month_start",
+                    "month_end", "year", "year_end", "named_month", "lunar", "festival")
 #: 1..99 in Chinese numerals
 _ZH_NUMERAL = "(?:[一二三四五六七八九]?十[一二三四五六七八九]?|[一二两三四五六七八九])"
 
 
 def zh_number(text: str) -> int | None:
-    """A whole number 0..99 written in digits or Chinese numerals ('15', '十五', '二十一', '三十'),
-    else None."""
+    """A whole number written in digits or Chinese numerals ('15', '十五', '二十一', '二〇二七',
+    read by cn2an), else None."""
+    import cn2an  # 0.2 s to import: only when a text names a date in Chinese numerals
     text = text.strip()
     if text.isdigit():
         return int(text)
-    if not text or any(ch not in _ZH_DIGITS and ch != "十" for ch in text):
+    try:
+        value = cn2an.cn2an(text.replace("廿", "二十"), "smart")
+    except ValueError:
         return None
-    if "十" not in text:
-        return _ZH_DIGITS[text] if len(text) == 1 else None
-    tens, _, ones = text.partition("十")
-    if len(tens) > 1 or len(ones) > 1:
-        return None
-    return (_ZH_DIGITS[tens] if tens else 1) * 10 + (_ZH_DIGITS[ones] if ones else 0)
+    return int(value) if value == int(value) else None
 
 
 def load_event_dates(path: Path) -> dict:
     """rules/dates.toml, ready for event_spans: {rules: [(compiled patterns, spec)], numbers,
-    months, weekdays, units, grace_days}, with the {n}, {month}, {weekday}, {unit} and {day}
-    placeholders filled in as named groups (alternatives longest first)."""
+    months, weekdays, units, year_words, festivals, tense {past, future, range} (compiled),
+    grace_days}, with the placeholders of the patterns filled in (alternatives longest first)."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
-    numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
-    months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
-    weekdays = {fold(k).casefold(): int(v) for k, v in data.get("weekdays", {}).items()}
-    units = {fold(k).casefold(): float(v) for k, v in data.get("units", {}).items()}
+    table = {name: {fold(k).casefold(): v for k, v in data.get(name, {}).items()}
+             for name in ("numbers", "months", "weekdays", "units", "year_words", "festivals")}
 
     def alts(words):
         return "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w)))
-    fill = {"{n}": rf"(?P<n>\d+|{_ZH_NUMERAL}|{alts(numbers)})", "{month}": f"(?:{alts(months)})",
-            "{weekday}": f"(?P<weekday>{alts(weekdays)})", "{unit}": f"(?P<unit>{alts(units)})",
-            "{day}": rf"(?:\d{{1,2}}|{_ZH_NUMERAL})"}
+    fill = {"{n}": rf"(?P<n>\d+|{_ZH_NUMERAL}|{alts(table['numbers'])})",
+            "{month}": f"(?:{alts(table['months'])})",
+            "{weekday}": f"(?P<weekday>{alts(table['weekdays'])})",
+            "{unit}": f"(?P<unit>{alts(table['units'])})",
+            "{yo}": f"(?P<yo>{alts(table['year_words'])})",
+            "{festival}": f"(?P<festival>{alts(table['festivals'])})",
+            "{zm}": "(?:1[0-2]|0?[1-9]|十[一二]?|[一二三四五六七八九])",
+            "{day}": rf"(?:[1-3]?\d|{_ZH_NUMERAL})"}
     rules = pattern_rules(data, fill, EVENT_DATE_KINDS, f"{path.name}: unknown event-date kind")
-    return {"rules": rules, "numbers": numbers, "months": months, "weekdays": weekdays,
-            "units": units, "grace_days": float(data.get("grace_days", 1))}
+    tense = {k: re.compile(v) for k, v in data.get("tense", {}).items()}
+    return table | {"rules": rules, "tense": tense,
+                    "grace_days": float(data.get("grace_days", 1))}
 
 
 def _safe_date(year: int, month: int, day: int) -> dt.date | None:
@@ -1767,84 +1801,188 @@ def _safe_date(year: int, month: int, day: int) -> dt.date | None:
         return None
 
 
-def _event_span(spec: dict, m: re.Match, today: dt.date,
-                words: dict) -> tuple[dt.date, dt.date] | None:
+def _add_months(day: dt.date, months: int) -> dt.date:
+    """The same day `months` calendar months later (earlier when negative), the month's last day
+    when it is shorter (Jan 31 + 1 month = Feb 28)."""
+    year, month = divmod(day.month - 1 + months, 12)
+    year, month = day.year + year, month + 1
+    return dt.date(year, month, min(day.day, calendar.monthrange(year, month)[1]))
+
+
+def _lunar_day(year: int, month: int, day: int, offset: int = 0) -> dt.date | None:
+    """The solar day of lunar `year`/`month`/`day` (+ `offset` days) by lunar-python, None when
+    that lunar month has no such day (the 30th of a short month)."""
+    from lunar_python import Lunar
+    try:
+        solar = Lunar.fromYmd(year, month, day).getSolar()
+    except Exception:  # noqa: BLE001 — lunar-python raises a bare Exception for a day it lacks
+        return None
+    return dt.date(solar.getYear(), solar.getMonth(), solar.getDay()) + dt.timedelta(days=offset)
+
+
+def _pick(options, today: dt.date, tense: int):
+    """Of candidate spans (first day, day after the last) the one a sentence of `tense` means: the
+    latest that started before `today` (-1, a past event), the first that has not ended (1, a
+    plan), else the nearest (a tie: ahead). None without candidates."""
+    options = sorted(x for x in options if x and x[0])
+    if tense < 0:
+        options = [x for x in options if x[0] < today][-1:]
+    elif tense > 0:
+        options = [x for x in options if x[1] > today][:1]
+    return min(options, key=lambda x: (max((x[0] - today).days, (today - x[1]).days + 1, 0),
+                                       x[0] < today), default=None)
+
+
+def _one(day: dt.date | None) -> tuple[dt.date, dt.date] | None:
+    return (day, day + dt.timedelta(days=1)) if day else None
+
+
+def _month_span(year: int, month: int) -> tuple[dt.date, dt.date]:
+    year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
+    return dt.date(year, month, 1), _add_months(dt.date(year, month, 1), 1)
+
+
+def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict,
+                tense: int) -> tuple[dt.date, dt.date] | None:
     """(first day, day after the last) of one matched event-date rule (kinds: rules/dates.toml),
-    relative to the memory's local day `today`; None when the match names no real date."""
+    relative to the memory's local day `today` and the sentence's `tense` (-1 past, 1 plan, 0
+    none); None when the match names no real date."""
     kind, offset = spec["kind"], int(spec.get("offset", 0))
     g = m.groupdict()
-
-    def month_of(value):
-        if value is None:
-            return None
-        value = value.casefold()
-        return words["months"].get(value) or zh_number(value)
-
-    def month_span(year, month):
-        year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
-        first = dt.date(year, month, 1)
-        return first, dt.date(year + month // 12, month % 12 + 1, 1)
-
+    tense = tense or (1 if spec.get("lean") == "ahead" else 0)
+    month = g.get("m") and (words["months"].get(g["m"].casefold()) or zh_number(g["m"]))
+    d = zh_number(g["d"].lstrip("初")) if g.get("d") else None
+    year = today.year + int(words["year_words"][g["yo"].casefold()]) if g.get("yo") else None
+    year = zh_number(g["y"]) if g.get("y") else year
     if kind == "ymd":
-        day = _safe_date(int(g["y"]), month_of(g["m"]) or 0, zh_number(g["d"]) or 0)
-        return (day, day + dt.timedelta(days=1)) if day else None
+        return _one(_safe_date(year, month or 0, d or 0))
     if kind == "dm_or_md":
         a, b = int(g["a"]), int(g["b"])
-        if a > 12 or a == b:
-            day = _safe_date(int(g["y"]), b, a)
-        elif b > 12:
-            day = _safe_date(int(g["y"]), a, b)
-        else:
+        if a <= 12 and b <= 12 and a != b:
             return None  # 03/04/2027: March 4 or 3 April
-        return (day, day + dt.timedelta(days=1)) if day else None
-    if kind == "md":
-        month, d = month_of(g["m"]) or 0, zh_number(g["d"]) or 0
-        options = [x for x in (_safe_date(today.year + k, month, d) for k in (-1, 0, 1)) if x]
-        if not options:
+        return _one(_safe_date(int(g["y"]), *((b, a) if a > 12 or a == b else (a, b))))
+    if kind in ("md", "lunar"):
+        if kind == "lunar":
+            base = _lunar_of(today)
+            years = (year,) if year else (base - 1, base, base + 1)
+            return _pick([_one(_lunar_day(y, month or 0, d or 0)) for y in years], today,
+                         0 if year else tense)
+        day = _pick([_one(_safe_date(today.year + k, month or 0, d or 0)) for k in (-1, 0, 1)],
+                    today, tense)
+        last = g.get("d2") and day and _safe_date(day[0].year, day[0].month, int(g["d2"]))
+        if last and last >= day[0]:  # March 23-25
+            return day[0], last + dt.timedelta(days=1)
+        if day and spec.get("part") == "week":
+            monday = day[0] - dt.timedelta(days=day[0].weekday())
+            return monday, monday + dt.timedelta(days=7)
+        return day
+    if kind == "festival":
+        fest = words["festivals"][g["festival"].casefold()]
+        base = today.year if "solar" in fest else _lunar_of(today)
+        years = (year,) if year else (base - 1, base, base + 1)
+        fm, fd = fest.get("solar") or fest["lunar"]
+        days = [_safe_date(y, fm, fd) if "solar" in fest else _lunar_day(y, fm, fd)
+                for y in years]
+        return _pick([_one(x + dt.timedelta(days=fest.get("offset", 0))) for x in days if x],
+                     today, 0 if year else tense)
+    if kind == "dom":
+        if "offset" in spec:
+            first = _add_months(today.replace(day=1), offset)
+            return _one(_safe_date(first.year, first.month, d or 0))
+        firsts = [_add_months(today.replace(day=1), k) for k in (-1, 0, 1)]
+        return _pick([_one(_safe_date(f.year, f.month, d or 0)) for f in firsts], today, tense)
+    if kind == "ym":
+        if not month or not 1 <= month <= 12:
             return None
-        # the nearest; a tie: ahead
-        day = min(options, key=lambda x: (abs((x - today).days), x < today))
-        return day, day + dt.timedelta(days=1)
+        first, end = _month_span(year, month) if year else _pick(
+            [_month_span(today.year + k, month) for k in (-1, 0, 1)], today, tense)
+        part = spec.get("part")
+        return _one(end - dt.timedelta(days=1)) if part == "end" else (
+            (first, first + dt.timedelta(days=10)) if part == "start" else (first, end))
+    if kind == "y":
+        return (dt.date(year, 1, 1), dt.date(year + 1, 1, 1)) if 1000 <= year <= 9999 else None
+    if kind == "quarter":
+        first = 6 * (spec["half"] - 1) + 1 if "half" in spec else 3 * (zh_number(g["q"]) - 1) + 1
+        return (dt.date(year or today.year, first, 1),
+                _add_months(dt.date(year or today.year, first, 1), 6 if "half" in spec else 3))
+    return _relative_span(spec, g, today, words, tense)
+
+
+def _lunar_of(day: dt.date) -> int:
+    """The lunar year that solar `day` falls in (lunar-python)."""
+    from lunar_python import Solar
+    return Solar.fromYmd(day.year, day.month, day.day).getLunar().getYear()
+
+
+def _relative_span(spec: dict, g: dict, today: dt.date, words: dict,
+                   tense: int) -> tuple[dt.date, dt.date] | None:
+    """_event_span of the kinds relative to the memory's day: day, in, ago, weekday(_near), week,
+    weekend, month(_start, _end), year(_end), named_month."""
+    kind, offset = spec["kind"], int(spec.get("offset", 0))
     if kind == "day":
-        day = today + dt.timedelta(days=offset)
-        return day, day + dt.timedelta(days=1)
+        return _one(today + dt.timedelta(days=offset))
     if kind in ("in", "ago"):
         n = g["n"].casefold()
         count = words["numbers"].get(n) if n in words["numbers"] else zh_number(n)
         unit = words["units"].get(g["unit"].casefold())
         if count is None or unit is None:
             return None
-        day = today + dt.timedelta(days=round(count * unit) * (1 if kind == "in" else -1))
-        return day, day + dt.timedelta(days=1)
+        sign = 1 if kind == "in" else -1
+        if unit in (30, 365):  # calendar months and years
+            return _one(_add_months(today, sign * count * (1 if unit == 30 else 12)))
+        return _one(today + dt.timedelta(days=round(count * unit) * sign))
     monday = today - dt.timedelta(days=today.weekday())
-    if kind == "weekday":
-        day = monday + dt.timedelta(days=7 * offset + words["weekdays"][g["weekday"].casefold()])
-        return day, day + dt.timedelta(days=1)
-    if kind == "week":
-        start = monday + dt.timedelta(days=7 * offset)
-        return start, start + dt.timedelta(days=7)
-    if kind == "month":
-        return month_span(today.year, today.month + offset)
-    if kind == "month_end":
-        end = month_span(today.year, today.month + offset)[1]
-        return end - dt.timedelta(days=1), end
-    if kind == "year":
-        return dt.date(today.year + offset, 1, 1), dt.date(today.year + offset + 1, 1, 1)
-    month = month_of(g.get("month") or g.get("m"))  # named_month
+    if kind in ("weekday", "weekday_near"):
+        weekday = int(words["weekdays"][g["weekday"].casefold()] if g.get("weekday")
+                      else spec["weekday"])
+        if kind == "weekday":
+            return _one(monday + dt.timedelta(days=7 * offset + weekday))
+        ahead = (weekday - today.weekday()) % 7
+        if spec.get("nth", 1) > 1:
+            return _one(today + dt.timedelta(days=(ahead or 7) + 7 * (int(spec["nth"]) - 1)))
+        if tense < 0:
+            return _one(today - dt.timedelta(days=(today.weekday() - weekday) % 7 or 7))
+        return _one(today + dt.timedelta(days=ahead))
+    if kind in ("week", "weekend"):
+        start = monday + dt.timedelta(days=7 * offset + (5 if kind == "weekend" else 0))
+        return start, start + dt.timedelta(days=2 if kind == "weekend" else 7)
+    if kind in ("month", "month_start", "month_end"):
+        first, end = _month_span(today.year, today.month + offset)
+        return {"month": (first, end), "month_start": (first, first + dt.timedelta(days=10)),
+                "month_end": _one(end - dt.timedelta(days=1))}[kind]
+    if kind in ("year", "year_end"):
+        end = dt.date(today.year + offset + 1, 1, 1)
+        return (end.replace(year=end.year - 1), end) if kind == "year" else _one(
+            end - dt.timedelta(days=1))
+    name = (g.get("month") or g.get("m") or "").casefold()  # named_month
+    month = words["months"].get(name) or zh_number(name)
     if not month or not 1 <= month <= 12:
         return None
     year = today.year + offset if offset else today.year - int(month >= today.month)
-    return month_span(year, month)
+    return _month_span(year, month)
 
 
-def event_spans(text: str, created_at: str, words: dict, tz) -> list[tuple[str, str, str]]:
+def sentence_tense(text: str, words: dict) -> int:
+    """-1 when fold(text) is about the past (rules/dates.toml [tense] past, and not future), 1 when
+    it is a plan (future), else 0."""
+    tense = words.get("tense", {})
+    if "future" in tense and tense["future"].search(text):
+        return 1
+    return -1 if "past" in tense and tense["past"].search(text) else 0
+
+
+def event_spans(text: str, created_at: str, words: dict, tz,
+                skipped: list | None = None) -> list[tuple[str, str, str]]:
     """The dates `text` names (rules/dates.toml, loaded by load_event_dates), resolved against the
-    memory's own time `created_at` (ISO) in the local calendar of `tz`: [(start, end, phrase)],
-    start and end ISO UTC of local midnights (end exclusive), in the order they appear in
-    fold(text). A piece of text matched by an earlier rule is not matched again ('2027年1月15日'
-    is one date, not also '1月15日')."""
+    memory's own time `created_at` (ISO) in the local calendar of `tz` and the sentence's tense
+    (sentence_tense): [(start, end, phrase)], start and end ISO UTC of local midnights (end
+    exclusive), in the order they appear in fold(text); two joined by a range word ('to', '至')
+    are one, and one holding a narrower one is left out. A piece of text matched by an earlier
+    rule is not matched again ('2027年1月15日' is one date, not also '1月15日'). Ambiguous dates
+    (03/04/2027) are left out and, given a list `skipped`, added to it as (phrase, why)."""
     folded = fold(text)
     today = _parse_iso(created_at).astimezone(tz).date()
+    tense = sentence_tense(folded, words)
     taken: list[tuple[int, int]] = []
     found = []
     for patterns, spec in words["rules"]:
@@ -1852,13 +1990,40 @@ def event_spans(text: str, created_at: str, words: dict, tz) -> list[tuple[str, 
             for m in p.finditer(folded):
                 if any(m.start() < b and a < m.end() for a, b in taken):
                     continue
-                span = _event_span(spec, m, today, words)
+                span = _event_span(spec, m, today, words, tense)
                 if span is None:
+                    if spec["kind"] == "dm_or_md" and skipped is not None:
+                        skipped.append((m.group(0), "ambiguous: day and month could be either"))
                     continue
                 taken.append((m.start(), m.end()))
-                start, end = (dt.datetime.combine(x, dt.time(0), tzinfo=tz) for x in span)
-                found.append((m.start(), iso(start), iso(end), m.group(0)))
-    return [(s, e, phrase) for _, s, e, phrase in sorted(found)]
+                bare = spec["kind"] == "dom" and "offset" not in spec  # "5日" of "3月3日至5日"
+                found.append([m.start(), m.end(), *span, m.group(0), bare and m.group("d")])
+    found.sort()
+    merged = found[:1]
+    joiner = words.get("tense", {}).get("range")
+    for f in found[1:]:
+        last = merged[-1]
+        if joiner and joiner.search(folded[last[1]:f[0]]):
+            if f[5]:  # a day alone ends a range in the month it starts in
+                f[2:4] = _one(_safe_date(last[2].year, last[2].month, zh_number(f[5]) or 0)
+                              or f[2]) or f[2:4]
+            if f[3] > last[2]:
+                last[1], last[3], last[4] = f[1], f[3], folded[last[0]:f[1]]
+                continue
+        merged.append(f)
+    # a span holding a narrower one only qualifies it ("今年…三月初八")
+    merged = [f for f in merged if not any(
+        g[2] >= f[2] and g[3] <= f[3] and g[3] - g[2] < f[3] - f[2] for g in merged)]
+    midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
+    return [(iso(midnight(f[2])), iso(midnight(f[3])), f[4]) for f in merged]
+
+
+def dates_skipped(text: str, created_at: str, words: dict, tz) -> list[str]:
+    """The dates event_spans left out of `text` as ambiguous, each "phrase: why" (what `show` and
+    recall's explain say: 03/04/2027 is March 4 or 3 April)."""
+    skipped: list = []
+    event_spans(text, created_at, words, tz, skipped)
+    return [f"{phrase}: {why}" for phrase, why in skipped]
 
 
 def channel_evidence(ranked: dict[str, list[dict]], graph_channels) -> tuple[dict, dict, dict]:
@@ -1938,6 +2103,8 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
                 source_boost=source_boost, pin_similarity=pin, temporal_factor=factor,
                 confidence=confidence, time_boost=w.time_boost if matched else 0.0,
                 time_match=matched, in_doc=any(c in ranks for c in w.doc_channels),
+                time_event={"start": d["event_at"], "end": d["event_end"]}
+                if matched and "event" in matched else None,
                 in_graph=any(c in ranks for c in w.graph_channels))
 
 
@@ -2217,10 +2384,12 @@ def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[
 def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr_score) -> dict:
     """What recall(explain=true) shows for hit `i`: its rank and normalised score per channel and
     every part of its score, in the order they combine; with time words, the window, time_boost and
-    time_match (which of its times fell in the window: 'written', 'event' or 'written+event')."""
+    time_match (which of its times fell in the window: 'written', 'event' or 'written+event') and
+    time_event (the event time that matched: {start, end})."""
     window = {"time_window": dict(zip(("start", "end", "phrase"), w.window, strict=True)),
               "time_boost": p.get("time_boost", 0.0),
-              "time_match": p.get("time_match")} if w.window else {}
+              "time_match": p.get("time_match"),
+              "time_event": p.get("time_event")} if w.window else {}
     return window | {"ranks": {c: p["ranks"].get(c) for c in chosen},
             "scores": {c: scores[c][i] for c in scores if i in scores[c]}, "fusion": w.fusion,
             "doc_rrf": rrf(p["ranks"], w.doc_channels, w.rrf_k, w.channel),
@@ -2358,6 +2527,7 @@ class Rules:
                         for name, spec in intents.items()]
         self.time_words = load_time_words(cfg.rule_file(cfg.recall.time_words))
         self.event_dates = load_event_dates(cfg.rule_file(cfg.write.event_dates))
+        self.time_words["dates"] = self.event_dates  # time_window's kinds 'before' and 'dates'
 
         self._slot_rules(read(cfg.forgetting.predicates))
 
@@ -2411,12 +2581,12 @@ class Rules:
         casefolded."""
         return " ".join(fold(name).split()).casefold()
 
-    def classify(self, fact: str) -> tuple[str, float]:
-        """(atom_type, confidence) from the first rule matching fold(fact), else the default
-        type."""
+    def classify(self, fact: str, skip: str = "") -> tuple[str, float]:
+        """(atom_type, confidence) from the first rule matching fold(fact) whose type is not
+        `skip`, else the default type."""
         fact = fold(fact)
         for pattern, atom_type, confidence in self.atom_rules:
-            if pattern.search(fact):
+            if atom_type != skip and pattern.search(fact):
                 return atom_type, confidence
         return self.default_type, self.default_confidence
 
@@ -2953,6 +3123,8 @@ class Store:
         d["atoms"] = self.rows(self.queries["document_atoms"], {"document_id": doc_id})
         d["graph_entries"] = [r["text"] for r in self.rows(self.queries["document_graph_texts"],
                                                            {"document_id": doc_id})]
+        d["dates_skipped"] = dates_skipped(d["content"], d["created_at"], self.rules.event_dates,
+                                           local_tz(self.cfg.forgetting.timezone))
         return d
 
     def history(self, doc_id: int, persona_id: str | None = None) -> list[dict]:
@@ -3643,7 +3815,7 @@ class Layers:
         threshold = self.cfg.write.reinforce_jaccard
         doc_uid = self.value("select uid from documents where id = ?", (p.document_id,))
         for fact in dict.fromkeys(p.facts):
-            atom_type, confidence = self.rules.classify(fact)
+            atom_type, confidence = self._atom_role(fact, p)
             tokens = self.seg.tokens(fact)
             token_set = set(tokens)
             slotted = self._fact_slot(p, fact)
@@ -3697,6 +3869,32 @@ class Layers:
                           "last_reinforced_at = ?, expires_at = ?, updated_at = ? where id = ?",
                           (count, confidence, at, expires, now_iso(), atom["id"]))
 
+    def _atom_role(self, fact: str, p) -> tuple[str, float]:
+        """(atom_type, confidence) of a fact (Rules.classify) with the dates it names (else its
+        memory's first): a planned fact whose dates all ended before the memory's day is a past
+        event (its type without the planned rules: "the deadline was 2025-01-15"); one naming a
+        day not yet over is planned when said as a plan (sentence_tense), or of the default,
+        episodic or relational type and not said in the past ("三天后交季度报告"); one saying
+        when something holds or lapses (rules/dates.toml [tense] state: "expires") is not."""
+        atom_type, confidence = self.rules.classify(fact)
+        spans = (self._event_spans(fact, p.created_at)
+                 or self._event_spans(p.content, p.created_at)[:1])
+        if not spans:
+            return atom_type, confidence
+        tz = local_tz(self.cfg.forgetting.timezone)
+        day = _parse_iso(p.created_at).astimezone(tz).date()
+        today = iso(dt.datetime.combine(day, dt.time(0), tzinfo=tz))
+        state = self.rules.event_dates["tense"].get("state")
+        if atom_type == "planned" and (all(e <= today for _, e, _ in spans)
+                                       or state and state.search(fold(fact))):
+            return self.rules.classify(fact, skip="planned")
+        tense = sentence_tense(fold(fact), self.rules.event_dates)
+        if atom_type != "planned" and any(e > today for _, e, _ in spans) and not (
+                state and state.search(fold(fact))) and (tense > 0 or tense == 0 and atom_type in (
+                    self.rules.default_type, "episodic", "relational")):
+            return "planned", confidence
+        return atom_type, confidence
+
     def _event_columns(self, p) -> dict:
         """{event_at, event_end} of a memory: the first date its content names (event_spans,
         rules/dates.toml), resolved against its own created_at in [forgetting] timezone; None each
@@ -3720,9 +3918,10 @@ class Layers:
         if atom_type == "planned":
             spans = (self._event_spans(fact, p.created_at)
                      or self._event_spans(p.content, p.created_at)[:1])
-            if spans:
+            if spans:  # never before the memory was written
                 grace = dt.timedelta(days=self.rules.event_dates["grace_days"])
-                return iso(max(_parse_iso(e) for _, e, _ in spans) + grace)
+                return iso(max([_parse_iso(e) for _, e, _ in spans]
+                               + [_parse_iso(p.created_at)]) + grace)
         return iso(parse_time(start) + dt.timedelta(days=ttl_days)) if start else ""
 
     def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str,
@@ -5652,7 +5851,9 @@ class Recall:
             hit = recall_hit(docs[i], parts[i])
             if q.explain:
                 hit["explain"] = explain_parts(i, parts[i], scores, q.chosen, w, q.intent,
-                                               mmr_score)
+                                               mmr_score) | {"dates_skipped": dates_skipped(
+                    docs[i]["content"], docs[i]["created_at"], self.rules.event_dates,
+                    local_tz(self.cfg.forgetting.timezone)) or None}
             out.append(hit)
         return out if q.historical else self._newer_first(out, q.k, q.params["max_archived"])
 
@@ -13619,8 +13820,9 @@ def cli_show(state, memory_id, persona, as_json):
         return _echo_json(d)
     for k in ("id", "persona_id", "session_id", "created_at", "updated_at", "importance", "pinned",
               "archived", "source", "summary", "topics", "participants", "key_facts", "tags",
-              "embedding_state", "superseded_by", "supersedes"):
-        if d[k] not in ("", [], None):
+              "embedding_state", "superseded_by", "supersedes", "event_at", "event_end",
+              "dates_skipped"):
+        if d.get(k) not in ("", [], None):
             click.echo(f"{k:>15}: {d[k]}")
     click.echo(f"{'content':>15}: {d['content']}")
     for a in d["atoms"]:
@@ -13799,7 +14001,8 @@ def _explain_line(e: dict) -> str:
     if "time_window" in e:
         w = e["time_window"]
         window = (f" | {w['phrase']!r} {w['start']}..{w['end']}"
-                  f" boost {e['time_boost']:.2f} ({e.get('time_match') or 'outside'})")
+                  f" boost {e['time_boost']:.2f} ({e.get('time_match') or 'outside'}"
+                  + (f" {e['time_event']['start']}" if e.get("time_event") else "") + ")")
     return (f"        ranks {ranks} | doc {e['doc_route']:.3f} graph {e['graph_route']:.3f} "
             f"importance {e['importance']:.2f} recency {e['recency']:.3f} intent {e['intent']}"
             + window)

@@ -263,7 +263,7 @@ with hits as (
     union
     select d.id, d.created_at from documents d
     where d.persona_id = :persona_id and d.event_at is not null
-      and d.event_at < :window_end and d.event_end > :window_start
+      and d.event_at <= :window_end and d.event_end > :window_start
 )
 select d.id, 'time_window' as channel, row_number() over (order by d.created_at desc, d.id desc) - 1 as rank,
        0.0 as raw, 1.0 as confidence

@@ -222,3 +222,59 @@ def test_sync_carries_the_event(open_mem, tmp_path, monkeypatch):
     assert b.rows("select event_at from documents") == [{"event_at": "2027-01-15T00:00:00Z"}]
     assert b.rows("select atom_type, expires_at from memory_atoms") == [
         {"atom_type": "planned", "expires_at": "2027-01-17T00:00:00Z"}]
+
+
+def test_a_past_dated_deadline_stays_searchable(open_mem, tmp_path, monkeypatch):
+    monkeypatch.setenv("AOKUN_NOW", TUESDAY)
+    mem = open_mem(tmp_path / "t.db", cfg=_utc("", tmp_path))
+    doc = mem.memorize("The Falcon deadline was 2025-01-15", {"timestamp": TUESDAY})["id"]
+    atom = _atom(mem, doc)
+    assert atom["atom_type"] != "planned" and atom["expires_at"] > TUESDAY
+    monkeypatch.setenv("AOKUN_NOW", "2026-12-02T10:00:00Z")
+    assert mem.search_atoms("Falcon deadline", k=3)["results"]
+
+
+@pytest.mark.parametrize("text, atom_type, event", [
+    ("上个月15号已经交了", "not planned", "2026-11-15"),  # a past event
+    ("三天后交季度报告", "planned", "2026-12-04"),  # no plan word: a future day and a thing to do
+    ("下下周三去上海出差", "planned", "2026-12-16"),
+])
+def test_tense_decides_the_role(open_mem, tmp_path, monkeypatch, text, atom_type, event):
+    monkeypatch.setenv("AOKUN_NOW", TUESDAY)
+    mem = open_mem(tmp_path / "t.db", cfg=_utc("", tmp_path))
+    doc = mem.memorize(text, {"timestamp": TUESDAY})["id"]
+    got = _atom(mem, doc)
+    assert (got["atom_type"] == "planned") == (atom_type == "planned"), got
+    assert got["expires_at"] > TUESDAY  # never before the memory was written
+    assert mem.rows("select event_at from documents")[0]["event_at"] == f"{event}T00:00:00Z"
+
+
+def test_a_lunar_birthday_plan_expires_after_its_solar_day_next_year(open_mem, tmp_path,
+                                                                      monkeypatch):
+    written = "2026-10-01T10:00:00Z"  # after this year's 中秋 (2026-09-25)
+    monkeypatch.setenv("AOKUN_NOW", written)
+    mem = open_mem(tmp_path / "t.db", cfg=_utc("", tmp_path))
+    doc = mem.memorize("农历八月十五要给妈妈过生日", {"timestamp": written})["id"]
+    # lunar 8/15 of 2027 is 2027-09-15 (lunar-python): + 1 day + 1 day of grace
+    assert _atom(mem, doc) == {"atom_type": "planned", "expires_at": "2027-09-17T00:00:00Z"}
+    monkeypatch.setenv("AOKUN_NOW", "2027-09-16T12:00:00Z")
+    assert mem.search_atoms("给妈妈过生日", k=3)["results"]
+    monkeypatch.setenv("AOKUN_NOW", "2027-09-17T01:00:00Z")
+    assert not mem.search_atoms("给妈妈过生日", k=3)["results"]
+
+
+def test_show_and_explain_say_an_ambiguous_date_was_skipped(open_mem, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    monkeypatch.setenv("AOKUN_NOW", TUESDAY)
+    db, cfg = tmp_path / "t.db", _utc("", tmp_path)
+    mem = open_mem(db, cfg=cfg)
+    doc = mem.memorize("Meet the Falcon auditors on 03/04/2027", {"timestamp": TUESDAY})["id"]
+    assert mem.rows("select event_at from documents") == [{"event_at": None}]  # not guessed
+    why = ["03/04/2027: ambiguous: day and month could be either"]
+    assert mem.get(doc)["dates_skipped"] == why
+    hit = mem.recall("Falcon auditors", k=3, explain=True)["results"][0]
+    assert hit["explain"]["dates_skipped"] == why
+    mem.close()
+    out = CliRunner().invoke(aokun.cli, ["--db", str(db), "--config", str(tmp_path / "aokun.ini"),
+                                         "show", str(doc)])
+    assert out.exit_code == 0 and "dates_skipped" in out.output and "ambiguous" in out.output
