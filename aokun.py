@@ -99,10 +99,27 @@ class _Numpy:
 
 np = _Numpy()
 
-HERE = Path(__file__).resolve().parent
-SCHEMA_DIR = HERE / "schema"  #: forward-only migrations NNNN_name.sql
-SQL_DIR = HERE / "sql"  #: named queries, `-- name: x`
-RULES_DIR = HERE / "rules"  #: stop words, user dictionary, atom rules, aliases, intents, time words
+HERE = Path(__file__).resolve().parent  #: the folder of aokun.py
+
+
+def shipped_folder() -> Path:
+    """The folder of schema/, sql/, rules/, web/ and aokun.example.ini: HERE in a checkout, else
+    <prefix>/share/aokun, where installing the wheel put them (pyproject.toml's shared-data), the
+    prefix of this interpreter's install scheme or of its user scheme (pip --user)."""
+    if (HERE / "schema").is_dir():
+        return HERE
+    import sysconfig
+    for prefix in (sysconfig.get_path("data"),
+                   sysconfig.get_path("data", sysconfig.get_preferred_scheme("user"))):
+        if (Path(prefix) / "share" / "aokun" / "schema").is_dir():
+            return Path(prefix) / "share" / "aokun"
+    return HERE  # (reading a missing folder says which)
+
+
+SHARE = shipped_folder()  #: schema/, sql/, rules/, web/, aokun.example.ini
+SCHEMA_DIR = SHARE / "schema"  #: forward-only migrations NNNN_name.sql
+SQL_DIR = SHARE / "sql"  #: named queries, `-- name: x`
+RULES_DIR = SHARE / "rules"  #: stop words, dictionary, atom rules, aliases, intents, time words
 APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
 ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
 DATE_CHARS = len("2026-11-30")  #: the date part of an ISO-8601 timestamp
@@ -559,9 +576,10 @@ def chars_within(text: str, tokens: int) -> int:
 # Config ##########################################################################################
 
 #: Every setting with its default; aokun.example.ini documents each. Types come from the defaults.
+LEGACY_DB = "data/aokun.db"  #: the default database of earlier versions, still used where it is
 DEFAULTS: dict[str, dict[str, object]] = {
     "storage": {
-        "db": "data/aokun.db",
+        "db": "",
         "busy_timeout_ms": 30000,
         "synchronous": "full",
         "rank_extension": True,
@@ -777,12 +795,12 @@ def in_range(value: float, allowed: str) -> bool:
 class Config:
     """Settings from an ini file over DEFAULTS. Access as `cfg.recall.rrf_k`.
 
-    Relative paths in the file resolve against the folder of the ini file (or of aokun.py when
-    there is none). Unknown sections/keys and values of the wrong type raise AokunError."""
+    Relative paths in the file resolve against the folder of the ini file (or SHARE when there is
+    none). Unknown sections/keys and values of the wrong type raise AokunError."""
 
     def __init__(self, path: Path | None = None, overrides: dict | None = None):
         self.path = path
-        self.base = path.parent if path else HERE
+        self.base = path.parent if path else SHARE
         parser = configparser.ConfigParser(interpolation=None)
         if path:
             if not path.exists():
@@ -847,12 +865,12 @@ class Config:
 
     def rule_file(self, value: str) -> Path:
         """A rules/ file: relative to the config file's folder when it exists there, else the one
-        shipped beside aokun.py. Raises AokunError when neither exists."""
-        for p in (self.resolve(value), HERE / value):
+        shipped in SHARE. Raises AokunError when neither exists."""
+        for p in (self.resolve(value), SHARE / value):
             if p.exists():
                 return p
-        raise AokunError(f"rules file {value!r} not found beside {self.path or HERE} "
-                         f"nor in {HERE}")
+        raise AokunError(f"rules file {value!r} not found beside {self.path or SHARE} "
+                         f"nor in {SHARE}")
 
     def secret(self, section: str, key: str, env_key: str) -> str:
         """A secret given directly in the ini, or read from the environment variable it names."""
@@ -870,14 +888,23 @@ class _Section(dict):
             raise AttributeError(name) from None
 
 
+def user_folder(kind: str) -> Path:
+    """Aokun's per-user "data" or "config" folder (platformdirs: $XDG_DATA_HOME/aokun or
+    ~/.local/share/aokun and ~/.config/aokun on Linux, ~/Library/Application Support/aokun on
+    macOS, %LOCALAPPDATA%\\aokun on Windows); not created here."""
+    import platformdirs
+    return Path(getattr(platformdirs, f"user_{kind}_dir")("aokun", appauthor=False))
+
+
 def find_config(path: str | None = None) -> Path | None:
-    """--config, then $AOKUN_CONFIG, then aokun.ini beside aokun.py; None means defaults only."""
+    """--config, then $AOKUN_CONFIG, then aokun.ini in the user config folder, then aokun.ini
+    beside aokun.py (a checkout); None means defaults only."""
     if path:
         return Path(path).expanduser().resolve()
     if os.environ.get("AOKUN_CONFIG"):
         return Path(os.environ["AOKUN_CONFIG"]).expanduser().resolve()
-    beside = HERE / "aokun.ini"
-    return beside if beside.exists() else None
+    return next((p for p in (user_folder("config") / "aokun.ini", HERE / "aokun.ini")
+                 if p.exists()), None)
 
 
 def load_config(path: str | None = None, overrides: dict | None = None) -> Config:
@@ -887,12 +914,22 @@ def load_config(path: str | None = None, overrides: dict | None = None) -> Confi
 
 
 def database_path(cfg: Config, db: str | None = None) -> Path:
-    """--db, then $AOKUN_DB, then [storage] db (relative to the config file's folder)."""
+    """--db, then $AOKUN_DB, then [storage] db (relative to the config file's folder), then
+    default_database(cfg)."""
     if db:
         return Path(db).expanduser().resolve()
     if os.environ.get("AOKUN_DB"):
         return Path(os.environ["AOKUN_DB"]).expanduser().resolve()
-    return cfg.resolve(cfg.storage.db)
+    return cfg.resolve(cfg.storage.db) if cfg.storage.db else default_database(cfg)
+
+
+def default_database(cfg: Config) -> Path:
+    """The database without --db, $AOKUN_DB or [storage] db: LEGACY_DB beside the config file or
+    beside aokun.py where one exists, else aokun.db in the user data folder."""
+    for old in (cfg.resolve(LEGACY_DB), HERE / LEGACY_DB):
+        if old.is_file():
+            return old
+    return user_folder("data") / "aokun.db"
 
 
 # Connection and schema ###########################################################################
@@ -10267,7 +10304,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         # the one read-write connection
         self.conn = connect(self.path, storage.busy_timeout_ms, storage.synchronous,
                             self.backup_dir(),
-                            create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent,
+                            create_folder=default_database(self.cfg).parent,
                             rank=bool(storage.rank_extension))
         if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
             print(f"aokun: created a new database {self.path}", file=sys.stderr, flush=True)
@@ -11951,7 +11988,7 @@ def http_app(server, cfg: Config, host: str, port: int, panel=None):
 # Panel: the settings file, read with its help text and edited in place ###########################
 
 #: every setting with its default and help text (the ini comments)
-EXAMPLE_INI = HERE / "aokun.example.ini"
+EXAMPLE_INI = SHARE / "aokun.example.ini"
 PANEL_PORT = 8765  #: `python aokun.py panel` serves here by default
 #: Settings that take one of a few words, as the code reading them accepts them (Memory, connect,
 #: make_embedder, logging); the panel offers them as a choice and refuses any other.
@@ -12102,6 +12139,7 @@ def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
     except (OSError, UnicodeDecodeError) as e:
         raise AokunError(f"config file {path} cannot be read: {_one_line(str(e), 300)}") from None
     new = ini_set(old, changes)
+    path.parent.mkdir(parents=True, exist_ok=True)  # a first aokun.ini in the user config folder
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
@@ -12162,7 +12200,7 @@ def _setting(section: str, key: str, value) -> dict:
 
 # Panel: web pages over the engine ################################################################
 
-WEB_DIR = HERE / "web"  #: the panel's templates, its one stylesheet and script, and its icon
+WEB_DIR = SHARE / "web"  #: the panel's templates, its one stylesheet and script, and its icon
 PANEL_PAGE_SIZE = 50  #: memories listed per page
 PANEL_RECALL_K = 10  #: hits the recall page asks for by default
 #: The parts of a recall score the panel draws, in bar order: (explain-derived key, label).
@@ -13335,9 +13373,10 @@ def metadata_options(fn):
 @click.group(cls=AokunGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="aokun")
 @click.option("--db", envvar="AOKUN_DB",
-              help="Database file (default: [storage] db of the config, data/aokun.db).")
+              help="Database file (default: [storage] db, else the user data folder; see stats).")
 @click.option("--config", "config_path",
-              help="Config file (default: $AOKUN_CONFIG, else aokun.ini beside aokun.py).")
+              help="Config file (default: $AOKUN_CONFIG, else aokun.ini in the user config "
+                   "folder, else beside aokun.py).")
 @click.pass_context
 def cli(ctx, db, config_path):
     """Aokun: long-term memory for AI assistants in one SQLite file.
@@ -13847,6 +13886,7 @@ def cli_stats(state, as_json):
         return _echo_json(s)
     click.echo(f"database: {s['database']} ({s['size_bytes']:,} bytes, "
                f"schema {s['schema_version']})")
+    click.echo(f"config: {state.memory().cfg.path or 'none (the defaults)'}")
     for k, v in s["counts"].items():
         click.echo(f"{k:>32}: {v}")
     click.echo(f"{'atoms by state':>32}: {s['atoms_by_state']}")
@@ -14366,8 +14406,8 @@ for _action, _doc in (("install",
 
 def config_target(config_arg: str | None) -> Path:
     """The ini file the panel saves settings to: the one the server reads (find_config), else a
-    new aokun.ini beside aokun.py."""
-    return find_config(config_arg) or HERE / "aokun.ini"
+    new aokun.ini in the user config folder."""
+    return find_config(config_arg) or user_folder("config") / "aokun.ini"
 
 
 def _open_browser_when_listening(host: str, port: int, url: str,

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import pytest
@@ -264,11 +265,12 @@ def test_a_new_database_file_is_announced_on_stderr_only(tmp_path):
 @pytest.mark.slow
 def test_the_default_data_folder_is_still_made(tmp_path):
     (tmp_path / "conf").mkdir()
-    ini = write_ini(tmp_path / "conf")  # no [storage] db: data/aokun.db beside the config file
+    ini = write_ini(tmp_path / "conf")  # no [storage] db: aokun.db in the user data folder
     r = run("--config", ini, "stats")
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "conf" / "data" / "aokun.db").is_file()
-    assert r.stderr.strip() == f"{CREATED}{tmp_path / 'conf' / 'data' / 'aokun.db'}"
+    db = Path(os.environ["XDG_DATA_HOME"]) / "aokun" / "aokun.db"
+    assert db.is_file() and not (tmp_path / "conf" / "data").exists()
+    assert r.stderr.strip() == f"{CREATED}{db}"
 
 
 @pytest.mark.slow
