@@ -576,6 +576,11 @@ def chars_within(text: str, tokens: int) -> int:
 # Config ##########################################################################################
 
 #: Every setting with its default; aokun.example.ini documents each. Types come from the defaults.
+#: What the first start says after the new database's path while the history watch is off
+HISTORY_OPT_IN = ("; your assistants' transcripts are read only when you opt in: `aokun hooks "
+                  "CLIENT --install` (each session from then on), `aokun ingest CLIENT` (all of "
+                  "that client's history, now) or [conversations] watch = true (all, in the "
+                  "background); CLIENT: claude-code, codex, copilot")
 LEGACY_DB = "data/aokun.db"  #: the default database of earlier versions, still used where it is
 DEFAULTS: dict[str, dict[str, object]] = {
     "storage": {
@@ -717,7 +722,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "max_chars_per_hit": 600,
         "max_chars_per_turn": 2000,
         "briefing_sessions": 20,
-        "watch": True,
+        "watch": False,
         "watch_interval_seconds": 2.0,
         "watch_since_days": 0,
         "watch_include_projects": "",
@@ -10307,7 +10312,9 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
                             create_folder=default_database(self.cfg).parent,
                             rank=bool(storage.rank_extension))
         if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
-            print(f"aokun: created a new database {self.path}", file=sys.stderr, flush=True)
+            opt_in = "" if self.cfg.conversations.watch else HISTORY_OPT_IN
+            print(f"aokun: created a new database {self.path}{opt_in}", file=sys.stderr,
+                  flush=True)
         self.queries = load_queries()  # the named queries of sql/*.sql
         if self.conn.aokun_rank:  # the recall channels' readers load it too (reader_rows)
             self.queries = ranked_queries(self.queries)
