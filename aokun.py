@@ -8658,6 +8658,10 @@ def write_with_backup(path: Path, text: str) -> Path | None:
     return backup
 
 
+#: The comment install_codex_notify writes above its notify line (uninstall_hooks removes both)
+CODEX_NOTE = "# Aokun: ingest each finished turn (python aokun.py hooks codex)"
+
+
 def install_codex_notify(path: Path, value: list[str]) -> str:
     """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the
     top, where a key is top-level whatever tables follow, and the result is parsed back to check it.
@@ -8678,12 +8682,88 @@ def install_codex_notify(path: Path, value: list[str]) -> str:
     if current is not None:  # an older Aokun line (another path): replace that line only
         new = re.sub(r"(?m)^notify\s*=.*$", lambda _m: line, text, count=1)
     else:
-        new = f"# Aokun: ingest each finished turn (python aokun.py hooks codex)\n{line}\n\n{text}"
+        new = f"{CODEX_NOTE}\n{line}\n\n{text}"
     if tomllib.loads(new).get("notify") != value:
         raise AokunError(f"{path}: could not place notify safely; add this line at the top by "
                          f"hand: {line}")
     backup = write_with_backup(path, new)
     return f"{path}: notify set" + (f" (backup {backup})" if backup else "")
+
+
+def remove_claude_hooks(settings: dict) -> list[str]:
+    """Remove from the parsed settings.json, in place, the hooks merge_claude_hooks adds (Aokun's
+    commands, _is_ours), then a group, an event and `hooks` that this leaves empty; everything
+    else stays. Returns what changed (empty: nothing of Aokun's there)."""
+    hooks, changed = settings.get("hooks"), []
+    for event, groups in claude_hooks_entry().items():
+        verb = groups[0]["hooks"][0]["command"].rsplit(" ", 1)[-1]
+        have = hooks.get(event) if isinstance(hooks, dict) else None
+        if not isinstance(have, list):
+            continue
+        for g in [g for g in have if isinstance(g, dict) and isinstance(g.get("hooks"), list)]:
+            kept = [h for h in g["hooks"] if not (isinstance(h, dict) and _is_ours(
+                str(h.get("command", "")), "claude-code", verb))]
+            if len(kept) < len(g["hooks"]):
+                changed.append(f"removed {event}")
+                g["hooks"] = kept
+                if not kept:
+                    have.remove(g)
+        if not have and f"removed {event}" in changed:
+            del hooks[event]
+    if changed and not hooks:
+        del settings["hooks"]
+    return changed
+
+
+def remove_codex_notify(text: str) -> str:
+    """Codex's config.toml `text` without the notify line install_codex_notify wrote: with the
+    comment and blank line it added at the top, else (an older Aokun's, replaced in place) the
+    line alone."""
+    m = re.search(r"(?m)^notify\s*=.*\n?", text)
+    if m is None:
+        return text
+    added = f"{CODEX_NOTE}\n{m.group()}\n"
+    return text[len(added):] if text.startswith(added) else text[:m.start()] + text[m.end():]
+
+
+def uninstall_hooks(client: str, path: Path) -> str:
+    """Remove what `hooks CLIENT --install` added to `path`: Claude Code's hooks from settings.json
+    (remove_claude_hooks), Codex's notify (remove_codex_notify; the rest must parse back the
+    same), Copilot's hook file. A rewritten file is backed up first; a file left empty is
+    removed. Returns what was done; AokunError, nothing changed, for a file that cannot be read or
+    whose hook is another program's."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    try:
+        data = tomllib.loads(text) if client == "codex" else json.loads(text or "{}")
+    except ValueError as e:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+        raise AokunError(f"{path} cannot be read ({_one_line(str(e), 200)}); nothing changed") \
+            from None
+    if not isinstance(data, dict):
+        raise AokunError(f"{path} is not a JSON object; nothing changed")
+    if client == "claude-code":
+        changed = remove_claude_hooks(data)
+        new = json.dumps(data, ensure_ascii=False, indent=2) + "\n" if data else ""
+    elif client == "codex":
+        notify = data.pop("notify", None)
+        if notify is not None and not _is_ours(" ".join(map(str, notify)), "codex", "notify"):
+            raise AokunError(f"{path}: notify runs another program; left as it is")
+        changed, new = ([] if notify is None else ["removed notify"]), remove_codex_notify(text)
+        if changed and tomllib.loads(new) != data:
+            raise AokunError(f"{path}: could not remove notify safely; delete its line by hand")
+    else:
+        hooks = data.get("hooks") if isinstance(data.get("hooks"), dict) else {}
+        commands = [str(h.get("bash")) if isinstance(h, dict) else "" for hs in hooks.values()
+                    if isinstance(hs, list) for h in hs]
+        if not all(_is_ours(c, "copilot", "session-end") for c in commands):
+            raise AokunError(f"{path} holds hooks of another program; left as it is")
+        changed, new = (["removed the hook file"] if commands else []), ""
+    if not changed:
+        return f"{path}: no Aokun hooks there; nothing changed"
+    if not new.strip():
+        path.unlink()
+        return f"{path}: {', '.join(changed)}; the file held nothing else and is removed"
+    backup = write_with_backup(path, new)
+    return f"{path}: {', '.join(changed)} (backup {backup})"
 
 
 def read_hook_payload(arg: str | None) -> dict:
@@ -14668,8 +14748,8 @@ def cli_watch(state, sources, interval, persona):
 
 @cli.command("hooks")
 @click.argument("client", type=click.Choice(HOOK_CLIENTS))
-@click.option("--install", is_flag=True,
-              help="Merge the entry into the client's settings (a backup is kept).")
+@click.option("--install/--uninstall", "install", default=None,
+              help="Merge the entry into the client's settings, or remove it (a backup is kept).")
 @click.option("--file", "target", type=click.Path(dir_okay=False),
               help="The settings file (default: the client's own, under your home folder).")
 @click.pass_obj
@@ -14678,7 +14758,8 @@ def cli_hooks(state, client, install, target):
     (~/.claude/settings.json: SessionStart injects the briefing, Stop and SessionEnd ingest the
     session), Codex (notify in ~/.codex/config.toml: each finished turn is ingested) and Copilot
     CLI (~/.copilot/hooks/aokun.json: sessionEnd and agentStop ingest the session). Installing
-    twice changes nothing; other settings are kept as they are.
+    twice changes nothing; other settings are kept as they are. --uninstall removes exactly
+    what --install added.
 
     Example:
 
@@ -14688,6 +14769,9 @@ def cli_hooks(state, client, install, target):
     default = {"claude-code": "~/.claude/settings.json", "codex": "~/.codex/config.toml",
                "copilot": "~/.copilot/hooks/aokun.json"}[client]
     path = Path(os.path.expanduser(target or default))
+    if install is False:
+        click.echo(uninstall_hooks(client, path))
+        return
     if client == "codex":
         value = codex_notify_value(db, state.config_arg)
         if not install:
