@@ -577,10 +577,11 @@ def chars_within(text: str, tokens: int) -> int:
 
 #: Every setting with its default; aokun.example.ini documents each. Types come from the defaults.
 #: What the first start says after the new database's path while the history watch is off
-HISTORY_OPT_IN = ("; your assistants' transcripts are read only when you opt in: `aokun hooks "
-                  "CLIENT --install` (each session from then on), `aokun ingest CLIENT` (all of "
-                  "that client's history, now) or [conversations] watch = true (all, in the "
-                  "background); CLIENT: claude-code, codex, copilot")
+HISTORY_OPT_IN = (f"; your assistants' transcripts are read only when you opt in: "
+                  f"{command_line('hooks CLIENT', {'install': True})} (each session from then "
+                  f"on), {command_line('ingest CLIENT')} (all of that client's history, now) or "
+                  "[conversations] watch = true (all, in the background); CLIENT: claude-code, "
+                  "codex, copilot")
 LEGACY_DB = "data/aokun.db"  #: the default database of earlier versions, still used where it is
 DEFAULTS: dict[str, dict[str, object]] = {
     "storage": {

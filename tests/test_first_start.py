@@ -258,7 +258,7 @@ def test_the_first_start_reads_no_history_until_the_user_opts_in(tmp_path, monke
     mem = open_mem(tmp_path / "o.db", cfg=cfg)
     line = capsys.readouterr().err.strip()
     assert line.startswith("aokun: created a new database") and aokun.HISTORY_OPT_IN in line
-    assert "aokun hooks CLIENT --install" in line and "aokun ingest CLIENT" in line
+    assert "aokun.py hooks CLIENT --install`" in line and "aokun.py ingest CLIENT`" in line
     state = aokun.ServerState.start(mem)
     try:
         assert state.watcher is None
