@@ -101,10 +101,27 @@ class _Numpy:
 
 np = _Numpy()
 
-HERE = Path(__file__).resolve().parent
-SCHEMA_DIR = HERE / "schema"  #: forward-only migrations NNNN_name.sql
-SQL_DIR = HERE / "sql"  #: named queries, `-- name: x`
-RULES_DIR = HERE / "rules"  #: stop words, user dictionary, atom rules, aliases, intents, time words
+HERE = Path(__file__).resolve().parent  #: the folder of aokun.py
+
+
+def shipped_folder() -> Path:
+    """The folder of schema/, sql/, rules/, web/ and aokun.example.ini: HERE in a checkout, else
+    <prefix>/share/aokun, where installing the wheel put them (pyproject.toml's shared-data), the
+    prefix of this interpreter's install scheme or of its user scheme (pip --user)."""
+    if (HERE / "schema").is_dir():
+        return HERE
+    import sysconfig
+    for prefix in (sysconfig.get_path("data"),
+                   sysconfig.get_path("data", sysconfig.get_preferred_scheme("user"))):
+        if (Path(prefix) / "share" / "aokun" / "schema").is_dir():
+            return Path(prefix) / "share" / "aokun"
+    return HERE  # (reading a missing folder says which)
+
+
+SHARE = shipped_folder()  #: schema/, sql/, rules/, web/, aokun.example.ini
+SCHEMA_DIR = SHARE / "schema"  #: forward-only migrations NNNN_name.sql
+SQL_DIR = SHARE / "sql"  #: named queries, `-- name: x`
+RULES_DIR = SHARE / "rules"  #: stop words, dictionary, atom rules, aliases, intents, time words
 APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
 DISK_FULL_BYTES = 1 << 20  #: free bytes below which the disk holding the database counts as full
 ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
@@ -571,9 +588,16 @@ def chars_within(text: str, tokens: int) -> int:
 # Config ##########################################################################################
 
 #: Every setting with its default; aokun.example.ini documents each. Types come from the defaults.
+#: What the first start says after the new database's path while the history watch is off
+HISTORY_OPT_IN = (f"; your assistants' transcripts are read only when you opt in: "
+                  f"{command_line('hooks CLIENT', {'install': True})} (each session from then "
+                  f"on), {command_line('ingest CLIENT')} (all of that client's history, now) or "
+                  "[conversations] watch = true (all, in the background); CLIENT: claude-code, "
+                  "codex, copilot")
+LEGACY_DB = "data/aokun.db"  #: the default database of earlier versions, still used where it is
 DEFAULTS: dict[str, dict[str, object]] = {
     "storage": {
-        "db": "data/aokun.db",
+        "db": "",
         "busy_timeout_ms": 30000,
         "synchronous": "full",
         "rank_extension": True,
@@ -711,7 +735,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "max_chars_per_hit": 600,
         "max_chars_per_turn": 2000,
         "briefing_sessions": 20,
-        "watch": True,
+        "watch": False,
         "watch_interval_seconds": 2.0,
         "watch_since_days": 0,
         "watch_include_projects": "",
@@ -789,12 +813,12 @@ def in_range(value: float, allowed: str) -> bool:
 class Config:
     """Settings from an ini file over DEFAULTS. Access as `cfg.recall.rrf_k`.
 
-    Relative paths in the file resolve against the folder of the ini file (or of aokun.py when
-    there is none). Unknown sections/keys and values of the wrong type raise AokunError."""
+    Relative paths in the file resolve against the folder of the ini file (or SHARE when there is
+    none). Unknown sections/keys and values of the wrong type raise AokunError."""
 
     def __init__(self, path: Path | None = None, overrides: dict | None = None):
         self.path = path
-        self.base = path.parent if path else HERE
+        self.base = path.parent if path else SHARE
         parser = configparser.ConfigParser(interpolation=None)
         if path:
             if not path.exists():
@@ -859,12 +883,12 @@ class Config:
 
     def rule_file(self, value: str) -> Path:
         """A rules/ file: relative to the config file's folder when it exists there, else the one
-        shipped beside aokun.py. Raises AokunError when neither exists."""
-        for p in (self.resolve(value), HERE / value):
+        shipped in SHARE. Raises AokunError when neither exists."""
+        for p in (self.resolve(value), SHARE / value):
             if p.exists():
                 return p
-        raise AokunError(f"rules file {value!r} not found beside {self.path or HERE} "
-                         f"nor in {HERE}")
+        raise AokunError(f"rules file {value!r} not found beside {self.path or SHARE} "
+                         f"nor in {SHARE}")
 
     def secret(self, section: str, key: str, env_key: str) -> str:
         """A secret given directly in the ini, or read from the environment variable it names."""
@@ -882,14 +906,23 @@ class _Section(dict):
             raise AttributeError(name) from None
 
 
+def user_folder(kind: str) -> Path:
+    """Aokun's per-user "data" or "config" folder (platformdirs: $XDG_DATA_HOME/aokun or
+    ~/.local/share/aokun and ~/.config/aokun on Linux, ~/Library/Application Support/aokun on
+    macOS, %LOCALAPPDATA%\\aokun on Windows); not created here."""
+    import platformdirs
+    return Path(getattr(platformdirs, f"user_{kind}_dir")("aokun", appauthor=False))
+
+
 def find_config(path: str | None = None) -> Path | None:
-    """--config, then $AOKUN_CONFIG, then aokun.ini beside aokun.py; None means defaults only."""
+    """--config, then $AOKUN_CONFIG, then aokun.ini in the user config folder, then aokun.ini
+    beside aokun.py (a checkout); None means defaults only."""
     if path:
         return Path(path).expanduser().resolve()
     if os.environ.get("AOKUN_CONFIG"):
         return Path(os.environ["AOKUN_CONFIG"]).expanduser().resolve()
-    beside = HERE / "aokun.ini"
-    return beside if beside.exists() else None
+    return next((p for p in (user_folder("config") / "aokun.ini", HERE / "aokun.ini")
+                 if p.exists()), None)
 
 
 def load_config(path: str | None = None, overrides: dict | None = None) -> Config:
@@ -899,12 +932,22 @@ def load_config(path: str | None = None, overrides: dict | None = None) -> Confi
 
 
 def database_path(cfg: Config, db: str | None = None) -> Path:
-    """--db, then $AOKUN_DB, then [storage] db (relative to the config file's folder)."""
+    """--db, then $AOKUN_DB, then [storage] db (relative to the config file's folder), then
+    default_database(cfg)."""
     if db:
         return Path(db).expanduser().resolve()
     if os.environ.get("AOKUN_DB"):
         return Path(os.environ["AOKUN_DB"]).expanduser().resolve()
-    return cfg.resolve(cfg.storage.db)
+    return cfg.resolve(cfg.storage.db) if cfg.storage.db else default_database(cfg)
+
+
+def default_database(cfg: Config) -> Path:
+    """The database without --db, $AOKUN_DB or [storage] db: LEGACY_DB beside the config file or
+    beside aokun.py where one exists, else aokun.db in the user data folder."""
+    for old in (cfg.resolve(LEGACY_DB), HERE / LEGACY_DB):
+        if old.is_file():
+            return old
+    return user_folder("data") / "aokun.db"
 
 
 # Connection and schema ###########################################################################
@@ -9023,6 +9066,10 @@ def write_with_backup(path: Path, text: str) -> Path | None:
     return backup
 
 
+#: The comment install_codex_notify writes above its notify line (uninstall_hooks removes both)
+CODEX_NOTE = "# Aokun: ingest each finished turn (python aokun.py hooks codex)"
+
+
 def install_codex_notify(path: Path, value: list[str]) -> str:
     """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the
     top, where a key is top-level whatever tables follow, and the result is parsed back to check it.
@@ -9043,12 +9090,88 @@ def install_codex_notify(path: Path, value: list[str]) -> str:
     if current is not None:  # an older Aokun line (another path): replace that line only
         new = re.sub(r"(?m)^notify\s*=.*$", lambda _m: line, text, count=1)
     else:
-        new = f"# Aokun: ingest each finished turn (python aokun.py hooks codex)\n{line}\n\n{text}"
+        new = f"{CODEX_NOTE}\n{line}\n\n{text}"
     if tomllib.loads(new).get("notify") != value:
         raise AokunError(f"{path}: could not place notify safely; add this line at the top by "
                          f"hand: {line}")
     backup = write_with_backup(path, new)
     return f"{path}: notify set" + (f" (backup {backup})" if backup else "")
+
+
+def remove_claude_hooks(settings: dict) -> list[str]:
+    """Remove from the parsed settings.json, in place, the hooks merge_claude_hooks adds (Aokun's
+    commands, _is_ours), then a group, an event and `hooks` that this leaves empty; everything
+    else stays. Returns what changed (empty: nothing of Aokun's there)."""
+    hooks, changed = settings.get("hooks"), []
+    for event, groups in claude_hooks_entry().items():
+        verb = groups[0]["hooks"][0]["command"].rsplit(" ", 1)[-1]
+        have = hooks.get(event) if isinstance(hooks, dict) else None
+        if not isinstance(have, list):
+            continue
+        for g in [g for g in have if isinstance(g, dict) and isinstance(g.get("hooks"), list)]:
+            kept = [h for h in g["hooks"] if not (isinstance(h, dict) and _is_ours(
+                str(h.get("command", "")), "claude-code", verb))]
+            if len(kept) < len(g["hooks"]):
+                changed.append(f"removed {event}")
+                g["hooks"] = kept
+                if not kept:
+                    have.remove(g)
+        if not have and f"removed {event}" in changed:
+            del hooks[event]
+    if changed and not hooks:
+        del settings["hooks"]
+    return changed
+
+
+def remove_codex_notify(text: str) -> str:
+    """Codex's config.toml `text` without the notify line install_codex_notify wrote: with the
+    comment and blank line it added at the top, else (an older Aokun's, replaced in place) the
+    line alone."""
+    m = re.search(r"(?m)^notify\s*=.*\n?", text)
+    if m is None:
+        return text
+    added = f"{CODEX_NOTE}\n{m.group()}\n"
+    return text[len(added):] if text.startswith(added) else text[:m.start()] + text[m.end():]
+
+
+def uninstall_hooks(client: str, path: Path) -> str:
+    """Remove what `hooks CLIENT --install` added to `path`: Claude Code's hooks from settings.json
+    (remove_claude_hooks), Codex's notify (remove_codex_notify; the rest must parse back the
+    same), Copilot's hook file. A rewritten file is backed up first; a file left empty is
+    removed. Returns what was done; AokunError, nothing changed, for a file that cannot be read or
+    whose hook is another program's."""
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    try:
+        data = tomllib.loads(text) if client == "codex" else json.loads(text or "{}")
+    except ValueError as e:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+        raise AokunError(f"{path} cannot be read ({_one_line(str(e), 200)}); nothing changed") \
+            from None
+    if not isinstance(data, dict):
+        raise AokunError(f"{path} is not a JSON object; nothing changed")
+    if client == "claude-code":
+        changed = remove_claude_hooks(data)
+        new = json.dumps(data, ensure_ascii=False, indent=2) + "\n" if data else ""
+    elif client == "codex":
+        notify = data.pop("notify", None)
+        if notify is not None and not _is_ours(" ".join(map(str, notify)), "codex", "notify"):
+            raise AokunError(f"{path}: notify runs another program; left as it is")
+        changed, new = ([] if notify is None else ["removed notify"]), remove_codex_notify(text)
+        if changed and tomllib.loads(new) != data:
+            raise AokunError(f"{path}: could not remove notify safely; delete its line by hand")
+    else:
+        hooks = data.get("hooks") if isinstance(data.get("hooks"), dict) else {}
+        commands = [str(h.get("bash")) if isinstance(h, dict) else "" for hs in hooks.values()
+                    if isinstance(hs, list) for h in hs]
+        if not all(_is_ours(c, "copilot", "session-end") for c in commands):
+            raise AokunError(f"{path} holds hooks of another program; left as it is")
+        changed, new = (["removed the hook file"] if commands else []), ""
+    if not changed:
+        return f"{path}: no Aokun hooks there; nothing changed"
+    if not new.strip():
+        path.unlink()
+        return f"{path}: {', '.join(changed)}; the file held nothing else and is removed"
+    backup = write_with_backup(path, new)
+    return f"{path}: {', '.join(changed)} (backup {backup})"
 
 
 def read_hook_payload(arg: str | None) -> dict:
@@ -10676,10 +10799,12 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         # the one read-write connection
         self.conn = connect(self.path, storage.busy_timeout_ms, storage.synchronous,
                             self.backup_dir(),
-                            create_folder=self.cfg.resolve(DEFAULTS["storage"]["db"]).parent,
+                            create_folder=default_database(self.cfg).parent,
                             rank=bool(storage.rank_extension))
         if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
-            print(f"aokun: created a new database {self.path}", file=sys.stderr, flush=True)
+            opt_in = "" if self.cfg.conversations.watch else HISTORY_OPT_IN
+            print(f"aokun: created a new database {self.path}{opt_in}", file=sys.stderr,
+                  flush=True)
         self.queries = load_queries()  # the named queries of sql/*.sql
         if self.conn.aokun_rank:  # the recall channels' readers load it too (reader_rows)
             self.queries = ranked_queries(self.queries)
@@ -12366,7 +12491,7 @@ def http_app(server, cfg: Config, host: str, port: int, panel=None):
 # Panel: the settings file, read with its help text and edited in place ###########################
 
 #: every setting with its default and help text (the ini comments)
-EXAMPLE_INI = HERE / "aokun.example.ini"
+EXAMPLE_INI = SHARE / "aokun.example.ini"
 PANEL_PORT = 8765  #: `python aokun.py panel` serves here by default
 #: Settings that take one of a few words, as the code reading them accepts them (Memory, connect,
 #: make_embedder, logging); the panel offers them as a choice and refuses any other.
@@ -12517,6 +12642,7 @@ def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
     except (OSError, UnicodeDecodeError) as e:
         raise AokunError(f"config file {path} cannot be read: {_one_line(str(e), 300)}") from None
     new = ini_set(old, changes)
+    path.parent.mkdir(parents=True, exist_ok=True)  # a first aokun.ini in the user config folder
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
@@ -12577,7 +12703,7 @@ def _setting(section: str, key: str, value) -> dict:
 
 # Panel: web pages over the engine ################################################################
 
-WEB_DIR = HERE / "web"  #: the panel's templates, its one stylesheet and script, and its icon
+WEB_DIR = SHARE / "web"  #: the panel's templates, its one stylesheet and script, and its icon
 PANEL_PAGE_SIZE = 50  #: memories listed per page
 PANEL_RECALL_K = 10  #: hits the recall page asks for by default
 #: The parts of a recall score the panel draws, in bar order: (explain-derived key, label).
@@ -13750,9 +13876,10 @@ def metadata_options(fn):
 @click.group(cls=AokunGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="aokun")
 @click.option("--db", envvar="AOKUN_DB",
-              help="Database file (default: [storage] db of the config, data/aokun.db).")
+              help="Database file (default: [storage] db, else the user data folder; see stats).")
 @click.option("--config", "config_path",
-              help="Config file (default: $AOKUN_CONFIG, else aokun.ini beside aokun.py).")
+              help="Config file (default: $AOKUN_CONFIG, else aokun.ini in the user config "
+                   "folder, else beside aokun.py).")
 @click.pass_context
 def cli(ctx, db, config_path):
     """Aokun: long-term memory for AI assistants in one SQLite file.
@@ -14264,6 +14391,7 @@ def cli_stats(state, as_json):
         return _echo_json(s)
     click.echo(f"database: {s['database']} ({s['size_bytes']:,} bytes, "
                f"schema {s['schema_version']})")
+    click.echo(f"config: {state.memory().cfg.path or 'none (the defaults)'}")
     for k, v in s["counts"].items():
         click.echo(f"{k:>32}: {v}")
     click.echo(f"{'atoms by state':>32}: {s['atoms_by_state']}")
@@ -14821,8 +14949,8 @@ for _action, _doc in (("install",
 
 def config_target(config_arg: str | None) -> Path:
     """The ini file the panel saves settings to: the one the server reads (find_config), else a
-    new aokun.ini beside aokun.py."""
-    return find_config(config_arg) or HERE / "aokun.ini"
+    new aokun.ini in the user config folder."""
+    return find_config(config_arg) or user_folder("config") / "aokun.ini"
 
 
 def _open_browser_when_listening(host: str, port: int, url: str,
@@ -15076,8 +15204,8 @@ def cli_watch(state, sources, interval, persona):
 
 @cli.command("hooks")
 @click.argument("client", type=click.Choice(HOOK_CLIENTS))
-@click.option("--install", is_flag=True,
-              help="Merge the entry into the client's settings (a backup is kept).")
+@click.option("--install/--uninstall", "install", default=None,
+              help="Merge the entry into the client's settings, or remove it (a backup is kept).")
 @click.option("--file", "target", type=click.Path(dir_okay=False),
               help="The settings file (default: the client's own, under your home folder).")
 @click.pass_obj
@@ -15086,7 +15214,8 @@ def cli_hooks(state, client, install, target):
     (~/.claude/settings.json: SessionStart injects the briefing, Stop and SessionEnd ingest the
     session), Codex (notify in ~/.codex/config.toml: each finished turn is ingested) and Copilot
     CLI (~/.copilot/hooks/aokun.json: sessionEnd and agentStop ingest the session). Installing
-    twice changes nothing; other settings are kept as they are.
+    twice changes nothing; other settings are kept as they are. --uninstall removes exactly
+    what --install added.
 
     Example:
 
@@ -15096,6 +15225,9 @@ def cli_hooks(state, client, install, target):
     default = {"claude-code": "~/.claude/settings.json", "codex": "~/.codex/config.toml",
                "copilot": "~/.copilot/hooks/aokun.json"}[client]
     path = Path(os.path.expanduser(target or default))
+    if install is False:
+        click.echo(uninstall_hooks(client, path))
+        return
     if client == "codex":
         value = codex_notify_value(db, state.config_arg)
         if not install:

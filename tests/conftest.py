@@ -17,10 +17,14 @@ import aokun  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch):
-    """No test may pick up the developer's config, database or frozen clock."""
+def _isolated_env(monkeypatch, tmp_path_factory):
+    """No test may pick up the developer's config, database or frozen clock, nor write into the
+    user data and config folders (platformdirs reads XDG_* on Linux; child processes inherit)."""
     for var in ("AOKUN_CONFIG", "AOKUN_DB", "AOKUN_NOW"):
         monkeypatch.delenv(var, raising=False)
+    user = tmp_path_factory.mktemp("user")
+    monkeypatch.setenv("XDG_DATA_HOME", str(user / "data"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(user / "config"))
 
 
 @pytest.fixture

@@ -176,6 +176,7 @@ def without_times(p: dict) -> dict:
 
 def server_config(tmp_path: Path, **conversations) -> aokun.Config:
     overrides = {("backup", "dir"): str(tmp_path / "backups"), ("backup", "daily"): False,
+                 ("conversations", "watch"): True,
                  ("conversations", "watch_interval_seconds"): 0.05}
     overrides.update({("conversations", k): v for k, v in conversations.items()})
     return aokun.Config(None, overrides=overrides)
@@ -242,6 +243,28 @@ def test_first_start_stores_the_newest_sessions_first_and_reports_progress(tmp_p
         assert mem.doctor() == []
     finally:
         state.close()
+
+
+def test_the_first_start_reads_no_history_until_the_user_opts_in(tmp_path, monkeypatch, open_mem,
+                                                                 capsys):
+    """Issue 35, item 3: by default the server starts no watch, so a throw-away database holds
+    none of the transcripts under $HOME; its first line on stderr says how to opt in."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    for s in write_history(home, claude=3, codex=1):
+        freshen(s, 60)  # today's: a watch would read them at once
+    cfg = aokun.Config(None, overrides={("backup", "dir"): str(tmp_path),
+                                        ("backup", "daily"): False})
+    mem = open_mem(tmp_path / "o.db", cfg=cfg)
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("aokun: created a new database") and aokun.HISTORY_OPT_IN in line
+    assert "aokun.py hooks CLIENT --install`" in line and "aokun.py ingest CLIENT`" in line
+    state = aokun.ServerState.start(mem)
+    try:
+        assert state.watcher is None
+    finally:
+        state.close()
+    assert stored_sessions(open_mem(tmp_path / "o.db", cfg=cfg)) == []
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 import pytest
@@ -255,7 +256,7 @@ def test_a_db_in_a_missing_folder_is_refused_and_nothing_is_made(tmp_path, by_en
 def test_a_new_database_file_is_announced_on_stderr_only(tmp_path):
     ini, db = write_ini(tmp_path), tmp_path / "new.db"
     r = run("--db", db, "--config", ini, "list", "--json")
-    assert r.returncode == 0 and r.stderr == f"{CREATED}{db}\n", r.stderr
+    assert r.returncode == 0 and r.stderr == f"{CREATED}{db}{aokun.HISTORY_OPT_IN}\n", r.stderr
     assert json.loads(r.stdout) is not None  # --json output stays JSON
     again = run("--db", db, "--config", ini, "list", "--json")
     assert again.returncode == 0 and again.stderr == "" and again.stdout == r.stdout
@@ -264,11 +265,12 @@ def test_a_new_database_file_is_announced_on_stderr_only(tmp_path):
 @pytest.mark.slow
 def test_the_default_data_folder_is_still_made(tmp_path):
     (tmp_path / "conf").mkdir()
-    ini = write_ini(tmp_path / "conf")  # no [storage] db: data/aokun.db beside the config file
+    ini = write_ini(tmp_path / "conf")  # no [storage] db: aokun.db in the user data folder
     r = run("--config", ini, "stats")
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "conf" / "data" / "aokun.db").is_file()
-    assert r.stderr.strip() == f"{CREATED}{tmp_path / 'conf' / 'data' / 'aokun.db'}"
+    db = Path(os.environ["XDG_DATA_HOME"]) / "aokun" / "aokun.db"
+    assert db.is_file() and not (tmp_path / "conf" / "data").exists()
+    assert r.stderr.strip() == f"{CREATED}{db}{aokun.HISTORY_OPT_IN}"
 
 
 @pytest.mark.slow
@@ -283,7 +285,7 @@ def test_the_stdio_server_announces_a_new_file_on_stderr_not_its_stdout(tmp_path
                        encoding="utf-8", timeout=120, env=child_env())
     out = [json.loads(line) for line in r.stdout.splitlines()]  # every stdout line is JSON-RPC
     assert out and out[0]["id"] == 1 and "result" in out[0], r.stdout
-    assert f"{CREATED}{db}" in r.stderr.splitlines(), r.stderr
+    assert f"{CREATED}{db}{aokun.HISTORY_OPT_IN}" in r.stderr.splitlines(), r.stderr
 
 
 def test_a_config_section_reads_as_attributes_and_a_missing_one_is_an_attribute_error():

@@ -411,3 +411,65 @@ def test_a_long_first_line_does_not_hide_the_project_from_the_limits(tmp_path):
         assert aokun.transcript_project(path, rules) == "/home/dev/secret"
         path.write_text(claude_line("u-3", "y" * 100) * 1000, encoding="utf-8")  # past the peek
         assert aokun.transcript_project(path, rules) == "/home/dev/aokun"
+
+
+# hooks: uninstall (issue 35, item 4) ------------------------------------------------------------
+
+def hooks_cli(tmp_path, client: str, action: str, path: Path):
+    """`hooks CLIENT --install|--uninstall --file PATH` in-process (it opens no database)."""
+    from click.testing import CliRunner
+    return CliRunner().invoke(aokun.cli, ["--db", str(tmp_path / "u.db"), "hooks", client,
+                                          f"--{action}", "--file", str(path)])
+
+
+@pytest.mark.parametrize("original", [OTHER_SETTINGS, {"model": "opus"}, None])
+def test_hooks_claude_code_uninstall_removes_exactly_what_install_added(tmp_path, original):
+    settings = tmp_path / "settings.json"
+    if original is not None:
+        settings.write_text(json.dumps(original, indent=4), encoding="utf-8")
+    assert hooks_cli(tmp_path, "claude-code", "install", settings).exit_code == 0
+    assert aokun_commands(json.loads(settings.read_text(encoding="utf-8")), "Stop")
+    r = hooks_cli(tmp_path, "claude-code", "uninstall", settings)
+    assert r.exit_code == 0 and "removed SessionStart" in r.output, r.output
+    if original is None:  # install made the file: nothing is left of it
+        assert not settings.exists()
+    else:
+        assert json.loads(settings.read_text(encoding="utf-8")) == original
+    again = hooks_cli(tmp_path, "claude-code", "uninstall", settings)
+    assert again.exit_code == 0 and "nothing changed" in again.output
+
+
+@pytest.mark.parametrize("original", [CODEX_CONFIG, None])
+def test_hooks_codex_uninstall_removes_exactly_what_install_added(tmp_path, original):
+    config = tmp_path / "config.toml"
+    if original is not None:
+        config.write_text(original, encoding="utf-8")
+    assert hooks_cli(tmp_path, "codex", "install", config).exit_code == 0
+    assert "notify" in tomllib.loads(config.read_text(encoding="utf-8"))
+    r = hooks_cli(tmp_path, "codex", "uninstall", config)
+    assert r.exit_code == 0 and "removed notify" in r.output, r.output
+    if original is None:
+        assert not config.exists()
+    else:
+        assert config.read_text(encoding="utf-8") == original
+    assert "nothing changed" in hooks_cli(tmp_path, "codex", "uninstall", config).output
+
+
+def test_hooks_codex_uninstall_leaves_another_notify_alone(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text('notify = ["notify-send", "codex"]\n' + CODEX_CONFIG, encoding="utf-8")
+    before = config.read_bytes()
+    r = hooks_cli(tmp_path, "codex", "uninstall", config)
+    assert r.exit_code == 1 and "another program" in r.output and config.read_bytes() == before
+
+
+def test_hooks_copilot_uninstall_removes_its_hook_file_only(tmp_path):
+    path = tmp_path / "hooks" / "aokun.json"
+    assert hooks_cli(tmp_path, "copilot", "install", path).exit_code == 0 and path.exists()
+    r = hooks_cli(tmp_path, "copilot", "uninstall", path)
+    assert r.exit_code == 0 and "removed the hook file" in r.output and not path.exists()
+    assert "nothing changed" in hooks_cli(tmp_path, "copilot", "uninstall", path).output
+    other = {"version": 1, "hooks": {"sessionEnd": [{"type": "command", "bash": "echo bye"}]}}
+    path.write_text(json.dumps(other), encoding="utf-8")
+    r = hooks_cli(tmp_path, "copilot", "uninstall", path)
+    assert r.exit_code == 1 and "another program" in r.output and path.exists()
