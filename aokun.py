@@ -9598,18 +9598,21 @@ class Sync:
         devices' files not applied here yet, each device's in sequence order (a missing number waits
         for its file). Files are known by their headers (device, number, checksum), whatever their
         names. A file that is truncated, damaged, foreign or from a newer Aokun is skipped with its
-        reason and tried again next time. Returns {folder, device, new_device: bool (a copy of the
-        file, or one whose id another file wrote under too, gets an id of its own; said on stderr),
-        written: file name or None, sent: records, applied: [file names], merged: {added, updated,
-        kept, skipped}, skipped: [{file, reason}], waiting: [file names], conflicts: new ones}.
+        reason and tried again next time. What applying them made here (a twin's tombstone, a merged
+        atom) goes out in a second file at once, so two devices agree after each synced twice.
+        Returns {folder, device, new_device: bool (a copy of the file, or one whose id another file
+        wrote under too, gets an id of its own; said on stderr), written: file name or None,
+        answered: the second file or None, sent: records, applied: [file names], merged: {added,
+        updated, kept, skipped}, skipped: [{file, reason}], waiting: [file names], conflicts: new
+        ones}.
         Raises InputError when `folder` is not a folder, AokunError when another sync of this file
         is running or the folder cannot be read or written."""
         folder = Path(folder).expanduser()
         if not folder.is_dir():
             raise InputError("DIR", f"{folder} is not a folder; give the folder the devices share")
-        report = {"folder": str(folder), "written": None, "sent": 0, "applied": [], "skipped": [],
-                  "waiting": [], "merged": {"added": 0, "updated": 0, "kept": 0, "skipped": 0},
-                  "conflicts": 0}
+        report = {"folder": str(folder), "written": None, "answered": None, "sent": 0,
+                  "applied": [], "skipped": [], "waiting": [],
+                  "merged": {"added": 0, "updated": 0, "kept": 0, "skipped": 0}, "conflicts": 0}
         with self._sync_claim():
             report["device"], report["new_device"] = self._sync_device()
             found = scan_changesets(folder, report["skipped"])
@@ -9619,13 +9622,17 @@ class Sync:
                     "did not write them (a restored backup, or a copy that synced); it sends "
                     "everything again", resend=True)
             self._sync_align_decay(found)
-            scratch = self._sync_snapshot()
-            try:
-                report["written"], report["sent"] = self._sync_write(folder, report["device"],
-                                                                     scratch, found)
-                self._sync_apply(found, scratch, report)
-            finally:
-                scratch.close()
+            for step in ("written", "answered"):  # then what applying made here
+                scratch = self._sync_snapshot()
+                try:
+                    report[step], sent = self._sync_write(folder, report["device"], scratch, found)
+                    report["sent"] += sent
+                    if step == "written":
+                        self._sync_apply(found, scratch, report)
+                finally:
+                    scratch.close()
+                if not report["applied"]:
+                    break
             # also what a crashed sync left unembedded
             if report["applied"] and self.vectors_awaited():
                 self.backfill_vectors()
@@ -14107,11 +14114,14 @@ def cli_sync(state, folder, conflicts, persona, as_json):
     if r["new_device"]:
         click.echo(f"this file syncs as device {r['device']} "
                    "(new: first sync, or the file was copied or moved)")
-    click.echo(f"wrote {r['written']} ({r['sent']} records)" if r["written"]
-               else "nothing new to send")
+    click.echo(f"wrote {r['written']}" if r["written"] else "nothing new to send")
     m = r["merged"]
     click.echo(f"applied {len(r['applied'])} file(s): {m['added']} added, {m['updated']} updated, "
                f"{m['kept']} kept, {m['skipped']} skipped; {r['conflicts']} new conflict(s)")
+    if r["answered"]:
+        click.echo(f"wrote {r['answered']}: what applying them changed here")
+    if r["sent"]:
+        click.echo(f"sent {r['sent']} record(s)")
     for x in r["skipped"]:
         click.echo(f"skipped {x['file']}: {x['reason']}; tried again next sync", err=True)
     for w in r["waiting"]:

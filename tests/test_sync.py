@@ -670,3 +670,23 @@ def test_an_imported_tombstone_keeps_its_time(tmp_path):
     assert stone["deleted_at"] == "2026-05-03T08:00:00Z"
     c = aokun.apsw.Connection(str(b))
     assert c.execute("select deleted_at from tombstones").fetchall() == [("2026-05-03T08:00:00Z",)]
+
+
+@pytest.mark.slow
+def test_what_an_apply_creates_goes_out_in_the_same_sync(three):
+    """Issue 33 item 9: twins written apart (either uid the smaller) and a fact reinforced on both
+    sides: what applying makes (a twin's tombstone, a merged atom) is sent in the same sync, so
+    after A, B, A, B the two files hold the same records."""
+    a, b, _c, share, _ids, _uids = three
+    texts = [f"Written on both devices, text {n}" for n in range(6)]
+    for name, m in (("A", a), ("B", b)):
+        for t in texts:
+            m.memorize(t, {})
+        m.memorize(f"On {name} Bob said it again.", {"key_facts": ["Bob prefers green tea"]})
+    for m in (a, b, a, b):
+        m.sync(share)
+    assert content(a) == content(b)
+    assert sorted(memories(a).values()).count(texts[0]) == 1
+    assert len([k for k in content(a) if k[0] == "tombstone"]) == len(texts)  # one twin each
+    assert all(not r["written"] and not r["applied"] for r in (a.sync(share), b.sync(share)))
+
