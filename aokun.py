@@ -9312,6 +9312,31 @@ create table records(kind text, uid text, stamp text, hash text, body text, prim
 """
 
 
+def sync_layout() -> dict[str, list[list]]:
+    """The layout of the table a changeset is made on, as its header carries it: {table: [[column,
+    declared type, position in the primary key (0: not in it)], …]}, from _SYNC_TABLES."""
+    s = apsw.Connection(":memory:")
+    s.execute(_SYNC_TABLES)
+    return {"records": [[r[1], r[2], r[5]] for r in s.execute("pragma table_info(records)")]}
+
+
+def layout_difference(theirs, ours: dict) -> str | None:
+    """The first way table layout `theirs` (a changeset header's `layout`) differs from `ours`
+    (sync_layout), in a few words, or None when they are the same."""
+    if theirs == ours:
+        return None
+    for table, cols in ours.items():
+        got = theirs.get(table) if isinstance(theirs, dict) else None
+        pairs = zip(got, cols, strict=True) if isinstance(got, list) and len(got) == len(cols) \
+            else ()
+        for a, b in pairs:
+            if a != b:
+                return f"{table} column {_one_line(json.dumps(a), 60)}, here {json.dumps(b)}"
+        if got != cols:
+            return f"{table} {_one_line(json.dumps(got), 80)}"
+    return f"tables {_one_line(json.dumps(list(theirs)), 80)}"
+
+
 class SyncFileError(Exception):
     """A changeset file that cannot be applied now (truncated, damaged, foreign, newer): skipped
     with this reason, not marked applied, tried again at the next sync."""
@@ -9540,6 +9565,8 @@ def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> d
                             f"({schema_version_known()}); upgrade Aokun")
     if h.get("device") != device or h.get("seq") != seq or digest not in ("", h.get("sha256")):
         raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
+    if "layout" in h and (diff := layout_difference(h["layout"], sync_layout())):
+        raise SyncFileError(f"its table layout is not this Aokun's ({diff}); nothing applied")
     length = h.get("length")
     if not isinstance(length, int) or on_disk < length:
         raise SyncFileError(f"truncated ({on_disk} of {length} bytes; still being copied?)")
@@ -9558,6 +9585,10 @@ def changeset_changes(payload: bytes) -> list[tuple]:
         for ch in apsw.Changeset.iter(sync_inflate(payload)):
             if ch.name != "records" or ch.column_count != 5:
                 raise SyncFileError(f"foreign changeset (table {ch.name!r})")
+            if ch.pk_columns != {0, 1}:  # a file of version 2 or before carries no layout
+                raise SyncFileError("its table layout is not this Aokun's (records: primary key "
+                                    f"columns {sorted(ch.pk_columns)}, not [0, 1]); "
+                                    "nothing applied")
             if ch.op == "DELETE":
                 changes.append(("DELETE", *ch.old[:4], None, None))
                 continue
@@ -9886,6 +9917,7 @@ class Sync:
             if self.meta_get("sync_resend"):
                 header["resend"] = True  # versions sent before: a loser of them is no new conflict
             header["decayed"] = self.meta_get("decay_last_run")  # the day its usage is as of
+            header["layout"] = sync_layout()
             write_atomically(folder / name, json.dumps(header).encode() + b"\n" + payload)
         except OSError as e:
             raise AokunError(f"cannot write the changeset into {folder}: "
