@@ -12304,6 +12304,8 @@ class PanelFilter:
 PANEL_SESSION_SECONDS = 30 * 86400
 PANEL_LINK_SECONDS = 600  #: a login link `panel --link` prints works once within this time
 PANEL_LINKS_MAX = 16  #: minted links not yet used that a panel keeps (the oldest goes first)
+PANEL_AGENT_CHARS = 200  #: the most of a browser's User-Agent a login keeps
+PANEL_SESSION_ID = 16  #: hex digits of a session's hash that name it on the Logins page
 
 
 def _sha256(text: str) -> str:
@@ -12352,11 +12354,11 @@ def write_private(path: Path, text: str) -> None:
 
 class PanelState:
     """What a panel keeps in its file beside the database (panel_state_path, JSON, 0600, see
-    read_private_json): the sha256 of each session token with when it expires
-    (PANEL_SESSION_SECONDS, so a login survives a restart and no usable token is on disk), and,
-    once the server listens, its address and a fresh random link secret that `panel --link`
-    sends to mint a login link. `path` None keeps everything in memory. An unreadable or
-    non-private file is ignored (logged)."""
+    read_private_json): each login session by the sha256 of its token, {expires, created, seen (unix
+    times; expires after PANEL_SESSION_SECONDS, so a login survives a restart and no usable token
+    is on disk), agent (the browser's User-Agent, cut)}, and, once the server listens, its address
+    and a fresh random link secret that `panel --link` sends to mint a login link. `path` None
+    keeps everything in memory. An unreadable or non-private file is ignored (logged)."""
 
     def __init__(self, path: Path | None):
         self.path, self.sessions, self.link_secret, self.base_url = path, {}, "", ""
@@ -12364,23 +12366,46 @@ class PanelState:
         try:
             data = read_private_json(path) if path else {}
             sessions = data.get("sessions", {})
-            now = time.time()
-            self.sessions = {str(h): float(t) for h, t in sessions.items() if float(t) > now} \
-                if isinstance(sessions, dict) else {}
-        except (AokunError, TypeError, ValueError) as e:
+            for h, v in sessions.items() if isinstance(sessions, dict) else ():
+                v = v if isinstance(v, dict) else {"expires": v}  # a file before logins were listed
+                expires = float(v["expires"])
+                self.sessions[str(h)] = {
+                    "expires": expires, "agent": str(v.get("agent", ""))[:PANEL_AGENT_CHARS],
+                    **{k: float(v.get(k, expires - PANEL_SESSION_SECONDS))
+                       for k in ("created", "seen")}}
+        except (AokunError, TypeError, ValueError, KeyError) as e:
             log.warning("panel logins start afresh: %s", e)
+        self._save(write=False)
 
     def live(self, session: str) -> bool:
         """Whether `session` (a cookie's value) is a session that has not expired."""
-        return bool(session) and self.sessions.get(_sha256(session), 0.0) > time.time()
+        s = self.sessions.get(_sha256(session)) if session else None
+        return s is not None and s["expires"] > time.time()
 
-    def new_session(self) -> str:
-        """A new random session token (kept as its hash, saved)."""
+    def new_session(self, agent: str = "") -> str:
+        """A new random session token (kept as its hash, saved) for a browser saying `agent`."""
         import secrets
-        token = secrets.token_urlsafe(32)
-        self.sessions[_sha256(token)] = time.time() + PANEL_SESSION_SECONDS
+        token, now = secrets.token_urlsafe(32), time.time()
+        self.sessions[_sha256(token)] = {"expires": now + PANEL_SESSION_SECONDS, "created": now,
+                                         "seen": now, "agent": agent[:PANEL_AGENT_CHARS]}
         self._save()
         return token
+
+    def seen(self, session: str) -> None:
+        """Live session `session` made a request now (saved at most once a minute)."""
+        s, now = self.sessions[_sha256(session)], time.time()
+        stale, s["seen"] = now - s["seen"] > 60, now
+        if stale:
+            self._save()
+
+    def end(self, key: str) -> bool:
+        """End the session whose hash starts with `key` (PANEL_SESSION_ID hex digits); whether one
+        ended."""
+        found = [h for h in self.sessions if len(key) == PANEL_SESSION_ID and h.startswith(key)]
+        for h in found:
+            del self.sessions[h]
+        self._save()
+        return bool(found)
 
     def announce(self, host: str, port: int, root: str) -> None:
         """The server listens on `host`:`port` with the panel at `root` (''/'/panel'): a new link
@@ -12391,11 +12416,12 @@ class PanelState:
         self.link_secret = secrets.token_urlsafe(32)
         self._save()
 
-    def _save(self) -> None:
-        if self.path is None:
-            return
+    def _save(self, write: bool = True) -> None:
+        """Drop the expired sessions; with `write`, save the state to the file."""
         now = time.time()
-        self.sessions = {h: t for h, t in self.sessions.items() if t > now}
+        self.sessions = {h: s for h, s in self.sessions.items() if s["expires"] > now}
+        if self.path is None or not write:
+            return
         host, port, root = self.address
         data = {"host": host, "port": port, "root": root, "link_secret": self.link_secret,
                 "sessions": self.sessions}
@@ -12498,6 +12524,9 @@ class Panel:
                   Route("/settings", self._page(self.settings_page), methods=get),
                   Route("/settings", self._page(self.settings_save), methods=post),
                   Route("/conversations", self._page(self.conversations_page), methods=get),
+                  Route("/sessions", self._page(self.sessions_page), methods=get),
+                  Route("/sessions/{key:str}/revoke", self._page(self.revoke), methods=post),
+                  Route("/logout", self._page(self.revoke), methods=post),
                   Route("/static/{name:str}", self.static, methods=get),
                   Route("/link", self.mint_link, methods=post)]
         return Starlette(routes=routes)
@@ -12545,9 +12574,10 @@ class Panel:
             return self._plain(403, "a change must come from a page of this panel "
                                     "(Origin header missing or foreign)")
         if self.csrf(request):
+            self.state.seen(request.cookies[self.cookie])
             return None
         if request.method == "GET" and self._spend(request.query_params.get("token", "")):
-            session = self.state.new_session()
+            session = self.state.new_session(request.headers.get("user-agent", ""))
             params = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
             query = "&".join(f"{k}={_q(v)}" for k, v in params)
             url = request.url.path + ("?" + query if params else "")
@@ -12896,6 +12926,36 @@ class Panel:
             ctx["sessions"] = rows[:CONVERSATION_PANEL_PAGE]
             ctx["more"] = len(rows) > CONVERSATION_PANEL_PAGE
         return self.render(request, "conversations.html", ctx)
+
+    def sessions_page(self, request, form):
+        """The logins (PanelState sessions), last seen first: the browser, when it logged in and
+        was last seen (UTC), whether it is this one, and a revoke for each."""
+        this = _sha256(request.cookies.get(self.cookie, ""))
+
+        def at(t: float) -> str:
+            return iso(dt.datetime.fromtimestamp(t, dt.timezone.utc))[:16].replace("T", " ")
+        rows = [{"id": h[:PANEL_SESSION_ID], "created": at(v["created"]), "seen": at(v["seen"]),
+                 "agent": v["agent"], "short": _one_line(v["agent"], 60), "current": h == this}
+                for h, v in sorted(self.state.sessions.items(), key=lambda x: -x[1]["seen"])]
+        return self.render(request, "sessions.html", {"sessions": rows})
+
+    def revoke(self, request, form):
+        """POST /logout (this browser's session) or /sessions/{key}/revoke (any one): it ends,
+        saved at once. Logged out, the browser gets a plain page and its cookie cleared."""
+        from starlette.responses import PlainTextResponse
+        this = _sha256(request.cookies.get(self.cookie, ""))[:PANEL_SESSION_ID]
+        key = request.path_params.get("key", this)
+        if not self.state.end(key):
+            return self.back(request, "/sessions", form.get("persona", ""),
+                             error="no such login (it ended already)")
+        if key != this:
+            return self.back(request, "/sessions", form.get("persona", ""),
+                             msg="that browser is logged out")
+        out = PlainTextResponse("logged out: `python aokun.py panel --link` prints a new login "
+                                "link", headers=self._headers())
+        out.delete_cookie(self.cookie, path=request.scope.get("root_path") or "/",
+                          httponly=True, samesite="strict")
+        return out
 
 
 #: sessions, or a session's turns, per page of the panel's Conversations
