@@ -690,6 +690,8 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "sync": {
         "dir": "",
         "interval": 300.0,
+        "passphrase": "",
+        "passphrase_env": "AOKUN_SYNC_KEY",
     },
     "conversations": {
         "rules_dir": "rules/ingest",
@@ -9294,6 +9296,8 @@ TOMBSTONE_KINDS = {"documents": "memory", "kg_entities": "entity", "kg_triples":
                    "conv_sessions": "session", "conv_turns": "turn"}
 SYNC_CONFLICTS_LIMIT = 1000  #: the most conflicts `sync --conflicts` lists
 SYNC_HEADER_BYTES = 4096  #: the most a changeset file's header line may take
+#: scrypt's costs for the key of an encrypted changeset (2**15 × 8 × 128 bytes = 32 MiB a try)
+SYNC_SCRYPT = {"n": 2 ** 15, "r": 8, "p": 1}
 #: A changeset's payload may inflate to at most max(this many bytes, SYNC_INFLATE_RATIO × its
 #: compressed size): a zip bomb (2 MB of zlib inflate to 2 GB) is refused before it fills the
 #: memory. A changeset that compresses better than that is written uncompressed (zlib level 0),
@@ -9340,6 +9344,55 @@ def layout_difference(theirs, ours: dict) -> str | None:
 class SyncFileError(Exception):
     """A changeset file that cannot be applied now (truncated, damaged, foreign, newer): skipped
     with this reason, not marked applied, tried again at the next sync."""
+
+
+def _sync_aead(passphrase: str, salt: bytes):
+    """The AES-256-GCM cipher of `passphrase` and `salt`: its key from scrypt (RFC 7914) with the
+    SYNC_SCRYPT costs, so each guess at a passphrase costs 32 MiB and a fraction of a second."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+    return AESGCM(Scrypt(salt=salt, length=32, **SYNC_SCRYPT).derive(passphrase.encode()))
+
+
+def sync_seal(payload: bytes, passphrase: str, aad: bytes) -> tuple[bytes, dict]:
+    """(`payload` encrypted and authenticated with AES-256-GCM under a key from `passphrase` and a
+    new random salt, with `aad` (the file's device and number) bound to it; the header's
+    `encryption`: cipher, kdf and its costs, salt and nonce in hex)."""
+    salt, nonce = os.urandom(16), os.urandom(12)
+    sealed = _sync_aead(passphrase, salt).encrypt(nonce, payload, aad)
+    return sealed, {"cipher": "AES-256-GCM", "kdf": "scrypt", **SYNC_SCRYPT, "salt": salt.hex(),
+                    "nonce": nonce.hex()}
+
+
+def sync_open(h: dict, payload: bytes, passphrase: str, aad: bytes) -> bytes:
+    """The payload of changeset file header `h` as written: decrypted when `h` says it is
+    encrypted (sync_seal), as it is otherwise. Raises SyncFileError when it is encrypted and there
+    is no passphrase or not this one, when it is not and there is one (anyone who can write to
+    the folder could have made it), or when it is encrypted in a way this Aokun does not read."""
+    enc = h.get("encryption")
+    if enc is None:
+        if passphrase:
+            raise SyncFileError("not encrypted, but this device has a sync passphrase (anyone who "
+                                "can write to the folder could have made it); nothing applied")
+        return payload
+    if not passphrase:
+        raise SyncFileError("encrypted: set [sync] passphrase or $AOKUN_SYNC_KEY to the "
+                            "passphrase of the other devices to read it")
+    known = {"cipher": "AES-256-GCM", "kdf": "scrypt", **SYNC_SCRYPT}
+    try:
+        if {k: enc.get(k) for k in known} != known:
+            raise ValueError
+        salt, nonce = bytes.fromhex(enc["salt"]), bytes.fromhex(enc["nonce"])
+        if len(salt) != 16 or len(nonce) != 12:
+            raise ValueError
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise SyncFileError("encrypted in a way this Aokun does not read; upgrade Aokun") from None
+    from cryptography.exceptions import InvalidTag
+    try:
+        return _sync_aead(passphrase, salt).decrypt(nonce, payload, aad)
+    except InvalidTag:
+        raise SyncFileError("cannot be decrypted with this device's sync passphrase (another "
+                            "passphrase, or the file was altered); nothing applied") from None
 
 
 def sync_hash(rec: dict) -> str:
@@ -9909,6 +9962,9 @@ class Sync:
             payload = zlib.compress(changeset)
             if len(changeset) > sync_inflate_limit(len(payload)):  # readers would see a zip bomb
                 payload = zlib.compress(changeset, 0)
+            sealed = None
+            if passphrase := self.cfg.secret("sync", "passphrase", "passphrase_env"):
+                payload, sealed = sync_seal(payload, passphrase, f"{device}-{seq}".encode())
             header = {"format": SYNC_FORMAT, "version": SYNC_VERSION,
                       "export_version": EXPORT_VERSION,
                       "schema": self.value("pragma user_version"), "device": device, "seq": seq,
@@ -9918,6 +9974,8 @@ class Sync:
                 header["resend"] = True  # versions sent before: a loser of them is no new conflict
             header["decayed"] = self.meta_get("decay_last_run")  # the day its usage is as of
             header["layout"] = sync_layout()
+            if sealed:
+                header["encryption"] = sealed
             write_atomically(folder / name, json.dumps(header).encode() + b"\n" + payload)
         except OSError as e:
             raise AokunError(f"cannot write the changeset into {folder}: "
@@ -9976,7 +10034,8 @@ class Sync:
         with the reason."""
         head, payload, on_disk = read_changeset_file(path)
         h = changeset_header(head, payload, on_disk, (device, seq, digest))
-        changes = changeset_changes(payload)
+        passphrase = self.cfg.secret("sync", "passphrase", "passphrase_env")
+        changes = changeset_changes(sync_open(h, payload, passphrase, f"{device}-{seq}".encode()))
         try:
             read_export([json.dumps({"kind": "header", "format": EXPORT_FORMAT,
                                      "version": h.get("export_version"),
@@ -11999,7 +12058,8 @@ SETTING_CHOICES = {("storage", "synchronous"): ("full", "normal"),
                    ("recall", "fusion"): ("score", "rrf"),
                    ("server", "log_level"): ("DEBUG", "INFO", "WARNING", "ERROR")}
 #: Secrets: shown as set or not, never echoed into the page; an empty field leaves them unchanged.
-SECRET_SETTINGS = {("embedding", "api_key"), ("llm", "api_key"), ("server", "token")}
+SECRET_SETTINGS = {("embedding", "api_key"), ("llm", "api_key"), ("server", "token"),
+                   ("sync", "passphrase")}
 #: What a change needs besides a restart (every setting is read once, when a process opens the
 #: database).
 SETTING_NOTES = {
