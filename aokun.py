@@ -726,6 +726,8 @@ DEFAULTS: dict[str, dict[str, object]] = {
     "sync": {
         "dir": "",
         "interval": 300.0,
+        "passphrase": "",
+        "passphrase_env": "AOKUN_SYNC_KEY",
     },
     "conversations": {
         "rules_dir": "rules/ingest",
@@ -9825,6 +9827,8 @@ TOMBSTONE_KINDS = {"documents": "memory", "kg_entities": "entity", "kg_triples":
                    "conv_sessions": "session", "conv_turns": "turn"}
 SYNC_CONFLICTS_LIMIT = 1000  #: the most conflicts `sync --conflicts` lists
 SYNC_HEADER_BYTES = 4096  #: the most a changeset file's header line may take
+#: scrypt's costs for the key of an encrypted changeset (2**15 × 8 × 128 bytes = 32 MiB a try)
+SYNC_SCRYPT = {"n": 2 ** 15, "r": 8, "p": 1}
 #: A changeset's payload may inflate to at most max(this many bytes, SYNC_INFLATE_RATIO × its
 #: compressed size): a zip bomb (2 MB of zlib inflate to 2 GB) is refused before it fills the
 #: memory. A changeset that compresses better than that is written uncompressed (zlib level 0),
@@ -9843,9 +9847,83 @@ create table records(kind text, uid text, stamp text, hash text, body text, prim
 """
 
 
+def sync_layout() -> dict[str, list[list]]:
+    """The layout of the table a changeset is made on, as its header carries it: {table: [[column,
+    declared type, position in the primary key (0: not in it)], …]}, from _SYNC_TABLES."""
+    s = apsw.Connection(":memory:")
+    s.execute(_SYNC_TABLES)
+    return {"records": [[r[1], r[2], r[5]] for r in s.execute("pragma table_info(records)")]}
+
+
+def layout_difference(theirs, ours: dict) -> str | None:
+    """The first way table layout `theirs` (a changeset header's `layout`) differs from `ours`
+    (sync_layout), in a few words, or None when they are the same."""
+    if theirs == ours:
+        return None
+    for table, cols in ours.items():
+        got = theirs.get(table) if isinstance(theirs, dict) else None
+        pairs = zip(got, cols, strict=True) if isinstance(got, list) and len(got) == len(cols) \
+            else ()
+        for a, b in pairs:
+            if a != b:
+                return f"{table} column {_one_line(json.dumps(a), 60)}, here {json.dumps(b)}"
+        if got != cols:
+            return f"{table} {_one_line(json.dumps(got), 80)}"
+    return f"tables {_one_line(json.dumps(list(theirs)), 80)}"
+
+
 class SyncFileError(Exception):
     """A changeset file that cannot be applied now (truncated, damaged, foreign, newer): skipped
     with this reason, not marked applied, tried again at the next sync."""
+
+
+def _sync_aead(passphrase: str, salt: bytes):
+    """The AES-256-GCM cipher of `passphrase` and `salt`: its key from scrypt (RFC 7914) with the
+    SYNC_SCRYPT costs, so each guess at a passphrase costs 32 MiB and a fraction of a second."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+    return AESGCM(Scrypt(salt=salt, length=32, **SYNC_SCRYPT).derive(passphrase.encode()))
+
+
+def sync_seal(payload: bytes, passphrase: str, aad: bytes) -> tuple[bytes, dict]:
+    """(`payload` encrypted and authenticated with AES-256-GCM under a key from `passphrase` and a
+    new random salt, with `aad` (the file's device and number) bound to it; the header's
+    `encryption`: cipher, kdf and its costs, salt and nonce in hex)."""
+    salt, nonce = os.urandom(16), os.urandom(12)
+    sealed = _sync_aead(passphrase, salt).encrypt(nonce, payload, aad)
+    return sealed, {"cipher": "AES-256-GCM", "kdf": "scrypt", **SYNC_SCRYPT, "salt": salt.hex(),
+                    "nonce": nonce.hex()}
+
+
+def sync_open(h: dict, payload: bytes, passphrase: str, aad: bytes) -> bytes:
+    """The payload of changeset file header `h` as written: decrypted when `h` says it is
+    encrypted (sync_seal), as it is otherwise. Raises SyncFileError when it is encrypted and there
+    is no passphrase or not this one, when it is not and there is one (anyone who can write to
+    the folder could have made it), or when it is encrypted in a way this Aokun does not read."""
+    enc = h.get("encryption")
+    if enc is None:
+        if passphrase:
+            raise SyncFileError("not encrypted, but this device has a sync passphrase (anyone who "
+                                "can write to the folder could have made it); nothing applied")
+        return payload
+    if not passphrase:
+        raise SyncFileError("encrypted: set [sync] passphrase or $AOKUN_SYNC_KEY to the "
+                            "passphrase of the other devices to read it")
+    known = {"cipher": "AES-256-GCM", "kdf": "scrypt", **SYNC_SCRYPT}
+    try:
+        if {k: enc.get(k) for k in known} != known:
+            raise ValueError
+        salt, nonce = bytes.fromhex(enc["salt"]), bytes.fromhex(enc["nonce"])
+        if len(salt) != 16 or len(nonce) != 12:
+            raise ValueError
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise SyncFileError("encrypted in a way this Aokun does not read; upgrade Aokun") from None
+    from cryptography.exceptions import InvalidTag
+    try:
+        return _sync_aead(passphrase, salt).decrypt(nonce, payload, aad)
+    except InvalidTag:
+        raise SyncFileError("cannot be decrypted with this device's sync passphrase (another "
+                            "passphrase, or the file was altered); nothing applied") from None
 
 
 def sync_hash(rec: dict) -> str:
@@ -10071,6 +10149,8 @@ def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> d
                             f"({schema_version_known()}); upgrade Aokun")
     if h.get("device") != device or h.get("seq") != seq or digest not in ("", h.get("sha256")):
         raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
+    if "layout" in h and (diff := layout_difference(h["layout"], sync_layout())):
+        raise SyncFileError(f"its table layout is not this Aokun's ({diff}); nothing applied")
     length = h.get("length")
     if not isinstance(length, int) or on_disk < length:
         raise SyncFileError(f"truncated ({on_disk} of {length} bytes; still being copied?)")
@@ -10089,6 +10169,10 @@ def changeset_changes(payload: bytes) -> list[tuple]:
         for ch in apsw.Changeset.iter(sync_inflate(payload)):
             if ch.name != "records" or ch.column_count != 5:
                 raise SyncFileError(f"foreign changeset (table {ch.name!r})")
+            if ch.pk_columns != {0, 1}:  # a file of version 2 or before carries no layout
+                raise SyncFileError("its table layout is not this Aokun's (records: primary key "
+                                    f"columns {sorted(ch.pk_columns)}, not [0, 1]); "
+                                    "nothing applied")
             if ch.op == "DELETE":
                 changes.append(("DELETE", *ch.old[:4], None, None))
                 continue
@@ -10129,18 +10213,21 @@ class Sync:
         devices' files not applied here yet, each device's in sequence order (a missing number waits
         for its file). Files are known by their headers (device, number, checksum), whatever their
         names. A file that is truncated, damaged, foreign or from a newer Aokun is skipped with its
-        reason and tried again next time. Returns {folder, device, new_device: bool (a copy of the
-        file, or one whose id another file wrote under too, gets an id of its own; said on stderr),
-        written: file name or None, sent: records, applied: [file names], merged: {added, updated,
-        kept, skipped}, skipped: [{file, reason}], waiting: [file names], conflicts: new ones}.
+        reason and tried again next time. What applying them made here (a twin's tombstone, a merged
+        atom) goes out in a second file at once, so two devices agree after each synced twice.
+        Returns {folder, device, new_device: bool (a copy of the file, or one whose id another file
+        wrote under too, gets an id of its own; said on stderr), written: file name or None,
+        answered: the second file or None, sent: records, applied: [file names], merged: {added,
+        updated, kept, skipped}, skipped: [{file, reason}], waiting: [file names], conflicts: new
+        ones}.
         Raises InputError when `folder` is not a folder, AokunError when another sync of this file
         is running or the folder cannot be read or written."""
         folder = Path(folder).expanduser()
         if not folder.is_dir():
             raise InputError("DIR", f"{folder} is not a folder; give the folder the devices share")
-        report = {"folder": str(folder), "written": None, "sent": 0, "applied": [], "skipped": [],
-                  "waiting": [], "merged": {"added": 0, "updated": 0, "kept": 0, "skipped": 0},
-                  "conflicts": 0}
+        report = {"folder": str(folder), "written": None, "answered": None, "sent": 0,
+                  "applied": [], "skipped": [], "waiting": [],
+                  "merged": {"added": 0, "updated": 0, "kept": 0, "skipped": 0}, "conflicts": 0}
         with self._sync_claim():
             report["device"], report["new_device"] = self._sync_device()
             found = scan_changesets(folder, report["skipped"])
@@ -10150,13 +10237,17 @@ class Sync:
                     "did not write them (a restored backup, or a copy that synced); it sends "
                     "everything again", resend=True)
             self._sync_align_decay(found)
-            scratch = self._sync_snapshot()
-            try:
-                report["written"], report["sent"] = self._sync_write(folder, report["device"],
-                                                                     scratch, found)
-                self._sync_apply(found, scratch, report)
-            finally:
-                scratch.close()
+            for step in ("written", "answered"):  # then what applying made here
+                scratch = self._sync_snapshot()
+                try:
+                    report[step], sent = self._sync_write(folder, report["device"], scratch, found)
+                    report["sent"] += sent
+                    if step == "written":
+                        self._sync_apply(found, scratch, report)
+                finally:
+                    scratch.close()
+                if not report["applied"]:
+                    break
             # also what a crashed sync left unembedded
             if report["applied"] and self.vectors_awaited():
                 self.backfill_vectors()
@@ -10402,6 +10493,9 @@ class Sync:
             payload = zlib.compress(changeset)
             if len(changeset) > sync_inflate_limit(len(payload)):  # readers would see a zip bomb
                 payload = zlib.compress(changeset, 0)
+            sealed = None
+            if passphrase := self.cfg.secret("sync", "passphrase", "passphrase_env"):
+                payload, sealed = sync_seal(payload, passphrase, f"{device}-{seq}".encode())
             header = {"format": SYNC_FORMAT, "version": SYNC_VERSION,
                       "export_version": EXPORT_VERSION,
                       "schema": self.value("pragma user_version"), "device": device, "seq": seq,
@@ -10410,6 +10504,9 @@ class Sync:
             if self.meta_get("sync_resend"):
                 header["resend"] = True  # versions sent before: a loser of them is no new conflict
             header["decayed"] = self.meta_get("decay_last_run")  # the day its usage is as of
+            header["layout"] = sync_layout()
+            if sealed:
+                header["encryption"] = sealed
             write_atomically(folder / name, json.dumps(header).encode() + b"\n" + payload)
         except OSError as e:
             raise AokunError(f"cannot write the changeset into {folder}: "
@@ -10468,7 +10565,8 @@ class Sync:
         with the reason."""
         head, payload, on_disk = read_changeset_file(path)
         h = changeset_header(head, payload, on_disk, (device, seq, digest))
-        changes = changeset_changes(payload)
+        passphrase = self.cfg.secret("sync", "passphrase", "passphrase_env")
+        changes = changeset_changes(sync_open(h, payload, passphrase, f"{device}-{seq}".encode()))
         try:
             read_export([json.dumps({"kind": "header", "format": EXPORT_FORMAT,
                                      "version": h.get("export_version"),
@@ -12500,7 +12598,8 @@ SETTING_CHOICES = {("storage", "synchronous"): ("full", "normal"),
                    ("recall", "fusion"): ("score", "rrf"),
                    ("server", "log_level"): ("DEBUG", "INFO", "WARNING", "ERROR")}
 #: Secrets: shown as set or not, never echoed into the page; an empty field leaves them unchanged.
-SECRET_SETTINGS = {("embedding", "api_key"), ("llm", "api_key"), ("server", "token")}
+SECRET_SETTINGS = {("embedding", "api_key"), ("llm", "api_key"), ("server", "token"),
+                   ("sync", "passphrase")}
 #: What a change needs besides a restart (every setting is read once, when a process opens the
 #: database).
 SETTING_NOTES = {
@@ -12806,6 +12905,8 @@ class PanelFilter:
 PANEL_SESSION_SECONDS = 30 * 86400
 PANEL_LINK_SECONDS = 600  #: a login link `panel --link` prints works once within this time
 PANEL_LINKS_MAX = 16  #: minted links not yet used that a panel keeps (the oldest goes first)
+PANEL_AGENT_CHARS = 200  #: the most of a browser's User-Agent a login keeps
+PANEL_SESSION_ID = 16  #: hex digits of a session's hash that name it on the Logins page
 
 
 def _sha256(text: str) -> str:
@@ -12854,11 +12955,11 @@ def write_private(path: Path, text: str) -> None:
 
 class PanelState:
     """What a panel keeps in its file beside the database (panel_state_path, JSON, 0600, see
-    read_private_json): the sha256 of each session token with when it expires
-    (PANEL_SESSION_SECONDS, so a login survives a restart and no usable token is on disk), and,
-    once the server listens, its address and a fresh random link secret that `panel --link`
-    sends to mint a login link. `path` None keeps everything in memory. An unreadable or
-    non-private file is ignored (logged)."""
+    read_private_json): each login session by the sha256 of its token, {expires, created, seen (unix
+    times; expires after PANEL_SESSION_SECONDS, so a login survives a restart and no usable token
+    is on disk), agent (the browser's User-Agent, cut)}, and, once the server listens, its address
+    and a fresh random link secret that `panel --link` sends to mint a login link. `path` None
+    keeps everything in memory. An unreadable or non-private file is ignored (logged)."""
 
     def __init__(self, path: Path | None):
         self.path, self.sessions, self.link_secret, self.base_url = path, {}, "", ""
@@ -12866,23 +12967,46 @@ class PanelState:
         try:
             data = read_private_json(path) if path else {}
             sessions = data.get("sessions", {})
-            now = time.time()
-            self.sessions = {str(h): float(t) for h, t in sessions.items() if float(t) > now} \
-                if isinstance(sessions, dict) else {}
-        except (AokunError, TypeError, ValueError) as e:
+            for h, v in sessions.items() if isinstance(sessions, dict) else ():
+                v = v if isinstance(v, dict) else {"expires": v}  # a file before logins were listed
+                expires = float(v["expires"])
+                self.sessions[str(h)] = {
+                    "expires": expires, "agent": str(v.get("agent", ""))[:PANEL_AGENT_CHARS],
+                    **{k: float(v.get(k, expires - PANEL_SESSION_SECONDS))
+                       for k in ("created", "seen")}}
+        except (AokunError, TypeError, ValueError, KeyError) as e:
             log.warning("panel logins start afresh: %s", e)
+        self._save(write=False)
 
     def live(self, session: str) -> bool:
         """Whether `session` (a cookie's value) is a session that has not expired."""
-        return bool(session) and self.sessions.get(_sha256(session), 0.0) > time.time()
+        s = self.sessions.get(_sha256(session)) if session else None
+        return s is not None and s["expires"] > time.time()
 
-    def new_session(self) -> str:
-        """A new random session token (kept as its hash, saved)."""
+    def new_session(self, agent: str = "") -> str:
+        """A new random session token (kept as its hash, saved) for a browser saying `agent`."""
         import secrets
-        token = secrets.token_urlsafe(32)
-        self.sessions[_sha256(token)] = time.time() + PANEL_SESSION_SECONDS
+        token, now = secrets.token_urlsafe(32), time.time()
+        self.sessions[_sha256(token)] = {"expires": now + PANEL_SESSION_SECONDS, "created": now,
+                                         "seen": now, "agent": agent[:PANEL_AGENT_CHARS]}
         self._save()
         return token
+
+    def seen(self, session: str) -> None:
+        """Live session `session` made a request now (saved at most once a minute)."""
+        s, now = self.sessions[_sha256(session)], time.time()
+        stale, s["seen"] = now - s["seen"] > 60, now
+        if stale:
+            self._save()
+
+    def end(self, key: str) -> bool:
+        """End the session whose hash starts with `key` (PANEL_SESSION_ID hex digits); whether one
+        ended."""
+        found = [h for h in self.sessions if len(key) == PANEL_SESSION_ID and h.startswith(key)]
+        for h in found:
+            del self.sessions[h]
+        self._save()
+        return bool(found)
 
     def announce(self, host: str, port: int, root: str) -> None:
         """The server listens on `host`:`port` with the panel at `root` (''/'/panel'): a new link
@@ -12893,11 +13017,12 @@ class PanelState:
         self.link_secret = secrets.token_urlsafe(32)
         self._save()
 
-    def _save(self) -> None:
-        if self.path is None:
-            return
+    def _save(self, write: bool = True) -> None:
+        """Drop the expired sessions; with `write`, save the state to the file."""
         now = time.time()
-        self.sessions = {h: t for h, t in self.sessions.items() if t > now}
+        self.sessions = {h: s for h, s in self.sessions.items() if s["expires"] > now}
+        if self.path is None or not write:
+            return
         host, port, root = self.address
         data = {"host": host, "port": port, "root": root, "link_secret": self.link_secret,
                 "sessions": self.sessions}
@@ -13000,6 +13125,9 @@ class Panel:
                   Route("/settings", self._page(self.settings_page), methods=get),
                   Route("/settings", self._page(self.settings_save), methods=post),
                   Route("/conversations", self._page(self.conversations_page), methods=get),
+                  Route("/sessions", self._page(self.sessions_page), methods=get),
+                  Route("/sessions/{key:str}/revoke", self._page(self.revoke), methods=post),
+                  Route("/logout", self._page(self.revoke), methods=post),
                   Route("/static/{name:str}", self.static, methods=get),
                   Route("/link", self.mint_link, methods=post)]
         return Starlette(routes=routes)
@@ -13047,9 +13175,10 @@ class Panel:
             return self._plain(403, "a change must come from a page of this panel "
                                     "(Origin header missing or foreign)")
         if self.csrf(request):
+            self.state.seen(request.cookies[self.cookie])
             return None
         if request.method == "GET" and self._spend(request.query_params.get("token", "")):
-            session = self.state.new_session()
+            session = self.state.new_session(request.headers.get("user-agent", ""))
             params = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
             query = "&".join(f"{k}={_q(v)}" for k, v in params)
             url = request.url.path + ("?" + query if params else "")
@@ -13398,6 +13527,36 @@ class Panel:
             ctx["sessions"] = rows[:CONVERSATION_PANEL_PAGE]
             ctx["more"] = len(rows) > CONVERSATION_PANEL_PAGE
         return self.render(request, "conversations.html", ctx)
+
+    def sessions_page(self, request, form):
+        """The logins (PanelState sessions), last seen first: the browser, when it logged in and
+        was last seen (UTC), whether it is this one, and a revoke for each."""
+        this = _sha256(request.cookies.get(self.cookie, ""))
+
+        def at(t: float) -> str:
+            return iso(dt.datetime.fromtimestamp(t, dt.timezone.utc))[:16].replace("T", " ")
+        rows = [{"id": h[:PANEL_SESSION_ID], "created": at(v["created"]), "seen": at(v["seen"]),
+                 "agent": v["agent"], "short": _one_line(v["agent"], 60), "current": h == this}
+                for h, v in sorted(self.state.sessions.items(), key=lambda x: -x[1]["seen"])]
+        return self.render(request, "sessions.html", {"sessions": rows})
+
+    def revoke(self, request, form):
+        """POST /logout (this browser's session) or /sessions/{key}/revoke (any one): it ends,
+        saved at once. Logged out, the browser gets a plain page and its cookie cleared."""
+        from starlette.responses import PlainTextResponse
+        this = _sha256(request.cookies.get(self.cookie, ""))[:PANEL_SESSION_ID]
+        key = request.path_params.get("key", this)
+        if not self.state.end(key):
+            return self.back(request, "/sessions", form.get("persona", ""),
+                             error="no such login (it ended already)")
+        if key != this:
+            return self.back(request, "/sessions", form.get("persona", ""),
+                             msg="that browser is logged out")
+        out = PlainTextResponse("logged out: `python aokun.py panel --link` prints a new login "
+                                "link", headers=self._headers())
+        out.delete_cookie(self.cookie, path=request.scope.get("root_path") or "/",
+                          httponly=True, samesite="strict")
+        return out
 
 
 #: sessions, or a session's turns, per page of the panel's Conversations
@@ -14683,11 +14842,14 @@ def cli_sync(state, folder, conflicts, persona, as_json):
     if r["new_device"]:
         click.echo(f"this file syncs as device {r['device']} "
                    "(new: first sync, or the file was copied or moved)")
-    click.echo(f"wrote {r['written']} ({r['sent']} records)" if r["written"]
-               else "nothing new to send")
+    click.echo(f"wrote {r['written']}" if r["written"] else "nothing new to send")
     m = r["merged"]
     click.echo(f"applied {len(r['applied'])} file(s): {m['added']} added, {m['updated']} updated, "
                f"{m['kept']} kept, {m['skipped']} skipped; {r['conflicts']} new conflict(s)")
+    if r["answered"]:
+        click.echo(f"wrote {r['answered']}: what applying them changed here")
+    if r["sent"]:
+        click.echo(f"sent {r['sent']} record(s)")
     for x in r["skipped"]:
         click.echo(f"skipped {x['file']}: {x['reason']}; tried again next sync", err=True)
     for w in r["waiting"]:

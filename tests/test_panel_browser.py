@@ -132,7 +132,7 @@ def test_every_page_loads_and_looks_right(served, page, shots):
              "recall": "/recall?q=Alice+coffee",
              "graph": "/graph?entity=Alice", "health": "/health", "health-decay": "/health/decay",
              "settings": "/settings", "conversations": "/conversations",
-             "search": "/memories?q=cello"}
+             "search": "/memories?q=cello", "sessions": "/sessions"}
     for name, path in pages.items():
         page.goto(base + path)
         assert page.locator("header.top nav a[aria-current=page]").count() == 1, name
@@ -256,3 +256,21 @@ def test_health_dry_run_then_confirm(served, page, shots):
     page.get_by_role("button", name="Run backup now").click()
     page.get_by_text("Wrote").first.wait_for()  # the POST's answer has loaded
     assert len(list((db.parent / "backups").glob("*manual*.db"))) == 1
+
+
+def test_log_out_in_the_browser(served, page, shots):
+    """Issue 33 item 11: the Logins page lists this browser; the header's Log out button ends its
+    session (its cookie too): the panel then asks for a login link."""
+    base = origin(served[0])
+    page.goto(base + "/sessions")
+    row = page.locator("table.sessions tbody tr")
+    assert row.count() == 1 and "this browser" in row.inner_text()
+    assert "HeadlessChrome" in row.locator("td").first.get_attribute("title")
+    page.screenshot(path=str(shots / "sessions.png"))
+    page.get_by_role("button", name="Log out").first.click()
+    page.get_by_text("logged out").wait_for()
+    assert page.context.cookies() == []
+    assert page.goto(base + "/memories").status == 401
+    # the plain pages' favicon.ico (404) and the 401 above: not a panel page's errors
+    assert all("Failed to load resource" in e for e in page.errors), page.errors
+    page.errors.clear()

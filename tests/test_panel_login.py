@@ -163,3 +163,60 @@ def test_the_link_endpoint_needs_the_secret_and_no_origin(mem, tmp_path):
     token = r.text.split("token=")[1]
     web.links[aokun._sha256(token)] = time.time() - 1  # expired
     assert client.get(f"/?token={token}", follow_redirects=False).status_code == 401
+
+
+CSRF = re.compile(r'name="csrf" value="(\w+)"')
+
+
+def csrf_of(client: httpx.Client, url: str) -> str:
+    r = client.get(url)
+    assert r.status_code == 200, r.text
+    return CSRF.search(r.text).group(1)
+
+
+def test_log_out_and_revoke_another_browser(tmp_path):
+    """Issue 33 item 11: POST /logout ends that browser's session only (CSRF and Origin checked
+    like every change), /sessions lists each login (browser, created, last seen) with a revoke
+    that logs that browser out; both hold across a restart."""
+    db, ini, port = tmp_path / "l.db", write_ini(tmp_path), free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc, link = start_panel(db, ini, port)
+    try:
+        first, _ = log_in(link)
+        second, _ = log_in(new_link(db, ini))
+        third = httpx.Client(timeout=30, headers={"User-Agent": "Mozilla/5.0 (Phone) Third/1.0"})
+        assert third.get(new_link(db, ini), follow_redirects=False).status_code == 303
+        listing = second.get(base + "/sessions")
+        assert listing.status_code == 200 and listing.text.count(">Revoke<") == 2
+        assert "Third/1.0" in listing.text and "this browser" in listing.text
+        token = csrf_of(first, base + "/memories")
+        origin = {"Origin": base}
+        assert first.post(base + "/logout", data={"csrf": "x"}, headers=origin).status_code == 403
+        assert first.post(base + "/logout", data={"csrf": token}).status_code == 403  # no Origin
+        session = first.cookies[f"aokun_panel_{port}"]
+        r = first.post(base + "/logout", data={"csrf": token}, headers=origin)
+        assert r.status_code == 200 and "logged out" in r.text
+        assert f'aokun_panel_{port}=""' in r.headers["set-cookie"]
+        with httpx.Client(cookies={f"aokun_panel_{port}": session}) as replay:  # a copied cookie
+            assert replay.get(base + "/health").status_code == 401
+        assert first.get(base + "/health").status_code == 401
+        assert second.get(base + "/health").status_code == 200
+        listing = second.get(base + "/sessions").text
+        assert listing.count(">Revoke<") == 1  # the one logged out is gone
+        other = re.search(r'/sessions/(\w+)/revoke">\s*<input type="hidden" name="csrf" '
+                          r'value="\w+"><input type="hidden" name="persona" value="">\s*'
+                          r'<button type="submit" class="danger">Revoke', listing).group(1)
+        r = second.post(f"{base}/sessions/{other}/revoke", headers=origin,
+                        data={"csrf": CSRF.search(listing).group(1)}, follow_redirects=False)
+        assert r.status_code == 303
+        assert third.get(base + "/health").status_code == 401
+        assert second.get(base + "/health").status_code == 200
+    finally:
+        stop(proc)
+    proc, _ = start_panel(db, ini, port)  # a restart: what was ended stays ended
+    try:
+        assert third.get(base + "/health").status_code == 401
+        assert second.get(base + "/health").status_code == 200
+        assert ">Revoke<" not in second.get(base + "/sessions").text  # only this browser's left
+    finally:
+        stop(proc)

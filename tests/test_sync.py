@@ -670,3 +670,57 @@ def test_an_imported_tombstone_keeps_its_time(tmp_path):
     assert stone["deleted_at"] == "2026-05-03T08:00:00Z"
     c = aokun.apsw.Connection(str(b))
     assert c.execute("select deleted_at from tombstones").fetchall() == [("2026-05-03T08:00:00Z",)]
+
+
+@pytest.mark.slow
+def test_what_an_apply_creates_goes_out_in_the_same_sync(three):
+    """Issue 33 item 9: twins written apart (either uid the smaller) and a fact reinforced on both
+    sides: what applying makes (a twin's tombstone, a merged atom) is sent in the same sync, so
+    after A, B, A, B the two files hold the same records."""
+    a, b, _c, share, _ids, _uids = three
+    texts = [f"Written on both devices, text {n}" for n in range(6)]
+    for name, m in (("A", a), ("B", b)):
+        for t in texts:
+            m.memorize(t, {})
+        m.memorize(f"On {name} Bob said it again.", {"key_facts": ["Bob prefers green tea"]})
+    for m in (a, b, a, b):
+        m.sync(share)
+    assert content(a) == content(b)
+    assert sorted(memories(a).values()).count(texts[0]) == 1
+    assert len([k for k in content(a) if k[0] == "tombstone"]) == len(texts)  # one twin each
+    assert all(not r["written"] and not r["applied"] for r in (a.sync(share), b.sync(share)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["primary key", "header"])
+def test_a_changeset_of_another_table_layout_applies_nothing(three, change):
+    """Issue 33 item 10: a changeset whose table `records` has our name and column count but
+    another primary key, or whose header names another layout (a column's type), is skipped in
+    one line naming the difference, and nothing of it is applied."""
+    a, b, _c, share, _ids, uids = three
+    rec = next(r for r in a.export_records(kinds=("memory",)) if r.get("uid") == uids["edited"])
+    rec |= {"content": "From a changeset of another layout", "updated_at": "2026-06-01T00:00:00Z"}
+    layout = aokun._SYNC_TABLES
+    if change == "primary key":
+        layout = layout.replace("body text, primary key(kind, uid));",
+                                "body text, primary key(uid));")
+    scratch = aokun.apsw.Connection(":memory:")
+    scratch.execute(layout)
+    session = aokun.apsw.Session(scratch, "main")
+    session.attach("records")
+    scratch.execute("insert into records values (?, ?, ?, ?, ?)",
+                    (rec["kind"], rec["uid"], rec["updated_at"], aokun.sync_hash(rec),
+                     json.dumps(rec)))
+    path = _changeset_file(share, "0b6f9c1e-0000-4000-8000-00000000000b", 1,
+                           aokun.zlib.compress(session.changeset()))
+    if change == "header":
+        head, _, payload = path.read_bytes().partition(b"\n")
+        theirs = aokun.sync_layout()
+        theirs["records"][2] = ["stamp", "integer", 0]
+        path.write_bytes(json.dumps(json.loads(head) | {"layout": theirs}).encode() + b"\n"
+                         + payload)
+    r = b.sync(share)
+    reason = {x["file"]: x["reason"] for x in r["skipped"]}[path.name]
+    assert "table layout" in reason and "\n" not in reason, reason
+    assert ("primary key" if change == "primary key" else "stamp") in reason, reason
+    assert path.name not in r["applied"] and memories(b)[uids["edited"]] == "Alice 住在北京"
