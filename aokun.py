@@ -3,17 +3,16 @@
 
 Three layers of memory (documents, memory atoms, a knowledge graph) written by one journalled
 pipeline; recall fuses BM25, vector KNN and graph channels (scaled scores or RRF), weighting and
-MMR. See README.md for the quick start and the design (its "Inside the code" is the map of this
-file).
+MMR. README.md is the user's manual; this docstring is the one map of the code.
 
 Three tiers, in file order, each section under a `# Title ####` banner (grep for it). Code uses
 only what stands under its own banner or one above it; a face uses only the engine's public names
-(tests/test_layout.py checks both):
+(tests/test_layout.py checks both, and no function over 80 lines or class over 700):
   foundation (pure functions, small values): imports and constants · errors (AokunError and its
   structured hints) · clock · text (clean and fold, segment, cut) · config · connection and schema
-  (migrate: the schema/NNNN steps) · named queries · files · embeddings · ranking (pure functions
-  over channel rows, time words, event dates) · atoms and graph rules · secret redaction · write
-  validation (Prepared);
+  (migrate: the schema/NNNN steps) · named queries · files · embeddings (Local, OpenAI, Cached) ·
+  ranking (pure functions over channel rows, time words, event dates) · atoms and graph rules ·
+  secret redaction · write validation (Prepared);
   engine: one mixin class per concern, composed into `Memory` in file order, each calling only
   the sections before it: Store (connection, transactions, reading, the briefing's stale mark) ·
   Vectors (embedding, session context, float store and binary KNN index) · Layers (the write
@@ -25,7 +24,8 @@ only what stands under its own banner or one above it; a face uses only the engi
   folder) · the composition: DATA_STEPS (the data upgrades), `Memory` (every attribute declared in
   its __init__; `hooks`, what the conversation sections add to recall, the briefing, stats,
   doctor, rebuild and maintenance; close() running each section's teardown);
-  faces: MCP server (models, tools, lifespan and transport) · panel (the settings file; web pages,
+  faces: MCP server (response models; tools registered from MCP_TOOLS; text_view and lean_schema
+  shape what the model reads; lifespan, resources, transport) · panel (the settings file; web pages,
   templates in web/) · service (supervisor units, sd_notify, /health) · CLI (`cli_*` functions:
   memories, recall and graph, maintenance, conversations) · main.
 Data flow: a write is validated (Prepared, redaction) and journalled (Journal), then its stages

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Retrieval quality of Aokun's recall on real conversational-memory data (LoCoMo, MADial-Bench zh).
 
-Follows the protocol in ../shared/data/README.md exactly; the data is read from there and never
-copied into the repository. Runs with the shipped defaults (recall records access, as it does for a
-user) and asks every question twice (the answer cache emptied), because what a user gets after
-months is the second pass, not the first. Prints recall@k per channel setting and pass, the hybrid
-per question category, LoCoMo's session-level recall_any@k, how often a question asked against
-another conversation's persona comes back empty, and ingest/query timings.
+Follows the protocol in scripts/README.md, which says how to get the data; it is read from --data
+and never copied into the repository. Runs with the shipped defaults (recall records access, as it
+does for a user) and asks every question twice (the answer cache emptied), because what a user gets
+after months is the second pass, not the first. Prints recall@k per channel setting and pass, the
+hybrid per question category, LoCoMo's session-level recall_any@k, how often a question asked
+against another conversation's persona comes back empty, and ingest/query timings.
 
 Example:
 
@@ -709,7 +709,7 @@ def summary_json(ds: Dataset, ingest_info: dict, results: dict, others: dict | N
                    "question); hybrid only.")
 def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso, touch, passes,
          misses, categories, config, as_json, via_mcp):
-    """Recall@k of Aokun on LoCoMo and MADial-Bench zh (protocol: ../shared/data/README.md).
+    """Recall@k of Aokun on LoCoMo and MADial-Bench zh (data and protocol: scripts/README.md).
 
     Example: python scripts/eval_recall.py --dataset locomo --limit-questions 50
     """

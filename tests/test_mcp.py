@@ -205,6 +205,8 @@ async def test_tools_list_fits_the_schema_budget(make_server, cfg_for, tmp_path)
         default = (await c.list_tools()).tools
     async with Client(make_server(cfg_for("all"))) as c:
         every = (await c.list_tools()).tools
+    print(f"tools/list characters: default {tools_list_chars(default)}, all "
+          f"{tools_list_chars(every)}")  # the README's figure, with -s
     assert "memory_context" in {t.name for t in default}
     assert tools_list_chars(default) <= 12_000, tools_list_chars(default)
     assert tools_list_chars(every) <= 30_000, tools_list_chars(every)
