@@ -4421,31 +4421,6 @@ class Layers:
                 done += 1
         return done, requeued
 
-    REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
-
-    def _requeue_refused_context(self) -> bool:
-        """Files written before a refused text was kept out of its neighbours' vector text (issue
-        24, sql/vectors.sql session_context): once per file (meta refused_context), the memories
-        after each refused one in its session are marked pending (_stale_successors), so the
-        back-fill makes their vectors again without it (the old ones stay searchable until then).
-        Not while the provider is none (nothing to mark; done on the first open with one): False,
-        not done yet. Data step 4 (DATA_STEPS)."""
-        if self.meta_get("refused_context") == self.REFUSED_CONTEXT:
-            return True
-        if self.embedder.provider == "none":
-            return False
-        columns = self.rows("pragma table_info(documents)")
-        if not any(r["name"] == "embedding_error" for r in columns):
-            # a file held below schema 9 (tests build such files): done once it is migrated
-            return False
-        with self.tx():
-            # not done by another process
-            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:
-                for r in self.rows("select id from documents where embedding_error is not null"):
-                    self._refresh_graph_context(self._stale_successors(r["id"]))
-                self._meta_set("refused_context", self.REFUSED_CONTEXT)
-        return True
-
 
 def subject_entry_text(label: str, name: str, summary: str) -> str:
     """The keyword text of a subject's graph entry: "Person: Alice. Summary: …" (label Person or
@@ -6657,6 +6632,31 @@ def _backup_folder(dest: Path) -> None:
 class Maintenance:
     """Health (stats, doctor), rebuilding derived data, VACUUM, online backups and restore, and
     maintenance_due(): what the server's scheduler runs."""
+
+    REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
+
+    def _requeue_refused_context(self) -> bool:
+        """Files written before a refused text was kept out of its neighbours' vector text (issue
+        24, sql/vectors.sql session_context): once per file (meta refused_context), the memories
+        after each refused one in its session are marked pending (_stale_successors), so the
+        back-fill makes their vectors again without it (the old ones stay searchable until then).
+        Not while the provider is none (nothing to mark; done on the first open with one): False,
+        not done yet. Data step 4 (DATA_STEPS)."""
+        if self.meta_get("refused_context") == self.REFUSED_CONTEXT:
+            return True
+        if self.embedder.provider == "none":
+            return False
+        columns = self.rows("pragma table_info(documents)")
+        if not any(r["name"] == "embedding_error" for r in columns):
+            # a file held below schema 9 (tests build such files): done once it is migrated
+            return False
+        with self.tx():
+            # not done by another process
+            if self.meta_get("refused_context") != self.REFUSED_CONTEXT:
+                for r in self.rows("select id from documents where embedding_error is not null"):
+                    self._refresh_graph_context(self._stale_successors(r["id"]))
+                self._meta_set("refused_context", self.REFUSED_CONTEXT)
+        return True
 
     def stats(self) -> dict:
         """Counts across every layer and index, the embedder's real state, the journal and the
@@ -10845,7 +10845,7 @@ DATA_STEPS = (
     (1, Vectors._upgrade_vector_index, "float vectors in vec0 (schema < 6) to the binary index"),
     (2, Vectors._compact_vectors, "float32 vectors (schema < 11) to int8: meta vector_format"),
     (3, Layers._upgrade_graph_entries, "graph entries to layout 2: meta graph_layout"),
-    (4, Layers._requeue_refused_context,
+    (4, Maintenance._requeue_refused_context,
      "refused texts out of neighbours' vectors: meta refused_context"),
 )
 
