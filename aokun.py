@@ -63,6 +63,7 @@ import datetime as dt
 import errno
 import functools
 import hashlib
+import inspect
 import io
 import json
 import logging
@@ -232,7 +233,7 @@ def parse_time(value, field_name: str = "timestamp") -> dt.datetime:
     if isinstance(value, dt.datetime):
         utc = dt.timezone.utc
         return value.replace(tzinfo=utc) if value.tzinfo is None else value.astimezone(utc)
-    problem = f"expected an ISO-8601 time like 2026-11-30T08:15:00Z, got {value!r}"
+    problem = f"expected an ISO-8601 time like 2026-11-30T08:15:00Z, got {echo(value)}"
     if not isinstance(value, str) or not value.strip():
         raise InputError(field_name, problem)
     try:
@@ -256,7 +257,7 @@ def local_tz(name: str) -> dt.tzinfo:
         try:
             return zoneinfo.ZoneInfo(name)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise AokunError(f"[forgetting] timezone = {name!r} is not a known time zone "
+            raise AokunError(f"[forgetting] timezone = {echo(name)} is not a known time zone "
                              "(e.g. Asia/Shanghai)") from None
     return dt.datetime.now().astimezone().tzinfo
 
@@ -306,6 +307,30 @@ def json_without_surrogates(value):
     if isinstance(value, dict):
         return {without_lone_surrogates(k): json_without_surrogates(v) for k, v in value.items()}
     return value
+
+
+MAX_JSON_DEPTH = 64  #: the deepest nesting a request may have (the SDK's parser stops near 200)
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_within(text: str, depth: int) -> str:
+    """`text` (JSON) with each array or object nested deeper than `depth` levels replaced by null,
+    or `text` itself when none is (brackets inside strings do not count): how a request too deep
+    to parse is read for its id, at depth 1."""
+    masked = _JSON_STRING.sub(lambda m: '"' + " " * (len(m[0]) - 2) + '"', text)
+    level, start, out, at = 0, 0, [], 0
+    for m in _JSON_BRACKET.finditer(masked):
+        opening = m[0] in "[{"
+        level += opening
+        if level == depth + 1:
+            if opening:
+                start = m.start()
+            else:
+                out += [text[at:start], "null"]
+                at = m.end()
+        level -= not opening
+    return "".join(out) + text[at:] if out else text
 
 
 def loads_json(data: str | bytes):
@@ -538,6 +563,16 @@ def _one_line(text: str, limit: int = 400) -> str:
     """`text` on one line (whitespace folded), cut to `limit` characters with … (for listings)."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+ECHO_CHARS = 60  #: the most of a value a user gave that an error message shows
+
+
+def echo(value, quote: bool = True) -> str:
+    """A value the user gave, as an error message shows it: its repr (str() when not `quote`), cut
+    to ECHO_CHARS characters with "…" (a 200,000-character argument comes back as its start)."""
+    text = repr(value) if quote else str(value)
+    return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 1] + "…"
 
 
 def cut_text(text: str, limit: int) -> tuple[str, bool]:
@@ -834,7 +869,7 @@ class Config:
                                  f"known: {', '.join(DEFAULTS)}")
             for key, raw in parser.items(section):
                 if key not in DEFAULTS[section]:
-                    raise AokunError(f"{path}: unknown setting {key!r} in [{section}]")
+                    raise AokunError(f"{path}: unknown setting {echo(key)} in [{section}]")
                 values[section][key] = self._coerce(section, key, raw)
         for (section, key), value in (overrides or {}).items():
             values[section][key] = value
@@ -849,7 +884,7 @@ class Config:
         try:
             parser.read_string(path.read_text(encoding="utf-8"), source=str(path))
         except configparser.MissingSectionHeaderError as e:
-            raise AokunError(f"{path} line {e.lineno}: {e.line.strip()!r} comes before any "
+            raise AokunError(f"{path} line {e.lineno}: {echo(e.line.strip())} comes before any "
                              "[section] header; settings go under one, like [storage]") from None
         except configparser.Error as e:
             problem = _one_line(str(e), 300)
@@ -870,7 +905,7 @@ class Config:
                 return raw.strip()
             value = (int if isinstance(default, int) else float)(raw)
         except ValueError:
-            raise AokunError(f"{self.path}: [{section}] {key} = {raw!r} is not a "
+            raise AokunError(f"{self.path}: [{section}] {key} = {echo(raw)} is not a "
                              f"{type(default).__name__}") from None
         allowed = RANGES[section][key]
         if not math.isfinite(value) or not in_range(value, allowed):
@@ -889,7 +924,7 @@ class Config:
         for p in (self.resolve(value), SHARE / value):
             if p.exists():
                 return p
-        raise AokunError(f"rules file {value!r} not found beside {self.path or SHARE} "
+        raise AokunError(f"rules file {echo(value)} not found beside {self.path or SHARE} "
                          f"nor in {SHARE}")
 
     def secret(self, section: str, key: str, env_key: str) -> str:
@@ -1206,7 +1241,7 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
             if m:
                 if name:
                     if name in queries:
-                        raise AokunError(f"query {name!r} is defined twice "
+                        raise AokunError(f"query {echo(name)} is defined twice "
                                          f"(second in {path.name})")
                     queries[name] = "\n".join(lines).strip()
                 name, lines = m.group(1), []
@@ -1383,7 +1418,8 @@ class OpenAIEmbedder(Embedder):
             data = sorted(reply["data"], key=lambda d: d["index"])
             m = np.array([d["embedding"] for d in data], dtype=np.float32)
         except (KeyError, TypeError, ValueError) as e:
-            raise EmbeddingError(f"embedding endpoint sent an unexpected body ({e})") from None
+            raise EmbeddingError("embedding endpoint sent an unexpected body "
+                                 f"({type(e).__name__})") from None
         if m.ndim != 2 or m.shape[0] != len(inputs):
             raise EmbeddingError(f"embedding endpoint returned {m.shape[0]} vectors "
                                  f"for {len(inputs)} inputs")
@@ -1435,12 +1471,20 @@ def post_json(http, path: str, body: dict, max_retries: int, what: str, section:
             client_error = 400 <= r.status_code < 500
             about_the_input = client_error and r.status_code not in NOT_ABOUT_THE_INPUT
             failure = rejected if rejected is not None and about_the_input else error
-            raise failure(f"{what} endpoint answered {r.status_code}: {r.text[:200]}")
+            # never its body: an endpoint may echo the input (a memory's text, a secret)
+            raise failure(f"{what} endpoint answered {r.status_code}")
         try:
             return r.json()
         except ValueError:
-            raise error(f"{what} endpoint sent a body that is not JSON: {r.text[:200]}") from None
+            raise error(f"{what} endpoint sent a body that is not JSON") from None
     raise AssertionError("unreachable")
+
+
+def log_refused(kind: str, row_id: int, reason: str) -> None:
+    """Log that the embedding provider refused the text of a memory or graph entry for good: its
+    id and the reason (EmbeddingRejected's message: the HTTP status, never the text)."""
+    log.warning("the embedding provider refused the text of %s %s (%s); it stays without a "
+                "vector", kind, row_id, reason)
 
 
 def _retry_after(header: str | None, attempt: int) -> float:
@@ -1516,7 +1560,8 @@ def make_embedder(cfg: Config) -> Embedder:
         inner = OpenAIEmbedder(e.base_url, e.model, api_key, e.dimensions, e.batch_size,
                                e.timeout_seconds, e.max_retries, e.max_chars)
     else:
-        raise AokunError(f"[embedding] provider = {e.provider!r} is not one of local, openai, none")
+        raise AokunError(f"[embedding] provider = {echo(e.provider)} is not one of local, "
+                         "openai, none")
     return CachedEmbedder(inner, e.cache_size)
 
 
@@ -1658,7 +1703,7 @@ def pattern_rules(data: dict, fill: dict, kinds: tuple, unknown: str) -> list:
     rules = []
     for spec in data.get("rules", []):
         if spec.get("kind") not in kinds:
-            raise AokunError(f"{unknown} {spec.get('kind')!r}; choose from {kinds}")
+            raise AokunError(f"{unknown} {echo(spec.get('kind'))}; choose from {kinds}")
         patterns = []
         for p in spec.get("patterns", []):
             for key, value in fill.items():
@@ -2911,7 +2956,7 @@ def _importance(value, name: str = "importance", default: float = 0.5) -> float:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise InputError(name, f"expected a number from 0 to 1, got {value!r}")
+        raise InputError(name, f"expected a number from 0 to 1, got {echo(value)}")
     if not 0 <= value <= 1:
         raise InputError(name, f"must be between 0 and 1, got {value}")
     return float(value)
@@ -2921,10 +2966,10 @@ def _id_list(value, name: str, limit: int) -> list[int]:
     """A non-empty list of at most `limit` memory ids (whole numbers ≥ 1), duplicates dropped, in
     order."""
     if not isinstance(value, (list, tuple)) or not value:
-        raise InputError(name, f"expected a non-empty list of memory ids, got {value!r}")
+        raise InputError(name, f"expected a non-empty list of memory ids, got {echo(value)}")
     bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]
     if bad:
-        raise InputError(name, f"memory ids are whole numbers ≥ 1, got {bad[0]!r}")
+        raise InputError(name, f"memory ids are whole numbers ≥ 1, got {echo(bad[0])}")
     ids = list(dict.fromkeys(value))
     if len(ids) > limit:
         raise InputError(name, f"{len(ids)} ids; at most {limit} at once ([recall] max_k)")
@@ -3145,7 +3190,7 @@ class Store:
         the same work. `persona` None (internal callers holding a row already) matches any
         persona."""
         if isinstance(doc_id, bool) or not isinstance(doc_id, int):
-            raise InputError("id", f"expected an integer memory id, got {doc_id!r}")
+            raise InputError("id", f"expected an integer memory id, got {echo(doc_id)}")
         rows = self.rows("select * from documents where id = ? and (? is null or persona_id = ?)",
                          (doc_id, persona, persona)) if 0 < doc_id <= MAX_ID else []
         if not rows:
@@ -3189,9 +3234,10 @@ class Store:
         a limit outside 1..LIST_LIMIT_MAX or an offset above MAX_ID."""
         if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
             raise InputError("limit",
-                             f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
+                             f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {echo(limit)}")
         if not isinstance(offset, int) or offset > MAX_ID:
-            raise InputError("offset", f"expected an integer from 0 to {MAX_ID}, got {offset!r}")
+            raise InputError("offset",
+                             f"expected an integer from 0 to {MAX_ID}, got {echo(offset)}")
         return self.rows(self.queries["list_memories"], {
             "persona_id": persona_id, "session_id": session_id,
             "include_archived": int(include_archived), "limit": limit, "offset": max(0, offset)})
@@ -3260,8 +3306,8 @@ class Vectors:
             return
         if int(stored_dim) != e.dim or stored_model != e.model:
             self.vector_problem = (
-                f"the database holds {stored_dim}-d vectors from {stored_model!r} "
-                f"but the configured embedder {e.model!r} makes {e.dim or '?'}-d vectors; "
+                f"the database holds {stored_dim}-d vectors from {echo(stored_model)} "
+                f"but the configured embedder {echo(e.model)} makes {e.dim or '?'}-d vectors; "
                 "run `python aokun.py rebuild --vectors` to re-embed every memory "
                 "(stored memories are untouched; recall uses keyword channels until then)")
             log.error("%s", self.vector_problem)
@@ -3394,9 +3440,7 @@ class Vectors:
                         "(NaN, infinite or all zeros) for this text")
             return [unusable if b else v for v, b in zip(vectors, bad, strict=True)]
         except EmbeddingRejected as e:
-            if len(texts) == 1:
-                log.warning("the embedding provider refused an input for good "
-                            "(it stays without a vector): %s", e)
+            if len(texts) == 1:  # logged with its memory's id where that is stored
                 return [str(e)]
             first = self._embed_split(texts[: len(texts) // 2], warnings)
             # the endpoint went away meanwhile: the rest waits too
@@ -3656,6 +3700,7 @@ class Vectors:
         refused its text, recorded as its embedding_error (it stays 'pending', skipped by
         back-fill); None: nothing (back-filled later). In tx."""
         if isinstance(vec, str):
+            log_refused("graph entry", entry_id, vec)
             self.conn.execute("update graph_entries set embedding_error = ? where id = ?",
                               (vec, entry_id))
             return
@@ -3767,6 +3812,8 @@ class Layers:
             names, params = ", ".join(cols), ", ".join(":" + k for k in cols)
             c.execute(f"insert into documents({names}) values ({params})", cols)
             p.document_id = cols["id"]
+        if p.embedding_error:
+            log_refused("memory", p.document_id, p.embedding_error)
         else:
             archived = self.value("select archived from documents where id = ?", (p.document_id,))
             if archived is None:
@@ -4409,6 +4456,7 @@ class Layers:
                         (r["id"],)) != "pending":
                     continue  # requeued: made from a text refused just now, made again without it
                 if isinstance(vec, str):
+                    log_refused("memory", r["id"], vec)
                     self.conn.execute("update documents set embedding_error = ? where id = ?",
                                       (vec, r["id"]))
                     stale = self._stale_successors(r["id"])
@@ -4597,7 +4645,7 @@ class Journal:
                                    self.cfg.write.default_importance)
         pinned = meta.get("pinned", False)
         if pinned is not None and not isinstance(pinned, bool):
-            raise InputError(fp + "pinned", f"expected true or false, got {pinned!r}")
+            raise InputError(fp + "pinned", f"expected true or false, got {echo(pinned)}")
         p.pinned = bool(pinned)
         p.created_at = (iso(parse_time(meta["timestamp"], fp + "timestamp"))
                         if meta.get("timestamp") else now_iso())
@@ -5254,7 +5302,8 @@ class KnowledgeGraph:
         also when only another persona has it."""
         eid = self._entity_id(persona, entity, "entity", False)
         if eid is None:
-            raise NotFound(f"no entity {clean_text(entity, 'entity')!r} in the knowledge graph; "
+            raise NotFound(f"no entity {echo(clean_text(entity, 'entity'))} in the knowledge "
+                           "graph; "
                            "{hint0} records facts about it", hints=[("kg add", {})])
         return eid
 
@@ -5280,7 +5329,7 @@ class KnowledgeGraph:
         also for a fact of another persona; InputError when valid_to is before the fact's
         valid_from."""
         if isinstance(triple_id, bool) or not isinstance(triple_id, int):
-            raise InputError("id", f"expected an integer fact id, got {triple_id!r}")
+            raise InputError("id", f"expected an integer fact id, got {echo(triple_id)}")
         persona = _label(persona_id, "persona_id")
         t = self._triple(triple_id, persona)
         stamp = now_iso()
@@ -5345,7 +5394,7 @@ class KnowledgeGraph:
                    "session": "select session_id as v from conv_sessions "
                               "where persona_id = :persona_id"}
         if kind not in queries:
-            raise InputError("kind", f"expected one of {', '.join(queries)}, got {kind!r}")
+            raise InputError("kind", f"expected one of {', '.join(queries)}, got {echo(kind)}")
         persona = _label(persona_id, "persona_id")
         rows = self.rows(f"select distinct v from ({queries[kind]}) "
                          "where substr(lower(v), 1, length(:prefix)) = :prefix order by v",
@@ -5594,7 +5643,7 @@ class Recall:
         """`k` checked (InputError unless a whole number ≥ 1) and capped at [recall] max_k, with a
         warning when it was above."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
+            raise InputError("k", f"expected a whole number of results ≥ 1, got {echo(k)}")
         top = self.cfg.recall.max_k
         if k > top:
             warnings.append(f"{k} results asked, at most {top} returned ([recall] max_k)")
@@ -5620,7 +5669,8 @@ class Recall:
                             ("max_answer_tokens", max_answer_tokens)):
             value = r[name] if value is None else value
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InputError(name, f"expected a whole number ≥ 0 (0 = no limit), got {value!r}")
+                raise InputError(name, "expected a whole number ≥ 0 (0 = no limit), "
+                                       f"got {echo(value)}")
             out.append(value)
         return out[0], out[1]
 
@@ -5826,7 +5876,7 @@ class Recall:
             expanded = {"graph": ["graph_keyword", "graph_vector"], "keyword": ["bm25"]}.get(c, [c])
             for e in expanded:
                 if e not in self.CHANNELS:
-                    raise InputError("channels", f"unknown channel {c!r}; choose from bm25, "
+                    raise InputError("channels", f"unknown channel {echo(c)}; choose from bm25, "
                                                  "vector, graph, graph_keyword, graph_vector")
                 if e not in out:
                     out.append(e)
@@ -6070,7 +6120,7 @@ class Recall:
         last_useful_at, atoms_reinforced}]}, one per distinct id, in order."""
         ids = _id_list(ids, "ids", self.cfg.recall.max_k)
         if not isinstance(useful, bool):
-            raise InputError("useful", f"expected true or false, got {useful!r}")
+            raise InputError("useful", f"expected true or false, got {echo(useful)}")
         persona = _label(persona_id, "persona_id")
         step, at = self.cfg.recall.feedback_importance_step, now()
         out = []
@@ -6211,10 +6261,10 @@ class Briefing:
         budgets = {"quick": cx.quick_tokens, "chat": cx.chat_tokens, "coding": cx.coding_tokens,
                    "project": cx.project_tokens}
         if mode not in budgets:
-            raise InputError("mode", f"expected one of {', '.join(budgets)}, got {mode!r}")
+            raise InputError("mode", f"expected one of {', '.join(budgets)}, got {echo(mode)}")
         whole = isinstance(max_tokens, int) and not isinstance(max_tokens, bool)
         if max_tokens is not None and (not whole or max_tokens < CONTEXT_TOKENS_MIN):
-            raise InputError("max_tokens", f"expected a whole number ≥ 50, got {max_tokens!r}")
+            raise InputError("max_tokens", f"expected a whole number ≥ 50, got {echo(max_tokens)}")
         budget = max_tokens or budgets[mode]
         persona = _label(persona_id, "persona_id")
         if topic is None or not str(topic).strip():
@@ -6426,7 +6476,7 @@ class Forgetting:
         if days is not None and (isinstance(days, bool) or not isinstance(days, int)
                                  or not 0 <= days <= DECAY_DAYS_MAX):
             raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, "
-                                     f"got {days!r}")
+                                     f"got {echo(days)}")
         last = self.meta_get("decay_last_run")
         due = self._decay_due(ref)
         if days is not None:
@@ -6461,7 +6511,7 @@ class Forgetting:
         persona = _label(persona_id, "persona_id")
         if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= DECAY_DAYS_MAX:
             raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, "
-                                     f"got {days!r}")
+                                     f"got {echo(days)}")
         ref = now() + dt.timedelta(days=days)
         last = self.meta_get("decay_last_run")
         after_day = dt.date.fromisoformat(last) if last else self._decay_due(now())
@@ -6782,7 +6832,7 @@ class Maintenance:
             e = self.embedder.inner if isinstance(self.embedder, CachedEmbedder) else self.embedder
             e.dim = len(self.embedder.embed_query("dimension probe"))
         if self.embedder.dim % 8:
-            raise EmbeddingError(f"the embedder {self.embedder.model!r} makes "
+            raise EmbeddingError(f"the embedder {echo(self.embedder.model)} makes "
                                  f"{self.embedder.dim}-d vectors; the binary KNN index needs a "
                                  "dimension divisible by 8; nothing was changed")
         expected = self.value("select count(*) from documents") + self.value(
@@ -7707,7 +7757,7 @@ class Conversations:
         """The rules of `source` ([conversations] rules_dir/<source>.toml). InputError for an
         unknown source."""
         if source not in CONVERSATION_SOURCES:
-            raise InputError("source", f"unknown source {source!r}; "
+            raise InputError("source", f"unknown source {echo(source)}; "
                                        f"choose from {', '.join(CONVERSATION_SOURCES)}")
         cache = self._ingest_rules
         if source not in cache:
@@ -8118,13 +8168,13 @@ class ConversationSearch:
         warnings: list[str] = []
         k = self._capped_k(k, warnings)
         if source is not None and source not in CONVERSATION_SOURCES:
-            raise InputError("source", f"unknown source {source!r}; "
+            raise InputError("source", f"unknown source {echo(source)}; "
                                        f"choose from {', '.join(CONVERSATION_SOURCES)}")
         limit = (self.cfg.conversations.max_chars_per_hit if max_chars_per_hit is None
                  else max_chars_per_hit)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise InputError("max_chars_per_hit",
-                             f"expected a whole number ≥ 0 (0 = no limit), got {limit!r}")
+                             f"expected a whole number ≥ 0 (0 = no limit), got {echo(limit)}")
         tokens = self.seg.tokens(query)
         params = {"match": fts_query(tokens), "persona_id": _label(persona_id, "persona_id"),
                   "source": source or "", "session_id": _label(session_id, "session_id"),
@@ -8235,11 +8285,11 @@ class ConversationSearch:
                          {"persona_id": _label(persona_id, "persona_id"), "session_id": sid,
                           "source": source or ""})
         if not rows:
-            raise NotFound(f"no ingested session {sid!r}; {{hint0}} shows them",
+            raise NotFound(f"no ingested session {echo(sid)}; {{hint0}} shows them",
                            hints=[("conversations list", {})])
         if len(rows) > 1:
             sources = ", ".join(r["source"] for r in rows)
-            raise InputError("source", f"session {sid!r} exists in {sources}; name one")
+            raise InputError("source", f"session {echo(sid)} exists in {sources}; name one")
         return rows[0]
 
     def conversation_get_session(self, session_id, offset: int = 0, limit: int = 50,
@@ -8253,7 +8303,7 @@ class ConversationSearch:
                                        ("limit", limit, 1, CONVERSATION_PAGE_MAX)):
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise InputError(name,
-                                 f"expected a whole number from {low} to {high}, got {value!r}")
+                                 f"expected a whole number from {low} to {high}, got {echo(value)}")
         s = self._named_session(session_id, source, persona_id)
         rows = self.rows(self.queries["conv_session_turns"],
                          {"session_ref": s["id"], "limit": limit, "offset": offset})
@@ -8274,7 +8324,7 @@ class ConversationSearch:
         """Ingested sessions newest first (by their last turn)."""
         if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
             raise InputError("limit",
-                             f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {limit!r}")
+                             f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {echo(limit)}")
         return self.rows(self.queries["conv_list_sessions"],
                          {"persona_id": _label(persona_id, "persona_id"), "source": source or "",
                           "limit": limit, "offset": max(0, offset)})
@@ -8461,7 +8511,7 @@ def project_patterns(cfg: Config, key: str) -> tuple[str, ...]:
             continue
         absolute = os.path.isabs(pattern) or re.match(r"[A-Za-z]:[\\/]", pattern)
         if not (absolute or pattern[0] in "*?[/\\"):
-            raise AokunError(f"[conversations] {key}: {raw.strip()!r} never matches a project, "
+            raise AokunError(f"[conversations] {key}: {echo(raw.strip())} never matches a project, "
                              f"which is an absolute folder path; write */{raw.strip()} or the "
                              "whole path")
         out.append(pattern.rstrip("/\\") or pattern)
@@ -9085,8 +9135,8 @@ def install_codex_notify(path: Path, value: list[str]) -> str:
     if current == value:
         return f"{path}: notify already runs Aokun; nothing changed"
     if current is not None and not _is_ours(" ".join(map(str, current)), "codex", "notify"):
-        raise AokunError(f"{path} already has notify = {current!r}; Codex runs only one, so it was "
-                         "left as it is. Use `python aokun.py watch` (or the server's "
+        raise AokunError(f"{path} already has notify = {echo(current)}; Codex runs only one, so "
+                         "it was left as it is. Use `python aokun.py watch` (or the server's "
                          "[conversations] watch) instead")
     line = "notify = [" + ", ".join(json.dumps(a, ensure_ascii=False) for a in value) + "]"
     if current is not None:  # an older Aokun line (another path): replace that line only
@@ -9320,8 +9370,8 @@ def _record_value(rec: dict, key: str, line: int, kinds: tuple, nullable: bool =
                                     and not (isinstance(v, bool) and bool not in kinds)):
         return v
     names = "/".join(k.__name__ for k in kinds)
-    raise ImportFileError(line, f"{rec.get('kind')} field {key!r}: expected {names}"
-                                f"{' or null' if nullable else ''}, got {v!r}")
+    raise ImportFileError(line, f"{rec.get('kind')} field {echo(key)}: expected {names}"
+                                f"{' or null' if nullable else ''}, got {echo(v)}")
 
 
 def read_export(lines) -> list[tuple[int, dict]]:
@@ -9342,13 +9392,14 @@ def read_export(lines) -> list[tuple[int, dict]]:
         if header is None:
             if rec.get("kind") != "header" or rec.get("format") != EXPORT_FORMAT:
                 raise ImportFileError(n, "is not an Aokun export header (kind 'header', format "
-                                         f"{EXPORT_FORMAT!r})")
+                                         f"{echo(EXPORT_FORMAT)})")
             if not isinstance(rec.get("version"), int) or rec["version"] > EXPORT_VERSION:
-                raise ImportFileError(n, f"export version {rec.get('version')!r} is newer than "
+                raise ImportFileError(n, f"export version {echo(rec.get('version'))} is newer than "
                                          f"this Aokun reads ({EXPORT_VERSION}); upgrade Aokun")
             schema = rec.get("schema")
             if schema is not None and (type(schema) is not int or schema > schema_version_known()):
-                raise ImportFileError(n, f"written by an Aokun of schema {schema!r}, newer than "
+                raise ImportFileError(n, f"written by an Aokun of schema {echo(schema)}, newer "
+                                         "than "
                                          f"this one ({schema_version_known()}): its records may "
                                          "hold what this Aokun would drop; upgrade Aokun, nothing "
                                          "was imported")
@@ -9356,7 +9407,8 @@ def read_export(lines) -> list[tuple[int, dict]]:
             continue
         kind = rec.get("kind")
         if kind not in EXPORT_FIELDS:
-            raise ImportFileError(n, f"unknown kind {kind!r}; known: {', '.join(EXPORT_FIELDS)}")
+            raise ImportFileError(n, f"unknown kind {echo(kind)}; "
+                                     f"known: {', '.join(EXPORT_FIELDS)}")
         unknown = [k for k in rec if k != "kind" and k not in EXPORT_FIELDS[kind]]
         if unknown:
             raise ImportFileError(n, f"{kind} has field(s) this Aokun does not know "
@@ -10141,11 +10193,12 @@ def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> d
         raise SyncFileError("not an Aokun changeset (no header line)" if head
                             else "empty (still being copied?)")
     if not isinstance(h.get("version"), int) or h["version"] > SYNC_VERSION:
-        raise SyncFileError(f"changeset version {h.get('version')!r} is newer than this Aokun "
+        raise SyncFileError(f"changeset version {echo(h.get('version'))} is newer than this Aokun "
                             "reads; upgrade Aokun")
     if h.get("schema") is not None and (type(h["schema"]) is not int
                                         or h["schema"] > schema_version_known()):
-        raise SyncFileError(f"written by an Aokun of schema {h['schema']!r}, newer than this one "
+        raise SyncFileError(f"written by an Aokun of schema {echo(h['schema'])}, newer than this "
+                            "one "
                             f"({schema_version_known()}); upgrade Aokun")
     if h.get("device") != device or h.get("seq") != seq or digest not in ("", h.get("sha256")):
         raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
@@ -10168,7 +10221,7 @@ def changeset_changes(payload: bytes) -> list[tuple]:
     try:
         for ch in apsw.Changeset.iter(sync_inflate(payload)):
             if ch.name != "records" or ch.column_count != 5:
-                raise SyncFileError(f"foreign changeset (table {ch.name!r})")
+                raise SyncFileError(f"foreign changeset (table {echo(ch.name)})")
             if ch.pk_columns != {0, 1}:  # a file of version 2 or before carries no layout
                 raise SyncFileError("its table layout is not this Aokun's (records: primary key "
                                     f"columns {sorted(ch.pk_columns)}, not [0, 1]); "
@@ -10186,7 +10239,7 @@ def changeset_changes(payload: bytes) -> list[tuple]:
                 raise SyncFileError(f"a change does not hold the record it names ({kind} {uid})")
             stamp = rec[field]
             if not isinstance(stamp, str) or _parse_iso_text(stamp) != stamp:  # compared as text
-                raise SyncFileError(f"{kind} {uid}: {field} {stamp!r} is not a time like "
+                raise SyncFileError(f"{kind} {uid}: {field} {echo(stamp)} is not a time like "
                                     "2026-11-30T08:15:00Z")
             digest = sync_hash(rec)
             old = None if ch.op == "INSERT" else tuple(  # the version the change was made on
@@ -10913,7 +10966,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
                              jieba_cache)  # tokens
         if self.cfg.recall.fusion not in ("score", "rrf"):
-            raise AokunError(f"[recall] fusion = {self.cfg.recall.fusion!r} is not one of "
+            raise AokunError(f"[recall] fusion = {echo(self.cfg.recall.fusion)} is not one of "
                              "score, rrf")
         self.rules = Rules(self.cfg)  # atom rules, aliases, intents, time words, event dates
         # Vectors
@@ -11580,9 +11633,14 @@ def _edit_metadata(metadata: dict | None):
     try:
         return None if metadata is None else _metadata_model().model_validate(metadata)
     except ValidationError as e:
-        raise ToolError("edit_memory: " + "; ".join(
-            f"metadata.{'.'.join(str(x) for x in err['loc'])}: {err['msg']}"
-            for err in e.errors(include_url=False))) from None
+        raise ToolError("edit_memory: " + validation_line(e, "metadata.")) from None
+
+
+def validation_line(e, prefix: str = "") -> str:
+    """A pydantic ValidationError in one line naming each field (`prefix` + its path, echo()ed: a
+    key may be the caller's text) and what is wrong with it, never the value."""
+    return "; ".join(f"{echo(prefix + '.'.join(str(x) for x in err['loc']), quote=False)}: "
+                     f"{err['msg']}" for err in e.errors(include_url=False))
 
 
 # Tool families. Each tool is a sync function (the SDK runs it in a worker thread; the Memory
@@ -12313,9 +12371,14 @@ def build_server(memory_factory, cfg: Config):
 
     Tools are sync functions: the SDK runs them in worker threads and the Memory serialises them
     on its connection lock. Bad arguments become tool errors naming the field."""
+    from mcp import MCPError
     from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
-    from mcp.types import ToolAnnotations
+    from mcp.server.mcpserver.exceptions import (
+        ResourceNotFoundError,
+        ToolError,
+        UnexpectedToolError,
+    )
+    from mcp.types import INVALID_PARAMS, ToolAnnotations
     from pydantic import ValidationError
 
     class Server(MCPServer):
@@ -12329,25 +12392,47 @@ def build_server(memory_factory, cfg: Config):
         async def call_tool(self, name, arguments, context=None):
             """MCPServer.call_tool, with arguments the tool's schema refuses reported in one line
             that names each field ("recall: k: Input should be a valid integer"), not pydantic's
-            report."""
+            report, and an argument the tool does not take refused with the closest it takes
+            (unknown_argument: one check for every tool, no schema text)."""
+            if name in params and (problem := unknown_argument(arguments or {}, params[name])):
+                raise ToolError(f"{name}: {problem}")
             try:
                 return await super().call_tool(name, arguments, context)
             except ToolError as e:
                 if (isinstance(e, UnexpectedToolError)
                         or not isinstance(e.__cause__, ValidationError)):
                     raise
-                raise ToolError(f"{name}: " + "; ".join(
-                    f"{'.'.join(str(x) for x in err['loc']) or 'arguments'}: {err['msg']}"
-                    for err in e.__cause__.errors(include_url=False))) from e.__cause__
+                # from None: the SDK logs this line, not the keys it was given
+                raise ToolError(f"{name}: {validation_line(e.__cause__)}") from None
+
+        async def get_prompt(self, name, arguments=None, context=None):
+            """MCPServer.get_prompt, with an argument the prompt does not take refused in one line
+            (unknown_argument) rather than as an internal error."""
+            known = [a.name for p in await self.list_prompts() if p.name == name
+                     for a in p.arguments or []]
+            if name in MCP_PROMPTS and (problem := unknown_argument(arguments or {}, known)):
+                raise MCPError(INVALID_PARAMS, f"{name}: {problem}")
+            return await super().get_prompt(name, arguments, context)
+
+        async def read_resource(self, uri, context=None):
+            """MCPServer.read_resource, with the address of an unknown resource echo()ed."""
+            try:
+                return await super().read_resource(uri, context)
+            except ResourceNotFoundError as e:
+                if not str(e).startswith("Unknown resource: "):
+                    raise
+                raise ResourceNotFoundError(f"Unknown resource: {echo(str(uri))}") from None
 
     running: list[ServerState] = []
     # no subscriptions/listen: nothing publishes list or resource changes
     server = Server("aokun", instructions=SERVER_INSTRUCTIONS, version=__version__,
                     lifespan=_lifespan(memory_factory, running),
                     log_level=cfg.server.log_level.upper(), subscriptions=False)
+    params: dict[str, list[str]] = {}  # each tool's argument names (Server.call_tool)
     for name in exposed_tools(cfg, MCP_TOOLS):
         family, kind = MCP_TOOLS[name]
         fn = getattr(family(), name)
+        params[name] = [p for p in inspect.signature(fn).parameters if p != "ctx"]
         server.add_tool(_answering(fn), name=name, description=" ".join(fn.__doc__.split()),
                         annotations=ToolAnnotations(**TOOL_KINDS[kind]))
     _add_resources(server, lambda: running[-1].memory)
@@ -12357,6 +12442,23 @@ def build_server(memory_factory, cfg: Config):
     _add_logging(server)
     _add_health_route(server, lambda: running[-1].memory)
     return server
+
+
+RENAMED_ARGUMENTS = {"k": "limit"}  #: earlier versions' argument names: their names now
+
+
+def unknown_argument(arguments: dict, known: list[str]) -> str | None:
+    """The problem with `arguments` (a tool call's) when one is not among `known` (the tool's
+    argument names): "unknown argument 'persona'; did you mean 'persona_id'?" (its new name, else
+    the closest name by difflib, else the names it takes); None when all are known."""
+    import difflib
+    unknown = [a for a in arguments if a not in known]
+    if not unknown:
+        return None
+    close = [n for n in [RENAMED_ARGUMENTS.get(unknown[0])] if n in known] \
+        or difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.5)
+    hint = f"did you mean {echo(close[0])}?" if close else f"it takes {', '.join(known) or 'none'}"
+    return f"unknown argument {echo(unknown[0])}; {hint}"
 
 
 def _answering(fn):
@@ -12527,16 +12629,39 @@ class SurrogateSafeLines(io.TextIOWrapper):
     """The stdio transport's stdin (UTF-8, undecodable bytes replaced, as the SDK reads it): a line
     (one JSON-RPC message) holding a lone surrogate escape ("\\ud800", legal JSON that the SDK's
     parser refuses, dropping the request unanswered) is re-written with U+FFFD in its place
-    (loads_json), so the request is answered like any other. Closing it leaves stdin open."""
+    (loads_json), so the request is answered like any other. A request nested deeper than
+    MAX_JSON_DEPTH (which the SDK's parser would drop too) is not passed on: `answer` (set by
+    serve_stdio) sends its id a one-line error instead. Closing it leaves stdin open."""
+
+    answer: Callable | None = None
 
     def readline(self, size: int = -1) -> str:
         line = super().readline(size)
+        while (line.count("{") + line.count("[") > MAX_JSON_DEPTH and self.answer
+               and json_within(line, MAX_JSON_DEPTH) is not line):
+            self._refuse(json_within(line, 1))
+            line = super().readline(size)
         if not _SURROGATE_ESCAPE.search(line):
             return line
         try:
             return json.dumps(loads_json(line), ensure_ascii=False) + "\n"
         except (ValueError, RecursionError):  # not JSON: the SDK answers it as it would
             return line
+
+    def _refuse(self, outline: str) -> None:
+        """Answer the too-deep request whose top level is `outline` with an Invalid Request error
+        (a notification, which has no id, is only logged)."""
+        from mcp.types import INVALID_REQUEST, ErrorData, JSONRPCError
+        try:
+            msg_id = json.loads(outline).get("id")
+        except (ValueError, AttributeError):
+            msg_id = None
+        problem = f"the request nests deeper than {MAX_JSON_DEPTH} levels; send flatter JSON"
+        if msg_id is None:
+            log.warning("ignored a message without id: %s", problem)
+            return
+        self.answer(JSONRPCError(jsonrpc="2.0", id=msg_id,
+                                 error=ErrorData(code=INVALID_REQUEST, message=problem)))
 
     def close(self) -> None:
         with contextlib.suppress(ValueError):
@@ -12548,10 +12673,12 @@ async def serve_stdio(server) -> None:
     still claims stdout: fd 1 points at stderr while serving, so stray prints miss the wire)."""
     import anyio
     from mcp.server.stdio import stdio_server
+    from mcp.shared.message import SessionMessage
 
-    stdin = anyio.wrap_file(SurrogateSafeLines(sys.stdin.buffer, encoding="utf-8",
-                                               errors="replace"))
-    async with stdio_server(stdin=stdin) as (read_stream, write_stream):
+    lines = SurrogateSafeLines(sys.stdin.buffer, encoding="utf-8", errors="replace")
+    async with stdio_server(stdin=anyio.wrap_file(lines)) as (read_stream, write_stream):
+        lines.answer = lambda message: anyio.from_thread.run(write_stream.send,
+                                                             SessionMessage(message))
         low = server._lowlevel_server  # what MCPServer.run_stdio_async runs, given our stdin
         await low.run(read_stream, write_stream, low.create_initialization_options())
 
@@ -12722,7 +12849,8 @@ def check_settings(cfg: Config) -> None:
     for (section, key), allowed in SETTING_CHOICES.items():
         value = getattr(cfg, section)[key]
         if (value.upper() if key == "log_level" else value) not in allowed:
-            raise AokunError(f"[{section}] {key} = {value!r} is not one of {', '.join(allowed)}")
+            raise AokunError(f"[{section}] {key} = {echo(value)} "
+                             f"is not one of {', '.join(allowed)}")
     exposed_tools(cfg, MCP_TOOLS)
     check_watch_limits(cfg)
 
@@ -13364,11 +13492,11 @@ class Panel:
                 value = float(raw)
             except ValueError:
                 raise InputError("importance",
-                                 f"expected a number from 0 to 1, got {raw!r}") from None
+                                 f"expected a number from 0 to 1, got {echo(raw)}") from None
             out = mem.set_importance(i, value, persona)
             msg = f"importance {out['old']:.2f} → {out['new']:.2f}"
         else:
-            raise NotFound(f"no action {action!r} on a memory")
+            raise NotFound(f"no action {echo(action)} on a memory")
         return self.back(request, f"/memories/{i}", persona, msg=msg)
 
     def recall_page(self, request, form):
@@ -13381,7 +13509,7 @@ class Panel:
         out = None
         if q:
             if not k.isdigit():
-                raise InputError("k", f"expected a whole number of results ≥ 1, got {k!r}")
+                raise InputError("k", f"expected a whole number of results ≥ 1, got {echo(k)}")
             out = mem.recall(q, int(k), p.get("persona", ""), args["session"] or None,
                              args["archived"], True, None, args["as_of"] or None)
             top = max((h["score"] for h in out["results"]), default=0) or 1.0
@@ -13444,7 +13572,7 @@ class Panel:
             return mem.online_backup(dest)
         if command == "vacuum":
             return {"before_bytes": mem.stats()["size_bytes"]} if dry_run else mem.vacuum()
-        raise NotFound(f"no maintenance command {command!r}; known: {', '.join(MAINTENANCE)}")
+        raise NotFound(f"no maintenance command {echo(command)}; known: {', '.join(MAINTENANCE)}")
 
     def maintenance_page(self, request, form):
         """The dry run of one maintenance command, and the form that runs it for real."""
@@ -13807,7 +13935,7 @@ def service_plan(platform: str, action: str, cmd: list[str],
             "start": [["schtasks", "/Run", "/TN", name]],
             "stop": [["schtasks", "/End", "/TN", name]],
             "status": [["schtasks", "/Query", "/TN", name]]}[action])
-    raise InputError("--platform", f"expected linux, macos or windows, got {platform!r}")
+    raise InputError("--platform", f"expected linux, macos or windows, got {echo(platform)}")
 
 
 def this_platform() -> str:
@@ -15461,7 +15589,7 @@ def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
     an event the client has no hook for."""
     if event not in HOOK_EVENTS[client]:
         raise InputError("EVENT",
-                         f"{client} hooks are {', '.join(HOOK_EVENTS[client])}, not {event!r}")
+                         f"{client} hooks are {', '.join(HOOK_EVENTS[client])}, not {echo(event)}")
     overrides = {("embedding", "timeout_seconds"): HOOK_EMBED_TIMEOUT_SECONDS,
                  ("embedding", "max_retries"): 0}
     cfg = load_config(state.config_arg, overrides)
