@@ -57,7 +57,7 @@ async def test_a_time_question_opens_its_window(server, monkeypatch, now, query,
             r = await c.call_tool("memorize", {"content": text, "metadata": {"timestamp": written}})
             assert r.is_error is False
         monkeypatch.setenv("AOKUN_NOW", now)
-        r = await c.call_tool("recall", {"query": query, "k": 3, "explain": True})
+        r = await c.call_tool("recall", {"query": query, "limit": 3, "explain": True})
         hits = r.structured_content["results"]
     hit = next(h for h in hits if h["text"] == expect)
     assert "time_window" in hit["channels"]
