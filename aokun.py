@@ -2084,7 +2084,9 @@ def event_spans(text: str, created_at: str, words: dict, tz,
                 bare = spec["kind"] == "dom" and "offset" not in spec  # "5日" of "3月3日至5日"
                 found.append([m.start(), m.end(), *span, m.group(0), "dom" if bare else
                               spec["kind"]])
-    found.sort()
+    found.sort()  # a weekday just before its date only names it: "Saturday, March 14"
+    found = [f for f, g in zip(found, found[1:] + [None], strict=False) if not (
+        f[5] == "weekday_near" and g and re.fullmatch(r"[\s,，(（]*", folded[f[1]:g[0]]))]
     merged = found[:1]
     joiner = words.get("tense", {}).get("range")
     for f in found[1:]:
