@@ -1674,7 +1674,8 @@ class Weights:
 
 
 #: rules/timewords.toml rule kinds
-TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago", "before", "dates")
+TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago", "before", "dates",
+                   "rest")
 
 
 def load_time_words(path: Path) -> dict:
@@ -1730,6 +1731,9 @@ def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz,
         day_start = midnight(today + dt.timedelta(days=offset))
         start = day_start + dt.timedelta(hours=spec.get("start_hour", 0))
         return start, start + dt.timedelta(hours=spec.get("hours", 24))
+    if kind == "rest":  # the rest of this week: from today to the end of `period`
+        end = _time_span(spec | {"kind": spec["period"]}, m, today, words, tz, ahead)[1]
+        return midnight(today), end
     if kind == "week":
         monday = midnight(today - dt.timedelta(days=today.weekday() - 7 * offset))
         return monday, monday + dt.timedelta(days=7)
@@ -1833,7 +1837,7 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
                 window.keep_words = bool(spec.get("keep_words"))
                 found.append((window, spec["kind"]))
                 break
-    narrower = [w for w, _ in found[1:] if found[0][1] != "before"
+    narrower = [w for w, _ in found[1:] if found[0][1] not in ("before", "rest")
                 and found[0][0][0] <= w[0] and w[1] <= found[0][0][1] and w[:2] != found[0][0][:2]]
     return (narrower or [found[0][0]] if found else [None])[0]
 
@@ -1841,7 +1845,8 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
 #: rules/dates.toml rule kinds
 EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "dom", "ym", "y", "quarter", "day", "in", "ago",
                     "weekday", "weekday_near", "week", "weekend", "month", "month_start",
-                    "month_end", "year", "year_end", "named_month", "lunar", "festival")
+                    "month_end", "year", "year_end", "named_month", "lunar", "festival",
+                    "nth_weekday")
 #: 1..99 in Chinese numerals
 _ZH_NUMERAL = "(?:[一二三四五六七八九]?十[一二三四五六七八九]?|[一二两三四五六七八九])"
 
@@ -1862,11 +1867,13 @@ def zh_number(text: str) -> int | None:
 
 def load_event_dates(path: Path) -> dict:
     """rules/dates.toml, ready for event_spans: {rules: [(compiled patterns, spec)], numbers,
-    months, weekdays, units, year_words, festivals, tense {past, future, range} (compiled),
+    months, weekdays, units, year_words, festivals, ordinals, month_parts, tense {past, future,
+    range} (compiled),
     grace_days}, with the placeholders of the patterns filled in (alternatives longest first)."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     table = {name: {fold(k).casefold(): v for k, v in data.get(name, {}).items()}
-             for name in ("numbers", "months", "weekdays", "units", "year_words", "festivals")}
+             for name in ("numbers", "months", "weekdays", "units", "year_words", "festivals",
+                          "ordinals", "month_parts")}
 
     def alts(words):
         return "|".join(re.escape(w) for w in sorted(words, key=lambda w: (-len(w), w)))
@@ -1876,6 +1883,8 @@ def load_event_dates(path: Path) -> dict:
             "{unit}": f"(?P<unit>{alts(table['units'])})",
             "{yo}": f"(?P<yo>{alts(table['year_words'])})",
             "{festival}": f"(?P<festival>{alts(table['festivals'])})",
+            "{nth}": f"(?P<nth>{alts(table['ordinals'])})",
+            "{part}": f"(?P<part>{alts(table['month_parts'])})",
             "{zm}": "(?:1[0-2]|0?[1-9]|十[一二]?|[一二三四五六七八九])",
             "{day}": rf"(?:[1-3]?\d|{_ZH_NUMERAL})"}
     rules = pattern_rules(data, fill, EVENT_DATE_KINDS, f"{path.name}: unknown event-date kind")
@@ -1908,6 +1917,22 @@ def _lunar_day(year: int, month: int, day: int, offset: int = 0) -> dt.date | No
     except Exception:  # noqa: BLE001 — lunar-python raises a bare Exception for a day it lacks
         return None
     return dt.date(solar.getYear(), solar.getMonth(), solar.getDay()) + dt.timedelta(days=offset)
+
+
+def _nth_weekday(year: int, month: int, n: int, weekday: int) -> dt.date | None:
+    """The `n`th (-1: the last) `weekday` (0 = Monday) of a month, None when it has no such one."""
+    days = [x for x in calendar.Calendar().itermonthdates(year, month)
+            if x.month == month and x.weekday() == weekday]
+    k = n - 1 if n > 0 else n
+    return days[k] if -len(days) <= k < len(days) else None
+
+
+def _month_part(span: tuple[dt.date, dt.date], g: dict, words: dict) -> tuple[dt.date, dt.date]:
+    """The days of month `span` that group `part` names ([month_parts]: 上旬 1-10, late 21-end)."""
+    if not g.get("part"):
+        return span
+    first, last = words["month_parts"][g["part"].casefold()]
+    return span[0] + dt.timedelta(days=first - 1), min(span[1], span[0] + dt.timedelta(days=last))
 
 
 def _pick(options, today: dt.date, tense: int):
@@ -1968,25 +1993,41 @@ def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict,
         return day
     if kind == "festival":
         fest = words["festivals"][g["festival"].casefold()]
-        base = today.year if "solar" in fest else _lunar_of(today)
+        base = _lunar_of(today) if "lunar" in fest else today.year
         years = (year,) if year else (base - 1, base, base + 1)
-        fm, fd = fest.get("solar") or fest["lunar"]
-        days = [_safe_date(y, fm, fd) if "solar" in fest else _lunar_day(y, fm, fd)
-                for y in years]
-        return _pick([_one(x + dt.timedelta(days=fest.get("offset", 0))) for x in days if x],
-                     today, 0 if year else tense)
+        days = [_nth_weekday(y, *fest["nth"]) if "nth" in fest else _safe_date(y, *fest["solar"])
+                if "solar" in fest else _lunar_day(y, *fest["lunar"]) for y in years]
+        long = dt.timedelta(days=fest.get("days", 1) if g.get("span") else 1)  # 国庆去了七天
+        first = [x + dt.timedelta(days=fest.get("offset", 0)) for x in days if x]
+        return _pick([(x, x + long) for x in first], today, 0 if year else tense)
+    if kind == "nth_weekday":  # the last Saturday of this month, 下个月第一个周四
+        n, weekday = int(words["ordinals"][g["nth"].casefold()]), words["weekdays"][
+            g["weekday"].casefold()]
+        firsts = ([_add_months(today.replace(day=1), offset)] if "offset" in spec else
+                  [dt.date(year or today.year + k, month or 0, 1) for k in ((0,) if year else
+                                                                           (-1, 0, 1))])
+        return _pick([_one(_nth_weekday(f.year, f.month, n, weekday)) for f in firsts], today,
+                     tense if len(firsts) > 1 else 0)
     if kind == "dom":
         if "offset" in spec:
             first = _add_months(today.replace(day=1), offset)
             return _one(_safe_date(first.year, first.month, d or 0))
-        firsts = [_add_months(today.replace(day=1), k) for k in (-1, 0, 1)]
-        return _pick([_one(_safe_date(f.year, f.month, d or 0)) for f in firsts], today, tense)
+        firsts = [_add_months(today.replace(day=1), k) for k in range(-2, 4)]
+        days = [_safe_date(f.year, f.month, d or 0) for f in firsts]
+        if g.get("weekday"):  # Saturday the 14th: a month whose 14th is a Saturday
+            weekday = words["weekdays"][g["weekday"].casefold()]
+            days = [x for x in days if x and x.weekday() == weekday] or days
+        else:
+            days = days[1:4]
+        return _pick([_one(x) for x in days], today, tense)
     if kind == "ym":
         if not month or not 1 <= month <= 12:
             return None
         first, end = _month_span(year, month) if year else _pick(
             [_month_span(today.year + k, month) for k in (-1, 0, 1)], today, tense)
         part = spec.get("part")
+        if g.get("part"):  # 5月上旬, late January
+            return _month_part((first, end), g, words)
         return _one(end - dt.timedelta(days=1)) if part == "end" else (
             (first, first + dt.timedelta(days=10)) if part == "start" else (first, end))
     if kind == "y":
@@ -2038,7 +2079,8 @@ def _relative_span(spec: dict, g: dict, today: dt.date, words: dict,
         return start, start + dt.timedelta(days=2 if kind == "weekend" else 7)
     if kind in ("month", "month_start", "month_end"):
         first, end = _month_span(today.year, today.month + offset)
-        return {"month": (first, end), "month_start": (first, first + dt.timedelta(days=10)),
+        return {"month": _month_part((first, end), g, words),
+                "month_start": (first, first + dt.timedelta(days=10)),
                 "month_end": _one(end - dt.timedelta(days=1))}[kind]
     if kind in ("year", "year_end"):
         end = dt.date(today.year + offset + 1, 1, 1)
@@ -2087,16 +2129,23 @@ def event_spans(text: str, created_at: str, words: dict, tz,
                     continue
                 taken.append((m.start(), m.end()))
                 bare = spec["kind"] == "dom" and "offset" not in spec  # "5日" of "3月3日至5日"
-                found.append([m.start(), m.end(), *span, m.group(0), bare and m.group("d")])
-    found.sort()
+                found.append([m.start(), m.end(), *span, m.group(0), "dom" if bare else
+                              spec["kind"]])
+    found.sort()  # a weekday just before its date only names it: "Saturday, March 14"
+    found = [f for f, g in zip(found, found[1:] + [None], strict=False) if not (
+        f[5] == "weekday_near" and g and re.fullmatch(r"[\s,，(（]*", folded[f[1]:g[0]]))]
     merged = found[:1]
     joiner = words.get("tense", {}).get("range")
     for f in found[1:]:
         last = merged[-1]
         if joiner and joiner.search(folded[last[1]:f[0]]):
-            if f[5]:  # a day alone ends a range in the month it starts in
-                f[2:4] = _one(_safe_date(last[2].year, last[2].month, zh_number(f[5]) or 0)
-                              or f[2]) or f[2:4]
+            if f[5] == "dom":  # a day alone ends a range in the month it starts in
+                f[2:4] = _one(_safe_date(last[2].year, last[2].month, f[2].day) or f[2])
+            weekdays = (last[5], f[5])  # a weekday alone is of the other's week: 下周一到周三
+            if weekdays == ("weekday", "weekday_near") or weekdays == ("weekday_near",) * 2:
+                f[2:4] = _one(last[2] + dt.timedelta(days=(f[2].weekday() - last[2].weekday()) % 7))
+            if weekdays == ("weekday_near", "weekday"):  # Monday to Wednesday next week
+                last[2] = f[2] - dt.timedelta(days=(f[2].weekday() - last[2].weekday()) % 7)
             if f[3] > last[2]:
                 last[1], last[3], last[4] = f[1], f[3], folded[last[0]:f[1]]
                 continue
