@@ -80,6 +80,7 @@ import time
 import tomllib
 import unicodedata
 import uuid
+import weakref
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -711,6 +712,7 @@ DEFAULTS: dict[str, dict[str, object]] = {
         "source_boost_chat": 1.10,
         "source_boost_import": 0.90,
         "source_boost_default": 1.0,
+        "other_project_factor": 0.5,
         "pin_similarity_threshold": 0.4,
         "query_last_line_weight": 1.0,
         "reinforce_on_recall": True,
@@ -814,6 +816,7 @@ RANGES: dict[str, dict[str, str]] = {
                "graph_extra_entry_boost": ">= 0", "cache_ttl_seconds": ">= 0", "cache_size": ">= 0",
                "max_k": ">= 1", "score_delta": ">= 0", "source_boost_chat": ">= 0",
                "source_boost_import": ">= 0", "source_boost_default": ">= 0",
+               "other_project_factor": "0..1",
                "pin_similarity_threshold": "-1..1", "query_last_line_weight": ">= 0",
                "max_chars_per_hit": ">= 0", "max_answer_tokens": ">= 0",
                "feedback_importance_step": "0..1"},
@@ -2280,7 +2283,8 @@ def scale_routes(parts: dict[int, dict], w: Weights) -> None:
 
 
 def fuse_scores(parts: dict[int, dict], neighbours: dict[int, set], w: Weights) -> list[int]:
-    """The final score, in place: fused = (routes + neighbour + time_boost) × source_boost, where
+    """The final score, in place: fused = (routes + neighbour + time_boost) × source_boost
+    × project_factor ([recall] other_project_factor for another project's memory, else 1), where
     neighbour = session_neighbour_weight × the best routes of the turns right before/after it in its
     session and time_boost is candidate_score's (a memory from the question's time window). Not
     capped at 1.0 as in the seed (the cap made the top hits tie); the source boost is the second
@@ -2288,7 +2292,8 @@ def fuse_scores(parts: dict[int, dict], neighbours: dict[int, set], w: Weights) 
     for i, p in parts.items():
         near = [parts[n]["routes"] for n in neighbours.get(i, ()) if n in parts]
         p["neighbour"] = w.neighbour * max(near) if near else 0.0
-        p["fused"] = (p["routes"] + p["neighbour"] + p.get("time_boost", 0.0)) * p["source_boost"]
+        p["fused"] = ((p["routes"] + p["neighbour"] + p.get("time_boost", 0.0))
+                      * p["source_boost"] * p.get("project_factor", 1.0))
     return sorted(parts, key=lambda i: (-parts[i]["fused"], i))
 
 
@@ -2635,6 +2640,10 @@ class Rules:
         self.default_confidence = float(atoms.get("default_confidence", 0.5))
         self.atom_rules = [(re.compile(r["pattern"]), r["type"], float(r.get("confidence", 0.7)))
                            for r in atoms.get("rules", [])]
+        scope = atoms.get("scope", {})  #: personal_memory: what is global, what its project's
+        self.personal_types = frozenset(scope.get("personal_types", ()))
+        self._scope_here, self._scope_work = (re.compile(scope.get(k, r"(?!)"))
+                                              for k in ("here", "work"))
         aliases = read(cfg.write.aliases).get("aliases", {})
         self.alias_of: dict[str, str] = {}
         for canonical, names in aliases.items():
@@ -2843,6 +2852,21 @@ class Rules:
         return bool(self._speaks_of_user.search(self._request.sub(" ", text))
                     or not self._asks.search(text))
 
+    def personal_memory(self, facts: list[str]) -> bool:
+        """Whether a memory with these fact sentences is about the user or people (global: found
+        from every project) rather than about the code, the repository or the work in it (its
+        project), by rules/atoms.toml [scope]: naming its project ("this repo") makes it the
+        project's; else an atom of a personal type or a single-valued slot (lives_in, prefers…)
+        makes it global; else words of the work make it the project's, and speaking of the user
+        (Rules.personal's words) global. Anything else stays in its project."""
+        text = fold(" ".join(facts))
+        if self._scope_here.search(text):
+            return False
+        if any(self.classify(f)[0] in self.personal_types or self.slot(f)[0] for f in facts):
+            return True
+        return not self._scope_work.search(text) and bool(
+            self._speaks_of_user.search(self._request.sub(" ", text)))
+
     def intent(self, query: str) -> tuple[str | None, dict]:
         """The first intent in rules/intents.toml whose pattern matches fold(query)."""
         query = fold(query)
@@ -2922,6 +2946,7 @@ class Prepared:
     content_hash: str = ""
     facts: list = field(default_factory=list)  # key_facts, or sentences of the content
     supersedes: list = field(default_factory=list)  # ids of memories it replaces, linked to it
+    project: str = ""  # project_of() of its project, '' for global
     # pipeline state, not part of the payload
     op: str = "insert"
     op_id: int | None = None
@@ -2945,7 +2970,7 @@ class Prepared:
     PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts",
                "participants", "tags", "sentiment", "source", "importance", "pinned", "created_at",
                "content_hash", "facts")
-    PAYLOAD += ("supersedes",)
+    PAYLOAD += ("supersedes", "project")
 
     def payload(self) -> str:
         """The journal payload: the PAYLOAD fields as JSON text (what recover() rebuilds the write
@@ -2957,7 +2982,7 @@ MAX_LABEL_CHARS = 200  #: the longest persona_id, session_id, source or sentimen
 MAX_ITEM_CHARS = 1000  #: the longest topic, key fact, participant or tag (longer ones are cut)
 MAX_FIELD_CHARS = 10000  #: the longest summary
 METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment", "importance",
-                   "session_id", "persona_id", "source", "timestamp", "tags", "pinned"}
+                   "session_id", "persona_id", "source", "timestamp", "tags", "pinned", "project"}
 
 
 def _text_list(value, name: str) -> list[str]:
@@ -2999,6 +3024,50 @@ def _label(value, name: str, limit: int = MAX_LABEL_CHARS) -> str:
     if value is None:
         return ""
     return _short_text(fold(clean_text(value, name, allow_empty=True)), name, limit)
+
+
+def project_of(where) -> str:
+    """The project a folder, a file in it or a file:// URI (MCP roots) belongs to: the nearest
+    folder at or above it holding .git, else the folder itself, as an absolute POSIX path without a
+    trailing slash and with a lower-case drive letter (C:\\Src\\app and c:/Src/app are one
+    project on every platform). A name that is no absolute path (metadata.project: "aokun") is
+    kept as given, folded; '' (global) for '' or None."""
+    import urllib.parse
+    import urllib.request
+    where = fold(str(where or "")).strip()
+    if where.startswith("file:"):
+        where = urllib.request.url2pathname(urllib.parse.urlparse(where).path)
+    if Path(where).is_absolute():
+        path = Path(where)
+        with contextlib.suppress(OSError):
+            path = path.resolve()
+            path = next((d for d in (path, *path.parents) if (d / ".git").exists()), path)
+        where = path.as_posix()
+    if re.match(r"[A-Za-z]:[\\/]", where):  # Windows, wherever it is read
+        where = where[0].lower() + where[1:].replace("\\", "/")
+    return where.rstrip("/") or where[:1]
+
+
+def within_project(folder: str, project: str) -> bool:
+    """Whether a session's folder (a transcript's cwd, as the client wrote it) is `project` (a
+    project_of key) or in it; a session of no folder ('') is of every project."""
+    folder = folder.replace("\\", "/")
+    folder = folder[0].lower() + folder[1:] if re.match(r"[A-Za-z]:/", folder) else folder
+    return not folder or folder == project or folder.startswith(project.rstrip("/") + "/")
+
+
+def project_scope(scope, project) -> tuple[str, str]:
+    """(project, scope) of a search: scope 'project' (None: the default) prefers `project` (the
+    client's, project_of) and global memories, reaching others only when none of those is
+    relevant; 'all' ranks every project's, the others lower; any other text names the project
+    (over HTTP, a client's folder) with scope 'project'. Raises InputError naming scope."""
+    scope = "project" if scope is None else clean_text(scope, "scope")
+    if scope not in ("project", "all"):
+        if not Path(scope).is_absolute() and not scope.startswith("file:"):
+            raise InputError("scope", f"expected project, all or a project's folder, got "
+                                      f"{scope[:40]!r}")
+        return project_of(scope), "project"
+    return project_of(project), scope
 
 
 def _importance(value, name: str = "importance", default: float = 0.5) -> float:
@@ -3066,9 +3135,10 @@ class Hooks:
     above it (tests/test_layout.py checks): Memory.hooks names the later sections' methods, each
     called with the Memory first. Each field says who calls it and what it gives."""
 
-    #: Recall.recall(include_conversations): (query, k, persona) -> hits
+    #: Recall.recall(include_conversations): (query, k, persona, project, scope) -> hits
     conversation_hits: Callable
-    briefing_lines: Callable  #: Briefing._briefing_text: (persona, ref) -> the session digest lines
+    #: Briefing._briefing_text: (persona, ref, project) -> the session digest lines
+    briefing_lines: Callable
     counts: Callable  #: Maintenance.stats: () -> more counts
     problems: Callable  #: Maintenance.doctor: () -> more problems
     rebuild_vectors: Callable  #: Maintenance.rebuild(vectors): (stored model, progress) -> n | None
@@ -3278,9 +3348,11 @@ class Store:
         return rows
 
     def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
-             session_id: str | None = None, include_archived: bool = False) -> list[dict]:
-        """Memories newest first (by created_at), without atoms/graph detail. Raises InputError for
-        a limit outside 1..LIST_LIMIT_MAX or an offset above MAX_ID."""
+             session_id: str | None = None, include_archived: bool = False,
+             project: str | None = None) -> list[dict]:
+        """Memories newest first (by created_at), without atoms/graph detail; of `project` only
+        (a project_of key, '' global) when given. Raises InputError for a limit outside
+        1..LIST_LIMIT_MAX or an offset above MAX_ID."""
         if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
             raise InputError("limit",
                              f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {echo(limit)}")
@@ -3288,7 +3360,7 @@ class Store:
             raise InputError("offset",
                              f"expected an integer from 0 to {MAX_ID}, got {echo(offset)}")
         return self.rows(self.queries["list_memories"], {
-            "persona_id": persona_id, "session_id": session_id,
+            "persona_id": persona_id, "session_id": session_id, "project": project,
             "include_archived": int(include_archived), "limit": limit, "offset": max(0, offset)})
 
 
@@ -3846,7 +3918,8 @@ class Layers:
                     importance=p.importance, pinned=int(p.pinned), created_at=p.created_at,
                     updated_at=stamp, embedding_state=state,
                     embedding_truncated=int(p.embedding_truncated),
-                    embedding_error=p.embedding_error, **self._event_columns(p))
+                    embedding_error=p.embedding_error, project=p.project,
+                    **self._event_columns(p))
         if p.op == "insert":
             existing = self.value("select id from documents "
                                   "where persona_id = ? and content_hash = ?",
@@ -4617,6 +4690,8 @@ def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
         out["importance"] = p.importance
     if p.pinned and not d["pinned"]:
         out["pinned"] = True
+    if "project" in p.given and p.project != d["project"]:
+        out["project"] = p.project
     return out
 
 
@@ -4655,8 +4730,11 @@ class Journal:
 
     # the write path ------------------------------------------------------------------------------
 
-    def prepare(self, content, metadata: dict | None = None, field_prefix: str = "") -> Prepared:
-        """Validate one memorize() call into a Prepared write. The text fields keep the characters
+    def prepare(self, content, metadata: dict | None = None, field_prefix: str = "",
+                project: str | None = None) -> Prepared:
+        """Validate one memorize() call into a Prepared write. Its project is metadata.project
+        (project_of; "" global) when given, else `project` (the client's) unless the memory is
+        personal (Rules.personal_memory), else global. The text fields keep the characters
         given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and
         source are identifiers, folded (_label); content_hash is of fold(content), so "８０９０" and
         "8090" are one memory. Secrets in the text fields are redacted first (redact()); how many
@@ -4700,11 +4778,16 @@ class Journal:
                         if meta.get("timestamp") else now_iso())
         p.content_hash = content_hash(text)
         p.facts = p.key_facts or self._auto_facts(text)
+        if meta.get("project") is not None:
+            p.project = project_of(_short_text(meta["project"], fp + "project", MAX_ITEM_CHARS))
+        elif project and not self.rules.personal_memory(p.facts or [text]):
+            p.project = project_of(project)
         if (said := redaction_warning(redacted)) is not None:
             p.warnings.append(said)
         return p
 
-    def memorize(self, content, metadata: dict | None = None, supersedes=None) -> dict:
+    def memorize(self, content, metadata: dict | None = None, supersedes=None,
+                 project: str | None = None) -> dict:
         """Store one memory through the journalled pipeline (seed: Write Pipeline).
 
         Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding,
@@ -4715,8 +4798,8 @@ class Journal:
         SUPERSEDES_MAX) are archived and linked to the memory stored (or repeated):
         documents.superseded_by, in the transaction that stores it. Raises InputError for bad
         input, a bad `supersedes` included (_superseded_ids), before anything is written. An
-        embedding failure never fails the write."""
-        p = self.prepare(content, metadata)
+        embedding failure never fails the write. `project`: the client's (prepare)."""
+        p = self.prepare(content, metadata, project=project)
         p.supersedes = self._superseded_ids(supersedes, p)
         return self._memorize_prepared([p])[0]
 
@@ -5162,7 +5245,7 @@ class Journal:
                              "persona (persona_id names the persona the memory is in)")
         d = self._doc(doc_id, persona)
         merged = {k: d[k] for k in ("summary", "topics", "participants", "tags", "sentiment",
-                                    "source", "importance", "session_id", "pinned")}
+                                    "source", "importance", "session_id", "pinned", "project")}
         merged["key_facts"] = d["key_facts"]
         merged["timestamp"] = d["created_at"]
         merged["persona_id"] = d["persona_id"]
@@ -5518,6 +5601,8 @@ class RecallQuery:
     warnings: list  #: the answer's warnings; fusion adds "nothing relevant"
     window: tuple | None = None  #: (start, end, phrase) of the question's time words (time_window)
     text: str = ""  #: the question as asked (Rules.personal, query_names)
+    project: str = ""  #: the client's project ('' none: every memory alike)
+    scope: str = "all"  #: 'project': another project's memories only when none of it is relevant
     #: what the recall did (explain's `stats`), filled by fusion
     stats: dict = field(default_factory=dict)
 
@@ -5560,12 +5645,13 @@ class Recall:
         return self.rules.intent(query.rsplit("\n", 1)[-1])
 
     def _recall_extras(self, query: str, k: int, persona: str, as_of_iso: str,
-                       include_conversations) -> tuple[list[dict], list]:
+                       include_conversations, project: str = "",
+                       scope: str = "all") -> tuple[list[dict], list]:
         """(facts, conversations) of a recall's answer: the knowledge-graph facts about the
         entities the query names, and the conversation hits (hooks) when include_conversations."""
         has_graph = self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,))
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) if has_graph else []
-        conversations = (self.hooks.conversation_hits(self, query, k, persona)
+        conversations = (self.hooks.conversation_hits(self, query, k, persona, project, scope)
                          if include_conversations else [])
         return facts, conversations
 
@@ -5573,7 +5659,7 @@ class Recall:
                session_id: str | None = None, include_archived: bool = False,
                explain: bool = False, channels=None, as_of=None,
                max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None,
-               include_conversations=False):
+               include_conversations=False, project=None, scope=None):
         """Hybrid recall (seed: Retrieval Pipeline). Returns
         {results: [{id, score, text, truncated, summary, importance, created_at, ...}], facts,
         degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each
@@ -5591,7 +5677,8 @@ class Recall:
         scale_routes() (0.65/0.35 or the intent's weights, +0.08 when both routes hit),
         fuse_scores() (session neighbours, source boost), select_hits() (MMR λ=0.7, pins).
         as_of answers as the memory stood then; include_conversations adds `conversations` (hooks).
-        Raises InputError for an empty query or a bad k."""
+        `project` (the client's) and `scope` as project_scope says; a hit of another project
+        names it (`project`). Raises InputError for an empty query, a bad k or scope."""
         started = time.perf_counter()
         r = self.cfg.recall
         query = query_text(query, "query")
@@ -5604,7 +5691,8 @@ class Recall:
         as_of_iso = iso(parse_time(as_of, "as_of")) if as_of else ""
         bounds = self._bounds(max_chars_per_hit, max_answer_tokens)
         flags = (bool(include_archived), bool(explain), bool(include_conversations))
-        key = (query, asked, persona, session, flags, chosen, as_of_iso, bounds)
+        project, scope = project_scope(scope, project)
+        key = (query, asked, persona, session, flags, chosen, as_of_iso, bounds, project, scope)
         cached = self._cache_get(key)
         if cached is not None:
             took_ms = round((time.perf_counter() - started) * 1000, 2)
@@ -5632,14 +5720,15 @@ class Recall:
         results = self._fuse(ranked, RecallQuery(
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
-            vector=vector, tokens=set(tokens), warnings=warnings, stats=stats, text=query))
+            vector=vector, tokens=set(tokens), warnings=warnings, stats=stats, text=query,
+            project=project, scope=scope))
         results, left_out = bound_hits(results, *bounds)
         if left_out:
             warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the "
                             f"answer's texts within {bounds[1]} tokens ([recall] "
                             "max_answer_tokens); get_memory reads each whole")
         facts, conversations = self._recall_extras(query, k, persona, as_of_iso,
-                                                    include_conversations)
+                                                    include_conversations, project, scope)
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent,
                "warnings": warnings, "conversations": conversations}
         if explain:
@@ -5964,10 +6053,14 @@ class Recall:
         rows = self.rows(self.queries["recall_documents"], {"ids": json.dumps(pool)})
         docs = {d["id"]: d for d in rows}
         tokens = self._relevant(pool, docs, parts, q)  # deleted meanwhile or irrelevant: left out
+        if q.scope == "project" and any("project" not in parts[i] for i in tokens):
+            tokens = {i: t for i, t in tokens.items() if "project" not in parts[i]}
         out = []
         hits = select_hits(order[:pool_size], parts, tokens, q.pins, q.k, w.mmr_lambda)
         for i, mmr_score in hits:
             hit = recall_hit(docs[i], parts[i])
+            if "project" in parts[i]:  # another project's: it says which
+                hit["project"] = parts[i]["project"]
             if q.explain:
                 hit["explain"] = explain_parts(i, parts[i], scores, q.chosen, w, q.intent,
                                                mmr_score) | {"dates_skipped": dates_skipped(
@@ -6025,6 +6118,9 @@ class Recall:
             parts[i] = candidate_score(d, ranks.setdefault(i, {}), scores, confidence.get(i), w,
                                        q.ref, q.historical, self._source_boost(d["source"]),
                                        q.pins.get(i))
+            if q.project and d["project"] not in ("", q.project):
+                parts[i].update(project=d["project"],
+                                project_factor=self.cfg.recall.other_project_factor)
 
     def _session_neighbours(self, ids, params: dict) -> dict[int, set]:
         """{memory id: ids of the memories right before/after it in its session} for the candidates
@@ -6258,14 +6354,15 @@ class Briefing:
             progress(2, 2)
         return self.rows("select * from briefings where persona_id = ?", (persona,))[0]
 
-    def _briefing_text(self, persona: str) -> tuple[str, dt.datetime]:
-        """(the briefing's markdown, the time it describes) from sql/context.sql and kg_facts_at."""
+    def _briefing_text(self, persona: str, project: str = "") -> tuple[str, dt.datetime]:
+        """(the briefing's markdown, the time it describes) from sql/context.sql and kg_facts_at;
+        with a `project`, of its memories and the global ones, its sessions first."""
         cx, ref = self.cfg.context, now()
         since = iso(ref - dt.timedelta(days=cx.briefing_recent_days))
-        key = self.rows(self.queries["briefing_key_memories"],
-                        {"persona_id": persona, "min_importance": cx.briefing_importance})
-        recent = self.rows(self.queries["briefing_recent_memories"],
-                           {"persona_id": persona, "since": since, "n": cx.briefing_max_recent})
+        key = self.rows(self.queries["briefing_key_memories"], {
+            "persona_id": persona, "min_importance": cx.briefing_importance, "project": project})
+        recent = self.rows(self.queries["briefing_recent_memories"], {
+            "persona_id": persona, "since": since, "n": cx.briefing_max_recent, "project": project})
         facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona, "entity_id": 0,
                                                         "as_of": iso(ref), "predicate": ""})
         lines = [f"# Memory briefing ({iso(ref)})"]
@@ -6280,7 +6377,7 @@ class Briefing:
             lines.append(f"## Recent ({cx.briefing_recent_days} days)")
             lines += [f"- {d['created_at'][:10]} {memory_tag(d['id'], by.get(d['id']))} "
                       f"{_one_line(d['content'])}" for d in newer_first(recent, by)]
-        lines += self.hooks.briefing_lines(self, persona, ref)
+        lines += self.hooks.briefing_lines(self, persona, ref, project)
         if facts:
             lines.append("## Current facts")
             lines += [f"- {f['subject']} {f['predicate']} {f['object']} "
@@ -6297,15 +6394,16 @@ class Briefing:
         return len(stale)
 
     def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None,
-                       persona_id=None) -> dict:
+                       persona_id=None, project=None, scope=None) -> dict:
         """One text blob of memory for a prompt, within a token budget (estimate_tokens).
         Without a topic: the stored session briefing (no embedding work), rebuilt first when it is
         missing or stale (_current_briefing); `age_seconds` says how old it is.
         With a topic: pinned memories first, then recall(topic) results, then current KG facts
         about entities named in the topic. Modes set the budget and how many results:
         quick 400, chat 1500, coding 2000, project 3000 tokens ([context] *_tokens).
-        Returns {text, tokens, budget, mode, source: briefing|dynamic, stale, generated_at,
-        age_seconds}."""
+        With a `project` (the client's; project_scope) both are of that project and the global
+        memories (the briefing built then, not stored). Returns {text, tokens, budget, mode,
+        source: briefing|dynamic, stale, generated_at, age_seconds}."""
         cx = self.cfg.context
         budgets = {"quick": cx.quick_tokens, "chat": cx.chat_tokens, "coding": cx.coding_tokens,
                    "project": cx.project_tokens}
@@ -6316,8 +6414,13 @@ class Briefing:
             raise InputError("max_tokens", f"expected a whole number ≥ 50, got {echo(max_tokens)}")
         budget = max_tokens or budgets[mode]
         persona = _label(persona_id, "persona_id")
+        project, scope = project_scope(scope, project)
         if topic is None or not str(topic).strip():
-            brief = self._current_briefing(persona)
+            if project:
+                text, ref = self._briefing_text(persona, project)
+                brief = {"text": text, "generated_at": iso(ref), "stale": 0}
+            else:
+                brief = self._current_briefing(persona)
             text = fit_tokens(brief["text"].split("\n"), budget)
             age = (now() - parse_time(brief["generated_at"], "generated_at")).total_seconds()
             return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
@@ -6326,11 +6429,13 @@ class Briefing:
         topic = clean_text(topic, "topic")
         k = CONTEXT_RECALL_K[mode]
         lines = ["# Relevant memories"]
-        pinned = self.rows(self.queries["context_pinned"], {"persona_id": persona})
+        pinned = self.rows(self.queries["context_pinned"], {"persona_id": persona,
+                                                            "project": project})
         lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pinned]
         seen = {d["id"] for d in pinned}
         # max_answer_tokens=0: fit_tokens bounds the text
-        hits = self.recall(topic, k=k, persona_id=persona, max_answer_tokens=0)["results"]
+        hits = self.recall(topic, k=k, persona_id=persona, max_answer_tokens=0, project=project,
+                           scope=scope)["results"]
         for h in hits:
             if h["id"] not in seen:
                 tag = memory_tag(h["id"], h.get("replaced_by"))
@@ -8203,7 +8308,8 @@ class ConversationSearch:
 
     def conversation_search(self, query, k: int = 5, source=None, session_id=None, since=None,
                             until=None, persona_id=None,
-                            max_chars_per_hit: int | None = None) -> dict:
+                            max_chars_per_hit: int | None = None, project=None,
+                            scope=None) -> dict:
         """Hybrid search over ingested turns: the BM25 channel (conv_turns_fts) and the vector
         channel (conv_turn_vec, re-scored by exact cosine) of one persona, filtered in SQL by
         source, session id and time (since/until ISO-8601), fused like recall's document channels
@@ -8211,7 +8317,9 @@ class ConversationSearch:
         min_relevance drops the unrelated). Each hit's text is cut to max_chars_per_hit
         ([conversations] max_chars_per_hit; 0 = whole). Returns {results: [{turn_id, session_id,
         source, role, created_at, text, truncated, score, relevance, channels, title, project}],
-        degraded, warnings, took_ms}. InputError for an empty query, a bad k, source or time."""
+        degraded, warnings, took_ms}. The sessions of `project` (the client's; in a folder of it)
+        and those of none come first, as recall's memories do (project_scope, `scope`).
+        InputError for an empty query, a bad k, source, time or scope."""
         started = time.perf_counter()
         query = query_text(query, "query")
         warnings: list[str] = []
@@ -8225,6 +8333,7 @@ class ConversationSearch:
             raise InputError("max_chars_per_hit",
                              f"expected a whole number ≥ 0 (0 = no limit), got {echo(limit)}")
         tokens = self.seg.tokens(query)
+        project, scope = project_scope(scope, project)
         params = {"match": fts_query(tokens), "persona_id": _label(persona_id, "persona_id"),
                   "source": source or "", "session_id": _label(session_id, "session_id"),
                   "since": iso(parse_time(since, "since")) if since else "",
@@ -8247,7 +8356,7 @@ class ConversationSearch:
                 ranked["vector"] = self._bounded_knn(key, self.queries[name], params, self.rows)
         hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings,
                                 {"personal": self.rules.personal(query),
-                                 "names": frozenset(query_names(query))})
+                                 "names": frozenset(query_names(query))}, project, scope)
         if (note := self._watch_warning()) is not None:
             warnings.append(note)
         for h in hits:
@@ -8284,10 +8393,12 @@ class ConversationSearch:
             return None
 
     def _fuse_turns(self, ranked: dict, vector, tokens: set, k: int, warnings: list,
-                    about: dict) -> list[dict]:
+                    about: dict, project: str = "", scope: str = "all") -> list[dict]:
         """The k best turns of the channel rows: RRF or the weighted mean of normalized_scores
-        ([recall] fusion), then hit_relevance (`about`: {personal, names} of the question) against
-        [recall] min_relevance."""
+        ([recall] fusion), × [recall] other_project_factor for a session of another project than
+        `project`, then hit_relevance (`about`: {personal, names} of the question) against
+        [recall] min_relevance; scope 'project' drops the other projects' turns when any of its
+        own is relevant."""
         r = self.cfg.recall
         ranks, scores, _ = channel_evidence(ranked, ())
         if not ranks:
@@ -8297,6 +8408,11 @@ class ConversationSearch:
         pool = sorted(fused, key=lambda i: (-fused[i], i))[: max(3 * k, MMR_POOL_MIN)]
         hits = self.rows(self.queries["conv_hits"], {"ids": json.dumps(pool)})
         rows = {row["id"]: row for row in hits}
+        other = {i for i, row in rows.items()
+                 if project and not within_project(row["project"], project)}
+        for i in other:
+            fused[i] *= r.other_project_factor
+        pool.sort(key=lambda i: (-fused[i], i))
         coef = self.rules.relevance_coef(self.embedder.model, tokens)
         about = dict(about, tokens=tokens, vector=vector,
                      background=None if vector is None or coef is None else self.background(vector))
@@ -8317,8 +8433,11 @@ class ConversationSearch:
                         "relevance": None if rel is None else round(rel, 4),
                         "channels": sorted(ranks[i]), "title": row["title"],
                         "project": row["project"]})
-            if len(out) == k:
+            if len(out) == k and not other:
                 break
+        if scope == "project" and any(h["turn_id"] not in other for h in out):
+            out = [h for h in out if h["turn_id"] not in other]
+        out = out[:k]
         if rows and not out and best is not None:
             warnings.append(f"nothing relevant: the best turn's relevance is {best:.2f}, below "
                             f"[recall] min_relevance = {r.min_relevance}")
@@ -8425,7 +8544,8 @@ class ConversationSearch:
                                     (persona,)),
                 "watch": self.watch_progress()}
 
-    def _session_digest_lines(self, persona: str, ref: dt.datetime) -> list[str]:
+    def _session_digest_lines(self, persona: str, ref: dt.datetime,
+                              project: str = "") -> list[str]:
         """The briefing's "Recent sessions" lines: the sessions of the last [context]
         briefing_recent_days (at most [conversations] briefing_sessions), newest first, each with
         its date, source, turn count, title or first user message, and session id for
@@ -8435,7 +8555,7 @@ class ConversationSearch:
             return []
         since = iso(ref - dt.timedelta(days=self.cfg.context.briefing_recent_days))
         rows = self.rows(self.queries["conv_recent_sessions"],
-                         {"persona_id": persona, "since": since, "n": n})
+                         {"persona_id": persona, "since": since, "n": n, "project": project})
         if not rows:
             return []
         lines = [f"## Recent sessions ({self.cfg.context.briefing_recent_days} days; "
@@ -8445,11 +8565,13 @@ class ConversationSearch:
                   f"(session {r['session_id']})" for r in rows]
         return lines
 
-    def _conversation_hits(self, query: str, k: int, persona: str) -> list[dict]:
+    def _conversation_hits(self, query: str, k: int, persona: str, project: str = "",
+                           scope: str = "all") -> list[dict]:
         """recall's include_conversations: conversation_search's hits with their score × the source
         boost of bulk imports ([recall] source_boost_import): history ranks below what was
         memorized."""
-        hits = self.conversation_search(query, k, persona_id=persona)["results"]
+        hits = self.conversation_search(query, k, persona_id=persona, project=project,
+                                        scope=scope)["results"]
         boost = self._source_boost("import")
         return [dict(h, score=round(h["score"] * boost, 6)) for h in hits]
 
@@ -9322,7 +9444,7 @@ EXPORT_FIELDS = {
     "memory": ("uid", "persona_id", "session_id", "content", "summary", "topics", "key_facts",
                "participants", "tags", "sentiment", "source", "importance", "pinned", "archived",
                "merged_into", "superseded_by", "created_at", "updated_at", "last_access_at",
-               "access_count", "useful_count", "last_useful_at"),
+               "access_count", "useful_count", "last_useful_at", "project"),
     "atom": ("uid", "persona_id", "document", "sources", "atom_type", "content", "subject",
              "confidence", "importance", "base_ttl_days", "reinforcement_count", "state",
              "superseded_by", "slot", "slot_value", "created_at", "updated_at",
@@ -9340,7 +9462,7 @@ EXPORT_FIELDS = {
 }
 #: Fields added to a kind after EXPORT_VERSION 1: a record without one (an older export or device)
 #: reads as null, and sync_hash leaves a null one out, so older devices' versions hash the same.
-EXPORT_OPTIONAL = {"memory": ("superseded_by",)}
+EXPORT_OPTIONAL = {"memory": ("superseded_by", "project")}  #: project: '' (global) is null
 #: The text fields import redacts, by kind (memories pass the write pipeline, which redacts them).
 IMPORT_REDACTED = {"session": {"project", "title", "first_user_message"}, "turn": {"text"},
                    "atom": {"content", "subject", "slot_value"}, "entity": {"name"},
@@ -9369,6 +9491,8 @@ def export_record(kind: str, row: dict) -> dict:
     for k in ("pinned", "archived"):
         if k in row:
             row[k] = bool(row[k])
+    for k in EXPORT_OPTIONAL.get(kind, ()):
+        row[k] = row.get(k) or None
     return {"kind": kind, **{k: row.get(k) for k in EXPORT_FIELDS[kind]}}
 
 
@@ -9650,7 +9774,7 @@ class Portable:
             verdict, doc_id = self._import_verdict("documents", r, n, overwrite)
             p = self.prepare(r["content"], {k: r[k] for k in (
                 "summary", "topics", "key_facts", "participants", "tags", "sentiment", "source",
-                "importance", "session_id", "persona_id", "pinned")}
+                "importance", "session_id", "persona_id", "pinned", "project")}
                 | {"timestamp": r["created_at"]}, f"line {n}: ")
             dup = self.value("select id from documents where persona_id = ? and content_hash = ? "
                              "and uid != ?", (p.persona_id, p.content_hash, r["uid"]))
@@ -9661,7 +9785,7 @@ class Portable:
                 continue
             cols = {k: getattr(p, k) for k in (
                 "persona_id", "session_id", "content", "content_hash", "summary", "sentiment",
-                "source", "importance", "created_at")}
+                "source", "importance", "created_at", "project")}
             cols |= {k: json.dumps(getattr(p, k), ensure_ascii=False)
                      for k in ("topics", "key_facts", "participants", "tags")}
             cols |= {"uid": _record_value(r, "uid", n, (str,)), "pinned": int(p.pinned),
@@ -11254,6 +11378,7 @@ def _metadata_model():
         timestamp: str | None = Field(None, description="When it happened (ISO-8601).")
         tags: list[str] | None = None
         pinned: bool | None = Field(None, description="Never decays.")
+        project: str | None = Field(None, description='"": global.')
 
     return Metadata
 
@@ -11364,6 +11489,7 @@ def _search_models():
         channels: list[str]
         relevance: float | None = None
         replaced_by: int | None = None
+        project: str | None = None
         explain: dict[str, Any] | None = None
 
         def text_omit(self) -> frozenset:
@@ -11399,7 +11525,8 @@ def _search_models():
         warnings: list[str] = []
         took_ms: float
         cached: bool = False
-        conversations: list[_conversation_models().TurnHit] = Field(
+        # conversation_search's TurnHit (its schema is there: here it would cost ~500 characters)
+        conversations: list[dict[str, Any]] = Field(
             [], description="With include_conversations: the best turns of ingested conversations, "
                             "apart from the memories (their score × the bulk-import source boost).")
 
@@ -11486,6 +11613,7 @@ def _browse_models():
         embedding_state: str
         superseded_by: int | None = None
         supersedes: list[int] = []
+        project: str
         atoms: list[dict[str, Any]]
         graph_entries: list[str]
 
@@ -11619,7 +11747,8 @@ def _tool_args():
     """Annotated argument types shared by the tool families: Id (a memory id, int >= 1), Persona
     (optional persona id; None: the default persona), Owner (the same, for a tool acting on an id or
     entity: one of another persona is not found), Session (optional session id filter), Entity (a
-    knowledge-graph entity name) and When (optional ISO-8601 time; None: now)."""
+    knowledge-graph entity name), Scope (project_scope) and When (optional ISO-8601 time; None:
+    now)."""
     import types
     from typing import Annotated
 
@@ -11631,6 +11760,7 @@ def _tool_args():
         Owner=str | None,
         Session=str | None,
         Entity=Annotated[str, Field(description="Person, place, project… (aliases resolved).")],
+        Scope=str | None,
         When=Annotated[str | None, Field(description="ISO-8601 (default now).")])
 
 
@@ -11673,6 +11803,44 @@ def _on_memory(ctx, fn):
             return fn(memory)
     except AokunError as e:
         raise ToolError(for_mcp(e)) from None
+
+
+ROOTS_TIMEOUT_SECONDS = 5  #: how long _client_project waits for a client's roots/list answer
+
+
+def _client_project(ctx) -> str:
+    """The project of the client calling (project_of): over HTTP the one its request names
+    (?project=… on the URL, or an X-Aokun-Project header); else the first of its MCP roots, asked
+    once per session (roots/list, again after notifications/roots/list_changed; a handshake-era
+    session: the modern protocol has no server requests); else, on
+    stdio, the folder the server was launched in; else '' (none)."""
+    import anyio
+    import anyio.from_thread
+    import mcp.types as types
+    from mcp.shared.message import ServerMessageMetadata
+    rc, state = ctx.request_context, ctx.request_context.lifespan_context
+    request = getattr(rc, "request", None)
+    if request is not None and hasattr(request, "headers"):
+        named = request.query_params.get("project") or request.headers.get("x-aokun-project")
+        if named:
+            return project_of(named)
+    connection = ctx.session._connection  # one per client session (as _add_logging keys it)
+    if connection not in state.roots:
+        roots, caps = [], ctx.session.client_capabilities
+        if caps is not None and caps.roots is not None and ctx.session.can_send_request:
+            async def ask():
+                with anyio.fail_after(ROOTS_TIMEOUT_SECONDS):
+                    return await ctx.session.send_request(  # on this call's back-channel
+                        types.ListRootsRequest(), types.ListRootsResult,
+                        metadata=ServerMessageMetadata(related_request_id=rc.request_id))
+            try:
+                roots = anyio.from_thread.run(ask).roots
+            except Exception as e:  # a client that fails to answer: the next fallback
+                log.info("roots/list failed: %s", e)
+        state.roots[connection] = project_of(str(roots[0].uri)) if roots else None
+    if state.roots[connection] is not None:
+        return state.roots[connection]
+    return "" if request is not None else project_of(os.getcwd())
 
 
 def _edit_metadata(metadata: dict | None):
@@ -11719,8 +11887,9 @@ def _write_tools():
                  ) -> M.WriteResult:
         """Store a fact, preference, decision, event or plan worth keeping for weeks, written to
         make sense alone (names, not pronouns)."""
+        project = _client_project(ctx)
         return M.WriteResult(**_on_memory(ctx, lambda m: m.memorize(content, _meta(metadata),
-                                                                    supersedes)))
+                                                                    supersedes, project)))
 
     def edit_memory(ctx: Context, id: A.Id, content: str | None = None,
                     metadata: Annotated[dict[str, Any] | None, Field(
@@ -11799,14 +11968,17 @@ def _read_tools():
                as_of: Annotated[str | None,
                                 Field(description="ISO-8601: memory as it stood then.")] = None,
                include_conversations: Annotated[bool, Field(description="Also ingested turns."),
-                                                _nullable(False)] = False
+                                                _nullable(False)] = False,
+               scope: Annotated[str | None, Field(
+                   description="project (default), all, or a folder.")] = None
                ) -> S.RecallResult:
         """Search memory by meaning, keywords and relations, in any language; call it before
         answering when earlier conversations may matter. A hit with truncated: true is cut short
         (get_memory reads it whole)."""
+        project = _client_project(ctx)
         return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(
             query, limit, persona_id, session_id, include_archived, explain, None, as_of,
-            include_conversations=include_conversations)))
+            include_conversations=include_conversations, project=project, scope=scope)))
 
     def search_atoms(ctx: Context, query: str,
                      limit: Annotated[int, Field(ge=1), _nullable(10)] = 10,
@@ -11909,17 +12081,20 @@ def _context_tools():
                                                               "the budget."),
                                        _nullable("chat")] = "chat",
                        max_tokens: Annotated[int | None, Field(ge=CONTEXT_TOKENS_MIN)] = None,
-                       persona_id: A.Persona = None) -> C.ContextBlob:
+                       persona_id: A.Persona = None, scope: A.Scope = None) -> C.ContextBlob:
         """Memory for a session start or a new topic, within a token budget; no topic: the session
         briefing."""
-        return C.ContextBlob(**_on_memory(ctx, lambda m: m.memory_context(topic, mode, max_tokens,
-                                                                          persona_id)))
+        project = _client_project(ctx)
+        return C.ContextBlob(**_on_memory(ctx, lambda m: m.memory_context(
+            topic, mode, max_tokens, persona_id, project, scope)))
 
     def refresh_briefing(ctx: Context, persona_id: A.Persona = None) -> C.ContextBlob:
         """Rebuild the session briefing now (it is also rebuilt after changes)."""
+        project = _client_project(ctx)
+
         def run(m):
             m.build_briefing(persona_id, progress=_tool_progress(ctx))
-            return m.memory_context(None, "project", None, persona_id)
+            return m.memory_context(None, "project", None, persona_id, project)
         return C.ContextBlob(**_on_memory(ctx, run))
 
     def forget_preview(ctx: Context,
@@ -12028,11 +12203,14 @@ def _conversation_tools():
                             session_id: str | None = None,
                             since: Annotated[str | None, Field(description="ISO-8601.")] = None,
                             until: Annotated[str | None, Field(description="ISO-8601.")] = None,
-                            persona_id: A.Persona = None) -> C.TurnSearch:
+                            persona_id: A.Persona = None,
+                            scope: A.Scope = None) -> C.TurnSearch:
         """Search past conversations with the user's assistants (Claude Code, Codex, Copilot,
         ChatGPT)."""
+        project = _client_project(ctx)
         return C.TurnSearch(**_on_memory(ctx, lambda m: m.conversation_search(
-            query, limit, source, session_id, since, until, persona_id)))
+            query, limit, source, session_id, since, until, persona_id, project=project,
+            scope=scope)))
 
     def conversation_get_session(ctx: Context,
                                  session_id: str,
@@ -12120,6 +12298,8 @@ class ServerState:
     stop: threading.Event
     #: `aokun-watch`, polling the clients' history ([conversations] watch)
     watcher: threading.Thread | None = None
+    #: {client connection: the project of its roots, None without} (_client_project)
+    roots: "weakref.WeakKeyDictionary" = field(default_factory=lambda: weakref.WeakKeyDictionary())
 
     @classmethod
     def start(cls, memory: Memory) -> "ServerState":
@@ -12255,7 +12435,8 @@ def _log_relay() -> McpLogRelay:
 def _add_logging(server) -> None:
     """Serve logging/setLevel on `server` (which advertises the logging capability from then on):
     the session that sends it gets the `aokun` log records at or above that level (McpLogRelay);
-    before it sends one, none. An unknown level is refused by the SDK (-32602, naming `level`)."""
+    before it sends one, none. An unknown level is refused by the SDK (-32602, naming `level`).
+    notifications/roots/list_changed makes _client_project ask the session's roots again."""
     import asyncio
 
     import mcp.types as types
@@ -12268,6 +12449,12 @@ def _add_logging(server) -> None:
 
     server._lowlevel_server.add_request_handler("logging/setLevel", types.SetLevelRequestParams,
                                                 set_level)
+
+    async def roots_changed(ctx, _params) -> None:  # _client_project asks again on next call
+        ctx.lifespan_context.roots.pop(ctx.session._connection, None)
+
+    server._lowlevel_server.add_notification_handler(
+        "notifications/roots/list_changed", types.NotificationParams, roots_changed)
 
 
 #: seconds between two progress notifications of one tool call (the last one, done == total,
@@ -14304,9 +14491,11 @@ def cli_show(state, memory_id, persona, as_json):
               help="Every persona's memories, each row naming its persona.")
 @click.option("--session", help="Only this session.")
 @click.option("--include-archived", is_flag=True, help="Show archived memories too.")
+@click.option("--project", help="Only this project's (a folder; . here; '' global).")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
-def cli_list(state, limit, offset, persona, all_personas, session, include_archived, as_json):
+def cli_list(state, limit, offset, persona, all_personas, session, include_archived, project,
+             as_json):
     """List the memories of one persona (--persona, default the default persona, as every other
     command), newest first; --all-personas lists every persona's, each row with its persona.
 
@@ -14317,7 +14506,9 @@ def cli_list(state, limit, offset, persona, all_personas, session, include_archi
     if all_personas and persona is not None:
         raise click.UsageError("give --persona or --all-personas, not both")
     whose = None if all_personas else _label(persona, "--persona")
-    rows = state.memory().list_memories(limit, offset, whose, session, include_archived)
+    where = project and str(Path(project).absolute())
+    rows = state.memory().list_memories(limit, offset, whose, session, include_archived,
+                                        None if project is None else project_of(where))
     if as_json:
         return _echo_json(rows)
     for r in rows:
@@ -14482,10 +14673,11 @@ def _explain_line(e: dict) -> str:
 @click.option("--channels",
               help="Comma list for ablation: bm25, vector, graph (or graph_keyword, graph_vector).")
 @click.option("--as-of", help="Answer as the memory stood at this ISO-8601 time.")
+@click.option("--project", help="Prefer this project's (a folder; . here) and global memories.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole answer as JSON.")
 @click.pass_obj
 def cli_recall(state, query, k, session, persona, include_archived, explain, channels, as_of,
-               as_json):
+               project, as_json):
     """Search memories by meaning, keywords and relations.
 
     Example:
@@ -14493,7 +14685,7 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
         python aokun.py recall "what does Alice drink" -k 3 --explain
     """
     out = state.memory().recall(query, k, persona, session, include_archived, explain, channels,
-                                as_of)
+                                as_of, scope=project and str(Path(project).absolute()))
     if as_json:
         return _echo_json(out)
     for w in out["warnings"]:
@@ -14504,7 +14696,8 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
         text = h["text"]
         if len(text) > HIT_PREVIEW_CHARS:
             text = text[:HIT_PREVIEW_CHARS - 1] + "…"
-        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {text}")
+        other = f"[{h['project']}] " if h.get("project") else ""
+        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {other}{text}")
         if explain:
             click.echo(_explain_line(h["explain"]))
     if not out["results"]:

@@ -3,9 +3,11 @@
 
 -- name: briefing_key_memories
 -- The briefing's "Pinned and important": up to 30 live memories of :persona_id that are pinned or
--- have importance ≥ :min_importance, pinned first, then by importance, newest first.
+-- have importance ≥ :min_importance, pinned first, then by importance, newest first. With a
+-- :project ('' none), the global memories and that project's only (so in every query below).
 select id, content, created_at from documents
 where persona_id = :persona_id and archived = 0 and (pinned = 1 or importance >= :min_importance)
+  and (:project = '' or project in ('', :project))
 order by pinned desc, importance desc, created_at desc
 limit 30;
 
@@ -13,6 +15,7 @@ limit 30;
 -- The briefing's "Recent": the :n newest live memories of :persona_id created at or after :since.
 select id, content, created_at from documents
 where persona_id = :persona_id and archived = 0 and created_at >= :since
+  and (:project = '' or project in ('', :project))
 order by created_at desc
 limit :n;
 
@@ -24,7 +27,7 @@ select persona_id from briefings where stale = 1 and generated_at <= :cutoff;
 -- memory_context with a topic starts with these: up to 20 live memories of :persona_id that are
 -- pinned or tagged 'directive', pinned first, then by importance.
 select id, content from documents
-where persona_id = :persona_id and archived = 0
+where persona_id = :persona_id and archived = 0 and (:project = '' or project in ('', :project))
   and (pinned = 1 or exists (select 1 from json_each(tags) where value = 'directive'))
 order by pinned desc, importance desc
 limit 20;

@@ -181,10 +181,13 @@ order by ended_at desc, id desc
 limit :limit offset :offset;
 
 -- name: conv_recent_sessions
--- The briefing's session digests: sessions of the persona whose last turn is after :since, newest first.
+-- The briefing's session digests: sessions of the persona whose last turn is after :since, those of
+-- project :project (its folder or one in it; '' none) first, newest first.
 select source, session_id, title, first_user_message, ended_at, turn_count from conv_sessions
 where persona_id = :persona_id and ended_at >= :since and turn_count > 0
-order by ended_at desc, id desc
+order by :project != '' and (project = :project
+                             or substr(project, 1, length(:project) + 1) = :project || '/') desc,
+         ended_at desc, id desc
 limit :n;
 
 -- name: conv_stats_by_source

@@ -234,7 +234,8 @@ with factors as (
     where s.document_id in (select value from json_each(:ids))
     group by s.document_id
 )
-select d.id, d.source, d.importance, d.created_at, d.event_at, d.event_end, d.useful_count, d.last_useful_at,
+select d.id, d.source, d.project, d.importance, d.created_at, d.event_at, d.event_end, d.useful_count,
+       d.last_useful_at,
        coalesce(f.factor, case
            when :historical = 1 and julianday(:ref) < julianday(d.created_at) then 0.0
            when julianday(:ref) - julianday(d.created_at) >= :default_ttl * (0.5 + d.importance) then 0.0

@@ -14,12 +14,14 @@ select text from graph_entries where document_id = :document_id order by id;
 
 -- name: list_memories
 -- Memories newest first (created_at, then id): :limit of them after skipping :offset. :persona_id
--- and :session_id null = any; :include_archived 0 = live only. content cut to 500 characters.
+-- and :session_id and :project null = any; :include_archived 0 = live only. content cut to 500
+-- characters.
 select id, uid, persona_id, session_id, substr(content, 1, 500) content, summary, importance, pinned,
-       archived, source, created_at, updated_at
+       archived, source, created_at, updated_at, project
 from documents
 where (:persona_id is null or persona_id = :persona_id)
   and (:session_id is null or session_id = :session_id)
+  and (:project is null or project = :project)
   and (:include_archived or archived = 0)
 order by created_at desc, id desc
 limit :limit offset :offset;
