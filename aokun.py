@@ -121,7 +121,7 @@ def shipped_folder() -> Path:
 SHARE = shipped_folder()  #: schema/, sql/, rules/, web/, aokun.example.ini
 SCHEMA_DIR = SHARE / "schema"  #: forward-only migrations NNNN_name.sql
 SQL_DIR = SHARE / "sql"  #: named queries, `-- name: x`
-RULES_DIR = SHARE / "rules"  #: stop words, dictionary, atom rules, aliases, intents, time words
+EXAMPLE_INI = SHARE / "aokun.example.ini"  #: every setting with its default and help text
 APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
 DISK_FULL_BYTES = 1 << 20  #: free bytes below which the disk holding the database counts as full
 ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
@@ -587,7 +587,6 @@ def chars_within(text: str, tokens: int) -> int:
 
 # Config ##########################################################################################
 
-#: Every setting with its default; aokun.example.ini documents each. Types come from the defaults.
 #: What the first start says after the new database's path while the history watch is off
 HISTORY_OPT_IN = (f"; your assistants' transcripts are read only when you opt in: "
                   f"{command_line('hooks CLIENT', {'install': True})} (each session from then "
@@ -595,210 +594,43 @@ HISTORY_OPT_IN = (f"; your assistants' transcripts are read only when you opt in
                   "[conversations] watch = true (all, in the background); CLIENT: claude-code, "
                   "codex, copilot")
 LEGACY_DB = "data/aokun.db"  #: the default database of earlier versions, still used where it is
-DEFAULTS: dict[str, dict[str, object]] = {
-    "storage": {
-        "db": "",
-        "busy_timeout_ms": 30000,
-        "synchronous": "full",
-        "rank_extension": True,
-    },
-    "embedding": {
-        "provider": "local",
-        "model": "",
-        "base_url": "https://api.openai.com/v1",
-        "api_key": "",
-        "api_key_env": "OPENAI_API_KEY",
-        "dimensions": 0,
-        "batch_size": 32,
-        "timeout_seconds": 30.0,
-        "max_retries": 4,
-        "max_chars": 8000,
-        "max_tokens": 512,
-        "cache_size": 1024,
-        "context_turns": 1,
-        "context_chars": 400,
-    },
-    "text": {
-        "stopwords": "rules/stopwords.txt",
-        "userdict": "rules/userdict.txt",
-        "jieba_cache_dir": "",
-    },
-    "write": {
-        "write_op_max_retries": 3,
-        "reinforce_jaccard": 0.6,
-        "reinforce_min_tokens": 3,
-        "max_auto_facts": 8,
-        "default_importance": 0.5,
-        "max_content_chars": 1000000,
-        "atom_rules": "rules/atoms.toml",
-        "event_dates": "rules/dates.toml",
-        "aliases": "rules/aliases.toml",
-        "graph_summary_chars": 160,
-        "secrets": "rules/secrets.toml",
-    },
-    "recall": {
-        "rrf_k": 60,
-        "channel_k": 100,
-        "vector_candidates": 100,
-        "parallel_channels": 4,
-        "fusion": "score",
-        "weight_bm25": 1.0,
-        "weight_vector": 1.0,
-        "weight_graph_keyword": 0.5,
-        "weight_graph_vector": 0.3,
-        "session_neighbour_weight": 0.3,
-        "temporal_floor": 0.5,
-        "score_alpha": 0.5,
-        "score_beta": 0.25,
-        "score_gamma": 0.25,
-        "graph_rrf_weight": 0.55,
-        "graph_importance_weight": 0.20,
-        "graph_recency_weight": 0.15,
-        "graph_confidence_weight": 0.10,
-        "doc_route_weight": 0.65,
-        "graph_route_weight": 0.35,
-        "cross_route_bonus": 0.08,
-        "dynamic_route_weighting": True,
-        "intents": "rules/intents.toml",
-        "time_words": "rules/timewords.toml",
-        "time_window_boost": 0.25,
-        "relevance": "rules/relevance.toml",
-        "min_relevance": 0.4,
-        "recency_days": 30.0,
-        "mmr_lambda": 0.7,
-        "graph_expansion_limit": 24,
-        "graph_hub_limit": 64,
-        "graph_extra_entry_boost": 0.35,
-        "cache_ttl_seconds": 45.0,
-        "cache_size": 256,
-        "max_k": 100,
-        "score_delta": 0.10,
-        "source_boost_chat": 1.10,
-        "source_boost_import": 0.90,
-        "source_boost_default": 1.0,
-        "pin_similarity_threshold": 0.4,
-        "query_last_line_weight": 1.0,
-        "reinforce_on_recall": True,
-        "max_chars_per_hit": 1500,
-        "max_answer_tokens": 4000,
-        "feedback_importance_step": 0.05,
-    },
-    "context": {
-        "quick_tokens": 400,
-        "chat_tokens": 1500,
-        "coding_tokens": 2000,
-        "project_tokens": 3000,
-        "briefing_regen_interval_minutes": 5.0,
-        "briefing_recent_days": 7,
-        "briefing_max_recent": 20,
-        "briefing_importance": 0.8,
-    },
-    "llm": {
-        "base_url": "",
-        "model": "",
-        "api_key": "",
-        "api_key_env": "OPENAI_API_KEY",
-        "timeout_seconds": 60.0,
-        "max_retries": 3,
-    },
-    "forgetting": {
-        "decay_rate": 0.01,
-        "decay_hour": 0,
-        "decay_minute": 5,
-        "timezone": "",
-        "access_decay_window_days": 30,
-        "access_count_decay_multiplier": 0.5,
-        "auto_cleanup_enabled": False,
-        "cleanup_days_threshold": 180,
-        "cleanup_importance_threshold": 0.1,
-        "atom_maintenance_interval_hours": 24.0,
-        "atom_forget_delay_days": 7.0,
-        "atom_purge_delay_days": 30.0,
-        "predicates": "rules/predicates.toml",
-        "scheduler_interval_seconds": 60.0,
-    },
-    "backup": {
-        "dir": "",
-        "daily": True,
-        "on_version_change": True,
-        "keep_days": 7,
-    },
-    "sync": {
-        "dir": "",
-        "interval": 300.0,
-    },
-    "conversations": {
-        "rules_dir": "rules/ingest",
-        "keep_days": 0,
-        "batch_size": 64,
-        "max_turn_chars": 20000,
-        "max_chars_per_hit": 600,
-        "max_chars_per_turn": 2000,
-        "briefing_sessions": 20,
-        "watch": False,
-        "watch_interval_seconds": 2.0,
-        "watch_since_days": 0,
-        "watch_include_projects": "",
-        "watch_exclude_projects": "",
-    },
-    "server": {
-        "exposed_tools": ", ".join(DEFAULT_TOOLS),
-        "log_level": "INFO",
-        "host": "127.0.0.1",
-        "port": 5123,
-        "token": "",
-        "token_env": "AOKUN_TOKEN",
-        "allowed_hosts": "",
-    },
-}
 
 
-#: The allowed range of every numeric setting: "lo..hi" (both included), ">= lo" or "> lo". A value
-#: from the ini file outside it is an AokunError naming [section] key and the range.
-RANGES: dict[str, dict[str, str]] = {
-    "storage": {"busy_timeout_ms": ">= 0"},
-    "embedding": {"dimensions": ">= 0", "batch_size": ">= 1", "timeout_seconds": "> 0",
-                  "max_retries": ">= 0", "max_chars": ">= 1", "max_tokens": ">= 1",
-                  "cache_size": ">= 0", "context_turns": ">= 0", "context_chars": ">= 0"},
-    "write": {"write_op_max_retries": ">= 0", "reinforce_jaccard": "0..1",
-              "reinforce_min_tokens": ">= 0", "max_auto_facts": ">= 0",
-              "default_importance": "0..1", "max_content_chars": ">= 1",
-              "graph_summary_chars": ">= 1"},
-    "recall": {"rrf_k": ">= 1", "channel_k": ">= 1", "vector_candidates": ">= 1",
-               "parallel_channels": ">= 1", "weight_bm25": ">= 0", "weight_vector": ">= 0",
-               "weight_graph_keyword": ">= 0", "weight_graph_vector": ">= 0",
-               "session_neighbour_weight": ">= 0", "temporal_floor": "0..1", "score_alpha": ">= 0",
-               "score_beta": ">= 0", "score_gamma": ">= 0", "graph_rrf_weight": ">= 0",
-               "graph_importance_weight": ">= 0", "graph_recency_weight": ">= 0",
-               "graph_confidence_weight": ">= 0", "doc_route_weight": ">= 0",
-               "graph_route_weight": ">= 0", "cross_route_bonus": ">= 0",
-               "time_window_boost": ">= 0", "min_relevance": "0..1", "recency_days": "> 0",
-               "mmr_lambda": "0..1", "graph_expansion_limit": ">= 0", "graph_hub_limit": ">= 1",
-               "graph_extra_entry_boost": ">= 0", "cache_ttl_seconds": ">= 0", "cache_size": ">= 0",
-               "max_k": ">= 1", "score_delta": ">= 0", "source_boost_chat": ">= 0",
-               "source_boost_import": ">= 0", "source_boost_default": ">= 0",
-               "pin_similarity_threshold": "-1..1", "query_last_line_weight": ">= 0",
-               "max_chars_per_hit": ">= 0", "max_answer_tokens": ">= 0",
-               "feedback_importance_step": "0..1"},
-    # the token budgets: at least CONTEXT_TOKENS_MIN, what memory_context accepts as max_tokens
-    "context": {"quick_tokens": ">= 50", "chat_tokens": ">= 50", "coding_tokens": ">= 50",
-                "project_tokens": ">= 50", "briefing_regen_interval_minutes": ">= 0",
-                "briefing_recent_days": ">= 0", "briefing_max_recent": ">= 0",
-                "briefing_importance": "0..1"},
-    "llm": {"timeout_seconds": "> 0", "max_retries": ">= 0"},
-    "forgetting": {"decay_rate": "0..1", "decay_hour": "0..23", "decay_minute": "0..59",
-                   "access_decay_window_days": ">= 0", "access_count_decay_multiplier": ">= 0",
-                   "cleanup_days_threshold": ">= 0", "cleanup_importance_threshold": "0..1",
-                   "atom_maintenance_interval_hours": ">= 0", "atom_forget_delay_days": ">= 0",
-                   "atom_purge_delay_days": ">= 0", "scheduler_interval_seconds": "> 0"},
-    "backup": {"keep_days": ">= 1"},
-    "conversations": {"keep_days": ">= 0", "batch_size": ">= 1", "max_turn_chars": ">= 1",
-                      "max_chars_per_hit": ">= 0", "max_chars_per_turn": ">= 0",
-                      "briefing_sessions": ">= 0", "watch_interval_seconds": "> 0",
-                      "watch_since_days": ">= 0"},
-    "sync": {"interval": ">= 1"},
-    "server": {"port": "1..65535"},
-}
+def ini_defaults(path: Path) -> tuple[dict[str, dict[str, object]], dict[str, dict[str, str]]]:
+    """(defaults, ranges) of the example ini at `path`: defaults {section: {key: value}}, each
+    value typed by its text (true/false a bool, then an int, then a float, else the text); ranges
+    {section: {key: allowed}} from the `; range: allowed` line right above a numeric setting."""
+    text = path.read_text(encoding="utf-8")
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read_string(text, source=str(path))
+    ranges: dict[str, dict[str, str]] = {s: {} for s in parser.sections()}
+    section, allowed = "", ""
+    for line in text.splitlines():
+        if m := _INI_SECTION.match(line):
+            section = m.group(1).strip()
+        elif line.startswith(RANGE_MARK):
+            allowed = line.removeprefix(RANGE_MARK).strip()
+        elif allowed and (k := _INI_KEY.match(line)):
+            ranges[section][k.group(1).strip()], allowed = allowed, ""
+    return {s: {k: _ini_value(v) for k, v in parser.items(s)} for s in parser.sections()}, ranges
+
+
+def _ini_value(text: str) -> object:
+    """`text` as the value it spells: True/False, an int, a float, else `text` itself."""
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        with contextlib.suppress(ValueError):
+            return kind(text)
+    return text
+
+
+RANGE_MARK = "; range:"  #: the comment line above a numeric setting in the ini that gives its range
+_INI_SECTION = re.compile(r"\[([^\]]+)\]\s*$")
+_INI_KEY = re.compile(r"([^\s;#=:\[][^=:]*?)\s*[=:]")
+#: Every setting with its default, and the allowed range of every numeric one: "lo..hi" (both
+#: included), ">= lo" or "> lo", a value outside it an AokunError. Keys live in aokun.example.ini.
+DEFAULTS, RANGES = ini_defaults(EXAMPLE_INI)
 
 
 def in_range(value: float, allowed: str) -> bool:
@@ -12490,8 +12322,6 @@ def http_app(server, cfg: Config, host: str, port: int, panel=None):
 
 # Panel: the settings file, read with its help text and edited in place ###########################
 
-#: every setting with its default and help text (the ini comments)
-EXAMPLE_INI = SHARE / "aokun.example.ini"
 PANEL_PORT = 8765  #: `python aokun.py panel` serves here by default
 #: Settings that take one of a few words, as the code reading them accepts them (Memory, connect,
 #: make_embedder, logging); the panel offers them as a choice and refuses any other.
@@ -12518,8 +12348,6 @@ SETTING_NOTES = {
     ("text", "stopwords"): "the full-text index keeps its old words until "
                            "`python aokun.py rebuild --fts`",
 }
-_INI_SECTION = re.compile(r"\[([^\]]+)\]\s*$")
-_INI_KEY = re.compile(r"([^\s;#=:\[][^=:]*?)\s*[=:]")
 
 
 def setting_text(value) -> str:
@@ -12541,8 +12369,8 @@ def ini_layout(text: str) -> list[dict]:
         if m:
             sections.append({"name": m.group(1).strip(), "groups": []})
             comment, group = [], None
-        elif not sections:
-            continue
+        elif not sections or s.startswith(RANGE_MARK):
+            continue  # the range shows beside the setting
         elif s.startswith((";", "#")):
             comment.append(s[1:].strip())
             group = None
