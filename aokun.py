@@ -13712,10 +13712,9 @@ def metadata_options(fn):
 def cli(ctx, db, config_path):
     """Aokun: long-term memory for AI assistants in one SQLite file.
 
+    \b
     Example:
-
         python aokun.py memorize "Alice 喜欢冰美式" --participant Alice
-
         python aokun.py recall "what does Alice drink"
     """
     ctx.obj = _State(db, config_path)
@@ -13740,10 +13739,9 @@ def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag,
     long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To
     store a lone "-", pipe it: echo - | python aokun.py memorize -
 
+    \b
     Example:
-
         python aokun.py memorize "Alice 喜欢冰美式" --participant Alice --topic coffee
-
         python aokun.py memorize --file notes/meeting.md --topic work
     """
     text = _content_arg(text, file_path, state.cfg.write.max_content_chars)
@@ -13766,9 +13764,7 @@ PERSONA_OF_ID_HELP = "Persona the memory belongs to (default: the default person
 def cli_show(state, memory_id, persona, as_json):
     """Show one memory with its atoms and graph entries.
 
-    Example:
-
-        python aokun.py show 12
+    Example: python aokun.py show 12
     """
     d = state.memory().get(memory_id, persona)
     if as_json:
@@ -13802,9 +13798,7 @@ def cli_list(state, limit, offset, persona, all_personas, session, include_archi
     """List the memories of one persona (--persona, default the default persona, as every other
     command), newest first; --all-personas lists every persona's, each row with its persona.
 
-    Example:
-
-        python aokun.py list --limit 5
+    Example: python aokun.py list --limit 5
     """
     if all_personas and persona is not None:
         raise click.UsageError("give --persona or --all-personas, not both")
@@ -13833,10 +13827,9 @@ def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participan
     """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona
     names the persona the memory belongs to (a persona cannot change).
 
+    \b
     Example:
-
         python aokun.py edit 12 --text "Alice 现在喜欢拿铁" --importance 0.8
-
         python aokun.py edit 12 --file notes/meeting.md
     """
     meta = _metadata(summary, topic, fact, participant, importance, session, None, source,
@@ -13865,14 +13858,13 @@ def _flag_command(name: str, flag: str, value: bool, doc: str):
 
 
 _flag_command("pin", "pinned", True, "Pin a memory: immune to decay, kept in context.\n\n"
-              "Example:\n\n    python aokun.py pin 12")
-_flag_command("unpin", "pinned", False,
-              "Unpin a memory.\n\nExample:\n\n    python aokun.py unpin 12")
+              "Example: python aokun.py pin 12")
+_flag_command("unpin", "pinned", False, "Unpin a memory.\n\nExample: python aokun.py unpin 12")
 _flag_command("archive", "archived", True,
               "Archive a memory: kept, but out of recall unless archived ones are asked for.\n\n"
-              "Example:\n\n    python aokun.py archive 12")
+              "Example: python aokun.py archive 12")
 _flag_command("unarchive", "archived", False, "Bring an archived memory back into recall.\n\n"
-              "Example:\n\n    python aokun.py unarchive 12")
+              "Example: python aokun.py unarchive 12")
 
 
 @cli.command("delete")
@@ -13890,9 +13882,7 @@ def cli_delete(state, memory_id, persona, purge):
     every backup made while it existed (daily backups for [backup] keep_days, manual,
     before-restore and upgrade copies) until you delete those files.
 
-    Example:
-
-        python aokun.py delete 12 --purge
+    Example: python aokun.py delete 12 --purge
     """
     mem = state.memory()
     out = mem.delete(memory_id, persona)
@@ -13914,9 +13904,7 @@ def cli_delete(state, memory_id, persona, purge):
 def cli_restore_memory(state, memory_id, persona):
     """Unarchive a memory, or undo the consolidation whose survivor it is.
 
-    Example:
-
-        python aokun.py restore-memory 12
+    Example: python aokun.py restore-memory 12
     """
     out = state.memory().restore_memory(memory_id, persona)
     restored = ", ".join(map(str, out["restored"])) or "nothing (it was not archived)"
@@ -13932,9 +13920,7 @@ def cli_summarize(state, file, persona, session):
     """Distil a conversation (text, or a JSON list of {role, content}) into one memory with the
     [llm] chat model, and store it.
 
-    Example:
-
-        python aokun.py summarize chat.json
+    Example: python aokun.py summarize chat.json
     """
     text = file.read()
     try:
@@ -13980,9 +13966,7 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
                as_json):
     """Search memories by meaning, keywords and relations.
 
-    Example:
-
-        python aokun.py recall "what does Alice drink" -k 3 --explain
+    Example: python aokun.py recall "what does Alice drink" -k 3 --explain
     """
     out = state.memory().recall(query, k, persona, session, include_archived, explain, channels,
                                 as_of)
@@ -14018,9 +14002,7 @@ def cli_feedback(state, memory_ids, not_useful, persona, as_json):
     """Say which recalled memories an answer used: they rank higher (frequency term, importance)
     and their atoms last longer. Being returned by recall alone earns no rank.
 
-    Example:
-
-        python aokun.py feedback 12 40
+    Example: python aokun.py feedback 12 40
     """
     out = state.memory().memory_feedback(list(memory_ids), not not_useful, persona)
     if as_json:
@@ -14040,9 +14022,7 @@ def cli_feedback(state, memory_ids, not_useful, persona, as_json):
 def cli_atoms(state, query, k, persona, as_json):
     """Search single facts (memory atoms) that are still within their shelf life.
 
-    Example:
-
-        python aokun.py atoms "冰美式"
+    Example: python aokun.py atoms "冰美式"
     """
     out = state.memory().search_atoms(query, k, persona)
     if as_json:
@@ -14065,9 +14045,7 @@ def cli_context(state, topic, mode, max_tokens, persona, refresh):
     """Print memory for a prompt within a token budget: the session briefing, or memories and
     facts about TOPIC.
 
-    Example:
-
-        python aokun.py context "Alice's trip" --mode quick
+    Example: python aokun.py context "Alice's trip" --mode quick
     """
     mem = state.memory()
     if refresh:
@@ -14083,9 +14061,7 @@ def cli_context(state, topic, mode, max_tokens, persona, refresh):
 def cli_kg():
     """Temporal knowledge-graph facts: subject —predicate→ object with validity windows.
 
-    Example:
-
-        python aokun.py kg add Alice lives_in Paris --valid-from 2024-03-01
+    Example: python aokun.py kg add Alice lives_in Paris --valid-from 2024-03-01
     """
 
 
@@ -14111,9 +14087,7 @@ def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confide
                persona):
     """Record a fact; a single-valued predicate closes the previous value.
 
-    Example:
-
-        python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01
+    Example: python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01
     """
     f = state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence,
                               source_memory, persona)
@@ -14132,9 +14106,7 @@ def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confide
 def cli_kg_query(state, entity, as_of, predicate, persona, as_json):
     """Facts about ENTITY valid now or at --as-of.
 
-    Example:
-
-        python aokun.py kg query Alice --as-of 2024-06-01
+    Example: python aokun.py kg query Alice --as-of 2024-06-01
     """
     out = state.memory().kg_query(entity, as_of, predicate, persona)
     _echo_json(out) if as_json else _print_facts(out["facts"])
@@ -14148,9 +14120,7 @@ def cli_kg_query(state, entity, as_of, predicate, persona, as_json):
 def cli_kg_invalidate(state, fact_id, valid_to, persona):
     """End a fact (history is kept; a fact that has already ended keeps its end).
 
-    Example:
-
-        python aokun.py kg invalidate 7
+    Example: python aokun.py kg invalidate 7
     """
     f = state.memory().kg_invalidate(fact_id, valid_to, persona)
     _print_facts([f])
@@ -14165,9 +14135,7 @@ def cli_kg_delete(state, entity, persona):
     """Delete ENTITY and every fact about it (tombstones are kept). To end one fact, use
     invalidate.
 
-    Example:
-
-        python aokun.py kg delete "Old Flatmate"
+    Example: python aokun.py kg delete "Old Flatmate"
     """
     out = state.memory().kg_delete_entity(entity, persona)
     click.echo(f"deleted {out['entity']} and {len(out['facts'])} facts")
@@ -14181,9 +14149,7 @@ def cli_kg_delete(state, entity, persona):
 def cli_kg_timeline(state, entity, persona, as_json):
     """Every fact ever recorded about ENTITY, oldest first.
 
-    Example:
-
-        python aokun.py kg timeline Alice
+    Example: python aokun.py kg timeline Alice
     """
     out = state.memory().kg_timeline(entity, persona)
     _echo_json(out) if as_json else _print_facts(out["facts"])
@@ -14195,9 +14161,7 @@ def cli_kg_timeline(state, entity, persona, as_json):
 def cli_kg_stats(state, persona):
     """Entity and fact counts.
 
-    Example:
-
-        python aokun.py kg stats
+    Example: python aokun.py kg stats
     """
     _echo_json(state.memory().kg_stats(persona))
 
@@ -14210,9 +14174,7 @@ def cli_kg_stats(state, persona):
 def cli_stats(state, as_json):
     """Counts for every layer and index, and the embedder's state.
 
-    Example:
-
-        python aokun.py stats --json
+    Example: python aokun.py stats --json
     """
     s = state.memory().stats()
     if as_json:
@@ -14243,9 +14205,7 @@ def cli_doctor(state):
     """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and
     graph. Exits 1 when anything is wrong.
 
-    Example:
-
-        python aokun.py doctor
+    Example: python aokun.py doctor
     """
     mem = state.memory()
     repaired = {}
@@ -14272,9 +14232,7 @@ def cli_doctor(state):
 def cli_rebuild(state, vectors, fts, graph):
     """Rebuild derived indexes from the stored memories.
 
-    Example:
-
-        python aokun.py rebuild --vectors
+    Example: python aokun.py rebuild --vectors
     """
     if not (vectors or fts or graph):
         raise click.UsageError("say what to rebuild: --vectors, --fts and/or --graph")
@@ -14289,9 +14247,7 @@ def cli_rebuild(state, vectors, fts, graph):
 def cli_vacuum(state):
     """Optimise the FTS indexes, checkpoint the WAL and VACUUM the file.
 
-    Example:
-
-        python aokun.py vacuum
+    Example: python aokun.py vacuum
     """
     r = state.memory().vacuum()
     click.echo(f"{r['before_bytes']:,} -> {r['after_bytes']:,} bytes")
@@ -14304,9 +14260,7 @@ def cli_backup(state, dest):
     """Write a consistent copy of the database (online backup API: servers keep writing).
     Without DEST it goes to [backup] dir as <name>-manual-<time>.db.
 
-    Example:
-
-        python aokun.py backup ~/aokun-2026-11-30.db
+    Example: python aokun.py backup ~/aokun-2026-11-30.db
     """
     mem = state.memory()
     if dest is None:
@@ -14327,9 +14281,7 @@ def cli_restore(state, src, yes):
     backup, which only it holds. Ids stay unique: new memories get ids above any the file ever
     gave.
 
-    Example:
-
-        python aokun.py restore data/backups/aokun-daily-2026-11-29.db
+    Example: python aokun.py restore data/backups/aokun-daily-2026-11-29.db
     """
     if not yes and not sys.stdin.isatty():  # no one to ask: click.confirm would only say "Aborted!"
         raise AokunError(f"restore replaces every memory with the content of {src}: "
@@ -14366,9 +14318,7 @@ def cli_recover(state, dest):
     server, `doctor` or `rebuild --vectors`. Use it when no backup is recent enough; check DEST
     with `--db DEST doctor`, then put it in place.
 
-    Example:
-
-        python aokun.py recover ~/aokun-salvaged.db
+    Example: python aokun.py recover ~/aokun-salvaged.db
     """
     r = state.memory(recover=False).salvage(dest)
     with Memory(Path(r["salvaged"]), state.cfg) as saved:
@@ -14400,10 +14350,9 @@ def cli_export(state, fmt, persona, since, out_path):
     `import` restores it into any file. Markdown writes one note per memory with YAML front
     matter.
 
+    \b
     Example:
-
         python aokun.py export --out aokun.jsonl
-
         python aokun.py export --format markdown --out ~/Obsidian/Aokun
     """
     mem = state.memory()
@@ -14442,9 +14391,7 @@ def cli_import(state, file, as_json):
     same or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors
     are re-derived. A bad line is one error naming it, before anything is written.
 
-    Example:
-
-        python aokun.py --db other.db import aokun.jsonl
+    Example: python aokun.py --db other.db import aokun.jsonl
     """
     try:
         with open(Path(file), encoding="utf-8-sig") as f, \
@@ -14479,10 +14426,9 @@ def cli_sync(state, folder, conflicts, persona, as_json):
     the other is kept and listed by `sync --conflicts`. A truncated or foreign file is skipped, and
     tried again next time.
 
+    \b
     Example:
-
         python aokun.py sync ~/Sync/aokun
-
         python aokun.py sync --conflicts
     """
     mem = state.memory()
@@ -14542,9 +14488,7 @@ def _print_changes(out: dict) -> None:
 def cli_decay(state, dry_run, days, as_json):
     """Daily importance decay (and auto-archival when enabled), catching up missed days.
 
-    Example:
-
-        python aokun.py decay --dry-run --days 30
+    Example: python aokun.py decay --dry-run --days 30
     """
     out = state.memory().decay(dry_run=dry_run, days=days)
     if as_json:
@@ -14561,9 +14505,7 @@ def cli_decay(state, dry_run, days, as_json):
 def cli_lifecycle(state, dry_run, as_json):
     """Atom lifecycle sweep: expired, forgotten (+7 d), purged (+30 d), dormant.
 
-    Example:
-
-        python aokun.py lifecycle --dry-run
+    Example: python aokun.py lifecycle --dry-run
     """
     out = state.memory().lifecycle(dry_run=dry_run)
     if as_json:
@@ -14579,9 +14521,7 @@ def cli_lifecycle(state, dry_run, as_json):
 def cli_consolidate(state, apply, persona):
     """Find near-duplicate memories; --apply merges each cluster (undo: restore-memory SURVIVOR).
 
-    Example:
-
-        python aokun.py consolidate
+    Example: python aokun.py consolidate
     """
     out = state.memory().consolidate(dry_run=not apply, persona_id=persona)
     for cl in out["clusters"]:
@@ -14603,10 +14543,9 @@ def cli_serve(state, use_http, host, port):
     """Run the MCP server: stdio (what MCP clients launch) or --http. Any --host but loopback
     needs [server] token (or the variable [server] token_env names, $AOKUN_TOKEN).
 
+    \b
     Example:
-
         python aokun.py serve
-
         python aokun.py serve --http --port 5123
     """
     cfg = state.cfg
@@ -14678,10 +14617,9 @@ def cli_service():
     """Run `serve --http` under the OS's own supervisor: a systemd user unit (Linux), a launchd
     agent (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
 
+    \b
     Example:
-
         python aokun.py service install --dry-run
-
         python aokun.py service status
     """
 
@@ -14807,10 +14745,9 @@ def cli_panel(state, port, no_browser, new_link):
     --port if given, else any) for a new link, e.g. for another browser. scripts/panel.bat and
     panel.command start it.
 
+    \b
     Example:
-
         python aokun.py panel --port 8765
-
         python aokun.py panel --link
     """
     import uvicorn
@@ -14876,10 +14813,9 @@ def cli_ingest(state, source, paths, persona, include_deleted, as_json):
     ~/.copilot/session-state/<id>/events.jsonl; chatgpt needs the conversations.json of a data
     export, or the export's zip. A PATH folder is searched for the source's files.
 
+    \b
     Example:
-
         python aokun.py ingest claude-code
-
         python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip
     """
     mem = state.memory()
@@ -14905,9 +14841,7 @@ def cli_ingest(state, source, paths, persona, include_deleted, as_json):
 def cli_conversations():
     """Browse and search ingested conversations (`python aokun.py ingest` stores them).
 
-    Example:
-
-        python aokun.py conversations search "杭州 高铁票"
+    Example: python aokun.py conversations search "杭州 高铁票"
     """
 
 
@@ -14970,9 +14904,7 @@ def cli_conversations_show(state, session_id, source, offset, limit, persona, as
 def cli_conversations_search(state, query, k, source, session, since, until, persona, as_json):
     """Search ingested conversations by meaning and keywords.
 
-    Example:
-
-        python aokun.py conversations search "杭州 高铁票"
+    Example: python aokun.py conversations search "杭州 高铁票"
     """
     out = state.memory().conversation_search(query, k, source, session, since, until, persona)
     if as_json:
@@ -15009,9 +14941,7 @@ def cli_watch(state, sources, interval, persona):
     again (each file from its stored offset). `serve` does the same on a background thread
     ([conversations] watch).
 
-    Example:
-
-        python aokun.py watch claude-code
+    Example: python aokun.py watch claude-code
     """
     check_watch_limits(state.cfg)
     mem = state.memory()
@@ -15045,9 +14975,7 @@ def cli_hooks(state, client, install, target):
     twice changes nothing; other settings are kept as they are. --uninstall removes exactly
     what --install added.
 
-    Example:
-
-        python aokun.py hooks claude-code --install
+    Example: python aokun.py hooks claude-code --install
     """
     db = state.db_arg or os.environ.get("AOKUN_DB")
     default = {"claude-code": "~/.claude/settings.json", "codex": "~/.codex/config.toml",
@@ -15101,8 +15029,8 @@ def cli_hook(state, client, event, payload):
     with the briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem
     never fails the client.
 
+    \b
     Example:
-
         echo '{"transcript_path": "/home/me/s.jsonl"}' | python aokun.py hook claude-code stop
     """
     started = time.perf_counter()
