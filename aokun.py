@@ -849,11 +849,6 @@ def load_rank_extension(conn: apsw.Connection, path: str | None = None) -> str |
     return path
 
 
-def ranked_queries(queries: dict[str, str]) -> dict[str, str]:
-    """`queries` with each bm25(table) call as aokun_bm25(table, 'table'): the same scores."""
-    return {k: _BM25_CALL.sub(r"aokun_bm25(\1, '\1')", v) for k, v in queries.items()}
-
-
 class Connection(apsw.Connection):
     """An APSW connection that knows whether aokun_bm25 is loaded in it."""
 
@@ -3527,15 +3522,6 @@ class Vectors:
             self._refresher = None
         self.conn_closed = True
 
-    def _vectors_fit(self) -> None:
-        """The stored vectors were all made again with the configured embedder (rebuild --vectors):
-        no vector_problem any more."""
-        self.vector_problem = None
-
-    def _clear_embedding_error(self) -> None:
-        """Forget the provider's last transient failure (a rebuild starts afresh)."""
-        self.last_embedding_error = None
-
     def background(self, q_vector) -> dict[str, float]:
         """{script: the mean cosine of question vector `q_vector` with rules/relevance.toml's
         ordinary memories of that script} ('latin', 'cjk'): how close the question is to any memory
@@ -6143,39 +6129,41 @@ class Forgetting:
         return due
 
     def _decay_day(self, day: dt.date) -> None:
-        """One day of importance decay (sql/decay.sql) at that
-        day's decay time; records meta('decay_last_run') in the same transaction. In tx."""
-        f = self.cfg.forgetting
-        at = dt.datetime.combine(day, dt.time(f.decay_hour, f.decay_minute), self._tz())
-        params = {"decay_rate": f.decay_rate, "access_multiplier": f.access_count_decay_multiplier,
-                  "window_start": iso(at - dt.timedelta(days=f.access_decay_window_days))}
-        self.conn.execute(self.queries["decay_day"], params)
-        self.conn.execute(self.queries["decay_day_access_only"],
-                          {"access_multiplier": params["access_multiplier"]})
+        """One day of importance decay (_decay_queries) at that day's decay time; records
+        meta('decay_last_run') in the same transaction. In tx."""
+        self._decay_queries(self.conn, day)
         # their "important" lists go by importance
         self.conn.execute("update briefings set stale = 1")
         self._meta_set("decay_last_run", day.isoformat())
 
+    def _decay_queries(self, conn: apsw.Connection, day: dt.date) -> None:
+        """Run sql/decay.sql decay_day and decay_day_access_only on the documents of `conn` for
+        calendar day `day` at its decay_hour:decay_minute."""
+        f = self.cfg.forgetting
+        at = dt.datetime.combine(day, dt.time(f.decay_hour, f.decay_minute), self._tz())
+        params = {"decay_rate": f.decay_rate, "access_multiplier": f.access_count_decay_multiplier,
+                  "window_start": iso(at - dt.timedelta(days=f.access_decay_window_days))}
+        conn.execute(self.queries["decay_day"], params)
+        conn.execute(self.queries["decay_day_access_only"],
+                     {"access_multiplier": params["access_multiplier"]})
+
     def decayed_usage(self, rec: dict, since: str | None, until: str | None) -> dict | None:
         """Memory record `rec` with the importance and access count the daily decay of the days
-        after `since` up to `until` (ISO dates: decay_last_run values) gives it, as sql/decay.sql
-        decay_day and decay_day_access_only compute them, to the bit; None when a day is unknown
+        after `since` up to `until` (ISO dates: decay_last_run values) gives it: the same queries
+        (_decay_queries) run on a one-row copy, so the same to the bit; None when a day is unknown
         or `until` is before `since`. Sync uses it to bring a memory as another device sent it to
         this file's decay day, and to tell a usage change the decay alone explains (not sent)."""
         if since is None or until is None or until < since:
             return None
-        f = self.cfg.forgetting
-        imp, count, last, day = rec["importance"], rec["access_count"], rec["last_access_at"], since
-        while (day := (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()) <= until:
-            at = dt.datetime.combine(dt.date.fromisoformat(day),
-                                     dt.time(f.decay_hour, f.decay_minute), self._tz())
-            recent = count if last is not None and last >= iso(
-                at - dt.timedelta(days=f.access_decay_window_days)) else 0
-            if not rec["pinned"] and imp > 0.05:  # decay_day: the same operations in the same order
-                rate = f.decay_rate * max(0.3, 1 - 0.1 * min(recent, 10))
-                imp, count = max(0.05, imp * (1 - rate)), count * f.access_count_decay_multiplier
-            if (rec["pinned"] or imp <= 0.05) and count > 0:  # decay_day_access_only
-                count = count * f.access_count_decay_multiplier
+        one = apsw.Connection(":memory:")  # untyped columns: the values keep their Python types
+        one.execute("create table documents(pinned, importance, access_count, last_access_at)")
+        one.execute("insert into documents values (?, ?, ?, ?)", (
+            rec["pinned"], rec["importance"], rec["access_count"], rec["last_access_at"]))
+        day = dt.date.fromisoformat(since)
+        while (day := day + dt.timedelta(days=1)) <= dt.date.fromisoformat(until):
+            self._decay_queries(one, day)
+        imp, count = one.execute("select importance, access_count from documents").fetchone()
+        one.close()
         return rec | {"importance": imp, "access_count": count}
 
     def _catch_up_decay(self, until: str) -> None:
@@ -6617,7 +6605,7 @@ class Maintenance:
                                  "dimension divisible by 8; nothing was changed")
         expected = self.value("select count(*) from documents") + self.value(
             f"select count(*) from graph_entries where {FACT_ENTRIES_SQL}")
-        self._clear_embedding_error()
+        self.last_embedding_error = None  # a rebuild starts afresh
         step = None if progress is None else (lambda done, _total: progress(done, expected))
         same_vectors = (self.has_table("doc_vec")
                         and self.meta_get("embedding_model") == self.embedder.model
@@ -6713,7 +6701,7 @@ class Maintenance:
                     self._recenter()
                 else:
                     self._reindex_vectors()
-            self._vectors_fit()
+            self.vector_problem = None  # every vector made again with the configured embedder
             if stale:
                 self.backfill_vectors(ids=stale)
             return made, len(refused), "; the rest is back-filled once the provider answers"
@@ -8577,7 +8565,9 @@ class Watcher:
             with self.lock:
                 if self.queue.get(path) is q:  # cut short: the slice is over
                     break
-        self._log_progress()
+        if self.queue and time.monotonic() - self.logged >= WATCH_LOG_SECONDS:
+            self.logged = time.monotonic()  # a progress line while files are left
+            self._say(progress_text(self.progress()))
         return out
 
     def _backlog_run(self, stop: threading.Event) -> None:
@@ -8725,12 +8715,6 @@ class Watcher:
             self.mem._meta_set("watch_progress", json.dumps(dict(p, owner=OWNER)))
         self.published = time.monotonic()
         self.last_published = {k: v for k, v in p.items() if k != "updated_at"}
-
-    def _log_progress(self) -> None:
-        """A progress line, every WATCH_LOG_SECONDS at most, while files are left."""
-        if self.queue and time.monotonic() - self.logged >= WATCH_LOG_SECONDS:
-            self.logged = time.monotonic()
-            self._say(progress_text(self.progress()))
 
     def _say(self, text: str) -> None:
         log.info("watch: %s", text)
@@ -10638,8 +10622,9 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
             print(f"aokun: created a new database {self.path}{opt_in}", file=sys.stderr,
                   flush=True)
         self.queries = load_queries()  # the named queries of sql/*.sql
-        if self.conn.aokun_rank:  # the recall channels' readers load it too (reader_rows)
-            self.queries = ranked_queries(self.queries)
+        if self.conn.aokun_rank:  # bm25(t) as aokun_bm25(t, 't'), the same scores (and readers)
+            self.queries = {k: _BM25_CALL.sub(r"aokun_bm25(\1, '\1')", v)
+                            for k, v in self.queries.items()}
         self.epoch = 0  # commits through tx(): what the recall cache keys on (Store owns it)
         # text and rules (Layers, Journal, Recall read them)
         t = self.cfg.text
@@ -11789,32 +11774,6 @@ def _lifespan(memory_factory, running: list[ServerState]):
     return lifespan
 
 
-def _add_resources(server, memory) -> None:
-    """Register the resources on `server`: memory://stats (JSON), memory://briefing (markdown) and
-    the template memory://memories/{id}{?persona_id} (JSON; a memory of the default persona, or of
-    persona_id when given; an unknown id, or one of another persona, is a ResourceNotFoundError).
-    `memory()` returns the Memory of the open lifespan."""
-    from mcp.server.mcpserver.exceptions import ResourceNotFoundError
-
-    @server.resource("memory://stats", mime_type="application/json")
-    def stats_resource() -> str:
-        """Counts of memories, atoms, graph and vectors, and the embedder's state."""
-        return compact_json(rounded(memory().stats()))
-
-    @server.resource("memory://briefing", mime_type="text/markdown")
-    def briefing_resource() -> str:
-        """The session briefing of the default persona, rebuilt first when memory changed since."""
-        return memory().memory_context(None, "project")["text"]
-
-    @server.resource("memory://memories/{id}{?persona_id}", mime_type="application/json")
-    def memory_resource(id: int, persona_id: str | None = None) -> str:
-        """One memory in full, as JSON (?persona_id=… for a persona other than the default one)."""
-        try:
-            return compact_json(rounded(memory().get(id, persona_id)))
-        except NotFound as e:
-            raise ResourceNotFoundError(for_mcp(e)) from None
-
-
 #: MCP log levels (RFC 5424 names, as logging/setLevel takes them) -> the Python level from which a
 #: record is at or above them; a record's own MCP level is the last name whose value it reaches
 MCP_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "notice": logging.INFO + 5,
@@ -11954,7 +11913,7 @@ def _add_completions(server, memory) -> None:
 
 #: The prompts _add_prompts registers (completion/complete answers for these and MCP_TEMPLATES)
 MCP_PROMPTS = ("session_briefing", "remember_about")
-#: The resource templates of _add_resources and _add_entity_resources
+#: The resource templates of _add_resources
 MCP_TEMPLATES = ("memory://memories/{id}{?persona_id}", "memory://entities/{name}{?persona_id}",
                  "memory://sessions/{session_id}{?persona_id}")
 
@@ -12011,12 +11970,14 @@ def _remember_about_text(m: "Memory", topic: str, persona_id: str | None) -> str
     return "\n".join(lines)
 
 
-def _add_entity_resources(server, memory) -> None:
-    """Register the templates memory://entities/{name}{?persona_id} (JSON: kg_query of the entity,
-    its facts that hold now) and memory://sessions/{session_id}{?persona_id} (JSON: the first page
-    of an ingested conversation session, conversation_get_session). An unknown name or session, or
-    one of another persona, is a ResourceNotFoundError; a bad argument a -32602 error naming the
-    field."""
+def _add_resources(server, memory) -> None:
+    """Register the resources on `server`: memory://stats (JSON), memory://briefing (markdown) and
+    the templates memory://memories/{id}{?persona_id} (JSON; a memory of the default persona, or
+    of persona_id when given), memory://entities/{name}{?persona_id} (JSON: kg_query of the
+    entity, its facts that hold now) and memory://sessions/{session_id}{?persona_id} (JSON: the
+    first page of an ingested conversation session, conversation_get_session). An unknown id, name
+    or session, or one of another persona, is a ResourceNotFoundError; a bad argument a -32602
+    error naming the field. `memory()` returns the Memory of the open lifespan."""
     from mcp import MCPError
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError
     from mcp.types import INVALID_PARAMS
@@ -12028,6 +11989,21 @@ def _add_entity_resources(server, memory) -> None:
             raise ResourceNotFoundError(for_mcp(e)) from None
         except AokunError as e:
             raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
+
+    @server.resource("memory://stats", mime_type="application/json")
+    def stats_resource() -> str:
+        """Counts of memories, atoms, graph and vectors, and the embedder's state."""
+        return compact_json(rounded(memory().stats()))
+
+    @server.resource("memory://briefing", mime_type="text/markdown")
+    def briefing_resource() -> str:
+        """The session briefing of the default persona, rebuilt first when memory changed since."""
+        return memory().memory_context(None, "project")["text"]
+
+    @server.resource(MCP_TEMPLATES[0], mime_type="application/json")
+    def memory_resource(id: int, persona_id: str | None = None) -> str:
+        """One memory in full, as JSON (?persona_id=… for a persona other than the default one)."""
+        return read(lambda m: m.get(id, persona_id))
 
     @server.resource(MCP_TEMPLATES[1], mime_type="application/json")
     def entity_resource(name: str, persona_id: str | None = None) -> str:
@@ -12085,7 +12061,6 @@ def build_server(memory_factory, cfg: Config):
         server.add_tool(_answering(fn), name=name, description=" ".join(fn.__doc__.split()),
                         annotations=ToolAnnotations(**TOOL_KINDS[kind]))
     _add_resources(server, lambda: running[-1].memory)
-    _add_entity_resources(server, lambda: running[-1].memory)
     _add_prompts(server, lambda: running[-1].memory)
     _add_completions(server, lambda: running[-1].memory)
     _add_logging(server)
@@ -13479,11 +13454,6 @@ def service_plan(platform: str, action: str, cmd: list[str],
     raise InputError("--platform", f"expected linux, macos or windows, got {platform!r}")
 
 
-def this_platform() -> str:
-    """linux, macos or windows: which supervisor `service` uses here."""
-    return {"darwin": "macos", "win32": "windows"}.get(sys.platform, "linux")
-
-
 # CLI: the command group, one-line errors and shared options ######################################
 
 import click  # noqa: E402  (kept beside its only user)
@@ -14401,8 +14371,7 @@ def cli_import(state, file, as_json):
         raise InputError("FILE", f"{file} is not UTF-8 text "
                                  f"(invalid byte at offset {e.start})") from None
     if as_json:
-        _echo_json(r)
-        return
+        return _echo_json(r)
     for kind, c in r.items():
         if kind != "deleted" and any(c.values()):
             click.echo(f"{kind:<14} {c['added']} added, {c['updated']} updated, {c['kept']} kept, "
@@ -14435,8 +14404,7 @@ def cli_sync(state, folder, conflicts, persona, as_json):
     if conflicts:
         rows = mem.sync_conflicts(persona)
         if as_json:
-            _echo_json(rows)
-            return
+            return _echo_json(rows)
         for r in rows:
             loser = r["loser"]
             shown = loser.get("content") or loser.get("name") or loser.get("predicate") or ""
@@ -14452,8 +14420,7 @@ def cli_sync(state, folder, conflicts, persona, as_json):
     r = mem.sync(Path(folder).expanduser().resolve() if folder
                  else state.cfg.resolve(state.cfg.sync.dir))
     if as_json:
-        _echo_json(r)
-        return
+        return _echo_json(r)
     if r["new_device"]:
         click.echo(f"this file syncs as device {r['device']} "
                    "(new: first sync, or the file was copied or moved)")
@@ -14638,7 +14605,8 @@ def _service_command(action: str, doc: str):
         port = port or cfg.server.port
         db = database_path(cfg, state.db_arg).resolve()
         config = Path(state.config_arg).resolve() if state.config_arg else None
-        files, commands = service_plan(platform or this_platform(), action,
+        here = {"darwin": "macos", "win32": "windows"}.get(sys.platform, "linux")
+        files, commands = service_plan(platform or here, action,
                                        service_command(db, config, port), db.parent)
         if action == "status" and not dry_run:
             _service_status(cfg, port, commands)
@@ -14857,8 +14825,7 @@ def cli_conversations_list(state, source, limit, offset, persona, as_json):
     """Sessions, newest first: date, source, turns, title, session id."""
     rows = state.memory().list_sessions(limit, offset, source, persona)
     if as_json:
-        _echo_json(rows)
-        return
+        return _echo_json(rows)
     for r in rows:
         title = _one_line(r["title"] or r["first_user_message"], LINE_PREVIEW_CHARS)
         click.echo(f"{r['ended_at'][:DATE_CHARS]}  {r['source']:<11} {r['turn_count']:>5} turns  "
@@ -14879,8 +14846,7 @@ def cli_conversations_show(state, session_id, source, offset, limit, persona, as
     """One session's turns in order."""
     out = state.memory().conversation_get_session(session_id, offset, limit, persona, source)
     if as_json:
-        _echo_json(out)
-        return
+        return _echo_json(out)
     s = out["session"]
     click.echo(f"# {s['title'] or s['session_id']}  "
                f"({s['source']}, {s['turn_count']} turns, {s['project']})")
@@ -14908,8 +14874,7 @@ def cli_conversations_search(state, query, k, source, session, since, until, per
     """
     out = state.memory().conversation_search(query, k, source, session, since, until, persona)
     if as_json:
-        _echo_json(out)
-        return
+        return _echo_json(out)
     for h in out["results"]:
         click.echo(f"{h['score']:.3f}  {h['created_at'][:DATE_CHARS]} {h['source']} {h['role']}: "
                    f"{_one_line(h['text'], HIT_PREVIEW_CHARS)}  [{h['session_id']}]")
