@@ -123,7 +123,7 @@ def shipped_folder() -> Path:
 SHARE = shipped_folder()  #: schema/, sql/, rules/, web/, aokun.example.ini
 SCHEMA_DIR = SHARE / "schema"  #: forward-only migrations NNNN_name.sql
 SQL_DIR = SHARE / "sql"  #: named queries, `-- name: x`
-RULES_DIR = SHARE / "rules"  #: stop words, dictionary, atom rules, aliases, intents, time words
+EXAMPLE_INI = SHARE / "aokun.example.ini"  #: every setting with its default and help text
 APPLICATION_ID = 0x416F6B6E  #: PRAGMA application_id, 'Aokn'
 DISK_FULL_BYTES = 1 << 20  #: free bytes below which the disk holding the database counts as full
 ATOM_TYPES = ("factual", "preference", "relational", "episodic", "planned", "emotional")
@@ -623,7 +623,6 @@ def chars_within(text: str, tokens: int) -> int:
 
 # Config ##########################################################################################
 
-#: Every setting with its default; aokun.example.ini documents each. Types come from the defaults.
 #: What the first start says after the new database's path while the history watch is off
 HISTORY_OPT_IN = (f"; your assistants' transcripts are read only when you opt in: "
                   f"{command_line('hooks CLIENT', {'install': True})} (each session from then "
@@ -631,214 +630,43 @@ HISTORY_OPT_IN = (f"; your assistants' transcripts are read only when you opt in
                   "[conversations] watch = true (all, in the background); CLIENT: claude-code, "
                   "codex, copilot")
 LEGACY_DB = "data/aokun.db"  #: the default database of earlier versions, still used where it is
-DEFAULTS: dict[str, dict[str, object]] = {
-    "storage": {
-        "db": "",
-        "busy_timeout_ms": 30000,
-        "synchronous": "full",
-        "rank_extension": True,
-    },
-    "embedding": {
-        "provider": "local",
-        "model": "",
-        "base_url": "https://api.openai.com/v1",
-        "api_key": "",
-        "api_key_env": "OPENAI_API_KEY",
-        "dimensions": 0,
-        "batch_size": 32,
-        "timeout_seconds": 30.0,
-        "max_retries": 4,
-        "max_chars": 8000,
-        "max_tokens": 512,
-        "cache_size": 1024,
-        "context_turns": 1,
-        "context_chars": 400,
-    },
-    "text": {
-        "stopwords": "rules/stopwords.txt",
-        "userdict": "rules/userdict.txt",
-        "jieba_cache_dir": "",
-    },
-    "write": {
-        "write_op_max_retries": 3,
-        "reinforce_jaccard": 0.6,
-        "reinforce_min_tokens": 3,
-        "max_auto_facts": 8,
-        "default_importance": 0.5,
-        "max_content_chars": 1000000,
-        "atom_rules": "rules/atoms.toml",
-        "event_dates": "rules/dates.toml",
-        "aliases": "rules/aliases.toml",
-        "graph_summary_chars": 160,
-        "secrets": "rules/secrets.toml",
-    },
-    "recall": {
-        "rrf_k": 60,
-        "channel_k": 100,
-        "vector_candidates": 100,
-        "parallel_channels": 4,
-        "fusion": "score",
-        "weight_bm25": 1.0,
-        "weight_vector": 1.0,
-        "weight_graph_keyword": 0.5,
-        "weight_graph_vector": 0.3,
-        "session_neighbour_weight": 0.3,
-        "temporal_floor": 0.5,
-        "score_alpha": 0.5,
-        "score_beta": 0.25,
-        "score_gamma": 0.25,
-        "graph_rrf_weight": 0.55,
-        "graph_importance_weight": 0.20,
-        "graph_recency_weight": 0.15,
-        "graph_confidence_weight": 0.10,
-        "doc_route_weight": 0.65,
-        "graph_route_weight": 0.35,
-        "cross_route_bonus": 0.08,
-        "dynamic_route_weighting": True,
-        "intents": "rules/intents.toml",
-        "time_words": "rules/timewords.toml",
-        "time_window_boost": 0.25,
-        "relevance": "rules/relevance.toml",
-        "min_relevance": 0.4,
-        "recency_days": 30.0,
-        "mmr_lambda": 0.7,
-        "graph_expansion_limit": 24,
-        "graph_hub_limit": 64,
-        "graph_extra_entry_boost": 0.35,
-        "cache_ttl_seconds": 45.0,
-        "cache_size": 256,
-        "max_k": 100,
-        "score_delta": 0.10,
-        "source_boost_chat": 1.10,
-        "source_boost_import": 0.90,
-        "source_boost_default": 1.0,
-        "other_project_factor": 0.5,
-        "pin_similarity_threshold": 0.4,
-        "query_last_line_weight": 1.0,
-        "reinforce_on_recall": True,
-        "max_chars_per_hit": 1500,
-        "max_answer_tokens": 4000,
-        "feedback_importance_step": 0.05,
-    },
-    "context": {
-        "quick_tokens": 400,
-        "chat_tokens": 1500,
-        "coding_tokens": 2000,
-        "project_tokens": 3000,
-        "briefing_regen_interval_minutes": 5.0,
-        "briefing_recent_days": 7,
-        "briefing_max_recent": 20,
-        "briefing_importance": 0.8,
-    },
-    "llm": {
-        "base_url": "",
-        "model": "",
-        "api_key": "",
-        "api_key_env": "OPENAI_API_KEY",
-        "timeout_seconds": 60.0,
-        "max_retries": 3,
-    },
-    "forgetting": {
-        "decay_rate": 0.01,
-        "decay_hour": 0,
-        "decay_minute": 5,
-        "timezone": "",
-        "access_decay_window_days": 30,
-        "access_count_decay_multiplier": 0.5,
-        "auto_cleanup_enabled": False,
-        "cleanup_days_threshold": 180,
-        "cleanup_importance_threshold": 0.1,
-        "atom_maintenance_interval_hours": 24.0,
-        "atom_forget_delay_days": 7.0,
-        "atom_purge_delay_days": 30.0,
-        "predicates": "rules/predicates.toml",
-        "scheduler_interval_seconds": 60.0,
-    },
-    "backup": {
-        "dir": "",
-        "daily": True,
-        "on_version_change": True,
-        "keep_days": 7,
-    },
-    "sync": {
-        "dir": "",
-        "interval": 300.0,
-        "passphrase": "",
-        "passphrase_env": "AOKUN_SYNC_KEY",
-    },
-    "conversations": {
-        "rules_dir": "rules/ingest",
-        "keep_days": 0,
-        "batch_size": 64,
-        "max_turn_chars": 20000,
-        "max_chars_per_hit": 600,
-        "max_chars_per_turn": 2000,
-        "briefing_sessions": 20,
-        "watch": False,
-        "watch_interval_seconds": 2.0,
-        "watch_since_days": 0,
-        "watch_include_projects": "",
-        "watch_exclude_projects": "",
-    },
-    "server": {
-        "exposed_tools": ", ".join(DEFAULT_TOOLS),
-        "log_level": "INFO",
-        "host": "127.0.0.1",
-        "port": 5123,
-        "token": "",
-        "token_env": "AOKUN_TOKEN",
-        "allowed_hosts": "",
-    },
-}
 
 
-#: The allowed range of every numeric setting: "lo..hi" (both included), ">= lo" or "> lo". A value
-#: from the ini file outside it is an AokunError naming [section] key and the range.
-RANGES: dict[str, dict[str, str]] = {
-    "storage": {"busy_timeout_ms": ">= 0"},
-    "embedding": {"dimensions": ">= 0", "batch_size": ">= 1", "timeout_seconds": "> 0",
-                  "max_retries": ">= 0", "max_chars": ">= 1", "max_tokens": ">= 1",
-                  "cache_size": ">= 0", "context_turns": ">= 0", "context_chars": ">= 0"},
-    "write": {"write_op_max_retries": ">= 0", "reinforce_jaccard": "0..1",
-              "reinforce_min_tokens": ">= 0", "max_auto_facts": ">= 0",
-              "default_importance": "0..1", "max_content_chars": ">= 1",
-              "graph_summary_chars": ">= 1"},
-    "recall": {"rrf_k": ">= 1", "channel_k": ">= 1", "vector_candidates": ">= 1",
-               "parallel_channels": ">= 1", "weight_bm25": ">= 0", "weight_vector": ">= 0",
-               "weight_graph_keyword": ">= 0", "weight_graph_vector": ">= 0",
-               "session_neighbour_weight": ">= 0", "temporal_floor": "0..1", "score_alpha": ">= 0",
-               "score_beta": ">= 0", "score_gamma": ">= 0", "graph_rrf_weight": ">= 0",
-               "graph_importance_weight": ">= 0", "graph_recency_weight": ">= 0",
-               "graph_confidence_weight": ">= 0", "doc_route_weight": ">= 0",
-               "graph_route_weight": ">= 0", "cross_route_bonus": ">= 0",
-               "time_window_boost": ">= 0", "min_relevance": "0..1", "recency_days": "> 0",
-               "mmr_lambda": "0..1", "graph_expansion_limit": ">= 0", "graph_hub_limit": ">= 1",
-               "graph_extra_entry_boost": ">= 0", "cache_ttl_seconds": ">= 0", "cache_size": ">= 0",
-               "max_k": ">= 1", "score_delta": ">= 0", "source_boost_chat": ">= 0",
-               "source_boost_import": ">= 0", "source_boost_default": ">= 0",
-               "other_project_factor": "0..1",
-               "pin_similarity_threshold": "-1..1", "query_last_line_weight": ">= 0",
-               "max_chars_per_hit": ">= 0", "max_answer_tokens": ">= 0",
-               "feedback_importance_step": "0..1"},
-    # the token budgets: at least CONTEXT_TOKENS_MIN, what memory_context accepts as max_tokens
-    "context": {"quick_tokens": ">= 50", "chat_tokens": ">= 50", "coding_tokens": ">= 50",
-                "project_tokens": ">= 50", "briefing_regen_interval_minutes": ">= 0",
-                "briefing_recent_days": ">= 0", "briefing_max_recent": ">= 0",
-                "briefing_importance": "0..1"},
-    "llm": {"timeout_seconds": "> 0", "max_retries": ">= 0"},
-    "forgetting": {"decay_rate": "0..1", "decay_hour": "0..23", "decay_minute": "0..59",
-                   "access_decay_window_days": ">= 0", "access_count_decay_multiplier": ">= 0",
-                   "cleanup_days_threshold": ">= 0", "cleanup_importance_threshold": "0..1",
-                   "atom_maintenance_interval_hours": ">= 0", "atom_forget_delay_days": ">= 0",
-                   "atom_purge_delay_days": ">= 0", "scheduler_interval_seconds": "> 0"},
-    "backup": {"keep_days": ">= 1"},
-    "conversations": {"keep_days": ">= 0", "batch_size": ">= 1", "max_turn_chars": ">= 1",
-                      "max_chars_per_hit": ">= 0", "max_chars_per_turn": ">= 0",
-                      "briefing_sessions": ">= 0", "watch_interval_seconds": "> 0",
-                      "watch_since_days": ">= 0"},
-    "sync": {"interval": ">= 1"},
-    "server": {"port": "1..65535"},
-}
+def ini_defaults(path: Path) -> tuple[dict[str, dict[str, object]], dict[str, dict[str, str]]]:
+    """(defaults, ranges) of the example ini at `path`: defaults {section: {key: value}}, each
+    value typed by its text (true/false a bool, then an int, then a float, else the text); ranges
+    {section: {key: allowed}} from the `; range: allowed` line right above a numeric setting."""
+    text = path.read_text(encoding="utf-8")
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read_string(text, source=str(path))
+    ranges: dict[str, dict[str, str]] = {s: {} for s in parser.sections()}
+    section, allowed = "", ""
+    for line in text.splitlines():
+        if m := _INI_SECTION.match(line):
+            section = m.group(1).strip()
+        elif line.startswith(RANGE_MARK):
+            allowed = line.removeprefix(RANGE_MARK).strip()
+        elif allowed and (k := _INI_KEY.match(line)):
+            ranges[section][k.group(1).strip()], allowed = allowed, ""
+    return {s: {k: _ini_value(v) for k, v in parser.items(s)} for s in parser.sections()}, ranges
+
+
+def _ini_value(text: str) -> object:
+    """`text` as the value it spells: True/False, an int, a float, else `text` itself."""
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        with contextlib.suppress(ValueError):
+            return kind(text)
+    return text
+
+
+RANGE_MARK = "; range:"  #: the comment line above a numeric setting in the ini that gives its range
+_INI_SECTION = re.compile(r"\[([^\]]+)\]\s*$")
+_INI_KEY = re.compile(r"([^\s;#=:\[][^=:]*?)\s*[=:]")
+#: Every setting with its default, and the allowed range of every numeric one: "lo..hi" (both
+#: included), ">= lo" or "> lo", a value outside it an AokunError. Keys live in aokun.example.ini.
+DEFAULTS, RANGES = ini_defaults(EXAMPLE_INI)
 
 
 def in_range(value: float, allowed: str) -> bool:
@@ -1055,11 +883,6 @@ def load_rank_extension(conn: apsw.Connection, path: str | None = None) -> str |
         _warn_once(f"ranking keyword matches with bm25(): loading {path} failed ({e})")
         return None
     return path
-
-
-def ranked_queries(queries: dict[str, str]) -> dict[str, str]:
-    """`queries` with each bm25(table) call as aokun_bm25(table, 'table'): the same scores."""
-    return {k: _BM25_CALL.sub(r"aokun_bm25(\1, '\1')", v) for k, v in queries.items()}
 
 
 class Connection(apsw.Connection):
@@ -3863,15 +3686,6 @@ class Vectors:
             self._refresher = None
         self.conn_closed = True
 
-    def _vectors_fit(self) -> None:
-        """The stored vectors were all made again with the configured embedder (rebuild --vectors):
-        no vector_problem any more."""
-        self.vector_problem = None
-
-    def _clear_embedding_error(self) -> None:
-        """Forget the provider's last transient failure (a rebuild starts afresh)."""
-        self.last_embedding_error = None
-
     def background(self, q_vector) -> dict[str, float]:
         """{script: the mean cosine of question vector `q_vector` with rules/relevance.toml's
         ordinary memories of that script} ('latin', 'cjk'): how close the question is to any memory
@@ -6492,39 +6306,41 @@ class Forgetting:
         return due
 
     def _decay_day(self, day: dt.date) -> None:
-        """One day of importance decay (sql/decay.sql) at that
-        day's decay time; records meta('decay_last_run') in the same transaction. In tx."""
-        f = self.cfg.forgetting
-        at = dt.datetime.combine(day, dt.time(f.decay_hour, f.decay_minute), self._tz())
-        params = {"decay_rate": f.decay_rate, "access_multiplier": f.access_count_decay_multiplier,
-                  "window_start": iso(at - dt.timedelta(days=f.access_decay_window_days))}
-        self.conn.execute(self.queries["decay_day"], params)
-        self.conn.execute(self.queries["decay_day_access_only"],
-                          {"access_multiplier": params["access_multiplier"]})
+        """One day of importance decay (_decay_queries) at that day's decay time; records
+        meta('decay_last_run') in the same transaction. In tx."""
+        self._decay_queries(self.conn, day)
         # their "important" lists go by importance
         self.conn.execute("update briefings set stale = 1")
         self._meta_set("decay_last_run", day.isoformat())
 
+    def _decay_queries(self, conn: apsw.Connection, day: dt.date) -> None:
+        """Run sql/decay.sql decay_day and decay_day_access_only on the documents of `conn` for
+        calendar day `day` at its decay_hour:decay_minute."""
+        f = self.cfg.forgetting
+        at = dt.datetime.combine(day, dt.time(f.decay_hour, f.decay_minute), self._tz())
+        params = {"decay_rate": f.decay_rate, "access_multiplier": f.access_count_decay_multiplier,
+                  "window_start": iso(at - dt.timedelta(days=f.access_decay_window_days))}
+        conn.execute(self.queries["decay_day"], params)
+        conn.execute(self.queries["decay_day_access_only"],
+                     {"access_multiplier": params["access_multiplier"]})
+
     def decayed_usage(self, rec: dict, since: str | None, until: str | None) -> dict | None:
         """Memory record `rec` with the importance and access count the daily decay of the days
-        after `since` up to `until` (ISO dates: decay_last_run values) gives it, as sql/decay.sql
-        decay_day and decay_day_access_only compute them, to the bit; None when a day is unknown
+        after `since` up to `until` (ISO dates: decay_last_run values) gives it: the same queries
+        (_decay_queries) run on a one-row copy, so the same to the bit; None when a day is unknown
         or `until` is before `since`. Sync uses it to bring a memory as another device sent it to
         this file's decay day, and to tell a usage change the decay alone explains (not sent)."""
         if since is None or until is None or until < since:
             return None
-        f = self.cfg.forgetting
-        imp, count, last, day = rec["importance"], rec["access_count"], rec["last_access_at"], since
-        while (day := (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()) <= until:
-            at = dt.datetime.combine(dt.date.fromisoformat(day),
-                                     dt.time(f.decay_hour, f.decay_minute), self._tz())
-            recent = count if last is not None and last >= iso(
-                at - dt.timedelta(days=f.access_decay_window_days)) else 0
-            if not rec["pinned"] and imp > 0.05:  # decay_day: the same operations in the same order
-                rate = f.decay_rate * max(0.3, 1 - 0.1 * min(recent, 10))
-                imp, count = max(0.05, imp * (1 - rate)), count * f.access_count_decay_multiplier
-            if (rec["pinned"] or imp <= 0.05) and count > 0:  # decay_day_access_only
-                count = count * f.access_count_decay_multiplier
+        one = apsw.Connection(":memory:")  # untyped columns: the values keep their Python types
+        one.execute("create table documents(pinned, importance, access_count, last_access_at)")
+        one.execute("insert into documents values (?, ?, ?, ?)", (
+            rec["pinned"], rec["importance"], rec["access_count"], rec["last_access_at"]))
+        day = dt.date.fromisoformat(since)
+        while (day := day + dt.timedelta(days=1)) <= dt.date.fromisoformat(until):
+            self._decay_queries(one, day)
+        imp, count = one.execute("select importance, access_count from documents").fetchone()
+        one.close()
         return rec | {"importance": imp, "access_count": count}
 
     def _catch_up_decay(self, until: str) -> None:
@@ -6991,7 +6807,7 @@ class Maintenance:
                                  "dimension divisible by 8; nothing was changed")
         expected = self.value("select count(*) from documents") + self.value(
             f"select count(*) from graph_entries where {FACT_ENTRIES_SQL}")
-        self._clear_embedding_error()
+        self.last_embedding_error = None  # a rebuild starts afresh
         step = None if progress is None else (lambda done, _total: progress(done, expected))
         same_vectors = (self.has_table("doc_vec")
                         and self.meta_get("embedding_model") == self.embedder.model
@@ -7087,7 +6903,7 @@ class Maintenance:
                     self._recenter()
                 else:
                     self._reindex_vectors()
-            self._vectors_fit()
+            self.vector_problem = None  # every vector made again with the configured embedder
             if stale:
                 self.backfill_vectors(ids=stale)
             return made, len(refused), "; the rest is back-filled once the provider answers"
@@ -8968,7 +8784,9 @@ class Watcher:
             with self.lock:
                 if self.queue.get(path) is q:  # cut short: the slice is over
                     break
-        self._log_progress()
+        if self.queue and time.monotonic() - self.logged >= WATCH_LOG_SECONDS:
+            self.logged = time.monotonic()  # a progress line while files are left
+            self._say(progress_text(self.progress()))
         return out
 
     def _backlog_run(self, stop: threading.Event) -> None:
@@ -9116,12 +8934,6 @@ class Watcher:
             self.mem._meta_set("watch_progress", json.dumps(dict(p, owner=OWNER)))
         self.published = time.monotonic()
         self.last_published = {k: v for k, v in p.items() if k != "updated_at"}
-
-    def _log_progress(self) -> None:
-        """A progress line, every WATCH_LOG_SECONDS at most, while files are left."""
-        if self.queue and time.monotonic() - self.logged >= WATCH_LOG_SECONDS:
-            self.logged = time.monotonic()
-            self._say(progress_text(self.progress()))
 
     def _say(self, text: str) -> None:
         log.info("watch: %s", text)
@@ -11130,8 +10942,9 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
             print(f"aokun: created a new database {self.path}{opt_in}", file=sys.stderr,
                   flush=True)
         self.queries = load_queries()  # the named queries of sql/*.sql
-        if self.conn.aokun_rank:  # the recall channels' readers load it too (reader_rows)
-            self.queries = ranked_queries(self.queries)
+        if self.conn.aokun_rank:  # bm25(t) as aokun_bm25(t, 't'), the same scores (and readers)
+            self.queries = {k: _BM25_CALL.sub(r"aokun_bm25(\1, '\1')", v)
+                            for k, v in self.queries.items()}
         self.epoch = 0  # commits through tx(): what the recall cache keys on (Store owns it)
         # text and rules (Layers, Journal, Recall read them)
         t = self.cfg.text
@@ -12342,32 +12155,6 @@ def _lifespan(memory_factory, running: list[ServerState]):
     return lifespan
 
 
-def _add_resources(server, memory) -> None:
-    """Register the resources on `server`: memory://stats (JSON), memory://briefing (markdown) and
-    the template memory://memories/{id}{?persona_id} (JSON; a memory of the default persona, or of
-    persona_id when given; an unknown id, or one of another persona, is a ResourceNotFoundError).
-    `memory()` returns the Memory of the open lifespan."""
-    from mcp.server.mcpserver.exceptions import ResourceNotFoundError
-
-    @server.resource("memory://stats", mime_type="application/json")
-    def stats_resource() -> str:
-        """Counts of memories, atoms, graph and vectors, and the embedder's state."""
-        return compact_json(rounded(memory().stats()))
-
-    @server.resource("memory://briefing", mime_type="text/markdown")
-    def briefing_resource() -> str:
-        """The session briefing of the default persona, rebuilt first when memory changed since."""
-        return memory().memory_context(None, "project")["text"]
-
-    @server.resource("memory://memories/{id}{?persona_id}", mime_type="application/json")
-    def memory_resource(id: int, persona_id: str | None = None) -> str:
-        """One memory in full, as JSON (?persona_id=… for a persona other than the default one)."""
-        try:
-            return compact_json(rounded(memory().get(id, persona_id)))
-        except NotFound as e:
-            raise ResourceNotFoundError(for_mcp(e)) from None
-
-
 #: MCP log levels (RFC 5424 names, as logging/setLevel takes them) -> the Python level from which a
 #: record is at or above them; a record's own MCP level is the last name whose value it reaches
 MCP_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "notice": logging.INFO + 5,
@@ -12514,7 +12301,7 @@ def _add_completions(server, memory) -> None:
 
 #: The prompts _add_prompts registers (completion/complete answers for these and MCP_TEMPLATES)
 MCP_PROMPTS = ("session_briefing", "remember_about")
-#: The resource templates of _add_resources and _add_entity_resources
+#: The resource templates of _add_resources
 MCP_TEMPLATES = ("memory://memories/{id}{?persona_id}", "memory://entities/{name}{?persona_id}",
                  "memory://sessions/{session_id}{?persona_id}")
 
@@ -12571,12 +12358,14 @@ def _remember_about_text(m: "Memory", topic: str, persona_id: str | None) -> str
     return "\n".join(lines)
 
 
-def _add_entity_resources(server, memory) -> None:
-    """Register the templates memory://entities/{name}{?persona_id} (JSON: kg_query of the entity,
-    its facts that hold now) and memory://sessions/{session_id}{?persona_id} (JSON: the first page
-    of an ingested conversation session, conversation_get_session). An unknown name or session, or
-    one of another persona, is a ResourceNotFoundError; a bad argument a -32602 error naming the
-    field."""
+def _add_resources(server, memory) -> None:
+    """Register the resources on `server`: memory://stats (JSON), memory://briefing (markdown) and
+    the templates memory://memories/{id}{?persona_id} (JSON; a memory of the default persona, or
+    of persona_id when given), memory://entities/{name}{?persona_id} (JSON: kg_query of the
+    entity, its facts that hold now) and memory://sessions/{session_id}{?persona_id} (JSON: the
+    first page of an ingested conversation session, conversation_get_session). An unknown id, name
+    or session, or one of another persona, is a ResourceNotFoundError; a bad argument a -32602
+    error naming the field. `memory()` returns the Memory of the open lifespan."""
     from mcp import MCPError
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError
     from mcp.types import INVALID_PARAMS
@@ -12588,6 +12377,21 @@ def _add_entity_resources(server, memory) -> None:
             raise ResourceNotFoundError(for_mcp(e)) from None
         except AokunError as e:
             raise MCPError(INVALID_PARAMS, for_mcp(e)) from None
+
+    @server.resource("memory://stats", mime_type="application/json")
+    def stats_resource() -> str:
+        """Counts of memories, atoms, graph and vectors, and the embedder's state."""
+        return compact_json(rounded(memory().stats()))
+
+    @server.resource("memory://briefing", mime_type="text/markdown")
+    def briefing_resource() -> str:
+        """The session briefing of the default persona, rebuilt first when memory changed since."""
+        return memory().memory_context(None, "project")["text"]
+
+    @server.resource(MCP_TEMPLATES[0], mime_type="application/json")
+    def memory_resource(id: int, persona_id: str | None = None) -> str:
+        """One memory in full, as JSON (?persona_id=… for a persona other than the default one)."""
+        return read(lambda m: m.get(id, persona_id))
 
     @server.resource(MCP_TEMPLATES[1], mime_type="application/json")
     def entity_resource(name: str, persona_id: str | None = None) -> str:
@@ -12672,7 +12476,6 @@ def build_server(memory_factory, cfg: Config):
         server.add_tool(_answering(fn), name=name, description=" ".join(fn.__doc__.split()),
                         annotations=ToolAnnotations(**TOOL_KINDS[kind]))
     _add_resources(server, lambda: running[-1].memory)
-    _add_entity_resources(server, lambda: running[-1].memory)
     _add_prompts(server, lambda: running[-1].memory)
     _add_completions(server, lambda: running[-1].memory)
     _add_logging(server)
@@ -12951,8 +12754,6 @@ def http_app(server, cfg: Config, host: str, port: int, panel=None):
 
 # Panel: the settings file, read with its help text and edited in place ###########################
 
-#: every setting with its default and help text (the ini comments)
-EXAMPLE_INI = SHARE / "aokun.example.ini"
 PANEL_PORT = 8765  #: `python aokun.py panel` serves here by default
 #: Settings that take one of a few words, as the code reading them accepts them (Memory, connect,
 #: make_embedder, logging); the panel offers them as a choice and refuses any other.
@@ -12980,8 +12781,6 @@ SETTING_NOTES = {
     ("text", "stopwords"): "the full-text index keeps its old words until "
                            "`python aokun.py rebuild --fts`",
 }
-_INI_SECTION = re.compile(r"\[([^\]]+)\]\s*$")
-_INI_KEY = re.compile(r"([^\s;#=:\[][^=:]*?)\s*[=:]")
 
 
 def setting_text(value) -> str:
@@ -13003,8 +12802,8 @@ def ini_layout(text: str) -> list[dict]:
         if m:
             sections.append({"name": m.group(1).strip(), "groups": []})
             comment, group = [], None
-        elif not sections:
-            continue
+        elif not sections or s.startswith(RANGE_MARK):
+            continue  # the range shows beside the setting
         elif s.startswith((";", "#")):
             comment.append(s[1:].strip())
             group = None
@@ -14174,11 +13973,6 @@ def service_plan(platform: str, action: str, cmd: list[str],
     raise InputError("--platform", f"expected linux, macos or windows, got {echo(platform)}")
 
 
-def this_platform() -> str:
-    """linux, macos or windows: which supervisor `service` uses here."""
-    return {"darwin": "macos", "win32": "windows"}.get(sys.platform, "linux")
-
-
 # CLI: the command group, one-line errors and shared options ######################################
 
 import click  # noqa: E402  (kept beside its only user)
@@ -14407,10 +14201,9 @@ def metadata_options(fn):
 def cli(ctx, db, config_path):
     """Aokun: long-term memory for AI assistants in one SQLite file.
 
+    \b
     Example:
-
         python aokun.py memorize "Alice 喜欢冰美式" --participant Alice
-
         python aokun.py recall "what does Alice drink"
     """
     ctx.obj = _State(db, config_path)
@@ -14435,10 +14228,9 @@ def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag,
     long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To
     store a lone "-", pipe it: echo - | python aokun.py memorize -
 
+    \b
     Example:
-
         python aokun.py memorize "Alice 喜欢冰美式" --participant Alice --topic coffee
-
         python aokun.py memorize --file notes/meeting.md --topic work
     """
     text = _content_arg(text, file_path, state.cfg.write.max_content_chars)
@@ -14461,9 +14253,7 @@ PERSONA_OF_ID_HELP = "Persona the memory belongs to (default: the default person
 def cli_show(state, memory_id, persona, as_json):
     """Show one memory with its atoms and graph entries.
 
-    Example:
-
-        python aokun.py show 12
+    Example: python aokun.py show 12
     """
     d = state.memory().get(memory_id, persona)
     if as_json:
@@ -14499,9 +14289,7 @@ def cli_list(state, limit, offset, persona, all_personas, session, include_archi
     """List the memories of one persona (--persona, default the default persona, as every other
     command), newest first; --all-personas lists every persona's, each row with its persona.
 
-    Example:
-
-        python aokun.py list --limit 5
+    Example: python aokun.py list --limit 5
     """
     if all_personas and persona is not None:
         raise click.UsageError("give --persona or --all-personas, not both")
@@ -14532,10 +14320,9 @@ def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participan
     """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona
     names the persona the memory belongs to (a persona cannot change).
 
+    \b
     Example:
-
         python aokun.py edit 12 --text "Alice 现在喜欢拿铁" --importance 0.8
-
         python aokun.py edit 12 --file notes/meeting.md
     """
     meta = _metadata(summary, topic, fact, participant, importance, session, None, source,
@@ -14564,14 +14351,13 @@ def _flag_command(name: str, flag: str, value: bool, doc: str):
 
 
 _flag_command("pin", "pinned", True, "Pin a memory: immune to decay, kept in context.\n\n"
-              "Example:\n\n    python aokun.py pin 12")
-_flag_command("unpin", "pinned", False,
-              "Unpin a memory.\n\nExample:\n\n    python aokun.py unpin 12")
+              "Example: python aokun.py pin 12")
+_flag_command("unpin", "pinned", False, "Unpin a memory.\n\nExample: python aokun.py unpin 12")
 _flag_command("archive", "archived", True,
               "Archive a memory: kept, but out of recall unless archived ones are asked for.\n\n"
-              "Example:\n\n    python aokun.py archive 12")
+              "Example: python aokun.py archive 12")
 _flag_command("unarchive", "archived", False, "Bring an archived memory back into recall.\n\n"
-              "Example:\n\n    python aokun.py unarchive 12")
+              "Example: python aokun.py unarchive 12")
 
 
 @cli.command("delete")
@@ -14589,9 +14375,7 @@ def cli_delete(state, memory_id, persona, purge):
     every backup made while it existed (daily backups for [backup] keep_days, manual,
     before-restore and upgrade copies) until you delete those files.
 
-    Example:
-
-        python aokun.py delete 12 --purge
+    Example: python aokun.py delete 12 --purge
     """
     mem = state.memory()
     out = mem.delete(memory_id, persona)
@@ -14613,9 +14397,7 @@ def cli_delete(state, memory_id, persona, purge):
 def cli_restore_memory(state, memory_id, persona):
     """Unarchive a memory, or undo the consolidation whose survivor it is.
 
-    Example:
-
-        python aokun.py restore-memory 12
+    Example: python aokun.py restore-memory 12
     """
     out = state.memory().restore_memory(memory_id, persona)
     restored = ", ".join(map(str, out["restored"])) or "nothing (it was not archived)"
@@ -14631,9 +14413,7 @@ def cli_summarize(state, file, persona, session):
     """Distil a conversation (text, or a JSON list of {role, content}) into one memory with the
     [llm] chat model, and store it.
 
-    Example:
-
-        python aokun.py summarize chat.json
+    Example: python aokun.py summarize chat.json
     """
     text = file.read()
     try:
@@ -14680,9 +14460,7 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
                project, as_json):
     """Search memories by meaning, keywords and relations.
 
-    Example:
-
-        python aokun.py recall "what does Alice drink" -k 3 --explain
+    Example: python aokun.py recall "what does Alice drink" -k 3 --explain
     """
     out = state.memory().recall(query, k, persona, session, include_archived, explain, channels,
                                 as_of, scope=project and str(Path(project).absolute()))
@@ -14719,9 +14497,7 @@ def cli_feedback(state, memory_ids, not_useful, persona, as_json):
     """Say which recalled memories an answer used: they rank higher (frequency term, importance)
     and their atoms last longer. Being returned by recall alone earns no rank.
 
-    Example:
-
-        python aokun.py feedback 12 40
+    Example: python aokun.py feedback 12 40
     """
     out = state.memory().memory_feedback(list(memory_ids), not not_useful, persona)
     if as_json:
@@ -14741,9 +14517,7 @@ def cli_feedback(state, memory_ids, not_useful, persona, as_json):
 def cli_atoms(state, query, k, persona, as_json):
     """Search single facts (memory atoms) that are still within their shelf life.
 
-    Example:
-
-        python aokun.py atoms "冰美式"
+    Example: python aokun.py atoms "冰美式"
     """
     out = state.memory().search_atoms(query, k, persona)
     if as_json:
@@ -14766,9 +14540,7 @@ def cli_context(state, topic, mode, max_tokens, persona, refresh):
     """Print memory for a prompt within a token budget: the session briefing, or memories and
     facts about TOPIC.
 
-    Example:
-
-        python aokun.py context "Alice's trip" --mode quick
+    Example: python aokun.py context "Alice's trip" --mode quick
     """
     mem = state.memory()
     if refresh:
@@ -14784,9 +14556,7 @@ def cli_context(state, topic, mode, max_tokens, persona, refresh):
 def cli_kg():
     """Temporal knowledge-graph facts: subject —predicate→ object with validity windows.
 
-    Example:
-
-        python aokun.py kg add Alice lives_in Paris --valid-from 2024-03-01
+    Example: python aokun.py kg add Alice lives_in Paris --valid-from 2024-03-01
     """
 
 
@@ -14812,9 +14582,7 @@ def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confide
                persona):
     """Record a fact; a single-valued predicate closes the previous value.
 
-    Example:
-
-        python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01
+    Example: python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01
     """
     f = state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence,
                               source_memory, persona)
@@ -14833,9 +14601,7 @@ def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confide
 def cli_kg_query(state, entity, as_of, predicate, persona, as_json):
     """Facts about ENTITY valid now or at --as-of.
 
-    Example:
-
-        python aokun.py kg query Alice --as-of 2024-06-01
+    Example: python aokun.py kg query Alice --as-of 2024-06-01
     """
     out = state.memory().kg_query(entity, as_of, predicate, persona)
     _echo_json(out) if as_json else _print_facts(out["facts"])
@@ -14849,9 +14615,7 @@ def cli_kg_query(state, entity, as_of, predicate, persona, as_json):
 def cli_kg_invalidate(state, fact_id, valid_to, persona):
     """End a fact (history is kept; a fact that has already ended keeps its end).
 
-    Example:
-
-        python aokun.py kg invalidate 7
+    Example: python aokun.py kg invalidate 7
     """
     f = state.memory().kg_invalidate(fact_id, valid_to, persona)
     _print_facts([f])
@@ -14866,9 +14630,7 @@ def cli_kg_delete(state, entity, persona):
     """Delete ENTITY and every fact about it (tombstones are kept). To end one fact, use
     invalidate.
 
-    Example:
-
-        python aokun.py kg delete "Old Flatmate"
+    Example: python aokun.py kg delete "Old Flatmate"
     """
     out = state.memory().kg_delete_entity(entity, persona)
     click.echo(f"deleted {out['entity']} and {len(out['facts'])} facts")
@@ -14882,9 +14644,7 @@ def cli_kg_delete(state, entity, persona):
 def cli_kg_timeline(state, entity, persona, as_json):
     """Every fact ever recorded about ENTITY, oldest first.
 
-    Example:
-
-        python aokun.py kg timeline Alice
+    Example: python aokun.py kg timeline Alice
     """
     out = state.memory().kg_timeline(entity, persona)
     _echo_json(out) if as_json else _print_facts(out["facts"])
@@ -14896,9 +14656,7 @@ def cli_kg_timeline(state, entity, persona, as_json):
 def cli_kg_stats(state, persona):
     """Entity and fact counts.
 
-    Example:
-
-        python aokun.py kg stats
+    Example: python aokun.py kg stats
     """
     _echo_json(state.memory().kg_stats(persona))
 
@@ -14911,9 +14669,7 @@ def cli_kg_stats(state, persona):
 def cli_stats(state, as_json):
     """Counts for every layer and index, and the embedder's state.
 
-    Example:
-
-        python aokun.py stats --json
+    Example: python aokun.py stats --json
     """
     s = state.memory().stats()
     if as_json:
@@ -14944,9 +14700,7 @@ def cli_doctor(state):
     """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and
     graph. Exits 1 when anything is wrong.
 
-    Example:
-
-        python aokun.py doctor
+    Example: python aokun.py doctor
     """
     mem = state.memory()
     repaired = {}
@@ -14973,9 +14727,7 @@ def cli_doctor(state):
 def cli_rebuild(state, vectors, fts, graph):
     """Rebuild derived indexes from the stored memories.
 
-    Example:
-
-        python aokun.py rebuild --vectors
+    Example: python aokun.py rebuild --vectors
     """
     if not (vectors or fts or graph):
         raise click.UsageError("say what to rebuild: --vectors, --fts and/or --graph")
@@ -14990,9 +14742,7 @@ def cli_rebuild(state, vectors, fts, graph):
 def cli_vacuum(state):
     """Optimise the FTS indexes, checkpoint the WAL and VACUUM the file.
 
-    Example:
-
-        python aokun.py vacuum
+    Example: python aokun.py vacuum
     """
     r = state.memory().vacuum()
     click.echo(f"{r['before_bytes']:,} -> {r['after_bytes']:,} bytes")
@@ -15005,9 +14755,7 @@ def cli_backup(state, dest):
     """Write a consistent copy of the database (online backup API: servers keep writing).
     Without DEST it goes to [backup] dir as <name>-manual-<time>.db.
 
-    Example:
-
-        python aokun.py backup ~/aokun-2026-11-30.db
+    Example: python aokun.py backup ~/aokun-2026-11-30.db
     """
     mem = state.memory()
     if dest is None:
@@ -15028,9 +14776,7 @@ def cli_restore(state, src, yes):
     backup, which only it holds. Ids stay unique: new memories get ids above any the file ever
     gave.
 
-    Example:
-
-        python aokun.py restore data/backups/aokun-daily-2026-11-29.db
+    Example: python aokun.py restore data/backups/aokun-daily-2026-11-29.db
     """
     if not yes and not sys.stdin.isatty():  # no one to ask: click.confirm would only say "Aborted!"
         raise AokunError(f"restore replaces every memory with the content of {src}: "
@@ -15067,9 +14813,7 @@ def cli_recover(state, dest):
     server, `doctor` or `rebuild --vectors`. Use it when no backup is recent enough; check DEST
     with `--db DEST doctor`, then put it in place.
 
-    Example:
-
-        python aokun.py recover ~/aokun-salvaged.db
+    Example: python aokun.py recover ~/aokun-salvaged.db
     """
     r = state.memory(recover=False).salvage(dest)
     with Memory(Path(r["salvaged"]), state.cfg) as saved:
@@ -15101,10 +14845,9 @@ def cli_export(state, fmt, persona, since, out_path):
     `import` restores it into any file. Markdown writes one note per memory with YAML front
     matter.
 
+    \b
     Example:
-
         python aokun.py export --out aokun.jsonl
-
         python aokun.py export --format markdown --out ~/Obsidian/Aokun
     """
     mem = state.memory()
@@ -15143,9 +14886,7 @@ def cli_import(state, file, as_json):
     same or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors
     are re-derived. A bad line is one error naming it, before anything is written.
 
-    Example:
-
-        python aokun.py --db other.db import aokun.jsonl
+    Example: python aokun.py --db other.db import aokun.jsonl
     """
     try:
         with open(Path(file), encoding="utf-8-sig") as f, \
@@ -15155,8 +14896,7 @@ def cli_import(state, file, as_json):
         raise InputError("FILE", f"{file} is not UTF-8 text "
                                  f"(invalid byte at offset {e.start})") from None
     if as_json:
-        _echo_json(r)
-        return
+        return _echo_json(r)
     for kind, c in r.items():
         if kind != "deleted" and any(c.values()):
             click.echo(f"{kind:<14} {c['added']} added, {c['updated']} updated, {c['kept']} kept, "
@@ -15180,18 +14920,16 @@ def cli_sync(state, folder, conflicts, persona, as_json):
     the other is kept and listed by `sync --conflicts`. A truncated or foreign file is skipped, and
     tried again next time.
 
+    \b
     Example:
-
         python aokun.py sync ~/Sync/aokun
-
         python aokun.py sync --conflicts
     """
     mem = state.memory()
     if conflicts:
         rows = mem.sync_conflicts(persona)
         if as_json:
-            _echo_json(rows)
-            return
+            return _echo_json(rows)
         for r in rows:
             loser = r["loser"]
             shown = loser.get("content") or loser.get("name") or loser.get("predicate") or ""
@@ -15207,8 +14945,7 @@ def cli_sync(state, folder, conflicts, persona, as_json):
     r = mem.sync(Path(folder).expanduser().resolve() if folder
                  else state.cfg.resolve(state.cfg.sync.dir))
     if as_json:
-        _echo_json(r)
-        return
+        return _echo_json(r)
     if r["new_device"]:
         click.echo(f"this file syncs as device {r['device']} "
                    "(new: first sync, or the file was copied or moved)")
@@ -15246,9 +14983,7 @@ def _print_changes(out: dict) -> None:
 def cli_decay(state, dry_run, days, as_json):
     """Daily importance decay (and auto-archival when enabled), catching up missed days.
 
-    Example:
-
-        python aokun.py decay --dry-run --days 30
+    Example: python aokun.py decay --dry-run --days 30
     """
     out = state.memory().decay(dry_run=dry_run, days=days)
     if as_json:
@@ -15265,9 +15000,7 @@ def cli_decay(state, dry_run, days, as_json):
 def cli_lifecycle(state, dry_run, as_json):
     """Atom lifecycle sweep: expired, forgotten (+7 d), purged (+30 d), dormant.
 
-    Example:
-
-        python aokun.py lifecycle --dry-run
+    Example: python aokun.py lifecycle --dry-run
     """
     out = state.memory().lifecycle(dry_run=dry_run)
     if as_json:
@@ -15283,9 +15016,7 @@ def cli_lifecycle(state, dry_run, as_json):
 def cli_consolidate(state, apply, persona):
     """Find near-duplicate memories; --apply merges each cluster (undo: restore-memory SURVIVOR).
 
-    Example:
-
-        python aokun.py consolidate
+    Example: python aokun.py consolidate
     """
     out = state.memory().consolidate(dry_run=not apply, persona_id=persona)
     for cl in out["clusters"]:
@@ -15307,10 +15038,9 @@ def cli_serve(state, use_http, host, port):
     """Run the MCP server: stdio (what MCP clients launch) or --http. Any --host but loopback
     needs [server] token (or the variable [server] token_env names, $AOKUN_TOKEN).
 
+    \b
     Example:
-
         python aokun.py serve
-
         python aokun.py serve --http --port 5123
     """
     cfg = state.cfg
@@ -15382,10 +15112,9 @@ def cli_service():
     """Run `serve --http` under the OS's own supervisor: a systemd user unit (Linux), a launchd
     agent (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
 
+    \b
     Example:
-
         python aokun.py service install --dry-run
-
         python aokun.py service status
     """
 
@@ -15404,7 +15133,8 @@ def _service_command(action: str, doc: str):
         port = port or cfg.server.port
         db = database_path(cfg, state.db_arg).resolve()
         config = Path(state.config_arg).resolve() if state.config_arg else None
-        files, commands = service_plan(platform or this_platform(), action,
+        here = {"darwin": "macos", "win32": "windows"}.get(sys.platform, "linux")
+        files, commands = service_plan(platform or here, action,
                                        service_command(db, config, port), db.parent)
         if action == "status" and not dry_run:
             _service_status(cfg, port, commands)
@@ -15511,10 +15241,9 @@ def cli_panel(state, port, no_browser, new_link):
     --port if given, else any) for a new link, e.g. for another browser. scripts/panel.bat and
     panel.command start it.
 
+    \b
     Example:
-
         python aokun.py panel --port 8765
-
         python aokun.py panel --link
     """
     import uvicorn
@@ -15580,10 +15309,9 @@ def cli_ingest(state, source, paths, persona, include_deleted, as_json):
     ~/.copilot/session-state/<id>/events.jsonl; chatgpt needs the conversations.json of a data
     export, or the export's zip. A PATH folder is searched for the source's files.
 
+    \b
     Example:
-
         python aokun.py ingest claude-code
-
         python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip
     """
     mem = state.memory()
@@ -15609,9 +15337,7 @@ def cli_ingest(state, source, paths, persona, include_deleted, as_json):
 def cli_conversations():
     """Browse and search ingested conversations (`python aokun.py ingest` stores them).
 
-    Example:
-
-        python aokun.py conversations search "杭州 高铁票"
+    Example: python aokun.py conversations search "杭州 高铁票"
     """
 
 
@@ -15627,8 +15353,7 @@ def cli_conversations_list(state, source, limit, offset, persona, as_json):
     """Sessions, newest first: date, source, turns, title, session id."""
     rows = state.memory().list_sessions(limit, offset, source, persona)
     if as_json:
-        _echo_json(rows)
-        return
+        return _echo_json(rows)
     for r in rows:
         title = _one_line(r["title"] or r["first_user_message"], LINE_PREVIEW_CHARS)
         click.echo(f"{r['ended_at'][:DATE_CHARS]}  {r['source']:<11} {r['turn_count']:>5} turns  "
@@ -15649,8 +15374,7 @@ def cli_conversations_show(state, session_id, source, offset, limit, persona, as
     """One session's turns in order."""
     out = state.memory().conversation_get_session(session_id, offset, limit, persona, source)
     if as_json:
-        _echo_json(out)
-        return
+        return _echo_json(out)
     s = out["session"]
     click.echo(f"# {s['title'] or s['session_id']}  "
                f"({s['source']}, {s['turn_count']} turns, {s['project']})")
@@ -15674,14 +15398,11 @@ def cli_conversations_show(state, session_id, source, offset, limit, persona, as
 def cli_conversations_search(state, query, k, source, session, since, until, persona, as_json):
     """Search ingested conversations by meaning and keywords.
 
-    Example:
-
-        python aokun.py conversations search "杭州 高铁票"
+    Example: python aokun.py conversations search "杭州 高铁票"
     """
     out = state.memory().conversation_search(query, k, source, session, since, until, persona)
     if as_json:
-        _echo_json(out)
-        return
+        return _echo_json(out)
     for h in out["results"]:
         click.echo(f"{h['score']:.3f}  {h['created_at'][:DATE_CHARS]} {h['source']} {h['role']}: "
                    f"{_one_line(h['text'], HIT_PREVIEW_CHARS)}  [{h['session_id']}]")
@@ -15713,9 +15434,7 @@ def cli_watch(state, sources, interval, persona):
     again (each file from its stored offset). `serve` does the same on a background thread
     ([conversations] watch).
 
-    Example:
-
-        python aokun.py watch claude-code
+    Example: python aokun.py watch claude-code
     """
     check_watch_limits(state.cfg)
     mem = state.memory()
@@ -15749,9 +15468,7 @@ def cli_hooks(state, client, install, target):
     twice changes nothing; other settings are kept as they are. --uninstall removes exactly
     what --install added.
 
-    Example:
-
-        python aokun.py hooks claude-code --install
+    Example: python aokun.py hooks claude-code --install
     """
     db = state.db_arg or os.environ.get("AOKUN_DB")
     default = {"claude-code": "~/.claude/settings.json", "codex": "~/.codex/config.toml",
@@ -15805,8 +15522,8 @@ def cli_hook(state, client, event, payload):
     with the briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem
     never fails the client.
 
+    \b
     Example:
-
         echo '{"transcript_path": "/home/me/s.jsonl"}' | python aokun.py hook claude-code stop
     """
     started = time.perf_counter()

@@ -984,6 +984,17 @@ def test_example_config_documents_every_setting_with_its_default():
                 f"[{section}] {key} = {value!r}, default {default!r}"
 
 
+def test_defaults_and_ranges_come_from_the_example_ini(tmp_path):
+    ini = tmp_path / "x.ini"
+    ini.write_text("[a]\n; help\n; range: 0..1\nshare = 0.20\nn = 300\n; range: > 0\nt = 300.0\n"
+                   "on = false\nhost = 127.0.0.1\nnone =\n", encoding="utf-8")
+    assert aokun.ini_defaults(ini) == ({"a": {"share": 0.2, "n": 300, "t": 300.0, "on": False,
+                                              "host": "127.0.0.1", "none": ""}},
+                                       {"a": {"share": "0..1", "t": "> 0"}})
+    assert type(aokun.DEFAULTS["sync"]["interval"]) is float
+    assert (aokun.DEFAULTS["server"]["port"], aokun.RANGES["server"]["port"]) == (5123, "1..65535")
+
+
 @pytest.mark.parametrize("text,key", [("[recall]\nrrf_kk = 60\n", "rrf_kk"),
                                       ("[recall]\nrrf_k = abc\n", "rrf_k"),
                                       ("[recall]\nmax_k = 1.5\n", "max_k"),
