@@ -462,14 +462,11 @@ COVER_WEIGHT_OTHER = 4.0  #: Segmenter.weight of a non-CJK token: about a Chines
 
 
 def varint(b: bytes) -> int:
-    """The SQLite varint `b` starts with (as FTS5 writes its records: the first of its averages
-    record is the table's row count)."""
+    """The SQLite varint `b` starts with (an FTS5 averages record's: the table's row count)."""
     x = 0
     for i, c in enumerate(b[:9]):
-        if i == 8:
-            return (x << 8) | c
-        x = (x << 7) | (c & 0x7F)
-        if c < 0x80:
+        x = x << 8 | c if i == 8 else x << 7 | c & 0x7F
+        if c < 0x80 or i == 8:
             break
     return x
 
@@ -5162,18 +5159,18 @@ class Recall:
 
     def warm_recall(self) -> None:
         """Load what a new process's first recalls would otherwise load on their way (issue 37):
-        jieba, pypinyin, each channel worker's reader connection with aokun_bm25's row sizes and
-        the channels' statements and pages (each runs once for the newest memory's words), then
-        the embedding model and the relevance anchors. Nothing is written or cached, the main
-        connection's lock is taken for one statement at a time only; between the steps it waits
-        while a tool call runs. The server's background thread calls it at start."""
-        self.seg.pinyin("预热")
+        the embedding model (the slowest), pypinyin, each channel worker's reader connection with
+        aokun_bm25's row sizes and the channels' statements and pages (each runs once for the
+        newest memory's words), the relevance anchors. Nothing is written or cached, the main
+        connection's lock is taken for one statement at a time only; before each channel step it
+        waits while a tool call runs. The server's background thread calls it at start."""
         text = (self.value("select content from documents order by id desc limit 1")
                 or "warm up 预热")[:200]
+        v = self._query_vector(text).astype(np.float32) if self.vectors_usable else None
+        self.seg.pinyin("预热")
         params = self._channel_params(self.seg.tokens(text), None, 10, "", "", False, "")
         self._warm_channels(("bm25", "graph_keyword"), params)
-        if self.vectors_usable:
-            v = self._query_vector(text).astype(np.float32)
+        if v is not None:
             self.background(v)
             self._warm_channels(("vector", "graph_vector"),
                                 dict(params, embedding=v.tobytes(), query_i8=vector_blob(v)))
@@ -5518,7 +5515,7 @@ class Recall:
         are counted once per state of the table (its FTS5 averages and structure records, which
         every commit changes), `rows` running the counts."""
         terms = params["terms"]
-        if not self.conn.aokun_rank or any("\n" in t for t in terms):
+        if not self.conn.aokun_rank or not terms or any("\n" in t for t in terms):
             return {}
         if len(terms) < 2:
             return maxscore_split(terms, dict.fromkeys(terms, 0), 1, pool)
