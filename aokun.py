@@ -5126,6 +5126,175 @@ ATOM_BM25_SCALE = 8.0  #: the seed's atom score 1/(1 + exp(−raw/8)) (seed: Ret
 FEEDBACK_ATOM_INTERVAL_DAYS = 1.0
 
 
+#: each channel's query in sql/recall.sql (vector: recall_vector_session with a session)
+CHANNEL_QUERIES = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword",
+                   "graph_vector": "recall_graph_vector", "vector": "recall_vector"}
+
+
+class Channels:
+    """How recall's SQL channels run: on worker threads with their own query-only connections,
+    within their speed bounds (the keyword channels' FTS pool and exact pruning, the vector
+    channels' Hamming reach learnt from earlier recalls), the same rows as without them."""
+
+    def _run_channels(self, queries: list[tuple[str, str]], params: dict, concurrent: bool) -> list:
+        """Start the (channel, SQL) queries (_channel_query): each on its own query-only connection
+        in a worker thread when `concurrent` and [recall] parallel_channels > 1, at most one worker
+        per CPU (SQLite runs them side by side; APSW releases the GIL), else one after another on
+        the main connection, now. Returns per query a function giving
+        (rows or the apsw.Error, ms)."""
+        def one(ch, sql, rows):
+            t0 = time.perf_counter()
+            try:
+                out = self._channel_query(ch, sql, params, rows)
+            except apsw.Error as e:
+                out = e
+            return out, round((time.perf_counter() - t0) * 1000, 2)
+        pool = self._channel_workers()[0]
+        if pool is None or not concurrent:
+            done = [one(ch, sql, self.rows) for ch, sql in queries]
+            return [lambda r=r: r for r in done]
+        return [pool.submit(one, ch, sql, self.reader_rows).result for ch, sql in queries]
+
+    def _channel_workers(self) -> tuple[ThreadPoolExecutor | None, int]:
+        """(the channel workers, started on first use, or None when the channels run on the main
+        connection, how many): [recall] parallel_channels, at most one per CPU (more threads than
+        cores: slower)."""
+        workers = min(self.cfg.recall.parallel_channels, os.cpu_count() or 1)
+        if workers <= 1:
+            return None, 1
+        if self._channel_pool is None:
+            with self._readers_lock:
+                if self._channel_pool is None:
+                    self._channel_pool = ThreadPoolExecutor(max_workers=workers,
+                                                            thread_name_prefix="aokun-recall")
+        return self._channel_pool, workers
+
+    def _channel_query(self, ch: str, sql: str, params: dict, rows) -> list[dict]:
+        """The rows of channel `ch` (its query `sql`, run by `rows`), first with its speed bound
+        (sql/recall.sql): the keyword channels rank only the best FTS_POOL_FACTOR × k FTS matches
+        (:pool), the vector channels take candidates within a Hamming distance (:max_hamming) learnt
+        from earlier recalls (_hamming_bound). When the rows say the bound may have cut them short
+        (`complete` 0) the query runs again without it, so the rows are always the unbounded ones.
+        A keyword channel whose pool fell short (a small session or persona behind many matches of
+        others) runs its next FTS_POOL_SKIP recalls with those filters unbounded at once; a vector
+        channel with fewer vectors than candidates left (archived, forgotten) forgets its bound."""
+        unbounded = dict(params, pool=0, max_hamming=None)
+        if ch in ("bm25", "graph_keyword"):
+            key = (ch, params["persona_id"], params["session_id"], params["max_archived"])
+            skip = self._pool_skips.get(key, 0)
+            if skip:
+                self._keep(self._pool_skips, key, skip - 1)
+                return rows(sql, unbounded)
+            pool = FTS_POOL_FACTOR * params["k"]
+            out = rows(sql, dict(unbounded, pool=pool, **self._pruning(ch, params, pool, rows)))
+            if out and out[0]["complete"]:
+                return out
+            out = rows(sql, unbounded)
+            if out:  # no rows at all: nothing matched, which says nothing about the pool
+                self._keep(self._pool_skips, key, FTS_POOL_SKIP)
+            return out
+        # graph_vector filters by session after its KNN: one history for all its sessions
+        session = params["session_id"] if ch == "vector" else ""
+        key = (ch, params["persona_id"], session, params["max_archived"], params["candidates"])
+        return self._bounded_knn(key, sql, unbounded, rows)
+
+    def _pruning(self, ch: str, params: dict, pool: int, rows) -> dict:
+        """maxscore_split's parameters for keyword channel `ch` with aokun_bm25 loaded (bm25()
+        cannot score a row by terms left out of the match: then {}). The rows holding each term
+        are counted once per state of the table (its FTS5 averages and structure records, which
+        every commit changes), `rows` running the counts."""
+        terms = params["terms"]
+        if not self.conn.aokun_rank or not terms or any("\n" in t for t in terms):
+            return {}
+        if len(terms) < 2:
+            return maxscore_split(terms, dict.fromkeys(terms, 0), 1, pool)
+        table = "documents_fts" if ch == "bm25" else "graph_entries_fts"
+        key = b"".join(r["block"] for r in rows(
+            f"select block from {table}_data where id in (1, 10) order by id", ()))
+        hits = {}
+        for t in terms:
+            seen = self._term_hits.get((table, t))
+            if seen is None or seen[0] != key:
+                seen = (key, rows(f"select count(*) n from {table} where {table} match ?",
+                                  (fts_query([t]),))[0]["n"])
+                self._keep(self._term_hits, (table, t), seen, 4096)
+            hits[t] = seen[1]
+        return maxscore_split(terms, hits, varint(key), pool)
+
+    def _bounded_knn(self, key: tuple, sql: str, unbounded: dict, rows) -> list[dict]:
+        """The rows of vector channel query `sql` (its :max_hamming None in `unbounded`), first
+        within the Hamming bound learnt for `key` (_hamming_bound); when the rows say it cut them
+        short, again within the history's largest reach + HAMMING_SLACK, then without a bound. A
+        complete answer's reach goes into the history of `key`."""
+        bound = self._hamming_bound(key)
+        out = rows(sql, dict(unbounded, max_hamming=bound))
+        if bound is not None and not (out and out[0]["complete"]):
+            looser = max(self._hamming_reach.get(key, (bound,))) + HAMMING_SLACK
+            if looser > bound:
+                out = rows(sql, dict(unbounded, max_hamming=looser))
+            if not (out and out[0]["complete"]):
+                out = rows(sql, unbounded)
+            if not (out and out[0]["complete"]):  # fewer vectors than candidates: no bound can help
+                self._hamming_reach.pop(key, None)
+        if out and out[0]["complete"]:
+            # a tuple replaced whole: recalls on other threads read it while this one writes
+            seen = self._hamming_reach.get(key, ()) + (out[0]["reach"],)
+            self._keep(self._hamming_reach, key, seen[-HAMMING_HISTORY:])
+            self._hamming_learnt += 1  # a lost count between threads only delays a save
+        return out
+
+    @staticmethod
+    def _keep(store: dict, key: tuple, value, most: int = HAMMING_KEYS) -> None:
+        """store[key] = value, emptying `store` first when it holds `most` other keys (one
+        entry per persona/session asked: keep them few)."""
+        if len(store) >= most and key not in store:
+            store.clear()
+        store[key] = value
+
+    def _hamming_json(self) -> str:
+        """The vector channels' Hamming histories as meta hamming_reach stores them:
+        {"model": embedder model, "dim": its dimension, "reach": [[key as a list, [reach, ...]],
+        ...]} (_load_hamming reads it back)."""
+        return json.dumps({"model": self.embedder.model, "dim": self.embedder.dim,
+                           "reach": [[list(k), list(v)] for k, v in
+                                     list(self._hamming_reach.items())]}, separators=(",", ":"))
+
+    def _load_hamming(self) -> None:
+        """The histories of meta hamming_reach (_hamming_json) into this process, unless they were
+        learnt with another embedding model or are not what _hamming_json writes (then ignored:
+        the bounds are learnt again)."""
+        try:
+            saved = json.loads(self.meta_get("hamming_reach", "{}"))
+            if (saved.get("model"), saved.get("dim")) != (self.embedder.model, self.embedder.dim):
+                return
+            for key, seen in saved["reach"][:HAMMING_KEYS]:
+                if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in seen):
+                    self._hamming_reach[tuple(key)] = tuple(seen)[-HAMMING_HISTORY:]
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            log.warning("meta hamming_reach ignored: %s", e)
+
+    def _hamming_bound(self, key: tuple) -> float | None:
+        """The Hamming bound for a vector channel query (`key`: channel, persona, session, archived,
+        candidates): the HAMMING_QUANTILE of the reach (the candidates-th nearest Hamming distance)
+        of its last HAMMING_HISTORY recalls, None (no bound) before 8 of them. Why a bound:
+        sqlite-vec 0.1.9 picks a chunk's k nearest by k passes over the chunk (min_idx), so its KNN
+        costs n × k; with the bound only the few candidates within it are picked (graph vectors at
+        100k memories: 32 ms → 11 ms)."""
+        seen = sorted(self._hamming_reach.get(key, ()))
+        return seen[int(HAMMING_QUANTILE * (len(seen) - 1))] if len(seen) >= 8 else None
+
+    def reader_rows(self, sql: str, params) -> list[dict]:
+        """rows() on this worker thread's own query-only connection (opened on first use)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = connect(self.path, self.cfg.storage.busy_timeout_ms,
+                                              reader=True, rank=self.conn.aokun_rank or False)
+            # not self.lock: a caller may hold it while waiting for this thread
+            with self._readers_lock:
+                self._readers.append(conn)
+        return fetch_dicts(conn, sql, params)
+
+
 @dataclass
 class RecallQuery:
     """One recall's inputs as fusion needs them (built by Recall.recall)."""
@@ -5153,9 +5322,6 @@ class Recall:
     memory_feedback, the reinforcement that does move ranking."""
 
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
-    #: each channel's query in sql/recall.sql (vector: recall_vector_session with a session)
-    CHANNEL_QUERIES = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword",
-                       "graph_vector": "recall_graph_vector", "vector": "recall_vector"}
 
     def warm_recall(self) -> None:
         """Load what a new process's first recalls would otherwise load on their way (issue 37):
@@ -5194,7 +5360,7 @@ class Recall:
                 p = dict(params, pool=FTS_POOL_FACTOR * params["k"], max_hamming=None)
                 if ch in ("bm25", "graph_keyword"):
                     p.update(self._pruning(ch, params, p["pool"], rows))
-                rows(self.queries[self.CHANNEL_QUERIES[ch]], p)
+                rows(self.queries[CHANNEL_QUERIES[ch]], p)
         if pool is None:
             one()
         else:
@@ -5418,7 +5584,7 @@ class Recall:
         whose SQL fails is logged and appended to `degraded`; stats['channel_ms'] gets
         {channel: ms}."""
         timings = stats.setdefault("channel_ms", {})
-        names = dict(self.CHANNEL_QUERIES,
+        names = dict(CHANNEL_QUERIES,
                      vector="recall_vector_session" if params["session_id"] else "recall_vector")
         # the slower channel of each pair first: with fewer workers than channels the others
         # queue behind it, not it behind them (graph vector first: a 300k recall's p95 -8%)
@@ -5446,164 +5612,6 @@ class Recall:
             else:
                 ranked[ch] = out
         return ranked, embedding
-
-    def _run_channels(self, queries: list[tuple[str, str]], params: dict, concurrent: bool) -> list:
-        """Start the (channel, SQL) queries (_channel_query): each on its own query-only connection
-        in a worker thread when `concurrent` and [recall] parallel_channels > 1, at most one worker
-        per CPU (SQLite runs them side by side; APSW releases the GIL), else one after another on
-        the main connection, now. Returns per query a function giving
-        (rows or the apsw.Error, ms)."""
-        def one(ch, sql, rows):
-            t0 = time.perf_counter()
-            try:
-                out = self._channel_query(ch, sql, params, rows)
-            except apsw.Error as e:
-                out = e
-            return out, round((time.perf_counter() - t0) * 1000, 2)
-        pool = self._channel_workers()[0]
-        if pool is None or not concurrent:
-            done = [one(ch, sql, self.rows) for ch, sql in queries]
-            return [lambda r=r: r for r in done]
-        return [pool.submit(one, ch, sql, self.reader_rows).result for ch, sql in queries]
-
-    def _channel_workers(self) -> tuple[ThreadPoolExecutor | None, int]:
-        """(the channel workers, started on first use, or None when the channels run on the main
-        connection, how many): [recall] parallel_channels, at most one per CPU (more threads than
-        cores: slower)."""
-        workers = min(self.cfg.recall.parallel_channels, os.cpu_count() or 1)
-        if workers <= 1:
-            return None, 1
-        if self._channel_pool is None:
-            with self._readers_lock:
-                if self._channel_pool is None:
-                    self._channel_pool = ThreadPoolExecutor(max_workers=workers,
-                                                            thread_name_prefix="aokun-recall")
-        return self._channel_pool, workers
-
-    def _channel_query(self, ch: str, sql: str, params: dict, rows) -> list[dict]:
-        """The rows of channel `ch` (its query `sql`, run by `rows`), first with its speed bound
-        (sql/recall.sql): the keyword channels rank only the best FTS_POOL_FACTOR × k FTS matches
-        (:pool), the vector channels take candidates within a Hamming distance (:max_hamming) learnt
-        from earlier recalls (_hamming_bound). When the rows say the bound may have cut them short
-        (`complete` 0) the query runs again without it, so the rows are always the unbounded ones.
-        A keyword channel whose pool fell short (a small session or persona behind many matches of
-        others) runs its next FTS_POOL_SKIP recalls with those filters unbounded at once; a vector
-        channel with fewer vectors than candidates left (archived, forgotten) forgets its bound."""
-        unbounded = dict(params, pool=0, max_hamming=None)
-        if ch in ("bm25", "graph_keyword"):
-            key = (ch, params["persona_id"], params["session_id"], params["max_archived"])
-            skip = self._pool_skips.get(key, 0)
-            if skip:
-                self._keep(self._pool_skips, key, skip - 1)
-                return rows(sql, unbounded)
-            pool = FTS_POOL_FACTOR * params["k"]
-            out = rows(sql, dict(unbounded, pool=pool, **self._pruning(ch, params, pool, rows)))
-            if out and out[0]["complete"]:
-                return out
-            out = rows(sql, unbounded)
-            if out:  # no rows at all: nothing matched, which says nothing about the pool
-                self._keep(self._pool_skips, key, FTS_POOL_SKIP)
-            return out
-        # graph_vector filters by session after its KNN: one history for all its sessions
-        session = params["session_id"] if ch == "vector" else ""
-        key = (ch, params["persona_id"], session, params["max_archived"], params["candidates"])
-        return self._bounded_knn(key, sql, unbounded, rows)
-
-    def _pruning(self, ch: str, params: dict, pool: int, rows) -> dict:
-        """maxscore_split's parameters for keyword channel `ch` with aokun_bm25 loaded (bm25()
-        cannot score a row by terms left out of the match: then {}). The rows holding each term
-        are counted once per state of the table (its FTS5 averages and structure records, which
-        every commit changes), `rows` running the counts."""
-        terms = params["terms"]
-        if not self.conn.aokun_rank or not terms or any("\n" in t for t in terms):
-            return {}
-        if len(terms) < 2:
-            return maxscore_split(terms, dict.fromkeys(terms, 0), 1, pool)
-        table = "documents_fts" if ch == "bm25" else "graph_entries_fts"
-        key = b"".join(r["block"] for r in rows(
-            f"select block from {table}_data where id in (1, 10) order by id", ()))
-        hits = {}
-        for t in terms:
-            seen = self._term_hits.get((table, t))
-            if seen is None or seen[0] != key:
-                seen = (key, rows(f"select count(*) n from {table} where {table} match ?",
-                                  (fts_query([t]),))[0]["n"])
-                self._keep(self._term_hits, (table, t), seen, 4096)
-            hits[t] = seen[1]
-        return maxscore_split(terms, hits, varint(key), pool)
-
-    def _bounded_knn(self, key: tuple, sql: str, unbounded: dict, rows) -> list[dict]:
-        """The rows of vector channel query `sql` (its :max_hamming None in `unbounded`), first
-        within the Hamming bound learnt for `key` (_hamming_bound); when the rows say it cut them
-        short, again within the history's largest reach + HAMMING_SLACK, then without a bound. A
-        complete answer's reach goes into the history of `key`."""
-        bound = self._hamming_bound(key)
-        out = rows(sql, dict(unbounded, max_hamming=bound))
-        if bound is not None and not (out and out[0]["complete"]):
-            looser = max(self._hamming_reach.get(key, (bound,))) + HAMMING_SLACK
-            if looser > bound:
-                out = rows(sql, dict(unbounded, max_hamming=looser))
-            if not (out and out[0]["complete"]):
-                out = rows(sql, unbounded)
-            if not (out and out[0]["complete"]):  # fewer vectors than candidates: no bound can help
-                self._hamming_reach.pop(key, None)
-        if out and out[0]["complete"]:
-            # a tuple replaced whole: recalls on other threads read it while this one writes
-            seen = self._hamming_reach.get(key, ()) + (out[0]["reach"],)
-            self._keep(self._hamming_reach, key, seen[-HAMMING_HISTORY:])
-            self._hamming_learnt += 1  # a lost count between threads only delays a save
-        return out
-
-    @staticmethod
-    def _keep(store: dict, key: tuple, value, most: int = HAMMING_KEYS) -> None:
-        """store[key] = value, emptying `store` first when it holds `most` other keys (one
-        entry per persona/session asked: keep them few)."""
-        if len(store) >= most and key not in store:
-            store.clear()
-        store[key] = value
-
-    def _hamming_json(self) -> str:
-        """The vector channels' Hamming histories as meta hamming_reach stores them:
-        {"model": embedder model, "dim": its dimension, "reach": [[key as a list, [reach, ...]],
-        ...]} (_load_hamming reads it back)."""
-        return json.dumps({"model": self.embedder.model, "dim": self.embedder.dim,
-                           "reach": [[list(k), list(v)] for k, v in
-                                     list(self._hamming_reach.items())]}, separators=(",", ":"))
-
-    def _load_hamming(self) -> None:
-        """The histories of meta hamming_reach (_hamming_json) into this process, unless they were
-        learnt with another embedding model or are not what _hamming_json writes (then ignored:
-        the bounds are learnt again)."""
-        try:
-            saved = json.loads(self.meta_get("hamming_reach", "{}"))
-            if (saved.get("model"), saved.get("dim")) != (self.embedder.model, self.embedder.dim):
-                return
-            for key, seen in saved["reach"][:HAMMING_KEYS]:
-                if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in seen):
-                    self._hamming_reach[tuple(key)] = tuple(seen)[-HAMMING_HISTORY:]
-        except (ValueError, TypeError, KeyError, AttributeError) as e:
-            log.warning("meta hamming_reach ignored: %s", e)
-
-    def _hamming_bound(self, key: tuple) -> float | None:
-        """The Hamming bound for a vector channel query (`key`: channel, persona, session, archived,
-        candidates): the HAMMING_QUANTILE of the reach (the candidates-th nearest Hamming distance)
-        of its last HAMMING_HISTORY recalls, None (no bound) before 8 of them. Why a bound:
-        sqlite-vec 0.1.9 picks a chunk's k nearest by k passes over the chunk (min_idx), so its KNN
-        costs n × k; with the bound only the few candidates within it are picked (graph vectors at
-        100k memories: 32 ms → 11 ms)."""
-        seen = sorted(self._hamming_reach.get(key, ()))
-        return seen[int(HAMMING_QUANTILE * (len(seen) - 1))] if len(seen) >= 8 else None
-
-    def reader_rows(self, sql: str, params) -> list[dict]:
-        """rows() on this worker thread's own query-only connection (opened on first use)."""
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = connect(self.path, self.cfg.storage.busy_timeout_ms,
-                                              reader=True, rank=self.conn.aokun_rank or False)
-            # not self.lock: a caller may hold it while waiting for this thread
-            with self._readers_lock:
-                self._readers.append(conn)
-        return fetch_dicts(conn, sql, params)
 
     def _query_vector(self, query: str) -> "np.ndarray":
         """The query's vector. A multi-line query (a conversation so far) is embedded whole, plus
@@ -10358,8 +10366,9 @@ DATA_STEPS = (
 )
 
 
-class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting,
-             Maintenance, Summarizer, Conversations, ConversationSearch, Portable, Sync):
+class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, Briefing,
+             Forgetting, Maintenance, Summarizer, Conversations, ConversationSearch, Portable,
+             Sync):
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
     path (created and migrated when needed), optionally a Config and an Embedder; close() it.
 
@@ -10369,7 +10378,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     - `aokun-refresh`: one worker, started on first use, re-embeds the memories whose session
       context a write changed (Layers._refresh_stale); close() waits for it;
     - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
-      own query-only connection (Recall.reader_rows);
+      own query-only connection (Channels.reader_rows);
     - the server's `aokun-background` thread (see _background) calls the public methods like a
       caller.
     - the server's `aokun-watch` thread and its `aokun-watch-backlog` (Watcher.run) do too.
@@ -10432,17 +10441,17 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         # Recall
         self._recall_cache: dict = {}  # key -> (stamp, _cache_state, answer), least recent first
         self._toucher: ThreadPoolExecutor | None = None  # the aokun-touch worker (Recall._touch)
-        self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Recall._hamming_bound
+        self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Channels._hamming_bound
         self._hamming_learnt = 0  # reaches learnt since meta hamming_reach was written
         self._anchor_vectors: dict[str, dict] = {}  # model -> {script: mean vector} (background)
-        # Recall._channel_query: recalls left without the pool
+        # Channels._channel_query: recalls left without the pool
         self._pool_skips: dict[tuple, int] = {}
-        # Recall._pruning: (FTS table, term) -> (its records, rows holding the term)
+        # Channels._pruning: (FTS table, term) -> (its records, rows holding the term)
         self._term_hits: dict[tuple, tuple[bytes, int]] = {}
         self._channel_pool: ThreadPoolExecutor | None = None  # aokun-recall-* channel workers
         self._readers: list[apsw.Connection] = []  # the channel workers' query-only connections
         self._readers_lock = threading.Lock()  # guards _readers and _channel_pool, never self.lock
-        self._local = threading.local()  # each channel worker's own reader (Recall.reader_rows)
+        self._local = threading.local()  # each channel worker's own reader (Channels.reader_rows)
         self._calls = threading.Condition()  # foreground(): the tool calls in flight
         self._calls_in_flight = 0  # how many (foreground), guarded by _calls
         # Conversations
@@ -13094,7 +13103,7 @@ def health(mem: "Memory") -> dict:
     left; null with [conversations] watch off), uptime_seconds, version}. ok is false when the
     database does not answer or vector search is off for a reason other than [embedding] provider
     = none (vector_problem: a model mismatch, a provider that failed to load). Read on the calling
-    thread's query-only connection (Recall.reader_rows), never the main one: a supervisor's probe
+    thread's query-only connection (Channels.reader_rows), never the main one: a supervisor's probe
     must not wait for the Memory lock that long background work holds (the daily backup's VACUUM
     INTO, a maintenance transaction, a back-fill batch)."""
     meta: dict = {}

@@ -10,7 +10,7 @@
 --   :pool (keyword channels: the best :pool FTS matches are taken before any filter; 0 or null =
 --   all matches, best first), :max_hamming (vector channels: candidates from the binary index lie
 --   within this Hamming distance; null = no bound).
--- Besides, every channel returns `complete` and `reach`, for Recall._channel_query: complete is 1
+-- Besides, every channel returns `complete` and `reach`, for Channels._channel_query: complete is 1
 --   when the channel took all it asked for (:k entries or documents that pass the filters, or a
 --   pool that held every match; :candidates from the binary index), else 0, and then a bound
 --   (:pool, :max_hamming) may have cut the answer short: the channel runs again without it. Both
