@@ -516,6 +516,16 @@ COVER_WEIGHT_MIN, COVER_WEIGHT_MAX = 0.5, 6.0  #: Segmenter.weight's bounds
 COVER_WEIGHT_OTHER = 4.0  #: Segmenter.weight of a non-CJK token: about a Chinese content word's
 
 
+def varint(b: bytes) -> int:
+    """The SQLite varint `b` starts with (an FTS5 averages record's: the table's row count)."""
+    x = 0
+    for i, c in enumerate(b[:9]):
+        x = x << 8 | c if i == 8 else x << 7 | c & 0x7F
+        if c < 0x80 or i == 8:
+            break
+    return x
+
+
 def fts_query(tokens: list[str]) -> str:
     """An FTS5 MATCH expression that cannot be a syntax error: each distinct token double-quoted
     (inner quotes doubled), OR-joined. Empty string when there are no tokens."""
@@ -524,6 +534,47 @@ def fts_query(tokens: list[str]) -> str:
         if t not in seen:
             seen.append(t)
     return " OR ".join('"' + t.replace('"', '""') + '"' for t in seen)
+
+
+BM25_K1 = 1.2  #: FTS5 bm25()'s k1: one term adds less than (k1 + 1) × its IDF to a row's score
+#: maxscore_split leaves a query's commonest terms out of the scan while their bounds sum below
+#: this share of the rarest term's bound (a higher share tries more often, and fails more often)
+MAXSCORE_SHARE = 0.3
+
+
+def bm25_idf(hits: int, rows: int) -> float:
+    """FTS5 bm25()'s IDF of a term held by `hits` of `rows` rows (fts5_aux.c: floored at 1e-6)."""
+    idf = math.log((rows - hits + 0.5) / (hits + 0.5))
+    return idf if idf > 0 else 1e-6
+
+
+def maxscore_split(terms: list[str], hits: dict[str, int], rows: int, pool: int) -> dict:
+    """The keyword channels' exact top-k pruning (MaxScore: Turtle & Flood 1995, "Query evaluation:
+    strategies and optimizations"), as parameters of sql/recall.sql: the commonest of the distinct
+    `terms` (hits: rows holding each, of `rows`) are left out of the scan while their bounds
+    ((k1 + 1) × IDF) sum below MAXSCORE_SHARE of the rarest's and the others hold 2 × `pool`
+    rows. {match: the others OR (the others AND the common ones), so their rows score with the
+    common terms too; rest: the rows holding common terms only, read when the pool's worst score
+    is not above rest_bound, their bound (5% to spare); phrases: aokun_bm25's list of the whole
+    query's terms in order (sql/fts5_rank.c)}; without a split the whole query, listed."""
+    bound = {t: (BM25_K1 + 1) * bm25_idf(hits[t], rows) for t in terms}
+    order = sorted(terms, key=lambda t: (bound[t], t))
+    common, total = [], 0.0
+    for i, t in enumerate(order[:-1]):
+        if (total + bound[t] >= MAXSCORE_SHARE * bound[order[-1]]
+                or sum(hits[x] for x in order[i + 1:]) < 2 * pool):
+            break
+        common.append(t)
+        total += bound[t]
+    rare = [t for t in terms if t not in common]
+    at = {t: i for i, t in enumerate(rare)} | {t: 2 * len(rare) + i for i, t in enumerate(common)}
+    out = {"match": fts_query(rare), "rest": None, "rest_bound": None,
+           "phrases": "".join(f"{at[t]} {t}\n" for t in terms)}
+    if common:
+        e, c = out["match"], fts_query(common)
+        out.update(match=f"{e} OR (({e}) AND ({c}))", rest=f"({c}) NOT ({e})",
+                   rest_bound=1.05 * total)
+    return out
 
 
 def split_sentences(text: str, limit: int) -> list[str]:
@@ -833,7 +884,7 @@ def _vec_extension() -> str:
 
 RANK_SOURCE = SQL_DIR / "fts5_rank.c"  #: aokun_bm25, bm25() with the row sizes held in memory
 RANK_ENTRY = "sqlite3_fts5rank_init"
-_BM25_CALL = re.compile(r"\bbm25\((\w+)\)")
+_BM25_CALL = re.compile(r"\bbm25\((\w+)( /\* :phrases \*/)?\)")
 
 
 @functools.cache
@@ -883,6 +934,14 @@ def load_rank_extension(conn: apsw.Connection, path: str | None = None) -> str |
         _warn_once(f"ranking keyword matches with bm25(): loading {path} failed ({e})")
         return None
     return path
+
+
+def ranked_queries(queries: dict[str, str]) -> dict[str, str]:
+    """`queries` with each bm25(table) call as aokun_bm25(table, 'table'): the same scores; a
+    bm25(table /* :phrases */) as aokun_bm25(table, 'table', :phrases) (maxscore_split)."""
+    def call(m: re.Match) -> str:
+        return f"aokun_bm25({m[1]}, '{m[1]}'{', :phrases' if m[2] else ''})"
+    return {k: _BM25_CALL.sub(call, v) for k, v in queries.items()}
 
 
 class Connection(apsw.Connection):
@@ -5398,6 +5457,176 @@ ATOM_BM25_SCALE = 8.0  #: the seed's atom score 1/(1 + exp(−raw/8)) (seed: Ret
 FEEDBACK_ATOM_INTERVAL_DAYS = 1.0
 
 
+#: each channel's query in sql/recall.sql (vector: recall_vector_session with a session)
+CHANNEL_QUERIES = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword",
+                   "graph_vector": "recall_graph_vector", "vector": "recall_vector"}
+
+
+class Channels:
+    """How recall's SQL channels run: on worker threads with their own query-only connections,
+    within their speed bounds (the keyword channels' FTS pool and exact pruning, the vector
+    channels' Hamming reach learnt from earlier recalls), the same rows as without them."""
+
+    def _run_channels(self, queries: list[tuple[str, str]], params: dict, concurrent: bool) -> list:
+        """Start the (channel, SQL) queries (_channel_query): each on its own query-only connection
+        in a worker thread when `concurrent` and [recall] parallel_channels > 1, at most one worker
+        per CPU (SQLite runs them side by side; APSW releases the GIL), else one after another on
+        the main connection, now. Returns per query a function giving
+        (rows or the apsw.Error, ms)."""
+        def one(ch, sql, rows):
+            t0 = time.perf_counter()
+            try:
+                out = self._channel_query(ch, sql, params, rows)
+            except apsw.Error as e:
+                out = e
+            return out, round((time.perf_counter() - t0) * 1000, 2)
+        pool = self._channel_workers()[0]
+        if pool is None or not concurrent:
+            done = [one(ch, sql, self.rows) for ch, sql in queries]
+            return [lambda r=r: r for r in done]
+        return [pool.submit(one, ch, sql, self.reader_rows).result for ch, sql in queries]
+
+    def _channel_workers(self) -> tuple[ThreadPoolExecutor | None, int]:
+        """(the channel workers, started on first use, or None when the channels run on the main
+        connection, how many): [recall] parallel_channels, at most one per CPU (more threads than
+        cores: slower)."""
+        workers = min(self.cfg.recall.parallel_channels, os.cpu_count() or 1)
+        if workers <= 1:
+            return None, 1
+        if self._channel_pool is None:
+            with self._readers_lock:
+                if self._channel_pool is None:
+                    self._channel_pool = ThreadPoolExecutor(max_workers=workers,
+                                                            thread_name_prefix="aokun-recall")
+        return self._channel_pool, workers
+
+    def _channel_query(self, ch: str, sql: str, params: dict, rows) -> list[dict]:
+        """The rows of channel `ch` (its query `sql`, run by `rows`), first with its speed bound
+        (sql/recall.sql): the keyword channels rank only the best FTS_POOL_FACTOR × k FTS matches
+        (:pool), the vector channels take candidates within a Hamming distance (:max_hamming) learnt
+        from earlier recalls (_hamming_bound). When the rows say the bound may have cut them short
+        (`complete` 0) the query runs again without it, so the rows are always the unbounded ones.
+        A keyword channel whose pool fell short (a small session or persona behind many matches of
+        others) runs its next FTS_POOL_SKIP recalls with those filters unbounded at once; a vector
+        channel with fewer vectors than candidates left (archived, forgotten) forgets its bound."""
+        unbounded = dict(params, pool=0, max_hamming=None)
+        if ch in ("bm25", "graph_keyword"):
+            key = (ch, params["persona_id"], params["session_id"], params["max_archived"])
+            skip = self._pool_skips.get(key, 0)
+            if skip:
+                self._keep(self._pool_skips, key, skip - 1)
+                return rows(sql, unbounded)
+            pool = FTS_POOL_FACTOR * params["k"]
+            out = rows(sql, dict(unbounded, pool=pool, **self._pruning(ch, params, pool, rows)))
+            if out and out[0]["complete"]:
+                return out
+            out = rows(sql, unbounded)
+            if out:  # no rows at all: nothing matched, which says nothing about the pool
+                self._keep(self._pool_skips, key, FTS_POOL_SKIP)
+            return out
+        # graph_vector filters by session after its KNN: one history for all its sessions
+        session = params["session_id"] if ch == "vector" else ""
+        key = (ch, params["persona_id"], session, params["max_archived"], params["candidates"])
+        return self._bounded_knn(key, sql, unbounded, rows)
+
+    def _pruning(self, ch: str, params: dict, pool: int, rows) -> dict:
+        """maxscore_split's parameters for keyword channel `ch` with aokun_bm25 loaded (bm25()
+        cannot score a row by terms left out of the match: then {}). The rows holding each term
+        are counted once per state of the table (its FTS5 averages and structure records, which
+        every commit changes), `rows` running the counts."""
+        terms = params["terms"]
+        if not self.conn.aokun_rank or not terms or any("\n" in t for t in terms):
+            return {}
+        if len(terms) < 2:
+            return maxscore_split(terms, dict.fromkeys(terms, 0), 1, pool)
+        table = "documents_fts" if ch == "bm25" else "graph_entries_fts"
+        key = b"".join(r["block"] for r in rows(
+            f"select block from {table}_data where id in (1, 10) order by id", ()))
+        hits = {}
+        for t in terms:
+            seen = self._term_hits.get((table, t))
+            if seen is None or seen[0] != key:
+                seen = (key, rows(f"select count(*) n from {table} where {table} match ?",
+                                  (fts_query([t]),))[0]["n"])
+                self._keep(self._term_hits, (table, t), seen, 4096)
+            hits[t] = seen[1]
+        return maxscore_split(terms, hits, varint(key), pool)
+
+    def _bounded_knn(self, key: tuple, sql: str, unbounded: dict, rows) -> list[dict]:
+        """The rows of vector channel query `sql` (its :max_hamming None in `unbounded`), first
+        within the Hamming bound learnt for `key` (_hamming_bound); when the rows say it cut them
+        short, again within the history's largest reach + HAMMING_SLACK, then without a bound. A
+        complete answer's reach goes into the history of `key`."""
+        bound = self._hamming_bound(key)
+        out = rows(sql, dict(unbounded, max_hamming=bound))
+        if bound is not None and not (out and out[0]["complete"]):
+            looser = max(self._hamming_reach.get(key, (bound,))) + HAMMING_SLACK
+            if looser > bound:
+                out = rows(sql, dict(unbounded, max_hamming=looser))
+            if not (out and out[0]["complete"]):
+                out = rows(sql, unbounded)
+            if not (out and out[0]["complete"]):  # fewer vectors than candidates: no bound can help
+                self._hamming_reach.pop(key, None)
+        if out and out[0]["complete"]:
+            # a tuple replaced whole: recalls on other threads read it while this one writes
+            seen = self._hamming_reach.get(key, ()) + (out[0]["reach"],)
+            self._keep(self._hamming_reach, key, seen[-HAMMING_HISTORY:])
+            self._hamming_learnt += 1  # a lost count between threads only delays a save
+        return out
+
+    @staticmethod
+    def _keep(store: dict, key: tuple, value, most: int = HAMMING_KEYS) -> None:
+        """store[key] = value, emptying `store` first when it holds `most` other keys (one
+        entry per persona/session asked: keep them few)."""
+        if len(store) >= most and key not in store:
+            store.clear()
+        store[key] = value
+
+    def _hamming_json(self) -> str:
+        """The vector channels' Hamming histories as meta hamming_reach stores them:
+        {"model": embedder model, "dim": its dimension, "reach": [[key as a list, [reach, ...]],
+        ...]} (_load_hamming reads it back)."""
+        return json.dumps({"model": self.embedder.model, "dim": self.embedder.dim,
+                           "reach": [[list(k), list(v)] for k, v in
+                                     list(self._hamming_reach.items())]}, separators=(",", ":"))
+
+    def _load_hamming(self) -> None:
+        """The histories of meta hamming_reach (_hamming_json) into this process, unless they were
+        learnt with another embedding model or are not what _hamming_json writes (then ignored:
+        the bounds are learnt again)."""
+        try:
+            saved = json.loads(self.meta_get("hamming_reach", "{}"))
+            if (saved.get("model"), saved.get("dim")) != (self.embedder.model, self.embedder.dim):
+                return
+            for key, seen in saved["reach"][:HAMMING_KEYS]:
+                if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in seen):
+                    self._hamming_reach[tuple(key)] = tuple(seen)[-HAMMING_HISTORY:]
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            log.warning("meta hamming_reach ignored: %s", e)
+
+    def _hamming_bound(self, key: tuple) -> float | None:
+        """The Hamming bound for a vector channel query (`key`: channel, persona, session, archived,
+        candidates): the HAMMING_QUANTILE of the reach (the candidates-th nearest Hamming distance)
+        of its last HAMMING_HISTORY recalls, None (no bound) before 8 of them. Why a bound:
+        sqlite-vec 0.1.9 picks a chunk's k nearest by k passes over the chunk (min_idx), so its KNN
+        costs n × k; with the bound only the few candidates within it are picked (graph vectors at
+        100k memories: 32 ms → 11 ms)."""
+        seen = sorted(self._hamming_reach.get(key, ()))
+        return seen[int(HAMMING_QUANTILE * (len(seen) - 1))] if len(seen) >= 8 else None
+
+    def reader_rows(self, sql: str, params) -> list[dict]:
+        """rows() on this worker thread's own query-only connection (opened on first use)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = connect(self.path, self.cfg.storage.busy_timeout_ms,
+                                              reader=True, rank=self.conn.aokun_rank or False)
+            # not self.lock: a caller may hold it while waiting for this thread
+            with self._readers_lock:
+                self._readers.append(conn)
+        with self.sqlite_errors():
+            return fetch_dicts(conn, sql, params)
+
+
 @dataclass
 class RecallQuery:
     """One recall's inputs as fusion needs them (built by Recall.recall)."""
@@ -5428,11 +5657,56 @@ class Recall:
 
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
 
+    def warm_recall(self) -> None:
+        """Load what a new process's first recalls would otherwise load on their way (issue 37):
+        the embedding model (the slowest), pypinyin, each channel worker's reader connection with
+        aokun_bm25's row sizes and the channels' statements and pages (each runs once for the
+        newest memory's words), the relevance anchors. Nothing is written or cached, the main
+        connection's lock is taken for one statement at a time only; before each channel step it
+        waits while a tool call runs. The server's background thread calls it at start."""
+        text = (self.value("select content from documents order by id desc limit 1")
+                or "warm up 预热")[:200]
+        v = self._query_vector(text).astype(np.float32) if self.vectors_usable else None
+        self.seg.pinyin("预热")
+        params = self._channel_params(self.seg.tokens(text), None, 10, "", "", False, "")
+        self._warm_channels(("bm25", "graph_keyword"), params)
+        if v is not None:
+            self.background(v)
+            self._warm_channels(("vector", "graph_vector"),
+                                dict(params, embedding=v.tobytes(), query_i8=vector_blob(v)))
+
+    def _warm_channels(self, channels: tuple, params: dict) -> None:
+        """warm_recall's step: the `channels` with `params` once on each channel worker's reader
+        (a barrier holds each worker's task until all have one), after loading aokun_bm25's row
+        sizes there; on the main connection when the channels run there."""
+        self.yield_to_foreground()
+        pool, n = self._channel_workers()
+        rows = self.rows if pool is None else self.reader_rows
+        barrier = threading.Barrier(n)
+
+        def one():
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=5)
+            if self.conn.aokun_rank:
+                rows("select aokun_rank_warm('documents_fts'), "
+                     "aokun_rank_warm('graph_entries_fts')", ())
+            for ch in channels:
+                p = dict(params, pool=FTS_POOL_FACTOR * params["k"], max_hamming=None)
+                if ch in ("bm25", "graph_keyword"):
+                    p.update(self._pruning(ch, params, p["pool"], rows))
+                rows(self.queries[CHANNEL_QUERIES[ch]], p)
+        if pool is None:
+            one()
+        else:
+            for f in [pool.submit(one) for _ in range(n)]:
+                f.result()
+
     def _channel_params(self, tokens: list[str], window, k: int, persona: str, session: str,
                         include_archived, as_of_iso: str) -> dict:
         """The SQL parameters of one recall's channel queries (sql/recall.sql)."""
         r = self.cfg.recall
-        return {"match": fts_query(tokens), "persona_id": persona, "session_id": session,
+        return {"match": fts_query(tokens), "rest": None, "rest_bound": None, "phrases": None,
+                "terms": list(dict.fromkeys(tokens)), "persona_id": persona, "session_id": session,
                 "max_archived": int(bool(include_archived)), "as_of": as_of_iso,
                 "window_start": window[0] if window else "",
                 "window_end": window[1] if window else "",
@@ -5649,9 +5923,8 @@ class Recall:
         whose SQL fails is logged and appended to `degraded`; stats['channel_ms'] gets
         {channel: ms}."""
         timings = stats.setdefault("channel_ms", {})
-        names = {"bm25": "recall_bm25", "graph_keyword": "recall_graph_keyword",
-                 "graph_vector": "recall_graph_vector",
-                 "vector": "recall_vector_session" if params["session_id"] else "recall_vector"}
+        names = dict(CHANNEL_QUERIES,
+                     vector="recall_vector_session" if params["session_id"] else "recall_vector")
         # the slower channel of each pair first: with fewer workers than channels the others
         # queue behind it, not it behind them (graph vector first: a 300k recall's p95 -8%)
         keyword = sorted((ch for ch in chosen if ch not in ("vector", "graph_vector")),
@@ -5678,134 +5951,6 @@ class Recall:
             else:
                 ranked[ch] = out
         return ranked, embedding
-
-    def _run_channels(self, queries: list[tuple[str, str]], params: dict, concurrent: bool) -> list:
-        """Start the (channel, SQL) queries (_channel_query): each on its own query-only connection
-        in a worker thread when `concurrent` and [recall] parallel_channels > 1, at most one worker
-        per CPU (SQLite runs them side by side; APSW releases the GIL), else one after another on
-        the main connection, now. Returns per query a function giving
-        (rows or the apsw.Error, ms)."""
-        def one(ch, sql, rows):
-            t0 = time.perf_counter()
-            try:
-                out = self._channel_query(ch, sql, params, rows)
-            except apsw.Error as e:
-                out = e
-            return out, round((time.perf_counter() - t0) * 1000, 2)
-        # more threads than cores: slower
-        workers = min(self.cfg.recall.parallel_channels, os.cpu_count() or 1)
-        if workers <= 1 or not concurrent:
-            done = [one(ch, sql, self.rows) for ch, sql in queries]
-            return [lambda r=r: r for r in done]
-        if self._channel_pool is None:
-            with self._readers_lock:
-                if self._channel_pool is None:
-                    self._channel_pool = ThreadPoolExecutor(max_workers=workers,
-                                                            thread_name_prefix="aokun-recall")
-        return [self._channel_pool.submit(one, ch, sql, self.reader_rows).result
-                for ch, sql in queries]
-
-    def _channel_query(self, ch: str, sql: str, params: dict, rows) -> list[dict]:
-        """The rows of channel `ch` (its query `sql`, run by `rows`), first with its speed bound
-        (sql/recall.sql): the keyword channels rank only the best FTS_POOL_FACTOR × k FTS matches
-        (:pool), the vector channels take candidates within a Hamming distance (:max_hamming) learnt
-        from earlier recalls (_hamming_bound). When the rows say the bound may have cut them short
-        (`complete` 0) the query runs again without it, so the rows are always the unbounded ones.
-        A keyword channel whose pool fell short (a small session or persona behind many matches of
-        others) runs its next FTS_POOL_SKIP recalls with those filters unbounded at once; a vector
-        channel with fewer vectors than candidates left (archived, forgotten) forgets its bound."""
-        unbounded = dict(params, pool=0, max_hamming=None)
-        if ch in ("bm25", "graph_keyword"):
-            key = (ch, params["persona_id"], params["session_id"], params["max_archived"])
-            skip = self._pool_skips.get(key, 0)
-            if skip:
-                self._keep(self._pool_skips, key, skip - 1)
-                return rows(sql, unbounded)
-            out = rows(sql, dict(unbounded, pool=FTS_POOL_FACTOR * params["k"]))
-            if out and out[0]["complete"]:
-                return out
-            out = rows(sql, unbounded)
-            if out:  # no rows at all: nothing matched, which says nothing about the pool
-                self._keep(self._pool_skips, key, FTS_POOL_SKIP)
-            return out
-        # graph_vector filters by session after its KNN: one history for all its sessions
-        session = params["session_id"] if ch == "vector" else ""
-        key = (ch, params["persona_id"], session, params["max_archived"], params["candidates"])
-        return self._bounded_knn(key, sql, unbounded, rows)
-
-    def _bounded_knn(self, key: tuple, sql: str, unbounded: dict, rows) -> list[dict]:
-        """The rows of vector channel query `sql` (its :max_hamming None in `unbounded`), first
-        within the Hamming bound learnt for `key` (_hamming_bound); when the rows say it cut them
-        short, again within the history's largest reach + HAMMING_SLACK, then without a bound. A
-        complete answer's reach goes into the history of `key`."""
-        bound = self._hamming_bound(key)
-        out = rows(sql, dict(unbounded, max_hamming=bound))
-        if bound is not None and not (out and out[0]["complete"]):
-            looser = max(self._hamming_reach.get(key, (bound,))) + HAMMING_SLACK
-            if looser > bound:
-                out = rows(sql, dict(unbounded, max_hamming=looser))
-            if not (out and out[0]["complete"]):
-                out = rows(sql, unbounded)
-            if not (out and out[0]["complete"]):  # fewer vectors than candidates: no bound can help
-                self._hamming_reach.pop(key, None)
-        if out and out[0]["complete"]:
-            # a tuple replaced whole: recalls on other threads read it while this one writes
-            seen = self._hamming_reach.get(key, ()) + (out[0]["reach"],)
-            self._keep(self._hamming_reach, key, seen[-HAMMING_HISTORY:])
-            self._hamming_learnt += 1  # a lost count between threads only delays a save
-        return out
-
-    @staticmethod
-    def _keep(store: dict, key: tuple, value) -> None:
-        """store[key] = value, emptying `store` first when it holds HAMMING_KEYS other keys (one
-        entry per persona/session asked: keep them few)."""
-        if len(store) >= HAMMING_KEYS and key not in store:
-            store.clear()
-        store[key] = value
-
-    def _hamming_json(self) -> str:
-        """The vector channels' Hamming histories as meta hamming_reach stores them:
-        {"model": embedder model, "dim": its dimension, "reach": [[key as a list, [reach, ...]],
-        ...]} (_load_hamming reads it back)."""
-        return json.dumps({"model": self.embedder.model, "dim": self.embedder.dim,
-                           "reach": [[list(k), list(v)] for k, v in
-                                     list(self._hamming_reach.items())]}, separators=(",", ":"))
-
-    def _load_hamming(self) -> None:
-        """The histories of meta hamming_reach (_hamming_json) into this process, unless they were
-        learnt with another embedding model or are not what _hamming_json writes (then ignored:
-        the bounds are learnt again)."""
-        try:
-            saved = json.loads(self.meta_get("hamming_reach", "{}"))
-            if (saved.get("model"), saved.get("dim")) != (self.embedder.model, self.embedder.dim):
-                return
-            for key, seen in saved["reach"][:HAMMING_KEYS]:
-                if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in seen):
-                    self._hamming_reach[tuple(key)] = tuple(seen)[-HAMMING_HISTORY:]
-        except (ValueError, TypeError, KeyError, AttributeError) as e:
-            log.warning("meta hamming_reach ignored: %s", e)
-
-    def _hamming_bound(self, key: tuple) -> float | None:
-        """The Hamming bound for a vector channel query (`key`: channel, persona, session, archived,
-        candidates): the HAMMING_QUANTILE of the reach (the candidates-th nearest Hamming distance)
-        of its last HAMMING_HISTORY recalls, None (no bound) before 8 of them. Why a bound:
-        sqlite-vec 0.1.9 picks a chunk's k nearest by k passes over the chunk (min_idx), so its KNN
-        costs n × k; with the bound only the few candidates within it are picked (graph vectors at
-        100k memories: 32 ms → 11 ms)."""
-        seen = sorted(self._hamming_reach.get(key, ()))
-        return seen[int(HAMMING_QUANTILE * (len(seen) - 1))] if len(seen) >= 8 else None
-
-    def reader_rows(self, sql: str, params) -> list[dict]:
-        """rows() on this worker thread's own query-only connection (opened on first use)."""
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = connect(self.path, self.cfg.storage.busy_timeout_ms,
-                                              reader=True, rank=self.conn.aokun_rank or False)
-            # not self.lock: a caller may hold it while waiting for this thread
-            with self._readers_lock:
-                self._readers.append(conn)
-        with self.sqlite_errors():
-            return fetch_dicts(conn, sql, params)
 
     def _query_vector(self, query: str) -> "np.ndarray":
         """The query's vector. A multi-line query (a conversation so far) is embedded whole, plus
@@ -10888,8 +11033,9 @@ DATA_STEPS = (
 )
 
 
-class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, Forgetting,
-             Maintenance, Summarizer, Conversations, ConversationSearch, Portable, Sync):
+class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, Briefing,
+             Forgetting, Maintenance, Summarizer, Conversations, ConversationSearch, Portable,
+             Sync):
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
     path (created and migrated when needed), optionally a Config and an Embedder; close() it.
 
@@ -10899,7 +11045,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     - `aokun-refresh`: one worker, started on first use, re-embeds the memories whose session
       context a write changed (Layers._refresh_stale); close() waits for it;
     - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
-      own query-only connection (Recall.reader_rows);
+      own query-only connection (Channels.reader_rows);
     - the server's `aokun-background` thread (see _background) calls the public methods like a
       caller.
     - the server's `aokun-watch` thread and its `aokun-watch-backlog` (Watcher.run) do too.
@@ -10943,8 +11089,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
                   flush=True)
         self.queries = load_queries()  # the named queries of sql/*.sql
         if self.conn.aokun_rank:  # bm25(t) as aokun_bm25(t, 't'), the same scores (and readers)
-            self.queries = {k: _BM25_CALL.sub(r"aokun_bm25(\1, '\1')", v)
-                            for k, v in self.queries.items()}
+            self.queries = ranked_queries(self.queries)
         self.epoch = 0  # commits through tx(): what the recall cache keys on (Store owns it)
         # text and rules (Layers, Journal, Recall read them)
         t = self.cfg.text
@@ -10966,15 +11111,17 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
         # Recall
         self._recall_cache: dict = {}  # key -> (stamp, _cache_state, answer), least recent first
         self._toucher: ThreadPoolExecutor | None = None  # the aokun-touch worker (Recall._touch)
-        self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Recall._hamming_bound
+        self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Channels._hamming_bound
         self._hamming_learnt = 0  # reaches learnt since meta hamming_reach was written
         self._anchor_vectors: dict[str, dict] = {}  # model -> {script: mean vector} (background)
-        # Recall._channel_query: recalls left without the pool
+        # Channels._channel_query: recalls left without the pool
         self._pool_skips: dict[tuple, int] = {}
+        # Channels._pruning: (FTS table, term) -> (its records, rows holding the term)
+        self._term_hits: dict[tuple, tuple[bytes, int]] = {}
         self._channel_pool: ThreadPoolExecutor | None = None  # aokun-recall-* channel workers
         self._readers: list[apsw.Connection] = []  # the channel workers' query-only connections
         self._readers_lock = threading.Lock()  # guards _readers and _channel_pool, never self.lock
-        self._local = threading.local()  # each channel worker's own reader (Recall.reader_rows)
+        self._local = threading.local()  # each channel worker's own reader (Channels.reader_rows)
         self._calls = threading.Condition()  # foreground(): the tool calls in flight
         self._calls_in_flight = 0  # how many (foreground), guarded by _calls
         # Conversations
@@ -12534,19 +12681,18 @@ BACKFILL_RETRY_SECONDS = (15.0, 30.0, 60.0, 120.0, 300.0)
 
 
 def _background(mem: "Memory", stop: threading.Event) -> None:
-    """The server's background thread, off the request path: load jieba and the embedding model,
-    take the version-change backup, then back-fill missing vectors (again after
-    BACKFILL_RETRY_SECONDS while the provider fails, so vectors come back within minutes of it
-    answering) and every scheduler_interval_seconds run the maintenance that is due (decay, atom
-    sweep, daily backup), and with [sync] dir set, every [sync] interval seconds a sync
-    (_sync_step).
+    """The server's background thread, off the request path: load jieba and what recall needs
+    (Memory.warm_recall, the embedding model among it), take the version-change backup, then
+    back-fill missing vectors (again after BACKFILL_RETRY_SECONDS while the provider fails, so
+    vectors come back within minutes of it answering) and every scheduler_interval_seconds run
+    the maintenance that is due (decay, atom sweep, daily backup), and with [sync] dir set, every
+    [sync] interval seconds a sync (_sync_step).
     Tool calls wait only for the short transactions, never for the whole job. Returns once `stop`
     is set (the back-fill checks it between batches); never raises: a failed warm-up is logged as
     a warning, a failed maintenance run as an error and retried at the next interval."""
     try:
         mem.seg.tokens("warm up 预热")
-        if mem.vectors_usable:
-            mem.embedder.embed_query("warm up")
+        mem.warm_recall()
         mem.version_backup()
     except Exception as e:  # the server keeps serving; stats/doctor show what is missing
         log.warning("warm-up did not finish: %s", e)
@@ -13819,7 +13965,7 @@ def health(mem: "Memory") -> dict:
     left; null with [conversations] watch off), uptime_seconds, version}. ok is false when the
     database does not answer or vector search is off for a reason other than [embedding] provider
     = none (vector_problem: a model mismatch, a provider that failed to load). Read on the calling
-    thread's query-only connection (Recall.reader_rows), never the main one: a supervisor's probe
+    thread's query-only connection (Channels.reader_rows), never the main one: a supervisor's probe
     must not wait for the Memory lock that long background work holds (the daily backup's VACUUM
     INTO, a maintenance transaction, a back-fill batch)."""
     meta: dict = {}

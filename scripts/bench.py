@@ -135,6 +135,21 @@ def synthetic_queries(n: int, seed: int = 11) -> list[str]:
     return out
 
 
+#: questions made of the corpus's most common words, each in a large share of the memories and
+#: graph entries (issue 37: the tail of recall latency), timed beside synthetic_queries
+COMMON_QUESTIONS = ["她喜欢什么", "他喜欢什么", "他们聊了什么", "谁在公司工作", "谁送了礼物",
+                    "我们什么时候见面", "What did they talk about?", "Who went on a trip?",
+                    "What does she like?", "Who works on the team?", "Who bought tickets?",
+                    "What did he say about the project?"]
+
+
+def timed_questions(n: int) -> list[str]:
+    """The questions recall times: `n` synthetic_queries and COMMON_QUESTIONS, mixed."""
+    qs = synthetic_queries(n) + COMMON_QUESTIONS
+    random.Random(29).shuffle(qs)
+    return qs
+
+
 def synthetic_metadata(i: int, rng: random.Random) -> dict:
     """Participants, a session and a timestamp within the last year (relative to aokun's clock)."""
     names = NAMES_EN + NAMES_ZH
@@ -207,6 +222,12 @@ def run_child(args: list[str]) -> dict:
     return json.loads(lines[-1])
 
 
+def distribution(times: list[float], label: str = "") -> dict:
+    """{label}p50_ms, p95_ms, p99_ms and max_ms of `times` (ms)."""
+    return {f"{label}{name}_ms": round(pctl(times, q), 2)
+            for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))}
+
+
 def table(headers: list[str], rows: list[list]) -> str:
     cells = [headers] + [[f"{c:,.1f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
@@ -232,12 +253,13 @@ def machine() -> str:
             f"{rank}")
 
 
-def make_cfg(provider: str) -> aokun.Config:
-    """The benchmarks' config; $AOKUN_BENCH_BM25 (set by --bm25) ranks with FTS5's bm25() itself."""
+def make_cfg(provider: str, more: dict | None = None) -> aokun.Config:
+    """The benchmarks' config (`more`: {(section, key): value} besides); $AOKUN_BENCH_BM25 (set by
+    --bm25) ranks with FTS5's bm25() itself."""
     rank = not os.environ.get("AOKUN_BENCH_BM25")
     return aokun.Config(None, overrides={("embedding", "provider"): provider,
                                          ("recall", "cache_ttl_seconds"): 0.0,
-                                         ("storage", "rank_extension"): rank})
+                                         ("storage", "rank_extension"): rank, **(more or {})})
 
 
 def bm25_option(f):
@@ -412,8 +434,9 @@ def write_one(provider, mode, n, batch, db):
 
 
 @cli.command()
-@click.option("--sizes", default="1000,10000,100000", show_default=True,
-              help="Corpus sizes (memories).")
+@click.option("--sizes", default="10000", show_default=True, help="Corpus sizes (memories).")
+@click.option("--large", is_flag=True,
+              help="Sizes 10000,100000,300000 (building the large corpora takes hours).")
 @click.option("--queries", type=int, default=200, show_default=True,
               help="Distinct queries timed per setting.")
 @click.option("--k", type=int, default=10, show_default=True)
@@ -424,8 +447,9 @@ def write_one(provider, mode, n, batch, db):
               show_default=True, help="Where built corpora are cached between runs.")
 @click.option("--rebuild", is_flag=True, help="Rebuild cached corpora.")
 @bm25_option
-def recall(sizes, queries, k, channels, db_dir, rebuild):
-    """Recall latency p50/p95 on synthetic corpora, with and without the real query-embedding cost.
+def recall(sizes, large, queries, k, channels, db_dir, rebuild):
+    """Recall latency p50/p95/p99/max on synthetic corpora, with and without the real
+    query-embedding cost; the questions include COMMON_QUESTIONS (common words, EN and ZH).
 
     Corpora are built once with deterministic random 384-d vectors (so vector tables are full) and
     cached under --db-dir. Timing (a) uses the random embedder for queries (near-zero cost: pure
@@ -435,8 +459,9 @@ def recall(sizes, queries, k, channels, db_dir, rebuild):
     Example: python scripts/bench.py recall --sizes 1000
     """
     db_dir.mkdir(parents=True, exist_ok=True)
+    sizes = "10000,100000,300000" if large else sizes
     size_list = [int(s.replace("_", "")) for s in sizes.split(",") if s.strip()]
-    rows, builds, embed_rows, channel_rows, count_rows = [], [], [], [], []
+    rows, builds, embed_rows, channel_rows, count_rows, cpu_rows = [], [], [], [], [], []
     print(machine())
     for size in size_list:
         db, info = recall_corpus(db_dir, size, rebuild)
@@ -446,29 +471,43 @@ def recall(sizes, queries, k, channels, db_dir, rebuild):
         r = run_child(["_recall-one", "--db", str(db), "--queries", str(queries), "--k", str(k),
                        "--channels", channels])
         for setting, v in r["settings"].items():
-            rows.append([f"{size:,}", setting, v["p50_ms"], v["p95_ms"], r["floor_p50_ms"],
-                         r["floor_p95_ms"], round(v["p50_ms"] / max(r["floor_p50_ms"], 1e-9), 1),
-                         v["real_p50_ms"], v["real_p95_ms"], v["mean_hits"]])
+            p50 = max(v["p50_ms"], 1e-9)
+            rows.append([f"{size:,}", setting, v["p50_ms"], v["p95_ms"], v["p99_ms"], v["max_ms"],
+                         round(v["p99_ms"] / p50, 1), round(v["max_ms"] / p50, 1),
+                         r["floor_p50_ms"], r["floor_p99_ms"], r["floor_max_ms"],
+                         round(v["p50_ms"] / max(r["floor_p50_ms"], 1e-9), 1),
+                         v["real_p50_ms"], v["real_p99_ms"], v["mean_hits"]])
+            cpu_rows.append([f"{size:,}", setting, v["cpu_p50_ms"], v["cpu_p95_ms"],
+                             v["cpu_p99_ms"], v["cpu_max_ms"],
+                             round(v["cpu_p99_ms"] / max(v["cpu_p50_ms"], 1e-9), 1),
+                             round(v["cpu_max_ms"] / max(v["cpu_p50_ms"], 1e-9), 1),
+                             r["floor_cpu_p50_ms"], r["floor_cpu_p99_ms"], r["floor_cpu_max_ms"]])
         embed_rows.append([f"{size:,}", r["embed_p50_ms"], r["embed_p95_ms"], r["peak_rss_mb"]])
         c = r["channels"]["counts"]
         for ch, v in r["channels"]["per_channel"].items():
-            channel_rows.append([f"{size:,}", ch, v["p50_ms"], v["p95_ms"], v["floor_p50_ms"],
+            channel_rows.append([f"{size:,}", ch, v["p50_ms"], v["p95_ms"], v["p99_ms"],
+                                 v["max_ms"], v["floor_p50_ms"],
                                  round(v["p50_ms"] / max(v["floor_p50_ms"], 1e-9), 1), v["rows"]])
         count_rows.append([f"{size:,}", c["candidates"], c["scored"], c["pool"]])
     print("\ncorpus build (provider: random 384-d vectors; memorize_many batches of 256)")
     print(table(["memories", "build s", "memories/s", "peak RSS MB", "db MB", "state"], builds))
-    print(f"\nrecall latency, {queries} distinct queries, k={k}, cache off "
-          "(a = query embedding excluded, b = real local-model query embedding included; floor = "
-          "raw FTS5 top-N + numpy brute-force KNN over the same file and queries, ratio = a p50 / "
-          "floor p50)")
-    print(table(["memories", "channels", "a p50 ms", "a p95 ms", "floor p50", "floor p95", "ratio",
-                 "b p50 ms", "b p95 ms", "hits"], rows))
+    print(f"\nrecall latency, {queries} distinct queries + {len(COMMON_QUESTIONS)} of common "
+          f"words (EN, ZH), k={k}, cache off (a = query embedding excluded, b = real local-model "
+          "query embedding included; floor = raw FTS5 top-N + numpy brute-force KNN over the same "
+          "file and queries; p99/p50, max/p50 and ratio = a p50 / floor p50)")
+    print(table(["memories", "channels", "a p50 ms", "a p95", "a p99", "a max", "p99/p50",
+                 "max/p50", "floor p50", "floor p99", "floor max", "ratio", "b p50 ms", "b p99",
+                 "hits"], rows))
+    print("\nthe same recalls (a) in CPU time of the recall process, all its threads: what a busy "
+          "machine's waits for a core leave out")
+    print(table(["memories", "channels", "cpu p50 ms", "p95", "p99", "max", "p99/p50", "max/p50",
+                 "floor p50", "floor p99", "floor max"], cpu_rows))
     print("\nper channel of the full hybrid, query embedding excluded (product = the channel's SQL "
           "as recall ran it, channels one after another; floor = raw FTS5 top-N of its table, or "
           "numpy brute-force KNN over its vectors; ratio = product p50 / floor p50; rows = what "
           "the channel gave fusion)")
-    print(table(["memories", "channel", "product p50 ms", "product p95 ms", "floor p50 ms", "ratio",
-                 "rows"],
+    print(table(["memories", "channel", "product p50 ms", "p95", "p99", "max", "floor p50 ms",
+                 "ratio", "rows"],
                 channel_rows))
     print("\nfusion's candidates per recall (mean): ids from all channels, scored in full, the MMR "
           "pool")
@@ -525,21 +564,22 @@ def build_one(size, db, batch):
 WARM_QUERIES = 16  #: recalls before each timed setting (recall_one)
 
 
-def recall_floor(mem, qs: list[str], emb) -> list[float]:
-    """Per query, the least any hybrid recall over this file must do, in ms: raw FTS5 top-N
-    ([recall] channel_k) for the query's tokens (SQLite's top-N sort of bm25(), faster than FTS5's
-    own ORDER BY rank, which sorts every match), plus a numpy brute-force KNN (matrix product and
-    top-N) over every stored document vector, held in memory (loading them is not counted)."""
+def recall_floor(mem, qs: list[str], emb) -> tuple[list[float], list[float]]:
+    """Per query, the least any hybrid recall over this file must do, in ms of wall and of CPU
+    time: raw FTS5 top-N ([recall] channel_k) for the query's tokens (SQLite's top-N sort of
+    bm25(), faster than FTS5's own ORDER BY rank, which sorts every match), plus a numpy
+    brute-force KNN (matrix product and top-N) over every stored document vector, held in memory
+    (loading them is not counted)."""
     n = mem.cfg.recall.channel_k
     matrix = np.stack([aokun.blob_vector(r["embedding"]) for r in mem.rows(
         "select embedding from doc_vectors d join documents x on x.id = d.doc_id where "
         "x.persona_id = ?",
         (PERSONA,))])
     vectors = [emb.embed_query(q) for q in qs]
-    out = []
+    out, cpu = [], []
     for q, v in zip(qs, vectors, strict=True):
         match = aokun.fts_query(mem.seg.tokens(q))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if match:
             mem.rows("select rowid from documents_fts where documents_fts match ? order by "
                      "bm25(documents_fts) limit ?",
@@ -547,7 +587,8 @@ def recall_floor(mem, qs: list[str], emb) -> list[float]:
         sims = matrix @ v
         np.argpartition(-sims, min(n, len(sims) - 1))[:n]
         out.append((time.perf_counter() - t0) * 1000)
-    return out
+        cpu.append((time.process_time() - c0) * 1000)
+    return out, cpu
 
 
 def channel_floors(mem, qs: list[str], emb) -> dict[str, list[float]]:
@@ -604,6 +645,7 @@ def channel_figures(mem, qs: list[str], k: int, emb) -> dict:
     floors = channel_floors(mem, qs, emb)
     return {"per_channel": {ch: {"p50_ms": round(pctl(t, 0.5), 2),
                                  "p95_ms": round(pctl(t, 0.95), 2),
+                                 "p99_ms": round(pctl(t, 0.99), 2), "max_ms": round(max(t), 2),
                                  "floor_p50_ms": round(pctl(floors[ch], 0.5), 2),
                                  "rows": round(statistics.fmean(rows[ch]), 1)}
                             for ch, t in times.items()},
@@ -616,7 +658,7 @@ def channel_figures(mem, qs: list[str], k: int, emb) -> dict:
 @click.option("--k", type=int, default=10)
 @click.option("--channels", default="all")
 def recall_one(db, queries, k, channels):
-    qs = synthetic_queries(queries)
+    qs = timed_questions(queries)
     random_emb, real_emb = RandomEmbedder(), RealQueryCostEmbedder()
     real_emb.local.embed_query("warm up")
     embed_ms = []
@@ -636,27 +678,119 @@ def recall_one(db, queries, k, channels):
             for w in synthetic_queries(WARM_QUERIES, seed=23):
                 mem.recall(w, k=k, persona_id=PERSONA, channels=spec)
             mem.wait_background()
-            times, hits = [], []
+            times, cpu, hits = [], [], []
             for q in qs:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 r = mem.recall(q, k=k, persona_id=PERSONA, channels=spec)
                 times.append((time.perf_counter() - t0) * 1000)
+                cpu.append((time.process_time() - c0) * 1000)
                 hits.append(len(r["results"]))
                 # access bookkeeping runs after the answer; keep it out of the next call
                 mem.wait_background()
-            res[label + "p50_ms"] = round(pctl(times, 0.5), 2)
-            res[label + "p95_ms"] = round(pctl(times, 0.95), 2)
+            res.update(distribution(times, label), **distribution(cpu, label + "cpu_"))
             res["mean_hits"] = round(statistics.fmean(hits), 1)
         out[setting] = res
-    floor = recall_floor(mem, qs, random_emb)
+    floor, floor_cpu = recall_floor(mem, qs, random_emb)
     channels_out = channel_figures(mem, qs, k, random_emb)
     mem.close()
-    print(json.dumps({"settings": out, "channels": channels_out,
-                      "floor_p50_ms": round(pctl(floor, 0.5), 2),
-                      "floor_p95_ms": round(pctl(floor, 0.95), 2),
+    print(json.dumps({"settings": out, "channels": channels_out, **distribution(floor, "floor_"),
+                      **distribution(floor_cpu, "floor_cpu_"),
                       "embed_p50_ms": round(pctl(embed_ms, 0.5), 2),
                       "embed_p95_ms": round(pctl(embed_ms, 0.95), 2),
                       "peak_rss_mb": peak_rss_mb()}))
+
+
+COLD_QUESTIONS = 10  #: fresh questions `cold` times in a new process
+
+
+@cli.command()
+@click.option("--memories", type=int, default=10000, show_default=True,
+              help="Memories of the recall corpus (cached under --db-dir as `recall` builds it).")
+@click.option("--pause", type=float, default=5.0, show_default=True,
+              help="Seconds between the answer to `initialize` and the first question.")
+@click.option("--plain", is_flag=True,
+              help="Without Memory.warm_recall: the server loads jieba and the model only.")
+@click.option("--db-dir", type=click.Path(file_okay=False, path_type=Path), default=DEFAULT_DB_DIR,
+              show_default=True, help="Where built corpora are cached between runs.")
+@bm25_option
+def cold(memories, pause, plain, db_dir):
+    """The first 10 fresh questions of a new stdio server process (JSON-RPC over its pipes, as a
+    client sends it, --pause s after `initialize`), each beside the same question asked again once
+    the process has answered 16 others (warm). Half are COMMON_QUESTIONS; the server embeds each
+    with the local model (the corpus has random vectors, RealQueryCostEmbedder).
+
+    Example: python scripts/bench.py cold --memories 10000
+    """
+    db, _ = recall_corpus(db_dir, memories, False)
+    print(machine())
+    rng = random.Random(31)
+    fresh = (rng.sample(COMMON_QUESTIONS, COLD_QUESTIONS // 2)
+             + synthetic_queries(COLD_QUESTIONS - COLD_QUESTIONS // 2, seed=37))
+    with tempfile.TemporaryDirectory(prefix="aokun-bench-cold-") as tmp:
+        args = ["_serve-one", "--db", str(db), "--backups", tmp] + (["--plain"] if plain else [])
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+        try:
+            t0 = time.perf_counter()
+            rpc(proc, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                     "clientInfo": {"name": "bench", "version": "0"}})
+            t_init = (time.perf_counter() - t0) * 1000
+            proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+            time.sleep(pause)
+            ask = lambda q: rpc(proc, "tools/call", {  # noqa: E731
+                "name": "recall", "arguments": {"query": q, "limit": 10, "persona_id": PERSONA}})
+            first = [ask(q) for q in fresh]
+            for q in synthetic_queries(WARM_QUERIES, seed=23):
+                ask(q)
+            warm = [ask(q) for q in fresh]
+        finally:
+            proc.kill()
+            proc.wait()
+    mode = "jieba and the model only (--plain)" if plain else "Memory.warm_recall"
+    print(f"\nthe first {COLD_QUESTIONS} fresh questions of a new stdio server process "
+          f"({memories:,} memories, k=10, {pause:g} s after initialize, which took {t_init:.0f} "
+          f"ms; warm-up: {mode}), beside the same question once {WARM_QUERIES} others were "
+          "answered; ms from the request written to the answer read")
+    print(table(["question", "new process ms", "warm ms", "ratio"],
+                [[q, a, b, round(a / max(b, 1e-9), 1)]
+                 for q, a, b in zip(fresh, first, warm, strict=True)]))
+    print(f"max ratio {max(a / max(b, 1e-9) for a, b in zip(first, warm, strict=True)):.1f}; "
+          f"sum new {sum(first):.0f} ms, warm {sum(warm):.0f} ms")
+    print(machine())
+
+
+def rpc(proc, method: str, params: dict) -> float:
+    """ms until the answer to JSON-RPC request `method` sent to `proc` (notifications skipped);
+    raises ClickException when it is an error."""
+    rpc.id = getattr(rpc, "id", 0) + 1
+    t0 = time.perf_counter()
+    proc.stdin.write((json.dumps({"jsonrpc": "2.0", "id": rpc.id, "method": method,
+                                  "params": params}) + "\n").encode())
+    proc.stdin.flush()
+    while True:
+        reply = json.loads(proc.stdout.readline() or "{}")
+        if reply.get("id") == rpc.id or not reply:
+            break
+    ms = (time.perf_counter() - t0) * 1000
+    if "result" not in reply or reply["result"].get("isError"):
+        raise click.ClickException(f"{method} failed: {str(reply)[:300]}")
+    return round(ms, 1)
+
+
+@cli.command("_serve-one", hidden=True)
+@click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--backups", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--plain", is_flag=True)
+def serve_one(db, backups, plain):
+    import anyio
+    cfg = make_cfg("none", {("backup", "dir"): str(backups), ("backup", "daily"): False,
+                            ("conversations", "watch"): False})
+    if plain:  # what the background thread loaded before issue 37
+        aokun.Memory.warm_recall = lambda self: self.embedder.embed_query("warm up")
+    server = aokun.build_server(
+        lambda: aokun.Memory(db, cfg, embedder=RealQueryCostEmbedder()), cfg)
+    anyio.run(aokun.serve_stdio, server)
 
 
 @cli.command()

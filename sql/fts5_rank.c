@@ -13,6 +13,13 @@
 ** writes not yet committed may be pending, and for a row the copy does not hold, the size comes
 ** from FTS5 too.
 **
+** aokun_bm25(tbl, 'tbl', phrases): the score of a query whose phrases are not all in the MATCH
+** expression (exact top-k pruning, issue 37: aokun.maxscore_split). `phrases` has one line per
+** phrase of that query, in its order: "i term", i the phrase's index in the MATCH expression
+** (phrases not listed, such as a repeated filter, are not scored). The sum is bm25()'s of the
+** whole query in its own order. Its IDFs (rows holding each term) are kept per term with the
+** sizes, while they are current: a common term's rows are not counted again for every search.
+**
 ** Aokun builds this file with the machine's C compiler on first use (aokun.py rank_extension)
 ** and loads it through APSW; without a compiler it ranks with bm25() itself.
 */
@@ -24,10 +31,16 @@ SQLITE_EXTENSION_INIT1
 
 /* Fts5ExtensionApi and fts5_api: sqlite3.h declares them (SQLite 3.20 and later). */
 
+/* Rows holding one term (its phrase's nHit), while the sizes they were counted with hold. */
+typedef struct Hits Hits;
+struct Hits { Hits *next; char *term; sqlite3_int64 n; };
+
 /* One table's sizes: size[rowid] in tokens (all columns), -1 where no row; key = the averages
-** and structure records they were read at. */
+** and structure records they were read at; hits: terms counted at that key. */
 typedef struct Sizes Sizes;
 struct Sizes {
+  Hits *hits;
+  int nHits;
   Sizes *next;
   char *table;
   unsigned char *key;
@@ -43,6 +56,8 @@ typedef struct Cache { sqlite3 *db; Sizes *tables; } Cache;
 /* What one query computes once: as fts5_aux.c's Fts5Bm25Data, plus the sizes it may use. */
 typedef struct Bm25Data {
   int nPhrase;
+  int nOrder; /* phrases scored, in order: aOrder[j] is a phrase index (all when no list) */
+  int *aOrder;
   double avgdl;
   double *aIDF;
   double *aFreq;
@@ -50,11 +65,22 @@ typedef struct Bm25Data {
   Sizes *stale; /* else the stale copy whose debt this query's rows add to, or NULL */
 } Bm25Data;
 
+static void hits_free(Sizes *s) {
+  s->nHits = 0;
+  while (s->hits) {
+    Hits *h = s->hits;
+    s->hits = h->next;
+    sqlite3_free(h->term);
+    sqlite3_free(h);
+  }
+}
+
 static void cache_free(void *p) {
   Cache *c = (Cache *)p;
   while (c && c->tables) {
     Sizes *s = c->tables;
     c->tables = s->next;
+    hits_free(s);
     sqlite3_free(s->table);
     sqlite3_free(s->key);
     sqlite3_free(s->size);
@@ -155,6 +181,7 @@ static Sizes *sizes_of(Cache *c, const char *table, sqlite3_int64 nRow, Sizes **
   sqlite3_free(s->key);
   s->key = 0;
   s->nKey = 0;
+  hits_free(s);
   if (!s->table || load_sizes(c->db, s) != SQLITE_OK) { sqlite3_free(key); return 0; }
   s->key = key;
   s->nKey = nKey;
@@ -168,43 +195,84 @@ static int count_cb(const Fts5ExtensionApi *api, Fts5Context *fts, void *user) {
   return SQLITE_OK;
 }
 
-/* As fts5_aux.c's fts5Bm25GetData: phrases, average row size, each phrase's IDF. */
+/* Rows holding phrase i: from the table's current copy when it counted `term` already (term:
+** the phrase as the query wrote it, or NULL), else counted by FTS5 and kept there. */
+static int phrase_hits(const Fts5ExtensionApi *api, Fts5Context *fts, Sizes *sizes, int i,
+                       const char *term, int nTerm, sqlite3_int64 *nHit) {
+  Hits *h;
+  int rc;
+  for (h = sizes && term ? sizes->hits : 0; h; h = h->next) {
+    if ((int)strlen(h->term) == nTerm && !memcmp(h->term, term, nTerm)) { *nHit = h->n; return 0; }
+  }
+  *nHit = 0;
+  rc = api->xQueryPhrase(fts, i, (void *)nHit, count_cb);
+  if (sizes && sizes->nHits >= 4096) hits_free(sizes);
+  if (rc == SQLITE_OK && sizes && term && (h = sqlite3_malloc(sizeof(Hits)))) {
+    h->term = sqlite3_mprintf("%.*s", nTerm, term);
+    if (!h->term) { sqlite3_free(h); return rc; }
+    h->n = *nHit;
+    h->next = sizes->hits;
+    sizes->hits = h;
+    sizes->nHits++;
+  }
+  return rc;
+}
+
+/* As fts5_aux.c's fts5Bm25GetData: phrases, average row size, each scored phrase's IDF, and
+** the order they are summed in (`list`: aokun_bm25's third argument, or NULL). */
 static int get_data(const Fts5ExtensionApi *api, Fts5Context *fts, const char *table,
-                    Bm25Data **out) {
+                    const char *list, Bm25Data **out) {
   Bm25Data *p = (Bm25Data *)api->xGetAuxdata(fts, 0);
-  int rc = SQLITE_OK, i, nPhrase;
+  int rc = SQLITE_OK, i, j, nPhrase;
   sqlite3_int64 nRow = 0, nToken = 0;
+  const char *at = list, *term[64] = {0};
+  int nTerm[64] = {0};
   if (p) { *out = p; return SQLITE_OK; }
   nPhrase = api->xPhraseCount(fts);
-  p = sqlite3_malloc64(sizeof(Bm25Data) + sizeof(double) * 2 * (sqlite3_uint64)nPhrase);
+  p = sqlite3_malloc64(sizeof(Bm25Data) + (sizeof(double) * 2 + sizeof(int))
+                       * (sqlite3_uint64)nPhrase);
   if (!p) return SQLITE_NOMEM;
-  memset(p, 0, sizeof(Bm25Data) + sizeof(double) * 2 * (size_t)nPhrase);
+  memset(p, 0, sizeof(Bm25Data) + (sizeof(double) * 2 + sizeof(int)) * (size_t)nPhrase);
   p->nPhrase = nPhrase;
   p->aIDF = (double *)&p[1];
   p->aFreq = &p->aIDF[nPhrase];
-  rc = api->xRowCount(fts, &nRow);
+  p->aOrder = (int *)&p->aFreq[nPhrase];
+  for (j = 0; at && *at && j < nPhrase && j < 64; j++) { /* "i term\n" lines */
+    char *end;
+    long ix = strtol(at, &end, 10);
+    const char *eol = strchr(end, '\n');
+    if (end == at || *end != ' ' || ix < 0 || ix >= nPhrase) { rc = SQLITE_ERROR; break; }
+    p->aOrder[j] = (int)ix;
+    term[j] = end + 1;
+    nTerm[j] = (int)(eol ? eol - end - 1 : (long)strlen(end + 1));
+    at = eol ? eol + 1 : 0;
+  }
+  if (rc == SQLITE_OK && at && *at) rc = SQLITE_ERROR; /* more lines than phrases */
+  p->nOrder = list ? j : nPhrase;
+  for (j = 0; !list && j < nPhrase; j++) p->aOrder[j] = j;
+  if (rc == SQLITE_OK) rc = api->xRowCount(fts, &nRow);
   if (rc == SQLITE_OK) rc = api->xColumnTotalSize(fts, -1, &nToken);
-  if (rc == SQLITE_OK) p->avgdl = (double)nToken / (double)nRow;
-  for (i = 0; rc == SQLITE_OK && i < nPhrase; i++) {
+  if (rc == SQLITE_OK) {
+    p->avgdl = (double)nToken / (double)nRow;
+    p->sizes = sizes_of((Cache *)api->xUserData(fts), table, nRow, &p->stale);
+  }
+  for (j = 0; rc == SQLITE_OK && j < p->nOrder; j++) {
     sqlite3_int64 nHit = 0;
-    rc = api->xQueryPhrase(fts, i, (void *)&nHit, count_cb);
+    i = p->aOrder[j];
+    rc = phrase_hits(api, fts, p->sizes, i, term[j], nTerm[j], &nHit);
     if (rc == SQLITE_OK) {
       double idf = log((nRow - nHit + 0.5) / (nHit + 0.5));
       if (idf <= 0.0) idf = 1e-6;
       p->aIDF[i] = idf;
     }
   }
-  if (rc == SQLITE_OK) {
-    p->sizes = sizes_of((Cache *)api->xUserData(fts), table, nRow, &p->stale);
-    rc = api->xSetAuxdata(fts, p, sqlite3_free);
-  } else {
-    sqlite3_free(p);
-  }
+  if (rc == SQLITE_OK) rc = api->xSetAuxdata(fts, p, sqlite3_free);
+  else sqlite3_free(p);
   if (rc == SQLITE_OK) *out = p;
   return rc;
 }
 
-/* aokun_bm25(tbl, 'tbl' [, weight, ...]): as fts5_aux.c's fts5Bm25Function. */
+/* aokun_bm25(tbl, 'tbl' [, phrases]): as fts5_aux.c's fts5Bm25Function, every column weighing 1. */
 static void aokun_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_context *ctx,
                        int nVal, sqlite3_value **apVal) {
   const double k1 = 1.2, b = 0.75;
@@ -212,7 +280,8 @@ static void aokun_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_co
   double score = 0.0, D = 0.0;
   int rc, i, nInst = 0;
   const char *table = nVal > 0 ? (const char *)sqlite3_value_text(apVal[0]) : 0;
-  rc = get_data(api, fts, table, &p);
+  const char *list = nVal > 1 ? (const char *)sqlite3_value_text(apVal[1]) : 0;
+  rc = get_data(api, fts, table, list, &p);
   if (rc == SQLITE_OK) {
     memset(p->aFreq, 0, sizeof(double) * (size_t)p->nPhrase);
     rc = api->xInstCount(fts, &nInst);
@@ -220,10 +289,7 @@ static void aokun_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_co
   for (i = 0; rc == SQLITE_OK && i < nInst; i++) {
     int ip, ic, io;
     rc = api->xInst(fts, i, &ip, &ic, &io);
-    if (rc == SQLITE_OK) {
-      double w = (nVal - 1 > ic) ? sqlite3_value_double(apVal[ic + 1]) : 1.0;
-      p->aFreq[ip] += w;
-    }
+    if (rc == SQLITE_OK) p->aFreq[ip] += 1.0;
   }
   if (rc == SQLITE_OK) {
     sqlite3_int64 id = api->xRowid(fts);
@@ -235,12 +301,22 @@ static void aokun_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_co
     }
     D = (double)nTok;
   }
-  for (i = 0; rc == SQLITE_OK && i < p->nPhrase; i++) {
+  for (int j = 0; rc == SQLITE_OK && j < p->nOrder; j++) {
+    i = p->aOrder[j];
     score += p->aIDF[i] * ((p->aFreq[i] * (k1 + 1.0))
                            / (p->aFreq[i] + k1 * (1 - b + b * D / p->avgdl)));
   }
   if (rc == SQLITE_OK) sqlite3_result_double(ctx, -1.0 * score);
   else sqlite3_result_error_code(ctx, rc);
+}
+
+/* aokun_rank_warm('tbl'): take the copy of the table's sizes now (a new process's first searches
+** would otherwise size their rows through FTS5 until they add up to a quarter of the table); 1 when
+** the copy is current, else 0. */
+static void aokun_rank_warm(sqlite3_context *ctx, int nVal, sqlite3_value **apVal) {
+  Sizes *stale = 0;
+  const char *table = nVal > 0 ? (const char *)sqlite3_value_text(apVal[0]) : 0;
+  sqlite3_result_int(ctx, sizes_of((Cache *)sqlite3_user_data(ctx), table, 0, &stale) != 0);
 }
 
 #ifdef _WIN32
@@ -264,5 +340,7 @@ int sqlite3_fts5rank_init(sqlite3 *db, char **pzErrMsg, const sqlite3_api_routin
   if (!c) return SQLITE_NOMEM;
   c->db = db;
   c->tables = 0;
+  rc = sqlite3_create_function(db, "aokun_rank_warm", 1, SQLITE_UTF8, c, aokun_rank_warm, 0, 0);
+  if (rc != SQLITE_OK) { sqlite3_free(c); return rc; }
   return fts->xCreateFunction(fts, "aokun_bm25", c, aokun_bm25, cache_free);
 }

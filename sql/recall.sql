@@ -10,14 +10,21 @@
 --   :pool (keyword channels: the best :pool FTS matches are taken before any filter; 0 or null =
 --   all matches, best first), :max_hamming (vector channels: candidates from the binary index lie
 --   within this Hamming distance; null = no bound).
--- Besides, every channel returns `complete` and `reach`, for Recall._channel_query: complete is 1
+-- Besides, every channel returns `complete` and `reach`, for Channels._channel_query: complete is 1
 --   when the channel took all it asked for (:k entries or documents that pass the filters, or a
 --   pool that held every match; :candidates from the binary index), else 0, and then a bound
 --   (:pool, :max_hamming) may have cut the answer short: the channel runs again without it. Both
 --   bounds are for speed only: whenever complete is 1 the rows are those of the unbounded query.
 --   reach is the Hamming distance of the farthest candidate a vector channel took (what Recall
 --   learns :max_hamming from), null for the keyword channels.
--- Try one in the shell:  .param set :match '"coffee"'  then paste the query.
+-- Exact top-k pruning (MaxScore; aokun.maxscore_split; needs aokun_bm25): with :rest set,
+--   :match holds only the query's rarer terms and their rows with each common term (so those
+--   rows score as under the whole query: :phrases lists its terms in order, sql/fts5_rank.c);
+--   the rows holding only common terms (:rest, those NOT the rarer ones) are read only when the
+--   pool's worst score does not beat :rest_bound, the most such a row can score. Otherwise
+--   :rest, :rest_bound and :phrases are null and :match is the whole query.
+-- Try one in the shell:  .param set :match '"coffee"'  then paste the query
+--   (with .param set :rest NULL, and :phrases, :rest_bound likewise).
 
 -- name: recall_bm25
 -- Document BM25 over the jieba-segmented FTS5 column, filtered by persona/session/archived in SQL.
@@ -26,9 +33,20 @@
 -- match), then the filters; when fewer than :k of them pass and the pool was full (another
 -- persona's memories crowd it), `complete` is 0. With :pool = 0 FTS5 hands its matches over best
 -- first (ORDER BY rank) and the join and the filters stop after :k rows that pass.
-with pooled as materialized (
-    select rowid, bm25(documents_fts) as raw from documents_fts
+with essential as materialized (
+    select rowid, bm25(documents_fts /* :phrases */) as raw from documents_fts
     where :pool > 0 and documents_fts match :match
+    order by raw, rowid limit max(coalesce(:pool, 0), 0)
+),
+pooled as materialized (
+    select rowid, raw from essential
+    union all
+    select * from (
+        select rowid, bm25(documents_fts) as raw from documents_fts
+        where :rest is not null and ((select count(*) from essential) < :pool
+                                     or -(select max(raw) from essential) <= :rest_bound)
+          and documents_fts match :rest
+        order by raw, rowid limit max(coalesce(:pool, 0), 0))
     order by raw, rowid limit max(coalesce(:pool, 0), 0)
 ),
 hits as materialized (
@@ -111,9 +129,20 @@ limit :k;
 -- contribution counts in full and each extra entry point adds :extra times its score.
 -- The best :k entries that pass the filters come from the FTS pool, or from FTS5 best first, as
 -- in recall_bm25 (at 100k memories 45 ms against 74 ms: most of this channel's time).
-with pooled as materialized (
-    select rowid, bm25(graph_entries_fts) as raw from graph_entries_fts
+with essential as materialized (
+    select rowid, bm25(graph_entries_fts /* :phrases */) as raw from graph_entries_fts
     where :pool > 0 and graph_entries_fts match :match
+    order by raw, rowid limit max(coalesce(:pool, 0), 0)
+),
+pooled as materialized (
+    select rowid, raw from essential
+    union all
+    select * from (
+        select rowid, bm25(graph_entries_fts) as raw from graph_entries_fts
+        where :rest is not null and ((select count(*) from essential) < :pool
+                                     or -(select max(raw) from essential) <= :rest_bound)
+          and graph_entries_fts match :rest
+        order by raw, rowid limit max(coalesce(:pool, 0), 0))
     order by raw, rowid limit max(coalesce(:pool, 0), 0)
 ),
 hits as materialized (

@@ -50,11 +50,12 @@ def channel_params(m, query: str, k: int = 5, persona: str = "", session: str = 
     emb = m.embedder.embed_query(m.embedder.prepare(query)[0]).astype("float32").tobytes() \
         if m.embedder.provider != "none" else None
     return {"match": aokun.fts_query(m.seg.tokens(query)), "persona_id": persona,
+            "terms": list(dict.fromkeys(m.seg.tokens(query))),
             "session_id": session,
             "max_archived": int(archived), "as_of": "", "k": min(4096, max(r.channel_k, 2 * k)),
             "expansion": r.graph_expansion_limit, "extra": r.graph_extra_entry_boost, "hop": 0.5,
             "embedding": emb, "candidates": r.vector_candidates, "hub_limit": r.graph_hub_limit,
-            "pool": 0, "max_hamming": None,
+            "pool": 0, "max_hamming": None, "rest": None, "rest_bound": None, "phrases": None,
             "query_i8": None if emb is None else aokun.vector_blob(np.frombuffer(emb, np.float32))}
 
 
