@@ -222,6 +222,16 @@ def iso(t: dt.datetime) -> str:
     return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+ECHO_CHARS = 60  #: the most of a value a user gave that an error message shows
+
+
+def echo(value, quote: bool = True) -> str:
+    """A value the user gave, as an error message shows it: its repr (str() when not `quote`), cut
+    to ECHO_CHARS characters with "…" (a 200,000-character argument comes back as its start)."""
+    text = repr(value) if quote else str(value)
+    return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 1] + "…"
+
+
 def now_iso() -> str:
     """The clock's now() as column text ('2026-11-30T08:15:00Z')."""
     return iso(now())
@@ -615,16 +625,6 @@ def _one_line(text: str, limit: int = 400) -> str:
     """`text` on one line (whitespace folded), cut to `limit` characters with … (for listings)."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-ECHO_CHARS = 60  #: the most of a value a user gave that an error message shows
-
-
-def echo(value, quote: bool = True) -> str:
-    """A value the user gave, as an error message shows it: its repr (str() when not `quote`), cut
-    to ECHO_CHARS characters with "…" (a 200,000-character argument comes back as its start)."""
-    text = repr(value) if quote else str(value)
-    return text if len(text) <= ECHO_CHARS else text[: ECHO_CHARS - 1] + "…"
 
 
 def cut_text(text: str, limit: int) -> tuple[str, bool]:
@@ -5764,9 +5764,8 @@ class Recall:
         γ·recency + δ·frequency; graph route 0.55/0.20/0.15/0.10 × the atoms' temporal factor),
         scale_routes() (0.65/0.35 or the intent's weights, +0.08 when both routes hit),
         fuse_scores() (session neighbours, source boost), select_hits() (MMR λ=0.7, pins).
-        as_of answers as the memory stood then; include_conversations adds `conversations` (hooks).
-        `project` (the client's) and `scope` as project_scope says; a hit of another project
-        names it (`project`). Raises InputError for an empty query, a bad k or scope."""
+        as_of answers as the memory stood then; include_conversations adds `conversations` (hooks);
+        `project`, `scope`: project_scope. InputError: an empty query, a bad k or scope."""
         started = time.perf_counter()
         r = self.cfg.recall
         query = query_text(query, "query")
@@ -5794,8 +5793,7 @@ class Recall:
             return self._answer(key, nothing, started)
         params = self._channel_params(tokens, window, k, persona, session, include_archived,
                                       as_of_iso)
-        degraded: list[dict] = []
-        stats: dict = {}
+        degraded, stats = [], {}
         searched = chosen if tokens else ()  # time words alone: only the window's memories answer
         ranked, embedding = self._channel_rows(searched, query, params, degraded, stats)
         if window:  # its memories join the candidates; candidate_score boosts them
