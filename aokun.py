@@ -13181,6 +13181,7 @@ class PanelFilter:
     pinned: bool = False
     date_from: str = ""  #: YYYY-MM-DD, created on or after
     date_to: str = ""  #: YYYY-MM-DD, created on or before
+    project: str = ""  #: a folder: its project's memories (a search: and the global ones)
     page: int = 0
 
     @classmethod
@@ -13195,6 +13196,7 @@ class PanelFilter:
                    pinned=params.get("pinned") == "1",
                    date_from=params.get("from", "")[:DATE_CHARS],
                    date_to=params.get("to", "")[:DATE_CHARS],
+                   project=project_of(params.get("project", "")[:MAX_ITEM_CHARS]),
                    page=int(page) if page.isdigit() else 0)
 
     def keeps(self, row: dict) -> bool:
@@ -13604,8 +13606,9 @@ class Panel:
         mem = self.memory()
         if f.q:
             out = mem.recall(f.q, min(mem.cfg.recall.max_k, PANEL_PAGE_SIZE), f.persona,
-                             f.session or None, f.archived != "live")
-            rows = [dict(h, content=h["text"]) for h in out["results"] if f.keeps(h)]
+                             f.session or None, f.archived != "live", project=f.project or None)
+            rows = [dict(h, content=h["text"]) for h in out["results"]
+                    if f.keeps(h) and not (f.project and h.get("project"))]
             more, warnings = False, out["warnings"]
         else:
             rows, more, warnings = self._browse(mem, f), False, []
@@ -13622,7 +13625,7 @@ class Panel:
         want, kept, offset = (f.page + 1) * PANEL_PAGE_SIZE + 1, [], 0
         while len(kept) < want:
             batch = mem.list_memories(LIST_LIMIT_MAX, offset, f.persona, f.session or None,
-                                      f.archived != "live")
+                                      f.archived != "live", f.project or None)
             kept += [r for r in batch if f.keeps(r)]
             if len(batch) < LIST_LIMIT_MAX or (
                     f.date_from and batch[-1]["created_at"][:DATE_CHARS] < f.date_from):

@@ -198,6 +198,20 @@ def test_memories_filters_and_search(panel):
     assert "iced americano" in found and "score" in found
 
 
+def test_memories_filter_by_project(panel, tmp_path):
+    web, client, mem, _, ids = panel
+    login(web, client)
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    mem.memorize("The repo's database is PostgreSQL 16", {"project": str(repo)})
+    mem.memorize("The other repo deploys with Ansible", {"project": str(tmp_path / "other")})
+    page = client.get("/memories", params={"project": str(repo / "src")}).text
+    assert "PostgreSQL 16" in page and "Ansible" not in page and "iced americano" not in page
+    found = client.get("/memories", params={"project": str(repo), "q": "database"}).text
+    assert "PostgreSQL 16" in found and "Ansible" not in found
+    assert "Ansible" in client.get("/memories").text
+
+
 def test_memory_page_shows_atoms_and_graph(panel):
     web, client, mem, _, ids = panel
     login(web, client)
