@@ -107,9 +107,9 @@ HERE = Path(__file__).resolve().parent  #: the folder of aokun.py
 
 
 def shipped_folder() -> Path:
-    """The folder of schema/, sql/, rules/, web/ and aokun.example.ini: HERE in a checkout, else
-    <prefix>/share/aokun, where installing the wheel put them (pyproject.toml's shared-data), the
-    prefix of this interpreter's install scheme or of its user scheme (pip --user)."""
+    """The folder of schema/, sql/, rules/, web/, service/ and aokun.example.ini: HERE in a
+    checkout, else <prefix>/share/aokun, where installing the wheel put them (pyproject.toml's
+    shared-data), the prefix of this interpreter's install scheme or of its user scheme."""
     if (HERE / "schema").is_dir():
         return HERE
     import sysconfig
@@ -120,7 +120,7 @@ def shipped_folder() -> Path:
     return HERE  # (reading a missing folder says which)
 
 
-SHARE = shipped_folder()  #: schema/, sql/, rules/, web/, aokun.example.ini
+SHARE = shipped_folder()  #: schema/, sql/, rules/, web/, service/, aokun.example.ini
 SCHEMA_DIR = SHARE / "schema"  #: forward-only migrations NNNN_name.sql
 SQL_DIR = SHARE / "sql"  #: named queries, `-- name: x`
 EXAMPLE_INI = SHARE / "aokun.example.ini"  #: every setting with its default and help text
@@ -13752,6 +13752,7 @@ def panel_app(memory, cfg: Config, config_path: Path, host: str, port: int,
 
 SERVICE_NAME = "aokun"  #: the systemd unit aokun.service, the Task Scheduler task Aokun
 LAUNCHD_LABEL = "io.aokun.server"  #: the launchd agent's label and plist name
+SERVICE_DIR = SHARE / "service"  #: the systemd unit and the Task Scheduler task, to fill in
 #: systemd WatchdogSec: no WATCHDOG=1 for this long and the server is restarted
 WATCHDOG_SECONDS = 60
 RESTART_SECONDS = 5  #: how long a supervisor waits before starting a failed server again
@@ -13880,15 +13881,11 @@ def service_command(db: Path, config: Path | None, port: int) -> list[str]:
 
 
 def systemd_unit(cmd: list[str]) -> str:
-    """The systemd user unit: Type=notify (ready when READY=1 arrives), WatchdogSec (restarted when
-    WATCHDOG=1 stops), Restart=on-failure."""
-    return "\n".join([
-        "[Unit]", "Description=Aokun memory server (MCP over HTTP)", "After=network.target", "",
-        "[Service]", "Type=notify", "NotifyAccess=main",
-        "ExecStart=" + " ".join(map(_systemd_quote, cmd)),
-        "Restart=on-failure", f"RestartSec={RESTART_SECONDS}", f"WatchdogSec={WATCHDOG_SECONDS}",
-        "TimeoutStartSec=120", "Environment=PYTHONUNBUFFERED=1", "",
-        "[Install]", "WantedBy=default.target", ""])
+    """The systemd user unit, service/aokun.service filled in: Type=notify (ready when READY=1
+    arrives), WatchdogSec (restarted when WATCHDOG=1 stops), Restart=on-failure."""
+    return (SERVICE_DIR / "aokun.service").read_text(encoding="utf-8").format(
+        exec_start=" ".join(map(_systemd_quote, cmd)), restart=RESTART_SECONDS,
+        watchdog=WATCHDOG_SECONDS)
 
 
 def launchd_plist(cmd: list[str], log_dir: Path) -> bytes:
@@ -13903,35 +13900,12 @@ def launchd_plist(cmd: list[str], log_dir: Path) -> bytes:
 
 
 def windows_task_xml(cmd: list[str]) -> str:
-    """The Task Scheduler task: started at logon and on resume from sleep (Power-Troubleshooter
-    event 1), restarted on failure every minute, never stopped for running long or on battery."""
-    import xml.etree.ElementTree as ET
-    ns = "http://schemas.microsoft.com/windows/2004/02/mit/task"
-    task = ET.Element("Task", version="1.2", xmlns=ns)
-    info = ET.SubElement(task, "RegistrationInfo")
-    ET.SubElement(info, "Description").text = "Aokun memory server (MCP over HTTP)"
-    triggers = ET.SubElement(task, "Triggers")
-    ET.SubElement(ET.SubElement(triggers, "LogonTrigger"), "Enabled").text = "true"
-    wake = ET.SubElement(triggers, "EventTrigger")
-    ET.SubElement(wake, "Enabled").text = "true"
-    ET.SubElement(wake, "Subscription").text = (
-        '<QueryList><Query Id="0" Path="System"><Select Path="System">*[System[Provider['
-        "@Name='Microsoft-Windows-Power-Troubleshooter'] and EventID=1]]</Select></Query>"
-        "</QueryList>")
-    settings = ET.SubElement(task, "Settings")
-    for tag, value in (("MultipleInstancesPolicy", "IgnoreNew"),
-                       ("DisallowStartIfOnBatteries", "false"),
-                       ("StopIfGoingOnBatteries", "false"), ("ExecutionTimeLimit", "PT0S"),
-                       ("StartWhenAvailable", "true")):
-        ET.SubElement(settings, tag).text = value
-    restart = ET.SubElement(settings, "RestartOnFailure")
-    ET.SubElement(restart, "Interval").text = "PT1M"
-    ET.SubElement(restart, "Count").text = "999"
-    exe = ET.SubElement(ET.SubElement(task, "Actions", Context="Author"), "Exec")
-    ET.SubElement(exe, "Command").text = cmd[0]
+    """The Task Scheduler task, service/aokun-task.xml filled in: started at logon and on resume
+    from sleep, restarted on failure every minute, never stopped for running long or on battery."""
     import subprocess
-    ET.SubElement(exe, "Arguments").text = subprocess.list2cmdline(cmd[1:])
-    return '<?xml version="1.0" encoding="UTF-16"?>\n' + ET.tostring(task, encoding="unicode")
+    from xml.sax.saxutils import escape
+    return (SERVICE_DIR / "aokun-task.xml").read_text(encoding="utf-8").format(
+        command=escape(cmd[0]), arguments=escape(subprocess.list2cmdline(cmd[1:])))
 
 
 def service_plan(platform: str, action: str, cmd: list[str],
