@@ -3280,10 +3280,7 @@ class Vectors:
             c.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
             c.execute("delete from meta where key = 'vector_center'")
             self._compact_vectors_in_tx()
-            if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
-                self._recenter()
-            else:
-                self._reindex_vectors()
+            self._recenter_or_reindex()
         log.warning("vector storage upgraded: %s document and %s entry vectors re-indexed",
                     self.value("select count(*) from doc_vectors"),
                     self.value("select count(*) from graph_vectors"))
@@ -3614,6 +3611,20 @@ class Vectors:
                 self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
             self._recenter()
 
+    def _recenter_or_reindex(self) -> None:
+        """Centre the binary index anew (CENTER_AFTER vectors or more), else re-index it. In tx."""
+        if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
+            self._recenter()
+        else:
+            self._reindex_vectors()
+
+    def _drop_doc_index(self, doc_id: int) -> None:
+        """Delete memory `doc_id`'s FTS row and its vectors. In tx."""
+        self.conn.execute("delete from documents_fts where rowid = ?", (doc_id,))
+        self.conn.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
+        if self.has_table("doc_vec"):
+            self.conn.execute("delete from doc_vec where doc_id = ?", (doc_id,))
+
     CENTER_AFTER = 256  #: document vectors needed before the binary index is centred on their mean
 
     def _recenter(self) -> None:
@@ -3761,10 +3772,7 @@ class Layers:
             cols["id"] = p.document_id
             assignments = ", ".join(f"{k} = :{k}" for k in cols if k != "id")
             c.execute(f"update documents set {assignments} where id = :id", cols)
-            c.execute("delete from documents_fts where rowid = ?", (p.document_id,))
-            c.execute("delete from doc_vectors where doc_id = ?", (p.document_id,))
-            if self.has_table("doc_vec"):
-                c.execute("delete from doc_vec where doc_id = ?", (p.document_id,))
+            self._drop_doc_index(p.document_id)
         c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
                   (p.document_id, self.seg.segmented(self._doc_index_text(p))))
         fresh = vectors.setdefault("fresh", set()) if vectors is not None else set()
@@ -5098,10 +5106,7 @@ class Journal:
             stale = self._stale_successors(doc_id)
             self._clear_atoms(doc_id)
             self._clear_graph(doc_id)
-            c.execute("delete from documents_fts where rowid = ?", (doc_id,))
-            c.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
-            if self.has_table("doc_vec"):
-                c.execute("delete from doc_vec where doc_id = ?", (doc_id,))
+            self._drop_doc_index(doc_id)
             c.execute("delete from memory_write_ops where document_id = ?", (doc_id,))
             c.execute("delete from documents where id = ?", (doc_id,))
             self._refresh_graph_context(stale)
@@ -6899,10 +6904,7 @@ class Maintenance:
                 changed = was_refused ^ refused_now
                 stale = sorted({j for i in changed for j in self._stale_successors(i)})
                 self._refresh_graph_context(stale)
-                if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
-                    self._recenter()
-                else:
-                    self._reindex_vectors()
+                self._recenter_or_reindex()
             self.vector_problem = None  # every vector made again with the configured embedder
             if stale:
                 self.backfill_vectors(ids=stale)
@@ -9609,10 +9611,7 @@ class Portable:
                      "last_useful_at": _record_value(r, "last_useful_at", n, (str,), True),
                      "embedding_state": state, "embedding_error": None} | self._event_columns(p)
             if doc_id is not None:
-                c.execute("delete from documents_fts where rowid = ?", (doc_id,))
-                c.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
-                if self.has_table("doc_vec"):
-                    c.execute("delete from doc_vec where doc_id = ?", (doc_id,))
+                self._drop_doc_index(doc_id)
             p.document_id = ids[("documents", r["uid"])] = self._import_row("documents", cols,
                                                                             doc_id, n)
             c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
@@ -10075,17 +10074,23 @@ def _regular_file(path: Path):
             raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
 
 
+def _header_json(head: bytes) -> dict | None:
+    """A changeset file's header line as a dict, or None when it is not one of ours (no newline,
+    not JSON, another format)."""
+    try:
+        h = json.loads(head) if head.endswith(b"\n") else None
+    except ValueError:
+        return None
+    return h if isinstance(h, dict) and h.get("format") == SYNC_FORMAT else None
+
+
 def read_changeset_header(path: Path) -> tuple[str, int, str] | None:
     """(device, seq, sha256) that changeset file `path`'s header line names, or None when it has no
     such header (empty, still being copied, not ours). Reads at most SYNC_HEADER_BYTES, of a regular
     file only; raises SyncFileError when it is not one or cannot be read."""
     with _regular_file(path) as (f, _):
         head = f.readline(SYNC_HEADER_BYTES)
-    try:
-        h = json.loads(head) if head.endswith(b"\n") else None
-    except ValueError:
-        return None
-    if not isinstance(h, dict) or h.get("format") != SYNC_FORMAT:
+    if (h := _header_json(head)) is None:
         return None
     device, seq, digest = h.get("device"), h.get("seq"), h.get("sha256")
     if not isinstance(device, str) or not SYNC_DEVICE_RX.fullmatch(device) \
@@ -10139,10 +10144,7 @@ def read_changeset_file(path: Path) -> tuple[bytes, bytes, int]:
     pipe would block the sync, /dev/zero fill the memory). Raises SyncFileError with the reason."""
     with _regular_file(path) as (f, st):
         head = f.readline(SYNC_HEADER_BYTES)
-        try:
-            length = json.loads(head).get("length") if head.endswith(b"\n") else None
-        except (ValueError, AttributeError):
-            length = None
+        length = (_header_json(head) or {}).get("length")
         on_disk = st.st_size - len(head)
         # one byte more than the header names (a longer file is damaged, and is not read whole);
         # nothing of a file shorter than that (truncated) or without a length
@@ -10170,11 +10172,7 @@ def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> d
     '' when unknown) and that its payload is whole (length, SHA-256). Raises SyncFileError with the
     reason."""
     device, seq, digest = key
-    try:
-        h = json.loads(head) if head.endswith(b"\n") else None
-    except ValueError:
-        h = None
-    if not isinstance(h, dict) or h.get("format") != SYNC_FORMAT:
+    if (h := _header_json(head)) is None:
         raise SyncFileError("not an Aokun changeset (no header line)" if head
                             else "empty (still being copied?)")
     if not isinstance(h.get("version"), int) or h["version"] > SYNC_VERSION:
@@ -10183,8 +10181,7 @@ def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> d
     if h.get("schema") is not None and (type(h["schema"]) is not int
                                         or h["schema"] > schema_version_known()):
         raise SyncFileError(f"written by an Aokun of schema {echo(h['schema'])}, newer than this "
-                            "one "
-                            f"({schema_version_known()}); upgrade Aokun")
+                            f"one ({schema_version_known()}); upgrade Aokun")
     if h.get("device") != device or h.get("seq") != seq or digest not in ("", h.get("sha256")):
         raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
     if "layout" in h and (diff := layout_difference(h["layout"], sync_layout())):
