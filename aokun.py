@@ -6122,15 +6122,11 @@ class Briefing:
 
     def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None,
                        persona_id=None, project=None, scope=None) -> dict:
-        """One text blob of memory for a prompt, within a token budget (estimate_tokens).
-        Without a topic: the stored session briefing (no embedding work), rebuilt first when it is
-        missing or stale (_current_briefing); `age_seconds` says how old it is.
-        With a topic: pinned memories first, then recall(topic) results, then current KG facts
-        about entities named in the topic. Modes set the budget and how many results:
-        quick 400, chat 1500, coding 2000, project 3000 tokens ([context] *_tokens).
-        With a `project` (the client's; project_scope) both are of that project and the global
-        memories (the briefing built then, not stored). Returns {text, tokens, budget, mode,
-        source: briefing|dynamic, stale, generated_at, age_seconds}."""
+        """One text blob of memory for a prompt within a token budget: without a topic the stored
+        briefing (_current_briefing), with one pinned memories, recall(topic) hits and current KG
+        facts. Modes set the budget ([context] *_tokens); a `project` keeps both to it and the
+        global memories. Returns {text, tokens, budget, mode, source: briefing|dynamic, stale,
+        generated_at, age_seconds}."""
         cx = self.cfg.context
         budgets = {"quick": cx.quick_tokens, "chat": cx.chat_tokens, "coding": cx.coding_tokens,
                    "project": cx.project_tokens}
@@ -6239,10 +6235,8 @@ class Forgetting:
 
     def decayed_usage(self, rec: dict, since: str | None, until: str | None) -> dict | None:
         """Memory record `rec` with the importance and access count the daily decay of the days
-        after `since` up to `until` (ISO dates: decay_last_run values) gives it: the same queries
-        (_decay_queries) run on a one-row copy, so the same to the bit; None when a day is unknown
-        or `until` is before `since`. Sync uses it to bring a memory as another device sent it to
-        this file's decay day, and to tell a usage change the decay alone explains (not sent)."""
+        after `since` up to `until` (ISO dates) gives it, by the same queries on a one-row copy;
+        None when a day is unknown or `until` is before `since`."""
         if since is None or until is None or until < since:
             return None
         one = apsw.Connection(":memory:")  # untyped columns: the values keep their Python types
@@ -6327,11 +6321,9 @@ class Forgetting:
         return steps
 
     def _run_steps(self, steps, dry_run: bool, persona: str | None = None) -> tuple:
-        """Run maintenance steps, each in its own transaction (a crash mid-way loses no finished
-        step), or for a dry run all in one transaction that is rolled back, so a preview computes
-        exactly the changes a real run makes and keeps none. Returns (snapshot before, after), of
-        persona `persona` only for a dry run that names one (the steps themselves cover every
-        persona)."""
+        """Run maintenance steps, each in its own transaction, or for a dry run all in one that is
+        rolled back. Returns (snapshot before, after), of persona `persona` only for a dry run that
+        names one."""
         with self.lock:
             before = self._snapshot(persona if dry_run else None)
             if dry_run:
@@ -6349,12 +6341,10 @@ class Forgetting:
 
     def decay(self, dry_run: bool = False, days: int | None = None,
               ref: dt.datetime | None = None) -> dict:
-        """Daily importance decay (seed: Forgetting & Lifecycle): run every day whose decay time has
-        passed since meta('decay_last_run'), one day per transaction, then auto-archival when
-        [forgetting] auto_cleanup_enabled. `days` runs that many days now instead of the schedule.
-        A new file starts its schedule today without decaying. dry_run computes the same changes in
-        a transaction that is rolled back. Returns {days: [...], importance: [{id, old, new}],
-        archived: [ids], dry_run}."""
+        """Daily importance decay (seed: Forgetting & Lifecycle): every day due since
+        meta('decay_last_run'), one day per transaction, then auto-archival when enabled. `days`
+        runs that many days now; a new file starts today. Returns {days: [...], importance: [{id,
+        old, new}], archived: [ids], dry_run}."""
         ref = ref or now()
         if days is not None and (isinstance(days, bool) or not isinstance(days, int)
                                  or not 0 <= days <= DECAY_DAYS_MAX):
@@ -6442,16 +6432,12 @@ class Forgetting:
 
     def consolidate(self, dry_run: bool = True, persona_id=None, similarity: float = 0.92,
                     min_jaccard: float = 0.5, progress=None) -> dict:
-        """Find clusters of near-duplicate live memories (cosine similarity ≥ `similarity` between
-        their vectors and Jaccard ≥ `min_jaccard` of their content's tokens, or that Jaccard ≥
-        CONSOLIDATE_JACCARD_ALONE (0.8) alone: vectors also see a memory's session context and
-        labels, so the same words in another conversation or with other topics may differ). A real
-        run merges each cluster into its longest memory (union of topics, key facts and
-        participants, max importance, earliest created_at) and archives the others with
-        merged_into = survivor; restore_memory(survivor) undoes it.
-        Returns {clusters: [{survivor, members: [ids], texts}], dry_run}. `progress(done, total)`,
-        when given, is called after each memory compared (total: the live memories) and each
-        cluster merged (total grows by the clusters), from the calling thread."""
+        """Find clusters of near-duplicate live memories (cosine ≥ `similarity` and token Jaccard ≥
+        `min_jaccard`, or Jaccard ≥ CONSOLIDATE_JACCARD_ALONE alone). A real run merges each into
+        its longest memory (labels united, max importance, earliest created_at) and archives the
+        others with merged_into; restore_memory(survivor) undoes it. Returns {clusters: [{survivor,
+        members: [ids], texts}], dry_run}. `progress(done, total)` hears memories compared and
+        clusters merged."""
         persona = _label(persona_id, "persona_id")
         live = self.rows(self.queries["consolidate_documents"], {"persona_id": persona})
         docs = {d["id"]: d for d in live}
@@ -6512,11 +6498,10 @@ class Forgetting:
             self._briefing_stale(s["persona_id"])
 
     def restore_memory(self, doc_id: int, persona_id: str | None = None) -> dict:
-        """Undo archival of a memory of persona `persona_id` (None: the default persona ''): an
-        archived memory comes back into recall, a replaced one gets its retired facts back; a
-        consolidation survivor gets its previous metadata back and the memories merged into it are
-        restored. Returns {id, uid, archived: false, restored: [ids]}. Raises NotFound, also for an
-        id of another persona."""
+        """Undo archival of a memory of persona `persona_id` (None: the default ''): back into
+        recall with its retired facts; a consolidation survivor gets its previous metadata and its
+        members back. Returns {id, uid, archived: false, restored: [ids]}. NotFound, also for
+        another persona's id."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         cons = self.rows("select * from consolidations where survivor_id = ?", (doc_id,))
         restored = []
@@ -6569,12 +6554,9 @@ class Maintenance:
     REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
 
     def _requeue_refused_context(self) -> bool:
-        """Files written before a refused text was kept out of its neighbours' vector text (issue
-        24, sql/vectors.sql session_context): once per file (meta refused_context), the memories
-        after each refused one in its session are marked pending (_stale_successors), so the
-        back-fill makes their vectors again without it (the old ones stay searchable until then).
-        Not while the provider is none (nothing to mark; done on the first open with one): False,
-        not done yet. Data step 4 (DATA_STEPS)."""
+        """Mark pending, once per file (meta refused_context), the memories after each refused one
+        in its session, whose vector text held it (files before issue 24). Not while the provider
+        is none: False, not done yet. Data step 4 (DATA_STEPS)."""
         if self.meta_get("refused_context") == self.REFUSED_CONTEXT:
             return True
         if self.embedder.provider == "none":
@@ -6633,10 +6615,8 @@ class Maintenance:
 
     def doctor(self) -> list[str]:
         """Every inconsistency found: integrity_check, documents vs FTS vs vectors, atoms and graph
-        entries vs their FTS, orphans, unfinished or failed journal rows, embedding mismatch, texts
-        the embedding provider refused (with the first reasons), a full disk. Empty list means
-        healthy. A damaged file is one problem, the DamagedFile line (what to do), and is marked
-        damaged; a file marked damaged that integrity_check finds sound is no longer."""
+        entries vs their FTS, orphans, unfinished journal rows, embedding mismatch, refused texts, a
+        full disk; empty means healthy. A damaged file is one problem (the DamagedFile line)."""
         with self.lock:
             try:
                 integrity = [r[0] for r in self.conn.execute("pragma integrity_check(5)")]
@@ -6676,12 +6656,9 @@ class Maintenance:
 
     def rebuild(self, vectors: bool = False, fts: bool = False, graph: bool = False,
                 progress=None) -> dict:
-        """Rebuild derived data from the documents. fts: re-segment every FTS row. graph: re-derive
-        atoms and graph for every document through the journal. vectors: re-embed every memory and
-        fact entry with the configured embedder (see _rebuild_vectors; raises EmbeddingError when it
-        made fewer vectors than it should; then the conversation turns', turn_vectors); `progress`,
-        when given, hears (vectors made, memories and fact entries) after each batch, then (turn
-        vectors made, None). Returns counts."""
+        """Rebuild derived data from the documents: fts (re-segment), graph (atoms and graph through
+        the journal), vectors (_rebuild_vectors, then the turns'). `progress` hears (vectors made,
+        of) per batch, then (turn vectors made, None). Returns counts."""
         out = {}
         if fts:
             with self.tx() as c:
@@ -6699,14 +6676,10 @@ class Maintenance:
 
     def _rebuild_vectors(self, progress=None) -> int:
         """rebuild --vectors: re-embed every memory and fact entry with the configured embedder,
-        never leaving fewer vectors than there were. The model and dim of the stored vectors: each
-        one is replaced where a new one is made and kept where not (marked pending for the
-        back-fill). Another model or dim: the new vectors are made first, in temporary tables, and
-        replace the old ones (and the recorded model/dim) in one transaction only when there are at
-        least as many; otherwise nothing changes. Texts the provider refused before are tried again.
-        Returns how many vectors were written; `progress(made, of)` hears how far it is. Raises
-        EmbeddingError, one line saying how many of how many and why, when fewer were made than
-        there are memories and fact entries."""
+        never leaving fewer vectors than there were: the same model and dim replace vectors where
+        made; another model or dim swaps all in at once only when at least as many were made.
+        Returns how many were written; `progress(made, of)`. Raises EmbeddingError (how many of
+        how many, and why) when fewer were made than there are memories and fact entries."""
         if self.embedder.provider == "none":
             raise AokunError("[embedding] provider is none; "
                              "set a provider before `rebuild --vectors`")
@@ -6902,11 +6875,9 @@ class Maintenance:
                 "wal_truncated": not busy and wal_frames == 0}
 
     def purge(self, persona_id=None) -> dict:
-        """Leave no deleted text in the database file or its WAL (after delete): rebuild the
-        persona's stored briefing (it may quote a deleted memory), then vacuum(): the FTS merge
-        drops a deleted row's words from older index segments, VACUUM drops the free pages
-        (secure_delete has zeroed the freed cells), the checkpoint empties the WAL. Backups keep
-        what they hold. Returns vacuum()'s answer; seconds on a large file (VACUUM rewrites it)."""
+        """Leave no deleted text in the file or its WAL: rebuild the persona's briefing, then
+        vacuum() (FTS merge, VACUUM, checkpoint). Backups keep what they hold. Returns vacuum()'s
+        answer."""
         persona = _label(persona_id, "persona_id")
         if self.value("select 1 from briefings where persona_id = ?", (persona,)):
             self.build_briefing(persona)
@@ -7094,11 +7065,9 @@ class Maintenance:
         return connect(stage, self.cfg.storage.busy_timeout_ms)
 
     def _swap_in(self, staging: apsw.Connection, saved: Path) -> dict:
-        """Overwrite the database with `staging` while holding its write lock from before the
-        safety copy `saved` is taken until the overwrite commits: the backup into this connection
-        takes the lock at its first (empty) step and keeps it to the last. Raises the staged id
-        counters to the current file's. Returns what only the saved copy holds (see
-        restore_from)."""
+        """Overwrite the database with `staging`, holding its write lock from before the safety copy
+        `saved` until the overwrite commits, with the id counters raised to the current file's.
+        Returns what only the saved copy holds (restore_from)."""
         with self.lock:
             b = self.conn.backup("main", staging, "main")
             try:
@@ -7146,12 +7115,10 @@ class Maintenance:
         return {"only_in_previous": None, "previous_added": 0, "previous_changed": 0}
 
     def salvage(self, dest: Path | str) -> dict:
-        """Copy what SQLite can still read of this file (damaged) into the new file `dest`, which
-        gets this code's schema: every row of every base table that a read reaches (readable_rows;
-        the columns both have). The derived indexes are not copied but made again: keyword indexes
-        from the text, vectors back-filled (every memory and fact entry is marked pending; the
-        vector settings are left out of meta). This file is only read. Returns {salvaged: dest,
-        rows: {table: rows copied}, damaged: [tables some rows of which were unreadable]}."""
+        """Copy what SQLite can still read of this (damaged) file into the new file `dest` with this
+        code's schema (readable_rows of every base table); keyword indexes are made again and
+        vectors left pending. Returns {salvaged: dest, rows: {table: rows copied}, damaged:
+        [tables with unreadable rows]}."""
         dest = Path(dest).expanduser().resolve()
         if dest.exists():
             raise AokunError(f"{dest} already exists; choose a new file name")
@@ -7241,12 +7208,10 @@ class Summarizer:
     chat endpoint ([llm])."""
 
     def summarize_memory(self, conversation, metadata: dict | None = None, progress=None) -> dict:
-        """Turn a conversation (a list of {role, content} or plain text) into one structured memory
-        through an OpenAI-compatible chat endpoint ([llm] base_url, model, api_key / api_key_env)
-        and store it. Returns {memory: write result, summary: {summary, topics, key_facts,
-        participants, sentiment, importance}}. Raises AokunError when no endpoint is configured.
-        `progress(done, total)`, when given: (0, 2) before the chat call, (1, 2) once it answered,
-        (2, 2) once the memory is stored."""
+        """Turn a conversation ([{role, content}] or text) into one memory through the [llm] chat
+        endpoint and store it. Returns {memory: write result, summary: {summary, topics,
+        key_facts, participants, sentiment, importance}}. AokunError without an endpoint.
+        `progress(done, 2)` hears the chat call and the store."""
         import httpx
 
         llm = self.cfg.llm
@@ -7453,11 +7418,9 @@ def turn_time(value, fallback: str) -> str:
 
 
 def interpret_record(record: dict, rules: IngestRules, ctx: dict, seq: int) -> dict | None:
-    """One transcript record → a turn {session_id, project, turn_key, seq, role, created_at,
-    text}, or None when the rules keep nothing of it. `ctx` carries what earlier records said to
-    later ones (session_id, project, the last time, titles {session id: title}) and is updated in
-    place. `seq` orders the record in its session (its byte offset, or its place in a
-    conversation)."""
+    """One transcript record → a turn {session_id, project, turn_key, seq, role, created_at, text},
+    or None when the rules keep nothing of it. `ctx` (session_id, project, the last time, titles)
+    carries what earlier records said and is updated in place; `seq` orders it in its session."""
     f = rules.fields
     for key in ("session_id", "project"):
         v = _first_field(record, f.get(key))
@@ -7643,11 +7606,9 @@ class Conversations:
     # ingestion -----------------------------------------------------------------------------------
 
     def transcript_files(self, source: str, paths=(), problems: list | None = None) -> list[Path]:
-        """The transcript files to read: each path given (a folder: the files in it, at any depth,
-        whose names fit the source's location pattern), or the client's standard location. A name
-        that fits but is no readable file (a dangling symlink, a symlink loop, a FIFO) is left out
-        and, when `problems` is given, one line naming it and why is appended to it; a folder that
-        fits is searched, not reported. InputError for a path given that does not exist."""
+        """The transcript files to read: each path given (a folder: its files at any depth that fit
+        the source's location pattern), or the standard location. A name that is no readable file
+        is left out, with a line in `problems` when given. InputError for a path that is missing."""
         rules = self.ingest_rules(source)
         pattern = Path(rules.location).name
         if not paths:
@@ -8068,11 +8029,9 @@ class ConversationSearch:
                 "took_ms": round((time.perf_counter() - started) * 1000, 2)}
 
     def _turn_keyword_rows(self, params: dict) -> list[dict]:
-        """conv_bm25's rows: first over the best k matches (:pool; FTS_POOL_FACTOR × k with a
-        source or time filter), again over every match when the filters left fewer than k of them
-        (`complete` 0), so the rows are always the unbounded query's. Most files hold one persona,
-        whose pool of k is complete. A session filter goes unbounded at once: a session is a small
-        part of the turns, and the pool would seldom hold k of its own."""
+        """conv_bm25's rows over the best k matches (:pool), again over every match when filters
+        left fewer than k (`complete` 0), so they are always the unbounded query's; a session
+        filter goes unbounded at once."""
         sql = self.queries["conv_bm25"]
         if not params["session_id"]:
             narrow = params["source"] or params["since"] or params["until"]
@@ -8097,11 +8056,9 @@ class ConversationSearch:
 
     def _fuse_turns(self, ranked: dict, vector, tokens: set, k: int, warnings: list,
                     about: dict, project: str = "", scope: str = "all") -> list[dict]:
-        """The k best turns of the channel rows: RRF or the weighted mean of normalized_scores
-        ([recall] fusion), × [recall] other_project_factor for a session of another project than
-        `project`, then hit_relevance (`about`: {personal, names} of the question) against
-        [recall] min_relevance; scope 'project' drops the other projects' turns when any of its
-        own is relevant."""
+        """The k best turns of the channel rows: fused by [recall] fusion, × other_project_factor
+        for another project's session, then hit_relevance (`about`) against min_relevance; scope
+        'project' drops other projects' turns when one of its own is relevant."""
         r = self.cfg.recall
         ranks, scores, _ = channel_evidence(ranked, ())
         if not ranks:
@@ -8452,11 +8409,9 @@ def transcript_project(path: Path, rules: IngestRules) -> str:
 
 
 def lower_thread_priority() -> bool:
-    """Give the calling thread, and the threads it starts from now on (the local model's OpenMP
-    workers: a thread inherits its creator's), the lowest CPU priority where the OS has one per
-    thread: Linux, whose nice value is a thread's own (setpriority on the thread id) and never
-    raised again without privileges. Elsewhere the nice value is the whole process's: nothing is
-    done. Returns whether it was lowered."""
+    """Give the calling thread, and the threads it starts from now on, the lowest CPU priority on
+    Linux (a thread's own nice value; elsewhere it is the whole process's: nothing done). Returns
+    whether it was lowered."""
     if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
         return False
     try:
@@ -8926,10 +8881,8 @@ def _is_ours(command: str, client: str, event: str) -> bool:
 
 def merge_claude_hooks(settings: dict, entry: dict) -> list[str]:
     """Merge `entry` (claude_hooks_entry) into the parsed settings.json in place, leaving every
-    other key and hook alone: an Aokun hook already there (its command runs aokun.py hook
-    claude-code …) is updated when its command differs, else kept; a missing one is appended.
-    Returns what changed (empty: nothing to do). AokunError when `hooks` or an event in it is not
-    the documented shape."""
+    other key and hook alone: an Aokun hook there is updated when its command differs, a missing
+    one appended. Returns what changed. AokunError when `hooks` is not the documented shape."""
     hooks = settings.setdefault("hooks", {})
     if not isinstance(hooks, dict):
         raise AokunError("settings.json: `hooks` is not an object; fix it by hand first")
@@ -9035,11 +8988,9 @@ def remove_codex_notify(text: str) -> str:
 
 
 def uninstall_hooks(client: str, path: Path) -> str:
-    """Remove what `hooks CLIENT --install` added to `path`: Claude Code's hooks from settings.json
-    (remove_claude_hooks), Codex's notify (remove_codex_notify; the rest must parse back the
-    same), Copilot's hook file. A rewritten file is backed up first; a file left empty is
-    removed. Returns what was done; AokunError, nothing changed, for a file that cannot be read or
-    whose hook is another program's."""
+    """Remove what `hooks CLIENT --install` added to `path` (Claude Code's hooks, Codex's notify,
+    Copilot's hook file), backing up a rewritten file first and removing one left empty. Returns
+    what was done; AokunError, nothing changed, for an unreadable file or another program's hook."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     try:
         data = tomllib.loads(text) if client == "codex" else json.loads(text or "{}")
@@ -9286,11 +9237,9 @@ class Portable:
 
     def export_records(self, persona_id=None, since=None, kinds=None):
         """Yield the JSONL records of an export: a header {kind: header, format, version, schema,
-        persona, since, tombstones}, then memories, atoms, entities, triples, sessions, turns,
-        consolidations and tombstones, each kind ordered by uid. `persona_id` None exports every
-        persona (tombstones too: they name no persona, so a one-persona export leaves them out);
-        `since` (ISO time) only what changed at or after it; `kinds` (None: all) only those kinds
-        (sync leaves the derived atoms out). Raises InputError for a bad since."""
+        persona, since, tombstones}, then each kind ordered by uid. `persona_id` None: every
+        persona (tombstones only then); `since` (ISO): what changed at or after it; `kinds` (None:
+        all). Raises InputError for a bad since."""
         persona = None if persona_id is None else _label(persona_id, "persona")
         since = None if since is None else iso(parse_time(since, "since"))
         yield {"kind": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
@@ -9370,10 +9319,8 @@ class Portable:
 
     def _redacted_record(self, kind: str, rec: dict) -> dict:
         """`rec` (an export record of `kind`) with secrets redacted from its text fields
-        (IMPORT_REDACTED; memories are redacted by the write pipeline): an export from an older
-        version, or another device with other rules, stores no secret here. An entity whose name
-        changed gets the canonical key of the redacted name. Fields that are not text are left
-        for the import's checks."""
+        (IMPORT_REDACTED), an entity's key following its redacted name; other fields are left for
+        the import's checks."""
         names = IMPORT_REDACTED.get(kind)
         if not names:
             return rec
@@ -9432,11 +9379,9 @@ class Portable:
 
     def _import_memories(self, recs, report: dict, ids: dict, claim, status: str = "atoms_done",
                          overwrite=frozenset()) -> list[Prepared]:
-        """Write the memory records (oldest first, so ids follow time) as documents rows with their
-        FTS text, each with a journal row at `status` (atoms_done: the pipeline's graph stages;
-        docs_done: atoms too); then merged_into, and superseded_by of the memories written (a
-        null one clears the link here: the memory was restored). Returns the writes for
-        run_pipeline. In tx."""
+        """Write the memory records (oldest first) as documents rows with their FTS text, each with
+        a journal row at `status`, then their merged_into and superseded_by links. Returns the
+        writes for run_pipeline. In tx."""
         c, preps, state = self.conn, [], "pending" if self.embedder.provider != "none" else "none"
         written = []
         for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
@@ -9523,11 +9468,8 @@ class Portable:
                            atom_id))
 
     def _drop_unstated_atoms(self, doc_ids) -> None:
-        """The atoms that a memory of `doc_ids` first stated (their uid is its atom_uid) and alone
-        sources, but whose fact it no longer states (in its key facts; without key facts, in its
-        text): gone, as the edit that dropped the fact removed them where it was made. Without this
-        an atom changed on one device while another edited its memory would outlive the edit: atoms
-        come as their own records, not derived again. In tx."""
+        """Delete the atoms a memory of `doc_ids` first stated and alone sources but whose fact it
+        no longer states, as the edit that dropped the fact did where it was made. In tx."""
         for doc_id in sorted(doc_ids):
             d = self.rows("select uid, persona_id, content, key_facts from documents where id = ?",
                           (doc_id,))
@@ -9951,11 +9893,10 @@ def read_changeset_header(path: Path) -> tuple[str, int, str] | None:
 
 
 def scan_changesets(folder: Path, skipped: list) -> dict[tuple[str, int, str], Path]:
-    """The changeset files in `folder`, by (device, seq, sha256) as their headers name them: every
-    regular `*.changeset` whatever its name (a sync tool's renamed or duplicated copy is the same
-    file; the first name in sorted order is kept). A file without a readable header is keyed by its
-    name, (device, seq, ''), when it is named like ours (reading it later says why it waits), else
-    added to `skipped` with the reason. Raises AokunError when the folder cannot be listed."""
+    """The changeset files in `folder`, by (device, seq, sha256) as their headers name them,
+    whatever their names (the first in sorted order kept). A file without a readable header is
+    keyed (device, seq, '') when named like ours, else added to `skipped` with the reason.
+    AokunError when the folder cannot be listed."""
     try:
         listing = sorted(folder.iterdir())
     except OSError as e:  # the folder went away (a USB stick pulled) after this device wrote
@@ -10283,11 +10224,8 @@ class Sync:
 
     def _sync_order_successors(self, s: apsw.Connection) -> None:
         """Make every record changed here since the last sync order after the version it was changed
-        from, as versions are ordered everywhere (stamp, then hash): one changed within the same
-        second (with a smaller hash) or under a clock behind the other device's gets updated_at =
-        that version's stamp + 1 s, here and in the snapshot. Without it the other devices would
-        keep the older version and this one its own, for good. A row changed meanwhile keeps its old
-        version in this sync (it goes next time)."""
+        from (stamp, then hash): one that would not gets updated_at = that stamp + 1 s, here and in
+        the snapshot, else devices would keep different versions for good."""
         behind = s.execute("select c.kind, c.uid, c.stamp, c.hash, b.stamp, c.body from current c "
                            "join base0 b on b.kind = c.kind and b.uid = c.uid "
                            "where (c.stamp, c.hash) < (b.stamp, b.hash) "
@@ -10331,12 +10269,9 @@ class Sync:
 
     def _sync_write(self, folder: Path, device: str, s: apsw.Connection,
                     found: dict) -> tuple[str | None, int]:
-        """Make the changeset base → current (a session on the scratch `records` table while it is
-        brought to `current`: inserts carry the whole record, updates the new stamp, hash and body,
-        also of a record whose usage alone changed, deletes only the key), write it into `folder` as
-        this device's next file (a temporary name, then renamed: never a partial file under the
-        final name), then record it as sent. Its number follows this device's files in `found`
-        (scan_changesets) too. Returns (file name, records) or (None, 0) when nothing changed."""
+        """Make the changeset base → current (a session on the scratch `records` table), write it
+        into `folder` as this device's next file (a temporary name, then renamed) and record it as
+        sent. Returns (file name, records) or (None, 0) when nothing changed."""
         session = apsw.Session(s, "main")
         session.attach("records")
         with s:
@@ -10433,11 +10368,9 @@ class Sync:
 
     def _sync_read(self, path: Path, device: str, seq: int,
                    digest: str = "") -> tuple[dict, list[tuple]]:
-        """The changes of changeset file `path` (of `device`, number `seq` and, unless '', payload
-        SHA-256 `digest`, as scan_changesets found it), checked: the header line (changeset_header),
-        then each change (changeset_changes), then that the import reads every record. Returns (the
-        header, the changes). A file of version 1 (no atoms) is read as well. Raises SyncFileError
-        with the reason."""
+        """The changes of changeset file `path` (of `device`, `seq`, `digest` or ''), checked: the
+        header (changeset_header), each change (changeset_changes), every record importable.
+        Returns (header, changes). Raises SyncFileError with the reason."""
         head, payload, on_disk = read_changeset_file(path)
         h = changeset_header(head, payload, on_disk, (device, seq, digest))
         passphrase = self.cfg.secret("sync", "passphrase", "passphrase_env")
@@ -10565,13 +10498,9 @@ class Sync:
         plan.known.append(incoming)
 
     def _sync_twins(self, plan: "SyncPlan", s: apsw.Connection) -> None:
-        """Memories of one text that two devices wrote apart (two uids; a persona holds a text
-        once), new or edited into it: every device keeps the one of the smaller uid. An incoming
-        memory whose twin here has the smaller uid is passed over (its atoms too: _sync_orphans),
-        and its older version here, if any, goes into plan.twins; a twin here of the larger uid
-        goes into plan.twins. Those are deleted before the incoming ones are imported (their
-        tombstones travel). A loser that differs from the winner in more than its uid and times
-        goes into sync_conflicts."""
+        """Memories of one text that two devices wrote apart (two uids): every device keeps the one
+        of the smaller uid; the others go into plan.twins (deleted before the import, their
+        tombstones travel), a loser that differs in more than uid and times into sync_conflicts."""
         one = "select body from current where kind = 'memory' and uid = ?"
         for w in [w for w in plan.winners if w[0] == "memory"]:
             rec = w[4]
@@ -10617,11 +10546,9 @@ class Sync:
             self._briefing_stale(rec["persona_id"])
 
     def _sync_settle_atoms(self, plan: "SyncPlan", s: apsw.Connection) -> None:
-        """After a file's winners are imported: the atoms deleted there that are here as they were
-        there go; those changed here since stay, and are sent whole again at the next sync (their
-        base is dropped), so the device that deleted them gets them back; where each device gave a
-        single-valued slot a new value apart, the newest stays (_sync_supersede). The scratch
-        `current` learns the winners and what went (also atoms the import dropped)."""
+        """After a file's winners are imported: atoms deleted there go here when unchanged here
+        (changed ones stay and are sent whole again); of two new values of a single-valued slot the
+        newest stays (_sync_supersede). The scratch `current` learns the winners and what went."""
         exists = "select 1 from memory_atoms where uid = ?"
         with self.tx() as c:
             for uid in plan.atoms_gone:
@@ -10912,10 +10839,8 @@ def _is_empty(value) -> bool:
 
 def text_view(value):
     """What an assistant reads of a tool answer: `value` (a pydantic model, or dicts, lists and
-    scalars) as plain JSON values without null/empty fields, without a model's false booleans
-    (but for a field whose default is null, where false is news),
-    without TEXT_OMITTED keys or the model's `text_omit` (a class attribute: names, or a method
-    giving names), floats rounded. Lists keep every item."""
+    scalars) as plain JSON without null/empty fields, a model's false booleans (unless its default
+    is null), TEXT_OMITTED keys or the model's `text_omit`; floats rounded; lists kept whole."""
     if hasattr(type(value), "model_fields"):
         omit = getattr(value, "text_omit", ())
         omit = omit() if callable(omit) else omit
@@ -10948,13 +10873,10 @@ def compact_json(value) -> str:
 
 
 def lean_schema(schema, output: bool = False):
-    """A pydantic JSON schema as tools/list sends it: without the `title` pydantic gives every model
-    and field, without `default: null` or `additionalProperties: true` (JSON Schema's defaults),
-    and with `X | None` written as X (an argument: omitting it,
-    or null, means the default) or as a type list (an output field). An output schema also loses
-    descriptions, defaults and `required` lists (the answer carries every field; its text leaves out
-    the empty ones): the tool's description says what the model must know. The SDK keeps
-    validating inputs and outputs against the full schemas."""
+    """A pydantic JSON schema as tools/list sends it: without titles, `default: null` or
+    `additionalProperties: true`, `X | None` written as X (an argument) or a type list (an output
+    field). An output schema also loses descriptions, defaults and `required`. The SDK keeps
+    validating against the full schemas."""
     if isinstance(schema, list):
         return [lean_schema(s, output) for s in schema]
     if not isinstance(schema, dict):
@@ -11368,11 +11290,9 @@ def _nullable(default):
 
 @functools.cache
 def _tool_args():
-    """Annotated argument types shared by the tool families: Id (a memory id, int >= 1), Persona
-    (optional persona id; None: the default persona), Owner (the same, for a tool acting on an id or
-    entity: one of another persona is not found), Session (optional session id filter), Entity (a
-    knowledge-graph entity name), Scope (project_scope) and When (optional ISO-8601 time; None:
-    now)."""
+    """Annotated argument types shared by the tool families: Id (int >= 1), Persona (None: the
+    default persona), Owner (the same, for a tool acting on an id or entity), Session, Entity,
+    Scope (project_scope) and When (ISO-8601; None: now)."""
     import types
     from typing import Annotated
 
@@ -11434,10 +11354,8 @@ ROOTS_TIMEOUT_SECONDS = 5  #: how long _client_project waits for a client's root
 
 def _client_project(ctx) -> str:
     """The project of the client calling (project_of): over HTTP the one its request names
-    (?project=… on the URL, or an X-Aokun-Project header); else the first of its MCP roots, asked
-    once per session (roots/list, again after notifications/roots/list_changed; a handshake-era
-    session: the modern protocol has no server requests); else, on
-    stdio, the folder the server was launched in; else '' (none)."""
+    (?project=… or an X-Aokun-Project header); else the first of its MCP roots (asked once per
+    session); else, on stdio, the server's launch folder; else '' (none)."""
     import anyio
     import anyio.from_thread
     import mcp.types as types
@@ -12058,11 +11976,9 @@ PROGRESS_INTERVAL_SECONDS = 0.2
 
 
 def _tool_progress(ctx):
-    """A progress(done, total=None) callback for the engine, called from the tool's worker thread:
-    it sends `notifications/progress` for the tool call `ctx` serves (nothing when the client sent
-    no progressToken: the SDK drops it), at most one per PROGRESS_INTERVAL_SECONDS except the final
-    one (done == total). It blocks the worker until the notification is queued; a failure to send
-    is logged at debug level and never stops the tool."""
+    """A progress(done, total=None) callback, called from the tool's worker thread, that sends
+    `notifications/progress` for the call `ctx` serves (when it has a progressToken), at most one
+    per PROGRESS_INTERVAL_SECONDS but the final one. A failure to send is logged, never raised."""
     import anyio.from_thread
 
     last = [-math.inf]
@@ -12080,11 +11996,9 @@ def _tool_progress(ctx):
 
 
 def _add_completions(server, memory) -> None:
-    """Serve completion/complete on `server`: for a prompt or resource template of this server, the
-    argument persona_id completes to stored persona ids, entity/name to the entity names and
-    session_id to the session ids of the persona named by the request's context argument persona_id
-    (default persona when absent): prefix match, at most 100 values, total and has_more set. Any
-    other argument or reference completes to no values. `memory()` is the open lifespan's Memory."""
+    """Serve completion/complete on `server`: persona_id completes to stored persona ids,
+    entity/name to entity names and session_id to session ids (of the context's persona_id), by
+    prefix, at most 100 values; anything else to none. `memory()` is the open lifespan's Memory."""
     from mcp import MCPError
     from mcp.types import INVALID_PARAMS, Completion, PromptReference, ResourceTemplateReference
 
@@ -12681,10 +12595,9 @@ def check_settings(cfg: Config) -> None:
 
 def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
     """Write `changes` {(section, key): value text} into the ini file at `path` (created from
-    aokun.example.ini when missing) with ini_set, checked first as the server would load it
-    (Config, then check_settings): the new text goes to a temporary file beside `path`, is loaded
-    from there and replaces `path` (os.replace, atomic) only when it loads. Returns the new Config.
-    Raises AokunError (the loader's message, naming `path`) and leaves the file as it was."""
+    aokun.example.ini when missing) with ini_set, replacing it atomically only when the new text
+    loads as the server would load it. Returns the new Config. Raises AokunError (naming `path`)
+    and leaves the file as it was."""
     for section, key in changes:
         if key not in DEFAULTS.get(section, {}):
             raise InputError("setting", f"there is no setting [{section}] {key}")
@@ -12772,12 +12685,10 @@ MAINTENANCE = {"decay": "daily importance decay (and auto-archival when enabled)
 
 
 def score_bar(e: dict, score: float, r) -> list[dict]:
-    """A recall hit's score as the segments of a stacked bar, [{part, label, value}] in
-    SCORE_PARTS order, summing to `score` (the hit's fused score), from its `explain` parts
-    (explain_parts) and the [recall] section `r` the Memory ranked with: each route's scaled share
-    (doc_share, graph_share) split in proportion to its terms, then the cross-route bonus, the
-    session neighbour and the time boost; all × the source boost. A pinned memory put in by
-    similarity keeps its score's parts."""
+    """A recall hit's score as the segments of a stacked bar, [{part, label, value}] in SCORE_PARTS
+    order, summing to `score`, from its `explain` parts and the [recall] section `r`: each route's
+    share split in proportion to its terms, then the bonus, neighbour and time boost; all × the
+    source boost."""
     doc, graph = e.get("doc_share", 0.0), e.get("graph_share", 0.0)
     d_terms = {"relevance": r.score_alpha * e["doc_relevance"],
                "importance": r.score_beta * e["importance"],
@@ -13883,11 +13794,9 @@ def _metadata(summary, topic, fact, participant, importance, session, persona, s
 
 def _content_arg(text: str | None, file_path: str | None, max_chars: int, required: bool = True,
                  text_name: str = "TEXT") -> str | None:
-    """The memory text a command was given: TEXT as typed, `-` for standard input, or --file PATH
-    (`-` too means standard input); both read as UTF-8 (a leading BOM dropped). None when neither
-    was given and not `required`. Raises click.UsageError for both or (when required) neither,
-    InputError (naming --file, or `text_name` for standard input) for an unreadable, non-UTF-8,
-    empty or oversized (over 4 bytes per character of `max_chars`) input."""
+    """The memory text a command was given: TEXT, `-` for standard input, or --file PATH, read as
+    UTF-8. None when neither was given and not `required`. Raises click.UsageError for both or
+    (when required) neither, InputError for unreadable, non-UTF-8, empty or oversized input."""
     if text is not None and file_path is not None:
         raise click.UsageError("give the text or --file, not both")
     if file_path is None and text != "-":
@@ -13972,9 +13881,8 @@ def cli(ctx, db, config_path):
 @click.pass_obj
 def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag, importance,
                  session, persona, source, timestamp, supersedes, as_json):
-    """Store a memory and print its id. TEXT `-` reads the text from standard input (UTF-8), for
-    long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To
-    store a lone "-", pipe it: echo - | python aokun.py memorize -
+    """Store a memory and print its id. TEXT `-` (or --file PATH) reads the text from standard
+    input (UTF-8), up to [write] max_content_chars; a lone "-": echo - | aokun memorize -
 
     \b
     Example:
@@ -15159,10 +15067,8 @@ def cli_conversations_delete(state, session_id, source, persona):
 @click.option("--persona", help="Persona the conversations belong to.")
 @click.pass_obj
 def cli_watch(state, sources, interval, persona):
-    """Ingest new turns as the clients write them, until Ctrl+C: claude-code, codex and copilot
-    (or the SOURCEs given), from their standard locations. What is already stored is not read
-    again (each file from its stored offset). `serve` does the same on a background thread
-    ([conversations] watch).
+    """Ingest new turns as the clients write them, until Ctrl+C (`serve` does it too, with
+    [conversations] watch): claude-code, codex and copilot, or the SOURCEs given.
 
     Example: python aokun.py watch claude-code
     """
