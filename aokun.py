@@ -9631,9 +9631,7 @@ SYNC_VERSION = 2
 SYNC_NAME = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
                        r"-(\d{8,})\.changeset$")
 #: The export kinds that travel: kind → (the field it is keyed by, the time that orders its
-#: versions).
-#: Atoms too: derived from their memories, but their lifecycle (reinforcements, expiry, dormancy,
-#: supersession) is what happened to them on the devices, which deriving them anew would lose.
+#: versions). Atoms too: their lifecycle happened on the devices, which deriving would lose.
 SYNC_KINDS = {"memory": ("uid", "updated_at"), "atom": ("uid", "updated_at"),
               "entity": ("uid", "updated_at"), "triple": ("uid", "updated_at"),
               "session": ("uid", "updated_at"), "turn": ("uid", "created_at"),
@@ -10809,10 +10807,8 @@ def _named(*objs):
     return types.SimpleNamespace(**{o.__name__: o for o in objs})
 
 
-# What the assistant reads. A tool answer's structured content keeps its model's full, typed shape
-# (floats rounded); its text content, which the model reads, is compact JSON: no indentation, no
-# field that is null, empty or false, floats at most 3 decimals, and no bookkeeping fields
-# (TEXT_OMITTED, and a model's own `text_omit`). The tool list is sent lean too (lean_schema).
+# What the assistant reads: a tool answer's text content is compact JSON (text_view); the tool
+# list is sent lean too (lean_schema).
 
 FLOAT_DECIMALS = 3  #: decimals of every float in a tool answer
 #: fields left out of every answer's text (the structured content has them): ids for sync, timings
@@ -11314,9 +11310,6 @@ def _meta(metadata) -> dict:
     return {} if metadata is None else metadata.model_dump(exclude_none=True)
 
 
-#: The CLI commands that messages name, and the MCP tool that does the same for an MCP client.
-#: list_memories is not among DEFAULT_TOOLS, so that hint names recall first; the kg hints only
-#: reach a client that called a kg tool.
 #: The MCP tool that does what a hint's CLI command does (AokunError.hints)
 HINT_TOOLS = {"list": "`recall` (or `list_memories`, if exposed)", "show ID": "`get_memory`",
               "kg query ENTITY": "`kg_query`", "kg timeline ENTITY": "`kg_timeline`",
@@ -11780,10 +11773,8 @@ def _conversation_tools():
 WATCH_PROGRESS_MCP = ("files_done", "files_left", "turns_done", "turns_left", "turns_per_second",
                       "seconds_left", "searchable_after")
 
-#: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they
-#: stand for.
-#: Only hints that differ from the spec's defaults are sent (readOnlyHint false, destructiveHint
-#: true, idempotentHint false, openWorldHint true; the last three mean something only for a write).
+#: MCP tool annotation kinds (the second column of MCP_TOOLS) -> their ToolAnnotations hints,
+#: only those that differ from the spec's defaults.
 TOOL_KINDS = {
     "read-only": dict(read_only_hint=True, open_world_hint=False),
     "write": dict(destructive_hint=False, idempotent_hint=True, open_world_hint=False),
@@ -13887,8 +13878,7 @@ def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag,
     \b
     Example:
         python aokun.py memorize "Alice 喜欢冰美式" --participant Alice --topic coffee
-        python aokun.py memorize --file notes/meeting.md --topic work
-    """
+        python aokun.py memorize --file notes/meeting.md --topic work"""
     text = _content_arg(text, file_path, state.cfg.write.max_content_chars)
     meta = _metadata(summary, topic, fact, participant, importance, session, persona, source,
                      timestamp, tag)
@@ -13909,8 +13899,7 @@ PERSONA_OF_ID_HELP = "Persona the memory belongs to (default: the default person
 def cli_show(state, memory_id, persona, as_json):
     """Show one memory with its atoms and graph entries.
 
-    Example: python aokun.py show 12
-    """
+    Example: python aokun.py show 12"""
     d = state.memory().get(memory_id, persona)
     if as_json:
         return _echo_json(d)
@@ -13945,8 +13934,7 @@ def cli_list(state, limit, offset, persona, all_personas, session, include_archi
     """List the memories of one persona (--persona, default the default persona, as every other
     command), newest first; --all-personas lists every persona's, each row with its persona.
 
-    Example: python aokun.py list --limit 5
-    """
+    Example: python aokun.py list --limit 5"""
     if all_personas and persona is not None:
         raise click.UsageError("give --persona or --all-personas, not both")
     whose = None if all_personas else _label(persona, "--persona")
@@ -13979,8 +13967,7 @@ def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participan
     \b
     Example:
         python aokun.py edit 12 --text "Alice 现在喜欢拿铁" --importance 0.8
-        python aokun.py edit 12 --file notes/meeting.md
-    """
+        python aokun.py edit 12 --file notes/meeting.md"""
     meta = _metadata(summary, topic, fact, participant, importance, session, None, source,
                      timestamp, tag)
     if text is not None and file_path is not None:
@@ -14028,8 +14015,7 @@ def cli_delete(state, memory_id, persona, purge):
     Its words stay in old FTS segments and the WAL until `vacuum` or --purge, and in every backup
     made while it existed until you delete those files.
 
-    Example: python aokun.py delete 12 --purge
-    """
+    Example: python aokun.py delete 12 --purge"""
     mem = state.memory()
     out = mem.delete(memory_id, persona)
     if purge:
@@ -14050,8 +14036,7 @@ def cli_delete(state, memory_id, persona, purge):
 def cli_restore_memory(state, memory_id, persona):
     """Unarchive a memory, or undo the consolidation whose survivor it is.
 
-    Example: python aokun.py restore-memory 12
-    """
+    Example: python aokun.py restore-memory 12"""
     out = state.memory().restore_memory(memory_id, persona)
     restored = ", ".join(map(str, out["restored"])) or "nothing (it was not archived)"
     click.echo(f"restored {restored}")
@@ -14066,8 +14051,7 @@ def cli_summarize(state, file, persona, session):
     """Distil a conversation (text, or a JSON list of {role, content}) into one memory with the
     [llm] chat model, and store it.
 
-    Example: python aokun.py summarize chat.json
-    """
+    Example: python aokun.py summarize chat.json"""
     text = file.read()
     try:
         conversation = json.loads(text)
@@ -14113,8 +14097,7 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
                project, as_json):
     """Search memories by meaning, keywords and relations.
 
-    Example: python aokun.py recall "what does Alice drink" -k 3 --explain
-    """
+    Example: python aokun.py recall "what does Alice drink" -k 3 --explain"""
     out = state.memory().recall(query, k, persona, session, include_archived, explain, channels,
                                 as_of, scope=project and str(Path(project).absolute()))
     if as_json:
@@ -14150,8 +14133,7 @@ def cli_feedback(state, memory_ids, not_useful, persona, as_json):
     """Say which recalled memories an answer used: they rank higher (frequency term, importance)
     and their atoms last longer. Being returned by recall alone earns no rank.
 
-    Example: python aokun.py feedback 12 40
-    """
+    Example: python aokun.py feedback 12 40"""
     out = state.memory().memory_feedback(list(memory_ids), not not_useful, persona)
     if as_json:
         return _echo_json(out)
@@ -14193,8 +14175,7 @@ def cli_context(state, topic, mode, max_tokens, persona, refresh):
     """Print memory for a prompt within a token budget: the session briefing, or memories and
     facts about TOPIC.
 
-    Example: python aokun.py context "Alice's trip" --mode quick
-    """
+    Example: python aokun.py context "Alice's trip" --mode quick"""
     mem = state.memory()
     if refresh:
         mem.build_briefing(persona)
@@ -14209,8 +14190,7 @@ def cli_context(state, topic, mode, max_tokens, persona, refresh):
 def cli_kg():
     """Temporal knowledge-graph facts: subject —predicate→ object with validity windows.
 
-    Example: python aokun.py kg add Alice lives_in Paris --valid-from 2024-03-01
-    """
+    Example: python aokun.py kg add Alice lives_in Paris --valid-from 2024-03-01"""
 
 
 def _print_facts(facts: list[dict]) -> None:
@@ -14235,8 +14215,7 @@ def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confide
                persona):
     """Record a fact; a single-valued predicate closes the previous value.
 
-    Example: python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01
-    """
+    Example: python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01"""
     f = state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence,
                               source_memory, persona)
     _print_facts([f])
@@ -14254,8 +14233,7 @@ def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confide
 def cli_kg_query(state, entity, as_of, predicate, persona, as_json):
     """Facts about ENTITY valid now or at --as-of.
 
-    Example: python aokun.py kg query Alice --as-of 2024-06-01
-    """
+    Example: python aokun.py kg query Alice --as-of 2024-06-01"""
     out = state.memory().kg_query(entity, as_of, predicate, persona)
     _echo_json(out) if as_json else _print_facts(out["facts"])
 
@@ -14268,8 +14246,7 @@ def cli_kg_query(state, entity, as_of, predicate, persona, as_json):
 def cli_kg_invalidate(state, fact_id, valid_to, persona):
     """End a fact (history is kept; a fact that has already ended keeps its end).
 
-    Example: python aokun.py kg invalidate 7
-    """
+    Example: python aokun.py kg invalidate 7"""
     f = state.memory().kg_invalidate(fact_id, valid_to, persona)
     _print_facts([f])
     click.echo(f["note"], err=True)
@@ -14297,8 +14274,7 @@ def cli_kg_delete(state, entity, persona):
 def cli_kg_timeline(state, entity, persona, as_json):
     """Every fact ever recorded about ENTITY, oldest first.
 
-    Example: python aokun.py kg timeline Alice
-    """
+    Example: python aokun.py kg timeline Alice"""
     out = state.memory().kg_timeline(entity, persona)
     _echo_json(out) if as_json else _print_facts(out["facts"])
 
@@ -14309,8 +14285,7 @@ def cli_kg_timeline(state, entity, persona, as_json):
 def cli_kg_stats(state, persona):
     """Entity and fact counts.
 
-    Example: python aokun.py kg stats
-    """
+    Example: python aokun.py kg stats"""
     _echo_json(state.memory().kg_stats(persona))
 
 
@@ -14322,8 +14297,7 @@ def cli_kg_stats(state, persona):
 def cli_stats(state, as_json):
     """Counts for every layer and index, and the embedder's state.
 
-    Example: python aokun.py stats --json
-    """
+    Example: python aokun.py stats --json"""
     s = state.memory().stats()
     if as_json:
         return _echo_json(s)
@@ -14353,8 +14327,7 @@ def cli_doctor(state):
     """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and
     graph. Exits 1 when anything is wrong.
 
-    Example: python aokun.py doctor
-    """
+    Example: python aokun.py doctor"""
     mem = state.memory()
     repaired = {}
     with contextlib.suppress(DamagedFile, DiskFull):  # doctor() names them
@@ -14380,8 +14353,7 @@ def cli_doctor(state):
 def cli_rebuild(state, vectors, fts, graph):
     """Rebuild derived indexes from the stored memories.
 
-    Example: python aokun.py rebuild --vectors
-    """
+    Example: python aokun.py rebuild --vectors"""
     if not (vectors or fts or graph):
         raise click.UsageError("say what to rebuild: --vectors, --fts and/or --graph")
     mem = state.memory()
@@ -14395,8 +14367,7 @@ def cli_rebuild(state, vectors, fts, graph):
 def cli_vacuum(state):
     """Optimise the FTS indexes, checkpoint the WAL and VACUUM the file.
 
-    Example: python aokun.py vacuum
-    """
+    Example: python aokun.py vacuum"""
     r = state.memory().vacuum()
     click.echo(f"{r['before_bytes']:,} -> {r['after_bytes']:,} bytes")
 
@@ -14408,8 +14379,7 @@ def cli_backup(state, dest):
     """Write a consistent copy of the database (online backup API: servers keep writing).
     Without DEST it goes to [backup] dir as <name>-manual-<time>.db.
 
-    Example: python aokun.py backup ~/aokun-2026-11-30.db
-    """
+    Example: python aokun.py backup ~/aokun-2026-11-30.db"""
     mem = state.memory()
     if dest is None:
         dest = mem.manual_backup_path()
@@ -14426,8 +14396,7 @@ def cli_restore(state, src, yes):
     The current content is saved beside the database first; prints that safety copy and the
     memories only it holds (written or changed after the backup).
 
-    Example: python aokun.py restore data/backups/aokun-daily-2026-11-29.db
-    """
+    Example: python aokun.py restore data/backups/aokun-daily-2026-11-29.db"""
     if not yes and not sys.stdin.isatty():  # no one to ask: click.confirm would only say "Aborted!"
         raise AokunError(f"restore replaces every memory with the content of {src}: "
                          "no terminal to confirm it, so nothing was changed; "
@@ -14462,8 +14431,7 @@ def cli_recover(state, dest):
     file is only read) and rebuild DEST's keyword indexes; check it with `--db DEST doctor`, then
     put it in place.
 
-    Example: python aokun.py recover ~/aokun-salvaged.db
-    """
+    Example: python aokun.py recover ~/aokun-salvaged.db"""
     r = state.memory(recover=False).salvage(dest)
     with Memory(Path(r["salvaged"]), state.cfg) as saved:
         saved.recover(fts=True)
@@ -14494,8 +14462,7 @@ def cli_export(state, fmt, persona, since, out_path):
     \b
     Example:
         python aokun.py export --out aokun.jsonl
-        python aokun.py export --format markdown --out ~/Obsidian/Aokun
-    """
+        python aokun.py export --format markdown --out ~/Obsidian/Aokun"""
     mem = state.memory()
     if fmt == "markdown":
         if not out_path:
@@ -14532,8 +14499,7 @@ def cli_import(state, file, as_json):
     same or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors
     are re-derived. A bad line is one error naming it, before anything is written.
 
-    Example: python aokun.py --db other.db import aokun.jsonl
-    """
+    Example: python aokun.py --db other.db import aokun.jsonl"""
     try:
         with open(Path(file), encoding="utf-8-sig") as f, \
                 terminal_progress("importing", ("memories", "turn vectors"), as_json) as bar:
@@ -14567,8 +14533,7 @@ def cli_sync(state, folder, conflicts, persona, as_json):
     \b
     Example:
         python aokun.py sync ~/Sync/aokun
-        python aokun.py sync --conflicts
-    """
+        python aokun.py sync --conflicts"""
     mem = state.memory()
     if conflicts:
         rows = mem.sync_conflicts(persona)
@@ -14627,8 +14592,7 @@ def _print_changes(out: dict) -> None:
 def cli_decay(state, dry_run, days, as_json):
     """Daily importance decay (and auto-archival when enabled), catching up missed days.
 
-    Example: python aokun.py decay --dry-run --days 30
-    """
+    Example: python aokun.py decay --dry-run --days 30"""
     out = state.memory().decay(dry_run=dry_run, days=days)
     if as_json:
         return _echo_json(out)
@@ -14644,8 +14608,7 @@ def cli_decay(state, dry_run, days, as_json):
 def cli_lifecycle(state, dry_run, as_json):
     """Atom lifecycle sweep: expired, forgotten (+7 d), purged (+30 d), dormant.
 
-    Example: python aokun.py lifecycle --dry-run
-    """
+    Example: python aokun.py lifecycle --dry-run"""
     out = state.memory().lifecycle(dry_run=dry_run)
     if as_json:
         return _echo_json(out)
@@ -14660,8 +14623,7 @@ def cli_lifecycle(state, dry_run, as_json):
 def cli_consolidate(state, apply, persona):
     """Find near-duplicate memories; --apply merges each cluster (undo: restore-memory SURVIVOR).
 
-    Example: python aokun.py consolidate
-    """
+    Example: python aokun.py consolidate"""
     out = state.memory().consolidate(dry_run=not apply, persona_id=persona)
     for cl in out["clusters"]:
         click.echo(f"survivor {cl['survivor']}: {cl['texts'][cl['survivor']][:LINE_PREVIEW_CHARS]}")
@@ -14685,8 +14647,7 @@ def cli_serve(state, use_http, host, port):
     \b
     Example:
         python aokun.py serve
-        python aokun.py serve --http --port 5123
-    """
+        python aokun.py serve --http --port 5123"""
     cfg = state.cfg
     logging.getLogger().setLevel(cfg.server.log_level.upper())
     check_watch_limits(cfg)  # refused now, in one line, not by the watch thread
@@ -14759,8 +14720,7 @@ def cli_service():
     \b
     Example:
         python aokun.py service install --dry-run
-        python aokun.py service status
-    """
+        python aokun.py service status"""
 
 
 def _service_command(action: str, doc: str):
@@ -14886,8 +14846,7 @@ def cli_panel(state, port, no_browser, new_link):
     \b
     Example:
         python aokun.py panel --port 8765
-        python aokun.py panel --link
-    """
+        python aokun.py panel --link"""
     import uvicorn
     host, cfg = "127.0.0.1", state.cfg
     db = database_path(cfg, state.db_arg)
@@ -14950,8 +14909,7 @@ def cli_ingest(state, source, paths, persona, include_deleted, as_json):
     \b
     Example:
         python aokun.py ingest claude-code
-        python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip
-    """
+        python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip"""
     mem = state.memory()
     # names that fit but lead nowhere, then the files that failed to open
     unreadable: list[str] = []
@@ -15070,8 +15028,7 @@ def cli_watch(state, sources, interval, persona):
     """Ingest new turns as the clients write them, until Ctrl+C (`serve` does it too, with
     [conversations] watch): claude-code, codex and copilot, or the SOURCEs given.
 
-    Example: python aokun.py watch claude-code
-    """
+    Example: python aokun.py watch claude-code"""
     check_watch_limits(state.cfg)
     mem = state.memory()
     watcher = Watcher(mem, sources or WATCH_SOURCES, persona)
@@ -15101,8 +15058,7 @@ def cli_hooks(state, client, install, target):
     feed Aokun by themselves (the briefing at session start, each session ingested when it ends).
     Installing twice changes nothing; --uninstall removes exactly what --install added.
 
-    Example: python aokun.py hooks claude-code --install
-    """
+    Example: python aokun.py hooks claude-code --install"""
     db = state.db_arg or os.environ.get("AOKUN_DB")
     default = {"claude-code": "~/.claude/settings.json", "codex": "~/.codex/config.toml",
                "copilot": "~/.copilot/hooks/aokun.json"}[client]
@@ -15155,8 +15111,7 @@ def cli_hook(state, client, event, payload):
 
     \b
     Example:
-        echo '{"transcript_path": "/home/me/s.jsonl"}' | python aokun.py hook claude-code stop
-    """
+        echo '{"transcript_path": "/home/me/s.jsonl"}' | python aokun.py hook claude-code stop"""
     started = time.perf_counter()
     try:
         out = run_hook(state, client, event, read_hook_payload(payload))
