@@ -382,9 +382,7 @@ def query_text(value, field_name: str = "query") -> str:
 
 def user_cache_dir() -> Path | None:
     """A writable per-user cache folder: $XDG_CACHE_HOME/aokun or ~/.cache/aokun, else a per-uid
-    folder in the temp dir ($TMPDIR when set, else the system's), so two users on one host never
-    fight over jieba's cache file. None when none of them can be written (read-only home and temp
-    dir): a warning, once per process, and jieba then builds its dictionary without a cache."""
+    folder in the temp dir. None (and one warning) when none can be written."""
     candidates = []
     if os.environ.get("XDG_CACHE_HOME"):
         candidates.append(Path(os.environ["XDG_CACHE_HOME"]) / "aokun")
@@ -6173,10 +6171,8 @@ class Briefing:
                 "source": "dynamic", "stale": False, "generated_at": now_iso(), "age_seconds": 0}
 
     def _current_briefing(self, persona: str) -> dict:
-        """The stored briefing row of `persona`, rebuilt first when it is missing or stale (written
-        to since it was built; a few SQL reads, no embedding), so it never misses an earlier write.
-        When the rebuild cannot write (busy beyond busy_timeout_ms, a read-only file) the stale one
-        is served, its `stale` still 1, with a logged warning."""
+        """The stored briefing row of `persona`, rebuilt first when missing or stale (SQL only);
+        when the rebuild cannot write, the stale one is served (`stale` 1) with a logged warning."""
         row = self.rows("select * from briefings where persona_id = ?", (persona,))
         if row and not row[0]["stale"]:
             return row[0]
@@ -6377,10 +6373,9 @@ class Forgetting:
         return {"atoms": self._changes(before, after)["atoms"], "dry_run": dry_run}
 
     def forget_preview(self, days: int = 7, persona_id: str | None = None) -> dict:
-        """What decay, auto-archival and the atom lifecycle would do by `days` days from now to the
-        memories and atoms of persona `persona_id` (None: the default persona ''), computed in a
-        transaction that is rolled back (nothing changes). Returns {as_of, days, importance,
-        archived, atoms}."""
+        """What decay, auto-archival and the atom lifecycle would do by `days` days from now to
+        persona `persona_id`'s memories and atoms, in a rolled-back transaction. Returns {as_of,
+        days, importance, archived, atoms}."""
         persona = _label(persona_id, "persona_id")
         if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= DECAY_DAYS_MAX:
             raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, "
@@ -6732,10 +6727,9 @@ class Maintenance:
         return made
 
     def _swap_in_new_vectors(self, progress=None) -> tuple[int, int, str]:
-        """_rebuild_vectors for another model or dim: embed everything into temp tables, then swap
-        them in when they are at least as many as the stored vectors (`progress(made, None)` after
-        each batch). Returns (vectors made, texts refused, what happened to the old vectors as the
-        end of a sentence)."""
+        """_rebuild_vectors for another model or dim: embed everything into temp tables, swapped in
+        when at least as many as the stored vectors. Returns (vectors made, texts refused, what
+        happened to the old vectors)."""
         with self.lock:
             self.conn.execute("create temp table if not exists new_doc_vectors("
                               "doc_id integer primary key, embedding blob not null, "
@@ -6796,10 +6790,8 @@ class Maintenance:
                 self.conn.execute("drop table if exists temp.new_entry_vectors")
 
     def _embed_all_into_temp(self, batch: int = 64, progress=None) -> dict:
-        """Embed every document (with its session context and labels) and fact entry into
-        temp.new_doc_vectors / temp.new_entry_vectors, stopping at a transient provider failure;
-        `progress(made, None)` after each batch. Returns {(table, id): reason} of the texts the
-        provider refused."""
+        """Embed every document and fact entry into temp.new_doc_vectors / new_entry_vectors,
+        stopping at a transient failure. Returns {(table, id): reason} of the refused texts."""
         refused: dict = {}
         for query, table in (("documents_to_embed", "documents"),
                              ("fact_entries_to_embed", "graph_entries")):
@@ -7587,9 +7579,8 @@ TURN_CENTER_AFTER = 256  #: turn vectors needed before the turn index is centred
 
 class Conversations:
     """The conversation layer (schema/0010, sql/conversations.sql): client transcripts ingested as
-    sessions and turns, with their own FTS5 index and vectors, apart from the curated memories;
-    hybrid search over them, a session's turns in order, counts, briefing digests, deleting and
-    forgetting sessions. Every text stored (and memorize's) passes redact() (Journal) first."""
+    sessions and turns with their own FTS5 index and vectors, searched, listed and forgotten
+    apart from the memories; every text passes redact() first."""
 
     def ingest_rules(self, source: str) -> IngestRules:
         """The rules of `source` ([conversations] rules_dir/<source>.toml). InputError for an
@@ -8185,9 +8176,7 @@ class ConversationSearch:
 
     def conversation_stats(self, persona_id=None) -> dict:
         """Ingestion statistics of a persona: {sessions, turns, first_turn_at, last_turn_at,
-        by_source: {source: {sessions, turns, first_turn_at, last_turn_at}},
-        turns_awaiting_vectors, files, watch} (times ISO-8601 or null; watch: watch_progress(),
-        null when none ran)."""
+        by_source: {source: {…the same}}, turns_awaiting_vectors, files, watch (or null)}."""
         persona = _label(persona_id, "persona_id")
         sources = self.rows(self.queries["conv_stats_by_source"], {"persona_id": persona})
         by = {r.pop("source"): r for r in sources}
@@ -8206,10 +8195,8 @@ class ConversationSearch:
 
     def _session_digest_lines(self, persona: str, ref: dt.datetime,
                               project: str = "") -> list[str]:
-        """The briefing's "Recent sessions" lines: the sessions of the last [context]
-        briefing_recent_days (at most [conversations] briefing_sessions), newest first, each with
-        its date, source, turn count, title or first user message, and session id for
-        drill-down."""
+        """The briefing's "Recent sessions" lines (of the last [context] briefing_recent_days, at
+        most [conversations] briefing_sessions, newest first): date, source, turns, title, id."""
         n = self.cfg.conversations.briefing_sessions
         if n <= 0:
             return []
@@ -8236,10 +8223,8 @@ class ConversationSearch:
         return [dict(h, score=round(h["score"] * boost, 6)) for h in hits]
 
     def delete_session(self, session_id, source=None, persona_id=None) -> dict:
-        """Remove an ingested session and its turns from every table and index, leaving tombstones
-        (the session's and each turn's uid). Its files' offsets stay: ingesting them again adds
-        only what the client writes later. Returns {session_id, source, turns}. NotFound when
-        unknown."""
+        """Remove an ingested session and its turns from every table and index, leaving tombstones;
+        its files' offsets stay. Returns {session_id, source, turns}. NotFound when unknown."""
         s = self._named_session(session_id, source, persona_id)
         with self.tx():
             n = self._delete_session_in_tx(s["id"])
@@ -8387,10 +8372,8 @@ def check_watch_limits(cfg: Config) -> None:
 
 
 def transcript_project(path: Path, rules: IngestRules) -> str:
-    """The project folder a JSONL transcript names first (the source's project fields), from its
-    complete lines in the first PROJECT_PEEK_BYTES, the first line whole up to PROJECT_LINE_MAX
-    (a long first message must not hide the project from the watch's limits); '' when none is
-    named there."""
+    """The project folder a JSONL transcript names first, from its complete lines in the first
+    PROJECT_PEEK_BYTES (the first line whole up to PROJECT_LINE_MAX); '' when none."""
     ctx = {"session_id": "", "project": ""}
     read = 0
     with path.open("rb") as f:
@@ -8527,10 +8510,8 @@ class Watcher:
         return changed
 
     def _enqueue(self, source: str, changed: list) -> None:
-        """Queue the `changed` files of `source` ((path, stat) pairs) that are to be read: not
-        those changed before the watch_since_days horizon (skipped) nor those read to their end
-        (their conv_files row has their time and its offset at their end: a restart does not
-        read them again)."""
+        """Queue the `changed` files of `source` ((path, stat) pairs) but those changed before the
+        watch_since_days horizon (skipped) and those read to their end (their conv_files row)."""
         if not changed:
             return
         resolved = resolved_paths([p for p, _ in changed])
@@ -8738,10 +8719,9 @@ class Watcher:
                 "updated_at": now_iso()}
 
     def publish(self) -> None:
-        """Give the progress to mem.watch_state (what /health, stats and the panel of this
-        process show) and store it in meta watch_progress with this process as its owner, for the
-        others (`stats` beside a server): when it changed, at most every WATCH_PUBLISH_SECONDS, at
-        once when the queue was just emptied (logged then: the history is read)."""
+        """Give the progress to mem.watch_state and, when it changed, store it in meta
+        watch_progress for other processes: at most every WATCH_PUBLISH_SECONDS, at once when the
+        queue was just emptied."""
         if not self.queue and self.finished_at is None:
             self.finished_at = now_iso()
             self.published = -math.inf
@@ -9346,10 +9326,9 @@ class Portable:
 
     def _import_verdict(self, table: str, rec: dict, line: int, overwrite=frozenset(),
                         stamp_key: str = "updated_at") -> tuple[str, int | None]:
-        """What importing `rec` into `table` does: ('kept', id) when this file has its uid with the
-        same or a later time, ('skipped', None) when a tombstone here is as late, else ('updated',
-        id) or ('added', None). Raises ImportFileError when the uid is another persona's here (a
-        record never moves a row to another persona, nor overwrites one of another persona)."""
+        """What importing `rec` into `table` does: ('kept', id) when this file has its uid as late,
+        ('skipped', None) when a tombstone here is as late, else ('updated', id) or ('added', None).
+        Raises ImportFileError when the uid is another persona's here."""
         here = self.rows(f"select id, persona_id, {stamp_key} as stamp from {table} where uid = ?",
                          (rec["uid"],))
         if here and here[0]["persona_id"] != rec.get("persona_id"):
@@ -9580,10 +9559,9 @@ class Portable:
             report["added"] += 1
 
     def _import_tombstones(self, recs, report: dict) -> list[tuple[int, str, str]]:
-        """Record the tombstones (the later deletion time wins) and delete what they name here when
-        it was not changed after the deletion: facts, entities without facts and sessions at once,
-        turns too; the memories are returned [(id, persona, deleted_at)] for delete() after the
-        transaction. In tx."""
+        """Record the tombstones (the later time wins) and delete what they name when not changed
+        since: facts, entities without facts, sessions and turns at once; memories are returned
+        [(id, persona, deleted_at)] for delete() after the transaction. In tx."""
         c, doomed = self.conn, []
         for n, r in recs:
             uid, at = _record_value(r, "uid", n, (str,)), r["deleted_at"]
@@ -10134,10 +10112,8 @@ class Sync:
             return ""
 
     def _sync_device(self) -> tuple[str, bool]:
-        """This file's device id (a random uuid4 in meta) and whether it was minted now. The id is
-        kept with the witness of the file that took it (_sync_witness): a copy, or the file moved to
-        another disk, takes a new id (two devices writing under one id would shadow each other's
-        files); its earlier files keep the old id, and what it had synced stays valid."""
+        """This file's device id (a random uuid4 in meta) and whether it was minted now. A copy of
+        the file (another witness, _sync_witness) takes a new id."""
         device, held = self.meta_get("sync_device"), self.meta_get("sync_device_witness")
         here = self._sync_witness()
         # what an Aokun before schema 18 kept
@@ -10154,10 +10130,9 @@ class Sync:
         return self._sync_new_device(None, "")
 
     def _sync_new_device(self, old: str | None, why: str, resend: bool = False) -> tuple[str, bool]:
-        """Take a new random device id for this file, numbered from 1, witnessed by its inode; with
-        `old` (the id it had), say so in one line on stderr. With `resend`, this sync sends every
-        record again (files written under the old id may have been shadowed by another file's of the
-        same name and number), in a file marked so. Returns (id, True)."""
+        """Take a new random device id for this file, numbered from 1, witnessed by its inode,
+        saying so on stderr with `old`. With `resend`, this sync sends every record again. Returns
+        (id, True)."""
         device = str(uuid.uuid4())
         with self.tx():
             self._meta_set("sync_device", device)
@@ -10186,18 +10161,15 @@ class Sync:
             digest == "" and any(a[0] == dev and a[1] == seq for a in applied))
 
     def _sync_forked(self, found: dict, device: str) -> bool:
-        """Whether the folder holds a file under this file's device id that this file did not write:
-        a restored backup's own later files, or a copy's that the inode check could not tell (a disk
-        image), both writing under the id. Such a file is applied like another device's, and this
-        file takes a new id, so the two never write under one id again."""
+        """Whether the folder holds a file under this file's device id that this file did not write
+        (a restored backup's, a copy's): then this file takes a new id."""
         applied = self._sync_applied()
         return any(k[0] == device and not self._sync_done(k, applied) for k in found)
 
     def _sync_snapshot(self) -> apsw.Connection:
-        """A scratch database (a private temporary file) holding base0 (sync_base: the records as of
-        the last sync), current (every synced record now, read in one read transaction, so
-        references agree; its usage as of this file's decay day) and records (a copy of base0, what
-        the changeset is made on)."""
+        """A scratch database (a private temporary file) with base0 (the records as of the last
+        sync), current (every synced record now, usage as of this file's decay day) and records
+        (a copy of base0, what the changeset is made on)."""
         day = self.meta_get("decay_last_run")
         s = apsw.Connection("")
         s.execute(_SYNC_TABLES)
@@ -10247,10 +10219,8 @@ class Sync:
                               "and current.kind = ? and current.uid = ?", (kind, uid))
 
     def _sync_usage_changed(self, s: apsw.Connection) -> list[tuple[str, str, str]]:
-        """[(body, kind, uid)] of the records in scratch `s` whose version is as sent or merged last
-        (base0) but whose usage changed, unless the daily decay alone explains the change (the
-        memory as it was then, decayed to this file's decay day: decayed_usage): every device runs
-        the decay, so that would only send every memory every day."""
+        """[(body, kind, uid)] of the records in scratch `s` whose version is as last synced but
+        whose usage changed beyond what the daily decay explains (decayed_usage)."""
         out = []
         for kind, uid, body, usage, was in s.execute(
                 "select c.kind, c.uid, c.body, c.usage, b.usage from current c join base0 b on "
@@ -10337,10 +10307,9 @@ class Sync:
         return name, len(changes)
 
     def _sync_apply(self, found: dict, s: apsw.Connection, report: dict) -> None:
-        """Apply the changeset files `found` (scan_changesets) not applied here, each device's in
-        sequence order (two files of one number, two copies that wrote under one id, both in turn).
-        A gap waits for its file; a file that fails to read stops its device's later files until the
-        next sync. A copy of a file applied here, under any name, is passed over."""
+        """Apply the changeset files `found` not applied here, each device's in sequence order; a
+        gap waits for its file, a file that fails to read stops its device's later files, a copy of
+        an applied file is passed over."""
         applied = self._sync_applied()
         by_device: dict[str, list[tuple]] = {}
         for key in sorted(found):
@@ -10523,10 +10492,8 @@ class Sync:
                     plan.lost(ours, "memory", ours["uid"], ours["updated_at"], w[2], plan.mine)
 
     def _sync_orphans(self, plan: "SyncPlan") -> None:
-        """After a file's winners are imported: an atom the import passed over because its memory
-        is not here (deleted here, or a twin kept here under another uid: _sync_twins) is not held
-        here, so neither sync_base nor scratch `current` records it: this device sends no delete
-        of it back, and the device that changed it keeps it."""
+        """After a file's winners are imported: an atom passed over because its memory is not here
+        is recorded in neither sync_base nor scratch `current`, so no delete of it is sent back."""
         missing = {w[1] for w in plan.winners if w[0] == "atom"
                    and not self.value("select 1 from memory_atoms where uid = ?", (w[1],))
                    and not self.value("select 1 from documents where uid = ?", (w[4]["document"],))}
@@ -10569,10 +10536,9 @@ class Sync:
                           [(u,) for u in gone])
 
     def _sync_supersede(self, uids) -> None:
-        """Where two devices each gave a single-valued slot a new value apart, the atoms `uids`
-        merged in leave both active: as Layers._supersede does on a write, the newest (by
-        created_at, then uid, so every device picks the same) stays active and those of other
-        values are superseded by it. In tx."""
+        """Of the atoms `uids` merged in that give a single-valued slot values apart, the newest (by
+        created_at, then uid) stays active and supersedes the others, as Layers._supersede. In
+        tx."""
         groups, stamp = set(), now_iso()
         for uid in uids:
             groups.update(tuple(r.values()) for r in self.rows(
@@ -11329,10 +11295,8 @@ def for_mcp(error: AokunError) -> str:
 
 
 def _on_memory(ctx, fn):
-    """fn(memory) on the Memory of the lifespan serving this tool call. `ctx` is the SDK Context the
-    tool received; its request_context.lifespan_context is the ServerState that lifespan yielded.
-    The call runs marked foreground() (the watcher's back-log waits for it). An AokunError becomes
-    a ToolError with its message for_mcp (an is_error result for the client)."""
+    """fn(memory) on the Memory of the lifespan serving this tool call (`ctx`: the SDK Context),
+    marked foreground(); an AokunError becomes a ToolError with its message for_mcp."""
     from mcp.server.mcpserver.exceptions import ToolError
     memory = ctx.request_context.lifespan_context.memory
     try:
@@ -11937,10 +11901,9 @@ def _log_relay() -> McpLogRelay:
 
 
 def _add_logging(server) -> None:
-    """Serve logging/setLevel on `server` (which advertises the logging capability from then on):
-    the session that sends it gets the `aokun` log records at or above that level (McpLogRelay);
-    before it sends one, none. An unknown level is refused by the SDK (-32602, naming `level`).
-    notifications/roots/list_changed makes _client_project ask the session's roots again."""
+    """Serve logging/setLevel on `server`: the session that sends it gets the `aokun` log records
+    at or above that level (McpLogRelay). notifications/roots/list_changed makes _client_project
+    ask the session's roots again."""
     import asyncio
 
     import mcp.types as types
@@ -12020,10 +11983,9 @@ MCP_TEMPLATES = ("memory://memories/{id}{?persona_id}", "memory://entities/{name
 
 
 def _add_prompts(server, memory) -> None:
-    """Register the prompts on `server`: session_briefing (the session briefing, what
-    memory_context without a topic returns) and remember_about (recall of `topic` plus the
-    knowledge-graph facts about it, as one text), both with an optional persona_id. A bad argument
-    is a -32602 error naming the field. `memory()` is the open lifespan's Memory."""
+    """Register the prompts session_briefing and remember_about (recall of `topic` plus its KG
+    facts, one text) on `server`, both with an optional persona_id. `memory()` is the open
+    lifespan's Memory."""
     from mcp import MCPError
     from mcp.types import INVALID_PARAMS
 
@@ -12138,10 +12100,8 @@ def build_server(memory_factory, cfg: Config):
                 for t in await super().list_tools()]
 
         async def call_tool(self, name, arguments, context=None):
-            """MCPServer.call_tool, with arguments the tool's schema refuses reported in one line
-            that names each field ("recall: k: Input should be a valid integer"), not pydantic's
-            report, and an argument the tool does not take refused with the closest it takes
-            (unknown_argument: one check for every tool, no schema text)."""
+            """MCPServer.call_tool, with arguments the schema refuses reported in one line naming
+            each field, and an unknown argument refused with the closest it takes."""
             if name in params and (problem := unknown_argument(arguments or {}, params[name])):
                 raise ToolError(f"{name}: {problem}")
             try:
@@ -12485,10 +12445,8 @@ def setting_text(value) -> str:
 
 
 def ini_layout(text: str) -> list[dict]:
-    """The sections of an ini text (aokun.example.ini) in file order, each {name, groups}: a group
-    is a comment block and the run of settings right below it, {help, keys: [(key, value text)]}
-    (help '' for settings with no comment above them). The comments before the first section are
-    left out."""
+    """The sections of an ini text in file order, each {name, groups: [{help (the comment block
+    above), keys: [(key, value text)]}]}; comments before the first section are left out."""
     sections: list[dict] = []
     comment: list[str] = []
     group = None
@@ -12619,10 +12577,9 @@ def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
 
 
 def settings_form(cfg: Config) -> list[dict]:
-    """Every setting for the panel's settings page, as aokun.example.ini groups them: sections
+    """Every setting for the panel's settings page, grouped as aokun.example.ini groups them:
     [{name, groups: [{help, settings: [{key, value, default, kind, choices, range, secret,
-    note}]}]}]; `value` is the setting in `cfg` as ini text, `kind` bool/int/float/str. Settings
-    of DEFAULTS that the example file lacks come last in their section, without help."""
+    note}]}]}]; settings missing from the example come last in their section."""
     sections = ini_layout(EXAMPLE_INI.read_text(encoding="utf-8"))
     seen = {(s["name"], k) for s in sections for g in s["groups"] for k, _ in g["keys"]}
     for name, kv in DEFAULTS.items():
@@ -12982,10 +12939,9 @@ class Panel:
     # the guard: Host, Origin, login token, session cookie, CSRF -------------------------------
 
     def _page(self, view):
-        """The endpoint for `view(request, form)` (form: the POST fields, {} for GET): the guard
-        first, then the view in a worker thread (Memory calls block), marked foreground (the
-        watcher's back-log waits meanwhile, as for a tool call). An AokunError becomes the page's
-        error (400, 404 for NotFound)."""
+        """The endpoint for `view(request, form)` (form: the POST fields, {} for GET): the guard,
+        then the view in a worker thread marked foreground. An AokunError becomes the page's error
+        (400, 404 for NotFound)."""
         from starlette.concurrency import run_in_threadpool
 
         def run(request, form):
@@ -13352,10 +13308,8 @@ class Panel:
                              "restart the MCP clients' servers (and this panel) to use it")
 
     def conversations_page(self, request, form):
-        """Ingested conversations: conversation_stats by source, the sessions newest first
-        (list_sessions, filtered by source, CONVERSATION_PANEL_PAGE a page), one session's turns in
-        order (conversation_get_session, paged) or the turns matching a query
-        (conversation_search)."""
+        """Ingested conversations: stats by source, the sessions newest first (paged, by source),
+        one session's turns or the turns matching a query."""
         p, mem = request.query_params, self.memory()
         persona, source = p.get("persona", ""), p.get("source", "").strip()
         session, query = p.get("session", "").strip(), p.get("q", "").strip()
@@ -13481,9 +13435,8 @@ def watchdog_interval(environ=None) -> float | None:
 
 
 async def notify_supervisor(started, interval: float | None, address: str | None = None) -> None:
-    """An asyncio task of the server's event loop: once `started()` is true, send READY=1, then
-    WATCHDOG=1 every `interval` seconds (None: READY only). Being on the loop that serves
-    requests, a blocked loop stops the pings and systemd's watchdog restarts the server. Runs until
+    """An asyncio task on the server's event loop: once `started()`, send READY=1, then WATCHDOG=1
+    every `interval` seconds (None: READY only), so a blocked loop stops the pings. Runs until
     cancelled."""
     import asyncio
     while not started():
@@ -15125,10 +15078,9 @@ def cli_hook(state, client, event, payload):
 
 
 def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
-    """One hook event. session-start (Claude Code): the stored briefing as {hookSpecificOutput:
-    {hookEventName: SessionStart, additionalContext}}. stop / session-end / notify: ingest the
-    session the payload names from its stored offset (within the watch's project limits), the
-    embedder limited to HOOK_EMBED_TIMEOUT_SECONDS. InputError for an event without a hook."""
+    """One hook event: session-start (Claude Code) prints the stored briefing as its
+    hookSpecificOutput; stop / session-end / notify ingest the session the payload names (within
+    the watch's project limits). InputError for an event without a hook."""
     if event not in HOOK_EVENTS[client]:
         raise InputError("EVENT",
                          f"{client} hooks are {', '.join(HOOK_EVENTS[client])}, not {echo(event)}")
