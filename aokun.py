@@ -3429,10 +3429,9 @@ class Vectors:
                                  [*p.topics, *p.tags, p.sentiment])
 
     def _fact_text_vectors(self, todo: list[Prepared]) -> dict:
-        """The vectors of the fact texts new writes `todo` will give their graph entries, computed
-        before their transaction: {Rules._key(text): vector, refusal str or None}, one embedding per
-        distinct text (a stored fact's vector reused); a fact that is its whole memory is left to
-        _entry_vectors."""
+        """The vectors of the fact texts writes `todo` will give their graph entries, computed
+        before their transaction: {Rules._key(text): vector, refusal str or None}, one per distinct
+        text."""
         known, todo_texts = {}, {}
         for p in todo:
             for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
@@ -3451,19 +3450,17 @@ class Vectors:
         return known
 
     def _fact_vectors(self, todo: list[Prepared]) -> dict:
-        """The input of _stage_graph_vectors, computed before its transaction: {"entries": [(entry
-        id, vector or refusal or None)] of the writes' pending graph entries (see
-        _entry_vectors)}."""
+        """The input of _stage_graph_vectors: {"entries": [(entry id, vector, refusal or None)]} of
+        the writes' pending graph entries (_entry_vectors)."""
         ids = [p.document_id for p in todo]
         return {"entries": self._entry_vectors("pending_entries_of_documents", ids,
                                                todo[0].warnings)}
 
     def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None,
                        known: dict | None = None) -> list[tuple[int, object]]:
-        """(entry id, what _embed made: vector, refusal str or None) for the pending graph entries
-        that named query `query` finds for `ids` (memory ids or entry ids): the entry's node text is
-        embedded, and a fact that is its whole memory reuses the memory's vector unless that saw
-        session context. `known`: {Rules._key(fact text): what _embed made} (_fact_text_vectors)."""
+        """(entry id, vector, refusal str or None) for the pending graph entries named query `query`
+        finds for `ids`: the node text embedded, or a whole-memory fact's memory vector
+        (_fact_takes_memory_vector); `known`: what _fact_text_vectors made."""
         rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
         out, todo = [], []
         for r in rows:
@@ -3483,10 +3480,8 @@ class Vectors:
         return out
 
     def _fact_takes_memory_vector(self, r: dict) -> bool:
-        """Whether fact entry `r` ({t: its fact, content, persona_id, session_id, created_at, doc_id
-        of its memory}) takes its memory's vector instead of an embedding of its own: the fact is
-        the whole memory and the memory's vector saw no session context (else the two texts
-        differ)."""
+        """Whether fact entry `r` ({t, content, persona_id, session_id, created_at, doc_id}) takes
+        its memory's vector: the fact is the whole memory and that vector saw no session context."""
         return r["t"] == r["content"] and not self._session_context(
             r["persona_id"], r["session_id"], r["created_at"], r["doc_id"])
 
@@ -3500,9 +3495,8 @@ class Vectors:
         self._maybe_center()
 
     def _store_vector(self, kind: str, row_id: int, vec) -> None:
-        """Store row `row_id`'s vector as int8 (put_<kind>_vector, kind doc, entry or turn) and make
-        its binary index row (index_<kind>_vector) from that int8 vector back as unit float32, so
-        the index bits are a function of what is stored: a re-index makes the same ones. In tx."""
+        """Store row `row_id`'s vector as int8 (put_<kind>_vector; kind doc, entry or turn) and its
+        binary index row made from that int8 vector, so a re-index makes the same bits. In tx."""
         stored = vector_blob(vec)
         self.conn.execute(self.queries[f"put_{kind}_vector"], {"id": row_id, "stored": stored})
         self.conn.execute(self.queries[f"index_{kind}_vector"],
@@ -3555,9 +3549,8 @@ class Vectors:
                           {"id": row_id, "embedding": blob_vector(blob).tobytes()})
 
     def _put_entry_vector(self, entry_id: int, vec) -> None:
-        """Store a graph entry's float vector and its binary index row; `vec` a str: the provider
-        refused its text, recorded as its embedding_error (it stays 'pending', skipped by
-        back-fill); None: nothing (back-filled later). In tx."""
+        """Store a graph entry's vector and index row; `vec` a str: the refusal, recorded as its
+        embedding_error; None: nothing (back-filled later). In tx."""
         if isinstance(vec, str):
             log_refused("graph entry", entry_id, vec)
             self.conn.execute("update graph_entries set embedding_error = ? where id = ?",
@@ -3602,11 +3595,10 @@ class Vectors:
         self.conn_closed = True
 
     def background(self, q_vector) -> dict[str, float]:
-        """{script: the mean cosine of question vector `q_vector` with rules/relevance.toml's
-        ordinary memories of that script} ('latin', 'cjk'): how close the question is to any memory
-        at all, which calibrated_relevance takes off its cosine with one. A mean of cosines is the
-        cosine with the mean vector, so each script keeps one, embedded once per process and model
-        (about 0.3 s with the local model); 0.0 for a script without anchors."""
+        """{script ('latin', 'cjk'): the mean cosine of question vector `q_vector` with
+        rules/relevance.toml's ordinary memories of that script}, which calibrated_relevance takes
+        off the question's cosine with a memory; the mean vector embedded once per process and
+        model; 0.0 without anchors."""
         model = self.embedder.model
         if model not in self._anchor_vectors:
             self._anchor_vectors[model] = {
@@ -3625,16 +3617,14 @@ GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph la
 
 
 class Layers:
-    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): its FTS
-    row and vector, its atoms (with reinforcement and supersession), its graph nodes, edges and
-    entries, and their removal, all in tx; a memory's flags (pinned, archived, superseded); the
-    back-fill of the vectors a write left pending, with its background refresh worker."""
+    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): FTS row and
+    vector, atoms, graph nodes, edges and entries, and their removal, all in tx; a memory's flags;
+    the back-fill of pending vectors."""
 
     def _stage_docs(self, p: Prepared, vectors: dict) -> str | None:
-        """Stage 1 of a write: the documents row (insert with a never-reused id, or update for an
-        edit), its FTS row, its vector when one was computed, and the session context of the
-        memories after it. Returns 'done' when another process stored the same content meanwhile.
-        In tx."""
+        """Stage 1 of a write: the documents row (insert with a never-reused id, or update), its FTS
+        row and vector, and the session context of the memories after it. Returns 'done' when
+        another process stored the same content meanwhile. In tx."""
         c, stamp = self.conn, now_iso()
         vec = vectors.get(id(p))
         unembedded = "pending" if self.embedder.provider != "none" else "none"
@@ -3841,11 +3831,9 @@ class Layers:
                            local_tz(self.cfg.forgetting.timezone))
 
     def _atom_expiry(self, atom_type: str, fact: str, p, ttl_days: float, start: str) -> str:
-        """When a new atom expires (ISO UTC): a planned one `grace_days` (rules/dates.toml) after
-        the end of the latest date its fact names (else of the memory's own event, _event_columns),
-        so a deadline weeks ahead is not forgotten after the type's short TTL; every other atom,
-        and a planned one without a date, `ttl_days` after `start` (effective_ttl_days; seed:
-        Memory Model). With start = '' only the event expiry is returned ('' without one)."""
+        """When a new atom expires (ISO UTC): a planned one `grace_days` after the end of the latest
+        date its fact (else its memory) names; any other, or one without a date, `ttl_days` after
+        `start` (seed: Memory Model). With start = '' only the event expiry ('' without one)."""
         if atom_type == "planned":
             spans = (self._event_spans(fact, p.created_at)
                      or self._event_spans(p.content, p.created_at)[:1])
@@ -3857,10 +3845,9 @@ class Layers:
 
     def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str,
                    created_at: str) -> None:
-        """Rule-based supersession: of the active atoms with this persona, subject and
-        single-valued slot, the newest (by created_at) stays active and every one with another
-        value becomes 'superseded' by it. An older fact arriving late is itself superseded. In
-        tx."""
+        """Of the active atoms with this persona, subject and single-valued slot, the newest stays
+        active and supersedes every one with another value (a late older fact is itself superseded).
+        In tx."""
         c, stamp = self.conn, now_iso()
         rivals = self.rows(self.queries["atom_rivals"], {
             "persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
@@ -4018,9 +4005,8 @@ class Layers:
                       (nid, nid, nid, nid))
 
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
-        """Stage 4 of a write: the vectors of its pending graph entries, from vectors['entries']
-        (_fact_vectors); those without one (embedding failed) stay 'pending' for the back-fill. In
-        tx."""
+        """Stage 4 of a write: the vectors of its pending graph entries from vectors['entries'];
+        those without one stay 'pending'. In tx."""
         if "facts" in vectors:  # the one-transaction pipeline: fact vectors computed before it
             vectors = {"entries": self._entry_vectors("pending_entries_of_documents",
                                                       [p.document_id], p.warnings,
@@ -4036,17 +4022,15 @@ class Layers:
 
     def _graph_context(self, persona_id: str, session_id: str, created_at: str,
                        doc_id: int) -> str:
-        """The end (context_chars) of the memories before a stored memory in its session: what its
-        fact entries carry for keyword search, in place of the memory's own text (BM25 has
-        that)."""
+        """The end (context_chars) of the memories before a stored memory in its session: the
+        keyword text of its anchor entry."""
         before = self._session_context(persona_id, session_id, created_at, doc_id)
         context = "\n".join(c for _, c in before)
         return context[-self.cfg.embedding.context_chars:].lstrip()
 
     def _refresh_graph_context(self, ids) -> None:
-        """Inside the write transaction, after a change: the anchor entries (graph_anchor_text) of
-        memories `ids` get the keyword text of their new session context (no embedding involved:
-        fact vectors are the fact's). In tx."""
+        """After a change: the anchor entries of memories `ids` get the keyword text of their new
+        session context (no embedding). In tx."""
         for i in dict.fromkeys(ids):
             d = self.rows("select persona_id, session_id, created_at, summary, content, key_facts, "
                           "participants, topics from documents where id = ?", (i,))
@@ -4062,10 +4046,8 @@ class Layers:
             self._put_entry_text(e["id"], graph_anchor_text(base, context))
 
     def _own_spelling(self, doc: dict, entry: dict) -> str:
-        """How memory `doc` (its documents row) spells the node of its graph entry `entry`
-        (node_type, value, canonical), as _stage_graph wrote it: a node shared by several memories
-        keeps the first one's spelling as its value ("Alice likes tea" for a later "ALICE likes
-        tea")."""
+        """How memory `doc` spells the node (node_type, value, canonical) of its graph entry
+        `entry`, as _stage_graph wrote it (a shared node keeps the first memory's spelling)."""
         if entry["node_type"] == "fact":
             facts = json.loads(doc["key_facts"]) or self._auto_facts(doc["content"])
             return next((f for f in facts if Rules._key(f) == entry["canonical"]), entry["value"])
@@ -4129,11 +4111,9 @@ class Layers:
     # flags and superseding: a memory's row -------------------------------------------------------
 
     def _link_superseded(self, p: Prepared) -> None:
-        """memorize(supersedes): link each memory write `p` supersedes (p.supersedes, of p's
-        persona only: checked again, one may be gone since memorize checked) to p.document_id
-        (superseded_by). It is not archived: recall ranks it below the newer and marks it
-        `replaced_by`; the facts the newer contradicts retire (_retire_contradicted), its others
-        stay findable. Notes what it did in p.warnings. In tx."""
+        """Link each memory write `p` supersedes (p.supersedes, of p's persona only) to
+        p.document_id (superseded_by), not archived; the facts the newer contradicts retire
+        (_retire_contradicted). Notes it in p.warnings. In tx."""
         done = []
         for old in p.supersedes:
             mine = self.value("select 1 from documents where id = ? and persona_id = ?",
@@ -4149,11 +4129,9 @@ class Layers:
                               "undoes)")
 
     def _retire_contradicted(self, doc_id: int) -> None:
-        """The atoms that memory `doc_id` contradicts in the memories it supersedes (superseded_by
-        = doc_id) retire, superseded by its atom: one of the same slot and subject already did
-        (_supersede); one without, when it shares SUPERSEDE_JACCARD of its search tokens with one
-        of doc_id's atoms (the same fact or event, changed). The others stay active: the older
-        memory's other facts. In tx."""
+        """Retire the atoms memory `doc_id` contradicts in the memories it supersedes: those of its
+        slots (done by _supersede) and those sharing SUPERSEDE_JACCARD of their search tokens with
+        one of its atoms. In tx."""
         new = [(r["id"], set(r["segmented"].split())) for r in self.rows(
             self.queries["document_atom_texts"], {"document_id": doc_id})]
         stamp = now_iso()
@@ -4166,9 +4144,8 @@ class Layers:
                                   "where id = ? and state = 'active'", (by, stamp, stamp, o["id"]))
 
     def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
-        """Set documents.pinned or .archived; archiving also flips the archived column of the
-        memory's graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing
-        stale (the briefing lists pinned memories and leaves archived ones out). In tx."""
+        """Set documents.pinned or .archived (archiving also flips the archived column of its graph
+        entries and vec0 rows) and mark its persona's briefing stale. In tx."""
         c = self.conn
         c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?",
                   (int(value), now_iso(), doc_id))
@@ -4196,10 +4173,9 @@ class Layers:
     # back-fill: the vector stage deferred, and the refresh worker --------------------------------
 
     def _refresh_stale(self, ids) -> None:
-        """Re-embed memories whose context changed, in the background (one worker thread, so the
-        write that changed it returns without waiting for the model; their old vector stays
-        searchable until then); when the provider fails they stay 'pending' for the next back-fill.
-        wait_refresh() waits."""
+        """Re-embed the memories whose context changed, on one background worker (the old vector
+        stays searchable meanwhile; a failing provider leaves them pending). wait_refresh()
+        waits."""
         ids = sorted({i for i in ids if i is not None})
         if not ids or not self.vectors_usable:
             return
@@ -4310,9 +4286,8 @@ def fact_entry_text(fact: str, about: str) -> str:
 
 
 def graph_anchor_text(text: str, context: str) -> str:
-    """A memory's anchor entry (its first subject's, or with no subject its first fact's) carries
-    its session context, so a reply ("Yes, last May") is found by the words of what it answers;
-    indexed once per memory, the context does not multiply the keyword index by its fact count."""
+    """A memory's anchor entry (its first subject's, else its first fact's) carries its session
+    context, so a reply is found by the words of what it answers, indexed once per memory."""
     return text + (f"\nContext: {context}" if context else "")
 
 
@@ -4324,9 +4299,8 @@ JOURNAL_ERROR_CHARS = 1000  #: the start of an error message kept on its journal
 
 
 def process_token(pid: int) -> str:
-    """What tells one start of process `pid` from a later process given the same pid: the boot id
-    and the start time in clock ticks since boot (Linux /proc), e.g. "3f2a9c1e.123456"; "" where
-    /proc cannot say (another OS, or no such process)."""
+    """The boot id and start time (clock ticks) of process `pid` from /proc, e.g. "3f2a9c1e.123456",
+    telling it from a later process of the same pid; "" where /proc cannot say."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -4396,9 +4370,8 @@ def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
 
 
 class Journal:
-    """Writes through the journal (memory_write_ops): every write is a row that moves pending →
-    docs_done → atoms_done → graph_done → done, one transaction per stage, so a crash at any
-    point is finished by recover() at the next open (seed: Reliability)."""
+    """Writes through the journal (memory_write_ops): pending → docs_done → atoms_done → graph_done
+    → done, one transaction per stage; recover() finishes what a crash left (seed: Reliability)."""
 
     # secrets -------------------------------------------------------------------------------------
 
@@ -4416,9 +4389,8 @@ class Journal:
         return redact(text, self.secret_patterns, counts) if text else text
 
     def redact_fields(self, values: dict, names, counts: dict | None = None) -> dict:
-        """A copy of `values` with its fields `names` redacted (a text, or each text of a list);
-        other values, and fields that are not text, are left for the caller's checks. `counts` as
-        for redact()."""
+        """A copy of `values` with its text fields `names` redacted (a text or each of a list);
+        `counts` as for redact()."""
         out = dict(values)
         for k in names & out.keys():
             v = out[k]
@@ -4498,11 +4470,9 @@ class Journal:
         return self._memorize_prepared([p])[0]
 
     def _superseded_ids(self, value, p: Prepared) -> list[int]:
-        """memorize's `supersedes` checked against the write `p`: [] for None or []; else the ids
-        (duplicates dropped, in order). Raises InputError naming `supersedes` for a value that is
-        not a list of ids, more than SUPERSEDES_MAX, an id that is no memory of p's persona
-        (another persona's is not there, the same message), or one holding p's very text
-        (memorizing it is a repeat of that memory)."""
+        """memorize's `supersedes` checked against write `p`: the ids, deduplicated, in order ([]
+        for None). InputError naming `supersedes` for a non-list, more than SUPERSEDES_MAX, an id of
+        no memory of p's persona, or one holding p's very text."""
         if value is None or (isinstance(value, (list, tuple)) and not value):
             return []
         if isinstance(value, (list, tuple)) and len(value) > SUPERSEDES_MAX:
@@ -4602,11 +4572,9 @@ class Journal:
                               f"supersedes=[{', '.join(asked)}] to mark {them} replaced")
 
     def _near_rival(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
-        """may_update's meaning signal, for what no slot catches and across languages: [(id,
-        content)] of the older memory nearest to `p` by the vector its write stored (no embedding),
-        not in `skip`, when p says something changed ([events] change or cue) and adds nothing
-        ([events] also), their cosine is at least MAY_UPDATE_COSINE and the older one holds no
-        slot value of p's (a restatement)."""
+        """may_update's meaning signal: [(id, content)] of the older memory nearest `p` by its
+        stored vector, not in `skip`, when p says something changed and adds nothing ([events]), at
+        cosine ≥ MAY_UPDATE_COSINE, holding no slot value of p's."""
         text, rules = fold(p.content), self.rules
         least = MAY_UPDATE_COSINE.get(self.embedder.model)
         if not least or not self.has_table("doc_vec") or not any(
@@ -4632,11 +4600,9 @@ class Journal:
         return []
 
     def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
-        """may_update's event signal: [(id, content)] of the older memories of p's persona, not
-        archived, not in `skip`, that share EVENT_SHARED_TOKENS search tokens and EVENT_JACCARD of
-        them with `p`, when p's content says an event changed (rules/predicates.toml [events]); the
-        shared tokens leave out the [events] words (change and time words, the user). The older
-        one need not name a time: "training for a 10K" → "… instead of the 10K"."""
+        """may_update's event signal: [(id, content)] of p's persona's live older memories not in
+        `skip` sharing EVENT_SHARED_TOKENS search tokens (and EVENT_JACCARD) with `p`, the [events]
+        words left out, when p says an event changed."""
         if not any(rx.search(fold(p.content)) for rx in self.rules.event_change):
             return []
         words = set(self.seg.tokens(p.content)) - self.rules.event_words
@@ -4651,10 +4617,9 @@ class Journal:
         return out
 
     def _write_result(self, p: Prepared) -> dict:
-        """The answer of memorize and edit: {id, uid, status, deduplicated, atoms, graph_entries,
-        embedding, embedding_truncated, warnings, changed} for the memory `p` wrote (or repeated).
-        An item of memorize_many that could not be stored: {id: None, status: 'failed', error, …}
-        (nothing of it is stored, and recovery will not store it later)."""
+        """The answer of memorize and edit for the memory `p` wrote or repeated ({id, uid, status,
+        …} as memorize says); a failed memorize_many item: {id: None, status: 'failed', error,
+        …}."""
         if p.status == "failed":
             return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated,
                     "atoms": 0, "graph_entries": 0, "embedding": None,
@@ -4713,10 +4678,8 @@ class Journal:
         p.warnings += r["warnings"] + [merged]
 
     def run_pipeline(self, preps: list[Prepared]) -> None:
-        """Advance each write from its journal status to `done`, one transaction per stage:
-        pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item
-        records the error on its journal row and stops that item only (see _record_failure), never
-        the others."""
+        """Advance each write from its journal status to `done`, one transaction per stage; a stage
+        that fails stops that item only (_record_failure)."""
         # (status, stage, its embeddings)
         stages = [("pending", self._stage_docs, self._doc_vectors),
                   ("docs_done", self._stage_atoms, None),
@@ -4749,9 +4712,7 @@ class Journal:
 
     def _journal_row(self, op: str, p: Prepared, stamp: str) -> int:
         """Insert the journal row of write `p` (op 'insert' or 'edit', at p.status, owned by this
-        process) and its payload, which lives in memory_write_payloads until the write is done (a
-        row deleted then frees its pages for the next writes; schema 11). Returns the row id. In
-        tx."""
+        process) and its payload (memory_write_payloads until done). Returns the row id. In tx."""
         self.conn.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, "
                           "status, created_at, updated_at, owner) "
                           "values (?, ?, ?, ?, '{}', ?, ?, ?, ?)",
@@ -4763,10 +4724,8 @@ class Journal:
         return op_id
 
     def _run_in_one_tx(self, todo: list[Prepared], stages: list) -> None:
-        """Every stage of new writes `todo` in one transaction (one commit per batch, not one per
-        stage), their document and fact vectors computed first, outside it. When any stage fails
-        the transaction leaves nothing behind: the writes are back at 'pending' and run_pipeline's
-        stage-by-stage loop takes them (recording which one failed, and where)."""
+        """Every stage of new writes `todo` in one transaction, their vectors computed first; when
+        any stage fails nothing stays and run_pipeline's stage-by-stage loop takes them."""
         saved = [(p.status, p.document_id, list(p.stale), list(p.warnings)) for p in todo]
         vectors = self._doc_vectors(todo)
         vectors["facts"] = self._fact_text_vectors(todo)
@@ -4801,11 +4760,9 @@ class Journal:
             self.conn.execute("delete from memory_write_payloads where op_id = ?", (p.op_id,))
 
     def _record_failure(self, p: Prepared, error: Exception) -> None:
-        """Stage after `p.status` failed for one write. A new memory that failed its first stage
-        (not stored at all) is marked failed, on its journal row too, so the caller is told and no
-        later recovery stores it (p.status 'failed', p.error); otherwise the error goes on the
-        journal row and recovery retries the write once this call has returned (counted in
-        retries)."""
+        """Stage after `p.status` failed for one write: a new memory not stored at all is marked
+        failed (p.status 'failed', p.error, its journal row too); else the error goes on the journal
+        row for recovery to retry."""
         if not isinstance(error, (DamagedFile, DiskFull)):  # those say it in their one line
             log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
         if isinstance(error, JournalGone):  # nothing of it is in this file any more: not stored
@@ -4828,10 +4785,8 @@ class Journal:
 
     @contextlib.contextmanager
     def _running(self):
-        """Journal rows this process is advancing right now: `claim(op_id)` (returns op_id), called
-        in the transaction that inserts or takes over the row, marks it until the block ends, so
-        recover() (of any Memory of this process: the server's background thread, a second open)
-        leaves it alone."""
+        """Journal rows this process advances now: `claim(op_id)` (returns op_id) marks one until
+        the block ends, so recover() leaves it alone."""
         key, claimed = str(self.path.resolve()), []
 
         def claim(op_id: int) -> int:
@@ -4972,9 +4927,8 @@ class Journal:
     def set_flag(self, doc_id: int, flag: str, value: bool,
                  persona_id: str | None = None) -> dict:
         """pin/unpin (flag='pinned') or archive/unarchive (flag='archived') a memory of persona
-        `persona_id` (None: the default persona ''). Archiving also flips the archived metadata
-        column of its vectors and graph entries, so KNN filters it in SQL. Returns {id, uid,
-        <flag>}. Raises NotFound, also for an id of another persona."""
+        `persona_id` (None: ''). Returns {id, uid, <flag>}. Raises NotFound, also for another
+        persona's id."""
         if flag not in ("pinned", "archived"):
             raise ValueError(flag)
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
@@ -5076,9 +5030,8 @@ class KnowledgeGraph:
         return dict(self._triple(tid, persona), closed=closed, existing=False)
 
     def _redacted_triple(self, subject, predicate, object) -> tuple:
-        """(subject, predicate, object) with secrets redacted; the object is also read as the value
-        of its predicate (predicate "password", object "hunter2secret": the object goes). Values
-        that are not text are returned as given, for the callers' checks."""
+        """(subject, predicate, object) with secrets redacted, the object also as the value of its
+        predicate ("password" "hunter2secret"); non-text values returned as given."""
         s, p, o = (self.redact(x) if isinstance(x, str) else x
                    for x in (subject, predicate, object))
         if isinstance(p, str) and isinstance(o, str):
@@ -5108,10 +5061,9 @@ class KnowledgeGraph:
         return eid
 
     def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
-        """Facts about `entity` (as subject or object) valid at `as_of` (default now), optionally
-        of one predicate. Returns {entity, as_of, facts: [{id, subject, predicate, object,
-        valid_from, valid_to, confidence, source_memory_id}]}. Raises NotFound for an entity that
-        is not in the persona's graph (never recorded, or deleted by kg_delete_entity)."""
+        """Facts about `entity` valid at `as_of` (default now), optionally of one predicate: {entity,
+        as_of, facts: [{id, subject, predicate, object, valid_from, valid_to, confidence,
+        source_memory_id}]}. NotFound for an entity not in the persona's graph."""
         persona = _label(persona_id, "persona_id")
         at = iso(parse_time(as_of, "as_of")) if as_of else now_iso()
         eid = self._entity(persona, entity)
@@ -5144,11 +5096,9 @@ class KnowledgeGraph:
         return dict(self._triple(triple_id, persona), already_ended=False, note=f"ended on {end}")
 
     def kg_delete_entity(self, entity, persona_id=None) -> dict:
-        """Delete entity `entity` of persona `persona_id` (None: the default persona '') and every
-        fact it is the subject or object of, in one transaction; each leaves a tombstone, as a
-        deleted memory does. The other entities of those facts stay. Returns {entity, uid, deleted:
-        true, facts: [deleted fact ids]}. Raises NotFound for an entity not in that persona's
-        graph."""
+        """Delete entity `entity` of persona `persona_id` (None: '') and every fact about it in one
+        transaction, each leaving a tombstone. Returns {entity, uid, deleted: true, facts: [ids]}.
+        NotFound for an entity not in that graph."""
         persona = _label(persona_id, "persona_id")
         with self.tx() as c:
             eid = self._entity(persona, entity)
@@ -5179,11 +5129,9 @@ class KnowledgeGraph:
 
     def completions(self, kind: str, prefix: str, persona_id=None,
                     limit: int = 100) -> tuple[list[str], int]:
-        """Stored values starting with `prefix` (ASCII case ignored), for argument completion:
-        kind "persona" (every persona id that has memories, facts or sessions), "entity" (the
-        knowledge-graph entity names of persona `persona_id`, None: '') or "session" (the ingested
-        conversation session ids of that persona). Returns (at most `limit` values, sorted; how many
-        match in all). InputError for another kind or a bad persona_id."""
+        """Stored values starting with `prefix` (ASCII case ignored) of kind "persona", "entity" or
+        "session" (of persona `persona_id`). Returns (at most `limit` values, sorted; how many
+        match). InputError for another kind or a bad persona_id."""
         queries = {"persona": "select persona_id as v from documents "
                               "union select persona_id from kg_entities "
                               "union select persona_id from conv_sessions",
@@ -5998,11 +5946,9 @@ class Briefing:
     memory_context within a token budget (second seed: token-budget context, session briefing)."""
 
     def build_briefing(self, persona_id=None, progress=None) -> dict:
-        """Build and store the session briefing for a persona: pinned and important memories,
-        recent memories, current KG facts, all from SQL (no embedding). Returns the stored row.
-        It reads inside its write transaction, so no write can fall between what it read and the
-        stale = 0 it stores (that write's stale mark would be lost). `progress(done, total)`, when
-        given: (0, 2) before, (1, 2) once the text is built, (2, 2) once it is stored."""
+        """Build and store the session briefing for a persona (pinned and important memories, recent
+        ones, current KG facts; SQL only), read inside its write transaction. Returns the stored
+        row. `progress(done, 2)` hears it built and stored."""
         persona = _label(persona_id, "persona_id")
         if progress:
             progress(0, 2)
@@ -6187,9 +6133,8 @@ class Forgetting:
         return rec | {"importance": imp, "access_count": count}
 
     def _catch_up_decay(self, until: str) -> None:
-        """Run the daily decay of the days after this file's decay_last_run up to ISO date `until`
-        (none before a first decay: the schedule starts at `until`), one transaction each, without
-        the auto-archival. Sync does it before merging what a device that decayed further sent."""
+        """Run the daily decay of the days after decay_last_run up to ISO date `until`, one
+        transaction each, without auto-archival (for sync)."""
         last = self.meta_get("decay_last_run")
         if last is None:
             with self.tx():
@@ -6220,9 +6165,7 @@ class Forgetting:
         self._meta_set("lifecycle_last_run", at)
 
     def _auto_archive(self, ref: dt.datetime) -> None:
-        """Archive the memories sql auto_archive_candidates finds at `ref` (older than
-        cleanup_days_threshold, importance below cleanup_importance_threshold, not pinned). In
-        tx."""
+        """Archive what sql auto_archive_candidates finds at `ref`. In tx."""
         f = self.cfg.forgetting
         cutoff = iso(ref - dt.timedelta(days=f.cleanup_days_threshold))
         params = {"cutoff": cutoff, "importance_threshold": f.cleanup_importance_threshold}
@@ -6305,9 +6248,8 @@ class Forgetting:
                 "archived": changes["archived"], "dry_run": dry_run}
 
     def lifecycle(self, dry_run: bool = False, ref: dt.datetime | None = None) -> dict:
-        """One atom lifecycle sweep now: active → expired → forgotten (+7 d) → purged (+30 d), and
-        dormant while every source memory is archived. Returns {atoms: [{id, old, new}],
-        dry_run}."""
+        """One atom lifecycle sweep now (active → expired → forgotten → purged; dormant). Returns
+        {atoms: [{id, old, new}], dry_run}."""
         ref = ref or now()
         before, after = self._run_steps([lambda: self._lifecycle_sweep(ref)], dry_run)
         return {"atoms": self._changes(before, after)["atoms"], "dry_run": dry_run}
