@@ -5061,8 +5061,8 @@ class KnowledgeGraph:
         return eid
 
     def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
-        """Facts about `entity` valid at `as_of` (default now), optionally of one predicate: {entity,
-        as_of, facts: [{id, subject, predicate, object, valid_from, valid_to, confidence,
+        """Facts about `entity` valid at `as_of` (default now), optionally of one predicate:
+        {entity, as_of, facts: [{id, subject, predicate, object, valid_from, valid_to, confidence,
         source_memory_id}]}. NotFound for an entity not in the persona's graph."""
         persona = _label(persona_id, "persona_id")
         at = iso(parse_time(as_of, "as_of")) if as_of else now_iso()
