@@ -6552,11 +6552,10 @@ class Maintenance:
         return out
 
     def _rebuild_vectors(self, progress=None) -> int:
-        """rebuild --vectors: re-embed every memory and fact entry with the configured embedder,
-        never leaving fewer vectors than there were: the same model and dim replace vectors where
-        made; another model or dim swaps all in at once only when at least as many were made.
-        Returns how many were written; `progress(made, of)`. Raises EmbeddingError (how many of
-        how many, and why) when fewer were made than there are memories and fact entries."""
+        """rebuild --vectors: re-embed every memory and fact entry, never leaving fewer vectors than
+        there were (another model or dim is swapped in whole, only when at least as many were made).
+        Returns how many; `progress(made, of)`. EmbeddingError (how many of how many, why) when
+        fewer were made."""
         if self.embedder.provider == "none":
             raise AokunError("[embedding] provider is none; "
                              "set a provider before `rebuild --vectors`")
@@ -6736,9 +6735,8 @@ class Maintenance:
         return len(preps)
 
     def vacuum(self) -> dict:
-        """Merge FTS segments, VACUUM and checkpoint the WAL to zero bytes. Returns {before_bytes,
-        after_bytes, wal_truncated} (false when another connection's read kept the WAL: it is reset
-        at a later checkpoint)."""
+        """Merge FTS segments, VACUUM and truncate the WAL. Returns {before_bytes, after_bytes,
+        wal_truncated (false while another reader holds it)}."""
         before = self.path.stat().st_size
         with self.lock:
             for t in ("documents_fts", "memory_atoms_fts", "graph_entries_fts"):
@@ -6794,9 +6792,8 @@ class Maintenance:
         return self.backup_dir() / f"{self.path.stem}-manual-{now().strftime('%Y%m%dT%H%M%SZ')}.db"
 
     def online_backup(self, dest: Path) -> dict:
-        """Copy the database to `dest` with the SQLite backup API, 256 pages per step, holding the
-        connection only per step (other processes keep writing; the copy restarts if they do and is
-        finished under the lock after 20 restarts). The copy must pass integrity_check."""
+        """Copy the database to `dest` with the backup API, 256 pages a step under the lock
+        (finished under it after 20 restarts), checked by integrity_check."""
         dest = Path(dest)
         if dest.exists():
             raise AokunError(f"{dest} already exists; choose a new file name for the backup")
@@ -6971,9 +6968,8 @@ class Maintenance:
                 "previous_changed": sum(r["change"] == "changed" for r in lost)}
 
     def _replace_damaged(self, stage: Path, aside: Path) -> dict:
-        """restore_from over a damaged file: the database and its -wal and -shm are renamed to
-        `aside` (never read: a damaged file must not block the restore), the staged copy `stage`
-        (closed) takes its place, and the connections are opened on it."""
+        """restore_from over a damaged file: the file and its -wal and -shm go to `aside` unread,
+        the staged copy `stage` takes its place and the connections open on it."""
         with self.lock:
             self._stop_recall_workers()
             self.conn.close()
@@ -7247,9 +7243,8 @@ def record_matches(record, spec: dict, any_one: bool = False) -> bool:
 
 
 def content_text(value, blocks: tuple = ()) -> str:
-    """The text of a record's content: a string as it is; from a list, its strings and the `text`
-    of its blocks whose `type` is in `blocks` (all typed blocks when `blocks` is empty), one per
-    line. Tool calls, tool results, images and reasoning blocks have other types: they drop out."""
+    """The text of a record's content: a string as is; of a list, its strings and the `text` of
+    blocks whose `type` is in `blocks` (all typed blocks when empty), one per line."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -7325,10 +7320,9 @@ def interpret_record(record: dict, rules: IngestRules, ctx: dict, seq: int) -> d
 
 def parse_jsonl(data: bytes, base: int, rules: IngestRules,
                 ctx: dict) -> tuple[list[dict], int, int]:
-    """The turns of the complete lines of `data`, a piece of a JSONL transcript starting at byte
-    offset `base`. Returns (turns, bytes consumed, malformed lines skipped). A last line without
-    its newline that is not (yet) valid JSON is not consumed: the client is still writing it, the
-    next run reads it whole. A malformed line before it is skipped and counted, never fatal."""
+    """The turns of the complete lines of `data`, a piece of a JSONL transcript from byte offset
+    `base`: (turns, bytes consumed, malformed lines skipped). An unfinished last line is not
+    consumed; a malformed line before it is skipped and counted."""
     turns, skipped, at = [], 0, 0
     while at < len(data):
         nl = data.find(b"\n", at)
@@ -7421,9 +7415,8 @@ def read_chatgpt_export(path: Path) -> bytes:
 
 
 def _past_newline(f) -> bytes | None:
-    """Read binary file `f` on, INGEST_CHUNK_BYTES at a time, dropping what it reads, to the next
-    newline: the bytes read after it (the next lines' start), or None at the end of the file without
-    one. Holds one chunk at a time, whatever the line's length."""
+    """Read binary file `f` on to the next newline, a chunk at a time, dropping what it reads: the
+    bytes after it, or None at the end."""
     while chunk := f.read(INGEST_CHUNK_BYTES):
         nl = chunk.find(b"\n")
         if nl >= 0:
@@ -7432,9 +7425,8 @@ def _past_newline(f) -> bytes | None:
 
 
 def _transcript_file(path: Path, problems: list | None) -> bool:
-    """Whether `path`, a name that fits a source's pattern, is a regular file to read. A dangling
-    symlink, a symlink loop or another non-file (a FIFO, a socket) is not; its line is appended to
-    `problems` when given. A folder is not either, without a line (its files are searched)."""
+    """Whether `path` (fitting a source's pattern) is a regular file to read; for a dangling or
+    looping symlink or a non-file a line goes into `problems` (not for a folder)."""
     try:
         st = path.stat()
     except OSError as e:
@@ -7667,9 +7659,8 @@ class Conversations:
                 stats["progress"](stats["turns"], None)
 
     def _embed_paced(self, texts: list[str], pause) -> list:
-        """_embed(texts), a few texts at a time (the embedder's pause_every; all at once without
-        `pause`) with pause(False) before each call, like lengths together (the local model pads a
-        call to its longest text). One entry per text, in order, as _embed answers."""
+        """_embed(texts) a few at a time (the embedder's pause_every), like lengths together, with
+        pause(False) before each call; one entry per text, in order."""
         step = getattr(self.embedder, "pause_every", 0) if pause is not None else 0
         if not step or step >= len(texts):
             if pause is not None:
@@ -7686,9 +7677,8 @@ class Conversations:
 
     @staticmethod
     def _session_key_uid(persona: str, source: str, session_id: str) -> str:
-        """The tombstone uid that marks session (persona, source, session id) deleted (table_name
-        'conv_session_keys'): a new file holding the session (a new export, a copied transcript)
-        must not bring it back; a hash, so the tombstone names no session."""
+        """The tombstone uid (a hash) that marks session (persona, source, session id) deleted, so a
+        new file holding it does not bring it back."""
         key = json.dumps([persona, source, session_id], ensure_ascii=False)
         return "conv-session-key:" + hashlib.sha256(key.encode("utf-8")).hexdigest()
 
@@ -7743,9 +7733,8 @@ class Conversations:
         return ref
 
     def _write_turns(self, source: str, persona: str, turns: list[dict], vectors, ctx: dict) -> int:
-        """Insert `turns` (vectors: their embeddings, or None) with their FTS rows and vectors, and
-        refresh their sessions' summary columns. A turn another process stored meanwhile is left
-        alone. Returns how many were inserted. In tx."""
+        """Insert `turns` (vectors: theirs or None) with FTS rows and vectors, and refresh their
+        sessions; a turn stored meanwhile is left. Returns how many were inserted. In tx."""
         c, titles, touched, n = self.conn, ctx.get("titles", {}), set(), 0
         state = "none" if self.embedder.provider == "none" else "pending"
         for i, t in enumerate(turns):
@@ -7807,9 +7796,8 @@ class Conversations:
                           {"id": r["turn_id"], "embedding": blob_vector(r["embedding"]).tobytes()})
 
     def backfill_turn_vectors(self, batch: int = 64, progress=None) -> int:
-        """Embed the turns still marked 'pending' (embedding failed, or a model change). Returns how
-        many vectors were written; stops quietly when the provider fails. `progress(done, None)`,
-        when given, hears the vectors written so far after each batch."""
+        """Embed the turns still 'pending'; stops quietly when the provider fails. Returns how many
+        were written; `progress(done, None)` per batch."""
         done, after = 0, 0
         while self.vectors_usable:
             rows = self.rows(self.queries["conv_pending_turns"], {"after": after, "n": batch})
@@ -7843,9 +7831,8 @@ class Conversations:
 
 
 class ConversationSearch:
-    """Reading the conversation layer: conversation_search (BM25 ∥ vector over turns, fused as
-    recall fuses its document channels), conversation_get_session, conversation_stats, listings,
-    the briefing's session digests, and removing sessions (delete, keep_days)."""
+    """Reading the conversation layer: search, one session's turns, stats, listings, the briefing's
+    digests, and removing sessions."""
 
     def conversation_search(self, query, k: int = 5, source=None, session_id=None, since=None,
                             until=None, persona_id=None,
@@ -8031,9 +8018,8 @@ class ConversationSearch:
                           "limit": limit, "offset": max(0, offset)})
 
     def watch_progress(self) -> dict | None:
-        """The watch's progress (Watcher.progress) with `running`: this process's own watcher's,
-        else the one a server or `watch` stored in meta watch_progress (running false once the
-        process that stored it is gone); None when no watch ever ran on this file."""
+        """Watcher.progress with `running`: this process's watcher's, else the one stored in meta
+        watch_progress (running false once its process is gone); None when no watch ran."""
         if self.watch_state is not None:
             return dict(self.watch_state, running=True)
         try:
@@ -8096,9 +8082,8 @@ class ConversationSearch:
 
     def _conversation_hits(self, query: str, k: int, persona: str, project: str = "",
                            scope: str = "all") -> list[dict]:
-        """recall's include_conversations: conversation_search's hits with their score × the source
-        boost of bulk imports ([recall] source_boost_import): history ranks below what was
-        memorized."""
+        """recall's include_conversations: conversation_search's hits, scores × [recall]
+        source_boost_import."""
         hits = self.conversation_search(query, k, persona_id=persona, project=project,
                                         scope=scope)["results"]
         boost = self._source_boost("import")
@@ -8142,9 +8127,8 @@ class ConversationSearch:
         return len(turns)
 
     def prune_conversations(self, ref: dt.datetime | None = None, dry_run: bool = False) -> dict:
-        """Forget sessions whose last turn is older than [conversations] keep_days (0: keep every
-        session forever), each with its turns, as delete_session does. Returns {sessions, turns,
-        dry_run}."""
+        """Forget the sessions whose last turn is older than [conversations] keep_days (0: never).
+        Returns {sessions, turns, dry_run}."""
         days = self.cfg.conversations.keep_days
         if days <= 0:
             return {"sessions": 0, "turns": 0, "dry_run": dry_run}
@@ -8199,9 +8183,8 @@ PROJECT_LINE_MAX = 16 << 20  #: but its first line is read whole up to this many
 
 
 def project_patterns(cfg: Config, key: str) -> tuple[str, ...]:
-    """The globs of [conversations] `key` (watch_include_projects, watch_exclude_projects): comma-
-    separated, ~ expanded, without a trailing separator. Raises AokunError naming the setting for a
-    pattern that can never match a project, which is an absolute folder path."""
+    """The globs of [conversations] `key` (comma-separated, ~ expanded). AokunError naming the
+    setting for a pattern that can never match an absolute folder path."""
     out = []
     for raw in str(cfg.conversations[key]).split(","):
         pattern = os.path.expanduser(raw.strip())
@@ -8217,9 +8200,8 @@ def project_patterns(cfg: Config, key: str) -> tuple[str, ...]:
 
 
 def project_wanted(project: str, include: tuple, exclude: tuple) -> bool:
-    """Whether the watch reads a session of folder `project` ('' when its transcript names none):
-    a pattern fits the folder or a folder it lies in (fnmatch); with `include` patterns one must
-    fit (a session without a folder is then not read), and no `exclude` pattern may."""
+    """Whether the watch reads a session of folder `project` ('' for none): some `include` pattern
+    (if any) and no `exclude` pattern fits it or a folder above it."""
     import fnmatch
     folders, p = [], project.rstrip("/\\") or project
     while p and p not in folders:
@@ -8436,9 +8418,8 @@ class Watcher:
                                    key=lambda e: e[0])
 
     def _next(self, fresh: bool | None, take: bool = True) -> tuple[Path, QueuedFile] | None:
-        """The newest queued file no thread reads (taken for the caller with `take`): one changed
-        in the last WATCH_FRESH_SECONDS (`fresh` True), an older one (False) or either (None).
-        None when there is none."""
+        """The newest queued file no thread reads (taken with `take`): changed in the last
+        WATCH_FRESH_SECONDS (`fresh` True), older (False) or either (None); None when none."""
         with self.lock:
             end = self._fresh_end()
             span = range(0, end) if fresh else range(end if fresh is False else 0, len(self.order))
@@ -8456,9 +8437,8 @@ class Watcher:
         return self._next(fresh, take=False) is not None
 
     def _drain(self, stop: threading.Event | None, fresh_only: bool) -> dict:
-        """Read queued files newest first (with `fresh_only`, only those changed in the last
-        WATCH_FRESH_SECONDS) until there is none, WATCH_SLICE_SECONDS are over (the first file is
-        always read, at least a batch of it) or `stop` is set. Returns {source: new turns}."""
+        """Read queued files newest first (`fresh_only`: the fresh ones) until none is left, the
+        slice is over (a batch at least) or `stop` is set. Returns {source: new turns}."""
         out: dict[str, int] = {}
         deadline, read = time.monotonic() + WATCH_SLICE_SECONDS, False
         while not (read and time.monotonic() >= deadline) and not (stop and stop.is_set()):
@@ -8479,9 +8459,8 @@ class Watcher:
         return out
 
     def _backlog_run(self, stop: threading.Event) -> None:
-        """The back-log thread: at the lowest CPU priority, read the queued files older than
-        WATCH_FRESH_SECONDS newest first, each to its end unless `stop` is set; returns when none
-        is left (run() starts another when there are again). Never raises: a failure is logged."""
+        """The back-log thread: at the lowest priority, read the older queued files newest first
+        until none is left or `stop`. Never raises."""
         if lower_thread_priority():
             log.debug("watch: the back-log thread runs at nice %d", WATCH_NICE)
         while not stop.is_set():
@@ -8523,8 +8502,7 @@ class Watcher:
 
     def _pauser(self, deadline: float, stop: threading.Event | None):
         """ingest's `pause` for one file: wait while a tool call runs; at a batch boundary, stop
-        the read (IngestInterrupted) once `stop` is set, or past `deadline` when a batch of this
-        read is done (every read gets on)."""
+        (IngestInterrupted) once `stop` is set or past `deadline`."""
         started = []
 
         def pause(boundary: bool) -> None:
@@ -9038,10 +9016,9 @@ def _record_value(rec: dict, key: str, line: int, kinds: tuple, nullable: bool =
 
 
 def read_export(lines) -> list[tuple[int, dict]]:
-    """Parse an export file's lines into [(line number, record)], checking the header (first line:
-    format, a version and schema this Aokun reads), each record's kind, that every field of its kind
-    is there and no other, and the times. Raises ImportFileError naming the first bad line: nothing
-    of a refused file is imported."""
+    """Parse an export file's lines into [(line number, record)], checking the header, each record's
+    kind, fields and times. ImportFileError names the first bad line; nothing of a refused file is
+    imported."""
     records, header = [], None
     for n, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -9093,9 +9070,8 @@ def read_export(lines) -> list[tuple[int, dict]]:
 
 
 class Portable:
-    """Export without lock-in and import from it: lossless JSONL (base tables only, references as
-    uids, so it imports into any file) and one Markdown note per memory. Derived data (FTS, vectors,
-    graph, briefing) is never exported: an import re-derives it through the write pipeline."""
+    """Export without lock-in and import from it: lossless JSONL (base tables, references as uids)
+    and Markdown notes; derived data is re-derived on import."""
 
     def export_records(self, persona_id=None, since=None, kinds=None):
         """Yield the JSONL records of an export: a header {kind: header, format, version, schema,
@@ -9346,9 +9322,8 @@ class Portable:
 
     def _import_kg(self, entities, triples, report: dict, ids: dict,
                    overwrite=frozenset()) -> None:
-        """Upsert the entities and the facts between them. One already here under another uid (same
-        persona and canonical name: added apart before entity uids were entity_uid) is that entity,
-        under the smaller of the two uids, so every device ends with the same one. In tx."""
+        """Upsert the entities and facts. An entity here under another uid (same persona and
+        canonical name) is that one, under the smaller uid. In tx."""
         for n, r in entities:
             verdict, eid = self._import_verdict("kg_entities", r, n, overwrite)
             same = self.rows("select id, uid from kg_entities where persona_id = ? "
@@ -9384,9 +9359,8 @@ class Portable:
 
     def _import_conversations(self, sessions, turns, report: dict, ids: dict,
                               overwrite=frozenset()) -> None:
-        """Upsert the sessions (one already here under another uid, same persona, client and session
-        id, is that session: its summary columns are refreshed) and insert the turns not here yet,
-        with their FTS text; their vectors are back-filled. In tx."""
+        """Upsert the sessions (one here under another uid with the same key is that one) and insert
+        the turns not here yet with their FTS text. In tx."""
         c, merged = self.conn, set()
         state = "none" if self.embedder.provider == "none" else "pending"
         for n, r in sessions:
@@ -9577,9 +9551,8 @@ def _sync_aead(passphrase: str, salt: bytes):
 
 
 def sync_seal(payload: bytes, passphrase: str, aad: bytes) -> tuple[bytes, dict]:
-    """(`payload` encrypted and authenticated with AES-256-GCM under a key from `passphrase` and a
-    new random salt, with `aad` (the file's device and number) bound to it; the header's
-    `encryption`: cipher, kdf and its costs, salt and nonce in hex)."""
+    """(`payload` sealed with AES-256-GCM under a key from `passphrase` and a new salt, `aad` bound;
+    the header's `encryption` {cipher, kdf, costs, salt, nonce})."""
     salt, nonce = os.urandom(16), os.urandom(12)
     sealed = _sync_aead(passphrase, salt).encrypt(nonce, payload, aad)
     return sealed, {"cipher": "AES-256-GCM", "kdf": "scrypt", **SYNC_SCRYPT, "salt": salt.hex(),
@@ -9587,10 +9560,9 @@ def sync_seal(payload: bytes, passphrase: str, aad: bytes) -> tuple[bytes, dict]
 
 
 def sync_open(h: dict, payload: bytes, passphrase: str, aad: bytes) -> bytes:
-    """The payload of changeset file header `h` as written: decrypted when `h` says it is
-    encrypted (sync_seal), as it is otherwise. Raises SyncFileError when it is encrypted and there
-    is no passphrase or not this one, when it is not and there is one (anyone who can write to
-    the folder could have made it), or when it is encrypted in a way this Aokun does not read."""
+    """The payload of changeset header `h`, decrypted when `h` says it is encrypted (sync_seal).
+    SyncFileError when encrypted without this passphrase, unencrypted with one, or encrypted in a
+    way unknown here."""
     enc = h.get("encryption")
     if enc is None:
         if passphrase:
@@ -9618,9 +9590,8 @@ def sync_open(h: dict, payload: bytes, passphrase: str, aad: bytes) -> bytes:
 
 
 def sync_hash(rec: dict) -> str:
-    """The content hash of an export record: 16 hex digits of the SHA-256 of its JSON without the
-    SYNC_UNHASHED fields (and the EXPORT_OPTIONAL ones that are null). Two versions with the same
-    hash differ at most in times and usage counts."""
+    """The content hash of an export record: 16 hex digits of SHA-256 of its JSON without
+    SYNC_UNHASHED fields (and null EXPORT_OPTIONAL ones)."""
     optional = EXPORT_OPTIONAL.get(rec.get("kind"), ())
     body = {k: v for k, v in rec.items()
             if k not in SYNC_UNHASHED and not (k in optional and v is None)}
@@ -9636,10 +9607,9 @@ def sync_usage(rec: dict, day: str | None) -> str:
 
 
 def merge_usage(a: dict, b: dict, winner: dict) -> dict:
-    """`winner` (one of `a` and `b`, two versions of a record, or what merged them) with the usage
-    of both: the larger of each count and the later of each time (SYNC_COUNTERS: what each device
-    counted apart), and, when `a` and `b` are the same version (they differ in usage only), the
-    lower importance (only the daily decay changes it without a new version, and only lowers it)."""
+    """`winner` (of versions `a` and `b`, or their merge) with the usage of both: the larger count
+    and later time of SYNC_COUNTERS, and, for the same version, the lower importance (only the decay
+    lowers it)."""
     out = dict(winner)
     for k in SYNC_COUNTERS:
         if k in a and k in b:
@@ -9707,9 +9677,8 @@ def sync_inflate(payload: bytes) -> bytes:
 
 @contextlib.contextmanager
 def _regular_file(path: Path):
-    """(binary file, its os.stat_result) of `path` opened without blocking (a pipe would block the
-    sync), a regular file only; SyncFileError "not a regular file" or "cannot be read (…)", also
-    for a read error inside the block."""
+    """(binary file, os.stat_result) of `path`, opened without blocking, a regular file only;
+    SyncFileError otherwise or on a read error in the block."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
@@ -9735,9 +9704,8 @@ def _header_json(head: bytes) -> dict | None:
 
 
 def read_changeset_header(path: Path) -> tuple[str, int, str] | None:
-    """(device, seq, sha256) that changeset file `path`'s header line names, or None when it has no
-    such header (empty, still being copied, not ours). Reads at most SYNC_HEADER_BYTES, of a regular
-    file only; raises SyncFileError when it is not one or cannot be read."""
+    """(device, seq, sha256) changeset file `path`'s header names, or None (empty, being copied, not
+    ours); reads at most SYNC_HEADER_BYTES. SyncFileError for a non-file."""
     with _regular_file(path) as (f, _):
         head = f.readline(SYNC_HEADER_BYTES)
     if (h := _header_json(head)) is None:
@@ -9788,9 +9756,8 @@ def changeset_decayed(header) -> str | None:
 
 
 def read_changeset_file(path: Path) -> tuple[bytes, bytes, int]:
-    """(header line, payload, payload bytes on disk) of changeset file `path`, reading at most its
-    header line (SYNC_HEADER_BYTES) and the payload length that header names: a regular file only (a
-    pipe would block the sync, /dev/zero fill the memory). Raises SyncFileError with the reason."""
+    """(header line, payload, payload bytes on disk) of changeset file `path`: at most the header
+    line and the length it names, of a regular file. SyncFileError with the reason."""
     with _regular_file(path) as (f, st):
         head = f.readline(SYNC_HEADER_BYTES)
         length = (_header_json(head) or {}).get("length")
@@ -9816,10 +9783,9 @@ def _change_value(change, i: int):
 
 
 def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> dict:
-    """The header of a changeset file (read_changeset_file's header line, payload and payload bytes
-    on disk), checked: format, version, schema, that it is the file `key` (device, seq, sha256 or
-    '' when unknown) and that its payload is whole (length, SHA-256). Raises SyncFileError with the
-    reason."""
+    """The header of a changeset file (read_changeset_file's three), checked: format, version,
+    schema, that it is file `key` (device, seq, sha256 or ''), layout, and a whole payload.
+    SyncFileError with the reason."""
     device, seq, digest = key
     if (h := _header_json(head)) is None:
         raise SyncFileError("not an Aokun changeset (no header line)" if head
@@ -9844,10 +9810,8 @@ def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> d
 
 
 def changeset_changes(payload: bytes) -> list[tuple]:
-    """The changes of a changeset file's checked `payload` (changeset_header), each checked (table
-    `records`, a record of a synced kind matching its key, a stamp in the column format): [(op,
-    kind, uid, stamp, hash, record or None (a delete: the stamp and hash it had), (old stamp, old
-    hash) or None (not an update))]. Raises SyncFileError with the reason."""
+    """The checked changes of `payload`: [(op, kind, uid, stamp, hash, record or None (a delete),
+    (old stamp, old hash) or None)]. SyncFileError with the reason."""
     changes = []
     try:
         for ch in apsw.Changeset.iter(sync_inflate(payload)):
@@ -9941,9 +9905,8 @@ class Sync:
 
     @contextlib.contextmanager
     def _sync_claim(self):
-        """Hold this file's sync: one at a time per file, across threads (a set) and processes (meta
-        sync_owner, taken over from a process that is gone). Raises AokunError while another
-        runs."""
+        """Hold this file's sync, one at a time across threads and processes (meta sync_owner).
+        AokunError while another runs."""
         key = str(self.path.resolve())
         with _SYNC_LOCK:
             if key in _SYNC_RUNNING:
@@ -9969,9 +9932,8 @@ class Sync:
                 _SYNC_RUNNING.discard(key)
 
     def _sync_align_decay(self, found: dict) -> None:
-        """Before merging: when a file not applied yet says its device decayed to a later day than
-        this file (its header's `decayed`), run this file's decay up to that day (at most to today's
-        due day here), so what it sent is not decayed a second time for those days here."""
+        """Before merging: run this file's decay up to the latest `decayed` day of the files to
+        apply (at most today's due day)."""
         applied, days = self._sync_applied(), []
         for key, path in found.items():
             if not self._sync_done(key, applied):
@@ -9985,9 +9947,8 @@ class Sync:
             self._catch_up_decay(min(max(days), self._decay_due(now()).isoformat()))
 
     def _sync_witness(self) -> str:
-        """What tells this file from a copy of it: its inode number (a copy, on this disk or another
-        machine's, is a new inode; a rename within the disk keeps it). '' where the file system has
-        none (then only the folder check of _sync_forked tells a copy)."""
+        """This file's inode number (a copy has a new one; a rename keeps it), '' where there is
+        none."""
         try:
             return str(os.stat(self.path).st_ino or "")
         except OSError:
@@ -10035,9 +9996,8 @@ class Sync:
 
     @staticmethod
     def _sync_done(key: tuple[str, int, str], applied: set) -> bool:
-        """Whether the file `key` (device, seq, sha256 or '' when its header is unread) is applied
-        here: that content, or any content of its number recorded before schema 18 (or when
-        unread)."""
+        """Whether file `key` (device, seq, sha256 or '') is applied here (that content, or its
+        number before schema 18)."""
         dev, seq, digest = key
         return key in applied or (dev, seq, "") in applied or (
             digest == "" and any(a[0] == dev and a[1] == seq for a in applied))
