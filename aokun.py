@@ -8552,11 +8552,9 @@ class Watcher:
         return done["new"]
 
     def progress(self) -> dict:
-        """What the watch has done and has left: {files_done, files_left, files_skipped,
-        turns_done, turns_left (estimated from the bytes left; None before a turn is stored),
-        turns_per_second, seconds_left, searchable_after (every transcript changed after it is
-        read; None when none is left), started_at, finished_at (the queue first empty),
-        updated_at}."""
+        """What the watch has done and has left: {files_done, files_left, files_skipped, turns_done,
+        turns_left (estimated; None before a turn), turns_per_second, seconds_left,
+        searchable_after, started_at, finished_at (the queue first empty), updated_at}."""
         with self.lock:
             counts, left_bytes = dict(self.counts), self.left_bytes
             newest = -self.order[0][0] if self.order else None
@@ -8579,9 +8577,8 @@ class Watcher:
                 "updated_at": now_iso()}
 
     def publish(self) -> None:
-        """Give the progress to mem.watch_state and, when it changed, store it in meta
-        watch_progress for other processes: at most every WATCH_PUBLISH_SECONDS, at once when the
-        queue was just emptied."""
+        """Give the progress to mem.watch_state and store it in meta watch_progress when it changed,
+        at most every WATCH_PUBLISH_SECONDS (at once when the queue empties)."""
         if not self.queue and self.finished_at is None:
             self.finished_at = now_iso()
             self.published = -math.inf
@@ -8614,10 +8611,9 @@ class Watcher:
             log.warning("watch %s: %s: cannot read it (%s)", source, path, why)
 
     def run(self, stop: threading.Event, interval: float, on_new=None) -> None:
-        """Poll until `stop` is set: again at once while fresh files are queued, else every
-        `interval` seconds, with a back-log thread (_backlog_run) while older files are queued.
-        `on_new({source: new turns})` hears each poll that added turns. Never raises; on the way
-        out the back-log thread is stopped and waited for."""
+        """Poll until `stop`: again at once while fresh files are queued, else every `interval`
+        seconds, with a back-log thread while older ones are. `on_new({source: new turns})` hears
+        each poll that added turns. Never raises."""
         self.threaded, halt = True, threading.Event()
         try:
             while not stop.is_set():
@@ -8764,10 +8760,8 @@ CODEX_NOTE = "# Aokun: ingest each finished turn (python aokun.py hooks codex)"
 
 
 def install_codex_notify(path: Path, value: list[str]) -> str:
-    """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the
-    top, where a key is top-level whatever tables follow, and the result is parsed back to check it.
-    Returns what was done. AokunError when the file is not TOML or already has another `notify`
-    (kept as it is)."""
+    """Set `notify = value` at the top of Codex's config.toml, as text, parsed back to check.
+    Returns what was done. AokunError for a file that is not TOML or has another `notify`."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     try:
         current = tomllib.loads(text).get("notify")
@@ -8792,9 +8786,8 @@ def install_codex_notify(path: Path, value: list[str]) -> str:
 
 
 def remove_claude_hooks(settings: dict) -> list[str]:
-    """Remove from the parsed settings.json, in place, the hooks merge_claude_hooks adds (Aokun's
-    commands, _is_ours), then a group, an event and `hooks` that this leaves empty; everything
-    else stays. Returns what changed (empty: nothing of Aokun's there)."""
+    """Remove Aokun's hooks (_is_ours) from the parsed settings.json in place, with what that leaves
+    empty. Returns what changed (empty: nothing of Aokun's)."""
     hooks, changed = settings.get("hooks"), []
     for event, groups in claude_hooks_entry().items():
         verb = groups[0]["hooks"][0]["command"].rsplit(" ", 1)[-1]
@@ -8817,9 +8810,8 @@ def remove_claude_hooks(settings: dict) -> list[str]:
 
 
 def remove_codex_notify(text: str) -> str:
-    """Codex's config.toml `text` without the notify line install_codex_notify wrote: with the
-    comment and blank line it added at the top, else (an older Aokun's, replaced in place) the
-    line alone."""
+    """Codex's config.toml `text` without the notify line install_codex_notify wrote (with its
+    comment and blank line)."""
     m = re.search(r"(?m)^notify\s*=.*\n?", text)
     if m is None:
         return text
@@ -8884,9 +8876,8 @@ def read_hook_payload(arg: str | None) -> dict:
 
 
 def hook_session_files(client: str, payload: dict) -> list[Path]:
-    """The transcript a hook event names: Claude Code's transcript_path, the Codex rollout of the
-    thread-id, Copilot's session-state/<sessionId>/events.jsonl. [] when it names none that
-    exists."""
+    """The transcript a hook event names (Claude Code's transcript_path, the Codex rollout of the
+    thread-id, Copilot's events.jsonl); [] when none exists."""
     import glob
     if client == "claude-code":
         p = payload.get("transcript_path")
@@ -8965,9 +8956,8 @@ def export_record(kind: str, row: dict) -> dict:
 
 
 def markdown_name(memory: dict) -> str:
-    """A safe file name for a memory: `<date>-<title slug>-<uid prefix>.md`. The slug keeps only
-    letters and digits of the folded title (any script), every other run of characters becomes one
-    `-`: no separator, dot, reserved or control character of user text reaches the path."""
+    """A safe file name for a memory, `<date>-<title slug>-<uid prefix>.md`: the slug keeps letters
+    and digits of the folded title, every other run becomes one `-`."""
     title = fold(memory["summary"] or memory["content"].strip().splitlines()[0])
     slug = re.sub(r"-+", "-", "".join(ch if ch.isalnum() else "-" for ch in title)).strip("-")
     slug = slug[:MARKDOWN_SLUG_CHARS].strip("-") or "memory"
@@ -8975,9 +8965,8 @@ def markdown_name(memory: dict) -> str:
 
 
 def markdown_note(memory: dict) -> str:
-    """A memory as a Markdown note with YAML front matter (Obsidian properties). Every value is a
-    JSON scalar or flow list, which YAML reads as the same value; `tags` lose their spaces, as
-    Obsidian tags must."""
+    """A memory as a Markdown note with YAML front matter (JSON scalars and flow lists; `tags`
+    without spaces, as Obsidian wants)."""
     m = memory
     props = {"uid": m["uid"], "created": m["created_at"], "updated": m["updated_at"],
              "persona": m["persona_id"], "session": m["session_id"], "source": m["source"],
@@ -10453,17 +10442,13 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
     path (created and migrated when needed), optionally a Config and an Embedder; close() it.
 
-    Threads: callers (any thread), `aokun-touch` (records access), `aokun-refresh` (re-embeds
-    stale session context; close() waits for it), `aokun-recall-*` (channel queries on query-only
-    connections), and the server's `aokun-background`, `aokun-watch` and `aokun-watch-backlog`.
-
-    Locks: `self.lock` (re-entrant) guards `self.conn`, the one read-write connection, and what
-    changes with it (epoch, recall cache, touch worker); rows()/value()/tx() take it. A method
-    documented "In tx" uses `self.conn` and must run inside the caller's `with self.tx():`.
-    `self._readers_lock` guards the reader connections (channel workers never take `self.lock`);
-    `self._refresh_lock` the refresh worker's start; `self._calls` (a Condition) counts tool calls
-    in flight (foreground()). Several processes may open the file: writes are BEGIN IMMEDIATE with
-    a long busy timeout, and the journal records which process (OWNER) runs each."""
+    Threads: callers (any), `aokun-touch`, `aokun-refresh`, `aokun-recall-*` (query-only
+    connections), and the server's `aokun-background`, `aokun-watch`, `aokun-watch-backlog`.
+    `self.lock` (re-entrant) guards `self.conn` and what changes with it; a method documented
+    "In tx" must run inside the caller's `with self.tx():`. `_readers_lock` guards the readers
+    (channel workers never take `self.lock`), `_refresh_lock` the refresh worker's start, `_calls`
+    counts tool calls in flight. Writes are BEGIN IMMEDIATE with a long busy timeout; several
+    processes may share the file."""
 
     def __init__(self, path: Path | str, cfg: Config | None = None,
                  embedder: Embedder | None = None, recover: bool = True):
@@ -10554,9 +10539,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
                     self._meta_set("data_version", number)
 
     def _rebuild_turn_vectors(self, stored: tuple, progress) -> int | None:
-        """Maintenance.rebuild(vectors=True)'s step for the ingested conversations' turns (hooks):
-        their vectors are made again (reset first when `stored`, the (model, dim) of the vectors
-        before, is not the embedder's). None when no turn is stored."""
+        """rebuild(vectors=True)'s step for the turns (hooks): their vectors made again (reset first
+        when `stored`, the old (model, dim), differs). None without turns."""
         if not self.value("select 1 from conv_turns limit 1"):
             return None
         if stored != (self.embedder.model, str(self.embedder.dim)):
@@ -10575,9 +10559,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Recall, Briefing, 
                   watch=ConversationSearch.watch_progress)
 
     def close(self):
-        """Wait for the access bookkeeping (Recall) and the vector refresh (Layers), stop the
-        worker threads, close the reader connections, then PRAGMA optimize and close the main
-        connection (Store): each section's own teardown, in that order."""
+        """Wait for the access bookkeeping and the vector refresh, stop the workers, close the
+        readers, then optimize and close the main connection."""
         self.wait_background()
         self.wait_refresh()
         self._stop_refresher()
@@ -10735,10 +10718,9 @@ def _metadata_model():
 
 @functools.cache
 def _write_models():
-    """Models of the write tools: Metadata (_metadata_model: unknown keys refused, importance
-    0..1); the results WriteResult (memorize, edit_memory), Deleted, Flagged (pin/unpin/archive:
-    the flag changed, the other null), ImportanceSet (old and new importance, 0..1), Restored
-    (restored: memory ids) and Feedback (memory_feedback: per memory, FeedbackItem)."""
+    """Models of the write tools: Metadata (_metadata_model) and the results WriteResult, Deleted,
+    Flagged (the flag changed, the other null), ImportanceSet, Restored and Feedback (per memory,
+    FeedbackItem)."""
     from pydantic import BaseModel, Field
 
     Metadata = _metadata_model()
@@ -10807,10 +10789,9 @@ def _write_models():
 
 @functools.cache
 def _search_models():
-    """Result models of recall: RecallResult {results: [Hit], facts: [Fact], degraded: [Degraded],
-    intent, warnings, took_ms, cached}. A Fact is a knowledge-graph triple with its validity window
-    (ISO-8601 times, valid_to null while it holds), also returned by the kg tools; times are
-    ISO-8601 UTC, took_ms milliseconds."""
+    """Result models of recall: RecallResult {results: [Hit], facts: [Fact], degraded, intent,
+    warnings, took_ms, cached}; a Fact (also the kg tools') is a triple with its validity window
+    (ISO-8601 UTC)."""
     from typing import Any
 
     from pydantic import BaseModel, Field
@@ -10913,10 +10894,8 @@ def _atom_models():
 
 @functools.cache
 def _browse_models():
-    """Result models of list_memories (MemoryList {memories: [MemoryRow]}, each row's content cut
-    to 500 characters), get_memory (MemoryDetail: one memory in full, with its atoms as dicts and
-    graph entries as strings) and memory_stats (Stats: counts by table, atom state and type, journal
-    stage; maintenance times, ISO-8601 or null; the embedder's state)."""
+    """Result models of list_memories (MemoryList, content cut to 500 characters), get_memory
+    (MemoryDetail: one memory in full with its atoms and graph entries) and memory_stats (Stats)."""
     from typing import Any
 
     from pydantic import BaseModel, Field
@@ -11027,10 +11006,9 @@ def _kg_models():
 
 @functools.cache
 def _context_models():
-    """Result models of the context and upkeep tools: ContextBlob (memory_context,
-    refresh_briefing; budget and tokens in estimated tokens), Consolidation {clusters: [Cluster],
-    dry_run}, Summarized {memory: WriteResult, summary} and ForgetPreview, whose Change {id, old,
-    new} holds an importance (0..1) or an atom state name."""
+    """Result models of the context and upkeep tools: ContextBlob (tokens estimated), Consolidation
+    {clusters: [Cluster], dry_run}, Summarized and ForgetPreview (Change {id, old, new}: an
+    importance or an atom state)."""
     from typing import Any, ClassVar
 
     from pydantic import BaseModel, Field
@@ -11467,10 +11445,8 @@ def _context_tools():
 
 @functools.cache
 def _conversation_models():
-    """Result models of the conversation tools: TurnHit (a conversation_search hit, also in
-    recall's `conversations`), TurnSearch {results, degraded, warnings, took_ms}, SessionTurns (one
-    session's turns in order, a page of them) and ConversationStats (counts and first/last turn
-    times, ISO-8601 or null, per source)."""
+    """Result models of the conversation tools: TurnHit (also in recall's `conversations`),
+    TurnSearch, SessionTurns (a page of one session's turns) and ConversationStats (per source)."""
     from typing import Any
 
     from pydantic import BaseModel, Field
@@ -11629,9 +11605,8 @@ MCP_TOOLS = {
 
 @dataclass
 class ServerState:
-    """What one server lifespan holds, yielded as the SDK's lifespan context (a tool reads it as
-    ctx.request_context.lifespan_context): the open Memory, the background thread running
-    _background over it, and the event that stops that thread."""
+    """What one server lifespan holds (ctx.request_context.lifespan_context): the open Memory, its
+    background thread and the event that stops it."""
     memory: Memory
     worker: threading.Thread
     stop: threading.Event
@@ -11642,9 +11617,8 @@ class ServerState:
 
     @classmethod
     def start(cls, memory: Memory) -> "ServerState":
-        """Start the background thread over `memory`, and the watch thread when [conversations]
-        watch is on (Watcher.run over the same Memory, like the background thread; it starts its
-        back-log thread itself); the state owns the Memory from then on."""
+        """Start the background thread over `memory`, and the watch thread with [conversations]
+        watch on; the state owns the Memory from then on."""
         stop = threading.Event()
         worker = threading.Thread(target=_background, args=(memory, stop), name="aokun-background",
                                   daemon=True)
@@ -11702,9 +11676,8 @@ class McpLogRelay(logging.Handler):
         self.sessions: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def subscribe(self, connection, level: str, loop) -> None:
-        """Send `connection` (the SDK Connection of a client session) the records at or above MCP
-        level `level` (a key of MCP_LOG_LEVELS) from now on, scheduled on `loop` (the asyncio loop
-        serving it); a later call replaces the level."""
+        """Send `connection` (a client session's) the records at or above MCP level `level` from now
+        on, scheduled on its `loop`; a later call replaces the level."""
         self.sessions[connection] = (MCP_LOG_LEVELS[level], loop)
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -11856,9 +11829,8 @@ def _add_prompts(server, memory) -> None:
 
 
 def _remember_about_text(m: "Memory", topic: str, persona_id: str | None) -> str:
-    """The remember_about prompt's text: recall(topic) hits (id, date, one line each) and the
-    current facts of the entity `topic` when the knowledge graph has it. InputError for an empty
-    topic."""
+    """The remember_about prompt's text: recall(topic) hits (one line each) and the entity `topic`'s
+    current facts. InputError for an empty topic."""
     if not str(topic or "").strip():
         raise InputError("topic", "give what to remember about, e.g. a name")
     hits = m.recall(topic, persona_id=persona_id)["results"]
@@ -11997,9 +11969,8 @@ RENAMED_ARGUMENTS = {"k": "limit"}  #: earlier versions' argument names: their n
 
 
 def unknown_argument(arguments: dict, known: list[str]) -> str | None:
-    """The problem with `arguments` (a tool call's) when one is not among `known` (the tool's
-    argument names): "unknown argument 'persona'; did you mean 'persona_id'?" (its new name, else
-    the closest name by difflib, else the names it takes); None when all are known."""
+    """"unknown argument 'x'; did you mean 'y'?" for the first of `arguments` not in `known` (its
+    new name, else the closest, else the names taken); None when all are known."""
     import difflib
     unknown = [a for a in arguments if a not in known]
     if not unknown:
@@ -12011,9 +11982,8 @@ def unknown_argument(arguments: dict, known: list[str]) -> str | None:
 
 
 def _answering(fn):
-    """Tool function `fn` (returning a pydantic model) as the SDK registers it: the same signature
-    and output schema, answering a CallToolResult whose structured content is the model (floats
-    rounded) and whose text content is compact_json(text_view(model))."""
+    """Tool function `fn` as the SDK registers it, answering a CallToolResult: structured content
+    the model (floats rounded), text compact_json(text_view(model))."""
     from mcp.types import CallToolResult, TextContent
 
     @functools.wraps(fn)
@@ -12117,15 +12087,13 @@ class BearerToken:
     """ASGI wrapper: every HTTP request needs `Authorization: Bearer <token>` (401 otherwise)."""
 
     def __init__(self, app, token: str, unguarded: str = ""):
-        """Guard the ASGI `app` with `token` (the scheme is case-insensitive, the token is not);
-        paths under `unguarded` (the web panel's /panel, which has its own login) are let
-        through."""
+        """Guard ASGI `app` with `token` (scheme case-insensitive); paths under `unguarded` (/panel,
+        with its own login) pass."""
         self.app, self.expected, self.unguarded = app, f"bearer {token}".encode(), unguarded
 
     async def __call__(self, scope, receive, send):
-        """An HTTP request with the right header (compared in constant time) and every non-HTTP
-        scope (lifespan) go on to the app; any other request gets 401 text/plain,
-        `WWW-Authenticate: Bearer`."""
+        """A request with the right header (constant-time compare) and every non-HTTP scope go on;
+        any other gets 401 with `WWW-Authenticate: Bearer`."""
         import hmac
         path = scope.get("path", "")
         let_through = self.unguarded and (path + "/").startswith(self.unguarded + "/")
@@ -12142,9 +12110,7 @@ class BearerToken:
 
 
 def is_loopback(host: str) -> bool:
-    """True when `host` (a bind address or Host name, brackets allowed: "[::1]") is loopback only:
-    localhost, 127.0.0.0/8 or ::1. A wildcard (0.0.0.0, ::), a LAN address or another name is
-    not."""
+    """True when `host` (brackets allowed) is loopback only: localhost, 127.0.0.0/8 or ::1."""
     import ipaddress
     name = host.strip().removeprefix("[").removesuffix("]").lower()
     if name == "localhost":
@@ -12357,9 +12323,8 @@ _INI_NEWLINE = re.compile(r"\r\n|\r|\n")  #: the line ends configparser (a text 
 
 
 def setting_line(section: str, key: str, value: str) -> None:
-    """Raise InputError naming [section] key when `value` is not one line of text: it holds a
-    character str.splitlines() splits on or any other control character except tab (Unicode
-    category Cc)."""
+    """Raise InputError naming [section] key when `value` holds a line break or a control character
+    other than tab."""
     for c in value:
         if (c != "\t" and unicodedata.category(c) == "Cc") or len(f"a{c}a".splitlines()) > 1:
             raise InputError(f"[{section}] {key}",
@@ -12372,9 +12337,8 @@ def _ini_line(key: str, value: str) -> str:
 
 
 def check_settings(cfg: Config) -> None:
-    """What the server checks of a loaded Config before it serves, beyond Config itself: the
-    one-word settings (SETTING_CHOICES), [server] exposed_tools and the watch's project patterns.
-    Raises AokunError naming the setting."""
+    """The server's checks of a loaded Config beyond Config itself: SETTING_CHOICES, exposed_tools,
+    the watch's project patterns. AokunError naming the setting."""
     for (section, key), allowed in SETTING_CHOICES.items():
         value = getattr(cfg, section)[key]
         if (value.upper() if key == "log_level" else value) not in allowed:
@@ -12572,9 +12536,8 @@ def panel_state_path(db: Path, port: int) -> Path:
 
 
 def read_private_json(path: Path) -> dict:
-    """The JSON object in `path` ({} when there is none). Raises AokunError (one line) when it
-    cannot be read, is not a JSON object, or (POSIX) is not the current user's own with no access
-    for group or others: such a file could have been written or read by someone else."""
+    """The JSON object in `path` ({} when none). AokunError (one line) when unreadable, not an
+    object, or (POSIX) readable or owned by anyone but the user."""
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -12685,9 +12648,8 @@ class PanelState:
 
 
 def request_panel_link(db: Path, port: int | None = None) -> str:
-    """A new one-time login link from the panel running over `db` (on `port`, else any, newest
-    state file first), asked over loopback with the link secret of its state file. Raises
-    AokunError (one line) when none answers."""
+    """A new one-time login link from the panel running over `db` (on `port`, else any), asked over
+    loopback with its state file's link secret. AokunError when none answers."""
     import glob
     import http.client
     if port:
@@ -12731,9 +12693,8 @@ class Panel:
 
     def __init__(self, memory, config_path: Path, hosts: list[str], origins: list[str], port: int,
                  state: Path | None = None):
-        """`memory()` returns the Memory to use (the panel does not own it); settings are saved to
-        `config_path`; `hosts`/`origins` are the accepted Host and Origin values (http_allowed);
-        `state` is the PanelState file keeping logins across restarts (None: in memory only)."""
+        """`memory()` returns the Memory to use; settings go to `config_path`; `hosts`/`origins` are
+        the accepted Host and Origin values; `state` the PanelState (None: in memory)."""
         import secrets
 
         import jinja2
@@ -12809,9 +12770,8 @@ class Panel:
         return endpoint
 
     async def _refused(self, request):
-        """None when `request` may go on, else the response refusing it: 421/403 from the
-        Host/Origin check, 403 for a POST without an Origin, a redirect setting the session cookie
-        for the right login token, 401 for no session."""
+        """None when `request` may go on, else the refusal: 421/403 (Host/Origin), 403 (POST without
+        Origin), a redirect setting the cookie (login token), 401 (no session)."""
         from starlette.responses import RedirectResponse
         bad = await self.security.validate_request(request, is_post=False)
         if bad is not None:
@@ -12857,9 +12817,8 @@ class Panel:
         return hmac.new(session.encode(), b"aokun panel csrf", "sha256").hexdigest()
 
     async def mint_link(self, request):
-        """POST /link from `panel --link`: a new one-time login link (text/plain), valid
-        PANEL_LINK_SECONDS. Needs the X-Aokun-Link secret of the state file (which only the user
-        who runs the server can read), an allowed Host, and no Origin (browsers send one)."""
+        """POST /link (`panel --link`): a new one-time login link, valid PANEL_LINK_SECONDS, for the
+        state file's X-Aokun-Link secret, an allowed Host and no Origin."""
         import secrets
         bad = await self.security.validate_request(request, is_post=False)
         if bad is not None:
@@ -12954,9 +12913,8 @@ class Panel:
 
     @staticmethod
     def _browse(mem, f: PanelFilter) -> list[dict]:
-        """The rows of page f.page (and one more, to tell whether there is a next page):
-        list_memories in batches, newest first, through the filters; stops at the first memory
-        older than f.date_from."""
+        """The rows of page f.page and one more: list_memories in batches, newest first, filtered,
+        stopping before f.date_from."""
         want, kept, offset = (f.page + 1) * PANEL_PAGE_SIZE + 1, [], 0
         while len(kept) < want:
             batch = mem.list_memories(LIST_LIMIT_MAX, offset, f.persona, f.session or None,
@@ -12969,9 +12927,8 @@ class Panel:
         return kept[f.page * PANEL_PAGE_SIZE:want]
 
     def memory_page(self, request, form):
-        """One memory (get): text, metadata, atoms with their state and time left, graph entries,
-        what it was merged into, its history (edits, consolidation), and the forms that change
-        it."""
+        """One memory: text, metadata, atoms with their state, graph entries, merges, history and
+        the forms that change it."""
         persona = request.query_params.get("persona", "")
         d = self.memory().get(request.path_params["id"], persona)
         for a in d["atoms"]:
@@ -12980,9 +12937,8 @@ class Panel:
                            {"m": d, "history": self.memory().history(d["id"], persona)})
 
     def memory_action(self, request, form):
-        """A change to one memory, each the MCP tool's Memory call: edit, delete, pin, unpin,
-        archive, restore, importance. Redirects to the memory (to the list after delete) with what
-        happened."""
+        """A change to one memory through the MCP tool's Memory call; redirects to it (to the list
+        after delete) saying what happened."""
         mem, i, persona = self.memory(), request.path_params["id"], form.get("persona", "")
         action = request.path_params["action"]
         if action == "edit":
@@ -13125,9 +13081,8 @@ class Panel:
                             "exists": self.config_path.exists(), "refused": error}, status)
 
     def settings_save(self, request, form):
-        """Save the changed settings (fields `section.key`) to the config file with save_settings;
-        a refused value shows the page again with the loader's message and the values typed
-        (400)."""
+        """Save the changed settings (fields `section.key`) with save_settings; a refused value
+        shows the page again with the message (400)."""
         cfg = Config(self.config_path) if self.config_path.exists() else Config(None)
         changes = {}
         for name, value in form.items():
@@ -13220,9 +13175,8 @@ def _q(value: str) -> str:
 
 def panel_app(memory, cfg: Config, config_path: Path, host: str, port: int,
               state: Path | None = None):
-    """(Panel, its Starlette app) over `memory()` for a server on `host`:`port`, saving settings to
-    `config_path`, logins kept in `state` (PanelState); Host and Origin are checked as http_app
-    checks them (http_allowed)."""
+    """(Panel, its Starlette app) over `memory()` for a server on `host`:`port`, settings saved to
+    `config_path`, logins in `state`."""
     hosts, origins = http_allowed(cfg, host, port)
     panel = Panel(memory, config_path, hosts, origins, port, state)
     return panel, panel.app()
@@ -13263,9 +13217,8 @@ def sd_notify(message: str, address: str | None = None) -> bool:
 
 
 def watchdog_interval(environ=None) -> float | None:
-    """Seconds between WATCHDOG=1 pings: half of $WATCHDOG_USEC (what systemd sets from
-    WatchdogSec), or None when no watchdog is asked for (or it is meant for another process:
-    $WATCHDOG_PID)."""
+    """Seconds between WATCHDOG=1 pings: half of $WATCHDOG_USEC, or None when none is asked for this
+    process ($WATCHDOG_PID)."""
     env = os.environ if environ is None else environ
     usec, pid = env.get("WATCHDOG_USEC"), env.get("WATCHDOG_PID")
     if not usec or (pid and pid != str(os.getpid())):
@@ -13383,9 +13336,8 @@ def windows_task_xml(cmd: list[str]) -> str:
 
 def service_plan(platform: str, action: str, cmd: list[str],
                  data_dir: Path) -> tuple[list, list[list[str]]]:
-    """What `service ACTION` does on `platform` (linux, macos, windows): ([(path, content)] to
-    write (install) or remove (uninstall), [commands to run]). Raises InputError for another
-    platform."""
+    """What `service ACTION` does on `platform` (linux, macos, windows): ([(path, content)] to write
+    or remove, [commands]). InputError for another platform."""
     writes = action in ("install", "uninstall")
     if platform == "linux":
         unit = Path.home() / ".config" / "systemd" / "user" / f"{SERVICE_NAME}.service"
@@ -13432,9 +13384,8 @@ HIT_PREVIEW_CHARS = 200  #: text shown per hit by `recall` and `atoms`
 
 
 def _user_error(exc: BaseException) -> AokunError | None:
-    """The AokunError behind `exc`: `exc` itself, or the first one in an exception group made only
-    of AokunErrors (how the MCP server's task groups report a failure in its lifespan); else
-    None."""
+    """The AokunError behind `exc`: itself, or the first of an exception group of AokunErrors only;
+    else None."""
     if isinstance(exc, AokunError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
@@ -13460,9 +13411,8 @@ def _one_line_errors():
 
 
 class AokunGroup(click.Group):
-    """The click group of every Aokun command: an AokunError raised while it runs (its own callback,
-    a subcommand or a nested group, at any depth) reaches the user as one line, never a traceback.
-    Subgroups made with `@group.group()` are AokunGroups too."""
+    """The click group of every Aokun command: an AokunError raised at any depth reaches the user as
+    one line; subgroups are AokunGroups too."""
 
     group_class = type  # click: `type` means "subgroups get the class of this group"
 
@@ -13549,9 +13499,8 @@ PROGRESS_LINE_SECONDS = 0.2  #: a terminal progress line is rewritten at most fi
 
 @contextlib.contextmanager
 def terminal_progress(label: str, units: tuple[str, ...], as_json: bool = False):
-    """Yield a TerminalProgress for `label` counting `units` when stderr is a terminal and the
-    output is not --json (`as_json`), else None (the engine then reports nothing); its line is
-    ended on the way out, also when the work fails (the error line then starts on its own)."""
+    """Yield a TerminalProgress for `label` when stderr is a terminal and not `as_json`, else None;
+    its line is ended on the way out, also on failure."""
     if as_json or sys.stderr is None or not sys.stderr.isatty():
         yield None
         return
@@ -14666,9 +14615,8 @@ def cli_panel(state, port, no_browser, new_link):
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to `host`:`port` (IPv4; SO_REUSEADDR off Windows, as uvicorn binds),
-    for uvicorn to serve on. Raises AokunError (one line) when the port is taken or cannot be
-    bound."""
+    """A TCP socket bound to `host`:`port` (IPv4; SO_REUSEADDR off Windows) for uvicorn. AokunError
+    (one line) when it cannot be bound."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         if os.name != "nt":
