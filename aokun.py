@@ -26,7 +26,7 @@ only what stands under its own banner or one above it; a face uses only the engi
   doctor, rebuild and maintenance; close() running each section's teardown);
   faces: MCP server (response models; tools registered from MCP_TOOLS; text_view and lean_schema
   shape what the model reads; lifespan, resources, transport) · panel (the settings file; web pages,
-  templates in web/) · service (supervisor units, sd_notify, /health) · CLI (`cli_*` functions:
+  templates in web/) · service (unit templates in service/, sd_notify, /health) · CLI (`cli_*`:
   memories, recall and graph, maintenance, conversations) · main.
 Data flow: a write is validated (Prepared, redaction) and journalled (Journal), then its stages
 run (Layers: row and FTS, atoms, graph; vectors now or by the back-fill); recall runs the channels
@@ -107,8 +107,7 @@ HERE = Path(__file__).resolve().parent  #: the folder of aokun.py
 
 def shipped_folder() -> Path:
     """The folder of schema/, sql/, rules/, web/, service/ and aokun.example.ini: HERE in a
-    checkout, else <prefix>/share/aokun, where installing the wheel put them (pyproject.toml's
-    shared-data), the prefix of this interpreter's install scheme or of its user scheme."""
+    checkout, else <prefix>/share/aokun of this interpreter's install scheme or its user scheme."""
     if (HERE / "schema").is_dir():
         return HERE
     import sysconfig
@@ -160,8 +159,7 @@ class AokunError(Exception):
 
 def command_line(command: str, options: dict | None = None) -> str:
     """A hint (AokunError.hints) as the command line that does it, in backquotes: ("rebuild",
-    {"vectors": True}) is `python aokun.py rebuild --vectors`, ("kg query ENTITY", {}) is
-    `python aokun.py kg query ENTITY`."""
+    {"vectors": True}) is `python aokun.py rebuild --vectors`."""
     flags = [f"--{k}" if v is True else f"--{k} {v}" for k, v in (options or {}).items()]
     return "`" + " ".join(["python aokun.py", command, *flags]) + "`"
 
@@ -225,9 +223,8 @@ def now_iso() -> str:
 
 
 def parse_time(value, field_name: str = "timestamp") -> dt.datetime:
-    """Parse ISO-8601 text (date, or date-time with or without offset; naive means UTC).
-
-    Raises InputError naming `field_name` when it is not a valid time."""
+    """Parse ISO-8601 text (date, or date-time; naive means UTC). InputError naming `field_name`
+    when it is not a valid time."""
     if isinstance(value, dt.datetime):
         utc = dt.timezone.utc
         return value.replace(tzinfo=utc) if value.tzinfo is None else value.astimezone(utc)
@@ -449,9 +446,8 @@ class Segmenter:
         return self._tk
 
     def tokens(self, text: str, keep_stopwords: bool = False) -> list[str]:
-        """Lower-cased search tokens of fold(text): jieba's search-mode cut (words and their
-        sub-words), with punctuation-only pieces and stop words dropped. Order kept, duplicates
-        kept."""
+        """Lower-cased search tokens of fold(text) (jieba's search mode: words and sub-words),
+        without punctuation and stop words; order and duplicates kept."""
         return list(self._cut(fold(text), keep_stopwords))
 
     def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
@@ -611,9 +607,8 @@ LEGACY_DB = "data/aokun.db"  #: the default database of earlier versions, still 
 
 
 def ini_defaults(path: Path) -> tuple[dict[str, dict[str, object]], dict[str, dict[str, str]]]:
-    """(defaults, ranges) of the example ini at `path`: defaults {section: {key: value}}, each
-    value typed by its text (true/false a bool, then an int, then a float, else the text); ranges
-    {section: {key: allowed}} from the `; range: allowed` line right above a numeric setting."""
+    """(defaults {section: {key: value typed by its text}}, ranges {section: {key: allowed}} from `;
+    range:` lines) of the example ini at `path`."""
     text = path.read_text(encoding="utf-8")
     parser = configparser.ConfigParser(interpolation=None)
     parser.read_string(text, source=str(path))
@@ -687,9 +682,8 @@ class Config:
 
     @staticmethod
     def _parse(parser: configparser.ConfigParser, path: Path) -> None:
-        """Read the ini file at `path` into `parser`. AokunError in one line for a file that cannot
-        be read or is not an ini file (a setting before any [section], a line without `=`, a
-        repeat)."""
+        """Read the ini file at `path` into `parser`. AokunError (one line) when it cannot be read
+        or is not an ini file."""
         try:
             parser.read_string(path.read_text(encoding="utf-8"), source=str(path))
         except configparser.MissingSectionHeaderError as e:
@@ -1044,9 +1038,8 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
 # Files: a write a reader sees whole or not at all ################################################
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so a reader sees the old file or the whole new one: a temporary file
-    `<name>.tmp` beside it, flushed to disk, then renamed over it. A failure (a full disk) removes
-    the temporary file and raises the OSError."""
+    """Write `data` to `path` so a reader sees the old file or the whole new one (`<name>.tmp`,
+    flushed, renamed); on failure the temporary file goes and the OSError is raised."""
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -2453,9 +2446,8 @@ class Rules:
         self._slot_rules(read(cfg.forgetting.predicates))
 
     def _slot_rules(self, data: dict) -> None:
-        """The single-valued slots of rules/predicates.toml: patterns with their [defs] pieces
-        expanded, as (name, thing mode, (not_category, category), regex); [subjects], [things] and
-        [categories] as lookups by key."""
+        """The single-valued slots of rules/predicates.toml as (name, thing mode, (not_category,
+        category), regex), [defs] expanded; [subjects], [things], [categories] as lookups."""
         defs: dict[str, str] = {}
         for name, piece in data.get("defs", {}).items():
             defs[name] = self._expand(piece, defs)
@@ -2512,11 +2504,9 @@ class Rules:
         return self.default_type, self.default_confidence
 
     def slot(self, fact: str) -> tuple[str, str, str | None]:
-        """(slot, value, subject) of the first single-valued slot pattern that matches fold(fact)
-        (rules/predicates.toml), else ('', '', ''). slot is the predicate, with the thing where
-        the entry has one ("prefers:tea", "prefers:language/scripting"); value a canonical key
-        (slot_value); subject a [subjects] canonical ("user" when the pattern names none), a
-        name's key, or None for he/she (the memory's first participant)."""
+        """(slot, value, subject) of the first single-valued slot pattern matching fold(fact), else
+        ('', '', ''): slot the predicate (with its thing: "prefers:tea"), value a canonical key,
+        subject a canonical, a name's key, or None for he/she."""
         fact = fold(fact)
         for name, mode, categories, pattern in self.slot_patterns:
             for m in pattern.finditer(fact):
@@ -2526,9 +2516,8 @@ class Rules:
         return "", "", ""
 
     def slot_value(self, value: str) -> str:
-        """A slot value's key: an article and a model year dropped, then canonical(); a value
-        starting with a known name (a [categories] value or an alias, at a word boundary in Latin
-        script) is that name: 上海浦东 is shanghai, "iPhone 15" is iphone."""
+        """A slot value's key: article and model year dropped, canonical(); a value starting with a
+        known name is that name (上海浦东 is shanghai)."""
         key = self.canonical(re.sub(r"(?i)^(?:(?:a|an|the|my)\s+)?(?:(?:19|20)\d\d\s+)?", "",
                                          value.strip()))
         if key in self.slot_alias:
@@ -2587,9 +2576,8 @@ class Rules:
         return name, value, subject or None
 
     def _thing(self, named: str) -> str:
-        """The [things] canonical of a slot's thing, else of its head (the longest known tail: a
-        word boundary in Latin script, any character in Chinese: 直属领导 is boss, "black coffee"
-        coffee), else its key."""
+        """The [things] canonical of a slot's thing, else of its longest known tail (直属领导:
+        boss), else its key."""
         key = self._key(named)
         for i in range(len(key)):
             if (not i or key[i - 1] == " " or not key[i].isascii()) and key[i:] in self.slot_thing:
@@ -2607,9 +2595,8 @@ class Rules:
         return self.alias_of.get(self._key(name), " ".join(name.split()))
 
     def relevance_coef(self, model: str, query_tokens) -> dict | None:
-        """The calibrated_relevance weights for a question with these search tokens: the model's
-        weights for the question's script (query_script) when rules/relevance.toml has them, else
-        the model's own; None for a model that is not calibrated."""
+        """The calibrated_relevance weights for a question with these tokens: the model's for the
+        question's script, else the model's own; None when uncalibrated."""
         by_script = self.relevance_by_script.get(model, {})
         return by_script.get(query_script(query_tokens)) or self.relevance.get(model)
 
@@ -2663,9 +2650,8 @@ def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
 
 
 def redact(text: str, patterns, counts: dict | None = None) -> str:
-    """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
-    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced.
-    `counts` ({kind: n}), when given, gets the number of replacements of each kind added."""
+    """`text` with each match of the secret patterns ((kind, compiled), ...) (only its `secret`
+    group, if any) replaced by [REDACTED:kind]; `counts` {kind: n} gets them added."""
     for kind, rx in patterns:
         mark = f"[REDACTED:{kind}]"
         if "secret" in rx.groupindex:
@@ -2753,10 +2739,9 @@ METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment"
 
 
 def _text_list(value, name: str) -> list[str]:
-    """A list metadata field (topics, key facts, participants, tags) as stored: each item
-    clean_text()ed with its given characters and cut to MAX_ITEM_CHARS; empty items dropped, and
-    items equal once folded ("８０９０", "8090") kept once, the first spelling. A string is a list
-    of one. Raises InputError naming `name` or `name[i]`."""
+    """A list metadata field as stored: items clean_text()ed, cut to MAX_ITEM_CHARS, empty ones
+    dropped, equal-once-folded ones kept once; a string is a list of one. InputError naming `name`
+    or `name[i]`."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -2820,10 +2805,8 @@ def within_project(folder: str, project: str) -> bool:
 
 
 def project_scope(scope, project) -> tuple[str, str]:
-    """(project, scope) of a search: scope 'project' (None: the default) prefers `project` (the
-    client's, project_of) and global memories, reaching others only when none of those is
-    relevant; 'all' ranks every project's, the others lower; any other text names the project
-    (over HTTP, a client's folder) with scope 'project'. Raises InputError naming scope."""
+    """(project, scope) of a search: 'project' (None) prefers `project` and global memories; 'all'
+    ranks every project's, others lower; other text names the project. InputError naming scope."""
     scope = "project" if scope is None else clean_text(scope, "scope")
     if scope not in ("project", "all"):
         if not Path(scope).is_absolute() and not scope.startswith("file:"):
@@ -2940,9 +2923,8 @@ class Store:
 
     @contextlib.contextmanager
     def sqlite_errors(self):
-        """Turn SQLite's errors about the file itself into the AokunError a user can act on:
-        a corrupt file into DamagedFile (recorded: writes are refused from then on), a full disk
-        into DiskFull. Other errors pass as they are."""
+        """Turn SQLite's errors about the file into what a user can act on: DamagedFile (recorded)
+        or DiskFull; others pass."""
         try:
             yield
         except apsw.Error as e:
@@ -3091,10 +3073,8 @@ class Store:
         return d
 
     def history(self, doc_id: int, persona_id: str | None = None) -> list[dict]:
-        """What happened to a memory of persona `persona_id` (None: ''), oldest first (sql
-        document_history): [{kind: 'write' | 'merge', what: insert/edit/consolidated, status, at,
-        error, members: [ids merged into it] or None}]. Raises NotFound, also for another persona's
-        id."""
+        """What happened to a memory of persona `persona_id` (None: ''), oldest first: [{kind: write
+        | merge, what, status, at, error, members}]. NotFound, also for another persona's id."""
         self._doc(doc_id, _label(persona_id, "persona_id"))
         rows = self.rows(self.queries["document_history"], {"document_id": doc_id})
         for r in rows:
@@ -3104,9 +3084,8 @@ class Store:
     def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
              session_id: str | None = None, include_archived: bool = False,
              project: str | None = None) -> list[dict]:
-        """Memories newest first (by created_at), without atoms/graph detail; of `project` only
-        (a project_of key, '' global) when given. Raises InputError for a limit outside
-        1..LIST_LIMIT_MAX or an offset above MAX_ID."""
+        """Memories newest first, without atoms or graph; of `project` only when given. InputError
+        for a limit outside 1..LIST_LIMIT_MAX or an offset above MAX_ID."""
         if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
             raise InputError("limit",
                              f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {echo(limit)}")
@@ -3229,9 +3208,8 @@ class Vectors:
         return True
 
     def _compact_vectors_in_tx(self) -> int:
-        """_compact_vectors' work: float32 rows (4 bytes per dimension) of
-        doc_vectors/graph_vectors become int8 rows; the binary index is unchanged (same signs).
-        Returns how many were rewritten. In tx."""
+        """_compact_vectors' work: float32 rows of doc_vectors/graph_vectors become int8 (the binary
+        index keeps its signs). Returns how many. In tx."""
         dim, n = self.meta_get("embedding_dim"), 0
         if dim:
             for table, key in (("doc_vectors", "doc_id"), ("graph_vectors", "entry_id")):
@@ -3289,9 +3267,8 @@ class Vectors:
         return out
 
     def _embed_split(self, texts: list[str], warnings: list | None) -> list:
-        """_embed's bisection over folded texts (see there). A vector the provider sent NaN,
-        infinite or all zeros is a failure for its text: refused (a str) when others of the call
-        came back usable, a transient failure (None, back-filled later) when none did."""
+        """_embed's bisection over folded texts. A NaN, infinite or zero vector fails its text:
+        refused when others came back usable, else transient (None)."""
         try:
             vectors = list(self.embedder.embed_documents(texts))
             bad = unusable_rows(np.asarray(vectors)) if vectors else []
@@ -3321,9 +3298,8 @@ class Vectors:
 
     def _session_context(self, persona_id: str, session_id: str, created_at: str,
                          doc_id: int | None) -> list[tuple]:
-        """(created_at, content) of the `[embedding] context_turns` memories right before a memory
-        in its session (session order: created_at, then id), oldest first; [] outside a session.
-        doc_id None: a memory not stored yet (it comes after every stored one of the same time)."""
+        """(created_at, content) of the `context_turns` memories right before a memory in its
+        session, oldest first ([] outside one); doc_id None: not stored yet."""
         n = self.cfg.embedding.context_turns
         if n <= 0 or not session_id:
             return []
@@ -3416,9 +3392,8 @@ class Vectors:
 
     def _batch_vector_text(self, todo: list[Prepared], i: int, context: list[tuple], batch: dict,
                            refused: set) -> tuple[str, bool]:
-        """_vector_text of write todo[i] before it is stored: `context` its stored session context,
-        to which an insert adds every other insert of the batch before it in session order
-        (created_at, then id), except those at positions `refused`."""
+        """_vector_text of write todo[i] before it is stored: its stored `context` plus the batch's
+        other inserts before it in session order, but those at `refused`."""
         p = todo[i]
         turns = self.cfg.embedding.context_turns
         if p.op == "insert" and p.session_id and turns > 0:
@@ -3687,9 +3662,8 @@ class Layers:
         return "\n".join([get("content"), *[x for x in extra if x]])
 
     def _fact_slot(self, p: Prepared, fact: str) -> tuple[str, str, str]:
-        """(slot, value, subject) of one fact of write `p` (Rules.slot): he, she or a name is the
-        participant the fact names, else the memory's first (no slot when there is none, or it is
-        the user); a fact without a slot is about the first participant or no one."""
+        """(slot, value, subject) of one fact of write `p` (Rules.slot), he, she or a name resolved
+        to the participant it names, else the memory's first."""
         slot, value, subject = self.rules.slot(fact)
         if not slot:
             return "", "", self.rules.canonical(p.participants[0]) if p.participants else ""
@@ -3817,9 +3791,8 @@ class Layers:
         return atom_type, confidence
 
     def _event_columns(self, p) -> dict:
-        """{event_at, event_end} of a memory: the first date its content names (event_spans,
-        rules/dates.toml), resolved against its own created_at in [forgetting] timezone; None each
-        when it names none."""
+        """{event_at, event_end} of a memory: the first date its content names, resolved against its
+        created_at in [forgetting] timezone; None each without one."""
         spans = self._event_spans(p.content, p.created_at)
         return {"event_at": spans[0][0] if spans else None,
                 "event_end": spans[0][1] if spans else None}
@@ -4937,9 +4910,8 @@ class Journal:
         return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
 
     def _unarchive_in_tx(self, doc_id: int) -> None:
-        """Bring memory `doc_id` back into recall: archived off (with its vectors and graph
-        entries), no longer merged into another nor superseded by another, and its retired facts
-        (atoms another memory superseded, unexpired) current again. In tx."""
+        """Bring memory `doc_id` back into recall: unarchived, unmerged, not superseded, its retired
+        unexpired facts current again. In tx."""
         self._set_flag_in_tx(doc_id, "archived", False)
         self.conn.execute("update documents set merged_into = null, superseded_by = null "
                           "where id = ?", (doc_id,))
@@ -4963,9 +4935,8 @@ class KnowledgeGraph:
         return known or re.sub(r"\s+", "_", p.strip().casefold())[:100]
 
     def _entity_id(self, persona: str, name, field_name: str, create: bool) -> int | None:
-        """The id of the knowledge-graph entity `name` resolves to (rules/aliases.toml), created
-        when missing and `create`; None when missing otherwise. Raises InputError naming
-        `field_name`. In tx when `create`."""
+        """The id of the entity `name` resolves to (rules/aliases.toml), created when missing and
+        `create`, else None. InputError naming `field_name`. In tx when `create`."""
         name = clean_text(name, field_name)[:MAX_ENTITY_CHARS]
         canonical = self.rules.canonical(name)
         eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?",
@@ -8876,8 +8847,7 @@ def read_hook_payload(arg: str | None) -> dict:
 
 
 def hook_session_files(client: str, payload: dict) -> list[Path]:
-    """The transcript a hook event names (Claude Code's transcript_path, the Codex rollout of the
-    thread-id, Copilot's events.jsonl); [] when none exists."""
+    """The transcript a hook event names; [] when none exists."""
     import glob
     if client == "claude-code":
         p = payload.get("transcript_path")
@@ -9145,9 +9115,8 @@ class Portable:
         return report
 
     def _redacted_record(self, kind: str, rec: dict) -> dict:
-        """`rec` (an export record of `kind`) with secrets redacted from its text fields
-        (IMPORT_REDACTED), an entity's key following its redacted name; other fields are left for
-        the import's checks."""
+        """`rec` (an export record of `kind`) with its IMPORT_REDACTED text fields redacted (an
+        entity's key follows its name)."""
         names = IMPORT_REDACTED.get(kind)
         if not names:
             return rec
@@ -9205,9 +9174,8 @@ class Portable:
 
     def _import_memories(self, recs, report: dict, ids: dict, claim, status: str = "atoms_done",
                          overwrite=frozenset()) -> list[Prepared]:
-        """Write the memory records (oldest first) as documents rows with their FTS text, each with
-        a journal row at `status`, then their merged_into and superseded_by links. Returns the
-        writes for run_pipeline. In tx."""
+        """Write the memory records (oldest first) as documents rows with FTS text and a journal row
+        at `status`, then their links. Returns the writes for run_pipeline. In tx."""
         c, preps, state = self.conn, [], "pending" if self.embedder.provider != "none" else "none"
         written = []
         for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
