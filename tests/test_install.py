@@ -65,7 +65,7 @@ def test_the_wheel_installs_a_command_that_runs_from_another_folder(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "aokun.py" in names and not [n for n in names if n.startswith(("tests/", "scripts/"))]
     for part in ("schema/0001_init.sql", "sql/recall.sql", "rules/ingest/codex.toml",
-                 "web/panel.css", "aokun.example.ini"):
+                 "web/panel.css", "service/aokun.service", "aokun.example.ini"):
         assert f"aokun-{aokun.__version__}.data/data/share/aokun/{part}" in names
 
     env_dir = tmp_path / "venv"
