@@ -204,7 +204,7 @@ def test_config_outside_the_repo_uses_the_bundled_rules(tmp_path):
     r = CliRunner().invoke(aokun.cli, ["--db", str(tmp_path / "x.db"), "--config", str(p),
                                        "memorize", "hello"])
     assert r.exit_code == 0 and r.stdout.strip() == "1"
-    assert r.stderr == f"aokun: created a new database {tmp_path / 'x.db'}\n"
+    assert r.stderr == f"aokun: created a new database {tmp_path / 'x.db'}{aokun.HISTORY_OPT_IN}\n"
 
 
 def test_feedback_marks_memories_useful_or_not(run):

@@ -16,11 +16,11 @@ TEXTS = [f"{name} {verb} {thing} in {place}" for name in ("Alice", "Bob", "Carme
 
 
 def drop_schema_15_and_16(c):
-    """What schema 15 (superseded_by) and 16 (event dates) added to documents, and schema 19
-    (usage) to sync_base, dropped on `c`: an older file has none of them."""
-    for index in ("documents_superseded_by", "documents_event"):
+    """What schema 15 (superseded_by), 16 (event dates) and 20 (project) added to documents, and
+    schema 19 (usage) to sync_base, dropped on `c`: an older file has none of them."""
+    for index in ("documents_superseded_by", "documents_event", "documents_project"):
         c.execute(f"drop index {index}")
-    for column in ("superseded_by", "event_at", "event_end"):
+    for column in ("superseded_by", "event_at", "event_end", "project"):
         c.execute(f"alter table documents drop column {column}")
     c.execute("alter table sync_base drop column usage")
 
