@@ -1648,10 +1648,8 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
     """The time a question asks about, from its relative-time words (rules/timewords.toml, loaded by
     load_time_words): (start, end, phrase) with start and end ISO UTC (end exclusive) of local
     calendar days in `tz`, relative to `ref` (now, or recall's as_of), and the matched phrase of
-    fold(query); .keep_words is the rule's keep_words. The first rule with a matching pattern wins,
-    unless a rule of kind 'dates' names a narrower time within its window ("去年国庆节": the day,
-    not the year); a month alone in a question about plans (sentence_tense) is the coming one. None
-    when no rule matches."""
+    fold(query); .keep_words is the rule's keep_words. The first matching rule wins, unless a
+    'dates' rule names a narrower time within it (去年国庆节: the day). None when none matches."""
     text = fold(query)
     today = ref.astimezone(tz).date()
     ahead = "dates" in words and sentence_tense(text, words["dates"]) > 0
@@ -1939,10 +1937,8 @@ def event_spans(text: str, created_at: str, words: dict, tz,
     """The dates `text` names (rules/dates.toml, loaded by load_event_dates), resolved against the
     memory's own time `created_at` (ISO) in the local calendar of `tz` and the sentence's tense
     (sentence_tense): [(start, end, phrase)], start and end ISO UTC of local midnights (end
-    exclusive), in the order they appear in fold(text); two joined by a range word ('to', '至')
-    are one, and one holding a narrower one is left out. A piece of text matched by an earlier
-    rule is not matched again ('2027年1月15日' is one date, not also '1月15日'). Ambiguous dates
-    (03/04/2027) are left out and, given a list `skipped`, added to it as (phrase, why)."""
+    exclusive), in text order; two joined by a range word are one, one holding a narrower one is
+    left out. Ambiguous dates (03/04/2027) are left out, added to `skipped` as (phrase, why)."""
     folded = fold(text)
     today = _parse_iso(created_at).astimezone(tz).date()
     tense = sentence_tense(folded, words)
@@ -2114,9 +2110,8 @@ def fuse_scores(parts: dict[int, dict], neighbours: dict[int, set], w: Weights) 
     """The final score, in place: fused = (routes + neighbour + time_boost) × source_boost
     × project_factor ([recall] other_project_factor for another project's memory, else 1), where
     neighbour = session_neighbour_weight × the best routes of the turns right before/after it in its
-    session and time_boost is candidate_score's (a memory from the question's time window). Not
-    capped at 1.0 as in the seed (the cap made the top hits tie); the source boost is the second
-    seed's. Returns the ids best first (ties: lower id first)."""
+    session and time_boost is candidate_score's. Not capped at 1.0 as in the seed (the cap made the
+    top hits tie). Returns the ids best first (ties: lower id first)."""
     for i, p in parts.items():
         near = [parts[n]["routes"] for n in neighbours.get(i, ()) if n in parts]
         p["neighbour"] = w.neighbour * max(near) if near else 0.0
@@ -2139,9 +2134,8 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
     """The answer: MMR (λ, token Jaccard) over the `best` candidates that still exist (those in
     `tokens`), then each pinned memory similar enough to the query (`pins`: {id: cosine
     similarity}, best first) that MMR left out, in place of the weakest unpinned hit.
-    MMR weighs each memory's fused score by its calibrated relevance, fused × (1 − RELEVANCE_RANK
-    + RELEVANCE_RANK·relevance) (none: × 1), so of two memories the channels rank alike the one
-    more likely to answer comes first. Returns [(id, mmr score or None for a pin put in)]."""
+    MMR weighs each fused score by (1 − RELEVANCE_RANK + RELEVANCE_RANK·relevance) (none: × 1).
+    Returns [(id, mmr score or None for a pin put in)]."""
     fused = {i: p["fused"] * (1 - RELEVANCE_RANK + RELEVANCE_RANK * p["relevance"])
              if p.get("relevance") is not None else p["fused"] for i, p in parts.items()}
     picked = mmr([i for i in best if i in tokens], fused, tokens, k, lam)
@@ -2184,15 +2178,10 @@ def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None
     """The weighted share of the query's distinct search tokens found among a memory's indexed
     tokens, 0..1, counting only query tokens of a script the memory has (CJK or not): an English
     question about a Chinese memory shares no word with it by nature. `weight(token)` (default 1)
-    is what a word says (Segmenter.weight: 妹妹 more than 工作), so a memory that shares only an
-    everyday word of the question covers little of it. Single-character Chinese tokens are left out
-    when the query has a longer one: jieba leaves the verbs and particles of a question (有, 去,
-    喝, 做) single, and they match every other memory ("下周有什么安排" is not about
-    "我家有一只猫"); the content words (安排, 上海, 咖啡) are longer. None when no query token is
-    comparable. When the memory has no word of the question's own script (query_script), the share
-    is of all the question's words: a Chinese question with two Latin words (a name, "Assistant")
-    about an English memory has 1 of its 13 words found when one matches, not half of its
-    comparable ones."""
+    is what a word says (Segmenter.weight: 妹妹 more than 工作). Single-character Chinese tokens
+    are left out when the query has a longer one (有, 去, 喝 match every memory). When the memory
+    has no word of the question's own script (query_script), the share is of all its words. None
+    when no query token is comparable."""
     weight = weight or (lambda t: 1.0)
     scripts = {bool(_CJK.search(t)) for t in doc_tokens}
     words = {t for t in query_tokens if len(t) > 1 or not _CJK.search(t)}
@@ -2222,9 +2211,7 @@ def query_names(query: str) -> set[str]:
     """The names a question gives, lower-cased, a name's words joined by a space: its runs of
     capitalised words inside a sentence ("What is Wang Fang allergic to?" → {"wang fang"}), or, in
     a Chinese question or one of capitalised words only, every run ("Rachel 是干什么的" →
-    {"rachel"}, "Hangzhou" → {"hangzhou"}); never an English question's first word or "I". A
-    memory that holds none of them is about someone or something else (names_found,
-    hit_relevance)."""
+    {"rachel"}, "Hangzhou" → {"hangzhou"}); never an English question's first word or "I"."""
     text = fold(query)
     keywords = not re.search(r"\b[a-z]", text)  # "Hangzhou", "Wang Fang": a name search
     if keywords or 2 * len(_CJK.findall(text)) >= len(re.findall(r"[A-Za-z]", text)):
@@ -2264,11 +2251,9 @@ def calibrated_relevance(margin: float | None, cover: float | None,
     memory size: the logistic 1/(1 + exp(−(w_margin·margin + w_cover·cover + bias))) with the
     weights fitted for the embedding model and the question's script (`coef`, rules/relevance.toml
     says how), or its margin-only weights when `cover` is None (no comparable words: another
-    language). `margin`: the query–memory cosine less the query's background (its mean cosine with
-    ordinary memories of the memory's script, Vectors.background), so a question that is close to
-    everything (a greeting, "tell me a joke") is close to nothing in particular; `cover`:
-    token_cover. None when the model is not calibrated or the memory has no vector yet (such hits
-    are never dropped)."""
+    language). `margin`: the query–memory cosine less the query's background (Vectors.background);
+    `cover`: token_cover. None when the model is not calibrated or the memory has no vector yet
+    (such hits are never dropped)."""
     if coef is None or margin is None:
         return None
     z = coef["w_margin"] * margin + coef["w_cover"] * cover + coef["bias"] if cover is not None \
@@ -2286,13 +2271,10 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     gives ("TideLog", "Wang Fang" for 王芳: names_found; the only word that can compare), else None
     and meaning alone decides (an English topic word in a Chinese memory's context is no keyword
     evidence).
-    Relevance is 0 without evidence: for a memory whose text has no word (has_words: emoji,
-    punctuation, a bare number; the topics it was given are not its words); for one that shares
-    no word with a question that does not speak of the user ("What is the capital of France?",
-    "tell me a joke": meaning alone never makes a general question about the person the memory is
-    of); for one that holds none of the names the question gives: "What is Wang Fang allergic
-    to?" is answered by 王芳's allergy, never by the user's own (unless the question is English
-    and the memory Chinese: a name not found there proves nothing, West Lake is 西湖)."""
+    Relevance is 0 without evidence: a memory whose text has no word (has_words); one sharing no
+    word with a question that does not speak of the user ("tell me a joke"); one holding none of
+    the names the question gives (unless the question is English and the memory Chinese: West
+    Lake is 西湖)."""
     vector, names = q["vector"], q["names"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(doc_tokens)
@@ -2327,13 +2309,10 @@ RECALL_HIT_MIN_TOKENS = 50
 
 
 def bound_hits(hits: list[dict], max_chars: int, max_tokens: int) -> tuple[list[dict], list[int]]:
-    """The hits within the answer's limits (0 = no limit). Each text is cut to `max_chars`
-    characters (cut_text); then the texts together (estimate_tokens) stay within `max_tokens`: the
-    first hit keeps its capped text; each later one, in rank order, gets what is left less a short
-    share kept for every hit after it (RECALL_HIT_MIN_TOKENS, or that hit's whole text when
-    shorter), and at least RECALL_HIT_MIN_TOKENS itself. A hit for which not even that is left is
-    left out (a shorter one after it may still fit). `truncated` says a text was cut.
-    Returns (hits kept, ids left out)."""
+    """The hits within the answer's limits (0 = no limit): each text cut to `max_chars` (cut_text),
+    then all within `max_tokens` (estimate_tokens), each later hit getting what is left less
+    RECALL_HIT_MIN_TOKENS per hit after it; a hit left less than that is left out. `truncated`
+    says a text was cut. Returns (hits kept, ids left out)."""
     capped = [cut_text(h["text"], max_chars) if max_chars > 0 else (h["text"], False) for h in hits]
     costs = [estimate_tokens(text) for text, _ in capped]
     after = [0] * (len(hits) + 1)  # after[i]: the shares kept for hits i, i + 1, … (the last: 0)
@@ -3764,8 +3743,8 @@ class Layers:
         same persona reinforces it (_reinforce_atom) instead of a new row, unless the two hold the
         same single-valued slot (Rules.slot) with another value or subject: then the new fact
         supersedes the old (_supersede). A fact of fewer than reinforce_min_tokens search tokens
-        never reinforces ("Thanks!" in every conversation is small talk). An atom of this memory's
-        that outlived an edit is reinforced when active, else replaced. In tx."""
+        never reinforces ("Thanks!"). An atom that outlived an edit is reinforced when active, else
+        replaced. In tx."""
         c = self.conn
         self._clear_atoms(p.document_id)
         # the event time again: rebuild --graph re-derives it for memories stored before schema 16
@@ -4489,9 +4468,7 @@ class Journal:
 
     def memorize(self, content, metadata: dict | None = None, supersedes=None,
                  project: str | None = None) -> dict:
-        """Store one memory through the journalled pipeline (seed: Write Pipeline).
-
-        Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding,
+        """Store one memory through the journalled pipeline (seed: Write Pipeline). Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding,
         embedding_truncated, warnings, changed}. The same content for the same persona is a repeat
         (deduplicated=true, _absorb_repeat; `changed` {field: [old, new]}). `supersedes` (ids of
         the same persona, at most SUPERSEDES_MAX) are archived and linked in the same transaction.
@@ -5272,13 +5249,9 @@ class Channels:
 
     def _channel_query(self, ch: str, sql: str, params: dict, rows) -> list[dict]:
         """The rows of channel `ch` (its query `sql`, run by `rows`), first with its speed bound
-        (sql/recall.sql): the keyword channels rank only the best FTS_POOL_FACTOR × k FTS matches
-        (:pool), the vector channels take candidates within a Hamming distance (:max_hamming) learnt
-        from earlier recalls (_hamming_bound). When the rows say the bound may have cut them short
-        (`complete` 0) the query runs again without it, so the rows are always the unbounded ones.
-        A keyword channel whose pool fell short (a small session or persona behind many matches of
-        others) runs its next FTS_POOL_SKIP recalls with those filters unbounded at once; a vector
-        channel with fewer vectors than candidates left (archived, forgotten) forgets its bound."""
+        (keyword: the best FTS_POOL_FACTOR × k matches; vector: a learnt Hamming distance,
+        _hamming_bound); when the rows say the bound may have cut them short (`complete` 0) the
+        query runs again without it, so the rows are always the unbounded ones."""
         unbounded = dict(params, pool=0, max_hamming=None)
         if ch in ("bm25", "graph_keyword"):
             key = (ch, params["persona_id"], params["session_id"], params["max_archived"])
@@ -5377,10 +5350,8 @@ class Channels:
     def _hamming_bound(self, key: tuple) -> float | None:
         """The Hamming bound for a vector channel query (`key`: channel, persona, session, archived,
         candidates): the HAMMING_QUANTILE of the reach (the candidates-th nearest Hamming distance)
-        of its last HAMMING_HISTORY recalls, None (no bound) before 8 of them. Why a bound:
-        sqlite-vec 0.1.9 picks a chunk's k nearest by k passes over the chunk (min_idx), so its KNN
-        costs n × k; with the bound only the few candidates within it are picked (graph vectors at
-        100k memories: 32 ms → 11 ms)."""
+        of its last HAMMING_HISTORY recalls, None (no bound) before 8 of them (sqlite-vec 0.1.9's
+        KNN costs n × k; within the bound only a few candidates are picked)."""
         seen = sorted(self._hamming_reach.get(key, ()))
         return seen[int(HAMMING_QUANTILE * (len(seen) - 1))] if len(seen) >= 8 else None
 
@@ -5428,12 +5399,10 @@ class Recall:
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
 
     def warm_recall(self) -> None:
-        """Load what a new process's first recalls would otherwise load on their way (issue 37):
-        the embedding model (the slowest), pypinyin, each channel worker's reader connection with
-        aokun_bm25's row sizes and the channels' statements and pages (each runs once for the
-        newest memory's words), the relevance anchors. Nothing is written or cached, the main
-        connection's lock is taken for one statement at a time only; before each channel step it
-        waits while a tool call runs. The server's background thread calls it at start."""
+        """Load what a new process's first recalls would otherwise load: the embedding model,
+        pypinyin, each channel worker's connection and pages (each channel runs once), the
+        relevance anchors. Writes nothing; takes the lock one statement at a time and waits while
+        a tool call runs."""
         text = (self.value("select content from documents order by id desc limit 1")
                 or "warm up 预热")[:200]
         v = self._query_vector(text).astype(np.float32) if self.vectors_usable else None
@@ -5523,17 +5492,10 @@ class Recall:
         degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each
         hit also carries `explain` (explain_parts): its rank in every channel and every part of its
         score, and the answer `stats` {channel_ms, channel_rows: {channel: ms/rows}, candidates,
-        scored, pool}. Texts are bounded by bound_hits: max_chars_per_hit and max_answer_tokens
-        (None: the [recall] settings, 0: no limit); `truncated` marks a cut text (get() reads it
-        whole), a warning names the hits left out. The bounds come after ranking: scores and
-        explain are the same.
-
-        The channels (sql/recall.sql) run side by side, the query embedding beside the keyword ones;
-        _fuse() ranks their rows with the Ranking functions: shortlist() (the best by channel
-        evidence), candidate_score() per memory (document route α·relevance + β·importance +
-        γ·recency + δ·frequency; graph route 0.55/0.20/0.15/0.10 × the atoms' temporal factor),
-        scale_routes() (0.65/0.35 or the intent's weights, +0.08 when both routes hit),
-        fuse_scores() (session neighbours, source boost), select_hits() (MMR λ=0.7, pins).
+        scored, pool}. Texts are bounded after ranking by bound_hits (max_chars_per_hit,
+        max_answer_tokens; None: the [recall] settings, 0: no limit). The channels (sql/recall.sql)
+        run side by side; _fuse() ranks their rows with the Ranking functions (shortlist,
+        candidate_score, scale_routes, fuse_scores, select_hits).
         as_of answers as the memory stood then; include_conversations adds `conversations` (hooks);
         `project`, `scope`: project_scope. InputError: an empty query, a bad k or scope."""
         started = time.perf_counter()
@@ -5986,10 +5948,9 @@ class Recall:
                       now), each at most once per FEEDBACK_ATOM_INTERVAL_DAYS;
         useful=false: importance − the same step (not below 0); nothing is counted.
 
-        All or nothing, in one transaction: an id that does not exist, or belongs to another persona
-        than `persona_id`, is NotFound. InputError for ids that are not a non-empty list of whole
-        numbers ≥ 1. Returns {useful, results: [{id, uid, old_importance, importance, useful_count,
-        last_useful_at, atoms_reinforced}]}, one per distinct id, in order."""
+        All or nothing: an id missing or of another persona is NotFound; InputError for ids that
+        are not a non-empty list of whole numbers ≥ 1. Returns {useful, results: [{id, uid,
+        old_importance, importance, useful_count, last_useful_at, atoms_reinforced}]}."""
         ids = _id_list(ids, "ids", self.cfg.recall.max_k)
         if not isinstance(useful, bool):
             raise InputError("useful", f"expected true or false, got {echo(useful)}")
