@@ -4468,12 +4468,12 @@ class Journal:
 
     def memorize(self, content, metadata: dict | None = None, supersedes=None,
                  project: str | None = None) -> dict:
-        """Store one memory through the journalled pipeline (seed: Write Pipeline). Returns {id, uid, status, deduplicated, atoms, graph_entries, embedding,
-        embedding_truncated, warnings, changed}. The same content for the same persona is a repeat
-        (deduplicated=true, _absorb_repeat; `changed` {field: [old, new]}). `supersedes` (ids of
-        the same persona, at most SUPERSEDES_MAX) are archived and linked in the same transaction.
-        Raises InputError for bad input before anything is written; an embedding failure never
-        fails the write. `project`: the client's (prepare)."""
+        """Store one memory through the journalled pipeline (seed: Write Pipeline). Returns {id,
+        uid, status, deduplicated, atoms, graph_entries, embedding, embedding_truncated, warnings,
+        changed}. The same content for the same persona is a repeat (deduplicated=true,
+        _absorb_repeat; `changed` {field: [old, new]}). `supersedes` (ids of the same persona, at
+        most SUPERSEDES_MAX) are archived and linked in the same transaction. InputError for bad
+        input before anything is written; an embedding failure never fails the write."""
         p = self.prepare(content, metadata, project=project)
         p.supersedes = self._superseded_ids(supersedes, p)
         return self._memorize_prepared([p])[0]
