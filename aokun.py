@@ -536,14 +536,11 @@ def bm25_idf(hits: int, rows: int) -> float:
 
 
 def maxscore_split(terms: list[str], hits: dict[str, int], rows: int, pool: int) -> dict:
-    """The keyword channels' exact top-k pruning (MaxScore: Turtle & Flood 1995, "Query evaluation:
-    strategies and optimizations"), as parameters of sql/recall.sql: the commonest of the distinct
-    `terms` (hits: rows holding each, of `rows`) are left out of the scan while their bounds
-    ((k1 + 1) × IDF) sum below MAXSCORE_SHARE of the rarest's and the others hold 2 × `pool`
-    rows. {match: the others OR (the others AND the common ones), so their rows score with the
-    common terms too; rest: the rows holding common terms only, read when the pool's worst score
-    is not above rest_bound, their bound (5% to spare); phrases: aokun_bm25's list of the whole
-    query's terms in order (sql/fts5_rank.c)}; without a split the whole query, listed."""
+    """The keyword channels' exact top-k pruning (MaxScore: Turtle & Flood 1995), as parameters of
+    sql/recall.sql: the commonest `terms` (hits: rows holding each, of `rows`) are left out of the
+    scan while their bounds ((k1 + 1) × IDF) sum below MAXSCORE_SHARE of the rarest's. {match,
+    rest: the rows holding common terms only, read when the pool's worst score is not above
+    rest_bound; phrases: aokun_bm25's list of the query's terms}; no split: the whole query."""
     bound = {t: (BM25_K1 + 1) * bm25_idf(hits[t], rows) for t in terms}
     order = sorted(terms, key=lambda t: (bound[t], t))
     common, total = [], 0.0
@@ -2038,9 +2035,8 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
                       × (temporal_floor + (1 − temporal_floor)·temporal_factor)
         time_boost  = time_window_boost when created_at is within the question's time window or its
                       event time overlaps it (time_match), else 0
-
-    (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours, README "How
-    recall ranks"). Returns the dict that explain shows."""
+    (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours). Returns the
+    dict that explain shows."""
     if w.window:
         event = event_distance_days(d.get("event_at"), d.get("event_end"), w.window)
         days = window_distance_days(d["created_at"], w.window)
@@ -2267,10 +2263,8 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     ({tokens, vector (None: none), background: Vectors.background of it, personal:
     Rules.personal, names: query_names}), the memory's indexed tokens, stored vector (None: none
     yet) and text, the question's calibrated_relevance weights and the Segmenter `seg` (weight,
-    pinyin). Across scripts (query_script) cover is 1 when the memory holds a name the question
-    gives ("TideLog", "Wang Fang" for 王芳: names_found; the only word that can compare), else None
-    and meaning alone decides (an English topic word in a Chinese memory's context is no keyword
-    evidence).
+    pinyin). Across scripts cover is 1 when the memory holds a name the question gives
+    (names_found: "Wang Fang" for 王芳), else None and meaning alone decides.
     Relevance is 0 without evidence: a memory whose text has no word (has_words); one sharing no
     word with a question that does not speak of the user ("tell me a joke"); one holding none of
     the names the question gives (unless the question is English and the memory Chinese: West
@@ -3003,7 +2997,7 @@ class Store:
             log.debug("database %s is damaged: %s; writes are refused", self.path, why)
             with contextlib.suppress(OSError):
                 self.damage_marker.write_text(why, encoding="utf-8")
-        backups = [f for f in self.backup_dir().glob("*.db") if f.is_file()]
+        backups = [f for f in self.backup_dir().glob(f"{self.path.stem}-*.db") if f.is_file()]
         newest = max(backups, key=lambda f: f.stat().st_mtime, default=None)
         salvage = ("recover NEW.db", {})
         if newest is None:
@@ -5938,16 +5932,13 @@ class Recall:
     # feedback: reinforcement for use ------------------------------------------------------------
 
     def memory_feedback(self, ids, useful: bool = True, persona_id: str | None = None) -> dict:
-        """The assistant used these memories in its answer (useful=true), or they were wrong or
-        beside the point (useful=false). Reinforcement rewards use, not retrieval (a recall's own
-        touches leave ranking alone):
-
+        """The assistant used these memories (useful=true), or they were wrong or beside the point
+        (useful=false); reinforcement rewards use, not retrieval.
         useful=true:  useful_count + 1, last_useful_at = now (candidate_score's frequency term),
                       importance + [recall] feedback_importance_step (at most 1), and the memory's
                       active atoms reinforced as a repeat of it would (count + 1, shelf life from
                       now), each at most once per FEEDBACK_ATOM_INTERVAL_DAYS;
         useful=false: importance − the same step (not below 0); nothing is counted.
-
         All or nothing: an id missing or of another persona is NotFound; InputError for ids that
         are not a non-empty list of whole numbers ≥ 1. Returns {useful, results: [{id, uid,
         old_importance, importance, useful_count, last_useful_at, atoms_reinforced}]}."""
@@ -6948,12 +6939,10 @@ class Maintenance:
         return made
 
     def restore_from(self, src: Path | str) -> dict:
-        """Replace this database's content with the backup `src` (integrity-checked, a known
-        schema; copied and migrated in a staging file first). Under one write lock the current
-        content is saved as <name>.before-restore-<time>.db, the id counters (ID_COUNTERS) raised
-        to what this file handed out, and the copy put in. Over a damaged file the file is renamed
-        to <name>.damaged-<time>.db instead (only_in_previous None). Returns {restored,
-        saved_previous, only_in_previous: [memory ids only in the saved copy], previous_added,
+        """Replace this database's content with the backup `src` (checked and migrated in a staging
+        file first); the current content is saved as <name>.before-restore-<time>.db (a damaged
+        file renamed to <name>.damaged-<time>.db instead), the id counters raised. Returns
+        {restored, saved_previous, only_in_previous: [memory ids], previous_added,
         previous_changed}."""
         src = Path(src).expanduser().resolve()
         if not src.exists():
@@ -7117,9 +7106,10 @@ class Maintenance:
         tmp, done = dest.with_name(dest.name + ".part"), False
         target = apsw.Connection(str(tmp))
         try:
-            with self.sqlite_errors(), target.backup("main", source, "main") as b:
-                b.step(-1)
-            ok = [r[0] for r in target.execute("pragma integrity_check(3)")]
+            with self.sqlite_errors():
+                with target.backup("main", source, "main") as b:
+                    b.step(-1)
+                ok = [r[0] for r in target.execute("pragma integrity_check(3)")]
             if ok != ["ok"]:
                 raise self.damaged("integrity_check: " + "; ".join(ok))
             target.pragma("journal_mode", "delete")
@@ -7570,12 +7560,10 @@ class Conversations:
                include_deleted: bool = False, pause=None, on_stored=None) -> dict:
         """Ingest the transcripts of `source` (claude-code, codex, copilot, chatgpt) from `paths` or
         the client's standard location, each file from the byte offset the last run stopped at.
-        Turns are kept by the source's rules, redacted, and stored once each; a session deleted
-        before stays out unless `include_deleted`. Callbacks, each optional: `progress(turns,
-        None)` after each batch; `pause(boundary)` between steps (True before a batch: it may raise
-        IngestInterrupted to stop there; False: it may only wait); `on_stored(new, offset)` after
-        each batch's transaction. Returns {source, files, sessions, turns, new, skipped, deleted,
-        unreadable: [lines], interrupted, seconds}."""
+        Turns are kept by the source's rules, redacted, stored once each; a deleted session stays
+        out unless `include_deleted`. Optional callbacks: `progress(turns, None)`, `pause(boundary)`
+        (may raise IngestInterrupted before a batch), `on_stored(new, offset)`. Returns {source,
+        files, sessions, turns, new, skipped, deleted, unreadable, interrupted, seconds}."""
         started = time.perf_counter()
         rules = self.ingest_rules(source)
         persona = _label(persona_id, "persona_id")
@@ -8355,13 +8343,10 @@ class QueuedFile:
 
 class Watcher:
     """Polls the clients' standard locations (rules/ingest/<source>.toml `location`) and ingests
-    what changed through Memory.ingest from each file's stored offset: it stats the known
-    transcripts every poll and globs for new ones every WATCH_GLOB_EVERY polls (the stdlib has no
-    portable file-system watcher). The queue is read newest first; run() reads the files changed
-    in the last WATCH_FRESH_SECONDS itself and leaves the back-log to a second thread at the lowest
-    CPU priority; both yield to tool calls (Memory.yield_to_foreground). [conversations]
-    watch_since_days and watch_include/exclude_projects limit what is read; progress() says what
-    is done and left. `self.lock` guards what both threads touch."""
+    what changed through Memory.ingest from each file's stored offset (stat every poll, glob every
+    WATCH_GLOB_EVERY polls). run() reads the files changed in the last WATCH_FRESH_SECONDS and
+    leaves the back-log to a second thread at the lowest CPU priority; both yield to tool calls.
+    `self.lock` guards what both threads touch."""
 
     def __init__(self, mem: "Memory", sources=WATCH_SOURCES, persona_id=None):
         """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer.
@@ -8824,7 +8809,8 @@ def write_with_backup(path: Path, text: str) -> Path | None:
     backup = None
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists():
-        backup = path.with_name(f"{path.name}.aokun-backup-{now().strftime('%Y%m%dT%H%M%S%fZ')}")
+        stamp = f"{now():%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"  # two in a second: two files
+        backup = path.with_name(f"{path.name}.aokun-backup-{stamp}")
         shutil.copy2(path, backup)
     write_atomically(path, text.encode("utf-8"))
     return backup
@@ -9179,12 +9165,10 @@ class Portable:
                       progress=None) -> dict:
         """Import an export (the lines of a JSONL file) into this file, uids deciding: a record here
         with the same or a later updated_at is kept, one deleted here stays deleted, a memory whose
-        text this persona holds under another uid is left out. Memories are re-derived through the
-        pipeline; the rest written as rows; all in one transaction but the re-derivation.
-        `derive_atoms` re-derives atoms instead of taking atom records; `overwrite` (uids) are
-        written even when as late; `progress(done, total)` hears the memories re-derived, then
-        (done, None) the turns embedded. Returns {kind: {added, updated, kept, skipped}, deleted}.
-        Raises ImportFileError (the line) for a line that is not a record, before any write."""
+        text this persona holds under another uid is left out; memories are re-derived through the
+        pipeline. `derive_atoms`: re-derive atoms; `overwrite`: uids written even when as late;
+        `progress(done, total)`. Returns {kind: {added, updated, kept, skipped}, deleted}.
+        ImportFileError (the line) for a line that is not a record, before any write."""
         records = read_export(lines)
         report = {k: {"added": 0, "updated": 0, "kept": 0, "skipped": 0} for k in EXPORT_FIELDS}
         by_kind = {k: [(n, self._redacted_record(k, r)) for n, r in records if r["kind"] == k]
@@ -9936,6 +9920,7 @@ class Sync:
                     "did not write them (a restored backup, or a copy that synced); it sends "
                     "everything again", resend=True)
             self._sync_align_decay(found)
+            self._sync_check_key(found, report["device"])
             for step in ("written", "answered"):  # then what applying made here
                 scratch = self._sync_snapshot()
                 try:
@@ -9953,6 +9938,21 @@ class Sync:
             with self.tx():
                 self._meta_set("sync_last", now_iso())
         return report
+
+    def _sync_check_key(self, found: dict, device: str) -> None:
+        """AokunError, before anything is sent, when the newest file of another device in `found`
+        cannot be opened with this device's passphrase (sync_open): what it wrote then would be
+        sealed with a key the others lack, or plain text among encrypted files."""
+        passphrase = self.cfg.secret("sync", "passphrase", "passphrase_env")
+        for key in {k[0]: k for k in sorted(found, key=lambda k: k[1]) if k[0] != device}.values():
+            try:
+                head, payload, on_disk = read_changeset_file(found[key])
+                h = changeset_header(head, payload, on_disk, key)
+                sync_open(h, payload, passphrase, f"{key[0]}-{key[1]}".encode())
+            except SyncFileError as e:
+                if "passphrase" in str(e):
+                    why = str(e).removesuffix("; nothing applied")
+                    raise AokunError(f"{found[key].name}: {why}; nothing sent or applied") from None
 
     def sync_conflicts(self, persona_id=None, limit: int = SYNC_CONFLICTS_LIMIT) -> list[dict]:
         """The versions that lost a conflict, newest first: [{id, kind, uid, persona_id,
@@ -13479,6 +13479,9 @@ def _one_line_errors():
     Anything else propagates as it is: click.UsageError keeps its usage text and exit 2."""
     try:
         yield
+    except apsw.BusyError:
+        raise click.ClickException("the database is busy: another process held its write lock "
+                                   "longer than [storage] busy_timeout_ms; try again") from None
     except (AokunError, BaseExceptionGroup) as e:
         error = _user_error(e)
         if error is None:

@@ -3,6 +3,7 @@
 import json
 import sqlite3
 
+import apsw
 import pytest
 from click.testing import CliRunner
 
@@ -220,3 +221,21 @@ def test_feedback_marks_memories_useful_or_not(run):
     assert run("feedback", "1", "--persona", "work", ok=False).exit_code != 0
     assert run("feedback", ok=False).exit_code != 0  # an id is required
     assert run("feedback", "0", ok=False).exit_code != 0
+
+
+def test_a_database_held_busy_is_one_line(tmp_path):
+    """Another process holding the write lock longer than busy_timeout_ms: one line, no trace."""
+    from mcp_procs import write_ini
+    ini = write_ini(tmp_path, storage={"busy_timeout_ms": 200})
+    db = tmp_path / "busy.db"
+    runner = CliRunner()
+    assert runner.invoke(aokun.cli, ["--db", str(db), "--config", str(ini), "memorize",
+                                     "first"]).exit_code == 0
+    holder = apsw.Connection(str(db))
+    holder.execute("begin immediate")
+    try:
+        r = runner.invoke(aokun.cli, ["--db", str(db), "--config", str(ini), "memorize", "two"])
+    finally:
+        holder.execute("rollback")
+        holder.close()
+    assert r.exit_code == 1 and "database is busy" in r.output and "Traceback" not in r.output

@@ -110,6 +110,21 @@ def test_the_cli_names_the_damage_restores_over_it_and_recovers(tmp_path, segmen
     assert cli(db, ini, "list", "--json").stdout.count("herons") >= 20
 
 
+def test_restore_needs_no_doctor_first_and_only_this_files_backups_are_named(tmp_path, segmenter):
+    ini = write_ini(tmp_path)
+    db = tmp_path / "a.db"
+    backup = _made(db, aokun.load_config(str(ini)), segmenter)
+    other = backup.with_name("b-manual-29990101T000000Z.db")  # another file's, and newer
+    shutil.copy(backup, other)
+    os.utime(other, (4e9, 4e9))
+    _flip_table_pages(db, "documents")
+    restored = cli(db, ini, "restore", str(backup), "--yes")  # the damage not yet flagged
+    assert restored.returncode == 0 and "Traceback" not in restored.stderr, restored.stderr
+    _flip_table_pages(db, "documents")
+    doctor = cli(db, ini, "doctor")
+    assert f"restore {backup} --yes" in doctor.stdout and str(other) not in doctor.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [["serve"], ["stats"], ["doctor"]])
 def test_a_truncated_file_is_one_line(tmp_path, segmenter, args):

@@ -5,6 +5,7 @@ passphrase, none, or an unencrypted file while one is set is one line and nothin
 
 import json
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -48,10 +49,11 @@ def test_an_encrypted_folder_holds_no_text_and_needs_the_passphrase(tmp_path, op
                      ("Correct horse battery", "cannot be decrypted with this device's sync "
                                                "passphrase")):
         other = device(open_mem, tmp_path, f"wrong{len(key)}", key)
-        r = other.sync(share)
-        reason = skipped(r, name)
-        assert why in reason and "\n" not in reason, reason
-        assert not r["applied"] and uid not in memories(other)
+        other.memorize(f"written where the key is {key!r}")
+        with pytest.raises(aokun.AokunError, match=re.escape(why)) as e:
+            other.sync(share)  # nothing written: sealed wrongly, or plain, it would be stranded
+        assert "\n" not in str(e.value) and "nothing sent" in str(e.value)
+        assert uid not in memories(other) and [f.name for f in share.iterdir()] == [name]
     b = device(open_mem, tmp_path, "b", "correct horse battery")
     r = b.sync(share)
     assert r["applied"] == [name] and memories(b)[uid] == SECRET
@@ -63,10 +65,9 @@ def test_an_encrypted_folder_holds_no_text_and_needs_the_passphrase(tmp_path, op
             flipped).hexdigest()}, flipped), ("z.changeset", h | {"device": stranger}, payload)):
         (share / file).write_bytes(json.dumps(head2).encode() + b"\n" + body)
     c = device(open_mem, tmp_path, "c", "correct horse battery")
-    r = c.sync(share)
-    for file in ("y.changeset", "z.changeset"):
-        assert "cannot be decrypted" in skipped(r, file)
-    assert uid not in memories(c)
+    with pytest.raises(aokun.AokunError, match="cannot be decrypted"):
+        c.sync(share)  # what it cannot read, it does not answer
+    assert uid not in memories(c) and len(list(share.iterdir())) == 2
 
 
 def test_an_unencrypted_file_is_not_applied_where_a_passphrase_is_set(tmp_path, open_mem):
@@ -78,9 +79,9 @@ def test_an_unencrypted_file_is_not_applied_where_a_passphrase_is_set(tmp_path, 
     payload = (share / name).read_bytes().split(b"\n", 1)[1]
     assert b"without a passphrase" in zlib.decompress(payload)
     keyed = device(open_mem, tmp_path, "keyed", "s3cret words")
-    r = keyed.sync(share)
-    assert "not encrypted, but this device has a sync passphrase" in skipped(r, name)
-    assert uid not in memories(keyed)
+    with pytest.raises(aokun.AokunError, match="not encrypted, but this device has a sync pass"):
+        keyed.sync(share)
+    assert uid not in memories(keyed) and [f.name for f in share.iterdir()] == [name]
 
 
 def test_the_passphrase_from_the_environment_in_the_cli(tmp_path):
@@ -92,18 +93,21 @@ def test_the_passphrase_from_the_environment_in_the_cli(tmp_path):
     ini.write_text("[embedding]\nprovider = none\n[backup]\ndaily = false\n"
                    "[conversations]\nwatch = false\n", encoding="utf-8")
 
-    def cli(db: str, key: str, *args) -> subprocess.CompletedProcess:
+    def cli(db: str, key: str, *args, rc: int = 0) -> subprocess.CompletedProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AOKUN_")}
         r = subprocess.run([sys.executable, aokun.__file__, "--db", str(tmp_path / db),
                             "--config", str(ini), *args], env=env | {"AOKUN_SYNC_KEY": key},
                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert r.returncode == rc and "Traceback" not in r.stderr, r.stderr
         return r
     cli("a.db", "k1 k1", "memorize", SECRET)
     cli("a.db", "k1 k1", "sync", str(share))
-    wrong = cli("b.db", "k2", "sync", str(share))
-    [line] = [x for x in wrong.stderr.splitlines() if x.startswith("skipped")]
-    assert "cannot be decrypted" in line and "applied 0 file(s)" in wrong.stdout
+    cli("b.db", "k2", "memorize", "b's own memory")
+    wrong = cli("b.db", "k2", "sync", str(share), rc=1)
+    [line] = [x for x in wrong.stderr.splitlines() if x.startswith("Error")]
+    assert "cannot be decrypted" in line and len(list(share.iterdir())) == 1
     assert "4711" not in cli("b.db", "k2", "list").stdout
     assert "applied 1 file(s)" in cli("b.db", "k1 k1", "sync", str(share)).stdout
     assert "4711" in cli("b.db", "k1 k1", "list").stdout
+    cli("a.db", "k1 k1", "sync", str(share))  # b's memory, written under the wrong key, arrives
+    assert "b's own memory" in cli("a.db", "k1 k1", "list").stdout

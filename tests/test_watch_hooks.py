@@ -435,6 +435,10 @@ def test_hooks_claude_code_uninstall_removes_exactly_what_install_added(tmp_path
         assert not settings.exists()
     else:
         assert json.loads(settings.read_text(encoding="utf-8")) == original
+        # install's backup (the original, byte for byte) is kept beside uninstall's
+        backups = [b.read_text(encoding="utf-8")
+                   for b in tmp_path.glob("settings.json.aokun-backup-*")]
+        assert json.dumps(original, indent=4) in backups and len(backups) == 2
     again = hooks_cli(tmp_path, "claude-code", "uninstall", settings)
     assert again.exit_code == 0 and "nothing changed" in again.output
 
