@@ -148,3 +148,16 @@ def default_graph_columns_of_schema12(mem) -> None:
         mem.conn.execute(f"drop table {table}")
         mem.conn.execute(re.sub(r"(uid|created_at|updated_at)(\s+text not null)",
                                 r"\1\2 default (hex(randomblob(16)))", sql))
+
+
+def is_anchors(texts) -> bool:
+    """Whether `texts` are rules/relevance.toml's anchors (Vectors.background embeds them once per
+    process, the warm-up among the first): a test counting what a write embedded leaves them out."""
+    global _ANCHORS
+    if _ANCHORS is None:
+        _ANCHORS = [list(t) for t in aokun.Rules(aokun.Config(None)).anchors.values()]
+    return list(texts) in _ANCHORS
+
+
+_ANCHORS = None
+

@@ -251,7 +251,8 @@ def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, m
     # schema 9, which this code writes
     later = [("documents", "embedding_error"), ("graph_entries", "embedding_error"),
              # 15, 16
-             ("documents", "superseded_by"), ("documents", "event_at"), ("documents", "event_end")]
+             ("documents", "superseded_by"), ("documents", "event_at"), ("documents", "event_end"),
+             ("documents", "project")]  # 20
     with m.tx() as c:
         for table, column in later:
             c.execute(f"alter table {table} add column {column} text")
@@ -289,7 +290,8 @@ def test_schema6_file_gains_the_feedback_columns_and_keeps_every_row(tmp_path, m
         assert len(after["documents"]) == len(before["documents"]) == 8
         for old, new in zip(before["documents"], after["documents"], strict=True):
             assert new == old | {"useful_count": 0, "last_useful_at": None, "embedding_error": None,
-                                 "event_at": None, "event_end": None, "superseded_by": None}
+                                 "event_at": None, "event_end": None, "superseded_by": None,
+                                 "project": ""}
         assert m.doctor() == []
         assert m.recall(CORPUS[0][0], k=1, channels="bm25")["results"][0]["id"] == ids[0]
         assert m.memory_feedback([ids[1]])["results"][0]["useful_count"] == 1

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import aokun
-from fakes import FakeEmbedder, open_memory
+from fakes import FakeEmbedder, is_anchors, open_memory
 from mcp_procs import REPO, child_env, cli, free_port, stop, wait_port, write_ini
 
 TURNS = 4  #: the turns kept of each small session (two questions, two answers)
@@ -147,7 +147,7 @@ class GateEmbedder(FakeEmbedder):
                 self.paused.set()
                 assert self.go.wait(120), "the test never opened the gate"
             self.backlog += len(texts)
-        self.passages += len(texts)
+        self.passages += 0 if is_anchors(texts) else len(texts)
         return super().embed_documents(texts)
 
 

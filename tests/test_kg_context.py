@@ -725,6 +725,8 @@ async def _ok(client, tool, args=None) -> dict:
 @pytest.mark.anyio
 async def test_mcp_kg_context_preview_consolidation_and_briefing(tmp_path, segmenter, monkeypatch):
     monkeypatch.setenv("AOKUN_NOW", aokun.iso(NOW))
+    # no project (the tests run in a git checkout): the stored briefing, not one per project
+    monkeypatch.setattr(aokun, "_client_project", lambda ctx: "")
     db = tmp_path / "mcp.db"
     cfg = aokun.Config(None, overrides={("server", "exposed_tools"): "all",
                                         ("backup", "dir"): str(tmp_path / "bk"),

@@ -37,7 +37,8 @@ class GatedEmbedder(fakes.FakeEmbedder):
                 while True:  # until SIGKILL
                     time.sleep(60)
             self.passages += len(texts)
-        note(f"embed {len(texts)}")
+        if not fakes.is_anchors(texts):
+            note(f"embed {len(texts)}")
         return super().embed_documents(texts)
 
 
