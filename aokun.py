@@ -489,6 +489,7 @@ class Segmenter:
         return min(COVER_WEIGHT_MAX, max(COVER_WEIGHT_MIN, idf - COVER_IDF_COMMON))
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter per Memory, few tokens)
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter a process)
     def pinyin(self, token: str) -> str:
         """A Chinese token's pinyin, toneless and unspaced (pypinyin, imported on first use):
         王芳 → wangfang. How a name written in Latin letters meets its Chinese memory."""
@@ -2279,6 +2280,10 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
         cover = shared
         evidence = (found or not names) and (q["personal"] or found or shared)
     else:  # no word compares across scripts, but a name can; one not found in a Chinese
+        if script == "latin":  # 林梅 asked, "Lin Mei" (or Linmei) stored
+            found = {t for t in q["tokens"] if len(t) > 1 and _CJK.search(t) and any(
+                (p := seg.pinyin(t)) == a or p.startswith(a) and p[len(a):] in doc_tokens
+                for a in doc_tokens)} or found
         cover = 1.0 if found else None  # memory proves nothing (West Lake is 西湖)
         evidence = (found or not names or script == "cjk") and (q["personal"] or found or shared)
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
@@ -13673,9 +13678,8 @@ def cli(ctx, db, config_path):
     """Aokun: long-term memory for AI assistants in one SQLite file.
 
     \b
-    Example:
-        python aokun.py memorize "Alice 喜欢冰美式" --participant Alice
-        python aokun.py recall "what does Alice drink"
+    Example: python aokun.py memorize "Alice 喜欢冰美式" --participant Alice
+             python aokun.py recall "what does Alice drink"
     """
     ctx.obj = _State(db, config_path)
     ctx.call_on_close(ctx.obj.close)
@@ -13699,9 +13703,8 @@ def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag,
     input (UTF-8), up to [write] max_content_chars; a lone "-": echo - | aokun memorize -
 
     \b
-    Example:
-        python aokun.py memorize "Alice 喜欢冰美式" --participant Alice --topic coffee
-        python aokun.py memorize --file notes/meeting.md --topic work"""
+    Example: python aokun.py memorize "Alice 喜欢冰美式" --participant Alice --topic coffee
+             python aokun.py memorize --file notes/meeting.md --topic work"""
     text = _content_arg(text, file_path, state.cfg.write.max_content_chars)
     meta = _metadata(summary, topic, fact, participant, importance, session, persona, source,
                      timestamp, tag)
@@ -13788,9 +13791,8 @@ def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participan
     names the persona the memory belongs to (a persona cannot change).
 
     \b
-    Example:
-        python aokun.py edit 12 --text "Alice 现在喜欢拿铁" --importance 0.8
-        python aokun.py edit 12 --file notes/meeting.md"""
+    Example: python aokun.py edit 12 --text "Alice 现在喜欢拿铁" --importance 0.8
+             python aokun.py edit 12 --file notes/meeting.md"""
     meta = _metadata(summary, topic, fact, participant, importance, session, None, source,
                      timestamp, tag)
     if text is not None and file_path is not None:
@@ -14283,9 +14285,8 @@ def cli_export(state, fmt, persona, since, out_path):
     any file) or Markdown (one note per memory with YAML front matter).
 
     \b
-    Example:
-        python aokun.py export --out aokun.jsonl
-        python aokun.py export --format markdown --out ~/Obsidian/Aokun"""
+    Example: python aokun.py export --out aokun.jsonl
+             python aokun.py export --format markdown --out ~/Obsidian/Aokun"""
     mem = state.memory()
     if fmt == "markdown":
         if not out_path:
@@ -14354,9 +14355,8 @@ def cli_sync(state, folder, conflicts, persona, as_json):
     `sync --conflicts` lists the other.
 
     \b
-    Example:
-        python aokun.py sync ~/Sync/aokun
-        python aokun.py sync --conflicts"""
+    Example: python aokun.py sync ~/Sync/aokun
+             python aokun.py sync --conflicts"""
     mem = state.memory()
     if conflicts:
         rows = mem.sync_conflicts(persona)
@@ -14468,9 +14468,8 @@ def cli_serve(state, use_http, host, port):
     needs [server] token (or the variable [server] token_env names, $AOKUN_TOKEN).
 
     \b
-    Example:
-        python aokun.py serve
-        python aokun.py serve --http --port 5123"""
+    Example: python aokun.py serve
+             python aokun.py serve --http --port 5123"""
     cfg = state.cfg
     logging.getLogger().setLevel(cfg.server.log_level.upper())
     check_watch_limits(cfg)  # refused now, in one line, not by the watch thread
@@ -14541,9 +14540,8 @@ def cli_service():
     agent (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
 
     \b
-    Example:
-        python aokun.py service install --dry-run
-        python aokun.py service status"""
+    Example: python aokun.py service install --dry-run
+             python aokun.py service status"""
 
 
 def _service_command(action: str, doc: str):
@@ -14667,9 +14665,8 @@ def cli_panel(state, port, no_browser, new_link):
     the running panel for a new one.
 
     \b
-    Example:
-        python aokun.py panel --port 8765
-        python aokun.py panel --link"""
+    Example: python aokun.py panel --port 8765
+             python aokun.py panel --link"""
     import uvicorn
     host, cfg = "127.0.0.1", state.cfg
     db = database_path(cfg, state.db_arg)
@@ -14729,9 +14726,8 @@ def cli_ingest(state, source, paths, persona, include_deleted, as_json):
     conversations.json or zip. A PATH folder is searched for the source's files.
 
     \b
-    Example:
-        python aokun.py ingest claude-code
-        python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip"""
+    Example: python aokun.py ingest claude-code
+             python aokun.py ingest chatgpt ~/Downloads/chatgpt-export.zip"""
     mem = state.memory()
     # names that fit but lead nowhere, then the files that failed to open
     unreadable: list[str] = []

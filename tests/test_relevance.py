@@ -118,6 +118,7 @@ SMALL = "relevance-small"
 SMALL_MEMORIES = [
     ("User is allergic to penicillin.", {"pinned": True, "topics": ["health"]}),
     ("王芳对花生过敏。", {"participants": ["王芳"]}),
+    ("Lin Mei is allergic to shellfish.", {"participants": ["Lin Mei"]}),
     ("我妹妹在杭州一家银行工作。", {"participants": ["妹妹"]}),
     ("下周三上午开预算会议，讨论明年的工作计划。", {"topics": ["工作"]}),
     ("User's cat is named Mochi.", {}),
@@ -207,5 +208,7 @@ def test_a_question_about_someone_gets_their_fact_not_the_users(small):
     hits = small.recall("What is Wang Fang allergic to?", k=5, persona_id=SMALL)["results"]
     # hers, across languages, when its meaning is close enough; never the user's own
     assert {h["text"] for h in hits} <= {"王芳对花生过敏。"}
+    hits = small.recall("林梅对什么过敏？", k=5, persona_id=SMALL)["results"]  # and back
+    assert "Lin Mei is allergic to shellfish." in [h["text"] for h in hits]
     hits = small.recall("What am I allergic to?", k=5, persona_id=SMALL)["results"]
     assert hits and hits[0]["text"] == "User is allergic to penicillin."
