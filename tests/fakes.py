@@ -128,7 +128,7 @@ def open_at_schema(tmp_path, monkeypatch, segmenter, upto: int, name: str) -> "a
 
 #: documents columns of schema 16 that this code writes: a test writing into an older file adds them
 #: (event_columns) and drops them again before the file is migrated (migration 16 adds them)
-EVENT_COLUMNS = ("event_at", "event_end")
+EVENT_COLUMNS = ("event_at", "event_end", "project")  # and schema 20's project
 
 
 def event_columns(mem, add: bool = True) -> None:
