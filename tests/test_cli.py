@@ -239,3 +239,10 @@ def test_a_database_held_busy_is_one_line(tmp_path):
         holder.execute("rollback")
         holder.close()
     assert r.exit_code == 1 and "database is busy" in r.output and "Traceback" not in r.output
+
+
+def test_hints_name_the_command_as_it_was_run(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["/home/u/.local/bin/aokun", "doctor"])
+    assert aokun.command_line("restore", {"yes": True}) == "`aokun restore --yes`"
+    monkeypatch.setattr("sys.argv", ["aokun.py", "doctor"])
+    assert aokun.command_line("doctor") == "`python aokun.py doctor`"
