@@ -130,7 +130,8 @@ def test_restore_needs_no_doctor_first_and_only_this_files_backups_are_named(tmp
 def test_a_truncated_file_is_one_line(tmp_path, segmenter, args):
     ini = write_ini(tmp_path)
     good = tmp_path / "good.db"
-    _made(good, aokun.load_config(str(ini)), segmenter)
+    backup = _made(good, aokun.load_config(str(ini)), segmenter)
+    shutil.copy(backup, backup.with_name("cut-manual-20260101T000000Z.db"))  # cut.db's own
     db = tmp_path / "cut.db"
     db.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     r = cli(db, ini, *args)
