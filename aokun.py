@@ -159,7 +159,7 @@ class AokunError(Exception):
 
 def command_line(command: str, options: dict | None = None) -> str:
     """A hint (AokunError.hints) as the command line that does it, in backquotes: ("rebuild",
-    {"vectors": True}) is `python aokun.py rebuild --vectors` (`aokun rebuild …` when installed)."""
+    {"vectors": True}) is `python aokun.py rebuild --vectors` (aokun rebuild … when installed)."""
     flags = [f"--{k}" if v is True else f"--{k} {v}" for k, v in (options or {}).items()]
     prog = "aokun" if Path(sys.argv[0]).name == "aokun" else "python aokun.py"
     return "`" + " ".join([prog, command, *flags]) + "`"
