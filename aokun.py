@@ -9948,13 +9948,17 @@ class Sync:
     def _sync_check_key(self, found: dict, device: str) -> None:
         """AokunError, before anything is sent, when the newest file of another device in `found`
         cannot be opened with this device's passphrase (sync_open): what it wrote then would be
-        sealed with a key the others lack, or plain text among encrypted files."""
+        sealed with a key the others lack, or plain text among encrypted files. A file opened once
+        is not opened again by this process (a timed sync would pay its scrypt every time)."""
         passphrase = self.cfg.secret("sync", "passphrase", "passphrase_env")
         for key in {k[0]: k for k in sorted(found, key=lambda k: k[1]) if k[0] != device}.values():
+            if key in self._sync_opened:
+                continue
             try:
                 head, payload, on_disk = read_changeset_file(found[key])
                 h = changeset_header(head, payload, on_disk, key)
                 sync_open(h, payload, passphrase, f"{key[0]}-{key[1]}".encode())
+                self._sync_opened.add(key)
             except SyncFileError as e:
                 if "passphrase" in str(e):
                     why = str(e).removesuffix("; nothing applied")
@@ -10576,6 +10580,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
         self._hamming_reach: dict[tuple, tuple[float, ...]] = {}  # Channels._hamming_bound
         self._hamming_learnt = 0  # reaches learnt since meta hamming_reach was written
         self._anchor_vectors: dict[str, dict] = {}  # model -> {script: mean vector} (background)
+        self._sync_opened: set[tuple] = set()  # changesets _sync_check_key opened (one scrypt each)
         # Channels._channel_query: recalls left without the pool
         self._pool_skips: dict[tuple, int] = {}
         # Channels._pruning: (FTS table, term) -> (its records, rows holding the term)
