@@ -677,6 +677,9 @@ def summary_json(ds: Dataset, ingest_info: dict, results: dict, others: dict | N
 @click.option("--data", "data_dir", type=click.Path(file_okay=False, path_type=Path),
               default=DEFAULT_DATA, show_default=True,
               help="Folder with locomo-dev.json and madial-zh-dev/.")
+@click.option("--people", "people_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=PEOPLE, show_default=True,
+              help="Folder with people.json and offtopic.json (e.g. a held-out set).")
 @click.option("--db-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep one database per dataset here and reuse it (ingest then only re-checks; "
                    "identical content is deduplicated). Default: a temporary folder, deleted "
@@ -707,8 +710,8 @@ def summary_json(ds: Dataset, ingest_info: dict, results: dict, others: dict | N
 @click.option("--via-mcp", is_flag=True,
               help="Go through a real stdio MCP session (memorize every turn, recall every "
                    "question); hybrid only.")
-def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso, touch, passes,
-         misses, categories, config, as_json, via_mcp):
+def main(dataset, channels, data_dir, people_dir, db_dir, limit_questions, provider, now_iso,
+         touch, passes, misses, categories, config, as_json, via_mcp):
     """Recall@k of Aokun on LoCoMo and MADial-Bench zh (data and protocol: scripts/README.md).
 
     Example: python scripts/eval_recall.py --dataset locomo --limit-questions 50
@@ -754,7 +757,7 @@ def main(dataset, channels, data_dir, db_dir, limit_questions, provider, now_iso
     summaries = []
     try:
         for name in names:
-            ds = load_people(PEOPLE) if name == "people" else \
+            ds = load_people(people_dir) if name == "people" else \
                 load_locomo(data_dir, cats) if name == "locomo" else load_madial(data_dir)
             if limit_questions is not None:
                 ds.questions = ds.questions[:limit_questions]
