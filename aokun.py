@@ -65,6 +65,7 @@ import functools
 import hashlib
 import inspect
 import io
+import itertools
 import json
 import logging
 import math
@@ -11748,10 +11749,8 @@ MCP_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "notice": loggin
 
 
 class McpLogRelay(logging.Handler):
-    """A logging handler on the `aokun` logger that sends each record as `notifications/message`
-    {level, logger, data} to every MCP session that asked for that level with logging/setLevel
-    (none without). Records from any thread are handed to the session's event loop without
-    waiting; a session whose loop or stream is gone is dropped. Bounded by [server] log_level."""
+    """Sends each `aokun` log record as `notifications/message` to every MCP session that asked
+    for its level (logging/setLevel), from any thread without waiting; gone sessions are dropped."""
 
     def __init__(self):
         super().__init__()
@@ -11933,11 +11932,9 @@ def _remember_about_text(m: "Memory", topic: str, persona_id: str | None) -> str
 
 
 def _add_resources(server, memory) -> None:
-    """Register the resources on `server`: memory://stats (JSON), memory://briefing (markdown) and
-    the templates memory://memories/{id}, memory://entities/{name} (kg_query) and
-    memory://sessions/{session_id} (conversation_get_session's first page), each {?persona_id}.
-    An unknown or other persona's id is a ResourceNotFoundError; a bad argument a -32602 error
-    naming the field. `memory()` returns the Memory of the open lifespan."""
+    """Register memory://stats, memory://briefing and the templates memory://memories/{id},
+    memory://entities/{name} and memory://sessions/{session_id}, each {?persona_id}, on `server`.
+    An unknown or other persona's id is ResourceNotFoundError; a bad argument -32602."""
     from mcp import MCPError
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError
     from mcp.types import INVALID_PARAMS
@@ -12099,11 +12096,10 @@ BACKFILL_RETRY_SECONDS = (15.0, 30.0, 60.0, 120.0, 300.0)
 
 
 def _background(mem: "Memory", stop: threading.Event) -> None:
-    """The server's background thread: load what recall needs (Memory.warm_recall), take the
-    version-change backup, back-fill missing vectors (again after BACKFILL_RETRY_SECONDS while the
-    provider fails), and every scheduler_interval_seconds run the maintenance that is due; with
-    [sync] dir, a sync every [sync] interval (_sync_step). Returns once `stop` is set; never raises
-    (failures are logged and retried at the next interval)."""
+    """The server's background thread: Memory.warm_recall, the version-change backup, vector
+    back-fill (retried after BACKFILL_RETRY_SECONDS), due maintenance every
+    scheduler_interval_seconds, sync every [sync] interval. Returns once `stop` is set; never
+    raises (failures are logged and retried)."""
     try:
         mem.seg.tokens("warm up 预热")
         mem.warm_recall()
@@ -12523,10 +12519,8 @@ MAINTENANCE = {"decay": "daily importance decay (and auto-archival when enabled)
 
 
 def score_bar(e: dict, score: float, r) -> list[dict]:
-    """A recall hit's score as the segments of a stacked bar, [{part, label, value}] in SCORE_PARTS
-    order, summing to `score`, from its `explain` parts and the [recall] section `r`: each route's
-    share split in proportion to its terms, then the bonus, neighbour and time boost; all × the
-    source boost."""
+    """A hit's score as stacked-bar segments [{part, label, value}] in SCORE_PARTS order summing to
+    `score`, from its `explain` parts and [recall] `r` (route shares split by their terms)."""
     doc, graph = e.get("doc_share", 0.0), e.get("graph_share", 0.0)
     d_terms = {"relevance": r.score_alpha * e["doc_relevance"],
                "importance": r.score_beta * e["importance"],
@@ -12656,10 +12650,9 @@ def write_private(path: Path, text: str) -> None:
 
 
 class PanelState:
-    """What a panel keeps in its file beside the database (panel_state_path, JSON, 0600): each
-    login session by the sha256 of its token, {expires, created, seen (unix times), agent}, and,
-    once the server listens, its address and a random link secret for `panel --link`. `path` None
-    keeps everything in memory. An unreadable or non-private file is ignored (logged)."""
+    """A panel's file beside the database (JSON, 0600): login sessions by their token's sha256
+    {expires, created, seen, agent}, and the listening address and link secret for `panel --link`.
+    `path` None keeps it in memory; an unreadable or non-private file is ignored (logged)."""
 
     def __init__(self, path: Path | None):
         self.path, self.sessions, self.link_secret, self.base_url = path, {}, "", ""
@@ -12770,12 +12763,10 @@ def request_panel_link(db: Path, port: int | None = None) -> str:
 
 
 class Panel:
-    """The web panel: server-rendered pages (web/*.html, Jinja2, autoescaped) over one Memory,
-    through the same Memory methods as the MCP tools. Host and Origin are checked as serve --http
-    checks them; the one-time `login_token` (or one minted by POST /link) becomes an HttpOnly
-    SameSite=Strict session cookie (PANEL_SESSION_SECONDS, hashed in PanelState). Every change is a
-    POST with an allowed Origin and the session's CSRF token. Responses forbid framing, caching,
-    foreign scripts and cross-site referrers."""
+    """The web panel: Jinja2 pages (web/*.html, autoescaped) over one Memory's public methods. Host
+    and Origin checked as by serve --http; the one-time `login_token` (or POST /link's) becomes an
+    HttpOnly SameSite=Strict session cookie (hashed in PanelState); every change is a POST with an
+    allowed Origin and the CSRF token; no framing, caching, foreign scripts or referrers."""
 
     def __init__(self, memory, config_path: Path, hosts: list[str], origins: list[str], port: int,
                  state: Path | None = None):
@@ -13330,12 +13321,9 @@ async def notify_supervisor(started, interval: float | None, address: str | None
 
 
 def health(mem: "Memory") -> dict:
-    """What /health answers: {ok, database: {path, ok, schema_version}, embedder: {provider, model,
-    loaded, problem}, pending_vectors, keyword_ranking, last_maintenance: {server, decay,
-    lifecycle, backup, sync}, watch (Watcher.progress or null), uptime_seconds, version}. ok is
-    false when the database does not answer or vector search is off for a reason other than
-    provider = none. Read on a query-only connection (Channels.reader_rows), never waiting for the
-    Memory lock."""
+    """What /health answers: {ok, database, embedder, pending_vectors, keyword_ranking,
+    last_maintenance, watch, uptime_seconds, version}; ok is false when the database does not answer
+    or vector search is off but for provider = none. Read without waiting for the Memory lock."""
     meta: dict = {}
     try:
         def one(sql: str):
@@ -13510,6 +13498,18 @@ class AokunGroup(click.Group):
         """click.Group.invoke (parse the subcommand, run it) under _one_line_errors."""
         with _one_line_errors():
             return super().invoke(ctx)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """click's parse, the root's --db/--config also taken after the command (`serve --db X`),
+        up to a `--`."""
+        front, rest, it = [], [], iter(args)
+        for a in it:
+            if ctx.parent is None and "--" not in rest and a.split("=")[0] in ("--db", "--config"):
+                value = [*itertools.islice(it, 0 if "=" in a else 1)]
+                (front if "=" in a or value else rest).extend([a, *value])
+            else:
+                rest.append(a)
+        return super().parse_args(ctx, front + rest)
 
 
 class _State:
@@ -14499,7 +14499,8 @@ def cli_serve(state, use_http, host, port):
     server = build_server(memory_factory, cfg)
     if not use_http:
         import anyio
-        anyio.run(serve_stdio, server)
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: a quiet stop, not "Aborted!"
+            anyio.run(serve_stdio, server)
         return
     import uvicorn
     host, port = host or cfg.server.host, port or cfg.server.port

@@ -246,3 +246,25 @@ def test_hints_name_the_command_as_it_was_run(monkeypatch):
     assert aokun.command_line("restore", {"yes": True}) == "`aokun restore --yes`"
     monkeypatch.setattr("sys.argv", ["aokun.py", "doctor"])
     assert aokun.command_line("doctor") == "`python aokun.py doctor`"
+
+
+def test_db_and_config_are_taken_after_the_command(tmp_path, ini, monkeypatch, segmenter):
+    """`aokun memorize X --db F` (where users put it) writes to F, like `aokun --db F memorize X`;
+    after `--` the words are the command's own text."""
+    monkeypatch.setattr(aokun, "Segmenter", lambda *a, **k: segmenter)
+    db = tmp_path / "after.db"
+    db.touch()
+    runner = CliRunner()
+    r = runner.invoke(aokun.cli, ["memorize", "Alice likes oolong", f"--config={ini}",
+                                  "--db", str(db)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(aokun.cli, ["recall", "oolong", "--db", str(db), "--config", str(ini),
+                                  "--json"], catch_exceptions=False)
+    assert "Alice likes oolong" in r.output
+    r = runner.invoke(aokun.cli, ["--db", str(db), "--config", str(ini), "memorize", "--",
+                                  "--db"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert aokun.Memory(db, aokun.load_config(ini)).rows(
+        "select count(*) n from documents where content = '--db'")[0]["n"] == 1
+    r = runner.invoke(aokun.cli, ["list", "--db"])
+    assert r.exit_code == 2 and "--db" in r.output

@@ -255,6 +255,23 @@ def test_serve_says_on_stderr_that_it_waits_and_for_which_file(tmp_path):
     assert f"Aokun MCP on stdio (database {db}): waiting for a client" in r.stderr, r.stderr
 
 
+def test_ctrl_c_stops_serve_quietly(tmp_path):
+    """Ctrl-C in a shell running `serve` (after the command, as users type `--db`) exits 0, with
+    no "Aborted!" or traceback."""
+    import signal
+    proc = subprocess.Popen([sys.executable, str(REPO / "aokun.py"), "serve", "--db",
+                             str(tmp_path / "c.db"), "--config", str(write_ini(tmp_path))],
+                            cwd=REPO, env=child_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    while "waiting for a client" not in "".join(seen) and proc.poll() is None:
+        seen.append(proc.stderr.readline())
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and out == "", "".join(seen) + err
+    assert "Aborted" not in err and "Traceback" not in err, err
+
+
 def test_serve_with_a_bad_config_fails_cleanly(tmp_path):
     bad = tmp_path / "bad.ini"
     bad.write_text("[server]\nbogus = 1\n", encoding="utf-8")
