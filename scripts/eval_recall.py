@@ -348,7 +348,7 @@ class MCPSUT:
     def recall(self, query: str, k: int, persona_id: str, channels) -> dict:
         if channels is not None:
             raise click.ClickException("--via-mcp evaluates the full hybrid only (--channels all)")
-        return self._call("recall", {"query": query, "k": k, "persona_id": persona_id})
+        return self._call("recall", {"query": query, "limit": k, "persona_id": persona_id})
 
     def close(self) -> None:
         self._client_cm.__exit__(None, None, None)
