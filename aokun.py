@@ -12218,39 +12218,44 @@ def http_allowed(cfg: Config, host: str, port: int) -> tuple[list[str], list[str
 
 class SurrogateSafeLines(io.TextIOWrapper):
     """The stdio transport's stdin: a line holding a lone surrogate escape ("\\ud800", legal JSON
-    the SDK's parser refuses) is re-written with U+FFFD (loads_json), so the request is answered;
-    one nested deeper than MAX_JSON_DEPTH is not passed on: `answer` (set by serve_stdio) sends its
-    id a one-line error instead. Closing it leaves stdin open."""
+    the SDK's parser refuses) is re-written with U+FFFD (loads_json), so the request is answered.
+    A line that is not JSON, or nests deeper than MAX_JSON_DEPTH, is not passed on: `answer` (set
+    by serve_stdio) sends a one-line JSON-RPC error instead. Closing it leaves stdin open."""
 
     answer: Callable | None = None
 
     def readline(self, size: int = -1) -> str:
-        line = super().readline(size)
-        while (line.count("{") + line.count("[") > MAX_JSON_DEPTH and self.answer
-               and json_within(line, MAX_JSON_DEPTH) is not line):
-            self._refuse(json_within(line, 1))
-            line = super().readline(size)
-        if not _SURROGATE_ESCAPE.search(line):
-            return line
-        try:
-            return json.dumps(loads_json(line), ensure_ascii=False) + "\n"
-        except (ValueError, RecursionError):  # not JSON: the SDK answers it as it would
-            return line
+        from mcp.types import INVALID_REQUEST, PARSE_ERROR
+        while (line := super().readline(size)).strip():
+            try:
+                if (line.count("{") + line.count("[") > MAX_JSON_DEPTH
+                        and json_within(line, MAX_JSON_DEPTH) is not line):
+                    why = (json_within(line, 1), INVALID_REQUEST,
+                           f"the request nests deeper than {MAX_JSON_DEPTH} levels")
+                else:
+                    value = loads_json(line)
+                    return json.dumps(value, ensure_ascii=False) + "\n" if (
+                        _SURROGATE_ESCAPE.search(line)) else line
+            except (ValueError, RecursionError):
+                why = ("", PARSE_ERROR, "the line is not JSON (one JSON-RPC message a line)")
+            if not self.answer:
+                return line
+            self._refuse(*why)
+        return line
 
-    def _refuse(self, outline: str) -> None:
-        """Answer the too-deep request whose top level is `outline` with an Invalid Request error
-        (a notification, which has no id, is only logged)."""
-        from mcp.types import INVALID_REQUEST, ErrorData, JSONRPCError
+    def _refuse(self, outline: str, code: int, problem: str) -> None:
+        """Answer the request whose top level is `outline` (id null when it has none or is not
+        JSON) with error `code`; a notification, which has an id-less top level, is only logged."""
+        from mcp.types import ErrorData, JSONRPCError
         try:
-            msg_id = json.loads(outline).get("id")
-        except (ValueError, AttributeError):
-            msg_id = None
-        problem = f"the request nests deeper than {MAX_JSON_DEPTH} levels; send flatter JSON"
-        if msg_id is None:
+            msg = json.loads(outline or '{"id": null}')
+        except ValueError:
+            msg = {"id": None}
+        if not isinstance(msg, dict) or "id" not in msg:
             log.warning("ignored a message without id: %s", problem)
             return
-        self.answer(JSONRPCError(jsonrpc="2.0", id=msg_id,
-                                 error=ErrorData(code=INVALID_REQUEST, message=problem)))
+        self.answer(JSONRPCError(jsonrpc="2.0", id=msg["id"], error=ErrorData(code=code,
+                                                                             message=problem)))
 
     def close(self) -> None:
         with contextlib.suppress(ValueError):
@@ -12258,8 +12263,7 @@ class SurrogateSafeLines(io.TextIOWrapper):
 
 
 async def serve_stdio(server) -> None:
-    """server.run() over stdio, reading stdin through SurrogateSafeLines (the SDK's stdio_server
-    still claims stdout: fd 1 points at stderr while serving, so stray prints miss the wire)."""
+    """server.run() over stdio, stdin read through SurrogateSafeLines (prints go to stderr)."""
     import anyio
     from mcp.server.stdio import stdio_server
     from mcp.shared.message import SessionMessage
@@ -12273,11 +12277,10 @@ async def serve_stdio(server) -> None:
 
 
 def http_app(server, cfg: Config, host: str, port: int, panel=None):
-    """The streamable-HTTP ASGI app of `server` at /mcp, served on `host`:`port`, with DNS-rebinding
-    protection: the Host must be loopback, the bind address or in [server] allowed_hosts (421
-    otherwise); an Origin, when sent, must be the server's own or an allowed host's (403). A
-    bearer token (BearerToken, 401) when [server] token / token_env is set. `panel` (an ASGI app or
-    None) is mounted at /panel. AokunError when `host` is not loopback and no token is set."""
+    """The streamable-HTTP ASGI app of `server` at /mcp on `host`:`port`: Host loopback, the bind
+    address or in [server] allowed_hosts (else 421), an Origin the server's own or allowed (else
+    403), a bearer token when [server] token is set (401); `panel` (ASGI or None) at /panel.
+    AokunError when `host` is not loopback and no token is set."""
     from mcp.server.transport_security import TransportSecuritySettings
 
     token = cfg.secret("server", "token", "token_env")
@@ -12361,10 +12364,9 @@ def ini_layout(text: str) -> list[dict]:
 
 
 def ini_set(text: str, changes: dict[tuple[str, str], str]) -> str:
-    """`text` (an ini file) with the settings of `changes` {(section, key): value text} set in place
-    (continuation lines dropped); a missing one goes after its section's last setting, a missing
-    section at the end; every other line stays. Raises InputError naming the setting for a value
-    with a line break or another control character but tab."""
+    """`text` (an ini file) with `changes` {(section, key): value text} set in place, a missing
+    setting after its section's last, a missing section at the end; other lines stay. InputError
+    naming the setting for a value with a control character but tab."""
     for (section, key), value in changes.items():
         setting_line(section, key, value)
     nl = "\r\n" if "\r\n" in text else "\n"
@@ -12429,10 +12431,9 @@ def check_settings(cfg: Config) -> None:
 
 
 def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
-    """Write `changes` {(section, key): value text} into the ini file at `path` (created from
-    aokun.example.ini when missing) with ini_set, replacing it atomically only when the new text
-    loads as the server would load it. Returns the new Config. Raises AokunError (naming `path`)
-    and leaves the file as it was."""
+    """Write `changes` {(section, key): value text} into the ini at `path` (from aokun.example.ini
+    when missing), atomically and only when it loads as the server would load it; the new Config.
+    AokunError (naming `path`) leaves the file as it was."""
     for section, key in changes:
         if key not in DEFAULTS.get(section, {}):
             raise InputError("setting", f"there is no setting [{section}] {key}")
@@ -13326,9 +13327,8 @@ def health(mem: "Memory") -> dict:
     or vector search is off but for provider = none. Read without waiting for the Memory lock."""
     meta: dict = {}
     try:
-        def one(sql: str):
-            return next(iter(mem.reader_rows(sql, ())[0].values()))
-        schema, pending = one("pragma user_version"), one(mem.queries["pending_vectors"])
+        schema, pending = (next(iter(mem.reader_rows(sql, ())[0].values())) for sql in (
+            "pragma user_version", mem.queries["pending_vectors"]))
         meta = {r["key"]: r["value"] for r in mem.reader_rows(
             "select key, value from meta where key in ('decay_last_run', 'lifecycle_last_run', "
             "'backup_last', 'sync_last')", ())}

@@ -137,6 +137,9 @@ def test_deeply_nested_metadata_over_stdio_gets_a_one_line_error_for_its_id(tmp_
             error = s.reply(i, timeout=20)["error"]
             assert error["code"] == -32600 and "\n" not in error["message"]
             assert "deeper than 64 levels" in error["message"]
+        s.send("this is not JSON {")  # JSON-RPC: a parse error is answered with id null
+        error = s.reply(None, timeout=20)["error"]
+        assert error["code"] == -32700 and "not JSON" in error["message"]
         # a notification that deep is dropped; brackets inside strings do not count
         s.send('{"jsonrpc":"2.0","method":"notifications/x","params":%s}' % nested(300))
         text = "[[[{{{" * 100
