@@ -2150,26 +2150,15 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
 
 
 def newer_first(rows: list[dict], by: dict[int, int]) -> list[dict]:
-    """`rows` (each with an id) in order, but a row that another of them replaced (`by`: {id: newer
-    id}, Recall.replacements) comes right after the newer one, the two at the first place of
+    """`rows` (each with an id) in order, but a row that another of them replaced (`by`: {id: the
+    newest id}, Recall.replacements) comes right after the newer one, the two at the first place of
     either: [old, x, new] → [new, old, x]."""
-    index = {d["id"]: d for d in rows}
-    older: dict[int, list] = {}
-    for d in rows:
-        if by.get(d["id"]) in index:
-            older.setdefault(by[d["id"]], []).append(d)
-    out, done = [], set()
-
-    def put(d: dict) -> None:
-        if d["id"] not in done:
-            done.add(d["id"])
-            out.append(d)
-            for o in older.get(d["id"], []):
-                put(o)
-    for d in rows:
-        put(index.get(by.get(d["id"]), d))
-        put(d)
-    return out
+    at = {d["id"]: n for n, d in enumerate(rows)}
+    head = {i: by[i] if by.get(i) in at else i for i in at}
+    first = {}
+    for i in at:
+        first.setdefault(head[i], at[i])
+    return sorted(rows, key=lambda d: (first[head[d["id"]]], head[d["id"]] != d["id"], at[d["id"]]))
 
 
 def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None:
@@ -2421,6 +2410,8 @@ SLOT_BARE_CLAUSE = re.compile(r"(?:\s|现在|目前|如今|已经|最近|刚刚?
 SLOT_USER_LEAD = re.compile(r"\s*(?:我们?|用户|(?i:the\s+user|user|i|we)\b)(?!的|'s)")
 SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计划|"
                          r"\b(?:will|going\s+to|plans?\s+to|next\s+(?:year|month|week))\b")
+#: where Layers._clauses splits a sentence of the user's slot into facts that retire one by one
+CLAUSE_BREAK = re.compile(r"\s*[，,;；]\s*|\s+and\s+")
 #: the possessive before a relative that Rules.slot drops from a subject (my sister, 用户的妹妹)
 SUBJECT_OWNER = re.compile(r"^(?:(?:my|our|(?:the )?user's)\s+|(?:我|用户)的?(?=.))")
 #: rules/relevance.toml
@@ -3712,6 +3703,23 @@ class Layers:
                 return "", "", subject
         return slot, value, subject
 
+    def _clauses(self, fact: str) -> list[str]:
+        """A fact of the user's single-valued slot cut at CLAUSE_BREAK into clauses that each hold
+        a slot, read with the user as their subject (我住在杭州 | 在设计公司做UI设计师; not "I live
+        in Hangzhou | near the lake"), so that a move retires the city alone. Else [fact]."""
+        if self.rules.slot(fact)[2] != "user":
+            return [fact]
+        cuts = [0, *(x for m in CLAUSE_BREAK.finditer(fact) for x in m.span()), len(fact)]
+        spans: list[list] = []  # [start, end, holds a slot]: a clause without one joins its own
+        for a, b in zip(cuts[::2], cuts[1::2], strict=True):
+            own = any(self.rules.slot(x)[0] for x in (fact[a:b], ("我" if _CJK.search(
+                fact[a:b]) else "I ") + fact[a:b]))
+            if spans and not (own and spans[-1][2]):
+                spans[-1][1:] = [b, own or spans[-1][2]]
+            else:
+                spans.append([a, b, own])
+        return [fact[a:b].strip() for a, b, _ in spans] if len(spans) > 1 else [fact]
+
     def _new_atom(self, p: Prepared, fact: str, uid: str, atom_type: str, confidence: float,
                   tokens: list[str], slotted: tuple[str, str, str]) -> None:
         """_stage_atoms' new atom of `fact` with its (slot, value, subject): its row, source and
@@ -3752,7 +3760,7 @@ class Layers:
                   "where id = :id", self._event_columns(p) | {"id": p.document_id})
         threshold = self.cfg.write.reinforce_jaccard
         doc_uid = self.value("select uid from documents where id = ?", (p.document_id,))
-        for fact in dict.fromkeys(p.facts):
+        for fact in dict.fromkeys(f for x in p.facts for f in self._clauses(x)):
             atom_type, confidence = self._atom_role(fact, p)
             tokens = self.seg.tokens(fact)
             token_set = set(tokens)
@@ -5387,6 +5395,7 @@ class RecallQuery:
     text: str = ""  #: the question as asked (Rules.personal, query_names)
     project: str = ""  #: the client's project ('' none: every memory alike)
     scope: str = "all"  #: 'project': another project's memories only when none of it is relevant
+    about: dict = field(default_factory=dict)  #: hit_relevance's question and coef (_relevant)
     #: what the recall did (explain's `stats`), filled by fusion
     stats: dict = field(default_factory=dict)
 
@@ -5574,17 +5583,41 @@ class Recall:
             ask, hops = sorted(set(step.values()) - set(step)), hops + 1
         return {i: by for i, by in out.items() if by != i}
 
-    def _newer_first(self, hits: list[dict], k: int, include_archived) -> list[dict]:
+    def partly_replaced(self, ids) -> dict[int, tuple[set, set]]:
+        """{id: (tokens of its retired facts, tokens of its live ones)} of the memories of `ids`
+        with facts of both kinds (sql replaced_facts)."""
+        return {r["id"]: (set(r["gone"].split()), set(r["live"].split())) for r in self.rows(
+            self.queries["replaced_facts"], {"ids": json.dumps(sorted(ids))})}
+
+    def _asks_retired(self, q: RecallQuery, facts: tuple[set, set], new: dict, vec) -> bool:
+        """Whether `q` asks what a memory partly replaced by `new` (recall_documents row, vector) no
+        longer holds: its words weigh more in the retired facts and `new` than in the live ones, or
+        else `new` is relevant to it (hit_relevance ≥ [recall] min_relevance)."""
+        newer = set(new["segmented"].split())
+        gone, live = (sum(map(self.seg.weight, q.tokens & t)) for t in (facts[0] | newer, facts[1]))
+        if gone != live:
+            return gone > live
+        rel = hit_relevance(q.about, newer, vec, q.about.get("coef"), self.seg, new["content"])
+        return (rel["relevance"] or 0) >= self.cfg.recall.min_relevance
+
+    def _newer_first(self, hits: list[dict], q: RecallQuery) -> list[dict]:
         """recall's hits with each replaced memory marked `replaced_by` the newer one
-        (replacements) and that one right above it (newer_first), added when it is not a hit (with
-        the older one's score, relevance and explain, no channels). At most k."""
+        (replacements; one replaced in part only when `q` asks what it no longer holds,
+        _asks_retired) and that one right above it (newer_first), added when it is not a hit (with
+        the older one's score, relevance and explain, no channels). At most q.k."""
         by = self.replacements([h["id"] for h in hits])
-        if not by:
-            return hits
+        part = self.partly_replaced(by) if by else {}
         have = {h["id"] for h in hits}
         rows = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {
-            "ids": json.dumps(sorted({by[i] for i in have if i in by} - have))})}
-        added = []
+            "ids": json.dumps(sorted({by[i] for i in have if i in by}))})}
+        vecs = {} if q.vector is None or not part else {r["doc_id"]: blob_vector(r["embedding"])
+                                                        for r in self.rows(
+            self.queries["recall_vectors_of"], {"ids": json.dumps(sorted(rows))})}
+        by = {i: n for i, n in by.items() if i not in part or n in rows and self._asks_retired(
+            q, part[i], rows[n], vecs.get(n))}
+        if not by:
+            return hits
+        include_archived, added = q.params["max_archived"], []
         for h in (h for h in hits if h["id"] in by):
             new = h["replaced_by"] = by[h["id"]]
             if new in rows and new not in have and (include_archived or not rows[new]["archived"]):
@@ -5593,7 +5626,7 @@ class Recall:
                                                     "relevance": h["relevance"]}))
                 if "explain" in h:  # the older one's parts, which it stands on
                     added[-1]["explain"] = dict(h["explain"], replaces=h["id"])
-        return newer_first(hits + added, by)[:k]
+        return newer_first(hits + added, by)[:q.k]
 
     def _capped_k(self, k, warnings: list) -> int:
         """`k` checked (InputError unless a whole number ≥ 1) and capped at [recall] max_k, with a
@@ -5756,7 +5789,7 @@ class Recall:
                     docs[i]["content"], docs[i]["created_at"], self.rules.event_dates,
                     local_tz(self.cfg.forgetting.timezone)) or None}
             out.append(hit)
-        return out if q.historical else self._newer_first(out, q.k, q.params["max_archived"])
+        return out if q.historical else self._newer_first(out, q)
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not
@@ -5771,7 +5804,8 @@ class Recall:
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
                  "names": frozenset(query_names(q.text)),
                  "background": None if q.vector is None or coef is None
-                 else self.background(q.vector)}
+                 else self.background(q.vector), "coef": coef}
+        q.about = about
         kept = {}
         for i in pool:
             if i not in docs:
@@ -6007,10 +6041,11 @@ BRIEFING_MAX_FACTS = 50  #: current knowledge-graph facts listed in a briefing
 CONTEXT_RECALL_K = {"quick": 3, "chat": 8, "coding": 10, "project": 15}
 
 
-def memory_tag(doc_id: int, replaced_by: int | None) -> str:
+def memory_tag(doc_id: int, replaced_by: int | None, partly: bool = False) -> str:
     """How memory_context and the briefing name a memory: [12], or [12 replaced_by 15] when a newer
-    memory replaced it (Recall.replacements)."""
-    return f"[{doc_id} replaced_by {replaced_by}]" if replaced_by else f"[{doc_id}]"
+    one replaced it ([12 partly replaced_by 15]: some of its facts)."""
+    return f"[{doc_id} {'partly ' * partly}replaced_by {replaced_by}]" if replaced_by else \
+        f"[{doc_id}]"
 
 
 class Briefing:
@@ -6050,15 +6085,16 @@ class Briefing:
                                                         "as_of": iso(ref), "predicate": ""})
         lines = [f"# Memory briefing ({iso(ref)})"]
         by = self.replacements([d["id"] for d in key + recent])
+        part = self.partly_replaced(by) if by else {}
+        tag = {d["id"]: memory_tag(d["id"], by.get(d["id"]), d["id"] in part) for d in key + recent}
         if key:
             lines.append("## Pinned and important")
-            lines += [f"- {memory_tag(d['id'], by.get(d['id']))} {_one_line(d['content'])}"
-                      for d in newer_first(key, by)]
+            lines += [f"- {tag[d['id']]} {_one_line(d['content'])}" for d in newer_first(key, by)]
         shown = {d["id"] for d in key}
         recent = [d for d in recent if d["id"] not in shown]
         if recent:
             lines.append(f"## Recent ({cx.briefing_recent_days} days)")
-            lines += [f"- {d['created_at'][:10]} {memory_tag(d['id'], by.get(d['id']))} "
+            lines += [f"- {d['created_at'][:10]} {tag[d['id']]} "
                       f"{_one_line(d['content'])}" for d in newer_first(recent, by)]
         lines += self.hooks.briefing_lines(self, persona, ref, project)
         if facts:
@@ -10887,7 +10923,7 @@ def _search_models():
         # vector, graph_keyword, graph_vector; time_window: made when the question says.
         # relevance: how likely it is relevant, 0..1, one scale for every query (null when the
         # embedding model is not calibrated). replaced_by: a newer memory (ranked above) gives
-        # another value of a fact this one states, or supersedes it.
+        # another value of a fact this one states that the question asks about, or supersedes it.
         id: int
         score: float
         text: str

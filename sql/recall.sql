@@ -382,3 +382,15 @@ union
 select d.id, d.superseded_by, nd.created_at
 from documents d join documents nd on nd.id = d.superseded_by
 where d.id in (select value from json_each(:ids));
+
+-- name: replaced_facts
+-- The search tokens of the retired facts (atoms superseded by a newer memory's), and of the live
+-- ones, of each memory of :ids (a JSON array) with both: one replaced only in part.
+select s.document_id as id, group_concat(iif(a.state = 'superseded', f.segmented, null), ' ') as gone,
+       group_concat(iif(a.state != 'superseded', f.segmented, null), ' ') as live
+from atom_sources s join memory_atoms a on a.id = s.atom_id
+join memory_atoms_fts f on f.rowid = a.id
+where s.document_id in (select value from json_each(:ids))
+  and a.state in ('active', 'dormant', 'superseded')
+group by s.document_id
+having gone is not null and live is not null;
