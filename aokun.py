@@ -3747,12 +3747,9 @@ class Layers:
             self._supersede(atom_id, p.persona_id, subject, slot, slot_value, p.created_at)
 
     def _stage_atoms(self, p: Prepared, _vectors) -> None:
-        """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
-        same persona reinforces it (_reinforce_atom) instead of a new row, unless the two hold the
-        same single-valued slot (Rules.slot) with another value or subject: then the new fact
-        supersedes the old (_supersede). A fact of fewer than reinforce_min_tokens search tokens
-        never reinforces ("Thanks!"). An atom that outlived an edit is reinforced when active, else
-        replaced. In tx."""
+        """Key facts (their _clauses) → atoms; Jaccard ≥ reinforce_jaccard (of reinforce_min_tokens
+        or more) with an active atom of the persona reinforces it unless their slot values differ
+        (then the newer supersedes the older, _supersede). In tx."""
         c = self.conn
         self._clear_atoms(p.document_id)
         # the event time again: rebuild --graph re-derives it for memories stored before schema 16
@@ -3813,10 +3810,8 @@ class Layers:
                           (count, confidence, at, expires, now_iso(), atom["id"]))
 
     def _atom_role(self, fact: str, p) -> tuple[str, float]:
-        """(atom_type, confidence) of a fact (Rules.classify) with the dates it names (else its
-        memory's): a planned fact whose dates all ended before the memory's day is a past event;
-        one naming a day not yet over is planned when said as a plan (sentence_tense) or not said in
-        the past; one saying when something holds or lapses ([tense] state) is not."""
+        """(atom_type, confidence) of a fact (Rules.classify), planned or not by the dates it (else
+        its memory) names and its tense (sentence_tense, [tense] state)."""
         atom_type, confidence = self.rules.classify(fact)
         spans = (self._event_spans(fact, p.created_at)
                  or self._event_spans(p.content, p.created_at)[:1])
@@ -5496,17 +5491,12 @@ class Recall:
                explain: bool = False, channels=None, as_of=None,
                max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None,
                include_conversations=False, project=None, scope=None):
-        """Hybrid recall (seed: Retrieval Pipeline). Returns
-        {results: [{id, score, text, truncated, summary, importance, created_at, ...}], facts,
-        degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each
-        hit also carries `explain` (explain_parts): its rank in every channel and every part of its
-        score, and the answer `stats` {channel_ms, channel_rows: {channel: ms/rows}, candidates,
-        scored, pool}. Texts are bounded after ranking by bound_hits (max_chars_per_hit,
-        max_answer_tokens; None: the [recall] settings, 0: no limit). The channels (sql/recall.sql)
-        run side by side; _fuse() ranks their rows with the Ranking functions (shortlist,
-        candidate_score, scale_routes, fuse_scores, select_hits).
-        as_of answers as the memory stood then; include_conversations adds `conversations` (hooks);
-        `project`, `scope`: project_scope. InputError: an empty query, a bad k or scope."""
+        """Hybrid recall (seed: Retrieval Pipeline) → {results: [{id, score, text, truncated,
+        summary, importance, created_at, ...}], facts, degraded: [{channel, reason}], intent,
+        took_ms, cached, warnings}; explain adds each hit's `explain` and the answer's `stats`.
+        max_chars_per_hit, max_answer_tokens: None the [recall] settings, 0 no limit; as_of: as the
+        memory stood then; `project`, `scope`: project_scope. InputError: an empty query, a bad k
+        or scope."""
         started = time.perf_counter()
         r = self.cfg.recall
         query = query_text(query, "query")
@@ -5566,20 +5556,15 @@ class Recall:
         return answer
 
     def replacements(self, ids) -> dict[int, int]:
-        """{memory id: the memory that replaced it} for the memories of `ids` a newer one replaced
-        (sql replacements: a newer value of a slot, or memorize's supersedes), followed to the
-        newest of the chain (at most REPLACED_HOPS hops): Hangzhou → Shanghai → Beijing names
-        Beijing for both."""
+        """{memory id: the newest memory of its chain of replacements} for those of `ids` a newer
+        one replaced (sql replacements), at most REPLACED_HOPS hops."""
         out: dict[int, int] = {}
         ask, hops = sorted(set(ids)), 0
         while ask and hops < REPLACED_HOPS:
-            best: dict[int, tuple] = {}
-            for r in self.rows(self.queries["replacements"], {"ids": json.dumps(ask)}):
-                best[r["id"]] = max(best.get(r["id"], ("", 0)), (r["created_at"], r["by"]))
-            step = {i: by for i, (_, by) in best.items()}
-            for i, by in out.items():
-                out[i] = step.get(by, by)
-            out |= {i: by for i, by in step.items() if i not in out}
+            step = {r["id"]: r["by"] for r in self.rows(self.queries["replacements"],
+                                                         {"ids": json.dumps(ask)})}
+            out = {i: step.get(by, by) for i, by in out.items()} | {
+                i: by for i, by in step.items() if i not in out}
             ask, hops = sorted(set(step.values()) - set(step)), hops + 1
         return {i: by for i, by in out.items() if by != i}
 
@@ -5590,9 +5575,8 @@ class Recall:
             self.queries["replaced_facts"], {"ids": json.dumps(sorted(ids))})}
 
     def _asks_retired(self, q: RecallQuery, facts: tuple[set, set], new: dict, vec) -> bool:
-        """Whether `q` asks what a memory partly replaced by `new` (recall_documents row, vector) no
-        longer holds: its words weigh more in the retired facts and `new` than in the live ones, or
-        else `new` is relevant to it (hit_relevance ≥ [recall] min_relevance)."""
+        """Whether `q`'s words weigh more in the retired `facts` and `new` (row, vector) than in the
+        live ones; on a tie, whether `new` is relevant to it ([recall] min_relevance)."""
         newer = set(new["segmented"].split())
         gone, live = (sum(map(self.seg.weight, q.tokens & t)) for t in (facts[0] | newer, facts[1]))
         if gone != live:
@@ -5601,10 +5585,8 @@ class Recall:
         return (rel["relevance"] or 0) >= self.cfg.recall.min_relevance
 
     def _newer_first(self, hits: list[dict], q: RecallQuery) -> list[dict]:
-        """recall's hits with each replaced memory marked `replaced_by` the newer one
-        (replacements; one replaced in part only when `q` asks what it no longer holds,
-        _asks_retired) and that one right above it (newer_first), added when it is not a hit (with
-        the older one's score, relevance and explain, no channels). At most q.k."""
+        """recall's q.k hits, each replaced one (in part: when _asks_retired) marked `replaced_by`
+        the newer one, put right above it (newer_first; added with the older one's parts)."""
         by = self.replacements([h["id"] for h in hits])
         part = self.partly_replaced(by) if by else {}
         have = {h["id"] for h in hits}
@@ -5680,11 +5662,8 @@ class Recall:
 
     def _channel_rows(self, chosen, query: str, params: dict, degraded: list,
                       stats: dict) -> tuple[dict[str, list[dict]], bytes | None]:
-        """({channel: rows} of the chosen channels that can run, the query vector blob or None).
-        The keyword channels start first; the query is embedded meanwhile on this thread
-        (_embedding_for: ONNX and httpx release the GIL), then the vector channels start. A channel
-        whose SQL fails is logged and appended to `degraded`; stats['channel_ms'] gets
-        {channel: ms}."""
+        """({channel: rows} of the chosen channels that can run, the query vector blob or None),
+        keyword channels first; a failing one is appended to `degraded`; stats['channel_ms']."""
         timings = stats.setdefault("channel_ms", {})
         names = dict(CHANNEL_QUERIES,
                      vector="recall_vector_session" if params["session_id"] else "recall_vector")
@@ -5746,10 +5725,7 @@ class Recall:
 
     def _fuse(self, ranked: dict[str, list[dict]], q: RecallQuery) -> list[dict]:
         """The channel rows `ranked` ({channel: rows}) → the q.k hits, best first (README "How
-        recall ranks"). The formulas are the Ranking functions above; this method only fetches what
-        they need: each candidate's row (sql recall_candidates, with the atoms' temporal factor at
-        q.ref), the session neighbours of the strongest, and the documents of the MMR pool, whose
-        calibrated relevance decides which may be answered at all ([recall] min_relevance)."""
+        recall ranks"), by the Ranking functions; this only fetches the rows they need."""
         w = Weights.of(self.cfg.recall, q.spec, q.chosen, q.window)
         ranks, scores, confidence = channel_evidence(ranked, w.graph_channels)
         if not ranks and not q.pins:
@@ -5792,11 +5768,9 @@ class Recall:
         return out if q.historical else self._newer_first(out, q)
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
-        """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not
-        less relevant than [recall] min_relevance (hit_relevance, also put in their parts) or
-        made within the time window of a question that speaks of the user or holds nothing but its
-        time words (time_boost). When nothing is left, a warning says so and gives the best
-        relevance."""
+        """{id: indexed tokens} of the pool's memories still stored and relevant ([recall]
+        min_relevance, hit_relevance into their parts) or in the question's time window; a warning
+        when none is."""
         coef = self.rules.relevance_coef(self.embedder.model, q.tokens)
         stored = [] if q.vector is None else self.rows(
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
@@ -5924,11 +5898,8 @@ class Recall:
         return dict(out, took_ms=round((time.perf_counter() - started) * 1000, 2), cached=False)
 
     def _touch(self, ids: list[int]) -> None:
-        """Refresh last_access_at/access_count of recalled memories in a background thread, so the
-        answer is not delayed (seed: post-recall reinforcement). Only the daily decay reads them (it
-        slows for accessed memories); ranking does not: being returned earns no rank, being used
-        does (memory_feedback). The same write keeps the Hamming histories (meta hamming_reach)
-        once HAMMING_SAVE_EVERY new reaches were learnt. Does not empty the cache."""
+        """Refresh last_access_at/access_count of recalled memories in a background thread (read
+        by decay alone, not ranking), keeping the Hamming histories when due. Cache kept."""
         if not ids and self._hamming_learnt < HAMMING_SAVE_EVERY:
             return
 
@@ -5972,13 +5943,9 @@ class Recall:
     # feedback: reinforcement for use ------------------------------------------------------------
 
     def memory_feedback(self, ids, useful: bool = True, persona_id: str | None = None) -> dict:
-        """The assistant used these memories (useful=true), or they were wrong or beside the point
-        (useful=false); reinforcement rewards use, not retrieval.
-        useful=true:  useful_count + 1, last_useful_at = now (candidate_score's frequency term),
-                      importance + [recall] feedback_importance_step (at most 1), and the memory's
-                      active atoms reinforced as a repeat of it would (count + 1, shelf life from
-                      now), each at most once per FEEDBACK_ATOM_INTERVAL_DAYS;
-        useful=false: importance − the same step (not below 0); nothing is counted.
+        """The assistant used these memories (useful=true: useful_count + 1, importance + [recall]
+        feedback_importance_step, active atoms reinforced at most once per
+        FEEDBACK_ATOM_INTERVAL_DAYS), or they were wrong (false: importance − the step).
         All or nothing: an id missing or of another persona is NotFound; InputError for ids that
         are not a non-empty list of whole numbers ≥ 1. Returns {useful, results: [{id, uid,
         old_importance, importance, useful_count, last_useful_at, atoms_reinforced}]}."""
@@ -6041,11 +6008,11 @@ BRIEFING_MAX_FACTS = 50  #: current knowledge-graph facts listed in a briefing
 CONTEXT_RECALL_K = {"quick": 3, "chat": 8, "coding": 10, "project": 15}
 
 
-def memory_tag(doc_id: int, replaced_by: int | None, partly: bool = False) -> str:
+def memory_tag(doc_id: int, replaced_by: int | None, part: bool = False) -> str:
     """How memory_context and the briefing name a memory: [12], or [12 replaced_by 15] when a newer
     one replaced it ([12 partly replaced_by 15]: some of its facts)."""
-    return f"[{doc_id} {'partly ' * partly}replaced_by {replaced_by}]" if replaced_by else \
-        f"[{doc_id}]"
+    tail = f"{' partly' * part} replaced_by {replaced_by}" if replaced_by else ""
+    return f"[{doc_id}{tail}]"
 
 
 class Briefing:
@@ -6114,11 +6081,9 @@ class Briefing:
 
     def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None,
                        persona_id=None, project=None, scope=None) -> dict:
-        """One text blob of memory for a prompt within a token budget: without a topic the stored
-        briefing (_current_briefing), with one pinned memories, recall(topic) hits and current KG
-        facts. Modes set the budget ([context] *_tokens); a `project` keeps both to it and the
-        global memories. Returns {text, tokens, budget, mode, source: briefing|dynamic, stale,
-        generated_at, age_seconds}."""
+        """Memory for a prompt within a token budget ([context] *_tokens of `mode`): the briefing
+        without a topic, else pinned memories, recall(topic) hits and current KG facts → {text,
+        tokens, budget, mode, source: briefing|dynamic, stale, generated_at, age_seconds}."""
         cx = self.cfg.context
         budgets = {"quick": cx.quick_tokens, "chat": cx.chat_tokens, "coding": cx.coding_tokens,
                    "project": cx.project_tokens}

@@ -105,8 +105,8 @@ async def marks(c, query: str) -> list[tuple]:
 @pytest.mark.parametrize("old_text, new_text, live_q, gone_q, job, city", [
     ("I live in Hangzhou and work at Alibaba as a designer.", "I moved to Shanghai last month.",
      "Where do I work?", "Where do I live?", "Alibaba", "Hangzhou"),
-    ("我住在杭州，在设计公司做UI设计师。", "我去年搬到了上海。", "我做什么设计工作？", "我住在哪里？",
-     "设计师", "杭州"),
+    ("我住在杭州，在设计公司做UI设计师。", "我去年搬到了上海。", "我做什么设计工作？",
+     "我住在哪里？", "设计师", "杭州"),
     ("我住在杭州，在阿里工作。", "I moved from Hangzhou to Shanghai last month.",
      "我在哪里工作？", "我住在哪里？", "阿里", "杭州"),
     ("I live in Hangzhou and work at Alibaba.", "我搬到了上海。", "Where do I work?",
