@@ -2151,26 +2151,15 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
 
 
 def newer_first(rows: list[dict], by: dict[int, int]) -> list[dict]:
-    """`rows` (each with an id) in order, but a row that another of them replaced (`by`: {id: newer
-    id}, Recall.replacements) comes right after the newer one, the two at the first place of
+    """`rows` (each with an id) in order, but a row that another of them replaced (`by`: {id: the
+    newest id}, Recall.replacements) comes right after the newer one, the two at the first place of
     either: [old, x, new] → [new, old, x]."""
-    index = {d["id"]: d for d in rows}
-    older: dict[int, list] = {}
-    for d in rows:
-        if by.get(d["id"]) in index:
-            older.setdefault(by[d["id"]], []).append(d)
-    out, done = [], set()
-
-    def put(d: dict) -> None:
-        if d["id"] not in done:
-            done.add(d["id"])
-            out.append(d)
-            for o in older.get(d["id"], []):
-                put(o)
-    for d in rows:
-        put(index.get(by.get(d["id"]), d))
-        put(d)
-    return out
+    at = {d["id"]: n for n, d in enumerate(rows)}
+    head = {i: by[i] if by.get(i) in at else i for i in at}
+    first = {}
+    for i in at:
+        first.setdefault(head[i], at[i])
+    return sorted(rows, key=lambda d: (first[head[d["id"]]], head[d["id"]] != d["id"], at[d["id"]]))
 
 
 def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None:
@@ -2422,6 +2411,8 @@ SLOT_BARE_CLAUSE = re.compile(r"(?:\s|现在|目前|如今|已经|最近|刚刚?
 SLOT_USER_LEAD = re.compile(r"\s*(?:我们?|用户|(?i:the\s+user|user|i|we)\b)(?!的|'s)")
 SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计划|"
                          r"\b(?:will|going\s+to|plans?\s+to|next\s+(?:year|month|week))\b")
+#: where Layers._clauses splits a sentence of the user's slot into facts that retire one by one
+CLAUSE_BREAK = re.compile(r"\s*[，,;；]\s*|\s+and\s+")
 #: the possessive before a relative that Rules.slot drops from a subject (my sister, 用户的妹妹)
 SUBJECT_OWNER = re.compile(r"^(?:(?:my|our|(?:the )?user's)\s+|(?:我|用户)的?(?=.))")
 #: rules/relevance.toml
@@ -3713,6 +3704,23 @@ class Layers:
                 return "", "", subject
         return slot, value, subject
 
+    def _clauses(self, fact: str) -> list[str]:
+        """A fact of the user's single-valued slot cut at CLAUSE_BREAK into clauses that each hold
+        a slot, read with the user as their subject (我住在杭州 | 在设计公司做UI设计师; not "I live
+        in Hangzhou | near the lake"), so that a move retires the city alone. Else [fact]."""
+        if self.rules.slot(fact)[2] != "user":
+            return [fact]
+        cuts = [0, *(x for m in CLAUSE_BREAK.finditer(fact) for x in m.span()), len(fact)]
+        spans: list[list] = []  # [start, end, holds a slot]: a clause without one joins its own
+        for a, b in zip(cuts[::2], cuts[1::2], strict=True):
+            own = any(self.rules.slot(x)[0] for x in (fact[a:b], ("我" if _CJK.search(
+                fact[a:b]) else "I ") + fact[a:b]))
+            if spans and not (own and spans[-1][2]):
+                spans[-1][1:] = [b, own or spans[-1][2]]
+            else:
+                spans.append([a, b, own])
+        return [fact[a:b].strip() for a, b, _ in spans] if len(spans) > 1 else [fact]
+
     def _new_atom(self, p: Prepared, fact: str, uid: str, atom_type: str, confidence: float,
                   tokens: list[str], slotted: tuple[str, str, str]) -> None:
         """_stage_atoms' new atom of `fact` with its (slot, value, subject): its row, source and
@@ -3740,12 +3748,9 @@ class Layers:
             self._supersede(atom_id, p.persona_id, subject, slot, slot_value, p.created_at)
 
     def _stage_atoms(self, p: Prepared, _vectors) -> None:
-        """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
-        same persona reinforces it (_reinforce_atom) instead of a new row, unless the two hold the
-        same single-valued slot (Rules.slot) with another value or subject: then the new fact
-        supersedes the old (_supersede). A fact of fewer than reinforce_min_tokens search tokens
-        never reinforces ("Thanks!"). An atom that outlived an edit is reinforced when active, else
-        replaced. In tx."""
+        """Key facts (their _clauses) → atoms; Jaccard ≥ reinforce_jaccard (of reinforce_min_tokens
+        or more) with an active atom of the persona reinforces it unless their slot values differ
+        (then the newer supersedes the older, _supersede). In tx."""
         c = self.conn
         self._clear_atoms(p.document_id)
         # the event time again: rebuild --graph re-derives it for memories stored before schema 16
@@ -3753,7 +3758,7 @@ class Layers:
                   "where id = :id", self._event_columns(p) | {"id": p.document_id})
         threshold = self.cfg.write.reinforce_jaccard
         doc_uid = self.value("select uid from documents where id = ?", (p.document_id,))
-        for fact in dict.fromkeys(p.facts):
+        for fact in dict.fromkeys(f for x in p.facts for f in self._clauses(x)):
             atom_type, confidence = self._atom_role(fact, p)
             tokens = self.seg.tokens(fact)
             token_set = set(tokens)
@@ -3806,10 +3811,8 @@ class Layers:
                           (count, confidence, at, expires, now_iso(), atom["id"]))
 
     def _atom_role(self, fact: str, p) -> tuple[str, float]:
-        """(atom_type, confidence) of a fact (Rules.classify) with the dates it names (else its
-        memory's): a planned fact whose dates all ended before the memory's day is a past event;
-        one naming a day not yet over is planned when said as a plan (sentence_tense) or not said in
-        the past; one saying when something holds or lapses ([tense] state) is not."""
+        """(atom_type, confidence) of a fact (Rules.classify), planned or not by the dates it (else
+        its memory) names and its tense (sentence_tense, [tense] state)."""
         atom_type, confidence = self.rules.classify(fact)
         spans = (self._event_spans(fact, p.created_at)
                  or self._event_spans(p.content, p.created_at)[:1])
@@ -5388,6 +5391,7 @@ class RecallQuery:
     text: str = ""  #: the question as asked (Rules.personal, query_names)
     project: str = ""  #: the client's project ('' none: every memory alike)
     scope: str = "all"  #: 'project': another project's memories only when none of it is relevant
+    about: dict = field(default_factory=dict)  #: hit_relevance's question and coef (_relevant)
     #: what the recall did (explain's `stats`), filled by fusion
     stats: dict = field(default_factory=dict)
 
@@ -5488,17 +5492,12 @@ class Recall:
                explain: bool = False, channels=None, as_of=None,
                max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None,
                include_conversations=False, project=None, scope=None):
-        """Hybrid recall (seed: Retrieval Pipeline). Returns
-        {results: [{id, score, text, truncated, summary, importance, created_at, ...}], facts,
-        degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each
-        hit also carries `explain` (explain_parts): its rank in every channel and every part of its
-        score, and the answer `stats` {channel_ms, channel_rows: {channel: ms/rows}, candidates,
-        scored, pool}. Texts are bounded after ranking by bound_hits (max_chars_per_hit,
-        max_answer_tokens; None: the [recall] settings, 0: no limit). The channels (sql/recall.sql)
-        run side by side; _fuse() ranks their rows with the Ranking functions (shortlist,
-        candidate_score, scale_routes, fuse_scores, select_hits).
-        as_of answers as the memory stood then; include_conversations adds `conversations` (hooks);
-        `project`, `scope`: project_scope. InputError: an empty query, a bad k or scope."""
+        """Hybrid recall (seed: Retrieval Pipeline) → {results: [{id, score, text, truncated,
+        summary, importance, created_at, ...}], facts, degraded: [{channel, reason}], intent,
+        took_ms, cached, warnings}; explain adds each hit's `explain` and the answer's `stats`.
+        max_chars_per_hit, max_answer_tokens: None the [recall] settings, 0 no limit; as_of: as the
+        memory stood then; `project`, `scope`: project_scope. InputError: an empty query, a bad k
+        or scope."""
         started = time.perf_counter()
         r = self.cfg.recall
         query = query_text(query, "query")
@@ -5558,34 +5557,50 @@ class Recall:
         return answer
 
     def replacements(self, ids) -> dict[int, int]:
-        """{memory id: the memory that replaced it} for the memories of `ids` a newer one replaced
-        (sql replacements: a newer value of a slot, or memorize's supersedes), followed to the
-        newest of the chain (at most REPLACED_HOPS hops): Hangzhou → Shanghai → Beijing names
-        Beijing for both."""
+        """{memory id: the newest memory of its chain of replacements} for those of `ids` a newer
+        one replaced (sql replacements), at most REPLACED_HOPS hops."""
         out: dict[int, int] = {}
         ask, hops = sorted(set(ids)), 0
         while ask and hops < REPLACED_HOPS:
-            best: dict[int, tuple] = {}
-            for r in self.rows(self.queries["replacements"], {"ids": json.dumps(ask)}):
-                best[r["id"]] = max(best.get(r["id"], ("", 0)), (r["created_at"], r["by"]))
-            step = {i: by for i, (_, by) in best.items()}
-            for i, by in out.items():
-                out[i] = step.get(by, by)
-            out |= {i: by for i, by in step.items() if i not in out}
+            step = {r["id"]: r["by"] for r in self.rows(self.queries["replacements"],
+                                                         {"ids": json.dumps(ask)})}
+            out = {i: step.get(by, by) for i, by in out.items()} | {
+                i: by for i, by in step.items() if i not in out}
             ask, hops = sorted(set(step.values()) - set(step)), hops + 1
         return {i: by for i, by in out.items() if by != i}
 
-    def _newer_first(self, hits: list[dict], k: int, include_archived) -> list[dict]:
-        """recall's hits with each replaced memory marked `replaced_by` the newer one
-        (replacements) and that one right above it (newer_first), added when it is not a hit (with
-        the older one's score, relevance and explain, no channels). At most k."""
+    def partly_replaced(self, ids) -> dict[int, tuple[set, set]]:
+        """{id: (tokens of its retired facts, tokens of its live ones)} of the memories of `ids`
+        with facts of both kinds (sql replaced_facts)."""
+        return {r["id"]: (set(r["gone"].split()), set(r["live"].split())) for r in self.rows(
+            self.queries["replaced_facts"], {"ids": json.dumps(sorted(ids))})}
+
+    def _asks_retired(self, q: RecallQuery, facts: tuple[set, set], new: dict, vec) -> bool:
+        """Whether `q`'s words weigh more in the retired `facts` and `new` (row, vector) than in the
+        live ones; on a tie, whether `new` is relevant to it ([recall] min_relevance)."""
+        newer = set(new["segmented"].split())
+        gone, live = (sum(map(self.seg.weight, q.tokens & t)) for t in (facts[0] | newer, facts[1]))
+        if gone != live:
+            return gone > live
+        rel = hit_relevance(q.about, newer, vec, q.about.get("coef"), self.seg, new["content"])
+        return (rel["relevance"] or 0) >= self.cfg.recall.min_relevance
+
+    def _newer_first(self, hits: list[dict], q: RecallQuery) -> list[dict]:
+        """recall's q.k hits, each replaced one (in part: when _asks_retired) marked `replaced_by`
+        the newer one, put right above it (newer_first; added with the older one's parts)."""
         by = self.replacements([h["id"] for h in hits])
-        if not by:
-            return hits
+        part = self.partly_replaced(by) if by else {}
         have = {h["id"] for h in hits}
         rows = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {
-            "ids": json.dumps(sorted({by[i] for i in have if i in by} - have))})}
-        added = []
+            "ids": json.dumps(sorted({by[i] for i in have if i in by}))})}
+        vecs = {} if q.vector is None or not part else {r["doc_id"]: blob_vector(r["embedding"])
+                                                        for r in self.rows(
+            self.queries["recall_vectors_of"], {"ids": json.dumps(sorted(rows))})}
+        by = {i: n for i, n in by.items() if i not in part or n in rows and self._asks_retired(
+            q, part[i], rows[n], vecs.get(n))}
+        if not by:
+            return hits
+        include_archived, added = q.params["max_archived"], []
         for h in (h for h in hits if h["id"] in by):
             new = h["replaced_by"] = by[h["id"]]
             if new in rows and new not in have and (include_archived or not rows[new]["archived"]):
@@ -5594,7 +5609,7 @@ class Recall:
                                                     "relevance": h["relevance"]}))
                 if "explain" in h:  # the older one's parts, which it stands on
                     added[-1]["explain"] = dict(h["explain"], replaces=h["id"])
-        return newer_first(hits + added, by)[:k]
+        return newer_first(hits + added, by)[:q.k]
 
     def _capped_k(self, k, warnings: list) -> int:
         """`k` checked (InputError unless a whole number ≥ 1) and capped at [recall] max_k, with a
@@ -5648,11 +5663,8 @@ class Recall:
 
     def _channel_rows(self, chosen, query: str, params: dict, degraded: list,
                       stats: dict) -> tuple[dict[str, list[dict]], bytes | None]:
-        """({channel: rows} of the chosen channels that can run, the query vector blob or None).
-        The keyword channels start first; the query is embedded meanwhile on this thread
-        (_embedding_for: ONNX and httpx release the GIL), then the vector channels start. A channel
-        whose SQL fails is logged and appended to `degraded`; stats['channel_ms'] gets
-        {channel: ms}."""
+        """({channel: rows} of the chosen channels that can run, the query vector blob or None),
+        keyword channels first; a failing one is appended to `degraded`; stats['channel_ms']."""
         timings = stats.setdefault("channel_ms", {})
         names = dict(CHANNEL_QUERIES,
                      vector="recall_vector_session" if params["session_id"] else "recall_vector")
@@ -5714,10 +5726,7 @@ class Recall:
 
     def _fuse(self, ranked: dict[str, list[dict]], q: RecallQuery) -> list[dict]:
         """The channel rows `ranked` ({channel: rows}) → the q.k hits, best first (README "How
-        recall ranks"). The formulas are the Ranking functions above; this method only fetches what
-        they need: each candidate's row (sql recall_candidates, with the atoms' temporal factor at
-        q.ref), the session neighbours of the strongest, and the documents of the MMR pool, whose
-        calibrated relevance decides which may be answered at all ([recall] min_relevance)."""
+        recall ranks"), by the Ranking functions; this only fetches the rows they need."""
         w = Weights.of(self.cfg.recall, q.spec, q.chosen, q.window)
         ranks, scores, confidence = channel_evidence(ranked, w.graph_channels)
         if not ranks and not q.pins:
@@ -5757,14 +5766,12 @@ class Recall:
                     docs[i]["content"], docs[i]["created_at"], self.rules.event_dates,
                     local_tz(self.cfg.forgetting.timezone)) or None}
             out.append(hit)
-        return out if q.historical else self._newer_first(out, q.k, q.params["max_archived"])
+        return out if q.historical else self._newer_first(out, q)
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
-        """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not
-        less relevant than [recall] min_relevance (hit_relevance, also put in their parts) or
-        made within the time window of a question that speaks of the user or holds nothing but its
-        time words (time_boost). When nothing is left, a warning says so and gives the best
-        relevance."""
+        """{id: indexed tokens} of the pool's memories still stored and relevant ([recall]
+        min_relevance, hit_relevance into their parts) or in the question's time window; a warning
+        when none is."""
         coef = self.rules.relevance_coef(self.embedder.model, q.tokens)
         stored = [] if q.vector is None else self.rows(
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
@@ -5772,7 +5779,8 @@ class Recall:
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
                  "names": frozenset(query_names(q.text)),
                  "background": None if q.vector is None or coef is None
-                 else self.background(q.vector)}
+                 else self.background(q.vector), "coef": coef}
+        q.about = about
         kept = {}
         for i in pool:
             if i not in docs:
@@ -5891,11 +5899,8 @@ class Recall:
         return dict(out, took_ms=round((time.perf_counter() - started) * 1000, 2), cached=False)
 
     def _touch(self, ids: list[int]) -> None:
-        """Refresh last_access_at/access_count of recalled memories in a background thread, so the
-        answer is not delayed (seed: post-recall reinforcement). Only the daily decay reads them (it
-        slows for accessed memories); ranking does not: being returned earns no rank, being used
-        does (memory_feedback). The same write keeps the Hamming histories (meta hamming_reach)
-        once HAMMING_SAVE_EVERY new reaches were learnt. Does not empty the cache."""
+        """Refresh last_access_at/access_count of recalled memories in a background thread (read
+        by decay alone, not ranking), keeping the Hamming histories when due. Cache kept."""
         if not ids and self._hamming_learnt < HAMMING_SAVE_EVERY:
             return
 
@@ -5939,13 +5944,9 @@ class Recall:
     # feedback: reinforcement for use ------------------------------------------------------------
 
     def memory_feedback(self, ids, useful: bool = True, persona_id: str | None = None) -> dict:
-        """The assistant used these memories (useful=true), or they were wrong or beside the point
-        (useful=false); reinforcement rewards use, not retrieval.
-        useful=true:  useful_count + 1, last_useful_at = now (candidate_score's frequency term),
-                      importance + [recall] feedback_importance_step (at most 1), and the memory's
-                      active atoms reinforced as a repeat of it would (count + 1, shelf life from
-                      now), each at most once per FEEDBACK_ATOM_INTERVAL_DAYS;
-        useful=false: importance − the same step (not below 0); nothing is counted.
+        """The assistant used these memories (useful=true: useful_count + 1, importance + [recall]
+        feedback_importance_step, active atoms reinforced at most once per
+        FEEDBACK_ATOM_INTERVAL_DAYS), or they were wrong (false: importance − the step).
         All or nothing: an id missing or of another persona is NotFound; InputError for ids that
         are not a non-empty list of whole numbers ≥ 1. Returns {useful, results: [{id, uid,
         old_importance, importance, useful_count, last_useful_at, atoms_reinforced}]}."""
@@ -6008,10 +6009,11 @@ BRIEFING_MAX_FACTS = 50  #: current knowledge-graph facts listed in a briefing
 CONTEXT_RECALL_K = {"quick": 3, "chat": 8, "coding": 10, "project": 15}
 
 
-def memory_tag(doc_id: int, replaced_by: int | None) -> str:
+def memory_tag(doc_id: int, replaced_by: int | None, part: bool = False) -> str:
     """How memory_context and the briefing name a memory: [12], or [12 replaced_by 15] when a newer
-    memory replaced it (Recall.replacements)."""
-    return f"[{doc_id} replaced_by {replaced_by}]" if replaced_by else f"[{doc_id}]"
+    one replaced it ([12 partly replaced_by 15]: some of its facts)."""
+    tail = f"{' partly' * part} replaced_by {replaced_by}" if replaced_by else ""
+    return f"[{doc_id}{tail}]"
 
 
 class Briefing:
@@ -6051,15 +6053,16 @@ class Briefing:
                                                         "as_of": iso(ref), "predicate": ""})
         lines = [f"# Memory briefing ({iso(ref)})"]
         by = self.replacements([d["id"] for d in key + recent])
+        part = self.partly_replaced(by) if by else {}
+        tag = {d["id"]: memory_tag(d["id"], by.get(d["id"]), d["id"] in part) for d in key + recent}
         if key:
             lines.append("## Pinned and important")
-            lines += [f"- {memory_tag(d['id'], by.get(d['id']))} {_one_line(d['content'])}"
-                      for d in newer_first(key, by)]
+            lines += [f"- {tag[d['id']]} {_one_line(d['content'])}" for d in newer_first(key, by)]
         shown = {d["id"] for d in key}
         recent = [d for d in recent if d["id"] not in shown]
         if recent:
             lines.append(f"## Recent ({cx.briefing_recent_days} days)")
-            lines += [f"- {d['created_at'][:10]} {memory_tag(d['id'], by.get(d['id']))} "
+            lines += [f"- {d['created_at'][:10]} {tag[d['id']]} "
                       f"{_one_line(d['content'])}" for d in newer_first(recent, by)]
         lines += self.hooks.briefing_lines(self, persona, ref, project)
         if facts:
@@ -6079,11 +6082,9 @@ class Briefing:
 
     def memory_context(self, topic=None, mode: str = "chat", max_tokens: int | None = None,
                        persona_id=None, project=None, scope=None) -> dict:
-        """One text blob of memory for a prompt within a token budget: without a topic the stored
-        briefing (_current_briefing), with one pinned memories, recall(topic) hits and current KG
-        facts. Modes set the budget ([context] *_tokens); a `project` keeps both to it and the
-        global memories. Returns {text, tokens, budget, mode, source: briefing|dynamic, stale,
-        generated_at, age_seconds}."""
+        """Memory for a prompt within a token budget ([context] *_tokens of `mode`): the briefing
+        without a topic, else pinned memories, recall(topic) hits and current KG facts → {text,
+        tokens, budget, mode, source: briefing|dynamic, stale, generated_at, age_seconds}."""
         cx = self.cfg.context
         budgets = {"quick": cx.quick_tokens, "chat": cx.chat_tokens, "coding": cx.coding_tokens,
                    "project": cx.project_tokens}
@@ -10888,7 +10889,7 @@ def _search_models():
         # vector, graph_keyword, graph_vector; time_window: made when the question says.
         # relevance: how likely it is relevant, 0..1, one scale for every query (null when the
         # embedding model is not calibrated). replaced_by: a newer memory (ranked above) gives
-        # another value of a fact this one states, or supersedes it.
+        # another value of a fact this one states that the question asks about, or supersedes it.
         id: int
         score: float
         text: str
