@@ -14356,10 +14356,9 @@ def cli_import(state, file, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def cli_sync(state, folder, conflicts, persona, as_json):
-    """Sync with your other devices through DIR, a folder they share already (Syncthing, Dropbox,
-    a USB stick; default [sync] dir): writes this file's changes as `<device>-<number>.changeset`
-    and merges the other devices' files. A record changed on two devices keeps the later version;
-    `sync --conflicts` lists the other.
+    """Sync with your other devices through DIR, a folder they share (Syncthing, Dropbox, a USB
+    stick; default [sync] dir): writes this file's changes and merges the other devices'. A record
+    changed on two devices keeps the later version; `sync --conflicts` lists the other.
 
     \b
     Example: python aokun.py sync ~/Sync/aokun
