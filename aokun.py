@@ -541,11 +541,11 @@ def bm25_idf(hits: int, rows: int) -> float:
 def maxscore_split(terms: list[str], hits: dict[str, int], rows: int, pool: int) -> dict:
     """The keyword channels' exact top-k pruning (MaxScore: Turtle & Flood 1995), as parameters of
     sql/recall.sql: the commonest `terms` (hits: rows holding each, of `rows`) are left out of the
-    scan while their bounds ((k1 + 1) × IDF) sum below MAXSCORE_SHARE of the rarest's. {match,
-    rest: the rows holding common terms only, read when the pool's worst score is not above
+    scan while their bounds ((k1 + 1) × IDF) sum below MAXSCORE_SHARE of the rarest held one's.
+    {match, rest: rows holding common terms only, read when the pool's worst score is not above
     rest_bound; phrases: aokun_bm25's list of the query's terms}; no split: the whole query."""
     bound = {t: (BM25_K1 + 1) * bm25_idf(hits[t], rows) for t in terms}
-    order = sorted(terms, key=lambda t: (bound[t], t))
+    order = sorted((t for t in terms if hits[t]), key=lambda t: (bound[t], t))
     common, total = [], 0.0
     for i, t in enumerate(order[:-1]):
         if (total + bound[t] >= MAXSCORE_SHARE * bound[order[-1]]

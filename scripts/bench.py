@@ -140,7 +140,8 @@ def synthetic_queries(n: int, seed: int = 11) -> list[str]:
 COMMON_QUESTIONS = ["她喜欢什么", "他喜欢什么", "他们聊了什么", "谁在公司工作", "谁送了礼物",
                     "我们什么时候见面", "What did they talk about?", "Who went on a trip?",
                     "What does she like?", "Who works on the team?", "Who bought tickets?",
-                    "What did he say about the project?"]
+                    "What did he say about the project?", "他说了什么", "她去了哪里",
+                    "What did he say?", "Who said that?"]
 
 
 def timed_questions(n: int) -> list[str]:
@@ -462,6 +463,7 @@ def recall(sizes, large, queries, k, channels, db_dir, rebuild):
     sizes = "10000,100000,300000" if large else sizes
     size_list = [int(s.replace("_", "")) for s in sizes.split(",") if s.strip()]
     rows, builds, embed_rows, channel_rows, count_rows, cpu_rows = [], [], [], [], [], []
+    question_rows = []
     print(machine())
     for size in size_list:
         db, info = recall_corpus(db_dir, size, rebuild)
@@ -483,6 +485,12 @@ def recall(sizes, large, queries, k, channels, db_dir, rebuild):
                              round(v["cpu_max_ms"] / max(v["cpu_p50_ms"], 1e-9), 1),
                              r["floor_cpu_p50_ms"], r["floor_cpu_p99_ms"], r["floor_cpu_max_ms"]])
         embed_rows.append([f"{size:,}", r["embed_p50_ms"], r["embed_p95_ms"], r["peak_rss_mb"]])
+        for setting, v in r["settings"].items():
+            slow = sorted(v["questions"], key=v["questions"].get)[-3:]
+            question_rows += [[f"{size:,}", setting, q, v["questions"][q],
+                               round(v["questions"][q] / max(v["p50_ms"], 1e-9), 1)]
+                              for q in COMMON_QUESTIONS + [q for q in slow
+                                                           if q not in COMMON_QUESTIONS]]
         c = r["channels"]["counts"]
         for ch, v in r["channels"]["per_channel"].items():
             channel_rows.append([f"{size:,}", ch, v["p50_ms"], v["p95_ms"], v["p99_ms"],
@@ -498,6 +506,8 @@ def recall(sizes, large, queries, k, channels, db_dir, rebuild):
     print(table(["memories", "channels", "a p50 ms", "a p95", "a p99", "a max", "p99/p50",
                  "max/p50", "floor p50", "floor p99", "floor max", "ratio", "b p50 ms", "b p99",
                  "hits"], rows))
+    print("\neach common-word question (a), then the slowest others: ms and × the setting's p50")
+    print(table(["memories", "channels", "question", "ms", "× p50"], question_rows))
     print("\nthe same recalls (a) in CPU time of the recall process, all its threads: what a busy "
           "machine's waits for a core leave out")
     print(table(["memories", "channels", "cpu p50 ms", "p95", "p99", "max", "p99/p50", "max/p50",
@@ -683,6 +693,8 @@ def recall_one(db, queries, k, channels):
                 t0, c0 = time.perf_counter(), time.process_time()
                 r = mem.recall(q, k=k, persona_id=PERSONA, channels=spec)
                 times.append((time.perf_counter() - t0) * 1000)
+                if not label:
+                    res.setdefault("questions", {})[q] = round(times[-1], 1)
                 cpu.append((time.process_time() - c0) * 1000)
                 hits.append(len(r["results"]))
                 # access bookkeeping runs after the answer; keep it out of the next call

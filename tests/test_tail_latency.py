@@ -29,8 +29,10 @@ def random_corpus(rng: random.Random, n: int) -> list:
 
 
 def random_queries(rng: random.Random, n: int) -> list[str]:
+    """`n` queries of 2-4 words, then questions whose only words are common, or held by no row."""
     words = [w for w, _ in COMMON] + RARE
-    return [" ".join(rng.sample(words, rng.randint(2, 4))) for _ in range(n)]
+    return [" ".join(rng.sample(words, rng.randint(2, 4))) for _ in range(n)] + [
+        "她喜欢什么", "alpha", "What about bravo?", "zzz alpha bravo", "zzz charlie w1x alpha"]
 
 
 def test_maxscore_split_leaves_out_only_common_terms_whose_bound_is_small():
@@ -48,6 +50,10 @@ def test_maxscore_split_leaves_out_only_common_terms_whose_bound_is_small():
     assert aokun.maxscore_split(["bravo", "w2x"], hits, 1000, 20) == {
         "match": '"bravo" OR "w2x"', "rest": None, "rest_bound": None,
         "phrases": "0 bravo\n1 w2x\n"}
+    # a term no row holds scores nothing: its bound is no reason to leave bravo out
+    # (the scan of bravo's rows alone would follow, the pool's worst below bravo's bound)
+    out = aokun.maxscore_split(["bravo", "w2x", "zzz"], hits | {"zzz": 0}, 1000, 20)
+    assert out["rest"] is None and out["match"] == '"bravo" OR "w2x" OR "zzz"'
 
 
 @pytest.mark.slow
