@@ -420,9 +420,9 @@ class Segmenter:
         self._tk = None
         self._lock = threading.Lock()
         self.stopwords: frozenset[str] = frozenset()
-        # a write segments the same sentence several times (FTS of the memory, its atoms, its graph
-        # entries, the next turn's context): jieba is most of a write's CPU without a model
-        self._cut = functools.lru_cache(maxsize=4096)(self._cut_uncached)
+        # a write cuts the same words many times (FTS, atoms, graph entries, context); jieba cuts
+        # each run of its re_han_default apart, so a line's tokens are its runs' tokens
+        self._cut_run = functools.lru_cache(maxsize=65536)(self._cut_run_uncached)
 
     @property
     def loaded(self) -> bool:
@@ -461,7 +461,12 @@ class Segmenter:
         without punctuation and stop words; order and duplicates kept."""
         return list(self._cut(fold(text), keep_stopwords))
 
-    def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
+    def _cut(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
+        import jieba
+        return tuple(t for run in jieba.re_han_default.split(text) if run
+                     for t in self._cut_run(run, keep_stopwords))
+
+    def _cut_run_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
         tk = self._tokenizer()
         out = []
         for tok in tk.cut_for_search(text):
@@ -489,7 +494,6 @@ class Segmenter:
         idf = math.log(tk.total / freq) if freq > 0 else COVER_WEIGHT_MAX + COVER_IDF_COMMON
         return min(COVER_WEIGHT_MAX, max(COVER_WEIGHT_MIN, idf - COVER_IDF_COMMON))
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter per Memory, few tokens)
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter a process)
     def pinyin(self, token: str) -> str:
         """A Chinese token's pinyin, toneless and unspaced (pypinyin, imported on first use):
@@ -1736,6 +1740,7 @@ def _add_months(day: dt.date, months: int) -> dt.date:
     return dt.date(year, month, min(day.day, calendar.monthrange(year, month)[1]))
 
 
+@functools.lru_cache(maxsize=4096)  # lunar-python keeps only its last year
 def _lunar_day(year: int, month: int, day: int, offset: int = 0) -> dt.date | None:
     """The solar day of lunar `year`/`month`/`day` (+ `offset` days) by lunar-python, None when
     that lunar month has no such day (the 30th of a short month)."""
@@ -1867,6 +1872,7 @@ def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict,
     return _relative_span(spec, g, today, words, tense)
 
 
+@functools.lru_cache(maxsize=4096)
 def _lunar_of(day: dt.date) -> int:
     """The lunar year that solar `day` falls in (lunar-python)."""
     from lunar_python import Solar
@@ -2757,6 +2763,7 @@ class Prepared:
     # a repeat's changes to the stored memory, {field: [old, new]}
     changed: dict = field(default_factory=dict)
     may_update: list = field(default_factory=list)  # [{id, preview}] this new memory may update
+    spans: dict = field(default_factory=dict)  # Layers._event_spans: text -> its dates
 
     PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts",
                "participants", "tags", "sentiment", "source", "importance", "pinned", "created_at",
@@ -3630,14 +3637,12 @@ GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph la
 
 
 class Layers:
-    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): FTS row and
-    vector, atoms, graph nodes, edges and entries, and their removal, all in tx; a memory's flags;
-    the back-fill of pending vectors."""
+    """The write stages (seed: Write Pipeline): FTS row and vector, atoms, graph nodes, edges and
+    entries, and their removal, all in tx; a memory's flags; the back-fill of pending vectors."""
 
     def _stage_docs(self, p: Prepared, vectors: dict) -> str | None:
-        """Stage 1 of a write: the documents row (insert with a never-reused id, or update), its FTS
-        row and vector, and the session context of the memories after it. Returns 'done' when
-        another process stored the same content meanwhile. In tx."""
+        """Stage 1: the documents row (never-reused id), its FTS row and vector, the session context
+        of the memories after it. 'done' when another process stored the same content. In tx."""
         c, stamp = self.conn, now_iso()
         vec = vectors.get(id(p))
         unembedded = "pending" if self.embedder.provider != "none" else "none"
@@ -3739,12 +3744,9 @@ class Layers:
             self._supersede(atom_id, p.persona_id, subject, slot, slot_value, p.created_at)
 
     def _stage_atoms(self, p: Prepared, _vectors) -> None:
-        """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom of the
-        same persona reinforces it (_reinforce_atom) instead of a new row, unless the two hold the
-        same single-valued slot (Rules.slot) with another value or subject: then the new fact
-        supersedes the old (_supersede). A fact of fewer than reinforce_min_tokens search tokens
-        never reinforces ("Thanks!"). An atom that outlived an edit is reinforced when active, else
-        replaced. In tx."""
+        """Key facts → atoms by the rules; Jaccard ≥ reinforce_jaccard with an active atom
+        reinforces it, unless both hold a slot (Rules.slot) with another value or subject: then the
+        new supersedes. Under reinforce_min_tokens tokens never reinforces ("Thanks!"). In tx."""
         c = self.conn
         self._clear_atoms(p.document_id)
         # the event time again: rebuild --graph re-derives it for memories stored before schema 16
@@ -3758,7 +3760,8 @@ class Layers:
             token_set = set(tokens)
             slotted = self._fact_slot(p, fact)
             best, best_score = None, 0.0
-            if len(token_set) >= self.cfg.write.reinforce_min_tokens:
+            if len(token_set) >= self.cfg.write.reinforce_min_tokens and self._may_reinforce(
+                    token_set, p.persona_id, atom_type, threshold):
                 for cand in self.rows(self.queries["atom_reinforce_candidates"], {
                         "match": fts_query(tokens), "persona_id": p.persona_id,
                         "atom_type": atom_type}):
@@ -3789,11 +3792,29 @@ class Layers:
         if p.supersedes:  # what it contradicts in the memories it replaces retires
             self._retire_contradicted(p.document_id)
 
+    def _may_reinforce(self, tokens: set, persona_id: str, atom_type: str, least: float) -> bool:
+        """False when no active atom of the persona and type shares `least` (Jaccard) of `tokens`:
+        such an atom holds `need` of them, so one of any len(tokens) - need + 1 (unranked)."""
+        need = math.ceil(least * len(tokens) - 1e-9)
+        found = [t for t in tokens if re.search(r"[^\W_]", t)]  # a token FTS5 cannot miss
+        if need < 1 or len(found) < len(tokens) - need + 1:
+            return True
+        if len(self._atom_term_rows) > 65536:
+            self._atom_term_rows.clear()
+        for t in found:
+            if t not in self._atom_term_rows:  # an estimate, counted once: any choice is exact
+                self._atom_term_rows[t] = self.value(
+                    "select count(*) from memory_atoms_fts where memory_atoms_fts match ?",
+                    (fts_query([t]),))
+        rare = sorted(found, key=lambda t: (self._atom_term_rows[t], t))[:len(tokens) - need + 1]
+        return any(jaccard(tokens, set(r["segmented"].split())) >= least for r in self.rows(
+            self.queries["atom_pivot_candidates"],
+            {"match": fts_query(rare), "persona_id": persona_id, "atom_type": atom_type}))
+
     def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0,
                         event_expiry: str = "") -> None:
-        """One more reinforcement of `atom` (a memory_atoms row) at ISO time `at`: count + 1,
-        confidence at least `confidence`, a shelf life of effective_ttl_days from `at` (seed: Memory
-        Model); a planned atom keeps the later of that, its expiry and `event_expiry`. In tx."""
+        """One more reinforcement of `atom` at ISO `at`: count + 1, confidence ≥ `confidence`, life
+        effective_ttl_days from `at`; a planned atom keeps the latest with `event_expiry`. In tx."""
         count = atom["reinforcement_count"] + 1
         ttl = effective_ttl_days(atom["base_ttl_days"], atom["importance"], count)
         expires = iso(parse_time(at) + dt.timedelta(days=ttl))
@@ -3806,12 +3827,10 @@ class Layers:
 
     def _atom_role(self, fact: str, p) -> tuple[str, float]:
         """(atom_type, confidence) of a fact (Rules.classify) with the dates it names (else its
-        memory's): a planned fact whose dates all ended before the memory's day is a past event;
-        one naming a day not yet over is planned when said as a plan (sentence_tense) or not said in
-        the past; one saying when something holds or lapses ([tense] state) is not."""
+        memory's): planned dates all over: a past event; a day not over said as a plan (or not in
+        the past): planned; one saying when something holds or lapses ([tense] state) is not."""
         atom_type, confidence = self.rules.classify(fact)
-        spans = (self._event_spans(fact, p.created_at)
-                 or self._event_spans(p.content, p.created_at)[:1])
+        spans = self._event_spans(fact, p) or self._event_spans(p.content, p)[:1]
         if not spans:
             return atom_type, confidence
         tz = local_tz(self.cfg.forgetting.timezone)
@@ -3829,25 +3848,23 @@ class Layers:
         return atom_type, confidence
 
     def _event_columns(self, p) -> dict:
-        """{event_at, event_end} of a memory: the first date its content names, resolved against its
-        created_at in [forgetting] timezone; None each without one."""
-        spans = self._event_spans(p.content, p.created_at)
+        """{event_at, event_end}: the first date p's content names (_event_spans), else None."""
+        spans = self._event_spans(p.content, p)
         return {"event_at": spans[0][0] if spans else None,
                 "event_end": spans[0][1] if spans else None}
 
-    def _event_spans(self, text: str, created_at: str) -> list[tuple[str, str, str]]:
-        """event_spans of `text` at the memory's time `created_at` with this engine's rules and
-        zone."""
-        return event_spans(text, created_at, self.rules.event_dates,
-                           local_tz(self.cfg.forgetting.timezone))
+    def _event_spans(self, text: str, p: Prepared) -> list[tuple[str, str, str]]:
+        """event_spans of `text` (p's content or fact) at p.created_at, once per write and text."""
+        if text not in p.spans:
+            p.spans[text] = event_spans(text, p.created_at, self.rules.event_dates,
+                                        local_tz(self.cfg.forgetting.timezone))
+        return p.spans[text]
 
     def _atom_expiry(self, atom_type: str, fact: str, p, ttl_days: float, start: str) -> str:
-        """When a new atom expires (ISO UTC): a planned one `grace_days` after the end of the latest
-        date its fact (else its memory) names; any other, or one without a date, `ttl_days` after
-        `start` (seed: Memory Model). With start = '' only the event expiry ('' without one)."""
+        """When a new atom expires (ISO UTC): planned, `grace_days` after the latest date its fact
+        (else memory) names; else `ttl_days` after `start`, '' when start is '' (event expiry)."""
         if atom_type == "planned":
-            spans = (self._event_spans(fact, p.created_at)
-                     or self._event_spans(p.content, p.created_at)[:1])
+            spans = self._event_spans(fact, p) or self._event_spans(p.content, p)[:1]
             if spans:  # never before the memory was written
                 grace = dt.timedelta(days=self.rules.event_dates["grace_days"])
                 return iso(max([_parse_iso(e) for _, e, _ in spans]
@@ -3857,8 +3874,7 @@ class Layers:
     def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str,
                    created_at: str) -> None:
         """Of the active atoms with this persona, subject and single-valued slot, the newest stays
-        active and supersedes every one with another value (a late older fact is itself superseded).
-        In tx."""
+        active and supersedes every one with another value (a late older fact too). In tx."""
         c, stamp = self.conn, now_iso()
         rivals = self.rows(self.queries["atom_rivals"], {
             "persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
@@ -3931,10 +3947,9 @@ class Layers:
         return nid, shown
 
     def _stage_graph(self, p: Prepared, _vectors) -> None:
-        """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and their
-        searchable entries, tied to the source document (seed: Memory Model 3): one entry per
-        subject, per fact ("Fact: …" + "About:" the subjects) and per fact chain link; the session
-        context once, on the anchor entry (graph_anchor_text). In tx."""
+        """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and entries of
+        the document (seed: Memory Model 3): one per subject, per fact ("Fact: …" + "About:") and
+        per fact chain link; the session context on the anchor entry (graph_anchor_text). In tx."""
         c = self.conn
         self._clear_graph(p.document_id)
         doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
@@ -3994,8 +4009,7 @@ class Layers:
                 edge(a, b, "co_occurs_with", GRAPH_SUBJECT_CONFIDENCE)
 
     def _clear_graph(self, doc_id: int) -> None:
-        """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes. In
-        tx."""
+        """Remove a document's graph entries (+FTS, +vectors), edges, orphaned nodes. In tx."""
         c = self.conn
         of_doc = {"document_id": doc_id}
         ids = [r["id"] for r in self.rows(self.queries["document_entry_ids"], of_doc)]
@@ -4074,9 +4088,8 @@ class Layers:
                           (entry_id, self.seg.segmented(text)))
 
     def _upgrade_graph_entries(self) -> None:
-        """Rewrite the graph entries of files before graph layout 2 as _stage_graph writes them now
-        (vectors unchanged), GRAPH_UPGRADE_BATCH memories a transaction, then meta graph_layout = 2.
-        Data step 3 (DATA_STEPS)."""
+        """Data step 3: graph entries of files before graph layout 2 as _stage_graph writes them now
+        (vectors kept), GRAPH_UPGRADE_BATCH memories a transaction, then meta graph_layout = 2."""
         if self.meta_get("graph_layout") == GRAPH_LAYOUT:
             return
         with self.tx() as c:
@@ -4122,9 +4135,8 @@ class Layers:
     # flags and superseding: a memory's row -------------------------------------------------------
 
     def _link_superseded(self, p: Prepared) -> None:
-        """Link each memory write `p` supersedes (p.supersedes, of p's persona only) to
-        p.document_id (superseded_by), not archived; the facts the newer contradicts retire
-        (_retire_contradicted). Notes it in p.warnings. In tx."""
+        """Link each memory in p.supersedes (p's persona only) to p.document_id (superseded_by); the
+        facts the newer contradicts retire (_retire_contradicted). Notes it in p.warnings. In tx."""
         done = []
         for old in p.supersedes:
             mine = self.value("select 1 from documents where id = ? and persona_id = ?",
@@ -4140,9 +4152,8 @@ class Layers:
                               "undoes)")
 
     def _retire_contradicted(self, doc_id: int) -> None:
-        """Retire the atoms memory `doc_id` contradicts in the memories it supersedes: those of its
-        slots (done by _supersede) and those sharing SUPERSEDE_JACCARD of their search tokens with
-        one of its atoms. In tx."""
+        """Retire the atoms memory `doc_id` contradicts in those it supersedes: of its slots (by
+        _supersede) and sharing SUPERSEDE_JACCARD of their tokens with one of its atoms. In tx."""
         new = [(r["id"], set(r["segmented"].split())) for r in self.rows(
             self.queries["document_atom_texts"], {"document_id": doc_id})]
         stamp = now_iso()
@@ -4184,9 +4195,8 @@ class Layers:
     # back-fill: the vector stage deferred, and the refresh worker --------------------------------
 
     def _refresh_stale(self, ids) -> None:
-        """Re-embed the memories whose context changed, on one background worker (the old vector
-        stays searchable meanwhile; a failing provider leaves them pending). wait_refresh()
-        waits."""
+        """Re-embed the memories whose context changed on one background worker (the old vector is
+        searched meanwhile; a failing provider leaves them pending). wait_refresh() waits."""
         ids = sorted({i for i in ids if i is not None})
         if not ids or not self.vectors_usable:
             return
@@ -4361,10 +4371,9 @@ REPEAT_FILLED = ("summary", "sentiment", "source", "session_id")
 
 
 def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
-    """What memorizing the text of stored memory `d` (a Store._doc dict) again with metadata `p`
-    adds, as {metadata field: new value} for edit(), {} when nothing changes: REPEAT_UNITED lists
-    united, REPEAT_FILLED texts only where empty, the higher importance (the default counts when
-    `restoring`), pinned: true wins. The timestamp and the persona stay."""
+    """What memorizing stored memory `d` (Store._doc) again with metadata `p` adds, {field: new
+    value} for edit(): REPEAT_UNITED lists united, REPEAT_FILLED texts only where empty, the higher
+    importance (the default counts when `restoring`), pinned true wins; time and persona stay."""
     out = {}
     for k in REPEAT_UNITED:
         new = [x for x in getattr(p, k) if x not in d[k]]
@@ -4502,10 +4511,9 @@ class Journal:
         return ids
 
     def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
-        """Store many memories with batched embedding (imports), every item validated first;
-        returns one result per item, in order (memorize's shape). Copies of one new text store one
-        memory. An item whose first stage fails gets status 'failed' and its error (its journal row
-        marked failed); with a single item that failure is raised instead."""
+        """Store many memories with batched embedding, all validated first: one result per item, in
+        order (memorize's shape); copies of one new text store one memory. An item whose first stage
+        fails gets status 'failed' and its error (raised instead for a single item)."""
         return self._memorize_prepared([
             self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
             for i, (c, m) in enumerate(items)])
@@ -4549,10 +4557,9 @@ class Journal:
         return [self._write_result(p) for p in preps]
 
     def _may_update(self, p: Prepared) -> None:
-        """Set p.may_update, [{id, preview}] of at most MAY_UPDATE_MAX live memories of p's persona
-        that new memory `p` updates, and one warning naming them: by slot (an atom of `p`
-        superseded one of theirs), by event (_event_rivals) or by meaning (_near_rival). Nothing
-        for a repeat, an edit or a failed write; never raises."""
+        """Set p.may_update ([{id, preview}], at most MAY_UPDATE_MAX live memories new memory `p`
+        updates: by slot, event (_event_rivals) or meaning (_near_rival)) and a warning naming them;
+        nothing for a repeat, an edit or a failed write; never raises."""
         if p.deduplicated or p.status == "failed" or p.document_id is None or p.op != "insert":
             return
         try:
@@ -4581,9 +4588,8 @@ class Journal:
                               f"supersedes=[{', '.join(asked)}] to mark {them} replaced")
 
     def _near_rival(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
-        """may_update's meaning signal: [(id, content)] of the older memory nearest `p` by its
-        stored vector, not in `skip`, when p says something changed and adds nothing ([events]), at
-        cosine ≥ MAY_UPDATE_COSINE, holding no slot value of p's."""
+        """may_update's meaning signal: [(id, content)] of the older memory nearest `p` by vector,
+        not in `skip`, if p says a change ([events]), at MAY_UPDATE_COSINE, with no slot of p's."""
         text, rules = fold(p.content), self.rules
         least = MAY_UPDATE_COSINE.get(self.embedder.model)
         if not least or not self.has_table("doc_vec") or not any(
@@ -4609,9 +4615,8 @@ class Journal:
         return []
 
     def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
-        """may_update's event signal: [(id, content)] of p's persona's live older memories not in
-        `skip` sharing EVENT_SHARED_TOKENS search tokens (and EVENT_JACCARD) with `p`, the [events]
-        words left out, when p says an event changed."""
+        """may_update's event signal: [(id, content)] of live older memories not in `skip`
+        sharing EVENT_SHARED_TOKENS tokens, EVENT_JACCARD, with `p` ([events] out) if it says so."""
         if not any(rx.search(fold(p.content)) for rx in self.rules.event_change):
             return []
         words = set(self.seg.tokens(p.content)) - self.rules.event_words
@@ -4626,9 +4631,8 @@ class Journal:
         return out
 
     def _write_result(self, p: Prepared) -> dict:
-        """The answer of memorize and edit for the memory `p` wrote or repeated ({id, uid, status,
-        …} as memorize says); a failed memorize_many item: {id: None, status: 'failed', error,
-        …}."""
+        """memorize's and edit's answer for the memory `p` wrote or repeated; a failed
+        memorize_many item: {id: None, status: 'failed', error, …}."""
         if p.status == "failed":
             return {"id": None, "uid": None, "status": "failed", "deduplicated": p.deduplicated,
                     "atoms": 0, "graph_entries": 0, "embedding": None,
@@ -4647,11 +4651,9 @@ class Journal:
     # repeats: memorizing a text already stored ---------------------------------------------------
 
     def _absorb_repeat(self, p: Prepared) -> None:
-        """Memorizing the text of a stored memory again (`p` deduplicated, p.document_id that
-        memory): the holder is the end of its merged_into chain (a warning names both ids), an
-        archived holder is restored (with a warning), then the repeat's metadata is merged in
-        (_repeat_updates) through edit(). Sets p.document_id, p.status, p.changed and p.warnings.
-        Raises what edit() raises."""
+        """A repeat of a stored memory's text (`p` deduplicated): its holder is the end of its
+        merged_into chain, restored if archived (warnings say so), the repeat's metadata merged in
+        (_repeat_updates) by edit(). Sets p.document_id, status, changed, warnings; may raise."""
         try:
             d = self._doc(p.document_id)
         except NotFound:  # deleted by another process meanwhile: nothing to merge into
@@ -4769,9 +4771,8 @@ class Journal:
             self.conn.execute("delete from memory_write_payloads where op_id = ?", (p.op_id,))
 
     def _record_failure(self, p: Prepared, error: Exception) -> None:
-        """Stage after `p.status` failed for one write: a new memory not stored at all is marked
-        failed (p.status 'failed', p.error, its journal row too); else the error goes on the journal
-        row for recovery to retry."""
+        """Stage after `p.status` failed: a new memory not stored is marked failed (p.status,
+        p.error, its journal row); else the error goes on the journal row for recovery to retry."""
         if not isinstance(error, (DamagedFile, DiskFull)):  # those say it in their one line
             log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
         if isinstance(error, JournalGone):  # nothing of it is in this file any more: not stored
@@ -4815,10 +4816,9 @@ class Journal:
             return (str(self.path.resolve()), op_id) in _RUNNING_OPS
 
     def recover(self, fts: bool = False) -> dict:
-        """Finish unfinished journal rows and repair index gaps (seed: Reliability). A row whose
-        writer is gone (owner_alive false) is retried from its stage, failed after
-        write_op_max_retries. Missing FTS rows are re-segmented when `fts` or when a row was
-        unfinished. Returns {resumed, failed: [op ids], fts_backfilled}."""
+        """Finish unfinished journal rows, repair index gaps (seed: Reliability): a row whose writer
+        is gone (owner_alive false) is retried from its stage, failed after write_op_max_retries;
+        FTS gaps re-segmented if `fts` or a row was unfinished; {resumed, failed, fts_backfilled}"""
         with self._running() as claim:
             return self._recover(claim, fts)
 
@@ -10566,6 +10566,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
             raise AokunError(f"[recall] fusion = {echo(self.cfg.recall.fusion)} is not one of "
                              "score, rrf")
         self.rules = Rules(self.cfg)  # atom rules, aliases, intents, time words, event dates
+        self._atom_term_rows: dict[str, int] = {}  # Layers._may_reinforce: atoms holding a term
         # Vectors
         # the provider
         self.embedder = embedder if embedder is not None else make_embedder(self.cfg)
