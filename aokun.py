@@ -421,9 +421,9 @@ class Segmenter:
         self._tk = None
         self._lock = threading.Lock()
         self.stopwords: frozenset[str] = frozenset()
-        # a write segments the same sentence several times (FTS of the memory, its atoms, its graph
-        # entries, the next turn's context): jieba is most of a write's CPU without a model
-        self._cut = functools.lru_cache(maxsize=4096)(self._cut_uncached)
+        # a write cuts the same words many times (FTS, atoms, graph entries, context); jieba cuts
+        # each run of its re_han_default apart, so a line's tokens are its runs' tokens
+        self._cut_run = functools.lru_cache(maxsize=65536)(self._cut_run_uncached)
 
     @property
     def loaded(self) -> bool:
@@ -462,7 +462,12 @@ class Segmenter:
         without punctuation and stop words; order and duplicates kept."""
         return list(self._cut(fold(text), keep_stopwords))
 
-    def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
+    def _cut(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
+        import jieba
+        return tuple(t for run in jieba.re_han_default.split(text) if run
+                     for t in self._cut_run(run, keep_stopwords))
+
+    def _cut_run_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
         tk = self._tokenizer()
         out = []
         for tok in tk.cut_for_search(text):
@@ -490,7 +495,6 @@ class Segmenter:
         idf = math.log(tk.total / freq) if freq > 0 else COVER_WEIGHT_MAX + COVER_IDF_COMMON
         return min(COVER_WEIGHT_MAX, max(COVER_WEIGHT_MIN, idf - COVER_IDF_COMMON))
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter per Memory, few tokens)
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter a process)
     def pinyin(self, token: str) -> str:
         """A Chinese token's pinyin, toneless and unspaced (pypinyin, imported on first use):
@@ -1737,6 +1741,7 @@ def _add_months(day: dt.date, months: int) -> dt.date:
     return dt.date(year, month, min(day.day, calendar.monthrange(year, month)[1]))
 
 
+@functools.lru_cache(maxsize=4096)  # lunar-python keeps only its last year
 def _lunar_day(year: int, month: int, day: int, offset: int = 0) -> dt.date | None:
     """The solar day of lunar `year`/`month`/`day` (+ `offset` days) by lunar-python, None when
     that lunar month has no such day (the 30th of a short month)."""
@@ -1868,6 +1873,7 @@ def _event_span(spec: dict, m: re.Match, today: dt.date, words: dict,
     return _relative_span(spec, g, today, words, tense)
 
 
+@functools.lru_cache(maxsize=4096)
 def _lunar_of(day: dt.date) -> int:
     """The lunar year that solar `day` falls in (lunar-python)."""
     from lunar_python import Solar
@@ -2748,6 +2754,7 @@ class Prepared:
     # a repeat's changes to the stored memory, {field: [old, new]}
     changed: dict = field(default_factory=dict)
     may_update: list = field(default_factory=list)  # [{id, preview}] this new memory may update
+    spans: dict = field(default_factory=dict)  # Layers._event_spans: text -> its dates
 
     PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts",
                "participants", "tags", "sentiment", "source", "importance", "pinned", "created_at",
@@ -3621,14 +3628,12 @@ GRAPH_UPGRADE_BATCH = 500  #: memories rewritten per transaction by the graph la
 
 
 class Layers:
-    """The pipeline stages that derive a stored memory's indexes (seed: Write Pipeline): FTS row and
-    vector, atoms, graph nodes, edges and entries, and their removal, all in tx; a memory's flags;
-    the back-fill of pending vectors."""
+    """The write stages (seed: Write Pipeline): FTS row and vector, atoms, graph nodes, edges and
+    entries, and their removal, all in tx; a memory's flags; the back-fill of pending vectors."""
 
     def _stage_docs(self, p: Prepared, vectors: dict) -> str | None:
-        """Stage 1 of a write: the documents row (insert with a never-reused id, or update), its FTS
-        row and vector, and the session context of the memories after it. Returns 'done' when
-        another process stored the same content meanwhile. In tx."""
+        """Stage 1: the documents row (never-reused id), its FTS row and vector, the session context
+        of the memories after it. 'done' when another process stored the same content. In tx."""
         c, stamp = self.conn, now_iso()
         vec = vectors.get(id(p))
         unembedded = "pending" if self.embedder.provider != "none" else "none"
@@ -3763,7 +3768,8 @@ class Layers:
             token_set = set(tokens)
             slotted = self._fact_slot(p, fact)
             best, best_score = None, 0.0
-            if len(token_set) >= self.cfg.write.reinforce_min_tokens:
+            if len(token_set) >= self.cfg.write.reinforce_min_tokens and self._may_reinforce(
+                    token_set, p.persona_id, atom_type, threshold):
                 for cand in self.rows(self.queries["atom_reinforce_candidates"], {
                         "match": fts_query(tokens), "persona_id": p.persona_id,
                         "atom_type": atom_type}):
@@ -3794,11 +3800,29 @@ class Layers:
         if p.supersedes:  # what it contradicts in the memories it replaces retires
             self._retire_contradicted(p.document_id)
 
+    def _may_reinforce(self, tokens: set, persona_id: str, atom_type: str, least: float) -> bool:
+        """False when no active atom of the persona and type shares `least` (Jaccard) of `tokens`:
+        such an atom holds `need` of them, so one of any len(tokens) - need + 1 (unranked)."""
+        need = math.ceil(least * len(tokens) - 1e-9)
+        found = [t for t in tokens if re.search(r"[^\W_]", t)]  # a token FTS5 cannot miss
+        if need < 1 or len(found) < len(tokens) - need + 1:
+            return True
+        if len(self._atom_term_rows) > 65536:
+            self._atom_term_rows.clear()
+        for t in found:
+            if t not in self._atom_term_rows:  # an estimate, counted once: any choice is exact
+                self._atom_term_rows[t] = self.value(
+                    "select count(*) from memory_atoms_fts where memory_atoms_fts match ?",
+                    (fts_query([t]),))
+        rare = sorted(found, key=lambda t: (self._atom_term_rows[t], t))[:len(tokens) - need + 1]
+        return any(jaccard(tokens, set(r["segmented"].split())) >= least for r in self.rows(
+            self.queries["atom_pivot_candidates"],
+            {"match": fts_query(rare), "persona_id": persona_id, "atom_type": atom_type}))
+
     def _reinforce_atom(self, atom: dict, at: str, confidence: float = 0.0,
                         event_expiry: str = "") -> None:
-        """One more reinforcement of `atom` (a memory_atoms row) at ISO time `at`: count + 1,
-        confidence at least `confidence`, a shelf life of effective_ttl_days from `at` (seed: Memory
-        Model); a planned atom keeps the later of that, its expiry and `event_expiry`. In tx."""
+        """One more reinforcement of `atom` at ISO `at`: count + 1, confidence ≥ `confidence`, life
+        effective_ttl_days from `at`; a planned atom keeps the latest with `event_expiry`. In tx."""
         count = atom["reinforcement_count"] + 1
         ttl = effective_ttl_days(atom["base_ttl_days"], atom["importance"], count)
         expires = iso(parse_time(at) + dt.timedelta(days=ttl))
@@ -3813,8 +3837,7 @@ class Layers:
         """(atom_type, confidence) of a fact (Rules.classify), planned or not by the dates it (else
         its memory) names and its tense (sentence_tense, [tense] state)."""
         atom_type, confidence = self.rules.classify(fact)
-        spans = (self._event_spans(fact, p.created_at)
-                 or self._event_spans(p.content, p.created_at)[:1])
+        spans = self._event_spans(fact, p) or self._event_spans(p.content, p)[:1]
         if not spans:
             return atom_type, confidence
         tz = local_tz(self.cfg.forgetting.timezone)
@@ -3832,25 +3855,23 @@ class Layers:
         return atom_type, confidence
 
     def _event_columns(self, p) -> dict:
-        """{event_at, event_end} of a memory: the first date its content names, resolved against its
-        created_at in [forgetting] timezone; None each without one."""
-        spans = self._event_spans(p.content, p.created_at)
+        """{event_at, event_end}: the first date p's content names (_event_spans), else None."""
+        spans = self._event_spans(p.content, p)
         return {"event_at": spans[0][0] if spans else None,
                 "event_end": spans[0][1] if spans else None}
 
-    def _event_spans(self, text: str, created_at: str) -> list[tuple[str, str, str]]:
-        """event_spans of `text` at the memory's time `created_at` with this engine's rules and
-        zone."""
-        return event_spans(text, created_at, self.rules.event_dates,
-                           local_tz(self.cfg.forgetting.timezone))
+    def _event_spans(self, text: str, p: Prepared) -> list[tuple[str, str, str]]:
+        """event_spans of `text` (p's content or fact) at p.created_at, once per write and text."""
+        if text not in p.spans:
+            p.spans[text] = event_spans(text, p.created_at, self.rules.event_dates,
+                                        local_tz(self.cfg.forgetting.timezone))
+        return p.spans[text]
 
     def _atom_expiry(self, atom_type: str, fact: str, p, ttl_days: float, start: str) -> str:
-        """When a new atom expires (ISO UTC): a planned one `grace_days` after the end of the latest
-        date its fact (else its memory) names; any other, or one without a date, `ttl_days` after
-        `start` (seed: Memory Model). With start = '' only the event expiry ('' without one)."""
+        """When a new atom expires (ISO UTC): planned, `grace_days` after the latest date its fact
+        (else memory) names; else `ttl_days` after `start`, '' when start is '' (event expiry)."""
         if atom_type == "planned":
-            spans = (self._event_spans(fact, p.created_at)
-                     or self._event_spans(p.content, p.created_at)[:1])
+            spans = self._event_spans(fact, p) or self._event_spans(p.content, p)[:1]
             if spans:  # never before the memory was written
                 grace = dt.timedelta(days=self.rules.event_dates["grace_days"])
                 return iso(max([_parse_iso(e) for _, e, _ in spans]
@@ -3860,8 +3881,7 @@ class Layers:
     def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str,
                    created_at: str) -> None:
         """Of the active atoms with this persona, subject and single-valued slot, the newest stays
-        active and supersedes every one with another value (a late older fact is itself superseded).
-        In tx."""
+        active and supersedes every one with another value (a late older fact too). In tx."""
         c, stamp = self.conn, now_iso()
         rivals = self.rows(self.queries["atom_rivals"], {
             "persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
@@ -3934,10 +3954,9 @@ class Layers:
         return nid, shown
 
     def _stage_graph(self, p: Prepared, _vectors) -> None:
-        """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and their
-        searchable entries, tied to the source document (seed: Memory Model 3): one entry per
-        subject, per fact ("Fact: …" + "About:" the subjects) and per fact chain link; the session
-        context once, on the anchor entry (graph_anchor_text). In tx."""
+        """Nodes (topic/person/fact), edges (describes, mentioned_in, co_occurs_with) and entries of
+        the document (seed: Memory Model 3): one per subject, per fact ("Fact: …" + "About:") and
+        per fact chain link; the session context on the anchor entry (graph_anchor_text). In tx."""
         c = self.conn
         self._clear_graph(p.document_id)
         doc = self.rows("select archived from documents where id = ?", (p.document_id,))[0]
@@ -3997,8 +4016,7 @@ class Layers:
                 edge(a, b, "co_occurs_with", GRAPH_SUBJECT_CONFIDENCE)
 
     def _clear_graph(self, doc_id: int) -> None:
-        """Remove a document's graph output: entries (+FTS, +vectors), edges, orphaned nodes. In
-        tx."""
+        """Remove a document's graph entries (+FTS, +vectors), edges, orphaned nodes. In tx."""
         c = self.conn
         of_doc = {"document_id": doc_id}
         ids = [r["id"] for r in self.rows(self.queries["document_entry_ids"], of_doc)]
@@ -4077,9 +4095,8 @@ class Layers:
                           (entry_id, self.seg.segmented(text)))
 
     def _upgrade_graph_entries(self) -> None:
-        """Rewrite the graph entries of files before graph layout 2 as _stage_graph writes them now
-        (vectors unchanged), GRAPH_UPGRADE_BATCH memories a transaction, then meta graph_layout = 2.
-        Data step 3 (DATA_STEPS)."""
+        """Data step 3: graph entries of files before graph layout 2 as _stage_graph writes them now
+        (vectors kept), GRAPH_UPGRADE_BATCH memories a transaction, then meta graph_layout = 2."""
         if self.meta_get("graph_layout") == GRAPH_LAYOUT:
             return
         with self.tx() as c:
@@ -4125,9 +4142,8 @@ class Layers:
     # flags and superseding: a memory's row -------------------------------------------------------
 
     def _link_superseded(self, p: Prepared) -> None:
-        """Link each memory write `p` supersedes (p.supersedes, of p's persona only) to
-        p.document_id (superseded_by), not archived; the facts the newer contradicts retire
-        (_retire_contradicted). Notes it in p.warnings. In tx."""
+        """Link each memory in p.supersedes (p's persona only) to p.document_id (superseded_by); the
+        facts the newer contradicts retire (_retire_contradicted). Notes it in p.warnings. In tx."""
         done = []
         for old in p.supersedes:
             mine = self.value("select 1 from documents where id = ? and persona_id = ?",
@@ -4143,9 +4159,8 @@ class Layers:
                               "undoes)")
 
     def _retire_contradicted(self, doc_id: int) -> None:
-        """Retire the atoms memory `doc_id` contradicts in the memories it supersedes: those of its
-        slots (done by _supersede) and those sharing SUPERSEDE_JACCARD of their search tokens with
-        one of its atoms. In tx."""
+        """Retire the atoms memory `doc_id` contradicts in those it supersedes: of its slots (by
+        _supersede) and sharing SUPERSEDE_JACCARD of their tokens with one of its atoms. In tx."""
         new = [(r["id"], set(r["segmented"].split())) for r in self.rows(
             self.queries["document_atom_texts"], {"document_id": doc_id})]
         stamp = now_iso()
@@ -4187,9 +4202,8 @@ class Layers:
     # back-fill: the vector stage deferred, and the refresh worker --------------------------------
 
     def _refresh_stale(self, ids) -> None:
-        """Re-embed the memories whose context changed, on one background worker (the old vector
-        stays searchable meanwhile; a failing provider leaves them pending). wait_refresh()
-        waits."""
+        """Re-embed the memories whose context changed on one background worker (the old vector is
+        searched meanwhile; a failing provider leaves them pending). wait_refresh() waits."""
         ids = sorted({i for i in ids if i is not None})
         if not ids or not self.vectors_usable:
             return
@@ -4364,10 +4378,9 @@ REPEAT_FILLED = ("summary", "sentiment", "source", "session_id")
 
 
 def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
-    """What memorizing the text of stored memory `d` (a Store._doc dict) again with metadata `p`
-    adds, as {metadata field: new value} for edit(), {} when nothing changes: REPEAT_UNITED lists
-    united, REPEAT_FILLED texts only where empty, the higher importance (the default counts when
-    `restoring`), pinned: true wins. The timestamp and the persona stay."""
+    """What memorizing stored memory `d` (Store._doc) again with metadata `p` adds, {field: new
+    value} for edit(): REPEAT_UNITED lists united, REPEAT_FILLED texts only where empty, the higher
+    importance (the default counts when `restoring`), pinned true wins; time and persona stay."""
     out = {}
     for k in REPEAT_UNITED:
         new = [x for x in getattr(p, k) if x not in d[k]]
@@ -4651,11 +4664,9 @@ class Journal:
     # repeats: memorizing a text already stored ---------------------------------------------------
 
     def _absorb_repeat(self, p: Prepared) -> None:
-        """Memorizing the text of a stored memory again (`p` deduplicated, p.document_id that
-        memory): the holder is the end of its merged_into chain (a warning names both ids), an
-        archived holder is restored (with a warning), then the repeat's metadata is merged in
-        (_repeat_updates) through edit(). Sets p.document_id, p.status, p.changed and p.warnings.
-        Raises what edit() raises."""
+        """A repeat of a stored memory's text (`p` deduplicated): its holder is the end of its
+        merged_into chain, restored if archived (warnings say so), the repeat's metadata merged in
+        (_repeat_updates) by edit(). Sets p.document_id, status, changed, warnings; may raise."""
         try:
             d = self._doc(p.document_id)
         except NotFound:  # deleted by another process meanwhile: nothing to merge into
@@ -4773,9 +4784,8 @@ class Journal:
             self.conn.execute("delete from memory_write_payloads where op_id = ?", (p.op_id,))
 
     def _record_failure(self, p: Prepared, error: Exception) -> None:
-        """Stage after `p.status` failed for one write: a new memory not stored at all is marked
-        failed (p.status 'failed', p.error, its journal row too); else the error goes on the journal
-        row for recovery to retry."""
+        """Stage after `p.status` failed: a new memory not stored is marked failed (p.status,
+        p.error, its journal row); else the error goes on the journal row for recovery to retry."""
         if not isinstance(error, (DamagedFile, DiskFull)):  # those say it in their one line
             log.error("write op %s failed at %s: %s", p.op_id, p.status, error)
         if isinstance(error, JournalGone):  # nothing of it is in this file any more: not stored
@@ -4819,10 +4829,9 @@ class Journal:
             return (str(self.path.resolve()), op_id) in _RUNNING_OPS
 
     def recover(self, fts: bool = False) -> dict:
-        """Finish unfinished journal rows and repair index gaps (seed: Reliability). A row whose
-        writer is gone (owner_alive false) is retried from its stage, failed after
-        write_op_max_retries. Missing FTS rows are re-segmented when `fts` or when a row was
-        unfinished. Returns {resumed, failed: [op ids], fts_backfilled}."""
+        """Finish unfinished journal rows, repair index gaps (seed: Reliability): a row whose writer
+        is gone (owner_alive false) is retried from its stage, failed after write_op_max_retries;
+        FTS gaps re-segmented if `fts` or a row was unfinished; {resumed, failed, fts_backfilled}"""
         with self._running() as claim:
             return self._recover(claim, fts)
 
@@ -6383,12 +6392,10 @@ class Forgetting:
 
     def consolidate(self, dry_run: bool = True, persona_id=None, similarity: float = 0.92,
                     min_jaccard: float = 0.5, progress=None) -> dict:
-        """Find clusters of near-duplicate live memories (cosine ≥ `similarity` and token Jaccard ≥
-        `min_jaccard`, or Jaccard ≥ CONSOLIDATE_JACCARD_ALONE alone). A real run merges each into
-        its longest memory (labels united, max importance, earliest created_at) and archives the
-        others with merged_into; restore_memory(survivor) undoes it. Returns {clusters: [{survivor,
-        members: [ids], texts}], dry_run}. `progress(done, total)` hears memories compared and
-        clusters merged."""
+        """Clusters of near-duplicate live memories (cosine ≥ `similarity` and Jaccard ≥
+        `min_jaccard`, or Jaccard ≥ CONSOLIDATE_JACCARD_ALONE); a real run merges each into its
+        longest memory and archives the others (merged_into; restore_memory undoes it). Returns
+        {clusters: [{survivor, members, texts}], dry_run}; `progress(done, total)`."""
         persona = _label(persona_id, "persona_id")
         live = self.rows(self.queries["consolidate_documents"], {"persona_id": persona})
         docs = {d["id"]: d for d in live}
@@ -9171,12 +9178,10 @@ class Portable:
 
     def import_export(self, lines, derive_atoms: bool = False, overwrite=frozenset(),
                       progress=None) -> dict:
-        """Import an export (the lines of a JSONL file) into this file, uids deciding: a record here
-        with the same or a later updated_at is kept, one deleted here stays deleted, a memory whose
-        text this persona holds under another uid is left out; memories are re-derived through the
-        pipeline. `derive_atoms`: re-derive atoms; `overwrite`: uids written even when as late;
-        `progress(done, total)`. Returns {kind: {added, updated, kept, skipped}, deleted}.
-        ImportFileError (the line) for a line that is not a record, before any write."""
+        """Import an export's JSONL lines, uids deciding: a record here as late or later is kept,
+        one deleted here stays deleted, a text this persona holds under another uid is left out.
+        `derive_atoms`: re-derive atoms; `overwrite`: uids written even when as late. Returns {kind:
+        {added, updated, kept, skipped}, deleted}; ImportFileError before any write."""
         records = read_export(lines)
         report = {k: {"added": 0, "updated": 0, "kept": 0, "skipped": 0} for k in EXPORT_FIELDS}
         by_kind = {k: [(n, self._redacted_record(k, r)) for n, r in records if r["kind"] == k]
@@ -9906,13 +9911,11 @@ class Sync:
     record are ordered by (stamp, content hash): the later wins everywhere."""
 
     def sync(self, folder) -> dict:
-        """Sync with the other devices through `folder`: write this file's changes as
-        `<device>-<seq>.changeset`, then apply the other devices' files in sequence order (known by
-        their headers); a bad file is skipped with its reason. What applying made here goes out in
-        a second file at once. Returns {folder, device, new_device, written, answered, sent,
-        applied: [names], merged: {added, updated, kept, skipped}, skipped: [{file, reason}],
-        waiting: [names], conflicts}. Raises InputError when `folder` is not a folder, AokunError
-        when another sync runs or the folder cannot be read or written."""
+        """Write this file's changes to `folder` as `<device>-<seq>.changeset`, apply the other
+        devices' files in sequence order (a bad one skipped with its reason), and send what applying
+        made at once. Returns {folder, device, new_device, written, answered, sent, applied, merged:
+        {added, updated, kept, skipped}, skipped: [{file, reason}], waiting, conflicts}. InputError
+        when `folder` is not a folder, AokunError when another sync runs or it cannot be used."""
         folder = Path(folder).expanduser()
         if not folder.is_dir():
             raise InputError("DIR", f"{folder} is not a folder; give the folder the devices share")
@@ -10526,14 +10529,9 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
              Sync):
     """The memory engine on one SQLite file: the section classes above, composed. Open it with a
     path (created and migrated when needed), optionally a Config and an Embedder; close() it.
-
-    Threads: callers (any), `aokun-touch`, `aokun-refresh`, `aokun-recall-*` (query-only
-    connections), and the server's `aokun-background`, `aokun-watch`, `aokun-watch-backlog`.
-    `self.lock` (re-entrant) guards `self.conn` and what changes with it; a method documented
-    "In tx" must run inside the caller's `with self.tx():`. `_readers_lock` guards the readers
-    (channel workers never take `self.lock`), `_refresh_lock` the refresh worker's start, `_calls`
-    counts tool calls in flight. Writes are BEGIN IMMEDIATE with a long busy timeout; several
-    processes may share the file."""
+    `self.lock` (re-entrant) guards `self.conn`; a method documented "In tx" runs inside the
+    caller's `with self.tx():`; channel workers read on their own connections (`_readers_lock`),
+    never taking `self.lock`. Writes are BEGIN IMMEDIATE; several processes may share the file."""
 
     def __init__(self, path: Path | str, cfg: Config | None = None,
                  embedder: Embedder | None = None, recover: bool = True):
@@ -10568,6 +10566,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
             raise AokunError(f"[recall] fusion = {echo(self.cfg.recall.fusion)} is not one of "
                              "score, rrf")
         self.rules = Rules(self.cfg)  # atom rules, aliases, intents, time words, event dates
+        self._atom_term_rows: dict[str, int] = {}  # Layers._may_reinforce: atoms holding a term
         # Vectors
         # the provider
         self.embedder = embedder if embedder is not None else make_embedder(self.cfg)

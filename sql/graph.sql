@@ -15,6 +15,14 @@ where memory_atoms_fts match :match and a.persona_id = :persona_id and a.state =
 order by rank
 limit 20;
 
+-- name: atom_pivot_candidates
+-- The segmented text of the active atoms of :persona_id of type :atom_type holding any term of
+-- :match (an FTS5 expression), unranked: whether one may be reinforced (Layers._may_reinforce).
+select f.segmented
+from memory_atoms_fts f join memory_atoms a on a.id = f.rowid
+where memory_atoms_fts match :match and a.persona_id = :persona_id and a.state = 'active'
+  and a.atom_type = :atom_type;
+
 -- name: atom_by_uid
 -- The atom with uid :uid (atom_uid: a memory's fact), with what a reinforcement of it reads.
 select id, atom_type, base_ttl_days, importance, reinforcement_count, confidence,
