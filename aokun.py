@@ -2151,9 +2151,8 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
 
 
 def newer_first(rows: list[dict], by: dict[int, int]) -> list[dict]:
-    """`rows` (each with an id) in order, but a row that another of them replaced (`by`: {id: newer
-    id}, Recall.replacements) comes right after the newer one, the two at the first place of
-    either: [old, x, new] → [new, old, x]."""
+    """`rows` (with ids) in order, but one another replaced (`by`: {id: newer id}) right after the
+    newer, the two at the first place of either: [old, x, new] → [new, old, x]."""
     index = {d["id"]: d for d in rows}
     older: dict[int, list] = {}
     for d in rows:
@@ -4597,7 +4596,7 @@ class Journal:
         for r in self.rows(self.queries["recall_vector"], {
                 "embedding": blob_vector(blob).tobytes(), "query_i8": blob, "k": 2,
                 "candidates": 16, "max_hamming": None, "persona_id": p.persona_id,
-                "max_archived": 0, "as_of": ""}):
+                "max_archived": 0, "as_of": p.created_at}):
             if r["id"] == p.document_id:
                 continue
             theirs = self.rows(self.queries["near_rival"], {
@@ -4613,7 +4612,7 @@ class Journal:
         """may_update's event signal: [(id, content)] of p's persona's live older memories not in
         `skip` sharing EVENT_SHARED_TOKENS search tokens (and EVENT_JACCARD) with `p`, the [events]
         words left out, when p says an event changed."""
-        if not any(rx.search(fold(p.content)) for rx in self.rules.event_change):
+        if not self.event_changed(p.content):
             return []
         words = set(self.seg.tokens(p.content)) - self.rules.event_words
         out = []
@@ -4621,10 +4620,18 @@ class Journal:
                 "match": fts_query(sorted(words)), "persona_id": p.persona_id,
                 "document_id": p.document_id, "k": 4 * MAY_UPDATE_MAX}):
             theirs = set(r["segmented"].split()) - self.rules.event_words
-            if r["id"] not in skip and len(words & theirs) >= EVENT_SHARED_TOKENS and (
-                    jaccard(words, theirs) >= EVENT_JACCARD):
+            if r["id"] not in skip and self.event_pair(words, theirs):
                 out.append((r["id"], r["content"]))
         return out
+
+    def event_changed(self, text: str) -> bool:
+        """Whether a memory's `text` says an event changed ([events] change; event_pair)."""
+        return any(rx.search(fold(text)) for rx in self.rules.event_change)
+
+    def event_pair(self, a: set, b: set) -> bool:
+        """The event signal's pair test on the search tokens less the [events] words of a memory
+        that says an event changed (`a`) and an older one (`b`)."""
+        return len(a & b) >= EVENT_SHARED_TOKENS and jaccard(a, b) >= EVENT_JACCARD
 
     def _write_result(self, p: Prepared) -> dict:
         """The answer of memorize and edit for the memory `p` wrote or repeated ({id, uid, status,
@@ -5400,10 +5407,8 @@ class Recall:
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
 
     def warm_recall(self) -> None:
-        """Load what a new process's first recalls would otherwise load: the embedding model,
-        pypinyin, each channel worker's connection and pages (each channel runs once), the
-        relevance anchors. Writes nothing; takes the lock one statement at a time and waits while
-        a tool call runs."""
+        """Load what a process's first recalls would: the embedding model, pypinyin, each channel
+        worker's connection and pages, the relevance anchors. Writes nothing; yields to tools."""
         text = (self.value("select content from documents order by id desc limit 1")
                 or "warm up 预热")[:200]
         v = self._query_vector(text).astype(np.float32) if self.vectors_usable else None
@@ -5416,9 +5421,8 @@ class Recall:
                                 dict(params, embedding=v.tobytes(), query_i8=vector_blob(v)))
 
     def _warm_channels(self, channels: tuple, params: dict) -> None:
-        """warm_recall's step: the `channels` with `params` once on each channel worker's reader
-        (a barrier holds each worker's task until all have one), after loading aokun_bm25's row
-        sizes there; on the main connection when the channels run there."""
+        """warm_recall's step: the `channels` once on each channel worker's reader (a barrier holds
+        each task until all have one), after aokun_bm25's row sizes; else on the main connection."""
         self.yield_to_foreground()
         pool, n = self._channel_workers()
         rows = self.rows if pool is None else self.reader_rows
@@ -5457,8 +5461,7 @@ class Recall:
                 "hop": GRAPH_HOP_DISCOUNT}
 
     def _pins(self, embedding: bytes, params: dict) -> dict:
-        """{id: cosine similarity} of the pinned memories at least [recall]
-        pin_similarity_threshold similar to the query vector (`embedding`, a float32 blob)."""
+        """{id: cosine} of the pinned memories ≥ pin_similarity_threshold to `embedding`."""
         query_i8 = vector_blob(np.frombuffer(embedding, np.float32))
         rows = self.rows(self.queries["recall_pinned"],
                          dict(params, embedding=embedding, query_i8=query_i8))
@@ -5466,8 +5469,7 @@ class Recall:
                 if 1.0 - row["distance"] >= self.cfg.recall.pin_similarity_threshold}
 
     def _question_intent(self, query: str) -> tuple[str | None, dict]:
-        """(intent, its weights) of the question itself: the last line of a multi-line query (a
-        conversation); (None, {}) unless [recall] dynamic_route_weighting."""
+        """(intent, its weights) of the query's last line; (None, {}) without dynamic routing."""
         if not self.cfg.recall.dynamic_route_weighting:
             return None, {}
         return self.rules.intent(query.rsplit("\n", 1)[-1])
@@ -5475,8 +5477,7 @@ class Recall:
     def _recall_extras(self, query: str, k: int, persona: str, as_of_iso: str,
                        include_conversations, project: str = "",
                        scope: str = "all") -> tuple[list[dict], list]:
-        """(facts, conversations) of a recall's answer: the knowledge-graph facts about the
-        entities the query names, and the conversation hits (hooks) when include_conversations."""
+        """(graph facts of the entities the query names, conversation hits when asked: hooks)."""
         has_graph = self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,))
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) if has_graph else []
         conversations = (self.hooks.conversation_hits(self, query, k, persona, project, scope)
@@ -5488,17 +5489,12 @@ class Recall:
                explain: bool = False, channels=None, as_of=None,
                max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None,
                include_conversations=False, project=None, scope=None):
-        """Hybrid recall (seed: Retrieval Pipeline). Returns
-        {results: [{id, score, text, truncated, summary, importance, created_at, ...}], facts,
-        degraded: [{channel, reason}], intent, took_ms, cached, warnings}. With explain=true each
-        hit also carries `explain` (explain_parts): its rank in every channel and every part of its
-        score, and the answer `stats` {channel_ms, channel_rows: {channel: ms/rows}, candidates,
-        scored, pool}. Texts are bounded after ranking by bound_hits (max_chars_per_hit,
-        max_answer_tokens; None: the [recall] settings, 0: no limit). The channels (sql/recall.sql)
-        run side by side; _fuse() ranks their rows with the Ranking functions (shortlist,
-        candidate_score, scale_routes, fuse_scores, select_hits).
-        as_of answers as the memory stood then; include_conversations adds `conversations` (hooks);
-        `project`, `scope`: project_scope. InputError: an empty query, a bad k or scope."""
+        """Hybrid recall (seed: Retrieval Pipeline) → {results: [recall_hit], facts, degraded:
+        [{channel, reason}], intent, took_ms, cached, warnings}; explain: each hit's `explain`
+        (explain_parts) and the answer's `stats` {channel_ms, channel_rows, candidates, scored,
+        pool}. Texts are cut by bound_hits (None: the [recall] settings, 0: no limit). as_of: the
+        memory as it stood then; include_conversations: `conversations` (hooks); `project`,
+        `scope`: project_scope. InputError: an empty query, a bad k or scope."""
         started = time.perf_counter()
         r = self.cfg.recall
         query = query_text(query, "query")
@@ -5558,10 +5554,8 @@ class Recall:
         return answer
 
     def replacements(self, ids) -> dict[int, int]:
-        """{memory id: the memory that replaced it} for the memories of `ids` a newer one replaced
-        (sql replacements: a newer value of a slot, or memorize's supersedes), followed to the
-        newest of the chain (at most REPLACED_HOPS hops): Hangzhou → Shanghai → Beijing names
-        Beijing for both."""
+        """{memory id: the newest memory that replaced it} of `ids` (sql replacements: a newer slot
+        value, or supersedes), along at most REPLACED_HOPS hops: Hangzhou → Shanghai → Beijing."""
         out: dict[int, int] = {}
         ask, hops = sorted(set(ids)), 0
         while ask and hops < REPLACED_HOPS:
@@ -5575,13 +5569,12 @@ class Recall:
             ask, hops = sorted(set(step.values()) - set(step)), hops + 1
         return {i: by for i, by in out.items() if by != i}
 
-    def _newer_first(self, hits: list[dict], k: int, include_archived) -> list[dict]:
-        """recall's hits with each replaced memory marked `replaced_by` the newer one
-        (replacements) and that one right above it (newer_first), added when it is not a hit (with
-        the older one's score, relevance and explain, no channels). At most k."""
+    def _newer_first(self, hits: list[dict], k: int, include_archived, docs: dict) -> list[dict]:
+        """recall's k hits, a replaced one (replacements) marked `replaced_by` the newer, which
+        comes right above it (newer_first; when not a hit, with the older one's score, relevance
+        and explain), one that may be (_may_replace) `may_be_replaced_by` the hit above it."""
         by = self.replacements([h["id"] for h in hits])
-        if not by:
-            return hits
+        maybe = self._may_replace(hits, by, docs)
         have = {h["id"] for h in hits}
         rows = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {
             "ids": json.dumps(sorted({by[i] for i in have if i in by} - have))})}
@@ -5594,11 +5587,27 @@ class Recall:
                                                     "relevance": h["relevance"]}))
                 if "explain" in h:  # the older one's parts, which it stands on
                     added[-1]["explain"] = dict(h["explain"], replaces=h["id"])
-        return newer_first(hits + added, by)[:k]
+        return newer_first(hits + added, maybe | by)[:k]
+
+    def _may_replace(self, hits: list[dict], by: dict, docs: dict) -> dict[int, int]:
+        """{hit id: the newest later hit memorize's event or meaning signal links to it
+        (event_changed, event_pair, _near_rival)}, `by` (replaced) left out, marked on the hits."""
+        out, skip, age = {}, self.rules.event_words, lambda h: (h["created_at"], h["id"])
+        for new in sorted(hits, key=age):
+            older = {h["id"] for h in hits if h["id"] not in by and age(h) < age(new)}
+            if older and self.event_changed(new["text"]):
+                words = set(self.seg.tokens(new["text"])) - skip
+                out |= {i: new["id"] for i in older if self.event_pair(
+                    words, set(docs[i]["segmented"].split()) - skip)}
+            near = self._near_rival(Prepared(new["text"], new["persona_id"], document_id=new[
+                "id"], created_at=new["created_at"]), set()) if older else []
+            out |= {i: new["id"] for i, _ in near if i in older}
+        for h in hits:
+            h.update({"may_be_replaced_by": out[h["id"]]} if h["id"] in out else {})
+        return out
 
     def _capped_k(self, k, warnings: list) -> int:
-        """`k` checked (InputError unless a whole number ≥ 1) and capped at [recall] max_k, with a
-        warning when it was above."""
+        """`k` checked (InputError unless a whole number ≥ 1), capped at [recall] max_k (warned)."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InputError("k", f"expected a whole number of results ≥ 1, got {echo(k)}")
         top = self.cfg.recall.max_k
@@ -5607,10 +5616,9 @@ class Recall:
         return min(k, top)
 
     def _search_words(self, query: str, ref: dt.datetime) -> tuple[list[str], tuple | None]:
-        """(search tokens, time window) of a query: the window of the time words of its last line
-        (time_window, rules/timewords.toml), and the tokens of the query without that phrase unless
-        its rule keeps them ('3 days ago' says when, not what: a memory that says "ago" is no better
-        for it; 'in June' also says what)."""
+        """(search tokens, time window) of a query: the window of its last line's time words
+        (time_window), and its tokens without that phrase unless its rule keeps them ('3 days ago'
+        says when, not what; 'in June' also says what)."""
         window = time_window(query.rsplit("\n", 1)[-1], ref, self.rules.time_words,
                              local_tz(self.cfg.forgetting.timezone))
         if window is None or window.keep_words:
@@ -5619,8 +5627,7 @@ class Recall:
         return self.seg.tokens(query[:at] + " " + query[at + len(window[2]):]), window
 
     def _bounds(self, max_chars_per_hit, max_answer_tokens) -> tuple[int, int]:
-        """(max characters per hit, max tokens of the answer's texts) for bound_hits: the arguments,
-        or the [recall] settings for None; 0 = no limit. Raises InputError for a bad one."""
+        """(max chars per hit, max answer tokens) for bound_hits, None: [recall]'s (InputError)."""
         r, out = self.cfg.recall, []
         for name, value in (("max_chars_per_hit", max_chars_per_hit),
                             ("max_answer_tokens", max_answer_tokens)):
@@ -5632,8 +5639,7 @@ class Recall:
         return out[0], out[1]
 
     def _embedding_for(self, query: str, chosen, degraded: list) -> bytes | None:
-        """The query vector as a float32 blob when a vector channel is asked for and can run, else
-        None with a {channel, reason} appended to `degraded` for each vector channel asked for."""
+        """The query vector (float32 blob) for the vector channels asked for, or None (degraded)."""
         if not {"vector", "graph_vector"} & set(chosen):
             return None
         reason = self.vector_problem
@@ -5648,11 +5654,9 @@ class Recall:
 
     def _channel_rows(self, chosen, query: str, params: dict, degraded: list,
                       stats: dict) -> tuple[dict[str, list[dict]], bytes | None]:
-        """({channel: rows} of the chosen channels that can run, the query vector blob or None).
-        The keyword channels start first; the query is embedded meanwhile on this thread
-        (_embedding_for: ONNX and httpx release the GIL), then the vector channels start. A channel
-        whose SQL fails is logged and appended to `degraded`; stats['channel_ms'] gets
-        {channel: ms}."""
+        """({channel: rows} of the chosen channels that can run, the query vector blob or None):
+        keyword channels first, the query embedded meanwhile (ONNX and httpx release the GIL), then
+        the vector ones. A failed channel goes to `degraded`; stats['channel_ms']: {channel: ms}."""
         timings = stats.setdefault("channel_ms", {})
         names = dict(CHANNEL_QUERIES,
                      vector="recall_vector_session" if params["session_id"] else "recall_vector")
@@ -5684,9 +5688,8 @@ class Recall:
         return ranked, embedding
 
     def _query_vector(self, query: str) -> "np.ndarray":
-        """The query's vector. A multi-line query (a conversation so far) is embedded whole, plus
-        its last line again × query_last_line_weight: the latest turn is what the recall is for,
-        the earlier ones its context."""
+        """The query's vector; a multi-line query (a conversation so far) whole plus its last line
+        (the latest turn, what the recall is for) × query_last_line_weight."""
         v = self.embedder.embed_query(self.embedder.prepare(query)[0])
         lines = [x for x in query.splitlines() if x.strip()]
         w = self.cfg.recall.query_last_line_weight
@@ -5714,10 +5717,8 @@ class Recall:
 
     def _fuse(self, ranked: dict[str, list[dict]], q: RecallQuery) -> list[dict]:
         """The channel rows `ranked` ({channel: rows}) → the q.k hits, best first (README "How
-        recall ranks"). The formulas are the Ranking functions above; this method only fetches what
-        they need: each candidate's row (sql recall_candidates, with the atoms' temporal factor at
-        q.ref), the session neighbours of the strongest, and the documents of the MMR pool, whose
-        calibrated relevance decides which may be answered at all ([recall] min_relevance)."""
+        recall ranks"), by the Ranking functions above; this fetches what they need: candidates'
+        rows (sql recall_candidates), session neighbours, the MMR pool's documents."""
         w = Weights.of(self.cfg.recall, q.spec, q.chosen, q.window)
         ranks, scores, confidence = channel_evidence(ranked, w.graph_channels)
         if not ranks and not q.pins:
@@ -5757,7 +5758,7 @@ class Recall:
                     docs[i]["content"], docs[i]["created_at"], self.rules.event_dates,
                     local_tz(self.cfg.forgetting.timezone)) or None}
             out.append(hit)
-        return out if q.historical else self._newer_first(out, q.k, q.params["max_archived"])
+        return out if q.historical else self._newer_first(out, q.k, q.params["max_archived"], docs)
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not
@@ -5794,8 +5795,7 @@ class Recall:
 
     def _score_candidates(self, ids, parts: dict, ranks: dict, scores: dict, confidence: dict,
                           w: Weights, q: RecallQuery) -> None:
-        """candidate_score() of every id in `ids` not scored yet, into `parts`; deleted ids are
-        skipped."""
+        """candidate_score() of every id in `ids` not scored yet (nor deleted), into `parts`."""
         default = self.rules.types[self.rules.default_type]
         batch = sorted(set(ids) - set(parts))
         step_types = [t for t, v in self.rules.types.items() if v["decay"] == "step"]
@@ -5813,8 +5813,7 @@ class Recall:
                                 project_factor=self.cfg.recall.other_project_factor)
 
     def _session_neighbours(self, ids, params: dict) -> dict[int, set]:
-        """{memory id: ids of the memories right before/after it in its session} for the candidates
-        and, symmetrically, for those neighbours (sql recall_session_neighbours)."""
+        """{memory id: ids of its session's memories right before/after it}, both ways."""
         out: dict[int, set] = {}
         rows = self.rows(self.queries["recall_session_neighbours"],
                          dict(params, ids=json.dumps(sorted(ids))))
@@ -6008,10 +6007,11 @@ BRIEFING_MAX_FACTS = 50  #: current knowledge-graph facts listed in a briefing
 CONTEXT_RECALL_K = {"quick": 3, "chat": 8, "coding": 10, "project": 15}
 
 
-def memory_tag(doc_id: int, replaced_by: int | None) -> str:
+def memory_tag(doc_id: int, replaced_by: int | None, maybe: int | None = None) -> str:
     """How memory_context and the briefing name a memory: [12], or [12 replaced_by 15] when a newer
-    memory replaced it (Recall.replacements)."""
-    return f"[{doc_id} replaced_by {replaced_by}]" if replaced_by else f"[{doc_id}]"
+    memory replaced it (Recall.replacements), [12 may_be_replaced_by 15] when one may have."""
+    by = f" replaced_by {replaced_by}" if replaced_by else f" may_be_replaced_by {maybe}"
+    return f"[{doc_id}{by if replaced_by or maybe else ''}]"
 
 
 class Briefing:
@@ -6118,7 +6118,7 @@ class Briefing:
                            scope=scope)["results"]
         for h in hits:
             if h["id"] not in seen:
-                tag = memory_tag(h["id"], h.get("replaced_by"))
+                tag = memory_tag(h["id"], h.get("replaced_by"), h.get("may_be_replaced_by"))
                 lines.append(f"- {h['created_at'][:10]} {tag} {_one_line(h['text'])}")
         facts = self._facts_for_text(topic, persona, now_iso())
         if facts:
@@ -10883,12 +10883,11 @@ def _search_models():
     from pydantic import BaseModel, Field
 
     class Hit(BaseModel):
-        # score: fused, higher is better. truncated: text is only the memory's start (cut at a
-        # sentence end, line or word, ending in …): get_memory gives it whole. channels: bm25,
-        # vector, graph_keyword, graph_vector; time_window: made when the question says.
-        # relevance: how likely it is relevant, 0..1, one scale for every query (null when the
-        # embedding model is not calibrated). replaced_by: a newer memory (ranked above) gives
-        # another value of a fact this one states, or supersedes it.
+        # score: fused, higher is better. truncated: text is the memory's start (get_memory gives
+        # it whole). channels: bm25, vector, graph_keyword, graph_vector, time_window. relevance:
+        # 0..1, one scale for every query (null: model not calibrated). replaced_by: a newer memory
+        # (ranked above) gives another value of a fact this one states, or supersedes it;
+        # may_be_replaced_by: memorize's may_update would name this one for it, unconfirmed.
         id: int
         score: float
         text: str
@@ -10906,6 +10905,7 @@ def _search_models():
         channels: list[str]
         relevance: float | None = None
         replaced_by: int | None = None
+        may_be_replaced_by: int | None = None
         project: str | None = None
         explain: dict[str, Any] | None = None
 
@@ -11378,8 +11378,8 @@ def _read_tools():
                    description="project (default), all, or a folder.")] = None
                ) -> S.RecallResult:
         """Search memory by meaning, keywords and relations, in any language; call it before
-        answering when earlier conversations may matter. A hit with truncated: true is cut short
-        (get_memory reads it whole)."""
+        answering when earlier conversations may matter. truncated: get_memory reads it whole.
+        may_be_replaced_by: a newer hit may update it."""
         project = _client_project(ctx)
         return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(
             query, limit, persona_id, session_id, include_archived, explain, None, as_of,
