@@ -929,12 +929,10 @@ class Connection(apsw.Connection):
 def connect(path: Path, busy_timeout_ms: int = 30000, synchronous: str = "full",
             backup_dir: Path | None = None, reader: bool = False,
             create_folder: Path | None = None, rank: bool | str = False) -> Connection:
-    """Open (creating the file if needed) the database with sqlite-vec loaded and the APSW best
-    practice (WAL, busy timeout, foreign keys, no double-quoted strings), migrated to the newest
-    schema unless `reader` (a query-only connection). A missing folder is created only when
-    `create_folder` (the default data folder). `rank`: load aokun_bm25 when it can be
-    (conn.aokun_rank: its path or None; a path: that build). Raises SchemaError for a file from a
-    newer Aokun, AokunError (one line naming the file) when it cannot be opened or is not SQLite."""
+    """Open (or create) the database with sqlite-vec and APSW best practice (WAL, busy timeout,
+    foreign keys), migrated unless `reader` (query-only); a missing folder only when it is
+    `create_folder`. `rank`: load aokun_bm25 if it can (conn.aokun_rank). SchemaError for a newer
+    file, AokunError (naming the file) when it cannot be opened or is not SQLite."""
     if not path.parent.is_dir() and path.parent != create_folder:
         why = "is a file" if path.parent.exists() else "does not exist"
         raise AokunError(f"database {path}: its folder {path.parent} {why}; create the folder or "
@@ -2157,15 +2155,20 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
 
 
 def newer_first(rows: list[dict], by: dict[int, int]) -> list[dict]:
-    """`rows` (each with an id) in order, but a row that another of them replaced (`by`: {id: the
-    newest id}, Recall.replacements) comes right after the newer one, the two at the first place of
-    either: [old, x, new] → [new, old, x]."""
+    """`rows` (with ids) in order, but one another replaced (`by`: {id: newer id}) right after the
+    newer, the two at the first place of either: [old, x, new] → [new, old, x]; chains newest
+    first."""
     at = {d["id"]: n for n, d in enumerate(rows)}
-    head = {i: by[i] if by.get(i) in at else i for i in at}
-    first = {}
+
+    def up(i: int) -> tuple[int, int]:  # the newest of i's chain among `rows`, and hops to it
+        n = 0
+        while by.get(i) in at and n < len(at):
+            i, n = by[i], n + 1
+        return i, n
+    first: dict[int, int] = {}
     for i in at:
-        first.setdefault(head[i], at[i])
-    return sorted(rows, key=lambda d: (first[head[d["id"]]], head[d["id"]] != d["id"], at[d["id"]]))
+        first.setdefault(up(i)[0], at[i])
+    return sorted(rows, key=lambda d: (first[up(d["id"])[0]], up(d["id"])[1], at[d["id"]]))
 
 
 def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None:
@@ -4596,7 +4599,7 @@ class Journal:
         for r in self.rows(self.queries["recall_vector"], {
                 "embedding": blob_vector(blob).tobytes(), "query_i8": blob, "k": 4,
                 "candidates": 16, "max_hamming": None, "persona_id": p.persona_id,
-                "max_archived": 0, "as_of": ""}) if blob is not None else []:
+                "max_archived": 0, "as_of": p.created_at}) if blob is not None else []:
             if r["id"] == p.document_id:
                 continue
             theirs = self.rows(self.queries["near_rival"], {
@@ -4631,7 +4634,7 @@ class Journal:
     def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
         """may_update's event signal: [(id, content)] of live older memories not in `skip` sharing
         EVENT_SHARED_TOKENS and EVENT_JACCARD of p's tokens less [events] words, if p says so."""
-        if not any(rx.search(fold(p.content)) for rx in self.rules.event_change):
+        if not self.event_changed(p.content):
             return []
         words = set(self.seg.tokens(p.content)) - self.rules.event_words
         out = []
@@ -4639,10 +4642,18 @@ class Journal:
                 "match": fts_query(sorted(words)), "persona_id": p.persona_id,
                 "document_id": p.document_id, "k": 4 * MAY_UPDATE_MAX}):
             theirs = set(r["segmented"].split()) - self.rules.event_words
-            if r["id"] not in skip and len(words & theirs) >= EVENT_SHARED_TOKENS and (
-                    jaccard(words, theirs) >= EVENT_JACCARD):
+            if r["id"] not in skip and self.event_pair(words, theirs):
                 out.append((r["id"], r["content"]))
         return out
+
+    def event_changed(self, text: str) -> bool:
+        """Whether a memory's `text` says an event changed ([events] change; event_pair)."""
+        return any(rx.search(fold(text)) for rx in self.rules.event_change)
+
+    def event_pair(self, a: set, b: set) -> bool:
+        """The event signal's pair test on the search tokens less the [events] words of a memory
+        that says an event changed (`a`) and an older one (`b`)."""
+        return len(a & b) >= EVENT_SHARED_TOKENS and jaccard(a, b) >= EVENT_JACCARD
 
     def _write_result(self, p: Prepared) -> dict:
         """memorize's and edit's answer for `p` (as memorize says), a failure's with its error."""
@@ -5006,12 +5017,10 @@ class KnowledgeGraph:
 
     def kg_add(self, subject, predicate, object, valid_from=None, valid_to=None, confidence=1.0,
                source_memory_id: int | None = None, persona_id=None) -> dict:
-        """Record the fact subject —predicate→ object, true from valid_from (default now) until
-        valid_to (default open); entities are created when missing. A single-valued predicate
-        (rules/predicates.toml) with a new object closes the open fact at this valid_from; the same
-        object again returns the open fact. Returns {id, subject, predicate, object, valid_from,
-        valid_to, closed: [ids], existing}. NotFound for a source_memory_id of no memory of the
-        persona."""
+        """Record subject —predicate→ object from valid_from (now) until valid_to (open); a new
+        object of a single-valued predicate (rules/predicates.toml) closes the open fact, the same
+        object returns it. {id, subject, predicate, object, valid_from, valid_to, closed, existing};
+        NotFound for a source_memory_id of no memory of the persona."""
         persona = _label(persona_id, "persona_id")
         # secrets are never stored
         subject, predicate, object = self._redacted_triple(subject, predicate, object)
@@ -5413,10 +5422,8 @@ class Recall:
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
 
     def warm_recall(self) -> None:
-        """Load what a new process's first recalls would otherwise load: the embedding model,
-        pypinyin, each channel worker's connection and pages (each channel runs once), the
-        relevance anchors. Writes nothing; takes the lock one statement at a time and waits while
-        a tool call runs."""
+        """Load what a process's first recalls would: the embedding model, pypinyin, each channel
+        worker's connection and pages, the relevance anchors. Writes nothing; yields to tools."""
         text = (self.value("select content from documents order by id desc limit 1")
                 or "warm up 预热")[:200]
         v = self._query_vector(text).astype(np.float32) if self.vectors_usable else None
@@ -5429,9 +5436,8 @@ class Recall:
                                 dict(params, embedding=v.tobytes(), query_i8=vector_blob(v)))
 
     def _warm_channels(self, channels: tuple, params: dict) -> None:
-        """warm_recall's step: the `channels` with `params` once on each channel worker's reader
-        (a barrier holds each worker's task until all have one), after loading aokun_bm25's row
-        sizes there; on the main connection when the channels run there."""
+        """warm_recall's step: the `channels` once on each channel worker's reader (a barrier holds
+        each task until all have one), after aokun_bm25's row sizes; else on the main connection."""
         self.yield_to_foreground()
         pool, n = self._channel_workers()
         rows = self.rows if pool is None else self.reader_rows
@@ -5470,8 +5476,7 @@ class Recall:
                 "hop": GRAPH_HOP_DISCOUNT}
 
     def _pins(self, embedding: bytes, params: dict) -> dict:
-        """{id: cosine similarity} of the pinned memories at least [recall]
-        pin_similarity_threshold similar to the query vector (`embedding`, a float32 blob)."""
+        """{id: cosine} of the pinned memories ≥ pin_similarity_threshold to `embedding`."""
         query_i8 = vector_blob(np.frombuffer(embedding, np.float32))
         rows = self.rows(self.queries["recall_pinned"],
                          dict(params, embedding=embedding, query_i8=query_i8))
@@ -5479,8 +5484,7 @@ class Recall:
                 if 1.0 - row["distance"] >= self.cfg.recall.pin_similarity_threshold}
 
     def _question_intent(self, query: str) -> tuple[str | None, dict]:
-        """(intent, its weights) of the question itself: the last line of a multi-line query (a
-        conversation); (None, {}) unless [recall] dynamic_route_weighting."""
+        """(intent, its weights) of the query's last line; (None, {}) without dynamic routing."""
         if not self.cfg.recall.dynamic_route_weighting:
             return None, {}
         return self.rules.intent(query.rsplit("\n", 1)[-1])
@@ -5488,8 +5492,7 @@ class Recall:
     def _recall_extras(self, query: str, k: int, persona: str, as_of_iso: str,
                        include_conversations, project: str = "",
                        scope: str = "all") -> tuple[list[dict], list]:
-        """(facts, conversations) of a recall's answer: the knowledge-graph facts about the
-        entities the query names, and the conversation hits (hooks) when include_conversations."""
+        """(graph facts of the entities the query names, conversation hits when asked: hooks)."""
         has_graph = self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,))
         facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) if has_graph else []
         conversations = (self.hooks.conversation_hits(self, query, k, persona, project, scope)
@@ -5594,10 +5597,12 @@ class Recall:
         rel = hit_relevance(q.about, newer, vec, q.about.get("coef"), self.seg, new["content"])
         return (rel["relevance"] or 0) >= self.cfg.recall.min_relevance
 
-    def _newer_first(self, hits: list[dict], q: RecallQuery) -> list[dict]:
+    def _newer_first(self, hits: list[dict], q: RecallQuery, docs: dict) -> list[dict]:
         """recall's q.k hits, each replaced one (in part: when _asks_retired) marked `replaced_by`
-        the newer one, put right above it (newer_first; added with the older one's parts)."""
+        the newer one, put right above it (newer_first; added with the older one's parts); one
+        that may be (_may_replace) marked `may_be_replaced_by` the hit put above it."""
         by = self.replacements([h["id"] for h in hits])
+        maybe = self._may_replace(hits, by, docs)
         part = self.partly_replaced(by) if by else {}
         have = {h["id"] for h in hits}
         rows = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {
@@ -5608,7 +5613,7 @@ class Recall:
         by = {i: n for i, n in by.items() if i not in part or n in rows and self._asks_retired(
             q, part[i], rows[n], vecs.get(n))}
         if not by:
-            return hits
+            return newer_first(hits, maybe)
         include_archived, added = q.params["max_archived"], []
         for h in (h for h in hits if h["id"] in by):
             new = h["replaced_by"] = by[h["id"]]
@@ -5618,11 +5623,27 @@ class Recall:
                                                     "relevance": h["relevance"]}))
                 if "explain" in h:  # the older one's parts, which it stands on
                     added[-1]["explain"] = dict(h["explain"], replaces=h["id"])
-        return newer_first(hits + added, by)[:q.k]
+        return newer_first(hits + added, maybe | by)[:q.k]
+
+    def _may_replace(self, hits: list[dict], by: dict, docs: dict) -> dict[int, int]:
+        """{hit id: the newest later hit memorize's event or meaning signal links to it
+        (event_changed, event_pair, _near_rival)}, `by` (replaced) left out, marked on the hits."""
+        out, skip, age = {}, self.rules.event_words, lambda h: (h["created_at"], h["id"])
+        for new in sorted(hits, key=age):
+            older = {h["id"] for h in hits if h["id"] not in by and age(h) < age(new)}
+            if older and self.event_changed(new["text"]):
+                words = set(self.seg.tokens(new["text"])) - skip
+                out |= {i: new["id"] for i in older if self.event_pair(
+                    words, set(docs[i]["segmented"].split()) - skip)}
+            near = self._near_rival(Prepared(new["text"], new["persona_id"], document_id=new[
+                "id"], created_at=new["created_at"]), set()) if older else []
+            out |= {i: new["id"] for i, _ in near if i in older}
+        for h in hits:
+            h.update({"may_be_replaced_by": out[h["id"]]} if h["id"] in out else {})
+        return out
 
     def _capped_k(self, k, warnings: list) -> int:
-        """`k` checked (InputError unless a whole number ≥ 1) and capped at [recall] max_k, with a
-        warning when it was above."""
+        """`k` checked (InputError unless a whole number ≥ 1), capped at [recall] max_k (warned)."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InputError("k", f"expected a whole number of results ≥ 1, got {echo(k)}")
         top = self.cfg.recall.max_k
@@ -5631,10 +5652,9 @@ class Recall:
         return min(k, top)
 
     def _search_words(self, query: str, ref: dt.datetime) -> tuple[list[str], tuple | None]:
-        """(search tokens, time window) of a query: the window of the time words of its last line
-        (time_window, rules/timewords.toml), and the tokens of the query without that phrase unless
-        its rule keeps them ('3 days ago' says when, not what: a memory that says "ago" is no better
-        for it; 'in June' also says what)."""
+        """(search tokens, time window) of a query: the window of its last line's time words
+        (time_window), and its tokens without that phrase unless its rule keeps them ('3 days ago'
+        says when, not what; 'in June' also says what)."""
         window = time_window(query.rsplit("\n", 1)[-1], ref, self.rules.time_words,
                              local_tz(self.cfg.forgetting.timezone))
         if window is None or window.keep_words:
@@ -5643,8 +5663,7 @@ class Recall:
         return self.seg.tokens(query[:at] + " " + query[at + len(window[2]):]), window
 
     def _bounds(self, max_chars_per_hit, max_answer_tokens) -> tuple[int, int]:
-        """(max characters per hit, max tokens of the answer's texts) for bound_hits: the arguments,
-        or the [recall] settings for None; 0 = no limit. Raises InputError for a bad one."""
+        """(max chars per hit, max answer tokens) for bound_hits, None: [recall]'s (InputError)."""
         r, out = self.cfg.recall, []
         for name, value in (("max_chars_per_hit", max_chars_per_hit),
                             ("max_answer_tokens", max_answer_tokens)):
@@ -5656,8 +5675,7 @@ class Recall:
         return out[0], out[1]
 
     def _embedding_for(self, query: str, chosen, degraded: list) -> bytes | None:
-        """The query vector as a float32 blob when a vector channel is asked for and can run, else
-        None with a {channel, reason} appended to `degraded` for each vector channel asked for."""
+        """The query vector (float32 blob) for the vector channels asked for, or None (degraded)."""
         if not {"vector", "graph_vector"} & set(chosen):
             return None
         reason = self.vector_problem
@@ -5705,9 +5723,8 @@ class Recall:
         return ranked, embedding
 
     def _query_vector(self, query: str) -> "np.ndarray":
-        """The query's vector. A multi-line query (a conversation so far) is embedded whole, plus
-        its last line again × query_last_line_weight: the latest turn is what the recall is for,
-        the earlier ones its context."""
+        """The query's vector; a multi-line query (a conversation so far) whole plus its last line
+        (the latest turn, what the recall is for) × query_last_line_weight."""
         v = self.embedder.embed_query(self.embedder.prepare(query)[0])
         lines = [x for x in query.splitlines() if x.strip()]
         w = self.cfg.recall.query_last_line_weight
@@ -5775,7 +5792,7 @@ class Recall:
                     docs[i]["content"], docs[i]["created_at"], self.rules.event_dates,
                     local_tz(self.cfg.forgetting.timezone)) or None}
             out.append(hit)
-        return out if q.historical else self._newer_first(out, q)
+        return out if q.historical else self._newer_first(out, q, docs)
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories still stored and relevant ([recall]
@@ -5811,8 +5828,7 @@ class Recall:
 
     def _score_candidates(self, ids, parts: dict, ranks: dict, scores: dict, confidence: dict,
                           w: Weights, q: RecallQuery) -> None:
-        """candidate_score() of every id in `ids` not scored yet, into `parts`; deleted ids are
-        skipped."""
+        """candidate_score() of every id in `ids` not scored yet (nor deleted), into `parts`."""
         default = self.rules.types[self.rules.default_type]
         batch = sorted(set(ids) - set(parts))
         step_types = [t for t, v in self.rules.types.items() if v["decay"] == "step"]
@@ -5830,8 +5846,7 @@ class Recall:
                                 project_factor=self.cfg.recall.other_project_factor)
 
     def _session_neighbours(self, ids, params: dict) -> dict[int, set]:
-        """{memory id: ids of the memories right before/after it in its session} for the candidates
-        and, symmetrically, for those neighbours (sql recall_session_neighbours)."""
+        """{memory id: ids of its session's memories right before/after it}, both ways."""
         out: dict[int, set] = {}
         rows = self.rows(self.queries["recall_session_neighbours"],
                          dict(params, ids=json.dumps(sorted(ids))))
@@ -6018,10 +6033,11 @@ BRIEFING_MAX_FACTS = 50  #: current knowledge-graph facts listed in a briefing
 CONTEXT_RECALL_K = {"quick": 3, "chat": 8, "coding": 10, "project": 15}
 
 
-def memory_tag(doc_id: int, replaced_by: int | None, part: bool = False) -> str:
+def memory_tag(doc_id: int, replaced_by: int | None, part: bool = False, maybe=None) -> str:
     """How memory_context and the briefing name a memory: [12], or [12 replaced_by 15] when a newer
-    one replaced it ([12 partly replaced_by 15]: some of its facts)."""
-    tail = f"{' partly' * part} replaced_by {replaced_by}" if replaced_by else ""
+    one replaced it ([12 partly replaced_by 15]: some of its facts), [12 may_be_replaced_by 15]."""
+    tail = f"{' partly' * part} replaced_by {replaced_by}" if replaced_by else (
+        f" may_be_replaced_by {maybe}" if maybe else "")
     return f"[{doc_id}{tail}]"
 
 
@@ -6128,7 +6144,7 @@ class Briefing:
                            scope=scope)["results"]
         for h in hits:
             if h["id"] not in seen:
-                tag = memory_tag(h["id"], h.get("replaced_by"))
+                tag = memory_tag(h["id"], h.get("replaced_by"), maybe=h.get("may_be_replaced_by"))
                 lines.append(f"- {h['created_at'][:10]} {tag} {_one_line(h['text'])}")
         facts = self._facts_for_text(topic, persona, now_iso())
         if facts:
@@ -7573,12 +7589,11 @@ class Conversations:
 
     def ingest(self, source: str, paths=(), persona_id=None, progress=None,
                include_deleted: bool = False, pause=None, on_stored=None) -> dict:
-        """Ingest the transcripts of `source` (claude-code, codex, copilot, chatgpt) from `paths` or
-        the client's standard location, each file from the byte offset the last run stopped at.
-        Turns are kept by the source's rules, redacted, stored once each; a deleted session stays
-        out unless `include_deleted`. Optional callbacks: `progress(turns, None)`, `pause(boundary)`
-        (may raise IngestInterrupted before a batch), `on_stored(new, offset)`. Returns {source,
-        files, sessions, turns, new, skipped, deleted, unreadable, interrupted, seconds}."""
+        """Ingest `source`'s transcripts (`paths` or its standard place), each file from where the
+        last run stopped; turns kept by its rules, redacted, stored once; a deleted session only
+        with `include_deleted`. Callbacks: progress, pause (may raise IngestInterrupted),
+        on_stored. {source, files, sessions, turns, new, skipped, deleted, unreadable,
+        interrupted, seconds}."""
         started = time.perf_counter()
         rules = self.ingest_rules(source)
         persona = _label(persona_id, "persona_id")
@@ -10883,12 +10898,12 @@ def _search_models():
     from pydantic import BaseModel, Field
 
     class Hit(BaseModel):
-        # score: fused, higher is better. truncated: text is only the memory's start (cut at a
-        # sentence end, line or word, ending in …): get_memory gives it whole. channels: bm25,
-        # vector, graph_keyword, graph_vector; time_window: made when the question says.
-        # relevance: how likely it is relevant, 0..1, one scale for every query (null when the
-        # embedding model is not calibrated). replaced_by: a newer memory (ranked above) gives
-        # another value of a fact this one states that the question asks about, or supersedes it.
+        # score: fused, higher is better. truncated: text is the memory's start (get_memory gives
+        # it whole). channels: bm25, vector, graph_keyword, graph_vector, time_window. relevance:
+        # 0..1, one scale for every query (null: model not calibrated). replaced_by: a newer memory
+        # (ranked above) gives another value of a fact this one states that the question asks
+        # about, or supersedes it; may_be_replaced_by: memorize's may_update would name this one
+        # for it, unconfirmed.
         id: int
         score: float
         text: str
@@ -10906,6 +10921,7 @@ def _search_models():
         channels: list[str]
         relevance: float | None = None
         replaced_by: int | None = None
+        may_be_replaced_by: int | None = None
         project: str | None = None
         explain: dict[str, Any] | None = None
 
@@ -11378,8 +11394,8 @@ def _read_tools():
                    description="project (default), all, or a folder.")] = None
                ) -> S.RecallResult:
         """Search memory by meaning, keywords and relations, in any language; call it before
-        answering when earlier conversations may matter. A hit with truncated: true is cut short
-        (get_memory reads it whole)."""
+        answering when earlier conversations may matter. truncated: get_memory reads it whole.
+        may_be_replaced_by: a newer hit may update it."""
         project = _client_project(ctx)
         return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(
             query, limit, persona_id, session_id, include_archived, explain, None, as_of,
@@ -13793,8 +13809,7 @@ def cli_list(state, limit, offset, persona, all_personas, session, include_archi
 @click.pass_obj
 def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participant, tag, importance,
              session, persona, source, timestamp, as_json):
-    """Change a memory's text or metadata; its indexes, atoms and graph are rebuilt. --persona
-    names the persona the memory belongs to (a persona cannot change).
+    """Change a memory's text or metadata (re-indexed); --persona names the memory's persona.
 
     \b
     Example: python aokun.py edit 12 --text "Alice 现在喜欢拿铁" --importance 0.8
@@ -13842,9 +13857,8 @@ _flag_command("unarchive", "archived", False, "Bring an archived memory back int
               "briefing, merge the FTS indexes, VACUUM and checkpoint (seconds on a large file).")
 @click.pass_obj
 def cli_delete(state, memory_id, persona, purge):
-    """Delete a memory from every table and index (a tombstone with its uid and time is kept).
-    Its words stay in old FTS segments and the WAL until `vacuum` or --purge, and in every backup
-    made while it existed until you delete those files.
+    """Delete a memory from every table and index (a tombstone keeps its uid and time); its words
+    stay in the WAL and old index pages until --purge, and in backups until you delete them.
 
     Example: python aokun.py delete 12 --purge"""
     mem = state.memory()
@@ -14088,11 +14102,9 @@ def cli_kg_invalidate(state, fact_id, valid_to, persona):
 @click.option("--persona", help="Persona the entity belongs to (default: the default persona).")
 @click.pass_obj
 def cli_kg_delete(state, entity, persona):
-    """Delete ENTITY and every fact about it (tombstones are kept). To end one fact, use
-    invalidate.
+    """Delete ENTITY and every fact about it (tombstones kept); `invalidate` ends one fact.
 
-    Example: python aokun.py kg delete "Old Flatmate"
-    """
+    Example: python aokun.py kg delete 'Old Flatmate'"""
     out = state.memory().kg_delete_entity(entity, persona)
     click.echo(f"deleted {out['entity']} and {len(out['facts'])} facts")
 
@@ -14155,8 +14167,7 @@ def cli_stats(state, as_json):
 @cli.command("doctor")
 @click.pass_obj
 def cli_doctor(state):
-    """Check the file: integrity_check and counts across documents, FTS, vectors, atoms and
-    graph. Exits 1 when anything is wrong.
+    """Check the file (integrity_check, counts across every index); exits 1 when anything is wrong.
 
     Example: python aokun.py doctor"""
     mem = state.memory()
@@ -14207,8 +14218,7 @@ def cli_vacuum(state):
 @click.argument("dest", required=False, type=click.Path(dir_okay=False))
 @click.pass_obj
 def cli_backup(state, dest):
-    """Write a consistent copy of the database (online backup API: servers keep writing).
-    Without DEST it goes to [backup] dir as <name>-manual-<time>.db.
+    """Write a consistent copy of the database while servers write (to [backup] dir without DEST).
 
     Example: python aokun.py backup ~/aokun-2026-11-30.db"""
     mem = state.memory()
@@ -14223,9 +14233,8 @@ def cli_backup(state, dest):
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
 def cli_restore(state, src, yes):
-    """Replace the database's content with backup SRC (integrity-checked, not from a newer Aokun).
-    The current content is saved beside the database first; prints that safety copy and the
-    memories only it holds (written or changed after the backup).
+    """Replace the database's content with backup SRC (integrity-checked); the current content is
+    saved beside it first, and the memories only that copy holds are printed.
 
     Example: python aokun.py restore data/backups/aokun-daily-2026-11-29.db"""
     if not yes and not sys.stdin.isatty():  # no one to ask: click.confirm would only say "Aborted!"
@@ -14258,9 +14267,8 @@ def cli_restore(state, src, yes):
 @click.argument("dest", type=click.Path(dir_okay=False))
 @click.pass_obj
 def cli_recover(state, dest):
-    """Save what SQLite can still read of a damaged database into the new file DEST (the damaged
-    file is only read) and rebuild DEST's keyword indexes; check it with `--db DEST doctor`, then
-    put it in place.
+    """Save what SQLite can still read of a damaged database (only read) into the new file DEST;
+    check it with `--db DEST doctor`, then put it in place.
 
     Example: python aokun.py recover ~/aokun-salvaged.db"""
     r = state.memory(recover=False).salvage(dest)
@@ -14287,8 +14295,7 @@ def cli_recover(state, dest):
               "or the folder of the Markdown notes (required).")
 @click.pass_obj
 def cli_export(state, fmt, persona, since, out_path):
-    """Export the memory without lock-in: JSONL (every kind of record; `import` restores it into
-    any file) or Markdown (one note per memory with YAML front matter).
+    """Export the memory: JSONL (every record; `import` restores it) or Markdown notes.
 
     \b
     Example: python aokun.py export --out aokun.jsonl
@@ -14325,9 +14332,8 @@ def cli_export(state, fmt, persona, since, out_path):
 @click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
 @click.pass_obj
 def cli_import(state, file, as_json):
-    """Import a JSONL export into this database, empty or not: uids decide (a record here with the
-    same or a later updated_at is kept, a deleted one stays deleted); indexes, graph and vectors
-    are re-derived. A bad line is one error naming it, before anything is written.
+    """Import a JSONL export into this database, empty or not: uids decide (a record here as late
+    or later is kept, a deleted one stays deleted); a bad line is named before any write.
 
     Example: python aokun.py --db other.db import aokun.jsonl"""
     try:
@@ -14542,8 +14548,8 @@ async def _announce_when_started(web, panel: "Panel", host: str, port: int) -> N
 
 @cli.group("service")
 def cli_service():
-    """Run `serve --http` under the OS's own supervisor: a systemd user unit (Linux), a launchd
-    agent (macOS) or a Task Scheduler task (Windows), restarted when it fails or hangs.
+    """Run `serve --http` under the OS's supervisor (systemd, launchd, Task Scheduler), restarted
+    when it fails or hangs.
 
     \b
     Example: python aokun.py service install --dry-run
@@ -14666,9 +14672,8 @@ def _open_browser_when_listening(host: str, port: int, url: str,
               help="Print a new one-time login link from the running panel or serve --http.")
 @click.pass_obj
 def cli_panel(state, port, no_browser, new_link):
-    """The web panel: memories, recall explained, the knowledge graph, health, maintenance and
-    every setting, on 127.0.0.1 only. The printed link logs in once (for 30 days); `--link` asks
-    the running panel for a new one.
+    """The web panel on 127.0.0.1: memories, recall explained, the graph, health and settings. The
+    printed link logs in once (for 30 days); `--link` asks the running panel for a new one.
 
     \b
     Example: python aokun.py panel --port 8765
@@ -14727,9 +14732,8 @@ def listening_socket(host: str, port: int) -> socket.socket:
               help="Print {sessions, turns, new, skipped, deleted, seconds} as JSON.")
 @click.pass_obj
 def cli_ingest(state, source, paths, persona, include_deleted, as_json):
-    """Ingest an assistant's conversation history, incrementally (a second run adds only what is
-    new). Without PATH, the client's standard location; chatgpt needs a data export's
-    conversations.json or zip. A PATH folder is searched for the source's files.
+    """Ingest an assistant's conversation history, incrementally. Without PATH, the client's
+    standard location (chatgpt: a data export's conversations.json or zip; a folder is searched).
 
     \b
     Example: python aokun.py ingest claude-code
@@ -14757,8 +14761,7 @@ def cli_ingest(state, source, paths, persona, include_deleted, as_json):
 def cli_conversations():
     """Browse and search ingested conversations (`python aokun.py ingest` stores them).
 
-    Example: python aokun.py conversations search "杭州 高铁票"
-    """
+    Example: python aokun.py conversations search 杭州高铁票"""
 
 
 @cli_conversations.command("list")
@@ -14849,8 +14852,7 @@ def cli_conversations_delete(state, session_id, source, persona):
 @click.option("--persona", help="Persona the conversations belong to.")
 @click.pass_obj
 def cli_watch(state, sources, interval, persona):
-    """Ingest new turns as the clients write them, until Ctrl+C (`serve` does it too, with
-    [conversations] watch): claude-code, codex and copilot, or the SOURCEs given.
+    """Ingest the new turns of claude-code, codex, copilot (or SOURCEs) as written, till Ctrl+C.
 
     Example: python aokun.py watch claude-code"""
     check_watch_limits(state.cfg)
@@ -14878,9 +14880,8 @@ def cli_watch(state, sources, interval, persona):
               help="The settings file (default: the client's own, under your home folder).")
 @click.pass_obj
 def cli_hooks(state, client, install, target):
-    """Print (or --install, --uninstall) the hooks that make Claude Code, Codex and Copilot CLI
-    feed Aokun by themselves (the briefing at session start, each session ingested when it ends).
-    Installing twice changes nothing; --uninstall removes exactly what --install added.
+    """Print (or --install, --uninstall) the hooks with which Claude Code, Codex and Copilot CLI
+    feed Aokun (the briefing at session start, each session ingested when it ends); idempotent.
 
     Example: python aokun.py hooks claude-code --install"""
     db = state.db_arg or os.environ.get("AOKUN_DB")

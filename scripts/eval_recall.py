@@ -82,6 +82,7 @@ class Dataset:
     split_items: list = field(default_factory=list)
     split_other: dict = field(default_factory=dict)  #: qid → the split persona that lacks its gold
     offtopic: list = field(default_factory=list)  #: (query, lang) no memory answers
+    updates: dict = field(default_factory=dict)  #: people: (persona, key) → older keys it updates
 
 
 def locomo_time(text: str) -> str:
@@ -227,6 +228,9 @@ def load_people(folder: Path) -> Dataset:
                     "timestamp": m["created_at"], "persona_id": persona}
             ds.items.append((persona, m["id"], m["text"], meta))
             texts[m["id"]] = m["text"]
+            if m.get("updates"):
+                u = m["updates"]
+                ds.updates[(persona, m["id"])] = set(u if isinstance(u, list) else [u])
         for n, q in enumerate(person["questions"]):
             gold = {g for g in q["gold"] if g in texts}
             if not gold:
@@ -579,10 +583,10 @@ def table(headers: list[str], rows: list[list]) -> str:
 
 
 def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: dict,
-           others: dict | None) -> None:
+           others: dict | None, show_updates: bool = False) -> None:
     """Print the tables for one dataset: every setting and pass, the hybrid per category and pass,
-    session recall_any, the other-persona empty rate, and (with `misses`) questions found nothing
-    for."""
+    session recall_any, the other-persona empty rate, the marks of updates (people; print_marks)
+    and (with `misses`) questions found nothing for."""
     print(f"\n== {ds.name} ==")
     for note in ds.notes:
         print(note)
@@ -632,8 +636,35 @@ def report(ds: Dataset, ingest_info: dict, results: dict, misses: int, texts: di
               f"of {others['n']} answers empty ({others['empty_rate']:.1%})")
     if any(q.lang for q in ds.questions):
         by_language(ds, last, others)
+    if ds.updates:
+        print_marks(ds, last, texts, show_updates)
     if misses:
         print_misses(ds, results[hybrid][-1], misses, texts)
+
+
+def print_marks(ds: Dataset, result: dict, texts: dict, show: bool) -> None:
+    """people: the (older, newer) pairs recall marked replaced_by / may_be_replaced_by among the
+    hits of `result`, and how many people.json labels an update (`updates`); with `show`, every
+    update question's top 3 (id, key, created_at, relevance, marks)."""
+    keys = {(p, c): k for (p, k), c in texts.items()}
+    for mark in ("replaced_by", "may_be_replaced_by"):
+        pairs = set()
+        for row in result["_rows"]:
+            ids = {h["id"]: keys.get((row["q"].persona_id, h["text"])) for h in row["hits"]}
+            pairs |= {(row["q"].persona_id, ids[h["id"]], ids[h[mark]]) for h in row["hits"]
+                      if h.get(mark) in ids}
+        right = sum(old in ds.updates.get((p, new), ()) for p, old, new in pairs)
+        print(f"{mark}: {len(pairs)} pairs marked, {right} of them a labelled update")
+    for row in result["_rows"] if show else []:
+        if row["q"].category == "update":
+            q = row["q"]
+            print(f"- [{q.qid}] {q.query!r} gold {sorted(q.gold)} R@1 {row['recall'][1]:.0f}")
+            for h in row["hits"][:3]:
+                marks = "".join(f" {m} {h[m]}" for m in ("replaced_by", "may_be_replaced_by")
+                                if h.get(m))
+                print(f"    #{h['id']} {keys.get((q.persona_id, h['text']))} "
+                      f"{h['created_at'][:10]} rel {h.get('relevance')}{marks}: "
+                      f"{h['text'][:70]!r}")
 
 
 def print_misses(ds: Dataset, result: dict, misses: int, texts: dict) -> None:
@@ -697,6 +728,8 @@ def summary_json(ds: Dataset, ingest_info: dict, results: dict, others: dict | N
 @click.option("--passes", type=click.IntRange(1, 5), default=PASSES, show_default=True,
               help="Ask every question this many times (the cache emptied): pass 2 shows what use "
                    "did to recall.")
+@click.option("--updates", "show_updates", is_flag=True,
+              help="people: print every update question's top 3 with its marks.")
 @click.option("--misses", type=int, default=0,
               help="Print N hybrid questions with nothing found in the top 10.")
 @click.option("--categories", default="1,2,3,4", show_default=True,
@@ -711,7 +744,7 @@ def summary_json(ds: Dataset, ingest_info: dict, results: dict, others: dict | N
               help="Go through a real stdio MCP session (memorize every turn, recall every "
                    "question); hybrid only.")
 def main(dataset, channels, data_dir, people_dir, db_dir, limit_questions, provider, now_iso,
-         touch, passes, misses, categories, config, as_json, via_mcp):
+         touch, passes, misses, categories, config, as_json, via_mcp, show_updates):
     """Recall@k of Aokun on LoCoMo and MADial-Bench zh (data and protocol: scripts/README.md).
 
     Example: python scripts/eval_recall.py --dataset locomo --limit-questions 50
@@ -776,7 +809,7 @@ def main(dataset, channels, data_dir, people_dir, db_dir, limit_questions, provi
             finally:
                 sut.close()
             texts = {(p, key): content for p, key, content, _ in ds.items}
-            report(ds, info, results, misses, texts, others)
+            report(ds, info, results, misses, texts, others, show_updates)
             summaries.append(summary_json(ds, info, results, others))
         cross = cross_language(db_dir, data_dir, provider, config) \
             if names[-2:] == ["locomo", "madial"] and "all" in settings and not via_mcp \

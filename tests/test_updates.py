@@ -368,3 +368,61 @@ async def test_a_change_of_any_attribute_names_the_memory_it_changes(
         old = await call(c, "memorize", {"content": old_text})
         new = await call(c, "memorize", {"content": new_text})
         assert [m["id"] for m in new.get("may_update", [])] == ([old["id"]] if named else [])
+
+
+@pytest.fixture
+def meaning_server(tmp_path, segmenter, monkeypatch):
+    """As `server`, with MeaningEmbedder and its meaning-signal cosines."""
+    embedder = MeaningEmbedder(16)
+    monkeypatch.setitem(aokun.MAY_UPDATE_COSINE, embedder.model,
+                        {"latin": 0.9, "han": 0.9, "mixed": 0.9})
+    cfg = aokun.Config(None, overrides={("server", "exposed_tools"): "all",
+                                        ("backup", "daily"): False})
+
+    def factory():
+        m = aokun.Memory(tmp_path / "m.db", cfg, embedder=embedder)
+        m.seg = segmenter
+        return m
+    return aokun.build_server(factory, cfg)
+
+
+@pytest.mark.parametrize("old_text, new_text, query", [
+    ("Dentist appointment with Dr Chen on Thursday at 3pm.",
+     "The dentist appointment with Dr Chen was moved to Friday at 10am.", "Thursday dentist"),
+    ("用户每周三晚上去健身房练力量。", "健身房的时间改到了周五晚上。", "周三 健身房"),
+    ("User's guitar lesson is on Sunday morning.", "吉他课改到周六下午了。",
+     "guitar lesson on Sunday"),
+], ids=["en", "zh", "en-zh"])
+async def test_a_hint_not_followed_still_puts_the_newer_first(meaning_server, old_text, new_text,
+                                                               query):
+    async with Client(meaning_server) as c:
+        old = await call(c, "memorize", {"content": old_text})
+        new = await call(c, "memorize", {"content": new_text})
+        assert [m["id"] for m in new["may_update"]] == [old["id"]]  # a hint; nothing stored
+        found = await hits(c, query)
+        assert [h["id"] for h in found][:2] == [new["id"], old["id"]]
+        assert found[1]["may_be_replaced_by"] == new["id"] and not found[1].get("replaced_by")
+        assert not found[0].get("may_be_replaced_by")
+        text = (await c.call_tool("recall", {"query": query})).content[0].text
+        mark = f',"may_be_replaced_by":{new["id"]}'
+        assert mark in text and len(mark) <= 25  # what the mark costs the model, in characters
+        context = (await call(c, "memory_context", {"topic": query}))["text"]
+        assert context.index(f"[{new['id']}]") < context.index(
+            f"[{old['id']} may_be_replaced_by {new['id']}]")
+        tools = {t.name: t for t in (await c.list_tools()).tools}
+        assert "may_be_replaced_by: a newer hit may update it" in tools["recall"].description
+
+
+@pytest.mark.parametrize("first, second, query", [
+    ("User's guitar lesson is on Sunday morning.", "User's visa interview was moved to Friday.",
+     "Sunday guitar lesson, visa interview"),
+    ("用户周日上午上吉他课。", "用户的吉他老师是西班牙人。", "吉他"),
+], ids=["en-another-event", "zh-another-fact"])
+async def test_two_facts_of_one_topic_are_left_alone(meaning_server, first, second, query):
+    async with Client(meaning_server) as c:
+        one = await call(c, "memorize", {"content": first})
+        two = await call(c, "memorize", {"content": second})
+        assert not two.get("may_update")
+        found = {h["id"]: h for h in await hits(c, query)}
+        assert set(found) == {one["id"], two["id"]}
+        assert not any(h.get("may_be_replaced_by") for h in found.values())
