@@ -280,6 +280,7 @@ def age_days(then: str | None, ref: dt.datetime) -> float:
 _WORD = re.compile(r"\w", re.UNICODE)
 _LETTER = re.compile(r"[^\W\d_]")  #: a letter of any script
 _CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
+_HAN_RUN = re.compile(r"[\u4e00-\u9fff]+")  #: a run of Chinese characters (names_found)
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
 _SPACE = re.compile(r"\s")
 
@@ -417,7 +418,7 @@ class Segmenter:
                  cache_dir: Path | None = None):
         self.stopwords_path, self.userdict_path = stopwords_path, userdict_path
         self.cache_dir = cache_dir
-        self._tk = None
+        self._tk = self._names = None
         self._lock = threading.Lock()
         self.stopwords: frozenset[str] = frozenset()
         # a write segments the same sentence several times (FTS of the memory, its atoms, its graph
@@ -466,11 +467,8 @@ class Segmenter:
         out = []
         for tok in tk.cut_for_search(text):
             tok = tok.strip().lower()
-            if not tok or not _WORD.search(tok):
-                continue
-            if not keep_stopwords and tok in self.stopwords:
-                continue
-            out.append(tok)
+            if _WORD.search(tok) and (keep_stopwords or tok not in self.stopwords):
+                out.append(tok)
         return tuple(out)
 
     def segmented(self, text: str) -> str:
@@ -489,7 +487,16 @@ class Segmenter:
         idf = math.log(tk.total / freq) if freq > 0 else COVER_WEIGHT_MAX + COVER_IDF_COMMON
         return min(COVER_WEIGHT_MAX, max(COVER_WEIGHT_MIN, idf - COVER_IDF_COMMON))
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter per Memory, few tokens)
+    def names(self, text: str) -> set[str]:
+        """The Chinese names in `text` jieba's HMM tags as a person's (nr) among words its
+        dictionary lacks (阿杰, 王婷; not 过敏 or 小雨, whose dictionary tag is nr)."""
+        if self._names is None:
+            import jieba.posseg  # without its dictionary's tags (word_tag_tab): those words are x
+            t = jieba.posseg.POSTokenizer.__new__(jieba.posseg.POSTokenizer)
+            t.tokenizer, t.word_tag_tab, self._names = self._tokenizer(), {}, t  # in this order
+        return {w for w, tag in self._names.cut(fold(text))
+                if tag.startswith("nr") and len(w) > 1 and _CJK.search(w)}
+
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter a process)
     def pinyin(self, token: str) -> str:
         """A Chinese token's pinyin, toneless and unspaced (pypinyin, imported on first use):
@@ -518,11 +525,7 @@ def varint(b: bytes) -> int:
 def fts_query(tokens: list[str]) -> str:
     """An FTS5 MATCH expression that cannot be a syntax error: each distinct token double-quoted
     (inner quotes doubled), OR-joined. Empty string when there are no tokens."""
-    seen = []
-    for t in tokens:
-        if t not in seen:
-            seen.append(t)
-    return " OR ".join('"' + t.replace('"', '""') + '"' for t in seen)
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in dict.fromkeys(tokens))
 
 
 BM25_K1 = 1.2  #: FTS5 bm25()'s k1: one term adds less than (k1 + 1) × its IDF to a row's score
@@ -584,16 +587,13 @@ def _sentence(piece: str) -> list[str]:
 def _fold_each(text: str) -> str:
     """`text` with each character replaced by the last character of its NFKC form: the same length,
     so a match in it is a match at the same place in `text` (… becomes ., ！ becomes !)."""
-    if text.isascii():
-        return text
-    return "".join((unicodedata.normalize("NFKC", c) or c)[-1] for c in text)
+    return text if text.isascii() else \
+        "".join((unicodedata.normalize("NFKC", c) or c)[-1] for c in text)
 
 
 def jaccard(a: set, b: set) -> float:
     """Bag-of-words Jaccard |a∩b| / |a∪b| (0 when both are empty)."""
-    if not a and not b:
-        return 0.0
-    return len(a & b) / len(a | b)
+    return len(a & b) / len(a | b) if a or b else 0.0
 
 
 def _one_line(text: str, limit: int = 400) -> str:
@@ -2173,13 +2173,11 @@ def newer_first(rows: list[dict], by: dict[int, int]) -> list[dict]:
 
 
 def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None:
-    """The weighted share of the query's distinct search tokens found among a memory's indexed
-    tokens, 0..1, counting only query tokens of a script the memory has (CJK or not): an English
-    question about a Chinese memory shares no word with it by nature. `weight(token)` (default 1)
-    is what a word says (Segmenter.weight: 妹妹 more than 工作). Single-character Chinese tokens
-    are left out when the query has a longer one (有, 去, 喝 match every memory). When the memory
-    has no word of the question's own script (query_script), the share is of all its words. None
-    when no query token is comparable."""
+    """The share, weighted by `weight(token)` (Segmenter.weight: 妹妹 more than 工作; default 1),
+    of the query's distinct tokens of a script the memory has (CJK or not) found among the
+    memory's tokens: of all its tokens when the memory has none of the question's script; Chinese
+    single characters (有, 去) left out unless the query has no longer word. None: no comparable
+    token."""
     weight = weight or (lambda t: 1.0)
     scripts = {bool(_CJK.search(t)) for t in doc_tokens}
     words = {t for t in query_tokens if len(t) > 1 or not _CJK.search(t)}
@@ -2194,8 +2192,7 @@ def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None
 
 
 def has_words(tokens) -> bool:
-    """Whether indexed tokens hold a word (a letter or a CJK character): a memory of emoji,
-    punctuation or a bare number has none, and no keyword can say it is relevant."""
+    """Whether tokens hold a word (a letter of any script): emoji, punctuation, numbers do not."""
     return any(_LETTER.search(t) for t in tokens)
 
 
@@ -2212,32 +2209,33 @@ def query_names(query: str) -> set[str]:
     {"rachel"}, "Hangzhou" → {"hangzhou"}); never an English question's first word or "I"."""
     text = fold(query)
     keywords = not re.search(r"\b[a-z]", text)  # "Hangzhou", "Wang Fang": a name search
-    if keywords or 2 * len(_CJK.findall(text)) >= len(re.findall(r"[A-Za-z]", text)):
-        runs = [m.group(0) for m in re.finditer(r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*", text)]
-    else:
-        runs = [m.group(0) for m in _NAME.finditer(text)]
+    every = keywords or 2 * len(_CJK.findall(text)) >= len(re.findall(r"[A-Za-z]", text))
+    runs = [m.group(0) for m in re.finditer(
+        r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*" if every else _NAME, text)]
     return {" ".join(_NAME_WORD.findall(r)).lower() for r in runs}
 
 
-def names_found(names, doc_tokens: set, pinyin) -> set[str]:
-    """The words of a question's `names` (query_names) that a memory of these indexed tokens holds:
-    a name's word among its tokens, or one that begins the other (of 3 letters or more: Mel is
-    Melanie, Alex Alexander), or all of a name's words when the whole name is the pinyin of one of
-    its Chinese tokens (`pinyin(token)`, Segmenter.pinyin: "Wang Fang" is 王芳, "Xiaoyu" 小雨)."""
+def names_found(names, doc_tokens: set, pinyin, text: str = "") -> set[str]:
+    """The words of `names` (query_names, Chinese ones whole) that a memory of these indexed tokens
+    and folded `text` holds: as a token, a Chinese one in its text, a start of the other (Mel is
+    Melanie), spelt in pinyin by its characters or tokens (Wang Fang 王芳, 林梅 Lin Mei/Linmei)."""
     words = {w for n in names for w in n.split()}
-    found = words & doc_tokens
+    found = words & doc_tokens | {w for w in words if _CJK.search(w) and w in text}
     if words - found:  # a short form of a name, or the name of a short form
         latin = [t for t in doc_tokens if len(t) >= 3 and t.isascii() and t.isalpha()]
         found |= {w for w in words - found if len(w) >= 3
                   and any(t.startswith(w) or w.startswith(t) for t in latin)}
-    spelt = {pinyin(t) for t in doc_tokens if _CJK.search(t)}
+        found |= {w for w in words - found if _CJK.search(w) and any((p := pinyin(w)) == a or (
+            p.startswith(a) and p[len(a):] in doc_tokens) for a in doc_tokens)}
+    latin = any(not _CJK.search(w) for w in words - found)
+    runs = [[pinyin(c) for c in r] for r in _HAN_RUN.findall(text)] if latin else []
+    spelt = {"".join(r[i:j]) for r in runs for i in range(len(r)) for j in range(i + 2, i + 5)}
     return found | {w for n in names if n.replace(" ", "") in spelt for w in n.split()}
 
 
 def query_script(tokens) -> str:
-    """'cjk' when at least half of a question's search tokens are Chinese/Japanese/Korean, else
-    'latin' (any other script). Similarities live on another scale per script: multilingual-e5-small
-    gives any two Chinese sentences a cosine of ~0.85, two unrelated English ones ~0.75."""
+    """'cjk' when at least half of the tokens are CJK, else 'latin': similarities live on another
+    scale per script (e5-small: two Chinese sentences ~0.85, two unrelated English ones ~0.75)."""
     tokens = list(tokens)
     cjk = sum(bool(_CJK.search(t)) for t in tokens)
     return "cjk" if tokens and 2 * cjk >= len(tokens) else "latin"
@@ -2245,13 +2243,10 @@ def query_script(tokens) -> str:
 
 def calibrated_relevance(margin: float | None, cover: float | None,
                          coef: dict | None) -> float | None:
-    """How likely the memory is relevant to the query, 0..1, on one scale for every query and
-    memory size: the logistic 1/(1 + exp(−(w_margin·margin + w_cover·cover + bias))) with the
-    weights fitted for the embedding model and the question's script (`coef`, rules/relevance.toml
-    says how), or its margin-only weights when `cover` is None (no comparable words: another
-    language). `margin`: the query–memory cosine less the query's background (Vectors.background);
-    `cover`: token_cover. None when the model is not calibrated or the memory has no vector yet
-    (such hits are never dropped)."""
+    """How likely a memory is relevant, 0..1, one scale for every query and memory size:
+    1/(1 + exp(−(w_margin·margin + w_cover·cover + bias))) with `coef` (rules/relevance.toml), its
+    margin_only weights when `cover` is None; `margin`: cosine less Vectors.background; `cover`:
+    token_cover. None: model not calibrated or no vector yet (such hits are never dropped)."""
     if coef is None or margin is None:
         return None
     z = coef["w_margin"] * margin + coef["w_cover"] * cover + coef["bias"] if cover is not None \
@@ -2261,32 +2256,31 @@ def calibrated_relevance(margin: float | None, cover: float | None,
 
 def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
                   content: str) -> dict:
-    """{cosine, margin, cover, evidence, relevance} of a memory (or turn) for a question `q`
-    ({tokens, vector (None: none), background: Vectors.background of it, personal:
-    Rules.personal, names: query_names}), the memory's indexed tokens, stored vector (None: none
-    yet) and text, the question's calibrated_relevance weights and the Segmenter `seg` (weight,
-    pinyin). Across scripts cover is 1 when the memory holds a name the question gives
-    (names_found: "Wang Fang" for 王芳), else None and meaning alone decides.
-    Relevance is 0 without evidence: a memory whose text has no word (has_words); one sharing no
-    word with a question that does not speak of the user ("tell me a joke"); one holding none of
-    the names the question gives (unless the question is English and the memory Chinese: West
-    Lake is 西湖)."""
+    """{cosine, margin, cover, evidence, relevance} of a memory (or turn) of these indexed tokens,
+    vector (None: none yet) and text for a question `q` (Recall._relevant's `about`), with its
+    calibrated_relevance weights `coef` and the Segmenter `seg`. Across scripts cover is 1 when the
+    memory holds a name the question gives (names_found), else None. Relevance is 0 without
+    evidence: a memory of no word (has_words), or sharing none with a question not about the user
+    ("tell me a joke"), or holding none of its names (unless an English question meets a Chinese
+    memory that names no one: West Lake is 西湖)."""
     vector, names = q["vector"], q["names"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(doc_tokens)
-    shared = token_cover(q["tokens"], doc_tokens, seg.weight)
-    found = names_found(names, doc_tokens, seg.pinyin) if names else set()
+    # a memory's word cut otherwise in the question is one they share (体检 in 体检查出来)
+    shared = token_cover(q["tokens"] | {t for t in doc_tokens if len(t) > 1 and _CJK.search(t)
+                                        and t in q["text"]}, doc_tokens, seg.weight)
+    found = names_found(names, doc_tokens, seg.pinyin, fold(content)) if names else set()
     margin = None if cos is None or q["background"] is None else cos - q["background"][script]
     if script == query_script(q["tokens"]):
         cover = shared
         evidence = (found or not names) and (q["personal"] or found or shared)
-    else:  # no word compares across scripts, but a name can; one not found in a Chinese
-        if script == "latin":  # 林梅 asked, "Lin Mei" (or Linmei) stored
-            found = {t for t in q["tokens"] if len(t) > 1 and _CJK.search(t) and any(
-                (p := seg.pinyin(t)) == a or p.startswith(a) and p[len(a):] in doc_tokens
-                for a in doc_tokens)} or found
+    else:  # no word compares across scripts, but a name can (小雨 asked, Xiaoyu stored)
+        if script == "latin":
+            found |= names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},
+                                 doc_tokens, seg.pinyin)
         cover = 1.0 if found else None  # memory proves nothing (West Lake is 西湖)
-        evidence = (found or not names or script == "cjk") and (q["personal"] or found or shared)
+        evidence = (found or not names or script == "cjk" and not seg.names(content)) and (
+            q["personal"] or found or shared)  # a Chinese memory of someone else is not
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
     rel = 0.0 if coef is not None and not evidence else calibrated_relevance(margin, cover, coef)
     return {"cosine": cos, "margin": margin, "cover": cover, "evidence": evidence,
@@ -5399,14 +5393,13 @@ class Recall:
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
 
     def warm_recall(self) -> None:
-        """Load what a new process's first recalls would otherwise load: the embedding model,
-        pypinyin, each channel worker's connection and pages (each channel runs once), the
-        relevance anchors. Writes nothing; takes the lock one statement at a time and waits while
-        a tool call runs."""
+        """Load what a new process's first recalls would: the embedding model, pypinyin, jieba's
+        name tagger, each channel worker's connection and pages, the relevance anchors. Writes
+        nothing; takes the lock one statement at a time, waiting while a tool call runs."""
         text = (self.value("select content from documents order by id desc limit 1")
                 or "warm up 预热")[:200]
         v = self._query_vector(text).astype(np.float32) if self.vectors_usable else None
-        self.seg.pinyin("预热")
+        self.seg.pinyin("预热"), self.seg.names("预热")
         params = self._channel_params(self.seg.tokens(text), None, 10, "", "", False, "")
         self._warm_channels(("bm25", "graph_keyword"), params)
         if v is not None:
@@ -5758,18 +5751,25 @@ class Recall:
             out.append(hit)
         return out if q.historical else self._newer_first(out, q.k, q.params["max_archived"])
 
+    def _names(self, text: str, persona_id: str | None) -> frozenset:
+        """The names a question gives: query_names, the Chinese names jieba finds (Segmenter.names)
+        and the persona's people (graph person nodes) it holds or spells (朵朵; Li Xiang: 李想)."""
+        folded, people = fold(text).lower(), [] if persona_id is None else self.rows(
+            self.queries["recall_people"], {"persona_id": persona_id})
+        return frozenset(query_names(text) | self.seg.names(text) | {
+            n for r in people if (n := fold(r["value"]).lower()).split()
+            and set(n.split()) <= names_found({n}, set(), self.seg.pinyin, folded)})
+
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
-        """{id: indexed tokens} of the pool's memories that may be answered: still stored, and not
-        less relevant than [recall] min_relevance (hit_relevance, also put in their parts) or
-        made within the time window of a question that speaks of the user or holds nothing but its
-        time words (time_boost). When nothing is left, a warning says so and gives the best
-        relevance."""
+        """{id: indexed tokens} of the pool's memories that may be answered: still stored, and at
+        least [recall] min_relevance (hit_relevance, put in their parts) or made in the time window
+        of a question about the user or of time words only; else a warning gives the best one."""
         coef = self.rules.relevance_coef(self.embedder.model, q.tokens)
         stored = [] if q.vector is None else self.rows(
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
-                 "names": frozenset(query_names(q.text)),
+                 "names": self._names(q.text, q.params["persona_id"]), "text": fold(q.text),
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector)}
         kept = {}
@@ -7949,7 +7949,8 @@ class ConversationSearch:
                 ranked["vector"] = self._bounded_knn(key, self.queries[name], params, self.rows)
         hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings,
                                 {"personal": self.rules.personal(query),
-                                 "names": frozenset(query_names(query))}, project, scope)
+                                 "names": self._names(query, None), "text": fold(query)},
+                                project, scope)
         if (note := self._watch_warning()) is not None:
             warnings.append(note)
         for h in hits:

@@ -382,3 +382,8 @@ union
 select d.id, d.superseded_by, nd.created_at
 from documents d join documents nd on nd.id = d.superseded_by
 where d.id in (select value from json_each(:ids));
+
+-- name: recall_people
+-- The persona's people (graph person nodes: memories' participants), whose names a question may
+-- give (Recall._names).
+select value from graph_nodes where persona_id = :persona_id and node_type = 'person';
