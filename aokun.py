@@ -447,8 +447,7 @@ class Segmenter:
                             tk.initialized = True
                         if self.userdict_path and self.userdict_path.exists():
                             lines = self.userdict_path.read_text(encoding="utf-8").splitlines()
-                            kept = [ln for ln in lines
-                                    if ln.strip() and not ln.lstrip().startswith("#")]
+                            kept = [ln for ln in lines if ln.strip()[:1] not in ("", "#")]
                             tk.load_userdict(io.StringIO("\n".join(kept)))
                     if self.stopwords_path and self.stopwords_path.exists():
                         words = self.stopwords_path.read_text(encoding="utf-8").splitlines()
@@ -463,13 +462,9 @@ class Segmenter:
         return list(self._cut(fold(text), keep_stopwords))
 
     def _cut_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
-        tk = self._tokenizer()
-        out = []
-        for tok in tk.cut_for_search(text):
-            tok = tok.strip().lower()
-            if _WORD.search(tok) and (keep_stopwords or tok not in self.stopwords):
-                out.append(tok)
-        return tuple(out)
+        toks = (t.strip().lower() for t in self._tokenizer().cut_for_search(text))
+        return tuple(t for t in toks
+                     if _WORD.search(t) and (keep_stopwords or t not in self.stopwords))
 
     def segmented(self, text: str) -> str:
         """Tokens of fold(text) joined by spaces, what goes into the FTS5 column; cut line by line,
@@ -487,15 +482,16 @@ class Segmenter:
         idf = math.log(tk.total / freq) if freq > 0 else COVER_WEIGHT_MAX + COVER_IDF_COMMON
         return min(COVER_WEIGHT_MAX, max(COVER_WEIGHT_MIN, idf - COVER_IDF_COMMON))
 
-    def names(self, text: str) -> set[str]:
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter a process)
+    def names(self, text: str) -> frozenset[str]:
         """The Chinese names in `text` jieba's HMM tags as a person's (nr) among words its
         dictionary lacks (阿杰, 王婷; not 过敏 or 小雨, whose dictionary tag is nr)."""
         if self._names is None:
             import jieba.posseg  # without its dictionary's tags (word_tag_tab): those words are x
             t = jieba.posseg.POSTokenizer.__new__(jieba.posseg.POSTokenizer)
             t.tokenizer, t.word_tag_tab, self._names = self._tokenizer(), {}, t  # in this order
-        return {w for w, tag in self._names.cut(fold(text))
-                if tag.startswith("nr") and len(w) > 1 and _CJK.search(w)}
+        return frozenset(w for w, tag in self._names.cut(fold(text))
+                         if tag.startswith("nr") and len(w) > 1 and _CJK.search(w))
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter a process)
     def pinyin(self, token: str) -> str:
@@ -2186,8 +2182,7 @@ def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None
     comparable = {t for t in words if bool(_CJK.search(t)) in scripts}
     if not comparable:
         return None
-    own_script = (query_script(query_tokens) == "cjk") in scripts
-    whole = comparable if own_script else words
+    whole = comparable if (query_script(query_tokens) == "cjk") in scripts else words
     return sum(map(weight, comparable & doc_tokens)) / sum(map(weight, whole))
 
 
@@ -2215,6 +2210,12 @@ def query_names(query: str) -> set[str]:
     return {" ".join(_NAME_WORD.findall(r)).lower() for r in runs}
 
 
+def pinyin_spans(text: str, pinyin) -> set[str]:
+    """The unspaced pinyin of each run of 2 to 4 Chinese characters in `text` (王芳: wangfang)."""
+    runs = [[pinyin(c) for c in r] for r in _HAN_RUN.findall(text)]
+    return {"".join(r[i:j]) for r in runs for i in range(len(r)) for j in range(i + 2, i + 5)}
+
+
 def names_found(names, doc_tokens: set, pinyin, text: str = "") -> set[str]:
     """The words of `names` (query_names, Chinese ones whole) that a memory of these indexed tokens
     and folded `text` holds: as a token, a Chinese one in its text, a start of the other (Mel is
@@ -2227,9 +2228,7 @@ def names_found(names, doc_tokens: set, pinyin, text: str = "") -> set[str]:
                   and any(t.startswith(w) or w.startswith(t) for t in latin)}
         found |= {w for w in words - found if _CJK.search(w) and any((p := pinyin(w)) == a or (
             p.startswith(a) and p[len(a):] in doc_tokens) for a in doc_tokens)}
-    latin = any(not _CJK.search(w) for w in words - found)
-    runs = [[pinyin(c) for c in r] for r in _HAN_RUN.findall(text)] if latin else []
-    spelt = {"".join(r[i:j]) for r in runs for i in range(len(r)) for j in range(i + 2, i + 5)}
+    spelt = pinyin_spans(text, pinyin) if any(not _CJK.search(w) for w in words - found) else ()
     return found | {w for n in names if n.replace(" ", "") in spelt for w in n.split()}
 
 
@@ -5756,9 +5755,10 @@ class Recall:
         and the persona's people (graph person nodes) it holds or spells (朵朵; Li Xiang: 李想)."""
         folded, people = fold(text).lower(), [] if persona_id is None else self.rows(
             self.queries["recall_people"], {"persona_id": persona_id})
+        spelt = pinyin_spans(folded, self.seg.pinyin)
         return frozenset(query_names(text) | self.seg.names(text) | {
-            n for r in people if (n := fold(r["value"]).lower()).split()
-            and set(n.split()) <= names_found({n}, set(), self.seg.pinyin, folded)})
+            n for r in people if (n := fold(r["value"]).lower()) in folded and _CJK.search(n)
+            or n.replace(" ", "") in spelt})
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and at
