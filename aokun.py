@@ -284,7 +284,6 @@ _HAN_RUN = re.compile(r"[\u4e00-\u9fff]+")  #: a run of Chinese characters (name
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
 _SPACE = re.compile(r"\s")
 
-
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -304,8 +303,7 @@ _SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
 
 
 def json_without_surrogates(value):
-    """A decoded JSON value with the lone surrogates of every string in it (keys too) made
-    U+FFFD."""
+    """A decoded JSON value with every string's lone surrogates (keys too) made U+FFFD."""
     if isinstance(value, str):
         return without_lone_surrogates(value)
     if isinstance(value, list):
@@ -361,20 +359,16 @@ def clean_text(value, field_name: str = "content", allow_empty: bool = False) ->
 def fold(text: str) -> str:
     """What indexing and matching see of a text (FTS, queries, keys, rules, the content hash, what
     is embedded): NFKC (８０９０ is 8090, ² is 2), outer whitespace stripped; never stored."""
-    if text.isascii():
-        return text.strip()
-    return unicodedata.normalize("NFKC", text).strip()
+    return (text if text.isascii() else unicodedata.normalize("NFKC", text)).strip()
 
 
 def content_hash(text: str) -> str:
-    """The deduplication key of a memory's content: SHA-256 hex of fold(text) ("８０９０" and
-    "8090" are one memory)."""
+    """SHA-256 hex of fold(text): a memory's dedup key ("８０９０" and "8090" are one memory)."""
     return hashlib.sha256(fold(text).encode("utf-8")).hexdigest()
 
 
 def query_text(value, field_name: str = "query") -> str:
-    """A search argument (a query, a topic, a predicate) as matching sees it: clean_text() then
-    fold(). Raises InputError like clean_text()."""
+    """A search argument as matching sees it: fold(clean_text()); InputError like clean_text()."""
     return fold(clean_text(value, field_name))
 
 
@@ -391,12 +385,10 @@ def user_cache_dir() -> Path | None:
         temp = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())
         candidates.append(temp / f"aokun-{uid}")
     for c in candidates:
-        try:
+        with contextlib.suppress(OSError):
             c.mkdir(parents=True, exist_ok=True)
             if os.access(c, os.W_OK):
                 return c
-        except OSError:
-            continue
     _warn_once(f"no writable cache folder ({', '.join(map(str, candidates))}): jieba loads "
                "without its cache (about 1 s more per start) and keyword matches rank with "
                "bm25() (the same results, slower); set XDG_CACHE_HOME or [text] jieba_cache_dir "
@@ -2277,7 +2269,8 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
         if script == "latin":
             found |= names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},
                                  doc_tokens, seg.pinyin)
-        cover = 1.0 if found else None  # memory proves nothing (West Lake is 西湖)
+        kin = any(w in doc_tokens or _CJK.search(w) and w in content for w in q.get("kin", ()))
+        cover = 1.0 if found or kin else None  # memory proves nothing (West Lake is 西湖)
         evidence = (found or not names or script == "cjk" and not seg.names(content)) and (
             q["personal"] or found or shared)  # a Chinese memory of someone else is not
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
@@ -5515,8 +5508,8 @@ class Recall:
             nothing = {"results": [], "degraded": [], "intent": None,
                        "warnings": warnings + ["the query has no searchable words"]}
             return self._answer(key, nothing, started)
-        params = self._channel_params(tokens, window, k, persona, session, include_archived,
-                                      as_of_iso)
+        params = self._channel_params(tokens + sorted(self._kin(tokens)), window, k, persona,
+                                      session, include_archived, as_of_iso)
         degraded, stats = [], {}
         searched = chosen if tokens else ()  # time words alone: only the window's memories answer
         ranked, embedding = self._channel_rows(searched, query, params, degraded, stats)
@@ -5750,6 +5743,13 @@ class Recall:
             out.append(hit)
         return out if q.historical else self._newer_first(out, q.k, q.params["max_archived"])
 
+    def _kin(self, tokens) -> frozenset:
+        """The words in the other script of the relatives a question's tokens name (wife: 老婆,
+        妻子; rules/predicates.toml [subjects]): how a memory in that script names them."""
+        kin, cjk = {self.rules.slot_subject.get(t) for t in tokens}, query_script(tokens) == "cjk"
+        return frozenset(w for w, who in self.rules.slot_subject.items()
+                         if who in kin - {None, "user", ""} and bool(_CJK.search(w)) != cjk)
+
     def _names(self, text: str, persona_id: str | None) -> frozenset:
         """The names a question gives: query_names, the Chinese names jieba finds (Segmenter.names)
         and the persona's people (graph person nodes) it holds or spells (朵朵; Li Xiang: 李想)."""
@@ -5770,7 +5770,7 @@ class Recall:
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
                  "names": self._names(q.text, q.params["persona_id"]), "text": fold(q.text),
-                 "background": None if q.vector is None or coef is None
+                 "kin": self._kin(q.tokens), "background": None if q.vector is None or coef is None
                  else self.background(q.vector)}
         kept = {}
         for i in pool:

@@ -1,7 +1,8 @@
 """A question about one named person gets that person's facts, not another's with the same words,
 in Chinese, in English and across them (issue 32, items 1 and 6): Chinese names found by jieba, by
-the memories' participants (the graph's people) and spelt in pinyin; through a real MCP client
-with the real local model (relevance is what drops another person's fact)."""
+the memories' participants (the graph's people) and spelt in pinyin; a relative named in one
+language meets the memory naming them in the other. Through a real MCP client with the real local
+model (relevance is what drops another person's fact)."""
 
 import pytest
 from mcp import Client
@@ -17,6 +18,10 @@ MEMORIES = [
     ("Li Xiang studies computer science at a university in Wuhan.", ["Li Xiang"]),
     ("Zhang Wei studies law in Beijing.", ["Zhang Wei"]),
     ("User lives in Chengdu with two cats.", []),
+    ("用户的老婆是小学英语老师，每天七点出门。", []),
+    ("用户在一家软件公司做产品经理，负责支付项目。", [], ["work"]),
+    ("用户的同事老陈是后端组长。", ["老陈"], ["work"]),
+    ("用户下个月要去深圳出差。", [], ["work"]),
 ]
 
 
@@ -40,9 +45,9 @@ async def serve(tmp_path, segmenter, embedder, more=None):
         return m
     c = Client(aokun.build_server(factory, cfg))
     async with c:
-        for text, people in MEMORIES:
-            r = await c.call_tool("memorize", {"content": text,
-                                               "metadata": {"participants": people}})
+        for text, people, *topics in MEMORIES:
+            r = await c.call_tool("memorize", {"content": text, "metadata": {
+                "participants": people, "topics": topics[0] if topics else []}})
             assert r.is_error is False
         yield c
 
@@ -87,6 +92,12 @@ async def test_a_chinese_question_meets_a_name_stored_in_pinyin(client):
     got = await texts(client, "李想学的是什么专业？")  # jieba cuts 李想学 as one word here
     assert got and got[0].startswith("Li Xiang"), got
     assert "Zhang Wei studies law in Beijing." not in got
+
+
+@pytest.mark.slow
+async def test_a_relative_asked_in_english_meets_the_chinese_memory_of_them(client):
+    got = await texts(client, "What does my wife do for work?")
+    assert got and got[0] == "用户的老婆是小学英语老师，每天七点出门。", got
 
 
 def test_jieba_tags_names_its_dictionary_lacks(segmenter):
