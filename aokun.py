@@ -281,9 +281,9 @@ def age_days(then: str | None, ref: dt.datetime) -> float:
 _WORD = re.compile(r"\w", re.UNICODE)
 _LETTER = re.compile(r"[^\W\d_]")  #: a letter of any script
 _CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
+_HAN_RUN = re.compile(r"[\u4e00-\u9fff]+")  #: a run of Chinese characters (names_found)
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
 _SPACE = re.compile(r"\s")
-
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -304,8 +304,7 @@ _SURROGATE_ESCAPE_BYTES = re.compile(_SURROGATE_ESCAPE.pattern.encode())
 
 
 def json_without_surrogates(value):
-    """A decoded JSON value with the lone surrogates of every string in it (keys too) made
-    U+FFFD."""
+    """A decoded JSON value with every string's lone surrogates (keys too) made U+FFFD."""
     if isinstance(value, str):
         return without_lone_surrogates(value)
     if isinstance(value, list):
@@ -361,20 +360,16 @@ def clean_text(value, field_name: str = "content", allow_empty: bool = False) ->
 def fold(text: str) -> str:
     """What indexing and matching see of a text (FTS, queries, keys, rules, the content hash, what
     is embedded): NFKC (８０９０ is 8090, ² is 2), outer whitespace stripped; never stored."""
-    if text.isascii():
-        return text.strip()
-    return unicodedata.normalize("NFKC", text).strip()
+    return (text if text.isascii() else unicodedata.normalize("NFKC", text)).strip()
 
 
 def content_hash(text: str) -> str:
-    """The deduplication key of a memory's content: SHA-256 hex of fold(text) ("８０９０" and
-    "8090" are one memory)."""
+    """SHA-256 hex of fold(text): a memory's dedup key ("８０９０" and "8090" are one memory)."""
     return hashlib.sha256(fold(text).encode("utf-8")).hexdigest()
 
 
 def query_text(value, field_name: str = "query") -> str:
-    """A search argument (a query, a topic, a predicate) as matching sees it: clean_text() then
-    fold(). Raises InputError like clean_text()."""
+    """A search argument as matching sees it: fold(clean_text()); InputError like clean_text()."""
     return fold(clean_text(value, field_name))
 
 
@@ -391,12 +386,10 @@ def user_cache_dir() -> Path | None:
         temp = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())
         candidates.append(temp / f"aokun-{uid}")
     for c in candidates:
-        try:
+        with contextlib.suppress(OSError):
             c.mkdir(parents=True, exist_ok=True)
             if os.access(c, os.W_OK):
                 return c
-        except OSError:
-            continue
     _warn_once(f"no writable cache folder ({', '.join(map(str, candidates))}): jieba loads "
                "without its cache (about 1 s more per start) and keyword matches rank with "
                "bm25() (the same results, slower); set XDG_CACHE_HOME or [text] jieba_cache_dir "
@@ -418,7 +411,7 @@ class Segmenter:
                  cache_dir: Path | None = None):
         self.stopwords_path, self.userdict_path = stopwords_path, userdict_path
         self.cache_dir = cache_dir
-        self._tk = None
+        self._tk = self._names = None
         self._lock = threading.Lock()
         self.stopwords: frozenset[str] = frozenset()
         # a write cuts the same words many times (FTS, atoms, graph entries, context); jieba cuts
@@ -447,8 +440,7 @@ class Segmenter:
                             tk.initialized = True
                         if self.userdict_path and self.userdict_path.exists():
                             lines = self.userdict_path.read_text(encoding="utf-8").splitlines()
-                            kept = [ln for ln in lines
-                                    if ln.strip() and not ln.lstrip().startswith("#")]
+                            kept = [ln for ln in lines if ln.strip()[:1] not in ("", "#")]
                             tk.load_userdict(io.StringIO("\n".join(kept)))
                     if self.stopwords_path and self.stopwords_path.exists():
                         words = self.stopwords_path.read_text(encoding="utf-8").splitlines()
@@ -468,16 +460,9 @@ class Segmenter:
                      for t in self._cut_run(run, keep_stopwords))
 
     def _cut_run_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
-        tk = self._tokenizer()
-        out = []
-        for tok in tk.cut_for_search(text):
-            tok = tok.strip().lower()
-            if not tok or not _WORD.search(tok):
-                continue
-            if not keep_stopwords and tok in self.stopwords:
-                continue
-            out.append(tok)
-        return tuple(out)
+        toks = (t.strip().lower() for t in self._tokenizer().cut_for_search(text))
+        return tuple(t for t in toks
+                     if _WORD.search(t) and (keep_stopwords or t not in self.stopwords))
 
     def segmented(self, text: str) -> str:
         """Tokens of fold(text) joined by spaces, what goes into the FTS5 column; cut line by line,
@@ -494,6 +479,17 @@ class Segmenter:
         freq = tk.FREQ.get(token) or 0
         idf = math.log(tk.total / freq) if freq > 0 else COVER_WEIGHT_MAX + COVER_IDF_COMMON
         return min(COVER_WEIGHT_MAX, max(COVER_WEIGHT_MIN, idf - COVER_IDF_COMMON))
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter a process)
+    def names(self, text: str) -> frozenset[str]:
+        """The Chinese names in `text` jieba's HMM tags as a person's (nr) among words its
+        dictionary lacks (阿杰, 王婷; not 过敏 or 小雨, whose dictionary tag is nr)."""
+        if self._names is None:
+            import jieba.posseg  # without its dictionary's tags (word_tag_tab): those words are x
+            t = jieba.posseg.POSTokenizer.__new__(jieba.posseg.POSTokenizer)
+            t.tokenizer, t.word_tag_tab, self._names = self._tokenizer(), {}, t  # in this order
+        return frozenset(w for w, tag in self._names.cut(fold(text))
+                         if tag.startswith("nr") and len(w) > 1 and _CJK.search(w))
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Segmenter a process)
     def pinyin(self, token: str) -> str:
@@ -523,11 +519,7 @@ def varint(b: bytes) -> int:
 def fts_query(tokens: list[str]) -> str:
     """An FTS5 MATCH expression that cannot be a syntax error: each distinct token double-quoted
     (inner quotes doubled), OR-joined. Empty string when there are no tokens."""
-    seen = []
-    for t in tokens:
-        if t not in seen:
-            seen.append(t)
-    return " OR ".join('"' + t.replace('"', '""') + '"' for t in seen)
+    return " OR ".join('"' + t.replace('"', '""') + '"' for t in dict.fromkeys(tokens))
 
 
 BM25_K1 = 1.2  #: FTS5 bm25()'s k1: one term adds less than (k1 + 1) × its IDF to a row's score
@@ -589,16 +581,13 @@ def _sentence(piece: str) -> list[str]:
 def _fold_each(text: str) -> str:
     """`text` with each character replaced by the last character of its NFKC form: the same length,
     so a match in it is a match at the same place in `text` (… becomes ., ！ becomes !)."""
-    if text.isascii():
-        return text
-    return "".join((unicodedata.normalize("NFKC", c) or c)[-1] for c in text)
+    return text if text.isascii() else \
+        "".join((unicodedata.normalize("NFKC", c) or c)[-1] for c in text)
 
 
 def jaccard(a: set, b: set) -> float:
     """Bag-of-words Jaccard |a∩b| / |a∪b| (0 when both are empty)."""
-    if not a and not b:
-        return 0.0
-    return len(a & b) / len(a | b)
+    return len(a & b) / len(a | b) if a or b else 0.0
 
 
 def _one_line(text: str, limit: int = 400) -> str:
@@ -2031,10 +2020,9 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
     """The score parts of one candidate (its row `d` from sql recall_candidates: importance,
     created_at, useful_count, last_useful_at, temporal_factor), before the routes are scaled:
 
-        recency     = exp(−age_days / recency_days), age from created_at (when it happened; being
-                      returned by a recall does not make a memory recent); with time words, the
-                      days from the question's window instead (0 within it): close to when was
-                      asked, by created_at or by the event time its text names, whichever is closer
+        recency     = exp(−age_days / recency_days), age from created_at (not from being recalled);
+                      with time words, the days from the question's window (0 within it), by
+                      created_at or the event time its text names, whichever is closer
         frequency   = min(1, ln(1 + useful_count·exp(−days since last useful / recency_days))
                              / ln(1 + FREQUENCY_SATURATION))   (0 for as_of recall)
         doc_route   = α·doc_relevance + β·importance + γ·recency + δ·frequency
@@ -2172,13 +2160,11 @@ def newer_first(rows: list[dict], by: dict[int, int]) -> list[dict]:
 
 
 def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None:
-    """The weighted share of the query's distinct search tokens found among a memory's indexed
-    tokens, 0..1, counting only query tokens of a script the memory has (CJK or not): an English
-    question about a Chinese memory shares no word with it by nature. `weight(token)` (default 1)
-    is what a word says (Segmenter.weight: 妹妹 more than 工作). Single-character Chinese tokens
-    are left out when the query has a longer one (有, 去, 喝 match every memory). When the memory
-    has no word of the question's own script (query_script), the share is of all its words. None
-    when no query token is comparable."""
+    """The share, weighted by `weight(token)` (Segmenter.weight: 妹妹 more than 工作; default 1),
+    of the query's distinct tokens of a script the memory has (CJK or not) found among the
+    memory's tokens: of all its tokens when the memory has none of the question's script; Chinese
+    single characters (有, 去) left out unless the query has no longer word. None: no comparable
+    token."""
     weight = weight or (lambda t: 1.0)
     scripts = {bool(_CJK.search(t)) for t in doc_tokens}
     words = {t for t in query_tokens if len(t) > 1 or not _CJK.search(t)}
@@ -2187,14 +2173,12 @@ def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None
     comparable = {t for t in words if bool(_CJK.search(t)) in scripts}
     if not comparable:
         return None
-    own_script = (query_script(query_tokens) == "cjk") in scripts
-    whole = comparable if own_script else words
+    whole = comparable if (query_script(query_tokens) == "cjk") in scripts else words
     return sum(map(weight, comparable & doc_tokens)) / sum(map(weight, whole))
 
 
 def has_words(tokens) -> bool:
-    """Whether indexed tokens hold a word (a letter or a CJK character): a memory of emoji,
-    punctuation or a bare number has none, and no keyword can say it is relevant."""
+    """Whether tokens hold a word (a letter of any script): emoji, punctuation, numbers do not."""
     return any(_LETTER.search(t) for t in tokens)
 
 
@@ -2211,32 +2195,37 @@ def query_names(query: str) -> set[str]:
     {"rachel"}, "Hangzhou" → {"hangzhou"}); never an English question's first word or "I"."""
     text = fold(query)
     keywords = not re.search(r"\b[a-z]", text)  # "Hangzhou", "Wang Fang": a name search
-    if keywords or 2 * len(_CJK.findall(text)) >= len(re.findall(r"[A-Za-z]", text)):
-        runs = [m.group(0) for m in re.finditer(r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*", text)]
-    else:
-        runs = [m.group(0) for m in _NAME.finditer(text)]
+    every = keywords or 2 * len(_CJK.findall(text)) >= len(re.findall(r"[A-Za-z]", text))
+    runs = [m.group(0) for m in re.finditer(
+        r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*" if every else _NAME, text)]
     return {" ".join(_NAME_WORD.findall(r)).lower() for r in runs}
 
 
-def names_found(names, doc_tokens: set, pinyin) -> set[str]:
-    """The words of a question's `names` (query_names) that a memory of these indexed tokens holds:
-    a name's word among its tokens, or one that begins the other (of 3 letters or more: Mel is
-    Melanie, Alex Alexander), or all of a name's words when the whole name is the pinyin of one of
-    its Chinese tokens (`pinyin(token)`, Segmenter.pinyin: "Wang Fang" is 王芳, "Xiaoyu" 小雨)."""
+def pinyin_spans(text: str, pinyin) -> set[str]:
+    """The unspaced pinyin of each run of 2 to 4 Chinese characters in `text` (王芳: wangfang)."""
+    runs = [[pinyin(c) for c in r] for r in _HAN_RUN.findall(text)]
+    return {"".join(r[i:j]) for r in runs for i in range(len(r)) for j in range(i + 2, i + 5)}
+
+
+def names_found(names, doc_tokens: set, pinyin, text: str = "") -> set[str]:
+    """The words of `names` (query_names, Chinese ones whole) that a memory of these indexed tokens
+    and folded `text` holds: as a token, a Chinese one in its text, a start of the other (Mel is
+    Melanie), spelt in pinyin by its characters or tokens (Wang Fang 王芳, 林梅 Lin Mei/Linmei)."""
     words = {w for n in names for w in n.split()}
-    found = words & doc_tokens
+    found = words & doc_tokens | {w for w in words if _CJK.search(w) and w in text}
     if words - found:  # a short form of a name, or the name of a short form
         latin = [t for t in doc_tokens if len(t) >= 3 and t.isascii() and t.isalpha()]
         found |= {w for w in words - found if len(w) >= 3
                   and any(t.startswith(w) or w.startswith(t) for t in latin)}
-    spelt = {pinyin(t) for t in doc_tokens if _CJK.search(t)}
+        found |= {w for w in words - found if _CJK.search(w) and any((p := pinyin(w)) == a or (
+            p.startswith(a) and p[len(a):] in doc_tokens) for a in doc_tokens)}
+    spelt = pinyin_spans(text, pinyin) if any(not _CJK.search(w) for w in words - found) else ()
     return found | {w for n in names if n.replace(" ", "") in spelt for w in n.split()}
 
 
 def query_script(tokens) -> str:
-    """'cjk' when at least half of a question's search tokens are Chinese/Japanese/Korean, else
-    'latin' (any other script). Similarities live on another scale per script: multilingual-e5-small
-    gives any two Chinese sentences a cosine of ~0.85, two unrelated English ones ~0.75."""
+    """'cjk' when at least half of the tokens are CJK, else 'latin': similarities live on another
+    scale per script (e5-small: two Chinese sentences ~0.85, two unrelated English ones ~0.75)."""
     tokens = list(tokens)
     cjk = sum(bool(_CJK.search(t)) for t in tokens)
     return "cjk" if tokens and 2 * cjk >= len(tokens) else "latin"
@@ -2244,13 +2233,10 @@ def query_script(tokens) -> str:
 
 def calibrated_relevance(margin: float | None, cover: float | None,
                          coef: dict | None) -> float | None:
-    """How likely the memory is relevant to the query, 0..1, on one scale for every query and
-    memory size: the logistic 1/(1 + exp(−(w_margin·margin + w_cover·cover + bias))) with the
-    weights fitted for the embedding model and the question's script (`coef`, rules/relevance.toml
-    says how), or its margin-only weights when `cover` is None (no comparable words: another
-    language). `margin`: the query–memory cosine less the query's background (Vectors.background);
-    `cover`: token_cover. None when the model is not calibrated or the memory has no vector yet
-    (such hits are never dropped)."""
+    """How likely a memory is relevant, 0..1, one scale for every query and memory size:
+    1/(1 + exp(−(w_margin·margin + w_cover·cover + bias))) with `coef` (rules/relevance.toml), its
+    margin_only weights when `cover` is None; `margin`: cosine less Vectors.background; `cover`:
+    token_cover. None: model not calibrated or no vector yet (such hits are never dropped)."""
     if coef is None or margin is None:
         return None
     z = coef["w_margin"] * margin + coef["w_cover"] * cover + coef["bias"] if cover is not None \
@@ -2260,32 +2246,32 @@ def calibrated_relevance(margin: float | None, cover: float | None,
 
 def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
                   content: str) -> dict:
-    """{cosine, margin, cover, evidence, relevance} of a memory (or turn) for a question `q`
-    ({tokens, vector (None: none), background: Vectors.background of it, personal:
-    Rules.personal, names: query_names}), the memory's indexed tokens, stored vector (None: none
-    yet) and text, the question's calibrated_relevance weights and the Segmenter `seg` (weight,
-    pinyin). Across scripts cover is 1 when the memory holds a name the question gives
-    (names_found: "Wang Fang" for 王芳), else None and meaning alone decides.
-    Relevance is 0 without evidence: a memory whose text has no word (has_words); one sharing no
-    word with a question that does not speak of the user ("tell me a joke"); one holding none of
-    the names the question gives (unless the question is English and the memory Chinese: West
-    Lake is 西湖)."""
+    """{cosine, margin, cover, evidence, relevance} of a memory (or turn) of these indexed tokens,
+    vector (None: none yet) and text for a question `q` (Recall._relevant's `about`), with its
+    calibrated_relevance weights `coef` and the Segmenter `seg`. Across scripts cover is 1 when the
+    memory holds a name the question gives (names_found), else None. Relevance is 0 without
+    evidence: a memory of no word (has_words), or sharing none with a question not about the user
+    ("tell me a joke"), or holding none of its names (unless an English question meets a Chinese
+    memory that names no one: West Lake is 西湖)."""
     vector, names = q["vector"], q["names"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(doc_tokens)
-    shared = token_cover(q["tokens"], doc_tokens, seg.weight)
-    found = names_found(names, doc_tokens, seg.pinyin) if names else set()
+    # a memory's word cut otherwise in the question is one they share (体检 in 体检查出来)
+    shared = token_cover(q["tokens"] | {t for t in doc_tokens if len(t) > 1 and _CJK.search(t)
+                                        and t in q["text"]}, doc_tokens, seg.weight)
+    found = names_found(names, doc_tokens, seg.pinyin, fold(content)) if names else set()
     margin = None if cos is None or q["background"] is None else cos - q["background"][script]
     if script == query_script(q["tokens"]):
         cover = shared
         evidence = (found or not names) and (q["personal"] or found or shared)
-    else:  # no word compares across scripts, but a name can; one not found in a Chinese
-        if script == "latin":  # 林梅 asked, "Lin Mei" (or Linmei) stored
-            found = {t for t in q["tokens"] if len(t) > 1 and _CJK.search(t) and any(
-                (p := seg.pinyin(t)) == a or p.startswith(a) and p[len(a):] in doc_tokens
-                for a in doc_tokens)} or found
-        cover = 1.0 if found else None  # memory proves nothing (West Lake is 西湖)
-        evidence = (found or not names or script == "cjk") and (q["personal"] or found or shared)
+    else:  # no word compares across scripts, but a name can (小雨 asked, Xiaoyu stored)
+        if script == "latin":
+            found |= names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},
+                                 doc_tokens, seg.pinyin)
+        kin = any(w in doc_tokens or _CJK.search(w) and w in content for w in q.get("kin", ()))
+        cover = 1.0 if found or kin else None  # memory proves nothing (West Lake is 西湖)
+        evidence = (found or not names or script == "cjk" and not seg.names(content)) and (
+            q["personal"] or found or shared)  # a Chinese memory of someone else is not
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
     rel = 0.0 if coef is not None and not evidence else calibrated_relevance(margin, cover, coef)
     return {"cosine": cos, "margin": margin, "cover": cover, "evidence": evidence,
@@ -5422,12 +5408,13 @@ class Recall:
     CHANNELS = ("bm25", "vector", "graph_keyword", "graph_vector")
 
     def warm_recall(self) -> None:
-        """Load what a process's first recalls would: the embedding model, pypinyin, each channel
-        worker's connection and pages, the relevance anchors. Writes nothing; yields to tools."""
+        """Load what a process's first recalls would: the embedding model, pypinyin, jieba's name
+        tagger, each channel worker's connection and pages, the relevance anchors. Writes nothing;
+        yields to tools."""
         text = (self.value("select content from documents order by id desc limit 1")
                 or "warm up 预热")[:200]
         v = self._query_vector(text).astype(np.float32) if self.vectors_usable else None
-        self.seg.pinyin("预热")
+        self.seg.pinyin("预热"), self.seg.names("预热")
         params = self._channel_params(self.seg.tokens(text), None, 10, "", "", False, "")
         self._warm_channels(("bm25", "graph_keyword"), params)
         if v is not None:
@@ -5535,8 +5522,8 @@ class Recall:
             nothing = {"results": [], "degraded": [], "intent": None,
                        "warnings": warnings + ["the query has no searchable words"]}
             return self._answer(key, nothing, started)
-        params = self._channel_params(tokens, window, k, persona, session, include_archived,
-                                      as_of_iso)
+        params = self._channel_params(tokens + sorted(self._kin(tokens)), window, k, persona,
+                                      session, include_archived, as_of_iso)
         degraded, stats = [], {}
         searched = chosen if tokens else ()  # time words alone: only the window's memories answer
         ranked, embedding = self._channel_rows(searched, query, params, degraded, stats)
@@ -5794,17 +5781,34 @@ class Recall:
             out.append(hit)
         return out if q.historical else self._newer_first(out, q, docs)
 
+    def _kin(self, tokens) -> frozenset:
+        """The words in the other script of the relatives a question's tokens name (wife: 老婆,
+        妻子; rules/predicates.toml [subjects]): how a memory in that script names them."""
+        kin, cjk = {self.rules.slot_subject.get(t) for t in tokens}, query_script(tokens) == "cjk"
+        return frozenset(w for w, who in self.rules.slot_subject.items()
+                         if who in kin - {None, "user", ""} and bool(_CJK.search(w)) != cjk)
+
+    def _names(self, text: str, persona_id: str | None) -> frozenset:
+        """The names a question gives: query_names, the Chinese names jieba finds (Segmenter.names)
+        and the persona's people (graph person nodes) it holds or spells (朵朵; Li Xiang: 李想)."""
+        folded, people = fold(text).lower(), [] if persona_id is None else self.rows(
+            self.queries["recall_people"], {"persona_id": persona_id})
+        spelt = pinyin_spans(folded, self.seg.pinyin)
+        return frozenset(query_names(text) | self.seg.names(text) | {
+            n for r in people if (n := fold(r["value"]).lower()) in folded and _CJK.search(n)
+            or n.replace(" ", "") in spelt})
+
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
-        """{id: indexed tokens} of the pool's memories still stored and relevant ([recall]
-        min_relevance, hit_relevance into their parts) or in the question's time window; a warning
-        when none is."""
+        """{id: indexed tokens} of the pool's memories that may be answered: still stored, and at
+        least [recall] min_relevance (hit_relevance, put in their parts) or made in the time window
+        of a question about the user or of time words only; else a warning gives the best one."""
         coef = self.rules.relevance_coef(self.embedder.model, q.tokens)
         stored = [] if q.vector is None else self.rows(
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
-                 "names": frozenset(query_names(q.text)),
-                 "background": None if q.vector is None or coef is None
+                 "names": self._names(q.text, q.params["persona_id"]), "text": fold(q.text),
+                 "kin": self._kin(q.tokens), "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
         q.about = about
         kept = {}
@@ -5968,12 +5972,11 @@ class Recall:
     # feedback: reinforcement for use ------------------------------------------------------------
 
     def memory_feedback(self, ids, useful: bool = True, persona_id: str | None = None) -> dict:
-        """The assistant used these memories (useful=true: useful_count + 1, importance + [recall]
-        feedback_importance_step, active atoms reinforced at most once per
-        FEEDBACK_ATOM_INTERVAL_DAYS), or they were wrong (false: importance − the step).
-        All or nothing: an id missing or of another persona is NotFound; InputError for ids that
-        are not a non-empty list of whole numbers ≥ 1. Returns {useful, results: [{id, uid,
-        old_importance, importance, useful_count, last_useful_at, atoms_reinforced}]}."""
+        """The assistant used these memories (useful: useful_count + 1, importance + [recall]
+        feedback_importance_step, atoms reinforced once per FEEDBACK_ATOM_INTERVAL_DAYS) or they
+        were wrong (importance − the step); all or nothing (NotFound, InputError). {useful,
+        results: [{id, uid, old_importance, importance, useful_count, last_useful_at,
+        atoms_reinforced}]}."""
         ids = _id_list(ids, "ids", self.cfg.recall.max_k)
         if not isinstance(useful, bool):
             raise InputError("useful", f"expected true or false, got {echo(useful)}")
@@ -7931,12 +7934,10 @@ class ConversationSearch:
                             until=None, persona_id=None,
                             max_chars_per_hit: int | None = None, project=None,
                             scope=None) -> dict:
-        """Hybrid search over ingested turns of one persona: BM25 (conv_turns_fts) and vectors
-        (conv_turn_vec, exact cosine), filtered by source, session and since/until, fused and
-        calibrated as recall does; `project`'s sessions first (project_scope, `scope`). Returns
-        {results: [{turn_id, session_id, source, role, created_at, text, truncated, score,
-        relevance, channels, title, project}], degraded, warnings, took_ms}. InputError for an
-        empty query, a bad k, source, time or scope."""
+        """Hybrid search (BM25 and exact cosine) over one persona's ingested turns, filtered by
+        source, session, since/until, fused as recall; `project`'s first (project_scope). {results:
+        [{turn_id, session_id, source, role, created_at, text, truncated, score, relevance,
+        channels, title, project}], degraded, warnings, took_ms}; InputError for a bad argument."""
         started = time.perf_counter()
         query = query_text(query, "query")
         warnings: list[str] = []
@@ -7973,7 +7974,8 @@ class ConversationSearch:
                 ranked["vector"] = self._bounded_knn(key, self.queries[name], params, self.rows)
         hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings,
                                 {"personal": self.rules.personal(query),
-                                 "names": frozenset(query_names(query))}, project, scope)
+                                 "names": self._names(query, None), "text": fold(query)},
+                                project, scope)
         if (note := self._watch_warning()) is not None:
             warnings.append(note)
         for h in hits:
@@ -13721,8 +13723,7 @@ def cli(ctx, db, config_path):
 @click.pass_obj
 def cli_memorize(state, text, file_path, summary, topic, fact, participant, tag, importance,
                  session, persona, source, timestamp, supersedes, as_json):
-    """Store a memory and print its id. TEXT `-` (or --file PATH) reads the text from standard
-    input (UTF-8), up to [write] max_content_chars; a lone "-": echo - | aokun memorize -
+    """Store a memory and print its id; TEXT `-` (or --file PATH) reads it from standard input.
 
     \b
     Example: python aokun.py memorize "Alice 喜欢冰美式" --participant Alice --topic coffee
@@ -14931,8 +14932,7 @@ def cli_hooks(state, client, install, target):
 @click.argument("payload", required=False)
 @click.pass_obj
 def cli_hook(state, client, event, payload):
-    """What a client's hook runs (see `hooks`): the event's JSON on standard input (Codex: the last
-    argument). Prints only what the client reads and always exits 0.
+    """What a client's hook runs (see `hooks`): the event's JSON on stdin (Codex: last argument).
 
     \b
     Example:

@@ -225,19 +225,22 @@ static int get_data(const Fts5ExtensionApi *api, Fts5Context *fts, const char *t
   Bm25Data *p = (Bm25Data *)api->xGetAuxdata(fts, 0);
   int rc = SQLITE_OK, i, j, nPhrase;
   sqlite3_int64 nRow = 0, nToken = 0;
-  const char *at = list, *term[64] = {0};
-  int nTerm[64] = {0};
+  const char *at = list, **term;
+  int *nTerm;
+  /* per phrase: IDF, frequency, the list's term and order, the term's length (any count of them) */
+  const size_t each = sizeof(double) * 2 + sizeof(char *) + sizeof(int) * 2;
   if (p) { *out = p; return SQLITE_OK; }
   nPhrase = api->xPhraseCount(fts);
-  p = sqlite3_malloc64(sizeof(Bm25Data) + (sizeof(double) * 2 + sizeof(int))
-                       * (sqlite3_uint64)nPhrase);
+  p = sqlite3_malloc64(sizeof(Bm25Data) + each * (sqlite3_uint64)nPhrase);
   if (!p) return SQLITE_NOMEM;
-  memset(p, 0, sizeof(Bm25Data) + (sizeof(double) * 2 + sizeof(int)) * (size_t)nPhrase);
+  memset(p, 0, sizeof(Bm25Data) + each * (size_t)nPhrase);
   p->nPhrase = nPhrase;
   p->aIDF = (double *)&p[1];
   p->aFreq = &p->aIDF[nPhrase];
-  p->aOrder = (int *)&p->aFreq[nPhrase];
-  for (j = 0; at && *at && j < nPhrase && j < 64; j++) { /* "i term\n" lines */
+  term = (const char **)&p->aFreq[nPhrase];
+  p->aOrder = (int *)&term[nPhrase];
+  nTerm = &p->aOrder[nPhrase];
+  for (j = 0; at && *at && j < nPhrase; j++) { /* "i term\n" lines */
     char *end;
     long ix = strtol(at, &end, 10);
     const char *eol = strchr(end, '\n');

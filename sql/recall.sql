@@ -397,3 +397,8 @@ where s.document_id in (select value from json_each(:ids))
   and a.state in ('active', 'dormant', 'superseded')
 group by s.document_id
 having gone is not null and live is not null;
+
+-- name: recall_people
+-- The persona's people (graph person nodes: memories' participants), whose names a question may
+-- give (Recall._names).
+select value from graph_nodes where persona_id = :persona_id and node_type = 'person';

@@ -83,6 +83,17 @@ def test_the_fallback_ranks_the_same_as_the_extension(ranked, tmp_path, open_mem
                        for x, y in zip(a, b, strict=True)), q
 
 
+def test_a_question_of_more_than_64_words_keeps_its_keyword_channels(ranked):
+    """A long question (a conversation asked as one, as MADial does) is ranked, not degraded."""
+    query = "Alice coffee " + " ".join(f"word{i}" for i in range(80))
+    for channels in (["bm25"], ["graph_keyword"]):
+        out = ranked.recall(query, k=5, channels=channels)
+        assert out["degraded"] == [] and out["results"], (channels, out["degraded"])
+        # 王芳's coffee memories name Alice as a participant: they tie with Alice's own
+        assert "coffee" in out["results"][0]["text"]
+        assert any(h["text"].startswith("Alice talked about coffee") for h in out["results"])
+
+
 def test_no_compiler_or_a_failed_build_means_bm25(tmp_path, monkeypatch, open_mem):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("CC", "false")  # a compiler that always fails

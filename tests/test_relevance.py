@@ -179,12 +179,12 @@ def test_the_names_a_question_gives(query, names):
     assert aokun.query_names(query) == names
 
 
-def test_a_name_meets_its_memory_by_word_or_by_pinyin():
-    pinyin = {"王芳": "wangfang", "过敏": "guomin", "小雨": "xiaoyu"}.get
-    assert aokun.names_found({"wang fang"}, {"王芳", "过敏"}, pinyin) == {"wang", "fang"}
+def test_a_name_meets_its_memory_by_word_or_by_pinyin(segmenter):
+    pinyin = segmenter.pinyin
+    assert aokun.names_found({"wang fang"}, {"王芳"}, pinyin, "王芳过敏") == {"wang", "fang"}
     assert aokun.names_found({"wang fang"}, {"wang", "photographer"}, pinyin) == {"wang"}
     assert not aokun.names_found({"wang fang"}, {"user", "allergic", "penicillin"}, pinyin)
-    assert not aokun.names_found({"xiaoyu"}, {"王芳", "过敏"}, pinyin)
+    assert not aokun.names_found({"xiaoyu"}, {"王芳", "过敏"}, pinyin, "王芳过敏")
     # a short form of a name, and the name of a short form
     assert aokun.names_found({"mel"}, {"melanie", "pottery"}, pinyin) == {"mel"}
     assert aokun.names_found({"melanie"}, {"mel", "kids"}, pinyin) == {"melanie"}

@@ -1,0 +1,116 @@
+"""A question about one named person gets that person's facts, not another's with the same words,
+in Chinese, in English and across them (issue 32, items 1 and 6): Chinese names found by jieba, by
+the memories' participants (the graph's people) and spelt in pinyin; a relative named in one
+language meets the memory naming them in the other. Through a real MCP client with the real local
+model (relevance is what drops another person's fact)."""
+
+import pytest
+from mcp import Client
+
+import aokun
+
+pytestmark = pytest.mark.anyio
+
+#: made up for this file: two people with facts of the same shape, in both languages
+MEMORIES = [
+    ("林梅对花生过敏，吃一点就起疹子。", ["林梅"]),
+    ("王芳对芒果过敏。", ["王芳"]),
+    ("Li Xiang studies computer science at a university in Wuhan.", ["Li Xiang"]),
+    ("Zhang Wei studies law in Beijing.", ["Zhang Wei"]),
+    ("User lives in Chengdu with two cats.", []),
+    ("用户的老婆是小学英语老师，每天七点出门。", []),
+    ("用户在一家软件公司做产品经理，负责支付项目。", [], ["work"]),
+    ("用户的同事老陈是后端组长。", ["老陈"], ["work"]),
+    ("用户下个月要去深圳出差。", [], ["work"]),
+]
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def local_embedder():
+    return aokun.LocalEmbedder()
+
+
+async def serve(tmp_path, segmenter, embedder, more=None):
+    cfg = aokun.Config(None, overrides={("backup", "daily"): False, **(more or {}),
+                                        ("backup", "dir"): str(tmp_path / "backups")})
+
+    def factory():
+        m = aokun.Memory(tmp_path / "m.db", cfg, embedder=embedder)
+        m.seg = segmenter
+        return m
+    c = Client(aokun.build_server(factory, cfg))
+    async with c:
+        for text, people, *topics in MEMORIES:
+            r = await c.call_tool("memorize", {"content": text, "metadata": {
+                "participants": people, "topics": topics[0] if topics else []}})
+            assert r.is_error is False
+        yield c
+
+
+@pytest.fixture
+async def client(tmp_path, segmenter, local_embedder):
+    async for c in serve(tmp_path, segmenter, local_embedder):
+        yield c
+
+
+@pytest.fixture
+async def keep_all(tmp_path, segmenter, local_embedder):
+    """The same memories, every hit kept ([recall] min_relevance = 0) to read its relevance."""
+    async for c in serve(tmp_path, segmenter, local_embedder, {("recall", "min_relevance"): 0.0}):
+        yield c
+
+
+async def texts(c, query: str) -> list[str]:
+    r = await c.call_tool("recall", {"query": query, "limit": 5})
+    return [h["text"] for h in r.structured_content["results"]]
+
+
+@pytest.mark.slow
+async def test_a_chinese_question_about_someone_gets_their_fact_only(client):
+    got = await texts(client, "林梅对什么过敏？")
+    assert got and got[0].startswith("林梅"), got
+    assert "王芳对芒果过敏。" not in got  # the same word 过敏, another person
+
+
+@pytest.mark.slow
+async def test_an_english_question_about_someone_gives_a_chinese_fact_of_another_no_relevance(
+        keep_all):
+    r = await keep_all.call_tool("recall", {"query": "What is my friend Lin Mei allergic to?",
+                                            "limit": 6})
+    rel = {h["text"]: h["relevance"] for h in r.structured_content["results"]}
+    assert rel["林梅对花生过敏，吃一点就起疹子。"] > 0.9
+    assert rel.get("王芳对芒果过敏。", 0.0) == 0.0, rel  # it names someone else
+
+
+@pytest.mark.slow
+async def test_a_chinese_question_meets_a_name_stored_in_pinyin(client):
+    got = await texts(client, "李想学的是什么专业？")  # jieba cuts 李想学 as one word here
+    assert got and got[0].startswith("Li Xiang"), got
+    assert "Zhang Wei studies law in Beijing." not in got
+
+
+@pytest.mark.slow
+async def test_a_relative_asked_in_english_meets_the_chinese_memory_of_them(client):
+    got = await texts(client, "What does my wife do for work?")
+    assert got and got[0] == "用户的老婆是小学英语老师，每天七点出门。", got
+
+
+def test_jieba_tags_names_its_dictionary_lacks(segmenter):
+    assert segmenter.names("阿杰现在在哪家公司上班？") == {"阿杰"}
+    assert segmenter.names("王婷爱喝什么茶") == {"王婷"}
+    assert segmenter.names("我对什么过敏？") == set()  # 过敏 is nr in jieba's dictionary
+    assert segmenter.names("我爸身体怎么样？") == set()
+
+
+def test_a_name_is_found_in_a_memorys_text_or_spelt_by_its_characters(segmenter):
+    found = aokun.names_found
+    assert found({"林梅"}, {"朋友", "花生"}, segmenter.pinyin, "朋友林梅对花生过敏") == {"林梅"}
+    assert found({"lin mei"}, {"林梅对", "花生"}, segmenter.pinyin, "林梅对花生过敏") == \
+        {"lin", "mei"}
+    assert found({"林梅"}, {"lin", "mei", "peanuts"}, segmenter.pinyin) == {"林梅"}
+    assert not found({"林梅"}, {"王芳", "过敏"}, segmenter.pinyin, "王芳对芒果过敏")
