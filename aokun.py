@@ -283,6 +283,7 @@ _LETTER = re.compile(r"[^\W\d_]")  #: a letter of any script
 _CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
 _HAN_RUN = re.compile(r"[\u4e00-\u9fff]+")  #: a run of Chinese characters (names_found)
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
+_QUESTION = re.compile(r"[^.!?。！？\n]*[?？]")  #: a question: it states no change
 _SPACE = re.compile(r"\s")
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -2852,8 +2853,7 @@ def _importance(value, name: str = "importance", default: float = 0.5) -> float:
 
 
 def _id_list(value, name: str, limit: int) -> list[int]:
-    """A non-empty list of at most `limit` memory ids (whole numbers ≥ 1), duplicates dropped, in
-    order."""
+    """A non-empty list of at most `limit` memory ids (whole numbers ≥ 1), in order, no repeats."""
     if not isinstance(value, (list, tuple)) or not value:
         raise InputError(name, f"expected a non-empty list of memory ids, got {echo(value)}")
     bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]
@@ -2861,7 +2861,7 @@ def _id_list(value, name: str, limit: int) -> list[int]:
         raise InputError(name, f"memory ids are whole numbers ≥ 1, got {echo(bad[0])}")
     ids = list(dict.fromkeys(value))
     if len(ids) > limit:
-        raise InputError(name, f"{len(ids)} ids; at most {limit} at once ([recall] max_k)")
+        raise InputError(name, f"{len(ids)} ids; at most {limit} at once")
     return ids
 
 
@@ -4575,7 +4575,7 @@ class Journal:
         """may_update's meaning signal: [(id, content)] of the older memory nearest `p`, when p
         says something changed and adds nothing ([events]): not in `skip`, at cosine ≥
         MAY_UPDATE_COSINE, no slot value of p's; else the next nearest, if it is _rival_fits."""
-        text, rules = fold(p.content), self.rules
+        text, rules = _QUESTION.sub("", fold(p.content)), self.rules
         least = MAY_UPDATE_COSINE.get(self.embedder.model)
         if not least or not self.has_table("doc_vec") or not any(
                 rx.search(text) for rx in rules.event_change + rules.event_cue) or any(
@@ -4633,8 +4633,8 @@ class Journal:
         return out
 
     def event_changed(self, text: str) -> bool:
-        """Whether a memory's `text` says an event changed ([events] change; event_pair)."""
-        return any(rx.search(fold(text)) for rx in self.rules.event_change)
+        """Whether a memory's `text` says, not asks, an event changed ([events] change)."""
+        return any(rx.search(_QUESTION.sub("", fold(text))) for rx in self.rules.event_change)
 
     def event_pair(self, a: set, b: set) -> bool:
         """The event signal's pair test on the search tokens less the [events] words of a memory

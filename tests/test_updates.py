@@ -426,3 +426,20 @@ async def test_two_facts_of_one_topic_are_left_alone(meaning_server, first, seco
         found = {h["id"]: h for h in await hits(c, query)}
         assert set(found) == {one["id"], two["id"]}
         assert not any(h.get("may_be_replaced_by") for h in found.values())
+
+
+@pytest.mark.parametrize("old_text, new_text", [
+    ("Dentist appointment with Dr Chen on Thursday at 3pm.",
+     "Was the dentist appointment with Dr Chen moved to Friday?"),
+    ("用户周四下午三点约了陈医生看牙。", "陈医生看牙的时间改到周五了吗？"),
+], ids=["en", "zh"])
+async def test_a_question_about_a_change_names_nothing(server, old_text, new_text):
+    """A memory that asks whether something changed ("moved to Friday?") states no change: no
+    may_update, and recall marks nothing."""
+    async with Client(server) as c:
+        old = await call(c, "memorize", {"content": old_text})
+        new = await call(c, "memorize", {"content": new_text})
+        assert not new.get("may_update")
+        found = await hits(c, "dentist appointment Dr Chen 陈医生 看牙")
+        assert {h["id"] for h in found} >= {old["id"], new["id"]}
+        assert not any(h.get("may_be_replaced_by") or h.get("replaced_by") for h in found)
