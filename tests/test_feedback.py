@@ -235,7 +235,7 @@ def test_feedback_useful_must_be_a_boolean_and_ids_are_capped(mem):
     assert e.value.field == "useful"
     with pytest.raises(aokun.InputError) as e:
         mem.memory_feedback(list(range(1, mem.cfg.recall.max_k + 2)))
-    assert e.value.field == "ids" and "max_k" in str(e.value)
+    assert e.value.field == "ids" and f"at most {mem.cfg.recall.max_k}" in str(e.value)
 
 
 # schema 7 ########################################################################################
