@@ -283,7 +283,7 @@ _LETTER = re.compile(r"[^\W\d_]")  #: a letter of any script
 _CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
 _HAN_RUN = re.compile(r"[\u4e00-\u9fff]+")  #: a run of Chinese characters (names_found)
 _SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
-_QUESTION = re.compile(r"[^.!?。！？\n]*[?？]")  #: a question: it states no change
+_CLAUSE = re.compile(r"[^.!?。！？\n]*[.!?。！？\n]?")  #: a sentence and its end (linear)
 _SPACE = re.compile(r"\s")
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -533,6 +533,11 @@ def bm25_idf(hits: int, rows: int) -> float:
     """FTS5 bm25()'s IDF of a term held by `hits` of `rows` rows (fts5_aux.c: floored at 1e-6)."""
     idf = math.log((rows - hits + 0.5) / (hits + 0.5))
     return idf if idf > 0 else 1e-6
+
+
+def statements(text: str) -> str:
+    """`text` without its questions (sentences ending in ? or ？): what it states."""
+    return "".join(c for c in _CLAUSE.findall(text) if not c.endswith(("?", "？")))
 
 
 def maxscore_split(terms: list[str], hits: dict[str, int], rows: int, pool: int) -> dict:
@@ -4575,7 +4580,7 @@ class Journal:
         """may_update's meaning signal: [(id, content)] of the older memory nearest `p`, when p
         says something changed and adds nothing ([events]): not in `skip`, at cosine ≥
         MAY_UPDATE_COSINE, no slot value of p's; else the next nearest, if it is _rival_fits."""
-        text, rules = _QUESTION.sub("", fold(p.content)), self.rules
+        text, rules = statements(fold(p.content)), self.rules
         least = MAY_UPDATE_COSINE.get(self.embedder.model)
         if not least or not self.has_table("doc_vec") or not any(
                 rx.search(text) for rx in rules.event_change + rules.event_cue) or any(
@@ -4622,19 +4627,25 @@ class Journal:
         EVENT_SHARED_TOKENS and EVENT_JACCARD of p's tokens less [events] words, if p says so."""
         if not self.event_changed(p.content):
             return []
-        words = set(self.seg.tokens(p.content)) - self.rules.event_words
-        out = []
+        skip_words = self.rules.event_words | self.people_words(p.persona_id)
+        words, out = set(self.seg.tokens(p.content)) - skip_words, []
         for r in self.rows(self.queries["event_rivals"], {
                 "match": fts_query(sorted(words)), "persona_id": p.persona_id,
                 "document_id": p.document_id, "k": 4 * MAY_UPDATE_MAX}):
-            theirs = set(r["segmented"].split()) - self.rules.event_words
+            theirs = set(r["segmented"].split()) - skip_words
             if r["id"] not in skip and self.event_pair(words, theirs):
                 out.append((r["id"], r["content"]))
         return out
 
     def event_changed(self, text: str) -> bool:
         """Whether a memory's `text` says, not asks, an event changed ([events] change)."""
-        return any(rx.search(_QUESTION.sub("", fold(text))) for rx in self.rules.event_change)
+        return any(rx.search(statements(fold(text))) for rx in self.rules.event_change)
+
+    def people_words(self, persona_id) -> set[str]:
+        """The search tokens of the persona's people's names (graph person nodes): an event
+        signal's shared words must be more than a name ("Priya moved" is not her allergy's news)."""
+        return {t for r in self.rows(self.queries["recall_people"], {"persona_id": persona_id})
+                for t in self.seg.tokens(r["value"])}
 
     def event_pair(self, a: set, b: set) -> bool:
         """The event signal's pair test on the search tokens less the [events] words of a memory
@@ -5615,10 +5626,11 @@ class Recall:
     def _may_replace(self, hits: list[dict], by: dict, docs: dict) -> dict[int, int]:
         """{hit id: the newest later hit memorize's event or meaning signal links to it
         (event_changed, event_pair, _near_rival)}, `by` (replaced) left out, marked on the hits."""
-        out, skip, age = {}, self.rules.event_words, lambda h: (h["created_at"], h["id"])
+        out, skip, age = {}, None, lambda h: (h["created_at"], h["id"])
         for new in sorted(hits, key=age):
             older = {h["id"] for h in hits if h["id"] not in by and age(h) < age(new)}
             if older and self.event_changed(new["text"]):
+                skip = skip or self.rules.event_words | self.people_words(new["persona_id"])
                 words = set(self.seg.tokens(new["text"])) - skip
                 out |= {i: new["id"] for i in older if self.event_pair(
                     words, set(docs[i]["segmented"].split()) - skip)}
@@ -6973,11 +6985,9 @@ class Maintenance:
         return made
 
     def restore_from(self, src: Path | str) -> dict:
-        """Replace this database's content with the backup `src` (checked and migrated in a staging
-        file first); the current content is saved as <name>.before-restore-<time>.db (a damaged
-        file renamed to <name>.damaged-<time>.db instead), the id counters raised. Returns
-        {restored, saved_previous, only_in_previous: [memory ids], previous_added,
-        previous_changed}."""
+        """Replace this database's content with backup `src` (checked and migrated first), the
+        current saved as <name>.before-restore-<time>.db (damaged: .damaged-<time>.db). {restored,
+        saved_previous, only_in_previous, previous_added, previous_changed}."""
         src = Path(src).expanduser().resolve()
         if not src.exists():
             raise AokunError(f"{src} does not exist")
@@ -8077,11 +8087,9 @@ class ConversationSearch:
 
     def conversation_get_session(self, session_id, offset: int = 0, limit: int = 50,
                                  persona_id=None, source=None) -> dict:
-        """One ingested session's turns in order: `limit` (1..CONVERSATION_PAGE_MAX) from
-        `offset`, each text cut to [conversations] max_chars_per_turn. Returns {session: {source,
-        session_id, project, title, first_user_message, started_at, ended_at, turn_count}, turns:
-        [{turn_id, seq, role, created_at, text, truncated}], offset, limit, next_offset (null at
-        the end)}. NotFound for an unknown session; InputError for a bad offset or limit."""
+        """A session's turns in order, `limit` from `offset`, texts cut to [conversations]
+        max_chars_per_turn: {session: {…, turn_count}, turns: [{turn_id, seq, role, created_at,
+        text, truncated}], offset, limit, next_offset}. NotFound, InputError (offset, limit)."""
         for name, value, low, high in (("offset", offset, 0, MAX_ID),
                                        ("limit", limit, 1, CONVERSATION_PAGE_MAX)):
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -8374,11 +8382,9 @@ class QueuedFile:
 
 
 class Watcher:
-    """Polls the clients' standard locations (rules/ingest/<source>.toml `location`) and ingests
-    what changed through Memory.ingest from each file's stored offset (stat every poll, glob every
-    WATCH_GLOB_EVERY polls). run() reads the files changed in the last WATCH_FRESH_SECONDS and
-    leaves the back-log to a second thread at the lowest CPU priority; both yield to tool calls.
-    `self.lock` guards what both threads touch."""
+    """Polls the clients' standard locations and ingests what changed (Memory.ingest, from each
+    file's offset). run() reads files changed in the last WATCH_FRESH_SECONDS and leaves the
+    back-log to a low-priority thread; both yield to tool calls; `self.lock` guards both."""
 
     def __init__(self, mem: "Memory", sources=WATCH_SOURCES, persona_id=None):
         """Watch `sources` (of WATCH_SOURCES) for `mem`, storing turns in `persona_id`'s layer.
@@ -8410,11 +8416,9 @@ class Watcher:
         self.last_published: dict | None = None
 
     def poll(self, stop: threading.Event | None = None) -> dict:
-        """One look: queue the new or changed files within the limits, then read the queue newest
-        first for up to WATCH_SLICE_SECONDS or until `stop` (under run(), fresh files only); rebuild
-        the briefing when turns were added (at most every WATCH_BRIEFING_SECONDS while files are
-        queued) and publish the progress. Returns {source: new turns}. A failed file is logged and
-        tried again when found again."""
+        """One look: queue new or changed files, read the queue newest first for up to
+        WATCH_SLICE_SECONDS or until `stop`, rebuild the briefing when turns came (at most every
+        WATCH_BRIEFING_SECONDS). {source: new turns}; a failed file is logged, tried again later."""
         look = self.polls % WATCH_GLOB_EVERY == 0
         self.polls += 1
         if self.turns_before is None:
@@ -10290,11 +10294,9 @@ class Sync:
     def _sync_merge(self, changes: list[tuple], key: tuple, s: apsw.Connection, report: dict,
                     resend: bool = False, derive_atoms: bool = False,
                     decayed: str | None = None) -> None:
-        """Merge the changes of file `key` (device, seq, sha256): each record decided by
-        _sync_decide, twins by _sync_twins, winners imported, orphan atoms left out, atoms settled,
-        the file marked applied; each step a transaction. `resend`: its losing versions are no new
-        conflicts; `derive_atoms`: a version-1 file without atoms; `decayed`: the decay day its
-        usage is as of (None: unknown)."""
+        """Merge file `key`'s changes (each record by _sync_decide, twins by _sync_twins), the file
+        marked applied, each step a transaction. `resend`: losers are no new conflicts;
+        `derive_atoms`: a version-1 file; `decayed`: the decay day its usage is as of."""
         plan = SyncPlan(mine=self.meta_get("sync_device"), dev=key[0], resend=resend, since=decayed,
                         until=self.meta_get("decay_last_run"))
         for change in changes:
@@ -10336,11 +10338,9 @@ class Sync:
                                                          "sha256": key[2], "now": now_iso()})
 
     def _sync_decide(self, change: tuple, s: apsw.Connection, plan: "SyncPlan") -> None:
-        """Decide one change of a file (a _sync_read change) into `plan`: the later of the version
-        here and the incoming one by (stamp, hash) wins; a record deleted here at or after the
-        incoming stamp stays deleted. When both sides changed it and the contents differ, the loser
-        goes into sync_conflicts, but atoms merge (merge_atoms). The winner keeps both sides' usage
-        (merge_usage)."""
+        """Decide one change of a file into `plan`: the later by (stamp, hash) wins, a record
+        deleted here at or after its stamp stays deleted; a differing loser goes to sync_conflicts
+        but atoms merge (merge_atoms); the winner keeps both sides' usage (merge_usage)."""
         _op, kind, uid, stamp, digest, rec, old = change
         one = "select stamp, hash, body, usage from current where kind = ? and uid = ?"
         if rec is None:  # a delete: a tombstone says what was deleted and when; an undone
@@ -12269,11 +12269,11 @@ class SurrogateSafeLines(io.TextIOWrapper):
             msg = json.loads(outline or '{"id": null}')
         except ValueError:
             msg = {"id": None}
-        if not isinstance(msg, dict) or "id" not in msg:
+        if isinstance(msg, dict) and "id" not in msg:  # a notification: nothing to answer
             log.warning("ignored a message without id: %s", problem)
             return
-        self.answer(JSONRPCError(jsonrpc="2.0", id=msg["id"], error=ErrorData(code=code,
-                                                                             message=problem)))
+        self.answer(JSONRPCError(jsonrpc="2.0", id=msg.get("id") if isinstance(msg, dict) else None,
+                                 error=ErrorData(code=code, message=problem)))
 
     def close(self) -> None:
         with contextlib.suppress(ValueError):
@@ -13927,8 +13927,8 @@ def _explain_line(e: dict) -> str:
 
 @cli.command("recall")
 @click.argument("query")
-@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1),
-              help="How many memories.")
+@click.option("-k", "--limit", "k", default=RECALL_K_DEFAULT, show_default=True,
+              type=click.IntRange(1), help="How many memories.")
 @click.option("--session", help="Only this session.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--include-archived", is_flag=True, help="Search archived memories too.")
@@ -13990,8 +13990,8 @@ def cli_feedback(state, memory_ids, not_useful, persona, as_json):
 
 @cli.command("atoms")
 @click.argument("query")
-@click.option("-k", "k", default=ATOMS_K_DEFAULT, show_default=True, type=click.IntRange(1),
-              help="How many atoms.")
+@click.option("-k", "--limit", "k", default=ATOMS_K_DEFAULT, show_default=True,
+              type=click.IntRange(1), help="How many atoms.")
 @click.option("--persona", help="Persona to search.")
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @click.pass_obj
@@ -14810,8 +14810,8 @@ def cli_conversations_show(state, session_id, source, offset, limit, persona, as
 
 @cli_conversations.command("search")
 @click.argument("query")
-@click.option("-k", "k", default=RECALL_K_DEFAULT, show_default=True, type=click.IntRange(1),
-              help="How many turns.")
+@click.option("-k", "--limit", "k", default=RECALL_K_DEFAULT, show_default=True,
+              type=click.IntRange(1), help="How many turns.")
 @click.option("--source", type=click.Choice(CONVERSATION_SOURCES), help="Only this client.")
 @click.option("--session", help="Only this session.")
 @click.option("--since", help="Only turns at or after this ISO-8601 time.")

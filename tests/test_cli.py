@@ -259,7 +259,7 @@ def test_db_and_config_are_taken_after_the_command(tmp_path, ini, monkeypatch, s
                                   "--db", str(db)], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     r = runner.invoke(aokun.cli, ["recall", "oolong", "--db", str(db), "--config", str(ini),
-                                  "--json"], catch_exceptions=False)
+                                  "--json", "--limit", "1"], catch_exceptions=False)
     assert "Alice likes oolong" in r.output
     r = runner.invoke(aokun.cli, ["--db", str(db), "--config", str(ini), "memorize", "--",
                                   "--db"], catch_exceptions=False)

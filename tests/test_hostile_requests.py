@@ -140,6 +140,9 @@ def test_deeply_nested_metadata_over_stdio_gets_a_one_line_error_for_its_id(tmp_
         s.send("this is not JSON {")  # JSON-RPC: a parse error is answered with id null
         error = s.reply(None, timeout=20)["error"]
         assert error["code"] == -32700 and "not JSON" in error["message"]
+        s.send("[" * 100 + "]" * 100)  # too deep, not even an object: Invalid Request, id null
+        error = s.reply(None, timeout=20)["error"]
+        assert error["code"] == -32600 and "deeper than 64" in error["message"]
         # a notification that deep is dropped; brackets inside strings do not count
         s.send('{"jsonrpc":"2.0","method":"notifications/x","params":%s}' % nested(300))
         text = "[[[{{{" * 100

@@ -443,3 +443,20 @@ async def test_a_question_about_a_change_names_nothing(server, old_text, new_tex
         found = await hits(c, "dentist appointment Dr Chen 陈医生 看牙")
         assert {h["id"] for h in found} >= {old["id"], new["id"]}
         assert not any(h.get("may_be_replaced_by") or h.get("replaced_by") for h in found)
+
+
+@pytest.mark.parametrize("old_text, new_text, who", [
+    ("Priya Nair is allergic to penicillin.", "Priya moved to Vancouver.", "Priya Nair"),
+    ("王磊对海鲜过敏。", "王磊的出差改到下下周三了。", "王磊"),
+], ids=["en", "zh"])
+async def test_a_change_that_shares_only_a_name_names_nothing(server, old_text, new_text, who):
+    """An event signal needs a shared word beyond the person's name: Priya's move is no news
+    about her allergy (found in a new-user trial: the allergy came back may_be_replaced_by)."""
+    async with Client(server) as c:
+        meta = {"participants": [who]}
+        old = await call(c, "memorize", {"content": old_text, "metadata": meta})
+        new = await call(c, "memorize", {"content": new_text, "metadata": meta})
+        assert not new.get("may_update")
+        found = await hits(c, f"{who} allergic 过敏 {old_text}")
+        assert old["id"] in {h["id"] for h in found}
+        assert not any(h.get("may_be_replaced_by") for h in found)
