@@ -72,6 +72,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import sys
@@ -9700,11 +9701,9 @@ def merge_usage(a: dict, b: dict, winner: dict) -> dict:
 
 
 def merge_atoms(a: dict, b: dict) -> dict:
-    """The version of an atom every device keeps when two devices each changed it (records `a` and
-    `b` of one uid): the later version with the higher confidence, the sources of both, the
-    reinforcement of both (merge_reinforcement) and the later state change, unless that is an
-    expiry the other's reinforcement postponed. Each part is ordered on its own, so every device
-    merges alike and merging the merge with either gives the merge."""
+    """The atom every device keeps when two changed it (records `a`, `b` of one uid): the later
+    version, higher confidence, both's sources and reinforcement (merge_reinforcement), the later
+    state change unless an expiry the other postponed; order-free, so every device merges alike."""
     merged = (*ATOM_REINFORCEMENT, *ATOM_STATE, "confidence", "sources")
     out = dict(max(a, b, key=lambda r: (r["updated_at"], json.dumps(
         {k: v for k, v in r.items() if k not in merged}, ensure_ascii=False, sort_keys=True))))
@@ -14505,8 +14504,9 @@ def cli_serve(state, use_http, host, port):
     server = build_server(memory_factory, cfg)
     if not use_http:
         import anyio
-        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: a quiet stop, not "Aborted!"
-            anyio.run(serve_stdio, server)
+        # Ctrl-C: stop at once (stdin's reader thread cannot be woken; SQLite rolls back a write)
+        signal.signal(signal.SIGINT, lambda *_: os._exit(0))
+        anyio.run(serve_stdio, server)
         return
     import uvicorn
     host, port = host or cfg.server.host, port or cfg.server.port
