@@ -5503,12 +5503,10 @@ class Recall:
                explain: bool = False, channels=None, as_of=None,
                max_chars_per_hit: int | None = None, max_answer_tokens: int | None = None,
                include_conversations=False, project=None, scope=None):
-        """Hybrid recall (seed: Retrieval Pipeline) → {results: [{id, score, text, truncated,
-        summary, importance, created_at, ...}], facts, degraded: [{channel, reason}], intent,
-        took_ms, cached, warnings}; explain adds each hit's `explain` and the answer's `stats`.
-        max_chars_per_hit, max_answer_tokens: None the [recall] settings, 0 no limit; as_of: as the
-        memory stood then; `project`, `scope`: project_scope. InputError: an empty query, a bad k
-        or scope."""
+        """Hybrid recall (seed: Retrieval Pipeline) → {results: [recall_hit], facts, degraded,
+        intent, took_ms, cached, warnings}; explain adds `explain` and `stats`. max_chars_per_hit,
+        max_answer_tokens: None the [recall] settings, 0 none; as_of: as the memory stood then;
+        `scope`: project_scope. InputError: an empty query, a bad k or scope."""
         started = time.perf_counter()
         r = self.cfg.recall
         query = query_text(query, "query")
@@ -5586,15 +5584,15 @@ class Recall:
         return {r["id"]: (set(r["gone"].split()), set(r["live"].split())) for r in self.rows(
             self.queries["replaced_facts"], {"ids": json.dumps(sorted(ids))})}
 
-    def _asks_retired(self, q: RecallQuery, facts: tuple[set, set], new: dict, vec) -> bool:
+    def _asks_retired(self, q: RecallQuery, facts: tuple[set, set], new: dict, vec) -> bool | None:
         """Whether `q`'s words weigh more in the retired `facts` and `new` (row, vector) than in the
-        live ones; on a tie, whether `new` is relevant to it ([recall] min_relevance)."""
+        live ones; on a tie, True if `new` is relevant to it ([recall] min_relevance), else None."""
         newer = set(new["segmented"].split())
         gone, live = (sum(map(self.seg.weight, q.tokens & t)) for t in (facts[0] | newer, facts[1]))
         if gone != live:
             return gone > live
         rel = hit_relevance(q.about, newer, vec, q.about.get("coef"), self.seg, new["content"])
-        return (rel["relevance"] or 0) >= self.cfg.recall.min_relevance
+        return True if (rel["relevance"] or 0) >= self.cfg.recall.min_relevance else None
 
     def _newer_first(self, hits: list[dict], q: RecallQuery, docs: dict) -> list[dict]:
         """recall's q.k hits, each replaced one (in part: when _asks_retired) marked `replaced_by`
@@ -5609,13 +5607,15 @@ class Recall:
         vecs = {} if q.vector is None or not part else {r["doc_id"]: blob_vector(r["embedding"])
                                                         for r in self.rows(
             self.queries["recall_vectors_of"], {"ids": json.dumps(sorted(rows))})}
-        by = {i: n for i, n in by.items() if i not in part or n in rows and self._asks_retired(
-            q, part[i], rows[n], vecs.get(n))}
+        asks = {i: n in rows and self._asks_retired(q, part[i], rows[n], vecs.get(n))
+                for i, n in by.items() if i in part}  # None: cannot tell, partly_replaced_by
+        by = {i: n for i, n in by.items() if asks.get(i, True) is not False}
         if not by:
             return newer_first(hits, maybe)
         include_archived, added = q.params["max_archived"], []
         for h in (h for h in hits if h["id"] in by):
-            new = h["replaced_by"] = by[h["id"]]
+            new = h["partly_replaced_by" if asks.get(h["id"]) is None and h["id"] in asks
+                    else "replaced_by"] = by[h["id"]]
             if new in rows and new not in have and (include_archived or not rows[new]["archived"]):
                 have.add(new)
                 added.append(recall_hit(rows[new], {"fused": h["score"], "ranks": {},
@@ -6160,7 +6160,8 @@ class Briefing:
                            scope=scope)["results"]
         for h in hits:
             if h["id"] not in seen:
-                tag = memory_tag(h["id"], h.get("replaced_by"), maybe=h.get("may_be_replaced_by"))
+                tag = memory_tag(h["id"], h.get("replaced_by") or h.get("partly_replaced_by"),
+                                 "partly_replaced_by" in h, h.get("may_be_replaced_by"))
                 lines.append(f"- {h['created_at'][:10]} {tag} {_one_line(h['text'])}")
         facts = self._facts_for_text(topic, persona, now_iso())
         if facts:
@@ -7603,11 +7604,9 @@ class Conversations:
 
     def ingest(self, source: str, paths=(), persona_id=None, progress=None,
                include_deleted: bool = False, pause=None, on_stored=None) -> dict:
-        """Ingest `source`'s transcripts (`paths` or its standard place), each file from where the
-        last run stopped; turns kept by its rules, redacted, stored once; a deleted session only
-        with `include_deleted`. Callbacks: progress, pause (may raise IngestInterrupted),
-        on_stored. {source, files, sessions, turns, new, skipped, deleted, unreadable,
-        interrupted, seconds}."""
+        """Ingest `source`'s transcripts (`paths` or its usual place) from where the last run
+        stopped: kept by its rules, redacted, stored once; deleted sessions with `include_deleted`.
+        {source, files, sessions, turns, new, skipped, deleted, unreadable, interrupted, seconds}"""
         started = time.perf_counter()
         rules = self.ingest_rules(source)
         persona = _label(persona_id, "persona_id")
@@ -10543,8 +10542,7 @@ DATA_STEPS = (
 class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, Briefing,
              Forgetting, Maintenance, Summarizer, Conversations, ConversationSearch, Portable,
              Sync):
-    """The memory engine on one SQLite file: the section classes above, composed. Open it with a
-    path (created and migrated when needed), optionally a Config and an Embedder; close() it.
+    """The memory engine on one SQLite file (created, migrated), the section classes composed.
     `self.lock` (re-entrant) guards `self.conn`; a method documented "In tx" runs inside the
     caller's `with self.tx():`; channel workers read on their own connections (`_readers_lock`),
     never taking `self.lock`. Writes are BEGIN IMMEDIATE; several processes may share the file."""
@@ -10903,8 +10901,8 @@ def _search_models():
         # it whole). channels: bm25, vector, graph_keyword, graph_vector, time_window. relevance:
         # 0..1, one scale for every query (null: model not calibrated). replaced_by: a newer memory
         # (ranked above) gives another value of a fact this one states that the question asks
-        # about, or supersedes it; may_be_replaced_by: memorize's may_update would name this one
-        # for it, unconfirmed.
+        # about, or supersedes it (partly_replaced_by: it changed one of its facts, maybe another
+        # than asked); may_be_replaced_by: memorize's may_update would name this one, unconfirmed.
         id: int
         score: float
         text: str
@@ -10922,6 +10920,7 @@ def _search_models():
         channels: list[str]
         relevance: float | None = None
         replaced_by: int | None = None
+        partly_replaced_by: int | None = None
         may_be_replaced_by: int | None = None
         project: str | None = None
         explain: dict[str, Any] | None = None
@@ -11394,9 +11393,9 @@ def _read_tools():
                scope: Annotated[str | None, Field(
                    description="project (default), all, or a folder.")] = None
                ) -> S.RecallResult:
-        """Search memory by meaning, keywords and relations, in any language; call it before
-        answering when earlier conversations may matter. truncated: get_memory reads it whole.
-        may_be_replaced_by: a newer hit may update it."""
+        """Search memory by meaning, keywords, relations; call it before answering when earlier
+        talks may matter. truncated: get_memory gives it whole. may_be_replaced_by: a newer hit
+        may update it; partly_replaced_by: one fact."""
         project = _client_project(ctx)
         return S.RecallResult(**_on_memory(ctx, lambda m: m.recall(
             query, limit, persona_id, session_id, include_archived, explain, None, as_of,

@@ -715,7 +715,7 @@ async def test_recall_caps_each_hit_and_get_memory_gives_the_whole(client):
     tools = {t.name: t for t in (await client.list_tools()).tools}
     hit_schema = tools["recall"].output_schema["$defs"]["Hit"]
     assert hit_schema["properties"]["truncated"]["type"] == "boolean"
-    assert "truncated: true" in tools["recall"].description
+    assert "truncated: get_memory gives it whole" in tools["recall"].description
     assert "get_memory" in tools["recall"].description
 
 

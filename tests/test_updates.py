@@ -460,3 +460,22 @@ async def test_a_change_that_shares_only_a_name_names_nothing(server, old_text, 
         found = await hits(c, f"{who} allergic 过敏 {old_text}")
         assert old["id"] in {h["id"] for h in found}
         assert not any(h.get("may_be_replaced_by") for h in found)
+
+
+async def test_a_fact_replaced_across_languages_is_marked_partly_when_words_cannot_tell(server):
+    """A Chinese city-and-job memory, an English move; "Where do I live?" shares no word with
+    either: the newer memory goes first and the older says partly_replaced_by (it used to come
+    back alone and unmarked when the newer one's relevance fell short)."""
+    async with Client(server) as c:
+        old = (await call(c, "memorize", {"content": "我住在杭州，在设计公司做UI设计师"}))["id"]
+        new = (await call(c, "memorize", {"content": "I moved to Shanghai last month."}))["id"]
+        found = await hits(c, "Where do I live?")
+        assert [h["id"] for h in found][:2] == [new, old]
+        assert found[1].get("partly_replaced_by") == new and not found[1].get("replaced_by")
+        text = (await c.call_tool("recall", {"query": "Where do I live?"})).content[0].text
+        assert f',"partly_replaced_by":{new}' in text
+        job = {h["id"]: h for h in await hits(c, "我做什么工作？")}
+        assert old in job
+        assert not (job[old].get("replaced_by") or job[old].get("partly_replaced_by"))
+        context = (await call(c, "memory_context", {"topic": "Where do I live?"}))["text"]
+        assert f"[{old} partly replaced_by {new}]" in context
