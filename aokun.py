@@ -2277,8 +2277,8 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
                                  doc_tokens, seg.pinyin)
         kin = any(w in doc_tokens or _CJK.search(w) and w in content for w in q.get("kin", ()))
         cover = 1.0 if found or kin else None  # memory proves nothing (West Lake is 西湖)
-        evidence = (found or not names or script == "cjk" and not seg.names(content)) and (
-            q["personal"] or found or shared)  # a Chinese memory of someone else is not
+        evidence = (q["personal"] or found or shared) and (  # then the costly name tagging:
+            found or not names or script == "cjk" and not seg.names(content))  # another's
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
     rel = 0.0 if coef is not None and not evidence else calibrated_relevance(margin, cover, coef)
     return {"cosine": cos, "margin": margin, "cover": cover, "evidence": evidence,
