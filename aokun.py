@@ -2639,6 +2639,26 @@ class Rules:
         return bool(self._speaks_of_user.search(self._request.sub(" ", text))
                     or not self._asks.search(text))
 
+    def asks_of_user(self, query: str) -> bool:
+        """Whether a question speaks of the user (personal's words) and of no one else by a word of
+        rules/predicates.toml [subjects] ("my sister", "我朋友")."""
+        text = self._request.sub(" ", fold(query))
+        return bool(self._speaks_of_user.search(text)) and not self._other_subject.search(text)
+
+    def others_fact(self, text: str, people, seg) -> bool:
+        """Whether a memory states someone else's fact: it leads with a relative or friend ("User's
+        sister Hannah…", "我妹妹…") or a name (`people`, folded and lower-cased; a Chinese one jieba
+        tags, Segmenter.names) and speaks of the user nowhere after it ("Priya and I…" do not)."""
+        text = fold(text).lower().lstrip()
+        lead = SUBJECT_OWNER.match(text)
+        rest = text[lead.end():] if lead else text
+        who = self._other_subject.match(rest)
+        end = who.end() if who else next((len(p) for p in people if rest.startswith(p) and (
+            _CJK.search(p) or not rest[len(p):len(p) + 1].isalnum())), None)
+        if end is None and _CJK.match(rest):
+            end = next((len(n) for n in seg.names(rest[:10]) if rest.startswith(n)), None)
+        return end is not None and not self._speaks_of_user.search(rest[end:])
+
     def personal_memory(self, facts: list[str]) -> bool:
         """Whether a memory with these fact sentences is about the user or people (global) rather
         than about the work in its project, by rules/atoms.toml [scope]: naming the project makes it
@@ -5801,15 +5821,13 @@ class Recall:
         return frozenset(w for w, who in self.rules.slot_subject.items()
                          if who in kin - {None, "user", ""} and bool(_CJK.search(w)) != cjk)
 
-    def _names(self, text: str, persona_id: str | None) -> frozenset:
+    def _names(self, text: str, people) -> frozenset:
         """The names a question gives: query_names, the Chinese names jieba finds (Segmenter.names)
-        and the persona's people (graph person nodes) it holds or spells (朵朵; Li Xiang: 李想)."""
-        folded, people = fold(text).lower(), [] if persona_id is None else self.rows(
-            self.queries["recall_people"], {"persona_id": persona_id})
+        and the persona's `people` (folded, lower-cased) it holds or spells (Li Xiang: 李想)."""
+        folded = fold(text).lower()
         spelt = pinyin_spans(folded, self.seg.pinyin)
         return frozenset(query_names(text) | self.seg.names(text) | {
-            n for r in people if (n := fold(r["value"]).lower()) in folded and _CJK.search(n)
-            or n.replace(" ", "") in spelt})
+            n for n in people if n in folded and _CJK.search(n) or n.replace(" ", "") in spelt})
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and at
@@ -5819,11 +5837,14 @@ class Recall:
         stored = [] if q.vector is None else self.rows(
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
+        persona = q.params["persona_id"]
+        people = [] if persona is None else [fold(r["value"]).lower() for r in self.rows(
+            self.queries["recall_people"], {"persona_id": persona})]
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
-                 "names": self._names(q.text, q.params["persona_id"]), "text": fold(q.text),
+                 "names": self._names(q.text, people), "text": fold(q.text),
                  "kin": self._kin(q.tokens), "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
-        q.about = about
+        q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
         kept = {}
         for i in pool:
             if i not in docs:
@@ -5831,6 +5852,9 @@ class Recall:
             doc_tokens = set(docs[i]["segmented"].split())
             parts[i].update(hit_relevance(about, doc_tokens, vectors.get(i), coef, self.seg,
                                           docs[i]["content"]))
+            if coef and mine and parts[i]["evidence"] and self.rules.others_fact(
+                    docs[i]["content"], people, self.seg):  # "What am I allergic to?": not Priya's
+                parts[i].update(evidence=False, relevance=0.0)
             rel = parts[i]["relevance"]
             # made when a question of the user's days says ("what did I do yesterday?", "what
             # happened last week?"): the time is the relevance; "what's the weather today?" is not
@@ -7984,7 +8008,7 @@ class ConversationSearch:
                 ranked["vector"] = self._bounded_knn(key, self.queries[name], params, self.rows)
         hits = self._fuse_turns(ranked, vector, set(tokens), k, warnings,
                                 {"personal": self.rules.personal(query),
-                                 "names": self._names(query, None), "text": fold(query)},
+                                 "names": self._names(query, ()), "text": fold(query)},
                                 project, scope)
         if (note := self._watch_warning()) is not None:
             warnings.append(note)

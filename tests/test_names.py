@@ -100,6 +100,28 @@ async def test_a_relative_asked_in_english_meets_the_chinese_memory_of_them(clie
     assert got and got[0] == "用户的老婆是小学英语老师，每天七点出门。", got
 
 
+@pytest.mark.slow
+async def test_a_question_about_the_user_gets_no_named_persons_fact(client):
+    """The user's own fact or none, in either language and across: 林梅's and 王芳's allergies
+    and Zhang Wei's studies share the question's words or meaning, not its subject."""
+    for query in ("What am I allergic to?", "我对什么过敏？", "What do I study?",
+                  "我学的是什么专业？"):
+        got = await texts(client, query)
+        assert not any(t.startswith(("林梅", "王芳", "Li Xiang", "Zhang Wei")) for t in got), query
+    assert await texts(client, "我住在哪里？") == ["User lives in Chengdu with two cats."]
+    got = await texts(client, "谁对芒果过敏？")  # no one named: anyone's fact
+    assert got and got[0] == "王芳对芒果过敏。", got
+
+
+@pytest.mark.parametrize("text, others", [
+    ("Priya is allergic to penicillin.", True), ("User's sister Hannah lives in Seattle.", True),
+    ("王磊住在成都。", True), ("我妹妹住在成都", True), ("User lives in Portland.", False),
+    ("Priya and I went hiking.", False), ("Dinner with Priya on Friday", False),
+    ("我和妹妹去了成都", False), ("My wife and I moved to Lyon.", False)])
+def test_a_memory_that_leads_with_someone_else_is_their_fact(segmenter, text, others):
+    assert aokun.Rules(aokun.Config(None)).others_fact(text, ["priya"], segmenter) is others
+
+
 def test_jieba_tags_names_its_dictionary_lacks(segmenter):
     assert segmenter.names("阿杰现在在哪家公司上班？") == {"阿杰"}
     assert segmenter.names("王婷爱喝什么茶") == {"王婷"}

@@ -198,6 +198,8 @@ def test_a_name_meets_its_memory_by_word_or_by_pinyin(segmenter):
     ("帮我写一首诗", False), ("What is the capital of France?", False),
     ("程序员一般几点下班", False), ("hi", False), ("谢谢", False),
     ("business trip next Wednesday", True), ("杭州 出差", True),  # a search by topic
+    ("How long should I boil an egg?", False), ("我应该怎么学游泳？", False),  # anyone's how-to
+    ("What should I get my wife for her birthday?", True), ("理疗师建议我怎么缓解腰疼？", True),
 ])
 def test_whether_meaning_alone_may_answer_a_question(query, personal):
     assert aokun.Rules(aokun.Config(None)).personal(query) is personal
