@@ -2257,9 +2257,9 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     vector (None: none yet) and text for a question `q` (Recall._relevant's `about`), with its
     calibrated_relevance weights `coef` and the Segmenter `seg`. Across scripts cover is 1 when the
     memory holds a name the question gives (names_found), else None. Relevance is 0 without
-    evidence: a memory of no word (has_words), or sharing none with a question not about the user
-    ("tell me a joke"), or holding none of its names (unless an English question meets a Chinese
-    memory that names no one: West Lake is 西湖)."""
+    evidence: a memory of no word (has_words), or sharing under a third of a question not about
+    the user (by cover: "tell me a pun about cats"), or holding none of its names (unless an English
+    question meets a Chinese memory that names no one: West Lake is 西湖)."""
     vector, names = q["vector"], q["names"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(doc_tokens)
@@ -2270,7 +2270,7 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     margin = None if cos is None or q["background"] is None else cos - q["background"][script]
     if script == query_script(q["tokens"]):
         cover = shared
-        evidence = (found or not names) and (q["personal"] or found or shared)
+        evidence = (found or not names) and (q["personal"] or found or (shared or 0) >= 1 / 3)
     else:  # no word compares across scripts, but a name can (小雨 asked, Xiaoyu stored)
         if script == "latin":
             found |= names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},
