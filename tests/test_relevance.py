@@ -199,6 +199,7 @@ def test_a_name_meets_its_memory_by_word_or_by_pinyin(segmenter):
     ("程序员一般几点下班", False), ("hi", False), ("谢谢", False),
     ("business trip next Wednesday", True), ("杭州 出差", True),  # a search by topic
     ("How long should I boil an egg?", False), ("我应该怎么学游泳？", False),  # anyone's how-to
+    ("下周五有什么安排？", True),  # the user's plans
     ("What should I get my wife for her birthday?", True), ("理疗师建议我怎么缓解腰疼？", True),
 ])
 def test_whether_meaning_alone_may_answer_a_question(query, personal):
@@ -214,3 +215,15 @@ def test_a_question_about_someone_gets_their_fact_not_the_users(small):
     assert "Lin Mei is allergic to shellfish." in [h["text"] for h in hits]
     hits = small.recall("What am I allergic to?", k=5, persona_id=SMALL)["results"]
     assert hits and hits[0]["text"] == "User is allergic to penicillin."
+
+
+@pytest.mark.slow
+def test_asking_for_plans_of_a_day_finds_them_in_the_other_language(local_mem, monkeypatch):
+    """"下周五有什么安排" names no one, but asks for the user's plans: the English plan of that
+    day comes back (it came back empty: not about the user, no word shared across scripts)."""
+    monkeypatch.setenv("AOKUN_NOW", "2026-12-09T09:00:00Z")  # a Wednesday: 下周五 is the 18th
+    for text in ("Dentist appointment on Friday, December 18 at 3 pm.", "User likes oolong tea."):
+        local_mem.memorize(text, {"persona_id": "plans"})
+    hits = local_mem.recall("下周五有什么安排？", k=3, persona_id="plans")["results"]
+    assert [h["text"] for h in hits][:1] == ["Dentist appointment on Friday, December 18 at 3 pm."]
+    assert "User likes oolong tea." not in [h["text"] for h in hits]
