@@ -2488,6 +2488,7 @@ class Rules:
                                tuple(frozenset(p.get(k, ())) for k in ("not_category", "category")),
                                re.compile(self._expand(rx, defs)))
                               for p in predicates for rx in p.get("patterns", [])]
+        self.slot_asks = [(p["name"], re.compile(x)) for p in predicates for x in p.get("asks", [])]
         self.predicate_of: dict[str, str] = {}
         for p in predicates:
             for name in [p["name"], *p.get("aliases", [])]:
@@ -2644,6 +2645,10 @@ class Rules:
         rules/predicates.toml [subjects] ("my sister", "我朋友")."""
         text = self._request.sub(" ", fold(query))
         return bool(self._speaks_of_user.search(text)) and not self._other_subject.search(text)
+
+    def asked_slots(self, query: str) -> frozenset[str]:
+        """The single-valued slots whose question forms ([[predicates]] asks) `query` takes."""
+        return frozenset(name for name, rx in self.slot_asks if rx.search(fold(query)))
 
     def others_fact(self, text: str, people, seg) -> bool:
         """Whether a memory states someone else's fact: it leads with a relative or friend ("User's
@@ -5845,6 +5850,9 @@ class Recall:
                  "kin": self._kin(q.tokens), "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
+        slots = self.rules.asked_slots(q.text) if mine else ()
+        filled = {r["doc_id"] for r in self.rows(self.queries["recall_slots"], {
+            "ids": json.dumps(list(pool))}) if r["slot"].split(":")[0] in slots} if slots else ()
         kept = {}
         for i in pool:
             if i not in docs:
@@ -5855,6 +5863,9 @@ class Recall:
             if coef and mine and parts[i]["evidence"] and self.rules.others_fact(
                     docs[i]["content"], people, self.seg):  # "What am I allergic to?": not Priya's
                 parts[i].update(evidence=False, relevance=0.0)
+            elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
+                parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(
+                    parts[i]["margin"], 1.0, coef))
             rel = parts[i]["relevance"]
             # made when a question of the user's days says ("what did I do yesterday?", "what
             # happened last week?"): the time is the relevance; "what's the weather today?" is not

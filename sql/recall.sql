@@ -402,3 +402,10 @@ having gone is not null and live is not null;
 -- The persona's people (graph person nodes: memories' participants), whose names a question may
 -- give (Recall._names).
 select value from graph_nodes where persona_id = :persona_id and node_type = 'person';
+
+-- name: recall_slots
+-- The single-valued slots (rules/predicates.toml) that the user's current atoms of memories :ids
+-- fill (Recall._relevant: a question asking for one is answered by them whatever their words).
+select s.document_id as doc_id, a.slot from atom_sources s join memory_atoms a on a.id = s.atom_id
+where s.document_id in (select value from json_each(:ids)) and a.slot != '' and a.state = 'active'
+  and a.subject = 'user';

@@ -152,6 +152,29 @@ async def test_the_trial_across_languages_with_the_local_model(tmp_path, segment
             assert found[:2] == [(new, None), (old, new)], home
 
 
+@pytest.mark.slow
+async def test_a_question_for_a_slot_finds_the_current_value_in_other_words(tmp_path, segmenter):
+    """"我现在家在哪个区？" shares no word with "用户搬去了江北" and the local model's meaning is
+    weak: the question asks for the slot (lives_in) the newer memory's current atom fills."""
+    cfg = aokun.Config(None, overrides={("backup", "daily"): False,
+                                        ("backup", "dir"): str(tmp_path / "backups")})
+
+    def factory():
+        m = aokun.Memory(tmp_path / "m.db", cfg, embedder=aokun.LocalEmbedder())
+        m.seg = segmenter
+        return m
+    async with Client(aokun.build_server(factory, cfg)) as c:
+        home, job = "用户搬去了江北，离公司近一些。", "用户跳槽到了一家做游戏的公司。"
+        for text in ("用户住在渝中区，楼下就是火锅店。", "用户在一家银行做柜员。",
+                     "用户喜欢周末去爬山。", home, job):
+            await call(c, "memorize", {"content": text})
+        for query, current in (("我现在家在哪个区？", home), ("Where do I live these days?", home),
+                               ("我现在在哪上班？", job), ("Which company do I work for?", job)):
+            found = [h["text"] for h in await hits(c, query)]
+            assert found[:1] == [current], (query, found)
+            assert "用户喜欢周末去爬山。" not in found
+
+
 async def test_supersedes_of_a_two_fact_memory_marks_only_the_question_of_the_gone_one(server):
     async with Client(server) as c:
         old = (await call(c, "memorize", {
