@@ -636,14 +636,10 @@ def estimate_tokens(text: str) -> int:
 
 def chars_within(text: str, tokens: int) -> int:
     """The length of the longest start of `text` whose estimate_tokens is at most `tokens`."""
-    lo, hi = 0, len(text)
-    while lo < hi:  # estimate_tokens grows with the length: binary search
-        mid = (lo + hi + 1) // 2
-        if estimate_tokens(text[:mid]) <= tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    # estimate_tokens grows with the length: binary search
+    fits = bisect.bisect_right(range(len(text) + 1), tokens,
+                               key=lambda n: estimate_tokens(text[:n]))
+    return max(0, fits - 1)
 
 
 # Config ##########################################################################################
@@ -1014,10 +1010,7 @@ def readable_rows(conn: apsw.Connection, table: str, columns: list[str], failed:
 
 def migrations() -> list[tuple[int, Path]]:
     """[(number, path)] of schema/NNNN_*.sql, in order."""
-    found = []
-    for p in sorted(SCHEMA_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql")):
-        found.append((int(p.name[:4]), p))
-    return found
+    return [(int(p.name[:4]), p) for p in sorted(SCHEMA_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql"))]
 
 
 def schema_version_known() -> int:
@@ -1430,13 +1423,12 @@ def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int,
     picked: list[tuple] = []
     pool = list(candidates)
     sim = dict.fromkeys(pool, 0.0)  # max similarity to the picked set, updated with each pick
+
+    def marginal(c) -> float:
+        return lam * relevance[c] - (1 - lam) * sim[c]
     while pool and len(picked) < k:
-        best, best_score = None, -math.inf
-        for c in pool:
-            score = lam * relevance[c] - (1 - lam) * sim[c]
-            if score > best_score:
-                best, best_score = c, score
-        picked.append((best, best_score))
+        best = max(pool, key=marginal)
+        picked.append((best, marginal(best)))
         pool.remove(best)
         for c in pool:
             sim[c] = max(sim[c], jaccard(tokens[c], tokens[best]))
