@@ -2999,11 +2999,6 @@ class Store:
                            " puts back the newest backup, or {hint1} saves what is readable into "
                            "a new file", hints=[(f"restore {newest}", {"yes": True}), salvage])
 
-    def _invalidate(self) -> None:
-        """Count a change made outside tx() (the file's content replaced by restore_from): cached
-        recall answers are no longer used."""
-        self.epoch += 1
-
     @contextlib.contextmanager
     def foreground(self):
         """Mark a call someone waits for (an MCP tool call) in flight while the block runs: the
@@ -7006,7 +7001,7 @@ class Maintenance:
         with self.lock:
             migrate(self.conn)
         self._upgrade_vector_index()
-        self._invalidate()
+        self.epoch += 1  # a change outside tx(): cached recall answers are no longer used
         self._check_embedding_meta()
         return {"restored": str(src), "saved_previous": str(saved), **out}
 
