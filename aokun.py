@@ -2728,23 +2728,18 @@ class Prepared:
     deduplicated: bool = False
     warnings: list = field(default_factory=list)
     embedding_truncated: bool = False
-    # why the embedding provider refused this memory's text, if it did
-    embedding_error: str | None = None
-    # resumed from the journal at open: a failure is recorded, never raised
-    recovering: bool = False
+    embedding_error: str | None = None  # why the embedding provider refused its text, if it did
+    recovering: bool = False  # resumed from the journal at open: a failure is recorded, not raised
     error: Exception | None = None  # why a write that was not stored failed (status 'failed')
     stale: list = field(default_factory=list)  # memories whose vector context this write changed
-    # the metadata keys the caller gave (a repeat merges only those it said)
-    given: frozenset = frozenset()
-    # a repeat's changes to the stored memory, {field: [old, new]}
-    changed: dict = field(default_factory=dict)
+    given: frozenset = frozenset()  # the metadata keys the caller gave (a repeat merges only those)
+    changed: dict = field(default_factory=dict)  # a repeat's changes to it, {field: [old, new]}
     may_update: list = field(default_factory=list)  # [{id, preview}] this new memory may update
     spans: dict = field(default_factory=dict)  # Layers._event_spans: text -> its dates
 
     PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts",
                "participants", "tags", "sentiment", "source", "importance", "pinned", "created_at",
-               "content_hash", "facts")
-    PAYLOAD += ("supersedes", "project")
+               "content_hash", "facts", "supersedes", "project")
 
     def payload(self) -> str:
         """The PAYLOAD fields as JSON text: what recover() rebuilds the write from."""
