@@ -4183,6 +4183,7 @@ class Layers:
         each batch) stops quietly. `progress(done, None)` hears the vectors written so far."""
         if not self.vectors_usable:
             return 0
+        progress = progress or (lambda done, total: None)
         done, after = 0, 0
 
         def going() -> bool:
@@ -4201,8 +4202,7 @@ class Layers:
             if requeued:  # their vector text had a text refused just now: made again without it
                 after = min(after, min(requeued) - 1)
                 ids = None if ids is None else sorted({*ids, *requeued})
-            if progress:
-                progress(done, None)
+            progress(done, None)
             if any(v is None for v in out):
                 return done
         while ids is None and going():
@@ -4218,8 +4218,7 @@ class Layers:
                     if state == "pending":
                         self._put_entry_vector(entry_id, vec)
                         done += isinstance(vec, np.ndarray)
-            if progress:
-                progress(done, None)
+            progress(done, None)
             if any(v is None for _, v in pairs):
                 return done
         return done
@@ -6017,19 +6016,17 @@ class Briefing:
         ones, current KG facts; SQL only), read inside its write transaction. Returns the stored
         row. `progress(done, 2)` hears it built and stored."""
         persona = _label(persona_id, "persona_id")
-        if progress:
-            progress(0, 2)
+        progress = progress or (lambda done, total: None)
+        progress(0, 2)
         with self.tx() as c:
             text, ref = self._briefing_text(persona)
-            if progress:
-                progress(1, 2)
+            progress(1, 2)
             c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) "
                       "values (?, ?, ?, ?, 0) "
                       "on conflict(persona_id) do update set text = excluded.text, "
                       "tokens = excluded.tokens, generated_at = excluded.generated_at, stale = 0",
                       (persona, text, estimate_tokens(text), iso(ref)))
-        if progress:
-            progress(2, 2)
+        progress(2, 2)
         return self.rows("select * from briefings where persona_id = ?", (persona,))[0]
 
     def _briefing_text(self, persona: str, project: str = "") -> tuple[str, dt.datetime]:
@@ -6379,6 +6376,7 @@ class Forgetting:
         longest memory and archives the others (merged_into; restore_memory undoes it). Returns
         {clusters: [{survivor, members, texts}], dry_run}; `progress(done, total)`."""
         persona = _label(persona_id, "persona_id")
+        progress = progress or (lambda done, total: None)
         live = self.rows(self.queries["consolidate_documents"], {"persona_id": persona})
         docs = {d["id"]: d for d in live}
         # the words, not the labels
@@ -6393,8 +6391,7 @@ class Forgetting:
 
         use_vectors = self.vectors_usable and self.has_table("doc_vec")
         for n, i in enumerate(docs, 1):
-            if progress:
-                progress(n - 1, len(docs))
+            progress(n - 1, len(docs))
             pairs = self._near_duplicates(i, docs, tokens, persona, similarity, min_jaccard,
                                           use_vectors)
             for j in pairs:
@@ -6408,13 +6405,11 @@ class Forgetting:
             clusters.append({"survivor": survivor, "members": [m for m in members if m != survivor],
                              "texts": {m: _one_line(docs[m]["content"]) for m in members}})
         total = len(docs) + (0 if dry_run else len(clusters))
-        if progress:
-            progress(len(docs), total)
+        progress(len(docs), total)
         if not dry_run:
             for n, cl in enumerate(clusters, 1):
                 self._merge(cl["survivor"], cl["members"])
-                if progress:
-                    progress(len(docs) + n, total)
+                progress(len(docs) + n, total)
         return {"clusters": clusters, "dry_run": dry_run}
 
     def _merge(self, survivor: int, members: list[int]) -> None:
@@ -7140,6 +7135,7 @@ class Summarizer:
         `progress(done, 2)` hears the chat call and the store."""
         import httpx
 
+        progress = progress or (lambda done, total: None)
         llm = self.cfg.llm
         if not llm.base_url or not llm.model:
             raise AokunError("summarize_memory needs a chat endpoint: set [llm] base_url and model "
@@ -7147,8 +7143,7 @@ class Summarizer:
                              "base_url = https://api.deepseek.com/v1, model = deepseek-chat")
         transcript = conversation_text(conversation)
         key = self.cfg.secret("llm", "api_key", "api_key_env")
-        if progress:
-            progress(0, 2)
+        progress(0, 2)
         prompt = ("Distil this conversation into one long-term memory. Reply with JSON only: "
                   '{"summary": str, "topics": [str], "key_facts": [str], "participants": [str], '
                   '"sentiment": "positive"|"neutral"|"negative", "importance": number 0..1}. '
@@ -7173,15 +7168,13 @@ class Summarizer:
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise AokunError(f"the chat endpoint's reply is not the JSON asked for ({e}); "
                              "try another [llm] model") from None
-        if progress:
-            progress(1, 2)
+        progress(1, 2)
         meta = dict(metadata or {})
         meta.setdefault("source", "chat")
         for k in ("topics", "key_facts", "participants", "sentiment", "importance"):
             meta.setdefault(k, summary[k])
         stored = self.memorize(summary["summary"], meta)
-        if progress:
-            progress(2, 2)
+        progress(2, 2)
         return {"memory": stored, "summary": summary}
 
 
