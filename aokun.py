@@ -5035,8 +5035,7 @@ class KnowledgeGraph:
         eid = self._entity_id(persona, entity, "entity", False)
         if eid is None:
             raise NotFound(f"no entity {echo(clean_text(entity, 'entity'))} in the knowledge "
-                           "graph; "
-                           "{hint0} records facts about it", hints=[("kg add", {})])
+                           "graph; {hint0} records facts about it", hints=[("kg add", {})])
         return eid
 
     def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
@@ -5133,16 +5132,15 @@ class KnowledgeGraph:
     def _facts_for_text(self, text: str, persona: str, at: str, limit: int = 20) -> list[dict]:
         """Facts valid at `at` about entities whose canonical name is in Rules._key(`text`)."""
         folded = Rules._key(text)
-        out = []
+        out: dict[int, dict] = {}  # each fact once, in the order found
         for e in self.rows(self.queries["kg_entities_in_text"],
                            {"persona_id": persona, "text": folded}):
             facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona,
                                                             "entity_id": e["id"],
                                                             "as_of": at, "predicate": ""})
             for f in facts:
-                if f["id"] not in {x["id"] for x in out}:
-                    out.append(f)
-        return out[:limit]
+                out.setdefault(f["id"], f)
+        return list(out.values())[:limit]
 
 
 # Recall: channels, fusion, atoms, cache ##########################################################
@@ -6566,13 +6564,10 @@ class Maintenance:
         if (free := shutil.disk_usage(self.path.parent).free) < DISK_FULL_BYTES:
             problems.append(f"the disk holding {self.path} is full ({free:,} bytes free): "
                             "writes fail until space is freed")
-        for r in self.rows(self.queries["doctor_checks"]):
-            if r["n"]:
-                problems.append(f"{r['n']} {r['problem']}")
+        checks = self.rows(self.queries["doctor_checks"])
         if self.has_table("doc_vec"):
-            for r in self.rows(self.queries["doctor_vector_checks"]):
-                if r["n"]:
-                    problems.append(f"{r['n']} {r['problem']}")
+            checks += self.rows(self.queries["doctor_vector_checks"])
+        problems += [f"{r['n']} {r['problem']}" for r in checks if r["n"]]
         problems += self.hooks.problems(self)
         if self.vector_problem and self.embedder.provider != "none":
             problems.append(self.vector_problem)
