@@ -636,14 +636,10 @@ def estimate_tokens(text: str) -> int:
 
 def chars_within(text: str, tokens: int) -> int:
     """The length of the longest start of `text` whose estimate_tokens is at most `tokens`."""
-    lo, hi = 0, len(text)
-    while lo < hi:  # estimate_tokens grows with the length: binary search
-        mid = (lo + hi + 1) // 2
-        if estimate_tokens(text[:mid]) <= tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    # estimate_tokens grows with the length: binary search
+    fits = bisect.bisect_right(range(len(text) + 1), tokens,
+                               key=lambda n: estimate_tokens(text[:n]))
+    return max(0, fits - 1)
 
 
 # Config ##########################################################################################
@@ -822,8 +818,7 @@ def load_config(path: str | None = None, overrides: dict | None = None) -> Confi
 
 
 def database_path(cfg: Config, db: str | None = None) -> Path:
-    """--db, then $AOKUN_DB, then [storage] db (relative to the config file's folder), then
-    default_database(cfg)."""
+    """--db, else $AOKUN_DB, else [storage] db (cfg.resolve), else default_database(cfg)."""
     if db:
         return Path(db).expanduser().resolve()
     if os.environ.get("AOKUN_DB"):
@@ -1014,10 +1009,7 @@ def readable_rows(conn: apsw.Connection, table: str, columns: list[str], failed:
 
 def migrations() -> list[tuple[int, Path]]:
     """[(number, path)] of schema/NNNN_*.sql, in order."""
-    found = []
-    for p in sorted(SCHEMA_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql")):
-        found.append((int(p.name[:4]), p))
-    return found
+    return [(int(p.name[:4]), p) for p in sorted(SCHEMA_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql"))]
 
 
 def schema_version_known() -> int:
@@ -1140,8 +1132,7 @@ def unusable_rows(m) -> "np.ndarray":
 
 
 def usable_query_vector(v: "np.ndarray") -> "np.ndarray":
-    """`v`, a query vector, when it can be compared; EmbeddingError when it is NaN, infinite or
-    zero."""
+    """`v` (a query vector) when it can be compared; EmbeddingError when NaN, infinite or zero."""
     if unusable_rows(v).any():
         raise EmbeddingError("the embedding provider returned an unusable query vector "
                              "(NaN, infinite or all zeros)")
@@ -1430,13 +1421,12 @@ def mmr(candidates: list, relevance: dict, tokens: dict[object, set], k: int,
     picked: list[tuple] = []
     pool = list(candidates)
     sim = dict.fromkeys(pool, 0.0)  # max similarity to the picked set, updated with each pick
+
+    def marginal(c) -> float:
+        return lam * relevance[c] - (1 - lam) * sim[c]
     while pool and len(picked) < k:
-        best, best_score = None, -math.inf
-        for c in pool:
-            score = lam * relevance[c] - (1 - lam) * sim[c]
-            if score > best_score:
-                best, best_score = c, score
-        picked.append((best, best_score))
+        best = max(pool, key=marginal)
+        picked.append((best, marginal(best)))
         pool.remove(best)
         for c in pool:
             sim[c] = max(sim[c], jaccard(tokens[c], tokens[best]))
@@ -2396,8 +2386,7 @@ def entity_uid(persona_id: str, canonical: str) -> str:
 
 
 def atom_uid(persona_id: str, document_uid: str, content: str) -> str:
-    """The uid of the atom memory `document_uid` of `persona_id` states as `content`: a uuid5 of the
-    three, the same on every device."""
+    """The atom's uid: a uuid5 of persona, memory uid and content, the same on every device."""
     key = "\x1f".join((persona_id, document_uid, content.strip()))
     return str(uuid.uuid5(ATOM_UID_NAMESPACE, key))
 
@@ -2764,27 +2753,21 @@ class Prepared:
     deduplicated: bool = False
     warnings: list = field(default_factory=list)
     embedding_truncated: bool = False
-    # why the embedding provider refused this memory's text, if it did
-    embedding_error: str | None = None
-    # resumed from the journal at open: a failure is recorded, never raised
-    recovering: bool = False
+    embedding_error: str | None = None  # why the embedding provider refused its text, if it did
+    recovering: bool = False  # resumed from the journal at open: a failure is recorded, not raised
     error: Exception | None = None  # why a write that was not stored failed (status 'failed')
     stale: list = field(default_factory=list)  # memories whose vector context this write changed
-    # the metadata keys the caller gave (a repeat merges only those it said)
-    given: frozenset = frozenset()
-    # a repeat's changes to the stored memory, {field: [old, new]}
-    changed: dict = field(default_factory=dict)
+    given: frozenset = frozenset()  # the metadata keys the caller gave (a repeat merges only those)
+    changed: dict = field(default_factory=dict)  # a repeat's changes to it, {field: [old, new]}
     may_update: list = field(default_factory=list)  # [{id, preview}] this new memory may update
     spans: dict = field(default_factory=dict)  # Layers._event_spans: text -> its dates
 
     PAYLOAD = ("content", "persona_id", "session_id", "summary", "topics", "key_facts",
                "participants", "tags", "sentiment", "source", "importance", "pinned", "created_at",
-               "content_hash", "facts")
-    PAYLOAD += ("supersedes", "project")
+               "content_hash", "facts", "supersedes", "project")
 
     def payload(self) -> str:
-        """The journal payload: the PAYLOAD fields as JSON text (what recover() rebuilds the write
-        from)."""
+        """The PAYLOAD fields as JSON text: what recover() rebuilds the write from."""
         return json.dumps({k: getattr(self, k) for k in self.PAYLOAD}, ensure_ascii=False)
 
 
@@ -2796,9 +2779,8 @@ METADATA_FIELDS = {"summary", "topics", "key_facts", "participants", "sentiment"
 
 
 def _text_list(value, name: str) -> list[str]:
-    """A list metadata field as stored: items clean_text()ed, cut to MAX_ITEM_CHARS, empty ones
-    dropped, equal-once-folded ones kept once; a string is a list of one. InputError naming `name`
-    or `name[i]`."""
+    """A list metadata field as stored (a string is a list of one): items clean_text()ed, cut to
+    MAX_ITEM_CHARS, empty and fold()-equal repeats dropped. InputError naming `name`/`name[i]`."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -2979,8 +2961,7 @@ class Store:
 
     @contextlib.contextmanager
     def sqlite_errors(self):
-        """Turn SQLite's errors about the file into what a user can act on: DamagedFile (recorded)
-        or DiskFull; others pass."""
+        """SQLite's errors about the file as DamagedFile (recorded) or DiskFull; others pass."""
         try:
             yield
         except apsw.Error as e:
@@ -3005,8 +2986,7 @@ class Store:
 
     @property
     def damage(self) -> str | None:
-        """Why the file is damaged (what SQLite said), found here or by another process (the
-        marker), or None."""
+        """What SQLite said of the damage, found here or by another process (marker), or None."""
         if self._damage is None and self.damage_marker.exists():
             with contextlib.suppress(OSError):
                 self._damage = self.damage_marker.read_text(encoding="utf-8")[:200] or "damaged"
@@ -3031,11 +3011,6 @@ class Store:
         return DamagedFile(f"database {self.path} is damaged ({why}); writes are refused: {{hint0}}"
                            " puts back the newest backup, or {hint1} saves what is readable into "
                            "a new file", hints=[(f"restore {newest}", {"yes": True}), salvage])
-
-    def _invalidate(self) -> None:
-        """Count a change made outside tx() (the file's content replaced by restore_from): cached
-        recall answers are no longer used."""
-        self.epoch += 1
 
     @contextlib.contextmanager
     def foreground(self):
@@ -3189,14 +3164,12 @@ class Vectors:
 
     @property
     def vectors_usable(self) -> bool:
-        """True when an embedder is configured and the stored vectors fit it (see
-        vector_problem)."""
+        """True when an embedder is configured and the stored vectors fit it (vector_problem)."""
         return self.embedder.provider != "none" and self.vector_problem is None
 
     def _check_embedding_meta(self) -> None:
-        """Record provider/model/dim on first use; with another model or dim, set `vector_problem`
-        (recall degrades to keywords), log the re-embed command and leave every row; a match clears
-        it."""
+        """Record provider/model/dim on first use; another model or dim sets `vector_problem`
+        (recall degrades to keywords; logged with the re-embed command), a match clears it."""
         self.vector_problem = None
         e = self.embedder
         if e.provider == "none":
@@ -3220,9 +3193,8 @@ class Vectors:
             log.error("%s", self.vector_problem)
 
     def _upgrade_vector_index(self) -> None:
-        """Files before schema 6 keep float vectors inside vec0: copy them into
-        doc_vectors/graph_vectors and rebuild the binary index, in one transaction. Data step 1
-        (DATA_STEPS); also run on a restored file."""
+        """Data step 1 (also after a restore): float vectors inside vec0 (files before schema 6)
+        move into doc_vectors/graph_vectors and the binary index is rebuilt, in one transaction."""
         def old_layout() -> bool:
             doc_vec_sql = self.value("select sql from sqlite_master where name = 'doc_vec'")
             return "float[" in (doc_vec_sql or "")
@@ -3264,8 +3236,7 @@ class Vectors:
         return True
 
     def _compact_vectors_in_tx(self) -> int:
-        """_compact_vectors' work: float32 rows of doc_vectors/graph_vectors become int8 (the binary
-        index keeps its signs). Returns how many. In tx."""
+        """_compact_vectors' work: how many float32 vectors it made int8. In tx."""
         dim, n = self.meta_get("embedding_dim"), 0
         if dim:
             for table, key in (("doc_vectors", "doc_id"), ("graph_vectors", "entry_id")):
@@ -3298,8 +3269,7 @@ class Vectors:
         return True
 
     def _vector_tables_in_tx(self, dim: int) -> None:
-        """Record the embedder's provider/model/dim in meta and create the vec0 tables for `dim`.
-        In tx."""
+        """Record the embedder's provider/model/dim in meta, create the vec0 tables. In tx."""
         self._meta_set("embedding_provider", self.embedder.provider)
         self._meta_set("embedding_model", self.embedder.model)
         self._meta_set("embedding_dim", dim)
@@ -3407,10 +3377,9 @@ class Vectors:
         return ids
 
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
-        """The input of _stage_docs, computed before its transaction: {id(p): the memory's
-        contextual vector, or None (provider none or failing)}. A text the provider refuses is no
-        one's context: the inserts that had it in theirs are embedded again without it, round after
-        round until no refusal changes a text."""
+        """_stage_docs' input, computed before its transaction: {id(p): the contextual vector or
+        None (provider none or failing)}. A text the provider refuses is no one's context: inserts
+        that had it are embedded again without it until no refusal changes a text."""
         if not self.vectors_usable:
             return {id(p): None for p in todo}
         batch: dict = {}  # this batch's inserts per session, [(created_at, position, content)]
@@ -3460,9 +3429,8 @@ class Vectors:
                                  [*p.topics, *p.tags, p.sentiment])
 
     def _fact_text_vectors(self, todo: list[Prepared]) -> dict:
-        """The vectors of the fact texts writes `todo` will give their graph entries, computed
-        before their transaction: {Rules._key(text): vector, refusal str or None}, one per distinct
-        text."""
+        """The vectors of the graph entries' fact texts of writes `todo`, before their transaction:
+        {Rules._key(text): vector, refusal str or None}, one per distinct text."""
         known, todo_texts = {}, {}
         for p in todo:
             for fact in list(dict.fromkeys(p.facts))[:GRAPH_MAX_FACTS]:
@@ -3481,8 +3449,7 @@ class Vectors:
         return known
 
     def _fact_vectors(self, todo: list[Prepared]) -> dict:
-        """The input of _stage_graph_vectors: {"entries": [(entry id, vector, refusal or None)]} of
-        the writes' pending graph entries (_entry_vectors)."""
+        """_stage_graph_vectors' input: {"entries": _entry_vectors of the writes' pending ones}."""
         ids = [p.document_id for p in todo]
         return {"entries": self._entry_vectors("pending_entries_of_documents", ids,
                                                todo[0].warnings)}
@@ -3534,8 +3501,7 @@ class Vectors:
                           {"id": row_id, "embedding": blob_vector(stored).tobytes()})
 
     def _maybe_center(self) -> None:
-        """Fix the quantisation centre once CENTER_AFTER document vectors exist (see
-        sql/vectors.sql). In tx."""
+        """Fix the quantisation centre (sql/vectors.sql) at CENTER_AFTER vectors. In tx."""
         if self.value("select 1 from meta where key = 'vector_center'") is None and \
                 self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
             self._recenter()
@@ -3568,8 +3534,7 @@ class Vectors:
         self._reindex_vectors()
 
     def _reindex_vectors(self) -> None:
-        """Rebuild both binary vec0 indexes from the stored int8 vectors (after the centre
-        changes). In tx."""
+        """Rebuild both binary vec0 indexes from the stored int8 vectors (new centre). In tx."""
         c = self.conn
         c.execute("delete from doc_vec")
         c.execute("delete from graph_vec")
@@ -3610,16 +3575,14 @@ class Vectors:
             "where embedding_state = 'pending' and embedding_error is null)"))
 
     def wait_refresh(self) -> None:
-        """Wait until the successors' vectors queued by earlier writes are refreshed (close() calls
-        it)."""
+        """Wait until the successors' vectors queued by earlier writes are refreshed (close())."""
         with self._refresh_lock:
             worker = self._refresher
         if worker is not None:
             worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
 
     def _stop_refresher(self) -> None:
-        """Memory.close's step after wait_refresh: stop the refresh worker; a refresh queued later
-        does nothing (conn_closed)."""
+        """Memory.close's step after wait_refresh: stop the refresh worker (later ones: no-op)."""
         if self._refresher is not None:
             self._refresher.shutdown()
             self._refresher = None
@@ -3944,8 +3907,7 @@ class Layers:
                           (left, expires, doc_id, other, now_iso(), atom_id))
 
     def _drop_atom_in_tx(self, uid: str) -> None:
-        """Delete atom `uid` (if here) with its FTS row and sources; what it superseded keeps its
-        state, superseded by nothing. In tx."""
+        """Delete atom `uid` (if here), its FTS row and sources; what it superseded stays. In tx."""
         atom_id = self.value("select id from memory_atoms where uid = ?", (uid,))
         if atom_id is not None:
             c = self.conn
@@ -3956,8 +3918,7 @@ class Layers:
             c.execute("delete from memory_atoms where id = ?", (atom_id,))
 
     def _graph_node(self, persona_id: str, node_type: str, value: str) -> tuple[int, str]:
-        """(id, shown value) of the persona's graph node `value` of `node_type`, made when new.
-        In tx."""
+        """(id, shown value) of the persona's `node_type` node `value`, made when new. In tx."""
         if node_type == "fact":
             shown, canonical = value, Rules._key(value)
         else:
@@ -4057,8 +4018,7 @@ class Layers:
                       (nid, nid, nid, nid))
 
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
-        """Stage 4 of a write: the vectors of its pending graph entries from vectors['entries'];
-        those without one stay 'pending'. In tx."""
+        """Stage 4: vectors['entries'] for p's pending graph entries (else pending). In tx."""
         if "facts" in vectors:  # the one-transaction pipeline: fact vectors computed before it
             vectors = {"entries": self._entry_vectors("pending_entries_of_documents",
                                                       [p.document_id], p.warnings,
@@ -4074,15 +4034,13 @@ class Layers:
 
     def _graph_context(self, persona_id: str, session_id: str, created_at: str,
                        doc_id: int) -> str:
-        """The end (context_chars) of the memories before a stored memory in its session: the
-        keyword text of its anchor entry."""
+        """The anchor entry's context: the end (context_chars) of the session before the memory."""
         before = self._session_context(persona_id, session_id, created_at, doc_id)
         context = "\n".join(c for _, c in before)
         return context[-self.cfg.embedding.context_chars:].lstrip()
 
     def _refresh_graph_context(self, ids) -> None:
-        """After a change: the anchor entries of memories `ids` get the keyword text of their new
-        session context (no embedding). In tx."""
+        """Give memories `ids`' anchor entries their new session context (no embedding). In tx."""
         for i in dict.fromkeys(ids):
             d = self.rows("select persona_id, session_id, created_at, summary, content, key_facts, "
                           "participants, topics from documents where id = ?", (i,))
@@ -4143,8 +4101,7 @@ class Layers:
                         GRAPH_LAYOUT, len(docs), len(gone))
 
     def _upgrade_graph_entries_of(self, docs: list[int]) -> None:
-        """_upgrade_graph_entries' rewrite of memories `docs` (deleted meanwhile: skipped). In
-        tx."""
+        """_upgrade_graph_entries' rewrite of memories `docs` (deleted ones skipped). In tx."""
         for i in docs:
             d = self.rows("select content, key_facts, participants, topics from documents "
                           "where id = ?", (i,))
@@ -4234,8 +4191,7 @@ class Layers:
             self._refresher.submit(self._refresh_now, ids)
 
     def _refresh_now(self, ids: list[int]) -> None:
-        """_refresh_stale's work (on its worker thread); never raises (a failure is logged, the rows
-        stay 'pending' for the back-fill)."""
+        """_refresh_stale's work (its thread): a failure is logged, rows stay 'pending'."""
         try:
             if not self.conn_closed:
                 self.backfill_vectors(ids=ids)
@@ -4252,6 +4208,7 @@ class Layers:
         each batch) stops quietly. `progress(done, None)` hears the vectors written so far."""
         if not self.vectors_usable:
             return 0
+        progress = progress or (lambda done, total: None)
         done, after = 0, 0
 
         def going() -> bool:
@@ -4270,8 +4227,7 @@ class Layers:
             if requeued:  # their vector text had a text refused just now: made again without it
                 after = min(after, min(requeued) - 1)
                 ids = None if ids is None else sorted({*ids, *requeued})
-            if progress:
-                progress(done, None)
+            progress(done, None)
             if any(v is None for v in out):
                 return done
         while ids is None and going():
@@ -4287,8 +4243,7 @@ class Layers:
                     if state == "pending":
                         self._put_entry_vector(entry_id, vec)
                         done += isinstance(vec, np.ndarray)
-            if progress:
-                progress(done, None)
+            progress(done, None)
             if any(v is None for _, v in pairs):
                 return done
         return done
@@ -4436,8 +4391,7 @@ class Journal:
         return redact(text, self.secret_patterns, counts) if text else text
 
     def redact_fields(self, values: dict, names, counts: dict | None = None) -> dict:
-        """A copy of `values` with its text fields `names` redacted (a text or each of a list);
-        `counts` as for redact()."""
+        """A copy of `values` with its text fields `names` (a text or a list) redacted; `counts`."""
         out = dict(values)
         for k in names & out.keys():
             v = out[k]
@@ -5034,8 +4988,7 @@ class KnowledgeGraph:
         return eid
 
     def single_valued(self, predicate: str) -> bool:
-        """True when rules/predicates.toml makes `predicate` single-valued (a new object closes the
-        old fact)."""
+        """Whether `predicate` is single-valued in rules/predicates.toml (a new object ends it)."""
         return predicate in {p[0] for p in self.rules.slot_patterns}
 
     def kg_add(self, subject, predicate, object, valid_from=None, valid_to=None, confidence=1.0,
@@ -5103,13 +5056,11 @@ class KnowledgeGraph:
         return rows[0]
 
     def _entity(self, persona: str, entity) -> int:
-        """The id of entity `entity` of `persona` (aliases resolved). NotFound when there is none,
-        also when only another persona has it."""
+        """The id of `persona`'s entity `entity` (aliases resolved). NotFound when it has none."""
         eid = self._entity_id(persona, entity, "entity", False)
         if eid is None:
             raise NotFound(f"no entity {echo(clean_text(entity, 'entity'))} in the knowledge "
-                           "graph; "
-                           "{hint0} records facts about it", hints=[("kg add", {})])
+                           "graph; {hint0} records facts about it", hints=[("kg add", {})])
         return eid
 
     def kg_query(self, entity, as_of=None, predicate=None, persona_id=None) -> dict:
@@ -5204,19 +5155,17 @@ class KnowledgeGraph:
         return self.rows(self.queries["kg_stats"], {"persona_id": persona, "now": now_iso()})[0]
 
     def _facts_for_text(self, text: str, persona: str, at: str, limit: int = 20) -> list[dict]:
-        """Facts valid at `at` about entities whose canonical name occurs in `text` (folded like
-        one: Rules._key)."""
+        """Facts valid at `at` about entities whose canonical name is in Rules._key(`text`)."""
         folded = Rules._key(text)
-        out = []
+        out: dict[int, dict] = {}  # each fact once, in the order found
         for e in self.rows(self.queries["kg_entities_in_text"],
                            {"persona_id": persona, "text": folded}):
             facts = self.rows(self.queries["kg_facts_at"], {"persona_id": persona,
                                                             "entity_id": e["id"],
                                                             "as_of": at, "predicate": ""})
             for f in facts:
-                if f["id"] not in {x["id"] for x in out}:
-                    out.append(f)
-        return out[:limit]
+                out.setdefault(f["id"], f)
+        return list(out.values())[:limit]
 
 
 # Recall: channels, fusion, atoms, cache ##########################################################
@@ -5446,8 +5395,7 @@ class Recall:
 
     def warm_recall(self) -> None:
         """Load what a process's first recalls would: the embedding model, pypinyin, jieba's name
-        tagger, each channel worker's connection and pages, the relevance anchors. Writes nothing;
-        yields to tools."""
+        tagger, channel workers' connections and pages, relevance anchors; yields to tools."""
         text = (self.value("select content from documents order by id desc limit 1")
                 or "warm up 预热")[:200]
         v = self._query_vector(text).astype(np.float32) if self.vectors_usable else None
@@ -6101,19 +6049,17 @@ class Briefing:
         ones, current KG facts; SQL only), read inside its write transaction. Returns the stored
         row. `progress(done, 2)` hears it built and stored."""
         persona = _label(persona_id, "persona_id")
-        if progress:
-            progress(0, 2)
+        progress = progress or (lambda done, total: None)
+        progress(0, 2)
         with self.tx() as c:
             text, ref = self._briefing_text(persona)
-            if progress:
-                progress(1, 2)
+            progress(1, 2)
             c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) "
                       "values (?, ?, ?, ?, 0) "
                       "on conflict(persona_id) do update set text = excluded.text, "
                       "tokens = excluded.tokens, generated_at = excluded.generated_at, stale = 0",
                       (persona, text, estimate_tokens(text), iso(ref)))
-        if progress:
-            progress(2, 2)
+        progress(2, 2)
         return self.rows("select * from briefings where persona_id = ?", (persona,))[0]
 
     def _briefing_text(self, persona: str, project: str = "") -> tuple[str, dt.datetime]:
@@ -6351,9 +6297,8 @@ class Forgetting:
         return steps
 
     def _run_steps(self, steps, dry_run: bool, persona: str | None = None) -> tuple:
-        """Run maintenance steps, each in its own transaction, or for a dry run all in one that is
-        rolled back. Returns (snapshot before, after), of persona `persona` only for a dry run that
-        names one."""
+        """Run maintenance steps, each in its own transaction (a dry run: all in one, rolled back).
+        Returns (snapshot before, after), of `persona` only when a dry run names one."""
         with self.lock:
             before = self._snapshot(persona if dry_run else None)
             if dry_run:
@@ -6406,9 +6351,8 @@ class Forgetting:
         return {"atoms": self._changes(before, after)["atoms"], "dry_run": dry_run}
 
     def forget_preview(self, days: int = 7, persona_id: str | None = None) -> dict:
-        """What decay, auto-archival and the atom lifecycle would do by `days` days from now to
-        persona `persona_id`'s memories and atoms, in a rolled-back transaction. Returns {as_of,
-        days, importance, archived, atoms}."""
+        """What decay, auto-archival and the atom lifecycle would do in `days` days to the persona's
+        memories and atoms (rolled back): {as_of, days, importance, archived, atoms}."""
         persona = _label(persona_id, "persona_id")
         if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= DECAY_DAYS_MAX:
             raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, "
@@ -6465,6 +6409,7 @@ class Forgetting:
         longest memory and archives the others (merged_into; restore_memory undoes it). Returns
         {clusters: [{survivor, members, texts}], dry_run}; `progress(done, total)`."""
         persona = _label(persona_id, "persona_id")
+        progress = progress or (lambda done, total: None)
         live = self.rows(self.queries["consolidate_documents"], {"persona_id": persona})
         docs = {d["id"]: d for d in live}
         # the words, not the labels
@@ -6479,8 +6424,7 @@ class Forgetting:
 
         use_vectors = self.vectors_usable and self.has_table("doc_vec")
         for n, i in enumerate(docs, 1):
-            if progress:
-                progress(n - 1, len(docs))
+            progress(n - 1, len(docs))
             pairs = self._near_duplicates(i, docs, tokens, persona, similarity, min_jaccard,
                                           use_vectors)
             for j in pairs:
@@ -6494,13 +6438,11 @@ class Forgetting:
             clusters.append({"survivor": survivor, "members": [m for m in members if m != survivor],
                              "texts": {m: _one_line(docs[m]["content"]) for m in members}})
         total = len(docs) + (0 if dry_run else len(clusters))
-        if progress:
-            progress(len(docs), total)
+        progress(len(docs), total)
         if not dry_run:
             for n, cl in enumerate(clusters, 1):
                 self._merge(cl["survivor"], cl["members"])
-                if progress:
-                    progress(len(docs) + n, total)
+                progress(len(docs) + n, total)
         return {"clusters": clusters, "dry_run": dry_run}
 
     def _merge(self, survivor: int, members: list[int]) -> None:
@@ -6657,13 +6599,10 @@ class Maintenance:
         if (free := shutil.disk_usage(self.path.parent).free) < DISK_FULL_BYTES:
             problems.append(f"the disk holding {self.path} is full ({free:,} bytes free): "
                             "writes fail until space is freed")
-        for r in self.rows(self.queries["doctor_checks"]):
-            if r["n"]:
-                problems.append(f"{r['n']} {r['problem']}")
+        checks = self.rows(self.queries["doctor_checks"])
         if self.has_table("doc_vec"):
-            for r in self.rows(self.queries["doctor_vector_checks"]):
-                if r["n"]:
-                    problems.append(f"{r['n']} {r['problem']}")
+            checks += self.rows(self.queries["doctor_vector_checks"])
+        problems += [f"{r['n']} {r['problem']}" for r in checks if r["n"]]
         problems += self.hooks.problems(self)
         if self.vector_problem and self.embedder.provider != "none":
             problems.append(self.vector_problem)
@@ -6757,9 +6696,8 @@ class Maintenance:
         return made
 
     def _swap_in_new_vectors(self, progress=None) -> tuple[int, int, str]:
-        """_rebuild_vectors for another model or dim: embed everything into temp tables, swapped in
-        when at least as many as the stored vectors. Returns (vectors made, texts refused, what
-        happened to the old vectors)."""
+        """_rebuild_vectors for another model or dim: everything embedded into temp tables, swapped
+        in when at least as many as stored. Returns (made, refused, what befell the old vectors)."""
         with self.lock:
             self.conn.execute("create temp table if not exists new_doc_vectors("
                               "doc_id integer primary key, embedding blob not null, "
@@ -6866,8 +6804,7 @@ class Maintenance:
         return blob is not None
 
     def _rebuild_graph(self) -> int:
-        """rebuild --graph: re-derive atoms and graph of every document through the journal (edit
-        rows from docs_done). Returns how many documents."""
+        """rebuild --graph: every document's atoms and graph again, journalled; returns how many."""
         stamp, preps = now_iso(), []
         fields = ("summary", "topics", "participants", "tags", "sentiment", "source", "importance",
                   "session_id", "persona_id", "key_facts")
@@ -6896,9 +6833,8 @@ class Maintenance:
                 "wal_truncated": not busy and wal_frames == 0}
 
     def purge(self, persona_id=None) -> dict:
-        """Leave no deleted text in the file or its WAL: rebuild the persona's briefing, then
-        vacuum() (FTS merge, VACUUM, checkpoint). Backups keep what they hold. Returns vacuum()'s
-        answer."""
+        """Leave no deleted text in the file or its WAL (backups keep theirs): the persona's
+        briefing rebuilt, then vacuum() (FTS merge, VACUUM, checkpoint), whose answer it returns."""
         persona = _label(persona_id, "persona_id")
         if self.value("select 1 from briefings where persona_id = ?", (persona,)):
             self.build_briefing(persona)
@@ -7049,7 +6985,7 @@ class Maintenance:
         with self.lock:
             migrate(self.conn)
         self._upgrade_vector_index()
-        self._invalidate()
+        self.epoch += 1  # a change outside tx(): cached recall answers are no longer used
         self._check_embedding_meta()
         return {"restored": str(src), "saved_previous": str(saved), **out}
 
@@ -7220,8 +7156,7 @@ def conversation_text(conversation) -> str:
 
 
 class Summarizer:
-    """summarize_memory: one structured memory from a conversation, through an OpenAI-compatible
-    chat endpoint ([llm])."""
+    """summarize_memory: a conversation as one memory, by an OpenAI-compatible chat ([llm])."""
 
     def summarize_memory(self, conversation, metadata: dict | None = None, progress=None) -> dict:
         """Turn a conversation ([{role, content}] or text) into one memory through the [llm] chat
@@ -7230,6 +7165,7 @@ class Summarizer:
         `progress(done, 2)` hears the chat call and the store."""
         import httpx
 
+        progress = progress or (lambda done, total: None)
         llm = self.cfg.llm
         if not llm.base_url or not llm.model:
             raise AokunError("summarize_memory needs a chat endpoint: set [llm] base_url and model "
@@ -7237,8 +7173,7 @@ class Summarizer:
                              "base_url = https://api.deepseek.com/v1, model = deepseek-chat")
         transcript = conversation_text(conversation)
         key = self.cfg.secret("llm", "api_key", "api_key_env")
-        if progress:
-            progress(0, 2)
+        progress(0, 2)
         prompt = ("Distil this conversation into one long-term memory. Reply with JSON only: "
                   '{"summary": str, "topics": [str], "key_facts": [str], "participants": [str], '
                   '"sentiment": "positive"|"neutral"|"negative", "importance": number 0..1}. '
@@ -7263,15 +7198,13 @@ class Summarizer:
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise AokunError(f"the chat endpoint's reply is not the JSON asked for ({e}); "
                              "try another [llm] model") from None
-        if progress:
-            progress(1, 2)
+        progress(1, 2)
         meta = dict(metadata or {})
         meta.setdefault("source", "chat")
         for k in ("topics", "key_facts", "participants", "sentiment", "importance"):
             meta.setdefault(k, summary[k])
         stored = self.memorize(summary["summary"], meta)
-        if progress:
-            progress(2, 2)
+        progress(2, 2)
         return {"memory": stored, "summary": summary}
 
 
@@ -7295,8 +7228,7 @@ class IngestInterrupted(Exception):
 
 @dataclass(frozen=True)
 class IngestRules:
-    """One rules/ingest/<source>.toml, checked and compiled (its header comment documents the
-    keys)."""
+    """One rules/ingest/<source>.toml, checked and compiled (its header documents the keys)."""
     source: str
     format: str  #: jsonl or chatgpt
     location: str  #: the client's history, a glob (~ expanded)
@@ -7420,8 +7352,7 @@ def shape_turn(text: str, rules: IngestRules) -> str | None:
 
 
 def turn_time(value, fallback: str) -> str:
-    """A record's time as column text: ISO-8601 text, or epoch seconds (ChatGPT); `fallback`
-    when it is missing or unreadable."""
+    """A record's time (ISO-8601, or epoch seconds: ChatGPT) as column text, else `fallback`."""
     if isinstance(value, bool) or value in (None, ""):
         return fallback
     try:
@@ -7561,8 +7492,7 @@ def read_chatgpt_export(path: Path) -> bytes:
 
 
 def _past_newline(f) -> bytes | None:
-    """Read binary file `f` on to the next newline, a chunk at a time, dropping what it reads: the
-    bytes after it, or None at the end."""
+    """Read binary file `f` past its next newline: the bytes read after it, or None at the end."""
     while chunk := f.read(INGEST_CHUNK_BYTES):
         nl = chunk.find(b"\n")
         if nl >= 0:
@@ -7603,8 +7533,7 @@ class Conversations:
     apart from the memories; every text passes redact() first."""
 
     def ingest_rules(self, source: str) -> IngestRules:
-        """The rules of `source` ([conversations] rules_dir/<source>.toml). InputError for an
-        unknown source."""
+        """[conversations] rules_dir/<source>.toml. InputError for an unknown source."""
         if source not in CONVERSATION_SOURCES:
             raise InputError("source", f"unknown source {echo(source)}; "
                                        f"choose from {', '.join(CONVERSATION_SOURCES)}")
@@ -7686,8 +7615,7 @@ class Conversations:
         return {r.pop("path"): r for r in rows}
 
     def _file_state(self, path: Path, persona: str, source: str) -> dict | None:
-        """How far `source` has read `path` for `persona` (its conv_files row), or None: each source
-        keeps its own progress in a file (schema 17)."""
+        """How far `source` has read `path` for `persona` (its own conv_files row), or None."""
         rows = self.rows("select * from conv_files "
                          "where persona_id = ? and source = ? and path = ?",
                          (persona, source, str(path)))
@@ -7818,8 +7746,7 @@ class Conversations:
 
     @staticmethod
     def _session_key_uid(persona: str, source: str, session_id: str) -> str:
-        """The tombstone uid (a hash) that marks session (persona, source, session id) deleted, so a
-        new file holding it does not bring it back."""
+        """The tombstone uid (a hash) that keeps a deleted session deleted when a file holds it."""
         key = json.dumps([persona, source, session_id], ensure_ascii=False)
         return "conv-session-key:" + hashlib.sha256(key.encode("utf-8")).hexdigest()
 
@@ -7915,8 +7842,7 @@ class Conversations:
         return True
 
     def _put_turn_vector(self, turn_id: int, vec) -> None:
-        """Store a turn's vector (int8, vector_blob, as memories') and its binary index row. In
-        tx."""
+        """Store a turn's vector (int8, as memories') and its binary index row. In tx."""
         self._store_vector("turn", turn_id, vec)
         self.conn.execute("update conv_turns set embedding_state = 'done' where id = ?", (turn_id,))
 
@@ -7962,8 +7888,7 @@ class Conversations:
         return done
 
     def _reset_turn_vectors(self) -> None:
-        """Drop every turn vector and mark the turns pending (rebuild --vectors: a new model). In
-        tx."""
+        """Drop every turn vector; the turns go pending (rebuild --vectors: a new model). In tx."""
         c = self.conn
         c.execute("drop table if exists conv_turn_vec")
         c.execute("delete from conv_turn_vectors")
@@ -7972,8 +7897,7 @@ class Conversations:
 
 
 class ConversationSearch:
-    """Reading the conversation layer: search, one session's turns, stats, listings, the briefing's
-    digests, and removing sessions."""
+    """The conversation layer read: search, a session's turns, stats, listings, digests, removal."""
 
     def conversation_search(self, query, k: int = 5, source=None, session_id=None, since=None,
                             until=None, persona_id=None,
@@ -8220,8 +8144,7 @@ class ConversationSearch:
 
     def _conversation_hits(self, query: str, k: int, persona: str, project: str = "",
                            scope: str = "all") -> list[dict]:
-        """recall's include_conversations: conversation_search's hits, scores × [recall]
-        source_boost_import."""
+        """include_conversations: conversation_search's hits × [recall] source_boost_import."""
         hits = self.conversation_search(query, k, persona_id=persona, project=project,
                                         scope=scope)["results"]
         boost = self._source_boost("import")
@@ -8394,9 +8317,8 @@ def transcript_project(path: Path, rules: IngestRules) -> str:
 
 
 def lower_thread_priority() -> bool:
-    """Give the calling thread, and the threads it starts from now on, the lowest CPU priority on
-    Linux (a thread's own nice value; elsewhere it is the whole process's: nothing done). Returns
-    whether it was lowered."""
+    """Give this thread, and the threads it starts from now on, the lowest CPU priority (Linux only:
+    elsewhere a nice value is the whole process's); whether it was lowered."""
     if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
         return False
     try:
@@ -8649,9 +8571,8 @@ class Watcher:
         return pause
 
     def _read(self, path: Path, q: QueuedFile, pause) -> int:
-        """Ingest one queued file, counting each batch as it is stored; returns the new turns.
-        Done, it leaves the queue (unless it changed meanwhile: queued anew); cut short, it stays
-        with the bytes still unread."""
+        """Ingest one queued file, counting each batch as stored; returns the new turns. Done, it
+        leaves the queue (changed meanwhile: queued anew); cut short, it keeps what is unread."""
         since = [time.monotonic()]
 
         def stored(new: int, offset: int | None) -> None:
@@ -8833,15 +8754,13 @@ def copilot_hooks_file(db=None, config=None) -> dict:
 
 
 def codex_notify_value(db=None, config=None) -> list[str]:
-    """The `notify` of ~/.codex/config.toml: Codex runs it after each turn with the event's JSON as
-    the last argument."""
+    """~/.codex/config.toml's `notify`, which Codex runs after each turn, the event's JSON last."""
     import shlex
     return shlex.split(hook_command("codex", "notify", db, config))
 
 
 def _is_ours(command: str, client: str, event: str) -> bool:
-    """Whether a hook command is Aokun's for client/event: HOOK_LAUNCHER's, or an older one that
-    ran aokun.py as a script (an install updates either)."""
+    """Whether a hook command is Aokun's for client/event (HOOK_LAUNCHER's, an old aokun.py's)."""
     return (("import aokun" in command or "aokun.py" in command)
             and f" hook {client} {event}" in command)
 
@@ -8942,8 +8861,7 @@ def remove_claude_hooks(settings: dict) -> list[str]:
 
 
 def remove_codex_notify(text: str) -> str:
-    """Codex's config.toml `text` without the notify line install_codex_notify wrote (with its
-    comment and blank line)."""
+    """Codex's config.toml `text` without install_codex_notify's lines (notify, comment, blank)."""
     m = re.search(r"(?m)^notify\s*=.*\n?", text)
     if m is None:
         return text
@@ -9096,8 +9014,7 @@ def markdown_name(memory: dict) -> str:
 
 
 def markdown_note(memory: dict) -> str:
-    """A memory as a Markdown note with YAML front matter (JSON scalars and flow lists; `tags`
-    without spaces, as Obsidian wants)."""
+    """A memory as a Markdown note, YAML front matter of JSON scalars and lists (Obsidian tags)."""
     m = memory
     props = {"uid": m["uid"], "created": m["created_at"], "updated": m["updated_at"],
              "persona": m["persona_id"], "session": m["session_id"], "source": m["source"],
@@ -9124,8 +9041,7 @@ class ImportFileError(InputError):
 
 
 def _record_value(rec: dict, key: str, line: int, kinds: tuple, nullable: bool = False):
-    """rec[key], checked to be of one of the types `kinds` (or None when `nullable`). Raises
-    ImportFileError naming the line and the field."""
+    """rec[key] of a type in `kinds` (None if `nullable`), else ImportFileError (line, field)."""
     v = rec.get(key)
     if (v is None and nullable) or (isinstance(v, kinds)
                                     and not (isinstance(v, bool) and bool not in kinds)):
@@ -9136,9 +9052,8 @@ def _record_value(rec: dict, key: str, line: int, kinds: tuple, nullable: bool =
 
 
 def read_export(lines) -> list[tuple[int, dict]]:
-    """Parse an export file's lines into [(line number, record)], checking the header, each record's
-    kind, fields and times. ImportFileError names the first bad line; nothing of a refused file is
-    imported."""
+    """An export file's lines as [(line number, record)], the header and each record's kind, fields
+    and times checked. ImportFileError names the first bad line (nothing is imported)."""
     records, header = [], None
     for n, raw in enumerate(lines, 1):
         if not raw.strip():
@@ -9272,8 +9187,7 @@ class Portable:
         return report
 
     def _redacted_record(self, kind: str, rec: dict) -> dict:
-        """`rec` (an export record of `kind`) with its IMPORT_REDACTED text fields redacted (an
-        entity's key follows its name)."""
+        """Export record `rec` of `kind`, IMPORT_REDACTED fields redacted (an entity's key too)."""
         names = IMPORT_REDACTED.get(kind)
         if not names:
             return rec
@@ -10584,8 +10498,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
 
     def __init__(self, path: Path | str, cfg: Config | None = None,
                  embedder: Embedder | None = None, recover: bool = True):
-        """Open (create, migrate, upgrade) the file: every attribute any section uses is set
-        here."""
+        """Open (create, migrate, upgrade) the file; sets every attribute any section uses."""
         # Store: the file and its connection
         self.cfg = cfg or load_config()  # the settings
         self.path = Path(path)  # the database file
@@ -10853,9 +10766,8 @@ def _metadata_model():
 
 @functools.cache
 def _write_models():
-    """Models of the write tools: Metadata (_metadata_model) and the results WriteResult, Deleted,
-    Flagged (the flag changed, the other null), ImportanceSet, Restored and Feedback (per memory,
-    FeedbackItem)."""
+    """Models of the write tools: Metadata (_metadata_model); results WriteResult, Deleted, Flagged
+    (the flag changed, the other null), ImportanceSet, Restored, Feedback (of FeedbackItem)."""
     from pydantic import BaseModel, Field
 
     Metadata = _metadata_model()
@@ -10925,8 +10837,7 @@ def _write_models():
 @functools.cache
 def _search_models():
     """Result models of recall: RecallResult {results: [Hit], facts: [Fact], degraded, intent,
-    warnings, took_ms, cached}; a Fact (also the kg tools') is a triple with its validity window
-    (ISO-8601 UTC)."""
+    warnings, took_ms, cached}; a Fact (also the kg tools') is a triple and its validity window."""
     from typing import Any
 
     from pydantic import BaseModel, Field
@@ -11144,8 +11055,7 @@ def _kg_models():
 @functools.cache
 def _context_models():
     """Result models of the context and upkeep tools: ContextBlob (tokens estimated), Consolidation
-    {clusters: [Cluster], dry_run}, Summarized and ForgetPreview (Change {id, old, new}: an
-    importance or an atom state)."""
+    {clusters: [Cluster], dry_run}, Summarized, ForgetPreview (Change {id, old, new})."""
     from typing import Any, ClassVar
 
     from pydantic import BaseModel, Field
@@ -11228,8 +11138,7 @@ def _tool_args():
 
 
 def _meta(metadata) -> dict:
-    """A Metadata argument (or None) as the dict Memory takes: the fields given, None ones left
-    out."""
+    """A Metadata argument (or None) as the dict Memory takes, without None fields."""
     return {} if metadata is None else metadata.model_dump(exclude_none=True)
 
 
@@ -11241,8 +11150,7 @@ HINT_TOOLS = {"list": "`recall` (or `list_memories`, if exposed)", "show ID": "`
 
 
 def mcp_hint(command: str, options: dict) -> str:
-    """A hint as an MCP client reads it: the tool that does it (HINT_TOOLS); a command without
-    one (rebuild) stays the command line."""
+    """A hint as the tool that does it (HINT_TOOLS), else (rebuild) as the command line."""
     return HINT_TOOLS.get(command) or command_line(command, options)
 
 
@@ -11324,9 +11232,8 @@ def validation_line(e, prefix: str = "") -> str:
 
 @functools.cache
 def _write_tools():
-    """The tools that store and change memories: memorize, edit_memory, delete_memory, pin_memory,
-    unpin_memory, archive_memory, restore_memory, set_importance and memory_feedback (results:
-    _write_models())."""
+    """The tools that store and change memories (memorize, edit_memory, delete_memory, pin_memory…
+    memory_feedback; results: _write_models())."""
     from typing import Annotated, Any
 
     from mcp.server.mcpserver import Context
@@ -11933,9 +11840,8 @@ MCP_TEMPLATES = ("memory://memories/{id}{?persona_id}", "memory://entities/{name
 
 
 def _add_prompts(server, memory) -> None:
-    """Register the prompts session_briefing and remember_about (recall of `topic` plus its KG
-    facts, one text) on `server`, both with an optional persona_id. `memory()` is the open
-    lifespan's Memory."""
+    """Register on `server` the prompts session_briefing and remember_about (recall of `topic` and
+    its KG facts, one text), both with an optional persona_id; `memory()`: the lifespan's Memory."""
     from mcp import MCPError
     from mcp.types import INVALID_PARAMS
 
@@ -13360,9 +13266,8 @@ def watchdog_interval(environ=None) -> float | None:
 
 
 async def notify_supervisor(started, interval: float | None, address: str | None = None) -> None:
-    """An asyncio task on the server's event loop: once `started()`, send READY=1, then WATCHDOG=1
-    every `interval` seconds (None: READY only), so a blocked loop stops the pings. Runs until
-    cancelled."""
+    """An asyncio task on the server's loop until cancelled: once `started()`, send READY=1, then
+    WATCHDOG=1 every `interval` seconds (None: READY only), so a blocked loop stops the pings."""
     import asyncio
     while not started():
         await asyncio.sleep(0.05)
@@ -13418,15 +13323,13 @@ def _add_health_route(server, memory) -> None:
 
 
 def _systemd_quote(arg: str) -> str:
-    """One ExecStart argument quoted for systemd: in double quotes, with \\ and " escaped, % as %%
-    (specifiers) and $ as $$ (variables)."""
+    """One ExecStart argument for systemd: double-quoted, \\ and " escaped, % as %%, $ as $$."""
     quoted = arg.replace("\\", "\\\\").replace('"', '\\"')
     return '"' + quoted.replace("%", "%%").replace("$", "$$") + '"'
 
 
 def service_command(db: Path, config: Path | None, port: int) -> list[str]:
-    """The command line a supervisor runs: this Python, aokun.py, --db, --config, serve --http
-    --port."""
+    """What a supervisor runs: this Python, aokun.py, --db, --config, serve --http --port."""
     cmd = [sys.executable, str(HERE / "aokun.py"), "--db", str(db)]
     cmd += ["--config", str(config)] if config else []
     return cmd + ["serve", "--http", "--port", str(port)]
@@ -13510,8 +13413,7 @@ HIT_PREVIEW_CHARS = 200  #: text shown per hit by `recall` and `atoms`
 
 
 def _user_error(exc: BaseException) -> AokunError | None:
-    """The AokunError behind `exc`: itself, or the first of an exception group of AokunErrors only;
-    else None."""
+    """`exc` if an AokunError, or the first of a group of AokunErrors only; else None."""
     if isinstance(exc, AokunError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
@@ -13659,8 +13561,7 @@ def _echo_json(obj) -> None:
 
 def _metadata(summary, topic, fact, participant, importance, session, persona, source, timestamp,
               tag=(), pinned=None):
-    """The metadata dict for Memory.memorize/edit from the option values, without the options not
-    given."""
+    """The metadata dict for Memory.memorize/edit of the options given."""
     meta = {"summary": summary, "topics": list(topic) or None, "key_facts": list(fact) or None,
             "participants": list(participant) or None, "importance": importance,
             "session_id": session, "persona_id": persona, "source": source,
@@ -13861,8 +13762,7 @@ def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participan
 
 
 def _flag_command(name: str, flag: str, value: bool, doc: str):
-    """Register command `name` that sets memory flag `flag` (pinned or archived) to `value`; `doc`
-    is its help."""
+    """Register command `name` (help: `doc`) setting memory flag `flag` to `value`."""
     @cli.command(name, help=doc)
     @click.argument("memory_id", type=int)
     @click.option("--persona", help=PERSONA_OF_ID_HELP)
@@ -14441,8 +14341,7 @@ def cli_sync(state, folder, conflicts, persona, as_json):
 
 
 def _print_changes(out: dict) -> None:
-    """Print the importance, archive and atom-state changes of a decay or lifecycle result, one a
-    line."""
+    """Print a decay/lifecycle result's importance, archive and atom-state changes, one a line."""
     for c in out.get("importance", []):
         click.echo(f"importance {c['id']:>6}: {c['old']:.4f} -> {c['new']:.4f}")
     for i in out.get("archived", []):
