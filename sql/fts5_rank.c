@@ -281,18 +281,18 @@ static void aokun_bm25(const Fts5ExtensionApi *api, Fts5Context *fts, sqlite3_co
   const double k1 = 1.2, b = 0.75;
   Bm25Data *p = 0;
   double score = 0.0, D = 0.0;
-  int rc, i, nInst = 0;
+  int rc, i;
   const char *table = nVal > 0 ? (const char *)sqlite3_value_text(apVal[0]) : 0;
   const char *list = nVal > 1 ? (const char *)sqlite3_value_text(apVal[1]) : 0;
   rc = get_data(api, fts, table, list, &p);
-  if (rc == SQLITE_OK) {
-    memset(p->aFreq, 0, sizeof(double) * (size_t)p->nPhrase);
-    rc = api->xInstCount(fts, &nInst);
-  }
-  for (i = 0; rc == SQLITE_OK && i < nInst; i++) {
-    int ip, ic, io;
-    rc = api->xInst(fts, i, &ip, &ic, &io);
-    if (rc == SQLITE_OK) p->aFreq[ip] += 1.0;
+  /* each scored phrase's instances in this row, from its own position list (xInstCount would
+  ** merge every phrase's, the MATCH expression's repeats too, into one list first) */
+  for (int j = 0; rc == SQLITE_OK && j < p->nOrder; j++) {
+    Fts5PhraseIter it;
+    int ic, io, n = 0;
+    rc = api->xPhraseFirst(fts, p->aOrder[j], &it, &ic, &io);
+    for (; rc == SQLITE_OK && ic >= 0; api->xPhraseNext(fts, &it, &ic, &io)) n++;
+    p->aFreq[p->aOrder[j]] = n;
   }
   if (rc == SQLITE_OK) {
     sqlite3_int64 id = api->xRowid(fts);
