@@ -502,3 +502,19 @@ async def test_a_fact_replaced_across_languages_is_marked_partly_when_words_cann
         assert not (job[old].get("replaced_by") or job[old].get("partly_replaced_by"))
         context = (await call(c, "memory_context", {"topic": "Where do I live?"}))["text"]
         assert f"[{old} partly replaced_by {new}]" in context
+
+
+@pytest.mark.parametrize("query, intent", [
+    ("Where do I live now?", "current"), ("我现在用什么手机？", "current"),
+    ("What am I driving these days?", "current"), ("Where do I live?", "factual")])
+async def test_a_question_for_what_holds_now_weighs_recency_more(server, query, intent):
+    """rules/intents.toml [intents.current]: its recency_boost puts the newer of two answers
+    first (the own people set's update questions: R@1 0.733 → 0.800)."""
+    async with Client(server) as c:
+        await call(c, "memorize", {"content": "I live in Hangzhou."})
+        r = await call(c, "recall", {"query": query, "explain": True})
+    assert r["intent"] == intent
+    e = r["results"][0]["explain"]  # doc_route = 0.5·relevance + 0.25·importance + γ·recency + …
+    gamma = (e["doc_route"] - 0.5 * e["doc_relevance"] - 0.25 * e["importance"]
+             - 0.1 * e["frequency"]) / e["recency"]
+    assert gamma == pytest.approx(0.25 + (0.25 if intent == "current" else 0.0), abs=1e-3)
