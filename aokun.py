@@ -2241,14 +2241,19 @@ def calibrated_relevance(margin: float | None, cover: float | None,
     return 1.0 / (1.0 + math.exp(-z))
 
 
+#: the share of a question not about the user that a memory must hold (token_cover): a third of
+#: an English one, whose words all weigh the same; a fifth of a Chinese one, weighted by IDF already
+GENERAL_COVER = {"latin": 1 / 3, "cjk": 1 / 5}
+
+
 def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
                   content: str) -> dict:
     """{cosine, margin, cover, evidence, relevance} of a memory (or turn) of these indexed tokens,
     vector (None: none yet) and text for a question `q` (Recall._relevant's `about`), with its
     calibrated_relevance weights `coef` and the Segmenter `seg`. Across scripts cover is 1 when the
     memory holds a name the question gives (names_found), else None. Relevance is 0 without
-    evidence: a memory of no word (has_words), or sharing under a third of a question not about
-    the user (by cover: "tell me a pun about cats"), or holding none of its names (unless an English
+    evidence: a memory of no word (has_words), or holding under GENERAL_COVER of a question not
+    about the user ("Write a poem about a cat"), or holding none of its names (unless an English
     question meets a Chinese memory that names no one: West Lake is 西湖)."""
     vector, names = q["vector"], q["names"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
@@ -2260,7 +2265,8 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     margin = None if cos is None or q["background"] is None else cos - q["background"][script]
     if script == query_script(q["tokens"]):
         cover = shared
-        evidence = (found or not names) and (q["personal"] or found or (shared or 0) >= 1 / 3)
+        evidence = (found or not names) and (
+            q["personal"] or found or (shared or 0) >= GENERAL_COVER[script])
     else:  # no word compares across scripts, but a name can (小雨 asked, Xiaoyu stored)
         if script == "latin":
             found |= names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},
