@@ -130,10 +130,8 @@ async def test_a_memory_replaced_in_part_is_current_for_its_other_fact(
         assert old not in [a["document_id"] for a in cities]  # the old city: retired
 
 
-@pytest.mark.slow
-async def test_the_trial_across_languages_with_the_local_model(tmp_path, segmenter):
-    """The new-user trial: a Chinese memory of a city and a job, an English move. Questions share
-    no word with the facts: the newer memory's relevance (the local model's meaning) decides."""
+def local_server(tmp_path, segmenter):
+    """An MCPServer over a Memory on a temp file with the real local model (meaning decides)."""
     cfg = aokun.Config(None, overrides={("backup", "daily"): False,
                                         ("backup", "dir"): str(tmp_path / "backups")})
 
@@ -141,7 +139,14 @@ async def test_the_trial_across_languages_with_the_local_model(tmp_path, segment
         m = aokun.Memory(tmp_path / "m.db", cfg, embedder=aokun.LocalEmbedder())
         m.seg = segmenter
         return m
-    async with Client(aokun.build_server(factory, cfg)) as c:
+    return aokun.build_server(factory, cfg)
+
+
+@pytest.mark.slow
+async def test_the_trial_across_languages_with_the_local_model(tmp_path, segmenter):
+    """The new-user trial: a Chinese memory of a city and a job, an English move. Questions share
+    no word with the facts: the newer memory's relevance (the local model's meaning) decides."""
+    async with Client(local_server(tmp_path, segmenter)) as c:
         old = (await call(c, "memorize", {"content": "我住在杭州，在设计公司做UI设计师"}))["id"]
         new = (await call(c, "memorize", {"content": "I moved to Shanghai"}))["id"]
         for job in ("What's my job?", "我做什么工作？"):
@@ -156,14 +161,7 @@ async def test_the_trial_across_languages_with_the_local_model(tmp_path, segment
 async def test_a_question_for_a_slot_finds_the_current_value_in_other_words(tmp_path, segmenter):
     """"我现在家在哪个区？" shares no word with "用户搬去了江北" and the local model's meaning is
     weak: the question asks for the slot (lives_in) the newer memory's current atom fills."""
-    cfg = aokun.Config(None, overrides={("backup", "daily"): False,
-                                        ("backup", "dir"): str(tmp_path / "backups")})
-
-    def factory():
-        m = aokun.Memory(tmp_path / "m.db", cfg, embedder=aokun.LocalEmbedder())
-        m.seg = segmenter
-        return m
-    async with Client(aokun.build_server(factory, cfg)) as c:
+    async with Client(local_server(tmp_path, segmenter)) as c:
         home, job = "用户搬去了江北，离公司近一些。", "用户跳槽到了一家做游戏的公司。"
         for text in ("用户住在渝中区，楼下就是火锅店。", "用户在一家银行做柜员。",
                      "用户喜欢周末去爬山。", home, job):
