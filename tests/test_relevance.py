@@ -200,6 +200,8 @@ def test_a_name_meets_its_memory_by_word_or_by_pinyin(segmenter):
     ("business trip next Wednesday", True), ("杭州 出差", True),  # a search by topic
     ("How long should I boil an egg?", False), ("我应该怎么学游泳？", False),  # anyone's how-to
     ("下周五有什么安排？", True),  # the user's plans
+    ("What's a good variable name for a list of user IDs?", False),  # "user" a technical word
+    ("Where does the user live?", True),
     ("What should I get my wife for her birthday?", True), ("理疗师建议我怎么缓解腰疼？", True),
 ])
 def test_whether_meaning_alone_may_answer_a_question(query, personal):
