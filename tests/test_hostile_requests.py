@@ -101,6 +101,15 @@ async def test_a_200000_character_value_comes_back_as_a_short_prefix(server):
             "conversation_search.since", "edit_memory.metadata"} <= seen
 
 
+async def test_a_search_text_over_10000_characters_is_refused_at_once(server):
+    """A 2,000,000-character query took minutes to rank: every search refuses it in one line."""
+    async with Client(server) as c:
+        for tool in ("recall", "conversation_search", "search_atoms"):
+            text = await refused(c, tool, {"query": "tea " * 2_501})
+            assert text.endswith("query: at most 10,000 characters, got 10,003"), text
+        assert (await c.call_tool("recall", {"query": "tea " * 2_500})).is_error is False
+
+
 def test_the_cli_echoes_a_short_prefix_too(tmp_path):
     from mcp_procs import cli
     ini = write_ini(tmp_path, "none")
