@@ -2540,13 +2540,15 @@ class Rules:
     def slot(self, fact: str) -> tuple[str, str, str | None]:
         """(slot, value, subject) of the first single-valued slot pattern matching fold(fact), else
         ('', '', ''): slot the predicate (with its thing: "prefers:tea"), value a canonical key,
-        subject a canonical, a name's key, or None for he/she."""
+        subject a canonical, a name's key, or None for he/she. A fact without a subject is the
+        user's ("Lives in Lyon", an assistant's key fact, as "住在里昂")."""
         fact = fold(fact)
-        for name, mode, categories, pattern in self.slot_patterns:
-            for m in pattern.finditer(fact):
-                got = self._slot_of(m, name, mode, categories)
-                if got:
-                    return got
+        for text in (fact, "I " + fact[:1].lower() + fact[1:]):
+            for name, mode, categories, pattern in self.slot_patterns:
+                for m in pattern.finditer(text):
+                    got = self._slot_of(m, name, mode, categories)
+                    if got:
+                        return got
         return "", "", ""
 
     def slot_value(self, value: str) -> str:

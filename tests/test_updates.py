@@ -516,3 +516,17 @@ async def test_a_question_for_what_holds_now_weighs_recency_more(server, query, 
     gamma = (e["doc_route"] - 0.5 * e["doc_relevance"] - 0.25 * e["importance"]
              - 0.1 * e["frequency"]) / e["recency"]
     assert gamma == pytest.approx(0.25 + (0.25 if intent == "current" else 0.0), abs=1e-3)
+
+
+async def test_an_assistants_key_facts_without_a_subject_are_the_users(server):
+    """metadata.key_facts as assistants write them, "Lives in Portland": a slot of the user's, so
+    the move retires it in either language."""
+    async with Client(server) as c:
+        old = await call(c, "memorize", {"content": "Lives in Portland, near the river.",
+                                         "metadata": {"key_facts": ["Lives in Portland"]}})
+        new = await call(c, "memorize", {"content": "The user moved to Seattle last month.",
+                                         "metadata": {"key_facts": ["Moved to Seattle"]}})
+        assert new["may_update"] == [{"id": old["id"], "preview": "Lives in Portland, near the "
+                                                                  "river."}]
+        found = [(h["id"], h.get("replaced_by")) for h in await hits(c, "Portland Seattle")]
+        assert found[:2] == [(new["id"], None), (old["id"], new["id"])]
