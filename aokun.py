@@ -5809,8 +5809,9 @@ class Recall:
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         persona = q.params["persona_id"]
-        people = [] if persona is None else [fold(r["value"]).lower() for r in self.rows(
-            self.queries["recall_people"], {"persona_id": persona})]
+        people = [] if persona is None else [n for r in self.rows(self.queries[
+            "recall_people"], {"persona_id": persona}) if self.rules.slot_subject.get(
+            n := fold(r["value"]).lower()) != "user"]  # not a participant "user" or "我"
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
                  "names": self._names(q.text, people), "text": fold(q.text),
                  "kin": self._kin(q.tokens), "background": None if q.vector is None or coef is None

@@ -229,3 +229,15 @@ def test_asking_for_plans_of_a_day_finds_them_in_the_other_language(local_mem, m
     hits = local_mem.recall("下周五有什么安排？", k=3, persona_id="plans")["results"]
     assert [h["text"] for h in hits][:1] == ["Dentist appointment on Friday, December 18 at 3 pm."]
     assert "User likes oolong tea." not in [h["text"] for h in hits]
+
+
+@pytest.mark.slow
+def test_the_user_named_a_participant_is_still_the_user(local_mem):
+    """Assistants may send participants ["user"] or ["我"]: the user's own facts stay theirs."""
+    for text, who in (("User is allergic to peanuts.", "user"), ("我对猫毛过敏。", "我"),
+                      ("Priya is allergic to shellfish.", "Priya")):
+        local_mem.memorize(text, {"persona_id": "named", "participants": [who]})
+    for query, want in (("What am I allergic to?", "User is allergic to peanuts."),
+                        ("我对什么过敏？", "我对猫毛过敏。")):
+        got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="named")["results"]]
+        assert want in got and "Priya is allergic to shellfish." not in got, (query, got)
