@@ -2260,8 +2260,9 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     calibrated_relevance weights `coef` and the Segmenter `seg`. Across scripts cover is 1 when the
     memory holds a name the question gives (names_found), else None. Relevance is 0 without
     evidence: a memory of no word (has_words), or holding under GENERAL_COVER of a question not
-    about the user ("Write a poem about a cat"), or holding none of its names (unless an English
-    question meets a Chinese memory that names no one: West Lake is 西湖)."""
+    about the user ("Write a poem about a cat") or none of a how-to's (recall's q["howto"]: "How
+    do I fix my bike?"), or holding none of its names (unless an English question meets a Chinese
+    memory that names no one: West Lake is 西湖)."""
     vector, names = q["vector"], q["names"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(doc_tokens)
@@ -2272,15 +2273,15 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     margin = None if cos is None or q["background"] is None else cos - q["background"][script]
     if script == query_script(q["tokens"]):
         cover = shared
-        evidence = (found or not names) and (
-            q["personal"] or found or (shared or 0) >= GENERAL_COVER[script])
+        evidence = (found or not names) and (q["personal"] and (shared or not q.get("howto"))
+                                             or found or (shared or 0) >= GENERAL_COVER[script])
     else:  # no word compares across scripts, but a name can (小雨 asked, Xiaoyu stored)
         if script == "latin":
             found |= names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},
                                  doc_tokens, seg.pinyin)
         kin = any(w in doc_tokens or _CJK.search(w) and w in content for w in q.get("kin", ()))
         cover = 1.0 if found or kin else None  # memory proves nothing (West Lake is 西湖)
-        evidence = (q["personal"] or found or shared) and (  # then the costly name tagging:
+        evidence = (q["personal"] and not q.get("howto") or found or shared) and (  # then names:
             found or not names or script == "cjk" and not seg.names(content))  # another's
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
     rel = 0.0 if coef is not None and not evidence else calibrated_relevance(margin, cover, coef)
@@ -2459,6 +2460,7 @@ class Rules:
         self._speaks_of_user = re.compile(personal.get("user", r"(?!)"))
         self._request = re.compile(personal.get("requests", r"(?!)"))
         self._asks = re.compile(personal.get("asks", r"(?!)"))
+        self.howto = re.compile(personal.get("howto", r"(?!)")).search  #: Rules.personal's doc
         #: {embedding model: {w_margin, w_cover, bias, margin_only_w, margin_only_bias}} of
         #: calibrated_relevance
         self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS}
@@ -5813,6 +5815,7 @@ class Recall:
             "recall_people"], {"persona_id": persona}) if self.rules.slot_subject.get(
             n := fold(r["value"]).lower()) != "user"]  # not a participant "user" or "我"
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
+                 "howto": self.rules.howto(q.text),
                  "names": self._names(q.text, people), "text": fold(q.text),
                  "kin": self._kin(q.tokens), "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}

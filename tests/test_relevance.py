@@ -130,7 +130,9 @@ SMALL_MEMORIES = [
 ]
 OFF_TOPIC = ["tell me a joke", "hi", "thanks!", "How do I reverse a list in Python?",
              "What is the capital of France?", "讲个笑话", "你好", "程序员一般几点下班",
-             "今天天气怎么样", "Write a short poem about a cat"]  # one word of four shared
+             "今天天气怎么样", "Write a short poem about a cat",  # one word of four shared
+             "我的电脑很卡怎么办？", "Why do my houseplants keep dying?",  # how-tos about "my" …
+             "How do I ask my boss for a raise?"]
 
 
 @pytest.fixture
