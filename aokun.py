@@ -13912,7 +13912,10 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
         if len(text) > HIT_PREVIEW_CHARS:
             text = text[:HIT_PREVIEW_CHARS - 1] + "…"
         other = f"[{h['project']}] " if h.get("project") else ""
-        click.echo(f"{h['id']:>6}  {h['score']:.3f}  {h['created_at'][:DATE_CHARS]}  {other}{text}")
+        other += next((f"({k.replace('_', ' ')} {h[k]}) " for k in (
+            "replaced_by", "partly_replaced_by", "may_be_replaced_by") if h.get(k)), "")
+        rel = "   –" if h["relevance"] is None else f"{h['relevance']:.2f}"  # README: relevance
+        click.echo(f"{h['id']:>6}  {rel}  {h['created_at'][:DATE_CHARS]}  {other}{text}")
         if explain:
             click.echo(_explain_line(h["explain"]))
     if not out["results"]:

@@ -83,6 +83,15 @@ def test_stored_text_is_byte_identical(run):
             keep.encode("utf-8")
 
 
+def test_recall_prints_relevance_and_what_replaced_a_hit(run):
+    old = run("memorize", "I live in Hangzhou.").output.split()[-1]
+    new = run("memorize", "I moved to Shanghai.").output.split()[-1]  # after its warning line
+    lines = [x for x in run("recall", "Hangzhou Shanghai").output.splitlines()
+             if x.strip()[:1].isdigit()]  # the hits, not stderr's degraded: vector
+    assert lines[0].split()[:2] == [new, "–"]  # provider none: no relevance, not the score
+    assert lines[1].split()[:2] == [old, "–"] and f"(replaced by {new}) I live in" in lines[1]
+
+
 def test_stats_json_and_doctor(run):
     run("memorize", "one memory", "--participant", "Eve")
     run("memorize", "another memory")
