@@ -2460,7 +2460,8 @@ class Rules:
         self._speaks_of_user = re.compile(personal.get("user", r"(?!)"))
         self._request = re.compile(personal.get("requests", r"(?!)"))
         self._asks = re.compile(personal.get("asks", r"(?!)"))
-        self.howto = re.compile(personal.get("howto", r"(?!)")).search  #: Rules.personal's doc
+        #: whether a folded question asks for instructions ([personal] howto; hit_relevance)
+        self.howto = re.compile(personal.get("howto", r"(?!)")).search
         #: {embedding model: {w_margin, w_cover, bias, margin_only_w, margin_only_bias}} of
         #: calibrated_relevance
         self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS}
@@ -2545,7 +2546,9 @@ class Rules:
         subject a canonical, a name's key, or None for he/she. A fact without a subject is the
         user's ("Lives in Lyon", an assistant's key fact, as "住在里昂")."""
         fact = fold(fact)
-        for text in (fact, "I " + fact[:1].lower() + fact[1:]):
+        bare = fact[:1].isascii() and fact[:1].isalpha() and self._key(
+            fact.split(maxsplit=1)[0]) not in self.slot_subject  # "Lives in…", not "I live…"
+        for text in (fact, "I " + fact[:1].lower() + fact[1:])[:1 + bare]:
             for name, mode, categories, pattern in self.slot_patterns:
                 for m in pattern.finditer(text):
                     got = self._slot_of(m, name, mode, categories)
@@ -2654,7 +2657,8 @@ class Rules:
 
     def asked_slots(self, query: str) -> frozenset[str]:
         """The single-valued slots whose question forms ([[predicates]] asks) `query` takes."""
-        return frozenset(name for name, rx in self.slot_asks if rx.search(fold(query)))
+        query = fold(query)
+        return frozenset(name for name, rx in self.slot_asks if rx.search(query))
 
     def others_fact(self, text: str, people, seg) -> bool:
         """Whether a memory states someone else's fact: it leads with a relative or friend ("User's
@@ -4641,11 +4645,15 @@ class Journal:
         """Whether a memory's `text` says, not asks, an event changed ([events] change)."""
         return any(rx.search(statements(fold(text))) for rx in self.rules.event_change)
 
+    def persona_people(self, persona_id) -> list[str]:
+        """The persona's people (graph person nodes, from participants), folded, lower-cased."""
+        return [fold(r["value"]).lower() for r in self.rows(self.queries["recall_people"],
+                                                            {"persona_id": persona_id})]
+
     def people_words(self, persona_id) -> set[str]:
-        """The search tokens of the persona's people's names (graph person nodes): an event
-        signal's shared words must be more than a name ("Priya moved" is not her allergy's news)."""
-        return {t for r in self.rows(self.queries["recall_people"], {"persona_id": persona_id})
-                for t in self.seg.tokens(r["value"])}
+        """The search tokens of the persona's people's names: an event signal's shared words must
+        be more than a name ("Priya moved" is not her allergy's news)."""
+        return {t for n in self.persona_people(persona_id) for t in self.seg.tokens(n)}
 
     def event_pair(self, a: set, b: set) -> bool:
         """The event signal's pair test on the search tokens less the [events] words of a memory
@@ -5811,9 +5819,8 @@ class Recall:
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         persona = q.params["persona_id"]
-        people = [] if persona is None else [n for r in self.rows(self.queries[
-            "recall_people"], {"persona_id": persona}) if self.rules.slot_subject.get(
-            n := fold(r["value"]).lower()) != "user"]  # not a participant "user" or "我"
+        people = [] if persona is None else [  # not a participant "user" or "我"
+            n for n in self.persona_people(persona) if self.rules.slot_subject.get(n) != "user"]
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
                  "howto": self.rules.howto(q.text),
                  "names": self._names(q.text, people), "text": fold(q.text),
