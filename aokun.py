@@ -2266,9 +2266,12 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     vector, names = q["vector"], q["names"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(doc_tokens)
-    # a memory's word cut otherwise in the question is one they share (体检 in 体检查出来)
-    shared = token_cover(q["tokens"] | {t for t in doc_tokens if len(t) > 1 and _CJK.search(t)
-                                        and t in q["text"]}, doc_tokens, seg.weight)
+    # a memory's word cut otherwise in the question is one they share (体检 in 体检查出来), and
+    # its word for a relative the question names (我弟: 弟弟)
+    tokens = {next((w for w in q.get("kin_words", {}).get(t, ()) if w in doc_tokens), t)
+              for t in q["tokens"]}
+    shared = token_cover(tokens | {t for t in doc_tokens if len(t) > 1 and _CJK.search(t)
+                                   and t in q["text"]}, doc_tokens, seg.weight)
     found = names_found(names, doc_tokens, seg.pinyin, fold(content)) if names else set()
     margin = None if cos is None or q["background"] is None else cos - q["background"][script]
     if script == query_script(q["tokens"]):
@@ -2493,7 +2496,10 @@ class Rules:
                                tuple(frozenset(p.get(k, ())) for k in ("not_category", "category")),
                                re.compile(self._expand(rx, defs)))
                               for p in predicates for rx in p.get("patterns", [])]
-        self.slot_asks = [(p["name"], re.compile(x)) for p in predicates for x in p.get("asks", [])]
+        asks = [(p["name"], t, x) for p in predicates for t, x in (  # [re] or {thing: re}
+            p["asks"].items() if isinstance(p.get("asks"), dict) else
+            [("", x) for x in p.get("asks", [])])]
+        self.slot_asks = [(n + (t and ":" + t), re.compile(x)) for n, t, x in asks]
         self.predicate_of: dict[str, str] = {}
         for p in predicates:
             for name in [p["name"], *p.get("aliases", [])]:
@@ -2558,19 +2564,24 @@ class Rules:
 
     def slot_value(self, value: str) -> str:
         """A slot value's key: article and model year dropped, canonical(); a value starting with a
-        known name is that name (上海浦东 is shanghai)."""
+        known name, after up to three words ("used gray toyota tacoma"), is that name (上海浦东 is
+        shanghai)."""
         key = self.canonical(re.sub(r"(?i)^(?:(?:a|an|the|my)\s+)?(?:(?:19|20)\d\d\s+)?", "",
                                          value.strip()))
         if key in self.slot_alias:
             return self.slot_alias[key]
-        for n in range(len(key), 1, -1):
-            if n < len(key) and key[n - 1].isascii() and not MODEL_SUFFIX.match(key[n:]):
-                continue  # Latin script: a name, then only a model's number ("iphone 15 pro")
-            head = key[:n].strip()
-            if head in self.alias_of:
-                return self.canonical(head)
-            if head in self.slot_category:
-                return head
+        words = key.split(" ")
+        for tail in (" ".join(words[i:]) for i in range(min(4, len(words)))):
+            if tail != key and words[-1 - tail.count(" ")] in self.slot_category:
+                return tail  # a brand and its model: "subaru outback"
+            for n in range(len(tail), 1, -1):
+                if n < len(tail) and tail[n - 1].isascii() and not MODEL_SUFFIX.match(tail[n:]):
+                    continue  # Latin script: a name, then only a model's number ("iphone 15 pro")
+                head = tail[:n].strip()
+                if head in self.alias_of:
+                    return self.canonical(head)
+                if head in self.slot_category:
+                    return head
         return key
 
     def _slot_of(self, m: re.Match, name: str, mode: str,
@@ -5533,7 +5544,8 @@ class Recall:
             nothing = {"results": [], "degraded": [], "intent": None,
                        "warnings": warnings + ["the query has no searchable words"]}
             return self._answer(key, nothing, started)
-        params = self._channel_params(tokens + sorted(self._kin(tokens)), window, k, persona,
+        kin = self._kin(tokens).union(*self._kin(tokens, True).values())  # 我妈: mom, 妈妈
+        params = self._channel_params(tokens + sorted(kin - set(tokens)), window, k, persona,
                                       session, include_archived, as_of_iso)
         degraded, stats = [], {}
         searched = chosen if tokens else ()  # time words alone: only the window's memories answer
@@ -5795,12 +5807,18 @@ class Recall:
             out.append(hit)
         return out if q.historical else self._newer_first(out, q, docs)
 
-    def _kin(self, tokens) -> frozenset:
+    def _kin(self, tokens, same=False):
         """The words in the other script of the relatives a question's tokens name (wife: 老婆,
-        妻子; rules/predicates.toml [subjects]): how a memory in that script names them."""
-        kin, cjk = {self.rules.slot_subject.get(t) for t in tokens}, query_script(tokens) == "cjk"
-        return frozenset(w for w, who in self.rules.slot_subject.items()
-                         if who in kin - {None, "user", ""} and bool(_CJK.search(w)) != cjk)
+        妻子; rules/predicates.toml [subjects]): how a memory in that script names them. `same`:
+        {token: the words in its script of the relative it names} (我弟: 弟弟, 哥哥)."""
+        who = {t: self.rules.slot_subject.get(SUBJECT_OWNER.sub("", t)) for t in tokens}
+        cjk = query_script(tokens) == "cjk"
+        words = {w: k for w, k in self.rules.slot_subject.items() if bool(_CJK.search(w)) == cjk}
+        if same:
+            return {t: [w for w, k in words.items() if k == r] for t, r in who.items()
+                    if r not in (None, "user", "")}
+        return frozenset(w for w, k in self.rules.slot_subject.items()
+                         if k in set(who.values()) - {None, "user", ""} and w not in words)
 
     def _names(self, text: str, people) -> frozenset:
         """The names a question gives: query_names, the Chinese names jieba finds (Segmenter.names)
@@ -5824,12 +5842,14 @@ class Recall:
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
                  "howto": self.rules.howto(q.text),
                  "names": self._names(q.text, people), "text": fold(q.text),
-                 "kin": self._kin(q.tokens), "background": None if q.vector is None or coef is None
+                 "kin": self._kin(q.tokens), "kin_words": self._kin(q.tokens, True),
+                 "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
         slots = self.rules.asked_slots(q.text) if mine else ()
         filled = {r["doc_id"] for r in self.rows(self.queries["recall_slots"], {
-            "ids": json.dumps(list(pool))}) if r["slot"].split(":")[0] in slots} if slots else ()
+            "ids": json.dumps(list(pool))}) if {r["slot"].split(sep)[0] for sep in ":/"} & slots
+        } if slots else ()
         kept = {}
         for i in pool:
             if i not in docs:

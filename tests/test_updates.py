@@ -163,11 +163,14 @@ async def test_a_question_for_a_slot_finds_the_current_value_in_other_words(tmp_
     weak: the question asks for the slot (lives_in) the newer memory's current atom fills."""
     async with Client(local_server(tmp_path, segmenter)) as c:
         home, job = "用户搬去了江北，离公司近一些。", "用户跳槽到了一家做游戏的公司。"
+        car = "User sold the Accord and bought a used gray Ford Ranger."
         for text in ("用户住在渝中区，楼下就是火锅店。", "用户在一家银行做柜员。",
-                     "用户喜欢周末去爬山。", home, job):
+                     "用户开一辆黑色的本田雅阁。", "用户喜欢周末去爬山。", home, job, car,
+                     "User listens to a history podcast on the commute."):
             await call(c, "memorize", {"content": text})
         for query, current in (("我现在家在哪个区？", home), ("Where do I live these days?", home),
-                               ("我现在在哪上班？", job), ("Which company do I work for?", job)):
+                               ("我现在在哪上班？", job), ("Which company do I work for?", job),
+                               ("What am I driving these days?", car), ("我现在开的什么车？", car)):
             found = [h["text"] for h in await hits(c, query)]
             assert found[:1] == [current], (query, found)
             assert "用户喜欢周末去爬山。" not in found
@@ -274,10 +277,21 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("用户的儿子在育才中学读初二。", "用户的儿子转学到了实验二中。"),
     ("用户目前单身。", "用户最近交了个男朋友。"),
     ("用户是产品经理。", "用户转岗做了数据分析师。"),
+    ("User lives in a flat in Leith.", "User moved out of the Leith flat into a cottage in Crail."),
+    ("Mark and I rent a flat in Camden.", "User and Mark bought a house in Leeds."),
+    ("用户住在西雅图的Capitol Hill。", "User relocated to Portland."),
+    ("I'm a data analyst at Zillow.", "I'm now the analytics lead at Redfin."),
+    ("User works at Monzo.", "User started a new job as a product designer at Wise."),
+    ("User works as a line cook.", "User accepted a job as the head chef at a bistro."),
+    ("User drives a silver 2016 Honda Accord.", "User sold the Accord and got a used Ford Ranger."),
+    ("用户开一辆红色的马自达3。", "用户把马自达卖了，换了一辆白色的特斯拉。"),
+    ("User's favourite dish is pad thai.", "User's new go-to dish is Sri Lankan dhal."),
 ], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
         "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
         "model-en-zh", "latin-name-zh", "car-model-en", "car-sold-zh", "weight-en-zh", "rent-en",
-        "manager-en", "child-school-zh", "dating-zh", "title-zh"])
+        "manager-en", "child-school-zh", "dating-zh", "title-zh", "moved-into-en",
+        "we-bought-en", "lived-at-zh-en", "the-lead-at-en", "new-job-at-en", "new-job-as-en",
+        "car-adjective-en", "car-adjective-zh", "go-to-en"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
