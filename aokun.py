@@ -60,6 +60,7 @@ import calendar
 import configparser
 import contextlib
 import datetime as dt
+import difflib
 import errno
 import functools
 import hashlib
@@ -2509,9 +2510,10 @@ class Rules:
         others = sorted((w for w, who in self.slot_subject.items() if who not in ("user", "")),
                         key=len, reverse=True)
         #: _slot_of: someone other than the user, named before a match that names no subject
-        self._other_subject = re.compile("|".join(
-            rf"\b{re.escape(w)}\b" if w.isascii() else re.escape(w) for w in others) or r"(?!)",
-            re.IGNORECASE)
+        self._other_subject = re.compile("|".join(  # my sisters job: 's missing
+            rf"(?<![a-z]){re.escape(w)}(?:'?s)?(?![a-z])" if w.isascii() else re.escape(w)
+            for w in others)
+            or r"(?!)", re.IGNORECASE)
         self.slot_thing = {self._key(w): thing for thing, words in data.get("things", {}).items()
                            for w in [thing, *words]}
         self.slot_alias = {self._key(w): self._key(v) for v, words in data.get("values", {}).items()
@@ -5821,11 +5823,14 @@ class Recall:
                          if k in set(who.values()) - {None, "user", ""} and w not in words)
 
     def _names(self, text: str, people) -> frozenset:
-        """The names a question gives: query_names, the Chinese names jieba finds (Segmenter.names)
-        and the persona's `people` (folded, lower-cased) it holds or spells (Li Xiang: 李想)."""
+        """The names a question gives: query_names (one a letter or two off a person of `people`,
+        the persona's, folded and lower-cased, with its first letter, is that person: Hanah), the
+        Chinese names jieba finds (Segmenter.names) and the `people` it holds or spells (李想)."""
         folded = fold(text).lower()
         spelt = pinyin_spans(folded, self.seg.pinyin)
-        return frozenset(query_names(text) | self.seg.names(text) | {
+        given = {n if n in people or len(n) < 4 else next(iter(difflib.get_close_matches(
+            n, [p for p in people if p[:1] == n[:1]], 1, 0.8)), n) for n in query_names(text)}
+        return frozenset(given | self.seg.names(text) | {
             n for n in people if n in folded and _CJK.search(n) or n.replace(" ", "") in spelt})
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:

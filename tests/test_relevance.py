@@ -243,3 +243,24 @@ def test_the_user_named_a_participant_is_still_the_user(local_mem):
                         ("我对什么过敏？", "我对猫毛过敏。")):
         got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="named")["results"]]
         assert want in got and "Priya is allergic to shellfish." not in got, (query, got)
+
+
+@pytest.mark.slow
+def test_questions_as_people_type_them_find_whose_fact_they_ask(local_mem):
+    """A name a letter off (Hanah), a possessive without its apostrophe (my sisters job), a
+    relative in English inside a Chinese question (我的partner), a short kin word (我弟: 弟弟)."""
+    memories = [("User's sister Hannah teaches chemistry in Seattle.", ["Hannah"]),
+                ("Hannah is allergic to shellfish.", ["Hannah"]),
+                ("User's partner Theo is a nurse at OHSU.", ["Theo"]),
+                ("User is allergic to penicillin.", []), ("User works as a backend engineer.", []),
+                ("用户的弟弟陈乐在深圳读大学。", ["陈乐"]), ("用户喜欢周末去爬山。", [])]
+    for text, who in memories:
+        local_mem.memorize(text, {"persona_id": "typed", "participants": who})
+    for query, wanted in (("What is Hanah allergic to?", "Hannah is allergic to shellfish."),
+                          ("whats my sisters job", "User's sister Hannah teaches chemistry in "
+                                                   "Seattle."),
+                          ("我的partner是做什么的", "User's partner Theo is a nurse at OHSU."),
+                          ("我弟在哪读书？", "用户的弟弟陈乐在深圳读大学。")):
+        hits = [h["text"] for h in local_mem.recall(query, k=3, persona_id="typed")["results"]]
+        assert hits[:1] == [wanted], (query, hits)
+        assert "User works as a backend engineer." not in hits[:1]
