@@ -2283,7 +2283,8 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
         if script == "latin":
             found |= names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},
                                  doc_tokens, seg.pinyin)
-        kin = any(w in doc_tokens or _CJK.search(w) and w in content for w in q.get("kin", ()))
+        kin = any(w in doc_tokens or _CJK.search(w) and w in content
+                  for ws in q.get("kin_words", {}).values() for w in ws)
         cover = 1.0 if found or kin else None  # memory proves nothing (West Lake is 西湖)
         evidence = (q["personal"] and not q.get("howto") or found or shared) and (  # then names:
             found or not names or script == "cjk" and not seg.names(content))  # another's
@@ -5403,6 +5404,11 @@ class Channels:
             return fetch_dicts(conn, sql, params)
 
 
+#: Recall._kin_names: a relative's words ({w}), then the name a memory gives them
+KIN_NAME = (r"(?:\b(?i:my|our|(?:the\s+)?user's)\s+(?i:{w})\s*,?\s+(?P<en>[A-Z][a-z]+)"
+            r"|(?:我|用户)的?(?:{w})(?:叫)?(?P<zh>[\u4e00-\u9fff]{2,4}))")
+
+
 @dataclass
 class RecallQuery:
     """One recall's inputs as fusion needs them (built by Recall.recall)."""
@@ -5546,7 +5552,8 @@ class Recall:
             nothing = {"results": [], "degraded": [], "intent": None,
                        "warnings": warnings + ["the query has no searchable words"]}
             return self._answer(key, nothing, started)
-        kin = self._kin(tokens).union(*self._kin(tokens, True).values())  # 我妈: mom, 妈妈
+        same = {t: ws + self._kin_names(persona, ws) for t, ws in self._kin(tokens).items()}
+        kin = set().union(*same.values())  # 我妈: mom, 妈妈; my wife: 老婆, carla
         params = self._channel_params(tokens + sorted(kin - set(tokens)), window, k, persona,
                                       session, include_archived, as_of_iso)
         degraded, stats = [], {}
@@ -5563,7 +5570,7 @@ class Recall:
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
             vector=vector, tokens=set(tokens), warnings=warnings, stats=stats, text=query,
-            project=project, scope=scope))
+            project=project, scope=scope, about={"kin_words": same}))
         results, left_out = bound_hits(results, *bounds)
         if left_out:
             warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the "
@@ -5809,18 +5816,22 @@ class Recall:
             out.append(hit)
         return out if q.historical else self._newer_first(out, q, docs)
 
-    def _kin(self, tokens, same=False):
-        """The words in the other script of the relatives a question's tokens name (wife: 老婆,
-        妻子; rules/predicates.toml [subjects]): how a memory in that script names them. `same`:
-        {token: the words in its script of the relative it names} (我弟: 弟弟, 哥哥)."""
+    def _kin(self, tokens) -> dict[str, list]:
+        """{token: the words, in both scripts, of the relative it names} of a question's tokens
+        (我弟: 弟弟, 哥哥, brother; wife: 老婆, 妻子; rules/predicates.toml [subjects])."""
         who = {t: self.rules.slot_subject.get(SUBJECT_OWNER.sub("", t)) for t in tokens}
-        cjk = query_script(tokens) == "cjk"
-        words = {w: k for w, k in self.rules.slot_subject.items() if bool(_CJK.search(w)) == cjk}
-        if same:
-            return {t: [w for w, k in words.items() if k == r] for t, r in who.items()
-                    if r not in (None, "user", "")}
-        return frozenset(w for w, k in self.rules.slot_subject.items()
-                         if k in set(who.values()) - {None, "user", ""} and w not in words)
+        return {t: [w for w, k in self.rules.slot_subject.items() if k == r]
+                for t, r in who.items() if r not in (None, "user", "")}
+
+    def _kin_names(self, persona, words: list) -> list[str]:
+        """The names, lower-cased, the persona's memories give the relative called by `words`
+        ("User's wife Carla…", "用户的老婆王婷…"; KIN_NAME): "my wife" asks of Carla's facts too."""
+        rx = re.compile(KIN_NAME.replace("{w}", "|".join(map(re.escape, words))))
+        rows = self.rows(self.queries["recall_kin_memories"], {
+            "match": fts_query(words), "persona_id": persona}) if persona and words else ()
+        given = [(m["en"], m["zh"] or "") for r in rows for m in rx.finditer(fold(r["content"]))]
+        return sorted({(en or next((n for n in self.seg.names(zh) if zh.startswith(n)), "")).lower()
+                       for en, zh in given} - {""})
 
     def _names(self, text: str, people) -> frozenset:
         """The names a question gives: query_names (one a letter or two off a person of `people`,
@@ -5845,9 +5856,8 @@ class Recall:
         people = [] if persona is None else [  # not a participant "user" or "我"
             n for n in self.persona_people(persona) if self.rules.slot_subject.get(n) != "user"]
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
-                 "howto": self.rules.howto(q.text),
+                 "howto": self.rules.howto(q.text), "kin_words": q.about.get("kin_words", {}),
                  "names": self._names(q.text, people), "text": fold(q.text),
-                 "kin": self._kin(q.tokens), "kin_words": self._kin(q.tokens, True),
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)

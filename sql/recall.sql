@@ -403,6 +403,13 @@ having gone is not null and live is not null;
 -- give (Recall._names).
 select value from graph_nodes where persona_id = :persona_id and node_type = 'person';
 
+-- name: recall_kin_memories
+-- Up to 50 live memories of :persona_id holding a relative's words (:match, an FTS5 expression):
+-- the names they give the relative (Recall._kin_names: "User's wife Carla…").
+select d.content from documents_fts f join documents d on d.id = f.rowid
+where documents_fts match :match and d.persona_id = :persona_id and d.archived = 0
+limit 50;
+
 -- name: recall_slots
 -- The single-valued slots (rules/predicates.toml) that the user's current atoms of memories :ids
 -- fill (Recall._relevant: a question asking for one is answered by them whatever their words).
