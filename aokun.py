@@ -2577,9 +2577,10 @@ class Rules:
         for tail in (" ".join(words[i:]) for i in range(min(4, len(words)))):
             if tail != key and words[-1 - tail.count(" ")] in self.slot_category:
                 return tail  # a brand and its model: "subaru outback"
-            for n in range(len(tail), 1, -1):
-                if n < len(tail) and tail[n - 1].isascii() and not MODEL_SUFFIX.match(tail[n:]):
-                    continue  # Latin script: a name, then only a model's number ("iphone 15 pro")
+            for n in range(len(tail), 1, -1):  # Latin: a name, then a model's number only
+                if n < len(tail) and (not MODEL_SUFFIX.match(tail[n:]) if tail[n - 1].isascii()
+                                      else len(tail) - n > 3):  # 上海浦东, not 多伦多一家保险公司
+                    continue
                 head = tail[:n].strip()
                 if head in self.alias_of:
                     return self.canonical(head)
