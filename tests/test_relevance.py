@@ -248,19 +248,25 @@ def test_the_user_named_a_participant_is_still_the_user(local_mem):
 @pytest.mark.slow
 def test_questions_as_people_type_them_find_whose_fact_they_ask(local_mem):
     """A name a letter off (Hanah), a possessive without its apostrophe (my sisters job), a
-    relative in English inside a Chinese question (我的partner), a short kin word (我弟: 弟弟)."""
+    relative in English inside a Chinese question (我的partner), a short kin word (我弟: 弟弟), a
+    name in lower case (aidens, wang zhe: 王哲)."""
     memories = [("User's sister Hannah teaches chemistry in Seattle.", ["Hannah"]),
                 ("Hannah is allergic to shellfish.", ["Hannah"]),
                 ("User's partner Theo is a nurse at OHSU.", ["Theo"]),
                 ("User is allergic to penicillin.", []), ("User works as a backend engineer.", []),
-                ("用户的弟弟陈乐在深圳读大学。", ["陈乐"]), ("用户喜欢周末去爬山。", [])]
+                ("用户的弟弟陈乐在深圳读大学。", ["陈乐"]), ("用户喜欢周末去爬山。", []),
+                ("Aiden's band plays the Horseshoe Tavern on 22 November.", ["Aiden"]),
+                ("朋友王哲下个月来多伦多找用户玩。", ["王哲"])]
     for text, who in memories:
         local_mem.memorize(text, {"persona_id": "typed", "participants": who})
     for query, wanted in (("What is Hanah allergic to?", "Hannah is allergic to shellfish."),
                           ("whats my sisters job", "User's sister Hannah teaches chemistry in "
                                                    "Seattle."),
                           ("我的partner是做什么的", "User's partner Theo is a nurse at OHSU."),
-                          ("我弟在哪读书？", "用户的弟弟陈乐在深圳读大学。")):
+                          ("我弟在哪读书？", "用户的弟弟陈乐在深圳读大学。"),
+                          ("when is aidens gig",  # typed in lower case
+                           "Aiden's band plays the Horseshoe Tavern on 22 November."),
+                          ("when is wang zhe coming to visit", "朋友王哲下个月来多伦多找用户玩。")):
         hits = [h["text"] for h in local_mem.recall(query, k=3, persona_id="typed")["results"]]
         assert hits[:1] == [wanted], (query, hits)
         assert "User works as a backend engineer." not in hits[:1]
