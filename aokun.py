@@ -2679,6 +2679,8 @@ class Rules:
         text = fold(text).lower().lstrip()
         lead = SUBJECT_OWNER.match(text)
         rest = text[lead.end():] if lead else text
+        if lead and re.match(r"\s*(?:和|跟|与|同)", rest):  # 用户和 Marcus…: theirs together
+            return False
         if lead and (named := re.match(r"(?:\w+\s+|[\u4e00-\u9fff]{2})(?=\S)", rest)) and any(
                 rest[named.end():].startswith(p) for p in people):
             rest = rest[named.end():]  # "my friend Priya…", "我的朋友王芳…": whose fact is Priya's
