@@ -132,7 +132,8 @@ OFF_TOPIC = ["tell me a joke", "hi", "thanks!", "How do I reverse a list in Pyth
              "What is the capital of France?", "讲个笑话", "你好", "程序员一般几点下班",
              "今天天气怎么样", "Write a short poem about a cat",  # one word of four shared
              "我的电脑很卡怎么办？", "Why do my houseplants keep dying?",  # how-tos about "my" …
-             "How do I ask my boss for a raise?"]
+             "How do I ask my boss for a raise?",
+             "每天早上喝冰美式会不会伤胃"]  # an A-not-A question: 会不会
 
 
 @pytest.fixture
@@ -205,6 +206,8 @@ def test_a_name_meets_its_memory_by_word_or_by_pinyin(segmenter):
     ("What's a good variable name for a list of user IDs?", False),  # "user" a technical word
     ("Where does the user live?", True),
     ("What should I get my wife for her birthday?", True), ("理疗师建议我怎么缓解腰疼？", True),
+    ("咖啡喝多了会不会心慌", False), ("感冒了是不是应该多喝水", False),  # A-not-A: questions
+    ("我是不是对花生过敏", True),
 ])
 def test_whether_meaning_alone_may_answer_a_question(query, personal):
     assert aokun.Rules(aokun.Config(None)).personal(query) is personal
