@@ -133,7 +133,7 @@ OFF_TOPIC = ["tell me a joke", "hi", "thanks!", "How do I reverse a list in Pyth
              "今天天气怎么样", "Write a short poem about a cat",  # one word of four shared
              "我的电脑很卡怎么办？", "Why do my houseplants keep dying?",  # how-tos about "my" …
              "How do I ask my boss for a raise?",
-             "每天早上喝冰美式会不会伤胃"]  # an A-not-A question: 会不会
+             "喝咖啡会不会失眠"]  # an A-not-A question: 会不会
 
 
 @pytest.fixture
