@@ -2414,7 +2414,7 @@ MODEL_SUFFIX = re.compile(r"(?:\s+(?:[a-z]{0,2}\d+\w*|pro|max|plus|mini|ultra|ai
 #: ("用户写 Java 现在用 VS Code 了"); not "用户的好朋友老周住在苏州", "王芳住在顺义",
 #: "我爸爸明年退休"
 SLOT_BARE_CLAUSE = re.compile(r"(?:\s|现在|目前|如今|已经|最近|刚刚?|也|还是|仍然|一直|终于|后来|"
-                              r"今年|去年|上个?月|上周|前几天)*")
+                              r"今年|去年|上个?月|[上本这]周|前几天|前阵子|[月年][初底]|这个?月|上个?星期)*")
 SLOT_USER_LEAD = re.compile(r"\s*(?:我们?|用户|(?i:the\s+user|user|i|we)\b)(?!的|'s)")
 SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计划|"
                          r"\b(?:will|going\s+to|plans?\s+to|next\s+(?:year|month|week))\b")
