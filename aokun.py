@@ -5854,6 +5854,7 @@ class Recall:
         persona = q.params["persona_id"]
         people = [] if persona is None else [  # not a participant "user" or "我"
             n for n in self.persona_people(persona) if self.rules.slot_subject.get(n) != "user"]
+        people += {n.split()[0] for n in people if " " in n and len(n.split()[0]) > 2}  # Gwen
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
                  "howto": self.rules.howto(q.text), "kin_words": q.about.get("kin_words", {}),
                  "names": self._names(q.text, people), "text": fold(q.text),

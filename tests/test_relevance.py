@@ -240,12 +240,18 @@ def test_asking_for_plans_of_a_day_finds_them_in_the_other_language(local_mem, m
 def test_the_user_named_a_participant_is_still_the_user(local_mem):
     """Assistants may send participants ["user"] or ["我"]: the user's own facts stay theirs."""
     for text, who in (("User is allergic to peanuts.", "user"), ("我对猫毛过敏。", "我"),
-                      ("Priya is allergic to shellfish.", "Priya")):
+                      ("Priya is allergic to shellfish.", "Priya Raman"),
+                      ("User has a ginger cat called Marmalade.", "user"),
+                      ("Gwen has a tabby cat called Pickle.", "Gwen Pritchard")):
         local_mem.memorize(text, {"persona_id": "named", "participants": [who]})
-    for query, want in (("What am I allergic to?", "User is allergic to peanuts."),
-                        ("我对什么过敏？", "我对猫毛过敏。")):
+    for query, want, theirs in (
+            ("What am I allergic to?", "User is allergic to peanuts.",
+             "Priya is allergic to shellfish."),
+            ("我对什么过敏？", "我对猫毛过敏。", "Priya is allergic to shellfish."),
+            ("What is my cat called?", "User has a ginger cat called Marmalade.",  # her first name
+             "Gwen has a tabby cat called Pickle.")):
         got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="named")["results"]]
-        assert want in got and "Priya is allergic to shellfish." not in got, (query, got)
+        assert want in got and theirs not in got, (query, got)
 
 
 @pytest.mark.slow
