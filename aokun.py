@@ -5547,6 +5547,7 @@ class Recall:
                        "warnings": warnings + ["the query has no searchable words"]}
             return self._answer(key, nothing, started)
         same = {t: ws + self._kin_names(persona, ws) for t, ws in self._kin(tokens).items()}
+        same |= {t: [t[:-1]] for t in tokens if re.fullmatch(r"[a-z]{3,}[^su]s", t)}  # aidens gig
         kin = set().union(*same.values())  # 我妈: mom, 妈妈; my wife: 老婆, carla
         params = self._channel_params(tokens + sorted(kin - set(tokens)), window, k, persona,
                                       session, include_archived, as_of_iso)

@@ -265,7 +265,8 @@ def test_questions_as_people_type_them_find_whose_fact_they_ask(local_mem):
                 ("User is allergic to penicillin.", []), ("User works as a backend engineer.", []),
                 ("用户的弟弟陈乐在深圳读大学。", ["陈乐"]), ("用户喜欢周末去爬山。", []),
                 ("Aiden's band plays the Horseshoe Tavern on 22 November.", ["Aiden"]),
-                ("朋友王哲下个月来多伦多找用户玩。", ["王哲"])]
+                ("朋友王哲下个月来多伦多找用户玩。", ["王哲"]),
+                ("Felix's band plays the Roxy on Friday.", [])]  # not a participant
     for text, who in memories:
         local_mem.memorize(text, {"persona_id": "typed", "participants": who})
     for query, wanted in (("What is Hanah allergic to?", "Hannah is allergic to shellfish."),
@@ -275,7 +276,8 @@ def test_questions_as_people_type_them_find_whose_fact_they_ask(local_mem):
                           ("我弟在哪读书？", "用户的弟弟陈乐在深圳读大学。"),
                           ("when is aidens gig",  # typed in lower case
                            "Aiden's band plays the Horseshoe Tavern on 22 November."),
-                          ("when is wang zhe coming to visit", "朋友王哲下个月来多伦多找用户玩。")):
+                          ("when is wang zhe coming to visit", "朋友王哲下个月来多伦多找用户玩。"),
+                          ("when is felixs gig", "Felix's band plays the Roxy on Friday.")):
         hits = [h["text"] for h in local_mem.recall(query, k=3, persona_id="typed")["results"]]
         assert hits[:1] == [wanted], (query, hits)
         assert "User works as a backend engineer." not in hits[:1]
