@@ -2265,9 +2265,9 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     vector, names = q["vector"], q["names"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(doc_tokens)
-    # a memory's word cut otherwise in the question is one they share (体检 in 体检查出来), and
-    # its word for a relative the question names (我弟: 弟弟)
-    tokens = {next((w for w in q.get("kin_words", {}).get(t, ()) if w in doc_tokens), t)
+    # a memory's word cut otherwise in the question is one they share (体检 in 体检查出来), and a
+    # variant of a question's word (recall's: 我弟: 弟弟, my wife: carla, aidens: aiden)
+    tokens = {next((w for w in q.get("variants", {}).get(t, ()) if w in doc_tokens), t)
               for t in q["tokens"]}
     shared = token_cover(tokens | {t for t in doc_tokens if len(t) > 1 and _CJK.search(t)
                                    and t in q["text"]}, doc_tokens, seg.weight)
@@ -2282,7 +2282,7 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
             found |= names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},
                                  doc_tokens, seg.pinyin)
         kin = any(w in doc_tokens or _CJK.search(w) and w in content
-                  for ws in q.get("kin_words", {}).values() for w in ws)
+                  for ws in q.get("variants", {}).values() for w in ws)
         cover = 1.0 if found or kin else None  # memory proves nothing (West Lake is 西湖)
         evidence = (q["personal"] and not q.get("howto") or found or shared) and (  # then names:
             found or not names or script == "cjk" and not seg.names(content))  # another's
@@ -5548,7 +5548,7 @@ class Recall:
             return self._answer(key, nothing, started)
         same = {t: ws + self._kin_names(persona, ws) for t, ws in self._kin(tokens).items()}
         same |= {t: [t[:-1]] for t in tokens if re.fullmatch(r"[a-z]{3,}[^su]s", t)}  # aidens gig
-        kin = set().union(*same.values())  # 我妈: mom, 妈妈; my wife: 老婆, carla
+        kin = set().union(*same.values())  # variants: 我妈: mom, 妈妈; my wife: 老婆, carla
         params = self._channel_params(tokens + sorted(kin - set(tokens)), window, k, persona,
                                       session, include_archived, as_of_iso)
         degraded, stats = [], {}
@@ -5565,7 +5565,7 @@ class Recall:
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
             vector=vector, tokens=set(tokens), warnings=warnings, stats=stats, text=query,
-            project=project, scope=scope, about={"kin_words": same}))
+            project=project, scope=scope, about={"variants": same}))
         results, left_out = bound_hits(results, *bounds)
         if left_out:
             warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the "
@@ -5857,7 +5857,7 @@ class Recall:
             n for n in self.persona_people(persona) if self.rules.slot_subject.get(n) != "user"]
         people += {n.split()[0] for n in people if " " in n and len(n.split()[0]) > 2}  # Gwen
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
-                 "howto": self.rules.howto(q.text), "kin_words": q.about.get("kin_words", {}),
+                 "howto": self.rules.howto(q.text), "variants": q.about.get("variants", {}),
                  "names": self._names(q.text, people), "text": fold(q.text),
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
