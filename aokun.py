@@ -5836,7 +5836,8 @@ class Recall:
         folded = fold(text).lower()
         spelt = pinyin_spans(folded, self.seg.pinyin)
         given = {n if n in people or len(n) < 3 else next(iter(difflib.get_close_matches(
-            n, [p for p in people if p[:1] == n[:1]], 1, 0.8)), n) for n in query_names(text)}
+            n, [p for p in people if p[:1] == n[:1]], 1, 0.8)), n) for n in query_names(text)
+            if n not in self.rules.slot_subject}  # "Where does Mom live?": a relative, no name
         w = re.findall(r"[a-z]+", folded) if text == text.lower() else []  # typed in lower case
         spelt |= {"".join(w[i:i + k]) for i in range(len(w)) for k in (1, 2, 3)}
         spelt |= {g[:-1] for g in spelt if g.endswith("s")}  # aidens: aiden's
