@@ -2614,12 +2614,16 @@ class Rules:
                 thing += "/" + self._thing(use)
             name = f"{name}:{thing}"
         who = g.get("subject")
-        if not who:  # the user when its clause says so (SLOT_BARE_CLAUSE), else a name in it
-            clause = re.split(r"[，。；！？,.;!?]", m.string[:m.start()])[-1]
-            lead = SLOT_USER_LEAD.match(clause)
-            if self._other_subject.search(clause) or SLOT_FUTURE.search(clause):
+        if not who:  # the user when its clause says so (SLOT_BARE_CLAUSE), else a name in it; a
+            # later clause's is its sentence's ("我妹妹住在成都，在设计公司上班": not the user's)
+            sentence = re.split(r"[。！？.!?\n]", m.string[:m.start()])[-1]
+            clause = re.split(r"[，；,;]", sentence)[-1]
+            lead = SLOT_USER_LEAD.match(clause) or clause != sentence and SLOT_USER_LEAD.match(
+                sentence)
+            if self._other_subject.search(sentence) or SLOT_FUTURE.search(clause):
                 return None
-            bare = SLOT_BARE_CLAUSE.fullmatch(clause[lead.end():] if lead else clause)
+            bare = clause == sentence and SLOT_BARE_CLAUSE.fullmatch(
+                clause[lead.end():] if lead else clause)
             return name, value, "user" if bare or lead else None
         key = self._key(who)
         rest = SUBJECT_OWNER.sub("", re.sub(r"'s$", "", key))
@@ -2686,7 +2690,7 @@ class Rules:
             rest = rest[named.end():]  # "my friend Priya…", "我的朋友王芳…": whose fact is Priya's
         who = self._other_subject.match(rest)
         end = who.end() if who else next((len(p) for p in people if rest.startswith(p) and (
-            _CJK.search(p) or not rest[len(p):len(p) + 1].isalnum())), None)
+            _CJK.search(p) or not re.match(r"[a-z0-9]", rest[len(p):len(p) + 1]))), None)
         if end is None and _CJK.match(rest):
             end = next((len(n) for n in seg.names(rest[:10]) if rest.startswith(n)), None)
         return end is not None and not self._speaks_of_user.search(rest[end:])
@@ -5441,7 +5445,8 @@ class Recall:
                 or "warm up 预热")[:200]
         v = self._query_vector(text).astype(np.float32) if self.vectors_usable else None
         self.seg.pinyin("预热"), self.seg.names("预热")
-        params = self._channel_params(self.seg.tokens(text), None, 10, "", "", False, "")
+        words = self.seg.tokens(text) or ["预热"]  # an emoji's has none
+        params = self._channel_params(words, None, 10, "", "", False, "")
         self._warm_channels(("bm25", "graph_keyword"), params)
         if v is not None:
             self.background(v)

@@ -120,7 +120,8 @@ async def test_a_question_about_the_user_gets_no_named_persons_fact(client):
     ("我和妹妹去了成都", False), ("My wife and I moved to Lyon.", False),
     ("My friend Priya is allergic to shellfish.", True), ("My trip with Priya was fun.", False),
     ("User is allergic to peanuts.", False), ("我对花生过敏。", False),
-    ("用户和 Priya 申请到了 Punggol 的房子。", False), ("用户跟Priya住在一起", False)])
+    ("用户和 Priya 申请到了 Punggol 的房子。", False), ("用户跟Priya住在一起", False),
+    ("我朋友Priya对猫毛过敏", True)])
 def test_a_memory_that_leads_with_someone_else_is_their_fact(segmenter, text, others):
     assert aokun.Rules(aokun.Config(None)).others_fact(text, ["priya"], segmenter) is others
 

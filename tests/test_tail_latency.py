@@ -135,3 +135,13 @@ async def test_a_new_server_warms_recall_up_in_the_background(tmp_path, segmente
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
+
+
+def test_warm_up_on_a_newest_memory_without_words(mem):
+    """The newest memory is an emoji: warm_recall searches a word of its own (it raised 'fts5:
+    syntax error near ""', and the first recall paid the warm-up)."""
+    mem.memorize("User lives in Lyon.", {"persona_id": "p"})
+    mem.memorize("🎈🎈", {"persona_id": "p"})
+    mem.conn.execute("analyze")  # as maintenance does: the planner then reads MATCH '' first
+    mem.warm_recall()
+    assert mem.recall("Where do I live?", k=3, persona_id="p")["results"]

@@ -305,7 +305,8 @@ def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new
     ("User has a dog named Bobo.", "用户新养了一只兔子。"),
     ("用户的妈妈每天喝茶。", "用户每天喝咖啡。"),
     ("I go to the gym on Mondays.", "My wife goes to the gym on Fridays."),
-], ids=["pets-both", "habits-two-things", "schedule-two-people"])
+    ("我妹妹张悦住在成都，在一家设计公司上班。", "我从阿里离职了，现在在字节跳动做资深工程师。"),
+], ids=["pets-both", "habits-two-things", "schedule-two-people", "sisters-job-then-mine-zh"])
 def test_slots_silent_for_facts_that_both_hold(mem, first, second):
     mem.memorize(first, {"persona_id": "p"})
     assert mem.memorize(second, {"persona_id": "p"})["may_update"] == []
