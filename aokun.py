@@ -3039,7 +3039,7 @@ class Store:
         why = " ".join(str(why).split())[:200]
         if self._damage is None:
             self._damage = why
-            log.debug("database %s is damaged: %s; writes are refused", self.path, why)
+            log.debug("database %s is damaged: %s", self.path, why)
             with contextlib.suppress(OSError):
                 self.damage_marker.write_text(why, encoding="utf-8")
         backups = [f for f in self.backup_dir().glob(f"{self.path.stem}-*.db") if f.is_file()]
@@ -3047,9 +3047,9 @@ class Store:
         salvage = ("recover NEW.db", {})
         if newest is None:
             return DamagedFile(f"database {self.path} is damaged ({why}) and {self.backup_dir()} "
-                               "holds no backup; writes are refused: {hint0} saves what is "
+                               "holds no backup: {hint0} saves what is "
                                "readable into a new file", hints=[salvage])
-        return DamagedFile(f"database {self.path} is damaged ({why}); writes are refused: {{hint0}}"
+        return DamagedFile(f"database {self.path} is damaged ({why}): {{hint0}}"
                            " puts back the newest backup, or {hint1} saves what is readable into "
                            "a new file", hints=[(f"restore {newest}", {"yes": True}), salvage])
 
