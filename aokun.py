@@ -5648,20 +5648,18 @@ class Recall:
 
     def _may_replace(self, hits: list[dict], by: dict, docs: dict) -> dict[int, int]:
         """{hit id: the newest later hit memorize's event or meaning signal links to it
-        (event_changed, event_pair, _near_rival: in one script, sharing a word besides names and
-        [events] words)}, `by` (replaced) left out, marked on the hits."""
-        out, age = {}, lambda h: (h["created_at"], h["id"])
-        skip = self.rules.event_words | self.people_words(hits[0]["persona_id"]) if hits else set()
+        (event_changed, event_pair, _near_rival)}, `by` (replaced) left out, marked on the hits."""
+        out, skip, age = {}, None, lambda h: (h["created_at"], h["id"])
         for new in sorted(hits, key=age):
             older = {h["id"] for h in hits if h["id"] not in by and age(h) < age(new)}
-            mine, cjk = set(self.seg.tokens(new["text"])) - skip, bool(_CJK.search(new["text"]))
             if older and self.event_changed(new["text"]):
+                skip = skip or self.rules.event_words | self.people_words(new["persona_id"])
+                words = set(self.seg.tokens(new["text"])) - skip
                 out |= {i: new["id"] for i in older if self.event_pair(
-                    mine, set(docs[i]["segmented"].split()) - skip)}
+                    words, set(docs[i]["segmented"].split()) - skip)}
             near = self._near_rival(Prepared(new["text"], new["persona_id"], document_id=new[
                 "id"], created_at=new["created_at"]), set()) if older else []
-            out |= {i: new["id"] for i, _ in near if i in older and (cjk != bool(_CJK.search(
-                docs[i]["content"])) or mine & set(docs[i]["segmented"].split()))}
+            out |= {i: new["id"] for i, _ in near if i in older}
         for h in hits:
             h.update({"may_be_replaced_by": out[h["id"]]} if h["id"] in out else {})
         return out

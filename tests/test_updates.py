@@ -548,22 +548,3 @@ async def test_an_assistants_key_facts_without_a_subject_are_the_users(server):
                                                                   "river."}]
         found = [(h["id"], h.get("replaced_by")) for h in await hits(c, "Portland Seattle")]
         assert found[:2] == [(new["id"], None), (old["id"], new["id"])]
-
-
-class SportsEmbedder(MeaningEmbedder):
-    """Badminton and pilates at one place in meaning: near as the local model puts short Chinese
-    sentences of two different classes."""
-
-    topics = {"羽毛球": 0, "普拉提": 0}
-
-
-def test_a_meaning_link_in_one_script_needs_a_word_in_common(open_mem, tmp_path, monkeypatch):
-    embedder = SportsEmbedder(16)
-    monkeypatch.setitem(aokun.MAY_UPDATE_COSINE, embedder.model,
-                        {"latin": 0.9, "han": 0.9, "mixed": 0.9})
-    m = open_mem(tmp_path / "m.db", embedder=embedder)
-    old = m.memorize("羽毛球改到周三晚上了。", {"persona_id": "p"})["id"]
-    new = m.memorize("周六的普拉提涨价了，现在一节课42块。", {"persona_id": "p"})["id"]
-    hits = m.recall("羽毛球现在是星期几打", k=3, persona_id="p")["results"]
-    assert old in [h["id"] for h in hits]
-    assert all(h.get("may_be_replaced_by") != new for h in hits), hits
