@@ -5587,14 +5587,16 @@ class Recall:
         self._touch([h["id"] for h in results] if r.reinforce_on_recall and not as_of_iso else [])
         return answer
 
-    def replacements(self, ids) -> dict[int, int]:
+    def replacements(self, ids, prefer=None) -> dict[int, int]:
         """{memory id: the newest memory of its chain of replacements} for those of `ids` a newer
-        one replaced (sql replacements), at most REPLACED_HOPS hops."""
+        one replaced (sql replacements), at most REPLACED_HOPS hops; of a memory's several (one per
+        fact it stated), the one `prefer` ({id: weight}: recall's hits' relevance) weighs most."""
         out: dict[int, int] = {}
         ask, hops = sorted(set(ids)), 0
-        while ask and hops < REPLACED_HOPS:
-            step = {r["id"]: r["by"] for r in self.rows(self.queries["replacements"],
-                                                         {"ids": json.dumps(ask)})}
+        while ask and hops < REPLACED_HOPS:  # the last of a memory's rows wins: the newest, or
+            step = {r["id"]: r["by"] for r in sorted(self.rows(  # the one preferred
+                self.queries["replacements"], {"ids": json.dumps(ask)}), key=lambda r: (
+                    (prefer or {}).get(r["by"], -1), r["newest"]))}
             out = {i: step.get(by, by) for i, by in out.items()} | {
                 i: by for i, by in step.items() if i not in out}
             ask, hops = sorted(set(step.values()) - set(step)), hops + 1
@@ -5620,7 +5622,7 @@ class Recall:
         """recall's q.k hits, each replaced one (in part: when _asks_retired) marked `replaced_by`
         the newer one, put right above it (newer_first; added with the older one's parts); one
         that may be (_may_replace) marked `may_be_replaced_by` the hit put above it."""
-        by = self.replacements([h["id"] for h in hits])
+        by = self.replacements(rel := {h["id"]: h["relevance"] or 0 for h in hits}, rel)
         maybe = self._may_replace(hits, by, docs)
         part = self.partly_replaced(by) if by else {}
         have = {h["id"] for h in hits}

@@ -371,9 +371,9 @@ select doc_id, embedding from doc_vectors where doc_id in (select value from jso
 -- For each memory of :ids (a JSON array) replaced by a newer one, the newer memory (by) and when
 -- it was written: one whose atom superseded an atom this memory states (a new value of its slot,
 -- or a fact memorize(supersedes) retired), or the one it is linked to by documents.superseded_by
--- (memorize's supersedes); of several, the newest. Recall ranks the newer first and marks this one
--- replaced_by it.
-select id, by, max(created_at || printf(' %012d', by)) as newest from (
+-- (memorize's supersedes); each of several (Recall.replacements picks one). Recall ranks the newer
+-- first and marks this one replaced_by it.
+select id, by, created_at || printf(' %012d', by) as newest from (
 select s.document_id as id, n.document_id as by, nd.created_at
 from atom_sources s
 join memory_atoms o on o.id = s.atom_id and o.state = 'superseded'
@@ -384,7 +384,7 @@ union
 select d.id, d.superseded_by, nd.created_at
 from documents d join documents nd on nd.id = d.superseded_by
 where d.id in (select value from json_each(:ids)))
-group by id;
+order by newest;
 
 -- name: replaced_facts
 -- The search tokens of the retired facts (atoms superseded by a newer memory's), and of the live

@@ -155,6 +155,13 @@ async def test_the_trial_across_languages_with_the_local_model(tmp_path, segment
         for home in ("Where do I live?", "我住在哪里？"):
             found = [(h["id"], h.get("replaced_by")) for h in await hits(c, home)]
             assert found[:2] == [(new, None), (old, new)], home
+        # the job changes too: the old memory has two replacements, one per fact
+        job = (await call(c, "memorize", {
+            "content": "我从设计公司离职了，现在在字节跳动做产品经理。"}))["id"]
+        found = {h["id"]: h.get("replaced_by") for h in await hits(c, "Where do I live now?")}
+        assert found.get(old) == new and found.get(new) is None, found
+        found = {h["id"]: h.get("replaced_by") for h in await hits(c, "我现在做什么工作？")}
+        assert found.get(old) == job and found.get(job) is None, found
 
 
 @pytest.mark.slow
