@@ -2266,7 +2266,7 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(doc_tokens)
     # a memory's word cut otherwise in the question is one they share (体检 in 体检查出来), and a
-    # variant of a question's word (recall's: 我弟: 弟弟, my wife: carla, aidens: aiden)
+    # variant of a question's word (recall's: 我弟: 弟弟, my wife: carla)
     tokens = {next((w for w in q.get("variants", {}).get(t, ()) if w in doc_tokens), t)
               for t in q["tokens"]}
     shared = token_cover(tokens | {t for t in doc_tokens if len(t) > 1 and _CJK.search(t)
@@ -2281,8 +2281,8 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
         if script == "latin":
             found |= names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},
                                  doc_tokens, seg.pinyin)
-        kin = any(w in doc_tokens or _CJK.search(w) and w in content
-                  for ws in q.get("variants", {}).values() for w in ws)
+        kin = any(w in doc_tokens or _CJK.search(w) and w in content for ws in q.get(  # of its
+            "variants", {}).values() for w in ws if bool(_CJK.search(w)) == (script == "cjk"))
         cover = 1.0 if found or kin else None  # memory proves nothing (West Lake is 西湖)
         evidence = (q["personal"] and not q.get("howto") or found or shared) and (  # then names:
             found or not names or script == "cjk" and not seg.names(content))  # another's
@@ -5552,7 +5552,6 @@ class Recall:
                        "warnings": warnings + ["the query has no searchable words"]}
             return self._answer(key, nothing, started)
         same = {t: ws + self._kin_names(persona, ws) for t, ws in self._kin(tokens).items()}
-        same |= {t: [t[:-1]] for t in tokens if re.fullmatch(r"[a-z]{3,}[^su]s", t)}  # aidens gig
         kin = set().union(*same.values())  # variants: 我妈: mom, 妈妈; my wife: 老婆, carla
         params = self._channel_params(tokens + sorted(kin - set(tokens)), window, k, persona,
                                       session, include_archived, as_of_iso)

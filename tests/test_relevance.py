@@ -266,7 +266,6 @@ def test_questions_as_people_type_them_find_whose_fact_they_ask(local_mem):
                 ("用户的弟弟陈乐在深圳读大学。", ["陈乐"]), ("用户喜欢周末去爬山。", []),
                 ("Aiden's band plays the Horseshoe Tavern on 22 November.", ["Aiden"]),
                 ("朋友王哲下个月来多伦多找用户玩。", ["王哲"]),
-                ("Felix's band plays the Roxy on Friday.", []),  # not a participant
                 ("User's mother Carol lives in Sacramento.", ["Carol"])]
     for text, who in memories:
         local_mem.memorize(text, {"persona_id": "typed", "participants": who})
@@ -278,7 +277,6 @@ def test_questions_as_people_type_them_find_whose_fact_they_ask(local_mem):
                           ("when is aidens gig",  # typed in lower case
                            "Aiden's band plays the Horseshoe Tavern on 22 November."),
                           ("when is wang zhe coming to visit", "朋友王哲下个月来多伦多找用户玩。"),
-                          ("when is felixs gig", "Felix's band plays the Roxy on Friday."),
                           ("Is Teo a nurse?", "User's partner Theo is a nurse at OHSU."),
                           ("Where does Mom live?", "User's mother Carol lives in Sacramento.")):
         hits = [h["text"] for h in local_mem.recall(query, k=3, persona_id="typed")["results"]]
