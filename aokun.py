@@ -5841,7 +5841,7 @@ class Recall:
         question typed in lower case too (aidens gig, wang zhe: 王哲)."""
         folded = fold(text).lower()
         spelt = pinyin_spans(folded, self.seg.pinyin)
-        given = {n if n in people or len(n) < 3 else next(iter(difflib.get_close_matches(
+        given = {n if n in people or len(n) < 4 else next(iter(difflib.get_close_matches(
             n, [p for p in people if p[:1] == n[:1]], 1, 0.8)), n) for n in query_names(text)
             if n not in self.rules.slot_subject}  # "Where does Mom live?": a relative, no name
         w = re.findall(r"[a-z]+", folded) if text == text.lower() else []  # typed in lower case
