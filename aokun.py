@@ -2571,8 +2571,9 @@ class Rules:
         if key in self.slot_alias:
             return self.slot_alias[key]
         words = key.split(" ")
-        for tail in (" ".join(words[i:]) for i in range(min(4, len(words)))):
-            if tail != key and words[-1 - tail.count(" ")] in self.slot_category:
+        for i in range(min(4, len(words))):
+            tail = " ".join(words[i:])
+            if i and words[i] in self.slot_category:
                 return tail  # a brand and its model: "subaru outback"
             for n in range(len(tail), 1, -1):  # Latin: a name, then a model's number only
                 if n < len(tail) and (not MODEL_SUFFIX.match(tail[n:]) if tail[n - 1].isascii()
