@@ -1489,8 +1489,7 @@ class Weights:
         channel = {"bm25": r.weight_bm25, "vector": r.weight_vector,
                    "graph_keyword": r.weight_graph_keyword, "graph_vector": r.weight_graph_vector}
         return cls(channel=channel, doc_channels=doc, graph_channels=graph,
-                   fusion=r.fusion, rrf_k=r.rrf_k,
-                   alpha=r.score_alpha, beta=r.score_beta,
+                   fusion=r.fusion, rrf_k=r.rrf_k, alpha=r.score_alpha, beta=r.score_beta,
                    gamma=r.score_gamma + spec.get("recency_boost", 0.0), delta=r.score_delta,
                    graph_relevance=r.graph_rrf_weight, graph_importance=r.graph_importance_weight,
                    graph_recency=r.graph_recency_weight, graph_confidence=r.graph_confidence_weight,
@@ -1921,11 +1920,9 @@ def _relative_span(spec: dict, g: dict, today: dt.date, words: dict,
 
 def sentence_tense(text: str, words: dict) -> int:
     """-1 when fold(text) is about the past (rules/dates.toml [tense] past, and not future), 1 when
-    it is a plan (future), else 0."""
-    tense = words.get("tense", {})
-    if "future" in tense and tense["future"].search(text):
-        return 1
-    return -1 if "past" in tense and tense["past"].search(text) else 0
+    it is a plan (future), else 0 (and when a plan changed: change)."""
+    said = {k for k, rx in words.get("tense", {}).items() if rx.search(text)}
+    return 0 if "change" in said else 1 if "future" in said else -1 if "past" in said else 0
 
 
 def event_spans(text: str, created_at: str, words: dict, tz,
@@ -2336,8 +2333,7 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
     time_match (which of its times fell in the window: 'written', 'event' or 'written+event') and
     time_event (the event time that matched: {start, end})."""
     window = {"time_window": dict(zip(("start", "end", "phrase"), w.window, strict=True)),
-              "time_boost": p.get("time_boost", 0.0),
-              "time_match": p.get("time_match"),
+              "time_boost": p.get("time_boost", 0.0), "time_match": p.get("time_match"),
               "time_event": p.get("time_event")} if w.window else {}
     return window | {"ranks": {c: p["ranks"].get(c) for c in chosen},
             "scores": {c: scores[c][i] for c in scores if i in scores[c]}, "fusion": w.fusion,
@@ -2433,7 +2429,6 @@ class Rules:
     def __init__(self, cfg: Config):
         def read(setting: str) -> dict:
             return tomllib.loads(cfg.rule_file(setting).read_text(encoding="utf-8"))
-
         atoms = read(cfg.write.atom_rules)
         self.types: dict[str, dict] = atoms["types"]
         unknown = set(self.types) - set(ATOM_TYPES)
@@ -2481,7 +2476,6 @@ class Rules:
         self.time_words = load_time_words(cfg.rule_file(cfg.recall.time_words))
         self.event_dates = load_event_dates(cfg.rule_file(cfg.write.event_dates))
         self.time_words["dates"] = self.event_dates  # time_window's kinds 'before' and 'dates'
-
         self._slot_rules(read(cfg.forgetting.predicates))
 
     def _slot_rules(self, data: dict) -> None:
@@ -3283,8 +3277,7 @@ class Vectors:
         if dim:
             for table, key in (("doc_vectors", "doc_id"), ("graph_vectors", "entry_id")):
                 rows = self.conn.execute(f"select {key}, embedding from {table} "
-                                         "where length(embedding) = ?",
-                                         (4 * int(dim),)).fetchall()
+                                         "where length(embedding) = ?", (4 * int(dim),)).fetchall()
                 for row_id, blob in rows:
                     self.conn.execute(f"update {table} set embedding = ? where {key} = ?",
                                       (vector_blob(np.frombuffer(blob, np.float32)), row_id))
@@ -3414,8 +3407,7 @@ class Vectors:
                 continue
             self.conn.execute("update documents set embedding_state = 'pending', "
                               "embedding_error = null "
-                              "where id = ? and embedding_state in ('done', 'pending')",
-                              (i,))
+                              "where id = ? and embedding_state in ('done', 'pending')", (i,))
         return ids
 
     def _doc_vectors(self, todo: list[Prepared]) -> dict:
@@ -3671,8 +3663,7 @@ class Layers:
                     importance=p.importance, pinned=int(p.pinned), created_at=p.created_at,
                     updated_at=stamp, embedding_state=state,
                     embedding_truncated=int(p.embedding_truncated),
-                    embedding_error=p.embedding_error, project=p.project,
-                    **self._event_columns(p))
+                    embedding_error=p.embedding_error, project=p.project, **self._event_columns(p))
         if p.op == "insert":
             existing = self.value("select id from documents "
                                   "where persona_id = ? and content_hash = ?",
@@ -4006,7 +3997,6 @@ class Layers:
             if relation == "mentioned_in":
                 entry(f"{src[1]} mentioned in {dst[1]}", confidence,
                       edge_id=c.last_insert_rowid(), state="skip")
-
         subjects = [(node("person", v), "Person") for v in p.participants[:GRAPH_MAX_SUBJECTS]] + \
                    [(node("topic", v), "Topic") for v in p.topics[:GRAPH_MAX_SUBJECTS]]
         # two spellings of one entity ("Alice", "alice", "NYC"/"New York") = one subject
@@ -4056,8 +4046,7 @@ class Layers:
             c.execute("delete from graph_nodes where id = ? "
                       "and not exists (select 1 from graph_entries where node_id = ?) "
                       "and not exists (select 1 from graph_edges "
-                      "where source_id = ? or target_id = ?)",
-                      (nid, nid, nid, nid))
+                      "where source_id = ? or target_id = ?)", (nid, nid, nid, nid))
 
     def _stage_graph_vectors(self, p: Prepared, vectors: dict) -> None:
         """Stage 4: vectors['entries'] for p's pending graph entries (else pending). In tx."""
@@ -4580,13 +4569,15 @@ class Journal:
                 self.queries["slot_rivals_of_document"],
                 {"document_id": p.document_id, "persona_id": p.persona_id, "k": MAY_UPDATE_MAX})}
             told = set(slotted) | set(p.supersedes)  # what supersedes named is done already
-            events = self._event_rivals(p, told)
+            day = self._same_day_rivals(p, told)  # one alone linked: in p.supersedes
+            events = [d for d in day if d[0] not in p.supersedes] + self._event_rivals(
+                p, told | {i for i, _ in day})
             if len(slotted) + len(events) < MAY_UPDATE_MAX:
-                events += self._near_rival(p, told | {i for i, _ in events})
+                events += self._near_rival(p, told | {i for i, _ in day + events})
         except (apsw.Error, EmbeddingError) as e:
             log.warning("no update hint for memory %s: %s", p.document_id, e)
             return
-        found = list(slotted.items()) + events
+        found = list(slotted.items()) + [d for d in day if d[0] in p.supersedes] + events
         p.may_update = [{"id": i, "preview": t[:MAY_UPDATE_PREVIEW_CHARS]}
                         for i, t in found[:MAY_UPDATE_MAX]]
         said, asked = (", ".join(str(i) for i, _ in x) for x in (
@@ -4641,6 +4632,26 @@ class Journal:
         was = (m := CHANGED_FROM.search(new)) and (m["en"] or m["zh"]).strip().lower()
         return not was or was in old.lower() or was in pin[old] or not re.search(
             _CJK if _CJK.search(was) else r"[A-Za-z]{2}", old)
+
+    def _same_day_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
+        """may_update's day signal: [(id, content)] of live older memories of p's persona whose
+        event is on the day p says an event changed from (its first date, in digits, not one it
+        changed to: sql event_same_day; "Nov 21 is off" of "11月21日部门团建…"); one alone is
+        linked replaced by p, if of the other script or sharing a word not of dates or [events]."""
+        day, text = (self._event_spans(p.content, p) or [("", "", "")])[0][2], fold(p.content)
+        rows = self.rows(self.queries["event_same_day"], {"document_id": p.document_id}) if (
+            self.event_changed(p.content) and re.search(r"\d", day) and not re.search(
+                r"(?:\bto|\buntil|到|成|为)\s*(?:the\s+)?$", text[:text.find(day)])) else []
+        mine, theirs = set(self.seg.tokens(p.content)), [set(self.seg.tokens(r["content"]))
+                                                          for r in rows]
+        if len(rows) == 1 and rows[0]["id"] not in skip and (query_script(mine) != query_script(
+                theirs[0]) or any(not re.search(r"\d", w) for w in mine & theirs[0] - set(
+                    self.rules.event_dates["months"]) - self.rules.event_words)):
+            p.supersedes = [rows[0]["id"]]
+            with self.tx():
+                self._link_superseded(p)
+                self._retire_contradicted(p.document_id)
+        return [(r["id"], r["content"]) for r in rows if r["id"] not in skip]
 
     def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
         """may_update's event signal: [(id, content)] of live older memories not in `skip` sharing
@@ -4737,8 +4748,7 @@ class Journal:
         that fails stops that item only (_record_failure)."""
         # (status, stage, its embeddings)
         stages = [("pending", self._stage_docs, self._doc_vectors),
-                  ("docs_done", self._stage_atoms, None),
-                  ("atoms_done", self._stage_graph, None),
+                  ("docs_done", self._stage_atoms, None), ("atoms_done", self._stage_graph, None),
                   ("graph_done", self._stage_graph_vectors, self._fact_vectors)]
         new = [p for p in preps if p.status == "pending" and not p.recovering]
         if new:
@@ -5545,7 +5555,6 @@ class Recall:
         if cached is not None:
             took_ms = round((time.perf_counter() - started) * 1000, 2)
             return dict(cached, took_ms=took_ms, cached=True)
-
         ref = parse_time(as_of_iso) if as_of_iso else now()
         tokens, window = self._search_words(query, ref)
         if not tokens and not window:  # punctuation or stop words only
@@ -5827,13 +5836,15 @@ class Recall:
 
     def _kin_names(self, persona, words: list) -> list[str]:
         """The names, lower-cased, the persona's memories give the relative called by `words`
-        ("User's wife Carla…", "用户的老婆王婷…"; KIN_NAME): "my wife" asks of Carla's facts too."""
+        ("User's wife Carla…", "用户的老婆王婷…"; KIN_NAME; 张悦: yue too, in pinyin)."""
         rx = re.compile(KIN_NAME.replace("{w}", "|".join(map(re.escape, words))))
         rows = self.rows(self.queries["recall_kin_memories"], {
             "match": fts_query(words), "persona_id": persona}) if persona and words else ()
         given = [(m["en"], m["zh"] or "") for r in rows for m in rx.finditer(fold(r["content"]))]
-        return sorted({(en or next((n for n in self.seg.names(zh) if zh.startswith(n)), "")).lower()
-                       for en, zh in given} - {""})
+        names = {(en or next((n for n in self.seg.names(zh) if zh.startswith(n)), "")).lower()
+                 for en, zh in given} - {""}
+        return sorted(names | {p for n in names if _CJK.search(n)
+                               and len(p := self.seg.pinyin(n[1:])) > 2})
 
     def _names(self, text: str, people) -> frozenset:
         """The names a question gives: query_names (one a letter or two off a person of `people`,
@@ -6494,7 +6505,6 @@ class Forgetting:
                 parent[i] = parent[parent[i]]
                 i = parent[i]
             return i
-
         use_vectors = self.vectors_usable and self.has_table("doc_vec")
         for n, i in enumerate(docs, 1):
             progress(n - 1, len(docs))
@@ -6627,8 +6637,7 @@ class Maintenance:
         return {
             "database": str(self.path),
             "size_bytes": self.path.stat().st_size if self.path.exists() else 0,
-            "schema_version": self.value("pragma user_version"),
-            "server_version": __version__,
+            "schema_version": self.value("pragma user_version"), "server_version": __version__,
             "counts": counts,
             "atoms_by_state": {r["state"]: r["n"] for r in self.rows(q["stats_atoms_by_state"])},
             "atoms_by_type": {r["atom_type"]: r["n"] for r in self.rows(q["stats_atoms_by_type"])},
@@ -6640,9 +6649,7 @@ class Maintenance:
                           "stored_model": self.meta_get("embedding_model"),
                           "stored_dim": int(self.meta_get("embedding_dim") or 0) or None,
                           "problem": self.vector_problem},
-            "keyword_ranking": self.ranking,
-            "watch": self.hooks.watch(self),
-        }
+            "keyword_ranking": self.ranking, "watch": self.hooks.watch(self)}
 
     @property
     def ranking(self) -> str:
@@ -8694,8 +8701,7 @@ class Watcher:
                 "files_skipped": counts.get("skipped", 0),
                 "turns_done": (self.turns_before or 0) + new, "turns_left": turns_left,
                 "turns_per_second": None if rate is None else round(rate, 1),
-                "seconds_left": seconds,
-                "searchable_after": None if newest is None else
+                "seconds_left": seconds, "searchable_after": None if newest is None else
                 iso(dt.datetime.fromtimestamp(newest / 1e9, dt.timezone.utc)),
                 "started_at": self.started_at, "finished_at": self.finished_at,
                 "updated_at": now_iso()}
@@ -8852,8 +8858,7 @@ def merge_claude_hooks(settings: dict, entry: dict) -> list[str]:
         if not isinstance(have, list):
             raise AokunError(f"settings.json: hooks.{event} is not a list; fix it by hand first")
         found = [h for g in have if isinstance(g, dict) and isinstance(g.get("hooks"), list)
-                 for h in g["hooks"]
-                 if isinstance(h, dict)
+                 for h in g["hooks"] if isinstance(h, dict)
                  and _is_ours(str(h.get("command", "")), "claude-code", verb)]
         if not found:
             have.append(groups[0])
@@ -10505,8 +10510,7 @@ class Sync:
                 if r["slot_value"] != newest["slot_value"]:
                     self.conn.execute("update memory_atoms set state = 'superseded', "
                                       "superseded_by = ?, state_changed_at = ?, updated_at = ? "
-                                      "where id = ?",
-                                      (newest["id"], stamp, stamp, r["id"]))
+                                      "where id = ?", (newest["id"], stamp, stamp, r["id"]))
 
 
 @dataclass
@@ -10578,8 +10582,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
         self._damage: str | None = None  # why the file is damaged (Store.damage), None: sound
         # the one read-write connection
         self.conn = connect(self.path, storage.busy_timeout_ms, storage.synchronous,
-                            self.backup_dir(),
-                            create_folder=default_database(self.cfg).parent,
+                            self.backup_dir(), create_folder=default_database(self.cfg).parent,
                             rank=bool(storage.rank_extension))
         if new:  # stderr, never stdout: that is --json output or the stdio MCP server's channel
             opt_in = "" if self.cfg.conversations.watch else HISTORY_OPT_IN
@@ -12958,7 +12961,6 @@ class Panel:
             query = "&".join(f"{k}={_q(str(v))}" for k, v in params.items()
                              if v not in (None, "", False))
             return base + path + ("?" + query if query else "")
-
         page = dict(base=base, persona=persona, url=url,
                     path=request.url.path.removeprefix(base) or "/", csrf=self.csrf(request),
                     msg=request.query_params.get("msg", ""),
@@ -14289,8 +14291,7 @@ def cli_recover(state, dest):
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "markdown"]), default="jsonl",
               show_default=True,
               help="jsonl: lossless, for import; markdown: one note per memory (Obsidian).")
-@click.option("--persona",
-              help="Only this persona (default: every persona; tombstones only then).")
+@click.option("--persona", help="Only this persona (default: every persona; tombstones only then).")
 @click.option("--since", help="Only what changed at or after this ISO-8601 time.")
 @click.option("--out", "out_path", metavar="PATH",
               help="The JSONL file (default: standard output), "
@@ -14358,8 +14359,7 @@ def cli_import(state, file, as_json):
 @click.argument("folder", required=False, metavar="DIR")
 @click.option("--conflicts", is_flag=True,
               help="List the versions that lost a conflict instead of syncing.")
-@click.option("--persona",
-              help="With --conflicts: only this persona's (default: every persona's).")
+@click.option("--persona", help="With --conflicts: only this persona's (default: every persona's).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def cli_sync(state, folder, conflicts, persona, as_json):

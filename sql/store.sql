@@ -100,6 +100,18 @@ where documents_fts match :match and d.persona_id = :persona_id and d.id != :doc
 order by rank
 limit :k;
 
+-- name: event_same_day
+-- may_update's day signal: the live older memories of the persona of memory :document_id whose
+-- event time starts when its own does (schema 16: the first date each names), newest first; none
+-- when that memory states a single-valued slot ("Moved to Lyon on May 2" is a move, no event's).
+select o.id, o.content from documents n join documents o on o.persona_id = n.persona_id
+  and o.event_at = n.event_at and o.id != n.id and o.created_at <= n.created_at
+where n.id = :document_id and o.archived = 0 and o.superseded_by is null
+  and n.event_end <= strftime('%Y-%m-%dT%H:%M:%SZ', n.event_at, '+25 hours')  -- one day
+  and not exists (select 1 from atom_sources s join memory_atoms a on a.id = s.atom_id
+                  where s.document_id = n.id and a.slot != '')
+order by o.created_at desc, o.id desc limit 2;
+
 -- name: near_rival
 -- may_update's meaning signal: the content of memory :id, and whether it agrees with memory
 -- :document_id: each states an active atom of one subject, slot and value (or the same atom),

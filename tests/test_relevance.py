@@ -288,9 +288,13 @@ def test_a_relative_asked_of_finds_the_facts_under_their_name(local_mem):
     """"my wife's birthday": the memories name her (User's wife Carla…, 用户的老婆王婷…)."""
     for text in ("User's wife Carla is a vet.", "Carla's birthday is March 30.",
                  "User's birthday is January 11.", "Milo's school play is on Friday.",
-                 "用户的老婆王婷是小学老师。", "王婷的生日是8月21日。", "用户的生日是5月2日。"):
+                 "用户的老婆王婷是小学老师。", "王婷的生日是8月21日。", "用户的生日是5月2日。",
+                 "我妹妹张悦住在成都。", "Zhang Yue moved to Chongqing in October.",
+                 "User moved to Hangzhou in May."):
         local_mem.memorize(text, {"persona_id": "kin"})
     for query, wanted in (("When is my wife's birthday?", "Carla's birthday is March 30."),
-                          ("我老婆生日是哪天？", "王婷的生日是8月21日。")):
+                          ("我老婆生日是哪天？", "王婷的生日是8月21日。"),
+                          ("我妹妹现在住哪？",  # her name, in pinyin
+                           "Zhang Yue moved to Chongqing in October.")):
         hits = [h["text"] for h in local_mem.recall(query, k=3, persona_id="kin")["results"]]
         assert wanted in hits, (query, hits)

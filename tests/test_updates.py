@@ -555,3 +555,26 @@ async def test_an_assistants_key_facts_without_a_subject_are_the_users(server):
                                                                   "river."}]
         found = [(h["id"], h.get("replaced_by")) for h in await hits(c, "Portland Seattle")]
         assert found[:2] == [(new["id"], None), (old["id"], new["id"])]
+
+
+async def test_an_event_changed_on_its_day_is_replaced_across_languages(server):
+    """"Nov 21 is off" names the one older memory of that day (in Chinese): replaced, not a hint;
+    a second memory of the day leaves it a hint, and a move on a day is no event's change."""
+    async with Client(server) as c:
+        async def put(text, day):
+            return await call(c, "memorize", {"content": text, "metadata": {
+                "timestamp": f"2026-{day}T10:00:00Z", "persona_id": "days"}})
+        old = await put("11月21日部门团建去都江堰，两天一夜。", "10-01")
+        flight = await put("Flying to Guangzhou on May 2 for Mom's birthday.", "04-01")
+        off = await put("Nov 21 is off. They scrapped it for budget reasons.", "11-01")
+        assert [m["id"] for m in off["may_update"]] == [old["id"]]
+        assert f"memory {old['id']} replaced by memory {off['id']}" in off["warnings"][0]
+        found = (await call(c, "recall", {"query": "部门团建", "persona_id": "days"}))["results"]
+        assert [(h["id"], h.get("replaced_by")) for h in found][:2] == [
+            (off["id"], None), (old["id"], off["id"])]
+        await put("Dinner with Anna on May 2.", "04-10")
+        moved = await put("The May 2 trip is cancelled.", "04-20")  # two on that day: a hint
+        assert flight["id"] in [m["id"] for m in moved["may_update"]]
+        assert "supersedes=" in " ".join(moved["warnings"])
+        lyon = await put("Moved to Lyon on Nov 21.", "11-02")  # a move, stated in its slot
+        assert old["id"] not in [m["id"] for m in lyon["may_update"]]
