@@ -273,9 +273,7 @@ def local_tz(name: str) -> dt.tzinfo:
 
 def age_days(then: str | None, ref: dt.datetime) -> float:
     """Days from ISO text `then` to `ref` (never negative)."""
-    if not then:
-        return 0.0
-    return max(0.0, (ref - _parse_iso(then)).total_seconds() / 86400.0)
+    return 0.0 if not then else max(0.0, (ref - _parse_iso(then)).total_seconds() / 86400.0)
 
 
 # Text: clean and fold, segment, stop words, cut, token estimate ##################################
@@ -630,9 +628,7 @@ def duration_text(seconds: float) -> str:
     """`seconds` as a short duration: 45 s, 12 min, 3.5 h."""
     if seconds < 90:
         return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def estimate_tokens(text: str) -> int:
@@ -2224,11 +2220,11 @@ def names_found(names, doc_tokens: set, pinyin, text: str = "") -> set[str]:
 
 
 def query_script(tokens) -> str:
-    """'cjk' when at least half of the tokens are CJK, else 'latin': similarities live on another
-    scale per script (e5-small: two Chinese sentences ~0.85, two unrelated English ones ~0.75)."""
+    """'cjk' when CJK tokens hold as many characters as there are other tokens (用户的手机是OPPO
+    Find X6), else 'latin': similarities live on another scale per script (e5-small)."""
     tokens = list(tokens)
-    cjk = sum(bool(_CJK.search(t)) for t in tokens)
-    return "cjk" if tokens and 2 * cjk >= len(tokens) else "latin"
+    cjk = sum(len(t) for t in tokens if _CJK.search(t))
+    return "cjk" if tokens and cjk >= sum(not _CJK.search(t) for t in tokens) else "latin"
 
 
 def calibrated_relevance(margin: float | None, cover: float | None,
@@ -2610,11 +2606,11 @@ class Rules:
             name = f"{name}:{thing}"
         who = g.get("subject")
         if not who:  # the user when its clause says so (SLOT_BARE_CLAUSE), else a name in it; a
-            # later clause's is its sentence's ("我妹妹住在成都，在设计公司上班": not the user's)
+            # later one's is its sentence's (我妹妹住在成都，在…上班: hers; 搬家了，…: the user's)
             sentence = re.split(r"[。！？.!?\n]", m.string[:m.start()])[-1]
             clause = re.split(r"[，；,;]", sentence)[-1]
-            lead = SLOT_USER_LEAD.match(clause) or clause != sentence and SLOT_USER_LEAD.match(
-                sentence)
+            lead = SLOT_USER_LEAD.match(clause) or clause != sentence and (SLOT_USER_LEAD.match(
+                sentence) or re.match(r"\s*[\u4e00-\u9fff]{1,3}了[，；,;]", sentence))  # 搬家了，
             if self._other_subject.search(sentence) or SLOT_FUTURE.search(clause):
                 return None
             bare = clause == sentence and SLOT_BARE_CLAUSE.fullmatch(
@@ -5865,8 +5861,10 @@ class Recall:
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and at
-        least [recall] min_relevance (hit_relevance, put in their parts) or made in the time window
-        of a question about the user or of time words only; else a warning gives the best one."""
+        least [recall] min_relevance (hit_relevance, put in their parts; words only in a memory's
+        topics count for questions about the user alone: "What food is high in iron?" meets none)
+        or made in the time window of a question about the user or of time words only; else a
+        warning gives the best one."""
         coef = self.rules.relevance_coef(self.embedder.model, q.tokens)
         stored = [] if q.vector is None else self.rows(
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
@@ -5890,8 +5888,10 @@ class Recall:
             if i not in docs:
                 continue
             doc_tokens = set(docs[i]["segmented"].split())
-            parts[i].update(hit_relevance(about, doc_tokens, vectors.get(i), coef, self.seg,
-                                          docs[i]["content"]))
+            labels = set() if about["personal"] else set(self.seg.tokens(" ".join(json.loads(
+                docs[i]["topics"])))) - set(self.seg.tokens(docs[i]["content"]))  # "what food…"
+            parts[i].update(hit_relevance(about, doc_tokens - labels, vectors.get(i), coef,
+                                          self.seg, docs[i]["content"]))
             if coef and mine and parts[i]["evidence"] and self.rules.others_fact(
                     docs[i]["content"], people, self.seg):  # "What am I allergic to?": not Priya's
                 parts[i].update(evidence=False, relevance=0.0)

@@ -298,3 +298,21 @@ def test_a_relative_asked_of_finds_the_facts_under_their_name(local_mem):
                            "Zhang Yue moved to Chongqing in October.")):
         hits = [h["text"] for h in local_mem.recall(query, k=3, persona_id="kin")["results"]]
         assert wanted in hits, (query, hits)
+
+
+@pytest.mark.slow
+def test_a_brand_name_or_a_topic_word_alone_is_no_evidence(local_mem):
+    """用户的手机是OPPO Find X6 is Chinese (query_script), so Chinese questions of other things
+    do not meet it on meaning as if across scripts; a word in a memory's topics alone ("food") is
+    no evidence for a question that is not about the user."""
+    for text, topics in (("用户的手机是OPPO Find X6。", ["手机"]),
+                         ("Switched to soy milk in her coffee.", ["food", "drinks"]),
+                         ("用户每周日早上去东海岸公园骑车。", ["运动"])):
+        local_mem.memorize(text, {"persona_id": "mx", "topics": topics})
+    for query in ("说一个关于程序员的笑话吧。", "我想给部门安排一次团建，有什么推荐的活动？",
+                  "What food is high in iron?"):
+        assert local_mem.recall(query, persona_id="mx")["results"] == [], query
+    for query, wanted in (("我现在用什么手机？", "用户的手机是OPPO Find X6。"),
+                          ("What do I put in my coffee?", "Switched to soy milk in her coffee.")):
+        hits = [h["text"] for h in local_mem.recall(query, persona_id="mx")["results"]]
+        assert wanted in hits, (query, hits)

@@ -295,13 +295,17 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("User's favourite dish is pad thai.", "User's new go-to dish is Sri Lankan dhal."),
     ("用户在杭州一家银行当柜员。", "用户跳槽到了一家证券公司。"),
     ("用户住在成都高新区。", "月初搬到武侯区了，自己租了个一室一厅。"),
+    ("用户住在成都高新区。", "搬家了，新住处在天府新区麓湖附近。"),
+    ("用户在列治文的一家诊所上班。", "用户换工作了，去了温哥华总医院的康复科。"),
+    ("用户的手机是OPPO Find X6。", "OPPO摔坏了，用户换了台三星手机。"),
+    ("用户单身。", "用户最近在和一个叫孟昭的建筑师约会。"),
 ], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
         "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
         "model-en-zh", "latin-name-zh", "car-model-en", "car-sold-zh", "weight-en-zh", "rent-en",
         "manager-en", "child-school-zh", "dating-zh", "title-zh", "moved-into-en",
         "we-bought-en", "lived-at-zh-en", "the-lead-at-en", "new-job-at-en", "new-job-as-en",
         "car-adjective-en", "car-adjective-zh", "go-to-en", "employer-in-a-city-zh",
-        "time-word-first-zh"])
+        "time-word-first-zh", "new-home-zh", "changed-jobs-zh", "phone-brand-zh", "dating-a-zh"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
