@@ -171,13 +171,15 @@ async def test_a_question_for_a_slot_finds_the_current_value_in_other_words(tmp_
     async with Client(local_server(tmp_path, segmenter)) as c:
         home, job = "用户搬去了江北，离公司近一些。", "用户跳槽到了一家做游戏的公司。"
         car = "User sold the Accord and bought a used gray Ford Ranger."
-        for text in ("用户住在渝中区，楼下就是火锅店。", "用户在一家银行做柜员。",
-                     "用户开一辆黑色的本田雅阁。", "用户喜欢周末去爬山。", home, job, car,
+        date = "用户最近在和一个叫孟昭的建筑师约会。"
+        for text in ("用户住在渝中区，楼下就是火锅店。", "用户在一家银行做柜员。", "用户单身。",
+                     "用户开一辆黑色的本田雅阁。", "用户喜欢周末去爬山。", home, job, car, date,
                      "User listens to a history podcast on the commute."):
             await call(c, "memorize", {"content": text})
         for query, current in (("我现在家在哪个区？", home), ("Where do I live these days?", home),
                                ("我现在在哪上班？", job), ("Which company do I work for?", job),
-                               ("What am I driving these days?", car), ("我现在开的什么车？", car)):
+                               ("What am I driving these days?", car), ("我现在开的什么车？", car),
+                               ("我现在的对象是谁？", date), ("Who am I dating?", date)):
             found = [h["text"] for h in await hits(c, query)]
             assert found[:1] == [current], (query, found)
             assert "用户喜欢周末去爬山。" not in found
@@ -296,6 +298,7 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("用户在杭州一家银行当柜员。", "用户跳槽到了一家证券公司。"),
     ("用户住在成都高新区。", "月初搬到武侯区了，自己租了个一室一厅。"),
     ("用户住在成都高新区。", "搬家了，新住处在天府新区麓湖附近。"),
+    ("用户开的是一辆2019年的大众帕萨特。", "换车了，新提了一辆比亚迪汉EV。"),
     ("用户在列治文的一家诊所上班。", "用户换工作了，去了温哥华总医院的康复科。"),
     ("用户的手机是OPPO Find X6。", "OPPO摔坏了，用户换了台三星手机。"),
     ("用户单身。", "用户最近在和一个叫孟昭的建筑师约会。"),
@@ -305,7 +308,7 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
         "manager-en", "child-school-zh", "dating-zh", "title-zh", "moved-into-en",
         "we-bought-en", "lived-at-zh-en", "the-lead-at-en", "new-job-at-en", "new-job-as-en",
         "car-adjective-en", "car-adjective-zh", "go-to-en", "employer-in-a-city-zh",
-        "time-word-first-zh", "new-home-zh", "changed-jobs-zh", "phone-brand-zh", "dating-a-zh"])
+        "time-word-first-zh", "new-home-zh", "new-car-zh", "changed-jobs-zh", "phone-brand-zh", "dating-a-zh"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
