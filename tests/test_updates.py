@@ -299,6 +299,8 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("用户住在成都高新区。", "月初搬到武侯区了，自己租了个一室一厅。"),
     ("用户住在成都高新区。", "搬家了，新住处在天府新区麓湖附近。"),
     ("用户开的是一辆2019年的大众帕萨特。", "换车了，新提了一辆比亚迪汉EV。"),
+    ("用户用的手机是小米13。", "新手机是iPhone 16 Pro，原来的小米给爸爸用了。"),
+    ("用户的车是一辆2016年的本田思域。", "User now drives a Toyota RAV4."),
     ("用户在列治文的一家诊所上班。", "用户换工作了，去了温哥华总医院的康复科。"),
     ("用户的手机是OPPO Find X6。", "OPPO摔坏了，用户换了台三星手机。"),
     ("用户单身。", "用户最近在和一个叫孟昭的建筑师约会。"),
@@ -308,7 +310,8 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
         "manager-en", "child-school-zh", "dating-zh", "title-zh", "moved-into-en",
         "we-bought-en", "lived-at-zh-en", "the-lead-at-en", "new-job-at-en", "new-job-as-en",
         "car-adjective-en", "car-adjective-zh", "go-to-en", "employer-in-a-city-zh",
-        "time-word-first-zh", "new-home-zh", "new-car-zh", "changed-jobs-zh", "phone-brand-zh", "dating-a-zh"])
+        "time-word-first-zh", "new-home-zh", "new-car-zh", "new-phone-zh", "car-of-a-year-zh-en",
+        "changed-jobs-zh", "phone-brand-zh", "dating-a-zh"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
