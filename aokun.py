@@ -2690,14 +2690,13 @@ class Rules:
         """Whether a memory with these fact sentences is about the user or people (global) rather
         than about the work in its project, by rules/atoms.toml [scope]: naming the project makes it
         the project's; else a personal atom type or a single-valued slot makes it global; else words
-        of the work make it the project's and speaking of the user global; else the project's."""
+        of the work make it the project's; else it is global (a birthday, a pet, a dentist's day:
+        found from every folder)."""
         text = fold(" ".join(facts))
         if self._scope_here.search(text):
             return False
-        if any(self.classify(f)[0] in self.personal_types or self.slot(f)[0] for f in facts):
-            return True
-        return not self._scope_work.search(text) and bool(
-            self._speaks_of_user.search(self._request.sub(" ", text)))
+        return any(self.classify(f)[0] in self.personal_types or self.slot(f)[0] for f in facts) \
+            or not self._scope_work.search(text)
 
     def intent(self, query: str) -> tuple[str | None, dict]:
         """The first intent in rules/intents.toml whose pattern matches fold(query)."""

@@ -53,7 +53,9 @@ def test_personal_facts_are_global_and_work_facts_stay(open_mem, tmp_path):
     m = open_mem(tmp_path / "p.db")
     rules = m.rules
     for text in (TEA, "My sister Anna lives in Lyon.", "I live in Berlin.", "用户对花生过敏。",
-                 "I feel stressed about the release."):
+                 "I feel stressed about the release.", "Zhang Wei's birthday is March 3.",
+                 "Doudou needs a rabies shot next week.", "Dentist appointment on Dec 9 at 3pm.",
+                 "张伟每天吃维生素D。"):  # no word of the work: found from every folder
         assert rules.personal_memory([text]), text
     for text in (DB_FACT, "The API server runs on port 8080.", "Deploy freeze starts Friday.",
                  "这个项目用 Rust 写。", "I prefer tabs in this repo."):
