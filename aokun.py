@@ -4468,6 +4468,8 @@ class Journal:
         p.pinned = bool(pinned)
         p.created_at = (iso(parse_time(meta["timestamp"], fp + "timestamp"))
                         if meta.get("timestamp") else now_iso())
+        if p.created_at > iso(now() + dt.timedelta(days=1)):  # it would top every recent list
+            raise InputError(fp + "timestamp", f"{p.created_at} is in the future: when it happened")
         p.content_hash = content_hash(text)
         p.facts = p.key_facts or self._auto_facts(text)
         if meta.get("project") is not None:
@@ -10733,9 +10735,7 @@ def rounded(value):
         return round(value, FLOAT_DECIMALS)
     if isinstance(value, dict):
         return {k: rounded(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [rounded(v) for v in value]
-    return value
+    return [rounded(v) for v in value] if isinstance(value, list | tuple) else value
 
 
 def _is_empty(value) -> bool:

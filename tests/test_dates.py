@@ -151,7 +151,7 @@ def test_a_past_event_is_dated_in_the_past(open_mem, tmp_path, monkeypatch, text
 
 
 def test_a_repeat_does_not_move_the_deadline_earlier(open_mem, tmp_path, monkeypatch):
-    monkeypatch.setenv("AOKUN_NOW", "2026-12-02T10:00:00Z")
+    monkeypatch.setenv("AOKUN_NOW", "2026-12-05T10:00:00Z")
     mem = open_mem(tmp_path / "t.db", cfg=_utc("", tmp_path))
     first = mem.memorize("The Falcon launch deadline is 2027-01-15.",
                          {"timestamp": "2026-12-02T10:00:00Z"})["id"]

@@ -172,3 +172,13 @@ def test_json_within_cuts_below_a_depth_and_skips_strings():
     assert json.loads(aokun.json_within(t, 2)) == {"a": "[[{{", "b": [1, None],
                                                    "c": {"d": None}}
     assert aokun.json_within(t, 4) is t
+
+
+def test_a_timestamp_in_the_future_is_refused(open_mem, tmp_path):
+    """A memory dated 3026 would top every recent list and the briefing forever."""
+    m = open_mem(tmp_path / "f.db")
+    with pytest.raises(aokun.InputError, match=r"^metadata\.timestamp: .* is in the future"):
+        m.memorize("x", {"timestamp": "3026-01-01T00:00:00Z"})
+    assert m.stats()["counts"]["documents"] == 0
+    tomorrow = (aokun.now() + aokun.dt.timedelta(hours=20)).isoformat()
+    assert m.memorize("clock skew", {"timestamp": tomorrow})["status"] == "done"
