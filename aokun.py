@@ -11982,9 +11982,9 @@ def _add_resources(server, memory) -> None:
         return memory().memory_context(None, "project")["text"]
 
     @server.resource(MCP_TEMPLATES[0], mime_type="application/json")
-    def memory_resource(id: int, persona_id: str | None = None) -> str:
+    def memory_resource(id: str, persona_id: str | None = None) -> str:  # "abc": a one-line error
         """One memory in full, as JSON (?persona_id=… for a persona other than the default one)."""
-        return read(lambda m: m.get(id, persona_id))
+        return read(lambda m: m.get(int(id) if id.isdecimal() else id, persona_id))
 
     @server.resource(MCP_TEMPLATES[1], mime_type="application/json")
     def entity_resource(name: str, persona_id: str | None = None) -> str:

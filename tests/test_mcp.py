@@ -534,10 +534,14 @@ async def test_resources_stats_and_memory(client):
     assert "咖啡" in res.contents[0].text  # not \u-escaped
 
 
-async def test_resource_missing_memory_is_an_error(client):
+async def test_resource_missing_memory_is_an_error(client, caplog):
     with pytest.raises(MCPError) as e:
         await client.read_resource("memory://memories/999")
     assert e.value.error.code == -32602 and "999" in e.value.error.message
+    with pytest.raises(MCPError) as e:  # not a number: one line naming the id, no traceback
+        await client.read_resource("memory://memories/abc")
+    assert e.value.error.code == -32602 and e.value.error.message.startswith("id: ")
+    assert "Traceback" not in caplog.text
 
 
 # bad input ----------------------------------------------------------------------------------------
