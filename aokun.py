@@ -10768,9 +10768,7 @@ def text_view(value):
             if k not in TEXT_OMITTED and not _is_empty(v):
                 out[k] = v
         return out
-    if isinstance(value, list | tuple):
-        return [text_view(v) for v in value]
-    return rounded(value)
+    return [text_view(v) for v in value] if isinstance(value, list | tuple) else rounded(value)
 
 
 def compact_json(value) -> str:
@@ -12182,9 +12180,7 @@ def _backfill_step(mem: "Memory", stop: threading.Event, failures: int) -> int:
             log.info("back-filled %d vectors", n)
     except Exception as e:
         log.error("vector back-fill failed: %s", e)
-    if stop.is_set() or not mem.vectors_awaited():
-        return 0
-    return failures + 1
+    return 0 if stop.is_set() or not mem.vectors_awaited() else failures + 1
 
 
 class BearerToken:
