@@ -67,6 +67,7 @@ def test_aokun_bm25_scores_what_bm25_scores_before_and_after_writes(ranked):
 def test_the_fallback_ranks_the_same_as_the_extension(ranked, tmp_path, open_mem, monkeypatch):
     """The same file through both paths: identical recall ids and scores (1e-9)."""
     ranked.close()
+    monkeypatch.setenv("AOKUN_NOW", aokun.now_iso())  # recency moves between the two recalls
     cfg = aokun.Config(None, overrides={("recall", "cache_ttl_seconds"): 0.0})
     fast = open_mem(tmp_path / "r.db", cfg=cfg)
     monkeypatch.setattr(aokun, "rank_extension", lambda: (None, "bm25() (no C compiler)"))
