@@ -4763,6 +4763,7 @@ class Journal:
             except Exception as batch_error:
                 # retry one by one so one bad item cannot block the rest
                 if len(todo) == 1:
+                    todo[0].status = status  # the stage rolled back (a full disk at commit)
                     self._record_failure(todo[0], batch_error)
                     continue
                 for p in todo:
@@ -4770,6 +4771,7 @@ class Journal:
                         with self.tx():
                             self._advance(p, status, fn, vectors)
                     except Exception as e:
+                        p.status = status
                         self._record_failure(p, e)
 
     def _journal_row(self, op: str, p: Prepared, stamp: str) -> int:
