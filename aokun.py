@@ -1917,7 +1917,8 @@ def _relative_span(spec: dict, g: dict, today: dt.date, words: dict,
 def sentence_tense(text: str, words: dict) -> int:
     """-1 when fold(text) is about the past (rules/dates.toml [tense] past, and not future), 1 when
     it is a plan (future), else 0 (and when a plan changed: change)."""
-    said = {k for k, rx in words.get("tense", {}).items() if rx.search(text)}
+    tense = words.get("tense", {})
+    said = {k for k in ("change", "future", "past") if k in tense and tense[k].search(text)}
     return 0 if "change" in said else 1 if "future" in said else -1 if "past" in said else 0
 
 
@@ -4639,11 +4640,12 @@ class Journal:
         rows = self.rows(self.queries["event_same_day"], {"document_id": p.document_id}) if (
             self.event_changed(p.content) and re.search(r"\d", day) and not re.search(
                 r"(?:\bto|\buntil|到|成|为)\s*(?:the\s+)?$", text[:text.find(day)])) else []
-        mine, theirs = set(self.seg.tokens(p.content)), [set(self.seg.tokens(r["content"]))
-                                                          for r in rows]
-        if len(rows) == 1 and rows[0]["id"] not in skip and (query_script(mine) != query_script(
-                theirs[0]) or any(not re.search(r"\d", w) for w in mine & theirs[0] - set(
-                    self.rules.event_dates["months"]) - self.rules.event_words)):
+        one = len(rows) == 1 and rows[0]["id"] not in skip  # tokens only then: a write's cost
+        mine, theirs = (set(self.seg.tokens(t)) for t in (p.content, rows[0]["content"])) if one \
+            else (set(), set())
+        if one and (query_script(mine) != query_script(theirs) or any(not re.search(
+                r"\d", w) for w in mine & theirs - set(self.rules.event_dates["months"])
+                - self.rules.event_words)):
             p.supersedes = [rows[0]["id"]]
             with self.tx():
                 self._link_superseded(p)
