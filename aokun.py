@@ -2220,6 +2220,60 @@ def names_found(names, doc_tokens: set, pinyin, text: str = "") -> set[str]:
     return found | {w for n in names if n.replace(" ", "") in spelt for w in n.split()}
 
 
+def own_name(texts: list[str], stop, cjk_names, others: re.Pattern, pinyin) -> tuple[str, ...]:
+    """The forms of the name memories `texts` call the user by ("Zhiyao Lu lives…", "Zhiyao's…",
+    "陆知遥每周…"; longest first): runs of capitalised words whose first is no word of `stop` (The,
+    User) and Chinese names `cjk_names` finds leading a memory, one name when one spelling
+    (unspaced, Chinese in `pinyin`) holds the other; held by a quarter of the memories (3 at least)
+    and twice as many as the next (two people talking: neither is the user); a person's (Chinese,
+    or in a memory saying he, she, his, her, or "Maeve's sister"), never given as someone's
+    relative or friend (`others`, "sister Emma": rules/predicates.toml [subjects]). () if none."""
+    def key(n):
+        return "".join(map(pinyin, n)) if _CJK.search(n) else n.lower().replace(" ", "")
+
+    def same(a, b):
+        return a == b or min(len(a), len(b)) > 3 and (a in b or b in a)
+    found = [{key(r): r for r in re.findall(r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*", t) if r.split()[
+        0].lower() not in stop} | {key(n): n for n in (cjk_names(t[:8]) if _CJK.match(t) else ())}
+        for t in texts]
+    score = {k: sum(any(same(k, n) for n in names) for names in found) for k in set().union(*found)}
+    top = max(score, key=lambda k: (score[k], -len(k)), default="")
+    if not top or score[top] < max(3, len(texts) / 4) or score[top] < 2 * max(
+            (v for k, v in score.items() if not same(k, top)), default=0):
+        return ()
+    forms = sorted({n for names in found for k, n in names.items() if same(k, top)}, key=len)[::-1]
+    name = "(?:" + "|".join(map(re.escape, forms)) + ")"
+    given = re.compile(rf"(?:{others.pattern}|friend|colleague|朋友|同事|同学)\W?\W?{name}", re.I)
+    person = re.compile(rf"(?i:\b(?:he|she|his|her|him)\b)|{name}(?:'s\s+(?i:{others.pattern})|"
+                        r"(?=[\u4e00-\u9fff]))")  # 陆知遥每周…, Zhiyao在…
+    named = [t for t, names in zip(texts, found, strict=True) if any(same(k, top) for k in names)]
+    return tuple(forms) if any(map(person.search, named)) and not any(
+        map(given.search, texts)) else ()
+
+
+def as_user(text: str, forms, pinyin, first_person: bool) -> str:
+    """`text` with the user's own name (own_name's `forms`) put as the user, in either script (by
+    `pinyin`: Zhang Wei is 张伟): I, my, 我 in a question (`first_person`), else User, User's, 用户:
+    "Does Zhang Wei drive?" → "Does I drive?", "张伟的妹妹" → "我的妹妹"."""
+    if not forms:
+        return text
+    keys = {"".join(map(pinyin, f)) if _CJK.search(f) else f.lower().replace(" ", "")
+            for f in forms}
+    latin = {f.lower() for f in forms if not _CJK.search(f)} | {
+        " ".join(map(pinyin, f[i:])) for f in forms if _CJK.search(f) for i in (0, 1)}
+    rx = "|".join(r"\s*".join(map(re.escape, f.split())) for f in sorted(latin, key=len)[::-1]
+                  if len(f) > 3)
+    text = re.sub(rf"(?i:\b(?:{rx})\b)(?P<s>'s\b)?", lambda m: (
+        ("my" if m["s"] else "I") if first_person else "User" + (m["s"] or "")), text)
+    for run in sorted(set(_HAN_RUN.findall(text)), key=len, reverse=True):
+        for n, i in sorted(((w, i) for w in range(2, 5) for i in range(len(run) - w + 1)),
+                           reverse=True):
+            p = "".join(map(pinyin, run[i:i + n]))
+            if p in keys or n > 2 and any(p.endswith(k) for k in keys if len(k) > 3):
+                text = text.replace(run[i:i + n], "我" if first_person else "用户")
+    return text
+
+
 def query_script(tokens) -> str:
     """'cjk' when CJK tokens hold as many characters as there are other tokens (用户的手机是OPPO
     Find X6), else 'latin': similarities live on another scale per script (e5-small)."""
@@ -2568,8 +2622,8 @@ class Rules:
                 return tail  # a brand and its model: "subaru outback"
             for n in range(len(tail), 1, -1):  # Latin: a name, then a model's number only
                 if n < len(tail) and (not MODEL_SUFFIX.match(tail[n:]) if tail[n - 1].isascii()
-                                      else len(tail) - n > 3):  # 上海浦东, not 多伦多一家保险公司
-                    continue
+                                      else len(tail) - n > 3 and not tail[n].isascii()):
+                    continue  # 上海浦东, 华为Pura 70; not 多伦多一家保险公司
                 head = tail[:n].strip()
                 if head in self.alias_of:
                     return self.canonical(head)
@@ -5415,6 +5469,7 @@ class Channels:
 
 
 #: Recall._kin_names: a relative's words ({w}), then the name a memory gives them
+OWN_NAME_SAMPLE = 200  #: Recall._own_name reads this many of a persona's latest memories
 KIN_NAME = (r"(?:\b(?i:my|our|(?:the\s+)?user's)\s+(?i:{w})\s*,?\s+(?P<en>[A-Z][a-z]+)"
             r"|(?:我|用户)的?(?:{w})(?:叫)?(?P<zh>[\u4e00-\u9fff]{2,4}))")
 
@@ -5557,7 +5612,9 @@ class Recall:
             took_ms = round((time.perf_counter() - started) * 1000, 2)
             return dict(cached, took_ms=took_ms, cached=True)
         ref = parse_time(as_of_iso) if as_of_iso else now()
-        tokens, window = self._search_words(query, ref)
+        me = self._own_name(persona)  # "Zhang Wei is allergic…": asked as "Am I allergic…"
+        asked = as_user(query, me, self.seg.pinyin, True)
+        tokens, window = self._search_words(asked, ref)
         if not tokens and not window:  # punctuation or stop words only
             nothing = {"results": [], "degraded": [], "intent": None,
                        "warnings": warnings + ["the query has no searchable words"]}
@@ -5568,19 +5625,19 @@ class Recall:
                                       session, include_archived, as_of_iso)
         degraded, stats = [], {}
         searched = chosen if tokens else ()  # time words alone: only the window's memories answer
-        ranked, embedding = self._channel_rows(searched, query, params, degraded, stats)
+        ranked, embedding = self._channel_rows(searched, asked, params, degraded, stats)
         if window:  # its memories join the candidates; candidate_score boosts them
             ranked["time_window"] = self.rows(self.queries["recall_time_window"], params)
         pins = {} if embedding is None else self._pins(embedding, params)
-        intent, spec = self._question_intent(query)
+        intent, spec = self._question_intent(asked)
         failed = {d["channel"] for d in degraded}
         ran = tuple(c for c in chosen if c in ranked or c not in failed)
         vector = None if embedding is None else np.frombuffer(embedding, np.float32)
         results = self._fuse(ranked, RecallQuery(
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
-            vector=vector, tokens=set(tokens), warnings=warnings, stats=stats, text=query,
-            project=project, scope=scope, about={"variants": same}))
+            vector=vector, tokens=set(tokens), warnings=warnings, stats=stats, text=asked,
+            project=project, scope=scope, about={"variants": same, "me": me}))
         results, left_out = bound_hits(results, *bounds)
         if left_out:
             warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the "
@@ -5864,6 +5921,18 @@ class Recall:
             n in folded or self.seg.pinyin(n) in spelt if _CJK.search(n) else
             n.replace(" ", "") in spelt)})
 
+    def _own_name(self, persona: str) -> str | None:
+        """own_name of the persona's latest OWN_NAME_SAMPLE live memories, kept till the file
+        changes."""
+        state, kept = self._cache_state(), self.__dict__.setdefault("_own_names", {})
+        if kept.get(persona, (None,))[0] != state:
+            texts = [fold(r["content"]) for r in self.rows(self.queries["recall_latest_texts"], {
+                "persona_id": persona, "n": OWN_NAME_SAMPLE})]
+            kept[persona] = state, own_name(texts, self.seg.stopwords | {
+                w for w, k in self.rules.slot_subject.items() if k == "user"}, self.seg.names,
+                self.rules._other_subject, self.seg.pinyin)
+        return kept[persona][1]
+
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and at
         least [recall] min_relevance (hit_relevance, put in their parts; words only in a memory's
@@ -5875,8 +5944,10 @@ class Recall:
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         persona = q.params["persona_id"]
-        people = [] if persona is None else [  # not a participant "user" or "我"
-            n for n in self.persona_people(persona) if self.rules.slot_subject.get(n) != "user"]
+        me, pinyin = q.about.get("me"), self.seg.pinyin
+        people = [] if persona is None else [  # not a participant "user", "我" or the user's name
+            n for n in self.persona_people(persona) if self.rules.slot_subject.get(n) != "user"
+            and as_user(n, me, pinyin, False) == n]
         people += {n.split()[0] for n in people if " " in n and len(n.split()[0]) > 2}  # Gwen
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
                  "howto": self.rules.howto(q.text), "variants": q.about.get("variants", {}),
@@ -5884,7 +5955,7 @@ class Recall:
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
-        slots = self.rules.asked_slots(q.text) if mine else ()
+        slots = self.rules.asked_slots(q.text) if mine and not about["howto"] else ()
         filled = {r["doc_id"] for r in self.rows(self.queries["recall_slots"], {
             "ids": json.dumps(list(pool))}) if {r["slot"].split(sep)[0] for sep in ":/"} & slots
         } if slots else ()
@@ -5892,13 +5963,14 @@ class Recall:
         for i in pool:
             if i not in docs:
                 continue
-            doc_tokens = set(docs[i]["segmented"].split())
+            doc_tokens, content = set(docs[i]["segmented"].split()), as_user(
+                docs[i]["content"], me, pinyin, False)
             labels = set() if about["personal"] else set(self.seg.tokens(" ".join(json.loads(
                 docs[i]["topics"])))) - set(self.seg.tokens(docs[i]["content"]))  # "what food…"
             parts[i].update(hit_relevance(about, doc_tokens - labels, vectors.get(i), coef,
-                                          self.seg, docs[i]["content"]))
+                                          self.seg, content))
             if coef and mine and parts[i]["evidence"] and self.rules.others_fact(
-                    docs[i]["content"], people, self.seg):  # "What am I allergic to?": not Priya's
+                    content, people, self.seg):  # "What am I allergic to?": not Priya's
                 parts[i].update(evidence=False, relevance=0.0)
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(

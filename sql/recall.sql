@@ -416,3 +416,8 @@ limit 50;
 select s.document_id as doc_id, a.slot from atom_sources s join memory_atoms a on a.id = s.atom_id
 where s.document_id in (select value from json_each(:ids)) and a.slot != '' and a.state = 'active'
   and a.subject = 'user';
+
+-- name: recall_latest_texts
+-- The persona's latest :n live memories' texts: the name they call the user by (Recall._own_name).
+select content from documents where persona_id = :persona_id and archived = 0
+order by created_at desc limit :n;

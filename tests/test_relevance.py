@@ -316,3 +316,15 @@ def test_a_brand_name_or_a_topic_word_alone_is_no_evidence(local_mem):
                           ("What do I put in my coffee?", "Switched to soy milk in her coffee.")):
         hits = [h["text"] for h in local_mem.recall(query, persona_id="mx")["results"]]
         assert wanted in hits, (query, hits)
+
+
+@pytest.mark.slow
+def test_a_how_to_question_does_not_ask_a_slot(local_mem):
+    """"How do I get my car ready for winter?" names the car but asks a method, not which car:
+    the Chinese car memory is not its answer across scripts (it came back at 0.93 as the car
+    slot's value); "What car do I drive?" still gets it."""
+    local_mem.memorize("用户的车是一辆大众帕萨特。", {"persona_id": "ht"})
+    assert local_mem.recall("How do I get my car ready for winter?", persona_id="ht")[
+        "results"] == []
+    hits = local_mem.recall("What car do I drive?", persona_id="ht")["results"]
+    assert [h["text"] for h in hits] == ["用户的车是一辆大众帕萨特。"]

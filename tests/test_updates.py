@@ -304,6 +304,9 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("用户在列治文的一家诊所上班。", "用户换工作了，去了温哥华总医院的康复科。"),
     ("用户的手机是OPPO Find X6。", "OPPO摔坏了，用户换了台三星手机。"),
     ("用户单身。", "用户最近在和一个叫孟昭的建筑师约会。"),
+    ("用户住在杭州滨江。", "搬家了！新家也在西湖区附近。"), ("用户的手机是小米13。", "用户换了华为Pura 70。"),
+    ("用户用的是三星手机。", "用户把三星换成了Pixel 9。"), ("用户房租每个月2800。", "新房子每个月3300，水电另算。"),
+    ("Rent is $1,200 a month.", "User's rent went up to $1,350."),
 ], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
         "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
         "model-en-zh", "latin-name-zh", "car-model-en", "car-sold-zh", "weight-en-zh", "rent-en",
@@ -311,7 +314,8 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
         "we-bought-en", "lived-at-zh-en", "the-lead-at-en", "new-job-at-en", "new-job-as-en",
         "car-adjective-en", "car-adjective-zh", "go-to-en", "employer-in-a-city-zh",
         "time-word-first-zh", "new-home-zh", "new-car-zh", "new-phone-zh", "car-of-a-year-zh-en",
-        "changed-jobs-zh", "phone-brand-zh", "dating-a-zh"])
+        "changed-jobs-zh", "phone-brand-zh", "dating-a-zh", "new-home-also-zh", "brand-model-zh",
+        "swapped-ba-zh", "new-rent-zh", "bare-rent-en"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
