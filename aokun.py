@@ -2220,34 +2220,38 @@ def names_found(names, doc_tokens: set, pinyin, text: str = "") -> set[str]:
     return found | {w for n in names if n.replace(" ", "") in spelt for w in n.split()}
 
 
+OWN_NAME_MIN = 5  #: own_name: the user's name is in this many memories at least
+
+
 def own_name(texts: list[str], stop, cjk_names, others: re.Pattern, pinyin) -> tuple[str, ...]:
     """The forms of the name memories `texts` call the user by ("Zhiyao Lu lives…", "Zhiyao's…",
-    "陆知遥每周…"; longest first): runs of capitalised words whose first is no word of `stop` (The,
+    "陆知遥每周…"; longest first): runs of capitalised words whose first `stop` refuses (The,
     User) and Chinese names `cjk_names` finds leading a memory, one name when one spelling
-    (unspaced, Chinese in `pinyin`) holds the other; held by a quarter of the memories (3 at least)
-    and twice as many as the next (two people talking: neither is the user); a person's (Chinese,
-    or in a memory saying he, she, his, her, or "Maeve's sister"), never given as someone's
-    relative or friend (`others`, "sister Emma": rules/predicates.toml [subjects]). () if none."""
+    (unspaced, Chinese in `pinyin`) holds the other; held by a quarter of the memories (OWN_NAME_MIN
+    at least) and twice as many as the next (two people talking: neither is the user); a person's
+    (Chinese, or in a memory saying he, she, his, her, or "Maeve's sister"), never given as
+    someone's relative or friend (`others`, "sister Emma": rules/predicates.toml [subjects]).
+    () if none."""
     def key(n):
         return "".join(map(pinyin, n)) if _CJK.search(n) else n.lower().replace(" ", "")
 
     def same(a, b):
         return a == b or min(len(a), len(b)) > 3 and (a in b or b in a)
-    found = [{key(r): r for r in re.findall(r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*", t) if r.split()[
-        0].lower() not in stop} | {key(n): n for n in (cjk_names(t[:8]) if _CJK.match(t) else ())}
+    found = [{key(r): r for r in re.findall(r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*", t) if not stop(
+        r.split()[0].lower())} | {key(n): n for n in (cjk_names(t[:8]) if _CJK.match(t) else ())}
         for t in texts]
     score = {k: sum(any(same(k, n) for n in names) for names in found) for k in set().union(*found)}
     top = max(score, key=lambda k: (score[k], -len(k)), default="")
-    if not top or score[top] < max(3, len(texts) / 4) or score[top] < 2 * max(
+    if not top or score[top] < max(OWN_NAME_MIN, len(texts) / 4) or score[top] < 2 * max(
             (v for k, v in score.items() if not same(k, top)), default=0):
         return ()
     forms = sorted({n for names in found for k, n in names.items() if same(k, top)}, key=len)[::-1]
     name = "(?:" + "|".join(map(re.escape, forms)) + ")"
     given = re.compile(rf"(?:{others.pattern}|friend|colleague|朋友|同事|同学)\W?\W?{name}", re.I)
-    person = re.compile(rf"(?i:\b(?:he|she|his|her|him)\b)|{name}(?:'s\s+(?i:{others.pattern})|"
-                        r"(?=[\u4e00-\u9fff]))")  # 陆知遥每周…, Zhiyao在…
+    person = re.compile(rf"(?i:\b(?:he|she|his|her|him)\b)|{name}'s\s+(?i:{others.pattern})")
     named = [t for t, names in zip(texts, found, strict=True) if any(same(k, top) for k in names)]
-    return tuple(forms) if any(map(person.search, named)) and not any(
+    chinese = _CJK.search("".join(forms))  # jieba's name, a person's
+    return tuple(forms) if (chinese or any(map(person.search, named))) and not any(
         map(given.search, texts)) else ()
 
 
@@ -5928,9 +5932,9 @@ class Recall:
         if kept.get(persona, (None,))[0] != state:
             texts = [fold(r["content"]) for r in self.rows(self.queries["recall_latest_texts"], {
                 "persona_id": persona, "n": OWN_NAME_SAMPLE})]
-            kept[persona] = state, own_name(texts, self.seg.stopwords | {
-                w for w, k in self.rules.slot_subject.items() if k == "user"}, self.seg.names,
-                self.rules._other_subject, self.seg.pinyin)
+            kept[persona] = state, own_name(texts, lambda w: self.rules.slot_subject.get(
+                w) == "user" or not self.seg.tokens(w), self.seg.names, self.rules._other_subject,
+                self.seg.pinyin)  # User, and stop words (The), are no name
         return kept[persona][1]
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:

@@ -304,8 +304,10 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("用户在列治文的一家诊所上班。", "用户换工作了，去了温哥华总医院的康复科。"),
     ("用户的手机是OPPO Find X6。", "OPPO摔坏了，用户换了台三星手机。"),
     ("用户单身。", "用户最近在和一个叫孟昭的建筑师约会。"),
-    ("用户住在杭州滨江。", "搬家了！新家也在西湖区附近。"), ("用户的手机是小米13。", "用户换了华为Pura 70。"),
-    ("用户用的是三星手机。", "用户把三星换成了Pixel 9。"), ("用户房租每个月2800。", "新房子每个月3300，水电另算。"),
+    ("用户住在杭州滨江。", "搬家了！新家也在西湖区附近。"),
+    ("用户的手机是小米13。", "用户换了华为Pura 70。"),
+    ("用户用的是三星手机。", "用户把三星换成了Pixel 9。"),
+    ("用户房租每个月2800。", "新房子每个月3300，水电另算。"),
     ("Rent is $1,200 a month.", "User's rent went up to $1,350."),
 ], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
         "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
@@ -592,3 +594,4 @@ async def test_an_event_changed_on_its_day_is_replaced_across_languages(server):
         assert "supersedes=" in " ".join(moved["warnings"])
         lyon = await put("Moved to Lyon on Nov 21.", "11-02")  # a move, stated in its slot
         assert old["id"] not in [m["id"] for m in lyon["may_update"]]
+
