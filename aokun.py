@@ -989,8 +989,9 @@ def fetch_dicts(conn: apsw.Connection, sql: str, params=()) -> list[dict]:
 def readable_rows(conn: apsw.Connection, table: str, columns: list[str], failed: list,
                   rowid: bool = True):
     """Yield the rows (`columns`) of `table` that SQLite can still read from a damaged file: a read
-    that meets a damaged page starts again past it by a doubling rowid step (a WITHOUT ROWID table,
-    `rowid` false, up to its first damage). `failed` gets `table` appended when a read failed."""
+    that meets a damaged page or text (bytes no longer UTF-8) starts again past it by a doubling
+    rowid step (a WITHOUT ROWID table, `rowid` false, up to its first damage). `failed` gets
+    `table` appended when a read failed."""
     cols = ", ".join(f'"{c}"' for c in columns)
     after, step = 0, 1
     while after < 2 ** 63:
@@ -1003,7 +1004,7 @@ def readable_rows(conn: apsw.Connection, table: str, columns: list[str], failed:
                 after, step = row[0], 1
                 yield row[1:]
             return
-        except apsw.CorruptError:
+        except (apsw.CorruptError, UnicodeDecodeError):
             after, step = after + step, step * 2
         if table not in failed:
             failed.append(table)

@@ -88,6 +88,23 @@ def test_recover_salvages_what_is_readable_into_a_new_file(tmp_path, cfg, segmen
         open_mem(db, cfg=cfg).salvage(tmp_path / "saved.db")
 
 
+def test_recover_skips_a_text_whose_bytes_are_no_longer_utf8(tmp_path, cfg, segmenter, open_mem):
+    """A flipped byte in a memory's text (no page damage SQLite sees): that row is lost, the others
+    are saved; it raised UnicodeDecodeError, a traceback to the user, before."""
+    db = tmp_path / "a.db"
+    _made(db, cfg, segmenter)
+    c = apsw.Connection(str(db))
+    c.pragma("wal_checkpoint(TRUNCATE)")
+    c.close()
+    data = bytearray(db.read_bytes())
+    at = data.index(TEXTS[100].encode())
+    data[at] = 0x9E  # no UTF-8 text starts with it
+    db.write_bytes(bytes(data))
+    out = open_mem(db, cfg=cfg).salvage(tmp_path / "saved.db")
+    assert len(TEXTS) - 10 <= out["rows"]["documents"] < len(TEXTS), out["rows"]
+    assert "documents" in out["damaged"]
+
+
 @pytest.mark.slow
 def test_the_cli_names_the_damage_restores_over_it_and_recovers(tmp_path, segmenter):
     ini = write_ini(tmp_path)
