@@ -5962,8 +5962,9 @@ class Recall:
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
         slots = self.rules.asked_slots(q.text) if mine and not about["howto"] else ()
         filled = {r["doc_id"] for r in self.rows(self.queries["recall_slots"], {
-            "ids": json.dumps(list(pool))}) if {r["slot"].split(sep)[0] for sep in ":/"} & slots
-        } if slots else ()
+            "ids": json.dumps(list(pool)), "subjects": json.dumps(["user", *{  # Zhang Wei: wei
+                self.rules.canonical(w) for f in me or () if f.isascii() for w in f.split()}])})
+            if {r["slot"].split(sep)[0] for sep in ":/"} & slots} if slots else ()
         kept = {}
         for i in pool:
             if i not in docs:

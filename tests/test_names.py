@@ -115,6 +115,7 @@ async def test_a_question_about_the_user_gets_no_named_persons_fact(client):
 
 #: memories an assistant stored in its user's name (made up for this file)
 OWN_NAME = [("Zhang Wei is allergic to peanuts.", []), ("Zhang Wei drives a BYD Han.", []),
+            ("Zhang Wei lives in Hangzhou with his cat.", []),
             ("Zhang Wei works as a backend engineer at Alibaba.", []),
             ("Zhang Wei's sister Zhang Yue is a nurse in Chongqing.", ["Zhang Yue"]),
             ("Dentist appointment for Zhang Wei on Dec 11.", []),
@@ -132,6 +133,9 @@ async def test_memories_in_the_users_name_answer_the_user(tmp_path, segmenter, l
                       "张伟对什么过敏？"):
             got = await texts(c, query)
             assert got and got[0] == "Zhang Wei is allergic to peanuts.", (query, got)
+        for query in ("Where do I live?", "Where does Zhang Wei live?"):  # his slot, not 'wei's
+            got = await texts(c, query)
+            assert got and got[0] == "Zhang Wei lives in Hangzhou with his cat.", (query, got)
         got = await texts(c, "What does Zhang Wei's sister do?")
         assert got and got[0].startswith("Zhang Wei's sister"), got
         assert "Li Na plays the cello in a youth orchestra." not in await texts(
