@@ -210,8 +210,7 @@ class EmbeddingRejected(EmbeddingError):
 
 def now() -> dt.datetime:
     """The one clock: UTC now, or the ISO time in $AOKUN_NOW (tests and dry-run previews)."""
-    fixed = os.environ.get("AOKUN_NOW")
-    if fixed:
+    if fixed := os.environ.get("AOKUN_NOW"):
         return parse_time(fixed, "AOKUN_NOW")
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
 
@@ -391,8 +390,7 @@ def user_cache_dir() -> Path | None:
         candidates.append(Path.home() / ".cache" / "aokun")
     uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     with contextlib.suppress(OSError):  # gettempdir raises when no temp dir is usable at all
-        temp = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())
-        candidates.append(temp / f"aokun-{uid}")
+        candidates.append(Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / f"aokun-{uid}")
     for c in candidates:
         with contextlib.suppress(OSError):
             c.mkdir(parents=True, exist_ok=True)
@@ -1028,8 +1026,7 @@ def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
     version. Raises SchemaError when the file is newer than this code. (The data upgrades that need
     the engine are DATA_STEPS, run when Memory opens the file.)"""
     known = schema_version_known()
-    current = conn.pragma("user_version")
-    if current > known:
+    if (current := conn.pragma("user_version")) > known:
         raise SchemaError(
             f"this database has schema version {current} but this Aokun ({__version__}) knows only "
             f"up to {known}; upgrade Aokun instead of opening the file with an older version")
@@ -1076,8 +1073,7 @@ def load_queries(folder: Path = SQL_DIR) -> dict[str, str]:
     for path in sorted(folder.glob("*.sql")):
         name, lines = None, []
         for line in path.read_text(encoding="utf-8").splitlines() + ["-- name: <end>"]:
-            m = re.match(r"--\s*name:\s*(\S+)", line)
-            if m:
+            if m := re.match(r"--\s*name:\s*(\S+)", line):
                 if name:
                     if name in queries:
                         raise AokunError(f"query {echo(name)} is defined twice "
@@ -1343,8 +1339,7 @@ class CachedEmbedder(Embedder):
 
     def _get(self, key):
         with self._lock:
-            v = self._cache.pop(key, None)
-            if v is not None:
+            if (v := self._cache.pop(key, None)) is not None:
                 self._cache[key] = v
             return v
 
@@ -1366,8 +1361,7 @@ class CachedEmbedder(Embedder):
         return np.stack(out).astype(np.float32) if out else np.zeros((0, self.dim), np.float32)
 
     def embed_query(self, text):
-        v = self._get((True, text))
-        if v is None:
+        if (v := self._get((True, text))) is None:
             v = usable_query_vector(self.inner.embed_query(text))
             self._put((True, text), v)
         return v
@@ -1647,8 +1641,7 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
     found = []
     for patterns, spec in words["rules"]:
         for p in patterns if not found or spec["kind"] == "dates" else ():
-            m = p.search(text)
-            if m and spec["kind"] in ("before", "dates"):
+            if (m := p.search(text)) and spec["kind"] in ("before", "dates"):
                 span = _dated_window(spec, m, ref, words.get("dates"), tz)
             else:
                 span = _time_span(spec, m, today, words, tz, ahead) if m else None
@@ -2660,8 +2653,7 @@ class Rules:
             thing = (thing if mode == "either" else "") or category
             if not thing:
                 return None
-            use = g.get("use")
-            if use:
+            if use := g.get("use"):
                 thing += "/" + self._thing(use)
             name = f"{name}:{thing}"
         who = g.get("subject")
@@ -3320,8 +3312,7 @@ class Vectors:
             return False
         with self.tx():
             if self.meta_get("vector_format") != "int8":  # another process may have just done it
-                n = self._compact_vectors_in_tx()
-                if n:
+                if n := self._compact_vectors_in_tx():
                     log.warning("vector storage compacted: %s float32 vectors stored as int8 "
                                 "(`python aokun.py vacuum` returns the freed space)", n)
         return True
@@ -3496,9 +3487,8 @@ class Vectors:
         for p, v in zip(todo, out, strict=True):
             if isinstance(v, str):
                 p.embedding_error = v
-                p.warnings.append(f"the embedding provider refused this memory's text ({v}); "
-                                  "it is stored and found by keyword and graph search, "
-                                  "without a vector")
+                p.warnings.append(f"the embedding provider refused this memory's text ({v}); it is "
+                                  "stored and found by keyword and graph search, without a vector")
             elif v is None:
                 p.warnings.extend(warned[-1:])
         return {id(p): (v if isinstance(v, np.ndarray) else None)
@@ -3615,8 +3605,7 @@ class Vectors:
         """Set meta vector_center to the mean of the document vectors (float32 hex) and rebuild the
         binary KNN indexes with it; no vectors, no centre. In tx."""
         stored = self.conn.execute(self.queries["doc_vector_blobs"])
-        center = mean_vector(blob for _, blob in stored)
-        if center is not None:
+        if (center := mean_vector(blob for _, blob in stored)) is not None:
             self._meta_set("vector_center", center.tobytes().hex())
         else:
             self.conn.execute("delete from meta where key = 'vector_center'")
@@ -3658,9 +3647,8 @@ class Vectors:
         """True when a document or graph entry waits for a vector that back-fill can still make
         (pending, not refused by the provider) and the embedder fits the stored vectors."""
         return self.vectors_usable and bool(self.value(
-            "select exists (select 1 from documents "
-            "where embedding_state = 'pending' and embedding_error is null) "
-            "or exists (select 1 from graph_entries "
+            "select exists (select 1 from documents where embedding_state = 'pending' "
+            "and embedding_error is null) or exists (select 1 from graph_entries "
             "where embedding_state = 'pending' and embedding_error is null)"))
 
     def wait_refresh(self) -> None:
@@ -3684,9 +3672,8 @@ class Vectors:
         model; 0.0 without anchors."""
         model = self.embedder.model
         if model not in self._anchor_vectors:
-            self._anchor_vectors[model] = {
-                script: self.embedder.embed_documents(texts).mean(axis=0)
-                for script, texts in self.rules.anchors.items() if texts}
+            self._anchor_vectors[model] = {script: self.embedder.embed_documents(texts).mean(axis=0)
+                                           for script, texts in self.rules.anchors.items() if texts}
         return {"latin": 0.0, "cjk": 0.0} | {
             script: float(mean @ q_vector) for script, mean in self._anchor_vectors[model].items()}
 
@@ -3736,8 +3723,7 @@ class Layers:
         if p.embedding_error:
             log_refused("memory", p.document_id, p.embedding_error)
         else:
-            archived = self.value("select archived from documents where id = ?", (p.document_id,))
-            if archived is None:
+            if self.value("select archived from documents where id = ?", (p.document_id,)) is None:
                 raise NotFound(f"memory {p.document_id} was deleted before its edit finished")
             p.stale += self._stale_successors(p.document_id)  # its old place in the session
             # created_at stays: a new timestamp moves the memory (its vector and graph context
@@ -3809,8 +3795,7 @@ class Layers:
                   "subject, confidence, importance, base_ttl_days, created_at, updated_at, "
                   "last_reinforced_at, expires_at, state_changed_at, slot, slot_value) "
                   "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                  (self._new_id("memory_atoms"), uid, p.persona_id,
-                   p.document_id, atom_type, fact,
+                  (self._new_id("memory_atoms"), uid, p.persona_id, p.document_id, atom_type, fact,
                    subject, confidence, p.importance, base, p.created_at, stamp, p.created_at,
                    self._atom_expiry(atom_type, fact, p, ttl, p.created_at), stamp, slot,
                    slot_value))
@@ -4121,8 +4106,7 @@ class Layers:
     def _graph_context(self, persona_id: str, session_id: str, created_at: str, doc_id: int) -> str:
         """The anchor entry's context: the end (context_chars) of the session before the memory."""
         before = self._session_context(persona_id, session_id, created_at, doc_id)
-        context = "\n".join(c for _, c in before)
-        return context[-self.cfg.embedding.context_chars:].lstrip()
+        return "\n".join(c for _, c in before)[-self.cfg.embedding.context_chars:].lstrip()
 
     def _refresh_graph_context(self, ids) -> None:
         """Give memories `ids`' anchor entries their new session context (no embedding). In tx."""
@@ -4180,9 +4164,8 @@ class Layers:
                 c.execute("insert into graph_entries_fts(graph_entries_fts) values ('optimize')")
             self._meta_set("graph_layout", GRAPH_LAYOUT)
         if docs:
-            log.warning("graph entries upgraded to layout %s: %s memories, "
-                        "%s edge sentences dropped "
-                        "(`python aokun.py vacuum` returns the freed space)",
+            log.warning("graph entries upgraded to layout %s: %s memories, %s edge sentences "
+                        "dropped (`python aokun.py vacuum` returns the freed space)",
                         GRAPH_LAYOUT, len(docs), len(gone))
 
     def _upgrade_graph_entries_of(self, docs: list[int]) -> None:
@@ -4574,9 +4557,8 @@ class Journal:
     def memorize_many(self, items: list[tuple[str, dict | None]]) -> list[dict]:
         """Store many memories, validated first, embedded in batches: memorize's answer per item;
         copies of one text are one memory; a failed item's status is 'failed' (raised if alone)."""
-        return self._memorize_prepared([
-            self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
-            for i, (c, m) in enumerate(items)])
+        return self._memorize_prepared([self.prepare(c, m, f"items[{i}]." if len(items) > 1 else "")
+                                        for i, (c, m) in enumerate(items)])
 
     def _memorize_prepared(self, preps: list[Prepared]) -> list[dict]:
         """memorize_many() of writes already validated (prepare, and memorize's supersedes)."""
@@ -4778,10 +4760,9 @@ class Journal:
                 d = self._doc(d["merged_into"])
                 seen.add(d["id"])
             p.warnings.append(f"this text is memory {member}, which consolidation merged into "
-                              f"memory {d['id']}: memory {d['id']} holds the fact now "
-                              f"(its id is returned); restore_memory({member}) makes memory "
-                              f"{member} a memory of its own again, restore_memory({d['id']}) "
-                              "undoes its merge")
+                              f"memory {d['id']}: memory {d['id']} holds the fact now (its id is "
+                              f"returned); restore_memory({member}) makes memory {member} a memory "
+                              f"of its own again, restore_memory({d['id']}) undoes its merge")
         p.document_id = d["id"]
         restoring = d["archived"]
         if restoring:
@@ -4870,9 +4851,8 @@ class Journal:
         may have moved it), then record the next status on the row. In tx."""
         row = self.rows("select status, document_id from memory_write_ops where id = ?", (p.op_id,))
         if not row:  # the file was restored from a backup meanwhile (or the memory deleted)
-            raise JournalGone(f"write op {p.op_id} is gone from the journal "
-                              "(the database was restored or the memory deleted meanwhile); "
-                              "this write is not stored")
+            raise JournalGone(f"write op {p.op_id} is gone from the journal (the database was "
+                              "restored or the memory deleted meanwhile); this write is not stored")
         if row[0]["status"] != status:  # another process (recovery) already moved it
             p.status, p.document_id = row[0]["status"], row[0]["document_id"]
             return
@@ -5168,8 +5148,7 @@ class KnowledgeGraph:
 
     def _entity(self, persona: str, entity) -> int:
         """The id of `persona`'s entity `entity` (aliases resolved). NotFound when it has none."""
-        eid = self._entity_id(persona, entity, "entity", False)
-        if eid is None:
+        if (eid := self._entity_id(persona, entity, "entity", False)) is None:
             raise NotFound(f"no entity {echo(clean_text(entity, 'entity'))} in the knowledge "
                            "graph; {hint0} records facts about it", hints=[("kg add", {})])
         return eid
@@ -5180,9 +5159,8 @@ class KnowledgeGraph:
         source_memory_id}]}. NotFound for an entity not in the persona's graph."""
         persona = _label(persona_id, "persona_id")
         at = iso(parse_time(as_of, "as_of")) if as_of else now_iso()
-        eid = self._entity(persona, entity)
         facts = self.rows(self.queries["kg_facts_at"], {
-            "persona_id": persona, "entity_id": eid, "as_of": at,
+            "persona_id": persona, "entity_id": self._entity(persona, entity), "as_of": at,
             "predicate": self._predicate(predicate) if predicate else ""})
         return {"entity": clean_text(entity, "entity"), "as_of": at, "facts": facts}
 
@@ -5246,9 +5224,8 @@ class KnowledgeGraph:
         """Stored values starting with `prefix` (ASCII case ignored) of kind "persona", "entity" or
         "session" (of persona `persona_id`). Returns (at most `limit` values, sorted; how many
         match). InputError for another kind or a bad persona_id."""
-        queries = {"persona": "select persona_id as v from documents "
-                              "union select persona_id from kg_entities "
-                              "union select persona_id from conv_sessions",
+        queries = {"persona": "select persona_id as v from documents union select persona_id "
+                              "from kg_entities union select persona_id from conv_sessions",
                    "entity": "select name as v from kg_entities where persona_id = :persona_id",
                    "session": "select session_id as v from conv_sessions "
                               "where persona_id = :persona_id"}
@@ -6221,9 +6198,8 @@ class Briefing:
         with self.tx() as c:
             text, ref = self._briefing_text(persona)
             progress(1, 2)
-            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) "
-                      "values (?, ?, ?, ?, 0) "
-                      "on conflict(persona_id) do update set text = excluded.text, "
+            c.execute("insert into briefings(persona_id, text, tokens, generated_at, stale) values "
+                      "(?, ?, ?, ?, 0) on conflict(persona_id) do update set text = excluded.text, "
                       "tokens = excluded.tokens, generated_at = excluded.generated_at, stale = 0",
                       (persona, text, estimate_tokens(text), iso(ref)))
         progress(2, 2)
@@ -6311,8 +6287,7 @@ class Briefing:
                 tag = memory_tag(h["id"], h.get("replaced_by") or h.get("partly_replaced_by"),
                                  "partly_replaced_by" in h, h.get("may_be_replaced_by"))
                 lines.append(f"- {h['created_at'][:10]} {tag} {_one_line(h['text'])}")
-        facts = self._facts_for_text(topic, persona, now_iso())
-        if facts:
+        if facts := self._facts_for_text(topic, persona, now_iso()):
             lines.append("# Current facts")
             lines += [f"- {f['subject']} {f['predicate']} {f['object']} "
                       f"(since {f['valid_from'][:10]})" for f in facts]
@@ -6399,8 +6374,7 @@ class Forgetting:
     def _catch_up_decay(self, until: str) -> None:
         """Run the daily decay of the days after decay_last_run up to ISO date `until`, one
         transaction each, without auto-archival (for sync)."""
-        last = self.meta_get("decay_last_run")
-        if last is None:
+        if (last := self.meta_get("decay_last_run")) is None:
             with self.tx():
                 self._meta_set("decay_last_run", until)
             return
@@ -6862,9 +6836,8 @@ class Maintenance:
         """_rebuild_vectors for another model or dim: everything embedded into temp tables, swapped
         in when at least as many as stored. Returns (made, refused, what befell the old vectors)."""
         with self.lock:
-            self.conn.execute("create temp table if not exists new_doc_vectors("
-                              "doc_id integer primary key, embedding blob not null, "
-                              "truncated integer not null)")
+            self.conn.execute("create temp table if not exists new_doc_vectors(doc_id integer "
+                              "primary key, embedding blob not null, truncated integer not null)")
             self.conn.execute("create temp table if not exists new_entry_vectors("
                               "entry_id integer primary key, embedding blob not null)")
         was_refused = {r["id"] for r in self.rows("select id from documents "
@@ -7461,8 +7434,7 @@ def _path_get(obj, path: str | None):
 def _first_field(record: dict, paths) -> object:
     """The first non-empty value among dotted `paths` of `record`, or None."""
     for p in paths or ():
-        v = _path_get(record, p)
-        if v not in (None, ""):
+        if (v := _path_get(record, p)) not in (None, ""):
             return v
     return None
 
@@ -7567,8 +7539,7 @@ def parse_jsonl(data: bytes, base: int, rules: IngestRules,
     while at < len(data):
         nl = data.find(b"\n", at)
         end = len(data) if nl < 0 else nl + 1
-        line = data[at:end].strip()
-        if line:
+        if line := data[at:end].strip():
             try:
                 record = loads_json(line)
                 if not isinstance(record, dict):
@@ -7657,8 +7628,7 @@ def read_chatgpt_export(path: Path) -> bytes:
 def _past_newline(f) -> bytes | None:
     """Read binary file `f` past its next newline: the bytes read after it, or None at the end."""
     while chunk := f.read(INGEST_CHUNK_BYTES):
-        nl = chunk.find(b"\n")
-        if nl >= 0:
+        if (nl := chunk.find(b"\n")) >= 0:
             return chunk[nl + 1:]
     return None
 
@@ -8012,8 +7982,7 @@ class Conversations:
     def _center_turn_index(self) -> None:
         """Once TURN_CENTER_AFTER turn vectors exist, centre the binary turn index on their mean
         (meta turn_vector_center, as doc_vec is on vector_center) and rebuild it."""
-        if self.meta_get("turn_vector_center") is not None \
-                or not self.has_table("conv_turn_vec") \
+        if self.meta_get("turn_vector_center") is not None or not self.has_table("conv_turn_vec") \
                 or self.value("select count(*) from conv_turn_vectors") < TURN_CENTER_AFTER:
             return
         with self.tx() as c:
@@ -8063,9 +8032,8 @@ class ConversationSearch:
     """The conversation layer read: search, a session's turns, stats, listings, digests, removal."""
 
     def conversation_search(self, query, k: int = 5, source=None, session_id=None, since=None,
-                            until=None, persona_id=None,
-                            max_chars_per_hit: int | None = None, project=None,
-                            scope=None) -> dict:
+                            until=None, persona_id=None, max_chars_per_hit: int | None = None,
+                            project=None, scope=None) -> dict:
         """Hybrid search (BM25 and exact cosine) over one persona's ingested turns, filtered by
         source, session, since/until, fused as recall; `project`'s first (project_scope). {results:
         [{turn_id, session_id, source, role, created_at, text, truncated, score, relevance,
@@ -8093,8 +8061,7 @@ class ConversationSearch:
         ranked, degraded = {}, []
         if tokens:
             ranked["bm25"] = self._turn_keyword_rows(params)
-        vector = self._turn_query_vector(query, degraded)
-        if vector is not None:
+        if (vector := self._turn_query_vector(query, degraded)) is not None:
             name = "conv_vector_session" if params["session_id"] else \
                 "conv_vector_source" if params["source"] else "conv_vector"
             params.update(embedding=vector.tobytes(), query_i8=vector_blob(vector),
@@ -8165,8 +8132,7 @@ class ConversationSearch:
                      background=None if vector is None or coef is None else self.background(vector))
         out, best = [], None
         for i in pool:
-            row = rows.get(i)
-            if row is None:
+            if (row := rows.get(i)) is None:
                 continue
             vec = None if row["embedding"] is None else blob_vector(row["embedding"])
             rel = hit_relevance(about, set(row["segmented"].split()), vec, coef, self.seg,
@@ -8193,8 +8159,7 @@ class ConversationSearch:
     def _named_session(self, session_id, source, persona_id) -> dict:
         """The conv_sessions row of a client session id. NotFound when there is none in the
         persona; InputError when several sources have that id and no source was given."""
-        sid = _label(session_id, "session_id")
-        if not sid:
+        if not (sid := _label(session_id, "session_id")):
             raise InputError("session_id", "is empty")
         rows = self.rows(self.queries["conv_sessions_named"],
                          {"persona_id": _label(persona_id, "persona_id"), "session_id": sid,
@@ -8546,8 +8511,7 @@ class Watcher:
                 "select count(*) from conv_turns where persona_id = ?", (persona,))
         for source in self.sources:
             self._enqueue(source, self._changed(source, look))
-        out = self._drain(stop, fresh_only=self.threaded)
-        if out:
+        if out := self._drain(stop, fresh_only=self.threaded):
             log.info("watch: new turns %s", out)
         due = not self.queue or time.monotonic() - self.briefed >= WATCH_BRIEFING_SECONDS
         if self.unbriefed and due:
@@ -8611,8 +8575,7 @@ class Watcher:
     def _mark(self, path: Path, status: str | None, queued: QueuedFile | None = None) -> None:
         """Record `path`'s status (None: forgotten), queued (`queued`, which replaces what was
         queued of it) only while it is left; keeps counts, order and left_bytes. Under self.lock."""
-        old = self.status.pop(path, None)
-        if old is not None:
+        if (old := self.status.pop(path, None)) is not None:
             self.counts[old] -= 1
         if status is not None:
             self.status[path] = status
@@ -8657,8 +8620,7 @@ class Watcher:
         out: dict[str, int] = {}
         deadline, read = time.monotonic() + WATCH_SLICE_SECONDS, False
         while not (read and time.monotonic() >= deadline) and not (stop and stop.is_set()):
-            pick = self._next(True if fresh_only else None)
-            if pick is None:
+            if (pick := self._next(True if fresh_only else None)) is None:
                 break
             path, q = pick
             n = self._take(path, q, self._pauser(deadline, stop))
@@ -8679,8 +8641,7 @@ class Watcher:
         if lower_thread_priority():
             log.debug("watch: the back-log thread runs at nice %d", WATCH_NICE)
         while not stop.is_set():
-            pick = self._next(False)
-            if pick is None:
+            if (pick := self._next(False)) is None:
                 return
             try:
                 self._take(pick[0], pick[1], self._pauser(math.inf, stop))
@@ -9022,8 +8983,7 @@ def remove_claude_hooks(settings: dict) -> list[str]:
 
 def remove_codex_notify(text: str) -> str:
     """Codex's config.toml `text` without install_codex_notify's lines (notify, comment, blank)."""
-    m = re.search(r"(?m)^notify\s*=.*\n?", text)
-    if m is None:
+    if (m := re.search(r"(?m)^notify\s*=.*\n?", text)) is None:
         return text
     added = f"{CODEX_NOTE}\n{m.group()}\n"
     return text[len(added):] if text.startswith(added) else text[:m.start()] + text[m.end():]
@@ -9234,14 +9194,12 @@ def read_export(lines) -> list[tuple[int, dict]]:
             schema = rec.get("schema")
             if schema is not None and (type(schema) is not int or schema > schema_version_known()):
                 raise ImportFileError(n, f"written by an Aokun of schema {echo(schema)}, newer "
-                                         "than "
-                                         f"this one ({schema_version_known()}): its records may "
-                                         "hold what this Aokun would drop; upgrade Aokun, nothing "
-                                         "was imported")
+                                         f"than this one ({schema_version_known()}): its records "
+                                         "may hold what this Aokun would drop; upgrade Aokun, "
+                                         "nothing was imported")
             header = rec
             continue
-        kind = rec.get("kind")
-        if kind not in EXPORT_FIELDS:
+        if (kind := rec.get("kind")) not in EXPORT_FIELDS:
             raise ImportFileError(n, f"unknown kind {echo(kind)}; "
                                      f"known: {', '.join(EXPORT_FIELDS)}")
         unknown = [k for k in rec if k != "kind" and k not in EXPORT_FIELDS[kind]]
@@ -9348,8 +9306,7 @@ class Portable:
 
     def _redacted_record(self, kind: str, rec: dict) -> dict:
         """Export record `rec` of `kind`, IMPORT_REDACTED fields redacted (an entity's key too)."""
-        names = IMPORT_REDACTED.get(kind)
-        if not names:
+        if not (names := IMPORT_REDACTED.get(kind)):
             return rec
         out = self.redact_fields(rec, names)
         if kind == "entity" and isinstance(out.get("name"), str) and out["name"] != rec["name"]:
@@ -9750,8 +9707,7 @@ def sync_open(h: dict, payload: bytes, passphrase: str, aad: bytes) -> bytes:
     """The payload of changeset header `h`, decrypted when `h` says it is encrypted (sync_seal).
     SyncFileError when encrypted without this passphrase, unencrypted with one, or encrypted in a
     way unknown here."""
-    enc = h.get("encryption")
-    if enc is None:
+    if (enc := h.get("encryption")) is None:
         if passphrase:
             raise SyncFileError("not encrypted, but this device has a sync passphrase (anyone who "
                                 "can write to the folder could have made it); nothing applied")
@@ -11279,13 +11235,9 @@ def _tool_args():
     from pydantic import Field
 
     return types.SimpleNamespace(
-        Id=Annotated[int, Field(ge=1)],
-        Persona=str | None,
-        Owner=str | None,
-        Session=str | None,
+        Id=Annotated[int, Field(ge=1)], Persona=str | None, Owner=str | None, Session=str | None,
         Entity=Annotated[str, Field(description="Person, place, project… (aliases resolved).")],
-        Scope=str | None,
-        When=Annotated[str | None, Field(description="ISO-8601 (default now).")])
+        Scope=str | None, When=Annotated[str | None, Field(description="ISO-8601 (default now).")])
 
 
 def _meta(metadata) -> dict:
@@ -11393,9 +11345,7 @@ def _write_tools():
 
     A, M = _tool_args(), _write_models()
 
-    def memorize(ctx: Context,
-                 content: str,
-                 metadata: M.Metadata | None = None,
+    def memorize(ctx: Context, content: str, metadata: M.Metadata | None = None,
                  supersedes: Annotated[list[int] | None, Field(
                      description="Ids it replaces (marked; facts it contradicts retire).")] = None,
                  ) -> M.WriteResult:
@@ -11439,8 +11389,7 @@ def _write_tools():
         merge)."""
         return M.Restored(**_on_memory(ctx, lambda m: m.restore_memory(id, persona_id)))
 
-    def set_importance(ctx: Context, id: A.Id,
-                       importance: Annotated[float, Field(ge=0, le=1)],
+    def set_importance(ctx: Context, id: A.Id, importance: Annotated[float, Field(ge=0, le=1)],
                        persona_id: A.Owner = None) -> M.ImportanceSet:
         """Set a memory's importance (0..1): important memories rank higher and fade slower."""
         return M.ImportanceSet(**_on_memory(ctx, lambda m: m.set_importance(id, importance,
@@ -11469,11 +11418,8 @@ def _read_tools():
 
     A, S, B = _tool_args(), _search_models(), _browse_models()
 
-    def recall(ctx: Context,
-               query: str,
-               limit: Annotated[int, Field(ge=1), _nullable(5)] = 5,
-               session_id: A.Session = None,
-               persona_id: A.Persona = None,
+    def recall(ctx: Context, query: str, limit: Annotated[int, Field(ge=1), _nullable(5)] = 5,
+               session_id: A.Session = None, persona_id: A.Persona = None,
                include_archived: Annotated[bool, _nullable(False)] = False,
                explain: Annotated[bool, Field(description="Per-channel ranks and score parts."),
                                   _nullable(False)] = False,
@@ -11482,8 +11428,7 @@ def _read_tools():
                include_conversations: Annotated[bool, Field(description="Also ingested turns."),
                                                 _nullable(False)] = False,
                scope: Annotated[str | None, Field(
-                   description="project (default), all, or a folder.")] = None
-               ) -> S.RecallResult:
+                   description="project (default), all, or a folder.")] = None) -> S.RecallResult:
         """Search memory by meaning, keywords, relations; call it before answering when earlier
         talks may matter. truncated: get_memory gives it whole. may_be_replaced_by: a newer hit
         may update it; partly_replaced_by: one fact."""
@@ -11502,10 +11447,8 @@ def _read_tools():
     def list_memories(ctx: Context,
                       limit: Annotated[int, Field(ge=1, le=LIST_LIMIT_MAX), _nullable(20)] = 20,
                       offset: Annotated[int, Field(ge=0), _nullable(0)] = 0,
-                      persona_id: A.Persona = None,
-                      session_id: A.Session = None,
-                      include_archived: Annotated[bool, _nullable(False)] = False
-                      ) -> B.MemoryList:
+                      persona_id: A.Persona = None, session_id: A.Session = None,
+                      include_archived: Annotated[bool, _nullable(False)] = False) -> B.MemoryList:
         """List memories newest first (to browse; recall searches)."""
         rows = _on_memory(ctx, lambda m: m.list_memories(limit, offset, persona_id or "",
                                                          session_id, include_archived))
@@ -11537,16 +11480,14 @@ def _kg_tools():
                predicate: Annotated[str, Field(description="e.g. lives_in, works_at, 住在.")],
                object: A.Entity, valid_from: A.When = None, valid_to: A.When = None,
                confidence: Annotated[float, Field(ge=0, le=1), _nullable(1.0)] = 1.0,
-               source_memory_id: int | None = None,
-               persona_id: A.Persona = None) -> K.FactAdded:
+               source_memory_id: int | None = None, persona_id: A.Persona = None) -> K.FactAdded:
         """Record a fact as a triple with a validity window, e.g. (Alice, lives_in, Paris); a new
         value of a single-valued predicate (lives_in, works_at, 住在…) closes the old fact."""
         return K.FactAdded(**_on_memory(ctx, lambda m: m.kg_add(
             subject, predicate, object, valid_from, valid_to, confidence, source_memory_id,
             persona_id)))
 
-    def kg_query(ctx: Context, entity: A.Entity, as_of: A.When = None,
-                 predicate: str | None = None,
+    def kg_query(ctx: Context, entity: A.Entity, as_of: A.When = None, predicate: str | None = None,
                  persona_id: A.Persona = None) -> K.Facts:
         """Facts about an entity that hold now, or at as_of."""
         return K.Facts(**_on_memory(ctx, lambda m: m.kg_query(entity, as_of, predicate,
@@ -11585,8 +11526,7 @@ def _context_tools():
 
     A, C, W = _tool_args(), _context_models(), _write_models()
 
-    def memory_context(ctx: Context,
-                       topic: str | None = None,
+    def memory_context(ctx: Context, topic: str | None = None,
                        mode: Annotated[str, Field(description="quick, chat, coding or project: "
                                                               "the budget."),
                                        _nullable("chat")] = "chat",
@@ -11614,16 +11554,14 @@ def _context_tools():
         expiry); nothing changes."""
         return C.ForgetPreview(**_on_memory(ctx, lambda m: m.forget_preview(days, persona_id)))
 
-    def consolidate(ctx: Context,
-                    dry_run: Annotated[bool, _nullable(True)] = True,
+    def consolidate(ctx: Context, dry_run: Annotated[bool, _nullable(True)] = True,
                     persona_id: A.Persona = None) -> C.Consolidation:
         """Find near-duplicate memories; with dry_run=false merge each cluster into one
         (restore_memory on the survivor undoes it)."""
         return C.Consolidation(**_on_memory(ctx, lambda m: m.consolidate(
             dry_run, persona_id, progress=_tool_progress(ctx))))
 
-    def summarize_memory(ctx: Context,
-                         conversation: Annotated[str | list[dict[str, Any]], Field(
+    def summarize_memory(ctx: Context, conversation: Annotated[str | list[dict[str, Any]], Field(
                              description="Plain text, or a list of {role, content} turns.")],
                          metadata: W.Metadata | None = None) -> C.Summarized:
         """Distil a conversation into one memory (summary, topics, key facts, people) with the
@@ -11704,15 +11642,12 @@ def _conversation_tools():
     A, C = _tool_args(), _conversation_models()
     Source = Annotated[str | None, Field(description="claude-code, codex, copilot or chatgpt.")]
 
-    def conversation_search(ctx: Context,
-                            query: str,
+    def conversation_search(ctx: Context, query: str,
                             limit: Annotated[int, Field(ge=1), _nullable(5)] = 5,
-                            source: Source = None,
-                            session_id: str | None = None,
+                            source: Source = None, session_id: str | None = None,
                             since: Annotated[str | None, Field(description="ISO-8601.")] = None,
                             until: Annotated[str | None, Field(description="ISO-8601.")] = None,
-                            persona_id: A.Persona = None,
-                            scope: A.Scope = None) -> C.TurnSearch:
+                            persona_id: A.Persona = None, scope: A.Scope = None) -> C.TurnSearch:
         """Search past conversations with the user's assistants (Claude Code, Codex, Copilot,
         ChatGPT)."""
         project = _client_project(ctx)
@@ -11720,8 +11655,7 @@ def _conversation_tools():
             query, limit, source, session_id, since, until, persona_id, project=project,
             scope=scope)))
 
-    def conversation_get_session(ctx: Context,
-                                 session_id: str,
+    def conversation_get_session(ctx: Context, session_id: str,
                                  offset: Annotated[int, Field(ge=0), _nullable(0)] = 0,
                                  limit: Annotated[int, Field(ge=1, le=CONVERSATION_PAGE_MAX),
                                                   _nullable(50)] = 50,
@@ -11761,30 +11695,18 @@ TOOL_KINDS = {
 #: function, annotation kind from TOOL_KINDS). build_server registers those that exposed_tools
 #: picks.
 MCP_TOOLS = {
-    "memorize": (_write_tools, "write"),
-    "recall": (_read_tools, "read-only"),
-    "memory_feedback": (_write_tools, "cumulative"),
-    "search_atoms": (_read_tools, "read-only"),
-    "list_memories": (_read_tools, "read-only"),
-    "get_memory": (_read_tools, "read-only"),
-    "edit_memory": (_write_tools, "destructive"),
-    "delete_memory": (_write_tools, "destructive"),
-    "pin_memory": (_write_tools, "write"),
-    "unpin_memory": (_write_tools, "write"),
-    "archive_memory": (_write_tools, "write"),
-    "restore_memory": (_write_tools, "write"),
-    "set_importance": (_write_tools, "write"),
-    "forget_preview": (_context_tools, "read-only"),
-    "memory_stats": (_read_tools, "read-only"),
-    "memory_context": (_context_tools, "read-only"),
-    "refresh_briefing": (_context_tools, "write"),
-    "consolidate": (_context_tools, "destructive"),
-    "summarize_memory": (_context_tools, "open-world"),
-    "kg_add": (_kg_tools, "write"),
-    "kg_query": (_kg_tools, "read-only"),
-    "kg_invalidate": (_kg_tools, "destructive"),
-    "kg_timeline": (_kg_tools, "read-only"),
-    "kg_stats": (_kg_tools, "read-only"),
+    "memorize": (_write_tools, "write"), "recall": (_read_tools, "read-only"),
+    "memory_feedback": (_write_tools, "cumulative"), "search_atoms": (_read_tools, "read-only"),
+    "list_memories": (_read_tools, "read-only"), "get_memory": (_read_tools, "read-only"),
+    "edit_memory": (_write_tools, "destructive"), "delete_memory": (_write_tools, "destructive"),
+    "pin_memory": (_write_tools, "write"), "unpin_memory": (_write_tools, "write"),
+    "archive_memory": (_write_tools, "write"), "restore_memory": (_write_tools, "write"),
+    "set_importance": (_write_tools, "write"), "forget_preview": (_context_tools, "read-only"),
+    "memory_stats": (_read_tools, "read-only"), "memory_context": (_context_tools, "read-only"),
+    "refresh_briefing": (_context_tools, "write"), "consolidate": (_context_tools, "destructive"),
+    "summarize_memory": (_context_tools, "open-world"), "kg_add": (_kg_tools, "write"),
+    "kg_query": (_kg_tools, "read-only"), "kg_invalidate": (_kg_tools, "destructive"),
+    "kg_timeline": (_kg_tools, "read-only"), "kg_stats": (_kg_tools, "read-only"),
     "kg_delete_entity": (_kg_tools, "destructive"),
     "conversation_search": (_conversation_tools, "read-only"),
     "conversation_get_session": (_conversation_tools, "read-only"),
@@ -12257,8 +12179,7 @@ def _backfill_step(mem: "Memory", stop: threading.Event, failures: int) -> int:
     if not mem.vectors_awaited():
         return 0
     try:
-        n = mem.backfill_vectors(stop=stop)
-        if n:
+        if n := mem.backfill_vectors(stop=stop):
             log.info("back-filled %d vectors", n)
     except Exception as e:
         log.error("vector back-fill failed: %s", e)
@@ -12445,8 +12366,7 @@ def ini_layout(text: str) -> list[dict]:
     group = None
     for line in text.splitlines():
         s = line.strip()
-        m = _INI_SECTION.match(s)
-        if m:
+        if m := _INI_SECTION.match(s):
             sections.append({"name": m.group(1).strip(), "groups": []})
             comment, group = [], None
         elif not sections or s.startswith(RANGE_MARK):
@@ -12554,8 +12474,7 @@ def save_settings(path: Path, changes: dict[tuple[str, str], str]) -> Config:
         if path.exists():
             os.chmod(tmp, path.stat().st_mode & 0o7777)
         try:
-            cfg = Config(Path(tmp))
-            check_settings(cfg)
+            check_settings(Config(Path(tmp)))
         except AokunError as e:
             raise AokunError(str(e).replace(tmp, str(path))) from None
         os.replace(tmp, path)
@@ -12761,8 +12680,7 @@ class PanelState:
         self.path, self.sessions, self.link_secret, self.base_url = path, {}, "", ""
         self.address: tuple[str, int, str] = ("", 0, "")
         try:
-            data = read_private_json(path) if path else {}
-            sessions = data.get("sessions", {})
+            sessions = (read_private_json(path) if path else {}).get("sessions", {})
             for h, v in sessions.items() if isinstance(sessions, dict) else ():
                 v = v if isinstance(v, dict) else {"expires": v}  # a file before logins were listed
                 expires = float(v["expires"])
@@ -12859,10 +12777,9 @@ def request_panel_link(db: Path, port: int | None = None) -> str:
             return text
         raise AokunError(f"the panel on port {data['port']} refused a new link ({answer.status}): "
                          f"{text.splitlines()[0] if text else ''}")
-    raise AokunError(f"no panel answers for {db}"
-                     + (f" on port {port}" if port else "")
-                     + ": start `python aokun.py panel` (or `serve --http`), "
-                       "whose printed link logs in")
+    raise AokunError(f"no panel answers for {db}" + (f" on port {port}" if port else "")
+                     + ": start `python aokun.py panel` (or `serve --http`), whose printed link "
+                       "logs in")
 
 
 class Panel:
@@ -12932,8 +12849,7 @@ class Panel:
                 return view(request, form)
 
         async def endpoint(request):
-            refused = await self._refused(request)
-            if refused is not None:
+            if (refused := await self._refused(request)) is not None:
                 return refused
             form = {}
             if request.method == "POST":
@@ -12953,8 +12869,7 @@ class Panel:
         """None when `request` may go on, else the refusal: 421/403 (Host/Origin), 403 (POST without
         Origin), a redirect setting the cookie (login token), 401 (no session)."""
         from starlette.responses import RedirectResponse
-        bad = await self.security.validate_request(request, is_post=False)
-        if bad is not None:
+        if (bad := await self.security.validate_request(request, is_post=False)) is not None:
             return bad
         if request.method == "POST" and request.headers.get("origin") not in self.origins:
             return self._plain(403, "a change must come from a page of this panel "
@@ -13000,8 +12915,7 @@ class Panel:
         """POST /link (`panel --link`): a new one-time login link, valid PANEL_LINK_SECONDS, for the
         state file's X-Aokun-Link secret, an allowed Host and no Origin."""
         import secrets
-        bad = await self.security.validate_request(request, is_post=False)
-        if bad is not None:
+        if (bad := await self.security.validate_request(request, is_post=False)) is not None:
             return bad
         secret = self.state.link_secret
         given = request.headers.get("x-aokun-link", "")
@@ -13057,8 +12971,7 @@ class Panel:
     async def static(self, request):
         """web/panel.css, web/panel.js or web/favicon.svg (nothing else)."""
         from starlette.responses import FileResponse
-        bad = await self.security.validate_request(request, is_post=False)
-        if bad is not None:
+        if (bad := await self.security.validate_request(request, is_post=False)) is not None:
             return bad
         name = request.path_params["name"]
         if name not in ("panel.css", "panel.js", "favicon.svg"):
@@ -13122,8 +13035,7 @@ class Panel:
         mem, i, persona = self.memory(), request.path_params["id"], form.get("persona", "")
         action = request.path_params["action"]
         if action == "edit":
-            meta = {"summary": form.get("summary", "")}
-            mem.edit(i, form.get("content"), meta, persona)
+            mem.edit(i, form.get("content"), {"summary": form.get("summary", "")}, persona)
             msg = "saved: its index, vector, atoms and graph were rebuilt"
         elif action == "delete":
             if form.get("confirm") != "yes":
@@ -13445,8 +13357,7 @@ def health(mem: "Memory") -> dict:
             "last_maintenance": {"server": getattr(mem, "last_maintenance", None),
                                  **{k: meta.get(f"{k}_last_run") for k in ("decay", "lifecycle")},
                                  "backup": meta.get("backup_last"), "sync": meta.get("sync_last")},
-            "watch": mem.watch_state,
-            "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1),
+            "watch": mem.watch_state, "uptime_seconds": round(time.monotonic() - SERVER_STARTED, 1),
             "version": __version__}
 
 
@@ -13579,8 +13490,7 @@ def _one_line_errors():
         raise click.ClickException("the database is busy: another process held its write lock "
                                    "longer than [storage] busy_timeout_ms; try again") from None
     except (AokunError, BaseExceptionGroup) as e:
-        error = _user_error(e)
-        if error is None:
+        if (error := _user_error(e)) is None:
             raise
         raise click.ClickException(error.render(command_line)) from None
 
@@ -13737,9 +13647,8 @@ def _content_arg(text: str | None, file_path: str | None, max_chars: int, requir
         raise InputError("--file", f"cannot read {file_path}: {e.strerror or e}") from None
     where = file_path if name == "--file" else "standard input"
     if len(raw) > limit:
-        raise InputError(name, f"{where} is over {limit:,} bytes; "
-                               f"the limit is {max_chars:,} characters "
-                               "([write] max_content_chars)")
+        raise InputError(name, f"{where} is over {limit:,} bytes; the limit is {max_chars:,} "
+                               "characters ([write] max_content_chars)")
     try:
         content = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -13906,8 +13815,8 @@ def cli_edit(state, memory_id, text, file_path, summary, topic, fact, participan
 
 
 def _flag_command(name: str, flag: str, value: bool, doc: str):
-    """Register command `name` (help: `doc`) setting memory flag `flag` to `value`."""
-    @cli.command(name, help=doc)
+    """Register command `name` (help: `doc`, an example) setting memory flag `flag` to `value`."""
+    @cli.command(name, help=f"{doc}\n\nExample: python aokun.py {name} 12")
     @click.argument("memory_id", type=int)
     @click.option("--persona", help=PERSONA_OF_ID_HELP)
     @click.pass_obj
@@ -13917,14 +13826,11 @@ def _flag_command(name: str, flag: str, value: bool, doc: str):
     return command
 
 
-_flag_command("pin", "pinned", True, "Pin a memory: immune to decay, kept in context.\n\n"
-              "Example: python aokun.py pin 12")
-_flag_command("unpin", "pinned", False, "Unpin a memory.\n\nExample: python aokun.py unpin 12")
+_flag_command("pin", "pinned", True, "Pin a memory: immune to decay, kept in context.")
+_flag_command("unpin", "pinned", False, "Unpin a memory.")
 _flag_command("archive", "archived", True,
-              "Archive a memory: kept, but out of recall unless archived ones are asked for.\n\n"
-              "Example: python aokun.py archive 12")
-_flag_command("unarchive", "archived", False, "Bring an archived memory back into recall.\n\n"
-              "Example: python aokun.py unarchive 12")
+              "Archive a memory: kept, but out of recall unless archived ones are asked for.")
+_flag_command("unarchive", "archived", False, "Bring an archived memory back into recall.")
 
 
 @cli.command("delete")
@@ -14319,9 +14225,8 @@ def cli_restore(state, src, yes):
 
     Example: python aokun.py restore data/backups/aokun-daily-2026-11-29.db"""
     if not yes and not sys.stdin.isatty():  # no one to ask: click.confirm would only say "Aborted!"
-        raise AokunError(f"restore replaces every memory with the content of {src}: "
-                         "no terminal to confirm it, so nothing was changed; "
-                         "run it again with --yes")
+        raise AokunError(f"restore replaces every memory with the content of {src}: no terminal to "
+                         "confirm it, so nothing was changed; run it again with --yes")
     mem = state.memory()
     if not yes:
         try:
@@ -14331,8 +14236,7 @@ def cli_restore(state, src, yes):
             raise AokunError("restore not confirmed, nothing was changed; "
                              "answer y, or give --yes") from None
     r = mem.restore_from(src)
-    lost = r["only_in_previous"]
-    if lost is None:
+    if (lost := r["only_in_previous"]) is None:
         click.echo(f"restored {r['restored']}; the damaged file is kept as {r['saved_previous']}")
         return
     click.echo(f"restored {r['restored']}; the previous content is in {r['saved_previous']}")
@@ -14455,9 +14359,8 @@ def cli_sync(state, folder, conflicts, persona, as_json):
         for r in rows:
             loser = r["loser"]
             shown = loser.get("content") or loser.get("name") or loser.get("predicate") or ""
-            click.echo(f"{r['detected_at']} {r['kind']} {r['uid']}: "
-                       f"the version of {r['loser_stamp']} from "
-                       f"{r['loser_from'][:8]} lost to {r['winner_stamp']}"
+            click.echo(f"{r['detected_at']} {r['kind']} {r['uid']}: the version of "
+                       f"{r['loser_stamp']} from {r['loser_from'][:8]} lost to {r['winner_stamp']}"
                        + (f": {_one_line(str(shown), LINE_PREVIEW_CHARS)}" if shown else ""))
         click.echo(f"{len(rows)} conflict(s)")
         return
@@ -14603,8 +14506,7 @@ def cli_serve(state, use_http, host, port):
     # READY=1 and WATCHDOG=1 to systemd from the loop that serves (no-op elsewhere)
     async def run() -> None:
         import asyncio
-        pings = asyncio.create_task(notify_supervisor(lambda: web.started, watchdog_interval()))
-        tasks = [pings]
+        tasks = [asyncio.create_task(notify_supervisor(lambda: web.started, watchdog_interval()))]
         if panel:
             tasks.append(asyncio.create_task(_announce_when_started(web, panel[0], host, port)))
         try:
