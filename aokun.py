@@ -14157,8 +14157,9 @@ def cli_doctor(state):
     """Check the file (integrity_check, counts across every index); exits 1 when anything is wrong.
 
     Example: python aokun.py doctor"""
-    mem = state.memory()
-    repaired = {}
+    if not (db := database_path(state.cfg, state.db_arg)).exists():  # checking makes no file
+        raise AokunError(f"there is no database at {db}; name it with --db or [storage] db")
+    mem, repaired = state.memory(), {}
     with contextlib.suppress(DamagedFile, DiskFull):  # doctor() names them
         repaired = dict(mem.last_recovery, fts_backfilled=mem.recover(fts=True)["fts_backfilled"]
                         + mem.last_recovery.get("fts_backfilled", 0),

@@ -277,3 +277,10 @@ def test_db_and_config_are_taken_after_the_command(tmp_path, ini, monkeypatch, s
         "select count(*) n from documents where content = '--db'")[0]["n"] == 1
     r = runner.invoke(aokun.cli, ["list", "--db"])
     assert r.exit_code == 2 and "--db" in r.output
+
+
+def test_doctor_on_a_missing_file_says_so_and_makes_none(tmp_path, ini):
+    missing = tmp_path / "nowhere" / "m.db"
+    result = CliRunner().invoke(aokun.cli, ["--db", str(missing), "--config", str(ini), "doctor"])
+    assert result.exit_code == 1 and "there is no database at" in result.output, result.output
+    assert "Traceback" not in result.output and not missing.exists()
