@@ -7027,6 +7027,7 @@ class Maintenance:
         except apsw.CantOpenError as e:
             raise AokunError(f"cannot write the backup {dest} ({e}); "
                              "choose a writable folder") from None
+        ok = None
         try:
             with self.lock:
                 b = target.backup("main", self.conn, "main")
@@ -7049,8 +7050,14 @@ class Maintenance:
             if ok != ["ok"]:
                 raise AokunError(f"backup {dest} failed integrity_check: {ok[:3]}")
             target.pragma("journal_mode", "delete")
+            ok = True
+        except apsw.FullError:
+            raise DiskFull(f"the disk holding {dest.parent} is full: the backup was not made; "
+                           "free some space or name another folder") from None
         finally:
             target.close()
+            if ok is not True:  # a copy that failed (a full disk) leaves no .part behind
+                tmp.unlink(missing_ok=True)
         if dest.exists():  # another process made the same backup meanwhile
             tmp.unlink()
             return {"backup": str(dest), "bytes": dest.stat().st_size}

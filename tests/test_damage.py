@@ -189,8 +189,13 @@ doctor = subprocess.run([sys.executable, sys.argv[4], "--db", str(mnt / "a.db"),
                          sys.argv[5], "doctor"], capture_output=True, text=True)
 m = aokun.Memory(mnt / "a.db", cfg, embedder=FakeEmbedder(16))
 kept = [r["id"] for r in m.rows("select id from documents order by id")]
+try:
+    backup = str(m.online_backup(mnt / "backups" / "full.db"))
+except aokun.AokunError as e:
+    backup = "refused: " + str(e)
 m.close()
-out.write_text(json.dumps({"said": said, "stored": stored, "kept": kept,
+out.write_text(json.dumps({"said": said, "stored": stored, "kept": kept, "backup": backup,
+                           "parts": [p.name for p in mnt.rglob("*.part")],
                            "doctor": [doctor.returncode, doctor.stdout, doctor.stderr]}))
 """
 
@@ -221,6 +226,8 @@ def test_a_full_disk_is_one_line_and_loses_nothing_acknowledged(tmp_path):
         assert "the disk holding" in line and "is full; nothing was stored" in line, line
         assert "\n" not in line
     assert set(out["stored"]) <= set(out["kept"])  # every acknowledged write stayed
+    assert out["backup"].startswith("refused: ") and "\n" not in out["backup"], out["backup"]
+    assert out["parts"] == []  # the failed backup's copy is gone (it was left, 0 bytes)
     code, stdout, stderr = out["doctor"]
     assert "Traceback" not in stderr and code == 1, (stdout, stderr)
     assert "is full" in stdout or "is full" in stderr, (stdout, stderr)
