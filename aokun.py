@@ -2217,6 +2217,12 @@ def names_found(names, doc_tokens: set, pinyin, text: str = "") -> set[str]:
 OWN_NAME_MIN = 5  #: own_name: the user's name is in this many memories at least
 
 
+def name_key(name: str, pinyin) -> str:
+    """A name's spelling to compare in either script: lower-case, unspaced; Chinese in `pinyin`
+    (陆知遥, Lu Zhiyao and luzhiyao are all luzhiyao)."""
+    return "".join(map(pinyin, name)) if _CJK.search(name) else name.lower().replace(" ", "")
+
+
 def own_name(texts: list[str], stop, cjk_names, others: re.Pattern, pinyin) -> tuple[str, ...]:
     """The forms of the name memories `texts` call the user by ("Zhiyao Lu lives…", "Zhiyao's…",
     "陆知遥每周…"; longest first): runs of capitalised words whose first `stop` refuses (The,
@@ -2226,14 +2232,11 @@ def own_name(texts: list[str], stop, cjk_names, others: re.Pattern, pinyin) -> t
     (Chinese, or in a memory saying he, she, his, her, or "Maeve's sister"), never given as
     someone's relative or friend (`others`, "sister Emma": rules/predicates.toml [subjects]).
     () if none."""
-    def key(n):
-        return "".join(map(pinyin, n)) if _CJK.search(n) else n.lower().replace(" ", "")
-
     def same(a, b):
         return a == b or min(len(a), len(b)) > 3 and (a in b or b in a)
-    found = [{key(r): r for r in re.findall(r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*", t) if not stop(
-        r.split()[0].lower())} | {key(n): n for n in (cjk_names(t[:8]) if _CJK.match(t) else ())}
-        for t in texts]
+    found = [{name_key(r, pinyin): r for r in re.findall(r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*", t)
+              if not stop(r.split()[0].lower())} | {name_key(n, pinyin): n for n in (
+                  cjk_names(t[:8]) if _CJK.match(t) else ())} for t in texts]
     score = {k: sum(any(same(k, n) for n in names) for names in found) for k in set().union(*found)}
     top = max(score, key=lambda k: (score[k], -len(k)), default="")
     if not top or score[top] < max(OWN_NAME_MIN, len(texts) / 4) or score[top] < 2 * max(
@@ -2255,8 +2258,7 @@ def as_user(text: str, forms, pinyin, first_person: bool) -> str:
     "Does Zhang Wei drive?" → "Does I drive?", "张伟的妹妹" → "我的妹妹"."""
     if not forms:
         return text
-    keys = {"".join(map(pinyin, f)) if _CJK.search(f) else f.lower().replace(" ", "")
-            for f in forms}
+    keys = {name_key(f, pinyin) for f in forms}
     latin = {f.lower() for f in forms if not _CJK.search(f)} | {
         " ".join(map(pinyin, f[i:])) for f in forms if _CJK.search(f) for i in (0, 1)}
     rx = "|".join(r"\s*".join(map(re.escape, f.split())) for f in sorted(latin, key=len)[::-1]
@@ -5903,7 +5905,7 @@ class Recall:
             n in folded or self.seg.pinyin(n) in spelt if _CJK.search(n) else
             n.replace(" ", "") in spelt)})
 
-    def _own_name(self, persona: str) -> str | None:
+    def _own_name(self, persona: str) -> tuple[str, ...]:
         """own_name of the persona's latest OWN_NAME_SAMPLE live memories, kept till the file
         changes."""
         state, kept = self._cache_state(), self.__dict__.setdefault("_own_names", {})
@@ -7027,7 +7029,7 @@ class Maintenance:
         except apsw.CantOpenError as e:
             raise AokunError(f"cannot write the backup {dest} ({e}); "
                              "choose a writable folder") from None
-        ok = None
+        made = False
         try:
             with self.lock:
                 b = target.backup("main", self.conn, "main")
@@ -7050,13 +7052,13 @@ class Maintenance:
             if ok != ["ok"]:
                 raise AokunError(f"backup {dest} failed integrity_check: {ok[:3]}")
             target.pragma("journal_mode", "delete")
-            ok = True
+            made = True
         except apsw.FullError:
             raise DiskFull(f"the disk holding {dest.parent} is full: the backup was not made; "
                            "free some space or name another folder") from None
         finally:
             target.close()
-            if ok is not True:  # a copy that failed (a full disk) leaves no .part behind
+            if not made:  # a copy that failed (a full disk) leaves no .part behind
                 tmp.unlink(missing_ok=True)
         if dest.exists():  # another process made the same backup meanwhile
             tmp.unlink()
