@@ -2168,6 +2168,18 @@ def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None
     return sum(map(weight, comparable & doc_tokens)) / sum(map(weight, whole))
 
 
+def cross_cover(query_tokens: set, across: dict, doc_tokens: set, text: str,
+                weight=None) -> float | None:
+    """The share, weighted by `weight(token)` (token_cover's), of a question's words (single CJK
+    characters aside) whose words in the other script (`across`: Rules.across) a memory holds, as
+    a token or in its lower-cased `text` (a Chinese word, an English phrase). None: not one."""
+    weight = weight or (lambda t: 1.0)
+    words = {t for t in query_tokens if len(t) > 1 or not _CJK.search(t)}
+    met = {t for t in words if any(w in doc_tokens or (" " in w or _CJK.search(w)) and w in text
+                                   for w in across.get(t, ()))}
+    return sum(map(weight, met)) / sum(map(weight, words)) if met else None
+
+
 def has_words(tokens) -> bool:
     """Whether tokens hold a word (a letter of any script): emoji, punctuation, numbers do not."""
     return any(_LETTER.search(t) for t in tokens)
@@ -2298,6 +2310,9 @@ def calibrated_relevance(margin: float | None, cover: float | None,
 #: the share of a question not about the user that a memory must hold (token_cover): a third of
 #: an English one, whose words all weigh the same; a fifth of a Chinese one, weighted by IDF already
 GENERAL_COVER = {"latin": 1 / 3, "cjk": 1 / 5}
+#: the share (cross_cover) of such a question, naming no one, a memory in the other language must
+#: hold: translated words say less than the same words
+CROSS_COVER = 1 / 2
 
 
 def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
@@ -2331,8 +2346,11 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
                                  doc_tokens, seg.pinyin)
         kin = any(w in doc_tokens or _CJK.search(w) and w in content for ws in q.get(  # of its
             "variants", {}).values() for w in ws if bool(_CJK.search(w)) == (script == "cjk"))
-        cover = 1.0 if found or kin else None  # memory proves nothing (West Lake is 西湖)
-        evidence = (q["personal"] and not q.get("howto") or found or shared) and (  # then names:
+        crossed = cross_cover(q["tokens"], q.get("across", {}), doc_tokens, content.lower(),
+                              seg.weight)  # its words in the other language (rules/lexicon.toml)
+        cover = 1.0 if found or kin else crossed  # None: it proves nothing (West Lake is 西湖)
+        evidence = (q["personal"] and not q.get("howto") or found or shared or not names and (
+            crossed or 0) >= CROSS_COVER) and (  # then names:
             found or not names or script == "cjk" and not seg.names(content))  # another's
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
     rel = 0.0 if coef is not None and not evidence else calibrated_relevance(margin, cover, coef)
@@ -2521,6 +2539,13 @@ class Rules:
             model: {script: self.relevance[model] | {k: float(v) for k, v in t.items()}
                     for script, t in c.items() if isinstance(t, dict)}
             for model, c in relevance.items()}
+        #: {word: the words of its concept in the other script} (rules/lexicon.toml): how a
+        #: question's words meet a memory in the other language (allergic: 过敏; 学校: school)
+        self.across: dict[str, tuple[str, ...]] = {}
+        for words in read(cfg.recall.lexicon).get("words", {}).values():
+            for w in words:
+                self.across[w.lower()] = tuple(x.lower() for x in words if bool(_CJK.search(
+                    x)) != bool(_CJK.search(w)))
         intents = read(cfg.recall.intents).get("intents", {})
         self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
                         for name, spec in intents.items()]
@@ -5605,6 +5630,8 @@ class Recall:
             return self._answer(key, nothing, started)
         same = {t: ws + self._kin_names(persona, ws) for t, ws in self._kin(tokens).items()}
         kin = set().union(*same.values())  # variants: 我妈: mom, 妈妈; my wife: 老婆, carla
+        across = {t: self.rules.across[t] for t in tokens if t in self.rules.across}
+        kin |= {w for ws in across.values() for w in ws if " " not in w}  # allergic: 过敏
         params = self._channel_params(tokens + sorted(kin - set(tokens)), window, k, persona,
                                       session, include_archived, as_of_iso)
         degraded, stats = [], {}
@@ -5621,7 +5648,7 @@ class Recall:
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
             vector=vector, tokens=set(tokens), warnings=warnings, stats=stats, text=asked,
-            project=project, scope=scope, about={"variants": same, "me": me}))
+            project=project, scope=scope, about={"variants": same, "me": me, "across": across}))
         results, left_out = bound_hits(results, *bounds)
         if left_out:
             warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the "
@@ -5935,6 +5962,7 @@ class Recall:
         people += {n.split()[0] for n in people if " " in n and len(n.split()[0]) > 2}  # Gwen
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
                  "howto": self.rules.howto(q.text), "variants": q.about.get("variants", {}),
+                 "across": q.about.get("across", {}),
                  "names": self._names(q.text, people), "text": fold(q.text),
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}

@@ -545,6 +545,23 @@ def test_token_cover_counts_query_tokens_of_a_script_the_memory_has():
     assert token_cover({"妹妹", "工作"}, {"妹妹", "银行"}, weight) == pytest.approx(0.8)
 
 
+def test_cross_cover_counts_a_questions_words_met_in_the_other_language():
+    across = {"allergic": ("过敏",), "campus": ("学校", "校园"), "过敏": ("allergic", "allergy"),
+              "国庆": ("national day",)}
+    # an English question of a Chinese memory: allergic met (as a token), "cats" not
+    assert aokun.cross_cover({"allergic", "cats"}, across, {"我", "对", "花生", "过敏"},
+                             "我对花生过敏。") == pytest.approx(1 / 2)
+    # a Chinese word met inside the text, though jieba cut it otherwise
+    assert aokun.cross_cover({"campus"}, across, {"去", "学校门口"}, "去学校门口") == 1.0
+    # an English phrase is met in the text; a single Chinese character is no word of the question
+    assert aokun.cross_cover({"国庆", "去"}, across, {"the", "national", "day", "trip"},
+                             "the national day trip") == 1.0
+    # weighted like token_cover; none met is None, not 0: the memory proves nothing
+    weight = {"过敏": 3.0, "什么": 1.0}.get
+    assert aokun.cross_cover({"过敏", "什么"}, across, {"allergy"}, "allergy", weight) == 0.75
+    assert aokun.cross_cover({"campus"}, across, {"我", "骑车"}, "我骑车") is None
+
+
 def test_a_memory_without_words_has_none():
     assert not aokun.has_words(["👍"]) and not aokun.has_words(["42", "……"])
     assert not aokun.has_words([])

@@ -328,3 +328,20 @@ def test_a_how_to_question_does_not_ask_a_slot(local_mem):
         "results"] == []
     hits = local_mem.recall("What car do I drive?", persona_id="ht")["results"]
     assert [h["text"] for h in hits] == ["用户的车是一辆大众帕萨特。"]
+
+
+@pytest.mark.slow
+def test_a_search_by_topic_finds_its_memory_in_the_other_language_by_its_words(local_mem):
+    """rules/lexicon.toml: "passport expiry" shares no word with 我的护照明年四月到期 and names no
+    one, so it had no evidence and came back empty; now its words are met in Chinese (护照, 到期),
+    and 健身房 finds the English gym; a general question still gets nothing."""
+    for text in ("I work as a nurse in the cardiology ward.", "I go to the gym before my shift.",
+                 "I have a dentist appointment on 3 March.", "我的护照明年四月到期。",
+                 "最近在学做红烧肉，已经做了三次。"):
+        local_mem.memorize(text, {"persona_id": "lexicon"})
+    for query, want in (("passport expiry", "我的护照明年四月到期。"),
+                        ("健身房", "I go to the gym before my shift.")):
+        got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="lexicon")["results"]]
+        assert got[:1] == [want], (query, got)
+    for query in ("What is the capital of Peru?", "护照丢了怎么补办？"):
+        assert local_mem.recall(query, k=3, persona_id="lexicon")["results"] == [], query

@@ -543,6 +543,20 @@ async def test_a_fact_replaced_across_languages_is_marked_partly_when_words_cann
         assert f"[{old} partly replaced_by {new}]" in context
 
 
+@pytest.mark.parametrize("text", ["最近在学做红烧肉，已经做了三次。",
+                                  "我现在骑自行车去医院上班了。", "我正在准备做一个新项目。"])
+async def test_a_chinese_memory_that_names_no_workplace_replaces_no_job(server, text):
+    """在 of 现在 or 正在, 在学做 (learning to cook), 骑车去医院上班 (a way to work) fill no
+    works_at slot: the job memory stays current (the cooking memory retired it, as works_at 学)."""
+    async with Client(server) as c:
+        job = (await call(c, "memorize", {"content": "我在一家连锁药店当店长。"}))["id"]
+        other = await call(c, "memorize", {"content": text})
+        assert not other.get("may_update")
+        found = {h["id"]: h for h in await hits(c, "药店 店长")}
+        assert job in found and not found[job].get("replaced_by")
+        assert not found[job].get("partly_replaced_by")
+
+
 @pytest.mark.parametrize("query, intent", [
     ("Where do I live now?", "current"), ("我现在用什么手机？", "current"),
     ("What am I driving these days?", "current"), ("Where do I live?", "factual")])
