@@ -186,7 +186,8 @@ def test_no_searchable_words_and_no_time_words_is_unchanged(dated):
 def test_n_days_ago_boosts_the_memory_from_then(dated, query, key):
     m, ids = dated
     r = m.recall(query, explain=True)
-    assert r["results"][0]["id"] == ids[key]
+    # that day's dinner, in either language (晚饭 is dinner: rules/lexicon.toml)
+    assert r["results"][0]["id"] in {ids["anna"], ids["安娜"]}
     # the same words, the day after: newer, but not when asked
     rival = ids["ben" if key == "anna" else "本"]
     assert rival in {h["id"] for h in r["results"]}
