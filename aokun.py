@@ -2542,10 +2542,19 @@ class Rules:
         #: {word: the words of its concept in the other script} (rules/lexicon.toml): how a
         #: question's words meet a memory in the other language (allergic: 过敏; 学校: school)
         self.across: dict[str, tuple[str, ...]] = {}
-        for words in read(cfg.recall.lexicon).get("words", {}).values():
+        lexicon = read(cfg.recall.lexicon).get("words", {})
+        for words in lexicon.values():
             for w in words:
                 self.across[w.lower()] = tuple(x.lower() for x in words if bool(_CJK.search(
                     x)) != bool(_CJK.search(w)))
+        #: {word: its concept's key}, {key: its words}, and a regex finding them in a folded,
+        #: lower-cased text
+        self.concept_of = {w.lower(): key for key, words in lexicon.items() for w in words}
+        self.concept_words = {key: tuple(w.lower() for w in ws) for key, ws in lexicon.items()}
+        alts = [sorted((w for w in self.concept_of if bool(_CJK.search(w)) is han), key=len,
+                       reverse=True) for han in (False, True)]
+        self._concepts = re.compile(r"\b(?:%s)\b|%s" % tuple("|".join(map(re.escape, a))
+                                                           for a in alts))
         intents = read(cfg.recall.intents).get("intents", {})
         self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
                         for name, spec in intents.items()]
@@ -2745,6 +2754,13 @@ class Rules:
         """The single-valued slots whose question forms ([[predicates]] asks) `query` takes."""
         query = fold(query)
         return frozenset(name for name, rx in self.slot_asks if rx.search(query))
+
+    def concepts(self, text: str, skip=frozenset()) -> set[str]:
+        """The keys of rules/lexicon.toml's concepts a text says, in either language, but those
+        of the words in `skip`."""
+        gone = {self.concept_of.get(w) for w in skip}
+        return {self.concept_of[m.group(0)] for m in self._concepts.finditer(fold(
+            text).lower())} - gone
 
     def others_fact(self, text: str, people, seg) -> bool:
         """Whether a memory states someone else's fact: it leads with a relative or friend ("User's
@@ -4727,11 +4743,13 @@ class Journal:
             return []
         skip_words = self.rules.event_words | self.people_words(p.persona_id)
         words, out = set(self.seg.tokens(p.content)) - skip_words, []
+        other = {w for k in self.rules.concepts(p.content, skip_words)  # in either language
+                 for w in self.rules.concept_words[k]}
         for r in self.rows(self.queries["event_rivals"], {
-                "match": fts_query(sorted(words)), "persona_id": p.persona_id,
+                "match": fts_query(sorted(words | other)), "persona_id": p.persona_id,
                 "document_id": p.document_id, "k": 4 * MAY_UPDATE_MAX}):
             theirs = set(r["segmented"].split()) - skip_words
-            if r["id"] not in skip and self.event_pair(words, theirs):
+            if r["id"] not in skip and self.event_pair(words, theirs, (p.content, r["content"])):
                 out.append((r["id"], r["content"]))
         return out
 
@@ -4749,9 +4767,13 @@ class Journal:
         be more than a name ("Priya moved" is not her allergy's news)."""
         return {t for n in self.persona_people(persona_id) for t in self.seg.tokens(n)}
 
-    def event_pair(self, a: set, b: set) -> bool:
+    def event_pair(self, a: set, b: set, texts: tuple = ()) -> bool:
         """The event signal's pair test on the search tokens less the [events] words of a memory
-        that says an event changed (`a`) and an older one (`b`)."""
+        that says an event changed (`a`) and an older one (`b`); of two languages, on the
+        concepts (Rules.concepts) their `texts` say."""
+        if texts and query_script(a) != query_script(b):
+            skip = self.rules.event_words
+            a, b = (self.rules.concepts(t, skip) for t in texts)
         return len(a & b) >= EVENT_SHARED_TOKENS and jaccard(a, b) >= EVENT_JACCARD
 
     def _write_result(self, p: Prepared) -> dict:
@@ -5735,8 +5757,8 @@ class Recall:
             if older and self.event_changed(new["text"]):
                 skip = skip or self.rules.event_words | self.people_words(new["persona_id"])
                 words = set(self.seg.tokens(new["text"])) - skip
-                out |= {i: new["id"] for i in older if self.event_pair(
-                    words, set(docs[i]["segmented"].split()) - skip)}
+                out |= {i: new["id"] for i in older if self.event_pair(words, set(docs[i][
+                    "segmented"].split()) - skip, (new["text"], docs[i]["content"]))}
             near = self._near_rival(Prepared(new["text"], new["persona_id"], document_id=new[
                 "id"], created_at=new["created_at"]), set()) if older else []
             out |= {i: new["id"] for i, _ in near if i in older}

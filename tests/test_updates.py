@@ -543,6 +543,21 @@ async def test_a_fact_replaced_across_languages_is_marked_partly_when_words_cann
         assert f"[{old} partly replaced_by {new}]" in context
 
 
+@pytest.mark.parametrize("old_text, new_text", [
+    ("国庆打算带爸妈去西安玩五天。", "The National Day trip is cancelled: Dad has to work."),
+    ("User drinks bubble tea every afternoon.", "下午的奶茶改成绿茶了。")])
+async def test_an_event_changed_in_the_other_language_is_hinted_by_its_concepts(
+        server, old_text, new_text):
+    """No word is shared across languages, so the event signal missed these; rules/lexicon.toml's
+    concepts (国庆 is National Day, 奶茶 bubble tea) pair them, and a memory of neither stays
+    unhinted."""
+    async with Client(server) as c:
+        old = (await call(c, "memorize", {"content": old_text}))["id"]
+        await call(c, "memorize", {"content": "I like hiking on weekends."})
+        new = await call(c, "memorize", {"content": new_text})
+        assert [h["id"] for h in new["may_update"]] == [old]
+
+
 @pytest.mark.parametrize("text", ["最近在学做红烧肉，已经做了三次。",
                                   "我现在骑自行车去医院上班了。", "我正在准备做一个新项目。"])
 async def test_a_chinese_memory_that_names_no_workplace_replaces_no_job(server, text):
