@@ -4923,10 +4923,14 @@ class Journal:
             return
         if p.status == "pending" and p.op == "insert" and not p.recovering:
             # the caller is told it failed: it must not be stored by a later recovery
-            with self.tx():
-                self.conn.execute("update memory_write_ops set status = 'failed', error = ?, "
-                                  "updated_at = ? where id = ?",
-                                  (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
+            try:
+                with self.tx():
+                    self.conn.execute("update memory_write_ops set status = 'failed', error = ?, "
+                                      "updated_at = ? where id = ?",
+                                      (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
+            except DiskFull:  # not even that fits: said as it is
+                error = DiskFull(f"the disk holding {self.path} is full; the memory waits in the "
+                                 "journal and is stored once space is freed (`aokun recover`)")
             p.status, p.error = "failed", error
             p.warnings.append(f"not stored: {error}")
             return
