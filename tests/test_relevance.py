@@ -345,3 +345,16 @@ def test_a_search_by_topic_finds_its_memory_in_the_other_language_by_its_words(l
         assert got[:1] == [want], (query, got)
     for query in ("What is the capital of Peru?", "护照丢了怎么补办？"):
         assert local_mem.recall(query, k=3, persona_id="lexicon")["results"] == [], query
+
+
+@pytest.mark.slow
+def test_how_i_usually_do_something_asks_about_me_not_for_instructions(local_mem):
+    """"How do I usually get to work?" read as a how-to ("How do I fix my bike?") needed a shared
+    word and came back empty; "usually", "these days" make it a question of the user's habit."""
+    for text in ("我每天坐地铁去公司，单程四十分钟。", "I'm learning Spanish on Duolingo.",
+                 "My sister lives in Leeds."):
+        local_mem.memorize(text, {"persona_id": "habits"})
+    for query in ("How do I usually get to work?", "How do I get to the office these days?"):
+        got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="habits")["results"]]
+        assert got[:1] == ["我每天坐地铁去公司，单程四十分钟。"], (query, got)
+    assert local_mem.recall("How do I fix a flat tyre?", k=3, persona_id="habits")["results"] == []
