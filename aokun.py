@@ -844,8 +844,7 @@ def _vec_extension() -> str:
     """The path of sqlite-vec's loadable extension, as sqlite_vec.loadable_path() gives it, found
     without importing the package (that imports sqlite3 and numpy: start-up time)."""
     import importlib.util
-    spec = importlib.util.find_spec("sqlite_vec")
-    if spec is None or not spec.origin:
+    if (spec := importlib.util.find_spec("sqlite_vec")) is None or not spec.origin:
         raise AokunError("the sqlite-vec package is not installed; pip install -r requirements.txt")
     return os.path.normpath(os.path.join(os.path.dirname(spec.origin), "vec0"))
 
@@ -1048,8 +1047,7 @@ def migrate(conn: apsw.Connection, backup_dir: Path | None = None) -> int:
             try:
                 if conn.pragma("user_version") < number:  # another process may have just migrated
                     conn.execute(path.read_text(encoding="utf-8"))
-                    broken = conn.execute("pragma foreign_key_check").fetchall()
-                    if broken:
+                    if broken := conn.execute("pragma foreign_key_check").fetchall():
                         raise SchemaError(f"schema {number} ({path.name}) would leave "
                                           f"{len(broken)} broken references, first in table "
                                           f"{broken[0][0]}; the file is unchanged")
@@ -1390,8 +1388,7 @@ def rrf(ranks: dict[str, int], channels, k: int, weights: dict[str, float] | Non
     """Weighted Reciprocal Rank Fusion (Cormack, Clarke & Büttcher 2009): Σ w_c/(k + rank_c + 1)
     over the channels (0-based ranks), divided by its maximum Σ w_c/(k+1) so it lies in 0..1."""
     w = weights or {}
-    total = sum(w.get(c, 1.0) for c in channels)
-    if not total:
+    if not (total := sum(w.get(c, 1.0) for c in channels)):
         return 0.0
     fused = sum(w.get(c, 1.0) / (k + ranks[c] + 1) for c in channels if c in ranks)
     return fused / (total / (k + 1))
@@ -1496,9 +1493,8 @@ TIME_WORD_KINDS = ("day", "week", "month", "year", "named_month", "ago", "before
 
 def load_time_words(path: Path) -> dict:
     """rules/timewords.toml, ready for time_window: {rules: [(compiled patterns, spec)], numbers,
-    months, units}, with the {n}, {month} and {unit} placeholders of the patterns filled in as
-    named groups (alternatives longest first, so 'twelve' is tried before 'two' and 十二 before
-    十)."""
+    months, units}, with the {n}, {month} and {unit} placeholders of the patterns filled in as named
+    groups (alternatives longest first, so 'twelve' is tried before 'two' and 十二 before 十)."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     numbers = {fold(k).casefold(): int(v) for k, v in data.get("numbers", {}).items()}
     months = {fold(k).casefold(): int(v) for k, v in data.get("months", {}).items()}
@@ -1933,8 +1929,7 @@ def event_spans(text: str, created_at: str, words: dict, tz,
             for m in p.finditer(folded):
                 if any(m.start() < b and a < m.end() for a, b in taken):
                     continue
-                span = _event_span(spec, m, today, words, tense)
-                if span is None:
+                if (span := _event_span(spec, m, today, words, tense)) is None:
                     if spec["kind"] == "dm_or_md" and skipped is not None:
                         skipped.append((m.group(0), "ambiguous: day and month could be either"))
                     continue
@@ -2151,11 +2146,10 @@ def newer_first(rows: list[dict], by: dict[int, int]) -> list[dict]:
 
 
 def token_cover(query_tokens: set, doc_tokens: set, weight=None) -> float | None:
-    """The share, weighted by `weight(token)` (Segmenter.weight: 妹妹 more than 工作; default 1),
-    of the query's distinct tokens of a script the memory has (CJK or not) found among the
-    memory's tokens: of all its tokens when the memory has none of the question's script; Chinese
-    single characters (有, 去) left out unless the query has no longer word. None: no comparable
-    token."""
+    """The share, weighted by `weight(token)` (Segmenter.weight: 妹妹 more than 工作; default 1), of
+    the query's distinct tokens of a script the memory has (CJK or not) found among the memory's
+    tokens: of all its tokens when the memory has none of the question's script; Chinese single
+    characters (有, 去) left out unless the query has no longer word. None: no comparable token."""
     weight = weight or (lambda t: 1.0)
     scripts = {bool(_CJK.search(t)) for t in doc_tokens}
     words = {t for t in query_tokens if len(t) > 1 or not _CJK.search(t)}
@@ -2237,13 +2231,12 @@ def name_key(name: str, pinyin) -> str:
 
 def own_name(texts: list[str], stop, cjk_names, others: re.Pattern, pinyin) -> tuple[str, ...]:
     """The forms of the name memories `texts` call the user by ("Zhiyao Lu lives…", "Zhiyao's…",
-    "陆知遥每周…"; longest first): runs of capitalised words whose first `stop` refuses (The,
-    User) and Chinese names `cjk_names` finds leading a memory, one name when one spelling
-    (unspaced, Chinese in `pinyin`) holds the other; held by a quarter of the memories (OWN_NAME_MIN
-    at least) and twice as many as the next (two people talking: neither is the user); a person's
-    (Chinese, or in a memory saying he, she, his, her, or "Maeve's sister"), never given as
-    someone's relative or friend (`others`, "sister Emma": rules/predicates.toml [subjects]).
-    () if none."""
+    "陆知遥每周…"; longest first): runs of capitalised words whose first `stop` refuses (The, User)
+    and Chinese names `cjk_names` finds leading a memory, one name when one spelling (unspaced,
+    Chinese in `pinyin`) holds the other; held by a quarter of the memories (OWN_NAME_MIN at least)
+    and twice as many as the next (two people talking: neither is the user); a person's (Chinese, or
+    in a memory saying he, she, his, her, or "Maeve's sister"), never given as someone's relative or
+    friend (`others`, "sister Emma": rules/predicates.toml [subjects]). () if none."""
     def same(a, b):
         return a == b or min(len(a), len(b)) > 3 and (a in b or b in a)
     found = [{name_key(r, pinyin): r for r in re.findall(r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*", t)
@@ -2500,8 +2493,7 @@ class Rules:
             return tomllib.loads(cfg.rule_file(setting).read_text(encoding="utf-8"))
         atoms = read(cfg.write.atom_rules)
         self.types: dict[str, dict] = atoms["types"]
-        unknown = set(self.types) - set(ATOM_TYPES)
-        if unknown:
+        if unknown := set(self.types) - set(ATOM_TYPES):
             raise AokunError(f"{cfg.write.atom_rules}: unknown atom types {sorted(unknown)}")
         self.default_type = atoms.get("default_type", "factual")
         self.default_confidence = float(atoms.get("default_confidence", 0.5))
@@ -2589,8 +2581,7 @@ class Rules:
         #: _slot_of: someone other than the user, named before a match that names no subject
         self._other_subject = re.compile("|".join(  # my sisters job: 's missing
             rf"(?<![a-z]){re.escape(w)}(?:'?s)?(?![a-z])" if w.isascii() else re.escape(w)
-            for w in others)
-            or r"(?!)", re.IGNORECASE)
+            for w in others) or r"(?!)", re.IGNORECASE)
         self.slot_thing = {self._key(w): thing for thing, words in data.get("things", {}).items()
                            for w in [thing, *words]}
         self.slot_alias = {self._key(w): self._key(v) for v, words in data.get("values", {}).items()
@@ -2636,8 +2627,7 @@ class Rules:
         for text in (fact, "I " + fact[:1].lower() + fact[1:])[:1 + bare]:
             for name, mode, categories, pattern in self.slot_patterns:
                 for m in pattern.finditer(text):
-                    got = self._slot_of(m, name, mode, categories)
-                    if got:
+                    if got := self._slot_of(m, name, mode, categories):
                         return got
         return "", "", ""
 
@@ -2916,8 +2906,7 @@ def _text_list(value, name: str) -> list[str]:
         raise InputError(name, f"expected a list of strings, got {type(value).__name__}")
     out, seen = [], set()
     for i, v in enumerate(value):
-        t = clean_text(v, f"{name}[{i}]", allow_empty=True)
-        if t and fold(t) not in seen:
+        if (t := clean_text(v, f"{name}[{i}]", allow_empty=True)) and fold(t) not in seen:
             seen.add(fold(t))
             out.append(t[:MAX_ITEM_CHARS])
     return out
@@ -2996,8 +2985,7 @@ def _id_list(value, name: str, limit: int) -> list[int]:
     """A non-empty list of at most `limit` memory ids (whole numbers ≥ 1), in order, no repeats."""
     if not isinstance(value, (list, tuple)) or not value:
         raise InputError(name, f"expected a non-empty list of memory ids, got {echo(value)}")
-    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]
-    if bad:
+    if bad := [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]:
         raise InputError(name, f"memory ids are whole numbers ≥ 1, got {echo(bad[0])}")
     ids = list(dict.fromkeys(value))
     if len(ids) > limit:
@@ -3175,9 +3163,8 @@ class Store:
 
     def _meta_set(self, key: str, value) -> None:
         """Upsert meta(key) = str(value). In tx."""
-        self.conn.execute("insert into meta(key, value) values (?, ?) "
-                          "on conflict(key) do update set value = excluded.value",
-                          (key, str(value)))
+        self.conn.execute("insert into meta(key, value) values (?, ?) on conflict(key) do update "
+                          "set value = excluded.value", (key, str(value)))
 
     def _briefing_stale(self, persona: str | None) -> None:
         """Mark the persona's stored briefing stale: memory_context rebuilds it before serving it,
@@ -3450,8 +3437,7 @@ class Vectors:
                          doc_id: int | None) -> list[tuple]:
         """(created_at, content) of the `context_turns` memories right before a memory in its
         session, oldest first ([] outside one); doc_id None: not stored yet."""
-        n = self.cfg.embedding.context_turns
-        if n <= 0 or not session_id:
+        if (n := self.cfg.embedding.context_turns) <= 0 or not session_id:
             return []
         rows = self.rows(self.queries["session_context"], {
             "session_id": session_id, "persona_id": persona_id, "created_at": created_at,
@@ -3481,8 +3467,7 @@ class Vectors:
         """Mark 'pending' the vectors of the memories whose context holds memory `doc_id` (the
         context_turns memories after it in its session), except those in `fresh` (this batch's
         inserts). Returns their ids (for _refresh_graph_context after the change). In tx."""
-        n = self.cfg.embedding.context_turns
-        if n <= 0:
+        if (n := self.cfg.embedding.context_turns) <= 0:
             return []
         d = self.rows("select persona_id, session_id, created_at from documents where id = ?",
                       (doc_id,))
@@ -3713,8 +3698,7 @@ class Vectors:
         rules/relevance.toml's ordinary memories of that script}, which calibrated_relevance takes
         off the question's cosine with a memory; the mean vector embedded once per process and
         model; 0.0 without anchors."""
-        model = self.embedder.model
-        if model not in self._anchor_vectors:
+        if (model := self.embedder.model) not in self._anchor_vectors:
             self._anchor_vectors[model] = {script: self.embedder.embed_documents(texts).mean(axis=0)
                                            for script, texts in self.rules.anchors.items() if texts}
         return {"latin": 0.0, "cjk": 0.0} | {
@@ -3750,9 +3734,8 @@ class Layers:
                     embedding_truncated=int(p.embedding_truncated),
                     embedding_error=p.embedding_error, project=p.project, **self._event_columns(p))
         if p.op == "insert":
-            existing = self.value("select id from documents "
-                                  "where persona_id = ? and content_hash = ?",
-                                  (p.persona_id, p.content_hash))
+            existing = self.value("select id from documents where persona_id = ? "
+                                  "and content_hash = ?", (p.persona_id, p.content_hash))
             if existing is not None:  # stored by another process meanwhile
                 p.document_id, p.deduplicated = existing, True
                 return "done"
@@ -4035,13 +4018,10 @@ class Layers:
 
     def _graph_node(self, persona_id: str, node_type: str, value: str) -> tuple[int, str]:
         """(id, shown value) of the persona's `node_type` node `value`, made when new. In tx."""
-        if node_type == "fact":
-            shown, canonical = value, Rules._key(value)
-        else:
-            shown, canonical = self.rules.display(value), self.rules.canonical(value)
-        nid = self.value("select id from graph_nodes "
-                         "where persona_id = ? and node_type = ? and canonical = ?",
-                         (persona_id, node_type, canonical))
+        shown, canonical = (value, Rules._key(value)) if node_type == "fact" else (
+            self.rules.display(value), self.rules.canonical(value))
+        nid = self.value("select id from graph_nodes where persona_id = ? and node_type = ? "
+                         "and canonical = ?", (persona_id, node_type, canonical))
         if nid is None:
             self.conn.execute("insert into graph_nodes(id, persona_id, node_type, value, "
                               "canonical) values (?, ?, ?, ?, ?)",
@@ -4468,8 +4448,7 @@ def _repeat_updates(d: dict, p: Prepared, restoring: bool) -> dict:
     importance (the default counts when `restoring`), pinned true wins; time and persona stay."""
     out = {}
     for k in REPEAT_UNITED:
-        new = [x for x in getattr(p, k) if x not in d[k]]
-        if new:
+        if new := [x for x in getattr(p, k) if x not in d[k]]:
             out[k] = d[k] + new
     out |= {k: getattr(p, k) for k in REPEAT_FILLED if getattr(p, k) and not d[k]}
     if ("importance" in p.given or restoring) and p.importance > d["importance"]:
@@ -4504,8 +4483,7 @@ class Journal:
         """A copy of `values` with its text fields `names` (a text or a list) redacted; `counts`."""
         out = dict(values)
         for k in names & out.keys():
-            v = out[k]
-            if isinstance(v, str):
+            if isinstance(v := out[k], str):
                 out[k] = self.redact(v, counts)
             elif isinstance(v, (list, tuple)):
                 out[k] = [self.redact(x, counts) if isinstance(x, str) else x for x in v]
@@ -4522,8 +4500,7 @@ class Journal:
         if not isinstance(meta, dict):
             raise InputError(field_prefix + "metadata",
                              f"expected an object, got {type(meta).__name__}")
-        unknown = set(meta) - METADATA_FIELDS
-        if unknown:
+        if unknown := set(meta) - METADATA_FIELDS:
             raise InputError(field_prefix + "metadata", f"unknown field(s) {sorted(unknown)}; "
                                                         f"known: {sorted(METADATA_FIELDS)}")
         fp = field_prefix + "metadata."
@@ -4838,8 +4815,7 @@ class Journal:
         stages = [("pending", self._stage_docs, self._doc_vectors),
                   ("docs_done", self._stage_atoms, None), ("atoms_done", self._stage_graph, None),
                   ("graph_done", self._stage_graph_vectors, self._fact_vectors)]
-        new = [p for p in preps if p.status == "pending" and not p.recovering]
-        if new:
+        if new := [p for p in preps if p.status == "pending" and not p.recovering]:
             self._run_in_one_tx(new, stages)
         # resumed writes, and new ones the single transaction could not finish
         for status, fn, inputs in stages:
@@ -5100,7 +5076,6 @@ class Journal:
                           {"document_id": doc_id, "now": now_iso()})
 
 
-
 # Knowledge graph: temporal triples ###############################################################
 
 MAX_ENTITY_CHARS = 300  #: entity names are cut to this length
@@ -5219,9 +5194,8 @@ class KnowledgeGraph:
 
     def kg_invalidate(self, triple_id: int, valid_to=None, persona_id=None) -> dict:
         """End fact `triple_id` of persona `persona_id` (None: the default ''): valid_to = the given
-        time (default now), never moved later. Returns the fact with already_ended and note.
-        Raises NotFound, also for another persona's fact; InputError when valid_to is before
-        valid_from."""
+        time (default now), never moved later. Returns the fact with already_ended and note. Raises
+        NotFound, also for another persona's fact; InputError when valid_to is before valid_from."""
         if isinstance(triple_id, bool) or not isinstance(triple_id, int):
             raise InputError("id", f"expected an integer fact id, got {echo(triple_id)}")
         persona = _label(persona_id, "persona_id")
@@ -5255,9 +5229,8 @@ class KnowledgeGraph:
                       "select uid, 'kg_triples', ? "
                       "from kg_triples where persona_id = ? and (subject_id = ? or object_id = ?)",
                       (stamp, persona, eid, eid))
-            c.execute("delete from kg_triples "
-                      "where persona_id = ? and (subject_id = ? or object_id = ?)",
-                      (persona, eid, eid))
+            c.execute("delete from kg_triples where persona_id = ? "
+                      "and (subject_id = ? or object_id = ?)", (persona, eid, eid))
             c.execute("delete from kg_entities where id = ?", (eid,))
             c.execute("insert or replace into tombstones(uid, table_name, deleted_at) "
                       "values (?, 'kg_entities', ?)", (e["uid"], stamp))
@@ -5362,8 +5335,7 @@ class Channels:
             except apsw.Error as e:
                 out = e
             return out, round((time.perf_counter() - t0) * 1000, 2)
-        pool = self._channel_workers()[0]
-        if pool is None or not concurrent:
+        if (pool := self._channel_workers()[0]) is None or not concurrent:
             done = [one(ch, sql, self.rows) for ch, sql in queries]
             return [lambda r=r: r for r in done]
         return [pool.submit(one, ch, sql, self.reader_rows).result for ch, sql in queries]
@@ -5390,8 +5362,7 @@ class Channels:
         unbounded = dict(params, pool=0, max_hamming=None)
         if ch in ("bm25", "graph_keyword"):
             key = (ch, params["persona_id"], params["session_id"], params["max_archived"])
-            skip = self._pool_skips.get(key, 0)
-            if skip:
+            if skip := self._pool_skips.get(key, 0):
                 self._keep(self._pool_skips, key, skip - 1)
                 return rows(sql, unbounded)
             pool = FTS_POOL_FACTOR * params["k"]
@@ -5422,8 +5393,7 @@ class Channels:
             f"select block from {table}_data where id in (1, 10) order by id", ()))
         hits = {}
         for t in terms:
-            seen = self._term_hits.get((table, t))
-            if seen is None or seen[0] != key:
+            if (seen := self._term_hits.get((table, t))) is None or seen[0] != key:
                 seen = (key, rows(f"select count(*) n from {table} where {table} match ?",
                                   (fts_query([t]),))[0]["n"])
                 self._keep(self._term_hits, (table, t), seen, 4096)
@@ -5492,8 +5462,7 @@ class Channels:
 
     def reader_rows(self, sql: str, params) -> list[dict]:
         """rows() on this worker thread's own query-only connection (opened on first use)."""
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
+        if (conn := getattr(self._local, "conn", None)) is None:
             conn = self._local.conn = connect(self.path, self.cfg.storage.busy_timeout_ms,
                                               reader=True, rank=self.conn.aokun_rank or False)
             # not self.lock: a caller may hold it while waiting for this thread
@@ -5642,8 +5611,7 @@ class Recall:
         flags = (bool(include_archived), bool(explain), bool(include_conversations))
         project, scope = project_scope(scope, project)
         key = (query, asked, persona, session, flags, chosen, as_of_iso, bounds, project, scope)
-        cached = self._cache_get(key)
-        if cached is not None:
+        if (cached := self._cache_get(key)) is not None:
             took_ms = round((time.perf_counter() - started) * 1000, 2)
             return dict(cached, took_ms=took_ms, cached=True)
         ref = parse_time(as_of_iso) if as_of_iso else now()
@@ -6104,8 +6072,7 @@ class Recall:
 
     def _cache_get(self, key):
         with self.lock:
-            hit = self._recall_cache.get(key)
-            if not hit:
+            if not (hit := self._recall_cache.get(key)):
                 return None
             stamp, state, value = hit
             expired = time.monotonic() - stamp > self.cfg.recall.cache_ttl_seconds
@@ -6170,9 +6137,8 @@ class Recall:
     def memory_feedback(self, ids, useful: bool = True, persona_id: str | None = None) -> dict:
         """The assistant used these memories (useful: useful_count + 1, importance + [recall]
         feedback_importance_step, atoms reinforced once per FEEDBACK_ATOM_INTERVAL_DAYS) or they
-        were wrong (importance − the step); all or nothing (NotFound, InputError). {useful,
-        results: [{id, uid, old_importance, importance, useful_count, last_useful_at,
-        atoms_reinforced}]}."""
+        were wrong (importance − the step); all or nothing (NotFound, InputError). {useful, results:
+        [{id, uid, old_importance, importance, useful_count, last_useful_at, atoms_reinforced}]}."""
         ids = _id_list(ids, "ids", self.cfg.recall.max_k)
         if not isinstance(useful, bool):
             raise InputError("useful", f"expected true or false, got {echo(useful)}")
@@ -6801,8 +6767,7 @@ class Maintenance:
             problems.append(self.vector_problem)
         refused = self.rows(self.queries["vectors_refused"], {"n": 3})
         for kind, plural in (("memory", "memories"), ("graph entry", "graph entries")):
-            mine = [r for r in refused if r["kind"] == kind]
-            if mine:
+            if mine := [r for r in refused if r["kind"] == kind]:
                 examples = "; ".join(f"{kind} {r['id']}: {' '.join(r['error'].split())[:160]}"
                                      for r in mine)
                 more = "; …" if mine[0]["total"] > len(mine) else ""
@@ -7102,8 +7067,7 @@ class Maintenance:
             finally:
                 with self.lock:  # finish() touches the source connection too
                     b.finish()
-            ok = [r[0] for r in target.execute("pragma integrity_check")]
-            if ok != ["ok"]:
+            if (ok := [r[0] for r in target.execute("pragma integrity_check")]) != ["ok"]:
                 raise AokunError(f"backup {dest} failed integrity_check: {ok[:3]}")
             target.pragma("journal_mode", "delete")
             made = True
@@ -7460,8 +7424,7 @@ def load_ingest_rules(path: Path, source: str) -> IngestRules:
     if data.get("session_from", "file_stem") not in ("file_stem", "parent_dir"):
         raise bad("session_from must be file_stem or parent_dir")
     fields = {k: [v] if isinstance(v, str) else list(v) for k, v in data.get("fields", {}).items()}
-    unknown = set(fields) - {"session_id", "turn_key", "timestamp", "project"}
-    if unknown:
+    if unknown := set(fields) - {"session_id", "turn_key", "timestamp", "project"}:
         raise bad(f"unknown [fields] {sorted(unknown)}")
     records = []
     for i, r in enumerate(data.get("records", [])):
@@ -7575,11 +7538,9 @@ def interpret_record(record: dict, rules: IngestRules, ctx: dict, seq: int) -> d
     if rule is None or (rule["skip_if"] and record_matches(record, rule["skip_if"], any_one=True)):
         return None
     for key in ("session_id", "project"):
-        v = _path_get(record, rule[key])
-        if isinstance(v, str) and v.strip():
+        if isinstance(v := _path_get(record, rule[key]), str) and v.strip():
             ctx[key] = v.strip()
-    title = _path_get(record, rule["title"])
-    if isinstance(title, str) and title.strip():
+    if isinstance(title := _path_get(record, rule["title"]), str) and title.strip():
         ctx.setdefault("titles", {})[ctx["session_id"]] = title.strip()
     if not rule["role"]:
         return None
@@ -7604,8 +7565,7 @@ def parse_jsonl(data: bytes, base: int, rules: IngestRules,
         end = len(data) if nl < 0 else nl + 1
         if line := data[at:end].strip():
             try:
-                record = loads_json(line)
-                if not isinstance(record, dict):
+                if not isinstance(record := loads_json(line), dict):
                     raise ValueError("not an object")
                 turn = interpret_record(record, rules, ctx, base + at)
             # RecursionError: nested too deep
@@ -7812,9 +7772,8 @@ class Conversations:
 
     def _file_state(self, path: Path, persona: str, source: str) -> dict | None:
         """How far `source` has read `path` for `persona` (its own conv_files row), or None."""
-        rows = self.rows("select * from conv_files "
-                         "where persona_id = ? and source = ? and path = ?",
-                         (persona, source, str(path)))
+        rows = self.rows("select * from conv_files where persona_id = ? and source = ? "
+                         "and path = ?", (persona, source, str(path)))
         return rows[0] if rows else None
 
     @staticmethod
@@ -7966,9 +7925,8 @@ class Conversations:
         return out
 
     def _turn_stored(self, source: str, persona: str, turn: dict) -> bool:
-        ref = self.value("select id from conv_sessions "
-                         "where persona_id = ? and source = ? and session_id = ?",
-                         (persona, source, turn["session_id"]))
+        ref = self.value("select id from conv_sessions where persona_id = ? and source = ? "
+                         "and session_id = ?", (persona, source, turn["session_id"]))
         return ref is not None and bool(self.value(
             "select 1 from conv_turns where session_ref = ? and turn_key = ?",
             (ref, turn["turn_key"])))
@@ -7976,9 +7934,8 @@ class Conversations:
     def _session_ref(self, source: str, persona: str, turn: dict, titles: dict) -> int:
         """The conv_sessions id of the turn's session, created when new. In tx."""
         sid = turn["session_id"]
-        ref = self.value("select id from conv_sessions "
-                         "where persona_id = ? and source = ? and session_id = ?",
-                         (persona, source, sid))
+        ref = self.value("select id from conv_sessions where persona_id = ? and source = ? "
+                         "and session_id = ?", (persona, source, sid))
         if ref is None:
             stamp = now_iso()
             self.conn.execute("insert into conv_sessions(uid, persona_id, source, session_id, "
@@ -8030,8 +7987,7 @@ class Conversations:
         """True when the turn KNN index exists or could be created now (the dimension is known)."""
         if self.has_table("conv_turn_vec"):
             return True
-        dim = self.meta_get("embedding_dim")
-        if not dim or not self.vectors_usable:
+        if not (dim := self.meta_get("embedding_dim")) or not self.vectors_usable:
             return False
         with self.lock:  # inside the caller's transaction, or one statement of its own
             self.conn.execute(self.queries["create_turn_vec"].replace("{dim}", str(int(dim))))
@@ -8311,14 +8267,12 @@ class ConversationSearch:
                                                      "where persona_id = ? and "
                                                      "embedding_state = 'pending'", (persona,)),
                 "files": self.value("select count(*) from conv_files where persona_id = ?",
-                                    (persona,)),
-                "watch": self.watch_progress()}
+                                    (persona,)), "watch": self.watch_progress()}
 
     def _session_digest_lines(self, persona: str, ref: dt.datetime, project: str = "") -> list[str]:
         """The briefing's "Recent sessions" lines (of the last [context] briefing_recent_days, at
         most [conversations] briefing_sessions, newest first): date, source, turns, title, id."""
-        n = self.cfg.conversations.briefing_sessions
-        if n <= 0:
+        if (n := self.cfg.conversations.briefing_sessions) <= 0:
             return []
         since = iso(ref - dt.timedelta(days=self.cfg.context.briefing_recent_days))
         rows = self.rows(self.queries["conv_recent_sessions"],
@@ -8372,16 +8326,14 @@ class ConversationSearch:
         c.execute("delete from conv_sessions where id = ?", (ref,))
         latest = "max(deleted_at, excluded.deleted_at)" if deleted_at else "excluded.deleted_at"
         c.execute("insert into tombstones(uid, table_name, deleted_at) "
-                  "values (?, 'conv_sessions', ?) on conflict(uid) "
-                  "do update set table_name = excluded.table_name, deleted_at = " + latest,
-                  (uid, stamp))
+                  "values (?, 'conv_sessions', ?) on conflict(uid) do update "
+                  "set table_name = excluded.table_name, deleted_at = " + latest, (uid, stamp))
         return len(turns)
 
     def prune_conversations(self, ref: dt.datetime | None = None, dry_run: bool = False) -> dict:
         """Forget the sessions whose last turn is older than [conversations] keep_days (0: never).
         Returns {sessions, turns, dry_run}."""
-        days = self.cfg.conversations.keep_days
-        if days <= 0:
+        if (days := self.cfg.conversations.keep_days) <= 0:
             return {"sessions": 0, "turns": 0, "dry_run": dry_run}
         cutoff = iso((ref or now()) - dt.timedelta(days=days))
         expired = self.rows(self.queries["conv_expired_sessions"], {"cutoff": cutoff})
@@ -8498,8 +8450,7 @@ def transcript_project(path: Path, rules: IngestRules) -> str:
             if not line.endswith(b"\n"):  # the end, past the peek, or a first line past the cap
                 return ""
             with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
-                record = loads_json(line)
-                if isinstance(record, dict):
+                if isinstance(record := loads_json(line), dict):
                     interpret_record(record, rules, ctx, i)
             if ctx["project"]:
                 return ctx["project"]
@@ -8665,8 +8616,7 @@ class Watcher:
             end = self._fresh_end()
             span = range(0, end) if fresh else range(end if fresh is False else 0, len(self.order))
             for i in span:
-                path = self.order[i][2]
-                if path not in self.taken:
+                if (path := self.order[i][2]) not in self.taken:
                     if take:
                         self.taken.add(path)
                     return path, self.queue[path]
@@ -8855,8 +8805,7 @@ class Watcher:
         try:
             while not stop.is_set():
                 try:
-                    out = self.poll(stop)
-                    if out and on_new is not None:
+                    if (out := self.poll(stop)) and on_new is not None:
                         on_new(out)
                     self._start_backlog(halt)
                 except Exception as e:  # the server keeps serving; the next poll tries again
@@ -8954,8 +8903,7 @@ def merge_claude_hooks(settings: dict, entry: dict) -> list[str]:
     """Merge `entry` (claude_hooks_entry) into the parsed settings.json in place, leaving every
     other key and hook alone: an Aokun hook there is updated when its command differs, a missing
     one appended. Returns what changed. AokunError when `hooks` is not the documented shape."""
-    hooks = settings.setdefault("hooks", {})
-    if not isinstance(hooks, dict):
+    if not isinstance(hooks := settings.setdefault("hooks", {}), dict):
         raise AokunError("settings.json: `hooks` is not an object; fix it by hand first")
     changed = []
     for event, groups in entry.items():
@@ -9119,10 +9067,9 @@ def hook_session_files(client: str, payload: dict) -> list[Path]:
     sid = payload.get(key) or payload.get("session_id")
     if not isinstance(sid, str) or not HOOK_ID_RX.fullmatch(sid):
         return []
-    if client == "codex":
-        pattern = os.path.expanduser(f"~/.codex/sessions/*/*/*/rollout-*-{glob.escape(sid)}.jsonl")
-    else:
-        pattern = os.path.expanduser(f"~/.copilot/session-state/{glob.escape(sid)}/events.jsonl")
+    pattern = os.path.expanduser(
+        f"~/.codex/sessions/*/*/*/rollout-*-{glob.escape(sid)}.jsonl" if client == "codex"
+        else f"~/.copilot/session-state/{glob.escape(sid)}/events.jsonl")
     return sorted(Path(p) for p in glob.glob(pattern))
 
 
@@ -9149,8 +9096,7 @@ EXPORT_FIELDS = {
     "turn": ("uid", "session", "persona_id", "source", "turn_key", "seq", "role", "created_at",
              "text"),
     "consolidation": ("survivor", "members", "previous", "created_at"),
-    "tombstone": ("uid", "table_name", "deleted_at"),
-}
+    "tombstone": ("uid", "table_name", "deleted_at")}
 #: Fields added to a kind after EXPORT_VERSION 1: a record without one (an older export or device)
 #: reads as null, and sync_hash leaves a null one out, so older devices' versions hash the same.
 EXPORT_OPTIONAL = {"memory": ("superseded_by", "project")}  #: project: '' (global) is null
@@ -9265,14 +9211,12 @@ def read_export(lines) -> list[tuple[int, dict]]:
         if (kind := rec.get("kind")) not in EXPORT_FIELDS:
             raise ImportFileError(n, f"unknown kind {echo(kind)}; "
                                      f"known: {', '.join(EXPORT_FIELDS)}")
-        unknown = [k for k in rec if k != "kind" and k not in EXPORT_FIELDS[kind]]
-        if unknown:
+        if unknown := [k for k in rec if k != "kind" and k not in EXPORT_FIELDS[kind]]:
             raise ImportFileError(n, f"{kind} has field(s) this Aokun does not know "
                                      f"({', '.join(unknown)[:200]}) and would drop; upgrade Aokun, "
                                      "nothing was imported")
         optional = EXPORT_OPTIONAL.get(kind, ())
-        missing = [k for k in EXPORT_FIELDS[kind] if k not in rec and k not in optional]
-        if missing:
+        if missing := [k for k in EXPORT_FIELDS[kind] if k not in rec and k not in optional]:
             raise ImportFileError(n, f"{kind} lacks {', '.join(missing)}")
         for k in optional:
             rec.setdefault(k, None)
@@ -9557,9 +9501,8 @@ class Portable:
                 continue
             cols = {k: r[k] for k in EXPORT_FIELDS["triple"]
                     if k not in ("subject", "object", "source_memory")}
-            cols |= {"subject_id": sid, "object_id": oid,
-                     "source_memory_id": self._uid_id("documents", r["source_memory"], ids,
-                                                      r["persona_id"])}
+            cols |= {"subject_id": sid, "object_id": oid, "source_memory_id": self._uid_id(
+                "documents", r["source_memory"], ids, r["persona_id"])}
             self._import_row("kg_triples", cols, tid, n)
             self._briefing_stale(r["persona_id"])
             report["triple"][verdict] += 1
@@ -9633,8 +9576,7 @@ class Portable:
                       "set deleted_at = max(deleted_at, excluded.deleted_at)",
                       (uid, _record_value(r, "table_name", n, (str,)), at))
             report["added"] += 1
-            table = r["table_name"]
-            if table == "documents":
+            if (table := r["table_name"]) == "documents":
                 doomed += [(d["id"], d["persona_id"], at) for d in self.rows(
                     "select id, persona_id from documents where uid = ? and updated_at <= ?",
                     (uid, at))]
@@ -10004,8 +9946,7 @@ def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> d
         raise SyncFileError(f"its header names another file ({h.get('device')}-{h.get('seq')})")
     if "layout" in h and (diff := layout_difference(h["layout"], sync_layout())):
         raise SyncFileError(f"its table layout is not this Aokun's ({diff}); nothing applied")
-    length = h.get("length")
-    if not isinstance(length, int) or on_disk < length:
+    if not isinstance(length := h.get("length"), int) or on_disk < length:
         raise SyncFileError(f"truncated ({on_disk} of {length} bytes; still being copied?)")
     if len(payload) != length or hashlib.sha256(payload).hexdigest() != h.get("sha256"):
         raise SyncFileError("damaged (its checksum does not match)")
@@ -10660,8 +10601,7 @@ DATA_STEPS = (
     (2, Vectors._compact_vectors, "float32 vectors (schema < 11) to int8: meta vector_format"),
     (3, Layers._upgrade_graph_entries, "graph entries to layout 2: meta graph_layout"),
     (4, Maintenance._requeue_refused_context,
-     "refused texts out of neighbours' vectors: meta refused_context"),
-)
+     "refused texts out of neighbours' vectors: meta refused_context"))
 
 
 class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, Briefing,
@@ -11751,8 +11691,7 @@ TOOL_KINDS = {
     "destructive": dict(idempotent_hint=True, open_world_hint=False),
     "open-world": dict(destructive_hint=False),
     # a write whose every call counts again (memory_feedback): not idempotent, so no blind retries
-    "cumulative": dict(destructive_hint=False, open_world_hint=False),
-}
+    "cumulative": dict(destructive_hint=False, open_world_hint=False)}
 
 #: Every MCP tool, in tools/list order: name -> (the cached family factory that defines its
 #: function, annotation kind from TOOL_KINDS). build_server registers those that exposed_tools
@@ -11773,8 +11712,7 @@ MCP_TOOLS = {
     "kg_delete_entity": (_kg_tools, "destructive"),
     "conversation_search": (_conversation_tools, "read-only"),
     "conversation_get_session": (_conversation_tools, "read-only"),
-    "conversation_stats": (_conversation_tools, "read-only"),
-}
+    "conversation_stats": (_conversation_tools, "read-only")}
 
 
 # MCP server: lifespan, resources and the HTTP transport ##########################################
@@ -12172,8 +12110,7 @@ def exposed_tools(cfg: Config, tools: dict) -> list[str]:
     wanted = [t.strip() for t in cfg.server.exposed_tools.split(",") if t.strip()]
     if wanted == ["all"]:
         return list(tools)
-    unknown = [t for t in wanted if t not in tools]
-    if unknown:
+    if unknown := [t for t in wanted if t not in tools]:
         raise AokunError(f"[server] exposed_tools names unknown tools {unknown}; known: "
                          f"{', '.join(tools)} or all")
     return wanted
@@ -12412,8 +12349,7 @@ SETTING_NOTES = {
     ("text", "userdict"): "the full-text index keeps its old words until "
                           "`python aokun.py rebuild --fts`",
     ("text", "stopwords"): "the full-text index keeps its old words until "
-                           "`python aokun.py rebuild --fts`",
-}
+                           "`python aokun.py rebuild --fts`"}
 
 
 def setting_text(value) -> str:
@@ -12455,8 +12391,7 @@ def ini_set(text: str, changes: dict[tuple[str, str], str]) -> str:
     for (section, key), value in changes.items():
         setting_line(section, key, value)
     nl = "\r\n" if "\r\n" in text else "\n"
-    lines = _INI_NEWLINE.split(text)
-    if lines and lines[-1] == "":
+    if (lines := _INI_NEWLINE.split(text)) and lines[-1] == "":
         lines.pop()
     out: list[str] = []
     section, last, done, skipping = None, {}, set(), False
@@ -12554,8 +12489,7 @@ def settings_form(cfg: Config) -> list[dict]:
     sections = ini_layout(EXAMPLE_INI.read_text(encoding="utf-8"))
     seen = {(s["name"], k) for s in sections for g in s["groups"] for k, _ in g["keys"]}
     for name, kv in DEFAULTS.items():
-        rest = [(k, "") for k in kv if (name, k) not in seen]
-        if rest:
+        if rest := [(k, "") for k in kv if (name, k) not in seen]:
             sec = next((s for s in sections if s["name"] == name), None)
             if sec is None:
                 sec = {"name": name, "groups": []}
@@ -12917,8 +12851,7 @@ class Panel:
             form = {}
             if request.method == "POST":
                 form = dict(await request.form())
-                csrf = self.csrf(request)
-                if not csrf or not _same(form.get("csrf", ""), csrf):
+                if not (csrf := self.csrf(request)) or not _same(form.get("csrf", ""), csrf):
                     return self._plain(403, "missing or wrong CSRF token: "
                                             "reload the page and try again")
             try:
@@ -12969,8 +12902,7 @@ class Panel:
         """The CSRF token of `request`'s session ('' when its cookie is no live session): an HMAC
         of the session token, so nothing but the session's hash needs keeping."""
         import hmac
-        session = request.cookies.get(self.cookie, "")
-        if not self.state.live(session):
+        if not self.state.live(session := request.cookies.get(self.cookie, "")):
             return ""
         return hmac.new(session.encode(), b"aokun panel csrf", "sha256").hexdigest()
 
@@ -12997,9 +12929,8 @@ class Panel:
     @staticmethod
     def _headers() -> dict:
         return {"Content-Security-Policy": "default-src 'none'; style-src 'self'; "
-                                           "script-src 'self'; img-src 'self'; "
-                                           "form-action 'self'; frame-ancestors 'none'; "
-                                           "base-uri 'none'",
+                                           "script-src 'self'; img-src 'self'; form-action 'self'; "
+                                           "frame-ancestors 'none'; base-uri 'none'",
                 "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
                 "Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
@@ -13096,8 +13027,7 @@ class Panel:
         """A change to one memory through the MCP tool's Memory call; redirects to it (to the list
         after delete) saying what happened."""
         mem, i, persona = self.memory(), request.path_params["id"], form.get("persona", "")
-        action = request.path_params["action"]
-        if action == "edit":
+        if (action := request.path_params["action"]) == "edit":
             mem.edit(i, form.get("content"), {"summary": form.get("summary", "")}, persona)
             msg = "saved: its index, vector, atoms and graph were rebuilt"
         elif action == "delete":
@@ -13298,8 +13228,7 @@ class Panel:
         saved at once. Logged out, the browser gets a plain page and its cookie cleared."""
         from starlette.responses import PlainTextResponse
         this = _sha256(request.cookies.get(self.cookie, ""))[:PANEL_SESSION_ID]
-        key = request.path_params.get("key", this)
-        if not self.state.end(key):
+        if not self.state.end(key := request.path_params.get("key", this)):
             return self.back(request, "/sessions", form.get("persona", ""),
                              error="no such login (it ended already)")
         if key != this:
@@ -13734,8 +13663,7 @@ def metadata_options(fn):
         click.option("--session", help="Session id."),
         click.option("--persona", help="Persona id: memories of different personas never mix."),
         click.option("--source", help="Where it came from, e.g. chat or import."),
-        click.option("--timestamp", help="When it happened, ISO-8601 (default now)."),
-    ]):
+        click.option("--timestamp", help="When it happened, ISO-8601 (default now).")]):
         fn = opt(fn)
     return fn
 
@@ -13999,8 +13927,7 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
     for d in out["degraded"]:
         click.echo(f"degraded: {d['channel']}: {d['reason']}", err=True)
     for h in out["results"]:
-        text = h["text"]
-        if len(text) > HIT_PREVIEW_CHARS:
+        if len(text := h["text"]) > HIT_PREVIEW_CHARS:
             text = text[:HIT_PREVIEW_CHARS - 1] + "…"
         other = f"[{h['project']}] " if h.get("project") else ""
         other += next((f"({k.replace('_', ' ')} {h[k]}) " for k in (
@@ -14011,8 +13938,7 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
             click.echo(_explain_line(h["explain"]))
     if not out["results"]:
         click.echo("no memories found", err=True)
-    cut = [str(h["id"]) for h in out["results"] if h["truncated"]]
-    if cut:
+    if cut := [str(h["id"]) for h in out["results"] if h["truncated"]]:
         click.echo(f"cut to keep the answer short (--json: truncated): {', '.join(cut)}; "
                    "`python aokun.py show ID` prints one whole", err=True)
 
