@@ -2535,6 +2535,9 @@ class Rules:
         #: question's words meet a memory in the other language (allergic: 过敏; 学校: school)
         self.across: dict[str, tuple[str, ...]] = {}
         lexicon = read(cfg.recall.lexicon).get("words", {})
+        if bad := [k for k, ws in lexicon.items() if not isinstance(ws, list) or not all(
+                isinstance(w, str) and w.strip() for w in ws)]:
+            raise AokunError(f"{cfg.recall.lexicon}: [words] {echo(bad[0])} is not a list of words")
         for words in lexicon.values():
             for w in words:
                 self.across[w.lower()] = tuple(x.lower() for x in words if bool(_CJK.search(
@@ -2545,8 +2548,8 @@ class Rules:
         self.concept_words = {key: tuple(w.lower() for w in ws) for key, ws in lexicon.items()}
         alts = [sorted((w for w in self.concept_of if bool(_CJK.search(w)) is han), key=len,
                        reverse=True) for han in (False, True)]
-        self._concepts = re.compile(r"\b(?:%s)\b|%s" % tuple("|".join(map(re.escape, a))
-                                                           for a in alts))
+        self._concepts = re.compile(r"\b(?:%s)\b|%s" % tuple("|".join(map(re.escape, a)) or
+                                                           "(?!)" for a in alts))
         intents = read(cfg.recall.intents).get("intents", {})
         self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
                         for name, spec in intents.items()]

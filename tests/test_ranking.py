@@ -626,3 +626,19 @@ def test_newer_first_puts_a_replaced_row_right_after_the_newer_at_the_first_plac
     assert order({3: 1}) == [1, 3, 2, 4]
     assert order({1: 4, 2: 4}) == [4, 1, 2, 3]  # two replaced by one, in their order
     assert order({1: 9}) == [1, 2, 3, 4]  # the newer is not among them
+
+
+def test_a_lexicon_edited_empty_or_wrong_is_no_match_or_one_line(tmp_path):
+    """rules/lexicon.toml is the user's to edit: an empty [words] finds no concept (the regex of no
+    words matched the empty string everywhere), a word that is not a list is a one-line error."""
+    (tmp_path / "rules").mkdir()
+    ini = tmp_path / "aokun.ini"
+    ini.write_text("[recall]\nlexicon = rules/lexicon.toml\n", encoding="utf-8")
+    (tmp_path / "rules" / "lexicon.toml").write_text("[words]\n", encoding="utf-8")
+    rules = aokun.Rules(aokun.load_config(str(ini)))
+    assert rules.concepts("the National Day trip, 国庆") == set() and not rules.across
+    (tmp_path / "rules" / "lexicon.toml").write_text('[words]\ntea = "tea"\n', encoding="utf-8")
+    with pytest.raises(aokun.AokunError, match=r"^rules/lexicon.toml: \[words\] 'tea' is not"):
+        aokun.Rules(aokun.load_config(str(ini)))
+    shipped = aokun.Rules(aokun.Config(None))
+    assert shipped.concepts("The National Day trip, 国庆去西安") == {"national_day", "travel"}
