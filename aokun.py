@@ -2242,6 +2242,9 @@ def own_name(texts: list[str], stop, cjk_names, others: re.Pattern, pinyin) -> t
     found = [{name_key(r, pinyin): r for r in re.findall(r"[A-Z][a-z]+(?:\s+[A-Z][a-z]+)*", t)
               if not stop(r.split()[0].lower())} | {name_key(n, pinyin): n for n in (
                   cjk_names(t[:8]) if _CJK.match(t) else ())} for t in texts]
+    cjk = {n for names in found for n in names.values() if _CJK.match(n)}  # not one jieba cut
+    found = [{k: n for k, n in names.items() if not any(  # short: 何嘉 of 何嘉欣 (or of 何嘉怡)
+        m != n and m.startswith(n) for m in cjk)} for names in found]
     score = {k: sum(any(same(k, n) for n in names) for names in found) for k in set().union(*found)}
     top = max(score, key=lambda k: (score[k], -len(k)), default="")
     if not top or score[top] < max(OWN_NAME_MIN, len(texts) / 4) or score[top] < 2 * max(

@@ -163,6 +163,14 @@ def test_the_users_own_name_is_the_one_most_memories_hold(segmenter):
     assert own(["Python 3.12 is fast.", "Python's typing has Protocols.",
                 "Python packaging."]) == ()
     assert own(["User lives in Lyon.", "The user likes tea.", "User's wife is Carla."]) == ()
+    # jieba cut a name short (陈思, of 陈思雨 and of her sister 陈思琪): no one's name, so the
+    # sister is not "given" as the user, nor put as the user (the user had none: 陈思琪 was 陈思)
+    sisters = ["陈思雨在杭州做设计。", "陈思雨周末去爬山。", "陈思雨对芒果过敏。",
+               "陈思雨养了一只猫。", "陈思雨的妹妹陈思琪在读大学。", "妹妹陈思琪下个月结婚。",
+               "陈思雨每天骑车上班。"]
+    short = {"陈思雨周末去爬山": frozenset({"陈思"})}  # own_name reads the first 8 characters
+    assert aokun.own_name(sisters, {"the", "user"}.__contains__, lambda t: short.get(
+        t, segmenter.names(t)), rules._other_subject, segmenter.pinyin) == ("陈思雨",)
     me, pinyin = ("Zhiyao Lu", "Zhiyao", "陆知遥"), segmenter.pinyin
     assert aokun.as_user("What can't Zhiyao Lu eat?", me, pinyin, True) == "What can't I eat?"
     assert aokun.as_user("陆知遥的妈妈是做什么的？", me, pinyin, True) == "我的妈妈是做什么的？"
