@@ -2493,7 +2493,10 @@ class Rules:
 
     def __init__(self, cfg: Config):
         def read(setting: str) -> dict:
-            return tomllib.loads(cfg.rule_file(setting).read_text(encoding="utf-8"))
+            try:
+                return tomllib.loads(cfg.rule_file(setting).read_text(encoding="utf-8"))
+            except tomllib.TOMLDecodeError as e:
+                raise AokunError(f"{setting} is not valid TOML: {e}") from None
         atoms = read(cfg.write.atom_rules)
         self.types: dict[str, dict] = atoms["types"]
         if unknown := set(self.types) - set(ATOM_TYPES):

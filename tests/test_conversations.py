@@ -478,11 +478,15 @@ MORE_FORMS = [
      "key:\n[REDACTED:private_key]"),
     ("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9wCutBlank\n\nThen we talked about lunch.",
      "[REDACTED:private_key]\n\nThen we talked about lunch."),
+    ("my password is hunter2", "my password is [REDACTED:password]"),  # said in prose
+    ("我的密码是 hunter2", "我的密码是 [REDACTED:password]"),
+    ("WiFi密码：Tr0ub4dor3", "WiFi密码：[REDACTED:password]"),
 ]
 #: look like assignments, are prose or placeholders: stay as written
 NOT_SECRETS = ["secret: Here is my setup", "The secret: patience.", "password: required",
                "max_tokens=4096", "token: 400", "the api_key: none yet",
-               "Secret: the sauce is mostly butter"]
+               "Secret: the sauce is mostly butter", "the password is weak",
+               "my password is in the drawer", "密码是生日", "The wifi password was changed"]
 
 
 def test_redact_catches_env_names_url_passwords_with_slash_or_at_and_cut_keys():

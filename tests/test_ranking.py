@@ -640,5 +640,8 @@ def test_a_lexicon_edited_empty_or_wrong_is_no_match_or_one_line(tmp_path):
     (tmp_path / "rules" / "lexicon.toml").write_text('[words]\ntea = "tea"\n', encoding="utf-8")
     with pytest.raises(aokun.AokunError, match=r"^rules/lexicon.toml: \[words\] 'tea' is not"):
         aokun.Rules(aokun.load_config(str(ini)))
+    (tmp_path / "rules" / "lexicon.toml").write_text('[words]\ntea = ["tea"', encoding="utf-8")
+    with pytest.raises(aokun.AokunError, match=r"^rules/lexicon.toml is not valid TOML: Unclosed"):
+        aokun.Rules(aokun.load_config(str(ini)))  # it was tomllib's traceback, naming no file
     shipped = aokun.Rules(aokun.Config(None))
     assert shipped.concepts("The National Day trip, 国庆去西安") == {"national_day", "travel"}
