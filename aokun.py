@@ -2174,6 +2174,15 @@ def cross_cover(query_tokens: set, across: dict, doc_tokens: set, text: str,
     return sum(map(weight, met)) / sum(map(weight, words)) if met else None
 
 
+def utf8(data: bytes) -> bool:
+    """Whether `data` decodes as UTF-8."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def has_words(tokens) -> bool:
     """Whether tokens hold a word (a letter of any script): emoji, punctuation, numbers do not."""
     return any(_LETTER.search(t) for t in tokens)
@@ -3094,6 +3103,8 @@ class Store:
                 raise DiskFull(f"the disk holding {self.path} is full; nothing was stored: free "
                                "some space and try again") from None
             raise
+        except UnicodeDecodeError as e:  # a stored text's bytes changed: integrity_check passes
+            raise self.damaged(f"a stored text is not UTF-8: {e.reason}") from None
 
     def backup_dir(self) -> Path:
         """[backup] dir, or a `backups` folder beside the database file when it is empty."""
@@ -3810,7 +3821,9 @@ class Layers:
         spans: list[list] = []  # [start, end, holds a slot]: a clause without one joins its own
         for a, b in zip(cuts[::2], cuts[1::2], strict=True):
             own = any(self.rules.slot(x)[0] for x in (fact[a:b], ("我" if _CJK.search(
-                fact[a:b]) else "I ") + fact[a:b]))
+                fact[a:b]) else "I ") + fact[a:b])) and not (  # not 用户的妻子叫林梅，是…老师: hers
+                spans and self.rules.slot(fact[spans[-1][0]:spans[-1][1]])[0].startswith(
+                    "has:") and not re.match(r"\s*(?:我|用户|I\b|(?i:the\s+)?user\b)", fact[a:b]))
             if spans and not (own and spans[-1][2]):
                 spans[-1][1:] = [b, own or spans[-1][2]]
             else:
@@ -6760,6 +6773,12 @@ class Maintenance:
                 integrity = [str(e)]
         if integrity != ["ok"]:
             return [str(self.damaged("integrity_check: " + "; ".join(integrity)))]
+        with self.lock:  # bytes that are not UTF-8 in a text: recall and export fail on them
+            bad = [i for i, b in self.conn.execute("select id, cast(content as blob) from "
+                                                   "documents") if not utf8(b)][:3]
+        if bad:
+            return [str(self.damaged(f"the text of memory {', '.join(map(str, bad))} is not "
+                                     "UTF-8"))]
         if self.damage:
             self.damage_marker.unlink(missing_ok=True)
             self._damage = None

@@ -105,6 +105,30 @@ def test_recover_skips_a_text_whose_bytes_are_no_longer_utf8(tmp_path, cfg, segm
     assert "documents" in out["damaged"]
 
 
+def test_a_text_no_longer_utf8_is_damage_recall_and_doctor_name(tmp_path, cfg, segmenter,
+                                                               open_mem):
+    """integrity_check passes over a flipped byte in a memory's text, so doctor said "ok" while
+    every recall meeting it failed with a UnicodeDecodeError traceback (found by the trial): both
+    now name the damage and the way out, and writes are refused."""
+    db = tmp_path / "a.db"
+    _made(db, cfg, segmenter)
+    c = apsw.Connection(str(db))
+    c.execute("update documents set content = cast(x'e4bda08a' || cast(content as blob) as text) "
+              "where id = (select min(id) from documents)")
+    c.close()
+    m = open_mem(db, cfg=cfg)
+    with pytest.raises(aokun.DamagedFile, match="is damaged .a stored text is not UTF-8"):
+        with m.sqlite_errors():  # as every MCP tool and CLI command reads
+            m.recall("the", k=50)
+    with pytest.raises(aokun.DamagedFile, match="recover NEW.db"):
+        m.memorize("a new memory")
+    m.damage_marker.unlink()
+    m._damage = None
+    said = m.doctor()
+    assert len(said) == 1 and "is not UTF-8" in said[0] and "recover NEW.db" in said[0], said
+    assert m.damage_marker.exists()  # a sound integrity_check no longer clears it
+
+
 @pytest.mark.slow
 def test_the_cli_names_the_damage_restores_over_it_and_recovers(tmp_path, segmenter):
     ini = write_ini(tmp_path)

@@ -558,6 +558,22 @@ async def test_an_event_changed_in_the_other_language_is_hinted_by_its_concepts(
         assert [h["id"] for h in new["may_update"]] == [old]
 
 
+@pytest.mark.parametrize("old_text, new_text", [
+    ("The user works as a data analyst at Brightwave.", "用户的妻子叫林梅，是一名小学老师。"),
+    ("The user works as a data analyst at Brightwave.", "用户的哥哥叫Kevin，是一名护士。"),
+    ("用户住在上海。", "用户的妈妈叫王芳，住在成都。")])
+async def test_a_relatives_fact_after_her_name_retires_none_of_the_users(server, old_text,
+                                                                       new_text):
+    """The clause after "用户的妻子叫林梅，" is hers: it was read as the user's (job_title 小学老师)
+    and retired the user's job without a word (found by the trial)."""
+    async with Client(server) as c:
+        old = (await call(c, "memorize", {"content": old_text}))["id"]
+        new = await call(c, "memorize", {"content": new_text})
+        assert not new.get("may_update") and not new["warnings"]
+        found = {h["id"]: h for h in await hits(c, old_text[-8:])}
+        assert old in found and not found[old].get("replaced_by")
+
+
 @pytest.mark.parametrize("text", ["最近在学做红烧肉，已经做了三次。",
                                   "我现在骑自行车去医院上班了。", "我正在准备做一个新项目。"])
 async def test_a_chinese_memory_that_names_no_workplace_replaces_no_job(server, text):
