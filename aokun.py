@@ -2553,6 +2553,7 @@ class Rules:
         if bad := [k for k, ws in lexicon.items() if not isinstance(ws, list) or not all(
                 isinstance(w, str) and w.strip() for w in ws)]:
             raise AokunError(f"{cfg.recall.lexicon}: [words] {echo(bad[0])} is not a list of words")
+        lexicon |= {"alias:" + c: [c, *ws] for c, ws in aliases.items()}  # Japan: 日本 too
         for words in lexicon.values():
             for w in words:
                 self.across[w.lower()] = tuple(x.lower() for x in words if bool(_CJK.search(
@@ -5940,7 +5941,8 @@ class Recall:
         spelt = pinyin_spans(folded, self.seg.pinyin)
         given = {n if n in people or len(n) < 4 else next(iter(difflib.get_close_matches(
             n, [p for p in people if p[:1] == n[:1]], 1, 0.8)), n) for n in query_names(text)
-            if n not in self.rules.slot_subject}  # "Where does Mom live?": a relative, no name
+            if n not in self.rules.slot_subject and n not in self.rules.alias_of}  # "Where does
+        # Mom live?": a relative, no name; "When is the Japan trip?": a place (rules/aliases.toml)
         w = re.findall(r"[a-z]+", folded) if text == text.lower() else []  # typed in lower case
         spelt |= {"".join(w[i:i + k]) for i in range(len(w)) for k in (1, 2, 3)}
         spelt |= {g[:-1] for g in spelt if g.endswith("s")}  # aidens: aiden's
