@@ -4656,7 +4656,7 @@ class Journal:
                 p, told | {i for i, _ in day})
             if len(slotted) + len(events) < MAY_UPDATE_MAX:
                 events += self._near_rival(p, told | {i for i, _ in day + events})
-        except (apsw.Error, EmbeddingError) as e:
+        except (apsw.Error, EmbeddingError, DiskFull) as e:  # it is stored: a hint less
             log.warning("no update hint for memory %s: %s", p.document_id, e)
             return
         found = list(slotted.items()) + [d for d in day if d[0] in p.supersedes] + events
@@ -4929,12 +4929,13 @@ class Journal:
                                       (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
             except DiskFull:  # not even that fits: said as it is
                 error = DiskFull(f"the disk holding {self.path} is full; the memory waits in the "
-                                 "journal and is stored once space is freed (`aokun recover`)")
+                                 "journal and is stored once space is freed (`python aokun.py "
+                                 "recover`)")
             p.status, p.error = "failed", error
             p.warnings.append(f"not stored: {error}")
             return
         p.warnings.append(f"stage after {p.status} failed ({error}); it is retried by recovery")
-        with self.tx():
+        with contextlib.suppress(DiskFull), self.tx():  # stored: not "nothing was stored"
             self.conn.execute("update memory_write_ops set error = ?, updated_at = ? where id = ?",
                               (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
 
