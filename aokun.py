@@ -2175,12 +2175,8 @@ def cross_cover(query_tokens: set, across: dict, doc_tokens: set, text: str,
 
 
 def utf8(data: bytes) -> bool:
-    """Whether `data` decodes as UTF-8."""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+    """Whether `data` decodes as UTF-8 (what does not, comes back replaced)."""
+    return data.decode("utf-8", "replace").encode("utf-8") == data
 
 
 def has_words(tokens) -> bool:
@@ -2546,26 +2542,15 @@ class Rules:
             model: {script: self.relevance[model] | {k: float(v) for k, v in t.items()}
                     for script, t in c.items() if isinstance(t, dict)}
             for model, c in relevance.items()}
-        #: {word: the words of its concept in the other script} (rules/lexicon.toml): how a
-        #: question's words meet a memory in the other language (allergic: 过敏; 学校: school)
-        self.across: dict[str, tuple[str, ...]] = {}
         lexicon = read(cfg.recall.lexicon).get("words", {})
         if bad := [k for k, ws in lexicon.items() if not isinstance(ws, list) or not all(
                 isinstance(w, str) and w.strip() for w in ws)]:
             raise AokunError(f"{cfg.recall.lexicon}: [words] {echo(bad[0])} is not a list of words")
         lexicon |= {"alias:" + c: [c, *ws] for c, ws in aliases.items()}  # Japan: 日本 too
-        for words in lexicon.values():
-            for w in words:
-                self.across[w.lower()] = tuple(x.lower() for x in words if bool(_CJK.search(
-                    x)) != bool(_CJK.search(w)))
-        #: {word: its concept's key}, {key: its words}, and a regex finding them in a folded,
-        #: lower-cased text
+        #: {word: its concept's key}, {key: its words} (rules/lexicon.toml): how a question's
+        #: words meet a memory in the other language (allergic: 过敏; 学校: school)
         self.concept_of = {w.lower(): key for key, words in lexicon.items() for w in words}
         self.concept_words = {key: tuple(w.lower() for w in ws) for key, ws in lexicon.items()}
-        alts = [sorted((w for w in self.concept_of if bool(_CJK.search(w)) is han), key=len,
-                       reverse=True) for han in (False, True)]
-        self._concepts = re.compile(r"\b(?:%s)\b|%s" % tuple("|".join(map(re.escape, a)) or
-                                                           "(?!)" for a in alts))
         intents = read(cfg.recall.intents).get("intents", {})
         self.intents = [(name, [re.compile(p) for p in spec.get("patterns", [])], spec)
                         for name, spec in intents.items()]
@@ -2764,12 +2749,28 @@ class Rules:
         query = fold(query)
         return frozenset(name for name, rx in self.slot_asks if rx.search(query))
 
+    def across(self, word: str) -> tuple[str, ...]:
+        """The words of `word`'s concept (concept_of) in the other script; () if it has none."""
+        return tuple(w for w in self.concept_words.get(self.concept_of.get(word), ())
+                     if bool(_CJK.search(w)) != bool(_CJK.search(word)))
+
+    @functools.cached_property
+    def _concept_words(self) -> re.Pattern:
+        """Every concept word, longest first, English ones whole (compiled on first use: 0.1 s)."""
+        alts = [sorted((w for w in self.concept_of if bool(_CJK.search(w)) is han), key=len,
+                       reverse=True) for han in (False, True)]
+        return re.compile(r"\b(?:%s)\b|%s" % tuple("|".join(map(re.escape, a)) or "(?!)"
+                                                  for a in alts))
+
+    @functools.lru_cache(maxsize=1024)  # noqa: B019 (one Rules a process)
+    def _said(self, text: str) -> frozenset[str]:
+        return frozenset(self.concept_of[m.group(0)] for m in self._concept_words.finditer(
+            fold(text).lower()))
+
     def concepts(self, text: str, skip=frozenset()) -> set[str]:
-        """The keys of rules/lexicon.toml's concepts a text says, in either language, but those
-        of the words in `skip`."""
-        gone = {self.concept_of.get(w) for w in skip}
-        return {self.concept_of[m.group(0)] for m in self._concepts.finditer(fold(
-            text).lower())} - gone
+        """The keys of rules/lexicon.toml's concepts a text says (found once per text), in either
+        language, but those of the words in `skip`."""
+        return self._said(text) - {self.concept_of.get(w) for w in skip}
 
     def others_fact(self, text: str, people, seg) -> bool:
         """Whether a memory states someone else's fact: it leads with a relative or friend ("User's
@@ -4929,8 +4930,7 @@ class Journal:
                                       (str(error)[:JOURNAL_ERROR_CHARS], now_iso(), p.op_id))
             except DiskFull:  # not even that fits: said as it is
                 error = DiskFull(f"the disk holding {self.path} is full; the memory waits in the "
-                                 "journal and is stored once space is freed (`python aokun.py "
-                                 "recover`)")
+                                 "journal: `python aokun.py recover` stores it once space is free")
             p.status, p.error = "failed", error
             p.warnings.append(f"not stored: {error}")
             return
@@ -5648,7 +5648,7 @@ class Recall:
             return self._answer(key, nothing, started)
         same = {t: ws + self._kin_names(persona, ws) for t, ws in self._kin(tokens).items()}
         kin = set().union(*same.values())  # variants: 我妈: mom, 妈妈; my wife: 老婆, carla
-        across = {t: self.rules.across[t] for t in tokens if t in self.rules.across}
+        across = {t: ws for t in tokens if (ws := self.rules.across(t))}
         kin |= {w for ws in across.values() for w in ws if " " not in w}  # allergic: 过敏
         params = self._channel_params(tokens + sorted(kin - set(tokens)), window, k, persona,
                                       session, include_archived, as_of_iso)
