@@ -1922,21 +1922,21 @@ def event_spans(text: str, created_at: str, words: dict, tz,
     folded = fold(text)
     today = _parse_iso(created_at).astimezone(tz).date()
     tense = sentence_tense(folded, words)
-    taken: list[tuple[int, int]] = []
+    taken: list[tuple[int, int]] = []  # the matches kept, in text order, none overlapping
     found = []
     for patterns, spec in words["rules"]:
         for p in patterns:
             for m in p.finditer(folded):
-                if any(m.start() < b and a < m.end() for a, b in taken):
+                i = bisect.bisect(taken, m.span())  # only a neighbour can overlap
+                if any(m.start() < b and a < m.end() for a, b in taken[max(i - 1, 0):i + 1]):
                     continue
                 if (span := _event_span(spec, m, today, words, tense)) is None:
                     if spec["kind"] == "dm_or_md" and skipped is not None:
                         skipped.append((m.group(0), "ambiguous: day and month could be either"))
                     continue
-                taken.append((m.start(), m.end()))
+                taken.insert(i, m.span())
                 bare = spec["kind"] == "dom" and "offset" not in spec  # "5日" of "3月3日至5日"
-                found.append([m.start(), m.end(), *span, m.group(0), "dom" if bare else
-                              spec["kind"]])
+                found.append([*m.span(), *span, m.group(0), "dom" if bare else spec["kind"]])
     found.sort()  # a weekday just before its date only names it: "Saturday, March 14"
     found = [f for f, g in zip(found, found[1:] + [None], strict=False) if not (
         f[5] == "weekday_near" and g and re.fullmatch(r"[\s,，(（]*", folded[f[1]:g[0]]))]
@@ -1957,8 +1957,9 @@ def event_spans(text: str, created_at: str, words: dict, tz,
                 continue
         merged.append(f)
     # a span holding a narrower one only qualifies it ("今年…三月初八")
-    merged = [f for f in merged if not any(
-        g[2] >= f[2] and g[3] <= f[3] and g[3] - g[2] < f[3] - f[2] for g in merged)]
+    days = {(g[2], g[3]) for g in merged}  # a long text names few distinct days
+    merged = [f for f in merged if not any(a >= f[2] and b <= f[3] and b - a < f[3] - f[2]
+                                           for a, b in days)]
     midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
     return [(iso(midnight(f[2])), iso(midnight(f[3])), f[4]) for f in merged]
 
@@ -10675,8 +10676,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
         self.rules = Rules(self.cfg)  # atom rules, aliases, intents, time words, event dates
         self._atom_term_rows: dict[str, int] = {}  # Layers._may_reinforce: atoms holding a term
         # Vectors
-        # the provider
-        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)
+        self.embedder = embedder if embedder is not None else make_embedder(self.cfg)  # provider
         self.vector_problem: str | None = None  # why vectors are not used now (Vectors owns it)
         self.last_embedding_error: str | None = None  # the provider's last transient failure
         self._refresher: ThreadPoolExecutor | None = None  # _refresh_stale's worker, started on use
