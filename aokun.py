@@ -1956,10 +1956,9 @@ def event_spans(text: str, created_at: str, words: dict, tz,
                 last[1], last[3], last[4] = f[1], f[3], folded[last[0]:f[1]]
                 continue
         merged.append(f)
-    # a span holding a narrower one only qualifies it ("今年…三月初八")
-    days = {(g[2], g[3]) for g in merged}  # a long text names few distinct days
-    merged = [f for f in merged if not any(a >= f[2] and b <= f[3] and b - a < f[3] - f[2]
-                                           for a, b in days)]
+    days = {(g[2], g[3]) for g in merged}  # a span holding a narrower one only qualifies it
+    merged = [f for f in merged if not any(  # ("今年…三月初八"); a long text names few days
+        a >= f[2] and b <= f[3] and b - a < f[3] - f[2] for a, b in days)]
     midnight = functools.partial(dt.datetime.combine, time=dt.time(0), tzinfo=tz)
     return [(iso(midnight(f[2])), iso(midnight(f[3])), f[4]) for f in merged]
 
@@ -2321,17 +2320,17 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
                   content: str) -> dict:
     """{cosine, margin, cover, evidence, relevance} of a memory (or turn) of these indexed tokens,
     vector (None: none yet) and text for a question `q` (Recall._relevant's `about`), with its
-    calibrated_relevance weights `coef` and the Segmenter `seg`. Across scripts cover is 1 when the
+    calibrated_relevance weights `coef` and the Segmenter `seg`; across scripts cover is 1 when the
     memory holds a name the question gives (names_found), else None. Relevance is 0 without
     evidence: a memory of no word (has_words), or holding under GENERAL_COVER of a question not
-    about the user ("Write a poem about a cat") or none of a how-to's (recall's q["howto"]: "How
-    do I fix my bike?"), or holding none of its names (unless an English question meets a Chinese
-    memory that names no one: West Lake is 西湖)."""
-    vector, names = q["vector"], q["names"]
+    about the user ("Write a poem about a cat"), none of a how-to's ("How do I fix my bike?") or
+    of its names (but a Chinese memory naming no one asked in English: West Lake is 西湖), or, of
+    a question not about the user of how or why things are (q["general"]: 猫为什么…), no name."""
+    vector, names, general = q["vector"], q["names"], q.get("general") and not q["personal"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
-    script = query_script(doc_tokens)
-    # a memory's word cut otherwise in the question is one they share (体检 in 体检查出来), and a
-    # variant of a question's word (recall's: 我弟: 弟弟, my wife: carla)
+    script = query_script(re.findall(r"[\u4e00-\u9fff]|[a-z0-9]+", content.lower()) or doc_tokens)
+    # (its text's, not its labels': 陆知行 of "Zhixing…"); a word cut otherwise in the question is
+    # one they share (体检 in 体检查出来), a variant of a question's word (我弟: 弟弟)
     tokens = {next((w for w in q.get("variants", {}).get(t, ()) if w in doc_tokens), t)
               for t in q["tokens"]}
     shared = token_cover(tokens | {t for t in doc_tokens if len(t) > 1 and _CJK.search(t)
@@ -2341,7 +2340,8 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     if script == query_script(q["tokens"]):
         cover = shared
         evidence = (found or not names) and (q["personal"] and (shared or not q.get("howto"))
-                                             or found or (shared or 0) >= GENERAL_COVER[script])
+                                             or found or not general and (
+                                                 shared or 0) >= GENERAL_COVER[script])
     else:  # no word compares across scripts, but a name can (小雨 asked, Xiaoyu stored)
         if script == "latin":
             found |= names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},
@@ -2351,8 +2351,8 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
         crossed = cross_cover(q["tokens"], q.get("across", {}), doc_tokens, content.lower(),
                               seg.weight)  # its words in the other language (rules/lexicon.toml)
         cover = 1.0 if found or kin else crossed  # None: it proves nothing (West Lake is 西湖)
-        evidence = (q["personal"] and not q.get("howto") or found or shared or not names and (
-            crossed or 0) >= CROSS_COVER) and (  # then names:
+        evidence = (q["personal"] and not q.get("howto") or found or not general and (
+            shared or not names and (crossed or 0) >= CROSS_COVER)) and (  # then names:
             found or not names or script == "cjk" and not seg.names(content))  # another's
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
     rel = 0.0 if coef is not None and not evidence else calibrated_relevance(margin, cover, coef)
@@ -2530,8 +2530,8 @@ class Rules:
         self._speaks_of_user = re.compile(personal.get("user", r"(?!)"))
         self._request = re.compile(personal.get("requests", r"(?!)"))
         self._asks = re.compile(personal.get("asks", r"(?!)"))
-        #: whether a folded question asks for instructions ([personal] howto; hit_relevance)
-        self.howto = re.compile(personal.get("howto", r"(?!)")).search
+        #: [personal] howto, general: does a question ask for instructions; how or why things are
+        self.how = {k: re.compile(personal.get(k, "(?!)")).search for k in ("howto", "general")}
         #: {embedding model: {w_margin, w_cover, bias, margin_only_w, margin_only_bias}} of
         #: calibrated_relevance
         self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS}
@@ -5924,15 +5924,15 @@ class Recall:
 
     def _kin_names(self, persona, words: list) -> list[str]:
         """The names, lower-cased, the persona's memories give the relative called by `words`
-        ("User's wife Carla…", "用户的老婆王婷…"; KIN_NAME; 张悦: yue too, in pinyin)."""
+        (User's wife Carla…, 用户的老婆王婷…: KIN_NAME, jieba's or its people's), in pinyin too."""
         rx = re.compile(KIN_NAME.replace("{w}", "|".join(map(re.escape, words))))
         rows = self.rows(self.queries["recall_kin_memories"], {
             "match": fts_query(words), "persona_id": persona}) if persona and words else ()
         given = [(m["en"], m["zh"] or "") for r in rows for m in rx.finditer(fold(r["content"]))]
-        names = {(en or next((n for n in self.seg.names(zh) if zh.startswith(n)), "")).lower()
-                 for en, zh in given} - {""}
-        return sorted(names | {p for n in names if _CJK.search(n)
-                               and len(p := self.seg.pinyin(n[1:])) > 2})
+        names = {(en or next((n for n in [*self.seg.names(zh), *self.persona_people(persona)]
+                              if zh.startswith(n)), "")).lower() for en, zh in given} - {""}
+        return sorted(names | {p for n in names if _CJK.search(n) for p in (
+            self.seg.pinyin(n), self.seg.pinyin(n[1:])) if len(p) > 2})
 
     def _names(self, text: str, people) -> frozenset:
         """The names a question gives: query_names (one a letter or two off a person of `people`,
@@ -5981,12 +5981,13 @@ class Recall:
             and as_user(n, me, pinyin, False) == n]
         people += {n.split()[0] for n in people if " " in n and len(n.split()[0]) > 2}  # Gwen
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
-                 "howto": self.rules.howto(q.text), "variants": q.about.get("variants", {}),
-                 "across": q.about.get("across", {}),
+                 **{k: how(q.text) for k, how in self.rules.how.items()},
+                 "variants": q.about.get("variants", {}), "across": q.about.get("across", {}),
                  "names": self._names(q.text, people), "text": fold(q.text),
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
+        who = re.search(r"(?i)\bwho(?:m|se|'s)?\b|谁", q.text)  # someone else is the answer
         slots = self.rules.asked_slots(q.text) if mine and not about["howto"] else ()
         filled = {r["doc_id"] for r in self.rows(self.queries["recall_slots"], {
             "ids": json.dumps(list(pool)), "subjects": json.dumps(["user", *{  # Zhang Wei: wei
@@ -6002,7 +6003,7 @@ class Recall:
                 docs[i]["topics"])))) - set(self.seg.tokens(docs[i]["content"]))  # "what food…"
             parts[i].update(hit_relevance(about, doc_tokens - labels, vectors.get(i), coef,
                                           self.seg, content))
-            if coef and mine and parts[i]["evidence"] and self.rules.others_fact(
+            if coef and mine and not who and parts[i]["evidence"] and self.rules.others_fact(
                     content, people, self.seg):  # "What am I allergic to?": not Priya's
                 parts[i].update(evidence=False, relevance=0.0)
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
@@ -9126,8 +9127,7 @@ EXPORT_FIELDS = {
                 "first_user_message", "started_at", "ended_at", "turn_count", "created_at",
                 "updated_at"),
     "turn": ("uid", "session", "persona_id", "source", "turn_key", "seq", "role", "created_at",
-             "text"),
-    "consolidation": ("survivor", "members", "previous", "created_at"),
+             "text"), "consolidation": ("survivor", "members", "previous", "created_at"),
     "tombstone": ("uid", "table_name", "deleted_at")}
 #: Fields added to a kind after EXPORT_VERSION 1: a record without one (an older export or device)
 #: reads as null, and sync_hash leaves a null one out, so older devices' versions hash the same.
@@ -13425,8 +13425,7 @@ def launchd_plist(cmd: list[str], log_dir: Path) -> bytes:
     """The launchd agent: RunAtLoad (at login), KeepAlive while it did not exit cleanly (a crash or
     an error exit starts it again), logs in `log_dir`."""
     import plistlib
-    return plistlib.dumps({
-        "Label": LAUNCHD_LABEL, "ProgramArguments": cmd, "RunAtLoad": True,
+    return plistlib.dumps({"Label": LAUNCHD_LABEL, "ProgramArguments": cmd, "RunAtLoad": True,
         "KeepAlive": {"SuccessfulExit": False}, "ThrottleInterval": RESTART_SECONDS,
         "ProcessType": "Background", "StandardOutPath": str(log_dir / "aokun-server.log"),
         "StandardErrorPath": str(log_dir / "aokun-server.log")})

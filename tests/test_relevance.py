@@ -372,3 +372,55 @@ def test_a_place_in_capitals_is_no_persons_name_and_meets_its_other_spelling(loc
                         ("Chengdu", "用户的妈妈住在成都。")):
         got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="places")["results"]]
         assert got[:1] == [want], (query, got)
+
+
+@pytest.mark.slow
+def test_a_who_question_of_our_things_gets_the_person_who_does_them(local_mem):
+    """"Who … in our office?" speaks of the user but asks for someone else: the memory of another
+    person's task was dropped as "not the user's fact"; "What am I allergic to?" still is not
+    Priya's."""
+    for text, people in (
+            ("User's colleague Dmitri Petrov waters the office plants every Friday.",
+             ["Dmitri Petrov"]), ("Priya is allergic to cats.", ["Priya"]),
+            ("User is allergic to penicillin.", [])):
+        local_mem.memorize(text, {"persona_id": "who", "participants": people})
+    got = [h["text"] for h in local_mem.recall("Who waters the plants in our office?", k=3,
+                                               persona_id="who")["results"]]
+    assert got[:1] == ["User's colleague Dmitri Petrov waters the office plants every "
+                       "Friday."], got
+    got = [h["text"] for h in local_mem.recall("What am I allergic to?", k=3,
+                                               persona_id="who")["results"]]
+    assert "User is allergic to penicillin." in got and "Priya is allergic to cats." not in got
+
+
+@pytest.mark.slow
+def test_a_relative_named_in_chinese_is_met_by_the_pinyin_of_the_name(local_mem):
+    """太太 is a wife; a name jieba does not tag is one of the persona's people (participants);
+    the whole name's pinyin meets an English memory (思琪: Siqi; 周明轩: Mingxuan), and such a
+    memory is English though its labels are Chinese."""
+    for text, people in (("用户的太太叫思琪，在社区医院当护士。", ["思琪"]),
+                         ("Siqi got promoted to head nurse!", ["思琪"]),
+                         ("我弟弟周明轩在南京读高三，今年六月高考。", ["周明轩"]),
+                         ("Mingxuan got 641 in the gaokao.", ["周明轩"]),
+                         ("用户的手机是华为Mate 60。", [])):
+        local_mem.memorize(text, {"persona_id": "kin-zh", "participants": people})
+    for query, want in (("What does my wife do now?", "Siqi got promoted to head nurse!"),
+                        ("我弟高考考了多少分？", "Mingxuan got 641 in the gaokao.")):
+        got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="kin-zh")["results"]]
+        assert want in got, (query, got)
+
+
+@pytest.mark.slow
+def test_how_or_why_things_are_asked_of_no_one_is_no_question_of_the_user(local_mem):
+    """羽毛球怎么发球…: a question naming no one that asks how or why things are ([personal]
+    general) shares badminton with the user's memory, not a fact of theirs; 周末一般怎么安排？ asks
+    of the user's habit without a 我."""
+    for text in ("用户每周六下午在体育馆打羽毛球。", "I boil two eggs for breakfast every day.",
+                 "周末一般睡到十点，下午去公园遛狗。"):
+        local_mem.memorize(text, {"persona_id": "general"})
+    for query in ("羽毛球怎么发球才不算犯规？", "猫为什么喜欢踩奶？",
+                  "How to boil an egg so the yolk stays soft?"):
+        assert local_mem.recall(query, k=3, persona_id="general")["results"] == [], query
+    got = [h["text"] for h in local_mem.recall("周末一般怎么安排？", k=3,
+                                               persona_id="general")["results"]]
+    assert got[:1] == ["周末一般睡到十点，下午去公园遛狗。"], got
