@@ -2218,9 +2218,11 @@ def names_found(names, doc_tokens: set, pinyin, text: str = "") -> set[str]:
         found |= {w for w in words - found if len(w) >= 3
                   and any(t.startswith(w) or w.startswith(t) for t in latin)}
         found |= {w for w in words - found if _CJK.search(w) and any((p := pinyin(w)) == a or (
-            p.startswith(a) and p[len(a):] in doc_tokens) for a in doc_tokens)}
+            p.startswith(a) and p[len(a):] in doc_tokens) or len(w) > 2 and pinyin(w[-2:]) == a
+            for a in doc_tokens)}  # 韩小满 asked, Xiaoman stored
     spelt = pinyin_spans(text, pinyin) if any(not _CJK.search(w) for w in words - found) else ()
-    return found | {w for n in names if n.replace(" ", "") in spelt for w in n.split()}
+    return found | {w for n in names if n.replace(" ", "") in spelt for w in n.split()} | {
+        w for w in words if len(w) > 3 and w in spelt}  # Tang Yining asked, 苡宁 stored
 
 
 OWN_NAME_MIN = 5  #: own_name: the user's name is in this many memories at least

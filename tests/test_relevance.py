@@ -192,6 +192,11 @@ def test_a_name_meets_its_memory_by_word_or_by_pinyin(segmenter):
     assert aokun.names_found({"mel"}, {"melanie", "pottery"}, pinyin) == {"mel"}
     assert aokun.names_found({"melanie"}, {"mel", "kids"}, pinyin) == {"melanie"}
     assert not aokun.names_found({"mel"}, {"me", "kids"}, pinyin)
+    # a Chinese given name alone: Tang Yining asked, 苡宁 stored; 韩小满 asked, Xiaoman stored
+    assert aokun.names_found({"tang yining"}, {"苡宁", "门诊"}, pinyin,
+                             "苡宁调去疼痛科门诊了") == {"yining"}
+    assert aokun.names_found({"韩小满"}, {"xiaoman", "chess"}, pinyin) == {"韩小满"}
+    assert not aokun.names_found({"wang fang"}, {"芳芳", "门诊"}, pinyin, "王丽芳去门诊了")
 
 
 @pytest.mark.parametrize("query, personal", [
