@@ -5665,6 +5665,8 @@ class Recall:
             warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the "
                             f"answer's texts within {bounds[1]} tokens ([recall] "
                             "max_answer_tokens); get_memory reads each whole")
+        if not results and not warnings:  # no memory holds a word of it (or none stood then)
+            warnings.append("nothing found" + (f" as of {as_of_iso}" if as_of_iso else ""))
         facts, conversations = self._recall_extras(query, k, persona, as_of_iso,
                                                     include_conversations, project, scope)
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent,
@@ -11334,7 +11336,7 @@ def _edit_metadata(metadata: dict | None):
     try:
         return None if metadata is None else _metadata_model().model_validate(metadata)
     except ValidationError as e:
-        raise ToolError("edit_memory: " + validation_line(e, "metadata.")) from None
+        raise ToolError(validation_line(e, "metadata.")) from None  # the SDK names the tool
 
 
 def validation_line(e, prefix: str = "") -> str:

@@ -582,7 +582,7 @@ async def test_bad_input_names_the_field_and_writes_nothing(client, db, tool, ar
     before = await counts(client)
     msg = await err(client, tool, args)
     assert names_field(msg, field), msg
-    assert "Traceback" not in msg
+    assert "Traceback" not in msg and f"{tool}: {tool}:" not in msg  # the tool named once
     # one line, also when the SDK's schema check refused the arguments (no pydantic report)
     assert "\n" not in msg.strip() and "pydantic" not in msg, msg
     assert await counts(client) == before == (1, 1)
@@ -592,6 +592,15 @@ async def test_bad_input_names_the_field_and_writes_nothing(client, db, tool, ar
     with aokun.Memory(db, aokun.Config(None), embedder=FakeEmbedder(16), recover=False) as m:
         assert m.value("select count(*) from documents") == 1
         assert m.value("select count(*) from memory_write_ops") == 1
+
+
+async def test_an_empty_answer_says_so_and_as_of_before_any_memory_too(client):
+    """An answer with no hit and nothing else to say was {} (as_of 1900: no word that memory then
+    held nothing)."""
+    await ok(client, "memorize", {"content": ALICE})
+    r = await ok(client, "recall", {"query": "americano", "as_of": "1900-01-01"})
+    assert r["results"] == [] and r["warnings"] == ["nothing found as of 1900-01-01T00:00:00Z"]
+    assert (await ok(client, "recall", {"query": "americano"}))["results"]
 
 
 async def test_unknown_tool_is_an_error(client):
