@@ -2311,6 +2311,8 @@ def calibrated_relevance(margin: float | None, cover: float | None,
 #: the share of a question not about the user that a memory must hold (token_cover): a third of
 #: an English one, whose words all weigh the same; a fifth of a Chinese one, weighted by IDF already
 GENERAL_COVER = {"latin": 1 / 3, "cjk": 1 / 5}
+#: the share of a question of how or why things are (q["general"]) a memory must hold: most of it
+HOW_COVER = 0.6
 #: the share (cross_cover) of such a question, naming no one, a memory in the other language must
 #: hold: translated words say less than the same words
 CROSS_COVER = 1 / 2
@@ -2340,8 +2342,8 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     if script == query_script(q["tokens"]):
         cover = shared
         evidence = (found or not names) and (q["personal"] and (shared or not q.get("howto"))
-                                             or found or not general and (
-                                                 shared or 0) >= GENERAL_COVER[script])
+                                             or found or (shared or 0) >= (
+                                                 HOW_COVER if general else GENERAL_COVER[script]))
     else:  # no word compares across scripts, but a name can (小雨 asked, Xiaoyu stored)
         if script == "latin":
             found |= names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},

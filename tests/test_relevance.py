@@ -418,14 +418,19 @@ def test_a_relative_named_in_chinese_is_met_by_the_pinyin_of_the_name(local_mem)
 @pytest.mark.slow
 def test_how_or_why_things_are_asked_of_no_one_is_no_question_of_the_user(local_mem):
     """羽毛球怎么发球…: a question naming no one that asks how or why things are ([personal]
-    general) shares badminton with the user's memory, not a fact of theirs; 周末一般怎么安排？ asks
-    of the user's habit without a 我."""
+    general) shares badminton with the user's memory, not a fact of theirs: a memory must hold most
+    of it (HOW_COVER); 周末一般怎么安排？ asks of the user's habit without a 我."""
     for text in ("用户每周六下午在体育馆打羽毛球。", "I boil two eggs for breakfast every day.",
-                 "周末一般睡到十点，下午去公园遛狗。"):
+                 "周末一般睡到十点，下午去公园遛狗。", "My new car is dark blue.",
+                 "I drink soy milk in my coffee.", "部门团建取消了，因为预算不够。"):
         local_mem.memorize(text, {"persona_id": "general"})
-    for query in ("羽毛球怎么发球才不算犯规？", "猫为什么喜欢踩奶？",
-                  "How to boil an egg so the yolk stays soft?"):
+    for query in ("羽毛球怎么发球才不算犯规？", "猫为什么喜欢踩奶？", "Why is the sky blue?",
+                  "How to boil an egg so the yolk stays soft?",
+                  "Is oat milk or soy milk better for protein?", "奶茶和咖啡哪个更伤胃？"):
         assert local_mem.recall(query, k=3, persona_id="general")["results"] == [], query
+    got = [h["text"] for h in local_mem.recall("团建为什么取消了？", k=3,  # it holds most words
+                                               persona_id="general")["results"]]
+    assert got[:1] == ["部门团建取消了，因为预算不够。"], got
     got = [h["text"] for h in local_mem.recall("周末一般怎么安排？", k=3,
                                                persona_id="general")["results"]]
     assert got[:1] == ["周末一般睡到十点，下午去公园遛狗。"], got
