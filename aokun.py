@@ -5924,8 +5924,9 @@ class Recall:
         rows = self.rows(self.queries["recall_kin_memories"], {
             "match": fts_query(words), "persona_id": persona}) if persona and words else ()
         given = [(m["en"], m["zh"] or "") for r in rows for m in rx.finditer(fold(r["content"]))]
-        names = {(en or next((n for n in [*self.seg.names(zh), *self.persona_people(persona)]
-                              if zh.startswith(n)), "")).lower() for en, zh in given} - {""}
+        people = self.persona_people(persona) if any(zh for _, zh in given) else []  # once
+        names = {(en or next((n for n in [*self.seg.names(zh), *people] if zh.startswith(n)),
+                             "")).lower() for en, zh in given} - {""}
         return sorted(names | {p for n in names if _CJK.search(n) for p in (
             self.seg.pinyin(n), self.seg.pinyin(n[1:])) if len(p) > 2})
 
