@@ -5921,8 +5921,8 @@ class Recall:
         """The names, lower-cased, the persona's memories give the relative called by `words`
         (User's wife Carla…, 用户的老婆王婷…: KIN_NAME, jieba's or its people's), in pinyin too."""
         rx = re.compile(KIN_NAME.replace("{w}", "|".join(map(re.escape, words))))
-        rows = self.rows(self.queries["recall_kin_memories"], {
-            "match": fts_query(words), "persona_id": persona}) if persona and words else ()
+        rows = self.rows(self.queries["recall_kin_memories"], {"match": fts_query(
+            words), "persona_id": persona}) if persona is not None and words else ()  # '' too
         given = [(m["en"], m["zh"] or "") for r in rows for m in rx.finditer(fold(r["content"]))]
         people = self.persona_people(persona) if any(zh for _, zh in given) else []  # once
         names = {(en or next((n for n in [*self.seg.names(zh), *people] if zh.startswith(n)),
