@@ -2531,8 +2531,10 @@ class Rules:
         self._speaks_of_user = re.compile(personal.get("user", r"(?!)"))
         self._request = re.compile(personal.get("requests", r"(?!)"))
         self._asks = re.compile(personal.get("asks", r"(?!)"))
-        #: [personal] howto, general: does a question ask for instructions; how or why things are
-        self.how = {k: re.compile(personal.get(k, "(?!)")).search for k in ("howto", "general")}
+        #: [personal] howto, general, who: does a question ask for instructions, how or why things
+        #: are, for a person (hit_relevance, Recall._relevant)
+        self.asks_for = {k: re.compile(personal.get(k, "(?!)")).search
+                         for k in ("howto", "general", "who")}
         #: {embedding model: {w_margin, w_cover, bias, margin_only_w, margin_only_bias}} of
         #: calibrated_relevance
         self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS}
@@ -5977,13 +5979,12 @@ class Recall:
             and as_user(n, me, pinyin, False) == n]
         people += {n.split()[0] for n in people if " " in n and len(n.split()[0]) > 2}  # Gwen
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
-                 **{k: how(q.text) for k, how in self.rules.how.items()},
+                 **{k: asks(q.text) for k, asks in self.rules.asks_for.items()},
                  "variants": q.about.get("variants", {}), "across": q.about.get("across", {}),
                  "names": self._names(q.text, people), "text": fold(q.text),
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
-        who = re.search(r"(?i)\bwho(?:m|se|'s)?\b|谁", q.text)  # someone else is the answer
         slots = self.rules.asked_slots(q.text) if mine and not about["howto"] else ()
         filled = {r["doc_id"] for r in self.rows(self.queries["recall_slots"], {
             "ids": json.dumps(list(pool)), "subjects": json.dumps(["user", *{  # Zhang Wei: wei
@@ -5999,9 +6000,9 @@ class Recall:
                 docs[i]["topics"])))) - set(self.seg.tokens(docs[i]["content"]))  # "what food…"
             parts[i].update(hit_relevance(about, doc_tokens - labels, vectors.get(i), coef,
                                           self.seg, content))
-            if coef and mine and not who and parts[i]["evidence"] and self.rules.others_fact(
-                    content, people, self.seg):  # "What am I allergic to?": not Priya's
-                parts[i].update(evidence=False, relevance=0.0)
+            if coef and mine and not about["who"] and parts[i]["evidence"] and (
+                    self.rules.others_fact(content, people, self.seg)):  # "What am I allergic
+                parts[i].update(evidence=False, relevance=0.0)  # to?": not Priya's
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(
                     parts[i]["margin"], 1.0, coef))

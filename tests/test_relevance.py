@@ -404,19 +404,19 @@ def test_a_relative_named_in_chinese_is_met_by_the_pinyin_of_the_name(tmp_path, 
     the whole name's pinyin meets an English memory (思琪: Siqi; 周明轩: Mingxuan), and such a
     memory is English though its labels are Chinese; in the default persona ('') too, which read
     no relative's name (found trying the README's quick start)."""
-    local_mem = aokun.Memory(tmp_path / "m.db", aokun.Config(None), embedder=aokun.LocalEmbedder())
-    local_mem.seg = segmenter
-    for text, people in (("用户的太太叫思琪，在社区医院当护士。", ["思琪"]),
-                         ("Siqi got promoted to head nurse!", ["思琪"]),
-                         ("我弟弟周明轩在南京读高三，今年六月高考。", ["周明轩"]),
-                         ("Mingxuan got 641 in the gaokao.", ["周明轩"]),
-                         ("用户的手机是华为Mate 60。", [])):
-        local_mem.memorize(text, {"participants": people})
-    for query, want in (("What does my wife do now?", "Siqi got promoted to head nurse!"),
-                        ("我弟高考考了多少分？", "Mingxuan got 641 in the gaokao.")):
-        got = [h["text"] for h in local_mem.recall(query, k=3)["results"]]
-        assert want in got, (query, got)
-    local_mem.close()
+    with aokun.Memory(tmp_path / "m.db", aokun.Config(None),
+                      embedder=aokun.LocalEmbedder()) as mem:
+        mem.seg = segmenter
+        for text, people in (("用户的太太叫思琪，在社区医院当护士。", ["思琪"]),
+                             ("Siqi got promoted to head nurse!", ["思琪"]),
+                             ("我弟弟周明轩在南京读高三，今年六月高考。", ["周明轩"]),
+                             ("Mingxuan got 641 in the gaokao.", ["周明轩"]),
+                             ("用户的手机是华为Mate 60。", [])):
+            mem.memorize(text, {"participants": people})
+        for query, want in (("What does my wife do now?", "Siqi got promoted to head nurse!"),
+                            ("我弟高考考了多少分？", "Mingxuan got 641 in the gaokao.")):
+            got = [h["text"] for h in mem.recall(query, k=3)["results"]]
+            assert want in got, (query, got)
 
 
 @pytest.mark.slow
