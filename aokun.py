@@ -5671,6 +5671,8 @@ class Recall:
                             "max_answer_tokens); get_memory reads each whole")
         if not results and not warnings:  # no memory holds a word of it (or none stood then)
             warnings.append("nothing found" + (f" as of {as_of_iso}" if as_of_iso else ""))
+        if self.damage:  # served from what is still readable: the user should run doctor
+            warnings.append("the database file is damaged: memories may be missing (doctor)")
         facts, conversations = self._recall_extras(query, k, persona, as_of_iso,
                                                     include_conversations, project, scope)
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent,
@@ -7102,6 +7104,8 @@ class Maintenance:
         except apsw.FullError:
             raise DiskFull(f"the disk holding {dest.parent} is full: the backup was not made; "
                            "free some space or name another folder") from None
+        except (apsw.CorruptError, apsw.NotADBError) as e:  # the source's pages, read for the copy
+            raise self.damaged(e) from None
         finally:
             target.close()
             if not made:  # a copy that failed (a full disk) leaves no .part behind
@@ -13506,7 +13510,11 @@ class AokunGroup(click.Group):
     def invoke(self, ctx: click.Context):
         """click.Group.invoke (parse the subcommand, run it) under _one_line_errors."""
         with _one_line_errors():
-            return super().invoke(ctx)
+            out = super().invoke(ctx)
+        mem = getattr(ctx.obj, "_mem", None)
+        if ctx.parent is None and mem is not None and mem.damage:  # a read of a damaged file
+            click.echo(f"Warning: {mem.damaged(mem.damage).render(command_line)}", err=True)
+        return out
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         """click's parse, the root's --db/--config also taken after the command (`serve --db X`),
@@ -14298,6 +14306,8 @@ def cli_export(state, fmt, persona, since, out_path):
             click.echo(line, nl=False)
         return
     dest = Path(out_path).expanduser()
+    if dest.exists():  # an older export, a backup, the database itself: never written over
+        raise AokunError(f"{dest} already exists; choose a new file name for the export")
     tmp = dest.with_name(dest.name + ".partial")
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
@@ -14308,6 +14318,8 @@ def cli_export(state, fmt, persona, since, out_path):
         os.replace(tmp, dest)
     except OSError as e:
         raise AokunError(f"cannot write {dest}: {e.strerror or e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     click.echo(f"{n - 1} records in {dest}", err=True)
 
 

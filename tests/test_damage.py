@@ -15,6 +15,7 @@ from pathlib import Path
 
 import apsw
 import pytest
+from click.testing import CliRunner
 
 import aokun
 from fakes import FakeEmbedder
@@ -166,8 +167,32 @@ def test_restore_needs_no_doctor_first_and_only_this_files_backups_are_named(tmp
     assert f"restore {backup} --yes" in doctor.stdout and str(other) not in doctor.stdout
 
 
+def test_a_read_of_a_file_found_damaged_says_so(tmp_path, cfg, segmenter, open_mem, monkeypatch):
+    """Damage found by one process (the marker) on pages a read does not touch: recall and the
+    CLI's reads answer what is readable and say the file is damaged; doctor clears a false one."""
+    db = tmp_path / "a.db"
+    _made(db, cfg, segmenter)
+    (tmp_path / "a.db-damaged").write_text("database disk image is malformed", encoding="utf-8")
+    m = open_mem(db, cfg=cfg)
+    out = m.recall("How many herons did Mika count?", k=3)
+    assert out["results"] and any("damaged" in w for w in out["warnings"]), out["warnings"]
+    ini = tmp_path / "aokun.ini"
+    ini.write_text(f"[embedding]\nprovider = none\n[backup]\ndir = {tmp_path / 'backups'}\n",
+                   encoding="utf-8")
+    monkeypatch.setattr(aokun, "Segmenter", lambda *a, **k: segmenter)
+    for args in (["list"], ["stats"]):
+        r = CliRunner().invoke(aokun.cli, ["--db", str(db), "--config", str(ini), *args],
+                               catch_exceptions=False)
+        assert r.exit_code == 0 and "herons" in r.stdout or args == ["stats"], r.output
+        said = r.stderr.strip().splitlines()
+        assert len(said) == 1 and said[0].startswith("Warning: database") \
+            and "damaged" in said[0] and "restore" in said[0], said
+    assert m.doctor() == [] or "damaged" not in " ".join(m.doctor())  # sound: the marker goes
+    assert not (tmp_path / "a.db-damaged").exists()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [["serve"], ["stats"], ["doctor"]])
+@pytest.mark.parametrize("args", [["serve"], ["stats"], ["doctor"], ["backup"]])
 def test_a_truncated_file_is_one_line(tmp_path, segmenter, args):
     ini = write_ini(tmp_path)
     good = tmp_path / "good.db"

@@ -227,6 +227,17 @@ def test_cli_round_trip_through_files(tmp_path):
     assert out["memory"]["added"] == 1 and out["triple"]["added"] == 1
     assert cli("b.db", "export") == (tmp_path / "a.jsonl").read_text(encoding="utf-8")
     assert "1 notes" in cli("b.db", "export", "--format", "markdown", "--out", str(tmp_path / "md"))
+    # an existing file, the database itself above all, is never written over
+    for name in ("a.jsonl", "b.db"):
+        before = (tmp_path / name).read_bytes()
+        r = subprocess.run([sys.executable, str(aokun.HERE / "aokun.py"), "--db",
+                            str(tmp_path / "b.db"), "--config", str(ini), "export", "--out",
+                            str(tmp_path / name)], capture_output=True, text=True,
+                           encoding="utf-8")
+        assert r.returncode == 1 and "already exists" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+        assert (tmp_path / name).read_bytes() == before
+    assert not list(tmp_path.glob("*.partial"))
 
 
 STALLING_IMPORT = r"""

@@ -48,6 +48,7 @@ def exported(tmp: Path, db: Path) -> list[dict]:
     """The file's JSONL export (`export --out`), without the PER_DEVICE fields, in a stable
     order."""
     out = tmp / "export.jsonl"
+    out.unlink(missing_ok=True)  # export never writes over a file
     run(tmp, db, "export", "--out", out)
     recs = [{k: v for k, v in json.loads(line).items() if k not in PER_DEVICE}
             for line in out.read_text(encoding="utf-8").splitlines()]
