@@ -281,7 +281,9 @@ _WORD = re.compile(r"\w", re.UNICODE)
 _LETTER = re.compile(r"[^\W\d_]")  #: a letter of any script
 _CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
 _HAN_RUN = re.compile(r"[\u4e00-\u9fff]+")  #: a run of Chinese characters (names_found)
-_SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])\s+")
+_SENTENCE_END = re.compile(  # a period after a title or an initial ends nothing: St. Mary's, J. Li
+    r"(?<=[。！？!?；;\n])|(?<=[.])" + "".join(rf"(?<!\b{a}\.)" for a in (
+        "Mr", "Ms", "Dr", "St", "Jr", "Sr", "Mt", "Mrs", "Prof", "No", "vs", "[A-Z]")) + r"\s+")
 _CLAUSE = re.compile(r"[^.!?。！？\n]*[.!?。！？\n]?")  #: a sentence and its end (linear)
 _SPACE = re.compile(r"\s")
 
@@ -734,7 +736,7 @@ class Config:
         """Read the ini file at `path` into `parser`. AokunError (one line) when it cannot be read
         or is not an ini file."""
         try:
-            parser.read_string(path.read_text(encoding="utf-8"), source=str(path))
+            parser.read_string(path.read_text(encoding="utf-8-sig"), source=str(path))
         except configparser.MissingSectionHeaderError as e:
             raise AokunError(f"{path} line {e.lineno}: {echo(e.line.strip())} comes before any "
                              "[section] header; settings go under one, like [storage]") from None
@@ -2489,6 +2491,9 @@ SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计
 #: where Layers._clauses splits a sentence of the user's slot into facts that retire one by one
 CLAUSE_BREAK = re.compile(r"\s*[，,;；]\s*|\s+and\s+")
 #: the possessive before a relative that Rules.slot drops from a subject (my sister, 用户的妹妹)
+#: Rules.other_relative: a relative's word of these groups speaks of each member too
+KIN_GROUPS = {"child": ("son", "daughter"), "parents": ("mother", "father"),
+              "partner": ("wife", "husband", "boyfriend", "girlfriend")}
 SUBJECT_OWNER = re.compile(r"^(?:(?:my|our|(?:the )?user's)\s+|(?:我|用户)的?(?=.))")
 #: rules/relevance.toml
 RELEVANCE_WEIGHTS = ("w_margin", "w_cover", "bias", "margin_only_w", "margin_only_bias")
@@ -2774,6 +2779,20 @@ class Rules:
         """The keys of rules/lexicon.toml's concepts a text says (found once per text), in either
         language, but those of the words in `skip`."""
         return self._said(text) - {self.concept_of.get(w) for w in skip}
+
+    def other_relative(self, variants: dict, tokens: set, text: str) -> bool:
+        """Whether a memory (its `tokens`, its `text` lower-cased) names a relative of another kind
+        than a question's (`variants`: Recall._kin's words and names) and none of its words or
+        names: "Does my son have allergies?" is not answered by "My daughter Sophie is allergic…";
+        a group holds its members (child: son, parents: mother, partner: wife)."""
+        kin = self.slot_subject
+        asked = {kin.get(w) for ws in variants.values() for w in ws} - {None}
+        if not asked or any(w in tokens or (len(w) > 2 or _CJK.search(w)) and w in text
+                            for ws in variants.values() for w in ws):
+            return False
+        named = {kin.get(SUBJECT_OWNER.sub("", t)) for t in tokens} - {None, "", "user"}
+        return any(not ({k, *KIN_GROUPS.get(k, ())} & {a, *KIN_GROUPS.get(a, ())})
+                   for k in named for a in asked)
 
     def others_fact(self, text: str, people, seg) -> bool:
         """Whether a memory states someone else's fact: it leads with a relative or friend ("User's
@@ -4652,9 +4671,10 @@ class Journal:
                 {"document_id": p.document_id, "persona_id": p.persona_id, "k": MAY_UPDATE_MAX})}
             told = set(slotted) | set(p.supersedes)  # what supersedes named is done already
             day = self._same_day_rivals(p, told)  # one alone linked: in p.supersedes
-            events = [d for d in day if d[0] not in p.supersedes] + self._event_rivals(
-                p, told | {i for i, _ in day})
-            if len(slotted) + len(events) < MAY_UPDATE_MAX:
+            events = [d for d in day if d[0] not in p.supersedes]
+            if not slotted:  # a changed slot is the change it says ("我换工作了，现在在…")
+                events += self._event_rivals(p, told | {i for i, _ in day})
+            if not slotted and len(events) < MAY_UPDATE_MAX:
                 events += self._near_rival(p, told | {i for i, _ in day + events})
         except (apsw.Error, EmbeddingError, DiskFull) as e:  # it is stored: a hint less
             log.warning("no update hint for memory %s: %s", p.document_id, e)
@@ -6002,9 +6022,11 @@ class Recall:
                 docs[i]["topics"])))) - set(self.seg.tokens(docs[i]["content"]))  # "what food…"
             parts[i].update(hit_relevance(about, doc_tokens - labels, vectors.get(i), coef,
                                           self.seg, content))
-            if coef and mine and not about["who"] and parts[i]["evidence"] and (
-                    self.rules.others_fact(content, people, self.seg)):  # "What am I allergic
-                parts[i].update(evidence=False, relevance=0.0)  # to?": not Priya's
+            if coef and parts[i]["evidence"] and (mine and not about["who"] and (
+                    self.rules.others_fact(content, people, self.seg)) or  # "What am I allergic
+                    self.rules.other_relative(about["variants"], doc_tokens,  # to?": not Priya's
+                                              content.lower())):
+                parts[i].update(evidence=False, relevance=0.0)
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(
                     parts[i]["margin"], 1.0, coef))

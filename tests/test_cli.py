@@ -217,6 +217,12 @@ def test_config_outside_the_repo_uses_the_bundled_rules(tmp_path):
     assert r.stderr == f"aokun: created a new database {tmp_path / 'x.db'}{aokun.HISTORY_OPT_IN}\n"
 
 
+def test_a_config_saved_with_a_byte_order_mark_is_read(tmp_path):
+    p = tmp_path / "notepad.ini"  # Windows Notepad's UTF-8 begins with U+FEFF
+    p.write_text("\ufeff[recall]\nmin_relevance = 0.3\n", encoding="utf-8")
+    assert aokun.Config(p).recall.min_relevance == 0.3
+
+
 def test_feedback_marks_memories_useful_or_not(run):
     assert run("memorize", "Kim plays chess on Tuesdays").output.strip() == "1"
     out = run("feedback", "1").output

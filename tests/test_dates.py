@@ -112,6 +112,12 @@ def test_a_planned_atom_expires_after_its_event(open_mem, tmp_path, monkeypatch,
     assert not mem.search_atoms(text, k=3)["results"], "and not after it"
 
 
+def test_a_title_or_an_initial_ends_no_fact():
+    said = "I work as a nurse at St. Mary's Hospital. Dr. Li met J. K. Rowling. 我在利兹。"
+    assert aokun.split_sentences(said, 9) == [
+        "I work as a nurse at St. Mary's Hospital.", "Dr. Li met J. K. Rowling.", "我在利兹。"]
+
+
 def test_forget_preview_waits_for_the_event(open_mem, tmp_path, monkeypatch):
     monkeypatch.setenv("AOKUN_NOW", "2026-12-02T10:00:00Z")
     mem = open_mem(tmp_path / "t.db", cfg=_utc("", tmp_path))

@@ -113,6 +113,29 @@ async def test_a_question_about_the_user_gets_no_named_persons_fact(client):
     assert got and got[0] == "王芳对芒果过敏。", got
 
 
+#: relatives of one user, of different kinds, in both languages (made up for this file)
+KIN = [("My daughter Sophie is 7 and is allergic to peanuts.", ["Sophie"]),
+       ("我儿子小明喜欢踢足球，每周六上午训练。", []), ("我弟弟在成都当医生。", []),
+       ("Our kids both love swimming.", [])]
+
+
+@pytest.mark.slow
+async def test_a_question_about_one_relative_gets_no_other_relatives_fact(tmp_path, segmenter,
+                                                                        local_embedder):
+    """"Does my son have any allergies?" is not answered by the daughter's allergy (the same
+    words, another relative); each relative's own fact still comes first, asked across languages,
+    and a word for the group (kids) speaks of each of them."""
+    async for c in serve(tmp_path, segmenter, local_embedder, memories=KIN):
+        for query in ("Does my son have any allergies?", "我儿子对什么过敏？"):
+            assert KIN[0][0] not in await texts(c, query), query
+        for query, memory in (("What is my daughter allergic to?", 0), ("我女儿对什么过敏？", 0),
+                              ("What sport does my son play?", 1), ("我儿子周末干什么？", 1),
+                              ("Where does my brother work?", 2),
+                              ("Does my son like swimming?", 3)):
+            got = await texts(c, query)
+            assert KIN[memory][0] in got[:2], (query, got)
+
+
 #: memories an assistant stored in its user's name (made up for this file)
 OWN_NAME = [("Zhang Wei is allergic to peanuts.", []), ("Zhang Wei drives a BYD Han.", []),
             ("Zhang Wei lives in Hangzhou with his cat.", []),

@@ -65,6 +65,18 @@ def test_time_window_of_each_phrase(monkeypatch, words, query, start, end):
     assert got is not None and got[:2] == _days(start, end), got
 
 
+@pytest.mark.parametrize("query, start, end", [
+    ("What are my plans in February?", "2027-02-01", "2027-03-01"),  # plans: the coming one
+    ("二月份有什么计划？", "2027-02-01", "2027-03-01"),
+    ("What were my plans in March?", "2026-03-01", "2026-04-01"),  # ... unless they were
+    ("What did I do in February?", "2026-02-01", "2026-03-01"),
+])
+def test_a_month_of_plans_is_the_coming_one(monkeypatch, mem, query, start, end):
+    monkeypatch.setenv("AOKUN_NOW", NOW)  # the tense of a question, as recall reads it
+    got = aokun.time_window(query, aokun.now(), mem.rules.time_words, UTC)
+    assert got is not None and got[:2] == _days(start, end), got
+
+
 def test_last_night_is_the_evening_before(monkeypatch, words):
     monkeypatch.setenv("AOKUN_NOW", NOW)
     for q in ("what did we talk about last night", "昨晚"):

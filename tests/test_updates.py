@@ -165,6 +165,22 @@ async def test_the_trial_across_languages_with_the_local_model(tmp_path, segment
 
 
 @pytest.mark.slow
+async def test_a_job_named_with_a_title_changes_in_chinese(tmp_path, segmenter):
+    """The second trial: "I work as a nurse at St. Mary's Hospital…" is one fact (St. ends no
+    sentence) of an employer; "我换工作了，现在在利兹总医院当护士长。" updates it, not the check-up
+    at a hospital (its 换 is the job's change, no event's)."""
+    async with Client(local_server(tmp_path, segmenter)) as c:
+        old = (await call(c, "memorize", {
+            "content": "I work as a nurse at St. Mary's Hospital in Manchester."}))["id"]
+        await call(c, "memorize", {"content": "下周三我要去医院复查膝盖。"})
+        r = await call(c, "memorize", {"content": "我换工作了，现在在利兹总医院当护士长。"})
+        assert [u["id"] for u in r["may_update"]] == [old], r
+        for query in ("Where do I work now?", "我现在在哪里上班？"):
+            found = [(h["id"], h.get("replaced_by")) for h in await hits(c, query)]
+            assert found[:1] == [(r["id"], None)] and (old, r["id"]) in found, (query, found)
+
+
+@pytest.mark.slow
 async def test_a_question_for_a_slot_finds_the_current_value_in_other_words(tmp_path, segmenter):
     """"我现在家在哪个区？" shares no word with "用户搬去了江北" and the local model's meaning is
     weak: the question asks for the slot (lives_in) the newer memory's current atom fills."""
