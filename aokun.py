@@ -132,8 +132,7 @@ DATE_CHARS = len("2026-11-30")  #: the date part of an ISO-8601 timestamp
 JOURNAL_STAGES = ("pending", "docs_done", "atoms_done", "graph_done", "done")
 #: Tools listed by default: the frequent ones. [server] exposed_tools lists more, or `all`.
 DEFAULT_TOOLS = ("memorize", "recall", "memory_feedback", "get_memory", "edit_memory",
-                 "delete_memory", "memory_context", "conversation_search",
-                 "conversation_get_session")
+    "delete_memory", "memory_context", "conversation_search", "conversation_get_session")
 
 log = logging.getLogger("aokun")
 
@@ -281,9 +280,8 @@ _WORD = re.compile(r"\w", re.UNICODE)
 _LETTER = re.compile(r"[^\W\d_]")  #: a letter of any script
 _CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef\u3000-\u303f]")
 _HAN_RUN = re.compile(r"[\u4e00-\u9fff]+")  #: a run of Chinese characters (names_found)
-_SENTENCE_END = re.compile(  # a period after a title or an initial ends nothing: St. Mary's, J. Li
-    r"(?<=[。！？!?；;\n])|(?<=[.])" + "".join(rf"(?<!\b{a}\.)" for a in (
-        "Mr", "Ms", "Dr", "St", "Jr", "Sr", "Mt", "Mrs", "Prof", "No", "vs", "[A-Z]")) + r"\s+")
+_SENTENCE_END = re.compile(r"(?<=[。！？!?；;\n])|(?<=[.])" + "".join(rf"(?<!\b{a}\.)" for a in (
+    "Mr", "Ms", "Dr", "St", "Jr", "Sr", "Mt", "Mrs", "Prof", "No", "vs", "[A-Z]")) + r"\s+")  # St.
 _CLAUSE = re.compile(r"[^.!?。！？\n]*[.!?。！？\n]?")  #: a sentence and its end (linear)
 _SPACE = re.compile(r"\s")
 
@@ -1654,9 +1652,8 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
 
 #: rules/dates.toml rule kinds
 EVENT_DATE_KINDS = ("ymd", "dm_or_md", "md", "dom", "ym", "y", "quarter", "day", "in", "ago",
-                    "weekday", "weekday_near", "week", "weekend", "month", "month_start",
-                    "month_end", "year", "year_end", "named_month", "lunar", "festival",
-                    "nth_weekday")
+    "weekday", "weekday_near", "week", "weekend", "month", "month_start", "month_end", "year",
+    "year_end", "named_month", "lunar", "festival", "nth_weekday")
 #: 1..99 in Chinese numerals
 _ZH_NUMERAL = "(?:[一二三四五六七八九]?十[一二三四五六七八九]?|[一二两三四五六七八九])"
 
@@ -2491,8 +2488,7 @@ SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计
 #: where Layers._clauses splits a sentence of the user's slot into facts that retire one by one
 CLAUSE_BREAK = re.compile(r"\s*[，,;；]\s*|\s+and\s+")
 #: the possessive before a relative that Rules.slot drops from a subject (my sister, 用户的妹妹)
-#: Rules.other_relative: a relative's word of these groups speaks of each member too
-KIN_GROUPS = {"child": ("son", "daughter"), "parents": ("mother", "father"),
+KIN_GROUPS = {"child": ("son", "daughter"), "parents": ("mother", "father"),  #: other_relative
               "partner": ("wife", "husband", "boyfriend", "girlfriend")}
 SUBJECT_OWNER = re.compile(r"^(?:(?:my|our|(?:the )?user's)\s+|(?:我|用户)的?(?=.))")
 #: rules/relevance.toml
@@ -2781,16 +2777,18 @@ class Rules:
         return self._said(text) - {self.concept_of.get(w) for w in skip}
 
     def other_relative(self, variants: dict, tokens: set, text: str) -> bool:
-        """Whether a memory (its `tokens`, its `text` lower-cased) names a relative of another kind
-        than a question's (`variants`: Recall._kin's words and names) and none of its words or
-        names: "Does my son have allergies?" is not answered by "My daughter Sophie is allergic…";
-        a group holds its members (child: son, parents: mother, partner: wife)."""
+        """Whether a memory (its `tokens`, `text` lower-cased) names the user's relative (my, our,
+        我, 用户) of another kind than a question's (`variants`: Recall._kin's words and names) and
+        none of theirs: "Does my son have allergies?" is not "My daughter Sophie is allergic…"."""
         kin = self.slot_subject
         asked = {kin.get(w) for ws in variants.values() for w in ws} - {None}
         if not asked or any(w in tokens or (len(w) > 2 or _CJK.search(w)) and w in text
                             for ws in variants.values() for w in ws):
             return False
-        named = {kin.get(SUBJECT_OWNER.sub("", t)) for t in tokens} - {None, "", "user"}
+        owned = self.__dict__.setdefault("_owned_kin", re.compile(  # not Callum's wife
+            r"(?:\b(?:my|our|user's)\s+(?:\w+\s+)?|(?:我|用户)的?)(%s)(?![a-z])" % "|".join(
+                map(re.escape, sorted(kin, key=len, reverse=True)))))
+        named = {kin.get(m[1]) for m in owned.finditer(text)} - {None, "", "user"}
         return any(not ({k, *KIN_GROUPS.get(k, ())} & {a, *KIN_GROUPS.get(a, ())})
                    for k in named for a in asked)
 
@@ -2904,8 +2902,7 @@ class Prepared:
     facts: list = field(default_factory=list)  # key_facts, or sentences of the content
     supersedes: list = field(default_factory=list)  # ids of memories it replaces, linked to it
     project: str = ""  # project_of() of its project, '' for global
-    # pipeline state, not part of the payload
-    op: str = "insert"
+    op: str = "insert"  # pipeline state, not part of the payload
     op_id: int | None = None
     status: str = "pending"
     document_id: int | None = None
@@ -4671,9 +4668,8 @@ class Journal:
                 {"document_id": p.document_id, "persona_id": p.persona_id, "k": MAY_UPDATE_MAX})}
             told = set(slotted) | set(p.supersedes)  # what supersedes named is done already
             day = self._same_day_rivals(p, told)  # one alone linked: in p.supersedes
-            events = [d for d in day if d[0] not in p.supersedes]
-            if not slotted:  # a changed slot is the change it says ("我换工作了，现在在…")
-                events += self._event_rivals(p, told | {i for i, _ in day})
+            events = [d for d in day if d[0] not in p.supersedes] + ([] if slotted else  # its
+                self._event_rivals(p, told | {i for i, _ in day}))  # change: a slot (我换工作了…)
             if not slotted and len(events) < MAY_UPDATE_MAX:
                 events += self._near_rival(p, told | {i for i, _ in day + events})
         except (apsw.Error, EmbeddingError, DiskFull) as e:  # it is stored: a hint less
@@ -4870,8 +4866,7 @@ class Journal:
                     for p in todo:
                         self._advance(p, status, fn, vectors)
             except Exception as batch_error:
-                # retry one by one so one bad item cannot block the rest
-                if len(todo) == 1:
+                if len(todo) == 1:  # retry one by one so one bad item cannot block the rest
                     todo[0].status = status  # the stage rolled back (a full disk at commit)
                     self._record_failure(todo[0], batch_error)
                     continue
@@ -4940,8 +4935,7 @@ class Journal:
             p.warnings.append(f"not stored: {error}")
             return
         if p.status == "pending" and p.op == "insert" and not p.recovering:
-            # the caller is told it failed: it must not be stored by a later recovery
-            try:
+            try:  # the caller is told it failed: it must not be stored by a later recovery
                 with self.tx():
                     self.conn.execute("update memory_write_ops set status = 'failed', error = ?, "
                                       "updated_at = ? where id = ?",
@@ -6022,10 +6016,9 @@ class Recall:
                 docs[i]["topics"])))) - set(self.seg.tokens(docs[i]["content"]))  # "what food…"
             parts[i].update(hit_relevance(about, doc_tokens - labels, vectors.get(i), coef,
                                           self.seg, content))
-            if coef and parts[i]["evidence"] and (mine and not about["who"] and (
-                    self.rules.others_fact(content, people, self.seg)) or  # "What am I allergic
-                    self.rules.other_relative(about["variants"], doc_tokens,  # to?": not Priya's
-                                              content.lower())):
+            if coef and parts[i]["evidence"] and (mine and not about["who"] and (  # "What am I
+                    self.rules.others_fact(content, people, self.seg)) or self.rules.other_relative(
+                    about["variants"], doc_tokens, content.lower())):  # allergic to?": not Priya's
                 parts[i].update(evidence=False, relevance=0.0)
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(
@@ -9145,8 +9138,7 @@ EXPORT_FIELDS = {
     "triple": ("uid", "persona_id", "subject", "predicate", "object", "valid_from", "valid_to",
                "confidence", "source_memory", "created_at", "updated_at"),
     "session": ("uid", "persona_id", "source", "session_id", "project", "title",
-                "first_user_message", "started_at", "ended_at", "turn_count", "created_at",
-                "updated_at"),
+        "first_user_message", "started_at", "ended_at", "turn_count", "created_at", "updated_at"),
     "turn": ("uid", "session", "persona_id", "source", "turn_key", "seq", "role", "created_at",
              "text"), "consolidation": ("survivor", "members", "previous", "created_at"),
     "tombstone": ("uid", "table_name", "deleted_at")}
@@ -10022,8 +10014,7 @@ def changeset_changes(payload: bytes) -> list[tuple]:
                 changes.append(("DELETE", *ch.old[:4], None, None))
                 continue
             kind, uid = (ch.new if ch.op == "INSERT" else ch.old)[:2]
-            # no_change: the stamp stayed
-            stamp, rec = _change_value(ch, 2), json.loads(ch.new[4])
+            stamp, rec = _change_value(ch, 2), json.loads(ch.new[4])  # no_change: the stamp stayed
             key, field = SYNC_KINDS.get(kind, ("", ""))
             if kind not in SYNC_KINDS or not isinstance(rec, dict) or rec.get("kind") != kind \
                     or rec.get(key) != uid \
@@ -10682,8 +10673,7 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
         if self.conn.aokun_rank:  # bm25(t) as aokun_bm25(t, 't'), the same scores (and readers)
             self.queries = ranked_queries(self.queries)
         self.epoch = 0  # commits through tx(): what the recall cache keys on (Store owns it)
-        # text and rules (Layers, Journal, Recall read them)
-        t = self.cfg.text
+        t = self.cfg.text  # text and rules (Layers, Journal, Recall read them)
         jieba_cache = self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None
         self.seg = Segmenter(self.cfg.rule_file(t.stopwords), self.cfg.rule_file(t.userdict),
                              jieba_cache)  # tokens
@@ -13533,8 +13523,7 @@ class AokunGroup(click.Group):
         """click.Group.invoke (parse the subcommand, run it) under _one_line_errors."""
         with _one_line_errors():
             out = super().invoke(ctx)
-        mem = getattr(ctx.obj, "_mem", None)
-        if ctx.parent is None and mem is not None and mem.damage:  # a read of a damaged file
+        if ctx.parent is None and (mem := getattr(ctx.obj, "_mem", None)) and mem.damage:  # read
             click.echo(f"Warning: {mem.damaged(mem.damage).render(command_line)}", err=True)
         return out
 
@@ -13771,9 +13760,8 @@ def cli_show(state, memory_id, persona, as_json):
     if as_json:
         return _echo_json(d)
     for k in ("id", "persona_id", "session_id", "created_at", "updated_at", "importance", "pinned",
-              "archived", "source", "summary", "topics", "participants", "key_facts", "tags",
-              "embedding_state", "superseded_by", "supersedes", "event_at", "event_end",
-              "dates_skipped"):
+        "archived", "source", "summary", "topics", "participants", "key_facts", "tags",
+        "embedding_state", "superseded_by", "supersedes", "event_at", "event_end", "dates_skipped"):
         if d.get(k) not in ("", [], None):
             click.echo(f"{k:>15}: {d[k]}")
     click.echo(f"{'content':>15}: {d['content']}")
