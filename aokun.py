@@ -1620,7 +1620,7 @@ def time_match(d: dict, window: tuple) -> str | None:
     """Which time of memory `d` (created_at, event_at, event_end) falls in the question's window:
     'written', 'event', 'written+event', or None."""
     written = window[0] <= d["created_at"] < window[1]
-    event = event_distance_days(d.get("event_at"), d.get("event_end"), window) == 0.0
+    event = bool(d.get("event_end")) and d["event_at"] < window[1] and window[0] < d["event_end"]
     return "+".join(x for x, on in (("written", written), ("event", event)) if on) or None
 
 
@@ -5789,10 +5789,11 @@ class Recall:
     def _search_words(self, query: str, ref: dt.datetime) -> tuple[list[str], tuple | None]:
         """(search tokens, time window) of a query: the window of its last line's time words
         (time_window), and its tokens without that phrase unless its rule keeps them ('3 days ago'
-        says when, not what; 'in June' also says what)."""
+        says when, not what; 'in June' also says what, 'on June 3' does not)."""
         window = time_window(query.rsplit("\n", 1)[-1], ref, self.rules.time_words,
                              local_tz(self.cfg.forgetting.timezone))
-        if window is None or window.keep_words:
+        if window is None or window.keep_words and _parse_iso(window[1]) - _parse_iso(
+                window[0]) > dt.timedelta(hours=25):  # a day says when; a month, what too
             return self.seg.tokens(query), window
         at = query.rfind(window[2])  # the query is folded (query_text), as time_window saw it
         return self.seg.tokens(query[:at] + " " + query[at + len(window[2]):]), window
@@ -6001,6 +6002,7 @@ class Recall:
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
+        day = q.window and _parse_iso(q.window[1]) - _parse_iso(q.window[0]) < dt.timedelta(2)
         slots = self.rules.asked_slots(q.text) if mine and not about["howto"] else ()
         filled = {r["doc_id"] for r in self.rows(self.queries["recall_slots"], {
             "ids": json.dumps(list(pool)), "subjects": json.dumps(["user", *{  # Zhang Wei: wei
@@ -6018,7 +6020,8 @@ class Recall:
                                           self.seg, content))
             if coef and parts[i]["evidence"] and (mine and not about["who"] and (  # "What am I
                     self.rules.others_fact(content, people, self.seg)) or self.rules.other_relative(
-                    about["variants"], doc_tokens, content.lower())):  # allergic to?": not Priya's
+                    about["variants"], doc_tokens, content.lower())  # allergic to?": not Priya's
+                    or day and docs[i]["event_at"] and not parts[i]["time_match"]):  # another day
                 parts[i].update(evidence=False, relevance=0.0)
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(

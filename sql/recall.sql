@@ -277,7 +277,7 @@ where d.id in (select value from json_each(:ids));
 -- name: recall_documents
 -- The fields MMR and the answer need, for the best candidates only.
 select d.id, d.persona_id, d.session_id, d.content, d.summary, d.topics, d.participants, d.source,
-       d.importance, d.created_at, d.pinned, d.archived, f.segmented
+       d.importance, d.created_at, d.event_at, d.pinned, d.archived, f.segmented
 from documents d join documents_fts f on f.rowid = d.id
 where d.id in (select value from json_each(:ids));
 
