@@ -400,7 +400,6 @@ def user_cache_dir() -> Path | None:
                "without its cache (about 1 s more per start) and keyword matches rank with "
                "bm25() (the same results, slower); set XDG_CACHE_HOME or [text] jieba_cache_dir "
                "to a writable folder")
-    return None
 
 
 @functools.cache
@@ -1642,7 +1641,7 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
                 span = _time_span(spec, m, today, words, tz, ahead) if m else None
             if span:
                 window = TimeWindow((iso(span[0]), iso(span[1]), span[2] if span[2:] else m[0]))
-                window.keep_words = bool(spec.get("keep_words"))
+                window.keep_words = spec.get("keep_words") and not re.search(r"\d", window[2])
                 found.append((window, spec["kind"]))
                 break
     narrower = [w for w, _ in found[1:] if found[0][1] not in ("before", "rest")
@@ -5685,8 +5684,7 @@ class Recall:
                             "max_answer_tokens); get_memory reads each whole")
         if not results and not warnings:  # no memory holds a word of it (or none stood then)
             warnings.append("nothing found" + (f" as of {as_of_iso}" if as_of_iso else ""))
-        if self.damage:  # served from what is still readable: the user should run doctor
-            warnings.append("the database file is damaged: memories may be missing (doctor)")
+        warnings += ["the file is damaged: memories may be missing (doctor)"] * bool(self.damage)
         facts, conversations = self._recall_extras(query, k, persona, as_of_iso,
                                                     include_conversations, project, scope)
         out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent,
@@ -5792,8 +5790,7 @@ class Recall:
         says when, not what; 'in June' also says what, 'on June 3' does not)."""
         window = time_window(query.rsplit("\n", 1)[-1], ref, self.rules.time_words,
                              local_tz(self.cfg.forgetting.timezone))
-        if window is None or window.keep_words and _parse_iso(window[1]) - _parse_iso(
-                window[0]) > dt.timedelta(hours=25):  # a day says when; a month, what too
+        if window is None or window.keep_words:  # a day's words say when; a month's, what too
             return self.seg.tokens(query), window
         at = query.rfind(window[2])  # the query is folded (query_text), as time_window saw it
         return self.seg.tokens(query[:at] + " " + query[at + len(window[2]):]), window
@@ -6002,7 +5999,6 @@ class Recall:
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
-        day = q.window and _parse_iso(q.window[1]) - _parse_iso(q.window[0]) < dt.timedelta(2)
         slots = self.rules.asked_slots(q.text) if mine and not about["howto"] else ()
         filled = {r["doc_id"] for r in self.rows(self.queries["recall_slots"], {
             "ids": json.dumps(list(pool)), "subjects": json.dumps(["user", *{  # Zhang Wei: wei
@@ -6021,7 +6017,8 @@ class Recall:
             if coef and parts[i]["evidence"] and (mine and not about["who"] and (  # "What am I
                     self.rules.others_fact(content, people, self.seg)) or self.rules.other_relative(
                     about["variants"], doc_tokens, content.lower())  # allergic to?": not Priya's
-                    or day and docs[i]["event_at"] and not parts[i]["time_match"]):  # another day
+                    or q.window and re.search(r"\d", q.window[2]) and docs[i]["event_at"] and not (
+                        parts[i]["time_match"])):  # another time than the date asked ("Dec 11")
                 parts[i].update(evidence=False, relevance=0.0)
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(

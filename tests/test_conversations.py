@@ -481,12 +481,18 @@ MORE_FORMS = [
     ("my password is hunter2", "my password is [REDACTED:password]"),  # said in prose
     ("我的密码是 hunter2", "我的密码是 [REDACTED:password]"),
     ("WiFi密码：Tr0ub4dor3", "WiFi密码：[REDACTED:password]"),
+    ("My password for the bank is Tr0ub4dor&3 and my PIN is 4821.",  # the second trial's
+     "My password for the bank is [REDACTED:password] and my PIN is [REDACTED:password]."),
+    ("My Gmail login is sophie.mum@gmail.com with password Sunflower2024!",
+     "My Gmail login is sophie.mum@gmail.com with password [REDACTED:password]"),
+    ("the PIN for the card: 0000", "the PIN for the card: [REDACTED:password]"),
 ]
 #: look like assignments, are prose or placeholders: stay as written
 NOT_SECRETS = ["secret: Here is my setup", "The secret: patience.", "password: required",
                "max_tokens=4096", "token: 400", "the api_key: none yet",
                "Secret: the sauce is mostly butter", "the password is weak",
-               "my password is in the drawer", "密码是生日", "The wifi password was changed"]
+               "my password is in the drawer", "密码是生日", "The wifi password was changed",
+               "I need a password manager", "password reset link sent", "Pin the memory 1234"]
 
 
 def test_redact_catches_env_names_url_passwords_with_slash_or_at_and_cut_keys():
