@@ -28,15 +28,14 @@ only what stands under its own banner or one above it; a face uses only the engi
   shape what the model reads; lifespan, resources, transport) · panel (the settings file; web pages,
   templates in web/) · service (unit templates in service/, sd_notify, /health) · CLI (`cli_*`:
   memories, recall and graph, maintenance, conversations) · main.
-Data flow: a write is validated (Prepared, redaction) and journalled (Journal), then its stages
-run (Layers: row and FTS, atoms, graph; vectors now or by the back-fill); recall runs the channels
-(sql/recall.sql) side by side and fuses them with the ranking functions; everything else reads
-and writes the same tables. Opening a file migrates it (schema/NNNN, PRAGMA user_version), then
-runs the data steps it has not had (DATA_STEPS, meta data_version). Threads and locks: Memory's
-docstring. Errors: an AokunError names what the user can do as `hints`, which the CLI spells as a
-command line and MCP as a tool (render).
-`import aokun` loads neither the MCP SDK nor pydantic, starlette, jinja2 or uvicorn: only `serve`
-and `panel` do.
+Data flow: a write is validated (Prepared, redaction) and journalled (Journal), then its stages run
+(Layers: row and FTS, atoms, graph; vectors now or by the back-fill); recall runs the channels
+(sql/recall.sql) side by side and fuses them with the ranking functions; everything else reads and
+writes the same tables. Opening a file migrates it (schema/NNNN, PRAGMA user_version), then runs the
+data steps it has not had (DATA_STEPS, meta data_version). Threads and locks: Memory's docstring.
+Errors: an AokunError names what the user can do as `hints`, which the CLI spells as a command line
+and MCP as a tool (render). `import aokun` loads neither the MCP SDK nor pydantic, starlette, jinja2
+or uvicorn: only `serve` and `panel` do.
 
 Where SQL lives: sql/*.sql holds every read a person could want to run or tune in the sqlite3
 shell (the recall channels, and any read with a join, an FTS5 MATCH, a KNN, a range or inequality
@@ -4667,9 +4666,10 @@ class Journal:
                 {"document_id": p.document_id, "persona_id": p.persona_id, "k": MAY_UPDATE_MAX})}
             told = set(slotted) | set(p.supersedes)  # what supersedes named is done already
             day = self._same_day_rivals(p, told)  # one alone linked: in p.supersedes
-            events = [d for d in day if d[0] not in p.supersedes] + ([] if slotted else  # its
+            own = slotted or self.value(self.queries["slot_of_document"], vars(p))  # says a slot
+            events = [d for d in day if d[0] not in p.supersedes] + ([] if own else  # its
                 self._event_rivals(p, told | {i for i, _ in day}))  # change: a slot (我换工作了…)
-            if not slotted and len(events) < MAY_UPDATE_MAX:
+            if not own and len(events) < MAY_UPDATE_MAX:
                 events += self._near_rival(p, told | {i for i, _ in day + events})
         except (apsw.Error, EmbeddingError, DiskFull) as e:  # it is stored: a hint less
             log.warning("no update hint for memory %s: %s", p.document_id, e)

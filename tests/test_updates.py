@@ -165,19 +165,18 @@ async def test_the_trial_across_languages_with_the_local_model(tmp_path, segment
 
 
 @pytest.mark.slow
-async def test_a_job_named_with_a_title_changes_in_chinese(tmp_path, segmenter):
-    """The second trial: "I work as a nurse at St. Mary's Hospital…" is one fact (St. ends no
-    sentence) of an employer; "我换工作了，现在在利兹总医院当护士长。" updates it, not the check-up
-    at a hospital (its 换 is the job's change, no event's)."""
+async def test_a_changed_job_is_no_hint_of_a_changed_appointment(tmp_path, segmenter):
+    """The second trial: "我换工作了，现在在利兹总医院当护士长。" says a slot's value (its 换 is the
+    job's change); it was hinted as changing the check-up at a hospital, which an assistant
+    following the hint would have retired. A moved check-up still is one."""
     async with Client(local_server(tmp_path, segmenter)) as c:
-        old = (await call(c, "memorize", {
-            "content": "I work as a nurse at St. Mary's Hospital in Manchester."}))["id"]
-        await call(c, "memorize", {"content": "下周三我要去医院复查膝盖。"})
+        await call(c, "memorize", {
+            "content": "I work as a nurse at St. Mary's Hospital in Manchester."})
+        knee = (await call(c, "memorize", {"content": "下周三我要去医院复查膝盖。"}))["id"]
         r = await call(c, "memorize", {"content": "我换工作了，现在在利兹总医院当护士长。"})
-        assert [u["id"] for u in r["may_update"]] == [old], r
-        for query in ("Where do I work now?", "我现在在哪里上班？"):
-            found = [(h["id"], h.get("replaced_by")) for h in await hits(c, query)]
-            assert found[:1] == [(r["id"], None)] and (old, r["id"]) in found, (query, found)
+        assert knee not in [u["id"] for u in r.get("may_update", [])], r
+        r = await call(c, "memorize", {"content": "The knee check-up has been moved to Thursday."})
+        assert [u["id"] for u in r["may_update"]] == [knee], r
 
 
 @pytest.mark.slow
