@@ -2778,15 +2778,14 @@ class Rules:
         """Whether a memory (its `tokens`, `text` lower-cased) names the user's relative (my, our,
         我, 用户) of another kind than a question's (`variants`: Recall._kin's words and names) and
         none of theirs: "Does my son have allergies?" is not "My daughter Sophie is allergic…"."""
-        kin = self.slot_subject
-        asked = {kin.get(w) for ws in variants.values() for w in ws} - {None}
+        asked = {self.slot_subject.get(w) for ws in variants.values() for w in ws} - {None}
         if not asked or any(w in tokens or (len(w) > 2 or _CJK.search(w)) and w in text
                             for ws in variants.values() for w in ws):
             return False
-        owned = self.__dict__.setdefault("_owned_kin", re.compile(  # not Callum's wife
-            r"(?:\b(?:my|our|user's)\s+(?:\w+\s+)?|(?:我|用户)的?)(%s)(?![a-z])" % "|".join(
-                map(re.escape, sorted(kin, key=len, reverse=True)))))
-        named = {kin.get(m[1]) for m in owned.finditer(text)} - {None, "", "user"}
+        owned = vars(self).get("_owned_kin") or vars(self).setdefault("_owned_kin", re.compile(
+            r"(?:\b(?:my|our|user's)\s+(?:\w+\s+)?|(?:我|用户)的?)(%s)(?![a-z])" % "|".join(  # not
+                map(re.escape, sorted(self.slot_subject, key=len, reverse=True)))))  # Callum's wife
+        named = {self.slot_subject.get(m[1]) for m in owned.finditer(text)} - {None, "", "user"}
         return any(not ({k, *KIN_GROUPS.get(k, ())} & {a, *KIN_GROUPS.get(a, ())})
                    for k in named for a in asked)
 
@@ -3975,8 +3974,8 @@ class Layers:
         return atom_type, confidence
 
     def _event_columns(self, p) -> dict:
-        """{event_at, event_end}: the first date p's content names (_event_spans), else None."""
-        spans = self._event_spans(p.content, p)
+        """{event_at, event_end}: p's first date named (the last if a plan moved), else None."""
+        spans = self._event_spans(p.content, p)[::-1 if self.event_changed(p.content) else 1]
         return {"event_at": spans[0][0] if spans else None,
                 "event_end": spans[0][1] if spans else None}
 
@@ -4666,10 +4665,9 @@ class Journal:
                 {"document_id": p.document_id, "persona_id": p.persona_id, "k": MAY_UPDATE_MAX})}
             told = set(slotted) | set(p.supersedes)  # what supersedes named is done already
             day = self._same_day_rivals(p, told)  # one alone linked: in p.supersedes
-            own = slotted or self.value(self.queries["slot_of_document"], vars(p))  # says a slot
-            events = [d for d in day if d[0] not in p.supersedes] + ([] if own else  # its
+            events = [d for d in day if d[0] not in p.supersedes] + ([] if slotted else  # its
                 self._event_rivals(p, told | {i for i, _ in day}))  # change: a slot (我换工作了…)
-            if not own and len(events) < MAY_UPDATE_MAX:
+            if len(slotted) + len(events) < MAY_UPDATE_MAX:
                 events += self._near_rival(p, told | {i for i, _ in day + events})
         except (apsw.Error, EmbeddingError, DiskFull) as e:  # it is stored: a hint less
             log.warning("no update hint for memory %s: %s", p.document_id, e)
@@ -4685,10 +4683,11 @@ class Journal:
                        f"with supersedes=[{asked}] to mark it replaced"] if asked else []
 
     def _near_rival(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
-        """may_update's meaning signal: [(id, content)] of the older memory nearest `p`, when p
-        says something changed and adds nothing ([events]): not in `skip`, at cosine ≥
-        MAY_UPDATE_COSINE, no slot value of p's; else the next nearest, if it is _rival_fits."""
-        text, rules = statements(fold(p.content)), self.rules
+        """may_update's meaning signal: [(id, content)] of the older memory nearest `p`, when p says
+        something changed and adds nothing ([events]): not in `skip`, at cosine ≥ MAY_UPDATE_COSINE,
+        no slot value of p's; else the next nearest, if it is _rival_fits and, when p states a slot
+        (我换工作了…), states one too (a job's change moves no hospital appointment)."""
+        text, rules, has = statements(fold(p.content)), self.rules, self.queries["slot_of_document"]
         least = MAY_UPDATE_COSINE.get(self.embedder.model)
         if not least or not self.has_table("doc_vec") or not any(
                 rx.search(text) for rx in rules.event_change + rules.event_cue) or any(
@@ -4707,7 +4706,8 @@ class Journal:
             script = "mixed" if len(scripts) > 1 else "han" if True in scripts else "latin"
             if r["id"] in skip or theirs["agrees"] or 1 - r["raw"] < least[script]:
                 break
-            if self._rival_fits(text, fold(theirs["content"])):
+            if self._rival_fits(text, fold(theirs["content"])) and (not self.value(has, vars(
+                    p)) or self.value(has, {"document_id": r["id"]})):
                 return [(r["id"], theirs["content"])]
         return []
 
@@ -4735,8 +4735,8 @@ class Journal:
         event is on the day p says an event changed from (its first date, in digits, not one it
         changed to: sql event_same_day; "Nov 21 is off" of "11月21日部门团建…"); one alone is
         linked replaced by p, if of the other script or sharing a word not of dates or [events]."""
-        day, text = (self._event_spans(p.content, p) or [("", "", "")])[0][2], fold(p.content)
-        rows = self.rows(self.queries["event_same_day"], {"document_id": p.document_id}) if (
+        (at, end, day), text = (self._event_spans(p.content, p) or [("",) * 3])[0], fold(p.content)
+        rows = self.rows(self.queries["event_same_day"], vars(p) | {"at": at, "end": end}) if (
             self.event_changed(p.content) and re.search(r"\d", day) and not re.search(
                 r"(?:\bto|\buntil|到|成|为)\s*(?:the\s+)?$", text[:text.find(day)])) else []
         one = len(rows) == 1 and rows[0]["id"] not in skip  # tokens only then: a write's cost

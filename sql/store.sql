@@ -106,12 +106,13 @@ limit :k;
 
 -- name: event_same_day
 -- may_update's day signal: the live older memories of the persona of memory :document_id whose
--- event time starts when its own does (schema 16: the first date each names), newest first; none
--- when that memory states a single-valued slot ("Moved to Lyon on May 2" is a move, no event's).
+-- event time starts on the day [:at, :end) it says a plan changed from (the first date it
+-- names; its own event_at is the last, the new day), newest first; none when that memory states a
+-- single-valued slot ("Moved to Lyon on May 2" is a move, no event's).
 select o.id, o.content from documents n join documents o on o.persona_id = n.persona_id
-  and o.event_at = n.event_at and o.id != n.id and o.created_at <= n.created_at
+  and o.event_at = :at and o.id != n.id and o.created_at <= n.created_at
 where n.id = :document_id and o.archived = 0 and o.superseded_by is null
-  and n.event_end <= strftime('%Y-%m-%dT%H:%M:%SZ', n.event_at, '+25 hours')  -- one day
+  and :end <= strftime('%Y-%m-%dT%H:%M:%SZ', :at, '+25 hours')  -- one day
   and not exists (select 1 from atom_sources s join memory_atoms a on a.id = s.atom_id
                   where s.document_id = n.id and a.slot != '')
 order by o.created_at desc, o.id desc limit 2;
