@@ -3146,7 +3146,7 @@ class Store:
     def damaged(self, why) -> DamagedFile:
         """Record that the file is damaged (`why`) and return the DamagedFile that names the way
         out: restore the newest backup, or salvage what is readable."""
-        why = " ".join(str(why).split())[:200]
+        why = "".join(c if c.isprintable() else "?" for c in " ".join(str(why).split()))[:200]
         if self._damage is None:
             self._damage = why
             log.debug("database %s is damaged: %s", self.path, why)
@@ -7113,7 +7113,7 @@ class Maintenance:
                 with self.lock:  # finish() touches the source connection too
                     b.finish()
             if (ok := [r[0] for r in target.execute("pragma integrity_check")]) != ["ok"]:
-                raise AokunError(f"backup {dest} failed integrity_check: {ok[:3]}")
+                raise self.damaged("integrity_check: " + "; ".join(ok[:3]))  # the copy is exact
             target.pragma("journal_mode", "delete")
             made = True
         except apsw.FullError:
@@ -14293,7 +14293,7 @@ def cli_recover(state, dest):
 @click.option("--persona", help="Only this persona (default: every persona; tombstones only then).")
 @click.option("--since", help="Only what changed at or after this ISO-8601 time.")
 @click.option("--out", "out_path", metavar="PATH",
-              help="The JSONL file (default: standard output), "
+              help="The JSONL file (default, or -: standard output), "
               "or the folder of the Markdown notes (required).")
 @click.pass_obj
 def cli_export(state, fmt, persona, since, out_path):
@@ -14311,7 +14311,7 @@ def cli_export(state, fmt, persona, since, out_path):
         return
     lines = (json.dumps(rec, ensure_ascii=False) + "\n"
              for rec in mem.export_records(persona, since))
-    if not out_path:
+    if out_path in (None, "", "-"):  # standard output
         for line in lines:
             click.echo(line, nl=False)
         return

@@ -167,6 +167,20 @@ def test_restore_needs_no_doctor_first_and_only_this_files_backups_are_named(tmp
     assert f"restore {backup} --yes" in doctor.stdout and str(other) not in doctor.stdout
 
 
+def test_a_backup_of_a_damaged_index_names_the_file_damaged(tmp_path, cfg, segmenter, open_mem):
+    """An index page damaged (no read of the rows touches it): the backup's integrity_check fails
+    on the exact copy, so the file is damaged, said in one line, and every process is told."""
+    db = tmp_path / "a.db"
+    _made(db, cfg, segmenter)
+    _flip_table_pages(db, "documents_created")
+    m = open_mem(db, cfg=cfg)
+    with pytest.raises(aokun.DamagedFile) as e:
+        m.online_backup(tmp_path / "backups" / "again.db")
+    assert "is damaged (integrity_check:" in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).isprintable() and (tmp_path / "a.db-damaged").exists()
+    assert not (tmp_path / "backups" / "again.db").exists()
+
+
 def test_a_read_of_a_file_found_damaged_says_so(tmp_path, cfg, segmenter, open_mem, monkeypatch):
     """Damage found by one process (the marker) on pages a read does not touch: recall and the
     CLI's reads answer what is readable and say the file is damaged; doctor clears a false one."""

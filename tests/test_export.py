@@ -226,6 +226,7 @@ def test_cli_round_trip_through_files(tmp_path):
     out = json.loads(cli("b.db", "import", str(tmp_path / "a.jsonl"), "--json"))
     assert out["memory"]["added"] == 1 and out["triple"]["added"] == 1
     assert cli("b.db", "export") == (tmp_path / "a.jsonl").read_text(encoding="utf-8")
+    assert cli("b.db", "export", "--out", "-") == cli("b.db", "export")  # -: standard output
     assert "1 notes" in cli("b.db", "export", "--format", "markdown", "--out", str(tmp_path / "md"))
     # an existing file, the database itself above all, is never written over
     for name in ("a.jsonl", "b.db"):
