@@ -4683,11 +4683,10 @@ class Journal:
                        f"with supersedes=[{asked}] to mark it replaced"] if asked else []
 
     def _near_rival(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
-        """may_update's meaning signal: [(id, content)] of the older memory nearest `p`, when p says
-        something changed and adds nothing ([events]): not in `skip`, at cosine ≥ MAY_UPDATE_COSINE,
-        no slot value of p's; else the next nearest, if it is _rival_fits and, when p states a slot
-        (我换工作了…), states one too (a job's change moves no hospital appointment)."""
-        text, rules, has = statements(fold(p.content)), self.rules, self.queries["slot_of_document"]
+        """may_update's meaning signal: [(id, content)] of the older memory nearest `p`, when p
+        says something changed and adds nothing ([events]): not in `skip`, at cosine ≥
+        MAY_UPDATE_COSINE, no slot value of p's; else the next nearest, if it is _rival_fits."""
+        text, rules = statements(fold(p.content)), self.rules
         least = MAY_UPDATE_COSINE.get(self.embedder.model)
         if not least or not self.has_table("doc_vec") or not any(
                 rx.search(text) for rx in rules.event_change + rules.event_cue) or any(
@@ -4706,8 +4705,7 @@ class Journal:
             script = "mixed" if len(scripts) > 1 else "han" if True in scripts else "latin"
             if r["id"] in skip or theirs["agrees"] or 1 - r["raw"] < least[script]:
                 break
-            if self._rival_fits(text, fold(theirs["content"])) and (not self.value(has, vars(
-                    p)) or self.value(has, {"document_id": r["id"]})):
+            if self._rival_fits(text, fold(theirs["content"])):
                 return [(r["id"], theirs["content"])]
         return []
 

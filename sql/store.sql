@@ -61,10 +61,6 @@ where n.document_id = :document_id and n.slot != '' and d.persona_id = :persona_
 order by d.id desc
 limit :k;
 
--- name: slot_of_document
--- Whether memory :document_id states a single-valued slot's value (may_update: its change is that).
-select 1 from memory_atoms where document_id = :document_id and slot != '' limit 1;
-
 -- name: document_atom_texts
 -- The active atoms memory :document_id states, with their segmented text (_retire_contradicted).
 select a.id, f.segmented

@@ -165,21 +165,6 @@ async def test_the_trial_across_languages_with_the_local_model(tmp_path, segment
 
 
 @pytest.mark.slow
-async def test_a_changed_job_is_no_hint_of_a_changed_appointment(tmp_path, segmenter):
-    """The second trial: "我换工作了，现在在利兹总医院当护士长。" says a slot's value (its 换 is the
-    job's change); it was hinted as changing the check-up at a hospital, which an assistant
-    following the hint would have retired. A moved check-up still is one."""
-    async with Client(local_server(tmp_path, segmenter)) as c:
-        await call(c, "memorize", {
-            "content": "I work as a nurse at St. Mary's Hospital in Manchester."})
-        knee = (await call(c, "memorize", {"content": "下周三我要去医院复查膝盖。"}))["id"]
-        r = await call(c, "memorize", {"content": "我换工作了，现在在利兹总医院当护士长。"})
-        assert knee not in [u["id"] for u in r.get("may_update", [])], r
-        r = await call(c, "memorize", {"content": "The knee check-up has been moved to Thursday."})
-        assert [u["id"] for u in r["may_update"]] == [knee], r
-
-
-@pytest.mark.slow
 async def test_a_question_for_a_slot_finds_the_current_value_in_other_words(tmp_path, segmenter):
     """"我现在家在哪个区？" shares no word with "用户搬去了江北" and the local model's meaning is
     weak: the question asks for the slot (lives_in) the newer memory's current atom fills."""
