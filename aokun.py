@@ -1640,7 +1640,8 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
                 span = _time_span(spec, m, today, words, tz, ahead) if m else None
             if span:
                 window = TimeWindow((iso(span[0]), iso(span[1]), span[2] if span[2:] else m[0]))
-                window.keep_words = spec.get("keep_words") and not re.search(r"\d", window[2])
+                window.keep_words = spec.get("keep_words") and not (re.search(  # a day in digits
+                    r"\d", window[2]) and span[1] - span[0] < dt.timedelta(hours=25))
                 found.append((window, spec["kind"]))
                 break
     narrower = [w for w, _ in found[1:] if found[0][1] not in ("before", "rest")
@@ -6015,8 +6016,8 @@ class Recall:
             if coef and parts[i]["evidence"] and (mine and not about["who"] and (  # "What am I
                     self.rules.others_fact(content, people, self.seg)) or self.rules.other_relative(
                     about["variants"], doc_tokens, content.lower())  # allergic to?": not Priya's
-                    or q.window and re.search(r"\d", q.window[2]) and docs[i]["event_at"] and not (
-                        parts[i]["time_match"])):  # another time than the date asked ("Dec 11")
+                    or q.window and not q.window.keep_words and re.search(r"\d", q.window[2])
+                    and docs[i]["event_at"] and not parts[i]["time_match"]):  # another day: Dec 11
                 parts[i].update(evidence=False, relevance=0.0)
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(
