@@ -1618,7 +1618,7 @@ def time_match(d: dict, window: tuple) -> str | None:
     """Which time of memory `d` (created_at, event_at, event_end) falls in the question's window:
     'written', 'event', 'written+event', or None."""
     written = window[0] <= d["created_at"] < window[1]
-    event = bool(d.get("event_end")) and d["event_at"] < window[1] and window[0] < d["event_end"]
+    event = bool(d.get("event_end")) and d["event_at"] <= window[1] and window[0] < d["event_end"]
     return "+".join(x for x, on in (("written", written), ("event", event)) if on) or None
 
 
@@ -3976,7 +3976,8 @@ class Layers:
 
     def _event_columns(self, p) -> dict:
         """{event_at, event_end}: p's first date named (the last if a plan moved), else None."""
-        spans = self._event_spans(p.content, p)[::-1 if self.event_changed(p.content) else 1]
+        spans = self._event_spans(p.content, p)[::-1 if any(  # Journal.event_changed's test
+            rx.search(statements(fold(p.content))) for rx in self.rules.event_change) else 1]
         return {"event_at": spans[0][0] if spans else None,
                 "event_end": spans[0][1] if spans else None}
 
