@@ -1593,8 +1593,9 @@ def _dated_window(spec: dict, m: re.Match, ref: dt.datetime, dates: dict | None,
 
 
 class TimeWindow(tuple):
-    """(start, end, phrase) of time_window; `keep_words`: the rule's phrase stays a search word."""
-    keep_words = False
+    """(start, end, phrase) of time_window; `keep_words`: the rule's phrase stays a search word;
+    `day`: one day named in digits ("on Dec 11", "12月11日"), a question of that day alone."""
+    keep_words = day = False
 
 
 def window_distance_days(created_at: str, window: tuple) -> float:
@@ -1640,8 +1641,8 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
                 span = _time_span(spec, m, today, words, tz, ahead) if m else None
             if span:
                 window = TimeWindow((iso(span[0]), iso(span[1]), span[2] if span[2:] else m[0]))
-                window.keep_words = spec.get("keep_words") and not (re.search(  # a day in digits
-                    r"\d", window[2]) and span[1] - span[0] < dt.timedelta(hours=25))
+                window.day = span[1] - span[0] < dt.timedelta(1.05) and re.search(r"\d", window[2])
+                window.keep_words = spec.get("keep_words") and not window.day
                 found.append((window, spec["kind"]))
                 break
     narrower = [w for w, _ in found[1:] if found[0][1] not in ("before", "rest")
@@ -2774,6 +2775,10 @@ class Rules:
         """The keys of rules/lexicon.toml's concepts a text says (found once per text), in either
         language, but those of the words in `skip`."""
         return self._said(text) - {self.concept_of.get(w) for w in skip}
+
+    def event_changed(self, text: str) -> bool:
+        """Whether a memory's `text` says, not asks, an event changed ([events] change)."""
+        return any(rx.search(statements(fold(text))) for rx in self.event_change)
 
     def other_relative(self, variants: dict, tokens: set, text: str) -> bool:
         """Whether a memory (its `tokens`, `text` lower-cased) names the user's relative (my, our,
@@ -3976,8 +3981,7 @@ class Layers:
 
     def _event_columns(self, p) -> dict:
         """{event_at, event_end}: p's first date named (the last if a plan moved), else None."""
-        spans = self._event_spans(p.content, p)[::-1 if any(  # Journal.event_changed's test
-            rx.search(statements(fold(p.content))) for rx in self.rules.event_change) else 1]
+        spans = self._event_spans(p.content, p)[::-1 if self.rules.event_changed(p.content) else 1]
         return {"event_at": spans[0][0] if spans else None,
                 "event_end": spans[0][1] if spans else None}
 
@@ -4737,7 +4741,7 @@ class Journal:
         linked replaced by p, if of the other script or sharing a word not of dates or [events]."""
         (at, end, day), text = (self._event_spans(p.content, p) or [("",) * 3])[0], fold(p.content)
         rows = self.rows(self.queries["event_same_day"], vars(p) | {"at": at, "end": end}) if (
-            self.event_changed(p.content) and re.search(r"\d", day) and not re.search(
+            self.rules.event_changed(p.content) and re.search(r"\d", day) and not re.search(
                 r"(?:\bto|\buntil|到|成|为)\s*(?:the\s+)?$", text[:text.find(day)])) else []
         one = len(rows) == 1 and rows[0]["id"] not in skip  # tokens only then: a write's cost
         mine, theirs = (set(self.seg.tokens(t)) for t in (p.content, rows[0]["content"])) if one \
@@ -4754,7 +4758,7 @@ class Journal:
     def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
         """may_update's event signal: [(id, content)] of live older memories not in `skip` sharing
         EVENT_SHARED_TOKENS and EVENT_JACCARD of p's tokens less [events] words, if p says so."""
-        if not self.event_changed(p.content):
+        if not self.rules.event_changed(p.content):
             return []
         skip_words = self.rules.event_words | self.people_words(p.persona_id)
         words, out = set(self.seg.tokens(p.content)) - skip_words, []
@@ -4767,10 +4771,6 @@ class Journal:
             if r["id"] not in skip and self.event_pair(words, theirs, (p.content, r["content"])):
                 out.append((r["id"], r["content"]))
         return out
-
-    def event_changed(self, text: str) -> bool:
-        """Whether a memory's `text` says, not asks, an event changed ([events] change)."""
-        return any(rx.search(statements(fold(text))) for rx in self.rules.event_change)
 
     def persona_people(self, persona_id) -> list[str]:
         """The persona's people (graph person nodes, from participants), folded, lower-cased."""
@@ -5763,7 +5763,7 @@ class Recall:
         out, skip, age = {}, None, lambda h: (h["created_at"], h["id"])
         for new in sorted(hits, key=age):
             older = {h["id"] for h in hits if h["id"] not in by and age(h) < age(new)}
-            if older and self.event_changed(new["text"]):
+            if older and self.rules.event_changed(new["text"]):
                 skip = skip or self.rules.event_words | self.people_words(new["persona_id"])
                 words = set(self.seg.tokens(new["text"])) - skip
                 out |= {i: new["id"] for i in older if self.event_pair(words, set(docs[i][
@@ -6017,8 +6017,8 @@ class Recall:
             if coef and parts[i]["evidence"] and (mine and not about["who"] and (  # "What am I
                     self.rules.others_fact(content, people, self.seg)) or self.rules.other_relative(
                     about["variants"], doc_tokens, content.lower())  # allergic to?": not Priya's
-                    or q.window and not q.window.keep_words and re.search(r"\d", q.window[2])
-                    and docs[i]["event_at"] and not parts[i]["time_match"]):  # another day: Dec 11
+                    or q.window and q.window.day and docs[i]["event_at"] and not (
+                        parts[i]["time_match"])):  # an event of another day than "Dec 11" asked
                 parts[i].update(evidence=False, relevance=0.0)
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(
