@@ -3228,7 +3228,6 @@ class Store:
         return bool(self.value("select 1 from sqlite_master where name = ?", (name,)))
 
     # reading -------------------------------------------------------------------------------------
-
     def _doc(self, doc_id, persona: str | None = None) -> dict:
         """The documents row of `doc_id`, JSON fields decoded. NotFound when there is none, or when
         it belongs to another persona than `persona` (folded; None: any)."""
@@ -3475,7 +3474,6 @@ class Vectors:
             return [None] * len(texts)
 
     # session context -----------------------------------------------------------------------------
-
     def _session_context(self, persona_id: str, session_id: str, created_at: str,
                          doc_id: int | None) -> list[tuple]:
         """(created_at, content) of the `context_turns` memories right before a memory in its
@@ -3634,7 +3632,6 @@ class Vectors:
             r["persona_id"], r["session_id"], r["created_at"], r["doc_id"])
 
     # the float store and its binary index --------------------------------------------------------
-
     def _put_doc_vector(self, doc_id: int, vec: "np.ndarray") -> None:
         """Store a document's float vector and its binary index row. In tx."""
         self._store_vector("doc", doc_id, vec)
@@ -4251,7 +4248,6 @@ class Layers:
         self._refresh_graph_context(docs)
 
     # flags and superseding: a memory's row -------------------------------------------------------
-
     def _link_superseded(self, p: Prepared) -> None:
         """Link each memory in p.supersedes (p's persona only) to p.document_id (superseded_by); the
         facts the newer contradicts retire (_retire_contradicted). Notes it in p.warnings. In tx."""
@@ -4310,7 +4306,6 @@ class Layers:
                 if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
 
     # back-fill: the vector stage deferred, and the refresh worker --------------------------------
-
     def _refresh_stale(self, ids) -> None:
         """Re-embed the memories whose context changed on one background worker (the old vector is
         searched meanwhile; a failing provider leaves them pending). wait_refresh() waits."""
@@ -4507,7 +4502,6 @@ class Journal:
     → done, one transaction per stage; recover() finishes what a crash left (seed: Reliability)."""
 
     # secrets -------------------------------------------------------------------------------------
-
     @property
     def secret_patterns(self) -> tuple:
         """The compiled patterns of [write] secrets (rules/secrets.toml), loaded on first use."""
@@ -4532,7 +4526,6 @@ class Journal:
         return out
 
     # the write path ------------------------------------------------------------------------------
-
     def prepare(self, content, metadata: dict | None = None, field_prefix: str = "",
                 project: str | None = None) -> Prepared:
         """One memorize() call as a Prepared write: text cleaned and redacted (a warning says
@@ -4807,7 +4800,6 @@ class Journal:
                 "changed": p.changed, "may_update": p.may_update}
 
     # repeats: memorizing a text already stored ---------------------------------------------------
-
     def _absorb_repeat(self, p: Prepared) -> None:
         """A repeat of a stored memory's text (`p` deduplicated): its holder is the end of its
         merged_into chain, restored if archived (warnings say so), the repeat's metadata merged in
@@ -5025,7 +5017,6 @@ class Journal:
         return report
 
     # editing -------------------------------------------------------------------------------------
-
     def edit(self, doc_id: int, content=None, metadata: dict | None = None,
              persona_id: str | None = None) -> dict:
         """Change a memory of persona `persona_id` (None: the default '') in content and/or
@@ -6104,7 +6095,6 @@ class Recall:
         return {"results": out[:k], "took_ms": round((time.perf_counter() - started) * 1000, 2)}
 
     # cache and access bookkeeping ----------------------------------------------------------------
-
     def _cache_state(self):
         # PRAGMA data_version (a statement) sees other connections' commits; the file-control
         # variant only does after this connection has run a statement.
@@ -6173,7 +6163,6 @@ class Recall:
         self._readers.clear()
 
     # feedback: reinforcement for use ------------------------------------------------------------
-
     def memory_feedback(self, ids, useful: bool = True, persona_id: str | None = None) -> dict:
         """The assistant used these memories (useful: useful_count + 1, importance + [recall]
         feedback_importance_step, atoms reinforced once per FEEDBACK_ATOM_INTERVAL_DAYS) or they
@@ -6583,7 +6572,6 @@ class Forgetting:
         return {"id": doc_id, "uid": d["uid"], "old": d["importance"], "new": value}
 
     # consolidation -------------------------------------------------------------------------------
-
     def _near_duplicates(self, i: int, docs: dict, tokens: dict, persona: str, similarity: float,
                          min_jaccard: float, use_vectors: bool) -> list[int]:
         """The memories of `docs` that memory `i` is a near-duplicate of, as consolidate tells."""
@@ -7072,7 +7060,6 @@ class Maintenance:
         return done
 
     # backups -------------------------------------------------------------------------------------
-
     def manual_backup_path(self) -> Path:
         """Where a backup asked for by hand goes (CLI `backup` without DEST, the panel's button):
         backup_dir()/<db name>-manual-<UTC time>.db."""
@@ -7308,12 +7295,14 @@ class Maintenance:
                         continue
                     cols = [r[1] for r in target.execute(f'pragma table_info("{name}")')
                             if r[1] in mine]
-                    insert = (f'insert or replace into "{name}"({", ".join(cols)}) '
+                    insert = (f'insert or ignore into "{name}"({", ".join(cols)}) '  # a NULL uid
                               f'values ({", ".join("?" * len(cols))})')
                     rows = list(readable_rows(src, name, cols, failed,
                                               "WITHOUT ROWID" not in sql.upper()))
                     target.executemany(insert, rows)
-                    copied[name] = len(rows)
+                    copied[name] = target.execute(f'select count(*) from "{name}"').get
+                    if copied[name] < len(rows) and name not in failed:  # a row it refused
+                        failed.append(name)
                 target.execute("delete from meta where key in ('embedding_provider', "
                                "'embedding_model', 'embedding_dim', 'vector_center')")
                 for table in ("documents", "graph_entries", "conv_turns"):
@@ -7747,7 +7736,6 @@ class Conversations:
         return cache[source]
 
     # ingestion -----------------------------------------------------------------------------------
-
     def transcript_files(self, source: str, paths=(), problems: list | None = None) -> list[Path]:
         """The transcript files to read: each path given (a folder: its files at any depth that fit
         the source's location pattern), or the standard location. A name that is no readable file
@@ -8029,7 +8017,6 @@ class Conversations:
         return n
 
     # turn vectors --------------------------------------------------------------------------------
-
     def _turn_index_ready(self) -> bool:
         """True when the turn KNN index exists or could be created now (the dimension is known)."""
         if self.has_table("conv_turn_vec"):
@@ -9316,7 +9303,6 @@ class Portable:
         return {"folder": str(out), "files": n}
 
     # import --------------------------------------------------------------------------------------
-
     def import_export(self, lines, derive_atoms: bool = False, overwrite=frozenset(),
                       progress=None) -> dict:
         """Import an export's JSONL lines, uids deciding: a record here as late or later is kept,
@@ -12864,7 +12850,6 @@ class Panel:
         return Starlette(routes=routes)
 
     # the guard: Host, Origin, login token, session cookie, CSRF -------------------------------
-
     def _page(self, view):
         """The endpoint for `view(request, form)` (form: the POST fields, {} for GET): the guard,
         then the view in a worker thread marked foreground. An AokunError becomes the page's error
@@ -13004,7 +12989,6 @@ class Panel:
                                                      "X-Content-Type-Options": "nosniff"})
 
     # pages -------------------------------------------------------------------------------------
-
     def home(self, request, form):
         from starlette.responses import RedirectResponse
         return RedirectResponse(request.scope.get("root_path", "") + "/memories"
@@ -14993,7 +14977,11 @@ def main(argv=None):
     """Entry point: stderr logging at $AOKUN_LOG_LEVEL (default WARNING), then the CLI on `argv`."""
     logging.basicConfig(level=os.environ.get("AOKUN_LOG_LEVEL", "WARNING").upper(),
                         stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cli.main(args=argv, prog_name="aokun")
+    try:
+        cli.main(args=argv, prog_name="aokun")
+    except Exception as e:  # a bug: one line, the traceback in the log at DEBUG
+        log.debug("unexpected error", exc_info=True)
+        sys.exit(f"Error: unexpected {type(e).__name__}: {str(e)[:80]} (AOKUN_LOG_LEVEL=DEBUG)")
 
 
 if __name__ == "__main__":

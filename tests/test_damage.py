@@ -152,6 +152,25 @@ def test_the_cli_names_the_damage_restores_over_it_and_recovers(tmp_path, segmen
     assert cli(db, ini, "list", "--json").stdout.count("herons") >= 20
 
 
+def test_recover_skips_a_row_the_damage_left_without_a_required_value(tmp_path, segmenter):
+    """Damage that leaves a row readable but a NOT NULL value gone (made here through the schema
+    text): recover copies the other rows, names the table, and prints no traceback."""
+    ini = write_ini(tmp_path)
+    db = tmp_path / "a.db"
+    _made(db, aokun.load_config(str(ini)), segmenter)
+    c = apsw.Connection(str(db))
+    c.pragma("writable_schema", True)
+    c.execute("update sqlite_schema set sql = replace(sql, 'uid             text not null', "
+              "'uid text') where name = 'documents'")
+    c.close()
+    c = apsw.Connection(str(db))
+    c.execute("update documents set uid = null where id = (select min(id) from documents)")
+    c.close()
+    out = cli(db, ini, "recover", str(tmp_path / "saved.db"))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert f"{len(TEXTS) - 1} memories" in out.stdout and "unreadable in: documents" in out.stdout
+
+
 def test_restore_needs_no_doctor_first_and_only_this_files_backups_are_named(tmp_path, segmenter):
     ini = write_ini(tmp_path)
     db = tmp_path / "a.db"
