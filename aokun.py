@@ -2275,8 +2275,8 @@ def as_user(text: str, forms, pinyin, first_person: bool) -> str:
         " ".join(map(pinyin, f[i:])) for f in forms if _CJK.search(f) for i in (0, 1)}
     rx = "|".join(r"\s*".join(map(re.escape, f.split())) for f in sorted(latin, key=len)[::-1]
                   if len(f) > 3)
-    text = re.sub(rf"(?i:\b(?:{rx})\b)(?P<s>'s\b)?", lambda m: (
-        ("my" if m["s"] else "I") if first_person else "User" + (m["s"] or "")), text)
+    text = re.sub(rf"(?i:\b(?:{rx})\b)(?P<s>'s\b)?", lambda m: (  # none but short ones: Kai
+        ("my" if m["s"] else "I") if first_person else "User" + (m["s"] or "")), text) if rx else text
     for run in sorted(set(_HAN_RUN.findall(text)), key=len, reverse=True):
         for n, i in sorted(((w, i) for w in range(2, 5) for i in range(len(run) - w + 1)),
                            reverse=True):
