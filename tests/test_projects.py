@@ -55,10 +55,14 @@ def test_personal_facts_are_global_and_work_facts_stay(open_mem, tmp_path):
     for text in (TEA, "My sister Anna lives in Lyon.", "I live in Berlin.", "用户对花生过敏。",
                  "I feel stressed about the release.", "Zhang Wei's birthday is March 3.",
                  "Doudou needs a rabies shot next week.", "Dentist appointment on Dec 9 at 3pm.",
-                 "张伟每天吃维生素D。"):  # no word of the work: found from every folder
+                 "张伟每天吃维生素D。", "Leo's swimming class moved to Sunday.",
+                 "I go to pottery every Tuesday.", "Blood test results come back on Friday.",
+                 "体检结果有异常，下周要复查。", "Booked a table for four at Nando's.",
+                 "Train ticket to Leeds for the 21st."):  # no word of the work: every folder
         assert rules.personal_memory([text]), text
     for text in (DB_FACT, "The API server runs on port 8080.", "Deploy freeze starts Friday.",
-                 "这个项目用 Rust 写。", "I prefer tabs in this repo."):
+                 "这个项目用 Rust 写。", "I prefer tabs in this repo.",
+                 "The login endpoint times out under load.", "We moved the service to Go 1.22."):
         assert not rules.personal_memory([text]), text
     a = m.memorize(DB_FACT, project="/p/a")["id"]
     t = m.memorize(TEA, project="/p/a")["id"]
