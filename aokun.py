@@ -2274,9 +2274,9 @@ def as_user(text: str, forms, pinyin, first_person: bool) -> str:
     latin = {f.lower() for f in forms if not _CJK.search(f)} | {
         " ".join(map(pinyin, f[i:])) for f in forms if _CJK.search(f) for i in (0, 1)}
     rx = "|".join(r"\s*".join(map(re.escape, f.split())) for f in sorted(latin, key=len)[::-1]
-                  if len(f) > 3)
-    text = re.sub(rf"(?i:\b(?:{rx})\b)(?P<s>'s\b)?", lambda m: (  # none but short ones: Kai
-        ("my" if m["s"] else "I") if first_person else "User" + (m["s"] or "")), text) if rx else text
+                  if len(f) > 3) or "(?!)"  # only short ones (Kai): an empty one matched all
+    text = re.sub(rf"(?i:\b(?:{rx})\b)(?P<s>'s\b)?", lambda m: (
+        ("my" if m["s"] else "I") if first_person else "User" + (m["s"] or "")), text)
     for run in sorted(set(_HAN_RUN.findall(text)), key=len, reverse=True):
         for n, i in sorted(((w, i) for w in range(2, 5) for i in range(len(run) - w + 1)),
                            reverse=True):
@@ -14977,6 +14977,7 @@ def main(argv=None):
     """Entry point: stderr logging at $AOKUN_LOG_LEVEL (default WARNING), then the CLI on `argv`."""
     logging.basicConfig(level=os.environ.get("AOKUN_LOG_LEVEL", "WARNING").upper(),
                         stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    os.umask(0o077)  # the database, its backups and exports: the user's eyes only (0600)
     try:
         cli.main(args=argv, prog_name="aokun")
     except Exception as e:  # a bug: one line, the traceback in the log at DEBUG

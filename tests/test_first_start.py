@@ -430,3 +430,17 @@ def test_a_server_killed_mid_way_goes_on_where_it_stopped(tmp_path):
             {s["session_id"]: big_turns if s is big else TURNS for s in sessions}
         assert mem.doctor() == []
     assert "Traceback" not in (tmp_path / "run2-stderr.txt").read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+def test_the_files_holding_memories_are_the_users_alone(tmp_path):
+    """The database, a backup and an export hold health and family facts: 0600, not readable by
+    the other users of the machine (the usual umask 022 made them 0644)."""
+    ini = write_ini(tmp_path)
+    db, export = tmp_path / "a.db", tmp_path / "out.jsonl"
+    assert cli(db, ini, "memorize", "I am allergic to penicillin.").returncode == 0
+    backup = cli(db, ini, "backup")
+    assert backup.returncode == 0, backup.stderr
+    assert cli(db, ini, "export", "--out", str(export)).returncode == 0
+    made = [db, export, *(tmp_path / "backups").glob("*.db")]
+    assert len(made) == 3 and {oct(p.stat().st_mode & 0o777) for p in made} == {"0o600"}
