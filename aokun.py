@@ -215,7 +215,7 @@ def now() -> dt.datetime:
 
 def iso(t: dt.datetime) -> str:
     """Format as ISO-8601 UTC text with a Z, e.g. '2026-11-30T08:15:00Z' (the column format)."""
-    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return t.astimezone(dt.timezone.utc).isoformat("T", "seconds")[:19] + "Z"  # 0001, not 1
 
 
 ECHO_CHARS = 60  #: the most of a value a user gave that an error message shows
@@ -244,7 +244,7 @@ def parse_time(value, field_name: str = "timestamp") -> dt.datetime:
         raise InputError(field_name, problem)
     try:
         return _parse_iso(value)
-    except ValueError:
+    except (ValueError, OverflowError):  # 0001-01-01T00:00+08:00 is in year 0 in UTC
         raise InputError(field_name, problem) from None
 
 

@@ -182,3 +182,14 @@ def test_a_timestamp_in_the_future_is_refused(open_mem, tmp_path):
     assert m.stats()["counts"]["documents"] == 0
     tomorrow = (aokun.now() + aokun.dt.timedelta(hours=20)).isoformat()
     assert m.memorize("clock skew", {"timestamp": tomorrow})["status"] == "done"
+
+
+def test_a_timestamp_of_year_one_is_stored_or_refused_in_one_line(open_mem, tmp_path):
+    """0001-01-01 was written as "1-01-01T…" (strftime), which no read could parse: the write
+    failed in its pipeline and doctor named a failed journal row from then on."""
+    m = open_mem(tmp_path / "y.db")
+    assert m.memorize("an old note", {"timestamp": "0001-01-01"})["status"] == "done"
+    assert m.list_memories(5, 0, "", None, False)[0]["created_at"] == "0001-01-01T00:00:00Z"
+    with pytest.raises(aokun.InputError, match=r"^metadata\.timestamp: expected an ISO-8601"):
+        m.memorize("y", {"timestamp": "0001-01-01T00:00:00+08:00"})  # year 0 in UTC
+    assert m.doctor() == []
