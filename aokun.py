@@ -219,6 +219,8 @@ def iso(t: dt.datetime) -> str:
 
 
 ECHO_CHARS = 60  #: the most of a value a user gave that an error message shows
+#: control characters but tab and newline, as U+FFFD on a terminal: a memory's escape is no command
+SHOWN = dict.fromkeys([*range(9), *range(11, 32), *range(127, 160)], "\ufffd")
 
 
 def echo(value, quote: bool = True) -> str:
@@ -601,7 +603,7 @@ def jaccard(a: set, b: set) -> float:
 
 def _one_line(text: str, limit: int = 400) -> str:
     """`text` on one line (whitespace folded), cut to `limit` characters with … (for listings)."""
-    text = " ".join(text.split())
+    text = " ".join(text.translate(SHOWN).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -13747,13 +13749,13 @@ def cli_show(state, memory_id, persona, as_json):
         "archived", "source", "summary", "topics", "participants", "key_facts", "tags",
         "embedding_state", "superseded_by", "supersedes", "event_at", "event_end", "dates_skipped"):
         if d.get(k) not in ("", [], None):
-            click.echo(f"{k:>15}: {d[k]}")
-    click.echo(f"{'content':>15}: {d['content']}")
+            click.echo(f"{k:>15}: {str(d[k]).translate(SHOWN)}")
+    click.echo(f"{'content':>15}: {d['content'].translate(SHOWN)}")
     for a in d["atoms"]:
         click.echo(f"{'atom':>15}: [{a['atom_type']}, {a['state']}, x{a['reinforcement_count']}] "
-                   f"{a['content']}")
+                   f"{a['content'].translate(SHOWN)}")
     for e in d["graph_entries"]:
-        click.echo(f"{'graph':>15}: {e}")
+        click.echo(f"{'graph':>15}: {str(e).translate(SHOWN)}")
 
 
 @cli.command("list")
@@ -13784,7 +13786,7 @@ def cli_list(state, limit, offset, persona, all_personas, session, include_archi
         return _echo_json(rows)
     for r in rows:
         flags = ("P" if r["pinned"] else " ") + ("A" if r["archived"] else " ")
-        text = r["content"].replace("\n", " ")
+        text = r["content"].replace("\n", " ").translate(SHOWN)
         who = "[" + (r["persona_id"] or "''") + "] " if all_personas else ""
         click.echo(f"{r['id']:>6} {flags} {r['created_at'][:DATE_CHARS]} "
                    f"{who}{text[:LINE_PREVIEW_CHARS]}")
@@ -13939,7 +13941,7 @@ def cli_recall(state, query, k, session, persona, include_archived, explain, cha
     for d in out["degraded"]:
         click.echo(f"degraded: {d['channel']}: {d['reason']}", err=True)
     for h in out["results"]:
-        if len(text := h["text"]) > HIT_PREVIEW_CHARS:
+        if len(text := h["text"].translate(SHOWN)) > HIT_PREVIEW_CHARS:
             text = text[:HIT_PREVIEW_CHARS - 1] + "…"
         other = f"[{h['project']}] " if h.get("project") else ""
         other += next((f"({k.replace('_', ' ')} {h[k]}) " for k in (
@@ -13992,7 +13994,7 @@ def cli_atoms(state, query, k, persona, as_json):
         return _echo_json(out)
     for a in out["results"]:
         click.echo(f"{a['id']:>6}  {a['score']:.3f}  {a['atom_type']:<10} "
-                   f"{a['content'][:HIT_PREVIEW_CHARS]}  (memory {a['document_id']})")
+                   f"{_one_line(a['content'], HIT_PREVIEW_CHARS)}  (memory {a['document_id']})")
 
 
 @cli.command("context")
@@ -14013,7 +14015,7 @@ def cli_context(state, topic, mode, max_tokens, persona, refresh):
     if refresh:
         mem.build_briefing(persona)
     out = mem.memory_context(topic, mode, max_tokens, persona)
-    click.echo(out["text"])
+    click.echo(out["text"].translate(SHOWN))
     built = f", built {out['age_seconds']} s ago" + (", stale" if out["stale"] else "") \
         if out["source"] == "briefing" else ""
     click.echo(f"({out['tokens']} of {out['budget']} tokens, {out['source']}{built})", err=True)
@@ -14031,7 +14033,7 @@ def _print_facts(facts: list[dict]) -> None:
     for f in facts:
         until = f["valid_to"][:DATE_CHARS] if f["valid_to"] else "now"
         click.echo(f"{f['id']:>6}  {f['subject']} {f['predicate']} {f['object']}"
-                   f"  [{f['valid_from'][:DATE_CHARS]} .. {until}]")
+                   f"  [{f['valid_from'][:DATE_CHARS]} .. {until}]".translate(SHOWN))
 
 
 @cli_kg.command("add")
@@ -14447,10 +14449,9 @@ def cli_consolidate(state, apply, persona):
     Example: python aokun.py consolidate"""
     out = state.memory().consolidate(dry_run=not apply, persona_id=persona)
     for cl in out["clusters"]:
-        click.echo(f"survivor {cl['survivor']}: {cl['texts'][cl['survivor']][:LINE_PREVIEW_CHARS]}")
-        for m in cl["members"]:
-            click.echo(f"   {'merged' if apply else 'would merge'} {m}: "
-                       f"{cl['texts'][m][:LINE_PREVIEW_CHARS]}")
+        for m in [cl["survivor"], *cl["members"]]:
+            verb = "survivor" if m == cl["survivor"] else "   merged" if apply else "   would merge"
+            click.echo(f"{verb} {m}: {_one_line(cl['texts'][m], LINE_PREVIEW_CHARS)}")
     click.echo(f"{len(out['clusters'])} cluster(s)")
 
 
@@ -14788,7 +14789,7 @@ def cli_conversations_show(state, session_id, source, offset, limit, persona, as
     click.echo(f"# {s['title'] or s['session_id']}  "
                f"({s['source']}, {s['turn_count']} turns, {s['project']})")
     for t in out["turns"]:
-        click.echo(f"[{t['created_at']}] {t['role']}: {t['text']}")
+        click.echo(f"[{t['created_at']}] {t['role']}: {t['text'].translate(SHOWN)}")
     if out["next_offset"] is not None:
         click.echo(f"… more: --offset {out['next_offset']}", err=True)
 

@@ -10,7 +10,7 @@ from test_mcp_stdio import RawServer, assert_only_jsonrpc
 
 import aokun
 from fakes import FakeEmbedder
-from mcp_procs import child_env, write_ini
+from mcp_procs import child_env, cli, write_ini
 
 pytestmark = pytest.mark.anyio
 
@@ -193,3 +193,17 @@ def test_a_timestamp_of_year_one_is_stored_or_refused_in_one_line(open_mem, tmp_
     with pytest.raises(aokun.InputError, match=r"^metadata\.timestamp: expected an ISO-8601"):
         m.memorize("y", {"timestamp": "0001-01-01T00:00:00+08:00"})  # year 0 in UTC
     assert m.doctor() == []
+
+
+def test_the_cli_shows_a_memorys_control_characters_not_their_effect(tmp_path):
+    """A memory may come from a transcript or another device: its escape sequences (a window
+    title, a hyperlink, a C1 CSI), bell and carriage return reach the terminal as U+FFFD, never as
+    commands; --json and export keep the text as stored."""
+    ini, db = write_ini(tmp_path), tmp_path / "a.db"
+    evil = "Evil \x1b]0;PWNED\x07 t \x9b31m \x1b]8;;http://x.example/\x1b\\link\r over tea"
+    assert cli(db, ini, "memorize", evil).returncode == 0
+    for args in (["list"], ["show", "1"], ["recall", "evil tea"], ["context"]):
+        out = cli(db, ini, *args)
+        assert out.returncode == 0 and "Evil" in out.stdout, (args, out.stderr)
+        assert not any(c in out.stdout for c in "\x1b\x07\r\x9b"), (args, out.stdout)
+    assert json.loads(cli(db, ini, "show", "1", "--json").stdout)["content"] == evil
