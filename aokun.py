@@ -5002,7 +5002,8 @@ class Journal:
             for table, query, text_sql in () if not (fts or rows) else (
                     ("documents_fts", "documents_missing_fts", None),
                     ("graph_entries_fts", "graph_entries_missing_fts", "text"),
-                    ("memory_atoms_fts", "atoms_missing_fts", "content")):
+                    ("memory_atoms_fts", "atoms_missing_fts", "content"),
+                    ("conv_turns_fts", "conv_turns_missing_fts", "text")):
                 missing = self.rows(self.queries[query])
                 for m in missing:
                     if text_sql is None:
@@ -6821,8 +6822,8 @@ class Maintenance:
         out = {}
         if fts:
             with self.tx() as c:
-                for t in ("documents_fts", "memory_atoms_fts", "graph_entries_fts"):
-                    c.execute(f"delete from {t}")
+                for t in ("documents", "memory_atoms", "graph_entries", "conv_turns"):
+                    c.execute(f"delete from {t}_fts")
             out["fts"] = self.recover(fts=True)["fts_backfilled"]
         if graph:
             out["graph"] = self._rebuild_graph()
@@ -7309,9 +7310,6 @@ class Maintenance:
                                "'embedding_model', 'embedding_dim', 'vector_center')")
                 for table in ("documents", "graph_entries", "conv_turns"):
                     target.execute(f"update {table} set embedding_state = 'pending'")
-                for turn_id, text in target.execute("select id, text from conv_turns").fetchall():
-                    target.execute("insert into conv_turns_fts(rowid, segmented) values (?, ?)",
-                                   (turn_id, self.seg.segmented(text)))
         finally:
             src.close()
             target.close()

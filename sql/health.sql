@@ -137,6 +137,10 @@ select * from graph_entries where id not in (select rowid from graph_entries_fts
 -- Atoms (not forgotten: those have none on purpose) without an FTS row.
 select * from memory_atoms where state != 'forgotten' and id not in (select rowid from memory_atoms_fts);
 
+-- name: conv_turns_missing_fts
+-- Conversation turns without an FTS row (a salvaged file's; `rebuild --fts`).
+select * from conv_turns where id not in (select rowid from conv_turns_fts);
+
 -- name: all_document_ids
 -- Every document, by id (`rebuild --graph` re-derives each one's atoms and graph).
 select id from documents order by id;

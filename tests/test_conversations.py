@@ -818,3 +818,19 @@ def test_turn_vector_hamming_bound_never_changes_the_rows(mem, tmp_path):
         mem._hamming_reach[key] = (reach,) * 8
         got = mem._bounded_knn(key, mem.queries["conv_vector"], params, mem.rows)
         assert [(r["id"], r["raw"]) for r in got] == [(r["id"], r["raw"]) for r in unbounded], reach
+
+
+def test_rebuild_fts_re_segments_the_turns_and_keeps_every_row(open_mem, tmp_path):
+    """`rebuild --fts` empties every keyword index, the turns' too, and makes them again (turns
+    were left as they were: a changed dictionary never reached them); nothing else is touched."""
+    m = open_mem(tmp_path / "r.db", cfg=aokun.Config(None, overrides={
+        ("embedding", "provider"): "none"}))
+    for source, (path, _) in EXPECTED.items():
+        m.ingest(source, [path], persona_id="conv")
+    m.memorize("I like oolong tea.")
+    counts = {t: m.value(f"select count(*) from {t}") for t in (
+        "documents", "conv_turns", "memory_atoms", "graph_entries", "conv_turns_fts")}
+    m.conn.execute("delete from conv_turns_fts where rowid = (select min(id) from conv_turns)")
+    assert m.rebuild(fts=True)["fts"] >= counts["conv_turns"] + counts["documents"]
+    assert counts == {t: m.value(f"select count(*) from {t}") for t in counts}
+    assert m.conversation_search("高铁票订好了吗", k=3, persona_id="conv")["results"]
