@@ -3043,8 +3043,8 @@ LIST_LIMIT_MAX = 1000  #: the most memories list_memories returns at once
 SUPERSEDES_MAX = 20  #: the most memories one memorize(supersedes=…) replaces
 #: supersedes retires an old atom (no slot) sharing this Jaccard of its tokens with a new one's
 SUPERSEDE_JACCARD = 0.25
-#: Journal._may_update: at most this many memories; an event's rival shares ≥ EVENT_SHARED_TOKENS
-#: search tokens, and EVENT_JACCARD of them, with the new memory (_event_rivals)
+#: Journal._may_update: at most this many memories (recall's _may_replace: after as many hits); an
+#: event's rival shares ≥ EVENT_SHARED_TOKENS search tokens, EVENT_JACCARD of them (_event_rivals)
 MAY_UPDATE_MAX, EVENT_SHARED_TOKENS, EVENT_JACCARD, MAY_UPDATE_PREVIEW_CHARS = 3, 1, 0.2, 80
 #: _rival_fits: the value a new memory changed from ("from Flask to", "从 MySQL 迁移到"); what may
 #: stand before the person a memory is about; what its first word is not
@@ -4726,6 +4726,7 @@ class Journal:
                 for n in query_names(a) | {w for w in first[a][:1] if w in a[:8]}):
             return False
         was = (m := CHANGED_FROM.search(new)) and (m["en"] or m["zh"]).strip().lower()
+        was = self.seg.pinyin(was) if was and _CJK.search(was) and not _CJK.search(old) else was
         return not was or was in old.lower() or was in pin[old] or not re.search(
             _CJK if _CJK.search(was) else r"[A-Za-z]{2}", old)
 
@@ -4750,10 +4751,11 @@ class Journal:
                 self._retire_contradicted(p.document_id)
         return [(r["id"], r["content"]) for r in rows if r["id"] not in skip]
 
-    def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
+    def _event_rivals(self, p: Prepared, skip: set, later=False) -> list[tuple[int, str]]:
         """may_update's event signal: [(id, content)] of live older memories not in `skip` sharing
-        EVENT_SHARED_TOKENS and EVENT_JACCARD of p's tokens less [events] words, if p says so."""
-        if not self.rules.event_changed(p.content):
+        EVENT_SHARED_TOKENS and EVENT_JACCARD of p's tokens less [events] words, if p says so; or,
+        `later`, of the memories after p that say its event changed (recall's _may_replace)."""
+        if not later and not self.rules.event_changed(p.content):
             return []
         skip_words = self.rules.event_words | self.people_words(p.persona_id)
         words, out = set(self.seg.tokens(p.content)) - skip_words, []
@@ -4761,9 +4763,11 @@ class Journal:
                  for w in self.rules.concept_words[k]}
         for r in self.rows(self.queries["event_rivals"], {
                 "match": fts_query(sorted(words | other)), "persona_id": p.persona_id,
-                "document_id": p.document_id, "k": 4 * MAY_UPDATE_MAX}):
+                "document_id": p.document_id, "k": 4 * MAY_UPDATE_MAX}) if words | other else ():
             theirs = set(r["segmented"].split()) - skip_words
-            if r["id"] not in skip and self.event_pair(words, theirs, (p.content, r["content"])):
+            if r["id"] not in skip and (not later or (r["created_at"], r["id"]) > (
+                    p.created_at, p.document_id) and self.rules.event_changed(r["content"])) \
+                    and self.event_pair(words, theirs, (p.content, r["content"])):
                 out.append((r["id"], r["content"]))
         return out
 
@@ -4783,7 +4787,8 @@ class Journal:
         concepts (Rules.concepts) their `texts` say."""
         if texts and query_script(a) != query_script(b):
             a, b = (self.rules.concepts(t, self.rules.event_words) for t in texts)
-        return len(a & b) >= EVENT_SHARED_TOKENS and jaccard(a, b) >= EVENT_JACCARD
+        a, b = ({w for w in x if not re.search(r"\d|^[月日号年]$", w)} for x in (a, b))  # 3日
+        return len(a & b) >= EVENT_SHARED_TOKENS and jaccard(a, b) >= EVENT_JACCARD  # is no event
 
     def _write_result(self, p: Prepared) -> dict:
         """memorize's and edit's answer for `p` (as memorize says), a failure's with its error."""
@@ -5724,25 +5729,24 @@ class Recall:
     def _newer_first(self, hits: list[dict], q: RecallQuery, docs: dict) -> list[dict]:
         """recall's q.k hits, each replaced one (in part: when _asks_retired) marked `replaced_by`
         the newer one, put right above it (newer_first; added with the older one's parts); one
-        that may be (_may_replace) marked `may_be_replaced_by` the hit put above it."""
+        that may be (_may_replace) marked `may_be_replaced_by` the one put above it (added too)."""
         by = self.replacements(rel := {h["id"]: h["relevance"] or 0 for h in hits}, rel)
         maybe = self._may_replace(hits, by, docs)
         part = self.partly_replaced(by) if by else {}
         have = {h["id"] for h in hits}
-        rows = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {
-            "ids": json.dumps(sorted({by[i] for i in have if i in by}))})}
+        rows = {d["id"]: d for d in self.rows(self.queries["recall_documents"], {"ids": json.dumps(
+            sorted({by[i] for i in have if i in by} | set(maybe.values()) - have))})}
         vecs = {} if q.vector is None or not part else {r["doc_id"]: blob_vector(r["embedding"])
                                                         for r in self.rows(
             self.queries["recall_vectors_of"], {"ids": json.dumps(sorted(rows))})}
         asks = {i: n in rows and self._asks_retired(q, part[i], rows[n], vecs.get(n))
                 for i, n in by.items() if i in part}  # None: cannot tell, partly_replaced_by
         by = {i: n for i, n in by.items() if asks.get(i, True) is not False}
-        if not by:
-            return newer_first(hits, maybe)
         include_archived, added = q.params["max_archived"], []
-        for h in (h for h in hits if h["id"] in by):
-            new = h["partly_replaced_by" if asks.get(h["id"]) is None and h["id"] in asks
-                    else "replaced_by"] = by[h["id"]]
+        for h in (h for h in hits if h["id"] in by or maybe.get(h["id"]) in rows):
+            new = by.get(h["id"], maybe.get(h["id"]))
+            h.update({"partly_replaced_by" if asks.get(h["id"]) is None and h["id"] in asks
+                      else "replaced_by": new} if h["id"] in by else {})
             if new in rows and new not in have and (include_archived or not rows[new]["archived"]):
                 have.add(new)
                 added.append(recall_hit(rows[new], {"fused": h["score"], "ranks": {},
@@ -5753,7 +5757,8 @@ class Recall:
 
     def _may_replace(self, hits: list[dict], by: dict, docs: dict) -> dict[int, int]:
         """{hit id: the newest later hit memorize's event or meaning signal links to it
-        (event_changed, event_pair, _near_rival)}, `by` (replaced) left out, marked on the hits."""
+        (event_changed, event_pair, _near_rival), or for one of the first hits the newest later
+        memory its event signal finds}, `by` (replaced) left out, marked on the hits."""
         out, skip, age = {}, None, lambda h: (h["created_at"], h["id"])
         for new in sorted(hits, key=age):
             older = {h["id"] for h in hits if h["id"] not in by and age(h) < age(new)}
@@ -5765,6 +5770,10 @@ class Recall:
             near = self._near_rival(Prepared(new["text"], new["persona_id"], document_id=new[
                 "id"], created_at=new["created_at"]), set()) if older else []
             out |= {i: new["id"] for i, _ in near if i in older}
+        for h in (h for h in hits[:MAY_UPDATE_MAX] if h["id"] not in out and h["id"] not in by):
+            later = self._event_rivals(Prepared(h["text"], h["persona_id"], document_id=h[
+                "id"], created_at=h["created_at"]), {x["id"] for x in hits}, later=True)
+            out |= {h["id"]: max(later)[0]} if later else {}
         for h in hits:
             h.update({"may_be_replaced_by": out[h["id"]]} if h["id"] in out else {})
         return out

@@ -397,8 +397,8 @@ async def test_what_supersedes_names_is_no_hint_again(server):
 
 
 class ChangeEmbedder(MeaningEmbedder):
-    topics = {"hair": 0, "头发": 0, "氨氯地平": 1, "晓晓": 2, "xiaoxiao": 2, "早上": 3,
-              "work": 4, "flask": 5}
+    topics = {"杭州": 6, "hangzhou": 6, "hair": 0, "头发": 0, "氨氯地平": 1, "晓晓": 2,
+              "xiaoxiao": 2, "早上": 3, "work": 4, "flask": 5}
 
 
 @pytest.mark.parametrize("old_text, new_text, named", [
@@ -410,8 +410,12 @@ class ChangeEmbedder(MeaningEmbedder):
     ("用户的室友小雨每天早上六点起床。", "用户现在改成早上跑步了。", False),
     ("User works at Fernwave as a backend engineer.",
      "User switched the tracking service at work from Mongo to Postgres.", False),
+    ("User lives in Suzhou, an hour from Hangzhou.", "用户一家从苏州搬到了杭州。", True),
+    ("User works as a designer at NetEase in Hangzhou.", "用户一家已经从苏州搬到杭州了，现在住在西湖区。",
+     False),
+    ("用户自己的生日是11月3日。", "东京的行程改到5月3日出发了。", False),
 ], ids=["en-dyed", "zh-dose", "en-zh-hair", "zh-en-married", "en-from", "zh-another-person",
-        "en-from-another-value"])
+        "en-from-another-value", "en-zh-from", "en-zh-from-not-held", "zh-a-date-is-no-event"])
 async def test_a_change_of_any_attribute_names_the_memory_it_changes(
         tmp_path, monkeypatch, segmenter, old_text, new_text, named):
     """Words of change in any attribute (dyed, 加到, 染回, married, ported) are evidence for the
@@ -473,6 +477,35 @@ async def test_a_hint_not_followed_still_puts_the_newer_first(meaning_server, ol
             f"[{old['id']} may_be_replaced_by {new['id']}]")
         tools = {t.name: t for t in (await c.list_tools()).tools}
         assert "may_be_replaced_by: a newer hit may update it" in tools["recall"].description
+
+
+@pytest.mark.parametrize("old_text, new_text, query", [
+    ("Planning a walk in the Brecon Beacons with Leonie over the August bank holiday.",
+     "The Brecon Beacons walk is off because Leonie broke her ankle; we're booking a spa weekend "
+     "in Bath instead.", "August bank holiday plans"),
+    ("国庆假期打算和老婆去大理玩一周。", "大理不去了，老婆想看海，改成去厦门。",
+     "国庆假期有什么安排？"),
+], ids=["en", "zh"])
+async def test_a_change_without_the_questions_words_still_comes_first(tmp_path, segmenter,
+                                                                      old_text, new_text, query):
+    """The newer memory says the plan changed in words the question lacks: not a hit of its own
+    (no vectors: keywords only), recall finds it through the older hit's event and puts it first,
+    the older marked."""
+    cfg = aokun.Config(None, overrides={("embedding", "provider"): "none",
+                                        ("backup", "daily"): False})
+
+    def factory():
+        m = aokun.Memory(tmp_path / "m.db", cfg)
+        m.seg = segmenter
+        return m
+    async with Client(aokun.build_server(factory, cfg)) as c:
+        old = await call(c, "memorize", {"content": old_text})
+        new = await call(c, "memorize", {"content": new_text})
+        found = await hits(c, query)
+        assert [h["id"] for h in found][:2] == [new["id"], old["id"]], found
+        assert found[1]["may_be_replaced_by"] == new["id"]
+        await call(c, "memorize", {"content": "Moved to next Monday."})  # no word but when
+        assert len(await hits(c, "moved next monday")) == 1
 
 
 @pytest.mark.parametrize("first, second, query", [
