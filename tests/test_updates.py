@@ -411,8 +411,8 @@ class ChangeEmbedder(MeaningEmbedder):
     ("User works at Fernwave as a backend engineer.",
      "User switched the tracking service at work from Mongo to Postgres.", False),
     ("User lives in Suzhou, an hour from Hangzhou.", "用户一家从苏州搬到了杭州。", True),
-    ("User works as a designer at NetEase in Hangzhou.", "用户一家已经从苏州搬到杭州了，现在住在西湖区。",
-     False),
+    ("User works as a designer at NetEase in Hangzhou.",
+     "用户一家已经从苏州搬到杭州了，现在住在西湖区。", False),
     ("用户自己的生日是11月3日。", "东京的行程改到5月3日出发了。", False),
 ], ids=["en-dyed", "zh-dose", "en-zh-hair", "zh-en-married", "en-from", "zh-another-person",
         "en-from-another-value", "en-zh-from", "en-zh-from-not-held", "zh-a-date-is-no-event"])
