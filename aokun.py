@@ -12067,10 +12067,12 @@ def build_server(memory_factory, cfg: Config):
         async def get_prompt(self, name, arguments=None, context=None):
             """MCPServer.get_prompt, with an argument the prompt does not take refused in one line
             (unknown_argument) rather than as an internal error."""
-            known = [a.name for p in await self.list_prompts() if p.name == name
+            known = [a for p in await self.list_prompts() if p.name == name
                      for a in p.arguments or []]
-            if name in MCP_PROMPTS and (problem := unknown_argument(arguments or {}, known)):
-                raise MCPError(INVALID_PARAMS, f"{name}: {problem}")
+            if name in MCP_PROMPTS and (problem := unknown_argument(arguments or {}, [
+                    a.name for a in known]) or next((f"{a.name} is required" for a in known
+                    if a.required and a.name not in (arguments or {})), None)):
+                raise MCPError(INVALID_PARAMS, f"{name}: {problem}")  # not the SDK's traceback
             return await super().get_prompt(name, arguments, context)
 
         async def read_resource(self, uri, context=None):

@@ -70,6 +70,10 @@ async def test_a_prompt_refuses_an_unknown_argument_in_one_line(server):
         with pytest.raises(MCPError) as e:
             await c.get_prompt("session_briefing", {"topic": "x"})
     assert str(e.value) == "session_briefing: unknown argument 'topic'; it takes persona_id"
+    async with Client(server) as c:  # a missing one: the SDK logged a traceback, error code 0
+        with pytest.raises(MCPError) as e:
+            await c.get_prompt("remember_about", {})
+    assert str(e.value) == "remember_about: topic is required" and e.value.error.code == -32602
 
 
 # item 5: inputs echoed as a short prefix ----------------------------------------------------------
