@@ -2273,10 +2273,10 @@ def as_user(text: str, forms, pinyin, first_person: bool) -> str:
     if not forms:
         return text
     keys = {name_key(f, pinyin) for f in forms}
-    latin = {f.lower() for f in forms if not _CJK.search(f)} | {
-        " ".join(map(pinyin, f[i:])) for f in forms if _CJK.search(f) for i in (0, 1)}
+    latin = {f.lower() for f in forms if not _CJK.search(f) and len(f) > 2} | {p for f in forms if
+             _CJK.search(f) for i in (0, 1) if len(p := " ".join(map(pinyin, f[i:]))) > 3}  # Kai
     rx = "|".join(r"\s*".join(map(re.escape, f.split())) for f in sorted(latin, key=len)[::-1]
-                  if len(f) > 3) or "(?!)"  # only short ones (Kai): an empty one matched all
+                  ) or "(?!)"  # none: an empty pattern matched everywhere
     text = re.sub(rf"(?i:\b(?:{rx})\b)(?P<s>'s\b)?", lambda m: (
         ("my" if m["s"] else "I") if first_person else "User" + (m["s"] or "")), text)
     for run in sorted(set(_HAN_RUN.findall(text)), key=len, reverse=True):
@@ -12065,14 +12065,15 @@ def build_server(memory_factory, cfg: Config):
                 raise ToolError(f"{name}: {validation_line(e.__cause__)}") from None
 
         async def get_prompt(self, name, arguments=None, context=None):
-            """MCPServer.get_prompt, with an argument the prompt does not take refused in one line
-            (unknown_argument) rather than as an internal error."""
+            """MCPServer.get_prompt, with an unknown prompt, an argument the prompt does not take
+            (unknown_argument) or a required one missing refused in one line, no traceback."""
             known = [a for p in await self.list_prompts() if p.name == name
                      for a in p.arguments or []]
-            if name in MCP_PROMPTS and (problem := unknown_argument(arguments or {}, [
+            if (problem := name not in MCP_PROMPTS and "no such prompt; there are "
+                    + ", ".join(MCP_PROMPTS) or unknown_argument(arguments or {}, [
                     a.name for a in known]) or next((f"{a.name} is required" for a in known
                     if a.required and a.name not in (arguments or {})), None)):
-                raise MCPError(INVALID_PARAMS, f"{name}: {problem}")  # not the SDK's traceback
+                raise MCPError(INVALID_PARAMS, f"{name[:ECHO_CHARS]}: {problem}")  # no traceback
             return await super().get_prompt(name, arguments, context)
 
         async def read_resource(self, uri, context=None):
@@ -14796,7 +14797,7 @@ def cli_conversations_show(state, session_id, source, offset, limit, persona, as
         return _echo_json(out)
     s = out["session"]
     click.echo(f"# {s['title'] or s['session_id']}  "
-               f"({s['source']}, {s['turn_count']} turns, {s['project']})")
+               f"({s['source']}, {s['turn_count']} turns, {s['project']})".translate(SHOWN))
     for t in out["turns"]:
         click.echo(f"[{t['created_at']}] {t['role']}: {t['text'].translate(SHOWN)}")
     if out["next_offset"] is not None:

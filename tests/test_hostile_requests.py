@@ -74,6 +74,10 @@ async def test_a_prompt_refuses_an_unknown_argument_in_one_line(server):
         with pytest.raises(MCPError) as e:
             await c.get_prompt("remember_about", {})
     assert str(e.value) == "remember_about: topic is required" and e.value.error.code == -32602
+    async with Client(server) as c:
+        with pytest.raises(MCPError) as e:
+            await c.get_prompt("x" * 5000, {})
+    assert str(e.value) == "x" * 60 + ": no such prompt; there are session_briefing, remember_about"
 
 
 # item 5: inputs echoed as a short prefix ----------------------------------------------------------

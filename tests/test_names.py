@@ -167,16 +167,18 @@ async def test_memories_in_the_users_name_answer_the_user(tmp_path, segmenter, l
             c, "What instrument do I play?")
 
 
-async def test_a_users_short_name_leaves_the_question_as_asked(tmp_path, segmenter):
-    """The user's own name of 3 letters ("Kai") is not put as the user, and the question keeps its
-    words (the empty name pattern put "I" at every word boundary: "Radiohead" was "iradioheadi",
-    so no English keyword found anything); keywords only, no vectors to hide it."""
+async def test_a_users_short_name_is_the_user_and_the_question_keeps_its_words(tmp_path, segmenter):
+    """The user's own name of 3 letters ("Kai") is the user's, as a longer one is, and the question
+    keeps its other words (the pattern of none but short names was empty and put "I" at every word
+    boundary: "Radiohead" was "iradioheadi"); keywords only, no vectors to hide it."""
     kai = [(t, []) for t in ("Kai is allergic to peanuts.", "Kai's father lives in Hamburg.",
                              "Kai works as a nurse in Leeds.", "Kai listens to Radiohead a lot.",
-                             "Kai runs along the canal on Sundays.", "Kai's sister Mei is a chef.")]
+                             "Kai runs along the canal on Sundays.", "Kai's sister Mei is a chef.",
+                             "Priya's father lives in Delhi.", "Priya is allergic to shellfish.")]
     async for c in serve(tmp_path, segmenter, None, {("embedding", "provider"): "none"}, kai):
         assert await texts(c, "Radiohead") == ["Kai listens to Radiohead a lot."]
         assert (await texts(c, "Where does my father live?"))[0] == "Kai's father lives in Hamburg."
+        assert (await texts(c, "Am I allergic to anything?"))[0] == "Kai is allergic to peanuts."
 
 
 def test_the_users_own_name_is_the_one_most_memories_hold(segmenter):
@@ -212,7 +214,8 @@ def test_the_users_own_name_is_the_one_most_memories_hold(segmenter):
     assert aokun.as_user("Zhiyao's mum visits; 陆知行 too", me, pinyin, False) == \
         "User's mum visits; 陆知行 too"  # her brother is not her
     assert aokun.as_user("Does Kai like Radiohead?", ("Kai",), pinyin, True) == \
-        "Does Kai like Radiohead?"  # a short name is not put as the user (an empty pattern)
+        "Does I like Radiohead?"  # a short name too (its pattern was left empty: matched all)
+    assert aokun.as_user("Wei Lan lives here", ("张伟",), pinyin, False) == "Wei Lan lives here"
 
 
 @pytest.mark.parametrize("text, others", [

@@ -49,7 +49,9 @@ async def hits(c, query: str) -> list[dict]:
     ("我住在杭州，在阿里工作。", "I moved from Hangzhou to Shanghai last month.", "杭州",
      "partly "),
     ("I live in Hangzhou, near the lake.", "我搬到了上海。", "Hangzhou", ""),
-], ids=["en", "zh", "zh-en", "en-zh"])
+    ("I work at Farfetch as a data analyst.",  # "left … and started at": a new employer
+     "I left Farfetch and started at Critical Software as a senior data analyst.", "Farfetch", ""),
+], ids=["en", "zh", "zh-en", "en-zh", "en-job"])
 async def test_the_newer_comes_first_and_the_older_is_marked(server, old_text, new_text, query,
                                                              partly):
     async with Client(server) as c:
