@@ -1003,8 +1003,7 @@ def readable_rows(conn: apsw.Connection, table: str, columns: list[str], failed:
             return
         except (apsw.CorruptError, UnicodeDecodeError):
             after, step = after + step, step * 2
-        if table not in failed:
-            failed.append(table)
+        failed += [table] * (table not in failed)
         if not rowid:
             return
 
@@ -2778,6 +2777,7 @@ class Rules:
         language, but those of the words in `skip`."""
         return self._said(text) - {self.concept_of.get(w) for w in skip}
 
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 (one Rules a process); recall asks often
     def event_changed(self, text: str) -> bool:
         """Whether a memory's `text` says, not asks, an event changed ([events] change)."""
         return any(rx.search(statements(fold(text))) for rx in self.event_change)
@@ -3046,6 +3046,7 @@ SUPERSEDE_JACCARD = 0.25
 #: Journal._may_update: at most this many memories (recall's _may_replace: after as many hits); an
 #: event's rival shares ≥ EVENT_SHARED_TOKENS search tokens, EVENT_JACCARD of them (_event_rivals)
 MAY_UPDATE_MAX, EVENT_SHARED_TOKENS, EVENT_JACCARD, MAY_UPDATE_PREVIEW_CHARS = 3, 1, 0.2, 80
+LATER_MAX = 200  #: recall reads this many memories after its first hits for their events' changes
 #: _rival_fits: the value a new memory changed from ("from Flask to", "从 MySQL 迁移到"); what may
 #: stand before the person a memory is about; what its first word is not
 CHANGED_FROM = re.compile(r"(?i)\bfrom\s+(?:(?:the|a|an|my|his|her|their|our)\s+)?"
@@ -4751,11 +4752,10 @@ class Journal:
                 self._retire_contradicted(p.document_id)
         return [(r["id"], r["content"]) for r in rows if r["id"] not in skip]
 
-    def _event_rivals(self, p: Prepared, skip: set, later=False) -> list[tuple[int, str]]:
+    def _event_rivals(self, p: Prepared, skip: set) -> list[tuple[int, str]]:
         """may_update's event signal: [(id, content)] of live older memories not in `skip` sharing
-        EVENT_SHARED_TOKENS and EVENT_JACCARD of p's tokens less [events] words, if p says so; or,
-        `later`, of the memories after p that say its event changed (recall's _may_replace)."""
-        if not later and not self.rules.event_changed(p.content):
+        EVENT_SHARED_TOKENS and EVENT_JACCARD of p's tokens less [events] words, if p says so."""
+        if not self.rules.event_changed(p.content):
             return []
         skip_words = self.rules.event_words | self.people_words(p.persona_id)
         words, out = set(self.seg.tokens(p.content)) - skip_words, []
@@ -4765,9 +4765,7 @@ class Journal:
                 "match": fts_query(sorted(words | other)), "persona_id": p.persona_id,
                 "document_id": p.document_id, "k": 4 * MAY_UPDATE_MAX}) if words | other else ():
             theirs = set(r["segmented"].split()) - skip_words
-            if r["id"] not in skip and (not later or (r["created_at"], r["id"]) > (
-                    p.created_at, p.document_id) and self.rules.event_changed(r["content"])) \
-                    and self.event_pair(words, theirs, (p.content, r["content"])):
+            if r["id"] not in skip and self.event_pair(words, theirs, (p.content, r["content"])):
                 out.append((r["id"], r["content"]))
         return out
 
@@ -5756,24 +5754,26 @@ class Recall:
         return newer_first(hits + added, maybe | by)[:q.k]
 
     def _may_replace(self, hits: list[dict], by: dict, docs: dict) -> dict[int, int]:
-        """{hit id: the newest later hit memorize's event or meaning signal links to it
-        (event_changed, event_pair, _near_rival), or for one of the first hits the newest later
-        memory its event signal finds}, `by` (replaced) left out, marked on the hits."""
-        out, skip, age = {}, None, lambda h: (h["created_at"], h["id"])
+        """{hit id: the newest later hit memorize's event or meaning signal links to it (event_pair,
+        _near_rival; a first hit: any memory after it), `by` (replaced) left out; marked on hits."""
+        out, age = {}, lambda h: (h["created_at"], h["id"])
+        skip = self.rules.event_words | self.people_words(hits[0]["persona_id"]) if hits else set()
         for new in sorted(hits, key=age):
             older = {h["id"] for h in hits if h["id"] not in by and age(h) < age(new)}
             if older and self.rules.event_changed(new["text"]):
-                skip = skip or self.rules.event_words | self.people_words(new["persona_id"])
                 words = set(self.seg.tokens(new["text"])) - skip
                 out |= {i: new["id"] for i in older if self.event_pair(words, set(docs[i][
                     "segmented"].split()) - skip, (new["text"], docs[i]["content"]))}
             near = self._near_rival(Prepared(new["text"], new["persona_id"], document_id=new[
                 "id"], created_at=new["created_at"]), set()) if older else []
             out |= {i: new["id"] for i, _ in near if i in older}
-        for h in (h for h in hits[:MAY_UPDATE_MAX] if h["id"] not in out and h["id"] not in by):
-            later = self._event_rivals(Prepared(h["text"], h["persona_id"], document_id=h[
-                "id"], created_at=h["created_at"]), {x["id"] for x in hits}, later=True)
-            out |= {h["id"]: max(later)[0]} if later else {}
+        top = [h for h in hits[:MAY_UPDATE_MAX] if h["id"] not in out and h["id"] not in by]
+        later = [r for r in self.rows(self.queries["later_memories"], {"persona_id": top[0][
+            "persona_id"], "after": min(h["id"] for h in top), "n": LATER_MAX}) if r["id"] not in
+            {x["id"] for x in hits} and self.rules.event_changed(r["content"])] if top else []
+        out |= {h["id"]: r["id"] for h in top for r in later if (r["created_at"], r["id"]) > age(
+            h) and self.event_pair(set(docs[h["id"]]["segmented"].split()) - skip, set(r[
+                "segmented"].split()) - skip, (h["text"], r["content"]))}  # the newest changing it
         for h in hits:
             h.update({"may_be_replaced_by": out[h["id"]]} if h["id"] in out else {})
         return out

@@ -422,3 +422,11 @@ where s.document_id in (select value from json_each(:ids)) and a.slot != '' and 
 -- The persona's latest :n live memories' texts: the name they call the user by (Recall._own_name).
 select content from documents where persona_id = :persona_id and archived = 0
 order by created_at desc limit :n;
+
+-- name: later_memories
+-- recall's _may_replace: the first :n memories of :persona_id stored after memory :after (by id),
+-- not archived, with their segmented text (the ones saying an event changed are kept).
+select d.id, d.content, d.created_at, f.segmented
+from documents d join documents_fts f on f.rowid = d.id
+where d.persona_id = :persona_id and d.id > :after and d.archived = 0
+order by d.id limit :n;
