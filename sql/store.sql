@@ -93,7 +93,7 @@ where state = 'superseded' and expires_at > :now
 -- name: event_rivals
 -- may_update's event signal: the best BM25 matches (:match, an FTS5 expression) among the memories
 -- of :persona_id other than :document_id, not archived, with their segmented text.
-select d.id, d.content, d.created_at, f.segmented
+select d.id, d.content, f.segmented
 from documents_fts f join documents d on d.id = f.rowid
 where documents_fts match :match and d.persona_id = :persona_id and d.id != :document_id
   and d.archived = 0
