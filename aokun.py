@@ -4030,10 +4030,8 @@ class Layers:
                                "order by document_id limit 1", (atom_id,))
             if other is None:
                 # what this atom superseded is current again
-                c.execute("update memory_atoms set state = 'active', superseded_by = null, "
-                          "state_changed_at = ?, updated_at = ? "
-                          "where superseded_by = ? and state = 'superseded' and expires_at > ?",
-                          (now_iso(), now_iso(), atom_id, now_iso()))
+                c.execute(self.queries["reactivate_atoms"],
+                          {"document_id": -1, "atom_id": atom_id, "now": now_iso()})
                 c.execute("delete from memory_atoms_fts where rowid = ?", (atom_id,))
                 c.execute("delete from memory_atoms where id = ?", (atom_id,))
             else:
@@ -5104,8 +5102,8 @@ class Journal:
         self._set_flag_in_tx(doc_id, "archived", False)
         self.conn.execute("update documents set merged_into = null, superseded_by = null "
                           "where id = ?", (doc_id,))
-        self.conn.execute(self.queries["reactivate_document_atoms"],
-                          {"document_id": doc_id, "now": now_iso()})
+        self.conn.execute(self.queries["reactivate_atoms"],
+                          {"document_id": doc_id, "atom_id": -1, "now": now_iso()})
 
 
 # Knowledge graph: temporal triples ###############################################################
@@ -6077,8 +6075,9 @@ class Recall:
 
     def search_atoms(self, query, k: int = 10, persona_id: str | None = None) -> dict:
         """Atom BM25 × TTL factor (seed: Retrieval IV): only active atoms; exp(−age/ttl) till expiry
-        (age from last reinforcement), planned atoms 1 to their deadline, then 0. Returns {results:
-        [{id, document_id, atom_type, content, score, bm25, ttl_factor, expires_at}]}."""
+        (age from last reinforcement), planned atoms 1 to their deadline, then 0 (a slot's is kept,
+        sql/lifecycle.sql). Returns {results: [{id, document_id, atom_type, content, score, bm25,
+        ttl_factor, expires_at}]}."""
         started = time.perf_counter()
         query = query_text(query, "query")
         k = self._capped_k(k, [])  # the answer has no warnings to carry the cap's
@@ -6094,7 +6093,7 @@ class Recall:
         for a in rows:
             decay = self.rules.types[a["atom_type"]]["decay"]
             factor = ttl_factor(a | {"state": "active"}, decay, ref)
-            if factor <= 0:
+            if factor <= 0 and not a["slot"]:  # a slot's, past its TTL, holds till replaced
                 continue
             # seed 1/(1+exp(−s/8)), s = −bm25() = −raw
             norm = 1.0 / (1.0 + math.exp(a["raw"] / ATOM_BM25_SCALE))
@@ -6284,7 +6283,7 @@ class Briefing:
         part = self.partly_replaced(by) if by else {}
         tag = {d["id"]: memory_tag(d["id"], by.get(d["id"]), d["id"] in part) for d in key + recent}
         if key:
-            lines.append("## Pinned and important")
+            lines.append("## Key memories")
             lines += [f"- {tag[d['id']]} {_one_line(d['content'])}" for d in newer_first(key, by)]
         shown = {d["id"] for d in key}
         recent = [d for d in recent if d["id"] not in shown]

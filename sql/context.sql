@@ -2,11 +2,16 @@
 -- Try one in the shell:  .param set :persona_id ''  then paste the query.
 
 -- name: briefing_key_memories
--- The briefing's "Pinned and important": up to 30 live memories of :persona_id that are pinned or
--- have importance ≥ :min_importance, pinned first, then by importance, newest first. With a
--- :project ('' none), the global memories and that project's only (so in every query below).
-select id, content, created_at from documents
-where persona_id = :persona_id and archived = 0 and (pinned = 1 or importance >= :min_importance)
+-- The briefing's "Key memories": up to 30 live memories of :persona_id that are pinned, have
+-- importance ≥ :min_importance or state a current single-valued fact (an active atom holding a
+-- slot, not a plan: where someone lives, works, what they prefer), pinned first, then by
+-- importance, newest first. With a :project ('' none), the global memories and that project's
+-- only (so in every query below).
+select id, content, created_at from documents d
+where persona_id = :persona_id and archived = 0 and (pinned = 1 or importance >= :min_importance
+  or exists (select 1 from atom_sources s join memory_atoms a on a.id = s.atom_id
+             where s.document_id = d.id and a.state = 'active' and a.slot != ''
+               and a.atom_type != 'planned'))
   and (:project = '' or project in ('', :project))
 order by pinned desc, importance desc, created_at desc
 limit 30;

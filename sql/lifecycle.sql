@@ -2,11 +2,14 @@
 --   active → expired (past expires_at) → forgotten (:forget_delay_days later; row kept, FTS row
 --   removed, never retrieved) → purged (:purge_delay_days later; row deleted).
 --   superseded atoms follow the same forget/purge clock; active ↔ dormant when every source memory
---   is archived / when one is live again.
+--   is archived / when one is live again. An atom holding a single-valued slot (where someone
+--   lives, works, what they prefer; rules/predicates.toml), unless planned, does not expire with
+--   age: it stays current until a newer value supersedes it (its TTL still weighs its rank).
 
 -- name: lifecycle_expire
 update memory_atoms set state = 'expired', state_changed_at = :now, updated_at = :now
-where state in ('active', 'dormant') and expires_at <= :now;
+where state in ('active', 'dormant') and expires_at <= :now
+  and (slot = '' or atom_type = 'planned');
 
 -- name: lifecycle_dormant
 update memory_atoms set state = 'dormant', state_changed_at = :now, updated_at = :now
@@ -16,7 +19,8 @@ where state = 'active' and not exists (
 
 -- name: lifecycle_wake
 update memory_atoms set state = 'active', state_changed_at = :now, updated_at = :now
-where state = 'dormant' and expires_at > :now and exists (
+where state = 'dormant' and (expires_at > :now or slot != '' and atom_type != 'planned')
+  and exists (
     select 1 from atom_sources s join documents d on d.id = s.document_id
     where s.atom_id = memory_atoms.id and d.archived = 0);
 

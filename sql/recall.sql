@@ -316,7 +316,7 @@ where d.pinned = 1 and d.persona_id = :persona_id and d.archived <= :max_archive
 -- name: search_atoms
 -- Atom BM25 over active atoms of one persona; the TTL factor is applied in Python.
 select a.id, a.document_id, a.atom_type, a.content, a.confidence, a.importance, a.reinforcement_count,
-       a.created_at, a.last_reinforced_at, a.expires_at, a.base_ttl_days,
+       a.created_at, a.last_reinforced_at, a.expires_at, a.base_ttl_days, a.slot,
        bm25(memory_atoms_fts) as raw
 from memory_atoms_fts
 join memory_atoms a on a.id = memory_atoms_fts.rowid

@@ -83,12 +83,14 @@ where d.superseded_by = :document_id
 select count(*) from atom_sources s join memory_atoms a on a.id = s.atom_id
 where s.document_id = :document_id and a.state = 'superseded';
 
--- name: reactivate_document_atoms
--- restore_memory: the superseded atoms memory :document_id states are current again (unexpired
--- at :now).
+-- name: reactivate_atoms
+-- Superseded atoms current again: those memory :document_id states (restore_memory), or those
+-- atom :atom_id superseded (it is deleted), if unexpired at :now or holding a slot and not
+-- planned (such an atom does not expire, sql/lifecycle.sql). Give the other id as -1.
 update memory_atoms set state = 'active', superseded_by = null, state_changed_at = :now, updated_at = :now
-where state = 'superseded' and expires_at > :now
-  and id in (select atom_id from atom_sources where document_id = :document_id);
+where state = 'superseded' and (expires_at > :now or slot != '' and atom_type != 'planned')
+  and (superseded_by = :atom_id
+       or id in (select atom_id from atom_sources where document_id = :document_id));
 
 -- name: event_rivals
 -- may_update's event signal: the best BM25 matches (:match, an FTS5 expression) among the memories

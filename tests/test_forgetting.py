@@ -361,6 +361,28 @@ def test_supersession_and_undo_by_deleting_the_newer_memory(make, clock):
     assert found(m, "Bob Paris", old)
 
 
+def test_a_fact_holding_a_slot_stays_current_until_a_newer_value(make, clock):
+    """Where one lives does not stop mattering with age: the atom of a slot (rules/predicates.toml)
+    outlives its TTL (still found, in the briefing) until a newer value supersedes it; deleting
+    the newer memory makes it current again. A fact without a slot expires as before."""
+    m = make()
+    leeds = m.memorize("I live in Leeds with my wife Anna.")["id"]
+    museum = m.memorize(MUSEUM)["id"]
+    [home], [trip] = atom_ids(m, leeds), atom_ids(m, museum)
+    assert atom(m, home)["slot"] == "lives_in" and atom(m, trip)["slot"] == ""
+    clock.set(aokun.parse_time(atom(m, home)["expires_at"]) + dt.timedelta(days=400))
+    m.lifecycle()
+    assert atom(m, home)["state"] == "active" and found(m, "Leeds", home)
+    assert atom(m, trip)["state"] == "expired" and not found(m, "science museum", trip)
+    assert "I live in Leeds with my wife Anna." in m.memory_context()["text"]
+    york = m.memorize("I moved to York last week.")["id"]
+    assert atom(m, home)["state"] == "superseded" and not found(m, "Leeds", home)
+    text = m.memory_context()["text"]
+    assert "I moved to York" in text and "Leeds" not in text
+    m.delete(york)
+    assert atom(m, home)["state"] == "active" and found(m, "Leeds", home)
+
+
 def test_an_older_fact_arriving_late_is_itself_superseded(make, clock):
     m = make()
     berlin = m.memorize("Bob moved to Berlin.", {"participants": ["Bob"]})["id"]
