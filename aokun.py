@@ -6093,7 +6093,7 @@ class Recall:
         for a in rows:
             decay = self.rules.types[a["atom_type"]]["decay"]
             factor = ttl_factor(a | {"state": "active"}, decay, ref)
-            if factor <= 0 and not a["slot"]:  # a slot's, past its TTL, holds till replaced
+            if factor <= 0 and (decay == "step" or not a["slot"]):  # a slot's holds till replaced
                 continue
             # seed 1/(1+exp(−s/8)), s = −bm25() = −raw
             norm = 1.0 / (1.0 + math.exp(a["raw"] / ATOM_BM25_SCALE))
