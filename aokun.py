@@ -2102,7 +2102,7 @@ def mmr_pool(order: list[int], parts: dict, pins: dict, size: int) -> list[int]:
     return pool + [i for i in pins if i in parts and i not in pool]
 
 
-RELEVANCE_RANK = 0.5  #: select_hits: the share of a hit's ranking weight its relevance sets
+RELEVANCE_RANK = 0.8  #: select_hits: the share of a hit's ranking weight its relevance sets
 
 
 def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict[int, float],

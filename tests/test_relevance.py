@@ -438,3 +438,22 @@ def test_how_or_why_things_are_asked_of_no_one_is_no_question_of_the_user(local_
     got = [h["text"] for h in local_mem.recall("周末一般怎么安排？", k=3,
                                                persona_id="general")["results"]]
     assert got[:1] == ["周末一般睡到十点，下午去公园遛狗。"], got
+
+
+@pytest.mark.slow
+def test_a_recent_memory_of_other_things_does_not_answer_what_holds_now(local_mem):
+    """"now" asks for the value that holds now; the newest memory (a redacted password, near
+    every "my …" question in meaning) is not that value: the job memories come first (the
+    fresh-clone trial's memories; a recency boost for "now" put the password first)."""
+    persona, ref = "relevance-now", aokun.now()
+    for text, days in (("My daughter Sophie is 7 and is allergic to peanuts.", 6),
+                       ("My password for the bank is Tr0ub4dor&3 and my PIN is 4821.", 1),
+                       ("我住在曼彻斯特。", 7), ("We moved to Leeds last month.", 1),
+                       ("I work at Farfetch as a data analyst.", 220),
+                       ("I left Farfetch and started at Critical Software as a senior data "
+                        "analyst.", 36)):
+        local_mem.memorize(text, {"persona_id": persona,
+                                  "timestamp": aokun.iso(ref - aokun.dt.timedelta(days=days))})
+    for query in ("Where do I work now?", "我现在在哪里上班？", "What is my job?"):
+        hits = local_mem.recall(query, k=3, persona_id=persona)["results"]
+        assert "Farfetch" in hits[0]["text"], (query, [h["text"] for h in hits])
