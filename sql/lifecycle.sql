@@ -1,7 +1,9 @@
 -- The atom TTL state machine (seed: Forgetting & Lifecycle, atom level), one sweep at :now:
 --   active → expired (past expires_at) → forgotten (:forget_delay_days later; row kept, FTS row
 --   removed, never retrieved) → purged (:purge_delay_days later; row deleted).
---   superseded atoms follow the same forget/purge clock; active ↔ dormant when every source memory
+--   A superseded atom stays superseded (never served; the seed forgot it like an expired one): it
+--   is what says an older memory was replaced (sql recall.sql replacements), and the value
+--   that is current again when the newer memory goes. active ↔ dormant when every source memory
 --   is archived / when one is live again. An atom holding a single-valued slot (where someone
 --   lives, works, what they prefer; rules/predicates.toml), unless planned, does not expire with
 --   age: it stays current until a newer value supersedes it (its TTL still weighs its rank).
@@ -26,8 +28,7 @@ where state = 'dormant' and (expires_at > :now or slot != '' and atom_type != 'p
 
 -- name: lifecycle_forget_ids
 select id from memory_atoms
-where state in ('expired', 'superseded')
-  and julianday(:now) - julianday(state_changed_at) >= :forget_delay_days;
+where state = 'expired' and julianday(:now) - julianday(state_changed_at) >= :forget_delay_days;
 
 -- name: lifecycle_purge_ids
 select id from memory_atoms

@@ -348,11 +348,9 @@ def test_supersession_and_undo_by_deleting_the_newer_memory(make, clock):
     assert atom(m, old)["state"] == "superseded" and atom(m, old)["superseded_by"] == new
     assert atom(m, new)["state"] == "active" and atom(m, new)["slot_value"] == "berlin"
     assert not found(m, "Bob Paris", old) and found(m, "Bob Berlin", new)
-    # a superseded atom follows the forget clock (preview only here)
-    later = aokun.parse_time(atom(m, old)["state_changed_at"]) + dt.timedelta(days=7)
-    assert {"id": old, "old": "superseded", "new": "forgotten"} \
-        in m.lifecycle(dry_run=True, ref=later)["atoms"]
-    assert atom(m, old)["state"] == "superseded"
+    # a superseded atom stays superseded: it is what marks the older memory replaced
+    later = aokun.parse_time(atom(m, old)["state_changed_at"]) + dt.timedelta(days=60)
+    assert m.lifecycle(ref=later)["atoms"] == [] and atom(m, old)["state"] == "superseded"
 
     m.delete(berlin)
     a = atom(m, old)
@@ -381,6 +379,26 @@ def test_a_fact_holding_a_slot_stays_current_until_a_newer_value(make, clock):
     assert "I moved to York" in text and "Leeds" not in text
     m.delete(york)
     assert atom(m, home)["state"] == "active" and found(m, "Leeds", home)
+
+
+def test_a_replaced_fact_stays_replaced_through_months_of_maintenance(make, clock):
+    """The server's sweeps (maintenance_due) once forgot a superseded atom after 7 days, and with
+    it the link: recall then served the old city first, unmarked, and deleting the newer memory
+    brought nothing back. EN and ZH, and across them."""
+    m = make()
+    leeds = m.memorize("I live in Leeds.")["id"]
+    clock.advance(days=30)
+    manchester = m.memorize("I moved to Manchester last week.")["id"]
+    clock.advance(days=30)
+    shenzhen = m.memorize("我现在住在深圳。")["id"]
+    for _ in range(3):
+        m.maintenance_due(clock.advance(days=40))
+    found = [(h["id"], h.get("replaced_by")) for h in m.recall("Leeds Manchester 深圳")["results"]]
+    assert found == [(shenzhen, None), (manchester, shenzhen), (leeds, manchester)]
+    m.delete(shenzhen)
+    found = [(h["id"], h.get("replaced_by")) for h in m.recall("Leeds Manchester")["results"]]
+    assert found == [(manchester, None), (leeds, manchester)]
+    assert "I moved to Manchester" in m.memory_context()["text"]
 
 
 def test_an_older_fact_arriving_late_is_itself_superseded(make, clock):
