@@ -4301,10 +4301,11 @@ class Layers:
                               (int(value), eid))
 
     def _auto_facts(self, text: str) -> list[str]:
-        """Key facts when none were given: the content's sentences with at least two search tokens
-        (so "Hi!" and "OK." do not become atoms), at most max_auto_facts."""
-        return [s for s in split_sentences(text, 4 * self.cfg.write.max_auto_facts)
-                if len(self.seg.tokens(s)) >= 2][: self.cfg.write.max_auto_facts]
+        """Key facts when none were given: the content's sentences of two search tokens or more
+        ("Hi!", "OK." are none) or holding a slot ("I'm vegan", 我吃素), max_auto_facts at most."""
+        n = self.cfg.write.max_auto_facts
+        return [s for s in split_sentences(text, 4 * n)
+                if len(self.seg.tokens(s)) >= 2 or self.rules.slot(s)[0]][:n]
 
     # back-fill: the vector stage deferred, and the refresh worker --------------------------------
     def _refresh_stale(self, ids) -> None:

@@ -366,13 +366,16 @@ def test_a_fact_holding_a_slot_stays_current_until_a_newer_value(make, clock):
     m = make()
     leeds = m.memorize("I live in Leeds with my wife Anna.")["id"]
     museum = m.memorize(MUSEUM)["id"]
+    veg = m.memorize("我吃素。")["id"]  # one search token: a fact for its slot alone
     [home], [trip] = atom_ids(m, leeds), atom_ids(m, museum)
+    assert [atom(m, a)["slot"] for a in atom_ids(m, veg)] == ["diet"]
     assert atom(m, home)["slot"] == "lives_in" and atom(m, trip)["slot"] == ""
     clock.set(aokun.parse_time(atom(m, home)["expires_at"]) + dt.timedelta(days=400))
     m.lifecycle()
     assert atom(m, home)["state"] == "active" and found(m, "Leeds", home)
     assert atom(m, trip)["state"] == "expired" and not found(m, "science museum", trip)
     assert "I live in Leeds with my wife Anna." in m.memory_context()["text"]
+    assert "我吃素。" in m.memory_context()["text"]
     york = m.memorize("I moved to York last week.")["id"]
     assert atom(m, home)["state"] == "superseded" and not found(m, "Leeds", home)
     text = m.memory_context()["text"]
