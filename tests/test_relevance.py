@@ -457,3 +457,19 @@ def test_a_recent_memory_of_other_things_does_not_answer_what_holds_now(local_me
     for query in ("Where do I work now?", "我现在在哪里上班？", "What is my job?"):
         hits = local_mem.recall(query, k=3, persona_id=persona)["results"]
         assert "Farfetch" in hits[0]["text"], (query, [h["text"] for h in hits])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("home, other, query", [
+    ("I live in Leeds with my wife Anna.", "Currently watching a documentary about deep sea fish.",
+     "Where do I currently live?"),
+    ("我住在深圳南山。", "我现在在咖啡馆里写代码。", "我现在住在哪？")])
+def test_a_word_of_the_present_is_no_content(local_mem, home, other, query):
+    """"currently", 现在 say when, not what (rules/stopwords.txt): the memory sharing only that
+    word does not come first (a new-user trial)."""
+    persona, ref = "relevance-now-" + str(len(query)), aokun.now()
+    for text, days in ((home, 200), (other, 0)):
+        local_mem.memorize(text, {"persona_id": persona,
+                                  "timestamp": aokun.iso(ref - aokun.dt.timedelta(days=days))})
+    hits = local_mem.recall(query, k=3, persona_id=persona)["results"]
+    assert hits[0]["text"] == home, [h["text"] for h in hits]
