@@ -2172,11 +2172,6 @@ def cross_cover(query_tokens: set, across: dict, doc_tokens: set, text: str,
     return sum(map(weight, met)) / sum(map(weight, words)) if met else None
 
 
-def utf8(data: bytes) -> bool:
-    """Whether `data` decodes as UTF-8 (what does not, comes back replaced)."""
-    return data.decode("utf-8", "replace").encode("utf-8") == data
-
-
 def has_words(tokens) -> bool:
     """Whether tokens hold a word (a letter of any script): emoji, punctuation, numbers do not."""
     return any(_LETTER.search(t) for t in tokens)
@@ -2232,6 +2227,16 @@ def name_key(name: str, pinyin) -> str:
     """A name's spelling to compare in either script: lower-case, unspaced; Chinese in `pinyin`
     (陆知遥, Lu Zhiyao and luzhiyao are all luzhiyao)."""
     return "".join(map(pinyin, name)) if _CJK.search(name) else name.lower().replace(" ", "")
+
+
+def same_subject(a: str, b: str, pinyin) -> bool:
+    """Whether two atom subjects (Rules.canonical keys) are one person's: equal, or a Chinese name
+    and its `pinyin`, whole or a three-character name's last two (许文博: xuwenbo, wenbo)."""
+    han, latin = (a, b) if _CJK.search(a) else (b, a)
+    if a == b or not _CJK.search(han) or _CJK.search(latin):
+        return a == b
+    return bool(latin) and latin.replace(" ", "") in {name_key(han, pinyin), name_key(
+        han[1:], pinyin) * (len(han) == 3)}
 
 
 def own_name(texts: list[str], stop, cjk_names, others: re.Pattern, pinyin) -> tuple[str, ...]:
@@ -2748,11 +2753,6 @@ class Rules:
         rules/predicates.toml [subjects] ("my sister", "我朋友")."""
         text = self._request.sub(" ", fold(query))
         return bool(self._speaks_of_user.search(text)) and not self._other_subject.search(text)
-
-    def asked_slots(self, query: str) -> frozenset[str]:
-        """The single-valued slots whose question forms ([[predicates]] asks) `query` takes."""
-        query = fold(query)
-        return frozenset(name for name, rx in self.slot_asks if rx.search(query))
 
     def across(self, word: str) -> tuple[str, ...]:
         """The words of `word`'s concept (concept_of) in the other script; () if it has none."""
@@ -3821,12 +3821,13 @@ class Layers:
 
     def _fact_slot(self, p: Prepared, fact: str) -> tuple[str, str, str]:
         """(slot, value, subject) of one fact of write `p` (Rules.slot), he, she or a name resolved
-        to the participant it names, else the memory's first."""
+        to the participant it names, else the Chinese name leading it (王芳住在), else the first."""
         slot, value, subject = self.rules.slot(fact)
         if not slot:
             return "", "", self.rules.canonical(p.participants[0]) if p.participants else ""
-        if subject is None:  # he, she or a name: the participant the fact names, else the first
-            named = [x for x in p.participants if x and x in fact] or p.participants[:1]
+        if subject is None:
+            lead = [n for n in self.seg.names(fact) if re.match(f"{re.escape(n)}(?!的)", fact)]
+            named = [x for x in p.participants if x and x in fact] or lead or p.participants[:1]
             subject = self.rules.canonical(named[0]) if named else ""
             if subject in ("", "user"):  # no one to give the value to
                 return "", "", subject
@@ -4005,13 +4006,13 @@ class Layers:
 
     def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str,
                    created_at: str) -> None:
-        """Of the active atoms with this persona, subject and single-valued slot, the newest stays
-        active and supersedes every one with another value (a late older fact too). In tx."""
+        """Of the active atoms with this persona, subject (same_subject) and single-valued slot, the
+        newest stays active and supersedes every one with another value (a late older fact too)."""
         c, stamp = self.conn, now_iso()
         rivals = self.rows(self.queries["atom_rivals"], {
-            "persona_id": persona_id, "subject": subject, "slot": slot, "id": atom_id})
+            "persona_id": persona_id, "slot": slot, "id": atom_id})
         for r in rivals:
-            if r["slot_value"] == value:
+            if r["slot_value"] == value or not same_subject(r["subject"], subject, self.seg.pinyin):
                 continue
             old, new = (r["id"], atom_id) if r["created_at"] <= created_at else (atom_id, r["id"])
             c.execute("update memory_atoms set state = 'superseded', superseded_by = ?, "
@@ -5137,10 +5138,6 @@ class KnowledgeGraph:
             eid = self.conn.last_insert_rowid()
         return eid
 
-    def single_valued(self, predicate: str) -> bool:
-        """Whether `predicate` is single-valued in rules/predicates.toml (a new object ends it)."""
-        return predicate in {p[0] for p in self.rules.slot_patterns}
-
     def kg_add(self, subject, predicate, object, valid_from=None, valid_to=None, confidence=1.0,
                source_memory_id: int | None = None, persona_id=None) -> dict:
         """Record subject —predicate→ object from valid_from (now) until valid_to (open); a new
@@ -5167,7 +5164,7 @@ class KnowledgeGraph:
             same = self.value(self.queries["kg_same_open_fact"], fact)
             if same is not None and end is None:
                 return dict(self._triple(same, persona), closed=[], existing=True)
-            if self.single_valued(pred):
+            if pred in {p[0] for p in self.rules.slot_patterns}:  # single-valued: a new one ends it
                 for r in self.rows(self.queries["kg_rival_facts"], fact):
                     if r["valid_from"] <= start:
                         c.execute("update kg_triples set valid_to = ?, updated_at = ? where id = ?",
@@ -6001,10 +5998,11 @@ class Recall:
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
-        slots = self.rules.asked_slots(q.text) if mine and not about["howto"] else ()
+        slots = {n for n, rx in self.rules.slot_asks if rx.search(about["text"])} if mine and not (
+            about["howto"]) else ()  # the slots whose question forms ([[predicates]] asks) it takes
         filled = {r["doc_id"] for r in self.rows(self.queries["recall_slots"], {
             "ids": json.dumps(list(pool)), "subjects": json.dumps(["user", *{  # Zhang Wei: wei
-                self.rules.canonical(w) for f in me or () if f.isascii() for w in f.split()}])})
+                self.rules.canonical(w) for f in me or () for w in f.split()}])})
             if {r["slot"].split(sep)[0] for sep in ":/"} & slots} if slots else ()
         kept = {}
         for i in pool:
@@ -6793,7 +6791,8 @@ class Maintenance:
             return [str(self.damaged("integrity_check: " + "; ".join(integrity)))]
         with self.lock:  # bytes that are not UTF-8 in a text: recall and export fail on them
             bad = [i for i, b in self.conn.execute("select id, cast(content as blob) from "
-                                                   "documents") if not utf8(b)][:3]
+                                                   "documents")  # what is not comes back replaced
+                   if b.decode("utf-8", "replace").encode("utf-8") != b][:3]
         if bad:
             return [str(self.damaged(f"the text of memory {', '.join(map(str, bad))} is not "
                                      "UTF-8"))]
@@ -8647,16 +8646,12 @@ class Watcher:
             bisect.insort(self.order, (-queued.mtime_ns, str(path), path))
             self.left_bytes += queued.left
 
-    def _fresh_end(self) -> int:
-        """Where the files changed in the last WATCH_FRESH_SECONDS end in self.order. Under lock."""
-        return bisect.bisect_right(self.order, -(time.time() - WATCH_FRESH_SECONDS) * 1e9,
-                                   key=lambda e: e[0])
-
     def _next(self, fresh: bool | None, take: bool = True) -> tuple[Path, QueuedFile] | None:
         """The newest queued file no thread reads (taken with `take`): changed in the last
         WATCH_FRESH_SECONDS (`fresh` True), older (False) or either (None); None when none."""
         with self.lock:
-            end = self._fresh_end()
+            end = bisect.bisect_right(self.order, -(time.time() - WATCH_FRESH_SECONDS) * 1e9,
+                                      key=lambda e: e[0])  # the files changed in that time end
             span = range(0, end) if fresh else range(end if fresh is False else 0, len(self.order))
             for i in span:
                 if (path := self.order[i][2]) not in self.taken:

@@ -30,10 +30,10 @@ select id, atom_type, base_ttl_days, importance, reinforcement_count, confidence
 from memory_atoms where uid = :uid;
 
 -- name: atom_rivals
--- The other active atoms (not :id) of the same persona, subject and single-valued slot: the ones
--- a new value of the slot supersedes, or is superseded by.
-select id, slot_value, created_at from memory_atoms
-where persona_id = :persona_id and subject = :subject and slot = :slot and state = 'active' and id != :id;
+-- The other active atoms (not :id) of the same persona and single-valued slot, with their subject:
+-- of the same subject's, the ones a new value of the slot supersedes, or is superseded by.
+select id, subject, slot_value, created_at from memory_atoms
+where persona_id = :persona_id and slot = :slot and state = 'active' and id != :id;
 
 -- name: document_atom_sources
 -- The atoms memory :document_id is a source of, with their first source and reinforcement count.

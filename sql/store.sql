@@ -50,11 +50,11 @@ order by at, kind desc;
 -- name: slot_rivals_of_document
 -- Memories whose atom an atom of memory :document_id superseded by its single-valued slot (same
 -- persona, subject and slot, another value; rules/predicates.toml), not archived, newest first:
--- the slot signal of memorize's may_update. Through memory_atoms_slot, not a scan.
+-- the slot signal of memorize's may_update.
 select distinct d.id, d.content
 from memory_atoms n
-join memory_atoms o on o.persona_id = n.persona_id and o.subject = n.subject and o.slot = n.slot
-                   and o.slot != '' and o.superseded_by = n.id
+join memory_atoms o on o.persona_id = n.persona_id and o.slot = n.slot and o.slot != ''
+                   and o.superseded_by = n.id
 join documents d on d.id = o.document_id
 where n.document_id = :document_id and n.slot != '' and d.persona_id = :persona_id
   and d.archived = 0 and d.id != :document_id

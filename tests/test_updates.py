@@ -676,3 +676,21 @@ async def test_an_event_changed_on_its_day_is_replaced_across_languages(server):
         lyon = await put("Moved to Lyon on Nov 21.", "11-02")  # a move, stated in its slot
         assert old["id"] not in [m["id"] for m in lyon["may_update"]]
 
+
+
+@pytest.mark.parametrize("old_text, new_text, query, place", [
+    ("王芳住在顺义，离我挺远。", "王芳上个月搬到了朝阳。", "王芳", "顺义"),
+    ("Wenbo lives in Clementi.", "许文博七月搬到了武吉巴督。", "Clementi 武吉巴督", "Clementi"),
+], ids=["zh", "en-zh"])
+async def test_a_move_of_someone_named_in_chinese_replaces_the_old_home(server, old_text, new_text,
+                                                                       query, place):
+    """A Chinese name leading a fact is its subject (王芳住在…: hers, no one's before), and one name
+    in either script is one person (Wenbo, 许文博): the move replaces the old home."""
+    async with Client(server) as c:
+        old = await call(c, "memorize", {"content": old_text})
+        new = await call(c, "memorize", {"content": new_text})
+        assert new["may_update"] == [{"id": old["id"], "preview": old_text}]
+        found = [(h["id"], h.get("replaced_by")) for h in await hits(c, query)]
+        assert found[:2] == [(new["id"], None), (old["id"], new["id"])]
+        gone = await call(c, "search_atoms", {"query": place})
+        assert gone["results"] == []  # the old home is no current fact
