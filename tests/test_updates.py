@@ -311,6 +311,10 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("用户用的是三星手机。", "用户把三星换成了Pixel 9。"),
     ("用户房租每个月2800。", "新房子每个月3300，水电另算。"),
     ("Rent is $1,200 a month.", "User's rent went up to $1,350."),
+    ("用户最爱吃热干面，一周至少吃三次。", "用户现在最喜欢吃的是螺蛳粉。"),
+    ("用户开的是一辆白色的丰田卡罗拉。", "提车了，最后买的是比亚迪汉。"),
+    ("何嘉欣是吉隆坡一家连锁药房的药剂师。", "何嘉欣升职为药房主管了。"),
+    ("用户在广州一所公立中学教高二英语。", "用户跳槽到了一家培训机构。"),
 ], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
         "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
         "model-en-zh", "latin-name-zh", "car-model-en", "car-sold-zh", "weight-en-zh", "rent-en",
@@ -319,7 +323,8 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
         "car-adjective-en", "car-adjective-zh", "go-to-en", "employer-in-a-city-zh",
         "time-word-first-zh", "new-home-zh", "new-car-zh", "new-phone-zh", "car-of-a-year-zh-en",
         "changed-jobs-zh", "phone-brand-zh", "dating-a-zh", "new-home-also-zh", "brand-model-zh",
-        "swapped-ba-zh", "new-rent-zh", "bare-rent-en"])
+        "swapped-ba-zh", "new-rent-zh", "bare-rent-en", "favourite-food-zh", "bought-is-zh",
+        "title-of-a-name-zh", "teaches-at-zh"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
@@ -331,7 +336,10 @@ def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new
     ("用户的妈妈每天喝茶。", "用户每天喝咖啡。"),
     ("I go to the gym on Mondays.", "My wife goes to the gym on Fridays."),
     ("我妹妹张悦住在成都，在一家设计公司上班。", "我从阿里离职了，现在在字节跳动做资深工程师。"),
-], ids=["pets-both", "habits-two-things", "schedule-two-people", "sisters-job-then-mine-zh"])
+    ("用户最爱吃热干面。", "用户最爱喝豆浆。"),
+    ("王婷住在顺义。", "何静住在朝阳。"),
+], ids=["pets-both", "habits-two-things", "schedule-two-people", "sisters-job-then-mine-zh",
+        "food-and-drink-zh", "two-names-zh"])
 def test_slots_silent_for_facts_that_both_hold(mem, first, second):
     mem.memorize(first, {"persona_id": "p"})
     assert mem.memorize(second, {"persona_id": "p"})["may_update"] == []
