@@ -2207,7 +2207,8 @@ def names_found(names, doc_tokens: set, pinyin, text: str = "") -> set[str]:
     and folded `text` holds: as a token, a Chinese one in its text, a start of the other (Mel is
     Melanie), spelt in pinyin by its characters or tokens (Wang Fang 王芳, 林梅 Lin Mei/Linmei)."""
     words = {w for n in names for w in n.split()}
-    found = words & doc_tokens | {w for w in words if _CJK.search(w) and w in text}
+    found = words & doc_tokens | {w for w in words if _CJK.search(w) and (w in text or len(
+        w) == 3 and w[1:] in text)}  # 梁可欣 asked, 可欣 stored
     if words - found:  # a short form of a name, or the name of a short form
         latin = [t for t in doc_tokens if len(t) >= 3 and t.isascii() and t.isalpha()]
         found |= {w for w in words - found if len(w) >= 3
@@ -5650,6 +5651,8 @@ class Recall:
                        "warnings": warnings + ["the query has no searchable words"]}
             return self._answer(key, nothing, started)
         same = {t: ws + self._kin_names(persona, ws) for t, ws in self._kin(tokens).items()}
+        same |= {t: [n[1:] if t == n else n] for n in self.persona_people(persona) if len(
+            n) == 3 and _CJK.search(n) for t in tokens if t in (n, n[1:])}  # 可欣: 梁可欣
         kin = set().union(*same.values())  # variants: 我妈: mom, 妈妈; my wife: 老婆, carla
         across = {t: ws for t in tokens if (ws := self.rules.across(t))}
         kin |= {w for ws in across.values() for w in ws if " " not in w}  # allergic: 过敏
@@ -5959,9 +5962,9 @@ class Recall:
         w = re.findall(r"[a-z]+", folded) if text == text.lower() else []  # typed in lower case
         spelt |= {"".join(w[i:i + k]) for i in range(len(w)) for k in (1, 2, 3)}
         spelt |= {g[:-1] for g in spelt if g.endswith("s")}  # aidens: aiden's
-        return frozenset(given | self.seg.names(text) | {n for n in people if (
-            n in folded or self.seg.pinyin(n) in spelt if _CJK.search(n) else
-            n.replace(" ", "") in spelt)})
+        return frozenset(given | self.seg.names(text) | {n for n in people if (  # 可欣: 梁可欣
+            n in folded or len(n) == 3 and n[1:] in folded or self.seg.pinyin(n) in spelt
+            if _CJK.search(n) else n.replace(" ", "") in spelt)})
 
     def _own_name(self, persona: str) -> tuple[str, ...]:
         """own_name of the persona's latest OWN_NAME_SAMPLE live memories, kept till the file

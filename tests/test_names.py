@@ -95,6 +95,19 @@ async def test_a_chinese_question_meets_a_name_stored_in_pinyin(client):
 
 
 @pytest.mark.slow
+async def test_a_given_name_asked_meets_the_full_name_stored_and_back(tmp_path, segmenter,
+                                                                       local_embedder):
+    """思雨 asked, 邓思雨 stored (jieba cuts each as one word, and 思雨 is no name to it): hers
+    answers; 梁可欣 asked, 可欣 stored too."""
+    more = [("用户的闺蜜邓思雨在深圳当律师。", ["邓思雨"]), ("女儿梁可欣今年7岁。", ["梁可欣"]),
+            ("可欣每周六上午上钢琴课，老师姓黄。", ["梁可欣"])]
+    async for c in serve(tmp_path, segmenter, local_embedder, memories=MEMORIES + more):
+        assert (await texts(c, "思雨在哪里工作？"))[:1] == ["用户的闺蜜邓思雨在深圳当律师。"]
+        assert "女儿梁可欣今年7岁。" in (await texts(c, "可欣今年几岁？"))[:2]
+        assert (await texts(c, "梁可欣周六上什么课？"))[:1] == ["可欣每周六上午上钢琴课，老师姓黄。"]
+
+
+@pytest.mark.slow
 async def test_a_relative_asked_in_english_meets_the_chinese_memory_of_them(client):
     got = await texts(client, "What does my wife do for work?")
     assert got and got[0] == "用户的老婆是小学英语老师，每天七点出门。", got
