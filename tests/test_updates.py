@@ -51,7 +51,8 @@ async def hits(c, query: str) -> list[dict]:
     ("I live in Hangzhou, near the lake.", "我搬到了上海。", "Hangzhou", ""),
     ("I work at Farfetch as a data analyst.",  # "left … and started at": a new employer
      "I left Farfetch and started at Critical Software as a senior data analyst.", "Farfetch", ""),
-], ids=["en", "zh", "zh-en", "en-zh", "en-job"])
+    ("I take the bus to work.", "我现在骑电动车上班了。", "bus", ""),
+], ids=["en", "zh", "zh-en", "en-zh", "en-job", "commute-en-zh"])
 async def test_the_newer_comes_first_and_the_older_is_marked(server, old_text, new_text, query,
                                                              partly):
     async with Client(server) as c:
@@ -315,6 +316,8 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("用户开的是一辆白色的丰田卡罗拉。", "提车了，最后买的是比亚迪汉。"),
     ("何嘉欣是吉隆坡一家连锁药房的药剂师。", "何嘉欣升职为药房主管了。"),
     ("用户在广州一所公立中学教高二英语。", "用户跳槽到了一家培训机构。"),
+    ("用户每天早上坐地铁11号线上班。", "现在都开车上班了，二十五分钟就到。"),
+    ("Maeve cycles to the clinic along the river path.", "Since starting at Downend, Maeve drives in."),
 ], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
         "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
         "model-en-zh", "latin-name-zh", "car-model-en", "car-sold-zh", "weight-en-zh", "rent-en",
@@ -324,7 +327,7 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
         "time-word-first-zh", "new-home-zh", "new-car-zh", "new-phone-zh", "car-of-a-year-zh-en",
         "changed-jobs-zh", "phone-brand-zh", "dating-a-zh", "new-home-also-zh", "brand-model-zh",
         "swapped-ba-zh", "new-rent-zh", "bare-rent-en", "favourite-food-zh", "bought-is-zh",
-        "title-of-a-name-zh", "teaches-at-zh"])
+        "title-of-a-name-zh", "teaches-at-zh", "commute-zh", "commute-en"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
@@ -338,8 +341,9 @@ def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new
     ("我妹妹张悦住在成都，在一家设计公司上班。", "我从阿里离职了，现在在字节跳动做资深工程师。"),
     ("用户最爱吃热干面。", "用户最爱喝豆浆。"),
     ("王婷住在顺义。", "何静住在朝阳。"),
+    ("My sister drives to work.", "I cycle to work."),
 ], ids=["pets-both", "habits-two-things", "schedule-two-people", "sisters-job-then-mine-zh",
-        "food-and-drink-zh", "two-names-zh"])
+        "food-and-drink-zh", "two-names-zh", "commute-two-people"])
 def test_slots_silent_for_facts_that_both_hold(mem, first, second):
     mem.memorize(first, {"persona_id": "p"})
     assert mem.memorize(second, {"persona_id": "p"})["may_update"] == []
