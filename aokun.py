@@ -3835,10 +3835,12 @@ class Layers:
         return slot, value, subject
 
     def _clauses(self, fact: str) -> list[str]:
-        """A fact of the user's single-valued slot cut at CLAUSE_BREAK into clauses that each hold
-        a slot, read with the user as their subject (我住在杭州 | 在设计公司做UI设计师; not "I live
-        in Hangzhou | near the lake"), so that a move retires the city alone. Else [fact]."""
-        if self.rules.slot(fact)[2] != "user":
+        """A fact of the user's single-valued slot, or with a clause led by 我, 用户 or I
+        (Ravi走了，用户向林佩珊汇报), cut at CLAUSE_BREAK into clauses that each hold a slot,
+        read with the user as their subject (我住在杭州 | 在设计公司做UI设计师; not "I live in
+        Hangzhou | near the lake"), so that a move retires the city alone. Else [fact]."""
+        if self.rules.slot(fact)[2] != "user" and not any(SLOT_USER_LEAD.match(
+                c) and self.rules.slot(c)[2] == "user" for c in CLAUSE_BREAK.split(fact)):
             return [fact]
         cuts = [0, *(x for m in CLAUSE_BREAK.finditer(fact) for x in m.span()), len(fact)]
         spans: list[list] = []  # [start, end, holds a slot]: a clause without one joins its own

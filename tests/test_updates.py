@@ -320,6 +320,8 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("Maeve cycles to the clinic along the river path.", "Since starting at Downend, Maeve drives in."),
     ("Kwame takes the King streetcar to work.", "Kwame now commutes by bike."),
     ("用户每天坐地铁上班。", "搬家后用户改成直接从桐梓林骑车去公司。"),
+    ("The user's manager is Ravi Menon.", "Ravi调去香港办公室了，用户现在向林佩珊汇报。"),
+    ("用户在一家银行做柜员。", "网易的offer签了，下个月中旬入职。"),
 ], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
         "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
         "model-en-zh", "latin-name-zh", "car-model-en", "car-sold-zh", "weight-en-zh", "rent-en",
@@ -330,7 +332,8 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
         "changed-jobs-zh", "phone-brand-zh", "dating-a-zh", "new-home-also-zh", "brand-model-zh",
         "swapped-ba-zh", "new-rent-zh", "bare-rent-en", "favourite-food-zh", "bought-is-zh",
         "title-of-a-name-zh", "teaches-at-zh", "commute-zh", "commute-en",
-        "commute-named-line-en", "commute-from-zh"])
+        "commute-named-line-en", "commute-from-zh", "reports-to-after-his-move-en-zh",
+        "offer-signed-zh"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
