@@ -2332,8 +2332,9 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     memory holds a name the question gives (names_found), else None. Relevance is 0 without
     evidence: a memory of no word (has_words), or holding under GENERAL_COVER of a question not
     about the user ("Write a poem about a cat"), none of a how-to's ("How do I fix my bike?") or
-    of its names (but a Chinese memory naming no one asked in English: West Lake is 西湖), or, of
-    a question not about the user of how or why things are (q["general"]: 猫为什么…), no name."""
+    of its names (but a Chinese memory naming no one asked in English: West Lake is 西湖), or under
+    HOW_COVER of one not about the user asking how or why things are or a fact of the world
+    (q["general"]: 猫为什么…, the capital of Norway), in its script even holding a name it gives."""
     vector, names, general = q["vector"], q["names"], q.get("general") and not q["personal"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(re.findall(r"[\u4e00-\u9fff]|[a-z0-9]+", content.lower()) or doc_tokens)
@@ -2348,7 +2349,7 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     if script == query_script(q["tokens"]):
         cover = shared
         evidence = (found or not names) and (q["personal"] and (shared or not q.get("howto"))
-                                             or found or (shared or 0) >= (
+                                             or found and not general or (shared or 0) >= (
                                                  HOW_COVER if general else GENERAL_COVER[script]))
     else:  # no word compares across scripts, but a name can (小雨 asked, Xiaoyu stored)
         if script == "latin":
@@ -9961,12 +9962,6 @@ def _parse_iso_text(value: str) -> str | None:
         return None
 
 
-def _change_value(change, i: int):
-    """Column `i` of a changeset UPDATE's new values, or of its old ones where it did not change."""
-    v = change.new[i]
-    return change.old[i] if v is apsw.no_change else v
-
-
 def changeset_header(head: bytes, payload: bytes, on_disk: int, key: tuple) -> dict:
     """The header of a changeset file (read_changeset_file's three), checked: format, version,
     schema, that it is file `key` (device, seq, sha256 or ''), layout, and a whole payload.
@@ -10009,7 +10004,8 @@ def changeset_changes(payload: bytes) -> list[tuple]:
                 changes.append(("DELETE", *ch.old[:4], None, None))
                 continue
             kind, uid = (ch.new if ch.op == "INSERT" else ch.old)[:2]
-            stamp, rec = _change_value(ch, 2), json.loads(ch.new[4])  # no_change: the stamp stayed
+            stamp, rec = ch.new[2], json.loads(ch.new[4])
+            stamp = ch.old[2] if stamp is apsw.no_change else stamp  # an UPDATE that kept it
             key, field = SYNC_KINDS.get(kind, ("", ""))
             if kind not in SYNC_KINDS or not isinstance(rec, dict) or rec.get("kind") != kind \
                     or rec.get(key) != uid \

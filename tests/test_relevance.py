@@ -473,3 +473,19 @@ def test_a_word_of_the_present_is_no_content(local_mem, home, other, query):
                                   "timestamp": aokun.iso(ref - aokun.dt.timedelta(days=days))})
     hits = local_mem.recall(query, k=3, persona_id=persona)["results"]
     assert hits[0]["text"] == home, [h["text"] for h in hits]
+
+
+@pytest.mark.slow
+def test_a_fact_of_the_world_is_not_answered_by_a_memory_holding_its_place(local_mem):
+    """"What's the capital of Norway?" names Norway, which "Back from Norway…" holds: a question of
+    a fact of the world ([personal] general) needs most of its words, a name it gives is not
+    enough; the user's own question of that place is still answered."""
+    for text in ("Back from Norway. Ida is adorable, and Sindre wants to move to Oslo.",
+                 "Wenbo lives in a rented condo in Clementi, Singapore.", "我上个月去了挪威的卑尔根。"):
+        local_mem.memorize(text, {"persona_id": "world"})
+    for query in ("What's the capital of Norway?", "What time zone is Singapore in?",
+                  "Who invented the condo?", "挪威的首都是哪里？"):
+        assert local_mem.recall(query, k=3, persona_id="world")["results"] == [], query
+    got = [h["text"] for h in local_mem.recall("When was I in Norway?", k=3,
+                                               persona_id="world")["results"]]
+    assert "Back from Norway. Ida is adorable, and Sindre wants to move to Oslo." in got, got
