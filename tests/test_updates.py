@@ -322,6 +322,9 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("用户每天坐地铁上班。", "搬家后用户改成直接从桐梓林骑车去公司。"),
     ("The user's manager is Ravi Menon.", "Ravi调去香港办公室了，用户现在向林佩珊汇报。"),
     ("用户在一家银行做柜员。", "网易的offer签了，下个月中旬入职。"),
+    ("User's favourite coffee is a hand-drip Ethiopian.", "用户现在最喜欢的咖啡换成了云南保山的小粒咖啡。"),
+    ("User prefers Figma in the light theme.", "User switched Figma to dark mode; working late."),
+    ("用户住在北京朝阳区三里屯附近。", "User moved to an apartment in Wudaokou, closer to the lab."),
 ], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
         "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
         "model-en-zh", "latin-name-zh", "car-model-en", "car-sold-zh", "weight-en-zh", "rent-en",
@@ -333,7 +336,8 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
         "swapped-ba-zh", "new-rent-zh", "bare-rent-en", "favourite-food-zh", "bought-is-zh",
         "title-of-a-name-zh", "teaches-at-zh", "commute-zh", "commute-en",
         "commute-named-line-en", "commute-from-zh", "reports-to-after-his-move-en-zh",
-        "offer-signed-zh"])
+        "offer-signed-zh", "favourite-of-a-place-en-zh", "switched-app-theme-en",
+        "moved-to-an-apartment-zh-en"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
