@@ -5654,8 +5654,9 @@ class Recall:
                        "warnings": warnings + ["the query has no searchable words"]}
             return self._answer(key, nothing, started)
         same = {t: ws + self._kin_names(persona, ws) for t, ws in self._kin(tokens).items()}
-        same |= {t: [n[1:] if t == n else n] for n in self.persona_people(persona) if len(
-            n) == 3 and _CJK.search(n) for t in tokens if t in (n, n[1:])}  # 可欣: 梁可欣
+        same |= {t: [n[1:] if t == n else n] for n in self.persona_people(persona) if len(n) == 3
+                 and _CJK.search(n) and self.seg.weight(n[1:]) >= COVER_WEIGHT_MAX
+                 for t in tokens if t in (n, n[1:])}  # 可欣: 梁可欣 (_names)
         kin = set().union(*same.values())  # variants: 我妈: mom, 妈妈; my wife: 老婆, carla
         across = {t: ws for t in tokens if (ws := self.rules.across(t))}
         kin |= {w for ws in across.values() for w in ws if " " not in w}  # allergic: 过敏
@@ -5966,7 +5967,8 @@ class Recall:
         spelt |= {"".join(w[i:i + k]) for i in range(len(w)) for k in (1, 2, 3)}
         spelt |= {g[:-1] for g in spelt if g.endswith("s")}  # aidens: aiden's
         return frozenset(given | self.seg.names(text) | {n for n in people if (  # 可欣: 梁可欣
-            n in folded or len(n) == 3 and n[1:] in folded or self.seg.pinyin(n) in spelt
+            n in folded or self.seg.pinyin(n) in spelt or len(n) == 3 and n[1:] in folded and (
+                self.seg.weight(n[1:]) >= COVER_WEIGHT_MAX)  # no word of its own: 明天, 建国
             if _CJK.search(n) else n.replace(" ", "") in spelt)})
 
     def _own_name(self, persona: str) -> tuple[str, ...]:

@@ -277,3 +277,10 @@ def test_a_fresh_process_reads_no_name_from_the_user_style(db_path, fake_embedde
         assert fresh._own_name("u") == ()
     finally:
         fresh.close()
+
+
+def test_a_given_name_names_its_person_unless_it_is_a_word(mem, segmenter):
+    """思雨 asked is 邓思雨 of the persona's people; 明天 asked is no 李明天 (a word of its own)."""
+    mem.seg = segmenter
+    assert "邓思雨" in mem._names("思雨在哪里工作？", ["邓思雨"])
+    assert "李明天" not in mem._names("明天有什么安排？", ["李明天"])
