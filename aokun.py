@@ -574,8 +574,9 @@ def maxscore_split(terms: list[str], hits: dict[str, int], rows: int, pool: int)
 def split_sentences(text: str, limit: int) -> list[str]:
     """Up to `limit` sentences of 4..300 characters of `text` (key facts when none were given),
     ended where fold() would end them, keeping the given characters."""
-    out, at = [], 0
-    for m in _SENTENCE_END.finditer(_fold_each(text)):
+    out, at = [], 0  # each character as the last of its NFKC form: the same length (… is ., ！ !)
+    for m in _SENTENCE_END.finditer("".join((unicodedata.normalize("NFKC", c) or c)[-1]
+                                            for c in text)):
         out += _sentence(text[at:m.start()])
         at = m.end()
         if len(out) >= limit:
@@ -587,13 +588,6 @@ def _sentence(piece: str) -> list[str]:
     """[the piece stripped and cut to 300 characters], or [] when under 4 characters."""
     piece = piece.strip()
     return [piece[:300]] if len(piece) >= 4 else []
-
-
-def _fold_each(text: str) -> str:
-    """`text` with each character replaced by the last character of its NFKC form: the same length,
-    so a match in it is a match at the same place in `text` (… becomes ., ！ becomes !)."""
-    return text if text.isascii() else \
-        "".join((unicodedata.normalize("NFKC", c) or c)[-1] for c in text)
 
 
 def jaccard(a: set, b: set) -> float:
@@ -2491,6 +2485,9 @@ MODEL_SUFFIX = re.compile(r"(?:\s+(?:[a-z]{0,2}\d+\w*|pro|max|plus|mini|ultra|ai
 SLOT_BARE_CLAUSE = re.compile(r"(?:\s|现在|目前|如今|已经|最近|刚刚?|也|还是|仍然|一直|终于|后来|"
                               r"今年|去年|上个?月|[上本这]周|前几天|前阵子|[月年][初底]|这个?月|上个?星期)*")
 SLOT_USER_LEAD = re.compile(r"\s*(?:我们?|用户|(?i:the\s+user|user|i|we)\b)(?!的|'s)")
+#: Rules._slot_of: a sentence of an exception to a slot's value (When it snows I walk to work)
+SLOT_IF = re.compile(r"(?i)\b(?:if|whenever|when\s+it|on\s+(?:rainy|snowy|wet)\s+days)\b|"
+                     r"如果|要是|假如|下雨|下雪|雨天")
 SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计划|"
                          r"\b(?:will|going\s+to|plans?\s+to|next\s+(?:year|month|week))\b")
 #: where Layers._clauses splits a sentence of the user's slot into facts that retire one by one
@@ -2676,7 +2673,9 @@ class Rules:
         """slot()'s answer for one match of predicate `name`'s pattern, or None when it makes no
         slot (an empty value, a missing thing, a value outside the entry's categories). A pattern
         without a value group states yes/no ("no" when its group `no` matched)."""
-        g = m.groupdict()
+        g, sentence = m.groupdict(), re.split(r"[。！？.!?\n]", m.string[:m.start()])[-1]
+        if SLOT_IF.search(sentence):
+            return None
         value = ("no" if g.get("no") else "yes") if "value" not in g else (
             self.slot_value(g["value"] or ""))
         if not value:
@@ -2701,7 +2700,6 @@ class Rules:
         who = g.get("subject")
         if not who:  # the user when its clause says so (SLOT_BARE_CLAUSE), else a name in it; a
             # later one's is its sentence's (我妹妹住在成都，在…上班: hers; 搬家了，…: the user's)
-            sentence = re.split(r"[。！？.!?\n]", m.string[:m.start()])[-1]
             clause = re.split(r"[，；,;]", sentence)[-1]
             lead = SLOT_USER_LEAD.match(clause) or clause != sentence and (SLOT_USER_LEAD.match(
                 sentence) or re.match(r"\s*[\u4e00-\u9fff]{1,3}了[，；,;]", sentence))  # 搬家了，
