@@ -481,7 +481,8 @@ def test_a_fact_of_the_world_is_not_answered_by_a_memory_holding_its_place(local
     a fact of the world ([personal] general) needs most of its words, a name it gives is not
     enough; the user's own question of that place is still answered."""
     for text in ("Back from Norway. Ida is adorable, and Sindre wants to move to Oslo.",
-                 "Wenbo lives in a rented condo in Clementi, Singapore.", "我上个月去了挪威的卑尔根。"):
+                 "Wenbo lives in a rented condo in Clementi, Singapore.",
+                 "我上个月去了挪威的卑尔根。"):
         local_mem.memorize(text, {"persona_id": "world"})
     for query in ("What's the capital of Norway?", "What time zone is Singapore in?",
                   "Who invented the condo?", "挪威的首都是哪里？"):
