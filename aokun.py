@@ -2327,9 +2327,10 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     evidence: a memory of no word (has_words), or holding under GENERAL_COVER of a question not
     about the user ("Write a poem about a cat"), none of a how-to's ("How do I fix my bike?") or
     of its names (but a Chinese memory naming no one asked in English: West Lake is 西湖), or under
-    HOW_COVER of one not about the user asking how or why things are or a fact of the world
-    (q["general"]: 猫为什么…, the capital of Norway), in its script even holding a name it gives."""
-    vector, names, general = q["vector"], q["names"], q.get("general") and not q["personal"]
+    HOW_COVER of one not about the user asking how or why things are (q["general"]: 猫为什么…) or,
+    in its script even holding a name it gives, one of a fact of the world (q["world"])."""
+    vector, names, world = q["vector"], q["names"], q.get("world") and not q["personal"]
+    general = (q.get("general") or world) and not q["personal"]
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(re.findall(r"[\u4e00-\u9fff]|[a-z0-9]+", content.lower()) or doc_tokens)
     # (its text's, not its labels': 陆知行 of "Zhixing…"); a word cut otherwise in the question is
@@ -2343,7 +2344,7 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     if script == query_script(q["tokens"]):
         cover = shared
         evidence = (found or not names) and (q["personal"] and (shared or not q.get("howto"))
-                                             or found and not general or (shared or 0) >= (
+                                             or found and not world or (shared or 0) >= (
                                                  HOW_COVER if general else GENERAL_COVER[script]))
     else:  # no word compares across scripts, but a name can (小雨 asked, Xiaoyu stored)
         if script == "latin":
@@ -2537,10 +2538,10 @@ class Rules:
         self._speaks_of_user = re.compile(personal.get("user", r"(?!)"))
         self._request = re.compile(personal.get("requests", r"(?!)"))
         self._asks = re.compile(personal.get("asks", r"(?!)"))
-        #: [personal] howto, general, who: does a question ask for instructions, how or why things
-        #: are, for a person (hit_relevance, Recall._relevant)
+        #: [personal] howto, general, who, world: does a question ask for instructions, how or why
+        #: things are, for a person, a fact of the world (hit_relevance, Recall._relevant)
         self.asks_for = {k: re.compile(personal.get(k, "(?!)")).search
-                         for k in ("howto", "general", "who")}
+                         for k in ("howto", "general", "who", "world")}
         #: {embedding model: {w_margin, w_cover, bias, margin_only_w, margin_only_bias}} of
         #: calibrated_relevance
         self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS}
