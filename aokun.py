@@ -2224,6 +2224,12 @@ def name_key(name: str, pinyin) -> str:
     return "".join(map(pinyin, name)) if _CJK.search(name) else name.lower().replace(" ", "")
 
 
+def given_name(name: str, weight) -> str:
+    """梁可欣's given name 可欣, else '' (no such name, or a word: 明天's `weight` is low)."""
+    g = name[1:] if len(name) == 3 and _CJK.search(name) else ""
+    return g if g and weight(g) >= COVER_WEIGHT_MAX else ""
+
+
 def same_subject(a: str, b: str, pinyin) -> bool:
     """Whether two atom subjects (Rules.canonical keys) are one person's: equal, or a Chinese name
     and its `pinyin`, whole or a three-character name's last two (许文博: xuwenbo, wenbo)."""
@@ -2487,8 +2493,7 @@ SLOT_BARE_CLAUSE = re.compile(r"(?:\s|现在|目前|如今|已经|最近|刚刚?
                               r"今年|去年|上个?月|[上本这]周|前几天|前阵子|[月年][初底]|这个?月|上个?星期)*")
 SLOT_USER_LEAD = re.compile(r"\s*(?:我们?|用户|(?i:the\s+user|user|i|we)\b)(?!的|'s)")
 #: Rules._slot_of: a sentence of an exception to a slot's value (When it snows I walk to work)
-SLOT_IF = re.compile(r"(?i)\b(?:if|whenever|when\s+it|on\s+(?:rainy|snowy|wet)\s+days)\b|"
-                     r"如果|要是|假如|下雨|下雪|雨天")
+SLOT_IF = re.compile(r"(?i)\b(?:if|whenever|when\s+it|rainy|snowy)\b|如果|要是|假如|下雨|下雪|雨天")
 SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计划|"
                          r"\b(?:will|going\s+to|plans?\s+to|next\s+(?:year|month|week))\b")
 #: where Layers._clauses splits a sentence of the user's slot into facts that retire one by one
@@ -5653,9 +5658,8 @@ class Recall:
                        "warnings": warnings + ["the query has no searchable words"]}
             return self._answer(key, nothing, started)
         same = {t: ws + self._kin_names(persona, ws) for t, ws in self._kin(tokens).items()}
-        same |= {t: [n[1:] if t == n else n] for n in self.persona_people(persona) if len(n) == 3
-                 and _CJK.search(n) and self.seg.weight(n[1:]) >= COVER_WEIGHT_MAX
-                 for t in tokens if t in (n, n[1:])}  # 可欣: 梁可欣 (_names)
+        same |= {t: [g if t == n else n] for n in self.persona_people(persona)
+                 if (g := given_name(n, self.seg.weight)) for t in tokens if t in (n, g)}  # 可欣
         kin = set().union(*same.values())  # variants: 我妈: mom, 妈妈; my wife: 老婆, carla
         across = {t: ws for t in tokens if (ws := self.rules.across(t))}
         kin |= {w for ws in across.values() for w in ws if " " not in w}  # allergic: 过敏
@@ -5966,9 +5970,8 @@ class Recall:
         spelt |= {"".join(w[i:i + k]) for i in range(len(w)) for k in (1, 2, 3)}
         spelt |= {g[:-1] for g in spelt if g.endswith("s")}  # aidens: aiden's
         return frozenset(given | self.seg.names(text) | {n for n in people if (  # 可欣: 梁可欣
-            n in folded or self.seg.pinyin(n) in spelt or len(n) == 3 and n[1:] in folded and (
-                self.seg.weight(n[1:]) >= COVER_WEIGHT_MAX)  # no word of its own: 明天, 建国
-            if _CJK.search(n) else n.replace(" ", "") in spelt)})
+            n in folded or self.seg.pinyin(n) in spelt or (g := given_name(n, self.seg.weight))
+            and g in folded if _CJK.search(n) else n.replace(" ", "") in spelt)})
 
     def _own_name(self, persona: str) -> tuple[str, ...]:
         """own_name of the persona's latest OWN_NAME_SAMPLE live memories, kept till the file
