@@ -2590,6 +2590,8 @@ class Rules:
             p["asks"].items() if isinstance(p.get("asks"), dict) else
             [("", x) for x in p.get("asks", [])])]
         self.slot_asks = [(n + (t and ":" + t), re.compile(x)) for n, t, x in asks]
+        self._asks_own = re.compile("|".join(p["asks_own"] for p in predicates if "asks_own" in p)
+                                    or r"(?!)")  # "Who is my boss?": the boss is the value asked
         self.predicate_of: dict[str, str] = {}
         for p in predicates:
             for name in [p["name"], *p.get("aliases", [])]:
@@ -2756,9 +2758,10 @@ class Rules:
 
     def asks_of_user(self, query: str) -> bool:
         """Whether a question speaks of the user (personal's words) and of no one else by a word of
-        rules/predicates.toml [subjects] ("my sister", "我朋友")."""
+        rules/predicates.toml [subjects] ("my sister", "我朋友") outside an asks_own form."""
         text = self._request.sub(" ", fold(query))
-        return bool(self._speaks_of_user.search(text)) and not self._other_subject.search(text)
+        return bool(self._speaks_of_user.search(text)) and not self._other_subject.search(
+            self._asks_own.sub(" ", text))
 
     def across(self, word: str) -> tuple[str, ...]:
         """The words of `word`'s concept (concept_of) in the other script; () if it has none."""
@@ -2788,14 +2791,19 @@ class Rules:
         """Whether a memory's `text` says, not asks, an event changed ([events] change)."""
         return any(rx.search(statements(fold(text))) for rx in self.event_change)
 
-    def other_relative(self, variants: dict, tokens: set, text: str) -> bool:
+    def other_relative(self, variants: dict, tokens: set, text: str, names=None) -> bool:
         """Whether a memory (its `tokens`, `text` lower-cased) names the user's relative (my, our,
         我, 用户) of another kind than a question's (`variants`: Recall._kin's words and names) and
-        none of theirs: "Does my son have allergies?" is not "My daughter Sophie is allergic…"."""
+        none of theirs: "Does my son have allergies?" is not "My daughter Sophie is allergic…"; or
+        leads with the user (I, 我) and names none of `names` (if given) either: "I live in
+        Zurich" is not "Where does my sister live?"."""
         asked = {self.slot_subject.get(w) for ws in variants.values() for w in ws} - {None}
         if not asked or any(w in tokens or (len(w) > 2 or _CJK.search(w)) and w in text
                             for ws in variants.values() for w in ws):
             return False
+        if names is not None and re.match(r"\s*(?:i\b(?!')|我(?!们|的))", text) and not any(
+                n in text for n in names):
+            return True
         owned = vars(self).get("_owned_kin") or vars(self).setdefault("_owned_kin", re.compile(
             r"(?:\b(?:my|our|user's)\s+(?:\w+\s+)?|(?:我|用户)的?)(%s)(?![a-z])" % "|".join(  # not
                 map(re.escape, sorted(self.slot_subject, key=len, reverse=True)))))  # Callum's wife
@@ -3646,7 +3654,9 @@ class Vectors:
         self._store_vector("doc", doc_id, vec)
         self.conn.execute("update documents set embedding_state = 'done', embedding_error = null "
                           "where id = ?", (doc_id,))
-        self._maybe_center()
+        if self.value("select 1 from meta where key = 'vector_center'") is None and self.value(
+                "select count(*) from doc_vectors") >= self.CENTER_AFTER:  # fix its centre
+            self._recenter()
 
     def _store_vector(self, kind: str, row_id: int, vec) -> None:
         """Store row `row_id`'s vector as int8 (put_<kind>_vector; kind doc, entry or turn) and its
@@ -3655,12 +3665,6 @@ class Vectors:
         self.conn.execute(self.queries[f"put_{kind}_vector"], {"id": row_id, "stored": stored})
         self.conn.execute(self.queries[f"index_{kind}_vector"],
                           {"id": row_id, "embedding": blob_vector(stored).tobytes()})
-
-    def _maybe_center(self) -> None:
-        """Fix the quantisation centre (sql/vectors.sql) at CENTER_AFTER vectors. In tx."""
-        if self.value("select 1 from meta where key = 'vector_center'") is None and \
-                self.value("select count(*) from doc_vectors") >= self.CENTER_AFTER:
-            self._recenter()
 
     def _recenter_or_reindex(self) -> None:
         """Centre the binary index anew (CENTER_AFTER vectors or more), else re-index it. In tx."""
@@ -3734,13 +3738,6 @@ class Vectors:
             worker = self._refresher
         if worker is not None:
             worker.submit(lambda: None).result()  # one FIFO worker: everything before it is done
-
-    def _stop_refresher(self) -> None:
-        """Memory.close's step after wait_refresh: stop the refresh worker (later ones: no-op)."""
-        if self._refresher is not None:
-            self._refresher.shutdown()
-            self._refresher = None
-        self.conn_closed = True
 
     def background(self, q_vector) -> dict[str, float]:
         """{script ('latin', 'cjk'): the mean cosine of question vector `q_vector` with
@@ -3832,20 +3829,26 @@ class Layers:
         if not slot:
             return "", "", self.rules.canonical(p.participants[0]) if p.participants else ""
         if subject is None:
-            lead = [n for n in self.seg.names(fact) if re.match(f"{re.escape(n)}(?!的)", fact)]
-            named = [x for x in p.participants if x and x in fact] or lead or p.participants[:1]
+            named = self._lead(fact) or [x for x in p.participants if x and x in fact] or (
+                p.participants[:1])
             subject = self.rules.canonical(named[0]) if named else ""
             if subject in ("", "user"):  # no one to give the value to
                 return "", "", subject
         return slot, value, subject
 
+    def _lead(self, text: str) -> list[str]:
+        """The Chinese name jieba finds leading `text` (王芳住在…; not 王芳的公司…), else []."""
+        return [n for n in self.seg.names(text) if re.match(f"\\s*{re.escape(n)}(?!的)", text)]
+
     def _clauses(self, fact: str) -> list[str]:
         """A fact of the user's single-valued slot, or with a clause led by 我, 用户 or I
-        (Ravi走了，用户向林佩珊汇报), cut at CLAUSE_BREAK into clauses that each hold a slot,
+        (Ravi走了，用户向林佩珊汇报) or a later one by a name and a slot (赵敏搬走了，林晓燕也搬到了
+        仓山: hers), cut at CLAUSE_BREAK into clauses that each hold a slot,
         read with the user as their subject (我住在杭州 | 在设计公司做UI设计师; not "I live in
         Hangzhou | near the lake"), so that a move retires the city alone. Else [fact]."""
-        if self.rules.slot(fact)[2] != "user" and not any(SLOT_USER_LEAD.match(
-                c) and self.rules.slot(c)[2] == "user" for c in CLAUSE_BREAK.split(fact)):
+        if self.rules.slot(fact)[2] != "user" and not any(
+                SLOT_USER_LEAD.match(c) and self.rules.slot(c)[2] == "user" or n and self._lead(c)
+                and self.rules.slot(c)[0] for n, c in enumerate(CLAUSE_BREAK.split(fact))):
             return [fact]
         cuts = [0, *(x for m in CLAUSE_BREAK.finditer(fact) for x in m.span()), len(fact)]
         spans: list[list] = []  # [start, end, holds a slot]: a clause without one joins its own
@@ -4972,11 +4975,6 @@ class Journal:
             with _RUNNING_LOCK:
                 _RUNNING_OPS.difference_update((key, op) for op in claimed)
 
-    def _op_running(self, op_id: int) -> bool:
-        """True while a write of this process advances journal row `op_id` (see _running)."""
-        with _RUNNING_LOCK:
-            return (str(self.path.resolve()), op_id) in _RUNNING_OPS
-
     def recover(self, fts: bool = False) -> dict:
         """Finish unfinished journal rows, repair index gaps (seed: Reliability): a row whose writer
         is gone (owner_alive false) is retried from its stage, failed after write_op_max_retries;
@@ -4992,7 +4990,9 @@ class Journal:
             rows = self.rows(self.queries["journal_unfinished"])
             preps = []
             for r in rows:
-                if self._op_running(r["id"]) or owner_alive(r["owner"], r["updated_at"]):
+                with _RUNNING_LOCK:  # a write of this process advancing it (_running)
+                    running = (str(self.path.resolve()), r["id"]) in _RUNNING_OPS
+                if running or owner_alive(r["owner"], r["updated_at"]):
                     continue  # a live writer (this process or another) is running it right now
                 if r["retries"] >= limit:
                     c.execute("update memory_write_ops set status = 'failed', updated_at = ? "
@@ -5607,12 +5607,6 @@ class Recall:
         return {row["id"]: 1.0 - row["distance"] for row in rows
                 if 1.0 - row["distance"] >= self.cfg.recall.pin_similarity_threshold}
 
-    def _question_intent(self, query: str) -> tuple[str | None, dict]:
-        """(intent, its weights) of the query's last line; (None, {}) without dynamic routing."""
-        if not self.cfg.recall.dynamic_route_weighting:
-            return None, {}
-        return self.rules.intent(query.rsplit("\n", 1)[-1])
-
     def _recall_extras(self, query: str, k: int, persona: str, as_of_iso: str,
                        include_conversations, project: str = "",
                        scope: str = "all") -> tuple[list[dict], list]:
@@ -5671,7 +5665,8 @@ class Recall:
         if window:  # its memories join the candidates; candidate_score boosts them
             ranked["time_window"] = self.rows(self.queries["recall_time_window"], params)
         pins = {} if embedding is None else self._pins(embedding, params)
-        intent, spec = self._question_intent(asked)
+        intent, spec = self.rules.intent(asked.rsplit("\n", 1)[-1]) if (  # of its last line
+            self.cfg.recall.dynamic_route_weighting) else (None, {})
         failed = {d["channel"] for d in degraded}
         ran = tuple(c for c in chosen if c in ranked or c not in failed)
         vector = None if embedding is None else np.frombuffer(embedding, np.float32)
@@ -6024,9 +6019,9 @@ class Recall:
                 docs[i]["topics"])))) - set(self.seg.tokens(docs[i]["content"]))  # "what food…"
             parts[i].update(hit_relevance(about, doc_tokens - labels, vectors.get(i), coef,
                                           self.seg, content))
-            if coef and parts[i]["evidence"] and (mine and not about["who"] and (  # "What am I
+            if coef and parts[i]["evidence"] and (mine and not about["who"] and (  # not Priya's
                     self.rules.others_fact(content, people, self.seg)) or self.rules.other_relative(
-                    about["variants"], doc_tokens, content.lower())  # allergic to?": not Priya's
+                    about["variants"], doc_tokens, content.lower(), None if mine else people)
                     or q.window and q.window.day and docs[i]["event_at"] and not (
                         parts[i]["time_match"])):  # an event of another day than "Dec 11" asked
                 parts[i].update(evidence=False, relevance=0.0)
@@ -10757,7 +10752,10 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
         readers, then optimize and close the main connection."""
         self.wait_background()
         self.wait_refresh()
-        self._stop_refresher()
+        if self._refresher is not None:  # stopped (a later close: no-op)
+            self._refresher.shutdown()
+            self._refresher = None
+        self.conn_closed = True
         self._stop_recall_workers()
         self._close_connection()
 

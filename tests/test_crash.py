@@ -272,7 +272,7 @@ def test_owner_of_an_earlier_process_with_this_pid_is_not_alive():
     import os
     import socket
     host = socket.gethostname()
-    assert not aokun.owner_alive(aokun.OWNER)  # this process's rows: _op_running decides
+    assert not aokun.owner_alive(aokun.OWNER)  # this process's rows: _RUNNING_OPS decides
     # written before start tokens, by an earlier start
     assert not aokun.owner_alive(f"{host}:{os.getpid()}")
     assert not aokun.owner_alive(f"{host}:{os.getpid()}@0.1")

@@ -490,3 +490,20 @@ def test_a_fact_of_the_world_is_not_answered_by_a_memory_holding_its_place(local
     got = [h["text"] for h in local_mem.recall("When was I in Norway?", k=3,
                                                persona_id="world")["results"]]
     assert "Back from Norway. Ida is adorable, and Sindre wants to move to Oslo." in got, got
+
+
+@pytest.mark.slow
+def test_who_my_boss_is_asks_the_users_slot_not_the_bosss_facts(local_mem):
+    """"Who is my boss?" named a [subjects] word (boss), so it was no question of the user's, asked
+    no slot and came back empty over "I report to Maria."; the boss is the value asked. And a
+    question about a relative is not answered by the user's own fact ("I live in Zurich.")."""
+    for query, want, who in (("Who is my boss?", "I report to Maria Keller.", "boss"),
+                             ("我的领导是谁？", "我现在向林佩珊汇报。", "boss-zh")):
+        for text in (want, "I live in Zurich.", "我每天坐地铁上班。"):
+            local_mem.memorize(text, {"persona_id": who})
+        got = [h["text"] for h in local_mem.recall(query, k=3, persona_id=who)["results"]]
+        assert got[:1] == [want], (query, got)
+    local_mem.memorize("My sister Anna is a nurse in Leeds.", {"persona_id": "boss"})
+    for query in ("Where does my sister live?", "我妹妹住在哪？"):  # not the user's own home
+        got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="boss")["results"]]
+        assert got == ["My sister Anna is a nurse in Leeds."], (query, got)

@@ -724,3 +724,20 @@ async def test_a_move_of_someone_named_in_chinese_replaces_the_old_home(server, 
         assert found[:2] == [(new["id"], None), (old["id"], new["id"])]
         gone = await call(c, "search_atoms", {"query": place})
         assert gone["results"] == []  # the old home is no current fact
+
+
+async def test_a_roommates_move_is_hers_and_a_named_clause_is_its_names(server):
+    """A fact led by a Chinese name is that name's even when the assistant lists another person
+    as its participant (林晓燕住在…，和赵敏合租: 林晓燕's home); a later clause led by a name
+    holds that name's slot: 赵敏's move keeps 林晓燕's home, 林晓燕's own move replaces it."""
+    async with Client(server) as c:
+        home = await call(c, "memorize", {"content": "林晓燕住在鼓楼区的一间公寓，和同学赵敏合租。",
+                                          "metadata": {"participants": ["赵敏"]}})
+        hers = await call(c, "memorize", {"content": "赵敏搬去厦门工作了。",
+                                          "metadata": {"participants": ["赵敏"]}})
+        assert not hers.get("may_update"), hers
+        assert (await call(c, "search_atoms", {"query": "鼓楼区"}))["results"]
+        both = await call(c, "memorize", {"content": "赵敏搬去厦门了，林晓燕也搬到了仓山区。",
+                                          "metadata": {"participants": ["赵敏"]}})
+        assert [m["id"] for m in both["may_update"]] == [home["id"]]
+        assert (await call(c, "search_atoms", {"query": "鼓楼区"}))["results"] == []
