@@ -897,14 +897,6 @@ def load_rank_extension(conn: apsw.Connection, path: str | None = None) -> str |
     return path
 
 
-def ranked_queries(queries: dict[str, str]) -> dict[str, str]:
-    """`queries` with each bm25(table) call as aokun_bm25(table, 'table'): the same scores; a
-    bm25(table /* :phrases */) as aokun_bm25(table, 'table', :phrases) (maxscore_split)."""
-    def call(m: re.Match) -> str:
-        return f"aokun_bm25({m[1]}, '{m[1]}'{', :phrases' if m[2] else ''})"
-    return {k: _BM25_CALL.sub(call, v) for k, v in queries.items()}
-
-
 class Connection(apsw.Connection):
     """An APSW connection that knows whether aokun_bm25 is loaded in it."""
 
@@ -2337,6 +2329,7 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     in its script even holding a name it gives, one of a fact of the world (q["world"])."""
     vector, names, world = q["vector"], q["names"], q.get("world") and not q["personal"]
     general = (q.get("general") or world) and not q["personal"]
+    mine = q["personal"] or q.get("body") and q["body"](content)  # "What should I…": allergic
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(re.findall(r"[\u4e00-\u9fff]|[a-z0-9]+", content.lower()) or doc_tokens)
     # (its text's, not its labels': 陆知行 of "Zhixing…"); a word cut otherwise in the question is
@@ -2349,7 +2342,7 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     margin = None if cos is None or q["background"] is None else cos - q["background"][script]
     if script == query_script(q["tokens"]):
         cover = shared
-        evidence = (found or not names) and (q["personal"] and (shared or not q.get("howto"))
+        evidence = (found or not names) and (mine and (shared or not q.get("howto"))
                                              or found and not world or (shared or 0) >= (
                                                  HOW_COVER if general else GENERAL_COVER[script]))
     else:  # no word compares across scripts, but a name can (小雨 asked, Xiaoyu stored)
@@ -2361,7 +2354,7 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
         crossed = cross_cover(q["tokens"], q.get("across", {}), doc_tokens, content.lower(),
                               seg.weight)  # its words in the other language (rules/lexicon.toml)
         cover = 1.0 if found or kin else crossed  # None: it proves nothing (West Lake is 西湖)
-        evidence = (q["personal"] and not q.get("howto") or found or not general and (
+        evidence = (mine and not q.get("howto") or found or not general and (
             shared or not names and (crossed or 0) >= CROSS_COVER)) and (  # then names:
             found or not names or script == "cjk" and not seg.names(content))  # another's
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
@@ -2494,7 +2487,7 @@ SLOT_BARE_CLAUSE = re.compile(r"(?:\s|现在|目前|如今|已经|最近|刚刚?
 SLOT_USER_LEAD = re.compile(r"\s*(?:我们?|用户|(?i:the\s+user|user|i|we)\b)(?!的|'s)")
 #: Rules._slot_of: a sentence of an exception to a slot's value (When it snows I walk to work)
 SLOT_IF = re.compile(r"(?i)\b(?:if|whenever|when\s+it|rainy|snowy)\b|如果|要是|假如|下雨|下雪|雨天")
-SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计划|"
+SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计划|约了|预约|"  # an appointment
                          r"\b(?:will|going\s+to|plans?\s+to|next\s+(?:year|month|week))\b")
 #: where Layers._clauses splits a sentence of the user's slot into facts that retire one by one
 CLAUSE_BREAK = re.compile(r"\s*[，,;；]\s*|\s+and\s+")
@@ -2543,10 +2536,13 @@ class Rules:
         self._speaks_of_user = re.compile(personal.get("user", r"(?!)"))
         self._request = re.compile(personal.get("requests", r"(?!)"))
         self._asks = re.compile(personal.get("asks", r"(?!)"))
-        #: [personal] howto, general, who, world: does a question ask for instructions, how or why
-        #: things are, for a person, a fact of the world (hit_relevance, Recall._relevant)
+        #: [personal] howto, general, who, world, advice: does a question ask for instructions, how
+        #: or why things are, for a person, a fact of the world, for advice to the user
         self.asks_for = {k: re.compile(personal.get(k, "(?!)")).search
-                         for k in ("howto", "general", "who", "world")}
+                         for k in ("howto", "general", "who", "world", "advice")}
+        #: rules/atoms.toml's facts of the body (allergic): they answer `advice` by meaning
+        self.body = re.compile("|".join(r["pattern"] for r in atoms.get("rules", []) if r.get(
+            "body")) or "(?!)").search
         #: {embedding model: {w_margin, w_cover, bias, margin_only_w, margin_only_bias}} of
         #: calibrated_relevance
         self.relevance = {model: {k: float(c[k]) for k in RELEVANCE_WEIGHTS}
@@ -3612,12 +3608,6 @@ class Vectors:
             made = self._embed(list(todo_texts.values()), todo[0].warnings)
             known.update(zip(todo_texts, made, strict=True))
         return known
-
-    def _fact_vectors(self, todo: list[Prepared]) -> dict:
-        """_stage_graph_vectors' input: {"entries": _entry_vectors of the writes' pending ones}."""
-        ids = [p.document_id for p in todo]
-        return {"entries": self._entry_vectors("pending_entries_of_documents", ids,
-                                               todo[0].warnings)}
 
     def _entry_vectors(self, query: str, ids: list[int], warnings: list | None = None,
                        known: dict | None = None) -> list[tuple[int, object]]:
@@ -4856,10 +4846,12 @@ class Journal:
     def run_pipeline(self, preps: list[Prepared]) -> None:
         """Advance each write from its journal status to `done`, one transaction per stage; a stage
         that fails stops that item only (_record_failure)."""
-        # (status, stage, its embeddings)
+        # (status, stage, its embeddings: the graph's, _entry_vectors of the writes' pending ones)
         stages = [("pending", self._stage_docs, self._doc_vectors),
                   ("docs_done", self._stage_atoms, None), ("atoms_done", self._stage_graph, None),
-                  ("graph_done", self._stage_graph_vectors, self._fact_vectors)]
+                  ("graph_done", self._stage_graph_vectors, lambda todo: {"entries": (
+                      self._entry_vectors("pending_entries_of_documents", [
+                          p.document_id for p in todo], todo[0].warnings))})]
         if new := [p for p in preps if p.status == "pending" and not p.recovering]:
             self._run_in_one_tx(new, stages)
         # resumed writes, and new ones the single transaction could not finish
@@ -5508,6 +5500,9 @@ class Channels:
 
 
 #: Recall._kin_names: a relative's words ({w}), then the name a memory gives them
+#: Recall._relevant: a memory stating another slot of the user than a question asks goes after
+#: the memories filling it, at this share of the weakest one's fused score
+SLOT_OTHER_FACTOR = 0.5
 OWN_NAME_SAMPLE = 200  #: Recall._own_name reads this many of a persona's latest memories
 KIN_NAME = (r"(?:\b(?i:my|our|(?:the\s+)?user's)\s+(?i:{w})\s*,?\s+(?P<en>[A-Z][a-z]+)"
             r"|(?:我|用户)的?(?:{w})(?:叫)?(?P<zh>[\u4e00-\u9fff]{2,4}))")
@@ -6000,15 +5995,21 @@ class Recall:
                  **{k: asks(q.text) for k, asks in self.rules.asks_for.items()},
                  "variants": q.about.get("variants", {}), "across": q.about.get("across", {}),
                  "names": self._names(q.text, people), "text": fold(q.text),
+                 "body": self.rules.body if self.rules.asks_for["advice"](q.text) else None,
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
         slots = {n for n, rx in self.rules.slot_asks if rx.search(about["text"])} if mine and not (
             about["howto"]) else ()  # the slots whose question forms ([[predicates]] asks) it takes
-        filled = {r["doc_id"] for r in self.rows(self.queries["recall_slots"], {
+        held = self.rows(self.queries["recall_slots"], {
             "ids": json.dumps(list(pool)), "subjects": json.dumps(["user", *{  # Zhang Wei: wei
-                self.rules.canonical(w) for f in me or () for w in f.split()}])})
-            if {r["slot"].split(sep)[0] for sep in ":/"} & slots} if slots else ()
+                self.rules.canonical(w) for f in me or () for w in f.split()}])}) if slots else ()
+        asked = {r["doc_id"] for r in held if {r["slot"].split(sep)[0] for sep in ":/"} & slots}
+        filled = {r["doc_id"] for r in held if r["active"] and r["doc_id"] in asked}
+        low = min((parts[i]["fused"] for i in filled), default=0.0)
+        for i in {r["doc_id"] for r in held if r["slot"][:4] != "has:"} - asked if filled else ():
+            parts[i]["fused"] = min(parts[i]["fused"], low) * SLOT_OTHER_FACTOR  # after those
+            # filling it: "How do I get to work?" is not "I work at X" (has:THING may be any)
         kept = {}
         for i in pool:
             if i not in docs:
@@ -8850,7 +8851,11 @@ class Watcher:
                 try:
                     if (out := self.poll(stop)) and on_new is not None:
                         on_new(out)
-                    self._start_backlog(halt)
+                    if (self.backlog is None or not self.backlog.is_alive()) and self._queued(
+                            fresh=False):  # older files queued: the back-log thread runs
+                        self.backlog = threading.Thread(target=self._backlog_run, args=(halt,),
+                                                        name="aokun-watch-backlog", daemon=True)
+                        self.backlog.start()
                 except Exception as e:  # the server keeps serving; the next poll tries again
                     log.error("watch failed (retried in %ss): %s", interval, e)
                     stop.wait(interval)
@@ -8860,13 +8865,6 @@ class Watcher:
             halt.set()
             if self.backlog is not None:
                 self.backlog.join(30)
-
-    def _start_backlog(self, stop: threading.Event) -> None:
-        """Start the back-log thread when older files are queued and it does not run."""
-        if (self.backlog is None or not self.backlog.is_alive()) and self._queued(fresh=False):
-            self.backlog = threading.Thread(target=self._backlog_run, args=(stop,),
-                                            name="aokun-watch-backlog", daemon=True)
-            self.backlog.start()
 
 
 def progress_text(p: dict) -> str:
@@ -10660,8 +10658,10 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
             opt_in = "" if self.cfg.conversations.watch else HISTORY_OPT_IN
             print(f"aokun: created a new database {self.path}{opt_in}", file=sys.stderr, flush=True)
         self.queries = load_queries()  # the named queries of sql/*.sql
-        if self.conn.aokun_rank:  # bm25(t) as aokun_bm25(t, 't'), the same scores (and readers)
-            self.queries = ranked_queries(self.queries)
+        if self.conn.aokun_rank:  # bm25(t) as aokun_bm25(t, 't'), the same scores (and readers);
+            self.queries = {k: _BM25_CALL.sub(  # bm25(t /* :phrases */): maxscore_split's
+                lambda m: f"aokun_bm25({m[1]}, '{m[1]}'{', :phrases' if m[2] else ''})", v)
+                for k, v in self.queries.items()}
         self.epoch = 0  # commits through tx(): what the recall cache keys on (Store owns it)
         t = self.cfg.text  # text and rules (Layers, Journal, Recall read them)
         jieba_cache = self.cfg.resolve(t.jieba_cache_dir) if t.jieba_cache_dir else None

@@ -411,11 +411,13 @@ where documents_fts match :match and d.persona_id = :persona_id and d.archived =
 limit 50;
 
 -- name: recall_slots
--- The single-valued slots (rules/predicates.toml) that the user's current atoms of memories :ids
--- fill (Recall._relevant: a question asking for one is answered by them whatever their words);
--- :subjects (JSON list): 'user' and the words of the name memories call the user by.
-select s.document_id as doc_id, a.slot from atom_sources s join memory_atoms a on a.id = s.atom_id
-where s.document_id in (select value from json_each(:ids)) and a.slot != '' and a.state = 'active'
+-- The single-valued slots (rules/predicates.toml) that the user's atoms of memories :ids fill,
+-- `active` when current (Recall._relevant: a question asking for one is answered by them whatever
+-- their words, not by another slot's); :subjects (JSON list): 'user' and the words of the name
+-- memories call the user by.
+select s.document_id as doc_id, a.slot, a.state = 'active' as active
+from atom_sources s join memory_atoms a on a.id = s.atom_id
+where s.document_id in (select value from json_each(:ids)) and a.slot != ''
   and a.subject in (select value from json_each(:subjects));
 
 -- name: recall_latest_texts

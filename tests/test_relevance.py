@@ -355,11 +355,13 @@ def test_a_search_by_topic_finds_its_memory_in_the_other_language_by_its_words(l
 @pytest.mark.slow
 def test_how_i_usually_do_something_asks_about_me_not_for_instructions(local_mem):
     """"How do I usually get to work?" read as a how-to ("How do I fix my bike?") needed a shared
-    word and came back empty; "usually", "these days" make it a question of the user's habit."""
+    word and came back empty; "usually", "these days", "lately" make it a question of the user's
+    habit."""
     for text in ("我每天坐地铁去公司，单程四十分钟。", "I'm learning Spanish on Duolingo.",
                  "My sister lives in Leeds."):
         local_mem.memorize(text, {"persona_id": "habits"})
-    for query in ("How do I usually get to work?", "How do I get to the office these days?"):
+    for query in ("How do I usually get to work?", "How do I get to the office these days?",
+                  "How do I get to the office lately?"):
         got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="habits")["results"]]
         assert got[:1] == ["我每天坐地铁去公司，单程四十分钟。"], (query, got)
     assert local_mem.recall("How do I fix a flat tyre?", k=3, persona_id="habits")["results"] == []
@@ -507,3 +509,39 @@ def test_who_my_boss_is_asks_the_users_slot_not_the_bosss_facts(local_mem):
     for query in ("Where does my sister live?", "我妹妹住在哪？"):  # not the user's own home
         got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="boss")["results"]]
         assert got == ["My sister Anna is a nurse in Leeds."], (query, got)
+
+
+@pytest.mark.slow
+def test_a_slot_question_puts_the_memories_of_other_slots_after_its_own(local_mem):
+    """"Where do I work now?" asks the employer: the ways to work, which share work and 上班 with
+    it, came first (the Chinese job shares no word with the English question); a memory stating
+    another slot of the user than asked (commutes_by) now follows one that fills it."""
+    for text in ("用户在一家做外贸的公司当会计，公司在鼓楼区。",
+                 "用户上班坐地铁2号线，单程大约40分钟。",
+                 "用户跳槽去了一家医疗器械公司做财务主管，公司在仓山区。",
+                 "我现在改骑电动车上班了，20分钟就到。", "I live in Fuzhou."):
+        local_mem.memorize(text, {"persona_id": "slots"})
+    got = [h["text"] for h in local_mem.recall("Where do I work now?", k=3,
+                                               persona_id="slots")["results"]]
+    assert got[:1] == ["用户跳槽去了一家医疗器械公司做财务主管，公司在仓山区。"], got
+    got = [h["text"] for h in local_mem.recall("How do I get to work?", k=3,
+                                               persona_id="slots")["results"]]
+    assert got[:1] == ["我现在改骑电动车上班了，20分钟就到。"], got
+
+
+@pytest.mark.slow
+def test_advice_for_the_user_is_answered_by_a_fact_of_their_body(local_mem):
+    """"What should I avoid ordering at a seafood place?" reads as anyone's question (a request's
+    "I") and shares no word with "a shellfish allergy": it came back empty. A fact of the body
+    (rules/atoms.toml body) answers a question asking advice for the user by meaning; advice on
+    other things still comes back empty."""
+    for text in ("The user has a shellfish allergy, especially shrimp and crab.",
+                 "I'm lactose intolerant, so I always get soy milk in my coffee.",
+                 "I play badminton on Sundays."):
+        local_mem.memorize(text, {"persona_id": "advice"})
+    for query, want in (("What should I avoid ordering at a seafood place?", "shellfish"),
+                        ("What milk should I ask for at the café?", "lactose")):
+        got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="advice")["results"]]
+        assert got and want in got[0], (query, got)
+    for query in ("What should I wear to a job interview?", "Should I learn Rust or Go first?"):
+        assert local_mem.recall(query, k=3, persona_id="advice")["results"] == [], query

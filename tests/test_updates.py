@@ -52,7 +52,8 @@ async def hits(c, query: str) -> list[dict]:
     ("I work at Farfetch as a data analyst.",  # "left … and started at": a new employer
      "I left Farfetch and started at Critical Software as a senior data analyst.", "Farfetch", ""),
     ("I take the bus to work.", "我现在骑电动车上班了。", "bus", ""),
-], ids=["en", "zh", "zh-en", "en-zh", "en-job", "commute-en-zh"])
+    ("我上班坐地铁6号线，单程五十分钟。", "我现在改骑电动车上班了，15分钟就到。", "地铁", ""),
+], ids=["en", "zh", "zh-en", "en-zh", "en-job", "commute-en-zh", "commute-zh"])
 async def test_the_newer_comes_first_and_the_older_is_marked(server, old_text, new_text, query,
                                                              partly):
     async with Client(server) as c:
@@ -254,8 +255,11 @@ async def test_a_changed_value_is_a_new_atom(server, old_text, new_text, new_wor
     ("我住在杭州。", "我打算明年搬到上海。"),
     ("用户住在上海浦东。", "用户的好朋友老周住在苏州，开了一家咖啡馆。"),
     ("用户住在北京朝阳区。", "王芳住在顺义，离用户挺远。"),
+    ("用户在一家新能源车企做产品经理。", "用户约了9月18日上午在浙一医院做胃镜复查。"),
+    ("我在阿里做前端开发。", "我上周在协和医院做了体检。"),
 ], ids=["en", "en-things", "zh", "likes", "zh-en-subject", "en-zh-same", "relative-zh",
-        "relative-future-zh", "future-en", "future-zh", "friend-zh", "name-zh"])
+        "relative-future-zh", "future-en", "future-zh", "friend-zh", "name-zh", "appointment-zh",
+        "checkup-zh"])
 async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, second):
     async with Client(server) as c:
         one = await call(c, "memorize", {"content": first})
