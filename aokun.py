@@ -3060,8 +3060,9 @@ LATER_MAX = 200  #: recall reads this many memories after its first hits for the
 #: _rival_fits: the value a new memory changed from ("from Flask to", "从 MySQL 迁移到"); what may
 #: stand before the person a memory is about; what its first word is not
 CHANGED_FROM = re.compile(r"(?i)\bfrom\s+(?:(?:the|a|an|my|his|her|their|our)\s+)?"
-                          r"(?P<en>[\w+#.'-]+?)[.,']?\s+(?:\S+\s+){0,2}?to\b"
-                          r"|从(?P<zh>[^，。；,.;从]{1,12}?)(?:迁移|搬|换|改|转|到)")
+                          r"(?P<en>[\w+#.'-]+?)[.,']?\s+(?:\S+\s+){0,2}?to\b|\binstead\s+of\s+"
+                          r"(?:the\s+)?(?P<of>[a-z]{3,}?)(?:ing|s)?\b|从(?P<zh>[^，。；,.;从]{1,12}?)"
+                          r"(?:迁移|搬|换|改|转|到)|不再?(?:坐|开|骑|搭|用|喝|吃|去)?(?P<no>[^，。；,.;]{1,6}?)了")
 LEAD_OWNER = re.compile(r"(?i)\s*(?:(?:the\s+)?user's|my|our|his|her|用户的?|我的?)?"
                         r"\s*(?:\w+\s+|\w{1,2})?")
 LEAD_SKIP = {"用户", "我", "我们", "和", "跟", "与", "现在", "最近", "已经", "如今"}
@@ -4727,7 +4728,7 @@ class Journal:
                 for a, b in ((new, old), (old, new))
                 for n in query_names(a) | {w for w in first[a][:1] if w in a[:8]}):
             return False
-        was = (m := CHANGED_FROM.search(new)) and (m["en"] or m["zh"]).strip().lower()
+        was = (m := CHANGED_FROM.search(new)) and next(w for w in m.groups() if w).strip().lower()
         was = self.seg.pinyin(was) if was and _CJK.search(was) and not _CJK.search(old) else was
         return not was or was in old.lower() or was in pin[old] or not re.search(
             _CJK if _CJK.search(was) else r"[A-Za-z]{2}", old)
@@ -5499,11 +5500,10 @@ class Channels:
             return fetch_dicts(conn, sql, params)
 
 
-#: Recall._kin_names: a relative's words ({w}), then the name a memory gives them
-#: Recall._relevant: a memory stating another slot of the user than a question asks goes after
-#: the memories filling it, at this share of the weakest one's fused score
+#: Recall._relevant: a memory of another slot than asked goes after those filling it, × this
 SLOT_OTHER_FACTOR = 0.5
 OWN_NAME_SAMPLE = 200  #: Recall._own_name reads this many of a persona's latest memories
+#: Recall._kin_names: a relative's words ({w}), then the name a memory gives them
 KIN_NAME = (r"(?:\b(?i:my|our|(?:the\s+)?user's)\s+(?i:{w})\s*,?\s+(?P<en>[A-Z][a-z]+)"
             r"|(?:我|用户)的?(?:{w})(?:叫)?(?P<zh>[\u4e00-\u9fff]{2,4}))")
 
@@ -6008,8 +6008,7 @@ class Recall:
         filled = {r["doc_id"] for r in held if r["active"] and r["doc_id"] in asked}
         low = min((parts[i]["fused"] for i in filled), default=0.0)
         for i in {r["doc_id"] for r in held if r["slot"][:4] != "has:"} - asked if filled else ():
-            parts[i]["fused"] = min(parts[i]["fused"], low) * SLOT_OTHER_FACTOR  # after those
-            # filling it: "How do I get to work?" is not "I work at X" (has:THING may be any)
+            parts[i]["fused"] = min(parts[i]["fused"], low) * SLOT_OTHER_FACTOR  # has: any thing
         kept = {}
         for i in pool:
             if i not in docs:
@@ -6020,7 +6019,9 @@ class Recall:
                 docs[i]["topics"])))) - set(self.seg.tokens(docs[i]["content"]))  # "what food…"
             parts[i].update(hit_relevance(about, doc_tokens - labels, vectors.get(i), coef,
                                           self.seg, content))
-            if coef and parts[i]["evidence"] and (mine and not about["who"] and (  # not Priya's
+            if coef and parts[i]["evidence"] and (mine and (not about["who"] or slots and (  # not
+                    i not in asked) and re.match(r"\w{1,20}?(?:'s\s|的)", content) and not (  # P-
+                        SUBJECT_OWNER.match(content.lower()))) and (  # riya's, nor 陈静的领导
                     self.rules.others_fact(content, people, self.seg)) or self.rules.other_relative(
                     about["variants"], doc_tokens, content.lower(), None if mine else people)
                     or q.window and q.window.day and docs[i]["event_at"] and not (
@@ -6080,9 +6081,9 @@ class Recall:
 
     def search_atoms(self, query, k: int = 10, persona_id: str | None = None) -> dict:
         """Atom BM25 × TTL factor (seed: Retrieval IV): only active atoms; exp(−age/ttl) till expiry
-        (age from last reinforcement), planned atoms 1 to their deadline, then 0 (a slot's is kept,
-        sql/lifecycle.sql). Returns {results: [{id, document_id, atom_type, content, score, bm25,
-        ttl_factor, expires_at}]}."""
+        (age from last reinforcement), planned atoms 1 to their deadline, then 0 (a slot's is kept
+        at e^-1 till replaced, sql/lifecycle.sql). Returns {results: [{id, document_id,
+        atom_type, content, score, bm25, ttl_factor, expires_at}]}."""
         started = time.perf_counter()
         query = query_text(query, "query")
         k = self._capped_k(k, [])  # the answer has no warnings to carry the cap's
@@ -6098,7 +6099,8 @@ class Recall:
         for a in rows:
             decay = self.rules.types[a["atom_type"]]["decay"]
             factor = ttl_factor(a | {"state": "active"}, decay, ref)
-            if factor <= 0 and (decay == "step" or not a["slot"]):  # a slot's holds till replaced
+            held = a["slot"] and decay != "step"  # a slot's value: till replaced, e^-1 at least
+            if (factor := max(factor, math.exp(-1.0)) if held else factor) <= 0:
                 continue
             # seed 1/(1+exp(−s/8)), s = −bm25() = −raw
             norm = 1.0 / (1.0 + math.exp(a["raw"] / ATOM_BM25_SCALE))

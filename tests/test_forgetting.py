@@ -373,6 +373,8 @@ def test_a_fact_holding_a_slot_stays_current_until_a_newer_value(make, clock):
     clock.set(aokun.parse_time(atom(m, home)["expires_at"]) + dt.timedelta(days=400))
     m.lifecycle()
     assert atom(m, home)["state"] == "active" and found(m, "Leeds", home)
+    leeds_hit = {r["id"]: r for r in m.search_atoms("Leeds")["results"]}[home]  # scored, not 0
+    assert leeds_hit["ttl_factor"] == pytest.approx(math.exp(-1)) and leeds_hit["score"] > 0
     assert atom(m, trip)["state"] == "expired" and not found(m, "science museum", trip)
     assert "I live in Leeds with my wife Anna." in m.memory_context()["text"]
     assert "我吃素。" in m.memory_context()["text"]
