@@ -2871,13 +2871,8 @@ def redact(text: str, patterns, counts: dict | None = None) -> str:
     group, if any) replaced by [REDACTED:kind]; `counts` {kind: n} gets them added."""
     for kind, rx in patterns:
         mark = f"[REDACTED:{kind}]"
-        if "secret" in rx.groupindex:
-            def keep_around(m, mark=mark):
-                whole, at = m.group(0), m.start()
-                return whole[: m.start("secret") - at] + mark + whole[m.end("secret") - at:]
-            text, n = rx.subn(keep_around, text)
-        else:
-            text, n = rx.subn(lambda _m, mark=mark: mark, text)
+        text, n = rx.subn(lambda m, mark=mark: m.string[m.start():m.start("secret")] + mark + (
+            m.string[m.end("secret"):m.end()]) if "secret" in m.re.groupindex else mark, text)
         if n and counts is not None:
             counts[kind] = counts.get(kind, 0) + n
     return text
@@ -4729,6 +4724,9 @@ class Journal:
                 for n in query_names(a) | {w for w in first[a][:1] if w in a[:8]}):
             return False
         was = (m := CHANGED_FROM.search(new)) and next(w for w in m.groups() if w).strip().lower()
+        if was and not (m["en"] or m["zh"]):  # 不…了, instead of: told in old's script only
+            return (han := bool(_CJK.search(was))) != bool(_CJK.search(old)) or was[
+                :2 if han else None] in old.lower()  # 不去老李那儿了: 老李
         was = self.seg.pinyin(was) if was and _CJK.search(was) and not _CJK.search(old) else was
         return not was or was in old.lower() or was in pin[old] or not re.search(
             _CJK if _CJK.search(was) else r"[A-Za-z]{2}", old)

@@ -53,7 +53,11 @@ async def hits(c, query: str) -> list[dict]:
      "I left Farfetch and started at Critical Software as a senior data analyst.", "Farfetch", ""),
     ("I take the bus to work.", "我现在骑电动车上班了。", "bus", ""),
     ("我上班坐地铁6号线，单程五十分钟。", "我现在改骑电动车上班了，15分钟就到。", "地铁", ""),
-], ids=["en", "zh", "zh-en", "en-zh", "en-job", "commute-en-zh", "commute-zh"])
+    ("My head of department is Dr Priya Nair.", "My new head of department is Mr Tom Walsh.",
+     "head of department", ""),
+    ("用户的组长是罗斌。", "用户的新组长是唐薇。", "组长", ""),
+], ids=["en", "zh", "zh-en", "en-zh", "en-job", "commute-en-zh", "commute-zh", "head-en",
+        "lead-zh"])
 async def test_the_newer_comes_first_and_the_older_is_marked(server, old_text, new_text, query,
                                                              partly):
     async with Client(server) as c:
