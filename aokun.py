@@ -6003,7 +6003,8 @@ class Recall:
             "ids": json.dumps(list(pool)), "subjects": json.dumps(["user", *{  # Zhang Wei: wei
                 self.rules.canonical(w) for f in me or () for w in f.split()}])}) if slots else ()
         asked = {r["doc_id"] for r in held if {r["slot"].split(sep)[0] for sep in ":/"} & slots}
-        filled = {r["doc_id"] for r in held if r["active"] and r["doc_id"] in asked}
+        filled = {r["doc_id"] for r in held if r["active"] and {r["slot"].split(sep)[0] for sep in (
+            ":/")} & slots}  # by its current atom of the slot asked
         low = min((parts[i]["fused"] for i in filled), default=0.0)
         for i in {r["doc_id"] for r in held if r["slot"][:4] != "has:"} - asked if filled else ():
             parts[i]["fused"] = min(parts[i]["fused"], low) * SLOT_OTHER_FACTOR  # has: any thing
