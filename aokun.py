@@ -2329,7 +2329,7 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
     in its script even holding a name it gives, one of a fact of the world (q["world"])."""
     vector, names, world = q["vector"], q["names"], q.get("world") and not q["personal"]
     general = (q.get("general") or world) and not q["personal"]
-    mine = q["personal"] or q.get("body") and q["body"](content)  # "What should I…": allergic
+    mine = q["personal"] or q.get("advice") and q["body"](content)  # "What should I…": allergic
     cos = None if vector is None or doc_vector is None else float(np.dot(doc_vector, vector))
     script = query_script(re.findall(r"[\u4e00-\u9fff]|[a-z0-9]+", content.lower()) or doc_tokens)
     # (its text's, not its labels': 陆知行 of "Zhixing…"); a word cut otherwise in the question is
@@ -3833,8 +3833,9 @@ class Layers:
         read with the user as their subject (我住在杭州 | 在设计公司做UI设计师; not "I live in
         Hangzhou | near the lake"), so that a move retires the city alone. Else [fact]."""
         if self.rules.slot(fact)[2] != "user" and not any(
-                SLOT_USER_LEAD.match(c) and self.rules.slot(c)[2] == "user" or n and self._lead(c)
-                and self.rules.slot(c)[0] for n, c in enumerate(CLAUSE_BREAK.split(fact))):
+                SLOT_USER_LEAD.match(c) and self.rules.slot(c)[2] == "user" or n and (
+                    self.rules.slot(c)[0] and self._lead(c)) for n, c in enumerate(
+                    CLAUSE_BREAK.split(fact))):
             return [fact]
         cuts = [0, *(x for m in CLAUSE_BREAK.finditer(fact) for x in m.span()), len(fact)]
         spans: list[list] = []  # [start, end, holds a slot]: a clause without one joins its own
@@ -5993,7 +5994,7 @@ class Recall:
                  **{k: asks(q.text) for k, asks in self.rules.asks_for.items()},
                  "variants": q.about.get("variants", {}), "across": q.about.get("across", {}),
                  "names": self._names(q.text, people), "text": fold(q.text),
-                 "body": self.rules.body if self.rules.asks_for["advice"](q.text) else None,
+                 "body": self.rules.body,
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
