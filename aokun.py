@@ -1585,21 +1585,12 @@ class TimeWindow(tuple):
     keep_words = day = False
 
 
-def window_distance_days(created_at: str, window: tuple) -> float:
-    """Days between a memory's created_at and a time window (start, end, ...): 0 within it."""
+def window_distance_days(a: str, b: str, window: tuple) -> float:
+    """Days between ISO times [a, b] (a memory's created_at twice, or its event time) and a time
+    window (start, end, ...): 0 when they overlap."""
     start, end = _parse_iso(window[0]), _parse_iso(window[1])
-    at = _parse_iso(created_at)
-    return max(0.0, (start - at).total_seconds(), (at - end).total_seconds()) / 86400.0
-
-
-def event_distance_days(event_at: str | None, event_end: str | None, window: tuple) -> float | None:
-    """Days between a memory's event time [event_at, event_end) and a time window (start, end, ...):
-    0 when they overlap; None for a memory without an event time."""
-    if not event_at or not event_end:
-        return None
-    start, end = _parse_iso(window[0]), _parse_iso(window[1])
-    a, b = _parse_iso(event_at), _parse_iso(event_end)
-    return max(0.0, (start - b).total_seconds(), (a - end).total_seconds()) / 86400.0
+    return max(0.0, (start - _parse_iso(b)).total_seconds(),
+               (_parse_iso(a) - end).total_seconds()) / 86400.0
 
 
 def time_match(d: dict, window: tuple) -> str | None:
@@ -2004,9 +1995,10 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
     (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours). Returns the
     dict that explain shows."""
     if w.window:
-        event = event_distance_days(d.get("event_at"), d.get("event_end"), w.window)
-        days = window_distance_days(d["created_at"], w.window)
-        recency = math.exp(-(days if event is None else min(days, event)) / w.recency_days)
+        days = window_distance_days(d["created_at"], d["created_at"], w.window)
+        if d.get("event_at") and d.get("event_end"):
+            days = min(days, window_distance_days(d["event_at"], d["event_end"], w.window))
+        recency = math.exp(-days / w.recency_days)
         matched = time_match(d, w.window)
     else:
         recency, matched = math.exp(-age_days(d["created_at"], ref) / w.recency_days), None
@@ -2101,10 +2093,8 @@ def select_hits(best: list[int], parts: dict, tokens: dict[int, set], pins: dict
     fused = {i: p["fused"] * (1 - RELEVANCE_RANK + RELEVANCE_RANK * p["relevance"])
              if p.get("relevance") is not None else p["fused"] for i, p in parts.items()}
     picked = mmr([i for i in best if i in tokens], fused, tokens, k, lam)
-    picked_ids = {x for x, _ in picked}
-    pins_best_first = sorted(pins, key=lambda i: -pins[i])
-    missing = [i for i in pins_best_first if i in tokens and i not in picked_ids]
-    for i in missing:
+    taken = {x for x, _ in picked}
+    for i in sorted((i for i in pins if i in tokens and i not in taken), key=lambda i: -pins[i]):
         unpinned = [n for n, (x, _) in enumerate(picked) if x not in pins]
         if len(picked) < k:
             picked.append((i, None))
@@ -2311,6 +2301,10 @@ def calibrated_relevance(margin: float | None, cover: float | None,
 GENERAL_COVER = {"latin": 1 / 3, "cjk": 1 / 5}
 #: the share of a question of how or why things are (q["general"]) a memory must hold: most of it
 HOW_COVER = 0.6
+#: how much closer than the pool's median memory of its script to rules/relevance.toml's ordinary
+#: questions a memory may be before a hit on meaning alone pays for it (a hub: e5-small puts "My
+#: password for the bank is…" as near to any "my X" question as the memory answering it)
+HUB_SLACK = 0.015
 #: the share (cross_cover) of such a question, naming no one, a memory in the other language must
 #: hold: translated words say less than the same words
 CROSS_COVER = 1 / 2
@@ -2358,7 +2352,10 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
             shared or not names and (crossed or 0) >= CROSS_COVER)) and (  # then names:
             found or not names or script == "cjk" and not seg.names(content))  # another's
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
-    rel = 0.0 if coef is not None and not evidence else calibrated_relevance(margin, cover, coef)
+    hub = q.get("hub") if not cover and margin is not None else None  # by meaning alone: less
+    rel = 0.0 if coef is not None and not evidence else calibrated_relevance(margin - max(
+        0.0, float(doc_vector @ hub["vector"]) - hub["typical"][script] - HUB_SLACK) if hub else (
+            margin), cover, coef)
     return {"cosine": cos, "margin": margin, "cover": cover, "evidence": evidence, "relevance": rel}
 
 
@@ -2633,17 +2630,18 @@ class Rules:
                 return atom_type, confidence
         return self.default_type, self.default_confidence
 
-    def slot(self, fact: str) -> tuple[str, str, str | None]:
-        """(slot, value, subject) of the first single-valued slot pattern matching fold(fact), else
-        ('', '', ''): slot the predicate (with its thing: "prefers:tea"), value a canonical key,
-        subject a canonical, a name's key, or None for he/she. A fact without a subject is the
-        user's ("Lives in Lyon", an assistant's key fact, as "住在里昂")."""
+    def slot(self, fact: str, skip=()) -> tuple[str, str, str | None]:
+        """(slot, value, subject) of the first single-valued slot pattern matching fold(fact), of a
+        predicate not in `skip`, else ('', '', ''): slot the predicate (with its thing:
+        "prefers:tea"), value a canonical key, subject a canonical, a name's key, or None for he or
+        she. A fact without a subject is the user's ("Lives in Lyon", an assistant's key fact, as
+        "住在里昂")."""
         fact = fold(fact)
         bare = fact[:1].isascii() and fact[:1].isalpha() and self._key(
             fact.split(maxsplit=1)[0]) not in self.slot_subject  # "Lives in…", not "I live…"
         for text in (fact, "I " + fact[:1].lower() + fact[1:])[:1 + bare]:
             for name, mode, categories, pattern in self.slot_patterns:
-                for m in pattern.finditer(text):
+                for m in pattern.finditer(text) if name not in skip else ():
                     if got := self._slot_of(m, name, mode, categories):
                         return got
         return "", "", ""
@@ -3730,9 +3728,10 @@ class Vectors:
         rules/relevance.toml's ordinary memories of that script}, which calibrated_relevance takes
         off the question's cosine with a memory; the mean vector embedded once per process and
         model; 0.0 without anchors."""
-        if (model := self.embedder.model) not in self._anchor_vectors:
-            self._anchor_vectors[model] = {script: self.embedder.embed_documents(texts).mean(axis=0)
-                                           for script, texts in self.rules.anchors.items() if texts}
+        if (model := self.embedder.model) not in self._anchor_vectors:  # questions: as asked
+            self._anchor_vectors[model] = {script: np.mean([self.embedder.embed_query(t) for t in (
+                texts)], axis=0) if script == "questions" else self.embedder.embed_documents(
+                    texts).mean(axis=0) for script, texts in self.rules.anchors.items() if texts}
         return {"latin": 0.0, "cjk": 0.0} | {
             script: float(mean @ q_vector) for script, mean in self._anchor_vectors[model].items()}
 
@@ -3808,19 +3807,25 @@ class Layers:
         extra = [get("summary"), *get("topics"), *get("participants"), *get("tags")]
         return "\n".join([get("content"), *[x for x in extra if x]])
 
-    def _fact_slot(self, p: Prepared, fact: str) -> tuple[str, str, str]:
-        """(slot, value, subject) of one fact of write `p` (Rules.slot), he, she or a name resolved
-        to the participant it names, else the Chinese name leading it (王芳住在), else the first."""
-        slot, value, subject = self.rules.slot(fact)
-        if not slot:
-            return "", "", self.rules.canonical(p.participants[0]) if p.participants else ""
-        if subject is None:
-            named = self._lead(fact) or [x for x in p.participants if x and x in fact] or (
-                p.participants[:1])
-            subject = self.rules.canonical(named[0]) if named else ""
-            if subject in ("", "user"):  # no one to give the value to
-                return "", "", subject
-        return slot, value, subject
+    def _fact_slots(self, p: Prepared, fact: str) -> list[tuple[str, str, str]]:
+        """[(slot, value, subject)] of one fact of write `p`, one per predicate it states
+        (Rules.slot; "I work at Contoso as a nurse": works_at, job_title; has: only first), else
+        [('', '', its participant)]; he, she or a name resolved to the participant it names, else
+        the Chinese name leading it (王芳住在), else the first."""
+        got: list[tuple[str, str, str]] = []
+        while True:  # has:组长 said again: no slot
+            slot, value, subject = self.rules.slot(fact, {"has", *(
+                s.split(":")[0] for s, _, _ in got)} if got else ())
+            if not slot:
+                return got or [("", "", self.rules.canonical(p.participants[0]) if (
+                    p.participants) else "")]
+            if subject is None:
+                named = self._lead(fact) or [x for x in p.participants if x and x in fact] or (
+                    p.participants[:1])
+                subject = self.rules.canonical(named[0]) if named else ""
+                if subject in ("", "user"):  # no one to give the value to
+                    return got or [("", "", subject)]
+            got.append((slot, value, subject))
 
     def _lead(self, text: str) -> list[str]:
         """The Chinese name jieba finds leading `text` (王芳住在…; not 王芳的公司…), else []."""
@@ -3886,24 +3891,24 @@ class Layers:
                   "where id = :id", self._event_columns(p) | {"id": p.document_id})
         threshold = self.cfg.write.reinforce_jaccard
         doc_uid = self.value("select uid from documents where id = ?", (p.document_id,))
-        for fact in dict.fromkeys(f for x in p.facts for f in self._clauses(x)):
+        for fact, n, slotted in ((f, n, s) for f in dict.fromkeys(f for x in p.facts for f in (
+                self._clauses(x))) for n, s in enumerate(self._fact_slots(p, f))):
             atom_type, confidence = self._atom_role(fact, p)
             tokens = self.seg.tokens(fact)
             token_set = set(tokens)
-            slotted = self._fact_slot(p, fact)
             best, best_score = None, 0.0
             if len(token_set) >= self.cfg.write.reinforce_min_tokens and self._may_reinforce(
                     token_set, p.persona_id, atom_type, threshold):
                 for cand in self.rows(self.queries["atom_reinforce_candidates"], {
                         "match": fts_query(tokens), "persona_id": p.persona_id,
                         "atom_type": atom_type}):
-                    if slotted[0] and cand["slot"] == slotted[0] and (
-                            cand["slot_value"], cand["subject"]) != slotted[1:]:
-                        continue  # another value of the slot: a new fact
+                    if slotted[0] and cand["slot"] and (cand["slot"], cand["slot_value"], cand[
+                            "subject"]) != slotted:
+                        continue  # another value of the slot, or another slot: a new fact
                     score = jaccard(token_set, set(cand["segmented"].split()))
                     if score > best_score:
                         best, best_score = cand, score
-            uid = atom_uid(p.persona_id, doc_uid, fact)
+            uid = atom_uid(p.persona_id, doc_uid, f"{fact} {slotted[0]}" if n else fact)
             held = self.rows(self.queries["atom_by_uid"], {"uid": uid})
             if held and held[0]["state"] == "active":  # another memory kept it: stated again
                 best, best_score = held[0], 1.0
@@ -4005,7 +4010,8 @@ class Layers:
     def _supersede(self, atom_id: int, persona_id: str, subject: str, slot: str, value: str,
                    created_at: str) -> None:
         """Of the active atoms with this persona, subject (same_subject) and single-valued slot, the
-        newest stays active and supersedes every one with another value (a late older fact too)."""
+        newest stays active and supersedes every one with another value (a late older fact too),
+        and the slots its fact states after it (_fact_slots: at Contoso, as a nurse)."""
         c, stamp = self.conn, now_iso()
         rivals = self.rows(self.queries["atom_rivals"], {
             "persona_id": persona_id, "slot": slot, "id": atom_id})
@@ -4014,8 +4020,9 @@ class Layers:
                 continue
             old, new = (r["id"], atom_id) if r["created_at"] <= created_at else (atom_id, r["id"])
             c.execute("update memory_atoms set state = 'superseded', superseded_by = ?, "
-                      "state_changed_at = ?, updated_at = ? where id = ? and state = 'active'",
-                      (new, stamp, stamp, old))
+                      "state_changed_at = ?, updated_at = ? where state = 'active' and (id = ? or "
+                      "id > ? and (document_id, content) = (select document_id, content from "
+                      "memory_atoms where id = ?))", (new, stamp, stamp, old, old, old))
 
     def _clear_atoms(self, doc_id: int) -> None:
         """Undo what a document contributed to the atom layer: atoms it alone stated are deleted
@@ -5593,24 +5600,6 @@ class Recall:
                 "hub_limit": r.graph_hub_limit, "extra": r.graph_extra_entry_boost,
                 "hop": GRAPH_HOP_DISCOUNT}
 
-    def _pins(self, embedding: bytes, params: dict) -> dict:
-        """{id: cosine} of the pinned memories ≥ pin_similarity_threshold to `embedding`."""
-        query_i8 = vector_blob(np.frombuffer(embedding, np.float32))
-        rows = self.rows(self.queries["recall_pinned"],
-                         dict(params, embedding=embedding, query_i8=query_i8))
-        return {row["id"]: 1.0 - row["distance"] for row in rows
-                if 1.0 - row["distance"] >= self.cfg.recall.pin_similarity_threshold}
-
-    def _recall_extras(self, query: str, k: int, persona: str, as_of_iso: str,
-                       include_conversations, project: str = "",
-                       scope: str = "all") -> tuple[list[dict], list]:
-        """(graph facts of the entities the query names, conversation hits when asked: hooks)."""
-        has_graph = self.value("select 1 from kg_entities where persona_id = ? limit 1", (persona,))
-        facts = self._facts_for_text(query, persona, as_of_iso or now_iso()) if has_graph else []
-        conversations = (self.hooks.conversation_hits(self, query, k, persona, project, scope)
-                         if include_conversations else [])
-        return facts, conversations
-
     def recall(self, query, k: int = 5, persona_id: str | None = None,
                session_id: str | None = None, include_archived: bool = False,
                explain: bool = False, channels=None, as_of=None,
@@ -5658,7 +5647,10 @@ class Recall:
         ranked, embedding = self._channel_rows(searched, asked, params, degraded, stats)
         if window:  # its memories join the candidates; candidate_score boosts them
             ranked["time_window"] = self.rows(self.queries["recall_time_window"], params)
-        pins = {} if embedding is None else self._pins(embedding, params)
+        pins = {} if embedding is None else {r["id"]: 1.0 - r["distance"] for r in self.rows(
+            self.queries["recall_pinned"], dict(params, embedding=embedding, query_i8=vector_blob(
+                np.frombuffer(embedding, np.float32)))) if 1.0 - r["distance"] >= (
+                    self.cfg.recall.pin_similarity_threshold)}  # {id: cosine} of pinned memories
         intent, spec = self.rules.intent(asked.rsplit("\n", 1)[-1]) if (  # of its last line
             self.cfg.recall.dynamic_route_weighting) else (None, {})
         failed = {d["channel"] for d in degraded}
@@ -5677,10 +5669,11 @@ class Recall:
         if not results and not warnings:  # no memory holds a word of it (or none stood then)
             warnings.append("nothing found" + (f" as of {as_of_iso}" if as_of_iso else ""))
         warnings += ["the file is damaged: memories may be missing (doctor)"] * bool(self.damage)
-        facts, conversations = self._recall_extras(query, k, persona, as_of_iso,
-                                                    include_conversations, project, scope)
-        out = {"results": results, "facts": facts, "degraded": degraded, "intent": intent,
-               "warnings": warnings, "conversations": conversations}
+        out = {"results": results, "degraded": degraded, "intent": intent, "warnings": warnings,
+               "facts": self._facts_for_text(query, persona, as_of_iso or now_iso()) if self.value(
+                   "select 1 from kg_entities where persona_id = ? limit 1", (persona,)) else [],
+               "conversations": self.hooks.conversation_hits(
+                   self, query, k, persona, project, scope) if include_conversations else []}
         if explain:
             out["stats"] = dict(stats, channel_rows={ch: len(rows) for ch, rows in ranked.items()})
         answer = self._answer(key, out, started)
@@ -5997,6 +5990,12 @@ class Recall:
                  "body": self.rules.body,
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "coef": coef}
+        hub = self._anchor_vectors.get(self.embedder.model, {}).get("questions")
+        if hub is not None and vectors:  # a memory's closeness to any question, by script
+            near = {i: (query_script(re.findall(r"[\u4e00-\u9fff]|[a-z0-9]+", docs[i][
+                "content"].lower())), float(v @ hub)) for i, v in vectors.items()}
+            about["hub"] = {"vector": hub, "typical": {s: float(np.median([c for t, c in (
+                near.values()) if t == s])) for s in {t for t, _ in near.values()}}}
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
         slots = {n for n, rx in self.rules.slot_asks if rx.search(about["text"])} if mine and not (
             about["howto"]) else ()  # the slots whose question forms ([[predicates]] asks) it takes

@@ -314,7 +314,8 @@ where d.pinned = 1 and d.persona_id = :persona_id and d.archived <= :max_archive
   and (:as_of = '' or d.created_at <= :as_of);
 
 -- name: search_atoms
--- Atom BM25 over active atoms of one persona; the TTL factor is applied in Python.
+-- Atom BM25 over active atoms of one persona; the TTL factor is applied in Python. A fact of two
+-- slots is two atoms (aokun.Layers._fact_slots), shown once.
 select a.id, a.document_id, a.atom_type, a.content, a.confidence, a.importance, a.reinforcement_count,
        a.created_at, a.last_reinforced_at, a.expires_at, a.base_ttl_days, a.slot,
        bm25(memory_atoms_fts) as raw
@@ -323,6 +324,8 @@ join memory_atoms a on a.id = memory_atoms_fts.rowid
 where memory_atoms_fts match :match
   and a.persona_id = :persona_id
   and a.state = 'active'
+  and not exists (select 1 from memory_atoms b where b.document_id = a.document_id
+                  and b.content = a.content and b.state = 'active' and b.id < a.id)
 order by raw
 limit :k;
 

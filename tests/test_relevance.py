@@ -564,3 +564,22 @@ def test_a_change_of_the_way_to_work_is_no_change_of_the_job(local_mem):
         got = local_mem.recall(query, k=3, persona_id="commute")["results"]
         assert got[0]["text"] == "我已经从腾讯离职了，现在在字节跳动上班", (query, got)
         assert all("may_be_replaced_by" not in h for h in got), got
+
+
+@pytest.mark.slow
+def test_a_memory_close_to_every_question_needs_more_than_meaning(local_mem):
+    """e5-small puts "My password for the bank is [REDACTED…]" as near to any "my X" question as
+    the memory answering it: it came first for "Who is my boss?" (0.66) and was the one answer to
+    "what is my favourite colour?" (0.42). On meaning alone, a memory pays for how much nearer to
+    ordinary questions it is than the others of its script (HUB_SLACK)."""
+    for text in ("My password for the bank is hunter2Secret!", "I work at Contoso as a nurse.",
+                 "I report to Maria Keller.", "I live in Zurich.", "My sister lives in Bern.",
+                 "I am allergic to shellfish."):
+        local_mem.memorize(text, {"persona_id": "hub"})
+    for query, want in (("Who is my boss?", ["I report to Maria Keller."]),
+                        ("what is my favourite colour?", []),
+                        ("Where do I work now?", ["I work at Contoso as a nurse."])):
+        got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="hub")["results"]]
+        assert got == want, (query, got)
+    got = local_mem.recall("What's my bank password?", k=3, persona_id="hub")["results"]
+    assert got and "password" in got[0]["text"]

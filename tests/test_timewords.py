@@ -249,9 +249,10 @@ def test_query_without_time_words_is_unchanged(dated):
 
 def test_window_distance_is_zero_inside_and_days_outside():
     window = ("2026-11-29T00:00:00Z", "2026-11-30T00:00:00Z", "yesterday")
-    assert aokun.window_distance_days("2026-11-29T23:00:00Z", window) == 0.0
-    assert aokun.window_distance_days("2026-11-27T00:00:00Z", window) == 2.0
-    assert aokun.window_distance_days("2026-11-30T12:00:00Z", window) == 0.5
+    for at, days in (("2026-11-29T23:00:00Z", 0.0), ("2026-11-27T00:00:00Z", 2.0),
+                     ("2026-11-30T12:00:00Z", 0.5)):
+        assert aokun.window_distance_days(at, at, window) == days
+    assert aokun.window_distance_days("2026-11-20T00:00:00Z", "2026-11-29T12:00:00Z", window) == 0
 
 
 def test_candidate_score_and_fuse_add_the_time_boost():

@@ -749,3 +749,23 @@ async def test_a_roommates_move_is_hers_and_a_named_clause_is_its_names(server):
                                           "metadata": {"participants": ["赵敏"]}})
         assert [m["id"] for m in both["may_update"]] == [home["id"]]
         assert (await call(c, "search_atoms", {"query": "鼓楼区"}))["results"] == []
+
+
+async def test_a_fact_of_an_employer_and_a_title_holds_both(server):
+    """"I work at Contoso as a nurse" kept its first slot only (works_at): "What do I do for a
+    living?" asks job_title and found no memory filling it, and a title given first ("as a data
+    engineer at Initech") made no employer to replace. A fact now holds each slot it states; a new
+    employer retires the title stated with the old one, a new title keeps the employer."""
+    async with Client(server) as c:
+        old = await call(c, "memorize", {"content": "I work as a data engineer at Initech."})
+        new = await call(c, "memorize", {"content": "我现在在协和医院当护士。"})
+        assert [m["id"] for m in new["may_update"]] == [old["id"]]
+        for query in ("Where do I work?", "What do I do for a living?"):
+            found = [(h["id"], h.get("replaced_by")) for h in await hits(c, query)]
+            assert found[:2] == [(new["id"], None), (old["id"], new["id"])], query
+        atoms = (await call(c, "search_atoms", {"query": "Initech"}))["results"]
+        assert atoms == []  # its employer and its title: both retired
+        promoted = await call(c, "memorize", {"content": "I work at Globex as a lead engineer."})
+        await call(c, "memorize", {"content": "I'm now a senior lead engineer."})
+        atoms = (await call(c, "search_atoms", {"query": "Globex"}))["results"]
+        assert [a["document_id"] for a in atoms] == [promoted["id"]]  # one line, its employer
