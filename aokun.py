@@ -462,8 +462,8 @@ class Segmenter:
 
     def _cut(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
         import jieba
-        return tuple(t for run in jieba.re_han_default.split(text) if run
-                     for t in self._cut_run(run, keep_stopwords))
+        return tuple(t for run in jieba.re_han_default.split(text) if run for i in range(  # HMM:
+                     0, len(run), 256) for t in self._cut_run(run[i:i + 256], keep_stopwords))  # n²
 
     def _cut_run_uncached(self, text: str, keep_stopwords: bool) -> tuple[str, ...]:
         toks = (t.strip().lower() for t in self._tokenizer().cut_for_search(text))
@@ -535,8 +535,9 @@ MAXSCORE_SHARE = 0.3
 
 
 def bm25_idf(hits: int, rows: int) -> float:
-    """FTS5 bm25()'s IDF of a term held by `hits` of `rows` rows (fts5_aux.c: floored at 1e-6)."""
-    idf = math.log((rows - hits + 0.5) / (hits + 0.5))
+    """FTS5 bm25()'s IDF of a term held by `hits` of `rows` rows (fts5_aux.c: floored at 1e-6);
+    counts read while another process writes may hold hits > rows."""
+    idf = math.log((max(rows - hits, 0) + 0.5) / (hits + 0.5))
     return idf if idf > 0 else 1e-6
 
 
@@ -2483,7 +2484,8 @@ SLOT_BARE_CLAUSE = re.compile(r"(?:\s|现在|目前|如今|已经|最近|刚刚?
                               r"今年|去年|上个?月|[上本这]周|前几天|前阵子|[月年][初底]|这个?月|上个?星期)*")
 SLOT_USER_LEAD = re.compile(r"\s*(?:我们?|用户|(?i:the\s+user|user|i|we)\b)(?!的|'s)")
 #: Rules._slot_of: a sentence of an exception to a slot's value (When it snows I walk to work)
-SLOT_IF = re.compile(r"(?i)\b(?:if|whenever|when\s+it|rainy|snowy)\b|如果|要是|假如|下雨|下雪|雨天")
+SLOT_IF = re.compile(r"(?i)\b(?:if|whenever|when\s+it|rainy|snowy|temporarily)\b|如果|要是|"
+                     r"假如|下雨|下雪|雨天|大雨|暴雨|故障|停运|临时")  # a one-off: 地铁故障，打车
 SLOT_FUTURE = re.compile(r"(?i)明年|下个?月|下周|将来|打算|准备|计划|约了|预约|"  # an appointment
                          r"\b(?:will|going\s+to|plans?\s+to|next\s+(?:year|month|week))\b")
 #: where Layers._clauses splits a sentence of the user's slot into facts that retire one by one
@@ -2709,7 +2711,7 @@ class Rules:
                 return None
             bare = clause == sentence and SLOT_BARE_CLAUSE.fullmatch(
                 clause[lead.end():] if lead else clause)
-            return name, value, "user" if bare or lead else None
+            return name, value, "user" if bare or lead or who == "" else None  # (?P<subject>)
         key = self._key(who)
         rest = SUBJECT_OWNER.sub("", re.sub(r"'s$", "", key))
         subject = self.slot_subject.get(key, self.slot_subject.get(rest))
@@ -2805,24 +2807,29 @@ class Rules:
         return any(not ({k, *KIN_GROUPS.get(k, ())} & {a, *KIN_GROUPS.get(a, ())})
                    for k in named for a in asked)
 
-    def others_fact(self, text: str, people, seg) -> bool:
+    def others_fact(self, text: str, people, seg, whose: bool = False):
         """Whether a memory states someone else's fact: it leads with a relative or friend ("User's
         sister Hannah…", "我妹妹…") or a name (`people`, folded and lower-cased; a Chinese one jieba
-        tags, Segmenter.names) and speaks of the user nowhere after it ("Priya and I…" do not)."""
+        tags, Segmenter.names) and speaks of the user nowhere after it ("Priya and I…" do not).
+        `whose`: that relative's word ([subjects]: dad = 爸爸) or name, else '' (the user's)."""
         text = fold(text).lower().lstrip()
         lead = SUBJECT_OWNER.match(text)
         rest = text[lead.end():] if lead else text
         if lead and re.match(r"\s*(?:和|跟|与|同)", rest):  # 用户和 Marcus…: theirs together
-            return False
+            return "" if whose else False
         if lead and (named := re.match(r"(?:\w+\s+|[\u4e00-\u9fff]{2})(?=\S)", rest)) and any(
                 rest[named.end():].startswith(p) for p in people):
             rest = rest[named.end():]  # "my friend Priya…", "我的朋友王芳…": whose fact is Priya's
+        rest = re.sub(r"^(?:(?:new|current|former)\s+|新的?|现在的)", "", rest) if lead else rest
         who = self._other_subject.match(rest)
         end = who.end() if who else next((len(p) for p in people if rest.startswith(p) and (
             _CJK.search(p) or not re.match(r"[a-z0-9]", rest[len(p):len(p) + 1]))), None)
         if end is None and _CJK.match(rest):
             end = next((len(n) for n in seg.names(rest[:10]) if rest.startswith(n)), None)
-        return end is not None and not self._speaks_of_user.search(rest[end:])
+        if end is None or self._speaks_of_user.search(re.sub(  # "Zhang Wei, the user's colleague,"
+                r"^\s*,\s*(?:the\s+user's|my|our)\s+[^,]{1,30},", "", rest[end:])):
+            return "" if whose else False
+        return self.slot_subject.get(key := self._key(rest[:end]), key) if whose else True
 
     def personal_memory(self, facts: list[str]) -> bool:
         """Whether a memory with these fact sentences is about the user or people (global) rather
@@ -3050,14 +3057,12 @@ SUPERSEDE_JACCARD = 0.25
 #: event's rival shares ≥ EVENT_SHARED_TOKENS search tokens, EVENT_JACCARD of them (_event_rivals)
 MAY_UPDATE_MAX, EVENT_SHARED_TOKENS, EVENT_JACCARD, MAY_UPDATE_PREVIEW_CHARS = 3, 1, 0.2, 80
 LATER_MAX = 200  #: recall reads this many memories after its first hits for their events' changes
-#: _rival_fits: the value a new memory changed from ("from Flask to", "从 MySQL 迁移到"); what may
-#: stand before the person a memory is about; what its first word is not
+#: _rival_fits: the value a new memory changed from ("from Flask to", "从 MySQL 迁移到");
+#: _one_person: what a Chinese memory's first word (its person's) is not
 CHANGED_FROM = re.compile(r"(?i)\bfrom\s+(?:(?:the|a|an|my|his|her|their|our)\s+)?"
                           r"(?P<en>[\w+#.'-]+?)[.,']?\s+(?:\S+\s+){0,2}?to\b|\binstead\s+of\s+"
                           r"(?:the\s+)?(?P<of>[a-z]{3,}?)(?:ing|s)?\b|从(?P<zh>[^，。；,.;从]{1,12}?)"
                           r"(?:迁移|搬|换|改|转|到)|不再?(?:坐|开|骑|搭|用|喝|吃|去)?(?P<no>[^，。；,.;]{1,6}?)了")
-LEAD_OWNER = re.compile(r"(?i)\s*(?:(?:the\s+)?user's|my|our|his|her|用户的?|我的?)?"
-                        r"\s*(?:\w+\s+|\w{1,2})?")
 LEAD_SKIP = {"用户", "我", "我们", "和", "跟", "与", "现在", "最近", "已经", "如今"}
 #: _near_rival: {embedding model: {scripts (han, latin, mixed): the least cosine}} of the nearest
 #: older memory: a labelled update's least (scripts/eval_updates.py, even pairs); others: none
@@ -3094,13 +3099,6 @@ class Hooks:
 class Store:
     """The one APSW connection and its helpers; reading memories. Every use of `self.conn` holds
     `self.lock` (see Memory); methods documented "in tx" run inside the caller's `tx()`."""
-
-    def _close_connection(self) -> None:
-        """Memory.close's last step: PRAGMA optimize, then close the main connection."""
-        with self.lock:
-            with contextlib.suppress(apsw.Error):
-                self.conn.pragma("optimize")
-            self.conn.close()
 
     @contextlib.contextmanager
     def tx(self, invalidates: bool = True):
@@ -3812,13 +3810,15 @@ class Layers:
         (Rules.slot; "I work at Contoso as a nurse": works_at, job_title; has: only first), else
         [('', '', its participant)]; he, she or a name resolved to the participant it names, else
         the Chinese name leading it (王芳住在), else the first."""
-        got: list[tuple[str, str, str]] = []
+        got: list[tuple[str, str, str]] = []  # "The user left X and bought…": a later clause's
+        said = [fact, *(("我" if _CJK.search(c) else "I ") + c for c in CLAUSE_BREAK.split(fact)[
+            1:] if SLOT_USER_LEAD.match(fact) and not self.rules.others_fact(fact, (), self.seg))]
         while True:  # has:组长 said again: no slot
-            slot, value, subject = self.rules.slot(fact, {"has", *(
-                s.split(":")[0] for s, _, _ in got)} if got else ())
+            skip = {"has", *(s.split(":")[0] for s, _, _ in got)} if got else ()
+            slot, value, subject = next((x for x in (self.rules.slot(f, skip) for f in (
+                said[:1] if got else said)) if x[0]), ("", "", ""))  # 我女朋友…，做X: hers
             if not slot:
-                return got or [("", "", self.rules.canonical(p.participants[0]) if (
-                    p.participants) else "")]
+                return got or [("", "", self.rules.canonical(next(iter(p.participants), "")))]
             if subject is None:
                 named = self._lead(fact) or [x for x in p.participants if x and x in fact] or (
                     p.participants[:1])
@@ -4674,7 +4674,7 @@ class Journal:
             day = self._same_day_rivals(p, told)  # one alone linked: in p.supersedes
             events = [d for d in day if d[0] not in p.supersedes] + ([] if slotted else  # its
                 self._event_rivals(p, told | {i for i, _ in day}))  # change: a slot (我换工作了…)
-            if len(slotted) + len(events) < MAY_UPDATE_MAX:
+            if not slotted and len(events) < MAY_UPDATE_MAX:  # not the next nearest as well
                 events += self._near_rival(p, told | {i for i, _ in day + events})
         except (apsw.Error, EmbeddingError, DiskFull) as e:  # it is stored: a hint less
             log.warning("no update hint for memory %s: %s", p.document_id, e)
@@ -4712,25 +4712,15 @@ class Journal:
             script = "mixed" if len(scripts) > 1 else "han" if True in scripts else "latin"
             if r["id"] in skip or theirs["agrees"] or 1 - r["raw"] < least[script]:
                 break
-            if self._rival_fits(text, fold(theirs["content"])):
+            if self._rival_fits(text, fold(theirs["content"])) and self._one_person(
+                    p.persona_id, (p.content, theirs["content"])):
                 return [(r["id"], theirs["content"])]
         return []
 
     def _rival_fits(self, new: str, old: str) -> bool:
-        """Whether older memory `old` may hold what `new` changed: one person ([subjects] after a
-        possessive, LEAD_OWNER), or one names whom the other does (pinyin: Xiaoxiao is 晓晓); and
-        the value `new` changed from (CHANGED_FROM) in `old` or its pinyin, if of `old`'s script."""
+        """Whether older memory `old` may hold what `new` changed: the value `new` changed from
+        (CHANGED_FROM) in `old` or its pinyin, if of `old`'s script (its person: _one_person)."""
         pin = {t: self.seg.pinyin(t) if _CJK.search(t) else t.lower() for t in (new, old)}
-        first = {t: [w for w in self.seg.tokens(t) if w not in LEAD_SKIP and _CJK.search(w)]
-                 for t in pin}  # a Chinese memory's first word: "赵姐调走了": 赵姐
-        who = [(m := self.rules._other_subject.search(re.split(r"[，。；！？,.;!?]", t)[0])) and
-               LEAD_OWNER.fullmatch(t[:m.start()]) and self.rules._key(m.group(0)) for t in pin]
-        if self.rules.slot_subject.get(who[0]) != self.rules.slot_subject.get(who[1]) and not any(
-                len(n) >= (2 if _CJK.search(n) else 3) and (n in b.lower() or len(
-                    q := self.seg.pinyin(n.replace(" ", ""))) > 3 and q in pin[b])
-                for a, b in ((new, old), (old, new))
-                for n in query_names(a) | {w for w in first[a][:1] if w in a[:8]}):
-            return False
         was = (m := CHANGED_FROM.search(new)) and next(w for w in m.groups() if w).strip().lower()
         if was and not (m["en"] or m["zh"]):  # 不…了, instead of: told in old's script only
             return (han := bool(_CJK.search(was))) != bool(_CJK.search(old)) or was[
@@ -4773,9 +4763,23 @@ class Journal:
                 "match": fts_query(sorted(words | other)), "persona_id": p.persona_id,
                 "document_id": p.document_id, "k": 4 * MAY_UPDATE_MAX}) if words | other else ():
             theirs = set(r["segmented"].split()) - skip_words
-            if r["id"] not in skip and self.event_pair(words, theirs, (p.content, r["content"])):
+            if r["id"] not in skip and self.event_pair(words, theirs, (p.content, r["content"]),
+                                                       p.persona_id):
                 out.append((r["id"], r["content"]))
         return out
+
+    def _one_person(self, persona_id: str, texts) -> bool:
+        """Whether two memories' `texts` lead with one person (Rules.others_fact; "Priya moved…" is
+        no news of the user's sister), or one names whom the other does (pinyin: Xiaoxiao, 晓晓)."""
+        people, pin = self.persona_people(persona_id), [self.seg.pinyin(t) if _CJK.search(
+            t) else t.lower() for t in texts]
+        return len({self.rules.others_fact(t, people, self.seg, True) or "" for t in texts}
+                   ) < 2 or any(
+            len(n) >= (2 if _CJK.search(n) else 3) and (n.lower() in texts[1 - i].lower() or len(
+                q := self.seg.pinyin(n.replace(" ", ""))) > 3 and q in pin[1 - i]) for i in (0, 1)
+            for n in query_names(texts[i]) | set(self.seg.names(texts[i])) | {w for w in [
+                w for w in self.seg.tokens(texts[i]) if w not in LEAD_SKIP and _CJK.search(w)][:1]
+                if w in texts[i][:8]})  # a Chinese memory's first word: 赵姐调走了
 
     def persona_people(self, persona_id) -> list[str]:
         """The persona's people (graph person nodes, from participants), folded, lower-cased."""
@@ -4787,14 +4791,15 @@ class Journal:
         be more than a name ("Priya moved" is not her allergy's news)."""
         return {t for n in self.persona_people(persona_id) for t in self.seg.tokens(n)}
 
-    def event_pair(self, a: set, b: set, texts: tuple = ()) -> bool:
+    def event_pair(self, a: set, b: set, texts: tuple, persona_id: str) -> bool:
         """The event signal's pair test on the search tokens less the [events] words of a memory
         that says an event changed (`a`) and an older one (`b`); of two languages, on the
-        concepts (Rules.concepts) their `texts` say."""
-        if texts and query_script(a) != query_script(b):
+        concepts (Rules.concepts) their `texts` say; both of one person (_one_person)."""
+        if query_script(a) != query_script(b):
             a, b = (self.rules.concepts(t, self.rules.event_words) for t in texts)
         a, b = ({w for w in x if not re.search(r"\d|^[月日号年]$", w)} for x in (a, b))  # 3日
-        return len(a & b) >= EVENT_SHARED_TOKENS and jaccard(a, b) >= EVENT_JACCARD  # is no event
+        return len(a & b) >= EVENT_SHARED_TOKENS and jaccard(a, b) >= EVENT_JACCARD and (
+            self._one_person(persona_id, texts))  # 3日 is no event
 
     def _write_result(self, p: Prepared) -> dict:
         """memorize's and edit's answer for `p` (as memorize says), a failure's with its error."""
@@ -5153,7 +5158,12 @@ class KnowledgeGraph:
         NotFound for a source_memory_id of no memory of the persona."""
         persona = _label(persona_id, "persona_id")
         # secrets are never stored
-        subject, predicate, object = self._redacted_triple(subject, predicate, object)
+        # secrets redacted, the object also as the value of its predicate ("password" "hunter2")
+        subject, predicate, object = (self.redact(x) if isinstance(x, str) else x
+                                      for x in (subject, predicate, object))
+        if isinstance(predicate, str) and isinstance(object, str) and (both := self.redact(
+                f"{predicate}={object}")).startswith(predicate + "="):
+            object = both[len(predicate) + 1:]
         pred = self._predicate(predicate)
         start = iso(parse_time(valid_from, "valid_from")) if valid_from else now_iso()
         end = iso(parse_time(valid_to, "valid_to")) if valid_to else None
@@ -5187,17 +5197,6 @@ class KnowledgeGraph:
             tid = c.last_insert_rowid()
             self._briefing_stale(persona)
         return dict(self._triple(tid, persona), closed=closed, existing=False)
-
-    def _redacted_triple(self, subject, predicate, object) -> tuple:
-        """(subject, predicate, object) with secrets redacted, the object also as the value of its
-        predicate ("password" "hunter2secret"); non-text values returned as given."""
-        s, p, o = (self.redact(x) if isinstance(x, str) else x
-                   for x in (subject, predicate, object))
-        if isinstance(p, str) and isinstance(o, str):
-            both = self.redact(f"{p}={o}")
-            if both.startswith(p + "="):
-                o = both[len(p) + 1:]
-        return s, p, o
 
     def _triple(self, tid: int, persona: str = "") -> dict:
         """Fact `tid` of `persona` (folded) with its entities' names. NotFound when there is none in
@@ -5745,13 +5744,14 @@ class Recall:
         """{hit id: the newest later hit memorize's event or meaning signal links to it (event_pair,
         _near_rival; a first hit: any memory after it), `by` (replaced) left out; marked on hits."""
         out, age = {}, lambda h: (h["created_at"], h["id"])
-        skip = self.rules.event_words | self.people_words(hits[0]["persona_id"]) if hits else set()
+        persona = hits[0]["persona_id"] if hits else ""
+        skip = self.rules.event_words | self.people_words(persona)
         for new in sorted(hits, key=age):
             older = {h["id"] for h in hits if h["id"] not in by and age(h) < age(new)}
             if older and self.rules.event_changed(new["text"]):
                 words = set(self.seg.tokens(new["text"])) - skip
                 out |= {i: new["id"] for i in older if self.event_pair(words, set(docs[i][
-                    "segmented"].split()) - skip, (new["text"], docs[i]["content"]))}
+                    "segmented"].split()) - skip, (new["text"], docs[i]["content"]), persona)}
             near = self._near_rival(Prepared(new["text"], new["persona_id"], document_id=new[
                 "id"], created_at=new["created_at"]), set()) if older else []
             out |= {i: new["id"] for i, _ in near if i in older}
@@ -5761,7 +5761,7 @@ class Recall:
             {x["id"] for x in hits} and self.rules.event_changed(r["content"])] if top else []
         out |= {h["id"]: r["id"] for h in top for r in later if (r["created_at"], r["id"]) > age(
             h) and self.event_pair(set(docs[h["id"]]["segmented"].split()) - skip, set(r[
-                "segmented"].split()) - skip, (h["text"], r["content"]))}  # the newest changing it
+                "segmented"].split()) - skip, (h["text"], r["content"]), persona)}  # the newest
         for h in hits:
             h.update({"may_be_replaced_by": out[h["id"]]} if h["id"] in out else {})
         return out
@@ -6063,13 +6063,11 @@ class Recall:
     def _session_neighbours(self, ids, params: dict) -> dict[int, set]:
         """{memory id: ids of its session's memories right before/after it}, both ways."""
         out: dict[int, set] = {}
-        rows = self.rows(self.queries["recall_session_neighbours"],
-                         dict(params, ids=json.dumps(sorted(ids))))
-        for row in rows:
-            for n in (row["prev_id"], row["next_id"]):
-                if n is not None:
-                    out.setdefault(row["id"], set()).add(n)
-                    out.setdefault(n, set()).add(row["id"])
+        for row in self.rows(self.queries["recall_session_neighbours"], dict(params, ids=json.dumps(
+                sorted(ids)))):
+            for n in {row["prev_id"], row["next_id"]} - {None}:
+                out.setdefault(row["id"], set()).add(n)
+                out.setdefault(n, set()).add(row["id"])
         return out
 
     def _source_boost(self, source: str) -> float:
@@ -6163,8 +6161,7 @@ class Recall:
 
     def wait_background(self) -> None:
         """Wait for background access bookkeeping (called by close())."""
-        if self._toucher is not None:
-            # one FIFO worker: everything before it is done
+        if self._toucher is not None:  # one FIFO worker: everything before it is done
             self._toucher.submit(lambda: None).result()
 
     def _stop_recall_workers(self) -> None:
@@ -10758,7 +10755,10 @@ class Memory(Store, Vectors, Layers, Journal, KnowledgeGraph, Channels, Recall, 
             self._refresher = None
         self.conn_closed = True
         self._stop_recall_workers()
-        self._close_connection()
+        with self.lock:
+            with contextlib.suppress(apsw.Error):
+                self.conn.pragma("optimize")
+            self.conn.close()
 
     def __enter__(self):
         return self

@@ -1129,3 +1129,10 @@ def test_multi_line_query_vector_weights_its_last_line(mem, fake_embedder):
     assert np.allclose(mem._query_vector("one line only"), fake_embedder.vector("one line only"))
     mem.cfg.recall["query_last_line_weight"] = 0.0
     assert np.allclose(mem._query_vector("a\nb"), fake_embedder.vector("a\nb"))
+
+
+def test_idf_of_counts_read_while_another_process_writes():
+    """Two servers writing one file: a term's rows were counted after the table's, so hits > rows
+    and recall raised "math domain error" (bm25_idf's log of a negative number)."""
+    assert aokun.bm25_idf(7, 5) == 1e-6
+    assert aokun.maxscore_split(["a", "b"], {"a": 9, "b": 1}, 5, 3)["match"]

@@ -583,3 +583,15 @@ def test_a_memory_close_to_every_question_needs_more_than_meaning(local_mem):
         assert got == want, (query, got)
     got = local_mem.recall("What's my bank password?", k=3, persona_id="hub")["results"]
     assert got and "password" in got[0]["text"]
+
+
+@pytest.mark.slow
+def test_a_person_named_with_the_users_relation_to_them_is_not_the_user(local_mem):
+    """"Zhang Wei, the user's colleague, lives in Binjiang district…" came first for "Where do I
+    live?": "the user's colleague" made it speak of the user. An appositive is the person's."""
+    local_mem.memorize("Zhang Wei, the user's colleague, lives in Binjiang district and drives a "
+                       "Tesla to work.", {"persona_id": "appos", "participants": ["Zhang Wei"]})
+    local_mem.memorize("用户住在杭州西湖区。", {"persona_id": "appos"})
+    got = [h["text"] for h in local_mem.recall("Where do I live?", k=3,
+                                               persona_id="appos")["results"]]
+    assert got == ["用户住在杭州西湖区。"], got

@@ -335,6 +335,15 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("User prefers Figma in the light theme.", "User switched Figma to dark mode; working late."),
     ("用户住在北京朝阳区三里屯附近。",
      "User moved to an apartment in Wudaokou, closer to the lab."),
+    ("My manager is Tom Baker.", "Lena Ortiz is my manager."),
+    ("用户的组长是小赵。", "小赵调走了，新组长是孙姐。"),
+    ("User walks to work.", "User is WFH full-time, zero commute."),
+    ("User's monthly rent is $2,100.", "User's new lease is $2,350 a month."),
+    ("User has a Pixel 6.", "User's phone: iPhone 15 Pro."),
+    ("用户在美团上班。", "用户离开美团，去了拼多多。"),
+    ("The user's mobile phone number is 138-1234-5678.", "用户换了新手机号 139-8765-4321。"),
+    ("用户住在杭州西湖区，租的是一套两居室。",
+     "The user moved out of the rented flat and bought an apartment in Yuhang district."),
 ], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
         "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
         "model-en-zh", "latin-name-zh", "car-model-en", "car-sold-zh", "weight-en-zh", "rent-en",
@@ -347,7 +356,9 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
         "title-of-a-name-zh", "commute-zh", "commute-en",
         "commute-named-line-en", "commute-from-zh", "reports-to-after-his-move-en-zh",
         "offer-signed-zh", "favourite-of-a-place-en-zh", "switched-app-theme-en",
-        "moved-to-an-apartment-zh-en"])
+        "moved-to-an-apartment-zh-en", "manager-named-first-en", "new-lead-after-a-move-zh",
+        "wfh-en", "lease-en", "phone-colon-en", "left-for-zh", "phone-number-en-zh",
+        "and-bought-zh-en"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
@@ -366,10 +377,13 @@ def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new
     ("我在清华教英语。", "我周末在少年宫教钢琴。"),
     ("I take the bus to work.", "When it snows I walk to work."),
     ("我每天坐地铁上班。", "下雨天我打车上班。"),
+    ("用户每天坐地铁上班。", "今天地铁故障，用户临时打车去公司。"),
+    ("用户的姐姐林静在深圳工作，在腾讯做产品经理。",
+     "Priya moved to Singapore for a new job at Grab."),
 ], ids=["pets-both", "habits-two-things", "schedule-two-people", "sisters-job-then-mine-zh",
         "food-and-drink-zh", "two-names-zh", "commute-two-people",
         "themes-of-two-apps-en", "teaches-here-and-there-zh", "commute-when-it-snows-en",
-        "commute-on-rainy-days-zh"])
+        "commute-on-rainy-days-zh", "commute-one-off-zh", "another-persons-move-en-zh"])
 def test_slots_silent_for_facts_that_both_hold(mem, first, second):
     mem.memorize(first, {"persona_id": "p"})
     assert mem.memorize(second, {"persona_id": "p"})["may_update"] == []
@@ -769,3 +783,20 @@ async def test_a_fact_of_an_employer_and_a_title_holds_both(server):
         await call(c, "memorize", {"content": "I'm now a senior lead engineer."})
         atoms = (await call(c, "search_atoms", {"query": "Globex"}))["results"]
         assert [a["document_id"] for a in atoms] == [promoted["id"]]  # one line, its employer
+
+
+async def test_a_change_of_another_person_names_no_fact_of_the_user(server):
+    """"Priya moved to Singapore for a new job at Grab." named the user's commute and the user's
+    sister's job (may_update, shared words of moving and work), and recall then put Priya's move
+    first for "How do I get to work?" (may_be_replaced_by). A change names only a memory that
+    leads with the same person (the user, a relative, a name), or names the person it does."""
+    async with Client(server) as c:
+        for text, who in (("用户的姐姐林静在深圳工作，在腾讯做产品经理。", ["林静"]),
+                          ("I drive to work now, it takes 25 minutes since the move.", [])):
+            await call(c, "memorize", {"content": text, "metadata": {"participants": who}})
+        new = await call(c, "memorize", {"content": "Priya moved to Singapore for a new job "
+                                         "at Grab.", "metadata": {"participants": ["Priya"]}})
+        assert new["may_update"] == []
+        found = await hits(c, "drive to work")
+        assert found[0]["text"].startswith("I drive"), found
+        assert not found[0].get("may_be_replaced_by"), found

@@ -778,3 +778,14 @@ def test_an_old_graph_layout_is_rewritten_when_the_file_is_opened(db_path, open_
     assert mem.value("select count(*) from graph_entries_fts") == len(fresh)
     assert fts_ids(mem, "graph_entries_fts", "describes") == []
     assert mem.doctor() == []
+
+
+def test_a_long_run_of_chinese_is_cut_in_pieces_for_jieba(segmenter, monkeypatch):
+    """jieba's HMM is quadratic in a run of unknown characters: one memory of 300,000 我 held its
+    server for 566 s. The segmenter hands jieba at most 256 characters of a run at a time."""
+    seen = []
+    cut = segmenter._cut_run
+    monkeypatch.setattr(segmenter, "_cut_run", lambda run, keep: seen.append(len(run)) or cut(
+        run, keep))
+    assert segmenter.tokens("我" * 1000 + "喜欢杭州")
+    assert seen and max(seen) <= 256 and sum(seen) == 1004
