@@ -2302,9 +2302,8 @@ def calibrated_relevance(margin: float | None, cover: float | None,
 GENERAL_COVER = {"latin": 1 / 3, "cjk": 1 / 5}
 #: the share of a question of how or why things are (q["general"]) a memory must hold: most of it
 HOW_COVER = 0.6
-#: how much closer than the pool's median memory of its script to rules/relevance.toml's ordinary
-#: questions a memory may be before a hit on meaning alone pays for it (a hub: e5-small puts "My
-#: password for the bank is…" as near to any "my X" question as the memory answering it)
+#: how much nearer to rules/relevance.toml's questions than the pool's median memory of its script a
+#: hit on meaning alone may be before it pays (a hub: "My password for the bank is…" to "my X")
 HUB_SLACK = 0.015
 #: the share (cross_cover) of such a question, naming no one, a memory in the other language must
 #: hold: translated words say less than the same words
@@ -12152,11 +12151,13 @@ BACKFILL_RETRY_SECONDS = (15.0, 30.0, 60.0, 120.0, 300.0)
 
 
 def _background(mem: "Memory", stop: threading.Event) -> None:
-    """The server's background thread: Memory.warm_recall, the version-change backup, vector
+    """The server's background thread: quick_check, Memory.warm_recall, the version backup, vector
     back-fill (retried after BACKFILL_RETRY_SECONDS), due maintenance every
     scheduler_interval_seconds, sync every [sync] interval. Returns once `stop` is set; never
     raises (failures are logged and retried)."""
-    try:
+    try:  # a damaged page of an index no read touches: every process refuses writes from now
+        if (bad := [r["quick_check"] for r in mem.rows("pragma quick_check(3)")]) != ["ok"]:
+            raise mem.damaged("quick_check: " + "; ".join(bad))
         mem.seg.tokens("warm up 预热")
         mem.warm_recall()
         mem.version_backup()

@@ -11,6 +11,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import apsw
@@ -323,3 +324,20 @@ def test_a_full_disk_is_one_line_and_loses_nothing_acknowledged(tmp_path):
     said = (stdout + stderr).strip().splitlines()  # the disk, unfinished and failed writes
     assert len(said) <= 3 and all(x.startswith("problem: ") for x in said), (stdout, stderr)
 
+
+
+def test_a_server_checks_its_file_when_it_starts(tmp_path, cfg, segmenter, open_mem):
+    """A damaged index page that no read touches went unnoticed: the server started, and recall and
+    memorize worked, writing into the damaged file; only doctor said so. The server's background
+    thread runs quick_check first: writes are refused from then on, in every process."""
+    db = tmp_path / "a.db"
+    _made(db, cfg, segmenter)
+    _flip_table_pages(db, "documents_created")
+    m = open_mem(db, cfg=cfg)
+    assert m.damage is None  # not found at open
+    stop = threading.Event()
+    stop.set()  # the warm-up, then return
+    aokun._background(m, stop)
+    assert "quick_check" in (m.damage or "") and (tmp_path / "a.db-damaged").exists()
+    with pytest.raises(aokun.DamagedFile):
+        open_mem(db, cfg=cfg).memorize("Bought a second umbrella.")  # another process
