@@ -3805,10 +3805,9 @@ class Layers:
         return "\n".join([get("content"), *[x for x in extra if x]])
 
     def _fact_slots(self, p: Prepared, fact: str) -> list[tuple[str, str, str]]:
-        """[(slot, value, subject)] of one fact of write `p`, one per predicate it states
-        (Rules.slot; "I work at Contoso as a nurse": works_at, job_title; has: only first), else
-        [('', '', its participant)]; he, she or a name resolved to the participant it names, else
-        the Chinese name leading it (王芳住在), else the first."""
+        """[(slot, value, subject)] of `fact` of write `p`, one per predicate (Rules.slot; "at Acme
+        as a nurse": works_at, job_title; has: first only), else [('', '', its participant)]; he,
+        she, a name: the participant it names, else the Chinese name leading it, else the first."""
         got: list[tuple[str, str, str]] = []  # "The user left X and bought…": a later clause's
         said = [fact, *(("我" if _CJK.search(c) else "I ") + c for c in CLAUSE_BREAK.split(fact)[
             1:] if SLOT_USER_LEAD.match(fact) and not self.rules.others_fact(fact, (), self.seg))]
@@ -12156,7 +12155,8 @@ def _background(mem: "Memory", stop: threading.Event) -> None:
     scheduler_interval_seconds, sync every [sync] interval. Returns once `stop` is set; never
     raises (failures are logged and retried)."""
     try:  # a damaged page of an index no read touches: every process refuses writes from now
-        if (bad := [r["quick_check"] for r in mem.rows("pragma quick_check(3)")]) != ["ok"]:
+        if (bad := [r["quick_check"] for r in mem.reader_rows("pragma quick_check(3)", ())]) != [
+                "ok"]:  # on this thread's reader: the tool calls do not wait for it
             raise mem.damaged("quick_check: " + "; ".join(bad))
         mem.seg.tokens("warm up 预热")
         mem.warm_recall()
