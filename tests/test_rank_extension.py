@@ -92,8 +92,11 @@ def test_a_question_of_more_than_64_words_keeps_its_keyword_channels(ranked):
         out = ranked.recall(query, k=5, channels=channels)
         assert out["degraded"] == [] and out["results"], (channels, out["degraded"])
         # 王芳's coffee memories name Alice as a participant: they tie with Alice's own (and
-        # coffee is 咖啡: rules/lexicon.toml)
-        assert all(re.search("coffee|咖啡", h["text"]) for h in out["results"])
+        # coffee is 咖啡: rules/lexicon.toml); "the deadline moved" in a later memory of Alice's
+        # may change one: it joins before it (may_be_replaced_by), whatever its words
+        changers = {h.get("may_be_replaced_by") for h in out["results"]}
+        assert all(re.search("coffee|咖啡", h["text"]) for h in out["results"]
+                   if h["id"] not in changers)
         assert any(h["text"].startswith("Alice talked about") for h in out["results"])
 
 

@@ -126,7 +126,8 @@ async def test_a_new_server_warms_recall_up_in_the_background(tmp_path, segmente
                 and time.monotonic() < deadline:
             await anyio.sleep(0.05)
         assert m._anchor_vectors and (m._term_hits or not m.conn.aokun_rank)
-        assert len(m._readers) == (workers if workers > 1 else 0)
+        # each channel worker's, and the background thread's own (quick_check)
+        assert len(m._readers) == (workers if workers > 1 else 0) + 1
     async with Client(aokun.build_server(factory, cfg)) as client:
         r = await client.call_tool("recall", {"query": "alpha bravo w3x", "limit": 3})
         assert not r.is_error and r.structured_content["results"]
