@@ -3808,9 +3808,9 @@ class Layers:
         """[(slot, value, subject)] of `fact` of write `p`, one per predicate (Rules.slot; "at Acme
         as a nurse": works_at, job_title; has: first only), else [('', '', its participant)]; he,
         she, a name: the participant it names, else the Chinese name leading it, else the first."""
-        got: list[tuple[str, str, str]] = []  # "The user left X and bought…": a later clause's
-        said = [fact, *(("我" if _CJK.search(c) else "I ") + c for c in CLAUSE_BREAK.split(fact)[
-            1:] if SLOT_USER_LEAD.match(fact) and not self.rules.others_fact(fact, (), self.seg))]
+        own = SLOT_USER_LEAD.match(fact) and not self.rules.others_fact(fact, (), self.seg)
+        got, said = [], [fact, *(("我" if _CJK.search(c) else "I ") + c for c in CLAUSE_BREAK.split(
+            fact)[1:] if own)]  # "The user left X and bought…": a later clause's; not 我女朋友…
         while True:  # has:组长 said again: no slot
             skip = {"has", *(s.split(":")[0] for s, _, _ in got)} if got else ()
             slot, value, subject = next((x for x in (self.rules.slot(f, skip) for f in (
@@ -4769,15 +4769,15 @@ class Journal:
     def _one_person(self, persona_id: str, texts) -> bool:
         """Whether two memories' `texts` lead with one person (Rules.others_fact; "Priya moved…" is
         no news of the user's sister), or one names whom the other does (pinyin: Xiaoxiao, 晓晓)."""
-        people, pin = self.persona_people(persona_id), [self.seg.pinyin(t) if _CJK.search(
-            t) else t.lower() for t in texts]
-        return len({self.rules.others_fact(t, people, self.seg, True) or "" for t in texts}
-                   ) < 2 or any(
-            len(n) >= (2 if _CJK.search(n) else 3) and (n.lower() in texts[1 - i].lower() or len(
-                q := self.seg.pinyin(n.replace(" ", ""))) > 3 and q in pin[1 - i]) for i in (0, 1)
-            for n in query_names(texts[i]) | set(self.seg.names(texts[i])) | {w for w in [
-                w for w in self.seg.tokens(texts[i]) if w not in LEAD_SKIP and _CJK.search(w)][:1]
-                if w in texts[i][:8]})  # a Chinese memory's first word: 赵姐调走了
+        people = self.persona_people(persona_id)  # pinyin: only for a name not held as written
+        return len({self.rules.others_fact(x, people, self.seg, True) or "" for x in texts}) < 2 \
+            or any(
+            len(n) >= (2 if _CJK.search(n) else 3) and (n.lower() in (t := texts[1 - i].lower())
+            or len(q := self.seg.pinyin(n.replace(" ", ""))) > 3 and q in (
+                self.seg.pinyin(t) if _CJK.search(t) else t))
+            for i in (0, 1) for n in query_names(texts[i]) | set(self.seg.names(texts[i])) | {
+                w for w in [w for w in self.seg.tokens(texts[i]) if w not in LEAD_SKIP and (
+                    _CJK.search(w))][:1] if w in texts[i][:8]})  # a Chinese first word: 赵姐调走了
 
     def persona_people(self, persona_id) -> list[str]:
         """The persona's people (graph person nodes, from participants), folded, lower-cased."""
