@@ -2598,6 +2598,8 @@ class Rules:
         self._other_subject = re.compile("|".join(  # my sisters job: 's missing
             rf"(?<![a-z]){re.escape(w)}(?:'?s)?(?![a-z])" if w.isascii() else re.escape(w)
             for w in others) or r"(?!)", re.IGNORECASE)
+        self._name_lead, self._name_run = (re.compile(self._expand(data.get("people", {}).get(
+            k, "(?!)"), defs)) for k in ("lead", "run"))
         self.slot_thing = {self._key(w): thing for thing, words in data.get("things", {}).items()
                            for w in [thing, *words]}
         self.slot_alias = {self._key(w): self._key(v) for v, words in data.get("values", {}).items()
@@ -2808,8 +2810,9 @@ class Rules:
 
     def others_fact(self, text: str, people, seg, whose: bool = False):
         """Whether a memory states someone else's fact: it leads with a relative or friend ("User's
-        sister Hannah…", "我妹妹…") or a name (`people`, folded and lower-cased; a Chinese one jieba
-        tags, Segmenter.names) and speaks of the user nowhere after it ("Priya and I…" do not).
+        sister Hannah…", "我妹妹…") or a name (`people`, folded, lower-cased, falsy ones skipped; a
+        Chinese one jieba tags, Segmenter.names) and speaks of the user nowhere after it ("Priya and
+        I…" do not).
         `whose`: that relative's word ([subjects]: dad = 爸爸) or name, else '' (the user's)."""
         text = fold(text).lower().lstrip()
         lead = SUBJECT_OWNER.match(text)
@@ -2817,11 +2820,11 @@ class Rules:
         if lead and re.match(r"\s*(?:和|跟|与|同)", rest):  # 用户和 Marcus…: theirs together
             return "" if whose else False
         if lead and (named := re.match(r"(?:\w+\s+|[\u4e00-\u9fff]{2})(?=\S)", rest)) and any(
-                rest[named.end():].startswith(p) for p in people):
+                p and rest[named.end():].startswith(p) for p in people):
             rest = rest[named.end():]  # "my friend Priya…", "我的朋友王芳…": whose fact is Priya's
         rest = re.sub(r"^(?:(?:new|current|former)\s+|新的?|现在的)", "", rest) if lead else rest
         who = self._other_subject.match(rest)
-        end = who.end() if who else next((len(p) for p in people if rest.startswith(p) and (
+        end = who.end() if who else next((len(p) for p in people if p and rest.startswith(p) and (
             _CJK.search(p) or not re.match(r"[a-z0-9]", rest[len(p):len(p) + 1]))), None)
         if end is None and _CJK.match(rest):
             end = next((len(n) for n in seg.names(rest[:10]) if rest.startswith(n)), None)
@@ -2829,6 +2832,18 @@ class Rules:
                 r"^\s*,\s*(?:the\s+user's|my|our)\s+[^,]{1,30},", "", rest[end:])):
             return "" if whose else False
         return self.slot_subject.get(key := self._key(rest[:end]), key) if whose else True
+
+    def name_lead(self, text: str) -> str:
+        """The name `text` leads with, lower-cased: rules/predicates.toml [people] lead's ("Priya is
+        allergic to peanuts"), or a run's that a slot's subject is of ("Priya moved to Singapore",
+        "Lin Mei works at…"); '' for I, User, a relative, a thing ("Coffee is bad…") or none."""
+        text, known = fold(text).lstrip(), self.slot_subject
+        m = self._name_lead.match(text) or self._name_run.match(text)  # run: a slot's subject?
+        run = m["name"].lower() if m else ""
+        if not run or run.split()[0] in known or run.split()[0] in self.concept_of:
+            return ""  # "Work moved to Friday": a word, no name
+        who = run if m.re is self._name_lead else self.slot(text)[2]
+        return run if who == run or who and who not in known and who in run.split() else ""
 
     def personal_memory(self, facts: list[str]) -> bool:
         """Whether a memory with these fact sentences is about the user or people (global) rather
@@ -4769,7 +4784,7 @@ class Journal:
     def _one_person(self, persona_id: str, texts) -> bool:
         """Whether two memories' `texts` lead with one person (Rules.others_fact; "Priya moved…" is
         no news of the user's sister), or one names whom the other does (pinyin: Xiaoxiao, 晓晓)."""
-        people = self.persona_people(persona_id)  # pinyin: only for a name not held as written
+        people = self.persona_people(persona_id) + list(map(self.rules.name_lead, texts))  # Priya
         return len({self.rules.others_fact(x, people, self.seg, True) or "" for x in texts}) < 2 \
             or any(
             len(n) >= (2 if _CJK.search(n) else 3) and (n.lower() in (t := texts[1 - i].lower())
@@ -5624,7 +5639,7 @@ class Recall:
             took_ms = round((time.perf_counter() - started) * 1000, 2)
             return dict(cached, took_ms=took_ms, cached=True)
         ref = parse_time(as_of_iso) if as_of_iso else now()
-        me = self._own_name(persona)  # "Zhang Wei is allergic…": asked as "Am I allergic…"
+        me = self._own_name(persona)[0]  # "Zhang Wei is allergic…": asked as "Am I allergic…"
         asked = as_user(query, me, self.seg.pinyin, True)
         tokens, window = self._search_words(asked, ref)
         if not tokens and not window:  # punctuation or stop words only
@@ -5657,7 +5672,7 @@ class Recall:
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
             vector=vector, tokens=set(tokens), warnings=warnings, stats=stats, text=asked,
-            project=project, scope=scope, about={"variants": same, "me": me, "across": across}))
+            project=project, scope=scope, about={"variants": same, "across": across}))
         results, left_out = bound_hits(results, *bounds)
         if left_out:
             warnings.append(f"memories {', '.join(map(str, left_out))} left out to keep the "
@@ -5953,17 +5968,17 @@ class Recall:
             n in folded or self.seg.pinyin(n) in spelt or (g := given_name(n, self.seg.weight))
             and g in folded if _CJK.search(n) else n.replace(" ", "") in spelt)})
 
-    def _own_name(self, persona: str) -> tuple[str, ...]:
-        """own_name of the persona's latest OWN_NAME_SAMPLE live memories, kept till the file
-        changes."""
+    def _own_name(self, persona: str) -> tuple[tuple[str, ...], bool]:
+        """(own_name of the persona's latest OWN_NAME_SAMPLE live memories, whether two of them
+        speak as I, User, 我), kept till the file changes."""
         state, kept = self._cache_state(), self.__dict__.setdefault("_own_names", {})
         if kept.get(persona, (None,))[0] != state:
             texts = [fold(r["content"]) for r in self.rows(self.queries["recall_latest_texts"], {
                 "persona_id": persona, "n": OWN_NAME_SAMPLE})]
             kept[persona] = state, own_name(texts, lambda w: self.rules.slot_subject.get(
                 w) == "user" or not self.seg.tokens(w), self.seg.names, self.rules._other_subject,
-                self.seg.pinyin)  # User, and stop words (The), are no name
-        return kept[persona][1]
+                self.seg.pinyin), sum(bool(SLOT_USER_LEAD.match(t)) for t in texts) > 1
+        return kept[persona][1:]  # User, and stop words (The), are no name
 
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and at
@@ -5976,7 +5991,7 @@ class Recall:
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         persona = q.params["persona_id"]
-        me, pinyin = q.about.get("me"), self.seg.pinyin
+        (me, first), pinyin = self._own_name(persona), self.seg.pinyin
         people = [] if persona is None else [  # not a participant "user", "我" or the user's name
             n for n in self.persona_people(persona) if self.rules.slot_subject.get(n) != "user"
             and as_user(n, me, pinyin, False) == n]
@@ -5984,10 +5999,9 @@ class Recall:
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
                  **{k: asks(q.text) for k, asks in self.rules.asks_for.items()},
                  "variants": q.about.get("variants", {}), "across": q.about.get("across", {}),
-                 "names": self._names(q.text, people), "text": fold(q.text),
-                 "body": self.rules.body,
+                 "names": self._names(q.text, people), "text": fold(q.text), "coef": coef,
                  "background": None if q.vector is None or coef is None
-                 else self.background(q.vector), "coef": coef}
+                 else self.background(q.vector), "body": self.rules.body}
         hub = self._anchor_vectors.get(self.embedder.model, {}).get("questions")
         if hub is not None and vectors:  # a memory's closeness to any question, by script
             near = {i: (query_script(re.findall(r"[\u4e00-\u9fff]|[a-z0-9]+", docs[i][
@@ -6018,11 +6032,12 @@ class Recall:
                                           self.seg, content))
             if coef and parts[i]["evidence"] and (mine and (not about["who"] or slots and (  # not
                     i not in asked) and re.match(r"\w{1,20}?(?:'s\s|的)", content) and not (  # P-
-                        SUBJECT_OWNER.match(content.lower()))) and (  # riya's, nor 陈静的领导
-                    self.rules.others_fact(content, people, self.seg)) or self.rules.other_relative(
-                    about["variants"], doc_tokens, content.lower(), None if mine else people)
+                        SUBJECT_OWNER.match(content.lower()))) and self.rules.others_fact(
+                    content, people + [(me or first) and self.rules.name_lead(content)],
+                    self.seg) or self.rules.other_relative(  # riya's; Priya is… (name_lead)
+                    about["variants"], doc_tokens, content.lower(), None if mine else people)  # no
                     or q.window and q.window.day and docs[i]["event_at"] and not (
-                        parts[i]["time_match"])):  # an event of another day than "Dec 11" asked
+                        parts[i]["time_match"])):  # 陈静的领导, no event of a day not asked
                 parts[i].update(evidence=False, relevance=0.0)
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(
@@ -6748,16 +6763,13 @@ class Maintenance:
         watch's progress (watch_progress(): null when no watch ever ran on this file)."""
         q = self.queries
         counts = self.rows(q["stats_counts"])[0]
-        if self.has_table("doc_vec"):
-            counts.update(self.rows(q["stats_vector_counts"])[0])
-        else:
-            counts.update(doc_vectors=0, graph_vectors=0, doc_index_rows=0, graph_index_rows=0)
-        counts.update(self.hooks.counts(self))
+        counts.update(self.rows(q["stats_vector_counts"])[0] if self.has_table("doc_vec") else dict(
+            doc_vectors=0, graph_vectors=0, doc_index_rows=0, graph_index_rows=0))
         return {
             "database": str(self.path),
             "size_bytes": self.path.stat().st_size if self.path.exists() else 0,
             "schema_version": self.value("pragma user_version"), "server_version": __version__,
-            "counts": counts,
+            "counts": counts | self.hooks.counts(self),
             "atoms_by_state": {r["state"]: r["n"] for r in self.rows(q["stats_atoms_by_state"])},
             "atoms_by_type": {r["atom_type"]: r["n"] for r in self.rows(q["stats_atoms_by_type"])},
             "journal": {r["status"]: r["n"] for r in self.rows(q["stats_journal"])},
@@ -10858,11 +10870,9 @@ def lean_schema(schema, output: bool = False):
     for key, v in schema.items():
         if key == "properties":
             out[key] = {name: lean_schema(s, output) for name, s in v.items()}
-        elif key == "title" or (key == "default" and (v is None or output)) \
-                or (key == "additionalProperties" and v is True) \
-                or (output and key in ("description", "required")):
-            continue
-        else:
+        elif not (key == "title" or (key == "default" and (v is None or output))
+                  or (key == "additionalProperties" and v is True)
+                  or (output and key in ("description", "required"))):
             out[key] = lean_schema(v, output)
     options = out.get("anyOf")
     if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
@@ -11103,24 +11113,13 @@ def _browse_models():
     class MemoryList(BaseModel):
         memories: list[MemoryRow]
 
-    class MemoryDetail(BaseModel):
-        id: int
-        uid: str
-        persona_id: str
-        session_id: str
+    class MemoryDetail(MemoryRow):  # a MemoryRow's fields, content whole, then these
         content: str
-        summary: str
         topics: list[str]
         key_facts: list[str]
         participants: list[str]
         tags: list[str]
         sentiment: str
-        source: str
-        importance: float
-        pinned: bool
-        archived: bool
-        created_at: str
-        updated_at: str
         last_access_at: str | None
         access_count: float
         useful_count: float

@@ -595,3 +595,30 @@ def test_a_person_named_with_the_users_relation_to_them_is_not_the_user(local_me
     got = [h["text"] for h in local_mem.recall("Where do I live?", k=3,
                                                persona_id="appos")["results"]]
     assert got == ["用户住在杭州西湖区。"], got
+
+
+@pytest.mark.slow
+def test_a_name_leading_a_memory_is_someone_else_when_the_user_is_i(local_mem):
+    """Assistants often send no participants: "Priya is allergic to peanuts." came first for "What
+    am I allergic to?" and her move for "How do I get to work?". Where the user's memories say I,
+    User or 我, a name leading one is someone else's; where they call the user by a name of their
+    own, that name's memories stay the user's."""
+    for text in ("I live in Leeds.", "我现在骑电动车上班了。", "Priya is allergic to peanuts.",
+                 "Priya moved to Singapore for a new job at Grab.", "Jenny can't eat gluten.",
+                 "Dentist moved to Thursday at 3pm."):
+        local_mem.memorize(text, {"persona_id": "i"})
+    for query in ("What am I allergic to?", "我对什么过敏？", "How do I get to work?",
+                  "Can I eat gluten?"):
+        got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="i")["results"]]
+        assert not {"Priya is allergic to peanuts.", "Jenny can't eat gluten.",
+                    "Priya moved to Singapore for a new job at Grab."} & set(got), (query, got)
+    got = [h["text"] for h in local_mem.recall("When is my dentist appointment?", k=3,
+                                               persona_id="i")["results"]]
+    assert got[:1] == ["Dentist moved to Thursday at 3pm."], got  # a word leads it, no name
+    for text in ("Maeve lives in Bristol.", "Maeve works as a vet nurse.", "Maeve has a cat.",
+                 "Maeve cycles to work.", "Maeve is allergic to penicillin.",
+                 "Maeve drinks her coffee black."):
+        local_mem.memorize(text, {"persona_id": "maeve"})
+    got = [h["text"] for h in local_mem.recall("What am I allergic to?", k=3,
+                                               persona_id="maeve")["results"]]
+    assert got[:1] == ["Maeve is allergic to penicillin."], got

@@ -380,10 +380,12 @@ def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new
     ("用户每天坐地铁上班。", "今天地铁故障，用户临时打车去公司。"),
     ("用户的姐姐林静在深圳工作，在腾讯做产品经理。",
      "Priya moved to Singapore for a new job at Grab."),
+    ("我现在骑电动车上班了。", "Priya moved to Singapore for a new job at Grab."),
 ], ids=["pets-both", "habits-two-things", "schedule-two-people", "sisters-job-then-mine-zh",
         "food-and-drink-zh", "two-names-zh", "commute-two-people",
         "themes-of-two-apps-en", "teaches-here-and-there-zh", "commute-when-it-snows-en",
-        "commute-on-rainy-days-zh", "commute-one-off-zh", "another-persons-move-en-zh"])
+        "commute-on-rainy-days-zh", "commute-one-off-zh", "another-persons-move-en-zh",
+        "a-named-persons-move-no-participants"])
 def test_slots_silent_for_facts_that_both_hold(mem, first, second):
     mem.memorize(first, {"persona_id": "p"})
     assert mem.memorize(second, {"persona_id": "p"})["may_update"] == []
