@@ -2199,6 +2199,7 @@ def names_found(names, doc_tokens: set, pinyin, text: str = "") -> set[str]:
 
 
 OWN_NAME_MIN = 5  #: own_name: the user's name is in this many memories at least
+OWN_NAME_SAMPLE = 200  #: Journal._own_name reads this many of a persona's latest memories
 
 
 def name_key(name: str, pinyin) -> str:
@@ -2833,14 +2834,14 @@ class Rules:
             return "" if whose else False
         return self.slot_subject.get(key := self._key(rest[:end]), key) if whose else True
 
-    def name_lead(self, text: str) -> str:
+    def name_lead(self, text: str, common=()) -> str:
         """The name `text` leads with, lower-cased: rules/predicates.toml [people] lead's ("Priya is
         allergic to peanuts"), or a run's that a slot's subject is of ("Priya moved to Singapore",
-        "Lin Mei works at…"); '' for I, User, a relative, a thing ("Coffee is bad…") or none."""
-        text, known = fold(text).lstrip(), self.slot_subject
-        m = self._name_lead.match(text) or self._name_run.match(text)  # run: a slot's subject?
-        run = m["name"].lower() if m else ""
-        if not run or run.split()[0] in known or run.split()[0] in self.concept_of:
+        "Lin Mei works at…"); '' for I, User, a relative, a thing ("Coffee is bad…"), a name whose
+        first word, lower-cased, is in `common`, or none."""
+        m = self._name_lead.match(text := fold(text).lstrip()) or self._name_run.match(text)
+        run, known = m["name"].lower() if m else "", self.slot_subject  # run: a slot's subject?
+        if not run or any(run.split()[0] in x for x in (known, self.concept_of, common)):
             return ""  # "Work moved to Friday": a word, no name
         who = run if m.re is self._name_lead else self.slot(text)[2]
         return run if who == run or who and who not in known and who in run.split() else ""
@@ -4781,10 +4782,31 @@ class Journal:
                 out.append((r["id"], r["content"]))
         return out
 
+    def _cache_state(self):
+        # PRAGMA data_version (a statement) sees other connections' commits; the file-control
+        # variant only does after this connection has run a statement.
+        return (self.epoch, self.value("pragma data_version"))
+
+    def _own_name(self, persona: str) -> tuple[tuple[str, ...], bool, set[str]]:
+        """(own_name of the persona's latest OWN_NAME_SAMPLE live memories, whether two of them
+        speak as I, User, 我, the capitalised words 3 and a tenth of them hold, lower-cased: maybe
+        the user's name), kept till the file changes."""
+        state, kept = self._cache_state(), self.__dict__.setdefault("_own_names", {})
+        if kept.get(persona, (None,))[0] != state:
+            texts = [fold(r["content"]) for r in self.rows(self.queries["recall_latest_texts"], {
+                "persona_id": persona, "n": OWN_NAME_SAMPLE})]
+            words = sorted(w.lower() for t in texts for w in set(re.findall(r"\b[A-Z][a-z]+", t)))
+            kept[persona] = state, own_name(texts, lambda w: self.rules.slot_subject.get(
+                w) == "user" or not self.seg.tokens(w), self.seg.names, self.rules._other_subject,
+                self.seg.pinyin), sum(bool(SLOT_USER_LEAD.match(t)) for t in texts) > 1, {
+                w for w, n in itertools.groupby(words) if len(list(n)) >= max(3, len(texts) / 10)}
+        return kept[persona][1:]  # User, and stop words (The), are no name
+
     def _one_person(self, persona_id: str, texts) -> bool:
         """Whether two memories' `texts` lead with one person (Rules.others_fact; "Priya moved…" is
         no news of the user's sister), or one names whom the other does (pinyin: Xiaoxiao, 晓晓)."""
-        people = self.persona_people(persona_id) + list(map(self.rules.name_lead, texts))  # Priya
+        people = self.persona_people(persona_id) + [self.rules.name_lead(t, self._own_name(
+            persona_id)[2]) for t in texts]  # Priya moved…; a name many memories hold: the user's?
         return len({self.rules.others_fact(x, people, self.seg, True) or "" for x in texts}) < 2 \
             or any(
             len(n) >= (2 if _CJK.search(n) else 3) and (n.lower() in (t := texts[1 - i].lower())
@@ -5520,7 +5542,6 @@ class Channels:
 
 #: Recall._relevant: a memory of another slot than asked goes after those filling it, × this
 SLOT_OTHER_FACTOR = 0.5
-OWN_NAME_SAMPLE = 200  #: Recall._own_name reads this many of a persona's latest memories
 #: Recall._kin_names: a relative's words ({w}), then the name a memory gives them
 KIN_NAME = (r"(?:\b(?i:my|our|(?:the\s+)?user's)\s+(?i:{w})\s*,?\s+(?P<en>[A-Z][a-z]+)"
             r"|(?:我|用户)的?(?:{w})(?:叫)?(?P<zh>[\u4e00-\u9fff]{2,4}))")
@@ -5659,15 +5680,13 @@ class Recall:
         ranked, embedding = self._channel_rows(searched, asked, params, degraded, stats)
         if window:  # its memories join the candidates; candidate_score boosts them
             ranked["time_window"] = self.rows(self.queries["recall_time_window"], params)
-        pins = {} if embedding is None else {r["id"]: 1.0 - r["distance"] for r in self.rows(
+        vector = None if embedding is None else np.frombuffer(embedding, np.float32)
+        pins = {} if vector is None else {r["id"]: 1.0 - r["distance"] for r in self.rows(  # cos
             self.queries["recall_pinned"], dict(params, embedding=embedding, query_i8=vector_blob(
-                np.frombuffer(embedding, np.float32)))) if 1.0 - r["distance"] >= (
-                    self.cfg.recall.pin_similarity_threshold)}  # {id: cosine} of pinned memories
+                vector))) if 1.0 - r["distance"] >= self.cfg.recall.pin_similarity_threshold}
         intent, spec = self.rules.intent(asked.rsplit("\n", 1)[-1]) if (  # of its last line
             self.cfg.recall.dynamic_route_weighting) else (None, {})
-        failed = {d["channel"] for d in degraded}
-        ran = tuple(c for c in chosen if c in ranked or c not in failed)
-        vector = None if embedding is None else np.frombuffer(embedding, np.float32)
+        ran = tuple(c for c in chosen if c in ranked or c not in {d["channel"] for d in degraded})
         results = self._fuse(ranked, RecallQuery(
             k=k, chosen=ran, ref=ref, historical=bool(as_of_iso), window=window,
             intent=intent, spec=spec, explain=bool(explain), pins=pins, params=params,
@@ -5968,18 +5987,6 @@ class Recall:
             n in folded or self.seg.pinyin(n) in spelt or (g := given_name(n, self.seg.weight))
             and g in folded if _CJK.search(n) else n.replace(" ", "") in spelt)})
 
-    def _own_name(self, persona: str) -> tuple[tuple[str, ...], bool]:
-        """(own_name of the persona's latest OWN_NAME_SAMPLE live memories, whether two of them
-        speak as I, User, 我), kept till the file changes."""
-        state, kept = self._cache_state(), self.__dict__.setdefault("_own_names", {})
-        if kept.get(persona, (None,))[0] != state:
-            texts = [fold(r["content"]) for r in self.rows(self.queries["recall_latest_texts"], {
-                "persona_id": persona, "n": OWN_NAME_SAMPLE})]
-            kept[persona] = state, own_name(texts, lambda w: self.rules.slot_subject.get(
-                w) == "user" or not self.seg.tokens(w), self.seg.names, self.rules._other_subject,
-                self.seg.pinyin), sum(bool(SLOT_USER_LEAD.match(t)) for t in texts) > 1
-        return kept[persona][1:]  # User, and stop words (The), are no name
-
     def _relevant(self, pool: list[int], docs: dict, parts: dict, q: RecallQuery) -> dict[int, set]:
         """{id: indexed tokens} of the pool's memories that may be answered: still stored, and at
         least [recall] min_relevance (hit_relevance, put in their parts; words only in a memory's
@@ -5991,14 +5998,13 @@ class Recall:
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         persona = q.params["persona_id"]
-        (me, first), pinyin = self._own_name(persona), self.seg.pinyin
+        (me, first, common), pinyin = self._own_name(persona), self.seg.pinyin
         people = [] if persona is None else [  # not a participant "user", "我" or the user's name
             n for n in self.persona_people(persona) if self.rules.slot_subject.get(n) != "user"
             and as_user(n, me, pinyin, False) == n]
         people += {n.split()[0] for n in people if " " in n and len(n.split()[0]) > 2}  # Gwen
         about = {"tokens": q.tokens, "vector": q.vector, "personal": self.rules.personal(q.text),
-                 **{k: asks(q.text) for k, asks in self.rules.asks_for.items()},
-                 "variants": q.about.get("variants", {}), "across": q.about.get("across", {}),
+                 **{k: asks(q.text) for k, asks in self.rules.asks_for.items()}, **q.about,
                  "names": self._names(q.text, people), "text": fold(q.text), "coef": coef,
                  "background": None if q.vector is None or coef is None
                  else self.background(q.vector), "body": self.rules.body}
@@ -6033,7 +6039,7 @@ class Recall:
             if coef and parts[i]["evidence"] and (mine and (not about["who"] or slots and (  # not
                     i not in asked) and re.match(r"\w{1,20}?(?:'s\s|的)", content) and not (  # P-
                         SUBJECT_OWNER.match(content.lower()))) and self.rules.others_fact(
-                    content, people + [(me or first) and self.rules.name_lead(content)],
+                    content, people + [(me or first) and self.rules.name_lead(content, common)],
                     self.seg) or self.rules.other_relative(  # riya's; Priya is… (name_lead)
                     about["variants"], doc_tokens, content.lower(), None if mine else people)  # no
                     or q.window and q.window.day and docs[i]["event_at"] and not (
@@ -6123,11 +6129,6 @@ class Recall:
         return {"results": out[:k], "took_ms": round((time.perf_counter() - started) * 1000, 2)}
 
     # cache and access bookkeeping ----------------------------------------------------------------
-    def _cache_state(self):
-        # PRAGMA data_version (a statement) sees other connections' commits; the file-control
-        # variant only does after this connection has run a statement.
-        return (self.epoch, self.value("pragma data_version"))
-
     def _cache_get(self, key):
         with self.lock:
             if not (hit := self._recall_cache.get(key)):
@@ -6353,10 +6354,9 @@ class Briefing:
         topic = clean_text(topic, "topic")
         k = CONTEXT_RECALL_K[mode]
         lines = ["# Relevant memories"]
-        pinned = self.rows(self.queries["context_pinned"], {"persona_id": persona,
-                                                            "project": project})
-        lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pinned]
-        seen = {d["id"] for d in pinned}
+        pins = self.rows(self.queries["context_pinned"], dict(persona_id=persona, project=project))
+        lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pins]
+        seen = {d["id"] for d in pins}
         # max_answer_tokens=0: fit_tokens bounds the text
         hits = self.recall(topic, k=k, persona_id=persona, max_answer_tokens=0, project=project,
                            scope=scope)["results"]
@@ -6365,6 +6365,7 @@ class Briefing:
                 tag = memory_tag(h["id"], h.get("replaced_by") or h.get("partly_replaced_by"),
                                  "partly_replaced_by" in h, h.get("may_be_replaced_by"))
                 lines.append(f"- {h['created_at'][:10]} {tag} {_one_line(h['text'])}")
+        lines += ["- none stored about this"] * (len(lines) == 1)  # not a bare heading
         if facts := self._facts_for_text(topic, persona, now_iso()):
             lines.append("# Current facts")
             lines += [f"- {f['subject']} {f['predicate']} {f['object']} "

@@ -275,7 +275,7 @@ def test_a_fresh_process_reads_no_name_from_the_user_style(db_path, fake_embedde
     m.close()
     fresh = aokun.Memory(db_path, aokun.Config(None), embedder=fake_embedder)
     try:
-        assert fresh._own_name("u") == ((), True)  # no name; speaks as "The user"
+        assert fresh._own_name("u")[:2] == ((), True)  # no name; speaks as "The user"
     finally:
         fresh.close()
 

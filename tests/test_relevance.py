@@ -484,10 +484,13 @@ def test_a_fact_of_the_world_is_not_answered_by_a_memory_holding_its_place(local
     enough; the user's own question of that place is still answered."""
     for text in ("Back from Norway. Ida is adorable, and Sindre wants to move to Oslo.",
                  "Wenbo lives in a rented condo in Clementi, Singapore.",
-                 "我上个月去了挪威的卑尔根。"):
+                 "我上个月去了挪威的卑尔根。",
+                 "Tom Becker, the user's college friend, works at Google in Zurich."):
         local_mem.memorize(text, {"persona_id": "world"})
     for query in ("What's the capital of Norway?", "What time zone is Singapore in?",
-                  "Who invented the condo?", "挪威的首都是哪里？"):
+                  "Who invented the condo?", "挪威的首都是哪里？", "What's the weather in Zurich?",
+                  "What is Google's stock price today?", "新加坡天气怎么样？",
+                  "谷歌的股价是多少？"):
         assert local_mem.recall(query, k=3, persona_id="world")["results"] == [], query
     got = [h["text"] for h in local_mem.recall("When was I in Norway?", k=3,
                                                persona_id="world")["results"]]
@@ -622,3 +625,20 @@ def test_a_name_leading_a_memory_is_someone_else_when_the_user_is_i(local_mem):
     got = [h["text"] for h in local_mem.recall("What am I allergic to?", k=3,
                                                persona_id="maeve")["results"]]
     assert got[:1] == ["Maeve is allergic to penicillin."], got
+    for text in ("Dana lives in Leeds.", "Dana works as a nurse.", "I have a cat called Miso.",
+                 "Dana cycles to work.", "I drink my coffee black.",
+                 "Dana is allergic to penicillin.", "I play tennis on Sundays."):  # named, and I
+        local_mem.memorize(text, {"persona_id": "dana"})
+    got = [h["text"] for h in local_mem.recall("What am I allergic to?", k=3,
+                                               persona_id="dana")["results"]]
+    assert got[:1] == ["Dana is allergic to penicillin."], got
+
+
+@pytest.mark.slow
+def test_memory_context_of_a_topic_nothing_answers_says_so(local_mem):
+    """A bare "# Relevant memories" heading left the assistant to guess whether it was cut."""
+    local_mem.memorize("User is allergic to penicillin.", {"persona_id": "ctx"})
+    for topic in ("quantum chromodynamics", "量子色动力学"):
+        assert local_mem.memory_context(topic, persona_id="ctx")["text"] == \
+            "# Relevant memories\n- none stored about this"
+    assert "penicillin" in local_mem.memory_context("my allergies", persona_id="ctx")["text"]

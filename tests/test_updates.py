@@ -344,6 +344,8 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
     ("The user's mobile phone number is 138-1234-5678.", "用户换了新手机号 139-8765-4321。"),
     ("用户住在杭州西湖区，租的是一套两居室。",
      "The user moved out of the rented flat and bought an apartment in Yuhang district."),
+    ("用户喜欢喝冰美式，不加糖。", "用户现在不喝咖啡了，改喝绿茶。"),
+    ("I like drinking iced lattes.", "我戒了咖啡了。"),
 ], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
         "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
         "model-en-zh", "latin-name-zh", "car-model-en", "car-sold-zh", "weight-en-zh", "rent-en",
@@ -358,7 +360,7 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
         "offer-signed-zh", "favourite-of-a-place-en-zh", "switched-app-theme-en",
         "moved-to-an-apartment-zh-en", "manager-named-first-en", "new-lead-after-a-move-zh",
         "wfh-en", "lease-en", "phone-colon-en", "left-for-zh", "phone-number-en-zh",
-        "and-bought-zh-en"])
+        "and-bought-zh-en", "likes-to-drink-zh", "likes-to-drink-en-zh"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
