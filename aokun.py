@@ -2340,16 +2340,16 @@ def hit_relevance(q: dict, doc_tokens: set, doc_vector, coef: dict | None, seg,
         evidence = (found or not names) and (mine and (shared or not q.get("howto"))
                                              or found and not world or (shared or 0) >= (
                                                  HOW_COVER if general else GENERAL_COVER[script]))
-    else:  # no word compares across scripts, but a name can (小雨 asked, Xiaoyu stored)
-        if script == "latin":
-            found |= names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},
-                                 doc_tokens, seg.pinyin)
+    else:  # no word compares across scripts, but a name can (小雨 asked: Xiaoyu; Christmas: 圣诞)
+        found |= {n for n in names if any(w in content.lower() for w in q.get("across", {}).get(
+            n, ()))} | (names_found({t for t in q["tokens"] if len(t) > 1 and _CJK.search(t)},
+                                    doc_tokens, seg.pinyin) if script == "latin" else set())
         kin = any(w in doc_tokens or _CJK.search(w) and w in content for ws in q.get(  # of its
             "variants", {}).values() for w in ws if bool(_CJK.search(w)) == (script == "cjk"))
         crossed = cross_cover(q["tokens"], q.get("across", {}), doc_tokens, content.lower(),
                               seg.weight)  # its words in the other language (rules/lexicon.toml)
         cover = 1.0 if found or kin else crossed  # None: it proves nothing (West Lake is 西湖)
-        evidence = (mine and not q.get("howto") or found or not general and (
+        evidence = (mine and not q.get("howto") or found and not world or not general and (
             shared or not names and (crossed or 0) >= CROSS_COVER)) and (  # then names:
             found or not names or script == "cjk" and not seg.names(content))  # another's
     evidence = bool(evidence) and has_words((content,))  # topics of an emoji are not its words
@@ -2671,7 +2671,7 @@ class Rules:
                 if head in self.alias_of:
                     return self.canonical(head)
                 if head in self.slot_category:
-                    return head
+                    return self.slot_alias.get(head, head)  # google pixel: pixel ([values])
         return key
 
     def _slot_of(self, m: re.Match, name: str, mode: str,
@@ -4788,9 +4788,8 @@ class Journal:
         return (self.epoch, self.value("pragma data_version"))
 
     def _own_name(self, persona: str) -> tuple[tuple[str, ...], bool, set[str]]:
-        """(own_name of the persona's latest OWN_NAME_SAMPLE live memories, whether two of them
-        speak as I, User, 我, the capitalised words 3 and a tenth of them hold, lower-cased: maybe
-        the user's name), kept till the file changes."""
+        """(own_name, whether two speak as I, User, 我, the capitalised words three or more hold,
+        lower-cased: the user's?) of a persona's latest OWN_NAME_SAMPLE memories, per file state."""
         state, kept = self._cache_state(), self.__dict__.setdefault("_own_names", {})
         if kept.get(persona, (None,))[0] != state:
             texts = [fold(r["content"]) for r in self.rows(self.queries["recall_latest_texts"], {
@@ -4799,7 +4798,7 @@ class Journal:
             kept[persona] = state, own_name(texts, lambda w: self.rules.slot_subject.get(
                 w) == "user" or not self.seg.tokens(w), self.seg.names, self.rules._other_subject,
                 self.seg.pinyin), sum(bool(SLOT_USER_LEAD.match(t)) for t in texts) > 1, {
-                w for w, n in itertools.groupby(words) if len(list(n)) >= max(3, len(texts) / 10)}
+                w for w, n in itertools.groupby(words) if len(list(n)) >= 3}  # Maya, 5 of 52
         return kept[persona][1:]  # User, and stop words (The), are no name
 
     def _one_person(self, persona_id: str, texts) -> bool:
@@ -4828,13 +4827,14 @@ class Journal:
 
     def event_pair(self, a: set, b: set, texts: tuple, persona_id: str) -> bool:
         """The event signal's pair test on the search tokens less the [events] words of a memory
-        that says an event changed (`a`) and an older one (`b`); of two languages, on the
-        concepts (Rules.concepts) their `texts` say; both of one person (_one_person)."""
+        that says an event changed (`a`) and an older one (`b`; of two languages, the concepts their
+        `texts` say: Rules.concepts): one person's (_one_person), the older no liking (喜欢徒步)."""
         if query_script(a) != query_script(b):
             a, b = (self.rules.concepts(t, self.rules.event_words) for t in texts)
         a, b = ({w for w in x if not re.search(r"\d|^[月日号年]$", w)} for x in (a, b))  # 3日
         return len(a & b) >= EVENT_SHARED_TOKENS and jaccard(a, b) >= EVENT_JACCARD and (
-            self._one_person(persona_id, texts))  # 3日 is no event
+            self._one_person(persona_id, texts)) and self.rules.classify(texts[1])[0] != (
+            "preference")  # 3日 is no event
 
     def _write_result(self, p: Prepared) -> dict:
         """memorize's and edit's answer for `p` (as memorize says), a failure's with its error."""
@@ -5792,8 +5792,8 @@ class Recall:
             "persona_id"], "after": min(h["id"] for h in top), "n": LATER_MAX}) if r["id"] not in
             {x["id"] for x in hits} and self.rules.event_changed(r["content"])] if top else []
         out |= {h["id"]: r["id"] for h in top for r in later if (r["created_at"], r["id"]) > age(
-            h) and self.event_pair(set(docs[h["id"]]["segmented"].split()) - skip, set(r[
-                "segmented"].split()) - skip, (h["text"], r["content"]), persona)}  # the newest
+            h) and self.event_pair(set(r["segmented"].split()) - skip, set(docs[h["id"]][
+                "segmented"].split()) - skip, (r["content"], h["text"]), persona)}  # the newest
         for h in hits:
             h.update({"may_be_replaced_by": out[h["id"]]} if h["id"] in out else {})
         return out

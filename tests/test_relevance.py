@@ -485,12 +485,16 @@ def test_a_fact_of_the_world_is_not_answered_by_a_memory_holding_its_place(local
     for text in ("Back from Norway. Ida is adorable, and Sindre wants to move to Oslo.",
                  "Wenbo lives in a rented condo in Clementi, Singapore.",
                  "我上个月去了挪威的卑尔根。",
-                 "Tom Becker, the user's college friend, works at Google in Zurich."):
+                 "Tom Becker, the user's college friend, works at Google in Zurich.",
+                 "User is from Bologna and has lived in Beijing since 2019.",
+                 "Planning a ski weekend at Whistler in February.", "用户的羽毛球拍是尤尼克斯的。",
+                 "User is allergic to cats."):
         local_mem.memorize(text, {"persona_id": "world"})
     for query in ("What's the capital of Norway?", "What time zone is Singapore in?",
                   "Who invented the condo?", "挪威的首都是哪里？", "What's the weather in Zurich?",
                   "What is Google's stock price today?", "新加坡天气怎么样？",
-                  "谷歌的股价是多少？"):
+                  "谷歌的股价是多少？", "北京到上海坐高铁要多久", "Tell me a pun about cats",
+                  "How much does a Whistler lift ticket usually cost?", "羽毛球的发球规则是什么？"):
         assert local_mem.recall(query, k=3, persona_id="world")["results"] == [], query
     got = [h["text"] for h in local_mem.recall("When was I in Norway?", k=3,
                                                persona_id="world")["results"]]
@@ -642,3 +646,35 @@ def test_memory_context_of_a_topic_nothing_answers_says_so(local_mem):
         assert local_mem.memory_context(topic, persona_id="ctx")["text"] == \
             "# Relevant memories\n- none stored about this"
     assert "penicillin" in local_mem.memory_context("my allergies", persona_id="ctx")["text"]
+
+
+@pytest.mark.slow
+def test_a_capitalised_word_the_lexicon_translates_meets_its_chinese(local_mem):
+    """"When is the hospital Christmas party?" takes Christmas for a name, which the Chinese memory
+    could not hold: it came back empty. The lexicon's 圣诞 is that name in Chinese."""
+    for text in ("12月18日（周五）晚上医院圣诞聚会。", "I live in Portland.", "我每天坐地铁上班。"):
+        local_mem.memorize(text, {"persona_id": "xmas"})
+    for query in ("When is the hospital Christmas party?", "When is the Christmas party?"):
+        got = [h["text"] for h in local_mem.recall(query, k=3, persona_id="xmas")["results"]]
+        assert got[:1] == ["12月18日（周五）晚上医院圣诞聚会。"], (query, got)
+
+
+@pytest.mark.slow
+def test_a_moved_plan_marks_no_plan_that_only_shares_its_month(local_mem):
+    """"The Mount Hood hike… is moved to December 19." marked the Chengdu flight in December
+    may_be_replaced_by it (the one concept they shared was December), and joined before it for
+    "我们什么时候去成都？". A month, like a weekday, is no shared subject of two plans; nor is a
+    liking an event ("我周末喜欢去Forest Park徒步" is no hike the move changes)."""
+    for text in ("12月18日（周五）晚上医院圣诞聚会。", "我周末喜欢去Forest Park徒步。",
+                 "我们计划12月24日飞成都看妈妈，过完春节再回来。",
+                 "Hiking trip to Mount Hood with Tom Becker on December 12, 2026.",
+                 "The Mount Hood hike with Tom is moved to December 19."):
+        local_mem.memorize(text, {"persona_id": "plans"})
+    for query, want in (("我们什么时候去成都？", "我们计划12月24日飞成都看妈妈，过完春节再回来。"),
+                        ("周末我喜欢做什么？", "我周末喜欢去Forest Park徒步。")):
+        hits = local_mem.recall(query, k=3, persona_id="plans")["results"]
+        assert hits[0]["text"] == want and "may_be_replaced_by" not in hits[0], (query, hits)
+    hits = local_mem.recall("When is the Mount Hood hike?", k=3, persona_id="plans")["results"]
+    assert [h["text"] for h in hits][:2] == [
+        "The Mount Hood hike with Tom is moved to December 19.",
+        "Hiking trip to Mount Hood with Tom Becker on December 12, 2026."], hits

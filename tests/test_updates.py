@@ -346,6 +346,9 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
      "The user moved out of the rented flat and bought an apartment in Yuhang district."),
     ("用户喜欢喝冰美式，不加糖。", "用户现在不喝咖啡了，改喝绿茶。"),
     ("I like drinking iced lattes.", "我戒了咖啡了。"),
+    ("User's phone is an iPhone 12.", "I got a new phone: a Google Pixel 9."),
+    ("I drink two cups of coffee every morning, usually a flat white.",
+     "我戒咖啡了，现在只喝绿茶。"),
 ], ids=["transfer-zh-en", "transfer-en-zh", "rename-en", "rename-zh", "pets-zh-en", "pets-en-zh",
         "quit-zh", "quit-en", "meal-zh-en", "schedule-en-zh", "retired-en", "head-noun-zh",
         "model-en-zh", "latin-name-zh", "car-model-en", "car-sold-zh", "weight-en-zh", "rent-en",
@@ -360,7 +363,8 @@ async def test_may_update_is_silent_for_two_facts_that_both_hold(server, first, 
         "offer-signed-zh", "favourite-of-a-place-en-zh", "switched-app-theme-en",
         "moved-to-an-apartment-zh-en", "manager-named-first-en", "new-lead-after-a-move-zh",
         "wfh-en", "lease-en", "phone-colon-en", "left-for-zh", "phone-number-en-zh",
-        "and-bought-zh-en", "likes-to-drink-zh", "likes-to-drink-en-zh"])
+        "and-bought-zh-en", "likes-to-drink-zh", "likes-to-drink-en-zh",
+        "got-a-new-phone-colon-en", "cups-of-coffee-en-zh"])
 def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new_text):
     old = mem.memorize(old_text, {"persona_id": "p"})
     new = mem.memorize(new_text, {"persona_id": "p"})
@@ -383,11 +387,15 @@ def test_slots_of_transfers_renames_habits_pets_and_schedules(mem, old_text, new
     ("用户的姐姐林静在深圳工作，在腾讯做产品经理。",
      "Priya moved to Singapore for a new job at Grab."),
     ("我现在骑电动车上班了。", "Priya moved to Singapore for a new job at Grab."),
+    ("User works as an ER nurse at St. Mary's Hospital.", "我在学钢琴，每周六上课，老师是王老师。"),
+    ("My phone is a Pixel 9.", "Still happy with it: my phone is a Google Pixel 9."),
+    ("我周末喜欢去Forest Park徒步。", "The Mount Hood hike with Tom is moved to December 19."),
 ], ids=["pets-both", "habits-two-things", "schedule-two-people", "sisters-job-then-mine-zh",
         "food-and-drink-zh", "two-names-zh", "commute-two-people",
         "themes-of-two-apps-en", "teaches-here-and-there-zh", "commute-when-it-snows-en",
         "commute-on-rainy-days-zh", "commute-one-off-zh", "another-persons-move-en-zh",
-        "a-named-persons-move-no-participants"])
+        "a-named-persons-move-no-participants", "the-piano-teacher-is-no-job-zh",
+        "a-product-with-its-brand-en", "a-liking-is-no-event-zh-en"])
 def test_slots_silent_for_facts_that_both_hold(mem, first, second):
     mem.memorize(first, {"persona_id": "p"})
     assert mem.memorize(second, {"persona_id": "p"})["may_update"] == []
