@@ -2215,11 +2215,11 @@ def given_name(name: str, weight) -> str:
 
 
 def same_subject(a: str, b: str, pinyin) -> bool:
-    """Whether two atom subjects (Rules.canonical keys) are one person's: equal, or a Chinese name
-    and its `pinyin`, whole or a three-character name's last two (许文博: xuwenbo, wenbo)."""
+    """Whether two atom subjects (Rules.canonical keys) are one person's: equal, one a word of the
+    other (priya nair), a Chinese name and its `pinyin`, or a 3-character one's last two (wenbo)."""
     han, latin = (a, b) if _CJK.search(a) else (b, a)
     if a == b or not _CJK.search(han) or _CJK.search(latin):
-        return a == b
+        return a == b or not _CJK.search(a + b) and (a in b.split() or b in a.split())
     return bool(latin) and latin.replace(" ", "") in {name_key(han, pinyin), name_key(
         han[1:], pinyin) * (len(han) == 3)}
 
@@ -2844,7 +2844,7 @@ class Rules:
         if not run or any(run.split()[0] in x for x in (known, self.concept_of, common)):
             return ""  # "Work moved to Friday": a word, no name
         who = run if m.re is self._name_lead else self.slot(text)[2]
-        return run if who == run or who and who not in known and who in run.split() else ""
+        return run if who == run or who and who not in known and who in run else ""
 
     def personal_memory(self, facts: list[str]) -> bool:
         """Whether a memory with these fact sentences is about the user or people (global) rather
@@ -6017,9 +6017,9 @@ class Recall:
         q.about, mine = about, not about["names"] and self.rules.asks_of_user(q.text)
         slots = {n for n, rx in self.rules.slot_asks if rx.search(about["text"])} if mine and not (
             about["howto"]) else ()  # the slots whose question forms ([[predicates]] asks) it takes
-        held = self.rows(self.queries["recall_slots"], {
-            "ids": json.dumps(list(pool)), "subjects": json.dumps(["user", *{  # Zhang Wei: wei
-                self.rules.canonical(w) for f in me or () for w in f.split()}])}) if slots else ()
+        held = self.rows(self.queries["recall_slots"], {"ids": json.dumps(list(pool)), "subjects": (
+            json.dumps(["user", *{self.rules.canonical(w) for f in me or () for w in [f, *f.split(
+                )]}]))}) if slots else ()  # Zhang Wei, wei
         asked = {r["doc_id"] for r in held if {r["slot"].split(sep)[0] for sep in ":/"} & slots}
         filled = {r["doc_id"] for r in held if r["active"] and {r["slot"].split(sep)[0] for sep in (
             ":/")} & slots}  # by its current atom of the slot asked

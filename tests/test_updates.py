@@ -812,3 +812,14 @@ async def test_a_change_of_another_person_names_no_fact_of_the_user(server):
         found = await hits(c, "drive to work")
         assert found[0]["text"].startswith("I drive"), found
         assert not found[0].get("may_be_replaced_by"), found
+
+
+def test_a_full_name_and_its_first_word_are_one_subject(segmenter):
+    """"My best friend Priya Nair lives in Seattle" gave the slot to "nair" (the word before the
+    verb), so "Priya moved from Seattle to Austin" retired nothing: Seattle stayed current."""
+    rules = aokun.Rules(aokun.Config(None))
+    assert rules.slot("My best friend Priya Nair lives in Seattle.")[2] == "priya nair"
+    assert rules.slot("Priya moved from Seattle to Austin.")[2] == "priya"
+    same = aokun.same_subject
+    assert same("priya", "priya nair", segmenter.pinyin) and same("wei", "zhang wei", None)
+    assert not same("priya", "priyanka", None) and not same("user", "priya nair", None)
