@@ -6037,13 +6037,13 @@ class Recall:
             parts[i].update(hit_relevance(about, doc_tokens - labels, vectors.get(i), coef,
                                           self.seg, content))
             if coef and parts[i]["evidence"] and (mine and (not about["who"] or slots and (  # not
-                    i not in asked) and re.match(r"\w{1,20}?(?:'s\s|的)", content) and not (  # P-
-                        SUBJECT_OWNER.match(content.lower()))) and self.rules.others_fact(
+                    i not in asked) and re.match(r"\w{1,20}?(?:'s\s|的)", content) and not (  # the
+                        SUBJECT_OWNER.match(content.lower()))) and self.rules.others_fact(  # user's
                     content, people + [(me or first) and self.rules.name_lead(content, common)],
-                    self.seg) or self.rules.other_relative(  # riya's; Priya is… (name_lead)
-                    about["variants"], doc_tokens, content.lower(), None if mine else people)  # no
+                    self.seg) or self.rules.other_relative(  # Priya's…, 陈静的领导…, Priya is…
+                    about["variants"], doc_tokens, content.lower(), None if mine else people)
                     or q.window and q.window.day and docs[i]["event_at"] and not (
-                        parts[i]["time_match"])):  # 陈静的领导, no event of a day not asked
+                        parts[i]["time_match"])):  # an event of another day than "Dec 11" asked
                 parts[i].update(evidence=False, relevance=0.0)
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(
