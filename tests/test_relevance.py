@@ -660,17 +660,20 @@ def test_a_capitalised_word_the_lexicon_translates_meets_its_chinese(local_mem):
 
 
 @pytest.mark.slow
-def test_a_liking_is_no_plan_a_move_changes(local_mem):
-    """"The Mount Hood hike… is moved to December 19." marked "我周末喜欢去Forest Park徒步"
-    may_be_replaced_by it (a hike, in either language) and joined before it for
-    "周末我喜欢做什么？": a liking is no event."""
-    for text in ("我周末喜欢去Forest Park徒步。",
+def test_a_moved_plan_marks_no_plan_that_only_shares_its_month(local_mem):
+    """"The Mount Hood hike… is moved to December 19." marked the Chengdu flight in December
+    may_be_replaced_by it (the one concept they shared was December), and joined before it for
+    "我们什么时候去成都？". A month, like a weekday, is no shared subject of two plans; nor is a
+    liking an event ("我周末喜欢去Forest Park徒步" is no hike the move changes)."""
+    for text in ("12月18日（周五）晚上医院圣诞聚会。", "我周末喜欢去Forest Park徒步。",
+                 "我们计划12月24日飞成都看妈妈，过完春节再回来。",
                  "Hiking trip to Mount Hood with Tom Becker on December 12, 2026.",
                  "The Mount Hood hike with Tom is moved to December 19."):
         local_mem.memorize(text, {"persona_id": "plans"})
-    hits = local_mem.recall("周末我喜欢做什么？", k=3, persona_id="plans")["results"]
-    assert hits[0]["text"] == "我周末喜欢去Forest Park徒步。", hits
-    assert "may_be_replaced_by" not in hits[0], hits
+    for query, want in (("我们什么时候去成都？", "我们计划12月24日飞成都看妈妈，过完春节再回来。"),
+                        ("周末我喜欢做什么？", "我周末喜欢去Forest Park徒步。")):
+        hits = local_mem.recall(query, k=3, persona_id="plans")["results"]
+        assert hits[0]["text"] == want and "may_be_replaced_by" not in hits[0], (query, hits)
     hits = local_mem.recall("When is the Mount Hood hike?", k=3, persona_id="plans")["results"]
     assert [h["text"] for h in hits][:2] == [
         "The Mount Hood hike with Tom is moved to December 19.",
