@@ -4804,8 +4804,8 @@ class Journal:
     def _one_person(self, persona_id: str, texts) -> bool:
         """Whether two memories' `texts` lead with one person (Rules.others_fact; "Priya moved…" is
         no news of the user's sister), or one names whom the other does (pinyin: Xiaoxiao, 晓晓)."""
-        people = self.persona_people(persona_id) + [self.rules.name_lead(t, self._own_name(
-            persona_id)[2]) for t in texts]  # Priya moved…; a name many memories hold: the user's?
+        common = self._own_name(persona_id)[2]  # Priya moved…; a name many memories hold: user's?
+        people = self.persona_people(persona_id) + [self.rules.name_lead(t, common) for t in texts]
         return len({self.rules.others_fact(x, people, self.seg, True) or "" for x in texts}) < 2 \
             or any(
             len(n) >= (2 if _CJK.search(n) else 3) and (n.lower() in (t := texts[1 - i].lower())
