@@ -1536,11 +1536,10 @@ def _time_span(spec: dict, m: re.Match, today: dt.date, words: dict, tz,
         monday = midnight(today - dt.timedelta(days=today.weekday() - 7 * offset))
         return monday, monday + dt.timedelta(days=7)
     if kind == "month":
-        month = today.month + offset
-        return _month_start(today.year, month, tz), _month_start(today.year, month + 1, tz)
+        return (_month_start(today.year, today.month + offset, tz),
+                _month_start(today.year, today.month + offset + 1, tz))
     if kind == "year":
-        year = today.year + offset
-        return _month_start(year, 1, tz), _month_start(year + 1, 1, tz)
+        return _month_start(y := today.year + offset, 1, tz), _month_start(y + 1, 1, tz)
     if kind == "named_month":
         name = m.group("month").casefold()
         month = (words["months"].get(name) or words["numbers"].get(name)
@@ -1582,8 +1581,9 @@ def _dated_window(spec: dict, m: re.Match, ref: dt.datetime, dates: dict | None,
 
 class TimeWindow(tuple):
     """(start, end, phrase) of time_window; `keep_words`: the rule's phrase stays a search word;
-    `day`: one day named in digits ("on Dec 11", "12月11日"), a question of that day alone."""
-    keep_words = day = False
+    `day`: one day named in digits ("on Dec 11", "12月11日"), a question of that day alone; `edge`:
+    an event of the day it ends is in it too ("before February": due by Feb 1)."""
+    keep_words = day = edge = False
 
 
 def window_distance_days(a: str, b: str, window: tuple) -> float:
@@ -1594,11 +1594,12 @@ def window_distance_days(a: str, b: str, window: tuple) -> float:
                (_parse_iso(a) - end).total_seconds()) / 86400.0
 
 
-def time_match(d: dict, window: tuple) -> str | None:
+def time_match(d: dict, window: TimeWindow) -> str | None:
     """Which time of memory `d` (created_at, event_at, event_end) falls in the question's window:
     'written', 'event', 'written+event', or None."""
     written = window[0] <= d["created_at"] < window[1]
-    event = bool(d.get("event_end")) and d["event_at"] <= window[1] and window[0] < d["event_end"]
+    event = bool(d.get("event_end")) and window[0] < d["event_end"] and (
+        d["event_at"] < window[1] or window.edge and d["event_at"] == window[1])
     return "+".join(x for x, on in (("written", written), ("event", event)) if on) or None
 
 
@@ -1622,6 +1623,7 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
                 window = TimeWindow((iso(span[0]), iso(span[1]), span[2] if span[2:] else m[0]))
                 window.day = span[1] - span[0] < dt.timedelta(1.05) and re.search(r"\d", window[2])
                 window.keep_words = spec.get("keep_words") and not window.day
+                window.edge = spec["kind"] == "before" and not spec.get("inclusive")
                 found.append((window, spec["kind"]))
                 break
     narrower = [w for w, _ in found[1:] if found[0][1] not in ("before", "rest")
@@ -2716,9 +2718,8 @@ class Rules:
             return name, value, "user" if bare or lead or who == "" else None  # (?P<subject>)
         key = self._key(who)
         rest = SUBJECT_OWNER.sub("", re.sub(r"'s$", "", key))
-        subject = self.slot_subject.get(key, self.slot_subject.get(rest))
-        if subject is None:
-            subject = self.canonical(rest) if rest else "user"
+        subject = self.slot_subject.get(key, self.slot_subject.get(
+            rest, self.canonical(rest) if rest else "user"))
         return name, value, subject or None
 
     def _thing(self, named: str) -> str:
@@ -2733,8 +2734,7 @@ class Rules:
     def canonical(self, name: str) -> str:
         """Entity resolution: NFKC, case and whitespace folded (_key), aliases from
         rules/aliases.toml mapped to their canonical name. Returns the key nodes are unique on."""
-        key = self._key(name)
-        return self._key(self.alias_of.get(key, key))
+        return self._key(self.alias_of.get(key := self._key(name), key))
 
     def display(self, name: str) -> str:
         """The canonical spelling for display when the name is a known alias, else the name."""
@@ -3237,9 +3237,8 @@ class Store:
     def _new_id(self, table: str) -> int:
         """The id for a new row of `table` (one of ID_COUNTERS): above every id the table ever
         handed out (its counter in meta, its largest id), and recorded as the counter. In tx."""
-        key = ID_COUNTERS[table]
         largest = self.value(f"select coalesce(max(id), 0) from {table}")
-        new = max(int(self.meta_get(key, 0)), largest) + 1
+        new = max(int(self.meta_get(key := ID_COUNTERS[table], 0)), largest) + 1
         self._meta_set(key, new)
         return new
 
@@ -3875,8 +3874,7 @@ class Layers:
         FTS row, then its slot's supersession. In tx."""
         c = self.conn
         base = float(self.rules.types[atom_type]["base_ttl_days"])
-        ttl = effective_ttl_days(base, p.importance, 0)
-        stamp = now_iso()
+        ttl, stamp = effective_ttl_days(base, p.importance, 0), now_iso()
         slot, slot_value, subject = slotted
         c.execute("insert into memory_atoms(id, uid, persona_id, document_id, atom_type, content, "
                   "subject, confidence, importance, base_ttl_days, created_at, updated_at, "
@@ -5177,11 +5175,10 @@ class KnowledgeGraph:
         eid = self.value("select id from kg_entities where persona_id = ? and canonical = ?",
                          (persona, canonical))
         if eid is None and create:
-            stamp = now_iso()
             self.conn.execute("insert into kg_entities(id, uid, persona_id, name, canonical, "
                               "created_at, updated_at) values (?, ?, ?, ?, ?, ?, ?)",
                               (self._new_id("kg_entities"), entity_uid(persona, canonical), persona,
-                               self.rules.display(name), canonical, stamp, stamp))
+                               self.rules.display(name), canonical, stamp := now_iso(), stamp))
             eid = self.conn.last_insert_rowid()
         return eid
 
@@ -6048,11 +6045,14 @@ class Recall:
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(
                     parts[i]["margin"], 1.0, coef))
-            rel = parts[i]["relevance"]
+            rel, least = parts[i]["relevance"], self.cfg.recall.min_relevance
             # made when a question of the user's days says ("what did I do yesterday?", "what
-            # happened last week?"): the time is the relevance; "what's the weather today?" is not
-            if rel is None or rel >= self.cfg.recall.min_relevance or (parts[i]["time_boost"] and (
-                    about["personal"] or not has_words(q.tokens))):
+            # happened last week?"): its time is its relevance, all of it when the question has no
+            # other word; "what's the weather today?", "How are you today?" are not of them
+            if coef and (rel or 0.0) < least and parts[i]["time_boost"] and (about["personal"] or (
+                    not has_words(q.tokens) and not (about["general"] or about["world"]))):
+                rel = parts[i]["relevance"] = max(rel or 0.0, least) if has_words(q.tokens) else 1.0
+            if rel is None or rel >= least:
                 kept[i] = doc_tokens
         if docs and not kept:  # every one has a relevance, all below the threshold
             best = max(parts[i]["relevance"] for i in pool if i in docs)

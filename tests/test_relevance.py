@@ -678,3 +678,27 @@ def test_a_moved_plan_marks_no_plan_that_only_shares_its_month(local_mem):
     assert [h["text"] for h in hits][:2] == [
         "The Mount Hood hike with Tom is moved to December 19.",
         "Hiking trip to Mount Hood with Tom Becker on December 12, 2026."], hits
+
+
+@pytest.mark.slow
+def test_a_question_of_a_day_gets_that_days_memories_at_a_relevance_small_talk_none(
+        local_mem, monkeypatch):
+    """The memories of the day a question asks come back with a relevance that says so (it was null
+    or 0.04, under min_relevance); the day after a window is not in it (下周五, the 18th, took the
+    19th's hike); small talk and the date of today are no question of the user's days."""
+    monkeypatch.setenv("AOKUN_NOW", "2026-12-07T20:00:00Z")
+    local_mem.memorize("I had dinner with Tom at a hotpot place.", {"persona_id": "days"})
+    monkeypatch.setenv("AOKUN_NOW", "2026-12-08T09:00:00Z")  # a Tuesday
+    for text in ("12月19日和Priya去爬山。", "下周五要去医院体检。", "User is allergic to nuts."):
+        local_mem.memorize(text, {"persona_id": "days"})
+    least = local_mem.cfg.recall.min_relevance
+    for query, expect in (("What am I doing on December 19?", "12月19日和Priya去爬山。"),
+                          ("What did I do yesterday?", "I had dinner with Tom at a hotpot place."),
+                          ("下周五有什么安排？", "下周五要去医院体检。")):
+        hits = local_mem.recall(query, k=3, persona_id="days")["results"]
+        assert hits and hits[0]["text"] == expect, (query, hits)
+        assert all(h["relevance"] is not None and h["relevance"] >= least for h in hits), hits
+        assert "12月19日和Priya去爬山。" not in [h["text"] for h in hits[1:]], query
+    for query in ("How are you doing today?", "你今天怎么样？", "How was your weekend?",
+                  "What day is it today?", "今天几号？", "What's 17 times 23?", "3加5等于几？"):
+        assert local_mem.recall(query, k=3, persona_id="days")["results"] == [], query
