@@ -84,6 +84,7 @@ import unicodedata
 import uuid
 import weakref
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -826,10 +827,8 @@ def database_path(cfg: Config, db: str | None = None) -> Path:
 def default_database(cfg: Config) -> Path:
     """The database without --db, $AOKUN_DB or [storage] db: LEGACY_DB beside the config file or
     beside aokun.py where one exists, else aokun.db in the user data folder."""
-    for old in (cfg.resolve(LEGACY_DB), HERE / LEGACY_DB):
-        if old.is_file():
-            return old
-    return user_folder("data") / "aokun.db"
+    return next((old for old in (cfg.resolve(LEGACY_DB), HERE / LEGACY_DB) if old.is_file()),
+                user_folder("data") / "aokun.db")
 
 
 # Connection and schema ###########################################################################
@@ -1596,10 +1595,13 @@ def window_distance_days(a: str, b: str, window: tuple) -> float:
 
 def time_match(d: dict, window: TimeWindow) -> str | None:
     """Which time of memory `d` (created_at, event_at, event_end) falls in the question's window:
-    'written', 'event', 'written+event', or None."""
+    'written', 'event', 'written+event', or None; an event longer than a week and than twice the
+    window is not of it (今年59岁 says nothing of December 19)."""
     written = window[0] <= d["created_at"] < window[1]
+    days = lambda a, b: _parse_iso(b) - _parse_iso(a)  # noqa: E731
     event = bool(d.get("event_end")) and window[0] < d["event_end"] and (
-        d["event_at"] < window[1] or window.edge and d["event_at"] == window[1])
+        d["event_at"] < window[1] or window.edge and d["event_at"] == window[1]) and days(
+        d["event_at"], d["event_end"]) <= max(dt.timedelta(7), 2 * days(*window[:2]))
     return "+".join(x for x, on in (("written", written), ("event", event)) if on) or None
 
 
@@ -1609,8 +1611,7 @@ def time_window(query: str, ref: dt.datetime, words: dict, tz) -> TimeWindow | N
     calendar days in `tz`, relative to `ref` (now, or recall's as_of), and the matched phrase of
     fold(query); .keep_words is the rule's keep_words. The first matching rule wins, unless a
     'dates' rule names a narrower time within it (去年国庆节: the day). None when none matches."""
-    text = fold(query)
-    today = ref.astimezone(tz).date()
+    text, today = fold(query), ref.astimezone(tz).date()
     ahead = "dates" in words and sentence_tense(text, words["dates"]) > 0
     found = []
     for patterns, spec in words["rules"]:
@@ -1898,8 +1899,7 @@ def event_spans(text: str, created_at: str, words: dict, tz,
     (sentence_tense): [(start, end, phrase)], start and end ISO UTC of local midnights (end
     exclusive), in text order; two joined by a range word are one, one holding a narrower one is
     left out. Ambiguous dates (03/04/2027) are left out, added to `skipped` as (phrase, why)."""
-    folded = fold(text)
-    today = _parse_iso(created_at).astimezone(tz).date()
+    folded, today = fold(text), _parse_iso(created_at).astimezone(tz).date()
     tense = sentence_tense(folded, words)
     taken: list[tuple[int, int]] = []  # the matches kept, in text order, none overlapping
     found = []
@@ -2202,6 +2202,7 @@ def names_found(names, doc_tokens: set, pinyin, text: str = "") -> set[str]:
 
 OWN_NAME_MIN = 5  #: own_name: the user's name is in this many memories at least
 OWN_NAME_SAMPLE = 200  #: Journal._own_name reads this many of a persona's latest memories
+EVERYDAY_SHARE = 0.1  #: a word this share of them hold is no event's subject (Journal.event_pair)
 
 
 def name_key(name: str, pinyin) -> str:
@@ -2872,8 +2873,7 @@ class Rules:
 def load_secret_rules(path: Path) -> tuple[tuple[str, re.Pattern], ...]:
     """((kind, compiled pattern), ...) of rules/secrets.toml, in order. Raises AokunError naming the
     file and the entry for a missing kind or a pattern that does not compile."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
-    out = []
+    data, out = tomllib.loads(path.read_text(encoding="utf-8")), []
     for i, p in enumerate(data.get("patterns", [])):
         named = isinstance(p.get("kind"), str) and p["kind"]
         if not named or not isinstance(p.get("pattern"), str):
@@ -2995,9 +2995,8 @@ def _short_text(value, name: str, limit: int = MAX_FIELD_CHARS) -> str:
 def _label(value, name: str, limit: int = MAX_LABEL_CHARS) -> str:
     """An identifier (persona_id, session_id, source): clean_text() then fold(); '' for None.
     Raises InputError naming `name` when it is longer than `limit`."""
-    if value is None:
-        return ""
-    return _short_text(fold(clean_text(value, name, allow_empty=True)), name, limit)
+    return "" if value is None else _short_text(fold(clean_text(value, name, allow_empty=True)),
+                                                name, limit)
 
 
 def project_of(where) -> str:
@@ -3151,9 +3150,8 @@ class Store:
 
     def backup_dir(self) -> Path:
         """[backup] dir, or a `backups` folder beside the database file when it is empty."""
-        if self.cfg.backup.dir:
-            return self.cfg.resolve(self.cfg.backup.dir)
-        return self.path.parent / "backups"
+        b = self.cfg.backup.dir
+        return self.cfg.resolve(b) if b else self.path.parent / "backups"
 
     @property
     def damage_marker(self) -> Path:
@@ -4366,8 +4364,7 @@ class Layers:
                 "after": after, "ids": None if ids is None else json.dumps(ids), "n": batch})
             if not rows:
                 break
-            after = rows[-1]["id"]
-            prepared = self._stored_vector_texts(rows)
+            after, prepared = rows[-1]["id"], self._stored_vector_texts(rows)
             out = self._embed([t for t, _ in prepared])
             made, requeued = self._store_backfilled(rows, out, prepared)
             done += made
@@ -4785,18 +4782,25 @@ class Journal:
         # variant only does after this connection has run a statement.
         return (self.epoch, self.value("pragma data_version"))
 
-    def _own_name(self, persona: str) -> tuple[tuple[str, ...], bool, set[str]]:
+    def _own_name(self, persona: str) -> tuple[tuple[str, ...], bool, set[str], set[str]]:
         """(own_name, whether two speak as I, User, 我, the capitalised words three or more hold,
-        lower-cased: the user's?) of a persona's latest OWN_NAME_SAMPLE memories, per file state."""
+        lower-cased: the user's?, the search tokens and lexicon concepts EVERYDAY_SHARE of them and
+        three at least hold: 杭州 of a user of Hangzhou) of a persona's latest OWN_NAME_SAMPLE
+        memories, per file state."""
         state, kept = self._cache_state(), self.__dict__.setdefault("_own_names", {})
         if kept.get(persona, (None,))[0] != state:
-            texts = [fold(r["content"]) for r in self.rows(self.queries["recall_latest_texts"], {
-                "persona_id": persona, "n": OWN_NAME_SAMPLE})]
-            words = sorted(w.lower() for t in texts for w in set(re.findall(r"\b[A-Z][a-z]+", t)))
+            rows = self.rows(self.queries["recall_latest_texts"], {"persona_id": persona,
+                                                                  "n": OWN_NAME_SAMPLE})
+            texts = [fold(r["content"]) for r in rows]
+            words = Counter(w.lower() for t in texts for w in set(re.findall(
+                r"\b[A-Z][a-z]+", t)))
+            said = Counter(w for r, t in zip(rows, texts, strict=True) for w in set(
+                r["segmented"].split()) | self.rules.concepts(t))
             kept[persona] = state, own_name(texts, lambda w: self.rules.slot_subject.get(
                 w) == "user" or not self.seg.tokens(w), self.seg.names, self.rules._other_subject,
                 self.seg.pinyin), sum(bool(SLOT_USER_LEAD.match(t)) for t in texts) > 1, {
-                w for w, n in itertools.groupby(words) if len(list(n)) >= 3}  # Maya, 5 of 52
+                w for w, n in words.items() if n >= 3}, {  # Maya, 5 of 52
+                w for w, n in said.items() if n >= max(3, EVERYDAY_SHARE * len(texts))}
         return kept[persona][1:]  # User, and stop words (The), are no name
 
     def _one_person(self, persona_id: str, texts) -> bool:
@@ -4829,7 +4833,8 @@ class Journal:
         `texts` say: Rules.concepts): one person's (_one_person), the older no liking (喜欢徒步)."""
         if query_script(a) != query_script(b):
             a, b = (self.rules.concepts(t, self.rules.event_words) for t in texts)
-        a, b = ({w for w in x if not re.search(r"\d|^[月日号年]$", w)} for x in (a, b))  # 3日
+        everyday = self._own_name(persona_id)[3]  # 杭州, Hangzhou: where the user lives
+        a, b = ({w for w in x - everyday if not re.search(r"\d|^[月日号年]$", w)} for x in (a, b))
         return len(a & b) >= EVENT_SHARED_TOKENS and jaccard(a, b) >= EVENT_JACCARD and (
             self._one_person(persona_id, texts)) and self.rules.classify(texts[1])[0] != (
             "preference")  # 3日 is no event
@@ -5024,8 +5029,7 @@ class Journal:
         report = {"resumed": 0, "failed": [], "fts_backfilled": 0}
         limit = self.cfg.write.write_op_max_retries
         with self.tx() as c:
-            rows = self.rows(self.queries["journal_unfinished"])
-            preps = []
+            rows, preps = self.rows(self.queries["journal_unfinished"]), []
             for r in rows:
                 with _RUNNING_LOCK:  # a write of this process advancing it (_running)
                     running = (str(self.path.resolve()), r["id"]) in _RUNNING_OPS
@@ -5537,8 +5541,9 @@ class Channels:
             return fetch_dicts(conn, sql, params)
 
 
-#: Recall._relevant: a memory of another slot than asked goes after those filling it, × this
-SLOT_OTHER_FACTOR = 0.5
+#: Recall._relevant: a memory of another slot than asked goes after those filling it, × this;
+#: an event of another time than a question's window shorter than this shares a word, or is left
+SLOT_OTHER_FACTOR, WEEK_PLUS = 0.5, dt.timedelta(days=8)
 #: Recall._kin_names: a relative's words ({w}), then the name a memory gives them
 KIN_NAME = (r"(?:\b(?i:my|our|(?:the\s+)?user's)\s+(?i:{w})\s*,?\s+(?P<en>[A-Z][a-z]+)"
             r"|(?:我|用户)的?(?:{w})(?:叫)?(?P<zh>[\u4e00-\u9fff]{2,4}))")
@@ -5995,7 +6000,7 @@ class Recall:
             self.queries["recall_vectors_of"], {"ids": json.dumps([i for i in pool if i in docs])})
         vectors = {r["doc_id"]: blob_vector(r["embedding"]) for r in stored}
         persona = q.params["persona_id"]
-        (me, first, common), pinyin = self._own_name(persona), self.seg.pinyin
+        (me, first, common, _), pinyin = self._own_name(persona), self.seg.pinyin
         people = [] if persona is None else [  # not a participant "user", "我" or the user's name
             n for n in self.persona_people(persona) if self.rules.slot_subject.get(n) != "user"
             and as_user(n, me, pinyin, False) == n]
@@ -6023,7 +6028,7 @@ class Recall:
         low = min((parts[i]["fused"] for i in filled), default=0.0)
         for i in {r["doc_id"] for r in held if r["slot"][:4] != "has:"} - asked if filled else ():
             parts[i]["fused"] = min(parts[i]["fused"], low) * SLOT_OTHER_FACTOR  # has: any thing
-        kept = {}
+        kept, week = {}, q.window and _parse_iso(q.window[1]) - _parse_iso(q.window[0]) < WEEK_PLUS
         for i in pool:
             if i not in docs:
                 continue
@@ -6039,8 +6044,9 @@ class Recall:
                     content, people + [(me or first) and self.rules.name_lead(content, common)],
                     self.seg) or self.rules.other_relative(  # Priya's…, 陈静的领导…, Priya is…
                     about["variants"], doc_tokens, content.lower(), None if mine else people)
-                    or q.window and q.window.day and docs[i]["event_at"] and not (
-                        parts[i]["time_match"])):  # an event of another day than "Dec 11" asked
+                    or week and docs[i]["event_at"] and not parts[i]["time_match"] and (
+                        q.window.day or not parts[i]["cover"])):  # of another day than "Dec 11"
+                # asked; or than "next Monday", sharing no word ("every Monday" is of it)
                 parts[i].update(evidence=False, relevance=0.0)
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(
@@ -6100,8 +6106,7 @@ class Recall:
         (age from last reinforcement), planned atoms 1 to their deadline, then 0 (a slot's is kept
         at e^-1 till replaced, sql/lifecycle.sql). Returns {results: [{id, document_id,
         atom_type, content, score, bm25, ttl_factor, expires_at}]}."""
-        started = time.perf_counter()
-        query = query_text(query, "query")
+        started, query = time.perf_counter(), query_text(query, "query")
         k = self._capped_k(k, [])  # the answer has no warnings to carry the cap's
         tokens = self.seg.tokens(query)
         if not tokens:
@@ -6351,8 +6356,7 @@ class Briefing:
             return {"text": text, "tokens": estimate_tokens(text), "budget": budget, "mode": mode,
                     "source": "briefing", "stale": bool(brief["stale"]),
                     "generated_at": brief["generated_at"], "age_seconds": max(0, int(age))}
-        topic = clean_text(topic, "topic")
-        k = CONTEXT_RECALL_K[mode]
+        topic, k = clean_text(topic, "topic"), CONTEXT_RECALL_K[mode]
         lines = ["# Relevant memories"]
         pins = self.rows(self.queries["context_pinned"], dict(persona_id=persona, project=project))
         lines += [f"- [pinned {d['id']}] {_one_line(d['content'])}" for d in pins]
@@ -7153,8 +7157,7 @@ class Maintenance:
         ref = ref or now()
         day = ref.astimezone(self._tz()).date()
         folder = self.backup_dir()
-        dest = folder / f"{self.path.stem}-daily-{day.isoformat()}.db"
-        made = None
+        dest, made = folder / f"{self.path.stem}-daily-{day.isoformat()}.db", None
         if not dest.exists():
             made = self.online_backup(dest)["backup"]
         # keep_days files, today included
@@ -7565,10 +7568,7 @@ def shape_turn(text: str, rules: IngestRules) -> str | None:
     text = clean_text(text, "text", allow_empty=True)
     if not text or any(rx.search(text) for rx in rules.drop):
         return None
-    for rx, line in rules.reduce:
-        if rx.search(text):
-            return line
-    return text
+    return next((line for rx, line in rules.reduce if rx.search(text)), text)
 
 
 def turn_time(value, fallback: str) -> str:

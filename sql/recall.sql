@@ -424,9 +424,10 @@ where s.document_id in (select value from json_each(:ids)) and a.slot != ''
   and a.subject in (select value from json_each(:subjects));
 
 -- name: recall_latest_texts
--- The persona's latest :n live memories' texts: the name they call the user by (Recall._own_name).
-select content from documents where persona_id = :persona_id and archived = 0
-order by created_at desc limit :n;
+-- The persona's latest :n live memories' texts and search tokens: the name they call the user by,
+-- what many of them say (Journal._own_name).
+select d.content, f.segmented from documents d join documents_fts f on f.rowid = d.id
+where d.persona_id = :persona_id and d.archived = 0 order by d.created_at desc limit :n;
 
 -- name: later_memories
 -- recall's _may_replace: the first :n memories of :persona_id stored after memory :after (by id),

@@ -702,3 +702,31 @@ def test_a_question_of_a_day_gets_that_days_memories_at_a_relevance_small_talk_n
     for query in ("How are you doing today?", "你今天怎么样？", "How was your weekend?",
                   "What day is it today?", "今天几号？", "What's 17 times 23?", "3加5等于几？"):
         assert local_mem.recall(query, k=3, persona_id="days")["results"] == [], query
+
+
+@pytest.mark.slow
+def test_a_plan_change_names_its_plan_not_a_fact_sharing_the_users_city(local_mem, monkeypatch):
+    """Where the user lives is in many memories: a cancelled dinner in Hangzhou named the partner's
+    job in 杭州 as what it may update. A year-long date (今年59岁) is no plan of December 19; a
+    range written "December 24 to 27" is Christmas's; "next Monday" finds its plan."""
+    monkeypatch.setenv("AOKUN_NOW", "2026-12-08T09:00:00Z")  # a Tuesday
+    for text in ("周屿是用户的伴侣，是一名录音师，在杭州一家叫“回声”的录音棚工作。",
+                 "I live in Xihu District, Hangzhou, with my partner Zhou Yu.",
+                 "New Year's Eve: concert at Hangzhou Grand Theatre with Zhou Yu.",
+                 "我妈妈方慧兰住在绍兴，是退休的中学语文老师，今年59岁。",
+                 "何晓棠的糖月烘焙店12月19日办三周年店庆，用户答应去帮忙布置甜品台。",
+                 "User and Zhou Yu are going to Kyoto from December 24 to 27, 2026.",
+                 "团子12月14日上午去瑞派宠物医院打疫苗。",
+                 "Dinner with Mira this Friday at 7pm — she's in Hangzhou for a conference."):
+        local_mem.memorize(text, {"persona_id": "city"})
+    out = local_mem.memorize("Friday's dinner with Mira is cancelled — her conference trip to "
+                             "Hangzhou was called off.", {"persona_id": "city"})
+    assert [h["preview"][:6] for h in out["may_update"]] == ["Dinner"], out["may_update"]
+
+    def first(query):
+        return [h["text"][:6] for h in local_mem.recall(query, k=5, persona_id="city")["results"]]
+    assert first("What am I doing on December 19?") == ["何晓棠的糖月"]
+    assert first("What are my plans for Christmas?")[:1] == ["User a"]
+    assert first("What's on next Monday?") == ["团子12月1"]
+    for query in ("Will it rain in Hangzhou tomorrow?", "把 good morning 翻译成中文"):
+        assert first(query) == [], query
