@@ -2800,8 +2800,8 @@ class Rules:
         if not asked or any(w in tokens or (len(w) > 2 or _CJK.search(w)) and w in text
                             for ws in variants.values() for w in ws):
             return False
-        if names is not None and re.match(r"\s*(?:i\b(?!')|我(?!们|的))", text) and not any(
-                n in text for n in names):
+        lead = r"\s*(?:i\b(?!')|my\b|(?:the\s+)?user(?:'s)?\b|我|用户)"  # the user's
+        if names is not None and re.match(lead, text) and not any(n in text for n in names):
             return True
         owned = vars(self).get("_owned_kin") or vars(self).setdefault("_owned_kin", re.compile(
             r"(?:\b(?:my|our|user's)\s+(?:\w+\s+)?|(?:我|用户)的?)(%s)(?![a-z])" % "|".join(  # not
@@ -4785,7 +4785,7 @@ class Journal:
     def _own_name(self, persona: str) -> tuple[tuple[str, ...], bool, set[str], set[str]]:
         """(own_name, whether two speak as I, User, 我, the capitalised words three or more hold,
         lower-cased: the user's?, the search tokens and lexicon concepts EVERYDAY_SHARE of them and
-        three at least hold: 杭州 of a user of Hangzhou) of a persona's latest OWN_NAME_SAMPLE
+        five at least hold: 杭州 of a user of Hangzhou) of a persona's latest OWN_NAME_SAMPLE
         memories, per file state."""
         state, kept = self._cache_state(), self.__dict__.setdefault("_own_names", {})
         if kept.get(persona, (None,))[0] != state:
@@ -4800,7 +4800,7 @@ class Journal:
                 w) == "user" or not self.seg.tokens(w), self.seg.names, self.rules._other_subject,
                 self.seg.pinyin), sum(bool(SLOT_USER_LEAD.match(t)) for t in texts) > 1, {
                 w for w, n in words.items() if n >= 3}, {  # Maya, 5 of 52
-                w for w, n in said.items() if n >= max(3, EVERYDAY_SHARE * len(texts))}
+                w for w, n in said.items() if n >= max(5, EVERYDAY_SHARE * len(texts))}
         return kept[persona][1:]  # User, and stop words (The), are no name
 
     def _one_person(self, persona_id: str, texts) -> bool:

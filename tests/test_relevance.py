@@ -706,13 +706,14 @@ def test_a_question_of_a_day_gets_that_days_memories_at_a_relevance_small_talk_n
 
 @pytest.mark.slow
 def test_a_plan_change_names_its_plan_not_a_fact_sharing_the_users_city(local_mem, monkeypatch):
-    """Where the user lives is in many memories: a cancelled dinner in Hangzhou named the partner's
+    """Where the user lives is in five memories: a cancelled dinner in Hangzhou named the partner's
     job in 杭州 as what it may update. A year-long date (今年59岁) is no plan of December 19; a
     range written "December 24 to 27" is Christmas's; "next Monday" finds its plan."""
     monkeypatch.setenv("AOKUN_NOW", "2026-12-08T09:00:00Z")  # a Tuesday
     for text in ("周屿是用户的伴侣，是一名录音师，在杭州一家叫“回声”的录音棚工作。",
                  "I live in Xihu District, Hangzhou, with my partner Zhou Yu.",
                  "New Year's Eve: concert at Hangzhou Grand Theatre with Zhou Yu.",
+                 "I take Hangzhou metro Line 2 to work.", "我最喜欢的杭州菜是西湖醋鱼。",
                  "我妈妈方慧兰住在绍兴，是退休的中学语文老师，今年59岁。",
                  "何晓棠的糖月烘焙店12月19日办三周年店庆，用户答应去帮忙布置甜品台。",
                  "User and Zhou Yu are going to Kyoto from December 24 to 27, 2026.",
@@ -730,3 +731,22 @@ def test_a_plan_change_names_its_plan_not_a_fact_sharing_the_users_city(local_me
     assert first("What's on next Monday?") == ["团子12月1"]
     for query in ("Will it rain in Hangzhou tomorrow?", "把 good morning 翻译成中文"):
         assert first(query) == [], query
+
+
+@pytest.mark.slow
+def test_a_friend_named_before_an_apposition_or_a_chinese_verb_is_the_subject(local_mem):
+    """A friend named before an apposition ("Kenji Mori, a … friend, lives in Suzhou") or before
+    a Chinese verb ("Kenji Mori 搬到景德镇了") is the slot's subject: no answer to "Where do I
+    live?", and the move names his old home as what it updates."""
+    for text in ("User's name is Lin Qiao; she is 34 years old.", "我养了一只猫叫团子，三岁。",
+                 "I live in Xihu District, Hangzhou.",
+                 "Kenji Mori, a Japanese ceramicist friend, lives in Suzhou and runs a kiln."):
+        local_mem.memorize(text, {"persona_id": "pets"})
+    hits = [h["text"] for h in local_mem.recall("Where do I live?", k=3,
+                                                persona_id="pets")["results"]]
+    assert hits == ["I live in Xihu District, Hangzhou."], hits
+    out = local_mem.memorize("Kenji Mori 搬到景德镇了，租了一个更大的窑。", {"persona_id": "pets"})
+    assert [h["preview"][:5] for h in out["may_update"]] == ["Kenji"], out["may_update"]
+    got = local_mem.rules.slot("Zhou Yu quit the Echo recording studio and now freelances as a "
+                               "sound designer.")
+    assert got[0] == "job_title" and got[2] == "zhou yu", got
