@@ -2800,7 +2800,7 @@ class Rules:
         if not asked or any(w in tokens or (len(w) > 2 or _CJK.search(w)) and w in text
                             for ws in variants.values() for w in ws):
             return False
-        lead = r"\s*(?:i\b(?!')|my\b|(?:the\s+)?user(?:'s)?\b|我|用户)"  # the user's
+        lead = r"\s*(?:i\b(?!')|(?:the\s+)?user\b(?!')|我(?!们|的)|用户(?!的))"  # not 用户的父亲
         if names is not None and re.match(lead, text) and not any(n in text for n in names):
             return True
         owned = vars(self).get("_owned_kin") or vars(self).setdefault("_owned_kin", re.compile(
