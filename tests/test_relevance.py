@@ -750,3 +750,16 @@ def test_a_friend_named_before_an_apposition_or_a_chinese_verb_is_the_subject(lo
     got = local_mem.rules.slot("Zhou Yu quit the Echo recording studio and now freelances as a "
                                "sound designer.")
     assert got[0] == "job_title" and got[2] == "zhou yu", got
+
+
+@pytest.mark.slow
+def test_a_place_whose_english_name_is_not_its_pinyin_meets_its_chinese(local_mem):
+    """"Harbin" is not the pinyin of 哈尔滨 (haerbin), nor "Kyoto" of 京都: rules/aliases.toml says
+    they are one place (the question came back empty at 0.39)."""
+    for text in ("我和若川约好了1月22日到24日去哈尔滨看冰雪大世界。", "用户下个月去京都玩。",
+                 "I live in Hangzhou."):
+        local_mem.memorize(text, {"persona_id": "places"})
+    for query, expect in (("When am I going to Harbin?", "我和若川"), ("When is the Kyoto trip?",
+                                                                    "用户下个月去")):
+        hits = local_mem.recall(query, k=3, persona_id="places")["results"]
+        assert [h["text"][:len(expect)] for h in hits[:1]] == [expect], (query, hits)
