@@ -5955,8 +5955,8 @@ class Recall:
         """{token: the words, in both scripts, of the relative it names} of a question's tokens
         (我弟: 弟弟, 哥哥, brother; wife: 老婆, 妻子; rules/predicates.toml [subjects])."""
         who = {t: self.rules.slot_subject.get(SUBJECT_OWNER.sub("", t)) for t in tokens}
-        return {t: [w for w, k in self.rules.slot_subject.items() if k == r]
-                for t, r in who.items() if r not in (None, "user", "")}
+        return {t: [w for w, k in self.rules.slot_subject.items() if k == r or r == "family" and (
+            k not in ("user", ""))] for t, r in who.items() if r not in (None, "user", "")}
 
     def _kin_names(self, persona, words: list) -> list[str]:
         """The names, lower-cased, the persona's memories give the relative called by `words`

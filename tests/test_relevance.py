@@ -763,3 +763,14 @@ def test_a_place_whose_english_name_is_not_its_pinyin_meets_its_chinese(local_me
                                                                     "用户下个月去")):
         hits = local_mem.recall(query, k=3, persona_id="places")["results"]
         assert [h["text"][:len(expect)] for h in hits[:1]] == [expect], (query, hits)
+
+
+@pytest.mark.slow
+def test_family_asks_of_every_relative(local_mem):
+    """memory_context(topic="family") said none was stored though the user's mother and brother
+    were: "family" (家人) is asked of every relative, not of the word alone."""
+    for text in ("User's younger brother Shen Ruochuan is a PhD student in Chengdu.",
+                 "My mom is a retired teacher in Shaoxing.", "My laptop is a MacBook Pro."):
+        local_mem.memorize(text, {"persona_id": "family"})
+    text = local_mem.memory_context(topic="family", persona_id="family")["text"]
+    assert "brother" in text and "mom" in text and "laptop" not in text, text
