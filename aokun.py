@@ -1990,13 +1990,14 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
                       created_at or the event time its text names, whichever is closer
         frequency   = min(1, ln(1 + useful_count·exp(−days since last useful / recency_days))
                              / ln(1 + FREQUENCY_SATURATION))   (0 for as_of recall)
-        doc_route   = α·doc_relevance + β·importance + γ·recency + δ·frequency
-        graph_route = (0.55·graph_relevance + 0.20·importance + 0.15·recency + 0.10·confidence)
-                      × (temporal_floor + (1 − temporal_floor)·temporal_factor)
+        doc_route   = α·doc_relevance + β·importance + γ·recency·doc_relevance + δ·frequency
+        graph_route = (0.55·graph_relevance + 0.20·importance + 0.15·recency·graph_relevance
+                       + 0.10·confidence) × (temporal_floor + (1 − temporal_floor)·temporal_factor)
         time_boost  = time_window_boost when created_at is within the question's time window or its
                       event time overlaps it (time_match), else 0
-    (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours). Returns the
-    dict that explain shows."""
+    (seed: Retrieval Pipeline; the frequency term and the temporal floor are ours, and recency × the
+    route's relevance but with time words: a memory of today matching half the question outranked
+    the fact of two months ago matching it whole). Returns the dict that explain shows."""
     if w.window:
         days = window_distance_days(d["created_at"], d["created_at"], w.window)
         if d.get("event_at") and d.get("event_end"):
@@ -2013,10 +2014,11 @@ def candidate_score(d: dict, ranks: dict, scores: dict, confidence: float | None
     rel_doc = route_relevance(d["id"], ranks, scores, w.doc_channels, w)
     rel_graph = route_relevance(d["id"], ranks, scores, w.graph_channels, w)
     factor = d["temporal_factor"] if w.graph_channels else 1.0
-    doc_score = (w.alpha * rel_doc + w.beta * d["importance"] + w.gamma * recency
-                 + w.delta * frequency)
+    doc_score = (w.alpha * rel_doc + w.beta * d["importance"] + w.delta * frequency
+                 + w.gamma * recency * (1.0 if w.window else rel_doc))
     graph_score = (w.graph_relevance * rel_graph + w.graph_importance * d["importance"]
-                   + w.graph_recency * recency + w.graph_confidence * (confidence or 0.0))
+                   + w.graph_recency * recency * (1.0 if w.window else rel_graph)
+                   + w.graph_confidence * (confidence or 0.0))
     return dict(ranks=ranks, doc_relevance=rel_doc, graph_relevance=rel_graph,
                 importance=d["importance"], recency=recency, frequency=frequency,
                 useful_count=d["useful_count"], doc_route=doc_score,
@@ -6549,8 +6551,7 @@ class Forgetting:
                                  or not 0 <= days <= DECAY_DAYS_MAX):
             raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, "
                                      f"got {echo(days)}")
-        last = self.meta_get("decay_last_run")
-        due = self._decay_due(ref)
+        last, due = self.meta_get("decay_last_run"), self._decay_due(ref)
         if days is not None:
             start = dt.date.fromisoformat(last) if last else due
             todo = [start + dt.timedelta(days=i + 1) for i in range(days)]
@@ -6581,8 +6582,7 @@ class Forgetting:
         if isinstance(days, bool) or not isinstance(days, int) or not 0 <= days <= DECAY_DAYS_MAX:
             raise InputError("days", f"expected a whole number of days from 0 to {DECAY_DAYS_MAX}, "
                                      f"got {echo(days)}")
-        ref = now() + dt.timedelta(days=days)
-        last = self.meta_get("decay_last_run")
+        ref, last = now() + dt.timedelta(days=days), self.meta_get("decay_last_run")
         after_day = dt.date.fromisoformat(last) if last else self._decay_due(now())
         first = after_day + dt.timedelta(days=1)
         last_due = self._decay_due(ref)

@@ -221,10 +221,11 @@ def test_candidate_score_doc_route_and_graph_route_with_temporal_floor():
     assert p["frequency"] == pytest.approx(frequency) and p["useful_count"] == 4
     assert (p["doc_relevance"], p["graph_relevance"]) == pytest.approx((0.5, 0.5))
     assert p["doc_route"] == \
-        pytest.approx(0.5 * rel_doc + 0.25 * 0.6 + 0.25 * recency + 0.10 * frequency)
+        pytest.approx(0.5 * rel_doc + 0.25 * 0.6 + 0.25 * recency * rel_doc + 0.10 * frequency)
     # graph route × (floor + (1 − floor)·factor) = × (0.5 + 0.5·0.5)
     assert p["graph_route"] == pytest.approx(
-        (0.55 * rel_graph + 0.20 * 0.6 + 0.15 * recency + 0.10 * 0.9) * (0.5 + 0.5 * 0.5))
+        (0.55 * rel_graph + 0.20 * 0.6 + 0.15 * recency * rel_graph + 0.10 * 0.9)
+        * (0.5 + 0.5 * 0.5))
     assert p["in_doc"] and p["in_graph"]
     assert (p["source_boost"], p["pin_similarity"], p["temporal_factor"], p["confidence"]) == \
         (1.1, None, 0.5, 0.9)
@@ -238,9 +239,10 @@ def test_candidate_score_historical_uses_created_at_and_no_frequency():
     p = candidate_score(d, {"bm25": 0}, scores, None, w, REF, True, 1.0, None)
     assert p["recency"] == pytest.approx(math.exp(-40 / 30))
     assert p["frequency"] == 0.0  # the feedback (after as_of) is ignored
-    assert p["doc_route"] == pytest.approx(0.5 * 0.5 + 0.25 * 0.6 + 0.35 * math.exp(-40 / 30))
-    # no confidence, factor 1: graph route is importance + recency only, multiplier 0.5 + 0.5 = 1
-    assert p["graph_route"] == pytest.approx(0.20 * 0.6 + 0.15 * math.exp(-40 / 30))
+    assert p["doc_route"] == pytest.approx(0.5 * 0.5 + 0.25 * 0.6
+                                           + 0.35 * math.exp(-40 / 30) * 0.5)
+    # no confidence, factor 1, no graph relevance: graph route is importance only
+    assert p["graph_route"] == pytest.approx(0.20 * 0.6)
     assert p["in_doc"] and not p["in_graph"]
 
 
@@ -281,7 +283,7 @@ def test_candidate_score_ignores_temporal_factor_without_graph_channels():
                         None, w,
                         REF, False, 1.0, None)
     assert p["temporal_factor"] == 1.0
-    assert p["graph_route"] == pytest.approx(0.20 * 0.4 + 0.15 * 1.0)  # × (0.5 + 0.5·1) = × 1
+    assert p["graph_route"] == pytest.approx(0.20 * 0.4)  # no graph relevance: no recency
 
 
 # scale_routes and fuse_scores ###################################################################
@@ -598,24 +600,24 @@ def test_chain_two_channels_to_hits():
     scale_routes(parts, w)
     order = fuse_scores(parts, {}, w)
 
-    # relevance = mean of the two normalised scores; created now, never marked useful: recency 1,
-    # frequency 0
-    doc = {1: 0.5 * (1.0 + 0.0) / 2 + 0.25 * 0.5 + 0.25,  # 0.625
-           2: 0.5 * (0.75 + 0.5) / 2 + 0.25 * 0.5 + 0.25,  # 0.6875
-           3: 0.5 * (0.0 + 1.0) / 2 + 0.25 * 0.9 + 0.25}  # 0.725
+    # relevance = mean of the two normalised scores; created now, never marked useful: recency 1
+    # (× relevance), frequency 0
+    doc = {1: 0.5 * 0.5 + 0.25 * 0.5 + 0.25 * 0.5,  # 0.5
+           2: 0.5 * 0.625 + 0.25 * 0.5 + 0.25 * 0.625,  # 0.59375
+           3: 0.5 * 0.5 + 0.25 * 0.9 + 0.25 * 0.5}  # 0.6
     for i in rows:
         assert parts[i]["doc_route"] == pytest.approx(doc[i])
-        # 1: 0.862, 2: 0.853, 3: 1.0
-        assert parts[i]["fused"] == pytest.approx(doc[i] / 0.725 * boost[i])
-    assert order == [3, 1, 2]  # without the import discount 2 (0.948) would beat 1
+        # 1: 0.833, 2: 0.891 (0.990 before the import discount), 3: 1.0
+        assert parts[i]["fused"] == pytest.approx(doc[i] / 0.6 * boost[i])
+    assert order == [3, 2, 1]
 
     pool = mmr_pool(order, parts, {}, max(3 * 2, aokun.MMR_POOL_MIN))
     tokens = {1: {"tea", "garden"}, 2: {"coffee"}, 3: {"tea", "cup"}}
     hits = select_hits(order, parts, tokens, {}, 2, w.mmr_lambda)
-    assert pool == [3, 1, 2]
-    # 3 first; then 1: 0.7·0.862 − 0.3·Jaccard(1,3)=1/3 → 0.503 vs 2: 0.7·0.853 − 0 = 0.597: 2 wins
+    assert pool == [3, 2, 1]
+    # 3 first; then 1: 0.7·0.833 − 0.3·Jaccard(1,3)=1/3 → 0.483 vs 2: 0.7·0.891 − 0 = 0.623: 2 wins
     assert [i for i, _ in hits] == [3, 2]
-    assert hits[1][1] == pytest.approx(0.7 * 0.6875 / 0.725 * 0.9)
+    assert hits[1][1] == pytest.approx(0.7 * 0.59375 / 0.6 * 0.9)
 
 
 def test_newer_first_puts_a_replaced_row_right_after_the_newer_at_the_first_place():

@@ -774,3 +774,22 @@ def test_family_asks_of_every_relative(local_mem):
         local_mem.memorize(text, {"persona_id": "family"})
     text = local_mem.memory_context(topic="family", persona_id="family")["text"]
     assert "brother" in text and "mom" in text and "laptop" not in text, text
+
+
+@pytest.mark.slow
+def test_a_memory_of_today_matching_half_a_question_stays_below_the_old_fact(local_mem,
+                                                                            monkeypatch):
+    """Recency counts × the match: "Friday's dinner with Mira is cancelled", written today, came
+    first for "Is Mira vegetarian?" above "Mira is vegetarian…" of two months ago."""
+    monkeypatch.setenv("AOKUN_NOW", "2026-10-06T19:00:00Z")
+    for text in ("Mira is vegetarian and doesn't drink alcohol.", "我对青霉素过敏。",
+                 "User takes levothyroxine 50 μg every morning for hypothyroidism."):
+        local_mem.memorize(text, {"persona_id": "recent"})
+    monkeypatch.setenv("AOKUN_NOW", "2026-12-08T09:00:00Z")
+    for text in ("Friday's dinner with Mira is cancelled — her trip was called off.",
+                 "My levothyroxine dose was raised to 75 μg after last week's blood test."):
+        local_mem.memorize(text, {"persona_id": "recent"})
+    for query, expect in (("Is Mira vegetarian?", "Mira is"),
+                          ("What am I allergic to?", "我对青霉素")):
+        hits = local_mem.recall(query, k=3, persona_id="recent")["results"]
+        assert [h["text"][:len(expect)] for h in hits[:1]] == [expect], (query, hits)

@@ -698,9 +698,9 @@ async def test_a_question_for_what_holds_now_weighs_recency_as_others(server, qu
         await call(c, "memorize", {"content": "I live in Hangzhou."})
         r = await call(c, "recall", {"query": query, "explain": True})
     assert r["intent"] == intent
-    e = r["results"][0]["explain"]  # doc_route = 0.5·relevance + 0.25·importance + γ·recency + …
-    gamma = (e["doc_route"] - 0.5 * e["doc_relevance"] - 0.25 * e["importance"]
-             - 0.1 * e["frequency"]) / e["recency"]
+    e = r["results"][0]["explain"]  # doc_route = 0.5·relevance + 0.25·importance + γ·recency·
+    gamma = (e["doc_route"] - 0.5 * e["doc_relevance"] - 0.25 * e["importance"]  # relevance + …
+             - 0.1 * e["frequency"]) / (e["recency"] * e["doc_relevance"])
     assert gamma == pytest.approx(0.25, abs=1e-3)
 
 
