@@ -2598,8 +2598,8 @@ class Rules:
                 self.predicate_of[self._key(name)] = p["name"]
         self.slot_subject = {self._key(w): who for who, words in data.get("subjects", {}).items()
                              for w in [who, *words] if w}
-        others = sorted((w for w, who in self.slot_subject.items() if who not in ("user", "")),
-                        key=len, reverse=True)
+        others = sorted((w for w, who in self.slot_subject.items() if who not in (  # a family's
+            "user", "", "family")), key=len, reverse=True)  # holiday is the user's too
         #: _slot_of: someone other than the user, named before a match that names no subject
         self._other_subject = re.compile("|".join(  # my sisters job: 's missing
             rf"(?<![a-z]){re.escape(w)}(?:'?s)?(?![a-z])" if w.isascii() else re.escape(w)

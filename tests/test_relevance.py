@@ -774,6 +774,11 @@ def test_family_asks_of_every_relative(local_mem):
         local_mem.memorize(text, {"persona_id": "family"})
     text = local_mem.memory_context(topic="family", persona_id="family")["text"]
     assert "brother" in text and "mom" in text and "laptop" not in text, text
+    # a memory led by "Family" is the user's family's, the user's too (it was someone else's)
+    local_mem.memorize("Family summer holiday booked: a week in Brittany from August 9.",
+                       {"persona_id": "family"})
+    hits = local_mem.recall("暑假我们全家去哪儿度假？", k=3, persona_id="family")["results"]
+    assert [h["text"][:6] for h in hits[:1]] == ["Family"], hits
 
 
 @pytest.mark.slow
