@@ -5543,9 +5543,8 @@ class Channels:
             return fetch_dicts(conn, sql, params)
 
 
-#: Recall._relevant: a memory of another slot than asked goes after those filling it, × this;
-#: an event of another time than a question's window shorter than this shares a word, or is left
-SLOT_OTHER_FACTOR, WEEK_PLUS = 0.5, dt.timedelta(days=8)
+#: Recall._relevant: a memory of another slot than asked goes after those filling it, × this
+SLOT_OTHER_FACTOR = 0.5
 #: Recall._kin_names: a relative's words ({w}), then the name a memory gives them
 KIN_NAME = (r"(?:\b(?i:my|our|(?:the\s+)?user's)\s+(?i:{w})\s*,?\s+(?P<en>[A-Z][a-z]+)"
             r"|(?:我|用户)的?(?:{w})(?:叫)?(?P<zh>[\u4e00-\u9fff]{2,4}))")
@@ -6030,7 +6029,7 @@ class Recall:
         low = min((parts[i]["fused"] for i in filled), default=0.0)
         for i in {r["doc_id"] for r in held if r["slot"][:4] != "has:"} - asked if filled else ():
             parts[i]["fused"] = min(parts[i]["fused"], low) * SLOT_OTHER_FACTOR  # has: any thing
-        kept, week = {}, q.window and _parse_iso(q.window[1]) - _parse_iso(q.window[0]) < WEEK_PLUS
+        kept = {}
         for i in pool:
             if i not in docs:
                 continue
@@ -6046,9 +6045,8 @@ class Recall:
                     content, people + [(me or first) and self.rules.name_lead(content, common)],
                     self.seg) or self.rules.other_relative(  # Priya's…, 陈静的领导…, Priya is…
                     about["variants"], doc_tokens, content.lower(), None if mine else people)
-                    or week and docs[i]["event_at"] and not parts[i]["time_match"] and (
-                        q.window.day or not parts[i]["cover"])):  # of another day than "Dec 11"
-                # asked; or than "next Monday", sharing no word ("every Monday" is of it)
+                    or q.window and q.window.day and docs[i]["event_at"] and not (
+                        parts[i]["time_match"])):  # an event of another day than "Dec 11" asked
                 parts[i].update(evidence=False, relevance=0.0)
             elif coef and i in filled:  # "我家在哪个区？": 用户搬到了汉口 says it, in its slot
                 parts[i].update(cover=1.0, evidence=True, relevance=calibrated_relevance(
